@@ -1,0 +1,307 @@
+/* SPDX-License-Identifier: BSD-3-Clause */
+/*
+ * libtpclient: the public C API of tpipd. A process creates a context (one Unix-socket session
+ * with the local tpipd), listens on names, connects pipes, and writes and reads messages made of
+ * metadata, payloads and tensors. The daemon moves the bytes; this library never opens a network
+ * connection. Modelled on TensorPipe: a reader first gets a descriptor, then supplies an
+ * allocation, and only then do bytes move.
+ *
+ * Threads: every function is thread safe. Callbacks run on one library-owned thread per context,
+ * exactly once per accepted call, in order per pipe, and never inside the call that started
+ * them. Blocking (_sync) variants must not be called from a callback (they return -EDEADLK).
+ *
+ * Errors: functions return 0 (or a count) on success and a negative errno on failure. An async
+ * call that returns 0 fires its callback exactly once, later; one that returns < 0 never does.
+ * Callbacks receive the status and, when it is an error, a readable message. Notable codes:
+ *   -ENOENT     no such listener            -EACCES     refused by the listener's access policy
+ *   -EPIPE      the remote end closed       -ECONNRESET the remote process died ("peer died")
+ *   -ECANCELED  closed locally              -ERANGE     buffer range outside registered memory
+ *   -EMSGSIZE   over a size limit           -ENOBUFS    over a count or queue limit
+ *   -ECONNREFUSED / -ENOENT from tp_context_new(): no daemon listens on the socket
+ * tp_last_error() gives the message of the last failed call on the calling thread.
+ *
+ * Memory: a payload, tensor or allocation that lies inside memory from tp_buffer_alloc() moves
+ * with one copy (daemon <-> shared mapping). Other CPU memory is read or written by the daemon
+ * through cross-memory attach, or staged through a shared buffer when that is not permitted.
+ * Buffers passed to a write or read are kept (must stay valid and untouched) until its callback.
+ */
+#ifndef TPCLIENT_H
+#define TPCLIENT_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <sys/types.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#define TP_API_VERSION_MAJOR 0
+#define TP_API_VERSION_MINOR 1
+
+struct tp_context;
+struct tp_listener;
+struct tp_pipe;
+
+enum tp_device_type {
+	TP_DEVICE_CPU = 0,
+	TP_DEVICE_CUDA = 1,
+};
+
+struct tp_device {
+	enum tp_device_type type;
+	int index; /* CUDA device ordinal; 0 for CPU */
+};
+
+/* ---- context ------------------------------------------------------------------------------ */
+
+enum tp_context_flags {
+	/* Never use cross-memory attach: private memory is staged through shared buffers. */
+	TP_CONTEXT_NO_CMA = 1u << 0,
+};
+
+struct tp_context_options {
+	size_t size;		 /* sizeof(struct tp_context_options): set it, for growth */
+	const char *socket_path; /* NULL: $TPIPD_SOCKET, /run/tpipd/tpipd.sock (root),
+				  * $XDG_RUNTIME_DIR/tpipd.sock */
+	const char *name;	 /* shown as remote name to peers; NULL: "<comm>:<pid>" */
+	size_t eager_max;	 /* messages with at most this many data bytes travel inline
+				  * with their descriptor; 0: 64 KiB; capped by the daemon */
+	uint32_t flags;		 /* enum tp_context_flags */
+};
+
+/*
+ * tp_context_new() - connect to the local tpipd and start the callback thread.
+ * @opts: NULL for defaults (borrowed).
+ * @ret: returns owned context, free with tp_context_free().
+ * Return: 0; -ENOENT / -ECONNREFUSED when no daemon runs at the socket path; -EPROTONOSUPPORT on
+ * a protocol version mismatch; other -errno.
+ */
+int tp_context_new(const struct tp_context_options *opts, struct tp_context **ret);
+
+/*
+ * tp_context_free() - close every pipe and listener of @ctx, complete their pending operations
+ * with -ECANCELED (callbacks run before this returns), release shared buffers, disconnect.
+ * Must not be called from a callback. Accepts NULL.
+ */
+void tp_context_free(struct tp_context *ctx);
+
+/* Returns borrowed string, valid until tp_context_free(): the context's name. */
+const char *tp_context_name(const struct tp_context *ctx);
+
+/* True if the daemon can reach this process's memory by cross-memory attach. */
+bool tp_context_cma_ok(const struct tp_context *ctx);
+
+/* Opt-in diagnostics: @fn is called (on any thread) with a syslog level and a line. */
+typedef void (*tp_log_fn)(void *arg, int level, const char *line);
+void tp_context_set_log(struct tp_context *ctx, tp_log_fn fn, void *arg);
+
+/* ---- errors ------------------------------------------------------------------------------- */
+
+/* Returns a static description of @err (negative errno), e.g. -ECONNRESET -> "peer died". */
+const char *tp_strerror(int err);
+
+/* Returns the message of the last failed call made by this thread (thread-local, never NULL). */
+const char *tp_last_error(void);
+
+/* ---- shared buffers ----------------------------------------------------------------------- */
+
+/*
+ * tp_buffer_alloc() - allocate @size bytes of shared memory, registered with the daemon, so
+ * that data written from or read into it moves without a copy on this side.
+ * @ret: returns the mapping's address (page aligned), free with tp_buffer_free().
+ * Return: 0; -ENOBUFS over the daemon's buffer limits; -ENOMEM; other -errno.
+ */
+int tp_buffer_alloc(struct tp_context *ctx, size_t size, void **ret);
+
+/*
+ * tp_buffer_free() - unregister and unmap a buffer from tp_buffer_alloc(). Must not be called
+ * while an operation using the buffer is pending. Accepts NULL @ptr.
+ * Return: 0, -EINVAL if @ptr is not the start of a buffer of @ctx.
+ */
+int tp_buffer_free(struct tp_context *ctx, void *ptr);
+
+/* ---- listeners ---------------------------------------------------------------------------- */
+
+enum tp_access {
+	TP_ACCESS_OWNER = 0,  /* the listener's uid and root may connect (default) */
+	TP_ACCESS_GROUP = 1,  /* also members of @gid */
+	TP_ACCESS_ANYONE = 2, /* every local user */
+};
+
+struct tp_listen_options {
+	size_t size; /* sizeof(struct tp_listen_options) */
+	enum tp_access access;
+	gid_t gid; /* for TP_ACCESS_GROUP */
+};
+
+/*
+ * tp_listen() - register listener @name (1..255 bytes of [A-Za-z0-9._@:+-]) with the daemon.
+ * Waits for the daemon's answer.
+ * @opts: NULL for owner-only access (borrowed).
+ * @ret: returns owned listener, close with tp_listener_close().
+ * Return: 0; -EADDRINUSE if the name is taken; -EINVAL for a bad name; -EDEADLK from a callback.
+ */
+int tp_listen(struct tp_context *ctx, const char *name, const struct tp_listen_options *opts,
+	      struct tp_listener **ret);
+
+/*
+ * Accept callback. On success @pipe is a new pipe owned by the callee (close it with
+ * tp_pipe_close()); on error @pipe is NULL.
+ */
+typedef void (*tp_accept_fn)(void *arg, struct tp_listener *l, int status, const char *errmsg,
+			     struct tp_pipe *pipe);
+
+/* Asks for the next incoming pipe; accept calls match connections FIFO. Keeps @arg until @cb. */
+int tp_listener_accept(struct tp_listener *l, tp_accept_fn cb, void *arg);
+
+/* Blocking accept. @timeout_ms < 0 waits forever. Return: 0, -ETIMEDOUT, other -errno. */
+int tp_listener_accept_sync(struct tp_listener *l, int timeout_ms, struct tp_pipe **ret);
+
+/* Returns borrowed string: the listener's name. */
+const char *tp_listener_name(const struct tp_listener *l);
+
+/*
+ * tp_listener_close() - unregister the name; pending accepts complete with -ECANCELED. Pipes
+ * already accepted are unaffected. @l is freed once its callbacks have run. Accepts NULL.
+ */
+void tp_listener_close(struct tp_listener *l);
+
+/* ---- pipes -------------------------------------------------------------------------------- */
+
+/*
+ * tp_connect() - open a pipe to @address: a listener NAME on this host (later releases add
+ * tpip://HOST:PORT/NAME). Returns at once; if the connect fails (no such listener, refused),
+ * operations on the pipe complete with that error.
+ * @ret: returns owned pipe, close with tp_pipe_close().
+ * Return: 0; -EINVAL for a malformed address; -ENOBUFS over the pipe limit.
+ */
+int tp_connect(struct tp_context *ctx, const char *address, struct tp_pipe **ret);
+
+/* Waits until the daemon has accepted or refused the connect. Return: 0 or the connect error. */
+int tp_pipe_wait_connected(struct tp_pipe *p, int timeout_ms);
+
+/*
+ * Returns borrowed string, valid until tp_pipe_close(): who is on the other end. For a connected
+ * pipe, the listener's name; for an accepted pipe, the connecting context's name. "" while a
+ * connect is still pending.
+ */
+const char *tp_pipe_remote_name(struct tp_pipe *p);
+
+/*
+ * tp_pipe_close() - close the pipe. Pending operations complete with -ECANCELED; the other end
+ * reads what was already written and then gets -EPIPE. @p is freed once its callbacks have run;
+ * do not use it after this call. Accepts NULL.
+ */
+void tp_pipe_close(struct tp_pipe *p);
+
+struct tp_payload {
+	void *data; /* CPU memory */
+	size_t length;
+	const void *metadata;
+	size_t metadata_len;
+};
+
+struct tp_tensor {
+	struct tp_device device; /* where data lives */
+	void *data;
+	size_t length;
+	const void *metadata;
+	size_t metadata_len;
+	bool has_target;	 /* the writer's wish for the reader's device */
+	struct tp_device target;
+};
+
+struct tp_message {
+	const void *metadata;
+	size_t metadata_len;
+	struct tp_payload *payloads;
+	size_t n_payloads;
+	struct tp_tensor *tensors;
+	size_t n_tensors;
+};
+
+/* Completion of a write or read. @errmsg is NULL when @status is 0. */
+typedef void (*tp_done_fn)(void *arg, struct tp_pipe *p, int status, const char *errmsg);
+
+/*
+ * tp_pipe_write() - send @msg. The message struct and metadata are copied during the call; the
+ * payload and tensor data are kept until @cb. Writes complete in order.
+ * Return: 0 (callback will fire); -EINVAL, -EMSGSIZE, -E2BIG for a message over the limits;
+ * -EPIPE / -ECONNRESET if the pipe is already known to be closed.
+ */
+int tp_pipe_write(struct tp_pipe *p, const struct tp_message *msg, tp_done_fn cb, void *arg);
+
+struct tp_payload_desc {
+	size_t length;
+	const void *metadata;
+	size_t metadata_len;
+};
+
+struct tp_tensor_desc {
+	size_t length;
+	const void *metadata;
+	size_t metadata_len;
+	struct tp_device device; /* where the writer's data lives */
+	bool has_target;
+	struct tp_device target;
+};
+
+/* What the reader learns of a message before it allocates. Owned by the library. */
+struct tp_descriptor {
+	const void *metadata;
+	size_t metadata_len;
+	size_t n_payloads;
+	const struct tp_payload_desc *payloads;
+	size_t n_tensors;
+	const struct tp_tensor_desc *tensors;
+};
+
+/*
+ * Descriptor callback. On success @d is owned by the callee until it is passed to tp_pipe_read()
+ * (or tp_descriptor_free()); on error @d is NULL.
+ */
+typedef void (*tp_descriptor_fn)(void *arg, struct tp_pipe *p, int status, const char *errmsg,
+				 struct tp_descriptor *d);
+
+/* Asks for the next message's descriptor; calls match messages FIFO, in the order written. */
+int tp_pipe_read_descriptor(struct tp_pipe *p, tp_descriptor_fn cb, void *arg);
+
+struct tp_slot {
+	struct tp_device device;
+	void *data; /* at least the descriptor's length bytes */
+};
+
+/* Where the reader wants the message's bytes: one slot per payload and per tensor. */
+struct tp_allocation {
+	struct tp_slot *payloads;
+	size_t n_payloads;
+	struct tp_slot *tensors;
+	size_t n_tensors;
+};
+
+/*
+ * tp_pipe_read() - receive the message described by @d into @alloc.
+ * @d: takes @d (also on failure): it is freed by the library.
+ * @alloc: copied during the call; the memory it points to is kept until @cb.
+ * Reads must be issued in descriptor order.
+ * Return: 0; -EINVAL if @alloc does not match @d or @d is not the pipe's next descriptor.
+ */
+int tp_pipe_read(struct tp_pipe *p, struct tp_descriptor *d, const struct tp_allocation *alloc,
+		 tp_done_fn cb, void *arg);
+
+/* Drops a descriptor without reading it (the message is discarded). Accepts NULL. */
+void tp_descriptor_free(struct tp_descriptor *d);
+
+/* Blocking variants. @timeout_ms < 0 waits forever. -EDEADLK if called from a callback. */
+int tp_pipe_write_sync(struct tp_pipe *p, const struct tp_message *msg);
+int tp_pipe_read_descriptor_sync(struct tp_pipe *p, int timeout_ms, struct tp_descriptor **ret);
+int tp_pipe_read_sync(struct tp_pipe *p, struct tp_descriptor *d,
+		      const struct tp_allocation *alloc);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif

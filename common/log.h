@@ -1,0 +1,36 @@
+/* SPDX-License-Identifier: BSD-3-Clause */
+/*
+ * Daemon-side logging: one line per event, written to stderr with a "<N>" syslog priority
+ * prefix that the journal understands. The client library never uses this (it reports
+ * errors through return codes and an opt-in handler).
+ */
+#ifndef TPU_LOG_H
+#define TPU_LOG_H
+
+#include <stdarg.h>
+#include "tpu.h"
+
+enum tpu_log_level {
+	TPU_LOG_ERR = 3,
+	TPU_LOG_WARNING = 4,
+	TPU_LOG_NOTICE = 5,
+	TPU_LOG_INFO = 6,
+	TPU_LOG_DEBUG = 7,
+};
+
+/* Messages above @level are dropped. Default: TPU_LOG_INFO. */
+void tpu_log_set_level(enum tpu_log_level level);
+enum tpu_log_level tpu_log_get_level(void);
+/* Parses "err", "warning", "notice", "info", "debug". Return: 0 or -EINVAL. */
+int tpu_log_parse_level(const char *s, enum tpu_log_level *ret);
+
+void tpu_log(enum tpu_log_level level, const char *fmt, ...) _printf_(2, 3);
+void tpu_logv(enum tpu_log_level level, const char *fmt, va_list ap);
+
+#define tpu_log_err(...) tpu_log(TPU_LOG_ERR, __VA_ARGS__)
+#define tpu_log_warn(...) tpu_log(TPU_LOG_WARNING, __VA_ARGS__)
+#define tpu_log_notice(...) tpu_log(TPU_LOG_NOTICE, __VA_ARGS__)
+#define tpu_log_info(...) tpu_log(TPU_LOG_INFO, __VA_ARGS__)
+#define tpu_log_debug(...) tpu_log(TPU_LOG_DEBUG, __VA_ARGS__)
+
+#endif

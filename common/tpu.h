@@ -1,0 +1,151 @@
+/* SPDX-License-Identifier: BSD-3-Clause */
+/*
+ * libtpcommon: the small helpers every layer of tpipd shares: cleanup macros, fd ownership
+ * helpers, an intrusive list, overflow-checked arithmetic, monotonic time and the socket path
+ * rules. Nothing here knows about the wire, the daemon or the client library.
+ */
+#ifndef TPU_H
+#define TPU_H
+
+#include <errno.h>
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <unistd.h>
+
+#define TPU_ARRAY_SIZE(a) (sizeof(a) / sizeof((a)[0]))
+#define TPU_MIN(a, b) ((a) < (b) ? (a) : (b))
+#define TPU_MAX(a, b) ((a) > (b) ? (a) : (b))
+#define tpu_container_of(ptr, type, member) ((type *)((char *)(ptr)-offsetof(type, member)))
+
+#define _cleanup_(f) __attribute__((cleanup(f)))
+#define _unused_ __attribute__((unused))
+#define _printf_(a, b) __attribute__((format(printf, a, b)))
+#define _likely_(x) __builtin_expect(!!(x), 1)
+#define _unlikely_(x) __builtin_expect(!!(x), 0)
+
+/* Move ownership out of a cleanup variable. */
+#define TAKE_PTR(p)                                                                                \
+	({                                                                                         \
+		__typeof__(p) _tp = (p);                                                           \
+		(p) = NULL;                                                                        \
+		_tp;                                                                               \
+	})
+#define TAKE_FD(fd)                                                                                \
+	({                                                                                         \
+		int _tf = (fd);                                                                    \
+		(fd) = -EBADF;                                                                     \
+		_tf;                                                                               \
+	})
+
+static inline void tpu_freep(void *p)
+{
+	free(*(void **)p);
+}
+#define _cleanup_free_ _cleanup_(tpu_freep)
+
+/* Closes @fd if it is valid, preserving errno; returns -EBADF for assignment. */
+static inline int tpu_close(int fd)
+{
+	if (fd >= 0) {
+		int saved = errno;
+		close(fd);
+		errno = saved;
+	}
+	return -EBADF;
+}
+
+static inline void tpu_closep(int *fd)
+{
+	*fd = tpu_close(*fd);
+}
+#define _cleanup_close_ _cleanup_(tpu_closep)
+
+/* Overflow-checked size arithmetic: return false on overflow. */
+static inline bool tpu_add_u64(uint64_t a, uint64_t b, uint64_t *ret)
+{
+	return !__builtin_add_overflow(a, b, ret);
+}
+static inline bool tpu_mul_u64(uint64_t a, uint64_t b, uint64_t *ret)
+{
+	return !__builtin_mul_overflow(a, b, ret);
+}
+
+/* True if [off, off + len) lies inside [0, size). Zero-length ranges at off <= size are inside. */
+static inline bool tpu_range_ok(uint64_t off, uint64_t len, uint64_t size)
+{
+	uint64_t end;
+	return tpu_add_u64(off, len, &end) && end <= size;
+}
+
+/* Intrusive doubly-linked circular list. */
+struct tpu_list {
+	struct tpu_list *next, *prev;
+};
+
+#define TPU_LIST_INIT(name) { &(name), &(name) }
+
+static inline void tpu_list_init(struct tpu_list *l)
+{
+	l->next = l->prev = l;
+}
+static inline bool tpu_list_empty(const struct tpu_list *l)
+{
+	return l->next == l;
+}
+static inline void tpu_list_insert_tail(struct tpu_list *head, struct tpu_list *n)
+{
+	n->prev = head->prev;
+	n->next = head;
+	head->prev->next = n;
+	head->prev = n;
+}
+static inline void tpu_list_remove(struct tpu_list *n)
+{
+	n->prev->next = n->next;
+	n->next->prev = n->prev;
+	n->next = n->prev = n;
+}
+static inline bool tpu_list_linked(const struct tpu_list *n)
+{
+	return n->next != n;
+}
+#define tpu_list_first(head, type, member)                                                         \
+	(tpu_list_empty(head) ? NULL : tpu_container_of((head)->next, type, member))
+#define tpu_list_for_each(pos, head, member)                                                       \
+	for (pos = tpu_container_of((head)->next, __typeof__(*pos), member); &pos->member != (head);  \
+	     pos = tpu_container_of(pos->member.next, __typeof__(*pos), member))
+#define tpu_list_for_each_safe(pos, tmp, head, member)                                             \
+	for (pos = tpu_container_of((head)->next, __typeof__(*pos), member),                       \
+	    tmp = tpu_container_of(pos->member.next, __typeof__(*pos), member);                    \
+	     &pos->member != (head);                                                               \
+	     pos = tmp, tmp = tpu_container_of(tmp->member.next, __typeof__(*pos), member))
+
+/* Monotonic clock in nanoseconds. */
+uint64_t tpu_now_ns(void);
+
+/* Sets O_NONBLOCK on @fd. Return: 0 or -errno. */
+int tpu_fd_nonblock(int fd);
+
+/* Number of open fds of this process (counts /proc/self/fd). Return: count or -errno. */
+int tpu_fd_count(void);
+
+/*
+ * tpu_socket_path() - resolve the daemon's control socket path.
+ * @explicit_path: a path given on the command line or to the API, or NULL.
+ * @buf, @len: where the path is written (NUL-terminated).
+ *
+ * Order: @explicit_path, then $TPIPD_SOCKET, then /run/tpipd/tpipd.sock for root, else
+ * $XDG_RUNTIME_DIR/tpipd.sock. Daemon and clients resolve the same way.
+ * Return: 0, -ENAMETOOLONG if the path does not fit a sockaddr_un, -ENOENT if no rule applies.
+ */
+int tpu_socket_path(const char *explicit_path, char *buf, size_t len);
+
+/* Parses a size with optional K/M/G/T suffix (powers of 1024). Return: 0 or -EINVAL/-ERANGE. */
+int tpu_parse_size(const char *s, uint64_t *ret);
+
+/* Errno name and text helper for messages; thread safe. */
+const char *tpu_strerror(int err, char *buf, size_t len);
+
+#endif

@@ -1,0 +1,109 @@
+/* SPDX-License-Identifier: BSD-3-Clause */
+/*
+ * Helpers shared by daemon, client library and tools: time, fd flags, fd counting, the
+ * control socket path rules and size parsing.
+ */
+#include <dirent.h>
+#include <fcntl.h>
+#include <stdio.h>
+#include <string.h>
+#include <sys/un.h>
+#include <time.h>
+#include "tpu.h"
+
+uint64_t tpu_now_ns(void)
+{
+	struct timespec ts;
+
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
+}
+
+int tpu_fd_nonblock(int fd)
+{
+	int flags = fcntl(fd, F_GETFL);
+
+	if (flags < 0)
+		return -errno;
+	if (flags & O_NONBLOCK)
+		return 0;
+	if (fcntl(fd, F_SETFL, flags | O_NONBLOCK) < 0)
+		return -errno;
+	return 0;
+}
+
+int tpu_fd_count(void)
+{
+	DIR *d = opendir("/proc/self/fd");
+	struct dirent *de;
+	int n = 0;
+
+	if (!d)
+		return -errno;
+	while ((de = readdir(d)))
+		if (de->d_name[0] != '.')
+			n++;
+	closedir(d);
+	return n - 1; /* the directory's own fd */
+}
+
+int tpu_socket_path(const char *explicit_path, char *buf, size_t len)
+{
+	struct sockaddr_un sun;
+	const char *p = explicit_path;
+	int n;
+
+	if (!p || !*p)
+		p = getenv("TPIPD_SOCKET");
+	if (p && *p) {
+		n = snprintf(buf, len, "%s", p);
+	} else if (geteuid() == 0) {
+		n = snprintf(buf, len, "/run/tpipd/tpipd.sock");
+	} else {
+		const char *rt = getenv("XDG_RUNTIME_DIR");
+		if (!rt || !*rt)
+			return -ENOENT;
+		n = snprintf(buf, len, "%s/tpipd.sock", rt);
+	}
+	if (n < 0 || (size_t)n >= len || (size_t)n >= sizeof(sun.sun_path))
+		return -ENAMETOOLONG;
+	return 0;
+}
+
+int tpu_parse_size(const char *s, uint64_t *ret)
+{
+	char *end;
+	unsigned long long v;
+	unsigned shift = 0;
+
+	if (!s || !*s || *s == '-')
+		return -EINVAL;
+	errno = 0;
+	v = strtoull(s, &end, 10);
+	if (errno)
+		return -errno;
+	if (end == s)
+		return -EINVAL;
+	switch (*end) {
+	case '\0': break;
+	case 'k': case 'K': shift = 10; break;
+	case 'm': case 'M': shift = 20; break;
+	case 'g': case 'G': shift = 30; break;
+	case 't': case 'T': shift = 40; break;
+	default: return -EINVAL;
+	}
+	if (*end && end[1] && !(end[1] == 'i' && end[2] == 'B' && !end[3]) &&
+	    !(end[1] == 'B' && !end[2]))
+		return -EINVAL;
+	if (shift && v > (UINT64_MAX >> shift))
+		return -ERANGE;
+	*ret = (uint64_t)v << shift;
+	return 0;
+}
+
+const char *tpu_strerror(int err, char *buf, size_t len)
+{
+	if (err < 0)
+		err = -err;
+	return strerror_r(err, buf, len);
+}

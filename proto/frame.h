@@ -1,0 +1,84 @@
+/* SPDX-License-Identifier: BSD-3-Clause */
+/*
+ * The tpipd frame: a fixed 24-byte little-endian header, one protobuf-c message, then an
+ * optional raw data tail. This module parses and builds headers, packs messages into frames and
+ * unpacks them with a bounded allocator. It does no I/O and keeps no state; validation of the
+ * unpacked messages lives in validate.h.
+ *
+ * Header layout (all little endian):
+ *   0  u32 magic     TPW_MAGIC ("TPW1")
+ *   4  u16 version   TPW_WIRE_VERSION
+ *   6  u16 nfds      fds passed with this frame by SCM_RIGHTS
+ *   8  u32 msg_len   protobuf bytes that follow the header (>= 1)
+ *  12  u32 data_len  raw bytes that follow the message
+ *  16  u64 seq       sender's frame counter, from 1
+ */
+#ifndef TPW_FRAME_H
+#define TPW_FRAME_H
+
+#include <stddef.h>
+#include <stdint.h>
+#include "tpw.pb-c.h"
+
+#define TPW_MAGIC 0x31575054u /* "TPW1" */
+#define TPW_WIRE_VERSION 1
+#define TPW_HDR_SIZE 24
+#define TPW_FDS_MAX 4
+/* No configuration may raise the frame limit above this. */
+#define TPW_FRAME_MAX_HARD (64u << 20)
+#define TPW_NAME_MAX 255
+#define TPW_MESSAGE_MAX 1024 /* error message strings */
+
+/* Protocol version spoken by this build (Hello.major / Hello.minor). */
+#define TPW_PROTO_MAJOR 1
+#define TPW_PROTO_MINOR 0
+
+struct tpw_hdr {
+	uint32_t magic;
+	uint16_t version;
+	uint16_t nfds;
+	uint32_t msg_len;
+	uint32_t data_len;
+	uint64_t seq;
+};
+
+/*
+ * tpw_hdr_parse() - decode and check a frame header.
+ * @buf: TPW_HDR_SIZE bytes (borrowed).
+ * @frame_max: largest msg_len + data_len accepted.
+ * @ret: the decoded header, written only on success.
+ *
+ * Return: 0; -EBADMSG for a bad magic, a zero msg_len or too many fds; -EPROTONOSUPPORT for
+ * another wire version; -EMSGSIZE if msg_len + data_len exceeds @frame_max.
+ */
+int tpw_hdr_parse(const uint8_t *buf, uint32_t frame_max, struct tpw_hdr *ret);
+
+/* Encodes @h into TPW_HDR_SIZE bytes at @buf. */
+void tpw_hdr_pack(const struct tpw_hdr *h, uint8_t *buf);
+
+/* Bytes needed for the header plus @msg packed (not the data tail). */
+size_t tpw_frame_size(const ProtobufCMessage *msg);
+
+/*
+ * tpw_frame_pack() - write header and packed @msg into @buf.
+ * @buf: at least tpw_frame_size(@msg) bytes.
+ * Return: bytes written (header + message).
+ */
+size_t tpw_frame_pack(const ProtobufCMessage *msg, uint32_t data_len, uint16_t nfds, uint64_t seq,
+		      uint8_t *buf);
+
+/*
+ * tpw_client_msg_unpack() / tpw_daemon_msg_unpack() - unpack a frame's message.
+ * @buf, @len: the msg_len bytes after the header (borrowed).
+ * @ret: returns owned message, free with tpw_client_msg_free() / tpw_daemon_msg_free().
+ *
+ * Allocation during unpack is limited to a budget proportional to @len, so a small frame cannot
+ * make the receiver allocate without bound.
+ * Return: 0, -EBADMSG if the bytes do not decode (or exceed the budget).
+ */
+int tpw_client_msg_unpack(const uint8_t *buf, size_t len, Tpw__V1__ClientMsg **ret);
+int tpw_daemon_msg_unpack(const uint8_t *buf, size_t len, Tpw__V1__DaemonMsg **ret);
+void tpw_client_msg_free(Tpw__V1__ClientMsg *m);
+void tpw_daemon_msg_free(Tpw__V1__DaemonMsg *m);
+
+#endif

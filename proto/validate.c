@@ -1,0 +1,331 @@
+/* SPDX-License-Identifier: BSD-3-Clause */
+/*
+ * Message validation and status <-> errno mapping. See validate.h.
+ */
+#include <errno.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <string.h>
+#include "validate.h"
+
+#define PIPE_ID_CLIENT_MAX (1ull << 63)
+#define ADDRESS_MAX 1024
+
+static int fail(int err, char *why, size_t why_len, const char *fmt, ...)
+	__attribute__((format(printf, 4, 5)));
+
+static int fail(int err, char *why, size_t why_len, const char *fmt, ...)
+{
+	va_list ap;
+
+	if (why && why_len) {
+		va_start(ap, fmt);
+		vsnprintf(why, why_len, fmt, ap);
+		va_end(ap);
+	}
+	return err;
+}
+
+void tpw_limits_default(struct tpw_limits *lim)
+{
+	*lim = (struct tpw_limits){
+		.frame_max = TPW_DEFAULT_FRAME_MAX,
+		.inline_max = TPW_DEFAULT_INLINE_MAX,
+		.segments_max = TPW_DEFAULT_SEGMENTS_MAX,
+		.message_bytes_max = TPW_DEFAULT_MESSAGE_BYTES_MAX,
+		.metadata_max = TPW_DEFAULT_METADATA_MAX,
+	};
+}
+
+bool tpw_name_valid(const char *name)
+{
+	size_t n = 0;
+
+	if (!name)
+		return false;
+	for (const char *p = name; *p; p++, n++) {
+		char c = *p;
+		bool ok = (c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') ||
+			  c == '.' || c == '_' || c == '@' || c == ':' || c == '+' || c == '-';
+		if (!ok || n >= TPW_NAME_MAX)
+			return false;
+	}
+	return n > 0;
+}
+
+static bool device_valid(const Tpw__V1__Device *d, bool allow_unspecified)
+{
+	if (!d)
+		return true; /* absent: CPU for a source, no preference for a target */
+	switch (d->type) {
+	case TPW__V1__DEVICE_TYPE__DEVICE_UNSPECIFIED:
+		return allow_unspecified;
+	case TPW__V1__DEVICE_TYPE__DEVICE_CPU:
+	case TPW__V1__DEVICE_TYPE__DEVICE_CUDA:
+		return true;
+	default:
+		return false;
+	}
+}
+
+struct seg_sum {
+	uint64_t bytes;
+	uint64_t metadata;
+};
+
+static int check_segment(const Tpw__V1__Segment *s, const struct tpw_hdr *hdr, bool source,
+			 struct seg_sum *sum, const struct tpw_limits *lim, char *why, size_t wl)
+{
+	if (!s)
+		return fail(-EBADMSG, why, wl, "segment without location");
+	if (!tpu_add_u64(sum->bytes, s->length, &sum->bytes) ||
+	    sum->bytes > lim->message_bytes_max)
+		return fail(-EMSGSIZE, why, wl, "message bytes exceed limit %llu",
+			    (unsigned long long)lim->message_bytes_max);
+	switch (s->loc_case) {
+	case TPW__V1__SEGMENT__LOC_INLINE_OFF:
+		if (!source)
+			return fail(-EBADMSG, why, wl, "inline destination in a read");
+		if (s->inline_off > hdr->data_len || s->length > hdr->data_len - s->inline_off)
+			return fail(-EBADMSG, why, wl,
+				    "inline segment %llu+%llu outside data tail of %u bytes",
+				    (unsigned long long)s->inline_off,
+				    (unsigned long long)s->length, hdr->data_len);
+		return 0;
+	case TPW__V1__SEGMENT__LOC_SHM:
+		if (!s->shm)
+			return fail(-EBADMSG, why, wl, "empty shm reference");
+		return 0;
+	case TPW__V1__SEGMENT__LOC_CMA_ADDR: {
+		uint64_t end;
+		if (!tpu_add_u64(s->cma_addr, s->length, &end))
+			return fail(-EBADMSG, why, wl, "cma range wraps");
+		return 0;
+	}
+	default:
+		if (s->length == 0)
+			return 0; /* an empty segment needs no location */
+		return fail(-EBADMSG, why, wl, "segment of %llu bytes without location",
+			    (unsigned long long)s->length);
+	}
+}
+
+static int check_metadata(size_t len, struct seg_sum *sum, const struct tpw_limits *lim,
+			  char *why, size_t wl)
+{
+	sum->metadata += len;
+	if (sum->metadata > lim->metadata_max)
+		return fail(-EMSGSIZE, why, wl, "metadata exceeds limit %u", lim->metadata_max);
+	return 0;
+}
+
+static int check_write(const Tpw__V1__Write *w, const struct tpw_hdr *hdr,
+		       const struct tpw_limits *lim, char *why, size_t wl)
+{
+	struct seg_sum sum = { 0, 0 };
+	int r;
+
+	if (hdr->data_len > lim->inline_max)
+		return fail(-EMSGSIZE, why, wl, "inline data of %u bytes exceeds limit %u",
+			    hdr->data_len, lim->inline_max);
+	if (w->n_payloads > lim->segments_max || w->n_tensors > lim->segments_max - w->n_payloads)
+		return fail(-E2BIG, why, wl, "%zu payloads + %zu tensors exceed limit %u",
+			    w->n_payloads, w->n_tensors, lim->segments_max);
+	r = check_metadata(w->metadata.len, &sum, lim, why, wl);
+	for (size_t i = 0; r == 0 && i < w->n_payloads; i++) {
+		const Tpw__V1__Payload *p = w->payloads[i];
+		r = check_metadata(p->metadata.len, &sum, lim, why, wl);
+		if (r == 0)
+			r = check_segment(p->data, hdr, true, &sum, lim, why, wl);
+	}
+	for (size_t i = 0; r == 0 && i < w->n_tensors; i++) {
+		const Tpw__V1__Tensor *t = w->tensors[i];
+		r = check_metadata(t->metadata.len, &sum, lim, why, wl);
+		if (r == 0)
+			r = check_segment(t->data, hdr, true, &sum, lim, why, wl);
+		if (r == 0 && (!device_valid(t->device, false) || !device_valid(t->target, true)))
+			r = fail(-EBADMSG, why, wl, "tensor %zu: bad device", i);
+	}
+	return r;
+}
+
+static int check_read(const Tpw__V1__Read *rd, const struct tpw_hdr *hdr,
+		      const struct tpw_limits *lim, char *why, size_t wl)
+{
+	struct seg_sum sum = { 0, 0 };
+	int r = 0;
+
+	if ((rd->ack_eager || rd->discard) && (rd->n_payloads || rd->n_tensors))
+		return fail(-EBADMSG, why, wl, "acknowledgement or discard with segments");
+	if (rd->n_payloads > lim->segments_max || rd->n_tensors > lim->segments_max - rd->n_payloads)
+		return fail(-E2BIG, why, wl, "read with too many segments");
+	for (size_t i = 0; r == 0 && i < rd->n_payloads; i++)
+		r = check_segment(rd->payloads[i], hdr, false, &sum, lim, why, wl);
+	for (size_t i = 0; r == 0 && i < rd->n_tensors; i++)
+		r = check_segment(rd->tensors[i], hdr, false, &sum, lim, why, wl);
+	return r;
+}
+
+static int check_string(const char *s, size_t max, const char *what, char *why, size_t wl)
+{
+	if (s && strnlen(s, max + 1) > max)
+		return fail(-EBADMSG, why, wl, "%s longer than %zu bytes", what, max);
+	return 0;
+}
+
+int tpw_client_msg_validate(const Tpw__V1__ClientMsg *m, const struct tpw_hdr *hdr,
+			    const struct tpw_limits *lim, char *why, size_t wl)
+{
+	bool want_fd = m->body_case == TPW__V1__CLIENT_MSG__BODY_BUFFER_REGISTER;
+	bool may_have_data = m->body_case == TPW__V1__CLIENT_MSG__BODY_WRITE;
+
+	if (hdr->nfds != (want_fd ? 1 : 0))
+		return fail(-EBADMSG, why, wl, "%u fds attached, expected %u", hdr->nfds,
+			    want_fd ? 1 : 0);
+	if (hdr->data_len && !may_have_data)
+		return fail(-EBADMSG, why, wl, "data tail on a message that takes none");
+
+	switch (m->body_case) {
+	case TPW__V1__CLIENT_MSG__BODY_HELLO:
+		if (m->hello->role != TPW__V1__ROLE__ROLE_CLIENT &&
+		    m->hello->role != TPW__V1__ROLE__ROLE_CONTROL)
+			return fail(-EBADMSG, why, wl, "unknown role %d", (int)m->hello->role);
+		return check_string(m->hello->name, TPW_NAME_MAX, "name", why, wl);
+	case TPW__V1__CLIENT_MSG__BODY_LISTEN:
+		if (!tpw_name_valid(m->listen->name))
+			return fail(-EBADMSG, why, wl, "invalid listener name");
+		if ((unsigned)m->listen->access > TPW__V1__ACCESS__ACCESS_ANYONE)
+			return fail(-EBADMSG, why, wl, "unknown access mode %d",
+				    (int)m->listen->access);
+		return 0;
+	case TPW__V1__CLIENT_MSG__BODY_LISTENER_CLOSE:
+	case TPW__V1__CLIENT_MSG__BODY_BUFFER_RELEASE:
+	case TPW__V1__CLIENT_MSG__BODY_PIPE_CLOSE:
+		return 0;
+	case TPW__V1__CLIENT_MSG__BODY_CONNECT:
+		if (m->connect->pipe_id == 0 || m->connect->pipe_id >= PIPE_ID_CLIENT_MAX)
+			return fail(-EBADMSG, why, wl, "pipe id out of the client's range");
+		if (!m->connect->address || !*m->connect->address)
+			return fail(-EBADMSG, why, wl, "empty address");
+		return check_string(m->connect->address, ADDRESS_MAX, "address", why, wl);
+	case TPW__V1__CLIENT_MSG__BODY_BUFFER_REGISTER:
+		if (m->buffer_register->size == 0)
+			return fail(-EBADMSG, why, wl, "buffer of size 0");
+		return 0;
+	case TPW__V1__CLIENT_MSG__BODY_WRITE:
+		return check_write(m->write, hdr, lim, why, wl);
+	case TPW__V1__CLIENT_MSG__BODY_READ:
+		return check_read(m->read, hdr, lim, why, wl);
+	case TPW__V1__CLIENT_MSG__BODY_CTL:
+		if (m->ctl->what <= TPW__V1__CTL_WHAT__CTL_UNSPECIFIED ||
+		    m->ctl->what > TPW__V1__CTL_WHAT__CTL_LISTENERS)
+			return fail(-EBADMSG, why, wl, "unknown control request %d",
+				    (int)m->ctl->what);
+		return 0;
+	default:
+		return fail(-EBADMSG, why, wl, "unknown message type %d", (int)m->body_case);
+	}
+}
+
+static int check_descriptor(const Tpw__V1__Descriptor *d, const struct tpw_hdr *hdr,
+			    const struct tpw_limits *lim, char *why, size_t wl)
+{
+	uint64_t total = 0;
+
+	if (d->n_payloads > lim->segments_max || d->n_tensors > lim->segments_max - d->n_payloads)
+		return fail(-E2BIG, why, wl, "descriptor with too many segments");
+	for (size_t i = 0; i < d->n_payloads; i++)
+		if (!tpu_add_u64(total, d->payloads[i]->length, &total))
+			return fail(-EBADMSG, why, wl, "descriptor length overflow");
+	for (size_t i = 0; i < d->n_tensors; i++) {
+		if (!tpu_add_u64(total, d->tensors[i]->length, &total))
+			return fail(-EBADMSG, why, wl, "descriptor length overflow");
+		if (!device_valid(d->tensors[i]->device, false) ||
+		    !device_valid(d->tensors[i]->target, true))
+			return fail(-EBADMSG, why, wl, "descriptor tensor %zu: bad device", i);
+	}
+	if (d->eager ? total != hdr->data_len : hdr->data_len != 0)
+		return fail(-EBADMSG, why, wl, "descriptor data tail of %u bytes, expected %llu",
+			    hdr->data_len, (unsigned long long)(d->eager ? total : 0));
+	return 0;
+}
+
+int tpw_daemon_msg_validate(const Tpw__V1__DaemonMsg *m, const struct tpw_hdr *hdr,
+			    const struct tpw_limits *lim, char *why, size_t wl)
+{
+	if (hdr->nfds != 0)
+		return fail(-EBADMSG, why, wl, "unexpected fds from daemon");
+	if (hdr->data_len && m->body_case != TPW__V1__DAEMON_MSG__BODY_DESCRIPTOR)
+		return fail(-EBADMSG, why, wl, "data tail on a message that takes none");
+	switch (m->body_case) {
+	case TPW__V1__DAEMON_MSG__BODY_DESCRIPTOR:
+		return check_descriptor(m->descriptor, hdr, lim, why, wl);
+	case TPW__V1__DAEMON_MSG__BODY_HELLO_REPLY:
+	case TPW__V1__DAEMON_MSG__BODY_REPLY:
+	case TPW__V1__DAEMON_MSG__BODY_ACCEPTED:
+	case TPW__V1__DAEMON_MSG__BODY_WRITE_DONE:
+	case TPW__V1__DAEMON_MSG__BODY_READ_DONE:
+	case TPW__V1__DAEMON_MSG__BODY_PIPE_CLOSED:
+	case TPW__V1__DAEMON_MSG__BODY_CTL_REPLY:
+		return 0;
+	default:
+		return fail(-EBADMSG, why, wl, "unknown message type %d", (int)m->body_case);
+	}
+}
+
+static const struct {
+	Tpw__V1__Status status;
+	int err;
+	const char *name;
+} status_map[] = {
+	{ TPW__V1__STATUS__STATUS_OK, 0, "ok" },
+	{ TPW__V1__STATUS__STATUS_INVALID, EINVAL, "invalid" },
+	{ TPW__V1__STATUS__STATUS_NOT_FOUND, ENOENT, "not-found" },
+	{ TPW__V1__STATUS__STATUS_EXISTS, EADDRINUSE, "exists" },
+	{ TPW__V1__STATUS__STATUS_PERMISSION, EACCES, "permission" },
+	{ TPW__V1__STATUS__STATUS_LIMIT, ENOBUFS, "limit" },
+	{ TPW__V1__STATUS__STATUS_TOO_BIG, EMSGSIZE, "too-big" },
+	{ TPW__V1__STATUS__STATUS_CLOSED, EPIPE, "closed" },
+	{ TPW__V1__STATUS__STATUS_PEER_DIED, ECONNRESET, "peer-died" },
+	{ TPW__V1__STATUS__STATUS_CANCELED, ECANCELED, "canceled" },
+	{ TPW__V1__STATUS__STATUS_RANGE, ERANGE, "range" },
+	{ TPW__V1__STATUS__STATUS_IO, EIO, "io" },
+	{ TPW__V1__STATUS__STATUS_UNSUPPORTED, EOPNOTSUPP, "unsupported" },
+	{ TPW__V1__STATUS__STATUS_VERSION, EPROTONOSUPPORT, "version" },
+	{ TPW__V1__STATUS__STATUS_FAULT, EFAULT, "fault" },
+	{ TPW__V1__STATUS__STATUS_TIMEOUT, ETIMEDOUT, "timeout" },
+	{ TPW__V1__STATUS__STATUS_SHUTDOWN, ESHUTDOWN, "shutdown" },
+	{ TPW__V1__STATUS__STATUS_BUSY, EBUSY, "busy" },
+};
+
+int tpw_status_to_errno(Tpw__V1__Status s)
+{
+	for (size_t i = 0; i < sizeof(status_map) / sizeof(status_map[0]); i++)
+		if (status_map[i].status == s)
+			return -status_map[i].err;
+	return -EIO;
+}
+
+Tpw__V1__Status tpw_status_from_errno(int err)
+{
+	if (err < 0)
+		err = -err;
+	for (size_t i = 0; i < sizeof(status_map) / sizeof(status_map[0]); i++)
+		if (status_map[i].err == err)
+			return status_map[i].status;
+	if (err == ESRCH || err == EPERM)
+		return TPW__V1__STATUS__STATUS_FAULT;
+	if (err == E2BIG)
+		return TPW__V1__STATUS__STATUS_LIMIT;
+	if (err == EBADMSG)
+		return TPW__V1__STATUS__STATUS_INVALID;
+	return TPW__V1__STATUS__STATUS_IO;
+}
+
+const char *tpw_status_name(Tpw__V1__Status s)
+{
+	for (size_t i = 0; i < sizeof(status_map) / sizeof(status_map[0]); i++)
+		if (status_map[i].status == s)
+			return status_map[i].name;
+	return "unknown";
+}

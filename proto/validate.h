@@ -1,0 +1,60 @@
+/* SPDX-License-Identifier: BSD-3-Clause */
+/*
+ * Validation of unpacked messages, in one place, before any handler sees them: a known oneof,
+ * enums in range, bounded counts and strings, overflow-checked size arithmetic, inline ranges
+ * inside the frame's data tail, fd counts per message type. Checks that need session state
+ * (ids owned by the session, ranges inside registered buffers) belong to the daemon.
+ * Also maps the wire Status enum to and from errno.
+ */
+#ifndef TPW_VALIDATE_H
+#define TPW_VALIDATE_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+#include "frame.h"
+#include "tpu.h"
+
+/* Limits that validation enforces; the daemon fills them from its configuration. */
+struct tpw_limits {
+	uint32_t frame_max;	     /* msg_len + data_len per frame */
+	uint32_t inline_max;	     /* data tail bytes per frame */
+	uint32_t segments_max;	     /* payloads + tensors per message */
+	uint64_t message_bytes_max;  /* sum of segment lengths per message */
+	uint32_t metadata_max;	     /* sum of metadata bytes per message */
+};
+
+/* Defaults used by the daemon and, for daemon -> client frames, by the client. */
+#define TPW_DEFAULT_FRAME_MAX (4u << 20)
+#define TPW_DEFAULT_INLINE_MAX (1u << 20)
+#define TPW_DEFAULT_SEGMENTS_MAX 1024u
+#define TPW_DEFAULT_MESSAGE_BYTES_MAX (16ull << 30)
+#define TPW_DEFAULT_METADATA_MAX (1u << 20)
+
+void tpw_limits_default(struct tpw_limits *lim);
+
+/*
+ * tpw_client_msg_validate() - check a client -> daemon message against @lim.
+ * @m: the unpacked message (borrowed).
+ * @hdr: its frame header (nfds, data_len).
+ * @why, @why_len: receives a one-line reason on failure.
+ * Return: 0, or -EBADMSG (malformed), -EMSGSIZE (a size limit), -E2BIG (a count limit).
+ */
+int tpw_client_msg_validate(const Tpw__V1__ClientMsg *m, const struct tpw_hdr *hdr,
+			    const struct tpw_limits *lim, char *why, size_t why_len);
+
+/* Same for daemon -> client messages (the client library checks what it receives). */
+int tpw_daemon_msg_validate(const Tpw__V1__DaemonMsg *m, const struct tpw_hdr *hdr,
+			    const struct tpw_limits *lim, char *why, size_t why_len);
+
+/* True if @name is a valid listener name: 1..255 bytes of [A-Za-z0-9._@:+-]. */
+bool tpw_name_valid(const char *name);
+
+/* Wire status -> negative errno (STATUS_OK -> 0; unknown -> -EIO). */
+int tpw_status_to_errno(Tpw__V1__Status s);
+/* Negative or positive errno -> wire status (0 -> STATUS_OK; unmapped -> STATUS_IO). */
+Tpw__V1__Status tpw_status_from_errno(int err);
+/* Short name of a status, e.g. "closed". */
+const char *tpw_status_name(Tpw__V1__Status s);
+
+#endif
