@@ -1,0 +1,64 @@
+/* SPDX-License-Identifier: BSD-3-Clause */
+/*
+ * Shared buffer mapping and bounds checks. See buffer.h.
+ */
+#include <errno.h>
+#include <fcntl.h>
+#include <stdlib.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include "buffer.h"
+#include "tpu.h"
+
+int tpd_buffer_new(int fd, uint64_t id, uint64_t gen, uint64_t size, struct tpd_buffer **ret)
+{
+	struct tpd_buffer *b;
+	struct stat st;
+	int seals;
+	void *map;
+
+	if (fstat(fd, &st) < 0)
+		return -errno;
+	if (!S_ISREG(st.st_mode) || (uint64_t)st.st_size < size || size > SIZE_MAX)
+		return -EINVAL;
+	seals = fcntl(fd, F_GET_SEALS);
+	if (seals < 0 || !(seals & F_SEAL_SHRINK))
+		return -EPERM;
+	map = mmap(NULL, size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+	if (map == MAP_FAILED)
+		return -errno;
+	b = calloc(1, sizeof(*b));
+	if (!b) {
+		munmap(map, size);
+		return -ENOMEM;
+	}
+	atomic_init(&b->refs, 1);
+	b->id = id;
+	b->gen = gen;
+	b->size = size;
+	b->map = map;
+	*ret = b;
+	return 0;
+}
+
+struct tpd_buffer *tpd_buffer_ref(struct tpd_buffer *b)
+{
+	atomic_fetch_add(&b->refs, 1);
+	return b;
+}
+
+void tpd_buffer_unref(struct tpd_buffer *b)
+{
+	if (!b || atomic_fetch_sub(&b->refs, 1) != 1)
+		return;
+	munmap(b->map, b->size);
+	free(b);
+}
+
+int tpd_buffer_resolve(const struct tpd_buffer *b, uint64_t offset, uint64_t len, void **ret)
+{
+	if (!tpu_range_ok(offset, len, b->size))
+		return -ERANGE;
+	*ret = (char *)b->map + offset;
+	return 0;
+}

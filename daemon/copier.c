@@ -1,0 +1,199 @@
+/* SPDX-License-Identifier: BSD-3-Clause */
+/*
+ * Copy threads. See copier.h. Each worker owns a bounce buffer for process-to-process CMA.
+ */
+#include <errno.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/eventfd.h>
+#include "copier.h"
+#include "log.h"
+
+#define BOUNCE_BYTES (4u << 20)
+
+struct tpd_copier {
+	pthread_mutex_t lock;
+	pthread_cond_t cond;
+	struct tpu_list todo;
+	struct tpu_list done;
+	bool stopping;
+	unsigned busy;
+	int efd;
+	struct event *ev;
+	pthread_t *threads;
+	unsigned n_threads;
+};
+
+struct tpd_copy_job *tpd_copy_job_new(size_t n, size_t n_refs)
+{
+	struct tpd_copy_job *job = calloc(1, sizeof(*job));
+
+	if (!job)
+		return NULL;
+	tpu_list_init(&job->node);
+	job->xfers = calloc(n ? n : 1, sizeof(*job->xfers));
+	job->channels = calloc(n ? n : 1, sizeof(*job->channels));
+	job->refs = calloc(n_refs ? n_refs : 1, sizeof(*job->refs));
+	if (!job->xfers || !job->channels || !job->refs) {
+		tpd_copy_job_free(job);
+		return NULL;
+	}
+	return job;
+}
+
+void tpd_copy_job_free(struct tpd_copy_job *job)
+{
+	if (!job)
+		return;
+	for (size_t i = 0; i < job->n_refs; i++)
+		tpd_buffer_unref(job->refs[i]);
+	free(job->refs);
+	free(job->channels);
+	free(job->xfers);
+	free(job);
+}
+
+static void job_run(struct tpd_copy_job *job, struct tpb_scratch *s)
+{
+	for (size_t i = 0; i < job->n; i++) {
+		int r = tpb_copy(job->channels[i], &job->xfers[i], s);
+		if (r < 0) {
+			job->status = r;
+			snprintf(job->why, sizeof(job->why), "%s copy of %llu bytes failed: %s",
+				 tpb_name(job->channels[i]), (unsigned long long)job->xfers[i].len,
+				 strerror(-r));
+			return;
+		}
+	}
+	job->status = 0;
+}
+
+static void *worker_main(void *arg)
+{
+	struct tpd_copier *c = arg;
+	struct tpb_scratch s = { .bounce = malloc(BOUNCE_BYTES), .bounce_len = BOUNCE_BYTES };
+	uint64_t one = 1;
+
+	if (!s.bounce)
+		s.bounce_len = 0;
+	pthread_mutex_lock(&c->lock);
+	for (;;) {
+		struct tpd_copy_job *job;
+
+		while (!c->stopping && tpu_list_empty(&c->todo))
+			pthread_cond_wait(&c->cond, &c->lock);
+		if (c->stopping)
+			break;
+		job = tpu_list_first(&c->todo, struct tpd_copy_job, node);
+		tpu_list_remove(&job->node);
+		pthread_mutex_unlock(&c->lock);
+
+		job_run(job, &s);
+
+		pthread_mutex_lock(&c->lock);
+		tpu_list_insert_tail(&c->done, &job->node);
+		if (write(c->efd, &one, sizeof(one)) < 0)
+			tpu_log_err("copier: eventfd write failed: %m");
+	}
+	pthread_mutex_unlock(&c->lock);
+	free(s.bounce);
+	return NULL;
+}
+
+static void copier_on_done(evutil_socket_t fd, short what, void *arg)
+{
+	struct tpd_copier *c = arg;
+	struct tpu_list batch;
+	uint64_t v;
+
+	if (read(c->efd, &v, sizeof(v)) < 0 && errno != EAGAIN)
+		tpu_log_err("copier: eventfd read failed: %m");
+	tpu_list_init(&batch);
+	pthread_mutex_lock(&c->lock);
+	if (!tpu_list_empty(&c->done)) {
+		batch = c->done;
+		batch.next->prev = &batch;
+		batch.prev->next = &batch;
+		tpu_list_init(&c->done);
+	}
+	pthread_mutex_unlock(&c->lock);
+	while (!tpu_list_empty(&batch)) {
+		struct tpd_copy_job *job = tpu_list_first(&batch, struct tpd_copy_job, node);
+		tpu_list_remove(&job->node);
+		c->busy--;
+		job->done(job);
+	}
+}
+
+int tpd_copier_new(struct event_base *base, unsigned threads, struct tpd_copier **ret)
+{
+	struct tpd_copier *c = calloc(1, sizeof(*c));
+
+	if (!c)
+		return -ENOMEM;
+	pthread_mutex_init(&c->lock, NULL);
+	pthread_cond_init(&c->cond, NULL);
+	tpu_list_init(&c->todo);
+	tpu_list_init(&c->done);
+	c->efd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
+	c->threads = calloc(threads, sizeof(*c->threads));
+	if (c->efd < 0 || !c->threads)
+		goto fail;
+	c->ev = event_new(base, c->efd, EV_READ | EV_PERSIST, copier_on_done, c);
+	if (!c->ev || event_add(c->ev, NULL) < 0)
+		goto fail;
+	for (; c->n_threads < threads; c->n_threads++)
+		if (pthread_create(&c->threads[c->n_threads], NULL, worker_main, c) != 0)
+			goto fail;
+	*ret = c;
+	return 0;
+fail:
+	tpd_copier_free(c);
+	return -ENOMEM;
+}
+
+void tpd_copier_submit(struct tpd_copier *c, struct tpd_copy_job *job)
+{
+	pthread_mutex_lock(&c->lock);
+	tpu_list_insert_tail(&c->todo, &job->node);
+	c->busy++;
+	pthread_cond_signal(&c->cond);
+	pthread_mutex_unlock(&c->lock);
+}
+
+unsigned tpd_copier_busy(const struct tpd_copier *c)
+{
+	return c->busy;
+}
+
+void tpd_copier_free(struct tpd_copier *c)
+{
+	if (!c)
+		return;
+	pthread_mutex_lock(&c->lock);
+	c->stopping = true;
+	pthread_cond_broadcast(&c->cond);
+	pthread_mutex_unlock(&c->lock);
+	for (unsigned i = 0; i < c->n_threads; i++)
+		pthread_join(c->threads[i], NULL);
+	/* Finished jobs complete normally, queued ones are canceled. */
+	if (c->ev)
+		copier_on_done(c->efd, EV_READ, c);
+	while (!tpu_list_empty(&c->todo)) {
+		struct tpd_copy_job *job = tpu_list_first(&c->todo, struct tpd_copy_job, node);
+		tpu_list_remove(&job->node);
+		c->busy--;
+		job->status = -ECANCELED;
+		snprintf(job->why, sizeof(job->why), "daemon stopping");
+		job->done(job);
+	}
+	if (c->ev)
+		event_free(c->ev);
+	tpu_close(c->efd);
+	free(c->threads);
+	pthread_mutex_destroy(&c->lock);
+	pthread_cond_destroy(&c->cond);
+	free(c);
+}

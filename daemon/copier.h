@@ -1,0 +1,62 @@
+/* SPDX-License-Identifier: BSD-3-Clause */
+/*
+ * tpd_copier: the copy engine. Worker threads run the byte copies of a transfer (shm memcpy,
+ * CMA) off the event loop; finished jobs go back to the loop through a locked queue and an
+ * eventfd, where their done callback runs. Jobs own everything a worker touches (transfer list,
+ * buffer references), so a session that goes away mid-copy cannot pull memory from under a
+ * worker. The copier knows nothing about pipes or sessions.
+ */
+#ifndef TPD_COPIER_H
+#define TPD_COPIER_H
+
+#include <event2/event.h>
+#include "buffer.h"
+#include "tpb.h"
+#include "tpu.h"
+
+struct tpd_copy_job;
+typedef void (*tpd_copy_done_fn)(struct tpd_copy_job *job);
+
+struct tpd_copy_job {
+	struct tpu_list node;
+	struct tpb_xfer *xfers; /* owned */
+	int *channels;		/* registry index per xfer, owned */
+	size_t n;
+	struct tpd_buffer **refs; /* owned references, dropped when the job is freed */
+	size_t n_refs;
+	uint64_t bytes;
+	int status;		/* set by the worker: 0 or -errno */
+	char why[160];
+	tpd_copy_done_fn done;	/* runs on the loop thread */
+	void *arg;
+};
+
+struct tpd_copier;
+
+/*
+ * tpd_copier_new() - start @threads workers completing into @base.
+ * @base: borrows @base, which must outlive the copier.
+ * @ret: returns owned copier, free with tpd_copier_free().
+ * Return: 0 or -errno.
+ */
+int tpd_copier_new(struct event_base *base, unsigned threads, struct tpd_copier **ret);
+
+/*
+ * tpd_copier_submit() - queue @job. Takes @job: its done callback runs exactly once on the loop
+ * thread, later (with status -ECANCELED if the copier is freed first); the callback must free it
+ * with tpd_copy_job_free().
+ */
+void tpd_copier_submit(struct tpd_copier *c, struct tpd_copy_job *job);
+
+/* Jobs queued or running. */
+unsigned tpd_copier_busy(const struct tpd_copier *c);
+
+/* Stops the workers (waiting for running copies), completes queued jobs with -ECANCELED. */
+void tpd_copier_free(struct tpd_copier *c);
+
+/* Allocates a job for @n transfers and @n_refs buffer references. Return: job or NULL. */
+struct tpd_copy_job *tpd_copy_job_new(size_t n, size_t n_refs);
+/* Drops the job's buffer references and frees it. Accepts NULL. */
+void tpd_copy_job_free(struct tpd_copy_job *job);
+
+#endif

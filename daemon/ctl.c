@@ -1,0 +1,187 @@
+/* SPDX-License-Identifier: BSD-3-Clause */
+/*
+ * Builds CtlReply snapshots from the daemon's live state. Every array is allocated for the
+ * reply and freed once the frame is queued.
+ */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include "ctl.h"
+#include "daemon.h"
+#include "pipe.h"
+#include "session.h"
+#include "tpconfig.h"
+
+/* Storage behind a reply's arrays, freed once the reply is queued. */
+struct ctl_bufs {
+	Tpw__V1__CtlSession *sessions;
+	Tpw__V1__CtlListener *listeners;
+	Tpw__V1__CtlPipe *pipes;
+	Tpw__V1__CtlPipeEnd *ends;
+	char (*channels)[64];
+};
+
+static void fill_status(struct tpd_daemon *d, Tpw__V1__CtlStatus *st)
+{
+	st->version = TP_VERSION;
+	st->uptime_ms = tpd_daemon_uptime_ms(d);
+	st->pid = (uint32_t)getpid();
+	st->sessions = d->n_sessions;
+	st->pipes = d->n_pipes;
+	st->listeners = d->registry.count;
+	st->bytes_moved = d->bytes_moved;
+	st->messages_moved = d->messages_moved;
+	st->socket_path = d->cfg.socket_path;
+	st->cma_available = d->cma_viable;
+}
+
+static int fill_sessions(struct tpd_daemon *d, Tpw__V1__CtlReply *rep, struct ctl_bufs *b)
+{
+	Tpw__V1__CtlSession *arr = b->sessions = calloc(d->n_sessions + 1, sizeof(*arr));
+	struct tpd_session *s;
+	size_t i = 0;
+
+	rep->sessions = calloc(d->n_sessions + 1, sizeof(*rep->sessions));
+	if (!arr || !rep->sessions)
+		return -ENOMEM;
+	tpu_list_for_each(s, &d->sessions, node) {
+		Tpw__V1__CtlSession *c = &arr[i];
+		tpw__v1__ctl_session__init(c);
+		c->id = s->id;
+		c->pid = (uint32_t)s->pid;
+		c->uid = (uint32_t)s->uid;
+		c->gid = (uint32_t)s->gid;
+		c->command = s->comm;
+		c->name = s->name ? s->name : "";
+		c->role = s->role;
+		c->pipes = tpd_session_pipe_count(s);
+		c->listeners = s->n_listeners;
+		c->buffers = (uint32_t)s->buffers.len;
+		c->buffer_bytes = s->buffer_bytes;
+		c->bytes_in = s->bytes_in;
+		c->bytes_out = s->bytes_out;
+		c->cma_ok = s->cma_ok;
+		rep->sessions[i++] = c;
+	}
+	rep->n_sessions = i;
+	return 0;
+}
+
+static void fill_end(const struct tpd_pipe_end *e, Tpw__V1__CtlPipeEnd *c)
+{
+	tpw__v1__ctl_pipe_end__init(c);
+	if (e->session) {
+		c->session_id = e->session->id;
+		c->pid = (uint32_t)e->session->pid;
+		c->name = e->session->name ? e->session->name : "";
+	} else {
+		c->name = "";
+	}
+	c->messages_sent = e->msgs_sent;
+	c->bytes_sent = e->bytes_sent;
+	c->queued = e->queued;
+}
+
+
+static int fill_pipes(struct tpd_daemon *d, Tpw__V1__CtlReply *rep, struct ctl_bufs *b)
+{
+	struct tpd_pipe *p;
+	size_t i = 0;
+
+	b->pipes = calloc(d->n_pipes + 1, sizeof(*b->pipes));
+	b->ends = calloc(2 * d->n_pipes + 2, sizeof(*b->ends));
+	b->channels = calloc(d->n_pipes + 1, sizeof(*b->channels));
+	rep->pipes = calloc(d->n_pipes + 1, sizeof(*rep->pipes));
+	if (!b->pipes || !b->ends || !b->channels || !rep->pipes)
+		return -ENOMEM;
+	tpu_list_for_each(p, &d->pipes, node) {
+		Tpw__V1__CtlPipe *c = &b->pipes[i];
+		bool a = p->end[0].session, z = p->end[1].session;
+		tpw__v1__ctl_pipe__init(c);
+		c->id = p->id;
+		c->listener = p->listener;
+		c->state = a && z ? "open" : (a || z ? "half-closed" : "closed");
+		c->transport = "unix";
+		tpd_pipe_channels(p, b->channels[i], sizeof(b->channels[i]));
+		c->channels = b->channels[i];
+		fill_end(&p->end[0], &b->ends[2 * i]);
+		fill_end(&p->end[1], &b->ends[2 * i + 1]);
+		c->connector = &b->ends[2 * i];
+		c->acceptor = &b->ends[2 * i + 1];
+		c->created_ms = (p->created_ns - d->start_ns) / 1000000;
+		rep->pipes[i++] = c;
+	}
+	rep->n_pipes = i;
+	return 0;
+}
+
+static int fill_listeners(struct tpd_daemon *d, Tpw__V1__CtlReply *rep, struct ctl_bufs *b)
+{
+	Tpw__V1__CtlListener *arr = b->listeners = calloc(d->registry.count + 1, sizeof(*arr));
+	struct tpd_listener *l;
+	size_t i = 0;
+
+	rep->listeners = calloc(d->registry.count + 1, sizeof(*rep->listeners));
+	if (!arr || !rep->listeners)
+		return -ENOMEM;
+	tpu_list_for_each(l, &d->registry.listeners, node) {
+		struct tpd_session *s = l->owner;
+		Tpw__V1__CtlListener *c = &arr[i];
+		tpw__v1__ctl_listener__init(c);
+		c->id = l->id;
+		c->name = l->name;
+		c->session_id = s->id;
+		c->pid = (uint32_t)s->pid;
+		c->uid = (uint32_t)l->uid;
+		c->access = l->access;
+		c->gid = (uint32_t)l->gid;
+		c->accepted = l->accepted;
+		rep->listeners[i++] = c;
+	}
+	rep->n_listeners = i;
+	return 0;
+}
+
+void tpd_ctl_handle(struct tpd_session *s, const Tpw__V1__CtlRequest *req)
+{
+	Tpw__V1__CtlReply rep = TPW__V1__CTL_REPLY__INIT;
+	Tpw__V1__CtlStatus st = TPW__V1__CTL_STATUS__INIT;
+	Tpw__V1__DaemonMsg dm = TPW__V1__DAEMON_MSG__INIT;
+	struct ctl_bufs b = { 0 };
+	int r = 0;
+
+	rep.req_id = req->req_id;
+	switch (req->what) {
+	case TPW__V1__CTL_WHAT__CTL_STATUS:
+		fill_status(s->d, &st);
+		rep.status_info = &st;
+		break;
+	case TPW__V1__CTL_WHAT__CTL_SESSIONS:
+		r = fill_sessions(s->d, &rep, &b);
+		break;
+	case TPW__V1__CTL_WHAT__CTL_PIPES:
+		r = fill_pipes(s->d, &rep, &b);
+		break;
+	case TPW__V1__CTL_WHAT__CTL_LISTENERS:
+		r = fill_listeners(s->d, &rep, &b);
+		break;
+	default:
+		r = -EINVAL;
+	}
+	rep.status = tpw_status_from_errno(r);
+	dm.body_case = TPW__V1__DAEMON_MSG__BODY_CTL_REPLY;
+	dm.ctl_reply = &rep;
+	if (r < 0) {
+		rep.n_sessions = rep.n_pipes = rep.n_listeners = 0;
+		rep.message = "out of memory";
+	}
+	tpd_session_send(s, &dm, NULL, 0);
+	free(rep.sessions);
+	free(rep.listeners);
+	free(rep.pipes);
+	free(b.sessions);
+	free(b.listeners);
+	free(b.pipes);
+	free(b.ends);
+	free(b.channels);
+}

@@ -1,0 +1,284 @@
+/* SPDX-License-Identifier: BSD-3-Clause */
+/*
+ * Daemon state, control socket, accept loop, signals and graceful stop. See daemon.h.
+ */
+#include <fcntl.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <sys/un.h>
+#include "daemon.h"
+#include "log.h"
+#include "session.h"
+#include "tpb.h"
+#include "tpconfig.h"
+
+#define ACCEPT_BATCH 32
+#define DRAIN_POLL_MS 10
+
+static void daemon_on_accept(evutil_socket_t fd, short what, void *arg);
+
+uint64_t tpd_daemon_uptime_ms(const struct tpd_daemon *d)
+{
+	return (tpu_now_ns() - d->start_ns) / 1000000;
+}
+
+/* Refuses to take over a socket another daemon is serving; removes a stale one. */
+static int socket_take_path(const struct sockaddr_un *sun)
+{
+	_cleanup_close_ int fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+	struct stat st;
+
+	if (lstat(sun->sun_path, &st) < 0)
+		return errno == ENOENT ? 0 : -errno;
+	if (!S_ISSOCK(st.st_mode))
+		return -EEXIST;
+	if (fd >= 0 && connect(fd, (const struct sockaddr *)sun, sizeof(*sun)) == 0)
+		return -EADDRINUSE;
+	if (unlink(sun->sun_path) < 0 && errno != ENOENT)
+		return -errno;
+	return 0;
+}
+
+static void make_parent_dir(const char *path)
+{
+	char dir[sizeof(((struct sockaddr_un *)0)->sun_path)];
+	char *slash;
+
+	snprintf(dir, sizeof(dir), "%s", path);
+	slash = strrchr(dir, '/');
+	if (!slash || slash == dir)
+		return;
+	*slash = '\0';
+	if (mkdir(dir, 0755) < 0 && errno != EEXIST)
+		tpu_log_warn("cannot create %s: %m", dir);
+}
+
+static int socket_bind(struct tpd_daemon *d)
+{
+	struct sockaddr_un sun = { .sun_family = AF_UNIX };
+	_cleanup_close_ int fd = -EBADF;
+	int r;
+
+	r = tpu_socket_path(d->cfg.socket_path[0] ? d->cfg.socket_path : NULL, sun.sun_path,
+			    sizeof(sun.sun_path));
+	if (r < 0) {
+		tpu_log_err("no control socket path: pass --socket or set $TPIPD_SOCKET or "
+			    "$XDG_RUNTIME_DIR");
+		return r;
+	}
+	snprintf(d->cfg.socket_path, sizeof(d->cfg.socket_path), "%s", sun.sun_path);
+	make_parent_dir(sun.sun_path);
+	r = socket_take_path(&sun);
+	if (r < 0) {
+		tpu_log_err("cannot use %s: %s", sun.sun_path,
+			    r == -EADDRINUSE ? "another tpipd is serving it" : strerror(-r));
+		return r;
+	}
+	fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
+	if (fd < 0)
+		return -errno;
+	if (bind(fd, (struct sockaddr *)&sun, sizeof(sun)) < 0) {
+		r = -errno;
+		tpu_log_err("cannot bind %s: %s", sun.sun_path, strerror(-r));
+		return r;
+	}
+	d->socket_bound = true;
+	/* Who may reach whom is decided per listener from peer credentials. */
+	if (chmod(sun.sun_path, 0666) < 0)
+		tpu_log_warn("cannot chmod %s: %m", sun.sun_path);
+	if (listen(fd, 128) < 0)
+		return -errno;
+	d->listen_fd = TAKE_FD(fd);
+	return 0;
+}
+
+static void daemon_on_accept_resume(evutil_socket_t fd, short what, void *arg)
+{
+	struct tpd_daemon *d = arg;
+
+	if (!d->stopping)
+		event_add(d->ev_accept, NULL);
+}
+
+static void daemon_on_accept(evutil_socket_t lfd, short what, void *arg)
+{
+	struct tpd_daemon *d = arg;
+
+	for (int i = 0; i < ACCEPT_BATCH; i++) {
+		struct tpd_session *s;
+		int fd = accept4(lfd, NULL, NULL, SOCK_CLOEXEC | SOCK_NONBLOCK);
+
+		if (fd < 0) {
+			struct timeval one = { 1, 0 };
+			if (errno == EAGAIN || errno == EINTR || errno == ECONNABORTED)
+				return;
+			tpu_log_warn("accept failed: %m; pausing accepts for 1 s");
+			event_del(d->ev_accept);
+			evtimer_add(d->ev_accept_resume, &one);
+			return;
+		}
+		if (d->n_sessions >= d->cfg.sessions_max) {
+			tpu_log_warn("session limit of %u reached, refusing a client",
+				     d->cfg.sessions_max);
+			tpu_close(fd);
+			continue;
+		}
+		tpd_session_new(d, fd, &s);
+	}
+}
+
+static void finish_stop(struct tpd_daemon *d)
+{
+	struct tpd_session *s, *tmp;
+
+	tpu_list_for_each_safe(s, tmp, &d->sessions, node)
+		tpd_session_free(s, TPW__V1__STATUS__STATUS_SHUTDOWN);
+	event_base_loopbreak(d->base);
+}
+
+static void daemon_on_drain(evutil_socket_t fd, short what, void *arg)
+{
+	struct tpd_daemon *d = arg;
+	struct timeval tv = { 0, DRAIN_POLL_MS * 1000 };
+
+	if (tpd_copier_busy(d->copier) == 0 || tpu_now_ns() >= d->drain_deadline_ns) {
+		if (tpd_copier_busy(d->copier))
+			tpu_log_warn("drain deadline passed with %u copies in flight",
+				     tpd_copier_busy(d->copier));
+		finish_stop(d);
+		return;
+	}
+	evtimer_add(d->ev_drain, &tv);
+}
+
+static void daemon_on_signal(evutil_socket_t sig, short what, void *arg)
+{
+	struct tpd_daemon *d = arg;
+
+	if (sig == SIGHUP) {
+		tpu_log_notice("SIGHUP: nothing to reload (no configuration file in use)");
+		return;
+	}
+	if (d->stopping) {
+		tpu_log_notice("second stop signal, stopping now");
+		finish_stop(d);
+		return;
+	}
+	tpu_log_notice("stopping on signal %d: no new clients, draining copies", (int)sig);
+	d->stopping = true;
+	event_del(d->ev_accept);
+	d->drain_deadline_ns = tpu_now_ns() + (uint64_t)d->cfg.drain_ms * 1000000ull;
+	daemon_on_drain(-1, 0, d);
+}
+
+static int setup_events(struct tpd_daemon *d)
+{
+	static const int sigs[] = { SIGTERM, SIGINT, SIGHUP };
+
+	d->ev_accept = event_new(d->base, d->listen_fd, EV_READ | EV_PERSIST, daemon_on_accept, d);
+	d->ev_accept_resume = evtimer_new(d->base, daemon_on_accept_resume, d);
+	d->ev_drain = evtimer_new(d->base, daemon_on_drain, d);
+	if (!d->ev_accept || !d->ev_accept_resume || !d->ev_drain)
+		return -ENOMEM;
+	for (size_t i = 0; i < TPU_ARRAY_SIZE(sigs); i++) {
+		d->ev_signals[i] = evsignal_new(d->base, sigs[i], daemon_on_signal, d);
+		if (!d->ev_signals[i] || event_add(d->ev_signals[i], NULL) < 0)
+			return -ENOMEM;
+	}
+	return event_add(d->ev_accept, NULL) < 0 ? -EIO : 0;
+}
+
+static void probe_backends(struct tpd_daemon *d)
+{
+	struct tpb_config bc = { .cma_disabled = d->cfg.no_cma };
+	const struct tpb_channel_info *ch;
+	size_t n;
+
+	tpb_registry_init(&bc);
+	ch = tpb_registry_list(&n);
+	for (size_t i = 0; i < n; i++) {
+		tpu_log_info("channel %s: %s%s%s", ch[i].ops->name,
+			     ch[i].viable ? "viable" : "not viable", ch[i].why[0] ? ": " : "",
+			     ch[i].why);
+		if (strcmp(ch[i].ops->name, "cma") == 0)
+			d->cma_viable = ch[i].viable;
+	}
+}
+
+int tpd_daemon_new(const struct tpd_config *cfg, struct tpd_daemon **ret)
+{
+	struct tpd_daemon *d = calloc(1, sizeof(*d));
+	int r;
+
+	if (!d)
+		return -ENOMEM;
+	d->cfg = *cfg;
+	d->limits = cfg->wire;
+	d->listen_fd = -EBADF;
+	d->start_ns = tpu_now_ns();
+	d->next_session_id = 1;
+	d->next_pipe_id = 1;
+	tpu_list_init(&d->sessions);
+	tpu_list_init(&d->pipes);
+	tpd_registry_init(&d->registry);
+	d->base = event_base_new();
+	r = -ENOMEM;
+	if (!d->base)
+		goto fail;
+	probe_backends(d);
+	r = tpd_copier_new(d->base, cfg->copy_threads, &d->copier);
+	if (r < 0)
+		goto fail;
+	r = socket_bind(d);
+	if (r < 0)
+		goto fail;
+	r = setup_events(d);
+	if (r < 0)
+		goto fail;
+	*ret = d;
+	return 0;
+fail:
+	tpd_daemon_free(d);
+	return r;
+}
+
+int tpd_daemon_run(struct tpd_daemon *d)
+{
+	tpu_log_notice("tpipd %s ready on %s (pid %d, %u copy threads)", TP_VERSION,
+		       d->cfg.socket_path, (int)getpid(), d->cfg.copy_threads);
+	if (event_base_dispatch(d->base) < 0)
+		return -EIO;
+	tpu_log_notice("tpipd stopped");
+	return 0;
+}
+
+void tpd_daemon_free(struct tpd_daemon *d)
+{
+	struct tpd_session *s, *tmp;
+
+	if (!d)
+		return;
+	tpu_list_for_each_safe(s, tmp, &d->sessions, node)
+		tpd_session_free(s, TPW__V1__STATUS__STATUS_SHUTDOWN);
+	tpd_copier_free(d->copier);
+	tpd_registry_done(&d->registry);
+	for (size_t i = 0; i < TPU_ARRAY_SIZE(d->ev_signals); i++)
+		if (d->ev_signals[i])
+			event_free(d->ev_signals[i]);
+	if (d->ev_accept)
+		event_free(d->ev_accept);
+	if (d->ev_accept_resume)
+		event_free(d->ev_accept_resume);
+	if (d->ev_drain)
+		event_free(d->ev_drain);
+	if (d->socket_bound)
+		unlink(d->cfg.socket_path);
+	tpu_close(d->listen_fd);
+	if (d->base)
+		event_base_free(d->base);
+	free(d);
+}

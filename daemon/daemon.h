@@ -1,0 +1,59 @@
+/* SPDX-License-Identifier: BSD-3-Clause */
+/*
+ * tpd_daemon: the process-wide state of tpipd: the event loop, the control socket and its
+ * accept loop (with EMFILE back-off), the list of sessions and pipes, the listener registry,
+ * the copy engine, signal handling and graceful stop. Sessions and pipes do the protocol work.
+ */
+#ifndef TPD_DAEMON_H
+#define TPD_DAEMON_H
+
+#include <event2/event.h>
+#include "config.h"
+#include "copier.h"
+#include "listener.h"
+#include "tpu.h"
+
+struct tpd_daemon {
+	struct tpd_config cfg;
+	struct event_base *base;
+	int listen_fd;
+	bool socket_bound; /* we created the socket file and unlink it at exit */
+	struct event *ev_accept;
+	struct event *ev_accept_resume;
+	struct event *ev_signals[4];
+	struct event *ev_drain;
+	struct tpu_list sessions;
+	unsigned n_sessions;
+	uint64_t next_session_id;
+	struct tpd_registry registry;
+	struct tpu_list pipes;
+	unsigned n_pipes;
+	uint64_t next_pipe_id;
+	struct tpd_copier *copier;
+	uint64_t start_ns;
+	uint64_t drain_deadline_ns;
+	uint64_t bytes_moved;
+	uint64_t messages_moved;
+	bool stopping;
+	bool cma_viable;
+	struct tpw_limits limits; /* wire limits enforced on every session */
+};
+
+/*
+ * tpd_daemon_new() - bind the control socket, probe backends, start copy threads.
+ * @cfg: borrowed; copied.
+ * @ret: returns owned daemon, free with tpd_daemon_free().
+ * Return: 0 or -errno (logged).
+ */
+int tpd_daemon_new(const struct tpd_config *cfg, struct tpd_daemon **ret);
+
+/* Runs the loop until a stop signal has been handled. Return: 0 or -errno. */
+int tpd_daemon_run(struct tpd_daemon *d);
+
+/* Closes every session, frees everything, unlinks the socket. Accepts NULL. */
+void tpd_daemon_free(struct tpd_daemon *d);
+
+/* Uptime in milliseconds. */
+uint64_t tpd_daemon_uptime_ms(const struct tpd_daemon *d);
+
+#endif

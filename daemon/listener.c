@@ -1,0 +1,101 @@
+/* SPDX-License-Identifier: BSD-3-Clause */
+/*
+ * Listener registry and access policy. A linked list is enough: connects are rare compared with
+ * messages, and a daemon holds at most a few thousand names.
+ */
+#include <errno.h>
+#include <stdlib.h>
+#include <string.h>
+#include "listener.h"
+#include "validate.h"
+
+void tpd_registry_init(struct tpd_registry *r)
+{
+	tpu_list_init(&r->listeners);
+	r->next_id = 1;
+	r->count = 0;
+}
+
+void tpd_registry_done(struct tpd_registry *r)
+{
+	struct tpd_listener *l, *tmp;
+
+	tpu_list_for_each_safe(l, tmp, &r->listeners, node)
+		tpd_registry_remove(r, l);
+}
+
+struct tpd_listener *tpd_registry_find(const struct tpd_registry *r, const char *name)
+{
+	struct tpd_listener *l;
+
+	tpu_list_for_each(l, &r->listeners, node)
+		if (strcmp(l->name, name) == 0)
+			return l;
+	return NULL;
+}
+
+struct tpd_listener *tpd_registry_find_id(const struct tpd_registry *r, uint64_t id)
+{
+	struct tpd_listener *l;
+
+	tpu_list_for_each(l, &r->listeners, node)
+		if (l->id == id)
+			return l;
+	return NULL;
+}
+
+int tpd_registry_add(struct tpd_registry *r, const char *name, void *owner, uid_t uid,
+		     Tpw__V1__Access access, gid_t gid, struct tpd_listener **ret)
+{
+	struct tpd_listener *l;
+
+	if (!tpw_name_valid(name))
+		return -EINVAL;
+	if (tpd_registry_find(r, name))
+		return -EADDRINUSE;
+	l = calloc(1, sizeof(*l));
+	if (!l)
+		return -ENOMEM;
+	l->name = strdup(name);
+	if (!l->name) {
+		free(l);
+		return -ENOMEM;
+	}
+	l->id = r->next_id++;
+	l->owner = owner;
+	l->uid = uid;
+	l->access = access == TPW__V1__ACCESS__ACCESS_UNSPECIFIED ? TPW__V1__ACCESS__ACCESS_OWNER
+								  : access;
+	l->gid = gid;
+	tpu_list_init(&l->session_node);
+	tpu_list_insert_tail(&r->listeners, &l->node);
+	r->count++;
+	*ret = l;
+	return 0;
+}
+
+void tpd_registry_remove(struct tpd_registry *r, struct tpd_listener *l)
+{
+	if (!l)
+		return;
+	tpu_list_remove(&l->node);
+	tpu_list_remove(&l->session_node);
+	r->count--;
+	free(l->name);
+	free(l);
+}
+
+bool tpd_listener_permits(const struct tpd_listener *l, uid_t uid, gid_t gid, const gid_t *groups,
+			  size_t n_groups)
+{
+	if (uid == 0 || uid == l->uid || l->access == TPW__V1__ACCESS__ACCESS_ANYONE)
+		return true;
+	if (l->access != TPW__V1__ACCESS__ACCESS_GROUP)
+		return false;
+	if (gid == l->gid)
+		return true;
+	for (size_t i = 0; i < n_groups; i++)
+		if (groups[i] == l->gid)
+			return true;
+	return false;
+}

@@ -1,0 +1,780 @@
+/* SPDX-License-Identifier: BSD-3-Clause */
+/*
+ * One attached client. See session.h. Reading: recvmsg into a growing input buffer, fds into a
+ * FIFO, then for every complete frame: header check, bounded unpack, validation, dispatch.
+ * Writing: frames are sent at once when the output queue is empty, else queued with EV_WRITE
+ * interest. Any protocol violation fails the session; it is freed from its close event.
+ */
+#include <fcntl.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <sys/uio.h>
+#include "ctl.h"
+#include "daemon.h"
+#include "frame.h"
+#include "log.h"
+#include "pipe.h"
+#include "session.h"
+#include "validate.h"
+#include "tpconfig.h"
+
+#define IN_MIN_FREE (64u << 10)
+#define ROUNDS_PER_WAKEUP 16
+
+struct outbuf {
+	struct tpu_list node;
+	size_t len;
+	size_t off;
+	uint8_t data[];
+};
+
+static void session_on_read(evutil_socket_t fd, short what, void *arg);
+static void session_on_write(evutil_socket_t fd, short what, void *arg);
+static void session_on_close(evutil_socket_t fd, short what, void *arg);
+
+/* ---- credentials --------------------------------------------------------------------------- */
+
+static void read_comm(struct tpd_session *s)
+{
+	char path[64];
+	FILE *f;
+
+	snprintf(s->comm, sizeof(s->comm), "?");
+	snprintf(path, sizeof(path), "/proc/%d/comm", (int)s->pid);
+	f = fopen(path, "re");
+	if (!f)
+		return;
+	if (fgets(s->comm, sizeof(s->comm), f))
+		s->comm[strcspn(s->comm, "\n")] = '\0';
+	fclose(f);
+}
+
+/* Supplementary groups of the peer, for group access checks. */
+static void read_groups(struct tpd_session *s)
+{
+	char path[64], line[4096];
+	FILE *f;
+
+	snprintf(path, sizeof(path), "/proc/%d/status", (int)s->pid);
+	f = fopen(path, "re");
+	if (!f)
+		return;
+	while (fgets(line, sizeof(line), f)) {
+		char *p, *end;
+		if (strncmp(line, "Groups:", 7) != 0)
+			continue;
+		s->groups = calloc(256, sizeof(*s->groups));
+		for (p = line + 7; s->groups && s->n_groups < 256; p = end) {
+			unsigned long g = strtoul(p, &end, 10);
+			if (end == p)
+				break;
+			s->groups[s->n_groups++] = (gid_t)g;
+		}
+		break;
+	}
+	fclose(f);
+}
+
+static int read_creds(struct tpd_session *s)
+{
+	struct ucred uc;
+	socklen_t len = sizeof(uc);
+
+	if (getsockopt(s->fd, SOL_SOCKET, SO_PEERCRED, &uc, &len) < 0)
+		return -errno;
+	s->pid = uc.pid;
+	s->uid = uc.uid;
+	s->gid = uc.gid;
+	read_comm(s);
+	read_groups(s);
+	return 0;
+}
+
+/* ---- life cycle ---------------------------------------------------------------------------- */
+
+int tpd_session_new(struct tpd_daemon *d, int fd, struct tpd_session **ret)
+{
+	struct tpd_session *s = calloc(1, sizeof(*s));
+	int r;
+
+	if (!s) {
+		tpu_close(fd);
+		return -ENOMEM;
+	}
+	s->d = d;
+	s->fd = fd;
+	s->id = d->next_session_id++;
+	s->attached_ns = tpu_now_ns();
+	tpu_list_init(&s->outq);
+	tpu_list_init(&s->listeners);
+	tpu_hmap_init(&s->pipes);
+	tpu_hmap_init(&s->buffers);
+	s->next_accept_id = 1;
+	tpu_list_insert_tail(&d->sessions, &s->node);
+	d->n_sessions++;
+	r = read_creds(s);
+	if (r < 0)
+		goto fail;
+	s->in_cap = IN_MIN_FREE;
+	s->in = malloc(s->in_cap);
+	s->ev_read = event_new(d->base, fd, EV_READ | EV_PERSIST, session_on_read, s);
+	s->ev_write = event_new(d->base, fd, EV_WRITE | EV_PERSIST, session_on_write, s);
+	s->ev_close = event_new(d->base, -1, 0, session_on_close, s);
+	r = -ENOMEM;
+	if (!s->in || !s->ev_read || !s->ev_write || !s->ev_close)
+		goto fail;
+	r = tpu_fd_nonblock(fd);
+	if (r < 0 || event_add(s->ev_read, NULL) < 0)
+		goto fail;
+	tpu_log_info("session %llu: attached pid %d uid %u (%s)", (unsigned long long)s->id,
+		     (int)s->pid, (unsigned)s->uid, s->comm);
+	*ret = s;
+	return 0;
+fail:
+	tpu_log_warn("session %llu: cannot attach: %s", (unsigned long long)s->id, strerror(-r));
+	tpd_session_free(s, TPW__V1__STATUS__STATUS_IO);
+	return r;
+}
+
+static void detach_pipes(struct tpd_session *s, Tpw__V1__Status why)
+{
+	size_t n = s->pipes.len, i = 0, k = 0;
+	struct tpd_pipe_end **ends = calloc(n + 1, sizeof(*ends));
+	uint64_t key;
+	void *val;
+
+	/* Detaching may send to other sessions but never touches this table. */
+	while (ends && tpu_hmap_next(&s->pipes, &i, &key, &val))
+		ends[k++] = val;
+	for (i = 0; i < k; i++)
+		tpd_pipe_end_detach(ends[i], why);
+	free(ends);
+	tpu_hmap_done(&s->pipes);
+}
+
+static void release_buffers(struct tpd_session *s)
+{
+	size_t i = 0;
+	uint64_t key;
+	void *val;
+
+	while (tpu_hmap_next(&s->buffers, &i, &key, &val))
+		tpd_buffer_unref(val);
+	tpu_hmap_done(&s->buffers);
+	s->buffer_bytes = 0;
+}
+
+void tpd_session_free(struct tpd_session *s, Tpw__V1__Status why)
+{
+	struct tpd_listener *l, *tmp;
+
+	if (!s)
+		return;
+	s->dead = true;
+	detach_pipes(s, why);
+	tpu_list_for_each_safe(l, tmp, &s->listeners, session_node)
+		tpd_registry_remove(&s->d->registry, l);
+	release_buffers(s);
+	while (!tpu_list_empty(&s->outq)) {
+		struct outbuf *o = tpu_list_first(&s->outq, struct outbuf, node);
+		tpu_list_remove(&o->node);
+		free(o);
+	}
+	for (unsigned i = 0; i < s->n_fdq; i++)
+		tpu_close(s->fdq[i]);
+	if (s->ev_read)
+		event_free(s->ev_read);
+	if (s->ev_write)
+		event_free(s->ev_write);
+	if (s->ev_close)
+		event_free(s->ev_close);
+	tpu_close(s->fd);
+	tpu_list_remove(&s->node);
+	s->d->n_sessions--;
+	free(s->in);
+	free(s->groups);
+	free(s->name);
+	free(s);
+}
+
+static void session_on_close(evutil_socket_t fd, short what, void *arg)
+{
+	struct tpd_session *s = arg;
+
+	tpd_session_free(s, s->dead_status);
+}
+
+void tpd_session_fail(struct tpd_session *s, int level, Tpw__V1__Status status, const char *fmt,
+		      ...)
+{
+	char msg[512];
+	va_list ap;
+
+	if (s->dead)
+		return;
+	s->dead = true;
+	s->dead_status = status;
+	va_start(ap, fmt);
+	vsnprintf(msg, sizeof(msg), fmt, ap);
+	va_end(ap);
+	tpu_log((enum tpu_log_level)level, "session %llu (pid %d, %s): %s, closing",
+		(unsigned long long)s->id, (int)s->pid, s->comm, msg);
+	event_del(s->ev_read);
+	event_del(s->ev_write);
+	event_active(s->ev_close, 0, 0);
+}
+
+unsigned tpd_session_pipe_count(const struct tpd_session *s)
+{
+	return (unsigned)s->pipes.len;
+}
+
+/* ---- output -------------------------------------------------------------------------------- */
+
+/* Writes queued output. Return: 0 (all or some sent), -errno on a dead connection. */
+static int flush_out(struct tpd_session *s)
+{
+	while (!tpu_list_empty(&s->outq)) {
+		struct outbuf *o = tpu_list_first(&s->outq, struct outbuf, node);
+		ssize_t n = send(s->fd, o->data + o->off, o->len - o->off,
+				 MSG_DONTWAIT | MSG_NOSIGNAL);
+		if (n < 0) {
+			if (errno == EAGAIN || errno == EINTR)
+				return 0;
+			return -errno;
+		}
+		o->off += (size_t)n;
+		s->outq_bytes -= (uint64_t)n;
+		s->bytes_out += (uint64_t)n;
+		if (o->off < o->len)
+			return 0;
+		tpu_list_remove(&o->node);
+		free(o);
+	}
+	return 0;
+}
+
+static void update_write_interest(struct tpd_session *s)
+{
+	if (tpu_list_empty(&s->outq))
+		event_del(s->ev_write);
+	else
+		event_add(s->ev_write, NULL);
+}
+
+static void session_on_write(evutil_socket_t fd, short what, void *arg)
+{
+	struct tpd_session *s = arg;
+	int r = flush_out(s);
+
+	if (r < 0) {
+		tpd_session_fail(s, TPU_LOG_INFO, TPW__V1__STATUS__STATUS_PEER_DIED,
+				 "send failed: %s", strerror(-r));
+		return;
+	}
+	update_write_interest(s);
+}
+
+int tpd_session_send(struct tpd_session *s, Tpw__V1__DaemonMsg *m, const struct iovec *tail,
+		     int n_tail)
+{
+	size_t tail_len = 0, len, off;
+	struct outbuf *o;
+	bool was_empty;
+	int r;
+
+	if (!s || s->dead)
+		return -EPIPE;
+	for (int i = 0; i < n_tail; i++)
+		tail_len += tail[i].iov_len;
+	len = tpw_frame_size(&m->base) + tail_len;
+	if (s->outq_bytes + len > s->d->cfg.outq_max) {
+		tpd_session_fail(s, TPU_LOG_WARNING, TPW__V1__STATUS__STATUS_PEER_DIED,
+				 "client does not read: %llu bytes queued (limit %llu)",
+				 (unsigned long long)s->outq_bytes,
+				 (unsigned long long)s->d->cfg.outq_max);
+		return -ENOBUFS;
+	}
+	o = malloc(sizeof(*o) + len);
+	if (!o) {
+		tpd_session_fail(s, TPU_LOG_ERR, TPW__V1__STATUS__STATUS_IO, "out of memory");
+		return -ENOMEM;
+	}
+	off = tpw_frame_pack(&m->base, (uint32_t)tail_len, 0, ++s->seq_out, o->data);
+	for (int i = 0; i < n_tail; i++) {
+		memcpy(o->data + off, tail[i].iov_base, tail[i].iov_len);
+		off += tail[i].iov_len;
+	}
+	o->len = len;
+	o->off = 0;
+	was_empty = tpu_list_empty(&s->outq);
+	tpu_list_insert_tail(&s->outq, &o->node);
+	s->outq_bytes += len;
+	if (!was_empty)
+		return 0;
+	r = flush_out(s);
+	if (r < 0) {
+		tpd_session_fail(s, TPU_LOG_INFO, TPW__V1__STATUS__STATUS_PEER_DIED,
+				 "send failed: %s", strerror(-r));
+		return r;
+	}
+	update_write_interest(s);
+	return 0;
+}
+
+void tpd_session_reply(struct tpd_session *s, uint64_t req_id, int err, const char *why, uint64_t id,
+		       const char *remote_name)
+{
+	Tpw__V1__Reply rep = TPW__V1__REPLY__INIT;
+	Tpw__V1__DaemonMsg dm = TPW__V1__DAEMON_MSG__INIT;
+
+	rep.req_id = req_id;
+	rep.status = tpw_status_from_errno(err);
+	rep.message = (char *)why;
+	rep.id = id;
+	rep.remote_name = (char *)remote_name;
+	dm.body_case = TPW__V1__DAEMON_MSG__BODY_REPLY;
+	dm.reply = &rep;
+	tpd_session_send(s, &dm, NULL, 0);
+}
+
+struct tpd_buffer *tpd_session_buffer(struct tpd_session *s, uint64_t id, uint64_t gen)
+{
+	struct tpd_buffer *b = tpu_hmap_get(&s->buffers, id);
+
+	return b && b->gen == gen ? b : NULL;
+}
+
+/* ---- handlers ------------------------------------------------------------------------------ */
+
+static bool cma_probe(struct tpd_session *s, const Tpw__V1__Hello *h)
+{
+	uint64_t v = 0;
+	struct iovec l = { &v, sizeof(v) }, r = { (void *)(uintptr_t)h->cma_probe_addr, sizeof(v) };
+
+	if (!s->d->cma_viable || !h->cma_probe_addr)
+		return false;
+	return process_vm_readv(s->pid, &l, 1, &r, 1, 0) == (ssize_t)sizeof(v) &&
+	       v == h->cma_probe_value;
+}
+
+static void handle_hello(struct tpd_session *s, const Tpw__V1__Hello *h)
+{
+	Tpw__V1__HelloReply hr = TPW__V1__HELLO_REPLY__INIT;
+	Tpw__V1__Limits lim = TPW__V1__LIMITS__INIT;
+	Tpw__V1__DaemonMsg dm = TPW__V1__DAEMON_MSG__INIT;
+	const struct tpd_config *cfg = &s->d->cfg;
+	char name[TPW_NAME_MAX + 1];
+
+	hr.major = TPW_PROTO_MAJOR;
+	hr.minor = TPW_PROTO_MINOR;
+	hr.daemon_version = TP_VERSION;
+	dm.body_case = TPW__V1__DAEMON_MSG__BODY_HELLO_REPLY;
+	dm.hello_reply = &hr;
+	if (h->major != TPW_PROTO_MAJOR) {
+		hr.status = TPW__V1__STATUS__STATUS_VERSION;
+		hr.message = "protocol major version not supported";
+		tpd_session_send(s, &dm, NULL, 0);
+		tpd_session_fail(s, TPU_LOG_NOTICE, TPW__V1__STATUS__STATUS_VERSION,
+				 "protocol version %u.%u, expected %u.x", h->major, h->minor,
+				 TPW_PROTO_MAJOR);
+		return;
+	}
+	s->role = h->role;
+	if (h->name && *h->name)
+		snprintf(name, sizeof(name), "%s", h->name);
+	else
+		snprintf(name, sizeof(name), "%s:%d", s->comm, (int)s->pid);
+	s->name = strdup(name);
+	s->cma_ok = s->role == TPW__V1__ROLE__ROLE_CLIENT && cma_probe(s, h);
+	s->hello_done = true;
+	hr.status = TPW__V1__STATUS__STATUS_OK;
+	hr.session_id = s->id;
+	hr.cma_ok = s->cma_ok;
+	lim.frame_max = cfg->wire.frame_max;
+	lim.inline_max = cfg->wire.inline_max;
+	lim.segments_max = cfg->wire.segments_max;
+	lim.message_bytes_max = cfg->wire.message_bytes_max;
+	lim.metadata_max = cfg->wire.metadata_max;
+	lim.buffers_max = cfg->buffers_max;
+	lim.buffer_bytes_max = cfg->buffer_bytes_max;
+	lim.pipes_max = cfg->pipes_max;
+	lim.pipe_queue_max = cfg->pipe_queue_max;
+	hr.limits = &lim;
+	tpd_session_send(s, &dm, NULL, 0);
+	tpu_log_debug("session %llu: hello from '%s', cma %s", (unsigned long long)s->id, s->name,
+		      s->cma_ok ? "yes" : "no");
+}
+
+static void handle_listen(struct tpd_session *s, const Tpw__V1__Listen *m)
+{
+	struct tpd_listener *l;
+	char why[320];
+	int r = -ENOBUFS;
+
+	if (s->n_listeners < s->d->cfg.listeners_max)
+		r = tpd_registry_add(&s->d->registry, m->name, s, s->uid, m->access, m->gid, &l);
+	if (r < 0) {
+		if (r == -EADDRINUSE)
+			snprintf(why, sizeof(why), "listener name '%s' is already taken", m->name);
+		else if (r == -ENOBUFS)
+			snprintf(why, sizeof(why), "listener limit of %u per client reached",
+				 s->d->cfg.listeners_max);
+		else
+			snprintf(why, sizeof(why), "cannot listen on '%s': %s", m->name,
+				 strerror(-r));
+		tpu_log_info("session %llu: %s", (unsigned long long)s->id, why);
+		tpd_session_reply(s, m->req_id, r, why, 0, NULL);
+		return;
+	}
+	tpu_list_insert_tail(&s->listeners, &l->session_node);
+	s->n_listeners++;
+	tpu_log_info("session %llu: listening on '%s'", (unsigned long long)s->id, l->name);
+	tpd_session_reply(s, m->req_id, 0, NULL, l->id, NULL);
+}
+
+static void handle_listener_close(struct tpd_session *s, const Tpw__V1__ListenerClose *m)
+{
+	struct tpd_listener *l = tpd_registry_find_id(&s->d->registry, m->listener_id);
+
+	if (!l || l->owner != s)
+		return; /* already gone: closing is idempotent */
+	tpu_log_info("session %llu: stopped listening on '%s'", (unsigned long long)s->id, l->name);
+	tpd_registry_remove(&s->d->registry, l);
+	s->n_listeners--;
+}
+
+static int buffer_check(struct tpd_session *s, const Tpw__V1__BufferRegister *m, char *why,
+			size_t wl)
+{
+	const struct tpd_config *cfg = &s->d->cfg;
+
+	if (tpu_hmap_get(&s->buffers, m->buf_id) || m->buf_id == 0) {
+		snprintf(why, wl, "buffer id %llu in use or invalid",
+			 (unsigned long long)m->buf_id);
+		return -EADDRINUSE;
+	}
+	if (s->buffers.len >= cfg->buffers_max) {
+		snprintf(why, wl, "buffer limit of %u per client reached", cfg->buffers_max);
+		return -ENOBUFS;
+	}
+	if (m->size > cfg->buffer_bytes_max - s->buffer_bytes) {
+		snprintf(why, wl, "buffer bytes limit of %llu per client reached",
+			 (unsigned long long)cfg->buffer_bytes_max);
+		return -ENOBUFS;
+	}
+	return 0;
+}
+
+static void handle_buffer_register(struct tpd_session *s, const Tpw__V1__BufferRegister *m,
+				   int fd)
+{
+	_cleanup_close_ int owned = fd;
+	struct tpd_buffer *b = NULL;
+	char why[192] = "";
+	int r;
+
+	r = buffer_check(s, m, why, sizeof(why));
+	if (r == 0) {
+		r = tpd_buffer_new(owned, m->buf_id, m->gen, m->size, &b);
+		if (r == -EPERM)
+			snprintf(why, sizeof(why), "buffer fd is not sealed against shrinking");
+		else if (r < 0)
+			snprintf(why, sizeof(why), "cannot map buffer of %llu bytes: %s",
+				 (unsigned long long)m->size, strerror(-r));
+	}
+	if (r == 0 && tpu_hmap_put(&s->buffers, m->buf_id, b) < 0) {
+		tpd_buffer_unref(b);
+		r = -ENOMEM;
+		snprintf(why, sizeof(why), "out of memory");
+	}
+	if (r < 0) {
+		tpu_log_info("session %llu: buffer %llu refused: %s", (unsigned long long)s->id,
+			     (unsigned long long)m->buf_id, why);
+		tpd_session_reply(s, m->req_id, r, why, m->buf_id, NULL);
+		return;
+	}
+	s->buffer_bytes += m->size;
+	tpd_session_reply(s, m->req_id, 0, NULL, m->buf_id, NULL);
+}
+
+static void handle_buffer_release(struct tpd_session *s, const Tpw__V1__BufferRelease *m)
+{
+	struct tpd_buffer *b = tpd_session_buffer(s, m->buf_id, m->gen);
+
+	if (!b)
+		return;
+	tpu_hmap_del(&s->buffers, m->buf_id);
+	s->buffer_bytes -= b->size;
+	tpd_buffer_unref(b);
+}
+
+static struct tpd_pipe_end *find_end(struct tpd_session *s, uint64_t id)
+{
+	return tpu_hmap_get(&s->pipes, id);
+}
+
+static void reply_unknown_pipe(struct tpd_session *s, Tpw__V1__ClientMsg *m)
+{
+	Tpw__V1__DaemonMsg dm = TPW__V1__DAEMON_MSG__INIT;
+	Tpw__V1__WriteDone wd = TPW__V1__WRITE_DONE__INIT;
+	Tpw__V1__ReadDone rd = TPW__V1__READ_DONE__INIT;
+
+	if (m->body_case == TPW__V1__CLIENT_MSG__BODY_WRITE) {
+		wd.pipe_id = m->write->pipe_id;
+		wd.write_id = m->write->write_id;
+		wd.status = TPW__V1__STATUS__STATUS_NOT_FOUND;
+		wd.message = "no such pipe";
+		dm.body_case = TPW__V1__DAEMON_MSG__BODY_WRITE_DONE;
+		dm.write_done = &wd;
+	} else {
+		if (m->read->ack_eager)
+			return;
+		rd.pipe_id = m->read->pipe_id;
+		rd.msg_id = m->read->msg_id;
+		rd.status = TPW__V1__STATUS__STATUS_NOT_FOUND;
+		rd.message = "no such pipe";
+		dm.body_case = TPW__V1__DAEMON_MSG__BODY_READ_DONE;
+		dm.read_done = &rd;
+	}
+	tpd_session_send(s, &dm, NULL, 0);
+}
+
+static void handle_pipe_close(struct tpd_session *s, const Tpw__V1__PipeClose *m)
+{
+	struct tpd_pipe_end *e = tpu_hmap_del(&s->pipes, m->pipe_id);
+
+	if (e)
+		tpd_pipe_end_detach(e, TPW__V1__STATUS__STATUS_CLOSED);
+}
+
+/* Dispatches a validated message. Takes @m. */
+static void dispatch(struct tpd_session *s, Tpw__V1__ClientMsg *m, const struct tpw_hdr *h,
+		     const uint8_t *tail, int fd)
+{
+	struct tpd_pipe_end *e;
+
+	switch (m->body_case) {
+	case TPW__V1__CLIENT_MSG__BODY_LISTEN:
+		handle_listen(s, m->listen);
+		break;
+	case TPW__V1__CLIENT_MSG__BODY_LISTENER_CLOSE:
+		handle_listener_close(s, m->listener_close);
+		break;
+	case TPW__V1__CLIENT_MSG__BODY_CONNECT:
+		tpd_pipe_connect(s->d, s, m->connect);
+		break;
+	case TPW__V1__CLIENT_MSG__BODY_BUFFER_REGISTER:
+		handle_buffer_register(s, m->buffer_register, fd);
+		break;
+	case TPW__V1__CLIENT_MSG__BODY_BUFFER_RELEASE:
+		handle_buffer_release(s, m->buffer_release);
+		break;
+	case TPW__V1__CLIENT_MSG__BODY_WRITE:
+		e = find_end(s, m->write->pipe_id);
+		if (!e)
+			break;
+		tpd_pipe_write(e, m, tail, h->data_len);
+		return; /* took @m */
+	case TPW__V1__CLIENT_MSG__BODY_READ:
+		e = find_end(s, m->read->pipe_id);
+		if (e)
+			tpd_pipe_read(e, m->read);
+		break;
+	case TPW__V1__CLIENT_MSG__BODY_PIPE_CLOSE:
+		handle_pipe_close(s, m->pipe_close);
+		break;
+	case TPW__V1__CLIENT_MSG__BODY_CTL:
+		tpd_ctl_handle(s, m->ctl);
+		break;
+	default:
+		break;
+	}
+	if ((m->body_case == TPW__V1__CLIENT_MSG__BODY_WRITE ||
+	     m->body_case == TPW__V1__CLIENT_MSG__BODY_READ) &&
+	    !find_end(s, m->body_case == TPW__V1__CLIENT_MSG__BODY_WRITE ? m->write->pipe_id
+									 : m->read->pipe_id))
+		reply_unknown_pipe(s, m);
+	tpw_client_msg_free(m);
+}
+
+/* Checks the message type against the session's state. Return: true if it may proceed. */
+static bool state_allows(struct tpd_session *s, const Tpw__V1__ClientMsg *m)
+{
+	if (!s->hello_done)
+		return m->body_case == TPW__V1__CLIENT_MSG__BODY_HELLO;
+	if (m->body_case == TPW__V1__CLIENT_MSG__BODY_HELLO)
+		return false;
+	if (s->role == TPW__V1__ROLE__ROLE_CONTROL)
+		return m->body_case == TPW__V1__CLIENT_MSG__BODY_CTL;
+	return true;
+}
+
+/* Handles one complete frame. Return: 0, or < 0 after failing the session. */
+static int process_frame(struct tpd_session *s, const struct tpw_hdr *h, const uint8_t *body)
+{
+	Tpw__V1__ClientMsg *m = NULL;
+	_cleanup_close_ int fd = -EBADF;
+	char why[256];
+	int r;
+
+	if (h->nfds > s->n_fdq) {
+		tpd_session_fail(s, TPU_LOG_WARNING, TPW__V1__STATUS__STATUS_PEER_DIED,
+				 "frame %llu announces %u fds, %u received",
+				 (unsigned long long)h->seq, h->nfds, s->n_fdq);
+		return -EBADMSG;
+	}
+	if (h->nfds) {
+		fd = s->fdq[0];
+		for (unsigned i = 1; i < h->nfds; i++)
+			tpu_close(s->fdq[i]);
+		memmove(s->fdq, s->fdq + h->nfds, (s->n_fdq - h->nfds) * sizeof(int));
+		s->n_fdq -= h->nfds;
+	}
+	r = tpw_client_msg_unpack(body, h->msg_len, &m);
+	if (r < 0) {
+		tpd_session_fail(s, TPU_LOG_WARNING, TPW__V1__STATUS__STATUS_PEER_DIED,
+				 "frame %llu does not decode", (unsigned long long)h->seq);
+		return r;
+	}
+	r = tpw_client_msg_validate(m, h, &s->d->limits, why, sizeof(why));
+	if (r == 0 && !state_allows(s, m)) {
+		snprintf(why, sizeof(why), "message type %d not allowed now", (int)m->body_case);
+		r = -EBADMSG;
+	}
+	if (r < 0) {
+		tpd_session_fail(s, TPU_LOG_WARNING, TPW__V1__STATUS__STATUS_PEER_DIED,
+				 "invalid frame %llu: %s", (unsigned long long)h->seq, why);
+		tpw_client_msg_free(m);
+		return r;
+	}
+	if (m->body_case == TPW__V1__CLIENT_MSG__BODY_HELLO) {
+		handle_hello(s, m->hello);
+		tpw_client_msg_free(m);
+		return 0;
+	}
+	dispatch(s, m, h, body + h->msg_len, TAKE_FD(fd));
+	return 0;
+}
+
+/* Processes every complete frame in the input buffer. */
+static void parse_frames(struct tpd_session *s)
+{
+	size_t off = 0;
+
+	while (!s->dead && s->in_len - off >= TPW_HDR_SIZE) {
+		struct tpw_hdr h;
+		size_t need;
+		int r = tpw_hdr_parse(s->in + off, s->d->limits.frame_max, &h);
+
+		if (r < 0) {
+			tpd_session_fail(s, TPU_LOG_WARNING, TPW__V1__STATUS__STATUS_PEER_DIED,
+					 "bad frame header: %s", strerror(-r));
+			return;
+		}
+		need = TPW_HDR_SIZE + (size_t)h.msg_len + h.data_len;
+		if (s->in_len - off < need) {
+			if (need > s->in_cap) {
+				uint8_t *n = realloc(s->in, need + IN_MIN_FREE);
+				if (!n) {
+					tpd_session_fail(s, TPU_LOG_ERR, TPW__V1__STATUS__STATUS_IO,
+							 "out of memory for a %zu byte frame", need);
+					return;
+				}
+				s->in = n;
+				s->in_cap = need + IN_MIN_FREE;
+			}
+			break;
+		}
+		s->bytes_in += need;
+		if (process_frame(s, &h, s->in + off + TPW_HDR_SIZE) < 0)
+			return;
+		off += need;
+	}
+	if (off) {
+		memmove(s->in, s->in + off, s->in_len - off);
+		s->in_len -= off;
+	}
+}
+
+/* Queues fds received with a recvmsg. Return: 0 or -EBADMSG (too many). */
+static int take_fds(struct tpd_session *s, struct msghdr *mh)
+{
+	int r = 0;
+
+	for (struct cmsghdr *c = CMSG_FIRSTHDR(mh); c; c = CMSG_NXTHDR(mh, c)) {
+		size_t n;
+		int *fds;
+
+		if (c->cmsg_level != SOL_SOCKET || c->cmsg_type != SCM_RIGHTS)
+			continue;
+		n = (c->cmsg_len - CMSG_LEN(0)) / sizeof(int);
+		fds = (int *)CMSG_DATA(c);
+		for (size_t i = 0; i < n; i++) {
+			if (s->n_fdq < TPU_ARRAY_SIZE(s->fdq))
+				s->fdq[s->n_fdq++] = fds[i];
+			else {
+				tpu_close(fds[i]);
+				r = -EBADMSG;
+			}
+		}
+	}
+	return r;
+}
+
+/* One recvmsg. Return: bytes read, 0 on EOF, -EAGAIN, or -errno. */
+static ssize_t recv_some(struct tpd_session *s)
+{
+	union {
+		char buf[CMSG_SPACE(sizeof(int) * TPW_FDS_MAX * 2)];
+		struct cmsghdr align;
+	} cm;
+	struct iovec iov;
+	struct msghdr mh = { .msg_iov = &iov, .msg_iovlen = 1, .msg_control = cm.buf,
+			     .msg_controllen = sizeof(cm.buf) };
+	ssize_t n;
+
+	if (s->in_cap - s->in_len < IN_MIN_FREE / 4) {
+		uint8_t *nb = realloc(s->in, s->in_cap + IN_MIN_FREE);
+		if (!nb)
+			return -ENOMEM;
+		s->in = nb;
+		s->in_cap += IN_MIN_FREE;
+	}
+	iov.iov_base = s->in + s->in_len;
+	iov.iov_len = s->in_cap - s->in_len;
+	n = recvmsg(s->fd, &mh, MSG_DONTWAIT | MSG_CMSG_CLOEXEC);
+	if (n < 0)
+		return -errno;
+	if (take_fds(s, &mh) < 0 || (mh.msg_flags & MSG_CTRUNC))
+		return -EBADMSG;
+	s->in_len += (size_t)n;
+	return n;
+}
+
+static void session_on_read(evutil_socket_t fd, short what, void *arg)
+{
+	struct tpd_session *s = arg;
+
+	for (int i = 0; i < ROUNDS_PER_WAKEUP && !s->dead; i++) {
+		ssize_t n = recv_some(s);
+
+		if (n == -EAGAIN || n == -EINTR)
+			return;
+		if (n == 0) {
+			tpd_session_fail(s, TPU_LOG_INFO, TPW__V1__STATUS__STATUS_PEER_DIED,
+					 "client disconnected");
+			return;
+		}
+		if (n < 0) {
+			tpd_session_fail(s, TPU_LOG_WARNING, TPW__V1__STATUS__STATUS_PEER_DIED,
+					 "receive failed: %s",
+					 n == -EBADMSG ? "too many or truncated fds"
+						       : strerror((int)-n));
+			return;
+		}
+		parse_frames(s);
+	}
+}

@@ -1,0 +1,94 @@
+/* SPDX-License-Identifier: BSD-3-Clause */
+/*
+ * tpd_session: one attached client (a libtpclient context or tpipctl). Owns the connection:
+ * peer credentials, frame reading with fd passing, bounded unpack and validation, the output
+ * queue, and the session's tables of pipe ends, shared buffers and listeners. Dispatches
+ * requests to the listener registry and to pipes. A protocol violation closes this session
+ * only; it is closed from its own deferred event, never in the middle of a handler.
+ */
+#ifndef TPD_SESSION_H
+#define TPD_SESSION_H
+
+#include <stdarg.h>
+#include <sys/types.h>
+#include <sys/uio.h>
+#include "buffer.h"
+#include "hmap.h"
+#include "tpu.h"
+#include "tpw.pb-c.h"
+
+struct tpd_daemon;
+
+struct tpd_session {
+	struct tpu_list node;
+	struct tpd_daemon *d;
+	uint64_t id;
+	int fd;
+	pid_t pid;
+	uid_t uid;
+	gid_t gid;
+	gid_t *groups;
+	size_t n_groups;
+	char comm[32];
+	char *name;
+	Tpw__V1__Role role;
+	bool hello_done;
+	bool cma_ok;
+	bool dead;
+	Tpw__V1__Status dead_status;
+	struct event *ev_read;
+	struct event *ev_write;
+	struct event *ev_close;
+	uint8_t *in;
+	size_t in_len, in_cap;
+	int fdq[16];
+	unsigned n_fdq;
+	struct tpu_list outq;
+	uint64_t outq_bytes;
+	uint64_t seq_out;
+	struct tpu_hmap pipes;	 /* local pipe id -> struct tpd_pipe_end */
+	struct tpu_hmap buffers; /* buf_id -> struct tpd_buffer */
+	uint64_t buffer_bytes;
+	struct tpu_list listeners;
+	unsigned n_listeners;
+	uint64_t next_accept_id;
+	uint64_t bytes_in, bytes_out;
+	uint64_t attached_ns;
+};
+
+/*
+ * tpd_session_new() - attach a client on accepted socket @fd.
+ * @fd: takes @fd (also on failure).
+ * @ret: returns borrowed session, owned by the daemon's list; it frees itself when it ends.
+ * Return: 0 or -errno.
+ */
+int tpd_session_new(struct tpd_daemon *d, int fd, struct tpd_session **ret);
+
+/* Closes and frees @s at once (daemon shutdown). Its pipes fail with @why. */
+void tpd_session_free(struct tpd_session *s, Tpw__V1__Status why);
+
+/*
+ * tpd_session_send() - queue a frame of @m followed by @n_tail data pieces.
+ * @m, @tail: borrowed; copied into the output queue.
+ * A session whose output queue would exceed the limit is failed. Sending to a dead session is a
+ * no-op. Return: 0 or -errno.
+ */
+int tpd_session_send(struct tpd_session *s, Tpw__V1__DaemonMsg *m, const struct iovec *tail,
+		     int n_tail);
+
+/* Marks @s dead with @status (PEER_DIED for a vanished client), logs @fmt at @level, and
+ * schedules its close. Idempotent. */
+void tpd_session_fail(struct tpd_session *s, int level, Tpw__V1__Status status, const char *fmt,
+		      ...) _printf_(4, 5);
+
+/* Returns borrowed buffer (@id, @gen) of @s, or NULL. */
+struct tpd_buffer *tpd_session_buffer(struct tpd_session *s, uint64_t id, uint64_t gen);
+
+/* Sends Reply{req_id, status from @err, @why, id, remote_name}. */
+void tpd_session_reply(struct tpd_session *s, uint64_t req_id, int err, const char *why, uint64_t id,
+		       const char *remote_name);
+
+/* Number of pipe ends attached to @s. */
+unsigned tpd_session_pipe_count(const struct tpd_session *s);
+
+#endif
