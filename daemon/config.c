@@ -1,12 +1,74 @@
 /* SPDX-License-Identifier: BSD-3-Clause */
 /*
- * Defaults and command-line parsing for tpipd.
+ * Defaults, config file and flags for tpipd, from one option table. See config.h.
  */
 #include <getopt.h>
+#include <ini.h>
 #include <stdio.h>
 #include <string.h>
+#include <strings.h>
+#include <unistd.h>
 #include "config.h"
 #include "tpconfig.h"
+
+enum kind { K_U32, K_U64, K_SIZE32, K_SIZE64, K_PATH, K_STR, K_LOG, K_BOOL, K_NOBOOL };
+
+struct opt {
+	const char *name;    /* flag --name and key name */
+	const char *section; /* INI section */
+	enum kind kind;
+	size_t off;
+	uint64_t min, max;
+	bool live;	     /* a reload applies it without restart */
+	const char *arg, *help;
+};
+
+#define OFF(f) offsetof(struct tpd_config, f)
+#define MiB (1ull << 20)
+
+static const struct opt opts[] = {
+	{ "socket", "daemon", K_PATH, OFF(socket_path), 0, 0, false, "PATH",
+	  "control socket (default: $TPIPD_SOCKET, /run/tpipd/tpipd.sock as root,\n"
+	  "                            else $XDG_RUNTIME_DIR/tpipd.sock)" },
+	{ "log-level", "daemon", K_LOG, OFF(log_level), 0, 0, true, "LEVEL",
+	  "err, warning, notice, info (default), debug" },
+	{ "copy-threads", "daemon", K_U32, OFF(copy_threads), 1, 64, false, "N",
+	  "copy threads (default 2)" },
+	{ "drain-ms", "daemon", K_U32, OFF(drain_ms), 0, 600000, true, "MS",
+	  "on stop, wait this long for copies in flight (default 5000)" },
+	{ "admin-gid", "daemon", K_U32, OFF(admin_gid), 0, UINT32_MAX, true, "GID",
+	  "members of this group may use admin control requests (default: root only)" },
+	{ "metrics-listen", "daemon", K_STR, OFF(metrics_listen), 0, 0, false, "ADDR:PORT",
+	  "serve Prometheus metrics over HTTP on a local address (default: off)" },
+	{ "sessions-max", "limits", K_U32, OFF(sessions_max), 1, 1u << 20, true, "N",
+	  "attached clients (default 1024)" },
+	{ "frame-max", "limits", K_SIZE32, OFF(wire.frame_max), 4096, TPW_FRAME_MAX_HARD, true,
+	  "BYTES", "largest frame accepted (default 4M, at most 64M)" },
+	{ "inline-max", "limits", K_SIZE32, OFF(wire.inline_max), 0, TPW_FRAME_MAX_HARD, true,
+	  "BYTES", "largest inline data per write (default 1M)" },
+	{ "segments-max", "limits", K_U32, OFF(wire.segments_max), 0, 1u << 20, true, "N",
+	  "payloads + tensors per message (default 1024)" },
+	{ "metadata-max", "limits", K_SIZE32, OFF(wire.metadata_max), 0, TPW_FRAME_MAX_HARD, true,
+	  "BYTES", "metadata bytes per message (default 1M)" },
+	{ "message-bytes-max", "limits", K_SIZE64, OFF(wire.message_bytes_max), 0, UINT64_MAX,
+	  true, "BYTES", "data bytes per message (default 16G)" },
+	{ "pipes-max", "limits", K_U32, OFF(pipes_max), 1, 1u << 24, true, "N",
+	  "pipes per client (default 4096)" },
+	{ "pipe-queue-max", "limits", K_U32, OFF(pipe_queue_max), 1, 1u << 24, true, "N",
+	  "unread messages per pipe direction (default 4096)" },
+	{ "pipe-queue-bytes", "limits", K_SIZE64, OFF(pipe_queue_bytes), 0, UINT64_MAX, true,
+	  "BYTES", "inline bytes held per pipe direction (default 64M)" },
+	{ "buffers-max", "limits", K_U32, OFF(buffers_max), 0, 1u << 20, true, "N",
+	  "shared buffers per client (default 1024)" },
+	{ "buffer-bytes-max", "limits", K_SIZE64, OFF(buffer_bytes_max), 0, UINT64_MAX, true,
+	  "BYTES", "shared buffer bytes per client (default 1T)" },
+	{ "listeners-max", "limits", K_U32, OFF(listeners_max), 1, 1u << 20, true, "N",
+	  "listeners per client (default 256)" },
+	{ "client-queue-bytes", "limits", K_SIZE64, OFF(outq_max), MiB, UINT64_MAX, true, "BYTES",
+	  "bytes queued towards a client that does not read before it is dropped (default 256M)" },
+	{ "cma", "backends", K_NOBOOL, OFF(no_cma), 0, 0, false, "yes|no",
+	  "use cross-memory attach (default yes; flag: --no-cma)" },
+};
 
 void tpd_config_defaults(struct tpd_config *c)
 {
@@ -23,162 +85,361 @@ void tpd_config_defaults(struct tpd_config *c)
 	c->outq_max = 256ull << 20;
 	c->listeners_max = 256;
 	c->drain_ms = 5000;
+	snprintf(c->config_path, sizeof(c->config_path), "%s", TPD_CONFIG_DEFAULT_PATH);
 }
 
-enum {
-	OPT_SOCKET = 256, OPT_LOG_LEVEL, OPT_COPY_THREADS, OPT_FRAME_MAX, OPT_INLINE_MAX,
-	OPT_SEGMENTS_MAX, OPT_METADATA_MAX, OPT_MESSAGE_BYTES_MAX, OPT_SESSIONS_MAX,
-	OPT_PIPES_MAX, OPT_PIPE_QUEUE_MAX, OPT_PIPE_QUEUE_BYTES, OPT_BUFFERS_MAX,
-	OPT_BUFFER_BYTES_MAX, OPT_NO_CMA, OPT_VERSION, OPT_HELP,
-};
-
-static const struct option options[] = {
-	{ "socket", required_argument, NULL, OPT_SOCKET },
-	{ "log-level", required_argument, NULL, OPT_LOG_LEVEL },
-	{ "copy-threads", required_argument, NULL, OPT_COPY_THREADS },
-	{ "frame-max", required_argument, NULL, OPT_FRAME_MAX },
-	{ "inline-max", required_argument, NULL, OPT_INLINE_MAX },
-	{ "segments-max", required_argument, NULL, OPT_SEGMENTS_MAX },
-	{ "metadata-max", required_argument, NULL, OPT_METADATA_MAX },
-	{ "message-bytes-max", required_argument, NULL, OPT_MESSAGE_BYTES_MAX },
-	{ "sessions-max", required_argument, NULL, OPT_SESSIONS_MAX },
-	{ "pipes-max", required_argument, NULL, OPT_PIPES_MAX },
-	{ "pipe-queue-max", required_argument, NULL, OPT_PIPE_QUEUE_MAX },
-	{ "pipe-queue-bytes", required_argument, NULL, OPT_PIPE_QUEUE_BYTES },
-	{ "buffers-max", required_argument, NULL, OPT_BUFFERS_MAX },
-	{ "buffer-bytes-max", required_argument, NULL, OPT_BUFFER_BYTES_MAX },
-	{ "no-cma", no_argument, NULL, OPT_NO_CMA },
-	{ "version", no_argument, NULL, OPT_VERSION },
-	{ "help", no_argument, NULL, OPT_HELP },
-	{}
-};
-
-static void usage(FILE *f)
+static const struct opt *find_opt(const char *section, const char *name)
 {
-	fprintf(f,
-		"Usage: tpipd [OPTIONS]\n"
-		"Move tensors between processes through a per-host daemon.\n\n"
-		"  --socket PATH             control socket (default: $TPIPD_SOCKET,\n"
-		"                            /run/tpipd/tpipd.sock as root, else\n"
-		"                            $XDG_RUNTIME_DIR/tpipd.sock)\n"
-		"  --log-level LEVEL         err, warning, notice, info (default), debug\n"
-		"  --copy-threads N          copy threads (default 2)\n"
-		"  --frame-max BYTES         largest frame accepted (default 4M, at most 64M)\n"
-		"  --inline-max BYTES        largest inline data per write (default 1M)\n"
-		"  --segments-max N          payloads + tensors per message (default 1024)\n"
-		"  --metadata-max BYTES      metadata bytes per message (default 1M)\n"
-		"  --message-bytes-max BYTES data bytes per message (default 16G)\n"
-		"  --sessions-max N          attached clients (default 1024)\n"
-		"  --pipes-max N             pipes per client (default 4096)\n"
-		"  --pipe-queue-max N        unread messages per pipe direction (default 4096)\n"
-		"  --pipe-queue-bytes BYTES  inline bytes held per pipe direction (default 64M)\n"
-		"  --buffers-max N           shared buffers per client (default 1024)\n"
-		"  --buffer-bytes-max BYTES  shared buffer bytes per client (default 1T)\n"
-		"  --no-cma                  never use cross-memory attach\n"
-		"  --version                 print the version and exit\n"
-		"  --help                    print this help and exit\n");
+	for (size_t i = 0; i < TPU_ARRAY_SIZE(opts); i++)
+		if (strcmp(opts[i].name, name) == 0 &&
+		    (!section || strcmp(opts[i].section, section) == 0))
+			return &opts[i];
+	return NULL;
 }
 
-static int parse_u64(const char *name, const char *arg, uint64_t min, uint64_t max, uint64_t *ret)
+static int parse_bool(const char *v, bool *ret)
 {
-	uint64_t v;
+	static const char *yes[] = { "1", "yes", "true", "on" }, *no[] = { "0", "no", "false", "off" };
 
-	if (tpu_parse_size(arg, &v) < 0 || v < min || v > max) {
-		fprintf(stderr, "tpipd: --%s: '%s' is not a number in [%llu, %llu]\n", name, arg,
-			(unsigned long long)min, (unsigned long long)max);
-		return -EINVAL;
-	}
-	*ret = v;
-	return 0;
-}
-
-static int parse_u32(const char *name, const char *arg, uint64_t min, uint64_t max, uint32_t *ret)
-{
-	uint64_t v;
-	int r = parse_u64(name, arg, min, max, &v);
-
-	if (r == 0)
-		*ret = (uint32_t)v;
-	return r;
-}
-
-static int apply(struct tpd_config *c, int opt, const char *arg)
-{
-	uint32_t v32;
-
-	switch (opt) {
-	case OPT_SOCKET:
-		if (strlen(arg) >= sizeof(c->socket_path)) {
-			fprintf(stderr, "tpipd: --socket: path too long\n");
-			return -EINVAL;
+	for (size_t i = 0; i < 4; i++) {
+		if (strcasecmp(v, yes[i]) == 0) {
+			*ret = true;
+			return 0;
 		}
-		strcpy(c->socket_path, arg);
-		return 0;
-	case OPT_LOG_LEVEL:
-		if (tpu_log_parse_level(arg, &c->log_level) < 0) {
-			fprintf(stderr, "tpipd: --log-level: unknown level '%s'\n", arg);
-			return -EINVAL;
+		if (strcasecmp(v, no[i]) == 0) {
+			*ret = false;
+			return 0;
 		}
-		return 0;
-	case OPT_COPY_THREADS:
-		if (parse_u32("copy-threads", arg, 1, 64, &v32) < 0)
-			return -EINVAL;
-		c->copy_threads = v32;
-		return 0;
-	case OPT_FRAME_MAX:
-		return parse_u32("frame-max", arg, 4096, TPW_FRAME_MAX_HARD, &c->wire.frame_max);
-	case OPT_INLINE_MAX:
-		return parse_u32("inline-max", arg, 0, TPW_FRAME_MAX_HARD, &c->wire.inline_max);
-	case OPT_SEGMENTS_MAX:
-		return parse_u32("segments-max", arg, 0, 1u << 20, &c->wire.segments_max);
-	case OPT_METADATA_MAX:
-		return parse_u32("metadata-max", arg, 0, TPW_FRAME_MAX_HARD, &c->wire.metadata_max);
-	case OPT_MESSAGE_BYTES_MAX:
-		return parse_u64("message-bytes-max", arg, 0, UINT64_MAX, &c->wire.message_bytes_max);
-	case OPT_SESSIONS_MAX:
-		return parse_u32("sessions-max", arg, 1, 1u << 20, &c->sessions_max);
-	case OPT_PIPES_MAX:
-		return parse_u32("pipes-max", arg, 1, 1u << 24, &c->pipes_max);
-	case OPT_PIPE_QUEUE_MAX:
-		return parse_u32("pipe-queue-max", arg, 1, 1u << 24, &c->pipe_queue_max);
-	case OPT_PIPE_QUEUE_BYTES:
-		return parse_u64("pipe-queue-bytes", arg, 0, UINT64_MAX, &c->pipe_queue_bytes);
-	case OPT_BUFFERS_MAX:
-		return parse_u32("buffers-max", arg, 0, 1u << 20, &c->buffers_max);
-	case OPT_BUFFER_BYTES_MAX:
-		return parse_u64("buffer-bytes-max", arg, 0, UINT64_MAX, &c->buffer_bytes_max);
-	case OPT_NO_CMA:
-		c->no_cma = true;
-		return 0;
 	}
 	return -EINVAL;
 }
 
-int tpd_config_parse_args(struct tpd_config *c, int argc, char **argv)
+static int parse_number(const struct opt *o, const char *v, uint64_t *ret, char *err, size_t el)
 {
-	int opt;
+	uint64_t n;
+	bool sized = o->kind == K_SIZE32 || o->kind == K_SIZE64;
+	int r = tpu_parse_size(v, &n);
 
-	optind = 1;
-	while ((opt = getopt_long(argc, argv, "", options, NULL)) != -1) {
-		if (opt == OPT_HELP) {
-			usage(stdout);
-			return 1;
-		}
-		if (opt == OPT_VERSION) {
-			printf("tpipd %s\n", TP_VERSION);
-			return 1;
-		}
-		if (opt == '?' || apply(c, opt, optarg) < 0) {
-			if (opt == '?')
-				usage(stderr);
-			return -EINVAL;
-		}
-	}
-	if (optind < argc) {
-		fprintf(stderr, "tpipd: unexpected argument '%s'\n", argv[optind]);
+	if (r == 0 && !sized && strspn(v, "0123456789") != strlen(v))
+		r = -EINVAL;
+	if (r < 0 || n < o->min || n > o->max) {
+		snprintf(err, el, "%s: '%s' is not %s in [%llu, %llu]", o->name, v,
+			 sized ? "a size" : "a number", (unsigned long long)o->min,
+			 (unsigned long long)o->max);
 		return -EINVAL;
 	}
+	*ret = n;
+	return 0;
+}
+
+/* Applies value @v to option @o of @c. */
+static int set_opt(struct tpd_config *c, const struct opt *o, const char *v, char *err, size_t el)
+{
+	char *field = (char *)c + o->off;
+	uint64_t n;
+	bool b;
+
+	switch (o->kind) {
+	case K_PATH:
+	case K_STR: {
+		size_t cap = o->off == OFF(socket_path) ? sizeof(c->socket_path)
+						       : sizeof(c->metrics_listen);
+		if (strlen(v) >= cap) {
+			snprintf(err, el, "%s: value longer than %zu bytes", o->name, cap - 1);
+			return -EINVAL;
+		}
+		memcpy(field, v, strlen(v) + 1);
+		return 0;
+	}
+	case K_LOG:
+		if (tpu_log_parse_level(v, (enum tpu_log_level *)field) < 0) {
+			snprintf(err, el, "%s: unknown level '%s'", o->name, v);
+			return -EINVAL;
+		}
+		return 0;
+	case K_BOOL:
+	case K_NOBOOL:
+		if (parse_bool(v, &b) < 0) {
+			snprintf(err, el, "%s: '%s' is not yes or no", o->name, v);
+			return -EINVAL;
+		}
+		*(bool *)field = o->kind == K_NOBOOL ? !b : b;
+		return 0;
+	default:
+		if (parse_number(o, v, &n, err, el) < 0)
+			return -EINVAL;
+		if (o->kind == K_U32 || o->kind == K_SIZE32)
+			*(uint32_t *)field = (uint32_t)n;
+		else
+			*(uint64_t *)field = n;
+		return 0;
+	}
+}
+
+struct ini_ctx {
+	struct tpd_config *c;
+	char err[256];
+	bool failed;
+};
+
+static int ini_on_value(void *user, const char *section, const char *name, const char *value)
+{
+	struct ini_ctx *x = user;
+	const struct opt *o = find_opt(section, name);
+
+	if (x->failed)
+		return 1; /* keep the first error */
+	if (!o) {
+		if (find_opt(NULL, name))
+			snprintf(x->err, sizeof(x->err), "key '%s' belongs in section [%s], not [%s]",
+				 name, find_opt(NULL, name)->section, section);
+		else
+			snprintf(x->err, sizeof(x->err), "unknown key '%s' in section [%s]", name,
+				 section);
+		x->failed = true;
+		return 0;
+	}
+	if (set_opt(x->c, o, value, x->err, sizeof(x->err)) < 0) {
+		x->failed = true;
+		return 0;
+	}
+	return 1;
+}
+
+static int load_file(struct tpd_config *c, char *err, size_t el)
+{
+	struct ini_ctx x = { .c = c };
+	FILE *f = fopen(c->config_path, "re");
+	int line;
+
+	if (!f) {
+		int r = -errno;
+		if (r == -ENOENT && !c->config_explicit)
+			return 0; /* no file: defaults and flags */
+		snprintf(err, el, "%s: %s", c->config_path, strerror(-r));
+		return r;
+	}
+	line = ini_parse_file(f, ini_on_value, &x);
+	fclose(f);
+	if (line != 0) {
+		snprintf(err, el, "%s:%d: %s", c->config_path, line,
+			 x.failed ? x.err : "syntax error (expected [section] or key = value)");
+		return -EINVAL;
+	}
+	return 0;
+}
+
+enum { OPT_CONFIG = 1000, OPT_CHECK, OPT_NO_CMA, OPT_VERSION, OPT_HELP };
+
+static void build_longopts(struct option *lo)
+{
+	size_t n = 0;
+
+	for (size_t i = 0; i < TPU_ARRAY_SIZE(opts); i++)
+		if (opts[i].kind != K_NOBOOL)
+			lo[n++] = (struct option){ opts[i].name, required_argument, NULL, (int)i };
+	lo[n++] = (struct option){ "config", required_argument, NULL, OPT_CONFIG };
+	lo[n++] = (struct option){ "check-config", no_argument, NULL, OPT_CHECK };
+	lo[n++] = (struct option){ "no-cma", no_argument, NULL, OPT_NO_CMA };
+	lo[n++] = (struct option){ "version", no_argument, NULL, OPT_VERSION };
+	lo[n++] = (struct option){ "help", no_argument, NULL, OPT_HELP };
+	lo[n] = (struct option){ 0 };
+}
+
+static void usage(FILE *f)
+{
+	fprintf(f, "Usage: tpipd [OPTIONS]\n"
+		   "Move tensors between processes through a per-host daemon.\n\n"
+		   "  --config PATH             configuration file (default %s;\n"
+		   "                            a missing default file is not an error)\n"
+		   "  --check-config            check the configuration, print it, and exit\n",
+		TPD_CONFIG_DEFAULT_PATH);
+	for (size_t i = 0; i < TPU_ARRAY_SIZE(opts); i++) {
+		char left[64];
+		if (opts[i].kind == K_NOBOOL)
+			snprintf(left, sizeof(left), "--no-%s", opts[i].name);
+		else
+			snprintf(left, sizeof(left), "--%s %s", opts[i].name, opts[i].arg);
+		fprintf(f, "  %-25s %s\n", left, opts[i].help);
+	}
+	fprintf(f, "  --version                 print the version and exit\n"
+		   "  --help                    print this help and exit\n\n"
+		   "Every option can also be set in the file as 'name = value' in its section.\n");
+}
+
+/* Runs getopt over the saved argv; @pass 0 finds --config etc., pass 1 applies flags. */
+static int scan_flags(struct tpd_config *c, int pass, char *err, size_t el)
+{
+	struct option lo[TPU_ARRAY_SIZE(opts) + 6];
+	int opt;
+
+	build_longopts(lo);
+	optind = 0;
+	opterr = pass == 0;
+	while ((opt = getopt_long(c->argc, c->argv, "", lo, NULL)) != -1) {
+		if (opt == '?') {
+			snprintf(err, el, "unknown or incomplete option (see --help)");
+			return -EINVAL;
+		}
+		if (pass == 0) {
+			if (opt == OPT_HELP) {
+				usage(stdout);
+				return 1;
+			}
+			if (opt == OPT_VERSION) {
+				printf("tpipd %s\n", TP_VERSION);
+				return 1;
+			}
+			if (opt == OPT_CHECK)
+				c->check_only = true;
+			if (opt == OPT_CONFIG) {
+				snprintf(c->config_path, sizeof(c->config_path), "%s", optarg);
+				c->config_explicit = true;
+			}
+			continue;
+		}
+		if (opt == OPT_NO_CMA)
+			c->no_cma = true;
+		else if (opt >= 0 && (size_t)opt < TPU_ARRAY_SIZE(opts)) {
+			char e[200];
+			if (set_opt(c, &opts[opt], optarg, e, sizeof(e)) < 0) {
+				snprintf(err, el, "--%s", e);
+				return -EINVAL;
+			}
+		}
+	}
+	if (optind < c->argc) {
+		snprintf(err, el, "unexpected argument '%s'", c->argv[optind]);
+		return -EINVAL;
+	}
+	return 0;
+}
+
+static void finish(struct tpd_config *c)
+{
 	if ((uint64_t)c->wire.inline_max + 65536 > c->wire.frame_max)
 		c->wire.inline_max = c->wire.frame_max > 65536 ? c->wire.frame_max - 65536 : 0;
+}
+
+int tpd_config_load(struct tpd_config *c, int argc, char **argv, char *err, size_t el)
+{
+	int r;
+
+	c->argc = argc;
+	c->argv = argv;
+	r = scan_flags(c, 0, err, el);
+	if (r != 0)
+		return r;
+	r = load_file(c, err, el);
+	if (r < 0)
+		return r;
+	r = scan_flags(c, 1, err, el);
+	if (r < 0)
+		return r;
+	finish(c);
 	return 0;
+}
+
+int tpd_config_reload(const struct tpd_config *old, struct tpd_config *ret, char *err,
+		      size_t el)
+{
+	struct tpd_config c;
+	int r;
+
+	tpd_config_defaults(&c);
+	memcpy(c.config_path, old->config_path, sizeof(c.config_path));
+	c.config_explicit = old->config_explicit;
+	c.argc = old->argc;
+	c.argv = old->argv;
+	r = load_file(&c, err, el);
+	if (r == 0)
+		r = scan_flags(&c, 1, err, el);
+	if (r < 0)
+		return r;
+	finish(&c);
+	*ret = c;
+	return 0;
+}
+
+static size_t opt_size(const struct opt *o)
+{
+	switch (o->kind) {
+	case K_PATH:
+		return sizeof(((struct tpd_config *)0)->socket_path);
+	case K_STR:
+		return sizeof(((struct tpd_config *)0)->metrics_listen);
+	case K_LOG:
+		return sizeof(enum tpu_log_level);
+	case K_BOOL:
+	case K_NOBOOL:
+		return sizeof(bool);
+	case K_U32:
+	case K_SIZE32:
+		return sizeof(uint32_t);
+	default:
+		return sizeof(uint64_t);
+	}
+}
+
+int tpd_config_diff(const struct tpd_config *old, const struct tpd_config *new,
+		    struct tpd_config *live, char *restart, size_t rl)
+{
+	size_t off = 0;
+	int changed = 0;
+
+	*live = *old;
+	restart[0] = '\0';
+	for (size_t i = 0; i < TPU_ARRAY_SIZE(opts); i++) {
+		const struct opt *o = &opts[i];
+		size_t sz = opt_size(o);
+		if (memcmp((const char *)old + o->off, (const char *)new + o->off, sz) == 0)
+			continue;
+		changed++;
+		if (o->live)
+			memcpy((char *)live + o->off, (const char *)new + o->off, sz);
+		else if (off < rl)
+			off += snprintf(restart + off, rl - off, "%s%s", off ? ", " : "", o->name);
+	}
+	finish(live);
+	return changed;
+}
+
+void tpd_config_dump(const struct tpd_config *c, void *fp)
+{
+	FILE *f = fp;
+	const char *section = "";
+
+	for (size_t i = 0; i < TPU_ARRAY_SIZE(opts); i++) {
+		const struct opt *o = &opts[i];
+		const char *field = (const char *)c + o->off;
+		if (strcmp(section, o->section) != 0) {
+			fprintf(f, "%s[%s]\n", *section ? "\n" : "", o->section);
+			section = o->section;
+		}
+		switch (o->kind) {
+		case K_PATH:
+		case K_STR:
+			fprintf(f, "%s = %s\n", o->name, field);
+			break;
+		case K_LOG: {
+			static const char *names[] = { "emerg", "alert", "crit", "err", "warning",
+						       "notice", "info", "debug" };
+			fprintf(f, "%s = %s\n", o->name, names[*(const enum tpu_log_level *)field & 7]);
+			break;
+		}
+		case K_BOOL:
+		case K_NOBOOL: {
+			bool b = *(const bool *)field;
+			fprintf(f, "%s = %s\n", o->name, (o->kind == K_NOBOOL ? !b : b) ? "yes" : "no");
+			break;
+		}
+		case K_U32:
+		case K_SIZE32:
+			fprintf(f, "%s = %u\n", o->name, *(const uint32_t *)field);
+			break;
+		default:
+			fprintf(f, "%s = %llu\n", o->name,
+				(unsigned long long)*(const uint64_t *)field);
+		}
+	}
 }

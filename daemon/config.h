@@ -1,20 +1,26 @@
 /* SPDX-License-Identifier: BSD-3-Clause */
 /*
- * tpipd configuration: defaults and command-line flags. Every user-controllable resource has a
- * hard, configurable limit here. (A config file arrives with the service integration.)
+ * tpipd configuration: defaults, the INI file (/etc/tpipd/tpipd.conf, parsed with libinih) and
+ * command-line flags, all described by one option table so that every option has both forms
+ * and flags always win. Also says which options a reload (SIGHUP) can change live. Every
+ * user-controllable resource has a hard, configurable limit here.
  */
 #ifndef TPD_CONFIG_H
 #define TPD_CONFIG_H
 
+#include <limits.h>
 #include <stdbool.h>
+#include <stddef.h>
 #include <stdint.h>
 #include "log.h"
 #include "validate.h"
 
+#define TPD_CONFIG_DEFAULT_PATH "/etc/tpipd/tpipd.conf"
+
 struct tpd_config {
 	char socket_path[108];
 	enum tpu_log_level log_level;
-	unsigned copy_threads;
+	uint32_t copy_threads;
 	bool no_cma;
 	struct tpw_limits wire;	    /* frame, inline, segments, message bytes, metadata */
 	uint32_t sessions_max;
@@ -25,16 +31,46 @@ struct tpd_config {
 	uint64_t buffer_bytes_max;  /* shared buffer bytes per session */
 	uint64_t outq_max;	    /* bytes queued towards one session before it is dropped */
 	uint32_t listeners_max;	    /* per session */
-	unsigned drain_ms;	    /* graceful stop: wait this long for copies */
+	uint32_t drain_ms;	    /* graceful stop: wait this long for copies */
+	uint32_t admin_gid;	    /* members may use admin control requests (root always) */
+	char metrics_listen[64];    /* "ADDR:PORT" for the Prometheus endpoint, "" = off */
+
+	/* Where the configuration came from, for reloads. */
+	char config_path[PATH_MAX];
+	bool config_explicit;	    /* --config given: the file must exist */
+	bool check_only;	    /* --check-config */
+	int argc;
+	char **argv;
 };
 
 void tpd_config_defaults(struct tpd_config *c);
 
 /*
- * tpd_config_parse_args() - apply command-line flags to @c.
- * Return: 0 to run, 1 if --help/--version was handled (exit 0), -EINVAL on a bad flag (a
- * message was printed to stderr).
+ * tpd_config_load() - build the configuration: defaults, then the config file, then flags.
+ * @argv: kept (borrowed) for tpd_config_reload().
+ * @err, @err_len: receives "file:line: reason" or "--flag: reason" on failure.
+ * Return: 0 to run, 1 if --help/--version was handled (exit 0), -EINVAL on a bad file or flag,
+ * -errno if an explicit config file cannot be read.
  */
-int tpd_config_parse_args(struct tpd_config *c, int argc, char **argv);
+int tpd_config_load(struct tpd_config *c, int argc, char **argv, char *err, size_t err_len);
+
+/*
+ * tpd_config_reload() - re-read the file @old came from and re-apply its flags.
+ * @ret: the new configuration, written only on success.
+ * Return: 0 or < 0 with @err filled (the old configuration stays in force).
+ */
+int tpd_config_reload(const struct tpd_config *old, struct tpd_config *ret, char *err,
+		      size_t err_len);
+
+/*
+ * tpd_config_diff() - compare @old and @new: copies live options into @live (which starts as
+ * @old) and names, comma separated, the changed options that need a restart into @restart.
+ * Return: number of options changed.
+ */
+int tpd_config_diff(const struct tpd_config *old, const struct tpd_config *new,
+		    struct tpd_config *live, char *restart, size_t restart_len);
+
+/* Writes the effective configuration in INI form to @f (for --check-config). */
+void tpd_config_dump(const struct tpd_config *c, void *f);
 
 #endif

@@ -31,7 +31,7 @@ static void fill_status(struct tpd_daemon *d, Tpw__V1__CtlStatus *st)
 	st->listeners = d->registry.count;
 	st->bytes_moved = d->bytes_moved;
 	st->messages_moved = d->messages_moved;
-	st->socket_path = d->cfg.socket_path;
+	st->socket_path = d->socket_path;
 	st->cma_available = d->cma_viable;
 }
 

@@ -12,12 +12,14 @@
 #include <sys/un.h>
 #include "daemon.h"
 #include "log.h"
+#include "notify.h"
 #include "session.h"
 #include "tpb.h"
 #include "tpconfig.h"
 
 #define ACCEPT_BATCH 32
 #define DRAIN_POLL_MS 10
+#define STATUS_PERIOD_US 2000000ull
 
 static void daemon_on_accept(evutil_socket_t fd, short what, void *arg);
 
@@ -57,12 +59,40 @@ static void make_parent_dir(const char *path)
 		tpu_log_warn("cannot create %s: %m", dir);
 }
 
+/* Uses the socket passed by socket activation. Return: 1 if one was, 0 if none, < 0 error. */
+static int socket_adopt(struct tpd_daemon *d)
+{
+	struct sockaddr_un sun = { 0 };
+	socklen_t len = sizeof(sun);
+	int fd = tpd_notify_listen_fd();
+
+	if (fd == -ENOENT)
+		return 0;
+	if (fd < 0)
+		return fd;
+	if (tpu_fd_nonblock(fd) < 0 || fcntl(fd, F_SETFD, FD_CLOEXEC) < 0) {
+		tpu_close(fd);
+		return -errno;
+	}
+	if (getsockname(fd, (struct sockaddr *)&sun, &len) == 0 && sun.sun_path[0])
+		snprintf(d->socket_path, sizeof(d->socket_path), "%s", sun.sun_path);
+	else
+		snprintf(d->socket_path, sizeof(d->socket_path), "(socket activation)");
+	d->listen_fd = fd;
+	d->socket_activated = true;
+	tpu_log_info("using control socket %s from socket activation", d->socket_path);
+	return 1;
+}
+
 static int socket_bind(struct tpd_daemon *d)
 {
 	struct sockaddr_un sun = { .sun_family = AF_UNIX };
 	_cleanup_close_ int fd = -EBADF;
 	int r;
 
+	r = socket_adopt(d);
+	if (r != 0)
+		return r < 0 ? r : 0;
 	r = tpu_socket_path(d->cfg.socket_path[0] ? d->cfg.socket_path : NULL, sun.sun_path,
 			    sizeof(sun.sun_path));
 	if (r < 0) {
@@ -70,7 +100,7 @@ static int socket_bind(struct tpd_daemon *d)
 			    "$XDG_RUNTIME_DIR");
 		return r;
 	}
-	snprintf(d->cfg.socket_path, sizeof(d->cfg.socket_path), "%s", sun.sun_path);
+	snprintf(d->socket_path, sizeof(d->socket_path), "%s", sun.sun_path);
 	make_parent_dir(sun.sun_path);
 	r = socket_take_path(&sun);
 	if (r < 0) {
@@ -160,7 +190,8 @@ static void daemon_on_signal(evutil_socket_t sig, short what, void *arg)
 	struct tpd_daemon *d = arg;
 
 	if (sig == SIGHUP) {
-		tpu_log_notice("SIGHUP: nothing to reload (no configuration file in use)");
+		if (!d->stopping)
+			tpd_daemon_reload(d);
 		return;
 	}
 	if (d->stopping) {
@@ -169,10 +200,78 @@ static void daemon_on_signal(evutil_socket_t sig, short what, void *arg)
 		return;
 	}
 	tpu_log_notice("stopping on signal %d: no new clients, draining copies", (int)sig);
+	{
+		char status[96];
+		snprintf(status, sizeof(status), "Stopping: draining %u copies",
+			 tpd_copier_busy(d->copier));
+		tpd_notify_stopping(status);
+	}
 	d->stopping = true;
 	event_del(d->ev_accept);
 	d->drain_deadline_ns = tpu_now_ns() + (uint64_t)d->cfg.drain_ms * 1000000ull;
 	daemon_on_drain(-1, 0, d);
+}
+
+static void update_status(struct tpd_daemon *d)
+{
+	char status[160];
+
+	snprintf(status, sizeof(status), "Serving on %s: %u clients, %u pipes, %llu messages moved",
+		 d->socket_path, d->n_sessions, d->n_pipes, (unsigned long long)d->messages_moved);
+	if (strcmp(status, d->last_status) != 0) {
+		tpd_notify_status(status);
+		memcpy(d->last_status, status, sizeof(status));
+	}
+}
+
+/* Runs on the loop thread, so a WATCHDOG=1 proves the loop is turning. */
+static void daemon_on_tick(evutil_socket_t fd, short what, void *arg)
+{
+	struct tpd_daemon *d = arg;
+
+	if (d->watchdog_usec)
+		tpd_notify_watchdog();
+	if (!d->stopping)
+		update_status(d);
+}
+
+static int setup_tick(struct tpd_daemon *d)
+{
+	uint64_t period = STATUS_PERIOD_US;
+	struct timeval tv;
+
+	d->watchdog_usec = tpd_notify_watchdog_usec();
+	if (d->watchdog_usec && d->watchdog_usec / 2 < period)
+		period = d->watchdog_usec / 2;
+	tv.tv_sec = (time_t)(period / 1000000);
+	tv.tv_usec = (suseconds_t)(period % 1000000);
+	d->ev_tick = event_new(d->base, -1, EV_PERSIST, daemon_on_tick, d);
+	if (!d->ev_tick || event_add(d->ev_tick, &tv) < 0)
+		return -ENOMEM;
+	return 0;
+}
+
+int tpd_daemon_reload(struct tpd_daemon *d)
+{
+	struct tpd_config n, live;
+	char err[512], restart[512];
+	int r, changed;
+
+	tpd_notify_reloading();
+	r = tpd_config_reload(&d->cfg, &n, err, sizeof(err));
+	if (r < 0) {
+		tpu_log_err("reload failed, the running configuration stays: %s", err);
+		tpd_notify_ready(d->last_status);
+		return r;
+	}
+	changed = tpd_config_diff(&d->cfg, &n, &live, restart, sizeof(restart));
+	d->cfg = live;
+	d->limits = live.wire;
+	tpu_log_set_level(live.log_level);
+	tpu_log_notice("reloaded %s: %d option%s changed%s%s", d->cfg.config_path, changed,
+		       changed == 1 ? "" : "s", restart[0] ? "; needs a restart: " : "", restart);
+	tpd_notify_ready(d->last_status);
+	return 0;
 }
 
 static int setup_events(struct tpd_daemon *d)
@@ -189,6 +288,8 @@ static int setup_events(struct tpd_daemon *d)
 		if (!d->ev_signals[i] || event_add(d->ev_signals[i], NULL) < 0)
 			return -ENOMEM;
 	}
+	if (setup_tick(d) < 0)
+		return -ENOMEM;
 	return event_add(d->ev_accept, NULL) < 0 ? -EIO : 0;
 }
 
@@ -248,8 +349,14 @@ fail:
 
 int tpd_daemon_run(struct tpd_daemon *d)
 {
-	tpu_log_notice("tpipd %s ready on %s (pid %d, %u copy threads)", TP_VERSION,
-		       d->cfg.socket_path, (int)getpid(), d->cfg.copy_threads);
+	char status[160];
+
+	snprintf(status, sizeof(status), "Serving on %s", d->socket_path);
+	memcpy(d->last_status, status, sizeof(status));
+	tpd_notify_ready(status);
+	tpu_log_notice("tpipd %s ready on %s (pid %d, %u copy threads%s)", TP_VERSION,
+		       d->socket_path, (int)getpid(), d->cfg.copy_threads,
+		       d->watchdog_usec ? ", watchdog on" : "");
 	if (event_base_dispatch(d->base) < 0)
 		return -EIO;
 	tpu_log_notice("tpipd stopped");
@@ -275,8 +382,10 @@ void tpd_daemon_free(struct tpd_daemon *d)
 		event_free(d->ev_accept_resume);
 	if (d->ev_drain)
 		event_free(d->ev_drain);
+	if (d->ev_tick)
+		event_free(d->ev_tick);
 	if (d->socket_bound)
-		unlink(d->cfg.socket_path);
+		unlink(d->socket_path);
 	tpu_close(d->listen_fd);
 	if (d->base)
 		event_base_free(d->base);

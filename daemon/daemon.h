@@ -17,7 +17,12 @@ struct tpd_daemon {
 	struct tpd_config cfg;
 	struct event_base *base;
 	int listen_fd;
-	bool socket_bound; /* we created the socket file and unlink it at exit */
+	char socket_path[108]; /* resolved control socket path */
+	bool socket_bound;     /* we created the socket file and unlink it at exit */
+	bool socket_activated; /* the service manager passed the socket */
+	struct event *ev_tick; /* watchdog pings and STATUS= updates */
+	uint64_t watchdog_usec;
+	char last_status[160];
 	struct event *ev_accept;
 	struct event *ev_accept_resume;
 	struct event *ev_signals[4];
@@ -52,6 +57,13 @@ int tpd_daemon_run(struct tpd_daemon *d);
 
 /* Closes every session, frees everything, unlinks the socket. Accepts NULL. */
 void tpd_daemon_free(struct tpd_daemon *d);
+
+/*
+ * tpd_daemon_reload() - re-read the configuration file and flags; apply what can change live,
+ * log what needs a restart. A bad file leaves the running configuration in force.
+ * Return: 0 or the error of the reload (logged).
+ */
+int tpd_daemon_reload(struct tpd_daemon *d);
 
 /* Uptime in milliseconds. */
 uint64_t tpd_daemon_uptime_ms(const struct tpd_daemon *d);

@@ -1,6 +1,7 @@
 /* SPDX-License-Identifier: BSD-3-Clause */
 /*
- * tpipd entry point: configuration, logging, the daemon's life cycle and the exit status.
+ * tpipd entry point: configuration (file + flags), logging, the daemon's life cycle and the
+ * exit status (0 clean stop, 1 runtime failure, 2 bad configuration).
  */
 #include <signal.h>
 #include <stdio.h>
@@ -13,12 +14,21 @@ int main(int argc, char **argv)
 {
 	struct tpd_daemon *d = NULL;
 	struct tpd_config cfg;
+	char err[512] = "";
 	int r;
 
 	tpd_config_defaults(&cfg);
-	r = tpd_config_parse_args(&cfg, argc, argv);
-	if (r != 0)
-		return r > 0 ? 0 : 2;
+	r = tpd_config_load(&cfg, argc, argv, err, sizeof(err));
+	if (r > 0)
+		return 0;
+	if (r < 0) {
+		fprintf(stderr, "tpipd: %s\n", err);
+		return 2;
+	}
+	if (cfg.check_only) {
+		tpd_config_dump(&cfg, stdout);
+		return 0;
+	}
 	tpu_log_set_level(cfg.log_level);
 	signal(SIGPIPE, SIG_IGN);
 	r = tpd_daemon_new(&cfg, &d);
