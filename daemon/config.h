@@ -15,7 +15,7 @@
 #include "log.h"
 #include "validate.h"
 
-#define TPD_CONFIG_DEFAULT_PATH "/etc/tpipd/tpipd.conf"
+#include "tpconfig.h" /* TPD_CONFIG_DEFAULT_PATH */
 
 struct tpd_config {
 	char socket_path[108];
