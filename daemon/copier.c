@@ -35,8 +35,9 @@ struct tpd_copy_job *tpd_copy_job_new(size_t n, size_t n_refs)
 	tpu_list_init(&job->node);
 	job->xfers = calloc(n ? n : 1, sizeof(*job->xfers));
 	job->channels = calloc(n ? n : 1, sizeof(*job->channels));
+	job->ns = calloc(n ? n : 1, sizeof(*job->ns));
 	job->refs = calloc(n_refs ? n_refs : 1, sizeof(*job->refs));
-	if (!job->xfers || !job->channels || !job->refs) {
+	if (!job->xfers || !job->channels || !job->ns || !job->refs) {
 		tpd_copy_job_free(job);
 		return NULL;
 	}
@@ -51,6 +52,7 @@ void tpd_copy_job_free(struct tpd_copy_job *job)
 		tpd_buffer_unref(job->refs[i]);
 	free(job->refs);
 	free(job->channels);
+	free(job->ns);
 	free(job->xfers);
 	free(job);
 }
@@ -58,7 +60,10 @@ void tpd_copy_job_free(struct tpd_copy_job *job)
 static void job_run(struct tpd_copy_job *job, struct tpb_scratch *s)
 {
 	for (size_t i = 0; i < job->n; i++) {
+		uint64_t t0 = tpu_now_ns();
 		int r = tpb_copy(job->channels[i], &job->xfers[i], s);
+
+		job->ns[i] = tpu_now_ns() - t0;
 		if (r < 0) {
 			job->status = r;
 			snprintf(job->why, sizeof(job->why), "%s copy of %llu bytes failed: %s",

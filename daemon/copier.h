@@ -21,6 +21,7 @@ struct tpd_copy_job {
 	struct tpu_list node;
 	struct tpb_xfer *xfers; /* owned */
 	int *channels;		/* registry index per xfer, owned */
+	uint64_t *ns;		/* duration per xfer, set by the worker, owned */
 	size_t n;
 	struct tpd_buffer **refs; /* owned references, dropped when the job is freed */
 	size_t n_refs;

@@ -10,10 +10,15 @@
 #include "daemon.h"
 #include "pipe.h"
 #include "session.h"
+#include "tpb.h"
 #include "tpconfig.h"
+#include "log.h"
 
 /* Storage behind a reply's arrays, freed once the reply is queued. */
 struct ctl_bufs {
+	Tpw__V1__CtlBackend *backends;
+	char *(*caps)[8];
+	Tpw__V1__CtlChannelStats *stats;
 	Tpw__V1__CtlSession *sessions;
 	Tpw__V1__CtlListener *listeners;
 	Tpw__V1__CtlPipe *pipes;
@@ -142,6 +147,114 @@ static int fill_listeners(struct tpd_daemon *d, Tpw__V1__CtlReply *rep, struct c
 	return 0;
 }
 
+static const struct {
+	uint32_t cap;
+	const char *name;
+} cap_names[] = {
+	{ TPB_CAP_HOST_MEM, "host-mem" },     { TPB_CAP_SAME_HOST, "same-host" },
+	{ TPB_CAP_SRC_LOCAL, "src-local" },   { TPB_CAP_SRC_PROCESS, "src-process" },
+	{ TPB_CAP_DST_LOCAL, "dst-local" },   { TPB_CAP_DST_PROCESS, "dst-process" },
+	{ TPB_CAP_INLINE, "inline" },
+};
+
+static int fill_backends(Tpw__V1__CtlReply *rep, struct ctl_bufs *b)
+{
+	size_t n;
+	const struct tpb_channel_info *ch = tpb_registry_list(&n);
+
+	b->backends = calloc(n, sizeof(*b->backends));
+	b->caps = calloc(n, sizeof(*b->caps));
+	rep->backends = calloc(n, sizeof(*rep->backends));
+	if (!b->backends || !b->caps || !rep->backends)
+		return -ENOMEM;
+	for (size_t i = 0; i < n; i++) {
+		Tpw__V1__CtlBackend *c = &b->backends[i];
+		tpw__v1__ctl_backend__init(c);
+		c->name = (char *)ch[i].ops->name;
+		c->kind = "channel";
+		c->viable = ch[i].viable;
+		c->why = (char *)ch[i].why;
+		c->priority = (uint32_t)i;
+		for (size_t k = 0; k < TPU_ARRAY_SIZE(cap_names) && c->n_caps < 8; k++)
+			if (ch[i].ops->caps & cap_names[k].cap)
+				b->caps[i][c->n_caps++] = (char *)cap_names[k].name;
+		c->caps = b->caps[i];
+		rep->backends[i] = c;
+	}
+	rep->n_backends = n;
+	return 0;
+}
+
+static int fill_stats(struct tpd_daemon *d, Tpw__V1__CtlReply *rep, struct ctl_bufs *b)
+{
+	size_t n;
+	const struct tpb_channel_info *ch = tpb_registry_list(&n);
+
+	n = TPU_MIN(n, (size_t)TPD_STATS_CHANNELS);
+	b->stats = calloc(n, sizeof(*b->stats));
+	rep->channel_stats = calloc(n, sizeof(*rep->channel_stats));
+	if (!b->stats || !rep->channel_stats)
+		return -ENOMEM;
+	for (size_t i = 0; i < n; i++) {
+		Tpw__V1__CtlChannelStats *c = &b->stats[i];
+		struct tpd_channel_stats *cs = &d->stats.ch[i];
+		tpw__v1__ctl_channel_stats__init(c);
+		c->name = (char *)ch[i].ops->name;
+		c->transfers = cs->transfers;
+		c->bytes = cs->bytes;
+		c->errors = cs->errors;
+		c->n_latency_us_log2 = TPD_STATS_BUCKETS;
+		c->latency_us_log2 = cs->hist;
+		rep->channel_stats[i] = c;
+	}
+	rep->n_channel_stats = n;
+	return 0;
+}
+
+/* Root, or a member of the configured admin group. */
+static bool is_admin(const struct tpd_session *s)
+{
+	gid_t g = (gid_t)s->d->cfg.admin_gid;
+
+	if (s->uid == 0)
+		return true;
+	if (!g)
+		return false;
+	if (s->gid == g)
+		return true;
+	for (size_t i = 0; i < s->n_groups; i++)
+		if (s->groups[i] == g)
+			return true;
+	return false;
+}
+
+static int admin_action(struct tpd_session *s, const Tpw__V1__CtlRequest *req,
+			Tpw__V1__CtlReply *rep)
+{
+	struct tpd_session *t;
+
+	if (!is_admin(s)) {
+		tpu_log_notice("session %llu: admin request %d refused for uid %u",
+			       (unsigned long long)s->id, (int)req->what, (unsigned)s->uid);
+		rep->message = "admin requests need root or the admin group";
+		return -EACCES;
+	}
+	if (req->what == TPW__V1__CTL_WHAT__CTL_DRAIN) {
+		tpd_daemon_stop(s->d, "drain requested by tpipctl");
+		return 0;
+	}
+	tpu_list_for_each(t, &s->d->sessions, node) {
+		if (t->id == req->target_id && !t->dead) {
+			tpd_session_fail(t, TPU_LOG_NOTICE, TPW__V1__STATUS__STATUS_CLOSED,
+					 "closed by administrator (session %llu, uid %u)",
+					 (unsigned long long)s->id, (unsigned)s->uid);
+			return 0;
+		}
+	}
+	rep->message = "no such session";
+	return -ENOENT;
+}
+
 void tpd_ctl_handle(struct tpd_session *s, const Tpw__V1__CtlRequest *req)
 {
 	Tpw__V1__CtlReply rep = TPW__V1__CTL_REPLY__INIT;
@@ -165,6 +278,18 @@ void tpd_ctl_handle(struct tpd_session *s, const Tpw__V1__CtlRequest *req)
 	case TPW__V1__CTL_WHAT__CTL_LISTENERS:
 		r = fill_listeners(s->d, &rep, &b);
 		break;
+	case TPW__V1__CTL_WHAT__CTL_BACKENDS:
+		r = fill_backends(&rep, &b);
+		break;
+	case TPW__V1__CTL_WHAT__CTL_STATS:
+		fill_status(s->d, &st);
+		rep.status_info = &st;
+		r = fill_stats(s->d, &rep, &b);
+		break;
+	case TPW__V1__CTL_WHAT__CTL_CLOSE_SESSION:
+	case TPW__V1__CTL_WHAT__CTL_DRAIN:
+		r = admin_action(s, req, &rep);
+		break;
 	default:
 		r = -EINVAL;
 	}
@@ -173,7 +298,9 @@ void tpd_ctl_handle(struct tpd_session *s, const Tpw__V1__CtlRequest *req)
 	dm.ctl_reply = &rep;
 	if (r < 0) {
 		rep.n_sessions = rep.n_pipes = rep.n_listeners = 0;
-		rep.message = "out of memory";
+		rep.n_backends = rep.n_channel_stats = 0;
+		if (!rep.message)
+			rep.message = "out of memory";
 	}
 	tpd_session_send(s, &dm, NULL, 0);
 	free(rep.sessions);
@@ -184,4 +311,9 @@ void tpd_ctl_handle(struct tpd_session *s, const Tpw__V1__CtlRequest *req)
 	free(b.pipes);
 	free(b.ends);
 	free(b.channels);
+	free(rep.backends);
+	free(rep.channel_stats);
+	free(b.backends);
+	free(b.caps);
+	free(b.stats);
 }

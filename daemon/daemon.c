@@ -12,6 +12,7 @@
 #include <sys/un.h>
 #include "daemon.h"
 #include "log.h"
+#include "metrics.h"
 #include "notify.h"
 #include "session.h"
 #include "tpb.h"
@@ -185,6 +186,25 @@ static void daemon_on_drain(evutil_socket_t fd, short what, void *arg)
 	evtimer_add(d->ev_drain, &tv);
 }
 
+void tpd_daemon_stop(struct tpd_daemon *d, const char *why)
+{
+	char status[96];
+
+	if (d->stopping) {
+		tpu_log_notice("%s again, stopping now", why);
+		finish_stop(d);
+		return;
+	}
+	tpu_log_notice("stopping (%s): no new clients, draining copies", why);
+	snprintf(status, sizeof(status), "Stopping: draining %u copies",
+		 tpd_copier_busy(d->copier));
+	tpd_notify_stopping(status);
+	d->stopping = true;
+	event_del(d->ev_accept);
+	d->drain_deadline_ns = tpu_now_ns() + (uint64_t)d->cfg.drain_ms * 1000000ull;
+	daemon_on_drain(-1, 0, d);
+}
+
 static void daemon_on_signal(evutil_socket_t sig, short what, void *arg)
 {
 	struct tpd_daemon *d = arg;
@@ -194,22 +214,7 @@ static void daemon_on_signal(evutil_socket_t sig, short what, void *arg)
 			tpd_daemon_reload(d);
 		return;
 	}
-	if (d->stopping) {
-		tpu_log_notice("second stop signal, stopping now");
-		finish_stop(d);
-		return;
-	}
-	tpu_log_notice("stopping on signal %d: no new clients, draining copies", (int)sig);
-	{
-		char status[96];
-		snprintf(status, sizeof(status), "Stopping: draining %u copies",
-			 tpd_copier_busy(d->copier));
-		tpd_notify_stopping(status);
-	}
-	d->stopping = true;
-	event_del(d->ev_accept);
-	d->drain_deadline_ns = tpu_now_ns() + (uint64_t)d->cfg.drain_ms * 1000000ull;
-	daemon_on_drain(-1, 0, d);
+	tpd_daemon_stop(d, sig == SIGINT ? "SIGINT" : "SIGTERM");
 }
 
 static void update_status(struct tpd_daemon *d)
@@ -340,6 +345,11 @@ int tpd_daemon_new(const struct tpd_config *cfg, struct tpd_daemon **ret)
 	r = setup_events(d);
 	if (r < 0)
 		goto fail;
+	if (cfg->metrics_listen[0]) {
+		r = tpd_metrics_start(d, cfg->metrics_listen, &d->metrics);
+		if (r < 0)
+			goto fail;
+	}
 	*ret = d;
 	return 0;
 fail:
@@ -371,6 +381,7 @@ void tpd_daemon_free(struct tpd_daemon *d)
 		return;
 	tpu_list_for_each_safe(s, tmp, &d->sessions, node)
 		tpd_session_free(s, TPW__V1__STATUS__STATUS_SHUTDOWN);
+	tpd_metrics_free(d->metrics);
 	tpd_copier_free(d->copier);
 	tpd_registry_done(&d->registry);
 	for (size_t i = 0; i < TPU_ARRAY_SIZE(d->ev_signals); i++)

@@ -11,6 +11,7 @@
 #include "config.h"
 #include "copier.h"
 #include "listener.h"
+#include "stats.h"
 #include "tpu.h"
 
 struct tpd_daemon {
@@ -42,6 +43,8 @@ struct tpd_daemon {
 	bool stopping;
 	bool cma_viable;
 	struct tpw_limits limits; /* wire limits enforced on every session */
+	struct tpd_stats stats;
+	struct tpd_metrics *metrics; /* NULL when off */
 };
 
 /*
@@ -64,6 +67,9 @@ void tpd_daemon_free(struct tpd_daemon *d);
  * Return: 0 or the error of the reload (logged).
  */
 int tpd_daemon_reload(struct tpd_daemon *d);
+
+/* Starts a graceful stop, as SIGTERM does. */
+void tpd_daemon_stop(struct tpd_daemon *d, const char *why);
 
 /* Uptime in milliseconds. */
 uint64_t tpd_daemon_uptime_ms(const struct tpd_daemon *d);

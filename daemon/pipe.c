@@ -552,6 +552,7 @@ void tpd_pipe_write(struct tpd_pipe_end *e, Tpw__V1__ClientMsg *cm, const uint8_
 		/* The bytes now travel with the descriptor; the writer's memory is free. */
 		msg_set_write(m, TPW__V1__STATUS__STATUS_OK, NULL);
 		e->pipe->channels |= 1u << tpb_index("basic");
+		tpd_stats_record(&e->pipe->d->stats, tpb_index("basic"), m->bytes, 0, false);
 		write_done_flush(e);
 	} else if (tail_len) {
 		/* Rendezvous with some inline parts: keep a copy of the tail, re-point sources. */
@@ -596,8 +597,11 @@ static void copy_on_done(struct tpd_copy_job *job)
 	m->copying = false;
 	w->copying = false;
 	p->jobs--;
-	for (size_t i = 0; i < job->n; i++)
+	for (size_t i = 0; i < job->n; i++) {
 		p->channels |= 1u << job->channels[i];
+		tpd_stats_record(&p->d->stats, job->channels[i], job->xfers[i].len, job->ns[i],
+				 job->status < 0);
+	}
 	if (job->status < 0)
 		tpu_log_info("pipe %llu: message %llu: %s", (unsigned long long)p->id,
 			     (unsigned long long)m->msg_id, job->why);

@@ -218,7 +218,7 @@ int tpw_client_msg_validate(const Tpw__V1__ClientMsg *m, const struct tpw_hdr *h
 		return check_read(m->read, hdr, lim, why, wl);
 	case TPW__V1__CLIENT_MSG__BODY_CTL:
 		if (m->ctl->what <= TPW__V1__CTL_WHAT__CTL_UNSPECIFIED ||
-		    m->ctl->what > TPW__V1__CTL_WHAT__CTL_LISTENERS)
+		    m->ctl->what > TPW__V1__CTL_WHAT__CTL_DRAIN)
 			return fail(-EBADMSG, why, wl, "unknown control request %d",
 				    (int)m->ctl->what);
 		return 0;

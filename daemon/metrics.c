@@ -1,0 +1,179 @@
+/* SPDX-License-Identifier: BSD-3-Clause */
+/*
+ * Prometheus text exposition of the daemon's gauges, counters and per-channel copy latency
+ * histograms. See metrics.h.
+ */
+#include <arpa/inet.h>
+#include <event2/buffer.h>
+#include <event2/http.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include "daemon.h"
+#include "log.h"
+#include "metrics.h"
+#include "tpb.h"
+
+struct tpd_metrics {
+	struct tpd_daemon *d;
+	struct evhttp *http;
+};
+
+static void put_metric(struct evbuffer *b, const char *name, const char *type, const char *help,
+		       uint64_t v)
+{
+	evbuffer_add_printf(b, "# HELP %s %s\n# TYPE %s %s\n%s %llu\n", name, help, name, type, name,
+			    (unsigned long long)v);
+}
+
+static void put_channel_hist(struct evbuffer *b, const char *name,
+			     const struct tpd_channel_stats *c)
+{
+	uint64_t cum = 0;
+
+	for (unsigned i = 0; i < TPD_STATS_BUCKETS; i++) {
+		cum += c->hist[i];
+		evbuffer_add_printf(b,
+				    "tpipd_channel_copy_seconds_bucket{channel=\"%s\",le=\"%g\"} "
+				    "%llu\n",
+				    name, (double)(2ull << i) / 1e6, (unsigned long long)cum);
+	}
+	evbuffer_add_printf(b, "tpipd_channel_copy_seconds_bucket{channel=\"%s\",le=\"+Inf\"} %llu\n",
+			    name, (unsigned long long)cum);
+	evbuffer_add_printf(b, "tpipd_channel_copy_seconds_sum{channel=\"%s\"} %.9f\n", name,
+			    (double)c->ns_sum / 1e9);
+	evbuffer_add_printf(b, "tpipd_channel_copy_seconds_count{channel=\"%s\"} %llu\n", name,
+			    (unsigned long long)cum);
+}
+
+static void put_channels(struct evbuffer *b, const struct tpd_daemon *d)
+{
+	static const char *fields[] = { "transfers", "bytes", "errors" };
+	size_t n;
+	const struct tpb_channel_info *ch = tpb_registry_list(&n);
+
+	n = TPU_MIN(n, (size_t)TPD_STATS_CHANNELS);
+	for (size_t f = 0; f < 3; f++) {
+		evbuffer_add_printf(b, "# HELP tpipd_channel_%s_total Channel %s.\n", fields[f],
+				    fields[f]);
+		evbuffer_add_printf(b, "# TYPE tpipd_channel_%s_total counter\n", fields[f]);
+		for (size_t i = 0; i < n; i++) {
+			const struct tpd_channel_stats *c = &d->stats.ch[i];
+			uint64_t v = f == 0 ? c->transfers : f == 1 ? c->bytes : c->errors;
+			evbuffer_add_printf(b, "tpipd_channel_%s_total{channel=\"%s\"} %llu\n",
+					    fields[f], ch[i].ops->name, (unsigned long long)v);
+		}
+	}
+	evbuffer_add_printf(b, "# HELP tpipd_channel_copy_seconds Duration of copies.\n"
+			       "# TYPE tpipd_channel_copy_seconds histogram\n");
+	for (size_t i = 0; i < n; i++)
+		if (ch[i].ops->copy)
+			put_channel_hist(b, ch[i].ops->name, &d->stats.ch[i]);
+}
+
+static void metrics_on_request(struct evhttp_request *req, void *arg)
+{
+	struct tpd_metrics *m = arg;
+	struct tpd_daemon *d = m->d;
+	struct evbuffer *b;
+
+	if (evhttp_request_get_command(req) != EVHTTP_REQ_GET ||
+	    strcmp(evhttp_request_get_uri(req), "/metrics") != 0) {
+		evhttp_send_error(req, HTTP_NOTFOUND, "only GET /metrics is served");
+		return;
+	}
+	b = evbuffer_new();
+	if (!b) {
+		evhttp_send_error(req, HTTP_INTERNAL, NULL);
+		return;
+	}
+	put_metric(b, "tpipd_up", "gauge", "1 while the daemon runs.", 1);
+	put_metric(b, "tpipd_uptime_seconds", "gauge", "Seconds since start.",
+		   tpd_daemon_uptime_ms(d) / 1000);
+	put_metric(b, "tpipd_sessions", "gauge", "Attached clients.", d->n_sessions);
+	put_metric(b, "tpipd_pipes", "gauge", "Open pipes.", d->n_pipes);
+	put_metric(b, "tpipd_listeners", "gauge", "Registered listeners.", d->registry.count);
+	put_metric(b, "tpipd_messages_moved_total", "counter", "Messages delivered.",
+		   d->messages_moved);
+	put_metric(b, "tpipd_bytes_moved_total", "counter", "Payload and tensor bytes delivered.",
+		   d->bytes_moved);
+	put_metric(b, "tpipd_copies_in_flight", "gauge", "Copies queued or running.",
+		   tpd_copier_busy(d->copier));
+	put_channels(b, d);
+	evhttp_add_header(evhttp_request_get_output_headers(req), "Content-Type",
+			  "text/plain; version=0.0.4");
+	evhttp_send_reply(req, HTTP_OK, "OK", b);
+	evbuffer_free(b);
+}
+
+/* Splits "host:port" / "[v6]:port" into @host and @port; accepts loopback only. */
+static int parse_listen(const char *listen, char *host, size_t hl, uint16_t *port)
+{
+	const char *colon = strrchr(listen, ':');
+	struct in6_addr a6;
+	struct in_addr a4;
+	unsigned long p;
+	char *end;
+	size_t n;
+
+	if (!colon || colon == listen)
+		return -EINVAL;
+	p = strtoul(colon + 1, &end, 10);
+	if (*end || p == 0 || p > 65535)
+		return -EINVAL;
+	n = (size_t)(colon - listen);
+	if (listen[0] == '[' && n >= 2 && listen[n - 1] == ']') {
+		listen++;
+		n -= 2;
+	}
+	if (n >= hl)
+		return -EINVAL;
+	memcpy(host, listen, n);
+	host[n] = '\0';
+	*port = (uint16_t)p;
+	if (strcmp(host, "localhost") == 0) {
+		snprintf(host, hl, "127.0.0.1");
+		return 0;
+	}
+	if (inet_pton(AF_INET, host, &a4) == 1)
+		return (ntohl(a4.s_addr) >> 24) == 127 ? 0 : -EINVAL;
+	if (inet_pton(AF_INET6, host, &a6) == 1)
+		return IN6_IS_ADDR_LOOPBACK(&a6) ? 0 : -EINVAL;
+	return -EINVAL;
+}
+
+int tpd_metrics_start(struct tpd_daemon *d, const char *listen, struct tpd_metrics **ret)
+{
+	struct tpd_metrics *m;
+	char host[64];
+	uint16_t port;
+
+	if (parse_listen(listen, host, sizeof(host), &port) < 0) {
+		tpu_log_err("metrics-listen '%s': expected a loopback ADDR:PORT", listen);
+		return -EINVAL;
+	}
+	m = calloc(1, sizeof(*m));
+	if (!m)
+		return -ENOMEM;
+	m->d = d;
+	m->http = evhttp_new(d->base);
+	if (!m->http || evhttp_bind_socket(m->http, host, port) < 0) {
+		tpu_log_err("metrics: cannot listen on %s port %u", host, (unsigned)port);
+		tpd_metrics_free(m);
+		return -EADDRNOTAVAIL;
+	}
+	evhttp_set_allowed_methods(m->http, EVHTTP_REQ_GET);
+	evhttp_set_gencb(m->http, metrics_on_request, m);
+	tpu_log_info("metrics on http://%s:%u/metrics", host, (unsigned)port);
+	*ret = m;
+	return 0;
+}
+
+void tpd_metrics_free(struct tpd_metrics *m)
+{
+	if (!m)
+		return;
+	if (m->http)
+		evhttp_free(m->http);
+	free(m);
+}
