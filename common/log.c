@@ -9,6 +9,12 @@
 #include "log.h"
 
 static enum tpu_log_level log_level = TPU_LOG_INFO;
+static tpu_log_sink_fn log_sink;
+
+void tpu_log_set_sink(tpu_log_sink_fn fn)
+{
+	log_sink = fn;
+}
 
 void tpu_log_set_level(enum tpu_log_level level)
 {
@@ -39,30 +45,58 @@ int tpu_log_parse_level(const char *s, enum tpu_log_level *ret)
 	return -EINVAL;
 }
 
-void tpu_logv(enum tpu_log_level level, const char *fmt, va_list ap)
+static void stderr_sink(enum tpu_log_level level, const char *msg)
 {
-	char line[1024];
-	int n, m;
+	char line[1100];
+	int n = snprintf(line, sizeof(line), "<%d>%s\n", (int)level, msg);
+
+	if (n < 0)
+		return;
+	if ((size_t)n >= sizeof(line)) {
+		n = sizeof(line) - 1;
+		line[n - 1] = '\n';
+	}
+	if (write(STDERR_FILENO, line, (size_t)n) < 0)
+		return;
+}
+
+void tpu_logv_kv(enum tpu_log_level level, const char *const *fields, const char *fmt,
+		 va_list ap)
+{
+	static const char *const none[] = { NULL };
+	char msg[1024];
+	int saved = errno;
 
 	if (level > log_level)
 		return;
-	n = snprintf(line, sizeof(line), "<%d>", (int)level);
-	m = vsnprintf(line + n, sizeof(line) - n - 1, fmt, ap);
-	if (m < 0)
-		return;
-	n += TPU_MIN((size_t)m, sizeof(line) - n - 2);
-	line[n++] = '\n';
-	if (write(STDERR_FILENO, line, n) < 0)
-		return;
+	errno = saved; /* for %m */
+	vsnprintf(msg, sizeof(msg), fmt, ap);
+	if (log_sink)
+		log_sink(level, fields ? fields : none, msg);
+	else
+		stderr_sink(level, msg);
+	errno = saved;
+}
+
+void tpu_log_kv(enum tpu_log_level level, const char *const *fields, const char *fmt, ...)
+{
+	va_list ap;
+
+	va_start(ap, fmt);
+	tpu_logv_kv(level, fields, fmt, ap);
+	va_end(ap);
+}
+
+void tpu_logv(enum tpu_log_level level, const char *fmt, va_list ap)
+{
+	tpu_logv_kv(level, NULL, fmt, ap);
 }
 
 void tpu_log(enum tpu_log_level level, const char *fmt, ...)
 {
 	va_list ap;
-	int saved = errno;
 
 	va_start(ap, fmt);
-	tpu_logv(level, fmt, ap);
+	tpu_logv_kv(level, NULL, fmt, ap);
 	va_end(ap);
-	errno = saved;
 }

@@ -27,6 +27,22 @@ int tpu_log_parse_level(const char *s, enum tpu_log_level *ret);
 void tpu_log(enum tpu_log_level level, const char *fmt, ...) _printf_(2, 3);
 void tpu_logv(enum tpu_log_level level, const char *fmt, va_list ap);
 
+/*
+ * tpu_log_kv() - log with structured fields.
+ * @fields: NULL-terminated "KEY=value" strings (borrowed), e.g. "TPIPD_SESSION=12"; the stderr
+ * sink drops them, a journal sink stores them as fields of the entry.
+ */
+void tpu_log_kv(enum tpu_log_level level, const char *const *fields, const char *fmt, ...)
+	_printf_(3, 4);
+void tpu_logv_kv(enum tpu_log_level level, const char *const *fields, const char *fmt,
+		 va_list ap);
+
+/* Where lines go: @level, NULL-terminated @fields, the formatted @msg. */
+typedef void (*tpu_log_sink_fn)(enum tpu_log_level level, const char *const *fields,
+				const char *msg);
+/* Replaces the stderr sink (NULL restores it). */
+void tpu_log_set_sink(tpu_log_sink_fn fn);
+
 #define tpu_log_err(...) tpu_log(TPU_LOG_ERR, __VA_ARGS__)
 #define tpu_log_warn(...) tpu_log(TPU_LOG_WARNING, __VA_ARGS__)
 #define tpu_log_notice(...) tpu_log(TPU_LOG_NOTICE, __VA_ARGS__)

@@ -234,8 +234,8 @@ static int admin_action(struct tpd_session *s, const Tpw__V1__CtlRequest *req,
 	struct tpd_session *t;
 
 	if (!is_admin(s)) {
-		tpu_log_notice("session %llu: admin request %d refused for uid %u",
-			       (unsigned long long)s->id, (int)req->what, (unsigned)s->uid);
+		tpd_session_log(s, TPU_LOG_NOTICE, "admin request %d refused for uid %u",
+				(int)req->what, (unsigned)s->uid);
 		rep->message = "admin requests need root or the admin group";
 		return -EACCES;
 	}

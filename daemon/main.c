@@ -9,6 +9,7 @@
 #include "config.h"
 #include "daemon.h"
 #include "log.h"
+#include "notify.h"
 
 int main(int argc, char **argv)
 {
@@ -30,6 +31,7 @@ int main(int argc, char **argv)
 		return 0;
 	}
 	tpu_log_set_level(cfg.log_level);
+	tpd_notify_use_journal();
 	signal(SIGPIPE, SIG_IGN);
 	r = tpd_daemon_new(&cfg, &d);
 	if (r < 0) {

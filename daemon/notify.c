@@ -12,6 +12,8 @@
 #include "tpconfig.h"
 #if HAVE_SYSTEMD
 #include <systemd/sd-daemon.h>
+#include <systemd/sd-journal.h>
+#include <sys/uio.h>
 #endif
 
 static void notify(const char *state, const char *status)
@@ -90,4 +92,31 @@ bool tpd_notify_journal_stderr(void)
 	if (!js || sscanf(js, "%llu:%llu", &dev, &ino) != 2 || fstat(STDERR_FILENO, &st) < 0)
 		return false;
 	return (unsigned long long)st.st_dev == dev && (unsigned long long)st.st_ino == ino;
+}
+
+#if HAVE_SYSTEMD
+/* Sends each line to the journal with its priority and structured fields. */
+static void journal_sink(enum tpu_log_level level, const char *const *fields, const char *msg)
+{
+	char m[1100], prio[16];
+	struct iovec iov[16];
+	size_t n = 0;
+
+	snprintf(m, sizeof(m), "MESSAGE=%s", msg);
+	snprintf(prio, sizeof(prio), "PRIORITY=%d", (int)level);
+	iov[n++] = (struct iovec){ m, strlen(m) };
+	iov[n++] = (struct iovec){ prio, strlen(prio) };
+	iov[n++] = (struct iovec){ (void *)"SYSLOG_IDENTIFIER=tpipd", 23 };
+	for (size_t i = 0; fields[i] && n < TPU_ARRAY_SIZE(iov); i++)
+		iov[n++] = (struct iovec){ (void *)fields[i], strlen(fields[i]) };
+	sd_journal_sendv(iov, (int)n);
+}
+#endif
+
+void tpd_notify_use_journal(void)
+{
+#if HAVE_SYSTEMD
+	if (tpd_notify_journal_stderr())
+		tpu_log_set_sink(journal_sink);
+#endif
 }

@@ -36,4 +36,7 @@ int tpd_notify_listen_fd(void);
 /* True if stderr is connected to the journal. */
 bool tpd_notify_journal_stderr(void);
 
+/* If stderr is the journal, log there natively (with structured fields) from now on. */
+void tpd_notify_use_journal(void);
+
 #endif

@@ -63,6 +63,31 @@ static const char *gone_text(Tpw__V1__Status s)
 	}
 }
 
+/* Logs through @s's session logger with a TPIPD_PIPE field, or plainly without a session. */
+static void pipe_log(const struct tpd_pipe *p, const struct tpd_session *s, int level,
+		     const char *fmt, ...) _printf_(4, 5);
+
+static void pipe_log(const struct tpd_pipe *p, const struct tpd_session *s, int level,
+		     const char *fmt, ...)
+{
+	char pid[48], msg[800];
+	const char *fields[] = { pid, NULL };
+	va_list ap;
+
+	if (level > (int)tpu_log_get_level())
+		return;
+	va_start(ap, fmt);
+	vsnprintf(msg, sizeof(msg), fmt, ap);
+	va_end(ap);
+	if (s) {
+		tpd_session_log(s, level, "pipe %llu: %s", (unsigned long long)p->id, msg);
+		return;
+	}
+	snprintf(pid, sizeof(pid), "TPIPD_PIPE=%llu", (unsigned long long)p->id);
+	tpu_log_kv((enum tpu_log_level)level, fields, "pipe %llu: %s", (unsigned long long)p->id,
+		   msg);
+}
+
 /* ---- messages ------------------------------------------------------------------------------ */
 
 static void msg_free(struct tpd_msg *m)
@@ -189,7 +214,7 @@ static void pipe_maybe_free(struct tpd_pipe *p)
 	end_drop_all(&p->end[1]);
 	tpu_list_remove(&p->node);
 	p->d->n_pipes--;
-	tpu_log_debug("pipe %llu freed", (unsigned long long)p->id);
+	pipe_log(p, NULL, TPU_LOG_DEBUG, "freed");
 	free(p->listener);
 	free(p);
 }
@@ -212,8 +237,7 @@ static void connect_fail(struct tpd_session *s, const Tpw__V1__Connect *c, int e
 	Tpw__V1__PipeClosed pc = TPW__V1__PIPE_CLOSED__INIT;
 	Tpw__V1__DaemonMsg dm = TPW__V1__DAEMON_MSG__INIT;
 
-	tpu_log_info("session %llu: connect to '%s' failed: %s", (unsigned long long)s->id,
-		     c->address, why);
+	tpd_session_log(s, TPU_LOG_INFO, "connect to '%s' failed: %s", c->address, why);
 	tpd_session_reply(s, c->req_id, err, why, c->pipe_id, NULL);
 	pc.pipe_id = c->pipe_id;
 	pc.status = tpw_status_from_errno(err);
@@ -313,9 +337,8 @@ void tpd_pipe_connect(struct tpd_daemon *d, struct tpd_session *s, const Tpw__V1
 	tpu_list_insert_tail(&d->pipes, &p->node);
 	d->n_pipes++;
 	l->accepted++;
-	tpu_log_info("pipe %llu: session %llu (pid %d) -> '%s' (session %llu)",
-		     (unsigned long long)p->id, (unsigned long long)s->id, (int)s->pid, l->name,
-		     (unsigned long long)ls->id);
+	pipe_log(p, s, TPU_LOG_INFO, "connected to '%s' (session %llu)", l->name,
+		 (unsigned long long)ls->id);
 	tpd_session_reply(s, c->req_id, 0, NULL, c->pipe_id, l->name);
 	send_accepted(ls, l, &p->end[1], s);
 }
@@ -571,9 +594,8 @@ void tpd_pipe_write(struct tpd_pipe_end *e, Tpw__V1__ClientMsg *cm, const uint8_
 	}
 	goto out;
 reject:
-	tpu_log_info("session %llu: pipe %llu: write rejected: %s",
-		     (unsigned long long)e->session->id, (unsigned long long)e->pipe->id,
-		     why[0] ? why : strerror(-err));
+	pipe_log(e->pipe, e->session, TPU_LOG_INFO, "write rejected: %s",
+		 why[0] ? why : strerror(-err));
 	if (m)
 		msg_free(m);
 	write_reject(e, w->write_id, err, why[0] ? why : strerror(-err));
@@ -603,8 +625,8 @@ static void copy_on_done(struct tpd_copy_job *job)
 				 job->status < 0);
 	}
 	if (job->status < 0)
-		tpu_log_info("pipe %llu: message %llu: %s", (unsigned long long)p->id,
-			     (unsigned long long)m->msg_id, job->why);
+		pipe_log(p, NULL, TPU_LOG_INFO, "message %llu: %s", (unsigned long long)m->msg_id,
+			 job->why);
 	send_read_done(r, m->msg_id, st, job->status < 0 ? job->why : NULL);
 	if (job->status == 0 && !r->session)
 		msg_consumed(m, r->gone, gone_text(r->gone));
@@ -777,9 +799,7 @@ void tpd_pipe_read(struct tpd_pipe_end *r, const Tpw__V1__Read *rd)
 	}
 	err = build_job(m, r->session, rd, &m->job, why, sizeof(why));
 	if (err < 0) {
-		tpu_log_info("session %llu: pipe %llu: read rejected: %s",
-			     (unsigned long long)r->session->id, (unsigned long long)r->pipe->id,
-			     why);
+		pipe_log(r->pipe, r->session, TPU_LOG_INFO, "read rejected: %s", why);
 		send_read_done(r, m->msg_id, tpw_status_from_errno(err), why);
 		msg_consumed(m, tpw_status_from_errno(err), why);
 		return;
@@ -787,8 +807,7 @@ void tpd_pipe_read(struct tpd_pipe_end *r, const Tpw__V1__Read *rd)
 	start_next_copy(w);
 	return;
 fail:
-	tpu_log_info("session %llu: pipe %llu: %s", (unsigned long long)r->session->id,
-		     (unsigned long long)r->pipe->id, why);
+	pipe_log(r->pipe, r->session, TPU_LOG_INFO, "%s", why);
 	send_read_done(r, rd->msg_id, tpw_status_from_errno(err), why);
 }
 
@@ -815,8 +834,7 @@ void tpd_pipe_end_detach(struct tpd_pipe_end *e, Tpw__V1__Status why)
 
 	if (!e->session)
 		return;
-	tpu_log_info("pipe %llu: session %llu left (%s)", (unsigned long long)p->id,
-		     (unsigned long long)e->session->id, tpw_status_name(why));
+	pipe_log(p, e->session, TPU_LOG_INFO, "end left (%s)", tpw_status_name(why));
 	e->session = NULL;
 	e->gone = why;
 	/* Writes of @e: nobody waits for their completion any more. Rendezvous reads the peer

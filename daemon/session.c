@@ -92,6 +92,24 @@ static int read_creds(struct tpd_session *s)
 	return 0;
 }
 
+void tpd_session_log(const struct tpd_session *s, int level, const char *fmt, ...)
+{
+	char sid[48], pid[48], uid[48], msg[900];
+	const char *fields[] = { sid, pid, uid, NULL };
+	va_list ap;
+
+	if (level > (int)tpu_log_get_level())
+		return;
+	snprintf(sid, sizeof(sid), "TPIPD_SESSION=%llu", (unsigned long long)s->id);
+	snprintf(pid, sizeof(pid), "TPIPD_CLIENT_PID=%d", (int)s->pid);
+	snprintf(uid, sizeof(uid), "TPIPD_CLIENT_UID=%u", (unsigned)s->uid);
+	va_start(ap, fmt);
+	vsnprintf(msg, sizeof(msg), fmt, ap);
+	va_end(ap);
+	tpu_log_kv((enum tpu_log_level)level, fields, "session %llu (pid %d, %s): %s",
+		   (unsigned long long)s->id, (int)s->pid, s->comm, msg);
+}
+
 /* ---- life cycle ---------------------------------------------------------------------------- */
 
 int tpd_session_new(struct tpd_daemon *d, int fd, struct tpd_session **ret)
@@ -128,12 +146,11 @@ int tpd_session_new(struct tpd_daemon *d, int fd, struct tpd_session **ret)
 	r = tpu_fd_nonblock(fd);
 	if (r < 0 || event_add(s->ev_read, NULL) < 0)
 		goto fail;
-	tpu_log_info("session %llu: attached pid %d uid %u (%s)", (unsigned long long)s->id,
-		     (int)s->pid, (unsigned)s->uid, s->comm);
+	tpd_session_log(s, TPU_LOG_INFO, "attached, uid %u", (unsigned)s->uid);
 	*ret = s;
 	return 0;
 fail:
-	tpu_log_warn("session %llu: cannot attach: %s", (unsigned long long)s->id, strerror(-r));
+	tpd_session_log(s, TPU_LOG_WARNING, "cannot attach: %s", strerror(-r));
 	tpd_session_free(s, TPW__V1__STATUS__STATUS_IO);
 	return r;
 }
@@ -219,8 +236,7 @@ void tpd_session_fail(struct tpd_session *s, int level, Tpw__V1__Status status, 
 	va_start(ap, fmt);
 	vsnprintf(msg, sizeof(msg), fmt, ap);
 	va_end(ap);
-	tpu_log((enum tpu_log_level)level, "session %llu (pid %d, %s): %s, closing",
-		(unsigned long long)s->id, (int)s->pid, s->comm, msg);
+	tpd_session_log(s, level, "%s, closing", msg);
 	event_del(s->ev_read);
 	event_del(s->ev_write);
 	event_active(s->ev_close, 0, 0);
@@ -404,8 +420,8 @@ static void handle_hello(struct tpd_session *s, const Tpw__V1__Hello *h)
 	lim.pipe_queue_max = cfg->pipe_queue_max;
 	hr.limits = &lim;
 	tpd_session_send(s, &dm, NULL, 0);
-	tpu_log_debug("session %llu: hello from '%s', cma %s", (unsigned long long)s->id, s->name,
-		      s->cma_ok ? "yes" : "no");
+	tpd_session_log(s, TPU_LOG_DEBUG, "hello from '%s', cma %s", s->name,
+			s->cma_ok ? "yes" : "no");
 }
 
 static void handle_listen(struct tpd_session *s, const Tpw__V1__Listen *m)
@@ -425,13 +441,13 @@ static void handle_listen(struct tpd_session *s, const Tpw__V1__Listen *m)
 		else
 			snprintf(why, sizeof(why), "cannot listen on '%s': %s", m->name,
 				 strerror(-r));
-		tpu_log_info("session %llu: %s", (unsigned long long)s->id, why);
+		tpd_session_log(s, TPU_LOG_INFO, "%s", why);
 		tpd_session_reply(s, m->req_id, r, why, 0, NULL);
 		return;
 	}
 	tpu_list_insert_tail(&s->listeners, &l->session_node);
 	s->n_listeners++;
-	tpu_log_info("session %llu: listening on '%s'", (unsigned long long)s->id, l->name);
+	tpd_session_log(s, TPU_LOG_INFO, "listening on '%s'", l->name);
 	tpd_session_reply(s, m->req_id, 0, NULL, l->id, NULL);
 }
 
@@ -441,7 +457,7 @@ static void handle_listener_close(struct tpd_session *s, const Tpw__V1__Listener
 
 	if (!l || l->owner != s)
 		return; /* already gone: closing is idempotent */
-	tpu_log_info("session %llu: stopped listening on '%s'", (unsigned long long)s->id, l->name);
+	tpd_session_log(s, TPU_LOG_INFO, "stopped listening on '%s'", l->name);
 	tpd_registry_remove(&s->d->registry, l);
 	s->n_listeners--;
 }
@@ -491,8 +507,8 @@ static void handle_buffer_register(struct tpd_session *s, const Tpw__V1__BufferR
 		snprintf(why, sizeof(why), "out of memory");
 	}
 	if (r < 0) {
-		tpu_log_info("session %llu: buffer %llu refused: %s", (unsigned long long)s->id,
-			     (unsigned long long)m->buf_id, why);
+		tpd_session_log(s, TPU_LOG_INFO, "buffer %llu refused: %s",
+				(unsigned long long)m->buf_id, why);
 		tpd_session_reply(s, m->req_id, r, why, m->buf_id, NULL);
 		return;
 	}

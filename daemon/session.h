@@ -81,6 +81,11 @@ int tpd_session_send(struct tpd_session *s, Tpw__V1__DaemonMsg *m, const struct 
 void tpd_session_fail(struct tpd_session *s, int level, Tpw__V1__Status status, const char *fmt,
 		      ...) _printf_(4, 5);
 
+/* Logs "session N (pid P, comm): ..." with TPIPD_SESSION, TPIPD_CLIENT_PID and
+ * TPIPD_CLIENT_UID fields. */
+void tpd_session_log(const struct tpd_session *s, int level, const char *fmt, ...)
+	_printf_(3, 4);
+
 /* Returns borrowed buffer (@id, @gen) of @s, or NULL. */
 struct tpd_buffer *tpd_session_buffer(struct tpd_session *s, uint64_t id, uint64_t gen);
 
