@@ -47,7 +47,7 @@ int tpu_log_parse_level(const char *s, enum tpu_log_level *ret)
 
 static void stderr_sink(enum tpu_log_level level, const char *msg)
 {
-	char line[1100];
+	char line[1024];
 	int n = snprintf(line, sizeof(line), "<%d>%s\n", (int)level, msg);
 
 	if (n < 0)

@@ -76,8 +76,8 @@ int tpu_parse_size(const char *s, uint64_t *ret)
 	unsigned long long v;
 	unsigned shift = 0;
 
-	if (!s || !*s || *s == '-')
-		return -EINVAL;
+	if (!s || *s < '0' || *s > '9')
+		return -EINVAL; /* no sign, no leading space: strtoull would accept both */
 	errno = 0;
 	v = strtoull(s, &end, 10);
 	if (errno)
