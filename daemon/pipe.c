@@ -607,13 +607,36 @@ out:
 
 static void start_next_copy(struct tpd_pipe_end *w);
 
+static bool end_dying(const struct tpd_pipe_end *e)
+{
+	return !e->session || e->session->dead;
+}
+
+/*
+ * A copy that fails because a process vanished (ESRCH: it has no memory left) or whose end is
+ * already going away is the peer dying, not a bad address: say so to the survivor.
+ */
+static void classify_failure(struct tpd_copy_job *job, const struct tpd_pipe_end *w,
+			     const struct tpd_pipe_end *r)
+{
+	if (job->status == 0 || job->status == -ECANCELED)
+		return;
+	if (job->status == -ESRCH || end_dying(w) || end_dying(r)) {
+		job->status = -ECONNRESET;
+		snprintf(job->why, sizeof(job->why), "peer died during the transfer");
+	}
+}
+
 static void copy_on_done(struct tpd_copy_job *job)
 {
 	struct tpd_msg *m = job->arg;
 	struct tpd_pipe_end *w = m->from;
 	struct tpd_pipe_end *r = tpd_pipe_end_peer(w);
 	struct tpd_pipe *p = w->pipe;
-	Tpw__V1__Status st = tpw_status_from_errno(job->status);
+	Tpw__V1__Status st;
+
+	classify_failure(job, w, r);
+	st = tpw_status_from_errno(job->status);
 
 	m->job = NULL;
 	m->copying = false;

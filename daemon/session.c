@@ -675,6 +675,26 @@ static int process_frame(struct tpd_session *s, const struct tpw_hdr *h, const u
 	return 0;
 }
 
+/*
+ * fds travel with the first bytes of the frame that announces them, so once every complete
+ * frame is handled, the queue may only hold fds of the frame that starts the buffer.
+ */
+static void check_stray_fds(struct tpd_session *s)
+{
+	struct tpw_hdr h;
+	unsigned allowed = 0;
+
+	if (s->dead || !s->n_fdq)
+		return;
+	if (s->in_len > 0 && s->in_len < TPW_HDR_SIZE)
+		return; /* header not complete yet */
+	if (s->in_len >= TPW_HDR_SIZE && tpw_hdr_parse(s->in, s->d->limits.frame_max, &h) == 0)
+		allowed = h.nfds;
+	if (s->n_fdq > allowed)
+		tpd_session_fail(s, TPU_LOG_WARNING, TPW__V1__STATUS__STATUS_PEER_DIED,
+				 "%u fds received that no frame announced", s->n_fdq - allowed);
+}
+
 /* Processes every complete frame in the input buffer. */
 static void parse_frames(struct tpd_session *s)
 {
@@ -713,6 +733,7 @@ static void parse_frames(struct tpd_session *s)
 		memmove(s->in, s->in + off, s->in_len - off);
 		s->in_len -= off;
 	}
+	check_stray_fds(s);
 }
 
 /* Queues fds received with a recvmsg. Return: 0 or -EBADMSG (too many). */
