@@ -25,7 +25,7 @@ enum tpu_log_level tpu_log_get_level(void);
 int tpu_log_parse_level(const char *s, enum tpu_log_level *ret);
 
 void tpu_log(enum tpu_log_level level, const char *fmt, ...) _printf_(2, 3);
-void tpu_logv(enum tpu_log_level level, const char *fmt, va_list ap);
+void tpu_logv(enum tpu_log_level level, const char *fmt, va_list ap) _printf_(2, 0);
 
 /*
  * tpu_log_kv() - log with structured fields.
@@ -35,7 +35,7 @@ void tpu_logv(enum tpu_log_level level, const char *fmt, va_list ap);
 void tpu_log_kv(enum tpu_log_level level, const char *const *fields, const char *fmt, ...)
 	_printf_(3, 4);
 void tpu_logv_kv(enum tpu_log_level level, const char *const *fields, const char *fmt,
-		 va_list ap);
+		 va_list ap) _printf_(3, 0);
 
 /* Where lines go: @level, NULL-terminated @fields, the formatted @msg. */
 typedef void (*tpu_log_sink_fn)(enum tpu_log_level level, const char *const *fields,

@@ -67,7 +67,7 @@ static const struct opt opts[] = {
 	{ "client-queue-bytes", "limits", K_SIZE64, OFF(outq_max), MiB, UINT64_MAX, true, "BYTES",
 	  "bytes queued towards a client that does not read before it is dropped (default 256M)" },
 	{ "cma", "backends", K_NOBOOL, OFF(no_cma), 0, 0, false, "yes|no",
-	  "use cross-memory attach (default yes; flag: --no-cma)" },
+	  "never use cross-memory attach (file: [backends] cma = no)" },
 };
 
 void tpd_config_defaults(struct tpd_config *c)

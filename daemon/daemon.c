@@ -190,9 +190,12 @@ void tpd_daemon_stop(struct tpd_daemon *d, const char *why)
 {
 	char status[96];
 
+	/* Never finish here: the caller may be a session's own handler. The drain event runs
+	 * on the next loop iteration and decides. */
 	if (d->stopping) {
 		tpu_log_notice("%s again, stopping now", why);
-		finish_stop(d);
+		d->drain_deadline_ns = 0;
+		event_active(d->ev_drain, 0, 0);
 		return;
 	}
 	tpu_log_notice("stopping (%s): no new clients, draining copies", why);
@@ -201,8 +204,9 @@ void tpd_daemon_stop(struct tpd_daemon *d, const char *why)
 	tpd_notify_stopping(status);
 	d->stopping = true;
 	event_del(d->ev_accept);
+	event_del(d->ev_accept_resume);
 	d->drain_deadline_ns = tpu_now_ns() + (uint64_t)d->cfg.drain_ms * 1000000ull;
-	daemon_on_drain(-1, 0, d);
+	event_active(d->ev_drain, 0, 0);
 }
 
 static void daemon_on_signal(evutil_socket_t sig, short what, void *arg)

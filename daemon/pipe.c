@@ -160,8 +160,12 @@ static void msg_consumed(struct tpd_msg *m, Tpw__V1__Status st, const char *why)
 		w->queued--;
 		w->queued_bytes -= m->tail_len;
 	}
-	write_done_flush(w);
+	if (tpu_list_linked(&m->wnode)) {
+		write_done_flush(w); /* frees @m once its WriteDone is out */
+		return;
+	}
 	msg_maybe_free(m);
+	write_done_flush(w);
 }
 
 static void send_read_done(struct tpd_pipe_end *r, uint64_t msg_id, Tpw__V1__Status st,

@@ -33,6 +33,7 @@ struct outbuf {
 static void session_on_read(evutil_socket_t fd, short what, void *arg);
 static void session_on_write(evutil_socket_t fd, short what, void *arg);
 static void session_on_close(evutil_socket_t fd, short what, void *arg);
+static int flush_out(struct tpd_session *s);
 
 /* ---- credentials --------------------------------------------------------------------------- */
 
@@ -189,6 +190,8 @@ void tpd_session_free(struct tpd_session *s, Tpw__V1__Status why)
 
 	if (!s)
 		return;
+	if (!s->dead && why == TPW__V1__STATUS__STATUS_SHUTDOWN)
+		flush_out(s); /* last replies and PipeClosed, best effort */
 	s->dead = true;
 	detach_pipes(s, why);
 	tpu_list_for_each_safe(l, tmp, &s->listeners, session_node)

@@ -1,0 +1,134 @@
+/* SPDX-License-Identifier: BSD-3-Clause */
+/*
+ * tpipctl internals: one blocking control connection to tpipd (connect, Hello, CtlRequest with a
+ * deadline) and the renderers that turn a CtlReply into human tables or JSON. tpipctl speaks the
+ * wire protocol directly through proto/frame.h and does not link libtpclient; it only ever sends
+ * Hello and CtlRequest (role ROLE_CONTROL).
+ */
+#ifndef TPIPCTL_CTL_H
+#define TPIPCTL_CTL_H
+
+#include <stdarg.h>
+#include <stdbool.h>
+#include <stdint.h>
+#include <stdio.h>
+#include "frame.h"
+#include "tpu.h"
+
+/* Largest socket path we keep (sockaddr_un.sun_path is 108 bytes on Linux). */
+#define CTL_PATH_MAX 108
+#define CTL_WHY_MAX 512
+
+/* Why a connection step failed; decides tpipctl's exit status. */
+enum ctl_fail {
+	CTL_FAIL_NONE = 0,
+	CTL_FAIL_REACH,	 /* could not connect, or the connection broke or timed out */
+	CTL_FAIL_DAEMON, /* the daemon answered with an error or an unexpected frame */
+};
+
+struct ctl_conn {
+	int fd;
+	uint64_t seq;		/* last frame sequence number sent */
+	uint64_t deadline_ns;	/* tpu_now_ns() value after which I/O gives up */
+	char path[CTL_PATH_MAX];
+	bool eof;		/* the daemon closed the connection */
+	enum ctl_fail fail;	/* set with why[] when a call fails */
+	char why[CTL_WHY_MAX];
+};
+
+/*
+ * ctl_conn_open() - resolve the socket path, connect and exchange Hello / HelloReply.
+ * @c: the connection to fill; close it with ctl_conn_close() whatever this returns.
+ * @socket_path: --socket value or NULL (borrowed).
+ * @timeout_ms: deadline for the whole exchange, counted from now.
+ * Return: 0, or -errno with @c->fail and @c->why describing the failure.
+ */
+int ctl_conn_open(struct ctl_conn *c, const char *socket_path, int timeout_ms);
+
+/*
+ * ctl_conn_request() - send CtlRequest{@what, @target_id} and wait for the matching CtlReply.
+ * @target_id: the session to act on for CTL_CLOSE_SESSION, else 0.
+ * @ret: returns owned message whose body is a CtlReply with STATUS_OK, free with
+ * tpw_daemon_msg_free(); written only on success.
+ * Return: 0, or -errno with @c->fail and @c->why set.
+ */
+int ctl_conn_request(struct ctl_conn *c, Tpw__V1__CtlWhat what, uint64_t target_id,
+		     Tpw__V1__DaemonMsg **ret);
+
+/* Closes the socket; safe on a connection that never opened. */
+void ctl_conn_close(struct ctl_conn *c);
+
+/* How to print a reply: the command's argument travels along for confirmations. */
+struct ctl_view {
+	bool json;	    /* JSON instead of a table */
+	uint64_t target_id; /* close-session: the session asked for */
+};
+
+/*
+ * ctl_render_status() / _sessions() / _pipes() / _listeners() / _backends() / _stats() /
+ * _close_session() / _drain() - print one reply to @out, as a human table or, with
+ * @v->json, as pretty-printed JSON built with json-c. Borrows @r, @v and @out.
+ * Return: 0, -ENOMEM.
+ */
+int ctl_render_status(const Tpw__V1__CtlReply *r, const struct ctl_view *v, FILE *out);
+int ctl_render_sessions(const Tpw__V1__CtlReply *r, const struct ctl_view *v, FILE *out);
+int ctl_render_pipes(const Tpw__V1__CtlReply *r, const struct ctl_view *v, FILE *out);
+int ctl_render_listeners(const Tpw__V1__CtlReply *r, const struct ctl_view *v, FILE *out);
+int ctl_render_backends(const Tpw__V1__CtlReply *r, const struct ctl_view *v, FILE *out);
+int ctl_render_stats(const Tpw__V1__CtlReply *r, const struct ctl_view *v, FILE *out);
+int ctl_render_close_session(const Tpw__V1__CtlReply *r, const struct ctl_view *v, FILE *out);
+int ctl_render_drain(const Tpw__V1__CtlReply *r, const struct ctl_view *v, FILE *out);
+
+/* ---- JSON helpers (render.c), shared by the renderers ------------------------------------- */
+
+struct json_object;
+void ctl_json_u64(struct json_object *o, const char *key, uint64_t v);
+void ctl_json_str(struct json_object *o, const char *key, const char *s);
+void ctl_json_bool(struct json_object *o, const char *key, bool v);
+/* Prints @o pretty and drops the reference (@o may be NULL: -ENOMEM). Return: 0, -ENOMEM. */
+int ctl_json_emit(struct json_object *o, FILE *out);
+/* Wraps @arr as {"@key": @arr}, prints it and drops the reference. Return: 0, -ENOMEM. */
+int ctl_json_emit_list(const char *key, struct json_object *arr, FILE *out);
+/* Returns owned object with the members of @s (NULL on ENOMEM), drop with json_object_put(). */
+struct json_object *ctl_json_status(const Tpw__V1__CtlStatus *s);
+
+/* ---- aligned text tables (table.c) -------------------------------------------------------- */
+
+struct ctl_col {
+	const char *name;
+	bool right; /* right-align (numbers) */
+};
+
+struct ctl_table {
+	const struct ctl_col *cols;
+	size_t ncols;
+	char **cells; /* row-major, ncells used of cap */
+	size_t ncells;
+	size_t cap;
+	bool oom;     /* a cell could not be stored; reported by ctl_table_print() */
+	bool no_header;
+};
+
+/* Starts an empty table with the given columns (borrowed until ctl_table_done()). */
+void ctl_table_init(struct ctl_table *t, const struct ctl_col *cols, size_t ncols);
+
+/*
+ * ctl_table_cellf() - append the next cell, filling rows left to right. Control characters in
+ * the text are replaced by '?', so names sent by other processes cannot drive the terminal; an
+ * empty cell prints as "-".
+ */
+void ctl_table_cellf(struct ctl_table *t, const char *fmt, ...) _printf_(2, 3);
+
+/* Prints header and rows with aligned columns. Return: 0, -ENOMEM if a cell was lost. */
+int ctl_table_print(const struct ctl_table *t, FILE *out);
+
+/* Frees every cell. */
+void ctl_table_done(struct ctl_table *t);
+
+/* Formats @n bytes as "512 B", "1.5 KiB", "8.0 MiB" into @buf; returns @buf. */
+const char *ctl_fmt_bytes(uint64_t n, char *buf, size_t len);
+
+/* Formats @ms as "3d 04h 05m 06s" (leading zero units dropped) into @buf; returns @buf. */
+const char *ctl_fmt_duration(uint64_t ms, char *buf, size_t len);
+
+#endif

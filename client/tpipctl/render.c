@@ -1,0 +1,363 @@
+/* SPDX-License-Identifier: BSD-3-Clause */
+/*
+ * Rendering of CtlReply messages for tpipctl: aligned human tables (through table.c) or JSON
+ * built with json-c. Field names in JSON follow the wire schema (proto/tpw.proto) so scripts can
+ * rely on them; human output uses readable sizes and durations. No I/O other than @out.
+ */
+#include <inttypes.h>
+#include <json-c/json.h>
+#include <string.h>
+#include "ctl.h"
+
+static const char *str_or_empty(const char *s)
+{
+	return s ? s : "";
+}
+
+static const char *role_name(Tpw__V1__Role r)
+{
+	switch (r) {
+	case TPW__V1__ROLE__ROLE_CLIENT: return "client";
+	case TPW__V1__ROLE__ROLE_CONTROL: return "control";
+	default: return "unspecified";
+	}
+}
+
+static const char *access_name(Tpw__V1__Access a)
+{
+	switch (a) {
+	case TPW__V1__ACCESS__ACCESS_GROUP: return "group";
+	case TPW__V1__ACCESS__ACCESS_ANYONE: return "anyone";
+	default: return "owner";
+	}
+}
+
+/* ---- JSON --------------------------------------------------------------------------------- */
+
+void ctl_json_u64(struct json_object *o, const char *key, uint64_t v)
+{
+	json_object_object_add(o, key, json_object_new_uint64(v));
+}
+
+void ctl_json_str(struct json_object *o, const char *key, const char *s)
+{
+	json_object_object_add(o, key, json_object_new_string(str_or_empty(s)));
+}
+
+void ctl_json_bool(struct json_object *o, const char *key, bool v)
+{
+	json_object_object_add(o, key, json_object_new_boolean(v));
+}
+
+int ctl_json_emit(struct json_object *o, FILE *out)
+{
+	const int flags = JSON_C_TO_STRING_PRETTY | JSON_C_TO_STRING_SPACED |
+			  JSON_C_TO_STRING_NOSLASHESCAPE;
+	const char *s = o ? json_object_to_json_string_ext(o, flags) : NULL;
+	int r = s ? 0 : -ENOMEM;
+
+	if (s)
+		fprintf(out, "%s\n", s);
+	json_object_put(o);
+	return r;
+}
+
+int ctl_json_emit_list(const char *key, struct json_object *arr, FILE *out)
+{
+	struct json_object *o = json_object_new_object();
+
+	if (!o) {
+		json_object_put(arr);
+		return -ENOMEM;
+	}
+	json_object_object_add(o, key, arr);
+	return ctl_json_emit(o, out);
+}
+
+/* ---- status ------------------------------------------------------------------------------- */
+
+struct json_object *ctl_json_status(const Tpw__V1__CtlStatus *s)
+{
+	struct json_object *o = json_object_new_object();
+
+	if (!o)
+		return NULL;
+	ctl_json_str(o, "version", s->version);
+	ctl_json_u64(o, "pid", s->pid);
+	ctl_json_u64(o, "uptime_ms", s->uptime_ms);
+	ctl_json_str(o, "socket_path", s->socket_path);
+	ctl_json_u64(o, "sessions", s->sessions);
+	ctl_json_u64(o, "pipes", s->pipes);
+	ctl_json_u64(o, "listeners", s->listeners);
+	ctl_json_u64(o, "bytes_moved", s->bytes_moved);
+	ctl_json_u64(o, "messages_moved", s->messages_moved);
+	ctl_json_bool(o, "cma_available", s->cma_available);
+	return o;
+}
+
+static int status_text(const Tpw__V1__CtlStatus *s, FILE *out)
+{
+	static const struct ctl_col cols[] = { { "FIELD", false }, { "VALUE", false } };
+	struct ctl_table t;
+	char b1[32], b2[32];
+	int r;
+
+	ctl_table_init(&t, cols, TPU_ARRAY_SIZE(cols));
+	ctl_table_cellf(&t, "version:");
+	ctl_table_cellf(&t, "%s", str_or_empty(s->version));
+	ctl_table_cellf(&t, "pid:");
+	ctl_table_cellf(&t, "%" PRIu32, s->pid);
+	ctl_table_cellf(&t, "uptime:");
+	ctl_table_cellf(&t, "%s", ctl_fmt_duration(s->uptime_ms, b1, sizeof(b1)));
+	ctl_table_cellf(&t, "socket:");
+	ctl_table_cellf(&t, "%s", str_or_empty(s->socket_path));
+	ctl_table_cellf(&t, "sessions:");
+	ctl_table_cellf(&t, "%" PRIu32, s->sessions);
+	ctl_table_cellf(&t, "pipes:");
+	ctl_table_cellf(&t, "%" PRIu32, s->pipes);
+	ctl_table_cellf(&t, "listeners:");
+	ctl_table_cellf(&t, "%" PRIu32, s->listeners);
+	ctl_table_cellf(&t, "bytes moved:");
+	ctl_table_cellf(&t, "%s (%" PRIu64 ")", ctl_fmt_bytes(s->bytes_moved, b2, sizeof(b2)),
+			s->bytes_moved);
+	ctl_table_cellf(&t, "messages moved:");
+	ctl_table_cellf(&t, "%" PRIu64, s->messages_moved);
+	ctl_table_cellf(&t, "cma:");
+	ctl_table_cellf(&t, "%s", s->cma_available ? "available" : "not available");
+	t.no_header = true; /* key: value lines */
+	r = ctl_table_print(&t, out);
+	ctl_table_done(&t);
+	return r;
+}
+
+int ctl_render_status(const Tpw__V1__CtlReply *r, const struct ctl_view *v, FILE *out)
+{
+	static const Tpw__V1__CtlStatus empty = TPW__V1__CTL_STATUS__INIT;
+	const Tpw__V1__CtlStatus *s = r->status_info ? r->status_info : &empty;
+
+	return v->json ? ctl_json_emit(ctl_json_status(s), out) : status_text(s, out);
+}
+
+/* ---- sessions ----------------------------------------------------------------------------- */
+
+static struct json_object *session_json(const Tpw__V1__CtlSession *s)
+{
+	struct json_object *o = json_object_new_object();
+
+	if (!o)
+		return NULL;
+	ctl_json_u64(o, "id", s->id);
+	ctl_json_u64(o, "pid", s->pid);
+	ctl_json_u64(o, "uid", s->uid);
+	ctl_json_u64(o, "gid", s->gid);
+	ctl_json_str(o, "command", s->command);
+	ctl_json_str(o, "name", s->name);
+	ctl_json_str(o, "role", role_name(s->role));
+	ctl_json_u64(o, "pipes", s->pipes);
+	ctl_json_u64(o, "listeners", s->listeners);
+	ctl_json_u64(o, "buffers", s->buffers);
+	ctl_json_u64(o, "buffer_bytes", s->buffer_bytes);
+	ctl_json_u64(o, "bytes_in", s->bytes_in);
+	ctl_json_u64(o, "bytes_out", s->bytes_out);
+	ctl_json_bool(o, "cma_ok", s->cma_ok);
+	return o;
+}
+
+static const struct ctl_col session_cols[] = {
+	{ "ID", true },	    { "PID", true },	  { "UID", true },	{ "COMMAND", false },
+	{ "NAME", false },  { "ROLE", false },	  { "PIPES", true },	{ "LISTENERS", true },
+	{ "BUFFERS", true }, { "BUF_BYTES", true }, { "BYTES_IN", true }, { "BYTES_OUT", true },
+};
+
+static void session_row(struct ctl_table *t, const Tpw__V1__CtlSession *s)
+{
+	char b1[32], b2[32], b3[32];
+
+	ctl_table_cellf(t, "%" PRIu64, s->id);
+	ctl_table_cellf(t, "%" PRIu32, s->pid);
+	ctl_table_cellf(t, "%" PRIu32, s->uid);
+	ctl_table_cellf(t, "%s", str_or_empty(s->command));
+	ctl_table_cellf(t, "%s", str_or_empty(s->name));
+	ctl_table_cellf(t, "%s", role_name(s->role));
+	ctl_table_cellf(t, "%" PRIu32, s->pipes);
+	ctl_table_cellf(t, "%" PRIu32, s->listeners);
+	ctl_table_cellf(t, "%" PRIu32, s->buffers);
+	ctl_table_cellf(t, "%s", ctl_fmt_bytes(s->buffer_bytes, b1, sizeof(b1)));
+	ctl_table_cellf(t, "%s", ctl_fmt_bytes(s->bytes_in, b2, sizeof(b2)));
+	ctl_table_cellf(t, "%s", ctl_fmt_bytes(s->bytes_out, b3, sizeof(b3)));
+}
+
+int ctl_render_sessions(const Tpw__V1__CtlReply *r, const struct ctl_view *v, FILE *out)
+{
+	struct ctl_table t;
+	int ret;
+
+	if (v->json) {
+		struct json_object *arr = json_object_new_array();
+		if (!arr)
+			return -ENOMEM;
+		for (size_t i = 0; i < r->n_sessions; i++)
+			json_object_array_add(arr, session_json(r->sessions[i]));
+		return ctl_json_emit_list("sessions", arr, out);
+	}
+	ctl_table_init(&t, session_cols, TPU_ARRAY_SIZE(session_cols));
+	for (size_t i = 0; i < r->n_sessions; i++)
+		session_row(&t, r->sessions[i]);
+	ret = ctl_table_print(&t, out);
+	ctl_table_done(&t);
+	return ret;
+}
+
+/* ---- pipes -------------------------------------------------------------------------------- */
+
+static struct json_object *pipe_end_json(const Tpw__V1__CtlPipeEnd *e)
+{
+	struct json_object *o;
+
+	if (!e)
+		return NULL; /* JSON null: that end is gone */
+	o = json_object_new_object();
+	if (!o)
+		return NULL;
+	ctl_json_u64(o, "session_id", e->session_id);
+	ctl_json_u64(o, "pid", e->pid);
+	ctl_json_str(o, "name", e->name);
+	ctl_json_u64(o, "messages_sent", e->messages_sent);
+	ctl_json_u64(o, "bytes_sent", e->bytes_sent);
+	ctl_json_u64(o, "queued", e->queued);
+	return o;
+}
+
+static struct json_object *pipe_json(const Tpw__V1__CtlPipe *p)
+{
+	struct json_object *o = json_object_new_object();
+
+	if (!o)
+		return NULL;
+	ctl_json_u64(o, "id", p->id);
+	ctl_json_str(o, "listener", p->listener);
+	ctl_json_str(o, "state", p->state);
+	ctl_json_str(o, "transport", p->transport);
+	ctl_json_str(o, "channels", p->channels);
+	ctl_json_u64(o, "created_ms", p->created_ms);
+	json_object_object_add(o, "connector", pipe_end_json(p->connector));
+	json_object_object_add(o, "acceptor", pipe_end_json(p->acceptor));
+	return o;
+}
+
+/* "C>A" columns count what the connector sent to the acceptor; "A>C" the other way. */
+static const struct ctl_col pipe_cols[] = {
+	{ "ID", true },	       { "LISTENER", false }, { "STATE", false },    { "TRANSPORT", false },
+	{ "CHANNELS", false }, { "CONNECTOR", false }, { "ACCEPTOR", false }, { "C>A_MSGS", true },
+	{ "C>A_BYTES", true }, { "A>C_MSGS", true },  { "A>C_BYTES", true }, { "QUEUED", true },
+};
+
+static void pipe_end_cell(struct ctl_table *t, const Tpw__V1__CtlPipeEnd *e)
+{
+	if (e)
+		ctl_table_cellf(t, "%s[%" PRIu32 "]", str_or_empty(e->name), e->pid);
+	else
+		ctl_table_cellf(t, "-");
+}
+
+static void pipe_row(struct ctl_table *t, const Tpw__V1__CtlPipe *p)
+{
+	static const Tpw__V1__CtlPipeEnd none = TPW__V1__CTL_PIPE_END__INIT;
+	const Tpw__V1__CtlPipeEnd *c = p->connector ? p->connector : &none;
+	const Tpw__V1__CtlPipeEnd *a = p->acceptor ? p->acceptor : &none;
+	char b1[32], b2[32];
+
+	ctl_table_cellf(t, "%" PRIu64, p->id);
+	ctl_table_cellf(t, "%s", str_or_empty(p->listener));
+	ctl_table_cellf(t, "%s", str_or_empty(p->state));
+	ctl_table_cellf(t, "%s", str_or_empty(p->transport));
+	ctl_table_cellf(t, "%s", str_or_empty(p->channels));
+	pipe_end_cell(t, p->connector);
+	pipe_end_cell(t, p->acceptor);
+	ctl_table_cellf(t, "%" PRIu64, c->messages_sent);
+	ctl_table_cellf(t, "%s", ctl_fmt_bytes(c->bytes_sent, b1, sizeof(b1)));
+	ctl_table_cellf(t, "%" PRIu64, a->messages_sent);
+	ctl_table_cellf(t, "%s", ctl_fmt_bytes(a->bytes_sent, b2, sizeof(b2)));
+	ctl_table_cellf(t, "%" PRIu32 "/%" PRIu32, c->queued, a->queued);
+}
+
+int ctl_render_pipes(const Tpw__V1__CtlReply *r, const struct ctl_view *v, FILE *out)
+{
+	struct ctl_table t;
+	int ret;
+
+	if (v->json) {
+		struct json_object *arr = json_object_new_array();
+		if (!arr)
+			return -ENOMEM;
+		for (size_t i = 0; i < r->n_pipes; i++)
+			json_object_array_add(arr, pipe_json(r->pipes[i]));
+		return ctl_json_emit_list("pipes", arr, out);
+	}
+	ctl_table_init(&t, pipe_cols, TPU_ARRAY_SIZE(pipe_cols));
+	for (size_t i = 0; i < r->n_pipes; i++)
+		pipe_row(&t, r->pipes[i]);
+	ret = ctl_table_print(&t, out);
+	ctl_table_done(&t);
+	return ret;
+}
+
+/* ---- listeners ---------------------------------------------------------------------------- */
+
+static struct json_object *listener_json(const Tpw__V1__CtlListener *l)
+{
+	struct json_object *o = json_object_new_object();
+
+	if (!o)
+		return NULL;
+	ctl_json_u64(o, "id", l->id);
+	ctl_json_str(o, "name", l->name);
+	ctl_json_u64(o, "session_id", l->session_id);
+	ctl_json_u64(o, "pid", l->pid);
+	ctl_json_u64(o, "uid", l->uid);
+	ctl_json_str(o, "access", access_name(l->access));
+	ctl_json_u64(o, "gid", l->gid);
+	ctl_json_u64(o, "accepted", l->accepted);
+	return o;
+}
+
+static const struct ctl_col listener_cols[] = {
+	{ "ID", true },	  { "NAME", false },  { "SESSION", true },
+	{ "PID", true },  { "UID", true },    { "ACCESS", false },
+	{ "ACCEPTED", true },
+};
+
+static void listener_row(struct ctl_table *t, const Tpw__V1__CtlListener *l)
+{
+	ctl_table_cellf(t, "%" PRIu64, l->id);
+	ctl_table_cellf(t, "%s", str_or_empty(l->name));
+	ctl_table_cellf(t, "%" PRIu64, l->session_id);
+	ctl_table_cellf(t, "%" PRIu32, l->pid);
+	ctl_table_cellf(t, "%" PRIu32, l->uid);
+	if (l->access == TPW__V1__ACCESS__ACCESS_GROUP)
+		ctl_table_cellf(t, "group:%" PRIu32, l->gid);
+	else
+		ctl_table_cellf(t, "%s", access_name(l->access));
+	ctl_table_cellf(t, "%" PRIu64, l->accepted);
+}
+
+int ctl_render_listeners(const Tpw__V1__CtlReply *r, const struct ctl_view *v, FILE *out)
+{
+	struct ctl_table t;
+	int ret;
+
+	if (v->json) {
+		struct json_object *arr = json_object_new_array();
+		if (!arr)
+			return -ENOMEM;
+		for (size_t i = 0; i < r->n_listeners; i++)
+			json_object_array_add(arr, listener_json(r->listeners[i]));
+		return ctl_json_emit_list("listeners", arr, out);
+	}
+	ctl_table_init(&t, listener_cols, TPU_ARRAY_SIZE(listener_cols));
+	for (size_t i = 0; i < r->n_listeners; i++)
+		listener_row(&t, r->listeners[i]);
+	ret = ctl_table_print(&t, out);
+	ctl_table_done(&t);
+	return ret;
+}

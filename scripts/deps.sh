@@ -1,0 +1,63 @@
+# SPDX-License-Identifier: BSD-3-Clause
+# shellcheck shell=bash
+#
+# Shared by ./demo.sh, ./test.sh and .ci/run (source it, do not run it): installs the Debian
+# packages tpipd needs to build and test, only those that are missing, non-interactively and
+# with sudo when not root; and configures and builds a meson build directory. Debian 12
+# (bookworm) is the reference system; elsewhere it prints what to install and fails.
+
+# Build and test dependencies, as Debian package names.
+TP_DEB_PACKAGES=(
+	meson ninja-build pkg-config gcc libc6-dev
+	libevent-dev libprotobuf-c-dev protobuf-c-compiler libsystemd-dev libibverbs-dev
+	check libjson-c-dev libssl-dev libinih-dev
+	valgrind iproute2 scdoc jq
+)
+
+# Prints the names among "$@" that dpkg does not list as installed.
+tp_deps_missing() {
+	local p status
+	for p in "$@"; do
+		status=$(dpkg-query -W -f='${Status}\n' "$p" 2>/dev/null || true)
+		case "$status" in
+		*"install ok installed"*) ;;
+		*) printf '%s\n' "$p" ;;
+		esac
+	done
+}
+
+# Installs the packages of TP_DEB_PACKAGES that are missing. Return: 0, or non-zero if that fails.
+tp_deps_install() {
+	local missing sudo=()
+	if ! command -v dpkg-query >/dev/null || ! command -v apt-get >/dev/null; then
+		echo "deps: not a Debian system; install the equivalents of:" >&2
+		echo "  ${TP_DEB_PACKAGES[*]}" >&2
+		return 1
+	fi
+	mapfile -t missing < <(tp_deps_missing "${TP_DEB_PACKAGES[@]}")
+	if [ "${#missing[@]}" -eq 0 ]; then
+		return 0
+	fi
+	if [ "$(id -u)" -ne 0 ]; then
+		if ! command -v sudo >/dev/null; then
+			echo "deps: missing packages: ${missing[*]}" >&2
+			echo "deps: run as root or install sudo" >&2
+			return 1
+		fi
+		sudo=(sudo)
+	fi
+	echo "deps: installing ${missing[*]}"
+	"${sudo[@]}" env DEBIAN_FRONTEND=noninteractive apt-get update -q &&
+		"${sudo[@]}" env DEBIAN_FRONTEND=noninteractive apt-get install -y -q \
+			--no-install-recommends "${missing[@]}" </dev/null
+}
+
+# tp_build DIR [MESON_SETUP_ARGS...]: configures DIR once (with the given options), then builds.
+tp_build() {
+	local dir=$1
+	shift
+	if [ ! -f "$dir/build.ninja" ]; then
+		meson setup "$dir" "$@" || return
+	fi
+	ninja -C "$dir"
+}
