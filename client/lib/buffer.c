@@ -1,0 +1,346 @@
+/* SPDX-License-Identifier: BSD-3-Clause */
+/*
+ * Shared buffers: sealed memfds mapped here and registered with the daemon (BufferRegister with
+ * the fd by SCM_RIGHTS), a registry sorted by address so that any pointer range can be mapped
+ * to (buf_id, gen, offset), and a small pool of staging buffers used when private memory must
+ * be copied because CMA is not available. Which segments use them is decided by write.c and
+ * read.c.
+ */
+#include <fcntl.h>
+#include <stdio.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <syslog.h>
+#include "internal.h"
+
+#define STAGE_MIN (64u << 10)
+#define POOL_MAX 4
+#define POOL_BUF_MAX (64u << 20)
+
+static int buffer_map(size_t size, struct tpc_buf *b, int *ret_fd)
+{
+	size_t page = (size_t)sysconf(_SC_PAGESIZE);
+	_cleanup_close_ int fd = -EBADF;
+	void *addr;
+
+	if (size > SIZE_MAX - page)
+		return -ENOMEM;
+	size = (size + page - 1) & ~(page - 1);
+	fd = memfd_create("tpclient", MFD_CLOEXEC | MFD_ALLOW_SEALING);
+	if (fd < 0)
+		return -errno;
+	if (ftruncate(fd, (off_t)size) < 0)
+		return -errno;
+	if (fcntl(fd, F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL) < 0)
+		return -errno;
+	addr = mmap(NULL, size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+	if (addr == MAP_FAILED)
+		return -errno;
+	b->addr = addr;
+	b->size = size;
+	*ret_fd = TAKE_FD(fd);
+	return 0;
+}
+
+/* ---- registry (sorted by address) ---------------------------------------------------------- */
+
+/* Index of the first buffer that starts above @addr. */
+static size_t buffer_upper(const struct tp_context *ctx, uintptr_t addr)
+{
+	size_t lo = 0, hi = ctx->n_bufs;
+
+	while (lo < hi) {
+		size_t mid = lo + (hi - lo) / 2;
+		if ((uintptr_t)ctx->bufs[mid]->addr <= addr)
+			lo = mid + 1;
+		else
+			hi = mid;
+	}
+	return lo;
+}
+
+static int buffer_insert_locked(struct tp_context *ctx, struct tpc_buf *b)
+{
+	size_t i;
+
+	if (ctx->n_bufs == ctx->bufs_cap) {
+		size_t cap = ctx->bufs_cap ? ctx->bufs_cap * 2 : 16;
+		struct tpc_buf **n = realloc(ctx->bufs, cap * sizeof(*n));
+		if (!n)
+			return -ENOMEM;
+		ctx->bufs = n;
+		ctx->bufs_cap = cap;
+	}
+	i = buffer_upper(ctx, (uintptr_t)b->addr);
+	memmove(&ctx->bufs[i + 1], &ctx->bufs[i], (ctx->n_bufs - i) * sizeof(*ctx->bufs));
+	ctx->bufs[i] = b;
+	ctx->n_bufs++;
+	ctx->buf_bytes += b->size;
+	return 0;
+}
+
+static void buffer_remove_locked(struct tp_context *ctx, struct tpc_buf *b)
+{
+	size_t i = buffer_upper(ctx, (uintptr_t)b->addr);
+
+	if (i == 0 || ctx->bufs[i - 1] != b)
+		return;
+	i--;
+	memmove(&ctx->bufs[i], &ctx->bufs[i + 1], (ctx->n_bufs - i - 1) * sizeof(*ctx->bufs));
+	ctx->n_bufs--;
+	ctx->buf_bytes -= b->size;
+}
+
+struct tpc_buf *tpc_buffer_lookup_locked(struct tp_context *ctx, const void *ptr, size_t len)
+{
+	size_t i = buffer_upper(ctx, (uintptr_t)ptr);
+	struct tpc_buf *b;
+
+	if (i == 0)
+		return NULL;
+	b = ctx->bufs[i - 1];
+	if (b->staging || !tpu_range_ok((uintptr_t)ptr - (uintptr_t)b->addr, len, b->size))
+		return NULL;
+	return b;
+}
+
+/* ---- registration -------------------------------------------------------------------------- */
+
+static void buffer_on_reply(struct tp_context *ctx, struct tpc_req *req, const Tpw__V1__Reply *r)
+{
+	struct tpc_buf *b = tpu_container_of(req, struct tpc_buf, req);
+
+	tpc_context_req_done(ctx, req, r);
+	if (req->status < 0) {
+		b->failed = true;
+		tpc_context_log(ctx, LOG_WARNING, "buffer %llu refused by the daemon: %s",
+				(unsigned long long)b->id, req->msg);
+	}
+}
+
+static int buffer_file_locked(struct tp_context *ctx, struct tpc_buf *b)
+{
+	const struct tpc_limits *lim = &ctx->lim;
+	int r = tpc_context_check_locked(ctx);
+
+	if (r < 0)
+		return r;
+	if (lim->buffers_max && ctx->n_bufs >= lim->buffers_max)
+		return tpc_error(-ENOBUFS, "over the daemon's limit of %u buffers", lim->buffers_max);
+	if (lim->buffer_bytes_max && ctx->buf_bytes + b->size > lim->buffer_bytes_max)
+		return tpc_error(-ENOBUFS, "over the daemon's limit of %llu buffer bytes",
+				 (unsigned long long)lim->buffer_bytes_max);
+	b->id = ++ctx->next_buf_id;
+	b->gen = 1;
+	if (buffer_insert_locked(ctx, b) < 0)
+		return tpc_error(-ENOMEM, "out of memory");
+	if (tpc_context_req_start_locked(ctx, &b->req, buffer_on_reply) < 0) {
+		buffer_remove_locked(ctx, b);
+		return tpc_error(-ENOMEM, "out of memory");
+	}
+	return 0;
+}
+
+/*
+ * Maps and registers a buffer. The Reply is not awaited: frames are handled in order, so later
+ * frames may already name the buffer. send_lock held.
+ */
+static int buffer_new(struct tp_context *ctx, size_t size, bool staging, struct tpc_buf **ret)
+{
+	Tpw__V1__BufferRegister br = TPW__V1__BUFFER_REGISTER__INIT;
+	Tpw__V1__ClientMsg m = TPW__V1__CLIENT_MSG__INIT;
+	struct tpc_buf *b = calloc(1, sizeof(*b));
+	_cleanup_close_ int fd = -EBADF;
+	int r;
+
+	if (!b)
+		return tpc_error(-ENOMEM, "out of memory");
+	tpu_list_init(&b->pool_link);
+	b->staging = staging;
+	r = buffer_map(size, b, &fd);
+	if (r < 0) {
+		free(b);
+		return tpc_error(r, "cannot map %zu bytes of shared memory: %s", size,
+				 tp_strerror(r));
+	}
+	pthread_mutex_lock(&ctx->lock);
+	r = buffer_file_locked(ctx, b);
+	pthread_mutex_unlock(&ctx->lock);
+	if (r < 0) {
+		munmap(b->addr, b->size);
+		free(b);
+		return r;
+	}
+	br.req_id = b->req.id;
+	br.buf_id = b->id;
+	br.gen = b->gen;
+	br.size = b->size;
+	m.body_case = TPW__V1__CLIENT_MSG__BODY_BUFFER_REGISTER;
+	m.buffer_register = &br;
+	tpc_wire_send(ctx, &m, NULL, 0, fd); /* failure: connection loss fails the request */
+	*ret = b;
+	return 0;
+}
+
+/* Unregisters and unmaps @b; send_lock held, lock not held. */
+static void buffer_release(struct tp_context *ctx, struct tpc_buf *b)
+{
+	Tpw__V1__BufferRelease rel = TPW__V1__BUFFER_RELEASE__INIT;
+	Tpw__V1__ClientMsg m = TPW__V1__CLIENT_MSG__INIT;
+	bool tell;
+
+	pthread_mutex_lock(&ctx->lock);
+	buffer_remove_locked(ctx, b);
+	if (tpc_map_get(&ctx->reqs, b->req.id) == &b->req)
+		tpc_map_del(&ctx->reqs, b->req.id);
+	tell = !ctx->dead && !b->failed;
+	pthread_mutex_unlock(&ctx->lock);
+	if (tell) {
+		rel.buf_id = b->id;
+		rel.gen = b->gen;
+		m.body_case = TPW__V1__CLIENT_MSG__BODY_BUFFER_RELEASE;
+		m.buffer_release = &rel;
+		tpc_wire_send(ctx, &m, NULL, 0, -EBADF);
+	}
+	munmap(b->addr, b->size);
+	free(b);
+}
+
+TP_EXPORT int tp_buffer_alloc(struct tp_context *ctx, size_t size, void **ret)
+{
+	struct tpc_buf *b;
+	char msg[TPC_ERRMSG_MAX + 64] = "";
+	int r;
+
+	if (!ctx || !ret || size == 0)
+		return tpc_error(-EINVAL, "missing context or result pointer, or size 0");
+	pthread_mutex_lock(&ctx->send_lock);
+	r = buffer_new(ctx, size, false, &b);
+	pthread_mutex_unlock(&ctx->send_lock);
+	if (r < 0)
+		return r;
+	/* The io thread cannot wait for the Reply it would have to read itself. */
+	if (!tpc_context_on_io_thread(ctx)) {
+		pthread_mutex_lock(&ctx->lock);
+		r = tpc_context_req_wait_locked(ctx, &b->req, TPC_REPLY_TIMEOUT_MS);
+		snprintf(msg, sizeof(msg), "cannot register a shared buffer: %s", b->req.msg);
+		pthread_mutex_unlock(&ctx->lock);
+	}
+	if (r < 0) {
+		pthread_mutex_lock(&ctx->send_lock);
+		buffer_release(ctx, b);
+		pthread_mutex_unlock(&ctx->send_lock);
+		return tpc_error_msg(r, msg);
+	}
+	*ret = b->addr;
+	return 0;
+}
+
+TP_EXPORT int tp_buffer_free(struct tp_context *ctx, void *ptr)
+{
+	struct tpc_buf *b = NULL;
+	size_t i;
+
+	if (!ptr)
+		return 0;
+	if (!ctx)
+		return tpc_error(-EINVAL, "no context");
+	pthread_mutex_lock(&ctx->send_lock);
+	pthread_mutex_lock(&ctx->lock);
+	i = buffer_upper(ctx, (uintptr_t)ptr);
+	if (i > 0 && ctx->bufs[i - 1]->addr == ptr && !ctx->bufs[i - 1]->staging)
+		b = ctx->bufs[i - 1];
+	pthread_mutex_unlock(&ctx->lock);
+	if (b)
+		buffer_release(ctx, b);
+	pthread_mutex_unlock(&ctx->send_lock);
+	if (!b)
+		return tpc_error(-EINVAL, "%p is not the start of a shared buffer", ptr);
+	return 0;
+}
+
+/* ---- staging ------------------------------------------------------------------------------- */
+
+static void buffer_pool_drain(struct tp_context *ctx)
+{
+	struct tpc_buf *b;
+
+	for (;;) {
+		pthread_mutex_lock(&ctx->lock);
+		b = tpu_list_first(&ctx->stage_pool, struct tpc_buf, pool_link);
+		if (b) {
+			tpu_list_remove(&b->pool_link);
+			ctx->n_pool--;
+		}
+		pthread_mutex_unlock(&ctx->lock);
+		if (!b)
+			return;
+		buffer_release(ctx, b);
+	}
+}
+
+int tpc_buffer_stage_get(struct tp_context *ctx, size_t size, struct tpc_buf **ret)
+{
+	size_t cls = STAGE_MIN;
+	struct tpc_buf *b, *found = NULL;
+	int r;
+
+	while (cls < size && cls <= SIZE_MAX / 2)
+		cls *= 2;
+	if (cls < size)
+		return -ENOMEM;
+	pthread_mutex_lock(&ctx->lock);
+	tpu_list_for_each(b, &ctx->stage_pool, pool_link) {
+		if (b->size == cls && !b->failed) {
+			found = b;
+			break;
+		}
+	}
+	if (found) {
+		tpu_list_remove(&found->pool_link);
+		ctx->n_pool--;
+	}
+	pthread_mutex_unlock(&ctx->lock);
+	if (found) {
+		*ret = found;
+		return 0;
+	}
+	r = buffer_new(ctx, cls, true, ret);
+	if (r == -ENOBUFS && ctx->n_pool) {
+		buffer_pool_drain(ctx);
+		r = buffer_new(ctx, cls, true, ret);
+	}
+	return r;
+}
+
+void tpc_buffer_stage_put(struct tp_context *ctx, struct tpc_buf *b, bool reuse)
+{
+	if (!b)
+		return;
+	pthread_mutex_lock(&ctx->lock);
+	if (reuse && !b->failed && !ctx->stopping && !ctx->dead && ctx->n_pool < POOL_MAX &&
+	    b->size <= POOL_BUF_MAX) {
+		tpu_list_insert_tail(&ctx->stage_pool, &b->pool_link);
+		ctx->n_pool++;
+		b = NULL;
+	}
+	pthread_mutex_unlock(&ctx->lock);
+	if (!b)
+		return;
+	pthread_mutex_lock(&ctx->send_lock);
+	buffer_release(ctx, b);
+	pthread_mutex_unlock(&ctx->send_lock);
+}
+
+void tpc_buffer_free_all(struct tp_context *ctx)
+{
+	for (size_t i = 0; i < ctx->n_bufs; i++) {
+		munmap(ctx->bufs[i]->addr, ctx->bufs[i]->size);
+		free(ctx->bufs[i]);
+	}
+	free(ctx->bufs);
+	ctx->bufs = NULL;
+	ctx->n_bufs = ctx->bufs_cap = 0;
+	tpu_list_init(&ctx->stage_pool);
+	ctx->n_pool = 0;
+}

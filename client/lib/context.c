@@ -1,0 +1,727 @@
+/* SPDX-License-Identifier: BSD-3-Clause */
+/*
+ * The context: one session with the local tpipd. Connects and says Hello (synchronously, with
+ * a deadline), then runs the library's io thread, which reads daemon frames, validates and
+ * dispatches them to the pipe, read, write, listener and buffer code, and runs completed
+ * operations' callbacks in order. Also owns the request table (Reply matching), the done queue,
+ * connection-loss handling and teardown. Building and sending requests is left to the objects
+ * that make them.
+ */
+#include <poll.h>
+#include <stdio.h>
+#include <string.h>
+#include <sys/eventfd.h>
+#include <sys/random.h>
+#include <sys/socket.h>
+#include <sys/un.h>
+#include <syslog.h>
+#include <signal.h>
+#include <time.h>
+#include "internal.h"
+
+static __thread const struct tp_context *io_thread_ctx;
+
+bool tpc_context_on_io_thread(const struct tp_context *ctx)
+{
+	return io_thread_ctx == ctx;
+}
+
+void tpc_context_wake(struct tp_context *ctx)
+{
+	uint64_t one = 1;
+
+	while (write(ctx->efd, &one, sizeof(one)) < 0 && errno == EINTR)
+		;
+}
+
+void tpc_context_log(struct tp_context *ctx, int level, const char *fmt, ...)
+{
+	tp_log_fn fn = __atomic_load_n(&ctx->log_fn, __ATOMIC_ACQUIRE);
+	void *arg = __atomic_load_n(&ctx->log_arg, __ATOMIC_ACQUIRE);
+	char line[512];
+	va_list ap;
+
+	if (!fn)
+		return;
+	va_start(ap, fmt);
+	vsnprintf(line, sizeof(line), fmt, ap);
+	va_end(ap);
+	fn(arg, level, line);
+}
+
+void tpc_deadline(struct timespec *ts, int timeout_ms)
+{
+	clock_gettime(CLOCK_MONOTONIC, ts);
+	ts->tv_sec += timeout_ms / 1000;
+	ts->tv_nsec += (long)(timeout_ms % 1000) * 1000000L;
+	if (ts->tv_nsec >= 1000000000L) {
+		ts->tv_sec++;
+		ts->tv_nsec -= 1000000000L;
+	}
+}
+
+/* ---- requests ------------------------------------------------------------------------------ */
+
+int tpc_context_req_start_locked(struct tp_context *ctx, struct tpc_req *req, tpc_reply_fn fn)
+{
+	req->id = ++ctx->next_req_id;
+	req->on_reply = fn;
+	req->done = false;
+	req->status = 0;
+	req->msg[0] = '\0';
+	return tpc_map_put(&ctx->reqs, req->id, req);
+}
+
+void tpc_context_req_done(struct tp_context *ctx, struct tpc_req *req, const Tpw__V1__Reply *r)
+{
+	if (r) {
+		req->status = tpw_status_to_errno(r->status);
+		req->result_id = r->id;
+		snprintf(req->msg, sizeof(req->msg), "%s",
+			 r->message && *r->message ? r->message : tp_strerror(req->status));
+	} else {
+		req->status = ctx->dead;
+		snprintf(req->msg, sizeof(req->msg), "%s", ctx->dead_msg);
+	}
+	req->done = true;
+	pthread_cond_broadcast(&ctx->cond);
+}
+
+int tpc_context_req_wait_locked(struct tp_context *ctx, struct tpc_req *req, int timeout_ms)
+{
+	struct timespec ts;
+
+	tpc_deadline(&ts, timeout_ms);
+	while (!req->done) {
+		if (pthread_cond_timedwait(&ctx->cond, &ctx->lock, &ts) == ETIMEDOUT && !req->done) {
+			tpc_map_del(&ctx->reqs, req->id);
+			snprintf(req->msg, sizeof(req->msg), "no answer from the daemon within %d ms",
+				 timeout_ms);
+			return -ETIMEDOUT;
+		}
+	}
+	return req->status;
+}
+
+int tpc_context_check_locked(struct tp_context *ctx)
+{
+	if (ctx->stopping)
+		return tpc_error(-ECANCELED, "the context is being freed");
+	if (ctx->dead)
+		return tpc_error_msg(ctx->dead, ctx->dead_msg);
+	return 0;
+}
+
+/* ---- operations ---------------------------------------------------------------------------- */
+
+struct tpc_op *tpc_op_new(enum tpc_op_kind kind, size_t n_copies)
+{
+	struct tpc_op *op = calloc(1, sizeof(*op) + n_copies * sizeof(struct tpc_copy));
+
+	if (!op)
+		return NULL;
+	tpu_list_init(&op->node);
+	op->kind = kind;
+	op->copies = (struct tpc_copy *)(op + 1);
+	return op;
+}
+
+void tpc_op_free(struct tpc_op *op)
+{
+	if (!op)
+		return;
+	free(op->errmsg);
+	free(op);
+}
+
+void tpc_op_complete_locked(struct tp_context *ctx, struct tpc_op *op, int status, const char *msg)
+{
+	bool was_empty = tpu_list_empty(&ctx->done);
+
+	tpu_list_remove(&op->node);
+	op->pending = false;
+	op->status = status;
+	if (status < 0 && !op->errmsg)
+		op->errmsg = strdup(msg && *msg ? msg : tp_strerror(status));
+	tpu_list_insert_tail(&ctx->done, &op->node);
+	if (was_empty && !tpc_context_on_io_thread(ctx))
+		tpc_context_wake(ctx);
+}
+
+void tpc_op_ready_locked(struct tp_context *ctx, struct tpu_list *list, struct tpc_op *op,
+			 int status, const char *msg)
+{
+	op->ready = true;
+	op->status = status;
+	if (status < 0 && !op->errmsg)
+		op->errmsg = strdup(msg && *msg ? msg : tp_strerror(status));
+	while ((op = tpu_list_first(list, struct tpc_op, node)) && op->ready)
+		tpc_op_complete_locked(ctx, op, op->status, NULL);
+}
+
+void tpc_op_cancel_locked(struct tpc_op *op)
+{
+	tpu_list_remove(&op->node);
+	tpc_op_free(op);
+}
+
+/* Runs one completed op on the io thread, no lock held. */
+static void context_run_op(struct tp_context *ctx, struct tpc_op *op)
+{
+	const char *msg = op->status < 0 ? (op->errmsg ? op->errmsg : tp_strerror(op->status)) : NULL;
+
+	switch (op->kind) {
+	case TPC_OP_WRITE:
+		tpc_buffer_stage_put(ctx, TAKE_PTR(op->stage), op->status == 0);
+		op->cb.done(op->arg, op->pipe, op->status, msg);
+		break;
+	case TPC_OP_READ:
+		for (size_t i = 0; op->status == 0 && i < op->n_copies; i++)
+			memcpy(op->copies[i].dst, (char *)op->stage->addr + op->copies[i].off,
+			       op->copies[i].len);
+		tpc_buffer_stage_put(ctx, TAKE_PTR(op->stage), op->status == 0);
+		op->cb.done(op->arg, op->pipe, op->status, msg);
+		break;
+	case TPC_OP_DESC:
+		op->cb.desc(op->arg, op->pipe, op->status, msg, op->desc ? &op->desc->pub : NULL);
+		break;
+	case TPC_OP_ACCEPT:
+		op->cb.accept(op->arg, op->listener, op->status, msg, op->accepted);
+		break;
+	case TPC_OP_PIPE_FREE:
+		pthread_mutex_lock(&ctx->lock);
+		tpc_pipe_unref_locked(op->pipe);
+		pthread_mutex_unlock(&ctx->lock);
+		return; /* embedded in the pipe */
+	case TPC_OP_LISTENER_FREE:
+		pthread_mutex_lock(&ctx->lock);
+		tpc_listener_free(op->listener);
+		pthread_mutex_unlock(&ctx->lock);
+		return; /* embedded in the listener */
+	}
+	tpc_op_free(op);
+}
+
+/* ---- connection loss ----------------------------------------------------------------------- */
+
+static void context_fail_req(void *val, void *arg)
+{
+	struct tpc_req *req = val;
+
+	req->on_reply(arg, req, NULL);
+}
+
+static void context_fail_pipe(void *val, void *arg)
+{
+	struct tp_context *ctx = arg;
+
+	tpc_pipe_fail_locked(val, ctx->dead, ctx->dead_msg);
+}
+
+/* Fails everything pending on the context with @err; lock held. */
+static void context_fail_all_locked(struct tp_context *ctx, int err, const char *msg)
+{
+	if (ctx->dead)
+		return;
+	ctx->dead = err;
+	snprintf(ctx->dead_msg, sizeof(ctx->dead_msg), "%s", msg);
+	tpc_map_drain(&ctx->reqs, context_fail_req, ctx);
+	tpc_map_drain(&ctx->pipes, context_fail_pipe, ctx);
+	tpc_listener_fail_all_locked(ctx, err, msg);
+	pthread_cond_broadcast(&ctx->cond);
+}
+
+/* ---- receiving ----------------------------------------------------------------------------- */
+
+static void context_rx_limits(struct tpw_limits *lim)
+{
+	/* The daemon is trusted to respect its own limits; only the frame bound matters here. */
+	*lim = (struct tpw_limits){
+		.frame_max = TPW_FRAME_MAX_HARD,
+		.inline_max = TPW_FRAME_MAX_HARD,
+		.segments_max = UINT32_MAX,
+		.message_bytes_max = UINT64_MAX,
+		.metadata_max = UINT32_MAX,
+	};
+}
+
+static int context_decode(const struct tpw_hdr *h, const uint8_t *body, Tpw__V1__DaemonMsg **ret,
+			  char *why, size_t why_len)
+{
+	struct tpw_limits lim;
+	Tpw__V1__DaemonMsg *m;
+	int r;
+
+	context_rx_limits(&lim);
+	r = tpw_daemon_msg_unpack(body, h->msg_len, &m);
+	if (r < 0) {
+		snprintf(why, why_len, "undecodable frame %llu", (unsigned long long)h->seq);
+		return r;
+	}
+	r = tpw_daemon_msg_validate(m, h, &lim, why, why_len);
+	if (r < 0) {
+		tpw_daemon_msg_free(m);
+		return r;
+	}
+	*ret = m;
+	return 0;
+}
+
+/* Handles one daemon message; lock held. Return: 0 or -EPROTO for a message out of place. */
+static int context_handle_locked(struct tp_context *ctx, const Tpw__V1__DaemonMsg *m,
+				 const uint8_t *tail, size_t tail_len, uint64_t *ret_reject)
+{
+	struct tpc_req *req;
+
+	switch (m->body_case) {
+	case TPW__V1__DAEMON_MSG__BODY_REPLY:
+		req = tpc_map_del(&ctx->reqs, m->reply->req_id);
+		if (req)
+			req->on_reply(ctx, req, m->reply);
+		return 0;
+	case TPW__V1__DAEMON_MSG__BODY_ACCEPTED:
+		tpc_listener_on_accepted(ctx, m->accepted, ret_reject);
+		return 0;
+	case TPW__V1__DAEMON_MSG__BODY_DESCRIPTOR:
+		tpc_read_on_descriptor(ctx, m->descriptor, tail, tail_len);
+		return 0;
+	case TPW__V1__DAEMON_MSG__BODY_WRITE_DONE:
+		tpc_write_on_done(ctx, m->write_done);
+		return 0;
+	case TPW__V1__DAEMON_MSG__BODY_READ_DONE:
+		tpc_read_on_done(ctx, m->read_done);
+		return 0;
+	case TPW__V1__DAEMON_MSG__BODY_PIPE_CLOSED:
+		tpc_pipe_on_closed(ctx, m->pipe_closed);
+		return 0;
+	case TPW__V1__DAEMON_MSG__BODY_CTL_REPLY:
+		return 0; /* not asked for by a client context */
+	default:
+		return -EPROTO;
+	}
+}
+
+static int context_dispatch(struct tp_context *ctx, const struct tpw_hdr *h, char *why,
+			    size_t why_len)
+{
+	const uint8_t *body = ctx->rbuf + ctx->rpos + TPW_HDR_SIZE;
+	Tpw__V1__DaemonMsg *m;
+	uint64_t reject = 0;
+	int r;
+
+	r = context_decode(h, body, &m, why, why_len);
+	if (r < 0)
+		return r;
+	pthread_mutex_lock(&ctx->lock);
+	r = context_handle_locked(ctx, m, body + h->msg_len, h->data_len, &reject);
+	pthread_mutex_unlock(&ctx->lock);
+	if (r < 0)
+		snprintf(why, why_len, "unexpected message type %d", (int)m->body_case);
+	tpw_daemon_msg_free(m);
+	if (reject) {
+		/* An Accepted for a listener closed meanwhile: refuse the pipe. */
+		pthread_mutex_lock(&ctx->send_lock);
+		tpc_wire_send_pipe_close(ctx, reject);
+		pthread_mutex_unlock(&ctx->send_lock);
+	}
+	return r;
+}
+
+/* Reads what the socket has and dispatches every whole frame. Return: 0 or -errno (+ @why). */
+static int context_read(struct tp_context *ctx, char *why, size_t why_len)
+{
+	struct tpw_hdr h;
+	int r;
+
+	r = tpc_wire_fill(ctx);
+	if (r == -EAGAIN)
+		return 0;
+	if (r < 0) {
+		snprintf(why, why_len, "%s", r == -ECONNRESET ? "end of stream" : tp_strerror(r));
+		return r;
+	}
+	while ((r = tpc_wire_peek(ctx, &h)) > 0) {
+		r = context_dispatch(ctx, &h, why, why_len);
+		if (r < 0)
+			return r;
+		tpc_wire_consume(ctx, &h);
+	}
+	if (r < 0)
+		snprintf(why, why_len, "bad frame header (%s)", tp_strerror(r));
+	return r;
+}
+
+static void context_on_readable(struct tp_context *ctx)
+{
+	char why[200] = "", msg[TPC_ERRMSG_MAX];
+	int r = context_read(ctx, why, sizeof(why));
+
+	if (r >= 0)
+		return;
+	snprintf(msg, sizeof(msg), "%s (%s)", TPC_CONN_LOST, why);
+	tpc_context_log(ctx, LOG_ERR, "%s", msg);
+	/* The stream cannot be trusted any more: stop reading it. */
+	shutdown(ctx->fd, SHUT_RDWR);
+	pthread_mutex_lock(&ctx->lock);
+	context_fail_all_locked(ctx, -ECONNRESET, msg);
+	pthread_mutex_unlock(&ctx->lock);
+}
+
+static void *context_io_main(void *arg)
+{
+	struct tp_context *ctx = arg;
+	struct pollfd pfd[2] = {
+		{ .fd = ctx->efd, .events = POLLIN },
+		{ .fd = ctx->fd, .events = POLLIN },
+	};
+	struct tpc_op *op;
+	uint64_t v;
+
+	io_thread_ctx = ctx;
+	pthread_mutex_lock(&ctx->lock);
+	for (;;) {
+		while ((op = tpu_list_first(&ctx->done, struct tpc_op, node))) {
+			tpu_list_remove(&op->node);
+			pthread_mutex_unlock(&ctx->lock);
+			context_run_op(ctx, op);
+			pthread_mutex_lock(&ctx->lock);
+		}
+		if (ctx->stop)
+			break;
+		nfds_t n = ctx->dead || ctx->stopping ? 1 : 2;
+		pthread_mutex_unlock(&ctx->lock);
+		if (poll(pfd, n, -1) > 0) {
+			if (pfd[0].revents && read(ctx->efd, &v, sizeof(v)) < 0)
+				v = 0;
+			if (n > 1 && pfd[1].revents)
+				context_on_readable(ctx);
+		}
+		pthread_mutex_lock(&ctx->lock);
+	}
+	pthread_mutex_unlock(&ctx->lock);
+	return NULL;
+}
+
+/* ---- session start ------------------------------------------------------------------------- */
+
+static int context_connect(struct tp_context *ctx, const char *socket_path)
+{
+	struct sockaddr_un sun = { .sun_family = AF_UNIX };
+	int r;
+
+	r = tpu_socket_path(socket_path, sun.sun_path, sizeof(sun.sun_path));
+	if (r < 0)
+		return tpc_error(r, "cannot resolve the daemon socket path: %s", tp_strerror(r));
+	ctx->fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+	if (ctx->fd < 0)
+		return tpc_error(-errno, "socket: %s", tp_strerror(-errno));
+	if (connect(ctx->fd, (struct sockaddr *)&sun, sizeof(sun)) < 0)
+		return tpc_error(-errno, "cannot connect to tpipd at %s: %s", sun.sun_path,
+				 strerror(errno));
+	ctx->efd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
+	if (ctx->efd < 0)
+		return tpc_error(-errno, "eventfd: %s", tp_strerror(-errno));
+	return tpu_fd_nonblock(ctx->fd);
+}
+
+static int context_send_hello(struct tp_context *ctx, bool no_cma)
+{
+	Tpw__V1__Hello h = TPW__V1__HELLO__INIT;
+	Tpw__V1__ClientMsg m = TPW__V1__CLIENT_MSG__INIT;
+	int r;
+
+	if (getrandom(&ctx->probe, sizeof(ctx->probe), GRND_NONBLOCK) != sizeof(ctx->probe))
+		ctx->probe = tpu_now_ns() ^ ((uint64_t)getpid() << 32);
+	h.major = TPW_PROTO_MAJOR;
+	h.minor = TPW_PROTO_MINOR;
+	h.role = TPW__V1__ROLE__ROLE_CLIENT;
+	h.name = ctx->name;
+	h.cma_probe_addr = no_cma ? 0 : (uint64_t)(uintptr_t)&ctx->probe;
+	h.cma_probe_value = ctx->probe;
+	m.body_case = TPW__V1__CLIENT_MSG__BODY_HELLO;
+	m.hello = &h;
+	pthread_mutex_lock(&ctx->send_lock);
+	r = tpc_wire_send(ctx, &m, NULL, 0, -EBADF);
+	pthread_mutex_unlock(&ctx->send_lock);
+	return r < 0 ? tpc_error(r, "cannot send Hello: %s", tp_strerror(r)) : 0;
+}
+
+/* Waits for one whole frame with a deadline (before the io thread exists). */
+static int context_wait_frame(struct tp_context *ctx, uint64_t deadline_ns, struct tpw_hdr *ret)
+{
+	struct pollfd pfd = { .fd = ctx->fd, .events = POLLIN };
+	int r;
+
+	while ((r = tpc_wire_peek(ctx, ret)) == 0) {
+		uint64_t now = tpu_now_ns();
+
+		if (now >= deadline_ns)
+			return tpc_error(-ETIMEDOUT, "no HelloReply from the daemon");
+		r = poll(&pfd, 1, (int)((deadline_ns - now) / 1000000 + 1));
+		if (r < 0 && errno != EINTR)
+			return tpc_error(-errno, "poll: %s", tp_strerror(-errno));
+		r = tpc_wire_fill(ctx);
+		if (r < 0 && r != -EAGAIN)
+			return tpc_error(r, "%s before HelloReply", TPC_CONN_LOST);
+	}
+	return r < 0 ? tpc_error(r, "bad frame header from the daemon") : 0;
+}
+
+static void context_set_limits(struct tp_context *ctx, const Tpw__V1__Limits *l, size_t eager)
+{
+	struct tpc_limits *lim = &ctx->lim;
+
+	*lim = (struct tpc_limits){
+		.frame_max = TPW_DEFAULT_FRAME_MAX,
+		.inline_max = TPW_DEFAULT_INLINE_MAX,
+		.segments_max = TPW_DEFAULT_SEGMENTS_MAX,
+		.message_bytes_max = TPW_DEFAULT_MESSAGE_BYTES_MAX,
+		.metadata_max = TPW_DEFAULT_METADATA_MAX,
+	};
+	if (l) {
+		lim->frame_max = l->frame_max ? TPU_MIN(l->frame_max, TPW_FRAME_MAX_HARD) : lim->frame_max;
+		lim->inline_max = l->inline_max ? l->inline_max : lim->inline_max;
+		lim->segments_max = l->segments_max ? l->segments_max : lim->segments_max;
+		if (l->message_bytes_max)
+			lim->message_bytes_max = l->message_bytes_max;
+		lim->metadata_max = l->metadata_max ? l->metadata_max : lim->metadata_max;
+		lim->buffers_max = l->buffers_max;
+		lim->buffer_bytes_max = l->buffer_bytes_max;
+		lim->pipes_max = l->pipes_max;
+	}
+	lim->inline_max = TPU_MIN(lim->inline_max, lim->frame_max);
+	ctx->eager_max = TPU_MIN(eager ? eager : TPC_EAGER_DEFAULT, (size_t)lim->inline_max);
+}
+
+static int context_hello(struct tp_context *ctx, const struct tp_context_options *o)
+{
+	Tpw__V1__DaemonMsg *m;
+	const Tpw__V1__HelloReply *hr;
+	struct tpw_hdr h;
+	char why[160];
+	int r;
+
+	r = context_send_hello(ctx, o->flags & TP_CONTEXT_NO_CMA);
+	if (r == 0)
+		r = context_wait_frame(ctx, tpu_now_ns() + TPC_HELLO_TIMEOUT_MS * 1000000ull, &h);
+	if (r < 0)
+		return r;
+	r = context_decode(&h, ctx->rbuf + ctx->rpos + TPW_HDR_SIZE, &m, why, sizeof(why));
+	if (r < 0)
+		return tpc_error(-EPROTO, "bad HelloReply: %s", why);
+	tpc_wire_consume(ctx, &h);
+	hr = m->hello_reply;
+	if (m->body_case != TPW__V1__DAEMON_MSG__BODY_HELLO_REPLY)
+		r = tpc_error(-EPROTO, "daemon answered Hello with message type %d",
+			      (int)m->body_case);
+	else if (hr->status != TPW__V1__STATUS__STATUS_OK || hr->major != TPW_PROTO_MAJOR)
+		r = tpc_error(hr->status == TPW__V1__STATUS__STATUS_OK ? -EPROTONOSUPPORT
+								       : tpw_status_to_errno(hr->status),
+			      "daemon refused the session: %s (daemon protocol %u.%u)",
+			      hr->message && *hr->message ? hr->message : tpw_status_name(hr->status),
+			      hr->major, hr->minor);
+	if (r == 0) {
+		ctx->session_id = hr->session_id;
+		ctx->cma_ok = hr->cma_ok && !(o->flags & TP_CONTEXT_NO_CMA);
+		context_set_limits(ctx, hr->limits, o->eager_max);
+	}
+	tpw_daemon_msg_free(m);
+	return r;
+}
+
+static char *context_default_name(void)
+{
+	char comm[64] = "", *name;
+	FILE *f = fopen("/proc/self/comm", "re");
+
+	if (f) {
+		if (!fgets(comm, sizeof(comm), f))
+			comm[0] = '\0';
+		fclose(f);
+	}
+	comm[strcspn(comm, "\n")] = '\0';
+	if (asprintf(&name, "%s:%d", *comm ? comm : program_invocation_short_name,
+		     (int)getpid()) < 0)
+		return NULL;
+	return name;
+}
+
+static int context_start_thread(struct tp_context *ctx)
+{
+	sigset_t all, old;
+	int r;
+
+	/* The io thread takes no signals: they belong to the application's threads. */
+	sigfillset(&all);
+	pthread_sigmask(SIG_SETMASK, &all, &old);
+	r = -pthread_create(&ctx->thread, NULL, context_io_main, ctx);
+	pthread_sigmask(SIG_SETMASK, &old, NULL);
+	if (r < 0)
+		return tpc_error(r, "cannot start the library thread: %s", tp_strerror(r));
+	ctx->thread_started = true;
+	return 0;
+}
+
+static struct tp_context *context_alloc(void)
+{
+	struct tp_context *ctx = calloc(1, sizeof(*ctx));
+	pthread_condattr_t ca;
+
+	if (!ctx)
+		return NULL;
+	ctx->fd = ctx->efd = -EBADF;
+	pthread_mutex_init(&ctx->send_lock, NULL);
+	pthread_mutex_init(&ctx->lock, NULL);
+	pthread_condattr_init(&ca);
+	pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
+	pthread_cond_init(&ctx->cond, &ca);
+	pthread_condattr_destroy(&ca);
+	tpu_list_init(&ctx->all_pipes);
+	tpu_list_init(&ctx->listeners);
+	tpu_list_init(&ctx->done);
+	tpu_list_init(&ctx->stage_pool);
+	return ctx;
+}
+
+TP_EXPORT int tp_context_new(const struct tp_context_options *opts, struct tp_context **ret)
+{
+	struct tp_context_options o = { .size = sizeof(o) };
+	struct tp_context *ctx;
+	int r;
+
+	if (!ret)
+		return tpc_error(-EINVAL, "no place for the context");
+	if (opts) {
+		if (opts->size == 0)
+			return tpc_error(-EINVAL, "tp_context_options.size is not set");
+		memcpy(&o, opts, TPU_MIN(opts->size, sizeof(o)));
+	}
+	if (o.name && (!*o.name || strlen(o.name) > TPW_NAME_MAX))
+		return tpc_error(-EINVAL, "context name must be 1..%d bytes", TPW_NAME_MAX);
+	ctx = context_alloc();
+	if (!ctx)
+		return tpc_error(-ENOMEM, "out of memory");
+	ctx->name = o.name ? strdup(o.name) : context_default_name();
+	r = ctx->name ? 0 : tpc_error(-ENOMEM, "out of memory");
+	if (r == 0)
+		r = context_connect(ctx, o.socket_path);
+	if (r == 0)
+		r = context_hello(ctx, &o);
+	if (r == 0)
+		r = context_start_thread(ctx);
+	if (r < 0) {
+		char saved[TPC_ERRMSG_MAX];
+
+		snprintf(saved, sizeof(saved), "%s", tp_last_error());
+		tp_context_free(ctx);
+		return tpc_error_msg(r, saved);
+	}
+	*ret = ctx;
+	return 0;
+}
+
+/* ---- teardown ------------------------------------------------------------------------------ */
+
+static void context_collect_id(void *val, void *arg)
+{
+	struct tp_pipe *p = val;
+	uint64_t **cur = arg;
+
+	*(*cur)++ = p->id;
+}
+
+/* Cancels everything and tells the daemon which pipes and listeners close. */
+static void context_shutdown(struct tp_context *ctx)
+{
+	uint64_t *ids = NULL, *cur = NULL;
+	size_t n = 0;
+	struct tp_listener *l;
+
+	pthread_mutex_lock(&ctx->send_lock);
+	pthread_mutex_lock(&ctx->lock);
+	ctx->stopping = true;
+	if (!ctx->dead) {
+		tpu_list_for_each(l, &ctx->listeners, link)
+			n++;
+		ids = malloc((ctx->pipes.n + n + 1) * sizeof(*ids));
+	}
+	n = 0;
+	if (ids) {
+		cur = ids;
+		tpu_list_for_each(l, &ctx->listeners, link)
+			if (!l->closed)
+				*cur++ = l->id;
+		n = (size_t)(cur - ids);
+		for (size_t i = 0; i < ctx->pipes.cap; i++)
+			if (ctx->pipes.keys[i])
+				context_collect_id(ctx->pipes.vals[i], &cur);
+	}
+	context_fail_all_locked(ctx, -ECANCELED, "canceled: the context is being freed");
+	pthread_mutex_unlock(&ctx->lock);
+	for (size_t i = 0; ids && i < n; i++) {
+		Tpw__V1__ListenerClose lc = TPW__V1__LISTENER_CLOSE__INIT;
+		Tpw__V1__ClientMsg m = TPW__V1__CLIENT_MSG__INIT;
+
+		lc.listener_id = ids[i];
+		m.body_case = TPW__V1__CLIENT_MSG__BODY_LISTENER_CLOSE;
+		m.listener_close = &lc;
+		tpc_wire_send(ctx, &m, NULL, 0, -EBADF);
+	}
+	for (uint64_t *p = ids ? ids + n : NULL; p && p < cur; p++)
+		tpc_wire_send_pipe_close(ctx, *p);
+	pthread_mutex_unlock(&ctx->send_lock);
+	free(ids);
+}
+
+TP_EXPORT void tp_context_free(struct tp_context *ctx)
+{
+	if (!ctx)
+		return;
+	if (tpc_context_on_io_thread(ctx)) {
+		/* Joining ourselves would hang: refuse (and leak) instead. */
+		tpc_error(-EDEADLK, "tp_context_free() called from a callback");
+		return;
+	}
+	if (ctx->thread_started) {
+		context_shutdown(ctx);
+		pthread_mutex_lock(&ctx->lock);
+		ctx->stop = true;
+		pthread_mutex_unlock(&ctx->lock);
+		tpc_context_wake(ctx);
+		pthread_join(ctx->thread, NULL);
+	}
+	tpc_pipe_free_all(ctx); /* first: backlog pipes are linked into their listener */
+	tpc_listener_free_all(ctx);
+	tpc_buffer_free_all(ctx);
+	tpc_map_done(&ctx->pipes);
+	tpc_map_done(&ctx->reqs);
+	tpu_close(ctx->fd);
+	tpu_close(ctx->efd);
+	pthread_cond_destroy(&ctx->cond);
+	pthread_mutex_destroy(&ctx->lock);
+	pthread_mutex_destroy(&ctx->send_lock);
+	free(ctx->sbuf);
+	free(ctx->siov);
+	free(ctx->rbuf);
+	free(ctx->name);
+	free(ctx);
+}
+
+TP_EXPORT const char *tp_context_name(const struct tp_context *ctx)
+{
+	return ctx ? ctx->name : "";
+}
+
+TP_EXPORT bool tp_context_cma_ok(const struct tp_context *ctx)
+{
+	return ctx && ctx->cma_ok;
+}
+
+TP_EXPORT void tp_context_set_log(struct tp_context *ctx, tp_log_fn fn, void *arg)
+{
+	if (!ctx)
+		return;
+	__atomic_store_n(&ctx->log_fn, NULL, __ATOMIC_RELEASE);
+	__atomic_store_n(&ctx->log_arg, arg, __ATOMIC_RELEASE);
+	__atomic_store_n(&ctx->log_fn, fn, __ATOMIC_RELEASE);
+}

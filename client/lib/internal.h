@@ -1,0 +1,362 @@
+/* SPDX-License-Identifier: BSD-3-Clause */
+/*
+ * libtpclient internals shared by the files of client/lib: the context, pipe, listener,
+ * operation, descriptor and shared-buffer objects and the functions each file offers the
+ * others. Nothing here is installed or exported; every name starts with tpc_ (never tp_, which
+ * the version script exports).
+ *
+ * Threads and locks. Each context has one library thread (the "io thread") that reads daemon
+ * frames, updates state and runs every callback. Two locks:
+ *   - send_lock serialises writes to the socket and everything that must reach the daemon in the
+ *     order it was decided (ids, msg_id order of reads). Taken first.
+ *   - lock guards all object state (maps, lists, pipe states, the done queue, buffers).
+ * The socket is never written while holding lock, so the io thread can always keep reading
+ * while another thread waits for socket space. Callbacks run with no lock held.
+ * Functions named *_locked expect lock held; "send_lock held" is stated where it applies.
+ */
+#ifndef TPC_INTERNAL_H
+#define TPC_INTERNAL_H
+
+#include <pthread.h>
+#include <stdarg.h>
+#include <sys/uio.h>
+#include "tpclient.h"
+#include "frame.h"
+#include "validate.h"
+#include "tpu.h"
+
+#define TP_EXPORT __attribute__((visibility("default")))
+
+#define TPC_HELLO_TIMEOUT_MS 10000 /* HelloReply deadline in tp_context_new() */
+#define TPC_REPLY_TIMEOUT_MS 10000 /* Reply deadline for Listen and BufferRegister */
+#define TPC_EAGER_DEFAULT (64u << 10)
+#define TPC_INLINE_SMALL 4096u	 /* segments up to this size ride inline in rendezvous writes */
+#define TPC_ERRMSG_MAX 256
+#define TPC_CONN_LOST "daemon connection lost"
+
+/* ---- id map: uint64 key (never 0) -> pointer, open addressing ----------------------------- */
+
+struct tpc_map {
+	uint64_t *keys;
+	void **vals;
+	size_t cap; /* power of two, or 0 */
+	size_t n;
+};
+
+/* Files @val under @key (borrowed). Return: 0, -EEXIST, -ENOMEM. */
+int tpc_map_put(struct tpc_map *m, uint64_t key, void *val);
+/* Return: the value under @key, or NULL. */
+void *tpc_map_get(const struct tpc_map *m, uint64_t key);
+/* Removes @key. Return: its value, or NULL if absent. */
+void *tpc_map_del(struct tpc_map *m, uint64_t key);
+/* Removes every entry, calling @fn on each value (which may not touch @m). */
+void tpc_map_drain(struct tpc_map *m, void (*fn)(void *val, void *arg), void *arg);
+/* Frees the table (not the values). */
+void tpc_map_done(struct tpc_map *m);
+
+/* ---- requests answered by Reply ------------------------------------------------------------ */
+
+struct tpc_req;
+/* Called with lock held by the io thread; @r is NULL when the connection was lost. */
+typedef void (*tpc_reply_fn)(struct tp_context *ctx, struct tpc_req *req, const Tpw__V1__Reply *r);
+
+struct tpc_req {
+	uint64_t id;
+	tpc_reply_fn on_reply;
+	bool done;
+	int status;
+	uint64_t result_id;
+	char msg[TPC_ERRMSG_MAX];
+};
+
+/* ---- operations: pending on a pipe or listener, then queued for their callback ------------- */
+
+enum tpc_op_kind {
+	TPC_OP_WRITE,
+	TPC_OP_READ,
+	TPC_OP_DESC,
+	TPC_OP_ACCEPT,
+	TPC_OP_PIPE_FREE,     /* drop the user's reference after the pipe's callbacks */
+	TPC_OP_LISTENER_FREE, /* free a closed listener after its callbacks */
+};
+
+struct tpc_copy { /* a staged read segment: stage + off -> dst after ReadDone */
+	void *dst;
+	size_t off;
+	size_t len;
+};
+
+struct tpc_desc;
+struct tpc_buf;
+
+struct tpc_op {
+	struct tpu_list node; /* owner's pending list, then ctx->done */
+	enum tpc_op_kind kind;
+	bool pending;
+	bool ready; /* result known, waiting for earlier ops of its list */
+	int status;
+	char *errmsg; /* owned; NULL when status == 0 */
+	union {
+		tp_done_fn done;
+		tp_descriptor_fn desc;
+		tp_accept_fn accept;
+	} cb;
+	void *arg;
+	struct tp_pipe *pipe;
+	struct tp_listener *listener;
+	uint64_t id;		  /* write_id or msg_id */
+	struct tpc_desc *desc;	  /* TPC_OP_DESC result */
+	struct tp_pipe *accepted; /* TPC_OP_ACCEPT result */
+	struct tpc_buf *stage;	  /* staging buffer, released after the callback */
+	size_t n_copies;
+	struct tpc_copy *copies; /* allocated with the op */
+};
+
+/* ---- shared buffers ------------------------------------------------------------------------ */
+
+struct tpc_buf {
+	void *addr;
+	size_t size; /* mapped and registered bytes (page multiple) */
+	uint64_t id;
+	uint64_t gen;
+	bool staging;
+	bool failed; /* the daemon refused the registration */
+	struct tpc_req req;
+	struct tpu_list pool_link;
+};
+
+/* ---- context ------------------------------------------------------------------------------- */
+
+struct tpc_limits {
+	uint32_t frame_max;
+	uint32_t inline_max;
+	uint32_t segments_max;
+	uint64_t message_bytes_max;
+	uint32_t metadata_max;
+	uint32_t buffers_max; /* 0: no limit announced */
+	uint64_t buffer_bytes_max;
+	uint32_t pipes_max;
+};
+
+struct tp_context {
+	pthread_mutex_t send_lock;
+	pthread_mutex_t lock;
+	pthread_cond_t cond; /* replies, connect results, connection loss */
+	int fd;
+	int efd; /* eventfd: wakes the io thread */
+	pthread_t thread;
+	bool thread_started;
+	char *name;
+	uint64_t probe; /* CMA probe word, read by the daemon during Hello */
+	bool cma_ok;
+	size_t eager_max;
+	struct tpc_limits lim;
+	uint64_t session_id;
+	tp_log_fn log_fn;
+	void *log_arg;
+
+	/* send_lock */
+	uint64_t seq;
+	uint8_t *sbuf;
+	size_t sbuf_cap;
+	struct iovec *siov;
+	size_t siov_cap;
+
+	/* io thread only (and tp_context_new before it starts) */
+	uint8_t *rbuf;
+	size_t rpos; /* start of the first unconsumed frame */
+	size_t rlen; /* end of the received bytes */
+	size_t rcap;
+
+	/* lock */
+	int dead; /* 0, or -errno once the daemon connection is gone */
+	char dead_msg[TPC_ERRMSG_MAX];
+	bool stopping; /* tp_context_free() started: new operations are refused */
+	bool stop;     /* the io thread exits once the done queue is empty */
+	uint64_t next_pipe_id;
+	uint64_t next_req_id;
+	uint64_t next_buf_id;
+	struct tpc_map pipes; /* pipes the daemon still knows: id -> pipe */
+	struct tpc_map reqs;  /* req_id -> struct tpc_req */
+	struct tpu_list all_pipes;
+	struct tpu_list listeners;
+	struct tpu_list done; /* completed ops, run in order by the io thread */
+	struct tpc_buf **bufs; /* sorted by address */
+	size_t n_bufs;
+	size_t bufs_cap;
+	uint64_t buf_bytes;
+	struct tpu_list stage_pool;
+	size_t n_pool;
+};
+
+/* ---- pipes, descriptors, listeners --------------------------------------------------------- */
+
+enum tpc_pipe_state {
+	TPC_PIPE_CONNECTING,
+	TPC_PIPE_OPEN,
+	TPC_PIPE_FAILED, /* connect refused; PipeClosed still to come */
+	TPC_PIPE_CLOSED, /* PipeClosed received or daemon connection lost: the daemon forgot it */
+};
+
+struct tp_pipe {
+	struct tp_context *ctx;
+	uint64_t id;
+	enum tpc_pipe_state state;
+	bool user_closed; /* tp_pipe_close() called: the daemon forgot it too */
+	int refs;	  /* the user's handle + descriptors the user holds */
+	int connect_status; /* 1 while connecting, then 0 or -errno */
+	int err;	    /* why the pipe is unusable (first cause) */
+	char *errmsg;
+	char *remote_name;
+	struct tpc_req connect_req;
+	uint64_t next_write_id;
+	struct tpu_list writes;	   /* pending write ops, write order */
+	struct tpu_list reads;	   /* pending read ops, msg_id order */
+	struct tpu_list desc_reqs; /* pending read_descriptor ops */
+	struct tpu_list descs;	   /* descriptors not yet handed out */
+	struct tpu_list held;	   /* descriptors the user holds, msg_id order */
+	struct tpu_list ctx_link;
+	struct tpu_list backlog_link; /* in a listener's backlog until accepted */
+	struct tpc_op free_op;
+};
+
+struct tpc_desc {
+	struct tp_descriptor pub;
+	struct tp_pipe *pipe;
+	uint64_t msg_id;
+	bool eager;
+	bool dropped; /* freed by the user out of order: discard when its turn comes */
+	struct tpu_list node;
+	const uint8_t *data; /* eager bytes: payloads then tensors */
+	size_t data_len;
+};
+
+struct tp_listener {
+	struct tp_context *ctx;
+	uint64_t id;
+	char *name;
+	bool closed;
+	bool user_closed;
+	int err; /* why accepts fail (closed, connection lost) */
+	struct tpc_req req;
+	struct tpu_list link;	 /* ctx->listeners */
+	struct tpu_list accepts; /* pending accept ops */
+	struct tpu_list backlog; /* accepted pipes not yet handed out */
+	struct tpc_op free_op;
+};
+
+/* ---- context.c ----------------------------------------------------------------------------- */
+
+/* True when called on @ctx's library thread (inside a callback or a frame handler). */
+bool tpc_context_on_io_thread(const struct tp_context *ctx);
+/* Wakes the io thread (eventfd). */
+void tpc_context_wake(struct tp_context *ctx);
+/* Passes a line to the opt-in log handler, if any; @level is a syslog level. */
+void tpc_context_log(struct tp_context *ctx, int level, const char *fmt, ...) _printf_(3, 4);
+/* Assigns a req id and files @req; lock held. */
+int tpc_context_req_start_locked(struct tp_context *ctx, struct tpc_req *req, tpc_reply_fn fn);
+/* Waits for @req (lock held, dropped while waiting). Return: req status, -ETIMEDOUT, dead err. */
+int tpc_context_req_wait_locked(struct tp_context *ctx, struct tpc_req *req, int timeout_ms);
+/* A tpc_reply_fn that records the result in @req and wakes waiters. */
+void tpc_context_req_done(struct tp_context *ctx, struct tpc_req *req, const Tpw__V1__Reply *r);
+/* Returns 0 if the context accepts new operations, else -errno (message set). Lock held. */
+int tpc_context_check_locked(struct tp_context *ctx);
+/* Allocates an op of @kind with room for @n_copies copies. Return: op or NULL. */
+struct tpc_op *tpc_op_new(enum tpc_op_kind kind, size_t n_copies);
+/* Frees @op and its message. Accepts NULL. */
+void tpc_op_free(struct tpc_op *op);
+/* Moves a pending op to the done queue with @status and @msg (NULL: tp_strerror). Lock held. */
+void tpc_op_complete_locked(struct tp_context *ctx, struct tpc_op *op, int status, const char *msg);
+/*
+ * Records the result of @op, pending on the in-order @list, then completes the ops at the head
+ * of @list whose results are known, so callbacks keep the list's order. Lock held.
+ */
+void tpc_op_ready_locked(struct tp_context *ctx, struct tpu_list *list, struct tpc_op *op,
+			 int status, const char *msg);
+/* Unlinks and frees a pending @op: its callback will not run. Lock held. */
+void tpc_op_cancel_locked(struct tpc_op *op);
+/* Absolute CLOCK_MONOTONIC deadline for pthread_cond_timedwait, @timeout_ms >= 0. */
+void tpc_deadline(struct timespec *ts, int timeout_ms);
+
+/* ---- wire.c -------------------------------------------------------------------------------- */
+
+/* Sends @m plus @data as one frame (+ @fd by SCM_RIGHTS if >= 0); send_lock held. */
+int tpc_wire_send(struct tp_context *ctx, Tpw__V1__ClientMsg *m, const struct iovec *data,
+		  size_t n_data, int fd);
+/* Reads once into the receive buffer (io thread). Return: bytes, -EAGAIN, -ECONNRESET at EOF, -errno. */
+int tpc_wire_fill(struct tp_context *ctx);
+/* Return: 1 and the header if a whole frame is buffered, 0 if not yet, -errno if malformed. */
+int tpc_wire_peek(struct tp_context *ctx, struct tpw_hdr *ret);
+/* Drops the frame @h (the one tpc_wire_peek() returned) from the receive buffer. */
+void tpc_wire_consume(struct tp_context *ctx, const struct tpw_hdr *h);
+/* Sends a message without data; send_lock held. */
+int tpc_wire_send_pipe_close(struct tp_context *ctx, uint64_t pipe_id);
+
+/* ---- pipe.c -------------------------------------------------------------------------------- */
+
+/* A pipe with one reference (the user's), filed in ctx->all_pipes; lock held. */
+struct tp_pipe *tpc_pipe_new(struct tp_context *ctx, uint64_t id);
+/* Local close: cancels pending ops, forgets the id. Return: true if PipeClose must be sent. */
+bool tpc_pipe_close_locked(struct tp_pipe *p);
+/* Returns 0 if operations may be started on @p, else its error (message set). Lock held. */
+int tpc_pipe_check_locked(struct tp_pipe *p);
+/* True while the daemon knows the pipe (frames about it may be sent). Lock held. */
+bool tpc_pipe_at_daemon(const struct tp_pipe *p);
+/* Drops a reference; the last one frees @p and its descriptors. Lock held. */
+void tpc_pipe_unref_locked(struct tp_pipe *p);
+/* Marks @p closed with @err and fails its pending operations; lock held. */
+void tpc_pipe_fail_locked(struct tp_pipe *p, int err, const char *msg);
+/* Handlers of daemon events, called by the io thread with lock held. */
+void tpc_pipe_on_closed(struct tp_context *ctx, const Tpw__V1__PipeClosed *m);
+/* Frees every pipe (context teardown, io thread stopped). */
+void tpc_pipe_free_all(struct tp_context *ctx);
+
+/* ---- write.c / read.c ---------------------------------------------------------------------- */
+
+/* Handlers of daemon events, called by the io thread with lock held. @tail is borrowed. */
+void tpc_write_on_done(struct tp_context *ctx, const Tpw__V1__WriteDone *m);
+void tpc_read_on_descriptor(struct tp_context *ctx, const Tpw__V1__Descriptor *m,
+			    const uint8_t *tail, size_t tail_len);
+void tpc_read_on_done(struct tp_context *ctx, const Tpw__V1__ReadDone *m);
+/* Hands queued descriptors to pending read_descriptor calls; lock held. */
+void tpc_read_match_locked(struct tp_pipe *p);
+/* tp_pipe_read_descriptor() that also returns the op (borrowed, valid while it is pending). */
+int tpc_read_descriptor_start(struct tp_pipe *p, tp_descriptor_fn cb, void *arg,
+			      struct tpc_op **ret_op);
+/* Unlinks and frees a descriptor without telling the daemon. Accepts NULL. */
+void tpc_read_desc_free(struct tpc_desc *d);
+
+/* ---- listener.c ---------------------------------------------------------------------------- */
+
+/* Accepted event (lock held). *ret_reject: a pipe id to refuse with PipeClose after unlock. */
+void tpc_listener_on_accepted(struct tp_context *ctx, const Tpw__V1__Accepted *m,
+			      uint64_t *ret_reject);
+/* Fails pending accepts with @err (connection loss, context teardown); lock held. */
+void tpc_listener_fail_all_locked(struct tp_context *ctx, int err, const char *msg);
+/* Frees every listener (context teardown, io thread stopped). */
+void tpc_listener_free_all(struct tp_context *ctx);
+/* tp_listener_accept() that also returns the op (borrowed, valid while it is pending). */
+int tpc_listener_accept_start(struct tp_listener *l, tp_accept_fn cb, void *arg,
+			      struct tpc_op **ret_op);
+/* Unlinks and frees @l (lock held, or teardown). Accepts NULL. */
+void tpc_listener_free(struct tp_listener *l);
+
+/* ---- buffer.c ------------------------------------------------------------------------------ */
+
+/* Finds the registered (non-staging) buffer holding [ptr, ptr+len); lock held. */
+struct tpc_buf *tpc_buffer_lookup_locked(struct tp_context *ctx, const void *ptr, size_t len);
+/* A registered staging buffer of >= @size bytes; send_lock held, lock not held. */
+int tpc_buffer_stage_get(struct tp_context *ctx, size_t size, struct tpc_buf **ret);
+/* Returns a staging buffer (to the pool if @reuse); no lock held. Accepts NULL. */
+void tpc_buffer_stage_put(struct tp_context *ctx, struct tpc_buf *b, bool reuse);
+/* Unmaps every buffer (context teardown). */
+void tpc_buffer_free_all(struct tp_context *ctx);
+
+/* ---- errors.c ------------------------------------------------------------------------------ */
+
+/* Records a message for tp_last_error() on this thread and returns @err. */
+int tpc_error(int err, const char *fmt, ...) _printf_(2, 3);
+/* Records @msg (or tp_strerror(@err) if NULL) and returns @err. */
+int tpc_error_msg(int err, const char *msg);
+
+#endif

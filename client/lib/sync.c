@@ -1,0 +1,215 @@
+/* SPDX-License-Identifier: BSD-3-Clause */
+/*
+ * Blocking convenience calls built on the asynchronous ones: each starts the operation with a
+ * callback that fills a waiter on the caller's stack and waits for it. A wait that times out
+ * takes its operation back if it is still pending, so no callback can touch the waiter after
+ * the call returns. They refuse to run on the library thread (-EDEADLK).
+ */
+#include <stdio.h>
+#include <string.h>
+#include "internal.h"
+
+struct sync_waiter {
+	pthread_mutex_t m;
+	pthread_cond_t c;
+	bool done;
+	int status;
+	char msg[TPC_ERRMSG_MAX];
+	struct tp_descriptor *desc;
+	struct tp_pipe *pipe;
+};
+
+static void sync_init(struct sync_waiter *w)
+{
+	pthread_condattr_t ca;
+
+	memset(w, 0, sizeof(*w));
+	pthread_mutex_init(&w->m, NULL);
+	pthread_condattr_init(&ca);
+	pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
+	pthread_cond_init(&w->c, &ca);
+	pthread_condattr_destroy(&ca);
+}
+
+static void sync_done(struct sync_waiter *w)
+{
+	pthread_cond_destroy(&w->c);
+	pthread_mutex_destroy(&w->m);
+}
+
+static void sync_signal(struct sync_waiter *w, int status, const char *errmsg)
+{
+	pthread_mutex_lock(&w->m);
+	w->status = status;
+	if (status < 0)
+		snprintf(w->msg, sizeof(w->msg), "%s", errmsg ? errmsg : tp_strerror(status));
+	w->done = true;
+	pthread_cond_signal(&w->c);
+	pthread_mutex_unlock(&w->m);
+}
+
+static void sync_on_done(void *arg, struct tp_pipe *p, int status, const char *errmsg)
+{
+	sync_signal(arg, status, errmsg);
+}
+
+static void sync_on_desc(void *arg, struct tp_pipe *p, int status, const char *errmsg,
+			 struct tp_descriptor *d)
+{
+	struct sync_waiter *w = arg;
+
+	pthread_mutex_lock(&w->m);
+	w->desc = d;
+	pthread_mutex_unlock(&w->m);
+	sync_signal(w, status, errmsg);
+}
+
+static void sync_on_accept(void *arg, struct tp_listener *l, int status, const char *errmsg,
+			   struct tp_pipe *pipe)
+{
+	struct sync_waiter *w = arg;
+
+	pthread_mutex_lock(&w->m);
+	w->pipe = pipe;
+	pthread_mutex_unlock(&w->m);
+	sync_signal(w, status, errmsg);
+}
+
+/* Waits for the callback. Return: true if it ran, false on timeout. */
+static bool sync_wait(struct sync_waiter *w, int timeout_ms)
+{
+	struct timespec ts;
+	bool done;
+
+	if (timeout_ms >= 0)
+		tpc_deadline(&ts, timeout_ms);
+	pthread_mutex_lock(&w->m);
+	while (!w->done) {
+		if (timeout_ms < 0)
+			pthread_cond_wait(&w->c, &w->m);
+		else if (pthread_cond_timedwait(&w->c, &w->m, &ts) == ETIMEDOUT)
+			break;
+	}
+	done = w->done;
+	pthread_mutex_unlock(&w->m);
+	return done;
+}
+
+/*
+ * Waits up to @timeout_ms; on timeout cancels @op if it is still pending. Holding w->m while
+ * looking at @op is safe: its callback needs w->m before the op can be freed.
+ */
+static int sync_wait_or_cancel(struct tp_context *ctx, struct sync_waiter *w, struct tpc_op *op,
+			       int timeout_ms)
+{
+	bool canceled = false;
+
+	if (sync_wait(w, timeout_ms))
+		return w->status;
+	pthread_mutex_lock(&ctx->lock);
+	pthread_mutex_lock(&w->m);
+	if (!w->done && op->pending) {
+		tpc_op_cancel_locked(op);
+		canceled = true;
+	}
+	pthread_mutex_unlock(&w->m);
+	pthread_mutex_unlock(&ctx->lock);
+	if (canceled)
+		return -ETIMEDOUT;
+	sync_wait(w, -1); /* already completed: its callback is on its way */
+	return w->status;
+}
+
+TP_EXPORT int tp_pipe_write_sync(struct tp_pipe *p, const struct tp_message *msg)
+{
+	struct sync_waiter w;
+	int r;
+
+	if (!p)
+		return tpc_error(-EINVAL, "no pipe");
+	if (tpc_context_on_io_thread(p->ctx))
+		return tpc_error(-EDEADLK, "tp_pipe_write_sync() called from a callback");
+	sync_init(&w);
+	r = tp_pipe_write(p, msg, sync_on_done, &w);
+	if (r == 0) {
+		sync_wait(&w, -1);
+		r = w.status;
+		if (r < 0)
+			tpc_error_msg(r, w.msg);
+	}
+	sync_done(&w);
+	return r;
+}
+
+TP_EXPORT int tp_pipe_read_descriptor_sync(struct tp_pipe *p, int timeout_ms,
+					   struct tp_descriptor **ret)
+{
+	struct sync_waiter w;
+	struct tpc_op *op;
+	int r;
+
+	if (!p || !ret)
+		return tpc_error(-EINVAL, "missing pipe or result pointer");
+	if (tpc_context_on_io_thread(p->ctx))
+		return tpc_error(-EDEADLK, "tp_pipe_read_descriptor_sync() called from a callback");
+	sync_init(&w);
+	r = tpc_read_descriptor_start(p, sync_on_desc, &w, &op);
+	if (r == 0) {
+		r = sync_wait_or_cancel(p->ctx, &w, op, timeout_ms);
+		if (r == -ETIMEDOUT && !w.done)
+			tpc_error(r, "no message within %d ms", timeout_ms);
+		else if (r < 0)
+			tpc_error_msg(r, w.msg);
+		else
+			*ret = w.desc;
+	}
+	sync_done(&w);
+	return r;
+}
+
+TP_EXPORT int tp_pipe_read_sync(struct tp_pipe *p, struct tp_descriptor *d,
+				const struct tp_allocation *alloc)
+{
+	struct sync_waiter w;
+	int r;
+
+	if (p && tpc_context_on_io_thread(p->ctx)) {
+		tp_descriptor_free(d);
+		return tpc_error(-EDEADLK, "tp_pipe_read_sync() called from a callback");
+	}
+	sync_init(&w);
+	r = tp_pipe_read(p, d, alloc, sync_on_done, &w);
+	if (r == 0) {
+		sync_wait(&w, -1);
+		r = w.status;
+		if (r < 0)
+			tpc_error_msg(r, w.msg);
+	}
+	sync_done(&w);
+	return r;
+}
+
+TP_EXPORT int tp_listener_accept_sync(struct tp_listener *l, int timeout_ms, struct tp_pipe **ret)
+{
+	struct sync_waiter w;
+	struct tpc_op *op;
+	int r;
+
+	if (!l || !ret)
+		return tpc_error(-EINVAL, "missing listener or result pointer");
+	if (tpc_context_on_io_thread(l->ctx))
+		return tpc_error(-EDEADLK, "tp_listener_accept_sync() called from a callback");
+	sync_init(&w);
+	r = tpc_listener_accept_start(l, sync_on_accept, &w, &op);
+	if (r == 0) {
+		r = sync_wait_or_cancel(l->ctx, &w, op, timeout_ms);
+		if (r == -ETIMEDOUT && !w.done)
+			tpc_error(r, "no connection within %d ms", timeout_ms);
+		else if (r < 0)
+			tpc_error_msg(r, w.msg);
+		else
+			*ret = w.pipe;
+	}
+	sync_done(&w);
+	return r;
+}

@@ -1,0 +1,200 @@
+/* SPDX-License-Identifier: BSD-3-Clause */
+/*
+ * Frame I/O of a context's socket: packing and sending client frames (header and protobuf in
+ * one buffer, data-tail pieces straight from the caller's memory, an fd by SCM_RIGHTS) and
+ * buffering received bytes until a whole daemon frame is available. Interpreting frames is
+ * context.c's job.
+ *
+ * Sending blocks: the socket is non-blocking (for the io thread), so when the kernel buffer is
+ * full the sender waits in poll(POLLOUT) while holding send_lock. This is simple and correct as
+ * long as the daemon keeps reading, which it always does; other threads keep running and the io
+ * thread keeps reading (lock is never held while sending). A send that fails leaves the stream
+ * unusable, so the socket is shut down and the io thread reports the connection as lost.
+ */
+#include <limits.h>
+#include <poll.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <syslog.h>
+#include "internal.h"
+
+#define RBUF_MIN (256u << 10)
+#define RBUF_KEEP_MAX (8u << 20)
+
+static int wire_reserve(void **buf, size_t *cap, size_t need, size_t elem)
+{
+	size_t n = *cap ? *cap : 16;
+	void *p;
+
+	if (need <= *cap)
+		return 0;
+	while (n < need)
+		n *= 2;
+	p = realloc(*buf, n * elem);
+	if (!p)
+		return -ENOMEM;
+	*buf = p;
+	*cap = n;
+	return 0;
+}
+
+static int wire_wait_writable(int fd)
+{
+	struct pollfd pfd = { .fd = fd, .events = POLLOUT };
+
+	for (;;) {
+		int r = poll(&pfd, 1, -1);
+		if (r > 0)
+			return 0;
+		if (r < 0 && errno != EINTR)
+			return -errno;
+	}
+}
+
+/* Sends all of @iov (modified); the fd rides with the first byte. */
+static int wire_sendv(int sock, struct iovec *iov, size_t n, int fd)
+{
+	union {
+		struct cmsghdr h;
+		char buf[CMSG_SPACE(sizeof(int))];
+	} cm;
+
+	while (n > 0) {
+		struct msghdr mh = { .msg_iov = iov, .msg_iovlen = TPU_MIN(n, (size_t)IOV_MAX) };
+		ssize_t k;
+
+		if (fd >= 0) {
+			memset(&cm, 0, sizeof(cm));
+			mh.msg_control = cm.buf;
+			mh.msg_controllen = sizeof(cm.buf);
+			cm.h.cmsg_level = SOL_SOCKET;
+			cm.h.cmsg_type = SCM_RIGHTS;
+			cm.h.cmsg_len = CMSG_LEN(sizeof(int));
+			memcpy(CMSG_DATA(&cm.h), &fd, sizeof(int));
+		}
+		k = sendmsg(sock, &mh, MSG_NOSIGNAL | MSG_DONTWAIT);
+		if (k < 0) {
+			int r = -errno;
+			if (r == -EINTR)
+				continue;
+			if (r != -EAGAIN)
+				return r;
+			r = wire_wait_writable(sock);
+			if (r < 0)
+				return r;
+			continue;
+		}
+		fd = -EBADF;
+		while (n > 0 && (size_t)k >= iov->iov_len) {
+			k -= (ssize_t)iov->iov_len;
+			iov++;
+			n--;
+		}
+		if (n > 0) {
+			iov->iov_base = (char *)iov->iov_base + k;
+			iov->iov_len -= (size_t)k;
+		}
+	}
+	return 0;
+}
+
+int tpc_wire_send(struct tp_context *ctx, Tpw__V1__ClientMsg *m, const struct iovec *data,
+		  size_t n_data, int fd)
+{
+	size_t size = tpw_frame_size(&m->base), data_len = 0, n = 0;
+	int r;
+
+	for (size_t i = 0; i < n_data; i++)
+		data_len += data[i].iov_len;
+	if (data_len > UINT32_MAX)
+		return -EMSGSIZE;
+	r = wire_reserve((void **)&ctx->sbuf, &ctx->sbuf_cap, size, 1);
+	if (r == 0)
+		r = wire_reserve((void **)&ctx->siov, &ctx->siov_cap, n_data + 1, sizeof(struct iovec));
+	if (r < 0)
+		return r;
+	size = tpw_frame_pack(&m->base, (uint32_t)data_len, fd >= 0 ? 1 : 0, ++ctx->seq, ctx->sbuf);
+	ctx->siov[n++] = (struct iovec){ ctx->sbuf, size };
+	for (size_t i = 0; i < n_data; i++)
+		if (data[i].iov_len)
+			ctx->siov[n++] = data[i];
+	r = wire_sendv(ctx->fd, ctx->siov, n, fd);
+	if (r < 0) {
+		/* A partial frame cannot be taken back: make the loss visible to the io thread. */
+		shutdown(ctx->fd, SHUT_RDWR);
+		tpc_context_log(ctx, LOG_ERR, "send failed: %s; closing the daemon connection",
+				tp_strerror(r));
+	}
+	return r;
+}
+
+int tpc_wire_send_pipe_close(struct tp_context *ctx, uint64_t pipe_id)
+{
+	Tpw__V1__PipeClose pc = TPW__V1__PIPE_CLOSE__INIT;
+	Tpw__V1__ClientMsg m = TPW__V1__CLIENT_MSG__INIT;
+
+	pc.pipe_id = pipe_id;
+	m.body_case = TPW__V1__CLIENT_MSG__BODY_PIPE_CLOSE;
+	m.pipe_close = &pc;
+	return tpc_wire_send(ctx, &m, NULL, 0, -EBADF);
+}
+
+int tpc_wire_fill(struct tp_context *ctx)
+{
+	ssize_t k;
+
+	if (ctx->rlen == 0 && ctx->rcap > RBUF_KEEP_MAX) {
+		/* Give back the room a huge frame needed once. */
+		free(ctx->rbuf);
+		ctx->rbuf = NULL;
+		ctx->rcap = 0;
+	}
+	if (ctx->rpos) {
+		ctx->rlen -= ctx->rpos;
+		memmove(ctx->rbuf, ctx->rbuf + ctx->rpos, ctx->rlen);
+		ctx->rpos = 0;
+	}
+	if (ctx->rcap - ctx->rlen < RBUF_MIN / 4) {
+		int r = wire_reserve((void **)&ctx->rbuf, &ctx->rcap,
+				     TPU_MAX(ctx->rlen + RBUF_MIN / 4, RBUF_MIN), 1);
+		if (r < 0)
+			return r;
+	}
+	do
+		k = recv(ctx->fd, ctx->rbuf + ctx->rlen, ctx->rcap - ctx->rlen, MSG_DONTWAIT);
+	while (k < 0 && errno == EINTR);
+	if (k < 0)
+		return errno == EWOULDBLOCK ? -EAGAIN : -errno;
+	if (k == 0)
+		return -ECONNRESET;
+	ctx->rlen += (size_t)k;
+	return (int)k;
+}
+
+int tpc_wire_peek(struct tp_context *ctx, struct tpw_hdr *ret)
+{
+	struct tpw_hdr h;
+	size_t total;
+	int r;
+
+	if (ctx->rlen - ctx->rpos < TPW_HDR_SIZE)
+		return 0;
+	r = tpw_hdr_parse(ctx->rbuf + ctx->rpos, TPW_FRAME_MAX_HARD, &h);
+	if (r < 0)
+		return r;
+	total = TPW_HDR_SIZE + (size_t)h.msg_len + h.data_len;
+	if (ctx->rlen - ctx->rpos < total) {
+		/* Make room for the whole frame (after compaction) so the next reads complete it. */
+		r = wire_reserve((void **)&ctx->rbuf, &ctx->rcap, total + RBUF_MIN / 4, 1);
+		return r < 0 ? r : 0;
+	}
+	*ret = h;
+	return 1;
+}
+
+void tpc_wire_consume(struct tp_context *ctx, const struct tpw_hdr *h)
+{
+	ctx->rpos += TPW_HDR_SIZE + (size_t)h->msg_len + h->data_len;
+	if (ctx->rpos == ctx->rlen)
+		ctx->rpos = ctx->rlen = 0;
+}

@@ -1,0 +1,350 @@
+/* SPDX-License-Identifier: BSD-3-Clause */
+/*
+ * Writing messages: checks a tp_message against the daemon's limits, decides where each
+ * segment's bytes travel (inline in the frame's data tail, by reference into a shared buffer,
+ * by CMA address, or copied into a staging buffer), sends the Write frame with the inline
+ * pieces taken straight from the caller's memory, and completes writes on WriteDone. Reading is
+ * read.c's job.
+ *
+ * Placement: a message whose data bytes total at most eager_max travels entirely inline (the
+ * daemon completes it at once and hands it to the reader with its descriptor). Otherwise, per
+ * segment: inside a tp_buffer_alloc() buffer -> shm reference; up to 4 KiB -> inline; CMA
+ * allowed -> cma_addr; else -> one staging buffer per message, released after WriteDone.
+ */
+#include <string.h>
+#include "internal.h"
+
+#define STAGE_ALIGN 64
+
+struct write_plan {
+	Tpw__V1__ClientMsg m;
+	Tpw__V1__Write w;
+	Tpw__V1__Payload *pl;
+	Tpw__V1__Payload **plp;
+	Tpw__V1__Tensor *tn;
+	Tpw__V1__Tensor **tnp;
+	Tpw__V1__Device *dev; /* device, target per tensor */
+	Tpw__V1__Segment *seg;
+	Tpw__V1__ShmRef *shm;
+	struct iovec *iov;
+	size_t n_iov;
+	size_t inline_len;
+	size_t stage_len;
+};
+
+static const void *write_seg(const struct tp_message *msg, size_t i, size_t *ret_len)
+{
+	if (i < msg->n_payloads) {
+		*ret_len = msg->payloads[i].length;
+		return msg->payloads[i].data;
+	}
+	i -= msg->n_payloads;
+	*ret_len = msg->tensors[i].length;
+	return msg->tensors[i].data;
+}
+
+static int write_check_part(const void *data, size_t len, const void *md, size_t md_len,
+			    uint64_t *bytes, uint64_t *md_sum)
+{
+	if ((len && !data) || (md_len && !md))
+		return tpc_error(-EINVAL, "NULL data or metadata with a nonzero length");
+	if (!tpu_add_u64(*bytes, len, bytes) || !tpu_add_u64(*md_sum, md_len, md_sum))
+		return tpc_error(-EMSGSIZE, "message size overflows");
+	return 0;
+}
+
+static int write_check_tensor(const struct tp_tensor *t)
+{
+	if (t->device.type == TP_DEVICE_CUDA)
+		return tpc_error(-EOPNOTSUPP, "CUDA tensors are not supported yet");
+	if (t->device.type != TP_DEVICE_CPU)
+		return tpc_error(-EINVAL, "unknown tensor device type %d", (int)t->device.type);
+	if (t->has_target && t->target.type != TP_DEVICE_CPU && t->target.type != TP_DEVICE_CUDA)
+		return tpc_error(-EINVAL, "unknown tensor target type %d", (int)t->target.type);
+	return 0;
+}
+
+static int write_check(const struct tp_context *ctx, const struct tp_message *msg,
+		       uint64_t *ret_total)
+{
+	const struct tpc_limits *lim = &ctx->lim;
+	uint64_t bytes = 0, md = msg->metadata_len;
+	int r = 0;
+
+	if ((msg->n_payloads && !msg->payloads) || (msg->n_tensors && !msg->tensors) ||
+	    (msg->metadata_len && !msg->metadata))
+		return tpc_error(-EINVAL, "NULL array or metadata with a nonzero count");
+	if (msg->n_payloads > lim->segments_max ||
+	    msg->n_tensors > lim->segments_max - msg->n_payloads)
+		return tpc_error(-E2BIG, "%zu payloads + %zu tensors exceed the limit of %u",
+				 msg->n_payloads, msg->n_tensors, lim->segments_max);
+	for (size_t i = 0; r == 0 && i < msg->n_payloads; i++) {
+		const struct tp_payload *pl = &msg->payloads[i];
+		r = write_check_part(pl->data, pl->length, pl->metadata, pl->metadata_len, &bytes, &md);
+	}
+	for (size_t i = 0; r == 0 && i < msg->n_tensors; i++) {
+		const struct tp_tensor *t = &msg->tensors[i];
+		r = write_check_part(t->data, t->length, t->metadata, t->metadata_len, &bytes, &md);
+		if (r == 0)
+			r = write_check_tensor(t);
+	}
+	if (r < 0)
+		return r;
+	if (md > lim->metadata_max)
+		return tpc_error(-EMSGSIZE, "%llu bytes of metadata exceed the limit of %u",
+				 (unsigned long long)md, lim->metadata_max);
+	if (bytes > lim->message_bytes_max)
+		return tpc_error(-EMSGSIZE, "%llu data bytes exceed the limit of %llu",
+				 (unsigned long long)bytes, (unsigned long long)lim->message_bytes_max);
+	*ret_total = bytes;
+	return 0;
+}
+
+static void *write_carve(char **cur, size_t size)
+{
+	void *p = *cur;
+
+	*cur += (size + 15) & ~(size_t)15;
+	return p;
+}
+
+static struct write_plan *write_plan_new(const struct tp_message *msg)
+{
+	size_t np = msg->n_payloads, nt = msg->n_tensors, n = np + nt;
+	size_t size = sizeof(struct write_plan) + 16 * 8 + np * (sizeof(Tpw__V1__Payload) + 8) +
+		      nt * (sizeof(Tpw__V1__Tensor) + 8 + 2 * sizeof(Tpw__V1__Device)) +
+		      n * (sizeof(Tpw__V1__Segment) + sizeof(Tpw__V1__ShmRef) + sizeof(struct iovec));
+	struct write_plan *pl = calloc(1, size);
+	char *cur;
+
+	if (!pl)
+		return NULL;
+	cur = (char *)(((uintptr_t)(pl + 1) + 15) & ~(uintptr_t)15);
+	pl->pl = write_carve(&cur, np * sizeof(*pl->pl));
+	pl->plp = write_carve(&cur, np * sizeof(*pl->plp));
+	pl->tn = write_carve(&cur, nt * sizeof(*pl->tn));
+	pl->tnp = write_carve(&cur, nt * sizeof(*pl->tnp));
+	pl->dev = write_carve(&cur, 2 * nt * sizeof(*pl->dev));
+	pl->seg = write_carve(&cur, n * sizeof(*pl->seg));
+	pl->shm = write_carve(&cur, n * sizeof(*pl->shm));
+	pl->iov = write_carve(&cur, n * sizeof(*pl->iov));
+	return pl;
+}
+
+static void write_device(Tpw__V1__Device *d, const struct tp_device *src)
+{
+	tpw__v1__device__init(d);
+	d->type = src->type == TP_DEVICE_CUDA ? TPW__V1__DEVICE_TYPE__DEVICE_CUDA
+					      : TPW__V1__DEVICE_TYPE__DEVICE_CPU;
+	d->index = src->index > 0 ? (uint32_t)src->index : 0;
+}
+
+static void write_build(struct write_plan *pl, const struct tp_message *msg, uint64_t pipe_id)
+{
+	size_t np = msg->n_payloads;
+
+	tpw__v1__write__init(&pl->w);
+	pl->w.pipe_id = pipe_id;
+	pl->w.metadata = (ProtobufCBinaryData){ msg->metadata_len, (uint8_t *)msg->metadata };
+	pl->w.n_payloads = np;
+	pl->w.payloads = pl->plp;
+	pl->w.n_tensors = msg->n_tensors;
+	pl->w.tensors = pl->tnp;
+	for (size_t i = 0; i < np + msg->n_tensors; i++)
+		tpw__v1__segment__init(&pl->seg[i]);
+	for (size_t i = 0; i < np; i++) {
+		const struct tp_payload *src = &msg->payloads[i];
+		tpw__v1__payload__init(&pl->pl[i]);
+		pl->pl[i].metadata = (ProtobufCBinaryData){ src->metadata_len, (uint8_t *)src->metadata };
+		pl->pl[i].data = &pl->seg[i];
+		pl->plp[i] = &pl->pl[i];
+	}
+	for (size_t i = 0; i < msg->n_tensors; i++) {
+		const struct tp_tensor *src = &msg->tensors[i];
+		Tpw__V1__Tensor *t = &pl->tn[i];
+		tpw__v1__tensor__init(t);
+		t->metadata = (ProtobufCBinaryData){ src->metadata_len, (uint8_t *)src->metadata };
+		t->data = &pl->seg[np + i];
+		write_device(&pl->dev[2 * i], &src->device);
+		t->device = &pl->dev[2 * i];
+		if (src->has_target) {
+			write_device(&pl->dev[2 * i + 1], &src->target);
+			t->target = &pl->dev[2 * i + 1];
+		}
+		pl->tnp[i] = t;
+	}
+	tpw__v1__client_msg__init(&pl->m);
+	pl->m.body_case = TPW__V1__CLIENT_MSG__BODY_WRITE;
+	pl->m.write = &pl->w;
+}
+
+static void write_inline(struct write_plan *pl, Tpw__V1__Segment *s, const void *data, size_t len)
+{
+	s->loc_case = TPW__V1__SEGMENT__LOC_INLINE_OFF;
+	s->inline_off = pl->inline_len;
+	pl->inline_len += len;
+	if (len)
+		pl->iov[pl->n_iov++] = (struct iovec){ (void *)data, len };
+}
+
+static void write_shm(Tpw__V1__Segment *s, Tpw__V1__ShmRef *ref, uint64_t id, uint64_t gen,
+		      uint64_t off)
+{
+	tpw__v1__shm_ref__init(ref);
+	ref->buf_id = id; /* 0: staged, filled in once the staging buffer exists */
+	ref->gen = gen;
+	ref->offset = off;
+	s->loc_case = TPW__V1__SEGMENT__LOC_SHM;
+	s->shm = ref;
+}
+
+/* Decides each segment's location; lock held (buffer lookups). */
+static void write_place_locked(struct tp_context *ctx, struct write_plan *pl,
+			       const struct tp_message *msg, uint64_t total)
+{
+	bool eager = total <= ctx->eager_max;
+
+	for (size_t i = 0; i < msg->n_payloads + msg->n_tensors; i++) {
+		Tpw__V1__Segment *s = &pl->seg[i];
+		size_t len;
+		const void *data = write_seg(msg, i, &len);
+		struct tpc_buf *b;
+
+		s->length = len;
+		if (len == 0 || eager) {
+			write_inline(pl, s, data, len);
+		} else if ((b = tpc_buffer_lookup_locked(ctx, data, len))) {
+			write_shm(s, &pl->shm[i], b->id, b->gen,
+				  (uint64_t)((const char *)data - (const char *)b->addr));
+		} else if (len <= TPC_INLINE_SMALL && pl->inline_len + len <= ctx->lim.inline_max) {
+			write_inline(pl, s, data, len);
+		} else if (ctx->cma_ok) {
+			s->loc_case = TPW__V1__SEGMENT__LOC_CMA_ADDR;
+			s->cma_addr = (uint64_t)(uintptr_t)data;
+		} else {
+			size_t off = (pl->stage_len + STAGE_ALIGN - 1) & ~(size_t)(STAGE_ALIGN - 1);
+			write_shm(s, &pl->shm[i], 0, 0, off);
+			pl->stage_len = off + len;
+		}
+	}
+}
+
+/* Copies staged segments into a staging buffer; send_lock held. */
+static int write_stage(struct tp_context *ctx, struct write_plan *pl, const struct tp_message *msg,
+		       struct tpc_buf **ret)
+{
+	struct tpc_buf *b;
+	int r;
+
+	if (!pl->stage_len)
+		return 0;
+	r = tpc_buffer_stage_get(ctx, pl->stage_len, &b);
+	if (r < 0)
+		return tpc_error(r, "no staging buffer of %zu bytes: %s", pl->stage_len,
+				 tp_strerror(r));
+	for (size_t i = 0; i < msg->n_payloads + msg->n_tensors; i++) {
+		Tpw__V1__Segment *s = &pl->seg[i];
+		size_t len;
+		const void *data = write_seg(msg, i, &len);
+
+		if (s->loc_case != TPW__V1__SEGMENT__LOC_SHM || s->shm->buf_id != 0)
+			continue;
+		s->shm->buf_id = b->id;
+		s->shm->gen = b->gen;
+		memcpy((char *)b->addr + s->shm->offset, data, len);
+	}
+	*ret = b;
+	return 0;
+}
+
+/* Files the op and gives the write its id; lock held. */
+static int write_queue_locked(struct tp_pipe *p, struct write_plan *pl, struct tpc_op *op)
+{
+	int r = tpc_pipe_check_locked(p);
+
+	if (r < 0)
+		return r;
+	op->pipe = p;
+	op->id = ++p->next_write_id;
+	op->pending = true;
+	pl->w.write_id = op->id;
+	tpu_list_insert_tail(&p->writes, &op->node);
+	return 0;
+}
+
+static int write_send(struct tp_pipe *p, struct write_plan *pl, const struct tp_message *msg,
+		      uint64_t total, struct tpc_op *op)
+{
+	struct tp_context *ctx = p->ctx;
+	int r;
+
+	pthread_mutex_lock(&ctx->send_lock);
+	pthread_mutex_lock(&ctx->lock);
+	r = tpc_pipe_check_locked(p);
+	if (r == 0)
+		write_place_locked(ctx, pl, msg, total);
+	pthread_mutex_unlock(&ctx->lock);
+	/* + 16: room for the write_id, still 0 here */
+	if (r == 0 && tpw_frame_size(&pl->m.base) + pl->inline_len + 16 > ctx->lim.frame_max)
+		r = tpc_error(-EMSGSIZE, "frame of %zu bytes exceeds the limit of %u",
+			      tpw_frame_size(&pl->m.base) + pl->inline_len, ctx->lim.frame_max);
+	if (r == 0)
+		r = write_stage(ctx, pl, msg, &op->stage);
+	if (r == 0) {
+		pthread_mutex_lock(&ctx->lock);
+		r = write_queue_locked(p, pl, op);
+		pthread_mutex_unlock(&ctx->lock);
+	}
+	/* A failed send surfaces as connection loss, which completes the op. */
+	if (r == 0)
+		tpc_wire_send(ctx, &pl->m, pl->iov, pl->n_iov, -EBADF);
+	pthread_mutex_unlock(&ctx->send_lock);
+	return r;
+}
+
+TP_EXPORT int tp_pipe_write(struct tp_pipe *p, const struct tp_message *msg, tp_done_fn cb,
+			    void *arg)
+{
+	struct write_plan *pl;
+	struct tpc_op *op;
+	uint64_t total = 0;
+	int r;
+
+	if (!p || !msg || !cb)
+		return tpc_error(-EINVAL, "missing pipe, message or callback");
+	r = write_check(p->ctx, msg, &total);
+	if (r < 0)
+		return r;
+	pl = write_plan_new(msg);
+	op = tpc_op_new(TPC_OP_WRITE, 0);
+	if (!pl || !op) {
+		r = tpc_error(-ENOMEM, "out of memory");
+	} else {
+		op->cb.done = cb;
+		op->arg = arg;
+		write_build(pl, msg, p->id);
+		r = write_send(p, pl, msg, total, op);
+	}
+	free(pl);
+	if (r < 0 && op) {
+		tpc_buffer_stage_put(p->ctx, op->stage, false);
+		tpc_op_free(op);
+	}
+	return r;
+}
+
+void tpc_write_on_done(struct tp_context *ctx, const Tpw__V1__WriteDone *m)
+{
+	struct tp_pipe *p = tpc_map_get(&ctx->pipes, m->pipe_id);
+	struct tpc_op *op;
+
+	if (!p)
+		return;
+	tpu_list_for_each(op, &p->writes, node) {
+		if (op->id == m->write_id) {
+			tpc_op_ready_locked(ctx, &p->writes, op, tpw_status_to_errno(m->status),
+					    m->message);
+			return;
+		}
+	}
+}
