@@ -88,6 +88,20 @@ static void pipe_log(const struct tpd_pipe *p, const struct tpd_session *s, int 
 		   msg);
 }
 
+static bool end_dying(const struct tpd_pipe_end *e)
+{
+	return !e->session || e->session->dead;
+}
+
+/* Why an end that is dying or gone went away. */
+static Tpw__V1__Status end_gone_status(const struct tpd_pipe_end *e)
+{
+	if (e->session)
+		return e->session->dead_status ? e->session->dead_status
+					       : TPW__V1__STATUS__STATUS_PEER_DIED;
+	return e->gone;
+}
+
 /* ---- messages ------------------------------------------------------------------------------ */
 
 static void msg_free(struct tpd_msg *m)
@@ -548,8 +562,9 @@ void tpd_pipe_write(struct tpd_pipe_end *e, Tpw__V1__ClientMsg *cm, const uint8_
 	char why[192] = "";
 	int err;
 
-	if (!r->session) {
-		write_reject(e, w->write_id, tpw_status_to_errno(r->gone), gone_text(r->gone));
+	if (end_dying(r)) {
+		Tpw__V1__Status g = end_gone_status(r);
+		write_reject(e, w->write_id, tpw_status_to_errno(g), gone_text(g));
 		goto out;
 	}
 	err = queue_check(e, tail_len, why, sizeof(why));
@@ -610,11 +625,8 @@ out:
 /* ---- reads --------------------------------------------------------------------------------- */
 
 static void start_next_copy(struct tpd_pipe_end *w);
+static void end_owed_maybe(struct tpd_pipe_end *e);
 
-static bool end_dying(const struct tpd_pipe_end *e)
-{
-	return !e->session || e->session->dead;
-}
 
 /*
  * A copy that fails because a process vanished (ESRCH: it has no memory left) or whose end is
@@ -623,6 +635,14 @@ static bool end_dying(const struct tpd_pipe_end *e)
 static void classify_failure(struct tpd_copy_job *job, const struct tpd_pipe_end *w,
 			     const struct tpd_pipe_end *r)
 {
+	if (job->status == 0 && end_dying(w)) {
+		/* The writer was told its write was canceled and may have reused the memory
+		 * while it was copied: the reader must not take these bytes as good. */
+		job->status = tpw_status_to_errno(end_gone_status(w));
+		snprintf(job->why, sizeof(job->why), "%s during the transfer",
+			 gone_text(end_gone_status(w)));
+		return;
+	}
 	if (job->status == 0 || job->status == -ECANCELED)
 		return;
 	if (job->status == -ESRCH || end_dying(w) || end_dying(r)) {
@@ -661,6 +681,8 @@ static void copy_on_done(struct tpd_copy_job *job)
 		msg_consumed(m, st, job->status < 0 ? job->why : NULL);
 	tpd_copy_job_free(job);
 	start_next_copy(w);
+	end_owed_maybe(w);
+	end_owed_maybe(r);
 	pipe_maybe_free(p);
 }
 
@@ -840,17 +862,39 @@ fail:
 
 /* ---- closing ------------------------------------------------------------------------------- */
 
-static void send_pipe_closed(struct tpd_pipe_end *e, Tpw__V1__Status why)
+static struct tpd_session *find_session(struct tpd_daemon *d, uint64_t id)
+{
+	struct tpd_session *s;
+
+	tpu_list_for_each(s, &d->sessions, node)
+		if (s->id == id)
+			return s->dead ? NULL : s;
+	return NULL;
+}
+
+/*
+ * Sends the PipeClosed owed to @e's session once no copy reads or writes @e's memory: only
+ * then may its client treat the buffers of its pending operations as free again.
+ */
+static void end_owed_maybe(struct tpd_pipe_end *e)
 {
 	Tpw__V1__PipeClosed pc = TPW__V1__PIPE_CLOSED__INIT;
 	Tpw__V1__DaemonMsg dm = TPW__V1__DAEMON_MSG__INIT;
+	struct tpd_session *s;
 
+	if (!e->owed || e->copying || tpd_pipe_end_peer(e)->copying)
+		return;
+	s = find_session(e->pipe->d, e->owed_session);
 	pc.pipe_id = e->local_id;
-	pc.status = why;
-	pc.message = (char *)gone_text(why);
+	pc.status = e->owed;
+	pc.message = e->owed == TPW__V1__STATUS__STATUS_CANCELED ? "closed"
+								 : (char *)gone_text(e->owed);
+	e->owed = TPW__V1__STATUS__STATUS_UNSPECIFIED;
+	if (!s)
+		return;
 	dm.body_case = TPW__V1__DAEMON_MSG__BODY_PIPE_CLOSED;
 	dm.pipe_closed = &pc;
-	tpd_session_send(e->session, &dm, NULL, 0);
+	tpd_session_send(s, &dm, NULL, 0);
 }
 
 void tpd_pipe_end_detach(struct tpd_pipe_end *e, Tpw__V1__Status why)
@@ -880,7 +924,20 @@ void tpd_pipe_end_detach(struct tpd_pipe_end *e, Tpw__V1__Status why)
 	tpu_list_for_each_safe(m, tmp, &peer->rq, rnode)
 		if (!m->copying)
 			msg_consumed(m, why, gone_text(why));
-	if (peer->session)
-		send_pipe_closed(peer, why);
+	if (peer->session) {
+		peer->owed = why;
+		peer->owed_session = peer->session->id;
+	}
+	end_owed_maybe(peer);
+	end_owed_maybe(e);
 	pipe_maybe_free(p);
+}
+
+void tpd_pipe_end_close(struct tpd_pipe_end *e)
+{
+	if (!e->session)
+		return;
+	e->owed = TPW__V1__STATUS__STATUS_CANCELED;
+	e->owed_session = e->session->id;
+	tpd_pipe_end_detach(e, TPW__V1__STATUS__STATUS_CLOSED);
 }

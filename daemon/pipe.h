@@ -31,6 +31,10 @@ struct tpd_pipe_end {
 	uint64_t msgs_sent;
 	uint64_t bytes_sent;
 	Tpw__V1__Status gone;	     /* why the end detached (UNSPECIFIED while attached) */
+	/* PipeClosed owed to this end's session (by id), sent once no copy touches its memory:
+	 * CANCELED acknowledges its own close, others say why the other end went away. */
+	Tpw__V1__Status owed;
+	uint64_t owed_session;
 };
 
 struct tpd_pipe {
@@ -68,6 +72,14 @@ void tpd_pipe_read(struct tpd_pipe_end *e, const Tpw__V1__Read *rd);
  * table. May free the pipe.
  */
 void tpd_pipe_end_detach(struct tpd_pipe_end *e, Tpw__V1__Status why);
+
+/*
+ * tpd_pipe_end_close() - handle PipeClose from @e's session: detach @e (the other end learns
+ * STATUS_CLOSED) and acknowledge with PipeClosed{STATUS_CANCELED} as soon as no copy reads or
+ * writes @e's memory, so that its client may then reuse the buffers of its pending operations.
+ * The caller removes @e from the session's table first. May free the pipe.
+ */
+void tpd_pipe_end_close(struct tpd_pipe_end *e);
 
 /* The other end of @e. */
 struct tpd_pipe_end *tpd_pipe_end_peer(struct tpd_pipe_end *e);

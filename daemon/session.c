@@ -566,7 +566,7 @@ static void handle_pipe_close(struct tpd_session *s, const Tpw__V1__PipeClose *m
 	struct tpd_pipe_end *e = tpu_hmap_del(&s->pipes, m->pipe_id);
 
 	if (e)
-		tpd_pipe_end_detach(e, TPW__V1__STATUS__STATUS_CLOSED);
+		tpd_pipe_end_close(e);
 }
 
 /* Dispatches a validated message. Takes @m. */
@@ -803,7 +803,9 @@ static void session_on_read(evutil_socket_t fd, short what, void *arg)
 
 		if (n == -EAGAIN || n == -EINTR)
 			return;
-		if (n == 0) {
+		if (n == 0 || n == -ECONNRESET) {
+			/* A client that exits with frames still unread resets the connection:
+			 * the same ordinary end as a clean close. */
 			tpd_session_fail(s, TPU_LOG_INFO, TPW__V1__STATUS__STATUS_PEER_DIED,
 					 "client disconnected");
 			return;

@@ -23,7 +23,8 @@
  * Memory: a payload, tensor or allocation that lies inside memory from tp_buffer_alloc() moves
  * with one copy (daemon <-> shared mapping). Other CPU memory is read or written by the daemon
  * through cross-memory attach, or staged through a shared buffer when that is not permitted.
- * Buffers passed to a write or read are kept (must stay valid and untouched) until its callback.
+ * Buffers passed to a write or read are kept (must stay valid and untouched) until its callback;
+ * once the callback has run, whatever its status, the daemon no longer touches them.
  */
 #ifndef TPCLIENT_H
 #define TPCLIENT_H
@@ -190,9 +191,11 @@ int tp_pipe_wait_connected(struct tp_pipe *p, int timeout_ms);
 const char *tp_pipe_remote_name(struct tp_pipe *p);
 
 /*
- * tp_pipe_close() - close the pipe. Pending operations complete with -ECANCELED; the other end
- * reads what was already written and then gets -EPIPE. @p is freed once its callbacks have run;
- * do not use it after this call. Accepts NULL.
+ * tp_pipe_close() - close the pipe. Pending descriptor requests complete with -ECANCELED at
+ * once; pending writes and reads complete (-ECANCELED, or their result if their copy had already
+ * finished) once the daemon confirms that no copy uses their memory, so a completed operation's
+ * buffers are always free to reuse. The other end reads what was already written and then gets
+ * -EPIPE. @p is freed once its callbacks have run; do not use it after this call. Accepts NULL.
  */
 void tp_pipe_close(struct tp_pipe *p);
 

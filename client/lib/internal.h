@@ -195,6 +195,8 @@ enum tpc_pipe_state {
 	TPC_PIPE_CONNECTING,
 	TPC_PIPE_OPEN,
 	TPC_PIPE_FAILED, /* connect refused; PipeClosed still to come */
+	TPC_PIPE_CLOSING, /* closed by the user; writes and reads wait for the daemon to confirm
+			   * that no copy uses their memory (PipeClosed{CANCELED}) */
 	TPC_PIPE_CLOSED, /* PipeClosed received or daemon connection lost: the daemon forgot it */
 };
 
@@ -296,8 +298,13 @@ int tpc_wire_send_pipe_close(struct tp_context *ctx, uint64_t pipe_id);
 
 /* A pipe with one reference (the user's), filed in ctx->all_pipes; lock held. */
 struct tp_pipe *tpc_pipe_new(struct tp_context *ctx, uint64_t id);
-/* Local close: cancels pending ops, forgets the id. Return: true if PipeClose must be sent. */
-bool tpc_pipe_close_locked(struct tp_pipe *p);
+/*
+ * Local close. @user: the user's tp_pipe_close(): descriptor requests are canceled at once,
+ * writes and reads once the daemon acknowledges the close (the pipe stays in CLOSING until
+ * then), and the user's reference is dropped after them. Without @user (a backlog pipe nobody
+ * accepted), the id is forgotten at once. Return: true if PipeClose must be sent.
+ */
+bool tpc_pipe_close_locked(struct tp_pipe *p, bool user);
 /* Returns 0 if operations may be started on @p, else its error (message set). Lock held. */
 int tpc_pipe_check_locked(struct tp_pipe *p);
 /* True while the daemon knows the pipe (frames about it may be sent). Lock held. */

@@ -261,7 +261,7 @@ static size_t listener_drop_backlog(struct tp_listener *l, uint64_t *ids, size_t
 
 	while (n < max && (p = tpu_list_first(&l->backlog, struct tp_pipe, backlog_link))) {
 		tpu_list_remove(&p->backlog_link);
-		if (tpc_pipe_close_locked(p))
+		if (tpc_pipe_close_locked(p, false))
 			ids[n++] = p->id;
 		tpc_pipe_unref_locked(p);
 	}

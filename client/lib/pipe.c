@@ -80,7 +80,8 @@ int tpc_pipe_check_locked(struct tp_pipe *p)
 
 	if (r < 0)
 		return r;
-	if (p->state == TPC_PIPE_FAILED || p->state == TPC_PIPE_CLOSED)
+	if (p->state == TPC_PIPE_FAILED || p->state == TPC_PIPE_CLOSED ||
+	    p->state == TPC_PIPE_CLOSING)
 		return tpc_error_msg(p->err, p->errmsg);
 	return 0;
 }
@@ -113,10 +114,31 @@ static void pipe_forget(struct tp_pipe *p)
 		tpc_map_del(&ctx->reqs, p->connect_req.id);
 }
 
+/*
+ * The daemon confirmed a local close (or can no longer touch our memory): the writes and reads
+ * still pending complete with -ECANCELED, then the user's reference goes. Lock held.
+ */
+static void pipe_finish_close(struct tp_pipe *p)
+{
+	struct tp_context *ctx = p->ctx;
+
+	pipe_forget(p);
+	p->state = TPC_PIPE_CLOSED;
+	pipe_fail_list(ctx, &p->writes, p->err, p->errmsg);
+	pipe_fail_list(ctx, &p->reads, p->err, p->errmsg);
+	p->free_op.pending = true;
+	tpc_op_complete_locked(ctx, &p->free_op, 0, NULL);
+	pthread_cond_broadcast(&ctx->cond);
+}
+
 void tpc_pipe_fail_locked(struct tp_pipe *p, int err, const char *msg)
 {
 	struct tp_context *ctx = p->ctx;
 
+	if (p->state == TPC_PIPE_CLOSING) {
+		pipe_finish_close(p);
+		return;
+	}
 	pipe_set_err(p, err, msg);
 	pipe_forget(p);
 	p->state = TPC_PIPE_CLOSED;
@@ -138,6 +160,10 @@ void tpc_pipe_on_closed(struct tp_context *ctx, const Tpw__V1__PipeClosed *m)
 
 	if (!p)
 		return;
+	if (p->state == TPC_PIPE_CLOSING) {
+		pipe_finish_close(p); /* the daemon's acknowledgement of our PipeClose */
+		return;
+	}
 	if (m->status == TPW__V1__STATUS__STATUS_OK || m->status == TPW__V1__STATUS__STATUS_UNSPECIFIED)
 		err = -EPIPE;
 	if (!msg || !*msg)
@@ -145,22 +171,32 @@ void tpc_pipe_on_closed(struct tp_context *ctx, const Tpw__V1__PipeClosed *m)
 	tpc_pipe_fail_locked(p, err, msg);
 }
 
-bool tpc_pipe_close_locked(struct tp_pipe *p)
+bool tpc_pipe_close_locked(struct tp_pipe *p, bool user)
 {
 	struct tp_context *ctx = p->ctx;
 	const char *msg = "canceled: the pipe was closed locally";
 	bool send_close = tpc_pipe_at_daemon(p);
 
 	p->user_closed = true;
-	pipe_forget(p);
 	if (p->connect_status == 1)
 		p->connect_status = -ECANCELED;
 	pipe_set_err(p, -ECANCELED, msg);
-	p->state = TPC_PIPE_CLOSED;
-	pipe_fail_list(ctx, &p->writes, -ECANCELED, msg);
-	pipe_fail_list(ctx, &p->reads, -ECANCELED, msg);
 	pipe_fail_list(ctx, &p->desc_reqs, -ECANCELED, msg);
 	pipe_free_descs(&p->descs);
+	if (send_close && user) {
+		/* The daemon may be copying from or into the memory of pending writes and reads;
+		 * they complete once it confirms the close (tpc_pipe_on_closed). */
+		p->state = TPC_PIPE_CLOSING;
+		pthread_cond_broadcast(&ctx->cond);
+		return true;
+	}
+	if (user) {
+		pipe_finish_close(p);
+		return send_close;
+	}
+	/* A pipe nobody accepted: no operation of the user can be pending on it. */
+	pipe_forget(p);
+	p->state = TPC_PIPE_CLOSED;
 	pthread_cond_broadcast(&ctx->cond);
 	return send_close;
 }
@@ -182,10 +218,9 @@ TP_EXPORT void tp_pipe_close(struct tp_pipe *p)
 		pthread_mutex_unlock(&ctx->send_lock);
 		return;
 	}
-	send_close = tpc_pipe_close_locked(p);
-	/* The user's reference goes once the callbacks queued before it have run. */
-	p->free_op.pending = true;
-	tpc_op_complete_locked(ctx, &p->free_op, 0, NULL);
+	/* The user's reference goes once the callbacks queued before it have run, after the
+	 * daemon's acknowledgement if the close goes to the daemon. */
+	send_close = tpc_pipe_close_locked(p, true);
 	pthread_mutex_unlock(&ctx->lock);
 	if (send_close)
 		tpc_wire_send_pipe_close(ctx, id);
