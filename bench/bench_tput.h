@@ -1,0 +1,78 @@
+/* SPDX-License-Identifier: BSD-3-Clause */
+/*
+ * What the two halves of bench_throughput share: the tag every message carries as metadata, the
+ * memory kinds, the options, the kind's buffer allocator, and the forked reader's entry point
+ * (bench_tput_reader.c). The writer, baselines and driver live in bench_throughput.c.
+ */
+#ifndef BENCH_TPUT_H
+#define BENCH_TPUT_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "tpclient.h"
+
+#define TP_TIMEOUT_MS 60000
+#define TAG_MAGIC 0x54505442u /* "BTPT" */
+#define TAG_LAST 1u
+#define SLOTS_MAX 16
+#define SIZES_MAX 16
+#define RATE_SIZE 4096
+#define RATE_INFLIGHT 4
+
+enum tag_type { TAG_DATA = 1, TAG_CREDIT, TAG_DONE, TAG_QUIT };
+
+/* Metadata of every message this benchmark sends. */
+struct tag {
+	uint32_t magic;
+	uint16_t type;
+	uint16_t flags;
+	uint64_t phase;
+	uint64_t seq; /* DATA: index in phase; CREDIT/DONE: messages read in phase */
+};
+
+struct kind {
+	const char *key;
+	const char *label;
+	uint32_t ctx_flags;
+	bool shm;
+};
+
+struct opts {
+	size_t sizes[SIZES_MAX];
+	size_t n_sizes;
+	const char *kinds; /* comma list of kind keys */
+	int inflight;
+	double min_s;
+	long min_msgs;
+	long window; /* messages the reader may be behind before the writer waits */
+	bool rate;
+	const char *socket_path;
+};
+
+/*
+ * bench_tput_buf_get() - allocate @size bytes of a kind's memory (tp_buffer_alloc() when @shm,
+ * else page-aligned malloc) and touch every page.
+ * @ret: returns owned memory, free with bench_tput_buf_put() (same @ctx and @shm).
+ * Return: 0 or -errno (a line goes to stderr).
+ */
+int bench_tput_buf_get(struct tp_context *ctx, bool shm, size_t size, void **ret);
+void bench_tput_buf_put(struct tp_context *ctx, bool shm, void *p);
+
+/* What the forked reader needs. */
+struct bench_tput_reader_arg {
+	const struct opts *o;
+	const struct kind *k;
+	char listener[64];
+};
+
+/*
+ * bench_tput_reader_run() - the reader process: connect with the kind's flags, listen on
+ * @arg->listener, report readiness on @ready_fd, accept one pipe, read data messages into a ring
+ * of slots and answer with credits and phase-done messages until the writer says quit.
+ * Borrows @arg. Return: 0 or -errno (lines go to stderr).
+ */
+int bench_tput_reader_run(void *arg, int ready_fd);
+
+#endif

@@ -1,0 +1,224 @@
+/* SPDX-License-Identifier: BSD-3-Clause */
+/*
+ * Raw frames over a Unix socket for tests. See tpt_wire.h.
+ */
+#include <errno.h>
+#include <poll.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <sys/un.h>
+#include <unistd.h>
+#include "tpt.h"
+#include "tpt_wire.h"
+
+int tpt_raw_connect(struct tpt_raw *r, const char *path)
+{
+	struct sockaddr_un sun = { .sun_family = AF_UNIX };
+	int e;
+
+	r->seq = 0;
+	r->fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+	if (r->fd < 0)
+		return -errno;
+	snprintf(sun.sun_path, sizeof(sun.sun_path), "%s", path);
+	if (connect(r->fd, (struct sockaddr *)&sun, sizeof(sun)) < 0) {
+		e = -errno;
+		close(r->fd);
+		r->fd = -1;
+		return e;
+	}
+	return 0;
+}
+
+void tpt_raw_close(struct tpt_raw *r)
+{
+	if (r->fd >= 0)
+		close(r->fd);
+	r->fd = -1;
+}
+
+int tpt_raw_send_bytes(struct tpt_raw *r, const void *buf, size_t len, const int *fds,
+		       unsigned nfds)
+{
+	union {
+		struct cmsghdr h;
+		char b[CMSG_SPACE(sizeof(int) * 8)];
+	} cm;
+	const uint8_t *p = buf;
+	size_t off = 0;
+
+	if (nfds > 8)
+		return -EINVAL;
+	while (off < len) {
+		struct iovec iov = { (void *)(p + off), len - off };
+		struct msghdr mh = { .msg_iov = &iov, .msg_iovlen = 1 };
+		ssize_t n;
+
+		if (off == 0 && nfds) {
+			memset(&cm, 0, sizeof(cm));
+			mh.msg_control = cm.b;
+			mh.msg_controllen = CMSG_SPACE(sizeof(int) * nfds);
+			cm.h.cmsg_level = SOL_SOCKET;
+			cm.h.cmsg_type = SCM_RIGHTS;
+			cm.h.cmsg_len = CMSG_LEN(sizeof(int) * nfds);
+			memcpy(CMSG_DATA(&cm.h), fds, sizeof(int) * nfds);
+		}
+		n = sendmsg(r->fd, &mh, MSG_NOSIGNAL);
+		if (n < 0 && errno == EINTR)
+			continue;
+		if (n < 0)
+			return -errno;
+		off += (size_t)n;
+	}
+	return 0;
+}
+
+int tpt_raw_send(struct tpt_raw *r, const Tpw__V1__ClientMsg *msg, const void *tail,
+		 uint32_t tail_len, const int *fds, unsigned nfds, uint16_t hdr_nfds)
+{
+	size_t n = tpw_frame_size(&msg->base);
+	uint8_t *buf = malloc(n + tail_len);
+	int e;
+
+	if (!buf)
+		return -ENOMEM;
+	n = tpw_frame_pack(&msg->base, tail_len, hdr_nfds, ++r->seq, buf);
+	if (tail_len)
+		memcpy(buf + n, tail, tail_len);
+	e = tpt_raw_send_bytes(r, buf, n + tail_len, fds, nfds);
+	free(buf);
+	return e;
+}
+
+/* Reads exactly @len bytes before @deadline. Return: 0, -ECONNRESET on EOF, -ETIMEDOUT, -errno. */
+static int read_full(int fd, void *buf, size_t len, uint64_t deadline)
+{
+	uint8_t *p = buf;
+	size_t off = 0;
+
+	while (off < len) {
+		struct pollfd pf = { .fd = fd, .events = POLLIN };
+		int left = (int)(deadline > tpt_now_ms() ? deadline - tpt_now_ms() : 0);
+		ssize_t n;
+		int r = poll(&pf, 1, left);
+
+		if (r < 0 && errno == EINTR)
+			continue;
+		if (r < 0)
+			return -errno;
+		if (r == 0)
+			return -ETIMEDOUT;
+		n = recv(fd, p + off, len - off, MSG_CMSG_CLOEXEC);
+		if (n < 0 && (errno == EINTR || errno == EAGAIN))
+			continue;
+		if (n < 0)
+			return errno == ECONNRESET ? -ECONNRESET : -errno;
+		if (n == 0)
+			return -ECONNRESET;
+		off += (size_t)n;
+	}
+	return 0;
+}
+
+static int recv_frame(struct tpt_raw *r, uint64_t deadline, Tpw__V1__DaemonMsg **ret,
+		      uint8_t **ret_tail, uint32_t *ret_tail_len)
+{
+	uint8_t hb[TPW_HDR_SIZE], *body;
+	struct tpw_hdr h;
+	int e = read_full(r->fd, hb, sizeof(hb), deadline);
+
+	if (e < 0)
+		return e;
+	e = tpw_hdr_parse(hb, TPW_FRAME_MAX_HARD, &h);
+	if (e < 0)
+		return e;
+	body = malloc((size_t)h.msg_len + h.data_len + 1);
+	if (!body)
+		return -ENOMEM;
+	e = read_full(r->fd, body, (size_t)h.msg_len + h.data_len, deadline);
+	if (e == 0)
+		e = tpw_daemon_msg_unpack(body, h.msg_len, ret);
+	if (e == 0 && ret_tail) {
+		memmove(body, body + h.msg_len, h.data_len);
+		*ret_tail = body;
+		*ret_tail_len = h.data_len;
+		return 0;
+	}
+	free(body);
+	return e;
+}
+
+int tpt_raw_recv(struct tpt_raw *r, int timeout_ms, Tpw__V1__DaemonMsg **ret, uint8_t **ret_tail,
+		 uint32_t *ret_tail_len)
+{
+	return recv_frame(r, tpt_now_ms() + (uint64_t)timeout_ms, ret, ret_tail, ret_tail_len);
+}
+
+int tpt_raw_expect(struct tpt_raw *r, int body_case, int timeout_ms, Tpw__V1__DaemonMsg **ret)
+{
+	uint64_t deadline = tpt_now_ms() + (uint64_t)timeout_ms;
+
+	for (;;) {
+		Tpw__V1__DaemonMsg *m = NULL;
+		int e = recv_frame(r, deadline, &m, NULL, NULL);
+
+		if (e < 0)
+			return e;
+		if ((int)m->body_case == body_case) {
+			*ret = m;
+			return 0;
+		}
+		tpw_daemon_msg_free(m);
+	}
+}
+
+int tpt_raw_hello(struct tpt_raw *r, Tpw__V1__Role role, int timeout_ms)
+{
+	Tpw__V1__ClientMsg m = TPW__V1__CLIENT_MSG__INIT;
+	Tpw__V1__Hello h = TPW__V1__HELLO__INIT;
+	Tpw__V1__DaemonMsg *rep = NULL;
+	int e;
+
+	h.major = TPW_PROTO_MAJOR;
+	h.minor = TPW_PROTO_MINOR;
+	h.role = role;
+	h.name = "tpt-raw";
+	m.body_case = TPW__V1__CLIENT_MSG__BODY_HELLO;
+	m.hello = &h;
+	e = tpt_raw_send(r, &m, NULL, 0, NULL, 0, 0);
+	if (e < 0)
+		return e;
+	e = tpt_raw_recv(r, timeout_ms, &rep, NULL, NULL);
+	if (e < 0)
+		return e;
+	if (rep->body_case != TPW__V1__DAEMON_MSG__BODY_HELLO_REPLY)
+		e = -EPROTO;
+	else if (rep->hello_reply->status != TPW__V1__STATUS__STATUS_OK)
+		e = tpw_status_to_errno(rep->hello_reply->status);
+	tpw_daemon_msg_free(rep);
+	return e;
+}
+
+int tpt_raw_wait_closed(struct tpt_raw *r, int timeout_ms)
+{
+	uint64_t deadline = tpt_now_ms() + (uint64_t)timeout_ms;
+	uint8_t buf[4096];
+
+	for (;;) {
+		struct pollfd pf = { .fd = r->fd, .events = POLLIN };
+		int left = (int)(deadline > tpt_now_ms() ? deadline - tpt_now_ms() : 0);
+		int e = poll(&pf, 1, left);
+		ssize_t n;
+
+		if (e < 0 && errno == EINTR)
+			continue;
+		if (e == 0)
+			return -ETIMEDOUT;
+		n = recv(r->fd, buf, sizeof(buf), MSG_CMSG_CLOEXEC);
+		if (n == 0 || (n < 0 && errno == ECONNRESET))
+			return 0;
+		if (n < 0 && errno != EINTR && errno != EAGAIN)
+			return -errno;
+	}
+}

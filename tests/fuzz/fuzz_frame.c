@@ -1,0 +1,111 @@
+/* SPDX-License-Identifier: BSD-3-Clause */
+/*
+ * libFuzzer target for the wire: one input is one frame (24-byte header, protobuf message,
+ * data tail). It goes through header parse, bounded unpack and validation as the daemon would
+ * see it (ClientMsg) and as the library would (DaemonMsg). On top of "no crash, no leak", it
+ * checks that whatever validation accepts is safe to use: inline segments lie inside the data
+ * tail and an eager descriptor's lengths add up to its tail. Built with -fsanitize=fuzzer only
+ * by clang; replay_frame.c runs the same function over the committed corpus in every build.
+ */
+#include <stdbool.h>
+#include <stdlib.h>
+#include "fuzz_frame.h"
+#include "validate.h"
+
+/* Touches every byte of [off, off + len) in the tail; aborts if validation let it escape. */
+static unsigned touch(const uint8_t *tail, uint32_t tail_len, uint64_t off, uint64_t len)
+{
+	unsigned sum = 0;
+
+	if (off > tail_len || len > tail_len - off)
+		abort();
+	for (uint64_t i = 0; i < len; i++)
+		sum += tail[off + i];
+	return sum;
+}
+
+static void use_write(const Tpw__V1__Write *w, const uint8_t *tail, uint32_t tail_len)
+{
+	volatile unsigned sink = 0;
+
+	for (size_t i = 0; i < w->n_payloads + w->n_tensors; i++) {
+		const Tpw__V1__Segment *s = i < w->n_payloads ? w->payloads[i]->data :
+								w->tensors[i - w->n_payloads]->data;
+		if (s->loc_case == TPW__V1__SEGMENT__LOC_INLINE_OFF)
+			sink += touch(tail, tail_len, s->inline_off, s->length);
+	}
+	(void)sink;
+}
+
+static void use_descriptor(const Tpw__V1__Descriptor *d, uint32_t tail_len)
+{
+	uint64_t total = 0;
+
+	if (!d->eager)
+		return;
+	for (size_t i = 0; i < d->n_payloads; i++)
+		total += d->payloads[i]->length;
+	for (size_t i = 0; i < d->n_tensors; i++)
+		total += d->tensors[i]->length;
+	if (total != tail_len)
+		abort();
+}
+
+static bool check_client(const struct tpw_hdr *h, const uint8_t *msg, const uint8_t *tail,
+			 const struct tpw_limits *lim)
+{
+	Tpw__V1__ClientMsg *m = NULL;
+	char why[256];
+	bool ok;
+
+	if (tpw_client_msg_unpack(msg, h->msg_len, &m) < 0)
+		return false;
+	ok = tpw_client_msg_validate(m, h, lim, why, sizeof(why)) == 0;
+	if (ok && m->body_case == TPW__V1__CLIENT_MSG__BODY_WRITE)
+		use_write(m->write, tail, h->data_len);
+	tpw_client_msg_free(m);
+	return ok;
+}
+
+static bool check_daemon(const struct tpw_hdr *h, const uint8_t *msg,
+			 const struct tpw_limits *lim)
+{
+	Tpw__V1__DaemonMsg *m = NULL;
+	char why[256];
+	bool ok;
+
+	if (tpw_daemon_msg_unpack(msg, h->msg_len, &m) < 0)
+		return false;
+	ok = tpw_daemon_msg_validate(m, h, lim, why, sizeof(why)) == 0;
+	if (ok && m->body_case == TPW__V1__DAEMON_MSG__BODY_DESCRIPTOR)
+		use_descriptor(m->descriptor, h->data_len);
+	tpw_daemon_msg_free(m);
+	return ok;
+}
+
+unsigned fuzz_frame_check(const uint8_t *data, size_t size)
+{
+	struct tpw_limits lim;
+	struct tpw_hdr h;
+	size_t body;
+	unsigned res = 0;
+
+	tpw_limits_default(&lim);
+	if (size < TPW_HDR_SIZE || tpw_hdr_parse(data, lim.frame_max, &h) < 0)
+		return 0;
+	body = size - TPW_HDR_SIZE;
+	/* A frame is exactly header + message + tail; shorter input is a cut stream. */
+	if (h.msg_len > body || h.data_len != body - h.msg_len)
+		return 0;
+	if (check_client(&h, data + TPW_HDR_SIZE, data + TPW_HDR_SIZE + h.msg_len, &lim))
+		res |= FUZZ_CLIENT_OK;
+	if (check_daemon(&h, data + TPW_HDR_SIZE, &lim))
+		res |= FUZZ_DAEMON_OK;
+	return res;
+}
+
+int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size)
+{
+	fuzz_frame_check(data, size);
+	return 0;
+}

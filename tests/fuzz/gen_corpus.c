@@ -1,0 +1,295 @@
+/* SPDX-License-Identifier: BSD-3-Clause */
+/*
+ * Writes the seed corpus of the frame fuzz target: one valid frame of each client message type,
+ * a few valid daemon frames, and broken frames (bad header fields, cut or garbage protobuf,
+ * rule violations). Names carry the expected verdict (see replay_frame.c). Run once by hand,
+ * `gen_corpus tests/fuzz/corpus`, and commit the files; it is not part of the test run.
+ */
+#include <errno.h>
+#include <stdbool.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include "frame.h"
+
+static const char *outdir;
+
+static void save(const char *name, const uint8_t *buf, size_t len)
+{
+	char path[4096];
+	FILE *f;
+
+	snprintf(path, sizeof(path), "%s/%s.bin", outdir, name);
+	f = fopen(path, "wb");
+	if (!f || fwrite(buf, 1, len, f) != len || fclose(f) != 0) {
+		perror(path);
+		exit(1);
+	}
+}
+
+/* Saves a frame of @msg followed by @tail_len bytes of tail (0x5a), header fields as given. */
+static void frame(const char *name, const ProtobufCMessage *msg, uint32_t tail_len, uint16_t nfds)
+{
+	size_t n = tpw_frame_size(msg);
+	uint8_t *buf = calloc(1, n + tail_len);
+
+	if (!buf)
+		exit(1);
+	n = tpw_frame_pack(msg, tail_len, nfds, 1, buf);
+	memset(buf + n, 0x5a, tail_len);
+	save(name, buf, n + tail_len);
+	free(buf);
+}
+
+static void client(const char *name, Tpw__V1__ClientMsg *m, uint32_t tail_len, uint16_t nfds)
+{
+	frame(name, &m->base, tail_len, nfds);
+}
+
+static void gen_session(void)
+{
+	Tpw__V1__ClientMsg m = TPW__V1__CLIENT_MSG__INIT;
+	Tpw__V1__Hello h = TPW__V1__HELLO__INIT;
+	Tpw__V1__Listen l = TPW__V1__LISTEN__INIT;
+	Tpw__V1__ListenerClose lc = TPW__V1__LISTENER_CLOSE__INIT;
+	Tpw__V1__Connect c = TPW__V1__CONNECT__INIT;
+	Tpw__V1__CtlRequest ctl = TPW__V1__CTL_REQUEST__INIT;
+	Tpw__V1__PipeClose pc = TPW__V1__PIPE_CLOSE__INIT;
+
+	h.major = TPW_PROTO_MAJOR;
+	h.role = TPW__V1__ROLE__ROLE_CLIENT;
+	h.name = "trainer:1234";
+	h.cma_probe_addr = 0x7ffd12345678ull;
+	h.cma_probe_value = 0x1122334455667788ull;
+	m.body_case = TPW__V1__CLIENT_MSG__BODY_HELLO;
+	m.hello = &h;
+	client("client-ok-hello", &m, 0, 0);
+	client("client-bad-tail-on-hello", &m, 3, 0);
+	h.role = TPW__V1__ROLE__ROLE_CONTROL;
+	client("client-ok-hello-control", &m, 0, 0);
+	h.role = 7;
+	client("client-bad-hello-role", &m, 0, 0);
+
+	l.req_id = 1;
+	l.name = "trainer0";
+	l.access = TPW__V1__ACCESS__ACCESS_GROUP;
+	l.gid = 100;
+	m.body_case = TPW__V1__CLIENT_MSG__BODY_LISTEN;
+	m.listen = &l;
+	client("client-ok-listen", &m, 0, 0);
+	l.name = "bad name";
+	client("client-bad-listen-name", &m, 0, 0);
+
+	lc.listener_id = 3;
+	m.body_case = TPW__V1__CLIENT_MSG__BODY_LISTENER_CLOSE;
+	m.listener_close = &lc;
+	client("client-ok-listener-close", &m, 0, 0);
+
+	c.req_id = 2;
+	c.pipe_id = 1;
+	c.address = "trainer0";
+	m.body_case = TPW__V1__CLIENT_MSG__BODY_CONNECT;
+	m.connect = &c;
+	client("client-ok-connect", &m, 0, 0);
+	c.pipe_id = 1ull << 63;
+	client("client-bad-connect-pipe-id", &m, 0, 0);
+
+	ctl.req_id = 9;
+	ctl.what = TPW__V1__CTL_WHAT__CTL_PIPES;
+	m.body_case = TPW__V1__CLIENT_MSG__BODY_CTL;
+	m.ctl = &ctl;
+	client("client-ok-ctl-pipes", &m, 0, 0);
+
+	pc.pipe_id = 1;
+	m.body_case = TPW__V1__CLIENT_MSG__BODY_PIPE_CLOSE;
+	m.pipe_close = &pc;
+	client("client-ok-pipe-close", &m, 0, 0);
+	client("client-bad-fd-on-pipe-close", &m, 0, 1);
+}
+
+static void gen_buffers(void)
+{
+	Tpw__V1__ClientMsg m = TPW__V1__CLIENT_MSG__INIT;
+	Tpw__V1__BufferRegister br = TPW__V1__BUFFER_REGISTER__INIT;
+	Tpw__V1__BufferRelease rel = TPW__V1__BUFFER_RELEASE__INIT;
+
+	br.req_id = 4;
+	br.buf_id = 1;
+	br.gen = 1;
+	br.size = 1 << 20;
+	m.body_case = TPW__V1__CLIENT_MSG__BODY_BUFFER_REGISTER;
+	m.buffer_register = &br;
+	client("client-ok-buffer-register", &m, 0, 1);
+	client("client-bad-buffer-register-no-fd", &m, 0, 0);
+	rel.buf_id = 1;
+	rel.gen = 1;
+	m.body_case = TPW__V1__CLIENT_MSG__BODY_BUFFER_RELEASE;
+	m.buffer_release = &rel;
+	client("client-ok-buffer-release", &m, 0, 0);
+}
+
+static void gen_write(void)
+{
+	Tpw__V1__ClientMsg m = TPW__V1__CLIENT_MSG__INIT;
+	Tpw__V1__Write w = TPW__V1__WRITE__INIT;
+	Tpw__V1__Segment s[3] = { TPW__V1__SEGMENT__INIT, TPW__V1__SEGMENT__INIT,
+				  TPW__V1__SEGMENT__INIT };
+	Tpw__V1__ShmRef shm = TPW__V1__SHM_REF__INIT;
+	Tpw__V1__Payload p = TPW__V1__PAYLOAD__INIT;
+	Tpw__V1__Tensor t[2] = { TPW__V1__TENSOR__INIT, TPW__V1__TENSOR__INIT };
+	Tpw__V1__Device dev = TPW__V1__DEVICE__INIT;
+	Tpw__V1__Payload *ps[] = { &p };
+	Tpw__V1__Tensor *ts[] = { &t[0], &t[1] };
+
+	w.pipe_id = 1;
+	w.write_id = 1;
+	w.metadata = (ProtobufCBinaryData){ 4, (uint8_t *)"meta" };
+	m.body_case = TPW__V1__CLIENT_MSG__BODY_WRITE;
+	m.write = &w;
+	client("client-ok-write-empty", &m, 0, 0);
+
+	s[0].length = 16;
+	s[0].loc_case = TPW__V1__SEGMENT__LOC_INLINE_OFF;
+	p.data = &s[0];
+	p.metadata = (ProtobufCBinaryData){ 2, (uint8_t *)"pm" };
+	w.n_payloads = 1;
+	w.payloads = ps;
+	client("client-ok-write-inline", &m, 16, 0);
+	client("client-bad-write-inline-outside-tail", &m, 15, 0);
+	client("client-bad-write-with-fd", &m, 16, 1);
+
+	shm.buf_id = 1;
+	shm.gen = 1;
+	shm.offset = 4096;
+	s[1].length = 1 << 20;
+	s[1].loc_case = TPW__V1__SEGMENT__LOC_SHM;
+	s[1].shm = &shm;
+	s[2].length = 65536;
+	s[2].loc_case = TPW__V1__SEGMENT__LOC_CMA_ADDR;
+	s[2].cma_addr = 0x7f0000000000ull;
+	dev.type = TPW__V1__DEVICE_TYPE__DEVICE_CPU;
+	t[0].data = &s[1];
+	t[0].device = &dev;
+	t[1].data = &s[2];
+	w.n_tensors = 2;
+	w.tensors = ts;
+	client("client-ok-write-mixed", &m, 16, 0);
+	s[2].cma_addr = UINT64_MAX - 100;
+	client("client-bad-write-cma-wraps", &m, 16, 0);
+}
+
+static void gen_read(void)
+{
+	Tpw__V1__ClientMsg m = TPW__V1__CLIENT_MSG__INIT;
+	Tpw__V1__Read r = TPW__V1__READ__INIT;
+	Tpw__V1__Segment s = TPW__V1__SEGMENT__INIT;
+	Tpw__V1__ShmRef shm = TPW__V1__SHM_REF__INIT;
+	Tpw__V1__Segment *ss[] = { &s };
+
+	r.pipe_id = 1ull << 63;
+	r.msg_id = 1;
+	r.ack_eager = true;
+	m.body_case = TPW__V1__CLIENT_MSG__BODY_READ;
+	m.read = &r;
+	client("client-ok-read-ack", &m, 0, 0);
+	r.ack_eager = false;
+	r.discard = true;
+	client("client-ok-read-discard", &m, 0, 0);
+	r.discard = false;
+	shm.buf_id = 2;
+	shm.gen = 1;
+	s.length = 1 << 20;
+	s.loc_case = TPW__V1__SEGMENT__LOC_SHM;
+	s.shm = &shm;
+	r.n_tensors = 1;
+	r.tensors = ss;
+	client("client-ok-read-shm", &m, 0, 0);
+	r.ack_eager = true;
+	client("client-bad-read-ack-with-segments", &m, 0, 0);
+	r.ack_eager = false;
+	s.loc_case = TPW__V1__SEGMENT__LOC_INLINE_OFF;
+	s.inline_off = 0;
+	client("client-bad-read-inline", &m, 0, 0);
+}
+
+static void gen_daemon(void)
+{
+	Tpw__V1__DaemonMsg m = TPW__V1__DAEMON_MSG__INIT;
+	Tpw__V1__Descriptor d = TPW__V1__DESCRIPTOR__INIT;
+	Tpw__V1__PayloadDesc pd = TPW__V1__PAYLOAD_DESC__INIT;
+	Tpw__V1__PayloadDesc *pds[] = { &pd };
+	Tpw__V1__WriteDone wd = TPW__V1__WRITE_DONE__INIT;
+
+	pd.length = 32;
+	d.pipe_id = 1;
+	d.msg_id = 1;
+	d.eager = true;
+	d.n_payloads = 1;
+	d.payloads = pds;
+	m.body_case = TPW__V1__DAEMON_MSG__BODY_DESCRIPTOR;
+	m.descriptor = &d;
+	frame("daemon-ok-descriptor-eager", &m.base, 32, 0);
+	frame("daemon-bad-descriptor-short-tail", &m.base, 31, 0);
+	wd.pipe_id = 1;
+	wd.write_id = 1;
+	wd.status = TPW__V1__STATUS__STATUS_PEER_DIED;
+	wd.message = "peer died";
+	m.body_case = TPW__V1__DAEMON_MSG__BODY_WRITE_DONE;
+	m.write_done = &wd;
+	frame("daemon-ok-write-done", &m.base, 0, 0);
+	frame("daemon-bad-write-done-with-fd", &m.base, 0, 1);
+}
+
+/* Header-level damage applied to a valid Hello frame. */
+static void gen_broken(void)
+{
+	Tpw__V1__ClientMsg m = TPW__V1__CLIENT_MSG__INIT;
+	Tpw__V1__Hello h = TPW__V1__HELLO__INIT;
+	static const uint8_t garbage[] = { 0x3a, 0x05, 0xff, 0xff, 0xff, 0xff, 0xff };
+	static const uint8_t unknown_field[] = { 0x78, 0x01 }; /* field 15: no body */
+	uint8_t buf[256];
+	struct tpw_hdr hd = { TPW_MAGIC, TPW_WIRE_VERSION, 0, 0, 0, 1 };
+	size_t n;
+
+	h.major = 1;
+	h.role = TPW__V1__ROLE__ROLE_CLIENT;
+	m.body_case = TPW__V1__CLIENT_MSG__BODY_HELLO;
+	m.hello = &h;
+	n = tpw_frame_pack(&m.base, 0, 0, 1, buf);
+	buf[0] ^= 0xff;
+	save("client-bad-magic", buf, n);
+	buf[0] ^= 0xff;
+	buf[4] = 2;
+	save("client-bad-version", buf, n);
+	buf[4] = 1;
+	buf[11] = 0x7f; /* msg_len far above frame_max */
+	save("client-bad-oversize", buf, n);
+	n = tpw_frame_pack(&m.base, 0, 0, 1, buf);
+	save("client-bad-truncated", buf, n - 2);
+
+	hd.msg_len = sizeof(garbage);
+	tpw_hdr_pack(&hd, buf);
+	memcpy(buf + TPW_HDR_SIZE, garbage, sizeof(garbage));
+	save("client-bad-garbage", buf, TPW_HDR_SIZE + sizeof(garbage));
+	hd.msg_len = sizeof(unknown_field);
+	tpw_hdr_pack(&hd, buf);
+	memcpy(buf + TPW_HDR_SIZE, unknown_field, sizeof(unknown_field));
+	save("client-bad-no-body", buf, TPW_HDR_SIZE + sizeof(unknown_field));
+	save("daemon-bad-no-body", buf, TPW_HDR_SIZE + sizeof(unknown_field));
+}
+
+int main(int argc, char **argv)
+{
+	if (argc != 2) {
+		fprintf(stderr, "usage: %s OUTDIR\n", argv[0]);
+		return 2;
+	}
+	outdir = argv[1];
+	gen_session();
+	gen_buffers();
+	gen_write();
+	gen_read();
+	gen_daemon();
+	gen_broken();
+	return 0;
+}

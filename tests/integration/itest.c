@@ -1,0 +1,500 @@
+/* SPDX-License-Identifier: BSD-3-Clause */
+/*
+ * Client-side helpers of the integration suites. See itest.h.
+ */
+#include <errno.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+#include "itest.h"
+
+struct tpt_daemon tpt_fixture_daemon;
+
+const char *tpt_mem_name(enum tpt_mem m)
+{
+	switch (m) {
+	case TPT_MEM_PRIVATE: return "private";
+	case TPT_MEM_SHM: return "shm";
+	case TPT_MEM_SLAB: return "slab";
+	case TPT_MEM_MIXED: return "mixed";
+	}
+	return "?";
+}
+
+int tpt_ctx_new(const struct tpt_daemon *d, uint32_t flags, const char *name,
+		struct tp_context **ret)
+{
+	struct tp_context_options o = {
+		.size = sizeof(o),
+		.socket_path = d->socket,
+		.name = name,
+		.flags = flags,
+	};
+
+	return tp_context_new(&o, ret);
+}
+
+void tpt_meta_fill(uint8_t *buf, size_t len, const struct tpt_msg_spec *s, char what, size_t i)
+{
+	unsigned tag = 0x10000u + ((unsigned)what << 8) + (unsigned)i;
+
+	tpt_fill(buf, len, tpt_seed(s->pipe, s->index, tag));
+}
+
+/* ---- segment memory ------------------------------------------------------------------------- */
+
+struct segs {
+	void *ptr[TPT_SEGS_MAX];
+	void *bufs[TPT_SEGS_MAX + 1];
+	bool shm[TPT_SEGS_MAX + 1];
+};
+
+static enum tpt_mem seg_kind(enum tpt_mem mem, size_t k)
+{
+	if (mem == TPT_MEM_MIXED)
+		return k % 2 ? TPT_MEM_SHM : TPT_MEM_PRIVATE;
+	return mem;
+}
+
+static int segs_alloc(struct tp_context *ctx, size_t n, const size_t *lens, enum tpt_mem mem,
+		      struct segs *g)
+{
+	size_t slab_size = 64, off = 7;
+	uint8_t *slab = NULL;
+	int r;
+
+	memset(g, 0, sizeof(*g));
+	for (size_t k = 0; mem == TPT_MEM_SLAB && k < n; k++)
+		slab_size += lens[k] + 13;
+	if (mem == TPT_MEM_SLAB) {
+		r = tp_buffer_alloc(ctx, slab_size, (void **)&slab);
+		TPT_REQUIRE(r == 0, r, "tp_buffer_alloc(%zu): %d %s", slab_size, r,
+			    tp_last_error());
+		g->bufs[n] = slab;
+		g->shm[n] = true;
+	}
+	for (size_t k = 0; k < n; k++) {
+		if (lens[k] == 0)
+			continue;
+		switch (seg_kind(mem, k)) {
+		case TPT_MEM_SLAB:
+			g->ptr[k] = slab + off;
+			off += lens[k] + 13;
+			break;
+		case TPT_MEM_SHM:
+			r = tp_buffer_alloc(ctx, lens[k], &g->ptr[k]);
+			TPT_REQUIRE(r == 0, r, "tp_buffer_alloc(%zu): %d %s", lens[k], r,
+				    tp_last_error());
+			g->bufs[k] = g->ptr[k];
+			g->shm[k] = true;
+			break;
+		default:
+			g->ptr[k] = malloc(lens[k]);
+			TPT_REQUIRE(g->ptr[k], -ENOMEM, "malloc(%zu)", lens[k]);
+			g->bufs[k] = g->ptr[k];
+			break;
+		}
+	}
+	return 0;
+}
+
+static void segs_free(struct tp_context *ctx, void **bufs, bool *shm, size_t n)
+{
+	for (size_t k = 0; k <= n; k++) {
+		if (!bufs[k])
+			continue;
+		if (shm[k])
+			tp_buffer_free(ctx, bufs[k]);
+		else
+			free(bufs[k]);
+		bufs[k] = NULL;
+	}
+}
+
+/* ---- building a message ---------------------------------------------------------------------- */
+
+static void msg_fill_meta(struct tpt_msg *m, const struct tpt_msg_spec *s)
+{
+	uint8_t *p = m->meta;
+
+	if (s->meta_len) {
+		tpt_meta_fill(p, s->meta_len, s, 'm', 0);
+		m->m.metadata = p;
+		m->m.metadata_len = s->meta_len;
+		p += s->meta_len;
+	}
+	for (size_t k = 0; s->seg_meta_len && k < s->n_payloads; k++) {
+		tpt_meta_fill(p, s->seg_meta_len, s, 'p', k);
+		m->payloads[k].metadata = p;
+		m->payloads[k].metadata_len = s->seg_meta_len;
+		p += s->seg_meta_len;
+	}
+	for (size_t k = 0; s->seg_meta_len && k < s->n_tensors; k++) {
+		tpt_meta_fill(p, s->seg_meta_len, s, 't', k);
+		m->tensors[k].metadata = p;
+		m->tensors[k].metadata_len = s->seg_meta_len;
+		p += s->seg_meta_len;
+	}
+}
+
+int tpt_msg_build(struct tp_context *ctx, const struct tpt_msg_spec *s, enum tpt_mem mem,
+		  struct tpt_msg *ret)
+{
+	size_t n = s->n_payloads + s->n_tensors;
+	struct segs g;
+	int r;
+
+	memset(ret, 0, sizeof(*ret));
+	TPT_REQUIRE(n <= TPT_SEGS_MAX, -E2BIG, "%zu segments", n);
+	r = segs_alloc(ctx, n, s->lens, mem, &g);
+	memcpy(ret->bufs, g.bufs, sizeof(g.bufs));
+	memcpy(ret->shm, g.shm, sizeof(g.shm));
+	if (r < 0) {
+		tpt_msg_free(ctx, ret);
+		return r;
+	}
+	ret->meta = malloc(s->meta_len + n * s->seg_meta_len + 1);
+	TPT_REQUIRE(ret->meta, -ENOMEM, "metadata");
+	for (size_t k = 0; k < n; k++)
+		if (s->lens[k])
+			tpt_fill(g.ptr[k], s->lens[k], tpt_seed(s->pipe, s->index, (unsigned)k));
+	for (size_t k = 0; k < s->n_payloads; k++)
+		ret->payloads[k] = (struct tp_payload){ .data = g.ptr[k], .length = s->lens[k] };
+	for (size_t k = 0; k < s->n_tensors; k++) {
+		struct tp_tensor *t = &ret->tensors[k];
+		*t = (struct tp_tensor){ .device = { TP_DEVICE_CPU, 0 },
+					 .data = g.ptr[s->n_payloads + k],
+					 .length = s->lens[s->n_payloads + k] };
+		if (s->tensor_target) {
+			t->has_target = true;
+			t->target = (struct tp_device){ TP_DEVICE_CUDA, 1 };
+		}
+	}
+	ret->m.payloads = s->n_payloads ? ret->payloads : NULL;
+	ret->m.n_payloads = s->n_payloads;
+	ret->m.tensors = s->n_tensors ? ret->tensors : NULL;
+	ret->m.n_tensors = s->n_tensors;
+	msg_fill_meta(ret, s);
+	return 0;
+}
+
+void tpt_msg_free(struct tp_context *ctx, struct tpt_msg *m)
+{
+	segs_free(ctx, m->bufs, m->shm, TPT_SEGS_MAX);
+	free(m->meta);
+	m->meta = NULL;
+}
+
+/* ---- reading and checking -------------------------------------------------------------------- */
+
+static bool meta_ok(const void *got, size_t got_len, size_t want_len,
+		    const struct tpt_msg_spec *s, char what, size_t i)
+{
+	uint8_t *want;
+	bool ok;
+
+	if (got_len != want_len) {
+		tpt_log("msg %u/%u: %c%zu metadata of %zu bytes, want %zu", s->pipe, s->index, what,
+			i, got_len, want_len);
+		return false;
+	}
+	if (want_len == 0)
+		return true;
+	want = malloc(want_len);
+	if (!want)
+		return false;
+	tpt_meta_fill(want, want_len, s, what, i);
+	ok = got && memcmp(got, want, want_len) == 0;
+	if (!ok)
+		tpt_log("msg %u/%u: %c%zu metadata differs", s->pipe, s->index, what, i);
+	free(want);
+	return ok;
+}
+
+static bool desc_ok(const struct tp_descriptor *d, const struct tpt_msg_spec *s)
+{
+	bool ok = meta_ok(d->metadata, d->metadata_len, s->meta_len, s, 'm', 0);
+
+	if (d->n_payloads != s->n_payloads || d->n_tensors != s->n_tensors) {
+		tpt_log("msg %u/%u: %zu payloads + %zu tensors, want %zu + %zu", s->pipe, s->index,
+			d->n_payloads, d->n_tensors, s->n_payloads, s->n_tensors);
+		return false;
+	}
+	for (size_t k = 0; ok && k < s->n_payloads; k++) {
+		ok = meta_ok(d->payloads[k].metadata, d->payloads[k].metadata_len, s->seg_meta_len,
+			     s, 'p', k);
+		if (d->payloads[k].length != s->lens[k]) {
+			tpt_log("msg %u/%u: payload %zu is %zu bytes, want %zu", s->pipe, s->index,
+				k, d->payloads[k].length, s->lens[k]);
+			ok = false;
+		}
+	}
+	for (size_t k = 0; ok && k < s->n_tensors; k++) {
+		const struct tp_tensor_desc *t = &d->tensors[k];
+		ok = meta_ok(t->metadata, t->metadata_len, s->seg_meta_len, s, 't', k);
+		if (t->length != s->lens[s->n_payloads + k] || t->device.type != TP_DEVICE_CPU ||
+		    t->has_target != s->tensor_target ||
+		    (s->tensor_target &&
+		     (t->target.type != TP_DEVICE_CUDA || t->target.index != 1))) {
+			tpt_log("msg %u/%u: tensor %zu: %zu bytes (want %zu), device %d, target %d "
+				"%d:%d", s->pipe, s->index, k, t->length,
+				s->lens[s->n_payloads + k], t->device.type, t->has_target,
+				t->target.type, t->target.index);
+			ok = false;
+		}
+	}
+	return ok;
+}
+
+static bool data_ok(const struct segs *g, const struct tpt_msg_spec *s)
+{
+	size_t n = s->n_payloads + s->n_tensors, bad;
+
+	for (size_t k = 0; k < n; k++) {
+		if (s->lens[k] &&
+		    !tpt_verify(g->ptr[k], s->lens[k], tpt_seed(s->pipe, s->index, (unsigned)k),
+				&bad)) {
+			tpt_log("msg %u/%u: segment %zu (%zu bytes) differs at byte %zu", s->pipe,
+				s->index, k, s->lens[k], bad);
+			return false;
+		}
+	}
+	return true;
+}
+
+int tpt_msg_read_check(struct tp_context *ctx, struct tp_pipe *p, const struct tpt_msg_spec *s,
+		       enum tpt_mem mem, int timeout_ms)
+{
+	struct tp_slot slots[TPT_SEGS_MAX];
+	struct tp_descriptor *d = NULL;
+	struct tp_allocation a;
+	size_t n = s->n_payloads + s->n_tensors;
+	struct segs g;
+	int r = tp_pipe_read_descriptor_sync(p, timeout_ms, &d);
+
+	TPT_REQUIRE(r == 0, r, "msg %u/%u: read_descriptor: %d %s", s->pipe, s->index, r,
+		    tp_last_error());
+	if (!desc_ok(d, s)) {
+		tp_descriptor_free(d);
+		return 1;
+	}
+	r = segs_alloc(ctx, n, s->lens, mem, &g);
+	if (r < 0) {
+		tp_descriptor_free(d);
+		segs_free(ctx, g.bufs, g.shm, n);
+		return r;
+	}
+	for (size_t k = 0; k < n; k++)
+		slots[k] = (struct tp_slot){ .device = { TP_DEVICE_CPU, 0 }, .data = g.ptr[k] };
+	a = (struct tp_allocation){ .payloads = slots, .n_payloads = s->n_payloads,
+				    .tensors = slots + s->n_payloads, .n_tensors = s->n_tensors };
+	r = tp_pipe_read_sync(p, d, &a);
+	if (r != 0)
+		tpt_log("msg %u/%u: read: %d %s", s->pipe, s->index, r, tp_last_error());
+	else if (!data_ok(&g, s))
+		r = 1;
+	segs_free(ctx, g.bufs, g.shm, n);
+	return r;
+}
+
+/* ---- completions -------------------------------------------------------------------------- */
+
+void tpt_done_init(struct tpt_done *d)
+{
+	memset(d, 0, sizeof(*d));
+	pthread_mutex_init(&d->lock, NULL);
+	pthread_cond_init(&d->cond, NULL);
+}
+
+void tpt_done_cb(void *arg, struct tp_pipe *p, int status, const char *errmsg)
+{
+	struct tpt_done_arg *a = arg;
+	struct tpt_done *d = a->done;
+
+	(void)p;
+	pthread_mutex_lock(&d->lock);
+	if (a->index != d->next)
+		d->order_errors++;
+	d->next = a->index + 1;
+	d->status[a->index % 4096] = status;
+	d->last_status = status;
+	d->count++;
+	if ((status != 0) != (errmsg != NULL && *errmsg))
+		d->bad_errmsg++;
+	pthread_cond_broadcast(&d->cond);
+	pthread_mutex_unlock(&d->lock);
+}
+
+int tpt_done_wait(struct tpt_done *d, unsigned count, int timeout_ms)
+{
+	struct timespec ts;
+	int r = 0;
+
+	clock_gettime(CLOCK_REALTIME, &ts);
+	ts.tv_sec += timeout_ms / 1000;
+	ts.tv_nsec += (long)(timeout_ms % 1000) * 1000000L;
+	if (ts.tv_nsec >= 1000000000L) {
+		ts.tv_sec++;
+		ts.tv_nsec -= 1000000000L;
+	}
+	pthread_mutex_lock(&d->lock);
+	while (d->count < count && r == 0)
+		r = pthread_cond_timedwait(&d->cond, &d->lock, &ts);
+	r = d->count >= count ? 0 : -ETIMEDOUT;
+	pthread_mutex_unlock(&d->lock);
+	return r;
+}
+
+/* ---- two-process transfer ------------------------------------------------------------------- */
+
+struct xfer_run {
+	const struct tpt_xfer *x;
+	struct tpt_sync ready;	/* reader -> writer: listening (0) or failed (< 0) */
+	struct tpt_sync writes; /* writer -> reader: every write completed */
+	struct tpt_sync reads;	/* reader -> writer: every message read and checked */
+	int timeout_ms;
+};
+
+static int xfer_read_all(struct tp_context *ctx, struct tp_pipe *p, const struct xfer_run *run)
+{
+	const struct tpt_xfer *x = run->x;
+	struct tpt_msg_spec s;
+
+	for (unsigned i = 0; i < x->n_msgs; i++) {
+		int r;
+		memset(&s, 0, sizeof(s));
+		x->spec(i, &s);
+		r = tpt_msg_read_check(ctx, p, &s, x->reader_mem, run->timeout_ms);
+		TPT_REQUIRE(r == 0, 1, "reader: message %u of %u: %d", i, x->n_msgs, r);
+	}
+	return 0;
+}
+
+static int xfer_reader(void *arg)
+{
+	struct xfer_run *run = arg;
+	struct tp_context *ctx = NULL;
+	struct tp_listener *l = NULL;
+	struct tp_pipe *p = NULL;
+	int r = tpt_ctx_new(run->x->d, run->x->reader_flags, "reader", &ctx);
+
+	if (r == 0 && (run->x->reader_flags & TP_CONTEXT_NO_CMA) && tp_context_cma_ok(ctx)) {
+		tpt_log("reader: TP_CONTEXT_NO_CMA set but tp_context_cma_ok() is true");
+		r = -EINVAL;
+	}
+	if (r == 0)
+		r = tp_listen(ctx, run->x->name, NULL, &l);
+	tpt_sync_post(&run->ready, (int8_t)(r < 0 ? -1 : 0));
+	TPT_REQUIRE(r == 0, 1, "reader: context/listen: %d %s", r, tp_last_error());
+	r = tp_listener_accept_sync(l, run->timeout_ms, &p);
+	TPT_REQUIRE(r == 0, 1, "reader: accept: %d %s", r, tp_last_error());
+	r = xfer_read_all(ctx, p, run);
+	tpt_sync_post(&run->reads, (int8_t)r);
+	if (r == 0 && tpt_sync_wait(&run->writes, run->timeout_ms) != 0) {
+		tpt_log("reader: the writer did not finish");
+		r = 1;
+	}
+	tp_pipe_close(p);
+	tp_listener_close(l);
+	tp_context_free(ctx);
+	return r;
+}
+
+static int xfer_write_all(struct tp_context *ctx, struct tp_pipe *p, const struct tpt_xfer *x)
+{
+	struct tpt_msg_spec s;
+	struct tpt_msg *m = malloc(sizeof(*m));
+	int r = 0;
+
+	TPT_REQUIRE(m, 1, "malloc");
+	for (unsigned i = 0; r == 0 && i < x->n_msgs; i++) {
+		memset(&s, 0, sizeof(s));
+		x->spec(i, &s);
+		r = tpt_msg_build(ctx, &s, x->writer_mem, m);
+		if (r == 0) {
+			r = tp_pipe_write_sync(p, &m->m);
+			if (r != 0)
+				tpt_log("writer: message %u: %d %s", i, r, tp_last_error());
+		}
+		tpt_msg_free(ctx, m);
+	}
+	free(m);
+	return r ? 1 : 0;
+}
+
+static int xfer_writer(void *arg)
+{
+	struct xfer_run *run = arg;
+	struct tp_context *ctx = NULL;
+	struct tp_pipe *p = NULL;
+	int r = tpt_sync_wait(&run->ready, run->timeout_ms);
+
+	TPT_REQUIRE(r == 0, 1, "writer: reader not ready: %d", r);
+	r = tpt_ctx_new(run->x->d, run->x->writer_flags, "writer", &ctx);
+	TPT_REQUIRE(r == 0, 1, "writer: context: %d %s", r, tp_last_error());
+	TPT_REQUIRE(!(run->x->writer_flags & TP_CONTEXT_NO_CMA) || !tp_context_cma_ok(ctx), 1,
+		    "writer: TP_CONTEXT_NO_CMA set but tp_context_cma_ok() is true");
+	r = tp_connect(ctx, run->x->name, &p);
+	if (r == 0)
+		r = tp_pipe_wait_connected(p, run->timeout_ms);
+	if (r != 0) {
+		tpt_log("writer: connect: %d %s", r, tp_last_error());
+		tp_context_free(ctx);
+		return 1;
+	}
+	r = xfer_write_all(ctx, p, run->x);
+	if (r == 0) {
+		tpt_sync_post(&run->writes, 0);
+		/* Stay open until the reader is through: closing early is tested elsewhere. */
+		tpt_sync_wait(&run->reads, run->timeout_ms);
+	}
+	tp_pipe_close(p);
+	tp_context_free(ctx);
+	return r;
+}
+
+bool tpt_xfer_run(const struct tpt_xfer *x)
+{
+	struct xfer_run run = { .x = x, .timeout_ms = x->timeout_ms ? x->timeout_ms :
+							TPT_CHILD_TIMEOUT_MS };
+	pid_t rd, wr;
+	bool ok;
+
+	if (tpt_sync_init(&run.ready) < 0 || tpt_sync_init(&run.writes) < 0 ||
+	    tpt_sync_init(&run.reads) < 0)
+		return false;
+	rd = tpt_fork(xfer_reader, &run);
+	wr = tpt_fork(xfer_writer, &run);
+	if (rd < 0 || wr < 0)
+		return false;
+	ok = tpt_wait_ok(wr, run.timeout_ms * 2, "writer");
+	ok = tpt_wait_ok(rd, run.timeout_ms * 2, "reader") && ok;
+	tpt_sync_done(&run.ready);
+	tpt_sync_done(&run.writes);
+	tpt_sync_done(&run.reads);
+	return ok;
+}
+
+/* ---- fixtures and runner ------------------------------------------------------------------- */
+
+void tpt_fixture_start(void)
+{
+	ck_assert_int_eq(tpt_daemon_start(&tpt_fixture_daemon, NULL), 0);
+}
+
+void tpt_fixture_stop(void)
+{
+	ck_assert_int_eq(tpt_daemon_stop(&tpt_fixture_daemon), 0);
+}
+
+int tpt_run_suite(Suite *s)
+{
+	SRunner *sr = srunner_create(s);
+	int failed;
+
+	srunner_set_fork_status(sr, CK_FORK);
+	srunner_run_all(sr, CK_ENV);
+	failed = srunner_ntests_failed(sr);
+	srunner_free(sr);
+	return failed ? EXIT_FAILURE : EXIT_SUCCESS;
+}

@@ -1,0 +1,120 @@
+/* SPDX-License-Identifier: BSD-3-Clause */
+/*
+ * Client-side helpers shared by the integration suites (they link libtpclient): contexts on a
+ * test daemon, messages built from a spec with deterministic contents in private or shared
+ * memory, reading a message back and checking every count, length, metadata byte and data byte,
+ * and a two-process transfer (reader + writer children) driven by a spec. Everything here runs
+ * in forked children: failures are printed and returned, never asserted.
+ */
+#ifndef TPT_ITEST_H
+#define TPT_ITEST_H
+
+#include <check.h>
+#include <pthread.h>
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+#include "tpclient.h"
+#include "tpt.h"
+
+/* Where a segment's bytes live. */
+enum tpt_mem {
+	TPT_MEM_PRIVATE, /* malloc */
+	TPT_MEM_SHM,	 /* one tp_buffer_alloc() per segment */
+	TPT_MEM_SLAB,	 /* all segments carved at odd offsets from one tp_buffer_alloc() */
+	TPT_MEM_MIXED,	 /* alternate private / shm per segment */
+};
+
+const char *tpt_mem_name(enum tpt_mem m);
+
+#define TPT_SEGS_MAX 132
+
+/* What a message holds. Contents and metadata derive from (pipe, index). */
+struct tpt_msg_spec {
+	unsigned pipe, index;
+	size_t n_payloads, n_tensors;
+	size_t lens[TPT_SEGS_MAX]; /* payloads first, then tensors */
+	size_t meta_len;	   /* bytes of message metadata (0: none) */
+	size_t seg_meta_len;	   /* bytes of metadata per payload and tensor (0: none) */
+	bool tensor_target;	   /* tensors ask for CUDA device 1 on the reader */
+};
+
+/* A built message; owns its data (free with tpt_msg_free()). */
+struct tpt_msg {
+	struct tp_message m;
+	struct tp_payload payloads[TPT_SEGS_MAX];
+	struct tp_tensor tensors[TPT_SEGS_MAX];
+	void *bufs[TPT_SEGS_MAX + 1]; /* per segment (+ slab), to free */
+	bool shm[TPT_SEGS_MAX + 1];
+	uint8_t *meta;
+};
+
+/* Fills the metadata of a spec'd message: @what is 'm', 'p' or 't', @i the segment. */
+void tpt_meta_fill(uint8_t *buf, size_t len, const struct tpt_msg_spec *s, char what, size_t i);
+
+int tpt_msg_build(struct tp_context *ctx, const struct tpt_msg_spec *s, enum tpt_mem mem,
+		  struct tpt_msg *ret);
+void tpt_msg_free(struct tp_context *ctx, struct tpt_msg *m);
+
+/*
+ * tpt_msg_read_check() - read the next message on @p into memory of kind @mem and check it
+ * against @s. Return: 0; 1 on a content mismatch (printed); -errno from the library.
+ */
+int tpt_msg_read_check(struct tp_context *ctx, struct tp_pipe *p, const struct tpt_msg_spec *s,
+		       enum tpt_mem mem, int timeout_ms);
+
+/* Opens a context on @d's socket with @flags and @name (NULL: library default). */
+int tpt_ctx_new(const struct tpt_daemon *d, uint32_t flags, const char *name,
+		struct tp_context **ret);
+
+/* ---- waiting for async completions ---------------------------------------------------------- */
+
+/* Collects callback results; thread safe. */
+struct tpt_done {
+	pthread_mutex_t lock;
+	pthread_cond_t cond;
+	unsigned count;	      /* callbacks seen */
+	unsigned order_errors; /* callbacks seen out of the expected order */
+	unsigned next;	      /* expected arg of the next callback (for ordered use) */
+	int status[4096];     /* by arg index, for ordered use */
+	int last_status;
+	unsigned bad_errmsg;  /* an error without a message, or a success with one */
+};
+
+void tpt_done_init(struct tpt_done *d);
+/* tp_done_fn; @arg is a struct tpt_done_arg. */
+void tpt_done_cb(void *arg, struct tp_pipe *p, int status, const char *errmsg);
+/* Waits until @count callbacks were seen. Return: 0 or -ETIMEDOUT. */
+int tpt_done_wait(struct tpt_done *d, unsigned count, int timeout_ms);
+
+struct tpt_done_arg {
+	struct tpt_done *done;
+	unsigned index;
+};
+
+/* ---- two-process transfer ----------------------------------------------------------------- */
+
+typedef void (*tpt_spec_fn)(unsigned index, struct tpt_msg_spec *ret);
+
+struct tpt_xfer {
+	const struct tpt_daemon *d;
+	const char *name;     /* listener name */
+	unsigned n_msgs;
+	tpt_spec_fn spec;     /* message @index's spec */
+	enum tpt_mem writer_mem, reader_mem;
+	uint32_t writer_flags, reader_flags;
+	int timeout_ms;       /* per child; 0: TPT_CHILD_TIMEOUT_MS */
+};
+
+/* Runs reader and writer children; returns true if both exit 0 (else prints why). */
+bool tpt_xfer_run(const struct tpt_xfer *x);
+
+/* Checked-fixture helpers: a daemon per test with default flags, stopped (status checked). */
+extern struct tpt_daemon tpt_fixture_daemon;
+void tpt_fixture_start(void);
+void tpt_fixture_stop(void);
+
+/* Runs @s (CK_FORK) and returns the process exit status for main(). */
+int tpt_run_suite(Suite *s);
+
+#endif

@@ -1,0 +1,484 @@
+/* SPDX-License-Identifier: BSD-3-Clause */
+/*
+ * Unit tests of libtpcommon (common/tpu.h, common/log.h): range and overflow helpers at their
+ * edges, size parsing, the control socket path rules (explicit, $TPIPD_SOCKET, root,
+ * $XDG_RUNTIME_DIR), fd helpers, the intrusive list macros and the stderr logger. Each test runs
+ * in its own forked process (CK_FORK), so tests may change the environment, the effective uid
+ * and fd 2 freely. The hash map has its own suite (test_hmap.c).
+ */
+#include <check.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/un.h>
+#include "log.h"
+#include "tpu.h"
+
+/* ---- arithmetic ---------------------------------------------------------------------------- */
+
+START_TEST(test_common_range_ok_edges)
+{
+	ck_assert(tpu_range_ok(0, 0, 0));
+	ck_assert(!tpu_range_ok(0, 1, 0));
+	ck_assert(tpu_range_ok(4096, 0, 4096));
+	ck_assert(!tpu_range_ok(4097, 0, 4096));
+	ck_assert(tpu_range_ok(0, 4096, 4096));
+	ck_assert(!tpu_range_ok(0, 4097, 4096));
+	ck_assert(tpu_range_ok(4000, 96, 4096));
+	ck_assert(!tpu_range_ok(4000, 97, 4096));
+	ck_assert(!tpu_range_ok(4000, 200, 4096));
+	ck_assert(tpu_range_ok(UINT64_MAX, 0, UINT64_MAX));
+	ck_assert(tpu_range_ok(0, UINT64_MAX, UINT64_MAX));
+	ck_assert(!tpu_range_ok(UINT64_MAX, 1, UINT64_MAX));
+	ck_assert(!tpu_range_ok(1, UINT64_MAX, UINT64_MAX));
+	ck_assert(!tpu_range_ok(UINT64_MAX - 10, 200, 4096)); /* would wrap to 189 */
+	ck_assert(!tpu_range_ok(10, UINT64_MAX - 5, 4096));
+}
+END_TEST
+
+START_TEST(test_common_add_and_mul_detect_overflow)
+{
+	uint64_t r = 123;
+
+	ck_assert(tpu_add_u64(UINT64_MAX - 1, 1, &r));
+	ck_assert_uint_eq(r, UINT64_MAX);
+	ck_assert(!tpu_add_u64(UINT64_MAX, 1, &r));
+	ck_assert(!tpu_add_u64(1ull << 63, 1ull << 63, &r));
+	ck_assert(tpu_mul_u64(1ull << 31, 1ull << 32, &r));
+	ck_assert_uint_eq(r, 1ull << 63);
+	ck_assert(!tpu_mul_u64(1ull << 32, 1ull << 32, &r));
+	ck_assert(tpu_mul_u64(UINT64_MAX, 1, &r));
+	ck_assert(tpu_mul_u64(UINT64_MAX, 0, &r));
+	ck_assert_uint_eq(r, 0);
+}
+END_TEST
+
+/* ---- size parsing -------------------------------------------------------------------------- */
+
+START_TEST(test_common_parse_size_suffixes)
+{
+	static const struct {
+		const char *s;
+		uint64_t v;
+	} ok[] = {
+		{ "0", 0 }, { "1", 1 }, { "4096", 4096 }, { "4K", 4096 }, { "4k", 4096 },
+		{ "1M", 1 << 20 }, { "3m", 3 << 20 }, { "2G", 2ull << 30 }, { "1T", 1ull << 40 },
+		{ "1KiB", 1024 }, { "1MiB", 1 << 20 }, { "64MB", 64 << 20 }, { "0K", 0 },
+		{ "18446744073709551615", UINT64_MAX }, { "16777215T", 16777215ull << 40 },
+	};
+
+	for (size_t i = 0; i < TPU_ARRAY_SIZE(ok); i++) {
+		uint64_t v = 1234567;
+		int r = tpu_parse_size(ok[i].s, &v);
+		ck_assert_msg(r == 0, "'%s': %d", ok[i].s, r);
+		ck_assert_msg(v == ok[i].v, "'%s' -> %llu", ok[i].s, (unsigned long long)v);
+	}
+}
+END_TEST
+
+START_TEST(test_common_parse_size_rejects_garbage)
+{
+	static const char *bad[] = {
+		"", "-1", "+1", "abc", "12x", "1 K", "K", "1KB2", "1Ki", "1kb", "1.5M", "0x10",
+		"1KK", "1iB",
+	};
+
+	ck_assert_int_eq(tpu_parse_size(NULL, &(uint64_t){ 0 }), -EINVAL);
+	for (size_t i = 0; i < TPU_ARRAY_SIZE(bad); i++) {
+		uint64_t v = 77;
+		int r = tpu_parse_size(bad[i], &v);
+		ck_assert_msg(r == -EINVAL, "'%s' gave %d (%llu)", bad[i], r,
+			      (unsigned long long)v);
+		ck_assert_uint_eq(v, 77);
+	}
+}
+END_TEST
+
+START_TEST(test_common_parse_size_rejects_negative_after_space)
+{
+	uint64_t v = 77;
+
+	/* strtoull accepts " -1" and returns 2^64-1; a size parser must not. */
+	ck_assert_int_lt(tpu_parse_size(" -1", &v), 0);
+	ck_assert_int_lt(tpu_parse_size("\t-5M", &v), 0);
+	ck_assert_uint_eq(v, 77);
+}
+END_TEST
+
+START_TEST(test_common_parse_size_rejects_overflow)
+{
+	uint64_t v = 77;
+
+	ck_assert_int_eq(tpu_parse_size("18446744073709551616", &v), -ERANGE);
+	ck_assert_int_eq(tpu_parse_size("99999999999999999999999", &v), -ERANGE);
+	ck_assert_int_eq(tpu_parse_size("16777216T", &v), -ERANGE); /* 2^64 */
+	ck_assert_int_eq(tpu_parse_size("17179869184G", &v), -ERANGE);
+	ck_assert_int_eq(tpu_parse_size("18014398509481984K", &v), -ERANGE);
+	ck_assert_uint_eq(v, 77);
+}
+END_TEST
+
+/* ---- socket path ---------------------------------------------------------------------------- */
+
+static void clear_env(void)
+{
+	unsetenv("TPIPD_SOCKET");
+	unsetenv("XDG_RUNTIME_DIR");
+}
+
+START_TEST(test_common_socket_path_explicit_wins)
+{
+	char buf[128];
+
+	clear_env();
+	setenv("TPIPD_SOCKET", "/env/sock", 1);
+	setenv("XDG_RUNTIME_DIR", "/run/user/1", 1);
+	ck_assert_int_eq(tpu_socket_path("/explicit/sock", buf, sizeof(buf)), 0);
+	ck_assert_str_eq(buf, "/explicit/sock");
+}
+END_TEST
+
+START_TEST(test_common_socket_path_env_used_when_no_explicit)
+{
+	char buf[128];
+
+	clear_env();
+	setenv("TPIPD_SOCKET", "/env/sock", 1);
+	setenv("XDG_RUNTIME_DIR", "/run/user/1", 1);
+	ck_assert_int_eq(tpu_socket_path(NULL, buf, sizeof(buf)), 0);
+	ck_assert_str_eq(buf, "/env/sock");
+	ck_assert_int_eq(tpu_socket_path("", buf, sizeof(buf)), 0);
+	ck_assert_str_eq(buf, "/env/sock");
+}
+END_TEST
+
+START_TEST(test_common_socket_path_root_uses_run)
+{
+	char buf[128];
+
+	if (geteuid() != 0) {
+		printf("skipped: not running as root\n");
+		return;
+	}
+	clear_env();
+	setenv("XDG_RUNTIME_DIR", "/run/user/0", 1);
+	ck_assert_int_eq(tpu_socket_path(NULL, buf, sizeof(buf)), 0);
+	ck_assert_str_eq(buf, "/run/tpipd/tpipd.sock");
+	setenv("TPIPD_SOCKET", "", 1); /* empty counts as unset */
+	ck_assert_int_eq(tpu_socket_path(NULL, buf, sizeof(buf)), 0);
+	ck_assert_str_eq(buf, "/run/tpipd/tpipd.sock");
+}
+END_TEST
+
+/* Runs the rest of the test as an unprivileged user (this process only: CK_FORK). */
+static void drop_root(void)
+{
+	if (geteuid() == 0)
+		ck_assert_int_eq(seteuid(65534), 0);
+}
+
+/* Checked teardown: back to the real uid, so exit-time tools (LeakSanitizer) can run. */
+static void restore_euid(void)
+{
+	if (geteuid() != getuid() && seteuid(getuid()) < 0)
+		abort();
+}
+
+START_TEST(test_common_socket_path_user_uses_xdg_runtime_dir)
+{
+	char buf[128];
+
+	drop_root();
+	clear_env();
+	setenv("XDG_RUNTIME_DIR", "/run/user/1000", 1);
+	ck_assert_int_eq(tpu_socket_path(NULL, buf, sizeof(buf)), 0);
+	ck_assert_str_eq(buf, "/run/user/1000/tpipd.sock");
+}
+END_TEST
+
+START_TEST(test_common_socket_path_user_without_xdg_fails)
+{
+	char buf[128] = "untouched";
+
+	drop_root();
+	clear_env();
+	ck_assert_int_eq(tpu_socket_path(NULL, buf, sizeof(buf)), -ENOENT);
+	setenv("XDG_RUNTIME_DIR", "", 1);
+	ck_assert_int_eq(tpu_socket_path(NULL, buf, sizeof(buf)), -ENOENT);
+	setenv("TPIPD_SOCKET", "/env/sock", 1);
+	ck_assert_int_eq(tpu_socket_path(NULL, buf, sizeof(buf)), 0);
+	ck_assert_str_eq(buf, "/env/sock");
+}
+END_TEST
+
+START_TEST(test_common_socket_path_length_limit)
+{
+	struct sockaddr_un sun;
+	char path[sizeof(sun.sun_path) + 2];
+	char buf[256];
+	const size_t max = sizeof(sun.sun_path) - 1; /* room for the NUL */
+
+	clear_env();
+	memset(path, 'p', sizeof(path));
+	path[0] = '/';
+	path[max] = '\0';
+	ck_assert_int_eq(tpu_socket_path(path, buf, sizeof(buf)), 0);
+	ck_assert_uint_eq(strlen(buf), max);
+	path[max] = 'p';
+	path[max + 1] = '\0';
+	ck_assert_int_eq(tpu_socket_path(path, buf, sizeof(buf)), -ENAMETOOLONG);
+	/* a caller buffer too small for the path */
+	ck_assert_int_eq(tpu_socket_path("/tmp/x.sock", buf, 8), -ENAMETOOLONG);
+	ck_assert_int_eq(tpu_socket_path("/tmp/x.sock", buf, 12), 0);
+	/* $XDG_RUNTIME_DIR long enough that "/tpipd.sock" no longer fits */
+	drop_root();
+	path[max - 5] = '\0';
+	setenv("XDG_RUNTIME_DIR", path, 1);
+	ck_assert_int_eq(tpu_socket_path(NULL, buf, sizeof(buf)), -ENAMETOOLONG);
+}
+END_TEST
+
+/* ---- fds ------------------------------------------------------------------------------------ */
+
+START_TEST(test_common_fd_count_follows_open_and_close)
+{
+	int base = tpu_fd_count(), p[2];
+
+	ck_assert_int_gt(base, 0);
+	ck_assert_int_eq(pipe2(p, O_CLOEXEC), 0);
+	ck_assert_int_eq(tpu_fd_count(), base + 2);
+	ck_assert_int_eq(tpu_close(p[0]), -EBADF);
+	ck_assert_int_eq(tpu_fd_count(), base + 1);
+	{
+		_cleanup_close_ int fd = p[1];
+		(void)fd;
+	}
+	ck_assert_int_eq(tpu_fd_count(), base);
+}
+END_TEST
+
+START_TEST(test_common_close_preserves_errno_and_take_fd_moves)
+{
+	int p[2], fd, moved;
+
+	ck_assert_int_eq(pipe2(p, O_CLOEXEC), 0);
+	errno = EXDEV;
+	ck_assert_int_eq(tpu_close(p[0]), -EBADF);
+	ck_assert_int_eq(errno, EXDEV);
+	ck_assert_int_eq(tpu_close(-EBADF), -EBADF);
+	ck_assert_int_eq(errno, EXDEV);
+	fd = p[1];
+	moved = TAKE_FD(fd);
+	ck_assert_int_eq(fd, -EBADF);
+	ck_assert_int_eq(moved, p[1]);
+	ck_assert_int_eq(fcntl(moved, F_GETFD) >= 0, 1);
+	tpu_close(moved);
+}
+END_TEST
+
+START_TEST(test_common_fd_nonblock_sets_flag)
+{
+	int p[2];
+
+	ck_assert_int_eq(pipe2(p, O_CLOEXEC), 0);
+	ck_assert_int_eq(fcntl(p[0], F_GETFL) & O_NONBLOCK, 0);
+	ck_assert_int_eq(tpu_fd_nonblock(p[0]), 0);
+	ck_assert_int_ne(fcntl(p[0], F_GETFL) & O_NONBLOCK, 0);
+	ck_assert_int_eq(tpu_fd_nonblock(p[0]), 0);
+	ck_assert_int_eq(tpu_fd_nonblock(9999), -EBADF);
+}
+END_TEST
+
+START_TEST(test_common_now_is_monotonic)
+{
+	uint64_t a = tpu_now_ns(), b = tpu_now_ns();
+
+	ck_assert_uint_gt(a, 0);
+	ck_assert_uint_ge(b, a);
+}
+END_TEST
+
+/* ---- lists ---------------------------------------------------------------------------------- */
+
+struct item {
+	int v;
+	struct tpu_list link;
+};
+
+START_TEST(test_common_list_keeps_insertion_order)
+{
+	struct tpu_list head = TPU_LIST_INIT(head);
+	struct item it[5], *pos;
+	int want = 0;
+
+	ck_assert(tpu_list_empty(&head));
+	ck_assert_ptr_null(tpu_list_first(&head, struct item, link));
+	for (int i = 0; i < 5; i++) {
+		it[i].v = i;
+		tpu_list_init(&it[i].link);
+		ck_assert(!tpu_list_linked(&it[i].link));
+		tpu_list_insert_tail(&head, &it[i].link);
+		ck_assert(tpu_list_linked(&it[i].link));
+	}
+	tpu_list_for_each(pos, &head, link)
+		ck_assert_int_eq(pos->v, want++);
+	ck_assert_int_eq(want, 5);
+	ck_assert_ptr_eq(tpu_list_first(&head, struct item, link), &it[0]);
+	tpu_list_remove(&it[0].link);
+	tpu_list_remove(&it[2].link);
+	ck_assert(!tpu_list_linked(&it[2].link));
+	ck_assert_ptr_eq(tpu_list_first(&head, struct item, link), &it[1]);
+	want = 0;
+	tpu_list_for_each(pos, &head, link) {
+		static const int rest[] = { 1, 3, 4 };
+		ck_assert_int_eq(pos->v, rest[want++]);
+	}
+	ck_assert_int_eq(want, 3);
+}
+END_TEST
+
+START_TEST(test_common_list_safe_walk_allows_removal)
+{
+	struct tpu_list head;
+	struct item it[4], *pos, *tmp;
+	int seen = 0;
+
+	tpu_list_init(&head);
+	for (int i = 0; i < 4; i++) {
+		it[i].v = i;
+		tpu_list_insert_tail(&head, &it[i].link);
+	}
+	tpu_list_for_each_safe(pos, tmp, &head, link) {
+		ck_assert_int_eq(pos->v, seen++);
+		tpu_list_remove(&pos->link);
+	}
+	ck_assert_int_eq(seen, 4);
+	ck_assert(tpu_list_empty(&head));
+	tpu_list_for_each(pos, &head, link)
+		ck_abort_msg("empty list visited");
+}
+END_TEST
+
+/* ---- logging -------------------------------------------------------------------------------- */
+
+/* Points fd 2 at a fresh pipe; returns its read end. */
+static int capture_stderr(void)
+{
+	int p[2];
+
+	ck_assert_int_eq(pipe2(p, O_CLOEXEC | O_NONBLOCK), 0);
+	ck_assert_int_eq(dup2(p[1], STDERR_FILENO), STDERR_FILENO);
+	close(p[1]);
+	return p[0];
+}
+
+START_TEST(test_common_log_prefixes_priority_and_filters)
+{
+	int fd = capture_stderr();
+	char buf[256];
+	ssize_t n;
+
+	tpu_log_set_level(TPU_LOG_NOTICE);
+	ck_assert_int_eq(tpu_log_get_level(), TPU_LOG_NOTICE);
+	tpu_log_info("dropped %d", 1);
+	tpu_log_warn("session %d: kept", 12);
+	n = read(fd, buf, sizeof(buf) - 1);
+	ck_assert_int_gt(n, 0);
+	buf[n] = '\0';
+	ck_assert_str_eq(buf, "<4>session 12: kept\n");
+}
+END_TEST
+
+START_TEST(test_common_log_truncates_long_lines)
+{
+	int fd = capture_stderr();
+	char big[4096], buf[8192];
+	ssize_t n;
+
+	memset(big, 'x', sizeof(big) - 1);
+	big[sizeof(big) - 1] = '\0';
+	tpu_log_set_level(TPU_LOG_DEBUG);
+	tpu_log_err("%s", big);
+	n = read(fd, buf, sizeof(buf));
+	ck_assert_int_gt(n, 4);
+	ck_assert_int_le(n, 1024);
+	ck_assert_int_eq(buf[n - 1], '\n');
+	ck_assert_mem_eq(buf, "<3>xx", 5);
+}
+END_TEST
+
+START_TEST(test_common_log_level_names)
+{
+	enum tpu_log_level l = TPU_LOG_INFO;
+
+	ck_assert_int_eq(tpu_log_parse_level("err", &l), 0);
+	ck_assert_int_eq(l, TPU_LOG_ERR);
+	ck_assert_int_eq(tpu_log_parse_level("warning", &l), 0);
+	ck_assert_int_eq(l, TPU_LOG_WARNING);
+	ck_assert_int_eq(tpu_log_parse_level("notice", &l), 0);
+	ck_assert_int_eq(l, TPU_LOG_NOTICE);
+	ck_assert_int_eq(tpu_log_parse_level("info", &l), 0);
+	ck_assert_int_eq(l, TPU_LOG_INFO);
+	ck_assert_int_eq(tpu_log_parse_level("debug", &l), 0);
+	ck_assert_int_eq(l, TPU_LOG_DEBUG);
+	ck_assert_int_eq(tpu_log_parse_level("verbose", &l), -EINVAL);
+	ck_assert_int_eq(tpu_log_parse_level("", &l), -EINVAL);
+	ck_assert_int_eq(l, TPU_LOG_DEBUG);
+}
+END_TEST
+
+static Suite *common_suite(void)
+{
+	Suite *s = suite_create("common");
+	TCase *a = tcase_create("arith");
+	TCase *p = tcase_create("path");
+	TCase *f = tcase_create("fd");
+	TCase *l = tcase_create("list");
+	TCase *g = tcase_create("log");
+
+	tcase_add_test(a, test_common_range_ok_edges);
+	tcase_add_test(a, test_common_add_and_mul_detect_overflow);
+	tcase_add_test(a, test_common_parse_size_suffixes);
+	tcase_add_test(a, test_common_parse_size_rejects_garbage);
+	tcase_add_test(a, test_common_parse_size_rejects_negative_after_space);
+	tcase_add_test(a, test_common_parse_size_rejects_overflow);
+	suite_add_tcase(s, a);
+
+	tcase_add_checked_fixture(p, NULL, restore_euid);
+	tcase_add_test(p, test_common_socket_path_explicit_wins);
+	tcase_add_test(p, test_common_socket_path_env_used_when_no_explicit);
+	tcase_add_test(p, test_common_socket_path_root_uses_run);
+	tcase_add_test(p, test_common_socket_path_user_uses_xdg_runtime_dir);
+	tcase_add_test(p, test_common_socket_path_user_without_xdg_fails);
+	tcase_add_test(p, test_common_socket_path_length_limit);
+	suite_add_tcase(s, p);
+
+	tcase_add_test(f, test_common_fd_count_follows_open_and_close);
+	tcase_add_test(f, test_common_close_preserves_errno_and_take_fd_moves);
+	tcase_add_test(f, test_common_fd_nonblock_sets_flag);
+	tcase_add_test(f, test_common_now_is_monotonic);
+	suite_add_tcase(s, f);
+
+	tcase_add_test(l, test_common_list_keeps_insertion_order);
+	tcase_add_test(l, test_common_list_safe_walk_allows_removal);
+	suite_add_tcase(s, l);
+
+	tcase_add_test(g, test_common_log_prefixes_priority_and_filters);
+	tcase_add_test(g, test_common_log_truncates_long_lines);
+	tcase_add_test(g, test_common_log_level_names);
+	suite_add_tcase(s, g);
+	return s;
+}
+
+int main(void)
+{
+	SRunner *sr = srunner_create(common_suite());
+	int failed;
+
+	srunner_run_all(sr, CK_NORMAL);
+	failed = srunner_ntests_failed(sr);
+	srunner_free(sr);
+	return failed ? EXIT_FAILURE : EXIT_SUCCESS;
+}

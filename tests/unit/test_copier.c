@@ -1,0 +1,168 @@
+/* SPDX-License-Identifier: BSD-3-Clause */
+/*
+ * Unit suite for daemon/copier.c: jobs run on worker threads and complete on the loop thread,
+ * exactly once, with errors reported per job; queued jobs are canceled when the copier stops.
+ */
+#include <check.h>
+#include <errno.h>
+#include <event2/event.h>
+#include <pthread.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+#include "copier.h"
+
+struct result {
+	int calls;
+	int status;
+	pthread_t thread;
+	struct event_base *base;
+	unsigned *remaining;
+};
+
+static void on_done(struct tpd_copy_job *job)
+{
+	struct result *r = job->arg;
+
+	r->calls++;
+	r->status = job->status;
+	r->thread = pthread_self();
+	if (r->remaining && --*r->remaining == 0)
+		event_base_loopbreak(r->base);
+	tpd_copy_job_free(job);
+}
+
+static struct tpd_copy_job *shm_job(void *dst, const void *src, size_t len, struct result *r)
+{
+	struct tpd_copy_job *job = tpd_copy_job_new(1, 0);
+
+	job->xfers[0] = (struct tpb_xfer){
+		.src = { .loc = TPB_LOC_LOCAL, .addr = (uint64_t)(uintptr_t)src },
+		.dst = { .loc = TPB_LOC_LOCAL, .addr = (uint64_t)(uintptr_t)dst },
+		.len = len,
+	};
+	job->channels[0] = tpb_index("shm");
+	job->n = 1;
+	job->done = on_done;
+	job->arg = r;
+	return job;
+}
+
+static void run_until(struct event_base *base, unsigned *remaining)
+{
+	struct timeval limit = { 10, 0 };
+
+	event_base_loopexit(base, &limit);
+	if (*remaining)
+		event_base_dispatch(base);
+}
+
+START_TEST(test_copier_runs_jobs_and_completes_on_loop_thread)
+{
+	struct tpb_config cfg = { 0 };
+	struct event_base *base = event_base_new();
+	struct tpd_copier *c = NULL;
+	enum { N = 8, LEN = 1 << 20 };
+	struct result res[N] = { 0 };
+	char *src = malloc(LEN), *dst[N];
+	unsigned remaining = N;
+
+	tpb_registry_init(&cfg);
+	for (size_t i = 0; i < LEN; i++)
+		src[i] = (char)(i % 251);
+	ck_assert_int_eq(tpd_copier_new(base, 3, &c), 0);
+	for (int i = 0; i < N; i++) {
+		dst[i] = calloc(1, LEN);
+		res[i].base = base;
+		res[i].remaining = &remaining;
+		tpd_copier_submit(c, shm_job(dst[i], src, LEN, &res[i]));
+	}
+	run_until(base, &remaining);
+	ck_assert_uint_eq(remaining, 0);
+	ck_assert_uint_eq(tpd_copier_busy(c), 0);
+	for (int i = 0; i < N; i++) {
+		ck_assert_int_eq(res[i].calls, 1);
+		ck_assert_int_eq(res[i].status, 0);
+		ck_assert(pthread_equal(res[i].thread, pthread_self()));
+		ck_assert_int_eq(memcmp(dst[i], src, LEN), 0);
+		free(dst[i]);
+	}
+	tpd_copier_free(c);
+	event_base_free(base);
+	free(src);
+}
+END_TEST
+
+START_TEST(test_copier_reports_copy_errors)
+{
+	struct tpb_config cfg = { 0 };
+	struct event_base *base = event_base_new();
+	struct tpd_copier *c = NULL;
+	struct result res = { .base = NULL };
+	unsigned remaining = 1;
+	char buf[16];
+	struct tpd_copy_job *job;
+
+	tpb_registry_init(&cfg);
+	res.base = base;
+	res.remaining = &remaining;
+	ck_assert_int_eq(tpd_copier_new(base, 1, &c), 0);
+	job = shm_job(buf, buf, sizeof(buf), &res);
+	job->xfers[0].src = (struct tpb_mem){ .loc = TPB_LOC_PROCESS, .pid = getpid(), .addr = 8 };
+	job->channels[0] = tpb_index("cma");
+	tpd_copier_submit(c, job);
+	run_until(base, &remaining);
+	ck_assert_int_eq(res.calls, 1);
+	ck_assert_int_eq(res.status, -EFAULT);
+	tpd_copier_free(c);
+	event_base_free(base);
+}
+END_TEST
+
+START_TEST(test_copier_free_completes_every_job_once)
+{
+	struct tpb_config cfg = { 0 };
+	struct event_base *base = event_base_new();
+	struct tpd_copier *c = NULL;
+	enum { N = 64, LEN = 4 << 20 };
+	struct result res[N] = { 0 };
+	char *src = calloc(1, LEN), *dst = calloc(1, LEN);
+
+	tpb_registry_init(&cfg);
+	ck_assert_int_eq(tpd_copier_new(base, 1, &c), 0);
+	for (int i = 0; i < N; i++)
+		tpd_copier_submit(c, shm_job(dst, src, LEN, &res[i]));
+	tpd_copier_free(c); /* some finished, the rest canceled */
+	for (int i = 0; i < N; i++) {
+		ck_assert_int_eq(res[i].calls, 1);
+		ck_assert(res[i].status == 0 || res[i].status == -ECANCELED);
+	}
+	event_base_free(base);
+	free(src);
+	free(dst);
+}
+END_TEST
+
+static Suite *copier_suite(void)
+{
+	Suite *s = suite_create("copier");
+	TCase *tc = tcase_create("core");
+
+	tcase_set_timeout(tc, 30);
+	tcase_add_test(tc, test_copier_runs_jobs_and_completes_on_loop_thread);
+	tcase_add_test(tc, test_copier_reports_copy_errors);
+	tcase_add_test(tc, test_copier_free_completes_every_job_once);
+	suite_add_tcase(s, tc);
+	return s;
+}
+
+int main(void)
+{
+	SRunner *sr = srunner_create(copier_suite());
+	int failed;
+
+	srunner_run_all(sr, CK_NORMAL);
+	failed = srunner_ntests_failed(sr);
+	srunner_free(sr);
+	return failed ? 1 : 0;
+}

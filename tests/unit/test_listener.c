@@ -1,0 +1,153 @@
+/* SPDX-License-Identifier: BSD-3-Clause */
+/*
+ * Unit suite for daemon/listener.c: the listener registry (unique names, ids, removal) and the
+ * access policy decided from peer credentials.
+ */
+#include <check.h>
+#include <errno.h>
+#include <string.h>
+#include "listener.h"
+
+static struct tpd_registry reg;
+static int owner_a, owner_b;
+
+static void setup(void)
+{
+	tpd_registry_init(&reg);
+}
+
+static void teardown(void)
+{
+	tpd_registry_done(&reg);
+}
+
+START_TEST(test_registry_add_and_find)
+{
+	struct tpd_listener *l = NULL;
+
+	ck_assert_int_eq(tpd_registry_add(&reg, "trainer0", &owner_a, 1000,
+					  TPW__V1__ACCESS__ACCESS_OWNER, 0, &l),
+			 0);
+	ck_assert_ptr_eq(tpd_registry_find(&reg, "trainer0"), l);
+	ck_assert_ptr_eq(tpd_registry_find_id(&reg, l->id), l);
+	ck_assert_ptr_null(tpd_registry_find(&reg, "trainer1"));
+	ck_assert_uint_eq(reg.count, 1);
+}
+END_TEST
+
+START_TEST(test_registry_rejects_taken_name)
+{
+	struct tpd_listener *l = NULL, *l2 = NULL;
+
+	ck_assert_int_eq(tpd_registry_add(&reg, "x", &owner_a, 1, 0, 0, &l), 0);
+	ck_assert_int_eq(tpd_registry_add(&reg, "x", &owner_b, 1, 0, 0, &l2), -EADDRINUSE);
+	ck_assert_ptr_null(l2);
+	ck_assert_ptr_eq(tpd_registry_find(&reg, "x")->owner, &owner_a);
+}
+END_TEST
+
+START_TEST(test_registry_name_free_after_remove)
+{
+	struct tpd_listener *l = NULL;
+
+	ck_assert_int_eq(tpd_registry_add(&reg, "x", &owner_a, 1, 0, 0, &l), 0);
+	tpd_registry_remove(&reg, l);
+	ck_assert_uint_eq(reg.count, 0);
+	ck_assert_ptr_null(tpd_registry_find(&reg, "x"));
+	ck_assert_int_eq(tpd_registry_add(&reg, "x", &owner_b, 1, 0, 0, &l), 0);
+	ck_assert_ptr_eq(l->owner, &owner_b);
+}
+END_TEST
+
+START_TEST(test_registry_rejects_bad_names)
+{
+	struct tpd_listener *l = NULL;
+	char longname[300];
+
+	memset(longname, 'a', sizeof(longname));
+	longname[256] = '\0';
+	ck_assert_int_eq(tpd_registry_add(&reg, "", &owner_a, 1, 0, 0, &l), -EINVAL);
+	ck_assert_int_eq(tpd_registry_add(&reg, "a/b", &owner_a, 1, 0, 0, &l), -EINVAL);
+	ck_assert_int_eq(tpd_registry_add(&reg, longname, &owner_a, 1, 0, 0, &l), -EINVAL);
+	longname[255] = '\0';
+	ck_assert_int_eq(tpd_registry_add(&reg, longname, &owner_a, 1, 0, 0, &l), 0);
+}
+END_TEST
+
+START_TEST(test_registry_ids_are_unique)
+{
+	struct tpd_listener *a = NULL, *b = NULL;
+
+	ck_assert_int_eq(tpd_registry_add(&reg, "a", &owner_a, 1, 0, 0, &a), 0);
+	ck_assert_int_eq(tpd_registry_add(&reg, "b", &owner_a, 1, 0, 0, &b), 0);
+	ck_assert_uint_ne(a->id, b->id);
+}
+END_TEST
+
+START_TEST(test_access_owner_only_by_default)
+{
+	struct tpd_listener *l = NULL;
+
+	ck_assert_int_eq(tpd_registry_add(&reg, "x", &owner_a, 1000,
+					  TPW__V1__ACCESS__ACCESS_UNSPECIFIED, 0, &l),
+			 0);
+	ck_assert(tpd_listener_permits(l, 1000, 1000, NULL, 0));
+	ck_assert(tpd_listener_permits(l, 0, 0, NULL, 0)); /* root */
+	ck_assert(!tpd_listener_permits(l, 1001, 1000, NULL, 0));
+}
+END_TEST
+
+START_TEST(test_access_group_checks_primary_and_supplementary)
+{
+	struct tpd_listener *l = NULL;
+	gid_t groups[] = { 5, 77, 9 };
+
+	ck_assert_int_eq(tpd_registry_add(&reg, "x", &owner_a, 1000, TPW__V1__ACCESS__ACCESS_GROUP,
+					  77, &l),
+			 0);
+	ck_assert(tpd_listener_permits(l, 2000, 77, NULL, 0));
+	ck_assert(tpd_listener_permits(l, 2000, 1, groups, 3));
+	ck_assert(!tpd_listener_permits(l, 2000, 1, groups, 1));
+	ck_assert(!tpd_listener_permits(l, 2000, 1, NULL, 0));
+}
+END_TEST
+
+START_TEST(test_access_anyone)
+{
+	struct tpd_listener *l = NULL;
+
+	ck_assert_int_eq(tpd_registry_add(&reg, "x", &owner_a, 1000, TPW__V1__ACCESS__ACCESS_ANYONE,
+					  0, &l),
+			 0);
+	ck_assert(tpd_listener_permits(l, 4242, 4242, NULL, 0));
+}
+END_TEST
+
+static Suite *listener_suite(void)
+{
+	Suite *s = suite_create("listener");
+	TCase *tc = tcase_create("core");
+
+	tcase_add_checked_fixture(tc, setup, teardown);
+	tcase_add_test(tc, test_registry_add_and_find);
+	tcase_add_test(tc, test_registry_rejects_taken_name);
+	tcase_add_test(tc, test_registry_name_free_after_remove);
+	tcase_add_test(tc, test_registry_rejects_bad_names);
+	tcase_add_test(tc, test_registry_ids_are_unique);
+	tcase_add_test(tc, test_access_owner_only_by_default);
+	tcase_add_test(tc, test_access_group_checks_primary_and_supplementary);
+	tcase_add_test(tc, test_access_anyone);
+	suite_add_tcase(s, tc);
+	return s;
+}
+
+int main(void)
+{
+	SRunner *sr = srunner_create(listener_suite());
+	int failed;
+
+	srunner_run_all(sr, CK_NORMAL);
+	failed = srunner_ntests_failed(sr);
+	srunner_free(sr);
+	return failed ? 1 : 0;
+}

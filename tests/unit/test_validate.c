@@ -1,0 +1,783 @@
+/* SPDX-License-Identifier: BSD-3-Clause */
+/*
+ * Unit tests of message validation (proto/validate.c): every rule for client and daemon
+ * messages, each limit just at and just past its value, overflow-prone arithmetic, listener
+ * names. Messages are built in memory (no packing): validation sees exactly what unpack would
+ * produce. The status <-> errno mapping is tested in test_status.c.
+ */
+#include <check.h>
+#include <errno.h>
+#include <stdlib.h>
+#include <string.h>
+#include "validate.h"
+
+/* Small limits so that "just above" cases stay cheap. */
+static const struct tpw_limits lim = {
+	.frame_max = 4096,
+	.inline_max = 64,
+	.segments_max = 4,
+	.message_bytes_max = 1000,
+	.metadata_max = 100,
+};
+
+static uint8_t meta_bytes[256];
+static char why[256];
+
+static struct tpw_hdr hdr(uint16_t nfds, uint32_t data_len)
+{
+	return (struct tpw_hdr){ TPW_MAGIC, TPW_WIRE_VERSION, nfds, 1, data_len, 1 };
+}
+
+static int vc(const Tpw__V1__ClientMsg *m, uint16_t nfds, uint32_t data_len)
+{
+	struct tpw_hdr h = hdr(nfds, data_len);
+
+	why[0] = '\0';
+	return tpw_client_msg_validate(m, &h, &lim, why, sizeof(why));
+}
+
+static int vd(const Tpw__V1__DaemonMsg *m, uint16_t nfds, uint32_t data_len)
+{
+	struct tpw_hdr h = hdr(nfds, data_len);
+
+	why[0] = '\0';
+	return tpw_daemon_msg_validate(m, &h, &lim, why, sizeof(why));
+}
+
+/* ---- a Write under construction ---------------------------------------------------------- */
+
+#define NSEG 8
+
+struct wmsg {
+	Tpw__V1__ClientMsg m;
+	Tpw__V1__Write w;
+	Tpw__V1__Payload p[NSEG];
+	Tpw__V1__Tensor t[NSEG];
+	Tpw__V1__Segment seg[2 * NSEG];
+	Tpw__V1__ShmRef shm[2 * NSEG];
+	Tpw__V1__Device dev[NSEG], tgt[NSEG];
+	Tpw__V1__Payload *pp[NSEG];
+	Tpw__V1__Tensor *tp[NSEG];
+};
+
+/* A Write with @np payloads and @nt tensors, each an inline segment of 0 bytes at offset 0. */
+static void wmsg_init(struct wmsg *x, size_t np, size_t nt)
+{
+	memset(x, 0, sizeof(*x));
+	tpw__v1__client_msg__init(&x->m);
+	tpw__v1__write__init(&x->w);
+	for (size_t i = 0; i < 2 * NSEG; i++) {
+		tpw__v1__segment__init(&x->seg[i]);
+		tpw__v1__shm_ref__init(&x->shm[i]);
+		x->seg[i].loc_case = TPW__V1__SEGMENT__LOC_INLINE_OFF;
+	}
+	for (size_t i = 0; i < NSEG; i++) {
+		tpw__v1__payload__init(&x->p[i]);
+		tpw__v1__tensor__init(&x->t[i]);
+		x->p[i].data = &x->seg[i];
+		x->t[i].data = &x->seg[NSEG + i];
+		x->pp[i] = &x->p[i];
+		x->tp[i] = &x->t[i];
+	}
+	x->w.pipe_id = 1;
+	x->w.n_payloads = np;
+	x->w.payloads = x->pp;
+	x->w.n_tensors = nt;
+	x->w.tensors = x->tp;
+	x->m.body_case = TPW__V1__CLIENT_MSG__BODY_WRITE;
+	x->m.write = &x->w;
+}
+
+static void set_inline(Tpw__V1__Segment *s, uint64_t off, uint64_t len)
+{
+	s->loc_case = TPW__V1__SEGMENT__LOC_INLINE_OFF;
+	s->inline_off = off;
+	s->length = len;
+}
+
+static void set_device(struct wmsg *x, size_t i, int type, int target_type)
+{
+	tpw__v1__device__init(&x->dev[i]);
+	tpw__v1__device__init(&x->tgt[i]);
+	x->dev[i].type = type;
+	x->tgt[i].type = target_type;
+	x->t[i].device = &x->dev[i];
+	x->t[i].target = &x->tgt[i];
+}
+
+/* Largest value an enum of the schema defines. */
+static int enum_max(const ProtobufCEnumDescriptor *d)
+{
+	int max = 0;
+
+	for (unsigned i = 0; i < d->n_values; i++)
+		if (d->values[i].value > max)
+			max = d->values[i].value;
+	return max;
+}
+
+static ProtobufCBinaryData meta(size_t n)
+{
+	return (ProtobufCBinaryData){ n, meta_bytes };
+}
+
+START_TEST(test_validate_accepts_plain_write)
+{
+	struct wmsg x;
+
+	wmsg_init(&x, 1, 1);
+	set_inline(&x.seg[0], 0, 10);
+	set_inline(&x.seg[NSEG], 10, 20);
+	ck_assert_int_eq(vc(&x.m, 0, 30), 0);
+	wmsg_init(&x, 0, 0);
+	ck_assert_int_eq(vc(&x.m, 0, 0), 0);
+}
+END_TEST
+
+START_TEST(test_validate_limits_segment_count)
+{
+	struct wmsg x;
+
+	for (size_t np = 0; np <= lim.segments_max; np++) {
+		wmsg_init(&x, np, lim.segments_max - np);
+		ck_assert_msg(vc(&x.m, 0, 0) == 0, "%zu + %zu: %s", np,
+			      (size_t)lim.segments_max - np, why);
+	}
+	wmsg_init(&x, 3, 2);
+	ck_assert_int_eq(vc(&x.m, 0, 0), -E2BIG);
+	wmsg_init(&x, 5, 0);
+	ck_assert_int_eq(vc(&x.m, 0, 0), -E2BIG);
+	wmsg_init(&x, 0, 5);
+	ck_assert_int_eq(vc(&x.m, 0, 0), -E2BIG);
+	/* a huge payload count must not wrap the tensor comparison */
+	wmsg_init(&x, 0, 0);
+	x.w.n_payloads = SIZE_MAX;
+	ck_assert_int_eq(vc(&x.m, 0, 0), -E2BIG);
+}
+END_TEST
+
+START_TEST(test_validate_limits_metadata_sum)
+{
+	struct wmsg x;
+
+	wmsg_init(&x, 1, 1);
+	x.w.metadata = meta(40);
+	x.p[0].metadata = meta(30);
+	x.t[0].metadata = meta(30);
+	ck_assert_int_eq(vc(&x.m, 0, 0), 0);
+	x.t[0].metadata = meta(31);
+	ck_assert_int_eq(vc(&x.m, 0, 0), -EMSGSIZE);
+	wmsg_init(&x, 0, 0);
+	x.w.metadata = meta(lim.metadata_max);
+	ck_assert_int_eq(vc(&x.m, 0, 0), 0);
+	x.w.metadata = meta(lim.metadata_max + 1);
+	ck_assert_int_eq(vc(&x.m, 0, 0), -EMSGSIZE);
+}
+END_TEST
+
+START_TEST(test_validate_limits_message_bytes)
+{
+	struct wmsg x;
+
+	wmsg_init(&x, 1, 1);
+	x.seg[0].loc_case = TPW__V1__SEGMENT__LOC_CMA_ADDR;
+	x.seg[0].cma_addr = 0x1000;
+	x.seg[0].length = 600;
+	x.seg[NSEG].loc_case = TPW__V1__SEGMENT__LOC_CMA_ADDR;
+	x.seg[NSEG].cma_addr = 0x1000;
+	x.seg[NSEG].length = 400;
+	ck_assert_int_eq(vc(&x.m, 0, 0), 0);
+	x.seg[NSEG].length = 401;
+	ck_assert_int_eq(vc(&x.m, 0, 0), -EMSGSIZE);
+}
+END_TEST
+
+START_TEST(test_validate_message_bytes_sum_does_not_wrap)
+{
+	struct tpw_limits big = lim;
+	struct tpw_hdr h = hdr(0, 0);
+	struct wmsg x;
+
+	big.message_bytes_max = UINT64_MAX;
+	wmsg_init(&x, 2, 0);
+	for (int i = 0; i < 2; i++) {
+		x.seg[i].loc_case = TPW__V1__SEGMENT__LOC_SHM;
+		x.seg[i].shm = &x.shm[i];
+		x.seg[i].length = (UINT64_MAX >> 1) + 1; /* 2^63 + 2^63 wraps to 0 */
+	}
+	ck_assert_int_eq(tpw_client_msg_validate(&x.m, &h, &big, why, sizeof(why)), -EMSGSIZE);
+	x.seg[1].length = UINT64_MAX >> 1; /* sums to UINT64_MAX exactly */
+	ck_assert_int_eq(tpw_client_msg_validate(&x.m, &h, &big, why, sizeof(why)), 0);
+}
+END_TEST
+
+START_TEST(test_validate_limits_inline_tail)
+{
+	struct wmsg x;
+
+	wmsg_init(&x, 1, 0);
+	set_inline(&x.seg[0], 0, lim.inline_max);
+	ck_assert_int_eq(vc(&x.m, 0, lim.inline_max), 0);
+	set_inline(&x.seg[0], 0, lim.inline_max + 1);
+	ck_assert_int_eq(vc(&x.m, 0, lim.inline_max + 1), -EMSGSIZE);
+	/* a tail nobody refers to still counts */
+	set_inline(&x.seg[0], 0, 0);
+	ck_assert_int_eq(vc(&x.m, 0, lim.inline_max + 1), -EMSGSIZE);
+}
+END_TEST
+
+START_TEST(test_validate_inline_range_edges)
+{
+	struct wmsg x;
+
+	wmsg_init(&x, 1, 0);
+	set_inline(&x.seg[0], 10, 22); /* ends exactly at the tail's end */
+	ck_assert_int_eq(vc(&x.m, 0, 32), 0);
+	set_inline(&x.seg[0], 10, 23); /* one byte over */
+	ck_assert_int_eq(vc(&x.m, 0, 32), -EBADMSG);
+	set_inline(&x.seg[0], 32, 0); /* empty, at the end */
+	ck_assert_int_eq(vc(&x.m, 0, 32), 0);
+	set_inline(&x.seg[0], 33, 0); /* empty, past the end */
+	ck_assert_int_eq(vc(&x.m, 0, 32), -EBADMSG);
+	set_inline(&x.seg[0], 0, 1); /* any byte of an absent tail */
+	ck_assert_int_eq(vc(&x.m, 0, 0), -EBADMSG);
+}
+END_TEST
+
+START_TEST(test_validate_inline_range_does_not_wrap)
+{
+	struct tpw_limits big = lim;
+	struct tpw_hdr h = hdr(0, 32);
+	struct wmsg x;
+
+	big.message_bytes_max = UINT64_MAX;
+	wmsg_init(&x, 1, 0);
+	set_inline(&x.seg[0], UINT64_MAX, 1);
+	ck_assert_int_eq(tpw_client_msg_validate(&x.m, &h, &big, why, sizeof(why)), -EBADMSG);
+	set_inline(&x.seg[0], 16, UINT64_MAX - 8); /* 16 + huge wraps to 7 */
+	ck_assert_int_eq(tpw_client_msg_validate(&x.m, &h, &big, why, sizeof(why)), -EBADMSG);
+	set_inline(&x.seg[0], UINT64_MAX - 10, 20);
+	ck_assert_int_eq(tpw_client_msg_validate(&x.m, &h, &big, why, sizeof(why)), -EBADMSG);
+}
+END_TEST
+
+START_TEST(test_validate_cma_range_does_not_wrap)
+{
+	struct wmsg x;
+
+	wmsg_init(&x, 1, 0);
+	x.seg[0].loc_case = TPW__V1__SEGMENT__LOC_CMA_ADDR;
+	x.seg[0].cma_addr = UINT64_MAX - 10;
+	x.seg[0].length = 10; /* ends at UINT64_MAX: representable */
+	ck_assert_int_eq(vc(&x.m, 0, 0), 0);
+	x.seg[0].length = 11;
+	ck_assert_int_eq(vc(&x.m, 0, 0), -EBADMSG);
+}
+END_TEST
+
+START_TEST(test_validate_segment_without_location)
+{
+	struct wmsg x;
+
+	wmsg_init(&x, 1, 1);
+	x.seg[0].loc_case = TPW__V1__SEGMENT__LOC__NOT_SET;
+	x.seg[NSEG].loc_case = TPW__V1__SEGMENT__LOC__NOT_SET;
+	ck_assert_int_eq(vc(&x.m, 0, 0), 0);
+	x.seg[NSEG].length = 1;
+	ck_assert_int_eq(vc(&x.m, 0, 0), -EBADMSG);
+	/* a payload with no Segment at all */
+	wmsg_init(&x, 1, 0);
+	x.p[0].data = NULL;
+	ck_assert_int_eq(vc(&x.m, 0, 0), -EBADMSG);
+	wmsg_init(&x, 0, 1);
+	x.t[0].data = NULL;
+	ck_assert_int_eq(vc(&x.m, 0, 0), -EBADMSG);
+}
+END_TEST
+
+START_TEST(test_validate_rejects_empty_shm_reference)
+{
+	struct wmsg x;
+
+	wmsg_init(&x, 1, 0);
+	x.seg[0].loc_case = TPW__V1__SEGMENT__LOC_SHM;
+	x.seg[0].shm = NULL;
+	ck_assert_int_eq(vc(&x.m, 0, 0), -EBADMSG);
+	x.seg[0].shm = &x.shm[0];
+	x.shm[0].offset = UINT64_MAX; /* buffer ranges are the daemon's to check */
+	x.seg[0].length = 5;
+	ck_assert_int_eq(vc(&x.m, 0, 0), 0);
+}
+END_TEST
+
+START_TEST(test_validate_checks_tensor_devices)
+{
+	struct wmsg x;
+
+	wmsg_init(&x, 0, 1);
+	set_device(&x, 0, TPW__V1__DEVICE_TYPE__DEVICE_CPU,
+		   TPW__V1__DEVICE_TYPE__DEVICE_UNSPECIFIED);
+	ck_assert_int_eq(vc(&x.m, 0, 0), 0);
+	set_device(&x, 0, TPW__V1__DEVICE_TYPE__DEVICE_CUDA, TPW__V1__DEVICE_TYPE__DEVICE_CPU);
+	ck_assert_int_eq(vc(&x.m, 0, 0), 0);
+	set_device(&x, 0, TPW__V1__DEVICE_TYPE__DEVICE_UNSPECIFIED,
+		   TPW__V1__DEVICE_TYPE__DEVICE_CPU);
+	ck_assert_int_eq(vc(&x.m, 0, 0), -EBADMSG);
+	set_device(&x, 0, 3, TPW__V1__DEVICE_TYPE__DEVICE_CPU);
+	ck_assert_int_eq(vc(&x.m, 0, 0), -EBADMSG);
+	set_device(&x, 0, TPW__V1__DEVICE_TYPE__DEVICE_CPU, 3);
+	ck_assert_int_eq(vc(&x.m, 0, 0), -EBADMSG);
+	set_device(&x, 0, TPW__V1__DEVICE_TYPE__DEVICE_CPU, -1);
+	ck_assert_int_eq(vc(&x.m, 0, 0), -EBADMSG);
+	x.t[0].device = NULL; /* absent: CPU */
+	x.t[0].target = NULL;
+	ck_assert_int_eq(vc(&x.m, 0, 0), 0);
+}
+END_TEST
+
+/* ---- Read ----------------------------------------------------------------------------------- */
+
+struct rmsg {
+	Tpw__V1__ClientMsg m;
+	Tpw__V1__Read r;
+	Tpw__V1__Segment seg[2 * NSEG];
+	Tpw__V1__ShmRef shm[2 * NSEG];
+	Tpw__V1__Segment *ps[NSEG], *ts[NSEG];
+};
+
+/* A Read with @np + @nt shm destinations of 0 bytes. */
+static void rmsg_init(struct rmsg *x, size_t np, size_t nt)
+{
+	memset(x, 0, sizeof(*x));
+	tpw__v1__client_msg__init(&x->m);
+	tpw__v1__read__init(&x->r);
+	for (size_t i = 0; i < 2 * NSEG; i++) {
+		tpw__v1__segment__init(&x->seg[i]);
+		tpw__v1__shm_ref__init(&x->shm[i]);
+		x->seg[i].loc_case = TPW__V1__SEGMENT__LOC_SHM;
+		x->seg[i].shm = &x->shm[i];
+	}
+	for (size_t i = 0; i < NSEG; i++) {
+		x->ps[i] = &x->seg[i];
+		x->ts[i] = &x->seg[NSEG + i];
+	}
+	x->r.pipe_id = 1;
+	x->r.msg_id = 1;
+	x->r.n_payloads = np;
+	x->r.payloads = x->ps;
+	x->r.n_tensors = nt;
+	x->r.tensors = x->ts;
+	x->m.body_case = TPW__V1__CLIENT_MSG__BODY_READ;
+	x->m.read = &x->r;
+}
+
+START_TEST(test_validate_read_rejects_inline_destination)
+{
+	struct rmsg x;
+
+	rmsg_init(&x, 1, 1);
+	ck_assert_int_eq(vc(&x.m, 0, 0), 0);
+	x.seg[NSEG].loc_case = TPW__V1__SEGMENT__LOC_INLINE_OFF;
+	x.seg[NSEG].inline_off = 0;
+	ck_assert_int_eq(vc(&x.m, 0, 0), -EBADMSG);
+	/* even with a tail that would contain it: reads take no tail at all */
+	ck_assert_int_eq(vc(&x.m, 0, 16), -EBADMSG);
+}
+END_TEST
+
+START_TEST(test_validate_read_ack_and_discard_take_no_segments)
+{
+	struct rmsg x;
+
+	rmsg_init(&x, 0, 0);
+	x.r.ack_eager = true;
+	ck_assert_int_eq(vc(&x.m, 0, 0), 0);
+	rmsg_init(&x, 1, 0);
+	x.r.ack_eager = true;
+	ck_assert_int_eq(vc(&x.m, 0, 0), -EBADMSG);
+	rmsg_init(&x, 0, 0);
+	x.r.discard = true;
+	ck_assert_int_eq(vc(&x.m, 0, 0), 0);
+	rmsg_init(&x, 0, 1);
+	x.r.discard = true;
+	ck_assert_int_eq(vc(&x.m, 0, 0), -EBADMSG);
+}
+END_TEST
+
+START_TEST(test_validate_read_limits)
+{
+	struct rmsg x;
+
+	rmsg_init(&x, 2, 2);
+	ck_assert_int_eq(vc(&x.m, 0, 0), 0);
+	rmsg_init(&x, 2, 3);
+	ck_assert_int_eq(vc(&x.m, 0, 0), -E2BIG);
+	rmsg_init(&x, 1, 1);
+	x.seg[0].length = 500;
+	x.seg[NSEG].length = 500;
+	ck_assert_int_eq(vc(&x.m, 0, 0), 0);
+	x.seg[NSEG].length = 501;
+	ck_assert_int_eq(vc(&x.m, 0, 0), -EMSGSIZE);
+	rmsg_init(&x, 1, 0);
+	x.seg[0].loc_case = TPW__V1__SEGMENT__LOC__NOT_SET;
+	ck_assert_int_eq(vc(&x.m, 0, 0), 0);
+	x.seg[0].length = 1;
+	ck_assert_int_eq(vc(&x.m, 0, 0), -EBADMSG);
+}
+END_TEST
+
+/* ---- fds and data tails per message type -------------------------------------------------- */
+
+START_TEST(test_validate_fd_count_per_message_type)
+{
+	Tpw__V1__ClientMsg m = TPW__V1__CLIENT_MSG__INIT;
+	Tpw__V1__BufferRegister br = TPW__V1__BUFFER_REGISTER__INIT;
+	Tpw__V1__PipeClose pc = TPW__V1__PIPE_CLOSE__INIT;
+	struct wmsg x;
+
+	br.size = 4096;
+	m.body_case = TPW__V1__CLIENT_MSG__BODY_BUFFER_REGISTER;
+	m.buffer_register = &br;
+	ck_assert_int_eq(vc(&m, 1, 0), 0);
+	ck_assert_int_eq(vc(&m, 0, 0), -EBADMSG);
+	ck_assert_int_eq(vc(&m, 2, 0), -EBADMSG);
+	m.body_case = TPW__V1__CLIENT_MSG__BODY_PIPE_CLOSE;
+	m.pipe_close = &pc;
+	ck_assert_int_eq(vc(&m, 0, 0), 0);
+	ck_assert_int_eq(vc(&m, 1, 0), -EBADMSG);
+	wmsg_init(&x, 0, 0);
+	ck_assert_int_eq(vc(&x.m, 1, 0), -EBADMSG);
+	ck_assert_int_eq(vc(&x.m, TPW_FDS_MAX, 0), -EBADMSG);
+}
+END_TEST
+
+START_TEST(test_validate_buffer_register_needs_size)
+{
+	Tpw__V1__ClientMsg m = TPW__V1__CLIENT_MSG__INIT;
+	Tpw__V1__BufferRegister br = TPW__V1__BUFFER_REGISTER__INIT;
+
+	m.body_case = TPW__V1__CLIENT_MSG__BODY_BUFFER_REGISTER;
+	m.buffer_register = &br;
+	ck_assert_int_eq(vc(&m, 1, 0), -EBADMSG);
+	br.size = 1;
+	ck_assert_int_eq(vc(&m, 1, 0), 0);
+	br.size = UINT64_MAX;
+	ck_assert_int_eq(vc(&m, 1, 0), 0);
+}
+END_TEST
+
+START_TEST(test_validate_data_tail_only_on_write)
+{
+	Tpw__V1__ClientMsg m = TPW__V1__CLIENT_MSG__INIT;
+	Tpw__V1__BufferRegister br = TPW__V1__BUFFER_REGISTER__INIT;
+	Tpw__V1__ListenerClose lc = TPW__V1__LISTENER_CLOSE__INIT;
+	struct rmsg r;
+
+	m.body_case = TPW__V1__CLIENT_MSG__BODY_LISTENER_CLOSE;
+	m.listener_close = &lc;
+	ck_assert_int_eq(vc(&m, 0, 0), 0);
+	ck_assert_int_eq(vc(&m, 0, 1), -EBADMSG);
+	br.size = 10;
+	m.body_case = TPW__V1__CLIENT_MSG__BODY_BUFFER_REGISTER;
+	m.buffer_register = &br;
+	ck_assert_int_eq(vc(&m, 1, 1), -EBADMSG);
+	rmsg_init(&r, 0, 0);
+	ck_assert_int_eq(vc(&r.m, 0, 1), -EBADMSG);
+}
+END_TEST
+
+START_TEST(test_validate_rejects_message_without_body)
+{
+	Tpw__V1__ClientMsg m = TPW__V1__CLIENT_MSG__INIT;
+	Tpw__V1__DaemonMsg d = TPW__V1__DAEMON_MSG__INIT;
+
+	ck_assert_int_eq(vc(&m, 0, 0), -EBADMSG);
+	ck_assert_int_eq(vd(&d, 0, 0), -EBADMSG);
+	ck_assert_str_ne(why, "");
+}
+END_TEST
+
+/* ---- Hello, Listen, Connect, Ctl ----------------------------------------------------------- */
+
+START_TEST(test_validate_hello_roles_and_name)
+{
+	Tpw__V1__ClientMsg m = TPW__V1__CLIENT_MSG__INIT;
+	Tpw__V1__Hello h = TPW__V1__HELLO__INIT;
+	char name[TPW_NAME_MAX + 2];
+
+	m.body_case = TPW__V1__CLIENT_MSG__BODY_HELLO;
+	m.hello = &h;
+	h.major = 1;
+	h.role = TPW__V1__ROLE__ROLE_CLIENT;
+	ck_assert_int_eq(vc(&m, 0, 0), 0);
+	h.role = TPW__V1__ROLE__ROLE_CONTROL;
+	ck_assert_int_eq(vc(&m, 0, 0), 0);
+	h.role = TPW__V1__ROLE__ROLE_UNSPECIFIED;
+	ck_assert_int_eq(vc(&m, 0, 0), -EBADMSG);
+	h.role = enum_max(&tpw__v1__role__descriptor) + 1;
+	ck_assert_int_eq(vc(&m, 0, 0), -EBADMSG);
+	h.role = -1;
+	ck_assert_int_eq(vc(&m, 0, 0), -EBADMSG);
+	h.role = TPW__V1__ROLE__ROLE_CLIENT;
+	memset(name, 'n', sizeof(name));
+	name[TPW_NAME_MAX] = '\0';
+	h.name = name;
+	ck_assert_int_eq(vc(&m, 0, 0), 0);
+	name[TPW_NAME_MAX] = 'n';
+	name[TPW_NAME_MAX + 1] = '\0';
+	ck_assert_int_eq(vc(&m, 0, 0), -EBADMSG);
+}
+END_TEST
+
+START_TEST(test_validate_listen_name_and_access)
+{
+	Tpw__V1__ClientMsg m = TPW__V1__CLIENT_MSG__INIT;
+	Tpw__V1__Listen l = TPW__V1__LISTEN__INIT;
+
+	m.body_case = TPW__V1__CLIENT_MSG__BODY_LISTEN;
+	m.listen = &l;
+	l.name = "trainer0";
+	for (int a = 0; a <= TPW__V1__ACCESS__ACCESS_ANYONE; a++) {
+		l.access = a;
+		ck_assert_int_eq(vc(&m, 0, 0), 0);
+	}
+	l.access = enum_max(&tpw__v1__access__descriptor) + 1;
+	ck_assert_int_eq(vc(&m, 0, 0), -EBADMSG);
+	l.access = -1;
+	ck_assert_int_eq(vc(&m, 0, 0), -EBADMSG);
+	l.access = TPW__V1__ACCESS__ACCESS_OWNER;
+	l.name = "";
+	ck_assert_int_eq(vc(&m, 0, 0), -EBADMSG);
+	l.name = "bad/name";
+	ck_assert_int_eq(vc(&m, 0, 0), -EBADMSG);
+}
+END_TEST
+
+START_TEST(test_validate_connect_pipe_id_range)
+{
+	Tpw__V1__ClientMsg m = TPW__V1__CLIENT_MSG__INIT;
+	Tpw__V1__Connect c = TPW__V1__CONNECT__INIT;
+
+	m.body_case = TPW__V1__CLIENT_MSG__BODY_CONNECT;
+	m.connect = &c;
+	c.address = "trainer0";
+	c.pipe_id = 1;
+	ck_assert_int_eq(vc(&m, 0, 0), 0);
+	c.pipe_id = (1ull << 63) - 1;
+	ck_assert_int_eq(vc(&m, 0, 0), 0);
+	c.pipe_id = 0;
+	ck_assert_int_eq(vc(&m, 0, 0), -EBADMSG);
+	c.pipe_id = 1ull << 63;
+	ck_assert_int_eq(vc(&m, 0, 0), -EBADMSG);
+	c.pipe_id = UINT64_MAX;
+	ck_assert_int_eq(vc(&m, 0, 0), -EBADMSG);
+}
+END_TEST
+
+START_TEST(test_validate_connect_address_length)
+{
+	Tpw__V1__ClientMsg m = TPW__V1__CLIENT_MSG__INIT;
+	Tpw__V1__Connect c = TPW__V1__CONNECT__INIT;
+	char addr[1026];
+
+	m.body_case = TPW__V1__CLIENT_MSG__BODY_CONNECT;
+	m.connect = &c;
+	c.pipe_id = 7;
+	c.address = "";
+	ck_assert_int_eq(vc(&m, 0, 0), -EBADMSG);
+	memset(addr, 'a', sizeof(addr));
+	addr[1024] = '\0';
+	c.address = addr;
+	ck_assert_int_eq(vc(&m, 0, 0), 0);
+	addr[1024] = 'a';
+	addr[1025] = '\0';
+	ck_assert_int_eq(vc(&m, 0, 0), -EBADMSG);
+}
+END_TEST
+
+START_TEST(test_validate_ctl_what_range)
+{
+	Tpw__V1__ClientMsg m = TPW__V1__CLIENT_MSG__INIT;
+	Tpw__V1__CtlRequest c = TPW__V1__CTL_REQUEST__INIT;
+
+	m.body_case = TPW__V1__CLIENT_MSG__BODY_CTL;
+	m.ctl = &c;
+	/* every value the schema defines, whatever its size, and one past the last */
+	for (int w = TPW__V1__CTL_WHAT__CTL_STATUS; w <= enum_max(&tpw__v1__ctl_what__descriptor);
+	     w++) {
+		c.what = w;
+		ck_assert_msg(vc(&m, 0, 0) == 0, "CtlWhat %d refused: %s", w, why);
+	}
+	c.what = TPW__V1__CTL_WHAT__CTL_UNSPECIFIED;
+	ck_assert_int_eq(vc(&m, 0, 0), -EBADMSG);
+	c.what = enum_max(&tpw__v1__ctl_what__descriptor) + 1;
+	ck_assert_int_eq(vc(&m, 0, 0), -EBADMSG);
+	c.what = -5;
+	ck_assert_int_eq(vc(&m, 0, 0), -EBADMSG);
+}
+END_TEST
+
+START_TEST(test_validate_name_rules)
+{
+	static const char *good[] = { "a", "Z9", "trainer.0", "x_y-z", "job@host:1+2", "0" };
+	static const char *bad[] = { "", "a b", "a/b", "a\nb", "caf\xc3\xa9", "a*", "tab\t", "~" };
+	char name[TPW_NAME_MAX + 2];
+
+	ck_assert(!tpw_name_valid(NULL));
+	for (size_t i = 0; i < sizeof(good) / sizeof(good[0]); i++)
+		ck_assert_msg(tpw_name_valid(good[i]), "'%s' refused", good[i]);
+	for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++)
+		ck_assert_msg(!tpw_name_valid(bad[i]), "'%s' accepted", bad[i]);
+	memset(name, 'x', sizeof(name));
+	name[TPW_NAME_MAX] = '\0';
+	ck_assert(tpw_name_valid(name));
+	name[TPW_NAME_MAX] = 'x';
+	name[TPW_NAME_MAX + 1] = '\0';
+	ck_assert(!tpw_name_valid(name));
+}
+END_TEST
+
+/* ---- daemon -> client ---------------------------------------------------------------------- */
+
+struct dmsg {
+	Tpw__V1__DaemonMsg m;
+	Tpw__V1__Descriptor d;
+	Tpw__V1__PayloadDesc p[NSEG];
+	Tpw__V1__TensorDesc t[NSEG];
+	Tpw__V1__PayloadDesc *pp[NSEG];
+	Tpw__V1__TensorDesc *tp[NSEG];
+	Tpw__V1__Device dev;
+};
+
+static void dmsg_init(struct dmsg *x, size_t np, size_t nt, uint64_t len, bool eager)
+{
+	memset(x, 0, sizeof(*x));
+	tpw__v1__daemon_msg__init(&x->m);
+	tpw__v1__descriptor__init(&x->d);
+	for (size_t i = 0; i < NSEG; i++) {
+		tpw__v1__payload_desc__init(&x->p[i]);
+		tpw__v1__tensor_desc__init(&x->t[i]);
+		x->p[i].length = len;
+		x->t[i].length = len;
+		x->pp[i] = &x->p[i];
+		x->tp[i] = &x->t[i];
+	}
+	x->d.n_payloads = np;
+	x->d.payloads = x->pp;
+	x->d.n_tensors = nt;
+	x->d.tensors = x->tp;
+	x->d.eager = eager;
+	x->m.body_case = TPW__V1__DAEMON_MSG__BODY_DESCRIPTOR;
+	x->m.descriptor = &x->d;
+}
+
+START_TEST(test_validate_eager_descriptor_tail_matches)
+{
+	struct dmsg x;
+
+	dmsg_init(&x, 2, 1, 10, true);
+	ck_assert_int_eq(vd(&x.m, 0, 30), 0);
+	ck_assert_int_eq(vd(&x.m, 0, 29), -EBADMSG);
+	ck_assert_int_eq(vd(&x.m, 0, 31), -EBADMSG);
+	dmsg_init(&x, 0, 0, 0, true);
+	ck_assert_int_eq(vd(&x.m, 0, 0), 0);
+	dmsg_init(&x, 1, 1, 1000, false);
+	ck_assert_int_eq(vd(&x.m, 0, 0), 0);
+	ck_assert_int_eq(vd(&x.m, 0, 1), -EBADMSG);
+}
+END_TEST
+
+START_TEST(test_validate_descriptor_limits)
+{
+	struct dmsg x;
+
+	dmsg_init(&x, 2, 2, 0, false);
+	ck_assert_int_eq(vd(&x.m, 0, 0), 0);
+	dmsg_init(&x, 3, 2, 0, false);
+	ck_assert_int_eq(vd(&x.m, 0, 0), -E2BIG);
+	dmsg_init(&x, 2, 0, UINT64_MAX, false);
+	ck_assert_int_eq(vd(&x.m, 0, 0), -EBADMSG); /* lengths overflow */
+	dmsg_init(&x, 1, 1, UINT64_MAX, true);
+	ck_assert_int_eq(vd(&x.m, 0, 0), -EBADMSG);
+	dmsg_init(&x, 0, 1, 1, false);
+	tpw__v1__device__init(&x.dev);
+	x.t[0].device = &x.dev;
+	x.dev.type = TPW__V1__DEVICE_TYPE__DEVICE_UNSPECIFIED;
+	ck_assert_int_eq(vd(&x.m, 0, 0), -EBADMSG);
+	x.dev.type = TPW__V1__DEVICE_TYPE__DEVICE_CUDA;
+	ck_assert_int_eq(vd(&x.m, 0, 0), 0);
+}
+END_TEST
+
+START_TEST(test_validate_daemon_frames_carry_no_fds_or_stray_tail)
+{
+	Tpw__V1__DaemonMsg m = TPW__V1__DAEMON_MSG__INIT;
+	Tpw__V1__WriteDone wd = TPW__V1__WRITE_DONE__INIT;
+	struct dmsg x;
+
+	m.body_case = TPW__V1__DAEMON_MSG__BODY_WRITE_DONE;
+	m.write_done = &wd;
+	ck_assert_int_eq(vd(&m, 0, 0), 0);
+	ck_assert_int_eq(vd(&m, 1, 0), -EBADMSG);
+	ck_assert_int_eq(vd(&m, 0, 1), -EBADMSG);
+	dmsg_init(&x, 1, 0, 4, true);
+	ck_assert_int_eq(vd(&x.m, 1, 4), -EBADMSG);
+}
+END_TEST
+
+static Suite *validate_suite(void)
+{
+	Suite *s = suite_create("validate");
+	TCase *w = tcase_create("write");
+	TCase *r = tcase_create("read");
+	TCase *o = tcase_create("other");
+	TCase *d = tcase_create("daemon");
+
+	tcase_add_test(w, test_validate_accepts_plain_write);
+	tcase_add_test(w, test_validate_limits_segment_count);
+	tcase_add_test(w, test_validate_limits_metadata_sum);
+	tcase_add_test(w, test_validate_limits_message_bytes);
+	tcase_add_test(w, test_validate_message_bytes_sum_does_not_wrap);
+	tcase_add_test(w, test_validate_limits_inline_tail);
+	tcase_add_test(w, test_validate_inline_range_edges);
+	tcase_add_test(w, test_validate_inline_range_does_not_wrap);
+	tcase_add_test(w, test_validate_cma_range_does_not_wrap);
+	tcase_add_test(w, test_validate_segment_without_location);
+	tcase_add_test(w, test_validate_rejects_empty_shm_reference);
+	tcase_add_test(w, test_validate_checks_tensor_devices);
+	suite_add_tcase(s, w);
+
+	tcase_add_test(r, test_validate_read_rejects_inline_destination);
+	tcase_add_test(r, test_validate_read_ack_and_discard_take_no_segments);
+	tcase_add_test(r, test_validate_read_limits);
+	suite_add_tcase(s, r);
+
+	tcase_add_test(o, test_validate_fd_count_per_message_type);
+	tcase_add_test(o, test_validate_buffer_register_needs_size);
+	tcase_add_test(o, test_validate_data_tail_only_on_write);
+	tcase_add_test(o, test_validate_rejects_message_without_body);
+	tcase_add_test(o, test_validate_hello_roles_and_name);
+	tcase_add_test(o, test_validate_listen_name_and_access);
+	tcase_add_test(o, test_validate_connect_pipe_id_range);
+	tcase_add_test(o, test_validate_connect_address_length);
+	tcase_add_test(o, test_validate_ctl_what_range);
+	tcase_add_test(o, test_validate_name_rules);
+	suite_add_tcase(s, o);
+
+	tcase_add_test(d, test_validate_eager_descriptor_tail_matches);
+	tcase_add_test(d, test_validate_descriptor_limits);
+	tcase_add_test(d, test_validate_daemon_frames_carry_no_fds_or_stray_tail);
+	suite_add_tcase(s, d);
+	return s;
+}
+
+int main(void)
+{
+	SRunner *sr = srunner_create(validate_suite());
+	int failed;
+
+	srunner_run_all(sr, CK_NORMAL);
+	failed = srunner_ntests_failed(sr);
+	srunner_free(sr);
+	return failed ? EXIT_FAILURE : EXIT_SUCCESS;
+}
