@@ -14,8 +14,11 @@
 #include "internal.h"
 
 #define STAGE_MIN (64u << 10)
+/* Staging buffers kept for reuse: least recently used first out. Faulting in a fresh memfd costs
+ * far more than the copy through it, so sizes seen recently stay mapped, within these bounds. */
 #define POOL_MAX 4
-#define POOL_BUF_MAX (64u << 20)
+#define POOL_BUF_MAX (256u << 20)
+#define POOL_BYTES_MAX (512u << 20)
 
 static int buffer_map(size_t size, struct tpc_buf *b, int *ret_fd)
 {
@@ -271,6 +274,7 @@ static void buffer_pool_drain(struct tp_context *ctx)
 		if (b) {
 			tpu_list_remove(&b->pool_link);
 			ctx->n_pool--;
+			ctx->pool_bytes -= b->size;
 		}
 		pthread_mutex_unlock(&ctx->lock);
 		if (!b)
@@ -299,6 +303,7 @@ int tpc_buffer_stage_get(struct tp_context *ctx, size_t size, struct tpc_buf **r
 	if (found) {
 		tpu_list_remove(&found->pool_link);
 		ctx->n_pool--;
+		ctx->pool_bytes -= found->size;
 	}
 	pthread_mutex_unlock(&ctx->lock);
 	if (found) {
@@ -315,20 +320,36 @@ int tpc_buffer_stage_get(struct tp_context *ctx, size_t size, struct tpc_buf **r
 
 void tpc_buffer_stage_put(struct tp_context *ctx, struct tpc_buf *b, bool reuse)
 {
+	struct tpc_buf *evict[POOL_MAX + 1];
+	size_t n_evict = 0;
+
 	if (!b)
 		return;
 	pthread_mutex_lock(&ctx->lock);
-	if (reuse && !b->failed && !ctx->stopping && !ctx->dead && ctx->n_pool < POOL_MAX &&
-	    b->size <= POOL_BUF_MAX) {
+	if (reuse && !b->failed && !ctx->stopping && !ctx->dead && b->size <= POOL_BUF_MAX) {
+		/* Make room by dropping the least recently used buffers. */
+		while (ctx->n_pool && (ctx->n_pool >= POOL_MAX ||
+				       ctx->pool_bytes + b->size > POOL_BYTES_MAX)) {
+			struct tpc_buf *old =
+				tpu_list_first(&ctx->stage_pool, struct tpc_buf, pool_link);
+			tpu_list_remove(&old->pool_link);
+			ctx->n_pool--;
+			ctx->pool_bytes -= old->size;
+			evict[n_evict++] = old;
+		}
 		tpu_list_insert_tail(&ctx->stage_pool, &b->pool_link);
 		ctx->n_pool++;
+		ctx->pool_bytes += b->size;
 		b = NULL;
 	}
 	pthread_mutex_unlock(&ctx->lock);
-	if (!b)
+	if (!b && !n_evict)
 		return;
 	pthread_mutex_lock(&ctx->send_lock);
-	buffer_release(ctx, b);
+	for (size_t i = 0; i < n_evict; i++)
+		buffer_release(ctx, evict[i]);
+	if (b)
+		buffer_release(ctx, b);
 	pthread_mutex_unlock(&ctx->send_lock);
 }
 
@@ -343,4 +364,5 @@ void tpc_buffer_free_all(struct tp_context *ctx)
 	ctx->n_bufs = ctx->bufs_cap = 0;
 	tpu_list_init(&ctx->stage_pool);
 	ctx->n_pool = 0;
+	ctx->pool_bytes = 0;
 }

@@ -187,6 +187,7 @@ struct tp_context {
 	uint64_t buf_bytes;
 	struct tpu_list stage_pool;
 	size_t n_pool;
+	size_t pool_bytes;	/* bytes of staging buffers in stage_pool */
 };
 
 /* ---- pipes, descriptors, listeners --------------------------------------------------------- */

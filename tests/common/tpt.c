@@ -316,7 +316,7 @@ static void exec_daemon(const struct tpt_daemon *d, char **argv, pid_t parent)
 	unsetenv("WATCHDOG_USEC");
 	unsetenv("WATCHDOG_PID");
 	unsetenv("TPIPD_SOCKET");
-	execv(argv[0], argv);
+	execvp(argv[0], argv); /* a wrapper such as valgrind is found on PATH */
 	_exit(127);
 }
 
@@ -428,6 +428,25 @@ static void reaper_stop(struct tpt_daemon *d)
 	d->reaper = -1;
 }
 
+/*
+ * $TPT_DAEMON_WRAPPER (e.g. "valgrind --error-exitcode=99 --leak-check=full") is split on
+ * spaces and put before the daemon's command line. The words point into a static copy.
+ */
+static size_t add_wrapper(char **argv, size_t max)
+{
+	static char copy[512];
+	const char *w = getenv("TPT_DAEMON_WRAPPER");
+	size_t n = 0;
+
+	if (!w || !*w)
+		return 0;
+	snprintf(copy, sizeof(copy), "%s", w);
+	for (char *save = NULL, *tok = strtok_r(copy, " ", &save); tok && n < max;
+	     tok = strtok_r(NULL, " ", &save))
+		argv[n++] = tok;
+	return n;
+}
+
 int tpt_daemon_start(struct tpt_daemon *d, const char *const *extra_args)
 {
 	const char *bin = getenv("TPIPD_BIN");
@@ -446,6 +465,7 @@ int tpt_daemon_start(struct tpt_daemon *d, const char *const *extra_args)
 		rm_tree(d->dir);
 		return r;
 	}
+	n = add_wrapper(argv, 16);
 	argv[n++] = (char *)bin;
 	argv[n++] = "--socket";
 	argv[n++] = d->socket;
