@@ -8,21 +8,82 @@
 #include <string.h>
 #include "tpb.h"
 
-static struct tpb_channel_info channels[] = {
-	{ .ops = &tpb_shm_ops }, /* local <-> local only: before cma, which also accepts it */
-	{ .ops = &tpb_cma_ops },
-	{ .ops = &tpb_basic_ops },
+/* Built-in priority: the first viable channel that can handle a pair wins. */
+static const struct tpb_channel_ops *const builtin[] = {
+	&tpb_shm_ops, /* local <-> local: one memcpy */
+	&tpb_cma_ops,
+	&tpb_basic_ops,
 };
 
-#define N_CHANNELS (sizeof(channels) / sizeof(channels[0]))
+#define N_CHANNELS (sizeof(builtin) / sizeof(builtin[0]))
 
-void tpb_registry_init(const struct tpb_config *cfg)
+static struct tpb_channel_info channels[N_CHANNELS];
+
+/* Moves the channels named in @priority to the front, in that order. */
+static int apply_priority(const char *priority)
 {
+	char buf[256], *save = NULL;
+	size_t front = 0;
+
+	snprintf(buf, sizeof(buf), "%s", priority);
+	for (char *tok = strtok_r(buf, ", ", &save); tok; tok = strtok_r(NULL, ", ", &save)) {
+		size_t i;
+		for (i = front; i < N_CHANNELS && strcmp(channels[i].ops->name, tok) != 0; i++)
+			;
+		if (i == N_CHANNELS)
+			return -EINVAL;
+		struct tpb_channel_info t = channels[i];
+		memmove(&channels[front + 1], &channels[front], (i - front) * sizeof(t));
+		channels[front++] = t;
+	}
+	return 0;
+}
+
+int tpb_priority_check(const char *priority, char *bad, size_t bad_len)
+{
+	char buf[256], *save = NULL;
+
+	snprintf(buf, sizeof(buf), "%s", priority);
+	for (char *tok = strtok_r(buf, ", ", &save); tok; tok = strtok_r(NULL, ", ", &save)) {
+		size_t i;
+		for (i = 0; i < N_CHANNELS && strcmp(builtin[i]->name, tok) != 0; i++)
+			;
+		if (i == N_CHANNELS) {
+			snprintf(bad, bad_len, "%s", tok);
+			return -EINVAL;
+		}
+	}
+	return 0;
+}
+
+static bool disabled(const struct tpb_config *cfg, const struct tpb_channel_ops *ops)
+{
+	if (!cfg)
+		return false;
+	return (cfg->cma_disabled && ops == &tpb_cma_ops) ||
+	       (cfg->shm_disabled && ops == &tpb_shm_ops);
+}
+
+int tpb_registry_init(const struct tpb_config *cfg)
+{
+	int r = 0;
+
+	for (size_t i = 0; i < N_CHANNELS; i++)
+		channels[i] = (struct tpb_channel_info){ .ops = builtin[i] };
+	if (cfg && cfg->priority && *cfg->priority && apply_priority(cfg->priority) < 0) {
+		for (size_t i = 0; i < N_CHANNELS; i++)
+			channels[i] = (struct tpb_channel_info){ .ops = builtin[i] };
+		r = -EINVAL;
+	}
 	for (size_t i = 0; i < N_CHANNELS; i++) {
-		channels[i].why[0] = '\0';
+		if (disabled(cfg, channels[i].ops)) {
+			snprintf(channels[i].why, sizeof(channels[i].why), "disabled by configuration");
+			continue;
+		}
 		channels[i].viable = channels[i].ops->probe(cfg, channels[i].why,
 							    sizeof(channels[i].why)) > 0;
 	}
+	return r;
 }
 
 const struct tpb_channel_info *tpb_registry_list(size_t *ret_n)
@@ -41,10 +102,14 @@ int tpb_select(enum tpb_loc src, enum tpb_loc dst)
 {
 	uint32_t need = caps_for(src, dst);
 
-	for (size_t i = 0; i < N_CHANNELS; i++)
-		if (channels[i].viable && channels[i].ops->copy &&
-		    (channels[i].ops->caps & need) == need)
+	bool process = src == TPB_LOC_PROCESS || dst == TPB_LOC_PROCESS;
+
+	for (size_t i = 0; i < N_CHANNELS; i++) {
+		uint32_t caps = channels[i].ops->caps;
+		if (channels[i].viable && channels[i].ops->copy && (caps & need) == need &&
+		    (process || !(caps & TPB_CAP_NEEDS_PROCESS)))
 			return (int)i;
+	}
 	return -EOPNOTSUPP;
 }
 

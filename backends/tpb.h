@@ -27,6 +27,7 @@ enum tpb_caps {
 	TPB_CAP_DST_LOCAL = 1u << 4,   /* writes memory mapped in the daemon */
 	TPB_CAP_DST_PROCESS = 1u << 5, /* writes a client's address space */
 	TPB_CAP_INLINE = 1u << 6,      /* carried by the transport, no copy op */
+	TPB_CAP_NEEDS_PROCESS = 1u << 7, /* only pairs where at least one side is a process */
 };
 
 enum tpb_loc {
@@ -54,7 +55,9 @@ struct tpb_scratch {
 };
 
 struct tpb_config {
-	bool cma_disabled; /* --no-cma */
+	bool cma_disabled;    /* --no-cma / [backends] cma = no */
+	bool shm_disabled;    /* [backends] shm = no */
+	const char *priority; /* "name,name,...": these first, in this order; NULL: built-in */
 };
 
 struct tpb_channel_ops {
@@ -76,8 +79,18 @@ struct tpb_channel_info {
 	char why[128];
 };
 
-/* Probes every registered channel once; call at start-up before tpb_select(). */
-void tpb_registry_init(const struct tpb_config *cfg);
+/*
+ * tpb_registry_init() - order the channels by @cfg->priority and probe each once; call at
+ * start-up before tpb_select(). Return: 0, or -EINVAL if the priority list names an unknown
+ * channel (the built-in order is kept).
+ */
+int tpb_registry_init(const struct tpb_config *cfg);
+
+/*
+ * tpb_priority_check() - check a priority list ("shm,cma") against the registered channels.
+ * Return: 0, or -EINVAL with the first unknown name copied into @bad.
+ */
+int tpb_priority_check(const char *priority, char *bad, size_t bad_len);
 
 /* Returns borrowed array of every registered channel with its probe result; sets @ret_n. */
 const struct tpb_channel_info *tpb_registry_list(size_t *ret_n);

@@ -9,6 +9,7 @@
 #include <strings.h>
 #include <unistd.h>
 #include "config.h"
+#include "tpb.h"
 #include "tpconfig.h"
 
 enum kind { K_U32, K_U64, K_SIZE32, K_SIZE64, K_PATH, K_STR, K_LOG, K_BOOL, K_NOBOOL };
@@ -27,7 +28,8 @@ struct opt {
 #define MiB (1ull << 20)
 
 static const struct opt opts[] = {
-	{ "socket", "daemon", K_PATH, OFF(socket_path), 0, 0, false, "PATH",
+	{ "socket", "daemon", K_PATH, OFF(socket_path), 0, sizeof(((struct tpd_config *)0)->socket_path),
+	  false, "PATH",
 	  "control socket (default: $TPIPD_SOCKET, /run/tpipd/tpipd.sock as root,\n"
 	  "                            else $XDG_RUNTIME_DIR/tpipd.sock)" },
 	{ "log-level", "daemon", K_LOG, OFF(log_level), 0, 0, true, "LEVEL",
@@ -38,7 +40,8 @@ static const struct opt opts[] = {
 	  "on stop, wait this long for copies in flight (default 5000)" },
 	{ "admin-gid", "daemon", K_U32, OFF(admin_gid), 0, UINT32_MAX, true, "GID",
 	  "members of this group may use admin control requests (default: root only)" },
-	{ "metrics-listen", "daemon", K_STR, OFF(metrics_listen), 0, 0, false, "ADDR:PORT",
+	{ "metrics-listen", "daemon", K_STR, OFF(metrics_listen), 0,
+	  sizeof(((struct tpd_config *)0)->metrics_listen), false, "ADDR:PORT",
 	  "serve Prometheus metrics over HTTP on a local address (default: off)" },
 	{ "sessions-max", "limits", K_U32, OFF(sessions_max), 1, 1u << 20, true, "N",
 	  "attached clients (default 1024)" },
@@ -68,6 +71,11 @@ static const struct opt opts[] = {
 	  "bytes queued towards a client that does not read before it is dropped (default 256M)" },
 	{ "cma", "backends", K_NOBOOL, OFF(no_cma), 0, 0, false, "yes|no",
 	  "never use cross-memory attach (file: [backends] cma = no)" },
+	{ "shm", "backends", K_NOBOOL, OFF(no_shm), 0, 0, false, "yes|no",
+	  "never copy between shared mappings (file: [backends] shm = no)" },
+	{ "backend-priority", "backends", K_STR, OFF(backend_priority), 0,
+	  sizeof(((struct tpd_config *)0)->backend_priority), false, "NAMES",
+	  "channels to try first, in order, e.g. cma,shm (default: shm,cma,basic)" },
 };
 
 void tpd_config_defaults(struct tpd_config *c)
@@ -142,8 +150,12 @@ static int set_opt(struct tpd_config *c, const struct opt *o, const char *v, cha
 	switch (o->kind) {
 	case K_PATH:
 	case K_STR: {
-		size_t cap = o->off == OFF(socket_path) ? sizeof(c->socket_path)
-						       : sizeof(c->metrics_listen);
+		size_t cap = (size_t)o->max;
+		char bad[64];
+		if (o->off == OFF(backend_priority) && tpb_priority_check(v, bad, sizeof(bad)) < 0) {
+			snprintf(err, el, "%s: unknown channel '%s'", o->name, bad);
+			return -EINVAL;
+		}
 		if (strlen(v) >= cap) {
 			snprintf(err, el, "%s: value longer than %zu bytes", o->name, cap - 1);
 			return -EINVAL;
@@ -229,7 +241,7 @@ static int load_file(struct tpd_config *c, char *err, size_t el)
 	return 0;
 }
 
-enum { OPT_CONFIG = 1000, OPT_CHECK, OPT_NO_CMA, OPT_VERSION, OPT_HELP };
+enum { OPT_CONFIG = 1000, OPT_CHECK, OPT_NO_CMA, OPT_NO_SHM, OPT_VERSION, OPT_HELP };
 
 static void build_longopts(struct option *lo)
 {
@@ -241,6 +253,7 @@ static void build_longopts(struct option *lo)
 	lo[n++] = (struct option){ "config", required_argument, NULL, OPT_CONFIG };
 	lo[n++] = (struct option){ "check-config", no_argument, NULL, OPT_CHECK };
 	lo[n++] = (struct option){ "no-cma", no_argument, NULL, OPT_NO_CMA };
+	lo[n++] = (struct option){ "no-shm", no_argument, NULL, OPT_NO_SHM };
 	lo[n++] = (struct option){ "version", no_argument, NULL, OPT_VERSION };
 	lo[n++] = (struct option){ "help", no_argument, NULL, OPT_HELP };
 	lo[n] = (struct option){ 0 };
@@ -270,7 +283,7 @@ static void usage(FILE *f)
 /* Runs getopt over the saved argv; @pass 0 finds --config etc., pass 1 applies flags. */
 static int scan_flags(struct tpd_config *c, int pass, char *err, size_t el)
 {
-	struct option lo[TPU_ARRAY_SIZE(opts) + 6];
+	struct option lo[TPU_ARRAY_SIZE(opts) + 7];
 	int opt;
 
 	build_longopts(lo);
@@ -300,6 +313,8 @@ static int scan_flags(struct tpd_config *c, int pass, char *err, size_t el)
 		}
 		if (opt == OPT_NO_CMA)
 			c->no_cma = true;
+		else if (opt == OPT_NO_SHM)
+			c->no_shm = true;
 		else if (opt >= 0 && (size_t)opt < TPU_ARRAY_SIZE(opts)) {
 			char e[200];
 			if (set_opt(c, &opts[opt], optarg, e, sizeof(e)) < 0) {
@@ -365,9 +380,8 @@ static size_t opt_size(const struct opt *o)
 {
 	switch (o->kind) {
 	case K_PATH:
-		return sizeof(((struct tpd_config *)0)->socket_path);
 	case K_STR:
-		return sizeof(((struct tpd_config *)0)->metrics_listen);
+		return (size_t)o->max;
 	case K_LOG:
 		return sizeof(enum tpu_log_level);
 	case K_BOOL:

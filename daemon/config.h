@@ -22,6 +22,8 @@ struct tpd_config {
 	enum tpu_log_level log_level;
 	uint32_t copy_threads;
 	bool no_cma;
+	bool no_shm;
+	char backend_priority[128]; /* "shm,cma": channels tried first, in order */
 	struct tpw_limits wire;	    /* frame, inline, segments, message bytes, metadata */
 	uint32_t sessions_max;
 	uint32_t pipes_max;	    /* per session */

@@ -304,14 +304,17 @@ static int setup_events(struct tpd_daemon *d)
 
 static void probe_backends(struct tpd_daemon *d)
 {
-	struct tpb_config bc = { .cma_disabled = d->cfg.no_cma };
+	struct tpb_config bc = { .cma_disabled = d->cfg.no_cma, .shm_disabled = d->cfg.no_shm,
+				 .priority = d->cfg.backend_priority };
 	const struct tpb_channel_info *ch;
 	size_t n;
 
-	tpb_registry_init(&bc);
+	if (tpb_registry_init(&bc) < 0)
+		tpu_log_warn("backend-priority '%s' names an unknown channel; using the built-in "
+			     "order", d->cfg.backend_priority);
 	ch = tpb_registry_list(&n);
 	for (size_t i = 0; i < n; i++) {
-		tpu_log_info("channel %s: %s%s%s", ch[i].ops->name,
+		tpu_log_info("channel %s (priority %zu): %s%s%s", ch[i].ops->name, i,
 			     ch[i].viable ? "viable" : "not viable", ch[i].why[0] ? ": " : "",
 			     ch[i].why);
 		if (strcmp(ch[i].ops->name, "cma") == 0)

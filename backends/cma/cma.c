@@ -18,10 +18,6 @@ static int cma_probe(const struct tpb_config *cfg, char *why, size_t why_len)
 	uint64_t src = 0x7470697064ull, dst = 0;
 	struct iovec l = { &dst, sizeof(dst) }, r = { &src, sizeof(src) };
 
-	if (cfg && cfg->cma_disabled) {
-		snprintf(why, why_len, "disabled by configuration");
-		return 0;
-	}
 	if (process_vm_readv(getpid(), &l, 1, &r, 1, 0) != (ssize_t)sizeof(dst) || dst != src) {
 		snprintf(why, why_len, "process_vm_readv refused: %s", strerror(errno));
 		return 0;
@@ -78,7 +74,7 @@ static int cma_copy(const struct tpb_xfer *x, struct tpb_scratch *s)
 const struct tpb_channel_ops tpb_cma_ops = {
 	.name = "cma",
 	.caps = TPB_CAP_HOST_MEM | TPB_CAP_SAME_HOST | TPB_CAP_SRC_LOCAL | TPB_CAP_SRC_PROCESS |
-		TPB_CAP_DST_LOCAL | TPB_CAP_DST_PROCESS,
+		TPB_CAP_DST_LOCAL | TPB_CAP_DST_PROCESS | TPB_CAP_NEEDS_PROCESS,
 	.probe = cma_probe,
 	.copy = cma_copy,
 };

@@ -72,6 +72,49 @@ START_TEST(test_basic_has_no_copy_op)
 }
 END_TEST
 
+START_TEST(test_priority_reorders_but_cma_never_takes_local_pairs)
+{
+	struct tpb_config cfg = { .priority = "cma,shm" };
+	const struct tpb_channel_info *ch;
+	size_t n;
+
+	ck_assert_int_eq(tpb_registry_init(&cfg), 0);
+	ch = tpb_registry_list(&n);
+	ck_assert_str_eq(ch[0].ops->name, "cma");
+	ck_assert_str_eq(ch[1].ops->name, "shm");
+	ck_assert_str_eq(ch[2].ops->name, "basic");
+	ck_assert_str_eq(tpb_name(tpb_select(TPB_LOC_PROCESS, TPB_LOC_LOCAL)), "cma");
+	ck_assert_str_eq(tpb_name(tpb_select(TPB_LOC_LOCAL, TPB_LOC_LOCAL)), "shm");
+}
+END_TEST
+
+START_TEST(test_priority_with_unknown_channel_keeps_builtin_order)
+{
+	struct tpb_config cfg = { .priority = "cma,gpu" };
+	const struct tpb_channel_info *ch;
+	char bad[16];
+	size_t n;
+
+	ck_assert_int_eq(tpb_priority_check("shm, cma", bad, sizeof(bad)), 0);
+	ck_assert_int_eq(tpb_priority_check("cma,gpu", bad, sizeof(bad)), -EINVAL);
+	ck_assert_str_eq(bad, "gpu");
+	ck_assert_int_eq(tpb_registry_init(&cfg), -EINVAL);
+	ch = tpb_registry_list(&n);
+	ck_assert_str_eq(ch[0].ops->name, "shm");
+	ck_assert_str_eq(ch[1].ops->name, "cma");
+}
+END_TEST
+
+START_TEST(test_shm_disabled_leaves_no_channel_for_local_pairs)
+{
+	struct tpb_config cfg = { .shm_disabled = true };
+
+	ck_assert_int_eq(tpb_registry_init(&cfg), 0);
+	ck_assert_int_eq(tpb_select(TPB_LOC_LOCAL, TPB_LOC_LOCAL), -EOPNOTSUPP);
+	ck_assert_str_eq(tpb_name(tpb_select(TPB_LOC_LOCAL, TPB_LOC_PROCESS)), "cma");
+}
+END_TEST
+
 static void check_copy(const char *chan, bool src_proc, bool dst_proc, size_t len)
 {
 	struct tpb_config cfg = { 0 };
@@ -127,6 +170,9 @@ static Suite *backends_suite(void)
 	tcase_add_test(tc, test_select_uses_cma_for_process_memory);
 	tcase_add_test(tc, test_cma_disabled_is_not_viable_with_reason);
 	tcase_add_test(tc, test_basic_has_no_copy_op);
+	tcase_add_test(tc, test_priority_reorders_but_cma_never_takes_local_pairs);
+	tcase_add_test(tc, test_priority_with_unknown_channel_keeps_builtin_order);
+	tcase_add_test(tc, test_shm_disabled_leaves_no_channel_for_local_pairs);
 	tcase_add_test(tc, test_shm_copies);
 	tcase_add_test(tc, test_cma_reads_writes_and_bounces);
 	tcase_add_test(tc, test_cma_unmapped_address_fails_cleanly);
