@@ -564,9 +564,20 @@ static void reply_unknown_pipe(struct tpd_session *s, Tpw__V1__ClientMsg *m)
 static void handle_pipe_close(struct tpd_session *s, const Tpw__V1__PipeClose *m)
 {
 	struct tpd_pipe_end *e = tpu_hmap_del(&s->pipes, m->pipe_id);
+	Tpw__V1__PipeClosed pc = TPW__V1__PIPE_CLOSED__INIT;
+	Tpw__V1__DaemonMsg dm = TPW__V1__DAEMON_MSG__INIT;
 
-	if (e)
-		tpd_pipe_end_close(e);
+	if (e) {
+		tpd_pipe_end_close(e); /* acknowledges once no copy uses the end's memory */
+		return;
+	}
+	/* Already gone (failed connect, remote end gone): nothing can touch its memory. */
+	pc.pipe_id = m->pipe_id;
+	pc.status = TPW__V1__STATUS__STATUS_CANCELED;
+	pc.message = "closed";
+	dm.body_case = TPW__V1__DAEMON_MSG__BODY_PIPE_CLOSED;
+	dm.pipe_closed = &pc;
+	tpd_session_send(s, &dm, NULL, 0);
 }
 
 /* Dispatches a validated message. Takes @m. */

@@ -29,9 +29,14 @@
 #define TPW_NAME_MAX 255
 #define TPW_MESSAGE_MAX 1024 /* error message strings */
 
-/* Protocol version spoken by this build (Hello.major / Hello.minor). */
+/*
+ * Protocol version spoken by this build (Hello.major / Hello.minor). Minor versions:
+ *   0  first release
+ *   1  the daemon answers every PipeClose with PipeClosed once no copy uses that end's memory
+ */
 #define TPW_PROTO_MAJOR 1
-#define TPW_PROTO_MINOR 0
+#define TPW_PROTO_MINOR 1
+#define TPW_MINOR_CLOSE_ACK 1
 
 struct tpw_hdr {
 	uint32_t magic;

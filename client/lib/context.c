@@ -388,7 +388,8 @@ static void *context_io_main(void *arg)
 		}
 		if (ctx->stop)
 			break;
-		nfds_t n = ctx->dead || ctx->stopping ? 1 : 2;
+		/* While stopping, keep reading: the shutdown waits for close acknowledgements. */
+		nfds_t n = ctx->dead ? 1 : 2;
 		pthread_mutex_unlock(&ctx->lock);
 		if (poll(pfd, n, -1) > 0) {
 			if (pfd[0].revents && read(ctx->efd, &v, sizeof(v)) < 0)
@@ -523,6 +524,7 @@ static int context_hello(struct tp_context *ctx, const struct tp_context_options
 	if (r == 0) {
 		ctx->session_id = hr->session_id;
 		ctx->cma_ok = hr->cma_ok && !(o->flags & TP_CONTEXT_NO_CMA);
+		ctx->close_acks = hr->minor >= TPW_MINOR_CLOSE_ACK;
 		context_set_limits(ctx, hr->limits, o->eager_max);
 	}
 	tpw_daemon_msg_free(m);
@@ -622,53 +624,115 @@ TP_EXPORT int tp_context_new(const struct tp_context_options *opts, struct tp_co
 
 /* ---- teardown ------------------------------------------------------------------------------ */
 
-static void context_collect_id(void *val, void *arg)
-{
-	struct tp_pipe *p = val;
-	uint64_t **cur = arg;
+/* How long tp_context_free() waits for the daemon to finish copies into or out of our memory. */
+#define SHUTDOWN_DRAIN_MS 10000
 
-	*(*cur)++ = p->id;
+/* Pipes closed by the user or by the shutdown whose acknowledgement is still due; lock held. */
+static size_t context_closing_pipes(struct tp_context *ctx)
+{
+	size_t n = 0;
+
+	for (size_t i = 0; i < ctx->pipes.cap; i++)
+		if (ctx->pipes.keys[i] &&
+		    ((struct tp_pipe *)ctx->pipes.vals[i])->state == TPC_PIPE_CLOSING)
+			n++;
+	return n;
 }
 
-/* Cancels everything and tells the daemon which pipes and listeners close. */
+/* True for a pipe whose pending writes or reads the daemon may be copying; lock held. */
+static bool pipe_busy(struct tp_pipe *p)
+{
+	return tpc_pipe_at_daemon(p) && p->state != TPC_PIPE_FAILED &&
+	       (!tpu_list_empty(&p->writes) || !tpu_list_empty(&p->reads));
+}
+
+/*
+ * Collects the ids to close into a new array: listeners first (if @n_listeners, which receives
+ * their count) and pipes, either the
+ * busy ones (closed here like tp_pipe_close(), so they wait for the daemon's acknowledgement)
+ * or all the others still at the daemon. Lock held. Return: count, or 0 on allocation failure.
+ */
+static size_t context_collect(struct tp_context *ctx, bool busy, size_t *n_listeners,
+			      uint64_t **ret)
+{
+	struct tp_listener *l;
+	size_t n = 0, cap = ctx->pipes.n + 1;
+	uint64_t *ids;
+
+	tpu_list_for_each(l, &ctx->listeners, link)
+		cap++;
+	ids = malloc(cap * sizeof(*ids));
+	if (!ids)
+		return 0;
+	tpu_list_for_each(l, &ctx->listeners, link)
+		if (n_listeners && !l->closed)
+			ids[n++] = l->id;
+	if (n_listeners)
+		*n_listeners = n;
+	for (size_t i = 0; i < ctx->pipes.cap && n < cap; i++) {
+		struct tp_pipe *p = ctx->pipes.vals[i];
+		if (!ctx->pipes.keys[i] || p->state == TPC_PIPE_CLOSING || pipe_busy(p) != busy)
+			continue;
+		if (busy)
+			tpc_pipe_close_locked(p, true);
+		ids[n++] = p->id;
+	}
+	*ret = ids;
+	return n;
+}
+
+static void send_listener_close(struct tp_context *ctx, uint64_t id)
+{
+	Tpw__V1__ListenerClose lc = TPW__V1__LISTENER_CLOSE__INIT;
+	Tpw__V1__ClientMsg m = TPW__V1__CLIENT_MSG__INIT;
+
+	lc.listener_id = id;
+	m.body_case = TPW__V1__CLIENT_MSG__BODY_LISTENER_CLOSE;
+	m.listener_close = &lc;
+	tpc_wire_send(ctx, &m, NULL, 0, -EBADF);
+}
+
+/*
+ * Cancels everything and tells the daemon which pipes and listeners close. Pipes with writes or
+ * reads pending are closed first and their acknowledgements awaited (bounded): until then the
+ * daemon may still copy from or into their memory, which the user frees after this returns.
+ */
 static void context_shutdown(struct tp_context *ctx)
 {
-	uint64_t *ids = NULL, *cur = NULL;
-	size_t n = 0;
-	struct tp_listener *l;
+	uint64_t *ids = NULL;
+	struct timespec ts;
+	size_t n = 0, n_listeners = 0;
 
 	pthread_mutex_lock(&ctx->send_lock);
 	pthread_mutex_lock(&ctx->lock);
 	ctx->stopping = true;
-	if (!ctx->dead) {
-		tpu_list_for_each(l, &ctx->listeners, link)
-			n++;
-		ids = malloc((ctx->pipes.n + n + 1) * sizeof(*ids));
-	}
-	n = 0;
-	if (ids) {
-		cur = ids;
-		tpu_list_for_each(l, &ctx->listeners, link)
-			if (!l->closed)
-				*cur++ = l->id;
-		n = (size_t)(cur - ids);
-		for (size_t i = 0; i < ctx->pipes.cap; i++)
-			if (ctx->pipes.keys[i])
-				context_collect_id(ctx->pipes.vals[i], &cur);
-	}
+	if (!ctx->dead)
+		n = context_collect(ctx, true, NULL, &ids);
+	pthread_mutex_unlock(&ctx->lock);
+	for (size_t i = 0; i < n; i++)
+		tpc_wire_send_pipe_close(ctx, ids[i]);
+	pthread_mutex_unlock(&ctx->send_lock);
+	free(ids);
+	ids = NULL;
+
+	pthread_mutex_lock(&ctx->lock);
+	tpc_deadline(&ts, SHUTDOWN_DRAIN_MS);
+	while (!ctx->dead && context_closing_pipes(ctx))
+		if (pthread_cond_timedwait(&ctx->cond, &ctx->lock, &ts) == ETIMEDOUT)
+			break;
+	pthread_mutex_unlock(&ctx->lock);
+
+	pthread_mutex_lock(&ctx->send_lock);
+	pthread_mutex_lock(&ctx->lock);
+	n = ctx->dead ? 0 : context_collect(ctx, false, &n_listeners, &ids);
 	context_fail_all_locked(ctx, -ECANCELED, "canceled: the context is being freed");
 	pthread_mutex_unlock(&ctx->lock);
-	for (size_t i = 0; ids && i < n; i++) {
-		Tpw__V1__ListenerClose lc = TPW__V1__LISTENER_CLOSE__INIT;
-		Tpw__V1__ClientMsg m = TPW__V1__CLIENT_MSG__INIT;
-
-		lc.listener_id = ids[i];
-		m.body_case = TPW__V1__CLIENT_MSG__BODY_LISTENER_CLOSE;
-		m.listener_close = &lc;
-		tpc_wire_send(ctx, &m, NULL, 0, -EBADF);
+	for (size_t i = 0; i < n; i++) {
+		if (i < n_listeners)
+			send_listener_close(ctx, ids[i]);
+		else
+			tpc_wire_send_pipe_close(ctx, ids[i]);
 	}
-	for (uint64_t *p = ids ? ids + n : NULL; p && p < cur; p++)
-		tpc_wire_send_pipe_close(ctx, *p);
 	pthread_mutex_unlock(&ctx->send_lock);
 	free(ids);
 }

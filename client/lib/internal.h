@@ -149,6 +149,7 @@ struct tp_context {
 	char *name;
 	uint64_t probe; /* CMA probe word, read by the daemon during Hello */
 	bool cma_ok;
+	bool close_acks; /* the daemon acknowledges PipeClose (protocol minor >= 1) */
 	size_t eager_max;
 	struct tpc_limits lim;
 	uint64_t session_id;

@@ -183,7 +183,7 @@ bool tpc_pipe_close_locked(struct tp_pipe *p, bool user)
 	pipe_set_err(p, -ECANCELED, msg);
 	pipe_fail_list(ctx, &p->desc_reqs, -ECANCELED, msg);
 	pipe_free_descs(&p->descs);
-	if (send_close && user) {
+	if (send_close && user && ctx->close_acks) {
 		/* The daemon may be copying from or into the memory of pending writes and reads;
 		 * they complete once it confirms the close (tpc_pipe_on_closed). */
 		p->state = TPC_PIPE_CLOSING;

@@ -630,6 +630,77 @@ START_TEST(test_pipes_close_during_copy_never_delivers_torn_data)
 }
 END_TEST
 
+/*
+ * A reader frees its context while the daemon copies 256 MiB into its buffer, then zeroes the
+ * buffer: tp_context_free() must not return before the daemon is done with that memory.
+ */
+static int ctxfree_writer(void *arg)
+{
+	static struct tpt_done done;
+	struct tpt_done_arg da = { &done, 0 };
+	struct tp_context *ctx;
+	struct tp_pipe *p;
+	struct tp_tensor t = { .device = { TP_DEVICE_CPU, 0 }, .length = TORN_LEN };
+	struct tp_message msg = { .tensors = &t, .n_tensors = 1 };
+	int r = open_connector("ctxfree", &ctx, &p);
+
+	TPT_REQUIRE(r == 0, 1, "setup");
+	tpt_done_init(&done);
+	t.data = malloc(TORN_LEN);
+	TPT_REQUIRE(t.data, 1, "malloc");
+	tpt_fill(t.data, TORN_LEN, TORN_SEED);
+	r = tp_pipe_write(p, &msg, tpt_done_cb, &da);
+	TPT_REQUIRE(r == 0, 1, "write: %d %s", r, tp_last_error());
+	/* The write completes once the copy into the (departed) reader has ended. */
+	r = tpt_done_wait(&done, 1, T_MS);
+	TPT_REQUIRE(r == 0, 1, "write never completed");
+	tpt_sync_post(&to_b, 0);
+	tpt_sync_wait(&to_a, T_MS);
+	free(t.data);
+	tp_pipe_close(p);
+	tp_context_free(ctx);
+	return 0;
+}
+
+static int ctxfree_reader(void *arg)
+{
+	static struct tpt_done done;
+	struct tpt_done_arg da = { &done, 0 };
+	struct tp_context *ctx;
+	struct tp_listener *l;
+	struct tp_pipe *p;
+	struct tp_descriptor *d = NULL;
+	struct tp_slot slot = { .device = { TP_DEVICE_CPU, 0 } };
+	struct tp_allocation a = { .tensors = &slot, .n_tensors = 1 };
+	int r = open_acceptor("ctxfree", &ctx, &l, &p);
+
+	TPT_REQUIRE(r == 0, 1, "setup");
+	tpt_done_init(&done);
+	r = tp_pipe_read_descriptor_sync(p, T_MS, &d);
+	TPT_REQUIRE(r == 0, 1, "descriptor: %d %s", r, tp_last_error());
+	slot.data = malloc(TORN_LEN);
+	TPT_REQUIRE(slot.data, 1, "malloc");
+	memset(slot.data, 0, TORN_LEN);
+	r = tp_pipe_read(p, d, &a, tpt_done_cb, &da);
+	TPT_REQUIRE(r == 0, 1, "read: %d %s", r, tp_last_error());
+	TPT_REQUIRE(wait_first_bytes(slot.data), 1, "the copy never started");
+	tp_context_free(ctx); /* completes the read; the daemon must be done with slot.data */
+	TPT_REQUIRE(done.count == 1, 1, "read callback ran %u times", done.count);
+	memset(slot.data, 0, TORN_LEN);
+	TPT_REQUIRE(tpt_sync_wait(&to_b, T_MS) == 0, 1, "writer did not finish");
+	TPT_REQUIRE(all_zero(slot.data, TORN_LEN), 1,
+		    "the daemon wrote into the buffer after tp_context_free() returned");
+	tpt_sync_post(&to_a, 0);
+	free(slot.data);
+	return 0;
+}
+
+START_TEST(test_pipes_context_free_waits_for_copies_into_its_memory)
+{
+	ck_assert(run_pair(ctxfree_reader, ctxfree_writer, NULL));
+}
+END_TEST
+
 static Suite *pipes_suite(void)
 {
 	Suite *s = suite_create("pipes");
@@ -643,6 +714,7 @@ static Suite *pipes_suite(void)
 	tcase_add_test(tc, test_pipes_reader_gets_messages_written_before_close);
 	tcase_add_test(tc, test_pipes_close_cancels_pending_rendezvous_write);
 	tcase_add_test(tc, test_pipes_close_during_copy_never_delivers_torn_data);
+	tcase_add_test(tc, test_pipes_context_free_waits_for_copies_into_its_memory);
 	tcase_set_timeout(tc, 150);
 	suite_add_tcase(s, tc);
 	return s;
