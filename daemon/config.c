@@ -190,9 +190,23 @@ static int set_opt(struct tpd_config *c, const struct opt *o, const char *v, cha
 
 struct ini_ctx {
 	struct tpd_config *c;
+	FILE *f;
+	int line;     /* of the line inih is handling: counted by ini_read_line() */
+	int err_line; /* of the first value error */
 	char err[256];
 	bool failed;
 };
+
+/* inih reads through this, so the handler knows which line it is looking at. */
+static char *ini_read_line(char *buf, int size, void *stream)
+{
+	struct ini_ctx *x = stream;
+	char *r = fgets(buf, size, x->f);
+
+	if (r)
+		x->line++;
+	return r;
+}
 
 static int ini_on_value(void *user, const char *section, const char *name, const char *value)
 {
@@ -201,6 +215,12 @@ static int ini_on_value(void *user, const char *section, const char *name, const
 
 	if (x->failed)
 		return 1; /* keep the first error */
+	x->err_line = x->line;
+	if (!o && !*section) {
+		snprintf(x->err, sizeof(x->err), "key '%s' before any [section]", name);
+		x->failed = true;
+		return 0;
+	}
 	if (!o) {
 		if (find_opt(NULL, name))
 			snprintf(x->err, sizeof(x->err), "key '%s' belongs in section [%s], not [%s]",
@@ -221,24 +241,27 @@ static int ini_on_value(void *user, const char *section, const char *name, const
 static int load_file(struct tpd_config *c, char *err, size_t el)
 {
 	struct ini_ctx x = { .c = c };
-	FILE *f = fopen(c->config_path, "re");
 	int line;
 
-	if (!f) {
+	x.f = fopen(c->config_path, "re");
+	if (!x.f) {
 		int r = -errno;
 		if (r == -ENOENT && !c->config_explicit)
 			return 0; /* no file: defaults and flags */
 		snprintf(err, el, "%s: %s", c->config_path, strerror(-r));
 		return r;
 	}
-	line = ini_parse_file(f, ini_on_value, &x);
-	fclose(f);
-	if (line != 0) {
-		snprintf(err, el, "%s:%d: %s", c->config_path, line,
-			 x.failed ? x.err : "syntax error (expected [section] or key = value)");
-		return -EINVAL;
-	}
-	return 0;
+	line = ini_parse_stream(ini_read_line, &x, ini_on_value, &x);
+	fclose(x.f);
+	if (line == 0)
+		return 0;
+	/* inih reports the first bad line; it is ours only if the handler failed there. */
+	if (x.failed && x.err_line == line)
+		snprintf(err, el, "%s:%d: %s", c->config_path, line, x.err);
+	else
+		snprintf(err, el, "%s:%d: syntax error (expected [section] or key = value)",
+			 c->config_path, line);
+	return -EINVAL;
 }
 
 enum { OPT_CONFIG = 1000, OPT_CHECK, OPT_NO_CMA, OPT_NO_SHM, OPT_VERSION, OPT_HELP };

@@ -225,7 +225,7 @@ int ctl_conn_open(struct ctl_conn *c, const char *socket_path, int timeout_ms)
 	int r;
 
 	*c = (struct ctl_conn){ .fd = -EBADF };
-	c->deadline_ns = tpu_now_ns() + (uint64_t)timeout_ms * 1000000ull;
+	ctl_conn_set_timeout(c, timeout_ms);
 	r = tpu_socket_path(socket_path, c->path, sizeof(c->path));
 	if (r < 0)
 		return conn_fail(c, CTL_FAIL_REACH,
@@ -271,6 +271,11 @@ int ctl_conn_request(struct ctl_conn *c, Tpw__V1__CtlWhat what, uint64_t target_
 	}
 	*ret = reply;
 	return 0;
+}
+
+void ctl_conn_set_timeout(struct ctl_conn *c, int timeout_ms)
+{
+	c->deadline_ns = tpu_now_ns() + (uint64_t)timeout_ms * 1000000ull;
 }
 
 void ctl_conn_close(struct ctl_conn *c)

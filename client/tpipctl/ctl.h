@@ -55,6 +55,9 @@ int ctl_conn_open(struct ctl_conn *c, const char *socket_path, int timeout_ms);
 int ctl_conn_request(struct ctl_conn *c, Tpw__V1__CtlWhat what, uint64_t target_id,
 		     Tpw__V1__DaemonMsg **ret);
 
+/* Starts a new deadline of @timeout_ms from now for the next request (watch reuses @c). */
+void ctl_conn_set_timeout(struct ctl_conn *c, int timeout_ms);
+
 /* Closes the socket; safe on a connection that never opened. */
 void ctl_conn_close(struct ctl_conn *c);
 
@@ -78,6 +81,35 @@ int ctl_render_backends(const Tpw__V1__CtlReply *r, const struct ctl_view *v, FI
 int ctl_render_stats(const Tpw__V1__CtlReply *r, const struct ctl_view *v, FILE *out);
 int ctl_render_close_session(const Tpw__V1__CtlReply *r, const struct ctl_view *v, FILE *out);
 int ctl_render_drain(const Tpw__V1__CtlReply *r, const struct ctl_view *v, FILE *out);
+
+/*
+ * ctl_render_watch() - print one watch snapshot: the status reply @st and the pipes reply @pp,
+ * as the status table, a blank line and the pipes table, or with @v->json as one object
+ * {"status": {...}, "pipes": [...]}. Borrows @st, @pp, @v and @out.
+ * Return: 0, -ENOMEM.
+ */
+int ctl_render_watch(const Tpw__V1__CtlReply *st, const Tpw__V1__CtlReply *pp,
+		     const struct ctl_view *v, FILE *out);
+
+/* ---- watch (watch.c) ---------------------------------------------------------------------- */
+
+struct ctl_watch_opts {
+	uint64_t interval_ms; /* between the starts of two refreshes */
+	uint64_t count;	      /* stop after this many refreshes; 0: until a signal */
+	int timeout_ms;	      /* deadline of each refresh's requests */
+};
+
+/*
+ * ctl_watch() - refresh a status + pipes snapshot on @out every @w->interval_ms over the open
+ * connection @c until SIGINT or SIGTERM, @w->count refreshes, or a failure. When @out is a
+ * terminal each snapshot replaces the screen (ANSI home + clear); otherwise snapshots follow each
+ * other separated by a blank line, without escape codes. Borrows @c, @w, @v and @out.
+ * Return: 0 when stopped by a signal or the count; -errno with @c->fail and @c->why set when the
+ * daemon went away or answered with an error; -errno with @c->fail == CTL_FAIL_NONE when writing
+ * @out failed.
+ */
+int ctl_watch(struct ctl_conn *c, const struct ctl_watch_opts *w, const struct ctl_view *v,
+	      FILE *out);
 
 /* ---- JSON helpers (render.c), shared by the renderers ------------------------------------- */
 

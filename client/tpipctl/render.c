@@ -361,3 +361,37 @@ int ctl_render_listeners(const Tpw__V1__CtlReply *r, const struct ctl_view *v, F
 	ctl_table_done(&t);
 	return ret;
 }
+
+/* ---- watch -------------------------------------------------------------------------------- */
+
+static int watch_json(const Tpw__V1__CtlStatus *s, const Tpw__V1__CtlReply *pp, FILE *out)
+{
+	struct json_object *o = json_object_new_object(), *arr = json_object_new_array();
+
+	if (!o || !arr) {
+		json_object_put(o);
+		json_object_put(arr);
+		return -ENOMEM;
+	}
+	json_object_object_add(o, "status", ctl_json_status(s));
+	for (size_t i = 0; i < pp->n_pipes; i++)
+		json_object_array_add(arr, pipe_json(pp->pipes[i]));
+	json_object_object_add(o, "pipes", arr);
+	return ctl_json_emit(o, out);
+}
+
+int ctl_render_watch(const Tpw__V1__CtlReply *st, const Tpw__V1__CtlReply *pp,
+		     const struct ctl_view *v, FILE *out)
+{
+	static const Tpw__V1__CtlStatus empty = TPW__V1__CTL_STATUS__INIT;
+	const Tpw__V1__CtlStatus *s = st->status_info ? st->status_info : &empty;
+	int r;
+
+	if (v->json)
+		return watch_json(s, pp, out);
+	r = status_text(s, out);
+	if (r < 0)
+		return r;
+	fputc('\n', out);
+	return ctl_render_pipes(pp, v, out);
+}

@@ -1,12 +1,15 @@
 /* SPDX-License-Identifier: BSD-3-Clause */
 /*
  * tpipctl: show what the local tpipd is doing. Parses the command line, opens one control
- * session (conn.c), asks the daemon for one report and prints it (render.c). Exit status: 0 ok,
- * 1 usage error, 2 the daemon cannot be reached, 3 the daemon answered with an error. It never
- * changes daemon state.
+ * session (conn.c), asks the daemon for one report and prints it (render.c), or for watch keeps
+ * asking (watch.c). Exit status: 0 ok, 1 usage error, 2 the daemon cannot be reached (or went
+ * away during watch), 3 the daemon answered with an error. Only the admin commands change
+ * daemon state.
  */
 #include <getopt.h>
+#include <math.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 #include "ctl.h"
 #include "tpconfig.h"
@@ -20,6 +23,11 @@ enum {
 
 #define DEFAULT_TIMEOUT_MS 5000
 #define MAX_TIMEOUT_S 3600
+#define DEFAULT_INTERVAL_MS 1000
+#define MIN_INTERVAL_S 0.1
+#define MAX_INTERVAL_S 3600.0
+
+enum { OPT_INTERVAL = 1000, OPT_COUNT };
 
 typedef int (*render_fn)(const Tpw__V1__CtlReply *r, const struct ctl_view *v, FILE *out);
 
@@ -27,7 +35,7 @@ struct command {
 	const char *name;
 	const char *arg; /* name of the one argument it takes, or NULL */
 	Tpw__V1__CtlWhat what;
-	render_fn render;
+	render_fn render; /* NULL: watch, which renders through ctl_watch() */
 	const char *help;
 };
 
@@ -48,6 +56,8 @@ static const struct command commands[] = {
 	  "admin: close session ID (its pipes fail on the other end)" },
 	{ "drain", NULL, TPW__V1__CTL_WHAT__CTL_DRAIN, ctl_render_drain,
 	  "admin: stop accepting clients, finish copies in flight, exit" },
+	{ "watch", NULL, TPW__V1__CTL_WHAT__CTL_STATUS, NULL,
+	  "status and pipes, refreshed every --interval until Ctrl-C" },
 };
 
 struct options {
@@ -55,6 +65,8 @@ struct options {
 	int timeout_ms;
 	const struct command *cmd;
 	struct ctl_view view;
+	struct ctl_watch_opts watch;
+	const char *watch_flag; /* a watch-only flag that was given, for the usage check */
 };
 
 static void usage(FILE *out)
@@ -79,12 +91,18 @@ static void usage(FILE *out)
 		"                       /run/tpipd/tpipd.sock for root, else\n"
 		"                       $XDG_RUNTIME_DIR/tpipd.sock)\n"
 		"  -j, --json           print JSON instead of a table\n"
-		"  -t, --timeout SECS   give up after SECS seconds (default 5)\n"
+		"  -t, --timeout SECS   give up after SECS seconds (default 5; for watch,\n"
+		"                       per refresh)\n"
+		"      --interval SECS  watch: refresh every SECS seconds (default 1, at\n"
+		"                       least 0.1)\n"
+		"      --count N        watch: stop after N refreshes (default: until\n"
+		"                       SIGINT or SIGTERM)\n"
 		"  -h, --help           show this help\n"
 		"  -V, --version        show the version\n"
 		"\n"
 		"Admin commands need root or the daemon's admin group.\n"
-		"Exit status: 0 ok, 1 usage error, 2 cannot reach the daemon, 3 daemon error.\n");
+		"Exit status: 0 ok, 1 usage error, 2 cannot reach the daemon (or it went away\n"
+		"during watch), 3 daemon error.\n");
 }
 
 static const struct command *command_find(const char *name)
@@ -108,13 +126,43 @@ static int parse_timeout(const char *s, int *ret)
 	return 0;
 }
 
+static int parse_interval(const char *s, uint64_t *ret)
+{
+	char *end;
+	double v;
+
+	errno = 0;
+	v = strtod(s, &end);
+	if (errno || end == s || *end || !isfinite(v) || v < MIN_INTERVAL_S || v > MAX_INTERVAL_S)
+		return -EINVAL;
+	*ret = (uint64_t)(v * 1000.0 + 0.5);
+	return 0;
+}
+
+/* A positive decimal number: a session id or a count. */
+static int parse_positive(const char *s, uint64_t *ret)
+{
+	char *end;
+	unsigned long long v;
+
+	errno = 0;
+	v = strtoull(s, &end, 10);
+	if (errno || end == s || *end || *s == '-' || v == 0)
+		return -EINVAL;
+	*ret = v;
+	return 0;
+}
+
 /* Return: -1 to go on, else an exit status (help, version, usage error). */
 static int parse_flags(int argc, char **argv, struct options *o)
 {
 	static const struct option longopts[] = {
 		{ "socket", required_argument, NULL, 's' }, { "json", no_argument, NULL, 'j' },
 		{ "timeout", required_argument, NULL, 't' }, { "help", no_argument, NULL, 'h' },
-		{ "version", no_argument, NULL, 'V' },	     { 0 },
+		{ "version", no_argument, NULL, 'V' },
+		{ "interval", required_argument, NULL, OPT_INTERVAL },
+		{ "count", required_argument, NULL, OPT_COUNT },
+		{ 0 },
 	};
 	int c;
 
@@ -126,6 +174,22 @@ static int parse_flags(int argc, char **argv, struct options *o)
 			if (parse_timeout(optarg, &o->timeout_ms) < 0) {
 				fprintf(stderr, "tpipctl: invalid timeout '%s' (1..%d seconds)\n",
 					optarg, MAX_TIMEOUT_S);
+				return EXIT_USAGE;
+			}
+			break;
+		case OPT_INTERVAL:
+			o->watch_flag = "--interval";
+			if (parse_interval(optarg, &o->watch.interval_ms) < 0) {
+				fprintf(stderr, "tpipctl: invalid interval '%s' (%g..%g seconds)\n",
+					optarg, MIN_INTERVAL_S, MAX_INTERVAL_S);
+				return EXIT_USAGE;
+			}
+			break;
+		case OPT_COUNT:
+			o->watch_flag = "--count";
+			if (parse_positive(optarg, &o->watch.count) < 0) {
+				fprintf(stderr, "tpipctl: invalid count '%s' (a positive number)\n",
+					optarg);
 				return EXIT_USAGE;
 			}
 			break;
@@ -142,19 +206,6 @@ static int parse_flags(int argc, char **argv, struct options *o)
 	return -1;
 }
 
-static int parse_target(const char *s, uint64_t *ret)
-{
-	char *end;
-	unsigned long long v;
-
-	errno = 0;
-	v = strtoull(s, &end, 10);
-	if (errno || end == s || *end || *s == '-' || v == 0)
-		return -EINVAL;
-	*ret = v;
-	return 0;
-}
-
 /* Checks the command's argument count and parses its argument. Return: -1 or EXIT_USAGE. */
 static int parse_command_args(int argc, char **argv, struct options *o)
 {
@@ -168,7 +219,7 @@ static int parse_command_args(int argc, char **argv, struct options *o)
 		fprintf(stderr, "tpipctl: %s needs %s\n", o->cmd->name, o->cmd->arg);
 		return EXIT_USAGE;
 	}
-	if (want && parse_target(argv[optind + 1], &o->view.target_id) < 0) {
+	if (want && parse_positive(argv[optind + 1], &o->view.target_id) < 0) {
 		fprintf(stderr, "tpipctl: %s: '%s' is not a session id\n", o->cmd->name,
 			argv[optind + 1]);
 		return EXIT_USAGE;
@@ -191,6 +242,10 @@ static int parse_args(int argc, char **argv, struct options *o)
 	if (!o->cmd) {
 		fprintf(stderr, "tpipctl: unknown command '%s'; try 'tpipctl --help'\n",
 			argv[optind]);
+		return EXIT_USAGE;
+	}
+	if (o->watch_flag && o->cmd->render) {
+		fprintf(stderr, "tpipctl: %s applies only to watch\n", o->watch_flag);
 		return EXIT_USAGE;
 	}
 	return parse_command_args(argc, argv, o);
@@ -246,12 +301,35 @@ static int run(const struct options *o)
 	return r;
 }
 
+static int run_watch(struct options *o)
+{
+	char eb[128];
+	struct ctl_conn c;
+	int r;
+
+	o->watch.timeout_ms = o->timeout_ms;
+	r = ctl_conn_open(&c, o->socket_path, o->timeout_ms);
+	if (r == 0)
+		r = ctl_watch(&c, &o->watch, &o->view, stdout);
+	if (r < 0 && c.fail != CTL_FAIL_NONE)
+		r = conn_exit_status(&c);
+	else if (r < 0) {
+		fprintf(stderr, "tpipctl: watch: %s\n", tpu_strerror(r, eb, sizeof(eb)));
+		r = EXIT_DAEMON;
+	}
+	ctl_conn_close(&c);
+	return r;
+}
+
 int main(int argc, char **argv)
 {
-	struct options o = { .timeout_ms = DEFAULT_TIMEOUT_MS };
+	struct options o = {
+		.timeout_ms = DEFAULT_TIMEOUT_MS,
+		.watch = { .interval_ms = DEFAULT_INTERVAL_MS },
+	};
 	int r = parse_args(argc, argv, &o);
 
 	if (r >= 0)
 		return r;
-	return run(&o);
+	return o.cmd->render ? run(&o) : run_watch(&o);
 }

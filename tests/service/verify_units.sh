@@ -1,0 +1,48 @@
+#!/bin/bash
+# SPDX-License-Identifier: BSD-3-Clause
+# systemd-analyze verify accepts tpipd.service (generated from tpipd.service.in the way meson
+# does, with ExecStart pointing at the built tpipd) and tpipd.socket, with no complaint about
+# either; and, so that a silent verifier cannot pass this test, it does complain about a copy of
+# the service with a broken ExecStart.
+. "$(dirname -- "$0")/lib.sh" || exit 1
+need_env TPIPD_BIN TPIPD_UNITS
+need_tool systemd-analyze
+svc_init
+
+sbindir=$(dirname "$TPIPD_BIN")
+units=$SVC_TMP/units
+mkdir "$units"
+sed -e "s|@sbindir@|$sbindir|g" -e "s|@sysconfdir@|/etc|g" "$TPIPD_UNITS/tpipd.service.in" \
+	>"$units/tpipd.service"
+cp "$TPIPD_UNITS/tpipd.socket" "$units/"
+
+check "the generated unit has no @placeholders@ left"
+! grep -n '@[a-z]*@' "$units/tpipd.service" || fail "unsubstituted placeholder in tpipd.service"
+check "ExecStart is the built tpipd ($TPIPD_BIN)"
+grep -qx "ExecStart=$TPIPD_BIN" "$units/tpipd.service" || fail "ExecStart is not $TPIPD_BIN"
+
+# verify looks up Requires=/Also= units next to the ones named, so run it in the unit dir.
+verify() {
+	(cd "$units" && SYSTEMD_LOG_COLOR=0 systemd-analyze verify --man=no "$@") \
+		>"$SVC_TMP/verify.out" 2>&1
+}
+
+for unit in tpipd.service tpipd.socket; do
+	check "systemd-analyze verify --man=no $unit exits 0 without complaints"
+	verify "$units/$unit"
+	rc=$?
+	SVC_LOGS+=("$SVC_TMP/verify.out")
+	if [ "$rc" -ne 0 ] || grep -q 'tpipd\.\(service\|socket\)' "$SVC_TMP/verify.out"; then
+		cat "$SVC_TMP/verify.out"
+		fail "systemd-analyze verify $unit: exit status $rc"
+	fi
+done
+
+check "the verifier notices an ExecStart that does not exist (so the checks above mean something)"
+sed -i "s|^ExecStart=.*|ExecStart=/nonexistent/tpipd|" "$units/tpipd.service"
+verify "$units/tpipd.service"
+rc=$?
+if [ "$rc" -eq 0 ] && ! grep -q 'tpipd\.service' "$SVC_TMP/verify.out"; then
+	fail "systemd-analyze verify accepted a broken unit; it checks nothing here"
+fi
+say "ok"
