@@ -4,7 +4,8 @@
  * and formatting, full reads and writes on raw fds, a counter that callbacks signal and the main
  * thread waits on, a fork helper with a readiness pipe, and the result table printer (aligned
  * text for people, tab-separated rows for bench/run.sh). Benchmarks print figures; nothing here
- * decides pass or fail. Uses only the public libtpclient API, like any client would.
+ * decides pass or fail. Uses only the public libtpclient API, like any client would; C and C++
+ * (tp_baseline) both include it.
  */
 #ifndef BENCH_COMMON_H
 #define BENCH_COMMON_H
@@ -16,6 +17,10 @@
 #include <sys/types.h>
 
 #include "tpclient.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
 
 /* Monotonic clock in nanoseconds. */
 uint64_t bench_now_ns(void);
@@ -86,5 +91,9 @@ extern bool bench_tsv;
 void bench_table_header(const char *title);
 void bench_row(const char *name, const char *size, const char *result, const char *baseline,
 	       const char *ratio);
+
+#ifdef __cplusplus
+}
+#endif
 
 #endif

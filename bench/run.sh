@@ -3,9 +3,11 @@
 #
 # bench/run.sh: build the benchmarks (release build in build-bench/ unless BUILD_DIR says
 # otherwise), start a private tpipd on a socket in a temporary directory, run bench_latency and
-# bench_throughput against it, and print one table: case, size, result, baseline, ratio. Every
-# baseline is measured in the same run as the figure it is compared with. Numbers only: the
-# script never passes or fails a figure; its exit status says whether everything ran.
+# bench_throughput against it, then tp_baseline (the same cases with TensorPipe, if it was built)
+# and wakeup (the machine's blocking wake-up cost), and print one table: case, size, result,
+# baseline, ratio, vs TensorPipe. Every baseline is measured in the same run as the figure it is
+# compared with. Numbers only: the script never passes or fails a figure; its exit status says
+# whether everything ran.
 #
 # Environment:
 #   BENCH_QUICK=1        fewer iterations, sizes up to 64 MiB, shorter phases
@@ -14,7 +16,10 @@
 #   TPIPD_ARGS="..."     extra tpipd flags (e.g. "--copy-threads 2")
 #   BENCH_LAT_ARGS="..." extra bench_latency flags (e.g. "-n 50000")
 #   BENCH_TPUT_ARGS="..." extra bench_throughput flags (e.g. "-s 1M,16M -K shm")
+#   BENCH_TPB_ARGS="..."  extra tp_baseline flags (e.g. "-s 1M,16M -c lc")
+#   BENCH_WAKEUP_ARGS="..." extra wakeup flags (e.g. "-n 500000")
 #   BENCH_TIMEOUT=SECS   wall-clock limit per benchmark program (default 900)
+#   BENCH_NO_INSTALL=1   do not install the optional baseline packages (g++, libtensorpipe-dev)
 set -euo pipefail
 
 root=$(cd "$(dirname "$0")/.." && pwd)
@@ -22,10 +27,23 @@ build=${BUILD_DIR:-$root/build-bench}
 quick=${BENCH_QUICK:-0}
 limit=${BENCH_TIMEOUT:-900}
 
+# The TensorPipe baseline needs g++ and libtensorpipe-dev: installed when missing, best effort.
+# shellcheck source=scripts/deps.sh
+. "$root/scripts/deps.sh"
+[[ ${BENCH_NO_INSTALL:-0} == 1 ]] || tp_deps_install_bench
 if [[ ! -f $build/build.ninja ]]; then
 	meson setup "$build" "$root" -Dbuildtype=release
 fi
-ninja -C "$build" daemon/tpipd bench/bench_latency bench/bench_throughput
+targets=(daemon/tpipd bench/bench_latency bench/bench_throughput bench/wakeup)
+# tp_baseline exists only when meson found TensorPipe (libtensorpipe-dev) at configure time;
+# regenerate build.ninja first if meson.build files changed, so that the query sees the target.
+ninja -C "$build" build.ninja >/dev/null
+have_tpb=0
+if ninja -C "$build" -t query bench/tp_baseline >/dev/null 2>&1; then
+	have_tpb=1
+	targets+=(bench/tp_baseline)
+fi
+ninja -C "$build" "${targets[@]}"
 tpipd=${TPIPD_BIN:-$build/daemon/tpipd}
 
 tmp=$(mktemp -d "${TMPDIR:-/tmp}/tpipd-bench.XXXXXX")
@@ -70,12 +88,61 @@ export TPIPD_SOCKET=$sock
 if [[ $quick == 1 ]]; then
 	lat_args=(-n 2000 -w 200)
 	tput_args=(-s '4K,64K,1M,16M,64M' -T 0.2 -m 4)
+	wakeup_args=(-n 20000)
 else
 	lat_args=()
 	tput_args=()
+	wakeup_args=()
 fi
+tpb_args=("${lat_args[@]}" "${tput_args[@]}")
 
 rows=$tmp/rows.tsv
+
+# vs_tensorpipe ROWS: prints ROWS with a sixth column, tpipd's figure against TensorPipe's
+# comparable one from the same run (> 1: tpipd better), or "-" where there is none.
+vs_tensorpipe() {
+	awk -F '\t' -v OFS='\t' '
+	function med(s, n, a, i) {
+		n = split(s, a, " ")
+		for (i = 1; i < n; i++)
+			if (a[i] == "med")
+				return a[i + 1] + 0
+		return 0
+	}
+	function lead(s, unit, a) {
+		if (index(s, unit) == 0)
+			return 0
+		split(s, a, " ")
+		return a[1] + 0
+	}
+	function k_of(name, n, a) {
+		n = split(name, a, " ")
+		return a[n]
+	}
+	NR == FNR {
+		if ($1 ~ /^tensorpipe shm\+basic latency rtt /) {
+			key = $1
+			sub(/^tensorpipe shm\+basic /, "", key)
+			lat[key] = med($3)
+		} else if ($1 ~ /^tensorpipe shm\+cma tput k=/) {
+			tput[k_of($1) "|" $2] = lead($3, "GB/s")
+		} else if ($1 ~ /^tensorpipe shm\+basic rate k=/) {
+			rate[k_of($1) "|" $2] = lead($3, "msg/s")
+		}
+		next
+	}
+	{
+		vs = "-"
+		key = k_of($1) "|" $2
+		if ($1 ~ /^latency rtt / && lat[$1] > 0 && med($3) > 0)
+			vs = sprintf("%.2f", lat[$1] / med($3))
+		else if ($1 ~ /^tput / && tput[key] > 0 && lead($3, "GB/s") > 0)
+			vs = sprintf("%.2f", lead($3, "GB/s") / tput[key])
+		else if ($1 ~ /^rate / && rate[key] > 0 && lead($3, "msg/s") > 0)
+			vs = sprintf("%.2f", lead($3, "msg/s") / rate[key])
+		print $0, vs
+	}' "$1" "$1"
+}
 status=0
 run_one() {
 	local name=$1
@@ -91,6 +158,16 @@ run_one() {
 run_one bench_latency "${lat_args[@]}" ${BENCH_LAT_ARGS:-}
 # shellcheck disable=SC2086
 run_one bench_throughput "${tput_args[@]}" ${BENCH_TPUT_ARGS:-}
+if [[ $have_tpb == 1 ]]; then
+	# shellcheck disable=SC2086
+	run_one tp_baseline "${tpb_args[@]}" ${BENCH_TPB_ARGS:-}
+else
+	echo "run.sh: tp_baseline was not built (no TensorPipe at configure time:" \
+		"apt-get install libtensorpipe-dev, then meson setup --wipe $build);" \
+		"TensorPipe rows skipped" >&2
+fi
+# shellcheck disable=SC2086
+run_one wakeup "${wakeup_args[@]}" ${BENCH_WAKEUP_ARGS:-}
 
 daemon_alive=1
 if ! kill -0 "$daemon_pid" 2>/dev/null; then
@@ -108,10 +185,15 @@ echo "tpipd benchmarks ($mode): $("$tpipd" --version 2>/dev/null | head -n 1 || 
 		head -n 1)), $(date -u +%Y-%m-%dT%H:%MZ)"
 echo "latency ratio = tpipd median / raw socketpair median (p99 ratio in brackets);"
 echo "throughput ratio = tpipd GB/s / single-thread memcpy GB/s; rate ratio = tpipd / raw socketpair"
+echo "vs TensorPipe (> 1: tpipd better) = TensorPipe shm+basic median / tpipd median for latency,"
+echo "tpipd GB/s / TensorPipe shm+cma GB/s (same size and k) for throughput,"
+echo "tpipd msg/s / TensorPipe shm+basic msg/s for the rate; wakeup ratio = cross-CPU / same CPU"
+[[ $have_tpb == 1 ]] ||
+	echo "(TensorPipe baseline not built: no TensorPipe rows; the vs TensorPipe column says -)"
 echo
 {
-	printf 'case\tsize\tresult\tbaseline\tratio\n'
-	cat "$rows"
+	printf 'case\tsize\tresult\tbaseline\tratio\tvs TensorPipe\n'
+	vs_tensorpipe "$rows"
 } | column -t -s $'\t'
 
 if [[ $daemon_alive == 1 && -s $tmp/tpipd.log ]]; then

@@ -14,6 +14,10 @@ TP_DEB_PACKAGES=(
 	valgrind iproute2 scdoc jq
 )
 
+# Optional, for the benchmarks' baselines only (bench/run.sh): a C++ compiler and Debian's
+# TensorPipe. The project builds and tests without them.
+TP_DEB_BENCH_PACKAGES=(g++ libtensorpipe-dev)
+
 # Prints the names among "$@" that dpkg does not list as installed.
 tp_deps_missing() {
 	local p status
@@ -50,6 +54,20 @@ tp_deps_install() {
 	"${sudo[@]}" env DEBIAN_FRONTEND=noninteractive apt-get update -q &&
 		"${sudo[@]}" env DEBIAN_FRONTEND=noninteractive apt-get install -y -q \
 			--no-install-recommends "${missing[@]}" </dev/null
+}
+
+# Installs the optional benchmark packages that are missing; never fails the caller.
+tp_deps_install_bench() {
+	local missing sudo=()
+	command -v apt-get >/dev/null || return 0
+	mapfile -t missing < <(tp_deps_missing "${TP_DEB_BENCH_PACKAGES[@]}")
+	[ "${#missing[@]}" -eq 0 ] && return 0
+	[ "$(id -u)" -eq 0 ] || sudo=(sudo)
+	echo "deps: installing optional benchmark packages: ${missing[*]}"
+	"${sudo[@]}" env DEBIAN_FRONTEND=noninteractive apt-get install -y -q \
+		--no-install-recommends "${missing[@]}" </dev/null ||
+		echo "deps: could not install ${missing[*]}; the baselines that need them are skipped"
+	return 0
 }
 
 # tp_build DIR [MESON_SETUP_ARGS...]: configures DIR once (with the given options), then builds.
