@@ -144,6 +144,20 @@ struct ctl_table {
 /* Starts an empty table with the given columns (borrowed until ctl_table_done()). */
 void ctl_table_init(struct ctl_table *t, const struct ctl_col *cols, size_t ncols);
 
+/* A list of reply items rendered as a table (one row each) or as a JSON array under @key. */
+struct ctl_list {
+	const char *key;
+	void *const *items;
+	size_t n;
+	struct json_object *(*json)(const void *item);
+	void (*row)(struct ctl_table *t, const void *item);
+	const struct ctl_col *cols;
+	size_t n_cols;
+};
+
+/* Renders @l per @v to @out. Return: 0 or -errno. */
+int ctl_render_list(const struct ctl_list *l, const struct ctl_view *v, FILE *out);
+
 /*
  * ctl_table_cellf() - append the next cell, filling rows left to right. Control characters in
  * the text are replaced by '?', so names sent by other processes cannot drive the terminal; an

@@ -138,10 +138,32 @@ int ctl_render_status(const Tpw__V1__CtlReply *r, const struct ctl_view *v, FILE
 	return v->json ? ctl_json_emit(ctl_json_status(s), out) : status_text(s, out);
 }
 
+int ctl_render_list(const struct ctl_list *l, const struct ctl_view *v, FILE *out)
+{
+	struct ctl_table t;
+	int ret;
+
+	if (v->json) {
+		struct json_object *arr = json_object_new_array();
+		if (!arr)
+			return -ENOMEM;
+		for (size_t i = 0; i < l->n; i++)
+			json_object_array_add(arr, l->json(l->items[i]));
+		return ctl_json_emit_list(l->key, arr, out);
+	}
+	ctl_table_init(&t, l->cols, l->n_cols);
+	for (size_t i = 0; i < l->n; i++)
+		l->row(&t, l->items[i]);
+	ret = ctl_table_print(&t, out);
+	ctl_table_done(&t);
+	return ret;
+}
+
 /* ---- sessions ----------------------------------------------------------------------------- */
 
-static struct json_object *session_json(const Tpw__V1__CtlSession *s)
+static struct json_object *session_json(const void *item)
 {
+	const Tpw__V1__CtlSession *s = item;
 	struct json_object *o = json_object_new_object();
 
 	if (!o)
@@ -169,8 +191,9 @@ static const struct ctl_col session_cols[] = {
 	{ "BUFFERS", true }, { "BUF_BYTES", true }, { "BYTES_IN", true }, { "BYTES_OUT", true },
 };
 
-static void session_row(struct ctl_table *t, const Tpw__V1__CtlSession *s)
+static void session_row(struct ctl_table *t, const void *item)
 {
+	const Tpw__V1__CtlSession *s = item;
 	char b1[32], b2[32], b3[32];
 
 	ctl_table_cellf(t, "%" PRIu64, s->id);
@@ -189,23 +212,17 @@ static void session_row(struct ctl_table *t, const Tpw__V1__CtlSession *s)
 
 int ctl_render_sessions(const Tpw__V1__CtlReply *r, const struct ctl_view *v, FILE *out)
 {
-	struct ctl_table t;
-	int ret;
+	const struct ctl_list l = {
+		.key = "sessions",
+		.items = (void *const *)r->sessions,
+		.n = r->n_sessions,
+		.json = session_json,
+		.row = session_row,
+		.cols = session_cols,
+		.n_cols = TPU_ARRAY_SIZE(session_cols),
+	};
 
-	if (v->json) {
-		struct json_object *arr = json_object_new_array();
-		if (!arr)
-			return -ENOMEM;
-		for (size_t i = 0; i < r->n_sessions; i++)
-			json_object_array_add(arr, session_json(r->sessions[i]));
-		return ctl_json_emit_list("sessions", arr, out);
-	}
-	ctl_table_init(&t, session_cols, TPU_ARRAY_SIZE(session_cols));
-	for (size_t i = 0; i < r->n_sessions; i++)
-		session_row(&t, r->sessions[i]);
-	ret = ctl_table_print(&t, out);
-	ctl_table_done(&t);
-	return ret;
+	return ctl_render_list(&l, v, out);
 }
 
 /* ---- pipes -------------------------------------------------------------------------------- */
@@ -228,8 +245,9 @@ static struct json_object *pipe_end_json(const Tpw__V1__CtlPipeEnd *e)
 	return o;
 }
 
-static struct json_object *pipe_json(const Tpw__V1__CtlPipe *p)
+static struct json_object *pipe_json(const void *item)
 {
+	const Tpw__V1__CtlPipe *p = item;
 	struct json_object *o = json_object_new_object();
 
 	if (!o)
@@ -260,8 +278,9 @@ static void pipe_end_cell(struct ctl_table *t, const Tpw__V1__CtlPipeEnd *e)
 		ctl_table_cellf(t, "-");
 }
 
-static void pipe_row(struct ctl_table *t, const Tpw__V1__CtlPipe *p)
+static void pipe_row(struct ctl_table *t, const void *item)
 {
+	const Tpw__V1__CtlPipe *p = item;
 	static const Tpw__V1__CtlPipeEnd none = TPW__V1__CTL_PIPE_END__INIT;
 	const Tpw__V1__CtlPipeEnd *c = p->connector ? p->connector : &none;
 	const Tpw__V1__CtlPipeEnd *a = p->acceptor ? p->acceptor : &none;
@@ -283,29 +302,24 @@ static void pipe_row(struct ctl_table *t, const Tpw__V1__CtlPipe *p)
 
 int ctl_render_pipes(const Tpw__V1__CtlReply *r, const struct ctl_view *v, FILE *out)
 {
-	struct ctl_table t;
-	int ret;
+	const struct ctl_list l = {
+		.key = "pipes",
+		.items = (void *const *)r->pipes,
+		.n = r->n_pipes,
+		.json = pipe_json,
+		.row = pipe_row,
+		.cols = pipe_cols,
+		.n_cols = TPU_ARRAY_SIZE(pipe_cols),
+	};
 
-	if (v->json) {
-		struct json_object *arr = json_object_new_array();
-		if (!arr)
-			return -ENOMEM;
-		for (size_t i = 0; i < r->n_pipes; i++)
-			json_object_array_add(arr, pipe_json(r->pipes[i]));
-		return ctl_json_emit_list("pipes", arr, out);
-	}
-	ctl_table_init(&t, pipe_cols, TPU_ARRAY_SIZE(pipe_cols));
-	for (size_t i = 0; i < r->n_pipes; i++)
-		pipe_row(&t, r->pipes[i]);
-	ret = ctl_table_print(&t, out);
-	ctl_table_done(&t);
-	return ret;
+	return ctl_render_list(&l, v, out);
 }
 
 /* ---- listeners ---------------------------------------------------------------------------- */
 
-static struct json_object *listener_json(const Tpw__V1__CtlListener *l)
+static struct json_object *listener_json(const void *item)
 {
+	const Tpw__V1__CtlListener *l = item;
 	struct json_object *o = json_object_new_object();
 
 	if (!o)
@@ -327,8 +341,9 @@ static const struct ctl_col listener_cols[] = {
 	{ "ACCEPTED", true },
 };
 
-static void listener_row(struct ctl_table *t, const Tpw__V1__CtlListener *l)
+static void listener_row(struct ctl_table *t, const void *item)
 {
+	const Tpw__V1__CtlListener *l = item;
 	ctl_table_cellf(t, "%" PRIu64, l->id);
 	ctl_table_cellf(t, "%s", str_or_empty(l->name));
 	ctl_table_cellf(t, "%" PRIu64, l->session_id);
@@ -343,23 +358,17 @@ static void listener_row(struct ctl_table *t, const Tpw__V1__CtlListener *l)
 
 int ctl_render_listeners(const Tpw__V1__CtlReply *r, const struct ctl_view *v, FILE *out)
 {
-	struct ctl_table t;
-	int ret;
+	const struct ctl_list l = {
+		.key = "listeners",
+		.items = (void *const *)r->listeners,
+		.n = r->n_listeners,
+		.json = listener_json,
+		.row = listener_row,
+		.cols = listener_cols,
+		.n_cols = TPU_ARRAY_SIZE(listener_cols),
+	};
 
-	if (v->json) {
-		struct json_object *arr = json_object_new_array();
-		if (!arr)
-			return -ENOMEM;
-		for (size_t i = 0; i < r->n_listeners; i++)
-			json_object_array_add(arr, listener_json(r->listeners[i]));
-		return ctl_json_emit_list("listeners", arr, out);
-	}
-	ctl_table_init(&t, listener_cols, TPU_ARRAY_SIZE(listener_cols));
-	for (size_t i = 0; i < r->n_listeners; i++)
-		listener_row(&t, r->listeners[i]);
-	ret = ctl_table_print(&t, out);
-	ctl_table_done(&t);
-	return ret;
+	return ctl_render_list(&l, v, out);
 }
 
 /* ---- watch -------------------------------------------------------------------------------- */

@@ -19,8 +19,9 @@ static const char *str_or_empty(const char *s)
 
 /* ---- backends ----------------------------------------------------------------------------- */
 
-static struct json_object *backend_json(const Tpw__V1__CtlBackend *b)
+static struct json_object *backend_json(const void *item)
 {
+	const Tpw__V1__CtlBackend *b = item;
 	struct json_object *o = json_object_new_object(), *caps = json_object_new_array();
 
 	if (!o || !caps) {
@@ -59,8 +60,9 @@ static const char *caps_text(const Tpw__V1__CtlBackend *b, char *buf, size_t len
 	return buf;
 }
 
-static void backend_row(struct ctl_table *t, const Tpw__V1__CtlBackend *b)
+static void backend_row(struct ctl_table *t, const void *item)
 {
+	const Tpw__V1__CtlBackend *b = item;
 	char caps[CAPS_TEXT_MAX];
 
 	ctl_table_cellf(t, "%" PRIu32, b->priority);
@@ -73,23 +75,17 @@ static void backend_row(struct ctl_table *t, const Tpw__V1__CtlBackend *b)
 
 int ctl_render_backends(const Tpw__V1__CtlReply *r, const struct ctl_view *v, FILE *out)
 {
-	struct ctl_table t;
-	int ret;
+	const struct ctl_list l = {
+		.key = "backends",
+		.items = (void *const *)r->backends,
+		.n = r->n_backends,
+		.json = backend_json,
+		.row = backend_row,
+		.cols = backend_cols,
+		.n_cols = TPU_ARRAY_SIZE(backend_cols),
+	};
 
-	if (v->json) {
-		struct json_object *arr = json_object_new_array();
-		if (!arr)
-			return -ENOMEM;
-		for (size_t i = 0; i < r->n_backends; i++)
-			json_object_array_add(arr, backend_json(r->backends[i]));
-		return ctl_json_emit_list("backends", arr, out);
-	}
-	ctl_table_init(&t, backend_cols, TPU_ARRAY_SIZE(backend_cols));
-	for (size_t i = 0; i < r->n_backends; i++)
-		backend_row(&t, r->backends[i]);
-	ret = ctl_table_print(&t, out);
-	ctl_table_done(&t);
-	return ret;
+	return ctl_render_list(&l, v, out);
 }
 
 /* ---- stats -------------------------------------------------------------------------------- */
