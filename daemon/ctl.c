@@ -17,7 +17,7 @@
 /* Storage behind a reply's arrays, freed once the reply is queued. */
 struct ctl_bufs {
 	Tpw__V1__CtlBackend *backends;
-	char *(*caps)[8];
+	char *(*caps)[10];
 	Tpw__V1__CtlChannelStats *stats;
 	Tpw__V1__CtlSession *sessions;
 	Tpw__V1__CtlListener *listeners;
@@ -154,7 +154,7 @@ static const struct {
 	{ TPB_CAP_HOST_MEM, "host-mem" },     { TPB_CAP_SAME_HOST, "same-host" },
 	{ TPB_CAP_SRC_LOCAL, "src-local" },   { TPB_CAP_SRC_PROCESS, "src-process" },
 	{ TPB_CAP_DST_LOCAL, "dst-local" },   { TPB_CAP_DST_PROCESS, "dst-process" },
-	{ TPB_CAP_INLINE, "inline" },
+	{ TPB_CAP_INLINE, "inline" },	      { TPB_CAP_NEEDS_PROCESS, "needs-process" },
 };
 
 static int fill_backends(Tpw__V1__CtlReply *rep, struct ctl_bufs *b)
@@ -175,7 +175,7 @@ static int fill_backends(Tpw__V1__CtlReply *rep, struct ctl_bufs *b)
 		c->viable = ch[i].viable;
 		c->why = (char *)ch[i].why;
 		c->priority = (uint32_t)i;
-		for (size_t k = 0; k < TPU_ARRAY_SIZE(cap_names) && c->n_caps < 8; k++)
+		for (size_t k = 0; k < TPU_ARRAY_SIZE(cap_names) && c->n_caps < TPU_ARRAY_SIZE(b->caps[0]); k++)
 			if (ch[i].ops->caps & cap_names[k].cap)
 				b->caps[i][c->n_caps++] = (char *)cap_names[k].name;
 		c->caps = b->caps[i];
