@@ -1,6 +1,7 @@
 /* SPDX-License-Identifier: BSD-3-Clause */
 /*
  * Copy threads. See copier.h. Each worker owns a bounce buffer for process-to-process CMA.
+ * All copier fields and the claim counters of queued jobs are protected by the copier's lock.
  */
 #include <errno.h>
 #include <pthread.h>
@@ -57,50 +58,69 @@ void tpd_copy_job_free(struct tpd_copy_job *job)
 	free(job);
 }
 
-static void job_run(struct tpd_copy_job *job, struct tpb_scratch *s)
+/* Runs transfer @i of @job on this worker; records its time and the job's first error. */
+static int xfer_run(struct tpd_copy_job *job, size_t i, struct tpb_scratch *s)
 {
-	for (size_t i = 0; i < job->n; i++) {
-		uint64_t t0 = tpu_now_ns();
-		int r = tpb_copy(job->channels[i], &job->xfers[i], s);
+	uint64_t t0 = tpu_now_ns();
+	int r = tpb_copy(job->channels[i], &job->xfers[i], s);
 
-		job->ns[i] = tpu_now_ns() - t0;
-		if (r < 0) {
-			job->status = r;
-			snprintf(job->why, sizeof(job->why), "%s copy of %llu bytes failed: %s",
-				 tpb_name(job->channels[i]), (unsigned long long)job->xfers[i].len,
-				 strerror(-r));
-			return;
-		}
-	}
-	job->status = 0;
+	job->ns[i] = tpu_now_ns() - t0;
+	return r;
 }
 
+/* Lock held: one transfer of @job ended with @r; the last one completes the job. */
+static void xfer_finished(struct tpd_copier *c, struct tpd_copy_job *job, size_t i, int r)
+{
+	static const uint64_t one = 1;
+
+	if (r < 0 && job->status == 0) {
+		job->status = r;
+		snprintf(job->why, sizeof(job->why), "%s copy of %llu bytes failed: %s",
+			 tpb_name(job->channels[i]), (unsigned long long)job->xfers[i].len,
+			 strerror(-r));
+	}
+	if (++job->finished < job->n)
+		return;
+	tpu_list_insert_tail(&c->done, &job->node);
+	if (write(c->efd, &one, sizeof(one)) < 0)
+		tpu_log_err("copier: eventfd write failed: %m");
+}
+
+/*
+ * Workers claim transfers, not jobs: every idle worker takes the next unclaimed transfer of the
+ * oldest job, so the chunks of one large tensor are copied by all workers at once. A job leaves
+ * the queue when its last transfer is claimed and completes when its last one finishes; after
+ * an error its remaining transfers are skipped.
+ */
 static void *worker_main(void *arg)
 {
 	struct tpd_copier *c = arg;
 	struct tpb_scratch s = { .bounce = malloc(BOUNCE_BYTES), .bounce_len = BOUNCE_BYTES };
-	uint64_t one = 1;
 
 	if (!s.bounce)
 		s.bounce_len = 0;
 	pthread_mutex_lock(&c->lock);
 	for (;;) {
 		struct tpd_copy_job *job;
+		size_t i;
+		int r = 0;
 
 		while (!c->stopping && tpu_list_empty(&c->todo))
 			pthread_cond_wait(&c->cond, &c->lock);
 		if (c->stopping)
 			break;
 		job = tpu_list_first(&c->todo, struct tpd_copy_job, node);
-		tpu_list_remove(&job->node);
-		pthread_mutex_unlock(&c->lock);
-
-		job_run(job, &s);
-
-		pthread_mutex_lock(&c->lock);
-		tpu_list_insert_tail(&c->done, &job->node);
-		if (write(c->efd, &one, sizeof(one)) < 0)
-			tpu_log_err("copier: eventfd write failed: %m");
+		i = job->next++;
+		if (job->next == job->n)
+			tpu_list_remove(&job->node);
+		else
+			pthread_cond_signal(&c->cond); /* more of this job for another worker */
+		if (job->status == 0) {
+			pthread_mutex_unlock(&c->lock);
+			r = xfer_run(job, i, &s);
+			pthread_mutex_lock(&c->lock);
+		}
+		xfer_finished(c, job, i, r);
 	}
 	pthread_mutex_unlock(&c->lock);
 	free(s.bounce);
@@ -161,10 +181,21 @@ fail:
 
 void tpd_copier_submit(struct tpd_copier *c, struct tpd_copy_job *job)
 {
+	static const uint64_t one = 1;
+
+	job->status = 0;
+	job->next = job->finished = 0;
 	pthread_mutex_lock(&c->lock);
-	tpu_list_insert_tail(&c->todo, &job->node);
 	c->busy++;
-	pthread_cond_signal(&c->cond);
+	if (job->n == 0) {
+		/* Nothing to copy (zero-length segments only): complete on the loop, later. */
+		tpu_list_insert_tail(&c->done, &job->node);
+		if (write(c->efd, &one, sizeof(one)) < 0)
+			tpu_log_err("copier: eventfd write failed: %m");
+	} else {
+		tpu_list_insert_tail(&c->todo, &job->node);
+		pthread_cond_signal(&c->cond);
+	}
 	pthread_mutex_unlock(&c->lock);
 }
 

@@ -1,7 +1,7 @@
 /* SPDX-License-Identifier: BSD-3-Clause */
 /*
  * tpd_copier: the copy engine. Worker threads run the byte copies of a transfer (shm memcpy,
- * CMA) off the event loop; finished jobs go back to the loop through a locked queue and an
+ * CMA) off the event loop, several workers on the transfers (chunks) of one job at once; finished jobs go back to the loop through a locked queue and an
  * eventfd, where their done callback runs. Jobs own everything a worker touches (transfer list,
  * buffer references), so a session that goes away mid-copy cannot pull memory from under a
  * worker. The copier knows nothing about pipes or sessions.
@@ -26,7 +26,9 @@ struct tpd_copy_job {
 	struct tpd_buffer **refs; /* owned references, dropped when the job is freed */
 	size_t n_refs;
 	uint64_t bytes;
-	int status;		/* set by the worker: 0 or -errno */
+	size_t next;		/* next transfer to claim (copier lock) */
+	size_t finished;	/* transfers done (copier lock) */
+	int status;		/* set by the workers: 0 or the first -errno */
 	char why[160];
 	tpd_copy_done_fn done;	/* runs on the loop thread */
 	void *arg;

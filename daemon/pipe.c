@@ -757,41 +757,77 @@ static int resolve_dst(struct tpd_session *s, const Tpw__V1__Segment *seg,
 }
 
 /* Builds the copy job for @m into the reader's allocation @rd. */
+/*
+ * Segments above CHUNK_SPLIT bytes are copied as CHUNK-byte transfers, so that every copy
+ * thread can work on one large tensor at once.
+ */
+#define CHUNK (2u << 20)
+#define CHUNK_SPLIT (4u << 20)
+
+static size_t chunks_of(uint64_t len)
+{
+	return len <= CHUNK_SPLIT ? (len ? 1 : 0) : (size_t)((len + CHUNK - 1) / CHUNK);
+}
+
+static struct tpb_mem mem_at(struct tpb_mem m, uint64_t off)
+{
+	m.addr += off;
+	return m;
+}
+
+/* Appends @x to @job as transfers of at most CHUNK bytes (one if it is small). */
+static void job_add(struct tpd_copy_job *job, const struct tpb_xfer *x, int channel)
+{
+	uint64_t step = x->len <= CHUNK_SPLIT ? x->len : CHUNK;
+
+	for (uint64_t off = 0; off < x->len; off += step) {
+		struct tpb_xfer *c = &job->xfers[job->n];
+
+		c->src = mem_at(x->src, off);
+		c->dst = mem_at(x->dst, off);
+		c->len = TPU_MIN(step, x->len - off);
+		job->channels[job->n++] = channel;
+	}
+	job->bytes += x->len;
+}
+
+/* Builds the copy job for @m into the reader's allocation @rd. */
 static int build_job(struct tpd_msg *m, struct tpd_session *s, const Tpw__V1__Read *rd,
 		     struct tpd_copy_job **ret, char *why, size_t wl)
 {
 	struct tpd_copy_job *job;
-	size_t n = rd->n_payloads + rd->n_tensors;
+	size_t n = rd->n_payloads + rd->n_tensors, n_xfers = 0;
 
 	if (n != m->n_src) {
 		snprintf(why, wl, "allocation has %zu segments, message has %zu", n, m->n_src);
 		return -EINVAL;
 	}
-	job = tpd_copy_job_new(n, 2 * n);
+	for (size_t i = 0; i < n; i++)
+		n_xfers += chunks_of(m->src[i].len);
+	job = tpd_copy_job_new(n_xfers, 2 * n);
 	if (!job)
 		return -ENOMEM;
 	for (size_t i = 0; i < n; i++) {
 		const struct msg_src *src = &m->src[i];
-		struct tpb_xfer *x = &job->xfers[job->n];
-		int r;
+		struct tpb_xfer x;
+		int r, channel;
 
 		if (src->len == 0)
 			continue;
-		r = resolve_dst(s, read_segment(rd, i), src, job, x, why, wl);
+		r = resolve_dst(s, read_segment(rd, i), src, job, &x, why, wl);
 		if (r < 0) {
 			tpd_copy_job_free(job);
 			return r;
 		}
 		if (src->buf)
 			job->refs[job->n_refs++] = tpd_buffer_ref(src->buf);
-		job->channels[job->n] = tpb_select(x->src.loc, x->dst.loc);
-		if (job->channels[job->n] < 0) {
+		channel = tpb_select(x.src.loc, x.dst.loc);
+		if (channel < 0) {
 			snprintf(why, wl, "no channel can copy this segment on this host");
 			tpd_copy_job_free(job);
 			return -EOPNOTSUPP;
 		}
-		job->bytes += x->len;
-		job->n++;
+		job_add(job, &x, channel);
 	}
 	job->done = copy_on_done;
 	job->arg = m;

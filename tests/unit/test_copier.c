@@ -143,6 +143,110 @@ START_TEST(test_copier_free_completes_every_job_once)
 }
 END_TEST
 
+/* A job of @n chunks of @len bytes each, src -> dst at matching offsets. */
+static struct tpd_copy_job *chunked_job(char *dst, const char *src, size_t n, size_t len,
+					struct result *r)
+{
+	struct tpd_copy_job *job = tpd_copy_job_new(n, 0);
+
+	for (size_t i = 0; i < n; i++) {
+		job->xfers[i] = (struct tpb_xfer){
+			.src = { .loc = TPB_LOC_LOCAL, .addr = (uint64_t)(uintptr_t)(src + i * len) },
+			.dst = { .loc = TPB_LOC_LOCAL, .addr = (uint64_t)(uintptr_t)(dst + i * len) },
+			.len = len,
+		};
+		job->channels[i] = tpb_index("shm");
+	}
+	job->n = n;
+	job->done = on_done;
+	job->arg = r;
+	return job;
+}
+
+START_TEST(test_copier_spreads_one_job_over_workers_and_completes_it_once)
+{
+	struct tpb_config cfg = { 0 };
+	struct event_base *base = event_base_new();
+	struct tpd_copier *c = NULL;
+	enum { CHUNKS = 64, LEN = 256 << 10 };
+	char *src = malloc(CHUNKS * LEN), *dst = calloc(1, CHUNKS * LEN);
+	struct result res = { 0 };
+	unsigned remaining = 1;
+
+	tpb_registry_init(&cfg);
+	for (size_t i = 0; i < (size_t)CHUNKS * LEN; i++)
+		src[i] = (char)(i * 13 + 1);
+	res.base = base;
+	res.remaining = &remaining;
+	ck_assert_int_eq(tpd_copier_new(base, 3, &c), 0);
+	tpd_copier_submit(c, chunked_job(dst, src, CHUNKS, LEN, &res));
+	run_until(base, &remaining);
+	ck_assert_int_eq(res.calls, 1);
+	ck_assert_int_eq(res.status, 0);
+	ck_assert_int_eq(memcmp(src, dst, (size_t)CHUNKS * LEN), 0);
+	ck_assert_uint_eq(tpd_copier_busy(c), 0);
+	tpd_copier_free(c);
+	event_base_free(base);
+	free(src);
+	free(dst);
+}
+END_TEST
+
+START_TEST(test_copier_chunk_error_fails_the_job_once)
+{
+	struct tpb_config cfg = { 0 };
+	struct event_base *base = event_base_new();
+	struct tpd_copier *c = NULL;
+	enum { CHUNKS = 32, LEN = 64 << 10 };
+	char *src = malloc(CHUNKS * LEN), *dst = calloc(1, CHUNKS * LEN);
+	struct result res = { 0 };
+	unsigned remaining = 1;
+	struct tpd_copy_job *job;
+
+	tpb_registry_init(&cfg);
+	res.base = base;
+	res.remaining = &remaining;
+	ck_assert_int_eq(tpd_copier_new(base, 2, &c), 0);
+	job = chunked_job(dst, src, CHUNKS, LEN, &res);
+	job->xfers[7].src = (struct tpb_mem){ .loc = TPB_LOC_PROCESS, .pid = getpid(), .addr = 8 };
+	job->channels[7] = tpb_index("cma");
+	tpd_copier_submit(c, job);
+	run_until(base, &remaining);
+	ck_assert_int_eq(res.calls, 1);
+	ck_assert_int_eq(res.status, -EFAULT);
+	tpd_copier_free(c);
+	event_base_free(base);
+	free(src);
+	free(dst);
+}
+END_TEST
+
+START_TEST(test_copier_empty_job_completes_on_the_loop)
+{
+	struct tpb_config cfg = { 0 };
+	struct event_base *base = event_base_new();
+	struct tpd_copier *c = NULL;
+	struct result res = { 0 };
+	unsigned remaining = 1;
+	struct tpd_copy_job *job;
+
+	tpb_registry_init(&cfg);
+	res.base = base;
+	res.remaining = &remaining;
+	ck_assert_int_eq(tpd_copier_new(base, 1, &c), 0);
+	job = tpd_copy_job_new(0, 0);
+	job->done = on_done;
+	job->arg = &res;
+	tpd_copier_submit(c, job);
+	ck_assert_int_eq(res.calls, 0); /* never inside submit */
+	run_until(base, &remaining);
+	ck_assert_int_eq(res.calls, 1);
+	ck_assert_int_eq(res.status, 0);
+	tpd_copier_free(c);
+	event_base_free(base);
+}
+END_TEST
+
 static Suite *copier_suite(void)
 {
 	Suite *s = suite_create("copier");
@@ -152,6 +256,9 @@ static Suite *copier_suite(void)
 	tcase_add_test(tc, test_copier_runs_jobs_and_completes_on_loop_thread);
 	tcase_add_test(tc, test_copier_reports_copy_errors);
 	tcase_add_test(tc, test_copier_free_completes_every_job_once);
+	tcase_add_test(tc, test_copier_spreads_one_job_over_workers_and_completes_it_once);
+	tcase_add_test(tc, test_copier_chunk_error_fails_the_job_once);
+	tcase_add_test(tc, test_copier_empty_job_completes_on_the_loop);
 	suite_add_tcase(s, tc);
 	return s;
 }
