@@ -250,6 +250,8 @@ static int setup_tick(struct tpd_daemon *d)
 	struct timeval tv;
 
 	d->watchdog_usec = tpd_notify_watchdog_usec();
+	if (!d->watchdog_usec && !tpd_notify_enabled())
+		return 0; /* no service manager to tell: an idle daemon never wakes up */
 	if (d->watchdog_usec && d->watchdog_usec / 2 < period)
 		period = d->watchdog_usec / 2;
 	tv.tv_sec = (time_t)(period / 1000000);

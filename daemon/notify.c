@@ -51,6 +51,17 @@ void tpd_notify_watchdog(void)
 	notify("WATCHDOG=1", NULL);
 }
 
+bool tpd_notify_enabled(void)
+{
+#if HAVE_SYSTEMD
+	const char *e = getenv("NOTIFY_SOCKET");
+
+	return e && *e;
+#else
+	return false;
+#endif
+}
+
 uint64_t tpd_notify_watchdog_usec(void)
 {
 #if HAVE_SYSTEMD

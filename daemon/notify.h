@@ -23,6 +23,9 @@ void tpd_notify_status(const char *status);
 /* Sends "WATCHDOG=1". */
 void tpd_notify_watchdog(void);
 
+/* True if a service manager listens for notifications ($NOTIFY_SOCKET, with libsystemd). */
+bool tpd_notify_enabled(void);
+
 /* Watchdog interval the service manager expects, in microseconds; 0 if none. */
 uint64_t tpd_notify_watchdog_usec(void);
 
