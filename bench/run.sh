@@ -2,8 +2,9 @@
 # SPDX-License-Identifier: BSD-3-Clause
 #
 # bench/run.sh: build the benchmarks (release build in build-bench/ unless BUILD_DIR says
-# otherwise), start a private tpipd on a socket in a temporary directory, run bench_latency and
-# bench_throughput against it, then tp_baseline (the same cases with TensorPipe, if it was built)
+# otherwise), start a private tpipd on a socket in a temporary directory, run bench_latency,
+# bench_throughput, bench_idle (the daemon's CPU while its clients are idle) and bench_scale
+# (many open pipes) against it, then tp_baseline (the same cases with TensorPipe, if it was built)
 # and wakeup (the machine's blocking wake-up cost), and print one table: case, size, result,
 # baseline, ratio, vs TensorPipe. Every baseline is measured in the same run as the figure it is
 # compared with. Numbers only: the script never passes or fails a figure; its exit status says
@@ -17,6 +18,8 @@
 #   BENCH_LAT_ARGS="..." extra bench_latency flags (e.g. "-n 50000")
 #   BENCH_TPUT_ARGS="..." extra bench_throughput flags (e.g. "-s 1M,16M -K shm")
 #   BENCH_TPB_ARGS="..."  extra tp_baseline flags (e.g. "-s 1M,16M -c lc")
+#   BENCH_IDLE_ARGS="..." extra bench_idle flags (e.g. "-T 30")
+#   BENCH_SCALE_ARGS="..." extra bench_scale flags (e.g. "-N 1,10,100,1000,4000")
 #   BENCH_WAKEUP_ARGS="..." extra wakeup flags (e.g. "-n 500000")
 #   BENCH_TIMEOUT=SECS   wall-clock limit per benchmark program (default 900)
 #   BENCH_NO_INSTALL=1   do not install the optional baseline packages (g++, libtensorpipe-dev)
@@ -34,7 +37,8 @@ limit=${BENCH_TIMEOUT:-900}
 if [[ ! -f $build/build.ninja ]]; then
 	meson setup "$build" "$root" -Dbuildtype=release
 fi
-targets=(daemon/tpipd bench/bench_latency bench/bench_throughput bench/wakeup)
+targets=(daemon/tpipd bench/bench_latency bench/bench_throughput bench/bench_idle bench/bench_scale
+	bench/wakeup)
 # tp_baseline exists only when meson found TensorPipe (libtensorpipe-dev) at configure time;
 # regenerate build.ninja first if meson.build files changed, so that the query sees the target.
 ninja -C "$build" build.ninja >/dev/null
@@ -88,10 +92,14 @@ export TPIPD_SOCKET=$sock
 if [[ $quick == 1 ]]; then
 	lat_args=(-n 2000 -w 200)
 	tput_args=(-s '4K,64K,1M,16M,64M' -T 0.2 -m 4)
+	idle_args=(-T 3)
+	scale_args=(-n 500)
 	wakeup_args=(-n 20000)
 else
 	lat_args=()
 	tput_args=()
+	idle_args=()
+	scale_args=()
 	wakeup_args=()
 fi
 tpb_args=("${lat_args[@]}" "${tput_args[@]}")
@@ -158,6 +166,11 @@ run_one() {
 run_one bench_latency "${lat_args[@]}" ${BENCH_LAT_ARGS:-}
 # shellcheck disable=SC2086
 run_one bench_throughput "${tput_args[@]}" ${BENCH_TPUT_ARGS:-}
+# Both read the daemon's /proc/PID files, hence its pid.
+# shellcheck disable=SC2086
+run_one bench_idle -p "$daemon_pid" "${idle_args[@]}" ${BENCH_IDLE_ARGS:-}
+# shellcheck disable=SC2086
+run_one bench_scale -p "$daemon_pid" "${scale_args[@]}" ${BENCH_SCALE_ARGS:-}
 if [[ $have_tpb == 1 ]]; then
 	# shellcheck disable=SC2086
 	run_one tp_baseline "${tpb_args[@]}" ${BENCH_TPB_ARGS:-}
@@ -187,7 +200,10 @@ echo "latency ratio = tpipd median / raw socketpair median (p99 ratio in bracket
 echo "throughput ratio = tpipd GB/s / single-thread memcpy GB/s; rate ratio = tpipd / raw socketpair"
 echo "vs TensorPipe (> 1: tpipd better) = TensorPipe shm+basic median / tpipd median for latency,"
 echo "tpipd GB/s / TensorPipe shm+cma GB/s (same size and k) for throughput,"
-echo "tpipd msg/s / TensorPipe shm+basic msg/s for the rate; wakeup ratio = cross-CPU / same CPU"
+echo "tpipd msg/s / TensorPipe shm+basic msg/s for the rate; wakeup ratio = cross-CPU / same CPU;"
+echo "idle: the daemon's CPU while two attached clients wait (baseline: those clients);"
+echo "scale: latency on one pipe while N are open (ratio = against the first N) and the daemon's"
+echo "VmRSS growth since before the first pipe, divided by N"
 [[ $have_tpb == 1 ]] ||
 	echo "(TensorPipe baseline not built: no TensorPipe rows; the vs TensorPipe column says -)"
 echo
