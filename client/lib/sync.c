@@ -141,6 +141,16 @@ TP_EXPORT int tp_pipe_write_sync(struct tp_pipe *p, const struct tp_message *msg
 	return r;
 }
 
+/* A timed wait's outcome as the call's result, with the thread's error message set. */
+static int sync_result(int r, const struct sync_waiter *w, int timeout_ms, const char *what)
+{
+	if (r == -ETIMEDOUT && !w->done)
+		tpc_error(r, "no %s within %d ms", what, timeout_ms);
+	else if (r < 0)
+		tpc_error_msg(r, w->msg);
+	return r;
+}
+
 TP_EXPORT int tp_pipe_read_descriptor_sync(struct tp_pipe *p, int timeout_ms,
 					   struct tp_descriptor **ret)
 {
@@ -155,12 +165,9 @@ TP_EXPORT int tp_pipe_read_descriptor_sync(struct tp_pipe *p, int timeout_ms,
 	sync_init(&w);
 	r = tpc_read_descriptor_start(p, sync_on_desc, &w, &op);
 	if (r == 0) {
-		r = sync_wait_or_cancel(p->ctx, &w, op, timeout_ms);
-		if (r == -ETIMEDOUT && !w.done)
-			tpc_error(r, "no message within %d ms", timeout_ms);
-		else if (r < 0)
-			tpc_error_msg(r, w.msg);
-		else
+		r = sync_result(sync_wait_or_cancel(p->ctx, &w, op, timeout_ms), &w, timeout_ms,
+				"message");
+		if (r == 0)
 			*ret = w.desc;
 	}
 	sync_done(&w);
@@ -202,12 +209,9 @@ TP_EXPORT int tp_listener_accept_sync(struct tp_listener *l, int timeout_ms, str
 	sync_init(&w);
 	r = tpc_listener_accept_start(l, sync_on_accept, &w, &op);
 	if (r == 0) {
-		r = sync_wait_or_cancel(l->ctx, &w, op, timeout_ms);
-		if (r == -ETIMEDOUT && !w.done)
-			tpc_error(r, "no connection within %d ms", timeout_ms);
-		else if (r < 0)
-			tpc_error_msg(r, w.msg);
-		else
+		r = sync_result(sync_wait_or_cancel(l->ctx, &w, op, timeout_ms), &w, timeout_ms,
+				"connection");
+		if (r == 0)
 			*ret = w.pipe;
 	}
 	sync_done(&w);
