@@ -487,6 +487,17 @@ void tpt_fixture_stop(void)
 	ck_assert_int_eq(tpt_daemon_stop(&tpt_fixture_daemon), 0);
 }
 
+bool tpt_run_pair(tpt_child_fn a, tpt_child_fn b, void *arg, int timeout_ms)
+{
+	pid_t pa = tpt_fork(a, arg), pb = tpt_fork(b, arg);
+	bool ok;
+
+	ck_assert_int_gt(pa, 0);
+	ck_assert_int_gt(pb, 0);
+	ok = tpt_wait_ok(pa, timeout_ms, "child a");
+	return tpt_wait_ok(pb, timeout_ms, "child b") && ok;
+}
+
 int tpt_run_suite(Suite *s)
 {
 	SRunner *sr = srunner_create(s);

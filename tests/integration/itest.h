@@ -109,6 +109,12 @@ struct tpt_xfer {
 /* Runs reader and writer children; returns true if both exit 0 (else prints why). */
 bool tpt_xfer_run(const struct tpt_xfer *x);
 
+/*
+ * tpt_run_pair() - fork @a(@arg) and @b(@arg) as child processes (tpt_fork) and wait for both,
+ * each within @timeout_ms. Return: true if both exited 0 (failures are logged).
+ */
+bool tpt_run_pair(tpt_child_fn a, tpt_child_fn b, void *arg, int timeout_ms);
+
 /* Checked-fixture helpers: a daemon per test with default flags, stopped (status checked). */
 extern struct tpt_daemon tpt_fixture_daemon;
 void tpt_fixture_start(void);

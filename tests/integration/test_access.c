@@ -38,17 +38,6 @@ static void teardown(void)
 	tpt_fixture_stop();
 }
 
-static bool run_pair(tpt_child_fn a, tpt_child_fn b, void *arg)
-{
-	pid_t pa = tpt_fork(a, arg), pb = tpt_fork(b, arg);
-	bool ok;
-
-	ck_assert_int_gt(pa, 0);
-	ck_assert_int_gt(pb, 0);
-	ok = tpt_wait_ok(pa, 2 * T_MS, "child a");
-	return tpt_wait_ok(pb, 2 * T_MS, "child b") && ok;
-}
-
 /* ---- names ------------------------------------------------------------------------------ */
 
 static int holder(void *arg)
@@ -111,7 +100,7 @@ static int contender(void *arg)
 
 START_TEST(test_access_listen_on_taken_name_fails_with_eaddrinuse)
 {
-	ck_assert(run_pair(holder, contender, NULL));
+	ck_assert(tpt_run_pair(holder, contender, NULL, 2 * T_MS));
 }
 END_TEST
 
@@ -419,7 +408,7 @@ static int names_b(void *arg)
 
 START_TEST(test_access_pipes_know_their_remote_names)
 {
-	ck_assert(run_pair(names_a, names_b, NULL));
+	ck_assert(tpt_run_pair(names_a, names_b, NULL, 2 * T_MS));
 }
 END_TEST
 

@@ -33,18 +33,6 @@ static void syncs_teardown(void)
 	tpt_fixture_stop();
 }
 
-/* Forks @a and @b, waits for both; true if both exit 0. */
-static bool run_pair(tpt_child_fn a, tpt_child_fn b, void *arg)
-{
-	pid_t pa = tpt_fork(a, arg), pb = tpt_fork(b, arg);
-	bool ok;
-
-	ck_assert_int_gt(pa, 0);
-	ck_assert_int_gt(pb, 0);
-	ok = tpt_wait_ok(pa, 2 * T_MS, "child a");
-	return tpt_wait_ok(pb, 2 * T_MS, "child b") && ok;
-}
-
 /* Child side: context + listener @name + accepted pipe. Posts to_b 0 once listening. */
 static int open_acceptor(const char *name, struct tp_context **ctx, struct tp_listener **l,
 			 struct tp_pipe **p)
@@ -156,7 +144,7 @@ static int pipelined_reader(void *arg)
 
 START_TEST(test_pipes_pipelined_writes_arrive_and_complete_in_order)
 {
-	ck_assert(run_pair(pipelined_reader, pipelined_writer, NULL));
+	ck_assert(tpt_run_pair(pipelined_reader, pipelined_writer, NULL, 2 * T_MS));
 }
 END_TEST
 
@@ -280,7 +268,7 @@ static int multi_reader(void *arg)
 
 START_TEST(test_pipes_sixteen_pipes_carry_concurrent_traffic)
 {
-	ck_assert(run_pair(multi_reader, multi_writer, NULL));
+	ck_assert(tpt_run_pair(multi_reader, multi_writer, NULL, 2 * T_MS));
 }
 END_TEST
 
@@ -332,7 +320,7 @@ static int duplex_b(void *arg)
 
 START_TEST(test_pipes_both_ends_write_at_once)
 {
-	ck_assert(run_pair(duplex_a, duplex_b, NULL));
+	ck_assert(tpt_run_pair(duplex_a, duplex_b, NULL, 2 * T_MS));
 }
 END_TEST
 
@@ -392,7 +380,7 @@ static int closer_b(void *arg)
 
 START_TEST(test_pipes_write_after_remote_close_fails_with_epipe)
 {
-	ck_assert(run_pair(closer_a, closer_b, NULL));
+	ck_assert(tpt_run_pair(closer_a, closer_b, NULL, 2 * T_MS));
 }
 END_TEST
 
@@ -448,7 +436,7 @@ static int drain_reader(void *arg)
 
 START_TEST(test_pipes_reader_gets_messages_written_before_close)
 {
-	ck_assert(run_pair(drain_reader, drain_writer, NULL));
+	ck_assert(tpt_run_pair(drain_reader, drain_writer, NULL, 2 * T_MS));
 }
 END_TEST
 
@@ -514,7 +502,7 @@ static int cancel_reader(void *arg)
 
 START_TEST(test_pipes_close_cancels_pending_rendezvous_write)
 {
-	ck_assert(run_pair(cancel_reader, cancel_writer, NULL));
+	ck_assert(tpt_run_pair(cancel_reader, cancel_writer, NULL, 2 * T_MS));
 }
 END_TEST
 
@@ -526,37 +514,6 @@ END_TEST
  */
 #define TORN_LEN (256u << 20)
 #define TORN_SEED 77
-
-static int torn_writer(void *arg)
-{
-	static struct tpt_done done;
-	struct tpt_done_arg da = { &done, 0 };
-	struct tp_context *ctx;
-	struct tp_pipe *p;
-	struct tp_tensor t = { .device = { TP_DEVICE_CPU, 0 }, .length = TORN_LEN };
-	struct tp_message msg = { .tensors = &t, .n_tensors = 1 };
-	int r = open_connector("torn", &ctx, &p);
-
-	TPT_REQUIRE(r == 0, 1, "setup");
-	tpt_done_init(&done);
-	t.data = malloc(TORN_LEN);
-	TPT_REQUIRE(t.data, 1, "malloc");
-	tpt_fill(t.data, TORN_LEN, TORN_SEED);
-	r = tp_pipe_write(p, &msg, tpt_done_cb, &da);
-	TPT_REQUIRE(r == 0, 1, "write: %d %s", r, tp_last_error());
-	TPT_REQUIRE(tpt_sync_wait(&to_a, T_MS) == 0, 1, "reader did not see the copy start");
-	tp_pipe_close(p);
-	r = tpt_done_wait(&done, 1, T_MS);
-	TPT_REQUIRE(r == 0, 1, "pending write never completed after close");
-	TPT_REQUIRE(done.last_status == -ECANCELED || done.last_status == 0, 1,
-		    "write: %d (want -ECANCELED or 0)", done.last_status);
-	memset(t.data, 0xee, TORN_LEN); /* the user may reuse the memory now */
-	tpt_sync_post(&to_b, 0);
-	tpt_sync_wait(&to_a, T_MS);
-	free(t.data);
-	tp_context_free(ctx);
-	return 0;
-}
 
 /* Waits (deadline T_MS) until the daemon's copy has written the start of @buf. */
 static bool wait_first_bytes(const void *buf)
@@ -580,53 +537,110 @@ static bool all_zero(const uint8_t *buf, size_t len)
 	return true;
 }
 
-static int torn_reader(void *arg)
-{
-	static struct tpt_done done;
-	struct tpt_done_arg da = { &done, 0 };
+/* One side of a large-copy case: its context, pipe and the operation's completion. */
+struct big_side {
 	struct tp_context *ctx;
 	struct tp_listener *l;
 	struct tp_pipe *p;
-	struct tp_descriptor *d = NULL;
-	struct tp_slot slot = { .device = { TP_DEVICE_CPU, 0 } };
-	struct tp_allocation a = { .tensors = &slot, .n_tensors = 1 };
-	int r = open_acceptor("torn", &ctx, &l, &p);
+	struct tpt_done done;
+	struct tpt_done_arg da;
+	struct tp_tensor t;   /* writer */
+	struct tp_message msg;
+	struct tp_descriptor *d; /* reader */
+	struct tp_slot slot;
+	struct tp_allocation a;
+};
+
+/* Connects to @name and starts writing one TORN_LEN private tensor with a known pattern. */
+static int big_write_start(const char *name, struct big_side *w)
+{
+	int r = open_connector(name, &w->ctx, &w->p);
 
 	TPT_REQUIRE(r == 0, 1, "setup");
-	tpt_done_init(&done);
-	r = tp_pipe_read_descriptor_sync(p, T_MS, &d);
+	tpt_done_init(&w->done);
+	w->da = (struct tpt_done_arg){ &w->done, 0 };
+	w->t = (struct tp_tensor){ .device = { TP_DEVICE_CPU, 0 }, .length = TORN_LEN };
+	w->msg = (struct tp_message){ .tensors = &w->t, .n_tensors = 1 };
+	w->t.data = malloc(TORN_LEN);
+	TPT_REQUIRE(w->t.data, 1, "malloc");
+	tpt_fill(w->t.data, TORN_LEN, TORN_SEED);
+	r = tp_pipe_write(w->p, &w->msg, tpt_done_cb, &w->da);
+	TPT_REQUIRE(r == 0, 1, "write: %d %s", r, tp_last_error());
+	return 0;
+}
+
+/*
+ * Accepts on @name and starts reading the tensor into zeroed private memory; returns once the
+ * daemon is demonstrably copying (the first bytes landed).
+ */
+static int big_read_start(const char *name, struct big_side *rd)
+{
+	int r = open_acceptor(name, &rd->ctx, &rd->l, &rd->p);
+
+	TPT_REQUIRE(r == 0, 1, "setup");
+	tpt_done_init(&rd->done);
+	rd->da = (struct tpt_done_arg){ &rd->done, 0 };
+	r = tp_pipe_read_descriptor_sync(rd->p, T_MS, &rd->d);
 	TPT_REQUIRE(r == 0, 1, "descriptor: %d %s", r, tp_last_error());
-	slot.data = malloc(TORN_LEN);
-	TPT_REQUIRE(slot.data, 1, "malloc");
-	memset(slot.data, 0, TORN_LEN); /* pre-fault: the copy, not page faults, takes the time */
-	r = tp_pipe_read(p, d, &a, tpt_done_cb, &da);
+	rd->slot = (struct tp_slot){ .device = { TP_DEVICE_CPU, 0 }, .data = malloc(TORN_LEN) };
+	rd->a = (struct tp_allocation){ .tensors = &rd->slot, .n_tensors = 1 };
+	TPT_REQUIRE(rd->slot.data, 1, "malloc");
+	memset(rd->slot.data, 0, TORN_LEN); /* pre-fault: the copy, not page faults, takes time */
+	r = tp_pipe_read(rd->p, rd->d, &rd->a, tpt_done_cb, &rd->da);
 	TPT_REQUIRE(r == 0, 1, "read: %d %s", r, tp_last_error());
-	/* Tell the writer to close only once the daemon is demonstrably copying. */
-	TPT_REQUIRE(wait_first_bytes(slot.data), 1, "the copy never started");
+	TPT_REQUIRE(wait_first_bytes(rd->slot.data), 1, "the copy never started");
+	return 0;
+}
+
+static int torn_writer(void *arg)
+{
+	static struct big_side w;
+
+	if (big_write_start("torn", &w))
+		return 1;
+	TPT_REQUIRE(tpt_sync_wait(&to_a, T_MS) == 0, 1, "reader did not see the copy start");
+	tp_pipe_close(w.p);
+	TPT_REQUIRE(tpt_done_wait(&w.done, 1, T_MS) == 0, 1,
+		    "pending write never completed after close");
+	TPT_REQUIRE(w.done.last_status == -ECANCELED || w.done.last_status == 0, 1,
+		    "write: %d (want -ECANCELED or 0)", w.done.last_status);
+	memset(w.t.data, 0xee, TORN_LEN); /* the user may reuse the memory now */
+	tpt_sync_post(&to_b, 0);
+	tpt_sync_wait(&to_a, T_MS);
+	free(w.t.data);
+	tp_context_free(w.ctx);
+	return 0;
+}
+
+static int torn_reader(void *arg)
+{
+	static struct big_side rd;
+
+	if (big_read_start("torn", &rd))
+		return 1;
 	tpt_sync_post(&to_a, 0);
-	r = tpt_done_wait(&done, 1, T_MS);
-	TPT_REQUIRE(r == 0, 1, "read never completed");
-	TPT_REQUIRE(done.last_status == 0 || done.last_status == -EPIPE, 1,
-		    "read: %d (want 0 or -EPIPE)", done.last_status);
-	if (done.last_status == 0)
-		TPT_REQUIRE(tpt_verify(slot.data, TORN_LEN, TORN_SEED, NULL), 1,
+	TPT_REQUIRE(tpt_done_wait(&rd.done, 1, T_MS) == 0, 1, "read never completed");
+	TPT_REQUIRE(rd.done.last_status == 0 || rd.done.last_status == -EPIPE, 1,
+		    "read: %d (want 0 or -EPIPE)", rd.done.last_status);
+	if (rd.done.last_status == 0)
+		TPT_REQUIRE(tpt_verify(rd.slot.data, TORN_LEN, TORN_SEED, NULL), 1,
 			    "read reported success but the bytes were overwritten mid-copy");
 	/* Completed means the daemon is done with this memory, whatever the status. */
-	memset(slot.data, 0, TORN_LEN);
+	memset(rd.slot.data, 0, TORN_LEN);
 	TPT_REQUIRE(tpt_sync_wait(&to_b, T_MS) == 0, 1, "writer did not finish");
-	TPT_REQUIRE(all_zero(slot.data, TORN_LEN), 1,
+	TPT_REQUIRE(all_zero(rd.slot.data, TORN_LEN), 1,
 		    "the daemon wrote into the buffer after the read completed");
 	tpt_sync_post(&to_a, 0);
-	free(slot.data);
-	tp_pipe_close(p);
-	tp_listener_close(l);
-	tp_context_free(ctx);
+	free(rd.slot.data);
+	tp_pipe_close(rd.p);
+	tp_listener_close(rd.l);
+	tp_context_free(rd.ctx);
 	return 0;
 }
 
 START_TEST(test_pipes_close_during_copy_never_delivers_torn_data)
 {
-	ck_assert(run_pair(torn_reader, torn_writer, NULL));
+	ck_assert(tpt_run_pair(torn_reader, torn_writer, NULL, 2 * T_MS));
 }
 END_TEST
 
@@ -636,68 +650,40 @@ END_TEST
  */
 static int ctxfree_writer(void *arg)
 {
-	static struct tpt_done done;
-	struct tpt_done_arg da = { &done, 0 };
-	struct tp_context *ctx;
-	struct tp_pipe *p;
-	struct tp_tensor t = { .device = { TP_DEVICE_CPU, 0 }, .length = TORN_LEN };
-	struct tp_message msg = { .tensors = &t, .n_tensors = 1 };
-	int r = open_connector("ctxfree", &ctx, &p);
+	static struct big_side w;
 
-	TPT_REQUIRE(r == 0, 1, "setup");
-	tpt_done_init(&done);
-	t.data = malloc(TORN_LEN);
-	TPT_REQUIRE(t.data, 1, "malloc");
-	tpt_fill(t.data, TORN_LEN, TORN_SEED);
-	r = tp_pipe_write(p, &msg, tpt_done_cb, &da);
-	TPT_REQUIRE(r == 0, 1, "write: %d %s", r, tp_last_error());
+	if (big_write_start("ctxfree", &w))
+		return 1;
 	/* The write completes once the copy into the (departed) reader has ended. */
-	r = tpt_done_wait(&done, 1, T_MS);
-	TPT_REQUIRE(r == 0, 1, "write never completed");
+	TPT_REQUIRE(tpt_done_wait(&w.done, 1, T_MS) == 0, 1, "write never completed");
 	tpt_sync_post(&to_b, 0);
 	tpt_sync_wait(&to_a, T_MS);
-	free(t.data);
-	tp_pipe_close(p);
-	tp_context_free(ctx);
+	free(w.t.data);
+	tp_pipe_close(w.p);
+	tp_context_free(w.ctx);
 	return 0;
 }
 
 static int ctxfree_reader(void *arg)
 {
-	static struct tpt_done done;
-	struct tpt_done_arg da = { &done, 0 };
-	struct tp_context *ctx;
-	struct tp_listener *l;
-	struct tp_pipe *p;
-	struct tp_descriptor *d = NULL;
-	struct tp_slot slot = { .device = { TP_DEVICE_CPU, 0 } };
-	struct tp_allocation a = { .tensors = &slot, .n_tensors = 1 };
-	int r = open_acceptor("ctxfree", &ctx, &l, &p);
+	static struct big_side rd;
 
-	TPT_REQUIRE(r == 0, 1, "setup");
-	tpt_done_init(&done);
-	r = tp_pipe_read_descriptor_sync(p, T_MS, &d);
-	TPT_REQUIRE(r == 0, 1, "descriptor: %d %s", r, tp_last_error());
-	slot.data = malloc(TORN_LEN);
-	TPT_REQUIRE(slot.data, 1, "malloc");
-	memset(slot.data, 0, TORN_LEN);
-	r = tp_pipe_read(p, d, &a, tpt_done_cb, &da);
-	TPT_REQUIRE(r == 0, 1, "read: %d %s", r, tp_last_error());
-	TPT_REQUIRE(wait_first_bytes(slot.data), 1, "the copy never started");
-	tp_context_free(ctx); /* completes the read; the daemon must be done with slot.data */
-	TPT_REQUIRE(done.count == 1, 1, "read callback ran %u times", done.count);
-	memset(slot.data, 0, TORN_LEN);
+	if (big_read_start("ctxfree", &rd))
+		return 1;
+	tp_context_free(rd.ctx); /* completes the read; the daemon must be done with the memory */
+	TPT_REQUIRE(rd.done.count == 1, 1, "read callback ran %u times", rd.done.count);
+	memset(rd.slot.data, 0, TORN_LEN);
 	TPT_REQUIRE(tpt_sync_wait(&to_b, T_MS) == 0, 1, "writer did not finish");
-	TPT_REQUIRE(all_zero(slot.data, TORN_LEN), 1,
+	TPT_REQUIRE(all_zero(rd.slot.data, TORN_LEN), 1,
 		    "the daemon wrote into the buffer after tp_context_free() returned");
 	tpt_sync_post(&to_a, 0);
-	free(slot.data);
+	free(rd.slot.data);
 	return 0;
 }
 
 START_TEST(test_pipes_context_free_waits_for_copies_into_its_memory)
 {
-	ck_assert(run_pair(ctxfree_reader, ctxfree_writer, NULL));
+	ck_assert(tpt_run_pair(ctxfree_reader, ctxfree_writer, NULL, 2 * T_MS));
 }
 END_TEST
 
