@@ -13,6 +13,7 @@ static const struct tpb_channel_ops *const builtin[] = {
 	&tpb_shm_ops, /* local <-> local: one memcpy */
 	&tpb_cma_ops,
 	&tpb_basic_ops,
+	&tpb_mpt_ops, /* between hosts only: never chosen by tpb_select() (no copy op) */
 };
 
 #define N_CHANNELS (sizeof(builtin) / sizeof(builtin[0]))

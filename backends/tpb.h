@@ -10,6 +10,8 @@
  *   cma    process_vm_readv/writev into or out of a client's own address space
  *   shm    memcpy between memory the daemon has mapped (shared buffers, held inline data)
  *   basic  bytes carried through the control transport itself (eager descriptors); no copy op
+ * Between hosts:
+ *   mpt    chunks striped over a peer link's data connections (daemon/stripe.c); no copy op
  */
 #ifndef TPB_H
 #define TPB_H
@@ -72,6 +74,7 @@ struct tpb_channel_ops {
 extern const struct tpb_channel_ops tpb_cma_ops;
 extern const struct tpb_channel_ops tpb_shm_ops;
 extern const struct tpb_channel_ops tpb_basic_ops;
+extern const struct tpb_channel_ops tpb_mpt_ops;
 
 struct tpb_channel_info {
 	const struct tpb_channel_ops *ops;

@@ -12,7 +12,8 @@
 #include "tpb.h"
 #include "tpconfig.h"
 
-enum kind { K_U32, K_U64, K_SIZE32, K_SIZE64, K_PATH, K_STR, K_LOG, K_BOOL, K_NOBOOL };
+/* K_FLAG: a bool set by a flag without argument (--name), 'name = yes|no' in the file. */
+enum kind { K_U32, K_U64, K_SIZE32, K_SIZE64, K_PATH, K_STR, K_LOG, K_BOOL, K_NOBOOL, K_FLAG };
 
 struct opt {
 	const char *name;    /* flag --name and key name */
@@ -76,7 +77,34 @@ static const struct opt opts[] = {
 	{ "backend-priority", "backends", K_STR, OFF(backend_priority), 0,
 	  sizeof(((struct tpd_config *)0)->backend_priority), false, "NAMES",
 	  "channels to try first, in order, e.g. cma,shm (default: shm,cma,basic)" },
+	/* [peer]: the file's keys drop the "peer-" prefix ("listen = ..."). */
+	{ "peer-listen", "peer", K_STR, OFF(peer_listen), 0,
+	  sizeof(((struct tpd_config *)0)->peer_listen), false, "ADDR:PORT|off",
+	  "accept peer daemons on this TCP address (default *:7420: all, IPv4 and IPv6)" },
+	{ "peer-port", "peer", K_U32, OFF(peer_port), 1, 65535, true, "PORT",
+	  "port of tpip://HOST/NAME addresses without one (default 7420)" },
+	{ "peer-data-conns", "peer", K_U32, OFF(peer_data_conns), 1, 16, true, "N",
+	  "data connections per peer link, striped for large tensors (default 4)" },
+	{ "peer-key-file", "peer", K_PATH, OFF(peer_key_file), 0,
+	  sizeof(((struct tpd_config *)0)->peer_key_file), false, "PATH",
+	  "pre-shared key: peers authenticate both ways by HMAC (default: none)" },
+	{ "peer-connect-timeout", "peer", K_U32, OFF(peer_connect_timeout_ms), 100, 600000, true,
+	  "MS", "reach a peer, authenticate and be accepted within this (default 5000)" },
+	{ "peer-timeout", "peer", K_U32, OFF(peer_timeout_ms), 300, 600000, true, "MS",
+	  "a peer silent this long is dead; keepalives every third of it (default 6000)" },
+	{ "peer-force-cross-host", "peer", K_FLAG, OFF(peer_force_cross_host), 0, 0, false, "",
+	  "treat daemons on this host (same boot id) as other hosts" },
+	{ "peer-chunk", "peer", K_SIZE32, OFF(peer_chunk), 4096, 16u << 20, true, "BYTES",
+	  "striping unit of large tensors over data connections (default 1M)" },
 };
+
+/* Key of @o in the config file. */
+static const char *ini_key(const struct opt *o)
+{
+	if (strcmp(o->section, "peer") == 0 && strncmp(o->name, "peer-", 5) == 0)
+		return o->name + 5;
+	return o->name;
+}
 
 void tpd_config_defaults(struct tpd_config *c)
 {
@@ -93,13 +121,19 @@ void tpd_config_defaults(struct tpd_config *c)
 	c->outq_max = 256ull << 20;
 	c->listeners_max = 256;
 	c->drain_ms = 5000;
+	snprintf(c->peer_listen, sizeof(c->peer_listen), "*:7420");
+	c->peer_port = 7420;
+	c->peer_data_conns = 4;
+	c->peer_connect_timeout_ms = 5000;
+	c->peer_timeout_ms = 6000;
+	c->peer_chunk = 1u << 20;
 	snprintf(c->config_path, sizeof(c->config_path), "%s", TPD_CONFIG_DEFAULT_PATH);
 }
 
 static const struct opt *find_opt(const char *section, const char *name)
 {
 	for (size_t i = 0; i < TPU_ARRAY_SIZE(opts); i++)
-		if (strcmp(opts[i].name, name) == 0 &&
+		if (strcmp(ini_key(&opts[i]), name) == 0 &&
 		    (!section || strcmp(opts[i].section, section) == 0))
 			return &opts[i];
 	return NULL;
@@ -171,6 +205,7 @@ static int set_opt(struct tpd_config *c, const struct opt *o, const char *v, cha
 		return 0;
 	case K_BOOL:
 	case K_NOBOOL:
+	case K_FLAG:
 		if (parse_bool(v, &b) < 0) {
 			snprintf(err, el, "%s: '%s' is not yes or no", o->name, v);
 			return -EINVAL;
@@ -272,7 +307,10 @@ static void build_longopts(struct option *lo)
 
 	for (size_t i = 0; i < TPU_ARRAY_SIZE(opts); i++)
 		if (opts[i].kind != K_NOBOOL)
-			lo[n++] = (struct option){ opts[i].name, required_argument, NULL, (int)i };
+			lo[n++] = (struct option){ opts[i].name,
+						   opts[i].kind == K_FLAG ? no_argument
+									  : required_argument,
+						   NULL, (int)i };
 	lo[n++] = (struct option){ "config", required_argument, NULL, OPT_CONFIG };
 	lo[n++] = (struct option){ "check-config", no_argument, NULL, OPT_CHECK };
 	lo[n++] = (struct option){ "no-cma", no_argument, NULL, OPT_NO_CMA };
@@ -294,6 +332,8 @@ static void usage(FILE *f)
 		char left[64];
 		if (opts[i].kind == K_NOBOOL)
 			snprintf(left, sizeof(left), "--no-%s", opts[i].name);
+		else if (opts[i].kind == K_FLAG)
+			snprintf(left, sizeof(left), "--%s", opts[i].name);
 		else
 			snprintf(left, sizeof(left), "--%s %s", opts[i].name, opts[i].arg);
 		fprintf(f, "  %-25s %s\n", left, opts[i].help);
@@ -340,7 +380,7 @@ static int scan_flags(struct tpd_config *c, int pass, char *err, size_t el)
 			c->no_shm = true;
 		else if (opt >= 0 && (size_t)opt < TPU_ARRAY_SIZE(opts)) {
 			char e[200];
-			if (set_opt(c, &opts[opt], optarg, e, sizeof(e)) < 0) {
+			if (set_opt(c, &opts[opt], optarg ? optarg : "yes", e, sizeof(e)) < 0) {
 				snprintf(err, el, "--%s", e);
 				return -EINVAL;
 			}
@@ -409,6 +449,7 @@ static size_t opt_size(const struct opt *o)
 		return sizeof(enum tpu_log_level);
 	case K_BOOL:
 	case K_NOBOOL:
+	case K_FLAG:
 		return sizeof(bool);
 	case K_U32:
 	case K_SIZE32:
@@ -456,7 +497,7 @@ void tpd_config_dump(const struct tpd_config *c, void *fp)
 		switch (o->kind) {
 		case K_PATH:
 		case K_STR:
-			fprintf(f, "%s = %s\n", o->name, field);
+			fprintf(f, "%s = %s\n", ini_key(o), field);
 			break;
 		case K_LOG: {
 			static const char *names[] = { "emerg", "alert", "crit", "err", "warning",
@@ -465,17 +506,18 @@ void tpd_config_dump(const struct tpd_config *c, void *fp)
 			break;
 		}
 		case K_BOOL:
-		case K_NOBOOL: {
+		case K_NOBOOL:
+		case K_FLAG: {
 			bool b = *(const bool *)field;
-			fprintf(f, "%s = %s\n", o->name, (o->kind == K_NOBOOL ? !b : b) ? "yes" : "no");
+			fprintf(f, "%s = %s\n", ini_key(o), (o->kind == K_NOBOOL ? !b : b) ? "yes" : "no");
 			break;
 		}
 		case K_U32:
 		case K_SIZE32:
-			fprintf(f, "%s = %u\n", o->name, *(const uint32_t *)field);
+			fprintf(f, "%s = %u\n", ini_key(o), *(const uint32_t *)field);
 			break;
 		default:
-			fprintf(f, "%s = %llu\n", o->name,
+			fprintf(f, "%s = %llu\n", ini_key(o),
 				(unsigned long long)*(const uint64_t *)field);
 		}
 	}

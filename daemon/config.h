@@ -36,6 +36,14 @@ struct tpd_config {
 	uint32_t drain_ms;	    /* graceful stop: wait this long for copies */
 	uint32_t admin_gid;	    /* members may use admin control requests (root always) */
 	char metrics_listen[64];    /* "ADDR:PORT" for the Prometheus endpoint, "" = off */
+	char peer_listen[80];	    /* "ADDR:PORT", "*:PORT", "[v6]:PORT" or "off" */
+	uint32_t peer_port;	    /* default port of tpip:// addresses */
+	uint32_t peer_data_conns;   /* data connections per peer link */
+	char peer_key_file[PATH_MAX]; /* "" = no key: links are not authenticated */
+	uint32_t peer_connect_timeout_ms;
+	uint32_t peer_timeout_ms;   /* keepalive: silence longer than this kills a link */
+	bool peer_force_cross_host; /* same-host daemons peer over TCP like other hosts */
+	uint32_t peer_chunk;	    /* striping unit */
 
 	/* Where the configuration came from, for reloads. */
 	char config_path[PATH_MAX];

@@ -7,6 +7,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include "ctl.h"
+#include "peer.h"
 #include "daemon.h"
 #include "pipe.h"
 #include "session.h"
@@ -38,6 +39,11 @@ static void fill_status(struct tpd_daemon *d, Tpw__V1__CtlStatus *st)
 	st->messages_moved = d->messages_moved;
 	st->socket_path = d->socket_path;
 	st->cma_available = d->cma_viable;
+	st->peer_listen = d->peer_listen_addr;
+	st->peers = d->n_peers;
+	for (size_t i = 0; i < sizeof(d->boot_id) && 2 * i + 2 < sizeof(d->boot_id_hex); i++)
+		snprintf(d->boot_id_hex + 2 * i, 3, "%02x", d->boot_id[i]);
+	st->host_id = d->boot_id_hex;
 }
 
 static int fill_sessions(struct tpd_daemon *d, Tpw__V1__CtlReply *rep, struct ctl_bufs *b)
@@ -79,6 +85,8 @@ static void fill_end(const struct tpd_pipe_end *e, Tpw__V1__CtlPipeEnd *c)
 		c->session_id = e->session->id;
 		c->pid = (uint32_t)e->session->pid;
 		c->name = e->session->name ? e->session->name : "";
+	} else if (e->remote) {
+		c->name = e->pipe->peer_addr; /* "HOST:PORT" of the other host's daemon */
 	} else {
 		c->name = "";
 	}
@@ -101,12 +109,14 @@ static int fill_pipes(struct tpd_daemon *d, Tpw__V1__CtlReply *rep, struct ctl_b
 		return -ENOMEM;
 	tpu_list_for_each(p, &d->pipes, node) {
 		Tpw__V1__CtlPipe *c = &b->pipes[i];
-		bool a = p->end[0].session, z = p->end[1].session;
+		bool a = p->end[0].session || (p->end[0].remote && !p->end[0].gone),
+		     z = p->end[1].session || (p->end[1].remote && !p->end[1].gone);
 		tpw__v1__ctl_pipe__init(c);
 		c->id = p->id;
 		c->listener = p->listener;
-		c->state = a && z ? "open" : (a || z ? "half-closed" : "closed");
-		c->transport = "unix";
+		c->state = p->connecting ? "connecting"
+					  : (a && z ? "open" : (a || z ? "half-closed" : "closed"));
+		c->transport = p->link || p->remote_id ? "tcp" : "unix";
 		tpd_pipe_channels(p, b->channels[i], sizeof(b->channels[i]));
 		c->channels = b->channels[i];
 		fill_end(&p->end[0], &b->ends[2 * i]);
@@ -290,6 +300,9 @@ void tpd_ctl_handle(struct tpd_session *s, const Tpw__V1__CtlRequest *req)
 	case TPW__V1__CTL_WHAT__CTL_DRAIN:
 		r = admin_action(s, req, &rep);
 		break;
+	case TPW__V1__CTL_WHAT__CTL_PEERS:
+		r = tpd_peers_ctl(s->d, &rep.peers, &rep.n_peers);
+		break;
 	default:
 		r = -EINVAL;
 	}
@@ -299,10 +312,14 @@ void tpd_ctl_handle(struct tpd_session *s, const Tpw__V1__CtlRequest *req)
 	if (r < 0) {
 		rep.n_sessions = rep.n_pipes = rep.n_listeners = 0;
 		rep.n_backends = rep.n_channel_stats = 0;
+		tpd_peers_ctl_free(rep.peers, rep.n_peers);
+		rep.peers = NULL;
+		rep.n_peers = 0;
 		if (!rep.message)
 			rep.message = "out of memory";
 	}
 	tpd_session_send(s, &dm, NULL, 0);
+	tpd_peers_ctl_free(rep.peers, rep.n_peers);
 	free(rep.sessions);
 	free(rep.listeners);
 	free(rep.pipes);

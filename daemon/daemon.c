@@ -11,6 +11,7 @@
 #include <sys/stat.h>
 #include <sys/un.h>
 #include "daemon.h"
+#include "peer.h"
 #include "log.h"
 #include "metrics.h"
 #include "notify.h"
@@ -166,6 +167,7 @@ static void finish_stop(struct tpd_daemon *d)
 {
 	struct tpd_session *s, *tmp;
 
+	tpd_peers_stop(d); /* cross-host pipes learn "daemon stopping" first */
 	tpu_list_for_each_safe(s, tmp, &d->sessions, node)
 		tpd_session_free(s, TPW__V1__STATUS__STATUS_SHUTDOWN);
 	event_base_loopbreak(d->base);
@@ -354,6 +356,9 @@ int tpd_daemon_new(const struct tpd_config *cfg, struct tpd_daemon **ret)
 	r = setup_events(d);
 	if (r < 0)
 		goto fail;
+	r = tpd_peers_start(d);
+	if (r < 0)
+		goto fail;
 	if (cfg->metrics_listen[0]) {
 		r = tpd_metrics_start(d, cfg->metrics_listen, &d->metrics);
 		if (r < 0)
@@ -388,6 +393,7 @@ void tpd_daemon_free(struct tpd_daemon *d)
 
 	if (!d)
 		return;
+	tpd_peers_stop(d);
 	tpu_list_for_each_safe(s, tmp, &d->sessions, node)
 		tpd_session_free(s, TPW__V1__STATUS__STATUS_SHUTDOWN);
 	tpd_metrics_free(d->metrics);

@@ -10,6 +10,7 @@
 #include <event2/event.h>
 #include "config.h"
 #include "copier.h"
+#include "peerauth.h"
 #include "listener.h"
 #include "stats.h"
 #include "tpu.h"
@@ -45,6 +46,24 @@ struct tpd_daemon {
 	struct tpw_limits limits; /* wire limits enforced on every session */
 	struct tpd_stats stats;
 	struct tpd_metrics *metrics; /* NULL when off */
+
+	/* Peer links (peer.c). */
+	struct tpu_list peers;
+	unsigned n_peers;
+	uint64_t next_peer_id;
+	struct tpu_list peer_conns; /* accepted, first frame not read yet */
+	struct tpu_list data_dials; /* data connections being dialled */
+	int peer_fd;
+	struct event *ev_peer_accept;
+	char peer_listen_addr[80];  /* bound address, "" when off */
+	uint16_t peer_port_bound;
+	char hostname[256];
+	uint8_t boot_id[16];
+	char boot_id_hex[33];
+	uint64_t instance;
+	struct tpd_peer_key peer_key;
+	bool peer_keyed;
+	struct evdns_base *dns;	    /* created on first dial */
 };
 
 /*

@@ -13,8 +13,10 @@
 #include <string.h>
 #include "daemon.h"
 #include "log.h"
+#include "peer.h"
 #include "pipe.h"
 #include "session.h"
+#include "stripe.h"
 #include "tpb.h"
 #include "validate.h"
 
@@ -38,6 +40,7 @@ struct tpd_msg {
 	struct msg_src *src; /* payloads then tensors */
 	size_t n_src;
 	struct tpd_copy_job *job; /* built at Read, submitted in order */
+	struct tpd_xh *xh;	  /* cross-host: the send or receive of this message */
 	bool eager;
 	bool read_requested;
 	bool copying;
@@ -88,9 +91,23 @@ static void pipe_log(const struct tpd_pipe *p, const struct tpd_session *s, int 
 		   msg);
 }
 
+/* Why the other end went away, for the survivor: the peer link's reason if there is one. */
+static const char *why_text(const struct tpd_pipe *p, Tpw__V1__Status s)
+{
+	return p->why[0] ? p->why : gone_text(s);
+}
+
 static bool end_dying(const struct tpd_pipe_end *e)
 {
+	if (e->remote)
+		return e->gone != TPW__V1__STATUS__STATUS_UNSPECIFIED;
 	return !e->session || e->session->dead;
+}
+
+/* Attached: a local end with its session, or a remote end that has not gone away. */
+static bool end_attached(const struct tpd_pipe_end *e)
+{
+	return e->remote ? e->gone == TPW__V1__STATUS__STATUS_UNSPECIFIED : e->session != NULL;
 }
 
 /* Why an end that is dying or gone went away. */
@@ -104,8 +121,14 @@ static Tpw__V1__Status end_gone_status(const struct tpd_pipe_end *e)
 
 /* ---- messages ------------------------------------------------------------------------------ */
 
+static void xh_free(struct tpd_xh *xh);
+
+/* Tells the peer daemon @m (written there) is consumed with @st. */
+static void peer_consumed(struct tpd_msg *m, Tpw__V1__Status st, const char *why);
+
 static void msg_free(struct tpd_msg *m)
 {
+	xh_free(m->xh);
 	for (size_t i = 0; i < m->n_src; i++)
 		tpd_buffer_unref(m->src[i].buf);
 	tpd_copy_job_free(m->job);
@@ -169,6 +192,8 @@ static void msg_consumed(struct tpd_msg *m, Tpw__V1__Status st, const char *why)
 		d->bytes_moved += m->bytes;
 	}
 	msg_set_write(m, st, why);
+	if (w->remote)
+		peer_consumed(m, st, why);
 	if (tpu_list_linked(&m->rnode)) {
 		tpu_list_remove(&m->rnode);
 		w->queued--;
@@ -212,6 +237,8 @@ static void end_init(struct tpd_pipe_end *e, struct tpd_pipe *p, struct tpd_sess
 	e->gone = TPW__V1__STATUS__STATUS_UNSPECIFIED;
 }
 
+static void xpipe_done(struct tpd_pipe *p);
+
 static void end_drop_all(struct tpd_pipe_end *e)
 {
 	struct tpd_msg *m, *tmp;
@@ -230,6 +257,7 @@ static void pipe_maybe_free(struct tpd_pipe *p)
 		return;
 	end_drop_all(&p->end[0]);
 	end_drop_all(&p->end[1]);
+	xpipe_done(p);
 	tpu_list_remove(&p->node);
 	p->d->n_pipes--;
 	pipe_log(p, NULL, TPU_LOG_DEBUG, "freed");
@@ -288,10 +316,6 @@ static int connect_check(struct tpd_daemon *d, struct tpd_session *s, const Tpw_
 	struct tpd_listener *l;
 	struct tpd_session *ls;
 
-	if (strncmp(c->address, "tpip://", 7) == 0) {
-		snprintf(why, wl, "cross-host addresses are not supported by this daemon yet");
-		return -EOPNOTSUPP;
-	}
 	if (!tpw_name_valid(c->address)) {
 		snprintf(why, wl, "invalid address '%.64s'", c->address);
 		return -EINVAL;
@@ -319,6 +343,8 @@ static int connect_check(struct tpd_daemon *d, struct tpd_session *s, const Tpw_
 	return 0;
 }
 
+static void xpipe_connect(struct tpd_daemon *d, struct tpd_session *s, const Tpw__V1__Connect *c);
+
 void tpd_pipe_connect(struct tpd_daemon *d, struct tpd_session *s, const Tpw__V1__Connect *c)
 {
 	struct tpd_listener *l = NULL;
@@ -327,6 +353,10 @@ void tpd_pipe_connect(struct tpd_daemon *d, struct tpd_session *s, const Tpw__V1
 	char why[192];
 	int r;
 
+	if (strncmp(c->address, "tpip://", 7) == 0) {
+		xpipe_connect(d, s, c);
+		return;
+	}
 	r = connect_check(d, s, c, &l, why, sizeof(why));
 	if (r < 0) {
 		connect_fail(s, c, r, why);
@@ -342,6 +372,7 @@ void tpd_pipe_connect(struct tpd_daemon *d, struct tpd_session *s, const Tpw__V1
 	p->d = d;
 	p->id = d->next_pipe_id++;
 	p->created_ns = tpu_now_ns();
+	tpu_list_init(&p->held);
 	end_init(&p->end[0], p, s, c->pipe_id);
 	end_init(&p->end[1], p, ls, ACCEPT_ID_BASE + ls->next_accept_id++);
 	if (tpu_hmap_put(&s->pipes, p->end[0].local_id, &p->end[0]) < 0 ||
@@ -534,6 +565,11 @@ out:
 	return r_;
 }
 
+static void xpipe_hold(struct tpd_pipe_end *e, Tpw__V1__ClientMsg *cm, const uint8_t *tail,
+		       uint32_t tail_len);
+static int send_peer_descriptor(struct tpd_pipe_end *r, struct tpd_msg *m,
+				const Tpw__V1__Write *w, const uint8_t *tail);
+
 /* Checks the queue limits of end @e for a message holding @tail_len inline bytes. */
 static int queue_check(struct tpd_pipe_end *e, uint32_t tail_len, char *why, size_t wl)
 {
@@ -564,8 +600,12 @@ void tpd_pipe_write(struct tpd_pipe_end *e, Tpw__V1__ClientMsg *cm, const uint8_
 
 	if (end_dying(r)) {
 		Tpw__V1__Status g = end_gone_status(r);
-		write_reject(e, w->write_id, tpw_status_to_errno(g), gone_text(g));
+		write_reject(e, w->write_id, tpw_status_to_errno(g), why_text(e->pipe, g));
 		goto out;
+	}
+	if (e->pipe->connecting) {
+		xpipe_hold(e, cm, tail, tail_len);
+		return;
 	}
 	err = queue_check(e, tail_len, why, sizeof(why));
 	if (err < 0)
@@ -583,7 +623,7 @@ void tpd_pipe_write(struct tpd_pipe_end *e, Tpw__V1__ClientMsg *cm, const uint8_
 		goto reject;
 	m->msg_id = ++e->next_msg_id;
 	m->tail_len = tail_len;
-	err = send_descriptor(r, m, w);
+	err = r->remote ? send_peer_descriptor(r, m, w, tail) : send_descriptor(r, m, w);
 	if (err < 0)
 		goto reject;
 	tpu_list_insert_tail(&e->wq, &m->wnode);
@@ -626,6 +666,9 @@ out:
 
 static void start_next_copy(struct tpd_pipe_end *w);
 static void end_owed_maybe(struct tpd_pipe_end *e);
+static void xh_start(struct tpd_msg *m);
+static int xh_build_recv(struct tpd_msg *m, struct tpd_session *s, const Tpw__V1__Read *rd,
+			 char *why, size_t wl);
 
 
 /*
@@ -676,7 +719,7 @@ static void copy_on_done(struct tpd_copy_job *job)
 			 job->why);
 	send_read_done(r, m->msg_id, st, job->status < 0 ? job->why : NULL);
 	if (job->status == 0 && !r->session)
-		msg_consumed(m, r->gone, gone_text(r->gone));
+		msg_consumed(m, r->gone, why_text(p, r->gone));
 	else
 		msg_consumed(m, st, job->status < 0 ? job->why : NULL);
 	tpd_copy_job_free(job);
@@ -695,6 +738,10 @@ static void start_next_copy(struct tpd_pipe_end *w)
 	tpu_list_for_each(m, &w->rq, rnode) {
 		if (!m->read_requested)
 			return;
+		if (m->xh && !m->copying) {
+			xh_start(m);
+			return;
+		}
 		if (m->job && !m->copying) {
 			m->copying = true;
 			w->copying = true;
@@ -877,12 +924,15 @@ void tpd_pipe_read(struct tpd_pipe_end *r, const Tpw__V1__Read *rd)
 		goto fail;
 	}
 	m->read_requested = true;
-	if (!w->session) {
-		send_read_done(r, m->msg_id, w->gone, gone_text(w->gone));
-		msg_consumed(m, w->gone, gone_text(w->gone));
+	if (!end_attached(w)) {
+		send_read_done(r, m->msg_id, w->gone, why_text(r->pipe, w->gone));
+		msg_consumed(m, w->gone, why_text(r->pipe, w->gone));
 		return;
 	}
-	err = build_job(m, r->session, rd, &m->job, why, sizeof(why));
+	if (w->remote)
+		err = xh_build_recv(m, r->session, rd, why, sizeof(why));
+	else
+		err = build_job(m, r->session, rd, &m->job, why, sizeof(why));
 	if (err < 0) {
 		pipe_log(r->pipe, r->session, TPU_LOG_INFO, "read rejected: %s", why);
 		send_read_done(r, m->msg_id, tpw_status_from_errno(err), why);
@@ -923,8 +973,9 @@ static void end_owed_maybe(struct tpd_pipe_end *e)
 	s = find_session(e->pipe->d, e->owed_session);
 	pc.pipe_id = e->local_id;
 	pc.status = e->owed;
-	pc.message = e->owed == TPW__V1__STATUS__STATUS_CANCELED ? "closed"
-								 : (char *)gone_text(e->owed);
+	pc.message = e->owed == TPW__V1__STATUS__STATUS_CANCELED
+			     ? "closed"
+			     : (char *)why_text(e->pipe, e->owed);
 	e->owed = TPW__V1__STATUS__STATUS_UNSPECIFIED;
 	if (!s)
 		return;
@@ -933,17 +984,23 @@ static void end_owed_maybe(struct tpd_pipe_end *e)
 	tpd_session_send(s, &dm, NULL, 0);
 }
 
+static void xpipe_local_left(struct tpd_pipe *p, Tpw__V1__Status why);
+static void xh_cancel(struct tpd_xh *xh);
+
 void tpd_pipe_end_detach(struct tpd_pipe_end *e, Tpw__V1__Status why)
 {
 	struct tpd_pipe_end *peer = tpd_pipe_end_peer(e);
 	struct tpd_pipe *p = e->pipe;
 	struct tpd_msg *m, *tmp;
 
-	if (!e->session)
+	if (!end_attached(e))
 		return;
-	pipe_log(p, e->session, TPU_LOG_INFO, "end left (%s)", tpw_status_name(why));
+	pipe_log(p, e->session, TPU_LOG_INFO, "%s end left (%s)", e->remote ? "remote" : "local",
+		 tpw_status_name(why));
 	e->session = NULL;
 	e->gone = why;
+	if (peer->remote)
+		xpipe_local_left(p, why);
 	/* Writes of @e: nobody waits for their completion any more. Rendezvous reads the peer
 	 * already asked for fail now; eager messages stay readable. */
 	tpu_list_for_each_safe(m, tmp, &e->wq, wnode) {
@@ -952,14 +1009,18 @@ void tpd_pipe_end_detach(struct tpd_pipe_end *e, Tpw__V1__Status why)
 	}
 	tpu_list_for_each_safe(m, tmp, &e->rq, rnode) {
 		if (m->read_requested && !m->copying && !m->eager) {
-			send_read_done(peer, m->msg_id, why, gone_text(why));
-			msg_consumed(m, why, gone_text(why));
+			send_read_done(peer, m->msg_id, why, why_text(p, why));
+			msg_consumed(m, why, why_text(p, why));
+		} else if (m->copying && m->xh) {
+			xh_cancel(m->xh); /* completes, failed, once no thread touches the memory */
 		}
 	}
 	/* Messages the peer wrote to @e will never be read. */
 	tpu_list_for_each_safe(m, tmp, &peer->rq, rnode)
 		if (!m->copying)
-			msg_consumed(m, why, gone_text(why));
+			msg_consumed(m, why, why_text(p, why));
+		else if (m->xh)
+			xh_cancel(m->xh);
 	if (peer->session) {
 		peer->owed = why;
 		peer->owed_session = peer->session->id;
@@ -976,4 +1037,898 @@ void tpd_pipe_end_close(struct tpd_pipe_end *e)
 	e->owed = TPW__V1__STATUS__STATUS_CANCELED;
 	e->owed_session = e->session->id;
 	tpd_pipe_end_detach(e, TPW__V1__STATUS__STATUS_CLOSED);
+}
+
+/* ---- cross-host pipes ---------------------------------------------------------------------- */
+
+/*
+ * The send (writer's daemon) or receive (reader's daemon) of one message over the link's
+ * stripe. A send reads the writer's sources; a receive writes the reader's allocation and holds
+ * references to its shared buffers. Either marks its message and writer end as copying until
+ * its done callback, so that close acknowledgements wait for it.
+ */
+struct tpd_xh {
+	struct tpd_stripe_xfer x;
+	struct tpd_stripe_seg *segs;
+	struct tpd_copy_job *holder; /* receive: buffer references of the destination */
+	struct tpd_msg *m;
+	struct tpd_peer *link;
+	bool send;
+	bool started;
+	Tpw__V1__Status early; /* send: the reader finished (failed) before the send ended */
+	char early_why[160];
+};
+
+struct held_write {
+	struct tpu_list node;
+	Tpw__V1__ClientMsg *cm;
+	uint8_t *tail;
+	uint32_t tail_len;
+};
+
+static struct tpd_pipe_end *remote_end(struct tpd_pipe *p)
+{
+	return p->end[0].remote ? &p->end[0] : &p->end[1];
+}
+
+static struct tpd_pipe_end *local_end(struct tpd_pipe *p)
+{
+	return p->end[0].remote ? &p->end[1] : &p->end[0];
+}
+
+static void peer_tell(struct tpd_pipe *p, Tpw__V1__PeerMsg *pm, const struct iovec *iov, int n)
+{
+	if (p->link)
+		tpd_peer_send(p->link, pm, iov, n);
+}
+
+static void tell_close(struct tpd_peer *link, uint64_t remote_id, Tpw__V1__Status st,
+		       const char *why)
+{
+	Tpw__V1__PeerPipeClose pc = TPW__V1__PEER_PIPE_CLOSE__INIT;
+	Tpw__V1__PeerMsg pm = TPW__V1__PEER_MSG__INIT;
+
+	pc.pipe_id = remote_id;
+	pc.status = st;
+	pc.message = (char *)why;
+	pm.body_case = TPW__V1__PEER_MSG__BODY_PIPE_CLOSE;
+	pm.pipe_close = &pc;
+	tpd_peer_send(link, &pm, NULL, 0);
+}
+
+static void peer_consumed(struct tpd_msg *m, Tpw__V1__Status st, const char *why)
+{
+	Tpw__V1__PeerConsumed c = TPW__V1__PEER_CONSUMED__INIT;
+	Tpw__V1__PeerMsg pm = TPW__V1__PEER_MSG__INIT;
+	struct tpd_pipe *p = m->from->pipe;
+
+	if (!p->remote_id || !end_attached(m->from))
+		return; /* the writer's end is gone there: nobody waits */
+	c.pipe_id = p->remote_id;
+	c.msg_id = m->msg_id;
+	c.status = st;
+	c.message = why && *why ? (char *)why : NULL;
+	pm.body_case = TPW__V1__PEER_MSG__BODY_CONSUMED;
+	pm.consumed = &c;
+	peer_tell(p, &pm, NULL, 0);
+}
+
+static void xh_free(struct tpd_xh *xh)
+{
+	if (!xh)
+		return;
+	tpd_copy_job_free(xh->holder);
+	free(xh->segs);
+	free(xh);
+}
+
+static void xh_cancel(struct tpd_xh *xh)
+{
+	struct tpd_stripe *st;
+
+	if (!xh->started || !xh->link)
+		return;
+	st = tpd_peer_stripe(xh->link);
+	if (!st)
+		return;
+	if (xh->send)
+		tpd_stripe_send_cancel(st, &xh->x);
+	else
+		tpd_stripe_recv_cancel(st, &xh->x);
+}
+
+/* Common end of a send or receive: flags, statistics, next message. */
+static void xh_finish(struct tpd_msg *m, struct tpd_xh *xh)
+{
+	struct tpd_pipe *p = m->from->pipe;
+	int mpt = tpb_index("mpt");
+
+	m->xh = NULL;
+	m->copying = false;
+	m->from->copying = false;
+	p->jobs--;
+	if (mpt >= 0) {
+		p->channels |= 1u << mpt;
+		tpd_stats_record(&p->d->stats, mpt, xh->x.bytes, xh->x.ns, xh->x.status < 0);
+	}
+	xh_free(xh);
+}
+
+static void xh_after(struct tpd_pipe_end *w)
+{
+	struct tpd_pipe *p = w->pipe;
+
+	start_next_copy(w);
+	end_owed_maybe(w);
+	end_owed_maybe(tpd_pipe_end_peer(w));
+	pipe_maybe_free(p);
+}
+
+static void xh_send_done(struct tpd_stripe_xfer *x)
+{
+	struct tpd_xh *xh = x->arg;
+	struct tpd_msg *m = xh->m;
+	struct tpd_pipe_end *w = m->from;
+	Tpw__V1__PeerXferEnd xe = TPW__V1__PEER_XFER_END__INIT;
+	Tpw__V1__PeerMsg pm = TPW__V1__PEER_MSG__INIT;
+	Tpw__V1__Status st = tpw_status_from_errno(x->status);
+	char why[160];
+
+	snprintf(why, sizeof(why), "%s", x->status < 0 ? x->why : "");
+	if (end_dying(w)) {
+		/* The writer was told its write was canceled and may reuse the memory. */
+		st = end_gone_status(w);
+		snprintf(why, sizeof(why), "%s during the transfer", gone_text(st));
+	} else if (x->status < 0 && end_dying(tpd_pipe_end_peer(w))) {
+		st = end_gone_status(tpd_pipe_end_peer(w));
+		snprintf(why, sizeof(why), "%.150s", why_text(w->pipe, st));
+	} else if (x->status == -ESRCH) {
+		st = TPW__V1__STATUS__STATUS_PEER_DIED;
+		snprintf(why, sizeof(why), "writer died during the transfer");
+	}
+	xe.xfer_id = x->xfer_id;
+	xe.status = st;
+	xe.message = why[0] ? why : NULL;
+	xe.bytes = x->bytes;
+	pm.body_case = TPW__V1__PEER_MSG__BODY_XFER_END;
+	pm.xfer_end = &xe;
+	peer_tell(w->pipe, &pm, NULL, 0);
+	if (st != TPW__V1__STATUS__STATUS_OK)
+		pipe_log(w->pipe, NULL, TPU_LOG_INFO, "message %llu: send failed: %s",
+			 (unsigned long long)m->msg_id, why);
+	xh_finish(m, xh);
+	if (xh->early)
+		msg_consumed(m, xh->early, xh->early_why);
+	else if (st != TPW__V1__STATUS__STATUS_OK)
+		msg_consumed(m, st, why);
+	/* else: the write completes when the reader's daemon says PeerConsumed. */
+	xh_after(w);
+}
+
+static void xh_recv_done(struct tpd_stripe_xfer *x)
+{
+	struct tpd_xh *xh = x->arg;
+	struct tpd_msg *m = xh->m;
+	struct tpd_pipe_end *w = m->from, *r = tpd_pipe_end_peer(w);
+	int status = x->status;
+	char why[160];
+
+	snprintf(why, sizeof(why), "%s", status < 0 ? x->why : "");
+	if (xh->link)
+		tpd_peer_xfer_drop(xh->link, x->xfer_id);
+	if ((status == 0 || status == -ECANCELED || status == -ECONNRESET) && end_dying(w)) {
+		/* The writer's end went away: its bytes may be torn, never deliver them. */
+		status = tpw_status_to_errno(end_gone_status(w));
+		snprintf(why, sizeof(why), "%.120s during the transfer",
+			 why_text(w->pipe, end_gone_status(w)));
+	} else if (status == -ESRCH || (status < 0 && end_dying(r))) {
+		status = -ECONNRESET;
+		snprintf(why, sizeof(why), "reader died during the transfer");
+	}
+	if (status < 0)
+		pipe_log(w->pipe, NULL, TPU_LOG_INFO, "message %llu: receive failed: %s",
+			 (unsigned long long)m->msg_id, why);
+	xh_finish(m, xh);
+	send_read_done(r, m->msg_id, tpw_status_from_errno(status), status < 0 ? why : NULL);
+	msg_consumed(m, tpw_status_from_errno(status), status < 0 ? why : NULL);
+	xh_after(w);
+}
+
+static void xh_start(struct tpd_msg *m)
+{
+	struct tpd_xh *xh = m->xh;
+	struct tpd_pipe_end *w = m->from;
+	struct tpd_pipe *p = w->pipe;
+	int r = -ENOTCONN;
+
+	m->copying = true;
+	w->copying = true;
+	p->jobs++;
+	xh->link = p->link;
+	xh->x.arg = xh;
+	if (xh->link && xh->send) {
+		xh->x.done = xh_send_done;
+		r = tpd_stripe_send(tpd_peer_stripe(xh->link), &xh->x);
+	} else if (xh->link) {
+		Tpw__V1__PeerReadReq rr = TPW__V1__PEER_READ_REQ__INIT;
+		Tpw__V1__PeerMsg pm = TPW__V1__PEER_MSG__INIT;
+
+		xh->x.done = xh_recv_done;
+		xh->x.xfer_id = tpd_peer_xfer_add(xh->link, xh);
+		r = xh->x.xfer_id ? tpd_stripe_recv(tpd_peer_stripe(xh->link), &xh->x) : -ENOMEM;
+		if (r == 0) {
+			rr.pipe_id = p->remote_id;
+			rr.msg_id = m->msg_id;
+			rr.xfer_id = xh->x.xfer_id;
+			pm.body_case = TPW__V1__PEER_MSG__BODY_READ_REQ;
+			pm.read_req = &rr;
+			peer_tell(p, &pm, NULL, 0);
+		} else if (xh->x.xfer_id) {
+			tpd_peer_xfer_drop(xh->link, xh->x.xfer_id);
+		}
+	}
+	if (r == 0) {
+		xh->started = true;
+		return;
+	}
+	/* Not started: complete it as failed now. */
+	xh->x.status = r;
+	snprintf(xh->x.why, sizeof(xh->x.why), "peer link down");
+	xh->x.done(&xh->x);
+}
+
+static struct tpd_xh *xh_new(struct tpd_msg *m, bool send)
+{
+	struct tpd_xh *xh = calloc(1, sizeof(*xh));
+
+	if (!xh)
+		return NULL;
+	xh->segs = calloc(m->n_src ? m->n_src : 1, sizeof(*xh->segs));
+	if (!xh->segs) {
+		free(xh);
+		return NULL;
+	}
+	xh->m = m;
+	xh->send = send;
+	xh->x.segs = xh->segs;
+	xh->x.n_segs = m->n_src;
+	return xh;
+}
+
+/* The reader's allocation @rd for message @m of a remote writer: a receive, started in turn. */
+static int xh_build_recv(struct tpd_msg *m, struct tpd_session *s, const Tpw__V1__Read *rd,
+			 char *why, size_t wl)
+{
+	size_t n = rd->n_payloads + rd->n_tensors;
+	struct tpd_xh *xh;
+
+	if (n != m->n_src) {
+		snprintf(why, wl, "allocation has %zu segments, message has %zu", n, m->n_src);
+		return -EINVAL;
+	}
+	xh = xh_new(m, false);
+	if (!xh || !(xh->holder = tpd_copy_job_new(1, n))) {
+		xh_free(xh);
+		return -ENOMEM;
+	}
+	for (size_t i = 0; i < n; i++) {
+		struct tpb_xfer x;
+		int r;
+
+		if (m->src[i].len == 0)
+			continue;
+		r = resolve_dst(s, read_segment(rd, i), &m->src[i], xh->holder, &x, why, wl);
+		if (r < 0) {
+			xh_free(xh);
+			return r;
+		}
+		xh->segs[i].mem = x.dst;
+		xh->segs[i].len = x.len;
+	}
+	m->xh = xh;
+	return 0;
+}
+
+/* Sends the descriptor of @m (written as @w) to the remote reader, with the bytes if eager. */
+static int send_peer_descriptor(struct tpd_pipe_end *r, struct tpd_msg *m,
+				const Tpw__V1__Write *w, const uint8_t *tail)
+{
+	Tpw__V1__Descriptor dd = TPW__V1__DESCRIPTOR__INIT;
+	Tpw__V1__PeerDescriptor pd = TPW__V1__PEER_DESCRIPTOR__INIT;
+	Tpw__V1__PeerMsg pm = TPW__V1__PEER_MSG__INIT;
+	size_t n = w->n_payloads + w->n_tensors;
+	Tpw__V1__PayloadDesc *pds = calloc(w->n_payloads + 1, sizeof(*pds));
+	Tpw__V1__PayloadDesc **pdp = calloc(w->n_payloads + 1, sizeof(*pdp));
+	Tpw__V1__TensorDesc *td = calloc(w->n_tensors + 1, sizeof(*td));
+	Tpw__V1__TensorDesc **tdp = calloc(w->n_tensors + 1, sizeof(*tdp));
+	struct iovec *iov = calloc(n + 1, sizeof(*iov));
+	int ret = -ENOMEM;
+
+	if (!pds || !pdp || !td || !tdp || !iov)
+		goto out;
+	if (!r->pipe->link) {
+		ret = -ECONNRESET;
+		goto out;
+	}
+	fill_desc(&dd, w, pds, pdp, td, tdp);
+	dd.msg_id = m->msg_id;
+	dd.eager = m->eager;
+	for (size_t i = 0; m->eager && i < n; i++) {
+		iov[i].iov_base = (void *)(uintptr_t)m->src[i].mem.addr;
+		iov[i].iov_len = m->src[i].len;
+	}
+	pd.pipe_id = r->pipe->remote_id;
+	pd.descriptor = &dd;
+	pm.body_case = TPW__V1__PEER_MSG__BODY_DESCRIPTOR;
+	pm.descriptor = &pd;
+	ret = tpd_peer_send(r->pipe->link, &pm, iov, m->eager ? (int)n : 0);
+	(void)tail;
+out:
+	free(pds);
+	free(pdp);
+	free(td);
+	free(tdp);
+	free(iov);
+	return ret;
+}
+
+static void held_free(struct held_write *h)
+{
+	tpu_list_remove(&h->node);
+	tpw_client_msg_free(h->cm);
+	free(h->tail);
+	free(h);
+}
+
+/* A write on a pipe still connecting: keep it (within the queue limits) for later. */
+static void xpipe_hold(struct tpd_pipe_end *e, Tpw__V1__ClientMsg *cm, const uint8_t *tail,
+		       uint32_t tail_len)
+{
+	struct tpd_pipe *p = e->pipe;
+	const struct tpd_config *cfg = &p->d->cfg;
+	struct held_write *h;
+
+	if (p->n_held >= cfg->pipe_queue_max || p->held_bytes + tail_len > cfg->pipe_queue_bytes) {
+		write_reject(e, cm->write->write_id, -ENOBUFS,
+			     "pipe queue full while the connect is pending");
+		tpw_client_msg_free(cm);
+		return;
+	}
+	h = calloc(1, sizeof(*h));
+	if (!h || (tail_len && !(h->tail = malloc(tail_len)))) {
+		free(h);
+		write_reject(e, cm->write->write_id, -ENOMEM, "out of memory");
+		tpw_client_msg_free(cm);
+		return;
+	}
+	h->cm = cm;
+	h->tail_len = tail_len;
+	if (tail_len)
+		memcpy(h->tail, tail, tail_len);
+	tpu_list_insert_tail(&p->held, &h->node);
+	p->n_held++;
+	p->held_bytes += tail_len;
+}
+
+/* Replays (or with @err, rejects) the writes held while connecting, in order. */
+static void held_flush(struct tpd_pipe *p, int err, const char *why)
+{
+	struct tpd_pipe_end *e = local_end(p);
+
+	while (!tpu_list_empty(&p->held)) {
+		struct held_write *h = tpu_list_first(&p->held, struct held_write, node);
+		tpu_list_remove(&h->node);
+		if (err == 0 && e->session) {
+			tpd_pipe_write(e, h->cm, h->tail, h->tail_len); /* takes h->cm */
+			h->cm = NULL;
+		} else if (e->session) {
+			write_reject(e, h->cm->write->write_id, err, why);
+		}
+		tpu_list_init(&h->node);
+		held_free(h);
+	}
+	p->n_held = 0;
+	p->held_bytes = 0;
+}
+
+/* Frees the cross-host state of @p (pipe_maybe_free). */
+static void xpipe_done(struct tpd_pipe *p)
+{
+	while (p->held.next && !tpu_list_empty(&p->held))
+		held_free(tpu_list_first(&p->held, struct held_write, node));
+	if (p->ev_connect)
+		event_free(p->ev_connect);
+	p->ev_connect = NULL;
+	if (p->link)
+		tpd_peer_pipe_remove(p->link, p);
+	p->link = NULL;
+}
+
+/* The connect of @p failed: answer the client, reject held writes, end the pipe. */
+static void xconnect_fail(struct tpd_pipe *p, int err, const char *why)
+{
+	struct tpd_pipe_end *e = local_end(p), *re = remote_end(p);
+	struct tpd_session *s = e->session;
+	Tpw__V1__Connect c = TPW__V1__CONNECT__INIT;
+	char addr[320];
+
+	p->connecting = false;
+	re->gone = tpw_status_from_errno(err);
+	snprintf(p->why, sizeof(p->why), "%s", why);
+	if (!s) {
+		pipe_maybe_free(p);
+		return;
+	}
+	snprintf(addr, sizeof(addr), "tpip://%s/%s", p->peer_addr, p->listener);
+	c.req_id = p->connect_req_id;
+	c.pipe_id = e->local_id;
+	c.address = addr;
+	held_flush(p, err, why);
+	tpu_hmap_del(&s->pipes, e->local_id);
+	e->session = NULL;
+	connect_fail(s, &c, err, why);
+	pipe_maybe_free(p);
+}
+
+static void xpipe_on_connect_timeout(evutil_socket_t fd, short what, void *arg)
+{
+	struct tpd_pipe *p = arg;
+	char why[200];
+
+	if (!p->connecting)
+		return;
+	snprintf(why, sizeof(why), "no answer from tpipd at %.120s within %u ms", p->peer_addr,
+		 p->d->cfg.peer_connect_timeout_ms);
+	xconnect_fail(p, -ETIMEDOUT, why);
+}
+
+/* Parses tpip://HOST[:PORT]/NAME. */
+static int parse_tpip(const char *a, uint16_t def_port, char *host, size_t hl, uint16_t *port,
+		      const char **name)
+{
+	const char *h = a + 7, *slash, *hend, *pstart = NULL;
+	unsigned long pv = def_port;
+
+	if (*h == '[') {
+		hend = strchr(h, ']');
+		if (!hend)
+			return -EINVAL;
+		h++;
+		if (hend[1] == ':')
+			pstart = hend + 2;
+		else if (hend[1] != '/')
+			return -EINVAL;
+	} else {
+		hend = h + strcspn(h, ":/");
+		if (*hend == ':')
+			pstart = hend + 1;
+	}
+	slash = strchr(pstart ? pstart : hend, '/');
+	if (!slash || hend == h || (size_t)(hend - h) >= hl)
+		return -EINVAL;
+	if (pstart) {
+		char *end;
+		pv = strtoul(pstart, &end, 10);
+		if (end != slash || pv == 0 || pv > 65535)
+			return -EINVAL;
+	}
+	memcpy(host, h, (size_t)(hend - h));
+	host[hend - h] = '\0';
+	*port = (uint16_t)pv;
+	*name = slash + 1;
+	return tpw_name_valid(*name) ? 0 : -EINVAL;
+}
+
+static void xpipe_connect(struct tpd_daemon *d, struct tpd_session *s, const Tpw__V1__Connect *c)
+{
+	struct tpd_peer *pr = NULL;
+	struct tpd_pipe *p;
+	const char *name;
+	char host[256], why[240];
+	uint16_t port;
+	int r;
+
+	if (parse_tpip(c->address, (uint16_t)d->cfg.peer_port, host, sizeof(host), &port, &name) <
+	    0) {
+		snprintf(why, sizeof(why), "invalid address '%.150s' (tpip://HOST[:PORT]/NAME)",
+			 c->address);
+		connect_fail(s, c, -EINVAL, why);
+		return;
+	}
+	if (tpu_hmap_get(&s->pipes, c->pipe_id)) {
+		connect_fail(s, c, -EADDRINUSE, "pipe id already in use");
+		return;
+	}
+	if (tpd_session_pipe_count(s) >= d->cfg.pipes_max) {
+		snprintf(why, sizeof(why), "pipe limit of %u per client reached", d->cfg.pipes_max);
+		connect_fail(s, c, -ENOBUFS, why);
+		return;
+	}
+	r = tpd_peer_get(d, host, port, &pr, why, sizeof(why));
+	if (r < 0) {
+		connect_fail(s, c, r, why);
+		return;
+	}
+	p = calloc(1, sizeof(*p));
+	if (!p || !(p->listener = strdup(name)) ||
+	    !(p->ev_connect = evtimer_new(d->base, xpipe_on_connect_timeout, p))) {
+		if (p)
+			free(p->listener);
+		free(p);
+		connect_fail(s, c, -ENOMEM, "out of memory");
+		return;
+	}
+	p->d = d;
+	p->id = d->next_pipe_id++;
+	p->created_ns = tpu_now_ns();
+	tpu_list_init(&p->held);
+	snprintf(p->peer_addr, sizeof(p->peer_addr), "%s", tpd_peer_name(pr));
+	end_init(&p->end[0], p, s, c->pipe_id);
+	end_init(&p->end[1], p, NULL, 0);
+	p->end[1].remote = true;
+	p->link = pr;
+	p->connecting = true;
+	p->connect_req_id = c->req_id;
+	tpu_list_insert_tail(&d->pipes, &p->node);
+	d->n_pipes++;
+	if (tpu_hmap_put(&s->pipes, c->pipe_id, &p->end[0]) < 0 || tpd_peer_pipe_add(pr, p) < 0) {
+		tpu_hmap_del(&s->pipes, c->pipe_id);
+		p->end[0].session = NULL;
+		p->connecting = false;
+		connect_fail(s, c, -ENOMEM, "out of memory");
+		pipe_maybe_free(p);
+		return;
+	}
+	{
+		struct timeval tv = { d->cfg.peer_connect_timeout_ms / 1000,
+				      (d->cfg.peer_connect_timeout_ms % 1000) * 1000 };
+		evtimer_add(p->ev_connect, &tv);
+	}
+	pipe_log(p, s, TPU_LOG_INFO, "connecting to '%s' on %s", name, p->peer_addr);
+	if (tpd_peer_is_up(pr))
+		tpd_pipe_link_up(p);
+}
+
+void tpd_pipe_link_up(struct tpd_pipe *p)
+{
+	Tpw__V1__PeerConnect pc = TPW__V1__PEER_CONNECT__INIT;
+	Tpw__V1__PeerMsg pm = TPW__V1__PEER_MSG__INIT;
+	struct tpd_session *s = local_end(p)->session;
+
+	if (!p->connecting || p->connect_sent || !s)
+		return;
+	pc.pipe_id = p->id;
+	pc.name = p->listener;
+	pc.remote_name = s->name;
+	pc.uid = (uint32_t)s->uid;
+	pc.gid = (uint32_t)s->gid;
+	pc.pid = (uint32_t)s->pid;
+	pm.body_case = TPW__V1__PEER_MSG__BODY_CONNECT;
+	pm.connect = &pc;
+	peer_tell(p, &pm, NULL, 0);
+	p->connect_sent = true;
+}
+
+/* The tpip:// address was this daemon's own: connect @p to the local listener instead. */
+static void xpipe_reroute_local(struct tpd_pipe *p)
+{
+	struct tpd_pipe_end *e = local_end(p);
+	struct tpd_session *s = e->session;
+	struct tpd_listener *l = NULL;
+	Tpw__V1__Connect c = TPW__V1__CONNECT__INIT;
+	char why[192];
+	int r;
+
+	c.req_id = p->connect_req_id;
+	c.pipe_id = e->local_id;
+	c.address = p->listener;
+	tpu_hmap_del(&s->pipes, e->local_id); /* connect_check wants the id free */
+	r = connect_check(p->d, s, &c, &l, why, sizeof(why));
+	if (r == 0 && tpu_hmap_put(&s->pipes, e->local_id, e) < 0)
+		r = -ENOMEM;
+	if (r < 0) {
+		tpu_hmap_put(&s->pipes, e->local_id, e);
+		xconnect_fail(p, r, why);
+		return;
+	}
+	if (p->link)
+		tpd_peer_pipe_remove(p->link, p);
+	p->link = NULL;
+	p->connecting = false;
+	event_del(p->ev_connect);
+	end_init(&p->end[1], p, l->owner,
+		 ACCEPT_ID_BASE + ((struct tpd_session *)l->owner)->next_accept_id++);
+	p->end[1].remote = false;
+	if (tpu_hmap_put(&((struct tpd_session *)l->owner)->pipes, p->end[1].local_id, &p->end[1]) <
+	    0) {
+		p->end[1].remote = true;
+		p->end[1].session = NULL;
+		xconnect_fail(p, -ENOMEM, "out of memory");
+		return;
+	}
+	l->accepted++;
+	pipe_log(p, s, TPU_LOG_INFO, "address is this daemon: connected to '%s' locally", l->name);
+	tpd_session_reply(s, p->connect_req_id, 0, NULL, e->local_id, l->name);
+	send_accepted(l->owner, l, &p->end[1], s);
+	held_flush(p, 0, NULL);
+}
+
+void tpd_pipe_link_failed(struct tpd_pipe *p, int err, const char *why)
+{
+	char msg[200];
+
+	if (p->connecting && err == -ELOOP && local_end(p)->session) {
+		xpipe_reroute_local(p);
+		return;
+	}
+	if (p->link)
+		tpd_peer_pipe_remove(p->link, p);
+	p->link = NULL;
+	if (p->connecting) {
+		snprintf(msg, sizeof(msg), "cannot reach tpipd at %.60s: %.110s", p->peer_addr, why);
+		xconnect_fail(p, err == -ECONNRESET ? -EHOSTUNREACH : err, msg);
+		return;
+	}
+	snprintf(p->why, sizeof(p->why), "lost the peer daemon at %.60s: %.110s", p->peer_addr, why);
+	tpd_pipe_end_detach(remote_end(p), err == -ESHUTDOWN ? TPW__V1__STATUS__STATUS_SHUTDOWN
+							  : TPW__V1__STATUS__STATUS_PEER_DIED);
+}
+
+/* The local end of cross-host pipe @p left with @why: tell the peer, stop connecting. */
+static void xpipe_local_left(struct tpd_pipe *p, Tpw__V1__Status why)
+{
+	struct tpd_pipe_end *re = remote_end(p);
+
+	if (p->connecting) {
+		/* A later OK reply finds no pipe and closes the peer's side. */
+		p->connecting = false;
+		re->gone = why;
+		while (!tpu_list_empty(&p->held))
+			held_free(tpu_list_first(&p->held, struct held_write, node));
+		return;
+	}
+	if (p->link && p->remote_id && end_attached(re))
+		tell_close(p->link, p->remote_id, why, NULL);
+}
+
+void tpd_pipe_peer_connect(struct tpd_daemon *d, struct tpd_peer *pr,
+			   const Tpw__V1__PeerConnect *c)
+{
+	Tpw__V1__PeerConnectReply rep = TPW__V1__PEER_CONNECT_REPLY__INIT;
+	Tpw__V1__PeerMsg pm = TPW__V1__PEER_MSG__INIT;
+	Tpw__V1__Accepted a = TPW__V1__ACCEPTED__INIT;
+	Tpw__V1__DaemonMsg dm = TPW__V1__DAEMON_MSG__INIT;
+	struct tpd_listener *l = tpd_registry_find(&d->registry, c->name);
+	struct tpd_session *ls = l ? l->owner : NULL;
+	struct tpd_pipe *p = NULL;
+	char why[200] = "";
+	int err = 0;
+
+	if (!l) {
+		snprintf(why, sizeof(why), "no listener named '%.100s' on %.60s", c->name, d->hostname);
+		err = -ENOENT;
+	} else if (!tpd_listener_permits(l, c->uid, c->gid, NULL, 0)) {
+		snprintf(why, sizeof(why), "listener '%s' refuses uid %u", l->name, c->uid);
+		err = -EACCES;
+	} else if (tpd_session_pipe_count(ls) >= d->cfg.pipes_max) {
+		snprintf(why, sizeof(why), "pipe limit of %u per client reached", d->cfg.pipes_max);
+		err = -ENOBUFS;
+	} else if (d->stopping) {
+		snprintf(why, sizeof(why), "daemon stopping");
+		err = -ESHUTDOWN;
+	} else if (!(p = calloc(1, sizeof(*p))) || !(p->listener = strdup(l->name))) {
+		free(p);
+		p = NULL;
+		snprintf(why, sizeof(why), "out of memory");
+		err = -ENOMEM;
+	}
+	if (p) {
+		p->d = d;
+		p->id = d->next_pipe_id++;
+		p->created_ns = tpu_now_ns();
+		tpu_list_init(&p->held);
+		snprintf(p->peer_addr, sizeof(p->peer_addr), "%s", tpd_peer_name(pr));
+		end_init(&p->end[0], p, NULL, 0);
+		p->end[0].remote = true;
+		end_init(&p->end[1], p, ls, ACCEPT_ID_BASE + ls->next_accept_id++);
+		p->link = pr;
+		p->remote_id = c->pipe_id;
+		tpu_list_insert_tail(&d->pipes, &p->node);
+		d->n_pipes++;
+		if (tpu_hmap_put(&ls->pipes, p->end[1].local_id, &p->end[1]) < 0 ||
+		    tpd_peer_pipe_add(pr, p) < 0) {
+			tpu_hmap_del(&ls->pipes, p->end[1].local_id);
+			p->end[1].session = NULL;
+			p->end[0].gone = TPW__V1__STATUS__STATUS_IO;
+			pipe_maybe_free(p);
+			p = NULL;
+			snprintf(why, sizeof(why), "out of memory");
+			err = -ENOMEM;
+		}
+	}
+	rep.pipe_id = c->pipe_id;
+	rep.peer_pipe_id = p ? p->id : 0;
+	rep.status = tpw_status_from_errno(err);
+	rep.message = why[0] ? why : NULL;
+	pm.body_case = TPW__V1__PEER_MSG__BODY_CONNECT_REPLY;
+	pm.connect_reply = &rep;
+	tpd_peer_send(pr, &pm, NULL, 0);
+	if (!p) {
+		tpu_log_info("peer %s: connect to '%s' refused: %s", tpd_peer_name(pr), c->name,
+			     why);
+		return;
+	}
+	l->accepted++;
+	pipe_log(p, ls, TPU_LOG_INFO, "accepted '%s' from %s", c->remote_name ? c->remote_name : "",
+		 tpd_peer_name(pr));
+	a.listener_id = l->id;
+	a.pipe_id = p->end[1].local_id;
+	a.remote_name = c->remote_name;
+	a.remote_pid = 0; /* a process on another host */
+	a.remote_uid = c->uid;
+	dm.body_case = TPW__V1__DAEMON_MSG__BODY_ACCEPTED;
+	dm.accepted = &a;
+	tpd_session_send(ls, &dm, NULL, 0);
+}
+
+void tpd_pipe_peer_connect_reply(struct tpd_peer *pr, struct tpd_pipe *p,
+				 const Tpw__V1__PeerConnectReply *r)
+{
+	struct tpd_pipe_end *e;
+	char why[240];
+
+	if (!p || !p->connecting) {
+		/* The pipe ended here before the answer: close the peer's side. */
+		if (r->status == TPW__V1__STATUS__STATUS_OK && r->peer_pipe_id)
+			tell_close(pr, r->peer_pipe_id, TPW__V1__STATUS__STATUS_CLOSED, NULL);
+		return;
+	}
+	if (r->status != TPW__V1__STATUS__STATUS_OK) {
+		snprintf(why, sizeof(why), "%s", r->message ? r->message : tpw_status_name(r->status));
+		xconnect_fail(p, tpw_status_to_errno(r->status), why);
+		return;
+	}
+	e = local_end(p);
+	p->remote_id = r->peer_pipe_id;
+	p->connecting = false;
+	event_del(p->ev_connect);
+	pipe_log(p, e->session, TPU_LOG_INFO, "connected to '%s' on %s", p->listener, p->peer_addr);
+	tpd_session_reply(e->session, p->connect_req_id, 0, NULL, e->local_id, p->listener);
+	held_flush(p, 0, NULL);
+}
+
+void tpd_pipe_peer_descriptor(struct tpd_pipe *p, const Tpw__V1__Descriptor *dd,
+			      const uint8_t *tail, uint32_t tail_len)
+{
+	struct tpd_pipe_end *w = remote_end(p), *r = local_end(p);
+	Tpw__V1__Descriptor out = *dd;
+	Tpw__V1__DaemonMsg dm = TPW__V1__DAEMON_MSG__INIT;
+	struct iovec iov = { (void *)tail, tail_len };
+	struct tpd_msg *m;
+
+	if (!r->session || end_dying(w) || p->connecting)
+		return; /* the reader left: the writer's daemon learns it from our PipeClose */
+	m = calloc(1, sizeof(*m));
+	if (m)
+		m->src = calloc(dd->n_payloads + dd->n_tensors + 1, sizeof(*m->src));
+	if (!m || !m->src) {
+		if (m)
+			free(m);
+		tpd_session_fail(r->session, TPU_LOG_ERR, TPW__V1__STATUS__STATUS_IO,
+				 "out of memory for a remote message");
+		return;
+	}
+	tpu_list_init(&m->wnode);
+	tpu_list_init(&m->rnode);
+	m->from = w;
+	m->msg_id = dd->msg_id;
+	m->eager = dd->eager;
+	m->n_src = dd->n_payloads + dd->n_tensors;
+	for (size_t i = 0; i < m->n_src; i++) {
+		m->src[i].len = i < dd->n_payloads ? dd->payloads[i]->length
+						   : dd->tensors[i - dd->n_payloads]->length;
+		m->bytes += m->src[i].len;
+	}
+	w->next_msg_id = dd->msg_id;
+	tpu_list_insert_tail(&w->rq, &m->rnode);
+	w->queued++;
+	w->queued_bytes += tail_len;
+	m->tail_len = tail_len;
+	if (m->eager) {
+		int basic = tpb_index("basic");
+		p->channels |= 1u << basic;
+		tpd_stats_record(&p->d->stats, basic, m->bytes, 0, false);
+	}
+	out.pipe_id = r->local_id;
+	dm.body_case = TPW__V1__DAEMON_MSG__BODY_DESCRIPTOR;
+	dm.descriptor = &out;
+	tpd_session_send(r->session, &dm, &iov, dd->eager && tail_len ? 1 : 0);
+}
+
+static void tell_xfer_end(struct tpd_pipe *p, uint64_t xfer_id, int err, const char *why)
+{
+	Tpw__V1__PeerXferEnd xe = TPW__V1__PEER_XFER_END__INIT;
+	Tpw__V1__PeerMsg pm = TPW__V1__PEER_MSG__INIT;
+
+	xe.xfer_id = xfer_id;
+	xe.status = tpw_status_from_errno(err);
+	xe.message = (char *)why;
+	pm.body_case = TPW__V1__PEER_MSG__BODY_XFER_END;
+	pm.xfer_end = &xe;
+	peer_tell(p, &pm, NULL, 0);
+}
+
+void tpd_pipe_peer_read_req(struct tpd_pipe *p, const Tpw__V1__PeerReadReq *rr)
+{
+	struct tpd_pipe_end *w = local_end(p);
+	struct tpd_msg *m;
+	struct tpd_xh *xh;
+
+	if (!w->session) {
+		tell_xfer_end(p, rr->xfer_id, -EPIPE, "writer closed the pipe");
+		return;
+	}
+	m = next_unread(w);
+	if (!m || m->msg_id != rr->msg_id || m->eager) {
+		pipe_log(p, NULL, TPU_LOG_WARNING, "peer asked for message %llu, next is %llu",
+			 (unsigned long long)rr->msg_id, m ? (unsigned long long)m->msg_id : 0ull);
+		tell_xfer_end(p, rr->xfer_id, -EINVAL, "no such message");
+		return;
+	}
+	xh = xh_new(m, true);
+	if (!xh) {
+		tell_xfer_end(p, rr->xfer_id, -ENOMEM, "out of memory");
+		return;
+	}
+	for (size_t i = 0; i < m->n_src; i++) {
+		xh->segs[i].mem = m->src[i].mem;
+		xh->segs[i].len = m->src[i].len;
+	}
+	xh->x.xfer_id = rr->xfer_id;
+	m->xh = xh;
+	m->read_requested = true;
+	start_next_copy(w);
+}
+
+void tpd_pipe_peer_xfer_end(struct tpd_peer *pr, void *arg, const Tpw__V1__PeerXferEnd *xe)
+{
+	struct tpd_xh *xh = arg;
+	struct tpd_stripe *st = tpd_peer_stripe(pr);
+
+	if (!st || !xh->started)
+		return;
+	tpd_stripe_recv_expect(st, &xh->x, xe->bytes, tpw_status_to_errno(xe->status),
+			       xe->message ? xe->message : tpw_status_name(xe->status));
+}
+
+void tpd_pipe_peer_consumed(struct tpd_pipe *p, const Tpw__V1__PeerConsumed *c)
+{
+	struct tpd_pipe_end *w = local_end(p);
+	struct tpd_msg *m;
+
+	tpu_list_for_each(m, &w->rq, rnode) {
+		if (m->msg_id != c->msg_id)
+			continue;
+		if (m->copying && m->xh) {
+			/* The reader is done before the send: stop it, complete after. */
+			m->xh->early = c->status ? c->status : TPW__V1__STATUS__STATUS_IO;
+			snprintf(m->xh->early_why, sizeof(m->xh->early_why), "%s",
+				 c->message ? c->message : "");
+			xh_cancel(m->xh);
+			return;
+		}
+		m->read_requested = true;
+		msg_consumed(m, c->status, c->message);
+		start_next_copy(w);
+		return;
+	}
+}
+
+void tpd_pipe_peer_close(struct tpd_pipe *p, Tpw__V1__Status st, const char *why)
+{
+	if (why && *why)
+		snprintf(p->why, sizeof(p->why), "%s", why);
+	if (st == TPW__V1__STATUS__STATUS_UNSPECIFIED || st == TPW__V1__STATUS__STATUS_OK)
+		st = TPW__V1__STATUS__STATUS_CLOSED;
+	tpd_pipe_end_detach(remote_end(p), st);
 }

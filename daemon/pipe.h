@@ -17,6 +17,7 @@
 struct tpd_daemon;
 struct tpd_session;
 struct tpd_pipe;
+struct tpd_peer;
 
 struct tpd_pipe_end {
 	struct tpd_pipe *pipe;
@@ -35,6 +36,7 @@ struct tpd_pipe_end {
 	 * CANCELED acknowledges its own close, others say why the other end went away. */
 	Tpw__V1__Status owed;
 	uint64_t owed_session;
+	bool remote;		     /* the end is on another host, behind the pipe's peer link */
 };
 
 struct tpd_pipe {
@@ -45,7 +47,21 @@ struct tpd_pipe {
 	struct tpd_pipe_end end[2]; /* [0] connector, [1] acceptor */
 	unsigned channels;	    /* bit per registry channel used */
 	uint64_t created_ns;
-	unsigned jobs;		    /* copy jobs in flight */
+	unsigned jobs;		    /* copy jobs and peer transfers in flight */
+
+	/* Cross-host pipes: one end is remote (end[1] here if we connected, end[0] if the peer
+	 * did). Their messages go through the peer link. */
+	struct tpd_peer *link;	    /* NULL on one host, and once the link failed */
+	uint64_t remote_id;	    /* the pipe's id on the peer daemon, 0 while connecting */
+	bool connecting;	    /* waiting for PeerConnectReply */
+	bool connect_sent;
+	uint64_t connect_req_id;    /* the client's Connect, answered when the peer answers */
+	struct event *ev_connect;   /* connect deadline */
+	struct tpu_list held;	    /* writes received while connecting, replayed in order */
+	uint32_t n_held;
+	uint64_t held_bytes;
+	char peer_addr[300];	    /* "HOST:PORT" */
+	char why[200];		    /* why the remote end went away, for error messages */
 };
 
 /*
@@ -80,6 +96,31 @@ void tpd_pipe_end_detach(struct tpd_pipe_end *e, Tpw__V1__Status why);
  * The caller removes @e from the session's table first. May free the pipe.
  */
 void tpd_pipe_end_close(struct tpd_pipe_end *e);
+
+/* ---- cross-host pipes (called by peer.c) ---- */
+
+/* The link of connecting pipe @p is up: ask the peer for the listener. */
+void tpd_pipe_link_up(struct tpd_pipe *p);
+/* The link of @p failed with @err: fail the connect, or the remote end (STATUS_PEER_DIED).
+ * -ELOOP means the address was this daemon's own: the pipe connects locally instead. */
+void tpd_pipe_link_failed(struct tpd_pipe *p, int err, const char *why);
+/* The peer asks for a local listener: accept or refuse. */
+void tpd_pipe_peer_connect(struct tpd_daemon *d, struct tpd_peer *pr,
+			   const Tpw__V1__PeerConnect *c);
+/* The peer answered our PeerConnect; @p is NULL if the pipe already ended here. */
+void tpd_pipe_peer_connect_reply(struct tpd_peer *pr, struct tpd_pipe *p,
+				 const Tpw__V1__PeerConnectReply *r);
+/* A message the remote end wrote. @tail: borrowed eager bytes. */
+void tpd_pipe_peer_descriptor(struct tpd_pipe *p, const Tpw__V1__Descriptor *dd,
+			      const uint8_t *tail, uint32_t tail_len);
+/* The remote reader has its allocation for one of our messages: send it. */
+void tpd_pipe_peer_read_req(struct tpd_pipe *p, const Tpw__V1__PeerReadReq *rr);
+/* The sender of receive @arg (from tpd_peer_xfer_add()) stopped sending. */
+void tpd_pipe_peer_xfer_end(struct tpd_peer *pr, void *arg, const Tpw__V1__PeerXferEnd *xe);
+/* The remote reader is done with one of our messages. */
+void tpd_pipe_peer_consumed(struct tpd_pipe *p, const Tpw__V1__PeerConsumed *c);
+/* The remote end went away. */
+void tpd_pipe_peer_close(struct tpd_pipe *p, Tpw__V1__Status st, const char *why);
 
 /* The other end of @e. */
 struct tpd_pipe_end *tpd_pipe_end_peer(struct tpd_pipe_end *e);

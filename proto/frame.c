@@ -161,6 +161,22 @@ int tpw_daemon_msg_unpack(const uint8_t *buf, size_t len, Tpw__V1__DaemonMsg **r
 	return 0;
 }
 
+int tpw_peer_msg_unpack(const uint8_t *buf, size_t len, Tpw__V1__PeerMsg **ret)
+{
+	ProtobufCMessage *m = unpack_bounded(&tpw__v1__peer_msg__descriptor, buf, len);
+
+	if (!m)
+		return -EBADMSG;
+	*ret = (Tpw__V1__PeerMsg *)m;
+	return 0;
+}
+
+void tpw_peer_msg_free(Tpw__V1__PeerMsg *m)
+{
+	if (m)
+		protobuf_c_message_free_unpacked(&m->base, &free_allocator);
+}
+
 void tpw_client_msg_free(Tpw__V1__ClientMsg *m)
 {
 	if (m)

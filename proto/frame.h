@@ -83,6 +83,9 @@ size_t tpw_frame_pack(const ProtobufCMessage *msg, uint32_t data_len, uint16_t n
  */
 int tpw_client_msg_unpack(const uint8_t *buf, size_t len, Tpw__V1__ClientMsg **ret);
 int tpw_daemon_msg_unpack(const uint8_t *buf, size_t len, Tpw__V1__DaemonMsg **ret);
+/* The same for daemon <-> daemon messages (peer links). */
+int tpw_peer_msg_unpack(const uint8_t *buf, size_t len, Tpw__V1__PeerMsg **ret);
+void tpw_peer_msg_free(Tpw__V1__PeerMsg *m);
 void tpw_client_msg_free(Tpw__V1__ClientMsg *m);
 void tpw_daemon_msg_free(Tpw__V1__DaemonMsg *m);
 

@@ -218,7 +218,7 @@ int tpw_client_msg_validate(const Tpw__V1__ClientMsg *m, const struct tpw_hdr *h
 		return check_read(m->read, hdr, lim, why, wl);
 	case TPW__V1__CLIENT_MSG__BODY_CTL:
 		if (m->ctl->what <= TPW__V1__CTL_WHAT__CTL_UNSPECIFIED ||
-		    m->ctl->what > TPW__V1__CTL_WHAT__CTL_DRAIN)
+		    m->ctl->what > TPW__V1__CTL_WHAT__CTL_PEERS)
 			return fail(-EBADMSG, why, wl, "unknown control request %d",
 				    (int)m->ctl->what);
 		return 0;
@@ -273,6 +273,80 @@ int tpw_daemon_msg_validate(const Tpw__V1__DaemonMsg *m, const struct tpw_hdr *h
 	}
 }
 
+static int check_bytes(const ProtobufCBinaryData *b, size_t want, const char *what, char *why,
+		       size_t wl)
+{
+	if (b->len != want)
+		return fail(-EBADMSG, why, wl, "%s of %zu bytes, expected %zu", what, b->len, want);
+	return 0;
+}
+
+static int check_peer_hello(const Tpw__V1__PeerHello *h, char *why, size_t wl)
+{
+	int r = check_string(h->host, TPW_NAME_MAX, "host", why, wl);
+
+	if (r < 0)
+		return r;
+	if (h->boot_id.len != 16 && h->boot_id.len != 0)
+		return fail(-EBADMSG, why, wl, "boot id of %zu bytes", h->boot_id.len);
+	if (h->n_backends > 64)
+		return fail(-E2BIG, why, wl, "%zu backends", h->n_backends);
+	for (size_t i = 0; i < h->n_backends; i++)
+		if ((r = check_string(h->backends[i], 64, "backend", why, wl)) < 0)
+			return r;
+	if (h->data_conns > 16)
+		return fail(-EBADMSG, why, wl, "%u data connections", h->data_conns);
+	if (h->nonce.len && (r = check_bytes(&h->nonce, 32, "nonce", why, wl)) < 0)
+		return r;
+	if (h->mac.len && (r = check_bytes(&h->mac, 32, "mac", why, wl)) < 0)
+		return r;
+	return check_string(h->message, TPW_MESSAGE_MAX, "message", why, wl);
+}
+
+int tpw_peer_msg_validate(const Tpw__V1__PeerMsg *m, const struct tpw_hdr *hdr,
+			  const struct tpw_limits *lim, char *why, size_t wl)
+{
+	if (hdr->nfds != 0)
+		return fail(-EBADMSG, why, wl, "fds on a peer connection");
+	if (hdr->data_len && m->body_case != TPW__V1__PEER_MSG__BODY_DESCRIPTOR)
+		return fail(-EBADMSG, why, wl, "data tail on a message that takes none");
+	switch (m->body_case) {
+	case TPW__V1__PEER_MSG__BODY_HELLO:
+		return check_peer_hello(m->hello, why, wl);
+	case TPW__V1__PEER_MSG__BODY_AUTH:
+		return check_bytes(&m->auth->mac, 32, "mac", why, wl);
+	case TPW__V1__PEER_MSG__BODY_READY:
+		return check_string(m->ready->message, TPW_MESSAGE_MAX, "message", why, wl);
+	case TPW__V1__PEER_MSG__BODY_DATA_HELLO:
+		if (m->data_hello->mac.len)
+			return check_bytes(&m->data_hello->mac, 32, "mac", why, wl);
+		return 0;
+	case TPW__V1__PEER_MSG__BODY_CONNECT:
+		if (!tpw_name_valid(m->connect->name))
+			return fail(-EBADMSG, why, wl, "invalid listener name");
+		return check_string(m->connect->remote_name, TPW_NAME_MAX, "remote name", why, wl);
+	case TPW__V1__PEER_MSG__BODY_CONNECT_REPLY:
+		return check_string(m->connect_reply->message, TPW_MESSAGE_MAX, "message", why, wl);
+	case TPW__V1__PEER_MSG__BODY_DESCRIPTOR:
+		if (!m->descriptor->descriptor)
+			return fail(-EBADMSG, why, wl, "peer descriptor without descriptor");
+		if (m->descriptor->descriptor->metadata.len > lim->metadata_max)
+			return fail(-EMSGSIZE, why, wl, "descriptor metadata too large");
+		return check_descriptor(m->descriptor->descriptor, hdr, lim, why, wl);
+	case TPW__V1__PEER_MSG__BODY_XFER_END:
+		return check_string(m->xfer_end->message, TPW_MESSAGE_MAX, "message", why, wl);
+	case TPW__V1__PEER_MSG__BODY_CONSUMED:
+		return check_string(m->consumed->message, TPW_MESSAGE_MAX, "message", why, wl);
+	case TPW__V1__PEER_MSG__BODY_PIPE_CLOSE:
+		return check_string(m->pipe_close->message, TPW_MESSAGE_MAX, "message", why, wl);
+	case TPW__V1__PEER_MSG__BODY_READ_REQ:
+	case TPW__V1__PEER_MSG__BODY_PING:
+		return 0;
+	default:
+		return fail(-EBADMSG, why, wl, "unknown peer message type %d", (int)m->body_case);
+	}
+}
+
 static const struct {
 	Tpw__V1__Status status;
 	int err;
@@ -296,6 +370,8 @@ static const struct {
 	{ TPW__V1__STATUS__STATUS_TIMEOUT, ETIMEDOUT, "timeout" },
 	{ TPW__V1__STATUS__STATUS_SHUTDOWN, ESHUTDOWN, "shutdown" },
 	{ TPW__V1__STATUS__STATUS_BUSY, EBUSY, "busy" },
+	{ TPW__V1__STATUS__STATUS_REFUSED, ECONNREFUSED, "refused" },
+	{ TPW__V1__STATUS__STATUS_UNREACHABLE, EHOSTUNREACH, "unreachable" },
 };
 
 int tpw_status_to_errno(Tpw__V1__Status s)

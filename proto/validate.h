@@ -47,6 +47,10 @@ int tpw_client_msg_validate(const Tpw__V1__ClientMsg *m, const struct tpw_hdr *h
 int tpw_daemon_msg_validate(const Tpw__V1__DaemonMsg *m, const struct tpw_hdr *hdr,
 			    const struct tpw_limits *lim, char *why, size_t why_len);
 
+/* Same for daemon <-> daemon messages on a peer control connection. */
+int tpw_peer_msg_validate(const Tpw__V1__PeerMsg *m, const struct tpw_hdr *hdr,
+			  const struct tpw_limits *lim, char *why, size_t why_len);
+
 /* True if @name is a valid listener name: 1..255 bytes of [A-Za-z0-9._@:+-]. */
 bool tpw_name_valid(const char *name);
 

@@ -172,9 +172,16 @@ void tp_listener_close(struct tp_listener *l);
 /* ---- pipes -------------------------------------------------------------------------------- */
 
 /*
- * tp_connect() - open a pipe to @address: a listener NAME on this host (later releases add
- * tpip://HOST:PORT/NAME). Returns at once; if the connect fails (no such listener, refused),
- * operations on the pipe complete with that error.
+ * tp_connect() - open a pipe to @address: a listener NAME on this host, or
+ * tpip://HOST[:PORT]/NAME, listener NAME on another host's daemon (HOST a name, an IPv4
+ * address or a bracketed IPv6 address; PORT defaults to the daemon's peer-port, 7420). For a
+ * tpip:// address the local daemon opens or reuses a peer link to that daemon; this process
+ * opens no network connection. Returns at once; if the connect fails, operations on the pipe
+ * (and tp_pipe_wait_connected()) complete with that error: -ENOENT no such listener; -EACCES
+ * access refused, or the daemons failed to authenticate each other; -ECONNREFUSED nothing
+ * listens on the peer port; -ETIMEDOUT or -EHOSTUNREACH the peer cannot be reached (in time);
+ * -EPROTONOSUPPORT protocol version mismatch; -EOPNOTSUPP the peer daemon runs on this host;
+ * -ECONNRESET the peer daemon died or the link broke (also later, on a connected pipe).
  * @ret: returns owned pipe, close with tp_pipe_close().
  * Return: 0; -EINVAL for a malformed address; -ENOBUFS over the pipe limit.
  */

@@ -68,8 +68,8 @@ struct ctl_view {
 };
 
 /*
- * ctl_render_status() / _sessions() / _pipes() / _listeners() / _backends() / _stats() /
- * _close_session() / _drain() - print one reply to @out, as a human table or, with
+ * ctl_render_status() / _sessions() / _pipes() / _listeners() / _peers() / _backends() /
+ * _stats() / _close_session() / _drain() - print one reply to @out, as a human table or, with
  * @v->json, as pretty-printed JSON built with json-c. Borrows @r, @v and @out.
  * Return: 0, -ENOMEM.
  */
@@ -77,6 +77,7 @@ int ctl_render_status(const Tpw__V1__CtlReply *r, const struct ctl_view *v, FILE
 int ctl_render_sessions(const Tpw__V1__CtlReply *r, const struct ctl_view *v, FILE *out);
 int ctl_render_pipes(const Tpw__V1__CtlReply *r, const struct ctl_view *v, FILE *out);
 int ctl_render_listeners(const Tpw__V1__CtlReply *r, const struct ctl_view *v, FILE *out);
+int ctl_render_peers(const Tpw__V1__CtlReply *r, const struct ctl_view *v, FILE *out);
 int ctl_render_backends(const Tpw__V1__CtlReply *r, const struct ctl_view *v, FILE *out);
 int ctl_render_stats(const Tpw__V1__CtlReply *r, const struct ctl_view *v, FILE *out);
 int ctl_render_close_session(const Tpw__V1__CtlReply *r, const struct ctl_view *v, FILE *out);

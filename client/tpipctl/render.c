@@ -92,6 +92,9 @@ struct json_object *ctl_json_status(const Tpw__V1__CtlStatus *s)
 	ctl_json_u64(o, "bytes_moved", s->bytes_moved);
 	ctl_json_u64(o, "messages_moved", s->messages_moved);
 	ctl_json_bool(o, "cma_available", s->cma_available);
+	ctl_json_str(o, "peer_listen", s->peer_listen);
+	ctl_json_u64(o, "peers", s->peers);
+	ctl_json_str(o, "host_id", s->host_id);
 	return o;
 }
 
@@ -124,6 +127,12 @@ static int status_text(const Tpw__V1__CtlStatus *s, FILE *out)
 	ctl_table_cellf(&t, "%" PRIu64, s->messages_moved);
 	ctl_table_cellf(&t, "cma:");
 	ctl_table_cellf(&t, "%s", s->cma_available ? "available" : "not available");
+	ctl_table_cellf(&t, "peer listener:");
+	ctl_table_cellf(&t, "%s", s->peer_listen && *s->peer_listen ? s->peer_listen : "off");
+	ctl_table_cellf(&t, "peers:");
+	ctl_table_cellf(&t, "%" PRIu32, s->peers);
+	ctl_table_cellf(&t, "host id:");
+	ctl_table_cellf(&t, "%s", str_or_empty(s->host_id));
 	t.no_header = true; /* key: value lines */
 	r = ctl_table_print(&t, out);
 	ctl_table_done(&t);
@@ -366,6 +375,86 @@ int ctl_render_listeners(const Tpw__V1__CtlReply *r, const struct ctl_view *v, F
 		.row = listener_row,
 		.cols = listener_cols,
 		.n_cols = TPU_ARRAY_SIZE(listener_cols),
+	};
+
+	return ctl_render_list(&l, v, out);
+}
+
+/* ---- peers -------------------------------------------------------------------------------- */
+
+static struct json_object *peer_json(const void *item)
+{
+	const Tpw__V1__CtlPeer *p = item;
+	struct json_object *o = json_object_new_object();
+
+	if (!o)
+		return NULL;
+	ctl_json_u64(o, "id", p->id);
+	ctl_json_str(o, "address", p->address);
+	ctl_json_str(o, "host", p->host);
+	ctl_json_str(o, "state", p->state);
+	ctl_json_bool(o, "outgoing", p->outgoing);
+	ctl_json_u64(o, "data_conns", p->data_conns);
+	ctl_json_u64(o, "rtt_us", p->rtt_us);
+	ctl_json_u64(o, "bytes_sent", p->bytes_sent);
+	ctl_json_u64(o, "bytes_received", p->bytes_received);
+	ctl_json_u64(o, "pipes", p->pipes);
+	ctl_json_str(o, "last_error", p->last_error);
+	ctl_json_bool(o, "authenticated", p->authenticated);
+	ctl_json_u64(o, "up_ms", p->up_ms);
+	return o;
+}
+
+/* DIR: "out" when this daemon dialled the link, "in" when it accepted it. */
+static const struct ctl_col peer_cols[] = {
+	{ "ID", true },	       { "ADDRESS", false }, { "HOST", false },	   { "STATE", false },
+	{ "DIR", false },      { "CONNS", true },    { "RTT", true },	   { "BYTES_OUT", true },
+	{ "BYTES_IN", true },  { "PIPES", true },    { "AUTH", false },	   { "LAST_ERROR", false },
+};
+
+/* A keepalive round trip as "-" (none yet), "850 us", "1.25 ms" or "1.50 s". */
+static const char *fmt_rtt(uint64_t us, char *buf, size_t len)
+{
+	if (!us)
+		snprintf(buf, len, "-");
+	else if (us < 1000)
+		snprintf(buf, len, "%" PRIu64 " us", us);
+	else if (us < 1000000)
+		snprintf(buf, len, "%.2f ms", (double)us / 1e3);
+	else
+		snprintf(buf, len, "%.2f s", (double)us / 1e6);
+	return buf;
+}
+
+static void peer_row(struct ctl_table *t, const void *item)
+{
+	const Tpw__V1__CtlPeer *p = item;
+	char b1[32], b2[32], rtt[32];
+
+	ctl_table_cellf(t, "%" PRIu64, p->id);
+	ctl_table_cellf(t, "%s", str_or_empty(p->address));
+	ctl_table_cellf(t, "%s", str_or_empty(p->host));
+	ctl_table_cellf(t, "%s", str_or_empty(p->state));
+	ctl_table_cellf(t, "%s", p->outgoing ? "out" : "in");
+	ctl_table_cellf(t, "%" PRIu32, p->data_conns);
+	ctl_table_cellf(t, "%s", fmt_rtt(p->rtt_us, rtt, sizeof(rtt)));
+	ctl_table_cellf(t, "%s", ctl_fmt_bytes(p->bytes_sent, b1, sizeof(b1)));
+	ctl_table_cellf(t, "%s", ctl_fmt_bytes(p->bytes_received, b2, sizeof(b2)));
+	ctl_table_cellf(t, "%" PRIu32, p->pipes);
+	ctl_table_cellf(t, "%s", p->authenticated ? "yes" : "no");
+	ctl_table_cellf(t, "%s", str_or_empty(p->last_error));
+}
+
+int ctl_render_peers(const Tpw__V1__CtlReply *r, const struct ctl_view *v, FILE *out)
+{
+	const struct ctl_list l = {
+		.key = "peers",
+		.items = (void *const *)r->peers,
+		.n = r->n_peers,
+		.json = peer_json,
+		.row = peer_row,
+		.cols = peer_cols,
+		.n_cols = TPU_ARRAY_SIZE(peer_cols),
 	};
 
 	return ctl_render_list(&l, v, out);

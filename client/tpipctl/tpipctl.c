@@ -48,6 +48,8 @@ static const struct command commands[] = {
 	  "open pipes, their ends, channels used and traffic" },
 	{ "listeners", NULL, TPW__V1__CTL_WHAT__CTL_LISTENERS, ctl_render_listeners,
 	  "registered listener names and their access policy" },
+	{ "peers", NULL, TPW__V1__CTL_WHAT__CTL_PEERS, ctl_render_peers,
+	  "links to other hosts' daemons: state, connections, RTT, traffic" },
 	{ "backends", NULL, TPW__V1__CTL_WHAT__CTL_BACKENDS, ctl_render_backends,
 	  "channels in priority order, capabilities, viable here or why not" },
 	{ "stats", NULL, TPW__V1__CTL_WHAT__CTL_STATS, ctl_render_stats,

@@ -22,6 +22,8 @@
 #include <unistd.h>
 #include "tpt.h"
 
+#define PEER_OFF "[peer]\nlisten = off\n"
+
 uint64_t tpt_now_ms(void)
 {
 	struct timespec ts;
@@ -339,6 +341,12 @@ static int make_paths(struct tpt_daemon *d, char *conf, size_t conf_len)
 	fd = open(conf, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600);
 	if (fd < 0)
 		return -errno;
+	/* No peer listener unless a test asks for one (flags win): tests never bind "*:7420". */
+	if (write(fd, PEER_OFF, sizeof(PEER_OFF) - 1) != (ssize_t)sizeof(PEER_OFF) - 1) {
+		int r = -errno;
+		close(fd);
+		return r ? r : -EIO;
+	}
 	close(fd);
 	return 0;
 }

@@ -66,7 +66,7 @@ for c in "${cases[@]}"; do
 		"$TPIPD_BIN" --config "$conf" --check-config
 	check "$name: a plain start exits 2 the same way and binds nothing"
 	expect_exit2 "$name (start)" "^tpipd: $conf:$line: $reason" \
-		"$TPIPD_BIN" --config "$conf" --socket "$sock"
+		"$TPIPD_BIN" --config "$conf" --socket "$sock" --peer-listen off
 	[ ! -e "$sock" ] || fail "$name: a plain start created $sock"
 done
 
@@ -74,14 +74,14 @@ check "a missing --config file: exit 2 naming the file"
 expect_exit2 "missing --config" "^tpipd: $SVC_TMP/missing.conf: No such file or directory" \
 	"$TPIPD_BIN" --config "$SVC_TMP/missing.conf" --check-config
 expect_exit2 "missing --config (start)" "^tpipd: $SVC_TMP/missing.conf: " \
-	"$TPIPD_BIN" --config "$SVC_TMP/missing.conf" --socket "$sock"
+	"$TPIPD_BIN" --config "$SVC_TMP/missing.conf" --socket "$sock" --peer-listen off
 
 : >"$conf"
 check "a bad flag value (--frame-max 1): exit 2 naming the flag"
 expect_exit2 "--frame-max 1" "^tpipd: --frame-max: '1' is not a size in \[4096, 67108864\]" \
 	"$TPIPD_BIN" --config "$conf" --frame-max 1 --check-config
 expect_exit2 "--frame-max 1 (start)" "^tpipd: --frame-max: '1' is not a size" \
-	"$TPIPD_BIN" --config "$conf" --frame-max 1 --socket "$sock"
+	"$TPIPD_BIN" --config "$conf" --frame-max 1 --socket "$sock" --peer-listen off
 check "an unknown flag: exit 2"
 expect_exit2 "--no-such-flag" "unknown or incomplete option" \
 	"$TPIPD_BIN" --config "$conf" --no-such-flag --check-config

@@ -120,7 +120,7 @@ svc_start_daemon() {
 	local sock=$1 log=$2
 	shift 2
 	SVC_LOGS+=("$log")
-	"$TPIPD_BIN" --socket "$sock" "$@" 2>"$log" &
+	"$TPIPD_BIN" --socket "$sock" --peer-listen off "$@" 2>"$log" &
 	SVC_DAEMON_PID=$!
 	svc_track "$SVC_DAEMON_PID"
 	local deadline=$((SECONDS + 10))

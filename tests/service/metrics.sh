@@ -13,7 +13,7 @@ sock=$SVC_TMP/tpipd.sock
 log=$SVC_TMP/tpipd.log
 
 check "a non-loopback metrics address is refused at start (exit 1), nothing is served"
-if timeout 10 "$TPIPD_BIN" --socket "$SVC_TMP/refused.sock" --metrics-listen 192.0.2.1:9470 \
+if timeout 10 "$TPIPD_BIN" --socket "$SVC_TMP/refused.sock" --peer-listen off --metrics-listen 192.0.2.1:9470 \
 	2>"$SVC_TMP/refused.log"; then
 	fail "tpipd started with a non-loopback metrics address"
 fi
@@ -26,7 +26,7 @@ port=
 for try in 1 2 3 4 5 6 7 8; do
 	candidate=$((20000 + (RANDOM % 20000)))
 	rm -f "$log"
-	"$TPIPD_BIN" --socket "$sock" --metrics-listen "127.0.0.1:$candidate" 2>"$log" &
+	"$TPIPD_BIN" --socket "$sock" --peer-listen off --metrics-listen "127.0.0.1:$candidate" 2>"$log" &
 	pid=$!
 	svc_track "$pid"
 	SVC_LOGS+=("$log")

@@ -15,7 +15,7 @@ log=$SVC_TMP/tpipd.log
 SVC_LOGS+=("$log")
 
 say "systemd-socket-activate -l $sock $TPIPD_BIN --socket $other"
-systemd-socket-activate -l "$sock" "$TPIPD_BIN" --socket "$other" 2>"$log" &
+systemd-socket-activate -l "$sock" "$TPIPD_BIN" --socket "$other" --peer-listen off 2>"$log" &
 pid=$!
 svc_track "$pid"
 wait_until 10 "the activator to listen on $sock" test -S "$sock"

@@ -1,0 +1,78 @@
+/* SPDX-License-Identifier: BSD-3-Clause */
+/*
+ * tpd_peer: one link to another host's daemon. A link is one control connection (PeerMsg frames
+ * through a bufferevent) plus N data connections handed to a tpd_stripe. This module dials and
+ * accepts links (the TCP peer listener), runs the Hello / HMAC challenge-response handshake,
+ * attaches data connections, sends keepalives and declares a silent peer dead, and dispatches
+ * the pipe messages it receives to pipe.c. A failed link fails every pipe over it and is gone;
+ * the next connect to that host dials a new one.
+ */
+#ifndef TPD_PEER_H
+#define TPD_PEER_H
+
+#include <stdbool.h>
+#include <stdint.h>
+#include <sys/uio.h>
+#include "tpu.h"
+#include "tpw.pb-c.h"
+
+struct tpd_daemon;
+struct tpd_peer;
+struct tpd_pipe;
+struct tpd_stripe;
+
+/*
+ * tpd_peers_start() - load the key file, read the host identity, bind the peer listener (unless
+ * "off"). An explicitly configured address that cannot be bound is an error; the default one
+ * only logs a warning.
+ * Return: 0 or -errno (logged).
+ */
+int tpd_peers_start(struct tpd_daemon *d);
+
+/* Fails every link with STATUS_SHUTDOWN and frees them, closes the listener. */
+void tpd_peers_stop(struct tpd_daemon *d);
+
+/*
+ * tpd_peer_get() - the link to @host:@port: an existing one that is not failing, or a new one
+ * being dialled.
+ * @ret: returns borrowed link, valid until its pipes are told it failed.
+ * Return: 0 or -errno (-EMFILE, -ENOMEM, ...), with @why filled.
+ */
+int tpd_peer_get(struct tpd_daemon *d, const char *host, uint16_t port, struct tpd_peer **ret,
+		 char *why, size_t why_len);
+
+/* True once the link is up (handshake done, data connections attached). */
+bool tpd_peer_is_up(const struct tpd_peer *pr);
+
+/* "HOST:PORT" of the link, for messages. */
+const char *tpd_peer_name(const struct tpd_peer *pr);
+
+/* The link's data connections. */
+struct tpd_stripe *tpd_peer_stripe(struct tpd_peer *pr);
+
+/*
+ * tpd_peer_pipe_add() - @p (whose local id is p->id) now runs over @pr: pipe messages for it are
+ * dispatched to pipe.c, and tpd_pipe_link_up() / tpd_pipe_link_failed() tell it about the link.
+ * Return: 0 or -ENOMEM.
+ */
+int tpd_peer_pipe_add(struct tpd_peer *pr, struct tpd_pipe *p);
+/* @p no longer uses @pr. Accepts a pipe that is not on the link. */
+void tpd_peer_pipe_remove(struct tpd_peer *pr, struct tpd_pipe *p);
+
+/*
+ * tpd_peer_send() - queue PeerMsg @m and @n_tail data pieces on the control connection.
+ * @m, @tail: borrowed; copied. Sending over a failed link is a no-op.
+ * Return: 0 or -errno.
+ */
+int tpd_peer_send(struct tpd_peer *pr, Tpw__V1__PeerMsg *m, const struct iovec *tail, int n_tail);
+
+/* A new transfer id for a receive on @pr, registered to @arg until tpd_peer_xfer_drop(). */
+uint64_t tpd_peer_xfer_add(struct tpd_peer *pr, void *arg);
+void tpd_peer_xfer_drop(struct tpd_peer *pr, uint64_t xfer_id);
+
+/* Fills the CtlPeer list for tpipctl; @ret is an array of calloc'ed entries. Frees with
+ * tpd_peers_ctl_free(). */
+int tpd_peers_ctl(struct tpd_daemon *d, Tpw__V1__CtlPeer ***ret, size_t *n);
+void tpd_peers_ctl_free(Tpw__V1__CtlPeer **v, size_t n);
+
+#endif

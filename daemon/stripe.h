@@ -1,0 +1,140 @@
+/* SPDX-License-Identifier: BSD-3-Clause */
+/*
+ * tpd_stripe: the data connections of one peer link and the threads that move tensor bytes over
+ * them ("mpt": one large tensor is cut into chunks striped across every connection). Each
+ * connection has a sender thread (chunks queued by tpd_stripe_send()) and a receiver thread
+ * (chunks land straight in the destination registered by tpd_stripe_recv(): into a mapping the
+ * daemon holds, or into a client's memory by CMA through a bounce buffer). Both directions use
+ * every connection. Completions come back to the loop thread through an eventfd and a locked
+ * queue. The stripe knows nothing about pipes, sessions or the control connection: the peer
+ * link tells the receiver how many bytes to expect and when a sender gave up.
+ *
+ * Chunk on the wire (all little endian), followed by @len raw bytes:
+ *   0  u32 magic   TPD_STRIPE_MAGIC ("TPC1")
+ *   4  u32 seg     segment index in the transfer
+ *   8  u64 xfer_id the receiver's transfer id
+ *  16  u64 offset  byte offset inside the segment
+ *  24  u32 len     1 .. chunk_max
+ *  28  u32 flags   0
+ */
+#ifndef TPD_STRIPE_H
+#define TPD_STRIPE_H
+
+#include <event2/event.h>
+#include <stdint.h>
+#include "tpb.h"
+#include "tpu.h"
+
+#define TPD_STRIPE_MAGIC 0x31435054u /* "TPC1" */
+#define TPD_STRIPE_HDR 32
+#define TPD_STRIPE_CONNS_MAX 16
+
+struct tpd_stripe;
+struct tpd_stripe_xfer;
+
+typedef void (*tpd_stripe_done_fn)(struct tpd_stripe_xfer *x);
+/* A connection failed (peer closed it, reset, protocol violation): @why names it. */
+typedef void (*tpd_stripe_error_fn)(struct tpd_stripe *st, int err, const char *why, void *arg);
+
+/* One source or destination range: a pointer in the daemon (TPB_LOC_LOCAL) or an address in a
+ * client process (TPB_LOC_PROCESS, reached by process_vm_readv/writev). */
+struct tpd_stripe_seg {
+	struct tpb_mem mem;
+	uint64_t len;
+};
+
+struct tpd_stripe_xfer {
+	/* Set by the caller; borrowed by the stripe until @done has run. */
+	uint64_t xfer_id;		/* receive: the id chunks carry; send: the id to tag */
+	const struct tpd_stripe_seg *segs;
+	size_t n_segs;
+	tpd_stripe_done_fn done;	/* runs once, on the loop thread, never inside a call */
+	void *arg;
+
+	/* Results, valid in @done. */
+	int status;			/* 0, or -errno (-ECANCELED, -ECONNRESET, -EFAULT, ...) */
+	char why[160];			/* reason when @status < 0 */
+	uint64_t bytes;			/* bytes sent (send) or received (receive) */
+	uint64_t ns;			/* time from start to done */
+
+	/* Private to the stripe. */
+	struct tpu_list node;
+	uint64_t total, start_ns, expect;
+	int expect_status, busy, chunks_left;
+	bool canceled, is_recv, queued_done;
+	char expect_why[160];
+};
+
+struct tpd_stripe_config {
+	uint32_t chunk;		/* bytes per chunk (default 1 MiB when 0) */
+	const char *name;	/* for log lines and thread names, e.g. "peer 3" */
+	tpd_stripe_error_fn on_error; /* runs on the loop thread, once per stripe */
+	void *arg;
+};
+
+/*
+ * tpd_stripe_new() - an empty stripe completing into @base.
+ * @cfg: borrowed; copied (@cfg->name too).
+ * @ret: returns owned stripe, free with tpd_stripe_free().
+ * Return: 0 or -errno.
+ */
+int tpd_stripe_new(struct event_base *base, const struct tpd_stripe_config *cfg,
+		   struct tpd_stripe **ret);
+
+/*
+ * tpd_stripe_add_conn() - add a connected, handshaken TCP socket and start its two threads.
+ * @fd: takes @fd (also on failure). It is switched to blocking mode with TCP_NODELAY.
+ * Return: 0, -E2BIG over TPD_STRIPE_CONNS_MAX, or -errno.
+ */
+int tpd_stripe_add_conn(struct tpd_stripe *st, int fd);
+
+/* Connections added and not failed. */
+unsigned tpd_stripe_conns(const struct tpd_stripe *st);
+
+/*
+ * tpd_stripe_send() - send every segment of @x, tagged with @x->xfer_id, in chunks spread over
+ * all connections. Reads a TPB_LOC_PROCESS source with process_vm_readv into a per-thread bounce
+ * buffer just before sending that chunk; a failed read ends the transfer with that error (chunks
+ * already sent stay sent, a chunk is never sent half). @done runs once every chunk is written
+ * to a socket or the transfer failed or was canceled; @x->bytes says how many were sent.
+ * @x: keeps @x (and its segments' memory) until @done.
+ * Return: 0, or -ENOTCONN without connections (no @done).
+ */
+int tpd_stripe_send(struct tpd_stripe *st, struct tpd_stripe_xfer *x);
+
+/* Stops sending @x's chunks not yet started; @done then runs with -ECANCELED once no thread
+ * reads @x's memory. No-op once @done is queued. */
+void tpd_stripe_send_cancel(struct tpd_stripe *st, struct tpd_stripe_xfer *x);
+
+/*
+ * tpd_stripe_recv() - register @x as the destination of incoming chunks tagged @x->xfer_id.
+ * Chunks land at seg/offset; one that falls outside @x's segments is a protocol violation
+ * (on_error). @done runs with status 0 once all of @x's bytes have arrived, or as set by
+ * tpd_stripe_recv_expect(). A CMA write that fails (process gone: -ESRCH, bad address:
+ * -EFAULT) sets that status; the rest of the transfer is still drained from the sockets.
+ * @x: keeps @x (and its segments' memory) until @done.
+ * Return: 0, -EEXIST for a registered id, -ENOTCONN without connections (no @done).
+ */
+int tpd_stripe_recv(struct tpd_stripe *st, struct tpd_stripe_xfer *x);
+
+/* The sender ended @x after @bytes with @status (its PeerXferEnd): complete @x once @bytes have
+ * arrived, with @status (and @why). A status of 0 with all bytes is a no-op. */
+void tpd_stripe_recv_expect(struct tpd_stripe *st, struct tpd_stripe_xfer *x, uint64_t bytes,
+			    int status, const char *why);
+
+/* Stops writing into @x's memory: later chunks for it are read and dropped; @done runs with
+ * -ECANCELED once no thread writes @x's memory. No-op once @done is queued. */
+void tpd_stripe_recv_cancel(struct tpd_stripe *st, struct tpd_stripe_xfer *x);
+
+/* Bytes of chunk payload sent and received over all connections (approximate while running). */
+uint64_t tpd_stripe_bytes_sent(const struct tpd_stripe *st);
+uint64_t tpd_stripe_bytes_received(const struct tpd_stripe *st);
+
+/*
+ * tpd_stripe_free() - shut every connection down, join the threads, and run the @done of every
+ * transfer still registered or queued with -ECONNRESET ("peer link closed"), before returning,
+ * on the calling (loop) thread. Accepts NULL.
+ */
+void tpd_stripe_free(struct tpd_stripe *st);
+
+#endif
