@@ -44,6 +44,7 @@ struct tpd_peer {
 	bool outgoing;
 	bool authenticated;
 	bool hello_seen;
+	bool last_words; /* send_hello/send_ready: send at once (refusal) */
 	char key[300];	 /* "HOST:PORT" to match dials: as dialled, or remote address + port */
 	char host[256];	 /* the peer's host name */
 	struct bufferevent *bev;
@@ -193,6 +194,27 @@ int tpd_peer_send(struct tpd_peer *pr, Tpw__V1__PeerMsg *m, const struct iovec *
 	return 0;
 }
 
+/*
+ * Sends @m on the control socket at once, bypassing the bufferevent (whose buffer libevent
+ * drains only from the loop), for the last words before a close: a refusal, a goodbye. Only
+ * when nothing else is queued, so frames never interleave; otherwise queues it normally.
+ */
+static void send_now(struct tpd_peer *pr, Tpw__V1__PeerMsg *m)
+{
+	uint8_t buf[1024];
+	size_t n = tpw_frame_size(&m->base);
+
+	if (!pr->bev || pr->state == PEER_FAILED)
+		return;
+	if (evbuffer_get_length(bufferevent_get_output(pr->bev)) || n > sizeof(buf)) {
+		tpd_peer_send(pr, m, NULL, 0);
+		return;
+	}
+	tpw_frame_pack(&m->base, 0, 0, ++pr->seq_out, buf);
+	if (send(bufferevent_getfd(pr->bev), buf, n, MSG_NOSIGNAL | MSG_DONTWAIT) == (ssize_t)n)
+		pr->ctl_out += n;
+}
+
 /* ---- lifetime ------------------------------------------------------------------------------ */
 
 static void peer_teardown(struct tpd_peer *pr)
@@ -340,7 +362,10 @@ static void send_hello(struct tpd_peer *pr, Tpw__V1__Status st, const char *msg)
 	}
 	m.body_case = TPW__V1__PEER_MSG__BODY_HELLO;
 	m.hello = &h;
-	tpd_peer_send(pr, &m, NULL, 0);
+	if (pr->last_words)
+		send_now(pr, &m);
+	else
+		tpd_peer_send(pr, &m, NULL, 0);
 }
 
 static void send_ready(struct tpd_peer *pr, Tpw__V1__Status st, const char *msg, bool data_up)
@@ -354,7 +379,10 @@ static void send_ready(struct tpd_peer *pr, Tpw__V1__Status st, const char *msg,
 	r.data_up = data_up;
 	m.body_case = TPW__V1__PEER_MSG__BODY_READY;
 	m.ready = &r;
-	tpd_peer_send(pr, &m, NULL, 0);
+	if (pr->last_words)
+		send_now(pr, &m);
+	else
+		tpd_peer_send(pr, &m, NULL, 0);
 }
 
 /* Refuses the peer: tells it why (when it can still listen), logs, fails the link. */
@@ -362,12 +390,11 @@ static void refuse(struct tpd_peer *pr, bool as_hello, int err, const char *why)
 {
 	Tpw__V1__Status st = tpw_status_from_errno(err);
 
+	pr->last_words = true;
 	if (as_hello)
 		send_hello(pr, st, why);
 	else if (!pr->outgoing)
 		send_ready(pr, st, why, false);
-	if (pr->bev) /* best effort, the socket's buffer is empty this early */
-		evbuffer_write(bufferevent_get_output(pr->bev), bufferevent_getfd(pr->bev));
 	peer_fail(pr, err, "%s", why);
 }
 
@@ -1270,9 +1297,8 @@ static void say_goodbye(struct tpd_peer *pr)
 		if (!p->remote_id)
 			continue;
 		pc.pipe_id = p->remote_id;
-		tpd_peer_send(pr, &m, NULL, 0);
+		send_now(pr, &m);
 	}
-	evbuffer_write(bufferevent_get_output(pr->bev), bufferevent_getfd(pr->bev));
 }
 
 void tpd_peers_stop(struct tpd_daemon *d)
