@@ -1120,6 +1120,9 @@ static void peer_on_accept(evutil_socket_t lfd, short what, void *arg)
 			tpu_log_warn("peer accept failed: %m");
 		return;
 	}
+	/* Control frames are small and latency-bound: never wait for Nagle (data connections set
+	 * it again when they join a stripe). */
+	setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &(int){ 1 }, sizeof(int));
 	c = calloc(1, sizeof(*c));
 	if (!c) {
 		close(fd);
