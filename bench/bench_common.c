@@ -5,10 +5,15 @@
  */
 #include <errno.h>
 #include <fcntl.h>
+#include <netdb.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
 #include <poll.h>
+#include <sched.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/socket.h>
 #include <sys/wait.h>
 #include <time.h>
 #include <unistd.h>
@@ -267,6 +272,106 @@ int bench_reap(pid_t pid, const char *what)
 		fprintf(stderr, "bench: %s (pid %d) exited with status %d\n", what, (int)pid,
 			WEXITSTATUS(st));
 	return -ECHILD;
+}
+
+int bench_netns_enter(const char *name)
+{
+	char path[256];
+	int fd, r = 0;
+
+	snprintf(path, sizeof(path), "%s%s", strchr(name, '/') ? "" : "/run/netns/", name);
+	fd = open(path, O_RDONLY | O_CLOEXEC);
+	if (fd < 0 || setns(fd, CLONE_NEWNET) < 0) {
+		r = -errno;
+		fprintf(stderr, "bench: network namespace %s: %s\n", path, strerror(-r));
+	}
+	if (fd >= 0)
+		close(fd);
+	return r;
+}
+
+/* Resolves numeric @host and @port (0: any) into a stream-socket address. */
+static int tcp_addr(const char *host, int port, struct addrinfo **ret)
+{
+	struct addrinfo hints = { .ai_socktype = SOCK_STREAM,
+				  .ai_flags = AI_NUMERICHOST | AI_NUMERICSERV };
+	char serv[16];
+	int r;
+
+	snprintf(serv, sizeof(serv), "%d", port);
+	r = getaddrinfo(host, serv, &hints, ret);
+	if (r != 0) {
+		fprintf(stderr, "bench: address %s: %s\n", host, gai_strerror(r));
+		return -EINVAL;
+	}
+	return 0;
+}
+
+static void tcp_nodelay(int fd)
+{
+	int one = 1;
+
+	(void)setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
+}
+
+int bench_tcp_listen(const char *host, int *ret_fd, int *ret_port)
+{
+	struct sockaddr_storage ss;
+	socklen_t len = sizeof(ss);
+	struct addrinfo *ai;
+	int fd, r = tcp_addr(host, 0, &ai);
+
+	if (r < 0)
+		return r;
+	fd = socket(ai->ai_family, SOCK_STREAM | SOCK_CLOEXEC, 0);
+	if (fd < 0 || bind(fd, ai->ai_addr, ai->ai_addrlen) < 0 || listen(fd, 4) < 0 ||
+	    getsockname(fd, (struct sockaddr *)&ss, &len) < 0) {
+		r = -errno;
+		if (fd >= 0)
+			close(fd);
+		freeaddrinfo(ai);
+		return r;
+	}
+	freeaddrinfo(ai);
+	*ret_port = ntohs(ss.ss_family == AF_INET6 ? ((struct sockaddr_in6 *)&ss)->sin6_port :
+						     ((struct sockaddr_in *)&ss)->sin_port);
+	*ret_fd = fd;
+	return 0;
+}
+
+int bench_tcp_accept(int lfd, int *ret_fd)
+{
+	int fd;
+
+	do
+		fd = accept4(lfd, NULL, NULL, SOCK_CLOEXEC);
+	while (fd < 0 && errno == EINTR);
+	if (fd < 0)
+		return -errno;
+	tcp_nodelay(fd);
+	*ret_fd = fd;
+	return 0;
+}
+
+int bench_tcp_connect(const char *host, int port, int *ret_fd)
+{
+	struct addrinfo *ai;
+	int fd, r = tcp_addr(host, port, &ai);
+
+	if (r < 0)
+		return r;
+	fd = socket(ai->ai_family, SOCK_STREAM | SOCK_CLOEXEC, 0);
+	if (fd < 0 || connect(fd, ai->ai_addr, ai->ai_addrlen) < 0) {
+		r = -errno;
+		if (fd >= 0)
+			close(fd);
+		freeaddrinfo(ai);
+		return r;
+	}
+	freeaddrinfo(ai);
+	tcp_nodelay(fd);
+	*ret_fd = fd;
+	return 0;
 }
 
 void bench_table_header(const char *title)

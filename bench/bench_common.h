@@ -1,9 +1,10 @@
 /* SPDX-License-Identifier: BSD-3-Clause */
 /*
  * Helpers shared by the benchmark programs: a monotonic clock, order statistics, size parsing
- * and formatting, full reads and writes on raw fds, a counter that callbacks signal and the main
- * thread waits on, a fork helper with a readiness pipe, and the result table printer (aligned
- * text for people, tab-separated rows for bench/run.sh). Benchmarks print figures; nothing here
+ * and formatting, full reads and writes on raw fds, TCP sockets and network namespaces (for the
+ * raw baselines across daemons), a counter that callbacks signal and the main thread waits on, a
+ * fork helper with a readiness pipe, and the result table printer (aligned text for people,
+ * tab-separated rows for bench/run.sh). Benchmarks print figures; nothing here
  * decides pass or fail. Uses only the public libtpclient API, like any client would; C and C++
  * (tp_baseline) both include it.
  */
@@ -85,6 +86,25 @@ void bench_ready_send(int ready_fd, int status);
 int bench_ready_wait(int fd, int timeout_ms);
 /* Waits for @pid. Return: 0 if it exited 0, -ECHILD otherwise (a line goes to stderr). */
 int bench_reap(pid_t pid, const char *what);
+
+/*
+ * bench_netns_enter() - move the calling thread (call it before creating any other) into the
+ * network namespace @name: a name under /run/netns (as made by `ip netns add`) or a path.
+ * Return: 0 or -errno (a line goes to stderr).
+ */
+int bench_netns_enter(const char *name);
+
+/*
+ * bench_tcp_listen() - a TCP listening socket on numeric address @host (IPv4, or IPv6 without
+ * brackets) and port 0, i.e. a free port.
+ * @ret_fd: returns the owned socket, @ret_port: the port it got.
+ * Return: 0 or -errno.
+ */
+int bench_tcp_listen(const char *host, int *ret_fd, int *ret_port);
+/* Accepts one connection on @lfd with TCP_NODELAY. @ret_fd: owned. Return: 0 or -errno. */
+int bench_tcp_accept(int lfd, int *ret_fd);
+/* Connects to @host:@port with TCP_NODELAY. @ret_fd: owned. Return: 0 or -errno. */
+int bench_tcp_connect(const char *host, int port, int *ret_fd);
 
 /* Result table. In TSV mode each row is "case\tsize\tresult\tbaseline\tratio". */
 extern bool bench_tsv;

@@ -7,6 +7,9 @@
  * context, warms both up, then alternates blocks of raw and tpipd round trips (write, then
  * descriptor + read of the reply) so both series see the same background load. It prints median,
  * p90, p99 and min in microseconds and the ratio tpipd/raw; figures only, never a verdict.
+ * Across two daemons (bench/run_xhost.sh): the ponger attaches to another daemon (-r) and the
+ * parent connects to it by address (-a tpip://HOST:PORT/), and the raw baseline becomes a TCP
+ * ping-pong over HOST (-x), optionally with both pongers in another network namespace (-N).
  */
 #include <errno.h>
 #include <getopt.h>
@@ -14,6 +17,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/socket.h>
+#include <sys/types.h>
 #include <unistd.h>
 
 #include "bench_common.h"
@@ -40,6 +44,11 @@ struct lat_opts {
 	long warmup;
 	long block; /* round trips per alternation between raw and tpipd */
 	const char *socket_path;
+	const char *ponger_socket; /* the pongers' daemon (NULL: socket_path) */
+	const char *addr_prefix;   /* the parent connects to this + listener name */
+	const char *row_prefix;	   /* before every row's case name */
+	const char *tcp_host;	   /* raw baseline over TCP on this address, not a socketpair */
+	const char *netns;	   /* the pongers' network namespace (NULL: this one) */
 	const char *which;
 };
 
@@ -70,7 +79,27 @@ static size_t lat_case_bytes(const struct lat_case *c)
 	return sizeof(uint64_t) + c->payload_len + c->tensor_len;
 }
 
-/* ---- raw socketpair baseline ----------------------------------------------------------------- */
+/* ---- raw baseline: socketpair, or TCP ------------------------------------------------------ */
+
+/* The TCP ponger's start: listen on o->tcp_host, say the port, accept the parent. */
+static int raw_tcp_accept(struct lat_run *run, int ready_fd)
+{
+	int lfd, port, r = 0;
+
+	if (run->o->netns)
+		r = bench_netns_enter(run->o->netns);
+	if (r == 0)
+		r = bench_tcp_listen(run->o->tcp_host, &lfd, &port);
+	if (r < 0)
+		fprintf(stderr, "bench_latency: raw pong: listen on %s: %s\n", run->o->tcp_host,
+			strerror(-r));
+	bench_ready_send(ready_fd, r < 0 ? r : port);
+	if (r < 0)
+		return r;
+	r = bench_tcp_accept(lfd, &run->fd);
+	close(lfd);
+	return r;
+}
 
 static int raw_pong(void *arg, int ready_fd)
 {
@@ -79,7 +108,14 @@ static int raw_pong(void *arg, int ready_fd)
 	long total = run->o->warmup + run->o->iters;
 	char buf[sizeof(uint64_t) + 2 * LAT_DATA_MAX];
 
-	close(run->peer_fd); /* so that the parent closing its end reads as EOF here */
+	if (run->o->tcp_host) {
+		int r = raw_tcp_accept(run, ready_fd);
+
+		if (r < 0)
+			return r;
+	} else {
+		close(run->peer_fd); /* so that the parent closing its end reads as EOF here */
+	}
 	for (long i = 0; i < total; i++) {
 		int r = bench_read_full(run->fd, buf, n);
 
@@ -95,11 +131,32 @@ static int raw_pong(void *arg, int ready_fd)
 	return 0;
 }
 
+/* Forks the TCP ponger and connects to it; the parent keeps its socket in @st->raw_fd. */
+static int raw_tcp_start(struct lat_run *run, struct lat_pair *st)
+{
+	int ready_fd, port, r;
+
+	r = bench_spawn(raw_pong, run, &st->raw_pid, &ready_fd);
+	if (r < 0)
+		return r;
+	port = bench_ready_wait(ready_fd, LAT_TIMEOUT_MS);
+	close(ready_fd);
+	if (port <= 0)
+		return port < 0 ? port : -EPROTO;
+	r = bench_tcp_connect(run->o->tcp_host, port, &st->raw_fd);
+	if (r < 0)
+		fprintf(stderr, "bench_latency: raw ping: connect to %s port %d: %s\n",
+			run->o->tcp_host, port, strerror(-r));
+	return r;
+}
+
 /* Forks the raw ponger; the parent keeps one end of a socketpair in @st->raw_fd. */
 static int raw_start(struct lat_run *run, struct lat_pair *st)
 {
 	int sv[2], ready_fd, r;
 
+	if (run->o->tcp_host)
+		return raw_tcp_start(run, st);
 	if (socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sv) < 0)
 		return -errno;
 	run->fd = sv[1];
@@ -241,10 +298,14 @@ static int lat_pong(void *arg, int ready_fd)
 	struct lat_run *run = arg;
 	struct tp_context *ctx = NULL;
 	struct tp_listener *l = NULL;
+	const char *sock = run->o->ponger_socket ? run->o->ponger_socket : run->o->socket_path;
 	struct tp_pipe *p = NULL;
-	int r;
+	int r = 0;
 
-	r = bench_context_open(run->o->socket_path, 0, &ctx);
+	if (run->o->netns)
+		r = bench_netns_enter(run->o->netns);
+	if (r == 0)
+		r = bench_context_open(sock, 0, &ctx);
 	if (r == 0) {
 		r = tp_listen(ctx, run->listener, NULL, &l);
 		if (r < 0)
@@ -286,6 +347,7 @@ static int tp_rounds(struct lat_pair *st, const struct lat_case *c, long count, 
 /* Forks the tpipd ponger, then creates this process's context and connects to it. */
 static int tp_start(struct lat_run *run, struct lat_pair *st)
 {
+	char addr[256];
 	int ready_fd, r;
 
 	snprintf(run->listener, sizeof(run->listener), "bench-lat-%d-%c", (int)getpid(),
@@ -297,13 +359,14 @@ static int tp_start(struct lat_run *run, struct lat_pair *st)
 	close(ready_fd);
 	if (r == 0)
 		r = bench_context_open(run->o->socket_path, 0, &st->ctx);
+	snprintf(addr, sizeof(addr), "%s%s", run->o->addr_prefix, run->listener);
 	if (r == 0)
-		r = tp_connect(st->ctx, run->listener, &st->p);
+		r = tp_connect(st->ctx, addr, &st->p);
 	if (r == 0)
 		r = tp_pipe_wait_connected(st->p, LAT_TIMEOUT_MS);
 	if (r < 0 && st->p)
-		fprintf(stderr, "bench_latency: connect %s: %s (%s)\n", run->listener,
-			tp_strerror(r), tp_last_error());
+		fprintf(stderr, "bench_latency: connect %s: %s (%s)\n", addr, tp_strerror(r),
+			tp_last_error());
 	return r;
 }
 
@@ -356,15 +419,17 @@ static int lat_measure(struct lat_run *run, double *s_raw, double *s_tp)
 
 /* ---- driver ---------------------------------------------------------------------------------- */
 
-static void lat_print(const struct lat_case *c, struct bench_stats *tp, struct bench_stats *raw)
+static void lat_print(const struct lat_opts *o, const struct lat_case *c, struct bench_stats *tp,
+		      struct bench_stats *raw)
 {
-	char name[64], size[32], res[96], base[64], ratio[48];
+	char name[128], size[32], res[96], base[64], ratio[48];
 
-	snprintf(name, sizeof(name), "latency rtt %s", c->name);
+	snprintf(name, sizeof(name), "%slatency rtt %s", o->row_prefix, c->name);
 	bench_fmt_size(lat_case_bytes(c), size, sizeof(size));
 	snprintf(res, sizeof(res), "med %.1f p90 %.1f p99 %.1f min %.1f us", tp->median, tp->p90,
 		 tp->p99, tp->min);
-	snprintf(base, sizeof(base), "raw med %.1f p99 %.1f us", raw->median, raw->p99);
+	snprintf(base, sizeof(base), "raw%s med %.1f p99 %.1f us", o->tcp_host ? " tcp" : "",
+		 raw->median, raw->p99);
 	snprintf(ratio, sizeof(ratio), "%.2f (p99 %.2f)", tp->median / raw->median,
 		 tp->p99 / raw->p99);
 	bench_row(name, size, res, base, ratio);
@@ -383,11 +448,11 @@ static int lat_run_case(const struct lat_opts *o, const struct lat_case *c)
 	if (r == 0) {
 		bench_stats_compute(s_raw, (size_t)o->iters, &st_raw);
 		bench_stats_compute(s_tp, (size_t)o->iters, &st_tp);
-		lat_print(c, &st_tp, &st_raw);
+		lat_print(o, c, &st_tp, &st_raw);
 	} else {
-		char name[64];
+		char name[128];
 
-		snprintf(name, sizeof(name), "latency rtt %s", c->name);
+		snprintf(name, sizeof(name), "%slatency rtt %s", o->row_prefix, c->name);
 		bench_row(name, "-", "error (see stderr)", "-", "-");
 	}
 	free(s_raw);
@@ -398,13 +463,19 @@ static int lat_run_case(const struct lat_opts *o, const struct lat_case *c)
 static void usage(void)
 {
 	printf("usage: bench_latency [-n ITERS] [-w WARMUP] [-b BLOCK] [-c CASES] [-S SOCKET]\n"
-	       "                     [-t]\n"
+	       "                     [-r SOCKET] [-a PREFIX] [-x HOST] [-N NETNS] [-P PREFIX] [-t]\n"
 	       "  -n ITERS   timed round trips per case, for tpipd and for raw (default 20000)\n"
 	       "  -w WARMUP  untimed round trips first (default ITERS/10, at least 100)\n"
 	       "  -b BLOCK   round trips per alternation between raw and tpipd (default 1000)\n"
 	       "  -c CASES   any of a (8 B metadata), b (+64 B payload), c (+64 B CPU tensor);\n"
 	       "             default abc\n"
 	       "  -S SOCKET  tpipd socket (default: $TPIPD_SOCKET, then the library's rules)\n"
+	       "  -r SOCKET  the ponger's tpipd socket, when it is another daemon (default: -S)\n"
+	       "  -a PREFIX  connect to PREFIX + listener name, e.g. tpip://127.0.0.1:7421/\n"
+	       "  -x HOST    raw baseline: TCP ping-pong over numeric address HOST (the ponger\n"
+	       "             listens there), instead of a Unix socketpair\n"
+	       "  -N NETNS   both pongers run in this network namespace (name or path)\n"
+	       "  -P PREFIX  put PREFIX before every row's case name (e.g. \"xhost \")\n"
 	       "  -t         tab-separated rows, no header (for bench/run.sh)\n");
 }
 
@@ -412,14 +483,20 @@ static int parse_args(int argc, char **argv, struct lat_opts *o)
 {
 	int opt;
 
-	*o = (struct lat_opts){ .iters = 20000, .warmup = -1, .block = 1000, .which = "abc" };
-	while ((opt = getopt(argc, argv, "n:w:b:c:S:th")) != -1) {
+	*o = (struct lat_opts){ .iters = 20000, .warmup = -1, .block = 1000, .which = "abc",
+				.addr_prefix = "", .row_prefix = "" };
+	while ((opt = getopt(argc, argv, "n:w:b:c:S:r:a:x:N:P:th")) != -1) {
 		switch (opt) {
 		case 'n': o->iters = strtol(optarg, NULL, 10); break;
 		case 'b': o->block = strtol(optarg, NULL, 10); break;
 		case 'w': o->warmup = strtol(optarg, NULL, 10); break;
 		case 'c': o->which = optarg; break;
 		case 'S': o->socket_path = optarg; break;
+		case 'r': o->ponger_socket = optarg; break;
+		case 'a': o->addr_prefix = optarg; break;
+		case 'x': o->tcp_host = optarg; break;
+		case 'N': o->netns = optarg; break;
+		case 'P': o->row_prefix = optarg; break;
 		case 't': bench_tsv = true; break;
 		case 'h': usage(); exit(0);
 		default: usage(); return -EINVAL;

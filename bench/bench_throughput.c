@@ -9,7 +9,10 @@
  * flagged last and says so; the figure is bytes over that wall time. The baseline, measured in
  * the same run right before each phase, is single-thread memcpy of the same size between warm,
  * pre-faulted buffers; the 4 KiB message rate is compared with a raw socketpair stream of the same
- * bytes. It prints figures only; it never judges them.
+ * bytes. With -r and -a the reader attaches to another daemon and the writer connects to it by
+ * address (tpip://HOST:PORT/NAME), which measures a pipe across two daemons (bench/run_xhost.sh);
+ * -B then drops the same-host baselines, which that script replaces with its own. It prints
+ * figures only; it never judges them.
  */
 #include <errno.h>
 #include <getopt.h>
@@ -366,37 +369,50 @@ static int w_measure(struct wstate *ws, const struct opts *o, bool shm, size_t s
 
 /* ---- driver ---------------------------------------------------------------------------------- */
 
-/* An error row; @size 0: the kind could not start at all. */
-static void row_error(const char *name, size_t size)
+/* An error row; @size 0: the kind could not start at all (@name is then the kind's label). */
+static void row_error(const struct opts *o, const char *name, size_t size)
 {
-	char sz[32] = "-", full[128];
+	char sz[32] = "-", full[192];
 
 	if (size)
 		bench_fmt_size(size, sz, sizeof(sz));
 	else
-		snprintf(full, sizeof(full), "tput %s", name);
+		snprintf(full, sizeof(full), "%stput %s", o->row_prefix, name);
 	bench_row(size ? name : full, sz, "error (see stderr)", "-", "-");
+}
+
+/* The baseline and ratio columns: "@what @fig @unit" and @res / @fig, or "-" without baselines. */
+static void fmt_baseline(const struct opts *o, const char *what, double fig, const char *unit,
+			 double res, char *base, size_t base_len, char *ratio, size_t ratio_len)
+{
+	if (!o->baselines) {
+		snprintf(base, base_len, "-");
+		snprintf(ratio, ratio_len, "-");
+		return;
+	}
+	snprintf(base, base_len, "%s %.*f %s", what, fig >= 1000 ? 0 : 2, fig, unit);
+	snprintf(ratio, ratio_len, "%.3f", fig > 0 ? res / fig : 0);
 }
 
 static int run_tput(struct wstate *ws, const struct opts *o, const struct kind *k,
 		    const char *label, size_t size)
 {
-	char name[96], sz[32], res[96], base[48], ratio[24];
+	char name[160], sz[32], res[96], base[48], ratio[24];
 	struct phase_result pr;
-	double mc, gbps;
+	double mc = 0, gbps;
 	int r;
 
-	snprintf(name, sizeof(name), "tput %s k=%d", label, o->inflight);
-	mc = memcpy_gbps(size, o->min_s < 0.25 ? o->min_s : 0.25);
+	snprintf(name, sizeof(name), "%stput %s k=%d", o->row_prefix, label, o->inflight);
+	if (o->baselines)
+		mc = memcpy_gbps(size, o->min_s < 0.25 ? o->min_s : 0.25);
 	r = w_measure(ws, o, k->shm, size, o->inflight, &pr);
 	if (r < 0) {
-		row_error(name, size);
+		row_error(o, name, size);
 		return r;
 	}
 	gbps = (double)pr.msgs * (double)size / pr.secs / 1e9;
 	snprintf(res, sizeof(res), "%.2f GB/s (%ld msgs, %.2f s)", gbps, pr.msgs, pr.secs);
-	snprintf(base, sizeof(base), "memcpy %.2f GB/s", mc);
-	snprintf(ratio, sizeof(ratio), "%.3f", mc > 0 ? gbps / mc : 0);
+	fmt_baseline(o, "memcpy", mc, "GB/s", gbps, base, sizeof(base), ratio, sizeof(ratio));
 	bench_row(name, bench_fmt_size(size, sz, sizeof(sz)), res, base, ratio);
 	return 0;
 }
@@ -404,22 +420,23 @@ static int run_tput(struct wstate *ws, const struct opts *o, const struct kind *
 static int run_rate(struct wstate *ws, const struct opts *o, const struct kind *k,
 		    const char *label)
 {
-	char name[96], sz[32], res[96], base[48], ratio[24];
+	char name[160], sz[32], res[96], base[48], ratio[24];
 	struct phase_result pr;
-	double raw, rate;
+	double raw = 0, rate;
 	int r;
 
-	snprintf(name, sizeof(name), "rate %s k=%d", label, RATE_INFLIGHT);
-	raw = raw_rate(RATE_SIZE, o->min_s);
+	snprintf(name, sizeof(name), "%srate %s k=%d", o->row_prefix, label, RATE_INFLIGHT);
+	if (o->baselines)
+		raw = raw_rate(RATE_SIZE, o->min_s);
 	r = w_measure(ws, o, k->shm, RATE_SIZE, RATE_INFLIGHT, &pr);
 	if (r < 0) {
-		row_error(name, RATE_SIZE);
+		row_error(o, name, RATE_SIZE);
 		return r;
 	}
 	rate = (double)pr.msgs / pr.secs;
 	snprintf(res, sizeof(res), "%.0f msg/s (%ld msgs, %.2f s)", rate, pr.msgs, pr.secs);
-	snprintf(base, sizeof(base), "raw socketpair %.0f msg/s", raw);
-	snprintf(ratio, sizeof(ratio), "%.3f", raw > 0 ? rate / raw : 0);
+	fmt_baseline(o, "raw socketpair", raw, "msg/s", rate, base, sizeof(base), ratio,
+		     sizeof(ratio));
 	bench_row(name, bench_fmt_size(RATE_SIZE, sz, sizeof(sz)), res, base, ratio);
 	return 0;
 }
@@ -448,17 +465,20 @@ static int run_kind_phases(struct wstate *ws, const struct opts *o, const struct
 	return r;
 }
 
+/* Connects to the reader's @listener, through o->addr_prefix when the reader is elsewhere. */
 static int w_connect(struct wstate *ws, const struct opts *o, const struct kind *k,
 		     const char *listener)
 {
+	char addr[256];
 	int r = bench_context_open(o->socket_path, k->ctx_flags, &ws->ctx);
 
+	snprintf(addr, sizeof(addr), "%s%s", o->addr_prefix, listener);
 	if (r == 0)
-		r = tp_connect(ws->ctx, listener, &ws->p);
+		r = tp_connect(ws->ctx, addr, &ws->p);
 	if (r == 0)
 		r = tp_pipe_wait_connected(ws->p, TP_TIMEOUT_MS);
 	if (r < 0 && ws->p)
-		fprintf(stderr, "bench_throughput: connect %s: %s (%s)\n", listener, tp_strerror(r),
+		fprintf(stderr, "bench_throughput: connect %s: %s (%s)\n", addr, tp_strerror(r),
 			tp_last_error());
 	if (r == 0)
 		r = w_arm(ws);
@@ -485,7 +505,7 @@ static int run_kind(const struct opts *o, const struct kind *k)
 	if (r == 0)
 		r = run_kind_phases(&ws, o, k);
 	else
-		row_error(k->label, 0);
+		row_error(o, k->label, 0);
 	pthread_mutex_lock(&ws.mu);
 	ws.closing = true;
 	pthread_mutex_unlock(&ws.mu);
@@ -501,7 +521,8 @@ static int run_kind(const struct opts *o, const struct kind *k)
 static void usage(void)
 {
 	printf("usage: bench_throughput [-s SIZES] [-K KINDS] [-k N] [-T SECONDS] [-m MSGS]\n"
-	       "                        [-D WINDOW] [-R] [-S SOCKET] [-t]\n"
+	       "                        [-D WINDOW] [-R] [-B] [-S SOCKET] [-r SOCKET] [-a PREFIX]\n"
+	       "                        [-P PREFIX] [-t]\n"
 	       "  -s SIZES    comma list, K/M/G suffixes (default 4K,64K,1M,16M,64M,256M)\n"
 	       "  -K KINDS    comma list of shm, cma, staging (default all)\n"
 	       "  -k N        writes in flight (default 4, at most %d)\n"
@@ -509,7 +530,12 @@ static void usage(void)
 	       "  -m MSGS     minimum timed messages per size (default 8)\n"
 	       "  -D WINDOW   messages the reader may lag before the writer waits (default 64)\n"
 	       "  -R          skip the 4 KiB message-rate case\n"
+	       "  -B          no baselines (memcpy, raw socketpair): those columns say -\n"
 	       "  -S SOCKET   tpipd socket (default: $TPIPD_SOCKET, then the library's rules)\n"
+	       "  -r SOCKET   the reader's tpipd socket, when it is another daemon (default: -S)\n"
+	       "  -a PREFIX   the writer connects to PREFIX + listener name, e.g.\n"
+	       "              tpip://127.0.0.1:7421/ for a reader on another daemon (default: \"\")\n"
+	       "  -P PREFIX   put PREFIX before every row's case name (e.g. \"xhost \")\n"
 	       "  -t          tab-separated rows, no header (for bench/run.sh)\n", SLOTS_MAX);
 }
 
@@ -535,9 +561,10 @@ static int parse_args(int argc, char **argv, struct opts *o)
 	int opt, r = 0;
 
 	*o = (struct opts){ .kinds = "shm,cma,staging", .inflight = 4, .min_s = 0.5,
-			    .min_msgs = 8, .window = 64, .rate = true };
+			    .min_msgs = 8, .window = 64, .rate = true, .baselines = true,
+			    .addr_prefix = "", .row_prefix = "" };
 	parse_sizes("4K,64K,1M,16M,64M,256M", o);
-	while ((opt = getopt(argc, argv, "s:K:k:T:m:D:RS:th")) != -1 && r == 0) {
+	while ((opt = getopt(argc, argv, "s:K:k:T:m:D:RBS:r:a:P:th")) != -1 && r == 0) {
 		switch (opt) {
 		case 's': r = parse_sizes(optarg, o); break;
 		case 'K': o->kinds = optarg; break;
@@ -546,7 +573,11 @@ static int parse_args(int argc, char **argv, struct opts *o)
 		case 'm': o->min_msgs = strtol(optarg, NULL, 10); break;
 		case 'D': o->window = strtol(optarg, NULL, 10); break;
 		case 'R': o->rate = false; break;
+		case 'B': o->baselines = false; break;
 		case 'S': o->socket_path = optarg; break;
+		case 'r': o->reader_socket = optarg; break;
+		case 'a': o->addr_prefix = optarg; break;
+		case 'P': o->row_prefix = optarg; break;
 		case 't': bench_tsv = true; break;
 		case 'h': usage(); exit(0);
 		default: r = -EINVAL; break;

@@ -48,7 +48,11 @@ struct opts {
 	long min_msgs;
 	long window; /* messages the reader may be behind before the writer waits */
 	bool rate;
-	const char *socket_path;
+	bool baselines;		   /* memcpy and raw socketpair figures next to each row */
+	const char *socket_path;   /* the writer's daemon */
+	const char *reader_socket; /* the reader's daemon (NULL: socket_path) */
+	const char *addr_prefix;   /* the writer connects to this + listener name ("": local) */
+	const char *row_prefix;	   /* prepended to every row's case name */
 };
 
 /*

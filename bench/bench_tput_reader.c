@@ -249,10 +249,11 @@ static int r_loop(struct rstate *rs)
 
 static int r_accept(struct bench_tput_reader_arg *ra, struct rstate *rs, int ready_fd)
 {
+	const char *sock = ra->o->reader_socket ? ra->o->reader_socket : ra->o->socket_path;
 	struct tp_listener *l = NULL;
 	int r;
 
-	r = bench_context_open(ra->o->socket_path, ra->k->ctx_flags, &rs->ctx);
+	r = bench_context_open(sock, ra->k->ctx_flags, &rs->ctx);
 	if (r == 0) {
 		r = tp_listen(rs->ctx, ra->listener, NULL, &l);
 		if (r < 0)

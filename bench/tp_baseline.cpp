@@ -8,7 +8,11 @@
  * and of 8 B metadata + one 64 B CPU tensor (shm+basic); one-way throughput of one CPU tensor
  * per message with k writes in flight, credits from the reader, and a phase that ends when the
  * reader has read the message flagged last (shm+cma, then shm+basic), and the 4 KiB message
- * rate (shm+basic). Memory is private (malloc) on both sides. When a transport or channel is
+ * rate (shm+basic). On request (-c u, m), the same latency and throughput cases over TCP: the uv
+ * transport and the mpt channel with -L lanes, between -H (the peer) and -A (the driver's lanes),
+ * with the peer optionally in another network namespace (-N); bench/run_xhost.sh compares them
+ * with a pipe across two daemons. Memory is private (malloc) on both sides. When a transport or
+ * channel is
  * not viable here, or the pipe cannot be established, it says why and prints a "skipped" row.
  * Figures only, never a verdict; it measures nothing of tpipd and needs no daemon. This file
  * holds the pipe helpers, set-up, the latency case and the driver; tp_baseline_tput.cpp the
@@ -166,13 +170,53 @@ template <typename T> static void drop(std::shared_ptr<T> &x)
 	}
 }
 
+/* "HOST:PORT", with brackets around an IPv6 HOST: the uv transport's address syntax. */
+static std::string host_port(const std::string &host, int port)
+{
+	bool v6 = host.find(':') != std::string::npos;
+
+	return (v6 ? "[" + host + "]" : host) + ":" + std::to_string(port);
+}
+
+/*
+ * A context with the uv transport and the mpt channel over o.lanes uv lanes, each listening on
+ * @host (the address the other process reaches this one at), or nullptr and @why.
+ */
+static std::shared_ptr<tp::Context> make_uv_context(const Session &s, const char *name,
+						     const std::string &host, std::string &why)
+{
+	std::shared_ptr<tp::transport::Context> uv = tp::transport::uv::create();
+	std::vector<std::shared_ptr<tp::transport::Context>> lanes;
+	std::vector<std::shared_ptr<tp::transport::Listener>> listeners;
+
+	if (!uv->isViable()) {
+		why = "TensorPipe's uv transport is not viable here";
+		drop(uv);
+		return nullptr;
+	}
+	for (int i = 0; i < s.o->lanes; i++) {
+		lanes.push_back(tp::transport::uv::create());
+		listeners.push_back(lanes.back()->listen(host_port(host, 0)));
+	}
+	auto ch = tp::channel::mpt::create(std::move(lanes), std::move(listeners));
+	auto ctx = std::make_shared<tp::Context>(tp::ContextOptions().name(name));
+	ctx->registerTransport(0, "uv", uv);
+	ctx->registerChannel(0, "mpt", ch);
+	return ctx;
+}
+
 /* A context with the shm transport and the session's channel, or nullptr and @why. */
 static std::shared_ptr<tp::Context> try_make_context(const Session &s, const char *name,
-						      std::string &why)
+						      bool peer, std::string &why)
 {
 	std::shared_ptr<tp::transport::Context> shm;
 	std::shared_ptr<tp::channel::Context> ch;
 
+	if (strcmp(s.transport, "uv") == 0)
+		return make_uv_context(s, name,
+				       peer || s.o->driver_host.empty() ? s.o->peer_host :
+									  s.o->driver_host,
+				       why);
 #if TENSORPIPE_HAS_SHM_TRANSPORT
 	shm = tp::transport::shm::create();
 #endif
@@ -201,11 +245,12 @@ static std::shared_ptr<tp::Context> try_make_context(const Session &s, const cha
 	return ctx;
 }
 
-static std::shared_ptr<tp::Context> make_context(const Session &s, const char *name,
+/* @peer: for the listening process (its lanes listen on the peer's address). */
+static std::shared_ptr<tp::Context> make_context(const Session &s, const char *name, bool peer,
 						  std::string &why)
 {
 	try {
-		return try_make_context(s, name, why);
+		return try_make_context(s, name, peer, why);
 	} catch (const std::exception &e) {
 		why = std::string("TensorPipe set-up: ") + e.what();
 		return nullptr;
@@ -390,6 +435,19 @@ static void skip_rows(const Session &s, const std::string &why)
 	bench_row(name, "-", res.c_str(), "-", "-");
 }
 
+/* What the peer tells the driver once it listens: 0, or for uv the TCP port it got. */
+static int peer_ready_value(const Session &s, const tp::Listener &l)
+{
+	std::string url;
+	size_t colon;
+
+	if (strcmp(s.transport, "uv") != 0)
+		return 0;
+	url = l.url("uv");
+	colon = url.rfind(':');
+	return colon == std::string::npos ? -EPROTO : atoi(url.c_str() + colon + 1);
+}
+
 /* The forked peer: listens, accepts one pipe, serves it until the driver quits. */
 static int peer_main(void *arg, int ready_fd)
 {
@@ -398,15 +456,19 @@ static int peer_main(void *arg, int ready_fd)
 	std::string why;
 	int r = 0;
 
+	if (!s.o->netns.empty() && bench_netns_enter(s.o->netns.c_str()) < 0) {
+		bench_ready_send(ready_fd, -EIO);
+		return -EIO;
+	}
 	try {
-		c.ctx = make_context(s, "tp_baseline-peer", why);
+		c.ctx = make_context(s, "tp_baseline-peer", true, why);
 		if (!c.ctx) {
 			fprintf(stderr, "tp_baseline: %s: %s\n", s.label, why.c_str());
 			bench_ready_send(ready_fd, -EOPNOTSUPP);
 			return 0;
 		}
 		c.listener = c.ctx->listen({ s.addr });
-		bench_ready_send(ready_fd, 0);
+		bench_ready_send(ready_fd, peer_ready_value(s, *c.listener));
 		c.listener->accept([&c](const tp::Error &e, std::shared_ptr<tp::Pipe> p) {
 			std::lock_guard<std::mutex> lk(c.mu);
 
@@ -446,7 +508,7 @@ static int drive(Session &s, bool &skipped)
 	std::string why;
 	int r;
 
-	c.ctx = make_context(s, "tp_baseline-driver", why);
+	c.ctx = make_context(s, "tp_baseline-driver", false, why);
 	if (!c.ctx) {
 		skipped = true;
 		skip_rows(s, why);
@@ -456,7 +518,8 @@ static int drive(Session &s, bool &skipped)
 	r = hello(c);
 	if (r < 0) {
 		skipped = true;
-		skip_rows(s, "no pipe over shm+" + std::string(s.channel) + ": " + c.why);
+		skip_rows(s, "no pipe over " + std::string(s.transport) + "+" + s.channel + ": " +
+				     c.why);
 		r = 0;
 	} else {
 		r = s.latency ? lat_drive(c, *s.o, s) : tput_drive(c, *s.o, s);
@@ -467,11 +530,14 @@ static int drive(Session &s, bool &skipped)
 
 static int run_session(Session &s)
 {
-	bool skipped = false;
+	bool skipped = false, uv = strcmp(s.transport, "uv") == 0;
 	int ready_fd, r;
 	pid_t pid;
 
-	snprintf(s.addr, sizeof(s.addr), "shm://tp_baseline-%d-%c", (int)getpid(), s.key);
+	if (uv)
+		snprintf(s.addr, sizeof(s.addr), "uv://%s", host_port(s.o->peer_host, 0).c_str());
+	else
+		snprintf(s.addr, sizeof(s.addr), "shm://tp_baseline-%d-%c", (int)getpid(), s.key);
 	r = bench_spawn(peer_main, &s, &pid, &ready_fd);
 	if (r < 0) {
 		fprintf(stderr, "tp_baseline: fork: %s\n", strerror(-r));
@@ -479,11 +545,16 @@ static int run_session(Session &s)
 	}
 	r = bench_ready_wait(ready_fd, kTimeoutMs);
 	close(ready_fd);
+	if (uv && r > 0) {
+		/* The peer listens on port r now: that is where the driver connects. */
+		snprintf(s.addr, sizeof(s.addr), "uv://%s", host_port(s.o->peer_host, r).c_str());
+		r = 0;
+	}
 	if (r == -EOPNOTSUPP) {
 		std::string why;
 
 		/* The peer has said why on stderr; the same check here names it in the table. */
-		if (make_context(s, "tp_baseline-probe", why))
+		if (make_context(s, "tp_baseline-probe", false, why))
 			why = "not viable in the peer process (see stderr)";
 		skip_rows(s, why);
 		return bench_reap(pid, "peer");
@@ -514,9 +585,11 @@ static int run_session(Session &s)
 static void usage()
 {
 	printf("usage: tp_baseline [-c CASES] [-n ITERS] [-w WARMUP] [-s SIZES] [-k N]\n"
-	       "                   [-T SECONDS] [-m MSGS] [-D WINDOW] [-R] [-t]\n"
+	       "                   [-T SECONDS] [-m MSGS] [-D WINDOW] [-R] [-L LANES] [-H HOST]\n"
+	       "                   [-A HOST] [-N NETNS] [-t]\n"
 	       "  -c CASES    any of l (latency, shm+basic), c (throughput, shm+cma),\n"
-	       "              b (throughput and 4 KiB rate, shm+basic); default lcb\n"
+	       "              b (throughput and 4 KiB rate, shm+basic), u (latency, uv+mpt),\n"
+	       "              m (throughput, uv+mpt); default lcb\n"
 	       "  -n ITERS    timed round trips per latency case (default 20000)\n"
 	       "  -w WARMUP   untimed round trips first (default ITERS/10, at least 100)\n"
 	       "  -s SIZES    comma list, K/M/G suffixes (default 4K,64K,1M,16M,64M,256M)\n"
@@ -525,6 +598,10 @@ static void usage()
 	       "  -m MSGS     minimum timed messages per size (default 8)\n"
 	       "  -D WINDOW   messages the reader may lag before the writer waits (default 64)\n"
 	       "  -R          skip the 4 KiB message-rate case\n"
+	       "  -L LANES    uv+mpt: mpt lanes (TCP connections for tensors; default 4)\n"
+	       "  -H HOST     uv+mpt: numeric address the peer listens on (default 127.0.0.1)\n"
+	       "  -A HOST     uv+mpt: numeric address the driver's lanes listen on (default -H)\n"
+	       "  -N NETNS    uv+mpt: the peer runs in this network namespace (name or path)\n"
 	       "  -t          tab-separated rows, no header (for bench/run.sh)\n",
 	       kSlotsMax);
 }
@@ -553,7 +630,7 @@ static int parse_args(int argc, char **argv, Opts &o)
 {
 	int opt, r = parse_sizes("4K,64K,1M,16M,64M,256M", o);
 
-	while ((opt = getopt(argc, argv, "c:n:w:s:k:T:m:D:Rth")) != -1 && r == 0) {
+	while ((opt = getopt(argc, argv, "c:n:w:s:k:T:m:D:RL:H:A:N:th")) != -1 && r == 0) {
 		switch (opt) {
 		case 'c': o.cases = optarg; break;
 		case 'n': o.iters = strtol(optarg, nullptr, 10); break;
@@ -564,13 +641,18 @@ static int parse_args(int argc, char **argv, Opts &o)
 		case 'm': o.min_msgs = strtol(optarg, nullptr, 10); break;
 		case 'D': o.window = strtol(optarg, nullptr, 10); break;
 		case 'R': o.rate = false; break;
+		case 'L': o.lanes = atoi(optarg); break;
+		case 'H': o.peer_host = optarg; break;
+		case 'A': o.driver_host = optarg; break;
+		case 'N': o.netns = optarg; break;
 		case 't': bench_tsv = true; break;
 		case 'h': usage(); exit(0);
 		default: r = -EINVAL; break;
 		}
 	}
 	if (r == 0 && (o.iters <= 0 || o.inflight < 1 || o.inflight > kSlotsMax || o.min_s < 0 ||
-		       o.min_msgs < 1 || o.window < 1 || optind != argc))
+		       o.min_msgs < 1 || o.window < 1 || o.lanes < 1 || o.lanes > 64 ||
+		       optind != argc))
 		r = -EINVAL;
 	if (r < 0)
 		usage();
@@ -587,16 +669,18 @@ int main(int argc, char **argv)
 
 	Opts o;
 	Session sessions[] = {
-		{ 'l', "tensorpipe shm+basic", "basic", true, false, &o, "" },
-		{ 'c', "tensorpipe shm+cma", "cma", false, false, &o, "" },
-		{ 'b', "tensorpipe shm+basic", "basic", false, true, &o, "" },
+		{ 'l', "tensorpipe shm+basic", "shm", "basic", true, false, &o, "" },
+		{ 'c', "tensorpipe shm+cma", "shm", "cma", false, false, &o, "" },
+		{ 'b', "tensorpipe shm+basic", "shm", "basic", false, true, &o, "" },
+		{ 'u', "tensorpipe uv+mpt", "uv", "mpt", true, false, &o, "" },
+		{ 'm', "tensorpipe uv+mpt", "uv", "mpt", false, false, &o, "" },
 	};
 	int failed = 0;
 
 	if (parse_args(argc, argv, o) < 0)
 		return 2;
-	bench_table_header("TensorPipe baseline: latency (shm+basic), one-way throughput "
-			   "(shm+cma, shm+basic), private memory");
+	bench_table_header("TensorPipe baseline: latency (shm+basic, uv+mpt), one-way throughput "
+			   "(shm+cma, shm+basic, uv+mpt), private memory");
 	/* Sessions are independent: a failure in one does not stop the next. */
 	for (auto &s : sessions)
 		if (o.cases.find(s.key) != std::string::npos && run_session(s) < 0)

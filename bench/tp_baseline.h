@@ -44,6 +44,11 @@ struct Opts {
 	long window = 64;
 	bool rate = true;
 	std::string cases = "lcb";
+	/* uv+mpt sessions (u, m): TCP between the processes */
+	int lanes = 4;			     /* mpt lanes, each its own uv context and connection */
+	std::string peer_host = "127.0.0.1"; /* the peer listens (pipe and lanes) here */
+	std::string driver_host;	     /* the driver's lanes listen here ("": peer_host) */
+	std::string netns;		     /* the peer's network namespace ("": this one) */
 };
 
 struct Slot {
@@ -87,10 +92,11 @@ struct Conn {
 
 struct Session {
 	char key;
-	const char *label;   /* row prefix, e.g. "tensorpipe shm+basic" */
-	const char *channel; /* "basic" or "cma" */
-	bool latency;	     /* latency ping-pong, else throughput */
-	bool rate;	     /* throughput: also the 4 KiB message rate */
+	const char *label;     /* row prefix, e.g. "tensorpipe shm+basic" */
+	const char *transport; /* "shm" or "uv" */
+	const char *channel;   /* "basic", "cma" or "mpt" */
+	bool latency;	       /* latency ping-pong, else throughput */
+	bool rate;	       /* throughput: also the 4 KiB message rate */
 	const Opts *o;
 	char addr[96];
 };
