@@ -1172,7 +1172,8 @@ static void xh_send_done(struct tpd_stripe_xfer *x)
 	Tpw__V1__PeerXferEnd xe = TPW__V1__PEER_XFER_END__INIT;
 	Tpw__V1__PeerMsg pm = TPW__V1__PEER_MSG__INIT;
 	Tpw__V1__Status st = tpw_status_from_errno(x->status);
-	char why[160];
+	Tpw__V1__Status early;
+	char why[160], early_why[160];
 
 	snprintf(why, sizeof(why), "%s", x->status < 0 ? x->why : "");
 	if (end_dying(w)) {
@@ -1196,9 +1197,11 @@ static void xh_send_done(struct tpd_stripe_xfer *x)
 	if (st != TPW__V1__STATUS__STATUS_OK)
 		pipe_log(w->pipe, NULL, TPU_LOG_INFO, "message %llu: send failed: %s",
 			 (unsigned long long)m->msg_id, why);
-	xh_finish(m, xh);
-	if (xh->early)
-		msg_consumed(m, xh->early, xh->early_why);
+	early = xh->early;
+	snprintf(early_why, sizeof(early_why), "%s", xh->early_why);
+	xh_finish(m, xh); /* frees @xh */
+	if (early)
+		msg_consumed(m, early, early_why);
 	else if (st != TPW__V1__STATUS__STATUS_OK)
 		msg_consumed(m, st, why);
 	/* else: the write completes when the reader's daemon says PeerConsumed. */
@@ -1271,8 +1274,8 @@ static void xh_start(struct tpd_msg *m)
 		xh->started = true;
 		return;
 	}
-	/* Not started: complete it as failed now. */
-	xh->x.status = r;
+	/* Not started: the link is gone or going (its pipes learn why next). */
+	xh->x.status = r == -ENOTCONN ? -ECONNRESET : r;
 	snprintf(xh->x.why, sizeof(xh->x.why), "peer link down");
 	xh->x.done(&xh->x);
 }
