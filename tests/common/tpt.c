@@ -394,6 +394,7 @@ static void reaper_run(struct tpt_daemon *d, int fd)
 		_exit(0);
 	for (unsigned round = 0; round < 400 && kill(d->pid, 0) == 0; round++)
 		tpt_backoff(round);
+	signal(SIGPIPE, SIG_IGN); /* stderr may be a pipe whose reader is gone: still clean up */
 	tpt_log("test process ended without stopping tpipd %d", (int)d->pid);
 	tpt_daemon_dump_log(d);
 	rm_tree(d->dir);
@@ -632,6 +633,129 @@ void tpt_daemon_dump_log(const struct tpt_daemon *d)
 			break;
 	tpt_log("---- end of tpipd log ----");
 	close(fd);
+}
+
+int tpt_daemon_kill(struct tpt_daemon *d)
+{
+	if (d->pid <= 0)
+		return -ECHILD;
+	kill(d->pid, SIGKILL);
+	tpt_wait(d->pid, TPT_STOP_TIMEOUT_MS, NULL);
+	if (getenv("TPT_DAEMON_LOG"))
+		tpt_daemon_dump_log(d);
+	d->pid = -1;
+	rm_tree(d->dir);
+	d->dir[0] = '\0';
+	reaper_stop(d);
+	return 0;
+}
+
+/* Copies the first log line containing @needle into @line (if not NULL). Return: found. */
+static bool log_find(const struct tpt_daemon *d, const char *needle, char *line, size_t len)
+{
+	FILE *f = fopen(d->log, "re");
+	char *buf = NULL;
+	size_t cap = 0;
+	bool found = false;
+
+	if (!f)
+		return false;
+	while (!found && getline(&buf, &cap, f) > 0) {
+		if (!strstr(buf, needle))
+			continue;
+		found = true;
+		buf[strcspn(buf, "\n")] = '\0';
+		if (line && len)
+			snprintf(line, len, "%s", buf);
+	}
+	free(buf);
+	fclose(f);
+	return found;
+}
+
+bool tpt_daemon_log_has(const struct tpt_daemon *d, const char *needle)
+{
+	return log_find(d, needle, NULL, 0);
+}
+
+int tpt_daemon_wait_log(const struct tpt_daemon *d, const char *needle, int timeout_ms,
+			char *ret_line, size_t line_len)
+{
+	uint64_t deadline = tpt_now_ms() + (uint64_t)timeout_ms;
+
+	for (unsigned round = 0;; round++) {
+		bool alive = tpt_daemon_alive(d);
+
+		/* Checked after the liveness probe: a daemon that logged and then died counts. */
+		if (log_find(d, needle, ret_line, line_len))
+			return 0;
+		if (!alive)
+			return -ECHILD;
+		if (tpt_now_ms() >= deadline)
+			return -ETIMEDOUT;
+		tpt_backoff(round);
+	}
+}
+
+int tpt_daemon_peer_port(const struct tpt_daemon *d, int timeout_ms)
+{
+	static const char key[] = "peer listener on ";
+	char line[512], *addr, *colon;
+	long port;
+	int r = tpt_daemon_wait_log(d, key, timeout_ms, line, sizeof(line));
+
+	if (r < 0)
+		return r;
+	/* "<5>peer listener on 127.0.0.1:41234 (no key: ...)" or "... on [::1]:7420 ..." */
+	addr = strstr(line, key) + strlen(key);
+	addr[strcspn(addr, " ")] = '\0';
+	colon = strrchr(addr, ':');
+	if (!colon)
+		return -EBADMSG;
+	port = strtol(colon + 1, NULL, 10);
+	return port > 0 && port < 65536 ? (int)port : -EBADMSG;
+}
+
+int tpt_daemon_start_peer(struct tpt_daemon *d, const char *const *extra_args)
+{
+	const char *argv[64] = { "--peer-listen", "127.0.0.1:0", "--peer-force-cross-host" };
+	size_t n = 3;
+	int r;
+
+	for (size_t i = 0; extra_args && extra_args[i] && n < 63; i++)
+		argv[n++] = extra_args[i];
+	argv[n] = NULL;
+	r = tpt_daemon_start(d, argv);
+	if (r < 0)
+		return r;
+	r = tpt_daemon_peer_port(d, TPT_START_TIMEOUT_MS);
+	if (r < 0) {
+		tpt_log("tpipd %d logged no peer listener port: %s", (int)d->pid, strerror(-r));
+		tpt_daemon_dump_log(d);
+		tpt_daemon_kill(d);
+		return r;
+	}
+	d->peer_port = r;
+	return 0;
+}
+
+int tpt_daemon_pair_start(struct tpt_daemon *a, const char *const *extra_a, struct tpt_daemon *b,
+			  const char *const *extra_b)
+{
+	int r = tpt_daemon_start_peer(a, extra_a);
+
+	if (r < 0)
+		return r;
+	r = tpt_daemon_start_peer(b, extra_b);
+	if (r < 0)
+		tpt_daemon_kill(a);
+	return r;
+}
+
+char *tpt_peer_address(const struct tpt_daemon *d, const char *name, char *buf, size_t len)
+{
+	snprintf(buf, len, "tpip://127.0.0.1:%d/%s", d->peer_port, name);
+	return buf;
 }
 
 int tpt_daemon_open_to_all(const struct tpt_daemon *d)

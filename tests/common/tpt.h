@@ -28,12 +28,15 @@ struct tpt_daemon {
 	char log[128];	  /* the daemon's stderr */
 	pid_t reaper;	  /* cleans up if the test process dies first */
 	int reaper_fd;
+	int peer_port;	  /* bound peer listener port (tpt_daemon_start_peer), else 0 */
 };
 
 /*
- * tpt_daemon_start() - start $TPIPD_BIN --socket DIR/tpipd.sock --config DIR/tpipd.conf (an empty
- * file) plus @extra_args, with stderr to DIR/tpipd.log, and wait until its socket accepts
- * connections. The daemon gets PR_SET_PDEATHSIG(SIGKILL), so it dies with the test process.
+ * tpt_daemon_start() - start $TPIPD_BIN --socket DIR/tpipd.sock --config DIR/tpipd.conf (a file
+ * holding only "[peer] listen = off", so that no test binds the default "*:7420"; a
+ * --peer-listen flag in @extra_args wins) plus @extra_args, with stderr to DIR/tpipd.log, and
+ * wait until its socket accepts connections. The daemon gets PR_SET_PDEATHSIG(SIGKILL), so it
+ * dies with the test process.
  * @extra_args: NULL-terminated list of further arguments, or NULL (borrowed).
  * Return: 0; -ENOENT if TPIPD_BIN is not set; -ETIMEDOUT or -ECHILD (exited early) with the log
  * printed to stderr; other -errno. On failure nothing is left running.
@@ -69,6 +72,57 @@ int tpt_daemon_fd_settle(const struct tpt_daemon *d, int quiet_ms, int timeout_m
  * Return: the final count (<= @max), or -ETIMEDOUT (the last count is printed).
  */
 int tpt_daemon_wait_fds(const struct tpt_daemon *d, int max, int timeout_ms);
+
+/*
+ * tpt_daemon_kill() - SIGKILL the daemon (as a crash would), reap it and remove its temp
+ * directory. Prints the log first when $TPT_DAEMON_LOG is set.
+ * Return: 0, or -ECHILD if it was not running.
+ */
+int tpt_daemon_kill(struct tpt_daemon *d);
+
+/*
+ * tpt_daemon_wait_log() - poll the daemon's log until a line contains @needle.
+ * @ret_line: the first such line without its newline (truncated to @line_len), or NULL.
+ * Return: 0; -ETIMEDOUT after @timeout_ms; -ECHILD if the daemon exited without logging it.
+ */
+int tpt_daemon_wait_log(const struct tpt_daemon *d, const char *needle, int timeout_ms,
+			char *ret_line, size_t line_len);
+
+/* True if the daemon's log holds a line containing @needle now. */
+bool tpt_daemon_log_has(const struct tpt_daemon *d, const char *needle);
+
+/* ---- peering (cross-host pipes between two daemons on this machine) ------------------------ */
+
+/*
+ * tpt_daemon_peer_port() - the TCP port the daemon's peer listener is bound to, learnt from its
+ * log line "peer listener on ADDR:PORT" (logged before the daemon accepts clients; polled up to
+ * @timeout_ms in case a wrapper delays it).
+ * Return: the port (1..65535); -ETIMEDOUT or -ECHILD as tpt_daemon_wait_log(); -EBADMSG if the
+ * line names no port.
+ */
+int tpt_daemon_peer_port(const struct tpt_daemon *d, int timeout_ms);
+
+/*
+ * tpt_daemon_start_peer() - tpt_daemon_start() with "--peer-listen 127.0.0.1:0
+ * --peer-force-cross-host" before @extra_args (a later --peer-listen in @extra_args wins), then
+ * learn the bound port into @d->peer_port. The daemon treats other daemons on this machine as
+ * remote hosts, so two of them exercise the whole cross-host path over loopback.
+ * Return: 0 or -errno (nothing left running).
+ */
+int tpt_daemon_start_peer(struct tpt_daemon *d, const char *const *extra_args);
+
+/*
+ * tpt_daemon_pair_start() - start @a and @b with tpt_daemon_start_peer(), each with its own
+ * extra arguments (NULL: none). Return: 0 or -errno (then neither is left running).
+ */
+int tpt_daemon_pair_start(struct tpt_daemon *a, const char *const *extra_a, struct tpt_daemon *b,
+			  const char *const *extra_b);
+
+/*
+ * tpt_peer_address() - write "tpip://127.0.0.1:PORT/NAME" for listener @name on the daemon @d
+ * (started with tpt_daemon_start_peer()) into @buf. Return: @buf.
+ */
+char *tpt_peer_address(const struct tpt_daemon *d, const char *name, char *buf, size_t len);
 
 /* Copies the daemon's log to stderr (for failure diagnostics). */
 void tpt_daemon_dump_log(const struct tpt_daemon *d);

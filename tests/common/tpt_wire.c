@@ -1,8 +1,10 @@
 /* SPDX-License-Identifier: BSD-3-Clause */
 /*
- * Raw frames over a Unix socket for tests. See tpt_wire.h.
+ * Raw frames over a Unix socket or a TCP connection to a peer port, for tests. See tpt_wire.h.
  */
+#include <arpa/inet.h>
 #include <errno.h>
+#include <netinet/in.h>
 #include <poll.h>
 #include <stdlib.h>
 #include <string.h>
@@ -121,22 +123,37 @@ static int read_full(int fd, void *buf, size_t len, uint64_t deadline)
 	return 0;
 }
 
-static int recv_frame(struct tpt_raw *r, uint64_t deadline, Tpw__V1__DaemonMsg **ret,
-		      uint8_t **ret_tail, uint32_t *ret_tail_len)
+/* Reads one frame's header and body (message + data tail) into owned @ret_body. */
+static int recv_frame_bytes(struct tpt_raw *r, uint64_t deadline, struct tpw_hdr *h,
+			    uint8_t **ret_body)
 {
 	uint8_t hb[TPW_HDR_SIZE], *body;
-	struct tpw_hdr h;
 	int e = read_full(r->fd, hb, sizeof(hb), deadline);
 
 	if (e < 0)
 		return e;
-	e = tpw_hdr_parse(hb, TPW_FRAME_MAX_HARD, &h);
+	e = tpw_hdr_parse(hb, TPW_FRAME_MAX_HARD, h);
 	if (e < 0)
 		return e;
-	body = malloc((size_t)h.msg_len + h.data_len + 1);
+	body = malloc((size_t)h->msg_len + h->data_len + 1);
 	if (!body)
 		return -ENOMEM;
-	e = read_full(r->fd, body, (size_t)h.msg_len + h.data_len, deadline);
+	e = read_full(r->fd, body, (size_t)h->msg_len + h->data_len, deadline);
+	if (e < 0) {
+		free(body);
+		return e;
+	}
+	*ret_body = body;
+	return 0;
+}
+
+static int recv_frame(struct tpt_raw *r, uint64_t deadline, Tpw__V1__DaemonMsg **ret,
+		      uint8_t **ret_tail, uint32_t *ret_tail_len)
+{
+	uint8_t *body = NULL;
+	struct tpw_hdr h;
+	int e = recv_frame_bytes(r, deadline, &h, &body);
+
 	if (e == 0)
 		e = tpw_daemon_msg_unpack(body, h.msg_len, ret);
 	if (e == 0 && ret_tail) {
@@ -221,4 +238,54 @@ int tpt_raw_wait_closed(struct tpt_raw *r, int timeout_ms)
 		if (n < 0 && errno != EINTR && errno != EAGAIN)
 			return -errno;
 	}
+}
+
+/* ---- peer port (TCP) -------------------------------------------------------------------- */
+
+int tpt_raw_connect_tcp(struct tpt_raw *r, const char *ip, int port)
+{
+	struct sockaddr_in sin = { .sin_family = AF_INET, .sin_port = htons((uint16_t)port) };
+	int e;
+
+	r->seq = 0;
+	if (inet_pton(AF_INET, ip, &sin.sin_addr) != 1) {
+		r->fd = -1;
+		return -EINVAL;
+	}
+	r->fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+	if (r->fd < 0)
+		return -errno;
+	if (connect(r->fd, (struct sockaddr *)&sin, sizeof(sin)) < 0) {
+		e = -errno;
+		close(r->fd);
+		r->fd = -1;
+		return e;
+	}
+	return 0;
+}
+
+int tpt_raw_send_peer(struct tpt_raw *r, const Tpw__V1__PeerMsg *msg)
+{
+	size_t n = tpw_frame_size(&msg->base);
+	uint8_t *buf = malloc(n);
+	int e;
+
+	if (!buf)
+		return -ENOMEM;
+	n = tpw_frame_pack(&msg->base, 0, 0, ++r->seq, buf);
+	e = tpt_raw_send_bytes(r, buf, n, NULL, 0);
+	free(buf);
+	return e;
+}
+
+int tpt_raw_recv_peer(struct tpt_raw *r, int timeout_ms, Tpw__V1__PeerMsg **ret)
+{
+	uint8_t *body = NULL;
+	struct tpw_hdr h;
+	int e = recv_frame_bytes(r, tpt_now_ms() + (uint64_t)timeout_ms, &h, &body);
+
+	if (e == 0)
+		e = tpw_peer_msg_unpack(body, h.msg_len, ret);
+	free(body);
+	return e;
 }

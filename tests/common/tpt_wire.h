@@ -2,7 +2,9 @@
 /*
  * Raw wire access for tests that must send what libtpclient never would: a plain Unix stream
  * connection to tpipd that sends hand-built frames (valid or broken, with or without fds) and
- * receives daemon frames with deadlines. Uses proto/frame.h to pack and unpack.
+ * receives daemon frames with deadlines; and a plain TCP connection to a daemon's peer port that
+ * sends and receives PeerMsg frames the way another daemon would (or garbage). Uses
+ * proto/frame.h to pack and unpack.
  */
 #ifndef TPT_WIRE_H
 #define TPT_WIRE_H
@@ -57,5 +59,20 @@ int tpt_raw_hello(struct tpt_raw *r, Tpw__V1__Role role, int timeout_ms);
  * Return: 0 once closed (EOF or ECONNRESET), -ETIMEDOUT if still open after @timeout_ms.
  */
 int tpt_raw_wait_closed(struct tpt_raw *r, int timeout_ms);
+
+/* ---- peer port (TCP) -------------------------------------------------------------------- */
+
+/* Connects to @ip (IPv4 literal) port @port over TCP. Return: 0 or -errno (@r->fd is then -1). */
+int tpt_raw_connect_tcp(struct tpt_raw *r, const char *ip, int port);
+
+/* Packs @msg into a frame (next sequence number, no data tail) and sends it. Return: 0/-errno. */
+int tpt_raw_send_peer(struct tpt_raw *r, const Tpw__V1__PeerMsg *msg);
+
+/*
+ * tpt_raw_recv_peer() - receive one PeerMsg frame (its data tail is dropped).
+ * @ret: returns owned message, free with tpw_peer_msg_free().
+ * Return: as tpt_raw_recv().
+ */
+int tpt_raw_recv_peer(struct tpt_raw *r, int timeout_ms, Tpw__V1__PeerMsg **ret);
 
 #endif

@@ -9,6 +9,13 @@
 #include "itest.h"
 
 struct tpt_daemon tpt_fixture_daemon;
+struct tpt_daemon tpt_peer_a, tpt_peer_b;
+
+#define STR_(x) #x
+#define STR(x) STR_(x)
+const char *const tpt_peer_args[] = { "--peer-timeout", STR(TPT_PEER_TIMEOUT_MS),
+				      "--peer-connect-timeout", STR(TPT_PEER_CONNECT_TIMEOUT_MS),
+				      NULL };
 
 const char *tpt_mem_name(enum tpt_mem m)
 {
@@ -297,6 +304,49 @@ int tpt_msg_read_check(struct tp_context *ctx, struct tp_pipe *p, const struct t
 	return r;
 }
 
+/* ---- pipe ends ------------------------------------------------------------------------------ */
+
+int tpt_end_listen(struct tpt_end *e, bool accept)
+{
+	int r = tpt_ctx_new(e->d, 0, e->ctx_name, &e->ctx);
+
+	if (r == 0)
+		r = tp_listen(e->ctx, e->where, NULL, &e->l);
+	if (e->ready)
+		tpt_sync_post(e->ready, (int8_t)(r ? -1 : 0));
+	TPT_REQUIRE(r == 0, r, "%s: listen %s: %d %s", e->ctx_name, e->where, r, tp_last_error());
+	if (!accept)
+		return 0;
+	r = tp_listener_accept_sync(e->l, e->timeout_ms, &e->p);
+	TPT_REQUIRE(r == 0, r, "%s: accept: %d %s", e->ctx_name, r, tp_last_error());
+	return 0;
+}
+
+int tpt_end_connect(struct tpt_end *e)
+{
+	int r = e->ready ? tpt_sync_wait(e->ready, e->timeout_ms) : 0;
+
+	TPT_REQUIRE(r == 0, r < 0 ? r : -EIO, "%s: listener not ready: %d", e->ctx_name, r);
+	r = tpt_ctx_new(e->d, 0, e->ctx_name, &e->ctx);
+	TPT_REQUIRE(r == 0, r, "%s: context: %d %s", e->ctx_name, r, tp_last_error());
+	r = tp_connect(e->ctx, e->where, &e->p);
+	TPT_REQUIRE(r == 0, r, "%s: tp_connect(%s): %d %s", e->ctx_name, e->where, r,
+		    tp_last_error());
+	r = tp_pipe_wait_connected(e->p, e->timeout_ms);
+	TPT_REQUIRE(r == 0, r, "%s: connect %s: %d %s", e->ctx_name, e->where, r, tp_last_error());
+	return 0;
+}
+
+void tpt_end_close(struct tpt_end *e)
+{
+	tp_pipe_close(e->p);
+	tp_listener_close(e->l);
+	tp_context_free(e->ctx);
+	e->p = NULL;
+	e->l = NULL;
+	e->ctx = NULL;
+}
+
 /* ---- completions -------------------------------------------------------------------------- */
 
 void tpt_done_init(struct tpt_done *d)
@@ -430,11 +480,12 @@ static int xfer_writer(void *arg)
 	int r = tpt_sync_wait(&run->ready, run->timeout_ms);
 
 	TPT_REQUIRE(r == 0, 1, "writer: reader not ready: %d", r);
-	r = tpt_ctx_new(run->x->d, run->x->writer_flags, "writer", &ctx);
+	r = tpt_ctx_new(run->x->writer_d ? run->x->writer_d : run->x->d, run->x->writer_flags,
+			"writer", &ctx);
 	TPT_REQUIRE(r == 0, 1, "writer: context: %d %s", r, tp_last_error());
 	TPT_REQUIRE(!(run->x->writer_flags & TP_CONTEXT_NO_CMA) || !tp_context_cma_ok(ctx), 1,
 		    "writer: TP_CONTEXT_NO_CMA set but tp_context_cma_ok() is true");
-	r = tp_connect(ctx, run->x->name, &p);
+	r = tp_connect(ctx, run->x->address ? run->x->address : run->x->name, &p);
 	if (r == 0)
 		r = tp_pipe_wait_connected(p, run->timeout_ms);
 	if (r != 0) {
@@ -485,6 +536,20 @@ void tpt_fixture_start(void)
 void tpt_fixture_stop(void)
 {
 	ck_assert_int_eq(tpt_daemon_stop(&tpt_fixture_daemon), 0);
+}
+
+void tpt_peer_fixture_start(void)
+{
+	ck_assert_int_eq(tpt_daemon_pair_start(&tpt_peer_a, tpt_peer_args, &tpt_peer_b,
+					       tpt_peer_args), 0);
+}
+
+void tpt_peer_fixture_stop(void)
+{
+	int ra = tpt_daemon_stop(&tpt_peer_a), rb = tpt_daemon_stop(&tpt_peer_b);
+
+	ck_assert_int_eq(ra, 0);
+	ck_assert_int_eq(rb, 0);
 }
 
 bool tpt_run_pair(tpt_child_fn a, tpt_child_fn b, void *arg, int timeout_ms)

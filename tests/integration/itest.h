@@ -67,6 +67,37 @@ int tpt_msg_read_check(struct tp_context *ctx, struct tp_pipe *p, const struct t
 int tpt_ctx_new(const struct tpt_daemon *d, uint32_t flags, const char *name,
 		struct tp_context **ret);
 
+/* ---- one end of a pipe in a child process ------------------------------------------------ */
+
+/*
+ * A client end: a context on @d named @ctx_name, and either a listener @where (accepting pipes)
+ * or a pipe connected to @where (a local name or a tpip:// address). @ready is posted by the
+ * listening end (0, or -1 if it failed) and awaited by the connecting end before it connects.
+ */
+struct tpt_end {
+	const struct tpt_daemon *d;
+	const char *ctx_name;
+	const char *where;
+	struct tpt_sync *ready;
+	int timeout_ms;
+	struct tp_context *ctx;
+	struct tp_listener *l;
+	struct tp_pipe *p;
+};
+
+/*
+ * tpt_end_listen() - open the context and listener, post @e->ready, and if @accept, accept one
+ * pipe into @e->p. Return: 0 or -errno (printed).
+ */
+int tpt_end_listen(struct tpt_end *e, bool accept);
+
+/* tpt_end_connect() - wait for @e->ready, open the context, connect and wait until connected.
+ * Return: 0 or -errno (printed); on a connect error @e->p stays open for inspection. */
+int tpt_end_connect(struct tpt_end *e);
+
+/* Closes whatever of @e is open (pipe, listener, context). */
+void tpt_end_close(struct tpt_end *e);
+
 /* ---- waiting for async completions ---------------------------------------------------------- */
 
 /* Collects callback results; thread safe. */
@@ -97,8 +128,10 @@ struct tpt_done_arg {
 typedef void (*tpt_spec_fn)(unsigned index, struct tpt_msg_spec *ret);
 
 struct tpt_xfer {
-	const struct tpt_daemon *d;
+	const struct tpt_daemon *d; /* the reader's daemon (and the writer's, see writer_d) */
 	const char *name;     /* listener name */
+	const struct tpt_daemon *writer_d; /* the writer's daemon; NULL: @d */
+	const char *address;  /* what the writer connects to (tpip://...); NULL: @name */
 	unsigned n_msgs;
 	tpt_spec_fn spec;     /* message @index's spec */
 	enum tpt_mem writer_mem, reader_mem;
@@ -119,6 +152,19 @@ bool tpt_run_pair(tpt_child_fn a, tpt_child_fn b, void *arg, int timeout_ms);
 extern struct tpt_daemon tpt_fixture_daemon;
 void tpt_fixture_start(void);
 void tpt_fixture_stop(void);
+
+/*
+ * Peer fixture: two daemons on this machine that treat each other as remote hosts
+ * (tpt_daemon_pair_start() with --peer-timeout TPT_PEER_TIMEOUT_MS and --peer-connect-timeout
+ * TPT_PEER_CONNECT_TIMEOUT_MS). Clients of tpt_peer_a reach listeners of tpt_peer_b through
+ * tpt_peer_address(&tpt_peer_b, name, ...) and the other way round.
+ */
+#define TPT_PEER_TIMEOUT_MS 3000
+#define TPT_PEER_CONNECT_TIMEOUT_MS 2000
+extern struct tpt_daemon tpt_peer_a, tpt_peer_b;
+extern const char *const tpt_peer_args[]; /* the timeouts above, as daemon arguments */
+void tpt_peer_fixture_start(void);
+void tpt_peer_fixture_stop(void);
 
 /* Runs @s (CK_FORK) and returns the process exit status for main(). */
 int tpt_run_suite(Suite *s);

@@ -75,7 +75,8 @@ def run(tmp, tpipd):
     env["WATCHDOG_USEC"] = "400000"
     say(f"starting {tpipd} --socket {sock_path} with NOTIFY_SOCKET and WATCHDOG_USEC=400000")
     with open(log_path, "w") as log:
-        proc = subprocess.Popen([tpipd, "--socket", sock_path, "--config", conf],
+        proc = subprocess.Popen([tpipd, "--socket", sock_path, "--config", conf,
+                                 "--peer-listen", "off"],
                                 env=env, stderr=log, stdin=subprocess.DEVNULL)
     try:
         steps(mgr, proc, sock_path, log_path)

@@ -35,6 +35,17 @@ start_peer() {
 
 demo() { timeout 60 "$TP_DEMO_BIN" "$@"; }
 
+# wait_listener DAEMON NAME: until daemon DAEMON lists listener NAME (5 s).
+wait_listener() {
+	local i
+	for ((i = 0; i < 100; i++)); do
+		ctl --socket "$SVC_TMP/$1.sock" --json listeners 2>/dev/null | jq -e --arg n "$2" \
+			'.listeners[]? | select(.name == $n)' >/dev/null && return 0
+		sleep 0.05
+	done
+	fail "listener $2 did not appear on $1"
+}
+
 # transfer FROM TO NAME [demo args]: a listener on TO, a connector on FROM through tpip://.
 transfer() {
 	local from=$1 to=$2 name=$3 port_var="PORT_$2"
@@ -42,15 +53,12 @@ transfer() {
 	demo -s "$SVC_TMP/$to.sock" -n "$name" "$@" listen >"$SVC_TMP/listen.out" 2>&1 &
 	local lpid=$!
 	svc_track "$lpid"
-	local i
-	for ((i = 0; i < 100; i++)); do
-		ctl --socket "$SVC_TMP/$to.sock" --json listeners | jq -e --arg n "$name" \
-			'.listeners[]? | select(.name == $n)' >/dev/null 2>&1 && break
-		sleep 0.05
-	done
+	wait_listener "$to" "$name"
 	demo -s "$SVC_TMP/$from.sock" -n "tpip://127.0.0.1:${!port_var}/$name" "$@" connect \
 		>"$SVC_TMP/connect.out" 2>&1
 	CONNECT_RC=$?
+	# A refused connect never reaches the listener: stop it instead of waiting out its timeout.
+	[ "$CONNECT_RC" -eq 0 ] || svc_stop_pid "$lpid"
 	wait "$lpid"
 	LISTEN_RC=$?
 }
@@ -133,17 +141,20 @@ fds_before=$(ls "/proc/$PID_a/fd" | wc -l)
 demo -s "$SVC_TMP/b.sock" -n big -m 40 -z 256 listen >"$SVC_TMP/listen.out" 2>&1 &
 lpid=$!
 svc_track "$lpid"
-sleep 0.3
+wait_listener b big
 demo -s "$SVC_TMP/a.sock" -n "tpip://127.0.0.1:$PORT_b/big" -m 40 -z 256 connect \
 	>"$SVC_TMP/connect.out" 2>&1 &
 cpid=$!
 svc_track "$cpid"
+# Kill only once tensor bytes flow (the mpt channel counts them), never after the end.
 for ((i = 0; i < 200; i++)); do
 	ctl --socket "$SVC_TMP/b.sock" --json stats 2>/dev/null |
-		jq -e '[.channel_stats[]? | select(.name == "mpt") | .bytes] | add > 0' >/dev/null &&
+		jq -e '[.channels[]? | select(.name == "mpt") | .bytes] | add > 0' >/dev/null &&
 		break
+	kill -0 "$cpid" 2>/dev/null || { cat "$SVC_TMP/connect.out" >&2; fail "connector ended early"; }
 	sleep 0.05
 done
+[ "$i" -lt 200 ] || fail "no tensor bytes crossed within 10 s"
 kill -KILL "$PID_b"
 killed=$SECONDS
 wait "$cpid" && fail "the connector succeeded although the remote daemon was killed"

@@ -1,0 +1,105 @@
+/* SPDX-License-Identifier: BSD-3-Clause */
+/*
+ * Peer-link views for the cross-host suites. See ipeer.h.
+ */
+#include <check.h>
+#include <json-c/json.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+#include "ipeer.h"
+
+#define CTL_MS 30000
+
+/* Runs tpipctl --socket S [--json] peers (exit 0 expected); returns owned stdout. */
+char *tpt_ctl_peers(const struct tpt_daemon *d, bool json)
+{
+	const char *bin = getenv("TPIPCTL_BIN");
+	const char *argv[6] = { bin, "--socket", d->socket, "peers", NULL, NULL };
+	struct tpt_cmd_result res;
+	char *out;
+
+	ck_assert_msg(bin && *bin, "TPIPCTL_BIN is not set");
+	if (json) {
+		argv[3] = "--json";
+		argv[4] = "peers";
+	}
+	ck_assert_int_eq(tpt_run(argv, CTL_MS, &res), 0);
+	if (!WIFEXITED(res.status) || WEXITSTATUS(res.status) != 0)
+		fprintf(stderr, "tpipctl peers: stdout:\n%s\nstderr:\n%s\n", res.out, res.err);
+	ck_assert_msg(WIFEXITED(res.status) && WEXITSTATUS(res.status) == 0,
+		      "tpipctl peers failed");
+	out = res.out;
+	res.out = NULL;
+	tpt_cmd_result_free(&res);
+	return out;
+}
+
+static void json_copy_str(struct json_object *o, const char *key, char *buf, size_t len)
+{
+	struct json_object *v;
+
+	buf[0] = '\0';
+	if (json_object_object_get_ex(o, key, &v))
+		snprintf(buf, len, "%s", json_object_get_string(v));
+}
+
+static int64_t json_int(struct json_object *o, const char *key)
+{
+	struct json_object *v;
+
+	return json_object_object_get_ex(o, key, &v) ? json_object_get_int64(v) : -1;
+}
+
+/* Reads `tpipctl --json peers` of @d. Return: the number of links; the first in @ret. */
+int tpt_peer_links(const struct tpt_daemon *d, struct tpt_link *ret)
+{
+	char *out = tpt_ctl_peers(d, true);
+	struct json_object *root = json_tokener_parse(out), *arr, *o, *v;
+	int n;
+
+	ck_assert_msg(root, "tpipctl --json peers is not JSON: %s", out);
+	ck_assert_msg(json_object_object_get_ex(root, "peers", &arr) &&
+			      json_object_is_type(arr, json_type_array),
+		      "no peers array: %s", out);
+	n = (int)json_object_array_length(arr);
+	memset(ret, 0, sizeof(*ret));
+	if (n > 0) {
+		o = json_object_array_get_idx(arr, 0);
+		json_copy_str(o, "state", ret->state, sizeof(ret->state));
+		json_copy_str(o, "address", ret->address, sizeof(ret->address));
+		json_copy_str(o, "last_error", ret->last_error, sizeof(ret->last_error));
+		ret->outgoing = json_object_object_get_ex(o, "outgoing", &v) &&
+				json_object_get_boolean(v);
+		ret->authenticated = json_object_object_get_ex(o, "authenticated", &v) &&
+				     json_object_get_boolean(v);
+		ret->data_conns = (long)json_int(o, "data_conns");
+		ret->pipes = (long)json_int(o, "pipes");
+		ret->bytes_sent = (uint64_t)json_int(o, "bytes_sent");
+		ret->bytes_received = (uint64_t)json_int(o, "bytes_received");
+	}
+	if (getenv("TPT_DAEMON_LOG"))
+		fprintf(stderr, "%s peers: %s\n", d->socket, out);
+	json_object_put(root);
+	free(out);
+	return n;
+}
+
+
+bool tpt_peer_links_gone(const struct tpt_daemon *d, int timeout_ms)
+{
+	uint64_t deadline = tpt_now_ms() + (uint64_t)timeout_ms;
+	struct tpt_link l;
+
+	for (unsigned round = 0;; round++) {
+		if (tpt_peer_links(d, &l) == 0)
+			return true;
+		if (tpt_now_ms() >= deadline) {
+			tpt_log("%s still has a peer link: state %s, %ld pipes, last error '%s'",
+				d->socket, l.state, l.pipes, l.last_error);
+			return false;
+		}
+		tpt_backoff(round + 4);
+	}
+}

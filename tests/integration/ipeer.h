@@ -1,0 +1,38 @@
+/* SPDX-License-Identifier: BSD-3-Clause */
+/*
+ * Peer-link views for the cross-host suites: run `tpipctl peers` (table or --json) against a
+ * test daemon and read the first link's fields back with json-c. Runs in the test process (it
+ * asserts with Check); needs $TPIPCTL_BIN.
+ */
+#ifndef TPT_IPEER_H
+#define TPT_IPEER_H
+
+#include <stdbool.h>
+#include <stdint.h>
+#include "tpt.h"
+
+/* One row of `tpipctl --json peers`. */
+struct tpt_link {
+	char state[32], address[128], last_error[256];
+	bool outgoing, authenticated;
+	long data_conns, pipes;
+	uint64_t bytes_sent, bytes_received;
+};
+
+/*
+ * tpt_ctl_peers() - run `$TPIPCTL_BIN --socket S [--json] peers`; the test fails unless it exits 0.
+ * Return: owned stdout, free() it.
+ */
+char *tpt_ctl_peers(const struct tpt_daemon *d, bool json);
+
+/*
+ * tpt_peer_links() - the links of @d from `tpipctl --json peers` (the test fails on bad JSON).
+ * @ret: the first link's fields (zeroed when there is none).
+ * Return: the number of links.
+ */
+int tpt_peer_links(const struct tpt_daemon *d, struct tpt_link *ret);
+
+/* Polls tpt_peer_links() until @d has no link, for up to @timeout_ms. Return: true if none. */
+bool tpt_peer_links_gone(const struct tpt_daemon *d, int timeout_ms);
+
+#endif
