@@ -41,8 +41,6 @@ static void fill_status(struct tpd_daemon *d, Tpw__V1__CtlStatus *st)
 	st->cma_available = d->cma_viable;
 	st->peer_listen = d->peer_listen_addr;
 	st->peers = d->n_peers;
-	for (size_t i = 0; i < sizeof(d->boot_id) && 2 * i + 2 < sizeof(d->boot_id_hex); i++)
-		snprintf(d->boot_id_hex + 2 * i, 3, "%02x", d->boot_id[i]);
 	st->host_id = d->boot_id_hex;
 }
 

@@ -1257,6 +1257,8 @@ int tpd_peers_start(struct tpd_daemon *d)
 	if (r < 0)
 		tpu_log_warn("cannot read the boot id (%s): same-host peers are not recognised",
 			     strerror(-r));
+	for (size_t i = 0; i < sizeof(d->boot_id); i++)
+		snprintf(d->boot_id_hex + 2 * i, 3, "%02x", d->boot_id[i]);
 	r = tpd_peerauth_instance(&d->instance);
 	if (r < 0)
 		return r;

@@ -530,11 +530,14 @@ static void fill_desc(Tpw__V1__Descriptor *dd, const Tpw__V1__Write *w, Tpw__V1_
 	dd->tensors = tdp;
 }
 
-/* Sends the Descriptor of @m (written as @w) to the reader, with the bytes if eager. */
+/* Sends the descriptor of @m (written as @w) to the reader @r, with the bytes if eager: to its
+ * session, or through the peer link when @r is on another host. */
 static int send_descriptor(struct tpd_pipe_end *r, struct tpd_msg *m, const Tpw__V1__Write *w)
 {
 	Tpw__V1__Descriptor dd = TPW__V1__DESCRIPTOR__INIT;
 	Tpw__V1__DaemonMsg dm = TPW__V1__DAEMON_MSG__INIT;
+	Tpw__V1__PeerDescriptor pd_ = TPW__V1__PEER_DESCRIPTOR__INIT;
+	Tpw__V1__PeerMsg pm = TPW__V1__PEER_MSG__INIT;
 	size_t n = w->n_payloads + w->n_tensors;
 	Tpw__V1__PayloadDesc *pd = calloc(w->n_payloads + 1, sizeof(*pd));
 	Tpw__V1__PayloadDesc **pdp = calloc(w->n_payloads + 1, sizeof(*pdp));
@@ -553,6 +556,16 @@ static int send_descriptor(struct tpd_pipe_end *r, struct tpd_msg *m, const Tpw_
 		iov[i].iov_base = (void *)(uintptr_t)m->src[i].mem.addr;
 		iov[i].iov_len = m->src[i].len;
 	}
+	if (r->remote) {
+		dd.pipe_id = 0; /* the peer daemon names the pipe in PeerDescriptor */
+		pd_.pipe_id = r->pipe->remote_id;
+		pd_.descriptor = &dd;
+		pm.body_case = TPW__V1__PEER_MSG__BODY_DESCRIPTOR;
+		pm.descriptor = &pd_;
+		r_ = r->pipe->link ? tpd_peer_send(r->pipe->link, &pm, iov, m->eager ? (int)n : 0)
+				   : -ECONNRESET;
+		goto out;
+	}
 	dm.body_case = TPW__V1__DAEMON_MSG__BODY_DESCRIPTOR;
 	dm.descriptor = &dd;
 	r_ = tpd_session_send(r->session, &dm, iov, m->eager ? (int)n : 0);
@@ -567,8 +580,6 @@ out:
 
 static void xpipe_hold(struct tpd_pipe_end *e, Tpw__V1__ClientMsg *cm, const uint8_t *tail,
 		       uint32_t tail_len);
-static int send_peer_descriptor(struct tpd_pipe_end *r, struct tpd_msg *m,
-				const Tpw__V1__Write *w, const uint8_t *tail);
 
 /* Checks the queue limits of end @e for a message holding @tail_len inline bytes. */
 static int queue_check(struct tpd_pipe_end *e, uint32_t tail_len, char *why, size_t wl)
@@ -623,7 +634,7 @@ void tpd_pipe_write(struct tpd_pipe_end *e, Tpw__V1__ClientMsg *cm, const uint8_
 		goto reject;
 	m->msg_id = ++e->next_msg_id;
 	m->tail_len = tail_len;
-	err = r->remote ? send_peer_descriptor(r, m, w, tail) : send_descriptor(r, m, w);
+	err = send_descriptor(r, m, w);
 	if (err < 0)
 		goto reject;
 	tpu_list_insert_tail(&e->wq, &m->wnode);
@@ -1330,49 +1341,6 @@ static int xh_build_recv(struct tpd_msg *m, struct tpd_session *s, const Tpw__V1
 	}
 	m->xh = xh;
 	return 0;
-}
-
-/* Sends the descriptor of @m (written as @w) to the remote reader, with the bytes if eager. */
-static int send_peer_descriptor(struct tpd_pipe_end *r, struct tpd_msg *m,
-				const Tpw__V1__Write *w, const uint8_t *tail)
-{
-	Tpw__V1__Descriptor dd = TPW__V1__DESCRIPTOR__INIT;
-	Tpw__V1__PeerDescriptor pd = TPW__V1__PEER_DESCRIPTOR__INIT;
-	Tpw__V1__PeerMsg pm = TPW__V1__PEER_MSG__INIT;
-	size_t n = w->n_payloads + w->n_tensors;
-	Tpw__V1__PayloadDesc *pds = calloc(w->n_payloads + 1, sizeof(*pds));
-	Tpw__V1__PayloadDesc **pdp = calloc(w->n_payloads + 1, sizeof(*pdp));
-	Tpw__V1__TensorDesc *td = calloc(w->n_tensors + 1, sizeof(*td));
-	Tpw__V1__TensorDesc **tdp = calloc(w->n_tensors + 1, sizeof(*tdp));
-	struct iovec *iov = calloc(n + 1, sizeof(*iov));
-	int ret = -ENOMEM;
-
-	if (!pds || !pdp || !td || !tdp || !iov)
-		goto out;
-	if (!r->pipe->link) {
-		ret = -ECONNRESET;
-		goto out;
-	}
-	fill_desc(&dd, w, pds, pdp, td, tdp);
-	dd.msg_id = m->msg_id;
-	dd.eager = m->eager;
-	for (size_t i = 0; m->eager && i < n; i++) {
-		iov[i].iov_base = (void *)(uintptr_t)m->src[i].mem.addr;
-		iov[i].iov_len = m->src[i].len;
-	}
-	pd.pipe_id = r->pipe->remote_id;
-	pd.descriptor = &dd;
-	pm.body_case = TPW__V1__PEER_MSG__BODY_DESCRIPTOR;
-	pm.descriptor = &pd;
-	ret = tpd_peer_send(r->pipe->link, &pm, iov, m->eager ? (int)n : 0);
-	(void)tail;
-out:
-	free(pds);
-	free(pdp);
-	free(td);
-	free(tdp);
-	free(iov);
-	return ret;
 }
 
 static void held_free(struct held_write *h)

@@ -594,7 +594,7 @@ static struct conn *pick_conn_locked(struct tpd_stripe *st)
 	return best;
 }
 
-static void xfer_init(struct tpd_stripe_xfer *x, bool recv)
+static void xfer_init(struct tpd_stripe_xfer *x)
 {
 	x->status = 0;
 	x->why[0] = '\0';
@@ -608,7 +608,6 @@ static void xfer_init(struct tpd_stripe_xfer *x, bool recv)
 	x->chunks_left = 0;
 	x->canceled = false;
 	x->queued_done = false;
-	x->is_recv = recv;
 	x->start_ns = tpu_now_ns();
 	tpu_list_init(&x->node);
 }
@@ -620,7 +619,7 @@ int tpd_stripe_send(struct tpd_stripe *st, struct tpd_stripe_xfer *x)
 
 	if (!tpd_stripe_conns(st))
 		return -ENOTCONN;
-	xfer_init(x, false);
+	xfer_init(x);
 	tpu_list_init(&mine);
 	for (size_t i = 0; i < x->n_segs; i++) {
 		for (uint64_t off = 0; off < x->segs[i].len; off += st->chunk) {
@@ -694,7 +693,7 @@ int tpd_stripe_recv(struct tpd_stripe *st, struct tpd_stripe_xfer *x)
 	if (find_recv_locked(st, x->xfer_id)) {
 		r = -EEXIST;
 	} else {
-		xfer_init(x, true);
+		xfer_init(x);
 		tpu_list_insert_tail(&st->recvs, &x->node);
 		recv_check_locked(st, x); /* an empty transfer is complete at once */
 	}

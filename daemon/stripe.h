@@ -61,7 +61,7 @@ struct tpd_stripe_xfer {
 	struct tpu_list node;
 	uint64_t total, start_ns, expect;
 	int expect_status, busy, chunks_left;
-	bool canceled, is_recv, queued_done;
+	bool canceled, queued_done;
 	char expect_why[160];
 };
 
