@@ -9,6 +9,7 @@
 #include <strings.h>
 #include <unistd.h>
 #include "config.h"
+#include "ring.h"
 #include "tpb.h"
 #include "tpconfig.h"
 
@@ -39,6 +40,11 @@ static const struct opt opts[] = {
 	  "copy threads (default 2)" },
 	{ "drain-ms", "daemon", K_U32, OFF(drain_ms), 0, 600000, true, "MS",
 	  "on stop, wait this long for copies in flight (default 5000)" },
+	{ "ring-max", "daemon", K_SIZE32, OFF(ring_max), 0, TPU_RING_MAX, true, "BYTES",
+	  "largest shared-memory control ring a client may set up, per direction;\n"
+	  "                            0 keeps every client on the socket (default 4M)" },
+	{ "spin-us", "daemon", K_U32, OFF(spin_us), 0, 100000, true, "US",
+	  "poll busy control rings this long before sleeping; 0 never spins (default 100)" },
 	{ "admin-gid", "daemon", K_U32, OFF(admin_gid), 0, UINT32_MAX, true, "GID",
 	  "members of this group may use admin control requests (default: root only)" },
 	{ "metrics-listen", "daemon", K_STR, OFF(metrics_listen), 0,
@@ -121,6 +127,8 @@ void tpd_config_defaults(struct tpd_config *c)
 	c->outq_max = 256ull << 20;
 	c->listeners_max = 256;
 	c->drain_ms = 5000;
+	c->ring_max = 4u << 20;
+	c->spin_us = 100;
 	snprintf(c->peer_listen, sizeof(c->peer_listen), "*:7420");
 	c->peer_port = 7420;
 	c->peer_data_conns = 4;

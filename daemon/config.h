@@ -34,6 +34,8 @@ struct tpd_config {
 	uint64_t outq_max;	    /* bytes queued towards one session before it is dropped */
 	uint32_t listeners_max;	    /* per session */
 	uint32_t drain_ms;	    /* graceful stop: wait this long for copies */
+	uint32_t ring_max;	    /* largest control ring per direction a client may map; 0: off */
+	uint32_t spin_us;	    /* poll busy control rings this long before sleeping; 0: never */
 	uint32_t admin_gid;	    /* members may use admin control requests (root always) */
 	char metrics_listen[64];    /* "ADDR:PORT" for the Prometheus endpoint, "" = off */
 	char peer_listen[80];	    /* "ADDR:PORT", "*:PORT", "[v6]:PORT" or "off" */

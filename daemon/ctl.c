@@ -70,6 +70,8 @@ static int fill_sessions(struct tpd_daemon *d, Tpw__V1__CtlReply *rep, struct ct
 		c->bytes_in = s->bytes_in;
 		c->bytes_out = s->bytes_out;
 		c->cma_ok = s->cma_ok;
+		c->transport = s->ring ? "ring" : "unix";
+		c->ring_bytes = s->ring ? s->ring_size : 0;
 		rep->sessions[i++] = c;
 	}
 	rep->n_sessions = i;
@@ -94,6 +96,27 @@ static void fill_end(const struct tpd_pipe_end *e, Tpw__V1__CtlPipeEnd *c)
 }
 
 
+/* The control transports of @p's two ends: "ring", "unix", "ring,unix", "ring,tcp"... */
+static const char *pipe_transport(const struct tpd_pipe *p)
+{
+	static const char *const names[3][3] = {
+		{ "tcp", "unix,tcp", "ring,tcp" },
+		{ "unix,tcp", "unix", "ring,unix" },
+		{ "ring,tcp", "ring,unix", "ring" },
+	};
+	int k[2];
+
+	for (int i = 0; i < 2; i++) {
+		const struct tpd_pipe_end *e = &p->end[i];
+
+		if (e->remote)
+			k[i] = 0;
+		else
+			k[i] = e->session && e->session->ring ? 2 : 1;
+	}
+	return names[k[0]][k[1]];
+}
+
 static int fill_pipes(struct tpd_daemon *d, Tpw__V1__CtlReply *rep, struct ctl_bufs *b)
 {
 	struct tpd_pipe *p;
@@ -114,7 +137,7 @@ static int fill_pipes(struct tpd_daemon *d, Tpw__V1__CtlReply *rep, struct ctl_b
 		c->listener = p->listener;
 		c->state = p->connecting ? "connecting"
 					  : (a && z ? "open" : (a || z ? "half-closed" : "closed"));
-		c->transport = p->link || p->remote_id ? "tcp" : "unix";
+		c->transport = (char *)pipe_transport(p);
 		tpd_pipe_channels(p, b->channels[i], sizeof(b->channels[i]));
 		c->channels = b->channels[i];
 		fill_end(&p->end[0], &b->ends[2 * i]);

@@ -287,6 +287,85 @@ int tpd_daemon_reload(struct tpd_daemon *d)
 	return 0;
 }
 
+/* ---- control ring polling ------------------------------------------------------------------ */
+
+/* Polls every ring session once. Return: true if any ring moved. */
+static bool spin_poll(struct tpd_daemon *d)
+{
+	struct tpd_session *s, *tmp;
+	bool moved = false;
+
+	tpu_list_for_each_safe(s, tmp, &d->sessions, node)
+		if (s->ring)
+			moved |= tpd_session_ring_poll(s);
+	return moved;
+}
+
+/* Sets every ring's sleeping flag. Return: false if one moved meanwhile (keep polling). */
+static bool spin_sleep(struct tpd_daemon *d)
+{
+	struct tpd_session *s;
+	bool raced = false;
+
+	tpu_list_for_each(s, &d->sessions, node)
+		raced |= tpd_session_ring_sleep(s);
+	if (!raced)
+		return true;
+	tpu_list_for_each(s, &d->sessions, node)
+		tpd_session_ring_wake(s);
+	return false;
+}
+
+static void daemon_on_spin(evutil_socket_t fd, short what, void *arg)
+{
+	struct tpd_daemon *d = arg;
+	uint64_t now;
+
+	if (spin_poll(d)) {
+		d->spin.cur_ns = d->spin.max_ns;
+		d->spin_until_ns = tpu_now_ns() + d->spin.cur_ns;
+	} else {
+		now = tpu_now_ns();
+		/* Copies in flight need both CPUs more than we need a quick answer: their
+		 * completions wake us anyway. */
+		if (now >= d->spin_until_ns || tpd_copier_busy(d->copier)) {
+			if (spin_sleep(d)) {
+				d->spinning = false;
+				d->slept_ns = now;
+				return;
+			}
+			d->spin_until_ns = now + d->spin.cur_ns;
+		}
+		tpu_spin_pause();
+	}
+	event_active(d->ev_spin, 0, 0); /* after the loop has looked at the other events */
+}
+
+void tpd_daemon_spin_kick(struct tpd_daemon *d)
+{
+	struct tpd_session *s;
+	uint64_t now, max = (uint64_t)d->cfg.spin_us * 1000;
+
+	if (d->spinning)
+		return;
+	if (!max || tpd_copier_busy(d->copier)) {
+		/* Never poll: keep every sleeping flag set, so that each frame rings. */
+		while (!spin_sleep(d))
+			spin_poll(d);
+		return;
+	}
+	now = tpu_now_ns();
+	if (d->spin.max_ns != max)
+		tpu_spin_init(&d->spin, max);
+	else if (d->slept_ns)
+		tpu_spin_slept(&d->spin, now - d->slept_ns + d->spin.cur_ns);
+	tpu_list_for_each(s, &d->sessions, node)
+		tpd_session_ring_wake(s);
+	d->spinning = true;
+	d->spin_until_ns = now + d->spin.cur_ns;
+	event_active(d->ev_spin, 0, 0);
+}
+
 static int setup_events(struct tpd_daemon *d)
 {
 	static const int sigs[] = { SIGTERM, SIGINT, SIGHUP };
@@ -294,7 +373,8 @@ static int setup_events(struct tpd_daemon *d)
 	d->ev_accept = event_new(d->base, d->listen_fd, EV_READ | EV_PERSIST, daemon_on_accept, d);
 	d->ev_accept_resume = evtimer_new(d->base, daemon_on_accept_resume, d);
 	d->ev_drain = evtimer_new(d->base, daemon_on_drain, d);
-	if (!d->ev_accept || !d->ev_accept_resume || !d->ev_drain)
+	d->ev_spin = event_new(d->base, -1, 0, daemon_on_spin, d);
+	if (!d->ev_accept || !d->ev_accept_resume || !d->ev_drain || !d->ev_spin)
 		return -ENOMEM;
 	for (size_t i = 0; i < TPU_ARRAY_SIZE(sigs); i++) {
 		d->ev_signals[i] = evsignal_new(d->base, sigs[i], daemon_on_signal, d);
@@ -408,6 +488,8 @@ void tpd_daemon_free(struct tpd_daemon *d)
 		event_free(d->ev_accept_resume);
 	if (d->ev_drain)
 		event_free(d->ev_drain);
+	if (d->ev_spin)
+		event_free(d->ev_spin);
 	if (d->ev_tick)
 		event_free(d->ev_tick);
 	if (d->socket_bound)
@@ -415,5 +497,6 @@ void tpd_daemon_free(struct tpd_daemon *d)
 	tpu_close(d->listen_fd);
 	if (d->base)
 		event_base_free(d->base);
+	free(d->scratch);
 	free(d);
 }

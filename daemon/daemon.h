@@ -13,6 +13,7 @@
 #include "peerauth.h"
 #include "listener.h"
 #include "stats.h"
+#include "ring.h"
 #include "tpu.h"
 
 struct tpd_daemon {
@@ -29,6 +30,13 @@ struct tpd_daemon {
 	struct event *ev_accept_resume;
 	struct event *ev_signals[4];
 	struct event *ev_drain;
+	struct event *ev_spin;	/* polls busy control rings between events */
+	bool spinning;		/* ev_spin is active */
+	uint64_t spin_until_ns; /* stop polling then, unless a ring moves */
+	uint64_t slept_ns;	/* when the rings' sleeping flags were last set */
+	struct tpu_spin spin;
+	uint8_t *scratch;	/* frames packed straight into a control ring */
+	size_t scratch_cap;
 	struct tpu_list sessions;
 	unsigned n_sessions;
 	uint64_t next_session_id;
@@ -65,6 +73,13 @@ struct tpd_daemon {
 	bool peer_keyed;
 	struct evdns_base *dns;	    /* created on first dial */
 };
+
+/*
+ * tpd_daemon_spin_kick() - a control ring moved: poll every ring session from the event loop
+ * (between other events) until none moves for the spin budget (--spin-us, adaptive), then set
+ * the rings' sleeping flags so that clients ring the doorbell, and sleep in the event loop.
+ */
+void tpd_daemon_spin_kick(struct tpd_daemon *d);
 
 /*
  * tpd_daemon_new() - bind the control socket, probe backends, start copy threads.

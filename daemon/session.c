@@ -4,11 +4,19 @@
  * FIFO, then for every complete frame: header check, bounded unpack, validation, dispatch.
  * Writing: frames are sent at once when the output queue is empty, else queued with EV_WRITE
  * interest. Any protocol violation fails the session; it is freed from its close event.
+ *
+ * With a control ring (RingSetup, the frame after Hello), the same byte stream goes through the
+ * two shared rings instead: input is copied out of the client->daemon ring into the input
+ * buffer (so a frame cannot change once validated), output is copied into the daemon->client
+ * ring, and the socket only carries doorbell bytes (wake-ups of a sleeping side), fds (sent by
+ * the client just before the frame that announces them is written to the ring) and the end of
+ * the session. The daemon's spin loop polls busy rings between events (daemon.c).
  */
 #include <fcntl.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <sys/socket.h>
 #include <sys/uio.h>
 #include "ctl.h"
@@ -34,6 +42,8 @@ static void session_on_read(evutil_socket_t fd, short what, void *arg);
 static void session_on_write(evutil_socket_t fd, short what, void *arg);
 static void session_on_close(evutil_socket_t fd, short what, void *arg);
 static int flush_out(struct tpd_session *s);
+static void fail_output(struct tpd_session *s, int r);
+static void ring_take_side(struct tpd_session *s);
 
 /* ---- credentials --------------------------------------------------------------------------- */
 
@@ -204,6 +214,8 @@ void tpd_session_free(struct tpd_session *s, Tpw__V1__Status why)
 	}
 	for (unsigned i = 0; i < s->n_fdq; i++)
 		tpu_close(s->fdq[i]);
+	if (s->ring_map)
+		munmap(s->ring_map, tpu_ring_map_size(s->ring_size));
 	if (s->ev_read)
 		event_free(s->ev_read);
 	if (s->ev_write)
@@ -252,9 +264,54 @@ unsigned tpd_session_pipe_count(const struct tpd_session *s)
 
 /* ---- output -------------------------------------------------------------------------------- */
 
+/* Wakes the client if it sleeps on the ring (one doorbell byte; a full socket already holds
+ * doorbells, so EAGAIN is fine). */
+static void ring_doorbell(struct tpd_session *s)
+{
+	static const uint8_t bell;
+
+	if (send(s->fd, &bell, 1, MSG_DONTWAIT | MSG_NOSIGNAL) == 1)
+		s->doorbells_out++;
+}
+
+/* flush_out() for a ring session. Return: 0 or -EPROTO (the client broke the ring). */
+static int ring_flush_out(struct tpd_session *s)
+{
+	bool put = false;
+
+	while (!tpu_list_empty(&s->outq)) {
+		struct outbuf *o = tpu_list_first(&s->outq, struct outbuf, node);
+		struct iovec iov = { o->data + o->off, o->len - o->off };
+		ssize_t n = tpu_ring_put(&s->ring_tx, &iov, 1, 0);
+		uint32_t seq;
+
+		if (n < 0)
+			return (int)n;
+		if (n == 0) {
+			/* Full: the client rings the doorbell once it has made room. */
+			if (!tpu_ring_wait_space_prepare(&s->ring_tx, &seq))
+				break;
+			continue;
+		}
+		put = true;
+		o->off += (size_t)n;
+		s->outq_bytes -= (uint64_t)n;
+		s->bytes_out += (uint64_t)n;
+		if (o->off < o->len)
+			continue;
+		tpu_list_remove(&o->node);
+		free(o);
+	}
+	if (put && tpu_ring_consumer_asleep(&s->ring_tx))
+		ring_doorbell(s);
+	return 0;
+}
+
 /* Writes queued output. Return: 0 (all or some sent), -errno on a dead connection. */
 static int flush_out(struct tpd_session *s)
 {
+	if (s->ring)
+		return ring_flush_out(s);
 	while (!tpu_list_empty(&s->outq)) {
 		struct outbuf *o = tpu_list_first(&s->outq, struct outbuf, node);
 		ssize_t n = send(s->fd, o->data + o->off, o->len - o->off,
@@ -277,10 +334,20 @@ static int flush_out(struct tpd_session *s)
 
 static void update_write_interest(struct tpd_session *s)
 {
-	if (tpu_list_empty(&s->outq))
+	if (tpu_list_empty(&s->outq) || s->ring)
 		event_del(s->ev_write);
 	else
 		event_add(s->ev_write, NULL);
+}
+
+static void fail_output(struct tpd_session *s, int r)
+{
+	if (r == -EPROTO)
+		tpd_session_fail(s, TPU_LOG_WARNING, TPW__V1__STATUS__STATUS_PEER_DIED,
+				 "control ring corrupted by the client (impossible read position)");
+	else
+		tpd_session_fail(s, TPU_LOG_INFO, TPW__V1__STATUS__STATUS_PEER_DIED,
+				 "send failed: %s", strerror(-r));
 }
 
 static void session_on_write(evutil_socket_t fd, short what, void *arg)
@@ -289,11 +356,46 @@ static void session_on_write(evutil_socket_t fd, short what, void *arg)
 	int r = flush_out(s);
 
 	if (r < 0) {
-		tpd_session_fail(s, TPU_LOG_INFO, TPW__V1__STATUS__STATUS_PEER_DIED,
-				 "send failed: %s", strerror(-r));
+		fail_output(s, r);
 		return;
 	}
 	update_write_interest(s);
+}
+
+/*
+ * A ring session with nothing queued and room for the whole frame: pack it into the daemon's
+ * scratch buffer and copy it into the ring, with no allocation. Return: true if sent.
+ */
+static bool ring_send_direct(struct tpd_session *s, Tpw__V1__DaemonMsg *m,
+			     const struct iovec *tail, int n_tail, size_t len, size_t tail_len)
+{
+	struct tpd_daemon *d = s->d;
+	struct iovec iov[1 + TPD_SEND_TAIL_MAX];
+	ssize_t space = tpu_ring_space(&s->ring_tx), n;
+
+	if (space < (ssize_t)len || n_tail > TPD_SEND_TAIL_MAX || !tpu_list_empty(&s->outq))
+		return false;
+	if (len - tail_len > d->scratch_cap) {
+		uint8_t *nb = realloc(d->scratch, len - tail_len);
+
+		if (!nb)
+			return false;
+		d->scratch = nb;
+		d->scratch_cap = len - tail_len;
+	}
+	iov[0].iov_base = d->scratch;
+	iov[0].iov_len = tpw_frame_pack(&m->base, (uint32_t)tail_len, 0, ++s->seq_out, d->scratch);
+	for (int i = 0; i < n_tail; i++)
+		iov[1 + i] = tail[i];
+	n = tpu_ring_put(&s->ring_tx, iov, 1 + (size_t)n_tail, 0);
+	if (n != (ssize_t)len) { /* cannot happen: we checked the room and we are the producer */
+		fail_output(s, -EPROTO);
+		return true;
+	}
+	s->bytes_out += len;
+	if (tpu_ring_consumer_asleep(&s->ring_tx))
+		ring_doorbell(s);
+	return true;
 }
 
 int tpd_session_send(struct tpd_session *s, Tpw__V1__DaemonMsg *m, const struct iovec *tail,
@@ -316,6 +418,8 @@ int tpd_session_send(struct tpd_session *s, Tpw__V1__DaemonMsg *m, const struct 
 				 (unsigned long long)s->d->cfg.outq_max);
 		return -ENOBUFS;
 	}
+	if (s->ring && ring_send_direct(s, m, tail, n_tail, len, tail_len))
+		return s->dead ? -EPROTO : 0;
 	o = malloc(sizeof(*o) + len);
 	if (!o) {
 		tpd_session_fail(s, TPU_LOG_ERR, TPW__V1__STATUS__STATUS_IO, "out of memory");
@@ -335,8 +439,7 @@ int tpd_session_send(struct tpd_session *s, Tpw__V1__DaemonMsg *m, const struct 
 		return 0;
 	r = flush_out(s);
 	if (r < 0) {
-		tpd_session_fail(s, TPU_LOG_INFO, TPW__V1__STATUS__STATUS_PEER_DIED,
-				 "send failed: %s", strerror(-r));
+		fail_output(s, r);
 		return r;
 	}
 	update_write_interest(s);
@@ -379,6 +482,76 @@ static bool cma_probe(struct tpd_session *s, const Tpw__V1__Hello *h)
 	       v == h->cma_probe_value;
 }
 
+/*
+ * Maps the control ring of RingSetup @m (@fd borrowed). Return: 0, or a Status with @why set;
+ * the session then stays on the socket.
+ */
+static Tpw__V1__Status ring_accept(struct tpd_session *s, const Tpw__V1__RingSetup *m, int fd,
+				   const char **why)
+{
+	uint32_t max = s->d->cfg.ring_max;
+	int r;
+
+	*why = NULL;
+	if (!s->ring_allowed) {
+		*why = "RingSetup must be a client's first frame after Hello";
+		return TPW__V1__STATUS__STATUS_INVALID;
+	}
+	if (!max) {
+		*why = "control rings are off on this daemon (ring-max = 0)";
+		return TPW__V1__STATUS__STATUS_UNSUPPORTED;
+	}
+	if (m->ring_bytes > max) {
+		*why = "ring larger than the daemon's ring-max";
+		return TPW__V1__STATUS__STATUS_LIMIT;
+	}
+	r = tpu_ring_attach(fd, m->ring_bytes, &s->ring_map);
+	if (r < 0) {
+		s->ring_map = NULL;
+		if (r != -EPERM && r != -EBADF) {
+			*why = "cannot map the ring";
+			return TPW__V1__STATUS__STATUS_IO;
+		}
+		*why = r == -EPERM ? "ring memfd not sealed against shrinking"
+				   : "ring fd is not a memfd of the announced size";
+		return TPW__V1__STATUS__STATUS_INVALID;
+	}
+	s->ring_size = m->ring_bytes;
+	tpu_ring_init(s->ring_map, s->ring_size, false, &s->ring_tx, &s->ring_rx);
+	return TPW__V1__STATUS__STATUS_OK;
+}
+
+/* RingSetup: map the rings, answer on the socket, then switch both directions to them. */
+static void handle_ring_setup(struct tpd_session *s, const Tpw__V1__RingSetup *m, int fd)
+{
+	Tpw__V1__Reply rep = TPW__V1__REPLY__INIT;
+	Tpw__V1__DaemonMsg dm = TPW__V1__DAEMON_MSG__INIT;
+	const char *why;
+
+	rep.req_id = m->req_id;
+	rep.status = ring_accept(s, m, fd, &why);
+	rep.message = (char *)(why ? why : "");
+	s->ring_allowed = false;
+	dm.body_case = TPW__V1__DAEMON_MSG__BODY_REPLY;
+	dm.reply = &rep;
+	tpd_session_send(s, &dm, NULL, 0);
+	if (why) {
+		tpd_session_log(s, TPU_LOG_INFO, "control ring refused (%s): staying on the socket",
+				why);
+		return;
+	}
+	if (s->dead)
+		return;
+	if (!tpu_list_empty(&s->outq)) {
+		tpd_session_fail(s, TPU_LOG_WARNING, TPW__V1__STATUS__STATUS_PEER_DIED,
+				 "client does not read the answer to its RingSetup");
+		return;
+	}
+	s->ring = true; /* every later frame goes through the rings */
+	tpd_session_log(s, TPU_LOG_DEBUG, "control ring of %u bytes per direction", s->ring_size);
+	tpd_daemon_spin_kick(s->d); /* ends with the ring's sleeping flag set */
+}
+
 static void handle_hello(struct tpd_session *s, const Tpw__V1__Hello *h)
 {
 	Tpw__V1__HelloReply hr = TPW__V1__HELLO_REPLY__INIT;
@@ -409,6 +582,7 @@ static void handle_hello(struct tpd_session *s, const Tpw__V1__Hello *h)
 	s->name = strdup(name);
 	s->cma_ok = s->role == TPW__V1__ROLE__ROLE_CLIENT && cma_probe(s, h);
 	s->hello_done = true;
+	s->ring_allowed = s->role == TPW__V1__ROLE__ROLE_CLIENT;
 	hr.status = TPW__V1__STATUS__STATUS_OK;
 	hr.session_id = s->id;
 	hr.cma_ok = s->cma_ok;
@@ -586,6 +760,8 @@ static void dispatch(struct tpd_session *s, Tpw__V1__ClientMsg *m, const struct 
 {
 	struct tpd_pipe_end *e;
 
+	if (m->body_case != TPW__V1__CLIENT_MSG__BODY_RING_SETUP)
+		s->ring_allowed = false;
 	switch (m->body_case) {
 	case TPW__V1__CLIENT_MSG__BODY_LISTEN:
 		handle_listen(s, m->listen);
@@ -619,6 +795,10 @@ static void dispatch(struct tpd_session *s, Tpw__V1__ClientMsg *m, const struct 
 	case TPW__V1__CLIENT_MSG__BODY_CTL:
 		tpd_ctl_handle(s, m->ctl);
 		break;
+	case TPW__V1__CLIENT_MSG__BODY_RING_SETUP:
+		handle_ring_setup(s, m->ring_setup, fd);
+		tpu_close(fd);
+		break;
 	default:
 		break;
 	}
@@ -650,6 +830,8 @@ static int process_frame(struct tpd_session *s, const struct tpw_hdr *h, const u
 	char why[256];
 	int r;
 
+	if (h->nfds > s->n_fdq && s->ring)
+		ring_take_side(s); /* the client sent them before writing this frame */
 	if (h->nfds > s->n_fdq) {
 		tpd_session_fail(s, TPU_LOG_WARNING, TPW__V1__STATUS__STATUS_PEER_DIED,
 				 "frame %llu announces %u fds, %u received",
@@ -698,8 +880,8 @@ static void check_stray_fds(struct tpd_session *s)
 	struct tpw_hdr h;
 	unsigned allowed = 0;
 
-	if (s->dead || !s->n_fdq)
-		return;
+	if (s->dead || !s->n_fdq || s->ring)
+		return; /* ring: fds come ahead of their frames; the queue's size bounds them */
 	if (s->in_len > 0 && s->in_len < TPW_HDR_SIZE)
 		return; /* header not complete yet */
 	if (s->in_len >= TPW_HDR_SIZE && tpw_hdr_parse(s->in, s->d->limits.frame_max, &h) == 0)
@@ -775,40 +957,172 @@ static int take_fds(struct tpd_session *s, struct msghdr *mh)
 	return r;
 }
 
-/* One recvmsg. Return: bytes read, 0 on EOF, -EAGAIN, or -errno. */
-static ssize_t recv_some(struct tpd_session *s)
+/* Keeps room in the input buffer for the next read. Return: 0 or -ENOMEM. */
+static int in_reserve(struct tpd_session *s)
+{
+	uint8_t *nb;
+
+	if (s->in_cap - s->in_len >= IN_MIN_FREE / 4)
+		return 0;
+	nb = realloc(s->in, s->in_cap + IN_MIN_FREE);
+	if (!nb)
+		return -ENOMEM;
+	s->in = nb;
+	s->in_cap += IN_MIN_FREE;
+	return 0;
+}
+
+/* One recvmsg into @buf, fds into the queue. Return: bytes read, 0 on EOF, -EAGAIN, -errno. */
+static ssize_t recv_msg(struct tpd_session *s, void *buf, size_t len)
 {
 	union {
 		char buf[CMSG_SPACE(sizeof(int) * TPW_FDS_MAX * 2)];
 		struct cmsghdr align;
 	} cm;
-	struct iovec iov;
+	struct iovec iov = { buf, len };
 	struct msghdr mh = { .msg_iov = &iov, .msg_iovlen = 1, .msg_control = cm.buf,
 			     .msg_controllen = sizeof(cm.buf) };
 	ssize_t n;
 
-	if (s->in_cap - s->in_len < IN_MIN_FREE / 4) {
-		uint8_t *nb = realloc(s->in, s->in_cap + IN_MIN_FREE);
-		if (!nb)
-			return -ENOMEM;
-		s->in = nb;
-		s->in_cap += IN_MIN_FREE;
-	}
-	iov.iov_base = s->in + s->in_len;
-	iov.iov_len = s->in_cap - s->in_len;
 	n = recvmsg(s->fd, &mh, MSG_DONTWAIT | MSG_CMSG_CLOEXEC);
 	if (n < 0)
 		return -errno;
 	if (take_fds(s, &mh) < 0 || (mh.msg_flags & MSG_CTRUNC))
 		return -EBADMSG;
-	s->in_len += (size_t)n;
 	return n;
+}
+
+/* One recvmsg into the input buffer. Return: bytes read, 0 on EOF, -EAGAIN, or -errno. */
+static ssize_t recv_some(struct tpd_session *s)
+{
+	ssize_t n;
+
+	if (in_reserve(s) < 0)
+		return -ENOMEM;
+	n = recv_msg(s, s->in + s->in_len, s->in_cap - s->in_len);
+	if (n > 0)
+		s->in_len += (size_t)n;
+	return n;
+}
+
+/* ---- control ring -------------------------------------------------------------------------- */
+
+/* One read of a ring session's socket: doorbell bytes (dropped) and fds. Return: as recv_msg. */
+static ssize_t recv_side(struct tpd_session *s)
+{
+	uint8_t bells[64];
+	ssize_t n = recv_msg(s, bells, sizeof(bells));
+
+	if (n > 0)
+		s->doorbells_in += (uint64_t)n;
+	return n;
+}
+
+/* Takes the fds waiting on the socket (too many of them fail the session). */
+static void ring_take_side(struct tpd_session *s)
+{
+	for (int i = 0; i < ROUNDS_PER_WAKEUP; i++) {
+		ssize_t n = recv_side(s);
+
+		if (n == -EBADMSG)
+			tpd_session_fail(s, TPU_LOG_WARNING, TPW__V1__STATUS__STATUS_PEER_DIED,
+					 "receive failed: too many or truncated fds");
+		if (n <= 0)
+			break;
+	}
+}
+
+/* Copies what the client->daemon ring holds into the input buffer and handles its frames.
+ * Return: true if bytes came. */
+static bool ring_pull(struct tpd_session *s)
+{
+	bool got = false;
+
+	for (int i = 0; i < ROUNDS_PER_WAKEUP && !s->dead; i++) {
+		ssize_t n;
+
+		if (in_reserve(s) < 0) {
+			tpd_session_fail(s, TPU_LOG_ERR, TPW__V1__STATUS__STATUS_IO, "out of memory");
+			break;
+		}
+		n = tpu_ring_get(&s->ring_rx, s->in + s->in_len, s->in_cap - s->in_len);
+		if (n < 0)
+			tpd_session_fail(s, TPU_LOG_WARNING, TPW__V1__STATUS__STATUS_PEER_DIED,
+					 "control ring corrupted by the client (impossible write "
+					 "position)");
+		if (n <= 0)
+			break;
+		got = true;
+		s->in_len += (size_t)n;
+		tpu_ring_producer_waiting(&s->ring_rx); /* wakes a client blocked on a full ring */
+		parse_frames(s);
+	}
+	return got;
+}
+
+bool tpd_session_ring_poll(struct tpd_session *s)
+{
+	uint64_t queued;
+	bool moved;
+	int r;
+
+	if (!s->ring || s->dead)
+		return false;
+	moved = ring_pull(s);
+	if (tpu_list_empty(&s->outq) || s->dead)
+		return moved;
+	queued = s->outq_bytes;
+	r = flush_out(s);
+	if (r < 0)
+		fail_output(s, r);
+	return moved || s->outq_bytes != queued;
+}
+
+bool tpd_session_ring_sleep(struct tpd_session *s)
+{
+	return s->ring && !s->dead && tpu_ring_sleep_prepare(&s->ring_rx);
+}
+
+void tpd_session_ring_wake(struct tpd_session *s)
+{
+	if (s->ring && !s->dead)
+		tpu_ring_sleep_cancel(&s->ring_rx);
+}
+
+/* The socket of a ring session is readable: doorbells, fds, or the end. */
+static void ring_on_read(struct tpd_session *s)
+{
+	for (int i = 0; i < ROUNDS_PER_WAKEUP && !s->dead; i++) {
+		ssize_t n = recv_side(s);
+
+		if (n == -EAGAIN || n == -EINTR)
+			break;
+		if (n == 0 || n == -ECONNRESET) {
+			ring_pull(s); /* frames written before the end still count */
+			tpd_session_fail(s, TPU_LOG_INFO, TPW__V1__STATUS__STATUS_PEER_DIED,
+					 "client disconnected");
+			return;
+		}
+		if (n < 0) {
+			tpd_session_fail(s, TPU_LOG_WARNING, TPW__V1__STATUS__STATUS_PEER_DIED,
+					 "receive failed: %s",
+					 n == -EBADMSG ? "too many or truncated fds"
+						       : strerror((int)-n));
+			return;
+		}
+	}
+	tpd_session_ring_poll(s);
+	tpd_daemon_spin_kick(s->d);
 }
 
 static void session_on_read(evutil_socket_t fd, short what, void *arg)
 {
 	struct tpd_session *s = arg;
 
+	if (s->ring) {
+		ring_on_read(s);
+		return;
+	}
 	for (int i = 0; i < ROUNDS_PER_WAKEUP && !s->dead; i++) {
 		ssize_t n = recv_some(s);
 

@@ -14,8 +14,11 @@
 #include <sys/uio.h>
 #include "buffer.h"
 #include "hmap.h"
+#include "ring.h"
 #include "tpu.h"
 #include "tpw.pb-c.h"
+
+#define TPD_SEND_TAIL_MAX 8 /* data pieces a frame sent by tpd_session_send() may carry inline */
 
 struct tpd_daemon;
 
@@ -54,6 +57,15 @@ struct tpd_session {
 	uint64_t next_accept_id;
 	uint64_t bytes_in, bytes_out;
 	uint64_t attached_ns;
+	/* Shared-memory control rings (RingSetup): once `ring` is set, frames travel in
+	 * them and the socket only carries doorbell bytes, fds and the end of the session. */
+	bool ring;
+	bool ring_allowed;	    /* RingSetup may come: the next frame after a client's Hello */
+	uint32_t ring_size;	    /* data bytes per direction */
+	void *ring_map;		    /* tpu_ring_map_size(ring_size) bytes */
+	struct tpu_ring ring_tx;    /* daemon -> client */
+	struct tpu_ring ring_rx;    /* client -> daemon */
+	uint64_t doorbells_in, doorbells_out;
 };
 
 /*
@@ -92,6 +104,21 @@ struct tpd_buffer *tpd_session_buffer(struct tpd_session *s, uint64_t id, uint64
 /* Sends Reply{req_id, status from @err, @why, id, remote_name}. */
 void tpd_session_reply(struct tpd_session *s, uint64_t req_id, int err, const char *why, uint64_t id,
 		       const char *remote_name);
+
+/*
+ * tpd_session_ring_poll() - for the daemon's spin loop: take what @s's ring holds and push
+ * queued output into it. Return: true if anything moved.
+ */
+bool tpd_session_ring_poll(struct tpd_session *s);
+
+/*
+ * tpd_session_ring_sleep() - before the daemon sleeps: set @s's sleeping flag so that its
+ * client rings the doorbell. Return: true if data arrived meanwhile (do not sleep).
+ */
+bool tpd_session_ring_sleep(struct tpd_session *s);
+
+/* Withdraws @s's sleeping flag while the daemon polls. */
+void tpd_session_ring_wake(struct tpd_session *s);
 
 /* Number of pipe ends attached to @s. */
 unsigned tpd_session_pipe_count(const struct tpd_session *s);

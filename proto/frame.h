@@ -33,10 +33,12 @@
  * Protocol version spoken by this build (Hello.major / Hello.minor). Minor versions:
  *   0  first release
  *   1  the daemon answers every PipeClose with PipeClosed once no copy uses that end's memory
+ *   2  shared-memory control rings (RingSetup after HelloReply)
  */
 #define TPW_PROTO_MAJOR 1
-#define TPW_PROTO_MINOR 1
+#define TPW_PROTO_MINOR 2
 #define TPW_MINOR_CLOSE_ACK 1
+#define TPW_MINOR_RING 2
 
 struct tpw_hdr {
 	uint32_t magic;

@@ -6,6 +6,7 @@
 #include <stdarg.h>
 #include <stdio.h>
 #include <string.h>
+#include "ring.h"
 #include "validate.h"
 
 #define PIPE_ID_CLIENT_MAX (1ull << 63)
@@ -176,7 +177,8 @@ static int check_string(const char *s, size_t max, const char *what, char *why, 
 int tpw_client_msg_validate(const Tpw__V1__ClientMsg *m, const struct tpw_hdr *hdr,
 			    const struct tpw_limits *lim, char *why, size_t wl)
 {
-	bool want_fd = m->body_case == TPW__V1__CLIENT_MSG__BODY_BUFFER_REGISTER;
+	bool want_fd = m->body_case == TPW__V1__CLIENT_MSG__BODY_BUFFER_REGISTER ||
+		       m->body_case == TPW__V1__CLIENT_MSG__BODY_RING_SETUP;
 	bool may_have_data = m->body_case == TPW__V1__CLIENT_MSG__BODY_WRITE;
 
 	if (hdr->nfds != (want_fd ? 1 : 0))
@@ -191,6 +193,11 @@ int tpw_client_msg_validate(const Tpw__V1__ClientMsg *m, const struct tpw_hdr *h
 		    m->hello->role != TPW__V1__ROLE__ROLE_CONTROL)
 			return fail(-EBADMSG, why, wl, "unknown role %d", (int)m->hello->role);
 		return check_string(m->hello->name, TPW_NAME_MAX, "name", why, wl);
+	case TPW__V1__CLIENT_MSG__BODY_RING_SETUP:
+		if (!tpu_ring_size_ok(m->ring_setup->ring_bytes))
+			return fail(-EBADMSG, why, wl, "ring of %u bytes (power of two, %u..%u)",
+				    m->ring_setup->ring_bytes, TPU_RING_MIN, TPU_RING_MAX);
+		return 0;
 	case TPW__V1__CLIENT_MSG__BODY_LISTEN:
 		if (!tpw_name_valid(m->listen->name))
 			return fail(-EBADMSG, why, wl, "invalid listener name");

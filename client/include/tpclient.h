@@ -60,6 +60,10 @@ struct tp_device {
 enum tp_context_flags {
 	/* Never use cross-memory attach: private memory is staged through shared buffers. */
 	TP_CONTEXT_NO_CMA = 1u << 0,
+	/* Keep every frame on the Unix socket: no shared-memory control ring. */
+	TP_CONTEXT_NO_RING = 1u << 1,
+	/* Never spin: every wait for the daemon sleeps at once (lowest CPU, highest latency). */
+	TP_CONTEXT_NO_SPIN = 1u << 2,
 };
 
 struct tp_context_options {
@@ -70,6 +74,15 @@ struct tp_context_options {
 	size_t eager_max;	 /* messages with at most this many data bytes travel inline
 				  * with their descriptor; 0: 64 KiB; capped by the daemon */
 	uint32_t flags;		 /* enum tp_context_flags */
+	/* Shared-memory control ring between this process and the daemon, bytes per direction
+	 * (a power of two, 4 KiB..64 MiB; 0: $TPIPD_RING_BYTES if set, else 256 KiB; the
+	 * variable set to 0 means TP_CONTEXT_NO_RING). Falls back to the socket if the daemon
+	 * refuses it. */
+	uint32_t ring_bytes;
+	/* Waits for the daemon poll for up to this many microseconds before they sleep, and
+	 * adapt below it when answers come slower (0: $TPIPD_SPIN_US if set, else 100; the
+	 * variable set to 0 means TP_CONTEXT_NO_SPIN). */
+	uint32_t spin_us;
 };
 
 /*
@@ -93,6 +106,14 @@ const char *tp_context_name(const struct tp_context *ctx);
 
 /* True if the daemon can reach this process's memory by cross-memory attach. */
 bool tp_context_cma_ok(const struct tp_context *ctx);
+
+/*
+ * tp_context_transport() - how this context talks to the daemon: "ring" (shared-memory control
+ * ring, see tp_context_options.ring_bytes) or "unix" (every frame on the Unix socket: the ring
+ * was turned off, refused by the daemon, or the daemon predates it).
+ * Return: a static string.
+ */
+const char *tp_context_transport(const struct tp_context *ctx);
 
 /* Opt-in diagnostics: @fn is called (on any thread) with a syslog level and a line. */
 typedef void (*tp_log_fn)(void *arg, int level, const char *line);

@@ -11,6 +11,7 @@
 #include <stdio.h>
 #include <string.h>
 #include <sys/eventfd.h>
+#include <sys/mman.h>
 #include <sys/random.h>
 #include <sys/socket.h>
 #include <sys/un.h>
@@ -30,8 +31,28 @@ void tpc_context_wake(struct tp_context *ctx)
 {
 	uint64_t one = 1;
 
+	/* A spinning io thread sees wake_seq move; only a sleeping one needs the eventfd. */
+	__atomic_add_fetch(&ctx->wake_seq, 1, __ATOMIC_SEQ_CST);
+	if (!__atomic_load_n(&ctx->io_sleeping, __ATOMIC_SEQ_CST))
+		return;
 	while (write(ctx->efd, &one, sizeof(one)) < 0 && errno == EINTR)
 		;
+}
+
+/* ---- spinning ------------------------------------------------------------------------------ */
+
+static __thread struct tpu_spin thread_spin;
+
+static bool spin_flag_set(void *arg)
+{
+	return __atomic_load_n((const bool *)arg, __ATOMIC_ACQUIRE);
+}
+
+bool tpc_spin_until(struct tp_context *ctx, const bool *flag)
+{
+	if (thread_spin.max_ns != ctx->spin_ns)
+		tpu_spin_init(&thread_spin, ctx->spin_ns);
+	return tpu_spin_wait(&thread_spin, spin_flag_set, (void *)flag);
 }
 
 void tpc_context_log(struct tp_context *ctx, int level, const char *fmt, ...)
@@ -351,13 +372,11 @@ static int context_read(struct tp_context *ctx, char *why, size_t why_len)
 	return r;
 }
 
-static void context_on_readable(struct tp_context *ctx)
+/* The daemon connection is unusable (@why): fail everything. */
+static void context_lost(struct tp_context *ctx, const char *why)
 {
-	char why[200] = "", msg[TPC_ERRMSG_MAX];
-	int r = context_read(ctx, why, sizeof(why));
+	char msg[TPC_ERRMSG_MAX];
 
-	if (r >= 0)
-		return;
 	snprintf(msg, sizeof(msg), "%s (%s)", TPC_CONN_LOST, why);
 	tpc_context_log(ctx, LOG_ERR, "%s", msg);
 	/* The stream cannot be trusted any more: stop reading it. */
@@ -367,6 +386,85 @@ static void context_on_readable(struct tp_context *ctx)
 	pthread_mutex_unlock(&ctx->lock);
 }
 
+static void context_on_readable(struct tp_context *ctx)
+{
+	char why[200] = "";
+
+	if (context_read(ctx, why, sizeof(why)) < 0)
+		context_lost(ctx, why);
+}
+
+/* Reads the doorbell bytes on a ring context's socket. Return: 0, or -ECONNRESET at its end. */
+static int context_drain_bells(struct tp_context *ctx)
+{
+	uint8_t bells[64];
+
+	for (;;) {
+		ssize_t k = recv(ctx->fd, bells, sizeof(bells), MSG_DONTWAIT);
+
+		if (k > 0)
+			continue;
+		if (k < 0 && errno == EINTR)
+			continue;
+		return k == 0 || (errno != EAGAIN && errno != EWOULDBLOCK) ? -ECONNRESET : 0;
+	}
+}
+
+struct io_poll {
+	struct tp_context *ctx;
+	uint64_t wake_seq;
+};
+
+static bool io_ready(void *arg)
+{
+	struct io_poll *p = arg;
+
+	return tpu_ring_avail(&p->ctx->ring_rx) != 0 ||
+	       __atomic_load_n(&p->ctx->wake_seq, __ATOMIC_ACQUIRE) != p->wake_seq;
+}
+
+/*
+ * One wait of a ring context's io thread (lock not held): frames waiting in the ring are read
+ * at once; else it spins, then sets the sleeping flags and blocks in poll() on the eventfd and
+ * the socket (doorbells, the end of the connection).
+ */
+static void context_ring_wait(struct tp_context *ctx, struct tpu_spin *spin, struct pollfd *pfd,
+			      uint64_t seq)
+{
+	struct io_poll p = { ctx, seq };
+	uint64_t t0 = tpu_now_ns(), v;
+	bool raced;
+
+	if (tpu_spin_wait(spin, io_ready, &p)) {
+		if (tpu_ring_avail(&ctx->ring_rx) != 0)
+			context_on_readable(ctx);
+		return;
+	}
+	__atomic_store_n(&ctx->io_sleeping, 1, __ATOMIC_SEQ_CST);
+	raced = tpu_ring_sleep_prepare(&ctx->ring_rx) ||
+		__atomic_load_n(&ctx->wake_seq, __ATOMIC_SEQ_CST) != p.wake_seq;
+	if (!raced && poll(pfd, 2, -1) > 0 && pfd[0].revents && read(ctx->efd, &v, sizeof(v)) < 0)
+		v = 0;
+	__atomic_store_n(&ctx->io_sleeping, 0, __ATOMIC_SEQ_CST);
+	tpu_ring_sleep_cancel(&ctx->ring_rx);
+	if (!raced)
+		tpu_spin_slept(spin, tpu_now_ns() - t0);
+	if (!raced && pfd[1].revents && context_drain_bells(ctx) < 0) {
+		/* Frames the daemon wrote before it went away still count. */
+		while (tpu_ring_avail(&ctx->ring_rx) != 0) {
+			char why[200] = "";
+
+			if (context_read(ctx, why, sizeof(why)) < 0) {
+				context_lost(ctx, why);
+				return;
+			}
+		}
+		context_lost(ctx, "end of stream");
+		return;
+	}
+	context_on_readable(ctx);
+}
+
 static void *context_io_main(void *arg)
 {
 	struct tp_context *ctx = arg;
@@ -374,10 +472,12 @@ static void *context_io_main(void *arg)
 		{ .fd = ctx->efd, .events = POLLIN },
 		{ .fd = ctx->fd, .events = POLLIN },
 	};
+	struct tpu_spin spin;
 	struct tpc_op *op;
 	uint64_t v;
 
 	io_thread_ctx = ctx;
+	tpu_spin_init(&spin, ctx->spin_ns);
 	pthread_mutex_lock(&ctx->lock);
 	for (;;) {
 		while ((op = tpu_list_first(&ctx->done, struct tpc_op, node))) {
@@ -390,13 +490,23 @@ static void *context_io_main(void *arg)
 			break;
 		/* While stopping, keep reading: the shutdown waits for close acknowledgements. */
 		nfds_t n = ctx->dead ? 1 : 2;
+		/* Work queued from now on bumps wake_seq (after taking the lock we hold). */
+		uint64_t seq = __atomic_load_n(&ctx->wake_seq, __ATOMIC_SEQ_CST);
+
 		pthread_mutex_unlock(&ctx->lock);
-		if (poll(pfd, n, -1) > 0) {
+		if (ctx->ring && n == 2) {
+			context_ring_wait(ctx, &spin, pfd, seq);
+			pthread_mutex_lock(&ctx->lock);
+			continue;
+		}
+		__atomic_store_n(&ctx->io_sleeping, 1, __ATOMIC_SEQ_CST);
+		if (__atomic_load_n(&ctx->wake_seq, __ATOMIC_SEQ_CST) == seq && poll(pfd, n, -1) > 0) {
 			if (pfd[0].revents && read(ctx->efd, &v, sizeof(v)) < 0)
 				v = 0;
 			if (n > 1 && pfd[1].revents)
 				context_on_readable(ctx);
 		}
+		__atomic_store_n(&ctx->io_sleeping, 0, __ATOMIC_SEQ_CST);
 		pthread_mutex_lock(&ctx->lock);
 	}
 	pthread_mutex_unlock(&ctx->lock);
@@ -425,10 +535,35 @@ static int context_connect(struct tp_context *ctx, const char *socket_path)
 	return tpu_fd_nonblock(ctx->fd);
 }
 
-static int context_send_hello(struct tp_context *ctx, bool no_cma)
+/* Makes the control ring offered by RingSetup. Return: its fd, or -errno (stay on the socket). */
+static int context_ring_new(struct tp_context *ctx, const struct tp_context_options *o)
+{
+	uint32_t size = o->ring_bytes ? o->ring_bytes : TPU_RING_DEFAULT;
+	int fd, r;
+
+	if (o->flags & TP_CONTEXT_NO_RING)
+		return -EBADF;
+	r = tpu_ring_create(size, &fd, &ctx->ring_map);
+	if (r < 0)
+		return r; /* no memfd here: stay on the socket */
+	ctx->ring_size = size;
+	tpu_ring_init(ctx->ring_map, size, true, &ctx->ring_tx, &ctx->ring_rx);
+	return fd;
+}
+
+static void context_ring_free(struct tp_context *ctx)
+{
+	if (ctx->ring_map)
+		munmap(ctx->ring_map, tpu_ring_map_size(ctx->ring_size));
+	ctx->ring_map = NULL;
+	ctx->ring = false;
+}
+
+static int context_send_hello(struct tp_context *ctx, const struct tp_context_options *o)
 {
 	Tpw__V1__Hello h = TPW__V1__HELLO__INIT;
 	Tpw__V1__ClientMsg m = TPW__V1__CLIENT_MSG__INIT;
+	bool no_cma = o->flags & TP_CONTEXT_NO_CMA;
 	int r;
 
 	if (getrandom(&ctx->probe, sizeof(ctx->probe), GRND_NONBLOCK) != sizeof(ctx->probe))
@@ -494,6 +629,52 @@ static void context_set_limits(struct tp_context *ctx, const Tpw__V1__Limits *l,
 	ctx->eager_max = TPU_MIN(eager ? eager : TPC_EAGER_DEFAULT, (size_t)lim->inline_max);
 }
 
+/*
+ * Offers the daemon a control ring (RingSetup, the frame after Hello) and waits for its answer.
+ * Return: 0 (on the ring, or on the socket if it was refused or cannot be made), or -errno if
+ * the session itself failed.
+ */
+static int context_ring_setup(struct tp_context *ctx, const struct tp_context_options *o)
+{
+	Tpw__V1__RingSetup rs = TPW__V1__RING_SETUP__INIT;
+	Tpw__V1__ClientMsg m = TPW__V1__CLIENT_MSG__INIT;
+	_cleanup_close_ int fd = -EBADF;
+	Tpw__V1__DaemonMsg *dm;
+	struct tpw_hdr h;
+	char why[160];
+	int r;
+
+	fd = context_ring_new(ctx, o); /* ring_bytes was checked by tp_context_new() */
+	if (fd < 0)
+		return 0;
+	rs.req_id = 1;
+	rs.ring_bytes = ctx->ring_size;
+	m.body_case = TPW__V1__CLIENT_MSG__BODY_RING_SETUP;
+	m.ring_setup = &rs;
+	pthread_mutex_lock(&ctx->send_lock);
+	r = tpc_wire_send(ctx, &m, NULL, 0, fd);
+	pthread_mutex_unlock(&ctx->send_lock);
+	if (r < 0)
+		return tpc_error(r, "cannot send RingSetup: %s", tp_strerror(r));
+	r = context_wait_frame(ctx, tpu_now_ns() + TPC_HELLO_TIMEOUT_MS * 1000000ull, &h);
+	if (r < 0)
+		return r;
+	r = context_decode(&h, ctx->rbuf + ctx->rpos + TPW_HDR_SIZE, &dm, why, sizeof(why));
+	if (r < 0)
+		return tpc_error(-EPROTO, "bad answer to RingSetup: %s", why);
+	tpc_wire_consume(ctx, &h);
+	if (dm->body_case != TPW__V1__DAEMON_MSG__BODY_REPLY || dm->reply->req_id != rs.req_id) {
+		r = tpc_error(-EPROTO, "daemon answered RingSetup with message type %d",
+			      (int)dm->body_case);
+	} else if (dm->reply->status == TPW__V1__STATUS__STATUS_OK) {
+		ctx->ring = true; /* every later frame goes through the rings */
+	} else {
+		context_ring_free(ctx); /* refused (the daemon logs why): stay on the socket */
+	}
+	tpw_daemon_msg_free(dm);
+	return r;
+}
+
 static int context_hello(struct tp_context *ctx, const struct tp_context_options *o)
 {
 	Tpw__V1__DaemonMsg *m;
@@ -502,7 +683,7 @@ static int context_hello(struct tp_context *ctx, const struct tp_context_options
 	char why[160];
 	int r;
 
-	r = context_send_hello(ctx, o->flags & TP_CONTEXT_NO_CMA);
+	r = context_send_hello(ctx, o);
 	if (r == 0)
 		r = context_wait_frame(ctx, tpu_now_ns() + TPC_HELLO_TIMEOUT_MS * 1000000ull, &h);
 	if (r < 0)
@@ -526,6 +707,8 @@ static int context_hello(struct tp_context *ctx, const struct tp_context_options
 		ctx->cma_ok = hr->cma_ok && !(o->flags & TP_CONTEXT_NO_CMA);
 		ctx->close_acks = hr->minor >= TPW_MINOR_CLOSE_ACK;
 		context_set_limits(ctx, hr->limits, o->eager_max);
+		if (hr->minor >= TPW_MINOR_RING)
+			r = context_ring_setup(ctx, o);
 	}
 	tpw_daemon_msg_free(m);
 	return r;
@@ -585,6 +768,34 @@ static struct tp_context *context_alloc(void)
 	return ctx;
 }
 
+/*
+ * Fills ring_bytes and spin_us left at 0 from $TPIPD_RING_BYTES and $TPIPD_SPIN_US ("0" turns
+ * the ring or the spinning off). Return: 0 or -EINVAL for an unparsable value.
+ */
+static int context_env_options(struct tp_context_options *o)
+{
+	const char *e;
+	uint64_t v;
+
+	e = getenv("TPIPD_RING_BYTES");
+	if (e && *e && !o->ring_bytes && !(o->flags & TP_CONTEXT_NO_RING)) {
+		if (tpu_parse_size(e, &v) < 0 || v > UINT32_MAX)
+			return tpc_error(-EINVAL, "TPIPD_RING_BYTES=%s: not a size", e);
+		if (v == 0)
+			o->flags |= TP_CONTEXT_NO_RING;
+		o->ring_bytes = (uint32_t)v;
+	}
+	e = getenv("TPIPD_SPIN_US");
+	if (e && *e && !o->spin_us && !(o->flags & TP_CONTEXT_NO_SPIN)) {
+		if (tpu_parse_size(e, &v) < 0 || v > TPC_SPIN_MAX_US)
+			return tpc_error(-EINVAL, "TPIPD_SPIN_US=%s: not 0..%u", e, TPC_SPIN_MAX_US);
+		if (v == 0)
+			o->flags |= TP_CONTEXT_NO_SPIN;
+		o->spin_us = (uint32_t)v;
+	}
+	return 0;
+}
+
 TP_EXPORT int tp_context_new(const struct tp_context_options *opts, struct tp_context **ret)
 {
 	struct tp_context_options o = { .size = sizeof(o) };
@@ -598,11 +809,22 @@ TP_EXPORT int tp_context_new(const struct tp_context_options *opts, struct tp_co
 			return tpc_error(-EINVAL, "tp_context_options.size is not set");
 		memcpy(&o, opts, TPU_MIN(opts->size, sizeof(o)));
 	}
+	r = context_env_options(&o);
+	if (r < 0)
+		return r;
+	if (o.ring_bytes && !(o.flags & TP_CONTEXT_NO_RING) && !tpu_ring_size_ok(o.ring_bytes))
+		return tpc_error(-EINVAL, "ring_bytes %u: a power of two from %u to %u", o.ring_bytes,
+				 TPU_RING_MIN, TPU_RING_MAX);
+	if (o.spin_us > TPC_SPIN_MAX_US)
+		return tpc_error(-EINVAL, "spin_us %u: at most %u", o.spin_us, TPC_SPIN_MAX_US);
 	if (o.name && (!*o.name || strlen(o.name) > TPW_NAME_MAX))
 		return tpc_error(-EINVAL, "context name must be 1..%d bytes", TPW_NAME_MAX);
 	ctx = context_alloc();
 	if (!ctx)
 		return tpc_error(-ENOMEM, "out of memory");
+	ctx->spin_ns = o.flags & TP_CONTEXT_NO_SPIN
+			       ? 0
+			       : (uint64_t)(o.spin_us ? o.spin_us : TPC_SPIN_DEFAULT_US) * 1000;
 	ctx->name = o.name ? strdup(o.name) : context_default_name();
 	r = ctx->name ? 0 : tpc_error(-ENOMEM, "out of memory");
 	if (r == 0)
@@ -761,6 +983,7 @@ TP_EXPORT void tp_context_free(struct tp_context *ctx)
 	tpc_map_done(&ctx->reqs);
 	tpu_close(ctx->fd);
 	tpu_close(ctx->efd);
+	context_ring_free(ctx);
 	pthread_cond_destroy(&ctx->cond);
 	pthread_mutex_destroy(&ctx->lock);
 	pthread_mutex_destroy(&ctx->send_lock);
@@ -774,6 +997,11 @@ TP_EXPORT void tp_context_free(struct tp_context *ctx)
 TP_EXPORT const char *tp_context_name(const struct tp_context *ctx)
 {
 	return ctx ? ctx->name : "";
+}
+
+TP_EXPORT const char *tp_context_transport(const struct tp_context *ctx)
+{
+	return ctx && ctx->ring ? "ring" : "unix";
 }
 
 TP_EXPORT bool tp_context_cma_ok(const struct tp_context *ctx)

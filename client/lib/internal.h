@@ -23,6 +23,7 @@
 #include "tpclient.h"
 #include "frame.h"
 #include "validate.h"
+#include "ring.h"
 #include "tpu.h"
 
 #define TP_EXPORT __attribute__((visibility("default")))
@@ -33,6 +34,8 @@
 #define TPC_INLINE_SMALL 4096u	 /* segments up to this size ride inline in rendezvous writes */
 #define TPC_ERRMSG_MAX 256
 #define TPC_CONN_LOST "daemon connection lost"
+#define TPC_SPIN_DEFAULT_US 100
+#define TPC_SPIN_MAX_US 100000
 
 /* ---- id map: uint64 key (never 0) -> pointer, open addressing ----------------------------- */
 
@@ -53,6 +56,23 @@ void *tpc_map_del(struct tpc_map *m, uint64_t key);
 void tpc_map_drain(struct tpc_map *m, void (*fn)(void *val, void *arg), void *arg);
 /* Frees the table (not the values). */
 void tpc_map_done(struct tpc_map *m);
+
+/*
+ * tpc_pipe_read() - tp_pipe_read(), and for a blocking read (@ret_inline not NULL, starts false)
+ * an eager message with no read before it completes in the call: *@ret_inline is set and @cb
+ * is never called.
+ */
+int tpc_pipe_read(struct tp_pipe *p, struct tp_descriptor *dp, const struct tp_allocation *alloc,
+		  tp_done_fn cb, void *arg, bool *ret_inline);
+
+/* Rings the daemon's doorbell (one byte on the socket; any thread, no lock needed). */
+void tpc_wire_doorbell(struct tp_context *ctx);
+
+/*
+ * tpc_spin_until() - spin (bounded, adaptive per thread) until *@flag is non-zero.
+ * Return: true if it became non-zero while spinning; false: the caller should sleep.
+ */
+bool tpc_spin_until(struct tp_context *ctx, const bool *flag);
 
 /* ---- requests answered by Reply ------------------------------------------------------------ */
 
@@ -155,6 +175,16 @@ struct tp_context {
 	uint64_t session_id;
 	tp_log_fn log_fn;
 	void *log_arg;
+
+	/* Control ring (set up in tp_context_new, fixed afterwards). ring_tx is written with
+	 * send_lock held; ring_rx is read by the io thread only. */
+	bool ring;
+	uint32_t ring_size;
+	void *ring_map;
+	struct tpu_ring ring_tx, ring_rx;
+	uint64_t spin_ns;     /* 0: never spin */
+	uint32_t io_sleeping; /* atomic: the io thread blocks in poll() */
+	uint64_t wake_seq;    /* atomic: bumped by tpc_context_wake() */
 
 	/* send_lock */
 	uint64_t seq;

@@ -406,18 +406,26 @@ static int read_stage(struct tp_context *ctx, struct read_plan *pl, size_t n, st
 	return 0;
 }
 
-/* Completes an eager read (callback on the io thread); send_lock held. */
+/*
+ * Completes an eager read (callback on the io thread); send_lock held. With @ret_inline (a
+ * blocking read) and no read before it, it is complete on return: *@ret_inline is set and @op
+ * is left to the caller, no callback.
+ */
 static void read_eager(struct tp_pipe *p, struct tpc_desc *d, const struct tp_allocation *a,
-		       struct tpc_op *op, bool at)
+		       struct tpc_op *op, bool at, bool *ret_inline)
 {
 	struct tp_context *ctx = p->ctx;
 
 	read_copy_eager(d, a);
 	pthread_mutex_lock(&ctx->lock);
-	op->pending = true;
-	tpu_list_insert_tail(&p->reads, &op->node);
-	/* Completes now, or after the rendezvous reads before it. */
-	tpc_op_ready_locked(ctx, &p->reads, op, 0, NULL);
+	if (ret_inline && tpu_list_empty(&p->reads)) {
+		*ret_inline = true;
+	} else {
+		op->pending = true;
+		tpu_list_insert_tail(&p->reads, &op->node);
+		/* Completes now, or after the rendezvous reads before it. */
+		tpc_op_ready_locked(ctx, &p->reads, op, 0, NULL);
+	}
 	pthread_mutex_unlock(&ctx->lock);
 	if (at)
 		read_send_release(ctx, p->id, d);
@@ -454,7 +462,7 @@ static int read_rendezvous(struct tp_pipe *p, struct tpc_desc *d, const struct t
 }
 
 static int read_start(struct tp_pipe *p, struct tpc_desc *d, const struct tp_allocation *a,
-		      struct tpc_op *op)
+		      struct tpc_op *op, bool *ret_inline)
 {
 	struct tp_context *ctx = p->ctx;
 	struct tpu_list gone = TPU_LIST_INIT(gone);
@@ -472,7 +480,7 @@ static int read_start(struct tp_pipe *p, struct tpc_desc *d, const struct tp_all
 		return r;
 	}
 	if (r == 0 && d->eager)
-		read_eager(p, d, a, op, at);
+		read_eager(p, d, a, op, at, ret_inline);
 	else if (r == 0)
 		r = read_rendezvous(p, d, a, op);
 	if (r < 0 && at)
@@ -487,8 +495,8 @@ static int read_start(struct tp_pipe *p, struct tpc_desc *d, const struct tp_all
 	return r;
 }
 
-TP_EXPORT int tp_pipe_read(struct tp_pipe *p, struct tp_descriptor *dp,
-			   const struct tp_allocation *alloc, tp_done_fn cb, void *arg)
+int tpc_pipe_read(struct tp_pipe *p, struct tp_descriptor *dp, const struct tp_allocation *alloc,
+		  tp_done_fn cb, void *arg, bool *ret_inline)
 {
 	struct tpc_desc *d = dp ? tpu_container_of(dp, struct tpc_desc, pub) : NULL;
 	struct tpc_op *op = NULL;
@@ -514,12 +522,18 @@ TP_EXPORT int tp_pipe_read(struct tp_pipe *p, struct tp_descriptor *dp,
 	op->arg = arg;
 	op->pipe = p;
 	op->id = d->msg_id;
-	r = read_start(p, d, alloc, op);
-	if (r < 0) {
+	r = read_start(p, d, alloc, op, ret_inline);
+	if (r < 0 || (ret_inline && *ret_inline)) {
 		tpc_buffer_stage_put(p->ctx, op->stage, false);
 		tpc_op_free(op);
 	}
 	return r;
+}
+
+TP_EXPORT int tp_pipe_read(struct tp_pipe *p, struct tp_descriptor *dp,
+			   const struct tp_allocation *alloc, tp_done_fn cb, void *arg)
+{
+	return tpc_pipe_read(p, dp, alloc, cb, arg, NULL);
 }
 
 void tpc_read_on_done(struct tp_context *ctx, const Tpw__V1__ReadDone *m)

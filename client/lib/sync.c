@@ -17,13 +17,15 @@ struct sync_waiter {
 	char msg[TPC_ERRMSG_MAX];
 	struct tp_descriptor *desc;
 	struct tp_pipe *pipe;
+	struct tp_context *ctx; /* whose spin budget applies; NULL: never spin */
 };
 
-static void sync_init(struct sync_waiter *w)
+static void sync_init(struct sync_waiter *w, struct tp_context *ctx)
 {
 	pthread_condattr_t ca;
 
 	memset(w, 0, sizeof(*w));
+	w->ctx = ctx;
 	pthread_mutex_init(&w->m, NULL);
 	pthread_condattr_init(&ca);
 	pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
@@ -43,7 +45,7 @@ static void sync_signal(struct sync_waiter *w, int status, const char *errmsg)
 	w->status = status;
 	if (status < 0)
 		snprintf(w->msg, sizeof(w->msg), "%s", errmsg ? errmsg : tp_strerror(status));
-	w->done = true;
+	__atomic_store_n(&w->done, true, __ATOMIC_RELEASE);
 	pthread_cond_signal(&w->c);
 	pthread_mutex_unlock(&w->m);
 }
@@ -81,6 +83,12 @@ static bool sync_wait(struct sync_waiter *w, int timeout_ms)
 	struct timespec ts;
 	bool done;
 
+	/* An answer that comes within the spin budget costs no sleep and no wake-up. */
+	if (w->ctx && w->ctx->spin_ns && timeout_ms != 0 && tpc_spin_until(w->ctx, &w->done)) {
+		pthread_mutex_lock(&w->m); /* the callback may still hold it */
+		pthread_mutex_unlock(&w->m);
+		return true;
+	}
 	if (timeout_ms >= 0)
 		tpc_deadline(&ts, timeout_ms);
 	pthread_mutex_lock(&w->m);
@@ -129,7 +137,7 @@ TP_EXPORT int tp_pipe_write_sync(struct tp_pipe *p, const struct tp_message *msg
 		return tpc_error(-EINVAL, "no pipe");
 	if (tpc_context_on_io_thread(p->ctx))
 		return tpc_error(-EDEADLK, "tp_pipe_write_sync() called from a callback");
-	sync_init(&w);
+	sync_init(&w, p->ctx);
 	r = tp_pipe_write(p, msg, sync_on_done, &w);
 	if (r == 0) {
 		sync_wait(&w, -1);
@@ -162,7 +170,7 @@ TP_EXPORT int tp_pipe_read_descriptor_sync(struct tp_pipe *p, int timeout_ms,
 		return tpc_error(-EINVAL, "missing pipe or result pointer");
 	if (tpc_context_on_io_thread(p->ctx))
 		return tpc_error(-EDEADLK, "tp_pipe_read_descriptor_sync() called from a callback");
-	sync_init(&w);
+	sync_init(&w, p->ctx);
 	r = tpc_read_descriptor_start(p, sync_on_desc, &w, &op);
 	if (r == 0) {
 		r = sync_result(sync_wait_or_cancel(p->ctx, &w, op, timeout_ms), &w, timeout_ms,
@@ -178,15 +186,16 @@ TP_EXPORT int tp_pipe_read_sync(struct tp_pipe *p, struct tp_descriptor *d,
 				const struct tp_allocation *alloc)
 {
 	struct sync_waiter w;
+	bool done_here = false;
 	int r;
 
 	if (p && tpc_context_on_io_thread(p->ctx)) {
 		tp_descriptor_free(d);
 		return tpc_error(-EDEADLK, "tp_pipe_read_sync() called from a callback");
 	}
-	sync_init(&w);
-	r = tp_pipe_read(p, d, alloc, sync_on_done, &w);
-	if (r == 0) {
+	sync_init(&w, p ? p->ctx : NULL);
+	r = tpc_pipe_read(p, d, alloc, sync_on_done, &w, &done_here);
+	if (r == 0 && !done_here) {
 		sync_wait(&w, -1);
 		r = w.status;
 		if (r < 0)
@@ -206,7 +215,7 @@ TP_EXPORT int tp_listener_accept_sync(struct tp_listener *l, int timeout_ms, str
 		return tpc_error(-EINVAL, "missing listener or result pointer");
 	if (tpc_context_on_io_thread(l->ctx))
 		return tpc_error(-EDEADLK, "tp_listener_accept_sync() called from a callback");
-	sync_init(&w);
+	sync_init(&w, l->ctx);
 	r = tpc_listener_accept_start(l, sync_on_accept, &w, &op);
 	if (r == 0) {
 		r = sync_result(sync_wait_or_cancel(l->ctx, &w, op, timeout_ms), &w, timeout_ms,

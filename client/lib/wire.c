@@ -10,6 +10,11 @@
  * long as the daemon keeps reading, which it always does; other threads keep running and the io
  * thread keeps reading (lock is never held while sending). A send that fails leaves the stream
  * unusable, so the socket is shut down and the io thread reports the connection as lost.
+ *
+ * With a control ring the frame bytes go into the shared client->daemon ring instead (in
+ * pieces when the frame is larger than the free space, waiting on the ring's futex for room),
+ * an fd goes ahead of its frame on the socket with one byte, and the daemon is woken by a
+ * doorbell byte only when it sleeps. Received frames are copied out of the daemon->client ring.
  */
 #include <limits.h>
 #include <poll.h>
@@ -98,6 +103,54 @@ static int wire_sendv(int sock, struct iovec *iov, size_t n, int fd)
 	return 0;
 }
 
+void tpc_wire_doorbell(struct tp_context *ctx)
+{
+	static const uint8_t bell;
+
+	(void)!send(ctx->fd, &bell, 1, MSG_DONTWAIT | MSG_NOSIGNAL);
+}
+
+/* True if the daemon's end of the socket is gone. */
+static bool wire_hung_up(int sock)
+{
+	struct pollfd pfd = { .fd = sock, .events = 0 };
+
+	return poll(&pfd, 1, 0) > 0 && (pfd.revents & (POLLHUP | POLLERR | POLLNVAL));
+}
+
+/* Writes all of @iov[0..@n) into the ring; the fd (if any) goes first, on the socket. */
+static int wire_ring_sendv(struct tp_context *ctx, const struct iovec *iov, size_t n, int fd)
+{
+	size_t total = 0, done = 0;
+
+	if (fd >= 0) {
+		struct iovec one = { (void *)"", 1 };
+		int r = wire_sendv(ctx->fd, &one, 1, fd);
+
+		if (r < 0)
+			return r;
+	}
+	for (size_t i = 0; i < n; i++)
+		total += iov[i].iov_len;
+	while (done < total) {
+		ssize_t k = tpu_ring_put(&ctx->ring_tx, iov, n, done);
+		uint32_t seq;
+
+		if (k < 0)
+			return (int)k;
+		done += (size_t)k;
+		if (k > 0 && tpu_ring_consumer_asleep(&ctx->ring_tx))
+			tpc_wire_doorbell(ctx);
+		if (done == total || k > 0 || tpu_ring_wait_space_prepare(&ctx->ring_tx, &seq))
+			continue;
+		/* Full: the daemon bumps the futex word when it has made room. */
+		tpu_ring_futex_wait(&ctx->ring_tx, seq, 100);
+		if (wire_hung_up(ctx->fd))
+			return -ECONNRESET;
+	}
+	return 0;
+}
+
 int tpc_wire_send(struct tp_context *ctx, Tpw__V1__ClientMsg *m, const struct iovec *data,
 		  size_t n_data, int fd)
 {
@@ -118,7 +171,10 @@ int tpc_wire_send(struct tp_context *ctx, Tpw__V1__ClientMsg *m, const struct io
 	for (size_t i = 0; i < n_data; i++)
 		if (data[i].iov_len)
 			ctx->siov[n++] = data[i];
-	r = wire_sendv(ctx->fd, ctx->siov, n, fd);
+	if (ctx->ring)
+		r = wire_ring_sendv(ctx, ctx->siov, n, fd);
+	else
+		r = wire_sendv(ctx->fd, ctx->siov, n, fd);
 	if (r < 0) {
 		/* A partial frame cannot be taken back: make the loss visible to the io thread. */
 		shutdown(ctx->fd, SHUT_RDWR);
@@ -159,6 +215,15 @@ int tpc_wire_fill(struct tp_context *ctx)
 				     TPU_MAX(ctx->rlen + RBUF_MIN / 4, RBUF_MIN), 1);
 		if (r < 0)
 			return r;
+	}
+	if (ctx->ring) {
+		k = tpu_ring_get(&ctx->ring_rx, ctx->rbuf + ctx->rlen, ctx->rcap - ctx->rlen);
+		if (k <= 0)
+			return k == 0 ? -EAGAIN : (int)k;
+		ctx->rlen += (size_t)k;
+		if (tpu_ring_producer_waiting(&ctx->ring_rx))
+			tpc_wire_doorbell(ctx); /* the daemon holds output until there is room */
+		return (int)k;
 	}
 	do
 		k = recv(ctx->fd, ctx->rbuf + ctx->rlen, ctx->rcap - ctx->rlen, MSG_DONTWAIT);

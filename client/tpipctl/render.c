@@ -191,14 +191,32 @@ static struct json_object *session_json(const void *item)
 	ctl_json_u64(o, "bytes_in", s->bytes_in);
 	ctl_json_u64(o, "bytes_out", s->bytes_out);
 	ctl_json_bool(o, "cma_ok", s->cma_ok);
+	ctl_json_str(o, "transport", s->transport);
+	ctl_json_u64(o, "ring_bytes", s->ring_bytes);
 	return o;
 }
 
 static const struct ctl_col session_cols[] = {
-	{ "ID", true },	    { "PID", true },	  { "UID", true },	{ "COMMAND", false },
-	{ "NAME", false },  { "ROLE", false },	  { "PIPES", true },	{ "LISTENERS", true },
-	{ "BUFFERS", true }, { "BUF_BYTES", true }, { "BYTES_IN", true }, { "BYTES_OUT", true },
+	{ "ID", true },        { "PID", true },     { "UID", true },        { "COMMAND", false },
+	{ "NAME", false },     { "ROLE", false },   { "TRANSPORT", false }, { "PIPES", true },
+	{ "LISTENERS", true }, { "BUFFERS", true }, { "BUF_BYTES", true },  { "BYTES_IN", true },
+	{ "BYTES_OUT", true },
 };
+
+/* The TRANSPORT cell: "unix", or "ring" with its size per direction ("ring 256K"). */
+static void session_transport_cell(struct ctl_table *t, const Tpw__V1__CtlSession *s)
+{
+	uint32_t n = s->ring_bytes;
+
+	if (!s->transport || strcmp(s->transport, "ring") != 0 || !n)
+		ctl_table_cellf(t, "%s", str_or_empty(s->transport));
+	else if (n % (1u << 20) == 0)
+		ctl_table_cellf(t, "ring %" PRIu32 "M", n >> 20);
+	else if (n % (1u << 10) == 0)
+		ctl_table_cellf(t, "ring %" PRIu32 "K", n >> 10);
+	else
+		ctl_table_cellf(t, "ring %" PRIu32, n);
+}
 
 static void session_row(struct ctl_table *t, const void *item)
 {
@@ -211,6 +229,7 @@ static void session_row(struct ctl_table *t, const void *item)
 	ctl_table_cellf(t, "%s", str_or_empty(s->command));
 	ctl_table_cellf(t, "%s", str_or_empty(s->name));
 	ctl_table_cellf(t, "%s", role_name(s->role));
+	session_transport_cell(t, s);
 	ctl_table_cellf(t, "%" PRIu32, s->pipes);
 	ctl_table_cellf(t, "%" PRIu32, s->listeners);
 	ctl_table_cellf(t, "%" PRIu32, s->buffers);
