@@ -1,11 +1,20 @@
 /* SPDX-License-Identifier: BSD-3-Clause */
 /*
- * Data connections of a peer link: sender and receiver threads per connection, chunked
- * transfers striped over them, completions back to the loop. See stripe.h.
+ * Data connections of a peer link: a sender and a receiver thread per connection, transfers cut
+ * into chunks striped over them, completions back to the loop. See stripe.h. Sends wait in one
+ * shared queue. A new send gives one chunk to each idle sender at once; senders that finish a
+ * chunk claim the next one from the queue, which serves its sends in turns of one row (one chunk
+ * per live connection). So every connection works on a large tensor, a faster connection simply
+ * takes more chunks (no chunk waits in the queue of a slow or failed connection), a transfer of a
+ * row or less goes out over several connections at once, and a small transfer waits for at most
+ * one row of each send queued before it. Receivers read each chunk's header, find the transfer by
+ * id and read the payload straight into its destination. Logging is left to the peer link
+ * (on_error and the transfers' @why say what happened).
  *
- * Locking: one mutex per stripe guards the transfer lists, the send queues and every
- * transfer's counters. Threads hold it only to pick work and account for it, never across a
- * socket call or a CMA copy.
+ * Locking: one mutex per stripe guards the send queue, the receive table, the done queue, the
+ * connections' failed flags and the private fields and results of every active transfer.
+ * Threads hold it only to claim work and account for it, never across a socket call or a CMA
+ * copy. While a thread moves a transfer's bytes the transfer is busy and cannot complete.
  */
 #include <errno.h>
 #include <fcntl.h>
@@ -13,6 +22,7 @@
 #include <netinet/tcp.h>
 #include <pthread.h>
 #include <signal.h>
+#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -20,18 +30,20 @@
 #include <sys/socket.h>
 #include <sys/uio.h>
 #include <unistd.h>
+#include "hmap.h"
 #include "log.h"
 #include "stripe.h"
 
 #define CHUNK_DEFAULT (1u << 20)
-#define CHUNK_MAX (16u << 20)
 
-struct chunk {
-	struct tpu_list node;
+/* One chunk a sender claimed. */
+struct claim {
 	struct tpd_stripe_xfer *x;
+	struct tpb_mem mem; /* of its segment */
 	uint32_t seg;
 	uint32_t len;
 	uint64_t off;
+	int src_err; /* the source could not be read: nothing was sent */
 };
 
 struct conn {
@@ -39,141 +51,171 @@ struct conn {
 	unsigned index;
 	int fd;
 	pthread_t tx, rx;
-	bool tx_started, rx_started;
-	bool failed;
-	struct tpu_list q; /* chunks to send */
-	uint64_t queued;   /* their bytes */
+	bool failed; /* lock */
+	bool idle;   /* lock: its sender waits for work */
+	bool handed; /* lock: @handoff is its next chunk */
+	struct claim handoff;
+	pthread_cond_t wake; /* its sender waits here, for a chunk handed to it or to stop */
 };
 
 struct tpd_stripe {
-	struct event_base *base;
-	struct event *ev;
-	int efd;
 	pthread_mutex_t lock;
-	pthread_cond_t cond;
 	struct conn conns[TPD_STRIPE_CONNS_MAX];
-	unsigned n_conns;
-	bool stopping;
-	struct tpu_list recvs; /* registered receives */
-	struct tpu_list done;  /* completed, not yet delivered */
+	unsigned n_conns;      /* loop thread */
+	unsigned hand_next;    /* loop thread: the connection send_hand_out() tries first */
+	unsigned n_live;       /* added and not failed: lock, read atomically */
+	bool stopping;	       /* lock */
+	struct tpu_list sendq; /* sends with chunks left to claim */
+	struct tpu_hmap recvs; /* xfer_id -> registered receive not yet complete */
+	struct tpu_list done;  /* complete, not yet delivered */
+	int efd;
+	struct event *ev;
+	bool *alive; /* loop thread: cleared when a done callback frees the stripe */
 	uint32_t chunk;
 	char name[48];
 	tpd_stripe_error_fn on_error;
 	void *arg;
-	bool err_set, err_reported;
+	bool failed, err_reported; /* lock */
 	int err;
 	char why[200];
-	uint64_t sent, received; /* under lock */
-	unsigned rr;
+	uint64_t sent, received; /* atomic */
 };
 
 /* ---- completion (lock held) ---------------------------------------------------------------- */
 
 static void wake_loop(struct tpd_stripe *st)
 {
-	uint64_t one = 1;
-	ssize_t r = write(st->efd, &one, sizeof(one));
+	static const uint64_t one = 1;
 
-	(void)r; /* the counter cannot overflow in practice; a failed write means it is set */
+	if (write(st->efd, &one, sizeof(one)) < 0 && errno != EAGAIN)
+		tpu_log_err("%s: eventfd write failed: %m", st->name);
 }
 
-static void xfer_complete_locked(struct tpd_stripe *st, struct tpd_stripe_xfer *x, int status,
-				 const char *why)
+static void set_status(struct tpd_stripe_xfer *x, int status, const char *fmt, ...) _printf_(3, 4);
+
+/* Records the first error of @x. */
+static void set_status(struct tpd_stripe_xfer *x, int status, const char *fmt, ...)
 {
-	if (x->queued_done)
+	va_list ap;
+
+	if (x->status < 0 || status >= 0)
 		return;
+	x->status = status;
+	va_start(ap, fmt);
+	vsnprintf(x->why, sizeof(x->why), fmt, ap);
+	va_end(ap);
+}
+
+/* Moves @x to the done queue; its callback runs on the loop. */
+static void xfer_complete(struct tpd_stripe *st, struct tpd_stripe_xfer *x)
+{
 	x->queued_done = true;
-	if (status < 0 && x->status == 0) {
-		x->status = status;
-		snprintf(x->why, sizeof(x->why), "%s", why ? why : strerror(-status));
-	}
 	x->ns = tpu_now_ns() - x->start_ns;
+	if (x->is_recv && x->total)
+		tpu_hmap_del(&st->recvs, x->xfer_id);
 	if (tpu_list_linked(&x->node))
 		tpu_list_remove(&x->node);
 	tpu_list_insert_tail(&st->done, &x->node);
 	wake_loop(st);
 }
 
-static void set_status(struct tpd_stripe_xfer *x, int status, const char *why)
+/* A send is complete when nothing is left to claim (or it stopped) and no thread reads it. */
+static void send_check(struct tpd_stripe *st, struct tpd_stripe_xfer *x)
 {
-	if (x->status == 0 && status < 0) {
-		x->status = status;
-		snprintf(x->why, sizeof(x->why), "%s", why);
-	}
+	bool stopped = x->canceled || x->status < 0;
+
+	if (stopped && tpu_list_linked(&x->node))
+		tpu_list_remove(&x->node); /* claim no more of its chunks */
+	if (x->queued_done || x->busy || (!stopped && x->next_seg < x->n_segs))
+		return;
+	if (x->canceled)
+		set_status(x, -ECANCELED, "send canceled");
+	xfer_complete(st, x);
 }
 
-/* A receive is complete when what is expected arrived and no thread writes its memory. */
-static void recv_check_locked(struct tpd_stripe *st, struct tpd_stripe_xfer *x)
+/* A receive is complete when what is expected arrived (or it ended) and no thread writes it. */
+static void recv_check(struct tpd_stripe *st, struct tpd_stripe_xfer *x)
 {
 	if (x->queued_done || x->busy)
 		return;
 	if (x->canceled) {
-		xfer_complete_locked(st, x, -ECANCELED, "receive canceled");
-		return;
-	}
-	if (x->bytes >= x->expect) {
+		set_status(x, -ECANCELED, "receive canceled");
+	} else if (!x->broken) {
+		if (x->bytes < x->expect)
+			return;
 		if (x->expect_status < 0)
-			set_status(x, x->expect_status, x->expect_why);
-		xfer_complete_locked(st, x, x->status, x->why);
+			set_status(x, x->expect_status, "%s", x->expect_why);
+	}
+	xfer_complete(st, x);
+}
+
+/* Ends every queued send and registered receive with @err. A transfer a thread is busy on is
+ * marked (status, broken) and completed by that thread when it lets go. */
+static void fail_all(struct tpd_stripe *st, int err, const char *why)
+{
+	struct tpd_stripe_xfer *x;
+	uint64_t key;
+	void *val;
+
+	while ((x = tpu_list_first(&st->sendq, struct tpd_stripe_xfer, node))) {
+		set_status(x, err, "%s", why);
+		send_check(st, x);
+	}
+	for (size_t i = 0; tpu_hmap_next(&st->recvs, &i, &key, &val);) {
+		x = val;
+		set_status(x, err, "%s", why);
+		x->broken = true;
+		if (!x->busy) {
+			recv_check(st, x); /* removes it from the table: start over */
+			i = 0;
+		}
 	}
 }
 
-/* One chunk of send @x is finished (sent, dropped or failed). */
-static void chunk_finish_locked(struct tpd_stripe *st, struct tpd_stripe_xfer *x)
+/* Takes @c out of service: its sender exits, its receiver wakes up. */
+static void conn_stop(struct conn *c)
 {
-	if (--x->chunks_left > 0)
+	struct tpd_stripe *st = c->st;
+
+	if (c->failed)
 		return;
-	if (x->canceled)
-		set_status(x, -ECANCELED, "send canceled");
-	xfer_complete_locked(st, x, x->status, x->why);
+	c->failed = true;
+	__atomic_store_n(&st->n_live, st->n_live - 1, __ATOMIC_RELAXED);
+	if (st->n_live == 0 && !st->stopping)
+		fail_all(st, -ECONNRESET, "peer link failed: no data connection left");
+	pthread_cond_signal(&c->wake);
+	shutdown(c->fd, SHUT_RDWR);
 }
 
-static void drop_queue_locked(struct tpd_stripe *st, struct conn *c, int status, const char *why)
-{
-	while (!tpu_list_empty(&c->q)) {
-		struct chunk *k = tpu_list_first(&c->q, struct chunk, node);
-		tpu_list_remove(&k->node);
-		c->queued -= k->len;
-		set_status(k->x, status, why);
-		chunk_finish_locked(st, k->x);
-		free(k);
-	}
-}
-
-/* Connection @c failed: remember why (reported once, on the loop), stop its threads. */
+/* Connection @c failed: remember the first failure (reported once, on the loop), stop it. */
 static void conn_fail(struct conn *c, int err, const char *fmt, ...) _printf_(3, 4);
 
 static void conn_fail(struct conn *c, int err, const char *fmt, ...)
 {
 	struct tpd_stripe *st = c->st;
-	char why[160];
 	va_list ap;
+	int n;
 
-	va_start(ap, fmt);
-	vsnprintf(why, sizeof(why), fmt, ap);
-	va_end(ap);
-	pthread_mutex_lock(&st->lock);
-	if (!c->failed && !st->stopping) {
-		c->failed = true;
-		if (!st->err_set) {
-			st->err_set = true;
-			st->err = err;
-			snprintf(st->why, sizeof(st->why), "connection %u: %s", c->index, why);
-			wake_loop(st);
-		}
+	if (c->failed)
+		return;
+	if (!st->stopping && !st->failed) {
+		st->failed = true;
+		st->err = err;
+		n = snprintf(st->why, sizeof(st->why), "connection %u: ", c->index);
+		va_start(ap, fmt);
+		vsnprintf(st->why + n, sizeof(st->why) - (size_t)n, fmt, ap);
+		va_end(ap);
+		wake_loop(st);
 	}
-	c->failed = true;
-	drop_queue_locked(st, c, -ECONNRESET, "peer link closed");
-	pthread_cond_broadcast(&st->cond);
-	pthread_mutex_unlock(&st->lock);
-	shutdown(c->fd, SHUT_RDWR);
+	conn_stop(c);
 }
 
-/* ---- I/O helpers --------------------------------------------------------------------------- */
+/* ---- wire helpers -------------------------------------------------------------------------- */
 
-static int send_all(int fd, struct iovec *iov, int n)
+/* Writes all of @iov (which it modifies). Return: 0 or -errno. */
+static int send_all(int fd, struct iovec *iov, size_t n)
 {
-	struct msghdr mh = { .msg_iov = iov, .msg_iovlen = (size_t)n };
+	struct msghdr mh = { .msg_iov = iov, .msg_iovlen = n };
 
 	while (mh.msg_iovlen) {
 		ssize_t w = sendmsg(fd, &mh, MSG_NOSIGNAL);
@@ -182,22 +224,20 @@ static int send_all(int fd, struct iovec *iov, int n)
 				continue;
 			return -errno;
 		}
-		while (w > 0 && mh.msg_iovlen) {
-			if ((size_t)w >= mh.msg_iov->iov_len) {
-				w -= (ssize_t)mh.msg_iov->iov_len;
-				mh.msg_iov++;
-				mh.msg_iovlen--;
-			} else {
-				mh.msg_iov->iov_base = (char *)mh.msg_iov->iov_base + w;
-				mh.msg_iov->iov_len -= (size_t)w;
-				w = 0;
-			}
+		while (mh.msg_iovlen && (size_t)w >= mh.msg_iov->iov_len) {
+			w -= (ssize_t)mh.msg_iov->iov_len;
+			mh.msg_iov++;
+			mh.msg_iovlen--;
+		}
+		if (mh.msg_iovlen) {
+			mh.msg_iov->iov_base = (char *)mh.msg_iov->iov_base + w;
+			mh.msg_iov->iov_len -= (size_t)w;
 		}
 	}
 	return 0;
 }
 
-/* Return: 0, -ECONNRESET on EOF, or -errno. */
+/* Return: 0, -ECONNRESET at end of stream, or -errno. */
 static int recv_all(int fd, void *buf, size_t len)
 {
 	char *p = buf;
@@ -225,8 +265,8 @@ static void put_u32(uint8_t *p, uint32_t v)
 
 static void put_u64(uint8_t *p, uint64_t v)
 {
-	for (int i = 0; i < 8; i++)
-		p[i] = (uint8_t)(v >> (8 * i));
+	put_u32(p, (uint32_t)v);
+	put_u32(p + 4, (uint32_t)(v >> 32));
 }
 
 static uint32_t get_u32(const uint8_t *p)
@@ -239,16 +279,75 @@ static uint64_t get_u64(const uint8_t *p)
 	return (uint64_t)get_u32(p) | (uint64_t)get_u32(p + 4) << 32;
 }
 
+/* One CMA copy of @len bytes between @local and @m->addr + @off. Return: 0 or -errno. */
+static int cma_copy(const struct tpb_mem *m, uint64_t off, void *local, size_t len, bool write)
+{
+	struct iovec l = { local, len };
+	struct iovec r = { (void *)(uintptr_t)(m->addr + off), len };
+	ssize_t n;
+
+	if (m->loc != TPB_LOC_PROCESS)
+		return -EOPNOTSUPP;
+	n = write ? process_vm_writev(m->pid, &l, 1, &r, 1, 0) :
+		    process_vm_readv(m->pid, &l, 1, &r, 1, 0);
+	if (n < 0)
+		return -errno;
+	return (size_t)n == len ? 0 : -EFAULT;
+}
+
 /* ---- sender -------------------------------------------------------------------------------- */
 
-/* Sends chunk @k. Return: 0; > 0 (positive errno) if its source could not be read (nothing
- * sent); < 0 on a socket error. */
-static int send_chunk(struct conn *c, struct chunk *k, void *bounce)
+/* Moves the cursor of @x past finished and empty segments. */
+static void send_settle(struct tpd_stripe_xfer *x)
 {
-	const struct tpd_stripe_seg *s = &k->x->segs[k->seg];
+	while (x->next_seg < x->n_segs && x->next_off >= x->segs[x->next_seg].len) {
+		x->next_seg++;
+		x->next_off = 0;
+	}
+}
+
+/* Lock held, send queue not empty: claims the next chunk of the send at the head of the queue.
+ * After a row (one chunk per live connection) that send goes to the tail, so that concurrent
+ * sends share the connections row by row: a small message does not wait behind a large tensor,
+ * and messages of a row or less still go out one after the other, not interleaved. */
+static void send_claim(struct tpd_stripe *st, struct claim *k)
+{
+	struct tpd_stripe_xfer *x = tpu_list_first(&st->sendq, struct tpd_stripe_xfer, node);
+	const struct tpd_stripe_seg *s = &x->segs[x->next_seg];
+
+	*k = (struct claim){ .x = x, .mem = s->mem, .seg = (uint32_t)x->next_seg,
+			     .off = x->next_off };
+	k->len = (uint32_t)TPU_MIN((uint64_t)st->chunk, s->len - x->next_off);
+	x->next_off += k->len;
+	send_settle(x);
+	x->busy++;
+	if (x->next_seg >= x->n_segs) {
+		tpu_list_remove(&x->node); /* all claimed */
+	} else if (++x->turn >= st->n_live) {
+		x->turn = 0;
+		tpu_list_remove(&x->node);
+		tpu_list_insert_tail(&st->sendq, &x->node);
+	}
+}
+
+/* Sends chunk @k. Return: 0 (also when its source could not be read: @k->src_err), or -errno
+ * of the socket. */
+static int send_chunk(struct conn *c, struct claim *k, void **bounce)
+{
 	uint8_t hdr[TPD_STRIPE_HDR];
 	struct iovec iov[2];
+	void *p = (void *)(uintptr_t)(k->mem.addr + k->off);
 
+	if (k->mem.loc != TPB_LOC_LOCAL) {
+		if (!*bounce && !(*bounce = malloc(c->st->chunk))) {
+			k->src_err = -ENOMEM;
+			return 0;
+		}
+		k->src_err = cma_copy(&k->mem, k->off, *bounce, k->len, false);
+		if (k->src_err < 0)
+			return 0;
+		p = *bounce;
+	}
 	put_u32(hdr, TPD_STRIPE_MAGIC);
 	put_u32(hdr + 4, k->seg);
 	put_u64(hdr + 8, k->x->xfer_id);
@@ -256,66 +355,56 @@ static int send_chunk(struct conn *c, struct chunk *k, void *bounce)
 	put_u32(hdr + 24, k->len);
 	put_u32(hdr + 28, 0);
 	iov[0] = (struct iovec){ hdr, sizeof(hdr) };
-	if (s->mem.loc == TPB_LOC_PROCESS) {
-		struct iovec l = { bounce, k->len };
-		struct iovec r = { (void *)(uintptr_t)(s->mem.addr + k->off), k->len };
-		ssize_t n = process_vm_readv(s->mem.pid, &l, 1, &r, 1, 0);
-		if (n < 0)
-			return errno;
-		if ((size_t)n != k->len)
-			return EFAULT;
-		iov[1] = (struct iovec){ bounce, k->len };
-	} else {
-		iov[1] = (struct iovec){ (void *)(uintptr_t)(s->mem.addr + k->off), k->len };
-	}
+	iov[1] = (struct iovec){ p, k->len };
 	return send_all(c->fd, iov, 2);
+}
+
+/* Lock held: chunk @k was sent (@r == 0) or not. */
+static void send_account(struct conn *c, struct claim *k, int r)
+{
+	struct tpd_stripe_xfer *x = k->x;
+
+	x->busy--;
+	if (r < 0)
+		set_status(x, -ECONNRESET, "peer link failed: connection %u: send: %s", c->index,
+			   strerror(-r));
+	else if (k->src_err < 0)
+		set_status(x, k->src_err, "cannot read the source: %s", strerror(-k->src_err));
+	else
+		x->bytes += k->len;
+	if (r == 0 && k->src_err == 0)
+		__atomic_fetch_add(&c->st->sent, k->len, __ATOMIC_RELAXED);
+	send_check(c->st, x);
+	if (r < 0)
+		conn_fail(c, r, "send failed: %s", strerror(-r));
 }
 
 static void *tx_main(void *arg)
 {
 	struct conn *c = arg;
 	struct tpd_stripe *st = c->st;
-	void *bounce = malloc(st->chunk);
+	void *bounce = NULL; /* for process sources, allocated on first use */
+	struct claim k;
+	int r;
 
 	pthread_mutex_lock(&st->lock);
 	for (;;) {
-		struct chunk *k;
-		int r;
-
-		while (tpu_list_empty(&c->q) && !st->stopping && !c->failed)
-			pthread_cond_wait(&st->cond, &st->lock);
-		if (st->stopping || c->failed)
+		c->idle = true;
+		while (!st->stopping && !c->failed && !c->handed && tpu_list_empty(&st->sendq))
+			pthread_cond_wait(&c->wake, &st->lock);
+		c->idle = false;
+		if (c->handed) { /* sent even when stopping: the send fails, the claim is settled */
+			k = c->handoff;
+			c->handed = false;
+		} else if (st->stopping || c->failed) {
 			break;
-		k = tpu_list_first(&c->q, struct chunk, node);
-		tpu_list_remove(&k->node);
-		c->queued -= k->len;
-		if (k->x->canceled || k->x->status < 0 || !bounce) {
-			if (!bounce)
-				set_status(k->x, -ENOMEM, "out of memory");
-			chunk_finish_locked(st, k->x);
-			free(k);
-			continue;
+		} else {
+			send_claim(st, &k);
 		}
 		pthread_mutex_unlock(&st->lock);
-		r = send_chunk(c, k, bounce);
+		r = send_chunk(c, &k, &bounce);
 		pthread_mutex_lock(&st->lock);
-		if (r == 0) {
-			k->x->bytes += k->len;
-			__atomic_fetch_add(&st->sent, k->len, __ATOMIC_RELAXED);
-		} else if (r > 0) {
-			char why[120];
-			snprintf(why, sizeof(why), "cannot read the source: %s", strerror(r));
-			set_status(k->x, r == ESRCH ? -ESRCH : -r, why);
-		} else {
-			set_status(k->x, -ECONNRESET, "peer link failed");
-		}
-		chunk_finish_locked(st, k->x);
-		free(k);
-		if (r < 0) {
-			pthread_mutex_unlock(&st->lock);
-			conn_fail(c, r, "send: %s", strerror(-r));
-			pthread_mutex_lock(&st->lock);
-		}
+		send_account(c, &k, r);
 	}
 	pthread_mutex_unlock(&st->lock);
 	free(bounce);
@@ -324,119 +413,130 @@ static void *tx_main(void *arg)
 
 /* ---- receiver ------------------------------------------------------------------------------ */
 
-static struct tpd_stripe_xfer *find_recv_locked(struct tpd_stripe *st, uint64_t id)
+struct chunk_hdr {
+	uint32_t magic, seg, len, flags;
+	uint64_t id, off;
+};
+
+/* Receives @len bytes into @m + @off, or drops them when @m is NULL. A failed CMA write is
+ * stored in @ret_werr and the rest drained. Return: 0 or -errno of the socket. */
+static int recv_payload(int fd, const struct tpb_mem *m, uint64_t off, uint32_t len,
+			void **bounce, uint32_t blen, int *ret_werr)
 {
-	struct tpd_stripe_xfer *x;
-
-	tpu_list_for_each(x, &st->recvs, node)
-		if (x->xfer_id == id)
-			return x;
-	return NULL;
-}
-
-/* Receives @len bytes into segment memory @m + @off (or drops them if @m is NULL).
- * Return: 0, > 0 (positive errno) if the CMA write failed (bytes drained), < 0 socket error. */
-static int recv_into(struct conn *c, const struct tpb_mem *m, uint64_t off, uint32_t len,
-		     void *bounce, size_t blen)
-{
-	int werr = 0, r;
-
-	if (m && m->loc == TPB_LOC_LOCAL)
-		return recv_all(c->fd, (void *)(uintptr_t)(m->addr + off), len);
-	for (uint32_t done = 0; done < len;) {
-		uint32_t n = (uint32_t)TPU_MIN((size_t)(len - done), blen);
-		r = recv_all(c->fd, bounce, n);
-		if (r < 0)
-			return r;
-		if (m && !werr) {
-			struct iovec l = { bounce, n };
-			struct iovec rv = { (void *)(uintptr_t)(m->addr + off + done), n };
-			ssize_t w = process_vm_writev(m->pid, &l, 1, &rv, 1, 0);
-			if (w < 0)
-				werr = errno;
-			else if ((size_t)w != n)
-				werr = EFAULT;
-		}
-		done += n;
-	}
-	return werr;
-}
-
-/* Handles one chunk whose header is @hdr. Return: 0, or < 0 to stop (connection failed). */
-static int rx_chunk(struct conn *c, const uint8_t *hdr, void *bounce)
-{
-	struct tpd_stripe *st = c->st;
-	uint32_t seg = get_u32(hdr + 4), len = get_u32(hdr + 24);
-	uint64_t id = get_u64(hdr + 8), off = get_u64(hdr + 16), end;
-	struct tpd_stripe_xfer *x;
-	struct tpb_mem m;
-	bool have = false, write = false;
 	int r;
 
-	if (get_u32(hdr) != TPD_STRIPE_MAGIC || get_u32(hdr + 28) != 0 || len == 0 ||
-	    len > CHUNK_MAX) {
-		conn_fail(c, -EPROTO, "bad chunk header (magic %08x, len %u)", get_u32(hdr), len);
-		return -EPROTO;
-	}
-	pthread_mutex_lock(&st->lock);
-	x = find_recv_locked(st, id);
-	if (x && !x->canceled && !x->queued_done) {
-		if (seg >= x->n_segs || __builtin_add_overflow(off, (uint64_t)len, &end) ||
-		    end > x->segs[seg].len) {
-			pthread_mutex_unlock(&st->lock);
-			conn_fail(c, -EPROTO, "chunk %u+%u of segment %u outside transfer %llu",
-				  (unsigned)off, len, seg, (unsigned long long)id);
-			return -EPROTO;
-		}
-		m = x->segs[seg].mem;
-		x->busy++;
-		have = true;
-		write = x->status == 0;
-	}
-	pthread_mutex_unlock(&st->lock);
-	r = recv_into(c, write ? &m : NULL, off, len, bounce, st->chunk);
-	pthread_mutex_lock(&st->lock);
-	__atomic_fetch_add(&st->received, len, __ATOMIC_RELAXED);
-	if (have) {
-		x->busy--;
-		x->bytes += len;
-		if (r > 0) {
-			char why[120];
-			snprintf(why, sizeof(why), "cannot write the destination: %s", strerror(r));
-			set_status(x, r == ESRCH ? -ESRCH : -r, why);
-		} else if (r < 0) {
-			set_status(x, -ECONNRESET, "peer link failed");
-		}
-		recv_check_locked(st, x);
-	}
-	pthread_mutex_unlock(&st->lock);
-	if (r < 0) {
-		conn_fail(c, r, r == -ECONNRESET ? "closed by the peer" : "recv: %s",
-			  strerror(-r));
-		return r;
+	if (m && m->loc == TPB_LOC_LOCAL)
+		return recv_all(fd, (void *)(uintptr_t)(m->addr + off), len);
+	if (!*bounce && !(*bounce = malloc(blen)))
+		return -ENOMEM;
+	for (uint32_t done = 0, n; done < len; done += n) {
+		n = TPU_MIN(len - done, blen);
+		r = recv_all(fd, *bounce, n);
+		if (r < 0)
+			return r;
+		if (m && *ret_werr == 0)
+			*ret_werr = cma_copy(m, off + done, *bounce, n, true);
 	}
 	return 0;
+}
+
+/* Lock held: checks the header; registers the chunk's receive as busy in @ret (NULL: drop).
+ * Return: 0, or -EPROTO after failing the connection. */
+static int rx_lookup(struct conn *c, const struct chunk_hdr *h, struct tpd_stripe_xfer **ret)
+{
+	struct tpd_stripe_xfer *x;
+
+	*ret = NULL;
+	if (h->magic != TPD_STRIPE_MAGIC)
+		conn_fail(c, -EPROTO, "bad chunk magic 0x%08x", h->magic);
+	else if (h->flags != 0)
+		conn_fail(c, -EPROTO, "unknown chunk flags 0x%x", h->flags);
+	else if (h->len == 0 || h->len > TPD_STRIPE_CHUNK_MAX)
+		conn_fail(c, -EPROTO, "chunk of %u bytes (limit %u)", h->len, TPD_STRIPE_CHUNK_MAX);
+	else if ((x = tpu_hmap_get(&c->st->recvs, h->id)) && !x->canceled && !x->broken &&
+		 (h->seg >= x->n_segs || !tpu_range_ok(h->off, h->len, x->segs[h->seg].len)))
+		conn_fail(c, -EPROTO,
+			  "chunk of %u bytes at offset %llu of segment %u is outside transfer %llu",
+			  h->len, (unsigned long long)h->off, h->seg, (unsigned long long)h->id);
+	else {
+		if (x && !x->canceled && !x->broken) {
+			x->busy++;
+			*ret = x;
+		}
+		return 0;
+	}
+	return -EPROTO;
+}
+
+/* Lock held: the payload of @h for @x (may be NULL) arrived (@r == 0) or not. */
+static void rx_account(struct conn *c, struct tpd_stripe_xfer *x, const struct chunk_hdr *h,
+		       int r, int werr)
+{
+	if (r == 0)
+		__atomic_fetch_add(&c->st->received, h->len, __ATOMIC_RELAXED);
+	if (x) {
+		x->busy--;
+		if (r < 0) {
+			set_status(x, -ECONNRESET, "peer link failed: connection %u: %s", c->index,
+				   strerror(-r));
+			x->broken = true;
+		} else {
+			x->bytes += h->len;
+			if (werr < 0)
+				set_status(x, werr, "cannot write the destination: %s",
+					   strerror(-werr));
+		}
+		recv_check(c->st, x);
+	}
+	if (r < 0)
+		conn_fail(c, r, r == -ECONNRESET ? "closed by the peer" : "receive failed: %s",
+			  strerror(-r));
+}
+
+/* Receives one chunk whose header is @raw. Return: 0, or -errno once the connection failed. */
+static int rx_chunk(struct conn *c, const uint8_t *raw, void **bounce)
+{
+	struct tpd_stripe *st = c->st;
+	struct chunk_hdr h = { get_u32(raw), get_u32(raw + 4), get_u32(raw + 24),
+			       get_u32(raw + 28), get_u64(raw + 8), get_u64(raw + 16) };
+	struct tpd_stripe_xfer *x;
+	struct tpb_mem m;
+	bool write;
+	int r, werr = 0;
+
+	pthread_mutex_lock(&st->lock);
+	r = rx_lookup(c, &h, &x);
+	write = x && x->status == 0; /* else its bytes are drained */
+	if (write)
+		m = x->segs[h.seg].mem;
+	pthread_mutex_unlock(&st->lock);
+	if (r < 0)
+		return r;
+	r = recv_payload(c->fd, write ? &m : NULL, h.off, h.len, bounce, st->chunk, &werr);
+	pthread_mutex_lock(&st->lock);
+	rx_account(c, x, &h, r, werr);
+	pthread_mutex_unlock(&st->lock);
+	return r;
 }
 
 static void *rx_main(void *arg)
 {
 	struct conn *c = arg;
 	struct tpd_stripe *st = c->st;
-	void *bounce = malloc(st->chunk);
+	void *bounce = NULL; /* for process destinations and dropped chunks, on first use */
 	uint8_t hdr[TPD_STRIPE_HDR];
+	int r;
 
-	if (!bounce) {
-		conn_fail(c, -ENOMEM, "out of memory");
-		return NULL;
-	}
 	for (;;) {
-		int r = recv_all(c->fd, hdr, sizeof(hdr));
+		r = recv_all(c->fd, hdr, sizeof(hdr));
 		if (r < 0) {
-			conn_fail(c, r, r == -ECONNRESET ? "closed by the peer" : "recv: %s",
-				  strerror(-r));
+			pthread_mutex_lock(&st->lock);
+			conn_fail(c, r, r == -ECONNRESET ? "closed by the peer" :
+				  "receive failed: %s", strerror(-r));
+			pthread_mutex_unlock(&st->lock);
 			break;
 		}
-		if (rx_chunk(c, hdr, bounce) < 0)
+		if (rx_chunk(c, hdr, &bounce) < 0)
 			break;
 	}
 	free(bounce);
@@ -445,29 +545,29 @@ static void *rx_main(void *arg)
 
 /* ---- loop side ----------------------------------------------------------------------------- */
 
+/* Runs the done callbacks of completed transfers, then reports a failure once. Any callback
+ * may free the stripe. */
 static void deliver(struct tpd_stripe *st)
 {
-	struct tpu_list list;
-	bool report = false;
+	struct tpd_stripe_xfer *x;
+	bool alive = true, report = false;
 
-	tpu_list_init(&list);
-	pthread_mutex_lock(&st->lock);
-	while (!tpu_list_empty(&st->done)) {
-		struct tpd_stripe_xfer *x = tpu_list_first(&st->done, struct tpd_stripe_xfer, node);
-		tpu_list_remove(&x->node);
-		tpu_list_insert_tail(&list, &x->node);
-	}
-	if (st->err_set && !st->err_reported) {
-		st->err_reported = true;
-		report = true;
-	}
-	pthread_mutex_unlock(&st->lock);
-	while (!tpu_list_empty(&list)) {
-		struct tpd_stripe_xfer *x = tpu_list_first(&list, struct tpd_stripe_xfer, node);
-		tpu_list_remove(&x->node);
-		tpu_list_init(&x->node);
+	st->alive = &alive;
+	for (;;) {
+		pthread_mutex_lock(&st->lock);
+		x = tpu_list_first(&st->done, struct tpd_stripe_xfer, node);
+		if (x)
+			tpu_list_remove(&x->node);
+		else if (st->failed && !st->err_reported)
+			report = st->err_reported = true;
+		pthread_mutex_unlock(&st->lock);
+		if (!x)
+			break;
 		x->done(x);
+		if (!alive)
+			return;
 	}
+	st->alive = NULL;
 	if (report && st->on_error)
 		st->on_error(st, st->err, st->why, st->arg);
 }
@@ -478,41 +578,41 @@ static void stripe_on_event(evutil_socket_t fd, short what, void *arg)
 	uint64_t v;
 
 	if (read(st->efd, &v, sizeof(v)) < 0 && errno != EAGAIN)
-		tpu_log_warn("%s: eventfd read: %m", st->name);
+		tpu_log_err("%s: eventfd read failed: %m", st->name);
 	deliver(st);
 }
 
 int tpd_stripe_new(struct event_base *base, const struct tpd_stripe_config *cfg,
 		   struct tpd_stripe **ret)
 {
-	struct tpd_stripe *st = calloc(1, sizeof(*st));
+	struct tpd_stripe *st;
 
+	if (cfg->chunk > TPD_STRIPE_CHUNK_MAX)
+		return -EINVAL;
+	st = calloc(1, sizeof(*st));
 	if (!st)
 		return -ENOMEM;
-	st->base = base;
-	st->chunk = cfg->chunk ? TPU_MIN(cfg->chunk, CHUNK_MAX) : CHUNK_DEFAULT;
+	st->chunk = cfg->chunk ? cfg->chunk : CHUNK_DEFAULT;
 	snprintf(st->name, sizeof(st->name), "%s", cfg->name ? cfg->name : "stripe");
 	st->on_error = cfg->on_error;
 	st->arg = cfg->arg;
-	tpu_list_init(&st->recvs);
+	tpu_list_init(&st->sendq);
 	tpu_list_init(&st->done);
+	tpu_hmap_init(&st->recvs);
 	pthread_mutex_init(&st->lock, NULL);
-	pthread_cond_init(&st->cond, NULL);
 	st->efd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
-	if (st->efd < 0) {
-		int r = -errno;
-		free(st);
-		return r;
-	}
-	st->ev = event_new(base, st->efd, EV_READ | EV_PERSIST, stripe_on_event, st);
+	if (st->efd >= 0)
+		st->ev = event_new(base, st->efd, EV_READ | EV_PERSIST, stripe_on_event, st);
 	if (!st->ev || event_add(st->ev, NULL) < 0) {
+		int r = st->efd < 0 ? -errno : -ENOMEM;
 		tpd_stripe_free(st);
-		return -ENOMEM;
+		return r;
 	}
 	*ret = st;
 	return 0;
 }
 
+/* Starts @fn with every signal blocked (signals belong to the loop thread). */
 static int start_thread(pthread_t *t, void *(*fn)(void *), void *arg, const char *name)
 {
 	sigset_t all, old;
@@ -527,139 +627,142 @@ static int start_thread(pthread_t *t, void *(*fn)(void *), void *arg, const char
 	return r;
 }
 
-int tpd_stripe_add_conn(struct tpd_stripe *st, int fd)
+static int conn_setup_fd(int fd)
 {
-	struct conn *c;
-	char name[16];
-	int one = 1, fl, r;
+	int one = 1, fl = fcntl(fd, F_GETFL);
 
-	if (st->n_conns >= TPD_STRIPE_CONNS_MAX) {
-		tpu_close(fd);
-		return -E2BIG;
-	}
-	fl = fcntl(fd, F_GETFL);
-	if (fl < 0 || fcntl(fd, F_SETFL, fl & ~O_NONBLOCK) < 0) {
-		r = -errno;
-		tpu_close(fd);
-		return r;
-	}
-	setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
-	c = &st->conns[st->n_conns];
-	memset(c, 0, sizeof(*c));
-	c->st = st;
-	c->index = st->n_conns;
-	c->fd = fd;
-	tpu_list_init(&c->q);
-	snprintf(name, sizeof(name), "tpd-tx%u", c->index);
-	r = start_thread(&c->tx, tx_main, c, name);
-	if (r < 0) {
-		tpu_close(fd);
-		return r;
-	}
-	c->tx_started = true;
-	st->n_conns++; /* from here tpd_stripe_free() joins and closes it */
-	snprintf(name, sizeof(name), "tpd-rx%u", c->index);
-	r = start_thread(&c->rx, rx_main, c, name);
-	if (r < 0) {
-		conn_fail(c, r, "cannot start its receiver thread");
-		return r;
-	}
-	c->rx_started = true;
+	if (fl < 0 || fcntl(fd, F_SETFL, fl & ~O_NONBLOCK) < 0)
+		return -errno;
+	/* Fails on sockets that are not TCP (tests use socket pairs): nothing to tune then. */
+	(void)setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
 	return 0;
 }
 
-unsigned tpd_stripe_conns(const struct tpd_stripe *cst)
+/* Starts the two threads of @c, counted live already. Return: 0 or -errno (@c stopped). */
+static int conn_start(struct conn *c)
 {
-	struct tpd_stripe *st = (struct tpd_stripe *)cst; /* for the lock */
-	unsigned n = 0;
+	struct tpd_stripe *st = c->st;
+	bool tx_started;
+	char name[16];
+	int r;
 
-	pthread_mutex_lock(&st->lock);
-	for (unsigned i = 0; i < st->n_conns; i++)
-		n += !st->conns[i].failed;
-	pthread_mutex_unlock(&st->lock);
-	return n;
-}
-
-/* The live connection with the fewest queued bytes, starting the search round robin. */
-static struct conn *pick_conn_locked(struct tpd_stripe *st)
-{
-	struct conn *best = NULL;
-
-	for (unsigned k = 0; k < st->n_conns; k++) {
-		struct conn *c = &st->conns[(st->rr + k) % st->n_conns];
-		if (!c->failed && (!best || c->queued < best->queued))
-			best = c;
+	snprintf(name, sizeof(name), "tpd-tx%u", c->index);
+	r = start_thread(&c->tx, tx_main, c, name);
+	tx_started = r == 0;
+	if (r == 0) {
+		snprintf(name, sizeof(name), "tpd-rx%u", c->index);
+		r = start_thread(&c->rx, rx_main, c, name);
 	}
-	st->rr++;
-	return best;
+	if (r < 0) {
+		pthread_mutex_lock(&st->lock);
+		conn_stop(c);
+		pthread_mutex_unlock(&st->lock);
+		if (tx_started)
+			pthread_join(c->tx, NULL);
+	}
+	return r;
 }
 
-static void xfer_init(struct tpd_stripe_xfer *x)
+int tpd_stripe_add_conn(struct tpd_stripe *st, int fd)
 {
+	struct conn *c = &st->conns[st->n_conns];
+	int r;
+
+	if (st->n_conns >= TPD_STRIPE_CONNS_MAX)
+		r = -E2BIG;
+	else if (st->stopping)
+		r = -ENOTCONN;
+	else
+		r = conn_setup_fd(fd);
+	if (r < 0) {
+		tpu_close(fd);
+		return r;
+	}
+	pthread_mutex_lock(&st->lock); /* senders read every slot's flags */
+	*c = (struct conn){ .st = st, .index = st->n_conns, .fd = fd };
+	pthread_cond_init(&c->wake, NULL);
+	__atomic_store_n(&st->n_live, st->n_live + 1, __ATOMIC_RELAXED);
+	pthread_mutex_unlock(&st->lock);
+	r = conn_start(c);
+	if (r < 0) {
+		pthread_cond_destroy(&c->wake);
+		tpu_close(fd);
+		return r;
+	}
+	st->n_conns++; /* tpd_stripe_free() joins its threads and closes @fd */
+	return 0;
+}
+
+unsigned tpd_stripe_conns(const struct tpd_stripe *st)
+{
+	return __atomic_load_n(&st->n_live, __ATOMIC_RELAXED);
+}
+
+/* Lock held: resets the results and private fields of @x. Return: 0 or -EINVAL. */
+static int xfer_start(struct tpd_stripe_xfer *x, bool recv)
+{
+	uint64_t total = 0;
+
+	if (x->n_segs > UINT32_MAX)
+		return -EINVAL;
+	for (size_t i = 0; i < x->n_segs; i++)
+		if (!tpu_add_u64(total, x->segs[i].len, &total))
+			return -EINVAL;
 	x->status = 0;
 	x->why[0] = '\0';
-	x->bytes = 0;
-	x->total = 0;
-	for (size_t i = 0; i < x->n_segs; i++)
-		x->total += x->segs[i].len;
-	x->expect = x->total;
-	x->expect_status = 0;
-	x->busy = 0;
-	x->chunks_left = 0;
-	x->canceled = false;
-	x->queued_done = false;
+	x->bytes = x->ns = 0;
+	x->total = x->expect = total;
 	x->start_ns = tpu_now_ns();
+	x->next_seg = 0;
+	x->next_off = 0;
+	x->turn = 0;
+	x->expect_status = x->busy = 0;
+	x->canceled = x->queued_done = x->broken = false;
+	x->is_recv = recv;
+	x->expect_why[0] = '\0';
 	tpu_list_init(&x->node);
+	return 0;
+}
+
+/*
+ * Lock held, send queue not empty: gives a chunk to each idle sender, in turn from the one after
+ * the last that got one, and wakes just those. Senders that are busy claim the rest when they are
+ * done, so no sender sleeps while chunks wait. Left to claim for themselves after one wake-up for
+ * all, the first sender to run would often take several chunks of a row (its socket buffer takes
+ * them at once) before the others are scheduled, and a transfer would wait for one connection.
+ */
+static void send_hand_out(struct tpd_stripe *st)
+{
+	for (unsigned i = 0; i < st->n_conns && !tpu_list_empty(&st->sendq); i++) {
+		struct conn *c = &st->conns[(st->hand_next + i) % st->n_conns];
+
+		if (c->idle && !c->failed && !c->handed) {
+			send_claim(st, &c->handoff);
+			c->handed = true;
+			st->hand_next = c->index + 1;
+			pthread_cond_signal(&c->wake);
+		}
+	}
 }
 
 int tpd_stripe_send(struct tpd_stripe *st, struct tpd_stripe_xfer *x)
 {
-	struct tpu_list mine;
-	int n = 0;
+	int r = -ENOTCONN;
 
-	if (!tpd_stripe_conns(st))
-		return -ENOTCONN;
-	xfer_init(x);
-	tpu_list_init(&mine);
-	for (size_t i = 0; i < x->n_segs; i++) {
-		for (uint64_t off = 0; off < x->segs[i].len; off += st->chunk) {
-			struct chunk *k = calloc(1, sizeof(*k));
-			if (!k) {
-				while (!tpu_list_empty(&mine)) {
-					k = tpu_list_first(&mine, struct chunk, node);
-					tpu_list_remove(&k->node);
-					free(k);
-				}
-				return -ENOMEM;
-			}
-			k->x = x;
-			k->seg = (uint32_t)i;
-			k->off = off;
-			k->len = (uint32_t)TPU_MIN((uint64_t)st->chunk, x->segs[i].len - off);
-			tpu_list_insert_tail(&mine, &k->node);
-			n++;
-		}
-	}
 	pthread_mutex_lock(&st->lock);
-	x->chunks_left = n;
-	while (!tpu_list_empty(&mine)) {
-		struct chunk *k = tpu_list_first(&mine, struct chunk, node);
-		struct conn *c = pick_conn_locked(st);
-		tpu_list_remove(&k->node);
-		if (!c) {
-			set_status(x, -ECONNRESET, "peer link closed");
-			chunk_finish_locked(st, x);
-			free(k);
-			continue;
+	if (!st->stopping && st->n_live)
+		r = xfer_start(x, false);
+	if (r == 0) {
+		send_settle(x);
+		if (x->next_seg == x->n_segs) {
+			xfer_complete(st, x); /* nothing to send */
+		} else {
+			tpu_list_insert_tail(&st->sendq, &x->node);
+			send_hand_out(st);
 		}
-		tpu_list_insert_tail(&c->q, &k->node);
-		c->queued += k->len;
 	}
-	if (n == 0)
-		xfer_complete_locked(st, x, 0, NULL);
-	pthread_cond_broadcast(&st->cond);
 	pthread_mutex_unlock(&st->lock);
-	return 0;
+	return r;
 }
 
 void tpd_stripe_send_cancel(struct tpd_stripe *st, struct tpd_stripe_xfer *x)
@@ -667,36 +770,28 @@ void tpd_stripe_send_cancel(struct tpd_stripe *st, struct tpd_stripe_xfer *x)
 	pthread_mutex_lock(&st->lock);
 	if (!x->queued_done && !x->canceled) {
 		x->canceled = true;
-		for (unsigned i = 0; i < st->n_conns; i++) {
-			struct conn *c = &st->conns[i];
-			struct chunk *k, *tmp;
-			tpu_list_for_each_safe(k, tmp, &c->q, node) {
-				if (k->x != x)
-					continue;
-				tpu_list_remove(&k->node);
-				c->queued -= k->len;
-				chunk_finish_locked(st, x);
-				free(k);
-			}
-		}
+		send_check(st, x);
 	}
 	pthread_mutex_unlock(&st->lock);
 }
 
 int tpd_stripe_recv(struct tpd_stripe *st, struct tpd_stripe_xfer *x)
 {
-	int r = 0;
+	int r = -ENOTCONN;
 
-	if (!tpd_stripe_conns(st))
-		return -ENOTCONN;
 	pthread_mutex_lock(&st->lock);
-	if (find_recv_locked(st, x->xfer_id)) {
+	if (st->stopping || !st->n_live)
+		goto out;
+	r = x->xfer_id ? 0 : -EINVAL;
+	if (r == 0 && tpu_hmap_get(&st->recvs, x->xfer_id))
 		r = -EEXIST;
-	} else {
-		xfer_init(x);
-		tpu_list_insert_tail(&st->recvs, &x->node);
-		recv_check_locked(st, x); /* an empty transfer is complete at once */
-	}
+	if (r == 0)
+		r = xfer_start(x, true);
+	if (r == 0 && x->total)
+		r = tpu_hmap_put(&st->recvs, x->xfer_id, x);
+	if (r == 0 && !x->total)
+		xfer_complete(st, x); /* nothing to receive */
+out:
 	pthread_mutex_unlock(&st->lock);
 	return r;
 }
@@ -705,12 +800,12 @@ void tpd_stripe_recv_expect(struct tpd_stripe *st, struct tpd_stripe_xfer *x, ui
 			    int status, const char *why)
 {
 	pthread_mutex_lock(&st->lock);
-	if (!x->queued_done && !(status == 0 && bytes >= x->total)) {
+	if (!x->queued_done && (status < 0 || bytes < x->total)) {
 		x->expect = TPU_MIN(bytes, x->total);
 		x->expect_status = status < 0 ? status : -EIO;
 		snprintf(x->expect_why, sizeof(x->expect_why), "%s",
 			 why && *why ? why : "the sender stopped early");
-		recv_check_locked(st, x);
+		recv_check(st, x);
 	}
 	pthread_mutex_unlock(&st->lock);
 }
@@ -718,9 +813,9 @@ void tpd_stripe_recv_expect(struct tpd_stripe *st, struct tpd_stripe_xfer *x, ui
 void tpd_stripe_recv_cancel(struct tpd_stripe *st, struct tpd_stripe_xfer *x)
 {
 	pthread_mutex_lock(&st->lock);
-	if (!x->queued_done) {
+	if (!x->queued_done && !x->canceled) {
 		x->canceled = true;
-		recv_check_locked(st, x);
+		recv_check(st, x);
 	}
 	pthread_mutex_unlock(&st->lock);
 }
@@ -739,36 +834,32 @@ void tpd_stripe_free(struct tpd_stripe *st)
 {
 	if (!st)
 		return;
+	if (st->alive)
+		*st->alive = false; /* a done callback is freeing us: deliver() must stop */
 	pthread_mutex_lock(&st->lock);
 	st->stopping = true;
-	pthread_cond_broadcast(&st->cond);
+	for (unsigned i = 0; i < st->n_conns; i++)
+		pthread_cond_signal(&st->conns[i].wake);
 	pthread_mutex_unlock(&st->lock);
 	for (unsigned i = 0; i < st->n_conns; i++)
 		shutdown(st->conns[i].fd, SHUT_RDWR);
 	for (unsigned i = 0; i < st->n_conns; i++) {
-		struct conn *c = &st->conns[i];
-		if (c->tx_started)
-			pthread_join(c->tx, NULL);
-		if (c->rx_started)
-			pthread_join(c->rx, NULL);
-		tpu_close(c->fd);
+		pthread_join(st->conns[i].tx, NULL);
+		pthread_join(st->conns[i].rx, NULL);
+		tpu_close(st->conns[i].fd);
+		pthread_cond_destroy(&st->conns[i].wake);
 	}
-	/* No thread is left: fail what is still queued or registered, deliver everything. */
+	/* No thread is left, none is busy: end what is still queued or registered. */
 	pthread_mutex_lock(&st->lock);
-	for (unsigned i = 0; i < st->n_conns; i++)
-		drop_queue_locked(st, &st->conns[i], -ECONNRESET, "peer link closed");
-	while (!tpu_list_empty(&st->recvs)) {
-		struct tpd_stripe_xfer *x = tpu_list_first(&st->recvs, struct tpd_stripe_xfer, node);
-		x->busy = 0;
-		xfer_complete_locked(st, x, -ECONNRESET, "peer link closed");
-	}
+	fail_all(st, -ECONNRESET, "peer link closed");
 	st->err_reported = true; /* the owner is freeing us: no error callback */
 	pthread_mutex_unlock(&st->lock);
-	deliver(st);
+	if (st->ev)
+		deliver(st); /* callbacks see st->stopping: new sends and receives get -ENOTCONN */
 	if (st->ev)
 		event_free(st->ev);
 	tpu_close(st->efd);
+	tpu_hmap_done(&st->recvs);
 	pthread_mutex_destroy(&st->lock);
-	pthread_cond_destroy(&st->cond);
 	free(st);
 }

@@ -14,7 +14,7 @@
  *   4  u32 seg     segment index in the transfer
  *   8  u64 xfer_id the receiver's transfer id
  *  16  u64 offset  byte offset inside the segment
- *  24  u32 len     1 .. chunk_max
+ *  24  u32 len     1 .. TPD_STRIPE_CHUNK_MAX (senders cut at their configured chunk size)
  *  28  u32 flags   0
  */
 #ifndef TPD_STRIPE_H
@@ -28,6 +28,7 @@
 #define TPD_STRIPE_MAGIC 0x31435054u /* "TPC1" */
 #define TPD_STRIPE_HDR 32
 #define TPD_STRIPE_CONNS_MAX 16
+#define TPD_STRIPE_CHUNK_MAX (16u << 20) /* larger chunks are a protocol violation */
 
 struct tpd_stripe;
 struct tpd_stripe_xfer;
@@ -57,16 +58,20 @@ struct tpd_stripe_xfer {
 	uint64_t bytes;			/* bytes sent (send) or received (receive) */
 	uint64_t ns;			/* time from start to done */
 
-	/* Private to the stripe. */
-	struct tpu_list node;
+	/* Private to the stripe (guarded by its lock while the transfer is active). */
+	struct tpu_list node;		/* send: in the send queue; then in the done queue */
 	uint64_t total, start_ns, expect;
-	int expect_status, busy, chunks_left;
-	bool canceled, queued_done;
+	size_t next_seg;		/* send: the next chunk to claim starts at */
+	uint64_t next_off;		/* (next_seg, next_off) */
+	unsigned turn;			/* send: chunks claimed in its turn at the queue head */
+	int expect_status, busy;	/* busy: chunks a thread is moving right now */
+	bool canceled, is_recv, queued_done;
+	bool broken;			/* receive: a chunk was cut short by a failed connection */
 	char expect_why[160];
 };
 
 struct tpd_stripe_config {
-	uint32_t chunk;		/* bytes per chunk (default 1 MiB when 0) */
+	uint32_t chunk;		/* bytes per chunk (default 1 MiB when 0, at most 16 MiB) */
 	const char *name;	/* for log lines and thread names, e.g. "peer 3" */
 	tpd_stripe_error_fn on_error; /* runs on the loop thread, once per stripe */
 	void *arg;
@@ -75,8 +80,9 @@ struct tpd_stripe_config {
 /*
  * tpd_stripe_new() - an empty stripe completing into @base.
  * @cfg: borrowed; copied (@cfg->name too).
+ * @base: borrows @base, which must outlive the stripe.
  * @ret: returns owned stripe, free with tpd_stripe_free().
- * Return: 0 or -errno.
+ * Return: 0, -EINVAL for a chunk size over TPD_STRIPE_CHUNK_MAX, or -errno.
  */
 int tpd_stripe_new(struct event_base *base, const struct tpd_stripe_config *cfg,
 		   struct tpd_stripe **ret);
@@ -98,7 +104,8 @@ unsigned tpd_stripe_conns(const struct tpd_stripe *st);
  * already sent stay sent, a chunk is never sent half). @done runs once every chunk is written
  * to a socket or the transfer failed or was canceled; @x->bytes says how many were sent.
  * @x: keeps @x (and its segments' memory) until @done.
- * Return: 0, or -ENOTCONN without connections (no @done).
+ * Return: 0, -ENOTCONN without connections, -EINVAL for more than UINT32_MAX segments or a
+ * total size that overflows (no @done).
  */
 int tpd_stripe_send(struct tpd_stripe *st, struct tpd_stripe_xfer *x);
 
@@ -113,7 +120,8 @@ void tpd_stripe_send_cancel(struct tpd_stripe *st, struct tpd_stripe_xfer *x);
  * tpd_stripe_recv_expect(). A CMA write that fails (process gone: -ESRCH, bad address:
  * -EFAULT) sets that status; the rest of the transfer is still drained from the sockets.
  * @x: keeps @x (and its segments' memory) until @done.
- * Return: 0, -EEXIST for a registered id, -ENOTCONN without connections (no @done).
+ * Return: 0, -EEXIST for a registered id, -EINVAL for id 0, -ENOTCONN without connections
+ * (no @done).
  */
 int tpd_stripe_recv(struct tpd_stripe *st, struct tpd_stripe_xfer *x);
 
