@@ -198,7 +198,7 @@ ssize_t tpu_ring_get(struct tpu_ring *r, void *buf, size_t len)
 	memcpy(buf, r->data + off, first);
 	if (len > first)
 		memcpy((uint8_t *)buf + first, r->data, len - first);
-	r->pos += len;
+	__atomic_store_n(&r->pos, r->pos + len, __ATOMIC_RELAXED); /* tpu_ring_peek() reads it */
 	STORE_REL(&r->ctl->tail, r->pos);
 	return (ssize_t)len;
 }

@@ -126,6 +126,13 @@ void tpu_ring_futex_wait(struct tpu_ring *r, uint32_t seq, int timeout_ms);
 
 /* ---- consumer ------------------------------------------------------------------------------ */
 
+/* Whether bytes are readable, from any thread (a hint; only the consumer may read them). */
+static inline uint64_t tpu_ring_peek(const struct tpu_ring *r)
+{
+	return __atomic_load_n(&r->ctl->head, __ATOMIC_ACQUIRE) -
+	       __atomic_load_n(&r->pos, __ATOMIC_RELAXED);
+}
+
 /* Readable bytes now (0 when empty); -EPROTO if the producer's position is impossible. */
 ssize_t tpu_ring_avail(const struct tpu_ring *r);
 

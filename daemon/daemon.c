@@ -316,29 +316,38 @@ static bool spin_sleep(struct tpd_daemon *d)
 	return false;
 }
 
+/* Runs daemon_on_spin() again once the loop has polled every fd and run what they woke: a
+ * zero timeout, not event_active(), which libevent would run again in the same pass. */
+static void spin_rearm(struct tpd_daemon *d)
+{
+	static const struct timeval zero = { 0, 0 };
+
+	evtimer_add(d->ev_spin, &zero);
+}
+
 static void daemon_on_spin(evutil_socket_t fd, short what, void *arg)
 {
 	struct tpd_daemon *d = arg;
-	uint64_t now;
+	bool moved = spin_poll(d);
+	uint64_t now = tpu_now_ns();
 
-	if (spin_poll(d)) {
+	if (moved) {
 		d->spin.cur_ns = d->spin.max_ns;
-		d->spin_until_ns = tpu_now_ns() + d->spin.cur_ns;
-	} else {
-		now = tpu_now_ns();
-		/* Copies in flight need both CPUs more than we need a quick answer: their
-		 * completions wake us anyway. */
-		if (now >= d->spin_until_ns || tpd_copier_busy(d->copier)) {
-			if (spin_sleep(d)) {
-				d->spinning = false;
-				d->slept_ns = now;
-				return;
-			}
-			d->spin_until_ns = now + d->spin.cur_ns;
+		d->spin_until_ns = now + d->spin.cur_ns;
+	}
+	/* Sleep when polling is off, when copies are in flight (they need both CPUs more than we
+	 * need a quick answer, and their completions wake us anyway), or after the budget. */
+	if (!d->cfg.spin_us || tpd_copier_busy(d->copier) || (!moved && now >= d->spin_until_ns)) {
+		if (spin_sleep(d)) {
+			d->spinning = false;
+			d->slept_ns = now;
+			return;
 		}
+		d->spin_until_ns = now + d->spin.cur_ns; /* a ring moved meanwhile */
+	} else if (!moved) {
 		tpu_spin_pause();
 	}
-	event_active(d->ev_spin, 0, 0); /* after the loop has looked at the other events */
+	spin_rearm(d);
 }
 
 void tpd_daemon_spin_kick(struct tpd_daemon *d)
@@ -348,22 +357,17 @@ void tpd_daemon_spin_kick(struct tpd_daemon *d)
 
 	if (d->spinning)
 		return;
-	if (!max || tpd_copier_busy(d->copier)) {
-		/* Never poll: keep every sleeping flag set, so that each frame rings. */
-		while (!spin_sleep(d))
-			spin_poll(d);
-		return;
-	}
 	now = tpu_now_ns();
 	if (d->spin.max_ns != max)
 		tpu_spin_init(&d->spin, max);
 	else if (d->slept_ns)
 		tpu_spin_slept(&d->spin, now - d->slept_ns + d->spin.cur_ns);
-	tpu_list_for_each(s, &d->sessions, node)
-		tpd_session_ring_wake(s);
+	if (max)
+		tpu_list_for_each(s, &d->sessions, node)
+			tpd_session_ring_wake(s);
 	d->spinning = true;
 	d->spin_until_ns = now + d->spin.cur_ns;
-	event_active(d->ev_spin, 0, 0);
+	spin_rearm(d); /* never polls from here: the caller may be parsing a frame */
 }
 
 static int setup_events(struct tpd_daemon *d)
@@ -373,7 +377,7 @@ static int setup_events(struct tpd_daemon *d)
 	d->ev_accept = event_new(d->base, d->listen_fd, EV_READ | EV_PERSIST, daemon_on_accept, d);
 	d->ev_accept_resume = evtimer_new(d->base, daemon_on_accept_resume, d);
 	d->ev_drain = evtimer_new(d->base, daemon_on_drain, d);
-	d->ev_spin = event_new(d->base, -1, 0, daemon_on_spin, d);
+	d->ev_spin = evtimer_new(d->base, daemon_on_spin, d);
 	if (!d->ev_accept || !d->ev_accept_resume || !d->ev_drain || !d->ev_spin)
 		return -ENOMEM;
 	for (size_t i = 0; i < TPU_ARRAY_SIZE(sigs); i++) {

@@ -894,6 +894,7 @@ static void check_stray_fds(struct tpd_session *s)
 /* Processes every complete frame in the input buffer. */
 static void parse_frames(struct tpd_session *s)
 {
+	bool was_ring = s->ring;
 	size_t off = 0;
 
 	while (!s->dead && s->in_len - off >= TPW_HDR_SIZE) {
@@ -924,6 +925,13 @@ static void parse_frames(struct tpd_session *s)
 		if (process_frame(s, &h, s->in + off + TPW_HDR_SIZE) < 0)
 			return;
 		off += need;
+		if (s->ring && !was_ring) {
+			/* Switched to the rings: whatever followed RingSetup on the socket can only
+			 * be doorbell and fd bytes (the client waits for the answer). */
+			s->doorbells_in += s->in_len - off;
+			off = s->in_len;
+			break;
+		}
 	}
 	if (off) {
 		memmove(s->in, s->in + off, s->in_len - off);
@@ -1143,5 +1151,9 @@ static void session_on_read(evutil_socket_t fd, short what, void *arg)
 			return;
 		}
 		parse_frames(s);
+		if (s->ring) { /* switched by RingSetup: the rest of the socket is doorbells */
+			ring_on_read(s);
+			return;
+		}
 	}
 }

@@ -43,16 +43,29 @@ void tpc_context_wake(struct tp_context *ctx)
 
 static __thread struct tpu_spin thread_spin;
 
-static bool spin_flag_set(void *arg)
+struct spin_wait {
+	struct tp_context *ctx;
+	const bool *flag;
+	const void *arg;
+};
+
+static bool spin_ready(void *arg)
 {
-	return __atomic_load_n((const bool *)arg, __ATOMIC_ACQUIRE);
+	struct spin_wait *w = arg;
+
+	if (__atomic_load_n(w->flag, __ATOMIC_ACQUIRE))
+		return true;
+	return w->arg && tpc_context_help(w->ctx, w->arg) &&
+	       __atomic_load_n(w->flag, __ATOMIC_ACQUIRE);
 }
 
-bool tpc_spin_until(struct tp_context *ctx, const bool *flag)
+bool tpc_spin_until(struct tp_context *ctx, const bool *flag, const void *arg)
 {
+	struct spin_wait w = { ctx, flag, arg };
+
 	if (thread_spin.max_ns != ctx->spin_ns)
 		tpu_spin_init(&thread_spin, ctx->spin_ns);
-	return tpu_spin_wait(&thread_spin, spin_flag_set, (void *)flag);
+	return tpu_spin_wait(&thread_spin, spin_ready, &w);
 }
 
 void tpc_context_log(struct tp_context *ctx, int level, const char *fmt, ...)
@@ -389,9 +402,41 @@ static void context_lost(struct tp_context *ctx, const char *why)
 static void context_on_readable(struct tp_context *ctx)
 {
 	char why[200] = "";
+	int r;
 
-	if (context_read(ctx, why, sizeof(why)) < 0)
+	pthread_mutex_lock(&ctx->rx_lock);
+	r = context_read(ctx, why, sizeof(why));
+	pthread_mutex_unlock(&ctx->rx_lock);
+	if (r < 0)
 		context_lost(ctx, why);
+}
+
+bool tpc_context_help(struct tp_context *ctx, const void *arg)
+{
+	struct tpc_op *op;
+
+	if (!ctx->ring || tpu_ring_peek(&ctx->ring_rx) == 0)
+		return false;
+	if (pthread_mutex_trylock(&ctx->rx_lock) == 0) {
+		char why[200] = "";
+		int r = ctx->dead ? 0 : context_read(ctx, why, sizeof(why));
+
+		pthread_mutex_unlock(&ctx->rx_lock);
+		if (r < 0)
+			context_lost(ctx, why);
+	}
+	/* Our own completion, next in line with no callback running: take it here instead of
+	 * waiting for the io thread to hand it over. */
+	pthread_mutex_lock(&ctx->lock);
+	op = tpu_list_first(&ctx->done, struct tpc_op, node);
+	if (op && op->arg == arg && !ctx->running_op)
+		tpu_list_remove(&op->node);
+	else
+		op = NULL;
+	pthread_mutex_unlock(&ctx->lock);
+	if (op)
+		context_run_op(ctx, op);
+	return op != NULL;
 }
 
 /* Reads the doorbell bytes on a ring context's socket. Return: 0, or -ECONNRESET at its end. */
@@ -419,7 +464,7 @@ static bool io_ready(void *arg)
 {
 	struct io_poll *p = arg;
 
-	return tpu_ring_avail(&p->ctx->ring_rx) != 0 ||
+	return tpu_ring_peek(&p->ctx->ring_rx) != 0 ||
 	       __atomic_load_n(&p->ctx->wake_seq, __ATOMIC_ACQUIRE) != p->wake_seq;
 }
 
@@ -436,7 +481,7 @@ static void context_ring_wait(struct tp_context *ctx, struct tpu_spin *spin, str
 	bool raced;
 
 	if (tpu_spin_wait(spin, io_ready, &p)) {
-		if (tpu_ring_avail(&ctx->ring_rx) != 0)
+		if (tpu_ring_peek(&ctx->ring_rx) != 0)
 			context_on_readable(ctx);
 		return;
 	}
@@ -451,10 +496,14 @@ static void context_ring_wait(struct tp_context *ctx, struct tpu_spin *spin, str
 		tpu_spin_slept(spin, tpu_now_ns() - t0);
 	if (!raced && pfd[1].revents && context_drain_bells(ctx) < 0) {
 		/* Frames the daemon wrote before it went away still count. */
-		while (tpu_ring_avail(&ctx->ring_rx) != 0) {
+		while (tpu_ring_peek(&ctx->ring_rx) != 0) {
 			char why[200] = "";
+			int r;
 
-			if (context_read(ctx, why, sizeof(why)) < 0) {
+			pthread_mutex_lock(&ctx->rx_lock);
+			r = context_read(ctx, why, sizeof(why));
+			pthread_mutex_unlock(&ctx->rx_lock);
+			if (r < 0) {
 				context_lost(ctx, why);
 				return;
 			}
@@ -482,9 +531,11 @@ static void *context_io_main(void *arg)
 	for (;;) {
 		while ((op = tpu_list_first(&ctx->done, struct tpc_op, node))) {
 			tpu_list_remove(&op->node);
+			ctx->running_op = true;
 			pthread_mutex_unlock(&ctx->lock);
 			context_run_op(ctx, op);
 			pthread_mutex_lock(&ctx->lock);
+			ctx->running_op = false;
 		}
 		if (ctx->stop)
 			break;
@@ -757,6 +808,7 @@ static struct tp_context *context_alloc(void)
 	ctx->fd = ctx->efd = -EBADF;
 	pthread_mutex_init(&ctx->send_lock, NULL);
 	pthread_mutex_init(&ctx->lock, NULL);
+	pthread_mutex_init(&ctx->rx_lock, NULL);
 	pthread_condattr_init(&ca);
 	pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
 	pthread_cond_init(&ctx->cond, &ca);
@@ -986,6 +1038,7 @@ TP_EXPORT void tp_context_free(struct tp_context *ctx)
 	context_ring_free(ctx);
 	pthread_cond_destroy(&ctx->cond);
 	pthread_mutex_destroy(&ctx->lock);
+	pthread_mutex_destroy(&ctx->rx_lock);
 	pthread_mutex_destroy(&ctx->send_lock);
 	free(ctx->sbuf);
 	free(ctx->siov);

@@ -65,14 +65,24 @@ void tpc_map_done(struct tpc_map *m);
 int tpc_pipe_read(struct tp_pipe *p, struct tp_descriptor *dp, const struct tp_allocation *alloc,
 		  tp_done_fn cb, void *arg, bool *ret_inline);
 
+/*
+ * tpc_context_help() - for a thread spinning in a blocking call: read what the daemon->client
+ * ring holds if no other thread is reading it, and run the completed operation whose arg is
+ * @arg if it is next in the done queue and no callback is running.
+ * Return: true if that operation ran (its callback was called on this thread).
+ */
+bool tpc_context_help(struct tp_context *ctx, const void *arg);
+
 /* Rings the daemon's doorbell (one byte on the socket; any thread, no lock needed). */
 void tpc_wire_doorbell(struct tp_context *ctx);
 
 /*
- * tpc_spin_until() - spin (bounded, adaptive per thread) until *@flag is non-zero.
+ * tpc_spin_until() - spin (bounded, adaptive per thread) until *@flag is non-zero, helping the
+ * io thread (tpc_context_help() with @arg, the waiting operation's callback argument; NULL: do
+ * not help) meanwhile.
  * Return: true if it became non-zero while spinning; false: the caller should sleep.
  */
-bool tpc_spin_until(struct tp_context *ctx, const bool *flag);
+bool tpc_spin_until(struct tp_context *ctx, const bool *flag, const void *arg);
 
 /* ---- requests answered by Reply ------------------------------------------------------------ */
 
@@ -161,6 +171,8 @@ struct tpc_limits {
 struct tp_context {
 	pthread_mutex_t send_lock;
 	pthread_mutex_t lock;
+	pthread_mutex_t rx_lock; /* reading frames (rbuf, ring_rx): the io thread, or a helping
+				  * blocked caller (tpc_context_help()); taken before lock */
 	pthread_cond_t cond; /* replies, connect results, connection loss */
 	int fd;
 	int efd; /* eventfd: wakes the io thread */
@@ -185,6 +197,7 @@ struct tp_context {
 	uint64_t spin_ns;     /* 0: never spin */
 	uint32_t io_sleeping; /* atomic: the io thread blocks in poll() */
 	uint64_t wake_seq;    /* atomic: bumped by tpc_context_wake() */
+	bool running_op;      /* lock: the io thread runs a completed operation's callback */
 
 	/* send_lock */
 	uint64_t seq;

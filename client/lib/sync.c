@@ -84,7 +84,7 @@ static bool sync_wait(struct sync_waiter *w, int timeout_ms)
 	bool done;
 
 	/* An answer that comes within the spin budget costs no sleep and no wake-up. */
-	if (w->ctx && w->ctx->spin_ns && timeout_ms != 0 && tpc_spin_until(w->ctx, &w->done)) {
+	if (w->ctx && w->ctx->spin_ns && timeout_ms != 0 && tpc_spin_until(w->ctx, &w->done, w)) {
 		pthread_mutex_lock(&w->m); /* the callback may still hold it */
 		pthread_mutex_unlock(&w->m);
 		return true;

@@ -1,6 +1,7 @@
 /* SPDX-License-Identifier: BSD-3-Clause */
 /*
- * Raw frames over a Unix socket or a TCP connection to a peer port, for tests. See tpt_wire.h.
+ * Raw frames over a Unix socket (directly or through a shared-memory control ring) or a TCP
+ * connection to a peer port, for tests. See tpt_wire.h.
  */
 #include <arpa/inet.h>
 #include <errno.h>
@@ -8,11 +9,13 @@
 #include <poll.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <sys/socket.h>
 #include <sys/un.h>
 #include <unistd.h>
 #include "tpt.h"
 #include "tpt_wire.h"
+#include "tpu.h"
 
 int tpt_raw_connect(struct tpt_raw *r, const char *path)
 {
@@ -237,6 +240,225 @@ int tpt_raw_wait_closed(struct tpt_raw *r, int timeout_ms)
 			return 0;
 		if (n < 0 && errno != EINTR && errno != EAGAIN)
 			return -errno;
+	}
+}
+
+/* ---- control rings ---------------------------------------------------------------------- */
+
+int tpt_raw_ring_new(struct tpt_raw_ring *g, uint32_t size)
+{
+	int e;
+
+	memset(g, 0, sizeof(*g));
+	g->fd = -1;
+	e = tpu_ring_create(size, &g->fd, &g->map);
+	if (e < 0)
+		return e;
+	g->size = size;
+	tpu_ring_init(g->map, size, true, &g->tx, &g->rx);
+	return 0;
+}
+
+void tpt_raw_ring_free(struct tpt_raw_ring *g)
+{
+	if (g->map)
+		munmap(g->map, tpu_ring_map_size(g->size));
+	if (g->fd >= 0)
+		close(g->fd);
+	g->map = NULL;
+	g->fd = -1;
+}
+
+struct tpu_ring_shm *tpt_raw_ring_shm(const struct tpt_raw_ring *g)
+{
+	return g->map;
+}
+
+int tpt_raw_ring_setup(struct tpt_raw *r, uint64_t req_id, uint32_t ring_bytes, int fd,
+		       int timeout_ms, Tpw__V1__DaemonMsg **ret)
+{
+	Tpw__V1__ClientMsg m = TPW__V1__CLIENT_MSG__INIT;
+	Tpw__V1__RingSetup rs = TPW__V1__RING_SETUP__INIT;
+	Tpw__V1__DaemonMsg *rep = NULL;
+	int e;
+
+	rs.req_id = req_id;
+	rs.ring_bytes = ring_bytes;
+	m.body_case = TPW__V1__CLIENT_MSG__BODY_RING_SETUP;
+	m.ring_setup = &rs;
+	e = tpt_raw_send(r, &m, NULL, 0, fd >= 0 ? &fd : NULL, fd >= 0 ? 1 : 0, fd >= 0 ? 1 : 0);
+	if (e < 0)
+		return e;
+	e = tpt_raw_recv(r, timeout_ms, &rep, NULL, NULL);
+	if (e < 0)
+		return e;
+	if (rep->body_case != TPW__V1__DAEMON_MSG__BODY_REPLY || rep->reply->req_id != req_id) {
+		tpw_daemon_msg_free(rep);
+		return -EPROTO;
+	}
+	*ret = rep;
+	return 0;
+}
+
+int tpt_raw_doorbell(struct tpt_raw *r)
+{
+	static const uint8_t bell;
+
+	return tpt_raw_send_bytes(r, &bell, 1, NULL, 0);
+}
+
+static int left_ms(uint64_t deadline)
+{
+	uint64_t now = tpt_now_ms();
+
+	return now < deadline ? (int)(deadline - now) : 0;
+}
+
+int tpt_raw_ring_put(struct tpt_raw *r, struct tpt_raw_ring *g, const void *buf, size_t len,
+		     int timeout_ms)
+{
+	uint64_t deadline = tpt_now_ms() + (uint64_t)timeout_ms;
+	struct iovec iov = { (void *)buf, len };
+	size_t done = 0;
+
+	while (done < len) {
+		ssize_t k = tpu_ring_put(&g->tx, &iov, 1, done);
+		uint32_t seq;
+		int e;
+
+		if (k < 0)
+			return (int)k;
+		done += (size_t)k;
+		if (k > 0 && tpu_ring_consumer_asleep(&g->tx)) {
+			e = tpt_raw_doorbell(r);
+			if (e < 0)
+				return e;
+		}
+		if (k > 0 || done == len || tpu_ring_wait_space_prepare(&g->tx, &seq))
+			continue;
+		if (!left_ms(deadline))
+			return -ETIMEDOUT;
+		tpu_ring_futex_wait(&g->tx, seq, 10);
+	}
+	return 0;
+}
+
+int tpt_raw_ring_send(struct tpt_raw *r, struct tpt_raw_ring *g, const Tpw__V1__ClientMsg *msg,
+		      const void *tail, uint32_t tail_len, const int *fds, unsigned nfds,
+		      uint16_t hdr_nfds, int timeout_ms)
+{
+	size_t n = tpw_frame_size(&msg->base);
+	uint8_t *buf = malloc(n + tail_len);
+	int e = 0;
+
+	if (!buf)
+		return -ENOMEM;
+	n = tpw_frame_pack(&msg->base, tail_len, hdr_nfds, ++r->seq, buf);
+	if (tail_len)
+		memcpy(buf + n, tail, tail_len);
+	if (nfds)
+		e = tpt_raw_send_bytes(r, "", 1, fds, nfds);
+	if (e == 0)
+		e = tpt_raw_ring_put(r, g, buf, n + tail_len, timeout_ms);
+	free(buf);
+	return e;
+}
+
+/*
+ * Sleeps on the doorbell (at most @ms) with the ring's sleeping flag set, as a client does.
+ * Return: 0, or -ECONNRESET once the daemon closed the socket.
+ */
+static int ring_doze(struct tpt_raw *r, struct tpt_raw_ring *g, int ms)
+{
+	struct pollfd pf = { .fd = r->fd, .events = POLLIN };
+	uint8_t bells[64];
+	int e = 0;
+
+	if (tpu_ring_sleep_prepare(&g->rx))
+		return 0;
+	if (poll(&pf, 1, ms) > 0) {
+		ssize_t n = recv(r->fd, bells, sizeof(bells), MSG_DONTWAIT);
+
+		if (n == 0 || (n < 0 && errno != EAGAIN && errno != EINTR))
+			e = -ECONNRESET;
+	}
+	tpu_ring_sleep_cancel(&g->rx);
+	return e;
+}
+
+/* Reads exactly @len bytes from the daemon->client ring before @deadline. */
+static int ring_read_full(struct tpt_raw *r, struct tpt_raw_ring *g, void *buf, size_t len,
+			  uint64_t deadline)
+{
+	uint8_t *p = buf;
+	size_t off = 0;
+	bool closed = false;
+
+	while (off < len) {
+		ssize_t k = tpu_ring_get(&g->rx, p + off, len - off);
+		int e;
+
+		if (k < 0)
+			return (int)k;
+		off += (size_t)k;
+		if (k > 0 && tpu_ring_producer_waiting(&g->rx))
+			(void)tpt_raw_doorbell(r); /* the daemon holds output until there is room */
+		if (k > 0)
+			continue;
+		if (closed)
+			return -ECONNRESET; /* empty after the end: nothing more will come */
+		if (!left_ms(deadline))
+			return -ETIMEDOUT;
+		e = ring_doze(r, g, TPU_MIN(left_ms(deadline), 20));
+		closed = e == -ECONNRESET;
+	}
+	return 0;
+}
+
+int tpt_raw_ring_recv(struct tpt_raw *r, struct tpt_raw_ring *g, int timeout_ms,
+		      Tpw__V1__DaemonMsg **ret, uint8_t **ret_tail, uint32_t *ret_tail_len)
+{
+	uint64_t deadline = tpt_now_ms() + (uint64_t)timeout_ms;
+	uint8_t hb[TPW_HDR_SIZE], *body;
+	struct tpw_hdr h;
+	int e = ring_read_full(r, g, hb, sizeof(hb), deadline);
+
+	if (e == 0)
+		e = tpw_hdr_parse(hb, TPW_FRAME_MAX_HARD, &h);
+	if (e < 0)
+		return e;
+	body = malloc((size_t)h.msg_len + h.data_len + 1);
+	if (!body)
+		return -ENOMEM;
+	e = ring_read_full(r, g, body, (size_t)h.msg_len + h.data_len, deadline);
+	if (e == 0)
+		e = tpw_daemon_msg_unpack(body, h.msg_len, ret);
+	if (e == 0 && ret_tail) {
+		memmove(body, body + h.msg_len, h.data_len);
+		*ret_tail = body;
+		*ret_tail_len = h.data_len;
+		return 0;
+	}
+	free(body);
+	return e;
+}
+
+int tpt_raw_ring_expect(struct tpt_raw *r, struct tpt_raw_ring *g, int body_case,
+			int timeout_ms, Tpw__V1__DaemonMsg **ret)
+{
+	uint64_t deadline = tpt_now_ms() + (uint64_t)timeout_ms;
+
+	for (;;) {
+		Tpw__V1__DaemonMsg *m = NULL;
+		int e = tpt_raw_ring_recv(r, g, left_ms(deadline), &m, NULL, NULL);
+
+		if (e < 0)
+			return e;
+		if ((int)m->body_case == body_case) {
+			*ret = m;
+			return 0;
+		}
+		tpw_daemon_msg_free(m);
 	}
 }
 

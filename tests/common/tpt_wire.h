@@ -2,8 +2,9 @@
 /*
  * Raw wire access for tests that must send what libtpclient never would: a plain Unix stream
  * connection to tpipd that sends hand-built frames (valid or broken, with or without fds) and
- * receives daemon frames with deadlines; and a plain TCP connection to a daemon's peer port that
- * sends and receives PeerMsg frames the way another daemon would (or garbage). Uses
+ * receives daemon frames with deadlines, also through a shared-memory control ring offered by
+ * RingSetup (whose positions a test may corrupt); and a plain TCP connection to a daemon's peer
+ * port that sends and receives PeerMsg frames the way another daemon would (or garbage). Uses
  * proto/frame.h to pack and unpack.
  */
 #ifndef TPT_WIRE_H
@@ -12,6 +13,7 @@
 #include <stdbool.h>
 #include <stdint.h>
 #include "frame.h"
+#include "ring.h"
 #include "validate.h"
 
 struct tpt_raw {
@@ -59,6 +61,74 @@ int tpt_raw_hello(struct tpt_raw *r, Tpw__V1__Role role, int timeout_ms);
  * Return: 0 once closed (EOF or ECONNRESET), -ETIMEDOUT if still open after @timeout_ms.
  */
 int tpt_raw_wait_closed(struct tpt_raw *r, int timeout_ms);
+
+/* ---- control rings (RingSetup) ---------------------------------------------------------- */
+
+/*
+ * The client's side of a shared-memory control ring: the sealed memfd offered by RingSetup, its
+ * mapping, and the two endpoints (produces client->daemon, consumes daemon->client). Once the
+ * daemon took it (Reply STATUS_OK), frames go through the rings and the socket carries only
+ * doorbell bytes and fds (each fd ahead of its frame, with one byte).
+ */
+struct tpt_raw_ring {
+	int fd;	   /* the memfd; -1 once closed */
+	void *map; /* tpu_ring_map_size(size) bytes */
+	uint32_t size;
+	struct tpu_ring tx, rx;
+};
+
+/* Makes a ring of @size bytes per direction with tpu_ring_create(). Return: 0 or -errno. */
+int tpt_raw_ring_new(struct tpt_raw_ring *g, uint32_t size);
+
+/* Unmaps and closes (either may already be gone). */
+void tpt_raw_ring_free(struct tpt_raw_ring *g);
+
+/* The shared header of @g's mapping (for tests that corrupt positions on purpose). */
+struct tpu_ring_shm *tpt_raw_ring_shm(const struct tpt_raw_ring *g);
+
+/*
+ * tpt_raw_ring_setup() - after tpt_raw_hello(), send RingSetup{@req_id, @ring_bytes} on the
+ * socket carrying @fd (borrowed; < 0: no fd, and the header announces none) and wait for the
+ * Reply, which always comes on the socket.
+ * @ret: returns the owned reply, free with tpw_daemon_msg_free().
+ * Return: 0 once a Reply arrived (whatever its status); -EPROTO if another message came;
+ * -errno as tpt_raw_recv().
+ */
+int tpt_raw_ring_setup(struct tpt_raw *r, uint64_t req_id, uint32_t ring_bytes, int fd,
+		       int timeout_ms, Tpw__V1__DaemonMsg **ret);
+
+/* Sends one doorbell byte on the socket. Return: 0 or -errno. */
+int tpt_raw_doorbell(struct tpt_raw *r);
+
+/*
+ * tpt_raw_ring_put() - publish all of @buf into the client->daemon ring, waiting (futex, up to
+ * @timeout_ms) while it is full, and ring the doorbell whenever the daemon sleeps. Return: 0;
+ * -ETIMEDOUT; -EPROTO if the daemon's position is impossible; -errno from the doorbell.
+ */
+int tpt_raw_ring_put(struct tpt_raw *r, struct tpt_raw_ring *g, const void *buf, size_t len,
+		     int timeout_ms);
+
+/*
+ * tpt_raw_ring_send() - tpt_raw_send() through the ring: @fds (borrowed, @nfds) go first on
+ * the socket with one byte, then the frame (announcing @hdr_nfds fds) goes into the ring with
+ * tpt_raw_ring_put(). Return: as tpt_raw_ring_put().
+ */
+int tpt_raw_ring_send(struct tpt_raw *r, struct tpt_raw_ring *g, const Tpw__V1__ClientMsg *msg,
+		      const void *tail, uint32_t tail_len, const int *fds, unsigned nfds,
+		      uint16_t hdr_nfds, int timeout_ms);
+
+/*
+ * tpt_raw_ring_recv() - receive one frame from the daemon->client ring (sleeping on the
+ * doorbell when it is empty, as a client does). Frames the daemon wrote before it closed the
+ * connection are still returned. Return: as tpt_raw_recv(), and -EPROTO for an impossible
+ * daemon position.
+ */
+int tpt_raw_ring_recv(struct tpt_raw *r, struct tpt_raw_ring *g, int timeout_ms,
+		      Tpw__V1__DaemonMsg **ret, uint8_t **ret_tail, uint32_t *ret_tail_len);
+
+/* tpt_raw_expect() through the ring. */
+int tpt_raw_ring_expect(struct tpt_raw *r, struct tpt_raw_ring *g, int body_case,
+			int timeout_ms, Tpw__V1__DaemonMsg **ret);
 
 /* ---- peer port (TCP) -------------------------------------------------------------------- */
 
