@@ -79,7 +79,7 @@ int tpu_ring_attach(int fd, uint32_t size, void **ret_map)
 		return -EBADF;
 	map = mmap(NULL, len, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_POPULATE, fd, 0);
 	if (map == MAP_FAILED)
-		return -errno;
+		return errno == EPERM ? -EACCES : -errno; /* EPERM: sealed against writing */
 	*ret_map = map;
 	return 0;
 }

@@ -84,7 +84,8 @@ int tpu_ring_create(uint32_t size, int *ret_fd, void **ret_map);
  * tpu_ring_attach() - map the client's ring memfd @fd (borrowed) of @size bytes per direction,
  * after checking that it is sealed against shrinking and exactly as large as announced.
  * @ret_map: returns owned mapping, unmap with munmap(map, tpu_ring_map_size(size)).
- * Return: 0, -EINVAL (bad size), -EPERM (not sealed), -EBADF (not a memfd of that size).
+ * Return: 0, -EINVAL (bad size), -EPERM (not sealed), -EBADF (not a memfd of that size),
+ * -EACCES (sealed against writing), other -errno from mmap().
  */
 int tpu_ring_attach(int fd, uint32_t size, void **ret_map);
 

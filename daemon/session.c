@@ -508,12 +508,13 @@ static Tpw__V1__Status ring_accept(struct tpd_session *s, const Tpw__V1__RingSet
 	r = tpu_ring_attach(fd, m->ring_bytes, &s->ring_map);
 	if (r < 0) {
 		s->ring_map = NULL;
-		if (r != -EPERM && r != -EBADF) {
+		if (r != -EPERM && r != -EBADF && r != -EACCES) {
 			*why = "cannot map the ring";
 			return TPW__V1__STATUS__STATUS_IO;
 		}
-		*why = r == -EPERM ? "ring memfd not sealed against shrinking"
-				   : "ring fd is not a memfd of the announced size";
+		*why = r == -EPERM    ? "ring memfd not sealed against shrinking"
+		       : r == -EACCES ? "ring memfd sealed against writing"
+				      : "ring fd is not a memfd of the announced size";
 		return TPW__V1__STATUS__STATUS_INVALID;
 	}
 	s->ring_size = m->ring_bytes;
