@@ -9,6 +9,7 @@
 #include <string.h>
 #include <sys/wait.h>
 #include "ipeer.h"
+#include "itest.h"
 
 #define CTL_MS 30000
 
@@ -25,7 +26,7 @@ char *tpt_ctl_peers(const struct tpt_daemon *d, bool json)
 		argv[3] = "--json";
 		argv[4] = "peers";
 	}
-	ck_assert_int_eq(tpt_run(argv, CTL_MS, &res), 0);
+	ck_assert_int_eq(tpt_run(argv, TPT_SCALED_MS(CTL_MS), &res), 0);
 	if (!WIFEXITED(res.status) || WEXITSTATUS(res.status) != 0)
 		fprintf(stderr, "tpipctl peers: stdout:\n%s\nstderr:\n%s\n", res.out, res.err);
 	ck_assert_msg(WIFEXITED(res.status) && WEXITSTATUS(res.status) == 0,

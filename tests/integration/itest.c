@@ -3,6 +3,7 @@
  * Client-side helpers of the integration suites. See itest.h.
  */
 #include <errno.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
@@ -11,11 +12,31 @@
 struct tpt_daemon tpt_fixture_daemon;
 struct tpt_daemon tpt_peer_a, tpt_peer_b;
 
-#define STR_(x) #x
-#define STR(x) STR_(x)
-const char *const tpt_peer_args[] = { "--peer-timeout", STR(TPT_PEER_TIMEOUT_MS),
-				      "--peer-connect-timeout", STR(TPT_PEER_CONNECT_TIMEOUT_MS),
-				      NULL };
+unsigned tpt_time_scale(void)
+{
+	static unsigned scale;
+	const char *e;
+	char *end;
+	long v;
+
+	if (!scale) {
+		e = getenv("TPT_TIME_SCALE");
+		v = e && *e ? strtol(e, &end, 10) : 1;
+		scale = e && *e && (*end || v < 1 || v > 100) ? 1 : (unsigned)v;
+	}
+	return scale;
+}
+
+const char *const *tpt_peer_args(void)
+{
+	static char timeout[16], connect_timeout[16];
+	static const char *args[] = { "--peer-timeout", timeout, "--peer-connect-timeout",
+				      connect_timeout, NULL };
+
+	snprintf(timeout, sizeof(timeout), "%d", TPT_PEER_TIMEOUT_MS);
+	snprintf(connect_timeout, sizeof(connect_timeout), "%d", TPT_PEER_CONNECT_TIMEOUT_MS);
+	return args;
+}
 
 const char *tpt_mem_name(enum tpt_mem m)
 {
@@ -507,7 +528,7 @@ static int xfer_writer(void *arg)
 bool tpt_xfer_run(const struct tpt_xfer *x)
 {
 	struct xfer_run run = { .x = x, .timeout_ms = x->timeout_ms ? x->timeout_ms :
-							TPT_CHILD_TIMEOUT_MS };
+							TPT_SCALED_MS(TPT_CHILD_TIMEOUT_MS) };
 	pid_t rd, wr;
 	bool ok;
 
@@ -540,8 +561,8 @@ void tpt_fixture_stop(void)
 
 void tpt_peer_fixture_start(void)
 {
-	ck_assert_int_eq(tpt_daemon_pair_start(&tpt_peer_a, tpt_peer_args, &tpt_peer_b,
-					       tpt_peer_args), 0);
+	ck_assert_int_eq(tpt_daemon_pair_start(&tpt_peer_a, tpt_peer_args(), &tpt_peer_b,
+					       tpt_peer_args()), 0);
 }
 
 void tpt_peer_fixture_stop(void)

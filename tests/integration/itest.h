@@ -154,15 +154,28 @@ void tpt_fixture_start(void);
 void tpt_fixture_stop(void);
 
 /*
+ * tpt_time_scale() - how many times longer than in a plain run the suites allow for what they
+ * wait for: $TPT_TIME_SCALE, which `meson test --setup valgrind` sets (daemons under valgrind
+ * run many times slower), or 1 when it is unset or not a number in 1..100. Scaled with it:
+ * the daemons' peer timeouts, the deadlines by which a failure or a completion must show, and
+ * waits for a daemon to settle. Checks stay the same; a plain run is unchanged.
+ * Return: 1..100.
+ */
+unsigned tpt_time_scale(void);
+#define TPT_SCALED_MS(ms) ((int)(ms) * (int)tpt_time_scale())
+
+/*
  * Peer fixture: two daemons on this machine that treat each other as remote hosts
  * (tpt_daemon_pair_start() with --peer-timeout TPT_PEER_TIMEOUT_MS and --peer-connect-timeout
  * TPT_PEER_CONNECT_TIMEOUT_MS). Clients of tpt_peer_a reach listeners of tpt_peer_b through
  * tpt_peer_address(&tpt_peer_b, name, ...) and the other way round.
  */
-#define TPT_PEER_TIMEOUT_MS 3000
-#define TPT_PEER_CONNECT_TIMEOUT_MS 2000
+#define TPT_PEER_TIMEOUT_MS TPT_SCALED_MS(3000)
+#define TPT_PEER_CONNECT_TIMEOUT_MS TPT_SCALED_MS(2000)
 extern struct tpt_daemon tpt_peer_a, tpt_peer_b;
-extern const char *const tpt_peer_args[]; /* the timeouts above, as daemon arguments */
+/* The peer timeouts above as daemon arguments. Return: a NULL-terminated list, valid until the
+ * next call. */
+const char *const *tpt_peer_args(void);
 void tpt_peer_fixture_start(void);
 void tpt_peer_fixture_stop(void);
 

@@ -1,17 +1,17 @@
 /* SPDX-License-Identifier: BSD-3-Clause */
 /*
- * Integration suite: cross-host pipes when things go wrong. Two daemons on this machine treat
- * each other as remote hosts (see test_peers.c), with --peer-timeout 3000 and
- * --peer-connect-timeout 2000. An unknown listener fails the connect with -ENOENT; a port
- * nobody listens on with -ECONNREFUSED, and one that accepts TCP but never answers with
+ * Integration suite: cross-host pipes when things go wrong. Two daemons on this machine treat each
+ * other as remote hosts (see test_peers.c), with --peer-timeout 3000 and --peer-connect-timeout
+ * 2000 (times tpt_time_scale() under valgrind). An unknown listener fails the connect with -ENOENT;
+ * a port nobody listens on with -ECONNREFUSED, and one that accepts TCP but never answers with
  * -ETIMEDOUT, each within the connect timeout. SIGKILL of the remote daemon mid-transfer, or
- * SIGSTOP (a silent peer), fails both clients within the peer timeout, while the surviving
- * daemon stays up, gets back to its fd count and reaches a restarted peer. Pre-shared keys:
- * different keys, or a key on one side only, are refused with -EACCES and logged; the same key
- * works. Malformed input on the peer port (garbage, an oversized header, a truncated frame, a
- * valid PeerHello followed by garbage or by silence, a bad PeerHello, a data connection for an
- * unknown link) closes that connection only. A slow reader of 1 GiB of rendezvous messages and
- * a reader that falls behind a flood of eager messages keep both daemons' memory bounded.
+ * SIGSTOP (a silent peer), fails both clients within the peer timeout, while the surviving daemon
+ * stays up, gets back to its fd count and reaches a restarted peer. Pre-shared keys: different
+ * keys, or a key on one side only, are refused with -EACCES and logged; the same key works.
+ * Malformed input on the peer port (garbage, an oversized header, a truncated frame, a valid
+ * PeerHello followed by garbage or by silence, a bad PeerHello, a data connection for an unknown
+ * link) closes that connection only. A slow reader of 1 GiB of rendezvous messages and a reader
+ * that falls behind a flood of eager messages keep both daemons' memory bounded.
  */
 #include <check.h>
 #include <errno.h>
@@ -30,9 +30,11 @@
 #include "itest.h"
 #include "tpt_wire.h"
 
-#define T_MS 60000
+#define T_MS TPT_SCALED_MS(60000)
 /* How much later than the deadline it documents the daemon may report a failure. */
-#define SLACK_MS 2000
+#define SLACK_MS TPT_SCALED_MS(2000)
+/* How long a dead link may take to leave `tpipctl peers`. */
+#define GONE_MS TPT_SCALED_MS(5000)
 
 static struct tpt_sync to_b, to_parent;
 
@@ -99,7 +101,7 @@ static bool cross_works(const struct tpt_daemon *from, const struct tpt_daemon *
 
 static void check_fds_back(const struct tpt_daemon *d, int baseline, const char *who)
 {
-	ck_assert_msg(tpt_daemon_wait_fds(d, baseline, 10000) >= 0,
+	ck_assert_msg(tpt_daemon_wait_fds(d, baseline, TPT_SCALED_MS(10000)) >= 0,
 		      "%s: fds did not return to the baseline of %d", who, baseline);
 }
 
@@ -197,7 +199,7 @@ static int settled_fds(const struct tpt_daemon *d)
 	pid = tpt_fork(connect_fails, &c);
 	ck_assert_int_gt(pid, 0);
 	ck_assert(tpt_wait_ok(pid, T_MS, "warm-up dial"));
-	n = tpt_daemon_fd_settle(d, 200, 5000);
+	n = tpt_daemon_fd_settle(d, TPT_SCALED_MS(200), TPT_SCALED_MS(5000));
 	ck_assert_int_gt(n, 0);
 	return n;
 }
@@ -334,10 +336,10 @@ START_TEST(test_peer_faults_daemon_killed_mid_transfer)
 	ok = wait_since(rp, t0, TPT_PEER_TIMEOUT_MS + SLACK_MS, "reader on B") && ok;
 	ck_assert_msg(ok, "a client did not fail as it should when %s was killed", who);
 	ck_assert_msg(tpt_daemon_alive(survivor), "the surviving daemon died");
-	ck_assert_msg(tpt_peer_links_gone(survivor, 5000), "the survivor still lists the link");
+	ck_assert_msg(tpt_peer_links_gone(survivor, GONE_MS), "the survivor still lists the link");
 	check_fds_back(survivor, fds, "the survivor");
 	/* A new daemon (new port) in the victim's place; teardown stops it. */
-	ck_assert_int_eq(tpt_daemon_start_peer(victim, tpt_peer_args), 0);
+	ck_assert_int_eq(tpt_daemon_start_peer(victim, tpt_peer_args()), 0);
 	ck_assert_msg(cross_works(&tpt_peer_a, &tpt_peer_b, "after-kill"),
 		      "no pipe between the survivor and a restarted daemon");
 }
@@ -367,8 +369,8 @@ START_TEST(test_peer_faults_silent_remote_daemon_times_out)
 	ck_assert_msg(ok, "a client did not fail (in time) when the remote daemon went silent");
 	ck_assert_msg(tpt_daemon_alive(&tpt_peer_a) && tpt_daemon_alive(&tpt_peer_b),
 		      "a daemon died");
-	ck_assert_msg(tpt_peer_links_gone(&tpt_peer_a, 5000), "A still lists the dead link");
-	ck_assert_msg(tpt_peer_links_gone(&tpt_peer_b, 5000), "B still lists the dead link");
+	ck_assert_msg(tpt_peer_links_gone(&tpt_peer_a, GONE_MS), "A still lists the dead link");
+	ck_assert_msg(tpt_peer_links_gone(&tpt_peer_b, GONE_MS), "B still lists the dead link");
 	check_fds_back(&tpt_peer_a, fds_a, "A after a silent peer");
 	check_fds_back(&tpt_peer_b, fds_b, "B after waking up");
 	ck_assert_msg(cross_works(&tpt_peer_a, &tpt_peer_b, "after-stop"), "no new link");
@@ -417,8 +419,9 @@ static void keys_teardown(void)
 /* Starts ka and kb with @key_a / @key_b (NULL: none). */
 static void start_keyed(const char *key_a, const char *key_b)
 {
-	const char *a[8] = { "--peer-timeout", "3000", "--peer-connect-timeout", "2000" };
-	const char *b[8] = { "--peer-timeout", "3000", "--peer-connect-timeout", "2000" };
+	const char *const *t = tpt_peer_args(); /* the fixture's (scaled) timeouts */
+	const char *a[8] = { t[0], t[1], t[2], t[3] };
+	const char *b[8] = { t[0], t[1], t[2], t[3] };
 
 	if (key_a) {
 		a[4] = "--peer-key-file";
@@ -470,10 +473,10 @@ static void expect_refused(const char *a_log, const char *b_log)
 	ck_assert(tpt_wait_ok(pid, T_MS, "connector"));
 	tpt_end_close(&e);
 	if (a_log)
-		ck_assert_msg(tpt_daemon_wait_log(&ka, a_log, 5000, NULL, 0) == 0,
+		ck_assert_msg(tpt_daemon_wait_log(&ka, a_log, TPT_SCALED_MS(5000), NULL, 0) == 0,
 			      "A's log does not say '%s'", a_log);
 	if (b_log)
-		ck_assert_msg(tpt_daemon_wait_log(&kb, b_log, 5000, NULL, 0) == 0,
+		ck_assert_msg(tpt_daemon_wait_log(&kb, b_log, TPT_SCALED_MS(5000), NULL, 0) == 0,
 			      "B's log does not say '%s'", b_log);
 	ck_assert_msg(tpt_daemon_alive(&ka) && tpt_daemon_alive(&kb), "a daemon died");
 }
@@ -615,7 +618,7 @@ static bool send_junk(struct tpt_raw *r, enum junk kind)
 	case JUNK_HELLO_GARBAGE:
 	case JUNK_HELLO_SILENCE:
 		ck_assert_int_eq(send_hello_kind(r, kind), 0);
-		ck_assert_int_eq(tpt_raw_recv_peer(r, 5000, &ans), 0);
+		ck_assert_int_eq(tpt_raw_recv_peer(r, TPT_SCALED_MS(5000), &ans), 0);
 		ck_assert_int_eq(ans->body_case, TPW__V1__PEER_MSG__BODY_HELLO);
 		ck_assert_msg(!ans->hello->status ||
 				      ans->hello->status == TPW__V1__STATUS__STATUS_OK,
@@ -655,7 +658,8 @@ START_TEST(test_peer_faults_junk_on_peer_port_closes_that_connection)
 	tpt_raw_close(&r);
 	ck_assert_msg(tpt_daemon_alive(&tpt_peer_b), "B died on %s", junk_names[_i]);
 	check_fds_back(&tpt_peer_b, fds_b, junk_names[_i]);
-	ck_assert_msg(tpt_daemon_wait_log(&tpt_peer_b, "peer", 1000, NULL, 0) == 0, "no log");
+	ck_assert_msg(tpt_daemon_wait_log(&tpt_peer_b, "peer", TPT_SCALED_MS(1000), NULL, 0) == 0,
+		      "no log");
 	ck_assert_msg(cross_works(&tpt_peer_a, &tpt_peer_b, "after-junk"),
 		      "no real pipe after %s", junk_names[_i]);
 }

@@ -22,7 +22,7 @@
 #include "ipeer.h"
 #include "itest.h"
 
-#define T_MS 60000
+#define T_MS TPT_SCALED_MS(60000)
 
 static struct tpt_sync to_a, to_b, to_parent, go, release;
 
@@ -346,7 +346,7 @@ END_TEST
 /* Polls until @d has exactly one link with @pipes pipes; fails the test otherwise. */
 static void expect_one_link(const struct tpt_daemon *d, long pipes, struct tpt_link *ret)
 {
-	uint64_t deadline = tpt_now_ms() + 5000;
+	uint64_t deadline = tpt_now_ms() + (uint64_t)TPT_SCALED_MS(5000);
 	int n;
 
 	for (unsigned round = 0;; round++) {
@@ -445,7 +445,7 @@ START_TEST(test_peers_tpipctl_peers_shows_the_link)
 	ck_assert(tpt_wait_ok(lp, T_MS, "listener"));
 	ck_assert(tpt_wait_ok(cp, T_MS, "connector"));
 	/* Both ends closed: no link counts the pipe any more (an idle link may stay or go). */
-	deadline = tpt_now_ms() + 5000;
+	deadline = tpt_now_ms() + (uint64_t)TPT_SCALED_MS(5000);
 	for (unsigned round = 0; tpt_now_ms() < deadline; round++) {
 		if (tpt_peer_links(&tpt_peer_a, &la) == 0 || la.pipes == 0)
 			break;
