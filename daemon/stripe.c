@@ -35,6 +35,7 @@
 #include "stripe.h"
 
 #define CHUNK_DEFAULT (1u << 20)
+#define SEND_CHUNK_MIN (256u << 10) /* smallest piece a tensor is cut into to use every connection */
 
 /* One chunk a sender claimed. */
 struct claim {
@@ -317,7 +318,7 @@ static void send_claim(struct tpd_stripe *st, struct claim *k)
 
 	*k = (struct claim){ .x = x, .mem = s->mem, .seg = (uint32_t)x->next_seg,
 			     .off = x->next_off };
-	k->len = (uint32_t)TPU_MIN((uint64_t)st->chunk, s->len - x->next_off);
+	k->len = (uint32_t)TPU_MIN((uint64_t)x->chunk, s->len - x->next_off);
 	x->next_off += k->len;
 	send_settle(x);
 	x->busy++;
@@ -745,6 +746,23 @@ static void send_hand_out(struct tpd_stripe *st)
 	}
 }
 
+/*
+ * Chunk size for @x: a tensor smaller than a row of full chunks is cut into one piece per live
+ * connection (at least SEND_CHUNK_MIN, a multiple of 64 KiB), so that it too moves over every
+ * connection at once; larger ones use the configured chunk. Lock held.
+ */
+static uint32_t send_chunk_size(const struct tpd_stripe *st, const struct tpd_stripe_xfer *x)
+{
+	uint64_t total = 0, per;
+
+	for (size_t i = 0; i < x->n_segs; i++)
+		total += x->segs[i].len;
+	per = (total + st->n_live - 1) / st->n_live;
+	per = (per + (64u << 10) - 1) & ~(uint64_t)((64u << 10) - 1);
+	return (uint32_t)TPU_MAX(TPU_MIN(per, (uint64_t)st->chunk),
+				 TPU_MIN((uint64_t)SEND_CHUNK_MIN, (uint64_t)st->chunk));
+}
+
 int tpd_stripe_send(struct tpd_stripe *st, struct tpd_stripe_xfer *x)
 {
 	int r = -ENOTCONN;
@@ -753,6 +771,7 @@ int tpd_stripe_send(struct tpd_stripe *st, struct tpd_stripe_xfer *x)
 	if (!st->stopping && st->n_live)
 		r = xfer_start(x, false);
 	if (r == 0) {
+		x->chunk = send_chunk_size(st, x);
 		send_settle(x);
 		if (x->next_seg == x->n_segs) {
 			xfer_complete(st, x); /* nothing to send */

@@ -63,6 +63,7 @@ struct tpd_stripe_xfer {
 	uint64_t total, start_ns, expect;
 	size_t next_seg;		/* send: the next chunk to claim starts at */
 	uint64_t next_off;		/* (next_seg, next_off) */
+	uint32_t chunk;			/* send: bytes per chunk for this transfer */
 	unsigned turn;			/* send: chunks claimed in its turn at the queue head */
 	int expect_status, busy;	/* busy: chunks a thread is moving right now */
 	bool canceled, is_recv, queued_done;
