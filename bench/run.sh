@@ -162,10 +162,31 @@ run_one() {
 	fi
 }
 
+# run_socket NAME ARGS...: NAME with the clients kept off the control ring and never spinning
+# (the plain Unix socket path, as before rings existed); its rows are marked "(socket)".
+run_socket() {
+	local name=$1 out=$tmp/socket.tsv
+	shift
+	echo "run.sh: running $name $* with TPIPD_RING_BYTES=0 TPIPD_SPIN_US=0" >&2
+	if TPIPD_RING_BYTES=0 TPIPD_SPIN_US=0 timeout "$limit" "$build/bench/$name" -t "$@" >"$out"
+	then
+		awk -F '\t' -v OFS='\t' '{ $1 = $1 " (socket)"; print }' "$out" >>"$rows"
+	else
+		echo "run.sh: $name (socket) did not complete (see messages above)" >&2
+		status=1
+	fi
+}
+
 # shellcheck disable=SC2086 # the extra-args variables are lists of flags
 run_one bench_latency "${lat_args[@]}" ${BENCH_LAT_ARGS:-}
 # shellcheck disable=SC2086
+run_socket bench_latency "${lat_args[@]}" ${BENCH_LAT_ARGS:-}
+# shellcheck disable=SC2086
 run_one bench_throughput "${tput_args[@]}" ${BENCH_TPUT_ARGS:-}
+if [[ -z ${BENCH_TPUT_ARGS:-} ]]; then
+	# The small-message rate and one large size, for the same comparison.
+	run_socket bench_throughput "${tput_args[@]}" -s 4K,64M -K shm
+fi
 # Both read the daemon's /proc/PID files, hence its pid.
 # shellcheck disable=SC2086
 run_one bench_idle -p "$daemon_pid" "${idle_args[@]}" ${BENCH_IDLE_ARGS:-}
@@ -203,7 +224,9 @@ echo "tpipd GB/s / TensorPipe shm+cma GB/s (same size and k) for throughput,"
 echo "tpipd msg/s / TensorPipe shm+basic msg/s for the rate; wakeup ratio = cross-CPU / same CPU;"
 echo "idle: the daemon's CPU while two attached clients wait (baseline: those clients);"
 echo "scale: latency on one pipe while N are open (ratio = against the first N) and the daemon's"
-echo "VmRSS growth since before the first pipe, divided by N"
+echo "VmRSS growth since before the first pipe, divided by N;"
+echo "(socket): the same case with clients on the Unix socket, never spinning (TPIPD_RING_BYTES=0"
+echo "TPIPD_SPIN_US=0), i.e. the control path without the shared-memory ring"
 [[ $have_tpb == 1 ]] ||
 	echo "(TensorPipe baseline not built: no TensorPipe rows; the vs TensorPipe column says -)"
 echo
