@@ -316,6 +316,13 @@ static bool spin_sleep(struct tpd_daemon *d)
 	return false;
 }
 
+/* Copies or cross-host transfers in flight: they need the CPUs more than we need a quick answer,
+ * and their completions wake the loop anyway. */
+static bool bulk_running(const struct tpd_daemon *d)
+{
+	return tpd_copier_busy(d->copier) || d->xh_running;
+}
+
 /* Runs daemon_on_spin() again once the loop has polled every fd and run what they woke: a
  * zero timeout, not event_active(), which libevent would run again in the same pass. */
 static void spin_rearm(struct tpd_daemon *d)
@@ -337,7 +344,7 @@ static void daemon_on_spin(evutil_socket_t fd, short what, void *arg)
 	}
 	/* Sleep when polling is off, when copies are in flight (they need both CPUs more than we
 	 * need a quick answer, and their completions wake us anyway), or after the budget. */
-	if (!d->cfg.spin_us || tpd_copier_busy(d->copier) || (!moved && now >= d->spin_until_ns)) {
+	if (!d->cfg.spin_us || bulk_running(d) || (!moved && now >= d->spin_until_ns)) {
 		if (spin_sleep(d)) {
 			d->spinning = false;
 			d->slept_ns = now;

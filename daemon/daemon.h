@@ -35,6 +35,7 @@ struct tpd_daemon {
 	uint64_t spin_until_ns; /* stop polling then, unless a ring moves */
 	uint64_t slept_ns;	/* when the rings' sleeping flags were last set */
 	struct tpu_spin spin;
+	unsigned xh_running;	/* cross-host transfers on the stripe threads */
 	uint8_t *scratch;	/* frames packed straight into a control ring */
 	size_t scratch_cap;
 	struct tpu_list sessions;

@@ -1186,6 +1186,8 @@ static void xh_send_done(struct tpd_stripe_xfer *x)
 	Tpw__V1__Status early;
 	char why[160], early_why[160];
 
+	if (xh->started)
+		w->pipe->d->xh_running--;
 	snprintf(why, sizeof(why), "%s", x->status < 0 ? x->why : "");
 	if (end_dying(w)) {
 		/* The writer was told its write was canceled and may reuse the memory. */
@@ -1227,6 +1229,8 @@ static void xh_recv_done(struct tpd_stripe_xfer *x)
 	int status = x->status;
 	char why[160];
 
+	if (xh->started)
+		w->pipe->d->xh_running--;
 	snprintf(why, sizeof(why), "%s", status < 0 ? x->why : "");
 	if (xh->link)
 		tpd_peer_xfer_drop(xh->link, x->xfer_id);
@@ -1283,6 +1287,7 @@ static void xh_start(struct tpd_msg *m)
 	}
 	if (r == 0) {
 		xh->started = true;
+		p->d->xh_running++;
 		return;
 	}
 	/* Not started: the link is gone or going (its pipes learn why next). */
