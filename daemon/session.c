@@ -1098,6 +1098,23 @@ void tpd_session_ring_wake(struct tpd_session *s)
 		tpu_ring_sleep_cancel(&s->ring_rx);
 }
 
+/* Fails @s after a read that returned @n: 0 (the end) or -errno (not EAGAIN or EINTR). */
+static void fail_read(struct tpd_session *s, ssize_t n)
+{
+	if (n == 0 || n == -ECONNRESET) {
+		/* A client that exits with frames still unread resets the connection: the same
+		 * ordinary end as a clean close. Frames already in its ring still count. */
+		if (s->ring)
+			ring_pull(s);
+		tpd_session_fail(s, TPU_LOG_INFO, TPW__V1__STATUS__STATUS_PEER_DIED,
+				 "client disconnected");
+		return;
+	}
+	tpd_session_fail(s, TPU_LOG_WARNING, TPW__V1__STATUS__STATUS_PEER_DIED,
+			 "receive failed: %s",
+			 n == -EBADMSG ? "too many or truncated fds" : strerror((int)-n));
+}
+
 /* The socket of a ring session is readable: doorbells, fds, or the end. */
 static void ring_on_read(struct tpd_session *s)
 {
@@ -1106,17 +1123,8 @@ static void ring_on_read(struct tpd_session *s)
 
 		if (n == -EAGAIN || n == -EINTR)
 			break;
-		if (n == 0 || n == -ECONNRESET) {
-			ring_pull(s); /* frames written before the end still count */
-			tpd_session_fail(s, TPU_LOG_INFO, TPW__V1__STATUS__STATUS_PEER_DIED,
-					 "client disconnected");
-			return;
-		}
-		if (n < 0) {
-			tpd_session_fail(s, TPU_LOG_WARNING, TPW__V1__STATUS__STATUS_PEER_DIED,
-					 "receive failed: %s",
-					 n == -EBADMSG ? "too many or truncated fds"
-						       : strerror((int)-n));
+		if (n <= 0) {
+			fail_read(s, n);
 			return;
 		}
 	}
@@ -1137,18 +1145,8 @@ static void session_on_read(evutil_socket_t fd, short what, void *arg)
 
 		if (n == -EAGAIN || n == -EINTR)
 			return;
-		if (n == 0 || n == -ECONNRESET) {
-			/* A client that exits with frames still unread resets the connection:
-			 * the same ordinary end as a clean close. */
-			tpd_session_fail(s, TPU_LOG_INFO, TPW__V1__STATUS__STATUS_PEER_DIED,
-					 "client disconnected");
-			return;
-		}
-		if (n < 0) {
-			tpd_session_fail(s, TPU_LOG_WARNING, TPW__V1__STATUS__STATUS_PEER_DIED,
-					 "receive failed: %s",
-					 n == -EBADMSG ? "too many or truncated fds"
-						       : strerror((int)-n));
+		if (n <= 0) {
+			fail_read(s, n);
 			return;
 		}
 		parse_frames(s);
