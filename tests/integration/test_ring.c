@@ -1,169 +1,35 @@
 /* SPDX-License-Identifier: BSD-3-Clause */
 /*
- * Integration suite: shared-memory control rings between clients and tpipd. A default client
- * talks through a ring (tp_context_transport(), `tpipctl sessions/pipes --json`), a client with
- * TP_CONTEXT_NO_RING or a daemon with --ring-max 0 or a smaller ring-max stays on the socket,
- * and every pairing moves messages both ways. The smallest ring (4 KiB) carries frames far
- * larger than itself, shared-buffer fds and 8 writer threads on one context, every byte
- * checked and in order; no-spin clients, a never-spinning daemon and idle gaps longer than any
- * spin window lose no wake-up. Raw ring clients (tests/common/tpt_wire.h) show that half a
- * frame, impossible ring positions, a client killed while blocked on a full ring, malformed
- * RingSetups and missing fds close only that session, that a refused RingSetup leaves the
- * session on the socket, and that the daemon gets back to its fds and mappings. Regression
- * cases: a busy ring does not starve socket clients, and the switch to the ring takes neither
- * a frame already in the ring nor a byte right behind the RingSetup for anything else. Timing
- * is only ever checked against generous upper bounds.
+ * Integration suite 'ring': shared-memory control rings between libtpclient contexts and tpipd.
+ * A default client talks through a ring (tp_context_transport(), `tpipctl sessions/pipes
+ * --json`), a client with TP_CONTEXT_NO_RING or a daemon with --ring-max 0 or a smaller ring-max
+ * (also after a reload) stays on the socket, every pairing moves messages both ways, and bad
+ * ring options or environment values are refused. The smallest ring (4 KiB) carries frames far
+ * larger than itself, shared-buffer fds and 8 writer threads on one context, every byte checked
+ * and in order; no-spin clients, a never-spinning daemon and idle gaps longer than any spin
+ * window lose no wake-up; a writer killed while blocked on a full ring leaves the daemon whole.
+ * Regression cases: a busy ring (kept moving by a raw client) does not starve socket clients,
+ * and a shared buffer right after tp_context_new() keeps its connection. Raw ring clients that
+ * break the protocol are in test_ring_raw.c. Timing is only ever checked against generous upper
+ * bounds.
  */
 #include <check.h>
 #include <errno.h>
-#include <fcntl.h>
 #include <json-c/json.h>
 #include <pthread.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/mman.h>
 #include <sys/wait.h>
 #include <unistd.h>
-#include "itest.h"
-#include "tpt_wire.h"
+#include "ring_common.h"
 
-#define T_MS 30000
-#define RING_MIN 4096u
-#define GAP_MS 300	    /* an idle gap much longer than any spin window */
-#define SLOW_MS 5000 /* a round trip this slow means a lost wake-up */
+#define GAP_MS 300 /* an idle gap much longer than any spin window */
 
 enum { CODE_RING = 1, CODE_UNIX = 2 };
 
-static struct tpt_daemon dmn;
-static struct tpt_sync ready, done, st_a, st_b, release, gate;
-static int fd_baseline;
-
-/* ---- daemon and harness --------------------------------------------------------------------- */
-
-static void up(const char *const *args)
-{
-	ck_assert_int_eq(tpt_daemon_start(&dmn, args), 0);
-	ck_assert_int_eq(tpt_sync_init(&ready), 0);
-	ck_assert_int_eq(tpt_sync_init(&done), 0);
-	ck_assert_int_eq(tpt_sync_init(&st_a), 0);
-	ck_assert_int_eq(tpt_sync_init(&st_b), 0);
-	ck_assert_int_eq(tpt_sync_init(&release), 0);
-	ck_assert_int_eq(tpt_sync_init(&gate), 0);
-	fd_baseline = tpt_daemon_fd_settle(&dmn, 200, 5000);
-	ck_assert_int_gt(fd_baseline, 0);
-}
-
-static void down(void)
-{
-	tpt_sync_done(&ready);
-	tpt_sync_done(&done);
-	tpt_sync_done(&st_a);
-	tpt_sync_done(&st_b);
-	tpt_sync_done(&release);
-	tpt_sync_done(&gate);
-	ck_assert_int_eq(tpt_daemon_stop(&dmn), 0);
-}
-
-static void up_default(void)
-{
-	up(NULL);
-}
-
-/* Mappings of client ring memfds in the daemon ("memfd:tpipd-ring"). */
-static int ring_maps(void)
-{
-	char path[64], line[512];
-	int n = 0;
-	FILE *f;
-
-	snprintf(path, sizeof(path), "/proc/%d/maps", (int)dmn.pid);
-	f = fopen(path, "re");
-	if (!f)
-		return -errno;
-	while (fgets(line, sizeof(line), f))
-		n += strstr(line, "tpipd-ring") != NULL;
-	fclose(f);
-	return n;
-}
-
-/* The daemon is up, holds no ring mapping and gets back to its fd baseline. */
-static void check_nothing_left(void)
-{
-	uint64_t deadline = tpt_now_ms() + 10000;
-	int n;
-
-	ck_assert_msg(tpt_daemon_alive(&dmn), "tpipd died");
-	for (unsigned i = 0; (n = ring_maps()) != 0; i++) {
-		ck_assert_msg(tpt_now_ms() < deadline, "tpipd still maps %d client rings", n);
-		tpt_backoff(i);
-	}
-	n = tpt_daemon_wait_fds(&dmn, fd_baseline, 10000);
-	ck_assert_msg(n >= 0, "tpipd fds did not return to the baseline of %d", fd_baseline);
-}
-
-static void probe_spec(unsigned index, struct tpt_msg_spec *s)
-{
-	s->pipe = 50;
-	s->index = index;
-	s->n_payloads = 1;
-	s->n_tensors = 1;
-	s->lens[0] = 60000 + index;
-	s->lens[1] = (1u << 20) + index;
-}
-
-/* A new pair of (ring) clients transfers on this daemon. */
-static void check_daemon_serves(const char *name)
-{
-	struct tpt_xfer x = {
-		.d = &dmn,
-		.name = name,
-		.n_msgs = 4,
-		.spec = probe_spec,
-		.writer_mem = TPT_MEM_PRIVATE,
-		.reader_mem = TPT_MEM_SHM,
-		.timeout_ms = T_MS,
-	};
-
-	ck_assert_msg(tpt_daemon_alive(&dmn), "tpipd died");
-	ck_assert_msg(tpt_xfer_run(&x), "a new pair of clients cannot transfer");
-}
-
-static void wait_log(const char *needle)
-{
-	char line[512];
-	int r = tpt_daemon_wait_log(&dmn, needle, 10000, line, sizeof(line));
-
-	if (r < 0)
-		tpt_daemon_dump_log(&dmn);
-	ck_assert_msg(r == 0, "the daemon never logged '%s' (%d)", needle, r);
-}
-
 /* ---- clients -------------------------------------------------------------------------------- */
-
-/* How a client process opens its context. */
-struct cl {
-	uint32_t flags, ring_bytes, spin_us;
-	size_t eager_max;
-};
-
-static int ctx_open(const struct cl *c, const char *name, struct tp_context **ret)
-{
-	struct tp_context_options o = {
-		.size = sizeof(o),
-		.socket_path = dmn.socket,
-		.name = name,
-		.flags = c->flags,
-		.ring_bytes = c->ring_bytes,
-		.spin_us = c->spin_us,
-		.eager_max = c->eager_max,
-	};
-	int r = tp_context_new(&o, ret);
-
-	TPT_REQUIRE(r == 0, r, "%s: context: %d %s", name, r, tp_last_error());
-	return 0;
-}
 
 static int8_t transport_code(const struct tp_context *ctx)
 {
@@ -193,7 +59,7 @@ static int msg_write(struct tp_context *ctx, struct tp_pipe *p, const struct tpt
 /* ---- ping-pong between an echo listener and a pinger ------------------------------------- */
 
 struct pp {
-	struct cl echo, ping;
+	struct ring_cl echo, ping;
 	unsigned n;	 /* round trips */
 	unsigned gap_at; /* before this round trip (0: none), the pinger idles GAP_MS */
 	bool gated;	 /* the pinger opens its context only after `gate` */
@@ -221,16 +87,16 @@ static int pp_echo(void *arg)
 	struct tp_listener *l;
 	struct tp_pipe *p;
 	struct tpt_msg_spec s;
-	int r = ctx_open(&pp.echo, "pp-echo", &ctx);
+	int r = ring_ctx_open(&pp.echo, "pp-echo", &ctx);
 
 	if (r == 0)
 		r = tp_listen(ctx, "pp", NULL, &l);
-	tpt_sync_post(&ready, (int8_t)(r ? -1 : 0));
+	tpt_sync_post(&ring_ready, (int8_t)(r ? -1 : 0));
 	TPT_REQUIRE(r == 0, 1, "echo: listen: %d", r);
 	r = tp_listener_accept_sync(l, T_MS, &p);
 	TPT_REQUIRE(r == 0, 1, "echo: accept: %d %s", r, tp_last_error());
-	tpt_sync_post(&st_a, transport_code(ctx));
-	TPT_REQUIRE(tpt_sync_wait(&release, T_MS) == 0, 1, "echo: no release");
+	tpt_sync_post(&ring_st_a, transport_code(ctx));
+	TPT_REQUIRE(tpt_sync_wait(&ring_release, T_MS) == 0, 1, "echo: no release");
 	for (unsigned i = 0; i < pp.n; i++) {
 		pp_spec(i, 0, &s);
 		r = tpt_msg_read_check(ctx, p, &s, i % 2 ? TPT_MEM_SHM : TPT_MEM_PRIVATE, T_MS);
@@ -239,7 +105,7 @@ static int pp_echo(void *arg)
 		r = msg_write(ctx, p, &s, i % 3 ? TPT_MEM_PRIVATE : TPT_MEM_SHM);
 		TPT_REQUIRE(r == 0, 1, "echo: pong %u: %d", i, r);
 	}
-	tpt_sync_wait(&done, T_MS); /* the pinger is through: close after it */
+	tpt_sync_wait(&ring_done, T_MS); /* the pinger is through: close after it */
 	tp_pipe_close(p);
 	tp_listener_close(l);
 	tp_context_free(ctx);
@@ -254,15 +120,15 @@ static int pp_ping(void *arg)
 	uint64_t t0, gap_rtt = 0;
 	int r;
 
-	TPT_REQUIRE(tpt_sync_wait(&ready, T_MS) == 0, 1, "ping: listener not ready");
-	TPT_REQUIRE(!pp.gated || tpt_sync_wait(&gate, T_MS) == 0, 1, "ping: gate");
-	TPT_REQUIRE(ctx_open(&pp.ping, "pp-ping", &ctx) == 0, 1, "ping: context");
+	TPT_REQUIRE(tpt_sync_wait(&ring_ready, T_MS) == 0, 1, "ping: listener not ready");
+	TPT_REQUIRE(!pp.gated || tpt_sync_wait(&ring_gate, T_MS) == 0, 1, "ping: gate");
+	TPT_REQUIRE(ring_ctx_open(&pp.ping, "pp-ping", &ctx) == 0, 1, "ping: context");
 	r = tp_connect(ctx, "pp", &p);
 	if (r == 0)
 		r = tp_pipe_wait_connected(p, T_MS);
 	TPT_REQUIRE(r == 0, 1, "ping: connect: %d %s", r, tp_last_error());
-	tpt_sync_post(&st_b, transport_code(ctx));
-	TPT_REQUIRE(tpt_sync_wait(&release, T_MS) == 0, 1, "ping: no release");
+	tpt_sync_post(&ring_st_b, transport_code(ctx));
+	TPT_REQUIRE(tpt_sync_wait(&ring_release, T_MS) == 0, 1, "ping: no release");
 	for (unsigned i = 0; i < pp.n; i++) {
 		if (pp.gap_at && i == pp.gap_at)
 			usleep(GAP_MS * 1000); /* the idle gap under test, not a synchronisation */
@@ -276,7 +142,7 @@ static int pp_ping(void *arg)
 		if (pp.gap_at && i == pp.gap_at)
 			gap_rtt = tpt_now_ms() - t0;
 	}
-	tpt_sync_post(&done, 0);
+	tpt_sync_post(&ring_done, 0);
 	tp_pipe_close(p);
 	tp_context_free(ctx);
 	if (pp.gap_at)
@@ -303,8 +169,8 @@ static struct pp_run pp_fork(void)
 /* Waits until both ends are connected and checks the transports they report (CODE_*). */
 static void pp_check(int want_echo, int want_ping)
 {
-	ck_assert_int_eq(tpt_sync_wait(&st_a, T_MS), want_echo);
-	ck_assert_int_eq(tpt_sync_wait(&st_b, T_MS), want_ping);
+	ck_assert_int_eq(tpt_sync_wait(&ring_st_a, T_MS), want_echo);
+	ck_assert_int_eq(tpt_sync_wait(&ring_st_b, T_MS), want_ping);
 }
 
 /* Starts both ends and checks the transports they report. */
@@ -319,8 +185,8 @@ static struct pp_run pp_start(int want_echo, int want_ping)
 /* Lets both ends ping-pong and waits for them. */
 static void pp_finish(const struct pp_run *run)
 {
-	tpt_sync_post(&release, 0);
-	tpt_sync_post(&release, 0);
+	tpt_sync_post(&ring_release, 0);
+	tpt_sync_post(&ring_release, 0);
 	ck_assert(tpt_wait_ok(run->ping, 2 * T_MS, "pinger"));
 	ck_assert(tpt_wait_ok(run->echo, 2 * T_MS, "echo"));
 }
@@ -330,7 +196,7 @@ static void pp_finish(const struct pp_run *run)
 static struct json_object *ctl_json(const char *what)
 {
 	const char *bin = getenv("TPIPCTL_BIN");
-	const char *argv[] = { bin, "--socket", dmn.socket, "--json", what, NULL };
+	const char *argv[] = { bin, "--socket", ring_dmn.socket, "--json", what, NULL };
 	struct tpt_cmd_result res;
 	struct json_object *o;
 
@@ -393,7 +259,7 @@ static void check_pipe(const char *name, const char *transport)
 /* ---- transports ------------------------------------------------------------------------------ */
 
 static const struct pairing {
-	struct cl echo, ping;
+	struct ring_cl echo, ping;
 	int code_echo, code_ping;
 	int64_t rb_echo, rb_ping;
 	const char *pipe;
@@ -412,14 +278,14 @@ START_TEST(test_ring_transport_reported_for_each_pairing)
 	const struct pairing *c = &pairings[_i];
 	struct pp_run run;
 
-	up(NULL);
+	ring_up(NULL);
 	pp = (struct pp){ .echo = c->echo, .ping = c->ping, .n = 24 };
 	run = pp_start(c->code_echo, c->code_ping);
 	check_session(run.echo, c->code_echo == CODE_RING ? "ring" : "unix", c->rb_echo);
 	check_session(run.ping, c->code_ping == CODE_RING ? "ring" : "unix", c->rb_ping);
 	check_pipe("pp", c->pipe);
 	pp_finish(&run);
-	down();
+	ring_down();
 }
 END_TEST
 
@@ -428,16 +294,16 @@ START_TEST(test_ring_max_zero_keeps_clients_on_the_socket)
 	static const char *const args[] = { "--ring-max", "0", NULL };
 	struct pp_run run;
 
-	up(args);
+	ring_up(args);
 	pp = (struct pp){ .n = 24 };
 	run = pp_start(CODE_UNIX, CODE_UNIX);
 	check_session(run.echo, "unix", 0);
 	check_session(run.ping, "unix", 0);
 	check_pipe("pp", "unix");
-	wait_log("control ring refused");
-	wait_log("ring-max = 0");
+	ring_wait_log("control ring refused");
+	ring_wait_log("ring-max = 0");
 	pp_finish(&run);
-	down();
+	ring_down();
 }
 END_TEST
 
@@ -446,16 +312,16 @@ START_TEST(test_ring_max_taken_at_the_limit_refused_above)
 	static const char *const args[] = { "--ring-max", "64K", NULL };
 	struct pp_run run;
 
-	up(args);
+	ring_up(args);
 	pp = (struct pp){ .echo = { .ring_bytes = 64u << 10 }, .ping = { .ring_bytes = 128u << 10 },
 			  .n = 24 };
 	run = pp_start(CODE_RING, CODE_UNIX);
 	check_session(run.echo, "ring", 64u << 10);
 	check_session(run.ping, "unix", 0);
 	check_pipe("pp", "ring,unix");
-	wait_log("ring larger than the daemon's ring-max");
+	ring_wait_log("ring larger than the daemon's ring-max");
 	pp_finish(&run);
-	down();
+	ring_down();
 }
 END_TEST
 
@@ -465,13 +331,13 @@ static void reload_with(const char *text)
 	char path[256];
 	FILE *f;
 
-	snprintf(path, sizeof(path), "%s/tpipd.conf", dmn.dir);
+	snprintf(path, sizeof(path), "%s/tpipd.conf", ring_dmn.dir);
 	f = fopen(path, "ae");
 	ck_assert_ptr_nonnull(f);
 	fputs(text, f);
 	fclose(f);
-	ck_assert_int_eq(kill(dmn.pid, SIGHUP), 0);
-	wait_log("reloaded");
+	ck_assert_int_eq(kill(ring_dmn.pid, SIGHUP), 0);
+	ring_wait_log("reloaded");
 }
 
 /* ring-max is read at each RingSetup: a reload applies it to clients that come later. */
@@ -479,26 +345,27 @@ START_TEST(test_ring_reload_applies_ring_max_to_later_clients)
 {
 	struct pp_run run;
 
-	up(NULL);
+	ring_up(NULL);
 	pp = (struct pp){ .n = 12, .gated = true };
 	run = pp_fork();
-	wait_log("listening on 'pp'"); /* the echo's context is up, on its ring */
+	ring_wait_log("listening on 'pp'"); /* the echo's context is up, on its ring */
 	reload_with("[daemon]\nring-max = 0\n");
-	tpt_sync_post(&gate, 0);
+	tpt_sync_post(&ring_gate, 0);
 	pp_check(CODE_RING, CODE_UNIX);
 	check_session(run.echo, "ring", TPU_RING_DEFAULT);
 	check_session(run.ping, "unix", 0);
 	check_pipe("pp", "ring,unix");
-	wait_log("ring-max = 0");
+	ring_wait_log("ring-max = 0");
 	pp_finish(&run);
-	down();
+	ring_down();
 }
 END_TEST
 
 /* tp_context_new() with @c and $TPIPD_RING_BYTES / $TPIPD_SPIN_US set to @ring / @spin. */
-static int ctx_try(const struct cl *c, const char *ring, const char *spin, struct tp_context **ret)
+static int ctx_try(const struct ring_cl *c, const char *ring, const char *spin,
+		   struct tp_context **ret)
 {
-	struct tp_context_options o = { .size = sizeof(o), .socket_path = dmn.socket,
+	struct tp_context_options o = { .size = sizeof(o), .socket_path = ring_dmn.socket,
 					.flags = c->flags, .ring_bytes = c->ring_bytes,
 					.spin_us = c->spin_us };
 
@@ -509,7 +376,7 @@ static int ctx_try(const struct cl *c, const char *ring, const char *spin, struc
 }
 
 /* Expects tp_context_new() to give @want_r and, on success, @want_transport. */
-static int ctx_expect(const struct cl *c, const char *ring, const char *spin, int want_r,
+static int ctx_expect(const struct ring_cl *c, const char *ring, const char *spin, int want_r,
 		      int want_transport)
 {
 	struct tp_context *ctx;
@@ -526,32 +393,34 @@ static int ctx_expect(const struct cl *c, const char *ring, const char *spin, in
 static int context_options(void *arg)
 {
 	static const uint32_t bad[] = { 2048, RING_MIN + 1, 3 * RING_MIN, TPU_RING_MAX * 2u };
-	const struct cl no_ring_odd = { .flags = TP_CONTEXT_NO_RING, .ring_bytes = 5000 };
+	const struct ring_cl no_ring_odd = { .flags = TP_CONTEXT_NO_RING, .ring_bytes = 5000 };
 	int fails = 0;
 
 	for (size_t i = 0; i < TPU_ARRAY_SIZE(bad); i++)
-		fails += ctx_expect(&(struct cl){ .ring_bytes = bad[i] }, NULL, NULL, -EINVAL, 0);
-	fails += ctx_expect(&(struct cl){ .ring_bytes = RING_MIN }, NULL, NULL, 0, CODE_RING);
+		fails += ctx_expect(&(struct ring_cl){ .ring_bytes = bad[i] }, NULL, NULL, -EINVAL,
+				    0);
+	fails += ctx_expect(&(struct ring_cl){ .ring_bytes = RING_MIN }, NULL, NULL, 0, CODE_RING);
 	fails += ctx_expect(&no_ring_odd, NULL, NULL, 0, CODE_UNIX); /* size unused: fine */
 	/* the environment fills what the options leave at 0 */
-	fails += ctx_expect(&(struct cl){ 0 }, "0", NULL, 0, CODE_UNIX);
-	fails += ctx_expect(&(struct cl){ 0 }, "8K", NULL, 0, CODE_RING);
-	fails += ctx_expect(&(struct cl){ 0 }, "junk", NULL, -EINVAL, 0);
-	fails += ctx_expect(&(struct cl){ 0 }, "5000", NULL, -EINVAL, 0);
-	fails += ctx_expect(&(struct cl){ .ring_bytes = RING_MIN }, "junk", NULL, 0, CODE_RING);
-	fails += ctx_expect(&(struct cl){ 0 }, NULL, "0", 0, CODE_RING);
-	fails += ctx_expect(&(struct cl){ 0 }, NULL, "junk", -EINVAL, 0);
+	fails += ctx_expect(&(struct ring_cl){ 0 }, "0", NULL, 0, CODE_UNIX);
+	fails += ctx_expect(&(struct ring_cl){ 0 }, "8K", NULL, 0, CODE_RING);
+	fails += ctx_expect(&(struct ring_cl){ 0 }, "junk", NULL, -EINVAL, 0);
+	fails += ctx_expect(&(struct ring_cl){ 0 }, "5000", NULL, -EINVAL, 0);
+	fails += ctx_expect(&(struct ring_cl){ .ring_bytes = RING_MIN }, "junk", NULL, 0,
+			    CODE_RING);
+	fails += ctx_expect(&(struct ring_cl){ 0 }, NULL, "0", 0, CODE_RING);
+	fails += ctx_expect(&(struct ring_cl){ 0 }, NULL, "junk", -EINVAL, 0);
 	/* spin_us: at most 100 ms */
-	fails += ctx_expect(&(struct cl){ .spin_us = 100000 }, NULL, NULL, 0, CODE_RING);
-	fails += ctx_expect(&(struct cl){ .spin_us = 100001 }, NULL, NULL, -EINVAL, 0);
+	fails += ctx_expect(&(struct ring_cl){ .spin_us = 100000 }, NULL, NULL, 0, CODE_RING);
+	fails += ctx_expect(&(struct ring_cl){ .spin_us = 100001 }, NULL, NULL, -EINVAL, 0);
 	return fails ? 1 : 0;
 }
 
 START_TEST(test_ring_context_options_and_environment)
 {
-	up(NULL);
+	ring_up(NULL);
 	ck_assert(tpt_wait_ok(tpt_fork(context_options, NULL), T_MS, "client"));
-	down();
+	ring_down();
 }
 END_TEST
 
@@ -575,17 +444,17 @@ static void big_spec(unsigned i, struct tpt_msg_spec *s)
 	}
 }
 
-static const struct cl small_ring = { .ring_bytes = RING_MIN };
+static const struct ring_cl small_ring = { .ring_bytes = RING_MIN };
 
 static int big_reader(void *arg)
 {
 	struct tpt_end e = { 0 };
 	struct tpt_msg_spec s;
-	int r = ctx_open(&small_ring, "big-r", &e.ctx);
+	int r = ring_ctx_open(&small_ring, "big-r", &e.ctx);
 
 	if (r == 0)
 		r = tp_listen(e.ctx, "big", NULL, &e.l);
-	tpt_sync_post(&ready, (int8_t)(r ? -1 : 0));
+	tpt_sync_post(&ring_ready, (int8_t)(r ? -1 : 0));
 	TPT_REQUIRE(r == 0, 1, "listen: %d", r);
 	TPT_REQUIRE(transport_code(e.ctx) == CODE_RING, 1, "reader: %s",
 		    tp_context_transport(e.ctx));
@@ -597,7 +466,7 @@ static int big_reader(void *arg)
 				       T_MS);
 		TPT_REQUIRE(r == 0, 1, "message %u: %d", i, r);
 	}
-	tpt_sync_wait(&done, T_MS);
+	tpt_sync_wait(&ring_done, T_MS);
 	tpt_end_close(&e);
 	return 0;
 }
@@ -612,8 +481,8 @@ static int big_writer(void *arg)
 	struct tpt_msg_spec s;
 	int r;
 
-	TPT_REQUIRE(m && tpt_sync_wait(&ready, T_MS) == 0, 1, "reader not ready");
-	TPT_REQUIRE(ctx_open(&small_ring, "big-w", &ctx) == 0, 1, "context");
+	TPT_REQUIRE(m && tpt_sync_wait(&ring_ready, T_MS) == 0, 1, "reader not ready");
+	TPT_REQUIRE(ring_ctx_open(&small_ring, "big-w", &ctx) == 0, 1, "context");
 	TPT_REQUIRE(transport_code(ctx) == CODE_RING, 1, "writer: %s", tp_context_transport(ctx));
 	r = tp_connect(ctx, "big", &p);
 	TPT_REQUIRE(r == 0 && tp_pipe_wait_connected(p, T_MS) == 0, 1, "connect");
@@ -633,7 +502,7 @@ static int big_writer(void *arg)
 	for (unsigned i = 0; i < BIG_N; i++)
 		TPT_REQUIRE(dn.status[i] == 0, 1, "write %u: %d", i, dn.status[i]);
 	TPT_REQUIRE(dn.order_errors == 0, 1, "%u writes completed out of order", dn.order_errors);
-	tpt_sync_post(&done, 0);
+	tpt_sync_post(&ring_done, 0);
 	for (unsigned i = 0; i < BIG_N; i++)
 		tpt_msg_free(ctx, &m[i]);
 	free(m);
@@ -644,10 +513,10 @@ static int big_writer(void *arg)
 
 START_TEST(test_ring_smallest_ring_carries_frames_larger_than_itself)
 {
-	up(NULL);
+	ring_up(NULL);
 	ck_assert(tpt_run_pair(big_reader, big_writer, NULL, 3 * T_MS));
-	check_nothing_left();
-	down();
+	ring_check_nothing_left();
+	ring_down();
 }
 END_TEST
 
@@ -771,13 +640,13 @@ static int mt_reader(void *arg)
 	struct tp_context *ctx;
 	pthread_t t[MT_THREADS];
 	char name[16];
-	int r = ctx_open(&(struct cl){ 0 }, "mt-r", &ctx);
+	int r = ring_ctx_open(&(struct ring_cl){ 0 }, "mt-r", &ctx);
 
 	for (unsigned i = 0; r == 0 && i < n; i++) {
 		snprintf(name, sizeof(name), "mt-%u", i);
 		r = tp_listen(ctx, name, NULL, &l[i]);
 	}
-	tpt_sync_post(&ready, (int8_t)(r ? -1 : 0));
+	tpt_sync_post(&ring_ready, (int8_t)(r ? -1 : 0));
 	TPT_REQUIRE(r == 0, 1, "listen: %d", r);
 	for (unsigned i = 0; i < n; i++) {
 		w[i] = (struct mt_thread){ .ctx = ctx, .t = i };
@@ -793,7 +662,7 @@ static int mt_reader(void *arg)
 		r = mt_join(t, w, n);
 	}
 	TPT_REQUIRE(r == 0, 1, "reading: %d", r);
-	tpt_sync_wait(&done, T_MS);
+	tpt_sync_wait(&ring_done, T_MS);
 	tp_context_free(ctx);
 	return 0;
 }
@@ -806,8 +675,8 @@ static int mt_writer(void *arg)
 	char name[16];
 	int r;
 
-	TPT_REQUIRE(tpt_sync_wait(&ready, T_MS) == 0, 1, "reader not ready");
-	TPT_REQUIRE(ctx_open(&small_ring, "mt-w", &ctx) == 0, 1, "context");
+	TPT_REQUIRE(tpt_sync_wait(&ring_ready, T_MS) == 0, 1, "reader not ready");
+	TPT_REQUIRE(ring_ctx_open(&small_ring, "mt-w", &ctx) == 0, 1, "context");
 	TPT_REQUIRE(transport_code(ctx) == CODE_RING, 1, "writer: %s", tp_context_transport(ctx));
 	for (unsigned i = 0; i < MT_THREADS; i++) {
 		w[i] = (struct mt_thread){ .ctx = ctx, .t = i };
@@ -824,7 +693,7 @@ static int mt_writer(void *arg)
 	for (unsigned i = 0; i < MT_THREADS; i++)
 		pthread_create(&t[i], NULL, mt_write_thread, &w[i]);
 	r = mt_join(t, w, MT_THREADS);
-	tpt_sync_post(&done, 0);
+	tpt_sync_post(&ring_done, 0);
 	TPT_REQUIRE(r == 0, 1, "writing: %d", r);
 	tp_context_free(ctx);
 	return 0;
@@ -833,10 +702,10 @@ static int mt_writer(void *arg)
 START_TEST(test_ring_eight_writer_threads_share_one_context)
 {
 	mt_one_pipe = _i == 1;
-	up(NULL);
+	ring_up(NULL);
 	ck_assert(tpt_run_pair(mt_reader, mt_writer, NULL, 4 * T_MS));
-	check_nothing_left();
-	down();
+	ring_check_nothing_left();
+	ring_down();
 }
 END_TEST
 
@@ -845,211 +714,38 @@ END_TEST
 START_TEST(test_ring_wakeups_survive_spin_settings_and_idle_gaps)
 {
 	static const char *const no_spin[] = { "--spin-us", "0", NULL };
-	const struct cl quiet = { .flags = TP_CONTEXT_NO_SPIN };
+	const struct ring_cl quiet = { .flags = TP_CONTEXT_NO_SPIN };
 	struct pp_run run;
 
 	/* 0: clients never spin; 1: the daemon never spins; 2: neither; 3: defaults */
-	up(_i == 1 || _i == 2 ? no_spin : NULL);
+	ring_up(_i == 1 || _i == 2 ? no_spin : NULL);
 	pp = (struct pp){ .n = 60, .gap_at = 30 };
 	if (_i == 0 || _i == 2)
 		pp.echo = pp.ping = quiet;
 	run = pp_start(CODE_RING, CODE_RING);
 	pp_finish(&run);
-	down();
+	ring_down();
 }
 END_TEST
 
-/* ---- raw ring clients ------------------------------------------------------------------------ */
+/* ---- a writer killed while blocked on a full ring ------------------------------------------- */
 
-/* Connects, says Hello and sets up a ring of @size bytes, which the daemon must take. */
-static int raw_ring_open(struct tpt_raw *raw, struct tpt_raw_ring *g, uint32_t size)
-{
-	Tpw__V1__DaemonMsg *rep = NULL;
-	int r = tpt_raw_connect(raw, dmn.socket);
-
-	TPT_REQUIRE(r == 0, r, "connect: %d", r);
-	r = tpt_raw_hello(raw, TPW__V1__ROLE__ROLE_CLIENT, T_MS);
-	TPT_REQUIRE(r == 0, r, "hello: %d", r);
-	r = tpt_raw_ring_new(g, size);
-	TPT_REQUIRE(r == 0, r, "ring: %d", r);
-	r = tpt_raw_ring_setup(raw, 1, size, g->fd, T_MS, &rep);
-	TPT_REQUIRE(r == 0, r, "ring setup: %d", r);
-	r = rep->reply->status == TPW__V1__STATUS__STATUS_OK ? 0 : -EPROTO;
-	if (r)
-		tpt_log("ring setup: status %d (%s)", rep->reply->status, rep->reply->message);
-	tpw_daemon_msg_free(rep);
-	return r;
-}
-
-static void raw_ring_close(struct tpt_raw *raw, struct tpt_raw_ring *g)
-{
-	tpt_raw_close(raw);
-	tpt_raw_ring_free(g);
-}
-
-/* A Listen on @name through the ring; returns the Reply status. */
-static int ring_listen(struct tpt_raw *raw, struct tpt_raw_ring *g, const char *name)
-{
-	Tpw__V1__ClientMsg m = TPW__V1__CLIENT_MSG__INIT;
-	Tpw__V1__Listen li = TPW__V1__LISTEN__INIT;
-	Tpw__V1__DaemonMsg *rep = NULL;
-	int st;
-
-	li.req_id = 7;
-	li.name = (char *)name;
-	m.body_case = TPW__V1__CLIENT_MSG__BODY_LISTEN;
-	m.listen = &li;
-	ck_assert_int_eq(tpt_raw_ring_send(raw, g, &m, NULL, 0, NULL, 0, 0, T_MS), 0);
-	ck_assert_int_eq(
-		tpt_raw_ring_expect(raw, g, TPW__V1__DAEMON_MSG__BODY_REPLY, T_MS, &rep), 0);
-	ck_assert_uint_eq(rep->reply->req_id, 7);
-	st = rep->reply->status;
-	tpw_daemon_msg_free(rep);
-	return st;
-}
-
-/* Rings the doorbell; a daemon that polled the ring meanwhile may have closed already. */
-static void wake_daemon(struct tpt_raw *raw)
-{
-	int r = tpt_raw_doorbell(raw);
-
-	ck_assert_msg(r == 0 || r == -EPIPE || r == -ECONNRESET, "doorbell: %d", r);
-}
-
-/* The session was closed for breaking its ring; the daemon serves others. */
-static void check_ring_session_closed(struct tpt_raw *raw, const char *why)
-{
-	ck_assert_msg(tpt_raw_wait_closed(raw, 10000) == 0, "the session stayed open");
-	wait_log(why);
-	check_daemon_serves("after-ring-fault");
-	check_nothing_left();
-}
-
-/* (a) The child publishes half a frame, rings, and exits. */
-static int half_frame_child(void *arg)
-{
-	Tpw__V1__ClientMsg m = TPW__V1__CLIENT_MSG__INIT;
-	Tpw__V1__Listen li = TPW__V1__LISTEN__INIT;
-	static uint8_t frame[TPW_HDR_SIZE + 256];
-	struct tpw_hdr h = { .magic = TPW_MAGIC, .version = TPW_WIRE_VERSION, .msg_len = 64,
-			     .data_len = 60u << 10, .seq = 1 };
-	struct tpt_raw raw;
-	struct tpt_raw_ring g;
-	size_t n;
-
-	TPT_REQUIRE(raw_ring_open(&raw, &g, RING_MIN) == 0, 1, "open");
-	if (*(const int *)arg == 0) { /* half of a small Listen frame */
-		li.name = "half";
-		m.body_case = TPW__V1__CLIENT_MSG__BODY_LISTEN;
-		m.listen = &li;
-		n = tpw_frame_pack(&m.base, 0, 0, 1, frame);
-		n /= 2;
-	} else { /* a header announcing 60 KiB, and 256 bytes of it */
-		tpw_hdr_pack(&h, frame);
-		n = sizeof(frame);
-	}
-	TPT_REQUIRE(tpt_raw_ring_put(&raw, &g, frame, n, T_MS) == 0, 1, "put");
-	TPT_REQUIRE(tpt_raw_doorbell(&raw) == 0, 1, "doorbell");
-	return 0; /* exits with the ring half written */
-}
-
-START_TEST(test_ring_raw_half_frame_then_exit)
-{
-	int variant = _i;
-
-	ck_assert(tpt_wait_ok(tpt_fork(half_frame_child, &variant), T_MS, "half-frame client"));
-	check_daemon_serves("after-half-frame");
-	check_nothing_left();
-}
-END_TEST
-
-/* (b) The client's published position jumps somewhere impossible. */
-START_TEST(test_ring_raw_corrupt_head_closes_session)
-{
-	struct tpt_raw raw;
-	struct tpt_raw_ring g;
-	struct tpu_ring_shm *h;
-
-	ck_assert_int_eq(raw_ring_open(&raw, &g, RING_MIN), 0);
-	h = tpt_raw_ring_shm(&g);
-	ck_assert_int_eq(ring_listen(&raw, &g, "corrupt-head"), TPW__V1__STATUS__STATUS_OK);
-	ck_assert_uint_gt(h->c2d.tail, 0); /* the daemon consumed the Listen */
-	switch (_i) {
-	case 0: /* more than one ring ahead of what the daemon consumed */
-		h->c2d.head = h->c2d.tail + RING_MIN + 1;
-		break;
-	case 1:
-		h->c2d.head = UINT64_MAX;
-		break;
-	default: /* behind what the daemon consumed */
-		h->c2d.head = h->c2d.tail - 1;
-		break;
-	}
-	wake_daemon(&raw);
-	check_ring_session_closed(&raw, "control ring corrupted");
-	raw_ring_close(&raw, &g);
-}
-END_TEST
-
-/* A Read of an unknown pipe: the daemon answers with ReadDone NOT_FOUND. */
-static void ring_unknown_read(struct tpt_raw *raw, struct tpt_raw_ring *g, bool expect_reply)
-{
-	Tpw__V1__ClientMsg m = TPW__V1__CLIENT_MSG__INIT;
-	Tpw__V1__Read rd = TPW__V1__READ__INIT;
-	Tpw__V1__DaemonMsg *rep = NULL;
-
-	rd.pipe_id = 12345;
-	rd.msg_id = 1;
-	m.body_case = TPW__V1__CLIENT_MSG__BODY_READ;
-	m.read = &rd;
-	ck_assert_int_eq(tpt_raw_ring_send(raw, g, &m, NULL, 0, NULL, 0, 0, T_MS), 0);
-	if (!expect_reply)
-		return;
-	ck_assert_int_eq(
-		tpt_raw_ring_expect(raw, g, TPW__V1__DAEMON_MSG__BODY_READ_DONE, T_MS, &rep), 0);
-	ck_assert_int_eq(rep->read_done->status, TPW__V1__STATUS__STATUS_NOT_FOUND);
-	tpw_daemon_msg_free(rep);
-}
-
-/* (c) The client's consumed position of the daemon->client ring is impossible. */
-START_TEST(test_ring_raw_corrupt_tail_closes_session)
-{
-	struct tpt_raw raw;
-	struct tpt_raw_ring g;
-	struct tpu_ring_shm *h;
-
-	ck_assert_int_eq(raw_ring_open(&raw, &g, RING_MIN), 0);
-	h = tpt_raw_ring_shm(&g);
-	if (_i == 0) {
-		h->d2c.tail = h->d2c.head + 1; /* consumed more than was published */
-	} else {
-		/* enough replies that the daemon's position is more than a ring from 0 */
-		while (h->d2c.head <= RING_MIN + 1)
-			ring_unknown_read(&raw, &g, true);
-		h->d2c.tail = 0;
-	}
-	ring_unknown_read(&raw, &g, false); /* its reply cannot be written */
-	check_ring_session_closed(&raw, "control ring corrupted");
-	raw_ring_close(&raw, &g);
-}
-END_TEST
-
-/* (d) A client SIGKILLed while blocked writing a 1 MiB frame into a 4 KiB ring. */
+/* A client SIGKILLed while blocked writing a 1 MiB frame into a 4 KiB ring. */
 static int blocked_peer(void *arg)
 {
 	struct tp_context *ctx;
 	struct tp_listener *l;
 	struct tp_pipe *p;
 	struct tp_descriptor *d = NULL;
-	int r = ctx_open(&(struct cl){ 0 }, "blocked-peer", &ctx);
+	int r = ring_ctx_open(&(struct ring_cl){ 0 }, "blocked-peer", &ctx);
 
 	if (r == 0)
 		r = tp_listen(ctx, "blocked", NULL, &l);
-	tpt_sync_post(&ready, (int8_t)(r ? -1 : 0));
+	tpt_sync_post(&ring_ready, (int8_t)(r ? -1 : 0));
 	TPT_REQUIRE(r == 0, 1, "listen: %d", r);
 	r = tp_listener_accept_sync(l, T_MS, &p);
 	TPT_REQUIRE(r == 0, 1, "accept: %d", r);
-	tpt_sync_post(&st_a, 0);
+	tpt_sync_post(&ring_st_a, 0);
 	r = tp_pipe_read_descriptor_sync(p, 2 * T_MS, &d);
 	TPT_REQUIRE(r < 0 && r != -ETIMEDOUT, 1, "read_descriptor after the writer died: %d", r);
 	tpt_log("the peer of the killed writer got %d (%s)", r, tp_strerror(r));
@@ -1061,7 +757,7 @@ static int blocked_peer(void *arg)
 
 static int blocked_writer(void *arg)
 {
-	static const struct cl c = { .ring_bytes = RING_MIN, .eager_max = 1u << 20 };
+	static const struct ring_cl c = { .ring_bytes = RING_MIN, .eager_max = 1u << 20 };
 	static struct tpt_done dn;
 	struct tpt_done_arg da = { &dn, 0 };
 	struct tp_context *ctx;
@@ -1070,8 +766,8 @@ static int blocked_writer(void *arg)
 	struct tp_message m = { .payloads = &pl, .n_payloads = 1 };
 	int r;
 
-	TPT_REQUIRE(tpt_sync_wait(&ready, T_MS) == 0, 1, "peer not ready");
-	TPT_REQUIRE(ctx_open(&c, "blocked-writer", &ctx) == 0, 1, "context");
+	TPT_REQUIRE(tpt_sync_wait(&ring_ready, T_MS) == 0, 1, "peer not ready");
+	TPT_REQUIRE(ring_ctx_open(&c, "blocked-writer", &ctx) == 0, 1, "context");
 	TPT_REQUIRE(transport_code(ctx) == CODE_RING, 1, "writer: %s", tp_context_transport(ctx));
 	r = tp_connect(ctx, "blocked", &p);
 	TPT_REQUIRE(r == 0 && tp_pipe_wait_connected(p, T_MS) == 0, 1, "connect");
@@ -1079,12 +775,12 @@ static int blocked_writer(void *arg)
 	TPT_REQUIRE(pl.data, 1, "malloc");
 	tpt_fill(pl.data, pl.length, 5);
 	tpt_done_init(&dn);
-	tpt_sync_post(&st_b, 0);
-	TPT_REQUIRE(tpt_sync_wait(&release, T_MS) == 0, 1, "no go");
-	tpt_sync_post(&st_b, 1);
+	tpt_sync_post(&ring_st_b, 0);
+	TPT_REQUIRE(tpt_sync_wait(&ring_release, T_MS) == 0, 1, "no go");
+	tpt_sync_post(&ring_st_b, 1);
 	r = tp_pipe_write(p, &m, tpt_done_cb, &da); /* blocks: the daemon is stopped */
 	tpt_log("the write returned %d while tpipd was stopped", r);
-	tpt_sync_wait(&done, T_MS); /* killed while waiting here */
+	tpt_sync_wait(&ring_done, T_MS); /* killed while waiting here */
 	return 2;
 }
 
@@ -1110,15 +806,15 @@ START_TEST(test_ring_writer_killed_while_blocked_on_full_ring)
 	uint64_t deadline;
 	int status;
 
-	ck_assert_int_eq(tpt_sync_wait(&st_a, T_MS), 0); /* accepted */
-	ck_assert_int_eq(tpt_sync_wait(&st_b, T_MS), 0); /* connected */
-	ck_assert_int_eq(kill(dmn.pid, SIGSTOP), 0);
-	tpt_sync_post(&release, 0);
-	ck_assert_int_eq(tpt_sync_wait(&st_b, T_MS), 1); /* writing */
+	ck_assert_int_eq(tpt_sync_wait(&ring_st_a, T_MS), 0); /* accepted */
+	ck_assert_int_eq(tpt_sync_wait(&ring_st_b, T_MS), 0); /* connected */
+	ck_assert_int_eq(kill(ring_dmn.pid, SIGSTOP), 0);
+	tpt_sync_post(&ring_release, 0);
+	ck_assert_int_eq(tpt_sync_wait(&ring_st_b, T_MS), 1); /* writing */
 	deadline = tpt_now_ms() + 10000;
 	for (unsigned i = 0; !in_futex(wr); i++) {
 		if (tpt_now_ms() > deadline) {
-			kill(dmn.pid, SIGCONT);
+			kill(ring_dmn.pid, SIGCONT);
 			ck_abort_msg("the writer never blocked on the full ring");
 		}
 		tpt_backoff(i);
@@ -1126,366 +822,11 @@ START_TEST(test_ring_writer_killed_while_blocked_on_full_ring)
 	ck_assert_int_eq(kill(wr, SIGKILL), 0);
 	ck_assert_int_eq(tpt_wait(wr, T_MS, &status), 0);
 	ck_assert(WIFSIGNALED(status));
-	ck_assert_int_eq(kill(dmn.pid, SIGCONT), 0);
+	ck_assert_int_eq(kill(ring_dmn.pid, SIGCONT), 0);
 	ck_assert(tpt_wait_ok(peer, 2 * T_MS, "peer"));
-	check_nothing_left();
-	check_daemon_serves("after-blocked-writer");
-	check_nothing_left();
-}
-END_TEST
-
-/* A client that never reads its ring: the daemon queues up to --client-queue-bytes, then
- * drops the session; it never blocks on the full ring. */
-START_TEST(test_ring_raw_client_that_never_reads_is_dropped)
-{
-	static const char *const args[] = { "--client-queue-bytes", "1M", NULL };
-	Tpw__V1__ClientMsg m = TPW__V1__CLIENT_MSG__INIT;
-	Tpw__V1__Read rd = TPW__V1__READ__INIT;
-	struct tpt_raw_ring g;
-	struct tpt_raw raw;
-	unsigned sent = 0;
-
-	up(args);
-	ck_assert_int_eq(raw_ring_open(&raw, &g, RING_MIN), 0);
-	rd.pipe_id = 12345; /* unknown: each Read is answered with ReadDone NOT_FOUND */
-	m.body_case = TPW__V1__CLIENT_MSG__BODY_READ;
-	m.read = &rd;
-	for (; sent < 200000; sent++) { /* far more answers than 1 MiB of client queue */
-		rd.msg_id = sent + 1;
-		if (tpt_raw_ring_send(&raw, &g, &m, NULL, 0, NULL, 0, 0, 2000) != 0)
-			break;
-	}
-	ck_assert_msg(tpt_raw_wait_closed(&raw, 10000) == 0, "still open after %u requests", sent);
-	wait_log("client does not read");
-	ck_assert_uint_eq(tpt_raw_ring_shm(&g)->d2c.waiting, 1); /* it waited for room */
-	ck_assert_uint_eq(tpt_raw_ring_shm(&g)->d2c.tail, 0);
-	raw_ring_close(&raw, &g);
-	check_daemon_serves("after-deaf-client");
-	check_nothing_left();
-	down();
-}
-END_TEST
-
-/* Frames a client left in its ring when it closed the socket are still handled. */
-START_TEST(test_ring_raw_frames_before_the_end_are_handled)
-{
-	static const char *const args[] = { "--spin-us", "0", NULL };
-	Tpw__V1__ClientMsg m = TPW__V1__CLIENT_MSG__INIT;
-	Tpw__V1__Listen li = TPW__V1__LISTEN__INIT;
-	uint8_t frame[256];
-	struct tpt_raw_ring g;
-	struct tpt_raw raw;
-	struct iovec iov;
-	uint64_t deadline;
-	uint32_t *sleeping;
-
-	up(args);
-	ck_assert_int_eq(raw_ring_open(&raw, &g, RING_MIN), 0);
-	deadline = tpt_now_ms() + 10000;
-	sleeping = &tpt_raw_ring_shm(&g)->c2d.sleeping;
-	for (unsigned i = 0; !__atomic_load_n(sleeping, __ATOMIC_SEQ_CST); i++) {
-		ck_assert_msg(tpt_now_ms() < deadline, "the daemon never went to sleep");
-		tpt_backoff(i);
-	}
-	li.req_id = 4;
-	li.name = "last-words";
-	m.body_case = TPW__V1__CLIENT_MSG__BODY_LISTEN;
-	m.listen = &li;
-	iov.iov_base = frame;
-	iov.iov_len = tpw_frame_pack(&m.base, 0, 0, ++raw.seq, frame);
-	/* published, but no doorbell: only the end of the socket wakes the daemon */
-	ck_assert_int_eq(tpu_ring_put(&g.tx, &iov, 1, 0), (ssize_t)iov.iov_len);
-	raw_ring_close(&raw, &g);
-	wait_log("listening on 'last-words'");
-	wait_log("client disconnected");
-	check_nothing_left();
-	down();
-}
-END_TEST
-
-/* A memfd of @len bytes, sealed against shrinking and growing if @sealed. */
-static int memfd_sized(size_t len, bool sealed)
-{
-	int fd = memfd_create("tpt-ring", MFD_CLOEXEC | MFD_ALLOW_SEALING);
-
-	ck_assert_int_ge(fd, 0);
-	ck_assert_int_eq(ftruncate(fd, (off_t)len), 0);
-	if (sealed)
-		ck_assert_int_eq(fcntl(fd, F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW), 0);
-	return fd;
-}
-
-/* Listen on @name over the socket: the session still works there. */
-static void socket_listen_ok(struct tpt_raw *raw, const char *name)
-{
-	Tpw__V1__ClientMsg m = TPW__V1__CLIENT_MSG__INIT;
-	Tpw__V1__Listen li = TPW__V1__LISTEN__INIT;
-	Tpw__V1__DaemonMsg *rep = NULL;
-
-	li.req_id = 3;
-	li.name = (char *)name;
-	m.body_case = TPW__V1__CLIENT_MSG__BODY_LISTEN;
-	m.listen = &li;
-	ck_assert_int_eq(tpt_raw_send(raw, &m, NULL, 0, NULL, 0, 0), 0);
-	ck_assert_int_eq(tpt_raw_expect(raw, TPW__V1__DAEMON_MSG__BODY_REPLY, T_MS, &rep), 0);
-	ck_assert_uint_eq(rep->reply->req_id, 3);
-	ck_assert_int_eq(rep->reply->status, TPW__V1__STATUS__STATUS_OK);
-	tpw_daemon_msg_free(rep);
-}
-
-static const struct refusal {
-	const char *why;
-	Tpw__V1__Status status;
-} refusals[] = {
-	{ "not sealed", TPW__V1__STATUS__STATUS_INVALID },
-	{ "not a memfd of the announced size", TPW__V1__STATUS__STATUS_INVALID },
-	{ "not a memfd", TPW__V1__STATUS__STATUS_INVALID },
-	{ "ring-max", TPW__V1__STATUS__STATUS_LIMIT },
-	{ "first frame after Hello", TPW__V1__STATUS__STATUS_INVALID },
-};
-
-/* (e) An offer the daemon refuses: the session goes on over the socket. */
-START_TEST(test_ring_raw_refused_offer_keeps_the_socket)
-{
-	const struct refusal *want = &refusals[_i];
-	uint32_t size = _i == 3 ? 8u << 20 : RING_MIN;
-	struct tpt_raw_ring g = { .fd = -1 };
-	Tpw__V1__DaemonMsg *rep = NULL;
-	struct tpt_raw raw;
-	int fd, pfd[2] = { -1, -1 };
-
-	if (_i == 0) {
-		fd = memfd_sized(tpu_ring_map_size(size), false);
-	} else if (_i == 1) {
-		fd = memfd_sized(tpu_ring_map_size(size) + 4096, true);
-	} else if (_i == 2) {
-		ck_assert_int_eq(pipe2(pfd, O_CLOEXEC), 0);
-		fd = pfd[0];
-	} else {
-		ck_assert_int_eq(tpt_raw_ring_new(&g, size), 0);
-		fd = g.fd;
-	}
-	ck_assert_int_eq(tpt_raw_connect(&raw, dmn.socket), 0);
-	ck_assert_int_eq(tpt_raw_hello(&raw, TPW__V1__ROLE__ROLE_CLIENT, T_MS), 0);
-	if (_i == 4) /* too late: another frame came first */
-		socket_listen_ok(&raw, "too-late");
-	ck_assert_int_eq(tpt_raw_ring_setup(&raw, 5, size, fd, T_MS, &rep), 0);
-	ck_assert_int_eq(rep->reply->status, want->status);
-	ck_assert_msg(rep->reply->message && strstr(rep->reply->message, want->why),
-		      "message '%s', want '%s'", rep->reply->message, want->why);
-	tpw_daemon_msg_free(rep);
-	wait_log("control ring refused");
-	socket_listen_ok(&raw, "refused-ring"); /* frames and answers stay on the socket */
-	tpt_raw_close(&raw);
-	if (g.map)
-		tpt_raw_ring_free(&g);
-	else
-		close(fd);
-	if (pfd[1] >= 0)
-		close(pfd[1]);
-	check_nothing_left();
-}
-END_TEST
-
-/* A malformed RingSetup closes the connection. */
-START_TEST(test_ring_raw_malformed_setup_closes_session)
-{
-	/* 0-2: not a power of two in range; 3: no fd; 4: size 0; 5: from a control session */
-	static const uint32_t sizes[] = { RING_MIN / 2, RING_MIN + 1, 3 * RING_MIN, RING_MIN, 0,
-					  RING_MIN };
-	Tpw__V1__Role role = _i == 5 ? TPW__V1__ROLE__ROLE_CONTROL : TPW__V1__ROLE__ROLE_CLIENT;
-	Tpw__V1__DaemonMsg *rep = NULL;
-	struct tpt_raw_ring g;
-	struct tpt_raw raw;
-
-	ck_assert_int_eq(tpt_raw_ring_new(&g, RING_MIN), 0);
-	ck_assert_int_eq(tpt_raw_connect(&raw, dmn.socket), 0);
-	ck_assert_int_eq(tpt_raw_hello(&raw, role, T_MS), 0);
-	ck_assert_int_eq(tpt_raw_ring_setup(&raw, 5, sizes[_i], _i == 3 ? -1 : g.fd, 10000, &rep),
-			 -ECONNRESET);
-	ck_assert_msg(tpt_raw_wait_closed(&raw, 10000) == 0, "the daemon kept the connection");
-	raw_ring_close(&raw, &g);
-	check_nothing_left();
-}
-END_TEST
-
-/* A second RingSetup, through the established ring, is refused there; the ring goes on. */
-START_TEST(test_ring_raw_second_setup_is_refused)
-{
-	Tpw__V1__ClientMsg m = TPW__V1__CLIENT_MSG__INIT;
-	Tpw__V1__RingSetup rs = TPW__V1__RING_SETUP__INIT;
-	Tpw__V1__DaemonMsg *rep = NULL;
-	struct tpt_raw_ring g, g2;
-	struct tpt_raw raw;
-
-	ck_assert_int_eq(raw_ring_open(&raw, &g, RING_MIN), 0);
-	ck_assert_int_eq(tpt_raw_ring_new(&g2, RING_MIN), 0);
-	rs.req_id = 6;
-	rs.ring_bytes = RING_MIN;
-	m.body_case = TPW__V1__CLIENT_MSG__BODY_RING_SETUP;
-	m.ring_setup = &rs;
-	ck_assert_int_eq(tpt_raw_ring_send(&raw, &g, &m, NULL, 0, &g2.fd, 1, 1, T_MS), 0);
-	ck_assert_int_eq(tpt_raw_ring_expect(&raw, &g, TPW__V1__DAEMON_MSG__BODY_REPLY, T_MS, &rep),
-			 0);
-	ck_assert_uint_eq(rep->reply->req_id, 6);
-	ck_assert_int_eq(rep->reply->status, TPW__V1__STATUS__STATUS_INVALID);
-	tpw_daemon_msg_free(rep);
-	ck_assert_int_eq(ring_listen(&raw, &g, "second-setup"), TPW__V1__STATUS__STATUS_OK);
-	raw_ring_close(&raw, &g);
-	tpt_raw_ring_free(&g2);
-	check_nothing_left();
-}
-END_TEST
-
-/* (f) fds ahead of their frames: the listener reads 200 bytes from a registered buffer. */
-static int fd_listener(void *arg)
-{
-	struct tp_context *ctx;
-	struct tp_listener *l;
-	struct tp_pipe *p;
-	struct tp_descriptor *d = NULL;
-	uint8_t *dst = malloc(200);
-	struct tp_slot slot = { .device = { TP_DEVICE_CPU, 0 }, .data = dst };
-	struct tp_allocation a = { .tensors = &slot, .n_tensors = 1 };
-	int r = ctx_open(&(struct cl){ 0 }, "fd-listener", &ctx);
-
-	if (r == 0)
-		r = tp_listen(ctx, "fdring", NULL, &l);
-	tpt_sync_post(&ready, (int8_t)(r ? -1 : 0));
-	TPT_REQUIRE(r == 0, 1, "listen: %d", r);
-	r = tp_listener_accept_sync(l, T_MS, &p);
-	TPT_REQUIRE(r == 0, 1, "accept: %d", r);
-	for (unsigned k = 0; k < 3; k++) {
-		r = tp_pipe_read_descriptor_sync(p, T_MS, &d);
-		TPT_REQUIRE(r == 0 && d->n_tensors == 1 && d->tensors[0].length == 200, 1,
-			    "descriptor %u: %d", k, r);
-		r = tp_pipe_read_sync(p, d, &a);
-		TPT_REQUIRE(r == 0, 1, "read %u: %d", k, r);
-		TPT_REQUIRE(tpt_verify(dst, 200, 91 + k, NULL), 1, "message %u differs", k);
-	}
-	tpt_sync_wait(&done, T_MS);
-	free(dst);
-	tp_pipe_close(p);
-	tp_listener_close(l);
-	tp_context_free(ctx);
-	return 0;
-}
-
-/* A sealed 4096-byte memfd whose last 200 bytes hold pattern @seed. */
-static int pattern_memfd(uint64_t seed)
-{
-	int fd = memfd_sized(4096, false);
-	uint8_t *p = mmap(NULL, 4096, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
-
-	ck_assert_ptr_ne(p, MAP_FAILED);
-	tpt_fill(p + 3896, 200, seed);
-	munmap(p, 4096);
-	ck_assert_int_eq(fcntl(fd, F_ADD_SEALS, F_SEAL_SHRINK), 0);
-	return fd;
-}
-
-static void ring_request(struct tpt_raw *raw, struct tpt_raw_ring *g, Tpw__V1__ClientMsg *m,
-			 const int *fd, uint16_t hdr_nfds)
-{
-	ck_assert_int_eq(tpt_raw_ring_send(raw, g, m, NULL, 0, fd, fd ? 1 : 0, hdr_nfds, T_MS), 0);
-}
-
-static void ring_expect_ok(struct tpt_raw *raw, struct tpt_raw_ring *g, int body, uint64_t id)
-{
-	Tpw__V1__DaemonMsg *rep = NULL;
-
-	ck_assert_int_eq(tpt_raw_ring_expect(raw, g, body, T_MS, &rep), 0);
-	if (body == TPW__V1__DAEMON_MSG__BODY_REPLY) {
-		ck_assert_uint_eq(rep->reply->req_id, id);
-		ck_assert_int_eq(rep->reply->status, TPW__V1__STATUS__STATUS_OK);
-	} else {
-		ck_assert_uint_eq(rep->write_done->write_id, id);
-		ck_assert_int_eq(rep->write_done->status, TPW__V1__STATUS__STATUS_OK);
-	}
-	tpw_daemon_msg_free(rep);
-}
-
-/* Sends BufferRegister{@id} through the ring. Return: as tpt_raw_ring_send(). */
-static int ring_register(struct tpt_raw *raw, struct tpt_raw_ring *g, uint64_t id, const int *fd,
-			 uint16_t hdr_nfds)
-{
-	Tpw__V1__ClientMsg m = TPW__V1__CLIENT_MSG__INIT;
-	Tpw__V1__BufferRegister br = TPW__V1__BUFFER_REGISTER__INIT;
-
-	br.req_id = 100 + id;
-	br.buf_id = id;
-	br.gen = 1;
-	br.size = 4096;
-	m.body_case = TPW__V1__CLIENT_MSG__BODY_BUFFER_REGISTER;
-	m.buffer_register = &br;
-	return tpt_raw_ring_send(raw, g, &m, NULL, 0, fd, fd ? 1 : 0, hdr_nfds, T_MS);
-}
-
-static void ring_write_shm(struct tpt_raw *raw, struct tpt_raw_ring *g, uint64_t buf_id)
-{
-	Tpw__V1__ClientMsg m = TPW__V1__CLIENT_MSG__INIT;
-	Tpw__V1__Write w = TPW__V1__WRITE__INIT;
-	Tpw__V1__Tensor t = TPW__V1__TENSOR__INIT, *ts[] = { &t };
-	Tpw__V1__Segment seg = TPW__V1__SEGMENT__INIT;
-	Tpw__V1__ShmRef shm = TPW__V1__SHM_REF__INIT;
-
-	shm.buf_id = buf_id;
-	shm.gen = 1;
-	shm.offset = 3896;
-	seg.length = 200;
-	seg.loc_case = TPW__V1__SEGMENT__LOC_SHM;
-	seg.shm = &shm;
-	t.data = &seg;
-	w.pipe_id = 1;
-	w.write_id = buf_id;
-	w.n_tensors = 1;
-	w.tensors = ts;
-	m.body_case = TPW__V1__CLIENT_MSG__BODY_WRITE;
-	m.write = &w;
-	ring_request(raw, g, &m, NULL, 0);
-	ring_expect_ok(raw, g, TPW__V1__DAEMON_MSG__BODY_WRITE_DONE, buf_id);
-}
-
-START_TEST(test_ring_raw_fds_travel_ahead_of_their_frames)
-{
-	Tpw__V1__ClientMsg m = TPW__V1__CLIENT_MSG__INIT;
-	Tpw__V1__Connect c = TPW__V1__CONNECT__INIT;
-	int fds[3] = { pattern_memfd(91), pattern_memfd(92), pattern_memfd(93) };
-	pid_t lis = tpt_fork(fd_listener, NULL);
-	struct tpt_raw_ring g;
-	struct tpt_raw raw;
-	int r;
-
-	ck_assert_int_eq(tpt_sync_wait(&ready, T_MS), 0);
-	ck_assert_int_eq(raw_ring_open(&raw, &g, RING_MIN), 0);
-	ck_assert_int_eq(ring_register(&raw, &g, 1, &fds[0], 1), 0);
-	ring_expect_ok(&raw, &g, TPW__V1__DAEMON_MSG__BODY_REPLY, 101);
-	/* two fds ahead of two frames: each frame takes the next fd in order */
-	ck_assert_int_eq(tpt_raw_send_bytes(&raw, "", 1, &fds[1], 1), 0);
-	ck_assert_int_eq(tpt_raw_send_bytes(&raw, "", 1, &fds[2], 1), 0);
-	ck_assert_int_eq(ring_register(&raw, &g, 2, NULL, 1), 0);
-	ck_assert_int_eq(ring_register(&raw, &g, 3, NULL, 1), 0);
-	ring_expect_ok(&raw, &g, TPW__V1__DAEMON_MSG__BODY_REPLY, 102);
-	ring_expect_ok(&raw, &g, TPW__V1__DAEMON_MSG__BODY_REPLY, 103);
-	c.req_id = 9;
-	c.pipe_id = 1;
-	c.address = "fdring";
-	m.body_case = TPW__V1__CLIENT_MSG__BODY_CONNECT;
-	m.connect = &c;
-	ring_request(&raw, &g, &m, NULL, 0);
-	ring_expect_ok(&raw, &g, TPW__V1__DAEMON_MSG__BODY_REPLY, 9);
-	for (uint64_t id = 1; id <= 3; id++)
-		ring_write_shm(&raw, &g, id);
-	tpt_sync_post(&done, 0);
-	ck_assert(tpt_wait_ok(lis, 2 * T_MS, "listener"));
-	/* a frame announcing an fd that never came closes the session */
-	r = ring_register(&raw, &g, 4, NULL, 1);
-	ck_assert_msg(r == 0 || r == -EPIPE || r == -ECONNRESET, "register: %d", r);
-	wake_daemon(&raw);
-	check_ring_session_closed(&raw, "announces 1 fds, 0 received");
-	raw_ring_close(&raw, &g);
-	for (int i = 0; i < 3; i++)
-		close(fds[i]);
+	ring_check_nothing_left();
+	ring_check_daemon_serves("after-blocked-writer");
+	ring_check_nothing_left();
 }
 END_TEST
 
@@ -1538,14 +879,14 @@ START_TEST(test_ring_busy_ring_does_not_starve_socket_clients)
 	uint64_t tail0, t0;
 	int r;
 
-	up(args);
-	ck_assert_int_eq(raw_ring_open(&b.raw, &b.g, RING_MIN), 0);
+	ring_up(args);
+	ck_assert_int_eq(ring_raw_open(&b.raw, &b.g, RING_MIN), 0);
 	ck_assert_int_eq(pthread_create(&t, NULL, busy_main, &b), 0);
 	tail0 = tpt_raw_ring_shm(&b.g)->c2d.tail;
 	for (unsigned i = 0; tpt_raw_ring_shm(&b.g)->c2d.tail < tail0 + 200; i++)
 		tpt_backoff(i); /* the daemon consumes the busy ring */
 	t0 = tpt_now_ms();
-	ck_assert_int_eq(tpt_raw_connect(&raw, dmn.socket), 0);
+	ck_assert_int_eq(tpt_raw_connect(&raw, ring_dmn.socket), 0);
 	r = tpt_raw_hello(&raw, TPW__V1__ROLE__ROLE_CLIENT, SLOW_MS);
 	__atomic_store_n(&b.stop, true, __ATOMIC_RELEASE);
 	pthread_join(t, NULL);
@@ -1555,94 +896,8 @@ START_TEST(test_ring_busy_ring_does_not_starve_socket_clients)
 	ck_assert_msg(r == 0, "no HelloReply on the socket in %d ms while a ring was busy (%d)",
 		      SLOW_MS, r);
 	tpt_raw_close(&raw);
-	raw_ring_close(&b.raw, &b.g);
-	down();
-}
-END_TEST
-
-/*
- * Regression (daemon/session.c handle_ring_setup -> daemon/daemon.c tpd_daemon_spin_kick): when
- * the daemon did not spin (--spin-us 0, or its copier was busy), the kick polled every ring at
- * once, from inside parse_frames() of the socket read that carried the RingSetup. A frame
- * already in the ring made ring_pull() re-enter parse_frames(), which started over at the
- * RingSetup the outer call had not consumed yet: the RingSetup was handled twice, its fd was
- * gone, and the session was closed ("frame 2 announces 1 fds, 0 received"). A client writing
- * its first ring frame right after the Reply hit that window by chance (about 1 context in
- * 100 with TP_CONTEXT_NO_SPIN); a frame put in the ring before the RingSetup makes it certain.
- */
-START_TEST(test_ring_frame_waiting_at_setup_is_handled_once)
-{
-	static const char *const args[] = { "--spin-us", "0", NULL };
-	Tpw__V1__ClientMsg m = TPW__V1__CLIENT_MSG__INIT;
-	Tpw__V1__Listen li = TPW__V1__LISTEN__INIT;
-	Tpw__V1__DaemonMsg *rep = NULL;
-	uint8_t frame[256];
-	struct tpt_raw_ring g;
-	struct tpt_raw raw;
-	struct iovec iov;
-
-	up(args);
-	ck_assert_int_eq(tpt_raw_connect(&raw, dmn.socket), 0);
-	ck_assert_int_eq(tpt_raw_hello(&raw, TPW__V1__ROLE__ROLE_CLIENT, T_MS), 0);
-	ck_assert_int_eq(tpt_raw_ring_new(&g, RING_MIN), 0);
-	li.req_id = 8;
-	li.name = "waiting";
-	m.body_case = TPW__V1__CLIENT_MSG__BODY_LISTEN;
-	m.listen = &li;
-	iov.iov_base = frame;
-	iov.iov_len = tpw_frame_pack(&m.base, 0, 0, 3, frame);
-	ck_assert_int_eq(tpu_ring_put(&g.tx, &iov, 1, 0), (ssize_t)iov.iov_len);
-	ck_assert_int_eq(tpt_raw_ring_setup(&raw, 2, RING_MIN, g.fd, T_MS, &rep), 0);
-	ck_assert_int_eq(rep->reply->status, TPW__V1__STATUS__STATUS_OK);
-	tpw_daemon_msg_free(rep);
-	rep = NULL;
-	ck_assert_int_eq(
-		tpt_raw_ring_expect(&raw, &g, TPW__V1__DAEMON_MSG__BODY_REPLY, 10000, &rep), 0);
-	ck_assert_uint_eq(rep->reply->req_id, 8);
-	ck_assert_int_eq(rep->reply->status, TPW__V1__STATUS__STATUS_OK);
-	tpw_daemon_msg_free(rep);
-	raw_ring_close(&raw, &g);
-	down();
-}
-END_TEST
-
-/*
- * Regression (daemon/session.c session_on_read, parse_frames): the socket-mode read loop went
- * on reading after parse_frames() switched the session to its ring, so a byte that followed
- * the RingSetup on the socket (a doorbell, or the byte carrying a BufferRegister's fd) was
- * appended to the input buffer as frame data: the next frame from the ring was parsed one
- * byte off ("bad frame header", session closed) and a doorbell was lost (a client hung until
- * its timeout). Here the byte travels in the same sendmsg() as the RingSetup, so it arrives in
- * the same recvmsg(), which makes it certain.
- */
-START_TEST(test_ring_socket_byte_right_after_setup_is_a_doorbell)
-{
-	Tpw__V1__ClientMsg m = TPW__V1__CLIENT_MSG__INIT;
-	Tpw__V1__RingSetup rs = TPW__V1__RING_SETUP__INIT;
-	Tpw__V1__DaemonMsg *rep = NULL;
-	uint8_t frame[256] = { 0 };
-	struct tpt_raw_ring g;
-	struct tpt_raw raw;
-	size_t n;
-
-	up(NULL);
-	ck_assert_int_eq(tpt_raw_connect(&raw, dmn.socket), 0);
-	ck_assert_int_eq(tpt_raw_hello(&raw, TPW__V1__ROLE__ROLE_CLIENT, T_MS), 0);
-	ck_assert_int_eq(tpt_raw_ring_new(&g, RING_MIN), 0);
-	rs.req_id = 2;
-	rs.ring_bytes = RING_MIN;
-	m.body_case = TPW__V1__CLIENT_MSG__BODY_RING_SETUP;
-	m.ring_setup = &rs;
-	n = tpw_frame_pack(&m.base, 0, 1, ++raw.seq, frame);
-	/* the frame, then one doorbell byte (0) */
-	ck_assert_int_eq(tpt_raw_send_bytes(&raw, frame, n + 1, &g.fd, 1), 0);
-	ck_assert_int_eq(tpt_raw_recv(&raw, T_MS, &rep, NULL, NULL), 0);
-	ck_assert_int_eq(rep->body_case, TPW__V1__DAEMON_MSG__BODY_REPLY);
-	ck_assert_int_eq(rep->reply->status, TPW__V1__STATUS__STATUS_OK);
-	tpw_daemon_msg_free(rep);
-	ck_assert_int_eq(ring_listen(&raw, &g, "after-bell"), TPW__V1__STATUS__STATUS_OK);
-	raw_ring_close(&raw, &g);
-	down();
+	ring_raw_close(&b.raw, &b.g);
+	ring_down();
 }
 END_TEST
 
@@ -1659,7 +914,8 @@ static int buffer_right_away(void *arg)
 		void *buf = NULL;
 		int r;
 
-		TPT_REQUIRE(ctx_open(&(struct cl){ 0 }, "right-away", &ctx) == 0, 1, "context");
+		TPT_REQUIRE(ring_ctx_open(&(struct ring_cl){ 0 }, "right-away", &ctx) == 0, 1,
+			    "context");
 		r = tp_buffer_alloc(ctx, 4096, &buf);
 		if (r) {
 			if (!bad)
@@ -1676,10 +932,10 @@ static int buffer_right_away(void *arg)
 
 START_TEST(test_ring_buffer_right_after_context_works)
 {
-	up(NULL);
+	ring_up(NULL);
 	ck_assert(tpt_wait_ok(tpt_fork(buffer_right_away, NULL), 2 * T_MS, "client"));
-	check_nothing_left();
-	down();
+	ring_check_nothing_left();
+	ring_down();
 }
 END_TEST
 
@@ -1688,7 +944,7 @@ static Suite *ring_suite(void)
 	Suite *s = suite_create("ring");
 	TCase *tr = tcase_create("transport");
 	TCase *data = tcase_create("data");
-	TCase *raw = tcase_create("raw");
+	TCase *blocked = tcase_create("blocked");
 	TCase *reg = tcase_create("regressions");
 
 	tcase_add_loop_test(tr, test_ring_transport_reported_for_each_pairing, 0,
@@ -1703,27 +959,15 @@ static Suite *ring_suite(void)
 	tcase_add_test(data, test_ring_smallest_ring_carries_frames_larger_than_itself);
 	tcase_add_loop_test(data, test_ring_eight_writer_threads_share_one_context, 0, 2);
 	tcase_add_loop_test(data, test_ring_wakeups_survive_spin_settings_and_idle_gaps, 0, 4);
-	tcase_add_test(data, test_ring_raw_frames_before_the_end_are_handled);
-	tcase_add_test(data, test_ring_raw_client_that_never_reads_is_dropped);
 	tcase_set_timeout(data, 240);
 	suite_add_tcase(s, data);
 
-	tcase_add_checked_fixture(raw, up_default, down);
-	tcase_add_loop_test(raw, test_ring_raw_half_frame_then_exit, 0, 2);
-	tcase_add_loop_test(raw, test_ring_raw_corrupt_head_closes_session, 0, 3);
-	tcase_add_loop_test(raw, test_ring_raw_corrupt_tail_closes_session, 0, 2);
-	tcase_add_test(raw, test_ring_writer_killed_while_blocked_on_full_ring);
-	tcase_add_loop_test(raw, test_ring_raw_refused_offer_keeps_the_socket, 0,
-			    (int)TPU_ARRAY_SIZE(refusals));
-	tcase_add_loop_test(raw, test_ring_raw_malformed_setup_closes_session, 0, 6);
-	tcase_add_test(raw, test_ring_raw_second_setup_is_refused);
-	tcase_add_test(raw, test_ring_raw_fds_travel_ahead_of_their_frames);
-	tcase_set_timeout(raw, 120);
-	suite_add_tcase(s, raw);
+	tcase_add_checked_fixture(blocked, ring_up_default, ring_down);
+	tcase_add_test(blocked, test_ring_writer_killed_while_blocked_on_full_ring);
+	tcase_set_timeout(blocked, 120);
+	suite_add_tcase(s, blocked);
 
 	tcase_add_test(reg, test_ring_busy_ring_does_not_starve_socket_clients);
-	tcase_add_test(reg, test_ring_frame_waiting_at_setup_is_handled_once);
-	tcase_add_test(reg, test_ring_socket_byte_right_after_setup_is_a_doorbell);
 	tcase_add_test(reg, test_ring_buffer_right_after_context_works);
 	tcase_set_timeout(reg, 120);
 	suite_add_tcase(s, reg);
