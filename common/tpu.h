@@ -148,4 +148,7 @@ int tpu_parse_size(const char *s, uint64_t *ret);
 /* Errno name and text helper for messages; thread safe. */
 const char *tpu_strerror(int err, char *buf, size_t len);
 
+/* Formats the reason for a failure into @why (if @why and @why_len). Return: @err. */
+int tpu_why(int err, char *why, size_t why_len, const char *fmt, ...) _printf_(4, 5);
+
 #endif

@@ -5,6 +5,7 @@
  */
 #include <dirent.h>
 #include <fcntl.h>
+#include <stdarg.h>
 #include <stdio.h>
 #include <string.h>
 #include <sys/un.h>
@@ -106,4 +107,16 @@ const char *tpu_strerror(int err, char *buf, size_t len)
 	if (err < 0)
 		err = -err;
 	return strerror_r(err, buf, len);
+}
+
+int tpu_why(int err, char *why, size_t why_len, const char *fmt, ...)
+{
+	va_list ap;
+
+	if (why && why_len) {
+		va_start(ap, fmt);
+		vsnprintf(why, why_len, fmt, ap);
+		va_end(ap);
+	}
+	return err;
 }

@@ -7,7 +7,6 @@
  */
 #include <ctype.h>
 #include <fcntl.h>
-#include <stdarg.h>
 #include <stdio.h>
 #include <string.h>
 #include <sys/stat.h>
@@ -23,20 +22,6 @@
 #define KEY_HINT "generate one with: head -c 32 /dev/urandom | base64 > "
 /* Room for a maximal key plus trailing whitespace; a larger file is refused as too long. */
 #define KEY_READ_MAX (2 * TPD_PEERAUTH_KEY_MAX)
-
-static int fail(int err, char *why, size_t why_len, const char *fmt, ...) _printf_(4, 5);
-
-static int fail(int err, char *why, size_t why_len, const char *fmt, ...)
-{
-	va_list ap;
-
-	if (why && why_len) {
-		va_start(ap, fmt);
-		vsnprintf(why, why_len, fmt, ap);
-		va_end(ap);
-	}
-	return err;
-}
 
 static void cleanse_freep(uint8_t **p)
 {
@@ -57,11 +42,11 @@ static int key_open(const char *path, char *why, size_t why_len)
 		return fd;
 	err = -errno;
 	if (err == -ELOOP)
-		return fail(err, why, why_len,
-			    "key file %s is a symbolic link; point key-file at the file itself",
-			    path);
-	return fail(err, why, why_len, "cannot open key file %s: %s", path,
-		    tpu_strerror(err, eb, sizeof(eb)));
+		return tpu_why(err, why, why_len,
+			       "key file %s is a symbolic link; point key-file at the file itself",
+			       path);
+	return tpu_why(err, why, why_len, "cannot open key file %s: %s", path,
+		       tpu_strerror(err, eb, sizeof(eb)));
 }
 
 static int key_check_stat(int fd, const char *path, char *why, size_t why_len)
@@ -72,20 +57,20 @@ static int key_check_stat(int fd, const char *path, char *why, size_t why_len)
 	if (fstat(fd, &st) < 0) {
 		int err = -errno;
 
-		return fail(err, why, why_len, "cannot stat key file %s: %s", path,
-			    tpu_strerror(err, eb, sizeof(eb)));
+		return tpu_why(err, why, why_len, "cannot stat key file %s: %s", path,
+			       tpu_strerror(err, eb, sizeof(eb)));
 	}
 	if (!S_ISREG(st.st_mode))
-		return fail(-EINVAL, why, why_len, "key file %s is not a regular file", path);
+		return tpu_why(-EINVAL, why, why_len, "key file %s is not a regular file", path);
 	if (st.st_uid != 0 && st.st_uid != geteuid())
-		return fail(-EPERM, why, why_len,
-			    "key file %s is owned by uid %u, not by root or the daemon's uid %u; "
-			    "chown it",
-			    path, (unsigned)st.st_uid, (unsigned)geteuid());
+		return tpu_why(-EPERM, why, why_len,
+			       "key file %s is owned by uid %u, not by root or the daemon's "
+			       "uid %u; chown it",
+			       path, (unsigned)st.st_uid, (unsigned)geteuid());
 	if (st.st_mode & 077)
-		return fail(-EPERM, why, why_len,
-			    "key file %s is readable by group/others (mode %04o); chmod 600 it",
-			    path, (unsigned)(st.st_mode & 07777));
+		return tpu_why(-EPERM, why, why_len,
+			       "key file %s is readable by group/others (mode %04o); chmod 600 it",
+			       path, (unsigned)(st.st_mode & 07777));
 	return 0;
 }
 
@@ -121,19 +106,19 @@ static int key_check_len(ssize_t n, const char *path, char *why, size_t why_len)
 	char eb[128];
 
 	if (n == -EFBIG || n > TPD_PEERAUTH_KEY_MAX)
-		return fail(-EINVAL, why, why_len, "key file %s: key too long, at most %d bytes",
-			    path, TPD_PEERAUTH_KEY_MAX);
+		return tpu_why(-EINVAL, why, why_len, "key file %s: key too long, at most %d bytes",
+			       path, TPD_PEERAUTH_KEY_MAX);
 	if (n < 0)
-		return fail((int)n, why, why_len, "cannot read key file %s: %s", path,
-			    tpu_strerror((int)n, eb, sizeof(eb)));
+		return tpu_why((int)n, why, why_len, "cannot read key file %s: %s", path,
+			       tpu_strerror((int)n, eb, sizeof(eb)));
 	if (n == 0)
-		return fail(-EINVAL, why, why_len, "key file %s is empty; " KEY_HINT "%s", path,
-			    path);
+		return tpu_why(-EINVAL, why, why_len, "key file %s is empty; " KEY_HINT "%s", path,
+			       path);
 	if (n < TPD_PEERAUTH_KEY_MIN)
-		return fail(-EINVAL, why, why_len,
-			    "key file %s: key too short (%zd bytes), need at least %d bytes; "
-			    KEY_HINT "%s",
-			    path, n, TPD_PEERAUTH_KEY_MIN, path);
+		return tpu_why(-EINVAL, why, why_len,
+			       "key file %s: key too short (%zd bytes), need at least %d "
+			       "bytes; " KEY_HINT "%s",
+			       path, n, TPD_PEERAUTH_KEY_MIN, path);
 	return 0;
 }
 
@@ -153,7 +138,7 @@ int tpd_peerauth_key_load(const char *path, struct tpd_peer_key *ret, char *why,
 		return r;
 	buf = malloc(KEY_READ_MAX);
 	if (!buf)
-		return fail(-ENOMEM, why, why_len, "out of memory reading key file %s", path);
+		return tpu_why(-ENOMEM, why, why_len, "out of memory reading key file %s", path);
 	n = key_read(fd, buf);
 	if (n > 0)
 		n = (ssize_t)trim_trailing_space(buf, (size_t)n);
@@ -162,7 +147,7 @@ int tpd_peerauth_key_load(const char *path, struct tpd_peer_key *ret, char *why,
 		return r;
 	key = malloc((size_t)n);
 	if (!key)
-		return fail(-ENOMEM, why, why_len, "out of memory reading key file %s", path);
+		return tpu_why(-ENOMEM, why, why_len, "out of memory reading key file %s", path);
 	memcpy(key, buf, (size_t)n);
 	*ret = (struct tpd_peer_key){ .bytes = key, .len = (size_t)n };
 	return 0;

@@ -237,6 +237,23 @@ static void end_init(struct tpd_pipe_end *e, struct tpd_pipe *p, struct tpd_sess
 	e->gone = TPW__V1__STATUS__STATUS_UNSPECIFIED;
 }
 
+/* A new pipe of @d to listener @name; the caller sets up its ends. Return: owned pipe, or NULL
+ * when out of memory. */
+static struct tpd_pipe *pipe_new(struct tpd_daemon *d, const char *name)
+{
+	struct tpd_pipe *p = calloc(1, sizeof(*p));
+
+	if (!p || !(p->listener = strdup(name))) {
+		free(p);
+		return NULL;
+	}
+	p->d = d;
+	p->id = d->next_pipe_id++;
+	p->created_ns = tpu_now_ns();
+	tpu_list_init(&p->held);
+	return p;
+}
+
 static void xpipe_done(struct tpd_pipe *p);
 
 static void end_drop_all(struct tpd_pipe_end *e)
@@ -363,16 +380,11 @@ void tpd_pipe_connect(struct tpd_daemon *d, struct tpd_session *s, const Tpw__V1
 		return;
 	}
 	ls = l->owner;
-	p = calloc(1, sizeof(*p));
-	if (!p || !(p->listener = strdup(l->name))) {
-		free(p);
+	p = pipe_new(d, l->name);
+	if (!p) {
 		connect_fail(s, c, -ENOMEM, "out of memory");
 		return;
 	}
-	p->d = d;
-	p->id = d->next_pipe_id++;
-	p->created_ns = tpu_now_ns();
-	tpu_list_init(&p->held);
 	end_init(&p->end[0], p, s, c->pipe_id);
 	end_init(&p->end[1], p, ls, ACCEPT_ID_BASE + ls->next_accept_id++);
 	if (tpu_hmap_put(&s->pipes, p->end[0].local_id, &p->end[0]) < 0 ||
@@ -1175,13 +1187,27 @@ static void xh_after(struct tpd_pipe_end *w)
 	pipe_maybe_free(p);
 }
 
+/* Tells the reader's daemon that transfer @xfer_id ended with @st (@why: NULL when OK). */
+static void tell_xfer_end(struct tpd_pipe *p, uint64_t xfer_id, Tpw__V1__Status st, const char *why,
+			  uint64_t bytes)
+{
+	Tpw__V1__PeerXferEnd xe = TPW__V1__PEER_XFER_END__INIT;
+	Tpw__V1__PeerMsg pm = TPW__V1__PEER_MSG__INIT;
+
+	xe.xfer_id = xfer_id;
+	xe.status = st;
+	xe.message = (char *)why;
+	xe.bytes = bytes;
+	pm.body_case = TPW__V1__PEER_MSG__BODY_XFER_END;
+	pm.xfer_end = &xe;
+	peer_tell(p, &pm, NULL, 0);
+}
+
 static void xh_send_done(struct tpd_stripe_xfer *x)
 {
 	struct tpd_xh *xh = x->arg;
 	struct tpd_msg *m = xh->m;
 	struct tpd_pipe_end *w = m->from;
-	Tpw__V1__PeerXferEnd xe = TPW__V1__PEER_XFER_END__INIT;
-	Tpw__V1__PeerMsg pm = TPW__V1__PEER_MSG__INIT;
 	Tpw__V1__Status st = tpw_status_from_errno(x->status);
 	Tpw__V1__Status early;
 	char why[160], early_why[160];
@@ -1200,13 +1226,7 @@ static void xh_send_done(struct tpd_stripe_xfer *x)
 		st = TPW__V1__STATUS__STATUS_PEER_DIED;
 		snprintf(why, sizeof(why), "writer died during the transfer");
 	}
-	xe.xfer_id = x->xfer_id;
-	xe.status = st;
-	xe.message = why[0] ? why : NULL;
-	xe.bytes = x->bytes;
-	pm.body_case = TPW__V1__PEER_MSG__BODY_XFER_END;
-	pm.xfer_end = &xe;
-	peer_tell(w->pipe, &pm, NULL, 0);
+	tell_xfer_end(w->pipe, x->xfer_id, st, why[0] ? why : NULL, x->bytes);
 	if (st != TPW__V1__STATUS__STATUS_OK)
 		pipe_log(w->pipe, NULL, TPU_LOG_INFO, "message %llu: send failed: %s",
 			 (unsigned long long)m->msg_id, why);
@@ -1525,19 +1545,14 @@ static void xpipe_connect(struct tpd_daemon *d, struct tpd_session *s, const Tpw
 		connect_fail(s, c, r, why);
 		return;
 	}
-	p = calloc(1, sizeof(*p));
-	if (!p || !(p->listener = strdup(name)) ||
-	    !(p->ev_connect = evtimer_new(d->base, xpipe_on_connect_timeout, p))) {
+	p = pipe_new(d, name);
+	if (!p || !(p->ev_connect = evtimer_new(d->base, xpipe_on_connect_timeout, p))) {
 		if (p)
 			free(p->listener);
 		free(p);
 		connect_fail(s, c, -ENOMEM, "out of memory");
 		return;
 	}
-	p->d = d;
-	p->id = d->next_pipe_id++;
-	p->created_ns = tpu_now_ns();
-	tpu_list_init(&p->held);
 	snprintf(p->peer_addr, sizeof(p->peer_addr), "%s", tpd_peer_name(pr));
 	end_init(&p->end[0], p, s, c->pipe_id);
 	end_init(&p->end[1], p, NULL, 0);
@@ -1692,17 +1707,11 @@ void tpd_pipe_peer_connect(struct tpd_daemon *d, struct tpd_peer *pr,
 	} else if (d->stopping) {
 		snprintf(why, sizeof(why), "daemon stopping");
 		err = -ESHUTDOWN;
-	} else if (!(p = calloc(1, sizeof(*p))) || !(p->listener = strdup(l->name))) {
-		free(p);
-		p = NULL;
+	} else if (!(p = pipe_new(d, l->name))) {
 		snprintf(why, sizeof(why), "out of memory");
 		err = -ENOMEM;
 	}
 	if (p) {
-		p->d = d;
-		p->id = d->next_pipe_id++;
-		p->created_ns = tpu_now_ns();
-		tpu_list_init(&p->held);
 		snprintf(p->peer_addr, sizeof(p->peer_addr), "%s", tpd_peer_name(pr));
 		end_init(&p->end[0], p, NULL, 0);
 		p->end[0].remote = true;
@@ -1821,19 +1830,6 @@ void tpd_pipe_peer_descriptor(struct tpd_pipe *p, const Tpw__V1__Descriptor *dd,
 	tpd_session_send(r->session, &dm, &iov, dd->eager && tail_len ? 1 : 0);
 }
 
-static void tell_xfer_end(struct tpd_pipe *p, uint64_t xfer_id, int err, const char *why)
-{
-	Tpw__V1__PeerXferEnd xe = TPW__V1__PEER_XFER_END__INIT;
-	Tpw__V1__PeerMsg pm = TPW__V1__PEER_MSG__INIT;
-
-	xe.xfer_id = xfer_id;
-	xe.status = tpw_status_from_errno(err);
-	xe.message = (char *)why;
-	pm.body_case = TPW__V1__PEER_MSG__BODY_XFER_END;
-	pm.xfer_end = &xe;
-	peer_tell(p, &pm, NULL, 0);
-}
-
 void tpd_pipe_peer_read_req(struct tpd_pipe *p, const Tpw__V1__PeerReadReq *rr)
 {
 	struct tpd_pipe_end *w = local_end(p);
@@ -1841,19 +1837,21 @@ void tpd_pipe_peer_read_req(struct tpd_pipe *p, const Tpw__V1__PeerReadReq *rr)
 	struct tpd_xh *xh;
 
 	if (!w->session) {
-		tell_xfer_end(p, rr->xfer_id, -EPIPE, "writer closed the pipe");
+		tell_xfer_end(p, rr->xfer_id, TPW__V1__STATUS__STATUS_CLOSED,
+			      "writer closed the pipe", 0);
 		return;
 	}
 	m = next_unread(w);
 	if (!m || m->msg_id != rr->msg_id || m->eager) {
 		pipe_log(p, NULL, TPU_LOG_WARNING, "peer asked for message %llu, next is %llu",
 			 (unsigned long long)rr->msg_id, m ? (unsigned long long)m->msg_id : 0ull);
-		tell_xfer_end(p, rr->xfer_id, -EINVAL, "no such message");
+		tell_xfer_end(p, rr->xfer_id, TPW__V1__STATUS__STATUS_INVALID, "no such message",
+			      0);
 		return;
 	}
 	xh = xh_new(m, true);
 	if (!xh) {
-		tell_xfer_end(p, rr->xfer_id, -ENOMEM, "out of memory");
+		tell_xfer_end(p, rr->xfer_id, TPW__V1__STATUS__STATUS_IO, "out of memory", 0);
 		return;
 	}
 	for (size_t i = 0; i < m->n_src; i++) {

@@ -270,8 +270,7 @@ static void ring_doorbell(struct tpd_session *s)
 {
 	static const uint8_t bell;
 
-	if (send(s->fd, &bell, 1, MSG_DONTWAIT | MSG_NOSIGNAL) == 1)
-		s->doorbells_out++;
+	(void)!send(s->fd, &bell, 1, MSG_DONTWAIT | MSG_NOSIGNAL);
 }
 
 /* flush_out() for a ring session. Return: 0 or -EPROTO (the client broke the ring). */
@@ -483,11 +482,10 @@ static bool cma_probe(struct tpd_session *s, const Tpw__V1__Hello *h)
 }
 
 /*
- * Maps the control ring of RingSetup @m (@fd borrowed). Return: 0, or a Status with @why set;
- * the session then stays on the socket.
+ * Maps the control ring of RingSetup @m (@fd borrowed). Return: 0, or -errno with @why set; the
+ * session then stays on the socket.
  */
-static Tpw__V1__Status ring_accept(struct tpd_session *s, const Tpw__V1__RingSetup *m, int fd,
-				   const char **why)
+static int ring_accept(struct tpd_session *s, const Tpw__V1__RingSetup *m, int fd, const char **why)
 {
 	uint32_t max = s->d->cfg.ring_max;
 	int r;
@@ -495,48 +493,42 @@ static Tpw__V1__Status ring_accept(struct tpd_session *s, const Tpw__V1__RingSet
 	*why = NULL;
 	if (!s->ring_allowed) {
 		*why = "RingSetup must be a client's first frame after Hello";
-		return TPW__V1__STATUS__STATUS_INVALID;
+		return -EINVAL;
 	}
 	if (!max) {
 		*why = "control rings are off on this daemon (ring-max = 0)";
-		return TPW__V1__STATUS__STATUS_UNSUPPORTED;
+		return -EOPNOTSUPP;
 	}
 	if (m->ring_bytes > max) {
 		*why = "ring larger than the daemon's ring-max";
-		return TPW__V1__STATUS__STATUS_LIMIT;
+		return -ENOBUFS;
 	}
 	r = tpu_ring_attach(fd, m->ring_bytes, &s->ring_map);
 	if (r < 0) {
 		s->ring_map = NULL;
 		if (r != -EPERM && r != -EBADF && r != -EACCES) {
 			*why = "cannot map the ring";
-			return TPW__V1__STATUS__STATUS_IO;
+			return -EIO;
 		}
 		*why = r == -EPERM    ? "ring memfd not sealed against shrinking"
 		       : r == -EACCES ? "ring memfd sealed against writing"
 				      : "ring fd is not a memfd of the announced size";
-		return TPW__V1__STATUS__STATUS_INVALID;
+		return -EINVAL;
 	}
 	s->ring_size = m->ring_bytes;
 	tpu_ring_init(s->ring_map, s->ring_size, false, &s->ring_tx, &s->ring_rx);
-	return TPW__V1__STATUS__STATUS_OK;
+	return 0;
 }
 
 /* RingSetup: map the rings, answer on the socket, then switch both directions to them. */
 static void handle_ring_setup(struct tpd_session *s, const Tpw__V1__RingSetup *m, int fd)
 {
-	Tpw__V1__Reply rep = TPW__V1__REPLY__INIT;
-	Tpw__V1__DaemonMsg dm = TPW__V1__DAEMON_MSG__INIT;
 	const char *why;
+	int r = ring_accept(s, m, fd, &why);
 
-	rep.req_id = m->req_id;
-	rep.status = ring_accept(s, m, fd, &why);
-	rep.message = (char *)(why ? why : "");
 	s->ring_allowed = false;
-	dm.body_case = TPW__V1__DAEMON_MSG__BODY_REPLY;
-	dm.reply = &rep;
-	tpd_session_send(s, &dm, NULL, 0);
-	if (why) {
+	tpd_session_reply(s, m->req_id, r, why, 0, NULL);
+	if (r < 0) {
 		tpd_session_log(s, TPU_LOG_INFO, "control ring refused (%s): staying on the socket",
 				why);
 		return;
@@ -929,7 +921,6 @@ static void parse_frames(struct tpd_session *s)
 		if (s->ring && !was_ring) {
 			/* Switched to the rings: whatever followed RingSetup on the socket can only
 			 * be doorbell and fd bytes (the client waits for the answer). */
-			s->doorbells_in += s->in_len - off;
 			off = s->in_len;
 			break;
 		}
@@ -1020,11 +1011,8 @@ static ssize_t recv_some(struct tpd_session *s)
 static ssize_t recv_side(struct tpd_session *s)
 {
 	uint8_t bells[64];
-	ssize_t n = recv_msg(s, bells, sizeof(bells));
 
-	if (n > 0)
-		s->doorbells_in += (uint64_t)n;
-	return n;
+	return recv_msg(s, bells, sizeof(bells));
 }
 
 /* Takes the fds waiting on the socket (too many of them fail the session). */

@@ -65,7 +65,6 @@ struct tpd_session {
 	void *ring_map;		    /* tpu_ring_map_size(ring_size) bytes */
 	struct tpu_ring ring_tx;    /* daemon -> client */
 	struct tpu_ring ring_rx;    /* client -> daemon */
-	uint64_t doorbells_in, doorbells_out;
 };
 
 /*

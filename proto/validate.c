@@ -3,7 +3,6 @@
  * Message validation and status <-> errno mapping. See validate.h.
  */
 #include <errno.h>
-#include <stdarg.h>
 #include <stdio.h>
 #include <string.h>
 #include "ring.h"
@@ -11,21 +10,6 @@
 
 #define PIPE_ID_CLIENT_MAX (1ull << 63)
 #define ADDRESS_MAX 1024
-
-static int fail(int err, char *why, size_t why_len, const char *fmt, ...)
-	__attribute__((format(printf, 4, 5)));
-
-static int fail(int err, char *why, size_t why_len, const char *fmt, ...)
-{
-	va_list ap;
-
-	if (why && why_len) {
-		va_start(ap, fmt);
-		vsnprintf(why, why_len, fmt, ap);
-		va_end(ap);
-	}
-	return err;
-}
 
 void tpw_limits_default(struct tpw_limits *lim)
 {
@@ -78,36 +62,36 @@ static int check_segment(const Tpw__V1__Segment *s, const struct tpw_hdr *hdr, b
 			 struct seg_sum *sum, const struct tpw_limits *lim, char *why, size_t wl)
 {
 	if (!s)
-		return fail(-EBADMSG, why, wl, "segment without location");
+		return tpu_why(-EBADMSG, why, wl, "segment without location");
 	if (!tpu_add_u64(sum->bytes, s->length, &sum->bytes) ||
 	    sum->bytes > lim->message_bytes_max)
-		return fail(-EMSGSIZE, why, wl, "message bytes exceed limit %llu",
-			    (unsigned long long)lim->message_bytes_max);
+		return tpu_why(-EMSGSIZE, why, wl, "message bytes exceed limit %llu",
+			       (unsigned long long)lim->message_bytes_max);
 	switch (s->loc_case) {
 	case TPW__V1__SEGMENT__LOC_INLINE_OFF:
 		if (!source)
-			return fail(-EBADMSG, why, wl, "inline destination in a read");
+			return tpu_why(-EBADMSG, why, wl, "inline destination in a read");
 		if (s->inline_off > hdr->data_len || s->length > hdr->data_len - s->inline_off)
-			return fail(-EBADMSG, why, wl,
-				    "inline segment %llu+%llu outside data tail of %u bytes",
-				    (unsigned long long)s->inline_off,
-				    (unsigned long long)s->length, hdr->data_len);
+			return tpu_why(-EBADMSG, why, wl,
+				       "inline segment %llu+%llu outside data tail of %u bytes",
+				       (unsigned long long)s->inline_off,
+				       (unsigned long long)s->length, hdr->data_len);
 		return 0;
 	case TPW__V1__SEGMENT__LOC_SHM:
 		if (!s->shm)
-			return fail(-EBADMSG, why, wl, "empty shm reference");
+			return tpu_why(-EBADMSG, why, wl, "empty shm reference");
 		return 0;
 	case TPW__V1__SEGMENT__LOC_CMA_ADDR: {
 		uint64_t end;
 		if (!tpu_add_u64(s->cma_addr, s->length, &end))
-			return fail(-EBADMSG, why, wl, "cma range wraps");
+			return tpu_why(-EBADMSG, why, wl, "cma range wraps");
 		return 0;
 	}
 	default:
 		if (s->length == 0)
 			return 0; /* an empty segment needs no location */
-		return fail(-EBADMSG, why, wl, "segment of %llu bytes without location",
-			    (unsigned long long)s->length);
+		return tpu_why(-EBADMSG, why, wl, "segment of %llu bytes without location",
+			       (unsigned long long)s->length);
 	}
 }
 
@@ -116,7 +100,7 @@ static int check_metadata(size_t len, struct seg_sum *sum, const struct tpw_limi
 {
 	sum->metadata += len;
 	if (sum->metadata > lim->metadata_max)
-		return fail(-EMSGSIZE, why, wl, "metadata exceeds limit %u", lim->metadata_max);
+		return tpu_why(-EMSGSIZE, why, wl, "metadata exceeds limit %u", lim->metadata_max);
 	return 0;
 }
 
@@ -127,11 +111,11 @@ static int check_write(const Tpw__V1__Write *w, const struct tpw_hdr *hdr,
 	int r;
 
 	if (hdr->data_len > lim->inline_max)
-		return fail(-EMSGSIZE, why, wl, "inline data of %u bytes exceeds limit %u",
-			    hdr->data_len, lim->inline_max);
+		return tpu_why(-EMSGSIZE, why, wl, "inline data of %u bytes exceeds limit %u",
+			       hdr->data_len, lim->inline_max);
 	if (w->n_payloads > lim->segments_max || w->n_tensors > lim->segments_max - w->n_payloads)
-		return fail(-E2BIG, why, wl, "%zu payloads + %zu tensors exceed limit %u",
-			    w->n_payloads, w->n_tensors, lim->segments_max);
+		return tpu_why(-E2BIG, why, wl, "%zu payloads + %zu tensors exceed limit %u",
+			       w->n_payloads, w->n_tensors, lim->segments_max);
 	r = check_metadata(w->metadata.len, &sum, lim, why, wl);
 	for (size_t i = 0; r == 0 && i < w->n_payloads; i++) {
 		const Tpw__V1__Payload *p = w->payloads[i];
@@ -145,7 +129,7 @@ static int check_write(const Tpw__V1__Write *w, const struct tpw_hdr *hdr,
 		if (r == 0)
 			r = check_segment(t->data, hdr, true, &sum, lim, why, wl);
 		if (r == 0 && (!device_valid(t->device, false) || !device_valid(t->target, true)))
-			r = fail(-EBADMSG, why, wl, "tensor %zu: bad device", i);
+			r = tpu_why(-EBADMSG, why, wl, "tensor %zu: bad device", i);
 	}
 	return r;
 }
@@ -157,9 +141,9 @@ static int check_read(const Tpw__V1__Read *rd, const struct tpw_hdr *hdr,
 	int r = 0;
 
 	if ((rd->ack_eager || rd->discard) && (rd->n_payloads || rd->n_tensors))
-		return fail(-EBADMSG, why, wl, "acknowledgement or discard with segments");
+		return tpu_why(-EBADMSG, why, wl, "acknowledgement or discard with segments");
 	if (rd->n_payloads > lim->segments_max || rd->n_tensors > lim->segments_max - rd->n_payloads)
-		return fail(-E2BIG, why, wl, "read with too many segments");
+		return tpu_why(-E2BIG, why, wl, "read with too many segments");
 	for (size_t i = 0; r == 0 && i < rd->n_payloads; i++)
 		r = check_segment(rd->payloads[i], hdr, false, &sum, lim, why, wl);
 	for (size_t i = 0; r == 0 && i < rd->n_tensors; i++)
@@ -170,7 +154,7 @@ static int check_read(const Tpw__V1__Read *rd, const struct tpw_hdr *hdr,
 static int check_string(const char *s, size_t max, const char *what, char *why, size_t wl)
 {
 	if (s && strnlen(s, max + 1) > max)
-		return fail(-EBADMSG, why, wl, "%s longer than %zu bytes", what, max);
+		return tpu_why(-EBADMSG, why, wl, "%s longer than %zu bytes", what, max);
 	return 0;
 }
 
@@ -182,28 +166,28 @@ int tpw_client_msg_validate(const Tpw__V1__ClientMsg *m, const struct tpw_hdr *h
 	bool may_have_data = m->body_case == TPW__V1__CLIENT_MSG__BODY_WRITE;
 
 	if (hdr->nfds != (want_fd ? 1 : 0))
-		return fail(-EBADMSG, why, wl, "%u fds attached, expected %u", hdr->nfds,
-			    want_fd ? 1 : 0);
+		return tpu_why(-EBADMSG, why, wl, "%u fds attached, expected %u", hdr->nfds,
+			       want_fd ? 1 : 0);
 	if (hdr->data_len && !may_have_data)
-		return fail(-EBADMSG, why, wl, "data tail on a message that takes none");
+		return tpu_why(-EBADMSG, why, wl, "data tail on a message that takes none");
 
 	switch (m->body_case) {
 	case TPW__V1__CLIENT_MSG__BODY_HELLO:
 		if (m->hello->role != TPW__V1__ROLE__ROLE_CLIENT &&
 		    m->hello->role != TPW__V1__ROLE__ROLE_CONTROL)
-			return fail(-EBADMSG, why, wl, "unknown role %d", (int)m->hello->role);
+			return tpu_why(-EBADMSG, why, wl, "unknown role %d", (int)m->hello->role);
 		return check_string(m->hello->name, TPW_NAME_MAX, "name", why, wl);
 	case TPW__V1__CLIENT_MSG__BODY_RING_SETUP:
 		if (!tpu_ring_size_ok(m->ring_setup->ring_bytes))
-			return fail(-EBADMSG, why, wl, "ring of %u bytes (power of two, %u..%u)",
-				    m->ring_setup->ring_bytes, TPU_RING_MIN, TPU_RING_MAX);
+			return tpu_why(-EBADMSG, why, wl, "ring of %u bytes (power of two, %u..%u)",
+				       m->ring_setup->ring_bytes, TPU_RING_MIN, TPU_RING_MAX);
 		return 0;
 	case TPW__V1__CLIENT_MSG__BODY_LISTEN:
 		if (!tpw_name_valid(m->listen->name))
-			return fail(-EBADMSG, why, wl, "invalid listener name");
+			return tpu_why(-EBADMSG, why, wl, "invalid listener name");
 		if ((unsigned)m->listen->access > TPW__V1__ACCESS__ACCESS_ANYONE)
-			return fail(-EBADMSG, why, wl, "unknown access mode %d",
-				    (int)m->listen->access);
+			return tpu_why(-EBADMSG, why, wl, "unknown access mode %d",
+				       (int)m->listen->access);
 		return 0;
 	case TPW__V1__CLIENT_MSG__BODY_LISTENER_CLOSE:
 	case TPW__V1__CLIENT_MSG__BODY_BUFFER_RELEASE:
@@ -211,13 +195,13 @@ int tpw_client_msg_validate(const Tpw__V1__ClientMsg *m, const struct tpw_hdr *h
 		return 0;
 	case TPW__V1__CLIENT_MSG__BODY_CONNECT:
 		if (m->connect->pipe_id == 0 || m->connect->pipe_id >= PIPE_ID_CLIENT_MAX)
-			return fail(-EBADMSG, why, wl, "pipe id out of the client's range");
+			return tpu_why(-EBADMSG, why, wl, "pipe id out of the client's range");
 		if (!m->connect->address || !*m->connect->address)
-			return fail(-EBADMSG, why, wl, "empty address");
+			return tpu_why(-EBADMSG, why, wl, "empty address");
 		return check_string(m->connect->address, ADDRESS_MAX, "address", why, wl);
 	case TPW__V1__CLIENT_MSG__BODY_BUFFER_REGISTER:
 		if (m->buffer_register->size == 0)
-			return fail(-EBADMSG, why, wl, "buffer of size 0");
+			return tpu_why(-EBADMSG, why, wl, "buffer of size 0");
 		return 0;
 	case TPW__V1__CLIENT_MSG__BODY_WRITE:
 		return check_write(m->write, hdr, lim, why, wl);
@@ -226,11 +210,11 @@ int tpw_client_msg_validate(const Tpw__V1__ClientMsg *m, const struct tpw_hdr *h
 	case TPW__V1__CLIENT_MSG__BODY_CTL:
 		if (m->ctl->what <= TPW__V1__CTL_WHAT__CTL_UNSPECIFIED ||
 		    m->ctl->what > TPW__V1__CTL_WHAT__CTL_PEERS)
-			return fail(-EBADMSG, why, wl, "unknown control request %d",
-				    (int)m->ctl->what);
+			return tpu_why(-EBADMSG, why, wl, "unknown control request %d",
+				       (int)m->ctl->what);
 		return 0;
 	default:
-		return fail(-EBADMSG, why, wl, "unknown message type %d", (int)m->body_case);
+		return tpu_why(-EBADMSG, why, wl, "unknown message type %d", (int)m->body_case);
 	}
 }
 
@@ -240,20 +224,20 @@ static int check_descriptor(const Tpw__V1__Descriptor *d, const struct tpw_hdr *
 	uint64_t total = 0;
 
 	if (d->n_payloads > lim->segments_max || d->n_tensors > lim->segments_max - d->n_payloads)
-		return fail(-E2BIG, why, wl, "descriptor with too many segments");
+		return tpu_why(-E2BIG, why, wl, "descriptor with too many segments");
 	for (size_t i = 0; i < d->n_payloads; i++)
 		if (!tpu_add_u64(total, d->payloads[i]->length, &total))
-			return fail(-EBADMSG, why, wl, "descriptor length overflow");
+			return tpu_why(-EBADMSG, why, wl, "descriptor length overflow");
 	for (size_t i = 0; i < d->n_tensors; i++) {
 		if (!tpu_add_u64(total, d->tensors[i]->length, &total))
-			return fail(-EBADMSG, why, wl, "descriptor length overflow");
+			return tpu_why(-EBADMSG, why, wl, "descriptor length overflow");
 		if (!device_valid(d->tensors[i]->device, false) ||
 		    !device_valid(d->tensors[i]->target, true))
-			return fail(-EBADMSG, why, wl, "descriptor tensor %zu: bad device", i);
+			return tpu_why(-EBADMSG, why, wl, "descriptor tensor %zu: bad device", i);
 	}
 	if (d->eager ? total != hdr->data_len : hdr->data_len != 0)
-		return fail(-EBADMSG, why, wl, "descriptor data tail of %u bytes, expected %llu",
-			    hdr->data_len, (unsigned long long)(d->eager ? total : 0));
+		return tpu_why(-EBADMSG, why, wl, "descriptor data tail of %u bytes, expected %llu",
+			       hdr->data_len, (unsigned long long)(d->eager ? total : 0));
 	return 0;
 }
 
@@ -261,9 +245,9 @@ int tpw_daemon_msg_validate(const Tpw__V1__DaemonMsg *m, const struct tpw_hdr *h
 			    const struct tpw_limits *lim, char *why, size_t wl)
 {
 	if (hdr->nfds != 0)
-		return fail(-EBADMSG, why, wl, "unexpected fds from daemon");
+		return tpu_why(-EBADMSG, why, wl, "unexpected fds from daemon");
 	if (hdr->data_len && m->body_case != TPW__V1__DAEMON_MSG__BODY_DESCRIPTOR)
-		return fail(-EBADMSG, why, wl, "data tail on a message that takes none");
+		return tpu_why(-EBADMSG, why, wl, "data tail on a message that takes none");
 	switch (m->body_case) {
 	case TPW__V1__DAEMON_MSG__BODY_DESCRIPTOR:
 		return check_descriptor(m->descriptor, hdr, lim, why, wl);
@@ -276,7 +260,7 @@ int tpw_daemon_msg_validate(const Tpw__V1__DaemonMsg *m, const struct tpw_hdr *h
 	case TPW__V1__DAEMON_MSG__BODY_CTL_REPLY:
 		return 0;
 	default:
-		return fail(-EBADMSG, why, wl, "unknown message type %d", (int)m->body_case);
+		return tpu_why(-EBADMSG, why, wl, "unknown message type %d", (int)m->body_case);
 	}
 }
 
@@ -284,7 +268,8 @@ static int check_bytes(const ProtobufCBinaryData *b, size_t want, const char *wh
 		       size_t wl)
 {
 	if (b->len != want)
-		return fail(-EBADMSG, why, wl, "%s of %zu bytes, expected %zu", what, b->len, want);
+		return tpu_why(-EBADMSG, why, wl, "%s of %zu bytes, expected %zu", what, b->len,
+			       want);
 	return 0;
 }
 
@@ -295,14 +280,14 @@ static int check_peer_hello(const Tpw__V1__PeerHello *h, char *why, size_t wl)
 	if (r < 0)
 		return r;
 	if (h->boot_id.len != 16 && h->boot_id.len != 0)
-		return fail(-EBADMSG, why, wl, "boot id of %zu bytes", h->boot_id.len);
+		return tpu_why(-EBADMSG, why, wl, "boot id of %zu bytes", h->boot_id.len);
 	if (h->n_backends > 64)
-		return fail(-E2BIG, why, wl, "%zu backends", h->n_backends);
+		return tpu_why(-E2BIG, why, wl, "%zu backends", h->n_backends);
 	for (size_t i = 0; i < h->n_backends; i++)
 		if ((r = check_string(h->backends[i], 64, "backend", why, wl)) < 0)
 			return r;
 	if (h->data_conns > 16)
-		return fail(-EBADMSG, why, wl, "%u data connections", h->data_conns);
+		return tpu_why(-EBADMSG, why, wl, "%u data connections", h->data_conns);
 	if (h->nonce.len && (r = check_bytes(&h->nonce, 32, "nonce", why, wl)) < 0)
 		return r;
 	if (h->mac.len && (r = check_bytes(&h->mac, 32, "mac", why, wl)) < 0)
@@ -314,9 +299,9 @@ int tpw_peer_msg_validate(const Tpw__V1__PeerMsg *m, const struct tpw_hdr *hdr,
 			  const struct tpw_limits *lim, char *why, size_t wl)
 {
 	if (hdr->nfds != 0)
-		return fail(-EBADMSG, why, wl, "fds on a peer connection");
+		return tpu_why(-EBADMSG, why, wl, "fds on a peer connection");
 	if (hdr->data_len && m->body_case != TPW__V1__PEER_MSG__BODY_DESCRIPTOR)
-		return fail(-EBADMSG, why, wl, "data tail on a message that takes none");
+		return tpu_why(-EBADMSG, why, wl, "data tail on a message that takes none");
 	switch (m->body_case) {
 	case TPW__V1__PEER_MSG__BODY_HELLO:
 		return check_peer_hello(m->hello, why, wl);
@@ -330,15 +315,15 @@ int tpw_peer_msg_validate(const Tpw__V1__PeerMsg *m, const struct tpw_hdr *hdr,
 		return 0;
 	case TPW__V1__PEER_MSG__BODY_CONNECT:
 		if (!tpw_name_valid(m->connect->name))
-			return fail(-EBADMSG, why, wl, "invalid listener name");
+			return tpu_why(-EBADMSG, why, wl, "invalid listener name");
 		return check_string(m->connect->remote_name, TPW_NAME_MAX, "remote name", why, wl);
 	case TPW__V1__PEER_MSG__BODY_CONNECT_REPLY:
 		return check_string(m->connect_reply->message, TPW_MESSAGE_MAX, "message", why, wl);
 	case TPW__V1__PEER_MSG__BODY_DESCRIPTOR:
 		if (!m->descriptor->descriptor)
-			return fail(-EBADMSG, why, wl, "peer descriptor without descriptor");
+			return tpu_why(-EBADMSG, why, wl, "peer descriptor without descriptor");
 		if (m->descriptor->descriptor->metadata.len > lim->metadata_max)
-			return fail(-EMSGSIZE, why, wl, "descriptor metadata too large");
+			return tpu_why(-EMSGSIZE, why, wl, "descriptor metadata too large");
 		return check_descriptor(m->descriptor->descriptor, hdr, lim, why, wl);
 	case TPW__V1__PEER_MSG__BODY_XFER_END:
 		return check_string(m->xfer_end->message, TPW_MESSAGE_MAX, "message", why, wl);
@@ -350,7 +335,8 @@ int tpw_peer_msg_validate(const Tpw__V1__PeerMsg *m, const struct tpw_hdr *hdr,
 	case TPW__V1__PEER_MSG__BODY_PING:
 		return 0;
 	default:
-		return fail(-EBADMSG, why, wl, "unknown peer message type %d", (int)m->body_case);
+		return tpu_why(-EBADMSG, why, wl, "unknown peer message type %d",
+			       (int)m->body_case);
 	}
 }
 
