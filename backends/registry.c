@@ -12,8 +12,12 @@
 static const struct tpb_channel_ops *const builtin[] = {
 	&tpb_shm_ops, /* local <-> local: one memcpy */
 	&tpb_cma_ops,
+	&tpb_cuda_ipc_ops, /* pairs with CUDA memory on one host */
 	&tpb_basic_ops,
-	&tpb_mpt_ops, /* between hosts only: never chosen by tpb_select() (no copy op) */
+	/* Between hosts only: never chosen by tpb_select() (no copy op), by tpb_select_cross(). */
+	&tpb_mpt_ops,
+	&tpb_cuda_gdr_ops,
+	&tpb_cuda_basic_ops,
 };
 
 #define N_CHANNELS (sizeof(builtin) / sizeof(builtin[0]))
@@ -93,25 +97,69 @@ const struct tpb_channel_info *tpb_registry_list(size_t *ret_n)
 	return channels;
 }
 
-static uint32_t caps_for(enum tpb_loc src, enum tpb_loc dst)
+static uint32_t src_cap(enum tpb_loc l)
 {
-	return (src == TPB_LOC_LOCAL ? TPB_CAP_SRC_LOCAL : TPB_CAP_SRC_PROCESS) |
-	       (dst == TPB_LOC_LOCAL ? TPB_CAP_DST_LOCAL : TPB_CAP_DST_PROCESS);
+	return l == TPB_LOC_LOCAL ? TPB_CAP_SRC_LOCAL :
+	       l == TPB_LOC_CUDA  ? TPB_CAP_SRC_CUDA :
+				    TPB_CAP_SRC_PROCESS;
+}
+
+static uint32_t dst_cap(enum tpb_loc l)
+{
+	return l == TPB_LOC_LOCAL ? TPB_CAP_DST_LOCAL :
+	       l == TPB_LOC_CUDA  ? TPB_CAP_DST_CUDA :
+				    TPB_CAP_DST_PROCESS;
+}
+
+/* Whether channel @caps may serve a pair: "needs" flags name a kind one side must have. */
+static bool needs_met(uint32_t caps, bool process, bool cuda)
+{
+	return (process || !(caps & TPB_CAP_NEEDS_PROCESS)) &&
+	       (cuda || !(caps & TPB_CAP_NEEDS_CUDA));
 }
 
 int tpb_select(enum tpb_loc src, enum tpb_loc dst)
 {
-	uint32_t need = caps_for(src, dst);
-
+	uint32_t need = src_cap(src) | dst_cap(dst);
 	bool process = src == TPB_LOC_PROCESS || dst == TPB_LOC_PROCESS;
+	bool cuda = src == TPB_LOC_CUDA || dst == TPB_LOC_CUDA;
 
 	for (size_t i = 0; i < N_CHANNELS; i++) {
 		uint32_t caps = channels[i].ops->caps;
 		if (channels[i].viable && channels[i].ops->copy && (caps & need) == need &&
-		    (process || !(caps & TPB_CAP_NEEDS_PROCESS)))
+		    needs_met(caps, process, cuda))
 			return (int)i;
 	}
 	return -EOPNOTSUPP;
+}
+
+int tpb_select_cross(enum tpb_loc mine, bool sending, char *why, size_t why_len)
+{
+	uint32_t need = TPB_CAP_CROSS_HOST | (sending ? src_cap(mine) : dst_cap(mine));
+	bool cuda = mine == TPB_LOC_CUDA;
+	const char *first_why = NULL;
+
+	for (size_t i = 0; i < N_CHANNELS; i++) {
+		uint32_t caps = channels[i].ops->caps;
+		if ((caps & need) != need || !needs_met(caps, true, cuda))
+			continue;
+		if (channels[i].viable)
+			return (int)i;
+		if (!first_why)
+			first_why = channels[i].why;
+	}
+	snprintf(why, why_len, "no channel can move %s memory between hosts%s%s",
+		 cuda ? "CUDA" : "this", first_why ? ": " : "", first_why ? first_why : "");
+	return -EOPNOTSUPP;
+}
+
+const char *tpb_why_not(const char *name)
+{
+	int i = tpb_index(name);
+
+	if (i < 0)
+		return "unknown channel";
+	return channels[i].viable ? "" : channels[i].why;
 }
 
 int tpb_index(const char *name)

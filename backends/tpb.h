@@ -10,8 +10,13 @@
  *   cma    process_vm_readv/writev into or out of a client's own address space
  *   shm    memcpy between memory the daemon has mapped (shared buffers, held inline data)
  *   basic  bytes carried through the control transport itself (eager descriptors); no copy op
+ *   cuda_ipc  CUDA memory of a client (an IPC handle the daemon maps) to or from CUDA, a
+ *          mapping or a client's address space, on the daemon's own streams
  * Between hosts:
  *   mpt    chunks striped over a peer link's data connections (daemon/stripe.c); no copy op
+ *   cuda_basic  CUDA memory staged chunk by chunk through host buffers of the stripe threads
+ *          (tpb_stage()), so it rides the mpt connections; no copy op
+ *   cuda_gdr  RDMA writes straight between GPUs over ibverbs (GPUDirect); probe only
  */
 #ifndef TPB_H
 #define TPB_H
@@ -30,17 +35,27 @@ enum tpb_caps {
 	TPB_CAP_DST_PROCESS = 1u << 5, /* writes a client's address space */
 	TPB_CAP_INLINE = 1u << 6,      /* carried by the transport, no copy op */
 	TPB_CAP_NEEDS_PROCESS = 1u << 7, /* only pairs where at least one side is a process */
+	TPB_CAP_SRC_CUDA = 1u << 8,    /* reads CUDA device memory */
+	TPB_CAP_DST_CUDA = 1u << 9,    /* writes CUDA device memory */
+	TPB_CAP_NEEDS_CUDA = 1u << 10, /* only pairs where at least one side is CUDA memory */
+	TPB_CAP_CROSS_HOST = 1u << 11, /* between hosts (over a peer link) */
 };
 
 enum tpb_loc {
 	TPB_LOC_LOCAL = 0, /* @addr is a pointer in the daemon's address space */
 	TPB_LOC_PROCESS,   /* @addr is an address in process @pid */
+	TPB_LOC_CUDA,	   /* @addr is an offset inside the client allocation @cuda */
 };
+
+struct tpb_cuda_map;
 
 struct tpb_mem {
 	enum tpb_loc loc;
 	pid_t pid;
 	uint64_t addr;
+	/* TPB_LOC_CUDA: borrowed; whoever builds the transfer holds a reference until it ends. */
+	struct tpb_cuda_map *cuda;  /* the allocation */
+	struct tpb_cuda_map *event; /* the client's event to wait for first, or NULL */
 };
 
 /* One contiguous copy. */
@@ -54,7 +69,12 @@ struct tpb_xfer {
 struct tpb_scratch {
 	void *bounce;
 	size_t bounce_len;
+	void *cuda; /* the thread's CUDA streams and pinned buffers, made on first use */
+	char why[160]; /* set by a copy that fails with more to say than its errno */
 };
+
+/* Releases what copies made in @s (CUDA streams, pinned memory); not @s->bounce. */
+void tpb_scratch_done(struct tpb_scratch *s);
 
 struct tpb_config {
 	bool cma_disabled;    /* --no-cma / [backends] cma = no */
@@ -75,6 +95,9 @@ extern const struct tpb_channel_ops tpb_cma_ops;
 extern const struct tpb_channel_ops tpb_shm_ops;
 extern const struct tpb_channel_ops tpb_basic_ops;
 extern const struct tpb_channel_ops tpb_mpt_ops;
+extern const struct tpb_channel_ops tpb_cuda_ipc_ops;
+extern const struct tpb_channel_ops tpb_cuda_basic_ops;
+extern const struct tpb_channel_ops tpb_cuda_gdr_ops;
 
 struct tpb_channel_info {
 	const struct tpb_channel_ops *ops;
@@ -99,10 +122,76 @@ int tpb_priority_check(const char *priority, char *bad, size_t bad_len);
 const struct tpb_channel_info *tpb_registry_list(size_t *ret_n);
 
 /*
- * tpb_select() - first viable channel that can copy from @src to @dst.
+ * tpb_select() - first viable channel that can copy from @src to @dst on this host.
  * Return: the registry index (>= 0), or -EOPNOTSUPP if none can.
  */
 int tpb_select(enum tpb_loc src, enum tpb_loc dst);
+
+/*
+ * tpb_select_cross() - the channel that moves this daemon's side @mine of a transfer to or from
+ * another host: the first viable channel with TPB_CAP_CROSS_HOST that can read (@sending) or
+ * write @mine: mpt for CPU memory, cuda_gdr or cuda_basic for CUDA memory.
+ * Return: the registry index (>= 0), or -EOPNOTSUPP with the reason in @why.
+ */
+int tpb_select_cross(enum tpb_loc mine, bool sending, char *why, size_t why_len);
+
+/* Why registry channel @name is not viable ("" when it is, "unknown channel" if absent). */
+const char *tpb_why_not(const char *name);
+
+/*
+ * tpb_stage() - move @len bytes between the host buffer @host and @m at offset @off (@to_mem:
+ * host -> @m, else @m -> host), for the stripe threads: CMA for TPB_LOC_PROCESS, a CUDA copy
+ * for TPB_LOC_CUDA (waiting for @m's event first), memcpy for TPB_LOC_LOCAL.
+ * @s: the calling thread's scratch (its CUDA state lives there).
+ * Return: 0, -EFAULT/-ESRCH (CMA), -EIO or another -errno for CUDA, with the reason in @why.
+ */
+int tpb_stage(const struct tpb_mem *m, uint64_t off, void *host, size_t len, bool to_mem,
+	      struct tpb_scratch *s, char *why, size_t why_len);
+
+/* ---- CUDA memory of clients (backends/cuda/cudamap.c) ---- */
+
+#define TPB_CUDA_HANDLE_BYTES 64
+
+/* 1 if CUDA memory can be used on this host (driver and device), else 0 with @why. */
+int tpb_cuda_viable(char *why, size_t why_len);
+
+/*
+ * tpb_cuda_map_get() - the daemon-wide mapping of a client's CUDA IPC handle: a memory handle
+ * (@event false; @size bytes on the device with PCI bus id @bus_id) or an event handle. Makes
+ * no driver call: the handle is opened by the first copy that uses it, on a copy thread (so
+ * check tpb_cuda_viable() first).
+ * @ret: returns a new reference, drop with tpb_cuda_map_unref().
+ * Return: 0, -EINVAL (same handle, other device or size, reason in @why), -ENOMEM.
+ */
+int tpb_cuda_map_get(const uint8_t *handle, bool event, const char *bus_id, uint64_t size,
+		     struct tpb_cuda_map **ret, char *why, size_t why_len);
+/* Returns @m with one more reference. */
+struct tpb_cuda_map *tpb_cuda_map_ref(struct tpb_cuda_map *m);
+/* Drops a reference; the last one closes the handle if a copy opened it. Accepts NULL. */
+void tpb_cuda_map_unref(struct tpb_cuda_map *m);
+/* Mappings alive (referenced), and how many of them a copy has opened. */
+void tpb_cuda_map_count(unsigned *ret_alive, unsigned *ret_open);
+
+/* A session's held mappings: the ones its recent messages used, least recently used dropped
+ * beyond a bound, all dropped when the session ends. Not thread safe (loop thread). */
+struct tpb_cuda_holds;
+
+/* Return: owned holds keeping at most @max mappings, free with tpb_cuda_holds_free(); NULL. */
+struct tpb_cuda_holds *tpb_cuda_holds_new(unsigned max);
+/* Drops every held mapping (copies still running keep their own references). Accepts NULL. */
+void tpb_cuda_holds_free(struct tpb_cuda_holds *h);
+/*
+ * tpb_cuda_hold() - the mapping for @handle, held by @h (found, or got and held).
+ * @ret: returns borrowed pointer, valid until the next call on @h: take a reference to keep it.
+ * Return: as tpb_cuda_map_get().
+ */
+int tpb_cuda_hold(struct tpb_cuda_holds *h, const uint8_t *handle, bool event,
+		  const char *bus_id, uint64_t size, struct tpb_cuda_map **ret, char *why,
+		  size_t why_len);
+/* Stops holding the memory mapping of @handle (the client frees it). Return: 1 found, 0 not. */
+int tpb_cuda_unhold(struct tpb_cuda_holds *h, const uint8_t *handle);
+/* Mappings held. */
+unsigned tpb_cuda_holds_count(const struct tpb_cuda_holds *h);
 
 /* Index of the channel named @name, or -ENOENT. */
 int tpb_index(const char *name);

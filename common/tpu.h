@@ -101,6 +101,10 @@ static inline void tpu_list_insert_tail(struct tpu_list *head, struct tpu_list *
 	head->prev->next = n;
 	head->prev = n;
 }
+static inline void tpu_list_insert_head(struct tpu_list *head, struct tpu_list *n)
+{
+	tpu_list_insert_tail(head->next, n);
+}
 static inline void tpu_list_remove(struct tpu_list *n)
 {
 	n->prev->next = n->next;

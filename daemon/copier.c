@@ -38,7 +38,8 @@ struct tpd_copy_job *tpd_copy_job_new(size_t n, size_t n_refs)
 	job->channels = calloc(n ? n : 1, sizeof(*job->channels));
 	job->ns = calloc(n ? n : 1, sizeof(*job->ns));
 	job->refs = calloc(n_refs ? n_refs : 1, sizeof(*job->refs));
-	if (!job->xfers || !job->channels || !job->ns || !job->refs) {
+	job->maps = calloc(n_refs ? 2 * n_refs : 1, sizeof(*job->maps));
+	if (!job->xfers || !job->channels || !job->ns || !job->refs || !job->maps) {
 		tpd_copy_job_free(job);
 		return NULL;
 	}
@@ -51,6 +52,9 @@ void tpd_copy_job_free(struct tpd_copy_job *job)
 		return;
 	for (size_t i = 0; i < job->n_refs; i++)
 		tpd_buffer_unref(job->refs[i]);
+	for (size_t i = 0; i < job->n_maps; i++)
+		tpb_cuda_map_unref(job->maps[i]);
+	free(job->maps);
 	free(job->refs);
 	free(job->channels);
 	free(job->ns);
@@ -62,14 +66,18 @@ void tpd_copy_job_free(struct tpd_copy_job *job)
 static int xfer_run(struct tpd_copy_job *job, size_t i, struct tpb_scratch *s)
 {
 	uint64_t t0 = tpu_now_ns();
-	int r = tpb_copy(job->channels[i], &job->xfers[i], s);
+	int r;
+
+	s->why[0] = '\0';
+	r = tpb_copy(job->channels[i], &job->xfers[i], s);
 
 	job->ns[i] = tpu_now_ns() - t0;
 	return r;
 }
 
 /* Lock held: one transfer of @job ended with @r; the last one completes the job. */
-static void xfer_finished(struct tpd_copier *c, struct tpd_copy_job *job, size_t i, int r)
+static void xfer_finished(struct tpd_copier *c, struct tpd_copy_job *job, size_t i, int r,
+			  const char *why)
 {
 	static const uint64_t one = 1;
 
@@ -77,7 +85,7 @@ static void xfer_finished(struct tpd_copier *c, struct tpd_copy_job *job, size_t
 		job->status = r;
 		snprintf(job->why, sizeof(job->why), "%s copy of %llu bytes failed: %s",
 			 tpb_name(job->channels[i]), (unsigned long long)job->xfers[i].len,
-			 strerror(-r));
+			 why && *why ? why : strerror(-r));
 	}
 	if (++job->finished < job->n)
 		return;
@@ -120,9 +128,10 @@ static void *worker_main(void *arg)
 			r = xfer_run(job, i, &s);
 			pthread_mutex_lock(&c->lock);
 		}
-		xfer_finished(c, job, i, r);
+		xfer_finished(c, job, i, r, s.why);
 	}
 	pthread_mutex_unlock(&c->lock);
+	tpb_scratch_done(&s);
 	free(s.bounce);
 	return NULL;
 }

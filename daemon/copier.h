@@ -25,6 +25,8 @@ struct tpd_copy_job {
 	size_t n;
 	struct tpd_buffer **refs; /* owned references, dropped when the job is freed */
 	size_t n_refs;
+	struct tpb_cuda_map **maps; /* owned references to CUDA mappings (2 * n_refs slots) */
+	size_t n_maps;
 	uint64_t bytes;
 	size_t next;		/* next transfer to claim (copier lock) */
 	size_t finished;	/* transfers done (copier lock) */
@@ -57,7 +59,8 @@ unsigned tpd_copier_busy(const struct tpd_copier *c);
 /* Stops the workers (waiting for running copies), completes queued jobs with -ECANCELED. */
 void tpd_copier_free(struct tpd_copier *c);
 
-/* Allocates a job for @n transfers and @n_refs buffer references. Return: job or NULL. */
+/* Allocates a job for @n transfers, @n_refs buffer references and 2 * @n_refs CUDA mapping
+ * references. Return: job or NULL. */
 struct tpd_copy_job *tpd_copy_job_new(size_t n, size_t n_refs);
 /* Drops the job's buffer references and frees it. Accepts NULL. */
 void tpd_copy_job_free(struct tpd_copy_job *job);

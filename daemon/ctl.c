@@ -42,6 +42,7 @@ static void fill_status(struct tpd_daemon *d, Tpw__V1__CtlStatus *st)
 	st->peer_listen = d->peer_listen_addr;
 	st->peers = d->n_peers;
 	st->host_id = d->boot_id_hex;
+	tpb_cuda_map_count(&st->cuda_mappings, &st->cuda_mappings_open);
 }
 
 static int fill_sessions(struct tpd_daemon *d, Tpw__V1__CtlReply *rep, struct ctl_bufs *b)

@@ -19,6 +19,7 @@
 #include "stripe.h"
 #include "tpb.h"
 #include "validate.h"
+#include "devmem.h"
 
 #define ACCEPT_ID_BASE (1ull << 63)
 
@@ -129,8 +130,10 @@ static void peer_consumed(struct tpd_msg *m, Tpw__V1__Status st, const char *why
 static void msg_free(struct tpd_msg *m)
 {
 	xh_free(m->xh);
-	for (size_t i = 0; i < m->n_src; i++)
+	for (size_t i = 0; i < m->n_src; i++) {
 		tpd_buffer_unref(m->src[i].buf);
+		tpd_devmem_put(&m->src[i].mem);
+	}
 	tpd_copy_job_free(m->job);
 	free(m->src);
 	free(m->tail);
@@ -282,16 +285,39 @@ static void pipe_maybe_free(struct tpd_pipe *p)
 	free(p);
 }
 
+static const char *const pair_names[4] = { "cpu>cpu", "cpu>cuda", "cuda>cpu", "cuda>cuda" };
+
+static unsigned pair_of(enum tpb_loc src, enum tpb_loc dst)
+{
+	return (src == TPB_LOC_CUDA ? 2u : 0u) | (dst == TPB_LOC_CUDA ? 1u : 0u);
+}
+
+/* Remembers that @channel served a (source device, destination device) pair on @p. */
+static void pair_record(struct tpd_pipe *p, enum tpb_loc src, enum tpb_loc dst, int channel)
+{
+	if (channel >= 0 && channel < 32)
+		p->pair_channels[pair_of(src, dst)] |= 1u << channel;
+}
+
+/* CPU channels by name ("shm,cma"), then every channel of a pair with CUDA memory as
+ * "NAME(SRC>DST)", e.g. "shm,cuda_ipc(cuda>cuda),cuda_ipc(cpu>cuda)". */
 void tpd_pipe_channels(const struct tpd_pipe *p, char *buf, size_t len)
 {
+	unsigned cuda = p->pair_channels[1] | p->pair_channels[2] | p->pair_channels[3];
+	unsigned cpu = p->channels & ~(cuda & ~p->pair_channels[0]);
 	size_t n = 0, off = 0;
 
 	buf[0] = '\0';
 	for (int i = 0; i < 32 && off < len; i++) {
-		if (!(p->channels & (1u << i)))
+		if (!(cpu & (1u << i)))
 			continue;
 		off += snprintf(buf + off, len - off, "%s%s", n++ ? "," : "", tpb_name(i));
 	}
+	for (unsigned k = 1; k < 4; k++)
+		for (int i = 0; i < 32 && off < len; i++)
+			if (p->pair_channels[k] & (1u << i))
+				off += snprintf(buf + off, len - off, "%s%s(%s)", n++ ? "," : "",
+						tpb_name(i), pair_names[k]);
 }
 
 static void connect_fail(struct tpd_session *s, const Tpw__V1__Connect *c, int err,
@@ -474,6 +500,8 @@ static int resolve_src(struct tpd_session *s, const Tpw__V1__Segment *seg, const
 		out->mem.pid = s->pid;
 		out->mem.addr = seg->cma_addr;
 		return 0;
+	case TPW__V1__SEGMENT__LOC_CUDA:
+		return tpd_devmem_resolve(s, seg->cuda, &out->mem, why, wl);
 	default:
 		out->mem.addr = 0; /* zero length, validated */
 		return 0;
@@ -494,14 +522,6 @@ static int msg_resolve(struct tpd_msg *m, struct tpd_session *s, const Tpw__V1__
 	if (!m->src)
 		return -ENOMEM;
 	m->eager = true;
-	for (size_t i = 0; i < w->n_tensors; i++) {
-		const Tpw__V1__Device *dev = w->tensors[i]->device;
-		if (dev && dev->type == TPW__V1__DEVICE_TYPE__DEVICE_CUDA) {
-			snprintf(why, wl, "tensor %zu is on CUDA:%u; CUDA is not supported yet", i,
-				 dev->index);
-			return -EOPNOTSUPP;
-		}
-	}
 	for (size_t i = 0; i < m->n_src; i++) {
 		const Tpw__V1__Segment *seg = write_segment(w, i);
 		int r = resolve_src(s, seg, tail, &m->src[i], why, wl);
@@ -804,6 +824,15 @@ static int resolve_dst(struct tpd_session *s, const Tpw__V1__Segment *seg,
 					   .addr = seg->cma_addr };
 		return 0;
 	}
+	if (seg->loc_case == TPW__V1__SEGMENT__LOC_CUDA) {
+		int r = tpd_devmem_resolve(s, seg->cuda, &x->dst, why, wl);
+		if (r < 0)
+			return r;
+		job->maps[job->n_maps++] = x->dst.cuda; /* the job owns these references */
+		if (x->dst.event)
+			job->maps[job->n_maps++] = x->dst.event;
+		return 0;
+	}
 	if (seg->loc_case != TPW__V1__SEGMENT__LOC_SHM) {
 		snprintf(why, wl, "segment of %llu bytes without destination",
 			 (unsigned long long)seg->length);
@@ -861,6 +890,16 @@ static void job_add(struct tpd_copy_job *job, const struct tpb_xfer *x, int chan
 	job->bytes += x->len;
 }
 
+/* The job keeps the source's CUDA mappings alive even if the message goes first. */
+static void job_hold_cuda(struct tpd_copy_job *job, const struct tpb_mem *m)
+{
+	if (m->loc != TPB_LOC_CUDA)
+		return;
+	job->maps[job->n_maps++] = tpb_cuda_map_ref(m->cuda);
+	if (m->event)
+		job->maps[job->n_maps++] = tpb_cuda_map_ref(m->event);
+}
+
 /* Builds the copy job for @m into the reader's allocation @rd. */
 static int build_job(struct tpd_msg *m, struct tpd_session *s, const Tpw__V1__Read *rd,
 		     struct tpd_copy_job **ret, char *why, size_t wl)
@@ -891,6 +930,7 @@ static int build_job(struct tpd_msg *m, struct tpd_session *s, const Tpw__V1__Re
 		}
 		if (src->buf)
 			job->refs[job->n_refs++] = tpd_buffer_ref(src->buf);
+		job_hold_cuda(job, &src->mem);
 		channel = tpb_select(x.src.loc, x.dst.loc);
 		if (channel < 0) {
 			snprintf(why, wl, "no channel can copy this segment on this host");
@@ -898,6 +938,7 @@ static int build_job(struct tpd_msg *m, struct tpd_session *s, const Tpw__V1__Re
 			return -EOPNOTSUPP;
 		}
 		job_add(job, &x, channel);
+		pair_record(m->from->pipe, x.src.loc, x.dst.loc, channel);
 	}
 	job->done = copy_on_done;
 	job->arg = m;
@@ -1174,6 +1215,9 @@ static void xh_finish(struct tpd_msg *m, struct tpd_xh *xh)
 		p->channels |= 1u << mpt;
 		tpd_stats_record(&p->d->stats, mpt, xh->x.bytes, xh->x.ns, xh->x.status < 0);
 	}
+	for (size_t i = 0; i < xh->x.n_segs; i++)
+		if (xh->segs[i].mem.loc == TPB_LOC_CUDA) /* staged through the stripe's buffers */
+			p->channels |= 1u << tpb_index("cuda_basic");
 	xh_free(xh);
 }
 

@@ -46,6 +46,9 @@ struct tpd_pipe {
 	char *listener;
 	struct tpd_pipe_end end[2]; /* [0] connector, [1] acceptor */
 	unsigned channels;	    /* bit per registry channel used */
+	/* Bit per registry channel used for each (source, destination) memory pair: [0] CPU to
+	 * CPU, [1] CPU to CUDA, [2] CUDA to CPU, [3] CUDA to CUDA. */
+	unsigned pair_channels[4];
 	uint64_t created_ns;
 	unsigned jobs;		    /* copy jobs and peer transfers in flight */
 

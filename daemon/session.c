@@ -20,6 +20,7 @@
 #include <sys/socket.h>
 #include <sys/uio.h>
 #include "ctl.h"
+#include "devmem.h"
 #include "daemon.h"
 #include "frame.h"
 #include "log.h"
@@ -207,6 +208,7 @@ void tpd_session_free(struct tpd_session *s, Tpw__V1__Status why)
 	tpu_list_for_each_safe(l, tmp, &s->listeners, session_node)
 		tpd_registry_remove(&s->d->registry, l);
 	release_buffers(s);
+	tpd_devmem_session_end(s);
 	while (!tpu_list_empty(&s->outq)) {
 		struct outbuf *o = tpu_list_first(&s->outq, struct outbuf, node);
 		tpu_list_remove(&o->node);
@@ -770,6 +772,9 @@ static void dispatch(struct tpd_session *s, Tpw__V1__ClientMsg *m, const struct 
 		break;
 	case TPW__V1__CLIENT_MSG__BODY_BUFFER_RELEASE:
 		handle_buffer_release(s, m->buffer_release);
+		break;
+	case TPW__V1__CLIENT_MSG__BODY_CUDA_RELEASE:
+		tpd_devmem_release(s, m->cuda_release);
 		break;
 	case TPW__V1__CLIENT_MSG__BODY_WRITE:
 		e = find_end(s, m->write->pipe_id);

@@ -15,6 +15,7 @@
 #include "buffer.h"
 #include "hmap.h"
 #include "ring.h"
+#include "tpb.h"
 #include "tpu.h"
 #include "tpw.pb-c.h"
 
@@ -65,6 +66,7 @@ struct tpd_session {
 	void *ring_map;		    /* tpu_ring_map_size(ring_size) bytes */
 	struct tpu_ring ring_tx;    /* daemon -> client */
 	struct tpu_ring ring_rx;    /* client -> daemon */
+	struct tpb_cuda_holds *cuda; /* CUDA mappings held (daemon/devmem.c), NULL until used */
 };
 
 /*

@@ -45,6 +45,7 @@ struct claim {
 	uint32_t len;
 	uint64_t off;
 	int src_err; /* the source could not be read: nothing was sent */
+	char src_why[120]; /* why, when the channel said more than the errno */
 };
 
 struct conn {
@@ -280,20 +281,19 @@ static uint64_t get_u64(const uint8_t *p)
 	return (uint64_t)get_u32(p) | (uint64_t)get_u32(p + 4) << 32;
 }
 
-/* One CMA copy of @len bytes between @local and @m->addr + @off. Return: 0 or -errno. */
-static int cma_copy(const struct tpb_mem *m, uint64_t off, void *local, size_t len, bool write)
+/* The thread's bounce buffer of @len bytes, allocated on first use. Return: it or NULL. */
+static void *bounce_get(struct tpb_scratch *sc, size_t len)
 {
-	struct iovec l = { local, len };
-	struct iovec r = { (void *)(uintptr_t)(m->addr + off), len };
-	ssize_t n;
+	if (!sc->bounce && (sc->bounce = malloc(len)))
+		sc->bounce_len = len;
+	return sc->bounce;
+}
 
-	if (m->loc != TPB_LOC_PROCESS)
-		return -EOPNOTSUPP;
-	n = write ? process_vm_writev(m->pid, &l, 1, &r, 1, 0) :
-		    process_vm_readv(m->pid, &l, 1, &r, 1, 0);
-	if (n < 0)
-		return -errno;
-	return (size_t)n == len ? 0 : -EFAULT;
+/* Ends a thread's scratch: its CUDA state and its bounce buffer. */
+static void scratch_end(struct tpb_scratch *sc)
+{
+	tpb_scratch_done(sc);
+	free(sc->bounce);
 }
 
 /* ---- sender -------------------------------------------------------------------------------- */
@@ -333,21 +333,22 @@ static void send_claim(struct tpd_stripe *st, struct claim *k)
 
 /* Sends chunk @k. Return: 0 (also when its source could not be read: @k->src_err), or -errno
  * of the socket. */
-static int send_chunk(struct conn *c, struct claim *k, void **bounce)
+static int send_chunk(struct conn *c, struct claim *k, struct tpb_scratch *sc)
 {
 	uint8_t hdr[TPD_STRIPE_HDR];
 	struct iovec iov[2];
 	void *p = (void *)(uintptr_t)(k->mem.addr + k->off);
 
 	if (k->mem.loc != TPB_LOC_LOCAL) {
-		if (!*bounce && !(*bounce = malloc(c->st->chunk))) {
+		if (!(p = bounce_get(sc, c->st->chunk))) {
 			k->src_err = -ENOMEM;
 			return 0;
 		}
-		k->src_err = cma_copy(&k->mem, k->off, *bounce, k->len, false);
+		k->src_why[0] = '\0';
+		k->src_err = tpb_stage(&k->mem, k->off, p, k->len, false, sc, k->src_why,
+				       sizeof(k->src_why));
 		if (k->src_err < 0)
 			return 0;
-		p = *bounce;
 	}
 	put_u32(hdr, TPD_STRIPE_MAGIC);
 	put_u32(hdr + 4, k->seg);
@@ -370,7 +371,8 @@ static void send_account(struct conn *c, struct claim *k, int r)
 		set_status(x, -ECONNRESET, "peer link failed: connection %u: send: %s", c->index,
 			   strerror(-r));
 	else if (k->src_err < 0)
-		set_status(x, k->src_err, "cannot read the source: %s", strerror(-k->src_err));
+		set_status(x, k->src_err, "cannot read the source: %s",
+			   k->src_why[0] ? k->src_why : strerror(-k->src_err));
 	else
 		x->bytes += k->len;
 	if (r == 0 && k->src_err == 0)
@@ -384,7 +386,7 @@ static void *tx_main(void *arg)
 {
 	struct conn *c = arg;
 	struct tpd_stripe *st = c->st;
-	void *bounce = NULL; /* for process sources, allocated on first use */
+	struct tpb_scratch sc = { 0 }; /* bounce for process and CUDA sources, on first use */
 	struct claim k;
 	int r;
 
@@ -403,12 +405,12 @@ static void *tx_main(void *arg)
 			send_claim(st, &k);
 		}
 		pthread_mutex_unlock(&st->lock);
-		r = send_chunk(c, &k, &bounce);
+		r = send_chunk(c, &k, &sc);
 		pthread_mutex_lock(&st->lock);
 		send_account(c, &k, r);
 	}
 	pthread_mutex_unlock(&st->lock);
-	free(bounce);
+	scratch_end(&sc);
 	return NULL;
 }
 
@@ -422,21 +424,23 @@ struct chunk_hdr {
 /* Receives @len bytes into @m + @off, or drops them when @m is NULL. A failed CMA write is
  * stored in @ret_werr and the rest drained. Return: 0 or -errno of the socket. */
 static int recv_payload(int fd, const struct tpb_mem *m, uint64_t off, uint32_t len,
-			void **bounce, uint32_t blen, int *ret_werr)
+			struct tpb_scratch *sc, uint32_t blen, int *ret_werr, char *why,
+			size_t why_len)
 {
+	void *b;
 	int r;
 
 	if (m && m->loc == TPB_LOC_LOCAL)
 		return recv_all(fd, (void *)(uintptr_t)(m->addr + off), len);
-	if (!*bounce && !(*bounce = malloc(blen)))
+	if (!(b = bounce_get(sc, blen)))
 		return -ENOMEM;
 	for (uint32_t done = 0, n; done < len; done += n) {
 		n = TPU_MIN(len - done, blen);
-		r = recv_all(fd, *bounce, n);
+		r = recv_all(fd, b, n);
 		if (r < 0)
 			return r;
 		if (m && *ret_werr == 0)
-			*ret_werr = cma_copy(m, off + done, *bounce, n, true);
+			*ret_werr = tpb_stage(m, off + done, b, n, true, sc, why, why_len);
 	}
 	return 0;
 }
@@ -471,7 +475,7 @@ static int rx_lookup(struct conn *c, const struct chunk_hdr *h, struct tpd_strip
 
 /* Lock held: the payload of @h for @x (may be NULL) arrived (@r == 0) or not. */
 static void rx_account(struct conn *c, struct tpd_stripe_xfer *x, const struct chunk_hdr *h,
-		       int r, int werr)
+		       int r, int werr, const char *why)
 {
 	if (r == 0)
 		__atomic_fetch_add(&c->st->received, h->len, __ATOMIC_RELAXED);
@@ -485,7 +489,7 @@ static void rx_account(struct conn *c, struct tpd_stripe_xfer *x, const struct c
 			x->bytes += h->len;
 			if (werr < 0)
 				set_status(x, werr, "cannot write the destination: %s",
-					   strerror(-werr));
+					   why && *why ? why : strerror(-werr));
 		}
 		recv_check(c->st, x);
 	}
@@ -495,7 +499,7 @@ static void rx_account(struct conn *c, struct tpd_stripe_xfer *x, const struct c
 }
 
 /* Receives one chunk whose header is @raw. Return: 0, or -errno once the connection failed. */
-static int rx_chunk(struct conn *c, const uint8_t *raw, void **bounce)
+static int rx_chunk(struct conn *c, const uint8_t *raw, struct tpb_scratch *sc)
 {
 	struct tpd_stripe *st = c->st;
 	struct chunk_hdr h = { get_u32(raw), get_u32(raw + 4), get_u32(raw + 24),
@@ -504,6 +508,7 @@ static int rx_chunk(struct conn *c, const uint8_t *raw, void **bounce)
 	struct tpb_mem m;
 	bool write;
 	int r, werr = 0;
+	char why[120] = "";
 
 	pthread_mutex_lock(&st->lock);
 	r = rx_lookup(c, &h, &x);
@@ -513,9 +518,10 @@ static int rx_chunk(struct conn *c, const uint8_t *raw, void **bounce)
 	pthread_mutex_unlock(&st->lock);
 	if (r < 0)
 		return r;
-	r = recv_payload(c->fd, write ? &m : NULL, h.off, h.len, bounce, st->chunk, &werr);
+	r = recv_payload(c->fd, write ? &m : NULL, h.off, h.len, sc, st->chunk, &werr, why,
+			 sizeof(why));
 	pthread_mutex_lock(&st->lock);
-	rx_account(c, x, &h, r, werr);
+	rx_account(c, x, &h, r, werr, why);
 	pthread_mutex_unlock(&st->lock);
 	return r;
 }
@@ -524,7 +530,7 @@ static void *rx_main(void *arg)
 {
 	struct conn *c = arg;
 	struct tpd_stripe *st = c->st;
-	void *bounce = NULL; /* for process destinations and dropped chunks, on first use */
+	struct tpb_scratch sc = { 0 }; /* bounce for process, CUDA and dropped chunks */
 	uint8_t hdr[TPD_STRIPE_HDR];
 	int r;
 
@@ -537,10 +543,10 @@ static void *rx_main(void *arg)
 			pthread_mutex_unlock(&st->lock);
 			break;
 		}
-		if (rx_chunk(c, hdr, &bounce) < 0)
+		if (rx_chunk(c, hdr, &sc) < 0)
 			break;
 	}
-	free(bounce);
+	scratch_end(&sc);
 	return NULL;
 }
 

@@ -28,17 +28,21 @@
 #define TPW_FRAME_MAX_HARD (64u << 20)
 #define TPW_NAME_MAX 255
 #define TPW_MESSAGE_MAX 1024 /* error message strings */
+#define TPW_CUDA_HANDLE_BYTES 64 /* CUipcMemHandle, CUipcEventHandle */
+#define TPW_BUS_ID_MAX 31
 
 /*
  * Protocol version spoken by this build (Hello.major / Hello.minor). Minor versions:
  *   0  first release
  *   1  the daemon answers every PipeClose with PipeClosed once no copy uses that end's memory
  *   2  shared-memory control rings (RingSetup after HelloReply)
+ *   3  CUDA memory segments (Segment.cuda) and CudaRelease
  */
 #define TPW_PROTO_MAJOR 1
-#define TPW_PROTO_MINOR 2
+#define TPW_PROTO_MINOR 3
 #define TPW_MINOR_CLOSE_ACK 1
 #define TPW_MINOR_RING 2
+#define TPW_MINOR_CUDA 3
 
 struct tpw_hdr {
 	uint32_t magic;

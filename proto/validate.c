@@ -53,10 +53,53 @@ static bool device_valid(const Tpw__V1__Device *d, bool allow_unspecified)
 	}
 }
 
+static bool on_cuda(const Tpw__V1__Device *d)
+{
+	return d && d->type == TPW__V1__DEVICE_TYPE__DEVICE_CUDA;
+}
+
 struct seg_sum {
 	uint64_t bytes;
 	uint64_t metadata;
 };
+
+/* "dddd:bb:dd.f" as the driver prints it: hex digits, ':' and '.', nothing else. */
+static bool bus_id_valid(const char *id)
+{
+	size_t n = 0;
+
+	if (!id)
+		return false;
+	for (const char *p = id; *p; p++, n++) {
+		bool ok = (*p >= '0' && *p <= '9') || (*p >= 'a' && *p <= 'f') ||
+			  (*p >= 'A' && *p <= 'F') || *p == ':' || *p == '.';
+		if (!ok || n >= TPW_BUS_ID_MAX)
+			return false;
+	}
+	return n > 0;
+}
+
+static int check_cuda_ref(const Tpw__V1__CudaRef *c, uint64_t length, char *why, size_t wl)
+{
+	uint64_t end;
+
+	if (!c)
+		return tpu_why(-EBADMSG, why, wl, "empty CUDA reference");
+	if (c->mem_handle.len != TPW_CUDA_HANDLE_BYTES)
+		return tpu_why(-EBADMSG, why, wl, "CUDA memory handle of %zu bytes, expected %u",
+			       c->mem_handle.len, TPW_CUDA_HANDLE_BYTES);
+	if (c->event_handle.len != 0 && c->event_handle.len != TPW_CUDA_HANDLE_BYTES)
+		return tpu_why(-EBADMSG, why, wl, "CUDA event handle of %zu bytes, expected %u",
+			       c->event_handle.len, TPW_CUDA_HANDLE_BYTES);
+	if (!tpu_add_u64(c->offset, length, &end) || end > c->alloc_size)
+		return tpu_why(-EBADMSG, why, wl,
+			       "CUDA range %llu+%llu outside its allocation of %llu bytes",
+			       (unsigned long long)c->offset, (unsigned long long)length,
+			       (unsigned long long)c->alloc_size);
+	if (!bus_id_valid(c->pci_bus_id))
+		return tpu_why(-EBADMSG, why, wl, "bad CUDA device bus id");
+	return 0;
+}
 
 static int check_segment(const Tpw__V1__Segment *s, const struct tpw_hdr *hdr, bool source,
 			 struct seg_sum *sum, const struct tpw_limits *lim, char *why, size_t wl)
@@ -87,6 +130,8 @@ static int check_segment(const Tpw__V1__Segment *s, const struct tpw_hdr *hdr, b
 			return tpu_why(-EBADMSG, why, wl, "cma range wraps");
 		return 0;
 	}
+	case TPW__V1__SEGMENT__LOC_CUDA:
+		return check_cuda_ref(s->cuda, s->length, why, wl);
 	default:
 		if (s->length == 0)
 			return 0; /* an empty segment needs no location */
@@ -122,6 +167,8 @@ static int check_write(const Tpw__V1__Write *w, const struct tpw_hdr *hdr,
 		r = check_metadata(p->metadata.len, &sum, lim, why, wl);
 		if (r == 0)
 			r = check_segment(p->data, hdr, true, &sum, lim, why, wl);
+		if (r == 0 && p->data->loc_case == TPW__V1__SEGMENT__LOC_CUDA)
+			r = tpu_why(-EBADMSG, why, wl, "payload %zu in CUDA memory", i);
 	}
 	for (size_t i = 0; r == 0 && i < w->n_tensors; i++) {
 		const Tpw__V1__Tensor *t = w->tensors[i];
@@ -130,6 +177,9 @@ static int check_write(const Tpw__V1__Write *w, const struct tpw_hdr *hdr,
 			r = check_segment(t->data, hdr, true, &sum, lim, why, wl);
 		if (r == 0 && (!device_valid(t->device, false) || !device_valid(t->target, true)))
 			r = tpu_why(-EBADMSG, why, wl, "tensor %zu: bad device", i);
+		if (r == 0 && t->data->length &&
+		    (t->data->loc_case == TPW__V1__SEGMENT__LOC_CUDA) != on_cuda(t->device))
+			r = tpu_why(-EBADMSG, why, wl, "tensor %zu: device and memory disagree", i);
 	}
 	return r;
 }
@@ -144,8 +194,11 @@ static int check_read(const Tpw__V1__Read *rd, const struct tpw_hdr *hdr,
 		return tpu_why(-EBADMSG, why, wl, "acknowledgement or discard with segments");
 	if (rd->n_payloads > lim->segments_max || rd->n_tensors > lim->segments_max - rd->n_payloads)
 		return tpu_why(-E2BIG, why, wl, "read with too many segments");
-	for (size_t i = 0; r == 0 && i < rd->n_payloads; i++)
+	for (size_t i = 0; r == 0 && i < rd->n_payloads; i++) {
 		r = check_segment(rd->payloads[i], hdr, false, &sum, lim, why, wl);
+		if (r == 0 && rd->payloads[i]->loc_case == TPW__V1__SEGMENT__LOC_CUDA)
+			r = tpu_why(-EBADMSG, why, wl, "payload %zu in CUDA memory", i);
+	}
 	for (size_t i = 0; r == 0 && i < rd->n_tensors; i++)
 		r = check_segment(rd->tensors[i], hdr, false, &sum, lim, why, wl);
 	return r;
@@ -188,6 +241,11 @@ int tpw_client_msg_validate(const Tpw__V1__ClientMsg *m, const struct tpw_hdr *h
 		if ((unsigned)m->listen->access > TPW__V1__ACCESS__ACCESS_ANYONE)
 			return tpu_why(-EBADMSG, why, wl, "unknown access mode %d",
 				       (int)m->listen->access);
+		return 0;
+	case TPW__V1__CLIENT_MSG__BODY_CUDA_RELEASE:
+		if (m->cuda_release->mem_handle.len != TPW_CUDA_HANDLE_BYTES)
+			return tpu_why(-EBADMSG, why, wl, "CUDA memory handle of %zu bytes",
+				       m->cuda_release->mem_handle.len);
 		return 0;
 	case TPW__V1__CLIENT_MSG__BODY_LISTENER_CLOSE:
 	case TPW__V1__CLIENT_MSG__BODY_BUFFER_RELEASE:

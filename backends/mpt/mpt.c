@@ -15,7 +15,7 @@ static int mpt_probe(const struct tpb_config *cfg, char *why, size_t why_len)
 
 const struct tpb_channel_ops tpb_mpt_ops = {
 	.name = "mpt",
-	.caps = TPB_CAP_HOST_MEM | TPB_CAP_SRC_LOCAL | TPB_CAP_SRC_PROCESS | TPB_CAP_DST_LOCAL |
+	.caps = TPB_CAP_HOST_MEM | TPB_CAP_CROSS_HOST | TPB_CAP_SRC_LOCAL | TPB_CAP_SRC_PROCESS | TPB_CAP_DST_LOCAL |
 		TPB_CAP_DST_PROCESS,
 	.probe = mpt_probe,
 	.copy = NULL,

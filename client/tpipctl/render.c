@@ -95,6 +95,8 @@ struct json_object *ctl_json_status(const Tpw__V1__CtlStatus *s)
 	ctl_json_str(o, "peer_listen", s->peer_listen);
 	ctl_json_u64(o, "peers", s->peers);
 	ctl_json_str(o, "host_id", s->host_id);
+	ctl_json_u64(o, "cuda_mappings", s->cuda_mappings);
+	ctl_json_u64(o, "cuda_mappings_open", s->cuda_mappings_open);
 	return o;
 }
 
@@ -133,6 +135,9 @@ static int status_text(const Tpw__V1__CtlStatus *s, FILE *out)
 	ctl_table_cellf(&t, "%" PRIu32, s->peers);
 	ctl_table_cellf(&t, "host id:");
 	ctl_table_cellf(&t, "%s", str_or_empty(s->host_id));
+	ctl_table_cellf(&t, "cuda mappings:");
+	ctl_table_cellf(&t, "%" PRIu32 " (%" PRIu32 " open)", s->cuda_mappings,
+			s->cuda_mappings_open);
 	t.no_header = true; /* key: value lines */
 	r = ctl_table_print(&t, out);
 	ctl_table_done(&t);

@@ -4,6 +4,7 @@
  * and real copies by the shm and cma channels within this process (no hardware needed).
  */
 #include <check.h>
+#include <stdio.h>
 #include <errno.h>
 #include <stdlib.h>
 #include <string.h>
@@ -82,7 +83,8 @@ START_TEST(test_priority_reorders_but_cma_never_takes_local_pairs)
 	ch = tpb_registry_list(&n);
 	ck_assert_str_eq(ch[0].ops->name, "cma");
 	ck_assert_str_eq(ch[1].ops->name, "shm");
-	ck_assert_str_eq(ch[2].ops->name, "basic");
+	ck_assert_str_eq(ch[2].ops->name, "cuda_ipc");
+	ck_assert_str_eq(ch[3].ops->name, "basic");
 	ck_assert_str_eq(tpb_name(tpb_select(TPB_LOC_PROCESS, TPB_LOC_LOCAL)), "cma");
 	ck_assert_str_eq(tpb_name(tpb_select(TPB_LOC_LOCAL, TPB_LOC_LOCAL)), "shm");
 }
@@ -161,6 +163,205 @@ START_TEST(test_cma_unmapped_address_fails_cleanly)
 }
 END_TEST
 
+/* ---- negotiation: which channel serves each (source, destination, same host or not) ---- */
+
+static const char *sel(enum tpb_loc a, enum tpb_loc b)
+{
+	int i = tpb_select(a, b);
+	return i < 0 ? "none" : tpb_name(i);
+}
+
+static const char *sel_cross(enum tpb_loc mine, bool sending, char *why, size_t wl)
+{
+	int i = tpb_select_cross(mine, sending, why, wl);
+	return i < 0 ? "none" : tpb_name(i);
+}
+
+START_TEST(test_negotiation_table)
+{
+	static const char *const order[] = { NULL, "cuda_ipc,cma,shm" };
+	char why[256];
+	bool cuda = tpb_cuda_viable(why, sizeof(why));
+	const char *cu = cuda ? "cuda_ipc" : "none";
+
+	if (!cuda)
+		printf("backends: CUDA not viable here (%s): CUDA pairs must find no channel\n", why);
+	for (size_t k = 0; k < 2; k++) {
+		struct tpb_config cfg = { .priority = order[k] };
+		ck_assert_int_eq(tpb_registry_init(&cfg), 0);
+		/* CPU pairs: never a CUDA channel, whatever the priority. */
+		ck_assert_str_eq(sel(TPB_LOC_LOCAL, TPB_LOC_LOCAL), "shm");
+		ck_assert_str_eq(sel(TPB_LOC_LOCAL, TPB_LOC_PROCESS), "cma");
+		ck_assert_str_eq(sel(TPB_LOC_PROCESS, TPB_LOC_LOCAL), "cma");
+		ck_assert_str_eq(sel(TPB_LOC_PROCESS, TPB_LOC_PROCESS), "cma");
+		/* Any pair with CUDA memory: cuda_ipc, or nothing without a driver. */
+		ck_assert_str_eq(sel(TPB_LOC_CUDA, TPB_LOC_CUDA), cu);
+		ck_assert_str_eq(sel(TPB_LOC_LOCAL, TPB_LOC_CUDA), cu);
+		ck_assert_str_eq(sel(TPB_LOC_CUDA, TPB_LOC_LOCAL), cu);
+		ck_assert_str_eq(sel(TPB_LOC_PROCESS, TPB_LOC_CUDA), cu);
+		ck_assert_str_eq(sel(TPB_LOC_CUDA, TPB_LOC_PROCESS), cu);
+		/* Between hosts: mpt for CPU memory either way, cuda_basic (no RDMA) for CUDA. */
+		for (int send = 0; send < 2; send++) {
+			ck_assert_str_eq(sel_cross(TPB_LOC_LOCAL, send, why, sizeof(why)), "mpt");
+			ck_assert_str_eq(sel_cross(TPB_LOC_PROCESS, send, why, sizeof(why)), "mpt");
+			ck_assert_str_eq(sel_cross(TPB_LOC_CUDA, send, why, sizeof(why)),
+					 cuda ? "cuda_basic" : "none");
+			if (!cuda)
+				ck_assert_ptr_nonnull(strstr(why, "CUDA"));
+		}
+	}
+}
+END_TEST
+
+static void handle_of(uint8_t *h, int seed)
+{
+	for (int i = 0; i < TPB_CUDA_HANDLE_BYTES; i++)
+		h[i] = (uint8_t)(seed * 31 + i);
+}
+
+START_TEST(test_cuda_channels_listed_with_reason)
+{
+	static const char *const names[] = { "cuda_ipc", "cuda_basic", "cuda_gdr" };
+	struct tpb_config cfg = { 0 };
+	const struct tpb_channel_info *ch;
+	size_t n;
+
+	tpb_registry_init(&cfg);
+	ch = tpb_registry_list(&n);
+	for (size_t i = 0; i < 3; i++) {
+		int idx = tpb_index(names[i]);
+		ck_assert_int_ge(idx, 0);
+		if (!ch[idx].viable) {
+			ck_assert_str_ne(ch[idx].why, "");
+			printf("backends: %s not viable: %s\n", names[i], ch[idx].why);
+		}
+	}
+	/* No RDMA transport for peer links in this build: cuda_gdr is never viable. */
+	ck_assert(!ch[tpb_index("cuda_gdr")].viable);
+	/* The cross-host channels run in the stripe threads, not as copies. */
+	ck_assert_int_eq(tpb_copy(tpb_index("cuda_basic"), &(struct tpb_xfer){ 0 }, NULL),
+			 -EOPNOTSUPP);
+	ck_assert_int_eq(tpb_copy(tpb_index("cuda_gdr"), &(struct tpb_xfer){ 0 }, NULL),
+			 -EOPNOTSUPP);
+}
+END_TEST
+
+START_TEST(test_cuda_copy_without_driver_fails_cleanly)
+{
+	uint8_t h[TPB_CUDA_HANDLE_BYTES];
+	struct tpb_scratch s = { 0 };
+	struct tpb_cuda_map *m;
+	struct tpb_xfer x = { 0 };
+	char buf[64], why[160];
+	unsigned alive, open;
+
+	if (tpb_cuda_viable(why, sizeof(why))) {
+		printf("backends: a CUDA device is present; the hw suite covers copies\n");
+		return;
+	}
+	tpb_registry_init(&(struct tpb_config){ 0 });
+	handle_of(h, 9);
+	ck_assert_int_eq(tpb_cuda_map_get(h, false, "0000:3b:00.0", 64, &m, why, 160), 0);
+	x.src = local(buf);
+	x.dst = (struct tpb_mem){ .loc = TPB_LOC_CUDA, .cuda = m };
+	x.len = sizeof(buf);
+	ck_assert_int_lt(tpb_copy(tpb_index("cuda_ipc"), &x, &s), 0);
+	ck_assert_int_lt(tpb_stage(&x.dst, 0, buf, sizeof(buf), true, &s, why, sizeof(why)), 0);
+	tpb_scratch_done(&s);
+	tpb_cuda_map_unref(m);
+	tpb_cuda_map_count(&alive, &open);
+	ck_assert_uint_eq(alive, 0);
+}
+END_TEST
+
+/* ---- CUDA handle cache: pure bookkeeping, no driver call until a copy opens a mapping ---- */
+
+START_TEST(test_cuda_map_is_shared_daemon_wide)
+{
+	uint8_t h[TPB_CUDA_HANDLE_BYTES];
+	struct tpb_cuda_map *a, *b, *e;
+	unsigned alive, open;
+	char why[160];
+
+	handle_of(h, 1);
+	ck_assert_int_eq(tpb_cuda_map_get(h, false, "0000:3b:00.0", 1 << 20, &a, why, 160), 0);
+	ck_assert_int_eq(tpb_cuda_map_get(h, false, "0000:3b:00.0", 1 << 20, &b, why, 160), 0);
+	ck_assert_ptr_eq(a, b);
+	/* The same bytes as an event handle are another object. */
+	ck_assert_int_eq(tpb_cuda_map_get(h, true, "0000:3b:00.0", 0, &e, why, 160), 0);
+	ck_assert_ptr_ne(a, e);
+	/* A known handle claimed for another device or size is refused. */
+	ck_assert_int_eq(tpb_cuda_map_get(h, false, "0000:5e:00.0", 1 << 20, &b, why, 160),
+			 -EINVAL);
+	ck_assert_int_eq(tpb_cuda_map_get(h, false, "0000:3b:00.0", 4096, &b, why, 160), -EINVAL);
+	tpb_cuda_map_count(&alive, &open);
+	ck_assert_uint_eq(alive, 2);
+	ck_assert_uint_eq(open, 0);
+	tpb_cuda_map_unref(a);
+	tpb_cuda_map_unref(a);
+	tpb_cuda_map_unref(e);
+	tpb_cuda_map_unref(NULL);
+	tpb_cuda_map_count(&alive, &open);
+	ck_assert_uint_eq(alive, 0);
+}
+END_TEST
+
+START_TEST(test_cuda_holds_bound_lru_and_release)
+{
+	struct tpb_cuda_holds *h = tpb_cuda_holds_new(2);
+	uint8_t ha[64], hb[64], hc[64];
+	struct tpb_cuda_map *a, *b, *c, *a2, *keep;
+	unsigned alive, open;
+	char why[160];
+
+	handle_of(ha, 1);
+	handle_of(hb, 2);
+	handle_of(hc, 3);
+	ck_assert_int_eq(tpb_cuda_hold(h, ha, false, "0:1:0.0", 100, &a, why, 160), 0);
+	keep = tpb_cuda_map_ref(a); /* a copy still running on A */
+	ck_assert_int_eq(tpb_cuda_hold(h, hb, false, "0:1:0.0", 100, &b, why, 160), 0);
+	ck_assert_int_eq(tpb_cuda_hold(h, ha, false, "0:1:0.0", 100, &a2, why, 160), 0);
+	ck_assert_ptr_eq(a, a2); /* found: no new mapping, A is now the most recent */
+	ck_assert_int_eq(tpb_cuda_hold(h, hc, false, "0:1:0.0", 100, &c, why, 160), 0);
+	ck_assert_uint_eq(tpb_cuda_holds_count(h), 2); /* B, least recently used, dropped */
+	tpb_cuda_map_count(&alive, &open);
+	ck_assert_uint_eq(alive, 2);
+	ck_assert_int_eq(tpb_cuda_unhold(h, hb), 0);
+	ck_assert_int_eq(tpb_cuda_unhold(h, ha), 1);
+	ck_assert_int_eq(tpb_cuda_unhold(h, ha), 0);
+	tpb_cuda_map_count(&alive, &open);
+	ck_assert_uint_eq(alive, 2); /* A lives on for its copy */
+	tpb_cuda_holds_free(h);
+	tpb_cuda_map_count(&alive, &open);
+	ck_assert_uint_eq(alive, 1);
+	tpb_cuda_map_unref(keep);
+	tpb_cuda_map_count(&alive, &open);
+	ck_assert_uint_eq(alive, 0);
+	ck_assert_uint_eq(open, 0);
+	tpb_cuda_holds_free(NULL);
+}
+END_TEST
+
+START_TEST(test_stage_moves_local_and_process_memory)
+{
+	char src[3000], dst[3000], host[1000], why[160] = "";
+	struct tpb_scratch s = { 0 };
+	struct tpb_mem m;
+
+	for (size_t i = 0; i < sizeof(src); i++)
+		src[i] = (char)(i * 13 + 1);
+	memset(dst, 0, sizeof(dst));
+	m = local(src);
+	ck_assert_int_eq(tpb_stage(&m, 1000, host, 1000, false, &s, why, sizeof(why)), 0);
+	m = proc(dst);
+	ck_assert_int_eq(tpb_stage(&m, 2000, host, 1000, true, &s, why, sizeof(why)), 0);
+	ck_assert_int_eq(memcmp(dst + 2000, src + 1000, 1000), 0);
+	m = proc((void *)8); /* unmapped */
+	ck_assert_int_eq(tpb_stage(&m, 0, host, 100, false, &s, why, sizeof(why)), -EFAULT);
+	tpb_scratch_done(&s);
+}
+END_TEST
+
 static Suite *backends_suite(void)
 {
 	Suite *s = suite_create("backends");
@@ -176,6 +377,12 @@ static Suite *backends_suite(void)
 	tcase_add_test(tc, test_shm_copies);
 	tcase_add_test(tc, test_cma_reads_writes_and_bounces);
 	tcase_add_test(tc, test_cma_unmapped_address_fails_cleanly);
+	tcase_add_test(tc, test_negotiation_table);
+	tcase_add_test(tc, test_cuda_channels_listed_with_reason);
+	tcase_add_test(tc, test_cuda_map_is_shared_daemon_wide);
+	tcase_add_test(tc, test_cuda_copy_without_driver_fails_cleanly);
+	tcase_add_test(tc, test_cuda_holds_bound_lru_and_release);
+	tcase_add_test(tc, test_stage_moves_local_and_process_memory);
 	suite_add_tcase(s, tc);
 	return s;
 }

@@ -725,6 +725,97 @@ START_TEST(test_validate_daemon_frames_carry_no_fds_or_stray_tail)
 }
 END_TEST
 
+/* ---- CUDA references ------------------------------------------------------------------------ */
+
+static uint8_t handle_bytes[64];
+
+static void set_cuda(Tpw__V1__Segment *s, Tpw__V1__CudaRef *c, uint64_t off, uint64_t len,
+		     uint64_t alloc)
+{
+	tpw__v1__cuda_ref__init(c);
+	c->mem_handle = (ProtobufCBinaryData){ 64, handle_bytes };
+	c->event_handle = (ProtobufCBinaryData){ 64, handle_bytes };
+	c->offset = off;
+	c->alloc_size = alloc;
+	c->pci_bus_id = "0000:3b:00.0";
+	s->loc_case = TPW__V1__SEGMENT__LOC_CUDA;
+	s->cuda = c;
+	s->length = len;
+}
+
+START_TEST(test_validate_cuda_reference)
+{
+	struct wmsg x;
+	Tpw__V1__CudaRef c;
+
+	wmsg_init(&x, 0, 1);
+	set_device(&x, 0, TPW__V1__DEVICE_TYPE__DEVICE_CUDA, TPW__V1__DEVICE_TYPE__DEVICE_CUDA);
+	set_cuda(&x.seg[NSEG], &c, 100, 900, 1000);
+	ck_assert_int_eq(vc(&x.m, 0, 0), 0);
+	c.event_handle.len = 0; /* no event: allowed */
+	ck_assert_int_eq(vc(&x.m, 0, 0), 0);
+	c.event_handle.len = 10;
+	ck_assert_int_eq(vc(&x.m, 0, 0), -EBADMSG);
+	c.event_handle.len = 64;
+	c.mem_handle.len = 63;
+	ck_assert_int_eq(vc(&x.m, 0, 0), -EBADMSG);
+	c.mem_handle.len = 64;
+	c.offset = 101; /* one byte past the allocation */
+	ck_assert_int_eq(vc(&x.m, 0, 0), -EBADMSG);
+	c.offset = UINT64_MAX - 10; /* wraps */
+	ck_assert_int_eq(vc(&x.m, 0, 0), -EBADMSG);
+	c.offset = 0;
+	c.pci_bus_id = "";
+	ck_assert_int_eq(vc(&x.m, 0, 0), -EBADMSG);
+	c.pci_bus_id = "0000:3b:00.0; rm -rf";
+	ck_assert_int_eq(vc(&x.m, 0, 0), -EBADMSG);
+	c.pci_bus_id = "0000:3b:00.0";
+	x.seg[NSEG].cuda = NULL;
+	ck_assert_int_eq(vc(&x.m, 0, 0), -EBADMSG);
+}
+END_TEST
+
+START_TEST(test_validate_cuda_memory_matches_device)
+{
+	struct wmsg x;
+	struct rmsg r;
+	Tpw__V1__CudaRef c;
+
+	/* A CPU tensor cannot point at CUDA memory, nor a CUDA tensor at CPU memory. */
+	wmsg_init(&x, 0, 1);
+	set_device(&x, 0, TPW__V1__DEVICE_TYPE__DEVICE_CPU, TPW__V1__DEVICE_TYPE__DEVICE_CPU);
+	set_cuda(&x.seg[NSEG], &c, 0, 10, 10);
+	ck_assert_int_eq(vc(&x.m, 0, 0), -EBADMSG);
+	set_device(&x, 0, TPW__V1__DEVICE_TYPE__DEVICE_CUDA, TPW__V1__DEVICE_TYPE__DEVICE_CPU);
+	set_inline(&x.seg[NSEG], 0, 10);
+	ck_assert_int_eq(vc(&x.m, 0, 10), -EBADMSG);
+	/* Payloads are CPU memory, in writes and reads. */
+	wmsg_init(&x, 1, 0);
+	set_cuda(&x.seg[0], &c, 0, 10, 10);
+	ck_assert_int_eq(vc(&x.m, 0, 0), -EBADMSG);
+	rmsg_init(&r, 1, 1);
+	set_cuda(&r.seg[NSEG], &c, 0, 10, 10);
+	ck_assert_int_eq(vc(&r.m, 0, 0), 0);
+	set_cuda(&r.seg[0], &c, 0, 10, 10);
+	ck_assert_int_eq(vc(&r.m, 0, 0), -EBADMSG);
+}
+END_TEST
+
+START_TEST(test_validate_cuda_release)
+{
+	Tpw__V1__ClientMsg m = TPW__V1__CLIENT_MSG__INIT;
+	Tpw__V1__CudaRelease cr = TPW__V1__CUDA_RELEASE__INIT;
+
+	m.body_case = TPW__V1__CLIENT_MSG__BODY_CUDA_RELEASE;
+	m.cuda_release = &cr;
+	cr.mem_handle = (ProtobufCBinaryData){ 64, handle_bytes };
+	ck_assert_int_eq(vc(&m, 0, 0), 0);
+	ck_assert_int_eq(vc(&m, 1, 0), -EBADMSG);
+	cr.mem_handle.len = 0;
+	ck_assert_int_eq(vc(&m, 0, 0), -EBADMSG);
+}
+END_TEST
+
 static Suite *validate_suite(void)
 {
 	Suite *s = suite_create("validate");
@@ -745,6 +836,9 @@ static Suite *validate_suite(void)
 	tcase_add_test(w, test_validate_segment_without_location);
 	tcase_add_test(w, test_validate_rejects_empty_shm_reference);
 	tcase_add_test(w, test_validate_checks_tensor_devices);
+	tcase_add_test(w, test_validate_cuda_reference);
+	tcase_add_test(w, test_validate_cuda_memory_matches_device);
+	tcase_add_test(o, test_validate_cuda_release);
 	suite_add_tcase(s, w);
 
 	tcase_add_test(r, test_validate_read_rejects_inline_destination);

@@ -1,0 +1,215 @@
+/* SPDX-License-Identifier: BSD-3-Clause */
+/*
+ * The daemon-wide table of client CUDA IPC handles (memory and events) and the per-session
+ * holds on them. A handle is mapped at most once per daemon whatever the number of sessions or
+ * messages using it (the driver refuses to open one handle twice in a process), stays mapped
+ * while a session holds it or a copy runs on it, and is closed with its last reference. Lookups
+ * compare the whole 64-byte handle; tables are small (bounded holds per session), so lists do.
+ */
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include "cuda_int.h"
+
+int tpb_cuda_viable(char *why, size_t why_len)
+{
+	return cuda_available(why, why_len);
+}
+
+static pthread_mutex_t table_lock = PTHREAD_MUTEX_INITIALIZER;
+static struct tpu_list table = { &table, &table };
+static unsigned n_alive;
+
+static struct tpb_cuda_map *table_find(const uint8_t *handle, bool event)
+{
+	struct tpb_cuda_map *m;
+
+	tpu_list_for_each(m, &table, node)
+		if (m->event == event && memcmp(m->handle, handle, sizeof(m->handle)) == 0)
+			return m;
+	return NULL;
+}
+
+static struct tpb_cuda_map *map_new(const uint8_t *handle, bool event, const char *bus_id,
+				    uint64_t size)
+{
+	struct tpb_cuda_map *m = calloc(1, sizeof(*m));
+
+	if (!m)
+		return NULL;
+	memcpy(m->handle, handle, sizeof(m->handle));
+	m->event = event;
+	snprintf(m->bus_id, sizeof(m->bus_id), "%s", bus_id ? bus_id : "");
+	m->size = size;
+	m->refs = 1;
+	m->dev = -1;
+	pthread_mutex_init(&m->open_lock, NULL);
+	return m;
+}
+
+int tpb_cuda_map_get(const uint8_t *handle, bool event, const char *bus_id, uint64_t size,
+		     struct tpb_cuda_map **ret, char *why, size_t why_len)
+{
+	struct tpb_cuda_map *m;
+	int r = 0;
+
+	pthread_mutex_lock(&table_lock);
+	m = table_find(handle, event);
+	if (m && (strcmp(m->bus_id, bus_id ? bus_id : "") != 0 || m->size != size)) {
+		snprintf(why, why_len, "CUDA handle already known on device %s with %llu bytes",
+			 m->bus_id, (unsigned long long)m->size);
+		r = -EINVAL;
+	} else if (m) {
+		m->refs++;
+	} else if ((m = map_new(handle, event, bus_id, size))) {
+		tpu_list_insert_tail(&table, &m->node);
+		n_alive++;
+	} else {
+		r = -ENOMEM;
+	}
+	pthread_mutex_unlock(&table_lock);
+	if (r == 0)
+		*ret = m;
+	return r;
+}
+
+struct tpb_cuda_map *tpb_cuda_map_ref(struct tpb_cuda_map *m)
+{
+	pthread_mutex_lock(&table_lock);
+	m->refs++;
+	pthread_mutex_unlock(&table_lock);
+	return m;
+}
+
+void tpb_cuda_map_unref(struct tpb_cuda_map *m)
+{
+	bool last;
+
+	if (!m)
+		return;
+	pthread_mutex_lock(&table_lock);
+	last = --m->refs == 0;
+	if (last) {
+		tpu_list_remove(&m->node);
+		n_alive--;
+	}
+	pthread_mutex_unlock(&table_lock);
+	if (!last)
+		return;
+	if (m->state == 1)
+		cuda_map_close(m);
+	pthread_mutex_destroy(&m->open_lock);
+	free(m);
+}
+
+void tpb_cuda_map_count(unsigned *ret_alive, unsigned *ret_open)
+{
+	struct tpb_cuda_map *m;
+	unsigned open = 0;
+
+	pthread_mutex_lock(&table_lock);
+	tpu_list_for_each(m, &table, node)
+		open += __atomic_load_n(&m->state, __ATOMIC_RELAXED) == 1;
+	*ret_alive = n_alive;
+	pthread_mutex_unlock(&table_lock);
+	*ret_open = open;
+}
+
+/* ---- per-session holds ---- */
+
+struct hold {
+	struct tpu_list node; /* most recently used first */
+	struct tpb_cuda_map *map;
+};
+
+struct tpb_cuda_holds {
+	struct tpu_list lru;
+	unsigned n, max;
+};
+
+struct tpb_cuda_holds *tpb_cuda_holds_new(unsigned max)
+{
+	struct tpb_cuda_holds *h = calloc(1, sizeof(*h));
+
+	if (!h)
+		return NULL;
+	tpu_list_init(&h->lru);
+	h->max = max ? max : 1;
+	return h;
+}
+
+static void hold_drop(struct tpb_cuda_holds *h, struct hold *e)
+{
+	tpu_list_remove(&e->node);
+	h->n--;
+	tpb_cuda_map_unref(e->map);
+	free(e);
+}
+
+void tpb_cuda_holds_free(struct tpb_cuda_holds *h)
+{
+	if (!h)
+		return;
+	while (!tpu_list_empty(&h->lru))
+		hold_drop(h, tpu_list_first(&h->lru, struct hold, node));
+	free(h);
+}
+
+static struct hold *holds_find(struct tpb_cuda_holds *h, const uint8_t *handle, bool event)
+{
+	struct hold *e;
+
+	tpu_list_for_each(e, &h->lru, node)
+		if (e->map->event == event &&
+		    memcmp(e->map->handle, handle, sizeof(e->map->handle)) == 0)
+			return e;
+	return NULL;
+}
+
+int tpb_cuda_hold(struct tpb_cuda_holds *h, const uint8_t *handle, bool event,
+		  const char *bus_id, uint64_t size, struct tpb_cuda_map **ret, char *why,
+		  size_t why_len)
+{
+	struct hold *e = holds_find(h, handle, event);
+	int r;
+
+	if (e) {
+		if (strcmp(e->map->bus_id, bus_id ? bus_id : "") != 0 || e->map->size != size) {
+			snprintf(why, why_len, "CUDA handle already used on device %s with %llu bytes",
+				 e->map->bus_id, (unsigned long long)e->map->size);
+			return -EINVAL;
+		}
+		tpu_list_remove(&e->node); /* to the front */
+	} else {
+		e = calloc(1, sizeof(*e));
+		if (!e)
+			return -ENOMEM;
+		r = tpb_cuda_map_get(handle, event, bus_id, size, &e->map, why, why_len);
+		if (r < 0) {
+			free(e);
+			return r;
+		}
+		h->n++;
+	}
+	tpu_list_insert_head(&h->lru, &e->node);
+	*ret = e->map;
+	while (h->n > h->max) /* never the one just used: it is at the head */
+		hold_drop(h, tpu_container_of(h->lru.prev, struct hold, node));
+	return 0;
+}
+
+int tpb_cuda_unhold(struct tpb_cuda_holds *h, const uint8_t *handle)
+{
+	struct hold *e = holds_find(h, handle, false);
+
+	if (!e)
+		return 0;
+	hold_drop(h, e);
+	return 1;
+}
+
+unsigned tpb_cuda_holds_count(const struct tpb_cuda_holds *h)
+{
+	return h ? h->n : 0;
+}
