@@ -39,7 +39,7 @@ extern "C" {
 #endif
 
 #define TP_API_VERSION_MAJOR 0
-#define TP_API_VERSION_MINOR 1
+#define TP_API_VERSION_MINOR 2 /* 2: CUDA tensors (cuda_stream fields, tp_cuda_release()) */
 
 struct tp_context;
 struct tp_listener;
@@ -144,6 +144,28 @@ int tp_buffer_alloc(struct tp_context *ctx, size_t size, void **ret);
  */
 int tp_buffer_free(struct tp_context *ctx, void *ptr);
 
+/* ---- CUDA memory -------------------------------------------------------------------------- */
+
+/*
+ * CUDA tensors and slots (device TP_DEVICE_CUDA) travel as a CUDA IPC handle of the whole
+ * allocation that contains them plus their offset in it, with an IPC event recorded on their
+ * stream; the daemon maps the allocation once and keeps it mapped for later messages. The
+ * library needs no link-time CUDA dependency: it uses the process's CUDA driver
+ * (libcuda.so.1) at run time. Memory from the stream-ordered allocator (cudaMallocAsync) and
+ * from cuMemCreate cannot be shared this way and is refused with -EINVAL.
+ */
+
+/*
+ * tp_cuda_release() - tell the daemon to drop its mapping of the CUDA allocation containing
+ * @ptr. Call it before freeing (cudaFree) device memory that a pipe wrote from or read into:
+ * while the daemon holds its mapping the driver keeps the memory allocated. The daemon also
+ * drops mappings when the context ends and keeps at most a bounded number per context.
+ * Must not be called while an operation using that allocation is pending.
+ * Return: 0 (also when the daemon never mapped it); -EINVAL if @ptr is not CUDA device memory;
+ * -EOPNOTSUPP without a CUDA driver; other -errno.
+ */
+int tp_cuda_release(struct tp_context *ctx, void *ptr);
+
 /* ---- listeners ---------------------------------------------------------------------------- */
 
 enum tp_access {
@@ -236,12 +258,16 @@ struct tp_payload {
 
 struct tp_tensor {
 	struct tp_device device; /* where data lives */
-	void *data;
+	void *data;		 /* CUDA: a device pointer anywhere inside a cudaMalloc'd block */
 	size_t length;
 	const void *metadata;
 	size_t metadata_len;
 	bool has_target;	 /* the writer's wish for the reader's device */
 	struct tp_device target;
+	/* CUDA only: the stream (CUstream / cudaStream_t) whose queued work produces @data. The
+	 * daemon's copy starts after the work queued on it before tp_pipe_write(); the write's
+	 * callback runs once the copy has finished. NULL: the legacy default stream. */
+	void *cuda_stream;
 };
 
 struct tp_message {
@@ -301,7 +327,11 @@ int tp_pipe_read_descriptor(struct tp_pipe *p, tp_descriptor_fn cb, void *arg);
 
 struct tp_slot {
 	struct tp_device device;
-	void *data; /* at least the descriptor's length bytes */
+	void *data; /* at least the descriptor's length bytes; CUDA: a device pointer */
+	/* CUDA only: the copy into @data starts after the work queued on this stream before
+	 * tp_pipe_read() (e.g. the allocation's own stream); the read's callback runs once the
+	 * bytes are in @data. NULL: the legacy default stream. */
+	void *cuda_stream;
 };
 
 /* Where the reader wants the message's bytes: one slot per payload and per tensor. */

@@ -164,6 +164,7 @@ void tpc_op_free(struct tpc_op *op)
 {
 	if (!op)
 		return;
+	tpc_cuda_events_put(op->cuda_events);
 	free(op->errmsg);
 	free(op);
 }
@@ -757,6 +758,7 @@ static int context_hello(struct tp_context *ctx, const struct tp_context_options
 		ctx->session_id = hr->session_id;
 		ctx->cma_ok = hr->cma_ok && !(o->flags & TP_CONTEXT_NO_CMA);
 		ctx->close_acks = hr->minor >= TPW_MINOR_CLOSE_ACK;
+		ctx->daemon_minor = hr->minor;
 		context_set_limits(ctx, hr->limits, o->eager_max);
 		if (hr->minor >= TPW_MINOR_RING)
 			r = context_ring_setup(ctx, o);
@@ -809,6 +811,7 @@ static struct tp_context *context_alloc(void)
 	pthread_mutex_init(&ctx->send_lock, NULL);
 	pthread_mutex_init(&ctx->lock, NULL);
 	pthread_mutex_init(&ctx->rx_lock, NULL);
+	pthread_mutex_init(&ctx->cuda_lock, NULL);
 	pthread_condattr_init(&ca);
 	pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
 	pthread_cond_init(&ctx->cond, &ca);
@@ -1031,6 +1034,7 @@ TP_EXPORT void tp_context_free(struct tp_context *ctx)
 	tpc_pipe_free_all(ctx); /* first: backlog pipes are linked into their listener */
 	tpc_listener_free_all(ctx);
 	tpc_buffer_free_all(ctx);
+	tpc_cuda_free(ctx); /* last: every operation and its events are back */
 	tpc_map_done(&ctx->pipes);
 	tpc_map_done(&ctx->reqs);
 	tpu_close(ctx->fd);
@@ -1040,6 +1044,7 @@ TP_EXPORT void tp_context_free(struct tp_context *ctx)
 	pthread_mutex_destroy(&ctx->lock);
 	pthread_mutex_destroy(&ctx->rx_lock);
 	pthread_mutex_destroy(&ctx->send_lock);
+	pthread_mutex_destroy(&ctx->cuda_lock);
 	free(ctx->sbuf);
 	free(ctx->siov);
 	free(ctx->rbuf);

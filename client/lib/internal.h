@@ -118,6 +118,8 @@ struct tpc_copy { /* a staged read segment: stage + off -> dst after ReadDone */
 
 struct tpc_desc;
 struct tpc_buf;
+struct tpc_cuda;       /* cuda.c: a context's IPC handle cache and event pools */
+struct tpc_cuda_event; /* cuda.c: an interprocess event recorded for one operation */
 
 struct tpc_op {
 	struct tpu_list node; /* owner's pending list, then ctx->done */
@@ -140,6 +142,9 @@ struct tpc_op {
 	struct tpc_buf *stage;	  /* staging buffer, released after the callback */
 	size_t n_copies;
 	struct tpc_copy *copies; /* allocated with the op */
+	/* Events recorded on the streams of the op's CUDA segments: the daemon waits for them
+	 * before its copy. Back to their pool when the op is freed (after its callback). */
+	struct tpc_cuda_event *cuda_events;
 };
 
 /* ---- shared buffers ------------------------------------------------------------------------ */
@@ -182,6 +187,7 @@ struct tp_context {
 	uint64_t probe; /* CMA probe word, read by the daemon during Hello */
 	bool cma_ok;
 	bool close_acks; /* the daemon acknowledges PipeClose (protocol minor >= 1) */
+	uint32_t daemon_minor; /* HelloReply.minor */
 	size_t eager_max;
 	struct tpc_limits lim;
 	uint64_t session_id;
@@ -232,6 +238,11 @@ struct tp_context {
 	struct tpu_list stage_pool;
 	size_t n_pool;
 	size_t pool_bytes;	/* bytes of staging buffers in stage_pool */
+
+	/* CUDA (cuda.c): created by the first use of CUDA memory, NULL until then. cuda_lock
+	 * guards it and is a leaf: nothing else is locked while it is held. */
+	pthread_mutex_t cuda_lock;
+	struct tpc_cuda *cuda;
 };
 
 /* ---- pipes, descriptors, listeners --------------------------------------------------------- */
@@ -403,6 +414,68 @@ int tpc_buffer_stage_get(struct tp_context *ctx, size_t size, struct tpc_buf **r
 void tpc_buffer_stage_put(struct tp_context *ctx, struct tpc_buf *b, bool reuse);
 /* Unmaps every buffer (context teardown). */
 void tpc_buffer_free_all(struct tp_context *ctx);
+
+/* ---- cuda.c -------------------------------------------------------------------------------- */
+
+/* A CUDA tensor or slot as the caller gave it. */
+struct tpc_cuda_mem {
+	void *data;
+	size_t length;
+	int device;    /* the ordinal the memory must be on; -1: any */
+	void *stream;  /* CUstream; NULL: the legacy default stream */
+	char what[32]; /* "tensor 3", for messages */
+};
+
+/* The CudaRef of one segment and the bytes it points to. */
+struct tpc_cuda_seg {
+	Tpw__V1__CudaRef ref;
+	uint8_t mem_handle[TPW_CUDA_HANDLE_BYTES];
+	uint8_t event_handle[TPW_CUDA_HANDLE_BYTES];
+	char bus_id[TPW_BUS_ID_MAX + 1];
+};
+
+/*
+ * tpc_cuda_check() - whether CUDA memory can be used here: libtpclient built with CUDA, the
+ * CUDA driver loadable (loads it on first use), and with @daemon, a daemon that speaks protocol
+ * minor >= TPW_MINOR_CUDA. Makes no call on any CUDA context.
+ * Return: 0, or -EOPNOTSUPP with the reason as the thread's error message.
+ */
+int tpc_cuda_check(struct tp_context *ctx, bool daemon);
+
+/*
+ * tpc_cuda_export() - describe @m as a CUDA segment: the IPC handle of the allocation that
+ * contains it (cached per context), its offset, its device's PCI bus id, and an interprocess
+ * event recorded on @m->stream now (one per CUDA context and stream in @ret_events; if the
+ * context already holds the most events it may, the stream is synchronized instead and the
+ * segment names no event). No lock held; call tpc_cuda_check() first.
+ * @cs: filled; @s points into it afterwards, so it must outlive the frame's sending.
+ * @s: becomes a Segment{length, cuda}.
+ * @ret_events: the operation's events; the new one is added (owned by the operation, given
+ * back by tpc_cuda_events_put()), also when a later segment fails.
+ * Return: 0; -EINVAL (not device memory of @m->device, or memory CUDA IPC cannot share);
+ * -ERANGE (the range leaves its allocation); other -errno from the driver. The message is
+ * set.
+ */
+int tpc_cuda_export(struct tp_context *ctx, const struct tpc_cuda_mem *m, struct tpc_cuda_seg *cs,
+		    Tpw__V1__Segment *s, struct tpc_cuda_event **ret_events);
+
+/*
+ * tpc_cuda_copy_in() - copy @m->length bytes from host memory @src to the device memory @m on
+ * @m->stream, and wait for that stream (eager bytes read into a CUDA slot). No lock held; call
+ * tpc_cuda_check() first. Borrows @src.
+ * @ret_status: 0, or the -errno of a failed copy or wait (message set): the read's status.
+ * Return: 0 (see @ret_status); -EINVAL or -ERANGE if @m cannot be a destination, -errno if its
+ * context cannot be made current; nothing was copied then.
+ */
+int tpc_cuda_copy_in(struct tp_context *ctx, const struct tpc_cuda_mem *m, const void *src,
+		     int *ret_status);
+
+/* Gives the events of an operation back to their pools. Takes @list. Any lock may be held. */
+void tpc_cuda_events_put(struct tpc_cuda_event *list);
+
+/* Destroys the pooled events (in their CUDA contexts) and the cache; no CUDA call if the
+ * context never used CUDA memory. Context teardown, after every operation was freed. */
+void tpc_cuda_free(struct tp_context *ctx);
 
 /* ---- errors.c ------------------------------------------------------------------------------ */
 

@@ -5,8 +5,11 @@
  * out of its descriptor (and acknowledges it) or sends the daemon a Read naming a destination
  * per segment (shared buffer, CMA address, or a staging buffer copied out after ReadDone).
  * Reads, acknowledgements and discards reach the daemon in msg_id order: a descriptor freed
- * out of order is marked dropped and discarded when its turn comes. Writing is write.c's job.
+ * out of order is marked dropped and discarded when its turn comes. A CUDA tensor slot is
+ * exported as a CUDA IPC reference (rendezvous) or filled by a host-to-device copy on its
+ * stream (eager), both before any lock is taken (cuda.c). Writing is write.c's job.
  */
+#include <stdio.h>
 #include <string.h>
 #include "internal.h"
 
@@ -19,6 +22,8 @@ struct read_plan {
 	Tpw__V1__Segment **segp;
 	Tpw__V1__ShmRef *shm;
 	size_t stage_len;
+	struct tpc_cuda_seg *cuda; /* CUDA slots' references, NULL without any */
+	size_t n_cuda;
 };
 
 /* ---- descriptors --------------------------------------------------------------------------- */
@@ -298,16 +303,24 @@ static int read_check_alloc(const struct tpc_desc *d, const struct tp_allocation
 	for (size_t i = 0; i < a->n_payloads + a->n_tensors; i++) {
 		const struct tp_slot *s = read_slot(a, i);
 
-		if (s->device.type == TP_DEVICE_CUDA)
-			return tpc_error(-EOPNOTSUPP, "CUDA destinations are not supported yet");
-		if (s->device.type != TP_DEVICE_CPU)
+		if (s->device.type != TP_DEVICE_CPU && s->device.type != TP_DEVICE_CUDA)
 			return tpc_error(-EINVAL, "unknown slot device type %d", (int)s->device.type);
+		if (s->device.type == TP_DEVICE_CUDA && i < a->n_payloads)
+			return tpc_error(-EINVAL, "payload %zu: payloads go to CPU memory", i);
+		if (s->device.type == TP_DEVICE_CUDA && s->device.index < 0)
+			return tpc_error(-EINVAL, "CUDA device index %d", s->device.index);
 		if (read_len(d, i) && !s->data)
 			return tpc_error(-EINVAL, "NULL destination for %zu bytes", read_len(d, i));
 	}
 	return 0;
 }
 
+static bool read_on_cuda(const struct tp_slot *s, size_t len)
+{
+	return s->device.type == TP_DEVICE_CUDA && len;
+}
+
+/* The CUDA slots' bytes were copied by read_cuda_eager(). */
 static void read_copy_eager(const struct tpc_desc *d, const struct tp_allocation *a)
 {
 	size_t off = 0;
@@ -315,10 +328,54 @@ static void read_copy_eager(const struct tpc_desc *d, const struct tp_allocation
 	for (size_t i = 0; i < a->n_payloads + a->n_tensors; i++) {
 		size_t len = read_len(d, i);
 
-		if (len)
+		if (len && !read_on_cuda(read_slot(a, i), len))
 			memcpy(read_slot(a, i)->data, d->data + off, len);
 		off += len;
 	}
+}
+
+static struct tpc_cuda_mem read_cuda_mem(const struct tp_slot *s, size_t len, size_t i)
+{
+	struct tpc_cuda_mem m = { s->data, len, s->device.index, s->cuda_stream, "" };
+
+	snprintf(m.what, sizeof(m.what), "slot %zu", i);
+	return m;
+}
+
+/*
+ * Copies an eager message's bytes into its CUDA slots (no lock held): a driver failure in the
+ * copy becomes @op's status, reported by its callback. Return: 0, or -errno if a slot cannot
+ * take them (nothing of that slot was copied).
+ */
+static int read_cuda_eager(struct tp_context *ctx, const struct tpc_desc *d,
+			   const struct tp_allocation *a, struct tpc_op *op)
+{
+	size_t off = 0;
+	int r = tpc_cuda_check(ctx, false), st = 0;
+
+	for (size_t i = 0; r == 0 && st == 0 && i < a->n_payloads + a->n_tensors; i++) {
+		const struct tp_slot *s = read_slot(a, i);
+		size_t len = read_len(d, i);
+
+		if (read_on_cuda(s, len)) {
+			struct tpc_cuda_mem m = read_cuda_mem(s, len, i);
+
+			r = tpc_cuda_copy_in(ctx, &m, d->data + off, &st);
+		}
+		off += len;
+	}
+	if (r == 0 && st < 0) {
+		op->status = st;
+		op->errmsg = strdup(tp_last_error());
+	}
+	return r;
+}
+
+static void read_plan_free(struct read_plan *pl)
+{
+	if (pl)
+		free(pl->cuda);
+	free(pl);
 }
 
 static struct read_plan *read_plan_new(const struct tpc_desc *d, uint64_t pipe_id)
@@ -362,6 +419,8 @@ static void read_place_locked(struct tp_context *ctx, struct read_plan *pl,
 		void *data = read_slot(a, i)->data;
 		struct tpc_buf *b;
 
+		if (s->loc_case == TPW__V1__SEGMENT__LOC_CUDA)
+			continue; /* placed by read_cuda_export() */
 		s->length = len;
 		if (!len)
 			continue;
@@ -415,33 +474,31 @@ static void read_eager(struct tp_pipe *p, struct tpc_desc *d, const struct tp_al
 		       struct tpc_op *op, bool at, bool *ret_inline)
 {
 	struct tp_context *ctx = p->ctx;
+	int status = op->status; /* a failed copy into a CUDA slot (read_cuda_eager()) */
 
 	read_copy_eager(d, a);
 	pthread_mutex_lock(&ctx->lock);
-	if (ret_inline && tpu_list_empty(&p->reads)) {
+	if (ret_inline && status == 0 && tpu_list_empty(&p->reads)) {
 		*ret_inline = true;
 	} else {
 		op->pending = true;
 		tpu_list_insert_tail(&p->reads, &op->node);
 		/* Completes now, or after the rendezvous reads before it. */
-		tpc_op_ready_locked(ctx, &p->reads, op, 0, NULL);
+		tpc_op_ready_locked(ctx, &p->reads, op, status, op->errmsg);
 	}
 	pthread_mutex_unlock(&ctx->lock);
 	if (at)
 		read_send_release(ctx, p->id, d);
 }
 
-/* Sends the Read for a rendezvous message and files @op; send_lock held. */
+/* Sends the Read @pl for a rendezvous message and files @op; send_lock held. Borrows @pl. */
 static int read_rendezvous(struct tp_pipe *p, struct tpc_desc *d, const struct tp_allocation *a,
-			   struct tpc_op *op)
+			   struct tpc_op *op, struct read_plan *pl)
 {
 	struct tp_context *ctx = p->ctx;
-	struct read_plan *pl = read_plan_new(d, p->id);
 	size_t n = a->n_payloads + a->n_tensors;
 	int r;
 
-	if (!pl)
-		return tpc_error(-ENOMEM, "out of memory");
 	pthread_mutex_lock(&ctx->lock);
 	read_place_locked(ctx, pl, d, a, op);
 	pthread_mutex_unlock(&ctx->lock);
@@ -457,12 +514,11 @@ static int read_rendezvous(struct tp_pipe *p, struct tpc_desc *d, const struct t
 	}
 	if (r == 0)
 		tpc_wire_send(ctx, &pl->m, NULL, 0, -EBADF);
-	free(pl);
 	return r;
 }
 
 static int read_start(struct tp_pipe *p, struct tpc_desc *d, const struct tp_allocation *a,
-		      struct tpc_op *op, bool *ret_inline)
+		      struct tpc_op *op, struct read_plan *pl, bool *ret_inline)
 {
 	struct tp_context *ctx = p->ctx;
 	struct tpu_list gone = TPU_LIST_INIT(gone);
@@ -482,7 +538,7 @@ static int read_start(struct tp_pipe *p, struct tpc_desc *d, const struct tp_all
 	if (r == 0 && d->eager)
 		read_eager(p, d, a, op, at, ret_inline);
 	else if (r == 0)
-		r = read_rendezvous(p, d, a, op);
+		r = read_rendezvous(p, d, a, op, pl);
 	if (r < 0 && at)
 		read_send_release(ctx, p->id, d); /* the message is dropped */
 	/* @d's own pipe reference keeps @p alive through the flush. */
@@ -495,10 +551,57 @@ static int read_start(struct tp_pipe *p, struct tpc_desc *d, const struct tp_all
 	return r;
 }
 
+/* Exports the CUDA slots of a rendezvous read into @pl (no lock held); events go to @op. */
+static int read_cuda_export(struct tp_context *ctx, struct read_plan *pl,
+			    const struct tpc_desc *d, const struct tp_allocation *a,
+			    struct tpc_op *op, size_t n_cuda)
+{
+	int r = tpc_cuda_check(ctx, true);
+
+	if (r < 0)
+		return r;
+	pl->cuda = calloc(n_cuda, sizeof(*pl->cuda));
+	if (!pl->cuda)
+		return tpc_error(-ENOMEM, "out of memory");
+	for (size_t i = 0; r == 0 && i < a->n_payloads + a->n_tensors; i++) {
+		const struct tp_slot *s = read_slot(a, i);
+		size_t len = read_len(d, i);
+		struct tpc_cuda_mem m;
+
+		if (!read_on_cuda(s, len))
+			continue;
+		m = read_cuda_mem(s, len, i);
+		r = tpc_cuda_export(ctx, &m, &pl->cuda[pl->n_cuda++], &pl->seg[i],
+				    &op->cuda_events);
+	}
+	return r;
+}
+
+/*
+ * What a read prepares before taking any lock: for a rendezvous message the Read's plan
+ * (*@ret, owned by the caller) with its CUDA slots exported; for an eager one, the copies into
+ * its CUDA slots.
+ */
+static int read_prepare(struct tp_pipe *p, const struct tpc_desc *d,
+			const struct tp_allocation *a, struct tpc_op *op, struct read_plan **ret)
+{
+	size_t n_cuda = 0;
+
+	for (size_t i = 0; i < a->n_payloads + a->n_tensors; i++)
+		n_cuda += read_on_cuda(read_slot(a, i), read_len(d, i));
+	if (d->eager)
+		return n_cuda ? read_cuda_eager(p->ctx, d, a, op) : 0;
+	*ret = read_plan_new(d, p->id);
+	if (!*ret)
+		return tpc_error(-ENOMEM, "out of memory");
+	return n_cuda ? read_cuda_export(p->ctx, *ret, d, a, op, n_cuda) : 0;
+}
+
 int tpc_pipe_read(struct tp_pipe *p, struct tp_descriptor *dp, const struct tp_allocation *alloc,
 		  tp_done_fn cb, void *arg, bool *ret_inline)
 {
 	struct tpc_desc *d = dp ? tpu_container_of(dp, struct tpc_desc, pub) : NULL;
+	struct read_plan *pl = NULL;
 	struct tpc_op *op = NULL;
 	int r;
 
@@ -514,7 +617,11 @@ int tpc_pipe_read(struct tp_pipe *p, struct tp_descriptor *dp, const struct tp_a
 		op = tpc_op_new(TPC_OP_READ, d->pub.n_payloads + d->pub.n_tensors);
 		r = op ? 0 : tpc_error(-ENOMEM, "out of memory");
 	}
+	if (r == 0)
+		r = read_prepare(p, d, alloc, op, &pl);
 	if (r < 0) {
+		read_plan_free(pl);
+		tpc_op_free(op);
 		tp_descriptor_free(dp);
 		return r;
 	}
@@ -522,7 +629,8 @@ int tpc_pipe_read(struct tp_pipe *p, struct tp_descriptor *dp, const struct tp_a
 	op->arg = arg;
 	op->pipe = p;
 	op->id = d->msg_id;
-	r = read_start(p, d, alloc, op, ret_inline);
+	r = read_start(p, d, alloc, op, pl, ret_inline);
+	read_plan_free(pl);
 	if (r < 0 || (ret_inline && *ret_inline)) {
 		tpc_buffer_stage_put(p->ctx, op->stage, false);
 		tpc_op_free(op);

@@ -6,11 +6,14 @@
  * pieces taken straight from the caller's memory, and completes writes on WriteDone. Reading is
  * read.c's job.
  *
- * Placement: a message whose data bytes total at most eager_max travels entirely inline (the
- * daemon completes it at once and hands it to the reader with its descriptor). Otherwise, per
- * segment: inside a tp_buffer_alloc() buffer -> shm reference; up to 4 KiB -> inline; CMA
- * allowed -> cma_addr; else -> one staging buffer per message, released after WriteDone.
+ * Placement: a CUDA tensor travels as a CUDA IPC reference (cuda.c), exported before any
+ * lock is taken, with an event recorded on its stream. A message without one whose data bytes
+ * total at most eager_max travels entirely inline (the daemon completes it at once and hands it
+ * to the reader with its descriptor). Otherwise, per segment: inside a tp_buffer_alloc() buffer
+ * -> shm reference; up to 4 KiB -> inline; CMA allowed -> cma_addr; else -> one staging buffer
+ * per message, released after WriteDone.
  */
+#include <stdio.h>
 #include <string.h>
 #include "internal.h"
 
@@ -30,6 +33,8 @@ struct write_plan {
 	size_t n_iov;
 	size_t inline_len;
 	size_t stage_len;
+	struct tpc_cuda_seg *cuda; /* CUDA tensors' references, NULL without any */
+	size_t n_cuda;
 };
 
 static const void *write_seg(const struct tp_message *msg, size_t i, size_t *ret_len)
@@ -55,10 +60,10 @@ static int write_check_part(const void *data, size_t len, const void *md, size_t
 
 static int write_check_tensor(const struct tp_tensor *t)
 {
-	if (t->device.type == TP_DEVICE_CUDA)
-		return tpc_error(-EOPNOTSUPP, "CUDA tensors are not supported yet");
-	if (t->device.type != TP_DEVICE_CPU)
+	if (t->device.type != TP_DEVICE_CPU && t->device.type != TP_DEVICE_CUDA)
 		return tpc_error(-EINVAL, "unknown tensor device type %d", (int)t->device.type);
+	if (t->device.type == TP_DEVICE_CUDA && t->device.index < 0)
+		return tpc_error(-EINVAL, "CUDA device index %d", t->device.index);
 	if (t->has_target && t->target.type != TP_DEVICE_CPU && t->target.type != TP_DEVICE_CUDA)
 		return tpc_error(-EINVAL, "unknown tensor target type %d", (int)t->target.type);
 	return 0;
@@ -129,6 +134,51 @@ static struct write_plan *write_plan_new(const struct tp_message *msg)
 	pl->shm = write_carve(&cur, n * sizeof(*pl->shm));
 	pl->iov = write_carve(&cur, n * sizeof(*pl->iov));
 	return pl;
+}
+
+static void write_plan_free(struct write_plan *pl)
+{
+	if (pl)
+		free(pl->cuda);
+	free(pl);
+}
+
+static bool write_on_cuda(const struct tp_tensor *t)
+{
+	return t->device.type == TP_DEVICE_CUDA && t->length;
+}
+
+/*
+ * Exports the CUDA tensors (no lock held): each becomes a CudaRef with an event recorded on its
+ * stream, held by @op. An empty CUDA tensor needs no memory and travels like an empty CPU one.
+ */
+static int write_cuda(struct tp_context *ctx, struct write_plan *pl, const struct tp_message *msg,
+		      struct tpc_op *op)
+{
+	size_t np = msg->n_payloads, n = 0;
+	int r;
+
+	for (size_t i = 0; i < msg->n_tensors; i++)
+		n += write_on_cuda(&msg->tensors[i]);
+	if (!n)
+		return 0;
+	r = tpc_cuda_check(ctx, true);
+	if (r < 0)
+		return r;
+	pl->cuda = calloc(n, sizeof(*pl->cuda));
+	if (!pl->cuda)
+		return tpc_error(-ENOMEM, "out of memory");
+	for (size_t i = 0; r == 0 && i < msg->n_tensors; i++) {
+		const struct tp_tensor *t = &msg->tensors[i];
+		struct tpc_cuda_mem m = { t->data, t->length, t->device.index, t->cuda_stream, "" };
+
+		if (!write_on_cuda(t))
+			continue;
+		snprintf(m.what, sizeof(m.what), "tensor %zu", i);
+		r = tpc_cuda_export(ctx, &m, &pl->cuda[pl->n_cuda++], &pl->seg[np + i],
+				    &op->cuda_events);
+	}
+	return r;
 }
 
 static void write_device(Tpw__V1__Device *d, const struct tp_device *src)
@@ -202,7 +252,7 @@ static void write_shm(Tpw__V1__Segment *s, Tpw__V1__ShmRef *ref, uint64_t id, ui
 static void write_place_locked(struct tp_context *ctx, struct write_plan *pl,
 			       const struct tp_message *msg, uint64_t total)
 {
-	bool eager = total <= ctx->eager_max;
+	bool eager = total <= ctx->eager_max && !pl->n_cuda; /* CUDA memory goes by rendezvous */
 
 	for (size_t i = 0; i < msg->n_payloads + msg->n_tensors; i++) {
 		Tpw__V1__Segment *s = &pl->seg[i];
@@ -210,6 +260,8 @@ static void write_place_locked(struct tp_context *ctx, struct write_plan *pl,
 		const void *data = write_seg(msg, i, &len);
 		struct tpc_buf *b;
 
+		if (s->loc_case == TPW__V1__SEGMENT__LOC_CUDA)
+			continue; /* placed by write_cuda() */
 		s->length = len;
 		if (len == 0 || eager) {
 			write_inline(pl, s, data, len);
@@ -323,9 +375,11 @@ TP_EXPORT int tp_pipe_write(struct tp_pipe *p, const struct tp_message *msg, tp_
 		op->cb.done = cb;
 		op->arg = arg;
 		write_build(pl, msg, p->id);
-		r = write_send(p, pl, msg, total, op);
+		r = write_cuda(p->ctx, pl, msg, op);
+		if (r == 0)
+			r = write_send(p, pl, msg, total, op);
 	}
-	free(pl);
+	write_plan_free(pl);
 	if (r < 0 && op) {
 		tpc_buffer_stage_put(p->ctx, op->stage, false);
 		tpc_op_free(op);
