@@ -15,7 +15,10 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sched.h>
+#include <signal.h>
 #include <sys/uio.h>
+#include <time.h>
 #include "tpconfig.h"
 #include "cuda_int.h"
 
@@ -40,6 +43,8 @@ struct cuda_thread {
 	CUevent half[2];
 	int pinned_dev;
 	void *reg; /* the thread's bounce buffer, registered (pinned) once */
+	CUevent done; /* recorded behind a copy, polled until it completes */
+	pid_t pids[2]; /* the clients of the current copy: a wait gives up when one exits */
 };
 
 int cuda_available(char *why, size_t why_len)
@@ -213,6 +218,59 @@ static int copy_begin(struct cuda_thread *t, const struct side *a, const struct 
 	return r;
 }
 
+static bool pid_gone(pid_t pid)
+{
+	return pid > 0 && kill(pid, 0) < 0 && errno == ESRCH;
+}
+
+/*
+ * Waits until @ev completes: yields for a while, then sleeps in short steps. A copy waits for
+ * the clients' own events first, and an event that a client recorded and then died before its
+ * work ran may never complete: every millisecond or so the wait checks that both clients are
+ * alive and gives up with -ESRCH. The thread's stream on @dev then still holds the stuck wait,
+ * so it is abandoned (destroyed; the driver frees it once its work is gone) and the next copy
+ * makes a new one.
+ */
+static int event_wait(struct cuda_thread *t, int dev, CUevent ev, char *why, size_t wl)
+{
+	struct timespec step = { 0, 20000 };
+
+	for (unsigned n = 0;; n++) {
+		CUresult r = api()->cuEventQuery(ev);
+		if (r == CUDA_SUCCESS)
+			return 0;
+		if (r != CUDA_ERROR_NOT_READY)
+			return fail(r, "cuEventQuery", why, wl);
+		if (n % 64 == 63 && (pid_gone(t->pids[0]) || pid_gone(t->pids[1]))) {
+			snprintf(why, wl, "client process %d exited before its CUDA work completed",
+				 (int)(pid_gone(t->pids[0]) ? t->pids[0] : t->pids[1]));
+			if (t->stream[dev]) {
+				api()->cuStreamDestroy(t->stream[dev]);
+				t->stream[dev] = NULL;
+			}
+			return -ESRCH;
+		}
+		if (n < 200)
+			sched_yield();
+		else
+			nanosleep(&step, NULL);
+	}
+}
+
+/* Records t->done behind everything queued on @st and waits for it (see event_wait()). */
+static int stream_wait(struct cuda_thread *t, int dev, CUstream st, char *why, size_t wl)
+{
+	CUresult r = CUDA_SUCCESS;
+
+	if (!t->done)
+		r = api()->cuEventCreate(&t->done, CU_EVENT_DISABLE_TIMING);
+	if (r == CUDA_SUCCESS)
+		r = api()->cuEventRecord(t->done, st);
+	if (r != CUDA_SUCCESS)
+		return fail(r, "cuEventRecord", why, wl);
+	return event_wait(t, dev, t->done, why, wl);
+}
+
 /* Peer access from @dev (current) to @peer, once, where the hardware allows it. */
 static void peer_enable(int dev, int peer)
 {
@@ -254,17 +312,19 @@ static int pinned_get(struct cuda_thread *t, char *why, size_t wl)
 }
 
 /* Process memory -> CUDA: CMA into one pinned half while the other half's upload runs. */
-static int copy_process_to_cuda(struct cuda_thread *t, const struct tpb_mem *src, CUdeviceptr dst,
-				uint64_t len, CUstream st, struct tpb_scratch *s)
+static int copy_process_to_cuda(struct cuda_thread *t, const struct tpb_mem *src, int dev,
+				CUdeviceptr dst, uint64_t len, CUstream st, struct tpb_scratch *s)
 {
 	int r = pinned_get(t, s->why, sizeof(s->why));
 
 	for (uint64_t off = 0, i = 0; r == 0 && off < len; off += PINNED_HALF, i++) {
 		size_t n = (size_t)TPU_MIN((uint64_t)PINNED_HALF, len - off);
 		char *h = (char *)t->pinned + (i % 2) * PINNED_HALF;
-		CUresult cr = i >= 2 ? api()->cuEventSynchronize(t->half[i % 2]) : CUDA_SUCCESS;
+		CUresult cr = CUDA_SUCCESS;
 
-		if (cr == CUDA_SUCCESS && (r = cma_move(src->pid, h, src->addr + off, n, false)) < 0)
+		if (i >= 2 && (r = event_wait(t, dev, t->half[i % 2], s->why, sizeof(s->why))) < 0)
+			break;
+		if ((r = cma_move(src->pid, h, src->addr + off, n, false)) < 0)
 			break;
 		if (cr == CUDA_SUCCESS)
 			cr = api()->cuMemcpyHtoDAsync(dst + off, h, n, st);
@@ -277,8 +337,9 @@ static int copy_process_to_cuda(struct cuda_thread *t, const struct tpb_mem *src
 }
 
 /* CUDA -> process memory: download the next chunk while CMA writes the previous one. */
-static int copy_cuda_to_process(struct cuda_thread *t, CUdeviceptr src, const struct tpb_mem *dst,
-				uint64_t len, CUstream st, struct tpb_scratch *s)
+static int copy_cuda_to_process(struct cuda_thread *t, int dev, CUdeviceptr src,
+				const struct tpb_mem *dst, uint64_t len, CUstream st,
+				struct tpb_scratch *s)
 {
 	uint64_t n_chunks = (len + PINNED_HALF - 1) / PINNED_HALF;
 	int r = pinned_get(t, s->why, sizeof(s->why));
@@ -296,8 +357,8 @@ static int copy_cuda_to_process(struct cuda_thread *t, CUdeviceptr src, const st
 		if (cr == CUDA_SUCCESS && i > 0) { /* deliver chunk i - 1 */
 			uint64_t off = (i - 1) * PINNED_HALF;
 			size_t n = (size_t)TPU_MIN((uint64_t)PINNED_HALF, len - off);
-			cr = api()->cuEventSynchronize(t->half[(i - 1) % 2]);
-			if (cr == CUDA_SUCCESS)
+			r = event_wait(t, dev, t->half[(i - 1) % 2], s->why, sizeof(s->why));
+			if (r == 0)
 				r = cma_move(dst->pid, (char *)t->pinned + ((i - 1) % 2) * PINNED_HALF,
 					     dst->addr + off, n, true);
 		}
@@ -324,9 +385,9 @@ static int copy_issue(struct cuda_thread *t, const struct tpb_xfer *x, const str
 	else if (a->cuda && x->dst.loc == TPB_LOC_LOCAL)
 		cr = api()->cuMemcpyDtoHAsync((void *)(uintptr_t)x->dst.addr, a->ptr, x->len, st);
 	else if (b->cuda)
-		return copy_process_to_cuda(t, &x->src, b->ptr, x->len, st, s);
+		return copy_process_to_cuda(t, &x->src, b->dev, b->ptr, x->len, st, s);
 	else
-		return copy_cuda_to_process(t, a->ptr, &x->dst, x->len, st, s);
+		return copy_cuda_to_process(t, a->dev, a->ptr, &x->dst, x->len, st, s);
 	return cr == CUDA_SUCCESS ? 0 : fail(cr, "cuMemcpyAsync", s->why, sizeof(s->why));
 }
 
@@ -335,11 +396,12 @@ static int cuda_ipc_copy(const struct tpb_xfer *x, struct tpb_scratch *s)
 	struct cuda_thread *t = thread_state(s);
 	struct side a, b;
 	CUstream st;
-	CUresult cr;
 	int r;
 
 	if (!t)
 		return -ENOMEM;
+	t->pids[0] = x->src.loc == TPB_LOC_LOCAL ? 0 : x->src.pid;
+	t->pids[1] = x->dst.loc == TPB_LOC_LOCAL ? 0 : x->dst.pid;
 	r = side_open(&x->src, 0, &a, s->why, sizeof(s->why));
 	if (r == 0)
 		r = side_open(&x->dst, 0, &b, s->why, sizeof(s->why));
@@ -351,9 +413,10 @@ static int cuda_ipc_copy(const struct tpb_xfer *x, struct tpb_scratch *s)
 		return r;
 	r = copy_issue(t, x, &a, &b, st, s);
 	/* Whatever was queued must be finished before the memory may be reused. */
-	cr = api()->cuStreamSynchronize(st);
-	if (r == 0 && cr != CUDA_SUCCESS)
-		r = fail(cr, "cuStreamSynchronize", s->why, sizeof(s->why));
+	if (r != -ESRCH || t->stream[b.cuda ? b.dev : a.dev]) {
+		int w = stream_wait(t, b.cuda ? b.dev : a.dev, st, s->why, sizeof(s->why));
+		r = r < 0 ? r : w;
+	}
 	return r;
 }
 
@@ -378,6 +441,8 @@ static int stage_cuda(const struct tpb_mem *m, uint64_t off, void *host, size_t 
 
 	if (!t)
 		return -ENOMEM;
+	t->pids[0] = m->pid;
+	t->pids[1] = 0;
 	r = side_open(m, off, &sd, why, wl);
 	if (r == 0)
 		r = copy_begin(t, &none, &sd, &st, why, wl);
@@ -386,9 +451,9 @@ static int stage_cuda(const struct tpb_mem *m, uint64_t off, void *host, size_t 
 	bounce_register(t, s);
 	cr = to_mem ? api()->cuMemcpyHtoDAsync(sd.ptr, host, len, st) :
 		      api()->cuMemcpyDtoHAsync(host, sd.ptr, len, st);
-	if (cr == CUDA_SUCCESS)
-		cr = api()->cuStreamSynchronize(st);
-	return cr == CUDA_SUCCESS ? 0 : fail(cr, to_mem ? "cuMemcpyHtoD" : "cuMemcpyDtoH", why, wl);
+	if (cr != CUDA_SUCCESS)
+		return fail(cr, to_mem ? "cuMemcpyHtoDAsync" : "cuMemcpyDtoHAsync", why, wl);
+	return stream_wait(t, sd.dev, st, why, wl);
 }
 
 void tpb_scratch_done(struct tpb_scratch *s)
@@ -402,6 +467,8 @@ void tpb_scratch_done(struct tpb_scratch *s)
 	for (int i = 0; i < 2; i++)
 		if (t->half[i])
 			api()->cuEventDestroy(t->half[i]);
+	if (t->done)
+		api()->cuEventDestroy(t->done);
 	if (t->pinned)
 		api()->cuMemFreeHost(t->pinned);
 	for (int d = 0; d < DEVS_MAX; d++)

@@ -1,0 +1,866 @@
+/* SPDX-License-Identifier: BSD-3-Clause */
+/*
+ * fakecuda: a stand-in for libcuda.so.1 that lets the hw suite run on a machine without a GPU
+ * (`meson test --setup fakecuda --suite hw`, which points TPIPD_CUDA_LIBRARY at it for the
+ * test, its clients and its daemon). It exports every driver entry point tpcuda binds, under
+ * the same ABI names, and emulates just enough of their meaning to move real bytes between
+ * processes: "device memory" is a memfd mapped into the process (a CUdeviceptr is its address,
+ * so every copy is a memcpy), an IPC memory handle names the memfd by (pid, fd) and is opened
+ * through /proc/PID/fd, an event is a pair of counters (recorded, completed) in a shared
+ * mapping that IPC event handles name the same way, and each stream is a worker thread running
+ * its queue in order (copies, memsets, host functions, event records and waits); the legacy
+ * stream is one more such queue, and the synchronous copies run on it and wait. Devices
+ * ($FAKECUDA_DEVICES, default 2) are contexts with an ordinal and a made-up PCI bus id.
+ * Not emulated: implicit synchronisation between the legacy stream and blocking streams,
+ * timing, limits, and anything the hw suite, libtpclient and tpipd do not call. It proves the
+ * plumbing and the ordering logic, not the hardware; tests/hw on a real GPU remains the truth.
+ */
+#include <errno.h>
+#include <fcntl.h>
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdbool.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <time.h>
+#include <unistd.h>
+#include <cuda.h>
+
+#define FAKE_DEVS_MAX 8
+#define MEM_MAGIC 0x464b4d48u /* "FKMH" */
+#define EV_MAGIC 0x464b4556u  /* "FKEV" */
+#define CTX_MAGIC 0x464b4358u /* "FKCX" */
+
+static pthread_mutex_t lock = PTHREAD_MUTEX_INITIALIZER;
+static int n_devs;
+static bool inited;
+
+/* ---- contexts -------------------------------------------------------------------------------- */
+
+struct fctx {
+	uint32_t magic;
+	int ordinal;
+	bool peer[FAKE_DEVS_MAX];
+};
+
+static struct fctx ctxs[FAKE_DEVS_MAX];
+static __thread CUcontext ctx_stack[16];
+static __thread int ctx_depth;
+
+static struct fctx *ctx_of(CUcontext c)
+{
+	struct fctx *f = (struct fctx *)c;
+
+	return f && f >= ctxs && f < ctxs + FAKE_DEVS_MAX && f->magic == CTX_MAGIC ? f : NULL;
+}
+
+static struct fctx *ctx_current(void)
+{
+	return ctx_depth ? ctx_of(ctx_stack[ctx_depth - 1]) : NULL;
+}
+
+/* ---- memory registry ------------------------------------------------------------------------ */
+
+struct falloc {
+	uintptr_t base;
+	size_t size;
+	int fd;
+	int ordinal;
+	unsigned long long id;
+	bool imported;
+	struct falloc *next;
+};
+
+static struct falloc *allocs;
+static unsigned long long next_id;
+
+struct mem_handle {
+	uint32_t magic;
+	int32_t pid, fd, ordinal;
+	uint64_t size;
+};
+
+/* The allocation containing @p, or NULL. Locked. */
+static struct falloc *alloc_find(uintptr_t p)
+{
+	for (struct falloc *a = allocs; a; a = a->next)
+		if (p >= a->base && p - a->base < a->size)
+			return a;
+	return NULL;
+}
+
+/* Maps @size bytes of @fd and registers them. Return: CUDA_SUCCESS or an error. */
+static CUresult alloc_map(int fd, size_t size, int ordinal, bool imported, CUdeviceptr *ret)
+{
+	struct falloc *a = calloc(1, sizeof(*a));
+	void *p = a ? mmap(NULL, size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0) : MAP_FAILED;
+
+	if (p == MAP_FAILED) {
+		free(a);
+		close(fd);
+		return CUDA_ERROR_OUT_OF_MEMORY;
+	}
+	*a = (struct falloc){ .base = (uintptr_t)p, .size = size, .fd = fd, .ordinal = ordinal,
+			      .imported = imported };
+	pthread_mutex_lock(&lock);
+	a->id = ((unsigned long long)getpid() << 24) + ++next_id;
+	a->next = allocs;
+	allocs = a;
+	pthread_mutex_unlock(&lock);
+	*ret = (CUdeviceptr)a->base;
+	return CUDA_SUCCESS;
+}
+
+static CUresult alloc_unmap(CUdeviceptr p, bool imported)
+{
+	struct falloc **pp, *a = NULL;
+
+	pthread_mutex_lock(&lock);
+	for (pp = &allocs; *pp; pp = &(*pp)->next) {
+		if ((*pp)->base == (uintptr_t)p && (*pp)->imported == imported) {
+			a = *pp;
+			*pp = a->next;
+			break;
+		}
+	}
+	pthread_mutex_unlock(&lock);
+	if (!a)
+		return CUDA_ERROR_INVALID_VALUE;
+	munmap((void *)a->base, a->size);
+	close(a->fd);
+	free(a);
+	return CUDA_SUCCESS;
+}
+
+/* Opens fd @fd of process @pid (/proc/PID/fd/FD). */
+static int open_remote_fd(int pid, int fd)
+{
+	char path[64];
+
+	snprintf(path, sizeof(path), "/proc/%d/fd/%d", pid, fd);
+	return open(path, O_RDWR | O_CLOEXEC);
+}
+
+/* ---- events ------------------------------------------------------------------------------- */
+
+struct ev_shared {
+	atomic_ullong recorded;
+	atomic_ullong completed;
+};
+
+struct fevent {
+	uint32_t magic;
+	int fd;
+	struct ev_shared *sh;
+};
+
+struct ev_handle {
+	uint32_t magic;
+	int32_t pid, fd;
+};
+
+static struct fevent *ev_of(CUevent e)
+{
+	struct fevent *f = (struct fevent *)e;
+
+	return f && f->magic == EV_MAGIC ? f : NULL;
+}
+
+static CUresult ev_map(int fd, CUevent *ret)
+{
+	struct fevent *e = calloc(1, sizeof(*e));
+	void *p = e ? mmap(NULL, sizeof(struct ev_shared), PROT_READ | PROT_WRITE, MAP_SHARED,
+			   fd, 0) : MAP_FAILED;
+
+	if (p == MAP_FAILED) {
+		free(e);
+		close(fd);
+		return CUDA_ERROR_OUT_OF_MEMORY;
+	}
+	*e = (struct fevent){ .magic = EV_MAGIC, .fd = fd, .sh = p };
+	*ret = (CUevent)e;
+	return CUDA_SUCCESS;
+}
+
+static void nap(void)
+{
+	struct timespec ts = { 0, 100000L };
+
+	nanosleep(&ts, NULL);
+}
+
+/* Waits until the record numbered @target of @e completed (0: never recorded). */
+static void ev_wait(struct fevent *e, unsigned long long target)
+{
+	while (atomic_load(&e->sh->completed) < target)
+		nap();
+}
+
+/* ---- streams ------------------------------------------------------------------------------ */
+
+enum job_kind { JOB_COPY, JOB_SET, JOB_HOST, JOB_RECORD, JOB_WAIT };
+
+struct job {
+	enum job_kind kind;
+	void *dst;
+	const void *src;
+	size_t n;
+	int value;
+	CUhostFn fn;
+	void *arg;
+	struct fevent *ev;
+	unsigned long long seq;
+	struct job *next;
+};
+
+struct fstream {
+	pthread_t th;
+	pthread_mutex_t mu;
+	pthread_cond_t cv;
+	struct job *head, *tail;
+	unsigned long long queued, done;
+	bool stop;
+};
+
+static struct fstream *legacy;
+
+static void job_run(struct job *j)
+{
+	unsigned long long c;
+
+	switch (j->kind) {
+	case JOB_COPY: memmove(j->dst, j->src, j->n); break;
+	case JOB_SET: memset(j->dst, j->value, j->n); break;
+	case JOB_HOST: j->fn(j->arg); break;
+	case JOB_RECORD:
+		c = atomic_load(&j->ev->sh->completed);
+		while (c < j->seq && !atomic_compare_exchange_weak(&j->ev->sh->completed, &c, j->seq))
+			;
+		break;
+	case JOB_WAIT: ev_wait(j->ev, j->seq); break;
+	}
+}
+
+static void *stream_main(void *arg)
+{
+	struct fstream *s = arg;
+	struct job *j;
+
+	pthread_mutex_lock(&s->mu);
+	for (;;) {
+		while (!s->head && !s->stop)
+			pthread_cond_wait(&s->cv, &s->mu);
+		if (!s->head)
+			break;
+		j = s->head;
+		s->head = j->next;
+		if (!s->head)
+			s->tail = NULL;
+		pthread_mutex_unlock(&s->mu);
+		job_run(j);
+		free(j);
+		pthread_mutex_lock(&s->mu);
+		s->done++;
+		pthread_cond_broadcast(&s->cv);
+	}
+	pthread_mutex_unlock(&s->mu);
+	return NULL;
+}
+
+static struct fstream *stream_new(void)
+{
+	struct fstream *s = calloc(1, sizeof(*s));
+
+	if (!s)
+		return NULL;
+	pthread_mutex_init(&s->mu, NULL);
+	pthread_cond_init(&s->cv, NULL);
+	if (pthread_create(&s->th, NULL, stream_main, s) != 0) {
+		free(s);
+		return NULL;
+	}
+	return s;
+}
+
+static struct fstream *stream_of(CUstream h)
+{
+	if (h && h != CU_STREAM_LEGACY && h != CU_STREAM_PER_THREAD)
+		return (struct fstream *)h;
+	pthread_mutex_lock(&lock);
+	if (!legacy)
+		legacy = stream_new();
+	pthread_mutex_unlock(&lock);
+	return legacy;
+}
+
+static CUresult stream_push(CUstream h, const struct job *tmpl)
+{
+	struct fstream *s = stream_of(h);
+	struct job *j = malloc(sizeof(*j));
+
+	if (!s || !j) {
+		free(j);
+		return CUDA_ERROR_OUT_OF_MEMORY;
+	}
+	*j = *tmpl;
+	j->next = NULL;
+	pthread_mutex_lock(&s->mu);
+	if (s->tail)
+		s->tail->next = j;
+	else
+		s->head = j;
+	s->tail = j;
+	s->queued++;
+	pthread_cond_broadcast(&s->cv);
+	pthread_mutex_unlock(&s->mu);
+	return CUDA_SUCCESS;
+}
+
+static CUresult stream_sync(CUstream h)
+{
+	struct fstream *s = stream_of(h);
+	unsigned long long target;
+
+	if (!s)
+		return CUDA_ERROR_OUT_OF_MEMORY;
+	pthread_mutex_lock(&s->mu);
+	target = s->queued;
+	while (s->done < target)
+		pthread_cond_wait(&s->cv, &s->mu);
+	pthread_mutex_unlock(&s->mu);
+	return CUDA_SUCCESS;
+}
+
+static CUresult copy_on(CUstream h, void *dst, const void *src, size_t n)
+{
+	struct job j = { .kind = JOB_COPY, .dst = dst, .src = src, .n = n };
+
+	return n ? stream_push(h, &j) : CUDA_SUCCESS;
+}
+
+/* A synchronous copy: on the legacy stream, waited for. */
+static CUresult copy_sync(void *dst, const void *src, size_t n)
+{
+	CUresult r = copy_on(NULL, dst, src, n);
+
+	return r == CUDA_SUCCESS ? stream_sync(NULL) : r;
+}
+
+/* ---- initialisation, errors, devices -------------------------------------------------------- */
+
+CUresult CUDAAPI cuInit(unsigned int flags)
+{
+	const char *e = getenv("FAKECUDA_DEVICES");
+	int n = e && *e ? atoi(e) : 2;
+
+	pthread_mutex_lock(&lock);
+	n_devs = n < 0 ? 0 : n > FAKE_DEVS_MAX ? FAKE_DEVS_MAX : n;
+	for (int i = 0; i < FAKE_DEVS_MAX; i++)
+		ctxs[i] = (struct fctx){ .magic = CTX_MAGIC, .ordinal = i };
+	inited = true;
+	pthread_mutex_unlock(&lock);
+	return n_devs ? CUDA_SUCCESS : CUDA_ERROR_NO_DEVICE;
+}
+
+static const struct {
+	CUresult r;
+	const char *name, *text;
+} errors[] = {
+	{ CUDA_SUCCESS, "CUDA_SUCCESS", "no error" },
+	{ CUDA_ERROR_INVALID_VALUE, "CUDA_ERROR_INVALID_VALUE", "invalid argument" },
+	{ CUDA_ERROR_OUT_OF_MEMORY, "CUDA_ERROR_OUT_OF_MEMORY", "out of memory" },
+	{ CUDA_ERROR_NOT_INITIALIZED, "CUDA_ERROR_NOT_INITIALIZED", "initialization error" },
+	{ CUDA_ERROR_NO_DEVICE, "CUDA_ERROR_NO_DEVICE", "no CUDA-capable device is detected" },
+	{ CUDA_ERROR_INVALID_DEVICE, "CUDA_ERROR_INVALID_DEVICE", "invalid device ordinal" },
+	{ CUDA_ERROR_INVALID_CONTEXT, "CUDA_ERROR_INVALID_CONTEXT", "invalid device context" },
+	{ CUDA_ERROR_INVALID_HANDLE, "CUDA_ERROR_INVALID_HANDLE", "invalid resource handle" },
+	{ CUDA_ERROR_NOT_READY, "CUDA_ERROR_NOT_READY", "device not ready" },
+	{ CUDA_ERROR_PEER_ACCESS_ALREADY_ENABLED, "CUDA_ERROR_PEER_ACCESS_ALREADY_ENABLED",
+	  "peer access is already enabled" },
+	{ CUDA_ERROR_NOT_SUPPORTED, "CUDA_ERROR_NOT_SUPPORTED", "operation not supported" },
+};
+
+static int error_index(CUresult r)
+{
+	for (size_t i = 0; i < sizeof(errors) / sizeof(errors[0]); i++)
+		if (errors[i].r == r)
+			return (int)i;
+	return -1;
+}
+
+CUresult CUDAAPI cuGetErrorString(CUresult error, const char **str)
+{
+	int i = error_index(error);
+
+	*str = i >= 0 ? errors[i].text : NULL;
+	return i >= 0 ? CUDA_SUCCESS : CUDA_ERROR_INVALID_VALUE;
+}
+
+CUresult CUDAAPI cuGetErrorName(CUresult error, const char **str)
+{
+	int i = error_index(error);
+
+	*str = i >= 0 ? errors[i].name : NULL;
+	return i >= 0 ? CUDA_SUCCESS : CUDA_ERROR_INVALID_VALUE;
+}
+
+CUresult CUDAAPI cuDriverGetVersion(int *v)
+{
+	*v = CUDA_VERSION;
+	return CUDA_SUCCESS;
+}
+
+CUresult CUDAAPI cuDeviceGetCount(int *count)
+{
+	*count = n_devs;
+	return inited ? CUDA_SUCCESS : CUDA_ERROR_NOT_INITIALIZED;
+}
+
+static bool dev_ok(CUdevice d)
+{
+	return inited && d >= 0 && d < n_devs;
+}
+
+CUresult CUDAAPI cuDeviceGet(CUdevice *dev, int ordinal)
+{
+	if (!dev_ok(ordinal))
+		return CUDA_ERROR_INVALID_DEVICE;
+	*dev = ordinal;
+	return CUDA_SUCCESS;
+}
+
+CUresult CUDAAPI cuDeviceGetName(char *name, int len, CUdevice dev)
+{
+	if (!dev_ok(dev))
+		return CUDA_ERROR_INVALID_DEVICE;
+	snprintf(name, (size_t)len, "fakecuda device %d", dev);
+	return CUDA_SUCCESS;
+}
+
+CUresult CUDAAPI cuDeviceGetPCIBusId(char *id, int len, CUdevice dev)
+{
+	if (!dev_ok(dev))
+		return CUDA_ERROR_INVALID_DEVICE;
+	snprintf(id, (size_t)len, "0000:%02x:00.0", 0x10 + dev);
+	return CUDA_SUCCESS;
+}
+
+CUresult CUDAAPI cuDeviceGetByPCIBusId(CUdevice *dev, const char *id)
+{
+	unsigned dom, bus, slot, fn;
+
+	if (!id || sscanf(id, "%x:%x:%x.%x", &dom, &bus, &slot, &fn) != 4 || dom || slot || fn ||
+	    !dev_ok((int)bus - 0x10))
+		return CUDA_ERROR_INVALID_VALUE;
+	*dev = (int)bus - 0x10;
+	return CUDA_SUCCESS;
+}
+
+CUresult CUDAAPI cuDeviceGetAttribute(int *pi, CUdevice_attribute attrib, CUdevice dev)
+{
+	if (!dev_ok(dev))
+		return CUDA_ERROR_INVALID_DEVICE;
+	switch (attrib) {
+	case CU_DEVICE_ATTRIBUTE_PCI_BUS_ID: *pi = 0x10 + dev; break;
+	case CU_DEVICE_ATTRIBUTE_PCI_DEVICE_ID: *pi = 0; break;
+	case CU_DEVICE_ATTRIBUTE_PCI_DOMAIN_ID: *pi = 0; break;
+	case CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR: *pi = 9; break;
+	default: *pi = 1; break;
+	}
+	return CUDA_SUCCESS;
+}
+
+CUresult CUDAAPI cuDeviceCanAccessPeer(int *can, CUdevice dev, CUdevice peer)
+{
+	if (!dev_ok(dev) || !dev_ok(peer))
+		return CUDA_ERROR_INVALID_DEVICE;
+	*can = dev != peer;
+	return CUDA_SUCCESS;
+}
+
+/* ---- contexts -------------------------------------------------------------------------------- */
+
+CUresult CUDAAPI cuDevicePrimaryCtxRetain(CUcontext *ctx, CUdevice dev)
+{
+	if (!dev_ok(dev))
+		return CUDA_ERROR_INVALID_DEVICE;
+	*ctx = (CUcontext)&ctxs[dev];
+	return CUDA_SUCCESS;
+}
+
+CUresult CUDAAPI cuDevicePrimaryCtxRelease(CUdevice dev)
+{
+	return dev_ok(dev) ? CUDA_SUCCESS : CUDA_ERROR_INVALID_DEVICE;
+}
+
+CUresult CUDAAPI cuCtxSetCurrent(CUcontext ctx)
+{
+	if (ctx && !ctx_of(ctx))
+		return CUDA_ERROR_INVALID_CONTEXT;
+	if (ctx_depth)
+		ctx_stack[ctx_depth - 1] = ctx;
+	else if (ctx)
+		ctx_stack[ctx_depth++] = ctx;
+	return CUDA_SUCCESS;
+}
+
+CUresult CUDAAPI cuCtxGetCurrent(CUcontext *ctx)
+{
+	*ctx = ctx_depth ? ctx_stack[ctx_depth - 1] : NULL;
+	return CUDA_SUCCESS;
+}
+
+CUresult CUDAAPI cuCtxPushCurrent(CUcontext ctx)
+{
+	if (!ctx_of(ctx))
+		return CUDA_ERROR_INVALID_CONTEXT;
+	if (ctx_depth == (int)(sizeof(ctx_stack) / sizeof(ctx_stack[0])))
+		return CUDA_ERROR_OUT_OF_MEMORY;
+	ctx_stack[ctx_depth++] = ctx;
+	return CUDA_SUCCESS;
+}
+
+CUresult CUDAAPI cuCtxPopCurrent(CUcontext *ctx)
+{
+	if (!ctx_depth)
+		return CUDA_ERROR_INVALID_CONTEXT;
+	ctx_depth--;
+	if (ctx)
+		*ctx = ctx_stack[ctx_depth];
+	return CUDA_SUCCESS;
+}
+
+CUresult CUDAAPI cuCtxEnablePeerAccess(CUcontext peer, unsigned int flags)
+{
+	struct fctx *c = ctx_current(), *p = ctx_of(peer);
+	CUresult r = CUDA_SUCCESS;
+
+	if (!c || !p)
+		return CUDA_ERROR_INVALID_CONTEXT;
+	pthread_mutex_lock(&lock);
+	if (c->peer[p->ordinal])
+		r = CUDA_ERROR_PEER_ACCESS_ALREADY_ENABLED;
+	c->peer[p->ordinal] = true;
+	pthread_mutex_unlock(&lock);
+	return r;
+}
+
+/* ---- device memory -------------------------------------------------------------------------- */
+
+CUresult CUDAAPI cuMemAlloc(CUdeviceptr *dptr, size_t size)
+{
+	struct fctx *c = ctx_current();
+	int fd;
+
+	if (!c)
+		return CUDA_ERROR_INVALID_CONTEXT;
+	if (!size)
+		return CUDA_ERROR_INVALID_VALUE;
+	fd = memfd_create("fakecuda", MFD_CLOEXEC);
+	if (fd < 0 || ftruncate(fd, (off_t)size) < 0) {
+		if (fd >= 0)
+			close(fd);
+		return CUDA_ERROR_OUT_OF_MEMORY;
+	}
+	return alloc_map(fd, size, c->ordinal, false, dptr);
+}
+
+CUresult CUDAAPI cuMemFree(CUdeviceptr dptr)
+{
+	return alloc_unmap(dptr, false);
+}
+
+CUresult CUDAAPI cuMemGetAddressRange(CUdeviceptr *base, size_t *size, CUdeviceptr dptr)
+{
+	struct falloc *a;
+
+	pthread_mutex_lock(&lock);
+	a = alloc_find((uintptr_t)dptr);
+	if (a && base)
+		*base = (CUdeviceptr)a->base;
+	if (a && size)
+		*size = a->size;
+	pthread_mutex_unlock(&lock);
+	return a ? CUDA_SUCCESS : CUDA_ERROR_NOT_FOUND;
+}
+
+static CUresult attr_get(void *data, CUpointer_attribute attr, const struct falloc *a)
+{
+	switch (attr) {
+	case CU_POINTER_ATTRIBUTE_CONTEXT: *(CUcontext *)data = (CUcontext)&ctxs[a->ordinal]; break;
+	case CU_POINTER_ATTRIBUTE_MEMORY_TYPE: *(unsigned int *)data = CU_MEMORYTYPE_DEVICE; break;
+	case CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL: *(int *)data = a->ordinal; break;
+	case CU_POINTER_ATTRIBUTE_BUFFER_ID: *(unsigned long long *)data = a->id; break;
+	case CU_POINTER_ATTRIBUTE_IS_LEGACY_CUDA_IPC_CAPABLE: *(int *)data = !a->imported; break;
+	case CU_POINTER_ATTRIBUTE_RANGE_START_ADDR: *(CUdeviceptr *)data = a->base; break;
+	case CU_POINTER_ATTRIBUTE_RANGE_SIZE: *(size_t *)data = a->size; break;
+	default: return CUDA_ERROR_NOT_SUPPORTED;
+	}
+	return CUDA_SUCCESS;
+}
+
+CUresult CUDAAPI cuPointerGetAttribute(void *data, CUpointer_attribute attr, CUdeviceptr ptr)
+{
+	struct falloc *a;
+	CUresult r;
+
+	pthread_mutex_lock(&lock);
+	a = alloc_find((uintptr_t)ptr);
+	r = a ? attr_get(data, attr, a) : CUDA_ERROR_INVALID_VALUE;
+	pthread_mutex_unlock(&lock);
+	return r;
+}
+
+CUresult CUDAAPI cuIpcGetMemHandle(CUipcMemHandle *h, CUdeviceptr dptr)
+{
+	struct mem_handle m = { .magic = MEM_MAGIC, .pid = getpid() };
+	struct falloc *a;
+
+	pthread_mutex_lock(&lock);
+	a = alloc_find((uintptr_t)dptr);
+	if (a && a->base == (uintptr_t)dptr && !a->imported) {
+		m.fd = a->fd;
+		m.ordinal = a->ordinal;
+		m.size = a->size;
+	}
+	pthread_mutex_unlock(&lock);
+	if (!m.size)
+		return CUDA_ERROR_INVALID_VALUE;
+	memset(h, 0, sizeof(*h));
+	memcpy(h->reserved, &m, sizeof(m));
+	return CUDA_SUCCESS;
+}
+
+CUresult CUDAAPI cuIpcOpenMemHandle(CUdeviceptr *dptr, CUipcMemHandle h, unsigned int flags)
+{
+	struct mem_handle m;
+	int fd;
+
+	memcpy(&m, h.reserved, sizeof(m));
+	if (m.magic != MEM_MAGIC || m.pid == getpid())
+		return CUDA_ERROR_INVALID_VALUE;
+	if (!ctx_current())
+		return CUDA_ERROR_INVALID_CONTEXT;
+	fd = open_remote_fd(m.pid, m.fd);
+	if (fd < 0)
+		return CUDA_ERROR_INVALID_HANDLE;
+	return alloc_map(fd, m.size, m.ordinal, true, dptr);
+}
+
+CUresult CUDAAPI cuIpcCloseMemHandle(CUdeviceptr dptr)
+{
+	return alloc_unmap(dptr, true);
+}
+
+/* ---- host memory ---------------------------------------------------------------------------- */
+
+CUresult CUDAAPI cuMemAllocHost(void **pp, size_t size)
+{
+	return posix_memalign(pp, 4096, size ? size : 1) == 0 ? CUDA_SUCCESS :
+								 CUDA_ERROR_OUT_OF_MEMORY;
+}
+
+CUresult CUDAAPI cuMemHostAlloc(void **pp, size_t size, unsigned int flags)
+{
+	return cuMemAllocHost(pp, size);
+}
+
+CUresult CUDAAPI cuMemFreeHost(void *p)
+{
+	free(p);
+	return CUDA_SUCCESS;
+}
+
+CUresult CUDAAPI cuMemHostRegister(void *p, size_t size, unsigned int flags)
+{
+	return p && size ? CUDA_SUCCESS : CUDA_ERROR_INVALID_VALUE;
+}
+
+CUresult CUDAAPI cuMemHostUnregister(void *p)
+{
+	return CUDA_SUCCESS;
+}
+
+/* ---- events --------------------------------------------------------------------------------- */
+
+CUresult CUDAAPI cuEventCreate(CUevent *ev, unsigned int flags)
+{
+	int fd = memfd_create("fakecuda-event", MFD_CLOEXEC);
+
+	if (fd < 0 || ftruncate(fd, sizeof(struct ev_shared)) < 0) {
+		if (fd >= 0)
+			close(fd);
+		return CUDA_ERROR_OUT_OF_MEMORY;
+	}
+	return ev_map(fd, ev);
+}
+
+CUresult CUDAAPI cuEventDestroy(CUevent ev)
+{
+	struct fevent *e = ev_of(ev);
+
+	if (!e)
+		return CUDA_ERROR_INVALID_HANDLE;
+	/* Work still queued may name it: a real driver defers the release; so do we, forever. */
+	e->magic = 0;
+	return CUDA_SUCCESS;
+}
+
+CUresult CUDAAPI cuEventRecord(CUevent ev, CUstream s)
+{
+	struct fevent *e = ev_of(ev);
+	struct job j = { .kind = JOB_RECORD, .ev = e };
+
+	if (!e)
+		return CUDA_ERROR_INVALID_HANDLE;
+	j.seq = atomic_fetch_add(&e->sh->recorded, 1) + 1;
+	return stream_push(s, &j);
+}
+
+CUresult CUDAAPI cuEventSynchronize(CUevent ev)
+{
+	struct fevent *e = ev_of(ev);
+
+	if (!e)
+		return CUDA_ERROR_INVALID_HANDLE;
+	ev_wait(e, atomic_load(&e->sh->recorded));
+	return CUDA_SUCCESS;
+}
+
+CUresult CUDAAPI cuEventQuery(CUevent ev)
+{
+	struct fevent *e = ev_of(ev);
+
+	if (!e)
+		return CUDA_ERROR_INVALID_HANDLE;
+	return atomic_load(&e->sh->completed) >= atomic_load(&e->sh->recorded) ?
+		       CUDA_SUCCESS : CUDA_ERROR_NOT_READY;
+}
+
+CUresult CUDAAPI cuIpcGetEventHandle(CUipcEventHandle *h, CUevent ev)
+{
+	struct fevent *e = ev_of(ev);
+	struct ev_handle m = { .magic = EV_MAGIC, .pid = getpid() };
+
+	if (!e)
+		return CUDA_ERROR_INVALID_HANDLE;
+	m.fd = e->fd;
+	memset(h, 0, sizeof(*h));
+	memcpy(h->reserved, &m, sizeof(m));
+	return CUDA_SUCCESS;
+}
+
+CUresult CUDAAPI cuIpcOpenEventHandle(CUevent *ev, CUipcEventHandle h)
+{
+	struct ev_handle m;
+	int fd;
+
+	memcpy(&m, h.reserved, sizeof(m));
+	if (m.magic != EV_MAGIC || m.pid == getpid())
+		return CUDA_ERROR_INVALID_VALUE;
+	fd = open_remote_fd(m.pid, m.fd);
+	if (fd < 0)
+		return CUDA_ERROR_INVALID_HANDLE;
+	return ev_map(fd, ev);
+}
+
+/* ---- streams and work ----------------------------------------------------------------------- */
+
+CUresult CUDAAPI cuStreamCreate(CUstream *s, unsigned int flags)
+{
+	struct fstream *f = stream_new();
+
+	if (!f)
+		return CUDA_ERROR_OUT_OF_MEMORY;
+	*s = (CUstream)f;
+	return CUDA_SUCCESS;
+}
+
+CUresult CUDAAPI cuStreamDestroy(CUstream h)
+{
+	struct fstream *s = (struct fstream *)h;
+
+	if (!h || h == CU_STREAM_LEGACY || h == CU_STREAM_PER_THREAD)
+		return CUDA_ERROR_INVALID_HANDLE;
+	pthread_mutex_lock(&s->mu);
+	s->stop = true; /* the worker finishes what is queued first, as the driver does */
+	pthread_cond_broadcast(&s->cv);
+	pthread_mutex_unlock(&s->mu);
+	pthread_detach(s->th);
+	return CUDA_SUCCESS;
+}
+
+CUresult CUDAAPI cuStreamWaitEvent(CUstream s, CUevent ev, unsigned int flags)
+{
+	struct fevent *e = ev_of(ev);
+	struct job j = { .kind = JOB_WAIT, .ev = e };
+
+	if (!e)
+		return CUDA_ERROR_INVALID_HANDLE;
+	j.seq = atomic_load(&e->sh->recorded);
+	return stream_push(s, &j);
+}
+
+CUresult CUDAAPI cuStreamSynchronize(CUstream s)
+{
+	return stream_sync(s);
+}
+
+CUresult CUDAAPI cuLaunchHostFunc(CUstream s, CUhostFn fn, void *arg)
+{
+	struct job j = { .kind = JOB_HOST, .fn = fn, .arg = arg };
+
+	return stream_push(s, &j);
+}
+
+CUresult CUDAAPI cuMemsetD8Async(CUdeviceptr dst, unsigned char v, size_t n, CUstream s)
+{
+	struct job j = { .kind = JOB_SET, .dst = (void *)(uintptr_t)dst, .value = v, .n = n };
+
+	return n ? stream_push(s, &j) : CUDA_SUCCESS;
+}
+
+CUresult CUDAAPI cuMemcpyAsync(CUdeviceptr dst, CUdeviceptr src, size_t n, CUstream s)
+{
+	return copy_on(s, (void *)(uintptr_t)dst, (const void *)(uintptr_t)src, n);
+}
+
+CUresult CUDAAPI cuMemcpyPeerAsync(CUdeviceptr dst, CUcontext dst_ctx, CUdeviceptr src,
+				   CUcontext src_ctx, size_t n, CUstream s)
+{
+	return copy_on(s, (void *)(uintptr_t)dst, (const void *)(uintptr_t)src, n);
+}
+
+CUresult CUDAAPI cuMemcpyHtoDAsync(CUdeviceptr dst, const void *src, size_t n, CUstream s)
+{
+	return copy_on(s, (void *)(uintptr_t)dst, src, n);
+}
+
+CUresult CUDAAPI cuMemcpyDtoHAsync(void *dst, CUdeviceptr src, size_t n, CUstream s)
+{
+	return copy_on(s, dst, (const void *)(uintptr_t)src, n);
+}
+
+CUresult CUDAAPI cuMemcpyDtoDAsync(CUdeviceptr dst, CUdeviceptr src, size_t n, CUstream s)
+{
+	return copy_on(s, (void *)(uintptr_t)dst, (const void *)(uintptr_t)src, n);
+}
+
+CUresult CUDAAPI cuMemcpyDtoH(void *dst, CUdeviceptr src, size_t n)
+{
+	return copy_sync(dst, (const void *)(uintptr_t)src, n);
+}
+
+CUresult CUDAAPI cuMemcpyHtoD(CUdeviceptr dst, const void *src, size_t n)
+{
+	return copy_sync((void *)(uintptr_t)dst, src, n);
+}
+
+CUresult CUDAAPI cuMemcpyDtoD(CUdeviceptr dst, CUdeviceptr src, size_t n)
+{
+	return copy_sync((void *)(uintptr_t)dst, (const void *)(uintptr_t)src, n);
+}
