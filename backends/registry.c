@@ -153,14 +153,6 @@ int tpb_select_cross(enum tpb_loc mine, bool sending, char *why, size_t why_len)
 	return -EOPNOTSUPP;
 }
 
-const char *tpb_why_not(const char *name)
-{
-	int i = tpb_index(name);
-
-	if (i < 0)
-		return "unknown channel";
-	return channels[i].viable ? "" : channels[i].why;
-}
 
 int tpb_index(const char *name)
 {

@@ -135,8 +135,12 @@ int tpb_select(enum tpb_loc src, enum tpb_loc dst);
  */
 int tpb_select_cross(enum tpb_loc mine, bool sending, char *why, size_t why_len);
 
-/* Why registry channel @name is not viable ("" when it is, "unknown channel" if absent). */
-const char *tpb_why_not(const char *name);
+/*
+ * tpb_cma_move() - move @len bytes between @buf in the daemon and @addr in process @pid by
+ * cross-memory attach (@write: into @pid), across partial transfers.
+ * Return: 0, or -errno (-EFAULT for an unmapped range, -ESRCH, -EPERM).
+ */
+int tpb_cma_move(pid_t pid, void *buf, uint64_t addr, uint64_t len, bool write);
 
 /*
  * tpb_stage() - move @len bytes between the host buffer @host and @m at offset @off (@to_mem:

@@ -25,8 +25,7 @@ static int cma_probe(const struct tpb_config *cfg, char *why, size_t why_len)
 	return 1;
 }
 
-/* Moves @len bytes between local @buf and @addr in @pid; @write selects the direction. */
-static int cma_move(pid_t pid, void *buf, uint64_t addr, uint64_t len, bool write)
+int tpb_cma_move(pid_t pid, void *buf, uint64_t addr, uint64_t len, bool write)
 {
 	while (len) {
 		size_t chunk = len > (1ull << 30) ? (1ull << 30) : (size_t)len;
@@ -52,18 +51,18 @@ static int cma_copy(const struct tpb_xfer *x, struct tpb_scratch *s)
 	uint64_t done = 0;
 
 	if (x->src.loc == TPB_LOC_LOCAL)
-		return cma_move(x->dst.pid, (void *)(uintptr_t)x->src.addr, x->dst.addr, x->len,
+		return tpb_cma_move(x->dst.pid, (void *)(uintptr_t)x->src.addr, x->dst.addr, x->len,
 				true);
 	if (x->dst.loc == TPB_LOC_LOCAL)
-		return cma_move(x->src.pid, (void *)(uintptr_t)x->dst.addr, x->src.addr, x->len,
+		return tpb_cma_move(x->src.pid, (void *)(uintptr_t)x->dst.addr, x->src.addr, x->len,
 				false);
 	if (!s || !s->bounce || !s->bounce_len)
 		return -ENOBUFS;
 	while (done < x->len) {
 		uint64_t n = x->len - done < s->bounce_len ? x->len - done : s->bounce_len;
-		int r = cma_move(x->src.pid, s->bounce, x->src.addr + done, n, false);
+		int r = tpb_cma_move(x->src.pid, s->bounce, x->src.addr + done, n, false);
 		if (r == 0)
-			r = cma_move(x->dst.pid, s->bounce, x->dst.addr + done, n, true);
+			r = tpb_cma_move(x->dst.pid, s->bounce, x->dst.addr + done, n, true);
 		if (r < 0)
 			return r;
 		done += n;

@@ -17,7 +17,6 @@
 #include <string.h>
 #include <sched.h>
 #include <signal.h>
-#include <sys/uio.h>
 #include <time.h>
 #include "tpconfig.h"
 #include "cuda_int.h"
@@ -199,11 +198,17 @@ static int side_open(const struct tpb_mem *m, uint64_t off, struct side *sd, cha
 	return 0;
 }
 
+/* The device whose context and stream run a copy from @a to @b: the destination's if CUDA. */
+static int copy_dev(const struct side *a, const struct side *b)
+{
+	return b->cuda ? b->dev : a->dev;
+}
+
 /* Enters the context of the device that runs the copy and waits for both sides' events. */
 static int copy_begin(struct cuda_thread *t, const struct side *a, const struct side *b,
 		      CUstream *ret, char *why, size_t wl)
 {
-	int dev = b->cuda ? b->dev : a->dev, r;
+	int dev = copy_dev(a, b), r;
 	CUresult cr = CUDA_SUCCESS;
 
 	r = dev_enter(dev, why, wl);
@@ -286,17 +291,6 @@ static void peer_enable(int dev, int peer)
 	pthread_mutex_unlock(&devs_lock);
 }
 
-static int cma_move(pid_t pid, void *local, uint64_t addr, size_t len, bool write)
-{
-	struct iovec l = { local, len }, rm = { (void *)(uintptr_t)addr, len };
-	ssize_t n = write ? process_vm_writev(pid, &l, 1, &rm, 1, 0) :
-			    process_vm_readv(pid, &l, 1, &rm, 1, 0);
-
-	if (n < 0)
-		return -errno;
-	return (size_t)n == len ? 0 : -EFAULT;
-}
-
 /* The thread's pinned double buffer (made in the current context @dev, portable). */
 static int pinned_get(struct cuda_thread *t, char *why, size_t wl)
 {
@@ -324,7 +318,7 @@ static int copy_process_to_cuda(struct cuda_thread *t, const struct tpb_mem *src
 
 		if (i >= 2 && (r = event_wait(t, dev, t->half[i % 2], s->why, sizeof(s->why))) < 0)
 			break;
-		if ((r = cma_move(src->pid, h, src->addr + off, n, false)) < 0)
+		if ((r = tpb_cma_move(src->pid, h, src->addr + off, n, false)) < 0)
 			break;
 		if (cr == CUDA_SUCCESS)
 			cr = api()->cuMemcpyHtoDAsync(dst + off, h, n, st);
@@ -359,7 +353,7 @@ static int copy_cuda_to_process(struct cuda_thread *t, int dev, CUdeviceptr src,
 			size_t n = (size_t)TPU_MIN((uint64_t)PINNED_HALF, len - off);
 			r = event_wait(t, dev, t->half[(i - 1) % 2], s->why, sizeof(s->why));
 			if (r == 0)
-				r = cma_move(dst->pid, (char *)t->pinned + ((i - 1) % 2) * PINNED_HALF,
+				r = tpb_cma_move(dst->pid, (char *)t->pinned + ((i - 1) % 2) * PINNED_HALF,
 					     dst->addr + off, n, true);
 		}
 		if (cr != CUDA_SUCCESS)
@@ -413,8 +407,8 @@ static int cuda_ipc_copy(const struct tpb_xfer *x, struct tpb_scratch *s)
 		return r;
 	r = copy_issue(t, x, &a, &b, st, s);
 	/* Whatever was queued must be finished before the memory may be reused. */
-	if (r != -ESRCH || t->stream[b.cuda ? b.dev : a.dev]) {
-		int w = stream_wait(t, b.cuda ? b.dev : a.dev, st, s->why, sizeof(s->why));
+	if (r != -ESRCH || t->stream[copy_dev(&a, &b)]) {
+		int w = stream_wait(t, copy_dev(&a, &b), st, s->why, sizeof(s->why));
 		r = r < 0 ? r : w;
 	}
 	return r;
@@ -478,11 +472,6 @@ void tpb_scratch_done(struct tpb_scratch *s)
 	s->cuda = NULL;
 }
 
-static int cuda_probe(const struct tpb_config *cfg, char *why, size_t why_len)
-{
-	return cuda_available(why, why_len);
-}
-
 #else /* !HAVE_CUDA */
 
 int cuda_available(char *why, size_t why_len)
@@ -510,37 +499,32 @@ void tpb_scratch_done(struct tpb_scratch *s)
 {
 }
 
-static int cuda_probe(const struct tpb_config *cfg, char *why, size_t why_len)
-{
-	return cuda_available(why, why_len);
-}
-
 #define cuda_ipc_copy NULL
 #endif
 
 int tpb_stage(const struct tpb_mem *m, uint64_t off, void *host, size_t len, bool to_mem,
 	      struct tpb_scratch *s, char *why, size_t why_len)
 {
-	struct iovec l = { host, len }, r = { (void *)(uintptr_t)(m->addr + off), len };
-	ssize_t n;
+	void *p = (void *)(uintptr_t)(m->addr + off);
 
 	switch (m->loc) {
 	case TPB_LOC_LOCAL:
 		if (to_mem)
-			memcpy(r.iov_base, host, len);
+			memcpy(p, host, len);
 		else
-			memcpy(host, r.iov_base, len);
+			memcpy(host, p, len);
 		return 0;
 	case TPB_LOC_PROCESS:
-		n = to_mem ? process_vm_writev(m->pid, &l, 1, &r, 1, 0) :
-			     process_vm_readv(m->pid, &l, 1, &r, 1, 0);
-		if (n < 0)
-			return -errno;
-		return (size_t)n == len ? 0 : -EFAULT;
+		return tpb_cma_move(m->pid, host, m->addr + off, len, to_mem);
 	case TPB_LOC_CUDA:
 		return stage_cuda(m, off, host, len, to_mem, s, why, why_len);
 	}
 	return -EINVAL;
+}
+
+static int cuda_probe(const struct tpb_config *cfg, char *why, size_t why_len)
+{
+	return cuda_available(why, why_len);
 }
 
 static int gdr_probe(const struct tpb_config *cfg, char *why, size_t why_len)

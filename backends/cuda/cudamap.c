@@ -21,6 +21,17 @@ static pthread_mutex_t table_lock = PTHREAD_MUTEX_INITIALIZER;
 static struct tpu_list table = { &table, &table };
 static unsigned n_alive;
 
+/* 0 if @m is the allocation a client describes as @bus_id, @size; else -EINVAL with @why. */
+static int map_check(const struct tpb_cuda_map *m, const char *bus_id, uint64_t size, char *why,
+		     size_t why_len)
+{
+	if (strcmp(m->bus_id, bus_id ? bus_id : "") == 0 && m->size == size)
+		return 0;
+	snprintf(why, why_len, "CUDA handle already known on device %s with %llu bytes", m->bus_id,
+		 (unsigned long long)m->size);
+	return -EINVAL;
+}
+
 static struct tpb_cuda_map *table_find(const uint8_t *handle, bool event)
 {
 	struct tpb_cuda_map *m;
@@ -56,12 +67,9 @@ int tpb_cuda_map_get(const uint8_t *handle, bool event, const char *bus_id, uint
 
 	pthread_mutex_lock(&table_lock);
 	m = table_find(handle, event);
-	if (m && (strcmp(m->bus_id, bus_id ? bus_id : "") != 0 || m->size != size)) {
-		snprintf(why, why_len, "CUDA handle already known on device %s with %llu bytes",
-			 m->bus_id, (unsigned long long)m->size);
-		r = -EINVAL;
-	} else if (m) {
-		m->refs++;
+	if (m) {
+		r = map_check(m, bus_id, size, why, why_len);
+		m->refs += r == 0;
 	} else if ((m = map_new(handle, event, bus_id, size))) {
 		tpu_list_insert_tail(&table, &m->node);
 		n_alive++;
@@ -175,11 +183,9 @@ int tpb_cuda_hold(struct tpb_cuda_holds *h, const uint8_t *handle, bool event,
 	int r;
 
 	if (e) {
-		if (strcmp(e->map->bus_id, bus_id ? bus_id : "") != 0 || e->map->size != size) {
-			snprintf(why, why_len, "CUDA handle already used on device %s with %llu bytes",
-				 e->map->bus_id, (unsigned long long)e->map->size);
-			return -EINVAL;
-		}
+		r = map_check(e->map, bus_id, size, why, why_len);
+		if (r < 0)
+			return r;
 		tpu_list_remove(&e->node); /* to the front */
 	} else {
 		e = calloc(1, sizeof(*e));
