@@ -544,7 +544,7 @@ static int table_ipc(struct writer *w)
 {
 	char name[96];
 	struct phase_result pr;
-	double base, gbps;
+	double base, gbps = 0;
 	int r = 0;
 
 	snprintf(name, sizeof(name), "cuda ipc cuda:%d->cuda:%d k=%d", w->o->device,
@@ -570,7 +570,7 @@ static int table_host(struct writer *w, bool to_host)
 	const char *what = to_host ? "DtoH" : "HtoD";
 	char name[96], name_pg[128], pinned[32], pageable[32];
 	struct phase_result pr;
-	double b_pin, b_pg, gbps;
+	double b_pin, b_pg, gbps = 0;
 	int r = 0;
 
 	snprintf(name, sizeof(name), "cuda %s k=%d", to_host ? "cuda->shm" : "shm->cuda",

@@ -709,7 +709,7 @@ out:
 
 static void start_next_copy(struct tpd_pipe_end *w);
 static void end_owed_maybe(struct tpd_pipe_end *e);
-static void xh_start(struct tpd_msg *m);
+static int xh_start(struct tpd_msg *m);
 static int xh_build_recv(struct tpd_msg *m, struct tpd_session *s, const Tpw__V1__Read *rd,
 			 char *why, size_t wl);
 
@@ -750,7 +750,7 @@ static void copy_on_done(struct tpd_copy_job *job)
 
 	m->job = NULL;
 	m->copying = false;
-	w->copying = false;
+	w->copying--;
 	p->jobs--;
 	for (size_t i = 0; i < job->n; i++) {
 		p->channels |= 1u << job->channels[i];
@@ -772,24 +772,37 @@ static void copy_on_done(struct tpd_copy_job *job)
 	pipe_maybe_free(p);
 }
 
+/*
+ * Starts the copies of @w's messages the reader has asked for, in order. On one host one copy
+ * job runs at a time per pipe direction (the copier spreads it over its threads). Across hosts
+ * up to XH_INFLIGHT sends or receives run at once, so that the control round trip before one
+ * message's bytes move overlaps the bytes of the previous ones; the stripe serves them in order,
+ * and completions reach clients in order whatever order they finish in (WriteDone by the
+ * writer's queue, ReadDone by the client library's).
+ */
+#define XH_INFLIGHT 8
+
 static void start_next_copy(struct tpd_pipe_end *w)
 {
-	struct tpd_msg *m;
+	struct tpd_msg *m, *tmp;
 
-	if (w->copying)
-		return;
-	tpu_list_for_each(m, &w->rq, rnode) {
-		if (!m->read_requested)
+	tpu_list_for_each_safe(m, tmp, &w->rq, rnode) {
+		if (!m->read_requested || w->copying >= XH_INFLIGHT)
 			return;
-		if (m->xh && !m->copying) {
-			xh_start(m);
-			return;
+		if (m->copying)
+			continue;
+		if (m->xh) {
+			if (xh_start(m) < 0)
+				return; /* failed at once: its completion went on from there */
+			continue;
 		}
-		if (m->job && !m->copying) {
-			m->copying = true;
-			w->copying = true;
-			w->pipe->jobs++;
-			tpd_copier_submit(w->pipe->d->copier, m->job);
+		if (m->job) {
+			if (!w->copying) {
+				m->copying = true;
+				w->copying++;
+				w->pipe->jobs++;
+				tpd_copier_submit(w->pipe->d->copier, m->job);
+			}
 			return;
 		}
 	}
@@ -1209,7 +1222,7 @@ static void xh_finish(struct tpd_msg *m, struct tpd_xh *xh)
 
 	m->xh = NULL;
 	m->copying = false;
-	m->from->copying = false;
+	m->from->copying--;
 	p->jobs--;
 	if (mpt >= 0) {
 		p->channels |= 1u << mpt;
@@ -1316,7 +1329,8 @@ static void xh_recv_done(struct tpd_stripe_xfer *x)
 	xh_after(w);
 }
 
-static void xh_start(struct tpd_msg *m)
+/* Starts @m's send or receive. Return: 0, or -errno when it failed at once and has completed. */
+static int xh_start(struct tpd_msg *m)
 {
 	struct tpd_xh *xh = m->xh;
 	struct tpd_pipe_end *w = m->from;
@@ -1324,7 +1338,7 @@ static void xh_start(struct tpd_msg *m)
 	int r = -ENOTCONN;
 
 	m->copying = true;
-	w->copying = true;
+	w->copying++;
 	p->jobs++;
 	xh->link = p->link;
 	xh->x.arg = xh;
@@ -1352,12 +1366,14 @@ static void xh_start(struct tpd_msg *m)
 	if (r == 0) {
 		xh->started = true;
 		p->d->xh_running++;
-		return;
+		return 0;
 	}
 	/* Not started: the link is gone or going (its pipes learn why next). */
-	xh->x.status = r == -ENOTCONN ? -ECONNRESET : r;
+	r = r == -ENOTCONN ? -ECONNRESET : r;
+	xh->x.status = r;
 	snprintf(xh->x.why, sizeof(xh->x.why), "peer link down");
-	xh->x.done(&xh->x);
+	xh->x.done(&xh->x); /* frees @xh */
+	return r;
 }
 
 static struct tpd_xh *xh_new(struct tpd_msg *m, bool send)

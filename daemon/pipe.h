@@ -28,7 +28,7 @@ struct tpd_pipe_end {
 	uint64_t next_msg_id;
 	uint32_t queued;	     /* messages in rq */
 	uint64_t queued_bytes;	     /* inline bytes held for rq */
-	bool copying;		     /* a copy job for one of this end's messages is running */
+	unsigned copying;	     /* copy jobs or peer transfers of this end's messages running */
 	uint64_t msgs_sent;
 	uint64_t bytes_sent;
 	Tpw__V1__Status gone;	     /* why the end detached (UNSPECIFIED while attached) */

@@ -7,7 +7,8 @@
  * (0 B, 1 B, 64 KiB +- 1, 1 MiB, 16 MiB, and 512 MiB when memory allows) arrives intact from and
  * into shared buffers and private memory, also staged (TP_CONTEXT_NO_CMA) and as multi-segment
  * messages carved from one slab; both ends see the right remote name; 1000 pipelined writes
- * arrive and complete in order; 8 pipes carry traffic in both directions at once over one
+ * arrive and complete in order; reads asked for all at once, whose receives overlap and
+ * finish out of order, complete in order; 8 pipes carry traffic in both directions at once over one
  * link; tpipctl peers shows that link with its pipes and byte counters. Failures of the link
  * are in test_peer_faults.c.
  */
@@ -341,6 +342,112 @@ START_TEST(test_peers_pipelined_writes_arrive_and_complete_in_order)
 }
 END_TEST
 
+/* ---- overlapping reads ---------------------------------------------------------------------- */
+
+/*
+ * The reader takes every descriptor before it reads, then asks for all messages at once, so its
+ * daemon runs several receives of one pipe at the same time. Large and small tensors alternate,
+ * so later receives finish before earlier ones: the reads must still complete in order.
+ */
+#define N_OVERLAP 12
+
+static size_t overlap_len(unsigned i)
+{
+	return i % 3 == 0 ? (12u << 20) + i : (256u << 10) + 7 * i;
+}
+
+static void overlap_spec(unsigned index, struct tpt_msg_spec *s)
+{
+	memset(s, 0, sizeof(*s));
+	s->pipe = 11;
+	s->index = index;
+	s->n_tensors = 1;
+	s->lens[0] = overlap_len(index);
+}
+
+static int overlap_writer(void *arg)
+{
+	char addr[128];
+	struct tpt_end e = end_a("overlap-writer",
+				 tpt_peer_address(&tpt_peer_b, "overlap", addr, sizeof(addr)));
+	static struct tpt_msg msgs[N_OVERLAP];
+	struct tpt_done_arg args[N_OVERLAP];
+	static struct tpt_done done;
+	struct tpt_msg_spec s;
+	int r = tpt_end_connect(&e);
+
+	TPT_REQUIRE(r == 0, 1, "setup");
+	tpt_done_init(&done);
+	for (unsigned i = 0; i < N_OVERLAP; i++) {
+		overlap_spec(i, &s);
+		r = tpt_msg_build(e.ctx, &s, i % 2 ? TPT_MEM_SHM : TPT_MEM_PRIVATE, &msgs[i]);
+		TPT_REQUIRE(r == 0, 1, "build %u", i);
+		args[i] = (struct tpt_done_arg){ &done, i };
+		r = tp_pipe_write(e.p, &msgs[i].m, tpt_done_cb, &args[i]);
+		TPT_REQUIRE(r == 0, 1, "write %u: %d %s", i, r, tp_last_error());
+	}
+	r = tpt_done_wait(&done, N_OVERLAP, T_MS);
+	TPT_REQUIRE(r == 0 && done.order_errors == 0, 1, "%u of %d writes done, %u out of order",
+		    done.count, N_OVERLAP, done.order_errors);
+	for (unsigned i = 0; i < N_OVERLAP; i++)
+		TPT_REQUIRE(done.status[i] == 0, 1, "write %u: status %d", i, done.status[i]);
+	tpt_sync_wait(&release, T_MS);
+	for (unsigned i = 0; i < N_OVERLAP; i++)
+		tpt_msg_free(e.ctx, &msgs[i]);
+	tpt_end_close(&e);
+	return 0;
+}
+
+static int overlap_reader(void *arg)
+{
+	struct tpt_end e = end_b("overlap-reader", "overlap");
+	struct tp_descriptor *d[N_OVERLAP];
+	struct tpt_done_arg args[N_OVERLAP];
+	static struct tpt_done done;
+	static uint8_t *bufs[N_OVERLAP];
+	struct tp_slot slots[N_OVERLAP];
+	size_t off;
+	int r = tpt_end_listen(&e, true);
+
+	TPT_REQUIRE(r == 0, 1, "setup");
+	tpt_done_init(&done);
+	for (unsigned i = 0; i < N_OVERLAP; i++) {
+		r = tp_pipe_read_descriptor_sync(e.p, T_MS, &d[i]);
+		TPT_REQUIRE(r == 0, 1, "descriptor %u: %d %s", i, r, tp_last_error());
+		TPT_REQUIRE(d[i]->n_tensors == 1 && d[i]->tensors[0].length == overlap_len(i), 1,
+			    "descriptor %u: wrong shape", i);
+		bufs[i] = malloc(overlap_len(i));
+		TPT_REQUIRE(bufs[i], 1, "malloc");
+	}
+	for (unsigned i = 0; i < N_OVERLAP; i++) {
+		struct tp_allocation a = { .tensors = &slots[i], .n_tensors = 1 };
+
+		slots[i] = (struct tp_slot){ .device = { TP_DEVICE_CPU, 0 }, .data = bufs[i] };
+		args[i] = (struct tpt_done_arg){ &done, i };
+		r = tp_pipe_read(e.p, d[i], &a, tpt_done_cb, &args[i]);
+		TPT_REQUIRE(r == 0, 1, "read %u: %d %s", i, r, tp_last_error());
+	}
+	r = tpt_done_wait(&done, N_OVERLAP, T_MS);
+	TPT_REQUIRE(r == 0, 1, "only %u of %d reads completed", done.count, N_OVERLAP);
+	TPT_REQUIRE(done.order_errors == 0, 1, "%u reads completed out of order",
+		    done.order_errors);
+	for (unsigned i = 0; i < N_OVERLAP; i++) {
+		TPT_REQUIRE(done.status[i] == 0, 1, "read %u: status %d", i, done.status[i]);
+		TPT_REQUIRE(tpt_verify(bufs[i], overlap_len(i), tpt_seed(11, i, 0), &off), 1,
+			    "message %u: wrong byte at %zu", i, off);
+		free(bufs[i]);
+	}
+	tpt_sync_post(&release, 0);
+	tpt_end_close(&e);
+	return 0;
+}
+
+START_TEST(test_peers_overlapping_reads_complete_in_order)
+{
+	ck_assert(tpt_run_pair(overlap_reader, overlap_writer, NULL, 2 * T_MS));
+}
+END_TEST
+
 /* ---- tpipctl peers -------------------------------------------------------------------------- */
 
 /* Polls until @d has exactly one link with @pipes pipes; fails the test otherwise. */
@@ -643,6 +750,7 @@ static Suite *peers_suite(void)
 	tcase_add_checked_fixture(tc, setup, teardown);
 	tcase_add_test(tc, test_peers_remote_names_on_both_ends);
 	tcase_add_test(tc, test_peers_pipelined_writes_arrive_and_complete_in_order);
+	tcase_add_test(tc, test_peers_overlapping_reads_complete_in_order);
 	tcase_add_test(tc, test_peers_tpipctl_peers_shows_the_link);
 	tcase_add_test(tc, test_peers_eight_pipes_both_directions_share_one_link);
 	tcase_set_timeout(tc, 200);
