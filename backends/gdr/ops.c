@@ -4,7 +4,11 @@
  * themselves; the verbs that verbs.h defines as static inline functions or macros (poll_cq,
  * post_send, req_notify_cq, query_port, query_gid_ex, reg_mr) are wrapped here so they have an
  * address. No logic lives here: conventions are libibverbs' own, converted by the callers.
+ * Also the choice of table at run time: a test stand-in named by $TPIPD_VERBS_LIBRARY, else this.
  */
+#include <dlfcn.h>
+#include <stdio.h>
+#include <stdlib.h>
 #include <infiniband/verbs.h>
 #include "tpv.h"
 
@@ -70,3 +74,29 @@ const struct tpv_ops tpv_ops_real = {
 	.dereg_mr = ibv_dereg_mr,
 	.post_send = ops_post_send,
 };
+
+const struct tpv_ops *tpv_ops_load(char *why, size_t why_len)
+{
+	const char *path = getenv("TPIPD_VERBS_LIBRARY");
+	const struct tpv_ops *ops;
+	void *lib;
+
+	if (!path || !*path)
+		return &tpv_ops_real;
+	lib = dlopen(path, RTLD_NOW | RTLD_LOCAL);
+	if (!lib) {
+		if (why && why_len)
+			snprintf(why, why_len, "TPIPD_VERBS_LIBRARY=%s: dlopen: %s", path,
+				 dlerror());
+		return NULL;
+	}
+	ops = dlsym(lib, "tpv_ops_table");
+	if (!ops) {
+		if (why && why_len)
+			snprintf(why, why_len, "TPIPD_VERBS_LIBRARY=%s: dlsym(tpv_ops_table): %s",
+				 path, dlerror());
+		dlclose(lib);
+		return NULL;
+	}
+	return ops; /* the library stays loaded for the life of the process */
+}

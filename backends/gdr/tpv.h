@@ -59,6 +59,19 @@ struct tpv_ops {
 /* libibverbs itself (the inline verbs wrapped in functions). */
 extern const struct tpv_ops tpv_ops_real;
 
+/*
+ * tpv_ops_load() - the verbs table to use: &tpv_ops_real, unless $TPIPD_VERBS_LIBRARY names a
+ * test stand-in (tests/hw/fakeverbs.c: one fake RoCE port whose "RDMA writes" are copies between
+ * processes on this host), which is dlopen()ed and whose exported `const struct tpv_ops
+ * tpv_ops_table` is returned. For tests only: a stand-in says nothing about real hardware.
+ * Repeated calls load the library once (dlopen reference counting) and return the same table.
+ * @why: filled when NULL is returned ("TPIPD_VERBS_LIBRARY=/x.so: dlopen: ...") (may be NULL).
+ *
+ * Ownership: returns borrowed pointer valid for the life of the process (the library is never
+ * unloaded). Return: the table, or NULL if the named library cannot be loaded or lacks the table.
+ */
+const struct tpv_ops *tpv_ops_load(char *why, size_t why_len);
+
 #define TPV_SYSFS_ROOT "/sys"
 #define TPV_NAME_MAX 64	  /* IBV_SYSFS_NAME_MAX */
 #define TPV_PCI_ID_MAX 32 /* "0000:3b:00.0" plus room */

@@ -10,7 +10,8 @@
  * mapping that IPC event handles name the same way, and each stream is a worker thread running
  * its queue in order (copies, memsets, host functions, event records and waits); the legacy
  * stream is one more such queue, and the synchronous copies run on it and wait. Devices
- * ($FAKECUDA_DEVICES, default 2) are contexts with an ordinal and a made-up PCI bus id.
+ * ($FAKECUDA_DEVICES, default 2) are contexts with an ordinal and a made-up PCI bus id. A
+ * dma-buf for a device range is the memfd reopened at the range's start (for fakeverbs).
  * Not emulated: implicit synchronisation between the legacy stream and blocking streams,
  * timing, limits, and anything the hw suite, libtpclient and tpipd do not call. It proves the
  * plumbing and the ordering logic, not the hardware; tests/hw on a real GPU remains the truth.
@@ -613,6 +614,46 @@ CUresult CUDAAPI cuPointerGetAttribute(void *data, CUpointer_attribute attr, CUd
 	r = a ? attr_get(data, attr, a) : CUDA_ERROR_INVALID_VALUE;
 	pthread_mutex_unlock(&lock);
 	return r;
+}
+
+/*
+ * A dma-buf for [dptr, dptr + size): the allocation's memfd opened anew (its own file position)
+ * and positioned at the range's start, so that offset 0 of the "dma-buf" is @dptr as with the
+ * real driver; fakeverbs' reg_dmabuf_mr reads that position back. Like the driver, both ends
+ * must be aligned to the host page size and lie in one allocation (whose size, as mapped, is
+ * rounded up to a page).
+ */
+CUresult CUDAAPI cuMemGetHandleForAddressRange(void *handle, CUdeviceptr dptr, size_t size,
+					       CUmemRangeHandleType type, unsigned long long flags)
+{
+	uintptr_t page = (uintptr_t)sysconf(_SC_PAGESIZE), p = (uintptr_t)dptr;
+	struct falloc *a;
+	off_t start = 0;
+	int src = -1, fd;
+
+	if (type != CU_MEM_RANGE_HANDLE_TYPE_DMA_BUF_FD)
+		return CUDA_ERROR_NOT_SUPPORTED;
+	if (flags == 1) /* CU_MEM_RANGE_FLAG_DMA_BUF_MAPPING_TYPE_PCIE (CUDA 12.8+ headers) */
+		return CUDA_ERROR_NOT_SUPPORTED; /* no BAR1 mapping on this platform */
+	if (flags || !handle || !size || p % page || size % page)
+		return CUDA_ERROR_INVALID_VALUE;
+	pthread_mutex_lock(&lock);
+	a = alloc_find(p);
+	if (a && size <= (a->size + page - 1) / page * page - (p - a->base)) {
+		src = a->fd;
+		start = (off_t)(p - a->base);
+	}
+	fd = src >= 0 ? open_remote_fd(getpid(), src) : -1;
+	pthread_mutex_unlock(&lock);
+	if (src < 0)
+		return CUDA_ERROR_INVALID_VALUE;
+	if (fd < 0 || lseek(fd, start, SEEK_SET) < 0) {
+		if (fd >= 0)
+			close(fd);
+		return CUDA_ERROR_OUT_OF_MEMORY;
+	}
+	*(int *)handle = fd;
+	return CUDA_SUCCESS;
 }
 
 CUresult CUDAAPI cuIpcGetMemHandle(CUipcMemHandle *h, CUdeviceptr dptr)
