@@ -197,6 +197,29 @@ int tpb_cuda_unhold(struct tpb_cuda_holds *h, const uint8_t *handle);
 /* Mappings held. */
 unsigned tpb_cuda_holds_count(const struct tpb_cuda_holds *h);
 
+/* The daemon's mapping of a client allocation, as memory to register with an RDMA device. */
+struct tpb_cuda_range {
+	uint64_t base;	/* page-aligned start of the mapping of the whole allocation */
+	uint64_t len;	/* page-rounded length from @base */
+	uint64_t ptr;	/* device address of the tpb_mem's first byte (inside the range) */
+	int dmabuf_fd;	/* dma-buf of [base, base + len) (the caller closes it), or -EBADF */
+	char bus_id[32];
+};
+
+/*
+ * tpb_cuda_rdma_range() - open @m's mapping if no copy has yet (a driver call: slow the first
+ * time) and describe it for RDMA registration (cuda_gdr), with a dma-buf fd where the driver
+ * exports one. Return: 0, or -errno with the reason in @why.
+ */
+int tpb_cuda_rdma_range(const struct tpb_mem *m, struct tpb_cuda_range *ret, char *why,
+			size_t why_len);
+
+/*
+ * tpb_cuda_event_done() - has the client's event @m waits for fired (polled, never blocks)?
+ * Return: 1 yes (or @m has none, or is not CUDA memory), 0 not yet, -errno (reason in @why).
+ */
+int tpb_cuda_event_done(const struct tpb_mem *m, char *why, size_t why_len);
+
 /* Index of the channel named @name, or -ENOENT. */
 int tpb_index(const char *name);
 

@@ -11,6 +11,7 @@
 #include <sys/stat.h>
 #include <sys/un.h>
 #include "daemon.h"
+#include "gdr.h"
 #include "peer.h"
 #include "log.h"
 #include "metrics.h"
@@ -447,6 +448,9 @@ int tpd_daemon_new(const struct tpd_config *cfg, struct tpd_daemon **ret)
 	r = setup_events(d);
 	if (r < 0)
 		goto fail;
+	r = tpd_gdr_start(d);
+	if (r < 0)
+		goto fail;
 	r = tpd_peers_start(d);
 	if (r < 0)
 		goto fail;
@@ -489,6 +493,7 @@ void tpd_daemon_free(struct tpd_daemon *d)
 		tpd_session_free(s, TPW__V1__STATUS__STATUS_SHUTDOWN);
 	tpd_metrics_free(d->metrics);
 	tpd_copier_free(d->copier);
+	tpd_gdr_stop(d);
 	tpd_registry_done(&d->registry);
 	for (size_t i = 0; i < TPU_ARRAY_SIZE(d->ev_signals); i++)
 		if (d->ev_signals[i])

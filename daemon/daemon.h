@@ -57,6 +57,7 @@ struct tpd_daemon {
 	struct tpd_metrics *metrics; /* NULL when off */
 
 	/* Peer links (peer.c). */
+	struct tpd_gdr *gdr; /* cuda_gdr ports (gdr.c) */
 	struct tpu_list peers;
 	unsigned n_peers;
 	uint64_t next_peer_id;

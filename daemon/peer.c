@@ -18,6 +18,7 @@
 #include <unistd.h>
 #include "daemon.h"
 #include "frame.h"
+#include "gdr.h"
 #include "hmap.h"
 #include "log.h"
 #include "peer.h"
@@ -63,6 +64,8 @@ struct tpd_peer {
 	uint64_t ctl_in, ctl_out;
 	int fail_err;
 	char last_error[200];
+	bool peer_gdr;		    /* the peer offered cuda_gdr in its Hello */
+	struct tpd_gdr_link *gdr;   /* RDMA set-up and sends (NULL: not on this link) */
 };
 
 /* An accepted connection whose first frame says what it is. */
@@ -131,6 +134,11 @@ const char *tpd_peer_name(const struct tpd_peer *pr)
 bool tpd_peer_is_up(const struct tpd_peer *pr)
 {
 	return pr->state == PEER_UP;
+}
+
+struct tpd_gdr_link *tpd_peer_gdr(struct tpd_peer *pr)
+{
+	return pr->gdr;
 }
 
 struct tpd_stripe *tpd_peer_stripe(struct tpd_peer *pr)
@@ -229,6 +237,8 @@ static void peer_teardown(struct tpd_peer *pr)
 	/* Transfers first: their completions see the link failed and fail their messages. */
 	tpd_stripe_free(pr->stripe);
 	pr->stripe = NULL;
+	tpd_gdr_link_free(pr->gdr);
+	pr->gdr = NULL;
 	while (v && tpu_hmap_next(&pr->pipes, &i, &key, &val))
 		v[k++] = val;
 	for (i = 0; i < k; i++)
@@ -335,7 +345,7 @@ static void send_hello(struct tpd_peer *pr, Tpw__V1__Status st, const char *msg)
 	struct tpd_daemon *d = pr->d;
 	Tpw__V1__PeerHello h = TPW__V1__PEER_HELLO__INIT;
 	Tpw__V1__PeerMsg m = TPW__V1__PEER_MSG__INIT;
-	char *backends[] = { "mpt", "basic" };
+	char *backends[] = { "mpt", "basic", "cuda_gdr" };
 	uint8_t mac[32];
 
 	h.major = TPW_PROTO_MAJOR;
@@ -344,7 +354,7 @@ static void send_hello(struct tpd_peer *pr, Tpw__V1__Status st, const char *msg)
 	h.boot_id.data = d->boot_id;
 	h.boot_id.len = sizeof(d->boot_id);
 	h.instance = d->instance;
-	h.n_backends = TPU_ARRAY_SIZE(backends);
+	h.n_backends = TPU_ARRAY_SIZE(backends) - !tpd_gdr_offered(d);
 	h.backends = backends;
 	h.data_conns = pr->outgoing ? d->cfg.peer_data_conns : 0;
 	h.nonce.data = pr->nonce_mine;
@@ -410,6 +420,8 @@ static void link_up(struct tpd_peer *pr)
 	peer_log(pr, TPU_LOG_NOTICE, "link up to %s with %u data connections%s", pr->host,
 		 pr->data_attached, pr->authenticated ? ", authenticated" : ", NOT authenticated");
 	timer_arm_ms(pr->ev_timer, TPU_MAX(pr->d->cfg.peer_timeout_ms / 3, 100u));
+	if (pr->peer_gdr)
+		pr->gdr = tpd_gdr_link_new(pr->d, pr);
 	while (v && tpu_hmap_next(&pr->pipes, &i, &key, &val))
 		v[k++] = val;
 	for (i = 0; i < k; i++)
@@ -423,6 +435,8 @@ static int check_hello(struct tpd_peer *pr, const Tpw__V1__PeerHello *h, char *w
 	struct tpd_daemon *d = pr->d;
 
 	snprintf(pr->host, sizeof(pr->host), "%s", h->host ? h->host : "");
+	for (size_t i = 0; i < h->n_backends; i++)
+		pr->peer_gdr |= strcmp(h->backends[i], "cuda_gdr") == 0;
 	if (h->major != TPW_PROTO_MAJOR) {
 		snprintf(why, wl, "peer speaks protocol %u.%u, this daemon %u.%u", h->major, h->minor,
 			 TPW_PROTO_MAJOR, TPW_PROTO_MINOR);
@@ -754,6 +768,9 @@ static void dispatch_up(struct tpd_peer *pr, const Tpw__V1__PeerMsg *m, const ui
 		return;
 	case TPW__V1__PEER_MSG__BODY_PING:
 		on_ping(pr, m->ping);
+		return;
+	case TPW__V1__PEER_MSG__BODY_RDMA:
+		tpd_gdr_link_on_msg(pr->gdr, m->rdma);
 		return;
 	default:
 		peer_fail(pr, -EPROTO, "unexpected %s message on an up link",

@@ -20,6 +20,7 @@ struct tpd_daemon;
 struct tpd_peer;
 struct tpd_pipe;
 struct tpd_stripe;
+struct tpd_gdr_link;
 
 /*
  * tpd_peers_start() - load the key file, read the host identity, bind the peer listener (unless
@@ -46,6 +47,9 @@ bool tpd_peer_is_up(const struct tpd_peer *pr);
 
 /* "HOST:PORT" of the link, for messages. */
 const char *tpd_peer_name(const struct tpd_peer *pr);
+
+/* The link's cuda_gdr state, or NULL when the two daemons do not both offer it. */
+struct tpd_gdr_link *tpd_peer_gdr(struct tpd_peer *pr);
 
 /* The link's data connections. */
 struct tpd_stripe *tpd_peer_stripe(struct tpd_peer *pr);

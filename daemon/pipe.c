@@ -20,6 +20,7 @@
 #include "tpb.h"
 #include "validate.h"
 #include "devmem.h"
+#include "gdr.h"
 
 #define ACCEPT_ID_BASE (1ull << 63)
 
@@ -43,6 +44,7 @@ struct tpd_msg {
 	struct tpd_copy_job *job; /* built at Read, submitted in order */
 	struct tpd_xh *xh;	  /* cross-host: the send or receive of this message */
 	bool eager;
+	bool remote_cuda; /* written on another host: a tensor there is in CUDA memory */
 	bool read_requested;
 	bool copying;
 	bool write_ready;
@@ -1134,6 +1136,14 @@ struct tpd_xh {
 	bool started;
 	Tpw__V1__Status early; /* send: the reader finished (failed) before the send ended */
 	char early_why[160];
+	/* cuda_gdr. Send: the reader's RDMA offer (a copy of its PeerReadReq), gdr once the
+	 * writes run. Receive: the offered registration, gdr once the sender said it wrote. */
+	Tpw__V1__PeerReadReq *offer;
+	struct tpd_gdr_recv *gdr_recv;
+	bool gdr;
+	int gdr_status;
+	uint64_t gdr_bytes;
+	char gdr_why[160];
 };
 
 struct held_write {
@@ -1195,6 +1205,9 @@ static void xh_free(struct tpd_xh *xh)
 	if (!xh)
 		return;
 	tpd_copy_job_free(xh->holder);
+	tpd_gdr_recv_free(xh->gdr_recv);
+	if (xh->offer)
+		tpw__v1__peer_read_req__free_unpacked(xh->offer, NULL);
 	free(xh->segs);
 	free(xh);
 }
@@ -1205,6 +1218,11 @@ static void xh_cancel(struct tpd_xh *xh)
 
 	if (!xh->started || !xh->link)
 		return;
+	if (xh->send && xh->gdr) {
+		if (tpd_peer_gdr(xh->link))
+			tpd_gdr_send_cancel(tpd_peer_gdr(xh->link), &xh->x);
+		return;
+	}
 	st = tpd_peer_stripe(xh->link);
 	if (!st)
 		return;
@@ -1218,17 +1236,17 @@ static void xh_cancel(struct tpd_xh *xh)
 static void xh_finish(struct tpd_msg *m, struct tpd_xh *xh)
 {
 	struct tpd_pipe *p = m->from->pipe;
-	int mpt = tpb_index("mpt");
+	int ch = tpb_index(xh->gdr ? "cuda_gdr" : "mpt");
 
 	m->xh = NULL;
 	m->copying = false;
 	m->from->copying--;
 	p->jobs--;
-	if (mpt >= 0) {
-		p->channels |= 1u << mpt;
-		tpd_stats_record(&p->d->stats, mpt, xh->x.bytes, xh->x.ns, xh->x.status < 0);
+	if (ch >= 0) {
+		p->channels |= 1u << ch;
+		tpd_stats_record(&p->d->stats, ch, xh->x.bytes, xh->x.ns, xh->x.status < 0);
 	}
-	for (size_t i = 0; i < xh->x.n_segs; i++)
+	for (size_t i = 0; i < xh->x.n_segs && !xh->gdr; i++)
 		if (xh->segs[i].mem.loc == TPB_LOC_CUDA) /* staged through the stripe's buffers */
 			p->channels |= 1u << tpb_index("cuda_basic");
 	xh_free(xh);
@@ -1246,7 +1264,7 @@ static void xh_after(struct tpd_pipe_end *w)
 
 /* Tells the reader's daemon that transfer @xfer_id ended with @st (@why: NULL when OK). */
 static void tell_xfer_end(struct tpd_pipe *p, uint64_t xfer_id, Tpw__V1__Status st, const char *why,
-			  uint64_t bytes)
+			  uint64_t bytes, bool rdma)
 {
 	Tpw__V1__PeerXferEnd xe = TPW__V1__PEER_XFER_END__INIT;
 	Tpw__V1__PeerMsg pm = TPW__V1__PEER_MSG__INIT;
@@ -1255,6 +1273,7 @@ static void tell_xfer_end(struct tpd_pipe *p, uint64_t xfer_id, Tpw__V1__Status 
 	xe.status = st;
 	xe.message = (char *)why;
 	xe.bytes = bytes;
+	xe.rdma = rdma;
 	pm.body_case = TPW__V1__PEER_MSG__BODY_XFER_END;
 	pm.xfer_end = &xe;
 	peer_tell(p, &pm, NULL, 0);
@@ -1283,7 +1302,7 @@ static void xh_send_done(struct tpd_stripe_xfer *x)
 		st = TPW__V1__STATUS__STATUS_PEER_DIED;
 		snprintf(why, sizeof(why), "writer died during the transfer");
 	}
-	tell_xfer_end(w->pipe, x->xfer_id, st, why[0] ? why : NULL, x->bytes);
+	tell_xfer_end(w->pipe, x->xfer_id, st, why[0] ? why : NULL, x->bytes, xh->gdr);
 	if (st != TPW__V1__STATUS__STATUS_OK)
 		pipe_log(w->pipe, NULL, TPU_LOG_INFO, "message %llu: send failed: %s",
 			 (unsigned long long)m->msg_id, why);
@@ -1309,6 +1328,12 @@ static void xh_recv_done(struct tpd_stripe_xfer *x)
 	if (xh->started)
 		w->pipe->d->xh_running--;
 	snprintf(why, sizeof(why), "%s", status < 0 ? x->why : "");
+	if (xh->gdr && (status == 0 || status == -ECANCELED)) {
+		/* The sender RDMA-wrote the bytes; the stripe's registration was only dropped. */
+		status = x->status = xh->gdr_status;
+		x->bytes = status == 0 ? xh->gdr_bytes : 0;
+		snprintf(why, sizeof(why), "%s", xh->gdr_why);
+	}
 	if (xh->link)
 		tpd_peer_xfer_drop(xh->link, x->xfer_id);
 	if ((status == 0 || status == -ECANCELED || status == -ECONNRESET) && end_dying(w)) {
@@ -1329,6 +1354,52 @@ static void xh_recv_done(struct tpd_stripe_xfer *x)
 	xh_after(w);
 }
 
+/*
+ * Receive: asks the writer's daemon for the bytes, with the RDMA offer if there is one. Runs
+ * at once without an offer, or once the offer's registration is ready (@err < 0: it failed,
+ * so ask without).
+ */
+static void xh_gdr_ready(void *arg, int err, const char *why)
+{
+	Tpw__V1__PeerReadReq rr = TPW__V1__PEER_READ_REQ__INIT;
+	Tpw__V1__PeerMsg pm = TPW__V1__PEER_MSG__INIT;
+	struct tpd_xh *xh = arg;
+	struct tpd_pipe *p = xh->m->from->pipe;
+
+	if (err < 0) {
+		pipe_log(p, NULL, TPU_LOG_INFO, "message %llu: not over RDMA: %s",
+			 (unsigned long long)xh->m->msg_id, why);
+		tpd_gdr_recv_free(xh->gdr_recv);
+		xh->gdr_recv = NULL;
+	}
+	rr.pipe_id = p->remote_id;
+	rr.msg_id = xh->m->msg_id;
+	rr.xfer_id = xh->x.xfer_id;
+	if (xh->gdr_recv)
+		tpd_gdr_recv_offer(xh->gdr_recv, &rr);
+	pm.body_case = TPW__V1__PEER_MSG__BODY_READ_REQ;
+	pm.read_req = &rr;
+	peer_tell(p, &pm, NULL, 0);
+}
+
+/* Send: RDMA-writes @xh if the reader offered it and this side can. Return: 0 or -errno. */
+static int xh_send_gdr(struct tpd_xh *xh)
+{
+	struct tpd_pipe *p = xh->m->from->pipe;
+	char why[160] = "";
+	int r;
+
+	if (!xh->offer)
+		return -EOPNOTSUPP;
+	r = tpd_gdr_send(tpd_peer_gdr(xh->link), &xh->x, xh->offer, why, sizeof(why));
+	if (r < 0)
+		pipe_log(p, NULL, r == -EPROTO ? TPU_LOG_WARNING : TPU_LOG_INFO,
+			 "message %llu: not over RDMA: %s", (unsigned long long)xh->m->msg_id,
+			 why);
+	xh->gdr = r == 0;
+	return r;
+}
+
 /* Starts @m's send or receive. Return: 0, or -errno when it failed at once and has completed. */
 static int xh_start(struct tpd_msg *m)
 {
@@ -1344,22 +1415,20 @@ static int xh_start(struct tpd_msg *m)
 	xh->x.arg = xh;
 	if (xh->link && xh->send) {
 		xh->x.done = xh_send_done;
-		r = tpd_stripe_send(tpd_peer_stripe(xh->link), &xh->x);
+		r = xh_send_gdr(xh);
+		if (r < 0)
+			r = tpd_stripe_send(tpd_peer_stripe(xh->link), &xh->x);
 	} else if (xh->link) {
-		Tpw__V1__PeerReadReq rr = TPW__V1__PEER_READ_REQ__INIT;
-		Tpw__V1__PeerMsg pm = TPW__V1__PEER_MSG__INIT;
+		char why[160];
 
 		xh->x.done = xh_recv_done;
 		xh->x.xfer_id = tpd_peer_xfer_add(xh->link, xh);
 		r = xh->x.xfer_id ? tpd_stripe_recv(tpd_peer_stripe(xh->link), &xh->x) : -ENOMEM;
-		if (r == 0) {
-			rr.pipe_id = p->remote_id;
-			rr.msg_id = m->msg_id;
-			rr.xfer_id = xh->x.xfer_id;
-			pm.body_case = TPW__V1__PEER_MSG__BODY_READ_REQ;
-			pm.read_req = &rr;
-			peer_tell(p, &pm, NULL, 0);
-		} else if (xh->x.xfer_id) {
+		if (r == 0 && tpd_gdr_recv_new(tpd_peer_gdr(xh->link), xh->segs, xh->x.n_segs,
+					       m->remote_cuda, xh_gdr_ready, xh, &xh->gdr_recv,
+					       why, sizeof(why)) < 0) {
+			xh_gdr_ready(xh, 0, NULL); /* no offer: ask for the bytes at once */
+		} else if (r < 0 && xh->x.xfer_id) {
 			tpd_peer_xfer_drop(xh->link, xh->x.xfer_id);
 		}
 	}
@@ -1873,6 +1942,9 @@ void tpd_pipe_peer_descriptor(struct tpd_pipe *p, const Tpw__V1__Descriptor *dd,
 		m->src[i].len = i < dd->n_payloads ? dd->payloads[i]->length
 						   : dd->tensors[i - dd->n_payloads]->length;
 		m->bytes += m->src[i].len;
+		if (i >= dd->n_payloads && dd->tensors[i - dd->n_payloads]->device)
+			m->remote_cuda |= dd->tensors[i - dd->n_payloads]->device->type ==
+					  TPW__V1__DEVICE_TYPE__DEVICE_CUDA;
 	}
 	w->next_msg_id = dd->msg_id;
 	tpu_list_insert_tail(&w->rq, &m->rnode);
@@ -1890,6 +1962,19 @@ void tpd_pipe_peer_descriptor(struct tpd_pipe *p, const Tpw__V1__Descriptor *dd,
 	tpd_session_send(r->session, &dm, &iov, dd->eager && tail_len ? 1 : 0);
 }
 
+/* A copy of the reader's RDMA offer in @rr, kept until the send starts; NULL without memory
+ * (the send then uses the stripe). */
+static Tpw__V1__PeerReadReq *offer_copy(const Tpw__V1__PeerReadReq *rr)
+{
+	size_t len = tpw__v1__peer_read_req__get_packed_size(rr);
+	_cleanup_free_ uint8_t *buf = malloc(len ? len : 1);
+
+	if (!buf)
+		return NULL;
+	tpw__v1__peer_read_req__pack(rr, buf);
+	return tpw__v1__peer_read_req__unpack(NULL, len, buf);
+}
+
 void tpd_pipe_peer_read_req(struct tpd_pipe *p, const Tpw__V1__PeerReadReq *rr)
 {
 	struct tpd_pipe_end *w = local_end(p);
@@ -1898,7 +1983,7 @@ void tpd_pipe_peer_read_req(struct tpd_pipe *p, const Tpw__V1__PeerReadReq *rr)
 
 	if (!w->session) {
 		tell_xfer_end(p, rr->xfer_id, TPW__V1__STATUS__STATUS_CLOSED,
-			      "writer closed the pipe", 0);
+			      "writer closed the pipe", 0, false);
 		return;
 	}
 	m = next_unread(w);
@@ -1906,12 +1991,12 @@ void tpd_pipe_peer_read_req(struct tpd_pipe *p, const Tpw__V1__PeerReadReq *rr)
 		pipe_log(p, NULL, TPU_LOG_WARNING, "peer asked for message %llu, next is %llu",
 			 (unsigned long long)rr->msg_id, m ? (unsigned long long)m->msg_id : 0ull);
 		tell_xfer_end(p, rr->xfer_id, TPW__V1__STATUS__STATUS_INVALID, "no such message",
-			      0);
+			      0, false);
 		return;
 	}
 	xh = xh_new(m, true);
 	if (!xh) {
-		tell_xfer_end(p, rr->xfer_id, TPW__V1__STATUS__STATUS_IO, "out of memory", 0);
+		tell_xfer_end(p, rr->xfer_id, TPW__V1__STATUS__STATUS_IO, "out of memory", 0, false);
 		return;
 	}
 	for (size_t i = 0; i < m->n_src; i++) {
@@ -1919,6 +2004,8 @@ void tpd_pipe_peer_read_req(struct tpd_pipe *p, const Tpw__V1__PeerReadReq *rr)
 		xh->segs[i].len = m->src[i].len;
 	}
 	xh->x.xfer_id = rr->xfer_id;
+	if (rr->n_rdma)
+		xh->offer = offer_copy(rr);
 	m->xh = xh;
 	m->read_requested = true;
 	start_next_copy(w);
@@ -1931,6 +2018,24 @@ void tpd_pipe_peer_xfer_end(struct tpd_peer *pr, void *arg, const Tpw__V1__PeerX
 
 	if (!st || !xh->started)
 		return;
+	if (xe->rdma) {
+		/* The bytes went by RDMA (only ever into an offer): drop the stripe's receive. */
+		xh->gdr = true;
+		xh->gdr_status = xh->gdr_recv ? tpw_status_to_errno(xe->status) : -EPROTO;
+		xh->gdr_bytes = xe->bytes;
+		snprintf(xh->gdr_why, sizeof(xh->gdr_why), "%s",
+			 !xh->gdr_recv ? "peer says it RDMA-wrote without an offer"
+			 : xe->status ? (xe->message ? xe->message : tpw_status_name(xe->status))
+				      : "");
+		if (xh->gdr_status == 0 && xe->bytes != xh->x.total) {
+			xh->gdr_status = -EPROTO;
+			snprintf(xh->gdr_why, sizeof(xh->gdr_why),
+				 "peer RDMA-wrote %llu of %llu bytes", (unsigned long long)xe->bytes,
+				 (unsigned long long)xh->x.total);
+		}
+		tpd_stripe_recv_cancel(st, &xh->x);
+		return;
+	}
 	tpd_stripe_recv_expect(st, &xh->x, xe->bytes, tpw_status_to_errno(xe->status),
 			       xe->message ? xe->message : tpw_status_name(xe->status));
 }

@@ -353,6 +353,20 @@ static int check_peer_hello(const Tpw__V1__PeerHello *h, char *why, size_t wl)
 	return check_string(h->message, TPW_MESSAGE_MAX, "message", why, wl);
 }
 
+/* cuda_gdr set-up: a bounded number of ports and queue-pair records of the layer's size. */
+static int check_peer_rdma(const Tpw__V1__PeerRdma *r, char *why, size_t wl)
+{
+	if (r->ports > TPW_RDMA_PORTS_MAX)
+		return tpu_why(-EBADMSG, why, wl, "%u RDMA ports", r->ports);
+	if (r->n_qps > TPW_RDMA_PORTS_MAX * TPW_RDMA_PORTS_MAX)
+		return tpu_why(-E2BIG, why, wl, "%zu queue-pair records", r->n_qps);
+	for (size_t i = 0; i < r->n_qps; i++)
+		if (r->qps[i].len != TPW_RDMA_QP_RECORD_BYTES)
+			return tpu_why(-EBADMSG, why, wl, "queue-pair record of %zu bytes",
+				       r->qps[i].len);
+	return check_string(r->error, TPW_MESSAGE_MAX, "error", why, wl);
+}
+
 int tpw_peer_msg_validate(const Tpw__V1__PeerMsg *m, const struct tpw_hdr *hdr,
 			  const struct tpw_limits *lim, char *why, size_t wl)
 {
@@ -390,6 +404,12 @@ int tpw_peer_msg_validate(const Tpw__V1__PeerMsg *m, const struct tpw_hdr *hdr,
 	case TPW__V1__PEER_MSG__BODY_PIPE_CLOSE:
 		return check_string(m->pipe_close->message, TPW_MESSAGE_MAX, "message", why, wl);
 	case TPW__V1__PEER_MSG__BODY_READ_REQ:
+		if (m->read_req->n_rdma > lim->segments_max)
+			return tpu_why(-E2BIG, why, wl, "RDMA offer of %zu regions",
+				       m->read_req->n_rdma);
+		return 0;
+	case TPW__V1__PEER_MSG__BODY_RDMA:
+		return check_peer_rdma(m->rdma, why, wl);
 	case TPW__V1__PEER_MSG__BODY_PING:
 		return 0;
 	default:

@@ -6,7 +6,8 @@
  * thread that claimed them, on that thread's own stream for the device, after the clients'
  * events, and are synchronized before the copy op returns: a completion sent afterwards means
  * the bytes are in place. cuda_basic is the cross-host path: the stripe threads stage chunks
- * through their (pinned) bounce buffers with tpb_stage(). cuda_gdr is probed only.
+ * through their (pinned) bounce buffers with tpb_stage(). cuda_gdr is viable with a CUDA driver
+ * and an active RDMA port; its transfers run in the daemon (daemon/gdr.c).
  *
  * The daemon touches only the devices a transfer names: a device's primary context is retained
  * the first time a copy needs it, never at start-up.
@@ -18,7 +19,11 @@
 #include <sched.h>
 #include <signal.h>
 #include <time.h>
+#include <unistd.h>
 #include "tpconfig.h"
+#if HAVE_RDMA
+#include "tpv.h"
+#endif
 #include "cuda_int.h"
 
 #if HAVE_CUDA
@@ -472,7 +477,66 @@ void tpb_scratch_done(struct tpb_scratch *s)
 	s->cuda = NULL;
 }
 
+/* ---- for RDMA (cuda_gdr): the daemon's mapping as registrable memory ---- */
+
+int tpb_cuda_rdma_range(const struct tpb_mem *m, struct tpb_cuda_range *ret, char *why,
+			size_t wl)
+{
+	uint64_t page = (uint64_t)sysconf(_SC_PAGESIZE), end;
+	int fd = -EBADF, r;
+
+	if (m->loc != TPB_LOC_CUDA || !m->cuda)
+		return -EINVAL;
+	r = cuda_map_open(m->cuda, why, wl);
+	if (r == 0)
+		r = dev_enter(m->cuda->dev, why, wl);
+	if (r < 0)
+		return r;
+	ret->ptr = m->cuda->ptr + m->addr;
+	ret->base = m->cuda->ptr & ~(page - 1);
+	end = (m->cuda->ptr + m->cuda->size + page - 1) & ~(page - 1);
+	ret->len = end - ret->base;
+	snprintf(ret->bus_id, sizeof(ret->bus_id), "%s", m->cuda->bus_id);
+	if (api()->cuMemGetHandleForAddressRange &&
+	    api()->cuMemGetHandleForAddressRange(&fd, ret->base, ret->len,
+						 CU_MEM_RANGE_HANDLE_TYPE_DMA_BUF_FD, 0) !=
+		    CUDA_SUCCESS)
+		fd = -EBADF; /* registration falls back to the virtual address (peer memory) */
+	ret->dmabuf_fd = fd;
+	return 0;
+}
+
+int tpb_cuda_event_done(const struct tpb_mem *m, char *why, size_t wl)
+{
+	CUresult cr;
+	int r;
+
+	if (m->loc != TPB_LOC_CUDA || !m->event)
+		return 1;
+	r = cuda_map_open(m->event, why, wl);
+	if (r == 0)
+		r = dev_enter(m->event->dev, why, wl);
+	if (r < 0)
+		return r;
+	cr = api()->cuEventQuery((CUevent)m->event->ev);
+	if (cr == CUDA_ERROR_NOT_READY)
+		return 0;
+	return cr == CUDA_SUCCESS ? 1 : fail(cr, "cuEventQuery", why, wl);
+}
+
 #else /* !HAVE_CUDA */
+
+int tpb_cuda_rdma_range(const struct tpb_mem *m, struct tpb_cuda_range *ret, char *why,
+			size_t wl)
+{
+	snprintf(why, wl, "tpipd was built without CUDA support");
+	return -EOPNOTSUPP;
+}
+
+int tpb_cuda_event_done(const struct tpb_mem *m, char *why, size_t wl)
+{
+	return 1;
+}
 
 int cuda_available(char *why, size_t why_len)
 {
@@ -535,8 +599,14 @@ static int gdr_probe(const struct tpb_config *cfg, char *why, size_t why_len)
 		snprintf(why, why_len, "%s", cuda_why);
 		return 0;
 	}
-	snprintf(why, why_len, "RDMA transport of peer links not available in this build");
+#if HAVE_RDMA
+	const struct tpv_ops *ops = tpv_ops_load(why, why_len);
+
+	return ops ? tpv_probe(ops, why, why_len) : 0;
+#else
+	snprintf(why, why_len, "tpipd was built without RDMA support (rdma-core)");
 	return 0;
+#endif
 }
 
 const struct tpb_channel_ops tpb_cuda_ipc_ops = {

@@ -409,7 +409,9 @@ static int write_case(struct tp_context *ctx, struct tp_pipe *p, struct proc_cud
 static int xfer_writer(void *arg)
 {
 	struct xfer_run *run = arg;
-	struct tpt_end e = { .d = run->x->d, .ctx_name = "hw-writer", .where = run->x->name,
+	struct tpt_end e = { .d = run->x->writer_d ? run->x->writer_d : run->x->d,
+			     .ctx_name = "hw-writer",
+			     .where = run->x->address ? run->x->address : run->x->name,
 			     .ready = &run->ready, .timeout_ms = HWT_T_MS };
 	struct proc_cuda pc;
 	int r = tpt_end_connect(&e);

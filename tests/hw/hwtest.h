@@ -142,6 +142,10 @@ struct hwt_xfer {
 	const struct hwt_case *cases; /* one message each, in this order, on one pipe */
 	size_t n_cases;
 	unsigned seed;		      /* distinguishes the patterns of runs */
+	/* Across daemons: the writer is a client of @writer_d and connects to @address
+	 * ("tpip://HOST:PORT/NAME" of @name on @d). NULL: the writer is on @d too. */
+	const struct tpt_daemon *writer_d;
+	const char *address;
 };
 
 /*

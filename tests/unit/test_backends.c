@@ -188,7 +188,11 @@ START_TEST(test_negotiation_table)
 		printf("backends: CUDA not viable here (%s): CUDA pairs must find no channel\n", why);
 	for (size_t k = 0; k < 2; k++) {
 		struct tpb_config cfg = { .priority = order[k] };
+		size_t n_ch;
+		bool gdr;
+
 		ck_assert_int_eq(tpb_registry_init(&cfg), 0);
+		gdr = tpb_registry_list(&n_ch)[tpb_index("cuda_gdr")].viable;
 		/* CPU pairs: never a CUDA channel, whatever the priority. */
 		ck_assert_str_eq(sel(TPB_LOC_LOCAL, TPB_LOC_LOCAL), "shm");
 		ck_assert_str_eq(sel(TPB_LOC_LOCAL, TPB_LOC_PROCESS), "cma");
@@ -200,12 +204,13 @@ START_TEST(test_negotiation_table)
 		ck_assert_str_eq(sel(TPB_LOC_CUDA, TPB_LOC_LOCAL), cu);
 		ck_assert_str_eq(sel(TPB_LOC_PROCESS, TPB_LOC_CUDA), cu);
 		ck_assert_str_eq(sel(TPB_LOC_CUDA, TPB_LOC_PROCESS), cu);
-		/* Between hosts: mpt for CPU memory either way, cuda_basic (no RDMA) for CUDA. */
+		/* Between hosts: mpt for CPU memory either way; for CUDA cuda_gdr with an RDMA
+		 * port (a real one, or the stand-in of the fakecuda test setup), else cuda_basic. */
 		for (int send = 0; send < 2; send++) {
 			ck_assert_str_eq(sel_cross(TPB_LOC_LOCAL, send, why, sizeof(why)), "mpt");
 			ck_assert_str_eq(sel_cross(TPB_LOC_PROCESS, send, why, sizeof(why)), "mpt");
 			ck_assert_str_eq(sel_cross(TPB_LOC_CUDA, send, why, sizeof(why)),
-					 cuda ? "cuda_basic" : "none");
+					 !cuda ? "none" : gdr ? "cuda_gdr" : "cuda_basic");
 			if (!cuda)
 				ck_assert_ptr_nonnull(strstr(why, "CUDA"));
 		}
@@ -236,8 +241,11 @@ START_TEST(test_cuda_channels_listed_with_reason)
 			printf("backends: %s not viable: %s\n", names[i], ch[idx].why);
 		}
 	}
-	/* No RDMA transport for peer links in this build: cuda_gdr is never viable. */
-	ck_assert(!ch[tpb_index("cuda_gdr")].viable);
+	/* cuda_gdr needs CUDA and an RDMA port: viable, it names the port it found. */
+	if (ch[tpb_index("cuda_gdr")].viable)
+		ck_assert_ptr_nonnull(strstr(ch[tpb_index("cuda_gdr")].why, "port"));
+	if (!ch[tpb_index("cuda_ipc")].viable)
+		ck_assert(!ch[tpb_index("cuda_gdr")].viable);
 	/* The cross-host channels run in the stripe threads, not as copies. */
 	ck_assert_int_eq(tpb_copy(tpb_index("cuda_basic"), &(struct tpb_xfer){ 0 }, NULL),
 			 -EOPNOTSUPP);

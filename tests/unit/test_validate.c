@@ -816,6 +816,61 @@ START_TEST(test_validate_cuda_release)
 }
 END_TEST
 
+/* ---- peer messages of cuda_gdr --------------------------------------------------------------- */
+
+static int vp(const Tpw__V1__PeerMsg *m)
+{
+	struct tpw_hdr h = hdr(0, 0);
+
+	return tpw_peer_msg_validate(m, &h, &lim, why, sizeof(why));
+}
+
+START_TEST(test_validate_peer_rdma_setup)
+{
+	uint8_t rec[TPW_RDMA_QP_RECORD_BYTES + 1] = { 0 };
+	ProtobufCBinaryData qps[2] = { { TPW_RDMA_QP_RECORD_BYTES, rec },
+				       { TPW_RDMA_QP_RECORD_BYTES, rec } };
+	Tpw__V1__PeerRdma r = TPW__V1__PEER_RDMA__INIT;
+	Tpw__V1__PeerMsg m = TPW__V1__PEER_MSG__INIT;
+
+	m.body_case = TPW__V1__PEER_MSG__BODY_RDMA;
+	m.rdma = &r;
+	r.ports = TPW_RDMA_PORTS_MAX;
+	ck_assert_int_eq(vp(&m), 0);
+	r.ports = TPW_RDMA_PORTS_MAX + 1;
+	ck_assert_int_eq(vp(&m), -EBADMSG);
+	r.ports = 0;
+	r.n_qps = 2;
+	r.qps = qps;
+	ck_assert_int_eq(vp(&m), 0);
+	qps[1].len = TPW_RDMA_QP_RECORD_BYTES + 1;
+	ck_assert_int_eq(vp(&m), -EBADMSG);
+	ck_assert_ptr_nonnull(strstr(why, "queue-pair record"));
+	qps[1].len = 0;
+	ck_assert_int_eq(vp(&m), -EBADMSG);
+	r.n_qps = TPW_RDMA_PORTS_MAX * TPW_RDMA_PORTS_MAX + 1;
+	ck_assert_int_eq(vp(&m), -E2BIG);
+}
+END_TEST
+
+START_TEST(test_validate_peer_read_req_offer_bounded)
+{
+	Tpw__V1__PeerRdmaRegion reg = TPW__V1__PEER_RDMA_REGION__INIT;
+	Tpw__V1__PeerRdmaRegion *regs[5] = { &reg, &reg, &reg, &reg, &reg };
+	Tpw__V1__PeerReadReq rr = TPW__V1__PEER_READ_REQ__INIT;
+	Tpw__V1__PeerMsg m = TPW__V1__PEER_MSG__INIT;
+
+	m.body_case = TPW__V1__PEER_MSG__BODY_READ_REQ;
+	m.read_req = &rr;
+	ck_assert_int_eq(vp(&m), 0);
+	rr.rdma = regs;
+	rr.n_rdma = lim.segments_max;
+	ck_assert_int_eq(vp(&m), 0);
+	rr.n_rdma = lim.segments_max + 1;
+	ck_assert_int_eq(vp(&m), -E2BIG);
+}
+END_TEST
+
 static Suite *validate_suite(void)
 {
 	Suite *s = suite_create("validate");
@@ -861,6 +916,8 @@ static Suite *validate_suite(void)
 	tcase_add_test(d, test_validate_eager_descriptor_tail_matches);
 	tcase_add_test(d, test_validate_descriptor_limits);
 	tcase_add_test(d, test_validate_daemon_frames_carry_no_fds_or_stray_tail);
+	tcase_add_test(d, test_validate_peer_rdma_setup);
+	tcase_add_test(d, test_validate_peer_read_req_offer_bounded);
 	suite_add_tcase(s, d);
 	return s;
 }

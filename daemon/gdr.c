@@ -1,0 +1,870 @@
+/* SPDX-License-Identifier: BSD-3-Clause */
+/*
+ * cuda_gdr on peer links: ports, queue-pair set-up per link, registration and RDMA writes. See
+ * gdr.h. Memory is registered per transfer and deregistered when it ends (no registration
+ * cache); a GPU allocation is registered whole, through a dma-buf of the daemon's mapping where
+ * the driver exports one.
+ */
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+#include <event2/event.h>
+#include "tpconfig.h"
+#include "daemon.h"
+#include "frame.h"
+#include "gdr.h"
+#include "log.h"
+#include "peer.h"
+#include "stripe.h"
+#include "tpb.h"
+
+#if HAVE_RDMA && HAVE_CUDA
+#include "tpv.h"
+
+_Static_assert(TPV_QP_INFO_BYTES == TPW_RDMA_QP_RECORD_BYTES, "queue-pair record size");
+
+#define GDR_CQ_DEPTH 4096    /* completions per port, shared by its queue pairs */
+#define GDR_POLL_US 50	     /* CUDA event polling period while a transfer waits */
+
+struct gdr_port {
+	struct tpd_gdr *g;
+	struct tpv_nic nic;
+	struct tpv_ctx *ctx; /* open while a queue pair or a registration uses the port */
+	struct event *ev;    /* its completion channel */
+	unsigned refs;	     /* queue pairs and registrations on @ctx */
+	char why[160];	     /* why opening failed (sticky) */
+};
+
+struct tpd_gdr {
+	struct tpd_daemon *d;
+	const struct tpv_ops *ops;
+	struct gdr_port *ports;
+	size_t n;
+	unsigned rr; /* round-robin cursor of tpv_nic_choose() */
+	bool offered;
+};
+
+enum link_state { LINK_PORTS, LINK_CONNECTING, LINK_READY, LINK_OFF };
+
+struct tpd_gdr_link {
+	struct tpd_gdr *g;
+	struct tpd_peer *pr;
+	enum link_state state;
+	unsigned n_remote;
+	struct tpv_qp **qps; /* [local port * n_remote + remote port] */
+	struct tpu_list sends;
+	char text[200];
+};
+
+/* One registered segment: where the peer (receive) or this side (send) reads or writes. */
+struct gdr_reg {
+	struct tpv_mr *mr;
+	uint64_t addr; /* of the segment's first byte, inside @mr */
+	uint64_t len;
+};
+
+struct gdr_regs {
+	struct gdr_port *port;
+	bool opened; /* holds a reference on @port */
+	struct gdr_reg *r;
+	size_t n;
+};
+
+struct tpd_gdr_recv {
+	struct gdr_regs regs;
+	const struct tpd_stripe_seg *segs;
+	struct event *timer;
+	tpd_gdr_ready_fn ready;
+	void *arg;
+	Tpw__V1__PeerRdmaRegion *regions;
+	Tpw__V1__PeerRdmaRegion **region_ptrs;
+};
+
+struct gdr_send {
+	struct tpu_list node; /* in the link's sends */
+	struct tpd_gdr_link *l;
+	struct tpd_stripe_xfer *x;
+	struct gdr_regs regs;
+	struct tpv_qp *qp;
+	uint64_t *raddr;
+	uint32_t *rkey;
+	struct event *timer; /* event polling, and completions decided outside a call */
+	size_t next;	     /* next segment to post */
+	unsigned pending;    /* writes posted, not completed */
+	bool canceled, posting;
+	bool events_ok; /* the writer's CUDA events fired */
+	int status;
+	char why[160];
+};
+
+static const char *link_text(const struct tpd_gdr_link *l)
+{
+	return tpd_peer_name(l->pr);
+}
+
+/* ---- ports --------------------------------------------------------------------------------- */
+
+static void gdr_write_done(void *arg, uint64_t cookie, int status, const char *why);
+
+static void port_on_cq(evutil_socket_t fd, short what, void *arg)
+{
+	struct gdr_port *pt = arg;
+	int r = tpv_cq_drain(pt->ctx, gdr_write_done, pt->g);
+
+	if (r < 0)
+		tpu_log(TPU_LOG_ERR, "cuda_gdr: %s port %u: completion queue failed: %s",
+			pt->nic.dev, pt->nic.port, strerror(-r));
+}
+
+/* Drops a reference taken by port_open(); the last one closes the device. */
+static void port_put(struct gdr_port *pt)
+{
+	if (--pt->refs)
+		return;
+	event_free(pt->ev);
+	pt->ev = NULL;
+	tpv_ctx_close(pt->ctx);
+	pt->ctx = NULL;
+}
+
+/* Opens @pt if it is not open (a device context, protection domain and completion queue) and
+ * takes a reference. Return: 0, or -errno (sticky: a port that failed once stays unusable). */
+static int port_open(struct gdr_port *pt, char *why, size_t wl)
+{
+	int r;
+
+	if (pt->ctx) {
+		pt->refs++;
+		return 0;
+	}
+	if (pt->why[0]) {
+		snprintf(why, wl, "%s", pt->why);
+		return -EIO;
+	}
+	r = tpv_ctx_open(pt->g->ops, &pt->nic, GDR_CQ_DEPTH, &pt->ctx, pt->why, sizeof(pt->why));
+	if (r == 0) {
+		pt->ev = event_new(pt->g->d->base, tpv_cq_fd(pt->ctx), EV_READ | EV_PERSIST,
+				   port_on_cq, pt);
+		if (!pt->ev || event_add(pt->ev, NULL) < 0) {
+			snprintf(pt->why, sizeof(pt->why), "cannot watch the completion channel");
+			r = -ENOMEM;
+		}
+	}
+	if (r < 0) {
+		if (pt->ev)
+			event_free(pt->ev);
+		pt->ev = NULL;
+		tpv_ctx_close(pt->ctx);
+		pt->ctx = NULL;
+		snprintf(why, wl, "%s", pt->why);
+		return r;
+	}
+	pt->refs = 1;
+	return 0;
+}
+
+int tpd_gdr_start(struct tpd_daemon *d)
+{
+	struct tpd_gdr *g = calloc(1, sizeof(*g));
+	struct tpv_nic *nics = NULL;
+	char why[256] = "";
+	size_t n = 0;
+
+	if (!g)
+		return -ENOMEM;
+	g->d = d;
+	d->gdr = g;
+	if (!tpb_cuda_viable(why, sizeof(why)))
+		return 0;
+	g->ops = tpv_ops_load(why, sizeof(why));
+	if (!g->ops) {
+		tpu_log(TPU_LOG_WARNING, "cuda_gdr: %s", why);
+		return 0;
+	}
+	if (tpv_nics_list(g->ops, TPV_SYSFS_ROOT, &nics, &n, why, sizeof(why)) < 0)
+		return -ENOMEM;
+	g->ports = calloc(n ? n : 1, sizeof(*g->ports));
+	if (!g->ports) {
+		free(nics);
+		return -ENOMEM;
+	}
+	n = TPU_MIN(n, (size_t)TPW_RDMA_PORTS_MAX);
+	for (size_t i = 0; i < n; i++)
+		g->ports[i] = (struct gdr_port){ .g = g, .nic = nics[i] };
+	g->n = n;
+	g->offered = n > 0;
+	if (n)
+		tpu_log(TPU_LOG_INFO, "cuda_gdr: %zu RDMA port%s, first %s port %u", n,
+			n == 1 ? "" : "s", nics[0].dev, nics[0].port);
+	free(nics);
+	return 0;
+}
+
+void tpd_gdr_stop(struct tpd_daemon *d)
+{
+	struct tpd_gdr *g = d->gdr;
+
+	if (!g)
+		return;
+	for (size_t i = 0; i < g->n; i++) {
+		if (g->ports[i].ev)
+			event_free(g->ports[i].ev);
+		tpv_ctx_close(g->ports[i].ctx);
+	}
+	free(g->ports);
+	free(g);
+	d->gdr = NULL;
+}
+
+bool tpd_gdr_offered(const struct tpd_daemon *d)
+{
+	return d->gdr && d->gdr->offered;
+}
+
+/* ---- link set-up --------------------------------------------------------------------------- */
+
+static void link_send(struct tpd_gdr_link *l, Tpw__V1__PeerRdma *rm)
+{
+	Tpw__V1__PeerMsg pm = TPW__V1__PEER_MSG__INIT;
+
+	pm.body_case = TPW__V1__PEER_MSG__BODY_RDMA;
+	pm.rdma = rm;
+	tpd_peer_send(l->pr, &pm, NULL, 0);
+}
+
+/* This side gives up RDMA on @l (tells the peer unless @quiet); the link carries on without. */
+static void link_off(struct tpd_gdr_link *l, bool quiet, const char *why)
+{
+	Tpw__V1__PeerRdma rm = TPW__V1__PEER_RDMA__INIT;
+
+	l->state = LINK_OFF;
+	snprintf(l->text, sizeof(l->text), "off: %s", why);
+	tpu_log(TPU_LOG_NOTICE, "peer %s: cuda_gdr off: %s", link_text(l), why);
+	if (quiet)
+		return;
+	rm.error = (char *)why;
+	link_send(l, &rm);
+}
+
+struct tpd_gdr_link *tpd_gdr_link_new(struct tpd_daemon *d, struct tpd_peer *pr)
+{
+	Tpw__V1__PeerRdma rm = TPW__V1__PEER_RDMA__INIT;
+	struct tpd_gdr_link *l;
+
+	if (!tpd_gdr_offered(d) || !(l = calloc(1, sizeof(*l))))
+		return NULL;
+	l->g = d->gdr;
+	l->pr = pr;
+	l->state = LINK_PORTS;
+	tpu_list_init(&l->sends);
+	snprintf(l->text, sizeof(l->text), "connecting");
+	rm.ports = (uint32_t)l->g->n;
+	link_send(l, &rm);
+	return l;
+}
+
+/* Creates a queue pair per (local port, remote port) and sends their records. */
+static int link_make_qps(struct tpd_gdr_link *l, char *why, size_t wl)
+{
+	Tpw__V1__PeerRdma rm = TPW__V1__PEER_RDMA__INIT;
+	size_t n = l->g->n * l->n_remote;
+	uint8_t(*rec)[TPV_QP_INFO_BYTES] = calloc(n, sizeof(*rec));
+	ProtobufCBinaryData *qps = calloc(n, sizeof(*qps));
+	int r = rec && qps ? 0 : -ENOMEM;
+
+	l->qps = calloc(n, sizeof(*l->qps));
+	if (!l->qps)
+		r = -ENOMEM;
+	for (size_t k = 0; k < n && r == 0; k++) {
+		struct gdr_port *pt = &l->g->ports[k / l->n_remote];
+
+		r = port_open(pt, why, wl);
+		if (r == 0 && (r = tpv_qp_new(pt->ctx, NULL, &l->qps[k], why, wl)) < 0)
+			port_put(pt);
+		if (r == 0) {
+			tpv_qp_info_encode(tpv_qp_local(l->qps[k]), rec[k]);
+			qps[k] = (ProtobufCBinaryData){ TPV_QP_INFO_BYTES, rec[k] };
+		}
+	}
+	if (r == 0) {
+		rm.n_qps = n;
+		rm.qps = qps;
+		link_send(l, &rm);
+	}
+	free(rec);
+	free(qps);
+	return r;
+}
+
+/* Connects every queue pair with the peer's records (its port j to our port i at j * n + i). */
+static int link_connect(struct tpd_gdr_link *l, const Tpw__V1__PeerRdma *m, char *why, size_t wl)
+{
+	size_t n_local = l->g->n;
+
+	if (m->n_qps != n_local * l->n_remote) {
+		snprintf(why, wl, "peer sent %zu queue-pair records, expected %zu", m->n_qps,
+			 n_local * l->n_remote);
+		return -EPROTO;
+	}
+	for (size_t i = 0; i < n_local; i++) {
+		for (size_t j = 0; j < l->n_remote; j++) {
+			const ProtobufCBinaryData *b = &m->qps[j * n_local + i];
+			struct tpv_qp_info info;
+			int r = tpv_qp_info_decode(b->data, b->len, &info);
+
+			if (r < 0) {
+				snprintf(why, wl, "malformed queue-pair record from the peer");
+				return r;
+			}
+			r = tpv_qp_connect(l->qps[i * l->n_remote + j], &info, why, wl);
+			if (r < 0)
+				return r;
+		}
+	}
+	return 0;
+}
+
+void tpd_gdr_link_on_msg(struct tpd_gdr_link *l, const Tpw__V1__PeerRdma *m)
+{
+	char why[200] = "";
+	int r;
+
+	if (!l || l->state == LINK_OFF)
+		return;
+	if (m->error && *m->error) {
+		snprintf(why, sizeof(why), "the peer gave up: %.150s", m->error);
+		link_off(l, true, why);
+		return;
+	}
+	if (l->state == LINK_PORTS && m->n_qps == 0) {
+		if (m->ports == 0 || m->ports > TPW_RDMA_PORTS_MAX) {
+			snprintf(why, sizeof(why), "peer announced %u RDMA ports", m->ports);
+			link_off(l, false, why);
+			return;
+		}
+		l->n_remote = m->ports;
+		l->state = LINK_CONNECTING;
+		r = link_make_qps(l, why, sizeof(why));
+		if (r < 0)
+			link_off(l, false, why[0] ? why : strerror(-r));
+		return;
+	}
+	if (l->state != LINK_CONNECTING || m->n_qps == 0) {
+		link_off(l, false, "RDMA set-up message out of order");
+		return;
+	}
+	r = link_connect(l, m, why, sizeof(why));
+	if (r < 0) {
+		link_off(l, false, why[0] ? why : strerror(-r));
+		return;
+	}
+	l->state = LINK_READY;
+	snprintf(l->text, sizeof(l->text), "ready: %zux%u queue pairs", l->g->n, l->n_remote);
+	tpu_log(TPU_LOG_INFO, "peer %s: cuda_gdr %s", link_text(l), l->text);
+}
+
+bool tpd_gdr_link_ready(const struct tpd_gdr_link *l)
+{
+	return l && l->state == LINK_READY;
+}
+
+const char *tpd_gdr_link_state(const struct tpd_gdr_link *l)
+{
+	return l ? l->text : "";
+}
+
+/* ---- registration -------------------------------------------------------------------------- */
+
+/* The port for memory on the GPU @bus_id (NULL: host memory): nearest by topology, else next. */
+static struct gdr_port *port_for(struct tpd_gdr *g, const char *bus_id)
+{
+	struct tpv_nic *nics = calloc(g->n, sizeof(*nics));
+	int k;
+
+	if (!nics)
+		return &g->ports[g->rr++ % g->n];
+	for (size_t i = 0; i < g->n; i++)
+		nics[i] = g->ports[i].nic;
+	k = tpv_nic_choose(nics, g->n, TPV_SYSFS_ROOT, bus_id, &g->rr);
+	free(nics);
+	return &g->ports[k < 0 ? 0 : k];
+}
+
+/* The first CUDA segment of @segs (for locality), or NULL. */
+static const struct tpb_mem *first_cuda(const struct tpd_stripe_seg *segs, size_t n)
+{
+	for (size_t i = 0; i < n; i++)
+		if (segs[i].len && segs[i].mem.loc == TPB_LOC_CUDA)
+			return &segs[i].mem;
+	return NULL;
+}
+
+/* -EOPNOTSUPP unless every segment is registrable and, if @need_cuda, one is CUDA memory. */
+static int regs_applicable(const struct tpd_stripe_seg *segs, size_t n, bool need_cuda,
+			   char *why, size_t wl)
+{
+	for (size_t i = 0; i < n; i++) {
+		if (segs[i].len && segs[i].mem.loc != TPB_LOC_CUDA &&
+		    segs[i].mem.loc != TPB_LOC_LOCAL) {
+			snprintf(why, wl, "segment %zu is in a client's private memory", i);
+			return -EOPNOTSUPP;
+		}
+	}
+	if (need_cuda && !first_cuda(segs, n)) {
+		snprintf(why, wl, "no CUDA memory in the message");
+		return -EOPNOTSUPP;
+	}
+	return 0;
+}
+
+static int reg_one(struct gdr_port *pt, const struct tpd_stripe_seg *s, struct gdr_reg *out,
+		   char *why, size_t wl)
+{
+	struct tpv_mr_args a = { .dmabuf_fd = -EBADF };
+	struct tpb_cuda_range cr;
+	int r;
+
+	if (s->mem.loc == TPB_LOC_LOCAL) {
+		a.addr = (void *)(uintptr_t)s->mem.addr;
+		a.len = s->len;
+		out->addr = s->mem.addr;
+	} else {
+		r = tpb_cuda_rdma_range(&s->mem, &cr, why, wl);
+		if (r < 0)
+			return r;
+		a.addr = (void *)(uintptr_t)cr.base;
+		a.len = cr.len;
+		a.dmabuf_fd = cr.dmabuf_fd;
+		a.device_mem = true;
+		out->addr = cr.ptr;
+	}
+	out->len = s->len;
+	r = tpv_mr_reg(pt->ctx, &a, &out->mr, why, wl);
+	if (a.dmabuf_fd >= 0)
+		close(a.dmabuf_fd);
+	return r;
+}
+
+static void regs_free(struct gdr_regs *rg)
+{
+	for (size_t i = 0; rg->r && i < rg->n; i++)
+		if (rg->r[i].mr)
+			tpv_mr_dereg(rg->port->ctx, rg->r[i].mr);
+	free(rg->r);
+	rg->r = NULL;
+	if (rg->opened)
+		port_put(rg->port);
+	rg->opened = false;
+}
+
+/* Registers every non-empty segment of @segs on the port nearest their GPU. */
+static int regs_make(struct tpd_gdr *g, const struct tpd_stripe_seg *segs, size_t n,
+		     struct gdr_regs *rg, char *why, size_t wl)
+{
+	const struct tpb_mem *gpu = first_cuda(segs, n);
+	struct tpb_cuda_range cr = { .dmabuf_fd = -EBADF };
+	int r = gpu ? tpb_cuda_rdma_range(gpu, &cr, why, wl) : 0;
+
+	if (r < 0)
+		return r;
+	if (cr.dmabuf_fd >= 0)
+		close(cr.dmabuf_fd);
+	rg->port = port_for(g, cr.bus_id[0] ? cr.bus_id : NULL); /* host memory: round-robin */
+	rg->n = n;
+	rg->r = calloc(n ? n : 1, sizeof(*rg->r));
+	if (!rg->r)
+		return -ENOMEM;
+	r = port_open(rg->port, why, wl);
+	rg->opened = r == 0;
+	for (size_t i = 0; i < n && r == 0; i++)
+		if (segs[i].len)
+			r = reg_one(rg->port, &segs[i], &rg->r[i], why, wl);
+	if (r < 0)
+		regs_free(rg);
+	return r;
+}
+
+/* 1 when the CUDA events of every segment fired, 0 not yet, -errno. */
+static int events_done(const struct tpd_stripe_seg *segs, size_t n, char *why, size_t wl)
+{
+	for (size_t i = 0; i < n; i++) {
+		int r = segs[i].len ? tpb_cuda_event_done(&segs[i].mem, why, wl) : 1;
+		if (r <= 0)
+			return r;
+	}
+	return 1;
+}
+
+static void timer_in_us(struct event *ev, long us)
+{
+	struct timeval tv = { 0, us };
+
+	event_add(ev, &tv);
+}
+
+/* ---- receive ------------------------------------------------------------------------------- */
+
+static void recv_on_timer(evutil_socket_t fd, short what, void *arg)
+{
+	struct tpd_gdr_recv *rv = arg;
+	char why[160] = "";
+	int r = events_done(rv->segs, rv->regs.n, why, sizeof(why));
+
+	if (r == 0) {
+		timer_in_us(rv->timer, GDR_POLL_US);
+		return;
+	}
+	rv->ready(rv->arg, r < 0 ? r : 0, why);
+}
+
+int tpd_gdr_recv_new(struct tpd_gdr_link *l, const struct tpd_stripe_seg *segs, size_t n,
+		     bool src_cuda, tpd_gdr_ready_fn ready, void *arg, struct tpd_gdr_recv **ret,
+		     char *why, size_t wl)
+{
+	struct tpd_gdr_recv *rv;
+	int r;
+
+	if (!tpd_gdr_link_ready(l)) {
+		snprintf(why, wl, "RDMA is not set up on this link");
+		return -EOPNOTSUPP;
+	}
+	r = regs_applicable(segs, n, !src_cuda, why, wl);
+	if (r < 0)
+		return r;
+	rv = calloc(1, sizeof(*rv));
+	if (!rv)
+		return -ENOMEM;
+	rv->segs = segs;
+	rv->ready = ready;
+	rv->arg = arg;
+	rv->regions = calloc(n ? n : 1, sizeof(*rv->regions));
+	rv->region_ptrs = calloc(n ? n : 1, sizeof(*rv->region_ptrs));
+	rv->timer = evtimer_new(l->g->d->base, recv_on_timer, rv);
+	r = rv->regions && rv->region_ptrs && rv->timer ? 0 : -ENOMEM;
+	if (r == 0)
+		r = regs_make(l->g, segs, n, &rv->regs, why, wl);
+	if (r < 0) {
+		tpd_gdr_recv_free(rv);
+		return r == -ENOMEM ? r : -EOPNOTSUPP;
+	}
+	for (size_t i = 0; i < n; i++) {
+		const struct gdr_reg *g = &rv->regs.r[i];
+
+		tpw__v1__peer_rdma_region__init(&rv->regions[i]);
+		rv->regions[i].addr = g->addr;
+		rv->regions[i].rkey = g->mr ? g->mr->rkey : 0;
+		rv->regions[i].length = g->len;
+		rv->region_ptrs[i] = &rv->regions[i];
+	}
+	timer_in_us(rv->timer, 0);
+	*ret = rv;
+	return 0;
+}
+
+void tpd_gdr_recv_offer(struct tpd_gdr_recv *rv, Tpw__V1__PeerReadReq *rr)
+{
+	rr->rdma_port = (uint32_t)(rv->regs.port - rv->regs.port->g->ports);
+	rr->n_rdma = rv->regs.n;
+	rr->rdma = rv->region_ptrs;
+}
+
+void tpd_gdr_recv_free(struct tpd_gdr_recv *rv)
+{
+	if (!rv)
+		return;
+	if (rv->timer)
+		event_free(rv->timer);
+	regs_free(&rv->regs);
+	free(rv->regions);
+	free(rv->region_ptrs);
+	free(rv);
+}
+
+/* ---- send ---------------------------------------------------------------------------------- */
+
+static void send_finish(struct gdr_send *s)
+{
+	struct tpd_stripe_xfer *x = s->x;
+
+	tpu_list_remove(&s->node);
+	regs_free(&s->regs);
+	event_free(s->timer);
+	x->status = s->status ? s->status : s->canceled ? -ECANCELED : 0;
+	snprintf(x->why, sizeof(x->why), "%s",
+		 s->status ? s->why : s->canceled ? "transfer canceled" : "");
+	x->bytes = x->status == 0 ? x->total : 0;
+	x->ns = tpu_now_ns() - x->start_ns;
+	free(s->raddr);
+	free(s->rkey);
+	free(s);
+	x->done(x);
+}
+
+static void send_fail(struct gdr_send *s, int err, const char *why)
+{
+	if (s->status)
+		return;
+	s->status = err;
+	snprintf(s->why, sizeof(s->why), "cuda_gdr: %s", why);
+}
+
+/* Posts the writes not posted yet, as far as the send queue takes them. */
+static void send_post(struct gdr_send *s)
+{
+	char why[160] = "";
+
+	s->posting = true;
+	while (!s->status && !s->canceled && s->next < s->regs.n) {
+		const struct gdr_reg *g = &s->regs.r[s->next];
+		struct tpv_write w = { .local_addr = g->addr, .lkey = g->mr ? g->mr->lkey : 0,
+				       .remote_addr = s->raddr[s->next], .rkey = s->rkey[s->next],
+				       .len = g->len, .cookie = (uint64_t)(uintptr_t)s };
+		int r = g->len ? tpv_qp_write(s->qp, &w, why, sizeof(why)) : 0;
+
+		if (r == -ENOBUFS)
+			break; /* again on the next completion */
+		if (r < 0) {
+			send_fail(s, r, why);
+			break;
+		}
+		s->pending += g->len ? 1 : 0;
+		s->next++;
+	}
+	s->posting = false;
+}
+
+/* True while @s has writes to post and no reason to stop. */
+static bool send_more(const struct gdr_send *s)
+{
+	return !s->status && !s->canceled && s->next < s->regs.n;
+}
+
+static void gdr_write_done(void *arg, uint64_t cookie, int status, const char *why)
+{
+	struct gdr_send *s = (struct gdr_send *)(uintptr_t)cookie;
+
+	s->pending--;
+	if (status < 0)
+		send_fail(s, status, why);
+	if (!s->posting)
+		send_post(s);
+	if (s->pending)
+		return;
+	/* Finish outside the drain; or the queue is full of other transfers' writes: retry. */
+	timer_in_us(s->timer, send_more(s) ? GDR_POLL_US : 0);
+}
+
+static void send_on_timer(evutil_socket_t fd, short what, void *arg)
+{
+	struct gdr_send *s = arg;
+	char why[160] = "";
+	int r;
+
+	if (s->pending)
+		return; /* a completion re-arms */
+	if (!s->status && !s->canceled && !s->events_ok) {
+		r = events_done(s->x->segs, s->x->n_segs, why, sizeof(why));
+		if (r == 0) {
+			timer_in_us(s->timer, GDR_POLL_US);
+			return;
+		}
+		if (r < 0)
+			send_fail(s, r, why);
+		s->events_ok = r > 0;
+	}
+	if (send_more(s)) {
+		send_post(s);
+		if (s->pending)
+			return;
+		if (send_more(s)) { /* the send queue is full of other transfers' writes */
+			timer_in_us(s->timer, GDR_POLL_US);
+			return;
+		}
+	}
+	send_finish(s);
+}
+
+/* Checks @rr's offer against @x. Return: 0, -EOPNOTSUPP (no offer), -EPROTO. */
+static int offer_check(const struct tpd_gdr_link *l, const struct tpd_stripe_xfer *x,
+		       const Tpw__V1__PeerReadReq *rr, char *why, size_t wl)
+{
+	if (rr->n_rdma == 0) {
+		snprintf(why, wl, "the reader's daemon offered no RDMA region");
+		return -EOPNOTSUPP;
+	}
+	if (rr->n_rdma != x->n_segs || rr->rdma_port >= l->n_remote) {
+		snprintf(why, wl, "RDMA offer of %zu regions on port %u for %zu segments",
+			 rr->n_rdma, rr->rdma_port, x->n_segs);
+		return -EPROTO;
+	}
+	for (size_t i = 0; i < x->n_segs; i++) {
+		if (rr->rdma[i]->length != x->segs[i].len) {
+			snprintf(why, wl, "RDMA region %zu of %llu bytes for %llu", i,
+				 (unsigned long long)rr->rdma[i]->length,
+				 (unsigned long long)x->segs[i].len);
+			return -EPROTO;
+		}
+	}
+	return 0;
+}
+
+int tpd_gdr_send(struct tpd_gdr_link *l, struct tpd_stripe_xfer *x,
+		 const Tpw__V1__PeerReadReq *rr, char *why, size_t wl)
+{
+	struct gdr_send *s;
+	int r;
+
+	if (!tpd_gdr_link_ready(l)) {
+		snprintf(why, wl, "RDMA is not set up on this link");
+		return -EOPNOTSUPP;
+	}
+	r = offer_check(l, x, rr, why, wl);
+	if (r == 0) /* the reader offered RDMA: CUDA memory is on its side or on this one */
+		r = regs_applicable(x->segs, x->n_segs, false, why, wl);
+	if (r < 0)
+		return r;
+	s = calloc(1, sizeof(*s));
+	if (!s)
+		return -ENOMEM;
+	s->l = l;
+	s->x = x;
+	s->raddr = calloc(x->n_segs ? x->n_segs : 1, sizeof(*s->raddr));
+	s->rkey = calloc(x->n_segs ? x->n_segs : 1, sizeof(*s->rkey));
+	s->timer = evtimer_new(l->g->d->base, send_on_timer, s);
+	r = s->raddr && s->rkey && s->timer ? 0 : -ENOMEM;
+	if (r == 0)
+		r = regs_make(l->g, x->segs, x->n_segs, &s->regs, why, wl);
+	if (r < 0) {
+		if (s->timer)
+			event_free(s->timer);
+		free(s->raddr);
+		free(s->rkey);
+		free(s);
+		return r == -ENOMEM ? r : -EOPNOTSUPP;
+	}
+	for (size_t i = 0; i < x->n_segs; i++) {
+		s->raddr[i] = rr->rdma[i]->addr;
+		s->rkey[i] = rr->rdma[i]->rkey;
+	}
+	s->qp = l->qps[(size_t)(s->regs.port - l->g->ports) * l->n_remote + rr->rdma_port];
+	x->total = 0;
+	for (size_t i = 0; i < x->n_segs; i++)
+		x->total += x->segs[i].len;
+	x->start_ns = tpu_now_ns();
+	tpu_list_insert_tail(&l->sends, &s->node);
+	timer_in_us(s->timer, 0);
+	return 0;
+}
+
+void tpd_gdr_send_cancel(struct tpd_gdr_link *l, struct tpd_stripe_xfer *x)
+{
+	struct gdr_send *s;
+
+	tpu_list_for_each(s, &l->sends, node) {
+		if (s->x != x)
+			continue;
+		s->canceled = true;
+		if (!s->pending)
+			timer_in_us(s->timer, 0);
+		return;
+	}
+}
+
+void tpd_gdr_link_free(struct tpd_gdr_link *l)
+{
+	struct gdr_send *s, *tmp;
+	size_t n;
+
+	if (!l)
+		return;
+	tpu_list_for_each(s, &l->sends, node)
+		send_fail(s, -ECONNRESET, "peer link closed");
+	/* Closing flushes the writes still pending through gdr_write_done(). */
+	n = l->qps ? l->g->n * l->n_remote : 0;
+	for (size_t k = 0; k < n; k++) {
+		if (!l->qps[k])
+			continue;
+		tpv_qp_close(l->qps[k], gdr_write_done, l->g);
+		port_put(&l->g->ports[k / l->n_remote]);
+	}
+	tpu_list_for_each_safe(s, tmp, &l->sends, node) {
+		s->pending = 0;
+		send_finish(s);
+	}
+	free(l->qps);
+	free(l);
+}
+
+#else /* !(HAVE_RDMA && HAVE_CUDA) */
+
+struct tpd_gdr {
+	int unused;
+};
+
+int tpd_gdr_start(struct tpd_daemon *d)
+{
+	return 0;
+}
+
+void tpd_gdr_stop(struct tpd_daemon *d)
+{
+}
+
+bool tpd_gdr_offered(const struct tpd_daemon *d)
+{
+	return false;
+}
+
+struct tpd_gdr_link *tpd_gdr_link_new(struct tpd_daemon *d, struct tpd_peer *pr)
+{
+	return NULL;
+}
+
+void tpd_gdr_link_free(struct tpd_gdr_link *l)
+{
+}
+
+void tpd_gdr_link_on_msg(struct tpd_gdr_link *l, const Tpw__V1__PeerRdma *m)
+{
+}
+
+bool tpd_gdr_link_ready(const struct tpd_gdr_link *l)
+{
+	return false;
+}
+
+const char *tpd_gdr_link_state(const struct tpd_gdr_link *l)
+{
+	return "";
+}
+
+int tpd_gdr_recv_new(struct tpd_gdr_link *l, const struct tpd_stripe_seg *segs, size_t n,
+		     bool src_cuda, tpd_gdr_ready_fn ready, void *arg, struct tpd_gdr_recv **ret,
+		     char *why, size_t wl)
+{
+	snprintf(why, wl, "tpipd was built without RDMA or CUDA support");
+	return -EOPNOTSUPP;
+}
+
+void tpd_gdr_recv_offer(struct tpd_gdr_recv *rv, Tpw__V1__PeerReadReq *rr)
+{
+}
+
+void tpd_gdr_recv_free(struct tpd_gdr_recv *rv)
+{
+}
+
+int tpd_gdr_send(struct tpd_gdr_link *l, struct tpd_stripe_xfer *x,
+		 const Tpw__V1__PeerReadReq *rr, char *why, size_t wl)
+{
+	snprintf(why, wl, "tpipd was built without RDMA or CUDA support");
+	return -EOPNOTSUPP;
+}
+
+void tpd_gdr_send_cancel(struct tpd_gdr_link *l, struct tpd_stripe_xfer *x)
+{
+}
+
+#endif

@@ -1,0 +1,102 @@
+/* SPDX-License-Identifier: BSD-3-Clause */
+/*
+ * tpd_gdr: the cuda_gdr channel of peer links, RDMA writes between the daemons of two hosts
+ * straight from and into registered memory (GPU memory through dma-buf or peer memory, shared
+ * buffers as plain host memory), on the ibverbs layer of backends/gdr. Each daemon opens every
+ * usable RDMA port once (a protection domain and a completion queue whose channel fd is on the
+ * event loop). On a link whose two daemons both offer cuda_gdr in their Hello, each side
+ * announces its ports (PeerRdma.ports), then sends one RC queue-pair record per pair of ports
+ * (PeerRdma.qps); once every pair is connected the link is ready. A receive then registers the
+ * reader's allocation on the port nearest its GPU and offers it in the PeerReadReq; the sender
+ * registers its sources on the port nearest theirs, waits for the clients' CUDA events, posts the
+ * writes on the queue pair between those two ports, and says PeerXferEnd{rdma} once every write
+ * has completed. Everything runs on the loop thread. Without CUDA or rdma-core in the build, or
+ * without a port at run time, nothing here is ever ready and transfers use the data connections.
+ */
+#ifndef TPD_GDR_H
+#define TPD_GDR_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include "tpw.pb-c.h"
+
+struct tpd_daemon;
+struct tpd_peer;
+struct tpd_stripe_seg;
+struct tpd_stripe_xfer;
+struct tpd_gdr;
+struct tpd_gdr_link;
+struct tpd_gdr_recv;
+
+/*
+ * tpd_gdr_start() - find the RDMA ports (none is fine: cuda_gdr is then never used). Opens no
+ * device yet. Return: 0, or -ENOMEM.
+ */
+int tpd_gdr_start(struct tpd_daemon *d);
+
+/* Closes the ports. Every link and receive must be freed first. */
+void tpd_gdr_stop(struct tpd_daemon *d);
+
+/* True if this daemon offers cuda_gdr to its peers (CUDA driver and an RDMA port). */
+bool tpd_gdr_offered(const struct tpd_daemon *d);
+
+/*
+ * tpd_gdr_link_new() - start the RDMA set-up of link @pr with a peer that offered cuda_gdr:
+ * sends PeerRdma{ports}. Return: the link state (owned, free with tpd_gdr_link_free()), or NULL
+ * if this daemon does not offer cuda_gdr or memory ran out.
+ */
+struct tpd_gdr_link *tpd_gdr_link_new(struct tpd_daemon *d, struct tpd_peer *pr);
+
+/*
+ * tpd_gdr_link_free() - close the link's queue pairs. Sends still running complete, before this
+ * returns, with -ECONNRESET ("peer link closed"). Accepts NULL.
+ */
+void tpd_gdr_link_free(struct tpd_gdr_link *l);
+
+/* Handles the peer's PeerRdma message (set-up steps, or the peer giving up). */
+void tpd_gdr_link_on_msg(struct tpd_gdr_link *l, const Tpw__V1__PeerRdma *m);
+
+/* True once every queue pair of the link is connected. Accepts NULL. */
+bool tpd_gdr_link_ready(const struct tpd_gdr_link *l);
+
+/* "ready: 1x1 queue pairs", "off: <why>", "connecting", for tpipctl peers. Accepts NULL. */
+const char *tpd_gdr_link_state(const struct tpd_gdr_link *l);
+
+/* Called once the receive's offer can be sent (@err 0), or never will (@err < 0, @why). */
+typedef void (*tpd_gdr_ready_fn)(void *arg, int err, const char *why);
+
+/*
+ * tpd_gdr_recv_new() - register the destination @segs of a receive over @l for RDMA writes and
+ * wait, off the call, for the reader's CUDA events (its stream's earlier work on that memory);
+ * then @ready runs (never inside this call). RDMA applies when CUDA memory is on either side:
+ * among @segs, or (@src_cuda) among the writer's tensors.
+ * Ownership: borrows @segs and @l until tpd_gdr_recv_free(); returns owned @ret.
+ * Return: 0; -EOPNOTSUPP when RDMA does not apply (link not ready, no CUDA segment, memory of a
+ * client's private address space) or registration failed (reason in @why): use the stripe.
+ */
+int tpd_gdr_recv_new(struct tpd_gdr_link *l, const struct tpd_stripe_seg *segs, size_t n,
+		     bool src_cuda, tpd_gdr_ready_fn ready, void *arg, struct tpd_gdr_recv **ret,
+		     char *why, size_t why_len);
+
+/* Adds the offer of @rv to @rr (pointers into @rv: send @rr before freeing @rv). */
+void tpd_gdr_recv_offer(struct tpd_gdr_recv *rv, Tpw__V1__PeerReadReq *rr);
+
+/* Deregisters the destination and stops waiting. Accepts NULL. */
+void tpd_gdr_recv_free(struct tpd_gdr_recv *rv);
+
+/*
+ * tpd_gdr_send() - RDMA-write the sources @x->segs into the regions @rr offers. Registers the
+ * sources at once; waits for the writer's CUDA events, then posts the writes; @x->done runs once
+ * every write completed or one failed (@x->bytes is the total on success, else 0).
+ * Ownership: keeps @x until @x->done; copies what it needs of @rr.
+ * Return: 0; -EOPNOTSUPP (no offer, link not ready, a source in private memory, registration
+ * failed; reason in @why) or -EPROTO (an offer that does not match the message): no @done, the
+ * caller sends over the stripe or fails the transfer.
+ */
+int tpd_gdr_send(struct tpd_gdr_link *l, struct tpd_stripe_xfer *x,
+		 const Tpw__V1__PeerReadReq *rr, char *why, size_t why_len);
+
+/* Stops @x: writes not posted yet never are; @done runs with -ECANCELED once none is pending. */
+void tpd_gdr_send_cancel(struct tpd_gdr_link *l, struct tpd_stripe_xfer *x);
+
+#endif

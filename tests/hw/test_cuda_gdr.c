@@ -1,0 +1,235 @@
+/* SPDX-License-Identifier: BSD-3-Clause */
+/*
+ * hw suite: cuda_gdr, CUDA tensors between two daemons that treat each other as remote hosts
+ * (the peer fixture: --peer-force-cross-host on loopback), moved by RDMA writes between the
+ * daemons. CUDA -> CUDA at 1 B, 4 KiB, 1 MiB + 7 inside larger allocations on both sides, and
+ * 64 MiB; shared buffer -> CUDA and CUDA -> shared buffer; all arrive intact and both daemons
+ * count them under cuda_gdr in `tpipctl stats`. Private memory cannot be registered: such a
+ * tensor still arrives, staged over the data connections (cuda_basic). A write the RDMA device
+ * fails reaches both clients as an error, and both daemons stay up and move the next message.
+ * Needs a CUDA device and an active RDMA port (or the stand-ins of `--setup fakecuda`); skips
+ * (77) with the reason otherwise.
+ */
+#include <check.h>
+#include <json-c/json.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include "hwtest.h"
+#include "tpv.h"
+
+#define MIB (1u << 20)
+
+/* Bytes `tpipctl --json stats` of @d counts under channel @name. */
+static uint64_t channel_bytes(const struct tpt_daemon *d, const char *name)
+{
+	char *text = hwt_ctl(d, "stats", true);
+	struct json_object *o = text ? json_tokener_parse(text) : NULL, *arr, *v;
+	uint64_t bytes = 0;
+
+	ck_assert_msg(o, "tpipctl --json stats: %s", text ? text : "failed");
+	ck_assert(json_object_object_get_ex(o, "channels", &arr));
+	for (size_t i = 0; i < json_object_array_length(arr); i++) {
+		struct json_object *c = json_object_array_get_idx(arr, i);
+
+		if (json_object_object_get_ex(c, "name", &v) &&
+		    strcmp(json_object_get_string(v), name) == 0 &&
+		    json_object_object_get_ex(c, "bytes", &v))
+			bytes = (uint64_t)json_object_get_int64(v);
+	}
+	json_object_put(o);
+	free(text);
+	return bytes;
+}
+
+/* Runs @cases from a client of daemon A to a listener @name on daemon B. */
+static bool cross(const char *name, const struct hwt_case *cases, size_t n, unsigned seed)
+{
+	char addr[128];
+	struct hwt_xfer x = { .d = &tpt_peer_b, .name = name, .cases = cases, .n_cases = n,
+			      .seed = seed, .writer_d = &tpt_peer_a,
+			      .address = tpt_peer_address(&tpt_peer_b, name, addr, sizeof(addr)) };
+
+	return hwt_xfer_run(&x);
+}
+
+static void expect_gdr_bytes(uint64_t before_a, uint64_t before_b, uint64_t want)
+{
+	uint64_t a = channel_bytes(&tpt_peer_a, "cuda_gdr") - before_a;
+	uint64_t b = channel_bytes(&tpt_peer_b, "cuda_gdr") - before_b;
+
+	ck_assert_msg(a == want && b == want,
+		      "cuda_gdr moved %llu bytes on the sender's daemon and %llu on the reader's, "
+		      "want %llu on both", (unsigned long long)a, (unsigned long long)b,
+		      (unsigned long long)want);
+}
+
+START_TEST(test_cuda_gdr_cuda_to_cuda_across_daemons)
+{
+	struct hwt_side gpu = { .mem = HWT_CUDA, .device = 0, .stream = true };
+	struct hwt_side legacy = { .mem = HWT_CUDA, .device = 0 };
+	struct hwt_side inside = { .mem = HWT_CUDA, .device = 0, .stream = true,
+				   .pad_before = MIB + 123, .pad_after = MIB - 5 };
+	struct hwt_case cases[] = {
+		{ .len = 1, .w = gpu, .r = gpu },
+		{ .len = 4096, .w = legacy, .r = gpu },
+		{ .len = MIB + 7, .w = inside, .r = inside },
+		{ .len = 64 * MIB, .w = gpu, .r = legacy },
+	};
+	uint64_t a0 = channel_bytes(&tpt_peer_a, "cuda_gdr");
+	uint64_t b0 = channel_bytes(&tpt_peer_b, "cuda_gdr");
+
+	ck_assert(cross("gdr-dd", cases, 4, 70));
+	expect_gdr_bytes(a0, b0, 1 + 4096 + MIB + 7 + 64 * MIB);
+	ck_assert(tpt_daemon_alive(&tpt_peer_a) && tpt_daemon_alive(&tpt_peer_b));
+}
+END_TEST
+
+START_TEST(test_cuda_gdr_shared_buffers_and_cuda)
+{
+	struct hwt_side shm = { .mem = HWT_CPU_SHM };
+	struct hwt_side gpu = { .mem = HWT_CUDA, .device = 0, .stream = true };
+	struct hwt_case cases[] = {
+		{ .len = 3 * MIB + 1, .w = shm, .r = gpu },
+		{ .len = 3 * MIB + 1, .w = gpu, .r = shm },
+	};
+	uint64_t a0 = channel_bytes(&tpt_peer_a, "cuda_gdr");
+	uint64_t b0 = channel_bytes(&tpt_peer_b, "cuda_gdr");
+
+	ck_assert(cross("gdr-shm", cases, 2, 71));
+	expect_gdr_bytes(a0, b0, 2 * (3 * MIB + 1));
+}
+END_TEST
+
+/* Private memory is not registrable: the tensor goes over the data connections instead. */
+START_TEST(test_cuda_gdr_private_memory_is_staged)
+{
+	struct hwt_side priv = { .mem = HWT_CPU_PRIVATE };
+	struct hwt_side gpu = { .mem = HWT_CUDA, .device = 0 };
+	struct hwt_case cases[] = {
+		{ .len = 2 * MIB + 3, .w = priv, .r = gpu },
+		{ .len = 2 * MIB + 3, .w = gpu, .r = priv },
+	};
+	uint64_t a0 = channel_bytes(&tpt_peer_a, "cuda_gdr");
+	uint64_t b0 = channel_bytes(&tpt_peer_b, "cuda_gdr");
+
+	ck_assert(cross("gdr-priv", cases, 2, 72));
+	expect_gdr_bytes(a0, b0, 0);
+}
+END_TEST
+
+/* The RDMA device fails the sender's writes (the stand-in's FAKEVERBS_FAIL_WRITES): both
+ * clients see the error, the daemons stay up, and with writes working again a new pipe moves
+ * its tensor by RDMA. */
+static struct tpt_sync f_ready, f_done;
+
+static int fault_writer(void *arg)
+{
+	char addr[128];
+	struct tpt_end e = { .d = &tpt_peer_a, .ctx_name = "gdr-fault-w",
+			     .where = tpt_peer_address(&tpt_peer_b, "gdr-fault", addr, sizeof(addr)),
+			     .ready = &f_ready, .timeout_ms = HWT_T_MS };
+	struct tp_tensor t = { .device = { TP_DEVICE_CUDA, 0 }, .length = MIB };
+	struct tp_message m = { .tensors = &t, .n_tensors = 1 };
+	struct hwt_cuda cu;
+	CUdeviceptr p;
+	int r;
+
+	TPT_REQUIRE(hwt_cuda_open(0, &cu) == 0, 1, "CUDA");
+	TPT_REQUIRE(tpt_end_connect(&e) == 0, 1, "connect");
+	HWT_CU(&cu, cuMemAlloc(&p, MIB), 1);
+	TPT_REQUIRE(hwt_dev_set(&cu, p, 0x5a, MIB) == 0, 1, "memset");
+	t.data = hwt_ptr(p);
+	r = tp_pipe_write_sync(e.p, &m);
+	TPT_REQUIRE(r < 0, 1, "the write succeeded though the device failed it");
+	printf("writer: %d %s\n", r, tp_last_error());
+	tpt_sync_wait(&f_done, HWT_T_MS);
+	tpt_end_close(&e);
+	hwt_cuda_close(&cu);
+	return 0;
+}
+
+static int fault_reader(void *arg)
+{
+	struct tpt_end e = { .d = &tpt_peer_b, .ctx_name = "gdr-fault-r", .where = "gdr-fault",
+			     .ready = &f_ready, .timeout_ms = HWT_T_MS };
+	struct tp_slot slot = { .device = { TP_DEVICE_CUDA, 0 } };
+	struct tp_allocation a = { .tensors = &slot, .n_tensors = 1 };
+	struct tp_descriptor *d;
+	struct hwt_cuda cu;
+	CUdeviceptr p;
+	int r;
+
+	TPT_REQUIRE(hwt_cuda_open(0, &cu) == 0, 1, "CUDA");
+	TPT_REQUIRE(tpt_end_listen(&e, true) == 0, 1, "listen");
+	HWT_CU(&cu, cuMemAlloc(&p, MIB), 1);
+	slot.data = hwt_ptr(p);
+	r = tp_pipe_read_descriptor_sync(e.p, HWT_T_MS, &d);
+	TPT_REQUIRE(r == 0, 1, "descriptor: %d %s", r, tp_last_error());
+	r = tp_pipe_read_sync(e.p, d, &a);
+	TPT_REQUIRE(r < 0, 1, "the read succeeded though the device failed the write");
+	TPT_REQUIRE(strstr(tp_last_error(), "cuda_gdr") != NULL, 1, "reader's error: %s",
+		    tp_last_error());
+	printf("reader: %d %s\n", r, tp_last_error());
+	tpt_sync_post(&f_done, 0);
+	tpt_end_close(&e);
+	hwt_cuda_close(&cu);
+	return 0;
+}
+
+START_TEST(test_cuda_gdr_device_error_reaches_both_clients)
+{
+	struct hwt_side gpu = { .mem = HWT_CUDA, .device = 0 };
+	struct hwt_case again = { .len = MIB, .w = gpu, .r = gpu };
+	uint64_t a0, b0;
+
+	/* Only daemon A (the sender) fails its writes. */
+	ck_assert_int_eq(tpt_daemon_stop(&tpt_peer_a), 0);
+	setenv("FAKEVERBS_FAIL_WRITES", "1", 1);
+	ck_assert_int_eq(tpt_daemon_start_peer(&tpt_peer_a, tpt_peer_args()), 0);
+	unsetenv("FAKEVERBS_FAIL_WRITES");
+	ck_assert_int_eq(tpt_sync_init(&f_ready), 0);
+	ck_assert_int_eq(tpt_sync_init(&f_done), 0);
+	ck_assert(tpt_run_pair(fault_reader, fault_writer, NULL, 2 * HWT_T_MS));
+	ck_assert(tpt_daemon_alive(&tpt_peer_a) && tpt_daemon_alive(&tpt_peer_b));
+	tpt_sync_done(&f_ready);
+	tpt_sync_done(&f_done);
+
+	ck_assert_int_eq(tpt_daemon_stop(&tpt_peer_a), 0);
+	ck_assert_int_eq(tpt_daemon_start_peer(&tpt_peer_a, tpt_peer_args()), 0);
+	a0 = channel_bytes(&tpt_peer_a, "cuda_gdr");
+	b0 = channel_bytes(&tpt_peer_b, "cuda_gdr");
+	ck_assert(cross("gdr-again", &again, 1, 73));
+	expect_gdr_bytes(a0, b0, MIB);
+}
+END_TEST
+
+static Suite *cuda_gdr_suite(bool stand_in)
+{
+	Suite *s = suite_create("cuda_gdr");
+	TCase *tc = tcase_create("cuda_gdr");
+
+	tcase_add_checked_fixture(tc, tpt_peer_fixture_start, tpt_peer_fixture_stop);
+	tcase_add_test(tc, test_cuda_gdr_cuda_to_cuda_across_daemons);
+	tcase_add_test(tc, test_cuda_gdr_shared_buffers_and_cuda);
+	tcase_add_test(tc, test_cuda_gdr_private_memory_is_staged);
+	if (stand_in) /* failures are injected through the stand-in verbs provider */
+		tcase_add_test(tc, test_cuda_gdr_device_error_reaches_both_clients);
+	tcase_set_timeout(tc, 300);
+	suite_add_tcase(s, tc);
+	return s;
+}
+
+int main(void)
+{
+	const char *lib = getenv("TPIPD_VERBS_LIBRARY");
+	const struct tpv_ops *ops;
+	char why[256] = "";
+
+	ops = tpv_ops_load(why, sizeof(why));
+	if (!ops || !tpv_probe(ops, why, sizeof(why))) {
+		printf("SKIP: cuda_gdr needs an active RDMA port: %s\n", why);
+		return getenv("TPT_HW_REQUIRE") ? 1 : HWT_EXIT_SKIP;
+	}
+	return hwt_main(cuda_gdr_suite(lib && strstr(lib, "fakeverbs")), 1);
+}
