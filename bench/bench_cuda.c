@@ -779,9 +779,12 @@ static int parse_args(int argc, char **argv, struct opts *o)
 
 static void skipped(const char *why)
 {
-	if (bench_tsv)
-		bench_row("cuda", "-", "skipped", "-", "-");
-	printf("skipped: %s\n", why);
+	if (bench_tsv) { /* one row in the caller's table, the reason beside it on stderr */
+		bench_row("cuda", "-", "skipped (no GPU: see stderr)", "-", "-");
+		fprintf(stderr, "bench_cuda: skipped: %s\n", why);
+	} else {
+		printf("skipped: %s\n", why);
+	}
 	fflush(stdout);
 }
 

@@ -4,11 +4,12 @@
 # bench/run.sh: build the benchmarks (release build in build-bench/ unless BUILD_DIR says
 # otherwise), start a private tpipd on a socket in a temporary directory, run bench_latency,
 # bench_throughput, bench_idle (the daemon's CPU while its clients are idle) and bench_scale
-# (many open pipes) against it, then tp_baseline (the same cases with TensorPipe, if it was built)
-# and wakeup (the machine's blocking wake-up cost), and print one table: case, size, result,
-# baseline, ratio, vs TensorPipe. Every baseline is measured in the same run as the figure it is
-# compared with. Numbers only: the script never passes or fails a figure; its exit status says
-# whether everything ran.
+# (many open pipes) against it, then tp_baseline (the same cases with TensorPipe, if it was built),
+# bench_cuda (CUDA tensors against cuMemcpy in the same run, if built with CUDA; it says why it
+# skips without a GPU) and wakeup (the machine's blocking wake-up cost), and print one table:
+# case, size, result, baseline, ratio, vs TensorPipe. Every baseline is measured in the same run
+# as the figure it is compared with. Numbers only: the script never passes or fails a figure; its
+# exit status says whether everything ran.
 #
 # Environment:
 #   BENCH_QUICK=1        fewer iterations, sizes up to 64 MiB, shorter phases
@@ -20,6 +21,7 @@
 #   BENCH_TPB_ARGS="..."  extra tp_baseline flags (e.g. "-s 1M,16M -c lc")
 #   BENCH_IDLE_ARGS="..." extra bench_idle flags (e.g. "-T 30")
 #   BENCH_SCALE_ARGS="..." extra bench_scale flags (e.g. "-N 1,10,100,1000,4000")
+#   BENCH_CUDA_ARGS="..." extra bench_cuda flags (e.g. "-K ipc -d 1")
 #   BENCH_WAKEUP_ARGS="..." extra wakeup flags (e.g. "-n 500000")
 #   BENCH_TIMEOUT=SECS   wall-clock limit per benchmark program (default 900)
 #   BENCH_NO_INSTALL=1   do not install the optional baseline packages (g++, libtensorpipe-dev)
@@ -46,6 +48,12 @@ have_tpb=0
 if ninja -C "$build" -t query bench/tp_baseline >/dev/null 2>&1; then
 	have_tpb=1
 	targets+=(bench/tp_baseline)
+fi
+# bench_cuda exists only when meson found cuda.h.
+have_cuda=0
+if ninja -C "$build" -t query bench/bench_cuda >/dev/null 2>&1; then
+	have_cuda=1
+	targets+=(bench/bench_cuda)
 fi
 ninja -C "$build" "${targets[@]}"
 tpipd=${TPIPD_BIN:-$build/daemon/tpipd}
@@ -95,12 +103,14 @@ if [[ $quick == 1 ]]; then
 	idle_args=(-T 3)
 	scale_args=(-n 500)
 	wakeup_args=(-n 20000)
+	cuda_args=(-s '1M,16M,64M' -T 0.2)
 else
 	lat_args=()
 	tput_args=()
 	idle_args=()
 	scale_args=()
 	wakeup_args=()
+	cuda_args=()
 fi
 tpb_args=("${lat_args[@]}" "${tput_args[@]}")
 
@@ -199,6 +209,10 @@ else
 	echo "run.sh: tp_baseline was not built (no TensorPipe at configure time:" \
 		"apt-get install libtensorpipe-dev, then meson setup --wipe $build);" \
 		"TensorPipe rows skipped" >&2
+fi
+if [[ $have_cuda == 1 ]]; then
+	# shellcheck disable=SC2086
+	run_one bench_cuda "${cuda_args[@]}" ${BENCH_CUDA_ARGS:-}
 fi
 # shellcheck disable=SC2086
 run_one wakeup "${wakeup_args[@]}" ${BENCH_WAKEUP_ARGS:-}

@@ -28,6 +28,7 @@ struct msg_src {
 	struct tpb_mem mem;
 	struct tpd_buffer *buf; /* reference held for shm sources */
 	uint64_t len;
+	bool remote_cuda;	/* written on another host from CUDA memory */
 };
 
 struct tpd_msg {
@@ -1249,6 +1250,15 @@ static void xh_finish(struct tpd_msg *m, struct tpd_xh *xh)
 	for (size_t i = 0; i < xh->x.n_segs && !xh->gdr; i++)
 		if (xh->segs[i].mem.loc == TPB_LOC_CUDA) /* staged through the stripe's buffers */
 			p->channels |= 1u << tpb_index("cuda_basic");
+	/* The reader's daemon knows both ends of each segment: CUDA pairs show as such. */
+	for (size_t i = 0; i < xh->x.n_segs && !xh->send && xh->x.status == 0; i++) {
+		enum tpb_loc src = m->src[i].remote_cuda ? TPB_LOC_CUDA : TPB_LOC_LOCAL;
+		enum tpb_loc dst = xh->segs[i].mem.loc;
+		bool cuda = src == TPB_LOC_CUDA || dst == TPB_LOC_CUDA;
+
+		if (cuda && xh->segs[i].len)
+			pair_record(p, src, dst, tpb_index(xh->gdr ? "cuda_gdr" : "cuda_basic"));
+	}
 	xh_free(xh);
 }
 
@@ -1943,8 +1953,9 @@ void tpd_pipe_peer_descriptor(struct tpd_pipe *p, const Tpw__V1__Descriptor *dd,
 						   : dd->tensors[i - dd->n_payloads]->length;
 		m->bytes += m->src[i].len;
 		if (i >= dd->n_payloads && dd->tensors[i - dd->n_payloads]->device)
-			m->remote_cuda |= dd->tensors[i - dd->n_payloads]->device->type ==
-					  TPW__V1__DEVICE_TYPE__DEVICE_CUDA;
+			m->src[i].remote_cuda = dd->tensors[i - dd->n_payloads]->device->type ==
+						TPW__V1__DEVICE_TYPE__DEVICE_CUDA;
+		m->remote_cuda |= m->src[i].remote_cuda;
 	}
 	w->next_msg_id = dd->msg_id;
 	tpu_list_insert_tail(&w->rq, &m->rnode);

@@ -4,7 +4,8 @@
  * (the peer fixture: --peer-force-cross-host on loopback), moved by RDMA writes between the
  * daemons. CUDA -> CUDA at 1 B, 4 KiB, 1 MiB + 7 inside larger allocations on both sides, and
  * 64 MiB; shared buffer -> CUDA and CUDA -> shared buffer; all arrive intact and both daemons
- * count them under cuda_gdr in `tpipctl stats`. Private memory cannot be registered: such a
+ * count them under cuda_gdr in `tpipctl stats`, and `tpipctl pipes` on the reader's daemon shows
+ * cuda_gdr(cuda>cuda) for an open pipe. Private memory cannot be registered: such a
  * tensor still arrives, staged over the data connections (cuda_basic). A write the RDMA device
  * fails reaches both clients as an error, and both daemons stay up and move the next message.
  * Needs a CUDA device and an active RDMA port (or the stand-ins of `--setup fakecuda`); skips
@@ -118,9 +119,11 @@ START_TEST(test_cuda_gdr_private_memory_is_staged)
 }
 END_TEST
 
-/* The RDMA device fails the sender's writes (the stand-in's FAKEVERBS_FAIL_WRITES): both
- * clients see the error, the daemons stay up, and with writes working again a new pipe moves
- * its tensor by RDMA. */
+/*
+ * One 1 MiB CUDA tensor from a client of A to one of B. @arg: expect failure (the device fails
+ * the writes: both ends must see an error naming cuda_gdr), or success (then, with the pipe
+ * still open, `tpipctl pipes` on B must name cuda_gdr for the cuda>cuda pair).
+ */
 static struct tpt_sync f_ready, f_done;
 
 static int fault_writer(void *arg)
@@ -141,8 +144,12 @@ static int fault_writer(void *arg)
 	TPT_REQUIRE(hwt_dev_set(&cu, p, 0x5a, MIB) == 0, 1, "memset");
 	t.data = hwt_ptr(p);
 	r = tp_pipe_write_sync(e.p, &m);
-	TPT_REQUIRE(r < 0, 1, "the write succeeded though the device failed it");
-	printf("writer: %d %s\n", r, tp_last_error());
+	if (arg) {
+		TPT_REQUIRE(r < 0, 1, "the write succeeded though the device failed it");
+		printf("writer: %d %s\n", r, tp_last_error());
+	} else {
+		TPT_REQUIRE(r == 0, 1, "write: %d %s", r, tp_last_error());
+	}
 	tpt_sync_wait(&f_done, HWT_T_MS);
 	tpt_end_close(&e);
 	hwt_cuda_close(&cu);
@@ -167,20 +174,52 @@ static int fault_reader(void *arg)
 	r = tp_pipe_read_descriptor_sync(e.p, HWT_T_MS, &d);
 	TPT_REQUIRE(r == 0, 1, "descriptor: %d %s", r, tp_last_error());
 	r = tp_pipe_read_sync(e.p, d, &a);
-	TPT_REQUIRE(r < 0, 1, "the read succeeded though the device failed the write");
-	TPT_REQUIRE(strstr(tp_last_error(), "cuda_gdr") != NULL, 1, "reader's error: %s",
-		    tp_last_error());
-	printf("reader: %d %s\n", r, tp_last_error());
+	if (arg) {
+		TPT_REQUIRE(r < 0, 1, "the read succeeded though the device failed the write");
+		TPT_REQUIRE(strstr(tp_last_error(), "cuda_gdr") != NULL, 1, "reader's error: %s",
+			    tp_last_error());
+		printf("reader: %d %s\n", r, tp_last_error());
+	} else {
+		char *pipes;
+
+		TPT_REQUIRE(r == 0, 1, "read: %d %s", r, tp_last_error());
+		TPT_REQUIRE(hwt_dev_expect_byte(&cu, p, 0x5a, MIB, "tensor") == 0, 1, "bytes");
+		pipes = hwt_ctl(&tpt_peer_b, "pipes", false);
+		TPT_REQUIRE(pipes && strstr(pipes, "cuda_gdr(cuda>cuda)"), 1,
+			    "tpipctl pipes on the reader's daemon:\n%s", pipes ? pipes : "failed");
+		printf("%s", pipes);
+		free(pipes);
+	}
 	tpt_sync_post(&f_done, 0);
 	tpt_end_close(&e);
 	hwt_cuda_close(&cu);
 	return 0;
 }
 
+static bool one_tensor(bool fail)
+{
+	bool ok;
+
+	ck_assert_int_eq(tpt_sync_init(&f_ready), 0);
+	ck_assert_int_eq(tpt_sync_init(&f_done), 0);
+	ok = tpt_run_pair(fault_reader, fault_writer, fail ? &f_done : NULL, 2 * HWT_T_MS);
+	tpt_sync_done(&f_ready);
+	tpt_sync_done(&f_done);
+	return ok;
+}
+
+START_TEST(test_cuda_gdr_pipes_show_the_channel)
+{
+	uint64_t a0 = channel_bytes(&tpt_peer_a, "cuda_gdr");
+	uint64_t b0 = channel_bytes(&tpt_peer_b, "cuda_gdr");
+
+	ck_assert(one_tensor(false));
+	expect_gdr_bytes(a0, b0, MIB);
+}
+END_TEST
+
 START_TEST(test_cuda_gdr_device_error_reaches_both_clients)
 {
-	struct hwt_side gpu = { .mem = HWT_CUDA, .device = 0 };
-	struct hwt_case again = { .len = MIB, .w = gpu, .r = gpu };
 	uint64_t a0, b0;
 
 	/* Only daemon A (the sender) fails its writes. */
@@ -188,18 +227,14 @@ START_TEST(test_cuda_gdr_device_error_reaches_both_clients)
 	setenv("FAKEVERBS_FAIL_WRITES", "1", 1);
 	ck_assert_int_eq(tpt_daemon_start_peer(&tpt_peer_a, tpt_peer_args()), 0);
 	unsetenv("FAKEVERBS_FAIL_WRITES");
-	ck_assert_int_eq(tpt_sync_init(&f_ready), 0);
-	ck_assert_int_eq(tpt_sync_init(&f_done), 0);
-	ck_assert(tpt_run_pair(fault_reader, fault_writer, NULL, 2 * HWT_T_MS));
+	ck_assert(one_tensor(true));
 	ck_assert(tpt_daemon_alive(&tpt_peer_a) && tpt_daemon_alive(&tpt_peer_b));
-	tpt_sync_done(&f_ready);
-	tpt_sync_done(&f_done);
 
 	ck_assert_int_eq(tpt_daemon_stop(&tpt_peer_a), 0);
 	ck_assert_int_eq(tpt_daemon_start_peer(&tpt_peer_a, tpt_peer_args()), 0);
 	a0 = channel_bytes(&tpt_peer_a, "cuda_gdr");
 	b0 = channel_bytes(&tpt_peer_b, "cuda_gdr");
-	ck_assert(cross("gdr-again", &again, 1, 73));
+	ck_assert(one_tensor(false));
 	expect_gdr_bytes(a0, b0, MIB);
 }
 END_TEST
@@ -213,6 +248,7 @@ static Suite *cuda_gdr_suite(bool stand_in)
 	tcase_add_test(tc, test_cuda_gdr_cuda_to_cuda_across_daemons);
 	tcase_add_test(tc, test_cuda_gdr_shared_buffers_and_cuda);
 	tcase_add_test(tc, test_cuda_gdr_private_memory_is_staged);
+	tcase_add_test(tc, test_cuda_gdr_pipes_show_the_channel);
 	if (stand_in) /* failures are injected through the stand-in verbs provider */
 		tcase_add_test(tc, test_cuda_gdr_device_error_reaches_both_clients);
 	tcase_set_timeout(tc, 300);
