@@ -56,6 +56,7 @@ struct tpd_gdr_link {
 	struct tpv_qp **qps; /* [local port * n_remote + remote port] */
 	struct tpu_list sends;
 	char text[200];
+	uint64_t sent, received; /* bytes RDMA-written each way */
 };
 
 /* One registered segment: where the peer (receive) or this side (send) reads or writes. */
@@ -375,6 +376,18 @@ const char *tpd_gdr_link_state(const struct tpd_gdr_link *l)
 	return l ? l->text : "";
 }
 
+void tpd_gdr_link_bytes(const struct tpd_gdr_link *l, uint64_t *sent, uint64_t *received)
+{
+	*sent = l ? l->sent : 0;
+	*received = l ? l->received : 0;
+}
+
+void tpd_gdr_link_received(struct tpd_gdr_link *l, uint64_t bytes)
+{
+	if (l)
+		l->received += bytes;
+}
+
 /* ---- registration -------------------------------------------------------------------------- */
 
 /* The port for memory on the GPU @bus_id (NULL: host memory): nearest by topology, else next. */
@@ -596,6 +609,7 @@ static void send_finish(struct gdr_send *s)
 		 s->status ? s->why : s->canceled ? "transfer canceled" : "");
 	x->bytes = x->status == 0 ? x->total : 0;
 	x->ns = tpu_now_ns() - x->start_ns;
+	s->l->sent += x->bytes;
 	free(s->raddr);
 	free(s->rkey);
 	free(s);
@@ -838,6 +852,16 @@ bool tpd_gdr_link_ready(const struct tpd_gdr_link *l)
 const char *tpd_gdr_link_state(const struct tpd_gdr_link *l)
 {
 	return "";
+}
+
+void tpd_gdr_link_bytes(const struct tpd_gdr_link *l, uint64_t *sent, uint64_t *received)
+{
+	*sent = 0;
+	*received = 0;
+}
+
+void tpd_gdr_link_received(struct tpd_gdr_link *l, uint64_t bytes)
+{
 }
 
 int tpd_gdr_recv_new(struct tpd_gdr_link *l, const struct tpd_stripe_seg *segs, size_t n,

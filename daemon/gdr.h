@@ -59,8 +59,13 @@ void tpd_gdr_link_on_msg(struct tpd_gdr_link *l, const Tpw__V1__PeerRdma *m);
 /* True once every queue pair of the link is connected. Accepts NULL. */
 bool tpd_gdr_link_ready(const struct tpd_gdr_link *l);
 
-/* "ready: 1x1 queue pairs", "off: <why>", "connecting", for tpipctl peers. Accepts NULL. */
+/* "ready: 1x1 queue pairs", "off: <why>", "connecting", for tpipctl peers; "" for NULL. */
 const char *tpd_gdr_link_state(const struct tpd_gdr_link *l);
+
+/* Bytes this daemon RDMA-wrote to the peer, and that the peer said it RDMA-wrote here (counted
+ * with tpd_gdr_link_received()). Accepts NULL (zeros). */
+void tpd_gdr_link_bytes(const struct tpd_gdr_link *l, uint64_t *sent, uint64_t *received);
+void tpd_gdr_link_received(struct tpd_gdr_link *l, uint64_t bytes);
 
 /* Called once the receive's offer can be sent (@err 0), or never will (@err < 0, @why). */
 typedef void (*tpd_gdr_ready_fn)(void *arg, int err, const char *why);

@@ -1385,6 +1385,10 @@ int tpd_peers_ctl(struct tpd_daemon *d, Tpw__V1__CtlPeer ***ret, size_t *n)
 		e->bytes_sent = pr->ctl_out + (pr->stripe ? tpd_stripe_bytes_sent(pr->stripe) : 0);
 		e->bytes_received = pr->ctl_in +
 				    (pr->stripe ? tpd_stripe_bytes_received(pr->stripe) : 0);
+		e->rdma = (char *)tpd_gdr_link_state(pr->gdr);
+		tpd_gdr_link_bytes(pr->gdr, &e->rdma_bytes_sent, &e->rdma_bytes_received);
+		e->bytes_sent += e->rdma_bytes_sent;
+		e->bytes_received += e->rdma_bytes_received;
 		e->pipes = (uint32_t)pr->pipes.len;
 		e->last_error = pr->last_error;
 		e->authenticated = pr->authenticated;

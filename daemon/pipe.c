@@ -1342,6 +1342,8 @@ static void xh_recv_done(struct tpd_stripe_xfer *x)
 		/* The sender RDMA-wrote the bytes; the stripe's registration was only dropped. */
 		status = x->status = xh->gdr_status;
 		x->bytes = status == 0 ? xh->gdr_bytes : 0;
+		if (xh->link)
+			tpd_gdr_link_received(tpd_peer_gdr(xh->link), x->bytes);
 		snprintf(why, sizeof(why), "%s", xh->gdr_why);
 	}
 	if (xh->link)

@@ -426,6 +426,9 @@ static struct json_object *peer_json(const void *item)
 	ctl_json_str(o, "last_error", p->last_error);
 	ctl_json_bool(o, "authenticated", p->authenticated);
 	ctl_json_u64(o, "up_ms", p->up_ms);
+	ctl_json_str(o, "rdma", p->rdma);
+	ctl_json_u64(o, "rdma_bytes_sent", p->rdma_bytes_sent);
+	ctl_json_u64(o, "rdma_bytes_received", p->rdma_bytes_received);
 	return o;
 }
 
@@ -433,8 +436,18 @@ static struct json_object *peer_json(const void *item)
 static const struct ctl_col peer_cols[] = {
 	{ "ID", true },	       { "ADDRESS", false }, { "HOST", false },	   { "STATE", false },
 	{ "DIR", false },      { "CONNS", true },    { "RTT", true },	   { "BYTES_OUT", true },
-	{ "BYTES_IN", true },  { "PIPES", true },    { "AUTH", false },	   { "LAST_ERROR", false },
+	{ "BYTES_IN", true },  { "PIPES", true },    { "AUTH", false },	   { "RDMA", false },
+	{ "LAST_ERROR", false },
 };
+
+/* The cuda_gdr state in a word: "-" (not offered by both), "ready", "off", "connecting". */
+static const char *rdma_word(const char *rdma, char *buf, size_t len)
+{
+	size_t n = rdma ? strcspn(rdma, ":") : 0;
+
+	snprintf(buf, len, "%.*s", (int)n, n ? rdma : "-");
+	return buf;
+}
 
 /* A keepalive round trip as "-" (none yet), "850 us", "1.25 ms" or "1.50 s". */
 static const char *fmt_rtt(uint64_t us, char *buf, size_t len)
@@ -453,7 +466,7 @@ static const char *fmt_rtt(uint64_t us, char *buf, size_t len)
 static void peer_row(struct ctl_table *t, const void *item)
 {
 	const Tpw__V1__CtlPeer *p = item;
-	char b1[32], b2[32], rtt[32];
+	char b1[32], b2[32], rtt[32], rdma[16];
 
 	ctl_table_cellf(t, "%" PRIu64, p->id);
 	ctl_table_cellf(t, "%s", str_or_empty(p->address));
@@ -466,6 +479,7 @@ static void peer_row(struct ctl_table *t, const void *item)
 	ctl_table_cellf(t, "%s", ctl_fmt_bytes(p->bytes_received, b2, sizeof(b2)));
 	ctl_table_cellf(t, "%" PRIu32, p->pipes);
 	ctl_table_cellf(t, "%s", p->authenticated ? "yes" : "no");
+	ctl_table_cellf(t, "%s", rdma_word(p->rdma, rdma, sizeof(rdma)));
 	ctl_table_cellf(t, "%s", str_or_empty(p->last_error));
 }
 

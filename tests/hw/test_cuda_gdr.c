@@ -43,6 +43,28 @@ static uint64_t channel_bytes(const struct tpt_daemon *d, const char *name)
 	return bytes;
 }
 
+/* `tpipctl --json peers` of @d: its one link must say RDMA is ready and have RDMA-written at
+ * least @sent bytes and received at least @received. */
+static void expect_link_rdma(const struct tpt_daemon *d, uint64_t sent, uint64_t received)
+{
+	char *text = hwt_ctl(d, "peers", true);
+	struct json_object *o = text ? json_tokener_parse(text) : NULL, *arr, *p, *v;
+	const char *state;
+
+	ck_assert_msg(o && json_object_object_get_ex(o, "peers", &arr) &&
+			      json_object_array_length(arr) == 1,
+		      "tpipctl --json peers: %s", text ? text : "failed");
+	p = json_object_array_get_idx(arr, 0);
+	state = json_object_object_get_ex(p, "rdma", &v) ? json_object_get_string(v) : "";
+	ck_assert_msg(strncmp(state, "ready", 5) == 0, "link rdma: '%s'", state);
+	ck_assert(json_object_object_get_ex(p, "rdma_bytes_sent", &v));
+	ck_assert_uint_ge((uint64_t)json_object_get_int64(v), sent);
+	ck_assert(json_object_object_get_ex(p, "rdma_bytes_received", &v));
+	ck_assert_uint_ge((uint64_t)json_object_get_int64(v), received);
+	json_object_put(o);
+	free(text);
+}
+
 /* Runs @cases from a client of daemon A to a listener @name on daemon B. */
 static bool cross(const char *name, const struct hwt_case *cases, size_t n, unsigned seed)
 {
@@ -82,6 +104,8 @@ START_TEST(test_cuda_gdr_cuda_to_cuda_across_daemons)
 
 	ck_assert(cross("gdr-dd", cases, 4, 70));
 	expect_gdr_bytes(a0, b0, 1 + 4096 + MIB + 7 + 64 * MIB);
+	expect_link_rdma(&tpt_peer_a, 1 + 4096 + MIB + 7 + 64 * MIB, 0);
+	expect_link_rdma(&tpt_peer_b, 0, 1 + 4096 + MIB + 7 + 64 * MIB);
 	ck_assert(tpt_daemon_alive(&tpt_peer_a) && tpt_daemon_alive(&tpt_peer_b));
 }
 END_TEST
