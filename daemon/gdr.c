@@ -57,6 +57,7 @@ struct tpd_gdr_link {
 	struct tpu_list sends;
 	char text[200];
 	uint64_t sent, received; /* bytes RDMA-written each way */
+	bool closing;		  /* tpd_gdr_link_free() is flushing the queue pairs */
 };
 
 /* One registered segment: where the peer (receive) or this side (send) reads or writes. */
@@ -624,6 +625,22 @@ static void send_fail(struct gdr_send *s, int err, const char *why)
 	snprintf(s->why, sizeof(s->why), "cuda_gdr: %s", why);
 }
 
+/*
+ * The device failed a write of @s: @s fails, and RDMA is off for the rest of the link's life
+ * (a queue pair in error flushes everything after), so later transfers use the data
+ * connections; the peer is told so its offers stop.
+ */
+static void send_broken(struct gdr_send *s, int err, const char *why)
+{
+	char text[200];
+
+	send_fail(s, err, why);
+	if (s->l->state != LINK_READY || s->l->closing)
+		return;
+	snprintf(text, sizeof(text), "RDMA write failed: %.160s", why);
+	link_off(s->l, false, text);
+}
+
 /* Posts the writes not posted yet, as far as the send queue takes them. */
 static void send_post(struct gdr_send *s)
 {
@@ -640,7 +657,7 @@ static void send_post(struct gdr_send *s)
 		if (r == -ENOBUFS)
 			break; /* again on the next completion */
 		if (r < 0) {
-			send_fail(s, r, why);
+			send_broken(s, r, why);
 			break;
 		}
 		s->pending += g->len ? 1 : 0;
@@ -661,7 +678,7 @@ static void gdr_write_done(void *arg, uint64_t cookie, int status, const char *w
 
 	s->pending--;
 	if (status < 0)
-		send_fail(s, status, why);
+		send_broken(s, status, why);
 	if (!s->posting)
 		send_post(s);
 	if (s->pending)
@@ -793,6 +810,7 @@ void tpd_gdr_link_free(struct tpd_gdr_link *l)
 
 	if (!l)
 		return;
+	l->closing = true;
 	tpu_list_for_each(s, &l->sends, node)
 		send_fail(s, -ECONNRESET, "peer link closed");
 	/* Closing flushes the writes still pending through gdr_write_done(). */

@@ -7,7 +7,8 @@
  * count them under cuda_gdr in `tpipctl stats`, and `tpipctl pipes` on the reader's daemon shows
  * cuda_gdr(cuda>cuda) for an open pipe. Private memory cannot be registered: such a
  * tensor still arrives, staged over the data connections (cuda_basic). A write the RDMA device
- * fails reaches both clients as an error, and both daemons stay up and move the next message.
+ * fails reaches both clients as an error; both daemons stay up, turn RDMA off on that link
+ * (`tpipctl peers` says why) and move the next message over the data connections.
  * Needs a CUDA device and an active RDMA port (or the stand-ins of `--setup fakecuda`); skips
  * (77) with the reason otherwise.
  */
@@ -146,9 +147,10 @@ END_TEST
 /*
  * One 1 MiB CUDA tensor from a client of A to one of B. @arg: expect failure (the device fails
  * the writes: both ends must see an error naming cuda_gdr), or success (then, with the pipe
- * still open, `tpipctl pipes` on B must name cuda_gdr for the cuda>cuda pair).
+ * still open, `tpipctl pipes` on B must name @expect_channel for the cuda>cuda pair).
  */
 static struct tpt_sync f_ready, f_done;
+static const char *expect_channel = "cuda_gdr(cuda>cuda)";
 
 static int fault_writer(void *arg)
 {
@@ -209,7 +211,7 @@ static int fault_reader(void *arg)
 		TPT_REQUIRE(r == 0, 1, "read: %d %s", r, tp_last_error());
 		TPT_REQUIRE(hwt_dev_expect_byte(&cu, p, 0x5a, MIB, "tensor") == 0, 1, "bytes");
 		pipes = hwt_ctl(&tpt_peer_b, "pipes", false);
-		TPT_REQUIRE(pipes && strstr(pipes, "cuda_gdr(cuda>cuda)"), 1,
+		TPT_REQUIRE(pipes && strstr(pipes, expect_channel), 1,
 			    "tpipctl pipes on the reader's daemon:\n%s", pipes ? pipes : "failed");
 		printf("%s", pipes);
 		free(pipes);
@@ -220,10 +222,11 @@ static int fault_reader(void *arg)
 	return 0;
 }
 
-static bool one_tensor(bool fail)
+static bool one_tensor(bool fail, const char *channel)
 {
 	bool ok;
 
+	expect_channel = channel;
 	ck_assert_int_eq(tpt_sync_init(&f_ready), 0);
 	ck_assert_int_eq(tpt_sync_init(&f_done), 0);
 	ok = tpt_run_pair(fault_reader, fault_writer, fail ? &f_done : NULL, 2 * HWT_T_MS);
@@ -237,11 +240,32 @@ START_TEST(test_cuda_gdr_pipes_show_the_channel)
 	uint64_t a0 = channel_bytes(&tpt_peer_a, "cuda_gdr");
 	uint64_t b0 = channel_bytes(&tpt_peer_b, "cuda_gdr");
 
-	ck_assert(one_tensor(false));
+	ck_assert(one_tensor(false, "cuda_gdr(cuda>cuda)"));
 	expect_gdr_bytes(a0, b0, MIB);
 }
 END_TEST
 
+/* The link's RDMA state as `tpipctl --json peers` of @d says it. Returns owned string. */
+static char *link_rdma(const struct tpt_daemon *d)
+{
+	char *text = hwt_ctl(d, "peers", true), *ret = NULL;
+	struct json_object *o = text ? json_tokener_parse(text) : NULL, *arr, *v;
+
+	if (o && json_object_object_get_ex(o, "peers", &arr) &&
+	    json_object_array_length(arr) == 1 &&
+	    json_object_object_get_ex(json_object_array_get_idx(arr, 0), "rdma", &v))
+		ret = strdup(json_object_get_string(v));
+	json_object_put(o);
+	free(text);
+	return ret ? ret : strdup("(no link)");
+}
+
+/*
+ * The RDMA device fails the sender's writes (the stand-in's FAKEVERBS_FAIL_WRITES): both clients
+ * see the error and the daemons stay up; RDMA is then off on that link (both daemons say why)
+ * and the next tensor crosses over the data connections; a new link (daemon A restarted, writes
+ * working again) moves its tensor by RDMA.
+ */
 START_TEST(test_cuda_gdr_device_error_reaches_both_clients)
 {
 	uint64_t a0, b0;
@@ -251,14 +275,24 @@ START_TEST(test_cuda_gdr_device_error_reaches_both_clients)
 	setenv("FAKEVERBS_FAIL_WRITES", "1", 1);
 	ck_assert_int_eq(tpt_daemon_start_peer(&tpt_peer_a, tpt_peer_args()), 0);
 	unsetenv("FAKEVERBS_FAIL_WRITES");
-	ck_assert(one_tensor(true));
+	ck_assert(one_tensor(true, NULL));
 	ck_assert(tpt_daemon_alive(&tpt_peer_a) && tpt_daemon_alive(&tpt_peer_b));
+
+	ck_assert(one_tensor(false, "cuda_basic(cuda>cuda)"));
+	for (int k = 0; k < 2; k++) {
+		char *rdma = link_rdma(k ? &tpt_peer_b : &tpt_peer_a);
+
+		printf("daemon %c: rdma '%s'\n", k ? 'B' : 'A', rdma);
+		ck_assert_msg(strncmp(rdma, "off: ", 5) == 0 && strstr(rdma, "RDMA write failed"),
+			      "daemon %c: rdma '%s'", k ? 'B' : 'A', rdma);
+		free(rdma);
+	}
 
 	ck_assert_int_eq(tpt_daemon_stop(&tpt_peer_a), 0);
 	ck_assert_int_eq(tpt_daemon_start_peer(&tpt_peer_a, tpt_peer_args()), 0);
 	a0 = channel_bytes(&tpt_peer_a, "cuda_gdr");
 	b0 = channel_bytes(&tpt_peer_b, "cuda_gdr");
-	ck_assert(one_tensor(false));
+	ck_assert(one_tensor(false, "cuda_gdr(cuda>cuda)"));
 	expect_gdr_bytes(a0, b0, MIB);
 }
 END_TEST
