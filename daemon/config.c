@@ -9,6 +9,7 @@
 #include <strings.h>
 #include <unistd.h>
 #include "config.h"
+#include "devmem.h"
 #include "ring.h"
 #include "tpb.h"
 #include "tpconfig.h"
@@ -74,6 +75,8 @@ static const struct opt opts[] = {
 	  "BYTES", "shared buffer bytes per client (default 1T)" },
 	{ "listeners-max", "limits", K_U32, OFF(listeners_max), 1, 1u << 20, true, "N",
 	  "listeners per client (default 256)" },
+	{ "cuda-mappings-max", "limits", K_U32, OFF(cuda_holds_max), 1, 1u << 20, true, "N",
+	  "CUDA allocations a client keeps mapped, least recently used unmapped (default 256)" },
 	{ "client-queue-bytes", "limits", K_SIZE64, OFF(outq_max), MiB, UINT64_MAX, true, "BYTES",
 	  "bytes queued towards a client that does not read before it is dropped (default 256M)" },
 	{ "cma", "backends", K_NOBOOL, OFF(no_cma), 0, 0, false, "yes|no",
@@ -126,6 +129,7 @@ void tpd_config_defaults(struct tpd_config *c)
 	c->buffer_bytes_max = 1ull << 40;
 	c->outq_max = 256ull << 20;
 	c->listeners_max = 256;
+	c->cuda_holds_max = TPD_DEVMEM_HOLDS;
 	c->drain_ms = 5000;
 	c->ring_max = 4u << 20;
 	c->spin_us = 100;

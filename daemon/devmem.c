@@ -4,6 +4,7 @@
  */
 #include <errno.h>
 #include <stdio.h>
+#include "daemon.h"
 #include "devmem.h"
 #include "frame.h"
 #include "log.h"
@@ -11,7 +12,7 @@
 
 static int session_holds(struct tpd_session *s)
 {
-	if (!s->cuda && !(s->cuda = tpb_cuda_holds_new(TPD_DEVMEM_HOLDS)))
+	if (!s->cuda && !(s->cuda = tpb_cuda_holds_new(s->d->cfg.cuda_holds_max)))
 		return -ENOMEM;
 	return 0;
 }

@@ -11,7 +11,7 @@
 #include "tpb.h"
 #include "tpw.pb-c.h"
 
-#define TPD_DEVMEM_HOLDS 256 /* CUDA allocations (and events) a session keeps mapped */
+#define TPD_DEVMEM_HOLDS 256 /* default of --cuda-mappings-max */
 
 struct tpd_session;
 

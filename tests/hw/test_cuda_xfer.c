@@ -6,7 +6,8 @@
  * the middle of a larger allocation (offset 1 MiB + 123 in 3 MiB) lands in the middle of the
  * reader's larger allocation, and only there; device memory released with tp_cuda_release()
  * and freed can be reallocated (often at the same address) and sent again, on both ends, with
- * the new contents. Skips (77) without a CUDA driver or device.
+ * the new contents; with --cuda-mappings-max 2, messages in ten fresh allocations still arrive
+ * intact while older mappings are evicted. Skips (77) without a CUDA driver or device.
  */
 #include <check.h>
 #include <errno.h>
@@ -31,6 +32,25 @@ START_TEST(test_cuda_xfer_sizes_arrive_intact)
 		cases[i] = (struct hwt_case){ .len = sizes[i % 4], .w = CUDA0(i < 4),
 					      .r = CUDA0(i < 4) };
 	x.n_cases = 8;
+	ck_assert(hwt_xfer_run(&x));
+	ck_assert_msg(tpt_daemon_alive(D), "tpipd died");
+}
+END_TEST
+
+/* With --cuda-mappings-max 2 each session keeps at most two allocations (and events) mapped:
+ * ten messages in fresh allocations evict older mappings on the way and still arrive intact. */
+START_TEST(test_cuda_xfer_mapping_bound_evicts_and_stays_correct)
+{
+	const char *args[] = { "--cuda-mappings-max", "2", NULL };
+	struct hwt_case cases[10];
+	struct hwt_xfer x = { .d = D, .name = "hw-evict", .cases = cases, .n_cases = 10,
+			      .seed = 9 };
+
+	for (size_t i = 0; i < 10; i++)
+		cases[i] = (struct hwt_case){ .len = MIB + i, .w = CUDA0(i % 2),
+					      .r = CUDA0(i % 3 == 0) };
+	ck_assert_int_eq(tpt_daemon_stop(&tpt_fixture_daemon), 0);
+	ck_assert_int_eq(tpt_daemon_start(&tpt_fixture_daemon, args), 0);
 	ck_assert(hwt_xfer_run(&x));
 	ck_assert_msg(tpt_daemon_alive(D), "tpipd died");
 }
@@ -208,6 +228,7 @@ static Suite *cuda_xfer_suite(void)
 	tcase_add_checked_fixture(tc, tpt_fixture_start, tpt_fixture_stop);
 	tcase_add_test(tc, test_cuda_xfer_sizes_arrive_intact);
 	tcase_add_test(tc, test_cuda_xfer_mixed_streams);
+	tcase_add_test(tc, test_cuda_xfer_mapping_bound_evicts_and_stays_correct);
 	tcase_add_test(tc, test_cuda_xfer_slice_lands_only_in_its_range);
 	tcase_add_test(tc, test_cuda_xfer_released_memory_can_be_freed_and_reused);
 	tcase_set_timeout(tc, 300);
