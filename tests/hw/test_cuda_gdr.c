@@ -44,26 +44,54 @@ static uint64_t channel_bytes(const struct tpt_daemon *d, const char *name)
 	return bytes;
 }
 
-/* `tpipctl --json peers` of @d: its one link must say RDMA is ready and have RDMA-written at
- * least @sent bytes and received at least @received. */
-static void expect_link_rdma(const struct tpt_daemon *d, uint64_t sent, uint64_t received)
+/* The one peer link in `tpipctl --json peers` of @d (fails the test otherwise); *@root: owned,
+ * free with json_object_put(). */
+static struct json_object *the_link(const struct tpt_daemon *d, struct json_object **root)
 {
 	char *text = hwt_ctl(d, "peers", true);
-	struct json_object *o = text ? json_tokener_parse(text) : NULL, *arr, *p, *v;
-	const char *state;
+	struct json_object *arr;
 
-	ck_assert_msg(o && json_object_object_get_ex(o, "peers", &arr) &&
+	*root = text ? json_tokener_parse(text) : NULL;
+	ck_assert_msg(*root && json_object_object_get_ex(*root, "peers", &arr) &&
 			      json_object_array_length(arr) == 1,
 		      "tpipctl --json peers: %s", text ? text : "failed");
-	p = json_object_array_get_idx(arr, 0);
-	state = json_object_object_get_ex(p, "rdma", &v) ? json_object_get_string(v) : "";
-	ck_assert_msg(strncmp(state, "ready", 5) == 0, "link rdma: '%s'", state);
-	ck_assert(json_object_object_get_ex(p, "rdma_bytes_sent", &v));
-	ck_assert_uint_ge((uint64_t)json_object_get_int64(v), sent);
-	ck_assert(json_object_object_get_ex(p, "rdma_bytes_received", &v));
-	ck_assert_uint_ge((uint64_t)json_object_get_int64(v), received);
-	json_object_put(o);
 	free(text);
+	return json_object_array_get_idx(arr, 0);
+}
+
+/* The link's RDMA state as @d's `tpipctl --json peers` says it. Returns owned string. */
+static char *link_rdma(const struct tpt_daemon *d)
+{
+	struct json_object *root, *v;
+	char *ret = NULL;
+
+	if (json_object_object_get_ex(the_link(d, &root), "rdma", &v))
+		ret = strdup(json_object_get_string(v));
+	json_object_put(root);
+	return ret ? ret : strdup("");
+}
+
+static uint64_t link_u64(const struct tpt_daemon *d, const char *key)
+{
+	struct json_object *root, *v;
+	uint64_t ret = 0;
+
+	if (json_object_object_get_ex(the_link(d, &root), key, &v))
+		ret = (uint64_t)json_object_get_int64(v);
+	json_object_put(root);
+	return ret;
+}
+
+/* @d's one link says RDMA is ready, has RDMA-written at least @sent bytes and received at least
+ * @received. */
+static void expect_link_rdma(const struct tpt_daemon *d, uint64_t sent, uint64_t received)
+{
+	char *state = link_rdma(d);
+
+	ck_assert_msg(strncmp(state, "ready", 5) == 0, "link rdma: '%s'", state);
+	free(state);
+	ck_assert_uint_ge(link_u64(d, "rdma_bytes_sent"), sent);
+	ck_assert_uint_ge(link_u64(d, "rdma_bytes_received"), received);
 }
 
 /* Runs @cases from a client of daemon A to a listener @name on daemon B. */
@@ -111,36 +139,33 @@ START_TEST(test_cuda_gdr_cuda_to_cuda_across_daemons)
 }
 END_TEST
 
-START_TEST(test_cuda_gdr_shared_buffers_and_cuda)
+/* @len bytes from CPU memory @cpu to CUDA and back; cuda_gdr must count @rdma_each per message. */
+static void cpu_and_cuda(const char *name, enum hwt_mem cpu, size_t len, unsigned seed,
+			 uint64_t rdma_each)
 {
-	struct hwt_side shm = { .mem = HWT_CPU_SHM };
-	struct hwt_side gpu = { .mem = HWT_CUDA, .device = 0, .stream = true };
+	struct hwt_side host = { .mem = cpu };
+	struct hwt_side gpu = { .mem = HWT_CUDA, .device = 0, .stream = seed % 2 };
 	struct hwt_case cases[] = {
-		{ .len = 3 * MIB + 1, .w = shm, .r = gpu },
-		{ .len = 3 * MIB + 1, .w = gpu, .r = shm },
+		{ .len = len, .w = host, .r = gpu },
+		{ .len = len, .w = gpu, .r = host },
 	};
 	uint64_t a0 = channel_bytes(&tpt_peer_a, "cuda_gdr");
 	uint64_t b0 = channel_bytes(&tpt_peer_b, "cuda_gdr");
 
-	ck_assert(cross("gdr-shm", cases, 2, 71));
-	expect_gdr_bytes(a0, b0, 2 * (3 * MIB + 1));
+	ck_assert(cross(name, cases, 2, seed));
+	expect_gdr_bytes(a0, b0, 2 * rdma_each);
+}
+
+START_TEST(test_cuda_gdr_shared_buffers_and_cuda)
+{
+	cpu_and_cuda("gdr-shm", HWT_CPU_SHM, 3 * MIB + 1, 71, 3 * MIB + 1);
 }
 END_TEST
 
 /* Private memory is not registrable: the tensor goes over the data connections instead. */
 START_TEST(test_cuda_gdr_private_memory_is_staged)
 {
-	struct hwt_side priv = { .mem = HWT_CPU_PRIVATE };
-	struct hwt_side gpu = { .mem = HWT_CUDA, .device = 0 };
-	struct hwt_case cases[] = {
-		{ .len = 2 * MIB + 3, .w = priv, .r = gpu },
-		{ .len = 2 * MIB + 3, .w = gpu, .r = priv },
-	};
-	uint64_t a0 = channel_bytes(&tpt_peer_a, "cuda_gdr");
-	uint64_t b0 = channel_bytes(&tpt_peer_b, "cuda_gdr");
-
-	ck_assert(cross("gdr-priv", cases, 2, 72));
-	expect_gdr_bytes(a0, b0, 0);
+	cpu_and_cuda("gdr-priv", HWT_CPU_PRIVATE, 2 * MIB + 3, 72, 0);
 }
 END_TEST
 
@@ -244,21 +269,6 @@ START_TEST(test_cuda_gdr_pipes_show_the_channel)
 	expect_gdr_bytes(a0, b0, MIB);
 }
 END_TEST
-
-/* The link's RDMA state as `tpipctl --json peers` of @d says it. Returns owned string. */
-static char *link_rdma(const struct tpt_daemon *d)
-{
-	char *text = hwt_ctl(d, "peers", true), *ret = NULL;
-	struct json_object *o = text ? json_tokener_parse(text) : NULL, *arr, *v;
-
-	if (o && json_object_object_get_ex(o, "peers", &arr) &&
-	    json_object_array_length(arr) == 1 &&
-	    json_object_object_get_ex(json_object_array_get_idx(arr, 0), "rdma", &v))
-		ret = strdup(json_object_get_string(v));
-	json_object_put(o);
-	free(text);
-	return ret ? ret : strdup("(no link)");
-}
 
 /*
  * The RDMA device fails the sender's writes (the stand-in's FAKEVERBS_FAIL_WRITES): both clients
