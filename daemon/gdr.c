@@ -242,7 +242,7 @@ static void link_off(struct tpd_gdr_link *l, bool quiet, const char *why)
 	Tpw__V1__PeerRdma rm = TPW__V1__PEER_RDMA__INIT;
 
 	l->state = LINK_OFF;
-	snprintf(l->text, sizeof(l->text), "off: %s", why);
+	snprintf(l->text, sizeof(l->text), "off: %.190s", why);
 	tpu_log(TPU_LOG_NOTICE, "peer %s: cuda_gdr off: %s", link_text(l), why);
 	if (quiet)
 		return;
