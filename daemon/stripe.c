@@ -21,6 +21,7 @@
 #include <netinet/in.h>
 #include <netinet/tcp.h>
 #include <pthread.h>
+#include <sched.h>
 #include <signal.h>
 #include <stdarg.h>
 #include <stdio.h>
@@ -331,6 +332,19 @@ static void send_claim(struct tpd_stripe *st, struct claim *k)
 	}
 }
 
+/*
+ * Marks the calling stripe thread as bulk work (SCHED_BATCH): it keeps its share of the CPU but
+ * does not preempt others when it wakes, so on busy CPUs the event loops and the clients, which
+ * run the control round trip of every message, get the CPU first. Needs no privilege; a kernel
+ * that refuses leaves the thread as it was.
+ */
+static void thread_bulk(void)
+{
+	struct sched_param sp = { .sched_priority = 0 };
+
+	(void)sched_setscheduler(0, SCHED_BATCH, &sp);
+}
+
 /* Sends chunk @k. Return: 0 (also when its source could not be read: @k->src_err), or -errno
  * of the socket. */
 static int send_chunk(struct conn *c, struct claim *k, struct tpb_scratch *sc)
@@ -390,6 +404,7 @@ static void *tx_main(void *arg)
 	struct claim k;
 	int r;
 
+	thread_bulk();
 	pthread_mutex_lock(&st->lock);
 	for (;;) {
 		c->idle = true;
@@ -534,6 +549,7 @@ static void *rx_main(void *arg)
 	uint8_t hdr[TPD_STRIPE_HDR];
 	int r;
 
+	thread_bulk();
 	for (;;) {
 		r = recv_all(c->fd, hdr, sizeof(hdr));
 		if (r < 0) {
