@@ -16,7 +16,8 @@
  *   mpt    chunks striped over a peer link's data connections (daemon/stripe.c); no copy op
  *   cuda_basic  CUDA memory staged chunk by chunk through host buffers of the stripe threads
  *          (tpb_stage()), so it rides the mpt connections; no copy op
- *   cuda_gdr  RDMA writes straight between GPUs over ibverbs (GPUDirect); probe only
+ *   cuda_gdr  RDMA writes straight from and into registered memory over ibverbs (GPUDirect),
+ *          run by the daemon (daemon/gdr.c); probed here (CUDA driver and an RDMA port); no copy op
  */
 #ifndef TPB_H
 #define TPB_H
