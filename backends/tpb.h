@@ -204,7 +204,6 @@ struct tpb_cuda_range {
 	uint64_t len;	/* page-rounded length from @base */
 	uint64_t ptr;	/* device address of the tpb_mem's first byte (inside the range) */
 	int dmabuf_fd;	/* dma-buf of [base, base + len) (the caller closes it), or -EBADF */
-	char bus_id[32];
 };
 
 /*
@@ -214,6 +213,10 @@ struct tpb_cuda_range {
  */
 int tpb_cuda_rdma_range(const struct tpb_mem *m, struct tpb_cuda_range *ret, char *why,
 			size_t why_len);
+
+/* The PCI bus id of the device holding CUDA memory @m, as its client named it (no driver
+ * call); NULL for NULL, memory that is not CUDA, or an unknown device. */
+const char *tpb_cuda_bus_id(const struct tpb_mem *m);
 
 /*
  * tpb_cuda_event_done() - has the client's event @m waits for fired (polled, never blocks)?

@@ -30,7 +30,7 @@ _Static_assert(TPV_QP_INFO_BYTES == TPW_RDMA_QP_RECORD_BYTES, "queue-pair record
 
 struct gdr_port {
 	struct tpd_gdr *g;
-	struct tpv_nic nic;
+	const struct tpv_nic *nic; /* in the daemon's g->nics */
 	struct tpv_ctx *ctx; /* open while a queue pair or a registration uses the port */
 	struct event *ev;    /* its completion channel */
 	unsigned refs;	     /* queue pairs and registrations on @ctx */
@@ -40,10 +40,10 @@ struct gdr_port {
 struct tpd_gdr {
 	struct tpd_daemon *d;
 	const struct tpv_ops *ops;
+	struct tpv_nic *nics; /* the ports' NICs, as tpv_nic_choose() takes them */
 	struct gdr_port *ports;
 	size_t n;
 	unsigned rr; /* round-robin cursor of tpv_nic_choose() */
-	bool offered;
 };
 
 enum link_state { LINK_PORTS, LINK_CONNECTING, LINK_READY, LINK_OFF };
@@ -117,7 +117,7 @@ static void port_on_cq(evutil_socket_t fd, short what, void *arg)
 
 	if (r < 0)
 		tpu_log(TPU_LOG_ERR, "cuda_gdr: %s port %u: completion queue failed: %s",
-			pt->nic.dev, pt->nic.port, strerror(-r));
+			pt->nic->dev, pt->nic->port, strerror(-r));
 }
 
 /* Drops a reference taken by port_open(); the last one closes the device. */
@@ -145,7 +145,7 @@ static int port_open(struct gdr_port *pt, char *why, size_t wl)
 		snprintf(why, wl, "%s", pt->why);
 		return -EIO;
 	}
-	r = tpv_ctx_open(pt->g->ops, &pt->nic, GDR_CQ_DEPTH, &pt->ctx, pt->why, sizeof(pt->why));
+	r = tpv_ctx_open(pt->g->ops, pt->nic, GDR_CQ_DEPTH, &pt->ctx, pt->why, sizeof(pt->why));
 	if (r == 0) {
 		pt->ev = event_new(pt->g->d->base, tpv_cq_fd(pt->ctx), EV_READ | EV_PERSIST,
 				   port_on_cq, pt);
@@ -170,7 +170,6 @@ static int port_open(struct gdr_port *pt, char *why, size_t wl)
 int tpd_gdr_start(struct tpd_daemon *d)
 {
 	struct tpd_gdr *g = calloc(1, sizeof(*g));
-	struct tpv_nic *nics = NULL;
 	char why[256] = "";
 	size_t n = 0;
 
@@ -185,22 +184,18 @@ int tpd_gdr_start(struct tpd_daemon *d)
 		tpu_log(TPU_LOG_WARNING, "cuda_gdr: %s", why);
 		return 0;
 	}
-	if (tpv_nics_list(g->ops, TPV_SYSFS_ROOT, &nics, &n, why, sizeof(why)) < 0)
+	if (tpv_nics_list(g->ops, TPV_SYSFS_ROOT, &g->nics, &n, why, sizeof(why)) < 0)
 		return -ENOMEM;
 	g->ports = calloc(n ? n : 1, sizeof(*g->ports));
-	if (!g->ports) {
-		free(nics);
+	if (!g->ports)
 		return -ENOMEM;
-	}
 	n = TPU_MIN(n, (size_t)TPW_RDMA_PORTS_MAX);
 	for (size_t i = 0; i < n; i++)
-		g->ports[i] = (struct gdr_port){ .g = g, .nic = nics[i] };
+		g->ports[i] = (struct gdr_port){ .g = g, .nic = &g->nics[i] };
 	g->n = n;
-	g->offered = n > 0;
 	if (n)
 		tpu_log(TPU_LOG_INFO, "cuda_gdr: %zu RDMA port%s, first %s port %u", n,
-			n == 1 ? "" : "s", nics[0].dev, nics[0].port);
-	free(nics);
+			n == 1 ? "" : "s", g->nics[0].dev, g->nics[0].port);
 	return 0;
 }
 
@@ -216,13 +211,14 @@ void tpd_gdr_stop(struct tpd_daemon *d)
 		tpv_ctx_close(g->ports[i].ctx);
 	}
 	free(g->ports);
+	free(g->nics);
 	free(g);
 	d->gdr = NULL;
 }
 
 bool tpd_gdr_offered(const struct tpd_daemon *d)
 {
-	return d->gdr && d->gdr->offered;
+	return d->gdr && d->gdr->n > 0;
 }
 
 /* ---- link set-up --------------------------------------------------------------------------- */
@@ -394,15 +390,8 @@ void tpd_gdr_link_received(struct tpd_gdr_link *l, uint64_t bytes)
 /* The port for memory on the GPU @bus_id (NULL: host memory): nearest by topology, else next. */
 static struct gdr_port *port_for(struct tpd_gdr *g, const char *bus_id)
 {
-	struct tpv_nic *nics = calloc(g->n, sizeof(*nics));
-	int k;
+	int k = tpv_nic_choose(g->nics, g->n, TPV_SYSFS_ROOT, bus_id, &g->rr);
 
-	if (!nics)
-		return &g->ports[g->rr++ % g->n];
-	for (size_t i = 0; i < g->n; i++)
-		nics[i] = g->ports[i].nic;
-	k = tpv_nic_choose(nics, g->n, TPV_SYSFS_ROOT, bus_id, &g->rr);
-	free(nics);
 	return &g->ports[k < 0 ? 0 : k];
 }
 
@@ -477,15 +466,9 @@ static void regs_free(struct gdr_regs *rg)
 static int regs_make(struct tpd_gdr *g, const struct tpd_stripe_seg *segs, size_t n,
 		     struct gdr_regs *rg, char *why, size_t wl)
 {
-	const struct tpb_mem *gpu = first_cuda(segs, n);
-	struct tpb_cuda_range cr = { .dmabuf_fd = -EBADF };
-	int r = gpu ? tpb_cuda_rdma_range(gpu, &cr, why, wl) : 0;
+	int r;
 
-	if (r < 0)
-		return r;
-	if (cr.dmabuf_fd >= 0)
-		close(cr.dmabuf_fd);
-	rg->port = port_for(g, cr.bus_id[0] ? cr.bus_id : NULL); /* host memory: round-robin */
+	rg->port = port_for(g, tpb_cuda_bus_id(first_cuda(segs, n))); /* host memory: round-robin */
 	rg->n = n;
 	rg->r = calloc(n ? n : 1, sizeof(*rg->r));
 	if (!rg->r)
@@ -641,13 +624,19 @@ static void send_broken(struct gdr_send *s, int err, const char *why)
 	link_off(s->l, false, text);
 }
 
+/* True while @s has writes to post and no reason to stop. */
+static bool send_more(const struct gdr_send *s)
+{
+	return !s->status && !s->canceled && s->next < s->regs.n;
+}
+
 /* Posts the writes not posted yet, as far as the send queue takes them. */
 static void send_post(struct gdr_send *s)
 {
 	char why[160] = "";
 
 	s->posting = true;
-	while (!s->status && !s->canceled && s->next < s->regs.n) {
+	while (send_more(s)) {
 		const struct gdr_reg *g = &s->regs.r[s->next];
 		struct tpv_write w = { .local_addr = g->addr, .lkey = g->mr ? g->mr->lkey : 0,
 				       .remote_addr = s->raddr[s->next], .rkey = s->rkey[s->next],
@@ -664,12 +653,6 @@ static void send_post(struct gdr_send *s)
 		s->next++;
 	}
 	s->posting = false;
-}
-
-/* True while @s has writes to post and no reason to stop. */
-static bool send_more(const struct gdr_send *s)
-{
-	return !s->status && !s->canceled && s->next < s->regs.n;
 }
 
 static void gdr_write_done(void *arg, uint64_t cookie, int status, const char *why)

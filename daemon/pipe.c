@@ -45,7 +45,6 @@ struct tpd_msg {
 	struct tpd_copy_job *job; /* built at Read, submitted in order */
 	struct tpd_xh *xh;	  /* cross-host: the send or receive of this message */
 	bool eager;
-	bool remote_cuda; /* written on another host: a tensor there is in CUDA memory */
 	bool read_requested;
 	bool copying;
 	bool write_ready;
@@ -1366,6 +1365,15 @@ static void xh_recv_done(struct tpd_stripe_xfer *x)
 	xh_after(w);
 }
 
+/* Written on another host with a tensor in CUDA memory there. */
+static bool msg_remote_cuda(const struct tpd_msg *m)
+{
+	for (size_t i = 0; i < m->n_src; i++)
+		if (m->src[i].remote_cuda)
+			return true;
+	return false;
+}
+
 /*
  * Receive: asks the writer's daemon for the bytes, with the RDMA offer if there is one. Runs
  * at once without an offer, or once the offer's registration is ready (@err < 0: it failed,
@@ -1437,7 +1445,7 @@ static int xh_start(struct tpd_msg *m)
 		xh->x.xfer_id = tpd_peer_xfer_add(xh->link, xh);
 		r = xh->x.xfer_id ? tpd_stripe_recv(tpd_peer_stripe(xh->link), &xh->x) : -ENOMEM;
 		if (r == 0 && tpd_gdr_recv_new(tpd_peer_gdr(xh->link), xh->segs, xh->x.n_segs,
-					       m->remote_cuda, xh_gdr_ready, xh, &xh->gdr_recv,
+					       msg_remote_cuda(m), xh_gdr_ready, xh, &xh->gdr_recv,
 					       why, sizeof(why)) < 0) {
 			xh_gdr_ready(xh, 0, NULL); /* no offer: ask for the bytes at once */
 		} else if (r < 0 && xh->x.xfer_id) {
@@ -1957,7 +1965,6 @@ void tpd_pipe_peer_descriptor(struct tpd_pipe *p, const Tpw__V1__Descriptor *dd,
 		if (i >= dd->n_payloads && dd->tensors[i - dd->n_payloads]->device)
 			m->src[i].remote_cuda = dd->tensors[i - dd->n_payloads]->device->type ==
 						TPW__V1__DEVICE_TYPE__DEVICE_CUDA;
-		m->remote_cuda |= m->src[i].remote_cuda;
 	}
 	w->next_msg_id = dd->msg_id;
 	tpu_list_insert_tail(&w->rq, &m->rnode);

@@ -496,7 +496,6 @@ int tpb_cuda_rdma_range(const struct tpb_mem *m, struct tpb_cuda_range *ret, cha
 	ret->base = m->cuda->ptr & ~(page - 1);
 	end = (m->cuda->ptr + m->cuda->size + page - 1) & ~(page - 1);
 	ret->len = end - ret->base;
-	snprintf(ret->bus_id, sizeof(ret->bus_id), "%s", m->cuda->bus_id);
 	if (api()->cuMemGetHandleForAddressRange &&
 	    api()->cuMemGetHandleForAddressRange(&fd, ret->base, ret->len,
 						 CU_MEM_RANGE_HANDLE_TYPE_DMA_BUF_FD, 0) !=

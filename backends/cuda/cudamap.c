@@ -59,6 +59,13 @@ static struct tpb_cuda_map *map_new(const uint8_t *handle, bool event, const cha
 	return m;
 }
 
+const char *tpb_cuda_bus_id(const struct tpb_mem *m)
+{
+	if (!m || m->loc != TPB_LOC_CUDA || !m->cuda || !m->cuda->bus_id[0])
+		return NULL;
+	return m->cuda->bus_id;
+}
+
 int tpb_cuda_map_get(const uint8_t *handle, bool event, const char *bus_id, uint64_t size,
 		     struct tpb_cuda_map **ret, char *why, size_t why_len)
 {
