@@ -11,8 +11,9 @@
  * pre-faulted buffers; the 4 KiB message rate is compared with a raw socketpair stream of the same
  * bytes. With -r and -a the reader attaches to another daemon and the writer connects to it by
  * address (tpip://HOST:PORT/NAME), which measures a pipe across two daemons (bench/run_xhost.sh);
- * -B then drops the same-host baselines, which that script replaces with its own. It prints
- * figures only; it never judges them.
+ * -B then drops the same-host baselines, which that script replaces with its own, and -x HOST
+ * makes the baseline of each size row N raw TCP streams doing the same memory work
+ * (bench_rawtcp.c). It prints figures only; it never judges them.
  */
 #include <errno.h>
 #include <getopt.h>
@@ -394,16 +395,31 @@ static void fmt_baseline(const struct opts *o, const char *what, double fig, con
 	snprintf(ratio, ratio_len, "%.3f", fig > 0 ? res / fig : 0);
 }
 
+/* The raw TCP baseline's columns ("-" where it failed: the reason went to stderr). */
+static void fmt_raw_tcp(const struct opts *o, double fig, double res, char *base, size_t base_len,
+			char *ratio, size_t ratio_len)
+{
+	if (fig <= 0) {
+		snprintf(base, base_len, "raw tcp x%d: failed", o->streams);
+		snprintf(ratio, ratio_len, "-");
+		return;
+	}
+	snprintf(base, base_len, "raw tcp x%d %.2f GB/s", o->streams, fig);
+	snprintf(ratio, ratio_len, "%.3f", res / fig);
+}
+
 static int run_tput(struct wstate *ws, const struct opts *o, const struct kind *k,
 		    const char *label, size_t size)
 {
-	char name[160], sz[32], res[96], base[48], ratio[24];
+	char name[160], sz[32], res[96], base[64], ratio[24];
 	struct phase_result pr;
 	double mc = 0, gbps;
 	int r;
 
 	snprintf(name, sizeof(name), "%stput %s k=%d", o->row_prefix, label, o->inflight);
-	if (o->baselines)
+	if (o->tcp_host)
+		mc = bench_rawtcp_gbps(o, size);
+	else if (o->baselines)
 		mc = memcpy_gbps(size, o->min_s < 0.25 ? o->min_s : 0.25);
 	r = w_measure(ws, o, k->shm, size, o->inflight, &pr);
 	if (r < 0) {
@@ -412,7 +428,11 @@ static int run_tput(struct wstate *ws, const struct opts *o, const struct kind *
 	}
 	gbps = (double)pr.msgs * (double)size / pr.secs / 1e9;
 	snprintf(res, sizeof(res), "%.2f GB/s (%ld msgs, %.2f s)", gbps, pr.msgs, pr.secs);
-	fmt_baseline(o, "memcpy", mc, "GB/s", gbps, base, sizeof(base), ratio, sizeof(ratio));
+	if (o->tcp_host)
+		fmt_raw_tcp(o, mc, gbps, base, sizeof(base), ratio, sizeof(ratio));
+	else
+		fmt_baseline(o, "memcpy", mc, "GB/s", gbps, base, sizeof(base), ratio,
+			     sizeof(ratio));
 	bench_row(name, bench_fmt_size(size, sz, sizeof(sz)), res, base, ratio);
 	return 0;
 }
@@ -522,7 +542,7 @@ static void usage(void)
 {
 	printf("usage: bench_throughput [-s SIZES] [-K KINDS] [-k N] [-T SECONDS] [-m MSGS]\n"
 	       "                        [-D WINDOW] [-R] [-B] [-S SOCKET] [-r SOCKET] [-a PREFIX]\n"
-	       "                        [-P PREFIX] [-t]\n"
+	       "                        [-P PREFIX] [-x HOST [-N NETNS] [-C STREAMS]] [-t]\n"
 	       "  -s SIZES    comma list, K/M/G suffixes (default 4K,64K,1M,16M,64M,256M)\n"
 	       "  -K KINDS    comma list of shm, cma, staging (default all)\n"
 	       "  -k N        writes in flight (default 4, at most %d)\n"
@@ -536,7 +556,13 @@ static void usage(void)
 	       "  -a PREFIX   the writer connects to PREFIX + listener name, e.g.\n"
 	       "              tpip://127.0.0.1:7421/ for a reader on another daemon (default: \"\")\n"
 	       "  -P PREFIX   put PREFIX before every row's case name (e.g. \"xhost \")\n"
-	       "  -t          tab-separated rows, no header (for bench/run.sh)\n", SLOTS_MAX);
+	       "  -x HOST     baseline of the size rows: STREAMS raw TCP connections to a\n"
+	       "              receiver listening on numeric address HOST carry the same\n"
+	       "              messages between as many distinct slots (instead of memcpy)\n"
+	       "  -N NETNS    that receiver runs in this network namespace (name or path)\n"
+	       "  -C STREAMS  its TCP connections (default 4, at most %d)\n"
+	       "  -t          tab-separated rows, no header (for bench/run.sh)\n", SLOTS_MAX,
+	       RAW_STREAMS_MAX);
 }
 
 static int parse_sizes(const char *arg, struct opts *o)
@@ -562,9 +588,9 @@ static int parse_args(int argc, char **argv, struct opts *o)
 
 	*o = (struct opts){ .kinds = "shm,cma,staging", .inflight = 4, .min_s = 0.5,
 			    .min_msgs = 8, .window = 64, .rate = true, .baselines = true,
-			    .addr_prefix = "", .row_prefix = "" };
+			    .addr_prefix = "", .row_prefix = "", .streams = 4 };
 	parse_sizes("4K,64K,1M,16M,64M,256M", o);
-	while ((opt = getopt(argc, argv, "s:K:k:T:m:D:RBS:r:a:P:th")) != -1 && r == 0) {
+	while ((opt = getopt(argc, argv, "s:K:k:T:m:D:RBS:r:a:P:x:N:C:th")) != -1 && r == 0) {
 		switch (opt) {
 		case 's': r = parse_sizes(optarg, o); break;
 		case 'K': o->kinds = optarg; break;
@@ -578,13 +604,17 @@ static int parse_args(int argc, char **argv, struct opts *o)
 		case 'r': o->reader_socket = optarg; break;
 		case 'a': o->addr_prefix = optarg; break;
 		case 'P': o->row_prefix = optarg; break;
+		case 'x': o->tcp_host = optarg; break;
+		case 'N': o->netns = optarg; break;
+		case 'C': o->streams = atoi(optarg); break;
 		case 't': bench_tsv = true; break;
 		case 'h': usage(); exit(0);
 		default: r = -EINVAL; break;
 		}
 	}
 	if (r == 0 && (o->inflight < 1 || o->inflight > SLOTS_MAX || o->min_s < 0 ||
-		       o->min_msgs < 1 || o->window < 1 || optind != argc))
+		       o->min_msgs < 1 || o->window < 1 || o->streams < 1 ||
+		       o->streams > RAW_STREAMS_MAX || optind != argc))
 		r = -EINVAL;
 	if (r < 0)
 		usage();

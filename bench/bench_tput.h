@@ -20,6 +20,7 @@
 #define SIZES_MAX 16
 #define RATE_SIZE 4096
 #define RATE_INFLIGHT 4
+#define RAW_STREAMS_MAX 16
 
 enum tag_type { TAG_DATA = 1, TAG_CREDIT, TAG_DONE, TAG_QUIT };
 
@@ -53,6 +54,9 @@ struct opts {
 	const char *reader_socket; /* the reader's daemon (NULL: socket_path) */
 	const char *addr_prefix;   /* the writer connects to this + listener name ("": local) */
 	const char *row_prefix;	   /* prepended to every row's case name */
+	const char *tcp_host;	   /* raw TCP baseline to this address (NULL: none) */
+	const char *netns;	   /* its receiver's network namespace (NULL: this one) */
+	int streams;		   /* its TCP connections */
 };
 
 /*
@@ -78,5 +82,13 @@ struct bench_tput_reader_arg {
  * Borrows @arg. Return: 0 or -errno (lines go to stderr).
  */
 int bench_tput_reader_run(void *arg, int ready_fd);
+
+/*
+ * bench_rawtcp_gbps() - the raw TCP baseline (bench_rawtcp.c): @o->streams TCP connections to a
+ * receiver forked into @o->netns that listens on @o->tcp_host carry messages of @size bytes, one
+ * slice per connection, from @o->inflight distinct source slots into as many destination slots,
+ * for at least @o->min_s and @o->min_msgs. Return: GB/s (1e9 bytes), or 0 (a line goes to stderr).
+ */
+double bench_rawtcp_gbps(const struct opts *o, size_t size);
 
 #endif

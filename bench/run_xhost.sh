@@ -9,10 +9,11 @@
 # connections. Then, in one invocation, so that every figure meets the same background load:
 # iperf3 with N streams over the same path (the throughput baseline), bench_latency (8 B round
 # trips across the daemons, next to a raw TCP ping-pong over the same path), bench_throughput
-# (one tensor per message, shared buffers and private memory, 1 MiB to 512 MiB) and tp_baseline's
-# TensorPipe uv transport + mpt channel with N lanes (if it was built). It prints one table:
-# case, size, result, baseline, ratio, vs TensorPipe. Numbers only: the exit status says whether
-# everything ran, never whether a figure is good.
+# (one tensor per message, shared buffers and private memory, 1 MiB to 512 MiB, each row next to
+# N raw TCP streams moving the same messages between as many distinct buffers) and
+# tp_baseline's TensorPipe uv transport + mpt channel with N lanes (if it was built). It prints
+# one table: case, size, result, baseline, ratio, vs raw tcp, vs TensorPipe. Numbers only: the
+# exit status says whether everything ran, never whether a figure is good.
 #
 # With XBENCH_NETNS=1 (root and iproute2 needed) each daemon runs in a network namespace of its
 # own, joined by a veth pair (10.77.0.1 and 10.77.0.2, MTU 1500), instead of both on loopback;
@@ -291,7 +292,7 @@ run_one bench_latency -S "$tmp/a.sock" -r "$tmp/b.sock" -a "$prefix" -x "$host_b
 	"${ns_b_args[@]}" -P "xhost " -c ac "${lat_args[@]}" ${BENCH_LAT_ARGS:-}
 # shellcheck disable=SC2086
 run_one bench_throughput -S "$tmp/a.sock" -r "$tmp/b.sock" -a "$prefix" -P "xhost " -B -R \
-	-K shm,cma "${tput_args[@]}" ${BENCH_TPUT_ARGS:-}
+	-x "$host_b" "${ns_b_args[@]}" -C "$conns" -K shm,cma "${tput_args[@]}" ${BENCH_TPUT_ARGS:-}
 peers_a=$("$tpipctl" --socket "$tmp/a.sock" peers 2>&1 || true)
 if [[ $have_iperf == 1 ]]; then
 	run_iperf3 "iperf3 tcp -P $conns -l $iperf_len (after)" "$iperf_len" -l "$iperf_len"
@@ -357,8 +358,15 @@ xhost_columns() {
 	}
 	{
 		vs = "-"
+		raw = "-"
 		if ($1 ~ /^xhost tput / && gbps($3) > 0) {
 			key = k_of($1) "|" $2
+			if ($4 ~ /^raw tcp .*GB\/s$/) {
+				n = split($4, a, " ")
+				raw = sprintf("%s (%s GB/s)", $5, a[n - 1])
+			}
+			$4 = "-"
+			$5 = "-"
 			if (iperf > 0) {
 				$4 = sprintf("%s %.2f GB/s", iperf_name, iperf)
 				$5 = sprintf("%.3f", gbps($3) / iperf)
@@ -371,7 +379,7 @@ xhost_columns() {
 			if (lat[key] > 0 && med($3) > 0)
 				vs = sprintf("%.2f", lat[key] / med($3))
 		}
-		print $0, vs
+		print $0, raw, vs
 	}' "$1" "$1"
 }
 
@@ -388,13 +396,16 @@ echo "path: $path; $conns data connections per peer link (--peer-data-conns)," \
 echo "latency ratio = tpipd median / raw TCP ping-pong median over the same path (p99 in brackets);"
 echo "throughput ratio = tpipd GB/s / iperf3 GB/s over the same path ($conns streams, $iperf_len writes:"
 echo "the better of the iperf3 runs before and after tpipd's);"
+echo "vs raw tcp = tpipd GB/s / $conns raw TCP streams carrying the same messages between as many"
+echo "distinct memory slots as tpipd's benchmark uses (bench_throughput -x), measured right before"
+echo "each row (in brackets);"
 echo "vs TensorPipe (> 1: tpipd better) = TensorPipe uv+mpt median / tpipd median for latency,"
 echo "tpipd GB/s / TensorPipe uv+mpt GB/s ($conns lanes, same size and k) for throughput"
 [[ $have_tpb == 1 ]] ||
 	echo "(TensorPipe baseline not built: no TensorPipe rows; the vs TensorPipe column says -)"
 echo
 {
-	printf 'case\tsize\tresult\tbaseline\tratio\tvs TensorPipe\n'
+	printf 'case\tsize\tresult\tbaseline\tratio\tvs raw tcp\tvs TensorPipe\n'
 	xhost_columns "$rows"
 } | column -t -s $'\t'
 
