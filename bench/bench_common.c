@@ -92,6 +92,16 @@ int bench_parse_size(const char *s, size_t *ret)
 	return 0;
 }
 
+bool bench_list_has(const char *list, const char *key)
+{
+	size_t n = strlen(key);
+
+	for (const char *p = list; (p = strstr(p, key)); p += n)
+		if ((p == list || p[-1] == ',') && (p[n] == ',' || p[n] == '\0'))
+			return true;
+	return false;
+}
+
 const char *bench_fmt_size(size_t n, char *buf, size_t len)
 {
 	if (n >= (1u << 30) && n % (1u << 30) == 0)

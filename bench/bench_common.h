@@ -36,6 +36,9 @@ void bench_stats_compute(double *v, size_t n, struct bench_stats *ret);
 /* Parses "4096", "64K", "1M", "2G" (powers of 1024). Return: 0 or -EINVAL. */
 int bench_parse_size(const char *s, size_t *ret);
 
+/* Whether the comma list @list (e.g. "shm,cma") has the item @key. */
+bool bench_list_has(const char *list, const char *key);
+
 /* Writes "4 KiB", "64 MiB", "72 B" into @buf. Returns @buf. */
 const char *bench_fmt_size(size_t n, char *buf, size_t len);
 

@@ -646,27 +646,17 @@ static void w_free(struct writer *w)
 		w->cu.api->cuStreamDestroy(w->stream);
 }
 
-static bool kind_selected(const char *list, const char *key)
-{
-	size_t n = strlen(key);
-
-	for (const char *p = list; (p = strstr(p, key)); p += n)
-		if ((p == list || p[-1] == ',') && (p[n] == ',' || p[n] == '\0'))
-			return true;
-	return false;
-}
-
 static int w_tables(struct writer *w)
 {
 	struct tag quit = { .magic = TAG_MAGIC, .type = TAG_QUIT };
 	struct tp_message m = { .metadata = &quit, .metadata_len = sizeof(quit) };
 	int r = 0, failed = 0;
 
-	if (kind_selected(w->o->kinds, "ipc") && (r = table_ipc(w)) < 0)
+	if (bench_list_has(w->o->kinds, "ipc") && (r = table_ipc(w)) < 0)
 		failed = r;
-	if (r == 0 && kind_selected(w->o->kinds, "h2d") && (r = table_host(w, false)) < 0)
+	if (r == 0 && bench_list_has(w->o->kinds, "h2d") && (r = table_host(w, false)) < 0)
 		failed = r;
-	if (r == 0 && kind_selected(w->o->kinds, "d2h") && (r = table_host(w, true)) < 0)
+	if (r == 0 && bench_list_has(w->o->kinds, "d2h") && (r = table_host(w, true)) < 0)
 		failed = r;
 	if (bench_counter_wait_le(&w->pending, 0) == 0)
 		tp_pipe_write_sync(w->p, &m);

@@ -57,6 +57,12 @@ static void raw_slice(const struct raw_side *s, int i, size_t *off, size_t *len)
 	*len = i == s->o->streams - 1 ? s->size - *off : base;
 }
 
+/* Where slice @off of message @m lives: its slot is m % k. */
+static char *raw_at(const struct raw_side *s, long m, size_t off)
+{
+	return s->mem + (size_t)(m % s->o->inflight) * s->size + off;
+}
+
 static char *raw_mem(const struct opts *o, size_t size)
 {
 	size_t n = (size_t)o->inflight * size;
@@ -79,7 +85,7 @@ static void *raw_recv_main(void *arg)
 
 	raw_slice(s, t->i, &off, &len);
 	for (long m = 0;; m++) {
-		char *dst = s->mem + (size_t)(m % s->o->inflight) * s->size + off;
+		char *dst = raw_at(s, m, off);
 		ssize_t n = recv(s->fds[t->i], dst, len, MSG_WAITALL);
 
 		if (n == 0) {
@@ -169,8 +175,7 @@ static void *raw_send_main(void *arg)
 			usleep(1000);
 			continue;
 		}
-		if (bench_write_full(s->fds[t->i],
-				     s->mem + (size_t)(m % s->o->inflight) * s->size + off, len) < 0)
+		if (bench_write_full(s->fds[t->i], raw_at(s, m, off), len) < 0)
 			failed = true;
 		else
 			m++;
@@ -179,8 +184,7 @@ static void *raw_send_main(void *arg)
 	pthread_barrier_wait(&s->bar);
 	pthread_barrier_wait(&s->bar); /* s->final is set */
 	for (; !failed && m < s->final; m++)
-		if (bench_write_full(s->fds[t->i],
-				     s->mem + (size_t)(m % s->o->inflight) * s->size + off, len) < 0)
+		if (bench_write_full(s->fds[t->i], raw_at(s, m, off), len) < 0)
 			break;
 	shutdown(s->fds[t->i], SHUT_WR);
 	return NULL;

@@ -621,16 +621,6 @@ static int parse_args(int argc, char **argv, struct opts *o)
 	return r;
 }
 
-static bool kind_selected(const char *list, const char *key)
-{
-	size_t n = strlen(key);
-
-	for (const char *p = list; (p = strstr(p, key)); p += n)
-		if ((p == list || p[-1] == ',') && (p[n] == ',' || p[n] == '\0'))
-			return true;
-	return false;
-}
-
 int main(int argc, char **argv)
 {
 	struct opts o;
@@ -641,7 +631,7 @@ int main(int argc, char **argv)
 	bench_table_header("one-way throughput, one CPU tensor per message "
 			   "(ratio = tpipd/memcpy, rate: tpipd/raw socketpair)");
 	for (size_t i = 0; i < sizeof(kinds) / sizeof(kinds[0]); i++)
-		if (kind_selected(o.kinds, kinds[i].key) && run_kind(&o, &kinds[i]) < 0)
+		if (bench_list_has(o.kinds, kinds[i].key) && run_kind(&o, &kinds[i]) < 0)
 			failed++;
 	return failed ? 1 : 0;
 }

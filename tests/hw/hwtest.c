@@ -135,6 +135,21 @@ int hwt_dev_put(const struct hwt_cuda *c, CUdeviceptr p, const void *host, size_
 	return 0;
 }
 
+int hwt_dev_alloc_fill(const struct hwt_cuda *c, size_t len, uint64_t seed, CUdeviceptr *ret)
+{
+	uint8_t *img = malloc(len);
+	int r;
+
+	TPT_REQUIRE(img, -ENOMEM, "malloc");
+	tpt_fill(img, len, seed);
+	HWT_CU(c, cuMemAlloc(ret, len), (free(img), -ENOMEM));
+	r = hwt_dev_put(c, *ret, img, len, NULL);
+	free(img);
+	if (r < 0)
+		c->api->cuMemFree(*ret);
+	return r;
+}
+
 int hwt_dev_get(const struct hwt_cuda *c, CUdeviceptr p, void *host, size_t len)
 {
 	if (len)

@@ -92,6 +92,11 @@ int hwt_dev_put(const struct hwt_cuda *c, CUdeviceptr p, const void *host, size_
 int hwt_dev_get(const struct hwt_cuda *c, CUdeviceptr p, void *host, size_t len);
 /* Sets @len bytes at @p to @value and waits for it (legacy stream). Return: 0 or -errno. */
 int hwt_dev_set(const struct hwt_cuda *c, CUdeviceptr p, uint8_t value, size_t len);
+/*
+ * hwt_dev_alloc_fill() - cuMemAlloc @len bytes and fill them with tpt_fill(@seed)'s pattern
+ * (synchronous). @ret: the allocation, for cuMemFree. Return: 0 or -errno (printed).
+ */
+int hwt_dev_alloc_fill(const struct hwt_cuda *c, size_t len, uint64_t seed, CUdeviceptr *ret);
 
 /*
  * hwt_dev_expect() - read @len bytes at device @p back and compare them with @want.

@@ -79,19 +79,6 @@ static void CUDA_CB slow_fn(void *arg)
 }
 
 /* @len bytes of CUDA memory holding the pattern of @seed. */
-static int big_alloc(const struct hwt_cuda *cu, size_t len, uint64_t seed, CUdeviceptr *ret)
-{
-	uint8_t *img = malloc(len);
-	int r;
-
-	TPT_REQUIRE(img, -ENOMEM, "malloc");
-	tpt_fill(img, len, seed);
-	HWT_CU(cu, cuMemAlloc(ret, len), -ENOMEM);
-	r = hwt_dev_put(cu, *ret, img, len, NULL);
-	free(img);
-	return r;
-}
-
 /*
  * Before a client exits mid-transfer: a grace period in which the daemon, which received the
  * operation, opens the client's IPC handles and starts waiting for its event. Either order must
@@ -129,7 +116,7 @@ static int done_writer(void *arg)
 
 	TPT_REQUIRE(hwt_cuda_open(0, &cu) == 0, 1, "CUDA");
 	TPT_REQUIRE(tpt_end_connect(&e) == 0, 1, "connect");
-	TPT_REQUIRE(big_alloc(&cu, t.length, 70, &p) == 0, 1, "alloc");
+	TPT_REQUIRE(hwt_dev_alloc_fill(&cu, t.length, 70, &p) == 0, 1, "alloc");
 	t.data = hwt_ptr(p);
 	r = tp_pipe_write_sync(e.p, &m);
 	TPT_REQUIRE(r == 0, 1, "write: %d %s", r, tp_last_error());
@@ -191,7 +178,7 @@ static int dying_writer(void *arg)
 
 	TPT_REQUIRE(hwt_cuda_open(0, &cu) == 0, 1, "CUDA");
 	TPT_REQUIRE(tpt_end_connect(&e) == 0, 1, "connect");
-	TPT_REQUIRE(big_alloc(&cu, BIG, 72, &p) == 0, 1, "alloc");
+	TPT_REQUIRE(hwt_dev_alloc_fill(&cu, BIG, 72, &p) == 0, 1, "alloc");
 	TPT_REQUIRE(slow_stream(&cu, &s) == 0, 1, "stream");
 	HWT_CU(&cu, cuMemsetD8Async(p, 0x5a, BIG, s), 1);
 	t.data = hwt_ptr(p);
@@ -271,7 +258,7 @@ static int surviving_writer(void *arg)
 
 	TPT_REQUIRE(hwt_cuda_open(0, &cu) == 0, 1, "CUDA");
 	TPT_REQUIRE(tpt_end_connect(&e) == 0, 1, "connect");
-	TPT_REQUIRE(big_alloc(&cu, BIG, 74, &p) == 0, 1, "alloc");
+	TPT_REQUIRE(hwt_dev_alloc_fill(&cu, BIG, 74, &p) == 0, 1, "alloc");
 	t.data = hwt_ptr(p);
 	tpt_done_init(&done);
 	r = tp_pipe_write(e.p, &m, tpt_done_cb, &da);

@@ -104,19 +104,6 @@ END_TEST
 static struct tpt_sync rel_ready, rel_read;
 
 /* Allocates @len bytes on @cu and fills them with the pattern of @seed. */
-static int rel_alloc(const struct hwt_cuda *cu, uint64_t seed, CUdeviceptr *ret)
-{
-	uint8_t *img = malloc(REL_LEN);
-	int r;
-
-	TPT_REQUIRE(img, -ENOMEM, "malloc");
-	tpt_fill(img, REL_LEN, seed);
-	HWT_CU(cu, cuMemAlloc(ret, REL_LEN), -ENOMEM);
-	r = hwt_dev_put(cu, *ret, img, REL_LEN, NULL);
-	free(img);
-	return r;
-}
-
 /* Release semantics that need no transfer: CPU memory is refused, unmapped memory is fine. */
 static int rel_check_args(struct tp_context *ctx, const struct hwt_cuda *cu)
 {
@@ -149,7 +136,7 @@ static int rel_writer(void *arg)
 	TPT_REQUIRE(tpt_end_connect(&e) == 0, 1, "connect");
 	TPT_REQUIRE(rel_check_args(e.ctx, &cu) == 0, 1, "release arguments");
 	for (unsigned i = 0; i < REL_ROUNDS; i++) {
-		TPT_REQUIRE(rel_alloc(&cu, tpt_seed(60, i, 0), &p) == 0, 1, "round %u", i);
+		TPT_REQUIRE(hwt_dev_alloc_fill(&cu, REL_LEN, tpt_seed(60, i, 0), &p) == 0, 1, "round %u", i);
 		tpt_log("writer: round %u at device address 0x%llx", i, (unsigned long long)p);
 		t.data = hwt_ptr(p);
 		r = tp_pipe_write_sync(e.p, &m);
@@ -178,7 +165,7 @@ static int rel_read_round(struct tpt_end *e, const struct hwt_cuda *cu, unsigned
 	tpt_fill(want, REL_LEN, tpt_seed(60, i, 0));
 	r = tp_pipe_read_descriptor_sync(e->p, HWT_T_MS, &d);
 	TPT_REQUIRE(r == 0, 1, "round %u: descriptor: %d %s", i, r, tp_last_error());
-	TPT_REQUIRE(rel_alloc(cu, tpt_seed(61, i, 0), &p) == 0, 1, "round %u", i);
+	TPT_REQUIRE(hwt_dev_alloc_fill(cu, REL_LEN, tpt_seed(61, i, 0), &p) == 0, 1, "round %u", i);
 	tpt_log("reader: round %u at device address 0x%llx", i, (unsigned long long)p);
 	slot.data = hwt_ptr(p);
 	r = tp_pipe_read_sync(e->p, d, &a);
