@@ -242,7 +242,7 @@ static void peer_teardown(struct tpd_peer *pr)
 	while (v && tpu_hmap_next(&pr->pipes, &i, &key, &val))
 		v[k++] = val;
 	for (i = 0; i < k; i++)
-		tpd_pipe_link_failed(v[i], pr->fail_err ? pr->fail_err : -ECONNRESET,
+		tpd_xpipe_link_failed(v[i], pr->fail_err ? pr->fail_err : -ECONNRESET,
 				     pr->last_error);
 	free(v);
 	tpu_hmap_done(&pr->pipes);
@@ -425,7 +425,7 @@ static void link_up(struct tpd_peer *pr)
 	while (v && tpu_hmap_next(&pr->pipes, &i, &key, &val))
 		v[k++] = val;
 	for (i = 0; i < k; i++)
-		tpd_pipe_link_up(v[i]);
+		tpd_xpipe_link_up(v[i]);
 	free(v);
 }
 
@@ -738,33 +738,33 @@ static void dispatch_up(struct tpd_peer *pr, const Tpw__V1__PeerMsg *m, const ui
 
 	switch (m->body_case) {
 	case TPW__V1__PEER_MSG__BODY_CONNECT:
-		tpd_pipe_peer_connect(pr->d, pr, m->connect);
+		tpd_xpipe_peer_connect(pr->d, pr, m->connect);
 		return;
 	case TPW__V1__PEER_MSG__BODY_CONNECT_REPLY:
-		tpd_pipe_peer_connect_reply(pr, find_pipe(pr, m->connect_reply->pipe_id),
+		tpd_xpipe_peer_connect_reply(pr, find_pipe(pr, m->connect_reply->pipe_id),
 					    m->connect_reply);
 		return;
 	case TPW__V1__PEER_MSG__BODY_DESCRIPTOR:
 		if ((p = find_pipe(pr, m->descriptor->pipe_id)))
-			tpd_pipe_peer_descriptor(p, m->descriptor->descriptor, tail, tail_len);
+			tpd_xpipe_peer_descriptor(p, m->descriptor->descriptor, tail, tail_len);
 		return;
 	case TPW__V1__PEER_MSG__BODY_READ_REQ:
 		if ((p = find_pipe(pr, m->read_req->pipe_id)))
-			tpd_pipe_peer_read_req(p, m->read_req);
+			tpd_xpipe_peer_read_req(p, m->read_req);
 		return;
 	case TPW__V1__PEER_MSG__BODY_XFER_END: {
 		void *arg = tpu_hmap_get(&pr->xfers, m->xfer_end->xfer_id);
 		if (arg)
-			tpd_pipe_peer_xfer_end(pr, arg, m->xfer_end);
+			tpd_xh_peer_xfer_end(pr, arg, m->xfer_end);
 		return;
 	}
 	case TPW__V1__PEER_MSG__BODY_CONSUMED:
 		if ((p = find_pipe(pr, m->consumed->pipe_id)))
-			tpd_pipe_peer_consumed(p, m->consumed);
+			tpd_xpipe_peer_consumed(p, m->consumed);
 		return;
 	case TPW__V1__PEER_MSG__BODY_PIPE_CLOSE:
 		if ((p = find_pipe(pr, m->pipe_close->pipe_id)))
-			tpd_pipe_peer_close(p, m->pipe_close->status, m->pipe_close->message);
+			tpd_xpipe_peer_close(p, m->pipe_close->status, m->pipe_close->message);
 		return;
 	case TPW__V1__PEER_MSG__BODY_PING:
 		on_ping(pr, m->ping);

@@ -4,8 +4,8 @@
  * through a bufferevent) plus N data connections handed to a tpd_stripe. This module dials and
  * accepts links (the TCP peer listener), runs the Hello / HMAC challenge-response handshake,
  * attaches data connections, sends keepalives and declares a silent peer dead, and dispatches
- * the pipe messages it receives to pipe.c. A failed link fails every pipe over it and is gone;
- * the next connect to that host dials a new one.
+ * the pipe messages it receives to xpipe.c and xh.c. A failed link fails every pipe over it and
+ * is gone; the next connect to that host dials a new one.
  */
 #ifndef TPD_PEER_H
 #define TPD_PEER_H
@@ -56,7 +56,8 @@ struct tpd_stripe *tpd_peer_stripe(struct tpd_peer *pr);
 
 /*
  * tpd_peer_pipe_add() - @p (whose local id is p->id) now runs over @pr: pipe messages for it are
- * dispatched to pipe.c, and tpd_pipe_link_up() / tpd_pipe_link_failed() tell it about the link.
+ * dispatched to xpipe.c and xh.c, and tpd_xpipe_link_up() / tpd_xpipe_link_failed() tell it
+ * about the link.
  * Return: 0 or -ENOMEM.
  */
 int tpd_peer_pipe_add(struct tpd_peer *pr, struct tpd_pipe *p);

@@ -4,7 +4,9 @@
  * messages on it: queueing writes, sending descriptors, eager completion, building copy jobs
  * from the reader's allocation, in-order completions, and failing what is pending when an end
  * closes or dies. Each direction is independent. The pipe is freed when both ends are detached
- * and no copy is in flight.
+ * and no copy is in flight. The module is four files: pipe.c (pipes, ends, writes, reads,
+ * completions), msg.c (a message's memory and copy job), xpipe.c (pipes to another host's
+ * daemon) and xh.c (a message's transfer over a peer link); pipe_int.h is private to them.
  */
 #ifndef TPD_PIPE_H
 #define TPD_PIPE_H
@@ -100,30 +102,30 @@ void tpd_pipe_end_detach(struct tpd_pipe_end *e, Tpw__V1__Status why);
  */
 void tpd_pipe_end_close(struct tpd_pipe_end *e);
 
-/* ---- cross-host pipes (called by peer.c) ---- */
+/* ---- cross-host pipes (xpipe.c and xh.c, called by peer.c) ---- */
 
 /* The link of connecting pipe @p is up: ask the peer for the listener. */
-void tpd_pipe_link_up(struct tpd_pipe *p);
+void tpd_xpipe_link_up(struct tpd_pipe *p);
 /* The link of @p failed with @err: fail the connect, or the remote end (STATUS_PEER_DIED).
  * -ELOOP means the address was this daemon's own: the pipe connects locally instead. */
-void tpd_pipe_link_failed(struct tpd_pipe *p, int err, const char *why);
+void tpd_xpipe_link_failed(struct tpd_pipe *p, int err, const char *why);
 /* The peer asks for a local listener: accept or refuse. */
-void tpd_pipe_peer_connect(struct tpd_daemon *d, struct tpd_peer *pr,
-			   const Tpw__V1__PeerConnect *c);
+void tpd_xpipe_peer_connect(struct tpd_daemon *d, struct tpd_peer *pr,
+			    const Tpw__V1__PeerConnect *c);
 /* The peer answered our PeerConnect; @p is NULL if the pipe already ended here. */
-void tpd_pipe_peer_connect_reply(struct tpd_peer *pr, struct tpd_pipe *p,
-				 const Tpw__V1__PeerConnectReply *r);
+void tpd_xpipe_peer_connect_reply(struct tpd_peer *pr, struct tpd_pipe *p,
+				  const Tpw__V1__PeerConnectReply *r);
 /* A message the remote end wrote. @tail: borrowed eager bytes. */
-void tpd_pipe_peer_descriptor(struct tpd_pipe *p, const Tpw__V1__Descriptor *dd,
-			      const uint8_t *tail, uint32_t tail_len);
+void tpd_xpipe_peer_descriptor(struct tpd_pipe *p, const Tpw__V1__Descriptor *dd,
+			       const uint8_t *tail, uint32_t tail_len);
 /* The remote reader has its allocation for one of our messages: send it. */
-void tpd_pipe_peer_read_req(struct tpd_pipe *p, const Tpw__V1__PeerReadReq *rr);
+void tpd_xpipe_peer_read_req(struct tpd_pipe *p, const Tpw__V1__PeerReadReq *rr);
 /* The sender of receive @arg (from tpd_peer_xfer_add()) stopped sending. */
-void tpd_pipe_peer_xfer_end(struct tpd_peer *pr, void *arg, const Tpw__V1__PeerXferEnd *xe);
+void tpd_xh_peer_xfer_end(struct tpd_peer *pr, void *arg, const Tpw__V1__PeerXferEnd *xe);
 /* The remote reader is done with one of our messages. */
-void tpd_pipe_peer_consumed(struct tpd_pipe *p, const Tpw__V1__PeerConsumed *c);
+void tpd_xpipe_peer_consumed(struct tpd_pipe *p, const Tpw__V1__PeerConsumed *c);
 /* The remote end went away. */
-void tpd_pipe_peer_close(struct tpd_pipe *p, Tpw__V1__Status st, const char *why);
+void tpd_xpipe_peer_close(struct tpd_pipe *p, Tpw__V1__Status st, const char *why);
 
 /* The other end of @e. */
 struct tpd_pipe_end *tpd_pipe_end_peer(struct tpd_pipe_end *e);

@@ -1,0 +1,333 @@
+/* SPDX-License-Identifier: BSD-3-Clause */
+/*
+ * The memory side of a message on the loop thread: resolving the segments of a Write into
+ * sources (inline bytes, ranges of shared buffers, addresses in the writer's process, CUDA
+ * memory), the Descriptor that tells the reader about them, resolving the segments of a Read
+ * into destinations, and the copy job between the two on one host. It checks ranges and takes
+ * references; when copies start and how they complete is pipe.c's business.
+ */
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include "buffer.h"
+#include "copier.h"
+#include "devmem.h"
+#include "peer.h"
+#include "pipe_int.h"
+#include "session.h"
+
+void tpd_msg_free(struct tpd_msg *m)
+{
+	tpd_xh_free(m->xh);
+	for (size_t i = 0; i < m->n_src; i++) {
+		tpd_buffer_unref(m->src[i].buf);
+		tpd_devmem_put(&m->src[i].mem);
+	}
+	tpd_copy_job_free(m->job);
+	free(m->src);
+	free(m->tail);
+	free(m);
+}
+
+static int resolve_src(struct tpd_session *s, const Tpw__V1__Segment *seg, const uint8_t *tail,
+		       struct msg_src *out, char *why, size_t wl)
+{
+	void *ptr;
+	int r;
+
+	out->len = seg->length;
+	out->mem.loc = TPB_LOC_LOCAL;
+	switch (seg->loc_case) {
+	case TPW__V1__SEGMENT__LOC_INLINE_OFF:
+		out->mem.addr = (uint64_t)(uintptr_t)(tail + seg->inline_off);
+		return 0;
+	case TPW__V1__SEGMENT__LOC_SHM:
+		out->buf = tpd_session_buffer(s, seg->shm->buf_id, seg->shm->gen);
+		if (!out->buf) {
+			snprintf(why, wl, "no shared buffer %llu/%llu",
+				 (unsigned long long)seg->shm->buf_id,
+				 (unsigned long long)seg->shm->gen);
+			return -ENOENT;
+		}
+		r = tpd_buffer_resolve(out->buf, seg->shm->offset, seg->length, &ptr);
+		if (r < 0) {
+			snprintf(
+			    why, wl, "range %llu+%llu outside shared buffer %llu of %llu bytes",
+			    (unsigned long long)seg->shm->offset, (unsigned long long)seg->length,
+			    (unsigned long long)seg->shm->buf_id,
+			    (unsigned long long)out->buf->size);
+			out->buf = NULL;
+			return r;
+		}
+		tpd_buffer_ref(out->buf);
+		out->mem.addr = (uint64_t)(uintptr_t)ptr;
+		return 0;
+	case TPW__V1__SEGMENT__LOC_CMA_ADDR:
+		if (!s->cma_ok) {
+			snprintf(why, wl, "cross-memory attach is not available for this client");
+			return -EINVAL;
+		}
+		out->mem.loc = TPB_LOC_PROCESS;
+		out->mem.pid = s->pid;
+		out->mem.addr = seg->cma_addr;
+		return 0;
+	case TPW__V1__SEGMENT__LOC_CUDA:
+		return tpd_devmem_resolve(s, seg->cuda, &out->mem, why, wl);
+	default:
+		out->mem.addr = 0; /* zero length, validated */
+		return 0;
+	}
+}
+
+static const Tpw__V1__Segment *write_segment(const Tpw__V1__Write *w, size_t i)
+{
+	return i < w->n_payloads ? w->payloads[i]->data : w->tensors[i - w->n_payloads]->data;
+}
+
+/* Resolves every source of @w into @m; fills @why on failure. */
+int tpd_msg_resolve(struct tpd_msg *m, struct tpd_session *s, const Tpw__V1__Write *w,
+		    const uint8_t *tail, char *why, size_t wl)
+{
+	m->n_src = w->n_payloads + w->n_tensors;
+	m->src = calloc(m->n_src ? m->n_src : 1, sizeof(*m->src));
+	if (!m->src)
+		return -ENOMEM;
+	m->eager = true;
+	for (size_t i = 0; i < m->n_src; i++) {
+		const Tpw__V1__Segment *seg = write_segment(w, i);
+		int r = resolve_src(s, seg, tail, &m->src[i], why, wl);
+		if (r < 0)
+			return r;
+		m->bytes += seg->length;
+		if (seg->length && seg->loc_case != TPW__V1__SEGMENT__LOC_INLINE_OFF)
+			m->eager = false;
+	}
+	return 0;
+}
+
+static void fill_desc(Tpw__V1__Descriptor *dd, const Tpw__V1__Write *w, Tpw__V1__PayloadDesc *pd,
+		      Tpw__V1__PayloadDesc **pdp, Tpw__V1__TensorDesc *td,
+		      Tpw__V1__TensorDesc **tdp)
+{
+	static Tpw__V1__Device cpu = TPW__V1__DEVICE__INIT;
+
+	cpu.type = TPW__V1__DEVICE_TYPE__DEVICE_CPU;
+	dd->metadata = w->metadata;
+	for (size_t i = 0; i < w->n_payloads; i++) {
+		tpw__v1__payload_desc__init(&pd[i]);
+		pd[i].length = w->payloads[i]->data->length;
+		pd[i].metadata = w->payloads[i]->metadata;
+		pdp[i] = &pd[i];
+	}
+	for (size_t i = 0; i < w->n_tensors; i++) {
+		tpw__v1__tensor_desc__init(&td[i]);
+		td[i].length = w->tensors[i]->data->length;
+		td[i].metadata = w->tensors[i]->metadata;
+		td[i].device = w->tensors[i]->device ? w->tensors[i]->device : &cpu;
+		td[i].target = w->tensors[i]->target;
+		tdp[i] = &td[i];
+	}
+	dd->n_payloads = w->n_payloads;
+	dd->payloads = pdp;
+	dd->n_tensors = w->n_tensors;
+	dd->tensors = tdp;
+}
+
+/* Sends the descriptor of @m (written as @w) to the reader @r, with the bytes if eager: to its
+ * session, or through the peer link when @r is on another host. */
+int tpd_msg_send_descriptor(struct tpd_pipe_end *r, struct tpd_msg *m, const Tpw__V1__Write *w)
+{
+	Tpw__V1__Descriptor dd = TPW__V1__DESCRIPTOR__INIT;
+	Tpw__V1__DaemonMsg dm = TPW__V1__DAEMON_MSG__INIT;
+	Tpw__V1__PeerDescriptor pd_ = TPW__V1__PEER_DESCRIPTOR__INIT;
+	Tpw__V1__PeerMsg pm = TPW__V1__PEER_MSG__INIT;
+	size_t n = w->n_payloads + w->n_tensors;
+	Tpw__V1__PayloadDesc *pd = calloc(w->n_payloads + 1, sizeof(*pd));
+	Tpw__V1__PayloadDesc **pdp = calloc(w->n_payloads + 1, sizeof(*pdp));
+	Tpw__V1__TensorDesc *td = calloc(w->n_tensors + 1, sizeof(*td));
+	Tpw__V1__TensorDesc **tdp = calloc(w->n_tensors + 1, sizeof(*tdp));
+	struct iovec *iov = calloc(n + 1, sizeof(*iov));
+	int r_ = -ENOMEM;
+
+	if (!pd || !pdp || !td || !tdp || !iov)
+		goto out;
+	fill_desc(&dd, w, pd, pdp, td, tdp);
+	dd.pipe_id = r->local_id;
+	dd.msg_id = m->msg_id;
+	dd.eager = m->eager;
+	for (size_t i = 0; m->eager && i < n; i++) {
+		iov[i].iov_base = (void *)(uintptr_t)m->src[i].mem.addr;
+		iov[i].iov_len = m->src[i].len;
+	}
+	if (r->remote) {
+		dd.pipe_id = 0; /* the peer daemon names the pipe in PeerDescriptor */
+		pd_.pipe_id = r->pipe->remote_id;
+		pd_.descriptor = &dd;
+		pm.body_case = TPW__V1__PEER_MSG__BODY_DESCRIPTOR;
+		pm.descriptor = &pd_;
+		r_ = r->pipe->link ? tpd_peer_send(r->pipe->link, &pm, iov, m->eager ? (int)n : 0)
+				   : -ECONNRESET;
+		goto out;
+	}
+	dm.body_case = TPW__V1__DAEMON_MSG__BODY_DESCRIPTOR;
+	dm.descriptor = &dd;
+	r_ = tpd_session_send(r->session, &dm, iov, m->eager ? (int)n : 0);
+out:
+	free(pd);
+	free(pdp);
+	free(td);
+	free(tdp);
+	free(iov);
+	return r_;
+}
+
+const Tpw__V1__Segment *tpd_msg_read_segment(const Tpw__V1__Read *rd, size_t i)
+{
+	return i < rd->n_payloads ? rd->payloads[i] : rd->tensors[i - rd->n_payloads];
+}
+
+/* Resolves the reader's destination for source @src into @x, taking buffer refs into @job. */
+int tpd_msg_resolve_dst(struct tpd_session *s, const Tpw__V1__Segment *seg,
+			const struct msg_src *src, struct tpd_copy_job *job, struct tpb_xfer *x,
+			char *why, size_t wl)
+{
+	struct tpd_buffer *b;
+	void *ptr;
+
+	if (seg->length != src->len) {
+		snprintf(why, wl, "allocation of %llu bytes for a segment of %llu",
+			 (unsigned long long)seg->length, (unsigned long long)src->len);
+		return -EINVAL;
+	}
+	x->src = src->mem;
+	x->len = src->len;
+	if (seg->loc_case == TPW__V1__SEGMENT__LOC_CMA_ADDR) {
+		if (!s->cma_ok) {
+			snprintf(why, wl, "cross-memory attach is not available for this client");
+			return -EINVAL;
+		}
+		x->dst =
+		    (struct tpb_mem){.loc = TPB_LOC_PROCESS, .pid = s->pid, .addr = seg->cma_addr};
+		return 0;
+	}
+	if (seg->loc_case == TPW__V1__SEGMENT__LOC_CUDA) {
+		int r = tpd_devmem_resolve(s, seg->cuda, &x->dst, why, wl);
+		if (r < 0)
+			return r;
+		job->maps[job->n_maps++] = x->dst.cuda; /* the job owns these references */
+		if (x->dst.event)
+			job->maps[job->n_maps++] = x->dst.event;
+		return 0;
+	}
+	if (seg->loc_case != TPW__V1__SEGMENT__LOC_SHM) {
+		snprintf(why, wl, "segment of %llu bytes without destination",
+			 (unsigned long long)seg->length);
+		return -EINVAL;
+	}
+	b = tpd_session_buffer(s, seg->shm->buf_id, seg->shm->gen);
+	if (!b) {
+		snprintf(why, wl, "no shared buffer %llu/%llu",
+			 (unsigned long long)seg->shm->buf_id, (unsigned long long)seg->shm->gen);
+		return -ENOENT;
+	}
+	if (tpd_buffer_resolve(b, seg->shm->offset, seg->length, &ptr) < 0) {
+		snprintf(why, wl, "range %llu+%llu outside shared buffer %llu of %llu bytes",
+			 (unsigned long long)seg->shm->offset, (unsigned long long)seg->length,
+			 (unsigned long long)seg->shm->buf_id, (unsigned long long)b->size);
+		return -ERANGE;
+	}
+	job->refs[job->n_refs++] = tpd_buffer_ref(b);
+	x->dst = (struct tpb_mem){.loc = TPB_LOC_LOCAL, .addr = (uint64_t)(uintptr_t)ptr};
+	return 0;
+}
+
+/*
+ * Segments above CHUNK_SPLIT bytes are copied as CHUNK-byte transfers, so that every copy
+ * thread can work on one large tensor at once.
+ */
+#define CHUNK (2u << 20)
+#define CHUNK_SPLIT (4u << 20)
+
+static size_t chunks_of(uint64_t len)
+{
+	return len <= CHUNK_SPLIT ? (len ? 1 : 0) : (size_t)((len + CHUNK - 1) / CHUNK);
+}
+
+static struct tpb_mem mem_at(struct tpb_mem m, uint64_t off)
+{
+	m.addr += off;
+	return m;
+}
+
+/* Appends @x to @job as transfers of at most CHUNK bytes (one if it is small). */
+static void job_add(struct tpd_copy_job *job, const struct tpb_xfer *x, int channel)
+{
+	uint64_t step = x->len <= CHUNK_SPLIT ? x->len : CHUNK;
+
+	for (uint64_t off = 0; off < x->len; off += step) {
+		struct tpb_xfer *c = &job->xfers[job->n];
+
+		c->src = mem_at(x->src, off);
+		c->dst = mem_at(x->dst, off);
+		c->len = TPU_MIN(step, x->len - off);
+		job->channels[job->n++] = channel;
+	}
+	job->bytes += x->len;
+}
+
+/* The job keeps the source's CUDA mappings alive even if the message goes first. */
+static void job_hold_cuda(struct tpd_copy_job *job, const struct tpb_mem *m)
+{
+	if (m->loc != TPB_LOC_CUDA)
+		return;
+	job->maps[job->n_maps++] = tpb_cuda_map_ref(m->cuda);
+	if (m->event)
+		job->maps[job->n_maps++] = tpb_cuda_map_ref(m->event);
+}
+
+/* Builds the copy job for @m into the reader's allocation @rd. */
+int tpd_msg_build_job(struct tpd_msg *m, struct tpd_session *s, const Tpw__V1__Read *rd,
+		      tpd_copy_done_fn done, struct tpd_copy_job **ret, char *why, size_t wl)
+{
+	struct tpd_copy_job *job;
+	size_t n = rd->n_payloads + rd->n_tensors, n_xfers = 0;
+
+	if (n != m->n_src) {
+		snprintf(why, wl, "allocation has %zu segments, message has %zu", n, m->n_src);
+		return -EINVAL;
+	}
+	for (size_t i = 0; i < n; i++)
+		n_xfers += chunks_of(m->src[i].len);
+	job = tpd_copy_job_new(n_xfers, 2 * n);
+	if (!job)
+		return -ENOMEM;
+	for (size_t i = 0; i < n; i++) {
+		const struct msg_src *src = &m->src[i];
+		struct tpb_xfer x;
+		int r, channel;
+
+		if (src->len == 0)
+			continue;
+		r = tpd_msg_resolve_dst(s, tpd_msg_read_segment(rd, i), src, job, &x, why, wl);
+		if (r < 0) {
+			tpd_copy_job_free(job);
+			return r;
+		}
+		if (src->buf)
+			job->refs[job->n_refs++] = tpd_buffer_ref(src->buf);
+		job_hold_cuda(job, &src->mem);
+		channel = tpb_select(x.src.loc, x.dst.loc);
+		if (channel < 0) {
+			snprintf(why, wl, "no channel can copy this segment on this host");
+			tpd_copy_job_free(job);
+			return -EOPNOTSUPP;
+		}
+		job_add(job, &x, channel);
+		tpd_pipe_pair_record(m->from->pipe, x.src.loc, x.dst.loc, channel);
+	}
+	job->done = done;
+	job->arg = m;
+	*ret = job;
+	return 0;
+}

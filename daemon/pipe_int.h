@@ -1,0 +1,177 @@
+/* SPDX-License-Identifier: BSD-3-Clause */
+/*
+ * Private to the pipe module (pipe.c, msg.c, xh.c, xpipe.c): the message object and the
+ * functions these files call in each other. Nothing outside the module includes it; the rest of
+ * the daemon uses pipe.h. Everything declared here runs on the loop thread.
+ */
+#ifndef TPD_PIPE_INT_H
+#define TPD_PIPE_INT_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <sys/uio.h>
+#include "copier.h"
+#include "pipe.h"
+#include "tpb.h"
+#include "tpu.h"
+#include "tpw.pb-c.h"
+
+struct tpd_buffer;
+struct tpd_copy_job;
+struct tpd_listener;
+struct tpd_xh;
+
+/* Pipe end ids handed to accepting sessions start here, apart from the ids clients choose. */
+#define TPD_PIPE_ACCEPT_ID_BASE (1ull << 63)
+
+/* One source segment of a message: where the daemon reads it (or, for a message written on
+ * another host, only its length and device). */
+struct msg_src {
+	struct tpb_mem mem;
+	struct tpd_buffer *buf; /* reference held for shm sources */
+	uint64_t len;
+	bool remote_cuda; /* written on another host from CUDA memory */
+};
+
+/*
+ * A message written by end @from. It lives on @from's lists: wq until its WriteDone is sent (in
+ * order), rq until the reader has consumed it (eager ack, completed copy, discard, or failure).
+ * It is freed when it is on neither list and no copy uses it.
+ */
+struct tpd_msg {
+	struct tpu_list wnode;
+	struct tpu_list rnode;
+	struct tpd_pipe_end *from;
+	uint64_t msg_id;
+	uint64_t write_id;
+	uint64_t bytes;
+	uint8_t *tail; /* inline data held for a rendezvous message */
+	uint32_t tail_len;
+	struct msg_src *src; /* payloads then tensors */
+	size_t n_src;
+	struct tpd_copy_job *job; /* built at Read, submitted in order */
+	struct tpd_xh *xh;	  /* cross-host: the send or receive of this message */
+	bool eager;
+	bool read_requested;
+	bool copying;
+	bool write_ready;
+	Tpw__V1__Status write_status;
+	char write_why[160];
+};
+
+/* ---- pipe.c ---- */
+
+/* Logs through @s's session logger with a TPIPD_PIPE field, or plainly without a session. */
+void tpd_pipe_log(const struct tpd_pipe *p, const struct tpd_session *s, int level, const char *fmt,
+		  ...) _printf_(4, 5);
+/* Says why an end went away (@s: its gone status). Return: a static string. */
+const char *tpd_pipe_gone_text(Tpw__V1__Status s);
+/* Why the other end went away, for the survivor: the peer link's reason if there is one.
+ * Return: borrowed string, valid while @p lives. */
+const char *tpd_pipe_why(const struct tpd_pipe *p, Tpw__V1__Status s);
+/* Dying: a local end whose session died or left, a remote end that went away. */
+bool tpd_pipe_end_dying(const struct tpd_pipe_end *e);
+/* Attached: a local end with its session, or a remote end that has not gone away. */
+bool tpd_pipe_end_attached(const struct tpd_pipe_end *e);
+/* Why an end that is dying or gone went away. */
+Tpw__V1__Status tpd_pipe_end_gone_status(const struct tpd_pipe_end *e);
+/* Sets up end @e of @p for session @s (NULL for a remote end) under @local_id. */
+void tpd_pipe_end_init(struct tpd_pipe_end *e, struct tpd_pipe *p, struct tpd_session *s,
+		       uint64_t local_id);
+/* A new pipe of @d to listener @name; the caller sets up its ends and links it into d->pipes.
+ * Return: owned pipe (freed by tpd_pipe_maybe_free() once linked), or NULL without memory. */
+struct tpd_pipe *tpd_pipe_new(struct tpd_daemon *d, const char *name);
+/* Frees @p if both ends are detached and nothing is in flight. */
+void tpd_pipe_maybe_free(struct tpd_pipe *p);
+/* Remembers that @channel served a (source device, destination device) pair on @p. */
+void tpd_pipe_pair_record(struct tpd_pipe *p, enum tpb_loc src, enum tpb_loc dst, int channel);
+/* Answers a refused Connect @c from @s: Reply with @err and @why, then PipeClosed. */
+void tpd_pipe_connect_fail(struct tpd_session *s, const Tpw__V1__Connect *c, int err,
+			   const char *why);
+/* Checks that a local connect can go ahead. Return: 0 with the listener in @ret, or -errno
+ * with the reason in @why. */
+int tpd_pipe_connect_check(struct tpd_daemon *d, struct tpd_session *s, const Tpw__V1__Connect *c,
+			   struct tpd_listener **ret, char *why, size_t wl);
+/* Tells listener @l's session @ls that end @e was accepted for connector @cs. */
+void tpd_pipe_send_accepted(struct tpd_session *ls, struct tpd_listener *l, struct tpd_pipe_end *e,
+			    struct tpd_session *cs);
+/* Completes write @write_id of @e with @err, behind the writes of @e still pending. */
+void tpd_pipe_write_reject(struct tpd_pipe_end *e, uint64_t write_id, int err, const char *why);
+/* The reader is done with @m (successfully or not): complete the write, drop it from rq. May
+ * free @m. */
+void tpd_pipe_msg_consumed(struct tpd_msg *m, Tpw__V1__Status st, const char *why);
+/* Sends ReadDone for @msg_id to reader end @r, if it is still attached. */
+void tpd_pipe_send_read_done(struct tpd_pipe_end *r, uint64_t msg_id, Tpw__V1__Status st,
+			     const char *why);
+/* Starts the copies (or cross-host transfers) of @w's messages the reader asked for. */
+void tpd_pipe_start_next_copy(struct tpd_pipe_end *w);
+/* Sends the PipeClosed owed to @e's session once no copy touches @e's memory. */
+void tpd_pipe_end_owed_maybe(struct tpd_pipe_end *e);
+/* The oldest message of writer end @w the reader has not asked for, or NULL. Return: borrowed. */
+struct tpd_msg *tpd_pipe_next_unread(struct tpd_pipe_end *w);
+
+/* ---- msg.c ---- */
+
+/* Frees @m with its sources' references, its copy job and its cross-host transfer. */
+void tpd_msg_free(struct tpd_msg *m);
+/* Resolves every source of write @w from session @s into @m (@tail: borrowed data tail).
+ * Return: 0, or -errno with the reason in @why. */
+int tpd_msg_resolve(struct tpd_msg *m, struct tpd_session *s, const Tpw__V1__Write *w,
+		    const uint8_t *tail, char *why, size_t wl);
+/* Sends the descriptor of @m (written as @w) to reader end @r, with its bytes if eager: to its
+ * session, or through the peer link. Return: 0 or -errno. */
+int tpd_msg_send_descriptor(struct tpd_pipe_end *r, struct tpd_msg *m, const Tpw__V1__Write *w);
+/* Segment @i of allocation @rd (payloads then tensors). Return: borrowed from @rd. */
+const Tpw__V1__Segment *tpd_msg_read_segment(const Tpw__V1__Read *rd, size_t i);
+/* Resolves the reader's destination @seg for source @src into @x; buffer and CUDA references
+ * go into @job. Return: 0, or -errno with the reason in @why. */
+int tpd_msg_resolve_dst(struct tpd_session *s, const Tpw__V1__Segment *seg,
+			const struct msg_src *src, struct tpd_copy_job *job, struct tpb_xfer *x,
+			char *why, size_t wl);
+/* Builds the local copy job of @m into allocation @rd of reader session @s, completing
+ * through @done with @m as its argument. Return: 0 and an owned job in @ret (free with
+ * tpd_copy_job_free()), or -errno with the reason in @why. */
+int tpd_msg_build_job(struct tpd_msg *m, struct tpd_session *s, const Tpw__V1__Read *rd,
+		      tpd_copy_done_fn done, struct tpd_copy_job **ret, char *why, size_t wl);
+
+/* ---- xh.c ---- */
+
+/* Frees @xh (NULL is fine); only for one that is not running. */
+void tpd_xh_free(struct tpd_xh *xh);
+/* Stops running transfer @xh; it completes, failed, once no thread touches the memory. */
+void tpd_xh_cancel(struct tpd_xh *xh);
+/* Starts @m's send or receive. Return: 0, or -errno when it failed at once and has completed. */
+int tpd_xh_start(struct tpd_msg *m);
+/* The reader's allocation @rd for message @m of a remote writer: a receive, kept in m->xh and
+ * started in turn. Return: 0, or -errno with the reason in @why. */
+int tpd_xh_build_recv(struct tpd_msg *m, struct tpd_session *s, const Tpw__V1__Read *rd, char *why,
+		      size_t wl);
+/* The remote reader asked for message @m (@rr): a send, kept in m->xh and started in turn.
+ * Return: 0 or -ENOMEM. */
+int tpd_xh_build_send(struct tpd_msg *m, const Tpw__V1__PeerReadReq *rr);
+/* The remote reader finished with @m (status @st) while its send still runs: stop the send;
+ * the write completes with @st once it stopped. */
+void tpd_xh_stop_early(struct tpd_xh *xh, Tpw__V1__Status st, const char *why);
+/* Tells the reader's daemon that transfer @xfer_id ended with @st (@why: NULL when OK). */
+void tpd_xh_tell_end(struct tpd_pipe *p, uint64_t xfer_id, Tpw__V1__Status st, const char *why,
+		     uint64_t bytes, bool rdma);
+
+/* ---- xpipe.c ---- */
+
+/* Sends @pm (with @n data iovecs) on @p's peer link, if it has one. */
+void tpd_xpipe_tell(struct tpd_pipe *p, Tpw__V1__PeerMsg *pm, const struct iovec *iov, int n);
+/* Tells the writer's daemon that @m (written there) is consumed with @st. */
+void tpd_xpipe_consumed(struct tpd_msg *m, Tpw__V1__Status st, const char *why);
+/* Connect @c from @s to a tpip:// address: dial or reuse the peer link. */
+void tpd_xpipe_connect(struct tpd_daemon *d, struct tpd_session *s, const Tpw__V1__Connect *c);
+/* A write on a pipe still connecting: keeps it, within the queue limits, for later.
+ * Takes @cm; borrows @tail. */
+void tpd_xpipe_hold(struct tpd_pipe_end *e, Tpw__V1__ClientMsg *cm, const uint8_t *tail,
+		    uint32_t tail_len);
+/* The local end of cross-host pipe @p left with @why: tell the peer, stop connecting. */
+void tpd_xpipe_local_left(struct tpd_pipe *p, Tpw__V1__Status why);
+/* Frees the cross-host state of @p, which is being freed. */
+void tpd_xpipe_done(struct tpd_pipe *p);
+
+#endif

@@ -1,0 +1,434 @@
+/* SPDX-License-Identifier: BSD-3-Clause */
+/*
+ * Cross-host transfers of single messages, on the loop thread: the send (writer's daemon) or
+ * receive (reader's daemon) of one rendezvous message over a peer link, through the link's
+ * stripe or, for CUDA memory with an RDMA offer, by cuda_gdr. It starts them, turns their
+ * completion into the message's outcome (PeerXferEnd, ReadDone, the write's status) and cancels
+ * them. Which message goes next and the pipe's lifetime are pipe.c's; the peer messages that
+ * drive a cross-host pipe are xpipe.c's.
+ */
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include "copier.h"
+#include "daemon.h"
+#include "gdr.h"
+#include "log.h"
+#include "peer.h"
+#include "pipe_int.h"
+#include "session.h"
+#include "stripe.h"
+
+/*
+ * The send (writer's daemon) or receive (reader's daemon) of one message over the link's
+ * stripe. A send reads the writer's sources; a receive writes the reader's allocation and holds
+ * references to its shared buffers. Either marks its message and writer end as copying until
+ * its done callback, so that close acknowledgements wait for it.
+ */
+struct tpd_xh {
+	struct tpd_stripe_xfer x;
+	struct tpd_stripe_seg *segs;
+	struct tpd_copy_job *holder; /* receive: buffer references of the destination */
+	struct tpd_msg *m;
+	struct tpd_peer *link;
+	bool send;
+	bool started;
+	Tpw__V1__Status early; /* send: the reader finished (failed) before the send ended */
+	char early_why[160];
+	/* cuda_gdr. Send: the reader's RDMA offer (a copy of its PeerReadReq), gdr once the
+	 * writes run. Receive: the offered registration, gdr once the sender said it wrote. */
+	Tpw__V1__PeerReadReq *offer;
+	struct tpd_gdr_recv *gdr_recv;
+	bool gdr;
+	int gdr_status;
+	uint64_t gdr_bytes;
+	char gdr_why[160];
+};
+
+void tpd_xh_free(struct tpd_xh *xh)
+{
+	if (!xh)
+		return;
+	tpd_copy_job_free(xh->holder);
+	tpd_gdr_recv_free(xh->gdr_recv);
+	if (xh->offer)
+		tpw__v1__peer_read_req__free_unpacked(xh->offer, NULL);
+	free(xh->segs);
+	free(xh);
+}
+
+void tpd_xh_cancel(struct tpd_xh *xh)
+{
+	struct tpd_stripe *st;
+
+	if (!xh->started || !xh->link)
+		return;
+	if (xh->send && xh->gdr) {
+		if (tpd_peer_gdr(xh->link))
+			tpd_gdr_send_cancel(tpd_peer_gdr(xh->link), &xh->x);
+		return;
+	}
+	st = tpd_peer_stripe(xh->link);
+	if (!st)
+		return;
+	if (xh->send)
+		tpd_stripe_send_cancel(st, &xh->x);
+	else
+		tpd_stripe_recv_cancel(st, &xh->x);
+}
+
+/* Common end of a send or receive: flags, statistics, next message. */
+static void xh_finish(struct tpd_msg *m, struct tpd_xh *xh)
+{
+	struct tpd_pipe *p = m->from->pipe;
+	int ch = tpb_index(xh->gdr ? "cuda_gdr" : "mpt");
+
+	m->xh = NULL;
+	m->copying = false;
+	m->from->copying--;
+	p->jobs--;
+	if (ch >= 0) {
+		p->channels |= 1u << ch;
+		tpd_stats_record(&p->d->stats, ch, xh->x.bytes, xh->x.ns, xh->x.status < 0);
+	}
+	for (size_t i = 0; i < xh->x.n_segs && !xh->gdr; i++)
+		if (xh->segs[i].mem.loc == TPB_LOC_CUDA) /* staged through the stripe's buffers */
+			p->channels |= 1u << tpb_index("cuda_basic");
+	/* The reader's daemon knows both ends of each segment: CUDA pairs show as such. */
+	for (size_t i = 0; i < xh->x.n_segs && !xh->send && xh->x.status == 0; i++) {
+		enum tpb_loc src = m->src[i].remote_cuda ? TPB_LOC_CUDA : TPB_LOC_LOCAL;
+		enum tpb_loc dst = xh->segs[i].mem.loc;
+		bool cuda = src == TPB_LOC_CUDA || dst == TPB_LOC_CUDA;
+
+		if (cuda && xh->segs[i].len)
+			tpd_pipe_pair_record(p, src, dst,
+					     tpb_index(xh->gdr ? "cuda_gdr" : "cuda_basic"));
+	}
+	tpd_xh_free(xh);
+}
+
+static void xh_after(struct tpd_pipe_end *w)
+{
+	struct tpd_pipe *p = w->pipe;
+
+	tpd_pipe_start_next_copy(w);
+	tpd_pipe_end_owed_maybe(w);
+	tpd_pipe_end_owed_maybe(tpd_pipe_end_peer(w));
+	tpd_pipe_maybe_free(p);
+}
+
+/* Tells the reader's daemon that transfer @xfer_id ended with @st (@why: NULL when OK). */
+void tpd_xh_tell_end(struct tpd_pipe *p, uint64_t xfer_id, Tpw__V1__Status st, const char *why,
+		     uint64_t bytes, bool rdma)
+{
+	Tpw__V1__PeerXferEnd xe = TPW__V1__PEER_XFER_END__INIT;
+	Tpw__V1__PeerMsg pm = TPW__V1__PEER_MSG__INIT;
+
+	xe.xfer_id = xfer_id;
+	xe.status = st;
+	xe.message = (char *)why;
+	xe.bytes = bytes;
+	xe.rdma = rdma;
+	pm.body_case = TPW__V1__PEER_MSG__BODY_XFER_END;
+	pm.xfer_end = &xe;
+	tpd_xpipe_tell(p, &pm, NULL, 0);
+}
+
+static void xh_send_done(struct tpd_stripe_xfer *x)
+{
+	struct tpd_xh *xh = x->arg;
+	struct tpd_msg *m = xh->m;
+	struct tpd_pipe_end *w = m->from;
+	Tpw__V1__Status st = tpw_status_from_errno(x->status);
+	Tpw__V1__Status early;
+	char why[160], early_why[160];
+
+	if (xh->started)
+		w->pipe->d->xh_running--;
+	snprintf(why, sizeof(why), "%s", x->status < 0 ? x->why : "");
+	if (tpd_pipe_end_dying(w)) {
+		/* The writer was told its write was canceled and may reuse the memory. */
+		st = tpd_pipe_end_gone_status(w);
+		snprintf(why, sizeof(why), "%s during the transfer", tpd_pipe_gone_text(st));
+	} else if (x->status < 0 && tpd_pipe_end_dying(tpd_pipe_end_peer(w))) {
+		st = tpd_pipe_end_gone_status(tpd_pipe_end_peer(w));
+		snprintf(why, sizeof(why), "%.150s", tpd_pipe_why(w->pipe, st));
+	} else if (x->status == -ESRCH) {
+		st = TPW__V1__STATUS__STATUS_PEER_DIED;
+		snprintf(why, sizeof(why), "writer died during the transfer");
+	}
+	tpd_xh_tell_end(w->pipe, x->xfer_id, st, why[0] ? why : NULL, x->bytes, xh->gdr);
+	if (st != TPW__V1__STATUS__STATUS_OK)
+		tpd_pipe_log(w->pipe, NULL, TPU_LOG_INFO, "message %llu: send failed: %s",
+			     (unsigned long long)m->msg_id, why);
+	early = xh->early;
+	snprintf(early_why, sizeof(early_why), "%s", xh->early_why);
+	xh_finish(m, xh); /* frees @xh */
+	if (early)
+		tpd_pipe_msg_consumed(m, early, early_why);
+	else if (st != TPW__V1__STATUS__STATUS_OK)
+		tpd_pipe_msg_consumed(m, st, why);
+	/* else: the write completes when the reader's daemon says PeerConsumed. */
+	xh_after(w);
+}
+
+static void xh_recv_done(struct tpd_stripe_xfer *x)
+{
+	struct tpd_xh *xh = x->arg;
+	struct tpd_msg *m = xh->m;
+	struct tpd_pipe_end *w = m->from, *r = tpd_pipe_end_peer(w);
+	int status = x->status;
+	char why[160];
+
+	if (xh->started)
+		w->pipe->d->xh_running--;
+	snprintf(why, sizeof(why), "%s", status < 0 ? x->why : "");
+	if (xh->gdr && (status == 0 || status == -ECANCELED)) {
+		/* The sender RDMA-wrote the bytes; the stripe's registration was only dropped. */
+		status = x->status = xh->gdr_status;
+		x->bytes = status == 0 ? xh->gdr_bytes : 0;
+		if (xh->link)
+			tpd_gdr_link_received(tpd_peer_gdr(xh->link), x->bytes);
+		snprintf(why, sizeof(why), "%s", xh->gdr_why);
+	}
+	if (xh->link)
+		tpd_peer_xfer_drop(xh->link, x->xfer_id);
+	if ((status == 0 || status == -ECANCELED || status == -ECONNRESET) &&
+	    tpd_pipe_end_dying(w)) {
+		/* The writer's end went away: its bytes may be torn, never deliver them. */
+		status = tpw_status_to_errno(tpd_pipe_end_gone_status(w));
+		snprintf(why, sizeof(why), "%.120s during the transfer",
+			 tpd_pipe_why(w->pipe, tpd_pipe_end_gone_status(w)));
+	} else if (status == -ESRCH || (status < 0 && tpd_pipe_end_dying(r))) {
+		status = -ECONNRESET;
+		snprintf(why, sizeof(why), "reader died during the transfer");
+	}
+	if (status < 0)
+		tpd_pipe_log(w->pipe, NULL, TPU_LOG_INFO, "message %llu: receive failed: %s",
+			     (unsigned long long)m->msg_id, why);
+	xh_finish(m, xh);
+	tpd_pipe_send_read_done(r, m->msg_id, tpw_status_from_errno(status),
+				status < 0 ? why : NULL);
+	tpd_pipe_msg_consumed(m, tpw_status_from_errno(status), status < 0 ? why : NULL);
+	xh_after(w);
+}
+
+/* Written on another host with a tensor in CUDA memory there. */
+static bool msg_remote_cuda(const struct tpd_msg *m)
+{
+	for (size_t i = 0; i < m->n_src; i++)
+		if (m->src[i].remote_cuda)
+			return true;
+	return false;
+}
+
+/*
+ * Receive: asks the writer's daemon for the bytes, with the RDMA offer if there is one. Runs
+ * at once without an offer, or once the offer's registration is ready (@err < 0: it failed,
+ * so ask without).
+ */
+static void xh_gdr_ready(void *arg, int err, const char *why)
+{
+	Tpw__V1__PeerReadReq rr = TPW__V1__PEER_READ_REQ__INIT;
+	Tpw__V1__PeerMsg pm = TPW__V1__PEER_MSG__INIT;
+	struct tpd_xh *xh = arg;
+	struct tpd_pipe *p = xh->m->from->pipe;
+
+	if (err < 0) {
+		tpd_pipe_log(p, NULL, TPU_LOG_INFO, "message %llu: not over RDMA: %s",
+			     (unsigned long long)xh->m->msg_id, why);
+		tpd_gdr_recv_free(xh->gdr_recv);
+		xh->gdr_recv = NULL;
+	}
+	rr.pipe_id = p->remote_id;
+	rr.msg_id = xh->m->msg_id;
+	rr.xfer_id = xh->x.xfer_id;
+	if (xh->gdr_recv)
+		tpd_gdr_recv_offer(xh->gdr_recv, &rr);
+	pm.body_case = TPW__V1__PEER_MSG__BODY_READ_REQ;
+	pm.read_req = &rr;
+	tpd_xpipe_tell(p, &pm, NULL, 0);
+}
+
+/* Send: RDMA-writes @xh if the reader offered it and this side can. Return: 0 or -errno. */
+static int xh_send_gdr(struct tpd_xh *xh)
+{
+	struct tpd_pipe *p = xh->m->from->pipe;
+	char why[160] = "";
+	int r;
+
+	if (!xh->offer)
+		return -EOPNOTSUPP;
+	r = tpd_gdr_send(tpd_peer_gdr(xh->link), &xh->x, xh->offer, why, sizeof(why));
+	if (r < 0)
+		tpd_pipe_log(p, NULL, r == -EPROTO ? TPU_LOG_WARNING : TPU_LOG_INFO,
+			     "message %llu: not over RDMA: %s", (unsigned long long)xh->m->msg_id,
+			     why);
+	xh->gdr = r == 0;
+	return r;
+}
+
+/* Starts @m's send or receive. Return: 0, or -errno when it failed at once and has completed. */
+int tpd_xh_start(struct tpd_msg *m)
+{
+	struct tpd_xh *xh = m->xh;
+	struct tpd_pipe_end *w = m->from;
+	struct tpd_pipe *p = w->pipe;
+	int r = -ENOTCONN;
+
+	m->copying = true;
+	w->copying++;
+	p->jobs++;
+	xh->link = p->link;
+	xh->x.arg = xh;
+	if (xh->link && xh->send) {
+		xh->x.done = xh_send_done;
+		r = xh_send_gdr(xh);
+		if (r < 0)
+			r = tpd_stripe_send(tpd_peer_stripe(xh->link), &xh->x);
+	} else if (xh->link) {
+		char why[160];
+
+		xh->x.done = xh_recv_done;
+		xh->x.xfer_id = tpd_peer_xfer_add(xh->link, xh);
+		r = xh->x.xfer_id ? tpd_stripe_recv(tpd_peer_stripe(xh->link), &xh->x) : -ENOMEM;
+		if (r == 0 && tpd_gdr_recv_new(tpd_peer_gdr(xh->link), xh->segs, xh->x.n_segs,
+					       msg_remote_cuda(m), xh_gdr_ready, xh, &xh->gdr_recv,
+					       why, sizeof(why)) < 0) {
+			xh_gdr_ready(xh, 0, NULL); /* no offer: ask for the bytes at once */
+		} else if (r < 0 && xh->x.xfer_id) {
+			tpd_peer_xfer_drop(xh->link, xh->x.xfer_id);
+		}
+	}
+	if (r == 0) {
+		xh->started = true;
+		p->d->xh_running++;
+		return 0;
+	}
+	/* Not started: the link is gone or going (its pipes learn why next). */
+	r = r == -ENOTCONN ? -ECONNRESET : r;
+	xh->x.status = r;
+	snprintf(xh->x.why, sizeof(xh->x.why), "peer link down");
+	xh->x.done(&xh->x); /* frees @xh */
+	return r;
+}
+
+static struct tpd_xh *xh_new(struct tpd_msg *m, bool send)
+{
+	struct tpd_xh *xh = calloc(1, sizeof(*xh));
+
+	if (!xh)
+		return NULL;
+	xh->segs = calloc(m->n_src ? m->n_src : 1, sizeof(*xh->segs));
+	if (!xh->segs) {
+		free(xh);
+		return NULL;
+	}
+	xh->m = m;
+	xh->send = send;
+	xh->x.segs = xh->segs;
+	xh->x.n_segs = m->n_src;
+	return xh;
+}
+
+/* The reader's allocation @rd for message @m of a remote writer: a receive, started in turn. */
+int tpd_xh_build_recv(struct tpd_msg *m, struct tpd_session *s, const Tpw__V1__Read *rd, char *why,
+		      size_t wl)
+{
+	size_t n = rd->n_payloads + rd->n_tensors;
+	struct tpd_xh *xh;
+
+	if (n != m->n_src) {
+		snprintf(why, wl, "allocation has %zu segments, message has %zu", n, m->n_src);
+		return -EINVAL;
+	}
+	xh = xh_new(m, false);
+	if (!xh || !(xh->holder = tpd_copy_job_new(1, n))) {
+		tpd_xh_free(xh);
+		return -ENOMEM;
+	}
+	for (size_t i = 0; i < n; i++) {
+		struct tpb_xfer x;
+		int r;
+
+		if (m->src[i].len == 0)
+			continue;
+		r = tpd_msg_resolve_dst(s, tpd_msg_read_segment(rd, i), &m->src[i], xh->holder, &x,
+					why, wl);
+		if (r < 0) {
+			tpd_xh_free(xh);
+			return r;
+		}
+		xh->segs[i].mem = x.dst;
+		xh->segs[i].len = x.len;
+	}
+	m->xh = xh;
+	return 0;
+}
+
+/* A copy of the reader's RDMA offer in @rr, kept until the send starts; NULL without memory
+ * (the send then uses the stripe). */
+static Tpw__V1__PeerReadReq *offer_copy(const Tpw__V1__PeerReadReq *rr)
+{
+	size_t len = tpw__v1__peer_read_req__get_packed_size(rr);
+	_cleanup_free_ uint8_t *buf = malloc(len ? len : 1);
+
+	if (!buf)
+		return NULL;
+	tpw__v1__peer_read_req__pack(rr, buf);
+	return tpw__v1__peer_read_req__unpack(NULL, len, buf);
+}
+
+int tpd_xh_build_send(struct tpd_msg *m, const Tpw__V1__PeerReadReq *rr)
+{
+	struct tpd_xh *xh = xh_new(m, true);
+
+	if (!xh)
+		return -ENOMEM;
+	for (size_t i = 0; i < m->n_src; i++) {
+		xh->segs[i].mem = m->src[i].mem;
+		xh->segs[i].len = m->src[i].len;
+	}
+	xh->x.xfer_id = rr->xfer_id;
+	if (rr->n_rdma)
+		xh->offer = offer_copy(rr);
+	m->xh = xh;
+	return 0;
+}
+
+void tpd_xh_stop_early(struct tpd_xh *xh, Tpw__V1__Status st, const char *why)
+{
+	xh->early = st;
+	snprintf(xh->early_why, sizeof(xh->early_why), "%s", why ? why : "");
+	tpd_xh_cancel(xh);
+}
+
+void tpd_xh_peer_xfer_end(struct tpd_peer *pr, void *arg, const Tpw__V1__PeerXferEnd *xe)
+{
+	struct tpd_xh *xh = arg;
+	struct tpd_stripe *st = tpd_peer_stripe(pr);
+
+	if (!st || !xh->started)
+		return;
+	if (xe->rdma) {
+		/* The bytes went by RDMA (only ever into an offer): drop the stripe's receive. */
+		xh->gdr = true;
+		xh->gdr_status = xh->gdr_recv ? tpw_status_to_errno(xe->status) : -EPROTO;
+		xh->gdr_bytes = xe->bytes;
+		snprintf(xh->gdr_why, sizeof(xh->gdr_why), "%s",
+			 !xh->gdr_recv ? "peer says it RDMA-wrote without an offer"
+			 : xe->status  ? (xe->message ? xe->message : tpw_status_name(xe->status))
+				       : "");
+		if (xh->gdr_status == 0 && xe->bytes != xh->x.total) {
+			xh->gdr_status = -EPROTO;
+			snprintf(xh->gdr_why, sizeof(xh->gdr_why),
+				 "peer RDMA-wrote %llu of %llu bytes",
+				 (unsigned long long)xe->bytes, (unsigned long long)xh->x.total);
+		}
+		tpd_stripe_recv_cancel(st, &xh->x);
+		return;
+	}
+	tpd_stripe_recv_expect(st, &xh->x, xe->bytes, tpw_status_to_errno(xe->status),
+			       xe->message ? xe->message : tpw_status_name(xe->status));
+}

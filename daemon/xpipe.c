@@ -1,0 +1,607 @@
+/* SPDX-License-Identifier: BSD-3-Clause */
+/*
+ * Pipes to another host's daemon, on the loop thread: parsing tpip://HOST[:PORT]/NAME, opening
+ * the pipe over a peer link (PeerConnect and its reply, the connect deadline, writes held until
+ * the remote end accepted, the fall-back to a local connect when the address is this daemon),
+ * answering the peer's PeerConnect for a local listener, and the peer messages of an open pipe
+ * (descriptors, read requests, consumed messages, closes). The transfers themselves are xh.c's;
+ * the link is peer.c's.
+ */
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <event2/event.h>
+#include "daemon.h"
+#include "log.h"
+#include "peer.h"
+#include "pipe_int.h"
+#include "session.h"
+#include "validate.h"
+
+/* A write received while the pipe was still connecting, replayed once it is open. */
+struct held_write {
+	struct tpu_list node;
+	Tpw__V1__ClientMsg *cm;
+	uint8_t *tail;
+	uint32_t tail_len;
+};
+
+static struct tpd_pipe_end *remote_end(struct tpd_pipe *p)
+{
+	return p->end[0].remote ? &p->end[0] : &p->end[1];
+}
+
+static struct tpd_pipe_end *local_end(struct tpd_pipe *p)
+{
+	return p->end[0].remote ? &p->end[1] : &p->end[0];
+}
+
+void tpd_xpipe_tell(struct tpd_pipe *p, Tpw__V1__PeerMsg *pm, const struct iovec *iov, int n)
+{
+	if (p->link)
+		tpd_peer_send(p->link, pm, iov, n);
+}
+
+static void tell_close(struct tpd_peer *link, uint64_t remote_id, Tpw__V1__Status st,
+		       const char *why)
+{
+	Tpw__V1__PeerPipeClose pc = TPW__V1__PEER_PIPE_CLOSE__INIT;
+	Tpw__V1__PeerMsg pm = TPW__V1__PEER_MSG__INIT;
+
+	pc.pipe_id = remote_id;
+	pc.status = st;
+	pc.message = (char *)why;
+	pm.body_case = TPW__V1__PEER_MSG__BODY_PIPE_CLOSE;
+	pm.pipe_close = &pc;
+	tpd_peer_send(link, &pm, NULL, 0);
+}
+
+void tpd_xpipe_consumed(struct tpd_msg *m, Tpw__V1__Status st, const char *why)
+{
+	Tpw__V1__PeerConsumed c = TPW__V1__PEER_CONSUMED__INIT;
+	Tpw__V1__PeerMsg pm = TPW__V1__PEER_MSG__INIT;
+	struct tpd_pipe *p = m->from->pipe;
+
+	if (!p->remote_id || !tpd_pipe_end_attached(m->from))
+		return; /* the writer's end is gone there: nobody waits */
+	c.pipe_id = p->remote_id;
+	c.msg_id = m->msg_id;
+	c.status = st;
+	c.message = why && *why ? (char *)why : NULL;
+	pm.body_case = TPW__V1__PEER_MSG__BODY_CONSUMED;
+	pm.consumed = &c;
+	tpd_xpipe_tell(p, &pm, NULL, 0);
+}
+
+static void held_free(struct held_write *h)
+{
+	tpu_list_remove(&h->node);
+	tpw_client_msg_free(h->cm);
+	free(h->tail);
+	free(h);
+}
+
+/* A write on a pipe still connecting: keep it (within the queue limits) for later. */
+void tpd_xpipe_hold(struct tpd_pipe_end *e, Tpw__V1__ClientMsg *cm, const uint8_t *tail,
+		    uint32_t tail_len)
+{
+	struct tpd_pipe *p = e->pipe;
+	const struct tpd_config *cfg = &p->d->cfg;
+	struct held_write *h;
+
+	if (p->n_held >= cfg->pipe_queue_max || p->held_bytes + tail_len > cfg->pipe_queue_bytes) {
+		tpd_pipe_write_reject(e, cm->write->write_id, -ENOBUFS,
+				      "pipe queue full while the connect is pending");
+		tpw_client_msg_free(cm);
+		return;
+	}
+	h = calloc(1, sizeof(*h));
+	if (!h || (tail_len && !(h->tail = malloc(tail_len)))) {
+		free(h);
+		tpd_pipe_write_reject(e, cm->write->write_id, -ENOMEM, "out of memory");
+		tpw_client_msg_free(cm);
+		return;
+	}
+	h->cm = cm;
+	h->tail_len = tail_len;
+	if (tail_len)
+		memcpy(h->tail, tail, tail_len);
+	tpu_list_insert_tail(&p->held, &h->node);
+	p->n_held++;
+	p->held_bytes += tail_len;
+}
+
+/* Replays (or with @err, rejects) the writes held while connecting, in order. */
+static void held_flush(struct tpd_pipe *p, int err, const char *why)
+{
+	struct tpd_pipe_end *e = local_end(p);
+
+	while (!tpu_list_empty(&p->held)) {
+		struct held_write *h = tpu_list_first(&p->held, struct held_write, node);
+		tpu_list_remove(&h->node);
+		if (err == 0 && e->session) {
+			tpd_pipe_write(e, h->cm, h->tail, h->tail_len); /* takes h->cm */
+			h->cm = NULL;
+		} else if (e->session) {
+			tpd_pipe_write_reject(e, h->cm->write->write_id, err, why);
+		}
+		tpu_list_init(&h->node);
+		held_free(h);
+	}
+	p->n_held = 0;
+	p->held_bytes = 0;
+}
+
+/* Frees the cross-host state of @p (tpd_pipe_maybe_free). */
+void tpd_xpipe_done(struct tpd_pipe *p)
+{
+	while (p->held.next && !tpu_list_empty(&p->held))
+		held_free(tpu_list_first(&p->held, struct held_write, node));
+	if (p->ev_connect)
+		event_free(p->ev_connect);
+	p->ev_connect = NULL;
+	if (p->link)
+		tpd_peer_pipe_remove(p->link, p);
+	p->link = NULL;
+}
+
+/* The connect of @p failed: answer the client, reject held writes, end the pipe. */
+static void xconnect_fail(struct tpd_pipe *p, int err, const char *why)
+{
+	struct tpd_pipe_end *e = local_end(p), *re = remote_end(p);
+	struct tpd_session *s = e->session;
+	Tpw__V1__Connect c = TPW__V1__CONNECT__INIT;
+	char addr[320];
+
+	p->connecting = false;
+	re->gone = tpw_status_from_errno(err);
+	snprintf(p->why, sizeof(p->why), "%s", why);
+	if (!s) {
+		tpd_pipe_maybe_free(p);
+		return;
+	}
+	snprintf(addr, sizeof(addr), "tpip://%s/%s", p->peer_addr, p->listener);
+	c.req_id = p->connect_req_id;
+	c.pipe_id = e->local_id;
+	c.address = addr;
+	held_flush(p, err, why);
+	tpu_hmap_del(&s->pipes, e->local_id);
+	e->session = NULL;
+	tpd_pipe_connect_fail(s, &c, err, why);
+	tpd_pipe_maybe_free(p);
+}
+
+static void xpipe_on_connect_timeout(evutil_socket_t fd, short what, void *arg)
+{
+	struct tpd_pipe *p = arg;
+	char why[200];
+
+	if (!p->connecting)
+		return;
+	snprintf(why, sizeof(why), "no answer from tpipd at %.120s within %u ms", p->peer_addr,
+		 p->d->cfg.peer_connect_timeout_ms);
+	xconnect_fail(p, -ETIMEDOUT, why);
+}
+
+/* Parses tpip://HOST[:PORT]/NAME. */
+static int parse_tpip(const char *a, uint16_t def_port, char *host, size_t hl, uint16_t *port,
+		      const char **name)
+{
+	const char *h = a + 7, *slash, *hend, *pstart = NULL;
+	unsigned long pv = def_port;
+
+	if (*h == '[') {
+		hend = strchr(h, ']');
+		if (!hend)
+			return -EINVAL;
+		h++;
+		if (hend[1] == ':')
+			pstart = hend + 2;
+		else if (hend[1] != '/')
+			return -EINVAL;
+	} else {
+		hend = h + strcspn(h, ":/");
+		if (*hend == ':')
+			pstart = hend + 1;
+	}
+	slash = strchr(pstart ? pstart : hend, '/');
+	if (!slash || hend == h || (size_t)(hend - h) >= hl)
+		return -EINVAL;
+	if (pstart) {
+		char *end;
+		pv = strtoul(pstart, &end, 10);
+		if (end != slash || pv == 0 || pv > 65535)
+			return -EINVAL;
+	}
+	memcpy(host, h, (size_t)(hend - h));
+	host[hend - h] = '\0';
+	*port = (uint16_t)pv;
+	*name = slash + 1;
+	return tpw_name_valid(*name) ? 0 : -EINVAL;
+}
+
+void tpd_xpipe_connect(struct tpd_daemon *d, struct tpd_session *s, const Tpw__V1__Connect *c)
+{
+	struct tpd_peer *pr = NULL;
+	struct tpd_pipe *p;
+	const char *name;
+	char host[256], why[240];
+	uint16_t port;
+	int r;
+
+	if (parse_tpip(c->address, (uint16_t)d->cfg.peer_port, host, sizeof(host), &port, &name) <
+	    0) {
+		snprintf(why, sizeof(why), "invalid address '%.150s' (tpip://HOST[:PORT]/NAME)",
+			 c->address);
+		tpd_pipe_connect_fail(s, c, -EINVAL, why);
+		return;
+	}
+	if (tpu_hmap_get(&s->pipes, c->pipe_id)) {
+		tpd_pipe_connect_fail(s, c, -EADDRINUSE, "pipe id already in use");
+		return;
+	}
+	if (tpd_session_pipe_count(s) >= d->cfg.pipes_max) {
+		snprintf(why, sizeof(why), "pipe limit of %u per client reached", d->cfg.pipes_max);
+		tpd_pipe_connect_fail(s, c, -ENOBUFS, why);
+		return;
+	}
+	r = tpd_peer_get(d, host, port, &pr, why, sizeof(why));
+	if (r < 0) {
+		tpd_pipe_connect_fail(s, c, r, why);
+		return;
+	}
+	p = tpd_pipe_new(d, name);
+	if (!p || !(p->ev_connect = evtimer_new(d->base, xpipe_on_connect_timeout, p))) {
+		if (p)
+			free(p->listener);
+		free(p);
+		tpd_pipe_connect_fail(s, c, -ENOMEM, "out of memory");
+		return;
+	}
+	snprintf(p->peer_addr, sizeof(p->peer_addr), "%s", tpd_peer_name(pr));
+	tpd_pipe_end_init(&p->end[0], p, s, c->pipe_id);
+	tpd_pipe_end_init(&p->end[1], p, NULL, 0);
+	p->end[1].remote = true;
+	p->link = pr;
+	p->connecting = true;
+	p->connect_req_id = c->req_id;
+	tpu_list_insert_tail(&d->pipes, &p->node);
+	d->n_pipes++;
+	if (tpu_hmap_put(&s->pipes, c->pipe_id, &p->end[0]) < 0 || tpd_peer_pipe_add(pr, p) < 0) {
+		tpu_hmap_del(&s->pipes, c->pipe_id);
+		p->end[0].session = NULL;
+		p->connecting = false;
+		tpd_pipe_connect_fail(s, c, -ENOMEM, "out of memory");
+		tpd_pipe_maybe_free(p);
+		return;
+	}
+	{
+		struct timeval tv = {d->cfg.peer_connect_timeout_ms / 1000,
+				     (d->cfg.peer_connect_timeout_ms % 1000) * 1000};
+		evtimer_add(p->ev_connect, &tv);
+	}
+	tpd_pipe_log(p, s, TPU_LOG_INFO, "connecting to '%s' on %s", name, p->peer_addr);
+	if (tpd_peer_is_up(pr))
+		tpd_xpipe_link_up(p);
+}
+
+void tpd_xpipe_link_up(struct tpd_pipe *p)
+{
+	Tpw__V1__PeerConnect pc = TPW__V1__PEER_CONNECT__INIT;
+	Tpw__V1__PeerMsg pm = TPW__V1__PEER_MSG__INIT;
+	struct tpd_session *s = local_end(p)->session;
+
+	if (!p->connecting || p->connect_sent || !s)
+		return;
+	pc.pipe_id = p->id;
+	pc.name = p->listener;
+	pc.remote_name = s->name;
+	pc.uid = (uint32_t)s->uid;
+	pc.gid = (uint32_t)s->gid;
+	pc.pid = (uint32_t)s->pid;
+	pm.body_case = TPW__V1__PEER_MSG__BODY_CONNECT;
+	pm.connect = &pc;
+	tpd_xpipe_tell(p, &pm, NULL, 0);
+	p->connect_sent = true;
+}
+
+/* The tpip:// address was this daemon's own: connect @p to the local listener instead. */
+static void xpipe_reroute_local(struct tpd_pipe *p)
+{
+	struct tpd_pipe_end *e = local_end(p);
+	struct tpd_session *s = e->session;
+	struct tpd_listener *l = NULL;
+	Tpw__V1__Connect c = TPW__V1__CONNECT__INIT;
+	char why[192];
+	int r;
+
+	c.req_id = p->connect_req_id;
+	c.pipe_id = e->local_id;
+	c.address = p->listener;
+	tpu_hmap_del(&s->pipes, e->local_id); /* tpd_pipe_connect_check wants the id free */
+	r = tpd_pipe_connect_check(p->d, s, &c, &l, why, sizeof(why));
+	if (r == 0 && tpu_hmap_put(&s->pipes, e->local_id, e) < 0)
+		r = -ENOMEM;
+	if (r < 0) {
+		tpu_hmap_put(&s->pipes, e->local_id, e);
+		xconnect_fail(p, r, why);
+		return;
+	}
+	if (p->link)
+		tpd_peer_pipe_remove(p->link, p);
+	p->link = NULL;
+	p->connecting = false;
+	event_del(p->ev_connect);
+	tpd_pipe_end_init(&p->end[1], p, l->owner,
+			  TPD_PIPE_ACCEPT_ID_BASE +
+			      ((struct tpd_session *)l->owner)->next_accept_id++);
+	p->end[1].remote = false;
+	if (tpu_hmap_put(&((struct tpd_session *)l->owner)->pipes, p->end[1].local_id, &p->end[1]) <
+	    0) {
+		p->end[1].remote = true;
+		p->end[1].session = NULL;
+		xconnect_fail(p, -ENOMEM, "out of memory");
+		return;
+	}
+	l->accepted++;
+	tpd_pipe_log(p, s, TPU_LOG_INFO, "address is this daemon: connected to '%s' locally",
+		     l->name);
+	tpd_session_reply(s, p->connect_req_id, 0, NULL, e->local_id, l->name);
+	tpd_pipe_send_accepted(l->owner, l, &p->end[1], s);
+	held_flush(p, 0, NULL);
+}
+
+void tpd_xpipe_link_failed(struct tpd_pipe *p, int err, const char *why)
+{
+	char msg[200];
+
+	if (p->connecting && err == -ELOOP && local_end(p)->session) {
+		xpipe_reroute_local(p);
+		return;
+	}
+	if (p->link)
+		tpd_peer_pipe_remove(p->link, p);
+	p->link = NULL;
+	if (p->connecting) {
+		snprintf(msg, sizeof(msg), "cannot reach tpipd at %.60s: %.110s", p->peer_addr,
+			 why);
+		xconnect_fail(p, err == -ECONNRESET ? -EHOSTUNREACH : err, msg);
+		return;
+	}
+	snprintf(p->why, sizeof(p->why), "lost the peer daemon at %.60s: %.110s", p->peer_addr,
+		 why);
+	tpd_pipe_end_detach(remote_end(p), err == -ESHUTDOWN ? TPW__V1__STATUS__STATUS_SHUTDOWN
+							     : TPW__V1__STATUS__STATUS_PEER_DIED);
+}
+
+/* The local end of cross-host pipe @p left with @why: tell the peer, stop connecting. */
+void tpd_xpipe_local_left(struct tpd_pipe *p, Tpw__V1__Status why)
+{
+	struct tpd_pipe_end *re = remote_end(p);
+
+	if (p->connecting) {
+		/* A later OK reply finds no pipe and closes the peer's side. */
+		p->connecting = false;
+		re->gone = why;
+		while (!tpu_list_empty(&p->held))
+			held_free(tpu_list_first(&p->held, struct held_write, node));
+		return;
+	}
+	if (p->link && p->remote_id && tpd_pipe_end_attached(re))
+		tell_close(p->link, p->remote_id, why, NULL);
+}
+
+void tpd_xpipe_peer_connect(struct tpd_daemon *d, struct tpd_peer *pr,
+			    const Tpw__V1__PeerConnect *c)
+{
+	Tpw__V1__PeerConnectReply rep = TPW__V1__PEER_CONNECT_REPLY__INIT;
+	Tpw__V1__PeerMsg pm = TPW__V1__PEER_MSG__INIT;
+	Tpw__V1__Accepted a = TPW__V1__ACCEPTED__INIT;
+	Tpw__V1__DaemonMsg dm = TPW__V1__DAEMON_MSG__INIT;
+	struct tpd_listener *l = tpd_registry_find(&d->registry, c->name);
+	struct tpd_session *ls = l ? l->owner : NULL;
+	struct tpd_pipe *p = NULL;
+	char why[200] = "";
+	int err = 0;
+
+	if (!l) {
+		snprintf(why, sizeof(why), "no listener named '%.100s' on %.60s", c->name,
+			 d->hostname);
+		err = -ENOENT;
+	} else if (!tpd_listener_permits(l, c->uid, c->gid, NULL, 0)) {
+		snprintf(why, sizeof(why), "listener '%s' refuses uid %u", l->name, c->uid);
+		err = -EACCES;
+	} else if (tpd_session_pipe_count(ls) >= d->cfg.pipes_max) {
+		snprintf(why, sizeof(why), "pipe limit of %u per client reached", d->cfg.pipes_max);
+		err = -ENOBUFS;
+	} else if (d->stopping) {
+		snprintf(why, sizeof(why), "daemon stopping");
+		err = -ESHUTDOWN;
+	} else if (!(p = tpd_pipe_new(d, l->name))) {
+		snprintf(why, sizeof(why), "out of memory");
+		err = -ENOMEM;
+	}
+	if (p) {
+		snprintf(p->peer_addr, sizeof(p->peer_addr), "%s", tpd_peer_name(pr));
+		tpd_pipe_end_init(&p->end[0], p, NULL, 0);
+		p->end[0].remote = true;
+		tpd_pipe_end_init(&p->end[1], p, ls,
+				  TPD_PIPE_ACCEPT_ID_BASE + ls->next_accept_id++);
+		p->link = pr;
+		p->remote_id = c->pipe_id;
+		tpu_list_insert_tail(&d->pipes, &p->node);
+		d->n_pipes++;
+		if (tpu_hmap_put(&ls->pipes, p->end[1].local_id, &p->end[1]) < 0 ||
+		    tpd_peer_pipe_add(pr, p) < 0) {
+			tpu_hmap_del(&ls->pipes, p->end[1].local_id);
+			p->end[1].session = NULL;
+			p->end[0].gone = TPW__V1__STATUS__STATUS_IO;
+			tpd_pipe_maybe_free(p);
+			p = NULL;
+			snprintf(why, sizeof(why), "out of memory");
+			err = -ENOMEM;
+		}
+	}
+	rep.pipe_id = c->pipe_id;
+	rep.peer_pipe_id = p ? p->id : 0;
+	rep.status = tpw_status_from_errno(err);
+	rep.message = why[0] ? why : NULL;
+	pm.body_case = TPW__V1__PEER_MSG__BODY_CONNECT_REPLY;
+	pm.connect_reply = &rep;
+	tpd_peer_send(pr, &pm, NULL, 0);
+	if (!p) {
+		tpu_log_info("peer %s: connect to '%s' refused: %s", tpd_peer_name(pr), c->name,
+			     why);
+		return;
+	}
+	l->accepted++;
+	tpd_pipe_log(p, ls, TPU_LOG_INFO, "accepted '%s' from %s",
+		     c->remote_name ? c->remote_name : "", tpd_peer_name(pr));
+	a.listener_id = l->id;
+	a.pipe_id = p->end[1].local_id;
+	a.remote_name = c->remote_name;
+	a.remote_pid = 0; /* a process on another host */
+	a.remote_uid = c->uid;
+	dm.body_case = TPW__V1__DAEMON_MSG__BODY_ACCEPTED;
+	dm.accepted = &a;
+	tpd_session_send(ls, &dm, NULL, 0);
+}
+
+void tpd_xpipe_peer_connect_reply(struct tpd_peer *pr, struct tpd_pipe *p,
+				  const Tpw__V1__PeerConnectReply *r)
+{
+	struct tpd_pipe_end *e;
+	char why[240];
+
+	if (!p || !p->connecting) {
+		/* The pipe ended here before the answer: close the peer's side. */
+		if (r->status == TPW__V1__STATUS__STATUS_OK && r->peer_pipe_id)
+			tell_close(pr, r->peer_pipe_id, TPW__V1__STATUS__STATUS_CLOSED, NULL);
+		return;
+	}
+	if (r->status != TPW__V1__STATUS__STATUS_OK) {
+		snprintf(why, sizeof(why), "%s",
+			 r->message ? r->message : tpw_status_name(r->status));
+		xconnect_fail(p, tpw_status_to_errno(r->status), why);
+		return;
+	}
+	e = local_end(p);
+	p->remote_id = r->peer_pipe_id;
+	p->connecting = false;
+	event_del(p->ev_connect);
+	tpd_pipe_log(p, e->session, TPU_LOG_INFO, "connected to '%s' on %s", p->listener,
+		     p->peer_addr);
+	tpd_session_reply(e->session, p->connect_req_id, 0, NULL, e->local_id, p->listener);
+	held_flush(p, 0, NULL);
+}
+
+void tpd_xpipe_peer_descriptor(struct tpd_pipe *p, const Tpw__V1__Descriptor *dd,
+			       const uint8_t *tail, uint32_t tail_len)
+{
+	struct tpd_pipe_end *w = remote_end(p), *r = local_end(p);
+	Tpw__V1__Descriptor out = *dd;
+	Tpw__V1__DaemonMsg dm = TPW__V1__DAEMON_MSG__INIT;
+	struct iovec iov = {(void *)tail, tail_len};
+	struct tpd_msg *m;
+
+	if (!r->session || tpd_pipe_end_dying(w) || p->connecting)
+		return; /* the reader left: the writer's daemon learns it from our PipeClose */
+	m = calloc(1, sizeof(*m));
+	if (m)
+		m->src = calloc(dd->n_payloads + dd->n_tensors + 1, sizeof(*m->src));
+	if (!m || !m->src) {
+		if (m)
+			free(m);
+		tpd_session_fail(r->session, TPU_LOG_ERR, TPW__V1__STATUS__STATUS_IO,
+				 "out of memory for a remote message");
+		return;
+	}
+	tpu_list_init(&m->wnode);
+	tpu_list_init(&m->rnode);
+	m->from = w;
+	m->msg_id = dd->msg_id;
+	m->eager = dd->eager;
+	m->n_src = dd->n_payloads + dd->n_tensors;
+	for (size_t i = 0; i < m->n_src; i++) {
+		m->src[i].len = i < dd->n_payloads ? dd->payloads[i]->length
+						   : dd->tensors[i - dd->n_payloads]->length;
+		m->bytes += m->src[i].len;
+		if (i >= dd->n_payloads && dd->tensors[i - dd->n_payloads]->device)
+			m->src[i].remote_cuda = dd->tensors[i - dd->n_payloads]->device->type ==
+						TPW__V1__DEVICE_TYPE__DEVICE_CUDA;
+	}
+	w->next_msg_id = dd->msg_id;
+	tpu_list_insert_tail(&w->rq, &m->rnode);
+	w->queued++;
+	w->queued_bytes += tail_len;
+	m->tail_len = tail_len;
+	if (m->eager) {
+		int basic = tpb_index("basic");
+		p->channels |= 1u << basic;
+		tpd_stats_record(&p->d->stats, basic, m->bytes, 0, false);
+	}
+	out.pipe_id = r->local_id;
+	dm.body_case = TPW__V1__DAEMON_MSG__BODY_DESCRIPTOR;
+	dm.descriptor = &out;
+	tpd_session_send(r->session, &dm, &iov, dd->eager && tail_len ? 1 : 0);
+}
+
+void tpd_xpipe_peer_read_req(struct tpd_pipe *p, const Tpw__V1__PeerReadReq *rr)
+{
+	struct tpd_pipe_end *w = local_end(p);
+	struct tpd_msg *m;
+
+	if (!w->session) {
+		tpd_xh_tell_end(p, rr->xfer_id, TPW__V1__STATUS__STATUS_CLOSED,
+				"writer closed the pipe", 0, false);
+		return;
+	}
+	m = tpd_pipe_next_unread(w);
+	if (!m || m->msg_id != rr->msg_id || m->eager) {
+		tpd_pipe_log(p, NULL, TPU_LOG_WARNING, "peer asked for message %llu, next is %llu",
+			     (unsigned long long)rr->msg_id,
+			     m ? (unsigned long long)m->msg_id : 0ull);
+		tpd_xh_tell_end(p, rr->xfer_id, TPW__V1__STATUS__STATUS_INVALID, "no such message",
+				0, false);
+		return;
+	}
+	if (tpd_xh_build_send(m, rr) < 0) {
+		tpd_xh_tell_end(p, rr->xfer_id, TPW__V1__STATUS__STATUS_IO, "out of memory", 0,
+				false);
+		return;
+	}
+	m->read_requested = true;
+	tpd_pipe_start_next_copy(w);
+}
+
+void tpd_xpipe_peer_consumed(struct tpd_pipe *p, const Tpw__V1__PeerConsumed *c)
+{
+	struct tpd_pipe_end *w = local_end(p);
+	struct tpd_msg *m;
+
+	tpu_list_for_each(m, &w->rq, rnode)
+	{
+		if (m->msg_id != c->msg_id)
+			continue;
+		if (m->copying && m->xh) {
+			/* The reader is done before the send: stop it, complete after. */
+			tpd_xh_stop_early(m->xh, c->status ? c->status : TPW__V1__STATUS__STATUS_IO,
+					  c->message);
+			return;
+		}
+		m->read_requested = true;
+		tpd_pipe_msg_consumed(m, c->status, c->message);
+		tpd_pipe_start_next_copy(w);
+		return;
+	}
+}
+
+void tpd_xpipe_peer_close(struct tpd_pipe *p, Tpw__V1__Status st, const char *why)
+{
+	if (why && *why)
+		snprintf(p->why, sizeof(p->why), "%s", why);
+	if (st == TPW__V1__STATUS__STATUS_UNSPECIFIED || st == TPW__V1__STATUS__STATUS_OK)
+		st = TPW__V1__STATUS__STATUS_CLOSED;
+	tpd_pipe_end_detach(remote_end(p), st);
+}
