@@ -1,9 +1,10 @@
 /* SPDX-License-Identifier: BSD-3-Clause */
 /*
- * One attached client. See session.h. Reading: recvmsg into a growing input buffer, fds into a
- * FIFO, then for every complete frame: header check, bounded unpack, validation, dispatch.
- * Writing: frames are sent at once when the output queue is empty, else queued with EV_WRITE
- * interest. Any protocol violation fails the session; it is freed from its close event.
+ * One attached client's connection. See session.h. Reading: recvmsg into a growing input buffer,
+ * fds into a FIFO, then every complete frame (its header checked here) goes to sessmsg.c, which
+ * unpacks, validates and handles it; what messages mean is not this file's business. Writing:
+ * frames are sent at once when the output queue is empty, else queued with EV_WRITE interest.
+ * Any protocol violation fails the session; it is freed from its close event.
  *
  * With a control ring (RingSetup, the frame after Hello), the same byte stream goes through the
  * two shared rings instead: input is copied out of the client->daemon ring into the input
@@ -19,15 +20,14 @@
 #include <sys/mman.h>
 #include <sys/socket.h>
 #include <sys/uio.h>
-#include "ctl.h"
 #include "devmem.h"
 #include "daemon.h"
 #include "frame.h"
 #include "log.h"
 #include "pipe.h"
 #include "session.h"
+#include "sessmsg.h"
 #include "validate.h"
-#include "tpconfig.h"
 
 #define IN_MIN_FREE (64u << 10)
 #define ROUNDS_PER_WAKEUP 16
@@ -44,7 +44,6 @@ static void session_on_write(evutil_socket_t fd, short what, void *arg);
 static void session_on_close(evutil_socket_t fd, short what, void *arg);
 static int flush_out(struct tpd_session *s);
 static void fail_output(struct tpd_session *s, int r);
-static void ring_take_side(struct tpd_session *s);
 
 /* ---- credentials --------------------------------------------------------------------------- */
 
@@ -470,404 +469,7 @@ struct tpd_buffer *tpd_session_buffer(struct tpd_session *s, uint64_t id, uint64
 	return b && b->gen == gen ? b : NULL;
 }
 
-/* ---- handlers ------------------------------------------------------------------------------ */
-
-static bool cma_probe(struct tpd_session *s, const Tpw__V1__Hello *h)
-{
-	uint64_t v = 0;
-	struct iovec l = { &v, sizeof(v) }, r = { (void *)(uintptr_t)h->cma_probe_addr, sizeof(v) };
-
-	if (!s->d->cma_viable || !h->cma_probe_addr)
-		return false;
-	return process_vm_readv(s->pid, &l, 1, &r, 1, 0) == (ssize_t)sizeof(v) &&
-	       v == h->cma_probe_value;
-}
-
-/*
- * Maps the control ring of RingSetup @m (@fd borrowed). Return: 0, or -errno with @why set; the
- * session then stays on the socket.
- */
-static int ring_accept(struct tpd_session *s, const Tpw__V1__RingSetup *m, int fd, const char **why)
-{
-	uint32_t max = s->d->cfg.ring_max;
-	int r;
-
-	*why = NULL;
-	if (!s->ring_allowed) {
-		*why = "RingSetup must be a client's first frame after Hello";
-		return -EINVAL;
-	}
-	if (!max) {
-		*why = "control rings are off on this daemon (ring-max = 0)";
-		return -EOPNOTSUPP;
-	}
-	if (m->ring_bytes > max) {
-		*why = "ring larger than the daemon's ring-max";
-		return -ENOBUFS;
-	}
-	r = tpu_ring_attach(fd, m->ring_bytes, &s->ring_map);
-	if (r < 0) {
-		s->ring_map = NULL;
-		if (r != -EPERM && r != -EBADF && r != -EACCES) {
-			*why = "cannot map the ring";
-			return -EIO;
-		}
-		*why = r == -EPERM    ? "ring memfd not sealed against shrinking"
-		       : r == -EACCES ? "ring memfd sealed against writing"
-				      : "ring fd is not a memfd of the announced size";
-		return -EINVAL;
-	}
-	s->ring_size = m->ring_bytes;
-	tpu_ring_init(s->ring_map, s->ring_size, false, &s->ring_tx, &s->ring_rx);
-	return 0;
-}
-
-/* RingSetup: map the rings, answer on the socket, then switch both directions to them. */
-static void handle_ring_setup(struct tpd_session *s, const Tpw__V1__RingSetup *m, int fd)
-{
-	const char *why;
-	int r = ring_accept(s, m, fd, &why);
-
-	s->ring_allowed = false;
-	tpd_session_reply(s, m->req_id, r, why, 0, NULL);
-	if (r < 0) {
-		tpd_session_log(s, TPU_LOG_INFO, "control ring refused (%s): staying on the socket",
-				why);
-		return;
-	}
-	if (s->dead)
-		return;
-	if (!tpu_list_empty(&s->outq)) {
-		tpd_session_fail(s, TPU_LOG_WARNING, TPW__V1__STATUS__STATUS_PEER_DIED,
-				 "client does not read the answer to its RingSetup");
-		return;
-	}
-	s->ring = true; /* every later frame goes through the rings */
-	tpd_session_log(s, TPU_LOG_DEBUG, "control ring of %u bytes per direction", s->ring_size);
-	tpd_daemon_spin_kick(s->d); /* ends with the ring's sleeping flag set */
-}
-
-static void handle_hello(struct tpd_session *s, const Tpw__V1__Hello *h)
-{
-	Tpw__V1__HelloReply hr = TPW__V1__HELLO_REPLY__INIT;
-	Tpw__V1__Limits lim = TPW__V1__LIMITS__INIT;
-	Tpw__V1__DaemonMsg dm = TPW__V1__DAEMON_MSG__INIT;
-	const struct tpd_config *cfg = &s->d->cfg;
-	char name[TPW_NAME_MAX + 1];
-
-	hr.major = TPW_PROTO_MAJOR;
-	hr.minor = TPW_PROTO_MINOR;
-	hr.daemon_version = TP_VERSION;
-	dm.body_case = TPW__V1__DAEMON_MSG__BODY_HELLO_REPLY;
-	dm.hello_reply = &hr;
-	if (h->major != TPW_PROTO_MAJOR) {
-		hr.status = TPW__V1__STATUS__STATUS_VERSION;
-		hr.message = "protocol major version not supported";
-		tpd_session_send(s, &dm, NULL, 0);
-		tpd_session_fail(s, TPU_LOG_NOTICE, TPW__V1__STATUS__STATUS_VERSION,
-				 "protocol version %u.%u, expected %u.x", h->major, h->minor,
-				 TPW_PROTO_MAJOR);
-		return;
-	}
-	s->role = h->role;
-	if (h->name && *h->name)
-		snprintf(name, sizeof(name), "%s", h->name);
-	else
-		snprintf(name, sizeof(name), "%s:%d", s->comm, (int)s->pid);
-	s->name = strdup(name);
-	s->cma_ok = s->role == TPW__V1__ROLE__ROLE_CLIENT && cma_probe(s, h);
-	s->hello_done = true;
-	s->ring_allowed = s->role == TPW__V1__ROLE__ROLE_CLIENT;
-	hr.status = TPW__V1__STATUS__STATUS_OK;
-	hr.session_id = s->id;
-	hr.cma_ok = s->cma_ok;
-	lim.frame_max = cfg->wire.frame_max;
-	lim.inline_max = cfg->wire.inline_max;
-	lim.segments_max = cfg->wire.segments_max;
-	lim.message_bytes_max = cfg->wire.message_bytes_max;
-	lim.metadata_max = cfg->wire.metadata_max;
-	lim.buffers_max = cfg->buffers_max;
-	lim.buffer_bytes_max = cfg->buffer_bytes_max;
-	lim.pipes_max = cfg->pipes_max;
-	lim.pipe_queue_max = cfg->pipe_queue_max;
-	hr.limits = &lim;
-	tpd_session_send(s, &dm, NULL, 0);
-	tpd_session_log(s, TPU_LOG_DEBUG, "hello from '%s', cma %s", s->name,
-			s->cma_ok ? "yes" : "no");
-}
-
-static void handle_listen(struct tpd_session *s, const Tpw__V1__Listen *m)
-{
-	struct tpd_listener *l;
-	char why[320];
-	int r = -ENOBUFS;
-
-	if (s->n_listeners < s->d->cfg.listeners_max)
-		r = tpd_registry_add(&s->d->registry, m->name, s, s->uid, m->access, m->gid, &l);
-	if (r < 0) {
-		if (r == -EADDRINUSE)
-			snprintf(why, sizeof(why), "listener name '%s' is already taken", m->name);
-		else if (r == -ENOBUFS)
-			snprintf(why, sizeof(why), "listener limit of %u per client reached",
-				 s->d->cfg.listeners_max);
-		else
-			snprintf(why, sizeof(why), "cannot listen on '%s': %s", m->name,
-				 strerror(-r));
-		tpd_session_log(s, TPU_LOG_INFO, "%s", why);
-		tpd_session_reply(s, m->req_id, r, why, 0, NULL);
-		return;
-	}
-	tpu_list_insert_tail(&s->listeners, &l->session_node);
-	s->n_listeners++;
-	tpd_session_log(s, TPU_LOG_INFO, "listening on '%s'", l->name);
-	tpd_session_reply(s, m->req_id, 0, NULL, l->id, NULL);
-}
-
-static void handle_listener_close(struct tpd_session *s, const Tpw__V1__ListenerClose *m)
-{
-	struct tpd_listener *l = tpd_registry_find_id(&s->d->registry, m->listener_id);
-
-	if (!l || l->owner != s)
-		return; /* already gone: closing is idempotent */
-	tpd_session_log(s, TPU_LOG_INFO, "stopped listening on '%s'", l->name);
-	tpd_registry_remove(&s->d->registry, l);
-	s->n_listeners--;
-}
-
-static int buffer_check(struct tpd_session *s, const Tpw__V1__BufferRegister *m, char *why,
-			size_t wl)
-{
-	const struct tpd_config *cfg = &s->d->cfg;
-
-	if (tpu_hmap_get(&s->buffers, m->buf_id) || m->buf_id == 0) {
-		snprintf(why, wl, "buffer id %llu in use or invalid",
-			 (unsigned long long)m->buf_id);
-		return -EADDRINUSE;
-	}
-	if (s->buffers.len >= cfg->buffers_max) {
-		snprintf(why, wl, "buffer limit of %u per client reached", cfg->buffers_max);
-		return -ENOBUFS;
-	}
-	if (m->size > cfg->buffer_bytes_max - s->buffer_bytes) {
-		snprintf(why, wl, "buffer bytes limit of %llu per client reached",
-			 (unsigned long long)cfg->buffer_bytes_max);
-		return -ENOBUFS;
-	}
-	return 0;
-}
-
-static void handle_buffer_register(struct tpd_session *s, const Tpw__V1__BufferRegister *m,
-				   int fd)
-{
-	_cleanup_close_ int owned = fd;
-	struct tpd_buffer *b = NULL;
-	char why[192] = "";
-	int r;
-
-	r = buffer_check(s, m, why, sizeof(why));
-	if (r == 0) {
-		r = tpd_buffer_new(owned, m->buf_id, m->gen, m->size, &b);
-		if (r == -EPERM)
-			snprintf(why, sizeof(why), "buffer fd is not sealed against shrinking");
-		else if (r < 0)
-			snprintf(why, sizeof(why), "cannot map buffer of %llu bytes: %s",
-				 (unsigned long long)m->size, strerror(-r));
-	}
-	if (r == 0 && tpu_hmap_put(&s->buffers, m->buf_id, b) < 0) {
-		tpd_buffer_unref(b);
-		r = -ENOMEM;
-		snprintf(why, sizeof(why), "out of memory");
-	}
-	if (r < 0) {
-		tpd_session_log(s, TPU_LOG_INFO, "buffer %llu refused: %s",
-				(unsigned long long)m->buf_id, why);
-		tpd_session_reply(s, m->req_id, r, why, m->buf_id, NULL);
-		return;
-	}
-	s->buffer_bytes += m->size;
-	tpd_session_reply(s, m->req_id, 0, NULL, m->buf_id, NULL);
-}
-
-static void handle_buffer_release(struct tpd_session *s, const Tpw__V1__BufferRelease *m)
-{
-	struct tpd_buffer *b = tpd_session_buffer(s, m->buf_id, m->gen);
-
-	if (!b)
-		return;
-	tpu_hmap_del(&s->buffers, m->buf_id);
-	s->buffer_bytes -= b->size;
-	tpd_buffer_unref(b);
-}
-
-static struct tpd_pipe_end *find_end(struct tpd_session *s, uint64_t id)
-{
-	return tpu_hmap_get(&s->pipes, id);
-}
-
-static void reply_unknown_pipe(struct tpd_session *s, Tpw__V1__ClientMsg *m)
-{
-	Tpw__V1__DaemonMsg dm = TPW__V1__DAEMON_MSG__INIT;
-	Tpw__V1__WriteDone wd = TPW__V1__WRITE_DONE__INIT;
-	Tpw__V1__ReadDone rd = TPW__V1__READ_DONE__INIT;
-
-	if (m->body_case == TPW__V1__CLIENT_MSG__BODY_WRITE) {
-		wd.pipe_id = m->write->pipe_id;
-		wd.write_id = m->write->write_id;
-		wd.status = TPW__V1__STATUS__STATUS_NOT_FOUND;
-		wd.message = "no such pipe";
-		dm.body_case = TPW__V1__DAEMON_MSG__BODY_WRITE_DONE;
-		dm.write_done = &wd;
-	} else {
-		if (m->read->ack_eager)
-			return;
-		rd.pipe_id = m->read->pipe_id;
-		rd.msg_id = m->read->msg_id;
-		rd.status = TPW__V1__STATUS__STATUS_NOT_FOUND;
-		rd.message = "no such pipe";
-		dm.body_case = TPW__V1__DAEMON_MSG__BODY_READ_DONE;
-		dm.read_done = &rd;
-	}
-	tpd_session_send(s, &dm, NULL, 0);
-}
-
-static void handle_pipe_close(struct tpd_session *s, const Tpw__V1__PipeClose *m)
-{
-	struct tpd_pipe_end *e = tpu_hmap_del(&s->pipes, m->pipe_id);
-	Tpw__V1__PipeClosed pc = TPW__V1__PIPE_CLOSED__INIT;
-	Tpw__V1__DaemonMsg dm = TPW__V1__DAEMON_MSG__INIT;
-
-	if (e) {
-		tpd_pipe_end_close(e); /* acknowledges once no copy uses the end's memory */
-		return;
-	}
-	/* Already gone (failed connect, remote end gone): nothing can touch its memory. */
-	pc.pipe_id = m->pipe_id;
-	pc.status = TPW__V1__STATUS__STATUS_CANCELED;
-	pc.message = "closed";
-	dm.body_case = TPW__V1__DAEMON_MSG__BODY_PIPE_CLOSED;
-	dm.pipe_closed = &pc;
-	tpd_session_send(s, &dm, NULL, 0);
-}
-
-/* Dispatches a validated message. Takes @m. */
-static void dispatch(struct tpd_session *s, Tpw__V1__ClientMsg *m, const struct tpw_hdr *h,
-		     const uint8_t *tail, int fd)
-{
-	struct tpd_pipe_end *e;
-
-	if (m->body_case != TPW__V1__CLIENT_MSG__BODY_RING_SETUP)
-		s->ring_allowed = false;
-	switch (m->body_case) {
-	case TPW__V1__CLIENT_MSG__BODY_LISTEN:
-		handle_listen(s, m->listen);
-		break;
-	case TPW__V1__CLIENT_MSG__BODY_LISTENER_CLOSE:
-		handle_listener_close(s, m->listener_close);
-		break;
-	case TPW__V1__CLIENT_MSG__BODY_CONNECT:
-		tpd_pipe_connect(s->d, s, m->connect);
-		break;
-	case TPW__V1__CLIENT_MSG__BODY_BUFFER_REGISTER:
-		handle_buffer_register(s, m->buffer_register, fd);
-		break;
-	case TPW__V1__CLIENT_MSG__BODY_BUFFER_RELEASE:
-		handle_buffer_release(s, m->buffer_release);
-		break;
-	case TPW__V1__CLIENT_MSG__BODY_CUDA_RELEASE:
-		tpd_devmem_release(s, m->cuda_release);
-		break;
-	case TPW__V1__CLIENT_MSG__BODY_WRITE:
-		e = find_end(s, m->write->pipe_id);
-		if (!e)
-			break;
-		tpd_pipe_write(e, m, tail, h->data_len);
-		return; /* took @m */
-	case TPW__V1__CLIENT_MSG__BODY_READ:
-		e = find_end(s, m->read->pipe_id);
-		if (e)
-			tpd_pipe_read(e, m->read);
-		break;
-	case TPW__V1__CLIENT_MSG__BODY_PIPE_CLOSE:
-		handle_pipe_close(s, m->pipe_close);
-		break;
-	case TPW__V1__CLIENT_MSG__BODY_CTL:
-		tpd_ctl_handle(s, m->ctl);
-		break;
-	case TPW__V1__CLIENT_MSG__BODY_RING_SETUP:
-		handle_ring_setup(s, m->ring_setup, fd);
-		tpu_close(fd);
-		break;
-	default:
-		break;
-	}
-	if ((m->body_case == TPW__V1__CLIENT_MSG__BODY_WRITE ||
-	     m->body_case == TPW__V1__CLIENT_MSG__BODY_READ) &&
-	    !find_end(s, m->body_case == TPW__V1__CLIENT_MSG__BODY_WRITE ? m->write->pipe_id
-									 : m->read->pipe_id))
-		reply_unknown_pipe(s, m);
-	tpw_client_msg_free(m);
-}
-
-/* Checks the message type against the session's state. Return: true if it may proceed. */
-static bool state_allows(struct tpd_session *s, const Tpw__V1__ClientMsg *m)
-{
-	if (!s->hello_done)
-		return m->body_case == TPW__V1__CLIENT_MSG__BODY_HELLO;
-	if (m->body_case == TPW__V1__CLIENT_MSG__BODY_HELLO)
-		return false;
-	if (s->role == TPW__V1__ROLE__ROLE_CONTROL)
-		return m->body_case == TPW__V1__CLIENT_MSG__BODY_CTL;
-	return true;
-}
-
-/* Handles one complete frame. Return: 0, or < 0 after failing the session. */
-static int process_frame(struct tpd_session *s, const struct tpw_hdr *h, const uint8_t *body)
-{
-	Tpw__V1__ClientMsg *m = NULL;
-	_cleanup_close_ int fd = -EBADF;
-	char why[256];
-	int r;
-
-	if (h->nfds > s->n_fdq && s->ring)
-		ring_take_side(s); /* the client sent them before writing this frame */
-	if (h->nfds > s->n_fdq) {
-		tpd_session_fail(s, TPU_LOG_WARNING, TPW__V1__STATUS__STATUS_PEER_DIED,
-				 "frame %llu announces %u fds, %u received",
-				 (unsigned long long)h->seq, h->nfds, s->n_fdq);
-		return -EBADMSG;
-	}
-	if (h->nfds) {
-		fd = s->fdq[0];
-		for (unsigned i = 1; i < h->nfds; i++)
-			tpu_close(s->fdq[i]);
-		memmove(s->fdq, s->fdq + h->nfds, (s->n_fdq - h->nfds) * sizeof(int));
-		s->n_fdq -= h->nfds;
-	}
-	r = tpw_client_msg_unpack(body, h->msg_len, &m);
-	if (r < 0) {
-		tpd_session_fail(s, TPU_LOG_WARNING, TPW__V1__STATUS__STATUS_PEER_DIED,
-				 "frame %llu does not decode", (unsigned long long)h->seq);
-		return r;
-	}
-	r = tpw_client_msg_validate(m, h, &s->d->limits, why, sizeof(why));
-	if (r == 0 && !state_allows(s, m)) {
-		snprintf(why, sizeof(why), "message type %d not allowed now", (int)m->body_case);
-		r = -EBADMSG;
-	}
-	if (r < 0) {
-		tpd_session_fail(s, TPU_LOG_WARNING, TPW__V1__STATUS__STATUS_PEER_DIED,
-				 "invalid frame %llu: %s", (unsigned long long)h->seq, why);
-		tpw_client_msg_free(m);
-		return r;
-	}
-	if (m->body_case == TPW__V1__CLIENT_MSG__BODY_HELLO) {
-		handle_hello(s, m->hello);
-		tpw_client_msg_free(m);
-		return 0;
-	}
-	dispatch(s, m, h, body + h->msg_len, TAKE_FD(fd));
-	return 0;
-}
+/* ---- input --------------------------------------------------------------------------------- */
 
 /*
  * fds travel with the first bytes of the frame that announces them, so once every complete
@@ -920,7 +522,7 @@ static void parse_frames(struct tpd_session *s)
 			break;
 		}
 		s->bytes_in += need;
-		if (process_frame(s, &h, s->in + off + TPW_HDR_SIZE) < 0)
+		if (tpd_sessmsg_handle(s, &h, s->in + off + TPW_HDR_SIZE) < 0)
 			return;
 		off += need;
 		if (s->ring && !was_ring) {
@@ -1020,8 +622,7 @@ static ssize_t recv_side(struct tpd_session *s)
 	return recv_msg(s, bells, sizeof(bells));
 }
 
-/* Takes the fds waiting on the socket (too many of them fail the session). */
-static void ring_take_side(struct tpd_session *s)
+void tpd_session_ring_take_side(struct tpd_session *s)
 {
 	for (int i = 0; i < ROUNDS_PER_WAKEUP; i++) {
 		ssize_t n = recv_side(s);

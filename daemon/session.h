@@ -1,10 +1,11 @@
 /* SPDX-License-Identifier: BSD-3-Clause */
 /*
  * tpd_session: one attached client (a libtpclient context or tpipctl). Owns the connection:
- * peer credentials, frame reading with fd passing, bounded unpack and validation, the output
- * queue, and the session's tables of pipe ends, shared buffers and listeners. Dispatches
- * requests to the listener registry and to pipes. A protocol violation closes this session
- * only; it is closed from its own deferred event, never in the middle of a handler.
+ * peer credentials, frame reading with fd passing, the output queue, the control rings, and the
+ * session's tables of pipe ends, shared buffers and listeners. Each complete frame goes to
+ * sessmsg.c (bounded unpack, validation, the handlers that dispatch requests to the listener
+ * registry and to pipes). A protocol violation closes this session only; it is closed from its
+ * own deferred event, never in the middle of a handler.
  */
 #ifndef TPD_SESSION_H
 #define TPD_SESSION_H
@@ -120,6 +121,13 @@ bool tpd_session_ring_sleep(struct tpd_session *s);
 
 /* Withdraws @s's sleeping flag while the daemon polls. */
 void tpd_session_ring_wake(struct tpd_session *s);
+
+/*
+ * tpd_session_ring_take_side() - take the fds waiting on the socket of ring session @s into its
+ * fd queue (a ring client sends them before it writes the frame that announces them); doorbell
+ * bytes are dropped. Too many or truncated fds fail @s.
+ */
+void tpd_session_ring_take_side(struct tpd_session *s);
 
 /* Number of pipe ends attached to @s. */
 unsigned tpd_session_pipe_count(const struct tpd_session *s);

@@ -335,6 +335,17 @@ void tpc_op_ready_locked(struct tp_context *ctx, struct tpu_list *list, struct t
 void tpc_op_cancel_locked(struct tpc_op *op);
 /* Absolute CLOCK_MONOTONIC deadline for pthread_cond_timedwait, @timeout_ms >= 0. */
 void tpc_deadline(struct timespec *ts, int timeout_ms);
+/*
+ * Unpacks and validates the daemon frame @h whose message starts at @body (borrowed; the data
+ * tail follows it). Return: 0 with *@ret owned (free with tpw_daemon_msg_free()), or -errno
+ * with a sentence in @why.
+ */
+int tpc_context_decode(const struct tpw_hdr *h, const uint8_t *body, Tpw__V1__DaemonMsg **ret,
+		       char *why, size_t why_len);
+/* Starts @ctx's io thread (which takes no signals). Return: 0 or -errno (message set). */
+int tpc_context_start_thread(struct tp_context *ctx);
+/* Unmaps @ctx's control ring, if any; the context is back on the socket. */
+void tpc_context_ring_free(struct tp_context *ctx);
 
 /* ---- wire.c -------------------------------------------------------------------------------- */
 

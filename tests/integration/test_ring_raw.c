@@ -527,7 +527,7 @@ END_TEST
 /* ---- regressions ----------------------------------------------------------------------------- */
 
 /*
- * Regression (daemon/session.c handle_ring_setup -> daemon/daemon.c tpd_daemon_spin_kick): when
+ * Regression (daemon/sessmsg.c handle_ring_setup -> daemon/daemon.c tpd_daemon_spin_kick): when
  * the daemon did not spin (--spin-us 0, or its copier was busy), the kick polled every ring at
  * once, from inside parse_frames() of the socket read that carried the RingSetup. A frame
  * already in the ring made ring_pull() re-enter parse_frames(), which started over at the

@@ -1,0 +1,26 @@
+/* SPDX-License-Identifier: BSD-3-Clause */
+/*
+ * tpd_sessmsg: what the frames of an attached client mean: unpacking, validation, the check
+ * against the session's state, and the handlers of client messages (Hello, RingSetup, listeners,
+ * shared buffers; the rest is handed to pipes, ctl and devmem). The connection itself (reading,
+ * frame boundaries, the fd queue, output, control rings, the session's life) is session.c's.
+ */
+#ifndef TPD_SESSMSG_H
+#define TPD_SESSMSG_H
+
+#include <stdint.h>
+
+struct tpd_session;
+struct tpw_hdr;
+
+/*
+ * tpd_sessmsg_handle() - handle one complete frame of @s: take the fds it announces from @s's
+ * fd queue, unpack and validate its message, check it against @s's state, and dispatch it.
+ * @h: the frame's parsed header (borrowed).
+ * @body: borrowed, for the call only: the message (@h->msg_len bytes) followed by its data
+ * tail (@h->data_len bytes).
+ * Return: 0, or < 0 after failing @s (tpd_session_fail()).
+ */
+int tpd_sessmsg_handle(struct tpd_session *s, const struct tpw_hdr *h, const uint8_t *body);
+
+#endif
