@@ -56,7 +56,7 @@ struct tpd_daemon {
 	struct tpd_stats stats;
 	struct tpd_metrics *metrics; /* NULL when off */
 
-	/* Peer links (peer.c). */
+	/* Peer links (peer.c, peerhs.c, peerlisten.c). */
 	struct tpd_gdr *gdr; /* cuda_gdr ports (gdr.c) */
 	struct tpu_list peers;
 	unsigned n_peers;

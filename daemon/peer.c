@@ -1,8 +1,11 @@
 /* SPDX-License-Identifier: BSD-3-Clause */
 /*
- * Peer links: the TCP peer listener, dialling, the handshake (PeerHello, PeerAuth, PeerReady),
- * data connection set-up, keepalives, failure, and dispatch of pipe messages. See peer.h and
- * docs/peering.md. Everything here runs on the loop thread.
+ * Peer links: the link object's lifetime (creation, failure, teardown), sending on the control
+ * connection, reading its frames and dispatching them (keepalives and pipe messages on an up
+ * link, handshake messages to peerhs.c), dialling, starting and stopping the peer module, and the
+ * tpipctl snapshot. See peer.h and docs/peering.md. The handshake and data connection set-up are
+ * in peerhs.c, the TCP peer listener and accepted connections in peerlisten.c, and what the three
+ * share in peer_int.h. Everything here runs on the loop thread.
  */
 #include <arpa/inet.h>
 #include <event2/buffer.h>
@@ -22,69 +25,18 @@
 #include "hmap.h"
 #include "log.h"
 #include "peer.h"
+#include "peer_int.h"
 #include "peerauth.h"
 #include "pipe.h"
 #include "stripe.h"
 #include "validate.h"
 
-#define FIRST_FRAME_MAX 4096
-#define LABEL_ANSWER "tpipd-peer-answer"
-#define LABEL_DIAL "tpipd-peer-dial"
-#define LABEL_DATA "tpipd-peer-data"
-
-enum peer_state { PEER_CONNECTING, PEER_HANDSHAKE, PEER_DATA, PEER_UP, PEER_FAILED };
-
 static const char *const state_names[] = { "connecting", "handshake", "handshake", "up",
 					   "failed" };
 
-struct tpd_peer {
-	struct tpu_list node;
-	struct tpd_daemon *d;
-	uint64_t id;
-	enum peer_state state;
-	bool outgoing;
-	bool authenticated;
-	bool hello_seen;
-	bool last_words; /* send_hello/send_ready: send at once (refusal) */
-	char key[300];	 /* "HOST:PORT" to match dials: as dialled, or remote address + port */
-	char host[256];	 /* the peer's host name */
-	struct bufferevent *bev;
-	struct event *ev_timer;
-	struct event *ev_close;
-	struct tpd_stripe *stripe;
-	uint8_t nonce_mine[32], nonce_theirs[32];
-	uint64_t link_id;
-	unsigned data_expected, data_attached;
-	bool data_seen[TPD_STRIPE_CONNS_MAX];
-	struct tpu_hmap pipes; /* local pipe id -> struct tpd_pipe */
-	struct tpu_hmap xfers; /* receive xfer id -> opaque (pipe.c) */
-	uint64_t next_xfer_id;
-	uint64_t seq_out;
-	uint64_t created_ns, up_ns, last_rx_ns, rtt_us;
-	uint64_t ctl_in, ctl_out;
-	int fail_err;
-	char last_error[200];
-	bool peer_gdr;		    /* the peer offered cuda_gdr in its Hello */
-	struct tpd_gdr_link *gdr;   /* RDMA set-up and sends (NULL: not on this link) */
-};
-
-/* An accepted connection whose first frame says what it is. */
-struct peer_conn {
-	struct tpu_list node;
-	struct tpd_daemon *d;
-	int fd;
-	struct event *ev;
-	uint8_t buf[TPW_HDR_SIZE + FIRST_FRAME_MAX];
-	size_t len, want;
-	uint64_t deadline_ns;
-	char addr[80];
-};
-
-static void peer_fail(struct tpd_peer *pr, int err, const char *fmt, ...) _printf_(3, 4);
-
 /* ---- helpers ------------------------------------------------------------------------------- */
 
-static void sockaddr_text(const struct sockaddr *sa, char *buf, size_t len, bool with_port)
+void tpd_peer_sockaddr_text(const struct sockaddr *sa, char *buf, size_t len, bool with_port)
 {
 	char ip[INET6_ADDRSTRLEN] = "?";
 	unsigned port = 0;
@@ -108,9 +60,7 @@ static void sockaddr_text(const struct sockaddr *sa, char *buf, size_t len, bool
 	snprintf(buf, len, with_port ? "%s:%u" : "%s", ip, port);
 }
 
-static void peer_log(const struct tpd_peer *pr, int level, const char *fmt, ...) _printf_(3, 4);
-
-static void peer_log(const struct tpd_peer *pr, int level, const char *fmt, ...)
+void tpd_peer_log(const struct tpd_peer *pr, int level, const char *fmt, ...)
 {
 	char f[48], msg[600];
 	const char *fields[] = { f, NULL };
@@ -207,7 +157,7 @@ int tpd_peer_send(struct tpd_peer *pr, Tpw__V1__PeerMsg *m, const struct iovec *
  * drains only from the loop), for the last words before a close: a refusal, a goodbye. Only
  * when nothing else is queued, so frames never interleave; otherwise queues it normally.
  */
-static void send_now(struct tpd_peer *pr, Tpw__V1__PeerMsg *m)
+void tpd_peer_send_now(struct tpd_peer *pr, Tpw__V1__PeerMsg *m)
 {
 	uint8_t buf[1024];
 	size_t n = tpw_frame_size(&m->base);
@@ -225,7 +175,7 @@ static void send_now(struct tpd_peer *pr, Tpw__V1__PeerMsg *m)
 
 /* ---- lifetime ------------------------------------------------------------------------------ */
 
-static void peer_teardown(struct tpd_peer *pr)
+void tpd_peer_teardown(struct tpd_peer *pr)
 {
 	struct tpd_daemon *d = pr->d;
 	size_t n = pr->pipes.len, i = 0, k = 0;
@@ -243,7 +193,7 @@ static void peer_teardown(struct tpd_peer *pr)
 		v[k++] = val;
 	for (i = 0; i < k; i++)
 		tpd_xpipe_link_failed(v[i], pr->fail_err ? pr->fail_err : -ECONNRESET,
-				     pr->last_error);
+				      pr->last_error);
 	free(v);
 	tpu_hmap_done(&pr->pipes);
 	tpu_hmap_done(&pr->xfers);
@@ -260,10 +210,10 @@ static void peer_teardown(struct tpd_peer *pr)
 
 static void peer_on_close(evutil_socket_t fd, short what, void *arg)
 {
-	peer_teardown(arg);
+	tpd_peer_teardown(arg);
 }
 
-static void peer_fail(struct tpd_peer *pr, int err, const char *fmt, ...)
+void tpd_peer_fail(struct tpd_peer *pr, int err, const char *fmt, ...)
 {
 	va_list ap;
 
@@ -272,8 +222,8 @@ static void peer_fail(struct tpd_peer *pr, int err, const char *fmt, ...)
 	va_start(ap, fmt);
 	vsnprintf(pr->last_error, sizeof(pr->last_error), fmt, ap);
 	va_end(ap);
-	peer_log(pr, err == -ELOOP ? TPU_LOG_INFO : TPU_LOG_WARNING, "link failed: %s",
-		 pr->last_error);
+	tpd_peer_log(pr, err == -ELOOP ? TPU_LOG_INFO : TPU_LOG_WARNING, "link failed: %s",
+		     pr->last_error);
 	pr->fail_err = err;
 	pr->state = PEER_FAILED;
 	if (pr->bev)
@@ -283,7 +233,7 @@ static void peer_fail(struct tpd_peer *pr, int err, const char *fmt, ...)
 
 static void peer_on_stripe_error(struct tpd_stripe *st, int err, const char *why, void *arg)
 {
-	peer_fail(arg, -ECONNRESET, "data connection failed: %s", why);
+	tpd_peer_fail(arg, -ECONNRESET, "data connection failed: %s", why);
 }
 
 static int peer_make_stripe(struct tpd_peer *pr)
@@ -301,7 +251,7 @@ static int peer_make_stripe(struct tpd_peer *pr)
 
 static void peer_on_timer(evutil_socket_t fd, short what, void *arg);
 
-static struct tpd_peer *peer_new(struct tpd_daemon *d, bool outgoing, const char *key)
+struct tpd_peer *tpd_peer_new(struct tpd_daemon *d, bool outgoing, const char *key)
 {
 	struct tpd_peer *pr = calloc(1, sizeof(*pr));
 
@@ -331,377 +281,11 @@ static struct tpd_peer *peer_new(struct tpd_daemon *d, bool outgoing, const char
 	return pr;
 }
 
-static void timer_arm_ms(struct event *ev, uint32_t ms)
+void tpd_peer_timer_arm_ms(struct event *ev, uint32_t ms)
 {
 	struct timeval tv = { ms / 1000, (ms % 1000) * 1000 };
 
 	evtimer_add(ev, &tv);
-}
-
-/* ---- handshake ----------------------------------------------------------------------------- */
-
-static void send_hello(struct tpd_peer *pr, Tpw__V1__Status st, const char *msg)
-{
-	struct tpd_daemon *d = pr->d;
-	Tpw__V1__PeerHello h = TPW__V1__PEER_HELLO__INIT;
-	Tpw__V1__PeerMsg m = TPW__V1__PEER_MSG__INIT;
-	char *backends[] = { "mpt", "basic", "cuda_gdr" };
-	uint8_t mac[32];
-
-	h.major = TPW_PROTO_MAJOR;
-	h.minor = TPW_PROTO_MINOR;
-	h.host = d->hostname;
-	h.boot_id.data = d->boot_id;
-	h.boot_id.len = sizeof(d->boot_id);
-	h.instance = d->instance;
-	h.n_backends = TPU_ARRAY_SIZE(backends) - !tpd_gdr_offered(d);
-	h.backends = backends;
-	h.data_conns = pr->outgoing ? d->cfg.peer_data_conns : 0;
-	h.nonce.data = pr->nonce_mine;
-	h.nonce.len = sizeof(pr->nonce_mine);
-	h.keyed = d->peer_keyed;
-	h.force_cross_host = d->cfg.peer_force_cross_host;
-	h.listen_port = d->peer_port_bound;
-	h.status = st;
-	h.message = (char *)msg;
-	if (!pr->outgoing && d->peer_keyed && st == TPW__V1__STATUS__STATUS_OK) {
-		tpd_peerauth_mac(&d->peer_key, LABEL_ANSWER, pr->nonce_theirs, 32, pr->nonce_mine,
-				 32, -1, mac);
-		h.mac.data = mac;
-		h.mac.len = sizeof(mac);
-	}
-	m.body_case = TPW__V1__PEER_MSG__BODY_HELLO;
-	m.hello = &h;
-	if (pr->last_words)
-		send_now(pr, &m);
-	else
-		tpd_peer_send(pr, &m, NULL, 0);
-}
-
-static void send_ready(struct tpd_peer *pr, Tpw__V1__Status st, const char *msg, bool data_up)
-{
-	Tpw__V1__PeerReady r = TPW__V1__PEER_READY__INIT;
-	Tpw__V1__PeerMsg m = TPW__V1__PEER_MSG__INIT;
-
-	r.link_id = pr->link_id;
-	r.status = st;
-	r.message = (char *)msg;
-	r.data_up = data_up;
-	m.body_case = TPW__V1__PEER_MSG__BODY_READY;
-	m.ready = &r;
-	if (pr->last_words)
-		send_now(pr, &m);
-	else
-		tpd_peer_send(pr, &m, NULL, 0);
-}
-
-/* Refuses the peer: tells it why (when it can still listen), logs, fails the link. */
-static void refuse(struct tpd_peer *pr, bool as_hello, int err, const char *why)
-{
-	Tpw__V1__Status st = tpw_status_from_errno(err);
-
-	pr->last_words = true;
-	if (as_hello)
-		send_hello(pr, st, why);
-	else if (!pr->outgoing)
-		send_ready(pr, st, why, false);
-	peer_fail(pr, err, "%s", why);
-}
-
-static void link_up(struct tpd_peer *pr)
-{
-	size_t n = pr->pipes.len, i = 0, k = 0;
-	struct tpd_pipe **v = calloc(n + 1, sizeof(*v));
-	uint64_t key;
-	void *val;
-
-	pr->state = PEER_UP;
-	pr->up_ns = tpu_now_ns();
-	peer_log(pr, TPU_LOG_NOTICE, "link up to %s with %u data connections%s", pr->host,
-		 pr->data_attached, pr->authenticated ? ", authenticated" : ", NOT authenticated");
-	timer_arm_ms(pr->ev_timer, TPU_MAX(pr->d->cfg.peer_timeout_ms / 3, 100u));
-	if (pr->peer_gdr)
-		pr->gdr = tpd_gdr_link_new(pr->d, pr);
-	while (v && tpu_hmap_next(&pr->pipes, &i, &key, &val))
-		v[k++] = val;
-	for (i = 0; i < k; i++)
-		tpd_xpipe_link_up(v[i]);
-	free(v);
-}
-
-/* Checks the peer's Hello (both sides). Return: 0 or -errno with @why filled. */
-static int check_hello(struct tpd_peer *pr, const Tpw__V1__PeerHello *h, char *why, size_t wl)
-{
-	struct tpd_daemon *d = pr->d;
-
-	snprintf(pr->host, sizeof(pr->host), "%s", h->host ? h->host : "");
-	for (size_t i = 0; i < h->n_backends; i++)
-		pr->peer_gdr |= strcmp(h->backends[i], "cuda_gdr") == 0;
-	if (h->major != TPW_PROTO_MAJOR) {
-		snprintf(why, wl, "peer speaks protocol %u.%u, this daemon %u.%u", h->major, h->minor,
-			 TPW_PROTO_MAJOR, TPW_PROTO_MINOR);
-		return -EPROTONOSUPPORT;
-	}
-	if (h->nonce.len != 32) {
-		snprintf(why, wl, "peer hello without nonce");
-		return -EPROTO;
-	}
-	memcpy(pr->nonce_theirs, h->nonce.data, 32);
-	if (h->instance == d->instance) {
-		snprintf(why, wl, "the address is this daemon's own");
-		return -ELOOP;
-	}
-	if (h->boot_id.len == 16 && memcmp(h->boot_id.data, d->boot_id, 16) == 0 &&
-	    !d->cfg.peer_force_cross_host && !h->force_cross_host) {
-		snprintf(why, wl, "the peer daemon runs on this host (same boot id); connect to its "
-				  "socket, or start both daemons with --peer-force-cross-host");
-		return -EOPNOTSUPP;
-	}
-	if (d->peer_keyed && !h->keyed) {
-		snprintf(why, wl, "peer has no pre-shared key but this daemon requires one");
-		return -EACCES;
-	}
-	if (!d->peer_keyed && h->keyed) {
-		snprintf(why, wl, "peer requires a pre-shared key but this daemon has none");
-		return -EACCES;
-	}
-	return 0;
-}
-
-static void dial_on_hello(struct tpd_peer *pr, const Tpw__V1__PeerHello *h)
-{
-	struct tpd_daemon *d = pr->d;
-	Tpw__V1__PeerAuth a = TPW__V1__PEER_AUTH__INIT;
-	Tpw__V1__PeerMsg m = TPW__V1__PEER_MSG__INIT;
-	uint8_t mac[32];
-	char why[240];
-	int r;
-
-	if (h->status && h->status != TPW__V1__STATUS__STATUS_OK) {
-		peer_fail(pr, tpw_status_to_errno(h->status), "refused by the peer: %s",
-			  h->message ? h->message : tpw_status_name(h->status));
-		return;
-	}
-	r = check_hello(pr, h, why, sizeof(why));
-	if (r < 0) {
-		peer_fail(pr, r, "%s", why);
-		return;
-	}
-	if (d->peer_keyed) {
-		tpd_peerauth_mac(&d->peer_key, LABEL_ANSWER, pr->nonce_mine, 32, pr->nonce_theirs,
-				 32, -1, mac);
-		if (!tpd_peerauth_mac_ok(mac, h->mac.data, h->mac.len)) {
-			peer_fail(pr, -EACCES, "peer failed authentication (wrong pre-shared key)");
-			return;
-		}
-		tpd_peerauth_mac(&d->peer_key, LABEL_DIAL, pr->nonce_theirs, 32, pr->nonce_mine, 32,
-				 -1, mac);
-		a.mac.data = mac;
-		a.mac.len = sizeof(mac);
-		m.body_case = TPW__V1__PEER_MSG__BODY_AUTH;
-		m.auth = &a;
-		tpd_peer_send(pr, &m, NULL, 0);
-		pr->authenticated = true;
-	}
-}
-
-static void answer_on_hello(struct tpd_peer *pr, const Tpw__V1__PeerHello *h)
-{
-	char why[240];
-	int r = check_hello(pr, h, why, sizeof(why));
-
-	if (r == 0 && (h->data_conns < 1 || h->data_conns > TPD_STRIPE_CONNS_MAX)) {
-		snprintf(why, sizeof(why), "peer asks for %u data connections (1..%d)",
-			 h->data_conns, TPD_STRIPE_CONNS_MAX);
-		r = -EPROTO;
-	}
-	if (r == -ELOOP)
-		r = 0; /* our own dial: answer, the dialling side notices and stops */
-	if (r < 0) {
-		refuse(pr, true, r, why);
-		return;
-	}
-	pr->data_expected = h->data_conns;
-	if (h->listen_port) {
-		/* Later dials to this peer's listener reuse the link. */
-		char ip[80];
-		struct sockaddr_storage ss;
-		socklen_t sl = sizeof(ss);
-		if (getpeername(bufferevent_getfd(pr->bev), (struct sockaddr *)&ss, &sl) == 0) {
-			sockaddr_text((struct sockaddr *)&ss, ip, sizeof(ip), false);
-			snprintf(pr->key, sizeof(pr->key), strchr(ip, ':') ? "[%s]:%u" : "%s:%u",
-				 ip, h->listen_port);
-		}
-	}
-	send_hello(pr, TPW__V1__STATUS__STATUS_OK, NULL);
-	if (pr->d->peer_keyed)
-		return; /* PeerAuth next */
-	pr->state = PEER_DATA;
-	send_ready(pr, TPW__V1__STATUS__STATUS_OK, NULL, false);
-}
-
-static void answer_on_auth(struct tpd_peer *pr, const Tpw__V1__PeerAuth *a)
-{
-	uint8_t mac[32];
-
-	tpd_peerauth_mac(&pr->d->peer_key, LABEL_DIAL, pr->nonce_mine, 32, pr->nonce_theirs, 32,
-			 -1, mac);
-	if (!tpd_peerauth_mac_ok(mac, a->mac.data, a->mac.len)) {
-		refuse(pr, false, -EACCES, "peer failed authentication (wrong pre-shared key)");
-		return;
-	}
-	pr->authenticated = true;
-	pr->state = PEER_DATA;
-	send_ready(pr, TPW__V1__STATUS__STATUS_OK, NULL, false);
-}
-
-struct data_dial {
-	struct tpu_list node; /* in d->data_dials */
-	struct tpd_daemon *d;
-	uint64_t peer_id;
-	int fd;
-	unsigned index;
-	struct event *ev;
-};
-
-static void data_dial_on_connect(evutil_socket_t fd, short what, void *arg);
-
-/* Dials the data connections of a link whose answerer is ready for them. */
-static void dial_data(struct tpd_peer *pr)
-{
-	struct sockaddr_storage ss;
-	socklen_t sl = sizeof(ss);
-
-	if (getpeername(bufferevent_getfd(pr->bev), (struct sockaddr *)&ss, &sl) < 0) {
-		peer_fail(pr, -errno, "getpeername: %m");
-		return;
-	}
-	pr->state = PEER_DATA;
-	for (unsigned i = 0; i < pr->d->cfg.peer_data_conns; i++) {
-		struct data_dial *dd = calloc(1, sizeof(*dd));
-		int fd = socket(ss.ss_family, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
-		if (!dd || fd < 0 ||
-		    (connect(fd, (struct sockaddr *)&ss, sl) < 0 && errno != EINPROGRESS)) {
-			int e = -errno;
-			free(dd);
-			tpu_close(fd);
-			peer_fail(pr, e, "data connection %u: %s", i, strerror(-e));
-			return;
-		}
-		dd->d = pr->d;
-		dd->peer_id = pr->id;
-		dd->fd = fd;
-		dd->index = i;
-		dd->ev = event_new(pr->d->base, fd, EV_WRITE, data_dial_on_connect, dd);
-		if (!dd->ev) {
-			tpu_close(fd);
-			free(dd);
-			peer_fail(pr, -ENOMEM, "out of memory");
-			return;
-		}
-		tpu_list_insert_tail(&pr->d->data_dials, &dd->node);
-		event_add(dd->ev, NULL);
-	}
-}
-
-static void data_dial_free(struct data_dial *dd)
-{
-	if (dd->ev)
-		event_free(dd->ev);
-	tpu_close(dd->fd);
-	tpu_list_remove(&dd->node);
-	free(dd);
-}
-
-/* Finds live link @id (a data dial may outlive its link). */
-static struct tpd_peer *peer_by_id(struct tpd_daemon *d, uint64_t id)
-{
-	struct tpd_peer *pr;
-
-	tpu_list_for_each(pr, &d->peers, node)
-		if (pr->id == id && pr->state != PEER_FAILED)
-			return pr;
-	return NULL;
-}
-
-static int send_frame_blocking(int fd, Tpw__V1__PeerMsg *m)
-{
-	uint8_t buf[256];
-	size_t n = tpw_frame_size(&m->base);
-	ssize_t w;
-
-	if (n > sizeof(buf))
-		return -EMSGSIZE;
-	tpw_frame_pack(&m->base, 0, 0, 1, buf);
-	w = send(fd, buf, n, MSG_NOSIGNAL);
-	if (w < 0)
-		return -errno;
-	return (size_t)w == n ? 0 : -EAGAIN;
-}
-
-static void data_dial_on_connect(evutil_socket_t fd, short what, void *arg)
-{
-	struct data_dial *dd = arg;
-	Tpw__V1__PeerDataHello h = TPW__V1__PEER_DATA_HELLO__INIT;
-	Tpw__V1__PeerMsg m = TPW__V1__PEER_MSG__INIT;
-	struct tpd_peer *pr;
-	uint8_t mac[32];
-	int err = 0, r;
-	socklen_t el = sizeof(err);
-
-	pr = peer_by_id(dd->d, dd->peer_id);
-	if (!pr || pr->state != PEER_DATA) {
-		data_dial_free(dd);
-		return;
-	}
-	if (getsockopt(dd->fd, SOL_SOCKET, SO_ERROR, &err, &el) < 0 || err) {
-		peer_fail(pr, -(err ? err : errno), "data connection %u: %s", dd->index,
-			  strerror(err ? err : errno));
-		data_dial_free(dd);
-		return;
-	}
-	h.link_id = pr->link_id;
-	h.index = dd->index;
-	if (pr->d->peer_keyed) {
-		tpd_peerauth_mac(&pr->d->peer_key, LABEL_DATA, pr->nonce_theirs, 32, pr->nonce_mine,
-				 32, dd->index, mac);
-		h.mac.data = mac;
-		h.mac.len = sizeof(mac);
-	}
-	m.body_case = TPW__V1__PEER_MSG__BODY_DATA_HELLO;
-	m.data_hello = &h;
-	r = send_frame_blocking(dd->fd, &m);
-	if (r == 0) {
-		r = tpd_stripe_add_conn(pr->stripe, dd->fd); /* takes the fd */
-		dd->fd = -EBADF;
-	}
-	data_dial_free(dd);
-	if (r < 0)
-		peer_fail(pr, r, "data connection: %s", strerror(-r));
-}
-
-static void dial_on_ready(struct tpd_peer *pr, const Tpw__V1__PeerReady *r)
-{
-	if (r->status && r->status != TPW__V1__STATUS__STATUS_OK) {
-		peer_fail(pr, tpw_status_to_errno(r->status), "refused by the peer: %s",
-			  r->message ? r->message : tpw_status_name(r->status));
-		return;
-	}
-	if (!r->data_up) {
-		if (pr->state != PEER_HANDSHAKE) {
-			peer_fail(pr, -EPROTO, "unexpected ready");
-			return;
-		}
-		pr->link_id = r->link_id;
-		dial_data(pr);
-		return;
-	}
-	if (pr->state != PEER_DATA) {
-		peer_fail(pr, -EPROTO, "unexpected ready");
-		return;
-	}
-	pr->data_attached = tpd_stripe_conns(pr->stripe);
-	link_up(pr);
 }
 
 /* ---- control connection -------------------------------------------------------------------- */
@@ -742,7 +326,7 @@ static void dispatch_up(struct tpd_peer *pr, const Tpw__V1__PeerMsg *m, const ui
 		return;
 	case TPW__V1__PEER_MSG__BODY_CONNECT_REPLY:
 		tpd_xpipe_peer_connect_reply(pr, find_pipe(pr, m->connect_reply->pipe_id),
-					    m->connect_reply);
+					     m->connect_reply);
 		return;
 	case TPW__V1__PEER_MSG__BODY_DESCRIPTOR:
 		if ((p = find_pipe(pr, m->descriptor->pipe_id)))
@@ -773,8 +357,8 @@ static void dispatch_up(struct tpd_peer *pr, const Tpw__V1__PeerMsg *m, const ui
 		tpd_gdr_link_on_msg(pr->gdr, m->rdma);
 		return;
 	default:
-		peer_fail(pr, -EPROTO, "unexpected %s message on an up link",
-			  m->base.descriptor->name);
+		tpd_peer_fail(pr, -EPROTO, "unexpected %s message on an up link",
+			      m->base.descriptor->name);
 	}
 }
 
@@ -791,22 +375,22 @@ static void dispatch(struct tpd_peer *pr, const Tpw__V1__PeerMsg *m, const uint8
 	case PEER_HANDSHAKE:
 		if (m->body_case == TPW__V1__PEER_MSG__BODY_HELLO && dial && !pr->hello_seen) {
 			pr->hello_seen = true;
-			dial_on_hello(pr, m->hello);
+			tpd_peerhs_dial_on_hello(pr, m->hello);
 			return;
 		}
 		if (m->body_case == TPW__V1__PEER_MSG__BODY_AUTH && !dial && pr->d->peer_keyed &&
 		    !pr->authenticated) {
-			answer_on_auth(pr, m->auth);
+			tpd_peerhs_answer_on_auth(pr, m->auth);
 			return;
 		}
 		if (m->body_case == TPW__V1__PEER_MSG__BODY_READY && dial) {
-			dial_on_ready(pr, m->ready);
+			tpd_peerhs_dial_on_ready(pr, m->ready);
 			return;
 		}
 		break;
 	case PEER_DATA:
 		if (m->body_case == TPW__V1__PEER_MSG__BODY_READY && dial) {
-			dial_on_ready(pr, m->ready);
+			tpd_peerhs_dial_on_ready(pr, m->ready);
 			return;
 		}
 		break;
@@ -816,8 +400,8 @@ static void dispatch(struct tpd_peer *pr, const Tpw__V1__PeerMsg *m, const uint8
 	default:
 		return;
 	}
-	peer_fail(pr, -EPROTO, "unexpected %s message during the handshake",
-		  m->base.descriptor->name);
+	tpd_peer_fail(pr, -EPROTO, "unexpected %s message during the handshake",
+		      m->base.descriptor->name);
 }
 
 /* Parses and dispatches one complete frame at the head of @in. Return: 1 if one was
@@ -837,7 +421,7 @@ static int read_one(struct tpd_peer *pr, struct evbuffer *in)
 	p = evbuffer_pullup(in, TPW_HDR_SIZE);
 	r = tpw_hdr_parse(p, d->limits.frame_max, &h);
 	if (r < 0) {
-		peer_fail(pr, -EPROTO, "bad frame header (%s)", strerror(-r));
+		tpd_peer_fail(pr, -EPROTO, "bad frame header (%s)", strerror(-r));
 		return r;
 	}
 	total = TPW_HDR_SIZE + (size_t)h.msg_len + h.data_len;
@@ -845,7 +429,7 @@ static int read_one(struct tpd_peer *pr, struct evbuffer *in)
 		return 0;
 	p = evbuffer_pullup(in, (ssize_t)total);
 	if (!p) {
-		peer_fail(pr, -ENOMEM, "out of memory");
+		tpd_peer_fail(pr, -ENOMEM, "out of memory");
 		return -ENOMEM;
 	}
 	r = tpw_peer_msg_unpack(p + TPW_HDR_SIZE, h.msg_len, &m);
@@ -855,7 +439,7 @@ static int read_one(struct tpd_peer *pr, struct evbuffer *in)
 		snprintf(why, sizeof(why), "message does not decode");
 	if (r < 0) {
 		tpw_peer_msg_free(m);
-		peer_fail(pr, -EPROTO, "protocol violation: %s", why);
+		tpd_peer_fail(pr, -EPROTO, "protocol violation: %s", why);
 		return r;
 	}
 	pr->ctl_in += total;
@@ -885,23 +469,23 @@ static void peer_on_event(struct bufferevent *bev, short what, void *arg)
 		setsockopt(bufferevent_getfd(bev), IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
 		pr->state = PEER_HANDSHAKE;
 		bufferevent_enable(bev, EV_READ | EV_WRITE);
-		send_hello(pr, TPW__V1__STATUS__STATUS_OK, NULL);
+		tpd_peerhs_send_hello(pr, TPW__V1__STATUS__STATUS_OK, NULL);
 		return;
 	}
 	if (what & BEV_EVENT_EOF) {
-		peer_fail(pr, -ECONNRESET, "peer closed the connection");
+		tpd_peer_fail(pr, -ECONNRESET, "peer closed the connection");
 		return;
 	}
 	if (what & BEV_EVENT_ERROR) {
 		int dns = bufferevent_socket_get_dns_error(bev);
 		if (dns)
-			peer_fail(pr, -EHOSTUNREACH, "cannot resolve the host: %s",
-				  evutil_gai_strerror(dns));
+			tpd_peer_fail(pr, -EHOSTUNREACH, "cannot resolve the host: %s",
+				      evutil_gai_strerror(dns));
 		else if (pr->state == PEER_CONNECTING)
-			peer_fail(pr, err == ECONNREFUSED ? -ECONNREFUSED : -EHOSTUNREACH,
-				  "cannot connect: %s", strerror(err));
+			tpd_peer_fail(pr, err == ECONNREFUSED ? -ECONNREFUSED : -EHOSTUNREACH,
+				      "cannot connect: %s", strerror(err));
 		else
-			peer_fail(pr, -ECONNRESET, "connection lost: %s", strerror(err));
+			tpd_peer_fail(pr, -ECONNRESET, "connection lost: %s", strerror(err));
 	}
 }
 
@@ -914,24 +498,24 @@ static void peer_on_timer(evutil_socket_t fd, short what, void *arg)
 	uint64_t now = tpu_now_ns();
 
 	if (pr->state != PEER_UP) {
-		peer_fail(pr, -ETIMEDOUT, "no link within %u ms (stuck in %s)",
-			  d->cfg.peer_connect_timeout_ms, state_names[pr->state]);
+		tpd_peer_fail(pr, -ETIMEDOUT, "no link within %u ms (stuck in %s)",
+			      d->cfg.peer_connect_timeout_ms, state_names[pr->state]);
 		return;
 	}
 	if (now - pr->last_rx_ns > (uint64_t)d->cfg.peer_timeout_ms * 1000000ull) {
-		peer_fail(pr, -ECONNRESET, "peer daemon silent for %llu ms (timeout %u ms)",
-			  (unsigned long long)((now - pr->last_rx_ns) / 1000000ull),
-			  d->cfg.peer_timeout_ms);
+		tpd_peer_fail(pr, -ECONNRESET, "peer daemon silent for %llu ms (timeout %u ms)",
+			      (unsigned long long)((now - pr->last_rx_ns) / 1000000ull),
+			      d->cfg.peer_timeout_ms);
 		return;
 	}
 	p.t_ns = now;
 	m.body_case = TPW__V1__PEER_MSG__BODY_PING;
 	m.ping = &p;
 	tpd_peer_send(pr, &m, NULL, 0);
-	timer_arm_ms(pr->ev_timer, TPU_MAX(d->cfg.peer_timeout_ms / 3, 100u));
+	tpd_peer_timer_arm_ms(pr->ev_timer, TPU_MAX(d->cfg.peer_timeout_ms / 3, 100u));
 }
 
-static int peer_bev_setup(struct tpd_peer *pr, int fd)
+int tpd_peer_bev_setup(struct tpd_peer *pr, int fd)
 {
 	pr->bev = bufferevent_socket_new(pr->d->base, fd, BEV_OPT_CLOSE_ON_FREE);
 	if (!pr->bev)
@@ -967,296 +551,22 @@ int tpd_peer_get(struct tpd_daemon *d, const char *host, uint16_t port, struct t
 		snprintf(why, wl, "daemon stopping");
 		return -ESHUTDOWN;
 	}
-	pr = peer_new(d, true, key);
-	if (!pr || peer_bev_setup(pr, -1) < 0) {
+	pr = tpd_peer_new(d, true, key);
+	if (!pr || tpd_peer_bev_setup(pr, -1) < 0) {
 		if (pr)
-			peer_teardown(pr);
+			tpd_peer_teardown(pr);
 		snprintf(why, wl, "out of memory");
 		return -ENOMEM;
 	}
-	timer_arm_ms(pr->ev_timer, d->cfg.peer_connect_timeout_ms);
-	peer_log(pr, TPU_LOG_INFO, "dialling");
+	tpd_peer_timer_arm_ms(pr->ev_timer, d->cfg.peer_connect_timeout_ms);
+	tpd_peer_log(pr, TPU_LOG_INFO, "dialling");
 	if (bufferevent_socket_connect_hostname(pr->bev, dns_base(d), AF_UNSPEC, host, port) < 0)
-		peer_fail(pr, -EHOSTUNREACH, "cannot connect to %s", key);
+		tpd_peer_fail(pr, -EHOSTUNREACH, "cannot connect to %s", key);
 	*ret = pr;
 	return 0;
 }
 
-/* ---- accepting ----------------------------------------------------------------------------- */
-
-static void conn_free(struct peer_conn *c)
-{
-	if (c->ev)
-		event_free(c->ev);
-	tpu_close(c->fd);
-	tpu_list_remove(&c->node);
-	free(c);
-}
-
-static void accept_data(struct peer_conn *c, const Tpw__V1__PeerDataHello *h)
-{
-	struct tpd_daemon *d = c->d;
-	struct tpd_peer *pr;
-	uint8_t mac[32];
-	int r;
-
-	tpu_list_for_each(pr, &d->peers, node)
-		if (!pr->outgoing && pr->state == PEER_DATA && pr->link_id == h->link_id)
-			break;
-	if (&pr->node == &d->peers) {
-		tpu_log_info("peer connection from %s: data connection for unknown link %llu",
-			     c->addr, (unsigned long long)h->link_id);
-		conn_free(c);
-		return;
-	}
-	if (d->peer_keyed) {
-		tpd_peerauth_mac(&d->peer_key, LABEL_DATA, pr->nonce_mine, 32, pr->nonce_theirs, 32,
-				 h->index, mac);
-		if (!tpd_peerauth_mac_ok(mac, h->mac.data, h->mac.len)) {
-			peer_log(pr, TPU_LOG_WARNING, "data connection from %s failed authentication",
-				 c->addr);
-			conn_free(c);
-			return;
-		}
-	}
-	if (h->index >= pr->data_expected || pr->data_seen[h->index]) {
-		conn_free(c);
-		peer_fail(pr, -EPROTO, "bad data connection index %u", h->index);
-		return;
-	}
-	pr->data_seen[h->index] = true;
-	r = tpd_stripe_add_conn(pr->stripe, c->fd);
-	c->fd = -EBADF;
-	conn_free(c);
-	if (r < 0) {
-		peer_fail(pr, r, "data connection: %s", strerror(-r));
-		return;
-	}
-	if (++pr->data_attached == pr->data_expected) {
-		send_ready(pr, TPW__V1__STATUS__STATUS_OK, NULL, true);
-		link_up(pr);
-	}
-}
-
-static void accept_control(struct peer_conn *c, const Tpw__V1__PeerHello *h)
-{
-	struct tpd_daemon *d = c->d;
-	struct tpd_peer *pr = peer_new(d, false, c->addr);
-	int fd = c->fd;
-
-	c->fd = -EBADF;
-	conn_free(c);
-	if (!pr || peer_bev_setup(pr, fd) < 0) {
-		if (pr)
-			peer_teardown(pr);
-		else
-			tpu_close(fd);
-		tpu_log_warn("peer connection: out of memory");
-		return;
-	}
-	pr->state = PEER_HANDSHAKE;
-	if (tpd_peerauth_instance(&pr->link_id) < 0)
-		pr->link_id = pr->id;
-	timer_arm_ms(pr->ev_timer, d->cfg.peer_connect_timeout_ms);
-	bufferevent_enable(pr->bev, EV_READ | EV_WRITE);
-	peer_log(pr, TPU_LOG_INFO, "accepted from %s", h->host ? h->host : "?");
-	answer_on_hello(pr, h);
-}
-
-/* A complete first frame is in c->buf. */
-static void conn_first_frame(struct peer_conn *c, const struct tpw_hdr *h)
-{
-	Tpw__V1__PeerMsg *m = NULL;
-	char why[200] = "message does not decode";
-	int r = tpw_peer_msg_unpack(c->buf + TPW_HDR_SIZE, h->msg_len, &m);
-
-	if (r == 0)
-		r = tpw_peer_msg_validate(m, h, &c->d->limits, why, sizeof(why));
-	if (r == 0 && m->body_case == TPW__V1__PEER_MSG__BODY_HELLO)
-		accept_control(c, m->hello);
-	else if (r == 0 && m->body_case == TPW__V1__PEER_MSG__BODY_DATA_HELLO)
-		accept_data(c, m->data_hello);
-	else {
-		tpu_log_info("peer connection from %s: %s, closing", c->addr,
-			     r < 0 ? why : "first frame is neither hello nor data hello");
-		conn_free(c);
-	}
-	tpw_peer_msg_free(m);
-}
-
-static void conn_on_read(evutil_socket_t fd, short what, void *arg)
-{
-	struct peer_conn *c = arg;
-	struct tpw_hdr h;
-	ssize_t n;
-	int r;
-
-	if (what & EV_TIMEOUT) {
-		tpu_log_info("peer connection from %s: no hello in time, closing", c->addr);
-		conn_free(c);
-		return;
-	}
-	n = recv(c->fd, c->buf + c->len, c->want - c->len, 0);
-	if (n <= 0) {
-		if (n < 0 && (errno == EAGAIN || errno == EINTR))
-			return;
-		tpu_log_info("peer connection from %s closed before its hello", c->addr);
-		conn_free(c);
-		return;
-	}
-	c->len += (size_t)n;
-	if (c->len < c->want)
-		return;
-	r = tpw_hdr_parse(c->buf, FIRST_FRAME_MAX, &h);
-	if (r < 0 || h.data_len) {
-		tpu_log_info("peer connection from %s: bad first frame (%s), closing", c->addr,
-			     r < 0 ? strerror(-r) : "data tail");
-		conn_free(c);
-		return;
-	}
-	if (c->want == TPW_HDR_SIZE) {
-		c->want += h.msg_len;
-		return;
-	}
-	event_del(c->ev);
-	conn_first_frame(c, &h);
-}
-
-static void peer_on_accept(evutil_socket_t lfd, short what, void *arg)
-{
-	struct tpd_daemon *d = arg;
-	struct sockaddr_storage ss;
-	socklen_t sl = sizeof(ss);
-	struct timeval tv;
-	struct peer_conn *c;
-	int fd;
-
-	fd = accept4(lfd, (struct sockaddr *)&ss, &sl, SOCK_NONBLOCK | SOCK_CLOEXEC);
-	if (fd < 0) {
-		if (errno != EAGAIN && errno != EINTR && errno != ECONNABORTED)
-			tpu_log_warn("peer accept failed: %m");
-		return;
-	}
-	/* Control frames are small and latency-bound: never wait for Nagle (data connections set
-	 * it again when they join a stripe). */
-	setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &(int){ 1 }, sizeof(int));
-	c = calloc(1, sizeof(*c));
-	if (!c) {
-		close(fd);
-		return;
-	}
-	c->d = d;
-	c->fd = fd;
-	c->want = TPW_HDR_SIZE;
-	sockaddr_text((struct sockaddr *)&ss, c->addr, sizeof(c->addr), true);
-	tpu_list_insert_tail(&d->peer_conns, &c->node);
-	c->ev = event_new(d->base, fd, EV_READ | EV_PERSIST, conn_on_read, c);
-	if (!c->ev) {
-		conn_free(c);
-		return;
-	}
-	tv.tv_sec = d->cfg.peer_connect_timeout_ms / 1000;
-	tv.tv_usec = (d->cfg.peer_connect_timeout_ms % 1000) * 1000;
-	event_add(c->ev, &tv);
-}
-
-/* ---- listener ------------------------------------------------------------------------------ */
-
-/* Parses "ADDR:PORT", "*:PORT", "[V6]:PORT" into @ss. */
-static int parse_listen(const char *spec, struct sockaddr_storage *ss, socklen_t *sl)
-{
-	char host[80];
-	const char *colon = strrchr(spec, ':');
-	unsigned long port;
-	char *end;
-
-	if (!colon || colon == spec || (size_t)(colon - spec) >= sizeof(host))
-		return -EINVAL;
-	port = strtoul(colon + 1, &end, 10);
-	if (*end || port > 65535 || colon[1] == '\0')
-		return -EINVAL;
-	memcpy(host, spec, (size_t)(colon - spec));
-	host[colon - spec] = '\0';
-	memset(ss, 0, sizeof(*ss));
-	if (strcmp(host, "*") == 0 || strcmp(host, "[::]") == 0) {
-		struct sockaddr_in6 *in6 = (void *)ss;
-		in6->sin6_family = AF_INET6;
-		in6->sin6_addr = in6addr_any;
-		in6->sin6_port = htons((uint16_t)port);
-		*sl = sizeof(*in6);
-		return 0;
-	}
-	if (host[0] == '[') {
-		struct sockaddr_in6 *in6 = (void *)ss;
-		size_t l = strlen(host);
-		if (l < 3 || host[l - 1] != ']')
-			return -EINVAL;
-		host[l - 1] = '\0';
-		in6->sin6_family = AF_INET6;
-		in6->sin6_port = htons((uint16_t)port);
-		*sl = sizeof(*in6);
-		return inet_pton(AF_INET6, host + 1, &in6->sin6_addr) == 1 ? 0 : -EINVAL;
-	}
-	{
-		struct sockaddr_in *in = (void *)ss;
-		in->sin_family = AF_INET;
-		in->sin_port = htons((uint16_t)port);
-		*sl = sizeof(*in);
-		return inet_pton(AF_INET, host, &in->sin_addr) == 1 ? 0 : -EINVAL;
-	}
-}
-
-static int listen_on(struct tpd_daemon *d, const char *spec)
-{
-	struct sockaddr_storage ss;
-	socklen_t sl;
-	int one = 1, zero = 0, fd, r;
-
-	r = parse_listen(spec, &ss, &sl);
-	if (r < 0) {
-		tpu_log_err("peer-listen: '%s' is not ADDR:PORT, *:PORT, [V6ADDR]:PORT or off",
-			    spec);
-		return r;
-	}
-	fd = socket(ss.ss_family, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
-	if (fd < 0 && ss.ss_family == AF_INET6 && strncmp(spec, "*:", 2) == 0) {
-		/* No IPv6 here: all IPv4 addresses. */
-		struct sockaddr_in *in = (void *)&ss;
-		uint16_t port = ((struct sockaddr_in6 *)&ss)->sin6_port;
-		memset(&ss, 0, sizeof(ss));
-		in->sin_family = AF_INET;
-		in->sin_port = port;
-		sl = sizeof(*in);
-		fd = socket(AF_INET, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
-	}
-	if (fd < 0)
-		return -errno;
-	setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &one, sizeof(one));
-	if (ss.ss_family == AF_INET6)
-		setsockopt(fd, IPPROTO_IPV6, IPV6_V6ONLY, &zero, sizeof(zero));
-	if (bind(fd, (struct sockaddr *)&ss, sl) < 0 || listen(fd, 128) < 0) {
-		r = -errno;
-		close(fd);
-		return r;
-	}
-	sl = sizeof(ss);
-	getsockname(fd, (struct sockaddr *)&ss, &sl);
-	sockaddr_text((struct sockaddr *)&ss, d->peer_listen_addr, sizeof(d->peer_listen_addr),
-		      true);
-	d->peer_port_bound = ntohs(ss.ss_family == AF_INET ? ((struct sockaddr_in *)&ss)->sin_port
-							   : ((struct sockaddr_in6 *)&ss)->sin6_port);
-	d->peer_fd = fd;
-	d->ev_peer_accept = event_new(d->base, fd, EV_READ | EV_PERSIST, peer_on_accept, d);
-	if (!d->ev_peer_accept)
-		return -ENOMEM;
-	event_add(d->ev_peer_accept, NULL);
-	if (d->peer_keyed)
-		tpu_log_notice("peer listener on %s (pre-shared key required)", d->peer_listen_addr);
-	else
-		tpu_log_warn("peer listener on %s (no key: peers not authenticated; set [peer] "
-			     "key-file outside trusted networks)", d->peer_listen_addr);
-	return 0;
-}
+/* ---- start and stop ------------------------------------------------------------------------ */
 
 int tpd_peers_start(struct tpd_daemon *d)
 {
@@ -1289,7 +599,7 @@ int tpd_peers_start(struct tpd_daemon *d)
 	}
 	if (strcmp(c->peer_listen, "off") == 0 || !c->peer_listen[0])
 		return 0;
-	r = listen_on(d, c->peer_listen);
+	r = tpd_peerlisten_open(d, c->peer_listen);
 	if (r < 0 && r != -EINVAL && strcmp(c->peer_listen, "*:7420") == 0) {
 		tpu_log_warn("peer listener on %s: %s; cross-host pipes can still be dialled from "
 			     "here, but other hosts cannot reach this daemon",
@@ -1319,7 +629,7 @@ static void say_goodbye(struct tpd_peer *pr)
 		if (!p->remote_id)
 			continue;
 		pc.pipe_id = p->remote_id;
-		send_now(pr, &m);
+		tpd_peer_send_now(pr, &m);
 	}
 }
 
@@ -1338,12 +648,12 @@ void tpd_peers_stop(struct tpd_daemon *d)
 			pr->fail_err = -ESHUTDOWN;
 		}
 		pr->state = PEER_FAILED;
-		peer_teardown(pr);
+		tpd_peer_teardown(pr);
 	}
 	tpu_list_for_each_safe(c, ctmp, &d->peer_conns, node)
-		conn_free(c);
+		tpd_peerlisten_conn_free(c);
 	while (!tpu_list_empty(&d->data_dials))
-		data_dial_free(tpu_list_first(&d->data_dials, struct data_dial, node));
+		tpd_peerhs_data_dial_free(tpu_list_first(&d->data_dials, struct data_dial, node));
 	if (d->ev_peer_accept)
 		event_free(d->ev_peer_accept);
 	d->ev_peer_accept = NULL;

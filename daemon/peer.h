@@ -5,7 +5,8 @@
  * accepts links (the TCP peer listener), runs the Hello / HMAC challenge-response handshake,
  * attaches data connections, sends keepalives and declares a silent peer dead, and dispatches
  * the pipe messages it receives to xpipe.c and xh.c. A failed link fails every pipe over it and
- * is gone; the next connect to that host dials a new one.
+ * is gone; the next connect to that host dials a new one. The module is peer.c (lifetime, control
+ * connection), peerhs.c (handshake) and peerlisten.c (listener), sharing the private peer_int.h.
  */
 #ifndef TPD_PEER_H
 #define TPD_PEER_H

@@ -4,7 +4,8 @@
  * the pre-shared key file (refusing files others could read or swap), makes nonces and daemon
  * instance ids, computes and compares the HMAC-SHA256 proofs of the challenge-response (through
  * OpenSSL, never by hand), and reads this host's boot id. It does not know about connections,
- * messages or the handshake's order; daemon/peer.c decides what is proved over which nonces.
+ * messages or the handshake's order; daemon/peerhs.c and peerlisten.c decide what is proved over
+ * which nonces.
  */
 #ifndef TPD_PEERAUTH_H
 #define TPD_PEERAUTH_H

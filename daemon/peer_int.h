@@ -1,0 +1,219 @@
+/* SPDX-License-Identifier: BSD-3-Clause */
+/*
+ * Private to the peer link files (peer.c, peerhs.c, peerlisten.c); not installed and included
+ * nowhere else. Holds what they share: the link object, the accepted connection whose first
+ * frame is not read yet, the data connection being dialled, the MAC labels, and the functions
+ * one of these files calls in another. The rest of the daemon uses peer.h only.
+ */
+#ifndef TPD_PEER_INT_H
+#define TPD_PEER_INT_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <sys/socket.h>
+#include "frame.h"
+#include "hmap.h"
+#include "peer.h"
+#include "stripe.h"
+#include "tpu.h"
+#include "tpw.pb-c.h"
+
+#define FIRST_FRAME_MAX 4096
+#define LABEL_ANSWER "tpipd-peer-answer"
+#define LABEL_DIAL "tpipd-peer-dial"
+#define LABEL_DATA "tpipd-peer-data"
+
+enum peer_state { PEER_CONNECTING, PEER_HANDSHAKE, PEER_DATA, PEER_UP, PEER_FAILED };
+
+struct tpd_peer {
+	struct tpu_list node;
+	struct tpd_daemon *d;
+	uint64_t id;
+	enum peer_state state;
+	bool outgoing;
+	bool authenticated;
+	bool hello_seen;
+	bool last_words; /* tpd_peerhs_send_hello/_send_ready: send at once (refusal) */
+	char key[300];	 /* "HOST:PORT" to match dials: as dialled, or remote address + port */
+	char host[256];	 /* the peer's host name */
+	struct bufferevent *bev;
+	struct event *ev_timer;
+	struct event *ev_close;
+	struct tpd_stripe *stripe;
+	uint8_t nonce_mine[32], nonce_theirs[32];
+	uint64_t link_id;
+	unsigned data_expected, data_attached;
+	bool data_seen[TPD_STRIPE_CONNS_MAX];
+	struct tpu_hmap pipes; /* local pipe id -> struct tpd_pipe */
+	struct tpu_hmap xfers; /* receive xfer id -> opaque (xh.c) */
+	uint64_t next_xfer_id;
+	uint64_t seq_out;
+	uint64_t created_ns, up_ns, last_rx_ns, rtt_us;
+	uint64_t ctl_in, ctl_out;
+	int fail_err;
+	char last_error[200];
+	bool peer_gdr;		    /* the peer offered cuda_gdr in its Hello */
+	struct tpd_gdr_link *gdr;   /* RDMA set-up and sends (NULL: not on this link) */
+};
+
+/* An accepted connection whose first frame says what it is. */
+struct peer_conn {
+	struct tpu_list node;
+	struct tpd_daemon *d;
+	int fd;
+	struct event *ev;
+	uint8_t buf[TPW_HDR_SIZE + FIRST_FRAME_MAX];
+	size_t len, want;
+	uint64_t deadline_ns;
+	char addr[80];
+};
+
+/* A data connection of an outgoing link being dialled. */
+struct data_dial {
+	struct tpu_list node; /* in d->data_dials */
+	struct tpd_daemon *d;
+	uint64_t peer_id;
+	int fd;
+	unsigned index;
+	struct event *ev;
+};
+
+/* ---- peer.c -------------------------------------------------------------------------------- */
+
+/*
+ * tpd_peer_sockaddr_text() - @sa as "IP" or, with @with_port, "IP:PORT" ("[IPV6]:PORT"); an
+ * IPv4-mapped IPv6 address reads as IPv4.
+ * Borrows @sa; writes at most @len bytes into @buf.
+ */
+void tpd_peer_sockaddr_text(const struct sockaddr *sa, char *buf, size_t len, bool with_port);
+
+/*
+ * tpd_peer_log() - log "peer ID (HOST:PORT): MESSAGE" at @level with the link's TPIPD_PEER field,
+ * if @level is enabled.
+ * Borrows @pr.
+ */
+void tpd_peer_log(const struct tpd_peer *pr, int level, const char *fmt, ...) _printf_(3, 4);
+
+/*
+ * tpd_peer_send_now() - send @m on the control socket at once, bypassing the bufferevent, for
+ * last words before a close; queues it as tpd_peer_send() does when other bytes are queued or it
+ * is too large. Does nothing on a failed link.
+ * Borrows @pr and @m (packed, not kept).
+ */
+void tpd_peer_send_now(struct tpd_peer *pr, Tpw__V1__PeerMsg *m);
+
+/*
+ * tpd_peer_teardown() - free @pr now: its stripe and cuda_gdr state, its pipes told the link
+ * failed, its bufferevent and events; unlinks it from the daemon's list.
+ * Takes @pr. Never call it from one of @pr's own callbacks: tpd_peer_fail() defers it.
+ */
+void tpd_peer_teardown(struct tpd_peer *pr);
+
+/*
+ * tpd_peer_fail() - mark @pr failed with @err and the reason @fmt, log it once, stop its I/O and
+ * schedule its teardown on the loop. Does nothing if @pr already failed; safe in @pr's callbacks.
+ * Borrows @pr, which stays valid until the loop runs the teardown.
+ */
+void tpd_peer_fail(struct tpd_peer *pr, int err, const char *fmt, ...) _printf_(3, 4);
+
+/*
+ * tpd_peer_new() - a new link in state connecting, with its timer, close event, stripe and nonce,
+ * added to @d's list of links.
+ * Borrows @key (copied).
+ * Return: the link, owned by @d's list until tpd_peer_teardown() (directly or through
+ * tpd_peer_fail()); NULL when its events, stripe or nonce cannot be made.
+ */
+struct tpd_peer *tpd_peer_new(struct tpd_daemon *d, bool outgoing, const char *key);
+
+/* tpd_peer_timer_arm_ms() - (re)arm timer @ev to fire in @ms milliseconds. Borrows @ev. */
+void tpd_peer_timer_arm_ms(struct event *ev, uint32_t ms);
+
+/*
+ * tpd_peer_bev_setup() - the control connection's bufferevent on @fd (-1: dialled later), with
+ * the link's read and event callbacks.
+ * Takes @fd on success (closed when the bufferevent is freed); on failure @fd stays the caller's.
+ * Return: 0 or -ENOMEM.
+ */
+int tpd_peer_bev_setup(struct tpd_peer *pr, int fd);
+
+/* ---- peerhs.c ------------------------------------------------------------------------------ */
+
+/*
+ * tpd_peerhs_send_hello() - send this daemon's PeerHello with status @st and @msg (NULL for
+ * none); a keyed daemon answering with STATUS_OK adds its proof over both nonces. Queued, or sent
+ * at once when the link has its last words.
+ * Borrows @pr and @msg.
+ */
+void tpd_peerhs_send_hello(struct tpd_peer *pr, Tpw__V1__Status st, const char *msg);
+
+/*
+ * tpd_peerhs_send_ready() - send PeerReady with the link id, status @st and @msg; @data_up says
+ * that every data connection has attached. Queued, or sent at once for last words.
+ * Borrows @pr and @msg.
+ */
+void tpd_peerhs_send_ready(struct tpd_peer *pr, Tpw__V1__Status st, const char *msg,
+			   bool data_up);
+
+/*
+ * tpd_peerhs_link_up() - the link is up: log it, start keepalives, set up cuda_gdr when the peer
+ * offered it, and tell every pipe over the link.
+ * Borrows @pr.
+ */
+void tpd_peerhs_link_up(struct tpd_peer *pr);
+
+/*
+ * tpd_peerhs_dial_on_hello() - the dialling side got the answerer's PeerHello: check it and,
+ * with a key, its proof, then prove this side with PeerAuth. Fails the link on any mismatch.
+ * Borrows @pr and @h.
+ */
+void tpd_peerhs_dial_on_hello(struct tpd_peer *pr, const Tpw__V1__PeerHello *h);
+
+/*
+ * tpd_peerhs_answer_on_hello() - the answering side got the dialler's PeerHello (its first
+ * frame): check it, then refuse the link or answer with a PeerHello, and PeerReady unless
+ * PeerAuth must come first. A peer with a listener keys the link by its address and that port.
+ * Borrows @pr and @h.
+ */
+void tpd_peerhs_answer_on_hello(struct tpd_peer *pr, const Tpw__V1__PeerHello *h);
+
+/*
+ * tpd_peerhs_answer_on_auth() - the answering side got PeerAuth: check the proof, then send
+ * PeerReady, or refuse the link.
+ * Borrows @pr and @a.
+ */
+void tpd_peerhs_answer_on_auth(struct tpd_peer *pr, const Tpw__V1__PeerAuth *a);
+
+/*
+ * tpd_peerhs_dial_on_ready() - the dialling side got PeerReady: a refusal fails the link; without
+ * data_up, dial the data connections; with it, the link is up.
+ * Borrows @pr and @r.
+ */
+void tpd_peerhs_dial_on_ready(struct tpd_peer *pr, const Tpw__V1__PeerReady *r);
+
+/*
+ * tpd_peerhs_data_dial_free() - close a data connection being dialled and unlink it from the
+ * daemon's list.
+ * Takes @dd.
+ */
+void tpd_peerhs_data_dial_free(struct data_dial *dd);
+
+/* ---- peerlisten.c -------------------------------------------------------------------------- */
+
+/*
+ * tpd_peerlisten_open() - bind and listen on @spec ("ADDR:PORT", "*:PORT", "[V6ADDR]:PORT"; "*"
+ * falls back to IPv4 without IPv6), record the bound address and port in @d, accept on the loop.
+ * Borrows @spec.
+ * Return: 0; -EINVAL when @spec is not an address (logged); -errno of socket, bind or listen, or
+ * -ENOMEM (not logged, the caller logs).
+ */
+int tpd_peerlisten_open(struct tpd_daemon *d, const char *spec);
+
+/*
+ * tpd_peerlisten_conn_free() - close an accepted connection whose first frame is not handled yet
+ * and unlink it from the daemon's list.
+ * Takes @c.
+ */
+void tpd_peerlisten_conn_free(struct peer_conn *c);
+
+#endif
