@@ -65,7 +65,6 @@ struct peer_conn {
 	struct event *ev;
 	uint8_t buf[TPW_HDR_SIZE + FIRST_FRAME_MAX];
 	size_t len, want;
-	uint64_t deadline_ns;
 	char addr[80];
 };
 

@@ -90,10 +90,9 @@ static void accept_control(struct peer_conn *c, const Tpw__V1__PeerHello *h)
 	c->fd = -EBADF;
 	tpd_peerlisten_conn_free(c);
 	if (!pr || tpd_peer_bev_setup(pr, fd) < 0) {
+		tpu_close(fd); /* still ours: the bufferevent that would take it does not exist */
 		if (pr)
 			tpd_peer_teardown(pr);
-		else
-			tpu_close(fd);
 		tpu_log_warn("peer connection: out of memory");
 		return;
 	}
