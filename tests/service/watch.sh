@@ -51,6 +51,10 @@ grep -qE "^pipes: *1\$" "$out" || { cat "$out"; fail "status does not count the 
 svc_stop_pid "$cpid"
 
 check "SIGTERM ends a running watch with exit status 0"
+# Empty the files first: the shell truncates them in the child, possibly after wait_until has
+# already found the previous check's snapshot in them.
+: >"$out"
+: >"$err"
 "$TPIPCTL_BIN" --socket "$sock" watch --interval 0.2 >"$out" 2>"$err" &
 wpid=$!
 svc_track "$wpid"
@@ -60,6 +64,8 @@ wait_exit "$wpid" 5
 [ "$SVC_STATUS" -eq 0 ] || { cat "$err"; fail "watch exited $SVC_STATUS after SIGTERM"; }
 
 check "the daemon going away ends watch with exit status 2 and a message"
+: >"$out"
+: >"$err"
 "$TPIPCTL_BIN" --socket "$sock" watch --interval 0.2 >"$out" 2>"$err" &
 wpid=$!
 svc_track "$wpid"
