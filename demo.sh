@@ -90,7 +90,9 @@ tmp=$(mktemp -d "${TMPDIR:-/tmp}/tpipd-demo.XXXXXX")
 sock=$tmp/tpipd.sock
 
 echo "== starting tpipd on $sock"
-"$TPIPD" --socket "$sock" --log-level info 2>"$tmp/tpipd.log" &
+# The demo stays on this host: no peer listener, so this private daemon opens no TCP port (and
+# does not compete for 7420 with a tpipd service already running here).
+"$TPIPD" --socket "$sock" --log-level info --peer-listen off 2>"$tmp/tpipd.log" &
 daemon_pid=$!
 wait_for "$WAIT_S" daemon_ready || die "tpipd did not become ready within ${WAIT_S}s"
 
