@@ -31,7 +31,7 @@ void tpd_msg_free(struct tpd_msg *m)
 }
 
 static int resolve_src(struct tpd_session *s, const Tpw__V1__Segment *seg, const uint8_t *tail,
-		       struct msg_src *out, char *why, size_t wl)
+		       struct tpd_msg_src *out, char *why, size_t wl)
 {
 	void *ptr;
 	int r;
@@ -189,7 +189,7 @@ const Tpw__V1__Segment *tpd_msg_read_segment(const Tpw__V1__Read *rd, size_t i)
 
 /* Resolves the reader's destination for source @src into @x, taking buffer refs into @job. */
 int tpd_msg_resolve_dst(struct tpd_session *s, const Tpw__V1__Segment *seg,
-			const struct msg_src *src, struct tpd_copy_job *job, struct tpb_xfer *x,
+			const struct tpd_msg_src *src, struct tpd_copy_job *job, struct tpb_xfer *x,
 			char *why, size_t wl)
 {
 	struct tpd_buffer *b;
@@ -303,7 +303,7 @@ int tpd_msg_build_job(struct tpd_msg *m, struct tpd_session *s, const Tpw__V1__R
 	if (!job)
 		return -ENOMEM;
 	for (size_t i = 0; i < n; i++) {
-		const struct msg_src *src = &m->src[i];
+		const struct tpd_msg_src *src = &m->src[i];
 		struct tpb_xfer x;
 		int r, channel;
 

@@ -27,7 +27,7 @@ struct tpd_xh;
 
 /* One source segment of a message: where the daemon reads it (or, for a message written on
  * another host, only its length and device). */
-struct msg_src {
+struct tpd_msg_src {
 	struct tpb_mem mem;
 	struct tpd_buffer *buf; /* reference held for shm sources */
 	uint64_t len;
@@ -48,7 +48,7 @@ struct tpd_msg {
 	uint64_t bytes;
 	uint8_t *tail; /* inline data held for a rendezvous message */
 	uint32_t tail_len;
-	struct msg_src *src; /* payloads then tensors */
+	struct tpd_msg_src *src; /* payloads then tensors */
 	size_t n_src;
 	struct tpd_copy_job *job; /* built at Read, submitted in order */
 	struct tpd_xh *xh;	  /* cross-host: the send or receive of this message */
@@ -127,7 +127,7 @@ const Tpw__V1__Segment *tpd_msg_read_segment(const Tpw__V1__Read *rd, size_t i);
 /* Resolves the reader's destination @seg for source @src into @x; buffer and CUDA references
  * go into @job. Return: 0, or -errno with the reason in @why. */
 int tpd_msg_resolve_dst(struct tpd_session *s, const Tpw__V1__Segment *seg,
-			const struct msg_src *src, struct tpd_copy_job *job, struct tpb_xfer *x,
+			const struct tpd_msg_src *src, struct tpd_copy_job *job, struct tpb_xfer *x,
 			char *why, size_t wl);
 /* Builds the local copy job of @m into allocation @rd of reader session @s, completing
  * through @done with @m as its argument. Return: 0 and an owned job in @ret (free with
