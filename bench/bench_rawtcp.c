@@ -155,6 +155,17 @@ static int raw_recv_run(void *arg, int ready_fd)
 
 /* ---- sender ------------------------------------------------------------------------------- */
 
+/* Writes @len bytes at @p to @fd in writes of at most o->write_size bytes. Return: 0 or -errno. */
+static int raw_write(const struct raw_side *s, int fd, const char *p, size_t len)
+{
+	size_t step = s->o->write_size ? s->o->write_size : len;
+	int r = 0;
+
+	for (size_t done = 0; done < len && r == 0; done += step)
+		r = bench_write_full(fd, p + done, len - done < step ? len - done : step);
+	return r;
+}
+
 /*
  * Stream @t->i sends its slice of message after message until the main thread says stop; each
  * stream then says how far it got, the main thread sets the count all of them send (the
@@ -175,7 +186,7 @@ static void *raw_send_main(void *arg)
 			usleep(1000);
 			continue;
 		}
-		if (bench_write_full(s->fds[t->i], raw_at(s, m, off), len) < 0)
+		if (raw_write(s, s->fds[t->i], raw_at(s, m, off), len) < 0)
 			failed = true;
 		else
 			m++;
@@ -184,7 +195,7 @@ static void *raw_send_main(void *arg)
 	pthread_barrier_wait(&s->bar);
 	pthread_barrier_wait(&s->bar); /* s->final is set */
 	for (; !failed && m < s->final; m++)
-		if (bench_write_full(s->fds[t->i], raw_at(s, m, off), len) < 0)
+		if (raw_write(s, s->fds[t->i], raw_at(s, m, off), len) < 0)
 			break;
 	shutdown(s->fds[t->i], SHUT_WR);
 	return NULL;

@@ -542,7 +542,8 @@ static void usage(void)
 {
 	printf("usage: bench_throughput [-s SIZES] [-K KINDS] [-k N] [-T SECONDS] [-m MSGS]\n"
 	       "                        [-D WINDOW] [-R] [-B] [-S SOCKET] [-r SOCKET] [-a PREFIX]\n"
-	       "                        [-P PREFIX] [-x HOST [-N NETNS] [-C STREAMS]] [-t]\n"
+	       "                        [-P PREFIX] [-x HOST [-N NETNS] [-C STREAMS] [-W BYTES]]\n"
+	       "                        [-t]\n"
 	       "  -s SIZES    comma list, K/M/G suffixes (default 4K,64K,1M,16M,64M,256M)\n"
 	       "  -K KINDS    comma list of shm, cma, staging (default all)\n"
 	       "  -k N        writes in flight (default 4, at most %d)\n"
@@ -561,6 +562,8 @@ static void usage(void)
 	       "              messages between as many distinct slots (instead of memcpy)\n"
 	       "  -N NETNS    that receiver runs in this network namespace (name or path)\n"
 	       "  -C STREAMS  its TCP connections (default 4, at most %d)\n"
+	       "  -W BYTES    its bytes per write(), K/M suffixes (default 60K, tpipd's\n"
+	       "              --peer-send-size; 0: each connection's slice in one write)\n"
 	       "  -t          tab-separated rows, no header (for bench/run.sh)\n", SLOTS_MAX,
 	       RAW_STREAMS_MAX);
 }
@@ -588,9 +591,10 @@ static int parse_args(int argc, char **argv, struct opts *o)
 
 	*o = (struct opts){ .kinds = "shm,cma,staging", .inflight = 4, .min_s = 0.5,
 			    .min_msgs = 8, .window = 64, .rate = true, .baselines = true,
-			    .addr_prefix = "", .row_prefix = "", .streams = 4 };
+			    .addr_prefix = "", .row_prefix = "", .streams = 4,
+			    .write_size = 60 << 10 };
 	parse_sizes("4K,64K,1M,16M,64M,256M", o);
-	while ((opt = getopt(argc, argv, "s:K:k:T:m:D:RBS:r:a:P:x:N:C:th")) != -1 && r == 0) {
+	while ((opt = getopt(argc, argv, "s:K:k:T:m:D:RBS:r:a:P:x:N:C:W:th")) != -1 && r == 0) {
 		switch (opt) {
 		case 's': r = parse_sizes(optarg, o); break;
 		case 'K': o->kinds = optarg; break;
@@ -607,6 +611,7 @@ static int parse_args(int argc, char **argv, struct opts *o)
 		case 'x': o->tcp_host = optarg; break;
 		case 'N': o->netns = optarg; break;
 		case 'C': o->streams = atoi(optarg); break;
+		case 'W': r = bench_parse_size(optarg, &o->write_size); break;
 		case 't': bench_tsv = true; break;
 		case 'h': usage(); exit(0);
 		default: r = -EINVAL; break;

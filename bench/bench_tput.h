@@ -57,6 +57,7 @@ struct opts {
 	const char *tcp_host;	   /* raw TCP baseline to this address (NULL: none) */
 	const char *netns;	   /* its receiver's network namespace (NULL: this one) */
 	int streams;		   /* its TCP connections */
+	size_t write_size;	   /* its bytes per write() (0: a whole slice per write) */
 };
 
 /*

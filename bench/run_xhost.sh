@@ -29,8 +29,11 @@
 #   XBENCH_NETNS=1       one network namespace per daemon, joined by a veth pair
 #   XBENCH_SIZES=LIST    throughput sizes (default 1M,4M,16M,64M,256M,512M; quick: up to 64M)
 #   XBENCH_IPERF_SECS=S  iperf3 duration (default 5; quick: 3)
-#   XBENCH_IPERF_LEN=L   iperf3 write size of the baseline run (default 1M: tpipd's default
+#   XBENCH_IPERF_LEN=L   iperf3 write size of one baseline run (default 1M: tpipd's default
 #                        --peer-chunk; set it to the chunk given in TPIPD_ARGS)
+#   XBENCH_SEND_SIZE=L   write size of another iperf3 baseline run and of the raw TCP streams
+#                        (default 60K: tpipd's default --peer-send-size; set it to the one given
+#                        in TPIPD_ARGS)
 #   BENCH_LAT_ARGS="..." extra bench_latency flags (e.g. "-n 50000")
 #   BENCH_TPUT_ARGS="..." extra bench_throughput flags (e.g. "-k 8")
 #   BENCH_TPB_ARGS="..."  extra tp_baseline flags
@@ -45,6 +48,7 @@ quick=${BENCH_QUICK:-0}
 limit=${BENCH_TIMEOUT:-300}
 conns=${XBENCH_CONNS:-4}
 iperf_len=${XBENCH_IPERF_LEN:-1M}
+send_len=${XBENCH_SEND_SIZE:-60K}
 netns=${XBENCH_NETNS:-0}
 
 if ! [[ $conns =~ ^[0-9]+$ ]] || ((conns < 1 || conns > 16)); then
@@ -247,6 +251,13 @@ iperf3_server() {
 	return 1
 }
 
+# iperf3_runs WHEN: the three baseline runs, rows named "... (WHEN)".
+iperf3_runs() {
+	run_iperf3 "iperf3 tcp -P $conns ($1)" "128K"
+	run_iperf3 "iperf3 tcp -P $conns -l $send_len ($1)" "$send_len" -l "$send_len"
+	run_iperf3 "iperf3 tcp -P $conns -l $iperf_len ($1)" "$iperf_len" -l "$iperf_len"
+}
+
 # run_iperf3 NAME SIZE [IPERF3_CLIENT_ARGS...]: one iperf3 run; a row named NAME, size SIZE.
 run_iperf3() {
 	local gbps retr name=$1 size=$2
@@ -278,11 +289,11 @@ run_iperf3() {
 }
 
 if [[ $have_iperf == 1 ]]; then
-	# iperf3's own default (128 KiB writes) for reference, then writes of tpipd's chunk size,
-	# the baseline of the ratio column: once here and once after tpipd's throughput runs, and
-	# the better of the two counts (background load only ever lowers a baseline).
-	run_iperf3 "iperf3 tcp -P $conns" "128 KiB"
-	run_iperf3 "iperf3 tcp -P $conns -l $iperf_len (before)" "$iperf_len" -l "$iperf_len"
+	# Three write sizes: iperf3's own default (128 KiB), tpipd's socket write size and tpipd's
+	# chunk size, once here and once after tpipd's throughput runs. The best of all six is the
+	# baseline of the ratio column (background load only ever lowers a baseline, and no write
+	# size is best on every path).
+	iperf3_runs before
 else
 	echo "run_xhost.sh: iperf3 or jq missing (apt-get install iperf3 jq): no throughput" \
 		"baseline" >&2
@@ -292,10 +303,10 @@ run_one bench_latency -S "$tmp/a.sock" -r "$tmp/b.sock" -a "$prefix" -x "$host_b
 	"${ns_b_args[@]}" -P "xhost " -c ac "${lat_args[@]}" ${BENCH_LAT_ARGS:-}
 # shellcheck disable=SC2086
 run_one bench_throughput -S "$tmp/a.sock" -r "$tmp/b.sock" -a "$prefix" -P "xhost " -B -R \
-	-x "$host_b" "${ns_b_args[@]}" -C "$conns" -K shm,cma "${tput_args[@]}" ${BENCH_TPUT_ARGS:-}
+	-x "$host_b" "${ns_b_args[@]}" -C "$conns" -W "$send_len" -K shm,cma "${tput_args[@]}" ${BENCH_TPUT_ARGS:-}
 peers_a=$("$tpipctl" --socket "$tmp/a.sock" peers 2>&1 || true)
 if [[ $have_iperf == 1 ]]; then
-	run_iperf3 "iperf3 tcp -P $conns -l $iperf_len (after)" "$iperf_len" -l "$iperf_len"
+	iperf3_runs after
 fi
 if [[ $have_tpb == 1 ]]; then
 	# shellcheck disable=SC2086
@@ -342,7 +353,7 @@ xhost_columns() {
 		return a[n]
 	}
 	NR == FNR {
-		if ($1 ~ /^iperf3 .* -l / && gbps($3) > iperf) {
+		if ($1 ~ /^iperf3 / && gbps($3) > iperf) {
 			iperf = gbps($3)
 			iperf_name = $1
 			sub(/ \(.*\)$/, "", iperf_name)
@@ -394,11 +405,11 @@ echo "tpipd across two daemons ($mode): $("$tpipd" --version 2>/dev/null | head 
 echo "path: $path; $conns data connections per peer link (--peer-data-conns)," \
 	"--peer-force-cross-host; writer/pinger on daemon A, reader/ponger on daemon B"
 echo "latency ratio = tpipd median / raw TCP ping-pong median over the same path (p99 in brackets);"
-echo "throughput ratio = tpipd GB/s / iperf3 GB/s over the same path ($conns streams, $iperf_len writes:"
-echo "the better of the iperf3 runs before and after tpipd's);"
+echo "throughput ratio = tpipd GB/s / iperf3 GB/s over the same path ($conns streams: the best of"
+echo "the six iperf3 runs, writes of 128K, $send_len and $iperf_len before and after tpipd's);"
 echo "vs raw tcp = tpipd GB/s / $conns raw TCP streams carrying the same messages between as many"
-echo "distinct memory slots as tpipd's benchmark uses (bench_throughput -x), measured right before"
-echo "each row (in brackets);"
+echo "distinct memory slots as tpipd's benchmark uses, in writes of $send_len (bench_throughput -x),"
+echo "measured right before each row (in brackets);"
 echo "vs TensorPipe (> 1: tpipd better) = TensorPipe uv+mpt median / tpipd median for latency,"
 echo "tpipd GB/s / TensorPipe uv+mpt GB/s ($conns lanes, same size and k) for throughput"
 [[ $have_tpb == 1 ]] ||

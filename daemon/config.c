@@ -105,6 +105,8 @@ static const struct opt opts[] = {
 	  "treat daemons on this host (same boot id) as other hosts" },
 	{ "peer-chunk", "peer", K_SIZE32, OFF(peer_chunk), 4096, 16u << 20, true, "BYTES",
 	  "striping unit of large tensors over data connections (default 1M)" },
+	{ "peer-send-size", "peer", K_SIZE32, OFF(peer_send_size), 4096, 16u << 20, true, "BYTES",
+	  "bytes per socket write on data connections (default 60K)" },
 };
 
 /* Key of @o in the config file. */
@@ -139,6 +141,7 @@ void tpd_config_defaults(struct tpd_config *c)
 	c->peer_connect_timeout_ms = 5000;
 	c->peer_timeout_ms = 6000;
 	c->peer_chunk = 1u << 20;
+	c->peer_send_size = 60u << 10;
 	snprintf(c->config_path, sizeof(c->config_path), "%s", TPD_CONFIG_DEFAULT_PATH);
 }
 

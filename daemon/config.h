@@ -47,6 +47,7 @@ struct tpd_config {
 	uint32_t peer_timeout_ms;   /* keepalive: silence longer than this kills a link */
 	bool peer_force_cross_host; /* same-host daemons peer over TCP like other hosts */
 	uint32_t peer_chunk;	    /* striping unit */
+	uint32_t peer_send_size;    /* bytes per socket write on data connections */
 
 	/* Where the configuration came from, for reloads. */
 	char config_path[PATH_MAX];

@@ -243,6 +243,7 @@ static int peer_make_stripe(struct tpd_peer *pr)
 
 	snprintf(name, sizeof(name), "peer %llu", (unsigned long long)pr->id);
 	sc.chunk = pr->d->cfg.peer_chunk;
+	sc.send_size = pr->d->cfg.peer_send_size;
 	sc.name = name;
 	sc.on_error = peer_on_stripe_error;
 	sc.arg = pr;

@@ -36,6 +36,7 @@
 #include "stripe.h"
 
 #define CHUNK_DEFAULT (1u << 20)
+#define SEND_SIZE_DEFAULT (60u << 10)
 #define SEND_CHUNK_MIN (256u << 10) /* smallest piece a tensor is cut into to use every connection */
 
 /* One chunk a sender claimed. */
@@ -75,6 +76,7 @@ struct tpd_stripe {
 	struct event *ev;
 	bool *alive; /* loop thread: cleared when a done callback frees the stripe */
 	uint32_t chunk;
+	uint32_t send_size; /* bytes per socket write, header included */
 	char name[48];
 	tpd_stripe_error_fn on_error;
 	void *arg;
@@ -345,13 +347,22 @@ static void thread_bulk(void)
 	(void)sched_setscheduler(0, SCHED_BATCH, &sp);
 }
 
-/* Sends chunk @k. Return: 0 (also when its source could not be read: @k->src_err), or -errno
- * of the socket. */
+/*
+ * Sends chunk @k: its header, then its bytes in socket writes of at most @st->send_size bytes.
+ * Memory not mapped here is first staged whole into the thread's bounce buffer, so a chunk is
+ * either sent whole or (its source unreadable) not at all. The writes are kept small because
+ * on Linux TCP a write of 64 KiB or more moves bytes at about half the rate of writes just
+ * below that size, over loopback and veth alike: the sender blocks and is woken far more often
+ * (bench/run_xhost.sh and docs/benchmarks.md have the figures). Return: 0 (also when its source
+ * could not be read: @k->src_err), or -errno of the socket.
+ */
 static int send_chunk(struct conn *c, struct claim *k, struct tpb_scratch *sc)
 {
 	uint8_t hdr[TPD_STRIPE_HDR];
 	struct iovec iov[2];
-	void *p = (void *)(uintptr_t)(k->mem.addr + k->off);
+	char *p = (char *)(uintptr_t)(k->mem.addr + k->off);
+	uint32_t n;
+	int r;
 
 	if (k->mem.loc != TPB_LOC_LOCAL) {
 		if (!(p = bounce_get(sc, c->st->chunk))) {
@@ -371,8 +382,14 @@ static int send_chunk(struct conn *c, struct claim *k, struct tpb_scratch *sc)
 	put_u32(hdr + 24, k->len);
 	put_u32(hdr + 28, 0);
 	iov[0] = (struct iovec){ hdr, sizeof(hdr) };
-	iov[1] = (struct iovec){ p, k->len };
-	return send_all(c->fd, iov, 2);
+	for (uint32_t done = 0; done < k->len; done += n) {
+		n = TPU_MIN(k->len - done, c->st->send_size - (done ? 0 : (uint32_t)sizeof(hdr)));
+		iov[1] = (struct iovec){ p + done, n };
+		r = done ? send_all(c->fd, iov + 1, 1) : send_all(c->fd, iov, 2);
+		if (r < 0)
+			return r;
+	}
+	return 0;
 }
 
 /* Lock held: chunk @k was sent (@r == 0) or not. */
@@ -610,12 +627,14 @@ int tpd_stripe_new(struct event_base *base, const struct tpd_stripe_config *cfg,
 {
 	struct tpd_stripe *st;
 
-	if (cfg->chunk > TPD_STRIPE_CHUNK_MAX)
+	if (cfg->chunk > TPD_STRIPE_CHUNK_MAX ||
+	    (cfg->send_size && cfg->send_size < TPD_STRIPE_SEND_SIZE_MIN))
 		return -EINVAL;
 	st = calloc(1, sizeof(*st));
 	if (!st)
 		return -ENOMEM;
 	st->chunk = cfg->chunk ? cfg->chunk : CHUNK_DEFAULT;
+	st->send_size = cfg->send_size ? cfg->send_size : SEND_SIZE_DEFAULT;
 	snprintf(st->name, sizeof(st->name), "%s", cfg->name ? cfg->name : "stripe");
 	st->on_error = cfg->on_error;
 	st->arg = cfg->arg;

@@ -29,6 +29,7 @@
 #define TPD_STRIPE_HDR 32
 #define TPD_STRIPE_CONNS_MAX 16
 #define TPD_STRIPE_CHUNK_MAX (16u << 20) /* larger chunks are a protocol violation */
+#define TPD_STRIPE_SEND_SIZE_MIN 4096u
 
 struct tpd_stripe;
 struct tpd_stripe_xfer;
@@ -73,6 +74,7 @@ struct tpd_stripe_xfer {
 
 struct tpd_stripe_config {
 	uint32_t chunk;		/* bytes per chunk (default 1 MiB when 0, at most 16 MiB) */
+	uint32_t send_size;	/* bytes per socket write (default 60 KiB when 0, at least 4 KiB) */
 	const char *name;	/* for log lines and thread names, e.g. "peer 3" */
 	tpd_stripe_error_fn on_error; /* runs on the loop thread, once per stripe */
 	void *arg;
@@ -83,7 +85,8 @@ struct tpd_stripe_config {
  * @cfg: borrowed; copied (@cfg->name too).
  * @base: borrows @base, which must outlive the stripe.
  * @ret: returns owned stripe, free with tpd_stripe_free().
- * Return: 0, -EINVAL for a chunk size over TPD_STRIPE_CHUNK_MAX, or -errno.
+ * Return: 0, -EINVAL for a chunk size over TPD_STRIPE_CHUNK_MAX or a send size under
+ * TPD_STRIPE_SEND_SIZE_MIN, or -errno.
  */
 int tpd_stripe_new(struct event_base *base, const struct tpd_stripe_config *cfg,
 		   struct tpd_stripe **ret);

@@ -71,6 +71,7 @@ struct fx {
 	int ga[GATES_MAX], gb[GATES_MAX];
 	struct relay relays[2 * GATES_MAX];
 	bool open;
+	uint32_t send_size; /* of every side (0: the default) */
 };
 
 /* One transfer with up to 8 segments. */
@@ -176,18 +177,19 @@ static void tcp_pair(int *ret_a, int *ret_b, bool small)
 
 static void side_new(struct fx *f, struct side *s, const char *name, uint32_t chunk)
 {
-	struct tpd_stripe_config cfg = { .chunk = chunk, .name = name, .on_error = on_error,
-					 .arg = s };
+	struct tpd_stripe_config cfg = { .chunk = chunk, .send_size = f->send_size, .name = name,
+					 .on_error = on_error, .arg = s };
 
 	ck_assert_int_eq(tpd_stripe_new(f->base, &cfg, &s->st), 0);
 }
 
-/* A and B joined by @conns TCP connections. */
-static void fx_setup(struct fx *f, unsigned conns, uint32_t chunk)
+/* A and B joined by @conns TCP connections, writing at most @send_size bytes at a time. */
+static void fx_setup_sized(struct fx *f, unsigned conns, uint32_t chunk, uint32_t send_size)
 {
 	struct timeval tv = { 0, 20000 };
 
 	memset(f, 0, sizeof(*f));
+	f->send_size = send_size;
 	f->raw = f->raw2 = -1;
 	done_seq = 0;
 	loop_thread = pthread_self();
@@ -205,6 +207,12 @@ static void fx_setup(struct fx *f, unsigned conns, uint32_t chunk)
 	}
 	ck_assert_uint_eq(tpd_stripe_conns(f->a.st), conns);
 	ck_assert_uint_eq(tpd_stripe_conns(f->b.st), conns);
+}
+
+/* A and B joined by @conns TCP connections. */
+static void fx_setup(struct fx *f, unsigned conns, uint32_t chunk)
+{
+	fx_setup_sized(f, conns, chunk, 0);
 }
 
 /* Stripe C with one connection whose far end is the raw socket f->raw (small buffers). */
@@ -518,6 +526,29 @@ START_TEST(test_stripe_process_source_and_destination)
 	for (unsigned i = 0; i < 3; i++) {
 		move_one(&f, &f.a, &f.b, 10 + i, locs[i][0], locs[i][1], 3 * SMALL_CHUNK + 7);
 		move_one(&f, &f.a, &f.b, 20 + i, locs[i][0], locs[i][1], 1);
+	}
+	ck_assert_int_eq(f.a.errors + f.b.errors, 0);
+	fx_teardown(&f);
+}
+END_TEST
+
+/* Chunks written to the socket in many small pieces (the smallest send size) arrive whole,
+ * from mapped and from process memory, with the header only in front of each chunk. */
+START_TEST(test_stripe_small_socket_writes_arrive_intact)
+{
+	static const enum tpb_loc locs[][2] = {
+		{ TPB_LOC_LOCAL, TPB_LOC_LOCAL },
+		{ TPB_LOC_PROCESS, TPB_LOC_PROCESS },
+	};
+	struct fx f;
+
+	fx_setup_sized(&f, _i ? 4 : 1, SMALL_CHUNK, TPD_STRIPE_SEND_SIZE_MIN);
+	for (unsigned i = 0; i < 2; i++) {
+		move_one(&f, &f.a, &f.b, 30 + i, locs[i][0], locs[i][1], 3 * SMALL_CHUNK + 7);
+		move_one(&f, &f.a, &f.b, 40 + i, locs[i][0], locs[i][1],
+			 TPD_STRIPE_SEND_SIZE_MIN - TPD_STRIPE_HDR);
+		move_one(&f, &f.a, &f.b, 50 + i, locs[i][0], locs[i][1],
+			 TPD_STRIPE_SEND_SIZE_MIN - TPD_STRIPE_HDR + 1);
 	}
 	ck_assert_int_eq(f.a.errors + f.b.errors, 0);
 	fx_teardown(&f);
@@ -950,6 +981,35 @@ START_TEST(test_stripe_chunk_header_is_the_documented_wire_format)
 }
 END_TEST
 
+/* On the wire a chunk written in pieces is still one header and its bytes. */
+START_TEST(test_stripe_small_socket_writes_keep_the_wire_format)
+{
+	enum { LEN = 10000 };
+	uint8_t hdr[TPD_STRIPE_HDR], exp[TPD_STRIPE_HDR];
+	char *src = pattern(LEN, 9), *body = zeroed(LEN + 1);
+	struct xf s;
+	struct fx f;
+
+	fx_setup_sized(&f, 0, 0, TPD_STRIPE_SEND_SIZE_MIN);
+	fx_raw(&f, 0);
+	xf_init(&s, 0x99);
+	xf_seg(&s, TPB_LOC_LOCAL, src, LEN);
+	ck_assert_int_eq(tpd_stripe_send(f.c.st, &s.x), 0);
+	ck_assert(run_until(&f, &s.res.calls, NULL, DEADLINE_MS));
+	check_ok(&s.res, LEN);
+	ck_assert_int_eq(recv(f.raw, hdr, sizeof(hdr), MSG_WAITALL), sizeof(hdr));
+	put_hdr(exp, TPD_STRIPE_MAGIC, 0, 0x99, 0, LEN, 0);
+	ck_assert_mem_eq(hdr, exp, sizeof(hdr));
+	ck_assert_int_eq(recv(f.raw, body, LEN, MSG_WAITALL), LEN);
+	check_pattern(body, LEN, 9);
+	ck_assert_int_eq(recv(f.raw, body, 1, MSG_DONTWAIT), -1); /* nothing after it */
+	ck_assert_int_eq(errno, EAGAIN);
+	fx_teardown(&f);
+	free(src);
+	free(body);
+}
+END_TEST
+
 START_TEST(test_stripe_peer_close_reports_error_once)
 {
 	uint8_t dst[1000], hdr[TPD_STRIPE_HDR + 100] = { 0 }, got[TPD_STRIPE_HDR + 5];
@@ -1130,6 +1190,8 @@ START_TEST(test_stripe_rejects_bad_calls)
 
 	fx_setup(&f, 0, 0);
 	ck_assert_int_eq(tpd_stripe_new(f.base, &cfg, &st), -EINVAL);
+	cfg = (struct tpd_stripe_config){ .send_size = TPD_STRIPE_SEND_SIZE_MIN - 1 };
+	ck_assert_int_eq(tpd_stripe_new(f.base, &cfg, &st), -EINVAL);
 	xf_init(&t, 1);
 	xf_seg(&t, TPB_LOC_LOCAL, buf, sizeof(buf));
 	ck_assert_int_eq(tpd_stripe_send(f.a.st, &t.x), -ENOTCONN);
@@ -1222,6 +1284,7 @@ static Suite *stripe_suite(void)
 	tcase_add_loop_test(tc, test_stripe_segments_with_empty_ones_arrive_intact, 0, 2);
 	tcase_add_loop_test(tc, test_stripe_both_directions_at_once, 0, 2);
 	tcase_add_test(tc, test_stripe_process_source_and_destination);
+	tcase_add_loop_test(tc, test_stripe_small_socket_writes_arrive_intact, 0, 2);
 	tcase_add_test(tc, test_stripe_unknown_transfer_is_drained);
 	tcase_add_test(tc, test_stripe_empty_transfers_complete_later_on_the_loop);
 	tcase_add_test(tc, test_stripe_unreadable_source_stops_the_send);
@@ -1234,6 +1297,7 @@ static Suite *stripe_suite(void)
 	tcase_add_loop_test(tc, test_stripe_bad_chunk_fails_only_that_stripe, 0,
 			    sizeof(bads) / sizeof(bads[0]));
 	tcase_add_test(tc, test_stripe_chunk_header_is_the_documented_wire_format);
+	tcase_add_test(tc, test_stripe_small_socket_writes_keep_the_wire_format);
 	tcase_add_test(tc, test_stripe_peer_close_reports_error_once);
 	tcase_add_test(tc, test_stripe_freed_peer_fails_every_connection);
 	tcase_add_test(tc, test_stripe_free_completes_pending_transfers_once);
