@@ -27,6 +27,7 @@
 #include "bench_tput.h"
 
 #define RAW_TIMEOUT_MS 30000
+#define RAW_READ_MAX (1u << 20) /* as tpipd's receivers, which read one chunk at a time */
 
 struct raw_side {
 	const struct opts *o;
@@ -76,6 +77,27 @@ static char *raw_mem(const struct opts *o, size_t size)
 
 /* ---- receiver (forked, in the reader's namespace) ---------------------------------------- */
 
+/* Receives @len bytes into @dst in reads of at most RAW_READ_MAX bytes. Return: bytes received
+ * (short only at the end of the stream) or -errno. */
+static ssize_t raw_read(int fd, char *dst, size_t len)
+{
+	size_t got = 0;
+
+	while (got < len) {
+		size_t want = len - got < RAW_READ_MAX ? len - got : RAW_READ_MAX;
+		ssize_t n = recv(fd, dst + got, want, MSG_WAITALL);
+
+		if (n < 0 && errno == EINTR)
+			continue;
+		if (n < 0)
+			return -errno;
+		if (n == 0)
+			break;
+		got += (size_t)n;
+	}
+	return (ssize_t)got;
+}
+
 static void *raw_recv_main(void *arg)
 {
 	struct raw_thread *t = arg;
@@ -85,19 +107,14 @@ static void *raw_recv_main(void *arg)
 
 	raw_slice(s, t->i, &off, &len);
 	for (long m = 0;; m++) {
-		char *dst = raw_at(s, m, off);
-		ssize_t n = recv(s->fds[t->i], dst, len, MSG_WAITALL);
+		ssize_t n = raw_read(s->fds[t->i], raw_at(s, m, off), len);
 
 		if (n == 0) {
 			s->got[t->i] = m; /* the sender's end, between two messages */
 			break;
 		}
-		if (n < 0 && errno == EINTR) {
-			m--;
-			continue;
-		}
 		if (n != (ssize_t)len) { /* an error, or the end in the middle of a message */
-			r = n < 0 ? -errno : -EPROTO;
+			r = n < 0 ? (int)n : -EPROTO;
 			break;
 		}
 	}
