@@ -476,8 +476,17 @@ int tpd_daemon_run(struct tpd_daemon *d)
 	tpu_log_notice("tpipd %s ready on %s (pid %d, %u copy threads%s)", TP_VERSION,
 		       d->socket_path, (int)getpid(), d->cfg.copy_threads,
 		       d->watchdog_usec ? ", watchdog on" : "");
-	if (event_base_dispatch(d->base) < 0)
-		return -EIO;
+	/* One pass at a time, so that the control frames a pass queued go out together at its
+	 * end. Like event_base_dispatch(): until a break, or no event is left. */
+	for (;;) {
+		int r = event_base_loop(d->base, EVLOOP_ONCE);
+
+		tpd_peers_flush(d);
+		if (r < 0)
+			return -EIO;
+		if (r > 0 || event_base_got_break(d->base) || event_base_got_exit(d->base))
+			break;
+	}
 	tpu_log_notice("tpipd stopped");
 	return 0;
 }

@@ -59,6 +59,7 @@ struct tpd_daemon {
 	/* Peer links (peer.c, peerhs.c, peerlisten.c). */
 	struct tpd_gdr *gdr; /* cuda_gdr ports (gdr.c) */
 	struct tpu_list peers;
+	struct tpu_list peer_flushq; /* peers with control frames to send at the end of the pass */
 	unsigned n_peers;
 	uint64_t next_peer_id;
 	struct tpu_list peer_conns; /* accepted, first frame not read yet */

@@ -123,33 +123,84 @@ void tpd_peer_xfer_drop(struct tpd_peer *pr, uint64_t xfer_id)
 
 /* ---- sending ------------------------------------------------------------------------------- */
 
+/*
+ * Frames for an up link wait in @pend until the end of the loop pass, then go out together in
+ * one write straight on the socket (tpd_peers_flush()): a burst of frames costs one system call,
+ * and the bufferevent's write event is enabled only when the socket cannot take them all. Before
+ * the link is up (handshake) frames go through the bufferevent as they come.
+ */
+static struct evbuffer *peer_outq(struct tpd_peer *pr)
+{
+	if (pr->state != PEER_UP)
+		return bufferevent_get_output(pr->bev);
+	if (!pr->pend && !(pr->pend = evbuffer_new()))
+		return NULL;
+	if (!pr->flush_queued) {
+		tpu_list_insert_tail(&pr->d->peer_flushq, &pr->flush_node);
+		pr->flush_queued = true;
+	}
+	return pr->pend;
+}
+
 int tpd_peer_send(struct tpd_peer *pr, Tpw__V1__PeerMsg *m, const struct iovec *tail, int n_tail)
 {
 	struct evbuffer *out;
+	struct evbuffer_iovec v;
 	uint32_t data_len = 0;
 	size_t n;
-	uint8_t *buf;
 
 	if (pr->state == PEER_FAILED || !pr->bev)
 		return -ENOTCONN;
 	for (int i = 0; i < n_tail; i++)
 		data_len += (uint32_t)tail[i].iov_len;
 	n = tpw_frame_size(&m->base);
-	buf = malloc(n);
-	if (!buf)
+	out = peer_outq(pr);
+	if (!out || evbuffer_reserve_space(out, (ev_ssize_t)n, &v, 1) != 1)
 		return -ENOMEM;
-	tpw_frame_pack(&m->base, data_len, 0, ++pr->seq_out, buf);
-	out = bufferevent_get_output(pr->bev);
-	if (evbuffer_add(out, buf, n) < 0) {
-		free(buf);
+	tpw_frame_pack(&m->base, data_len, 0, ++pr->seq_out, v.iov_base);
+	v.iov_len = n;
+	if (evbuffer_commit_space(out, &v, 1) < 0)
 		return -ENOMEM;
-	}
-	free(buf);
 	for (int i = 0; i < n_tail; i++)
 		if (tail[i].iov_len && evbuffer_add(out, tail[i].iov_base, tail[i].iov_len) < 0)
 			return -ENOMEM;
 	pr->ctl_out += n + data_len;
 	return 0;
+}
+
+/* Writes what @pr queued in this pass; what the socket does not take (or an error, which the
+ * bufferevent then meets and reports) goes to the bufferevent. */
+static void peer_flush(struct tpd_peer *pr)
+{
+	struct evbuffer *out;
+	int fd;
+
+	if (!pr->pend || !evbuffer_get_length(pr->pend))
+		return;
+	if (!pr->bev || pr->state == PEER_FAILED) {
+		evbuffer_drain(pr->pend, evbuffer_get_length(pr->pend));
+		return;
+	}
+	out = bufferevent_get_output(pr->bev);
+	if (!evbuffer_get_length(out)) {
+		fd = bufferevent_getfd(pr->bev);
+		while (evbuffer_get_length(pr->pend) && evbuffer_write(pr->pend, fd) > 0)
+			;
+	}
+	if (evbuffer_get_length(pr->pend) && evbuffer_add_buffer(out, pr->pend) < 0)
+		tpd_peer_fail(pr, -ENOMEM, "cannot queue control frames");
+}
+
+void tpd_peers_flush(struct tpd_daemon *d)
+{
+	struct tpd_peer *pr;
+
+	while (!tpu_list_empty(&d->peer_flushq)) {
+		pr = tpu_list_first(&d->peer_flushq, struct tpd_peer, flush_node);
+		tpu_list_remove(&pr->flush_node);
+		pr->flush_queued = false;
+		peer_flush(pr);
+	}
 }
 
 /*
@@ -164,7 +215,8 @@ void tpd_peer_send_now(struct tpd_peer *pr, Tpw__V1__PeerMsg *m)
 
 	if (!pr->bev || pr->state == PEER_FAILED)
 		return;
-	if (evbuffer_get_length(bufferevent_get_output(pr->bev)) || n > sizeof(buf)) {
+	if (evbuffer_get_length(bufferevent_get_output(pr->bev)) ||
+	    (pr->pend && evbuffer_get_length(pr->pend)) || n > sizeof(buf)) {
 		tpd_peer_send(pr, m, NULL, 0);
 		return;
 	}
@@ -199,6 +251,10 @@ void tpd_peer_teardown(struct tpd_peer *pr)
 	tpu_hmap_done(&pr->xfers);
 	if (pr->bev)
 		bufferevent_free(pr->bev);
+	if (pr->flush_queued)
+		tpu_list_remove(&pr->flush_node);
+	if (pr->pend)
+		evbuffer_free(pr->pend);
 	if (pr->ev_timer)
 		event_free(pr->ev_timer);
 	if (pr->ev_close)
@@ -576,6 +632,7 @@ int tpd_peers_start(struct tpd_daemon *d)
 	int r;
 
 	tpu_list_init(&d->peers);
+	tpu_list_init(&d->peer_flushq);
 	tpu_list_init(&d->peer_conns);
 	tpu_list_init(&d->data_dials);
 	d->peer_fd = -EBADF;

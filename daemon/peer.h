@@ -72,6 +72,10 @@ void tpd_peer_pipe_remove(struct tpd_peer *pr, struct tpd_pipe *p);
  */
 int tpd_peer_send(struct tpd_peer *pr, Tpw__V1__PeerMsg *m, const struct iovec *tail, int n_tail);
 
+/* tpd_peers_flush() - write the control frames every link queued during this loop pass, each
+ * link's in one go. The daemon's loop calls it at the end of every pass. */
+void tpd_peers_flush(struct tpd_daemon *d);
+
 /* A new transfer id for a receive on @pr, registered to @arg until tpd_peer_xfer_drop(). */
 uint64_t tpd_peer_xfer_add(struct tpd_peer *pr, void *arg);
 void tpd_peer_xfer_drop(struct tpd_peer *pr, uint64_t xfer_id);

@@ -38,6 +38,9 @@ struct tpd_peer {
 	char key[300];	 /* "HOST:PORT" to match dials: as dialled, or remote address + port */
 	char host[256];	 /* the peer's host name */
 	struct bufferevent *bev;
+	struct evbuffer *pend;	   /* up: frames queued in this loop pass (tpd_peers_flush()) */
+	struct tpu_list flush_node; /* in d->peer_flushq while @pend has bytes */
+	bool flush_queued;
 	struct event *ev_timer;
 	struct event *ev_close;
 	struct tpd_stripe *stripe;

@@ -158,7 +158,10 @@ static void xh_send_done(struct tpd_stripe_xfer *x)
 		st = TPW__V1__STATUS__STATUS_PEER_DIED;
 		snprintf(why, sizeof(why), "writer died during the transfer");
 	}
-	tpd_xh_tell_end(w->pipe, x->xfer_id, st, why[0] ? why : NULL, x->bytes, xh->gdr);
+	/* A send that put every chunk on the data connections needs no word: the receive
+	 * completes on its bytes. A failed one says how far it got; an RDMA one says it wrote. */
+	if (st != TPW__V1__STATUS__STATUS_OK || xh->gdr)
+		tpd_xh_tell_end(w->pipe, x->xfer_id, st, why[0] ? why : NULL, x->bytes, xh->gdr);
 	if (st != TPW__V1__STATUS__STATUS_OK)
 		tpd_pipe_log(w->pipe, NULL, TPU_LOG_INFO, "message %llu: send failed: %s",
 			     (unsigned long long)m->msg_id, why);

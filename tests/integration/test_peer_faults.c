@@ -21,6 +21,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
@@ -877,6 +878,73 @@ START_TEST(test_peer_faults_eager_flood_keeps_daemon_memory_bounded)
 }
 END_TEST
 
+/* ---- a source the writer's daemon cannot read ---------------------------------------------- */
+
+#define UNREADABLE_LEN (4u << 20)
+
+/*
+ * The writer hands over a tensor of private memory it has already unmapped. Its daemon's first
+ * read of it fails, so it sends nothing and says so (PeerXferEnd with the error): the write
+ * and the remote read must both fail instead of the read waiting for bytes that never come.
+ */
+static int unreadable_writer(void *arg)
+{
+	char addr[128];
+	struct tpt_end e = { .d = &tpt_peer_a, .ctx_name = "unreadable-writer",
+			     .where = tpt_peer_address(&tpt_peer_b, "unreadable", addr,
+						       sizeof(addr)),
+			     .ready = &to_b, .timeout_ms = T_MS };
+	void *gone = mmap(NULL, UNREADABLE_LEN, PROT_READ | PROT_WRITE,
+			  MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+	struct tp_tensor t = { .device = { TP_DEVICE_CPU, 0 }, .length = UNREADABLE_LEN };
+	struct tp_message m = { .tensors = &t, .n_tensors = 1 };
+	int r = tpt_end_connect(&e);
+
+	TPT_REQUIRE(r == 0 && gone != MAP_FAILED, 1, "setup");
+	TPT_REQUIRE(munmap(gone, UNREADABLE_LEN) == 0, 1, "munmap");
+	t.data = gone;
+	r = tp_pipe_write_sync(e.p, &m);
+	tpt_log("writer: %d (%s): %s", r, tp_strerror(r), r ? tp_last_error() : "");
+	TPT_REQUIRE(r == -EFAULT, 1, "a write from unmapped memory: %d, want -EFAULT", r);
+	/* The pipe stays open until the reader has its answer: a close would end its read too. */
+	r = tpt_sync_wait(&to_parent, T_MS);
+	TPT_REQUIRE(r == 0, 1, "the reader did not finish");
+	tpt_end_close(&e);
+	return 0;
+}
+
+static int unreadable_reader(void *arg)
+{
+	struct tpt_end e = { .d = &tpt_peer_b, .ctx_name = "unreadable-reader",
+			     .where = "unreadable", .ready = &to_b, .timeout_ms = T_MS };
+	struct tp_descriptor *d = NULL;
+	uint8_t *buf = malloc(UNREADABLE_LEN);
+	struct tp_slot slot = { .device = { TP_DEVICE_CPU, 0 } };
+	struct tp_allocation a = { .tensors = &slot, .n_tensors = 1 };
+	int r = tpt_end_listen(&e, true);
+
+	TPT_REQUIRE(r == 0 && buf, 1, "setup");
+	r = tp_pipe_read_descriptor_sync(e.p, T_MS, &d);
+	TPT_REQUIRE(r == 0 && d->n_tensors == 1 && d->tensors[0].length == UNREADABLE_LEN, 1,
+		    "descriptor: %d", r);
+	slot.data = buf;
+	r = tp_pipe_read_sync(e.p, d, &a);
+	tpt_log("reader: %d (%s): %s", r, tp_strerror(r), r ? tp_last_error() : "");
+	TPT_REQUIRE(r == -EFAULT, 1, "a read of an unreadable source: %d, want -EFAULT", r);
+	tpt_sync_post(&to_parent, 0);
+	free(buf);
+	tpt_end_close(&e);
+	return 0;
+}
+
+START_TEST(test_peer_faults_unreadable_source_fails_both_ends)
+{
+	ck_assert(tpt_run_pair(unreadable_reader, unreadable_writer, NULL, T_MS));
+	ck_assert_msg(cross_works(&tpt_peer_a, &tpt_peer_b, "after-unreadable"),
+		      "the link does not carry a pipe after the failed transfer");
+}
+END_TEST
+
 static Suite *peer_faults_suite(void)
 {
 	Suite *s = suite_create("peer_faults");
@@ -896,6 +964,7 @@ static Suite *peer_faults_suite(void)
 	tcase_add_checked_fixture(dead, setup, teardown);
 	tcase_add_loop_test(dead, test_peer_faults_daemon_killed_mid_transfer, 0, 2);
 	tcase_add_test(dead, test_peer_faults_silent_remote_daemon_times_out);
+	tcase_add_test(dead, test_peer_faults_unreadable_source_fails_both_ends);
 	tcase_set_timeout(dead, 120);
 	suite_add_tcase(s, dead);
 

@@ -342,6 +342,90 @@ START_TEST(test_peers_pipelined_writes_arrive_and_complete_in_order)
 }
 END_TEST
 
+/* ---- a burst of eager messages ------------------------------------------------------------ */
+
+/*
+ * 400 eager messages of about 60 KB, all written before the reader reads any: the writer's
+ * daemon queues some 24 MB of control frames on the link in a few loop passes, far more than
+ * the control socket takes at once, so the frames a pass queued go out partly at its end and
+ * the rest through the socket's write event, after earlier ones. They must arrive whole and in
+ * order.
+ */
+#define N_BURST 400
+
+static void burst_spec(unsigned index, struct tpt_msg_spec *s)
+{
+	memset(s, 0, sizeof(*s));
+	s->pipe = 13;
+	s->index = index;
+	s->n_payloads = 1;
+	s->lens[0] = 60000 + 11 * index;
+}
+
+static int burst_writer(void *arg)
+{
+	char addr[128];
+	struct tpt_end e = end_a("burst-writer",
+				 tpt_peer_address(&tpt_peer_b, "burst", addr, sizeof(addr)));
+	struct tpt_msg *msgs = calloc(N_BURST, sizeof(*msgs));
+	struct tpt_done_arg *args = calloc(N_BURST, sizeof(*args));
+	static struct tpt_done done;
+	struct tpt_msg_spec s;
+	int r = tpt_end_connect(&e);
+
+	TPT_REQUIRE(r == 0 && msgs && args, 1, "setup");
+	tpt_done_init(&done);
+	for (unsigned i = 0; i < N_BURST; i++) {
+		burst_spec(i, &s);
+		r = tpt_msg_build(e.ctx, &s, i % 2 ? TPT_MEM_PRIVATE : TPT_MEM_SHM, &msgs[i]);
+		TPT_REQUIRE(r == 0, 1, "build %u", i);
+	}
+	for (unsigned i = 0; i < N_BURST; i++) {
+		args[i] = (struct tpt_done_arg){ &done, i };
+		r = tp_pipe_write(e.p, &msgs[i].m, tpt_done_cb, &args[i]);
+		TPT_REQUIRE(r == 0, 1, "write %u: %d %s", i, r, tp_last_error());
+	}
+	/* Eager writes complete once the writer's daemon holds their bytes. */
+	r = tpt_done_wait(&done, N_BURST, T_MS);
+	TPT_REQUIRE(r == 0 && done.order_errors == 0, 1, "%u of %d writes done, %u out of order",
+		    done.count, N_BURST, done.order_errors);
+	for (unsigned i = 0; i < N_BURST; i++)
+		TPT_REQUIRE(done.status[i] == 0, 1, "write %u: status %d", i, done.status[i]);
+	tpt_sync_post(&go, 0);
+	tpt_sync_wait(&release, T_MS);
+	for (unsigned i = 0; i < N_BURST; i++)
+		tpt_msg_free(e.ctx, &msgs[i]);
+	free(msgs);
+	free(args);
+	tpt_end_close(&e);
+	return 0;
+}
+
+static int burst_reader(void *arg)
+{
+	struct tpt_end e = end_b("burst-reader", "burst");
+	struct tpt_msg_spec s;
+	int r = tpt_end_listen(&e, true);
+
+	TPT_REQUIRE(r == 0, 1, "setup");
+	r = tpt_sync_wait(&go, T_MS);
+	TPT_REQUIRE(r == 0, 1, "the writer did not finish writing");
+	for (unsigned i = 0; i < N_BURST; i++) {
+		burst_spec(i, &s);
+		r = tpt_msg_read_check(e.ctx, e.p, &s, i % 3 ? TPT_MEM_PRIVATE : TPT_MEM_SHM, T_MS);
+		TPT_REQUIRE(r == 0, 1, "message %u: %d", i, r);
+	}
+	tpt_sync_post(&release, 0);
+	tpt_end_close(&e);
+	return 0;
+}
+
+START_TEST(test_peers_eager_burst_arrives_whole_and_in_order)
+{
+	ck_assert(tpt_run_pair(burst_reader, burst_writer, NULL, 2 * T_MS));
+}
+END_TEST
+
 /* ---- overlapping reads ---------------------------------------------------------------------- */
 
 /*
@@ -750,6 +834,7 @@ static Suite *peers_suite(void)
 	tcase_add_checked_fixture(tc, setup, teardown);
 	tcase_add_test(tc, test_peers_remote_names_on_both_ends);
 	tcase_add_test(tc, test_peers_pipelined_writes_arrive_and_complete_in_order);
+	tcase_add_test(tc, test_peers_eager_burst_arrives_whole_and_in_order);
 	tcase_add_test(tc, test_peers_overlapping_reads_complete_in_order);
 	tcase_add_test(tc, test_peers_tpipctl_peers_shows_the_link);
 	tcase_add_test(tc, test_peers_eight_pipes_both_directions_share_one_link);
