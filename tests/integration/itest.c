@@ -416,6 +416,32 @@ int tpt_done_wait(struct tpt_done *d, unsigned count, int timeout_ms)
 	return r;
 }
 
+int tpt_write_all_in_order(struct tp_pipe *p, struct tpt_msg *msgs, unsigned n, int timeout_ms)
+{
+	static struct tpt_done done;
+	struct tpt_done_arg *args = calloc(n, sizeof(*args));
+	int r;
+
+	TPT_REQUIRE(n <= sizeof(done.status) / sizeof(done.status[0]), 1, "%u writes: too many", n);
+	TPT_REQUIRE(args, 1, "calloc");
+	tpt_done_init(&done);
+	for (unsigned i = 0; i < n; i++) {
+		args[i] = (struct tpt_done_arg){ &done, i };
+		r = tp_pipe_write(p, &msgs[i].m, tpt_done_cb, &args[i]);
+		TPT_REQUIRE(r == 0, 1, "write %u: %d %s", i, r, tp_last_error());
+	}
+	r = tpt_done_wait(&done, n, timeout_ms);
+	TPT_REQUIRE(r == 0, 1, "only %u of %u writes completed", done.count, n);
+	TPT_REQUIRE(done.order_errors == 0, 1, "%u writes completed out of order",
+		    done.order_errors);
+	for (unsigned i = 0; i < n; i++)
+		TPT_REQUIRE(done.status[i] == 0, 1, "write %u: status %d", i, done.status[i]);
+	TPT_REQUIRE(done.bad_errmsg == 0, 1, "%u completions with a wrong error message",
+		    done.bad_errmsg);
+	free(args);
+	return 0;
+}
+
 /* ---- two-process transfer ------------------------------------------------------------------- */
 
 struct xfer_run {

@@ -123,6 +123,13 @@ struct tpt_done_arg {
 	unsigned index;
 };
 
+/*
+ * tpt_write_all_in_order() - write @msgs[0..@n) on @p all at once (n <= 4096), then wait up to
+ * @timeout_ms for every completion: in write order, each OK and without an error message.
+ * Return: 0, or 1 (logged).
+ */
+int tpt_write_all_in_order(struct tp_pipe *p, struct tpt_msg *msgs, unsigned n, int timeout_ms);
+
 /* ---- two-process transfer ----------------------------------------------------------------- */
 
 typedef void (*tpt_spec_fn)(unsigned index, struct tpt_msg_spec *ret);

@@ -281,32 +281,17 @@ static int pipelined_writer(void *arg)
 	struct tpt_end e = end_a("pipelined-writer",
 				 tpt_peer_address(&tpt_peer_b, "pipelined", addr, sizeof(addr)));
 	struct tpt_msg *msgs = calloc(N_PIPELINED, sizeof(*msgs));
-	struct tpt_done_arg *args = calloc(N_PIPELINED, sizeof(*args));
-	static struct tpt_done done;
 	struct tpt_msg_spec s;
 	int r = tpt_end_connect(&e);
 
-	TPT_REQUIRE(r == 0 && msgs && args, 1, "setup");
-	tpt_done_init(&done);
+	TPT_REQUIRE(r == 0 && msgs, 1, "setup");
 	for (unsigned i = 0; i < N_PIPELINED; i++) {
 		memset(&s, 0, sizeof(s));
 		pipelined_spec(i, &s);
 		r = tpt_msg_build(e.ctx, &s, i % 4 ? TPT_MEM_PRIVATE : TPT_MEM_MIXED, &msgs[i]);
 		TPT_REQUIRE(r == 0, 1, "build %u", i);
 	}
-	for (unsigned i = 0; i < N_PIPELINED; i++) {
-		args[i] = (struct tpt_done_arg){ &done, i };
-		r = tp_pipe_write(e.p, &msgs[i].m, tpt_done_cb, &args[i]);
-		TPT_REQUIRE(r == 0, 1, "write %u: %d %s", i, r, tp_last_error());
-	}
-	r = tpt_done_wait(&done, N_PIPELINED, T_MS);
-	TPT_REQUIRE(r == 0, 1, "only %u of %d writes completed", done.count, N_PIPELINED);
-	TPT_REQUIRE(done.order_errors == 0, 1, "%u writes completed out of order",
-		    done.order_errors);
-	for (unsigned i = 0; i < N_PIPELINED; i++)
-		TPT_REQUIRE(done.status[i] == 0, 1, "write %u: status %d", i, done.status[i]);
-	TPT_REQUIRE(done.bad_errmsg == 0, 1, "%u completions with a wrong error message",
-		    done.bad_errmsg);
+	TPT_REQUIRE(tpt_write_all_in_order(e.p, msgs, N_PIPELINED, T_MS) == 0, 1, "writes");
 	tpt_sync_post(&to_a, 0);
 	tpt_sync_wait(&release, T_MS); /* the reader is through */
 	for (unsigned i = 0; i < N_PIPELINED; i++)
@@ -368,35 +353,22 @@ static int burst_writer(void *arg)
 	struct tpt_end e = end_a("burst-writer",
 				 tpt_peer_address(&tpt_peer_b, "burst", addr, sizeof(addr)));
 	struct tpt_msg *msgs = calloc(N_BURST, sizeof(*msgs));
-	struct tpt_done_arg *args = calloc(N_BURST, sizeof(*args));
-	static struct tpt_done done;
 	struct tpt_msg_spec s;
 	int r = tpt_end_connect(&e);
 
-	TPT_REQUIRE(r == 0 && msgs && args, 1, "setup");
-	tpt_done_init(&done);
+	TPT_REQUIRE(r == 0 && msgs, 1, "setup");
 	for (unsigned i = 0; i < N_BURST; i++) {
 		burst_spec(i, &s);
 		r = tpt_msg_build(e.ctx, &s, i % 2 ? TPT_MEM_PRIVATE : TPT_MEM_SHM, &msgs[i]);
 		TPT_REQUIRE(r == 0, 1, "build %u", i);
 	}
-	for (unsigned i = 0; i < N_BURST; i++) {
-		args[i] = (struct tpt_done_arg){ &done, i };
-		r = tp_pipe_write(e.p, &msgs[i].m, tpt_done_cb, &args[i]);
-		TPT_REQUIRE(r == 0, 1, "write %u: %d %s", i, r, tp_last_error());
-	}
 	/* Eager writes complete once the writer's daemon holds their bytes. */
-	r = tpt_done_wait(&done, N_BURST, T_MS);
-	TPT_REQUIRE(r == 0 && done.order_errors == 0, 1, "%u of %d writes done, %u out of order",
-		    done.count, N_BURST, done.order_errors);
-	for (unsigned i = 0; i < N_BURST; i++)
-		TPT_REQUIRE(done.status[i] == 0, 1, "write %u: status %d", i, done.status[i]);
+	TPT_REQUIRE(tpt_write_all_in_order(e.p, msgs, N_BURST, T_MS) == 0, 1, "writes");
 	tpt_sync_post(&go, 0);
 	tpt_sync_wait(&release, T_MS);
 	for (unsigned i = 0; i < N_BURST; i++)
 		tpt_msg_free(e.ctx, &msgs[i]);
 	free(msgs);
-	free(args);
 	tpt_end_close(&e);
 	return 0;
 }
@@ -455,26 +427,16 @@ static int overlap_writer(void *arg)
 	struct tpt_end e = end_a("overlap-writer",
 				 tpt_peer_address(&tpt_peer_b, "overlap", addr, sizeof(addr)));
 	static struct tpt_msg msgs[N_OVERLAP];
-	struct tpt_done_arg args[N_OVERLAP];
-	static struct tpt_done done;
 	struct tpt_msg_spec s;
 	int r = tpt_end_connect(&e);
 
 	TPT_REQUIRE(r == 0, 1, "setup");
-	tpt_done_init(&done);
 	for (unsigned i = 0; i < N_OVERLAP; i++) {
 		overlap_spec(i, &s);
 		r = tpt_msg_build(e.ctx, &s, i % 2 ? TPT_MEM_SHM : TPT_MEM_PRIVATE, &msgs[i]);
 		TPT_REQUIRE(r == 0, 1, "build %u", i);
-		args[i] = (struct tpt_done_arg){ &done, i };
-		r = tp_pipe_write(e.p, &msgs[i].m, tpt_done_cb, &args[i]);
-		TPT_REQUIRE(r == 0, 1, "write %u: %d %s", i, r, tp_last_error());
 	}
-	r = tpt_done_wait(&done, N_OVERLAP, T_MS);
-	TPT_REQUIRE(r == 0 && done.order_errors == 0, 1, "%u of %d writes done, %u out of order",
-		    done.count, N_OVERLAP, done.order_errors);
-	for (unsigned i = 0; i < N_OVERLAP; i++)
-		TPT_REQUIRE(done.status[i] == 0, 1, "write %u: status %d", i, done.status[i]);
+	TPT_REQUIRE(tpt_write_all_in_order(e.p, msgs, N_OVERLAP, T_MS) == 0, 1, "writes");
 	tpt_sync_wait(&release, T_MS);
 	for (unsigned i = 0; i < N_OVERLAP; i++)
 		tpt_msg_free(e.ctx, &msgs[i]);

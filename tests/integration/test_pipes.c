@@ -85,30 +85,17 @@ static int pipelined_writer(void *arg)
 	struct tp_context *ctx;
 	struct tp_pipe *p;
 	struct tpt_msg *msgs = calloc(N_PIPELINED, sizeof(*msgs));
-	struct tpt_done_arg *args = calloc(N_PIPELINED, sizeof(*args));
-	static struct tpt_done done;
 	struct tpt_msg_spec s;
 	int r = open_connector("pipelined", &ctx, &p);
 
-	TPT_REQUIRE(r == 0 && msgs && args, 1, "setup");
-	tpt_done_init(&done);
+	TPT_REQUIRE(r == 0 && msgs, 1, "setup");
 	for (unsigned i = 0; i < N_PIPELINED; i++) {
 		memset(&s, 0, sizeof(s));
 		pipelined_spec(i, &s);
 		r = tpt_msg_build(ctx, &s, i % 4 ? TPT_MEM_PRIVATE : TPT_MEM_MIXED, &msgs[i]);
 		TPT_REQUIRE(r == 0, 1, "build %u", i);
 	}
-	for (unsigned i = 0; i < N_PIPELINED; i++) {
-		args[i] = (struct tpt_done_arg){ &done, i };
-		r = tp_pipe_write(p, &msgs[i].m, tpt_done_cb, &args[i]);
-		TPT_REQUIRE(r == 0, 1, "write %u: %d %s", i, r, tp_last_error());
-	}
-	r = tpt_done_wait(&done, N_PIPELINED, T_MS);
-	TPT_REQUIRE(r == 0, 1, "only %u of %d writes completed", done.count, N_PIPELINED);
-	TPT_REQUIRE(done.order_errors == 0, 1, "%u writes completed out of order",
-		    done.order_errors);
-	for (unsigned i = 0; i < N_PIPELINED; i++)
-		TPT_REQUIRE(done.status[i] == 0, 1, "write %u: status %d", i, done.status[i]);
+	TPT_REQUIRE(tpt_write_all_in_order(p, msgs, N_PIPELINED, T_MS) == 0, 1, "writes");
 	tpt_sync_post(&to_a, 0);
 	tpt_sync_wait(&to_b, T_MS); /* the reader is through */
 	for (unsigned i = 0; i < N_PIPELINED; i++)
