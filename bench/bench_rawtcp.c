@@ -4,8 +4,9 @@
  * carry when they do the work a pipe across two daemons does for one tensor per message, with
  * no daemon in between. A receiver forked into the reader's network namespace accepts N
  * connections; each message of SIZE bytes comes from the next of k distinct, pre-faulted source
- * slots, is cut into one slice per connection (as tpipd stripes a tensor over its data
- * connections) and lands in the next of k distinct destination slots. One thread per
+ * slots (at most 4 GiB of them, as the tpipd reader: bench_tput_slots()), is cut into one slice
+ * per connection (as tpipd stripes a tensor over its data connections) and lands in the next of
+ * as many distinct destination slots. One thread per
  * connection on each side, no acknowledgement per message: a bound for a daemon, not a rival.
  *
  * It is there next to iperf3 (bench/run_xhost.sh prints both), which sends the same buffer of
@@ -33,7 +34,8 @@ struct raw_side {
 	const struct opts *o;
 	size_t size;
 	int fds[RAW_STREAMS_MAX];
-	char *mem; /* o->inflight slots of size bytes */
+	char *mem; /* slots of size bytes */
+	int slots; /* bench_tput_slots(): as many as the tpipd reader uses */
 	/* sender: the stop protocol (see raw_send_main()) */
 	bool stop;
 	long reached[RAW_STREAMS_MAX];
@@ -61,12 +63,12 @@ static void raw_slice(const struct raw_side *s, int i, size_t *off, size_t *len)
 /* Where slice @off of message @m lives: its slot is m % k. */
 static char *raw_at(const struct raw_side *s, long m, size_t off)
 {
-	return s->mem + (size_t)(m % s->o->inflight) * s->size + off;
+	return s->mem + (size_t)(m % s->slots) * s->size + off;
 }
 
-static char *raw_mem(const struct opts *o, size_t size)
+static char *raw_mem(const struct raw_side *s)
 {
-	size_t n = (size_t)o->inflight * size;
+	size_t n = (size_t)s->slots * s->size;
 	char *p = mmap(NULL, n, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
 
 	if (p == MAP_FAILED)
@@ -133,7 +135,7 @@ static int raw_recv_run(void *arg, int ready_fd)
 		r = bench_netns_enter(s->o->netns);
 	if (r == 0)
 		r = bench_tcp_listen(s->o->tcp_host, &lfd, &port);
-	if (r == 0 && !(s->mem = raw_mem(s->o, s->size)))
+	if (r == 0 && !(s->mem = raw_mem(s)))
 		r = -ENOMEM;
 	if (r < 0)
 		fprintf(stderr, "bench_throughput: raw tcp receiver on %s: %s\n", s->o->tcp_host,
@@ -281,7 +283,7 @@ static int raw_send(struct raw_side *s, long *ret_msgs, uint64_t *ret_ns)
 
 double bench_rawtcp_gbps(const struct opts *o, size_t size)
 {
-	struct raw_side s = { .o = o, .size = size };
+	struct raw_side s = { .o = o, .size = size, .slots = bench_tput_slots(o->inflight, size) };
 	int ready_fd, port, r;
 	uint64_t ns = 0;
 	long msgs = 0;
@@ -300,7 +302,7 @@ double bench_rawtcp_gbps(const struct opts *o, size_t size)
 	port = bench_ready_wait(ready_fd, RAW_TIMEOUT_MS);
 	close(ready_fd);
 	r = port > 0 ? 0 : port < 0 ? port : -EPROTO;
-	if (r == 0 && !(s.mem = raw_mem(o, size)))
+	if (r == 0 && !(s.mem = raw_mem(&s)))
 		r = -ENOMEM;
 	if (r == 0)
 		r = raw_connect(&s, port);
@@ -314,7 +316,7 @@ double bench_rawtcp_gbps(const struct opts *o, size_t size)
 	if (bench_reap(pid, "raw tcp receiver") < 0 && r == 0)
 		r = -EPROTO;
 	if (s.mem)
-		munmap(s.mem, (size_t)o->inflight * size);
+		munmap(s.mem, (size_t)s.slots * size);
 	if (r < 0 || !ns) {
 		fprintf(stderr, "bench_throughput: raw tcp baseline for %zu bytes: %s\n", size,
 			strerror(r < 0 ? -r : EPROTO));

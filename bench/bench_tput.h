@@ -14,6 +14,11 @@
 #include "tpclient.h"
 
 #define TP_TIMEOUT_MS 60000
+/* The reader's wait for the next message: between two sizes the writer measures its baselines
+ * and fills a fresh source, which at the largest sizes takes minutes on a slow machine. */
+#define TP_PHASE_TIMEOUT_MS 600000
+/* Distinct memory slots per end hold at most this many bytes (see bench_tput_slots()). */
+#define SLOTS_BYTES_MAX (4ull << 30)
 #define TAG_MAGIC 0x54505442u /* "BTPT" */
 #define TAG_LAST 1u
 #define SLOTS_MAX 16
@@ -67,6 +72,15 @@ struct opts {
  * Return: 0 or -errno (a line goes to stderr).
  */
 int bench_tput_buf_get(struct tp_context *ctx, bool shm, size_t size, void **ret);
+
+/*
+ * bench_tput_slots() - how many distinct slots of @size bytes an end cycles through for @k
+ * messages in flight: @k, but no more than SLOTS_BYTES_MAX bytes of them (and at least one), so
+ * that a deep window at the largest sizes fits in memory on both ends. The reader never has
+ * more reads in flight than it has slots, so the window is then that many messages.
+ * Return: 1 .. @k.
+ */
+int bench_tput_slots(int k, size_t size);
 void bench_tput_buf_put(struct tp_context *ctx, bool shm, void *p);
 
 /* What the forked reader needs. */

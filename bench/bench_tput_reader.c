@@ -36,6 +36,13 @@ int bench_tput_buf_get(struct tp_context *ctx, bool shm, size_t size, void **ret
 	return 0;
 }
 
+int bench_tput_slots(int k, size_t size)
+{
+	uint64_t fit = size ? SLOTS_BYTES_MAX / size : (uint64_t)k;
+
+	return fit < 1 ? 1 : fit < (uint64_t)k ? (int)fit : k;
+}
+
 void bench_tput_buf_put(struct tp_context *ctx, bool shm, void *p)
 {
 	if (shm)
@@ -59,6 +66,7 @@ struct rstate {
 	pthread_cond_t cv;
 	struct rslot slots[SLOTS_MAX];
 	int n_slots;
+	int n_used; /* slots of this phase's size (bench_tput_slots()) */
 	size_t size;
 	uint64_t phase;
 	long completed; /* reads done in this phase */
@@ -149,7 +157,8 @@ static int r_wait_idle(struct rstate *rs, bool ctl)
 static void r_free_slots(struct rstate *rs)
 {
 	for (int i = 0; i < rs->n_slots; i++) {
-		bench_tput_buf_put(rs->ctx, rs->shm, rs->slots[i].data);
+		if (rs->slots[i].data)
+			bench_tput_buf_put(rs->ctx, rs->shm, rs->slots[i].data);
 		rs->slots[i].data = NULL;
 	}
 	rs->size = 0;
@@ -169,7 +178,8 @@ static int r_new_phase(struct rstate *rs, uint64_t phase, size_t size)
 	if (size == rs->size)
 		return 0;
 	r_free_slots(rs);
-	for (int i = 0; i < rs->n_slots; i++) {
+	rs->n_used = bench_tput_slots(rs->n_slots, size);
+	for (int i = 0; i < rs->n_used; i++) {
 		r = bench_tput_buf_get(rs->ctx, rs->shm, size, &rs->slots[i].data);
 		if (r < 0)
 			return r;
@@ -199,7 +209,7 @@ static int r_read_data(struct rstate *rs, struct tp_descriptor *d, const struct 
 		tp_descriptor_free(d);
 		return r;
 	}
-	s = &rs->slots[(*idx)++ % rs->n_slots];
+	s = &rs->slots[(*idx)++ % rs->n_used];
 	pthread_mutex_lock(&rs->mu);
 	while (s->busy && !rs->err)
 		pthread_cond_wait(&rs->cv, &rs->mu);
@@ -228,7 +238,7 @@ static int r_loop(struct rstate *rs)
 	int r;
 
 	for (;;) {
-		r = tp_pipe_read_descriptor_sync(rs->p, TP_TIMEOUT_MS, &d);
+		r = tp_pipe_read_descriptor_sync(rs->p, TP_PHASE_TIMEOUT_MS, &d);
 		if (r < 0) {
 			fprintf(stderr, "bench_throughput: reader: read_descriptor: %s (%s)\n",
 				tp_strerror(r), tp_last_error());
