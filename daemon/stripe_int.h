@@ -1,0 +1,89 @@
+/* SPDX-License-Identifier: BSD-3-Clause */
+/*
+ * What the two halves of a stripe share: the stripe, its connections and a sender's claim, and
+ * the calls between the queue and completion side (stripe.c) and the connection threads
+ * (stripe_io.c). Nothing outside those two files includes it; the rest of the daemon sees
+ * stripe.h. The locking rules are stripe.c's: every "lock" below is the stripe's mutex.
+ */
+#ifndef TPD_STRIPE_INT_H
+#define TPD_STRIPE_INT_H
+
+#include <pthread.h>
+#include <stdbool.h>
+#include <stdint.h>
+#include "hmap.h"
+#include "stripe.h"
+
+/* One chunk a sender claimed. */
+struct claim {
+	struct tpd_stripe_xfer *x;
+	struct tpb_mem mem; /* of its segment */
+	uint32_t seg;
+	uint32_t len;
+	uint64_t off;
+	int src_err; /* the source could not be read: nothing was sent */
+	char src_why[120]; /* why, when the channel said more than the errno */
+};
+
+struct conn {
+	struct tpd_stripe *st;
+	unsigned index;
+	int fd;
+	pthread_t tx, rx;
+	bool failed; /* lock */
+	bool idle;   /* lock: its sender waits for work */
+	bool handed; /* lock: @handoff is its next chunk */
+	struct claim handoff;
+	pthread_cond_t wake; /* its sender waits here, for a chunk handed to it or to stop */
+};
+
+struct tpd_stripe {
+	pthread_mutex_t lock;
+	struct conn conns[TPD_STRIPE_CONNS_MAX];
+	unsigned n_conns;      /* loop thread */
+	unsigned hand_next;    /* loop thread: the connection send_hand_out() tries first */
+	unsigned n_live;       /* added and not failed: lock, read atomically */
+	bool stopping;	       /* lock */
+	struct tpu_list sendq; /* sends with chunks left to claim */
+	struct tpu_hmap recvs; /* xfer_id -> registered receive not yet complete */
+	struct tpu_list done;  /* complete, not yet delivered */
+	int efd;
+	struct event *ev;
+	bool *alive; /* loop thread: cleared when a done callback frees the stripe */
+	uint32_t chunk;
+	uint32_t send_size; /* bytes per socket write, header included */
+	char name[48];
+	tpd_stripe_error_fn on_error;
+	void *arg;
+	bool failed, err_reported; /* lock */
+	int err;
+	char why[200];
+	uint64_t sent, received; /* atomic */
+};
+
+/* ---- stripe.c, for the connection threads (lock held for all of them) ---- */
+
+/* Records the first error of @x (a status >= 0 or a second error changes nothing). */
+void tpd_stripe_set_status(struct tpd_stripe_xfer *x, int status, const char *fmt, ...)
+	_printf_(3, 4);
+
+/* Completes send @x once nothing is left to claim (or it stopped) and no thread reads it. */
+void tpd_stripe_send_check(struct tpd_stripe *st, struct tpd_stripe_xfer *x);
+
+/* Completes receive @x once what is expected arrived (or it ended) and no thread writes it. */
+void tpd_stripe_recv_check(struct tpd_stripe *st, struct tpd_stripe_xfer *x);
+
+/* Connection @c failed: the first failure of the stripe is reported once, on the loop; @c stops
+ * (its sender exits, its receiver wakes up). */
+void tpd_stripe_conn_fail(struct conn *c, int err, const char *fmt, ...) _printf_(3, 4);
+
+/* Send queue not empty: claims the next chunk of the send at its head into @k (see stripe.c). */
+void tpd_stripe_claim(struct tpd_stripe *st, struct claim *k);
+
+/* ---- stripe_io.c ---- */
+
+/* The sender and receiver threads of connection @arg (a struct conn). */
+void *tpd_stripe_io_tx_main(void *arg);
+void *tpd_stripe_io_rx_main(void *arg);
+
+#endif

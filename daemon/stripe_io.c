@@ -1,0 +1,354 @@
+/* SPDX-License-Identifier: BSD-3-Clause */
+/*
+ * The threads of a stripe's data connections (see stripe.c for the queue they serve and
+ * stripe.h for the chunk format). A sender claims a chunk, reads it from the writer's memory
+ * (straight from a mapping, or by CMA or CUDA into its bounce buffer) and writes header and
+ * bytes to its socket; a receiver reads a header, finds the transfer by id and reads the bytes
+ * straight into its destination (or through its bounce buffer into a process or CUDA memory).
+ * Both block in their socket calls and take the stripe's lock only to claim and account.
+ * Completion and failure reporting are stripe.c's.
+ */
+#include <errno.h>
+#include <pthread.h>
+#include <sched.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <sys/uio.h>
+#include "stripe_int.h"
+
+/* ---- wire helpers -------------------------------------------------------------------------- */
+
+/* Writes all of @iov (which it modifies). Return: 0 or -errno. */
+static int send_all(int fd, struct iovec *iov, size_t n)
+{
+	struct msghdr mh = { .msg_iov = iov, .msg_iovlen = n };
+
+	while (mh.msg_iovlen) {
+		ssize_t w = sendmsg(fd, &mh, MSG_NOSIGNAL);
+		if (w < 0) {
+			if (errno == EINTR)
+				continue;
+			return -errno;
+		}
+		while (mh.msg_iovlen && (size_t)w >= mh.msg_iov->iov_len) {
+			w -= (ssize_t)mh.msg_iov->iov_len;
+			mh.msg_iov++;
+			mh.msg_iovlen--;
+		}
+		if (mh.msg_iovlen) {
+			mh.msg_iov->iov_base = (char *)mh.msg_iov->iov_base + w;
+			mh.msg_iov->iov_len -= (size_t)w;
+		}
+	}
+	return 0;
+}
+
+/* Return: 0, -ECONNRESET at end of stream, or -errno. */
+static int recv_all(int fd, void *buf, size_t len)
+{
+	char *p = buf;
+
+	while (len) {
+		ssize_t r = recv(fd, p, len, MSG_WAITALL);
+		if (r == 0)
+			return -ECONNRESET;
+		if (r < 0) {
+			if (errno == EINTR)
+				continue;
+			return -errno;
+		}
+		p += r;
+		len -= (size_t)r;
+	}
+	return 0;
+}
+
+static void put_u32(uint8_t *p, uint32_t v)
+{
+	for (int i = 0; i < 4; i++)
+		p[i] = (uint8_t)(v >> (8 * i));
+}
+
+static void put_u64(uint8_t *p, uint64_t v)
+{
+	put_u32(p, (uint32_t)v);
+	put_u32(p + 4, (uint32_t)(v >> 32));
+}
+
+static uint32_t get_u32(const uint8_t *p)
+{
+	return (uint32_t)p[0] | (uint32_t)p[1] << 8 | (uint32_t)p[2] << 16 | (uint32_t)p[3] << 24;
+}
+
+static uint64_t get_u64(const uint8_t *p)
+{
+	return (uint64_t)get_u32(p) | (uint64_t)get_u32(p + 4) << 32;
+}
+
+/* The thread's bounce buffer of @len bytes, allocated on first use. Return: it or NULL. */
+static void *bounce_get(struct tpb_scratch *sc, size_t len)
+{
+	if (!sc->bounce && (sc->bounce = malloc(len)))
+		sc->bounce_len = len;
+	return sc->bounce;
+}
+
+/* Ends a thread's scratch: its CUDA state and its bounce buffer. */
+static void scratch_end(struct tpb_scratch *sc)
+{
+	tpb_scratch_done(sc);
+	free(sc->bounce);
+}
+
+/* ---- sender -------------------------------------------------------------------------------- */
+
+/*
+ * Marks the calling stripe thread as bulk work (SCHED_BATCH): it keeps its share of the CPU but
+ * does not preempt others when it wakes, so on busy CPUs the event loops and the clients, which
+ * run the control round trip of every message, get the CPU first. Needs no privilege; a kernel
+ * that refuses leaves the thread as it was.
+ */
+static void thread_bulk(void)
+{
+	struct sched_param sp = { .sched_priority = 0 };
+
+	(void)sched_setscheduler(0, SCHED_BATCH, &sp);
+}
+
+/*
+ * Sends chunk @k: its header, then its bytes in socket writes of at most @st->send_size bytes.
+ * Memory not mapped here is first staged whole into the thread's bounce buffer, so a chunk is
+ * either sent whole or (its source unreadable) not at all. The writes are kept small because
+ * on Linux TCP a write of 64 KiB or more moves bytes at about half the rate of writes just
+ * below that size, over loopback and veth alike: the sender blocks and is woken far more often
+ * (bench/run_xhost.sh and docs/benchmarks.md have the figures). Return: 0 (also when its source
+ * could not be read: @k->src_err), or -errno of the socket.
+ */
+static int send_chunk(struct conn *c, struct claim *k, struct tpb_scratch *sc)
+{
+	uint8_t hdr[TPD_STRIPE_HDR];
+	struct iovec iov[2];
+	char *p = (char *)(uintptr_t)(k->mem.addr + k->off);
+	uint32_t n;
+	int r;
+
+	if (k->mem.loc != TPB_LOC_LOCAL) {
+		if (!(p = bounce_get(sc, c->st->chunk))) {
+			k->src_err = -ENOMEM;
+			return 0;
+		}
+		k->src_why[0] = '\0';
+		k->src_err = tpb_stage(&k->mem, k->off, p, k->len, false, sc, k->src_why,
+				       sizeof(k->src_why));
+		if (k->src_err < 0)
+			return 0;
+	}
+	put_u32(hdr, TPD_STRIPE_MAGIC);
+	put_u32(hdr + 4, k->seg);
+	put_u64(hdr + 8, k->x->xfer_id);
+	put_u64(hdr + 16, k->off);
+	put_u32(hdr + 24, k->len);
+	put_u32(hdr + 28, 0);
+	iov[0] = (struct iovec){ hdr, sizeof(hdr) };
+	for (uint32_t done = 0; done < k->len; done += n) {
+		n = TPU_MIN(k->len - done, c->st->send_size - (done ? 0 : (uint32_t)sizeof(hdr)));
+		iov[1] = (struct iovec){ p + done, n };
+		r = done ? send_all(c->fd, iov + 1, 1) : send_all(c->fd, iov, 2);
+		if (r < 0)
+			return r;
+	}
+	return 0;
+}
+
+/* Lock held: chunk @k was sent (@r == 0) or not. */
+static void send_account(struct conn *c, struct claim *k, int r)
+{
+	struct tpd_stripe_xfer *x = k->x;
+
+	x->busy--;
+	if (r < 0)
+		tpd_stripe_set_status(x, -ECONNRESET, "peer link failed: connection %u: send: %s", c->index,
+			   strerror(-r));
+	else if (k->src_err < 0)
+		tpd_stripe_set_status(x, k->src_err, "cannot read the source: %s",
+			   k->src_why[0] ? k->src_why : strerror(-k->src_err));
+	else
+		x->bytes += k->len;
+	if (r == 0 && k->src_err == 0)
+		__atomic_fetch_add(&c->st->sent, k->len, __ATOMIC_RELAXED);
+	tpd_stripe_send_check(c->st, x);
+	if (r < 0)
+		tpd_stripe_conn_fail(c, r, "send failed: %s", strerror(-r));
+}
+
+void *tpd_stripe_io_tx_main(void *arg)
+{
+	struct conn *c = arg;
+	struct tpd_stripe *st = c->st;
+	struct tpb_scratch sc = { 0 }; /* bounce for process and CUDA sources, on first use */
+	struct claim k;
+	int r;
+
+	thread_bulk();
+	pthread_mutex_lock(&st->lock);
+	for (;;) {
+		c->idle = true;
+		while (!st->stopping && !c->failed && !c->handed && tpu_list_empty(&st->sendq))
+			pthread_cond_wait(&c->wake, &st->lock);
+		c->idle = false;
+		if (c->handed) { /* sent even when stopping: the send fails, the claim is settled */
+			k = c->handoff;
+			c->handed = false;
+		} else if (st->stopping || c->failed) {
+			break;
+		} else {
+			tpd_stripe_claim(st, &k);
+		}
+		pthread_mutex_unlock(&st->lock);
+		r = send_chunk(c, &k, &sc);
+		pthread_mutex_lock(&st->lock);
+		send_account(c, &k, r);
+	}
+	pthread_mutex_unlock(&st->lock);
+	scratch_end(&sc);
+	return NULL;
+}
+
+/* ---- receiver ------------------------------------------------------------------------------ */
+
+struct chunk_hdr {
+	uint32_t magic, seg, len, flags;
+	uint64_t id, off;
+};
+
+/* Receives @len bytes into @m + @off, or drops them when @m is NULL. A failed CMA write is
+ * stored in @ret_werr and the rest drained. Return: 0 or -errno of the socket. */
+static int recv_payload(int fd, const struct tpb_mem *m, uint64_t off, uint32_t len,
+			struct tpb_scratch *sc, uint32_t blen, int *ret_werr, char *why,
+			size_t why_len)
+{
+	void *b;
+	int r;
+
+	if (m && m->loc == TPB_LOC_LOCAL)
+		return recv_all(fd, (void *)(uintptr_t)(m->addr + off), len);
+	if (!(b = bounce_get(sc, blen)))
+		return -ENOMEM;
+	for (uint32_t done = 0, n; done < len; done += n) {
+		n = TPU_MIN(len - done, blen);
+		r = recv_all(fd, b, n);
+		if (r < 0)
+			return r;
+		if (m && *ret_werr == 0)
+			*ret_werr = tpb_stage(m, off + done, b, n, true, sc, why, why_len);
+	}
+	return 0;
+}
+
+/* Lock held: checks the header; registers the chunk's receive as busy in @ret (NULL: drop).
+ * Return: 0, or -EPROTO after failing the connection. */
+static int rx_lookup(struct conn *c, const struct chunk_hdr *h, struct tpd_stripe_xfer **ret)
+{
+	struct tpd_stripe_xfer *x;
+
+	*ret = NULL;
+	if (h->magic != TPD_STRIPE_MAGIC)
+		tpd_stripe_conn_fail(c, -EPROTO, "bad chunk magic 0x%08x", h->magic);
+	else if (h->flags != 0)
+		tpd_stripe_conn_fail(c, -EPROTO, "unknown chunk flags 0x%x", h->flags);
+	else if (h->len == 0 || h->len > TPD_STRIPE_CHUNK_MAX)
+		tpd_stripe_conn_fail(c, -EPROTO, "chunk of %u bytes (limit %u)", h->len, TPD_STRIPE_CHUNK_MAX);
+	else if ((x = tpu_hmap_get(&c->st->recvs, h->id)) && !x->canceled && !x->broken &&
+		 (h->seg >= x->n_segs || !tpu_range_ok(h->off, h->len, x->segs[h->seg].len)))
+		tpd_stripe_conn_fail(c, -EPROTO,
+			  "chunk of %u bytes at offset %llu of segment %u is outside transfer %llu",
+			  h->len, (unsigned long long)h->off, h->seg, (unsigned long long)h->id);
+	else {
+		if (x && !x->canceled && !x->broken) {
+			x->busy++;
+			*ret = x;
+		}
+		return 0;
+	}
+	return -EPROTO;
+}
+
+/* Lock held: the payload of @h for @x (may be NULL) arrived (@r == 0) or not. */
+static void rx_account(struct conn *c, struct tpd_stripe_xfer *x, const struct chunk_hdr *h,
+		       int r, int werr, const char *why)
+{
+	if (r == 0)
+		__atomic_fetch_add(&c->st->received, h->len, __ATOMIC_RELAXED);
+	if (x) {
+		x->busy--;
+		if (r < 0) {
+			tpd_stripe_set_status(x, -ECONNRESET, "peer link failed: connection %u: %s", c->index,
+				   strerror(-r));
+			x->broken = true;
+		} else {
+			x->bytes += h->len;
+			if (werr < 0)
+				tpd_stripe_set_status(x, werr, "cannot write the destination: %s",
+					   why && *why ? why : strerror(-werr));
+		}
+		tpd_stripe_recv_check(c->st, x);
+	}
+	if (r < 0)
+		tpd_stripe_conn_fail(c, r, r == -ECONNRESET ? "closed by the peer" : "receive failed: %s",
+			  strerror(-r));
+}
+
+/* Receives one chunk whose header is @raw. Return: 0, or -errno once the connection failed. */
+static int rx_chunk(struct conn *c, const uint8_t *raw, struct tpb_scratch *sc)
+{
+	struct tpd_stripe *st = c->st;
+	struct chunk_hdr h = { get_u32(raw), get_u32(raw + 4), get_u32(raw + 24),
+			       get_u32(raw + 28), get_u64(raw + 8), get_u64(raw + 16) };
+	struct tpd_stripe_xfer *x;
+	struct tpb_mem m;
+	bool write;
+	int r, werr = 0;
+	char why[120] = "";
+
+	pthread_mutex_lock(&st->lock);
+	r = rx_lookup(c, &h, &x);
+	write = x && x->status == 0; /* else its bytes are drained */
+	if (write)
+		m = x->segs[h.seg].mem;
+	pthread_mutex_unlock(&st->lock);
+	if (r < 0)
+		return r;
+	r = recv_payload(c->fd, write ? &m : NULL, h.off, h.len, sc, st->chunk, &werr, why,
+			 sizeof(why));
+	pthread_mutex_lock(&st->lock);
+	rx_account(c, x, &h, r, werr, why);
+	pthread_mutex_unlock(&st->lock);
+	return r;
+}
+
+void *tpd_stripe_io_rx_main(void *arg)
+{
+	struct conn *c = arg;
+	struct tpd_stripe *st = c->st;
+	struct tpb_scratch sc = { 0 }; /* bounce for process, CUDA and dropped chunks */
+	uint8_t hdr[TPD_STRIPE_HDR];
+	int r;
+
+	thread_bulk();
+	for (;;) {
+		r = recv_all(c->fd, hdr, sizeof(hdr));
+		if (r < 0) {
+			pthread_mutex_lock(&st->lock);
+			tpd_stripe_conn_fail(c, r, r == -ECONNRESET ? "closed by the peer" :
+				  "receive failed: %s", strerror(-r));
+			pthread_mutex_unlock(&st->lock);
+			break;
+		}
+		if (rx_chunk(c, hdr, &sc) < 0)
+			break;
+	}
+	scratch_end(&sc);
+	return NULL;
+}
