@@ -31,6 +31,8 @@ constexpr size_t kLatTensor = 64;
 constexpr size_t kRateSize = 4096;
 constexpr int kRateInflight = 4;
 constexpr int kSlotsMax = 16;
+/* The reader's slots hold at most this many bytes, as bench_throughput's (bench_tput_slots()). */
+constexpr uint64_t kSlotsBytesMax = 4ull << 30;
 constexpr size_t kSizesMax = 16;
 inline const std::string kHello = "tp_baseline hello";
 
@@ -81,6 +83,7 @@ struct Conn {
 	/* throughput reader */
 	std::vector<Slot> slots;
 	size_t slot_size = 0;
+	size_t slots_used = 0; /* slots of this phase's size: all, or 4 GiB of them */
 	long completed = 0;
 	long credit_every = 32;
 

@@ -111,8 +111,10 @@ static int r_new_phase(Conn &c, uint64_t phase, size_t size)
 	if (size == c.slot_size)
 		return 0;
 	r_free_slots(c);
-	for (auto &s : c.slots)
-		if (!(s.data = buf_get(size))) {
+	c.slots_used = (size_t)std::clamp<uint64_t>(kSlotsBytesMax / std::max<size_t>(size, 1), 1,
+						    c.slots.size());
+	for (size_t i = 0; i < c.slots_used; i++)
+		if (!(c.slots[i].data = buf_get(size))) {
 			fail(c, -ENOMEM, "reader: out of memory");
 			return -ENOMEM;
 		}
@@ -137,7 +139,7 @@ static int r_read_data(Conn &c, const tp::Descriptor &d, const Tag &t, long &idx
 	}
 	if (r < 0)
 		return r;
-	Slot &s = c.slots[(size_t)(idx++ % (long)c.slots.size())];
+	Slot &s = c.slots[(size_t)(idx++ % (long)c.slots_used)];
 	{
 		std::unique_lock<std::mutex> lk(c.mu);
 

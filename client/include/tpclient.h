@@ -284,7 +284,11 @@ typedef void (*tp_done_fn)(void *arg, struct tp_pipe *p, int status, const char 
 
 /*
  * tp_pipe_write() - send @msg. The message struct and metadata are copied during the call; the
- * payload and tensor data are kept until @cb. Writes complete in order.
+ * payload and tensor data are kept until @cb. Writes complete in order: a small message sent
+ * inline once the daemon holds it, any other once its bytes are in the reader's allocation
+ * (across hosts too: the reader's daemon confirms it), with the status of that transfer.
+ * Across hosts keep several writes in flight (8 to 16 for tensors of a few MiB) to keep the
+ * link busy.
  * Return: 0 (callback will fire); -EINVAL, -EMSGSIZE, -E2BIG for a message over the limits;
  * -EPIPE / -ECONNRESET if the pipe is already known to be closed.
  */
