@@ -157,8 +157,7 @@ static int r_wait_idle(struct rstate *rs, bool ctl)
 static void r_free_slots(struct rstate *rs)
 {
 	for (int i = 0; i < rs->n_slots; i++) {
-		if (rs->slots[i].data)
-			bench_tput_buf_put(rs->ctx, rs->shm, rs->slots[i].data);
+		bench_tput_buf_put(rs->ctx, rs->shm, rs->slots[i].data); /* NULL past n_used */
 		rs->slots[i].data = NULL;
 	}
 	rs->size = 0;
