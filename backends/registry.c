@@ -16,6 +16,7 @@ static const struct tpb_channel_ops *const builtin[] = {
 	&tpb_basic_ops,
 	/* Between hosts only: never chosen by tpb_select() (no copy op), by tpb_select_cross(). */
 	&tpb_mpt_ops,
+	&tpb_rdma_ops, /* shared buffers on both sides, where both daemons have an RDMA port */
 	&tpb_cuda_gdr_ops,
 	&tpb_cuda_basic_ops,
 };

@@ -96,6 +96,11 @@ extern const struct tpb_channel_ops tpb_cma_ops;
 extern const struct tpb_channel_ops tpb_shm_ops;
 extern const struct tpb_channel_ops tpb_basic_ops;
 extern const struct tpb_channel_ops tpb_mpt_ops;
+extern const struct tpb_channel_ops tpb_rdma_ops;
+
+/* 1 if an RDMA port is usable (rdma-core built in, a device with an active port), else 0 with
+ * the reason in @why. Probes each time; the registry keeps the result. */
+int tpb_rdma_viable(char *why, size_t why_len);
 extern const struct tpb_channel_ops tpb_cuda_ipc_ops;
 extern const struct tpb_channel_ops tpb_cuda_basic_ops;
 extern const struct tpb_channel_ops tpb_cuda_gdr_ops;

@@ -1,9 +1,9 @@
 /* SPDX-License-Identifier: BSD-3-Clause */
 /*
- * cuda_gdr on peer links: ports, queue-pair set-up per link, registration and RDMA writes. See
- * gdr.h. Memory is registered per transfer and deregistered when it ends (no registration
- * cache); a GPU allocation is registered whole, through a dma-buf of the daemon's mapping where
- * the driver exports one.
+ * rdma and cuda_gdr on peer links: ports, queue-pair set-up per link, registration and RDMA
+ * writes. See gdr.h. Memory is registered per transfer and deregistered when it ends (no
+ * registration cache); a GPU allocation is registered whole, through a dma-buf of the daemon's
+ * mapping where the driver exports one.
  */
 #include <errno.h>
 #include <stdio.h>
@@ -20,7 +20,7 @@
 #include "stripe.h"
 #include "tpb.h"
 
-#if HAVE_RDMA && HAVE_CUDA
+#if HAVE_RDMA
 #include "tpv.h"
 
 _Static_assert(TPV_QP_INFO_BYTES == TPW_RDMA_QP_RECORD_BYTES, "queue-pair record size");
@@ -44,6 +44,7 @@ struct tpd_gdr {
 	struct gdr_port *ports;
 	size_t n;
 	unsigned rr; /* round-robin cursor of tpv_nic_choose() */
+	bool cuda;   /* a CUDA driver is there: cuda_gdr is offered too */
 };
 
 enum link_state { LINK_PORTS, LINK_CONNECTING, LINK_READY, LINK_OFF };
@@ -52,6 +53,7 @@ struct tpd_gdr_link {
 	struct tpd_gdr *g;
 	struct tpd_peer *pr;
 	enum link_state state;
+	unsigned common; /* TPD_GDR_* both daemons offer */
 	unsigned n_remote;
 	struct tpv_qp **qps; /* [local port * n_remote + remote port] */
 	struct tpu_list sends;
@@ -97,6 +99,7 @@ struct gdr_send {
 	unsigned pending;    /* writes posted, not completed */
 	bool canceled, posting;
 	bool events_ok; /* the writer's CUDA events fired */
+	const char *channel; /* "rdma" or "cuda_gdr", for errors */
 	int status;
 	char why[160];
 };
@@ -177,11 +180,10 @@ int tpd_gdr_start(struct tpd_daemon *d)
 		return -ENOMEM;
 	g->d = d;
 	d->gdr = g;
-	if (!tpb_cuda_viable(why, sizeof(why)))
-		return 0;
+	g->cuda = tpb_cuda_viable(why, sizeof(why));
 	g->ops = tpv_ops_load(why, sizeof(why));
 	if (!g->ops) {
-		tpu_log(TPU_LOG_WARNING, "cuda_gdr: %s", why);
+		tpu_log(TPU_LOG_INFO, "rdma: %s", why);
 		return 0;
 	}
 	if (tpv_nics_list(g->ops, TPV_SYSFS_ROOT, &g->nics, &n, why, sizeof(why)) < 0)
@@ -194,8 +196,9 @@ int tpd_gdr_start(struct tpd_daemon *d)
 		g->ports[i] = (struct gdr_port){ .g = g, .nic = &g->nics[i] };
 	g->n = n;
 	if (n)
-		tpu_log(TPU_LOG_INFO, "cuda_gdr: %zu RDMA port%s, first %s port %u", n,
-			n == 1 ? "" : "s", g->nics[0].dev, g->nics[0].port);
+		tpu_log(TPU_LOG_INFO, "rdma%s: %zu RDMA port%s, first %s port %u",
+			g->cuda ? " and cuda_gdr" : "", n, n == 1 ? "" : "s", g->nics[0].dev,
+			g->nics[0].port);
 	return 0;
 }
 
@@ -216,9 +219,11 @@ void tpd_gdr_stop(struct tpd_daemon *d)
 	d->gdr = NULL;
 }
 
-bool tpd_gdr_offered(const struct tpd_daemon *d)
+unsigned tpd_gdr_offers(const struct tpd_daemon *d)
 {
-	return d->gdr && d->gdr->n > 0;
+	if (!d->gdr || d->gdr->n == 0)
+		return 0;
+	return TPD_GDR_HOST | (d->gdr->cuda ? TPD_GDR_CUDA : 0);
 }
 
 /* ---- link set-up --------------------------------------------------------------------------- */
@@ -239,22 +244,25 @@ static void link_off(struct tpd_gdr_link *l, bool quiet, const char *why)
 
 	l->state = LINK_OFF;
 	snprintf(l->text, sizeof(l->text), "off: %.190s", why);
-	tpu_log(TPU_LOG_NOTICE, "peer %s: cuda_gdr off: %s", link_text(l), why);
+	tpu_log(TPU_LOG_NOTICE, "peer %s: RDMA off: %s", link_text(l), why);
 	if (quiet)
 		return;
 	rm.error = (char *)why;
 	link_send(l, &rm);
 }
 
-struct tpd_gdr_link *tpd_gdr_link_new(struct tpd_daemon *d, struct tpd_peer *pr)
+struct tpd_gdr_link *tpd_gdr_link_new(struct tpd_daemon *d, struct tpd_peer *pr,
+				      unsigned peer_offers)
 {
 	Tpw__V1__PeerRdma rm = TPW__V1__PEER_RDMA__INIT;
+	unsigned common = tpd_gdr_offers(d) & peer_offers;
 	struct tpd_gdr_link *l;
 
-	if (!tpd_gdr_offered(d) || !(l = calloc(1, sizeof(*l))))
+	if (!common || !(l = calloc(1, sizeof(*l))))
 		return NULL;
 	l->g = d->gdr;
 	l->pr = pr;
+	l->common = common;
 	l->state = LINK_PORTS;
 	tpu_list_init(&l->sends);
 	snprintf(l->text, sizeof(l->text), "connecting");
@@ -404,9 +412,8 @@ static const struct tpb_mem *first_cuda(const struct tpd_stripe_seg *segs, size_
 	return NULL;
 }
 
-/* -EOPNOTSUPP unless every segment is registrable and, if @need_cuda, one is CUDA memory. */
-static int regs_applicable(const struct tpd_stripe_seg *segs, size_t n, bool need_cuda,
-			   char *why, size_t wl)
+/* -EOPNOTSUPP unless every segment is registrable (shared buffers and CUDA memory). */
+static int regs_applicable(const struct tpd_stripe_seg *segs, size_t n, char *why, size_t wl)
 {
 	for (size_t i = 0; i < n; i++) {
 		if (segs[i].len && segs[i].mem.loc != TPB_LOC_CUDA &&
@@ -415,12 +422,26 @@ static int regs_applicable(const struct tpd_stripe_seg *segs, size_t n, bool nee
 			return -EOPNOTSUPP;
 		}
 	}
-	if (need_cuda && !first_cuda(segs, n)) {
-		snprintf(why, wl, "no CUDA memory in the message");
+	return 0;
+}
+
+/* -EOPNOTSUPP unless both daemons of @l offer the channel a receive of @segs needs. */
+static int recv_offered(const struct tpd_gdr_link *l, const struct tpd_stripe_seg *segs,
+			size_t n, bool src_cuda, char *why, size_t wl)
+{
+	bool cuda = src_cuda || first_cuda(segs, n);
+
+	if (cuda && !(l->common & TPD_GDR_CUDA)) {
+		snprintf(why, wl, "CUDA memory, and cuda_gdr is not offered by both daemons");
+		return -EOPNOTSUPP;
+	}
+	if (!cuda && !(l->common & TPD_GDR_HOST)) {
+		snprintf(why, wl, "host memory, and rdma is not offered by both daemons");
 		return -EOPNOTSUPP;
 	}
 	return 0;
 }
+
 
 static int reg_one(struct gdr_port *pt, const struct tpd_stripe_seg *s, struct gdr_reg *out,
 		   char *why, size_t wl)
@@ -527,7 +548,9 @@ int tpd_gdr_recv_new(struct tpd_gdr_link *l, const struct tpd_stripe_seg *segs, 
 		snprintf(why, wl, "RDMA is not set up on this link");
 		return -EOPNOTSUPP;
 	}
-	r = regs_applicable(segs, n, !src_cuda, why, wl);
+	r = recv_offered(l, segs, n, src_cuda, why, wl);
+	if (r == 0)
+		r = regs_applicable(segs, n, why, wl);
 	if (r < 0)
 		return r;
 	rv = calloc(1, sizeof(*rv));
@@ -553,6 +576,7 @@ int tpd_gdr_recv_new(struct tpd_gdr_link *l, const struct tpd_stripe_seg *segs, 
 		rv->regions[i].addr = g->addr;
 		rv->regions[i].rkey = g->mr ? g->mr->rkey : 0;
 		rv->regions[i].length = g->len;
+		rv->regions[i].cuda = segs[i].mem.loc == TPB_LOC_CUDA;
 		rv->region_ptrs[i] = &rv->regions[i];
 	}
 	timer_in_us(rv->timer, 0);
@@ -605,7 +629,7 @@ static void send_fail(struct gdr_send *s, int err, const char *why)
 	if (s->status)
 		return;
 	s->status = err;
-	snprintf(s->why, sizeof(s->why), "cuda_gdr: %s", why);
+	snprintf(s->why, sizeof(s->why), "%s: %s", s->channel, why);
 }
 
 /*
@@ -735,8 +759,8 @@ int tpd_gdr_send(struct tpd_gdr_link *l, struct tpd_stripe_xfer *x,
 		return -EOPNOTSUPP;
 	}
 	r = offer_check(l, x, rr, why, wl);
-	if (r == 0) /* the reader offered RDMA: CUDA memory is on its side or on this one */
-		r = regs_applicable(x->segs, x->n_segs, false, why, wl);
+	if (r == 0) /* the reader offered RDMA for the kind of memory on its side and this one */
+		r = regs_applicable(x->segs, x->n_segs, why, wl);
 	if (r < 0)
 		return r;
 	s = calloc(1, sizeof(*s));
@@ -744,6 +768,7 @@ int tpd_gdr_send(struct tpd_gdr_link *l, struct tpd_stripe_xfer *x,
 		return -ENOMEM;
 	s->l = l;
 	s->x = x;
+	s->channel = tpd_gdr_channel(x->segs, x->n_segs, rr, false);
 	s->raddr = calloc(x->n_segs ? x->n_segs : 1, sizeof(*s->raddr));
 	s->rkey = calloc(x->n_segs ? x->n_segs : 1, sizeof(*s->rkey));
 	s->timer = evtimer_new(l->g->d->base, send_on_timer, s);
@@ -812,7 +837,7 @@ void tpd_gdr_link_free(struct tpd_gdr_link *l)
 	free(l);
 }
 
-#else /* !(HAVE_RDMA && HAVE_CUDA) */
+#else /* !HAVE_RDMA */
 
 struct tpd_gdr {
 	int unused;
@@ -827,12 +852,13 @@ void tpd_gdr_stop(struct tpd_daemon *d)
 {
 }
 
-bool tpd_gdr_offered(const struct tpd_daemon *d)
+unsigned tpd_gdr_offers(const struct tpd_daemon *d)
 {
-	return false;
+	return 0;
 }
 
-struct tpd_gdr_link *tpd_gdr_link_new(struct tpd_daemon *d, struct tpd_peer *pr)
+struct tpd_gdr_link *tpd_gdr_link_new(struct tpd_daemon *d, struct tpd_peer *pr,
+				      unsigned peer_offers)
 {
 	return NULL;
 }
@@ -893,3 +919,15 @@ void tpd_gdr_send_cancel(struct tpd_gdr_link *l, struct tpd_stripe_xfer *x)
 }
 
 #endif
+
+const char *tpd_gdr_channel(const struct tpd_stripe_seg *segs, size_t n,
+			    const Tpw__V1__PeerReadReq *rr, bool remote_cuda)
+{
+	bool cuda = remote_cuda;
+
+	for (size_t i = 0; i < n && !cuda; i++)
+		cuda = segs[i].len && segs[i].mem.loc == TPB_LOC_CUDA;
+	for (size_t i = 0; rr && i < rr->n_rdma && !cuda; i++)
+		cuda = rr->rdma[i]->cuda;
+	return cuda ? "cuda_gdr" : "rdma";
+}

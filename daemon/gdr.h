@@ -1,17 +1,18 @@
 /* SPDX-License-Identifier: BSD-3-Clause */
 /*
- * tpd_gdr: the cuda_gdr channel of peer links, RDMA writes between the daemons of two hosts
- * straight from and into registered memory (GPU memory through dma-buf or peer memory, shared
- * buffers as plain host memory), on the ibverbs layer of backends/gdr. Each daemon opens every
- * usable RDMA port once (a protection domain and a completion queue whose channel fd is on the
- * event loop). On a link whose two daemons both offer cuda_gdr in their Hello, each side
- * announces its ports (PeerRdma.ports), then sends one RC queue-pair record per pair of ports
- * (PeerRdma.qps); once every pair is connected the link is ready. A receive then registers the
- * reader's allocation on the port nearest its GPU and offers it in the PeerReadReq; the sender
+ * tpd_gdr: the RDMA channels of peer links, RDMA writes between the daemons of two hosts straight
+ * from and into registered memory, on the ibverbs layer of backends/gdr: rdma for shared
+ * buffers on both sides (plain host memory), cuda_gdr when GPU memory is on either side (through
+ * dma-buf or peer memory). Each daemon opens every usable RDMA port once (a protection domain and
+ * a completion queue whose channel fd is on the event loop). On a link whose two daemons both
+ * offer rdma, or both cuda_gdr, in their Hello, each side announces its ports (PeerRdma.ports),
+ * then sends one RC queue-pair record per pair of ports (PeerRdma.qps); once every pair is
+ * connected the link is ready. A receive then registers the reader's allocation on the port
+ * nearest its GPU (host memory: round-robin) and offers it in the PeerReadReq; the sender
  * registers its sources on the port nearest theirs, waits for the clients' CUDA events, posts the
  * writes on the queue pair between those two ports, and says PeerXferEnd{rdma} once every write
- * has completed. Everything runs on the loop thread. Without CUDA or rdma-core in the build, or
- * without a port at run time, nothing here is ever ready and transfers use the data connections.
+ * has completed. Everything runs on the loop thread. Without rdma-core in the build, or without
+ * a port at run time, nothing here is ever ready and transfers use the data connections.
  */
 #ifndef TPD_GDR_H
 #define TPD_GDR_H
@@ -29,23 +30,31 @@ struct tpd_gdr_link;
 struct tpd_gdr_recv;
 
 /*
- * tpd_gdr_start() - find the RDMA ports (none is fine: cuda_gdr is then never used). Opens no
- * device yet. Return: 0, or -ENOMEM.
+ * tpd_gdr_start() - find the RDMA ports (none is fine: rdma and cuda_gdr are then never used).
+ * Opens no device yet. Return: 0, or -ENOMEM.
  */
 int tpd_gdr_start(struct tpd_daemon *d);
 
 /* Closes the ports. Every link and receive must be freed first. */
 void tpd_gdr_stop(struct tpd_daemon *d);
 
-/* True if this daemon offers cuda_gdr to its peers (CUDA driver and an RDMA port). */
-bool tpd_gdr_offered(const struct tpd_daemon *d);
+/* What a daemon offers its peers: rdma with an RDMA port, cuda_gdr with a CUDA driver too. */
+enum tpd_gdr_offer {
+	TPD_GDR_HOST = 1u << 0, /* "rdma" in PeerHello.backends */
+	TPD_GDR_CUDA = 1u << 1, /* "cuda_gdr" */
+};
+
+/* The TPD_GDR_* this daemon offers (0: none). */
+unsigned tpd_gdr_offers(const struct tpd_daemon *d);
 
 /*
- * tpd_gdr_link_new() - start the RDMA set-up of link @pr with a peer that offered cuda_gdr:
- * sends PeerRdma{ports}. Return: the link state (owned, free with tpd_gdr_link_free()), or NULL
- * if this daemon does not offer cuda_gdr or memory ran out.
+ * tpd_gdr_link_new() - start the RDMA set-up of link @pr with a peer that offered @peer_offers
+ * (TPD_GDR_*): sends PeerRdma{ports}. Both sides decide alike, from what both offer.
+ * Return: the link state (owned, free with tpd_gdr_link_free()), or NULL if the two daemons
+ * offer nothing in common or memory ran out.
  */
-struct tpd_gdr_link *tpd_gdr_link_new(struct tpd_daemon *d, struct tpd_peer *pr);
+struct tpd_gdr_link *tpd_gdr_link_new(struct tpd_daemon *d, struct tpd_peer *pr,
+				      unsigned peer_offers);
 
 /*
  * tpd_gdr_link_free() - close the link's queue pairs. Sends still running complete, before this
@@ -73,11 +82,14 @@ typedef void (*tpd_gdr_ready_fn)(void *arg, int err, const char *why);
 /*
  * tpd_gdr_recv_new() - register the destination @segs of a receive over @l for RDMA writes and
  * wait, off the call, for the reader's CUDA events (its stream's earlier work on that memory);
- * then @ready runs (never inside this call). RDMA applies when CUDA memory is on either side:
- * among @segs, or (@src_cuda) among the writer's tensors.
+ * then @ready runs (never inside this call). With CUDA memory on either side (among @segs, or,
+ * @src_cuda, among the writer's tensors) RDMA applies if both daemons offer cuda_gdr; with host
+ * memory only, if both offer rdma. The writer's daemon may still decline the offer (a source in
+ * private memory): the bytes then come over the data connections.
  * Ownership: borrows @segs and @l until tpd_gdr_recv_free(); returns owned @ret.
- * Return: 0; -EOPNOTSUPP when RDMA does not apply (link not ready, no CUDA segment, memory of a
- * client's private address space) or registration failed (reason in @why): use the stripe.
+ * Return: 0; -EOPNOTSUPP when RDMA does not apply (link not ready, a kind of memory the two
+ * daemons do not both offer, memory of a client's private address space) or registration failed
+ * (reason in @why): use the stripe.
  */
 int tpd_gdr_recv_new(struct tpd_gdr_link *l, const struct tpd_stripe_seg *segs, size_t n,
 		     bool src_cuda, tpd_gdr_ready_fn ready, void *arg, struct tpd_gdr_recv **ret,
@@ -85,6 +97,14 @@ int tpd_gdr_recv_new(struct tpd_gdr_link *l, const struct tpd_stripe_seg *segs, 
 
 /* Adds the offer of @rv to @rr (pointers into @rv: send @rr before freeing @rv). */
 void tpd_gdr_recv_offer(struct tpd_gdr_recv *rv, Tpw__V1__PeerReadReq *rr);
+
+/*
+ * tpd_gdr_channel() - the channel an RDMA transfer counts under: "cuda_gdr" if CUDA memory is
+ * among @segs, among the regions @rr offers (sender; NULL on the receiver), or (@remote_cuda)
+ * among the writer's tensors (receiver); else "rdma".
+ */
+const char *tpd_gdr_channel(const struct tpd_stripe_seg *segs, size_t n,
+			    const Tpw__V1__PeerReadReq *rr, bool remote_cuda);
 
 /* Deregisters the destination and stops waiting. Accepts NULL. */
 void tpd_gdr_recv_free(struct tpd_gdr_recv *rv);

@@ -56,7 +56,7 @@ struct tpd_peer {
 	uint64_t ctl_in, ctl_out;
 	int fail_err;
 	char last_error[200];
-	bool peer_gdr;		    /* the peer offered cuda_gdr in its Hello */
+	unsigned peer_rdma;	    /* TPD_GDR_*: the peer offered rdma, cuda_gdr in its Hello */
 	struct tpd_gdr_link *gdr;   /* RDMA set-up and sends (NULL: not on this link) */
 };
 

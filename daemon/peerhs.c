@@ -29,8 +29,15 @@ void tpd_peerhs_send_hello(struct tpd_peer *pr, Tpw__V1__Status st, const char *
 	struct tpd_daemon *d = pr->d;
 	Tpw__V1__PeerHello h = TPW__V1__PEER_HELLO__INIT;
 	Tpw__V1__PeerMsg m = TPW__V1__PEER_MSG__INIT;
-	char *backends[] = { "mpt", "basic", "cuda_gdr" };
+	unsigned rdma = tpd_gdr_offers(d);
+	char *backends[4] = { "mpt", "basic" };
+	size_t n_backends = 2;
 	uint8_t mac[32];
+
+	if (rdma & TPD_GDR_HOST)
+		backends[n_backends++] = "rdma";
+	if (rdma & TPD_GDR_CUDA)
+		backends[n_backends++] = "cuda_gdr";
 
 	h.major = TPW_PROTO_MAJOR;
 	h.minor = TPW_PROTO_MINOR;
@@ -38,7 +45,7 @@ void tpd_peerhs_send_hello(struct tpd_peer *pr, Tpw__V1__Status st, const char *
 	h.boot_id.data = d->boot_id;
 	h.boot_id.len = sizeof(d->boot_id);
 	h.instance = d->instance;
-	h.n_backends = TPU_ARRAY_SIZE(backends) - !tpd_gdr_offered(d);
+	h.n_backends = n_backends;
 	h.backends = backends;
 	h.data_conns = pr->outgoing ? d->cfg.peer_data_conns : 0;
 	h.nonce.data = pr->nonce_mine;
@@ -105,8 +112,8 @@ void tpd_peerhs_link_up(struct tpd_peer *pr)
 		     pr->data_attached,
 		     pr->authenticated ? ", authenticated" : ", NOT authenticated");
 	tpd_peer_timer_arm_ms(pr->ev_timer, TPU_MAX(pr->d->cfg.peer_timeout_ms / 3, 100u));
-	if (pr->peer_gdr)
-		pr->gdr = tpd_gdr_link_new(pr->d, pr);
+	if (pr->peer_rdma)
+		pr->gdr = tpd_gdr_link_new(pr->d, pr, pr->peer_rdma);
 	while (v && tpu_hmap_next(&pr->pipes, &i, &key, &val))
 		v[k++] = val;
 	for (i = 0; i < k; i++)
@@ -120,8 +127,12 @@ static int check_hello(struct tpd_peer *pr, const Tpw__V1__PeerHello *h, char *w
 	struct tpd_daemon *d = pr->d;
 
 	snprintf(pr->host, sizeof(pr->host), "%s", h->host ? h->host : "");
-	for (size_t i = 0; i < h->n_backends; i++)
-		pr->peer_gdr |= strcmp(h->backends[i], "cuda_gdr") == 0;
+	for (size_t i = 0; i < h->n_backends; i++) {
+		if (strcmp(h->backends[i], "rdma") == 0)
+			pr->peer_rdma |= TPD_GDR_HOST;
+		else if (strcmp(h->backends[i], "cuda_gdr") == 0)
+			pr->peer_rdma |= TPD_GDR_CUDA;
+	}
 	if (h->major != TPW_PROTO_MAJOR) {
 		snprintf(why, wl, "peer speaks protocol %u.%u, this daemon %u.%u", h->major, h->minor,
 			 TPW_PROTO_MAJOR, TPW_PROTO_MINOR);

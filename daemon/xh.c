@@ -2,10 +2,10 @@
 /*
  * Cross-host transfers of single messages, on the loop thread: the send (writer's daemon) or
  * receive (reader's daemon) of one rendezvous message over a peer link, through the link's
- * stripe or, for CUDA memory with an RDMA offer, by cuda_gdr. It starts them, turns their
- * completion into the message's outcome (PeerXferEnd, ReadDone, the write's status) and cancels
- * them. Which message goes next and the pipe's lifetime are pipe.c's; the peer messages that
- * drive a cross-host pipe are xpipe.c's.
+ * stripe or, with an RDMA offer, by rdma (shared buffers) or cuda_gdr (CUDA memory on either
+ * side). It starts them, turns their completion into the message's outcome (PeerXferEnd,
+ * ReadDone, the write's status) and cancels them. Which message goes next and the pipe's
+ * lifetime are pipe.c's; the peer messages that drive a cross-host pipe are xpipe.c's.
  */
 #include <errno.h>
 #include <stdio.h>
@@ -36,7 +36,7 @@ struct tpd_xh {
 	bool started;
 	Tpw__V1__Status early; /* send: the reader finished (failed) before the send ended */
 	char early_why[160];
-	/* cuda_gdr. Send: the reader's RDMA offer (a copy of its PeerReadReq), gdr once the
+	/* rdma / cuda_gdr. Send: the reader's RDMA offer (a copy of its PeerReadReq), gdr once the
 	 * writes run. Receive: the offered registration, gdr once the sender said it wrote. */
 	Tpw__V1__PeerReadReq *offer;
 	struct tpd_gdr_recv *gdr_recv;
@@ -78,11 +78,29 @@ void tpd_xh_cancel(struct tpd_xh *xh)
 		tpd_stripe_recv_cancel(st, &xh->x);
 }
 
+/* Written on another host with a tensor in CUDA memory there. */
+static bool msg_remote_cuda(const struct tpd_msg *m)
+{
+	for (size_t i = 0; i < m->n_src; i++)
+		if (m->src[i].remote_cuda)
+			return true;
+	return false;
+}
+
+/* The channel @xh counts under: mpt, or rdma / cuda_gdr once the bytes went by RDMA. */
+static const char *xh_channel(const struct tpd_msg *m, const struct tpd_xh *xh)
+{
+	if (!xh->gdr)
+		return "mpt";
+	return tpd_gdr_channel(xh->segs, xh->x.n_segs, xh->send ? xh->offer : NULL,
+			       !xh->send && msg_remote_cuda(m));
+}
+
 /* Common end of a send or receive: flags, statistics, next message. */
 static void xh_finish(struct tpd_msg *m, struct tpd_xh *xh)
 {
 	struct tpd_pipe *p = m->from->pipe;
-	int ch = tpb_index(xh->gdr ? "cuda_gdr" : "mpt");
+	int ch = tpb_index(xh_channel(m, xh));
 
 	m->xh = NULL;
 	m->copying = false;
@@ -215,15 +233,6 @@ static void xh_recv_done(struct tpd_stripe_xfer *x)
 				status < 0 ? why : NULL);
 	tpd_pipe_msg_consumed(m, tpw_status_from_errno(status), status < 0 ? why : NULL);
 	xh_after(w);
-}
-
-/* Written on another host with a tensor in CUDA memory there. */
-static bool msg_remote_cuda(const struct tpd_msg *m)
-{
-	for (size_t i = 0; i < m->n_src; i++)
-		if (m->src[i].remote_cuda)
-			return true;
-	return false;
 }
 
 /*

@@ -21,9 +21,6 @@
 #include <time.h>
 #include <unistd.h>
 #include "tpconfig.h"
-#if HAVE_RDMA
-#include "tpv.h"
-#endif
 #include "cuda_int.h"
 
 #if HAVE_CUDA
@@ -598,14 +595,7 @@ static int gdr_probe(const struct tpb_config *cfg, char *why, size_t why_len)
 		snprintf(why, why_len, "%s", cuda_why);
 		return 0;
 	}
-#if HAVE_RDMA
-	const struct tpv_ops *ops = tpv_ops_load(why, why_len);
-
-	return ops ? tpv_probe(ops, why, why_len) : 0;
-#else
-	snprintf(why, why_len, "tpipd was built without RDMA support (rdma-core)");
-	return 0;
-#endif
+	return tpb_rdma_viable(why, why_len);
 }
 
 const struct tpb_channel_ops tpb_cuda_ipc_ops = {

@@ -71,6 +71,7 @@ int tpt_peer_links(const struct tpt_daemon *d, struct tpt_link *ret)
 		json_copy_str(o, "state", ret->state, sizeof(ret->state));
 		json_copy_str(o, "address", ret->address, sizeof(ret->address));
 		json_copy_str(o, "last_error", ret->last_error, sizeof(ret->last_error));
+		json_copy_str(o, "rdma", ret->rdma, sizeof(ret->rdma));
 		ret->outgoing = json_object_object_get_ex(o, "outgoing", &v) &&
 				json_object_get_boolean(v);
 		ret->authenticated = json_object_object_get_ex(o, "authenticated", &v) &&
@@ -79,6 +80,8 @@ int tpt_peer_links(const struct tpt_daemon *d, struct tpt_link *ret)
 		ret->pipes = (long)json_int(o, "pipes");
 		ret->bytes_sent = (uint64_t)json_int(o, "bytes_sent");
 		ret->bytes_received = (uint64_t)json_int(o, "bytes_received");
+		ret->rdma_bytes_sent = (uint64_t)json_int(o, "rdma_bytes_sent");
+		ret->rdma_bytes_received = (uint64_t)json_int(o, "rdma_bytes_received");
 	}
 	if (getenv("TPT_DAEMON_LOG"))
 		fprintf(stderr, "%s peers: %s\n", d->socket, out);

@@ -14,9 +14,11 @@
 /* One row of `tpipctl --json peers`. */
 struct tpt_link {
 	char state[32], address[128], last_error[256];
+	char rdma[200]; /* "ready: ...", "off: ...", "connecting", "" (no RDMA on the link) */
 	bool outgoing, authenticated;
 	long data_conns, pipes;
 	uint64_t bytes_sent, bytes_received;
+	uint64_t rdma_bytes_sent, rdma_bytes_received;
 };
 
 /*

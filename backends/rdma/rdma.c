@@ -1,0 +1,39 @@
+/* SPDX-License-Identifier: BSD-3-Clause */
+/*
+ * rdma channel: tensors between hosts whose bytes are in shared buffers on both sides, moved by
+ * RDMA writes from the writer's daemon into the reader's registered allocation (daemon/gdr.c
+ * runs them, on the ibverbs layer of backends/gdr). Viable with rdma-core in the build and an
+ * active RDMA port at run time; no CUDA driver needed. Private memory cannot be registered by
+ * the daemon, so such tensors keep to mpt. Listed so that tpipctl can name it and the
+ * statistics can count it; it has no copy op here.
+ */
+#include <stdio.h>
+#include "tpconfig.h"
+#include "../tpb.h"
+#if HAVE_RDMA
+#include "tpv.h"
+#endif
+
+int tpb_rdma_viable(char *why, size_t why_len)
+{
+#if HAVE_RDMA
+	const struct tpv_ops *ops = tpv_ops_load(why, why_len);
+
+	return ops ? tpv_probe(ops, why, why_len) : 0;
+#else
+	snprintf(why, why_len, "tpipd was built without RDMA support (rdma-core)");
+	return 0;
+#endif
+}
+
+static int rdma_probe(const struct tpb_config *cfg, char *why, size_t why_len)
+{
+	return tpb_rdma_viable(why, why_len);
+}
+
+const struct tpb_channel_ops tpb_rdma_ops = {
+	.name = "rdma",
+	.caps = TPB_CAP_HOST_MEM | TPB_CAP_CROSS_HOST | TPB_CAP_SRC_LOCAL | TPB_CAP_DST_LOCAL,
+	.probe = rdma_probe,
+	.copy = NULL,
+};

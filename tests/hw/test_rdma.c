@@ -1,0 +1,351 @@
+/* SPDX-License-Identifier: BSD-3-Clause */
+/*
+ * hw suite: the rdma channel, tensors in shared buffers on both sides moved between two daemons
+ * that treat each other as remote hosts (the peer fixture: --peer-force-cross-host on
+ * loopback) by RDMA writes instead of the data connections. The daemons run without a CUDA
+ * driver: host memory needs only an RDMA port. Messages of one to many tensors, 64 KiB + 1 to
+ * 64 MiB, in their own buffers and carved at odd offsets from one, arrive intact; both daemons
+ * count every byte under rdma in `tpipctl stats` and on the link in `tpipctl peers`. Private
+ * memory on either side cannot be registered: those tensors still arrive, over mpt. A daemon
+ * without an RDMA port sets up no RDMA with one that has it and the bytes go over mpt. A write
+ * the RDMA device fails reaches both clients as an error naming rdma; both daemons stay up, turn
+ * RDMA off on that link and move the next message over the data connections.
+ * Runs on an active RDMA port, else against the stand-in provider ($TPIPD_VERBS_LIBRARY, or
+ * $TPT_FAKEVERBS, which meson sets); skips (77) with the reason if neither loads, and fails
+ * instead of falling back with TPT_HW_REQUIRE=1.
+ */
+#include <check.h>
+#include <json-c/json.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include "ipeer.h"
+#include "itest.h"
+#include "tpv.h"
+
+#define KIB (1u << 10)
+#define MIB (1u << 20)
+#define EXIT_SKIP 77
+
+/* Bytes `tpipctl --json stats` of @d counts under channel @name. */
+static uint64_t channel_bytes(const struct tpt_daemon *d, const char *name)
+{
+	const char *argv[] = { getenv("TPIPCTL_BIN"), "--socket", d->socket, "--json", "stats",
+			       NULL };
+	struct tpt_cmd_result res;
+	struct json_object *o = NULL, *arr, *v;
+	uint64_t bytes = 0;
+
+	ck_assert_msg(argv[0], "TPIPCTL_BIN is not set");
+	ck_assert_int_eq(tpt_run(argv, TPT_SCALED_MS(30000), &res), 0);
+	if (WIFEXITED(res.status) && WEXITSTATUS(res.status) == 0)
+		o = json_tokener_parse(res.out);
+	ck_assert_msg(o && json_object_object_get_ex(o, "channels", &arr),
+		      "tpipctl --json stats: %s %s", res.out, res.err);
+	for (size_t i = 0; i < json_object_array_length(arr); i++) {
+		struct json_object *c = json_object_array_get_idx(arr, i);
+
+		if (json_object_object_get_ex(c, "name", &v) &&
+		    strcmp(json_object_get_string(v), name) == 0 &&
+		    json_object_object_get_ex(c, "bytes", &v))
+			bytes = (uint64_t)json_object_get_int64(v);
+	}
+	json_object_put(o);
+	tpt_cmd_result_free(&res);
+	return bytes;
+}
+
+/* Channel byte counts of both daemons, to compare before and after a transfer. */
+struct counts {
+	uint64_t rdma[2], mpt[2];
+};
+
+static struct counts counts_now(void)
+{
+	struct counts c;
+
+	for (int k = 0; k < 2; k++) {
+		const struct tpt_daemon *d = k ? &tpt_peer_b : &tpt_peer_a;
+
+		c.rdma[k] = channel_bytes(d, "rdma");
+		c.mpt[k] = channel_bytes(d, "mpt");
+	}
+	return c;
+}
+
+/* Since @c0, both daemons counted @rdma bytes under rdma and @mpt under mpt. */
+static void expect_counts(const struct counts *c0, uint64_t rdma, uint64_t mpt)
+{
+	struct counts c = counts_now();
+
+	for (int k = 0; k < 2; k++) {
+		ck_assert_msg(c.rdma[k] - c0->rdma[k] == rdma && c.mpt[k] - c0->mpt[k] == mpt,
+			      "daemon %c: rdma %llu mpt %llu bytes, want %llu and %llu", k ? 'B' : 'A',
+			      (unsigned long long)(c.rdma[k] - c0->rdma[k]),
+			      (unsigned long long)(c.mpt[k] - c0->mpt[k]),
+			      (unsigned long long)rdma, (unsigned long long)mpt);
+	}
+}
+
+static const size_t *spec_lens;
+static size_t spec_n;
+
+/* Message @index holds one tensor of spec_lens[@index] bytes; the last, every size at once. */
+static void spec_sizes(unsigned index, struct tpt_msg_spec *ret)
+{
+	memset(ret, 0, sizeof(*ret));
+	ret->index = index;
+	ret->meta_len = 24;
+	if (index < spec_n) {
+		ret->n_tensors = 1;
+		ret->lens[0] = spec_lens[index];
+		return;
+	}
+	ret->n_tensors = spec_n;
+	ret->seg_meta_len = 8;
+	for (size_t i = 0; i < spec_n; i++)
+		ret->lens[i] = spec_lens[i];
+}
+
+/* Sends spec_sizes() messages (one per size, then all in one) from a client of A to one of B. */
+static bool cross(const char *name, enum tpt_mem wmem, enum tpt_mem rmem)
+{
+	char addr[128];
+	struct tpt_xfer x = { .d = &tpt_peer_b, .writer_d = &tpt_peer_a, .name = name,
+			      .address = tpt_peer_address(&tpt_peer_b, name, addr, sizeof(addr)),
+			      .n_msgs = (unsigned)spec_n + 1, .spec = spec_sizes,
+			      .writer_mem = wmem, .reader_mem = rmem };
+
+	return tpt_xfer_run(&x);
+}
+
+static const size_t sizes[] = { 64 * KIB + 1, MIB + 7, 3 * MIB, 64 * MIB };
+
+static uint64_t sizes_total(void)
+{
+	uint64_t t = 0;
+
+	for (size_t i = 0; i < sizeof(sizes) / sizeof(sizes[0]); i++)
+		t += sizes[i];
+	return 2 * t; /* one message per size, then all in one */
+}
+
+/* The one link of @d: RDMA in @state (a prefix; "": no RDMA on the link), its text naming @why
+ * (NULL: anything); RDMA bytes sent and received at least as given. */
+static void expect_link(const struct tpt_daemon *d, const char *state, const char *why,
+			uint64_t sent, uint64_t received)
+{
+	struct tpt_link l;
+
+	ck_assert_int_eq(tpt_peer_links(d, &l), 1);
+	ck_assert_msg((*state ? strncmp(l.rdma, state, strlen(state)) == 0 : !l.rdma[0]) &&
+			      (!why || strstr(l.rdma, why)),
+		      "%s: link rdma '%s', want '%s' naming '%s'", d->socket, l.rdma, state,
+		      why ? why : "");
+	ck_assert_uint_ge(l.rdma_bytes_sent, sent);
+	ck_assert_uint_ge(l.rdma_bytes_received, received);
+}
+
+START_TEST(test_rdma_shared_buffers_across_daemons)
+{
+	struct counts c0 = counts_now();
+
+	spec_lens = sizes;
+	spec_n = sizeof(sizes) / sizeof(sizes[0]);
+	ck_assert(cross("rdma-shm", TPT_MEM_SHM, TPT_MEM_SHM));
+	expect_counts(&c0, sizes_total(), 0);
+	c0 = counts_now();
+	ck_assert(cross("rdma-slab", TPT_MEM_SLAB, TPT_MEM_SLAB));
+	expect_counts(&c0, sizes_total(), 0);
+	expect_link(&tpt_peer_a, "ready", NULL, 2 * sizes_total(), 0);
+	expect_link(&tpt_peer_b, "ready", NULL, 0, 2 * sizes_total());
+	ck_assert(tpt_daemon_alive(&tpt_peer_a) && tpt_daemon_alive(&tpt_peer_b));
+}
+END_TEST
+
+/* Private memory on either side: not registrable, so the whole message goes over mpt. */
+START_TEST(test_rdma_private_memory_goes_over_mpt)
+{
+	static const size_t two[] = { MIB + 3, 5 * MIB };
+	struct counts c0 = counts_now();
+
+	spec_lens = two;
+	spec_n = 2;
+	ck_assert(cross("rdma-pw", TPT_MEM_PRIVATE, TPT_MEM_SHM));
+	ck_assert(cross("rdma-pr", TPT_MEM_SHM, TPT_MEM_PRIVATE));
+	ck_assert(cross("rdma-mix", TPT_MEM_MIXED, TPT_MEM_SHM));
+	expect_counts(&c0, 0, 3 * 2 * (MIB + 3 + 5 * MIB));
+}
+END_TEST
+
+/* Daemon B has no RDMA port: no RDMA on the link, the bytes go over mpt. */
+START_TEST(test_rdma_peer_without_a_port)
+{
+	static const size_t one[] = { 2 * MIB };
+	const char *lib = getenv("TPIPD_VERBS_LIBRARY");
+	char *saved = lib ? strdup(lib) : NULL;
+	struct counts c0;
+
+	ck_assert_int_eq(tpt_daemon_stop(&tpt_peer_b), 0);
+	setenv("TPIPD_VERBS_LIBRARY", "/nonexistent/libibverbs.so.1", 1);
+	ck_assert_int_eq(tpt_daemon_start_peer(&tpt_peer_b, tpt_peer_args()), 0);
+	if (saved)
+		setenv("TPIPD_VERBS_LIBRARY", saved, 1);
+	else
+		unsetenv("TPIPD_VERBS_LIBRARY");
+	free(saved);
+	c0 = counts_now();
+	spec_lens = one;
+	spec_n = 1;
+	ck_assert(cross("rdma-none", TPT_MEM_SHM, TPT_MEM_SHM));
+	expect_counts(&c0, 0, 2 * 2 * MIB);
+	expect_link(&tpt_peer_a, "", NULL, 0, 0);
+	expect_link(&tpt_peer_b, "", NULL, 0, 0);
+}
+END_TEST
+
+/*
+ * One 1 MiB tensor in a shared buffer from a client of A to one of B. @fail: the device fails
+ * the writes and both ends must see an error naming rdma; else it must arrive.
+ */
+static struct tpt_sync f_ready, f_done;
+
+static int fault_writer(void *arg)
+{
+	char addr[128];
+	struct tpt_end e = { .d = &tpt_peer_a, .ctx_name = "rdma-fault-w",
+			     .where = tpt_peer_address(&tpt_peer_b, "rdma-fault", addr, sizeof(addr)),
+			     .ready = &f_ready, .timeout_ms = TPT_SCALED_MS(60000) };
+	struct tp_tensor t = { .device = { TP_DEVICE_CPU, 0 }, .length = MIB };
+	struct tp_message m = { .tensors = &t, .n_tensors = 1 };
+	int r;
+
+	TPT_REQUIRE(tpt_end_connect(&e) == 0, 1, "connect");
+	TPT_REQUIRE(tp_buffer_alloc(e.ctx, MIB, &t.data) == 0, 1, "buffer");
+	memset(t.data, 0x5a, MIB);
+	r = tp_pipe_write_sync(e.p, &m);
+	if (arg) {
+		TPT_REQUIRE(r < 0, 1, "the write succeeded though the device failed it");
+		printf("writer: %d %s\n", r, tp_last_error());
+	} else {
+		TPT_REQUIRE(r == 0, 1, "write: %d %s", r, tp_last_error());
+	}
+	tpt_sync_wait(&f_done, TPT_SCALED_MS(60000));
+	tp_buffer_free(e.ctx, t.data);
+	tpt_end_close(&e);
+	return 0;
+}
+
+static int fault_reader(void *arg)
+{
+	struct tpt_end e = { .d = &tpt_peer_b, .ctx_name = "rdma-fault-r", .where = "rdma-fault",
+			     .ready = &f_ready, .timeout_ms = TPT_SCALED_MS(60000) };
+	struct tp_slot slot = { .device = { TP_DEVICE_CPU, 0 } };
+	struct tp_allocation a = { .tensors = &slot, .n_tensors = 1 };
+	struct tp_descriptor *d;
+	int r;
+
+	TPT_REQUIRE(tpt_end_listen(&e, true) == 0, 1, "listen");
+	TPT_REQUIRE(tp_buffer_alloc(e.ctx, MIB, &slot.data) == 0, 1, "buffer");
+	r = tp_pipe_read_descriptor_sync(e.p, TPT_SCALED_MS(60000), &d);
+	TPT_REQUIRE(r == 0, 1, "descriptor: %d %s", r, tp_last_error());
+	r = tp_pipe_read_sync(e.p, d, &a);
+	if (arg) {
+		TPT_REQUIRE(r < 0, 1, "the read succeeded though the device failed the write");
+		TPT_REQUIRE(strstr(tp_last_error(), "rdma") != NULL, 1, "reader's error: %s",
+			    tp_last_error());
+		printf("reader: %d %s\n", r, tp_last_error());
+	} else {
+		TPT_REQUIRE(r == 0, 1, "read: %d %s", r, tp_last_error());
+		for (size_t i = 0; i < MIB; i++)
+			TPT_REQUIRE(((uint8_t *)slot.data)[i] == 0x5a, 1, "byte %zu", i);
+	}
+	tpt_sync_post(&f_done, 0);
+	tp_buffer_free(e.ctx, slot.data);
+	tpt_end_close(&e);
+	return 0;
+}
+
+static bool one_tensor(bool fail)
+{
+	bool ok;
+
+	ck_assert_int_eq(tpt_sync_init(&f_ready), 0);
+	ck_assert_int_eq(tpt_sync_init(&f_done), 0);
+	ok = tpt_run_pair(fault_reader, fault_writer, fail ? &f_done : NULL,
+			  TPT_SCALED_MS(120000));
+	tpt_sync_done(&f_ready);
+	tpt_sync_done(&f_done);
+	return ok;
+}
+
+/*
+ * The RDMA device fails the sender's writes (the stand-in's FAKEVERBS_FAIL_WRITES): both clients
+ * see the error, the daemons stay up, RDMA is off on that link (both daemons say why) and the
+ * next tensor crosses over the data connections.
+ */
+START_TEST(test_rdma_device_error_reaches_both_clients)
+{
+	struct counts c0;
+
+	ck_assert_int_eq(tpt_daemon_stop(&tpt_peer_a), 0);
+	setenv("FAKEVERBS_FAIL_WRITES", "1", 1);
+	ck_assert_int_eq(tpt_daemon_start_peer(&tpt_peer_a, tpt_peer_args()), 0);
+	unsetenv("FAKEVERBS_FAIL_WRITES");
+	ck_assert(one_tensor(true));
+	ck_assert(tpt_daemon_alive(&tpt_peer_a) && tpt_daemon_alive(&tpt_peer_b));
+	expect_link(&tpt_peer_a, "off: ", "RDMA write failed", 0, 0);
+	expect_link(&tpt_peer_b, "off: ", "RDMA write failed", 0, 0);
+	c0 = counts_now();
+	ck_assert(one_tensor(false));
+	expect_counts(&c0, 0, MIB);
+}
+END_TEST
+
+static Suite *rdma_suite(bool stand_in)
+{
+	Suite *s = suite_create("rdma");
+	TCase *tc = tcase_create("rdma");
+
+	tcase_add_checked_fixture(tc, tpt_peer_fixture_start, tpt_peer_fixture_stop);
+	tcase_add_test(tc, test_rdma_shared_buffers_across_daemons);
+	tcase_add_test(tc, test_rdma_private_memory_goes_over_mpt);
+	if (stand_in) { /* the daemons' ports and failures come from the stand-in provider */
+		tcase_add_test(tc, test_rdma_peer_without_a_port);
+		tcase_add_test(tc, test_rdma_device_error_reaches_both_clients);
+	}
+	tcase_set_timeout(tc, 300);
+	suite_add_tcase(s, tc);
+	return s;
+}
+
+/* True if the verbs library (TPIPD_VERBS_LIBRARY, else the system's) has an active port. */
+static bool port_there(char *why, size_t wl)
+{
+	const struct tpv_ops *ops = tpv_ops_load(why, wl);
+
+	return ops && tpv_probe(ops, why, wl);
+}
+
+int main(void)
+{
+	const char *stand_in = getenv("TPT_FAKEVERBS");
+	const char *lib;
+	char why[256] = "";
+
+	/* No device here: run the daemons against the stand-in provider that meson names, so the
+	 * path is exercised on every machine (a real port, where there is one, takes precedence). */
+	if (!getenv("TPIPD_VERBS_LIBRARY") && !port_there(why, sizeof(why)) && stand_in &&
+	    !getenv("TPT_HW_REQUIRE")) {
+		printf("no RDMA port (%s): using the stand-in %s\n", why, stand_in);
+		setenv("TPIPD_VERBS_LIBRARY", stand_in, 1);
+	}
+	lib = getenv("TPIPD_VERBS_LIBRARY");
+	if (!port_there(why, sizeof(why))) {
+		printf("SKIP: rdma needs an active RDMA port: %s\n", why);
+		return getenv("TPT_HW_REQUIRE") ? 1 : EXIT_SKIP;
+	}
+	/* Host memory only: the daemons must not need the (stand-in) CUDA driver. */
+	unsetenv("TPIPD_CUDA_LIBRARY");
+	return tpt_run_suite(rdma_suite(lib && strstr(lib, "fakeverbs")));
+}
