@@ -18,7 +18,7 @@
 /* Storage behind a reply's arrays, freed once the reply is queued. */
 struct ctl_bufs {
 	Tpw__V1__CtlBackend *backends;
-	char *(*caps)[10];
+	char *(*caps)[12]; /* one per cap_names entry at most */
 	Tpw__V1__CtlChannelStats *stats;
 	Tpw__V1__CtlSession *sessions;
 	Tpw__V1__CtlListener *listeners;
@@ -187,7 +187,10 @@ static const struct {
 	{ TPB_CAP_SRC_LOCAL, "src-local" },   { TPB_CAP_SRC_PROCESS, "src-process" },
 	{ TPB_CAP_DST_LOCAL, "dst-local" },   { TPB_CAP_DST_PROCESS, "dst-process" },
 	{ TPB_CAP_INLINE, "inline" },	      { TPB_CAP_NEEDS_PROCESS, "needs-process" },
+	{ TPB_CAP_SRC_CUDA, "src-cuda" },     { TPB_CAP_DST_CUDA, "dst-cuda" },
+	{ TPB_CAP_NEEDS_CUDA, "needs-cuda" }, { TPB_CAP_CROSS_HOST, "cross-host" },
 };
+_Static_assert(TPU_ARRAY_SIZE(cap_names) <= 12, "struct ctl_bufs holds 12 caps per channel");
 
 static int fill_backends(Tpw__V1__CtlReply *rep, struct ctl_bufs *b)
 {

@@ -5,11 +5,12 @@
  * loopback) by RDMA writes instead of the data connections. The daemons run without a CUDA
  * driver: host memory needs only an RDMA port. Messages of one to many tensors, 64 KiB + 1 to
  * 64 MiB, in their own buffers and carved at odd offsets from one, arrive intact; both daemons
- * count every byte under rdma in `tpipctl stats` and on the link in `tpipctl peers`. Private
- * memory on either side cannot be registered: those tensors still arrive, over mpt. A daemon
- * without an RDMA port sets up no RDMA with one that has it and the bytes go over mpt. A write
- * the RDMA device fails reaches both clients as an error naming rdma; both daemons stay up, turn
- * RDMA off on that link and move the next message over the data connections.
+ * count every byte under rdma in `tpipctl stats` and on the link in `tpipctl peers`, and list
+ * rdma as viable, with its capabilities, in `tpipctl backends`. Private memory on either side
+ * cannot be registered: those tensors still arrive, over mpt. A daemon without an RDMA port
+ * sets up no RDMA with one that has it and the bytes go over mpt. A write the RDMA device fails
+ * reaches both clients as an error naming rdma; both daemons stay up, turn RDMA off on that link
+ * and move the next message over the data connections.
  * Runs on an active RDMA port, else against the stand-in provider ($TPIPD_VERBS_LIBRARY, or
  * $TPT_FAKEVERBS, which meson sets); skips (77) with the reason if neither loads, and fails
  * instead of falling back with TPT_HW_REQUIRE=1.
@@ -53,6 +54,42 @@ static uint64_t channel_bytes(const struct tpt_daemon *d, const char *name)
 	json_object_put(o);
 	tpt_cmd_result_free(&res);
 	return bytes;
+}
+
+/* `tpipctl --json backends` of @d lists rdma as viable, for shared buffers between hosts. */
+static void expect_rdma_backend(const struct tpt_daemon *d)
+{
+	const char *argv[] = { getenv("TPIPCTL_BIN"), "--socket", d->socket, "--json", "backends",
+			       NULL };
+	static const char *const want[] = { "host-mem", "cross-host", "src-local", "dst-local" };
+	struct tpt_cmd_result res;
+	struct json_object *o = NULL, *arr, *c = NULL, *v, *caps;
+	char text[200] = "";
+
+	ck_assert_int_eq(tpt_run(argv, TPT_SCALED_MS(30000), &res), 0);
+	if (WIFEXITED(res.status) && WEXITSTATUS(res.status) == 0)
+		o = json_tokener_parse(res.out);
+	ck_assert_msg(o && json_object_object_get_ex(o, "backends", &arr),
+		      "tpipctl --json backends: %s %s", res.out, res.err);
+	for (size_t i = 0; i < json_object_array_length(arr) && !c; i++) {
+		struct json_object *e = json_object_array_get_idx(arr, i);
+
+		if (json_object_object_get_ex(e, "name", &v) &&
+		    strcmp(json_object_get_string(v), "rdma") == 0)
+			c = e;
+	}
+	ck_assert_msg(c, "no rdma backend: %s", res.out);
+	ck_assert_msg(json_object_object_get_ex(c, "viable", &v) && json_object_get_boolean(v),
+		      "rdma not viable: %s", res.out);
+	ck_assert(json_object_object_get_ex(c, "caps", &caps));
+	for (size_t i = 0; i < json_object_array_length(caps); i++)
+		snprintf(text + strlen(text), sizeof(text) - strlen(text), "%s,",
+			 json_object_get_string(json_object_array_get_idx(caps, i)));
+	for (size_t i = 0; i < sizeof(want) / sizeof(want[0]); i++)
+		ck_assert_msg(strstr(text, want[i]), "rdma caps '%s' lack %s", text, want[i]);
+	ck_assert_msg(!strstr(text, "cuda") && !strstr(text, "process"), "rdma caps '%s'", text);
+	json_object_put(o);
+	tpt_cmd_result_free(&res);
 }
 
 /* Channel byte counts of both daemons, to compare before and after a transfer. */
@@ -159,6 +196,8 @@ START_TEST(test_rdma_shared_buffers_across_daemons)
 	expect_counts(&c0, sizes_total(), 0);
 	expect_link(&tpt_peer_a, "ready", NULL, 2 * sizes_total(), 0);
 	expect_link(&tpt_peer_b, "ready", NULL, 0, 2 * sizes_total());
+	expect_rdma_backend(&tpt_peer_a);
+	expect_rdma_backend(&tpt_peer_b);
 	ck_assert(tpt_daemon_alive(&tpt_peer_a) && tpt_daemon_alive(&tpt_peer_b));
 }
 END_TEST
