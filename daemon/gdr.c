@@ -20,6 +20,25 @@
 #include "stripe.h"
 #include "tpb.h"
 
+/* The first CUDA segment of @segs (for locality), or NULL. */
+static const struct tpb_mem *first_cuda(const struct tpd_stripe_seg *segs, size_t n)
+{
+	for (size_t i = 0; i < n; i++)
+		if (segs[i].len && segs[i].mem.loc == TPB_LOC_CUDA)
+			return &segs[i].mem;
+	return NULL;
+}
+
+const char *tpd_gdr_channel(const struct tpd_stripe_seg *segs, size_t n,
+			    const Tpw__V1__PeerReadReq *rr, bool remote_cuda)
+{
+	bool cuda = remote_cuda || first_cuda(segs, n);
+
+	for (size_t i = 0; rr && i < rr->n_rdma && !cuda; i++)
+		cuda = rr->rdma[i]->cuda;
+	return cuda ? "cuda_gdr" : "rdma";
+}
+
 #if HAVE_RDMA
 #include "tpv.h"
 
@@ -401,15 +420,6 @@ static struct gdr_port *port_for(struct tpd_gdr *g, const char *bus_id)
 	int k = tpv_nic_choose(g->nics, g->n, TPV_SYSFS_ROOT, bus_id, &g->rr);
 
 	return &g->ports[k < 0 ? 0 : k];
-}
-
-/* The first CUDA segment of @segs (for locality), or NULL. */
-static const struct tpb_mem *first_cuda(const struct tpd_stripe_seg *segs, size_t n)
-{
-	for (size_t i = 0; i < n; i++)
-		if (segs[i].len && segs[i].mem.loc == TPB_LOC_CUDA)
-			return &segs[i].mem;
-	return NULL;
 }
 
 /* -EOPNOTSUPP unless every segment is registrable (shared buffers and CUDA memory). */
@@ -919,15 +929,3 @@ void tpd_gdr_send_cancel(struct tpd_gdr_link *l, struct tpd_stripe_xfer *x)
 }
 
 #endif
-
-const char *tpd_gdr_channel(const struct tpd_stripe_seg *segs, size_t n,
-			    const Tpw__V1__PeerReadReq *rr, bool remote_cuda)
-{
-	bool cuda = remote_cuda;
-
-	for (size_t i = 0; i < n && !cuda; i++)
-		cuda = segs[i].len && segs[i].mem.loc == TPB_LOC_CUDA;
-	for (size_t i = 0; rr && i < rr->n_rdma && !cuda; i++)
-		cuda = rr->rdma[i]->cuda;
-	return cuda ? "cuda_gdr" : "rdma";
-}

@@ -31,18 +31,12 @@
 /* Bytes `tpipctl --json stats` of @d counts under channel @name. */
 static uint64_t channel_bytes(const struct tpt_daemon *d, const char *name)
 {
-	const char *argv[] = { getenv("TPIPCTL_BIN"), "--socket", d->socket, "--json", "stats",
-			       NULL };
-	struct tpt_cmd_result res;
-	struct json_object *o = NULL, *arr, *v;
+	char *out = tpt_ctl(d, "stats", true);
+	struct json_object *o = json_tokener_parse(out), *arr, *v;
 	uint64_t bytes = 0;
 
-	ck_assert_msg(argv[0], "TPIPCTL_BIN is not set");
-	ck_assert_int_eq(tpt_run(argv, TPT_SCALED_MS(30000), &res), 0);
-	if (WIFEXITED(res.status) && WEXITSTATUS(res.status) == 0)
-		o = json_tokener_parse(res.out);
 	ck_assert_msg(o && json_object_object_get_ex(o, "channels", &arr),
-		      "tpipctl --json stats: %s %s", res.out, res.err);
+		      "tpipctl --json stats: %s", out);
 	for (size_t i = 0; i < json_object_array_length(arr); i++) {
 		struct json_object *c = json_object_array_get_idx(arr, i);
 
@@ -52,25 +46,20 @@ static uint64_t channel_bytes(const struct tpt_daemon *d, const char *name)
 			bytes = (uint64_t)json_object_get_int64(v);
 	}
 	json_object_put(o);
-	tpt_cmd_result_free(&res);
+	free(out);
 	return bytes;
 }
 
 /* `tpipctl --json backends` of @d lists rdma as viable, for shared buffers between hosts. */
 static void expect_rdma_backend(const struct tpt_daemon *d)
 {
-	const char *argv[] = { getenv("TPIPCTL_BIN"), "--socket", d->socket, "--json", "backends",
-			       NULL };
 	static const char *const want[] = { "host-mem", "cross-host", "src-local", "dst-local" };
-	struct tpt_cmd_result res;
-	struct json_object *o = NULL, *arr, *c = NULL, *v, *caps;
+	char *out = tpt_ctl(d, "backends", true);
+	struct json_object *o = json_tokener_parse(out), *arr, *c = NULL, *v, *caps;
 	char text[200] = "";
 
-	ck_assert_int_eq(tpt_run(argv, TPT_SCALED_MS(30000), &res), 0);
-	if (WIFEXITED(res.status) && WEXITSTATUS(res.status) == 0)
-		o = json_tokener_parse(res.out);
 	ck_assert_msg(o && json_object_object_get_ex(o, "backends", &arr),
-		      "tpipctl --json backends: %s %s", res.out, res.err);
+		      "tpipctl --json backends: %s", out);
 	for (size_t i = 0; i < json_object_array_length(arr) && !c; i++) {
 		struct json_object *e = json_object_array_get_idx(arr, i);
 
@@ -78,9 +67,9 @@ static void expect_rdma_backend(const struct tpt_daemon *d)
 		    strcmp(json_object_get_string(v), "rdma") == 0)
 			c = e;
 	}
-	ck_assert_msg(c, "no rdma backend: %s", res.out);
+	ck_assert_msg(c, "no rdma backend: %s", out);
 	ck_assert_msg(json_object_object_get_ex(c, "viable", &v) && json_object_get_boolean(v),
-		      "rdma not viable: %s", res.out);
+		      "rdma not viable: %s", out);
 	ck_assert(json_object_object_get_ex(c, "caps", &caps));
 	for (size_t i = 0; i < json_object_array_length(caps); i++)
 		snprintf(text + strlen(text), sizeof(text) - strlen(text), "%s,",
@@ -89,7 +78,7 @@ static void expect_rdma_backend(const struct tpt_daemon *d)
 		ck_assert_msg(strstr(text, want[i]), "rdma caps '%s' lack %s", text, want[i]);
 	ck_assert_msg(!strstr(text, "cuda") && !strstr(text, "process"), "rdma caps '%s'", text);
 	json_object_put(o);
-	tpt_cmd_result_free(&res);
+	free(out);
 }
 
 /* Channel byte counts of both daemons, to compare before and after a transfer. */

@@ -13,28 +13,33 @@
 
 #define CTL_MS 30000
 
-/* Runs tpipctl --socket S [--json] peers (exit 0 expected); returns owned stdout. */
-char *tpt_ctl_peers(const struct tpt_daemon *d, bool json)
+/* Runs tpipctl --socket S [--json] CMD (exit 0 expected); returns owned stdout. */
+char *tpt_ctl(const struct tpt_daemon *d, const char *cmd, bool json)
 {
 	const char *bin = getenv("TPIPCTL_BIN");
-	const char *argv[6] = { bin, "--socket", d->socket, "peers", NULL, NULL };
+	const char *argv[6] = { bin, "--socket", d->socket, cmd, NULL, NULL };
 	struct tpt_cmd_result res;
 	char *out;
 
 	ck_assert_msg(bin && *bin, "TPIPCTL_BIN is not set");
 	if (json) {
 		argv[3] = "--json";
-		argv[4] = "peers";
+		argv[4] = cmd;
 	}
 	ck_assert_int_eq(tpt_run(argv, TPT_SCALED_MS(CTL_MS), &res), 0);
 	if (!WIFEXITED(res.status) || WEXITSTATUS(res.status) != 0)
-		fprintf(stderr, "tpipctl peers: stdout:\n%s\nstderr:\n%s\n", res.out, res.err);
+		fprintf(stderr, "tpipctl %s: stdout:\n%s\nstderr:\n%s\n", cmd, res.out, res.err);
 	ck_assert_msg(WIFEXITED(res.status) && WEXITSTATUS(res.status) == 0,
-		      "tpipctl peers failed");
+		      "tpipctl %s failed", cmd);
 	out = res.out;
 	res.out = NULL;
 	tpt_cmd_result_free(&res);
 	return out;
+}
+
+char *tpt_ctl_peers(const struct tpt_daemon *d, bool json)
+{
+	return tpt_ctl(d, "peers", json);
 }
 
 static void json_copy_str(struct json_object *o, const char *key, char *buf, size_t len)

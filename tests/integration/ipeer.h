@@ -22,9 +22,12 @@ struct tpt_link {
 };
 
 /*
- * tpt_ctl_peers() - run `$TPIPCTL_BIN --socket S [--json] peers`; the test fails unless it exits 0.
+ * tpt_ctl() - run `$TPIPCTL_BIN --socket S [--json] CMD`; the test fails unless it exits 0.
  * Return: owned stdout, free() it.
  */
+char *tpt_ctl(const struct tpt_daemon *d, const char *cmd, bool json);
+
+/* tpt_ctl(@d, "peers", @json). */
 char *tpt_ctl_peers(const struct tpt_daemon *d, bool json);
 
 /*
