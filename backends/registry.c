@@ -67,7 +67,8 @@ static bool disabled(const struct tpb_config *cfg, const struct tpb_channel_ops 
 	if (!cfg)
 		return false;
 	return (cfg->cma_disabled && ops == &tpb_cma_ops) ||
-	       (cfg->shm_disabled && ops == &tpb_shm_ops);
+	       (cfg->shm_disabled && ops == &tpb_shm_ops) ||
+	       (cfg->rdma_disabled && (ops == &tpb_rdma_ops || ops == &tpb_cuda_gdr_ops));
 }
 
 int tpb_registry_init(const struct tpb_config *cfg)

@@ -80,6 +80,7 @@ void tpb_scratch_done(struct tpb_scratch *s);
 struct tpb_config {
 	bool cma_disabled;    /* --no-cma / [backends] cma = no */
 	bool shm_disabled;    /* [backends] shm = no */
+	bool rdma_disabled;   /* --no-rdma / [backends] rdma = no: rdma and cuda_gdr */
 	const char *priority; /* "name,name,...": these first, in this order; NULL: built-in */
 };
 

@@ -83,6 +83,8 @@ static const struct opt opts[] = {
 	  "never use cross-memory attach (file: [backends] cma = no)" },
 	{ "shm", "backends", K_NOBOOL, OFF(no_shm), 0, 0, false, "yes|no",
 	  "never copy between shared mappings (file: [backends] shm = no)" },
+	{ "rdma", "backends", K_NOBOOL, OFF(no_rdma), 0, 0, false, "yes|no",
+	  "never use RDMA between hosts: no rdma, no cuda_gdr (file: [backends] rdma = no)" },
 	{ "backend-priority", "backends", K_STR, OFF(backend_priority), 0,
 	  sizeof(((struct tpd_config *)0)->backend_priority), false, "NAMES",
 	  "channels to try first, in order, e.g. cma,shm (default: shm,cma,basic)" },
@@ -314,7 +316,7 @@ static int load_file(struct tpd_config *c, char *err, size_t el)
 	return -EINVAL;
 }
 
-enum { OPT_CONFIG = 1000, OPT_CHECK, OPT_NO_CMA, OPT_NO_SHM, OPT_VERSION, OPT_HELP };
+enum { OPT_CONFIG = 1000, OPT_CHECK, OPT_NO_CMA, OPT_NO_SHM, OPT_NO_RDMA, OPT_VERSION, OPT_HELP };
 
 static void build_longopts(struct option *lo)
 {
@@ -330,6 +332,7 @@ static void build_longopts(struct option *lo)
 	lo[n++] = (struct option){ "check-config", no_argument, NULL, OPT_CHECK };
 	lo[n++] = (struct option){ "no-cma", no_argument, NULL, OPT_NO_CMA };
 	lo[n++] = (struct option){ "no-shm", no_argument, NULL, OPT_NO_SHM };
+	lo[n++] = (struct option){ "no-rdma", no_argument, NULL, OPT_NO_RDMA };
 	lo[n++] = (struct option){ "version", no_argument, NULL, OPT_VERSION };
 	lo[n++] = (struct option){ "help", no_argument, NULL, OPT_HELP };
 	lo[n] = (struct option){ 0 };
@@ -361,7 +364,7 @@ static void usage(FILE *f)
 /* Runs getopt over the saved argv; @pass 0 finds --config etc., pass 1 applies flags. */
 static int scan_flags(struct tpd_config *c, int pass, char *err, size_t el)
 {
-	struct option lo[TPU_ARRAY_SIZE(opts) + 7];
+	struct option lo[TPU_ARRAY_SIZE(opts) + 8]; /* the extra flags below, and the end */
 	int opt;
 
 	build_longopts(lo);
@@ -393,6 +396,8 @@ static int scan_flags(struct tpd_config *c, int pass, char *err, size_t el)
 			c->no_cma = true;
 		else if (opt == OPT_NO_SHM)
 			c->no_shm = true;
+		else if (opt == OPT_NO_RDMA)
+			c->no_rdma = true;
 		else if (opt >= 0 && (size_t)opt < TPU_ARRAY_SIZE(opts)) {
 			char e[200];
 			if (set_opt(c, &opts[opt], optarg ? optarg : "yes", e, sizeof(e)) < 0) {

@@ -23,6 +23,7 @@ struct tpd_config {
 	uint32_t copy_threads;
 	bool no_cma;
 	bool no_shm;
+	bool no_rdma; /* neither rdma nor cuda_gdr on peer links */
 	char backend_priority[128]; /* "shm,cma": channels tried first, in order */
 	struct tpw_limits wire;	    /* frame, inline, segments, message bytes, metadata */
 	uint32_t sessions_max;

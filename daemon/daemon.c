@@ -401,7 +401,7 @@ static int setup_events(struct tpd_daemon *d)
 static void probe_backends(struct tpd_daemon *d)
 {
 	struct tpb_config bc = { .cma_disabled = d->cfg.no_cma, .shm_disabled = d->cfg.no_shm,
-				 .priority = d->cfg.backend_priority };
+				 .rdma_disabled = d->cfg.no_rdma, .priority = d->cfg.backend_priority };
 	const struct tpb_channel_info *ch;
 	size_t n;
 

@@ -199,6 +199,10 @@ int tpd_gdr_start(struct tpd_daemon *d)
 		return -ENOMEM;
 	g->d = d;
 	d->gdr = g;
+	if (d->cfg.no_rdma) {
+		tpu_log(TPU_LOG_INFO, "rdma and cuda_gdr: disabled by configuration");
+		return 0;
+	}
 	g->cuda = tpb_cuda_viable(why, sizeof(why));
 	g->ops = tpv_ops_load(why, sizeof(why));
 	if (!g->ops) {

@@ -7,8 +7,8 @@
  * 64 MiB, in their own buffers and carved at odd offsets from one, arrive intact; both daemons
  * count every byte under rdma in `tpipctl stats` and on the link in `tpipctl peers`, and list
  * rdma as viable, with its capabilities, in `tpipctl backends`. Private memory on either side
- * cannot be registered: those tensors still arrive, over mpt. A daemon without an RDMA port
- * sets up no RDMA with one that has it and the bytes go over mpt. A write the RDMA device fails
+ * cannot be registered: those tensors still arrive, over mpt. A daemon without an RDMA port, or
+ * with one and --no-rdma, sets up no RDMA with one that has it and the bytes go over mpt. A write the RDMA device fails
  * reaches both clients as an error naming rdma; both daemons stay up, turn RDMA off on that link
  * and move the next message over the data connections.
  * Runs on an active RDMA port, else against the stand-in provider ($TPIPD_VERBS_LIBRARY, or
@@ -50,24 +50,32 @@ static uint64_t channel_bytes(const struct tpt_daemon *d, const char *name)
 	return bytes;
 }
 
+/* The row of channel @name in `tpipctl --json backends` output @o (borrowed from @o). */
+static struct json_object *backend_row(struct json_object *o, const char *name, const char *out)
+{
+	struct json_object *arr, *v;
+
+	ck_assert_msg(o && json_object_object_get_ex(o, "backends", &arr),
+		      "tpipctl --json backends: %s", out);
+	for (size_t i = 0; i < json_object_array_length(arr); i++) {
+		struct json_object *e = json_object_array_get_idx(arr, i);
+
+		if (json_object_object_get_ex(e, "name", &v) &&
+		    strcmp(json_object_get_string(v), name) == 0)
+			return e;
+	}
+	ck_abort_msg("no %s backend: %s", name, out);
+	return NULL;
+}
+
 /* `tpipctl --json backends` of @d lists rdma as viable, for shared buffers between hosts. */
 static void expect_rdma_backend(const struct tpt_daemon *d)
 {
 	static const char *const want[] = { "host-mem", "cross-host", "src-local", "dst-local" };
 	char *out = tpt_ctl(d, "backends", true);
-	struct json_object *o = json_tokener_parse(out), *arr, *c = NULL, *v, *caps;
+	struct json_object *o = json_tokener_parse(out), *c = backend_row(o, "rdma", out), *v, *caps;
 	char text[200] = "";
 
-	ck_assert_msg(o && json_object_object_get_ex(o, "backends", &arr),
-		      "tpipctl --json backends: %s", out);
-	for (size_t i = 0; i < json_object_array_length(arr) && !c; i++) {
-		struct json_object *e = json_object_array_get_idx(arr, i);
-
-		if (json_object_object_get_ex(e, "name", &v) &&
-		    strcmp(json_object_get_string(v), "rdma") == 0)
-			c = e;
-	}
-	ck_assert_msg(c, "no rdma backend: %s", out);
 	ck_assert_msg(json_object_object_get_ex(c, "viable", &v) && json_object_get_boolean(v),
 		      "rdma not viable: %s", out);
 	ck_assert(json_object_object_get_ex(c, "caps", &caps));
@@ -77,6 +85,21 @@ static void expect_rdma_backend(const struct tpt_daemon *d)
 	for (size_t i = 0; i < sizeof(want) / sizeof(want[0]); i++)
 		ck_assert_msg(strstr(text, want[i]), "rdma caps '%s' lack %s", text, want[i]);
 	ck_assert_msg(!strstr(text, "cuda") && !strstr(text, "process"), "rdma caps '%s'", text);
+	json_object_put(o);
+	free(out);
+}
+
+/* `tpipctl --json backends` of @d lists @name as not viable, turned off by configuration. */
+static void expect_backend_disabled(const struct tpt_daemon *d, const char *name)
+{
+	char *out = tpt_ctl(d, "backends", true);
+	struct json_object *o = json_tokener_parse(out), *c = backend_row(o, name, out), *v;
+
+	ck_assert_msg(json_object_object_get_ex(c, "viable", &v) && !json_object_get_boolean(v),
+		      "%s viable: %s", name, out);
+	ck_assert_msg(json_object_object_get_ex(c, "why", &v) &&
+			      strcmp(json_object_get_string(v), "disabled by configuration") == 0,
+		      "%s: %s", name, out);
 	json_object_put(o);
 	free(out);
 }
@@ -232,6 +255,30 @@ START_TEST(test_rdma_peer_without_a_port)
 }
 END_TEST
 
+/* Daemon B has a port but runs with --no-rdma: no RDMA on the link, the bytes go over mpt, and
+ * B lists rdma and cuda_gdr as turned off. */
+START_TEST(test_rdma_turned_off_by_configuration)
+{
+	static const size_t one[] = { 2 * MIB };
+	const char *const *t = tpt_peer_args();
+	const char *args[8] = { t[0], t[1], t[2], t[3], "--no-rdma" };
+	struct counts c0;
+
+	ck_assert_int_eq(tpt_daemon_stop(&tpt_peer_b), 0);
+	ck_assert_int_eq(tpt_daemon_start_peer(&tpt_peer_b, args), 0);
+	c0 = counts_now();
+	spec_lens = one;
+	spec_n = 1;
+	ck_assert(cross("rdma-off", TPT_MEM_SHM, TPT_MEM_SHM));
+	expect_counts(&c0, 0, 2 * 2 * MIB);
+	expect_link(&tpt_peer_a, "", NULL, 0, 0);
+	expect_link(&tpt_peer_b, "", NULL, 0, 0);
+	expect_backend_disabled(&tpt_peer_b, "rdma");
+	expect_backend_disabled(&tpt_peer_b, "cuda_gdr");
+	expect_rdma_backend(&tpt_peer_a);
+}
+END_TEST
+
 /*
  * One 1 MiB tensor in a shared buffer from a client of A to one of B. @fail: the device fails
  * the writes and both ends must see an error naming rdma; else it must arrive.
@@ -338,6 +385,7 @@ static Suite *rdma_suite(bool stand_in)
 	tcase_add_checked_fixture(tc, tpt_peer_fixture_start, tpt_peer_fixture_stop);
 	tcase_add_test(tc, test_rdma_shared_buffers_across_daemons);
 	tcase_add_test(tc, test_rdma_private_memory_goes_over_mpt);
+	tcase_add_test(tc, test_rdma_turned_off_by_configuration);
 	if (stand_in) { /* the daemons' ports and failures come from the stand-in provider */
 		tcase_add_test(tc, test_rdma_peer_without_a_port);
 		tcase_add_test(tc, test_rdma_device_error_reaches_both_clients);

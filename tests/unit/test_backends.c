@@ -61,6 +61,30 @@ START_TEST(test_cma_disabled_is_not_viable_with_reason)
 }
 END_TEST
 
+/* rdma_disabled turns off both RDMA channels, with a reason, and nothing else. */
+START_TEST(test_rdma_disabled_turns_off_rdma_and_cuda_gdr)
+{
+	struct tpb_config cfg = { .rdma_disabled = true };
+	static const char *const off[] = { "rdma", "cuda_gdr" };
+	const struct tpb_channel_info *ch;
+	size_t n;
+
+	tpb_registry_init(&cfg);
+	ch = tpb_registry_list(&n);
+	for (size_t i = 0; i < 2; i++) {
+		int idx = tpb_index(off[i]);
+
+		ck_assert_int_ge(idx, 0);
+		ck_assert(!ch[idx].viable);
+		ck_assert_str_eq(ch[idx].why, "disabled by configuration");
+	}
+	for (size_t i = 0; i < n; i++)
+		if (strcmp(ch[i].ops->name, "rdma") != 0 && strcmp(ch[i].ops->name, "cuda_gdr") != 0)
+			ck_assert_str_ne(ch[i].why, "disabled by configuration");
+	ck_assert_str_eq(tpb_name(tpb_select(TPB_LOC_LOCAL, TPB_LOC_LOCAL)), "shm");
+}
+END_TEST
+
 START_TEST(test_basic_has_no_copy_op)
 {
 	struct tpb_config cfg = { 0 };
@@ -378,6 +402,7 @@ static Suite *backends_suite(void)
 	tcase_add_test(tc, test_select_prefers_shm_for_local_memory);
 	tcase_add_test(tc, test_select_uses_cma_for_process_memory);
 	tcase_add_test(tc, test_cma_disabled_is_not_viable_with_reason);
+	tcase_add_test(tc, test_rdma_disabled_turns_off_rdma_and_cuda_gdr);
 	tcase_add_test(tc, test_basic_has_no_copy_op);
 	tcase_add_test(tc, test_priority_reorders_but_cma_never_takes_local_pairs);
 	tcase_add_test(tc, test_priority_with_unknown_channel_keeps_builtin_order);
