@@ -182,6 +182,9 @@ struct tpb_cuda_map *tpb_cuda_map_ref(struct tpb_cuda_map *m);
 void tpb_cuda_map_unref(struct tpb_cuda_map *m);
 /* Mappings alive (referenced), and how many of them a copy has opened. */
 void tpb_cuda_map_count(unsigned *ret_alive, unsigned *ret_open);
+/* How many references @m has now (the RDMA registration cache drops a region of an allocation
+ * that only it references). */
+unsigned tpb_cuda_map_refs(const struct tpb_cuda_map *m);
 
 /* A session's held mappings: the ones its recent messages used, least recently used dropped
  * beyond a bound, all dropped when the session ends. Not thread safe (loop thread). */

@@ -85,6 +85,9 @@ static const struct opt opts[] = {
 	  "never copy between shared mappings (file: [backends] shm = no)" },
 	{ "rdma", "backends", K_NOBOOL, OFF(no_rdma), 0, 0, false, "yes|no",
 	  "never use RDMA between hosts: no rdma, no cuda_gdr (file: [backends] rdma = no)" },
+	{ "rdma-cache", "backends", K_SIZE64, OFF(rdma_cache), 0, UINT64_MAX, true, "BYTES",
+	  "memory kept registered for RDMA after its transfer, for the next ones;\n"
+	  "                            0 registers every transfer anew (default 4G)" },
 	{ "backend-priority", "backends", K_STR, OFF(backend_priority), 0,
 	  sizeof(((struct tpd_config *)0)->backend_priority), false, "NAMES",
 	  "channels to try first, in order, e.g. cma,shm (default: shm,cma,basic)" },
@@ -135,6 +138,7 @@ void tpd_config_defaults(struct tpd_config *c)
 	c->listeners_max = 256;
 	c->cuda_holds_max = TPD_DEVMEM_HOLDS;
 	c->drain_ms = 5000;
+	c->rdma_cache = 4ull << 30;
 	c->ring_max = 4u << 20;
 	c->spin_us = 100;
 	snprintf(c->peer_listen, sizeof(c->peer_listen), "*:7420");

@@ -24,6 +24,7 @@ struct tpd_config {
 	bool no_cma;
 	bool no_shm;
 	bool no_rdma; /* neither rdma nor cuda_gdr on peer links */
+	uint64_t rdma_cache; /* bytes of unused RDMA registrations kept (0: none) */
 	char backend_priority[128]; /* "shm,cma": channels tried first, in order */
 	struct tpw_limits wire;	    /* frame, inline, segments, message bytes, metadata */
 	uint32_t sessions_max;

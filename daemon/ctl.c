@@ -9,6 +9,7 @@
 #include "ctl.h"
 #include "peer.h"
 #include "daemon.h"
+#include "gdr.h"
 #include "pipe.h"
 #include "session.h"
 #include "tpb.h"
@@ -29,6 +30,8 @@ struct ctl_bufs {
 
 static void fill_status(struct tpd_daemon *d, Tpw__V1__CtlStatus *st)
 {
+	struct tpd_gdr_cache_stats rc;
+
 	st->version = TP_VERSION;
 	st->uptime_ms = tpd_daemon_uptime_ms(d);
 	st->pid = (uint32_t)getpid();
@@ -43,6 +46,12 @@ static void fill_status(struct tpd_daemon *d, Tpw__V1__CtlStatus *st)
 	st->peers = d->n_peers;
 	st->host_id = d->boot_id_hex;
 	tpb_cuda_map_count(&st->cuda_mappings, &st->cuda_mappings_open);
+	tpd_gdr_cache_stats(d, &rc);
+	st->rdma_cache_regions = rc.regions;
+	st->rdma_cache_bytes = rc.bytes;
+	st->rdma_cache_hits = rc.hits;
+	st->rdma_cache_misses = rc.misses;
+	st->rdma_cache_evictions = rc.evictions;
 }
 
 static int fill_sessions(struct tpd_daemon *d, Tpw__V1__CtlReply *rep, struct ctl_bufs *b)

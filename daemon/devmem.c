@@ -5,6 +5,7 @@
 #include <errno.h>
 #include <stdio.h>
 #include "daemon.h"
+#include "gdr.h"
 #include "devmem.h"
 #include "frame.h"
 #include "log.h"
@@ -61,13 +62,16 @@ void tpd_devmem_put(struct tpb_mem *m)
 
 void tpd_devmem_release(struct tpd_session *s, const Tpw__V1__CudaRelease *m)
 {
-	if (s->cuda && tpb_cuda_unhold(s->cuda, m->mem_handle.data))
+	if (s->cuda && tpb_cuda_unhold(s->cuda, m->mem_handle.data)) {
 		tpu_log_debug("session %llu: CUDA allocation released",
 			      (unsigned long long)s->id);
+		tpd_gdr_forget_cuda(s->d);
+	}
 }
 
 void tpd_devmem_session_end(struct tpd_session *s)
 {
 	tpb_cuda_holds_free(s->cuda);
 	s->cuda = NULL;
+	tpd_gdr_forget_cuda(s->d);
 }

@@ -1,9 +1,7 @@
 /* SPDX-License-Identifier: BSD-3-Clause */
 /*
  * rdma and cuda_gdr on peer links: ports, queue-pair set-up per link, registration and RDMA
- * writes. See gdr.h. Memory is registered per transfer and deregistered when it ends (no
- * registration cache); a GPU allocation is registered whole, through a dma-buf of the daemon's
- * mapping where the driver exports one.
+ * writes. See gdr.h. Registration and its cache are gdrreg.c's.
  */
 #include <errno.h>
 #include <stdio.h>
@@ -14,25 +12,16 @@
 #include "tpconfig.h"
 #include "daemon.h"
 #include "frame.h"
-#include "gdr.h"
+#include "gdr_int.h"
 #include "log.h"
 #include "peer.h"
 #include "stripe.h"
 #include "tpb.h"
 
-/* The first CUDA segment of @segs (for locality), or NULL. */
-static const struct tpb_mem *first_cuda(const struct tpd_stripe_seg *segs, size_t n)
-{
-	for (size_t i = 0; i < n; i++)
-		if (segs[i].len && segs[i].mem.loc == TPB_LOC_CUDA)
-			return &segs[i].mem;
-	return NULL;
-}
-
 const char *tpd_gdr_channel(const struct tpd_stripe_seg *segs, size_t n,
 			    const Tpw__V1__PeerReadReq *rr, bool remote_cuda)
 {
-	bool cuda = remote_cuda || first_cuda(segs, n);
+	bool cuda = remote_cuda || gdr_first_cuda(segs, n);
 
 	for (size_t i = 0; rr && i < rr->n_rdma && !cuda; i++)
 		cuda = rr->rdma[i]->cuda;
@@ -40,31 +29,10 @@ const char *tpd_gdr_channel(const struct tpd_stripe_seg *segs, size_t n,
 }
 
 #if HAVE_RDMA
-#include "tpv.h"
-
 _Static_assert(TPV_QP_INFO_BYTES == TPW_RDMA_QP_RECORD_BYTES, "queue-pair record size");
 
 #define GDR_CQ_DEPTH 4096    /* completions per port, shared by its queue pairs */
 #define GDR_POLL_US 50	     /* CUDA event polling period while a transfer waits */
-
-struct gdr_port {
-	struct tpd_gdr *g;
-	const struct tpv_nic *nic; /* in the daemon's g->nics */
-	struct tpv_ctx *ctx; /* open while a queue pair or a registration uses the port */
-	struct event *ev;    /* its completion channel */
-	unsigned refs;	     /* queue pairs and registrations on @ctx */
-	char why[160];	     /* why opening failed (sticky) */
-};
-
-struct tpd_gdr {
-	struct tpd_daemon *d;
-	const struct tpv_ops *ops;
-	struct tpv_nic *nics; /* the ports' NICs, as tpv_nic_choose() takes them */
-	struct gdr_port *ports;
-	size_t n;
-	unsigned rr; /* round-robin cursor of tpv_nic_choose() */
-	bool cuda;   /* a CUDA driver is there: cuda_gdr is offered too */
-};
 
 enum link_state { LINK_PORTS, LINK_CONNECTING, LINK_READY, LINK_OFF };
 
@@ -79,20 +47,6 @@ struct tpd_gdr_link {
 	char text[200];
 	uint64_t sent, received; /* bytes RDMA-written each way */
 	bool closing;		  /* tpd_gdr_link_free() is flushing the queue pairs */
-};
-
-/* One registered segment: where the peer (receive) or this side (send) reads or writes. */
-struct gdr_reg {
-	struct tpv_mr *mr;
-	uint64_t addr; /* of the segment's first byte, inside @mr */
-	uint64_t len;
-};
-
-struct gdr_regs {
-	struct gdr_port *port;
-	bool opened; /* holds a reference on @port */
-	struct gdr_reg *r;
-	size_t n;
 };
 
 struct tpd_gdr_recv {
@@ -138,12 +92,11 @@ static void port_on_cq(evutil_socket_t fd, short what, void *arg)
 	int r = tpv_cq_drain(pt->ctx, gdr_write_done, pt->g);
 
 	if (r < 0)
-		tpu_log(TPU_LOG_ERR, "cuda_gdr: %s port %u: completion queue failed: %s",
+		tpu_log(TPU_LOG_ERR, "rdma: %s port %u: completion queue failed: %s",
 			pt->nic->dev, pt->nic->port, strerror(-r));
 }
 
-/* Drops a reference taken by port_open(); the last one closes the device. */
-static void port_put(struct gdr_port *pt)
+void gdr_port_put(struct gdr_port *pt)
 {
 	if (--pt->refs)
 		return;
@@ -153,9 +106,7 @@ static void port_put(struct gdr_port *pt)
 	pt->ctx = NULL;
 }
 
-/* Opens @pt if it is not open (a device context, protection domain and completion queue) and
- * takes a reference. Return: 0, or -errno (sticky: a port that failed once stays unusable). */
-static int port_open(struct gdr_port *pt, char *why, size_t wl)
+int gdr_port_open(struct gdr_port *pt, char *why, size_t wl)
 {
 	int r;
 
@@ -199,6 +150,7 @@ int tpd_gdr_start(struct tpd_daemon *d)
 		return -ENOMEM;
 	g->d = d;
 	d->gdr = g;
+	tpu_list_init(&g->mrs);
 	if (d->cfg.no_rdma) {
 		tpu_log(TPU_LOG_INFO, "rdma and cuda_gdr: disabled by configuration");
 		return 0;
@@ -231,6 +183,7 @@ void tpd_gdr_stop(struct tpd_daemon *d)
 
 	if (!g)
 		return;
+	gdr_cache_stop(g);
 	for (size_t i = 0; i < g->n; i++) {
 		if (g->ports[i].ev)
 			event_free(g->ports[i].ev);
@@ -309,9 +262,9 @@ static int link_make_qps(struct tpd_gdr_link *l, char *why, size_t wl)
 	for (size_t k = 0; k < n && r == 0; k++) {
 		struct gdr_port *pt = &l->g->ports[k / l->n_remote];
 
-		r = port_open(pt, why, wl);
+		r = gdr_port_open(pt, why, wl);
 		if (r == 0 && (r = tpv_qp_new(pt->ctx, NULL, &l->qps[k], why, wl)) < 0)
-			port_put(pt);
+			gdr_port_put(pt);
 		if (r == 0) {
 			tpv_qp_info_encode(tpv_qp_local(l->qps[k]), rec[k]);
 			qps[k] = (ProtobufCBinaryData){ TPV_QP_INFO_BYTES, rec[k] };
@@ -391,7 +344,7 @@ void tpd_gdr_link_on_msg(struct tpd_gdr_link *l, const Tpw__V1__PeerRdma *m)
 	}
 	l->state = LINK_READY;
 	snprintf(l->text, sizeof(l->text), "ready: %zux%u queue pairs", l->g->n, l->n_remote);
-	tpu_log(TPU_LOG_INFO, "peer %s: cuda_gdr %s", link_text(l), l->text);
+	tpu_log(TPU_LOG_INFO, "peer %s: RDMA %s", link_text(l), l->text);
 }
 
 bool tpd_gdr_link_ready(const struct tpd_gdr_link *l)
@@ -416,107 +369,7 @@ void tpd_gdr_link_received(struct tpd_gdr_link *l, uint64_t bytes)
 		l->received += bytes;
 }
 
-/* ---- registration -------------------------------------------------------------------------- */
-
-/* The port for memory on the GPU @bus_id (NULL: host memory): nearest by topology, else next. */
-static struct gdr_port *port_for(struct tpd_gdr *g, const char *bus_id)
-{
-	int k = tpv_nic_choose(g->nics, g->n, TPV_SYSFS_ROOT, bus_id, &g->rr);
-
-	return &g->ports[k < 0 ? 0 : k];
-}
-
-/* -EOPNOTSUPP unless every segment is registrable (shared buffers and CUDA memory). */
-static int regs_applicable(const struct tpd_stripe_seg *segs, size_t n, char *why, size_t wl)
-{
-	for (size_t i = 0; i < n; i++) {
-		if (segs[i].len && segs[i].mem.loc != TPB_LOC_CUDA &&
-		    segs[i].mem.loc != TPB_LOC_LOCAL) {
-			snprintf(why, wl, "segment %zu is in a client's private memory", i);
-			return -EOPNOTSUPP;
-		}
-	}
-	return 0;
-}
-
-/* -EOPNOTSUPP unless both daemons of @l offer the channel a receive of @segs needs. */
-static int recv_offered(const struct tpd_gdr_link *l, const struct tpd_stripe_seg *segs,
-			size_t n, bool src_cuda, char *why, size_t wl)
-{
-	bool cuda = src_cuda || first_cuda(segs, n);
-
-	if (cuda && !(l->common & TPD_GDR_CUDA)) {
-		snprintf(why, wl, "CUDA memory, and cuda_gdr is not offered by both daemons");
-		return -EOPNOTSUPP;
-	}
-	if (!cuda && !(l->common & TPD_GDR_HOST)) {
-		snprintf(why, wl, "host memory, and rdma is not offered by both daemons");
-		return -EOPNOTSUPP;
-	}
-	return 0;
-}
-
-
-static int reg_one(struct gdr_port *pt, const struct tpd_stripe_seg *s, struct gdr_reg *out,
-		   char *why, size_t wl)
-{
-	struct tpv_mr_args a = { .dmabuf_fd = -EBADF };
-	struct tpb_cuda_range cr;
-	int r;
-
-	if (s->mem.loc == TPB_LOC_LOCAL) {
-		a.addr = (void *)(uintptr_t)s->mem.addr;
-		a.len = s->len;
-		out->addr = s->mem.addr;
-	} else {
-		r = tpb_cuda_rdma_range(&s->mem, &cr, why, wl);
-		if (r < 0)
-			return r;
-		a.addr = (void *)(uintptr_t)cr.base;
-		a.len = cr.len;
-		a.dmabuf_fd = cr.dmabuf_fd;
-		a.device_mem = true;
-		out->addr = cr.ptr;
-	}
-	out->len = s->len;
-	r = tpv_mr_reg(pt->ctx, &a, &out->mr, why, wl);
-	if (a.dmabuf_fd >= 0)
-		close(a.dmabuf_fd);
-	return r;
-}
-
-static void regs_free(struct gdr_regs *rg)
-{
-	for (size_t i = 0; rg->r && i < rg->n; i++)
-		if (rg->r[i].mr)
-			tpv_mr_dereg(rg->port->ctx, rg->r[i].mr);
-	free(rg->r);
-	rg->r = NULL;
-	if (rg->opened)
-		port_put(rg->port);
-	rg->opened = false;
-}
-
-/* Registers every non-empty segment of @segs on the port nearest their GPU. */
-static int regs_make(struct tpd_gdr *g, const struct tpd_stripe_seg *segs, size_t n,
-		     struct gdr_regs *rg, char *why, size_t wl)
-{
-	int r;
-
-	rg->port = port_for(g, tpb_cuda_bus_id(first_cuda(segs, n))); /* host memory: round-robin */
-	rg->n = n;
-	rg->r = calloc(n ? n : 1, sizeof(*rg->r));
-	if (!rg->r)
-		return -ENOMEM;
-	r = port_open(rg->port, why, wl);
-	rg->opened = r == 0;
-	for (size_t i = 0; i < n && r == 0; i++)
-		if (segs[i].len)
-			r = reg_one(rg->port, &segs[i], &rg->r[i], why, wl);
-	if (r < 0)
-		regs_free(rg);
-	return r;
-}
+/* ---- transfers ---------------------------------------------------------------------------- */
 
 /* 1 when the CUDA events of every segment fired, 0 not yet, -errno. */
 static int events_done(const struct tpd_stripe_seg *segs, size_t n, char *why, size_t wl)
@@ -537,6 +390,23 @@ static void timer_in_us(struct event *ev, long us)
 }
 
 /* ---- receive ------------------------------------------------------------------------------- */
+
+/* -EOPNOTSUPP unless both daemons of @l offer the channel a receive of @segs needs. */
+static int recv_offered(const struct tpd_gdr_link *l, const struct tpd_stripe_seg *segs,
+			size_t n, bool src_cuda, char *why, size_t wl)
+{
+	bool cuda = src_cuda || gdr_first_cuda(segs, n);
+
+	if (cuda && !(l->common & TPD_GDR_CUDA)) {
+		snprintf(why, wl, "CUDA memory, and cuda_gdr is not offered by both daemons");
+		return -EOPNOTSUPP;
+	}
+	if (!cuda && !(l->common & TPD_GDR_HOST)) {
+		snprintf(why, wl, "host memory, and rdma is not offered by both daemons");
+		return -EOPNOTSUPP;
+	}
+	return 0;
+}
 
 static void recv_on_timer(evutil_socket_t fd, short what, void *arg)
 {
@@ -564,7 +434,7 @@ int tpd_gdr_recv_new(struct tpd_gdr_link *l, const struct tpd_stripe_seg *segs, 
 	}
 	r = recv_offered(l, segs, n, src_cuda, why, wl);
 	if (r == 0)
-		r = regs_applicable(segs, n, why, wl);
+		r = gdr_regs_applicable(segs, n, why, wl);
 	if (r < 0)
 		return r;
 	rv = calloc(1, sizeof(*rv));
@@ -578,7 +448,7 @@ int tpd_gdr_recv_new(struct tpd_gdr_link *l, const struct tpd_stripe_seg *segs, 
 	rv->timer = evtimer_new(l->g->d->base, recv_on_timer, rv);
 	r = rv->regions && rv->region_ptrs && rv->timer ? 0 : -ENOMEM;
 	if (r == 0)
-		r = regs_make(l->g, segs, n, &rv->regs, why, wl);
+		r = gdr_regs_make(l->g, segs, n, &rv->regs, why, wl);
 	if (r < 0) {
 		tpd_gdr_recv_free(rv);
 		return r == -ENOMEM ? r : -EOPNOTSUPP;
@@ -588,7 +458,7 @@ int tpd_gdr_recv_new(struct tpd_gdr_link *l, const struct tpd_stripe_seg *segs, 
 
 		tpw__v1__peer_rdma_region__init(&rv->regions[i]);
 		rv->regions[i].addr = g->addr;
-		rv->regions[i].rkey = g->mr ? g->mr->rkey : 0;
+		rv->regions[i].rkey = g->rkey;
 		rv->regions[i].length = g->len;
 		rv->regions[i].cuda = segs[i].mem.loc == TPB_LOC_CUDA;
 		rv->region_ptrs[i] = &rv->regions[i];
@@ -611,7 +481,7 @@ void tpd_gdr_recv_free(struct tpd_gdr_recv *rv)
 		return;
 	if (rv->timer)
 		event_free(rv->timer);
-	regs_free(&rv->regs);
+	gdr_regs_free(&rv->regs);
 	free(rv->regions);
 	free(rv->region_ptrs);
 	free(rv);
@@ -624,7 +494,7 @@ static void send_finish(struct gdr_send *s)
 	struct tpd_stripe_xfer *x = s->x;
 
 	tpu_list_remove(&s->node);
-	regs_free(&s->regs);
+	gdr_regs_free(&s->regs);
 	event_free(s->timer);
 	x->status = s->status ? s->status : s->canceled ? -ECANCELED : 0;
 	snprintf(x->why, sizeof(x->why), "%s",
@@ -676,7 +546,7 @@ static void send_post(struct gdr_send *s)
 	s->posting = true;
 	while (send_more(s)) {
 		const struct gdr_reg *g = &s->regs.r[s->next];
-		struct tpv_write w = { .local_addr = g->addr, .lkey = g->mr ? g->mr->lkey : 0,
+		struct tpv_write w = { .local_addr = g->addr, .lkey = g->lkey,
 				       .remote_addr = s->raddr[s->next], .rkey = s->rkey[s->next],
 				       .len = g->len, .cookie = (uint64_t)(uintptr_t)s };
 		int r = g->len ? tpv_qp_write(s->qp, &w, why, sizeof(why)) : 0;
@@ -774,7 +644,7 @@ int tpd_gdr_send(struct tpd_gdr_link *l, struct tpd_stripe_xfer *x,
 	}
 	r = offer_check(l, x, rr, why, wl);
 	if (r == 0) /* the reader offered RDMA for the kind of memory on its side and this one */
-		r = regs_applicable(x->segs, x->n_segs, why, wl);
+		r = gdr_regs_applicable(x->segs, x->n_segs, why, wl);
 	if (r < 0)
 		return r;
 	s = calloc(1, sizeof(*s));
@@ -788,7 +658,7 @@ int tpd_gdr_send(struct tpd_gdr_link *l, struct tpd_stripe_xfer *x,
 	s->timer = evtimer_new(l->g->d->base, send_on_timer, s);
 	r = s->raddr && s->rkey && s->timer ? 0 : -ENOMEM;
 	if (r == 0)
-		r = regs_make(l->g, x->segs, x->n_segs, &s->regs, why, wl);
+		r = gdr_regs_make(l->g, x->segs, x->n_segs, &s->regs, why, wl);
 	if (r < 0) {
 		if (s->timer)
 			event_free(s->timer);
@@ -841,7 +711,7 @@ void tpd_gdr_link_free(struct tpd_gdr_link *l)
 		if (!l->qps[k])
 			continue;
 		tpv_qp_close(l->qps[k], gdr_write_done, l->g);
-		port_put(&l->g->ports[k / l->n_remote]);
+		gdr_port_put(&l->g->ports[k / l->n_remote]);
 	}
 	tpu_list_for_each_safe(s, tmp, &l->sends, node) {
 		s->pending = 0;

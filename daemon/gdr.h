@@ -11,7 +11,10 @@
  * nearest its GPU (host memory: round-robin) and offers it in the PeerReadReq; the sender
  * registers its sources on the port nearest theirs, waits for the clients' CUDA events, posts the
  * writes on the queue pair between those two ports, and says PeerXferEnd{rdma} once every write
- * has completed. Everything runs on the loop thread. Without rdma-core in the build, or without
+ * has completed. Registrations are cached: a shared buffer's range (in whole 2 MiB steps of the
+ * buffer) or a whole CUDA allocation stays registered for later transfers until its client
+ * releases it or ends, or the cache is over its byte budget (rdma-cache, least recently used
+ * regions first; 0 registers every transfer anew). Everything runs on the loop thread. Without rdma-core in the build, or without
  * a port at run time, nothing here is ever ready and transfers use the data connections.
  */
 #ifndef TPD_GDR_H
@@ -28,6 +31,7 @@ struct tpd_stripe_xfer;
 struct tpd_gdr;
 struct tpd_gdr_link;
 struct tpd_gdr_recv;
+struct tpd_buffer;
 
 /*
  * tpd_gdr_start() - find the RDMA ports (none is fine: rdma and cuda_gdr are then never used).
@@ -46,6 +50,29 @@ enum tpd_gdr_offer {
 
 /* The TPD_GDR_* this daemon offers (0: none). */
 unsigned tpd_gdr_offers(const struct tpd_daemon *d);
+
+/* The registration cache, for tpipctl status and the metrics. */
+struct tpd_gdr_cache_stats {
+	uint64_t regions;   /* cached now */
+	uint64_t bytes;	    /* registered (pinned) by them */
+	uint64_t hits;	    /* segments that found a cached region */
+	uint64_t misses;    /* segments that registered memory */
+	uint64_t evictions; /* regions dropped for the budget or to make room */
+};
+
+/* Fills @ret (zeros without RDMA). */
+void tpd_gdr_cache_stats(const struct tpd_daemon *d, struct tpd_gdr_cache_stats *ret);
+
+/*
+ * tpd_gdr_forget_buffer() - shared buffer @b leaves its session (released, or the client ended):
+ * its cached regions go, now or when the transfers using them end. Call before dropping the
+ * session's reference. Accepts a daemon without RDMA.
+ */
+void tpd_gdr_forget_buffer(struct tpd_daemon *d, struct tpd_buffer *b);
+
+/* A client released CUDA memory or ended: cached regions of CUDA allocations that nothing but
+ * the cache references any more go. Accepts a daemon without RDMA. */
+void tpd_gdr_forget_cuda(struct tpd_daemon *d);
 
 /*
  * tpd_gdr_link_new() - start the RDMA set-up of link @pr with a peer that offered @peer_offers

@@ -10,6 +10,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include "daemon.h"
+#include "gdr.h"
 #include "log.h"
 #include "metrics.h"
 #include "tpb.h"
@@ -75,6 +76,7 @@ static void metrics_on_request(struct evhttp_request *req, void *arg)
 {
 	struct tpd_metrics *m = arg;
 	struct tpd_daemon *d = m->d;
+	struct tpd_gdr_cache_stats rc;
 	struct evbuffer *b;
 
 	if (evhttp_request_get_command(req) != EVHTTP_REQ_GET ||
@@ -99,6 +101,13 @@ static void metrics_on_request(struct evhttp_request *req, void *arg)
 		   d->bytes_moved);
 	put_metric(b, "tpipd_copies_in_flight", "gauge", "Copies queued or running.",
 		   tpd_copier_busy(d->copier));
+	tpd_gdr_cache_stats(d, &rc);
+	put_metric(b, "tpipd_rdma_registered_bytes", "gauge",
+		   "Bytes kept registered for RDMA by the registration cache.", rc.bytes);
+	put_metric(b, "tpipd_rdma_registration_hits_total", "counter",
+		   "RDMA segments that found a cached registration.", rc.hits);
+	put_metric(b, "tpipd_rdma_registration_misses_total", "counter",
+		   "RDMA segments that registered memory.", rc.misses);
 	put_channels(b, d);
 	evhttp_add_header(evhttp_request_get_output_headers(req), "Content-Type",
 			  "text/plain; version=0.0.4");

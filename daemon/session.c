@@ -22,6 +22,7 @@
 #include <sys/uio.h>
 #include "devmem.h"
 #include "daemon.h"
+#include "gdr.h"
 #include "frame.h"
 #include "log.h"
 #include "pipe.h"
@@ -188,8 +189,10 @@ static void release_buffers(struct tpd_session *s)
 	uint64_t key;
 	void *val;
 
-	while (tpu_hmap_next(&s->buffers, &i, &key, &val))
+	while (tpu_hmap_next(&s->buffers, &i, &key, &val)) {
+		tpd_gdr_forget_buffer(s->d, val);
 		tpd_buffer_unref(val);
+	}
 	tpu_hmap_done(&s->buffers);
 	s->buffer_bytes = 0;
 }

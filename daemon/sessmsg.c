@@ -16,6 +16,7 @@
 #include "ctl.h"
 #include "devmem.h"
 #include "daemon.h"
+#include "gdr.h"
 #include "frame.h"
 #include "log.h"
 #include "pipe.h"
@@ -250,6 +251,7 @@ static void handle_buffer_release(struct tpd_session *s, const Tpw__V1__BufferRe
 		return;
 	tpu_hmap_del(&s->buffers, m->buf_id);
 	s->buffer_bytes -= b->size;
+	tpd_gdr_forget_buffer(s->d, b);
 	tpd_buffer_unref(b);
 }
 

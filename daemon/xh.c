@@ -361,6 +361,7 @@ int tpd_xh_build_recv(struct tpd_msg *m, struct tpd_session *s, const Tpw__V1__R
 		return -ENOMEM;
 	}
 	for (size_t i = 0; i < n; i++) {
+		size_t refs = xh->holder->n_refs;
 		struct tpb_xfer x;
 		int r;
 
@@ -374,6 +375,9 @@ int tpd_xh_build_recv(struct tpd_msg *m, struct tpd_session *s, const Tpw__V1__R
 		}
 		xh->segs[i].mem = x.dst;
 		xh->segs[i].len = x.len;
+		/* a shared buffer: resolving took the holder's reference to it */
+		if (x.dst.loc == TPB_LOC_LOCAL && xh->holder->n_refs > refs)
+			xh->segs[i].buf = xh->holder->refs[refs];
 	}
 	m->xh = xh;
 	return 0;
@@ -401,6 +405,7 @@ int tpd_xh_build_send(struct tpd_msg *m, const Tpw__V1__PeerReadReq *rr)
 	for (size_t i = 0; i < m->n_src; i++) {
 		xh->segs[i].mem = m->src[i].mem;
 		xh->segs[i].len = m->src[i].len;
+		xh->segs[i].buf = m->src[i].mem.loc == TPB_LOC_LOCAL ? m->src[i].buf : NULL;
 	}
 	xh->x.xfer_id = rr->xfer_id;
 	if (rr->n_rdma)

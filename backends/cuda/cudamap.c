@@ -118,6 +118,16 @@ void tpb_cuda_map_unref(struct tpb_cuda_map *m)
 	free(m);
 }
 
+unsigned tpb_cuda_map_refs(const struct tpb_cuda_map *m)
+{
+	unsigned refs;
+
+	pthread_mutex_lock(&table_lock);
+	refs = m->refs;
+	pthread_mutex_unlock(&table_lock);
+	return refs;
+}
+
 void tpb_cuda_map_count(unsigned *ret_alive, unsigned *ret_open)
 {
 	struct tpb_cuda_map *m;

@@ -97,6 +97,11 @@ struct json_object *ctl_json_status(const Tpw__V1__CtlStatus *s)
 	ctl_json_str(o, "host_id", s->host_id);
 	ctl_json_u64(o, "cuda_mappings", s->cuda_mappings);
 	ctl_json_u64(o, "cuda_mappings_open", s->cuda_mappings_open);
+	ctl_json_u64(o, "rdma_cache_regions", s->rdma_cache_regions);
+	ctl_json_u64(o, "rdma_cache_bytes", s->rdma_cache_bytes);
+	ctl_json_u64(o, "rdma_cache_hits", s->rdma_cache_hits);
+	ctl_json_u64(o, "rdma_cache_misses", s->rdma_cache_misses);
+	ctl_json_u64(o, "rdma_cache_evictions", s->rdma_cache_evictions);
 	return o;
 }
 
@@ -138,6 +143,12 @@ static int status_text(const Tpw__V1__CtlStatus *s, FILE *out)
 	ctl_table_cellf(&t, "cuda mappings:");
 	ctl_table_cellf(&t, "%" PRIu32 " (%" PRIu32 " open)", s->cuda_mappings,
 			s->cuda_mappings_open);
+	ctl_table_cellf(&t, "rdma registrations:");
+	ctl_table_cellf(&t,
+			"%" PRIu64 " cached (%s), %" PRIu64 " hits, %" PRIu64 " misses, %" PRIu64
+			" evicted",
+			s->rdma_cache_regions, ctl_fmt_bytes(s->rdma_cache_bytes, b1, sizeof(b1)),
+			s->rdma_cache_hits, s->rdma_cache_misses, s->rdma_cache_evictions);
 	t.no_header = true; /* key: value lines */
 	r = ctl_table_print(&t, out);
 	ctl_table_done(&t);

@@ -17,6 +17,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 #include "hwtest.h"
 #include "tpv.h"
 
@@ -116,6 +117,35 @@ static void expect_gdr_bytes(uint64_t before_a, uint64_t before_b, uint64_t want
 		      (unsigned long long)want);
 }
 
+/* @key of `tpipctl --json status` of @d. */
+static uint64_t status_u64(const struct tpt_daemon *d, const char *key)
+{
+	char *text = hwt_ctl(d, "status", true);
+	struct json_object *o = text ? json_tokener_parse(text) : NULL, *v;
+	uint64_t ret;
+
+	ck_assert_msg(o && json_object_object_get_ex(o, key, &v), "tpipctl --json status: %s",
+		      text ? text : "failed");
+	ret = (uint64_t)json_object_get_int64(v);
+	json_object_put(o);
+	free(text);
+	return ret;
+}
+
+/* Once the clients have gone, @d keeps no registration and no mapping of their CUDA memory
+ * (the registration cache must not hold an allocation its client left), having registered
+ * @misses segments since @misses0. */
+static void expect_nothing_kept(const struct tpt_daemon *d, uint64_t misses0, uint64_t misses)
+{
+	/* the daemon sees the clients leave on its own time */
+	for (int i = 0; i < TPT_SCALED_MS(10000) / 20 && status_u64(d, "cuda_mappings"); i++)
+		usleep(20000);
+	ck_assert_uint_eq(status_u64(d, "rdma_cache_regions"), 0);
+	ck_assert_uint_eq(status_u64(d, "rdma_cache_bytes"), 0);
+	ck_assert_uint_eq(status_u64(d, "cuda_mappings"), 0);
+	ck_assert_uint_eq(status_u64(d, "rdma_cache_misses") - misses0, misses);
+}
+
 START_TEST(test_cuda_gdr_cuda_to_cuda_across_daemons)
 {
 	struct hwt_side gpu = { .mem = HWT_CUDA, .device = 0, .stream = true };
@@ -130,9 +160,13 @@ START_TEST(test_cuda_gdr_cuda_to_cuda_across_daemons)
 	};
 	uint64_t a0 = channel_bytes(&tpt_peer_a, "cuda_gdr");
 	uint64_t b0 = channel_bytes(&tpt_peer_b, "cuda_gdr");
+	uint64_t ma = status_u64(&tpt_peer_a, "rdma_cache_misses");
+	uint64_t mb = status_u64(&tpt_peer_b, "rdma_cache_misses");
 
 	ck_assert(cross("gdr-dd", cases, 4, 70));
 	expect_gdr_bytes(a0, b0, 1 + 4096 + MIB + 7 + 64 * MIB);
+	expect_nothing_kept(&tpt_peer_a, ma, 4);
+	expect_nothing_kept(&tpt_peer_b, mb, 4);
 	expect_link_rdma(&tpt_peer_a, 1 + 4096 + MIB + 7 + 64 * MIB, 0);
 	expect_link_rdma(&tpt_peer_b, 0, 1 + 4096 + MIB + 7 + 64 * MIB);
 	ck_assert(tpt_daemon_alive(&tpt_peer_a) && tpt_daemon_alive(&tpt_peer_b));

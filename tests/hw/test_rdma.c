@@ -20,6 +20,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 #include "ipeer.h"
 #include "itest.h"
 #include "tpv.h"
@@ -377,6 +378,227 @@ START_TEST(test_rdma_device_error_reaches_both_clients)
 }
 END_TEST
 
+/* ---- the registration cache ---------------------------------------------------------------- */
+
+/* The registration cache of @d, from `tpipctl --json status`. */
+struct cache {
+	uint64_t regions, bytes, hits, misses, evictions;
+};
+
+static struct cache cache_now(const struct tpt_daemon *d)
+{
+	static const char *const keys[] = { "rdma_cache_regions", "rdma_cache_bytes",
+					    "rdma_cache_hits", "rdma_cache_misses",
+					    "rdma_cache_evictions" };
+	char *out = tpt_ctl(d, "status", true);
+	struct json_object *o = json_tokener_parse(out), *v;
+	uint64_t val[5];
+
+	for (size_t i = 0; i < 5; i++) {
+		ck_assert_msg(o && json_object_object_get_ex(o, keys[i], &v),
+			      "tpipctl --json status lacks %s: %s", keys[i], out);
+		val[i] = (uint64_t)json_object_get_int64(v);
+	}
+	json_object_put(o);
+	free(out);
+	return (struct cache){ val[0], val[1], val[2], val[3], val[4] };
+}
+
+static void expect_cache(const struct tpt_daemon *d, const struct cache *want)
+{
+	struct cache c = cache_now(d);
+
+	ck_assert_msg(c.regions == want->regions && c.bytes == want->bytes &&
+			      c.hits == want->hits && c.misses == want->misses &&
+			      c.evictions == want->evictions,
+		      "%s: cache regions %llu bytes %llu hits %llu misses %llu evictions %llu, want "
+		      "%llu %llu %llu %llu %llu",
+		      d->socket, (unsigned long long)c.regions, (unsigned long long)c.bytes,
+		      (unsigned long long)c.hits, (unsigned long long)c.misses,
+		      (unsigned long long)c.evictions, (unsigned long long)want->regions,
+		      (unsigned long long)want->bytes, (unsigned long long)want->hits,
+		      (unsigned long long)want->misses, (unsigned long long)want->evictions);
+}
+
+/*
+ * C_MSGS messages of one C_LEN-byte tensor, each from one 8 MiB shared buffer of the writer into
+ * one of the reader, at offsets that move: the writer's are 0 or 1 MiB + 64, the reader's 4 KiB
+ * or 2 MiB + 8. Regions are registered in whole 2 MiB steps of the buffer, so each side
+ * registers [0, 4 MiB) for the first message, widens it to [0, 6 MiB) for the second, and finds
+ * every later one in it.
+ */
+#define C_MSGS 8u
+#define C_LEN (3 * MIB + 5)
+#define C_BUF (8 * MIB)
+static struct tpt_sync c_ready, c_sent, c_freed, c_go[2]; /* c_go: the writer's, the reader's */
+
+static size_t c_woff(unsigned k)
+{
+	return k % 2 ? MIB + 64 : 0;
+}
+
+static size_t c_roff(unsigned k)
+{
+	return k % 3 == 1 ? 2 * MIB + 8 : 4 * KIB;
+}
+
+/* After the messages, the writer and the reader post c_sent and hold their buffers until their
+ * c_go; then the writer frees its buffer, both post c_freed and keep their contexts open until a
+ * second c_go, and leave (the reader still holding its buffer). */
+static int cache_writer(void *arg)
+{
+	char addr[128];
+	struct tpt_end e = { .d = &tpt_peer_a, .ctx_name = "rdma-cache-w",
+			     .where = tpt_peer_address(&tpt_peer_b, "rdma-cache", addr, sizeof(addr)),
+			     .ready = &c_ready, .timeout_ms = TPT_SCALED_MS(60000) };
+	void *buf;
+	int r;
+
+	TPT_REQUIRE(tpt_end_connect(&e) == 0, 1, "connect");
+	TPT_REQUIRE(tp_buffer_alloc(e.ctx, C_BUF, &buf) == 0, 1, "buffer");
+	for (unsigned k = 0; k < C_MSGS; k++) {
+		struct tp_tensor t = { .device = { TP_DEVICE_CPU, 0 },
+				       .data = (uint8_t *)buf + c_woff(k), .length = C_LEN };
+		struct tp_message m = { .tensors = &t, .n_tensors = 1 };
+
+		memset(t.data, 0x30 + (int)k, C_LEN);
+		r = tp_pipe_write_sync(e.p, &m);
+		TPT_REQUIRE(r == 0, 1, "write %u: %d %s", k, r, tp_last_error());
+	}
+	tpt_sync_post(&c_sent, 0);
+	TPT_REQUIRE(tpt_sync_wait(&c_go[0], TPT_SCALED_MS(60000)) == 0, 1, "no go");
+	tp_buffer_free(e.ctx, buf);
+	tpt_sync_post(&c_freed, 0);
+	TPT_REQUIRE(tpt_sync_wait(&c_go[0], TPT_SCALED_MS(60000)) == 0, 1, "no second go");
+	tpt_end_close(&e);
+	return 0;
+}
+
+static int cache_reader(void *arg)
+{
+	struct tpt_end e = { .d = &tpt_peer_b, .ctx_name = "rdma-cache-r", .where = "rdma-cache",
+			     .ready = &c_ready, .timeout_ms = TPT_SCALED_MS(60000) };
+	struct tp_descriptor *d;
+	uint8_t *buf;
+	int r;
+
+	TPT_REQUIRE(tpt_end_listen(&e, true) == 0, 1, "listen");
+	TPT_REQUIRE(tp_buffer_alloc(e.ctx, C_BUF, (void **)&buf) == 0, 1, "buffer");
+	for (unsigned k = 0; k < C_MSGS; k++) {
+		struct tp_slot slot = { .device = { TP_DEVICE_CPU, 0 }, .data = buf + c_roff(k) };
+		struct tp_allocation a = { .tensors = &slot, .n_tensors = 1 };
+
+		r = tp_pipe_read_descriptor_sync(e.p, TPT_SCALED_MS(60000), &d);
+		TPT_REQUIRE(r == 0, 1, "descriptor %u: %d %s", k, r, tp_last_error());
+		r = tp_pipe_read_sync(e.p, d, &a);
+		TPT_REQUIRE(r == 0, 1, "read %u: %d %s", k, r, tp_last_error());
+		for (size_t i = 0; i < C_LEN; i++)
+			TPT_REQUIRE(buf[c_roff(k) + i] == 0x30 + k, 1, "message %u byte %zu", k, i);
+	}
+	tpt_sync_post(&c_sent, 0);
+	TPT_REQUIRE(tpt_sync_wait(&c_go[1], TPT_SCALED_MS(60000)) == 0, 1, "no go");
+	tpt_sync_post(&c_freed, 0);
+	TPT_REQUIRE(tpt_sync_wait(&c_go[1], TPT_SCALED_MS(60000)) == 0, 1, "no second go");
+	tpt_end_close(&e);
+	return 0;
+}
+
+/* Polls until the cache of @d is @want (a released buffer's region goes as the daemon handles
+ * the release, which the client sends without waiting), or fails after 10 s. */
+static void expect_cache_soon(const struct tpt_daemon *d, const struct cache *want)
+{
+	for (int i = 0; i < TPT_SCALED_MS(10000) / 20; i++) {
+		struct cache c = cache_now(d);
+
+		if (memcmp(&c, want, sizeof(c)) == 0)
+			return;
+		usleep(20000);
+	}
+	expect_cache(d, want);
+}
+
+/*
+ * Each daemon registers twice for the eight messages and finds the other six in its cache; one
+ * 6 MiB region per daemon stays while the clients hold their buffers. It goes (no eviction) as
+ * the writer frees its buffer, while still attached, and as the reader leaves holding its own.
+ */
+START_TEST(test_rdma_registrations_are_cached)
+{
+	struct cache live = { .regions = 1, .bytes = 6 * MIB, .hits = C_MSGS - 2, .misses = 2 };
+	struct cache gone = { .hits = C_MSGS - 2, .misses = 2 };
+	struct counts c0 = counts_now();
+	pid_t w, r;
+
+	ck_assert_int_eq(tpt_sync_init(&c_ready), 0);
+	ck_assert_int_eq(tpt_sync_init(&c_sent), 0);
+	ck_assert_int_eq(tpt_sync_init(&c_freed), 0);
+	ck_assert_int_eq(tpt_sync_init(&c_go[0]), 0);
+	ck_assert_int_eq(tpt_sync_init(&c_go[1]), 0);
+	r = tpt_fork(cache_reader, NULL);
+	w = tpt_fork(cache_writer, NULL);
+	ck_assert(r > 0 && w > 0);
+	ck_assert_int_eq(tpt_sync_wait(&c_sent, TPT_SCALED_MS(120000)), 0);
+	ck_assert_int_eq(tpt_sync_wait(&c_sent, TPT_SCALED_MS(120000)), 0);
+	expect_counts(&c0, (uint64_t)C_MSGS * C_LEN, 0);
+	expect_cache(&tpt_peer_a, &live);
+	expect_cache(&tpt_peer_b, &live);
+	tpt_sync_post(&c_go[0], 0);
+	tpt_sync_post(&c_go[1], 0);
+	ck_assert_int_eq(tpt_sync_wait(&c_freed, TPT_SCALED_MS(60000)), 0);
+	ck_assert_int_eq(tpt_sync_wait(&c_freed, TPT_SCALED_MS(60000)), 0);
+	expect_cache_soon(&tpt_peer_a, &gone);
+	expect_cache(&tpt_peer_b, &live);
+	tpt_sync_post(&c_go[0], 0);
+	tpt_sync_post(&c_go[1], 0);
+	ck_assert(tpt_wait_ok(w, TPT_SCALED_MS(60000), "writer"));
+	ck_assert(tpt_wait_ok(r, TPT_SCALED_MS(60000), "reader"));
+	tpt_sync_done(&c_ready);
+	tpt_sync_done(&c_sent);
+	tpt_sync_done(&c_freed);
+	tpt_sync_done(&c_go[0]);
+	tpt_sync_done(&c_go[1]);
+	expect_cache(&tpt_peer_a, &gone);
+	expect_cache(&tpt_peer_b, &gone);
+}
+END_TEST
+
+/*
+ * With --rdma-cache 0 every segment registers and nothing stays; with a budget smaller than one
+ * region, each region is evicted when its transfer ends. The bytes arrive either way.
+ */
+START_TEST(test_rdma_cache_budget)
+{
+	static const size_t two[] = { MIB + 7, 3 * MIB };
+	static const char *const budgets[] = { "0", "1M" };
+	const char *const *t = tpt_peer_args();
+
+	spec_lens = two;
+	spec_n = 2;
+	for (size_t i = 0; i < 2; i++) {
+		const char *args[8] = { t[0], t[1], t[2], t[3], "--rdma-cache", budgets[i] };
+		struct counts c0;
+		struct cache c;
+
+		ck_assert_int_eq(tpt_daemon_stop(&tpt_peer_a), 0);
+		ck_assert_int_eq(tpt_daemon_stop(&tpt_peer_b), 0);
+		ck_assert_int_eq(tpt_daemon_pair_start(&tpt_peer_a, args, &tpt_peer_b, args), 0);
+		c0 = counts_now();
+		ck_assert(cross(i ? "rdma-small" : "rdma-nocache", TPT_MEM_SHM, TPT_MEM_SHM));
+		expect_counts(&c0, 2 * (MIB + 7 + 3 * MIB), 0);
+		for (int k = 0; k < 2; k++) {
+			c = cache_now(k ? &tpt_peer_b : &tpt_peer_a);
+			/* one message per size, then both in one: 4 segments, none found cached */
+			ck_assert_msg(c.regions == 0 && c.bytes == 0 && c.hits == 0 && c.misses == 4,
+				      "budget %s, daemon %c: regions %llu bytes %llu hits %llu "
+				      "misses %llu", budgets[i], k ? 'B' : 'A',
+				      (unsigned long long)c.regions, (unsigned long long)c.bytes,
+				      (unsigned long long)c.hits, (unsigned long long)c.misses);
+			ck_assert_uint_eq(c.evictions, i ? 4 : 0);
+		}
+	}
+}
+END_TEST
+
 static Suite *rdma_suite(bool stand_in)
 {
 	Suite *s = suite_create("rdma");
@@ -386,6 +608,8 @@ static Suite *rdma_suite(bool stand_in)
 	tcase_add_test(tc, test_rdma_shared_buffers_across_daemons);
 	tcase_add_test(tc, test_rdma_private_memory_goes_over_mpt);
 	tcase_add_test(tc, test_rdma_turned_off_by_configuration);
+	tcase_add_test(tc, test_rdma_registrations_are_cached);
+	tcase_add_test(tc, test_rdma_cache_budget);
 	if (stand_in) { /* the daemons' ports and failures come from the stand-in provider */
 		tcase_add_test(tc, test_rdma_peer_without_a_port);
 		tcase_add_test(tc, test_rdma_device_error_reaches_both_clients);

@@ -1,0 +1,349 @@
+/* SPDX-License-Identifier: BSD-3-Clause */
+/*
+ * Registration of transfer memory for rdma and cuda_gdr, with a cache. See gdr.h and gdr_int.h.
+ *
+ * Registering memory pins it and programs the device's translation tables: on real hardware it
+ * costs on the order of moving a few MiB, so registering every transfer anew would eat much of
+ * what RDMA saves. A region stays registered after its transfer and serves every later segment
+ * it holds, on the same port:
+ *   - a shared buffer: the segment's range rounded out to REG_STEP boundaries of the buffer,
+ *     widened to take in cached regions of that buffer it overlaps or touches (they go once
+ *     unused), so a buffer reused at shifting offsets converges on one region;
+ *   - a CUDA allocation: the whole allocation, as it was registered before the cache.
+ * A cached region holds a reference to its buffer or allocation, so neither the mapping nor the
+ * address it was registered at can go away under it. It goes when its client releases the
+ * buffer or ends (tpd_gdr_forget_buffer()), when nothing but the cache references its CUDA
+ * allocation any more (checked at every registration and release, and by tpd_gdr_forget_cuda()),
+ * or, least recently used first, when unused regions hold more than rdma-cache bytes. A
+ * registration that fails is retried once after dropping every unused region (the device or
+ * RLIMIT_MEMLOCK may be full of them). Memory that is neither (data the daemon holds itself) is
+ * registered for its transfer only. A cached region stays writable by the peer daemon it was
+ * offered to until it goes; rdma-cache = 0 deregisters every region when its transfer ends.
+ */
+#include <errno.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+#include "buffer.h"
+#include "daemon.h"
+#include "gdr_int.h"
+#include "stripe.h"
+
+const struct tpb_mem *gdr_first_cuda(const struct tpd_stripe_seg *segs, size_t n)
+{
+	for (size_t i = 0; i < n; i++)
+		if (segs[i].len && segs[i].mem.loc == TPB_LOC_CUDA)
+			return &segs[i].mem;
+	return NULL;
+}
+
+#if HAVE_RDMA
+
+#define REG_STEP (2ull << 20) /* shared-buffer regions start and end on these boundaries */
+
+/* One registered region: cached (in g->mrs), or used by transfers only until they end. */
+struct gdr_mr {
+	struct tpu_list node;	   /* in g->mrs while @cached */
+	struct gdr_port *port;	   /* holds a reference */
+	struct tpv_mr *mr;
+	struct tpd_buffer *buf;	   /* shared buffer: a reference, else NULL */
+	struct tpb_cuda_map *cuda; /* CUDA allocation: a reference, else NULL */
+	uint64_t base, len;	   /* the region: daemon addresses, device addresses for CUDA */
+	uint64_t cuda_ptr;	   /* CUDA: device address of the allocation's first byte */
+	unsigned users;		   /* transfers using it */
+	bool cached;
+};
+
+static void mr_free(struct gdr_mr *e)
+{
+	tpv_mr_dereg(e->port->ctx, e->mr);
+	gdr_port_put(e->port);
+	tpd_buffer_unref(e->buf);
+	tpb_cuda_map_unref(e->cuda);
+	free(e);
+}
+
+/* Takes @e out of the cache: freed now if unused, else by its last user. */
+static void mr_uncache(struct tpd_gdr *g, struct gdr_mr *e)
+{
+	if (!e->cached)
+		return;
+	tpu_list_remove(&e->node);
+	e->cached = false;
+	g->cache.regions--;
+	g->cache.bytes -= e->len;
+	if (!e->users)
+		mr_free(e);
+}
+
+/* True if nothing but the cache references @e's buffer or allocation any more. */
+static bool mr_orphan(const struct gdr_mr *e)
+{
+	if (e->buf)
+		return atomic_load(&e->buf->refs) == 1;
+	return e->cuda && tpb_cuda_map_refs(e->cuda) == 1;
+}
+
+/*
+ * Drops unused regions: orphans, then the least recently used while more than @cap bytes are
+ * cached. Return: how many went.
+ */
+static size_t cache_trim(struct tpd_gdr *g, uint64_t cap)
+{
+	struct gdr_mr *e, *tmp;
+	size_t n = 0;
+
+	tpu_list_for_each_safe(e, tmp, &g->mrs, node) {
+		if (e->users)
+			continue;
+		if (mr_orphan(e)) {
+			mr_uncache(g, e);
+		} else if (g->cache.bytes > cap) {
+			mr_uncache(g, e);
+			g->cache.evictions++;
+			n++;
+		}
+	}
+	return n;
+}
+
+static uint64_t cache_cap(const struct tpd_gdr *g)
+{
+	return g->d->cfg.rdma_cache;
+}
+
+/* A cached region of @pt holding [@addr, @addr + @len) of @buf / all of @cuda, or NULL. */
+static struct gdr_mr *cache_find(struct tpd_gdr *g, const struct gdr_port *pt,
+				 const struct tpd_buffer *buf, const struct tpb_cuda_map *cuda,
+				 uint64_t addr, uint64_t len)
+{
+	struct gdr_mr *e;
+
+	tpu_list_for_each(e, &g->mrs, node) {
+		if (e->port != pt || e->buf != buf || e->cuda != cuda)
+			continue;
+		if (cuda || (addr >= e->base && addr - e->base <= e->len &&
+			     len <= e->len - (addr - e->base)))
+			return e;
+	}
+	return NULL;
+}
+
+/* Sets @e's region for segment @s of shared buffer @s->buf: whole REG_STEPs of the buffer,
+ * taking in the cached regions of that buffer on @pt it overlaps or touches (they leave the
+ * cache). */
+static void host_span(struct tpd_gdr *g, const struct gdr_port *pt,
+		      const struct tpd_stripe_seg *s, struct gdr_mr *e)
+{
+	const struct tpd_buffer *b = s->buf;
+	uint64_t map = (uint64_t)(uintptr_t)b->map, off = s->mem.addr - map;
+	uint64_t lo = map + off / REG_STEP * REG_STEP;
+	uint64_t hi = map + TPU_MIN(b->size, (off + s->len + REG_STEP - 1) / REG_STEP * REG_STEP);
+	struct gdr_mr *c, *tmp;
+
+	tpu_list_for_each_safe(c, tmp, &g->mrs, node) {
+		if (c->port != pt || c->buf != b || c->base > hi || c->base + c->len < lo)
+			continue;
+		lo = TPU_MIN(lo, c->base);
+		hi = TPU_MAX(hi, c->base + c->len);
+		mr_uncache(g, c);
+	}
+	e->base = lo;
+	e->len = hi - lo;
+}
+
+/* Registers a region for segment @s on @pt (a reference on @pt is taken for it). */
+static int mr_new(struct tpd_gdr *g, struct gdr_port *pt, const struct tpd_stripe_seg *s,
+		  bool cache, struct gdr_mr **ret, char *why, size_t wl)
+{
+	struct tpv_mr_args a = { .dmabuf_fd = -EBADF };
+	struct gdr_mr *e = calloc(1, sizeof(*e));
+	struct tpb_cuda_range cr;
+	int r = e ? 0 : -ENOMEM;
+
+	if (r == 0 && s->mem.loc == TPB_LOC_CUDA) {
+		r = tpb_cuda_rdma_range(&s->mem, &cr, why, wl);
+		if (r == 0) {
+			e->base = cr.base;
+			e->len = cr.len;
+			e->cuda_ptr = cr.ptr - s->mem.addr;
+			a.dmabuf_fd = cr.dmabuf_fd;
+			a.device_mem = true;
+		}
+	} else if (r == 0 && cache && s->buf) {
+		host_span(g, pt, s, e);
+	} else if (r == 0) {
+		e->base = s->mem.addr;
+		e->len = s->len;
+	}
+	if (r == 0) {
+		a.addr = (void *)(uintptr_t)e->base;
+		a.len = e->len;
+		r = tpv_mr_reg(pt->ctx, &a, &e->mr, why, wl);
+		/* the device or RLIMIT_MEMLOCK may be full of unused cached regions */
+		if (r < 0 && cache_trim(g, 0) > 0)
+			r = tpv_mr_reg(pt->ctx, &a, &e->mr, why, wl);
+	}
+	if (a.dmabuf_fd >= 0)
+		close(a.dmabuf_fd);
+	if (r == 0)
+		r = gdr_port_open(pt, why, wl); /* already open: only counts the region */
+	if (r < 0) {
+		if (e && e->mr)
+			tpv_mr_dereg(pt->ctx, e->mr);
+		free(e);
+		return r;
+	}
+	e->port = pt;
+	g->cache.misses++;
+	if (cache && (s->buf || s->mem.loc == TPB_LOC_CUDA)) {
+		e->buf = s->buf ? tpd_buffer_ref(s->buf) : NULL;
+		e->cuda = s->mem.loc == TPB_LOC_CUDA ? tpb_cuda_map_ref(s->mem.cuda) : NULL;
+		e->cached = true;
+		tpu_list_insert_tail(&g->mrs, &e->node);
+		g->cache.regions++;
+		g->cache.bytes += e->len;
+	}
+	*ret = e;
+	return 0;
+}
+
+/* The registration of segment @s on @pt: a cached region holding it, else a new one. */
+static int reg_one(struct tpd_gdr *g, struct gdr_port *pt, const struct tpd_stripe_seg *s,
+		   struct gdr_reg *out, char *why, size_t wl)
+{
+	bool cache = cache_cap(g) > 0;
+	struct tpb_cuda_map *cuda = s->mem.loc == TPB_LOC_CUDA ? s->mem.cuda : NULL;
+	struct gdr_mr *e = NULL;
+	int r;
+
+	if (cache && (s->buf || cuda))
+		e = cache_find(g, pt, s->buf, cuda, s->mem.addr, s->len);
+	if (e) {
+		g->cache.hits++;
+		tpu_list_remove(&e->node); /* now the most recently used */
+		tpu_list_insert_tail(&g->mrs, &e->node);
+	} else if ((r = mr_new(g, pt, s, cache, &e, why, wl)) < 0) {
+		return r;
+	}
+	e->users++;
+	out->e = e;
+	out->addr = cuda ? e->cuda_ptr + s->mem.addr : s->mem.addr;
+	out->len = s->len;
+	out->lkey = e->mr->lkey;
+	out->rkey = e->mr->rkey;
+	return 0;
+}
+
+/* The port for memory on the GPU @bus_id (NULL: host memory): nearest by topology, else next. */
+static struct gdr_port *port_for(struct tpd_gdr *g, const char *bus_id)
+{
+	int k = tpv_nic_choose(g->nics, g->n, TPV_SYSFS_ROOT, bus_id, &g->rr);
+
+	return &g->ports[k < 0 ? 0 : k];
+}
+
+int gdr_regs_applicable(const struct tpd_stripe_seg *segs, size_t n, char *why, size_t wl)
+{
+	for (size_t i = 0; i < n; i++) {
+		if (segs[i].len && segs[i].mem.loc != TPB_LOC_CUDA &&
+		    segs[i].mem.loc != TPB_LOC_LOCAL) {
+			snprintf(why, wl, "segment %zu is in a client's private memory", i);
+			return -EOPNOTSUPP;
+		}
+	}
+	return 0;
+}
+
+void gdr_regs_free(struct gdr_regs *rg)
+{
+	struct tpd_gdr *g = rg->port ? rg->port->g : NULL;
+
+	for (size_t i = 0; rg->r && i < rg->n; i++) {
+		struct gdr_mr *e = rg->r[i].e;
+
+		if (e && --e->users == 0 && !e->cached)
+			mr_free(e);
+	}
+	free(rg->r);
+	rg->r = NULL;
+	if (rg->opened)
+		gdr_port_put(rg->port);
+	rg->opened = false;
+	if (g)
+		cache_trim(g, cache_cap(g));
+}
+
+int gdr_regs_make(struct tpd_gdr *g, const struct tpd_stripe_seg *segs, size_t n,
+		  struct gdr_regs *rg, char *why, size_t wl)
+{
+	int r;
+
+	rg->port = port_for(g, tpb_cuda_bus_id(gdr_first_cuda(segs, n)));
+	rg->n = n;
+	rg->r = calloc(n ? n : 1, sizeof(*rg->r));
+	if (!rg->r)
+		return -ENOMEM;
+	r = gdr_port_open(rg->port, why, wl);
+	rg->opened = r == 0;
+	for (size_t i = 0; i < n && r == 0; i++)
+		if (segs[i].len)
+			r = reg_one(g, rg->port, &segs[i], &rg->r[i], why, wl);
+	if (r < 0)
+		gdr_regs_free(rg);
+	return r;
+}
+
+void gdr_cache_stop(struct tpd_gdr *g)
+{
+	struct gdr_mr *e, *tmp;
+
+	tpu_list_for_each_safe(e, tmp, &g->mrs, node)
+		mr_uncache(g, e);
+}
+
+void tpd_gdr_forget_buffer(struct tpd_daemon *d, struct tpd_buffer *b)
+{
+	struct gdr_mr *e, *tmp;
+
+	if (!d->gdr)
+		return;
+	tpu_list_for_each_safe(e, tmp, &d->gdr->mrs, node)
+		if (e->buf == b)
+			mr_uncache(d->gdr, e);
+}
+
+void tpd_gdr_forget_cuda(struct tpd_daemon *d)
+{
+	struct gdr_mr *e, *tmp;
+
+	if (!d->gdr)
+		return;
+	tpu_list_for_each_safe(e, tmp, &d->gdr->mrs, node)
+		if (e->cuda && !e->users && mr_orphan(e))
+			mr_uncache(d->gdr, e);
+}
+
+void tpd_gdr_cache_stats(const struct tpd_daemon *d, struct tpd_gdr_cache_stats *ret)
+{
+	*ret = d->gdr ? d->gdr->cache : (struct tpd_gdr_cache_stats){ 0 };
+}
+
+#else /* !HAVE_RDMA */
+
+void tpd_gdr_forget_buffer(struct tpd_daemon *d, struct tpd_buffer *b)
+{
+}
+
+void tpd_gdr_forget_cuda(struct tpd_daemon *d)
+{
+}
+
+void tpd_gdr_cache_stats(const struct tpd_daemon *d, struct tpd_gdr_cache_stats *ret)
+{
+	*ret = (struct tpd_gdr_cache_stats){ 0 };
+}
+
+#endif
