@@ -230,13 +230,25 @@ START_TEST(test_rdma_private_memory_goes_over_mpt)
 }
 END_TEST
 
+/* One 2 MiB tensor crosses, as listener @name, over mpt; neither daemon has RDMA on the link. */
+static void expect_no_rdma(const char *name)
+{
+	static const size_t one[] = { 2 * MIB };
+	struct counts c0 = counts_now();
+
+	spec_lens = one;
+	spec_n = 1;
+	ck_assert(cross(name, TPT_MEM_SHM, TPT_MEM_SHM));
+	expect_counts(&c0, 0, 2 * 2 * MIB);
+	expect_link(&tpt_peer_a, "", NULL, 0, 0);
+	expect_link(&tpt_peer_b, "", NULL, 0, 0);
+}
+
 /* Daemon B has no RDMA port: no RDMA on the link, the bytes go over mpt. */
 START_TEST(test_rdma_peer_without_a_port)
 {
-	static const size_t one[] = { 2 * MIB };
 	const char *lib = getenv("TPIPD_VERBS_LIBRARY");
 	char *saved = lib ? strdup(lib) : NULL;
-	struct counts c0;
 
 	ck_assert_int_eq(tpt_daemon_stop(&tpt_peer_b), 0);
 	setenv("TPIPD_VERBS_LIBRARY", "/nonexistent/libibverbs.so.1", 1);
@@ -246,13 +258,7 @@ START_TEST(test_rdma_peer_without_a_port)
 	else
 		unsetenv("TPIPD_VERBS_LIBRARY");
 	free(saved);
-	c0 = counts_now();
-	spec_lens = one;
-	spec_n = 1;
-	ck_assert(cross("rdma-none", TPT_MEM_SHM, TPT_MEM_SHM));
-	expect_counts(&c0, 0, 2 * 2 * MIB);
-	expect_link(&tpt_peer_a, "", NULL, 0, 0);
-	expect_link(&tpt_peer_b, "", NULL, 0, 0);
+	expect_no_rdma("rdma-none");
 }
 END_TEST
 
@@ -260,20 +266,12 @@ END_TEST
  * B lists rdma and cuda_gdr as turned off. */
 START_TEST(test_rdma_turned_off_by_configuration)
 {
-	static const size_t one[] = { 2 * MIB };
 	const char *const *t = tpt_peer_args();
 	const char *args[8] = { t[0], t[1], t[2], t[3], "--no-rdma" };
-	struct counts c0;
 
 	ck_assert_int_eq(tpt_daemon_stop(&tpt_peer_b), 0);
 	ck_assert_int_eq(tpt_daemon_start_peer(&tpt_peer_b, args), 0);
-	c0 = counts_now();
-	spec_lens = one;
-	spec_n = 1;
-	ck_assert(cross("rdma-off", TPT_MEM_SHM, TPT_MEM_SHM));
-	expect_counts(&c0, 0, 2 * 2 * MIB);
-	expect_link(&tpt_peer_a, "", NULL, 0, 0);
-	expect_link(&tpt_peer_b, "", NULL, 0, 0);
+	expect_no_rdma("rdma-off");
 	expect_backend_disabled(&tpt_peer_b, "rdma");
 	expect_backend_disabled(&tpt_peer_b, "cuda_gdr");
 	expect_rdma_backend(&tpt_peer_a);
