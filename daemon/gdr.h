@@ -13,8 +13,8 @@
  * writes on the queue pair between those two ports, and says PeerXferEnd{rdma} once every write
  * has completed. Registrations are cached: a shared buffer's range (in whole 2 MiB steps of the
  * buffer) or a whole CUDA allocation stays registered for later transfers until its client
- * releases it or ends, or the cache is over its byte budget (rdma-cache, least recently used
- * regions first; 0 registers every transfer anew). Everything runs on the loop thread. Without rdma-core in the build, or without
+ * releases it or ends, or, for shared buffers, the cache is over its byte budget (rdma-cache,
+ * least recently used regions first; 0 registers every transfer anew). Everything runs on the loop thread. Without rdma-core in the build, or without
  * a port at run time, nothing here is ever ready and transfers use the data connections.
  */
 #ifndef TPD_GDR_H

@@ -41,6 +41,7 @@ struct tpd_gdr {
 	bool cuda;   /* a CUDA driver is there: cuda_gdr is offered too */
 	struct tpu_list mrs; /* cached registrations (struct gdr_mr), least recently used first */
 	struct tpd_gdr_cache_stats cache;
+	uint64_t host_bytes; /* of cache.bytes, in shared buffers (what the rdma-cache budget caps) */
 };
 
 /* One segment of a transfer, in a registration: where the peer writes or this side reads. */

@@ -14,9 +14,10 @@
  * address it was registered at can go away under it. It goes when its client releases the
  * buffer or ends (tpd_gdr_forget_buffer()), when nothing but the cache references its CUDA
  * allocation any more (checked at every registration and release, and by tpd_gdr_forget_cuda()),
- * or, least recently used first, when unused regions hold more than rdma-cache bytes. A
- * registration that fails is retried once after dropping every unused region (the device or
- * RLIMIT_MEMLOCK may be full of them). Memory that is neither (data the daemon holds itself) is
+ * or, least recently used first, when shared-buffer regions hold more than rdma-cache bytes
+ * (the budget is for pinned host memory: GPU memory registered stays until its allocation goes).
+ * A registration that fails is retried once after dropping every unused region, GPU ones
+ * included (the device, its BAR or RLIMIT_MEMLOCK may be full of them). Memory that is neither (data the daemon holds itself) is
  * registered for its transfer only. A cached region stays writable by the peer daemon it was
  * offered to until it goes; rdma-cache = 0 deregisters every region when its transfer ends.
  */
@@ -74,6 +75,7 @@ static void mr_uncache(struct tpd_gdr *g, struct gdr_mr *e)
 	e->cached = false;
 	g->cache.regions--;
 	g->cache.bytes -= e->len;
+	g->host_bytes -= e->cuda ? 0 : e->len;
 	if (!e->users)
 		mr_free(e);
 }
@@ -87,10 +89,11 @@ static bool mr_orphan(const struct gdr_mr *e)
 }
 
 /*
- * Drops unused regions: orphans, then the least recently used while more than @cap bytes are
- * cached. Return: how many went.
+ * Drops unused regions: orphans; then, least recently used first, shared-buffer regions while
+ * they hold more than @cap bytes, or (@all) every unused region. Return: how many went besides
+ * orphans.
  */
-static size_t cache_trim(struct tpd_gdr *g, uint64_t cap)
+static size_t cache_trim(struct tpd_gdr *g, uint64_t cap, bool all)
 {
 	struct gdr_mr *e, *tmp;
 	size_t n = 0;
@@ -100,7 +103,7 @@ static size_t cache_trim(struct tpd_gdr *g, uint64_t cap)
 			continue;
 		if (mr_orphan(e)) {
 			mr_uncache(g, e);
-		} else if (g->cache.bytes > cap) {
+		} else if (all || (!e->cuda && g->host_bytes > cap)) {
 			mr_uncache(g, e);
 			g->cache.evictions++;
 			n++;
@@ -183,7 +186,7 @@ static int mr_new(struct tpd_gdr *g, struct gdr_port *pt, const struct tpd_strip
 		a.len = e->len;
 		r = tpv_mr_reg(pt->ctx, &a, &e->mr, why, wl);
 		/* the device or RLIMIT_MEMLOCK may be full of unused cached regions */
-		if (r < 0 && cache_trim(g, 0) > 0)
+		if (r < 0 && cache_trim(g, 0, true) > 0)
 			r = tpv_mr_reg(pt->ctx, &a, &e->mr, why, wl);
 	}
 	if (a.dmabuf_fd >= 0)
@@ -205,6 +208,7 @@ static int mr_new(struct tpd_gdr *g, struct gdr_port *pt, const struct tpd_strip
 		tpu_list_insert_tail(&g->mrs, &e->node);
 		g->cache.regions++;
 		g->cache.bytes += e->len;
+		g->host_bytes += e->cuda ? 0 : e->len;
 	}
 	*ret = e;
 	return 0;
@@ -273,7 +277,7 @@ void gdr_regs_free(struct gdr_regs *rg)
 		gdr_port_put(rg->port);
 	rg->opened = false;
 	if (g)
-		cache_trim(g, cache_cap(g));
+		cache_trim(g, cache_cap(g), false);
 }
 
 int gdr_regs_make(struct tpd_gdr *g, const struct tpd_stripe_seg *segs, size_t n,

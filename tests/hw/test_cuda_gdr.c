@@ -173,6 +173,29 @@ START_TEST(test_cuda_gdr_cuda_to_cuda_across_daemons)
 }
 END_TEST
 
+/*
+ * The rdma-cache budget caps pinned host memory only: with a 1 MiB budget, a 4 MiB CUDA
+ * allocation stays registered until its client leaves (not evicted), and then goes.
+ */
+START_TEST(test_cuda_gdr_budget_leaves_gpu_memory)
+{
+	const char *const *t = tpt_peer_args();
+	const char *args[8] = { t[0], t[1], t[2], t[3], "--rdma-cache", "1M" };
+	struct hwt_side gpu = { .mem = HWT_CUDA, .device = 0, .stream = true };
+	struct hwt_case cases[] = { { .len = 4 * MIB, .w = gpu, .r = gpu } };
+
+	ck_assert_int_eq(tpt_daemon_stop(&tpt_peer_a), 0);
+	ck_assert_int_eq(tpt_daemon_stop(&tpt_peer_b), 0);
+	ck_assert_int_eq(tpt_daemon_pair_start(&tpt_peer_a, args, &tpt_peer_b, args), 0);
+	ck_assert(cross("gdr-budget", cases, 1, 71));
+	expect_gdr_bytes(0, 0, 4 * MIB);
+	expect_nothing_kept(&tpt_peer_a, 0, 1);
+	expect_nothing_kept(&tpt_peer_b, 0, 1);
+	ck_assert_uint_eq(status_u64(&tpt_peer_a, "rdma_cache_evictions"), 0);
+	ck_assert_uint_eq(status_u64(&tpt_peer_b, "rdma_cache_evictions"), 0);
+}
+END_TEST
+
 /* @len bytes from CPU memory @cpu to CUDA and back; cuda_gdr must count @rdma_each per message. */
 static void cpu_and_cuda(const char *name, enum hwt_mem cpu, size_t len, unsigned seed,
 			 uint64_t rdma_each)
@@ -348,6 +371,7 @@ static Suite *cuda_gdr_suite(bool stand_in)
 
 	tcase_add_checked_fixture(tc, tpt_peer_fixture_start, tpt_peer_fixture_stop);
 	tcase_add_test(tc, test_cuda_gdr_cuda_to_cuda_across_daemons);
+	tcase_add_test(tc, test_cuda_gdr_budget_leaves_gpu_memory);
 	tcase_add_test(tc, test_cuda_gdr_shared_buffers_and_cuda);
 	tcase_add_test(tc, test_cuda_gdr_private_memory_is_staged);
 	tcase_add_test(tc, test_cuda_gdr_pipes_show_the_channel);
