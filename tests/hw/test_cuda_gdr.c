@@ -13,86 +13,26 @@
  * (77) with the reason otherwise.
  */
 #include <check.h>
-#include <json-c/json.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
 #include "hwtest.h"
+#include "ipeer.h"
 #include "tpv.h"
 
 #define MIB (1u << 20)
-
-/* Bytes `tpipctl --json stats` of @d counts under channel @name. */
-static uint64_t channel_bytes(const struct tpt_daemon *d, const char *name)
-{
-	char *text = hwt_ctl(d, "stats", true);
-	struct json_object *o = text ? json_tokener_parse(text) : NULL, *arr, *v;
-	uint64_t bytes = 0;
-
-	ck_assert_msg(o, "tpipctl --json stats: %s", text ? text : "failed");
-	ck_assert(json_object_object_get_ex(o, "channels", &arr));
-	for (size_t i = 0; i < json_object_array_length(arr); i++) {
-		struct json_object *c = json_object_array_get_idx(arr, i);
-
-		if (json_object_object_get_ex(c, "name", &v) &&
-		    strcmp(json_object_get_string(v), name) == 0 &&
-		    json_object_object_get_ex(c, "bytes", &v))
-			bytes = (uint64_t)json_object_get_int64(v);
-	}
-	json_object_put(o);
-	free(text);
-	return bytes;
-}
-
-/* The one peer link in `tpipctl --json peers` of @d (fails the test otherwise); *@root: owned,
- * free with json_object_put(). */
-static struct json_object *the_link(const struct tpt_daemon *d, struct json_object **root)
-{
-	char *text = hwt_ctl(d, "peers", true);
-	struct json_object *arr;
-
-	*root = text ? json_tokener_parse(text) : NULL;
-	ck_assert_msg(*root && json_object_object_get_ex(*root, "peers", &arr) &&
-			      json_object_array_length(arr) == 1,
-		      "tpipctl --json peers: %s", text ? text : "failed");
-	free(text);
-	return json_object_array_get_idx(arr, 0);
-}
-
-/* The link's RDMA state as @d's `tpipctl --json peers` says it. Returns owned string. */
-static char *link_rdma(const struct tpt_daemon *d)
-{
-	struct json_object *root, *v;
-	char *ret = NULL;
-
-	if (json_object_object_get_ex(the_link(d, &root), "rdma", &v))
-		ret = strdup(json_object_get_string(v));
-	json_object_put(root);
-	return ret ? ret : strdup("");
-}
-
-static uint64_t link_u64(const struct tpt_daemon *d, const char *key)
-{
-	struct json_object *root, *v;
-	uint64_t ret = 0;
-
-	if (json_object_object_get_ex(the_link(d, &root), key, &v))
-		ret = (uint64_t)json_object_get_int64(v);
-	json_object_put(root);
-	return ret;
-}
 
 /* @d's one link says RDMA is ready, has RDMA-written at least @sent bytes and received at least
  * @received. */
 static void expect_link_rdma(const struct tpt_daemon *d, uint64_t sent, uint64_t received)
 {
-	char *state = link_rdma(d);
+	struct tpt_link l;
 
-	ck_assert_msg(strncmp(state, "ready", 5) == 0, "link rdma: '%s'", state);
-	free(state);
-	ck_assert_uint_ge(link_u64(d, "rdma_bytes_sent"), sent);
-	ck_assert_uint_ge(link_u64(d, "rdma_bytes_received"), received);
+	ck_assert_int_eq(tpt_peer_links(d, &l), 1);
+	ck_assert_msg(strncmp(l.rdma, "ready", 5) == 0, "link rdma: '%s'", l.rdma);
+	ck_assert_uint_ge(l.rdma_bytes_sent, sent);
+	ck_assert_uint_ge(l.rdma_bytes_received, received);
 }
 
 /* Runs @cases from a client of daemon A to a listener @name on daemon B. */
@@ -108,8 +48,8 @@ static bool cross(const char *name, const struct hwt_case *cases, size_t n, unsi
 
 static void expect_gdr_bytes(uint64_t before_a, uint64_t before_b, uint64_t want)
 {
-	uint64_t a = channel_bytes(&tpt_peer_a, "cuda_gdr") - before_a;
-	uint64_t b = channel_bytes(&tpt_peer_b, "cuda_gdr") - before_b;
+	uint64_t a = tpt_channel_bytes(&tpt_peer_a, "cuda_gdr") - before_a;
+	uint64_t b = tpt_channel_bytes(&tpt_peer_b, "cuda_gdr") - before_b;
 
 	ck_assert_msg(a == want && b == want,
 		      "cuda_gdr moved %llu bytes on the sender's daemon and %llu on the reader's, "
@@ -120,16 +60,10 @@ static void expect_gdr_bytes(uint64_t before_a, uint64_t before_b, uint64_t want
 /* @key of `tpipctl --json status` of @d. */
 static uint64_t status_u64(const struct tpt_daemon *d, const char *key)
 {
-	char *text = hwt_ctl(d, "status", true);
-	struct json_object *o = text ? json_tokener_parse(text) : NULL, *v;
-	uint64_t ret;
+	uint64_t v;
 
-	ck_assert_msg(o && json_object_object_get_ex(o, key, &v), "tpipctl --json status: %s",
-		      text ? text : "failed");
-	ret = (uint64_t)json_object_get_int64(v);
-	json_object_put(o);
-	free(text);
-	return ret;
+	tpt_status_u64s(d, &key, 1, &v);
+	return v;
 }
 
 /* Once the clients have gone, @d keeps no registration and no mapping of their CUDA memory
@@ -158,8 +92,8 @@ START_TEST(test_cuda_gdr_cuda_to_cuda_across_daemons)
 		{ .len = MIB + 7, .w = inside, .r = inside },
 		{ .len = 64 * MIB, .w = gpu, .r = legacy },
 	};
-	uint64_t a0 = channel_bytes(&tpt_peer_a, "cuda_gdr");
-	uint64_t b0 = channel_bytes(&tpt_peer_b, "cuda_gdr");
+	uint64_t a0 = tpt_channel_bytes(&tpt_peer_a, "cuda_gdr");
+	uint64_t b0 = tpt_channel_bytes(&tpt_peer_b, "cuda_gdr");
 	uint64_t ma = status_u64(&tpt_peer_a, "rdma_cache_misses");
 	uint64_t mb = status_u64(&tpt_peer_b, "rdma_cache_misses");
 
@@ -206,8 +140,8 @@ static void cpu_and_cuda(const char *name, enum hwt_mem cpu, size_t len, unsigne
 		{ .len = len, .w = host, .r = gpu },
 		{ .len = len, .w = gpu, .r = host },
 	};
-	uint64_t a0 = channel_bytes(&tpt_peer_a, "cuda_gdr");
-	uint64_t b0 = channel_bytes(&tpt_peer_b, "cuda_gdr");
+	uint64_t a0 = tpt_channel_bytes(&tpt_peer_a, "cuda_gdr");
+	uint64_t b0 = tpt_channel_bytes(&tpt_peer_b, "cuda_gdr");
 
 	ck_assert(cross(name, cases, 2, seed));
 	expect_gdr_bytes(a0, b0, 2 * rdma_each);
@@ -319,8 +253,8 @@ static bool one_tensor(bool fail, const char *channel)
 
 START_TEST(test_cuda_gdr_pipes_show_the_channel)
 {
-	uint64_t a0 = channel_bytes(&tpt_peer_a, "cuda_gdr");
-	uint64_t b0 = channel_bytes(&tpt_peer_b, "cuda_gdr");
+	uint64_t a0 = tpt_channel_bytes(&tpt_peer_a, "cuda_gdr");
+	uint64_t b0 = tpt_channel_bytes(&tpt_peer_b, "cuda_gdr");
 
 	ck_assert(one_tensor(false, "cuda_gdr(cuda>cuda)"));
 	expect_gdr_bytes(a0, b0, MIB);
@@ -347,18 +281,18 @@ START_TEST(test_cuda_gdr_device_error_reaches_both_clients)
 
 	ck_assert(one_tensor(false, "cuda_basic(cuda>cuda)"));
 	for (int k = 0; k < 2; k++) {
-		char *rdma = link_rdma(k ? &tpt_peer_b : &tpt_peer_a);
+		struct tpt_link l;
 
-		printf("daemon %c: rdma '%s'\n", k ? 'B' : 'A', rdma);
-		ck_assert_msg(strncmp(rdma, "off: ", 5) == 0 && strstr(rdma, "RDMA write failed"),
-			      "daemon %c: rdma '%s'", k ? 'B' : 'A', rdma);
-		free(rdma);
+		ck_assert_int_eq(tpt_peer_links(k ? &tpt_peer_b : &tpt_peer_a, &l), 1);
+		printf("daemon %c: rdma '%s'\n", k ? 'B' : 'A', l.rdma);
+		ck_assert_msg(strncmp(l.rdma, "off: ", 5) == 0 && strstr(l.rdma, "RDMA write failed"),
+			      "daemon %c: rdma '%s'", k ? 'B' : 'A', l.rdma);
 	}
 
 	ck_assert_int_eq(tpt_daemon_stop(&tpt_peer_a), 0);
 	ck_assert_int_eq(tpt_daemon_start_peer(&tpt_peer_a, tpt_peer_args()), 0);
-	a0 = channel_bytes(&tpt_peer_a, "cuda_gdr");
-	b0 = channel_bytes(&tpt_peer_b, "cuda_gdr");
+	a0 = tpt_channel_bytes(&tpt_peer_a, "cuda_gdr");
+	b0 = tpt_channel_bytes(&tpt_peer_b, "cuda_gdr");
 	ck_assert(one_tensor(false, "cuda_gdr(cuda>cuda)"));
 	expect_gdr_bytes(a0, b0, MIB);
 }

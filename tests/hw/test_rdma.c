@@ -29,28 +29,6 @@
 #define MIB (1u << 20)
 #define EXIT_SKIP 77
 
-/* Bytes `tpipctl --json stats` of @d counts under channel @name. */
-static uint64_t channel_bytes(const struct tpt_daemon *d, const char *name)
-{
-	char *out = tpt_ctl(d, "stats", true);
-	struct json_object *o = json_tokener_parse(out), *arr, *v;
-	uint64_t bytes = 0;
-
-	ck_assert_msg(o && json_object_object_get_ex(o, "channels", &arr),
-		      "tpipctl --json stats: %s", out);
-	for (size_t i = 0; i < json_object_array_length(arr); i++) {
-		struct json_object *c = json_object_array_get_idx(arr, i);
-
-		if (json_object_object_get_ex(c, "name", &v) &&
-		    strcmp(json_object_get_string(v), name) == 0 &&
-		    json_object_object_get_ex(c, "bytes", &v))
-			bytes = (uint64_t)json_object_get_int64(v);
-	}
-	json_object_put(o);
-	free(out);
-	return bytes;
-}
-
 /* The row of channel @name in `tpipctl --json backends` output @o (borrowed from @o). */
 static struct json_object *backend_row(struct json_object *o, const char *name, const char *out)
 {
@@ -117,8 +95,8 @@ static struct counts counts_now(void)
 	for (int k = 0; k < 2; k++) {
 		const struct tpt_daemon *d = k ? &tpt_peer_b : &tpt_peer_a;
 
-		c.rdma[k] = channel_bytes(d, "rdma");
-		c.mpt[k] = channel_bytes(d, "mpt");
+		c.rdma[k] = tpt_channel_bytes(d, "rdma");
+		c.mpt[k] = tpt_channel_bytes(d, "mpt");
 	}
 	return c;
 }
@@ -388,18 +366,10 @@ static struct cache cache_now(const struct tpt_daemon *d)
 	static const char *const keys[] = { "rdma_cache_regions", "rdma_cache_bytes",
 					    "rdma_cache_hits", "rdma_cache_misses",
 					    "rdma_cache_evictions" };
-	char *out = tpt_ctl(d, "status", true);
-	struct json_object *o = json_tokener_parse(out), *v;
-	uint64_t val[5];
+	uint64_t v[5];
 
-	for (size_t i = 0; i < 5; i++) {
-		ck_assert_msg(o && json_object_object_get_ex(o, keys[i], &v),
-			      "tpipctl --json status lacks %s: %s", keys[i], out);
-		val[i] = (uint64_t)json_object_get_int64(v);
-	}
-	json_object_put(o);
-	free(out);
-	return (struct cache){ val[0], val[1], val[2], val[3], val[4] };
+	tpt_status_u64s(d, keys, 5, v);
+	return (struct cache){ v[0], v[1], v[2], v[3], v[4] };
 }
 
 static void expect_cache(const struct tpt_daemon *d, const struct cache *want)

@@ -95,6 +95,42 @@ int tpt_peer_links(const struct tpt_daemon *d, struct tpt_link *ret)
 	return n;
 }
 
+uint64_t tpt_channel_bytes(const struct tpt_daemon *d, const char *name)
+{
+	char *out = tpt_ctl(d, "stats", true);
+	struct json_object *o = json_tokener_parse(out), *arr, *v;
+	uint64_t bytes = 0;
+
+	ck_assert_msg(o && json_object_object_get_ex(o, "channels", &arr),
+		      "tpipctl --json stats: %s", out);
+	for (size_t i = 0; i < json_object_array_length(arr); i++) {
+		struct json_object *c = json_object_array_get_idx(arr, i);
+
+		if (json_object_object_get_ex(c, "name", &v) &&
+		    strcmp(json_object_get_string(v), name) == 0 &&
+		    json_object_object_get_ex(c, "bytes", &v))
+			bytes = (uint64_t)json_object_get_int64(v);
+	}
+	json_object_put(o);
+	free(out);
+	return bytes;
+}
+
+void tpt_status_u64s(const struct tpt_daemon *d, const char *const *keys, size_t n,
+		     uint64_t *ret)
+{
+	char *out = tpt_ctl(d, "status", true);
+	struct json_object *o = json_tokener_parse(out), *v;
+
+	ck_assert_msg(o, "tpipctl --json status is not JSON: %s", out);
+	for (size_t i = 0; i < n; i++) {
+		ck_assert_msg(json_object_object_get_ex(o, keys[i], &v),
+			      "tpipctl --json status lacks %s: %s", keys[i], out);
+		ret[i] = (uint64_t)json_object_get_int64(v);
+	}
+	json_object_put(o);
+	free(out);
+}
 
 bool tpt_peer_links_gone(const struct tpt_daemon *d, int timeout_ms)
 {

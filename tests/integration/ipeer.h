@@ -8,6 +8,7 @@
 #define TPT_IPEER_H
 
 #include <stdbool.h>
+#include <stddef.h>
 #include <stdint.h>
 #include "tpt.h"
 
@@ -36,6 +37,14 @@ char *tpt_ctl_peers(const struct tpt_daemon *d, bool json);
  * Return: the number of links.
  */
 int tpt_peer_links(const struct tpt_daemon *d, struct tpt_link *ret);
+
+/* Bytes `tpipctl --json stats` of @d counts under channel @name (0 if it is not listed). */
+uint64_t tpt_channel_bytes(const struct tpt_daemon *d, const char *name);
+
+/* The numbers @keys[0..@n) of one `tpipctl --json status` of @d into @ret (the test fails if
+ * one is missing). */
+void tpt_status_u64s(const struct tpt_daemon *d, const char *const *keys, size_t n,
+		     uint64_t *ret);
 
 /* Polls tpt_peer_links() until @d has no link, for up to @timeout_ms. Return: true if none. */
 bool tpt_peer_links_gone(const struct tpt_daemon *d, int timeout_ms);
