@@ -27,6 +27,9 @@
 #   TPIPD_ARGS="..."     extra flags for both daemons (e.g. "--peer-chunk 4M")
 #   XBENCH_CONNS=N       data connections per peer link, iperf3 streams and mpt lanes (default 4)
 #   XBENCH_NETNS=1       one network namespace per daemon, joined by a veth pair
+#   XBENCH_RATE=RATE     with XBENCH_NETNS=1: shape each veth end to RATE (NNmbit or NNgbit,
+#                        e.g. 10gbit, 25gbit) with a token bucket, so that the link, not the
+#                        CPUs, bounds every run on it, as a NIC of that speed would
 #   XBENCH_SIZES=LIST    throughput sizes (default 1M,4M,16M,64M,256M,512M; quick: up to 64M)
 #   XBENCH_IPERF_SECS=S  iperf3 duration (default 5; quick: 3)
 #   XBENCH_IPERF_LEN=L   iperf3 write size of one baseline run (default 1M: tpipd's default
@@ -50,6 +53,7 @@ conns=${XBENCH_CONNS:-4}
 iperf_len=${XBENCH_IPERF_LEN:-1M}
 send_len=${XBENCH_SEND_SIZE:-60K}
 netns=${XBENCH_NETNS:-0}
+rate=${XBENCH_RATE:-}
 
 if ! [[ $conns =~ ^[0-9]+$ ]] || ((conns < 1 || conns > 16)); then
 	echo "run_xhost.sh: XBENCH_CONNS must be 1..16 (tpipd's --peer-data-conns range)" >&2
@@ -58,6 +62,23 @@ fi
 if [[ $netns == 1 ]] && { [[ $(id -u) != 0 ]] || ! command -v ip >/dev/null; }; then
 	echo "run_xhost.sh: XBENCH_NETNS=1 needs root and iproute2 (ip)" >&2
 	exit 2
+fi
+rate_bytes=0
+if [[ -n $rate ]]; then
+	if [[ $netns != 1 ]] || ! command -v tc >/dev/null; then
+		echo "run_xhost.sh: XBENCH_RATE needs XBENCH_NETNS=1 and iproute2's tc" >&2
+		exit 2
+	fi
+	if [[ $rate =~ ^([1-9][0-9]{0,5})(mbit|gbit)$ ]]; then
+		rate_bytes=${BASH_REMATCH[1]}
+		[[ ${BASH_REMATCH[2]} == gbit ]] && rate_bytes=$((rate_bytes * 1000))
+		rate_bytes=$((rate_bytes * 125000))
+	fi
+	if ((rate_bytes < 12500000)); then
+		echo "run_xhost.sh: XBENCH_RATE must be NNmbit or NNgbit, at least 100mbit" \
+			"(e.g. 10gbit)" >&2
+		exit 2
+	fi
 fi
 
 # The baselines need iperf3 and jq (throughput) and g++ + libtensorpipe-dev (TensorPipe):
@@ -149,6 +170,17 @@ if [[ $netns == 1 ]]; then
 	done
 	ip -n "$ns_a" link set "xb$$a" up
 	ip -n "$ns_b" link set "xb$$b" up
+	if [[ -n $rate ]]; then
+		# A token bucket on each end's egress. Its depth is 1 ms at the rate (at least
+		# 256 KiB), enough for a 64 KiB GSO packet and for the kernel's timer slack; its
+		# queue holds 5 ms, so TCP sees a link of that speed, not drops.
+		burst=$((rate_bytes / 1000))
+		((burst >= 262144)) || burst=262144
+		ip netns exec "$ns_a" tc qdisc add dev "xb$$a" root tbf rate "$rate" \
+			burst "$burst" latency 5ms
+		ip netns exec "$ns_b" tc qdisc add dev "xb$$b" root tbf rate "$rate" \
+			burst "$burst" latency 5ms
+	fi
 	in_a=(ip netns exec "$ns_a")
 	in_b=(ip netns exec "$ns_b")
 fi
@@ -399,6 +431,7 @@ mode=full
 [[ $quick == 1 ]] && mode=BENCH_QUICK
 path="loopback ($host_a)"
 [[ $netns == 1 ]] && path="veth pair between two network namespaces ($host_a -> $host_b)"
+[[ -n $rate ]] && path="$path, shaped to $rate each way (tbf)"
 echo "tpipd across two daemons ($mode): $("$tpipd" --version 2>/dev/null | head -n 1 || true)," \
 	"$(uname -n), $(nproc) CPUs ($(sed -n 's/^model name[[:space:]]*: //p' /proc/cpuinfo |
 		head -n 1)), $(date -u +%Y-%m-%dT%H:%MZ)"
