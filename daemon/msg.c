@@ -187,11 +187,12 @@ const Tpw__V1__Segment *tpd_msg_read_segment(const Tpw__V1__Read *rd, size_t i)
 	return i < rd->n_payloads ? rd->payloads[i] : rd->tensors[i - rd->n_payloads];
 }
 
-/* Resolves the reader's destination for source @src into @x, taking buffer refs into @job. */
+/* Resolves the reader's destination for source @src into @d, taking buffer refs into @job. */
 int tpd_msg_resolve_dst(struct tpd_session *s, const Tpw__V1__Segment *seg,
-			const struct tpd_msg_src *src, struct tpd_copy_job *job, struct tpb_xfer *x,
-			char *why, size_t wl)
+			const struct tpd_msg_src *src, struct tpd_copy_job *job,
+			struct tpd_msg_dst *d, char *why, size_t wl)
 {
+	struct tpb_xfer *x = &d->x;
 	struct tpd_buffer *b;
 	void *ptr;
 
@@ -202,6 +203,7 @@ int tpd_msg_resolve_dst(struct tpd_session *s, const Tpw__V1__Segment *seg,
 	}
 	x->src = src->mem;
 	x->len = src->len;
+	d->buf = NULL;
 	if (seg->loc_case == TPW__V1__SEGMENT__LOC_CMA_ADDR) {
 		if (!s->cma_ok) {
 			snprintf(why, wl, "cross-memory attach is not available for this client");
@@ -238,6 +240,7 @@ int tpd_msg_resolve_dst(struct tpd_session *s, const Tpw__V1__Segment *seg,
 		return -ERANGE;
 	}
 	job->refs[job->n_refs++] = tpd_buffer_ref(b);
+	d->buf = b;
 	x->dst = (struct tpb_mem){.loc = TPB_LOC_LOCAL, .addr = (uint64_t)(uintptr_t)ptr};
 	return 0;
 }
@@ -304,12 +307,13 @@ int tpd_msg_build_job(struct tpd_msg *m, struct tpd_session *s, const Tpw__V1__R
 		return -ENOMEM;
 	for (size_t i = 0; i < n; i++) {
 		const struct tpd_msg_src *src = &m->src[i];
-		struct tpb_xfer x;
+		struct tpd_msg_dst d;
+		struct tpb_xfer *x = &d.x;
 		int r, channel;
 
 		if (src->len == 0)
 			continue;
-		r = tpd_msg_resolve_dst(s, tpd_msg_read_segment(rd, i), src, job, &x, why, wl);
+		r = tpd_msg_resolve_dst(s, tpd_msg_read_segment(rd, i), src, job, &d, why, wl);
 		if (r < 0) {
 			tpd_copy_job_free(job);
 			return r;
@@ -317,14 +321,14 @@ int tpd_msg_build_job(struct tpd_msg *m, struct tpd_session *s, const Tpw__V1__R
 		if (src->buf)
 			job->refs[job->n_refs++] = tpd_buffer_ref(src->buf);
 		job_hold_cuda(job, &src->mem);
-		channel = tpb_select(x.src.loc, x.dst.loc);
+		channel = tpb_select(x->src.loc, x->dst.loc);
 		if (channel < 0) {
 			snprintf(why, wl, "no channel can copy this segment on this host");
 			tpd_copy_job_free(job);
 			return -EOPNOTSUPP;
 		}
-		job_add(job, &x, channel);
-		tpd_pipe_pair_record(m->from->pipe, x.src.loc, x.dst.loc, channel);
+		job_add(job, x, channel);
+		tpd_pipe_pair_record(m->from->pipe, x->src.loc, x->dst.loc, channel);
 	}
 	job->done = done;
 	job->arg = m;

@@ -124,11 +124,17 @@ int tpd_msg_resolve(struct tpd_msg *m, struct tpd_session *s, const Tpw__V1__Wri
 int tpd_msg_send_descriptor(struct tpd_pipe_end *r, struct tpd_msg *m, const Tpw__V1__Write *w);
 /* Segment @i of allocation @rd (payloads then tensors). Return: borrowed from @rd. */
 const Tpw__V1__Segment *tpd_msg_read_segment(const Tpw__V1__Read *rd, size_t i);
-/* Resolves the reader's destination @seg for source @src into @x; buffer and CUDA references
+/* Where one segment of a reader's allocation lands. */
+struct tpd_msg_dst {
+	struct tpb_xfer x;	/* the source and that destination */
+	struct tpd_buffer *buf; /* the shared buffer it lies in, or NULL; the job holds it */
+};
+
+/* Resolves the reader's destination @seg for source @src into @d; buffer and CUDA references
  * go into @job. Return: 0, or -errno with the reason in @why. */
 int tpd_msg_resolve_dst(struct tpd_session *s, const Tpw__V1__Segment *seg,
-			const struct tpd_msg_src *src, struct tpd_copy_job *job, struct tpb_xfer *x,
-			char *why, size_t wl);
+			const struct tpd_msg_src *src, struct tpd_copy_job *job,
+			struct tpd_msg_dst *d, char *why, size_t wl);
 /* Builds the local copy job of @m into allocation @rd of reader session @s, completing
  * through @done with @m as its argument. Return: 0 and an owned job in @ret (free with
  * tpd_copy_job_free()), or -errno with the reason in @why. */

@@ -361,23 +361,20 @@ int tpd_xh_build_recv(struct tpd_msg *m, struct tpd_session *s, const Tpw__V1__R
 		return -ENOMEM;
 	}
 	for (size_t i = 0; i < n; i++) {
-		size_t refs = xh->holder->n_refs;
-		struct tpb_xfer x;
+		struct tpd_msg_dst d;
 		int r;
 
 		if (m->src[i].len == 0)
 			continue;
-		r = tpd_msg_resolve_dst(s, tpd_msg_read_segment(rd, i), &m->src[i], xh->holder, &x,
+		r = tpd_msg_resolve_dst(s, tpd_msg_read_segment(rd, i), &m->src[i], xh->holder, &d,
 					why, wl);
 		if (r < 0) {
 			tpd_xh_free(xh);
 			return r;
 		}
-		xh->segs[i].mem = x.dst;
-		xh->segs[i].len = x.len;
-		/* a shared buffer: resolving took the holder's reference to it */
-		if (x.dst.loc == TPB_LOC_LOCAL && xh->holder->n_refs > refs)
-			xh->segs[i].buf = xh->holder->refs[refs];
+		xh->segs[i].mem = d.x.dst;
+		xh->segs[i].len = d.x.len;
+		xh->segs[i].buf = d.buf; /* the holder keeps it */
 	}
 	m->xh = xh;
 	return 0;
