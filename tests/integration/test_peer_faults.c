@@ -2,7 +2,9 @@
 /*
  * Integration suite: cross-host pipes when things go wrong. Two daemons on this machine treat each
  * other as remote hosts (see test_peers.c), with --peer-timeout 3000 and --peer-connect-timeout
- * 2000 (times tpt_time_scale() under valgrind). An unknown listener fails the connect with -ENOENT;
+ * 2000 (times tpt_time_scale() under valgrind). A malformed tpip:// address (no host, no or an
+ * empty name, a port out of range or not a number, a bad bracketed IPv6 host) fails the connect
+ * with -EINVAL at once and opens no link. An unknown listener fails the connect with -ENOENT;
  * a port nobody listens on with -ECONNREFUSED, and one that accepts TCP but never answers with
  * -ETIMEDOUT, each within the connect timeout. SIGKILL of the remote daemon mid-transfer, or
  * SIGSTOP (a silent peer), fails both clients within the peer timeout, while the surviving daemon
@@ -164,6 +166,34 @@ START_TEST(test_peer_faults_unknown_listener_is_enoent)
 	expect_connect_error(&c);
 	/* The link itself is fine: a real listener is reached over it. */
 	ck_assert(cross_works(&tpt_peer_a, &tpt_peer_b, "after-enoent"));
+}
+END_TEST
+
+/* Addresses the daemon must refuse at once, without dialling anyone. */
+static const char *const bad_addresses[] = {
+	"tpip://",                         /* no host */
+	"tpip:///x",                       /* no host */
+	"tpip://127.0.0.1",                /* no listener name */
+	"tpip://127.0.0.1:7420/",          /* empty listener name */
+	"tpip://127.0.0.1:0/x",            /* port 0 */
+	"tpip://127.0.0.1:65536/x",        /* port out of range */
+	"tpip://127.0.0.1:12ab/x",         /* port not a number */
+	"tpip://127.0.0.1:/x",             /* empty port */
+	"tpip://[::1/x",                   /* unclosed bracket */
+	"tpip://[]:7420/x",                /* empty bracketed host */
+	"tpip://[::1]x/x",                 /* junk after the bracket */
+	"tpip://127.0.0.1:7420/no spaces", /* invalid listener name */
+};
+
+/* _i: index into bad_addresses. */
+START_TEST(test_peer_faults_malformed_address_is_einval_at_once)
+{
+	struct connect_case c = { .want = { -EINVAL, -EINVAL }, .max_ms = SLACK_MS };
+
+	snprintf(c.address, sizeof(c.address), "%s", bad_addresses[_i]);
+	expect_connect_error(&c);
+	ck_assert_msg(tpt_peer_links_gone(&tpt_peer_a, 0), "'%s' made A open a peer link",
+		      bad_addresses[_i]);
 }
 END_TEST
 
@@ -956,6 +986,8 @@ static Suite *peer_faults_suite(void)
 
 	tcase_add_checked_fixture(conn, setup, teardown);
 	tcase_add_test(conn, test_peer_faults_unknown_listener_is_enoent);
+	tcase_add_loop_test(conn, test_peer_faults_malformed_address_is_einval_at_once, 0,
+			    (int)(sizeof(bad_addresses) / sizeof(bad_addresses[0])));
 	tcase_add_test(conn, test_peer_faults_closed_port_is_refused_in_time);
 	tcase_add_test(conn, test_peer_faults_silent_port_times_out);
 	tcase_set_timeout(conn, 60);
