@@ -2,15 +2,15 @@
 /*
  * Peer links: the link object's lifetime (creation, failure, teardown), sending on the control
  * connection, reading its frames and dispatching them (keepalives and pipe messages on an up
- * link, handshake messages to peerhs.c), dialling, starting and stopping the peer module, and the
- * tpipctl snapshot. See peer.h and docs/peering.md. The handshake and data connection set-up are
- * in peerhs.c, the TCP peer listener and accepted connections in peerlisten.c, and what the three
- * share in peer_int.h. Everything here runs on the loop thread.
+ * link, handshake messages to peerhs.c), finding or creating the link for a dial, starting and
+ * stopping the peer module, and the tpipctl snapshot. See peer.h and docs/peering.md. Resolving
+ * and connecting a dialled link are in peerdial.c, the handshake and data connection set-up in
+ * peerhs.c, the TCP peer listener and accepted connections in peerlisten.c, and what they share
+ * in peer_int.h. Everything here runs on the loop thread.
  */
 #include <arpa/inet.h>
 #include <event2/buffer.h>
 #include <event2/bufferevent.h>
-#include <event2/dns.h>
 #include <netdb.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
@@ -249,6 +249,7 @@ void tpd_peer_teardown(struct tpd_peer *pr)
 	free(v);
 	tpu_hmap_done(&pr->pipes);
 	tpu_hmap_done(&pr->xfers);
+	tpd_peerdial_done(pr);
 	if (pr->bev)
 		bufferevent_free(pr->bev);
 	if (pr->flush_queued)
@@ -523,6 +524,7 @@ static void peer_on_event(struct bufferevent *bev, short what, void *arg)
 
 	if (what & BEV_EVENT_CONNECTED) {
 		int one = 1;
+		tpd_peerdial_connected(pr);
 		setsockopt(bufferevent_getfd(bev), IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
 		pr->state = PEER_HANDSHAKE;
 		bufferevent_enable(bev, EV_READ | EV_WRITE);
@@ -534,13 +536,8 @@ static void peer_on_event(struct bufferevent *bev, short what, void *arg)
 		return;
 	}
 	if (what & BEV_EVENT_ERROR) {
-		int dns = bufferevent_socket_get_dns_error(bev);
-		if (dns)
-			tpd_peer_fail(pr, -EHOSTUNREACH, "cannot resolve the host: %s",
-				      evutil_gai_strerror(dns));
-		else if (pr->state == PEER_CONNECTING)
-			tpd_peer_fail(pr, err == ECONNREFUSED ? -ECONNREFUSED : -EHOSTUNREACH,
-				      "cannot connect: %s", strerror(err));
+		if (pr->state == PEER_CONNECTING && pr->addr)
+			tpd_peerdial_error(pr, err);
 		else
 			tpd_peer_fail(pr, -ECONNRESET, "connection lost: %s", strerror(err));
 	}
@@ -554,6 +551,10 @@ static void peer_on_timer(evutil_socket_t fd, short what, void *arg)
 	Tpw__V1__PeerMsg m = TPW__V1__PEER_MSG__INIT;
 	uint64_t now = tpu_now_ns();
 
+	if (pr->state == PEER_CONNECTING && pr->outgoing) {
+		tpd_peerdial_timeout(pr);
+		return;
+	}
 	if (pr->state != PEER_UP) {
 		tpd_peer_fail(pr, -ETIMEDOUT, "no link within %u ms (stuck in %s)",
 			      d->cfg.peer_connect_timeout_ms, state_names[pr->state]);
@@ -581,17 +582,6 @@ int tpd_peer_bev_setup(struct tpd_peer *pr, int fd)
 	return 0;
 }
 
-static struct evdns_base *dns_base(struct tpd_daemon *d)
-{
-	if (!d->dns) {
-		d->dns = evdns_base_new(d->base, EVDNS_BASE_INITIALIZE_NAMESERVERS |
-							 EVDNS_BASE_NAMESERVERS_NO_DEFAULT);
-		if (!d->dns)
-			d->dns = evdns_base_new(d->base, 0);
-	}
-	return d->dns;
-}
-
 int tpd_peer_get(struct tpd_daemon *d, const char *host, uint16_t port, struct tpd_peer **ret,
 		 char *why, size_t wl)
 {
@@ -609,16 +599,12 @@ int tpd_peer_get(struct tpd_daemon *d, const char *host, uint16_t port, struct t
 		return -ESHUTDOWN;
 	}
 	pr = tpd_peer_new(d, true, key);
-	if (!pr || tpd_peer_bev_setup(pr, -1) < 0) {
-		if (pr)
-			tpd_peer_teardown(pr);
+	if (!pr) {
 		snprintf(why, wl, "out of memory");
 		return -ENOMEM;
 	}
-	tpd_peer_timer_arm_ms(pr->ev_timer, d->cfg.peer_connect_timeout_ms);
 	tpd_peer_log(pr, TPU_LOG_INFO, "dialling");
-	if (bufferevent_socket_connect_hostname(pr->bev, dns_base(d), AF_UNSPEC, host, port) < 0)
-		tpd_peer_fail(pr, -EHOSTUNREACH, "cannot connect to %s", key);
+	tpd_peerdial_start(pr, host, port);
 	*ret = pr;
 	return 0;
 }
@@ -717,9 +703,6 @@ void tpd_peers_stop(struct tpd_daemon *d)
 	d->ev_peer_accept = NULL;
 	tpu_close(d->peer_fd);
 	d->peer_fd = -EBADF;
-	if (d->dns)
-		evdns_base_free(d->dns, 0);
-	d->dns = NULL;
 	if (d->peer_keyed)
 		tpd_peerauth_key_done(&d->peer_key);
 	d->peer_keyed = false;

@@ -31,8 +31,16 @@ struct tpd_gdr_link;
  */
 int tpd_peers_start(struct tpd_daemon *d);
 
-/* Fails every link with STATUS_SHUTDOWN and frees them, closes the listener. */
+/* Fails every link with STATUS_SHUTDOWN and frees them, closes the listener. The resolver
+ * stays until tpd_peers_dns_free(). */
 void tpd_peers_stop(struct tpd_daemon *d);
+
+/*
+ * tpd_peers_dns_free() - free the resolver (if a dial made one), once the loop has stopped and
+ * every other event of the daemon is freed: it first runs what a canceled resolution left queued
+ * on the loop, which libevent otherwise never frees. Only from outside the loop.
+ */
+void tpd_peers_dns_free(struct tpd_daemon *d);
 
 /*
  * tpd_peer_get() - the link to @host:@port: an existing one that is not failing, or a new one
@@ -48,6 +56,15 @@ bool tpd_peer_is_up(const struct tpd_peer *pr);
 
 /* "HOST:PORT" of the link, for messages. */
 const char *tpd_peer_name(const struct tpd_peer *pr);
+
+/*
+ * tpd_peer_dial_text() - while @pr is being dialled, each address tried so far and why it
+ * failed, then the one being tried ("ADDR: no answer"); "" for a link past its connect or one
+ * that was accepted.
+ * Borrows @pr; writes at most @len bytes into @buf.
+ * Return: @buf.
+ */
+char *tpd_peer_dial_text(const struct tpd_peer *pr, char *buf, size_t len);
 
 /* The link's cuda_gdr state, or NULL when the two daemons do not both offer it. */
 struct tpd_gdr_link *tpd_peer_gdr(struct tpd_peer *pr);

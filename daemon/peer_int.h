@@ -1,9 +1,9 @@
 /* SPDX-License-Identifier: BSD-3-Clause */
 /*
- * Private to the peer link files (peer.c, peerhs.c, peerlisten.c); not installed and included
- * nowhere else. Holds what they share: the link object, the accepted connection whose first
- * frame is not read yet, the data connection being dialled, the MAC labels, and the functions
- * one of these files calls in another. The rest of the daemon uses peer.h only.
+ * Private to the peer link files (peer.c, peerdial.c, peerhs.c, peerlisten.c); not installed and
+ * included nowhere else. Holds what they share: the link object, the accepted connection whose
+ * first frame is not read yet, the data connection being dialled, the MAC labels, and the
+ * functions one of these files calls in another. The rest of the daemon uses peer.h only.
  */
 #ifndef TPD_PEER_INT_H
 #define TPD_PEER_INT_H
@@ -11,6 +11,7 @@
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <event2/util.h>
 #include <sys/socket.h>
 #include "frame.h"
 #include "hmap.h"
@@ -25,6 +26,8 @@
 #define LABEL_DATA "tpipd-peer-data"
 
 enum peer_state { PEER_CONNECTING, PEER_HANDSHAKE, PEER_DATA, PEER_UP, PEER_FAILED };
+
+struct evdns_getaddrinfo_request;
 
 struct tpd_peer {
 	struct tpu_list node;
@@ -58,6 +61,11 @@ struct tpd_peer {
 	char last_error[200];
 	unsigned peer_rdma;	    /* TPD_GDR_*: the peer offered rdma, cuda_gdr in its Hello */
 	struct tpd_gdr_link *gdr;   /* RDMA set-up and sends (NULL: not on this link) */
+	/* Dialling (peerdial.c), while PEER_CONNECTING: */
+	struct evdns_getaddrinfo_request *dns_req; /* resolving the host */
+	struct evutil_addrinfo *addrs, *addr;	    /* what it resolved to; the one tried */
+	uint64_t dial_deadline_ns;
+	char dial_errs[200]; /* each address tried: why it failed */
 };
 
 /* An accepted connection whose first frame says what it is. */
@@ -199,6 +207,43 @@ void tpd_peerhs_dial_on_ready(struct tpd_peer *pr, const Tpw__V1__PeerReady *r);
  * Takes @dd.
  */
 void tpd_peerhs_data_dial_free(struct data_dial *dd);
+
+/* ---- peerdial.c ---------------------------------------------------------------------------- */
+
+/*
+ * tpd_peerdial_start() - resolve @host and connect @pr's control connection to @port on the
+ * first of its addresses that accepts, trying them in turn, within --peer-connect-timeout (armed
+ * here on pr->ev_timer). Failures end in tpd_peer_fail(), possibly before this returns.
+ * Borrows @pr and @host.
+ */
+void tpd_peerdial_start(struct tpd_peer *pr, const char *host, uint16_t port);
+
+/*
+ * tpd_peerdial_error() - the connect to the address being tried failed with errno @err: try the
+ * next one, or fail the link naming every address and why it failed.
+ * Borrows @pr.
+ */
+void tpd_peerdial_error(struct tpd_peer *pr, int err);
+
+/*
+ * tpd_peerdial_timeout() - @pr's timer fired while connecting: give up on the address being
+ * tried and go on to the next, or fail the link (also when the host has not resolved).
+ * Borrows @pr.
+ */
+void tpd_peerdial_timeout(struct tpd_peer *pr);
+
+/*
+ * tpd_peerdial_connected() - the control connection is up: drop the addresses and leave the
+ * handshake what is left of the connect timeout.
+ * Borrows @pr.
+ */
+void tpd_peerdial_connected(struct tpd_peer *pr);
+
+/*
+ * tpd_peerdial_done() - cancel a pending resolution and drop the addresses (link teardown).
+ * Borrows @pr.
+ */
+void tpd_peerdial_done(struct tpd_peer *pr);
 
 /* ---- peerlisten.c -------------------------------------------------------------------------- */
 

@@ -175,12 +175,14 @@ static void xconnect_fail(struct tpd_pipe *p, int err, const char *why)
 static void xpipe_on_connect_timeout(evutil_socket_t fd, short what, void *arg)
 {
 	struct tpd_pipe *p = arg;
-	char why[200];
+	char why[320], dial[200] = "";
 
 	if (!p->connecting)
 		return;
-	snprintf(why, sizeof(why), "no answer from tpipd at %.120s within %u ms", p->peer_addr,
-		 p->d->cfg.peer_connect_timeout_ms);
+	if (p->link)
+		tpd_peer_dial_text(p->link, dial, sizeof(dial));
+	snprintf(why, sizeof(why), "no answer from tpipd at %.120s within %u ms%s%s", p->peer_addr,
+		 p->d->cfg.peer_connect_timeout_ms, dial[0] ? ": " : "", dial);
 	xconnect_fail(p, -ETIMEDOUT, why);
 }
 

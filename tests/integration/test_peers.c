@@ -790,7 +790,8 @@ static bool ipv6_loopback(char *why, size_t wl)
 {
 	struct sockaddr_in6 sa = { .sin6_family = AF_INET6, .sin6_addr = IN6ADDR_LOOPBACK_INIT };
 	int fd = socket(AF_INET6, SOCK_STREAM | SOCK_CLOEXEC, 0);
-	bool ok = fd >= 0 && bind(fd, (struct sockaddr *)&sa, sizeof(sa)) == 0 && listen(fd, 1) == 0;
+	bool ok = fd >= 0 && bind(fd, (struct sockaddr *)&sa, sizeof(sa)) == 0 &&
+		  listen(fd, 1) == 0;
 
 	if (!ok)
 		snprintf(why, wl, "%s", strerror(errno));
