@@ -11,6 +11,7 @@ SVC_NAME=$(basename "$0" .sh)
 SVC_TMP=
 SVC_PIDS=()   # processes to stop at exit, most recent last
 SVC_LOGS=()   # files to print when the test fails
+SVC_NETNS=()  # network namespaces to delete at exit
 SVC_FAILED=0
 
 say() { printf '%s: %s\n' "$SVC_NAME" "$*"; }
@@ -71,6 +72,10 @@ svc_cleanup() {
 	if [ "$rc" -ne 0 ] && [ "$rc" -ne 77 ] && [ "$SVC_FAILED" -eq 0 ]; then
 		svc_dump_logs
 	fi
+	# Deleting a namespace also deletes the devices in it (a veth end, and so its pair).
+	for ((i = 0; i < ${#SVC_NETNS[@]}; i++)); do
+		ip netns del "${SVC_NETNS[i]}" 2>/dev/null
+	done
 	[ -n "$SVC_TMP" ] && rm -rf "$SVC_TMP"
 	exit "$rc"
 }
@@ -83,6 +88,27 @@ svc_init() {
 }
 
 svc_track() { SVC_PIDS+=("$1"); }
+
+# svc_netns NAME...: creates these network namespaces, deleted by the cleanup (after the
+# processes stop); skips the script (77) where namespaces cannot be made.
+svc_netns() {
+	local ns
+	for ns in "$@"; do
+		ip netns add "$ns" 2>/dev/null ||
+			skip "cannot create network namespaces here (ip netns add)"
+		SVC_NETNS+=("$ns")
+	done
+}
+
+# svc_wait_daemon SOCKET PID: waits (10 s) until the daemon PID answers tpipctl status on SOCKET.
+svc_wait_daemon() {
+	local deadline=$((SECONDS + 10))
+	until ctl --socket "$1" --timeout 1 status >/dev/null 2>&1; do
+		kill -0 "$2" 2>/dev/null || fail "tpipd exited during start-up ($1)"
+		[ "$SECONDS" -lt "$deadline" ] || fail "tpipd did not answer on $1 within 10 s"
+		sleep 0.05
+	done
+}
 
 # wait_until SECONDS DESCRIPTION CMD...: runs CMD every 50 ms until it succeeds or SECONDS pass.
 wait_until() {
@@ -123,12 +149,7 @@ svc_start_daemon() {
 	"$TPIPD_BIN" --socket "$sock" --peer-listen off "$@" 2>"$log" &
 	SVC_DAEMON_PID=$!
 	svc_track "$SVC_DAEMON_PID"
-	local deadline=$((SECONDS + 10))
-	until ctl --socket "$sock" --timeout 1 status >/dev/null 2>&1; do
-		kill -0 "$SVC_DAEMON_PID" 2>/dev/null || fail "tpipd exited during start-up"
-		[ "$SECONDS" -lt "$deadline" ] || fail "tpipd did not answer on $sock within 10 s"
-		sleep 0.05
-	done
+	svc_wait_daemon "$sock" "$SVC_DAEMON_PID"
 }
 
 # svc_stop_daemon PID: SIGTERM and expect exit status 0 within 10 s.

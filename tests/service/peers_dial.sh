@@ -29,17 +29,7 @@ ns=tpt-dial-$$
 void=tpt-void-$$
 net=10.202.$(($$ % 250)).
 
-# Deleting a namespace also deletes its end of the veth pair (and so the pair).
-ns_cleanup() {
-	local rc=$?
-	ip netns del "$ns" 2>/dev/null
-	ip netns del "$void" 2>/dev/null
-	(exit "$rc")
-	svc_cleanup
-}
-trap ns_cleanup EXIT
-ip netns add "$ns" 2>/dev/null || skip "cannot create network namespaces here (ip netns add)"
-ip netns add "$void" || fail "second namespace"
+svc_netns "$ns" "$void"
 ip -n "$ns" link set lo up || fail "lo up"
 ip link add tpdial$$ netns "$ns" type veth peer name tpvoid$$ netns "$void" 2>/dev/null ||
 	skip "cannot create a veth pair here"
@@ -64,22 +54,12 @@ EOF
 
 now_ms() { echo $(($(date +%s%N) / 1000000)); }
 
-wait_ready() { # NAME PID
-	local i
-	for ((i = 0; i < 200; i++)); do
-		ctl --socket "$SVC_TMP/$1.sock" --timeout 1 status >/dev/null 2>&1 && return 0
-		kill -0 "$2" 2>/dev/null || fail "daemon $1 exited during start-up"
-		sleep 0.05
-	done
-	fail "daemon $1 did not start"
-}
-
 SVC_LOGS+=("$SVC_TMP/b.log" "$SVC_TMP/a.log")
 ip netns exec "$ns" "$TPIPD_BIN" --socket "$SVC_TMP/b.sock" --config /dev/null \
 	--peer-listen 127.0.0.1:0 --peer-force-cross-host 2>"$SVC_TMP/b.log" &
 PID_b=$!
 svc_track "$PID_b"
-wait_ready b "$PID_b"
+svc_wait_daemon "$SVC_TMP/b.sock" "$PID_b"
 port=$(ctl --socket "$SVC_TMP/b.sock" --json status | jq -r '.peer_listen' | sed 's/.*://')
 [ -n "$port" ] && [ "$port" -gt 0 ] || fail "no peer port for b"
 # `exec` keeps the daemon's pid the one tracked here, with the hosts file bound in its own
@@ -90,7 +70,7 @@ ip netns exec "$ns" unshare -m sh -c 'mount --bind "$1" /etc/hosts && shift && e
 	2>"$SVC_TMP/a.log" &
 PID_a=$!
 svc_track "$PID_a"
-wait_ready a "$PID_a"
+svc_wait_daemon "$SVC_TMP/a.sock" "$PID_a"
 
 # cross NAME HOST: one 1 MiB message from a client of a to a listener NAME on b, by HOST.
 cross() {

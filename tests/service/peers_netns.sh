@@ -23,18 +23,7 @@ vea=tpva$$
 veb=tpvb$$
 net=10.201.$(($$ % 250)).
 
-# Deleting a namespace also deletes its end of the veth pair (and so the pair). svc_cleanup,
-# which stops the daemons and removes $SVC_TMP, runs last and exits with the script's status.
-ns_cleanup() {
-	local rc=$?
-	ip netns del "$nsa" 2>/dev/null
-	ip netns del "$nsb" 2>/dev/null
-	(exit "$rc")
-	svc_cleanup
-}
-trap ns_cleanup EXIT
-ip netns add "$nsa" 2>/dev/null || skip "cannot create network namespaces here (ip netns add)"
-ip netns add "$nsb" || fail "second namespace"
+svc_netns "$nsa" "$nsb"
 ip link add "$vea" netns "$nsa" type veth peer name "$veb" netns "$nsb" 2>/dev/null ||
 	skip "cannot create a veth pair here"
 ip -n "$nsa" addr add "${net}1/24" dev "$vea" || fail "address on $vea"
@@ -53,13 +42,7 @@ start_ns_daemon() { # NAME NS ADDR
 	local pid=$!
 	svc_track "$pid"
 	printf -v "PID_$1" '%s' "$pid"
-	local i
-	for ((i = 0; i < 200; i++)); do
-		ctl --socket "$SVC_TMP/$1.sock" --timeout 1 status >/dev/null 2>&1 && return 0
-		kill -0 "$pid" 2>/dev/null || fail "daemon $1 exited during start-up"
-		sleep 0.05
-	done
-	fail "daemon $1 did not start"
+	svc_wait_daemon "$SVC_TMP/$1.sock" "$pid"
 }
 start_ns_daemon a "$nsa" "${net}1"
 start_ns_daemon b "$nsb" "${net}2"
