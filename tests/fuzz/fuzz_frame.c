@@ -83,6 +83,60 @@ static bool check_daemon(const struct tpw_hdr *h, const uint8_t *msg,
 	return ok;
 }
 
+/* A fixed-size field the daemon copies: validation must have left it empty or exact. */
+static void exact_or_empty(const ProtobufCBinaryData *b, size_t want)
+{
+	if (b->len != 0 && b->len != want)
+		abort();
+}
+
+static void use_peer(const Tpw__V1__PeerMsg *m, uint32_t tail_len)
+{
+	switch (m->body_case) {
+	case TPW__V1__PEER_MSG__BODY_HELLO:
+		exact_or_empty(&m->hello->boot_id, 16);
+		exact_or_empty(&m->hello->nonce, 32);
+		exact_or_empty(&m->hello->mac, 32);
+		if (m->hello->data_conns > 16)
+			abort();
+		break;
+	case TPW__V1__PEER_MSG__BODY_AUTH:
+		if (m->auth->mac.len != 32)
+			abort();
+		break;
+	case TPW__V1__PEER_MSG__BODY_DATA_HELLO:
+		exact_or_empty(&m->data_hello->mac, 32);
+		break;
+	case TPW__V1__PEER_MSG__BODY_DESCRIPTOR:
+		use_descriptor(m->descriptor->descriptor, tail_len);
+		break;
+	case TPW__V1__PEER_MSG__BODY_RDMA:
+		for (size_t i = 0; i < m->rdma->n_qps; i++)
+			if (m->rdma->qps[i].len != TPW_RDMA_QP_RECORD_BYTES)
+				abort();
+		break;
+	default:
+		if (tail_len)
+			abort(); /* only a descriptor carries a tail */
+		break;
+	}
+}
+
+static bool check_peer(const struct tpw_hdr *h, const uint8_t *msg, const struct tpw_limits *lim)
+{
+	Tpw__V1__PeerMsg *m = NULL;
+	char why[256];
+	bool ok;
+
+	if (tpw_peer_msg_unpack(msg, h->msg_len, &m) < 0)
+		return false;
+	ok = tpw_peer_msg_validate(m, h, lim, why, sizeof(why)) == 0;
+	if (ok)
+		use_peer(m, h->data_len);
+	tpw_peer_msg_free(m);
+	return ok;
+}
+
 unsigned fuzz_frame_check(const uint8_t *data, size_t size)
 {
 	struct tpw_limits lim;
@@ -101,6 +155,8 @@ unsigned fuzz_frame_check(const uint8_t *data, size_t size)
 		res |= FUZZ_CLIENT_OK;
 	if (check_daemon(&h, data + TPW_HDR_SIZE, &lim))
 		res |= FUZZ_DAEMON_OK;
+	if (check_peer(&h, data + TPW_HDR_SIZE, &lim))
+		res |= FUZZ_PEER_OK;
 	return res;
 }
 

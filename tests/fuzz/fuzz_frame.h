@@ -2,7 +2,8 @@
 /*
  * The frame fuzz target's body, shared by the libFuzzer entry point (fuzz_frame.c) and the
  * corpus replay driver (replay_frame.c): header parse, bounded unpack and validation of one
- * frame, read both as a client message and as a daemon message.
+ * frame, read as a client message, as a daemon message and as a peer (daemon <-> daemon)
+ * control message.
  */
 #ifndef TPT_FUZZ_FRAME_H
 #define TPT_FUZZ_FRAME_H
@@ -12,6 +13,7 @@
 
 #define FUZZ_CLIENT_OK 1u /* the frame is a valid client -> daemon frame */
 #define FUZZ_DAEMON_OK 2u /* the frame is a valid daemon -> client frame */
+#define FUZZ_PEER_OK 4u	  /* the frame is a valid daemon <-> daemon control frame */
 
 /*
  * fuzz_frame_check() - run one input (a whole frame: header, message, data tail) through

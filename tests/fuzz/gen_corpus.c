@@ -1,8 +1,8 @@
 /* SPDX-License-Identifier: BSD-3-Clause */
 /*
  * Writes the seed corpus of the frame fuzz target: one valid frame of each client message type,
- * a few valid daemon frames, and broken frames (bad header fields, cut or garbage protobuf,
- * rule violations). Names carry the expected verdict (see replay_frame.c). Run once by hand,
+ * a few valid daemon frames, peer frames of the handshake, pipe traffic and RDMA set-up, and
+ * broken frames (bad header fields, cut or garbage protobuf, rule violations). Names carry the expected verdict (see replay_frame.c). Run once by hand,
  * `gen_corpus tests/fuzz/corpus`, and commit the files; it is not part of the test run.
  */
 #include <errno.h>
@@ -11,6 +11,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include "frame.h"
+#include "validate.h"
 
 static const char *outdir;
 
@@ -240,6 +241,145 @@ static void gen_daemon(void)
 	frame("daemon-bad-write-done-with-fd", &m.base, 0, 1);
 }
 
+/* Daemon <-> daemon control frames: the handshake, pipe traffic, RDMA set-up. */
+static void gen_peer_handshake(void)
+{
+	Tpw__V1__PeerMsg m = TPW__V1__PEER_MSG__INIT;
+	Tpw__V1__PeerHello h = TPW__V1__PEER_HELLO__INIT;
+	Tpw__V1__PeerAuth a = TPW__V1__PEER_AUTH__INIT;
+	Tpw__V1__PeerReady rd = TPW__V1__PEER_READY__INIT;
+	Tpw__V1__PeerDataHello dh = TPW__V1__PEER_DATA_HELLO__INIT;
+	static uint8_t bytes[32];
+	static char *backends[] = { "mpt", "basic", "rdma" };
+
+	h.major = TPW_PROTO_MAJOR;
+	h.host = "hostY";
+	h.boot_id = (ProtobufCBinaryData){ 16, bytes };
+	h.instance = 42;
+	h.n_backends = 3;
+	h.backends = backends;
+	h.data_conns = 4;
+	h.nonce = (ProtobufCBinaryData){ 32, bytes };
+	h.listen_port = 7420;
+	m.body_case = TPW__V1__PEER_MSG__BODY_HELLO;
+	m.hello = &h;
+	frame("peer-ok-hello", &m.base, 0, 0);
+	frame("peer-bad-hello-with-fd", &m.base, 0, 1);
+	frame("peer-bad-hello-with-tail", &m.base, 8, 0);
+	h.boot_id.len = 15;
+	frame("peer-bad-hello-boot-id-15", &m.base, 0, 0);
+	h.boot_id.len = 16;
+	h.nonce.len = 31;
+	frame("peer-bad-hello-nonce-31", &m.base, 0, 0);
+	h.nonce.len = 32;
+	h.data_conns = 17;
+	frame("peer-bad-hello-17-data-conns", &m.base, 0, 0);
+	h.data_conns = 4;
+	h.mac = (ProtobufCBinaryData){ 20, bytes };
+	frame("peer-bad-hello-mac-20", &m.base, 0, 0);
+
+	a.mac = (ProtobufCBinaryData){ 32, bytes };
+	m.body_case = TPW__V1__PEER_MSG__BODY_AUTH;
+	m.auth = &a;
+	frame("peer-ok-auth", &m.base, 0, 0);
+	a.mac.len = 0;
+	frame("peer-bad-auth-no-mac", &m.base, 0, 0);
+
+	rd.link_id = 7;
+	rd.data_up = true;
+	m.body_case = TPW__V1__PEER_MSG__BODY_READY;
+	m.ready = &rd;
+	frame("peer-ok-ready", &m.base, 0, 0);
+
+	dh.link_id = 7;
+	dh.index = 3;
+	dh.mac = (ProtobufCBinaryData){ 32, bytes };
+	m.body_case = TPW__V1__PEER_MSG__BODY_DATA_HELLO;
+	m.data_hello = &dh;
+	frame("peer-ok-data-hello", &m.base, 0, 0);
+	dh.mac.len = 16;
+	frame("peer-bad-data-hello-mac-16", &m.base, 0, 0);
+}
+
+static void gen_peer_pipes(void)
+{
+	Tpw__V1__PeerMsg m = TPW__V1__PEER_MSG__INIT;
+	Tpw__V1__PeerConnect c = TPW__V1__PEER_CONNECT__INIT;
+	Tpw__V1__PeerDescriptor pd = TPW__V1__PEER_DESCRIPTOR__INIT;
+	Tpw__V1__Descriptor d = TPW__V1__DESCRIPTOR__INIT;
+	Tpw__V1__PayloadDesc pl = TPW__V1__PAYLOAD_DESC__INIT;
+	Tpw__V1__PayloadDesc *pls[] = { &pl };
+	Tpw__V1__PeerReadReq rr = TPW__V1__PEER_READ_REQ__INIT;
+	Tpw__V1__PeerRdmaRegion reg = TPW__V1__PEER_RDMA_REGION__INIT;
+	Tpw__V1__PeerRdmaRegion *regs[TPW_DEFAULT_SEGMENTS_MAX + 1];
+	Tpw__V1__PeerPing ping = TPW__V1__PEER_PING__INIT;
+
+	c.pipe_id = 1;
+	c.name = "trainer0";
+	c.remote_name = "worker:7";
+	m.body_case = TPW__V1__PEER_MSG__BODY_CONNECT;
+	m.connect = &c;
+	frame("peer-ok-connect", &m.base, 0, 0);
+	c.name = "bad name";
+	frame("peer-bad-connect-name", &m.base, 0, 0);
+
+	pl.length = 32;
+	d.msg_id = 1;
+	d.eager = true;
+	d.n_payloads = 1;
+	d.payloads = pls;
+	pd.pipe_id = 1;
+	pd.descriptor = &d;
+	m.body_case = TPW__V1__PEER_MSG__BODY_DESCRIPTOR;
+	m.descriptor = &pd;
+	frame("peer-ok-descriptor-eager", &m.base, 32, 0);
+	frame("peer-bad-descriptor-short-tail", &m.base, 31, 0);
+	pd.descriptor = NULL;
+	frame("peer-bad-descriptor-missing", &m.base, 0, 0);
+
+	reg.addr = 0x10000;
+	reg.rkey = 5;
+	reg.length = 4096;
+	for (size_t i = 0; i < TPW_DEFAULT_SEGMENTS_MAX + 1; i++)
+		regs[i] = &reg;
+	rr.pipe_id = 1;
+	rr.msg_id = 1;
+	rr.xfer_id = 9;
+	rr.n_rdma = 2;
+	rr.rdma = regs;
+	m.body_case = TPW__V1__PEER_MSG__BODY_READ_REQ;
+	m.read_req = &rr;
+	frame("peer-ok-read-req-rdma", &m.base, 0, 0);
+	rr.n_rdma = TPW_DEFAULT_SEGMENTS_MAX + 1;
+	frame("peer-bad-read-req-too-many-regions", &m.base, 0, 0);
+
+	ping.t_ns = 123456789;
+	m.body_case = TPW__V1__PEER_MSG__BODY_PING;
+	m.ping = &ping;
+	frame("peer-ok-ping", &m.base, 0, 0);
+	frame("peer-bad-ping-with-tail", &m.base, 4, 0);
+}
+
+static void gen_peer_rdma(void)
+{
+	Tpw__V1__PeerMsg m = TPW__V1__PEER_MSG__INIT;
+	Tpw__V1__PeerRdma r = TPW__V1__PEER_RDMA__INIT;
+	static uint8_t rec[TPW_RDMA_QP_RECORD_BYTES];
+	ProtobufCBinaryData qps[] = { { sizeof(rec), rec } };
+
+	r.ports = 1;
+	r.n_qps = 1;
+	r.qps = qps;
+	m.body_case = TPW__V1__PEER_MSG__BODY_RDMA;
+	m.rdma = &r;
+	frame("peer-ok-rdma", &m.base, 0, 0);
+	qps[0].len = sizeof(rec) - 1;
+	frame("peer-bad-rdma-short-record", &m.base, 0, 0);
+	qps[0].len = sizeof(rec);
+	r.ports = TPW_RDMA_PORTS_MAX + 1;
+	frame("peer-bad-rdma-too-many-ports", &m.base, 0, 0);
+}
+
 /* Header-level damage applied to a valid Hello frame. */
 static void gen_broken(void)
 {
@@ -290,6 +430,9 @@ int main(int argc, char **argv)
 	gen_write();
 	gen_read();
 	gen_daemon();
+	gen_peer_handshake();
+	gen_peer_pipes();
+	gen_peer_rdma();
 	gen_broken();
 	return 0;
 }

@@ -5,6 +5,7 @@
  * with any compiler. Seed files carry their expected verdict in their name:
  *   client-ok-*  must validate as a client frame    client-bad-*  must not
  *   daemon-ok-*  must validate as a daemon frame    daemon-bad-*  must not
+ *   peer-ok-*    must validate as a peer frame      peer-bad-*    must not
  * Other names (files the fuzzer added) only have to run without crashing.
  * Exit status: 0 if every expectation held and at least one file was read, 1 otherwise.
  */
@@ -73,10 +74,13 @@ static void replay_one(const char *path, const char *name, struct tally *t)
 	if ((starts_with(name, "client-ok-") && !(res & FUZZ_CLIENT_OK)) ||
 	    (starts_with(name, "client-bad-") && (res & FUZZ_CLIENT_OK)) ||
 	    (starts_with(name, "daemon-ok-") && !(res & FUZZ_DAEMON_OK)) ||
-	    (starts_with(name, "daemon-bad-") && (res & FUZZ_DAEMON_OK))) {
-		fprintf(stderr, "%s: unexpected verdict (client %s, daemon %s)\n", path,
+	    (starts_with(name, "daemon-bad-") && (res & FUZZ_DAEMON_OK)) ||
+	    (starts_with(name, "peer-ok-") && !(res & FUZZ_PEER_OK)) ||
+	    (starts_with(name, "peer-bad-") && (res & FUZZ_PEER_OK))) {
+		fprintf(stderr, "%s: unexpected verdict (client %s, daemon %s, peer %s)\n", path,
 			res & FUZZ_CLIENT_OK ? "valid" : "invalid",
-			res & FUZZ_DAEMON_OK ? "valid" : "invalid");
+			res & FUZZ_DAEMON_OK ? "valid" : "invalid",
+			res & FUZZ_PEER_OK ? "valid" : "invalid");
 		t->failures++;
 	}
 }
