@@ -9,6 +9,7 @@
  * in peer_int.h. Everything here runs on the loop thread.
  */
 #include <arpa/inet.h>
+#include <net/if.h>
 #include <event2/buffer.h>
 #include <event2/bufferevent.h>
 #include <netdb.h>
@@ -38,7 +39,7 @@ static const char *const state_names[] = { "connecting", "handshake", "handshake
 
 void tpd_peer_sockaddr_text(const struct sockaddr *sa, char *buf, size_t len, bool with_port)
 {
-	char ip[INET6_ADDRSTRLEN] = "?";
+	char ip[INET6_ADDRSTRLEN + IF_NAMESIZE] = "?";
 	unsigned port = 0;
 
 	if (sa->sa_family == AF_INET) {
@@ -47,8 +48,16 @@ void tpd_peer_sockaddr_text(const struct sockaddr *sa, char *buf, size_t len, bo
 		port = ntohs(in->sin_port);
 	} else if (sa->sa_family == AF_INET6) {
 		const struct sockaddr_in6 *in6 = (const void *)sa;
+		char zone[IF_NAMESIZE];
 		inet_ntop(AF_INET6, &in6->sin6_addr, ip, sizeof(ip));
 		port = ntohs(in6->sin6_port);
+		if (in6->sin6_scope_id && IN6_IS_ADDR_LINKLOCAL(&in6->sin6_addr)) {
+			/* fe80::1%eth0, as it is dialled */
+			size_t n = strlen(ip);
+			if (!if_indextoname(in6->sin6_scope_id, zone))
+				snprintf(zone, sizeof(zone), "%u", in6->sin6_scope_id);
+			snprintf(ip + n, sizeof(ip) - n, "%%%s", zone);
+		}
 		if (IN6_IS_ADDR_V4MAPPED(&in6->sin6_addr)) {
 			inet_ntop(AF_INET, &in6->sin6_addr.s6_addr[12], ip, sizeof(ip));
 			snprintf(buf, len, with_port ? "%s:%u" : "%s", ip, port);

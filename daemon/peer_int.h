@@ -93,7 +93,7 @@ struct data_dial {
 
 /*
  * tpd_peer_sockaddr_text() - @sa as "IP" or, with @with_port, "IP:PORT" ("[IPV6]:PORT"); an
- * IPv4-mapped IPv6 address reads as IPv4.
+ * IPv4-mapped IPv6 address reads as IPv4, a link-local one with its zone ("fe80::1%eth0").
  * Borrows @sa; writes at most @len bytes into @buf.
  */
 void tpd_peer_sockaddr_text(const struct sockaddr *sa, char *buf, size_t len, bool with_port);

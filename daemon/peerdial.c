@@ -1,12 +1,12 @@
 /* SPDX-License-Identifier: BSD-3-Clause */
 /*
- * Dialling a peer: resolving the host of tpip://HOST:PORT/NAME (a literal address, or a name
- * through the daemon's resolver, asynchronously) and trying each address it gave in turn until
- * one accepts the control connection, all within --peer-connect-timeout. A name with an IPv6 and
- * an IPv4 address therefore reaches a daemon that listens on only one of them. Each address gets
- * an equal share of the time left, so one that drops packets cannot use up the time of the
- * others. The handshake that follows the connect is peerhs.c's; the link object is peer.c's.
- * Runs on the loop thread.
+ * Dialling a peer: resolving the host of tpip://HOST:PORT/NAME (a literal address, also a
+ * link-local IPv6 one with its %zone, or a name, through the daemon's asynchronous resolver) and
+ * trying each address it gave in turn until one accepts the control connection, all within
+ * --peer-connect-timeout. A name with an IPv6 and an IPv4 address therefore reaches a daemon
+ * that listens on only one of them. Each address gets an equal share of the time left, so one
+ * that drops packets cannot use up the time of the others. The handshake that follows the
+ * connect is peerhs.c's; the link object is peer.c's. Runs on the loop thread.
  */
 #include <errno.h>
 #include <event2/bufferevent.h>
@@ -111,9 +111,8 @@ void tpd_peerdial_start(struct tpd_peer *pr, const char *host, uint16_t port)
 	struct evutil_addrinfo hints = { .ai_family = AF_UNSPEC,
 					 .ai_socktype = SOCK_STREAM,
 					 .ai_protocol = IPPROTO_TCP };
-	struct evdns_getaddrinfo_request *req;
-	struct evdns_base *dns = dns_base(pr->d);
 	uint32_t timeout_ms = pr->d->cfg.peer_connect_timeout_ms;
+	struct evdns_base *dns = dns_base(pr->d);
 	char service[8];
 
 	pr->dial_deadline_ns = tpu_now_ns() + (uint64_t)timeout_ms * 1000000u;
@@ -123,10 +122,9 @@ void tpd_peerdial_start(struct tpd_peer *pr, const char *host, uint16_t port)
 		return;
 	}
 	snprintf(service, sizeof(service), "%u", port);
-	/* A literal address, or a name in the hosts file or the cache, may be answered at once,
-	 * inside this call. */
-	req = evdns_getaddrinfo(dns, host, service, &hints, on_resolved, pr);
-	pr->dns_req = req; /* NULL once answered */
+	/* A literal address (a link-local IPv6 one keeps its %zone), or a name in the hosts file
+	 * or the cache, may be answered at once, inside this call. */
+	pr->dns_req = evdns_getaddrinfo(dns, host, service, &hints, on_resolved, pr);
 }
 
 void tpd_peerdial_error(struct tpd_peer *pr, int err)

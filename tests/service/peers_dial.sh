@@ -11,7 +11,8 @@
 #   tp-dead   is 10.202.X.2 then 10.202.X.3.
 # A pipe to tp-dual and to tp-silent must cross, a's log naming the address it gave up on; a
 # closed port on tp-dual must fail with ECONNREFUSED naming both addresses; tp-dead must fail
-# with ETIMEDOUT within the connect timeout plus slack, naming both. Skips (77) where namespaces,
+# with ETIMEDOUT within the connect timeout plus slack, naming both. A third daemon listening on
+# [::] is then dialled at the link-local address of the veth end with its zone (%DEV). Skips (77) where namespaces,
 # veth pairs, neighbour entries or mount namespaces cannot be made. Namespaces and daemons go
 # away even on failure.
 . "$(dirname -- "$0")/lib.sh" || exit 1
@@ -72,18 +73,19 @@ PID_a=$!
 svc_track "$PID_a"
 svc_wait_daemon "$SVC_TMP/a.sock" "$PID_a"
 
-# cross NAME HOST: one 1 MiB message from a client of a to a listener NAME on b, by HOST.
+# cross NAME HOST [DAEMON PORT]: one 1 MiB message from a client of a to a listener NAME on
+# DAEMON (default b, on $port), dialled as tpip://HOST:PORT/NAME.
 cross() {
-	timeout 60 "$XFER_TOOL_BIN" -s "$SVC_TMP/b.sock" -t 20000 listen "$1" 1M \
-		>"$SVC_TMP/l.out" 2>&1 &
+	local sock=$SVC_TMP/${3:-b}.sock to_port=${4:-$port}
+	timeout 60 "$XFER_TOOL_BIN" -s "$sock" -t 20000 listen "$1" 1M >"$SVC_TMP/l.out" 2>&1 &
 	local lpid=$! i
 	svc_track "$lpid"
 	for ((i = 0; i < 200; i++)); do
-		ctl --socket "$SVC_TMP/b.sock" --json listeners 2>/dev/null | jq -e --arg n "$1" \
+		ctl --socket "$sock" --json listeners 2>/dev/null | jq -e --arg n "$1" \
 			'.listeners[]? | select(.name == $n)' >/dev/null && break
 		sleep 0.05
 	done
-	timeout 60 "$XFER_TOOL_BIN" -s "$SVC_TMP/a.sock" connect "tpip://$2:$port/$1" 1M \
+	timeout 60 "$XFER_TOOL_BIN" -s "$SVC_TMP/a.sock" connect "tpip://$2:$to_port/$1" 1M \
 		>"$SVC_TMP/c.out" 2>&1 || { cat "$SVC_TMP/c.out" "$SVC_TMP/l.out" >&2;
 		fail "no pipe to $2"; }
 	wait "$lpid" || { cat "$SVC_TMP/l.out" >&2; fail "listener of $1"; }
@@ -125,6 +127,26 @@ check "two silent addresses fail with ETIMEDOUT within the connect timeout, nami
 refused tp-dead "$port" ETIMEDOUT $((CONNECT_TIMEOUT_MS + SLACK_MS))
 grep -q "${net}2:$port: no answer; ${net}3:$port: no answer" "$SVC_TMP/c.out" ||
 	fail "the error does not name both addresses"
+
+check "a link-local IPv6 address with its zone (tpip://[fe80::...%DEV]:PORT/NAME) is dialled"
+lladdr=$(ip -n "$ns" -6 -o addr show dev tpdial$$ scope link 2>/dev/null |
+	awk '!/tentative/ { sub(/\/.*/, "", $4); print $4; exit }')
+if [ -z "$lladdr" ]; then
+	say "skipped: no usable link-local address on tpdial$$ (IPv6 off in this namespace)"
+else
+	SVC_LOGS+=("$SVC_TMP/c.log")
+	ip netns exec "$ns" "$TPIPD_BIN" --socket "$SVC_TMP/c.sock" --config /dev/null \
+		--peer-listen "[::]:0" --peer-force-cross-host 2>"$SVC_TMP/c.log" &
+	PID_c=$!
+	svc_track "$PID_c"
+	svc_wait_daemon "$SVC_TMP/c.sock" "$PID_c"
+	cport=$(ctl --socket "$SVC_TMP/c.sock" --json status | jq -r '.peer_listen' | sed 's/.*://')
+	cross linklocal "[$lladdr%tpdial$$]" c "$cport"
+	# c names the link by the address it came from, zone included.
+	grep -q "peer [0-9]* (\[fe80::[0-9a-f:]*%tpdial$$\]:[0-9]*): link up" "$SVC_TMP/c.log" ||
+		fail "c does not name the link-local peer with its zone"
+	svc_stop_daemon "$PID_c"
+fi
 
 kill -0 "$PID_a" && kill -0 "$PID_b" || fail "a daemon died"
 svc_stop_daemon "$PID_a"
