@@ -4,7 +4,9 @@
  * other as remote hosts (see test_peers.c), with --peer-timeout 3000 and --peer-connect-timeout
  * 2000 (times tpt_time_scale() under valgrind). A malformed tpip:// address (no host, no or an
  * empty name, a port out of range or not a number, a bad bracketed IPv6 host) fails the connect
- * with -EINVAL at once and opens no link. An unknown listener fails the connect with -ENOENT;
+ * with -EINVAL at once and opens no link. A peer that answers with a hello of another major
+ * version, or refuses saying VERSION, fails it with -EPROTONOSUPPORT at once, naming the
+ * version. An unknown listener fails the connect with -ENOENT;
  * a port nobody listens on with -ECONNREFUSED, and one that accepts TCP but never answers with
  * -ETIMEDOUT, each within the connect timeout. SIGKILL of the remote daemon mid-transfer, or
  * SIGSTOP (a silent peer), fails both clients within the peer timeout, while the surviving daemon
@@ -115,6 +117,7 @@ struct connect_case {
 	char address[128];
 	int want[2];  /* acceptable errors (0: unused) */
 	int max_ms;   /* the error must come within this */
+	const char *want_text; /* the error message must contain this (NULL: any) */
 };
 
 /* A client of A connects to @c->address and expects one of @c->want within @c->max_ms. */
@@ -141,6 +144,8 @@ static int connect_fails(void *arg)
 		    "the error took %llu ms, want <= %d", (unsigned long long)(tpt_now_ms() - t0),
 		    c->max_ms);
 	TPT_REQUIRE(tp_last_error()[0], 1, "no error message");
+	TPT_REQUIRE(!c->want_text || strstr(tp_last_error(), c->want_text), 1,
+		    "error message '%s' lacks '%s'", tp_last_error(), c->want_text);
 	r2 = tp_pipe_read_descriptor_sync(p, T_MS, &d);
 	TPT_REQUIRE(r2 < 0, 1, "read_descriptor on a failed pipe: %d", r2);
 	tp_pipe_close(p);
@@ -668,6 +673,70 @@ static bool send_junk(struct tpt_raw *r, enum junk kind)
 	}
 }
 
+/* ---- a peer that speaks another protocol version ----------------------------------------- */
+
+struct fake_peer {
+	int fd;	     /* listening */
+	bool refuse; /* answer with a refusal saying VERSION, not with a hello of major 99 */
+};
+
+/* Child: accepts one dial, reads its PeerHello, answers as @arg says, then expects the dialler
+ * to close the connection without another frame. */
+static int fake_peer_run(void *arg)
+{
+	const struct fake_peer *fp = arg;
+	Tpw__V1__PeerHello h = TPW__V1__PEER_HELLO__INIT;
+	Tpw__V1__PeerMsg m = TPW__V1__PEER_MSG__INIT, *in = NULL;
+	struct tpt_raw r = { .fd = accept(fp->fd, NULL, NULL) };
+	uint8_t nonce[32], boot[16];
+	int rr;
+
+	TPT_REQUIRE(r.fd >= 0, 1, "accept: %s", strerror(errno));
+	rr = tpt_raw_recv_peer(&r, T_MS, &in);
+	TPT_REQUIRE(rr == 0 && in->body_case == TPW__V1__PEER_MSG__BODY_HELLO, 1,
+		    "no PeerHello from the dialler: %d", rr);
+	TPT_REQUIRE(in->hello->major == TPW_PROTO_MAJOR, 1, "dialler says major %u",
+		    in->hello->major);
+	tpw_peer_msg_free(in);
+	junk_hello(&h, nonce, boot);
+	if (fp->refuse) {
+		h.status = TPW__V1__STATUS__STATUS_VERSION;
+		h.message = "this daemon speaks protocol 99.0";
+	} else {
+		h.major = 99;
+	}
+	m.body_case = TPW__V1__PEER_MSG__BODY_HELLO;
+	m.hello = &h;
+	TPT_REQUIRE(tpt_raw_send_peer(&r, &m) == 0, 1, "send the hello");
+	in = NULL;
+	rr = tpt_raw_recv_peer(&r, T_MS, &in);
+	TPT_REQUIRE(rr < 0, 1, "the dialler sent frame %d after a hello of another version",
+		    in ? (int)in->body_case : -1);
+	close(r.fd);
+	return 0;
+}
+
+/* _i: 0 the peer answers with a hello of major 99; 1 it refuses with status VERSION. */
+START_TEST(test_peer_faults_other_protocol_version_is_eprotonosupport)
+{
+	struct connect_case c = { .want = { -EPROTONOSUPPORT, -EPROTONOSUPPORT },
+				  .max_ms = SLACK_MS,
+				  .want_text = _i == 0 ? "protocol 99." : "speaks protocol 99.0" };
+	struct fake_peer fp = { .refuse = _i == 1 };
+	int fds = settled_fds(&tpt_peer_a), port;
+	pid_t pid;
+
+	fp.fd = loopback_socket(8, &port);
+	pid = tpt_fork(fake_peer_run, &fp);
+	ck_assert_int_gt(pid, 0);
+	snprintf(c.address, sizeof(c.address), "tpip://127.0.0.1:%d/x", port);
+	expect_connect_error(&c);
+	ck_assert(tpt_wait_ok(pid, T_MS, "fake peer"));
+	close(fp.fd);
+	check_fds_back(&tpt_peer_a, fds, "A after a peer of another version");
+}
+END_TEST
+
 /* _i: enum junk. */
 START_TEST(test_peer_faults_junk_on_peer_port_closes_that_connection)
 {
@@ -990,6 +1059,7 @@ static Suite *peer_faults_suite(void)
 			    (int)(sizeof(bad_addresses) / sizeof(bad_addresses[0])));
 	tcase_add_test(conn, test_peer_faults_closed_port_is_refused_in_time);
 	tcase_add_test(conn, test_peer_faults_silent_port_times_out);
+	tcase_add_loop_test(conn, test_peer_faults_other_protocol_version_is_eprotonosupport, 0, 2);
 	tcase_set_timeout(conn, 60);
 	suite_add_tcase(s, conn);
 
