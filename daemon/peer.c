@@ -9,9 +9,9 @@
  * in peer_int.h. Everything here runs on the loop thread.
  */
 #include <arpa/inet.h>
-#include <net/if.h>
 #include <event2/buffer.h>
 #include <event2/bufferevent.h>
+#include <net/if.h>
 #include <netdb.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>

@@ -166,16 +166,19 @@ void tpd_peerdial_connected(struct tpd_peer *pr)
 
 char *tpd_peer_dial_text(const struct tpd_peer *pr, char *buf, size_t len)
 {
-	char addr[80] = "";
+	char addr[80];
 
-	if (pr->state == PEER_CONNECTING && pr->outgoing && !pr->addr) {
+	if (pr->state != PEER_CONNECTING || !pr->outgoing) {
+		if (len)
+			buf[0] = '\0';
+		return buf;
+	}
+	if (!pr->addr) {
 		snprintf(buf, len, "the host name has not resolved yet");
 		return buf;
 	}
-	if (pr->state == PEER_CONNECTING && pr->addr)
-		tpd_peer_sockaddr_text(pr->addr->ai_addr, addr, sizeof(addr), true);
-	snprintf(buf, len, "%s%s%s%s", pr->dial_errs, pr->dial_errs[0] && addr[0] ? "; " : "",
-		 addr, addr[0] ? ": no answer" : "");
+	tpd_peer_sockaddr_text(pr->addr->ai_addr, addr, sizeof(addr), true);
+	snprintf(buf, len, "%s%s%s: no answer", pr->dial_errs, pr->dial_errs[0] ? "; " : "", addr);
 	return buf;
 }
 
