@@ -90,6 +90,16 @@ static void dial_next(struct tpd_peer *pr)
 	}
 }
 
+/* Moves on to the next address if there is one and time is left. Return: whether it did. */
+static bool dial_on(struct tpd_peer *pr)
+{
+	if (!pr->addr->ai_next || ms_left(pr) == 0)
+		return false;
+	pr->addr = pr->addr->ai_next;
+	dial_next(pr);
+	return true;
+}
+
 static void on_resolved(int result, struct evutil_addrinfo *res, void *arg)
 {
 	struct tpd_peer *pr = arg;
@@ -130,12 +140,8 @@ void tpd_peerdial_start(struct tpd_peer *pr, const char *host, uint16_t port)
 void tpd_peerdial_error(struct tpd_peer *pr, int err)
 {
 	note_failure(pr, strerror(err ? err : EHOSTUNREACH));
-	if (pr->addr->ai_next && ms_left(pr) > 0) {
-		pr->addr = pr->addr->ai_next;
-		dial_next(pr);
-		return;
-	}
-	give_up(pr, err == ECONNREFUSED ? -ECONNREFUSED : -EHOSTUNREACH);
+	if (!dial_on(pr))
+		give_up(pr, err == ECONNREFUSED ? -ECONNREFUSED : -EHOSTUNREACH);
 }
 
 void tpd_peerdial_timeout(struct tpd_peer *pr)
@@ -146,13 +152,9 @@ void tpd_peerdial_timeout(struct tpd_peer *pr)
 		return;
 	}
 	note_failure(pr, "no answer");
-	if (pr->addr->ai_next && ms_left(pr) > 0) {
-		pr->addr = pr->addr->ai_next;
-		dial_next(pr);
-	} else {
+	if (!dial_on(pr))
 		tpd_peer_fail(pr, -ETIMEDOUT, "no link within %u ms: %s",
 			      pr->d->cfg.peer_connect_timeout_ms, pr->dial_errs);
-	}
 }
 
 void tpd_peerdial_connected(struct tpd_peer *pr)

@@ -91,8 +91,8 @@ cross() {
 	wait "$lpid" || { cat "$SVC_TMP/l.out" >&2; fail "listener of $1"; }
 }
 
-# refused HOST PORT WANT_ERRNO_NAME MAX_MS: a connect that must fail so, in time.
-refused() {
+# dial_fails HOST PORT WANT_ERRNO_NAME MAX_MS: a connect that must fail so, in time.
+dial_fails() {
 	local t0 ms
 	t0=$(now_ms)
 	timeout 60 "$XFER_TOOL_BIN" -s "$SVC_TMP/a.sock" connect "tpip://$1:$2/x" 1 \
@@ -119,12 +119,12 @@ grep -q "${net}2:$port: no answer; trying the next address" "$SVC_TMP/a.log" ||
 
 check "a closed port fails with ECONNREFUSED, naming both addresses"
 closed=$((port == 65535 ? port - 1 : port + 1))
-refused tp-dual "$closed" ECONNREFUSED $((CONNECT_TIMEOUT_MS + SLACK_MS))
+dial_fails tp-dual "$closed" ECONNREFUSED $((CONNECT_TIMEOUT_MS + SLACK_MS))
 grep -q "\[::1\]:$closed: .*; 127.0.0.1:$closed: Connection refused" "$SVC_TMP/c.out" ||
 	fail "the error does not name both addresses"
 
 check "two silent addresses fail with ETIMEDOUT within the connect timeout, naming both"
-refused tp-dead "$port" ETIMEDOUT $((CONNECT_TIMEOUT_MS + SLACK_MS))
+dial_fails tp-dead "$port" ETIMEDOUT $((CONNECT_TIMEOUT_MS + SLACK_MS))
 grep -q "${net}2:$port: no answer; ${net}3:$port: no answer" "$SVC_TMP/c.out" ||
 	fail "the error does not name both addresses"
 
