@@ -95,6 +95,11 @@ bool tpd_peer_is_up(const struct tpd_peer *pr)
 	return pr->state == PEER_UP;
 }
 
+bool tpd_peer_is_failed(const struct tpd_peer *pr)
+{
+	return pr->state == PEER_FAILED;
+}
+
 struct tpd_gdr_link *tpd_peer_gdr(struct tpd_peer *pr)
 {
 	return pr->gdr;

@@ -54,6 +54,9 @@ int tpd_peer_get(struct tpd_daemon *d, const char *host, uint16_t port, struct t
 /* True once the link is up (handshake done, data connections attached). */
 bool tpd_peer_is_up(const struct tpd_peer *pr);
 
+/* True once the link failed: its pipes are about to be told why, from the loop. */
+bool tpd_peer_is_failed(const struct tpd_peer *pr);
+
 /* "HOST:PORT" of the link, for messages. */
 const char *tpd_peer_name(const struct tpd_peer *pr);
 
