@@ -41,7 +41,6 @@ for h in 2 3; do
 	ip -n "$ns" neigh add "${net}$h" lladdr 02:00:5e:00:53:0$h dev tpdial$$ 2>/dev/null ||
 		skip "cannot add neighbour entries here (ip neigh add)"
 done
-ip netns exec "$ns" unshare -m true 2>/dev/null || skip "cannot make a mount namespace here"
 
 hosts=$SVC_TMP/hosts
 cat >"$hosts" <<EOF
@@ -52,6 +51,8 @@ ${net}2 tp-silent
 ${net}2 tp-dead
 ${net}3 tp-dead
 EOF
+ip netns exec "$ns" unshare -m mount --bind "$hosts" /etc/hosts 2>/dev/null ||
+	skip "cannot bind a hosts file over /etc/hosts in a mount namespace here (unshare -m)"
 
 now_ms() { echo $(($(date +%s%N) / 1000000)); }
 
