@@ -179,12 +179,13 @@ static void xpipe_on_connect_timeout(evutil_socket_t fd, short what, void *arg)
 
 	if (!p->connecting)
 		return;
-	/* The link's own timer may have run out in the same pass of the loop: its failure, already
-	 * on its way to this pipe, says more (each address and why it failed). */
-	if (p->link && tpd_peer_is_failed(p->link))
-		return;
-	if (p->link)
+	if (p->link) {
+		/* The link's own timer may have run out in the same pass of the loop: its failure,
+		 * already on its way to this pipe, says more (each address and why it failed). */
+		if (tpd_peer_is_failed(p->link))
+			return;
 		tpd_peer_dial_text(p->link, dial, sizeof(dial));
+	}
 	snprintf(why, sizeof(why), "no answer from tpipd at %.120s within %u ms%s%s", p->peer_addr,
 		 p->d->cfg.peer_connect_timeout_ms, dial[0] ? ": " : "", dial);
 	xconnect_fail(p, -ETIMEDOUT, why);
