@@ -11,5 +11,5 @@ cd "$(dirname "$(readlink -f "$0")")"
 
 tp_deps_install
 BUILD=${TP_BUILD_DIR:-build} # build directory (default ./build)
-tp_build "$BUILD"
+tp_build "$BUILD" -Dwerror=true # warnings are errors in tests and CI
 meson test -C "$BUILD" --print-errorlogs "$@"

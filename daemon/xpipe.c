@@ -175,7 +175,7 @@ static void xconnect_fail(struct tpd_pipe *p, int err, const char *why)
 static void xpipe_on_connect_timeout(evutil_socket_t fd, short what, void *arg)
 {
 	struct tpd_pipe *p = arg;
-	char why[320], dial[200] = "";
+	char why[400], dial[200] = ""; /* why: the text below with both %s at their longest */
 
 	if (!p->connecting)
 		return;

@@ -70,12 +70,15 @@ tp_deps_install_bench() {
 	return 0
 }
 
-# tp_build DIR [MESON_SETUP_ARGS...]: configures DIR once (with the given options), then builds.
+# tp_build DIR [MESON_OPTIONS...]: configures DIR once, applies the given -D options to a DIR
+# configured before (so ./test.sh turns -Werror on in a build that ./demo.sh made), then builds.
 tp_build() {
 	local dir=$1
 	shift
 	if [ ! -f "$dir/build.ninja" ]; then
 		meson setup "$dir" "$@" || return
+	elif [ "$#" -gt 0 ]; then
+		meson configure "$dir" "$@" >/dev/null || return
 	fi
 	ninja -C "$dir"
 }
