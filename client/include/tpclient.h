@@ -189,7 +189,8 @@ struct tp_listen_options {
 	size_t size; /* sizeof(struct tp_listen_options) */
 	enum tp_access access;
 	gid_t gid; /* for TP_ACCESS_GROUP */
-	/* Added in 0.2 (a smaller @size leaves them at their defaults): */
+	/* Added with remote access (a caller built before, with a smaller @size, gets these
+	 * defaults): */
 	enum tp_remote_access remote;	 /* default TP_REMOTE_NONE */
 	const char *const *remote_peers; /* TP_REMOTE_PEERS: 1..32 peer identities (borrowed) */
 	size_t n_remote_peers;
@@ -264,7 +265,9 @@ struct tp_connect_options {
  * check is made before the listener learns of the connect, so writes issued on the pipe right
  * away are never delivered to a listener of another owner (a "squatter" that registered the
  * name first). For a tpip:// address the owner is the one the far daemon reports; this daemon
- * checks its answer too and holds every write until it has.
+ * checks its answer too and holds every write until it has. A daemon older than this option
+ * ignores it (tp_pipe_remote_uid() then returns -ENODATA): where that may be, wait for
+ * tp_pipe_wait_connected() and check tp_pipe_remote_uid() before writing.
  * @opts: borrowed; NULL is tp_connect().
  * @ret: returns owned pipe, close with tp_pipe_close().
  * Return: as tp_connect(); -EINVAL for unknown flags or a @size of 0.
