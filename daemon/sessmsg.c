@@ -159,14 +159,15 @@ static void handle_listen(struct tpd_session *s, const Tpw__V1__Listen *m)
 
 	if (s->n_listeners < s->d->cfg.listeners_max)
 		r = tpd_registry_add(&s->d->registry, m->name, s, s->uid, m->access, m->gid, &l);
-	if (r == 0 && tpd_listener_set_remote(l, m->remote, m->remote_peers, m->n_remote_peers) < 0) {
+	if (r == 0 &&
+	    tpd_listener_set_remote(l, m->remote, m->remote_peers, m->n_remote_peers) < 0) {
 		tpd_registry_remove(&s->d->registry, l);
 		r = -ENOMEM;
 	}
 	if (r < 0) {
 		if (r == -EACCES)
 			snprintf(why, sizeof(why),
-				 "listener names '@UID:...' are reserved to uid UID (you are uid %u)",
+				 "names '@UID:...' are reserved to uid UID (you are uid %u)",
 				 (unsigned)s->uid);
 		else if (r == -EADDRINUSE)
 			snprintf(why, sizeof(why), "listener name '%s' is already taken", m->name);

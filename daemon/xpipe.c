@@ -5,8 +5,8 @@
  * the remote end accepted, the fall-back to a local connect when the address is this daemon),
  * answering the peer's PeerConnect for a local listener (decided on the link's authenticated
  * identity and the listener's remote access, never on the uid the peer claims), and the peer
- * messages of an open pipe (descriptors, read requests, consumed messages, closes). The transfers themselves are xh.c's;
- * the link is peer.c's.
+ * messages of an open pipe (descriptors, read requests, consumed messages, closes). The
+ * transfers themselves are xh.c's; the link is peer.c's.
  */
 #include <errno.h>
 #include <stdio.h>
@@ -437,8 +437,9 @@ void tpd_xpipe_peer_connect(struct tpd_daemon *d, struct tpd_peer *pr,
 			 c->name, d->hostname);
 		err = -ENOENT;
 	} else if (c->expect_uid_set && (uint32_t)l->uid != c->expect_uid) {
-		snprintf(why, sizeof(why), "listener '%s' is owned by uid %u, not the expected uid %u",
-			 l->name, (unsigned)l->uid, (unsigned)c->expect_uid);
+		snprintf(why, sizeof(why),
+			 "listener '%s' is owned by uid %u, not the expected uid %u", l->name,
+			 (unsigned)l->uid, (unsigned)c->expect_uid);
 		err = -EACCES;
 	} else if (tpd_session_pipe_count(ls) >= d->cfg.pipes_max) {
 		snprintf(why, sizeof(why), "pipe limit of %u per client reached", d->cfg.pipes_max);
@@ -524,12 +525,15 @@ void tpd_xpipe_peer_connect_reply(struct tpd_peer *pr, struct tpd_pipe *p,
 		 * leave this host, and its side of the pipe is closed. */
 		tell_close(pr, r->peer_pipe_id, TPW__V1__STATUS__STATUS_PERMISSION, NULL);
 		if (r->owner_known)
-			snprintf(why, sizeof(why), "listener '%.60s' on %.60s is owned by uid %u (as "
-				 "its daemon claims), not the expected uid %u", p->listener,
-				 p->peer_addr, r->owner_uid, p->expect_uid);
+			snprintf(why, sizeof(why),
+				 "listener '%.60s' on %.60s is owned by uid %u (as its daemon "
+				 "claims), not the expected uid %u",
+				 p->listener, p->peer_addr, r->owner_uid, p->expect_uid);
 		else
-			snprintf(why, sizeof(why), "tpipd at %.60s does not say who owns listener "
-				 "'%.60s': cannot check the expected uid", p->peer_addr, p->listener);
+			snprintf(why, sizeof(why),
+				 "tpipd at %.60s does not say who owns listener '%.60s': cannot "
+				 "check the expected uid",
+				 p->peer_addr, p->listener);
 		xconnect_fail(p, -EACCES, why);
 		return;
 	}

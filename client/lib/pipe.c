@@ -386,8 +386,9 @@ TP_EXPORT int tp_pipe_remote_uid(struct tp_pipe *p, uid_t *ret)
 		*ret = p->remote_uid;
 	pthread_mutex_unlock(&p->ctx->lock);
 	if (r < 0)
-		return tpc_error(r, r == -EINPROGRESS ? "the connect is still pending"
-						       : "the daemon did not say who owns the other end");
+		return tpc_error(r, "%s",
+				 r == -EINPROGRESS ? "the connect is still pending"
+						   : "the daemon did not name the other end's uid");
 	return r;
 }
 

@@ -223,7 +223,8 @@ static int access_listener(void *arg)
 {
 	const struct access_case *cases = arg;
 	struct tp_listen_options any = { .size = sizeof(any), .access = TP_ACCESS_ANYONE };
-	struct tp_listen_options grp = { .size = sizeof(grp), .access = TP_ACCESS_GROUP, .gid = TEST_GID };
+	struct tp_listen_options grp = { .size = sizeof(grp), .access = TP_ACCESS_GROUP,
+					 .gid = TEST_GID };
 	struct tp_context *ctx;
 	struct tp_listener *l[3];
 	int r = tpt_ctx_new(&tpt_fixture_daemon, 0, "root-listener", &ctx);

@@ -264,7 +264,7 @@ START_TEST(test_peers_remote_names_on_both_ends)
 }
 END_TEST
 
-/* ---- remote access is the listener's choice --------------------------------------------------- */
+/* ---- remote access is the listener's choice ------------------------------------------------- */
 
 /* On B: "local-only" with default options (this host only), kept until A is done. */
 static int default_listener(void *arg)

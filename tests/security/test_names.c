@@ -276,7 +276,7 @@ START_TEST(test_names_remote_uid_claims_open_no_owner_only_listener)
 }
 END_TEST
 
-/* ---- a listener that allows peers is reached, and each end learns the other's claim ----------- */
+/* ---- a listener that allows peers is reached, each end learns the other's claim ------------- */
 
 /* On kb as VICTIM: "any" (every peer) and "psk" (links authenticated as "psk"); accepts one pipe
  * on each and reads its message, checking the connector's uid is marked as a claim. */
@@ -518,7 +518,7 @@ static int reserved_squatter(void *arg)
 	return 0;
 }
 
-START_TEST(test_names_squatter_receives_nothing_from_a_connector_expecting_its_owner)
+START_TEST(test_names_squatter_gets_nothing_from_a_connector_expecting_its_owner)
 {
 	pid_t sq;
 
@@ -592,8 +592,12 @@ static int nosy(void *arg)
 		return 1;
 	for (int json = 0; json < 2; json++) {
 		for (size_t i = 0; i < ARRAY_N(cmds); i++) {
-			const char *argv[] = { bin, "--socket", ka.socket, json ? "--json" : cmds[i],
-					       json ? cmds[i] : NULL, NULL };
+			const char *argv[] = { bin,
+					       "--socket",
+					       ka.socket,
+					       json ? "--json" : cmds[i],
+					       json ? cmds[i] : NULL,
+					       NULL };
 			struct json_object *o, *v;
 
 			r = tpt_run(argv, T_MS, &res);
@@ -661,7 +665,7 @@ static Suite *names_suite(void)
 	tcase_add_test(tc, test_names_remote_uid_claims_open_no_owner_only_listener);
 	tcase_add_test(tc, test_names_listener_open_to_peers_is_reached_with_claimed_uids);
 	tcase_add_test(tc, test_names_peer_cannot_tell_refusing_listener_from_missing);
-	tcase_add_test(tc, test_names_squatter_receives_nothing_from_a_connector_expecting_its_owner);
+	tcase_add_test(tc, test_names_squatter_gets_nothing_from_a_connector_expecting_its_owner);
 	tcase_add_test(tc, test_names_tpipctl_shows_a_user_only_its_own_objects);
 	suite_add_tcase(s, tc);
 	return s;

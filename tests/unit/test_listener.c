@@ -146,8 +146,8 @@ START_TEST(test_remote_access_any_peer_and_named_peers)
 
 	ck_assert_int_eq(tpd_registry_add(&reg, "a", &owner_a, 1000, 0, 0, &a), 0);
 	ck_assert_int_eq(tpd_registry_add(&reg, "n", &owner_a, 1000, 0, 0, &n), 0);
-	ck_assert_int_eq(tpd_listener_set_remote(a, TPW__V1__REMOTE_ACCESS__REMOTE_ANY_PEER, NULL, 0),
-			 0);
+	ck_assert_int_eq(
+		tpd_listener_set_remote(a, TPW__V1__REMOTE_ACCESS__REMOTE_ANY_PEER, NULL, 0), 0);
 	ck_assert(tpd_listener_permits_remote(a, "psk"));
 	ck_assert(tpd_listener_permits_remote(a, NULL)); /* a link the daemon itself admitted */
 	ck_assert_int_eq(tpd_listener_set_remote(n, TPW__V1__REMOTE_ACCESS__REMOTE_PEERS, peers, 2),
