@@ -217,7 +217,8 @@ static int check_remote_access(const Tpw__V1__Listen *l, char *why, size_t wl)
 	if ((unsigned)l->remote > TPW__V1__REMOTE_ACCESS__REMOTE_PEERS)
 		return tpu_why(-EBADMSG, why, wl, "unknown remote access %d", (int)l->remote);
 	if ((l->remote == TPW__V1__REMOTE_ACCESS__REMOTE_PEERS) != (l->n_remote_peers > 0))
-		return tpu_why(-EBADMSG, why, wl, "remote peers need REMOTE_PEERS and it needs them");
+		return tpu_why(-EBADMSG, why, wl,
+			       "remote peers go with REMOTE_PEERS, and only with it");
 	if (l->n_remote_peers > TPW_REMOTE_PEERS_MAX)
 		return tpu_why(-EBADMSG, why, wl, "%zu remote peers (at most %u)",
 			       l->n_remote_peers, TPW_REMOTE_PEERS_MAX);
