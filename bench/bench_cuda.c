@@ -35,6 +35,11 @@
 #include "bench_common.h"
 #include "tpcuda.h"
 
+/* Owner-only from this host, and open to pipes from every peer daemon (cross-host runs). */
+static const struct tp_listen_options remote_any = {
+	.size = sizeof(remote_any), .access = TP_ACCESS_OWNER, .remote = TP_REMOTE_ANY_PEER,
+};
+
 #define TIMEOUT_MS 120000
 #define TAG_MAGIC 0x42435544u /* "BCUD" */
 #define TAG_LAST 1u
@@ -319,7 +324,7 @@ static int r_serve(struct reader *rd, int ready_fd)
 	int r = bench_context_open(rd->o->socket_path, 0, &rd->ctx);
 
 	if (r == 0)
-		r = tp_listen(rd->ctx, rd->o->listener, NULL, &l);
+		r = tp_listen(rd->ctx, rd->o->listener, &remote_any, &l);
 	bench_ready_send(ready_fd, r);
 	if (r == 0)
 		r = tp_listener_accept_sync(l, TIMEOUT_MS, &rd->p);

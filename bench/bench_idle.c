@@ -28,6 +28,11 @@
 
 #include "bench_common.h"
 
+/* Owner-only from this host, and open to pipes from every peer daemon (cross-host runs). */
+static const struct tp_listen_options remote_any = {
+	.size = sizeof(remote_any), .access = TP_ACCESS_OWNER, .remote = TP_REMOTE_ANY_PEER,
+};
+
 #define IDLE_TIMEOUT_MS 10000
 
 struct idle_opts {
@@ -253,7 +258,7 @@ static int listener_main(void *arg, int ready_fd)
 	client_close_fds(c);
 	r = bench_context_open(c->o->socket_path, 0, &ctx);
 	if (r == 0) {
-		r = tp_listen(ctx, c->listener, NULL, &l);
+		r = tp_listen(ctx, c->listener, &remote_any, &l);
 		if (r < 0)
 			fprintf(stderr, "bench_idle: tp_listen %s: %s (%s)\n", c->listener,
 				tp_strerror(r), tp_last_error());

@@ -22,6 +22,11 @@
 
 #include "bench_common.h"
 
+/* Owner-only from this host, and open to pipes from every peer daemon (cross-host runs). */
+static const struct tp_listen_options remote_any = {
+	.size = sizeof(remote_any), .access = TP_ACCESS_OWNER, .remote = TP_REMOTE_ANY_PEER,
+};
+
 #define LAT_TIMEOUT_MS 10000
 #define LAT_PENDING_MAX 64 /* writes whose completion has not arrived yet */
 #define LAT_DATA_MAX 64
@@ -307,7 +312,7 @@ static int lat_pong(void *arg, int ready_fd)
 	if (r == 0)
 		r = bench_context_open(sock, 0, &ctx);
 	if (r == 0) {
-		r = tp_listen(ctx, run->listener, NULL, &l);
+		r = tp_listen(ctx, run->listener, &remote_any, &l);
 		if (r < 0)
 			fprintf(stderr, "bench_latency: tp_listen %s: %s (%s)\n", run->listener,
 				tp_strerror(r), tp_last_error());

@@ -22,6 +22,11 @@
 
 #include "bench_common.h"
 
+/* Owner-only from this host, and open to pipes from every peer daemon (cross-host runs). */
+static const struct tp_listen_options remote_any = {
+	.size = sizeof(remote_any), .access = TP_ACCESS_OWNER, .remote = TP_REMOTE_ANY_PEER,
+};
+
 #define SCALE_TIMEOUT_MS 10000
 #define SCALE_PENDING_MAX 64 /* writes whose completion has not arrived yet */
 #define SCALE_STEPS_MAX 16
@@ -165,7 +170,7 @@ static int listener_main(void *arg, int ready_fd)
 	if (r == 0)
 		r = bench_context_open(o->socket_path, 0, &ctx);
 	if (r == 0) {
-		r = tp_listen(ctx, o->listener, NULL, &l);
+		r = tp_listen(ctx, o->listener, &remote_any, &l);
 		if (r < 0)
 			fprintf(stderr, "bench_scale: tp_listen %s: %s (%s)\n", o->listener,
 				tp_strerror(r), tp_last_error());

@@ -15,6 +15,11 @@
 #include "bench_common.h"
 #include "bench_tput.h"
 
+/* Owner-only from this host, and open to pipes from every peer daemon (cross-host runs). */
+static const struct tp_listen_options remote_any = {
+	.size = sizeof(remote_any), .access = TP_ACCESS_OWNER, .remote = TP_REMOTE_ANY_PEER,
+};
+
 /* Allocates @size bytes of the kind's memory and touches every page. */
 int bench_tput_buf_get(struct tp_context *ctx, bool shm, size_t size, void **ret)
 {
@@ -264,7 +269,7 @@ static int r_accept(struct bench_tput_reader_arg *ra, struct rstate *rs, int rea
 
 	r = bench_context_open(sock, ra->k->ctx_flags, &rs->ctx);
 	if (r == 0) {
-		r = tp_listen(rs->ctx, ra->listener, NULL, &l);
+		r = tp_listen(rs->ctx, ra->listener, &remote_any, &l);
 		if (r < 0)
 			fprintf(stderr, "bench_throughput: tp_listen %s: %s (%s)\n", ra->listener,
 				tp_strerror(r), tp_last_error());

@@ -1,7 +1,9 @@
 /* SPDX-License-Identifier: BSD-3-Clause */
 /*
  * Builds CtlReply snapshots from the daemon's live state. Every array is allocated for the
- * reply and freed once the frame is queued.
+ * reply and freed once the frame is queued. A caller that is not an admin (root or the admin
+ * group) sees only its own sessions, listeners and pipes, and counts of only those: other users'
+ * command names, context names and listener names never reach it.
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -26,9 +28,60 @@ struct ctl_bufs {
 	Tpw__V1__CtlPipe *pipes;
 	Tpw__V1__CtlPipeEnd *ends;
 	char (*channels)[64];
+	bool own_only; /* the caller is not an admin: only objects of uid @viewer */
+	uid_t viewer;
 };
 
-static void fill_status(struct tpd_daemon *d, Tpw__V1__CtlStatus *st)
+/* Root, or a member of the configured admin group. */
+static bool is_admin(const struct tpd_session *s)
+{
+	gid_t g = (gid_t)s->d->cfg.admin_gid;
+
+	if (s->uid == 0)
+		return true;
+	if (!g)
+		return false;
+	if (s->gid == g)
+		return true;
+	for (size_t i = 0; i < s->n_groups; i++)
+		if (s->groups[i] == g)
+			return true;
+	return false;
+}
+
+static bool sees_uid(const struct ctl_bufs *b, uid_t uid)
+{
+	return !b->own_only || uid == b->viewer;
+}
+
+/* Either local end of @p belongs to a uid the caller may see. */
+static bool sees_pipe(const struct ctl_bufs *b, const struct tpd_pipe *p)
+{
+	for (int i = 0; i < 2; i++)
+		if (p->end[i].session && sees_uid(b, p->end[i].session->uid))
+			return true;
+	return false;
+}
+
+/* Counts in status: every object, or only the caller's. */
+static void count_visible(struct tpd_daemon *d, const struct ctl_bufs *b, Tpw__V1__CtlStatus *st)
+{
+	struct tpd_session *s;
+	struct tpd_listener *l;
+	struct tpd_pipe *p;
+
+	if (!b->own_only)
+		return;
+	st->sessions = st->pipes = st->listeners = 0;
+	tpu_list_for_each(s, &d->sessions, node)
+		st->sessions += sees_uid(b, s->uid);
+	tpu_list_for_each(p, &d->pipes, node)
+		st->pipes += sees_pipe(b, p);
+	tpu_list_for_each(l, &d->registry.listeners, node)
+		st->listeners += sees_uid(b, l->uid);
+}
+
+static void fill_status(struct tpd_daemon *d, const struct ctl_bufs *b, Tpw__V1__CtlStatus *st)
 {
 	struct tpd_gdr_cache_stats rc;
 
@@ -52,6 +105,7 @@ static void fill_status(struct tpd_daemon *d, Tpw__V1__CtlStatus *st)
 	st->rdma_cache_hits = rc.hits;
 	st->rdma_cache_misses = rc.misses;
 	st->rdma_cache_evictions = rc.evictions;
+	count_visible(d, b, st);
 }
 
 static int fill_sessions(struct tpd_daemon *d, Tpw__V1__CtlReply *rep, struct ctl_bufs *b)
@@ -65,6 +119,8 @@ static int fill_sessions(struct tpd_daemon *d, Tpw__V1__CtlReply *rep, struct ct
 		return -ENOMEM;
 	tpu_list_for_each(s, &d->sessions, node) {
 		Tpw__V1__CtlSession *c = &arr[i];
+		if (!sees_uid(b, s->uid))
+			continue;
 		tpw__v1__ctl_session__init(c);
 		c->id = s->id;
 		c->pid = (uint32_t)s->pid;
@@ -88,15 +144,22 @@ static int fill_sessions(struct tpd_daemon *d, Tpw__V1__CtlReply *rep, struct ct
 	return 0;
 }
 
-static void fill_end(const struct tpd_pipe_end *e, Tpw__V1__CtlPipeEnd *c)
+static void fill_end(const struct ctl_bufs *b, const struct tpd_pipe_end *e,
+		     Tpw__V1__CtlPipeEnd *c)
 {
 	tpw__v1__ctl_pipe_end__init(c);
-	if (e->session) {
+	if (e->session && !sees_uid(b, e->session->uid)) {
+		c->hidden = true; /* another user's process: not even its uid */
+		c->name = "";
+	} else if (e->session) {
 		c->session_id = e->session->id;
 		c->pid = (uint32_t)e->session->pid;
 		c->name = e->session->name ? e->session->name : "";
+		c->uid = (uint32_t)e->session->uid;
 	} else if (e->remote) {
 		c->name = e->pipe->peer_addr; /* "HOST:PORT" of the other host's daemon */
+		c->uid = e->pipe->remote_uid;
+		c->uid_claimed = true;
 	} else {
 		c->name = "";
 	}
@@ -142,6 +205,8 @@ static int fill_pipes(struct tpd_daemon *d, Tpw__V1__CtlReply *rep, struct ctl_b
 		Tpw__V1__CtlPipe *c = &b->pipes[i];
 		bool a = p->end[0].session || (p->end[0].remote && !p->end[0].gone),
 		     z = p->end[1].session || (p->end[1].remote && !p->end[1].gone);
+		if (!sees_pipe(b, p))
+			continue;
 		tpw__v1__ctl_pipe__init(c);
 		c->id = p->id;
 		c->listener = p->listener;
@@ -150,8 +215,8 @@ static int fill_pipes(struct tpd_daemon *d, Tpw__V1__CtlReply *rep, struct ctl_b
 		c->transport = (char *)pipe_transport(p);
 		tpd_pipe_channels(p, b->channels[i], sizeof(b->channels[i]));
 		c->channels = b->channels[i];
-		fill_end(&p->end[0], &b->ends[2 * i]);
-		fill_end(&p->end[1], &b->ends[2 * i + 1]);
+		fill_end(b, &p->end[0], &b->ends[2 * i]);
+		fill_end(b, &p->end[1], &b->ends[2 * i + 1]);
 		c->connector = &b->ends[2 * i];
 		c->acceptor = &b->ends[2 * i + 1];
 		c->created_ms = (p->created_ns - d->start_ns) / 1000000;
@@ -173,6 +238,8 @@ static int fill_listeners(struct tpd_daemon *d, Tpw__V1__CtlReply *rep, struct c
 	tpu_list_for_each(l, &d->registry.listeners, node) {
 		struct tpd_session *s = l->owner;
 		Tpw__V1__CtlListener *c = &arr[i];
+		if (!sees_uid(b, l->uid))
+			continue;
 		tpw__v1__ctl_listener__init(c);
 		c->id = l->id;
 		c->name = l->name;
@@ -182,6 +249,9 @@ static int fill_listeners(struct tpd_daemon *d, Tpw__V1__CtlReply *rep, struct c
 		c->access = l->access;
 		c->gid = (uint32_t)l->gid;
 		c->accepted = l->accepted;
+		c->remote = l->remote;
+		c->n_remote_peers = l->n_remote_peers;
+		c->remote_peers = l->remote_peers;
 		rep->listeners[i++] = c;
 	}
 	rep->n_listeners = i;
@@ -255,23 +325,6 @@ static int fill_stats(struct tpd_daemon *d, Tpw__V1__CtlReply *rep, struct ctl_b
 	return 0;
 }
 
-/* Root, or a member of the configured admin group. */
-static bool is_admin(const struct tpd_session *s)
-{
-	gid_t g = (gid_t)s->d->cfg.admin_gid;
-
-	if (s->uid == 0)
-		return true;
-	if (!g)
-		return false;
-	if (s->gid == g)
-		return true;
-	for (size_t i = 0; i < s->n_groups; i++)
-		if (s->groups[i] == g)
-			return true;
-	return false;
-}
-
 static int admin_action(struct tpd_session *s, const Tpw__V1__CtlRequest *req,
 			Tpw__V1__CtlReply *rep)
 {
@@ -308,9 +361,13 @@ void tpd_ctl_handle(struct tpd_session *s, const Tpw__V1__CtlRequest *req)
 	int r = 0;
 
 	rep.req_id = req->req_id;
+	b.own_only = !is_admin(s);
+	b.viewer = s->uid;
+	rep.own_only = b.own_only;
+	rep.viewer_uid = (uint32_t)s->uid;
 	switch (req->what) {
 	case TPW__V1__CTL_WHAT__CTL_STATUS:
-		fill_status(s->d, &st);
+		fill_status(s->d, &b, &st);
 		rep.status_info = &st;
 		break;
 	case TPW__V1__CTL_WHAT__CTL_SESSIONS:
@@ -326,7 +383,7 @@ void tpd_ctl_handle(struct tpd_session *s, const Tpw__V1__CtlRequest *req)
 		r = fill_backends(&rep, &b);
 		break;
 	case TPW__V1__CTL_WHAT__CTL_STATS:
-		fill_status(s->d, &st);
+		fill_status(s->d, &b, &st);
 		rep.status_info = &st;
 		r = fill_stats(s->d, &rep, &b);
 		break;

@@ -44,13 +44,34 @@ struct tpd_listener *tpd_registry_find_id(const struct tpd_registry *r, uint64_t
 	return NULL;
 }
 
+bool tpd_listener_name_uid(const char *name, uid_t *ret)
+{
+	unsigned long long v = 0;
+	const char *c = name + 1;
+
+	if (name[0] != '@' || c[0] < '0' || c[0] > '9' || (c[0] == '0' && c[1] != ':'))
+		return false;
+	for (; *c >= '0' && *c <= '9'; c++) {
+		v = v * 10 + (unsigned)(*c - '0');
+		if (v > UINT32_MAX)
+			return false;
+	}
+	if (*c != ':')
+		return false;
+	*ret = (uid_t)v;
+	return true;
+}
+
 int tpd_registry_add(struct tpd_registry *r, const char *name, void *owner, uid_t uid,
 		     Tpw__V1__Access access, gid_t gid, struct tpd_listener **ret)
 {
 	struct tpd_listener *l;
+	uid_t reserved;
 
 	if (!tpw_name_valid(name))
 		return -EINVAL;
+	if (tpd_listener_name_uid(name, &reserved) && reserved != uid)
+		return -EACCES;
 	if (tpd_registry_find(r, name))
 		return -EADDRINUSE;
 	l = calloc(1, sizeof(*l));
@@ -67,6 +88,7 @@ int tpd_registry_add(struct tpd_registry *r, const char *name, void *owner, uid_
 	l->access = access == TPW__V1__ACCESS__ACCESS_UNSPECIFIED ? TPW__V1__ACCESS__ACCESS_OWNER
 								  : access;
 	l->gid = gid;
+	l->remote = TPW__V1__REMOTE_ACCESS__REMOTE_NONE;
 	tpu_list_init(&l->session_node);
 	tpu_list_insert_tail(&r->listeners, &l->node);
 	r->count++;
@@ -81,8 +103,54 @@ void tpd_registry_remove(struct tpd_registry *r, struct tpd_listener *l)
 	tpu_list_remove(&l->node);
 	tpu_list_remove(&l->session_node);
 	r->count--;
+	for (size_t i = 0; i < l->n_remote_peers; i++)
+		free(l->remote_peers[i]);
+	free(l->remote_peers);
 	free(l->name);
 	free(l);
+}
+
+int tpd_listener_set_remote(struct tpd_listener *l, Tpw__V1__RemoteAccess remote,
+			    char *const *peers, size_t n)
+{
+	char **v = NULL;
+
+	if (remote == TPW__V1__REMOTE_ACCESS__REMOTE_PEERS) {
+		v = calloc(n ? n : 1, sizeof(*v));
+		if (!v)
+			return -ENOMEM;
+		for (size_t i = 0; i < n; i++) {
+			if (!(v[i] = strdup(peers[i]))) {
+				while (i--)
+					free(v[i]);
+				free(v);
+				return -ENOMEM;
+			}
+		}
+	}
+	l->remote = remote == TPW__V1__REMOTE_ACCESS__REMOTE_UNSPECIFIED
+			    ? TPW__V1__REMOTE_ACCESS__REMOTE_NONE
+			    : remote;
+	l->remote_peers = v;
+	l->n_remote_peers = v ? n : 0;
+	return 0;
+}
+
+bool tpd_listener_permits_remote(const struct tpd_listener *l, const char *identity)
+{
+	switch (l->remote) {
+	case TPW__V1__REMOTE_ACCESS__REMOTE_ANY_PEER:
+		return true;
+	case TPW__V1__REMOTE_ACCESS__REMOTE_PEERS:
+		if (!identity)
+			return false;
+		for (size_t i = 0; i < l->n_remote_peers; i++)
+			if (strcmp(l->remote_peers[i], identity) == 0)
+				return true;
+		return false;
+	default:
+		return false;
+	}
 }
 
 bool tpd_listener_permits(const struct tpd_listener *l, uid_t uid, gid_t gid, const gid_t *groups,

@@ -1,8 +1,10 @@
 /* SPDX-License-Identifier: BSD-3-Clause */
 /*
  * The listener registry: names registered by sessions, unique per daemon, with their access
- * policy. It decides whether a connecting client (by its peer credentials) may reach a
- * listener. It does not create pipes; that is the session's and pipe's job.
+ * policy. It decides whether a connecting client (by its peer credentials) or a peer daemon (by
+ * its link's authenticated identity, never by a uid it claims) may reach a listener, and keeps
+ * names of the form "@UID:..." to uid UID. It does not create pipes; that is the session's and
+ * pipe's job.
  */
 #ifndef TPD_LISTENER_H
 #define TPD_LISTENER_H
@@ -23,6 +25,9 @@ struct tpd_listener {
 	Tpw__V1__Access access;
 	gid_t gid;
 	uint64_t accepted;
+	Tpw__V1__RemoteAccess remote; /* NONE, ANY_PEER or PEERS (never UNSPECIFIED) */
+	char **remote_peers;	       /* REMOTE_PEERS: the identities allowed */
+	size_t n_remote_peers;
 };
 
 struct tpd_registry {
@@ -36,12 +41,39 @@ void tpd_registry_init(struct tpd_registry *r);
 void tpd_registry_done(struct tpd_registry *r);
 
 /*
- * tpd_registry_add() - register @name for @owner.
+ * tpd_registry_add() - register @name for @owner, a session of @uid. A name "@UID:..." (UID in
+ * decimal) is reserved to uid UID: any other uid, root included, is refused before the registry
+ * is looked at, so the refusal says nothing about whether the name exists.
  * @ret: returns borrowed listener, valid until tpd_registry_remove().
- * Return: 0, -EADDRINUSE if the name is taken, -EINVAL for a bad name, -ENOMEM.
+ * Return: 0, -EADDRINUSE if the name is taken, -EACCES for another uid's "@UID:" name, -EINVAL
+ * for a bad name, -ENOMEM.
  */
 int tpd_registry_add(struct tpd_registry *r, const char *name, void *owner, uid_t uid,
 		     Tpw__V1__Access access, gid_t gid, struct tpd_listener **ret);
+
+/*
+ * tpd_listener_name_uid() - is @name in a uid's own name space ("@UID:...")?
+ * @ret: the uid, written only when it is.
+ * Return: true if @name is reserved to *@ret.
+ */
+bool tpd_listener_name_uid(const char *name, uid_t *ret);
+
+/*
+ * tpd_listener_set_remote() - who on other hosts may open pipes to @l: @remote (UNSPECIFIED
+ * means NONE) and, for REMOTE_PEERS, the @n peer identities @peers.
+ * Borrows @peers (copied).
+ * Return: 0 or -ENOMEM (then @l keeps REMOTE_NONE).
+ */
+int tpd_listener_set_remote(struct tpd_listener *l, Tpw__V1__RemoteAccess remote,
+			    char *const *peers, size_t n);
+
+/*
+ * tpd_listener_permits_remote() - may a peer daemon whose link authenticated as @identity (NULL:
+ * an unauthenticated link) open a pipe to @l? REMOTE_ANY_PEER admits every link the daemon
+ * accepted; REMOTE_PEERS only a listed identity; REMOTE_NONE nobody. No uid plays a part.
+ * Borrows @l and @identity.
+ */
+bool tpd_listener_permits_remote(const struct tpd_listener *l, const char *identity);
 
 /* Unregisters and frees @l. Accepts NULL. */
 void tpd_registry_remove(struct tpd_registry *r, struct tpd_listener *l);
@@ -52,8 +84,9 @@ struct tpd_listener *tpd_registry_find(const struct tpd_registry *r, const char 
 struct tpd_listener *tpd_registry_find_id(const struct tpd_registry *r, uint64_t id);
 
 /*
- * tpd_listener_permits() - may a client with @uid, primary @gid and supplementary @groups
- * connect to @l? Root always may.
+ * tpd_listener_permits() - may a local client with @uid, primary @gid and supplementary @groups
+ * (its kernel-verified credentials) connect to @l? Root always may. Never for peer daemons:
+ * see tpd_listener_permits_remote().
  */
 bool tpd_listener_permits(const struct tpd_listener *l, uid_t uid, gid_t gid, const gid_t *groups,
 			  size_t n_groups);

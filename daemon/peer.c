@@ -90,6 +90,11 @@ const char *tpd_peer_name(const struct tpd_peer *pr)
 	return pr->key;
 }
 
+const char *tpd_peer_identity(const struct tpd_peer *pr)
+{
+	return pr->authenticated ? "psk" : NULL;
+}
+
 bool tpd_peer_is_up(const struct tpd_peer *pr)
 {
 	return pr->state == PEER_UP;

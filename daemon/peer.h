@@ -61,6 +61,15 @@ bool tpd_peer_is_failed(const struct tpd_peer *pr);
 const char *tpd_peer_name(const struct tpd_peer *pr);
 
 /*
+ * tpd_peer_identity() - who the far daemon of @pr proved to be: the only thing a listener's
+ * remote access is decided on (never a uid the far daemon claims). For now "psk" for a link that
+ * proved the pre-shared key, NULL for an unauthenticated link; the TLS handshake will give the
+ * verified certificate or PSK identity instead.
+ * Return: borrowed string valid as long as @pr, or NULL.
+ */
+const char *tpd_peer_identity(const struct tpd_peer *pr);
+
+/*
  * tpd_peer_dial_text() - while @pr is being dialled, each address tried so far and why it
  * failed, then the one being tried ("ADDR: no answer"); "" for a link past its connect or one
  * that was accepted.

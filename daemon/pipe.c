@@ -297,6 +297,24 @@ void tpd_pipe_send_accepted(struct tpd_session *ls, struct tpd_listener *l, stru
 	tpd_session_send(ls, &dm, NULL, 0);
 }
 
+void tpd_pipe_reply_connected(struct tpd_session *s, uint64_t req_id, uint64_t pipe_id,
+			      const char *name, uint32_t owner_uid, bool owner_remote)
+{
+	Tpw__V1__Reply rep = TPW__V1__REPLY__INIT;
+	Tpw__V1__DaemonMsg dm = TPW__V1__DAEMON_MSG__INIT;
+
+	rep.req_id = req_id;
+	rep.status = TPW__V1__STATUS__STATUS_OK;
+	rep.id = pipe_id;
+	rep.remote_name = (char *)name;
+	rep.owner_known = true;
+	rep.owner_uid = owner_uid;
+	rep.owner_remote = owner_remote;
+	dm.body_case = TPW__V1__DAEMON_MSG__BODY_REPLY;
+	dm.reply = &rep;
+	tpd_session_send(s, &dm, NULL, 0);
+}
+
 /* Checks that a connect can go ahead; on refusal returns -errno and fills @why. */
 int tpd_pipe_connect_check(struct tpd_daemon *d, struct tpd_session *s, const Tpw__V1__Connect *c,
 			   struct tpd_listener **ret, char *why, size_t wl)
@@ -318,8 +336,15 @@ int tpd_pipe_connect_check(struct tpd_daemon *d, struct tpd_session *s, const Tp
 		return -ENOENT;
 	}
 	ls = l->owner;
+	/* A local user may tell a listener it may not use from a missing one (tp_listen() of the
+	 * name would tell it anyway); the owner's uid is only for those it admits. */
 	if (!tpd_listener_permits(l, s->uid, s->gid, s->groups, s->n_groups)) {
 		snprintf(why, wl, "listener '%s' refuses uid %u", l->name, (unsigned)s->uid);
+		return -EACCES;
+	}
+	if (c->expect_uid_set && (uint32_t)l->uid != c->expect_uid) {
+		snprintf(why, wl, "listener '%s' is owned by uid %u, not the expected uid %u",
+			 l->name, (unsigned)l->uid, (unsigned)c->expect_uid);
 		return -EACCES;
 	}
 	if (tpd_session_pipe_count(s) >= d->cfg.pipes_max ||
@@ -369,7 +394,7 @@ void tpd_pipe_connect(struct tpd_daemon *d, struct tpd_session *s, const Tpw__V1
 	l->accepted++;
 	tpd_pipe_log(p, s, TPU_LOG_INFO, "connected to '%s' (session %llu)", l->name,
 		     (unsigned long long)ls->id);
-	tpd_session_reply(s, c->req_id, 0, NULL, c->pipe_id, l->name);
+	tpd_pipe_reply_connected(s, c->req_id, c->pipe_id, l->name, (uint32_t)l->uid, false);
 	tpd_pipe_send_accepted(ls, l, &p->end[1], s);
 }
 

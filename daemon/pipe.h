@@ -65,6 +65,9 @@ struct tpd_pipe {
 	struct tpu_list held;	    /* writes received while connecting, replayed in order */
 	uint32_t n_held;
 	uint64_t held_bytes;
+	bool expect_uid_set;	    /* connector: refuse unless the listener's owner is this */
+	uint32_t expect_uid;
+	uint32_t remote_uid;	    /* remote end's uid as its daemon claims */
 	char peer_addr[300];	    /* "HOST:PORT" */
 	char why[200];		    /* why the remote end went away, for error messages */
 };

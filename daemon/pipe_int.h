@@ -93,6 +93,13 @@ void tpd_pipe_connect_fail(struct tpd_session *s, const Tpw__V1__Connect *c, int
  * with the reason in @why. */
 int tpd_pipe_connect_check(struct tpd_daemon *d, struct tpd_session *s, const Tpw__V1__Connect *c,
 			   struct tpd_listener **ret, char *why, size_t wl);
+/*
+ * tpd_pipe_reply_connected() - answer @s's Connect @req_id: pipe @pipe_id is open to listener
+ * @name owned by @owner_uid (@owner_remote: on another host, as its daemon claims).
+ * Borrows @s and @name.
+ */
+void tpd_pipe_reply_connected(struct tpd_session *s, uint64_t req_id, uint64_t pipe_id,
+			      const char *name, uint32_t owner_uid, bool owner_remote);
 /* Tells listener @l's session @ls that end @e was accepted for connector @cs. */
 void tpd_pipe_send_accepted(struct tpd_session *ls, struct tpd_listener *l, struct tpd_pipe_end *e,
 			    struct tpd_session *cs);

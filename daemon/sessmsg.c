@@ -159,8 +159,17 @@ static void handle_listen(struct tpd_session *s, const Tpw__V1__Listen *m)
 
 	if (s->n_listeners < s->d->cfg.listeners_max)
 		r = tpd_registry_add(&s->d->registry, m->name, s, s->uid, m->access, m->gid, &l);
+	if (r == 0 &&
+	    tpd_listener_set_remote(l, m->remote, m->remote_peers, m->n_remote_peers) < 0) {
+		tpd_registry_remove(&s->d->registry, l);
+		r = -ENOMEM;
+	}
 	if (r < 0) {
-		if (r == -EADDRINUSE)
+		if (r == -EACCES)
+			snprintf(why, sizeof(why),
+				 "names '@UID:...' are reserved to uid UID (you are uid %u)",
+				 (unsigned)s->uid);
+		else if (r == -EADDRINUSE)
 			snprintf(why, sizeof(why), "listener name '%s' is already taken", m->name);
 		else if (r == -ENOBUFS)
 			snprintf(why, sizeof(why), "listener limit of %u per client reached",
@@ -174,7 +183,11 @@ static void handle_listen(struct tpd_session *s, const Tpw__V1__Listen *m)
 	}
 	tpu_list_insert_tail(&s->listeners, &l->session_node);
 	s->n_listeners++;
-	tpd_session_log(s, TPU_LOG_INFO, "listening on '%s'", l->name);
+	tpd_session_log(s, TPU_LOG_INFO, "listening on '%s'%s", l->name,
+			l->remote == TPW__V1__REMOTE_ACCESS__REMOTE_NONE ? ""
+			: l->remote == TPW__V1__REMOTE_ACCESS__REMOTE_ANY_PEER
+				? ", open to every peer daemon"
+				: ", open to listed peer daemons");
 	tpd_session_reply(s, m->req_id, 0, NULL, l->id, NULL);
 }
 

@@ -3,9 +3,10 @@
  * Pipes to another host's daemon, on the loop thread: parsing tpip://HOST[:PORT]/NAME, opening
  * the pipe over a peer link (PeerConnect and its reply, the connect deadline, writes held until
  * the remote end accepted, the fall-back to a local connect when the address is this daemon),
- * answering the peer's PeerConnect for a local listener, and the peer messages of an open pipe
- * (descriptors, read requests, consumed messages, closes). The transfers themselves are xh.c's;
- * the link is peer.c's.
+ * answering the peer's PeerConnect for a local listener (decided on the link's authenticated
+ * identity and the listener's remote access, never on the uid the peer claims), and the peer
+ * messages of an open pipe (descriptors, read requests, consumed messages, closes). The
+ * transfers themselves are xh.c's; the link is peer.c's.
  */
 #include <errno.h>
 #include <stdio.h>
@@ -273,6 +274,8 @@ void tpd_xpipe_connect(struct tpd_daemon *d, struct tpd_session *s, const Tpw__V
 	p->link = pr;
 	p->connecting = true;
 	p->connect_req_id = c->req_id;
+	p->expect_uid_set = c->expect_uid_set;
+	p->expect_uid = c->expect_uid;
 	tpu_list_insert_tail(&d->pipes, &p->node);
 	d->n_pipes++;
 	if (tpu_hmap_put(&s->pipes, c->pipe_id, &p->end[0]) < 0 || tpd_peer_pipe_add(pr, p) < 0) {
@@ -307,6 +310,8 @@ void tpd_xpipe_link_up(struct tpd_pipe *p)
 	pc.uid = (uint32_t)s->uid;
 	pc.gid = (uint32_t)s->gid;
 	pc.pid = (uint32_t)s->pid;
+	pc.expect_uid_set = p->expect_uid_set;
+	pc.expect_uid = p->expect_uid;
 	pm.body_case = TPW__V1__PEER_MSG__BODY_CONNECT;
 	pm.connect = &pc;
 	tpd_xpipe_tell(p, &pm, NULL, 0);
@@ -326,6 +331,8 @@ static void xpipe_reroute_local(struct tpd_pipe *p)
 	c.req_id = p->connect_req_id;
 	c.pipe_id = e->local_id;
 	c.address = p->listener;
+	c.expect_uid_set = p->expect_uid_set;
+	c.expect_uid = p->expect_uid;
 	tpu_hmap_del(&s->pipes, e->local_id); /* tpd_pipe_connect_check wants the id free */
 	r = tpd_pipe_connect_check(p->d, s, &c, &l, why, sizeof(why));
 	if (r == 0 && tpu_hmap_put(&s->pipes, e->local_id, e) < 0)
@@ -354,7 +361,8 @@ static void xpipe_reroute_local(struct tpd_pipe *p)
 	l->accepted++;
 	tpd_pipe_log(p, s, TPU_LOG_INFO, "address is this daemon: connected to '%s' locally",
 		     l->name);
-	tpd_session_reply(s, p->connect_req_id, 0, NULL, e->local_id, l->name);
+	tpd_pipe_reply_connected(s, p->connect_req_id, e->local_id, l->name, (uint32_t)l->uid,
+				 false);
 	tpd_pipe_send_accepted(l->owner, l, &p->end[1], s);
 	held_flush(p, 0, NULL);
 }
@@ -407,17 +415,31 @@ void tpd_xpipe_peer_connect(struct tpd_daemon *d, struct tpd_peer *pr,
 	Tpw__V1__Accepted a = TPW__V1__ACCEPTED__INIT;
 	Tpw__V1__DaemonMsg dm = TPW__V1__DAEMON_MSG__INIT;
 	struct tpd_listener *l = tpd_registry_find(&d->registry, c->name);
-	struct tpd_session *ls = l ? l->owner : NULL;
+	const char *ident = tpd_peer_identity(pr);
+	struct tpd_session *ls;
 	struct tpd_pipe *p = NULL;
-	char why[200] = "";
+	char why[256] = "", logwhy[120] = "";
 	int err = 0;
 
+	/* A listener that does not admit this link is, to the peer, no listener at all: the same
+	 * status and text as a missing name, so that names cannot be probed from other hosts. */
+	if (l && !tpd_listener_permits_remote(l, ident)) {
+		snprintf(logwhy, sizeof(logwhy), "listener does not accept pipes from %s",
+			 l->remote == TPW__V1__REMOTE_ACCESS__REMOTE_NONE ? "other hosts"
+			 : ident ? "this peer's identity"
+				 : "unauthenticated peers");
+		l = NULL;
+	}
+	ls = l ? l->owner : NULL;
 	if (!l) {
-		snprintf(why, sizeof(why), "no listener named '%.100s' on %.60s", c->name,
-			 d->hostname);
+		snprintf(why, sizeof(why),
+			 "no listener named '%.100s' on %.60s accepts pipes from other hosts",
+			 c->name, d->hostname);
 		err = -ENOENT;
-	} else if (!tpd_listener_permits(l, c->uid, c->gid, NULL, 0)) {
-		snprintf(why, sizeof(why), "listener '%s' refuses uid %u", l->name, c->uid);
+	} else if (c->expect_uid_set && (uint32_t)l->uid != c->expect_uid) {
+		snprintf(why, sizeof(why),
+			 "listener '%s' is owned by uid %u, not the expected uid %u", l->name,
+			 (unsigned)l->uid, (unsigned)c->expect_uid);
 		err = -EACCES;
 	} else if (tpd_session_pipe_count(ls) >= d->cfg.pipes_max) {
 		snprintf(why, sizeof(why), "pipe limit of %u per client reached", d->cfg.pipes_max);
@@ -437,6 +459,7 @@ void tpd_xpipe_peer_connect(struct tpd_daemon *d, struct tpd_peer *pr,
 				  TPD_PIPE_ACCEPT_ID_BASE + ls->next_accept_id++);
 		p->link = pr;
 		p->remote_id = c->pipe_id;
+		p->remote_uid = c->uid; /* a claim, shown and passed on, never checked */
 		tpu_list_insert_tail(&d->pipes, &p->node);
 		d->n_pipes++;
 		if (tpu_hmap_put(&ls->pipes, p->end[1].local_id, &p->end[1]) < 0 ||
@@ -454,12 +477,14 @@ void tpd_xpipe_peer_connect(struct tpd_daemon *d, struct tpd_peer *pr,
 	rep.peer_pipe_id = p ? p->id : 0;
 	rep.status = tpw_status_from_errno(err);
 	rep.message = why[0] ? why : NULL;
+	rep.owner_known = p != NULL;
+	rep.owner_uid = p ? (uint32_t)l->uid : 0;
 	pm.body_case = TPW__V1__PEER_MSG__BODY_CONNECT_REPLY;
 	pm.connect_reply = &rep;
 	tpd_peer_send(pr, &pm, NULL, 0);
 	if (!p) {
 		tpu_log_info("peer %s: connect to '%s' refused: %s", tpd_peer_name(pr), c->name,
-			     why);
+			     logwhy[0] ? logwhy : why);
 		return;
 	}
 	l->accepted++;
@@ -470,6 +495,8 @@ void tpd_xpipe_peer_connect(struct tpd_daemon *d, struct tpd_peer *pr,
 	a.remote_name = c->remote_name;
 	a.remote_pid = 0; /* a process on another host */
 	a.remote_uid = c->uid;
+	a.remote_host = true;
+	a.remote_peer = (char *)(ident ? ident : "");
 	dm.body_case = TPW__V1__DAEMON_MSG__BODY_ACCEPTED;
 	dm.accepted = &a;
 	tpd_session_send(ls, &dm, NULL, 0);
@@ -493,13 +520,32 @@ void tpd_xpipe_peer_connect_reply(struct tpd_peer *pr, struct tpd_pipe *p,
 		xconnect_fail(p, tpw_status_to_errno(r->status), why);
 		return;
 	}
+	if (p->expect_uid_set && (!r->owner_known || r->owner_uid != p->expect_uid)) {
+		/* The far daemon did not check (or answered wrongly): the held writes never
+		 * leave this host, and its side of the pipe is closed. */
+		tell_close(pr, r->peer_pipe_id, TPW__V1__STATUS__STATUS_PERMISSION, NULL);
+		if (r->owner_known)
+			snprintf(why, sizeof(why),
+				 "listener '%.60s' on %.60s is owned by uid %u (as its daemon "
+				 "claims), not the expected uid %u",
+				 p->listener, p->peer_addr, r->owner_uid, p->expect_uid);
+		else
+			snprintf(why, sizeof(why),
+				 "tpipd at %.60s does not say who owns listener '%.60s': cannot "
+				 "check the expected uid",
+				 p->peer_addr, p->listener);
+		xconnect_fail(p, -EACCES, why);
+		return;
+	}
 	e = local_end(p);
 	p->remote_id = r->peer_pipe_id;
+	p->remote_uid = r->owner_uid;
 	p->connecting = false;
 	event_del(p->ev_connect);
 	tpd_pipe_log(p, e->session, TPU_LOG_INFO, "connected to '%s' on %s", p->listener,
 		     p->peer_addr);
-	tpd_session_reply(e->session, p->connect_req_id, 0, NULL, e->local_id, p->listener);
+	tpd_pipe_reply_connected(e->session, p->connect_req_id, e->local_id, p->listener,
+				 r->owner_uid, true);
 	held_flush(p, 0, NULL);
 }
 

@@ -41,6 +41,7 @@ struct demo_opts {
 	size_t tensor_bytes; /* the private tensor; the shared tensor is half of it */
 	const char *hold_file;
 	bool no_cma;
+	bool remote; /* the listener takes pipes from other hosts' daemons */
 	enum demo_role role;
 };
 
@@ -479,12 +480,18 @@ static int listener_main(const struct demo_opts *o, const struct demo_sync *s)
 	struct tp_listener *l = NULL;
 	struct tp_pipe *p = NULL;
 	struct dst_mem m = { 0 };
+	/* Owner-only on this host; other hosts only when asked for (--remote). */
+	struct tp_listen_options lo = {
+		.size = sizeof(lo),
+		.access = TP_ACCESS_OWNER,
+		.remote = o->remote ? TP_REMOTE_ANY_PEER : TP_REMOTE_NONE,
+	};
 	int r;
 
 	r = context_open(o, "tp-demo-listener", &ctx);
 	if (r < 0)
 		return fail("listener", "tp_context_new", r);
-	r = tp_listen(ctx, o->name, NULL, &l);
+	r = tp_listen(ctx, o->name, &lo, &l);
 	if (r < 0) {
 		r = fail("listener", "tp_listen", r);
 		goto out;
@@ -682,6 +689,8 @@ static void usage(FILE *out)
 		"                       pipe open until FILE is removed (at most %d s)\n"
 		"      --no-cma         never use cross-memory attach (stage through shared\n"
 		"                       buffers)\n"
+		"      --remote         'listen': also accept pipes from other hosts' daemons\n"
+		"                       (tpip://THISHOST/NAME); by default only this host\n"
 		"  -h, --help           show this help\n",
 		DEMO_HOLD_MAX_MS / 1000);
 }
@@ -715,7 +724,7 @@ static int parse_role(const char *s, enum demo_role *ret)
 /* Return: -1 to go on, else an exit status. */
 static int parse_args(int argc, char **argv, struct demo_opts *o)
 {
-	enum { OPT_HOLD = 256, OPT_NO_CMA };
+	enum { OPT_HOLD = 256, OPT_NO_CMA, OPT_REMOTE };
 	static const struct option longopts[] = {
 		{ "socket", required_argument, NULL, 's' },
 		{ "name", required_argument, NULL, 'n' },
@@ -723,6 +732,7 @@ static int parse_args(int argc, char **argv, struct demo_opts *o)
 		{ "size", required_argument, NULL, 'z' },
 		{ "hold", required_argument, NULL, OPT_HOLD },
 		{ "no-cma", no_argument, NULL, OPT_NO_CMA },
+		{ "remote", no_argument, NULL, OPT_REMOTE },
 		{ "help", no_argument, NULL, 'h' },
 		{ 0 },
 	};
@@ -745,6 +755,7 @@ static int parse_args(int argc, char **argv, struct demo_opts *o)
 			break;
 		case OPT_HOLD: o->hold_file = optarg; break;
 		case OPT_NO_CMA: o->no_cma = true; break;
+		case OPT_REMOTE: o->remote = true; break;
 		case 'h': usage(stdout); return 0;
 		default: goto bad;
 		}

@@ -211,6 +211,25 @@ static int check_string(const char *s, size_t max, const char *what, char *why, 
 	return 0;
 }
 
+/* Listen.remote in range; remote_peers only with REMOTE_PEERS, 1..TPW_REMOTE_PEERS_MAX names. */
+static int check_remote_access(const Tpw__V1__Listen *l, char *why, size_t wl)
+{
+	if ((unsigned)l->remote > TPW__V1__REMOTE_ACCESS__REMOTE_PEERS)
+		return tpu_why(-EBADMSG, why, wl, "unknown remote access %d", (int)l->remote);
+	if ((l->remote == TPW__V1__REMOTE_ACCESS__REMOTE_PEERS) != (l->n_remote_peers > 0))
+		return tpu_why(-EBADMSG, why, wl,
+			       "remote peers go with REMOTE_PEERS, and only with it");
+	if (l->n_remote_peers > TPW_REMOTE_PEERS_MAX)
+		return tpu_why(-EBADMSG, why, wl, "%zu remote peers (at most %u)",
+			       l->n_remote_peers, TPW_REMOTE_PEERS_MAX);
+	for (size_t i = 0; i < l->n_remote_peers; i++)
+		if (!l->remote_peers[i] || !*l->remote_peers[i] ||
+		    strnlen(l->remote_peers[i], TPW_NAME_MAX + 1) > TPW_NAME_MAX)
+			return tpu_why(-EBADMSG, why, wl, "remote peer %zu: 1..%u bytes", i,
+				       TPW_NAME_MAX);
+	return 0;
+}
+
 int tpw_client_msg_validate(const Tpw__V1__ClientMsg *m, const struct tpw_hdr *hdr,
 			    const struct tpw_limits *lim, char *why, size_t wl)
 {
@@ -241,7 +260,7 @@ int tpw_client_msg_validate(const Tpw__V1__ClientMsg *m, const struct tpw_hdr *h
 		if ((unsigned)m->listen->access > TPW__V1__ACCESS__ACCESS_ANYONE)
 			return tpu_why(-EBADMSG, why, wl, "unknown access mode %d",
 				       (int)m->listen->access);
-		return 0;
+		return check_remote_access(m->listen, why, wl);
 	case TPW__V1__CLIENT_MSG__BODY_CUDA_RELEASE:
 		if (m->cuda_release->mem_handle.len != TPW_CUDA_HANDLE_BYTES)
 			return tpu_why(-EBADMSG, why, wl, "CUDA memory handle of %zu bytes",

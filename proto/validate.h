@@ -31,6 +31,9 @@ struct tpw_limits {
 #define TPW_DEFAULT_MESSAGE_BYTES_MAX (16ull << 30)
 #define TPW_DEFAULT_METADATA_MAX (1u << 20)
 
+/* Peer identities a listener may name in Listen.remote_peers. */
+#define TPW_REMOTE_PEERS_MAX 32u
+
 void tpw_limits_default(struct tpw_limits *lim);
 
 /*

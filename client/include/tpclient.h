@@ -174,18 +174,37 @@ enum tp_access {
 	TP_ACCESS_ANYONE = 2, /* every local user */
 };
 
+/*
+ * Who on other hosts may open pipes (tpip://THISHOST/NAME) to a listener. A process on another
+ * host is never one of this host's users: the daemon decides on the peer link's authenticated
+ * identity only, and the uid that host's daemon claims for its process is informational.
+ */
+enum tp_remote_access {
+	TP_REMOTE_NONE = 0,	/* pipes from this host only (default) */
+	TP_REMOTE_ANY_PEER = 1, /* any peer daemon this daemon accepted a link from */
+	TP_REMOTE_PEERS = 2,	/* only links authenticated as one of @remote_peers */
+};
+
 struct tp_listen_options {
 	size_t size; /* sizeof(struct tp_listen_options) */
 	enum tp_access access;
 	gid_t gid; /* for TP_ACCESS_GROUP */
+	/* Added with remote access (a caller built before, with a smaller @size, gets these
+	 * defaults): */
+	enum tp_remote_access remote;	 /* default TP_REMOTE_NONE */
+	const char *const *remote_peers; /* TP_REMOTE_PEERS: 1..32 peer identities (borrowed) */
+	size_t n_remote_peers;
 };
 
 /*
  * tp_listen() - register listener @name (1..255 bytes of [A-Za-z0-9._@:+-]) with the daemon.
- * Waits for the daemon's answer.
- * @opts: NULL for owner-only access (borrowed).
+ * Names are one name space per host, first come first served: check who owns a listener before
+ * sending to it (tp_connect_ex() with TP_CONNECT_EXPECT_UID), or use a name "@UID:rest" (UID in
+ * decimal), which only uid UID may register. Waits for the daemon's answer.
+ * @opts: NULL for owner-only access from this host (borrowed).
  * @ret: returns owned listener, close with tp_listener_close().
- * Return: 0; -EADDRINUSE if the name is taken; -EINVAL for a bad name; -EDEADLK from a callback.
+ * Return: 0; -EADDRINUSE if the name is taken; -EACCES for a name "@UID:..." of another uid;
+ * -EINVAL for a bad name or options; -EDEADLK from a callback.
  */
 int tp_listen(struct tp_context *ctx, const char *name, const struct tp_listen_options *opts,
 	      struct tp_listener **ret);
@@ -229,6 +248,46 @@ void tp_listener_close(struct tp_listener *l);
  * Return: 0; -EINVAL for a malformed address; -ENOBUFS over the pipe limit.
  */
 int tp_connect(struct tp_context *ctx, const char *address, struct tp_pipe **ret);
+
+enum tp_connect_flags {
+	TP_CONNECT_EXPECT_UID = 1u << 0, /* refuse unless the listener's owner is @expect_uid */
+};
+
+struct tp_connect_options {
+	size_t size;	  /* sizeof(struct tp_connect_options) */
+	unsigned flags;	  /* TP_CONNECT_* */
+	uid_t expect_uid; /* with TP_CONNECT_EXPECT_UID */
+};
+
+/*
+ * tp_connect_ex() - tp_connect() with options. With TP_CONNECT_EXPECT_UID the daemon that holds
+ * the listener refuses the connect with -EACCES unless the listener's owner is @expect_uid; the
+ * check is made before the listener learns of the connect, so writes issued on the pipe right
+ * away are never delivered to a listener of another owner (a "squatter" that registered the
+ * name first). For a tpip:// address the owner is the one the far daemon reports; this daemon
+ * checks its answer too and holds every write until it has. A daemon older than this option
+ * ignores it (tp_pipe_remote_uid() then returns -ENODATA): where that may be, wait for
+ * tp_pipe_wait_connected() and check tp_pipe_remote_uid() before writing.
+ * @opts: borrowed; NULL is tp_connect().
+ * @ret: returns owned pipe, close with tp_pipe_close().
+ * Return: as tp_connect(); -EINVAL for unknown flags or a @size of 0.
+ */
+int tp_connect_ex(struct tp_context *ctx, const char *address,
+		  const struct tp_connect_options *opts, struct tp_pipe **ret);
+
+/* tp_pipe_remote_uid() returns it when the other end is on another host. */
+#define TP_UID_CLAIMED 1
+
+/*
+ * tp_pipe_remote_uid() - the uid of the other end: for a connected pipe, the listener's owner;
+ * for an accepted pipe, the connecting process.
+ * @ret: the uid.
+ * Return: 0, the uid is the kernel's word for a process on this host; TP_UID_CLAIMED, the other
+ * end is on another host and the uid is only what that host's daemon claims (it names no user
+ * of this host); -EINPROGRESS while the connect is pending; -ENODATA if the daemon did not say;
+ * -EINVAL for a NULL argument.
+ */
+int tp_pipe_remote_uid(struct tp_pipe *p, uid_t *ret);
 
 /* Waits until the daemon has accepted or refused the connect. Return: 0 or the connect error. */
 int tp_pipe_wait_connected(struct tp_pipe *p, int timeout_ms);

@@ -266,6 +266,8 @@ struct tp_pipe {
 	int err;	    /* why the pipe is unusable (first cause) */
 	char *errmsg;
 	char *remote_name;
+	uid_t remote_uid;
+	int remote_uid_status; /* -ENODATA, 0 or TP_UID_CLAIMED (tp_pipe_remote_uid()) */
 	struct tpc_req connect_req;
 	uint64_t next_write_id;
 	struct tpu_list writes;	   /* pending write ops, write order */

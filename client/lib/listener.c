@@ -77,6 +77,8 @@ void tpc_listener_on_accepted(struct tp_context *ctx, const Tpw__V1__Accepted *m
 		*ret_reject = m->pipe_id;
 		return;
 	}
+	p->remote_uid = (uid_t)m->remote_uid;
+	p->remote_uid_status = m->remote_host ? TP_UID_CLAIMED : 0;
 	op = tpu_list_first(&l->accepts, struct tpc_op, node);
 	if (op) {
 		op->accepted = p;
@@ -148,6 +150,35 @@ static void listener_on_reply(struct tp_context *ctx, struct tpc_req *req,
 	}
 }
 
+/* Options' remote access into @ls (which borrows the peer names). */
+static int listener_remote(const struct tp_listen_options *o, Tpw__V1__Listen *ls)
+{
+	switch (o->remote) {
+	case TP_REMOTE_NONE:
+		ls->remote = TPW__V1__REMOTE_ACCESS__REMOTE_NONE;
+		return 0;
+	case TP_REMOTE_ANY_PEER:
+		ls->remote = TPW__V1__REMOTE_ACCESS__REMOTE_ANY_PEER;
+		return 0;
+	case TP_REMOTE_PEERS:
+		break;
+	default:
+		return tpc_error(-EINVAL, "unknown remote access %d", (int)o->remote);
+	}
+	if (!o->remote_peers || o->n_remote_peers == 0 || o->n_remote_peers > TPW_REMOTE_PEERS_MAX)
+		return tpc_error(-EINVAL, "TP_REMOTE_PEERS takes 1..%u peer identities",
+				 TPW_REMOTE_PEERS_MAX);
+	for (size_t i = 0; i < o->n_remote_peers; i++) {
+		const char *n = o->remote_peers[i];
+		if (!n || !*n || strnlen(n, TPW_NAME_MAX + 1) > TPW_NAME_MAX)
+			return tpc_error(-EINVAL, "remote peer %zu: 1..%d bytes", i, TPW_NAME_MAX);
+	}
+	ls->remote = TPW__V1__REMOTE_ACCESS__REMOTE_PEERS;
+	ls->remote_peers = (char **)o->remote_peers;
+	ls->n_remote_peers = o->n_remote_peers;
+	return 0;
+}
+
 static int listener_access(const struct tp_listen_options *opts, Tpw__V1__Listen *ls)
 {
 	struct tp_listen_options o = { .size = sizeof(o), .access = TP_ACCESS_OWNER };
@@ -160,16 +191,18 @@ static int listener_access(const struct tp_listen_options *opts, Tpw__V1__Listen
 	switch (o.access) {
 	case TP_ACCESS_OWNER:
 		ls->access = TPW__V1__ACCESS__ACCESS_OWNER;
-		return 0;
+		break;
 	case TP_ACCESS_GROUP:
 		ls->access = TPW__V1__ACCESS__ACCESS_GROUP;
 		ls->gid = (uint32_t)o.gid;
-		return 0;
+		break;
 	case TP_ACCESS_ANYONE:
 		ls->access = TPW__V1__ACCESS__ACCESS_ANYONE;
-		return 0;
+		break;
+	default:
+		return tpc_error(-EINVAL, "unknown access mode %d", (int)o.access);
 	}
-	return tpc_error(-EINVAL, "unknown access mode %d", (int)o.access);
+	return listener_remote(&o, ls);
 }
 
 static struct tp_listener *listener_new(struct tp_context *ctx, const char *name)

@@ -22,6 +22,7 @@ struct tp_pipe *tpc_pipe_new(struct tp_context *ctx, uint64_t id)
 	p->id = id;
 	p->refs = 1;
 	p->state = TPC_PIPE_OPEN;
+	p->remote_uid_status = -ENODATA;
 	tpu_list_init(&p->writes);
 	tpu_list_init(&p->reads);
 	tpu_list_init(&p->desc_reqs);
@@ -239,6 +240,10 @@ static void pipe_on_connect_reply(struct tp_context *ctx, struct tpc_req *req,
 	p->connect_status = status;
 	if (status == 0) {
 		p->remote_name = strdup(r->remote_name ? r->remote_name : "");
+		if (r->owner_known) {
+			p->remote_uid = (uid_t)r->owner_uid;
+			p->remote_uid_status = r->owner_remote ? TP_UID_CLAIMED : 0;
+		}
 		if (p->state == TPC_PIPE_CONNECTING)
 			p->state = TPC_PIPE_OPEN;
 	} else {
@@ -294,6 +299,13 @@ static int pipe_connect_locked(struct tp_context *ctx, struct tp_pipe **ret)
 
 TP_EXPORT int tp_connect(struct tp_context *ctx, const char *address, struct tp_pipe **ret)
 {
+	return tp_connect_ex(ctx, address, NULL, ret);
+}
+
+TP_EXPORT int tp_connect_ex(struct tp_context *ctx, const char *address,
+			    const struct tp_connect_options *opts, struct tp_pipe **ret)
+{
+	struct tp_connect_options o = { .size = sizeof(o) };
 	Tpw__V1__Connect c = TPW__V1__CONNECT__INIT;
 	Tpw__V1__ClientMsg m = TPW__V1__CLIENT_MSG__INIT;
 	struct tp_pipe *p = NULL;
@@ -301,6 +313,15 @@ TP_EXPORT int tp_connect(struct tp_context *ctx, const char *address, struct tp_
 
 	if (!ctx || !ret)
 		return tpc_error(-EINVAL, "missing context or result pointer");
+	if (opts) {
+		if (opts->size == 0)
+			return tpc_error(-EINVAL, "tp_connect_options.size is not set");
+		memcpy(&o, opts, TPU_MIN(opts->size, sizeof(o)));
+		if (o.flags & ~(unsigned)TP_CONNECT_EXPECT_UID)
+			return tpc_error(-EINVAL, "unknown connect flags 0x%x", o.flags);
+	}
+	c.expect_uid_set = o.flags & TP_CONNECT_EXPECT_UID;
+	c.expect_uid = (uint32_t)o.expect_uid;
 	r = pipe_check_address(address);
 	if (r < 0)
 		return r;
@@ -350,6 +371,24 @@ TP_EXPORT int tp_pipe_wait_connected(struct tp_pipe *p, int timeout_ms)
 	else if (r < 0)
 		tpc_error_msg(r, p->errmsg);
 	pthread_mutex_unlock(&ctx->lock);
+	return r;
+}
+
+TP_EXPORT int tp_pipe_remote_uid(struct tp_pipe *p, uid_t *ret)
+{
+	int r;
+
+	if (!p || !ret)
+		return tpc_error(-EINVAL, "missing pipe or result pointer");
+	pthread_mutex_lock(&p->ctx->lock);
+	r = p->connect_status == 1 ? -EINPROGRESS : p->remote_uid_status;
+	if (r >= 0)
+		*ret = p->remote_uid;
+	pthread_mutex_unlock(&p->ctx->lock);
+	if (r < 0)
+		return tpc_error(r, "%s",
+				 r == -EINPROGRESS ? "the connect is still pending"
+						   : "the daemon did not name the other end's uid");
 	return r;
 }
 

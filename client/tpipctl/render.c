@@ -32,6 +32,16 @@ static const char *access_name(Tpw__V1__Access a)
 	}
 }
 
+/* Who on other hosts may open pipes to a listener. */
+static const char *remote_name(Tpw__V1__RemoteAccess a)
+{
+	switch (a) {
+	case TPW__V1__REMOTE_ACCESS__REMOTE_ANY_PEER: return "any-peer";
+	case TPW__V1__REMOTE_ACCESS__REMOTE_PEERS: return "peers";
+	default: return "none";
+	}
+}
+
 /* ---- JSON --------------------------------------------------------------------------------- */
 
 void ctl_json_u64(struct json_object *o, const char *key, uint64_t v)
@@ -283,6 +293,9 @@ static struct json_object *pipe_end_json(const Tpw__V1__CtlPipeEnd *e)
 	ctl_json_u64(o, "session_id", e->session_id);
 	ctl_json_u64(o, "pid", e->pid);
 	ctl_json_str(o, "name", e->name);
+	ctl_json_u64(o, "uid", e->uid);
+	json_object_object_add(o, "uid_claimed", json_object_new_boolean(e->uid_claimed));
+	json_object_object_add(o, "hidden", json_object_new_boolean(e->hidden));
 	ctl_json_u64(o, "messages_sent", e->messages_sent);
 	ctl_json_u64(o, "bytes_sent", e->bytes_sent);
 	ctl_json_u64(o, "queued", e->queued);
@@ -316,7 +329,9 @@ static const struct ctl_col pipe_cols[] = {
 
 static void pipe_end_cell(struct ctl_table *t, const Tpw__V1__CtlPipeEnd *e)
 {
-	if (e)
+	if (e && e->hidden)
+		ctl_table_cellf(t, "(another user)");
+	else if (e)
 		ctl_table_cellf(t, "%s[%" PRIu32 "]", str_or_empty(e->name), e->pid);
 	else
 		ctl_table_cellf(t, "-");
@@ -364,7 +379,7 @@ int ctl_render_pipes(const Tpw__V1__CtlReply *r, const struct ctl_view *v, FILE 
 static struct json_object *listener_json(const void *item)
 {
 	const Tpw__V1__CtlListener *l = item;
-	struct json_object *o = json_object_new_object();
+	struct json_object *o = json_object_new_object(), *peers;
 
 	if (!o)
 		return NULL;
@@ -376,13 +391,18 @@ static struct json_object *listener_json(const void *item)
 	ctl_json_str(o, "access", access_name(l->access));
 	ctl_json_u64(o, "gid", l->gid);
 	ctl_json_u64(o, "accepted", l->accepted);
+	ctl_json_str(o, "remote", remote_name(l->remote));
+	peers = json_object_new_array();
+	for (size_t i = 0; peers && i < l->n_remote_peers; i++)
+		json_object_array_add(peers, json_object_new_string(l->remote_peers[i]));
+	json_object_object_add(o, "remote_peers", peers);
 	return o;
 }
 
 static const struct ctl_col listener_cols[] = {
 	{ "ID", true },	  { "NAME", false },  { "SESSION", true },
 	{ "PID", true },  { "UID", true },    { "ACCESS", false },
-	{ "ACCEPTED", true },
+	{ "ACCEPTED", true }, { "REMOTE", false },
 };
 
 static void listener_row(struct ctl_table *t, const void *item)
@@ -398,6 +418,10 @@ static void listener_row(struct ctl_table *t, const void *item)
 	else
 		ctl_table_cellf(t, "%s", access_name(l->access));
 	ctl_table_cellf(t, "%" PRIu64, l->accepted);
+	if (l->remote == TPW__V1__REMOTE_ACCESS__REMOTE_PEERS)
+		ctl_table_cellf(t, "peers:%zu", l->n_remote_peers);
+	else
+		ctl_table_cellf(t, "%s", remote_name(l->remote));
 }
 
 int ctl_render_listeners(const Tpw__V1__CtlReply *r, const struct ctl_view *v, FILE *out)

@@ -275,6 +275,12 @@ static int render(const struct options *o, const Tpw__V1__CtlReply *r)
 
 	if (ret == 0 && fflush(stdout) != 0)
 		ret = -errno;
+	if (ret == 0 && r->own_only && !o->view.json &&
+	    (o->cmd->what == TPW__V1__CTL_WHAT__CTL_SESSIONS ||
+	     o->cmd->what == TPW__V1__CTL_WHAT__CTL_PIPES ||
+	     o->cmd->what == TPW__V1__CTL_WHAT__CTL_LISTENERS))
+		fprintf(stderr, "tpipctl: not an admin: only uid %u's objects are shown\n",
+			(unsigned)r->viewer_uid);
 	if (ret < 0) {
 		fprintf(stderr, "tpipctl: writing output: %s\n", tpu_strerror(ret, eb, sizeof(eb)));
 		return EXIT_DAEMON;

@@ -9,6 +9,11 @@
 #include <time.h>
 #include "itest.h"
 
+/* Owner-only from this host, and open to pipes from every peer daemon (cross-host runs). */
+static const struct tp_listen_options remote_any = {
+	.size = sizeof(remote_any), .access = TP_ACCESS_OWNER, .remote = TP_REMOTE_ANY_PEER,
+};
+
 struct tpt_daemon tpt_fixture_daemon;
 struct tpt_daemon tpt_peer_a, tpt_peer_b;
 
@@ -332,7 +337,7 @@ int tpt_end_listen(struct tpt_end *e, bool accept)
 	int r = tpt_ctx_new(e->d, 0, e->ctx_name, &e->ctx);
 
 	if (r == 0)
-		r = tp_listen(e->ctx, e->where, NULL, &e->l);
+		r = tp_listen(e->ctx, e->where, &remote_any, &e->l);
 	if (e->ready)
 		tpt_sync_post(e->ready, (int8_t)(r ? -1 : 0));
 	TPT_REQUIRE(r == 0, r, "%s: listen %s: %d %s", e->ctx_name, e->where, r, tp_last_error());
@@ -480,7 +485,7 @@ static int xfer_reader(void *arg)
 		r = -EINVAL;
 	}
 	if (r == 0)
-		r = tp_listen(ctx, run->x->name, NULL, &l);
+		r = tp_listen(ctx, run->x->name, &remote_any, &l);
 	tpt_sync_post(&run->ready, (int8_t)(r < 0 ? -1 : 0));
 	TPT_REQUIRE(r == 0, 1, "reader: context/listen: %d %s", r, tp_last_error());
 	r = tp_listener_accept_sync(l, run->timeout_ms, &p);

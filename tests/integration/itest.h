@@ -86,8 +86,9 @@ struct tpt_end {
 };
 
 /*
- * tpt_end_listen() - open the context and listener, post @e->ready, and if @accept, accept one
- * pipe into @e->p. Return: 0 or -errno (printed).
+ * tpt_end_listen() - open the context and listener (owner only on this host, open to every peer
+ * daemon: TP_REMOTE_ANY_PEER, as tpt_xfer_run()'s reader's too), post @e->ready, and if @accept,
+ * accept one pipe into @e->p. Return: 0 or -errno (printed).
  */
 int tpt_end_listen(struct tpt_end *e, bool accept);
 

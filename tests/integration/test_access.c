@@ -4,7 +4,8 @@
  * with -EADDRINUSE (from another process and from the same one) and succeeds once the name is
  * free; connecting to a name nobody listens on fails the pipe with -ENOENT instead of hanging;
  * an owner-only listener refuses a process of another uid with -EACCES while TP_ACCESS_ANYONE
- * and TP_ACCESS_GROUP (for members) admit it; both ends see the right remote names. The
+ * and TP_ACCESS_GROUP (for members) admit it; both ends see the right remote names and the
+ * other end's uid, and a connect expecting another owner is refused with -EACCES. The
  * other-uid cases need root (the connecting child drops to uid 65534 before creating its
  * context) and print why they skip otherwise.
  */
@@ -221,8 +222,9 @@ static int access_accept_all(struct tp_context *ctx, struct tp_listener **l,
 static int access_listener(void *arg)
 {
 	const struct access_case *cases = arg;
-	struct tp_listen_options any = { sizeof(any), TP_ACCESS_ANYONE, 0 };
-	struct tp_listen_options grp = { sizeof(grp), TP_ACCESS_GROUP, TEST_GID };
+	struct tp_listen_options any = { .size = sizeof(any), .access = TP_ACCESS_ANYONE };
+	struct tp_listen_options grp = { .size = sizeof(grp), .access = TP_ACCESS_GROUP,
+					 .gid = TEST_GID };
 	struct tp_context *ctx;
 	struct tp_listener *l[3];
 	int r = tpt_ctx_new(&tpt_fixture_daemon, 0, "root-listener", &ctx);
@@ -362,6 +364,7 @@ static int names_a(void *arg)
 	struct tp_context *ctx;
 	struct tp_listener *l;
 	struct tp_pipe *p;
+	uid_t uid = (uid_t)-1;
 	int r = tpt_ctx_new(&tpt_fixture_daemon, 0, "alice", &ctx);
 
 	if (r == 0)
@@ -377,6 +380,9 @@ static int names_a(void *arg)
 	TPT_REQUIRE(strcmp(tp_pipe_remote_name(p), "bob") == 0, 1,
 		    "accepted pipe's remote name '%s' (want the connector's context name 'bob')",
 		    tp_pipe_remote_name(p));
+	r = tp_pipe_remote_uid(p, &uid);
+	TPT_REQUIRE(r == 0 && uid == geteuid(), 1, "accepted pipe's remote uid: %d, %u", r,
+		    (unsigned)uid);
 	tpt_sync_wait(&to_a, T_MS);
 	tp_pipe_close(p);
 	tp_listener_close(l);
@@ -386,17 +392,31 @@ static int names_a(void *arg)
 
 static int names_b(void *arg)
 {
+	struct tp_connect_options other = { .size = sizeof(other), .flags = TP_CONNECT_EXPECT_UID,
+					    .expect_uid = geteuid() + 1 };
 	struct tp_context *ctx;
 	struct tp_pipe *p;
+	uid_t uid = (uid_t)-1;
 	int r;
 
 	TPT_REQUIRE(tpt_sync_wait(&to_b, T_MS) == 0, 1, "listener not ready");
 	r = tpt_ctx_new(&tpt_fixture_daemon, 0, "bob", &ctx);
 	TPT_REQUIRE(r == 0, 1, "context: %d", r);
+	/* Expecting another owner: refused before the listener hears of it. */
+	r = tp_connect_ex(ctx, "bob-calls-here", &other, &p);
+	if (r == 0)
+		r = tp_pipe_wait_connected(p, T_MS);
+	TPT_REQUIRE(r == -EACCES && strstr(tp_last_error(), "not the expected uid"), 1,
+		    "connect expecting uid %u: %d %s", (unsigned)other.expect_uid, r,
+		    tp_last_error());
+	tp_pipe_close(p);
 	r = tp_connect(ctx, "bob-calls-here", &p);
 	if (r == 0)
 		r = tp_pipe_wait_connected(p, T_MS);
 	TPT_REQUIRE(r == 0, 1, "connect: %d", r);
+	r = tp_pipe_remote_uid(p, &uid);
+	TPT_REQUIRE(r == 0 && uid == geteuid(), 1, "listener owner's uid: %d, %u", r,
+		    (unsigned)uid);
 	TPT_REQUIRE(strcmp(tp_pipe_remote_name(p), "bob-calls-here") == 0, 1,
 		    "connected pipe's remote name '%s' (want the listener name)",
 		    tp_pipe_remote_name(p));

@@ -6,7 +6,9 @@
  * daemons carry the bytes over their peer link. Data of every size class around the eager limit
  * (0 B, 1 B, 64 KiB +- 1, 1 MiB, 16 MiB, and 512 MiB when memory allows) arrives intact from and
  * into shared buffers and private memory, also staged (TP_CONTEXT_NO_CMA) and as multi-segment
- * messages carved from one slab; both ends see the right remote name; 1000 pipelined writes
+ * messages carved from one slab; both ends see the right remote name; a listener registered
+ * with default options takes no pipes from the other host (the harness's listeners allow any
+ * peer, TP_REMOTE_ANY_PEER); 1000 pipelined writes
  * arrive and complete in order; reads asked for all at once, whose receives overlap and
  * finish out of order, complete in order; 8 pipes carry traffic in both directions at once over one
  * link; tpipctl peers shows that link with its pipes and byte counters. Two daemons listening on
@@ -259,6 +261,54 @@ static int names_connector(void *arg)
 START_TEST(test_peers_remote_names_on_both_ends)
 {
 	ck_assert(tpt_run_pair(names_listener, names_connector, NULL, 2 * T_MS));
+}
+END_TEST
+
+/* ---- remote access is the listener's choice ------------------------------------------------- */
+
+/* On B: "local-only" with default options (this host only), kept until A is done. */
+static int default_listener(void *arg)
+{
+	struct tp_context *ctx;
+	struct tp_listener *l;
+	int r = tpt_ctx_new(&tpt_peer_b, 0, "default-listener", &ctx);
+
+	if (r == 0)
+		r = tp_listen(ctx, "local-only", NULL, &l);
+	tpt_sync_post(&to_b, (int8_t)(r ? -1 : 0));
+	TPT_REQUIRE(r == 0, 1, "listen: %d %s", r, tp_last_error());
+	TPT_REQUIRE(tpt_sync_wait(&to_a, T_MS) == 0, 1, "no word from the connector");
+	tp_listener_close(l);
+	tp_context_free(ctx);
+	return 0;
+}
+
+/* On A: tpip://B/local-only fails as a missing name would, saying why it may. */
+static int default_connector(void *arg)
+{
+	char addr[128];
+	struct tp_context *ctx;
+	struct tp_pipe *p;
+	int r;
+
+	TPT_REQUIRE(tpt_sync_wait(&to_b, T_MS) == 0, 1, "listener not ready");
+	r = tpt_ctx_new(&tpt_peer_a, 0, "default-connector", &ctx);
+	TPT_REQUIRE(r == 0, 1, "context: %d", r);
+	r = tp_connect(ctx, tpt_peer_address(&tpt_peer_b, "local-only", addr, sizeof(addr)), &p);
+	if (r == 0)
+		r = tp_pipe_wait_connected(p, T_MS);
+	TPT_REQUIRE(r == -ENOENT && strstr(tp_last_error(), "accepts pipes from other hosts"), 1,
+		    "connect to a listener with default options from another host: %d %s", r,
+		    tp_last_error());
+	tpt_sync_post(&to_a, 0);
+	tp_pipe_close(p);
+	tp_context_free(ctx);
+	return 0;
+}
+
+START_TEST(test_peers_listener_takes_no_remote_pipes_by_default)
+{
+	ck_assert(tpt_run_pair(default_listener, default_connector, NULL, 2 * T_MS));
 }
 END_TEST
 
@@ -873,6 +923,7 @@ static Suite *peers_suite(void)
 
 	tcase_add_checked_fixture(tc, setup, teardown);
 	tcase_add_test(tc, test_peers_remote_names_on_both_ends);
+	tcase_add_test(tc, test_peers_listener_takes_no_remote_pipes_by_default);
 	tcase_add_test(tc, test_peers_pipelined_writes_arrive_and_complete_in_order);
 	tcase_add_test(tc, test_peers_eager_burst_arrives_whole_and_in_order);
 	tcase_add_test(tc, test_peers_overlapping_reads_complete_in_order);

@@ -16,6 +16,11 @@
 #include <string.h>
 #include "itest.h"
 
+/* Owner-only from this host, and open to pipes from every peer daemon (cross-host runs). */
+static const struct tp_listen_options remote_any = {
+	.size = sizeof(remote_any), .access = TP_ACCESS_OWNER, .remote = TP_REMOTE_ANY_PEER,
+};
+
 #define SIZES_MAX 64
 
 struct opts {
@@ -104,7 +109,7 @@ static int run_listen(const struct opts *o, struct tp_context *ctx)
 	struct tpt_msg_spec s;
 	unsigned n = 0, total = (unsigned)o->n_sizes + o->repeat;
 	uint64_t last = tpt_now_ms();
-	int r = tp_listen(ctx, o->where, NULL, &l);
+	int r = tp_listen(ctx, o->where, &remote_any, &l);
 
 	if (r == 0) {
 		printf("listen: listening on '%s'\n", o->where);

@@ -18,6 +18,11 @@
 #include <unistd.h>
 #include <tpclient.h>
 
+/* Owner-only from this host, and open to pipes from every peer daemon (cross-host runs). */
+static const struct tp_listen_options remote_any = {
+	.size = sizeof(remote_any), .access = TP_ACCESS_OWNER, .remote = TP_REMOTE_ANY_PEER,
+};
+
 #define TIMEOUT_MS 10000
 #define HOLD_MAX_MS 60000
 #define PAYLOAD_BYTES 100
@@ -149,7 +154,7 @@ int main(int argc, char **argv)
 	snprintf(name, sizeof(name), "example-%ld", (long)getpid());
 	if ((r = tp_context_new(&co, &ctx)) < 0)
 		return fail("context", r);
-	if ((r = tp_listen(ctx, name, NULL, &l)) < 0) {
+	if ((r = tp_listen(ctx, name, &remote_any, &l)) < 0) {
 		r = fail("listen", r);
 		goto out;
 	}

@@ -50,7 +50,7 @@ wait_listener() {
 transfer() {
 	local from=$1 to=$2 name=$3 port_var="PORT_$2"
 	shift 3
-	demo -s "$SVC_TMP/$to.sock" -n "$name" "$@" listen >"$SVC_TMP/listen.out" 2>&1 &
+	demo -s "$SVC_TMP/$to.sock" -n "$name" --remote "$@" listen >"$SVC_TMP/listen.out" 2>&1 &
 	local lpid=$!
 	svc_track "$lpid"
 	wait_listener "$to" "$name"
@@ -138,7 +138,7 @@ ctl --socket "$SVC_TMP/k1.sock" --json peers |
 
 check "SIGKILL of the remote daemon mid-transfer fails both clients; the survivor recovers"
 fds_before=$(ls "/proc/$PID_a/fd" | wc -l)
-demo -s "$SVC_TMP/b.sock" -n big -m 40 -z 256 listen >"$SVC_TMP/listen.out" 2>&1 &
+demo -s "$SVC_TMP/b.sock" -n big --remote -m 40 -z 256 listen >"$SVC_TMP/listen.out" 2>&1 &
 lpid=$!
 svc_track "$lpid"
 wait_listener b big

@@ -123,6 +123,70 @@ START_TEST(test_access_anyone)
 }
 END_TEST
 
+START_TEST(test_remote_access_none_by_default_and_never_by_uid)
+{
+	struct tpd_listener *l = NULL;
+
+	ck_assert_int_eq(tpd_registry_add(&reg, "x", &owner_a, 1000, TPW__V1__ACCESS__ACCESS_ANYONE,
+					  0, &l),
+			 0);
+	ck_assert_int_eq(l->remote, TPW__V1__REMOTE_ACCESS__REMOTE_NONE);
+	ck_assert(!tpd_listener_permits_remote(l, "psk"));
+	ck_assert(!tpd_listener_permits_remote(l, NULL));
+	ck_assert_int_eq(tpd_listener_set_remote(l, TPW__V1__REMOTE_ACCESS__REMOTE_UNSPECIFIED,
+						 NULL, 0), 0);
+	ck_assert(!tpd_listener_permits_remote(l, "psk"));
+}
+END_TEST
+
+START_TEST(test_remote_access_any_peer_and_named_peers)
+{
+	char *peers[] = { "hostb", "psk" };
+	struct tpd_listener *a = NULL, *n = NULL;
+
+	ck_assert_int_eq(tpd_registry_add(&reg, "a", &owner_a, 1000, 0, 0, &a), 0);
+	ck_assert_int_eq(tpd_registry_add(&reg, "n", &owner_a, 1000, 0, 0, &n), 0);
+	ck_assert_int_eq(
+		tpd_listener_set_remote(a, TPW__V1__REMOTE_ACCESS__REMOTE_ANY_PEER, NULL, 0), 0);
+	ck_assert(tpd_listener_permits_remote(a, "psk"));
+	ck_assert(tpd_listener_permits_remote(a, NULL)); /* a link the daemon itself admitted */
+	ck_assert_int_eq(tpd_listener_set_remote(n, TPW__V1__REMOTE_ACCESS__REMOTE_PEERS, peers, 2),
+			 0);
+	peers[1] = "changed"; /* copied */
+	ck_assert(tpd_listener_permits_remote(n, "psk"));
+	ck_assert(tpd_listener_permits_remote(n, "hostb"));
+	ck_assert(!tpd_listener_permits_remote(n, "hostc"));
+	ck_assert(!tpd_listener_permits_remote(n, "ps"));
+	ck_assert(!tpd_listener_permits_remote(n, NULL)); /* unauthenticated: never by name */
+}
+END_TEST
+
+START_TEST(test_uid_name_space_is_the_uids_own)
+{
+	struct tpd_listener *l = NULL;
+	uid_t u = 1;
+
+	ck_assert(tpd_listener_name_uid("@4242:x", &u));
+	ck_assert_uint_eq(u, 4242);
+	ck_assert(tpd_listener_name_uid("@0:x", &u));
+	ck_assert_uint_eq(u, 0);
+	ck_assert(tpd_listener_name_uid("@4294967295:x", &u));
+	ck_assert_uint_eq(u, 4294967295u);
+	ck_assert(!tpd_listener_name_uid("@4294967296:x", &u)); /* above uid_t: no one's */
+	ck_assert(!tpd_listener_name_uid("@04242:x", &u));
+	ck_assert(!tpd_listener_name_uid("@4242", &u));
+	ck_assert(!tpd_listener_name_uid("@:x", &u));
+	ck_assert(!tpd_listener_name_uid("4242:x", &u));
+	ck_assert(!tpd_listener_name_uid("@42a:x", &u));
+	ck_assert_int_eq(tpd_registry_add(&reg, "@4242:x", &owner_a, 4243, 0, 0, &l), -EACCES);
+	ck_assert_int_eq(tpd_registry_add(&reg, "@4242:x", &owner_a, 0, 0, 0, &l), -EACCES);
+	ck_assert_int_eq(tpd_registry_add(&reg, "@4242:x", &owner_a, 4242, 0, 0, &l), 0);
+	/* Taken or not, another uid hears the same. */
+	ck_assert_int_eq(tpd_registry_add(&reg, "@4242:x", &owner_b, 4243, 0, 0, &l), -EACCES);
+	ck_assert_int_eq(tpd_registry_add(&reg, "@0:y", &owner_a, 0, 0, 0, &l), 0);
+}
+END_TEST
+
 static Suite *listener_suite(void)
 {
 	Suite *s = suite_create("listener");
@@ -137,6 +201,9 @@ static Suite *listener_suite(void)
 	tcase_add_test(tc, test_access_owner_only_by_default);
 	tcase_add_test(tc, test_access_group_checks_primary_and_supplementary);
 	tcase_add_test(tc, test_access_anyone);
+	tcase_add_test(tc, test_remote_access_none_by_default_and_never_by_uid);
+	tcase_add_test(tc, test_remote_access_any_peer_and_named_peers);
+	tcase_add_test(tc, test_uid_name_space_is_the_uids_own);
 	suite_add_tcase(s, tc);
 	return s;
 }

@@ -553,6 +553,46 @@ START_TEST(test_validate_listen_name_and_access)
 }
 END_TEST
 
+START_TEST(test_validate_listen_remote_access_and_peer_count)
+{
+	Tpw__V1__ClientMsg m = TPW__V1__CLIENT_MSG__INIT;
+	Tpw__V1__Listen l = TPW__V1__LISTEN__INIT;
+	char *peers[TPW_REMOTE_PEERS_MAX + 1], longp[TPW_NAME_MAX + 2];
+
+	for (size_t i = 0; i <= TPW_REMOTE_PEERS_MAX; i++)
+		peers[i] = "psk";
+	m.body_case = TPW__V1__CLIENT_MSG__BODY_LISTEN;
+	m.listen = &l;
+	l.name = "trainer0";
+	for (int a = 0; a <= TPW__V1__REMOTE_ACCESS__REMOTE_ANY_PEER; a++) {
+		l.remote = a;
+		ck_assert_int_eq(vc(&m, 0, 0), 0);
+	}
+	l.remote = enum_max(&tpw__v1__remote_access__descriptor) + 1;
+	ck_assert_int_eq(vc(&m, 0, 0), -EBADMSG);
+	l.remote = TPW__V1__REMOTE_ACCESS__REMOTE_PEERS;
+	ck_assert_int_eq(vc(&m, 0, 0), -EBADMSG); /* PEERS without a peer */
+	l.remote_peers = peers;
+	l.n_remote_peers = TPW_REMOTE_PEERS_MAX;
+	ck_assert_int_eq(vc(&m, 0, 0), 0);
+	l.n_remote_peers = TPW_REMOTE_PEERS_MAX + 1;
+	ck_assert_int_eq(vc(&m, 0, 0), -EBADMSG);
+	l.n_remote_peers = 1;
+	l.remote = TPW__V1__REMOTE_ACCESS__REMOTE_ANY_PEER;
+	ck_assert_int_eq(vc(&m, 0, 0), -EBADMSG); /* peers only with PEERS */
+	l.remote = TPW__V1__REMOTE_ACCESS__REMOTE_PEERS;
+	memset(longp, 'p', sizeof(longp));
+	longp[TPW_NAME_MAX] = '\0';
+	peers[0] = longp;
+	ck_assert_int_eq(vc(&m, 0, 0), 0);
+	longp[TPW_NAME_MAX] = 'p';
+	longp[TPW_NAME_MAX + 1] = '\0';
+	ck_assert_int_eq(vc(&m, 0, 0), -EBADMSG);
+	peers[0] = "";
+	ck_assert_int_eq(vc(&m, 0, 0), -EBADMSG);
+}
+END_TEST
+
 START_TEST(test_validate_connect_pipe_id_range)
 {
 	Tpw__V1__ClientMsg m = TPW__V1__CLIENT_MSG__INIT;
@@ -907,6 +947,7 @@ static Suite *validate_suite(void)
 	tcase_add_test(o, test_validate_rejects_message_without_body);
 	tcase_add_test(o, test_validate_hello_roles_and_name);
 	tcase_add_test(o, test_validate_listen_name_and_access);
+	tcase_add_test(o, test_validate_listen_remote_access_and_peer_count);
 	tcase_add_test(o, test_validate_connect_pipe_id_range);
 	tcase_add_test(o, test_validate_connect_address_length);
 	tcase_add_test(o, test_validate_ctl_what_range);
