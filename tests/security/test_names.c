@@ -1,6 +1,6 @@
 /* SPDX-License-Identifier: BSD-3-Clause */
 /*
- * Security suite: names, owners and who may see or reach them (issue 21, items 2 and 8), played
+ * Security suite: names, owners and who may see or reach them, played
  * by a victim (uid 4242), an attacker (uid 65534) and root against two daemons on this machine
  * that treat each other as remote hosts and share a pre-shared peer key. A remote daemon's
  * word is never a local uid: a process on the other host, as root or as the listener's own uid,
