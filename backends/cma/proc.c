@@ -1,0 +1,378 @@
+/* SPDX-License-Identifier: BSD-3-Clause */
+/*
+ * The process a CMA copy may touch, and the credentials it is touched with. A client is pinned
+ * at attach by a pidfd (SO_PEERPIDFD, or pidfd_open() of the SO_PEERCRED pid on kernels before
+ * 6.5) and its /proc directory, opened while the pidfd said alive and checked to show the
+ * socket's uid. process_vm_readv/writev still take a pid number, so every access is made as the
+ * client: the copying thread switches its own real and effective uid and gid to the client's
+ * and drops its effective capabilities for the duration of the syscall, and the kernel's ptrace
+ * check (PTRACE_MODE_ATTACH_REALCREDS: the target's uids and gids all equal ours, the target
+ * dumpable, Yama) decides inside the syscall. A recycled pid owned by another user, a client
+ * that exec'd a setuid binary or made itself non-dumpable is refused (EPERM) atomically, which
+ * no check before the copy could guarantee. The pidfd is checked before each access and after
+ * each read as well, so a pid recycled within the same user is not read either.
+ */
+#include <errno.h>
+#include <fcntl.h>
+#include <linux/capability.h>
+#include <poll.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <sys/syscall.h>
+#include <sys/uio.h>
+#include <unistd.h>
+#include "../tpb.h"
+#include "tpu.h"
+
+#ifndef SO_PEERPIDFD
+#define SO_PEERPIDFD 77
+#endif
+#ifndef SYS_pidfd_open
+#define SYS_pidfd_open 434
+#endif
+/* 16-bit id syscalls on some 32-bit ABIs: take the 32-bit ones there. */
+#ifdef SYS_setresuid32
+#define SYS_SETRESUID SYS_setresuid32
+#define SYS_SETRESGID SYS_setresgid32
+#define SYS_GETRESUID SYS_getresuid32
+#define SYS_GETRESGID SYS_getresgid32
+#else
+#define SYS_SETRESUID SYS_setresuid
+#define SYS_SETRESGID SYS_setresgid
+#define SYS_GETRESUID SYS_getresuid
+#define SYS_GETRESGID SYS_getresgid
+#endif
+
+struct tpb_proc {
+	atomic_uint refs;
+	pid_t pid;
+	int pidfd;
+	int procfd; /* /proc/<pid>, bound to this very process, or -EBADF */
+	uid_t uid;
+	gid_t gid;
+	uint64_t label;
+	atomic_bool cma_off;
+};
+
+/* ---- the pinned process -------------------------------------------------------------------- */
+
+int tpb_proc_new(int pidfd, int procfd, pid_t pid, uid_t uid, gid_t gid, uint64_t label,
+		 struct tpb_proc **ret)
+{
+	struct tpb_proc *p = calloc(1, sizeof(*p));
+
+	if (!p) {
+		tpu_close(pidfd);
+		tpu_close(procfd);
+		return -ENOMEM;
+	}
+	atomic_init(&p->refs, 1);
+	atomic_init(&p->cma_off, false);
+	p->pidfd = pidfd;
+	p->procfd = procfd;
+	p->pid = pid;
+	p->uid = uid;
+	p->gid = gid;
+	p->label = label;
+	*ret = p;
+	return 0;
+}
+
+struct tpb_proc *tpb_proc_ref(struct tpb_proc *p)
+{
+	if (p)
+		atomic_fetch_add_explicit(&p->refs, 1, memory_order_relaxed);
+	return p;
+}
+
+void tpb_proc_unref(struct tpb_proc *p)
+{
+	if (!p || atomic_fetch_sub_explicit(&p->refs, 1, memory_order_acq_rel) != 1)
+		return;
+	tpu_close(p->pidfd);
+	tpu_close(p->procfd);
+	free(p);
+}
+
+pid_t tpb_proc_pid(const struct tpb_proc *p)
+{
+	return p ? p->pid : 0;
+}
+
+/* A pidfd becomes readable once its process has exited. */
+static bool pidfd_alive(int pidfd)
+{
+	struct pollfd pfd = { .fd = pidfd, .events = POLLIN };
+	int n;
+
+	do
+		n = poll(&pfd, 1, 0);
+	while (n < 0 && errno == EINTR);
+	return n == 0;
+}
+
+bool tpb_proc_alive(const struct tpb_proc *p)
+{
+	return p && p->pidfd >= 0 && pidfd_alive(p->pidfd);
+}
+
+bool tpb_proc_cma_off(const struct tpb_proc *p)
+{
+	return !p || atomic_load_explicit(&p->cma_off, memory_order_relaxed);
+}
+
+int tpb_proc_openat(const struct tpb_proc *p, const char *name)
+{
+	int fd;
+
+	if (!p || p->procfd < 0)
+		return -EBADF;
+	fd = openat(p->procfd, name, O_RDONLY | O_CLOEXEC | O_NOFOLLOW);
+	return fd < 0 ? -errno : fd;
+}
+
+/* Effective uid from the "Uid:" line of the status file under @procfd. Return: 0 or -errno. */
+static int status_euid(int procfd, uid_t *ret)
+{
+	char buf[4096];
+	unsigned long ruid, euid;
+	ssize_t n;
+	int fd = openat(procfd, "status", O_RDONLY | O_CLOEXEC);
+	const char *u;
+
+	if (fd < 0)
+		return -errno;
+	n = read(fd, buf, sizeof(buf) - 1);
+	if (n < 0)
+		n = -errno;
+	tpu_close(fd);
+	if (n < 0)
+		return (int)n;
+	buf[n] = '\0';
+	u = strstr(buf, "\nUid:");
+	if (!u || sscanf(u + 5, "%lu %lu", &ruid, &euid) != 2)
+		return -EBADMSG;
+	*ret = (uid_t)euid;
+	return 0;
+}
+
+int tpb_proc_pin(int sock, pid_t pid, uid_t uid, gid_t gid, uint64_t label,
+		 struct tpb_proc **ret, char *why, size_t why_len)
+{
+	_cleanup_close_ int pidfd = -EBADF, procfd = -EBADF;
+	socklen_t len = sizeof(pidfd);
+	char path[32];
+	uid_t seen;
+	int r;
+
+	if (getsockopt(sock, SOL_SOCKET, SO_PEERPIDFD, &pidfd, &len) < 0) {
+		pidfd = -EBADF;
+		if (errno != ENOPROTOOPT && errno != EINVAL) {
+			r = -errno;
+			snprintf(why, why_len, "SO_PEERPIDFD: %s", strerror(-r));
+			return r;
+		}
+		/* Before Linux 6.5: the pid may be reused before this, hence the uid check below
+		 * (and the kernel's own check at every access). */
+		pidfd = (int)syscall(SYS_pidfd_open, pid, 0);
+		if (pidfd < 0) {
+			r = -errno;
+			snprintf(why, why_len, "pidfd_open(%d): %s", (int)pid, strerror(-r));
+			return r;
+		}
+	}
+	snprintf(path, sizeof(path), "/proc/%d", (int)pid);
+	procfd = open(path, O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+	if (procfd < 0) {
+		r = -errno;
+		snprintf(why, why_len, "%s: %s", path, strerror(-r));
+		return r;
+	}
+	/* Alive after the open: the directory is that of the pinned process, not of a successor
+	 * that took its number. */
+	if (!pidfd_alive(pidfd)) {
+		snprintf(why, why_len, "process %d exited during attach", (int)pid);
+		return -ESRCH;
+	}
+	r = status_euid(procfd, &seen);
+	if (r < 0) {
+		snprintf(why, why_len, "%s/status: %s", path, strerror(-r));
+		return r;
+	}
+	if (seen != uid) {
+		snprintf(why, why_len, "process %d runs as uid %u, its socket says %u", (int)pid,
+			 (unsigned)seen, (unsigned)uid);
+		return -EPERM;
+	}
+	return tpb_proc_new(TAKE_FD(pidfd), TAKE_FD(procfd), pid, uid, gid, label, ret);
+}
+
+/* ---- acting as the client on this thread --------------------------------------------------- */
+
+static int as_mode = -1; /* 1 can switch, 0 same uid only; set once by tpb_cma_as_probe() */
+
+static int caps_get(uint32_t sets[6])
+{
+	struct __user_cap_header_struct h = { .version = _LINUX_CAPABILITY_VERSION_3, .pid = 0 };
+	struct __user_cap_data_struct d[2];
+
+	if (syscall(SYS_capget, &h, d) < 0)
+		return -errno;
+	for (int i = 0; i < 2; i++) {
+		sets[3 * i] = d[i].effective;
+		sets[3 * i + 1] = d[i].permitted;
+		sets[3 * i + 2] = d[i].inheritable;
+	}
+	return 0;
+}
+
+static int caps_set(const uint32_t sets[6])
+{
+	struct __user_cap_header_struct h = { .version = _LINUX_CAPABILITY_VERSION_3, .pid = 0 };
+	struct __user_cap_data_struct d[2];
+
+	for (int i = 0; i < 2; i++) {
+		d[i].effective = sets[3 * i];
+		d[i].permitted = sets[3 * i + 1];
+		d[i].inheritable = sets[3 * i + 2];
+	}
+	return syscall(SYS_capset, &h, d) < 0 ? -errno : 0;
+}
+
+static bool cap_has(const uint32_t sets[6], int cap)
+{
+	return sets[3 * (cap / 32)] & (1u << (cap % 32));
+}
+
+int tpb_cma_as_probe(void)
+{
+	uint32_t sets[6];
+
+	if (as_mode < 0)
+		as_mode = caps_get(sets) == 0 && cap_has(sets, CAP_SETUID) &&
+			  cap_has(sets, CAP_SETGID);
+	return as_mode;
+}
+
+bool tpb_cma_as_allowed(uid_t uid)
+{
+	return tpb_cma_as_probe() == 1 || uid == geteuid();
+}
+
+int tpb_cma_as_enter(uid_t uid, gid_t gid, struct tpb_cma_as *ret)
+{
+	struct tpb_cma_as as = { 0 };
+	uint32_t none[6];
+	int r;
+
+	if (syscall(SYS_GETRESUID, &as.ruid, &as.euid, &as.suid) < 0 ||
+	    syscall(SYS_GETRESGID, &as.rgid, &as.egid, &as.sgid) < 0)
+		return -errno;
+	r = caps_get(as.caps);
+	if (r < 0)
+		return r;
+	if (tpb_cma_as_probe() == 1) {
+		if (syscall(SYS_SETRESGID, gid, gid, as.sgid) < 0)
+			return -errno;
+		if (syscall(SYS_SETRESUID, uid, uid, as.suid) < 0) {
+			r = -errno;
+			if (syscall(SYS_SETRESGID, as.rgid, as.egid, as.sgid) < 0)
+				abort();
+			return r;
+		}
+		as.switched = true;
+	} else if (uid != as.euid) {
+		return -EPERM;
+	}
+	memcpy(none, as.caps, sizeof(none));
+	none[0] = none[3] = 0; /* no effective capabilities: no CAP_SYS_PTRACE override */
+	r = caps_set(none);
+	if (r < 0) {
+		tpb_cma_as_leave(&as);
+		return r;
+	}
+	*ret = as;
+	return 0;
+}
+
+void tpb_cma_as_leave(const struct tpb_cma_as *as)
+{
+	/* A thread left running as a client would be a kernel or programming error: stop. */
+	if (as->switched && syscall(SYS_SETRESUID, as->ruid, as->euid, as->suid) < 0)
+		abort();
+	if (caps_set(as->caps) < 0)
+		abort();
+	if (as->switched && syscall(SYS_SETRESGID, as->rgid, as->egid, as->sgid) < 0)
+		abort();
+}
+
+/* ---- copies -------------------------------------------------------------------------------- */
+
+static int move(pid_t pid, void *buf, uint64_t addr, uint64_t len, bool write)
+{
+	while (len) {
+		size_t chunk = len > (1ull << 30) ? (1ull << 30) : (size_t)len;
+		struct iovec l = { buf, chunk }, r = { (void *)(uintptr_t)addr, chunk };
+		ssize_t n = write ? process_vm_writev(pid, &l, 1, &r, 1, 0)
+				  : process_vm_readv(pid, &l, 1, &r, 1, 0);
+		if (n < 0) {
+			if (errno == EINTR)
+				continue;
+			return -errno;
+		}
+		if (n == 0)
+			return -EFAULT;
+		buf = (char *)buf + n;
+		addr += (uint64_t)n;
+		len -= (uint64_t)n;
+	}
+	return 0;
+}
+
+/* An access to @p was refused or found it gone: no more CMA for it. Return: @r. */
+static int refused(struct tpb_proc *p, int r, char *why, size_t why_len)
+{
+	atomic_store_explicit(&p->cma_off, true, memory_order_relaxed);
+	if (r == -ESRCH)
+		snprintf(why, why_len, "client process %d has exited; no more CMA for it",
+			 (int)p->pid);
+	else
+		snprintf(why, why_len,
+			 "kernel refused access to client process %d as uid %u (%s: its credentials "
+			 "changed, it is not dumpable or ptrace is restricted); no more CMA for it",
+			 (int)p->pid, (unsigned)p->uid, strerror(-r));
+	return r;
+}
+
+int tpb_cma_move(struct tpb_proc *p, void *buf, uint64_t addr, uint64_t len, bool write,
+		 char *why, size_t why_len)
+{
+	struct tpb_cma_as as;
+	int r;
+
+	if (!p)
+		return -ESRCH;
+	if (tpb_proc_cma_off(p)) {
+		snprintf(why, why_len, "CMA to client process %d was turned off by an earlier refusal",
+			 (int)p->pid);
+		return -EPERM;
+	}
+	if (!tpb_proc_alive(p))
+		return refused(p, -ESRCH, why, why_len);
+	r = tpb_cma_as_enter(p->uid, p->gid, &as);
+	if (r < 0)
+		return refused(p, r, why, why_len);
+	r = move(p->pid, buf, addr, len, write);
+	tpb_cma_as_leave(&as);
+	if (r == 0 && !write && !tpb_proc_alive(p)) {
+		/* It may have exited before the read and its pid been reused since. */
+		memset(buf, 0, len);
+		r = -ESRCH;
+	}
+	if (r == -EPERM || r == -ESRCH)
+		return refused(p, r, why, why_len);
+	return r;
+}
