@@ -340,10 +340,9 @@ static int refused(struct tpb_proc *p, int r, char *why, size_t why_len)
 		snprintf(why, why_len, "client process %d has exited; no more CMA for it",
 			 (int)p->pid);
 	else
-		snprintf(why, why_len,
-			 "kernel refused access to client process %d as uid %u (%s: its credentials "
-			 "changed, it is not dumpable or ptrace is restricted); no more CMA for it",
-			 (int)p->pid, (unsigned)p->uid, strerror(-r));
+		snprintf(why, why_len, "process %d refused as uid %u (%s: setuid exec, not "
+			 "dumpable or Yama); no more CMA for it", (int)p->pid, (unsigned)p->uid,
+			 r == -EPERM ? "EPERM" : strerror(-r));
 	return r;
 }
 
