@@ -196,7 +196,7 @@ struct tpb_cma_as {
 	uid_t ruid, euid, suid;
 	gid_t rgid, egid, sgid;
 	uint32_t caps[6]; /* the thread's capability sets before (2 x effective/permitted/inh.) */
-	bool switched;
+	bool uid_switched, gid_switched, caps_dropped;
 };
 
 /*
@@ -231,6 +231,16 @@ void tpb_cma_as_leave(const struct tpb_cma_as *as);
  */
 int tpb_cma_move(struct tpb_proc *p, void *buf, uint64_t addr, uint64_t len, bool write,
 		 char *why, size_t why_len);
+
+/*
+ * tpb_cma_bounce() - move @len bytes from @src_addr in @src to @dst_addr in @dst through
+ * @bounce (@bounce_len bytes), reading as @src's user and writing as @dst's (switched once when
+ * they are the same user), each access checked as in tpb_cma_move().
+ * Return: as tpb_cma_move().
+ */
+int tpb_cma_bounce(struct tpb_proc *src, uint64_t src_addr, struct tpb_proc *dst,
+		   uint64_t dst_addr, uint64_t len, void *bounce, size_t bounce_len, char *why,
+		   size_t why_len);
 
 /*
  * tpb_stage() - move @len bytes between the host buffer @host and @m at offset @off (@to_mem:

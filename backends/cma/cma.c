@@ -31,7 +31,6 @@ static int cma_copy(const struct tpb_xfer *x, struct tpb_scratch *s)
 	char spare[160];
 	char *why = s ? s->why : spare;
 	size_t wl = s ? sizeof(s->why) : sizeof(spare);
-	uint64_t done = 0;
 
 	if (x->src.loc == TPB_LOC_LOCAL)
 		return tpb_cma_move(x->dst.proc, (void *)(uintptr_t)x->src.addr, x->dst.addr, x->len,
@@ -41,16 +40,8 @@ static int cma_copy(const struct tpb_xfer *x, struct tpb_scratch *s)
 				    false, why, wl);
 	if (!s || !s->bounce || !s->bounce_len)
 		return -ENOBUFS;
-	while (done < x->len) {
-		uint64_t n = x->len - done < s->bounce_len ? x->len - done : s->bounce_len;
-		int r = tpb_cma_move(x->src.proc, s->bounce, x->src.addr + done, n, false, why, wl);
-		if (r == 0)
-			r = tpb_cma_move(x->dst.proc, s->bounce, x->dst.addr + done, n, true, why, wl);
-		if (r < 0)
-			return r;
-		done += n;
-	}
-	return 0;
+	return tpb_cma_bounce(x->src.proc, x->src.addr, x->dst.proc, x->dst.addr, x->len, s->bounce,
+			      s->bounce_len, why, wl);
 }
 
 const struct tpb_channel_ops tpb_cma_ops = {

@@ -262,10 +262,16 @@ bool tpb_cma_as_allowed(uid_t uid)
 	return tpb_cma_as_probe() == 1 || uid == geteuid();
 }
 
+/*
+ * Each credential change costs a prepare_creds()/commit_creds() in the kernel (a microsecond or
+ * two), so only what differs is changed: ids already equal stay, and capabilities are set only
+ * when the kernel has not already cleared them (it empties the effective set when the euid
+ * leaves 0, and refills it from the permitted set when the euid comes back).
+ */
 int tpb_cma_as_enter(uid_t uid, gid_t gid, struct tpb_cma_as *ret)
 {
 	struct tpb_cma_as as = { 0 };
-	uint32_t none[6];
+	uint32_t now[6];
 	int r;
 
 	if (syscall(SYS_GETRESUID, &as.ruid, &as.euid, &as.suid) < 0 ||
@@ -275,21 +281,28 @@ int tpb_cma_as_enter(uid_t uid, gid_t gid, struct tpb_cma_as *ret)
 	if (r < 0)
 		return r;
 	if (tpb_cma_as_probe() == 1) {
-		if (syscall(SYS_SETRESGID, gid, gid, as.sgid) < 0)
+		if ((gid != as.rgid || gid != as.egid) &&
+		    syscall(SYS_SETRESGID, gid, gid, as.sgid) < 0)
 			return -errno;
-		if (syscall(SYS_SETRESUID, uid, uid, as.suid) < 0) {
+		as.gid_switched = gid != as.rgid || gid != as.egid;
+		if ((uid != as.ruid || uid != as.euid) &&
+		    syscall(SYS_SETRESUID, uid, uid, as.suid) < 0) {
 			r = -errno;
-			if (syscall(SYS_SETRESGID, as.rgid, as.egid, as.sgid) < 0)
-				abort();
+			tpb_cma_as_leave(&as);
 			return r;
 		}
-		as.switched = true;
+		as.uid_switched = uid != as.ruid || uid != as.euid;
 	} else if (uid != as.euid) {
 		return -EPERM;
 	}
-	memcpy(none, as.caps, sizeof(none));
-	none[0] = none[3] = 0; /* no effective capabilities: no CAP_SYS_PTRACE override */
-	r = caps_set(none);
+	r = as.uid_switched ? caps_get(now) : 0;
+	if (!as.uid_switched)
+		memcpy(now, as.caps, sizeof(now));
+	if (r == 0 && (now[0] | now[3])) {
+		now[0] = now[3] = 0; /* no effective capabilities: no CAP_SYS_PTRACE override */
+		r = caps_set(now);
+		as.caps_dropped = r == 0;
+	}
 	if (r < 0) {
 		tpb_cma_as_leave(&as);
 		return r;
@@ -300,12 +313,18 @@ int tpb_cma_as_enter(uid_t uid, gid_t gid, struct tpb_cma_as *ret)
 
 void tpb_cma_as_leave(const struct tpb_cma_as *as)
 {
+	uint32_t now[6];
+
 	/* A thread left running as a client would be a kernel or programming error: stop. */
-	if (as->switched && syscall(SYS_SETRESUID, as->ruid, as->euid, as->suid) < 0)
+	if (as->uid_switched && syscall(SYS_SETRESUID, as->ruid, as->euid, as->suid) < 0)
 		abort();
-	if (caps_set(as->caps) < 0)
-		abort();
-	if (as->switched && syscall(SYS_SETRESGID, as->rgid, as->egid, as->sgid) < 0)
+	if (as->caps_dropped || as->uid_switched) {
+		if (caps_get(now) < 0)
+			abort();
+		if (memcmp(now, as->caps, sizeof(now)) != 0 && caps_set(as->caps) < 0)
+			abort();
+	}
+	if (as->gid_switched && syscall(SYS_SETRESGID, as->rgid, as->egid, as->sgid) < 0)
 		abort();
 }
 
@@ -346,6 +365,30 @@ static int refused(struct tpb_proc *p, int r, char *why, size_t why_len)
 	return r;
 }
 
+/* One access to @p; the calling thread already acts as @p's user. Return: as tpb_cma_move(). */
+static int access_as(struct tpb_proc *p, void *buf, uint64_t addr, uint64_t len, bool write,
+		     char *why, size_t why_len)
+{
+	int r;
+
+	if (tpb_proc_cma_off(p)) {
+		snprintf(why, why_len, "CMA to client process %d was turned off by an earlier refusal",
+			 (int)p->pid);
+		return -EPERM;
+	}
+	if (!tpb_proc_alive(p))
+		return refused(p, -ESRCH, why, why_len);
+	r = move(p->pid, buf, addr, len, write);
+	if (r == 0 && !write && !tpb_proc_alive(p)) {
+		/* It may have exited before the read and its pid been reused since. */
+		memset(buf, 0, len);
+		r = -ESRCH;
+	}
+	if (r == -EPERM || r == -ESRCH)
+		return refused(p, r, why, why_len);
+	return r;
+}
+
 int tpb_cma_move(struct tpb_proc *p, void *buf, uint64_t addr, uint64_t len, bool write,
 		 char *why, size_t why_len)
 {
@@ -354,24 +397,38 @@ int tpb_cma_move(struct tpb_proc *p, void *buf, uint64_t addr, uint64_t len, boo
 
 	if (!p)
 		return -ESRCH;
-	if (tpb_proc_cma_off(p)) {
-		snprintf(why, why_len, "CMA to client process %d was turned off by an earlier refusal",
-			 (int)p->pid);
-		return -EPERM;
-	}
-	if (!tpb_proc_alive(p))
-		return refused(p, -ESRCH, why, why_len);
 	r = tpb_cma_as_enter(p->uid, p->gid, &as);
 	if (r < 0)
 		return refused(p, r, why, why_len);
-	r = move(p->pid, buf, addr, len, write);
+	r = access_as(p, buf, addr, len, write, why, why_len);
 	tpb_cma_as_leave(&as);
-	if (r == 0 && !write && !tpb_proc_alive(p)) {
-		/* It may have exited before the read and its pid been reused since. */
-		memset(buf, 0, len);
-		r = -ESRCH;
+	return r;
+}
+
+int tpb_cma_bounce(struct tpb_proc *src, uint64_t src_addr, struct tpb_proc *dst,
+		   uint64_t dst_addr, uint64_t len, void *bounce, size_t bounce_len, char *why,
+		   size_t why_len)
+{
+	bool one = src && dst && src->uid == dst->uid && src->gid == dst->gid;
+	struct tpb_cma_as as;
+	int r = 0;
+
+	if (!src || !dst)
+		return -ESRCH;
+	/* Both ends of one user: one switch for every chunk, each still checked on its own. */
+	if (one && (r = tpb_cma_as_enter(src->uid, src->gid, &as)) < 0)
+		return refused(src, r, why, why_len);
+	for (uint64_t done = 0; r == 0 && done < len;) {
+		uint64_t n = TPU_MIN(len - done, (uint64_t)bounce_len);
+
+		r = one ? access_as(src, bounce, src_addr + done, n, false, why, why_len)
+			: tpb_cma_move(src, bounce, src_addr + done, n, false, why, why_len);
+		if (r == 0)
+			r = one ? access_as(dst, bounce, dst_addr + done, n, true, why, why_len)
+				: tpb_cma_move(dst, bounce, dst_addr + done, n, true, why, why_len);
+		done += n;
 	}
-	if (r == -EPERM || r == -ESRCH)
-		return refused(p, r, why, why_len);
+	if (one)
+		tpb_cma_as_leave(&as);
 	return r;
 }
