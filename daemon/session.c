@@ -281,6 +281,11 @@ bool tpd_session_cma(const struct tpd_session *s)
 	return s->cma_ok && !tpb_proc_cma_off(s->proc);
 }
 
+bool tpd_session_cma_revoked(const struct tpd_session *s)
+{
+	return s->cma_ok && tpb_proc_cma_off(s->proc);
+}
+
 unsigned tpd_session_pipe_count(const struct tpd_session *s)
 {
 	return (unsigned)s->pipes.len;

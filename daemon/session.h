@@ -135,6 +135,10 @@ void tpd_session_ring_take_side(struct tpd_session *s);
  * has been refused since. */
 bool tpd_session_cma(const struct tpd_session *s);
 
+/* Had @s CMA, and has it been turned off since (a refused access)? Said in every WriteDone and
+ * ReadDone, so that the client stages from then on. */
+bool tpd_session_cma_revoked(const struct tpd_session *s);
+
 /* Number of pipe ends attached to @s. */
 unsigned tpd_session_pipe_count(const struct tpd_session *s);
 

@@ -9,6 +9,8 @@
  * transfers must fail, the reader must get none of the occupant's bytes and the occupant's
  * memory must be unchanged. (c) Processes of two different users still exchange private memory
  * correctly through CMA, as do processes of one user, and `tpipctl stats` counts it as cma.
+ * (d) A client that drops to another uid after attaching: the transfer in flight fails, the
+ * daemon says so (cma_off), and the library stages the next ones, which arrive intact.
  * Needs root (to take the other uids); prints why it skips otherwise.
  */
 #include <check.h>
@@ -764,6 +766,90 @@ START_TEST(test_cma_between_users_moves_private_memory_as_each_user)
 }
 END_TEST
 
+/* ---- (d) a client that changes its uid after attaching: refused, then staged --------------- */
+
+static void spec_drop(unsigned i, struct tpt_msg_spec *s)
+{
+	memset(s, 0, sizeof(*s));
+	s->pipe = 4;
+	s->index = i;
+	s->n_tensors = 1;
+	s->lens[0] = 300000;
+}
+
+static int drop_reader(void *arg)
+{
+	struct pair *x = arg;
+	struct tp_listen_options o = { .size = sizeof(o), .access = TP_ACCESS_ANYONE };
+	struct tpt_end e = { .d = &tpt_fixture_daemon, .ctx_name = "reader", .where = "cmadrop" };
+	struct tpt_msg_spec s;
+	int r = tpt_ctx_new(e.d, 0, e.ctx_name, &e.ctx);
+
+	if (r == 0)
+		r = tp_listen(e.ctx, e.where, &o, &e.l);
+	tpt_sync_post(&x->ready, (int8_t)(r ? -1 : 0));
+	TPT_REQUIRE(r == 0, 1, "reader: listen: %d %s", r, tp_last_error());
+	r = tp_listener_accept_sync(e.l, T_MS, &e.p);
+	TPT_REQUIRE(r == 0, 1, "reader: accept: %d %s", r, tp_last_error());
+	spec_drop(0, &s);
+	r = tpt_msg_read_check(e.ctx, e.p, &s, TPT_MEM_PRIVATE, T_MS);
+	TPT_REQUIRE(r < 0, 1, "reader: message 0 from a process CMA may no longer reach: %d", r);
+	TPT_REQUIRE(tp_context_cma_ok(e.ctx), 1, "reader lost CMA for the writer's fault");
+	for (unsigned i = 1; i < 3; i++) {
+		spec_drop(i, &s);
+		r = tpt_msg_read_check(e.ctx, e.p, &s, TPT_MEM_PRIVATE, T_MS);
+		TPT_REQUIRE(r == 0, 1, "reader: message %u: %d", i, r);
+	}
+	tpt_end_close(&e);
+	return 0;
+}
+
+static int drop_writer(void *arg)
+{
+	struct pair *x = arg;
+	struct tpt_end e = { .d = &tpt_fixture_daemon, .ctx_name = "writer", .where = "cmadrop",
+			     .ready = &x->ready, .timeout_ms = T_MS };
+	struct tpt_msg msgs[3];
+	struct tpt_msg_spec s;
+	struct tpt_done done;
+	struct tpt_done_arg a = { &done, 0 };
+	int r;
+
+	if (tpt_end_connect(&e) != 0)
+		return 1;
+	TPT_REQUIRE(tp_context_cma_ok(e.ctx), 1, "writer has no CMA to lose");
+	TPT_REQUIRE(become(NOBODY) == 0, 1, "cannot become %d", NOBODY);
+	for (unsigned i = 0; i < 3; i++) {
+		spec_drop(i, &s);
+		TPT_REQUIRE(tpt_msg_build(e.ctx, &s, TPT_MEM_PRIVATE, &msgs[i]) == 0, 1, "build");
+	}
+	tpt_done_init(&done);
+	r = tp_pipe_write(e.p, &msgs[0].m, tpt_done_cb, &a);
+	TPT_REQUIRE(r == 0 && tpt_done_wait(&done, 1, T_MS) == 0, 1, "write 0: %d", r);
+	TPT_REQUIRE(done.status[0] < 0, 1, "write 0 from a process that changed its uid: %d",
+		    done.status[0]);
+	TPT_REQUIRE(!tp_context_cma_ok(e.ctx), 1, "CMA still offered after the refusal");
+	r = tpt_write_all_in_order(e.p, msgs + 1, 2, T_MS); /* staged now */
+	for (unsigned i = 0; i < 3; i++)
+		tpt_msg_free(e.ctx, &msgs[i]);
+	tpt_end_close(&e);
+	return r;
+}
+
+START_TEST(test_cma_refused_midway_fails_that_transfer_then_stages)
+{
+	struct pair x = { 0 };
+
+	if (skip_unless_root())
+		return;
+	ck_assert_int_eq(tpt_sync_init(&x.ready), 0);
+	ck_assert(tpt_run_pair(drop_reader, drop_writer, &x, 3 * T_MS));
+	ck_assert(tpt_daemon_alive(&tpt_fixture_daemon));
+	ck_assert(tpt_daemon_log_has(&tpt_fixture_daemon, "refused as uid 0 (EPERM"));
+	tpt_sync_done(&x.ready);
+}
+END_TEST
+
 static Suite *cma_suite(void)
 {
 	Suite *s = suite_create("sec_cma");
@@ -775,6 +861,7 @@ static Suite *cma_suite(void)
 	tcase_add_test(tc, test_cma_setuid_exec_is_neither_read_nor_written);
 	tcase_add_loop_test(tc, test_cma_between_users_moves_private_memory_as_each_user, 0,
 			    N_OF(pairs));
+	tcase_add_test(tc, test_cma_refused_midway_fails_that_transfer_then_stages);
 	suite_add_tcase(s, tc);
 	return s;
 }
