@@ -151,10 +151,11 @@ int tpb_select_cross(enum tpb_loc mine, bool sending, char *why, size_t why_len)
  * struct tpb_proc: one client process pinned at attach (a pidfd, and its /proc directory opened
  * while the pidfd said alive) with the credentials the kernel gave for its socket (SO_PEERCRED).
  * Immutable but for a one-way "CMA off" flag; reference counted, so a copy thread keeps it alive
- * after the session that made it is gone. Every CMA access to it runs on the calling thread with
- * that thread's credentials switched to @uid/@gid and no effective capabilities
- * (tpb_cma_as_enter()), so the kernel's own ptrace check (same uid and gid, dumpable, Yama)
- * decides atomically inside process_vm_readv/writev, as if the client itself asked.
+ * after the session that made it is gone. Every CMA access to it runs in a short-lived child
+ * task sharing the daemon's memory, with that task's credentials switched to @uid/@gid and no
+ * effective capabilities (tpb_cma_as_enter()), so the kernel's own ptrace check (same uid and
+ * gid, dumpable, Yama) decides atomically inside process_vm_readv/writev, as if the client
+ * itself asked, and the client's user can signal only that child, never the daemon.
  */
 
 /*
@@ -189,8 +190,9 @@ bool tpb_proc_cma_off(const struct tpb_proc *p);
 int tpb_proc_openat(const struct tpb_proc *p, const char *name);
 
 /*
- * Credentials of the calling thread while it accesses a client's memory (backends/cma/proc.c).
- * Switching is per thread (raw syscalls, not glibc's all-threads wrappers).
+ * Credentials of the calling task while it accesses a client's memory (backends/cma/proc.c).
+ * Switching is per thread (raw syscalls, not glibc's all-threads wrappers); the copies run it
+ * in their child task, which never switches back.
  */
 struct tpb_cma_as {
 	uid_t ruid, euid, suid;
@@ -223,9 +225,10 @@ void tpb_cma_as_leave(const struct tpb_cma_as *as);
 
 /*
  * tpb_cma_move() - move @len bytes between @buf in the daemon and @addr in the pinned process
- * @p by cross-memory attach (@write: into @p), across partial transfers, as @p's own user
- * (tpb_cma_as_enter()). The process must be alive before, and after a read (else the bytes are
- * wiped from @buf and the move fails). -EPERM or -ESRCH turns CMA off for @p for good.
+ * @p by cross-memory attach (@write: into @p), across partial transfers, as @p's own user (in a
+ * child task: see struct tpb_proc). The process must be alive before, and after a read (else
+ * the bytes are wiped from @buf and the move fails). -EPERM or -ESRCH, or a child that was
+ * killed (-EINTR) or stopped (-ETIMEDOUT), turns CMA off for @p for good.
  * Return: 0, or -errno (-EFAULT for an unmapped range, -ESRCH (exited), -EPERM (refused by the
  * kernel: credentials changed, not dumpable, Yama)) with the reason in @why.
  */

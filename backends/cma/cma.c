@@ -4,7 +4,8 @@
  * with process_vm_writev; process to process goes through the copy thread's bounce buffer, each
  * side accessed with its own client's credentials. The daemon only ever passes the process
  * pinned at attach by the session that named the address (struct tpb_proc), and every access
- * runs as that client (proc.c): the kernel's ptrace check decides, and a refusal is -EPERM.
+ * runs as that client, in a child task (proc.c): the kernel's ptrace check decides, and a
+ * refusal is -EPERM.
  */
 #include <errno.h>
 #include <stdio.h>

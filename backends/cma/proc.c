@@ -4,25 +4,41 @@
  * at attach by a pidfd (SO_PEERPIDFD, or pidfd_open() of the SO_PEERCRED pid on kernels before
  * 6.5) and its /proc directory, opened while the pidfd said alive and checked to show the
  * socket's uid. process_vm_readv/writev still take a pid number, so every access is made as the
- * client: the copying thread switches its own real and effective uid and gid to the client's
- * and drops its effective capabilities for the duration of the syscall, and the kernel's ptrace
+ * client: a short-lived child task that shares the daemon's memory (clone(CLONE_VM), so the
+ * local side of the copy is the daemon's own buffer) takes the client's real and effective uid
+ * and gid, drops its effective capabilities and makes the syscall, and the kernel's ptrace
  * check (PTRACE_MODE_ATTACH_REALCREDS: the target's uids and gids all equal ours, the target
- * dumpable, Yama) decides inside the syscall. A recycled pid owned by another user, a client
- * that exec'd a setuid binary or made itself non-dumpable is refused (EPERM) atomically, which
- * no check before the copy could guarantee. The pidfd is checked before each access and after
- * each read as well, so a pid recycled within the same user is not read either.
+ * dumpable, Yama) decides inside it. A recycled pid owned by another user, a client that exec'd
+ * a setuid binary or made itself non-dumpable is refused (EPERM) atomically, which no check
+ * before the copy could guarantee. The pidfd is checked before each access and after each read
+ * as well, so a pid recycled within the same user is not read either.
+ *
+ * Why a child and not the copy thread itself: a task running as uid U may be signalled by U
+ * (the kernel compares the sender's uids with the target task's real and saved uid), and a
+ * SIGKILL or SIGSTOP sent to any thread stops the whole daemon. Measured: with the switch done
+ * on the copy threads, a client's user could signal them in over half of its tries while its
+ * memory was copied. The child is its own process with every signal blocked; a signal that
+ * kills it fails that transfer only, one that stops it is met by a kill after AS_TIMEOUT_MS.
+ * The price is a clone() per access (tens of microseconds), paid once per copy of up to 4 MiB.
+ * The child shares the daemon's memory, so that memory is kept non-dumpable (the child sets it):
+ * else the client's user could ptrace the child and so the daemon.
  */
 #include <errno.h>
 #include <fcntl.h>
 #include <linux/capability.h>
 #include <poll.h>
+#include <pthread.h>
+#include <sched.h>
+#include <signal.h>
 #include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/prctl.h>
 #include <sys/socket.h>
 #include <sys/syscall.h>
 #include <sys/uio.h>
+#include <sys/wait.h>
 #include <unistd.h>
 #include "../tpb.h"
 #include "tpu.h"
@@ -365,25 +381,129 @@ static int refused(struct tpb_proc *p, int r, char *why, size_t why_len)
 	return r;
 }
 
-/* One access to @p; the calling thread already acts as @p's user. Return: as tpb_cma_move(). */
-static int access_as(struct tpb_proc *p, void *buf, uint64_t addr, uint64_t len, bool write,
-		     char *why, size_t why_len)
+/* One access to @p, by a task that already acts as @p's user. Touches no TLS but errno, takes
+ * no lock and allocates nothing (it runs in as_child()). Return: 0 or -errno. */
+static int access_raw(struct tpb_proc *p, void *buf, uint64_t addr, uint64_t len, bool write)
 {
 	int r;
 
-	if (tpb_proc_cma_off(p)) {
-		snprintf(why, why_len, "CMA to client process %d was turned off by an earlier refusal",
-			 (int)p->pid);
-		return -EPERM;
-	}
 	if (!tpb_proc_alive(p))
-		return refused(p, -ESRCH, why, why_len);
+		return -ESRCH;
 	r = move(p->pid, buf, addr, len, write);
 	if (r == 0 && !write && !tpb_proc_alive(p)) {
 		/* It may have exited before the read and its pid been reused since. */
 		memset(buf, 0, len);
 		r = -ESRCH;
 	}
+	return r;
+}
+
+/*
+ * What one child does: act as @uid/@gid, then read @src (into @buf) and/or write @dst (from
+ * @buf), @len bytes from each side's address, in @step pieces (the bounce buffer's size).
+ */
+struct as_call {
+	uid_t uid;
+	gid_t gid;
+	struct tpb_proc *src, *dst; /* either may be NULL */
+	uint64_t src_addr, dst_addr, len;
+	void *buf;
+	size_t step;
+	int r;
+	bool entered; /* the credentials were taken: a failure after it is the kernel's answer */
+	bool dst_failed; /* the error is @dst's (else @src's) */
+};
+
+static int as_child(void *arg)
+{
+	struct as_call *c = arg;
+	struct tpb_cma_as as;
+	int r;
+
+	/* The memory we share with the daemon must not become ptrace-able by the client's user
+	 * (the kernel does this too when the euid changes, unless fs.suid_dumpable says else). */
+	r = prctl(PR_SET_DUMPABLE, 0, 0, 0, 0) < 0 ? -errno : 0;
+	if (r == 0)
+		r = tpb_cma_as_enter(c->uid, c->gid, &as);
+
+	c->entered = r == 0;
+	for (uint64_t done = 0; r == 0 && done < c->len;) {
+		uint64_t n = TPU_MIN(c->len - done, (uint64_t)c->step);
+
+		if (c->src)
+			r = access_raw(c->src, c->buf, c->src_addr + done, n, false);
+		if (r == 0 && c->dst) {
+			r = access_raw(c->dst, c->buf, c->dst_addr + done, n, true);
+			c->dst_failed = r < 0;
+		}
+		done += n;
+	}
+	c->r = r;
+	return 0; /* exits; its credentials go with it */
+}
+
+#define AS_STACK (32u << 10)
+#define AS_TIMEOUT_MS 2000
+
+/*
+ * Runs @c in a child task that shares our memory, files and fs (clone(CLONE_VM)) but is its
+ * own process: the credentials it takes are never this thread's, and a signal its user sends
+ * it (which the kernel allows while it runs as that user) reaches only the child, never the
+ * daemon. All signals are blocked in it; a child that does not finish within AS_TIMEOUT_MS
+ * (stopped, say) is killed. Return: 0 (result in @c->r) or -errno (no child, or killed).
+ */
+static int run_as(struct as_call *c)
+{
+	char stack[AS_STACK] __attribute__((aligned(64)));
+	struct pollfd pfd = { .events = POLLIN };
+	sigset_t all, old;
+	siginfo_t info;
+	int pidfd = -1, r = 0;
+	pid_t pid;
+
+	sigfillset(&all);
+	pthread_sigmask(SIG_SETMASK, &all, &old);
+	pid = clone(as_child, stack + sizeof(stack), CLONE_VM | CLONE_FS | CLONE_FILES |
+		    CLONE_PIDFD, c, &pidfd);
+	if (pid < 0)
+		r = -errno;
+	pthread_sigmask(SIG_SETMASK, &old, NULL);
+	if (r < 0)
+		return r;
+	pfd.fd = pidfd;
+	while ((r = poll(&pfd, 1, AS_TIMEOUT_MS)) < 0 && errno == EINTR)
+		;
+	if (r <= 0) {
+		syscall(SYS_pidfd_send_signal, pidfd, SIGKILL, NULL, 0);
+		r = -ETIMEDOUT;
+	} else {
+		r = 0;
+	}
+	memset(&info, 0, sizeof(info));
+	while (waitid(P_PIDFD, (id_t)pidfd, &info, WEXITED | __WALL) < 0 && errno == EINTR)
+		;
+	close(pidfd);
+	if (r == 0 && !(info.si_code == CLD_EXITED && info.si_status == 0))
+		r = -ECHILD; /* killed: by the client's user, who may signal it */
+	return r;
+}
+
+/* Result of @c for @p (a side of it), turning CMA off for @p on EPERM/ESRCH. */
+static int as_result(struct tpb_proc *p, const struct as_call *c, int r, char *why,
+		     size_t why_len)
+{
+	if (r < 0) {
+		/* Killed or stopped by someone of the client's uid (who may signal it), or no
+		 * task to be had: no more CMA for this client either way. */
+		atomic_store_explicit(&p->cma_off, true, memory_order_relaxed);
+		snprintf(why, why_len, "cross-memory attach helper for process %d %s; no more CMA "
+			 "for it", (int)p->pid, r == -ECHILD ? "was killed" : r == -ETIMEDOUT ?
+			 "timed out (stopped?)" : strerror(-r));
+		return r == -ECHILD ? -EINTR : r;
+	}
+	r = c->r;
+	if (!c->entered && r < 0)
+		return refused(p, r == -ESRCH ? -ESRCH : -EPERM, why, why_len);
 	if (r == -EPERM || r == -ESRCH)
 		return refused(p, r, why, why_len);
 	return r;
@@ -392,43 +512,57 @@ static int access_as(struct tpb_proc *p, void *buf, uint64_t addr, uint64_t len,
 int tpb_cma_move(struct tpb_proc *p, void *buf, uint64_t addr, uint64_t len, bool write,
 		 char *why, size_t why_len)
 {
-	struct tpb_cma_as as;
-	int r;
+	struct as_call c = { .buf = buf, .len = len, .step = len ? len : 1 };
 
 	if (!p)
 		return -ESRCH;
-	r = tpb_cma_as_enter(p->uid, p->gid, &as);
-	if (r < 0)
-		return refused(p, r, why, why_len);
-	r = access_as(p, buf, addr, len, write, why, why_len);
-	tpb_cma_as_leave(&as);
-	return r;
+	if (tpb_proc_cma_off(p)) {
+		snprintf(why, why_len, "CMA to client process %d was turned off by an earlier refusal",
+			 (int)p->pid);
+		return -EPERM;
+	}
+	c.uid = p->uid;
+	c.gid = p->gid;
+	if (write) {
+		c.dst = p;
+		c.dst_addr = addr;
+	} else {
+		c.src = p;
+		c.src_addr = addr;
+	}
+	return as_result(p, &c, run_as(&c), why, why_len);
 }
 
 int tpb_cma_bounce(struct tpb_proc *src, uint64_t src_addr, struct tpb_proc *dst,
 		   uint64_t dst_addr, uint64_t len, void *bounce, size_t bounce_len, char *why,
 		   size_t why_len)
 {
-	bool one = src && dst && src->uid == dst->uid && src->gid == dst->gid;
-	struct tpb_cma_as as;
-	int r = 0;
+	struct as_call c = { .buf = bounce, .step = bounce_len, .src = src, .dst = dst,
+			     .src_addr = src_addr, .dst_addr = dst_addr, .len = len };
+	int r;
 
 	if (!src || !dst)
 		return -ESRCH;
-	/* Both ends of one user: one switch for every chunk, each still checked on its own. */
-	if (one && (r = tpb_cma_as_enter(src->uid, src->gid, &as)) < 0)
-		return refused(src, r, why, why_len);
-	for (uint64_t done = 0; r == 0 && done < len;) {
-		uint64_t n = TPU_MIN(len - done, (uint64_t)bounce_len);
+	if (src->uid != dst->uid || src->gid != dst->gid) { /* each side as its own user */
+		r = 0;
+		for (uint64_t done = 0; r == 0 && done < len;) {
+			uint64_t n = TPU_MIN(len - done, (uint64_t)bounce_len);
 
-		r = one ? access_as(src, bounce, src_addr + done, n, false, why, why_len)
-			: tpb_cma_move(src, bounce, src_addr + done, n, false, why, why_len);
-		if (r == 0)
-			r = one ? access_as(dst, bounce, dst_addr + done, n, true, why, why_len)
-				: tpb_cma_move(dst, bounce, dst_addr + done, n, true, why, why_len);
-		done += n;
+			r = tpb_cma_move(src, bounce, src_addr + done, n, false, why, why_len);
+			if (r == 0)
+				r = tpb_cma_move(dst, bounce, dst_addr + done, n, true, why, why_len);
+			done += n;
+		}
+		return r;
 	}
-	if (one)
-		tpb_cma_as_leave(&as);
-	return r;
+	/* Both ends of one user: one child for every chunk, each access still checked. */
+	if (tpb_proc_cma_off(src) || tpb_proc_cma_off(dst)) {
+		snprintf(why, why_len, "CMA to client process %d was turned off by an earlier refusal",
+			 (int)(tpb_proc_cma_off(src) ? src : dst)->pid);
+		return -EPERM;
+	}
+	c.uid = src->uid;
+	c.gid = src->gid;
+	r = run_as(&c);
+	return as_result(c.dst_failed ? dst : src, &c, r, why, why_len);
 }

@@ -11,9 +11,12 @@
  * correctly through CMA, as do processes of one user, and `tpipctl stats` counts it as cma.
  * (d) A client that drops to another uid after attaching: the transfer in flight fails, the
  * daemon says so (cma_off), and the library stages the next ones, which arrive intact.
+ * (e) While a client's memory is copied, that client's user cannot signal any daemon thread
+ * (the accesses run in a short-lived child task, not on the daemon's threads).
  * Needs root (to take the other uids); prints why it skips otherwise.
  */
 #include <check.h>
+#include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <grp.h>
@@ -850,6 +853,61 @@ START_TEST(test_cma_refused_midway_fails_that_transfer_then_stages)
 }
 END_TEST
 
+/* ---- (e) the daemon's threads never take a client's uid ------------------------------------- */
+
+/* As uid 65534: until @stop[0] reads EOF, may we signal (signal 0) any daemon thread? */
+static int signal_prober(int stop_fd)
+{
+	long tries = 0, permitted = 0;
+	struct pollfd p = { .fd = stop_fd, .events = POLLIN };
+	char path[64];
+	int tids[64], n = 0;
+	DIR *dir;
+	struct dirent *e;
+
+	snprintf(path, sizeof(path), "/proc/%d/task", (int)tpt_fixture_daemon.pid);
+	dir = opendir(path);
+	while (dir && (e = readdir(dir)) && n < 64)
+		if (e->d_name[0] != '.')
+			tids[n++] = atoi(e->d_name);
+	if (dir)
+		closedir(dir);
+	TPT_REQUIRE(n > 0 && become(NOBODY) == 0, 1, "no daemon threads, or cannot drop");
+	while (poll(&p, 1, 0) == 0) {
+		for (int i = 0; i < n; i++, tries++)
+			permitted += syscall(SYS_tgkill, (int)tpt_fixture_daemon.pid, tids[i], 0) == 0;
+	}
+	tpt_log("uid %d could signal daemon threads %ld times in %ld tries", NOBODY, permitted,
+		tries);
+	return permitted ? 1 : 0;
+}
+
+START_TEST(test_cma_copies_never_make_the_daemon_signalable_by_the_client)
+{
+	struct pair x = { .writer_uid = NOBODY, .reader_uid = NOBODY };
+	int stop[2], st;
+	pid_t prober;
+
+	if (skip_unless_root())
+		return;
+	ck_assert_int_eq(pipe(stop), 0);
+	prober = fork();
+	ck_assert_int_ge(prober, 0);
+	if (prober == 0) {
+		close(stop[1]);
+		_exit(signal_prober(stop[0]));
+	}
+	close(stop[0]);
+	ck_assert_int_eq(tpt_sync_init(&x.ready), 0);
+	ck_assert(tpt_run_pair(pair_reader, pair_writer, &x, 3 * T_MS));
+	close(stop[1]);
+	ck_assert_int_eq(tpt_wait(prober, T_MS, &st), 0);
+	ck_assert_msg(WIFEXITED(st) && WEXITSTATUS(st) == 0,
+		      "a client's user could signal the daemon while its memory was copied");
+	tpt_sync_done(&x.ready);
+}
+END_TEST
+
 static Suite *cma_suite(void)
 {
 	Suite *s = suite_create("sec_cma");
@@ -862,6 +920,7 @@ static Suite *cma_suite(void)
 	tcase_add_loop_test(tc, test_cma_between_users_moves_private_memory_as_each_user, 0,
 			    N_OF(pairs));
 	tcase_add_test(tc, test_cma_refused_midway_fails_that_transfer_then_stages);
+	tcase_add_test(tc, test_cma_copies_never_make_the_daemon_signalable_by_the_client);
 	suite_add_tcase(s, tc);
 	return s;
 }
