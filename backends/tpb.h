@@ -44,15 +44,18 @@ enum tpb_caps {
 
 enum tpb_loc {
 	TPB_LOC_LOCAL = 0, /* @addr is a pointer in the daemon's address space */
-	TPB_LOC_PROCESS,   /* @addr is an address in process @pid */
+	TPB_LOC_PROCESS,   /* @addr is an address in the pinned process @proc */
 	TPB_LOC_CUDA,	   /* @addr is an offset inside the client allocation @cuda */
 };
 
 struct tpb_cuda_map;
+struct tpb_proc;
 
 struct tpb_mem {
 	enum tpb_loc loc;
-	pid_t pid;
+	/* TPB_LOC_PROCESS (and the owner of TPB_LOC_CUDA memory, or NULL): the client process,
+	 * borrowed; whoever builds the transfer holds a reference (tpb_proc_ref()) until it ends. */
+	struct tpb_proc *proc;
 	uint64_t addr;
 	/* TPB_LOC_CUDA: borrowed; whoever builds the transfer holds a reference until it ends. */
 	struct tpb_cuda_map *cuda;  /* the allocation */
@@ -142,12 +145,105 @@ int tpb_select(enum tpb_loc src, enum tpb_loc dst);
  */
 int tpb_select_cross(enum tpb_loc mine, bool sending, char *why, size_t why_len);
 
+/* ---- the process a CMA copy may touch (backends/cma/proc.c) ---- */
+
 /*
- * tpb_cma_move() - move @len bytes between @buf in the daemon and @addr in process @pid by
- * cross-memory attach (@write: into @pid), across partial transfers.
- * Return: 0, or -errno (-EFAULT for an unmapped range, -ESRCH, -EPERM).
+ * struct tpb_proc: one client process pinned at attach (a pidfd, and its /proc directory opened
+ * while the pidfd said alive) with the credentials the kernel gave for its socket (SO_PEERCRED).
+ * Immutable but for a one-way "CMA off" flag; reference counted, so a copy thread keeps it alive
+ * after the session that made it is gone. Every CMA access to it runs in a short-lived child
+ * task sharing the daemon's memory, with that task's credentials switched to @uid/@gid and no
+ * effective capabilities (tpb_cma_as_enter()), so the kernel's own ptrace check (same uid and
+ * gid, dumpable, Yama) decides atomically inside process_vm_readv/writev, as if the client
+ * itself asked, and the client's user can signal only that child, never the daemon.
  */
-int tpb_cma_move(pid_t pid, void *buf, uint64_t addr, uint64_t len, bool write);
+
+/*
+ * tpb_proc_pin() - pin the peer process of the connected Unix socket @sock, whose SO_PEERCRED
+ * is @uc: SO_PEERPIDFD where the kernel has it (6.5+), else pidfd_open(@uc->pid); then
+ * /proc/<pid> opened and checked to belong to the same live process with effective uid @uc->uid.
+ * @label: a number for messages (the session id).
+ * @ret: returns owned process, drop with tpb_proc_unref().
+ * Return: 0, or -errno with the reason in @why (the client then gets no CMA).
+ */
+int tpb_proc_pin(int sock, pid_t pid, uid_t uid, gid_t gid, uint64_t label,
+		 struct tpb_proc **ret, char *why, size_t why_len);
+
+/*
+ * tpb_proc_new() - a process from an open pidfd, for tests and callers that pinned it
+ * themselves. @pidfd, @procfd: takes both (also on failure); @procfd may be -EBADF.
+ * @ret: returns owned process, drop with tpb_proc_unref(). Return: 0 or -ENOMEM.
+ */
+int tpb_proc_new(int pidfd, int procfd, pid_t pid, uid_t uid, gid_t gid, uint64_t label,
+		 struct tpb_proc **ret);
+/* Returns @p with one more reference (thread safe; @p may be NULL). */
+struct tpb_proc *tpb_proc_ref(struct tpb_proc *p);
+/* Drops a reference (thread safe); the last one closes the fds. Accepts NULL. */
+void tpb_proc_unref(struct tpb_proc *p);
+/* The pid it had at attach (for messages only: never address a process by it). */
+pid_t tpb_proc_pid(const struct tpb_proc *p);
+/* Is the pinned process still running (its pidfd not readable)? NULL: false. */
+bool tpb_proc_alive(const struct tpb_proc *p);
+/* Has a CMA access been refused (EPERM/ESRCH), turning CMA off for it for good? */
+bool tpb_proc_cma_off(const struct tpb_proc *p);
+/* Returns owned fd of @name under the pinned /proc directory (O_RDONLY), or -errno. */
+int tpb_proc_openat(const struct tpb_proc *p, const char *name);
+
+/*
+ * Credentials of the calling task while it accesses a client's memory (backends/cma/proc.c).
+ * Switching is per thread (raw syscalls, not glibc's all-threads wrappers); the copies run it
+ * in their child task, which never switches back.
+ */
+struct tpb_cma_as {
+	uid_t ruid, euid, suid;
+	gid_t rgid, egid, sgid;
+	uint32_t caps[6]; /* the thread's capability sets before (2 x effective/permitted/inh.) */
+	bool uid_switched, gid_switched, caps_dropped;
+};
+
+/*
+ * tpb_cma_as_probe() - can this process take another uid and gid on a thread (CAP_SETUID and
+ * CAP_SETGID effective)? Decided once at start-up (the registry's cma probe calls it); later
+ * calls return the first answer. Return: 1 yes, 0 no (CMA only for clients of our own uid).
+ */
+int tpb_cma_as_probe(void);
+
+/* May a client of @uid be accessed by CMA here (we can switch, or it is our own uid)? */
+bool tpb_cma_as_allowed(uid_t uid);
+
+/*
+ * tpb_cma_as_enter() - make the calling thread act as @uid/@gid (real, effective; the saved ids
+ * stay ours) with no effective capabilities. Without the means to switch, only our own uid is
+ * accepted (capabilities are still dropped).
+ * @ret: what tpb_cma_as_leave() restores.
+ * Return: 0, or -EPERM/-errno with the thread unchanged.
+ */
+int tpb_cma_as_enter(uid_t uid, gid_t gid, struct tpb_cma_as *ret);
+
+/* Restores the thread's credentials from @as; abort()s if the kernel refuses (never expected). */
+void tpb_cma_as_leave(const struct tpb_cma_as *as);
+
+/*
+ * tpb_cma_move() - move @len bytes between @buf in the daemon and @addr in the pinned process
+ * @p by cross-memory attach (@write: into @p), across partial transfers, as @p's own user (in a
+ * child task: see struct tpb_proc). The process must be alive before, and after a read (else
+ * the bytes are wiped from @buf and the move fails). -EPERM or -ESRCH, or a child that was
+ * killed (-EINTR) or stopped (-ETIMEDOUT), turns CMA off for @p for good.
+ * Return: 0, or -errno (-EFAULT for an unmapped range, -ESRCH (exited), -EPERM (refused by the
+ * kernel: credentials changed, not dumpable, Yama)) with the reason in @why.
+ */
+int tpb_cma_move(struct tpb_proc *p, void *buf, uint64_t addr, uint64_t len, bool write,
+		 char *why, size_t why_len);
+
+/*
+ * tpb_cma_bounce() - move @len bytes from @src_addr in @src to @dst_addr in @dst through
+ * @bounce (@bounce_len bytes), reading as @src's user and writing as @dst's (switched once when
+ * they are the same user), each access checked as in tpb_cma_move().
+ * Return: as tpb_cma_move().
+ */
+int tpb_cma_bounce(struct tpb_proc *src, uint64_t src_addr, struct tpb_proc *dst,
+		   uint64_t dst_addr, uint64_t len, void *bounce, size_t bounce_len, char *why,
+		   size_t why_len);
 
 /*
  * tpb_stage() - move @len bytes between the host buffer @host and @m at offset @off (@to_mem:

@@ -46,6 +46,19 @@ struct tpd_copy_job *tpd_copy_job_new(size_t n, size_t n_refs)
 	return job;
 }
 
+int tpd_copy_job_hold_proc(struct tpd_copy_job *job, struct tpb_proc *p)
+{
+	for (size_t i = 0; p && i < TPU_ARRAY_SIZE(job->procs); i++) {
+		if (job->procs[i] == p)
+			return 0;
+		if (!job->procs[i]) {
+			job->procs[i] = tpb_proc_ref(p);
+			return 0;
+		}
+	}
+	return p ? -ENOBUFS : 0;
+}
+
 void tpd_copy_job_free(struct tpd_copy_job *job)
 {
 	if (!job)
@@ -54,6 +67,8 @@ void tpd_copy_job_free(struct tpd_copy_job *job)
 		tpd_buffer_unref(job->refs[i]);
 	for (size_t i = 0; i < job->n_maps; i++)
 		tpb_cuda_map_unref(job->maps[i]);
+	tpb_proc_unref(job->procs[0]);
+	tpb_proc_unref(job->procs[1]);
 	free(job->maps);
 	free(job->refs);
 	free(job->channels);

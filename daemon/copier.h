@@ -27,6 +27,7 @@ struct tpd_copy_job {
 	size_t n_refs;
 	struct tpb_cuda_map **maps; /* owned references to CUDA mappings (2 * n_refs slots) */
 	size_t n_maps;
+	struct tpb_proc *procs[2]; /* owned references to the client processes (writer, reader) */
 	uint64_t bytes;
 	size_t next;		/* next transfer to claim (copier lock) */
 	size_t finished;	/* transfers done (copier lock) */
@@ -62,6 +63,13 @@ void tpd_copier_free(struct tpd_copier *c);
 /* Allocates a job for @n transfers, @n_refs buffer references and 2 * @n_refs CUDA mapping
  * references. Return: job or NULL. */
 struct tpd_copy_job *tpd_copy_job_new(size_t n, size_t n_refs);
+/*
+ * tpd_copy_job_hold_proc() - make @job keep a reference to @p (NULL: nothing) until it is freed;
+ * a job touches at most two processes (its writer's and its reader's).
+ * Return: 0, or -ENOBUFS for a third process.
+ */
+int tpd_copy_job_hold_proc(struct tpd_copy_job *job, struct tpb_proc *p);
+
 /* Drops the job's buffer references and frees it. Accepts NULL. */
 void tpd_copy_job_free(struct tpd_copy_job *job);
 

@@ -135,7 +135,7 @@ static int fill_sessions(struct tpd_daemon *d, Tpw__V1__CtlReply *rep, struct ct
 		c->buffer_bytes = s->buffer_bytes;
 		c->bytes_in = s->bytes_in;
 		c->bytes_out = s->bytes_out;
-		c->cma_ok = s->cma_ok;
+		c->cma_ok = tpd_session_cma(s);
 		c->transport = s->ring ? "ring" : "unix";
 		c->ring_bytes = s->ring ? s->ring_size : 0;
 		rep->sessions[i++] = c;

@@ -416,6 +416,14 @@ static void probe_backends(struct tpd_daemon *d)
 		if (strcmp(ch[i].ops->name, "cma") == 0)
 			d->cma_viable = ch[i].viable;
 	}
+	if (!d->cma_viable)
+		return;
+	if (tpb_cma_as_probe())
+		tpu_log_info("cma: copies run with each client's own uid and gid (kernel ptrace "
+			     "check as the client)");
+	else
+		tpu_log_info("cma: no CAP_SETUID/CAP_SETGID, so CMA only for clients of uid %u "
+			     "(others stage through shared buffers)", (unsigned)geteuid());
 }
 
 int tpd_daemon_new(const struct tpd_config *cfg, struct tpd_daemon **ret)

@@ -46,7 +46,7 @@ int tpd_devmem_resolve(struct tpd_session *s, const Tpw__V1__CudaRef *c, struct 
 		}
 		ev = tpb_cuda_map_ref(ev);
 	}
-	*ret = (struct tpb_mem){ .loc = TPB_LOC_CUDA, .pid = s->pid, .addr = c->offset,
+	*ret = (struct tpb_mem){ .loc = TPB_LOC_CUDA, .proc = s->proc, .addr = c->offset,
 				 .cuda = mem, .event = ev };
 	return 0;
 }

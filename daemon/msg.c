@@ -23,6 +23,7 @@ void tpd_msg_free(struct tpd_msg *m)
 	for (size_t i = 0; i < m->n_src; i++) {
 		tpd_buffer_unref(m->src[i].buf);
 		tpd_devmem_put(&m->src[i].mem);
+		tpb_proc_unref(m->src[i].mem.proc);
 	}
 	tpd_copy_job_free(m->job);
 	free(m->src);
@@ -64,16 +65,20 @@ static int resolve_src(struct tpd_session *s, const Tpw__V1__Segment *seg, const
 		out->mem.addr = (uint64_t)(uintptr_t)ptr;
 		return 0;
 	case TPW__V1__SEGMENT__LOC_CMA_ADDR:
-		if (!s->cma_ok) {
-			snprintf(why, wl, "cross-memory attach is not available for this client");
+		if (!tpd_session_cma(s)) {
+			snprintf(why, wl, "cross-memory attach is not available for this client%s",
+				 s->cma_ok ? " any more (an access was refused)" : "");
 			return -EINVAL;
 		}
 		out->mem.loc = TPB_LOC_PROCESS;
-		out->mem.pid = s->pid;
+		out->mem.proc = tpb_proc_ref(s->proc); /* the message's reference */
 		out->mem.addr = seg->cma_addr;
 		return 0;
 	case TPW__V1__SEGMENT__LOC_CUDA:
-		return tpd_devmem_resolve(s, seg->cuda, &out->mem, why, wl);
+		r = tpd_devmem_resolve(s, seg->cuda, &out->mem, why, wl);
+		if (r == 0)
+			tpb_proc_ref(out->mem.proc); /* the message's reference */
+		return r;
 	default:
 		out->mem.addr = 0; /* zero length, validated */
 		return 0;
@@ -205,13 +210,14 @@ int tpd_msg_resolve_dst(struct tpd_session *s, const Tpw__V1__Segment *seg,
 	x->len = src->len;
 	d->buf = NULL;
 	if (seg->loc_case == TPW__V1__SEGMENT__LOC_CMA_ADDR) {
-		if (!s->cma_ok) {
-			snprintf(why, wl, "cross-memory attach is not available for this client");
+		if (!tpd_session_cma(s)) {
+			snprintf(why, wl, "cross-memory attach is not available for this client%s",
+				 s->cma_ok ? " any more (an access was refused)" : "");
 			return -EINVAL;
 		}
-		x->dst =
-		    (struct tpb_mem){.loc = TPB_LOC_PROCESS, .pid = s->pid, .addr = seg->cma_addr};
-		return 0;
+		x->dst = (struct tpb_mem){ .loc = TPB_LOC_PROCESS, .proc = s->proc,
+					   .addr = seg->cma_addr };
+		return tpd_copy_job_hold_proc(job, s->proc);
 	}
 	if (seg->loc_case == TPW__V1__SEGMENT__LOC_CUDA) {
 		int r = tpd_devmem_resolve(s, seg->cuda, &x->dst, why, wl);
@@ -220,7 +226,7 @@ int tpd_msg_resolve_dst(struct tpd_session *s, const Tpw__V1__Segment *seg,
 		job->maps[job->n_maps++] = x->dst.cuda; /* the job owns these references */
 		if (x->dst.event)
 			job->maps[job->n_maps++] = x->dst.event;
-		return 0;
+		return tpd_copy_job_hold_proc(job, x->dst.proc);
 	}
 	if (seg->loc_case != TPW__V1__SEGMENT__LOC_SHM) {
 		snprintf(why, wl, "segment of %llu bytes without destination",
@@ -321,6 +327,12 @@ int tpd_msg_build_job(struct tpd_msg *m, struct tpd_session *s, const Tpw__V1__R
 		if (src->buf)
 			job->refs[job->n_refs++] = tpd_buffer_ref(src->buf);
 		job_hold_cuda(job, &src->mem);
+		r = tpd_copy_job_hold_proc(job, src->mem.proc);
+		if (r < 0) {
+			snprintf(why, wl, "a copy job spans more than two client processes");
+			tpd_copy_job_free(job);
+			return r;
+		}
 		channel = tpb_select(x->src.loc, x->dst.loc);
 		if (channel < 0) {
 			snprintf(why, wl, "no channel can copy this segment on this host");

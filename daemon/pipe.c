@@ -102,6 +102,7 @@ static void send_write_done(struct tpd_pipe_end *e, struct tpd_msg *m)
 	wd.write_id = m->write_id;
 	wd.status = m->write_status;
 	wd.message = m->write_why[0] ? m->write_why : NULL;
+	wd.cma_off = e->session && tpd_session_cma_revoked(e->session);
 	dm.body_case = TPW__V1__DAEMON_MSG__BODY_WRITE_DONE;
 	dm.write_done = &wd;
 	tpd_session_send(e->session, &dm, NULL, 0);
@@ -169,6 +170,7 @@ void tpd_pipe_send_read_done(struct tpd_pipe_end *r, uint64_t msg_id, Tpw__V1__S
 	rd.msg_id = msg_id;
 	rd.status = st;
 	rd.message = why && *why ? (char *)why : NULL;
+	rd.cma_off = tpd_session_cma_revoked(r->session);
 	dm.body_case = TPW__V1__DAEMON_MSG__BODY_READ_DONE;
 	dm.read_done = &rd;
 	tpd_session_send(r->session, &dm, NULL, 0);
@@ -421,6 +423,7 @@ void tpd_pipe_write_reject(struct tpd_pipe_end *e, uint64_t write_id, int err, c
 	wd.write_id = write_id;
 	wd.status = tpw_status_from_errno(err);
 	wd.message = (char *)why;
+	wd.cma_off = e->session && tpd_session_cma_revoked(e->session);
 	dm.body_case = TPW__V1__DAEMON_MSG__BODY_WRITE_DONE;
 	dm.write_done = &wd;
 	tpd_session_send(e->session, &dm, NULL, 0);

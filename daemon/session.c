@@ -31,6 +31,7 @@
 #include "validate.h"
 
 #define IN_MIN_FREE (64u << 10)
+#define TPD_GROUPS_MAX 65536u /* the kernel's NGROUPS_MAX */
 #define ROUNDS_PER_WAKEUP 16
 
 struct outbuf {
@@ -50,57 +51,70 @@ static void fail_output(struct tpd_session *s, int r);
 
 static void read_comm(struct tpd_session *s)
 {
-	char path[64];
-	FILE *f;
+	_cleanup_close_ int fd = tpb_proc_openat(s->proc, "comm");
+	ssize_t n;
 
 	snprintf(s->comm, sizeof(s->comm), "?");
-	snprintf(path, sizeof(path), "/proc/%d/comm", (int)s->pid);
-	f = fopen(path, "re");
-	if (!f)
+	if (fd < 0)
 		return;
-	if (fgets(s->comm, sizeof(s->comm), f))
-		s->comm[strcspn(s->comm, "\n")] = '\0';
-	fclose(f);
+	n = read(fd, s->comm, sizeof(s->comm) - 1);
+	if (n <= 0) {
+		snprintf(s->comm, sizeof(s->comm), "?");
+		return;
+	}
+	s->comm[n] = '\0';
+	s->comm[strcspn(s->comm, "\n")] = '\0';
 }
 
-/* Supplementary groups of the peer, for group access checks. */
-static void read_groups(struct tpd_session *s)
+/* Supplementary groups the peer had when it connected, for group access checks. */
+static int read_groups(struct tpd_session *s)
 {
-	char path[64], line[4096];
-	FILE *f;
+	socklen_t len = 64 * sizeof(gid_t);
 
-	snprintf(path, sizeof(path), "/proc/%d/status", (int)s->pid);
-	f = fopen(path, "re");
-	if (!f)
-		return;
-	while (fgets(line, sizeof(line), f)) {
-		char *p, *end;
-		if (strncmp(line, "Groups:", 7) != 0)
-			continue;
-		s->groups = calloc(256, sizeof(*s->groups));
-		for (p = line + 7; s->groups && s->n_groups < 256; p = end) {
-			unsigned long g = strtoul(p, &end, 10);
-			if (end == p)
-				break;
-			s->groups[s->n_groups++] = (gid_t)g;
+	for (;;) {
+		gid_t *g = realloc(s->groups, len ? len : sizeof(gid_t));
+		socklen_t got = len;
+
+		if (!g)
+			return -ENOMEM;
+		s->groups = g;
+		if (getsockopt(s->fd, SOL_SOCKET, SO_PEERGROUPS, g, &got) == 0) {
+			s->n_groups = got / sizeof(gid_t);
+			return 0;
 		}
-		break;
+		/* The kernel says how much it needs; anything past the kernel's own maximum
+		 * (NGROUPS_MAX) is not a group list. */
+		if (errno != ERANGE || got <= len || got > TPD_GROUPS_MAX * sizeof(gid_t))
+			return errno == ERANGE ? -E2BIG : -errno;
+		len = got;
 	}
-	fclose(f);
 }
 
 static int read_creds(struct tpd_session *s)
 {
 	struct ucred uc;
 	socklen_t len = sizeof(uc);
+	char why[160];
+	int r;
 
 	if (getsockopt(s->fd, SOL_SOCKET, SO_PEERCRED, &uc, &len) < 0)
 		return -errno;
 	s->pid = uc.pid;
 	s->uid = uc.uid;
 	s->gid = uc.gid;
+	r = read_groups(s);
+	if (r < 0) {
+		tpd_session_log(s, TPU_LOG_WARNING, "cannot read the peer's groups: %s",
+				strerror(-r));
+		return r;
+	}
+	r = tpb_proc_pin(s->fd, uc.pid, uc.uid, uc.gid, s->id, &s->proc, why, sizeof(why));
 	read_comm(s);
-	read_groups(s);
+	if (r < 0) {
+		s->proc = NULL;
+		tpd_session_log(s, TPU_LOG_INFO, "cannot pin the client process (%s): no CMA",
+				why);
+	}
 	return 0;
 }
 
@@ -232,6 +246,7 @@ void tpd_session_free(struct tpd_session *s, Tpw__V1__Status why)
 	free(s->in);
 	free(s->groups);
 	free(s->name);
+	tpb_proc_unref(s->proc);
 	free(s);
 }
 
@@ -259,6 +274,16 @@ void tpd_session_fail(struct tpd_session *s, int level, Tpw__V1__Status status, 
 	event_del(s->ev_read);
 	event_del(s->ev_write);
 	event_active(s->ev_close, 0, 0);
+}
+
+bool tpd_session_cma(const struct tpd_session *s)
+{
+	return s->cma_ok && !tpb_proc_cma_off(s->proc);
+}
+
+bool tpd_session_cma_revoked(const struct tpd_session *s)
+{
+	return s->cma_ok && tpb_proc_cma_off(s->proc);
 }
 
 unsigned tpd_session_pipe_count(const struct tpd_session *s)

@@ -29,7 +29,7 @@ struct tpd_session {
 	struct tpd_daemon *d;
 	uint64_t id;
 	int fd;
-	pid_t pid;
+	pid_t pid;  /* at attach, for messages: CMA goes through @proc only */
 	uid_t uid;
 	gid_t gid;
 	gid_t *groups;
@@ -38,7 +38,9 @@ struct tpd_session {
 	char *name;
 	Tpw__V1__Role role;
 	bool hello_done;
-	bool cma_ok;
+	bool cma_ok; /* the Hello probe succeeded; see tpd_session_cma() */
+	/* The client process pinned at attach (NULL: none, so no CMA); owned reference. */
+	struct tpb_proc *proc;
 	bool dead;
 	Tpw__V1__Status dead_status;
 	struct event *ev_read;
@@ -128,6 +130,14 @@ void tpd_session_ring_wake(struct tpd_session *s);
  * bytes are dropped. Too many or truncated fds fail @s.
  */
 void tpd_session_ring_take_side(struct tpd_session *s);
+
+/* May @s name addresses in its own process (CMA)? Its Hello probe succeeded and no access
+ * has been refused since. */
+bool tpd_session_cma(const struct tpd_session *s);
+
+/* Had @s CMA, and has it been turned off since (a refused access)? Said in every WriteDone and
+ * ReadDone, so that the client stages from then on. */
+bool tpd_session_cma_revoked(const struct tpd_session *s);
 
 /* Number of pipe ends attached to @s. */
 unsigned tpd_session_pipe_count(const struct tpd_session *s);

@@ -10,6 +10,7 @@
  * rings and never frees the session: a violation fails it (tpd_session_fail()) and session.c
  * closes it from its deferred event.
  */
+#include <errno.h>
 #include <stdio.h>
 #include <string.h>
 #include <sys/uio.h>
@@ -27,15 +28,30 @@
 
 /* ---- handlers ------------------------------------------------------------------------------ */
 
+/*
+ * The Hello probe: read 8 bytes at the address the client named in the pinned process, as that
+ * client (tpb_cma_move()); a client whose probe fails, or whose uid this daemon cannot take,
+ * stages through shared buffers instead.
+ */
 static bool cma_probe(struct tpd_session *s, const Tpw__V1__Hello *h)
 {
 	uint64_t v = 0;
-	struct iovec l = { &v, sizeof(v) }, r = { (void *)(uintptr_t)h->cma_probe_addr, sizeof(v) };
+	char why[256];
+	int r;
 
-	if (!s->d->cma_viable || !h->cma_probe_addr)
+	if (!s->d->cma_viable || !h->cma_probe_addr || !s->proc)
 		return false;
-	return process_vm_readv(s->pid, &l, 1, &r, 1, 0) == (ssize_t)sizeof(v) &&
-	       v == h->cma_probe_value;
+	if (!tpb_cma_as_allowed(s->uid)) {
+		tpd_session_log(s, TPU_LOG_INFO,
+				"no CMA: this daemon cannot act as uid %u (no CAP_SETUID/CAP_SETGID)",
+				(unsigned)s->uid);
+		return false;
+	}
+	r = tpb_cma_move(s->proc, &v, h->cma_probe_addr, sizeof(v), false, why, sizeof(why));
+	if (r < 0)
+		tpd_session_log(s, TPU_LOG_INFO, "no CMA: probe failed: %s",
+				r == -EPERM || r == -ESRCH ? why : strerror(-r));
+	return r == 0 && v == h->cma_probe_value;
 }
 
 /*

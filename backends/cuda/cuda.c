@@ -45,7 +45,8 @@ struct cuda_thread {
 	int pinned_dev;
 	void *reg; /* the thread's bounce buffer, registered (pinned) once */
 	CUevent done; /* recorded behind a copy, polled until it completes */
-	pid_t pids[2]; /* the clients of the current copy: a wait gives up when one exits */
+	struct tpb_proc *procs[2]; /* the clients of the current copy: a wait gives up when one
+				    * exits (borrowed for the copy) */
 };
 
 int cuda_available(char *why, size_t why_len)
@@ -225,9 +226,9 @@ static int copy_begin(struct cuda_thread *t, const struct side *a, const struct 
 	return r;
 }
 
-static bool pid_gone(pid_t pid)
+static bool proc_gone(const struct tpb_proc *p)
 {
-	return pid > 0 && kill(pid, 0) < 0 && errno == ESRCH;
+	return p && !tpb_proc_alive(p);
 }
 
 /*
@@ -248,9 +249,9 @@ static int event_wait(struct cuda_thread *t, int dev, CUevent ev, char *why, siz
 			return 0;
 		if (r != CUDA_ERROR_NOT_READY)
 			return fail(r, "cuEventQuery", why, wl);
-		if (n % 64 == 63 && (pid_gone(t->pids[0]) || pid_gone(t->pids[1]))) {
+		if (n % 64 == 63 && (proc_gone(t->procs[0]) || proc_gone(t->procs[1]))) {
 			snprintf(why, wl, "client process %d exited before its CUDA work completed",
-				 (int)(pid_gone(t->pids[0]) ? t->pids[0] : t->pids[1]));
+				 (int)tpb_proc_pid(proc_gone(t->procs[0]) ? t->procs[0] : t->procs[1]));
 			if (t->stream[dev]) {
 				api()->cuStreamDestroy(t->stream[dev]);
 				t->stream[dev] = NULL;
@@ -320,7 +321,8 @@ static int copy_process_to_cuda(struct cuda_thread *t, const struct tpb_mem *src
 
 		if (i >= 2 && (r = event_wait(t, dev, t->half[i % 2], s->why, sizeof(s->why))) < 0)
 			break;
-		if ((r = tpb_cma_move(src->pid, h, src->addr + off, n, false)) < 0)
+		if ((r = tpb_cma_move(src->proc, h, src->addr + off, n, false, s->why,
+					 sizeof(s->why))) < 0)
 			break;
 		if (cr == CUDA_SUCCESS)
 			cr = api()->cuMemcpyHtoDAsync(dst + off, h, n, st);
@@ -355,8 +357,9 @@ static int copy_cuda_to_process(struct cuda_thread *t, int dev, CUdeviceptr src,
 			size_t n = (size_t)TPU_MIN((uint64_t)PINNED_HALF, len - off);
 			r = event_wait(t, dev, t->half[(i - 1) % 2], s->why, sizeof(s->why));
 			if (r == 0)
-				r = tpb_cma_move(dst->pid, (char *)t->pinned + ((i - 1) % 2) * PINNED_HALF,
-					     dst->addr + off, n, true);
+				r = tpb_cma_move(dst->proc,
+						 (char *)t->pinned + ((i - 1) % 2) * PINNED_HALF,
+						 dst->addr + off, n, true, s->why, sizeof(s->why));
 		}
 		if (cr != CUDA_SUCCESS)
 			r = fail(cr, "cuMemcpyDtoHAsync", s->why, sizeof(s->why));
@@ -396,8 +399,8 @@ static int cuda_ipc_copy(const struct tpb_xfer *x, struct tpb_scratch *s)
 
 	if (!t)
 		return -ENOMEM;
-	t->pids[0] = x->src.loc == TPB_LOC_LOCAL ? 0 : x->src.pid;
-	t->pids[1] = x->dst.loc == TPB_LOC_LOCAL ? 0 : x->dst.pid;
+	t->procs[0] = x->src.loc == TPB_LOC_LOCAL ? NULL : x->src.proc;
+	t->procs[1] = x->dst.loc == TPB_LOC_LOCAL ? NULL : x->dst.proc;
 	r = side_open(&x->src, 0, &a, s->why, sizeof(s->why));
 	if (r == 0)
 		r = side_open(&x->dst, 0, &b, s->why, sizeof(s->why));
@@ -437,8 +440,8 @@ static int stage_cuda(const struct tpb_mem *m, uint64_t off, void *host, size_t 
 
 	if (!t)
 		return -ENOMEM;
-	t->pids[0] = m->pid;
-	t->pids[1] = 0;
+	t->procs[0] = m->proc;
+	t->procs[1] = NULL;
 	r = side_open(m, off, &sd, why, wl);
 	if (r == 0)
 		r = copy_begin(t, &none, &sd, &st, why, wl);
@@ -575,7 +578,7 @@ int tpb_stage(const struct tpb_mem *m, uint64_t off, void *host, size_t len, boo
 			memcpy(host, p, len);
 		return 0;
 	case TPB_LOC_PROCESS:
-		return tpb_cma_move(m->pid, host, m->addr + off, len, to_mem);
+		return tpb_cma_move(m->proc, host, m->addr + off, len, to_mem, why, why_len);
 	case TPB_LOC_CUDA:
 		return stage_cuda(m, off, host, len, to_mem, s, why, why_len);
 	}

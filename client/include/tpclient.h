@@ -104,7 +104,10 @@ void tp_context_free(struct tp_context *ctx);
 /* Returns borrowed string, valid until tp_context_free(): the context's name. */
 const char *tp_context_name(const struct tp_context *ctx);
 
-/* True if the daemon can reach this process's memory by cross-memory attach. */
+/* True if the daemon can reach this process's memory by cross-memory attach. It turns false for
+ * good once the daemon is refused access (say the process changed its uid or exec'd a setuid
+ * binary): the writes and reads then in flight with private memory fail, later ones stage it
+ * through shared buffers. */
 bool tp_context_cma_ok(const struct tp_context *ctx);
 
 /*

@@ -318,9 +318,13 @@ static int context_handle_locked(struct tp_context *ctx, const Tpw__V1__DaemonMs
 		tpc_read_on_descriptor(ctx, m->descriptor, tail, tail_len);
 		return 0;
 	case TPW__V1__DAEMON_MSG__BODY_WRITE_DONE:
+		if (m->write_done->cma_off) /* the daemon refused our process: stage from now on */
+			__atomic_store_n(&ctx->cma_ok, false, __ATOMIC_RELAXED);
 		tpc_write_on_done(ctx, m->write_done);
 		return 0;
 	case TPW__V1__DAEMON_MSG__BODY_READ_DONE:
+		if (m->read_done->cma_off)
+			__atomic_store_n(&ctx->cma_ok, false, __ATOMIC_RELAXED);
 		tpc_read_on_done(ctx, m->read_done);
 		return 0;
 	case TPW__V1__DAEMON_MSG__BODY_PIPE_CLOSED:
@@ -751,7 +755,7 @@ TP_EXPORT const char *tp_context_transport(const struct tp_context *ctx)
 
 TP_EXPORT bool tp_context_cma_ok(const struct tp_context *ctx)
 {
-	return ctx && ctx->cma_ok;
+	return ctx && __atomic_load_n(&ctx->cma_ok, __ATOMIC_RELAXED);
 }
 
 TP_EXPORT void tp_context_set_log(struct tp_context *ctx, tp_log_fn fn, void *arg)

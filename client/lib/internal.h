@@ -185,7 +185,7 @@ struct tp_context {
 	bool thread_started;
 	char *name;
 	uint64_t probe; /* CMA probe word, read by the daemon during Hello */
-	bool cma_ok;
+	bool cma_ok; /* set by Hello, cleared by a WriteDone/ReadDone with cma_off (lock held) */
 	bool close_acks; /* the daemon acknowledges PipeClose (protocol minor >= 1) */
 	uint32_t daemon_minor; /* HelloReply.minor */
 	size_t eager_max;

@@ -8,8 +8,29 @@
 #include <errno.h>
 #include <stdlib.h>
 #include <string.h>
+#include <linux/capability.h>
+#include <pthread.h>
+#include <sys/socket.h>
+#include <sys/syscall.h>
+#include <sys/wait.h>
 #include <unistd.h>
 #include "tpb.h"
+
+/* This process, pinned (one per forked test process). */
+static struct tpb_proc *self_proc(void)
+{
+	static struct tpb_proc *p;
+	static pid_t owner;
+
+	if (!p || owner != getpid()) {
+		int fd = (int)syscall(SYS_pidfd_open, getpid(), 0);
+
+		ck_assert_int_ge(fd, 0);
+		ck_assert_int_eq(tpb_proc_new(fd, -EBADF, getpid(), geteuid(), getegid(), 0, &p), 0);
+		owner = getpid();
+	}
+	return p;
+}
 
 static struct tpb_mem local(void *p)
 {
@@ -18,7 +39,7 @@ static struct tpb_mem local(void *p)
 
 static struct tpb_mem proc(void *p)
 {
-	return (struct tpb_mem){ .loc = TPB_LOC_PROCESS, .pid = getpid(),
+	return (struct tpb_mem){ .loc = TPB_LOC_PROCESS, .proc = self_proc(),
 				 .addr = (uint64_t)(uintptr_t)p };
 }
 
@@ -179,7 +200,7 @@ START_TEST(test_cma_unmapped_address_fails_cleanly)
 {
 	struct tpb_config cfg = { 0 };
 	char buf[64];
-	struct tpb_xfer x = { .src = { .loc = TPB_LOC_PROCESS, .pid = getpid(), .addr = 8 },
+	struct tpb_xfer x = { .src = { .loc = TPB_LOC_PROCESS, .proc = self_proc(), .addr = 8 },
 			      .dst = local(buf), .len = sizeof(buf) };
 
 	tpb_registry_init(&cfg);
@@ -394,12 +415,211 @@ START_TEST(test_stage_moves_local_and_process_memory)
 }
 END_TEST
 
+/* ---- CMA as the client: per-thread credentials, the pinned process ----------------------- */
+
+struct other_thread {
+	pthread_barrier_t go, done;
+	uid_t r, e, su;
+};
+
+static void *other_main(void *arg)
+{
+	struct other_thread *o = arg;
+
+	pthread_barrier_wait(&o->go);
+	ck_assert_int_eq(getresuid(&o->r, &o->e, &o->su), 0);
+	pthread_barrier_wait(&o->done);
+	return NULL;
+}
+
+static uint32_t effective_caps(void)
+{
+	struct __user_cap_header_struct h = { .version = _LINUX_CAPABILITY_VERSION_3 };
+	struct __user_cap_data_struct d[2];
+
+	ck_assert_int_eq(syscall(SYS_capget, &h, d), 0);
+	return d[0].effective | d[1].effective;
+}
+
+START_TEST(test_cma_as_switches_this_thread_only_and_back)
+{
+	struct other_thread o;
+	struct tpb_cma_as as;
+	uid_t r, e, su;
+	gid_t gr, ge, gs;
+	pthread_t t;
+
+	if (geteuid() != 0) {
+		printf("backends: not root, cannot test switching to uid 4242\n");
+		return;
+	}
+	ck_assert_int_eq(tpb_cma_as_probe(), 1);
+	ck_assert(tpb_cma_as_allowed(4242));
+	pthread_barrier_init(&o.go, NULL, 2);
+	pthread_barrier_init(&o.done, NULL, 2);
+	ck_assert_int_eq(pthread_create(&t, NULL, other_main, &o), 0);
+	ck_assert_int_eq(tpb_cma_as_enter(4242, 4343, &as), 0);
+	ck_assert_int_eq(getresuid(&r, &e, &su), 0);
+	ck_assert_int_eq(getresgid(&gr, &ge, &gs), 0);
+	ck_assert_uint_eq(r, 4242);
+	ck_assert_uint_eq(e, 4242);
+	ck_assert_uint_eq(su, 0);
+	ck_assert_uint_eq(gr, 4343);
+	ck_assert_uint_eq(ge, 4343);
+	ck_assert_uint_eq(effective_caps(), 0);
+	pthread_barrier_wait(&o.go); /* the other thread looks while this one is 4242 */
+	pthread_barrier_wait(&o.done);
+	ck_assert_uint_eq(o.r, 0);
+	ck_assert_uint_eq(o.e, 0);
+	ck_assert_uint_eq(o.su, 0);
+	tpb_cma_as_leave(&as);
+	ck_assert_int_eq(getresuid(&r, &e, &su), 0);
+	ck_assert_int_eq(getresgid(&gr, &ge, &gs), 0);
+	ck_assert_uint_eq(r | e | su | gr | ge | gs, 0);
+	ck_assert_uint_ne(effective_caps(), 0);
+	pthread_join(t, NULL);
+}
+END_TEST
+
+/* Acting as another uid, the kernel refuses a root process's memory; CMA is then off for it. */
+START_TEST(test_cma_as_other_uid_is_refused_and_turns_cma_off)
+{
+	static volatile uint64_t secret = 1;
+	uint64_t got = 0, put = 99;
+	struct tpb_proc *p;
+	char why[256], c = 0;
+	int fd, ready[2], go[2], st;
+	pid_t pid;
+
+	if (geteuid() != 0) {
+		printf("backends: not root, cannot act as uid 4242\n");
+		return;
+	}
+	ck_assert_int_eq(pipe(ready), 0);
+	ck_assert_int_eq(pipe(go), 0);
+	pid = fork();
+	ck_assert_int_ge(pid, 0);
+	if (pid == 0) { /* root, holding a secret at &secret */
+		secret = 0x5ec2e7;
+		if (write(ready[1], &c, 1) != 1 || read(go[0], &c, 1) != 1)
+			_exit(2);
+		_exit(secret == 0x5ec2e7 ? 0 : 1);
+	}
+	ck_assert_int_eq(read(ready[0], &c, 1), 1);
+	fd = (int)syscall(SYS_pidfd_open, pid, 0);
+	ck_assert_int_ge(fd, 0);
+	ck_assert_int_eq(tpb_proc_new(fd, -EBADF, pid, 4242, 4242, 1, &p), 0);
+	ck_assert(!tpb_proc_cma_off(p));
+	ck_assert_int_eq(tpb_cma_move(p, &got, (uint64_t)(uintptr_t)&secret, sizeof(got), false,
+				      why, sizeof(why)), -EPERM);
+	ck_assert_uint_eq(got, 0);
+	ck_assert_ptr_nonnull(strstr(why, "no more CMA"));
+	ck_assert(tpb_proc_cma_off(p));
+	ck_assert_int_eq(tpb_cma_move(p, &put, (uint64_t)(uintptr_t)&secret, sizeof(put), true,
+				      why, sizeof(why)), -EPERM);
+	tpb_proc_unref(p);
+	ck_assert_int_eq(write(go[1], &c, 1), 1);
+	ck_assert_int_eq(waitpid(pid, &st, 0), pid);
+	ck_assert(WIFEXITED(st) && WEXITSTATUS(st) == 0); /* its secret is unchanged */
+}
+END_TEST
+
+/* The same read as root (our own uid) passes: the refusal above is the uid, not the setup. */
+START_TEST(test_cma_as_same_uid_reads_another_process)
+{
+	static volatile uint64_t v = 1;
+	uint64_t got = 0;
+	struct tpb_proc *p;
+	char why[256], c = 0;
+	int fd, ready[2], go[2];
+	pid_t pid;
+
+	ck_assert_int_eq(pipe(ready), 0);
+	ck_assert_int_eq(pipe(go), 0);
+	pid = fork();
+	ck_assert_int_ge(pid, 0);
+	if (pid == 0) {
+		v = 0x0123;
+		if (write(ready[1], &c, 1) != 1 || read(go[0], &c, 1) != 1)
+			_exit(2);
+		_exit(0);
+	}
+	ck_assert_int_eq(read(ready[0], &c, 1), 1);
+	fd = (int)syscall(SYS_pidfd_open, pid, 0);
+	ck_assert_int_ge(fd, 0);
+	ck_assert_int_eq(tpb_proc_new(fd, -EBADF, pid, geteuid(), getegid(), 1, &p), 0);
+	ck_assert_int_eq(tpb_cma_move(p, &got, (uint64_t)(uintptr_t)&v, sizeof(got), false, why,
+				      sizeof(why)), 0);
+	ck_assert_uint_eq(got, 0x0123);
+	tpb_proc_unref(p);
+	ck_assert_int_eq(write(go[1], &c, 1), 1);
+	ck_assert_int_eq(waitpid(pid, NULL, 0), pid);
+}
+END_TEST
+
+/* A pinned process that exited is never accessed again, whoever has its pid now. */
+START_TEST(test_cma_to_an_exited_process_fails_with_esrch)
+{
+	uint64_t v = 7;
+	struct tpb_proc *p;
+	char why[256];
+	int fd;
+	pid_t pid = fork();
+
+	ck_assert_int_ge(pid, 0);
+	if (pid == 0)
+		_exit(0);
+	fd = (int)syscall(SYS_pidfd_open, pid, 0);
+	ck_assert_int_ge(fd, 0);
+	ck_assert_int_eq(waitpid(pid, NULL, 0), pid);
+	ck_assert_int_eq(tpb_proc_new(fd, -EBADF, pid, geteuid(), getegid(), 2, &p), 0);
+	ck_assert(!tpb_proc_alive(p));
+	ck_assert_int_eq(tpb_cma_move(p, &v, 8, sizeof(v), false, why, sizeof(why)), -ESRCH);
+	ck_assert_uint_eq(v, 7);
+	ck_assert_ptr_nonnull(strstr(why, "has exited"));
+	ck_assert(tpb_proc_cma_off(p));
+	tpb_proc_unref(p);
+}
+END_TEST
+
+/* Pinning through a socket: our own process with our uid; a uid that is not ours is refused. */
+START_TEST(test_proc_pin_checks_the_uid)
+{
+	struct tpb_proc *p = NULL;
+	char why[160], comm[32];
+	ssize_t n;
+	int sv[2], fd;
+
+	ck_assert_int_eq(socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sv), 0);
+	ck_assert_int_eq(tpb_proc_pin(sv[0], getpid(), geteuid(), getegid(), 3, &p, why,
+				      sizeof(why)), 0);
+	ck_assert(tpb_proc_alive(p));
+	ck_assert_int_eq(tpb_proc_pid(p), getpid());
+	fd = tpb_proc_openat(p, "comm");
+	ck_assert_int_ge(fd, 0);
+	n = read(fd, comm, sizeof(comm) - 1);
+	ck_assert_int_gt(n, 0);
+	close(fd);
+	tpb_proc_unref(p);
+	ck_assert_int_eq(tpb_proc_pin(sv[0], getpid(), geteuid() + 1, getegid(), 3, &p, why,
+				      sizeof(why)), -EPERM);
+	ck_assert_ptr_nonnull(strstr(why, "its socket says"));
+	close(sv[0]);
+	close(sv[1]);
+}
+END_TEST
+
 static Suite *backends_suite(void)
 {
 	Suite *s = suite_create("backends");
 	TCase *tc = tcase_create("core");
 
 	tcase_add_test(tc, test_select_prefers_shm_for_local_memory);
+	tcase_add_test(tc, test_cma_as_switches_this_thread_only_and_back);
+	tcase_add_test(tc, test_cma_as_other_uid_is_refused_and_turns_cma_off);
+	tcase_add_test(tc, test_cma_as_same_uid_reads_another_process);
+	tcase_add_test(tc, test_cma_to_an_exited_process_fails_with_esrch);
+	tcase_add_test(tc, test_proc_pin_checks_the_uid);
 	tcase_add_test(tc, test_select_uses_cma_for_process_memory);
 	tcase_add_test(tc, test_cma_disabled_is_not_viable_with_reason);
 	tcase_add_test(tc, test_rdma_disabled_turns_off_rdma_and_cuda_gdr);

@@ -9,8 +9,25 @@
 #include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/syscall.h>
 #include <unistd.h>
 #include "copier.h"
+
+/* This process, pinned (one per forked test process). */
+static struct tpb_proc *self_proc(void)
+{
+	static struct tpb_proc *p;
+	static pid_t owner;
+
+	if (!p || owner != getpid()) {
+		int fd = (int)syscall(SYS_pidfd_open, getpid(), 0);
+
+		ck_assert_int_ge(fd, 0);
+		ck_assert_int_eq(tpb_proc_new(fd, -EBADF, getpid(), geteuid(), getegid(), 0, &p), 0);
+		owner = getpid();
+	}
+	return p;
+}
 
 struct result {
 	int calls;
@@ -108,7 +125,7 @@ START_TEST(test_copier_reports_copy_errors)
 	res.remaining = &remaining;
 	ck_assert_int_eq(tpd_copier_new(base, 1, &c), 0);
 	job = shm_job(buf, buf, sizeof(buf), &res);
-	job->xfers[0].src = (struct tpb_mem){ .loc = TPB_LOC_PROCESS, .pid = getpid(), .addr = 8 };
+	job->xfers[0].src = (struct tpb_mem){ .loc = TPB_LOC_PROCESS, .proc = self_proc(), .addr = 8 };
 	job->channels[0] = tpb_index("cma");
 	tpd_copier_submit(c, job);
 	run_until(base, &remaining);
@@ -208,7 +225,7 @@ START_TEST(test_copier_chunk_error_fails_the_job_once)
 	res.remaining = &remaining;
 	ck_assert_int_eq(tpd_copier_new(base, 2, &c), 0);
 	job = chunked_job(dst, src, CHUNKS, LEN, &res);
-	job->xfers[7].src = (struct tpb_mem){ .loc = TPB_LOC_PROCESS, .pid = getpid(), .addr = 8 };
+	job->xfers[7].src = (struct tpb_mem){ .loc = TPB_LOC_PROCESS, .proc = self_proc(), .addr = 8 };
 	job->channels[7] = tpb_index("cma");
 	tpd_copier_submit(c, job);
 	run_until(base, &remaining);

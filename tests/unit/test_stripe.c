@@ -24,10 +24,27 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/socket.h>
+#include <sys/syscall.h>
 #include <sys/wait.h>
 #include <unistd.h>
 #include "stripe.h"
 #include "tpt.h"
+
+/* This process, pinned (one per forked test process). */
+static struct tpb_proc *self_proc(void)
+{
+	static struct tpb_proc *p;
+	static pid_t owner;
+
+	if (!p || owner != getpid()) {
+		int fd = (int)syscall(SYS_pidfd_open, getpid(), 0);
+
+		ck_assert_int_ge(fd, 0);
+		ck_assert_int_eq(tpb_proc_new(fd, -EBADF, getpid(), geteuid(), getegid(), 0, &p), 0);
+		owner = getpid();
+	}
+	return p;
+}
 
 #define CHUNK (1u << 20)
 #define SMALL_CHUNK (64u << 10)
@@ -363,7 +380,7 @@ static void xf_seg(struct xf *t, enum tpb_loc loc, void *p, uint64_t len)
 {
 	struct tpd_stripe_seg *s = &t->segs[t->x.n_segs++];
 
-	s->mem = (struct tpb_mem){ .loc = loc, .pid = loc == TPB_LOC_PROCESS ? getpid() : 0,
+	s->mem = (struct tpb_mem){ .loc = loc, .proc = loc == TPB_LOC_PROCESS ? self_proc() : NULL,
 				   .addr = (uint64_t)(uintptr_t)p };
 	s->len = len;
 }
@@ -643,17 +660,22 @@ START_TEST(test_stripe_source_of_a_dead_process_fails_with_esrch)
 	struct xf s, r;
 	char buf[16] = "x", dst[16];
 	struct fx f;
+	struct tpb_proc *dead;
+	int pidfd;
 	pid_t pid = fork();
 
 	ck_assert_int_ge(pid, 0);
 	if (pid == 0)
 		_exit(0);
+	pidfd = (int)syscall(SYS_pidfd_open, pid, 0);
+	ck_assert_int_ge(pidfd, 0);
 	ck_assert_int_eq(waitpid(pid, NULL, 0), pid);
+	ck_assert_int_eq(tpb_proc_new(pidfd, -EBADF, pid, geteuid(), getegid(), 0, &dead), 0);
 	fx_setup(&f, 1, 0);
 	xf_init(&s, 9);
 	xf_init(&r, 9);
 	xf_seg(&s, TPB_LOC_PROCESS, buf, sizeof(buf));
-	s.segs[0].mem.pid = pid;
+	s.segs[0].mem.proc = dead;
 	xf_seg(&r, TPB_LOC_LOCAL, dst, sizeof(dst));
 	ck_assert_int_eq(tpd_stripe_recv(f.b.st, &r.x), 0);
 	ck_assert_int_eq(tpd_stripe_send(f.a.st, &s.x), 0);
@@ -664,6 +686,7 @@ START_TEST(test_stripe_source_of_a_dead_process_fails_with_esrch)
 	ck_assert(run_until(&f, &r.res.calls, NULL, DEADLINE_MS));
 	ck_assert_int_eq(r.res.status, -ESRCH);
 	fx_teardown(&f);
+	tpb_proc_unref(dead);
 }
 END_TEST
 
