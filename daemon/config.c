@@ -53,6 +53,22 @@ static const struct opt opts[] = {
 	  "serve Prometheus metrics over HTTP on a local address (default: off)" },
 	{ "sessions-max", "limits", K_U32, OFF(sessions_max), 1, 1u << 20, true, "N",
 	  "attached clients (default 1024)" },
+	{ "sessions-per-uid", "limits", K_U32, OFF(sessions_per_uid), 1, 1u << 20, true, "N",
+	  "attached clients per uid; root is exempt (default 128)" },
+	{ "sessions-reserved", "limits", K_U32, OFF(sessions_reserved), 0, 1u << 20, true, "N",
+	  "of sessions-max, slots only root and the admin group may use (default 8)" },
+	{ "hello-timeout", "limits", K_U32, OFF(hello_timeout_ms), 100, 600000, true, "MS",
+	  "a client that has not said Hello within this is closed (default 5000)" },
+	{ "hello-frame-max", "limits", K_SIZE32, OFF(hello_frame_max), 1024, TPW_FRAME_MAX_HARD,
+	  true, "BYTES", "largest frame accepted before Hello (default 4K)" },
+	{ "input-bytes-per-uid", "limits", K_SIZE64, OFF(input_bytes_per_uid), 0, UINT64_MAX,
+	  true, "BYTES", "partial frames held for the clients of one uid (default 64M)" },
+	{ "input-bytes-max", "limits", K_SIZE64, OFF(input_bytes_max), 0, UINT64_MAX, true,
+	  "BYTES", "partial frames held for all clients together (default 512M)" },
+	{ "client-queue-bytes-per-uid", "limits", K_SIZE64, OFF(outq_per_uid), MiB, UINT64_MAX,
+	  true, "BYTES", "bytes queued towards the clients of one uid (default 1G)" },
+	{ "client-queue-bytes-max", "limits", K_SIZE64, OFF(outq_total), MiB, UINT64_MAX, true,
+	  "BYTES", "bytes queued towards all clients together (default 4G)" },
 	{ "frame-max", "limits", K_SIZE32, OFF(wire.frame_max), 4096, TPW_FRAME_MAX_HARD, true,
 	  "BYTES", "largest frame accepted (default 4M, at most 64M)" },
 	{ "inline-max", "limits", K_SIZE32, OFF(wire.inline_max), 0, TPW_FRAME_MAX_HARD, true,
@@ -129,6 +145,14 @@ void tpd_config_defaults(struct tpd_config *c)
 	c->copy_threads = 2;
 	tpw_limits_default(&c->wire);
 	c->sessions_max = 1024;
+	c->sessions_per_uid = 128;
+	c->sessions_reserved = 8;
+	c->hello_timeout_ms = 5000;
+	c->hello_frame_max = 4096;
+	c->input_bytes_per_uid = 64ull << 20;
+	c->input_bytes_max = 512ull << 20;
+	c->outq_per_uid = 1ull << 30;
+	c->outq_total = 4ull << 30;
 	c->pipes_max = 4096;
 	c->pipe_queue_max = 4096;
 	c->pipe_queue_bytes = 64ull << 20;

@@ -28,6 +28,14 @@ struct tpd_config {
 	char backend_priority[128]; /* "shm,cma": channels tried first, in order */
 	struct tpw_limits wire;	    /* frame, inline, segments, message bytes, metadata */
 	uint32_t sessions_max;
+	uint32_t sessions_per_uid;  /* sessions one uid (not root) may hold */
+	uint32_t sessions_reserved; /* of sessions_max, kept for root and the admin group */
+	uint32_t hello_timeout_ms;  /* a session must say Hello within this */
+	uint32_t hello_frame_max;   /* largest frame before Hello */
+	uint64_t input_bytes_per_uid; /* partial frames held for one uid's sessions */
+	uint64_t input_bytes_max;   /* partial frames held for all sessions */
+	uint64_t outq_per_uid;	    /* bytes queued towards one uid's sessions */
+	uint64_t outq_total;	    /* bytes queued towards all sessions */
 	uint32_t pipes_max;	    /* per session */
 	uint32_t pipe_queue_max;    /* messages written, not yet read, per pipe direction */
 	uint64_t pipe_queue_bytes;  /* inline bytes held per pipe direction */

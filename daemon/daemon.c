@@ -154,12 +154,8 @@ static void daemon_on_accept(evutil_socket_t lfd, short what, void *arg)
 			evtimer_add(d->ev_accept_resume, &one);
 			return;
 		}
-		if (d->n_sessions >= d->cfg.sessions_max) {
-			tpu_log_warn("session limit of %u reached, refusing a client",
-				     d->cfg.sessions_max);
-			tpu_close(fd);
-			continue;
-		}
+		/* Limits (sessions-max, per uid, reserved slots) are checked against the
+		 * client's credentials; a refused client is told why (session.c). */
 		tpd_session_new(d, fd, &s);
 	}
 }
@@ -434,6 +430,7 @@ int tpd_daemon_new(const struct tpd_config *cfg, struct tpd_daemon **ret)
 	tpu_list_init(&d->sessions);
 	tpu_list_init(&d->pipes);
 	tpd_registry_init(&d->registry);
+	tpd_quota_init(&d->quota);
 	d->base = event_base_new();
 	r = -ENOMEM;
 	if (!d->base)
@@ -504,6 +501,7 @@ void tpd_daemon_free(struct tpd_daemon *d)
 	tpd_copier_free(d->copier);
 	tpd_gdr_stop(d);
 	tpd_registry_done(&d->registry);
+	tpd_quota_done(&d->quota);
 	for (size_t i = 0; i < TPU_ARRAY_SIZE(d->ev_signals); i++)
 		if (d->ev_signals[i])
 			event_free(d->ev_signals[i]);

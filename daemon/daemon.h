@@ -12,6 +12,7 @@
 #include "copier.h"
 #include "peerauth.h"
 #include "listener.h"
+#include "quota.h"
 #include "stats.h"
 #include "ring.h"
 #include "tpu.h"
@@ -40,6 +41,7 @@ struct tpd_daemon {
 	size_t scratch_cap;
 	struct tpu_list sessions;
 	unsigned n_sessions;
+	struct tpd_quota quota;	/* per-uid sessions and bytes held for clients (quota.c) */
 	uint64_t next_session_id;
 	struct tpd_registry registry;
 	struct tpu_list pipes;

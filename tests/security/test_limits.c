@@ -1,0 +1,412 @@
+/* SPDX-License-Identifier: BSD-3-Clause */
+/*
+ * Security suite: exhaustion of the daemon by a local user (issue 21, items 6 and 7). An
+ * attacker (uid 65534) tries to take every session slot, park sessions without Hello, park big
+ * partial frames, and fill a listener's pipe table by connecting and closing; each is refused at
+ * its limit with a clear error (a HelloReply saying why, a closed session) and a rate-limited log
+ * line, while a victim user (uid 4242) and root still get in. Each limit is tried just at it
+ * (accepted) and just above (refused). Needs root (to run clients as other uids).
+ */
+#include <check.h>
+#include <errno.h>
+#include <grp.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/prctl.h>
+#include <unistd.h>
+#include "frame.h"
+#include "itest.h"
+#include "tpt_wire.h"
+
+#define T_MS 20000
+#define NOBODY 65534
+#define VICTIM 4242
+
+static struct tpt_daemon dm;
+
+static void start(const char *const *args)
+{
+	ck_assert_int_eq(tpt_daemon_start(&dm, args), 0);
+	ck_assert_int_eq(tpt_daemon_open_to_all(&dm), 0);
+}
+
+static void stop(void)
+{
+	ck_assert_int_eq(tpt_daemon_stop(&dm), 0);
+}
+
+static bool skip_unless_root(void)
+{
+	if (geteuid() == 0)
+		return false;
+	printf("skipped: needs root to run clients as other uids\n");
+	return true;
+}
+
+/* In a forked child: become @uid (no supplementary groups). Return: 0 or 1. */
+static int become(uid_t uid)
+{
+	TPT_REQUIRE(setgroups(0, NULL) == 0, 1, "setgroups");
+	TPT_REQUIRE(setresgid(uid, uid, uid) == 0, 1, "setresgid");
+	TPT_REQUIRE(setresuid(uid, uid, uid) == 0, 1, "setresuid");
+	prctl(PR_SET_DUMPABLE, 1);
+	return 0;
+}
+
+/* Lines of the daemon's log holding @needle. */
+static unsigned log_count(const char *needle)
+{
+	char line[2048];
+	unsigned n = 0;
+	FILE *f = fopen(dm.log, "re");
+
+	if (!f)
+		return 0;
+	while (fgets(line, sizeof(line), f))
+		n += strstr(line, needle) != NULL;
+	fclose(f);
+	return n;
+}
+
+/*
+ * Connects without saying Hello and waits for the daemon's refusal. Return: 0 if a HelloReply
+ * with STATUS_LIMIT whose message holds @needle came and the connection closed; 1 otherwise.
+ */
+static int expect_refused(const char *needle)
+{
+	Tpw__V1__DaemonMsg *m = NULL;
+	struct tpt_raw r;
+	int e;
+
+	TPT_REQUIRE(tpt_raw_connect(&r, dm.socket) == 0, 1, "connect");
+	e = tpt_raw_recv(&r, T_MS, &m, NULL, NULL);
+	TPT_REQUIRE(e == 0, 1, "no refusal: %d", e);
+	e = m->body_case == TPW__V1__DAEMON_MSG__BODY_HELLO_REPLY &&
+	    m->hello_reply->status == TPW__V1__STATUS__STATUS_LIMIT && m->hello_reply->message &&
+	    strstr(m->hello_reply->message, needle);
+	if (!e)
+		tpt_log("unexpected answer (type %d, %s)", (int)m->body_case,
+			m->body_case == TPW__V1__DAEMON_MSG__BODY_HELLO_REPLY &&
+					m->hello_reply->message
+				? m->hello_reply->message
+				: "-");
+	tpw_daemon_msg_free(m);
+	TPT_REQUIRE(e, 1, "refusal does not say '%s'", needle);
+	TPT_REQUIRE(tpt_raw_wait_closed(&r, T_MS) == 0, 1, "refused session kept open");
+	tpt_raw_close(&r);
+	return 0;
+}
+
+/* Opens @n sessions with Hello into @raw. Return: 0 or 1. */
+static int open_sessions(struct tpt_raw *raw, unsigned n, Tpw__V1__Role role)
+{
+	for (unsigned i = 0; i < n; i++) {
+		int e;
+
+		TPT_REQUIRE(tpt_raw_connect(&raw[i], dm.socket) == 0, 1, "connect %u", i);
+		e = tpt_raw_hello(&raw[i], role, T_MS);
+		TPT_REQUIRE(e == 0, 1, "session %u of %u refused: %d", i + 1, n, e);
+	}
+	return 0;
+}
+
+static void close_sessions(struct tpt_raw *raw, unsigned n)
+{
+	for (unsigned i = 0; i < n; i++)
+		tpt_raw_close(&raw[i]);
+}
+
+/* ---- sessions per uid ------------------------------------------------------------------------ */
+
+#define PER_UID 4
+
+/* As nobody: PER_UID sessions attach, every further one is refused saying why. */
+static int per_uid_attacker(void *arg)
+{
+	struct tpt_raw raw[PER_UID];
+
+	if (become(NOBODY) || open_sessions(raw, PER_UID, TPW__V1__ROLE__ROLE_CLIENT))
+		return 1;
+	for (int i = 0; i < 20; i++)
+		if (expect_refused("per uid"))
+			return 1;
+	/* the slot of a session that ends is free again */
+	tpt_raw_close(&raw[0]);
+	for (unsigned round = 0;; round++) {
+		int e;
+
+		TPT_REQUIRE(tpt_raw_connect(&raw[0], dm.socket) == 0, 1, "connect");
+		e = tpt_raw_hello(&raw[0], TPW__V1__ROLE__ROLE_CLIENT, T_MS);
+		if (e == 0)
+			break;
+		TPT_REQUIRE(round < 200, 1, "slot not given back: %d", e);
+		tpt_raw_close(&raw[0]);
+		tpt_backoff(round);
+	}
+	close_sessions(raw, PER_UID);
+	return 0;
+}
+
+/* As the victim: still attaches while nobody holds its whole quota. */
+static int per_uid_victim(void *arg)
+{
+	struct tpt_raw raw[PER_UID];
+
+	if (become(VICTIM) || open_sessions(raw, PER_UID, TPW__V1__ROLE__ROLE_CLIENT))
+		return 1;
+	close_sessions(raw, PER_UID);
+	return 0;
+}
+
+START_TEST(test_limits_sessions_per_uid_at_limit_pass_above_refused_and_logged_once)
+{
+	const char *args[] = { "--sessions-per-uid", "4", NULL };
+	struct tpt_raw raw[PER_UID + 1];
+
+	if (skip_unless_root())
+		return;
+	start(args);
+	ck_assert(tpt_wait_ok(tpt_fork(per_uid_attacker, NULL), T_MS * 4, "attacker"));
+	ck_assert(tpt_wait_ok(tpt_fork(per_uid_victim, NULL), T_MS, "victim"));
+	/* root is exempt from the per-uid quota */
+	ck_assert_int_eq(open_sessions(raw, PER_UID + 1, TPW__V1__ROLE__ROLE_CONTROL), 0);
+	close_sessions(raw, PER_UID + 1);
+	/* 21 refusals in well under a second or two: one or two log lines, not 21 */
+	ck_assert_uint_ge(log_count("per uid reached for uid 65534"), 1);
+	ck_assert_uint_le(log_count("per uid reached for uid 65534"), 3);
+	stop();
+}
+END_TEST
+
+/* ---- slots reserved for root and admins ------------------------------------------------------ */
+
+#define SLOTS 8
+#define RESERVED 2
+
+static int reserved_attacker(void *arg)
+{
+	struct tpt_raw raw[SLOTS - RESERVED];
+
+	if (become(NOBODY) || open_sessions(raw, SLOTS - RESERVED, TPW__V1__ROLE__ROLE_CLIENT))
+		return 1;
+	if (expect_refused("kept for root and the admin group"))
+		return 1;
+	/* hold them until the parent is done */
+	TPT_REQUIRE(tpt_sync_wait((struct tpt_sync *)arg, T_MS * 2) == 0, 1, "no word from parent");
+	close_sessions(raw, SLOTS - RESERVED);
+	return 0;
+}
+
+START_TEST(test_limits_reserved_slots_keep_root_in_when_a_user_fills_the_table)
+{
+	const char *args[] = { "--sessions-max", "8", "--sessions-reserved", "2", NULL };
+	struct tpt_raw raw[RESERVED];
+	struct tpt_sync done;
+	pid_t pid;
+
+	if (skip_unless_root())
+		return;
+	start(args);
+	ck_assert_int_eq(tpt_sync_init(&done), 0);
+	pid = tpt_fork(reserved_attacker, &done);
+	/* wait until the attacker holds its 6 sessions and was refused a 7th */
+	ck_assert_int_eq(tpt_daemon_wait_log(&dm, "kept for root", T_MS, NULL, 0), 0);
+	/* root's tpipctl-like sessions take the 2 reserved slots; the 9th is over sessions-max */
+	ck_assert_int_eq(open_sessions(raw, RESERVED, TPW__V1__ROLE__ROLE_CONTROL), 0);
+	ck_assert_int_eq(expect_refused("session limit of 8 reached"), 0);
+	close_sessions(raw, RESERVED);
+	ck_assert_int_eq(tpt_sync_post(&done, 0), 0);
+	ck_assert(tpt_wait_ok(pid, T_MS * 2, "attacker"));
+	tpt_sync_done(&done);
+	stop();
+}
+END_TEST
+
+/* ---- Hello deadline and frame size before Hello --------------------------------------------- */
+
+START_TEST(test_limits_session_without_hello_closed_at_deadline)
+{
+	const char *args[] = { "--hello-timeout", "500", NULL };
+	struct tpt_raw quiet, polite;
+	uint64_t t0;
+
+	start(args);
+	ck_assert_int_eq(tpt_raw_connect(&polite, dm.socket), 0);
+	ck_assert_int_eq(tpt_raw_hello(&polite, TPW__V1__ROLE__ROLE_CLIENT, T_MS), 0);
+	t0 = tpt_now_ms();
+	ck_assert_int_eq(tpt_raw_connect(&quiet, dm.socket), 0);
+	ck_assert_int_eq(tpt_raw_wait_closed(&quiet, T_MS), 0);
+	ck_assert_uint_ge(tpt_now_ms() - t0, 400);
+	/* the session that said Hello in time outlives the deadline */
+	ck_assert_int_eq(tpt_raw_wait_closed(&polite, 300), -ETIMEDOUT);
+	ck_assert_uint_eq(log_count("no Hello within 500 ms"), 1);
+	tpt_raw_close(&quiet);
+	tpt_raw_close(&polite);
+	stop();
+}
+END_TEST
+
+/* Sends Hello padded (unknown field 16) so that its frame body is exactly @body bytes. */
+static int send_sized_hello(struct tpt_raw *raw, size_t body)
+{
+	Tpw__V1__ClientMsg m = TPW__V1__CLIENT_MSG__INIT;
+	Tpw__V1__Hello h = TPW__V1__HELLO__INIT;
+	uint8_t buf[8192];
+	struct tpw_hdr hd = { TPW_MAGIC, TPW_WIRE_VERSION, 0, (uint32_t)body, 0, ++raw->seq };
+	size_t n, fill;
+
+	h.major = TPW_PROTO_MAJOR;
+	h.minor = TPW_PROTO_MINOR;
+	h.role = TPW__V1__ROLE__ROLE_CLIENT;
+	h.name = "padded";
+	m.body_case = TPW__V1__CLIENT_MSG__BODY_HELLO;
+	m.hello = &h;
+	n = protobuf_c_message_pack(&m.base, buf + TPW_HDR_SIZE);
+	fill = body - n - 4;
+	ck_assert(fill >= 128 && fill < (1u << 14) && TPW_HDR_SIZE + body <= sizeof(buf));
+	buf[TPW_HDR_SIZE + n] = 0x82; /* field 16, length-delimited: a two-byte tag */
+	buf[TPW_HDR_SIZE + n + 1] = 0x01;
+	buf[TPW_HDR_SIZE + n + 2] = (uint8_t)((fill & 0x7f) | 0x80);
+	buf[TPW_HDR_SIZE + n + 3] = (uint8_t)(fill >> 7);
+	memset(buf + TPW_HDR_SIZE + n + 4, 'x', fill);
+	tpw_hdr_pack(&hd, buf);
+	return tpt_raw_send_bytes(raw, buf, TPW_HDR_SIZE + body, NULL, 0);
+}
+
+START_TEST(test_limits_frame_before_hello_at_limit_passes_above_closes)
+{
+	const char *args[] = { "--hello-frame-max", "4096", NULL };
+	struct tpt_raw raw;
+	Tpw__V1__DaemonMsg *rep = NULL;
+	uint8_t hdr[TPW_HDR_SIZE];
+	struct tpw_hdr h = { TPW_MAGIC, TPW_WIRE_VERSION, 0, 4u << 20, 0, 1 };
+
+	start(args);
+	ck_assert_int_eq(tpt_raw_connect(&raw, dm.socket), 0);
+	ck_assert_int_eq(send_sized_hello(&raw, 4096), 0);
+	ck_assert_int_eq(tpt_raw_expect(&raw, TPW__V1__DAEMON_MSG__BODY_HELLO_REPLY, T_MS, &rep), 0);
+	ck_assert_int_eq(rep->hello_reply->status, TPW__V1__STATUS__STATUS_OK);
+	tpw_daemon_msg_free(rep);
+	tpt_raw_close(&raw);
+	/* one byte more before Hello: closed at the header */
+	ck_assert_int_eq(tpt_raw_connect(&raw, dm.socket), 0);
+	ck_assert_int_eq(send_sized_hello(&raw, 4097), 0);
+	ck_assert_int_eq(tpt_raw_wait_closed(&raw, T_MS), 0);
+	tpt_raw_close(&raw);
+	/* the attack: the header of a 4 MiB frame, never completed, is refused at once */
+	ck_assert_int_eq(tpt_raw_connect(&raw, dm.socket), 0);
+	tpw_hdr_pack(&h, hdr);
+	ck_assert_int_eq(tpt_raw_send_bytes(&raw, hdr, sizeof(hdr), NULL, 0), 0);
+	ck_assert_int_eq(tpt_raw_wait_closed(&raw, 2000), 0);
+	tpt_raw_close(&raw);
+	ck_assert(tpt_daemon_alive(&dm));
+	stop();
+}
+END_TEST
+
+/* ---- bytes held in partial frames ------------------------------------------------------------ */
+
+#define PARTIAL (600u << 10)
+
+/* Says Hello, then sends the header of a @len-byte frame and 1000 bytes of it. */
+static int park_partial(struct tpt_raw *raw, uint32_t len)
+{
+	static uint8_t body[TPW_HDR_SIZE + 1000];
+	struct tpw_hdr h = { TPW_MAGIC, TPW_WIRE_VERSION, 0, len, 0, 0 };
+
+	TPT_REQUIRE(tpt_raw_connect(raw, dm.socket) == 0, 1, "connect");
+	TPT_REQUIRE(tpt_raw_hello(raw, TPW__V1__ROLE__ROLE_CLIENT, T_MS) == 0, 1, "hello");
+	h.seq = ++raw->seq;
+	tpw_hdr_pack(&h, body);
+	memset(body + TPW_HDR_SIZE, 0, 1000);
+	TPT_REQUIRE(tpt_raw_send_bytes(raw, body, sizeof(body), NULL, 0) == 0, 1, "send");
+	return 0;
+}
+
+/* A round trip on a fresh session: the daemon has read what was sent before it. */
+static int settle(void)
+{
+	struct tpt_raw r;
+	int e;
+
+	TPT_REQUIRE(tpt_raw_connect(&r, dm.socket) == 0, 1, "connect");
+	e = tpt_raw_hello(&r, TPW__V1__ROLE__ROLE_CONTROL, T_MS);
+	tpt_raw_close(&r);
+	TPT_REQUIRE(e == 0, 1, "hello: %d", e);
+	return 0;
+}
+
+/* Holds one partial frame (below the per-uid budget), is refused a second one (above it). */
+static int partial_attacker(void *arg)
+{
+	struct tpt_raw a, b;
+
+	if (become(NOBODY) || park_partial(&a, PARTIAL) || settle() || park_partial(&b, PARTIAL))
+		return 1;
+	TPT_REQUIRE(tpt_raw_wait_closed(&b, T_MS) == 0, 1, "second partial frame kept");
+	TPT_REQUIRE(tpt_raw_wait_closed(&a, 300) == -ETIMEDOUT, 1, "first partial frame dropped");
+	TPT_REQUIRE(tpt_sync_wait((struct tpt_sync *)arg, T_MS * 2) == 0, 1, "no word");
+	tpt_raw_close(&a);
+	tpt_raw_close(&b);
+	return 0;
+}
+
+/* The victim's 600K frame fits the daemon-wide budget; a 400K one more, within its own
+ * per-uid budget, does not. */
+static int partial_victim(void *arg)
+{
+	struct tpt_raw a, b;
+
+	if (become(VICTIM) || park_partial(&a, PARTIAL) || settle() ||
+	    park_partial(&b, 400u << 10))
+		return 1;
+	TPT_REQUIRE(tpt_raw_wait_closed(&b, T_MS) == 0, 1, "frame over the daemon budget kept");
+	TPT_REQUIRE(tpt_raw_wait_closed(&a, 300) == -ETIMEDOUT, 1, "frame in budget dropped");
+	tpt_raw_close(&a);
+	tpt_raw_close(&b);
+	return 0;
+}
+
+START_TEST(test_limits_partial_frames_bounded_per_uid_and_daemon_wide)
+{
+	/* per uid: one 600K frame fits 1M, two do not; daemon-wide: two 600K fit 1.5M, with a
+	 * 400K one more they do not */
+	const char *args[] = { "--input-bytes-per-uid", "1M", "--input-bytes-max", "1536K", NULL };
+	struct tpt_sync held;
+	pid_t pid;
+
+	if (skip_unless_root())
+		return;
+	start(args);
+	ck_assert_int_eq(tpt_sync_init(&held), 0);
+	pid = tpt_fork(partial_attacker, &held);
+	ck_assert_int_eq(tpt_daemon_wait_log(&dm, "per-uid limit", T_MS, NULL, 0), 0);
+	ck_assert(tpt_wait_ok(tpt_fork(partial_victim, NULL), T_MS * 2, "victim"));
+	ck_assert(tpt_daemon_log_has(&dm, "daemon-wide limit"));
+	ck_assert_int_eq(tpt_sync_post(&held, 0), 0);
+	ck_assert(tpt_wait_ok(pid, T_MS * 2, "attacker"));
+	tpt_sync_done(&held);
+	stop();
+}
+END_TEST
+
+static Suite *limits_suite(void)
+{
+	Suite *s = suite_create("sec_limits");
+	TCase *tc = tcase_create("sessions");
+
+	tcase_add_test(tc, test_limits_sessions_per_uid_at_limit_pass_above_refused_and_logged_once);
+	tcase_add_test(tc, test_limits_reserved_slots_keep_root_in_when_a_user_fills_the_table);
+	tcase_add_test(tc, test_limits_session_without_hello_closed_at_deadline);
+	tcase_add_test(tc, test_limits_frame_before_hello_at_limit_passes_above_closes);
+	tcase_add_test(tc, test_limits_partial_frames_bounded_per_uid_and_daemon_wide);
+	tcase_set_timeout(tc, 90);
+	suite_add_tcase(s, tc);
+	return s;
+}
+
+int main(void)
+{
+	return tpt_run_suite(limits_suite());
+}
