@@ -655,6 +655,9 @@ fail:
 
 /* ---- closing ------------------------------------------------------------------------------- */
 
+static void end_detach(struct tpd_pipe_end *e, Tpw__V1__Status why);
+static void end_reap(struct tpd_pipe_end *e);
+
 static struct tpd_session *find_session(struct tpd_daemon *d, uint64_t id)
 {
 	struct tpd_session *s;
@@ -687,9 +690,37 @@ void tpd_pipe_end_owed_maybe(struct tpd_pipe_end *e)
 	dm.body_case = TPW__V1__DAEMON_MSG__BODY_PIPE_CLOSED;
 	dm.pipe_closed = &pc;
 	tpd_session_send(s, &dm, NULL, 0);
+	if (pc.status != TPW__V1__STATUS__STATUS_CANCELED && e->session == s)
+		end_reap(e);
+}
+
+/*
+ * @e's session has just been told that the other end went away (PipeClosed): from now on its
+ * client neither reads nor writes the pipe, and never sends PipeClose for it. Detach @e from
+ * the session at once, so that a long-running listener does not keep every pipe its peers
+ * closed until its pipe table is full. Pending messages fail as they would have. The caller
+ * frees the pipe (tpd_pipe_maybe_free()).
+ */
+static void end_reap(struct tpd_pipe_end *e)
+{
+	if (e->remote || !e->session || e->session->dead)
+		return;
+	tpu_hmap_del(&e->session->pipes, e->local_id);
+	end_detach(e, TPW__V1__STATUS__STATUS_CLOSED);
 }
 
 void tpd_pipe_end_detach(struct tpd_pipe_end *e, Tpw__V1__Status why)
+{
+	struct tpd_pipe *p = e->pipe;
+
+	if (!tpd_pipe_end_attached(e))
+		return;
+	end_detach(e, why);
+	tpd_pipe_maybe_free(p);
+}
+
+/* tpd_pipe_end_detach() but the caller frees the pipe. */
+static void end_detach(struct tpd_pipe_end *e, Tpw__V1__Status why)
 {
 	struct tpd_pipe_end *peer = tpd_pipe_end_peer(e);
 	struct tpd_pipe *p = e->pipe;
@@ -730,7 +761,6 @@ void tpd_pipe_end_detach(struct tpd_pipe_end *e, Tpw__V1__Status why)
 	}
 	tpd_pipe_end_owed_maybe(peer);
 	tpd_pipe_end_owed_maybe(e);
-	tpd_pipe_maybe_free(p);
 }
 
 void tpd_pipe_end_close(struct tpd_pipe_end *e)

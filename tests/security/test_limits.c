@@ -13,7 +13,9 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <json-c/json.h>
 #include <sys/prctl.h>
+#include <sys/wait.h>
 #include <unistd.h>
 #include "frame.h"
 #include "itest.h"
@@ -391,6 +393,96 @@ START_TEST(test_limits_partial_frames_bounded_per_uid_and_daemon_wide)
 }
 END_TEST
 
+/* ---- pipes closed by the far end (item 7) ---------------------------------------------------- */
+
+#define CYCLES 10000
+
+/* `tpipctl --json status` field @key, or -1. */
+static long status_field(const char *key)
+{
+	const char *bin = getenv("TPIPCTL_BIN");
+	const char *argv[] = { bin, "--socket", dm.socket, "--json", "status", NULL };
+	struct tpt_cmd_result res;
+	struct json_object *o, *v;
+	long n = -1;
+
+	if (!bin || tpt_run(argv, T_MS, &res) < 0)
+		return -1;
+	o = json_tokener_parse(res.out);
+	if (o && json_object_object_get_ex(o, key, &v))
+		n = (long)json_object_get_int64(v);
+	json_object_put(o);
+	tpt_cmd_result_free(&res);
+	return n;
+}
+
+/*
+ * One long-running listener; a connector connects and closes CYCLES times. When @polite, the
+ * listener notices the close (read_descriptor fails) and closes its end too; otherwise it only
+ * accepts and keeps the pipe, as a listener busy elsewhere would.
+ */
+static int cycles_child(void *arg)
+{
+	bool polite = arg != NULL;
+	struct tp_context *lc = NULL, *cc = NULL;
+	struct tp_listener *l = NULL;
+	int r;
+
+	TPT_REQUIRE(tpt_ctx_new(&dm, 0, "listener", &lc) == 0, 1, "context: %s", tp_last_error());
+	TPT_REQUIRE(tpt_ctx_new(&dm, 0, "connector", &cc) == 0, 1, "context: %s", tp_last_error());
+	TPT_REQUIRE(tp_listen(lc, "long-running", NULL, &l) == 0, 1, "listen: %s", tp_last_error());
+	for (unsigned i = 0; i < CYCLES; i++) {
+		struct tp_pipe *cp = NULL, *ap = NULL;
+		struct tp_descriptor *d = NULL;
+
+		r = tp_connect(cc, "long-running", &cp);
+		if (r == 0)
+			r = tp_pipe_wait_connected(cp, T_MS);
+		TPT_REQUIRE(r == 0, 1, "cycle %u: connect: %d %s", i, r, tp_last_error());
+		r = tp_listener_accept_sync(l, T_MS, &ap);
+		TPT_REQUIRE(r == 0, 1, "cycle %u: accept: %d %s", i, r, tp_last_error());
+		tp_pipe_close(cp);
+		if (!polite)
+			continue; /* @ap stays open until the context ends */
+		r = tp_pipe_read_descriptor_sync(ap, T_MS, &d);
+		TPT_REQUIRE(r == -EPIPE, 1, "cycle %u: read after the far close: %d", i, r);
+		tp_pipe_close(ap);
+	}
+	tp_listener_close(l);
+	tp_context_free(cc);
+	tp_context_free(lc);
+	return 0;
+}
+
+static void run_cycles(bool polite)
+{
+	long pipes = -1;
+
+	start(NULL);
+	ck_assert(tpt_wait_ok(tpt_fork(cycles_child, polite ? (void *)1 : NULL), 240000,
+			      "connect/close cycles"));
+	/* every pipe is freed, not only detached */
+	for (unsigned round = 0; round < 300 && pipes != 0; round++) {
+		pipes = status_field("pipes");
+		if (pipes != 0)
+			tpt_backoff(round);
+	}
+	ck_assert_int_eq(pipes, 0);
+	stop();
+}
+
+START_TEST(test_limits_listener_survives_10000_pipes_closed_by_the_far_end)
+{
+	run_cycles(true);
+}
+END_TEST
+
+START_TEST(test_limits_listener_that_never_reads_survives_10000_far_closes)
+{
+	run_cycles(false);
+}
+END_TEST
+
 static Suite *limits_suite(void)
 {
 	Suite *s = suite_create("sec_limits");
@@ -402,6 +494,11 @@ static Suite *limits_suite(void)
 	tcase_add_test(tc, test_limits_frame_before_hello_at_limit_passes_above_closes);
 	tcase_add_test(tc, test_limits_partial_frames_bounded_per_uid_and_daemon_wide);
 	tcase_set_timeout(tc, 90);
+	suite_add_tcase(s, tc);
+	tc = tcase_create("pipes");
+	tcase_add_test(tc, test_limits_listener_survives_10000_pipes_closed_by_the_far_end);
+	tcase_add_test(tc, test_limits_listener_that_never_reads_survives_10000_far_closes);
+	tcase_set_timeout(tc, 250);
 	suite_add_tcase(s, tc);
 	return s;
 }
