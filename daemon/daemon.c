@@ -195,9 +195,13 @@ static void daemon_on_accept(evutil_socket_t lfd, short what, void *arg)
 
 		if (fd < 0) {
 			struct timeval one = { 1, 0 };
+			unsigned suppressed;
+
 			if (errno == EAGAIN || errno == EINTR || errno == ECONNABORTED)
 				return;
-			tpu_log_warn("accept failed: %m; pausing accepts for 1 s");
+			if (tpd_ratelog_ok(&d->accept_log, 10000, &suppressed))
+				tpu_log_warn("accept failed: %m; pausing accepts for 1 s (%u more "
+					     "pauses since the last such line)", suppressed);
 			event_del(d->ev_accept);
 			evtimer_add(d->ev_accept_resume, &one);
 			return;
@@ -557,6 +561,8 @@ void tpd_daemon_free(struct tpd_daemon *d)
 		event_free(d->ev_accept);
 	if (d->ev_accept_resume)
 		event_free(d->ev_accept_resume);
+	if (d->ev_peer_accept_resume)
+		event_free(d->ev_peer_accept_resume);
 	if (d->ev_drain)
 		event_free(d->ev_drain);
 	if (d->ev_spin)

@@ -29,6 +29,7 @@ struct tpd_daemon {
 	char last_status[160];
 	struct event *ev_accept;
 	struct event *ev_accept_resume;
+	struct tpd_ratelog accept_log;
 	struct event *ev_signals[4];
 	struct event *ev_drain;
 	struct event *ev_spin;	/* polls busy control rings between events */
@@ -68,6 +69,8 @@ struct tpd_daemon {
 	struct tpu_list data_dials; /* data connections being dialled */
 	int peer_fd;
 	struct event *ev_peer_accept;
+	struct event *ev_peer_accept_resume; /* accepts paused (EMFILE); freed by the daemon */
+	struct tpd_ratelog peer_accept_log;
 	char peer_listen_addr[80];  /* bound address, "" when off */
 	uint16_t peer_port_bound;
 	char hostname[256];

@@ -164,6 +164,35 @@ static void conn_on_read(evutil_socket_t fd, short what, void *arg)
 	conn_first_frame(c, &h);
 }
 
+static void peer_on_accept_resume(evutil_socket_t fd, short what, void *arg)
+{
+	struct tpd_daemon *d = arg;
+
+	if (d->ev_peer_accept && !d->stopping) /* NULL once the peer listener closed */
+		event_add(d->ev_peer_accept, NULL);
+}
+
+/*
+ * accept() failed with @err (EMFILE, ENFILE, ENOBUFS...): the connection stays in the backlog
+ * and the socket stays readable, so stop watching it for a second instead of spinning, and say
+ * so at most every 10 s.
+ */
+static void accept_pause(struct tpd_daemon *d, int err)
+{
+	static const struct timeval one = { 1, 0 };
+	unsigned suppressed;
+
+	if (tpd_ratelog_ok(&d->peer_accept_log, 10000, &suppressed))
+		tpu_log_warn("peer accept failed: %s; pausing peer accepts for 1 s (%u more pauses "
+			     "since the last such line)", strerror(err), suppressed);
+	if (!d->ev_peer_accept_resume)
+		d->ev_peer_accept_resume = evtimer_new(d->base, peer_on_accept_resume, d);
+	if (!d->ev_peer_accept_resume)
+		return; /* cannot pause: keep accepting */
+	event_del(d->ev_peer_accept);
+	evtimer_add(d->ev_peer_accept_resume, &one);
+}
+
 static void peer_on_accept(evutil_socket_t lfd, short what, void *arg)
 {
 	struct tpd_daemon *d = arg;
@@ -176,7 +205,7 @@ static void peer_on_accept(evutil_socket_t lfd, short what, void *arg)
 	fd = accept4(lfd, (struct sockaddr *)&ss, &sl, SOCK_NONBLOCK | SOCK_CLOEXEC);
 	if (fd < 0) {
 		if (errno != EAGAIN && errno != EINTR && errno != ECONNABORTED)
-			tpu_log_warn("peer accept failed: %m");
+			accept_pause(d, errno);
 		return;
 	}
 	/* Control frames are small and latency-bound: never wait for Nagle (data connections set

@@ -15,6 +15,7 @@
 #include <string.h>
 #include <json-c/json.h>
 #include <sys/prctl.h>
+#include <sys/resource.h>
 #include <sys/wait.h>
 #include <unistd.h>
 #include "frame.h"
@@ -483,6 +484,84 @@ START_TEST(test_limits_listener_that_never_reads_survives_10000_far_closes)
 }
 END_TEST
 
+/* ---- fd exhaustion: accepts pause instead of spinning ---------------------------------------- */
+
+#define FLOOD_UNIX 120
+#define FLOOD_TCP 40
+
+/* CPU time the daemon used, in clock ticks. */
+static long daemon_cpu_ticks(void)
+{
+	char path[64], buf[1024], *p;
+	unsigned long ut = 0, st = 0;
+	FILE *f;
+
+	snprintf(path, sizeof(path), "/proc/%d/stat", (int)dm.pid);
+	f = fopen(path, "re");
+	if (!f)
+		return -1;
+	p = fgets(buf, sizeof(buf), f) ? strrchr(buf, ')') : NULL;
+	fclose(f);
+	/* after "pid (comm)": state ppid pgrp session tty tpgid flags minflt cminflt majflt
+	 * cmajflt utime stime */
+	if (!p || sscanf(p + 2, "%*c %*d %*d %*d %*d %*d %*u %*u %*u %*u %*u %lu %lu", &ut, &st) != 2)
+		return -1;
+	return (long)(ut + st);
+}
+
+START_TEST(test_limits_fd_exhaustion_pauses_accepts_with_few_log_lines_and_recovers)
+{
+	const char *args[] = { "--hello-timeout", "60000", NULL };
+	struct rlimit old, low;
+	struct tpt_raw unix_flood[FLOOD_UNIX], tcp_flood[FLOOD_TCP], r;
+	long t0, t1, hz = sysconf(_SC_CLK_TCK);
+	uint64_t w0;
+	int e;
+
+	ck_assert_int_eq(getrlimit(RLIMIT_NOFILE, &old), 0);
+	low = old;
+	low.rlim_cur = 64; /* the daemon inherits it */
+	ck_assert_int_eq(setrlimit(RLIMIT_NOFILE, &low), 0);
+	e = tpt_daemon_start_peer(&dm, args);
+	ck_assert_int_eq(setrlimit(RLIMIT_NOFILE, &old), 0);
+	ck_assert_int_eq(e, 0);
+	/* fill the daemon's fd table with sessions that never say Hello, then queue more */
+	for (int i = 0; i < FLOOD_UNIX; i++)
+		ck_assert_int_eq(tpt_raw_connect(&unix_flood[i], dm.socket), 0);
+	ck_assert_int_eq(tpt_daemon_wait_log(&dm, "accept failed", T_MS, NULL, 0), 0);
+	/* and the peer port: its backlog stays readable while no fd is left */
+	for (int i = 0; i < FLOOD_TCP; i++)
+		ck_assert_int_eq(tpt_raw_connect_tcp(&tcp_flood[i], "127.0.0.1", dm.peer_port), 0);
+	ck_assert_int_eq(tpt_daemon_wait_log(&dm, "peer accept failed", T_MS, NULL, 0), 0);
+	/* a 2 s window: the loop sleeps between 1 s pauses (a spinning accept burns the core) */
+	t0 = daemon_cpu_ticks();
+	w0 = tpt_now_ms();
+	while (tpt_now_ms() - w0 < 2000)
+		tpt_backoff(10);
+	t1 = daemon_cpu_ticks();
+	ck_assert_int_ge(t0, 0);
+	ck_assert_msg(t1 - t0 < hz / 2, "daemon used %ld ticks of CPU in 2 s (%ld per s)", t1 - t0,
+		      hz);
+	ck_assert_uint_le(log_count("accept failed"), 4); /* unix + peer, one per 10 s each */
+	ck_assert_uint_ge(log_count("peer accept failed"), 1);
+	/* fds come back: new clients get in again */
+	for (int i = 0; i < FLOOD_UNIX; i++)
+		tpt_raw_close(&unix_flood[i]);
+	for (int i = 0; i < FLOOD_TCP; i++)
+		tpt_raw_close(&tcp_flood[i]);
+	for (unsigned round = 0;; round++) {
+		ck_assert_int_eq(tpt_raw_connect(&r, dm.socket), 0);
+		e = tpt_raw_hello(&r, TPW__V1__ROLE__ROLE_CONTROL, 2000);
+		tpt_raw_close(&r);
+		if (e == 0)
+			break;
+		ck_assert_msg(round < 100, "no session after the flood: %d", e);
+		tpt_backoff(round);
+	}
+	stop();
+}
+END_TEST
+
 static Suite *limits_suite(void)
 {
 	Suite *s = suite_create("sec_limits");
@@ -499,6 +578,10 @@ static Suite *limits_suite(void)
 	tcase_add_test(tc, test_limits_listener_survives_10000_pipes_closed_by_the_far_end);
 	tcase_add_test(tc, test_limits_listener_that_never_reads_survives_10000_far_closes);
 	tcase_set_timeout(tc, 250);
+	suite_add_tcase(s, tc);
+	tc = tcase_create("fds");
+	tcase_add_test(tc, test_limits_fd_exhaustion_pauses_accepts_with_few_log_lines_and_recovers);
+	tcase_set_timeout(tc, 90);
 	suite_add_tcase(s, tc);
 	return s;
 }
