@@ -28,6 +28,25 @@ struct ctl_bufs {
 	char (*channels)[64];
 };
 
+/* Bytes held for clients, refusals and session limits (daemon/quota.c). */
+static void fill_status_limits(struct tpd_daemon *d, Tpw__V1__CtlStatus *st)
+{
+	struct tpd_pipe *p;
+
+	st->client_input_bytes = d->quota.in_bytes;
+	st->client_queued_bytes = d->quota.out_bytes;
+	st->sessions_refused = d->quota.refused;
+	st->remote_refused = d->quota.remote_refused;
+	tpu_list_for_each(p, &d->pipes, node)
+		for (int i = 0; i < 2; i++) {
+			st->pipe_queued_messages += p->end[i].queued;
+			st->pipe_queued_bytes += p->end[i].queued_bytes;
+		}
+	st->sessions_max = d->cfg.sessions_max;
+	st->sessions_per_uid = d->cfg.sessions_per_uid;
+	st->sessions_reserved = d->cfg.sessions_reserved;
+}
+
 static void fill_status(struct tpd_daemon *d, Tpw__V1__CtlStatus *st)
 {
 	struct tpd_gdr_cache_stats rc;
@@ -52,6 +71,7 @@ static void fill_status(struct tpd_daemon *d, Tpw__V1__CtlStatus *st)
 	st->rdma_cache_hits = rc.hits;
 	st->rdma_cache_misses = rc.misses;
 	st->rdma_cache_evictions = rc.evictions;
+	fill_status_limits(d, st);
 }
 
 static int fill_sessions(struct tpd_daemon *d, Tpw__V1__CtlReply *rep, struct ctl_bufs *b)

@@ -19,6 +19,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 #include "frame.h"
+#include "ipeer.h"
 #include "itest.h"
 #include "tpt_wire.h"
 
@@ -562,6 +563,157 @@ START_TEST(test_limits_fd_exhaustion_pauses_accepts_with_few_log_lines_and_recov
 }
 END_TEST
 
+/* ---- a peer daemon's messages obey the reader's queue limits ------------------------------ */
+
+#define RQ_MAX 8	/* the reader's daemon: --pipe-queue-max */
+#define RQ_WRITES 20	/* the writer's daemon lets them all through (its limit is 4096) */
+
+static struct tpt_daemon wa; /* the writer's daemon; dm is the reader's */
+static struct tpt_sync rq_ready, rq_go;
+
+static void rq_spec(unsigned index, struct tpt_msg_spec *ret)
+{
+	memset(ret, 0, sizeof(*ret));
+	ret->pipe = 70;
+	ret->index = index;
+	ret->n_payloads = 1;
+	ret->lens[0] = (128u << 10) + index; /* rendezvous: the write completes once read */
+}
+
+/* On the reader's host: reads what was queued once told to, then the writer's last message. */
+static int rq_reader(void *arg)
+{
+	struct tpt_end e = { .d = &dm, .ctx_name = "rq-reader", .where = "flooded",
+			     .ready = &rq_ready, .timeout_ms = T_MS };
+	struct tpt_msg_spec spec;
+	unsigned n = arg ? RQ_MAX : 0;
+	int r = tpt_end_listen(&e, true);
+
+	TPT_REQUIRE(r == 0, 1, "listen");
+	TPT_REQUIRE(tpt_sync_wait(&rq_go, T_MS * 3) == 0, 1, "no word from the parent");
+	for (unsigned i = 0; i < n; i++) {
+		rq_spec(i, &spec);
+		TPT_REQUIRE(tpt_msg_read_check(e.ctx, e.p, &spec, TPT_MEM_PRIVATE, T_MS) == 0, 1,
+			    "message %u", i);
+	}
+	if (n) {
+		rq_spec(RQ_WRITES, &spec); /* 8..19 were never queued here */
+		TPT_REQUIRE(tpt_msg_read_check(e.ctx, e.p, &spec, TPT_MEM_PRIVATE, T_MS) == 0, 1,
+			    "the message after the refused ones");
+	}
+	tpt_end_close(&e);
+	return 0;
+}
+
+/* On the writer's host: RQ_WRITES writes at once; the first RQ_MAX complete, the rest fail
+ * with the reader's daemon's reason. With @arg NULL: only RQ_MAX writes, left pending. */
+static int rq_writer(void *arg)
+{
+	char addr[160];
+	struct tpt_end e = { .d = &wa, .ctx_name = "rq-writer", .ready = &rq_ready,
+			     .timeout_ms = T_MS };
+	static struct tpt_msg msgs[RQ_WRITES + 1];
+	static struct tpt_done_arg da[RQ_WRITES];
+	static struct tpt_done done;
+	unsigned n = arg ? RQ_WRITES : RQ_MAX;
+	struct tpt_msg_spec spec;
+
+	e.where = tpt_peer_address(&dm, "flooded", addr, sizeof(addr));
+	TPT_REQUIRE(tpt_end_connect(&e) == 0, 1, "connect");
+	tpt_done_init(&done);
+	for (unsigned i = 0; i <= n; i++) {
+		rq_spec(i, &spec);
+		TPT_REQUIRE(tpt_msg_build(e.ctx, &spec, TPT_MEM_PRIVATE, &msgs[i]) == 0, 1, "build");
+	}
+	for (unsigned i = 0; i < n; i++) {
+		da[i] = (struct tpt_done_arg){ &done, i };
+		TPT_REQUIRE(tp_pipe_write(e.p, &msgs[i].m, tpt_done_cb, &da[i]) == 0, 1, "write %u",
+			    i);
+	}
+	if (!arg) {
+		TPT_REQUIRE(tpt_sync_wait(&rq_go, T_MS * 3) == 0, 1, "no word from the parent");
+		return 0; /* its daemon is killed under it */
+	}
+	TPT_REQUIRE(tpt_done_wait(&done, n, T_MS * 2) == 0, 1, "%u of %u writes completed",
+		    done.count, n);
+	for (unsigned i = 0; i < n; i++)
+		TPT_REQUIRE(done.status[i] == (i < RQ_MAX ? 0 : -ENOBUFS), 1,
+			    "write %u completed with %d", i, done.status[i]);
+	TPT_REQUIRE(done.order_errors == 0 && done.bad_errmsg == 0, 1, "completions");
+	TPT_REQUIRE(tp_pipe_write_sync(e.p, &msgs[n].m) == 0, 1, "write after the refusals: %s",
+		    tp_last_error());
+	for (unsigned i = 0; i <= n; i++)
+		tpt_msg_free(e.ctx, &msgs[i]);
+	tpt_end_close(&e);
+	return 0;
+}
+
+/* Polls `tpipctl --json status` of @d until @key is @want. */
+static bool status_reaches(struct tpt_daemon *d, const char *key, uint64_t want)
+{
+	const char *keys[] = { key };
+	uint64_t v = ~0ull;
+
+	for (unsigned round = 0; round < 400; round++) {
+		tpt_status_u64s(d, keys, 1, &v);
+		if (v == want)
+			return true;
+		tpt_backoff(round);
+	}
+	fprintf(stderr, "%s stayed %llu, want %llu\n", key, (unsigned long long)v,
+		(unsigned long long)want);
+	return false;
+}
+
+static void rq_start(void)
+{
+	const char *b_args[] = { "--pipe-queue-max", "8", NULL };
+
+	ck_assert_int_eq(tpt_daemon_pair_start(&wa, NULL, &dm, b_args), 0);
+	ck_assert_int_eq(tpt_sync_init(&rq_ready), 0);
+	ck_assert_int_eq(tpt_sync_init(&rq_go), 0);
+}
+
+START_TEST(test_limits_remote_messages_obey_the_readers_queue_limit)
+{
+	pid_t reader, writer;
+
+	rq_start();
+	reader = tpt_fork(rq_reader, (void *)1);
+	writer = tpt_fork(rq_writer, (void *)1);
+	/* the reader's daemon refuses the 12 over its limit, while the reader reads nothing */
+	ck_assert(status_reaches(&dm, "remote_refused", RQ_WRITES - RQ_MAX));
+	ck_assert(status_reaches(&dm, "pipe_queued_messages", RQ_MAX));
+	ck_assert_uint_le(log_count("remote message"), 2); /* rate-limited */
+	ck_assert_int_eq(tpt_sync_post(&rq_go, 0), 0);
+	ck_assert(tpt_wait_ok(writer, T_MS * 3, "writer"));
+	ck_assert(tpt_wait_ok(reader, T_MS * 3, "reader"));
+	ck_assert_int_eq(tpt_daemon_stop(&wa), 0);
+	stop();
+}
+END_TEST
+
+START_TEST(test_limits_remote_messages_freed_when_the_link_dies)
+{
+	pid_t reader, writer;
+
+	rq_start();
+	reader = tpt_fork(rq_reader, NULL);
+	writer = tpt_fork(rq_writer, NULL);
+	ck_assert(status_reaches(&dm, "pipe_queued_messages", RQ_MAX));
+	ck_assert(status_reaches(&dm, "pipes", 1));
+	/* the writer's daemon dies; the reader lives on and never closes its pipe */
+	ck_assert_int_eq(tpt_daemon_kill(&wa), 0);
+	ck_assert(status_reaches(&dm, "pipe_queued_messages", 0));
+	ck_assert(status_reaches(&dm, "pipes", 0));
+	ck_assert_int_eq(tpt_sync_post(&rq_go, 0), 0);
+	ck_assert_int_eq(tpt_sync_post(&rq_go, 0), 0);
+	ck_assert(tpt_wait_ok(reader, T_MS * 3, "reader"));
+	tpt_wait(writer, T_MS, NULL);
+	stop();
+}
+END_TEST
+
 static Suite *limits_suite(void)
 {
 	Suite *s = suite_create("sec_limits");
@@ -578,6 +730,11 @@ static Suite *limits_suite(void)
 	tcase_add_test(tc, test_limits_listener_survives_10000_pipes_closed_by_the_far_end);
 	tcase_add_test(tc, test_limits_listener_that_never_reads_survives_10000_far_closes);
 	tcase_set_timeout(tc, 250);
+	suite_add_tcase(s, tc);
+	tc = tcase_create("remote");
+	tcase_add_test(tc, test_limits_remote_messages_obey_the_readers_queue_limit);
+	tcase_add_test(tc, test_limits_remote_messages_freed_when_the_link_dies);
+	tcase_set_timeout(tc, 120);
 	suite_add_tcase(s, tc);
 	tc = tcase_create("fds");
 	tcase_add_test(tc, test_limits_fd_exhaustion_pauses_accepts_with_few_log_lines_and_recovers);
