@@ -88,7 +88,10 @@ static const struct opt opts[] = {
 	{ "buffers-max", "limits", K_U32, OFF(buffers_max), 0, 1u << 20, true, "N",
 	  "shared buffers per client (default 1024)" },
 	{ "buffer-bytes-max", "limits", K_SIZE64, OFF(buffer_bytes_max), 0, UINT64_MAX, true,
-	  "BYTES", "shared buffer bytes per client (default 1T)" },
+	  "BYTES", "shared buffer bytes per client (default 64G)" },
+	{ "buffer-bytes-per-uid", "limits", K_SIZE64, OFF(buffer_bytes_per_uid), 0, UINT64_MAX,
+	  true, "BYTES", "shared buffer bytes of all clients of one uid; root is exempt (default "
+	  "256G)" },
 	{ "listeners-max", "limits", K_U32, OFF(listeners_max), 1, 1u << 20, true, "N",
 	  "listeners per client (default 256)" },
 	{ "cuda-mappings-max", "limits", K_U32, OFF(cuda_holds_max), 1, 1u << 20, true, "N",
@@ -157,7 +160,8 @@ void tpd_config_defaults(struct tpd_config *c)
 	c->pipe_queue_max = 4096;
 	c->pipe_queue_bytes = 64ull << 20;
 	c->buffers_max = 1024;
-	c->buffer_bytes_max = 1ull << 40;
+	c->buffer_bytes_max = 64ull << 30;
+	c->buffer_bytes_per_uid = 256ull << 30;
 	c->outq_max = 256ull << 20;
 	c->listeners_max = 256;
 	c->cuda_holds_max = TPD_DEVMEM_HOLDS;

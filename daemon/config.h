@@ -41,6 +41,7 @@ struct tpd_config {
 	uint64_t pipe_queue_bytes;  /* inline bytes held per pipe direction */
 	uint32_t buffers_max;	    /* shared buffers per session */
 	uint64_t buffer_bytes_max;  /* shared buffer bytes per session */
+	uint64_t buffer_bytes_per_uid; /* shared buffer bytes of all sessions of one uid */
 	uint64_t outq_max;	    /* bytes queued towards one session before it is dropped */
 	uint32_t listeners_max;	    /* per session */
 	uint32_t cuda_holds_max;    /* CUDA allocations and events a session keeps mapped */

@@ -117,7 +117,7 @@ void tpd_quota_leave(struct tpd_daemon *d, struct tpd_uid_acct *a)
 		return;
 	if (a->sessions)
 		a->sessions--;
-	if (a->sessions || a->in_bytes || a->out_bytes)
+	if (a->sessions || a->in_bytes || a->out_bytes || a->buffer_bytes)
 		return;
 	tpu_hmap_del(&d->quota.uids, (uint64_t)a->uid + 1);
 	free(a);

@@ -38,6 +38,7 @@ struct tpd_uid_acct {
 	unsigned sessions;
 	uint64_t in_bytes;  /* input buffer bytes beyond each session's base buffer */
 	uint64_t out_bytes; /* frames queued towards this user's sessions */
+	uint64_t buffer_bytes; /* shared buffers its sessions registered (sessmsg.c) */
 };
 
 struct tpd_quota {

@@ -313,6 +313,8 @@ static void release_buffers(struct tpd_session *s)
 		tpd_buffer_unref(val);
 	}
 	tpu_hmap_done(&s->buffers);
+	if (s->acct)
+		s->acct->buffer_bytes -= s->buffer_bytes;
 	s->buffer_bytes = 0;
 }
 

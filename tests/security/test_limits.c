@@ -714,6 +714,77 @@ START_TEST(test_limits_remote_messages_freed_when_the_link_dies)
 }
 END_TEST
 
+/* ---- shared buffer bytes per uid ---------------------------------------------------------- */
+
+#define BUF (768u << 10)
+
+/* As nobody: two clients each register BUF (together exactly the per-uid limit); one page more
+ * from either is refused, while each is far below its per-client limit. */
+static int buffers_attacker(void *arg)
+{
+	struct tp_context *c1 = NULL, *c2 = NULL;
+	void *a = NULL, *b = NULL, *x = NULL;
+	int r;
+
+	if (become(NOBODY))
+		return 1;
+	TPT_REQUIRE(tpt_ctx_new(&dm, 0, "buf1", &c1) == 0, 1, "context");
+	TPT_REQUIRE(tpt_ctx_new(&dm, 0, "buf2", &c2) == 0, 1, "context");
+	r = tp_buffer_alloc(c1, BUF, &a);
+	TPT_REQUIRE(r == 0, 1, "first: %d %s", r, tp_last_error());
+	r = tp_buffer_alloc(c2, BUF, &b);
+	TPT_REQUIRE(r == 0, 1, "second, at the per-uid limit: %d %s", r, tp_last_error());
+	r = tp_buffer_alloc(c2, 4096, &x);
+	TPT_REQUIRE(r == -ENOBUFS, 1, "a page over the per-uid limit: %d (want -ENOBUFS)", r);
+	TPT_REQUIRE(strstr(tp_last_error(), "per uid"), 1, "error: %s", tp_last_error());
+	TPT_REQUIRE(tpt_sync_wait((struct tpt_sync *)arg, T_MS * 2) == 0, 1, "no word");
+	/* freeing gives the budget back */
+	TPT_REQUIRE(tp_buffer_free(c1, a) == 0, 1, "free");
+	r = tp_buffer_alloc(c2, 4096, &x);
+	TPT_REQUIRE(r == 0, 1, "after a free: %d %s", r, tp_last_error());
+	tp_context_free(c1);
+	tp_context_free(c2);
+	return 0;
+}
+
+/* The victim's own budget is untouched by nobody's buffers. */
+static int buffers_victim(void *arg)
+{
+	struct tp_context *c = NULL;
+	void *a = NULL;
+	int r;
+
+	if (become(VICTIM))
+		return 1;
+	TPT_REQUIRE(tpt_ctx_new(&dm, 0, "victim", &c) == 0, 1, "context");
+	r = tp_buffer_alloc(c, BUF, &a);
+	TPT_REQUIRE(r == 0, 1, "victim's buffer: %d %s", r, tp_last_error());
+	tp_context_free(c);
+	return 0;
+}
+
+START_TEST(test_limits_buffer_bytes_per_uid_at_limit_pass_above_refused)
+{
+	const char *args[] = { "--buffer-bytes-max", "1M", "--buffer-bytes-per-uid", "1536K",
+			       NULL };
+	struct tpt_sync go;
+	pid_t pid;
+
+	if (skip_unless_root())
+		return;
+	start(args);
+	ck_assert_int_eq(tpt_sync_init(&go), 0);
+	pid = tpt_fork(buffers_attacker, &go);
+	ck_assert_int_eq(tpt_daemon_wait_log(&dm, "per uid reached for uid 65534", T_MS, NULL, 0),
+			 0);
+	ck_assert(tpt_wait_ok(tpt_fork(buffers_victim, NULL), T_MS, "victim"));
+	ck_assert_int_eq(tpt_sync_post(&go, 0), 0);
+	ck_assert(tpt_wait_ok(pid, T_MS * 2, "attacker"));
+	tpt_sync_done(&go);
+	stop();
+}
+END_TEST
+
 static Suite *limits_suite(void)
 {
 	Suite *s = suite_create("sec_limits");
@@ -724,6 +795,7 @@ static Suite *limits_suite(void)
 	tcase_add_test(tc, test_limits_session_without_hello_closed_at_deadline);
 	tcase_add_test(tc, test_limits_frame_before_hello_at_limit_passes_above_closes);
 	tcase_add_test(tc, test_limits_partial_frames_bounded_per_uid_and_daemon_wide);
+	tcase_add_test(tc, test_limits_buffer_bytes_per_uid_at_limit_pass_above_refused);
 	tcase_set_timeout(tc, 90);
 	suite_add_tcase(s, tc);
 	tc = tcase_create("pipes");
