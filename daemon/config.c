@@ -131,6 +131,16 @@ static const struct opt opts[] = {
 	  "striping unit of large tensors over data connections (default 1M)" },
 	{ "peer-send-size", "peer", K_SIZE32, OFF(peer_send_size), 4096, 16u << 20, true, "BYTES",
 	  "bytes per socket write on data connections (default 60K)" },
+	{ "peer-pending-max", "peer", K_U32, OFF(peer_pending_max), 1, 1u << 20, true, "N",
+	  "accepted peer connections that have not sent their first frame (default 128)" },
+	{ "peer-pending-per-source", "peer", K_U32, OFF(peer_pending_per_source), 1, 1u << 20,
+	  true, "N", "of those, from one address (default 32)" },
+	{ "peer-links-max", "peer", K_U32, OFF(peer_links_max), 1, 1u << 20, true, "N",
+	  "links other daemons open to this one (default 256)" },
+	{ "peer-links-per-source", "peer", K_U32, OFF(peer_links_per_source), 1, 1u << 20, true,
+	  "N", "of those, from one address (default 16)" },
+	{ "peer-data-conns-max", "peer", K_U32, OFF(peer_data_conns_max), 1, 1u << 20, true, "N",
+	  "data connections of all links together, two threads each (default 1024)" },
 };
 
 /* Key of @o in the config file. */
@@ -176,6 +186,11 @@ void tpd_config_defaults(struct tpd_config *c)
 	c->peer_timeout_ms = 6000;
 	c->peer_chunk = 1u << 20;
 	c->peer_send_size = 60u << 10;
+	c->peer_pending_max = 128;
+	c->peer_pending_per_source = 32;
+	c->peer_links_max = 256;
+	c->peer_links_per_source = 16;
+	c->peer_data_conns_max = 1024;
 	snprintf(c->config_path, sizeof(c->config_path), "%s", TPD_CONFIG_DEFAULT_PATH);
 }
 

@@ -59,6 +59,11 @@ struct tpd_config {
 	bool peer_force_cross_host; /* same-host daemons peer over TCP like other hosts */
 	uint32_t peer_chunk;	    /* striping unit */
 	uint32_t peer_send_size;    /* bytes per socket write on data connections */
+	uint32_t peer_pending_max;  /* accepted connections whose first frame has not come */
+	uint32_t peer_pending_per_source; /* of those, from one address */
+	uint32_t peer_links_max;    /* links other daemons opened to this one */
+	uint32_t peer_links_per_source; /* of those, from one address */
+	uint32_t peer_data_conns_max; /* data connections of every link together (2 threads each) */
 
 	/* Where the configuration came from, for reloads. */
 	char config_path[PATH_MAX];

@@ -785,6 +785,119 @@ START_TEST(test_limits_buffer_bytes_per_uid_at_limit_pass_above_refused)
 }
 END_TEST
 
+/* ---- the peer port: pending connections, links, data connections ---------------------------- */
+
+/* Threads of the daemon (/proc/PID/status). */
+static long daemon_threads(const struct tpt_daemon *d)
+{
+	char path[64], line[256];
+	long n = -1;
+	FILE *f;
+
+	snprintf(path, sizeof(path), "/proc/%d/status", (int)d->pid);
+	f = fopen(path, "re");
+	if (!f)
+		return -1;
+	while (fgets(line, sizeof(line), f))
+		if (sscanf(line, "Threads: %ld", &n) == 1)
+			break;
+	fclose(f);
+	return n;
+}
+
+START_TEST(test_limits_idle_peer_connections_capped_per_source)
+{
+	const char *args[] = { "--peer-pending-per-source", "8", "--peer-pending-max", "16", NULL };
+	struct tpt_raw idle[8], extra;
+	long threads;
+	int fds, e;
+
+	ck_assert_int_eq(tpt_daemon_start_peer(&dm, args), 0);
+	fds = tpt_daemon_fd_settle(&dm, 200, T_MS);
+	threads = daemon_threads(&dm);
+	for (int i = 0; i < 8; i++)
+		ck_assert_int_eq(tpt_raw_connect_tcp(&idle[i], "127.0.0.1", dm.peer_port), 0);
+	/* the 8 wait for their first frame (until the connect timeout, 5 s) */
+	ck_assert_int_eq(tpt_daemon_wait_fds(&dm, fds + 8, T_MS), fds + 8);
+	/* the 9th from the same address, and 200 more, are closed at once */
+	for (int i = 0; i < 200; i++) {
+		ck_assert_int_eq(tpt_raw_connect_tcp(&extra, "127.0.0.1", dm.peer_port), 0);
+		e = tpt_raw_wait_closed(&extra, T_MS);
+		tpt_raw_close(&extra);
+		ck_assert_msg(e == 0, "connection %d over the limit kept open", 9 + i);
+	}
+	ck_assert_int_eq(tpt_daemon_fd_count(&dm), fds + 8);
+	ck_assert_int_eq(daemon_threads(&dm), threads);
+	for (int i = 0; i < 8; i++)
+		ck_assert_int_eq(tpt_raw_wait_closed(&idle[i], 0), -ETIMEDOUT);
+	ck_assert_uint_le(log_count("wait for their first frame"), 2);
+	for (int i = 0; i < 8; i++)
+		tpt_raw_close(&idle[i]);
+	ck_assert_int_eq(tpt_daemon_wait_fds(&dm, fds, T_MS), fds);
+	stop();
+}
+END_TEST
+
+static struct tpt_daemon dialer;
+
+/* From @arg's daemon, connects to a name daemon dm does not serve. Return: the error. */
+static int probe_child(void *arg)
+{
+	char addr[160];
+	struct tpt_end e = { .d = arg, .ctx_name = "probe", .timeout_ms = T_MS };
+	int r;
+
+	e.where = tpt_peer_address(&dm, "nobody-listens", addr, sizeof(addr));
+	r = tpt_ctx_new(e.d, 0, "probe", &e.ctx);
+	TPT_REQUIRE(r == 0, 100, "context");
+	r = tp_connect(e.ctx, e.where, &e.p);
+	if (r == 0)
+		r = tp_pipe_wait_connected(e.p, T_MS);
+	tpt_log("connect %s: %d %s", e.where, r, r ? tp_last_error() : "");
+	tpt_end_close(&e);
+	return r == -ENOENT ? 0 : 1; /* 0: the link came up and the name was looked up */
+}
+
+/* True if a client of @from reached dm over a (new or reused) link. */
+static bool link_works(struct tpt_daemon *from)
+{
+	int status = -1;
+
+	return tpt_wait(tpt_fork(probe_child, from), T_MS * 2, &status) == 0 &&
+	       WIFEXITED(status) && WEXITSTATUS(status) == 0;
+}
+
+/* Two dialling daemons; dm admits @args. The first link is at the limit, the second over. */
+static void two_links(const char *const *args, const char *why)
+{
+	ck_assert_int_eq(tpt_daemon_pair_start(&dialer, NULL, &dm, args), 0);
+	ck_assert(link_works(&dialer));
+	ck_assert_int_eq(tpt_daemon_start_peer(&wa, NULL), 0);
+	ck_assert(!link_works(&wa));
+	ck_assert(tpt_daemon_log_has(&dm, why));
+	ck_assert(link_works(&dialer)); /* the link within the limit carries on */
+	ck_assert_int_eq(tpt_daemon_stop(&wa), 0);
+	ck_assert_int_eq(tpt_daemon_stop(&dialer), 0);
+	stop();
+}
+
+START_TEST(test_limits_peer_links_per_source_at_limit_pass_above_refused)
+{
+	const char *args[] = { "--peer-links-per-source", "1", NULL };
+
+	two_links(args, "links from that address (limit 1)");
+}
+END_TEST
+
+START_TEST(test_limits_peer_data_connections_capped_daemon_wide)
+{
+	/* each dialler opens 4 data connections (8 threads here): 4 fit, 8 do not */
+	const char *args[] = { "--peer-data-conns-max", "4", NULL };
+
+	two_links(args, "data connections (limit 4)");
+}
+END_TEST
+
 static Suite *limits_suite(void)
 {
 	Suite *s = suite_create("sec_limits");
@@ -806,6 +919,12 @@ static Suite *limits_suite(void)
 	tc = tcase_create("remote");
 	tcase_add_test(tc, test_limits_remote_messages_obey_the_readers_queue_limit);
 	tcase_add_test(tc, test_limits_remote_messages_freed_when_the_link_dies);
+	tcase_set_timeout(tc, 120);
+	suite_add_tcase(s, tc);
+	tc = tcase_create("peers");
+	tcase_add_test(tc, test_limits_idle_peer_connections_capped_per_source);
+	tcase_add_test(tc, test_limits_peer_links_per_source_at_limit_pass_above_refused);
+	tcase_add_test(tc, test_limits_peer_data_connections_capped_daemon_wide);
 	tcase_set_timeout(tc, 120);
 	suite_add_tcase(s, tc);
 	tc = tcase_create("fds");
