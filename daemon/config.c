@@ -85,6 +85,8 @@ static const struct opt opts[] = {
 	  "unread messages per pipe direction (default 4096)" },
 	{ "pipe-queue-bytes", "limits", K_SIZE64, OFF(pipe_queue_bytes), 0, UINT64_MAX, true,
 	  "BYTES", "inline bytes held per pipe direction (default 64M)" },
+	{ "pipe-queue-bytes-max", "limits", K_SIZE64, OFF(pipe_queue_bytes_total), 0, UINT64_MAX,
+	  true, "BYTES", "inline bytes held in all pipes together (default 2G)" },
 	{ "buffers-max", "limits", K_U32, OFF(buffers_max), 0, 1u << 20, true, "N",
 	  "shared buffers per client (default 1024)" },
 	{ "buffer-bytes-max", "limits", K_SIZE64, OFF(buffer_bytes_max), 0, UINT64_MAX, true,
@@ -169,6 +171,7 @@ void tpd_config_defaults(struct tpd_config *c)
 	c->pipes_max = 4096;
 	c->pipe_queue_max = 4096;
 	c->pipe_queue_bytes = 64ull << 20;
+	c->pipe_queue_bytes_total = 2ull << 30;
 	c->buffers_max = 1024;
 	c->buffer_bytes_max = 64ull << 30;
 	c->buffer_bytes_per_uid = 256ull << 30;

@@ -148,6 +148,7 @@ void tpd_pipe_msg_consumed(struct tpd_msg *m, Tpw__V1__Status st, const char *wh
 		tpu_list_remove(&m->rnode);
 		w->queued--;
 		w->queued_bytes -= m->tail_len;
+		d->quota.pipe_bytes -= m->tail_len;
 	}
 	if (tpu_list_linked(&m->wnode)) {
 		write_done_flush(w); /* frees @m once its WriteDone is out */
@@ -214,6 +215,9 @@ static void end_drop_all(struct tpd_pipe_end *e)
 		tpu_list_remove(&m->rnode);
 		msg_maybe_free(m);
 	}
+	e->pipe->d->quota.pipe_bytes -= e->queued_bytes;
+	e->queued_bytes = 0;
+	e->queued = 0;
 }
 
 void tpd_pipe_maybe_free(struct tpd_pipe *p)
@@ -417,6 +421,12 @@ static int queue_check(struct tpd_pipe_end *e, uint32_t tail_len, char *why, siz
 			 (unsigned long long)cfg->pipe_queue_bytes);
 		return -ENOBUFS;
 	}
+	if (e->pipe->d->quota.pipe_bytes + tail_len > cfg->pipe_queue_bytes_total) {
+		snprintf(why, wl, "pipe queues of this daemon full: %llu unread inline bytes in all "
+			 "pipes (limit %llu)", (unsigned long long)e->pipe->d->quota.pipe_bytes,
+			 (unsigned long long)cfg->pipe_queue_bytes_total);
+		return -ENOBUFS;
+	}
 	return 0;
 }
 
@@ -462,6 +472,7 @@ void tpd_pipe_write(struct tpd_pipe_end *e, Tpw__V1__ClientMsg *cm, const uint8_
 	tpu_list_insert_tail(&e->rq, &m->rnode);
 	e->queued++;
 	e->queued_bytes += tail_len;
+	e->pipe->d->quota.pipe_bytes += tail_len;
 	if (m->eager) {
 		/* The bytes now travel with the descriptor; the writer's memory is free. */
 		msg_set_write(m, TPW__V1__STATUS__STATUS_OK, NULL);

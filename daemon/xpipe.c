@@ -525,6 +525,11 @@ static bool remote_queue_full(struct tpd_pipe *p, struct tpd_pipe_end *w, uint64
 		snprintf(why, sizeof(why), "pipe queue full on the reader's host: %llu unread inline "
 			 "bytes (limit %llu)", (unsigned long long)w->queued_bytes,
 			 (unsigned long long)cfg->pipe_queue_bytes);
+	else if (p->d->quota.pipe_bytes + tail_len > cfg->pipe_queue_bytes_total)
+		snprintf(why, sizeof(why), "pipe queues full on the reader's host: %llu unread "
+			 "inline bytes in all pipes (limit %llu)",
+			 (unsigned long long)p->d->quota.pipe_bytes,
+			 (unsigned long long)cfg->pipe_queue_bytes_total);
 	else
 		return false;
 	p->d->quota.remote_refused++;
@@ -577,6 +582,7 @@ void tpd_xpipe_peer_descriptor(struct tpd_pipe *p, const Tpw__V1__Descriptor *dd
 	tpu_list_insert_tail(&w->rq, &m->rnode);
 	w->queued++;
 	w->queued_bytes += tail_len;
+	p->d->quota.pipe_bytes += tail_len;
 	m->tail_len = tail_len;
 	if (m->eager) {
 		int basic = tpb_index("basic");

@@ -674,6 +674,87 @@ static void rq_start(void)
 	ck_assert_int_eq(tpt_sync_init(&rq_go), 0);
 }
 
+/* ---- inline bytes held in all pipes together ---------------------------------------------- */
+
+#define QB_MSG 60000u /* eager: the bytes stay in the daemon's pipe queue until read */
+
+static struct tpt_sync qb_ready, qb_done;
+
+/* Accepts two pipes and reads nothing until told. */
+static int qb_reader(void *arg)
+{
+	struct tpt_end e = { .d = &dm, .ctx_name = "qb-reader", .where = "hoard",
+			     .ready = &qb_ready, .timeout_ms = T_MS };
+	struct tp_pipe *second = NULL;
+
+	TPT_REQUIRE(tpt_end_listen(&e, true) == 0, 1, "listen");
+	TPT_REQUIRE(tp_listener_accept_sync(e.l, T_MS, &second) == 0, 1, "accept");
+	TPT_REQUIRE(tpt_sync_wait(&qb_done, T_MS * 3) == 0, 1, "no word");
+	tp_pipe_close(second);
+	tpt_end_close(&e);
+	return 0;
+}
+
+/* Writes @n messages of QB_MSG bytes on @p; the last must end with @last_want. */
+static int qb_write(struct tp_context *ctx, struct tp_pipe *p, unsigned pipe, unsigned n,
+		    int last_want)
+{
+	for (unsigned i = 0; i < n; i++) {
+		struct tpt_msg_spec spec = { .pipe = pipe, .index = i, .n_payloads = 1,
+					     .lens = { QB_MSG } };
+		struct tpt_msg m;
+		int r;
+
+		TPT_REQUIRE(tpt_msg_build(ctx, &spec, TPT_MEM_PRIVATE, &m) == 0, 1, "build");
+		r = tp_pipe_write_sync(p, &m.m);
+		tpt_msg_free(ctx, &m);
+		TPT_REQUIRE(r == (i + 1 < n ? 0 : last_want), 1, "pipe %u write %u: %d %s", pipe, i,
+			    r, r ? tp_last_error() : "");
+	}
+	return 0;
+}
+
+static int qb_writer(void *arg)
+{
+	struct tpt_end a = { .d = &dm, .ctx_name = "qb-writer", .where = "hoard",
+			     .ready = &qb_ready, .timeout_ms = T_MS };
+	struct tp_pipe *b = NULL;
+	int r;
+
+	TPT_REQUIRE(tpt_end_connect(&a) == 0, 1, "connect");
+	r = tp_connect(a.ctx, "hoard", &b);
+	if (r == 0)
+		r = tp_pipe_wait_connected(b, T_MS);
+	TPT_REQUIRE(r == 0, 1, "second pipe: %d", r);
+	/* 17 x 60000 = 1020000 in the first pipe (its own limit is 1M); the second pipe's 9th
+	 * message brings the total to 1560000 (limit 1536K = 1572864), its 10th is over */
+	if (qb_write(a.ctx, a.p, 1, 17, 0) || qb_write(a.ctx, b, 2, 9, 0) ||
+	    qb_write(a.ctx, b, 3, 1, -ENOBUFS))
+		return 1;
+	TPT_REQUIRE(strstr(tp_last_error(), "pipe queues of this daemon full"), 1, "error: %s",
+		    tp_last_error());
+	tp_pipe_close(b);
+	tpt_end_close(&a);
+	return 0;
+}
+
+START_TEST(test_limits_inline_bytes_of_all_pipes_bounded)
+{
+	const char *args[] = { "--pipe-queue-bytes", "1M", "--pipe-queue-bytes-max", "1536K", NULL };
+	pid_t reader;
+
+	start(args);
+	ck_assert_int_eq(tpt_sync_init(&qb_ready), 0);
+	ck_assert_int_eq(tpt_sync_init(&qb_done), 0);
+	reader = tpt_fork(qb_reader, NULL);
+	ck_assert(tpt_wait_ok(tpt_fork(qb_writer, NULL), T_MS * 2, "writer"));
+	ck_assert_int_eq(tpt_sync_post(&qb_done, 0), 0);
+	ck_assert(tpt_wait_ok(reader, T_MS * 2, "reader"));
+	ck_assert(status_reaches(&dm, "pipe_queued_bytes", 0));
+	stop();
+}
+END_TEST
+
 START_TEST(test_limits_remote_messages_obey_the_readers_queue_limit)
 {
 	pid_t reader, writer;
@@ -919,6 +1000,7 @@ static Suite *limits_suite(void)
 	tc = tcase_create("remote");
 	tcase_add_test(tc, test_limits_remote_messages_obey_the_readers_queue_limit);
 	tcase_add_test(tc, test_limits_remote_messages_freed_when_the_link_dies);
+	tcase_add_test(tc, test_limits_inline_bytes_of_all_pipes_bounded);
 	tcase_set_timeout(tc, 120);
 	suite_add_tcase(s, tc);
 	tc = tcase_create("peers");
