@@ -178,7 +178,8 @@ static void session_on_hello_timeout(evutil_socket_t fd, short what, void *arg)
 
 /*
  * Resizes the input buffer to @cap bytes, the part beyond the base buffer charged to the uid's
- * quota. Return: 0, -ENOBUFS (budget, reason in @why) or -ENOMEM.
+ * quota. Return: 0, -EDQUOT or -ENOBUFS (per-uid or daemon-wide budget, reason in @why), or
+ * -ENOMEM.
  */
 static int in_resize(struct tpd_session *s, size_t cap, char *why, size_t wl)
 {
