@@ -138,11 +138,11 @@ static const struct opt opts[] = {
 	{ "peer-pending-per-source", "peer", K_U32, OFF(peer_pending_per_source), 1, 1u << 20,
 	  true, "N", "of those, from one address (default 32)" },
 	{ "peer-links-max", "peer", K_U32, OFF(peer_links_max), 1, 1u << 20, true, "N",
-	  "links other daemons open to this one (default 256)" },
+	  "links other daemons open to this one (default 128)" },
 	{ "peer-links-per-source", "peer", K_U32, OFF(peer_links_per_source), 1, 1u << 20, true,
-	  "N", "of those, from one address (default 16)" },
+	  "N", "of those, from one address (default 8)" },
 	{ "peer-data-conns-max", "peer", K_U32, OFF(peer_data_conns_max), 1, 1u << 20, true, "N",
-	  "data connections of all links together, two threads each (default 1024)" },
+	  "data connections of all links together, two threads each (default 512)" },
 };
 
 /* Key of @o in the config file. */
@@ -191,9 +191,9 @@ void tpd_config_defaults(struct tpd_config *c)
 	c->peer_send_size = 60u << 10;
 	c->peer_pending_max = 128;
 	c->peer_pending_per_source = 32;
-	c->peer_links_max = 256;
-	c->peer_links_per_source = 16;
-	c->peer_data_conns_max = 1024;
+	c->peer_links_max = 128;
+	c->peer_links_per_source = 8;
+	c->peer_data_conns_max = 512;
 	snprintf(c->config_path, sizeof(c->config_path), "%s", TPD_CONFIG_DEFAULT_PATH);
 }
 
