@@ -14,6 +14,8 @@
 #include <stdlib.h>
 #include <string.h>
 #include <json-c/json.h>
+#include <arpa/inet.h>
+#include <netinet/in.h>
 #include <sys/prctl.h>
 #include <sys/resource.h>
 #include <sys/wait.h>
@@ -519,15 +521,33 @@ static long daemon_cpu_ticks(void)
 	return (long)(ut + st);
 }
 
+/* A loopback TCP port free a moment ago. */
+static int free_port(void)
+{
+	struct sockaddr_in sin = { .sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK) };
+	socklen_t sl = sizeof(sin);
+	int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0), port = -1;
+
+	if (fd >= 0 && bind(fd, (struct sockaddr *)&sin, sizeof(sin)) == 0 &&
+	    getsockname(fd, (struct sockaddr *)&sin, &sl) == 0)
+		port = ntohs(sin.sin_port);
+	if (fd >= 0)
+		close(fd);
+	return port;
+}
+
 START_TEST(test_limits_fd_exhaustion_pauses_accepts_with_few_log_lines_and_recovers)
 {
-	const char *args[] = { "--hello-timeout", "60000", NULL };
+	char metrics[32];
+	const char *args[] = { "--hello-timeout", "60000", "--metrics-listen", metrics, NULL };
 	struct rlimit old, low;
-	struct tpt_raw unix_flood[FLOOD_UNIX], tcp_flood[FLOOD_TCP], r;
+	struct tpt_raw unix_flood[FLOOD_UNIX], tcp_flood[FLOOD_TCP], http_flood[FLOOD_TCP], r;
 	long t0, t1, hz = sysconf(_SC_CLK_TCK);
+	int e, mport = free_port();
 	uint64_t w0;
-	int e;
 
+	ck_assert_int_gt(mport, 0);
+	snprintf(metrics, sizeof(metrics), "127.0.0.1:%d", mport);
 	ck_assert_int_eq(getrlimit(RLIMIT_NOFILE, &old), 0);
 	low = old;
 	low.rlim_cur = 64; /* the daemon inherits it */
@@ -543,6 +563,10 @@ START_TEST(test_limits_fd_exhaustion_pauses_accepts_with_few_log_lines_and_recov
 	for (int i = 0; i < FLOOD_TCP; i++)
 		ck_assert_int_eq(tpt_raw_connect_tcp(&tcp_flood[i], "127.0.0.1", dm.peer_port), 0);
 	ck_assert_int_eq(tpt_daemon_wait_log(&dm, "peer accept failed", T_MS, NULL, 0), 0);
+	/* and the metrics endpoint (libevent's listener warned and spun before) */
+	for (int i = 0; i < FLOOD_TCP; i++)
+		ck_assert_int_eq(tpt_raw_connect_tcp(&http_flood[i], "127.0.0.1", mport), 0);
+	ck_assert_int_eq(tpt_daemon_wait_log(&dm, "metrics accept failed", T_MS, NULL, 0), 0);
 	/* a 2 s window: the loop sleeps between 1 s pauses (a spinning accept burns the core) */
 	t0 = daemon_cpu_ticks();
 	w0 = tpt_now_ms();
@@ -552,13 +576,16 @@ START_TEST(test_limits_fd_exhaustion_pauses_accepts_with_few_log_lines_and_recov
 	ck_assert_int_ge(t0, 0);
 	ck_assert_msg(t1 - t0 < hz / 2, "daemon used %ld ticks of CPU in 2 s (%ld per s)", t1 - t0,
 		      hz);
-	ck_assert_uint_le(log_count("accept failed"), 4); /* unix + peer, one per 10 s each */
+	ck_assert_uint_le(log_count("accept failed"), 6); /* unix, peer, metrics: 1 per 10 s each */
+	ck_assert_uint_le(log_count("Error from accept"), 1); /* libevent's own warning */
 	ck_assert_uint_ge(log_count("peer accept failed"), 1);
 	/* fds come back: new clients get in again */
 	for (int i = 0; i < FLOOD_UNIX; i++)
 		tpt_raw_close(&unix_flood[i]);
-	for (int i = 0; i < FLOOD_TCP; i++)
+	for (int i = 0; i < FLOOD_TCP; i++) {
 		tpt_raw_close(&tcp_flood[i]);
+		tpt_raw_close(&http_flood[i]);
+	}
 	for (unsigned round = 0;; round++) {
 		ck_assert_int_eq(tpt_raw_connect(&r, dm.socket), 0);
 		e = tpt_raw_hello(&r, TPW__V1__ROLE__ROLE_CONTROL, 2000);
