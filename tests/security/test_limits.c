@@ -922,6 +922,8 @@ static long daemon_threads(const struct tpt_daemon *d)
 	return n;
 }
 
+static bool link_works(struct tpt_daemon *from);
+
 START_TEST(test_limits_idle_peer_connections_capped_per_source)
 {
 	const char *args[] = { "--peer-pending-per-source", "8", "--peer-pending-max", "16", NULL };
@@ -952,9 +954,13 @@ START_TEST(test_limits_idle_peer_connections_capped_per_source)
 	for (int i = 0; i < 8; i++)
 		ck_assert_int_eq(tpt_raw_wait_closed(&idle[i], 0), -ETIMEDOUT);
 	ck_assert_uint_le(log_count("wait for their first frame"), 2);
+	/* once the flood is gone, a daemon from the same address links */
 	for (int i = 0; i < 8; i++)
 		tpt_raw_close(&idle[i]);
 	ck_assert_int_eq(tpt_daemon_wait_fds(&dm, fds, T_MS), fds);
+	ck_assert_int_eq(tpt_daemon_start_peer(&wa, NULL), 0);
+	ck_assert(link_works(&wa));
+	ck_assert_int_eq(tpt_daemon_stop(&wa), 0);
 	stop();
 }
 END_TEST
