@@ -86,7 +86,8 @@ static const struct opt opts[] = {
 	{ "pipe-queue-bytes", "limits", K_SIZE64, OFF(pipe_queue_bytes), 0, UINT64_MAX, true,
 	  "BYTES", "inline bytes held per pipe direction (default 64M)" },
 	{ "pipe-queue-bytes-max", "limits", K_SIZE64, OFF(pipe_queue_bytes_total), 0, UINT64_MAX,
-	  true, "BYTES", "inline bytes held in all pipes together (default 2G)" },
+	  true, "BYTES", "bytes held for unread messages in all pipes: inline data and\n"
+	  "                            bookkeeping (default 2G)" },
 	{ "buffers-max", "limits", K_U32, OFF(buffers_max), 0, 1u << 20, true, "N",
 	  "shared buffers per client (default 1024)" },
 	{ "buffer-bytes-max", "limits", K_SIZE64, OFF(buffer_bytes_max), 0, UINT64_MAX, true,

@@ -39,7 +39,7 @@ struct tpd_config {
 	uint32_t pipes_max;	    /* per session */
 	uint32_t pipe_queue_max;    /* messages written, not yet read, per pipe direction */
 	uint64_t pipe_queue_bytes;  /* inline bytes held per pipe direction */
-	uint64_t pipe_queue_bytes_total; /* inline bytes held in every pipe together */
+	uint64_t pipe_queue_bytes_total; /* bytes held for unread messages of every pipe */
 	uint32_t buffers_max;	    /* shared buffers per session */
 	uint64_t buffer_bytes_max;  /* shared buffer bytes per session */
 	uint64_t buffer_bytes_per_uid; /* shared buffer bytes of all sessions of one uid */

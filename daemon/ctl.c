@@ -37,6 +37,7 @@ static void fill_status_limits(struct tpd_daemon *d, Tpw__V1__CtlStatus *st)
 	st->client_queued_bytes = d->quota.out_bytes;
 	st->sessions_refused = d->quota.refused;
 	st->remote_refused = d->quota.remote_refused;
+	st->pipe_held_bytes = d->quota.pipe_bytes;
 	tpu_list_for_each(p, &d->pipes, node)
 		for (int i = 0; i < 2; i++) {
 			st->pipe_queued_messages += p->end[i].queued;

@@ -148,7 +148,7 @@ void tpd_pipe_msg_consumed(struct tpd_msg *m, Tpw__V1__Status st, const char *wh
 		tpu_list_remove(&m->rnode);
 		w->queued--;
 		w->queued_bytes -= m->tail_len;
-		d->quota.pipe_bytes -= m->tail_len;
+		d->quota.pipe_bytes -= m->cost;
 	}
 	if (tpu_list_linked(&m->wnode)) {
 		write_done_flush(w); /* frees @m once its WriteDone is out */
@@ -213,9 +213,9 @@ static void end_drop_all(struct tpd_pipe_end *e)
 	tpu_list_for_each_safe(m, tmp, &e->rq, rnode)
 	{
 		tpu_list_remove(&m->rnode);
+		e->pipe->d->quota.pipe_bytes -= m->cost;
 		msg_maybe_free(m);
 	}
-	e->pipe->d->quota.pipe_bytes -= e->queued_bytes;
 	e->queued_bytes = 0;
 	e->queued = 0;
 }
@@ -406,8 +406,11 @@ void tpd_pipe_write_reject(struct tpd_pipe_end *e, uint64_t write_id, int err, c
 }
 
 /* Checks the queue limits of end @e for a message holding @tail_len inline bytes. */
-static int queue_check(struct tpd_pipe_end *e, uint32_t tail_len, char *why, size_t wl)
+static int queue_check(struct tpd_pipe_end *e, uint32_t tail_len, size_t n_seg, char *why,
+		       size_t wl)
 {
+	uint64_t cost = tpd_msg_cost(tail_len, n_seg);
+
 	const struct tpd_config *cfg = &e->pipe->d->cfg;
 
 	if (e->queued >= cfg->pipe_queue_max) {
@@ -421,9 +424,10 @@ static int queue_check(struct tpd_pipe_end *e, uint32_t tail_len, char *why, siz
 			 (unsigned long long)cfg->pipe_queue_bytes);
 		return -ENOBUFS;
 	}
-	if (e->pipe->d->quota.pipe_bytes + tail_len > cfg->pipe_queue_bytes_total) {
-		snprintf(why, wl, "pipe queues of this daemon full: %llu unread inline bytes in all "
-			 "pipes (limit %llu)", (unsigned long long)e->pipe->d->quota.pipe_bytes,
+	if (e->pipe->d->quota.pipe_bytes + cost > cfg->pipe_queue_bytes_total) {
+		snprintf(why, wl, "pipe queues of this daemon full: %llu bytes held for unread "
+			 "messages in all pipes (limit %llu)",
+			 (unsigned long long)e->pipe->d->quota.pipe_bytes,
 			 (unsigned long long)cfg->pipe_queue_bytes_total);
 		return -ENOBUFS;
 	}
@@ -449,7 +453,7 @@ void tpd_pipe_write(struct tpd_pipe_end *e, Tpw__V1__ClientMsg *cm, const uint8_
 		tpd_xpipe_hold(e, cm, tail, tail_len);
 		return;
 	}
-	err = queue_check(e, tail_len, why, sizeof(why));
+	err = queue_check(e, tail_len, w->n_payloads + w->n_tensors, why, sizeof(why));
 	if (err < 0)
 		goto reject;
 	m = calloc(1, sizeof(*m));
@@ -472,7 +476,8 @@ void tpd_pipe_write(struct tpd_pipe_end *e, Tpw__V1__ClientMsg *cm, const uint8_
 	tpu_list_insert_tail(&e->rq, &m->rnode);
 	e->queued++;
 	e->queued_bytes += tail_len;
-	e->pipe->d->quota.pipe_bytes += tail_len;
+	m->cost = tpd_msg_cost(tail_len, m->n_src);
+	e->pipe->d->quota.pipe_bytes += m->cost;
 	if (m->eager) {
 		/* The bytes now travel with the descriptor; the writer's memory is free. */
 		msg_set_write(m, TPW__V1__STATUS__STATUS_OK, NULL);

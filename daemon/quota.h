@@ -47,7 +47,7 @@ struct tpd_quota {
 	uint64_t out_bytes;
 	uint64_t refused;     /* sessions refused by a quota, since start */
 	uint64_t remote_refused; /* peer daemons' messages refused by pipe queue limits */
-	uint64_t pipe_bytes;  /* inline bytes held in every pipe's queues (pipe.c, xpipe.c) */
+	uint64_t pipe_bytes;  /* held for unread messages of every pipe: tpd_msg_cost() */
 	struct tpd_ratelog refuse_log;
 	struct tpd_ratelog budget_log[2]; /* [0] per-uid, [1] daemon-wide budget hit */
 };

@@ -510,7 +510,7 @@ void tpd_xpipe_peer_connect_reply(struct tpd_peer *pr, struct tpd_pipe *p,
  * once a second: the peer sends at will. Return: true if refused.
  */
 static bool remote_queue_full(struct tpd_pipe *p, struct tpd_pipe_end *w, uint64_t msg_id,
-			      uint32_t tail_len)
+			      uint32_t tail_len, size_t n_seg)
 {
 	static struct tpd_ratelog log;
 	const struct tpd_config *cfg = &p->d->cfg;
@@ -525,9 +525,10 @@ static bool remote_queue_full(struct tpd_pipe *p, struct tpd_pipe_end *w, uint64
 		snprintf(why, sizeof(why), "pipe queue full on the reader's host: %llu unread inline "
 			 "bytes (limit %llu)", (unsigned long long)w->queued_bytes,
 			 (unsigned long long)cfg->pipe_queue_bytes);
-	else if (p->d->quota.pipe_bytes + tail_len > cfg->pipe_queue_bytes_total)
-		snprintf(why, sizeof(why), "pipe queues full on the reader's host: %llu unread "
-			 "inline bytes in all pipes (limit %llu)",
+	else if (p->d->quota.pipe_bytes + tpd_msg_cost(tail_len, n_seg) >
+		 cfg->pipe_queue_bytes_total)
+		snprintf(why, sizeof(why), "pipe queues full on the reader's host: %llu bytes held "
+			 "for unread messages in all pipes (limit %llu)",
 			 (unsigned long long)p->d->quota.pipe_bytes,
 			 (unsigned long long)cfg->pipe_queue_bytes_total);
 	else
@@ -552,7 +553,7 @@ void tpd_xpipe_peer_descriptor(struct tpd_pipe *p, const Tpw__V1__Descriptor *dd
 
 	if (!r->session || tpd_pipe_end_dying(w) || p->connecting)
 		return; /* the reader left: the writer's daemon learns it from our PipeClose */
-	if (remote_queue_full(p, w, dd->msg_id, tail_len))
+	if (remote_queue_full(p, w, dd->msg_id, tail_len, dd->n_payloads + dd->n_tensors))
 		return;
 	m = calloc(1, sizeof(*m));
 	if (m)
@@ -582,7 +583,8 @@ void tpd_xpipe_peer_descriptor(struct tpd_pipe *p, const Tpw__V1__Descriptor *dd
 	tpu_list_insert_tail(&w->rq, &m->rnode);
 	w->queued++;
 	w->queued_bytes += tail_len;
-	p->d->quota.pipe_bytes += tail_len;
+	m->cost = tpd_msg_cost(tail_len, m->n_src);
+	p->d->quota.pipe_bytes += m->cost;
 	m->tail_len = tail_len;
 	if (m->eager) {
 		int basic = tpb_index("basic");

@@ -108,6 +108,7 @@ struct json_object *ctl_json_status(const Tpw__V1__CtlStatus *s)
 	ctl_json_u64(o, "remote_refused", s->remote_refused);
 	ctl_json_u64(o, "pipe_queued_messages", s->pipe_queued_messages);
 	ctl_json_u64(o, "pipe_queued_bytes", s->pipe_queued_bytes);
+	ctl_json_u64(o, "pipe_held_bytes", s->pipe_held_bytes);
 	ctl_json_u64(o, "sessions_max", s->sessions_max);
 	ctl_json_u64(o, "sessions_per_uid", s->sessions_per_uid);
 	ctl_json_u64(o, "sessions_reserved", s->sessions_reserved);
@@ -167,9 +168,10 @@ static int status_text(const Tpw__V1__CtlStatus *s, FILE *out)
 			ctl_fmt_bytes(s->client_input_bytes, b1, sizeof(b1)),
 			ctl_fmt_bytes(s->client_queued_bytes, b2, sizeof(b2)));
 	ctl_table_cellf(&t, "pipe queues:");
-	ctl_table_cellf(&t, "%" PRIu64 " unread messages (%s inline), %" PRIu64
+	ctl_table_cellf(&t, "%" PRIu64 " unread messages (%s inline, %s held), %" PRIu64
 			" remote messages refused", s->pipe_queued_messages,
-			ctl_fmt_bytes(s->pipe_queued_bytes, b1, sizeof(b1)), s->remote_refused);
+			ctl_fmt_bytes(s->pipe_queued_bytes, b1, sizeof(b1)),
+			ctl_fmt_bytes(s->pipe_held_bytes, b2, sizeof(b2)), s->remote_refused);
 	t.no_header = true; /* key: value lines */
 	r = ctl_table_print(&t, out);
 	ctl_table_done(&t);

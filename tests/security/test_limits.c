@@ -714,7 +714,7 @@ static void rq_start(void)
 
 #define QB_MSG 60000u /* eager: the bytes stay in the daemon's pipe queue until read */
 
-static struct tpt_sync qb_ready, qb_done;
+static struct tpt_sync qb_ready, qb_done, qb_refused;
 
 /* Accepts two pipes and reads nothing until told. */
 static int qb_reader(void *arg)
@@ -755,6 +755,7 @@ static int qb_writer(void *arg)
 	struct tpt_end a = { .d = &dm, .ctx_name = "qb-writer", .where = "hoard",
 			     .ready = &qb_ready, .timeout_ms = T_MS };
 	struct tp_pipe *b = NULL;
+	unsigned n;
 	int r;
 
 	TPT_REQUIRE(tpt_end_connect(&a) == 0, 1, "connect");
@@ -762,13 +763,28 @@ static int qb_writer(void *arg)
 	if (r == 0)
 		r = tp_pipe_wait_connected(b, T_MS);
 	TPT_REQUIRE(r == 0, 1, "second pipe: %d", r);
-	/* 17 x 60000 = 1020000 in the first pipe (its own limit is 1M); the second pipe's 9th
-	 * message brings the total to 1560000 (limit 1536K = 1572864), its 10th is over */
-	if (qb_write(a.ctx, a.p, 1, 17, 0) || qb_write(a.ctx, b, 2, 9, 0) ||
-	    qb_write(a.ctx, b, 3, 1, -ENOBUFS))
+	/* 17 x 60000 = 1020000 in the first pipe (its own limit is 1M); the second takes about
+	 * 9 more (26 x 60000 = 1560000, with the bookkeeping of each message, still under
+	 * 1536K = 1572864) and is refused the one that would go over */
+	if (qb_write(a.ctx, a.p, 1, 17, 0))
 		return 1;
+	for (n = 0;; n++) {
+		struct tpt_msg_spec spec = { .pipe = 2, .index = n, .n_payloads = 1,
+					     .lens = { QB_MSG } };
+		struct tpt_msg m;
+
+		TPT_REQUIRE(tpt_msg_build(a.ctx, &spec, TPT_MEM_PRIVATE, &m) == 0, 1, "build");
+		r = tp_pipe_write_sync(b, &m.m);
+		tpt_msg_free(a.ctx, &m);
+		if (r == -ENOBUFS)
+			break;
+		TPT_REQUIRE(r == 0 && n < 10, 1, "write %u on the second pipe: %d", n, r);
+	}
+	TPT_REQUIRE(n >= 8, 1, "refused after %u writes: %s", n, tp_last_error());
 	TPT_REQUIRE(strstr(tp_last_error(), "pipe queues of this daemon full"), 1, "error: %s",
 		    tp_last_error());
+	TPT_REQUIRE(tpt_sync_post(&qb_refused, 0) == 0, 1, "post");
+	TPT_REQUIRE(tpt_sync_wait(&qb_done, T_MS * 3) == 0, 1, "no word");
 	tp_pipe_close(b);
 	tpt_end_close(&a);
 	return 0;
@@ -777,16 +793,28 @@ static int qb_writer(void *arg)
 START_TEST(test_limits_inline_bytes_of_all_pipes_bounded)
 {
 	const char *args[] = { "--pipe-queue-bytes", "1M", "--pipe-queue-bytes-max", "1536K", NULL };
-	pid_t reader;
+	const char *keys[] = { "pipe_held_bytes" };
+	pid_t reader, writer;
+	uint64_t held;
 
 	start(args);
 	ck_assert_int_eq(tpt_sync_init(&qb_ready), 0);
 	ck_assert_int_eq(tpt_sync_init(&qb_done), 0);
+	ck_assert_int_eq(tpt_sync_init(&qb_refused), 0);
 	reader = tpt_fork(qb_reader, NULL);
-	ck_assert(tpt_wait_ok(tpt_fork(qb_writer, NULL), T_MS * 2, "writer"));
+	writer = tpt_fork(qb_writer, NULL);
+	/* the writer says when it was refused; the daemon holds just under the limit, less than
+	 * one more message (60000 bytes and its bookkeeping) away from it */
+	ck_assert_int_eq(tpt_sync_wait(&qb_refused, T_MS * 2), 0);
+	tpt_status_u64s(&dm, keys, 1, &held);
+	ck_assert_uint_le(held, 1572864);
+	ck_assert_uint_gt(held + 60000 + 4096, 1572864);
 	ck_assert_int_eq(tpt_sync_post(&qb_done, 0), 0);
+	ck_assert_int_eq(tpt_sync_post(&qb_done, 0), 0);
+	ck_assert(tpt_wait_ok(writer, T_MS * 2, "writer"));
 	ck_assert(tpt_wait_ok(reader, T_MS * 2, "reader"));
 	ck_assert(status_reaches(&dm, "pipe_queued_bytes", 0));
+	ck_assert(status_reaches(&dm, "pipe_held_bytes", 0));
 	stop();
 }
 END_TEST
