@@ -850,6 +850,7 @@ START_TEST(test_limits_remote_messages_freed_when_the_link_dies)
 	/* the writer's daemon dies; the reader lives on and never closes its pipe */
 	ck_assert_int_eq(tpt_daemon_kill(&wa), 0);
 	ck_assert(status_reaches(&dm, "pipe_queued_messages", 0));
+	ck_assert(status_reaches(&dm, "pipe_held_bytes", 0));
 	ck_assert(status_reaches(&dm, "pipes", 0));
 	ck_assert_int_eq(tpt_sync_post(&rq_go, 0), 0);
 	ck_assert_int_eq(tpt_sync_post(&rq_go, 0), 0);
