@@ -139,7 +139,8 @@ static const struct opt opts[] = {
 	{ "peer-pending-per-source", "peer", K_U32, OFF(peer_pending_per_source), 1, 1u << 20,
 	  true, "N", "of those, from one address (default 32)" },
 	{ "peer-links-max", "peer", K_U32, OFF(peer_links_max), 1, 1u << 20, true, "N",
-	  "links other daemons open to this one (default 128)" },
+	  "links other daemons open to this one, and links it dials\n"
+	  "                            (default 128 each)" },
 	{ "peer-links-per-source", "peer", K_U32, OFF(peer_links_per_source), 1, 1u << 20, true,
 	  "N", "of those, from one address (default 8)" },
 	{ "peer-data-conns-max", "peer", K_U32, OFF(peer_data_conns_max), 1, 1u << 20, true, "N",

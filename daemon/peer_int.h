@@ -276,4 +276,12 @@ bool tpd_peerlisten_admit_link(struct tpd_daemon *d, const char *addr);
  */
 bool tpd_peerlisten_admit_data(struct tpd_daemon *d, const char *addr);
 
+/*
+ * tpd_peerlisten_admit_dial() - may this daemon open one more link (a client asked for a new
+ * tpip:// address)? Bounds the links it dials (--peer-links-max) and the data connections of
+ * all its links, counting those a link will open (--peer-data-conns-max).
+ * Return: true if so; false with the reason in @why (logged, rate-limited).
+ */
+bool tpd_peerlisten_admit_dial(struct tpd_daemon *d, char *why, size_t wl);
+
 #endif

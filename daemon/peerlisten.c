@@ -128,6 +128,35 @@ bool tpd_peerlisten_admit_data(struct tpd_daemon *d, const char *addr)
 	return false;
 }
 
+bool tpd_peerlisten_admit_dial(struct tpd_daemon *d, char *why, size_t wl)
+{
+	unsigned links = 0, conns = 0;
+	struct tpd_peer *pr;
+
+	tpu_list_for_each(pr, &d->peers, node) {
+		unsigned have = pr->stripe ? tpd_stripe_conns(pr->stripe) : 0;
+		unsigned will = pr->outgoing ? d->cfg.peer_data_conns : pr->data_expected;
+
+		if (pr->state == PEER_FAILED)
+			continue;
+		links += pr->outgoing;
+		conns += have > will ? have : will;
+	}
+	if (links >= d->cfg.peer_links_max) {
+		snprintf(why, wl, "this daemon has %u links to other daemons (limit %u)", links,
+			 d->cfg.peer_links_max);
+		limit_log(d, 1, "new peer link refused: %s", why);
+		return false;
+	}
+	if (conns + d->cfg.peer_data_conns > d->cfg.peer_data_conns_max) {
+		snprintf(why, wl, "this daemon's links have %u data connections, %u more would "
+			 "exceed %u", conns, d->cfg.peer_data_conns, d->cfg.peer_data_conns_max);
+		limit_log(d, 2, "new peer link refused: %s", why);
+		return false;
+	}
+	return true;
+}
+
 /* ---- accepting ----------------------------------------------------------------------------- */
 
 void tpd_peerlisten_conn_free(struct peer_conn *c)

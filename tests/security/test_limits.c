@@ -1054,6 +1054,63 @@ START_TEST(test_limits_peer_data_connections_capped_daemon_wide)
 }
 END_TEST
 
+/* A client of @from connecting to @to's "nobody-listens": the error it gets (in @ret). */
+struct dial {
+	struct tpt_daemon *from, *to;
+	int want;
+	const char *why; /* in the error message, or NULL */
+};
+
+static int dial_child(void *arg)
+{
+	const struct dial *x = arg;
+	char addr[160];
+	struct tpt_end e = { .d = x->from, .ctx_name = "dial", .timeout_ms = T_MS };
+	int r;
+
+	e.where = tpt_peer_address(x->to, "nobody-listens", addr, sizeof(addr));
+	TPT_REQUIRE(tpt_ctx_new(e.d, 0, "dial", &e.ctx) == 0, 1, "context");
+	r = tp_connect(e.ctx, e.where, &e.p);
+	if (r == 0)
+		r = tp_pipe_wait_connected(e.p, T_MS);
+	TPT_REQUIRE(r == x->want, 1, "connect %s: %d %s (want %d)", e.where, r, tp_last_error(),
+		    x->want);
+	TPT_REQUIRE(!x->why || strstr(tp_last_error(), x->why), 1, "error: %s", tp_last_error());
+	tpt_end_close(&e);
+	return 0;
+}
+
+/* dm dials (a client of it connects to) wa, then dialer: the second link is over @args. */
+static void two_dials(const char *const *args, const char *why)
+{
+	struct dial first = { &dm, &wa, -ENOENT, NULL }, second = { &dm, &dialer, -ENOBUFS, why };
+
+	ck_assert_int_eq(tpt_daemon_pair_start(&dm, args, &wa, NULL), 0);
+	ck_assert_int_eq(tpt_daemon_start_peer(&dialer, NULL), 0);
+	ck_assert(tpt_wait_ok(tpt_fork(dial_child, &first), T_MS * 2, "first link"));
+	ck_assert(tpt_wait_ok(tpt_fork(dial_child, &second), T_MS * 2, "second link"));
+	ck_assert(tpt_wait_ok(tpt_fork(dial_child, &first), T_MS * 2, "first link again"));
+	ck_assert_int_eq(tpt_daemon_stop(&dialer), 0);
+	ck_assert_int_eq(tpt_daemon_stop(&wa), 0);
+	stop();
+}
+
+START_TEST(test_limits_links_a_daemon_dials_at_limit_pass_above_refused)
+{
+	const char *args[] = { "--peer-links-max", "1", NULL };
+
+	two_dials(args, "links to other daemons (limit 1)");
+}
+END_TEST
+
+START_TEST(test_limits_data_connections_of_dialled_links_capped)
+{
+	const char *args[] = { "--peer-data-conns-max", "4", "--peer-data-conns", "4", NULL };
+
+	two_dials(args, "4 more would exceed 4");
+}
+END_TEST
+
 static Suite *limits_suite(void)
 {
 	Suite *s = suite_create("sec_limits");
@@ -1082,6 +1139,8 @@ static Suite *limits_suite(void)
 	tcase_add_test(tc, test_limits_idle_peer_connections_capped_per_source);
 	tcase_add_test(tc, test_limits_peer_links_per_source_at_limit_pass_above_refused);
 	tcase_add_test(tc, test_limits_peer_data_connections_capped_daemon_wide);
+	tcase_add_test(tc, test_limits_links_a_daemon_dials_at_limit_pass_above_refused);
+	tcase_add_test(tc, test_limits_data_connections_of_dialled_links_capped);
 	tcase_set_timeout(tc, 120);
 	suite_add_tcase(s, tc);
 	tc = tcase_create("fds");
