@@ -53,6 +53,22 @@ static const struct opt opts[] = {
 	  "serve Prometheus metrics over HTTP on a local address (default: off)" },
 	{ "sessions-max", "limits", K_U32, OFF(sessions_max), 1, 1u << 20, true, "N",
 	  "attached clients (default 1024)" },
+	{ "sessions-per-uid", "limits", K_U32, OFF(sessions_per_uid), 1, 1u << 20, true, "N",
+	  "attached clients per uid; root is exempt (default 128)" },
+	{ "sessions-reserved", "limits", K_U32, OFF(sessions_reserved), 0, 1u << 20, true, "N",
+	  "of sessions-max, slots only root and the admin group may use (default 8)" },
+	{ "hello-timeout", "limits", K_U32, OFF(hello_timeout_ms), 100, 600000, true, "MS",
+	  "a client that has not said Hello within this is closed (default 5000)" },
+	{ "hello-frame-max", "limits", K_SIZE32, OFF(hello_frame_max), 1024, TPW_FRAME_MAX_HARD,
+	  true, "BYTES", "largest frame accepted before Hello (default 4K)" },
+	{ "input-bytes-per-uid", "limits", K_SIZE64, OFF(input_bytes_per_uid), 0, UINT64_MAX,
+	  true, "BYTES", "partial frames held for the clients of one uid (default 64M)" },
+	{ "input-bytes-max", "limits", K_SIZE64, OFF(input_bytes_max), 0, UINT64_MAX, true,
+	  "BYTES", "partial frames held for all clients together (default 512M)" },
+	{ "client-queue-bytes-per-uid", "limits", K_SIZE64, OFF(outq_per_uid), MiB, UINT64_MAX,
+	  true, "BYTES", "bytes queued towards the clients of one uid (default 1G)" },
+	{ "client-queue-bytes-max", "limits", K_SIZE64, OFF(outq_total), MiB, UINT64_MAX, true,
+	  "BYTES", "bytes queued towards all clients together (default 4G)" },
 	{ "frame-max", "limits", K_SIZE32, OFF(wire.frame_max), 4096, TPW_FRAME_MAX_HARD, true,
 	  "BYTES", "largest frame accepted (default 4M, at most 64M)" },
 	{ "inline-max", "limits", K_SIZE32, OFF(wire.inline_max), 0, TPW_FRAME_MAX_HARD, true,
@@ -69,10 +85,16 @@ static const struct opt opts[] = {
 	  "unread messages per pipe direction (default 4096)" },
 	{ "pipe-queue-bytes", "limits", K_SIZE64, OFF(pipe_queue_bytes), 0, UINT64_MAX, true,
 	  "BYTES", "inline bytes held per pipe direction (default 64M)" },
+	{ "pipe-queue-bytes-max", "limits", K_SIZE64, OFF(pipe_queue_bytes_total), 0, UINT64_MAX,
+	  true, "BYTES", "bytes held for unread messages in all pipes: inline data and\n"
+	  "                            bookkeeping (default 2G)" },
 	{ "buffers-max", "limits", K_U32, OFF(buffers_max), 0, 1u << 20, true, "N",
 	  "shared buffers per client (default 1024)" },
 	{ "buffer-bytes-max", "limits", K_SIZE64, OFF(buffer_bytes_max), 0, UINT64_MAX, true,
-	  "BYTES", "shared buffer bytes per client (default 1T)" },
+	  "BYTES", "shared buffer bytes per client (default 64G)" },
+	{ "buffer-bytes-per-uid", "limits", K_SIZE64, OFF(buffer_bytes_per_uid), 0, UINT64_MAX,
+	  true, "BYTES", "shared buffer bytes of all clients of one uid; root is exempt (default "
+	  "256G)" },
 	{ "listeners-max", "limits", K_U32, OFF(listeners_max), 1, 1u << 20, true, "N",
 	  "listeners per client (default 256)" },
 	{ "cuda-mappings-max", "limits", K_U32, OFF(cuda_holds_max), 1, 1u << 20, true, "N",
@@ -112,6 +134,17 @@ static const struct opt opts[] = {
 	  "striping unit of large tensors over data connections (default 1M)" },
 	{ "peer-send-size", "peer", K_SIZE32, OFF(peer_send_size), 4096, 16u << 20, true, "BYTES",
 	  "bytes per socket write on data connections (default 60K)" },
+	{ "peer-pending-max", "peer", K_U32, OFF(peer_pending_max), 1, 1u << 20, true, "N",
+	  "accepted peer connections that have not sent their first frame (default 128)" },
+	{ "peer-pending-per-source", "peer", K_U32, OFF(peer_pending_per_source), 1, 1u << 20,
+	  true, "N", "of those, from one address (default 32)" },
+	{ "peer-links-max", "peer", K_U32, OFF(peer_links_max), 1, 1u << 20, true, "N",
+	  "links other daemons open to this one, and links it dials\n"
+	  "                            (default 128 each)" },
+	{ "peer-links-per-source", "peer", K_U32, OFF(peer_links_per_source), 1, 1u << 20, true,
+	  "N", "of those, from one address (default 8)" },
+	{ "peer-data-conns-max", "peer", K_U32, OFF(peer_data_conns_max), 1, 1u << 20, true, "N",
+	  "data connections of all links together, two threads each (default 512)" },
 };
 
 /* Key of @o in the config file. */
@@ -129,11 +162,21 @@ void tpd_config_defaults(struct tpd_config *c)
 	c->copy_threads = 2;
 	tpw_limits_default(&c->wire);
 	c->sessions_max = 1024;
+	c->sessions_per_uid = 128;
+	c->sessions_reserved = 8;
+	c->hello_timeout_ms = 5000;
+	c->hello_frame_max = 4096;
+	c->input_bytes_per_uid = 64ull << 20;
+	c->input_bytes_max = 512ull << 20;
+	c->outq_per_uid = 1ull << 30;
+	c->outq_total = 4ull << 30;
 	c->pipes_max = 4096;
 	c->pipe_queue_max = 4096;
 	c->pipe_queue_bytes = 64ull << 20;
+	c->pipe_queue_bytes_total = 2ull << 30;
 	c->buffers_max = 1024;
-	c->buffer_bytes_max = 1ull << 40;
+	c->buffer_bytes_max = 64ull << 30;
+	c->buffer_bytes_per_uid = 256ull << 30;
 	c->outq_max = 256ull << 20;
 	c->listeners_max = 256;
 	c->cuda_holds_max = TPD_DEVMEM_HOLDS;
@@ -148,6 +191,11 @@ void tpd_config_defaults(struct tpd_config *c)
 	c->peer_timeout_ms = 6000;
 	c->peer_chunk = 1u << 20;
 	c->peer_send_size = 60u << 10;
+	c->peer_pending_max = 128;
+	c->peer_pending_per_source = 32;
+	c->peer_links_max = 128;
+	c->peer_links_per_source = 8;
+	c->peer_data_conns_max = 512;
 	snprintf(c->config_path, sizeof(c->config_path), "%s", TPD_CONFIG_DEFAULT_PATH);
 }
 

@@ -28,11 +28,21 @@ struct tpd_config {
 	char backend_priority[128]; /* "shm,cma": channels tried first, in order */
 	struct tpw_limits wire;	    /* frame, inline, segments, message bytes, metadata */
 	uint32_t sessions_max;
+	uint32_t sessions_per_uid;  /* sessions one uid (not root) may hold */
+	uint32_t sessions_reserved; /* of sessions_max, kept for root and the admin group */
+	uint32_t hello_timeout_ms;  /* a session must say Hello within this */
+	uint32_t hello_frame_max;   /* largest frame before Hello */
+	uint64_t input_bytes_per_uid; /* partial frames held for one uid's sessions */
+	uint64_t input_bytes_max;   /* partial frames held for all sessions */
+	uint64_t outq_per_uid;	    /* bytes queued towards one uid's sessions */
+	uint64_t outq_total;	    /* bytes queued towards all sessions */
 	uint32_t pipes_max;	    /* per session */
 	uint32_t pipe_queue_max;    /* messages written, not yet read, per pipe direction */
 	uint64_t pipe_queue_bytes;  /* inline bytes held per pipe direction */
+	uint64_t pipe_queue_bytes_total; /* bytes held for unread messages of every pipe */
 	uint32_t buffers_max;	    /* shared buffers per session */
 	uint64_t buffer_bytes_max;  /* shared buffer bytes per session */
+	uint64_t buffer_bytes_per_uid; /* shared buffer bytes of all sessions of one uid */
 	uint64_t outq_max;	    /* bytes queued towards one session before it is dropped */
 	uint32_t listeners_max;	    /* per session */
 	uint32_t cuda_holds_max;    /* CUDA allocations and events a session keeps mapped */
@@ -50,6 +60,11 @@ struct tpd_config {
 	bool peer_force_cross_host; /* same-host daemons peer over TCP like other hosts */
 	uint32_t peer_chunk;	    /* striping unit */
 	uint32_t peer_send_size;    /* bytes per socket write on data connections */
+	uint32_t peer_pending_max;  /* accepted connections whose first frame has not come */
+	uint32_t peer_pending_per_source; /* of those, from one address */
+	uint32_t peer_links_max;    /* links other daemons opened to this one */
+	uint32_t peer_links_per_source; /* of those, from one address */
+	uint32_t peer_data_conns_max; /* data connections of every link together (2 threads each) */
 
 	/* Where the configuration came from, for reloads. */
 	char config_path[PATH_MAX];

@@ -81,6 +81,31 @@ static void count_visible(struct tpd_daemon *d, const struct ctl_bufs *b, Tpw__V
 		st->listeners += sees_uid(b, l->uid);
 }
 
+/* Bytes held for clients, refusals and session limits (daemon/quota.c). A caller who is not an
+ * admin gets the limits and the queues of its own pipes, not the daemon-wide totals (they would
+ * show how busy other users are). */
+static void fill_status_limits(struct tpd_daemon *d, const struct ctl_bufs *b,
+			       Tpw__V1__CtlStatus *st)
+{
+	struct tpd_pipe *p;
+
+	if (!b->own_only) {
+		st->client_input_bytes = d->quota.in_bytes;
+		st->client_queued_bytes = d->quota.out_bytes;
+		st->sessions_refused = d->quota.refused;
+		st->remote_refused = d->quota.remote_refused;
+		st->pipe_held_bytes = d->quota.pipe_bytes;
+	}
+	tpu_list_for_each(p, &d->pipes, node)
+		for (int i = 0; i < 2 && sees_pipe(b, p); i++) {
+			st->pipe_queued_messages += p->end[i].queued;
+			st->pipe_queued_bytes += p->end[i].queued_bytes;
+		}
+	st->sessions_max = d->cfg.sessions_max;
+	st->sessions_per_uid = d->cfg.sessions_per_uid;
+	st->sessions_reserved = d->cfg.sessions_reserved;
+}
+
 static void fill_status(struct tpd_daemon *d, const struct ctl_bufs *b, Tpw__V1__CtlStatus *st)
 {
 	struct tpd_gdr_cache_stats rc;
@@ -106,6 +131,7 @@ static void fill_status(struct tpd_daemon *d, const struct ctl_bufs *b, Tpw__V1_
 	st->rdma_cache_misses = rc.misses;
 	st->rdma_cache_evictions = rc.evictions;
 	count_visible(d, b, st);
+	fill_status_limits(d, b, st);
 }
 
 static int fill_sessions(struct tpd_daemon *d, Tpw__V1__CtlReply *rep, struct ctl_bufs *b)

@@ -62,6 +62,48 @@ static void make_parent_dir(const char *path)
 		tpu_log_warn("cannot create %s: %m", dir);
 }
 
+/*
+ * Refuses a socket directory in which another user could swap files: one owned by neither root
+ * nor the daemon's uid, or writable by group or others (a sticky /tmp included: anyone may
+ * create the name first there). Return: 0, -EPERM (logged) or -errno.
+ */
+static int socket_check_dir(const char *path)
+{
+	char dir[sizeof(((struct sockaddr_un *)0)->sun_path)];
+	_cleanup_close_ int fd = -EBADF;
+	char *slash;
+	struct stat st;
+
+	snprintf(dir, sizeof(dir), "%s", path);
+	slash = strrchr(dir, '/');
+	if (!slash)
+		snprintf(dir, sizeof(dir), ".");
+	else if (slash == dir)
+		slash[1] = '\0';
+	else
+		*slash = '\0';
+	fd = open(dir, O_PATH | O_DIRECTORY | O_CLOEXEC);
+	if (fd < 0 || fstat(fd, &st) < 0) {
+		int r = -errno;
+		tpu_log_err("cannot use socket directory %s: %s", dir, strerror(-r));
+		return r;
+	}
+	if (st.st_uid != 0 && st.st_uid != geteuid()) {
+		tpu_log_err("refusing socket directory %s: owned by uid %u, not by root or tpipd's "
+			    "uid %u (another user could replace the socket)", dir,
+			    (unsigned)st.st_uid, (unsigned)geteuid());
+		return -EPERM;
+	}
+	if (st.st_mode & (S_IWGRP | S_IWOTH)) {
+		tpu_log_err("refusing socket directory %s: mode %04o lets other users create or "
+			    "replace files in it; use a directory only root or uid %u can write, "
+			    "such as /run/tpipd or $XDG_RUNTIME_DIR", dir,
+			    (unsigned)(st.st_mode & 07777), (unsigned)geteuid());
+		return -EPERM;
+	}
+	return 0;
+}
+
 /* Uses the socket passed by socket activation. Return: 1 if one was, 0 if none, < 0 error. */
 static int socket_adopt(struct tpd_daemon *d)
 {
@@ -91,6 +133,7 @@ static int socket_bind(struct tpd_daemon *d)
 {
 	struct sockaddr_un sun = { .sun_family = AF_UNIX };
 	_cleanup_close_ int fd = -EBADF;
+	mode_t old_mask;
 	int r;
 
 	r = socket_adopt(d);
@@ -105,6 +148,9 @@ static int socket_bind(struct tpd_daemon *d)
 	}
 	snprintf(d->socket_path, sizeof(d->socket_path), "%s", sun.sun_path);
 	make_parent_dir(sun.sun_path);
+	r = socket_check_dir(sun.sun_path);
+	if (r < 0)
+		return r;
 	r = socket_take_path(&sun);
 	if (r < 0) {
 		tpu_log_err("cannot use %s: %s", sun.sun_path,
@@ -114,15 +160,17 @@ static int socket_bind(struct tpd_daemon *d)
 	fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC | SOCK_NONBLOCK, 0);
 	if (fd < 0)
 		return -errno;
-	if (bind(fd, (struct sockaddr *)&sun, sizeof(sun)) < 0) {
-		r = -errno;
+	/* Every user may connect (who may reach whom is decided per listener from peer
+	 * credentials): the mode is set by bind() itself, never by a chmod() of the path that
+	 * would follow a link swapped in after it. */
+	old_mask = umask(0111);
+	r = bind(fd, (struct sockaddr *)&sun, sizeof(sun)) < 0 ? -errno : 0;
+	umask(old_mask);
+	if (r < 0) {
 		tpu_log_err("cannot bind %s: %s", sun.sun_path, strerror(-r));
 		return r;
 	}
 	d->socket_bound = true;
-	/* Who may reach whom is decided per listener from peer credentials. */
-	if (chmod(sun.sun_path, 0666) < 0)
-		tpu_log_warn("cannot chmod %s: %m", sun.sun_path);
 	if (listen(fd, 128) < 0)
 		return -errno;
 	d->listen_fd = TAKE_FD(fd);
@@ -147,19 +195,19 @@ static void daemon_on_accept(evutil_socket_t lfd, short what, void *arg)
 
 		if (fd < 0) {
 			struct timeval one = { 1, 0 };
+			unsigned suppressed;
+
 			if (errno == EAGAIN || errno == EINTR || errno == ECONNABORTED)
 				return;
-			tpu_log_warn("accept failed: %m; pausing accepts for 1 s");
+			if (tpd_ratelog_ok(&d->accept_log, 10000, &suppressed))
+				tpu_log_warn("accept failed: %m; pausing accepts for 1 s (%u more "
+					     "pauses since the last such line)", suppressed);
 			event_del(d->ev_accept);
 			evtimer_add(d->ev_accept_resume, &one);
 			return;
 		}
-		if (d->n_sessions >= d->cfg.sessions_max) {
-			tpu_log_warn("session limit of %u reached, refusing a client",
-				     d->cfg.sessions_max);
-			tpu_close(fd);
-			continue;
-		}
+		/* Limits (sessions-max, per uid, reserved slots) are checked against the
+		 * client's credentials; a refused client is told why (session.c). */
 		tpd_session_new(d, fd, &s);
 	}
 }
@@ -442,6 +490,7 @@ int tpd_daemon_new(const struct tpd_config *cfg, struct tpd_daemon **ret)
 	tpu_list_init(&d->sessions);
 	tpu_list_init(&d->pipes);
 	tpd_registry_init(&d->registry);
+	tpd_quota_init(&d->quota);
 	d->base = event_base_new();
 	r = -ENOMEM;
 	if (!d->base)
@@ -512,6 +561,7 @@ void tpd_daemon_free(struct tpd_daemon *d)
 	tpd_copier_free(d->copier);
 	tpd_gdr_stop(d);
 	tpd_registry_done(&d->registry);
+	tpd_quota_done(&d->quota);
 	for (size_t i = 0; i < TPU_ARRAY_SIZE(d->ev_signals); i++)
 		if (d->ev_signals[i])
 			event_free(d->ev_signals[i]);
@@ -519,6 +569,8 @@ void tpd_daemon_free(struct tpd_daemon *d)
 		event_free(d->ev_accept);
 	if (d->ev_accept_resume)
 		event_free(d->ev_accept_resume);
+	if (d->ev_peer_accept_resume)
+		event_free(d->ev_peer_accept_resume);
 	if (d->ev_drain)
 		event_free(d->ev_drain);
 	if (d->ev_spin)

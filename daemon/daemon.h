@@ -12,6 +12,7 @@
 #include "copier.h"
 #include "peerauth.h"
 #include "listener.h"
+#include "quota.h"
 #include "stats.h"
 #include "ring.h"
 #include "tpu.h"
@@ -28,6 +29,7 @@ struct tpd_daemon {
 	char last_status[160];
 	struct event *ev_accept;
 	struct event *ev_accept_resume;
+	struct tpd_ratelog accept_log;
 	struct event *ev_signals[4];
 	struct event *ev_drain;
 	struct event *ev_spin;	/* polls busy control rings between events */
@@ -40,6 +42,7 @@ struct tpd_daemon {
 	size_t scratch_cap;
 	struct tpu_list sessions;
 	unsigned n_sessions;
+	struct tpd_quota quota;	/* per-uid sessions and bytes held for clients (quota.c) */
 	uint64_t next_session_id;
 	struct tpd_registry registry;
 	struct tpu_list pipes;
@@ -66,6 +69,8 @@ struct tpd_daemon {
 	struct tpu_list data_dials; /* data connections being dialled */
 	int peer_fd;
 	struct event *ev_peer_accept;
+	struct event *ev_peer_accept_resume; /* accepts paused (EMFILE); freed by the daemon */
+	struct tpd_ratelog peer_accept_log;
 	char peer_listen_addr[80];  /* bound address, "" when off */
 	uint16_t peer_port_bound;
 	char hostname[256];

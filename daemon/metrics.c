@@ -5,7 +5,9 @@
  */
 #include <arpa/inet.h>
 #include <event2/buffer.h>
+#include <event2/event.h>
 #include <event2/http.h>
+#include <event2/listener.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -151,8 +153,36 @@ static int parse_listen(const char *listen, char *host, size_t hl, uint16_t *por
 	return -EINVAL;
 }
 
+static void metrics_on_accept_resume(evutil_socket_t fd, short what, void *arg)
+{
+	evconnlistener_enable(arg);
+}
+
+/*
+ * accept() failed for a reason other than EAGAIN (EMFILE...): the socket stays readable, so
+ * pause for a second instead of spinning, and say so at most every 10 s. @arg is evhttp's: the
+ * resume is a one-shot timer of the loop, which the metrics endpoint outlives (both go at
+ * daemon exit, when the loop runs no more).
+ */
+static void metrics_on_accept_error(struct evconnlistener *lev, void *arg)
+{
+	static const struct timeval one = { 1, 0 };
+	static struct tpd_ratelog log;
+	int err = EVUTIL_SOCKET_ERROR();
+	unsigned suppressed;
+
+	if (tpd_ratelog_ok(&log, 10000, &suppressed))
+		tpu_log_warn("metrics accept failed: %s; pausing metrics accepts for 1 s (%u more "
+			     "pauses since the last such line)", strerror(err), suppressed);
+	if (evconnlistener_disable(lev) == 0 &&
+	    event_base_once(evconnlistener_get_base(lev), -1, EV_TIMEOUT, metrics_on_accept_resume,
+			    lev, &one) < 0)
+		evconnlistener_enable(lev);
+}
+
 int tpd_metrics_start(struct tpd_daemon *d, const char *listen, struct tpd_metrics **ret)
 {
+	struct evhttp_bound_socket *bs;
 	struct tpd_metrics *m;
 	char host[64];
 	uint16_t port;
@@ -166,11 +196,13 @@ int tpd_metrics_start(struct tpd_daemon *d, const char *listen, struct tpd_metri
 		return -ENOMEM;
 	m->d = d;
 	m->http = evhttp_new(d->base);
-	if (!m->http || evhttp_bind_socket(m->http, host, port) < 0) {
+	bs = m->http ? evhttp_bind_socket_with_handle(m->http, host, port) : NULL;
+	if (!bs) {
 		tpu_log_err("metrics: cannot listen on %s port %u", host, (unsigned)port);
 		tpd_metrics_free(m);
 		return -EADDRNOTAVAIL;
 	}
+	evconnlistener_set_error_cb(evhttp_bound_socket_get_listener(bs), metrics_on_accept_error);
 	evhttp_set_allowed_methods(m->http, EVHTTP_REQ_GET);
 	evhttp_set_gencb(m->http, metrics_on_request, m);
 	tpu_log_info("metrics on http://%s:%u/metrics", host, (unsigned)port);

@@ -617,6 +617,8 @@ int tpd_peer_get(struct tpd_daemon *d, const char *host, uint16_t port, struct t
 		snprintf(why, wl, "daemon stopping");
 		return -ESHUTDOWN;
 	}
+	if (!tpd_peerlisten_admit_dial(d, why, wl))
+		return -ENOBUFS;
 	pr = tpd_peer_new(d, true, key);
 	if (!pr) {
 		snprintf(why, wl, "out of memory");

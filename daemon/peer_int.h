@@ -263,4 +263,25 @@ int tpd_peerlisten_open(struct tpd_daemon *d, const char *spec);
  */
 void tpd_peerlisten_conn_free(struct peer_conn *c);
 
+/*
+ * tpd_peerlisten_admit_link() - may a connection from @addr ("HOST:PORT") become a link? Bounds
+ * the links other daemons open here, in total and per source address (logged, rate-limited).
+ * Call it before the handshake starts. Return: true if so.
+ */
+bool tpd_peerlisten_admit_link(struct tpd_daemon *d, const char *addr);
+
+/*
+ * tpd_peerlisten_admit_data() - may one more data connection (two threads) join a link? Bounds
+ * the data connections of all links together (logged, rate-limited). Return: true if so.
+ */
+bool tpd_peerlisten_admit_data(struct tpd_daemon *d, const char *addr);
+
+/*
+ * tpd_peerlisten_admit_dial() - may this daemon open one more link (a client asked for a new
+ * tpip:// address)? Bounds the links it dials (--peer-links-max) and the data connections of
+ * all its links, counting those a link will open (--peer-data-conns-max).
+ * Return: true if so; false with the reason in @why (logged, rate-limited).
+ */
+bool tpd_peerlisten_admit_dial(struct tpd_daemon *d, char *why, size_t wl);
+
 #endif

@@ -11,6 +11,7 @@
 #include <event2/event.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
+#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -24,6 +25,137 @@
 #include "peerauth.h"
 #include "stripe.h"
 #include "validate.h"
+
+/* ---- limits -------------------------------------------------------------------------------- */
+
+/* Length of the host part of "HOST:PORT" (IPv6 hosts are bracketed or bare: the last colon). */
+static size_t host_len(const char *addr)
+{
+	const char *colon = strrchr(addr, ':');
+
+	return colon ? (size_t)(colon - addr) : strlen(addr);
+}
+
+static bool same_host(const char *a, const char *b)
+{
+	size_t n = host_len(a);
+
+	return n == host_len(b) && memcmp(a, b, n) == 0;
+}
+
+/* At most one line a second for each limit: whoever reaches the port can hit them at will. */
+static void limit_log(struct tpd_daemon *d, int which, const char *fmt, ...) _printf_(3, 4);
+
+static void limit_log(struct tpd_daemon *d, int which, const char *fmt, ...)
+{
+	static struct tpd_ratelog logs[3];
+	unsigned suppressed;
+	char msg[300];
+	va_list ap;
+
+	(void)d;
+	if (!tpd_ratelog_ok(&logs[which], 1000, &suppressed))
+		return;
+	va_start(ap, fmt);
+	vsnprintf(msg, sizeof(msg), fmt, ap);
+	va_end(ap);
+	tpu_log_warn("%s (%u more refused since the last such line)", msg, suppressed);
+}
+
+/*
+ * A connection from @addr was accepted: may it wait for its first frame? Bounded in total and
+ * per source address, so that idle connections cannot take every fd. Return: true if so.
+ */
+static bool admit_pending(struct tpd_daemon *d, const char *addr)
+{
+	unsigned all = 0, same = 0;
+	struct peer_conn *c;
+
+	tpu_list_for_each(c, &d->peer_conns, node) {
+		all++;
+		same += same_host(c->addr, addr);
+	}
+	if (all >= d->cfg.peer_pending_max) {
+		limit_log(d, 0, "peer connection from %s refused: %u connections wait for their "
+			  "first frame (limit %u)", addr, all, d->cfg.peer_pending_max);
+		return false;
+	}
+	if (same >= d->cfg.peer_pending_per_source) {
+		limit_log(d, 0, "peer connection from %s refused: %u connections from that address "
+			  "wait for their first frame (limit %u)", addr, same,
+			  d->cfg.peer_pending_per_source);
+		return false;
+	}
+	return true;
+}
+
+bool tpd_peerlisten_admit_link(struct tpd_daemon *d, const char *addr)
+{
+	unsigned all = 0, same = 0;
+	struct tpd_peer *pr;
+
+	tpu_list_for_each(pr, &d->peers, node) {
+		if (pr->outgoing || pr->state == PEER_FAILED)
+			continue;
+		all++;
+		same += same_host(pr->key, addr);
+	}
+	if (all >= d->cfg.peer_links_max) {
+		limit_log(d, 1, "peer link from %s refused: %u links from other daemons (limit %u)",
+			  addr, all, d->cfg.peer_links_max);
+		return false;
+	}
+	if (same >= d->cfg.peer_links_per_source) {
+		limit_log(d, 1, "peer link from %s refused: %u links from that address (limit %u)",
+			  addr, same, d->cfg.peer_links_per_source);
+		return false;
+	}
+	return true;
+}
+
+bool tpd_peerlisten_admit_data(struct tpd_daemon *d, const char *addr)
+{
+	unsigned all = 0;
+	struct tpd_peer *pr;
+
+	tpu_list_for_each(pr, &d->peers, node)
+		if (pr->stripe)
+			all += tpd_stripe_conns(pr->stripe);
+	if (all < d->cfg.peer_data_conns_max)
+		return true;
+	limit_log(d, 2, "peer data connection from %s refused: %u data connections (limit %u)",
+		  addr, all, d->cfg.peer_data_conns_max);
+	return false;
+}
+
+bool tpd_peerlisten_admit_dial(struct tpd_daemon *d, char *why, size_t wl)
+{
+	unsigned links = 0, conns = 0;
+	struct tpd_peer *pr;
+
+	tpu_list_for_each(pr, &d->peers, node) {
+		unsigned have = pr->stripe ? tpd_stripe_conns(pr->stripe) : 0;
+		unsigned will = pr->outgoing ? d->cfg.peer_data_conns : pr->data_expected;
+
+		if (pr->state == PEER_FAILED)
+			continue;
+		links += pr->outgoing;
+		conns += have > will ? have : will;
+	}
+	if (links >= d->cfg.peer_links_max) {
+		snprintf(why, wl, "this daemon has %u links to other daemons (limit %u)", links,
+			 d->cfg.peer_links_max);
+		limit_log(d, 1, "new peer link refused: %s", why);
+		return false;
+	}
+	if (conns + d->cfg.peer_data_conns > d->cfg.peer_data_conns_max) {
+		snprintf(why, wl, "this daemon's links have %u data connections, %u more would "
+			 "exceed %u", conns, d->cfg.peer_data_conns, d->cfg.peer_data_conns_max);
+		limit_log(d, 2, "new peer link refused: %s", why);
+		return false;
+	}
+	return true;
+}
 
 /* ---- accepting ----------------------------------------------------------------------------- */
 
@@ -67,6 +199,12 @@ static void accept_data(struct peer_conn *c, const Tpw__V1__PeerDataHello *h)
 		tpd_peer_fail(pr, -EPROTO, "bad data connection index %u", h->index);
 		return;
 	}
+	if (!tpd_peerlisten_admit_data(d, c->addr)) {
+		tpd_peerlisten_conn_free(c);
+		tpd_peer_fail(pr, -ENOBUFS, "data connection limit of %u reached on this daemon",
+			      d->cfg.peer_data_conns_max);
+		return;
+	}
 	pr->data_seen[h->index] = true;
 	r = tpd_stripe_add_conn(pr->stripe, c->fd);
 	c->fd = -EBADF;
@@ -84,8 +222,14 @@ static void accept_data(struct peer_conn *c, const Tpw__V1__PeerDataHello *h)
 static void accept_control(struct peer_conn *c, const Tpw__V1__PeerHello *h)
 {
 	struct tpd_daemon *d = c->d;
-	struct tpd_peer *pr = tpd_peer_new(d, false, c->addr);
+	struct tpd_peer *pr;
 	int fd = c->fd;
+
+	if (!tpd_peerlisten_admit_link(d, c->addr)) {
+		tpd_peerlisten_conn_free(c);
+		return;
+	}
+	pr = tpd_peer_new(d, false, c->addr);
 
 	c->fd = -EBADF;
 	tpd_peerlisten_conn_free(c);
@@ -164,6 +308,35 @@ static void conn_on_read(evutil_socket_t fd, short what, void *arg)
 	conn_first_frame(c, &h);
 }
 
+static void peer_on_accept_resume(evutil_socket_t fd, short what, void *arg)
+{
+	struct tpd_daemon *d = arg;
+
+	if (d->ev_peer_accept && !d->stopping) /* NULL once the peer listener closed */
+		event_add(d->ev_peer_accept, NULL);
+}
+
+/*
+ * accept() failed with @err (EMFILE, ENFILE, ENOBUFS...): the connection stays in the backlog
+ * and the socket stays readable, so stop watching it for a second instead of spinning, and say
+ * so at most every 10 s.
+ */
+static void accept_pause(struct tpd_daemon *d, int err)
+{
+	static const struct timeval one = { 1, 0 };
+	unsigned suppressed;
+
+	if (tpd_ratelog_ok(&d->peer_accept_log, 10000, &suppressed))
+		tpu_log_warn("peer accept failed: %s; pausing peer accepts for 1 s (%u more pauses "
+			     "since the last such line)", strerror(err), suppressed);
+	if (!d->ev_peer_accept_resume)
+		d->ev_peer_accept_resume = evtimer_new(d->base, peer_on_accept_resume, d);
+	if (!d->ev_peer_accept_resume)
+		return; /* cannot pause: keep accepting */
+	event_del(d->ev_peer_accept);
+	evtimer_add(d->ev_peer_accept_resume, &one);
+}
+
 static void peer_on_accept(evutil_socket_t lfd, short what, void *arg)
 {
 	struct tpd_daemon *d = arg;
@@ -176,7 +349,7 @@ static void peer_on_accept(evutil_socket_t lfd, short what, void *arg)
 	fd = accept4(lfd, (struct sockaddr *)&ss, &sl, SOCK_NONBLOCK | SOCK_CLOEXEC);
 	if (fd < 0) {
 		if (errno != EAGAIN && errno != EINTR && errno != ECONNABORTED)
-			tpu_log_warn("peer accept failed: %m");
+			accept_pause(d, errno);
 		return;
 	}
 	/* Control frames are small and latency-bound: never wait for Nagle (data connections set
@@ -191,6 +364,11 @@ static void peer_on_accept(evutil_socket_t lfd, short what, void *arg)
 	c->fd = fd;
 	c->want = TPW_HDR_SIZE;
 	tpd_peer_sockaddr_text((struct sockaddr *)&ss, c->addr, sizeof(c->addr), true);
+	if (!admit_pending(d, c->addr)) {
+		close(fd);
+		free(c);
+		return;
+	}
 	tpu_list_insert_tail(&d->peer_conns, &c->node);
 	c->ev = event_new(d->base, fd, EV_READ | EV_PERSIST, conn_on_read, c);
 	if (!c->ev) {

@@ -149,6 +149,7 @@ void tpd_pipe_msg_consumed(struct tpd_msg *m, Tpw__V1__Status st, const char *wh
 		tpu_list_remove(&m->rnode);
 		w->queued--;
 		w->queued_bytes -= m->tail_len;
+		d->quota.pipe_bytes -= m->cost;
 	}
 	if (tpu_list_linked(&m->wnode)) {
 		write_done_flush(w); /* frees @m once its WriteDone is out */
@@ -214,8 +215,11 @@ static void end_drop_all(struct tpd_pipe_end *e)
 	tpu_list_for_each_safe(m, tmp, &e->rq, rnode)
 	{
 		tpu_list_remove(&m->rnode);
+		e->pipe->d->quota.pipe_bytes -= m->cost;
 		msg_maybe_free(m);
 	}
+	e->queued_bytes = 0;
+	e->queued = 0;
 }
 
 void tpd_pipe_maybe_free(struct tpd_pipe *p)
@@ -430,8 +434,11 @@ void tpd_pipe_write_reject(struct tpd_pipe_end *e, uint64_t write_id, int err, c
 }
 
 /* Checks the queue limits of end @e for a message holding @tail_len inline bytes. */
-static int queue_check(struct tpd_pipe_end *e, uint32_t tail_len, char *why, size_t wl)
+static int queue_check(struct tpd_pipe_end *e, uint32_t tail_len, size_t n_seg, char *why,
+		       size_t wl)
 {
+	uint64_t cost = tpd_msg_cost(tail_len, n_seg);
+
 	const struct tpd_config *cfg = &e->pipe->d->cfg;
 
 	if (e->queued >= cfg->pipe_queue_max) {
@@ -443,6 +450,13 @@ static int queue_check(struct tpd_pipe_end *e, uint32_t tail_len, char *why, siz
 		snprintf(why, wl, "pipe queue full: %llu unread inline bytes (limit %llu)",
 			 (unsigned long long)e->queued_bytes,
 			 (unsigned long long)cfg->pipe_queue_bytes);
+		return -ENOBUFS;
+	}
+	if (e->pipe->d->quota.pipe_bytes + cost > cfg->pipe_queue_bytes_total) {
+		snprintf(why, wl, "pipe queues of this daemon full: %llu bytes held for unread "
+			 "messages in all pipes (limit %llu)",
+			 (unsigned long long)e->pipe->d->quota.pipe_bytes,
+			 (unsigned long long)cfg->pipe_queue_bytes_total);
 		return -ENOBUFS;
 	}
 	return 0;
@@ -467,7 +481,7 @@ void tpd_pipe_write(struct tpd_pipe_end *e, Tpw__V1__ClientMsg *cm, const uint8_
 		tpd_xpipe_hold(e, cm, tail, tail_len);
 		return;
 	}
-	err = queue_check(e, tail_len, why, sizeof(why));
+	err = queue_check(e, tail_len, w->n_payloads + w->n_tensors, why, sizeof(why));
 	if (err < 0)
 		goto reject;
 	m = calloc(1, sizeof(*m));
@@ -490,6 +504,8 @@ void tpd_pipe_write(struct tpd_pipe_end *e, Tpw__V1__ClientMsg *cm, const uint8_
 	tpu_list_insert_tail(&e->rq, &m->rnode);
 	e->queued++;
 	e->queued_bytes += tail_len;
+	m->cost = tpd_msg_cost(tail_len, m->n_src);
+	e->pipe->d->quota.pipe_bytes += m->cost;
 	if (m->eager) {
 		/* The bytes now travel with the descriptor; the writer's memory is free. */
 		msg_set_write(m, TPW__V1__STATUS__STATUS_OK, NULL);
@@ -683,6 +699,9 @@ fail:
 
 /* ---- closing ------------------------------------------------------------------------------- */
 
+static void end_detach(struct tpd_pipe_end *e, Tpw__V1__Status why);
+static void end_reap(struct tpd_pipe_end *e);
+
 static struct tpd_session *find_session(struct tpd_daemon *d, uint64_t id)
 {
 	struct tpd_session *s;
@@ -715,9 +734,37 @@ void tpd_pipe_end_owed_maybe(struct tpd_pipe_end *e)
 	dm.body_case = TPW__V1__DAEMON_MSG__BODY_PIPE_CLOSED;
 	dm.pipe_closed = &pc;
 	tpd_session_send(s, &dm, NULL, 0);
+	if (pc.status != TPW__V1__STATUS__STATUS_CANCELED && e->session == s)
+		end_reap(e);
+}
+
+/*
+ * @e's session has just been told that the other end went away (PipeClosed): from now on its
+ * client neither reads nor writes the pipe, and never sends PipeClose for it. Detach @e from
+ * the session at once, so that a long-running listener does not keep every pipe its peers
+ * closed until its pipe table is full. Pending messages fail as they would have. The caller
+ * frees the pipe (tpd_pipe_maybe_free()).
+ */
+static void end_reap(struct tpd_pipe_end *e)
+{
+	if (e->remote || !e->session || e->session->dead)
+		return;
+	tpu_hmap_del(&e->session->pipes, e->local_id);
+	end_detach(e, TPW__V1__STATUS__STATUS_CLOSED);
 }
 
 void tpd_pipe_end_detach(struct tpd_pipe_end *e, Tpw__V1__Status why)
+{
+	struct tpd_pipe *p = e->pipe;
+
+	if (!tpd_pipe_end_attached(e))
+		return;
+	end_detach(e, why);
+	tpd_pipe_maybe_free(p);
+}
+
+/* tpd_pipe_end_detach() but the caller frees the pipe. */
+static void end_detach(struct tpd_pipe_end *e, Tpw__V1__Status why)
 {
 	struct tpd_pipe_end *peer = tpd_pipe_end_peer(e);
 	struct tpd_pipe *p = e->pipe;
@@ -758,7 +805,6 @@ void tpd_pipe_end_detach(struct tpd_pipe_end *e, Tpw__V1__Status why)
 	}
 	tpd_pipe_end_owed_maybe(peer);
 	tpd_pipe_end_owed_maybe(e);
-	tpd_pipe_maybe_free(p);
 }
 
 void tpd_pipe_end_close(struct tpd_pipe_end *e)

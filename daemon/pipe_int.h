@@ -58,7 +58,15 @@ struct tpd_msg {
 	bool write_ready;
 	Tpw__V1__Status write_status;
 	char write_why[160];
+	uint64_t cost; /* charged to the daemon-wide pipe budget while on rq (tpd_msg_cost()) */
 };
+
+/* What a queued message of @n_src segments and @tail_len inline bytes costs the daemon-wide
+ * pipe budget (--pipe-queue-bytes-max): its inline bytes and its bookkeeping. */
+static inline uint64_t tpd_msg_cost(uint32_t tail_len, size_t n_src)
+{
+	return (uint64_t)tail_len + sizeof(struct tpd_msg) + n_src * sizeof(struct tpd_msg_src);
+}
 
 /* ---- pipe.c ---- */
 

@@ -26,6 +26,7 @@
 #include "frame.h"
 #include "log.h"
 #include "pipe.h"
+#include "quota.h"
 #include "session.h"
 #include "sessmsg.h"
 #include "validate.h"
@@ -44,6 +45,7 @@ struct outbuf {
 static void session_on_read(evutil_socket_t fd, short what, void *arg);
 static void session_on_write(evutil_socket_t fd, short what, void *arg);
 static void session_on_close(evutil_socket_t fd, short what, void *arg);
+static void session_on_hello_timeout(evutil_socket_t fd, short what, void *arg);
 static int flush_out(struct tpd_session *s);
 static void fail_output(struct tpd_session *s, int r);
 
@@ -136,11 +138,123 @@ void tpd_session_log(const struct tpd_session *s, int level, const char *fmt, ..
 		   (unsigned long long)s->id, (int)s->pid, s->comm, msg);
 }
 
+/* ---- admission ----------------------------------------------------------------------------- */
+
+/* Tells a refused client why, as the answer to the Hello it is about to send: one small frame
+ * into an empty socket buffer, then the connection closes. */
+static void send_refusal(struct tpd_session *s, const char *why)
+{
+	Tpw__V1__HelloReply hr = TPW__V1__HELLO_REPLY__INIT;
+	Tpw__V1__DaemonMsg dm = TPW__V1__DAEMON_MSG__INIT;
+	uint8_t buf[1024];
+
+	hr.major = TPW_PROTO_MAJOR;
+	hr.minor = TPW_PROTO_MINOR;
+	hr.daemon_version = TP_VERSION;
+	hr.status = TPW__V1__STATUS__STATUS_LIMIT;
+	hr.message = (char *)why;
+	dm.body_case = TPW__V1__DAEMON_MSG__BODY_HELLO_REPLY;
+	dm.hello_reply = &hr;
+	if (tpw_frame_size(&dm.base) > sizeof(buf))
+		return;
+	(void)!send(s->fd, buf, tpw_frame_pack(&dm.base, 0, 0, 1, buf),
+		    MSG_DONTWAIT | MSG_NOSIGNAL);
+}
+
+/* Session quotas (quota.c). Return: 0, or -ENOBUFS once the client was told why (logged at
+ * most once a second: anyone can connect in a loop). */
+static int session_admit(struct tpd_session *s)
+{
+	struct tpd_daemon *d = s->d;
+	bool admin = tpd_quota_is_admin(d, s->uid, s->gid, s->groups, s->n_groups);
+	unsigned suppressed;
+	char why[200];
+	int r;
+
+	r = tpd_quota_admit(d, s->uid, admin, d->n_sessions - 1, &s->acct, why, sizeof(why));
+	if (r == 0)
+		return 0;
+	send_refusal(s, why);
+	if (tpd_ratelog_ok(&d->quota.refuse_log, 1000, &suppressed))
+		tpd_session_log(s, TPU_LOG_WARNING, "refused, uid %u: %s (%u more refused since "
+				"the last such line)", (unsigned)s->uid, why, suppressed);
+	return r;
+}
+
+static void session_on_hello_timeout(evutil_socket_t fd, short what, void *arg)
+{
+	struct tpd_session *s = arg;
+
+	if (!s->hello_done)
+		tpd_session_fail(s, TPU_LOG_NOTICE, TPW__V1__STATUS__STATUS_TIMEOUT,
+				 "no Hello within %u ms", s->d->cfg.hello_timeout_ms);
+}
+
+/*
+ * Resizes the input buffer to @cap bytes, the part beyond the base buffer charged to the uid's
+ * quota. Return: 0, -EDQUOT or -ENOBUFS (per-uid or daemon-wide budget, reason in @why), or
+ * -ENOMEM.
+ */
+static int in_resize(struct tpd_session *s, size_t cap, char *why, size_t wl)
+{
+	size_t charge = cap > IN_MIN_FREE ? cap - IN_MIN_FREE : 0;
+	uint8_t *nb;
+	int r;
+
+	if (charge > s->in_charged) {
+		r = tpd_quota_charge_in(s->d, s->acct, charge - s->in_charged, why, wl);
+		if (r < 0)
+			return r;
+	}
+	nb = realloc(s->in, cap);
+	if (!nb) {
+		if (charge > s->in_charged)
+			tpd_quota_release_in(s->d, s->acct, charge - s->in_charged);
+		snprintf(why, wl, "out of memory for a %zu byte input buffer", cap);
+		return -ENOMEM;
+	}
+	if (charge < s->in_charged)
+		tpd_quota_release_in(s->d, s->acct, s->in_charged - charge);
+	s->in_charged = charge;
+	s->in = nb;
+	s->in_cap = cap;
+	return 0;
+}
+
+/* The log of a budget hit with @r (-EDQUOT per uid, -ENOBUFS daemon-wide), or NULL. */
+static struct tpd_ratelog *budget_log(struct tpd_session *s, int r)
+{
+	if (r != -EDQUOT && r != -ENOBUFS)
+		return NULL;
+	return &s->d->quota.budget_log[r == -ENOBUFS];
+}
+
+/* Fails @s whose input buffer could not grow (@r from in_resize()); budget hits are logged at
+ * most once a second per kind: a client can provoke them at will. */
+static void in_resize_failed(struct tpd_session *s, int r, const char *why)
+{
+	struct tpd_ratelog *rl = budget_log(s, r);
+	unsigned suppressed = 0;
+
+	if (!rl) {
+		tpd_session_fail(s, TPU_LOG_ERR, TPW__V1__STATUS__STATUS_IO, "%s", why);
+		return;
+	}
+	if (!tpd_ratelog_ok(rl, 1000, &suppressed)) {
+		tpd_session_fail(s, TPU_LOG_DEBUG, TPW__V1__STATUS__STATUS_LIMIT, "%s", why);
+		return;
+	}
+	tpd_session_fail(s, TPU_LOG_WARNING, TPW__V1__STATUS__STATUS_LIMIT,
+			 "%s (%u similar closes since the last such line)", why, suppressed);
+}
+
 /* ---- life cycle ---------------------------------------------------------------------------- */
 
 int tpd_session_new(struct tpd_daemon *d, int fd, struct tpd_session **ret)
 {
 	struct tpd_session *s = calloc(1, sizeof(*s));
+	struct timeval hello_tv = { (time_t)(d->cfg.hello_timeout_ms / 1000),
+				    (suseconds_t)(d->cfg.hello_timeout_ms % 1000) * 1000 };
 	int r;
 
 	if (!s) {
@@ -161,16 +275,22 @@ int tpd_session_new(struct tpd_daemon *d, int fd, struct tpd_session **ret)
 	r = read_creds(s);
 	if (r < 0)
 		goto fail;
+	r = session_admit(s);
+	if (r < 0) {
+		tpd_session_free(s, TPW__V1__STATUS__STATUS_LIMIT);
+		return r;
+	}
 	s->in_cap = IN_MIN_FREE;
 	s->in = malloc(s->in_cap);
 	s->ev_read = event_new(d->base, fd, EV_READ | EV_PERSIST, session_on_read, s);
 	s->ev_write = event_new(d->base, fd, EV_WRITE | EV_PERSIST, session_on_write, s);
 	s->ev_close = event_new(d->base, -1, 0, session_on_close, s);
+	s->ev_hello = evtimer_new(d->base, session_on_hello_timeout, s);
 	r = -ENOMEM;
-	if (!s->in || !s->ev_read || !s->ev_write || !s->ev_close)
+	if (!s->in || !s->ev_read || !s->ev_write || !s->ev_close || !s->ev_hello)
 		goto fail;
 	r = tpu_fd_nonblock(fd);
-	if (r < 0 || event_add(s->ev_read, NULL) < 0)
+	if (r < 0 || event_add(s->ev_read, NULL) < 0 || evtimer_add(s->ev_hello, &hello_tv) < 0)
 		goto fail;
 	tpd_session_log(s, TPU_LOG_INFO, "attached, uid %u", (unsigned)s->uid);
 	*ret = s;
@@ -208,6 +328,8 @@ static void release_buffers(struct tpd_session *s)
 		tpd_buffer_unref(val);
 	}
 	tpu_hmap_done(&s->buffers);
+	if (s->acct)
+		s->acct->buffer_bytes -= s->buffer_bytes;
 	s->buffer_bytes = 0;
 }
 
@@ -230,6 +352,11 @@ void tpd_session_free(struct tpd_session *s, Tpw__V1__Status why)
 		tpu_list_remove(&o->node);
 		free(o);
 	}
+	if (s->acct) {
+		tpd_quota_release_out(s->d, s->acct, s->outq_bytes);
+		tpd_quota_release_in(s->d, s->acct, s->in_charged);
+		tpd_quota_leave(s->d, s->acct);
+	}
 	for (unsigned i = 0; i < s->n_fdq; i++)
 		tpu_close(s->fdq[i]);
 	if (s->ring_map)
@@ -240,6 +367,8 @@ void tpd_session_free(struct tpd_session *s, Tpw__V1__Status why)
 		event_free(s->ev_write);
 	if (s->ev_close)
 		event_free(s->ev_close);
+	if (s->ev_hello)
+		event_free(s->ev_hello);
 	tpu_close(s->fd);
 	tpu_list_remove(&s->node);
 	s->d->n_sessions--;
@@ -324,6 +453,7 @@ static int ring_flush_out(struct tpd_session *s)
 		put = true;
 		o->off += (size_t)n;
 		s->outq_bytes -= (uint64_t)n;
+		tpd_quota_release_out(s->d, s->acct, (uint64_t)n);
 		s->bytes_out += (uint64_t)n;
 		if (o->off < o->len)
 			continue;
@@ -351,6 +481,7 @@ static int flush_out(struct tpd_session *s)
 		}
 		o->off += (size_t)n;
 		s->outq_bytes -= (uint64_t)n;
+		tpd_quota_release_out(s->d, s->acct, (uint64_t)n);
 		s->bytes_out += (uint64_t)n;
 		if (o->off < o->len)
 			return 0;
@@ -432,6 +563,7 @@ int tpd_session_send(struct tpd_session *s, Tpw__V1__DaemonMsg *m, const struct 
 	size_t tail_len = 0, len, off;
 	struct outbuf *o;
 	bool was_empty;
+	char why[200];
 	int r;
 
 	if (!s || s->dead)
@@ -448,8 +580,20 @@ int tpd_session_send(struct tpd_session *s, Tpw__V1__DaemonMsg *m, const struct 
 	}
 	if (s->ring && ring_send_direct(s, m, tail, n_tail, len, tail_len))
 		return s->dead ? -EPROTO : 0;
+	r = tpd_quota_charge_out(s->d, s->acct, len, why, sizeof(why));
+	if (r < 0) {
+		unsigned suppressed = 0;
+		bool loud = tpd_ratelog_ok(budget_log(s, r), 1000, &suppressed);
+
+		tpd_session_fail(s, loud ? TPU_LOG_WARNING : TPU_LOG_DEBUG,
+				 TPW__V1__STATUS__STATUS_PEER_DIED,
+				 "client does not read: %s (%u similar closes since the last such "
+				 "line)", why, suppressed);
+		return r;
+	}
 	o = malloc(sizeof(*o) + len);
 	if (!o) {
+		tpd_quota_release_out(s->d, s->acct, len);
 		tpd_session_fail(s, TPU_LOG_ERR, TPW__V1__STATUS__STATUS_IO, "out of memory");
 		return -ENOMEM;
 	}
@@ -519,16 +663,38 @@ static void check_stray_fds(struct tpd_session *s)
 				 "%u fds received that no frame announced", s->n_fdq - allowed);
 }
 
+/* Largest frame @s may send now: small until its Hello. */
+static uint32_t frame_limit(const struct tpd_session *s)
+{
+	const struct tpd_daemon *d = s->d;
+
+	if (s->hello_done || d->cfg.hello_frame_max > d->limits.frame_max)
+		return d->limits.frame_max;
+	return d->cfg.hello_frame_max;
+}
+
+/* Gives back an input buffer grown for a large frame once it holds little again and the frame
+ * it has begun (@pending bytes, 0 if none) is small. */
+static void in_shrink(struct tpd_session *s, size_t pending)
+{
+	char why[200];
+
+	if (s->dead || s->in_cap <= 2 * IN_MIN_FREE || s->in_len > IN_MIN_FREE / 2 ||
+	    pending > IN_MIN_FREE / 2)
+		return;
+	(void)in_resize(s, IN_MIN_FREE, why, sizeof(why)); /* shrinking cannot fail the budget */
+}
+
 /* Processes every complete frame in the input buffer. */
 static void parse_frames(struct tpd_session *s)
 {
 	bool was_ring = s->ring;
-	size_t off = 0;
+	size_t off = 0, pending = 0;
 
 	while (!s->dead && s->in_len - off >= TPW_HDR_SIZE) {
 		struct tpw_hdr h;
 		size_t need;
-		int r = tpw_hdr_parse(s->in + off, s->d->limits.frame_max, &h);
+		int r = tpw_hdr_parse(s->in + off, frame_limit(s), &h);
 
 		if (r < 0) {
 			tpd_session_fail(s, TPU_LOG_WARNING, TPW__V1__STATUS__STATUS_PEER_DIED,
@@ -537,15 +703,20 @@ static void parse_frames(struct tpd_session *s)
 		}
 		need = TPW_HDR_SIZE + (size_t)h.msg_len + h.data_len;
 		if (s->in_len - off < need) {
+			pending = need;
 			if (need > s->in_cap) {
-				uint8_t *n = realloc(s->in, need + IN_MIN_FREE);
-				if (!n) {
-					tpd_session_fail(s, TPU_LOG_ERR, TPW__V1__STATUS__STATUS_IO,
-							 "out of memory for a %zu byte frame", need);
+				char why[200];
+
+				if (off) { /* make room at the front first */
+					memmove(s->in, s->in + off, s->in_len - off);
+					s->in_len -= off;
+					off = 0;
+				}
+				r = in_resize(s, need + IN_MIN_FREE, why, sizeof(why));
+				if (r < 0) {
+					in_resize_failed(s, r, why);
 					return;
 				}
-				s->in = n;
-				s->in_cap = need + IN_MIN_FREE;
 			}
 			break;
 		}
@@ -564,6 +735,7 @@ static void parse_frames(struct tpd_session *s)
 		memmove(s->in, s->in + off, s->in_len - off);
 		s->in_len -= off;
 	}
+	in_shrink(s, pending);
 	check_stray_fds(s);
 }
 
@@ -595,16 +767,15 @@ static int take_fds(struct tpd_session *s, struct msghdr *mh)
 /* Keeps room in the input buffer for the next read. Return: 0 or -ENOMEM. */
 static int in_reserve(struct tpd_session *s)
 {
-	uint8_t *nb;
+	char why[200];
+	int r;
 
 	if (s->in_cap - s->in_len >= IN_MIN_FREE / 4)
 		return 0;
-	nb = realloc(s->in, s->in_cap + IN_MIN_FREE);
-	if (!nb)
-		return -ENOMEM;
-	s->in = nb;
-	s->in_cap += IN_MIN_FREE;
-	return 0;
+	r = in_resize(s, s->in_cap + IN_MIN_FREE, why, sizeof(why));
+	if (r < 0)
+		in_resize_failed(s, r, why);
+	return r;
 }
 
 /* One recvmsg into @buf, fds into the queue. Return: bytes read, 0 on EOF, -EAGAIN, -errno. */

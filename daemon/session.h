@@ -48,6 +48,9 @@ struct tpd_session {
 	struct event *ev_close;
 	uint8_t *in;
 	size_t in_len, in_cap;
+	size_t in_charged;	 /* input buffer bytes charged to the uid's quota */
+	struct tpd_uid_acct *acct; /* the uid's quota account (quota.c), NULL until admitted */
+	struct event *ev_hello;	 /* Hello deadline */
 	int fdq[16];
 	unsigned n_fdq;
 	struct tpu_list outq;

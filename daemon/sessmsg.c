@@ -237,6 +237,12 @@ static int buffer_check(struct tpd_session *s, const Tpw__V1__BufferRegister *m,
 			 (unsigned long long)cfg->buffer_bytes_max);
 		return -ENOBUFS;
 	}
+	if (s->uid != 0 && (m->size > cfg->buffer_bytes_per_uid ||
+			    s->acct->buffer_bytes > cfg->buffer_bytes_per_uid - m->size)) {
+		snprintf(why, wl, "buffer bytes limit of %llu per uid reached for uid %u",
+			 (unsigned long long)cfg->buffer_bytes_per_uid, (unsigned)s->uid);
+		return -ENOBUFS;
+	}
 	return 0;
 }
 
@@ -269,6 +275,7 @@ static void handle_buffer_register(struct tpd_session *s, const Tpw__V1__BufferR
 		return;
 	}
 	s->buffer_bytes += m->size;
+	s->acct->buffer_bytes += m->size;
 	tpd_session_reply(s, m->req_id, 0, NULL, m->buf_id, NULL);
 }
 
@@ -280,6 +287,7 @@ static void handle_buffer_release(struct tpd_session *s, const Tpw__V1__BufferRe
 		return;
 	tpu_hmap_del(&s->buffers, m->buf_id);
 	s->buffer_bytes -= b->size;
+	s->acct->buffer_bytes -= b->size;
 	tpd_gdr_forget_buffer(s->d, b);
 	tpd_buffer_unref(b);
 }

@@ -549,6 +549,45 @@ void tpd_xpipe_peer_connect_reply(struct tpd_peer *pr, struct tpd_pipe *p,
 	held_flush(p, 0, NULL);
 }
 
+/*
+ * The same queue limits as for a local writer (pipe-queue-max, pipe-queue-bytes): a message of
+ * remote writer end @w over them is refused back to the writer's daemon (its write fails with
+ * STATUS_LIMIT) and never queued here, whatever that daemon let its client write. Logged at most
+ * once a second: the peer sends at will. Return: true if refused.
+ */
+static bool remote_queue_full(struct tpd_pipe *p, struct tpd_pipe_end *w, uint64_t msg_id,
+			      uint32_t tail_len, size_t n_seg)
+{
+	static struct tpd_ratelog log;
+	const struct tpd_config *cfg = &p->d->cfg;
+	struct tpd_msg m = { .from = w, .msg_id = msg_id };
+	char why[160];
+	unsigned suppressed;
+
+	if (w->queued >= cfg->pipe_queue_max)
+		snprintf(why, sizeof(why), "pipe queue full on the reader's host: %u unread messages "
+			 "(limit %u)", w->queued, cfg->pipe_queue_max);
+	else if (w->queued_bytes + tail_len > cfg->pipe_queue_bytes)
+		snprintf(why, sizeof(why), "pipe queue full on the reader's host: %llu unread inline "
+			 "bytes (limit %llu)", (unsigned long long)w->queued_bytes,
+			 (unsigned long long)cfg->pipe_queue_bytes);
+	else if (p->d->quota.pipe_bytes + tpd_msg_cost(tail_len, n_seg) >
+		 cfg->pipe_queue_bytes_total)
+		snprintf(why, sizeof(why), "pipe queues full on the reader's host: %llu bytes held "
+			 "for unread messages in all pipes (limit %llu)",
+			 (unsigned long long)p->d->quota.pipe_bytes,
+			 (unsigned long long)cfg->pipe_queue_bytes_total);
+	else
+		return false;
+	p->d->quota.remote_refused++;
+	if (tpd_ratelog_ok(&log, 1000, &suppressed))
+		tpd_pipe_log(p, NULL, TPU_LOG_WARNING, "remote message %llu refused: %s (%u more "
+			     "refused since the last such line)", (unsigned long long)msg_id, why,
+			     suppressed);
+	tpd_xpipe_consumed(&m, TPW__V1__STATUS__STATUS_LIMIT, why);
+	return true;
+}
+
 void tpd_xpipe_peer_descriptor(struct tpd_pipe *p, const Tpw__V1__Descriptor *dd,
 			       const uint8_t *tail, uint32_t tail_len)
 {
@@ -560,6 +599,8 @@ void tpd_xpipe_peer_descriptor(struct tpd_pipe *p, const Tpw__V1__Descriptor *dd
 
 	if (!r->session || tpd_pipe_end_dying(w) || p->connecting)
 		return; /* the reader left: the writer's daemon learns it from our PipeClose */
+	if (remote_queue_full(p, w, dd->msg_id, tail_len, dd->n_payloads + dd->n_tensors))
+		return;
 	m = calloc(1, sizeof(*m));
 	if (m)
 		m->src = calloc(dd->n_payloads + dd->n_tensors + 1, sizeof(*m->src));
@@ -588,6 +629,8 @@ void tpd_xpipe_peer_descriptor(struct tpd_pipe *p, const Tpw__V1__Descriptor *dd
 	tpu_list_insert_tail(&w->rq, &m->rnode);
 	w->queued++;
 	w->queued_bytes += tail_len;
+	m->cost = tpd_msg_cost(tail_len, m->n_src);
+	p->d->quota.pipe_bytes += m->cost;
 	m->tail_len = tail_len;
 	if (m->eager) {
 		int basic = tpb_index("basic");
@@ -628,6 +671,21 @@ void tpd_xpipe_peer_read_req(struct tpd_pipe *p, const Tpw__V1__PeerReadReq *rr)
 	tpd_pipe_start_next_copy(w);
 }
 
+/* An eager message's write completed when it was sent; say that the reader's daemon dropped it
+ * (its queue limits are smaller than ours), at most once a second. */
+static void eager_refused(struct tpd_pipe *p, const struct tpd_msg *m,
+			  const Tpw__V1__PeerConsumed *c)
+{
+	static struct tpd_ratelog log;
+	unsigned suppressed;
+
+	if (tpd_ratelog_ok(&log, 1000, &suppressed))
+		tpd_pipe_log(p, NULL, TPU_LOG_WARNING, "message %llu, written already, was dropped "
+			     "by the reader's daemon: %s (%u more since the last such line)",
+			     (unsigned long long)m->msg_id, c->message ? c->message : "no reason",
+			     suppressed);
+}
+
 void tpd_xpipe_peer_consumed(struct tpd_pipe *p, const Tpw__V1__PeerConsumed *c)
 {
 	struct tpd_pipe_end *w = local_end(p);
@@ -644,6 +702,8 @@ void tpd_xpipe_peer_consumed(struct tpd_pipe *p, const Tpw__V1__PeerConsumed *c)
 			return;
 		}
 		m->read_requested = true;
+		if (m->eager && c->status != TPW__V1__STATUS__STATUS_OK)
+			eager_refused(p, m, c);
 		tpd_pipe_msg_consumed(m, c->status, c->message);
 		tpd_pipe_start_next_copy(w);
 		return;

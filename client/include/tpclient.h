@@ -90,7 +90,9 @@ struct tp_context_options {
  * @opts: NULL for defaults (borrowed).
  * @ret: returns owned context, free with tp_context_free().
  * Return: 0; -ENOENT / -ECONNREFUSED when no daemon runs at the socket path; -EPROTONOSUPPORT on
- * a protocol version mismatch; other -errno.
+ * a protocol version mismatch; -ENOBUFS when the daemon refuses the session for one of its
+ * session limits (tp_last_error() names it: per uid, in total, slots kept for admins); other
+ * -errno.
  */
 int tp_context_new(const struct tp_context_options *opts, struct tp_context **ret);
 

@@ -177,7 +177,9 @@ static int context_hello(struct tp_context *ctx, const struct tp_context_options
 	int r;
 
 	r = context_send_hello(ctx, o);
-	if (r == 0)
+	/* A daemon that refuses the session (a session limit) says why and closes at once,
+	 * maybe before our Hello went out: its answer is still there to read. */
+	if (r == 0 || r == -EPIPE || r == -ECONNRESET)
 		r = context_wait_frame(ctx, tpu_now_ns() + TPC_HELLO_TIMEOUT_MS * 1000000ull, &h);
 	if (r < 0)
 		return r;

@@ -112,6 +112,16 @@ struct json_object *ctl_json_status(const Tpw__V1__CtlStatus *s)
 	ctl_json_u64(o, "rdma_cache_hits", s->rdma_cache_hits);
 	ctl_json_u64(o, "rdma_cache_misses", s->rdma_cache_misses);
 	ctl_json_u64(o, "rdma_cache_evictions", s->rdma_cache_evictions);
+	ctl_json_u64(o, "client_input_bytes", s->client_input_bytes);
+	ctl_json_u64(o, "client_queued_bytes", s->client_queued_bytes);
+	ctl_json_u64(o, "sessions_refused", s->sessions_refused);
+	ctl_json_u64(o, "remote_refused", s->remote_refused);
+	ctl_json_u64(o, "pipe_queued_messages", s->pipe_queued_messages);
+	ctl_json_u64(o, "pipe_queued_bytes", s->pipe_queued_bytes);
+	ctl_json_u64(o, "pipe_held_bytes", s->pipe_held_bytes);
+	ctl_json_u64(o, "sessions_max", s->sessions_max);
+	ctl_json_u64(o, "sessions_per_uid", s->sessions_per_uid);
+	ctl_json_u64(o, "sessions_reserved", s->sessions_reserved);
 	return o;
 }
 
@@ -159,6 +169,19 @@ static int status_text(const Tpw__V1__CtlStatus *s, FILE *out)
 			" evicted",
 			s->rdma_cache_regions, ctl_fmt_bytes(s->rdma_cache_bytes, b1, sizeof(b1)),
 			s->rdma_cache_hits, s->rdma_cache_misses, s->rdma_cache_evictions);
+	ctl_table_cellf(&t, "session limits:");
+	ctl_table_cellf(&t, "%" PRIu32 " (%" PRIu32 " kept for admins), %" PRIu32 " per uid, %" PRIu64
+			" refused", s->sessions_max, s->sessions_reserved, s->sessions_per_uid,
+			s->sessions_refused);
+	ctl_table_cellf(&t, "held for clients:");
+	ctl_table_cellf(&t, "%s in partial frames, %s queued to clients",
+			ctl_fmt_bytes(s->client_input_bytes, b1, sizeof(b1)),
+			ctl_fmt_bytes(s->client_queued_bytes, b2, sizeof(b2)));
+	ctl_table_cellf(&t, "pipe queues:");
+	ctl_table_cellf(&t, "%" PRIu64 " unread messages (%s inline, %s held), %" PRIu64
+			" remote messages refused", s->pipe_queued_messages,
+			ctl_fmt_bytes(s->pipe_queued_bytes, b1, sizeof(b1)),
+			ctl_fmt_bytes(s->pipe_held_bytes, b2, sizeof(b2)), s->remote_refused);
 	t.no_header = true; /* key: value lines */
 	r = ctl_table_print(&t, out);
 	ctl_table_done(&t);

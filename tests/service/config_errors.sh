@@ -105,7 +105,7 @@ diff -u "$SVC_TMP/keys.dump" "$SVC_TMP/keys.example" ||
 
 check "--check-config prints the example's values (sizes in bytes)"
 for kv in "frame-max = 4194304" "inline-max = 1048576" "segments-max = 1024" \
-	"buffer-bytes-max = 1099511627776" "log-level = info" "cma = yes" \
+	"buffer-bytes-max = 68719476736" "log-level = info" "cma = yes" \
 	"metrics-listen = 127.0.0.1:9470"; do
 	grep -qxF "$kv" "$SVC_TMP/dump" || { cat "$SVC_TMP/dump"; fail "'$kv' not in the dump"; }
 done

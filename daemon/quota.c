@@ -1,0 +1,170 @@
+/* SPDX-License-Identifier: BSD-3-Clause */
+/*
+ * Per-uid and daemon-wide accounting of sessions and of the bytes the daemon holds for them,
+ * and rate-limited logging. See quota.h.
+ */
+#include <stdio.h>
+#include <stdlib.h>
+#include "daemon.h"
+#include "quota.h"
+
+bool tpd_ratelog_ok(struct tpd_ratelog *rl, uint64_t interval_ms, unsigned *ret_suppressed)
+{
+	uint64_t now = tpu_now_ns();
+
+	if (now < rl->next_ns) {
+		rl->suppressed++;
+		return false;
+	}
+	rl->next_ns = now + interval_ms * 1000000ull;
+	*ret_suppressed = rl->suppressed;
+	rl->suppressed = 0;
+	return true;
+}
+
+void tpd_quota_init(struct tpd_quota *q)
+{
+	*q = (struct tpd_quota){ 0 };
+	tpu_hmap_init(&q->uids);
+}
+
+void tpd_quota_done(struct tpd_quota *q)
+{
+	size_t i = 0;
+	uint64_t key;
+	void *val;
+
+	while (tpu_hmap_next(&q->uids, &i, &key, &val))
+		free(val);
+	tpu_hmap_done(&q->uids);
+}
+
+bool tpd_quota_is_admin(const struct tpd_daemon *d, uid_t uid, gid_t gid, const gid_t *groups,
+			size_t n_groups)
+{
+	gid_t g = (gid_t)d->cfg.admin_gid;
+
+	if (uid == 0)
+		return true;
+	if (!g)
+		return false;
+	if (gid == g)
+		return true;
+	for (size_t i = 0; i < n_groups; i++)
+		if (groups[i] == g)
+			return true;
+	return false;
+}
+
+static struct tpd_uid_acct *acct_get(struct tpd_quota *q, uid_t uid)
+{
+	struct tpd_uid_acct *a = tpu_hmap_get(&q->uids, (uint64_t)uid + 1);
+
+	if (a)
+		return a;
+	a = calloc(1, sizeof(*a));
+	if (!a)
+		return NULL;
+	a->uid = uid;
+	if (tpu_hmap_put(&q->uids, (uint64_t)uid + 1, a) < 0) {
+		free(a);
+		return NULL;
+	}
+	return a;
+}
+
+int tpd_quota_admit(struct tpd_daemon *d, uid_t uid, bool admin, unsigned n_others,
+		    struct tpd_uid_acct **ret, char *why, size_t wl)
+{
+	const struct tpd_config *cfg = &d->cfg;
+	uint32_t open = cfg->sessions_max > cfg->sessions_reserved
+				? cfg->sessions_max - cfg->sessions_reserved
+				: 0;
+	struct tpd_uid_acct *a;
+
+	if (n_others >= cfg->sessions_max) {
+		snprintf(why, wl, "session limit of %u reached", cfg->sessions_max);
+		goto refuse;
+	}
+	if (!admin && n_others >= open) {
+		snprintf(why, wl, "session limit reached: the last %u of %u sessions are kept "
+			 "for root and the admin group", cfg->sessions_reserved, cfg->sessions_max);
+		goto refuse;
+	}
+	a = acct_get(&d->quota, uid);
+	if (!a) {
+		snprintf(why, wl, "out of memory");
+		return -ENOMEM;
+	}
+	if (uid != 0 && a->sessions >= cfg->sessions_per_uid) {
+		snprintf(why, wl, "session limit of %u per uid reached for uid %u",
+			 cfg->sessions_per_uid, (unsigned)uid);
+		if (!a->sessions)
+			tpd_quota_leave(d, a);
+		goto refuse;
+	}
+	a->sessions++;
+	*ret = a;
+	return 0;
+refuse:
+	d->quota.refused++;
+	return -ENOBUFS;
+}
+
+void tpd_quota_leave(struct tpd_daemon *d, struct tpd_uid_acct *a)
+{
+	if (!a)
+		return;
+	if (a->sessions)
+		a->sessions--;
+	if (a->sessions || a->in_bytes || a->out_bytes || a->buffer_bytes)
+		return;
+	tpu_hmap_del(&d->quota.uids, (uint64_t)a->uid + 1);
+	free(a);
+}
+
+/* Checks @bytes more against one per-uid and one daemon-wide budget. */
+static int charge(struct tpd_uid_acct *a, uint64_t *uid_bytes, uint64_t *all_bytes,
+		  uint64_t bytes, uint64_t uid_max, uint64_t all_max, const char *what, char *why,
+		  size_t wl)
+{
+	if (a->uid != 0 && *uid_bytes + bytes > uid_max) {
+		snprintf(why, wl, "%s of uid %u would exceed %llu bytes (per-uid limit)", what,
+			 (unsigned)a->uid, (unsigned long long)uid_max);
+		return -EDQUOT;
+	}
+	if (*all_bytes + bytes > all_max) {
+		snprintf(why, wl, "%s of all clients would exceed %llu bytes (daemon-wide limit)",
+			 what, (unsigned long long)all_max);
+		return -ENOBUFS;
+	}
+	*uid_bytes += bytes;
+	*all_bytes += bytes;
+	return 0;
+}
+
+int tpd_quota_charge_in(struct tpd_daemon *d, struct tpd_uid_acct *a, uint64_t bytes, char *why,
+			size_t wl)
+{
+	return charge(a, &a->in_bytes, &d->quota.in_bytes, bytes, d->cfg.input_bytes_per_uid,
+		      d->cfg.input_bytes_max, "partial frames held", why, wl);
+}
+
+int tpd_quota_charge_out(struct tpd_daemon *d, struct tpd_uid_acct *a, uint64_t bytes, char *why,
+			 size_t wl)
+{
+	return charge(a, &a->out_bytes, &d->quota.out_bytes, bytes, d->cfg.outq_per_uid,
+		      d->cfg.outq_total, "frames queued", why, wl);
+}
+
+void tpd_quota_release_in(struct tpd_daemon *d, struct tpd_uid_acct *a, uint64_t bytes)
+{
+	a->in_bytes -= bytes;
+	d->quota.in_bytes -= bytes;
+}
+
+void tpd_quota_release_out(struct tpd_daemon *d, struct tpd_uid_acct *a, uint64_t bytes)
+{
+	a->out_bytes -= bytes;
+	d->quota.out_bytes -= bytes;
+}

@@ -1,0 +1,91 @@
+/* SPDX-License-Identifier: BSD-3-Clause */
+/*
+ * tpd_quota: what one local user may hold in the daemon, and what all of them together may. It
+ * admits sessions (a per-uid quota, and the last slots of sessions-max kept for root and the
+ * admin group so that one user filling the table never locks out root's tpipctl) and accounts
+ * the bytes the daemon holds on behalf of sessions (partial frames in input buffers, frames
+ * queued towards clients) per uid and daemon-wide. It also rate-limits the log lines an attacker
+ * could trigger at will. It does not decide what a session does once refused (session.c).
+ * Everything here runs on the loop thread.
+ */
+#ifndef TPD_QUOTA_H
+#define TPD_QUOTA_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <sys/types.h>
+#include "hmap.h"
+
+struct tpd_daemon;
+
+/* At most one log line per interval; counts the lines held back meanwhile. */
+struct tpd_ratelog {
+	uint64_t next_ns;
+	unsigned suppressed;
+};
+
+/*
+ * tpd_ratelog_ok() - may a line be logged now? At most one per @interval_ms.
+ * @ret_suppressed: lines refused since the last one that was allowed (written when true).
+ * Return: true to log.
+ */
+bool tpd_ratelog_ok(struct tpd_ratelog *rl, uint64_t interval_ms, unsigned *ret_suppressed);
+
+/* One local user's share. */
+struct tpd_uid_acct {
+	uid_t uid;
+	unsigned sessions;
+	uint64_t in_bytes;  /* input buffer bytes beyond each session's base buffer */
+	uint64_t out_bytes; /* frames queued towards this user's sessions */
+	uint64_t buffer_bytes; /* shared buffers its sessions registered (sessmsg.c) */
+};
+
+struct tpd_quota {
+	struct tpu_hmap uids; /* uid + 1 -> struct tpd_uid_acct */
+	uint64_t in_bytes;    /* sums over every uid */
+	uint64_t out_bytes;
+	uint64_t refused;     /* sessions refused by a quota, since start */
+	uint64_t remote_refused; /* peer daemons' messages refused by pipe queue limits */
+	uint64_t pipe_bytes;  /* held for unread messages of every pipe: tpd_msg_cost() */
+	struct tpd_ratelog refuse_log;
+	struct tpd_ratelog budget_log[2]; /* [0] per-uid, [1] daemon-wide budget hit */
+};
+
+void tpd_quota_init(struct tpd_quota *q);
+/* Frees every account. */
+void tpd_quota_done(struct tpd_quota *q);
+
+/* True for root and members (primary or supplementary @groups) of the admin group. */
+bool tpd_quota_is_admin(const struct tpd_daemon *d, uid_t uid, gid_t gid, const gid_t *groups,
+			size_t n_groups);
+
+/*
+ * tpd_quota_admit() - may a new session of @uid attach? @n_others: sessions attached besides it.
+ * Checks sessions-max, the slots reserved for admins (@admin) and sessions-per-uid (root is
+ * exempt from the per-uid quota).
+ * @ret: returns borrowed account, valid until the matching tpd_quota_leave().
+ * Return: 0, or -ENOBUFS with the reason in @why (the caller logs, rate-limited).
+ */
+int tpd_quota_admit(struct tpd_daemon *d, uid_t uid, bool admin, unsigned n_others,
+		    struct tpd_uid_acct **ret, char *why, size_t wl);
+
+/* A session of @a ended: its bytes must have been released. Frees @a with its last session. */
+void tpd_quota_leave(struct tpd_daemon *d, struct tpd_uid_acct *a);
+
+/*
+ * tpd_quota_charge_in() / tpd_quota_charge_out() - account @bytes more held for a session of
+ * @a: input buffer growth, or output queued. Checks the per-uid and daemon-wide budgets.
+ * Return: 0 (charged), or with the reason in @why (nothing charged) -EDQUOT over the per-uid
+ * budget, -ENOBUFS over the daemon-wide one.
+ */
+int tpd_quota_charge_in(struct tpd_daemon *d, struct tpd_uid_acct *a, uint64_t bytes, char *why,
+			size_t wl);
+int tpd_quota_charge_out(struct tpd_daemon *d, struct tpd_uid_acct *a, uint64_t bytes, char *why,
+			 size_t wl);
+
+/* Releases @bytes charged before. */
+void tpd_quota_release_in(struct tpd_daemon *d, struct tpd_uid_acct *a, uint64_t bytes);
+void tpd_quota_release_out(struct tpd_daemon *d, struct tpd_uid_acct *a, uint64_t bytes);
+
+#endif
