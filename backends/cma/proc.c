@@ -233,7 +233,8 @@ static int as_mode = -1; /* 1 can switch, 0 same uid only; set once by tpb_cma_a
 static int caps_get(uint32_t sets[6])
 {
 	struct __user_cap_header_struct h = { .version = _LINUX_CAPABILITY_VERSION_3, .pid = 0 };
-	struct __user_cap_data_struct d[2];
+	/* Zeroed first: valgrind's capget model marks only the first of the two structs written. */
+	struct __user_cap_data_struct d[2] = { { 0 } };
 
 	if (syscall(SYS_capget, &h, d) < 0)
 		return -errno;
