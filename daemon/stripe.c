@@ -31,6 +31,7 @@
 #include <sys/eventfd.h>
 #include <sys/socket.h>
 #include <unistd.h>
+#include <openssl/ssl.h>
 #include "log.h"
 #include "stripe_int.h"
 
@@ -284,11 +285,11 @@ static int start_thread(pthread_t *t, void *(*fn)(void *), void *arg, const char
 	return r;
 }
 
-static int conn_setup_fd(int fd)
+static int conn_setup_fd(int fd, bool blocking)
 {
 	int one = 1, fl = fcntl(fd, F_GETFL);
 
-	if (fl < 0 || fcntl(fd, F_SETFL, fl & ~O_NONBLOCK) < 0)
+	if (fl < 0 || fcntl(fd, F_SETFL, blocking ? fl & ~O_NONBLOCK : fl | O_NONBLOCK) < 0)
 		return -errno;
 	/* Fails on sockets that are not TCP (tests use socket pairs): nothing to tune then. */
 	(void)setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
@@ -320,7 +321,7 @@ static int conn_start(struct conn *c)
 	return r;
 }
 
-int tpd_stripe_add_conn(struct tpd_stripe *st, int fd)
+int tpd_stripe_add_conn_tls(struct tpd_stripe *st, int fd, SSL *ssl)
 {
 	struct conn *c = &st->conns[st->n_conns];
 	int r;
@@ -330,24 +331,34 @@ int tpd_stripe_add_conn(struct tpd_stripe *st, int fd)
 	else if (st->stopping)
 		r = -ENOTCONN;
 	else
-		r = conn_setup_fd(fd);
+		r = conn_setup_fd(fd, !ssl);
 	if (r < 0) {
+		SSL_free(ssl);
 		tpu_close(fd);
 		return r;
 	}
 	pthread_mutex_lock(&st->lock); /* senders read every slot's flags */
-	*c = (struct conn){ .st = st, .index = st->n_conns, .fd = fd };
+	*c = (struct conn){ .st = st, .index = st->n_conns, .fd = fd, .ssl = ssl };
 	pthread_cond_init(&c->wake, NULL);
+	pthread_mutex_init(&c->ssl_lock, NULL);
 	__atomic_store_n(&st->n_live, st->n_live + 1, __ATOMIC_RELAXED);
 	pthread_mutex_unlock(&st->lock);
 	r = conn_start(c);
 	if (r < 0) {
 		pthread_cond_destroy(&c->wake);
+		pthread_mutex_destroy(&c->ssl_lock);
+		SSL_free(ssl);
+		c->ssl = NULL;
 		tpu_close(fd);
 		return r;
 	}
-	st->n_conns++; /* tpd_stripe_free() joins its threads and closes @fd */
+	st->n_conns++; /* tpd_stripe_free() joins its threads, frees @ssl and closes @fd */
 	return 0;
+}
+
+int tpd_stripe_add_conn(struct tpd_stripe *st, int fd)
+{
+	return tpd_stripe_add_conn_tls(st, fd, NULL);
 }
 
 unsigned tpd_stripe_conns(const struct tpd_stripe *st)
@@ -521,8 +532,10 @@ void tpd_stripe_free(struct tpd_stripe *st)
 	for (unsigned i = 0; i < st->n_conns; i++) {
 		pthread_join(st->conns[i].tx, NULL);
 		pthread_join(st->conns[i].rx, NULL);
+		SSL_free(st->conns[i].ssl);
 		tpu_close(st->conns[i].fd);
 		pthread_cond_destroy(&st->conns[i].wake);
+		pthread_mutex_destroy(&st->conns[i].ssl_lock);
 	}
 	/* No thread is left, none is busy: end what is still queued or registered. */
 	pthread_mutex_lock(&st->lock);

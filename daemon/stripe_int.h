@@ -29,6 +29,8 @@ struct conn {
 	struct tpd_stripe *st;
 	unsigned index;
 	int fd;
+	struct ssl_st *ssl;	  /* TLS on this connection (tensor bytes encrypted), or NULL */
+	pthread_mutex_t ssl_lock; /* one thread at a time in @ssl (stripe_io.c) */
 	pthread_t tx, rx;
 	bool failed; /* lock */
 	bool idle;   /* lock: its sender waits for work */
