@@ -45,6 +45,7 @@ static void fill_status(struct tpd_daemon *d, Tpw__V1__CtlStatus *st)
 	st->peer_listen = d->peer_listen_addr;
 	st->peers = d->n_peers;
 	st->host_id = d->boot_id_hex;
+	st->peer_auth = (char *)tpd_peers_auth(d);
 	tpb_cuda_map_count(&st->cuda_mappings, &st->cuda_mappings_open);
 	tpd_gdr_cache_stats(d, &rc);
 	st->rdma_cache_regions = rc.regions;

@@ -865,6 +865,20 @@ void tpd_peers_stop(struct tpd_daemon *d)
 
 /* ---- tpipctl ------------------------------------------------------------------------------- */
 
+const char *tpd_peers_auth(const struct tpd_daemon *d)
+{
+	static const char *const names[2][3] = {
+		{ "tls: psk", "tls: certificates", "tls: psk, certificates" },
+		{ "tls: psk, data plaintext", "tls: certificates, data plaintext",
+		  "tls: psk, certificates, data plaintext" },
+	};
+	const struct tpd_peertls *t = d->peer_tls;
+
+	if (!t)
+		return d->cfg.peer_insecure ? "insecure" : "none";
+	return names[!d->cfg.peer_data_encryption][t->psk && t->certs ? 2 : t->certs ? 1 : 0];
+}
+
 /* How @pr is protected, for tpipctl (see CtlPeer.security). */
 static const char *peer_security(const struct tpd_peer *pr)
 {

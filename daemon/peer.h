@@ -105,4 +105,12 @@ void tpd_peer_xfer_drop(struct tpd_peer *pr, uint64_t xfer_id);
 int tpd_peers_ctl(struct tpd_daemon *d, Tpw__V1__CtlPeer ***ret, size_t *n);
 void tpd_peers_ctl_free(Tpw__V1__CtlPeer **v, size_t n);
 
+/*
+ * tpd_peers_auth() - how this daemon's peer links authenticate, for tpipctl status: "tls: psk",
+ * "tls: certificates", "tls: psk, certificates" (each with ", data plaintext" when
+ * peer-data-encryption = no), "insecure", or "none" (no listener, no dialling).
+ * Return: a static string.
+ */
+const char *tpd_peers_auth(const struct tpd_daemon *d);
+
 #endif

@@ -156,13 +156,14 @@ static int ctx_setup(struct tpd_peertls *t, const struct tpd_peertls_config *cfg
 		snprintf(why, wl, "peer-cert %s: not a PEM certificate chain (%s)", cfg->cert, e);
 		return -EBADMSG;
 	}
-	if (SSL_CTX_use_PrivateKey_file(ctx, cfg->cert_key, SSL_FILETYPE_PEM) != 1) {
+	if (SSL_CTX_use_PrivateKey_file(ctx, cfg->cert_key, SSL_FILETYPE_PEM) != 1 &&
+	    ERR_GET_REASON(ERR_peek_error()) != X509_R_KEY_VALUES_MISMATCH) {
 		ERR_error_string_n(ERR_get_error(), e, sizeof(e));
 		ERR_clear_error();
 		snprintf(why, wl, "peer-cert-key %s: not a PEM private key (%s)", cfg->cert_key, e);
 		return -EBADMSG;
 	}
-	if (SSL_CTX_check_private_key(ctx) != 1) {
+	if (ERR_peek_error() || SSL_CTX_check_private_key(ctx) != 1) {
 		ERR_clear_error();
 		snprintf(why, wl, "peer-cert-key %s does not match the certificate in peer-cert %s",
 			 cfg->cert_key, cfg->cert);
