@@ -337,6 +337,12 @@ int tpd_stripe_add_conn_tls(struct tpd_stripe *st, int fd, SSL *ssl)
 		tpu_close(fd);
 		return r;
 	}
+	if (ssl) {
+		/* Every byte from here on is TLS: read records in bulk, not a header and a body per
+		 * system call. */
+		SSL_set_read_ahead(ssl, 1);
+		SSL_set_default_read_buffer_len(ssl, 256u << 10);
+	}
 	pthread_mutex_lock(&st->lock); /* senders read every slot's flags */
 	*c = (struct conn){ .st = st, .index = st->n_conns, .fd = fd, .ssl = ssl };
 	pthread_cond_init(&c->wake, NULL);
