@@ -7,7 +7,8 @@
  * plaintext PeerHello; two daemons hold different keys; a key holder (this test process, with
  * its own TLS client over the daemon's TLS helpers) attaches a data connection to a link with a
  * forged, replayed or other link's binding token, and opens a link to A that claims daemon B's
- * listener port; a daemon without authentication must open no TCP port. Each case asserts the
+ * listener port; a daemon without authentication must open no TCP port, and one with the
+ * insecure switch must say so at start, on every link and in tpipctl. Each case asserts the
  * refusal, its log line (once), and that nothing else was disturbed.
  */
 #include <arpa/inet.h>
@@ -626,6 +627,33 @@ START_TEST(test_no_key_opens_no_tcp_port)
 }
 END_TEST
 
+/* ---- 7. the insecure switch is loud --------------------------------------------------------- */
+
+START_TEST(test_insecure_switch_is_loud_and_shown)
+{
+	struct tpt_daemon a, b;
+	const char *const *t = tpt_peer_args();
+	const char *args[8] = { "--peer-insecure", t[0], t[1], t[2], t[3], NULL };
+	char *out;
+
+	ck_assert_int_eq(tpt_daemon_pair_start(&a, args, &b, args), 0);
+	ck_assert_int_eq(log_count(&a, "peer links are INSECURE"), 1);
+	ck_assert(cross_works(&a, &b, "insecure"));
+	ck_assert_int_eq(log_count(&b, "WITHOUT authentication (--peer-insecure)"), 1);
+	out = tpt_ctl(&b, "peers", true);
+	ck_assert_msg(strstr(out, "\"security\": \"insecure\""), "peers: %s", out);
+	free(out);
+	out = tpt_ctl(&b, "peers", false);
+	ck_assert_msg(strstr(out, "INSECURE"), "peers table: %s", out);
+	free(out);
+	out = tpt_ctl(&a, "status", true);
+	ck_assert_msg(strstr(out, "\"peer_auth\": \"insecure\""), "status: %s", out);
+	free(out);
+	ck_assert_int_eq(tpt_daemon_stop(&a), 0);
+	ck_assert_int_eq(tpt_daemon_stop(&b), 0);
+}
+END_TEST
+
 static Suite *peer_tls_suite(void)
 {
 	Suite *s = suite_create("peer_tls");
@@ -641,6 +669,7 @@ static Suite *peer_tls_suite(void)
 	tcase_set_timeout(tc, 120);
 	suite_add_tcase(s, tc);
 	tcase_add_test(solo, test_no_key_opens_no_tcp_port);
+	tcase_add_test(solo, test_insecure_switch_is_loud_and_shown);
 	tcase_set_timeout(solo, 60);
 	suite_add_tcase(s, solo);
 	return s;
