@@ -603,6 +603,26 @@ END_TEST
 
 /* ---- 6. no authentication, no network listener ------------------------------------------- */
 
+/* A client of keyless daemon @arg dials another host: refused at once, saying why. */
+static int keyless_dial(void *arg)
+{
+	struct tp_context *ctx;
+	struct tp_pipe *p;
+	int r = tpt_ctx_new(arg, 0, "keyless", &ctx);
+
+	TPT_REQUIRE(r == 0, 1, "context: %d", r);
+	r = tp_connect(ctx, "tpip://127.0.0.1:9/x", &p);
+	TPT_REQUIRE(r == 0, 1, "tp_connect: %d", r);
+	r = tp_pipe_wait_connected(p, T_MS);
+	TPT_REQUIRE(r == -EACCES, 1, "dial without authentication: %d (%s), want -EACCES", r,
+		    tp_last_error());
+	TPT_REQUIRE(strstr(tp_last_error(), "no peer authentication configured"), 1,
+		    "unclear error: %s", tp_last_error());
+	tp_pipe_close(p);
+	tp_context_free(ctx);
+	return 0;
+}
+
 START_TEST(test_no_key_opens_no_tcp_port)
 {
 	struct tpt_daemon d;
@@ -622,7 +642,9 @@ START_TEST(test_no_key_opens_no_tcp_port)
 		      fd);
 	out = tpt_ctl(&d, "status", true);
 	ck_assert_ptr_nonnull(strstr(out, "\"peer_listen\": \"\""));
+	ck_assert_ptr_nonnull(strstr(out, "\"peer_auth\": \"none\""));
 	free(out);
+	ck_assert(tpt_wait_ok(tpt_fork(keyless_dial, &d), T_MS, "keyless dial"));
 	ck_assert_int_eq(tpt_daemon_stop(&d), 0);
 }
 END_TEST
