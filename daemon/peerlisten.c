@@ -32,6 +32,34 @@
 
 /* ---- accepting ----------------------------------------------------------------------------- */
 
+/*
+ * Refusals of connections that failed authentication are warnings, but anyone who reaches the
+ * port can cause them: at most REFUSALS_LOGGED per REFUSAL_WINDOW_NS are logged, and the number
+ * left out is logged when the next window opens.
+ */
+#define REFUSALS_LOGGED 20
+#define REFUSAL_WINDOW_NS (10ull * 1000000000ull)
+
+static bool refusal_log_ok(void)
+{
+	static uint64_t window_start;
+	static unsigned logged, dropped;
+	uint64_t now = tpu_now_ns();
+
+	if (now - window_start >= REFUSAL_WINDOW_NS) {
+		if (dropped)
+			tpu_log_warn("%u more refused peer connections were not logged", dropped);
+		window_start = now;
+		logged = dropped = 0;
+	}
+	if (logged < REFUSALS_LOGGED) {
+		logged++;
+		return true;
+	}
+	dropped++;
+	return false;
+}
+
 void tpd_peerlisten_conn_free(struct peer_conn *c)
 {
 	if (c->ev)
@@ -258,18 +286,22 @@ static int conn_sniff(struct peer_conn *c)
 		return -ECONNRESET;
 	}
 	if (c->ssl && b != 0x16) {
-		tpu_log_warn("peer connection from %s refused: it speaks the plaintext peer protocol "
-			     "(a tpipd older than peer protocol %u, or one started with "
-			     "--peer-insecure); this daemon accepts only TLS-authenticated peers",
-			     c->addr, TPW_PEER_PROTO_MAJOR);
+		if (refusal_log_ok())
+			tpu_log_warn("peer connection from %s refused: it speaks the plaintext peer "
+				     "protocol (a tpipd older than peer protocol %u, or one started "
+				     "with --peer-insecure); this daemon accepts only "
+				     "TLS-authenticated peers",
+				     c->addr, TPW_PEER_PROTO_MAJOR);
 		refuse_plaintext(c);
 		tpd_peerlisten_conn_free(c);
 		return -EPROTO;
 	}
 	if (!c->ssl && b == 0x16) {
-		tpu_log_warn("peer connection from %s refused: it starts TLS, but this daemon runs "
-			     "with --peer-insecure (no authentication); configure the same peer "
-			     "authentication on both", c->addr);
+		if (refusal_log_ok())
+			tpu_log_warn("peer connection from %s refused: it starts TLS, but this daemon "
+				     "runs with --peer-insecure (no authentication); configure the same "
+				     "peer authentication on both",
+				     c->addr);
 		tpd_peerlisten_conn_free(c);
 		return -EPROTO;
 	}
@@ -302,7 +334,9 @@ static void conn_on_event(evutil_socket_t fd, short what, void *arg)
 		ERR_clear_error();
 		r = tpd_peertls_step(c->ssl, SSL_do_handshake(c->ssl), &ww, why, sizeof(why));
 		if (r < 0) {
-			tpu_log_warn("peer connection from %s: TLS handshake failed: %s", c->addr, why);
+			if (refusal_log_ok())
+				tpu_log_warn("peer connection from %s: TLS handshake failed: %s",
+					     c->addr, why);
 			tpd_peerlisten_conn_free(c);
 			return;
 		}

@@ -464,6 +464,29 @@ START_TEST(test_plaintext_hello_is_refused_and_logged_once)
 }
 END_TEST
 
+/* Connects to A's peer port, sends a few plaintext bytes and waits until A closes. */
+static void plaintext_knock(void)
+{
+	struct tpt_raw r;
+
+	ck_assert_int_eq(tpt_raw_connect_tcp(&r, "127.0.0.1", da.peer_port), 0);
+	ck_assert_int_eq(tpt_raw_send_bytes(&r, "TPW1junk", 8, NULL, 0), 0);
+	ck_assert_int_eq(tpt_raw_wait_closed(&r, LOG_MS), 0);
+	tpt_raw_close(&r);
+}
+
+/* Refusals anyone can cause are logged at most 20 per 10 s: 20 are, the 21st is not. */
+START_TEST(test_refusal_logs_are_bounded)
+{
+	for (int i = 0; i < 20; i++)
+		plaintext_knock();
+	ck_assert_int_eq(log_count(&da, "plaintext peer protocol"), 20);
+	plaintext_knock();
+	ck_assert_int_eq(log_count(&da, "plaintext peer protocol"), 20);
+	ck_assert(tpt_daemon_alive(&da));
+}
+END_TEST
+
 /* ---- 3. a wrong key ---------------------------------------------------------------------- */
 
 static char other_key[128];
@@ -685,6 +708,7 @@ static Suite *peer_tls_suite(void)
 	tcase_add_checked_fixture(tc, pair_setup, pair_teardown);
 	tcase_add_test(tc, test_relay_of_a_daemon_handshake_gives_the_attacker_nothing);
 	tcase_add_test(tc, test_plaintext_hello_is_refused_and_logged_once);
+	tcase_add_test(tc, test_refusal_logs_are_bounded);
 	tcase_add_test(tc, test_wrong_key_fails_the_handshake_on_both_ends);
 	tcase_add_test(tc, test_data_connection_needs_its_links_session);
 	tcase_add_test(tc, test_claimed_port_does_not_capture_dials);
