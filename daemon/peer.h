@@ -3,8 +3,9 @@
  * tpd_peer: one link to another host's daemon. A link is one control connection (PeerMsg frames
  * through a bufferevent) plus N data connections handed to a tpd_stripe. This module dials and
  * accepts links (the TCP peer listener), runs TLS 1.3 on every connection (peertls.c) and the
- * Hello handshake inside it, attaches data connections bound to their link's TLS session, sends keepalives and declares a silent peer dead, and dispatches
- * the pipe messages it receives to xpipe.c and xh.c. A failed link fails every pipe over it and
+ * Hello handshake inside it, attaches data connections bound to their link's TLS session, sends
+ * keepalives and declares a silent peer dead, and dispatches the pipe messages it receives to
+ * xpipe.c and xh.c. A failed link fails every pipe over it and
  * is gone; the next connect to that host dials a new one. The module is peer.c (lifetime, control
  * connection), peerhs.c (handshake) and peerlisten.c (listener), sharing the private peer_int.h.
  */

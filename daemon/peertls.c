@@ -54,7 +54,7 @@ int tpd_peertls_psk_derive(const struct tpd_peer_key *k, uint8_t out[TPD_PEERTLS
 /* A session carrying the PSK for a TLS_AES_128_GCM_SHA256 handshake, or NULL. */
 static SSL_SESSION *psk_session(SSL *ssl, const struct tpd_peertls *t)
 {
-	static const unsigned char aes128gcm[2] = { 0x13, 0x01 };
+	static const unsigned char aes128gcm[2] = {0x13, 0x01};
 	const SSL_CIPHER *c = SSL_CIPHER_find(ssl, aes128gcm);
 	SSL_SESSION *s = c ? SSL_SESSION_new() : NULL;
 
@@ -133,8 +133,7 @@ static int ctx_setup(struct tpd_peertls *t, const struct tpd_peertls_config *cfg
 	SSL_CTX_set_session_cache_mode(ctx, SSL_SESS_CACHE_OFF);
 	SSL_CTX_set_num_tickets(ctx, 0);
 	SSL_CTX_set_options(ctx, SSL_OP_NO_TICKET | SSL_OP_NO_RENEGOTIATION);
-	SSL_CTX_set_mode(ctx, SSL_MODE_ENABLE_PARTIAL_WRITE |
-				      SSL_MODE_ACCEPT_MOVING_WRITE_BUFFER);
+	SSL_CTX_set_mode(ctx, SSL_MODE_ENABLE_PARTIAL_WRITE | SSL_MODE_ACCEPT_MOVING_WRITE_BUFFER);
 	if (t->psk) {
 		if (server)
 			SSL_CTX_set_psk_find_session_callback(ctx, psk_find);
@@ -143,10 +142,10 @@ static int ctx_setup(struct tpd_peertls *t, const struct tpd_peertls_config *cfg
 	}
 	/* A client always verifies: with a PSK only and no CA, a server that skips the PSK and
 	 * shows a certificate fails here instead of being trusted. */
-	SSL_CTX_set_verify(ctx, server ? (t->certs ? SSL_VERIFY_PEER |
-						     SSL_VERIFY_FAIL_IF_NO_PEER_CERT
-						   : SSL_VERIFY_NONE)
-				       : SSL_VERIFY_PEER,
+	SSL_CTX_set_verify(ctx,
+			   server ? (t->certs ? SSL_VERIFY_PEER | SSL_VERIFY_FAIL_IF_NO_PEER_CERT
+					      : SSL_VERIFY_NONE)
+				  : SSL_VERIFY_PEER,
 			   NULL);
 	if (!t->certs)
 		return 0;
@@ -190,13 +189,15 @@ int tpd_peertls_new(const struct tpd_peertls_config *cfg, struct tpd_peertls **r
 	int r;
 
 	if (set(cfg->cert) && !set(cfg->cert_key)) {
-		snprintf(why, wl, "peer-cert is set but peer-cert-key is not: give the certificate's "
-				  "private key");
+		snprintf(why, wl,
+			 "peer-cert is set but peer-cert-key is not: give the certificate's "
+			 "private key");
 		return -EINVAL;
 	}
 	if (set(cfg->cert) && !set(cfg->ca)) {
-		snprintf(why, wl, "peer-cert is set but peer-ca is not: give the cluster CA that "
-				  "signs every daemon's certificate");
+		snprintf(why, wl,
+			 "peer-cert is set but peer-ca is not: give the cluster CA that "
+			 "signs every daemon's certificate");
 		return -EINVAL;
 	}
 	if (!set(cfg->cert) && (set(cfg->cert_key) || set(cfg->ca))) {
@@ -315,8 +316,8 @@ void tpd_peertls_identity(SSL *ssl, char *buf, size_t len, bool *ret_cert)
 		} else if (g->type == GEN_IPADD) {
 			const ASN1_OCTET_STRING *ip = g->d.iPAddress;
 			char txt[64] = "?";
-			inet_ntop_any(ASN1_STRING_get0_data(ip), (size_t)ASN1_STRING_length(ip), txt,
-				      sizeof(txt));
+			inet_ntop_any(ASN1_STRING_get0_data(ip), (size_t)ASN1_STRING_length(ip),
+				      txt, sizeof(txt));
 			snprintf(san, sizeof(san), "IP:%s", txt);
 		}
 	}
@@ -343,17 +344,17 @@ int tpd_peertls_link_key(SSL *ctl, uint64_t link_id, uint8_t out[TPD_PEERTLS_BIN
 
 	for (int i = 0; i < 8; i++)
 		ctx[i] = (uint8_t)(link_id >> (8 * i));
-	return SSL_export_keying_material(ctl, out, TPD_PEERTLS_BIND_LEN, label,
-					  sizeof(label) - 1, ctx, sizeof(ctx), 1) == 1
-		       ? 0
-		       : -EIO;
+	return SSL_export_keying_material(ctl, out, TPD_PEERTLS_BIND_LEN, label, sizeof(label) - 1,
+					  ctx, sizeof(ctx), 1) == 1
+		   ? 0
+		   : -EIO;
 }
 
 int tpd_peertls_binding(const uint8_t link_key[TPD_PEERTLS_BIND_LEN], SSL *data, unsigned index,
 			bool dialler, uint8_t out[TPD_PEERTLS_BIND_LEN])
 {
 	static const char label[] = "EXPORTER-tpipd-data";
-	const struct tpd_peer_key k = { .bytes = (uint8_t *)link_key, .len = TPD_PEERTLS_BIND_LEN };
+	const struct tpd_peer_key k = {.bytes = (uint8_t *)link_key, .len = TPD_PEERTLS_BIND_LEN};
 	uint8_t ekm[32];
 	int r;
 

@@ -23,7 +23,7 @@
 
 /* What authenticates peers; the paths are borrowed for tpd_peertls_new() only. */
 struct tpd_peertls_config {
-	const struct tpd_peer_key *key; /* NULL: no pre-shared key */
+	const struct tpd_peer_key *key;	  /* NULL: no pre-shared key */
 	const char *cert, *cert_key, *ca; /* "" or NULL: no certificates */
 };
 

@@ -79,17 +79,22 @@ static bool cross_works(const struct tpt_daemon *from, const struct tpt_daemon *
 			const char *name)
 {
 	char addr[128];
-	struct tpt_xfer x = { .d = to, .writer_d = from, .name = name,
-			      .address = tpt_peer_address(to, name, addr, sizeof(addr)),
-			      .n_msgs = 2, .spec = probe_spec, .writer_mem = TPT_MEM_PRIVATE,
-			      .reader_mem = TPT_MEM_SHM, .timeout_ms = T_MS };
+	struct tpt_xfer x = {.d = to,
+			     .writer_d = from,
+			     .name = name,
+			     .address = tpt_peer_address(to, name, addr, sizeof(addr)),
+			     .n_msgs = 2,
+			     .spec = probe_spec,
+			     .writer_mem = TPT_MEM_PRIVATE,
+			     .reader_mem = TPT_MEM_SHM,
+			     .timeout_ms = T_MS};
 
 	return tpt_xfer_run(&x);
 }
 
 static int loopback_listen(int *ret_port)
 {
-	struct sockaddr_in in = { .sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK) };
+	struct sockaddr_in in = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
 	socklen_t sl = sizeof(in);
 	int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
 
@@ -103,8 +108,9 @@ static int loopback_listen(int *ret_port)
 
 static int tcp_connect(int port)
 {
-	struct sockaddr_in in = { .sin_family = AF_INET, .sin_port = htons((uint16_t)port),
-				  .sin_addr.s_addr = htonl(INADDR_LOOPBACK) };
+	struct sockaddr_in in = {.sin_family = AF_INET,
+				 .sin_port = htons((uint16_t)port),
+				 .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
 	int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
 
 	if (fd >= 0 && connect(fd, (struct sockaddr *)&in, sizeof(in)) < 0) {
@@ -128,7 +134,7 @@ static struct tpd_peer_key fake_key;
 static void fake_tls_init(void)
 {
 	char why[300];
-	struct tpd_peertls_config c = { 0 };
+	struct tpd_peertls_config c = {0};
 
 	if (fake_tls)
 		return;
@@ -189,7 +195,7 @@ static int fconn_recv(struct fconn *c, Tpw__V1__PeerMsg **ret)
 {
 	uint8_t buf[8192];
 	struct tpw_hdr h;
-	struct timeval tv = { LOG_MS / 1000, 0 };
+	struct timeval tv = {LOG_MS / 1000, 0};
 
 	setsockopt(c->fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
 	if (ssl_read_all(c->ssl, buf, TPW_HDR_SIZE) < 0)
@@ -270,9 +276,9 @@ static int data_attach(int port, uint64_t link_id, const uint8_t *key, unsigned 
 		return r;
 	ck_assert_int_eq(in->body_case, TPW__V1__PEER_MSG__BODY_DATA_HELLO);
 	ck_assert_int_eq(tpd_peertls_binding(key, ret->ssl, index, false, want), 0);
-	ck_assert_msg(tpd_peertls_binding_ok(want, in->data_hello->mac.data,
-					     in->data_hello->mac.len),
-		      "the daemon's answer does not prove the link");
+	ck_assert_msg(
+	    tpd_peertls_binding_ok(want, in->data_hello->mac.data, in->data_hello->mac.len),
+	    "the daemon's answer does not prove the link");
 	tpw_peer_msg_free(in);
 	return 0;
 }
@@ -281,7 +287,7 @@ static int data_attach(int port, uint64_t link_id, const uint8_t *key, unsigned 
 
 struct relay {
 	int lfd, a_port;
-	struct tpt_sync go; /* the test: A has authenticated the relayed handshake */
+	struct tpt_sync go;   /* the test: A has authenticated the relayed handshake */
 	struct tpt_sync seen; /* the child: what it saw of A's bytes (1: plaintext) */
 };
 
@@ -330,8 +336,8 @@ static int attacker_relay(void *arg)
 	if (setgroups(0, NULL) < 0 || setresgid(65534, 65534, 65534) < 0 ||
 	    setresuid(65534, 65534, 65534) < 0)
 		return 2;
-	pf[0] = (struct pollfd){ .fd = rl->lfd, .events = POLLIN };
-	pf[1] = (struct pollfd){ .fd = rl->go.fd[0], .events = POLLIN };
+	pf[0] = (struct pollfd){.fd = rl->lfd, .events = POLLIN};
+	pf[1] = (struct pollfd){.fd = rl->go.fd[0], .events = POLLIN};
 	for (;;) {
 		int k = poll(pf, n, injected ? TPT_SCALED_MS(10000) : -1);
 		if (k <= 0)
@@ -339,9 +345,9 @@ static int attacker_relay(void *arg)
 		if ((pf[0].revents & POLLIN) && n + 2 <= 2 + 2 * RELAY_PAIRS) {
 			int b = accept(rl->lfd, NULL, NULL), a = tcp_connect(rl->a_port);
 			TPT_REQUIRE(b >= 0 && a >= 0, 1, "relay: accept %d, connect %d", b, a);
-			pf[n] = (struct pollfd){ .fd = b, .events = POLLIN };
+			pf[n] = (struct pollfd){.fd = b, .events = POLLIN};
 			peer_of[n++] = a;
-			pf[n] = (struct pollfd){ .fd = a, .events = POLLIN };
+			pf[n] = (struct pollfd){.fd = a, .events = POLLIN};
 			peer_of[n++] = b;
 		}
 		if (!injected && (pf[1].revents & POLLIN)) {
@@ -386,9 +392,9 @@ out:
 
 START_TEST(test_relay_of_a_daemon_handshake_gives_the_attacker_nothing)
 {
-	struct relay rl = { 0 };
-	struct tpt_end victim = { .d = &da, .ctx_name = "victim", .where = "secret",
-				  .timeout_ms = T_MS };
+	struct relay rl = {0};
+	struct tpt_end victim = {
+	    .d = &da, .ctx_name = "victim", .where = "secret", .timeout_ms = T_MS};
 	int port, plain;
 	pid_t client, relay;
 
@@ -411,8 +417,8 @@ START_TEST(test_relay_of_a_daemon_handshake_gives_the_attacker_nothing)
 	plain = tpt_sync_wait(&rl.seen, T_MS);
 	/* The relay has ended (A closed on it, or 10 s passed after the injection). */
 	ck_assert_msg(!tpt_daemon_log_has(&da, "from 'attacker'") &&
-			      !tpt_daemon_log_has(&da, "accepted 'attacker'") &&
-			      !tpt_daemon_log_has(&da, ": accepted '"),
+			  !tpt_daemon_log_has(&da, "accepted 'attacker'") &&
+			  !tpt_daemon_log_has(&da, ": accepted '"),
 		      "A served the attacker a pipe to 'secret'");
 	ck_assert_msg(plain == 0, "the attacker read plaintext frames of A's side of the link");
 	/* The injected frame fails A's TLS record check: the link dies, nothing is served. */
@@ -433,7 +439,7 @@ START_TEST(test_plaintext_hello_is_refused_and_logged_once)
 	Tpw__V1__PeerHello h = TPW__V1__PEER_HELLO__INIT;
 	Tpw__V1__PeerMsg m = TPW__V1__PEER_MSG__INIT, *ans = NULL;
 	struct tpt_raw r;
-	uint8_t boot[16] = { 1, 2, 3 }, nonce[32] = { 0 };
+	uint8_t boot[16] = {1, 2, 3}, nonce[32] = {0};
 
 	ck_assert_int_eq(tpt_raw_connect_tcp(&r, "127.0.0.1", da.peer_port), 0);
 	h.major = 1; /* an old daemon's hello, as it sends it in plaintext */
@@ -516,8 +522,8 @@ START_TEST(test_wrong_key_fails_the_handshake_on_both_ends)
 {
 	struct tpt_daemon other;
 	const char *const *t = tpt_peer_args();
-	const char *args[8] = { t[0], t[1], t[2], t[3], "--peer-key-file", other_key, NULL };
-	struct tpt_end e = { .d = &da, .ctx_name = "keyed", .where = "keyed", .timeout_ms = T_MS };
+	const char *args[8] = {t[0], t[1], t[2], t[3], "--peer-key-file", other_key, NULL};
+	struct tpt_end e = {.d = &da, .ctx_name = "keyed", .where = "keyed", .timeout_ms = T_MS};
 	FILE *f;
 	pid_t pid;
 
@@ -651,14 +657,14 @@ START_TEST(test_no_key_opens_no_tcp_port)
 	struct tpt_daemon d;
 	int port, lfd = loopback_listen(&port), fd;
 	char spec[64];
-	const char *args[] = { "--peer-listen", spec, "--log-level", "info", NULL };
+	const char *args[] = {"--peer-listen", spec, "--log-level", "info", NULL};
 	char *out;
 
 	close(lfd); /* a free port, now nobody's */
 	snprintf(spec, sizeof(spec), "127.0.0.1:%d", port);
 	ck_assert_int_eq(tpt_daemon_start(&d, args), 0);
-	ck_assert_int_eq(tpt_daemon_wait_log(&d, "not opened: no peer authentication", LOG_MS,
-					     NULL, 0), 0);
+	ck_assert_int_eq(
+	    tpt_daemon_wait_log(&d, "not opened: no peer authentication", LOG_MS, NULL, 0), 0);
 	ck_assert_int_eq(log_count(&d, "not opened: no peer authentication"), 1);
 	fd = tcp_connect(port);
 	ck_assert_msg(fd == -ECONNREFUSED, "the daemon without a key accepts TCP on %d (%d)", port,
@@ -678,7 +684,7 @@ START_TEST(test_insecure_switch_is_loud_and_shown)
 {
 	struct tpt_daemon a, b;
 	const char *const *t = tpt_peer_args();
-	const char *args[8] = { "--peer-insecure", t[0], t[1], t[2], t[3], NULL };
+	const char *args[8] = {"--peer-insecure", t[0], t[1], t[2], t[3], NULL};
 	char *out;
 
 	ck_assert_int_eq(tpt_daemon_pair_start(&a, args, &b, args), 0);

@@ -58,16 +58,16 @@ static void teardown(void)
 	ck_assert_int_eq(system(cmd), 0);
 }
 
-static const struct tpd_peer_key key16 = { .bytes = (uint8_t *)"abcdefghijklmnop", .len = 16 };
+static const struct tpd_peer_key key16 = {.bytes = (uint8_t *)"abcdefghijklmnop", .len = 16};
 
 START_TEST(test_psk_matches_the_hkdf_vector)
 {
 	/* openssl kdf -keylen 32 -kdfopt digest:SHA256 -kdfopt key:abcdefghijklmnop
 	 *   -kdfopt salt:"tpipd peer psk v1" -kdfopt info:"tls13 external psk" HKDF */
 	static const uint8_t want[32] = {
-		0xF1, 0xE4, 0xBD, 0xF1, 0x08, 0x32, 0xBE, 0xA8, 0x5D, 0xAB, 0xCE,
-		0x71, 0xFA, 0x2E, 0x60, 0xEB, 0x88, 0x14, 0xE7, 0x56, 0xC6, 0x66,
-		0xB4, 0x9A, 0x45, 0x28, 0xA2, 0x49, 0xAF, 0x90, 0x2D, 0xC0,
+	    0xF1, 0xE4, 0xBD, 0xF1, 0x08, 0x32, 0xBE, 0xA8, 0x5D, 0xAB, 0xCE,
+	    0x71, 0xFA, 0x2E, 0x60, 0xEB, 0x88, 0x14, 0xE7, 0x56, 0xC6, 0x66,
+	    0xB4, 0x9A, 0x45, 0x28, 0xA2, 0x49, 0xAF, 0x90, 0x2D, 0xC0,
 	};
 	uint8_t out[32];
 
@@ -79,8 +79,8 @@ END_TEST
 START_TEST(test_psk_any_length_and_distinct)
 {
 	uint8_t big[TPD_PEERAUTH_KEY_MAX], a[32], b[32];
-	struct tpd_peer_key k = { .bytes = big, .len = sizeof(big) };
-	const struct tpd_peer_key empty = { 0 };
+	struct tpd_peer_key k = {.bytes = big, .len = sizeof(big)};
+	const struct tpd_peer_key empty = {0};
 
 	memset(big, 'k', sizeof(big));
 	ck_assert_int_eq(tpd_peertls_psk_derive(&k, a), 0);
@@ -109,7 +109,7 @@ static void expect_new(const struct tpd_peertls_config *c, int want, const char 
 START_TEST(test_config_validation)
 {
 	char crt[300], key[300], ca[300], bkey[300], garbage[300], missing[300];
-	struct tpd_peertls_config c = { 0 };
+	struct tpd_peertls_config c = {0};
 
 	path_of("a.crt", crt, sizeof(crt));
 	path_of("a.key", key, sizeof(key));
@@ -120,27 +120,27 @@ START_TEST(test_config_validation)
 	expect_new(&c, -EINVAL, "no peer authentication");
 	c.key = &key16;
 	expect_new(&c, 0, NULL);
-	c = (struct tpd_peertls_config){ .cert = crt };
+	c = (struct tpd_peertls_config){.cert = crt};
 	expect_new(&c, -EINVAL, "peer-cert-key");
-	c = (struct tpd_peertls_config){ .cert = crt, .cert_key = key };
+	c = (struct tpd_peertls_config){.cert = crt, .cert_key = key};
 	expect_new(&c, -EINVAL, "peer-ca");
-	c = (struct tpd_peertls_config){ .cert_key = key, .ca = ca };
+	c = (struct tpd_peertls_config){.cert_key = key, .ca = ca};
 	expect_new(&c, -EINVAL, "without peer-cert");
-	c = (struct tpd_peertls_config){ .cert = crt, .cert_key = key, .ca = missing };
+	c = (struct tpd_peertls_config){.cert = crt, .cert_key = key, .ca = missing};
 	expect_new(&c, -ENOENT, "peer-ca");
 	if (!have_certs)
 		return; /* no openssl command: the file checks above are all that can run */
-	c = (struct tpd_peertls_config){ .cert = garbage, .cert_key = key, .ca = ca };
+	c = (struct tpd_peertls_config){.cert = garbage, .cert_key = key, .ca = ca};
 	expect_new(&c, -EBADMSG, "peer-cert");
-	c = (struct tpd_peertls_config){ .cert = crt, .cert_key = bkey, .ca = ca };
+	c = (struct tpd_peertls_config){.cert = crt, .cert_key = bkey, .ca = ca};
 	expect_new(&c, -EINVAL, "does not match");
-	c = (struct tpd_peertls_config){ .cert = crt, .cert_key = key, .ca = garbage };
+	c = (struct tpd_peertls_config){.cert = crt, .cert_key = key, .ca = garbage};
 	expect_new(&c, -EBADMSG, "peer-ca");
-	c = (struct tpd_peertls_config){ .cert = crt, .cert_key = key, .ca = ca, .key = &key16 };
+	c = (struct tpd_peertls_config){.cert = crt, .cert_key = key, .ca = ca, .key = &key16};
 	expect_new(&c, 0, NULL);
 	if (geteuid() != 0) {
 		chmod(ca, 0);
-		c = (struct tpd_peertls_config){ .cert = crt, .cert_key = key, .ca = ca };
+		c = (struct tpd_peertls_config){.cert = crt, .cert_key = key, .ca = ca};
 		expect_new(&c, -EACCES, "peer-ca");
 	}
 }
@@ -170,7 +170,7 @@ static bool handshake(SSL *client, SSL *server)
 
 static struct tpd_peertls *psk_tls(const struct tpd_peer_key *k)
 {
-	struct tpd_peertls_config c = { .key = k };
+	struct tpd_peertls_config c = {.key = k};
 	struct tpd_peertls *t;
 	char why[200];
 
@@ -180,11 +180,14 @@ static struct tpd_peertls *psk_tls(const struct tpd_peer_key *k)
 
 START_TEST(test_psk_handshake_binds_link_and_data)
 {
-	const struct tpd_peer_key other = { .bytes = (uint8_t *)"ABCDEFGHIJKLMNOP", .len = 16 };
+	const struct tpd_peer_key other = {.bytes = (uint8_t *)"ABCDEFGHIJKLMNOP", .len = 16};
 	struct tpd_peertls *t = psk_tls(&key16), *u = psk_tls(&other);
-	SSL *c = tpd_peertls_ssl_new(t, false, "127.0.0.1"), *s = tpd_peertls_ssl_new(t, true, NULL);
-	SSL *dc = tpd_peertls_ssl_new(t, false, "127.0.0.1"), *ds = tpd_peertls_ssl_new(t, true, NULL);
-	SSL *wc = tpd_peertls_ssl_new(u, false, "127.0.0.1"), *ws = tpd_peertls_ssl_new(t, true, NULL);
+	SSL *c = tpd_peertls_ssl_new(t, false, "127.0.0.1"),
+	    *s = tpd_peertls_ssl_new(t, true, NULL);
+	SSL *dc = tpd_peertls_ssl_new(t, false, "127.0.0.1"),
+	    *ds = tpd_peertls_ssl_new(t, true, NULL);
+	SSL *wc = tpd_peertls_ssl_new(u, false, "127.0.0.1"),
+	    *ws = tpd_peertls_ssl_new(t, true, NULL);
 	uint8_t kc[32], ks[32], k2[32], tc[32], ts[32], ta[32];
 	char id[200], err[300];
 	bool cert;
@@ -227,7 +230,7 @@ END_TEST
 static struct tpd_peertls *cert_tls(const char *crt, const char *key, const char *ca)
 {
 	char c1[300], c2[300], c3[300], why[300];
-	struct tpd_peertls_config c = { .cert = c1, .cert_key = c2, .ca = c3 };
+	struct tpd_peertls_config c = {.cert = c1, .cert_key = c2, .ca = c3};
 	struct tpd_peertls *t;
 
 	path_of(crt, c1, sizeof(c1));
