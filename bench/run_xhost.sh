@@ -24,7 +24,10 @@
 #   BENCH_QUICK=1        fewer iterations, sizes up to 64 MiB, shorter phases
 #   BUILD_DIR=DIR        meson build directory (default: <repo>/build-bench)
 #   TPIPD_BIN=PATH       run this tpipd instead of the one just built
-#   TPIPD_ARGS="..."     extra flags for both daemons (e.g. "--peer-chunk 4M")
+#   TPIPD_ARGS="..."     extra flags for both daemons (e.g. "--peer-chunk 4M"; without
+#                        --peer-key-file, --peer-cert or --peer-insecure both get a shared key
+#                        made for the run; "--peer-data-encryption no" measures TLS without
+#                        encrypted tensor bytes)
 #   XBENCH_CONNS=N       data connections per peer link, iperf3 streams and mpt lanes (default 4)
 #   XBENCH_NETNS=1       one network namespace per daemon, joined by a veth pair
 #   XBENCH_RATE=RATE     with XBENCH_NETNS=1: shape each veth end to RATE (NNmbit or NNgbit,
@@ -188,12 +191,21 @@ fi
 # start_daemon NAME HOST CMD...: starts tpipd NAME with its socket in $tmp and a peer listener on
 # HOST; its pid goes to the variable pid_NAME. `ip netns exec` execs, so $! is tpipd itself.
 start_daemon() {
-	local name=$1 host=$2
+	local name=$1 host=$2 auth=()
 	shift 2
+	# Peer listeners open only with authentication: both daemons share a key made here,
+	# unless TPIPD_ARGS says how they authenticate (--peer-insecure, a key, certificates).
+	case " ${TPIPD_ARGS:-} " in
+	*" --peer-insecure "* | *" --peer-key-file "* | *" --peer-cert "*) ;;
+	*)
+		[[ -s $tmp/peer.key ]] || (umask 077 && head -c 32 /dev/urandom | base64 >"$tmp/peer.key")
+		auth=(--peer-key-file "$tmp/peer.key")
+		;;
+	esac
 	# shellcheck disable=SC2086 # TPIPD_ARGS is a list of flags
 	"$@" "$tpipd" --socket "$tmp/$name.sock" --log-level warning \
 		--peer-listen "$host:0" --peer-force-cross-host --peer-data-conns "$conns" \
-		${TPIPD_ARGS:-} 2>"$tmp/$name.log" &
+		"${auth[@]}" ${TPIPD_ARGS:-} 2>"$tmp/$name.log" &
 	printf -v "pid_$name" '%s' "$!"
 }
 

@@ -123,7 +123,20 @@ static const struct opt opts[] = {
 	  "data connections per peer link, striped for large tensors (default 4)" },
 	{ "peer-key-file", "peer", K_PATH, OFF(peer_key_file), 0,
 	  sizeof(((struct tpd_config *)0)->peer_key_file), false, "PATH",
-	  "pre-shared key: peers authenticate both ways by HMAC (default: none)" },
+	  "pre-shared key: peers authenticate by TLS 1.3 with this PSK (default: none)" },
+	{ "peer-cert", "peer", K_PATH, OFF(peer_cert), 0,
+	  sizeof(((struct tpd_config *)0)->peer_cert), false, "PATH",
+	  "this daemon's certificate chain (PEM) for mutual TLS with peers (default: none)" },
+	{ "peer-cert-key", "peer", K_PATH, OFF(peer_cert_key), 0,
+	  sizeof(((struct tpd_config *)0)->peer_cert_key), false, "PATH",
+	  "the private key of --peer-cert (PEM)" },
+	{ "peer-ca", "peer", K_PATH, OFF(peer_ca), 0, sizeof(((struct tpd_config *)0)->peer_ca),
+	  false, "PATH", "the cluster CA (PEM) that must sign every peer's certificate" },
+	{ "peer-data-encryption", "peer", K_BOOL, OFF(peer_data_encryption), 0, 0, false,
+	  "yes|no", "encrypt tensor bytes on data connections (default yes; no: a trusted\n"
+	  "                            fabric, still authenticated; both ends must agree)" },
+	{ "peer-insecure", "peer", K_FLAG, OFF(peer_insecure), 0, 0, false, "",
+	  "peer over plain TCP without authentication (test fabrics only; logged loudly)" },
 	{ "peer-connect-timeout", "peer", K_U32, OFF(peer_connect_timeout_ms), 100, 600000, true,
 	  "MS", "reach a peer, authenticate and be accepted within this (default 5000)" },
 	{ "peer-timeout", "peer", K_U32, OFF(peer_timeout_ms), 300, 600000, true, "MS",
@@ -187,6 +200,7 @@ void tpd_config_defaults(struct tpd_config *c)
 	snprintf(c->peer_listen, sizeof(c->peer_listen), "*:7420");
 	c->peer_port = 7420;
 	c->peer_data_conns = 4;
+	c->peer_data_encryption = true;
 	c->peer_connect_timeout_ms = 5000;
 	c->peer_timeout_ms = 6000;
 	c->peer_chunk = 1u << 20;

@@ -54,7 +54,12 @@ struct tpd_config {
 	char peer_listen[80];	    /* "ADDR:PORT", "*:PORT", "[v6]:PORT" or "off" */
 	uint32_t peer_port;	    /* default port of tpip:// addresses */
 	uint32_t peer_data_conns;   /* data connections per peer link */
-	char peer_key_file[PATH_MAX]; /* "" = no key: links are not authenticated */
+	char peer_key_file[PATH_MAX]; /* "" = no key (TLS with an external PSK when set) */
+	char peer_cert[PATH_MAX];     /* "" = no certificate; with _cert_key and _ca: mutual TLS */
+	char peer_cert_key[PATH_MAX];
+	char peer_ca[PATH_MAX];
+	bool peer_data_encryption;    /* no: tensor bytes unencrypted (still authenticated) */
+	bool peer_insecure;	      /* plain TCP peering without authentication (test fabrics) */
 	uint32_t peer_connect_timeout_ms;
 	uint32_t peer_timeout_ms;   /* keepalive: silence longer than this kills a link */
 	bool peer_force_cross_host; /* same-host daemons peer over TCP like other hosts */

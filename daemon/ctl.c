@@ -123,6 +123,7 @@ static void fill_status(struct tpd_daemon *d, const struct ctl_bufs *b, Tpw__V1_
 	st->peer_listen = d->peer_listen_addr;
 	st->peers = d->n_peers;
 	st->host_id = d->boot_id_hex;
+	st->peer_auth = (char *)tpd_peers_auth(d);
 	tpb_cuda_map_count(&st->cuda_mappings, &st->cuda_mappings_open);
 	tpd_gdr_cache_stats(d, &rc);
 	st->rdma_cache_regions = rc.regions;

@@ -17,6 +17,8 @@
 #include "ring.h"
 #include "tpu.h"
 
+struct tpd_peertls;
+
 struct tpd_daemon {
 	struct tpd_config cfg;
 	struct event_base *base;
@@ -79,6 +81,7 @@ struct tpd_daemon {
 	uint64_t instance;
 	struct tpd_peer_key peer_key;
 	bool peer_keyed;
+	struct tpd_peertls *peer_tls; /* NULL: no authentication configured, or --peer-insecure */
 	struct evdns_base *dns;	    /* created on first dial */
 };
 

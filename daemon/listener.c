@@ -136,16 +136,17 @@ int tpd_listener_set_remote(struct tpd_listener *l, Tpw__V1__RemoteAccess remote
 	return 0;
 }
 
-bool tpd_listener_permits_remote(const struct tpd_listener *l, const char *identity)
+bool tpd_listener_permits_remote(const struct tpd_listener *l, tpd_remote_match_fn match,
+				 const void *arg)
 {
 	switch (l->remote) {
 	case TPW__V1__REMOTE_ACCESS__REMOTE_ANY_PEER:
 		return true;
 	case TPW__V1__REMOTE_ACCESS__REMOTE_PEERS:
-		if (!identity)
+		if (!match)
 			return false;
 		for (size_t i = 0; i < l->n_remote_peers; i++)
-			if (strcmp(l->remote_peers[i], identity) == 0)
+			if (match(l->remote_peers[i], arg))
 				return true;
 		return false;
 	default:

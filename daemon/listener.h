@@ -67,13 +67,17 @@ bool tpd_listener_name_uid(const char *name, uid_t *ret);
 int tpd_listener_set_remote(struct tpd_listener *l, Tpw__V1__RemoteAccess remote,
 			    char *const *peers, size_t n);
 
+/* Does @entry, one of a listener's remote peers, name the link @arg? (tpd_peer_identity_matches) */
+typedef bool (*tpd_remote_match_fn)(const char *entry, const void *arg);
+
 /*
- * tpd_listener_permits_remote() - may a peer daemon whose link authenticated as @identity (NULL:
- * an unauthenticated link) open a pipe to @l? REMOTE_ANY_PEER admits every link the daemon
- * accepted; REMOTE_PEERS only a listed identity; REMOTE_NONE nobody. No uid plays a part.
- * Borrows @l and @identity.
+ * tpd_listener_permits_remote() - may the peer daemon of a link open a pipe to @l?
+ * REMOTE_ANY_PEER admits every link the daemon accepted; REMOTE_PEERS only a link that @match
+ * says one of the listed entries names (@match NULL: an unauthenticated link, which no entry
+ * names); REMOTE_NONE nobody. No uid plays a part. Borrows @l and @arg.
  */
-bool tpd_listener_permits_remote(const struct tpd_listener *l, const char *identity);
+bool tpd_listener_permits_remote(const struct tpd_listener *l, tpd_remote_match_fn match,
+				 const void *arg);
 
 /* Unregisters and frees @l. Accepts NULL. */
 void tpd_registry_remove(struct tpd_registry *r, struct tpd_listener *l);

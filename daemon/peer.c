@@ -11,6 +11,9 @@
 #include <arpa/inet.h>
 #include <event2/buffer.h>
 #include <event2/bufferevent.h>
+#include <event2/bufferevent_ssl.h>
+#include <openssl/err.h>
+#include <openssl/ssl.h>
 #include <net/if.h>
 #include <netdb.h>
 #include <netinet/in.h>
@@ -19,6 +22,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/socket.h>
+#include <fcntl.h>
 #include <unistd.h>
 #include "daemon.h"
 #include "frame.h"
@@ -28,12 +32,13 @@
 #include "peer.h"
 #include "peer_int.h"
 #include "peerauth.h"
+#include "peertls.h"
 #include "pipe.h"
 #include "stripe.h"
 #include "validate.h"
 
-static const char *const state_names[] = { "connecting", "handshake", "handshake", "up",
-					   "failed" };
+static const char *const state_names[] = { "connecting", "handshake", "handshake", "handshake",
+					   "up", "failed" };
 
 /* ---- helpers ------------------------------------------------------------------------------- */
 
@@ -92,7 +97,23 @@ const char *tpd_peer_name(const struct tpd_peer *pr)
 
 const char *tpd_peer_identity(const struct tpd_peer *pr)
 {
-	return pr->authenticated ? "psk" : NULL;
+	return pr->authenticated && pr->identity[0] ? pr->identity : NULL;
+}
+
+bool tpd_peer_identity_matches(const char *entry, const void *arg)
+{
+	const struct tpd_peer *pr = arg;
+	const char *id = tpd_peer_identity(pr);
+
+	if (!id)
+		return false;
+	if (strcmp(entry, id) == 0)
+		return true;
+	if (strcmp(entry, "psk") == 0)
+		return strncmp(id, "psk:", 4) == 0;
+	if (strncmp(entry, "cert:", 5) == 0 && entry[5] && !strchr(entry, '=') && pr->cert_verified)
+		return pr->ssl && tpd_peertls_names_host(pr->ssl, entry + 5);
+	return false;
 }
 
 bool tpd_peer_is_up(const struct tpd_peer *pr)
@@ -201,7 +222,7 @@ static void peer_flush(struct tpd_peer *pr)
 		return;
 	}
 	out = bufferevent_get_output(pr->bev);
-	if (!evbuffer_get_length(out)) {
+	if (!evbuffer_get_length(out) && !pr->ssl) { /* under TLS, the bufferevent encrypts */
 		fd = bufferevent_getfd(pr->bev);
 		while (evbuffer_get_length(pr->pend) && evbuffer_write(pr->pend, fd) > 0)
 			;
@@ -240,6 +261,15 @@ void tpd_peer_send_now(struct tpd_peer *pr, Tpw__V1__PeerMsg *m)
 		return;
 	}
 	tpw_frame_pack(&m->base, 0, 0, ++pr->seq_out, buf);
+	if (pr->ssl) {
+		/* Nothing is queued, so the bufferevent has no write of its own pending in @ssl. */
+		size_t w = 0;
+		ERR_clear_error();
+		if (SSL_write_ex(pr->ssl, buf, n, &w) == 1 && w == n)
+			pr->ctl_out += n;
+		ERR_clear_error();
+		return;
+	}
 	if (send(bufferevent_getfd(pr->bev), buf, n, MSG_NOSIGNAL | MSG_DONTWAIT) == (ssize_t)n)
 		pr->ctl_out += n;
 }
@@ -343,8 +373,7 @@ struct tpd_peer *tpd_peer_new(struct tpd_daemon *d, bool outgoing, const char *k
 	tpu_hmap_init(&pr->xfers);
 	pr->ev_timer = evtimer_new(d->base, peer_on_timer, pr);
 	pr->ev_close = event_new(d->base, -1, 0, peer_on_close, pr);
-	if (!pr->ev_timer || !pr->ev_close || peer_make_stripe(pr) < 0 ||
-	    tpd_peerauth_nonce(pr->nonce_mine) < 0) {
+	if (!pr->ev_timer || !pr->ev_close || peer_make_stripe(pr) < 0) {
 		tpd_stripe_free(pr->stripe);
 		if (pr->ev_timer)
 			event_free(pr->ev_timer);
@@ -455,11 +484,6 @@ static void dispatch(struct tpd_peer *pr, const Tpw__V1__PeerMsg *m, const uint8
 			tpd_peerhs_dial_on_hello(pr, m->hello);
 			return;
 		}
-		if (m->body_case == TPW__V1__PEER_MSG__BODY_AUTH && !dial && pr->d->peer_keyed &&
-		    !pr->authenticated) {
-			tpd_peerhs_answer_on_auth(pr, m->auth);
-			return;
-		}
 		if (m->body_case == TPW__V1__PEER_MSG__BODY_READY && dial) {
 			tpd_peerhs_dial_on_ready(pr, m->ready);
 			return;
@@ -536,18 +560,86 @@ static void peer_on_read(struct bufferevent *bev, void *arg)
 		;
 }
 
+static void peer_on_read(struct bufferevent *bev, void *arg);
+static void peer_on_event(struct bufferevent *bev, short what, void *arg);
+
+/* The dialled control connection is up as TCP: go on over TLS on the same socket (a dup: the
+ * plain bufferevent closes its own). Return: 0 or -errno. */
+static int dial_tls_start(struct tpd_peer *pr)
+{
+	SSL *ssl = tpd_peertls_ssl_new(pr->d->peer_tls, false, pr->dial_host);
+	int fd = ssl ? fcntl(bufferevent_getfd(pr->bev), F_DUPFD_CLOEXEC, 3) : -1;
+	struct bufferevent *bev;
+
+	if (fd < 0) {
+		SSL_free(ssl);
+		return -ENOMEM;
+	}
+	bev = bufferevent_openssl_socket_new(pr->d->base, fd, ssl, BUFFEREVENT_SSL_CONNECTING,
+					     BEV_OPT_CLOSE_ON_FREE);
+	if (!bev) {
+		SSL_free(ssl);
+		close(fd);
+		return -ENOMEM;
+	}
+	bufferevent_openssl_set_allow_dirty_shutdown(bev, 1);
+	bufferevent_free(pr->bev);
+	pr->bev = bev;
+	bufferevent_setcb(bev, peer_on_read, NULL, peer_on_event, pr);
+	pr->state = PEER_TLS;
+	bufferevent_enable(bev, EV_READ | EV_WRITE);
+	return 0;
+}
+
+/* The OpenSSL errors of @bev's connection as one line. */
+static void bev_tls_error(struct tpd_peer *pr, struct bufferevent *bev, char *buf, size_t len)
+{
+	SSL *ssl = bufferevent_openssl_get_ssl(bev);
+	unsigned long e;
+	size_t n;
+
+	/* libevent moved OpenSSL's queue into the bufferevent: put it back for the reader. */
+	ERR_clear_error();
+	while ((e = bufferevent_get_openssl_error(bev)))
+		if (ERR_GET_LIB(e)) /* libevent also queues SSL_get_error() codes: not errors */
+			ERR_put_error(ERR_GET_LIB(e), 0, ERR_GET_REASON(e), NULL, 0);
+	tpd_peertls_error(ssl, buf, len);
+	n = strlen(buf);
+	if (strcmp(buf, "connection closed") == 0)
+		snprintf(buf + n, len - n, " during the TLS handshake (the peer refused it: a "
+					   "different key or CA, or a tpipd without TLS)");
+	(void)pr;
+}
+
 static void peer_on_event(struct bufferevent *bev, short what, void *arg)
 {
 	struct tpd_peer *pr = arg;
 	int err = EVUTIL_SOCKET_ERROR();
+	char why[400];
 
 	if (what & BEV_EVENT_CONNECTED) {
 		int one = 1;
-		tpd_peerdial_connected(pr);
-		setsockopt(bufferevent_getfd(bev), IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
+		if (pr->state == PEER_CONNECTING) {
+			tpd_peerdial_connected(pr);
+			setsockopt(bufferevent_getfd(bev), IPPROTO_TCP, TCP_NODELAY, &one,
+				   sizeof(one));
+			if (pr->d->peer_tls) {
+				err = dial_tls_start(pr);
+				if (err < 0)
+					tpd_peer_fail(pr, err, "out of memory");
+				return;
+			}
+		} else {
+			tpd_peerhs_tls_up(pr, bufferevent_openssl_get_ssl(bev));
+		}
 		pr->state = PEER_HANDSHAKE;
 		bufferevent_enable(bev, EV_READ | EV_WRITE);
 		tpd_peerhs_send_hello(pr, TPW__V1__STATUS__STATUS_OK, NULL);
+		return;
+	}
+	if (pr->state == PEER_TLS && (what & (BEV_EVENT_EOF | BEV_EVENT_ERROR))) {
+		bev_tls_error(pr, bev, why, sizeof(why));
+		tpd_peer_fail(pr, -EACCES, "TLS handshake failed: %s", why);
 		return;
 	}
 	if (what & BEV_EVENT_EOF) {
@@ -557,6 +649,8 @@ static void peer_on_event(struct bufferevent *bev, short what, void *arg)
 	if (what & BEV_EVENT_ERROR) {
 		if (pr->state == PEER_CONNECTING && pr->addr)
 			tpd_peerdial_error(pr, err);
+		else if (pr->ssl && bufferevent_get_openssl_error(bev))
+			tpd_peer_fail(pr, -EPROTO, "TLS error on the control connection");
 		else
 			tpd_peer_fail(pr, -ECONNRESET, "connection lost: %s", strerror(err));
 	}
@@ -592,13 +686,37 @@ static void peer_on_timer(evutil_socket_t fd, short what, void *arg)
 	tpd_peer_timer_arm_ms(pr->ev_timer, TPU_MAX(d->cfg.peer_timeout_ms / 3, 100u));
 }
 
-int tpd_peer_bev_setup(struct tpd_peer *pr, int fd)
+int tpd_peer_bev_setup(struct tpd_peer *pr, int fd, SSL *ssl)
 {
-	pr->bev = bufferevent_socket_new(pr->d->base, fd, BEV_OPT_CLOSE_ON_FREE);
+	if (ssl) {
+		pr->bev = bufferevent_openssl_socket_new(pr->d->base, fd, ssl, BUFFEREVENT_SSL_OPEN,
+							 BEV_OPT_CLOSE_ON_FREE);
+		if (pr->bev)
+			bufferevent_openssl_set_allow_dirty_shutdown(pr->bev, 1);
+	} else {
+		pr->bev = bufferevent_socket_new(pr->d->base, fd, BEV_OPT_CLOSE_ON_FREE);
+	}
 	if (!pr->bev)
 		return -ENOMEM;
 	bufferevent_setcb(pr->bev, peer_on_read, NULL, peer_on_event, pr);
 	return 0;
+}
+
+/*
+ * Whether dials to @host:@port may use link @pr. A link this daemon dialled matches what it
+ * dialled. An accepted one only matches when TLS verified a certificate that names @host (as a
+ * dial to @host would check) and the port is the one its listener has, as it claims: an
+ * accepted link authenticated by the shared key alone could be any key holder, so each daemon
+ * dials its own.
+ */
+static bool peer_serves(struct tpd_peer *pr, const char *key, const char *host, uint16_t port)
+{
+	if (pr->state == PEER_FAILED)
+		return false;
+	if (pr->outgoing)
+		return strcasecmp(pr->key, key) == 0;
+	return pr->cert_verified && pr->claimed_port == port && pr->ssl &&
+	       tpd_peertls_names_host(pr->ssl, host);
 }
 
 int tpd_peer_get(struct tpd_daemon *d, const char *host, uint16_t port, struct tpd_peer **ret,
@@ -609,13 +727,19 @@ int tpd_peer_get(struct tpd_daemon *d, const char *host, uint16_t port, struct t
 
 	snprintf(key, sizeof(key), strchr(host, ':') ? "[%s]:%u" : "%s:%u", host, port);
 	tpu_list_for_each(pr, &d->peers, node)
-		if (pr->state != PEER_FAILED && strcasecmp(pr->key, key) == 0) {
+		if (peer_serves(pr, key, host, port)) {
 			*ret = pr;
 			return 0;
 		}
 	if (d->stopping) {
 		snprintf(why, wl, "daemon stopping");
 		return -ESHUTDOWN;
+	}
+	if (!d->peer_tls && !d->cfg.peer_insecure) {
+		snprintf(why, wl, "this daemon has no peer authentication configured (peer-key-file, "
+				  "or peer-cert with peer-cert-key and peer-ca): it cannot reach "
+				  "other hosts");
+		return -EACCES;
 	}
 	if (!tpd_peerlisten_admit_dial(d, why, wl))
 		return -ENOBUFS;
@@ -624,6 +748,7 @@ int tpd_peer_get(struct tpd_daemon *d, const char *host, uint16_t port, struct t
 		snprintf(why, wl, "out of memory");
 		return -ENOMEM;
 	}
+	snprintf(pr->dial_host, sizeof(pr->dial_host), "%s", host);
 	tpd_peer_log(pr, TPU_LOG_INFO, "dialling");
 	tpd_peerdial_start(pr, host, port);
 	*ret = pr;
@@ -654,6 +779,11 @@ int tpd_peers_start(struct tpd_daemon *d)
 	r = tpd_peerauth_instance(&d->instance);
 	if (r < 0)
 		return r;
+	if (c->peer_insecure && (c->peer_key_file[0] || c->peer_cert[0])) {
+		tpu_log_err("peer-insecure is set together with peer authentication (peer-key-file "
+			    "or peer-cert): choose one");
+		return -EINVAL;
+	}
 	if (c->peer_key_file[0]) {
 		r = tpd_peerauth_key_load(c->peer_key_file, &d->peer_key, why, sizeof(why));
 		if (r < 0) {
@@ -662,8 +792,33 @@ int tpd_peers_start(struct tpd_daemon *d)
 		}
 		d->peer_keyed = true;
 	}
+	if (d->peer_keyed || c->peer_cert[0] || c->peer_cert_key[0] || c->peer_ca[0]) {
+		const struct tpd_peertls_config tc = { .key = d->peer_keyed ? &d->peer_key : NULL,
+						       .cert = c->peer_cert,
+						       .cert_key = c->peer_cert_key,
+						       .ca = c->peer_ca };
+		r = tpd_peertls_new(&tc, &d->peer_tls, why, sizeof(why));
+		if (r < 0) {
+			tpu_log_err("peer authentication: %s", why);
+			return r;
+		}
+	}
 	if (strcmp(c->peer_listen, "off") == 0 || !c->peer_listen[0])
 		return 0;
+	if (!d->peer_tls && !c->peer_insecure) {
+		tpu_log_notice("peer listener on %s not opened: no peer authentication is configured, "
+			       "and this daemon never listens on the network without it. To peer "
+			       "with other hosts give every daemon the same key (head -c 32 "
+			       "/dev/urandom | base64 > /etc/tpipd/peer.key; chmod 600; [peer] "
+			       "key-file = /etc/tpipd/peer.key) or certificates from a cluster CA "
+			       "([peer] cert, cert-key, ca); see tpipd(8)",
+			       c->peer_listen);
+		return 0;
+	}
+	if (c->peer_insecure)
+		tpu_log_warn("peer links are INSECURE (--peer-insecure): no authentication and no "
+			     "encryption; any host that reaches the peer port can open pipes as a "
+			     "peer daemon. Use it on isolated test fabrics only");
 	r = tpd_peerlisten_open(d, c->peer_listen);
 	if (r < 0 && r != -EINVAL && strcmp(c->peer_listen, "*:7420") == 0) {
 		tpu_log_warn("peer listener on %s: %s; cross-host pipes can still be dialled from "
@@ -727,9 +882,37 @@ void tpd_peers_stop(struct tpd_daemon *d)
 	if (d->peer_keyed)
 		tpd_peerauth_key_done(&d->peer_key);
 	d->peer_keyed = false;
+	tpd_peertls_free(d->peer_tls);
+	d->peer_tls = NULL;
 }
 
 /* ---- tpipctl ------------------------------------------------------------------------------- */
+
+const char *tpd_peers_auth(const struct tpd_daemon *d)
+{
+	static const char *const names[2][3] = {
+		{ "tls: psk", "tls: certificates", "tls: psk, certificates" },
+		{ "tls: psk, data plaintext", "tls: certificates, data plaintext",
+		  "tls: psk, certificates, data plaintext" },
+	};
+	const struct tpd_peertls *t = d->peer_tls;
+
+	if (!t)
+		return d->cfg.peer_insecure ? "insecure" : "none";
+	return names[!d->cfg.peer_data_encryption][t->psk && t->certs ? 2 : t->certs ? 1 : 0];
+}
+
+/* How @pr is protected, for tpipctl (see CtlPeer.security). */
+static const char *peer_security(const struct tpd_peer *pr)
+{
+	if (!pr->ssl)
+		return pr->state == PEER_CONNECTING || pr->state == PEER_TLS ? "" : "insecure";
+	if (pr->data_prot && strcmp(pr->data_prot, "plaintext") == 0)
+		return "tls, data plaintext";
+	if (pr->data_prot && strncmp(pr->data_prot, "kTLS", 4) == 0)
+		return "tls, data kTLS";
+	return "tls";
+}
 
 int tpd_peers_ctl(struct tpd_daemon *d, Tpw__V1__CtlPeer ***ret, size_t *n)
 {
@@ -764,6 +947,8 @@ int tpd_peers_ctl(struct tpd_daemon *d, Tpw__V1__CtlPeer ***ret, size_t *n)
 		e->pipes = (uint32_t)pr->pipes.len;
 		e->last_error = pr->last_error;
 		e->authenticated = pr->authenticated;
+		e->identity = pr->identity;
+		e->security = (char *)peer_security(pr);
 		e->up_ms = pr->state == PEER_UP ? (now - pr->up_ns) / 1000000ull : 0;
 		v[k++] = e;
 	}

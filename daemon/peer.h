@@ -2,9 +2,10 @@
 /*
  * tpd_peer: one link to another host's daemon. A link is one control connection (PeerMsg frames
  * through a bufferevent) plus N data connections handed to a tpd_stripe. This module dials and
- * accepts links (the TCP peer listener), runs the Hello / HMAC challenge-response handshake,
- * attaches data connections, sends keepalives and declares a silent peer dead, and dispatches
- * the pipe messages it receives to xpipe.c and xh.c. A failed link fails every pipe over it and
+ * accepts links (the TCP peer listener), runs TLS 1.3 on every connection (peertls.c) and the
+ * Hello handshake inside it, attaches data connections bound to their link's TLS session, sends
+ * keepalives and declares a silent peer dead, and dispatches the pipe messages it receives to
+ * xpipe.c and xh.c. A failed link fails every pipe over it and
  * is gone; the next connect to that host dials a new one. The module is peer.c (lifetime, control
  * connection), peerhs.c (handshake) and peerlisten.c (listener), sharing the private peer_int.h.
  */
@@ -61,13 +62,23 @@ bool tpd_peer_is_failed(const struct tpd_peer *pr);
 const char *tpd_peer_name(const struct tpd_peer *pr);
 
 /*
- * tpd_peer_identity() - who the far daemon of @pr proved to be: the only thing a listener's
- * remote access is decided on (never a uid the far daemon claims). For now "psk" for a link that
- * proved the pre-shared key, NULL for an unauthenticated link; the TLS handshake will give the
- * verified certificate or PSK identity instead.
- * Return: borrowed string valid as long as @pr, or NULL.
+ * tpd_peer_identity() - who the far daemon of @pr proved to be in the TLS handshake, as shown by
+ * tpipctl: "psk:tpipd" (it holds the pre-shared key) or "cert:CN=...,DNS:..." (a certificate of
+ * the cluster CA). The only thing a listener's remote access is decided on, never a uid the far
+ * daemon claims. Return: borrowed string valid as long as @pr, or NULL for an unauthenticated
+ * (--peer-insecure) link.
  */
 const char *tpd_peer_identity(const struct tpd_peer *pr);
+
+/*
+ * tpd_peer_identity_matches() - does @entry, one of a listener's remote peers, name the far
+ * daemon of @pr? "psk" (or "psk:tpipd") names any link that proved the pre-shared key;
+ * "cert:NAME" a link whose verified certificate names host NAME (a subjectAltName DNS name or IP
+ * address, as a dial checks it); the full identity shown by tpipctl names that identity. An
+ * unauthenticated link matches nothing. @pr is a const void * so that it fits
+ * tpd_remote_match_fn (listener.h). Borrows both.
+ */
+bool tpd_peer_identity_matches(const char *entry, const void *pr);
 
 /*
  * tpd_peer_dial_text() - while @pr is being dialled, each address tried so far and why it
@@ -113,5 +124,13 @@ void tpd_peer_xfer_drop(struct tpd_peer *pr, uint64_t xfer_id);
  * tpd_peers_ctl_free(). */
 int tpd_peers_ctl(struct tpd_daemon *d, Tpw__V1__CtlPeer ***ret, size_t *n);
 void tpd_peers_ctl_free(Tpw__V1__CtlPeer **v, size_t n);
+
+/*
+ * tpd_peers_auth() - how this daemon's peer links authenticate, for tpipctl status: "tls: psk",
+ * "tls: certificates", "tls: psk, certificates" (each with ", data plaintext" when
+ * peer-data-encryption = no), "insecure", or "none" (no listener, no dialling).
+ * Return: a static string.
+ */
+const char *tpd_peers_auth(const struct tpd_daemon *d);
 
 #endif

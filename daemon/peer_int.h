@@ -21,11 +21,12 @@
 #include "tpw.pb-c.h"
 
 #define FIRST_FRAME_MAX 4096
-#define LABEL_ANSWER "tpipd-peer-answer"
-#define LABEL_DIAL "tpipd-peer-dial"
-#define LABEL_DATA "tpipd-peer-data"
 
-enum peer_state { PEER_CONNECTING, PEER_HANDSHAKE, PEER_DATA, PEER_UP, PEER_FAILED };
+/* PEER_TLS: the dialler's TLS handshake on the control connection (the answerer's runs before
+ * the link exists, in peerlisten.c). */
+enum peer_state { PEER_CONNECTING, PEER_TLS, PEER_HANDSHAKE, PEER_DATA, PEER_UP, PEER_FAILED };
+
+struct ssl_st;
 
 struct evdns_getaddrinfo_request;
 
@@ -35,11 +36,19 @@ struct tpd_peer {
 	uint64_t id;
 	enum peer_state state;
 	bool outgoing;
-	bool authenticated;
+	bool authenticated; /* TLS verified the peer (PSK or certificate) */
+	bool cert_verified; /* ... by a certificate chaining to peer-ca */
 	bool hello_seen;
+	bool ready_seen;    /* dialler: PeerReady with data_up came, data connections may lag */
 	bool last_words; /* tpd_peerhs_send_hello/_send_ready: send at once (refusal) */
-	char key[300];	 /* "HOST:PORT" to match dials: as dialled, or remote address + port */
-	char host[256];	 /* the peer's host name */
+	char key[300];	 /* "HOST:PORT": as dialled, or the remote address of an accepted link */
+	char dial_host[256]; /* dialler: the host as dialled (its certificate must name it) */
+	char host[256];	 /* the peer's host name (its claim, for display) */
+	char identity[200]; /* TLS-verified identity, tpd_peertls_identity() */
+	uint16_t claimed_port; /* answerer: the peer's listener port, as it claims */
+	struct ssl_st *ssl;    /* the control connection's TLS (owned by @bev), NULL insecure */
+	uint8_t link_key[32];  /* exported from @ssl: what data connections prove */
+	const char *data_prot; /* "kTLS", "OpenSSL", "plaintext" once data connections attach */
 	struct bufferevent *bev;
 	struct evbuffer *pend;	   /* up: frames queued in this loop pass (tpd_peers_flush()) */
 	struct tpu_list flush_node; /* in d->peer_flushq while @pend has bytes */
@@ -47,7 +56,6 @@ struct tpd_peer {
 	struct event *ev_timer;
 	struct event *ev_close;
 	struct tpd_stripe *stripe;
-	uint8_t nonce_mine[32], nonce_theirs[32];
 	uint64_t link_id;
 	unsigned data_expected, data_attached;
 	bool data_seen[TPD_STRIPE_CONNS_MAX];
@@ -68,25 +76,36 @@ struct tpd_peer {
 	char dial_errs[200]; /* each address tried: why it failed */
 };
 
-/* An accepted connection whose first frame says what it is. */
+/* An accepted connection whose first frame (inside TLS unless insecure) says what it is. */
 struct peer_conn {
 	struct tpu_list node;
 	struct tpd_daemon *d;
 	int fd;
+	struct ssl_st *ssl; /* NULL: insecure, plain TCP */
+	bool sniffed;	    /* the first byte showed the expected protocol */
+	bool tls_done;
+	uint64_t deadline_ns; /* TLS handshake and first frame by then */
 	struct event *ev;
 	uint8_t buf[TPW_HDR_SIZE + FIRST_FRAME_MAX];
 	size_t len, want;
 	char addr[80];
 };
 
-/* A data connection of an outgoing link being dialled. */
+/* A data connection of an outgoing link being dialled: TCP connect, TLS handshake, its
+ * PeerDataHello out, the answerer's PeerDataHello back, then it joins the stripe. */
+enum data_step { DATA_CONNECT, DATA_TLS, DATA_SEND, DATA_RECV };
+
 struct data_dial {
 	struct tpu_list node; /* in d->data_dials */
 	struct tpd_daemon *d;
 	uint64_t peer_id;
 	int fd;
+	struct ssl_st *ssl;
+	enum data_step step;
 	unsigned index;
 	struct event *ev;
+	uint8_t buf[TPW_HDR_SIZE + 256];
+	size_t len, want;
 };
 
 /* ---- peer.c -------------------------------------------------------------------------------- */
@@ -141,18 +160,18 @@ void tpd_peer_timer_arm_ms(struct event *ev, uint32_t ms);
 
 /*
  * tpd_peer_bev_setup() - the control connection's bufferevent on @fd (-1: dialled later), with
- * the link's read and event callbacks.
- * Takes @fd on success (closed when the bufferevent is freed); on failure @fd stays the caller's.
+ * the link's read and event callbacks; over @ssl (its handshake done) unless it is NULL.
+ * Takes @fd and @ssl on success (closed and freed with the bufferevent); on failure both stay
+ * the caller's.
  * Return: 0 or -ENOMEM.
  */
-int tpd_peer_bev_setup(struct tpd_peer *pr, int fd);
+int tpd_peer_bev_setup(struct tpd_peer *pr, int fd, struct ssl_st *ssl);
 
 /* ---- peerhs.c ------------------------------------------------------------------------------ */
 
 /*
  * tpd_peerhs_send_hello() - send this daemon's PeerHello with status @st and @msg (NULL for
- * none); a keyed daemon answering with STATUS_OK adds its proof over both nonces. Queued, or sent
- * at once when the link has its last words.
+ * none). Queued, or sent at once when the link has its last words.
  * Borrows @pr and @msg.
  */
 void tpd_peerhs_send_hello(struct tpd_peer *pr, Tpw__V1__Status st, const char *msg);
@@ -173,26 +192,41 @@ void tpd_peerhs_send_ready(struct tpd_peer *pr, Tpw__V1__Status st, const char *
 void tpd_peerhs_link_up(struct tpd_peer *pr);
 
 /*
- * tpd_peerhs_dial_on_hello() - the dialling side got the answerer's PeerHello: check it and,
- * with a key, its proof, then prove this side with PeerAuth. Fails the link on any mismatch.
+ * tpd_peerhs_dial_on_hello() - the dialling side got the answerer's PeerHello: check it (version,
+ * same host, data encryption). Fails the link on any mismatch.
  * Borrows @pr and @h.
  */
 void tpd_peerhs_dial_on_hello(struct tpd_peer *pr, const Tpw__V1__PeerHello *h);
 
 /*
  * tpd_peerhs_answer_on_hello() - the answering side got the dialler's PeerHello (its first
- * frame): check it, then refuse the link or answer with a PeerHello, and PeerReady unless
- * PeerAuth must come first. A peer with a listener keys the link by its address and that port.
+ * frame, inside TLS): check it, then refuse the link or answer with a PeerHello and PeerReady.
+ * The listener port the peer claims is kept for tpd_peer_get(), which trusts it only with a
+ * certificate naming the host dialled.
  * Borrows @pr and @h.
  */
 void tpd_peerhs_answer_on_hello(struct tpd_peer *pr, const Tpw__V1__PeerHello *h);
 
 /*
- * tpd_peerhs_answer_on_auth() - the answering side got PeerAuth: check the proof, then send
- * PeerReady, or refuse the link.
- * Borrows @pr and @a.
+ * tpd_peerhs_tls_up() - the control connection's TLS handshake finished: record the peer's
+ * verified identity on @pr (and log it at debug). Borrows @pr and @ssl (kept in pr->ssl).
  */
-void tpd_peerhs_answer_on_auth(struct tpd_peer *pr, const Tpw__V1__PeerAuth *a);
+void tpd_peerhs_tls_up(struct tpd_peer *pr, struct ssl_st *ssl);
+
+/*
+ * tpd_peerhs_data_io() - move bytes of a connection's first frames without blocking: read
+ * (@write false) or write @buf[*@done..@want) on @fd, through @ssl unless it is NULL.
+ * Return: 1 when all moved, 0 to wait (for writability when *@want_write), < 0 failed (@why).
+ */
+int tpd_peerhs_data_io(int fd, struct ssl_st *ssl, bool write, uint8_t *buf, size_t *done,
+		       size_t want, bool *want_write, char *why, size_t why_len);
+
+/*
+ * tpd_peerhs_data_tls() - an SSL object for a data connection on @fd of a link of @d: kTLS
+ * allowed when tensor bytes are encrypted, never when they go plaintext after the handshake.
+ * Return: owned SSL, or NULL (out of memory).
+ */
+struct ssl_st *tpd_peerhs_data_tls(struct tpd_daemon *d, int fd, bool server, const char *host);
 
 /*
  * tpd_peerhs_dial_on_ready() - the dialling side got PeerReady: a refusal fails the link; without

@@ -2,10 +2,9 @@
 /*
  * tpd_peerauth: the cryptographic pieces of peer-link authentication and host identity. Loads
  * the pre-shared key file (refusing files others could read or swap), makes nonces and daemon
- * instance ids, computes and compares the HMAC-SHA256 proofs of the challenge-response (through
- * OpenSSL, never by hand), and reads this host's boot id. It does not know about connections,
- * messages or the handshake's order; daemon/peerhs.c and peerlisten.c decide what is proved over
- * which nonces.
+ * instance ids, computes and compares HMAC-SHA256 values (through OpenSSL, never by hand; used
+ * for the data connections' link proofs, peertls.c), and reads this host's boot id. It does not
+ * know about connections, messages or the handshake's order.
  */
 #ifndef TPD_PEERAUTH_H
 #define TPD_PEERAUTH_H

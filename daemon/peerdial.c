@@ -74,7 +74,7 @@ static void dial_next(struct tpd_peer *pr)
 		if (pr->bev)
 			bufferevent_free(pr->bev);
 		pr->bev = NULL;
-		if (tpd_peer_bev_setup(pr, -1) < 0) {
+		if (tpd_peer_bev_setup(pr, -1, NULL) < 0) {
 			tpd_peer_fail(pr, -ENOMEM, "out of memory");
 			return;
 		}

@@ -1,14 +1,17 @@
 /* SPDX-License-Identifier: BSD-3-Clause */
 /*
- * Peer link handshake: PeerHello (versions, identity, nonces, the loop and same-host checks), the
- * HMAC-SHA256 challenge-response (the MAC in the answerer's Hello, then PeerAuth), PeerReady, the
- * dialling side's data connections (dialled once the answerer is ready, each opened with a
- * PeerDataHello), and the link going up. It decides what is proved over which nonces; peerauth.c
- * computes the MACs. It does not read frames or own a link's lifetime (peer.c), nor accept
- * connections (peerlisten.c). Everything here runs on the loop thread.
+ * Peer link handshake, inside TLS 1.3 (peertls.c; plain TCP only with --peer-insecure): PeerHello
+ * (versions, host identity, the loop, same-host and data encryption checks), PeerReady, the
+ * dialling side's data connections (dialled once the answerer is ready: each runs its own TLS
+ * handshake, then proves with its PeerDataHello that it belongs to this link's control session,
+ * and checks the answerer's proof in the PeerDataHello it gets back), and the link going up. It
+ * does not read frames or own a link's lifetime (peer.c), nor accept connections
+ * (peerlisten.c). Everything here runs on the loop thread.
  */
 #include <event2/bufferevent.h>
 #include <event2/event.h>
+#include <openssl/err.h>
+#include <openssl/ssl.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -20,6 +23,7 @@
 #include "peer.h"
 #include "peer_int.h"
 #include "peerauth.h"
+#include "peertls.h"
 #include "pipe.h"
 #include "stripe.h"
 #include "validate.h"
@@ -32,15 +36,14 @@ void tpd_peerhs_send_hello(struct tpd_peer *pr, Tpw__V1__Status st, const char *
 	unsigned rdma = tpd_gdr_offers(d);
 	char *backends[4] = { "mpt", "basic" };
 	size_t n_backends = 2;
-	uint8_t mac[32];
 
 	if (rdma & TPD_GDR_HOST)
 		backends[n_backends++] = "rdma";
 	if (rdma & TPD_GDR_CUDA)
 		backends[n_backends++] = "cuda_gdr";
 
-	h.major = TPW_PROTO_MAJOR;
-	h.minor = TPW_PROTO_MINOR;
+	h.major = TPW_PEER_PROTO_MAJOR;
+	h.minor = TPW_PEER_PROTO_MINOR;
 	h.host = d->hostname;
 	h.boot_id.data = d->boot_id;
 	h.boot_id.len = sizeof(d->boot_id);
@@ -48,19 +51,11 @@ void tpd_peerhs_send_hello(struct tpd_peer *pr, Tpw__V1__Status st, const char *
 	h.n_backends = n_backends;
 	h.backends = backends;
 	h.data_conns = pr->outgoing ? d->cfg.peer_data_conns : 0;
-	h.nonce.data = pr->nonce_mine;
-	h.nonce.len = sizeof(pr->nonce_mine);
-	h.keyed = d->peer_keyed;
+	h.data_plaintext = !d->cfg.peer_data_encryption;
 	h.force_cross_host = d->cfg.peer_force_cross_host;
 	h.listen_port = d->peer_port_bound;
 	h.status = st;
 	h.message = (char *)msg;
-	if (!pr->outgoing && d->peer_keyed && st == TPW__V1__STATUS__STATUS_OK) {
-		tpd_peerauth_mac(&d->peer_key, LABEL_ANSWER, pr->nonce_theirs, 32, pr->nonce_mine,
-				 32, -1, mac);
-		h.mac.data = mac;
-		h.mac.len = sizeof(mac);
-	}
 	m.body_case = TPW__V1__PEER_MSG__BODY_HELLO;
 	m.hello = &h;
 	if (pr->last_words)
@@ -108,9 +103,20 @@ void tpd_peerhs_link_up(struct tpd_peer *pr)
 
 	pr->state = PEER_UP;
 	pr->up_ns = tpu_now_ns();
-	tpd_peer_log(pr, TPU_LOG_NOTICE, "link up to %s with %u data connections%s", pr->host,
-		     pr->data_attached,
-		     pr->authenticated ? ", authenticated" : ", NOT authenticated");
+	if (pr->authenticated)
+		tpd_peer_log(pr, TPU_LOG_NOTICE,
+			     "link up to %s with %u data connections, authenticated as %s, TLS 1.3%s",
+			     pr->host, pr->data_attached, pr->identity,
+			     pr->data_prot && strcmp(pr->data_prot, "plaintext") == 0
+				     ? ", tensor bytes NOT encrypted (peer-data-encryption = no)"
+				     : "");
+	else
+		tpd_peer_log(pr, TPU_LOG_WARNING,
+			     "link up to %s with %u data connections, INSECURE: not authenticated, "
+			     "not encrypted (--peer-insecure)",
+			     pr->host, pr->data_attached);
+	tpd_peer_log(pr, TPU_LOG_DEBUG, "data connections protected by %s",
+		     pr->data_prot ? pr->data_prot : "nothing");
 	tpd_peer_timer_arm_ms(pr->ev_timer, TPU_MAX(pr->d->cfg.peer_timeout_ms / 3, 100u));
 	if (pr->peer_rdma)
 		pr->gdr = tpd_gdr_link_new(pr->d, pr, pr->peer_rdma);
@@ -133,16 +139,12 @@ static int check_hello(struct tpd_peer *pr, const Tpw__V1__PeerHello *h, char *w
 		else if (strcmp(h->backends[i], "cuda_gdr") == 0)
 			pr->peer_rdma |= TPD_GDR_CUDA;
 	}
-	if (h->major != TPW_PROTO_MAJOR) {
-		snprintf(why, wl, "peer speaks protocol %u.%u, this daemon %u.%u", h->major, h->minor,
-			 TPW_PROTO_MAJOR, TPW_PROTO_MINOR);
+	if (h->major != TPW_PEER_PROTO_MAJOR) {
+		snprintf(why, wl, "peer speaks peer protocol %u.%u, this daemon %u.%u: run the same "
+				  "tpipd release on both hosts", h->major, h->minor,
+			 TPW_PEER_PROTO_MAJOR, TPW_PEER_PROTO_MINOR);
 		return -EPROTONOSUPPORT;
 	}
-	if (h->nonce.len != 32) {
-		snprintf(why, wl, "peer hello without nonce");
-		return -EPROTO;
-	}
-	memcpy(pr->nonce_theirs, h->nonce.data, 32);
 	if (h->instance == d->instance) {
 		snprintf(why, wl, "the address is this daemon's own");
 		return -ELOOP;
@@ -153,23 +155,17 @@ static int check_hello(struct tpd_peer *pr, const Tpw__V1__PeerHello *h, char *w
 				  "socket, or start both daemons with --peer-force-cross-host");
 		return -EOPNOTSUPP;
 	}
-	if (d->peer_keyed && !h->keyed) {
-		snprintf(why, wl, "peer has no pre-shared key but this daemon requires one");
-		return -EACCES;
-	}
-	if (!d->peer_keyed && h->keyed) {
-		snprintf(why, wl, "peer requires a pre-shared key but this daemon has none");
-		return -EACCES;
+	if (h->data_plaintext != !d->cfg.peer_data_encryption) {
+		snprintf(why, wl, "peer-data-encryption differs: %s here, %s on the peer; set the "
+				  "same on both daemons",
+			 d->cfg.peer_data_encryption ? "yes" : "no", h->data_plaintext ? "no" : "yes");
+		return -EPROTO;
 	}
 	return 0;
 }
 
 void tpd_peerhs_dial_on_hello(struct tpd_peer *pr, const Tpw__V1__PeerHello *h)
 {
-	struct tpd_daemon *d = pr->d;
-	Tpw__V1__PeerAuth a = TPW__V1__PEER_AUTH__INIT;
-	Tpw__V1__PeerMsg m = TPW__V1__PEER_MSG__INIT;
-	uint8_t mac[32];
 	char why[240];
 	int r;
 
@@ -179,27 +175,8 @@ void tpd_peerhs_dial_on_hello(struct tpd_peer *pr, const Tpw__V1__PeerHello *h)
 		return;
 	}
 	r = check_hello(pr, h, why, sizeof(why));
-	if (r < 0) {
+	if (r < 0)
 		tpd_peer_fail(pr, r, "%s", why);
-		return;
-	}
-	if (d->peer_keyed) {
-		tpd_peerauth_mac(&d->peer_key, LABEL_ANSWER, pr->nonce_mine, 32, pr->nonce_theirs,
-				 32, -1, mac);
-		if (!tpd_peerauth_mac_ok(mac, h->mac.data, h->mac.len)) {
-			tpd_peer_fail(pr, -EACCES,
-				      "peer failed authentication (wrong pre-shared key)");
-			return;
-		}
-		tpd_peerauth_mac(&d->peer_key, LABEL_DIAL, pr->nonce_theirs, 32, pr->nonce_mine, 32,
-				 -1, mac);
-		a.mac.data = mac;
-		a.mac.len = sizeof(mac);
-		m.body_case = TPW__V1__PEER_MSG__BODY_AUTH;
-		m.auth = &a;
-		tpd_peer_send(pr, &m, NULL, 0);
-		pr->authenticated = true;
-	}
 }
 
 void tpd_peerhs_answer_on_hello(struct tpd_peer *pr, const Tpw__V1__PeerHello *h)
@@ -219,40 +196,94 @@ void tpd_peerhs_answer_on_hello(struct tpd_peer *pr, const Tpw__V1__PeerHello *h
 		return;
 	}
 	pr->data_expected = h->data_conns;
-	if (h->listen_port) {
-		/* Later dials to this peer's listener reuse the link. */
-		char ip[80];
-		struct sockaddr_storage ss;
-		socklen_t sl = sizeof(ss);
-		if (getpeername(bufferevent_getfd(pr->bev), (struct sockaddr *)&ss, &sl) == 0) {
-			tpd_peer_sockaddr_text((struct sockaddr *)&ss, ip, sizeof(ip), false);
-			snprintf(pr->key, sizeof(pr->key), strchr(ip, ':') ? "[%s]:%u" : "%s:%u",
-				 ip, h->listen_port);
-		}
-	}
-	tpd_peerhs_send_hello(pr, TPW__V1__STATUS__STATUS_OK, NULL);
-	if (pr->d->peer_keyed)
-		return; /* PeerAuth next */
-	pr->state = PEER_DATA;
-	tpd_peerhs_send_ready(pr, TPW__V1__STATUS__STATUS_OK, NULL, false);
-}
-
-void tpd_peerhs_answer_on_auth(struct tpd_peer *pr, const Tpw__V1__PeerAuth *a)
-{
-	uint8_t mac[32];
-
-	tpd_peerauth_mac(&pr->d->peer_key, LABEL_DIAL, pr->nonce_mine, 32, pr->nonce_theirs, 32,
-			 -1, mac);
-	if (!tpd_peerauth_mac_ok(mac, a->mac.data, a->mac.len)) {
-		refuse(pr, false, -EACCES, "peer failed authentication (wrong pre-shared key)");
+	/* A claim: tpd_peer_get() reuses the link for dials to this port only when the peer's
+	 * certificate names the host dialled. */
+	pr->claimed_port = (uint16_t)h->listen_port;
+	if (pr->ssl && tpd_peertls_link_key(pr->ssl, pr->link_id, pr->link_key) < 0) {
+		refuse(pr, true, -EIO, "cannot export the link key from the TLS session");
 		return;
 	}
-	pr->authenticated = true;
+	tpd_peerhs_send_hello(pr, TPW__V1__STATUS__STATUS_OK, NULL);
 	pr->state = PEER_DATA;
 	tpd_peerhs_send_ready(pr, TPW__V1__STATUS__STATUS_OK, NULL, false);
 }
 
-static void data_dial_on_connect(evutil_socket_t fd, short what, void *arg);
+void tpd_peerhs_tls_up(struct tpd_peer *pr, SSL *ssl)
+{
+	pr->ssl = ssl;
+	pr->authenticated = true;
+	tpd_peertls_identity(ssl, pr->identity, sizeof(pr->identity), &pr->cert_verified);
+	tpd_peer_log(pr, TPU_LOG_DEBUG, "TLS 1.3 (%s) with %s", SSL_get_cipher_name(ssl),
+		     pr->identity);
+}
+
+SSL *tpd_peerhs_data_tls(struct tpd_daemon *d, int fd, bool server, const char *host)
+{
+	SSL *ssl = tpd_peertls_ssl_new(d->peer_tls, server, host);
+
+	if (!ssl)
+		return NULL;
+	if (!SSL_set_fd(ssl, fd)) {
+		SSL_free(ssl);
+		return NULL;
+	}
+	if (d->cfg.peer_data_encryption)
+		SSL_set_options(ssl, SSL_OP_ENABLE_KTLS);
+	if (server)
+		SSL_set_accept_state(ssl);
+	else
+		SSL_set_connect_state(ssl);
+	return ssl;
+}
+
+int tpd_peerhs_data_io(int fd, SSL *ssl, bool write, uint8_t *buf, size_t *done, size_t want,
+		       bool *want_write, char *why, size_t wl)
+{
+	while (*done < want) {
+		size_t n = 0;
+		ssize_t k;
+		int r;
+
+		if (ssl) {
+			ERR_clear_error();
+			r = write ? SSL_write_ex(ssl, buf + *done, want - *done, &n)
+				  : SSL_read_ex(ssl, buf + *done, want - *done, &n);
+			r = tpd_peertls_step(ssl, r, want_write, why, wl);
+			if (r <= 0)
+				return r;
+			*done += n;
+			continue;
+		}
+		k = write ? send(fd, buf + *done, want - *done, MSG_NOSIGNAL | MSG_DONTWAIT)
+			  : recv(fd, buf + *done, want - *done, MSG_DONTWAIT);
+		if (k < 0 && (errno == EAGAIN || errno == EINTR)) {
+			*want_write = write;
+			return 0;
+		}
+		if (k <= 0) {
+			snprintf(why, wl, "%s", k ? strerror(errno) : "closed by the peer");
+			return k ? -errno : -ECONNRESET;
+		}
+		*done += (size_t)k;
+	}
+	return 1;
+}
+
+static void data_dial_on_event(evutil_socket_t fd, short what, void *arg);
+
+/* Waits for @dd's socket to be readable or (@write) writable, within the connect timeout. */
+static int data_dial_wait(struct data_dial *dd, bool write)
+{
+	struct timeval tv = { dd->d->cfg.peer_connect_timeout_ms / 1000,
+			      (dd->d->cfg.peer_connect_timeout_ms % 1000) * 1000 };
+
+	if (dd->ev)
+		event_free(dd->ev);
+	dd->ev = event_new(dd->d->base, dd->fd, write ? EV_WRITE : EV_READ, data_dial_on_event, dd);
+	if (!dd->ev || event_add(dd->ev, &tv) < 0)
+		return -ENOMEM;
+	return 0;
+}
 
 /* Dials the data connections of a link whose answerer is ready for them. */
 static void dial_data(struct tpd_peer *pr)
@@ -280,15 +311,13 @@ static void dial_data(struct tpd_peer *pr)
 		dd->peer_id = pr->id;
 		dd->fd = fd;
 		dd->index = i;
-		dd->ev = event_new(pr->d->base, fd, EV_WRITE, data_dial_on_connect, dd);
-		if (!dd->ev) {
-			tpu_close(fd);
-			free(dd);
+		dd->step = DATA_CONNECT;
+		tpu_list_insert_tail(&pr->d->data_dials, &dd->node);
+		if (data_dial_wait(dd, true) < 0) {
+			tpd_peerhs_data_dial_free(dd);
 			tpd_peer_fail(pr, -ENOMEM, "out of memory");
 			return;
 		}
-		tpu_list_insert_tail(&pr->d->data_dials, &dd->node);
-		event_add(dd->ev, NULL);
 	}
 }
 
@@ -296,6 +325,7 @@ void tpd_peerhs_data_dial_free(struct data_dial *dd)
 {
 	if (dd->ev)
 		event_free(dd->ev);
+	SSL_free(dd->ssl);
 	tpu_close(dd->fd);
 	tpu_list_remove(&dd->node);
 	free(dd);
@@ -312,60 +342,206 @@ static struct tpd_peer *peer_by_id(struct tpd_daemon *d, uint64_t id)
 	return NULL;
 }
 
-static int send_frame_blocking(int fd, Tpw__V1__PeerMsg *m)
+/* Packs @dd's PeerDataHello (with its proof of the link under TLS) into dd->buf. */
+static int data_dial_hello(struct tpd_peer *pr, struct data_dial *dd)
 {
-	uint8_t buf[256];
-	size_t n = tpw_frame_size(&m->base);
-	ssize_t w;
-
-	if (n > sizeof(buf))
-		return -EMSGSIZE;
-	tpw_frame_pack(&m->base, 0, 0, 1, buf);
-	w = send(fd, buf, n, MSG_NOSIGNAL);
-	if (w < 0)
-		return -errno;
-	return (size_t)w == n ? 0 : -EAGAIN;
-}
-
-static void data_dial_on_connect(evutil_socket_t fd, short what, void *arg)
-{
-	struct data_dial *dd = arg;
 	Tpw__V1__PeerDataHello h = TPW__V1__PEER_DATA_HELLO__INIT;
 	Tpw__V1__PeerMsg m = TPW__V1__PEER_MSG__INIT;
-	struct tpd_peer *pr;
-	uint8_t mac[32];
+	uint8_t bind[TPD_PEERTLS_BIND_LEN];
+
+	h.link_id = pr->link_id;
+	h.index = dd->index;
+	if (dd->ssl) {
+		if (tpd_peertls_binding(pr->link_key, dd->ssl, dd->index, true, bind) < 0)
+			return -EIO;
+		h.mac.data = bind;
+		h.mac.len = sizeof(bind);
+	}
+	m.body_case = TPW__V1__PEER_MSG__BODY_DATA_HELLO;
+	m.data_hello = &h;
+	dd->want = tpw_frame_size(&m.base);
+	if (dd->want > sizeof(dd->buf))
+		return -EMSGSIZE;
+	tpw_frame_pack(&m.base, 0, 0, 1, dd->buf);
+	dd->len = 0;
+	return 0;
+}
+
+/* The answerer's PeerDataHello is in dd->buf: it must name this link and connection and, under
+ * TLS, prove the link's control session. Return: 0 or -errno with @why. */
+static int data_dial_check(struct tpd_peer *pr, struct data_dial *dd, char *why, size_t wl)
+{
+	Tpw__V1__PeerMsg *m = NULL;
+	struct tpw_hdr h;
+	uint8_t bind[TPD_PEERTLS_BIND_LEN];
+	int r = tpw_hdr_parse(dd->buf, sizeof(dd->buf) - TPW_HDR_SIZE, &h);
+
+	if (r == 0)
+		r = tpw_peer_msg_unpack(dd->buf + TPW_HDR_SIZE, h.msg_len, &m);
+	if (r == 0 && (r = tpw_peer_msg_validate(m, &h, &pr->d->limits, why, wl)) < 0)
+		goto out;
+	if (r < 0 || m->body_case != TPW__V1__PEER_MSG__BODY_DATA_HELLO) {
+		snprintf(why, wl, "the answer is not a data hello");
+		r = -EPROTO;
+		goto out;
+	}
+	if (m->data_hello->link_id != pr->link_id || m->data_hello->index != dd->index) {
+		snprintf(why, wl, "the answer names link %llu connection %u",
+			 (unsigned long long)m->data_hello->link_id, m->data_hello->index);
+		r = -EPROTO;
+		goto out;
+	}
+	if (dd->ssl && (tpd_peertls_binding(pr->link_key, dd->ssl, dd->index, false, bind) < 0 ||
+			!tpd_peertls_binding_ok(bind, m->data_hello->mac.data,
+						m->data_hello->mac.len))) {
+		snprintf(why, wl, "the answerer does not prove this link's TLS session");
+		r = -EACCES;
+	}
+out:
+	tpw_peer_msg_free(m);
+	return r;
+}
+
+/* Link up on the dialling side once PeerReady(data_up) came and every connection attached. */
+static void dial_maybe_up(struct tpd_peer *pr)
+{
+	if (!pr->ready_seen || pr->data_attached < pr->d->cfg.peer_data_conns)
+		return;
+	pr->data_attached = tpd_stripe_conns(pr->stripe);
+	tpd_peerhs_link_up(pr);
+}
+
+/* @dd finished its exchange: hand its socket (and TLS, if tensor bytes stay encrypted) to the
+ * stripe. Return: 0 or -errno. */
+static int data_attach(struct tpd_peer *pr, int *fd, SSL **ssl)
+{
+	SSL *keep = pr->d->cfg.peer_data_encryption ? *ssl : NULL;
+
+	if (*ssl) {
+		pr->data_prot = keep ? tpd_peertls_ktls(keep) : "plaintext";
+		if (!keep)
+			SSL_free(*ssl); /* no TLS shutdown: the bytes after the hellos are plaintext */
+	} else {
+		pr->data_prot = NULL;
+	}
+	*ssl = NULL;
+	return tpd_stripe_add_conn_tls(pr->stripe, TAKE_FD(*fd), keep);
+}
+
+/* One step of @dd; Return: 1 attached, 0 waiting, < 0 failed with @why. */
+static int data_dial_step(struct tpd_peer *pr, struct data_dial *dd, bool *ww, char *why,
+			  size_t wl)
+{
 	int err = 0, r;
 	socklen_t el = sizeof(err);
 
-	pr = peer_by_id(dd->d, dd->peer_id);
+	switch (dd->step) {
+	case DATA_CONNECT:
+		if (getsockopt(dd->fd, SOL_SOCKET, SO_ERROR, &err, &el) < 0 || err) {
+			err = err ? err : errno;
+			snprintf(why, wl, "%s", strerror(err));
+			return -err;
+		}
+		if (pr->d->peer_tls) {
+			dd->ssl = tpd_peerhs_data_tls(pr->d, dd->fd, false, pr->dial_host);
+			if (!dd->ssl) {
+				snprintf(why, wl, "out of memory");
+				return -ENOMEM;
+			}
+		}
+		dd->step = DATA_TLS;
+		/* fall through */
+	case DATA_TLS:
+		if (dd->ssl) {
+			ERR_clear_error();
+			r = tpd_peertls_step(dd->ssl, SSL_do_handshake(dd->ssl), ww, why, wl);
+			if (r <= 0) {
+				if (r < 0) {
+					char t[200];
+					snprintf(t, sizeof(t), "%s", why);
+					snprintf(why, wl, "TLS handshake failed: %s", t);
+				}
+				return r;
+			}
+		}
+		r = data_dial_hello(pr, dd);
+		if (r < 0) {
+			snprintf(why, wl, "cannot build the data hello: %s", strerror(-r));
+			return r;
+		}
+		dd->step = DATA_SEND;
+		/* fall through */
+	case DATA_SEND:
+		r = tpd_peerhs_data_io(dd->fd, dd->ssl, true, dd->buf, &dd->len, dd->want, ww, why,
+				       wl);
+		if (r <= 0)
+			return r;
+		dd->step = DATA_RECV;
+		dd->len = 0;
+		dd->want = TPW_HDR_SIZE;
+		/* fall through */
+	case DATA_RECV:
+		for (;;) {
+			struct tpw_hdr h;
+			r = tpd_peerhs_data_io(dd->fd, dd->ssl, false, dd->buf, &dd->len, dd->want,
+					       ww, why, wl);
+			if (r <= 0)
+				return r;
+			r = tpw_hdr_parse(dd->buf, sizeof(dd->buf) - TPW_HDR_SIZE, &h);
+			if (r < 0 || h.data_len) {
+				snprintf(why, wl, "bad answer frame");
+				return -EPROTO;
+			}
+			if (dd->want > TPW_HDR_SIZE || !h.msg_len)
+				break;
+			dd->want += h.msg_len;
+		}
+		r = data_dial_check(pr, dd, why, wl);
+		if (r < 0)
+			return r;
+		r = data_attach(pr, &dd->fd, &dd->ssl);
+		if (r < 0) {
+			snprintf(why, wl, "%s", strerror(-r));
+			return r;
+		}
+		return 1;
+	}
+	return -EINVAL;
+}
+
+static void data_dial_on_event(evutil_socket_t fd, short what, void *arg)
+{
+	struct data_dial *dd = arg;
+	struct tpd_peer *pr = peer_by_id(dd->d, dd->peer_id);
+	char why[300] = "";
+	bool ww = false;
+	unsigned index = dd->index;
+	int r;
+
 	if (!pr || pr->state != PEER_DATA) {
 		tpd_peerhs_data_dial_free(dd);
 		return;
 	}
-	if (getsockopt(dd->fd, SOL_SOCKET, SO_ERROR, &err, &el) < 0 || err) {
-		tpd_peer_fail(pr, -(err ? err : errno), "data connection %u: %s", dd->index,
-			      strerror(err ? err : errno));
-		tpd_peerhs_data_dial_free(dd);
+	if (what & EV_TIMEOUT) {
+		snprintf(why, sizeof(why), "no answer within %u ms",
+			 pr->d->cfg.peer_connect_timeout_ms);
+		r = -ETIMEDOUT;
+	} else {
+		r = data_dial_step(pr, dd, &ww, why, sizeof(why));
+	}
+	if (r == 0 && data_dial_wait(dd, ww) == 0)
+		return;
+	tpd_peerhs_data_dial_free(dd);
+	if (r < 0) {
+		tpd_peer_fail(pr, r, "data connection %u: %s", index, why);
 		return;
 	}
-	h.link_id = pr->link_id;
-	h.index = dd->index;
-	if (pr->d->peer_keyed) {
-		tpd_peerauth_mac(&pr->d->peer_key, LABEL_DATA, pr->nonce_theirs, 32, pr->nonce_mine,
-				 32, dd->index, mac);
-		h.mac.data = mac;
-		h.mac.len = sizeof(mac);
-	}
-	m.body_case = TPW__V1__PEER_MSG__BODY_DATA_HELLO;
-	m.data_hello = &h;
-	r = send_frame_blocking(dd->fd, &m);
 	if (r == 0) {
-		r = tpd_stripe_add_conn(pr->stripe, dd->fd); /* takes the fd */
-		dd->fd = -EBADF;
+		tpd_peer_fail(pr, -ENOMEM, "out of memory");
+		return;
 	}
-	tpd_peerhs_data_dial_free(dd);
-	if (r < 0)
-		tpd_peer_fail(pr, r, "data connection: %s", strerror(-r));
+	pr->data_attached++;
+	dial_maybe_up(pr);
 }
 
 void tpd_peerhs_dial_on_ready(struct tpd_peer *pr, const Tpw__V1__PeerReady *r)
@@ -381,14 +557,17 @@ void tpd_peerhs_dial_on_ready(struct tpd_peer *pr, const Tpw__V1__PeerReady *r)
 			return;
 		}
 		pr->link_id = r->link_id;
+		if (pr->ssl && tpd_peertls_link_key(pr->ssl, pr->link_id, pr->link_key) < 0) {
+			tpd_peer_fail(pr, -EIO, "cannot export the link key from the TLS session");
+			return;
+		}
 		dial_data(pr);
 		return;
 	}
-	if (pr->state != PEER_DATA) {
+	if (pr->state != PEER_DATA || pr->ready_seen) {
 		tpd_peer_fail(pr, -EPROTO, "unexpected ready");
 		return;
 	}
-	pr->data_attached = tpd_stripe_conns(pr->stripe);
-	tpd_peerhs_link_up(pr);
+	pr->ready_seen = true;
+	dial_maybe_up(pr);
 }
-

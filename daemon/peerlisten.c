@@ -1,14 +1,18 @@
 /* SPDX-License-Identifier: BSD-3-Clause */
 /*
- * The TCP peer listener: parses and binds the peer-listen address, accepts connections and reads
- * each one's first frame within the connect timeout, then turns a PeerHello into a new answering
- * link (the handshake goes on in peerhs.c) and attaches a PeerDataHello, once its MAC and index
- * check out, to its link's stripe. It does not run the handshake, own links (peer.c) or dial.
- * Everything here runs on the loop thread.
+ * The TCP peer listener: parses and binds the peer-listen address, accepts connections, runs each
+ * one's TLS 1.3 handshake (refusing, with one log line, a peer that speaks the plaintext protocol)
+ * and reads its first frame within the connect timeout, then turns a PeerHello into a new
+ * answering link (the handshake goes on in peerhs.c) and attaches a PeerDataHello, once it
+ * proves its link's control session and its index checks out, to its link's stripe, answering
+ * with this side's proof. With --peer-insecure the same runs over plain TCP. It does not own
+ * links (peer.c) or dial. Everything here runs on the loop thread.
  */
 #include <arpa/inet.h>
 #include <event2/bufferevent.h>
 #include <event2/event.h>
+#include <openssl/err.h>
+#include <openssl/ssl.h>
 #include <netinet/in.h>
 #include <netinet/tcp.h>
 #include <stdarg.h>
@@ -23,6 +27,7 @@
 #include "peer.h"
 #include "peer_int.h"
 #include "peerauth.h"
+#include "peertls.h"
 #include "stripe.h"
 #include "validate.h"
 
@@ -159,20 +164,88 @@ bool tpd_peerlisten_admit_dial(struct tpd_daemon *d, char *why, size_t wl)
 
 /* ---- accepting ----------------------------------------------------------------------------- */
 
+/*
+ * Refusals of connections that failed authentication are warnings, but anyone who reaches the
+ * port can cause them: at most REFUSALS_LOGGED per REFUSAL_WINDOW_NS are logged, and the number
+ * left out is logged when the next window opens.
+ */
+#define REFUSALS_LOGGED 20
+#define REFUSAL_WINDOW_NS (10ull * 1000000000ull)
+
+static bool refusal_log_ok(void)
+{
+	static uint64_t window_start;
+	static unsigned logged, dropped;
+	uint64_t now = tpu_now_ns();
+
+	if (now - window_start >= REFUSAL_WINDOW_NS) {
+		if (dropped)
+			tpu_log_warn("%u more refused peer connections were not logged", dropped);
+		window_start = now;
+		logged = dropped = 0;
+	}
+	if (logged < REFUSALS_LOGGED) {
+		logged++;
+		return true;
+	}
+	dropped++;
+	return false;
+}
+
 void tpd_peerlisten_conn_free(struct peer_conn *c)
 {
 	if (c->ev)
 		event_free(c->ev);
+	SSL_free(c->ssl);
 	tpu_close(c->fd);
 	tpu_list_remove(&c->node);
 	free(c);
+}
+
+/* Answers data connection @c of @pr with this side's PeerDataHello (and its proof under TLS).
+ * Return: 0 or -errno with @why. */
+static int data_answer(struct peer_conn *c, struct tpd_peer *pr, unsigned index, char *why,
+		       size_t wl)
+{
+	Tpw__V1__PeerDataHello h = TPW__V1__PEER_DATA_HELLO__INIT;
+	Tpw__V1__PeerMsg m = TPW__V1__PEER_MSG__INIT;
+	uint8_t bind[TPD_PEERTLS_BIND_LEN], buf[TPW_HDR_SIZE + 128];
+	size_t done = 0, n;
+	bool ww;
+	int r;
+
+	h.link_id = pr->link_id;
+	h.index = index;
+	if (c->ssl) {
+		if (tpd_peertls_binding(pr->link_key, c->ssl, index, false, bind) < 0) {
+			snprintf(why, wl, "cannot derive the link proof");
+			return -EIO;
+		}
+		h.mac.data = bind;
+		h.mac.len = sizeof(bind);
+	}
+	m.body_case = TPW__V1__PEER_MSG__BODY_DATA_HELLO;
+	m.data_hello = &h;
+	n = tpw_frame_size(&m.base);
+	if (n > sizeof(buf))
+		return -EMSGSIZE;
+	tpw_frame_pack(&m.base, 0, 0, 1, buf);
+	/* The first bytes on a fresh connection: the socket buffer takes them at once. */
+	r = tpd_peerhs_data_io(c->fd, c->ssl, true, buf, &done, n, &ww, why, wl);
+	if (r == 0) {
+		snprintf(why, wl, "cannot send the answer");
+		r = -EAGAIN;
+	}
+	return r < 0 ? r : 0;
 }
 
 static void accept_data(struct peer_conn *c, const Tpw__V1__PeerDataHello *h)
 {
 	struct tpd_daemon *d = c->d;
 	struct tpd_peer *pr;
-	uint8_t mac[32];
+	uint8_t bind[TPD_PEERTLS_BIND_LEN];
+	char why[240];
+	SSL *keep;
 	int r;
 
 	tpu_list_for_each(pr, &d->peers, node)
@@ -184,15 +257,15 @@ static void accept_data(struct peer_conn *c, const Tpw__V1__PeerDataHello *h)
 		tpd_peerlisten_conn_free(c);
 		return;
 	}
-	if (d->peer_keyed) {
-		tpd_peerauth_mac(&d->peer_key, LABEL_DATA, pr->nonce_mine, 32, pr->nonce_theirs, 32,
-				 h->index, mac);
-		if (!tpd_peerauth_mac_ok(mac, h->mac.data, h->mac.len)) {
-			tpd_peer_log(pr, TPU_LOG_WARNING,
-				     "data connection from %s failed authentication", c->addr);
-			tpd_peerlisten_conn_free(c);
-			return;
-		}
+	if (c->ssl && (tpd_peertls_binding(pr->link_key, c->ssl, h->index, true, bind) < 0 ||
+		       !tpd_peertls_binding_ok(bind, h->mac.data, h->mac.len))) {
+		/* Not this link's dialler: another peer's token, a replayed or forged one. The link
+		 * itself is untouched. */
+		tpd_peer_log(pr, TPU_LOG_WARNING,
+			     "data connection from %s refused: it does not prove this link's TLS "
+			     "session (wrong or replayed binding token)", c->addr);
+		tpd_peerlisten_conn_free(c);
+		return;
 	}
 	if (h->index >= pr->data_expected || pr->data_seen[h->index]) {
 		tpd_peerlisten_conn_free(c);
@@ -205,9 +278,20 @@ static void accept_data(struct peer_conn *c, const Tpw__V1__PeerDataHello *h)
 			      d->cfg.peer_data_conns_max);
 		return;
 	}
+	r = data_answer(c, pr, h->index, why, sizeof(why));
+	if (r < 0) {
+		tpd_peerlisten_conn_free(c);
+		tpd_peer_fail(pr, r, "data connection %u: %s", h->index, why);
+		return;
+	}
 	pr->data_seen[h->index] = true;
-	r = tpd_stripe_add_conn(pr->stripe, c->fd);
-	c->fd = -EBADF;
+	keep = d->cfg.peer_data_encryption ? c->ssl : NULL;
+	if (c->ssl)
+		pr->data_prot = keep ? tpd_peertls_ktls(keep) : "plaintext";
+	if (!keep)
+		SSL_free(c->ssl); /* no TLS shutdown: the bytes after the hellos are plaintext */
+	c->ssl = NULL;
+	r = tpd_stripe_add_conn_tls(pr->stripe, TAKE_FD(c->fd), keep);
 	tpd_peerlisten_conn_free(c);
 	if (r < 0) {
 		tpd_peer_fail(pr, r, "data connection: %s", strerror(-r));
@@ -224,6 +308,7 @@ static void accept_control(struct peer_conn *c, const Tpw__V1__PeerHello *h)
 	struct tpd_daemon *d = c->d;
 	struct tpd_peer *pr;
 	int fd = c->fd;
+	SSL *ssl = c->ssl;
 
 	if (!tpd_peerlisten_admit_link(d, c->addr)) {
 		tpd_peerlisten_conn_free(c);
@@ -232,9 +317,11 @@ static void accept_control(struct peer_conn *c, const Tpw__V1__PeerHello *h)
 	pr = tpd_peer_new(d, false, c->addr);
 
 	c->fd = -EBADF;
+	c->ssl = NULL;
 	tpd_peerlisten_conn_free(c);
-	if (!pr || tpd_peer_bev_setup(pr, fd) < 0) {
-		tpu_close(fd); /* still ours: the bufferevent that would take it does not exist */
+	if (!pr || tpd_peer_bev_setup(pr, fd, ssl) < 0) {
+		SSL_free(ssl); /* still ours: the bufferevent that would take them does not exist */
+		tpu_close(fd);
 		if (pr)
 			tpd_peer_teardown(pr);
 		tpu_log_warn("peer connection: out of memory");
@@ -243,9 +330,17 @@ static void accept_control(struct peer_conn *c, const Tpw__V1__PeerHello *h)
 	pr->state = PEER_HANDSHAKE;
 	if (tpd_peerauth_instance(&pr->link_id) < 0)
 		pr->link_id = pr->id;
+	if (ssl)
+		tpd_peerhs_tls_up(pr, ssl);
 	tpd_peer_timer_arm_ms(pr->ev_timer, d->cfg.peer_connect_timeout_ms);
 	bufferevent_enable(pr->bev, EV_READ | EV_WRITE);
-	tpd_peer_log(pr, TPU_LOG_INFO, "accepted from %s", h->host ? h->host : "?");
+	if (ssl)
+		tpd_peer_log(pr, TPU_LOG_INFO, "accepted from %s, authenticated as %s",
+			     h->host ? h->host : "?", pr->identity);
+	else
+		tpd_peer_log(pr, TPU_LOG_WARNING,
+			     "accepted from %s WITHOUT authentication (--peer-insecure)",
+			     h->host ? h->host : "?");
 	tpd_peerhs_answer_on_hello(pr, h);
 }
 
@@ -270,42 +365,158 @@ static void conn_first_frame(struct peer_conn *c, const struct tpw_hdr *h)
 	tpw_peer_msg_free(m);
 }
 
-static void conn_on_read(evutil_socket_t fd, short what, void *arg)
+static void conn_on_event(evutil_socket_t fd, short what, void *arg);
+
+/* Waits for @c's socket to be readable or (@write) writable, within what is left of the
+ * connect timeout (armed at accept). Return: 0 or -ENOMEM. */
+static int conn_wait(struct peer_conn *c, bool write)
+{
+	struct timeval tv = { 0, 0 };
+	uint64_t now = tpu_now_ns();
+
+	if (c->deadline_ns > now) {
+		uint64_t left_us = (c->deadline_ns - now) / 1000u;
+		tv.tv_sec = (time_t)(left_us / 1000000u);
+		tv.tv_usec = (suseconds_t)(left_us % 1000000u);
+	}
+	if (c->ev)
+		event_free(c->ev);
+	c->ev = event_new(c->d->base, c->fd, write ? EV_WRITE : EV_READ, conn_on_event, c);
+	if (!c->ev || event_add(c->ev, &tv) < 0)
+		return -ENOMEM;
+	return 0;
+}
+
+/*
+ * Tells a plaintext dialler, in its own protocol, why it is refused (an old daemon logs "refused
+ * by the peer: ..." instead of a bare close), then drains what it sent so that the close is a
+ * FIN, not a reset that could destroy the answer. Nothing it sent is parsed.
+ */
+static void refuse_plaintext(struct peer_conn *c)
+{
+	Tpw__V1__PeerHello h = TPW__V1__PEER_HELLO__INIT;
+	Tpw__V1__PeerMsg m = TPW__V1__PEER_MSG__INIT;
+	uint8_t buf[512];
+
+	h.major = TPW_PEER_PROTO_MAJOR;
+	h.minor = TPW_PEER_PROTO_MINOR;
+	h.status = TPW__V1__STATUS__STATUS_PERMISSION;
+	h.message = "this daemon accepts only TLS-authenticated peers (peer protocol 2): give both "
+		    "daemons the same peer-key-file or certificates from one CA, and the same tpipd "
+		    "release";
+	m.body_case = TPW__V1__PEER_MSG__BODY_HELLO;
+	m.hello = &h;
+	if (tpw_frame_size(&m.base) <= sizeof(buf)) {
+		size_t n = tpw_frame_pack(&m.base, 0, 0, 1, buf);
+		(void)!send(c->fd, buf, n, MSG_NOSIGNAL | MSG_DONTWAIT);
+	}
+	shutdown(c->fd, SHUT_WR);
+	for (int i = 0; i < 16 && recv(c->fd, buf, sizeof(buf), MSG_DONTWAIT) > 0; i++)
+		;
+}
+
+/* The first byte tells TLS (a handshake record, 0x16) from the plaintext protocol ("TPW1").
+ * Return: 1 the right kind for this daemon, 0 wait, < 0 refused (logged, @c freed). */
+static int conn_sniff(struct peer_conn *c)
+{
+	uint8_t b;
+	ssize_t n = recv(c->fd, &b, 1, MSG_PEEK | MSG_DONTWAIT);
+
+	if (n < 0 && (errno == EAGAIN || errno == EINTR))
+		return 0;
+	if (n <= 0) {
+		tpu_log_info("peer connection from %s closed before its hello", c->addr);
+		tpd_peerlisten_conn_free(c);
+		return -ECONNRESET;
+	}
+	if (c->ssl && b != 0x16) {
+		if (refusal_log_ok())
+			tpu_log_warn("peer connection from %s refused: it speaks the plaintext peer "
+				     "protocol (a tpipd older than peer protocol %u, or one started "
+				     "with --peer-insecure); this daemon accepts only "
+				     "TLS-authenticated peers",
+				     c->addr, TPW_PEER_PROTO_MAJOR);
+		refuse_plaintext(c);
+		tpd_peerlisten_conn_free(c);
+		return -EPROTO;
+	}
+	if (!c->ssl && b == 0x16) {
+		if (refusal_log_ok())
+			tpu_log_warn("peer connection from %s refused: it starts TLS, but this daemon "
+				     "runs with --peer-insecure (no authentication); configure the same "
+				     "peer authentication on both",
+				     c->addr);
+		tpd_peerlisten_conn_free(c);
+		return -EPROTO;
+	}
+	return 1;
+}
+
+static void conn_on_event(evutil_socket_t fd, short what, void *arg)
 {
 	struct peer_conn *c = arg;
 	struct tpw_hdr h;
-	ssize_t n;
+	char why[300];
+	bool ww = false;
 	int r;
 
 	if (what & EV_TIMEOUT) {
-		tpu_log_info("peer connection from %s: no hello in time, closing", c->addr);
+		tpu_log_info("peer connection from %s: no %s in time, closing", c->addr,
+			     c->ssl && !c->tls_done ? "TLS handshake" : "hello");
 		tpd_peerlisten_conn_free(c);
 		return;
 	}
-	n = recv(c->fd, c->buf + c->len, c->want - c->len, 0);
-	if (n <= 0) {
-		if (n < 0 && (errno == EAGAIN || errno == EINTR))
+	if (!c->sniffed) {
+		r = conn_sniff(c);
+		if (r < 0)
 			return;
-		tpu_log_info("peer connection from %s closed before its hello", c->addr);
-		tpd_peerlisten_conn_free(c);
-		return;
+		if (r == 0)
+			goto wait;
+		c->sniffed = true;
 	}
-	c->len += (size_t)n;
-	if (c->len < c->want)
-		return;
-	r = tpw_hdr_parse(c->buf, FIRST_FRAME_MAX, &h);
-	if (r < 0 || h.data_len) {
-		tpu_log_info("peer connection from %s: bad first frame (%s), closing", c->addr,
-			     r < 0 ? strerror(-r) : "data tail");
-		tpd_peerlisten_conn_free(c);
-		return;
+	if (c->ssl && !c->tls_done) {
+		ERR_clear_error();
+		r = tpd_peertls_step(c->ssl, SSL_do_handshake(c->ssl), &ww, why, sizeof(why));
+		if (r < 0) {
+			if (refusal_log_ok())
+				tpu_log_warn("peer connection from %s: TLS handshake failed: %s",
+					     c->addr, why);
+			tpd_peerlisten_conn_free(c);
+			return;
+		}
+		if (r == 0)
+			goto wait;
+		c->tls_done = true;
 	}
-	if (c->want == TPW_HDR_SIZE) {
+	for (;;) {
+		r = tpd_peerhs_data_io(c->fd, c->ssl, false, c->buf, &c->len, c->want, &ww, why,
+				       sizeof(why));
+		if (r < 0) {
+			tpu_log_info("peer connection from %s closed before its hello (%s)",
+				     c->addr, why);
+			tpd_peerlisten_conn_free(c);
+			return;
+		}
+		if (r == 0)
+			goto wait;
+		r = tpw_hdr_parse(c->buf, FIRST_FRAME_MAX, &h);
+		if (r < 0 || h.data_len) {
+			tpu_log_info("peer connection from %s: bad first frame (%s), closing",
+				     c->addr, r < 0 ? strerror(-r) : "data tail");
+			tpd_peerlisten_conn_free(c);
+			return;
+		}
+		if (c->want > TPW_HDR_SIZE || !h.msg_len)
+			break;
 		c->want += h.msg_len;
-		return;
 	}
-	event_del(c->ev);
+	event_free(c->ev);
+	c->ev = NULL;
 	conn_first_frame(c, &h);
+	return;
+wait:
+	if (conn_wait(c, ww) < 0)
+		tpd_peerlisten_conn_free(c);
 }
 
 static void peer_on_accept_resume(evutil_socket_t fd, short what, void *arg)
@@ -342,7 +553,6 @@ static void peer_on_accept(evutil_socket_t lfd, short what, void *arg)
 	struct tpd_daemon *d = arg;
 	struct sockaddr_storage ss;
 	socklen_t sl = sizeof(ss);
-	struct timeval tv;
 	struct peer_conn *c;
 	int fd;
 
@@ -363,6 +573,7 @@ static void peer_on_accept(evutil_socket_t lfd, short what, void *arg)
 	c->d = d;
 	c->fd = fd;
 	c->want = TPW_HDR_SIZE;
+	c->deadline_ns = tpu_now_ns() + (uint64_t)d->cfg.peer_connect_timeout_ms * 1000000u;
 	tpd_peer_sockaddr_text((struct sockaddr *)&ss, c->addr, sizeof(c->addr), true);
 	if (!admit_pending(d, c->addr)) {
 		close(fd);
@@ -370,14 +581,15 @@ static void peer_on_accept(evutil_socket_t lfd, short what, void *arg)
 		return;
 	}
 	tpu_list_insert_tail(&d->peer_conns, &c->node);
-	c->ev = event_new(d->base, fd, EV_READ | EV_PERSIST, conn_on_read, c);
-	if (!c->ev) {
-		tpd_peerlisten_conn_free(c);
-		return;
+	if (d->peer_tls) {
+		c->ssl = tpd_peerhs_data_tls(d, fd, true, NULL);
+		if (!c->ssl) {
+			tpd_peerlisten_conn_free(c);
+			return;
+		}
 	}
-	tv.tv_sec = d->cfg.peer_connect_timeout_ms / 1000;
-	tv.tv_usec = (d->cfg.peer_connect_timeout_ms % 1000) * 1000;
-	event_add(c->ev, &tv);
+	if (conn_wait(c, false) < 0)
+		tpd_peerlisten_conn_free(c);
 }
 
 /* ---- listener ------------------------------------------------------------------------------ */
@@ -470,10 +682,14 @@ int tpd_peerlisten_open(struct tpd_daemon *d, const char *spec)
 	if (!d->ev_peer_accept)
 		return -ENOMEM;
 	event_add(d->ev_peer_accept, NULL);
-	if (d->peer_keyed)
-		tpu_log_notice("peer listener on %s (pre-shared key required)", d->peer_listen_addr);
+	if (d->peer_tls)
+		tpu_log_notice("peer listener on %s (TLS 1.3, peers authenticated by %s%s%s)",
+			       d->peer_listen_addr, d->peer_tls->psk ? "pre-shared key" : "",
+			       d->peer_tls->psk && d->peer_tls->certs ? " or " : "",
+			       d->peer_tls->certs ? "certificate" : "");
 	else
-		tpu_log_warn("peer listener on %s (no key: peers not authenticated; set [peer] "
-			     "key-file outside trusted networks)", d->peer_listen_addr);
+		tpu_log_warn("peer listener on %s INSECURE (--peer-insecure): peers are neither "
+			     "authenticated nor encrypted; any host that reaches this port can open "
+			     "pipes. For test fabrics only", d->peer_listen_addr);
 	return 0;
 }

@@ -31,6 +31,7 @@
 #include <sys/eventfd.h>
 #include <sys/socket.h>
 #include <unistd.h>
+#include <openssl/ssl.h>
 #include "log.h"
 #include "stripe_int.h"
 
@@ -284,11 +285,11 @@ static int start_thread(pthread_t *t, void *(*fn)(void *), void *arg, const char
 	return r;
 }
 
-static int conn_setup_fd(int fd)
+static int conn_setup_fd(int fd, bool blocking)
 {
 	int one = 1, fl = fcntl(fd, F_GETFL);
 
-	if (fl < 0 || fcntl(fd, F_SETFL, fl & ~O_NONBLOCK) < 0)
+	if (fl < 0 || fcntl(fd, F_SETFL, blocking ? fl & ~O_NONBLOCK : fl | O_NONBLOCK) < 0)
 		return -errno;
 	/* Fails on sockets that are not TCP (tests use socket pairs): nothing to tune then. */
 	(void)setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
@@ -320,7 +321,68 @@ static int conn_start(struct conn *c)
 	return r;
 }
 
-int tpd_stripe_add_conn(struct tpd_stripe *st, int fd)
+/* ---- the record queue of a TLS data connection (see stripe_io.c's send_queued()) ---- */
+
+static int txq_write(BIO *b, const char *data, size_t len, size_t *written)
+{
+	struct conn *c = BIO_get_data(b);
+	struct tpd_stripe_txq *q = &c->txq; /* ssl_lock held: SSL calls are made under it */
+
+	if (q->len + len > q->cap) {
+		size_t cap = TPU_MAX(q->cap * 2, q->len + len + (64u << 10));
+		uint8_t *nb = realloc(q->buf, cap);
+		if (!nb) {
+			q->failed = true;
+			return 0;
+		}
+		q->buf = nb;
+		q->cap = cap;
+	}
+	memcpy(q->buf + q->len, data, len);
+	q->len += len;
+	*written = len;
+	return 1;
+}
+
+static long txq_ctrl(BIO *b, int cmd, long num, void *ptr)
+{
+	(void)b;
+	(void)num;
+	(void)ptr;
+	return cmd == BIO_CTRL_FLUSH ? 1 : 0;
+}
+
+static BIO_METHOD *txq_meth;
+
+static void txq_method_init(void)
+{
+	BIO_METHOD *m = BIO_meth_new(BIO_get_new_index() | BIO_TYPE_SOURCE_SINK, "tpd record queue");
+
+	if (m && (!BIO_meth_set_write_ex(m, txq_write) || !BIO_meth_set_ctrl(m, txq_ctrl))) {
+		BIO_meth_free(m);
+		m = NULL;
+	}
+	txq_meth = m; /* kept for the life of the process */
+}
+
+/* Makes @c's SSL write its records into c->txq. Return: 0 or -ENOMEM. */
+static int txq_bio_attach(struct conn *c)
+{
+	static pthread_once_t once = PTHREAD_ONCE_INIT;
+	BIO *b;
+
+	pthread_once(&once, txq_method_init);
+	b = txq_meth ? BIO_new(txq_meth) : NULL;
+	if (!b)
+		return -ENOMEM;
+	BIO_set_data(b, c);
+	BIO_set_init(b, 1);
+	SSL_set0_wbio(c->ssl, b); /* the socket BIO stays the read BIO */
+	c->txq_bio = true;
+	return 0;
+}
+
+int tpd_stripe_add_conn_tls(struct tpd_stripe *st, int fd, SSL *ssl)
 {
 	struct conn *c = &st->conns[st->n_conns];
 	int r;
@@ -330,24 +392,54 @@ int tpd_stripe_add_conn(struct tpd_stripe *st, int fd)
 	else if (st->stopping)
 		r = -ENOTCONN;
 	else
-		r = conn_setup_fd(fd);
+		r = conn_setup_fd(fd, !ssl);
 	if (r < 0) {
+		SSL_free(ssl);
 		tpu_close(fd);
 		return r;
 	}
 	pthread_mutex_lock(&st->lock); /* senders read every slot's flags */
-	*c = (struct conn){ .st = st, .index = st->n_conns, .fd = fd };
+	*c = (struct conn){ .st = st, .index = st->n_conns, .fd = fd, .ssl = ssl };
+	pthread_mutex_unlock(&st->lock);
+	if (ssl) {
+		/* Every byte from here on is TLS: read records in bulk, not a header and a body per
+		 * system call, and (unless the kernel encrypts) queue written records to send them
+		 * together. */
+		SSL_set_read_ahead(ssl, 1);
+		SSL_set_default_read_buffer_len(ssl, 256u << 10);
+		if (BIO_get_ktls_send(SSL_get_wbio(ssl)) <= 0 && txq_bio_attach(c) < 0) {
+			r = -ENOMEM;
+			pthread_mutex_lock(&st->lock);
+			c->ssl = NULL;
+			pthread_mutex_unlock(&st->lock);
+			SSL_free(ssl);
+			tpu_close(fd);
+			return r;
+		}
+	}
+	pthread_mutex_lock(&st->lock);
 	pthread_cond_init(&c->wake, NULL);
+	pthread_mutex_init(&c->ssl_lock, NULL);
 	__atomic_store_n(&st->n_live, st->n_live + 1, __ATOMIC_RELAXED);
 	pthread_mutex_unlock(&st->lock);
 	r = conn_start(c);
 	if (r < 0) {
 		pthread_cond_destroy(&c->wake);
+		pthread_mutex_destroy(&c->ssl_lock);
+		SSL_free(ssl);
+		c->ssl = NULL;
+		free(c->txq.buf);
+		free(c->txq_spare.buf);
 		tpu_close(fd);
 		return r;
 	}
-	st->n_conns++; /* tpd_stripe_free() joins its threads and closes @fd */
+	st->n_conns++; /* tpd_stripe_free() joins its threads, frees @ssl and closes @fd */
 	return 0;
+}
+
+int tpd_stripe_add_conn(struct tpd_stripe *st, int fd)
+{
+	return tpd_stripe_add_conn_tls(st, fd, NULL);
 }
 
 unsigned tpd_stripe_conns(const struct tpd_stripe *st)
@@ -521,8 +613,12 @@ void tpd_stripe_free(struct tpd_stripe *st)
 	for (unsigned i = 0; i < st->n_conns; i++) {
 		pthread_join(st->conns[i].tx, NULL);
 		pthread_join(st->conns[i].rx, NULL);
+		SSL_free(st->conns[i].ssl);
+		free(st->conns[i].txq.buf);
+		free(st->conns[i].txq_spare.buf);
 		tpu_close(st->conns[i].fd);
 		pthread_cond_destroy(&st->conns[i].wake);
+		pthread_mutex_destroy(&st->conns[i].ssl_lock);
 	}
 	/* No thread is left, none is busy: end what is still queued or registered. */
 	pthread_mutex_lock(&st->lock);

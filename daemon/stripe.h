@@ -102,6 +102,17 @@ int tpd_stripe_new(struct event_base *base, const struct tpd_stripe_config *cfg,
  */
 int tpd_stripe_add_conn(struct tpd_stripe *st, int fd);
 
+struct ssl_st;
+
+/*
+ * tpd_stripe_add_conn_tls() - tpd_stripe_add_conn() for a connection whose TLS handshake is
+ * done: chunks travel through @ssl (SSL_read/SSL_write, kTLS when OpenSSL set it up), the socket
+ * stays non-blocking. @ssl NULL is tpd_stripe_add_conn().
+ * @fd, @ssl: takes both (also on failure); @ssl is freed, without a TLS shutdown, with the stripe.
+ * Return: as tpd_stripe_add_conn().
+ */
+int tpd_stripe_add_conn_tls(struct tpd_stripe *st, int fd, struct ssl_st *ssl);
+
 /* Connections added and not failed. */
 unsigned tpd_stripe_conns(const struct tpd_stripe *st);
 

@@ -25,10 +25,22 @@ struct claim {
 	char src_why[120]; /* why, when the channel said more than the errno */
 };
 
+/* Encrypted records waiting for the socket (stripe_io.c's send_queued()). */
+struct tpd_stripe_txq {
+	uint8_t *buf;
+	size_t len, cap;
+	bool failed; /* an append found no memory */
+};
+
 struct conn {
 	struct tpd_stripe *st;
 	unsigned index;
 	int fd;
+	struct ssl_st *ssl;	  /* TLS on this connection (tensor bytes encrypted), or NULL */
+	pthread_mutex_t ssl_lock; /* one thread at a time in @ssl (stripe_io.c) */
+	bool txq_bio;		  /* @ssl writes its records into @txq (no kTLS send) */
+	struct tpd_stripe_txq txq;	 /* ssl_lock */
+	struct tpd_stripe_txq txq_spare; /* the sender's */
 	pthread_t tx, rx;
 	bool failed; /* lock */
 	bool idle;   /* lock: its sender waits for work */

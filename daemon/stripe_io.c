@@ -9,6 +9,7 @@
  * Completion and failure reporting are stripe.c's.
  */
 #include <errno.h>
+#include <poll.h>
 #include <pthread.h>
 #include <sched.h>
 #include <stdint.h>
@@ -16,12 +17,14 @@
 #include <string.h>
 #include <sys/socket.h>
 #include <sys/uio.h>
+#include <openssl/err.h>
+#include <openssl/ssl.h>
 #include "stripe_int.h"
 
 /* ---- wire helpers -------------------------------------------------------------------------- */
 
 /* Writes all of @iov (which it modifies). Return: 0 or -errno. */
-static int send_all(int fd, struct iovec *iov, size_t n)
+static int sock_send_all(int fd, struct iovec *iov, size_t n)
 {
 	struct msghdr mh = { .msg_iov = iov, .msg_iovlen = n };
 
@@ -46,7 +49,7 @@ static int send_all(int fd, struct iovec *iov, size_t n)
 }
 
 /* Return: 0, -ECONNRESET at end of stream, or -errno. */
-static int recv_all(int fd, void *buf, size_t len)
+static int sock_recv_all(int fd, void *buf, size_t len)
 {
 	char *p = buf;
 
@@ -59,6 +62,137 @@ static int recv_all(int fd, void *buf, size_t len)
 				continue;
 			return -errno;
 		}
+		p += r;
+		len -= (size_t)r;
+	}
+	return 0;
+}
+
+/*
+ * TLS on a data connection. One SSL object serves the connection's sender and receiver threads,
+ * and OpenSSL allows one thread in it at a time: the socket is non-blocking, each SSL_read_ex or
+ * SSL_write_ex runs under the connection's ssl_lock, and a thread that must wait for the socket
+ * lets go of the lock and waits in poll(). conn_stop()'s shutdown() wakes it.
+ */
+static int tls_wait(struct conn *c, short events, int timeout_ms)
+{
+	struct pollfd p = { .fd = c->fd, .events = events };
+
+	if (poll(&p, 1, timeout_ms) < 0 && errno != EINTR)
+		return -errno;
+	return 0;
+}
+
+/* One SSL_read_ex (@write false) or SSL_write_ex of @len bytes at @buf under the lock.
+ * Return: bytes moved (> 0), 0 to retry after waiting, or -errno. */
+static ssize_t tls_io(struct conn *c, bool write, void *buf, size_t len)
+{
+	size_t n = 0;
+	int r, e, err;
+
+	pthread_mutex_lock(&c->ssl_lock);
+	ERR_clear_error();
+	errno = 0;
+	r = write ? SSL_write_ex(c->ssl, buf, len, &n) : SSL_read_ex(c->ssl, buf, len, &n);
+	e = r == 1 ? SSL_ERROR_NONE : SSL_get_error(c->ssl, r);
+	err = errno;
+	ERR_clear_error();
+	pthread_mutex_unlock(&c->ssl_lock);
+	switch (e) {
+	case SSL_ERROR_NONE:
+		return (ssize_t)n;
+	case SSL_ERROR_WANT_READ:
+		/* A writer never needs to read in TLS 1.3 without renegotiation: if OpenSSL asks,
+		 * the receiver will read, so only nap instead of racing it for the bytes. */
+		r = tls_wait(c, POLLIN, write ? 10 : -1);
+		return r < 0 ? r : 0;
+	case SSL_ERROR_WANT_WRITE:
+		r = tls_wait(c, POLLOUT, -1);
+		return r < 0 ? r : 0;
+	case SSL_ERROR_ZERO_RETURN:
+		return -ECONNRESET;
+	case SSL_ERROR_SYSCALL:
+		return err ? -err : -ECONNRESET;
+	default:
+		return -EPROTO; /* a record that fails authentication, a TLS alert */
+	}
+}
+
+/*
+ * Sends @iov's records through the connection's record queue (stripe.c's tx BIO): under the lock
+ * SSL_write_ex encrypts all of it into c->txq, which never blocks; the queue is swapped out and
+ * written to the socket without the lock, in as few system calls as the socket allows, instead
+ * of one per 16 KiB record. Only this thread writes the socket; bytes the receiver's SSL_read may
+ * add meanwhile (an alert) wait in the queue for the next send. Return: 0 or -errno.
+ */
+static int send_queued(struct conn *c, struct iovec *iov, size_t n)
+{
+	struct tpd_stripe_txq out;
+	int r = 0;
+
+	pthread_mutex_lock(&c->ssl_lock);
+	for (size_t i = 0; i < n && r == 0; i++) {
+		const char *p = iov[i].iov_base;
+		size_t left = iov[i].iov_len, w;
+		/* Partial writes are on (a record at a time): loop until all is queued. */
+		while (left && r == 0) {
+			w = 0;
+			ERR_clear_error();
+			if (SSL_write_ex(c->ssl, p, left, &w) != 1 || !w)
+				r = c->txq.failed ? -ENOMEM : -EPROTO;
+			p += w;
+			left -= w;
+		}
+		ERR_clear_error();
+	}
+	out = c->txq;
+	c->txq = c->txq_spare;
+	c->txq.len = 0;
+	pthread_mutex_unlock(&c->ssl_lock);
+	for (size_t done = 0; r == 0 && done < out.len;) {
+		ssize_t k = send(c->fd, out.buf + done, out.len - done, MSG_NOSIGNAL);
+		if (k > 0)
+			done += (size_t)k;
+		else if (k < 0 && (errno == EAGAIN || errno == EWOULDBLOCK))
+			r = tls_wait(c, POLLOUT, -1);
+		else if (k < 0 && errno != EINTR)
+			r = -errno;
+	}
+	out.len = 0;
+	c->txq_spare = out; /* only this thread touches the spare */
+	return r;
+}
+
+static int send_all(struct conn *c, struct iovec *iov, size_t n)
+{
+	if (!c->ssl)
+		return sock_send_all(c->fd, iov, n);
+	if (c->txq_bio)
+		return send_queued(c, iov, n);
+	for (size_t i = 0; i < n; i++) {
+		char *p = iov[i].iov_base;
+		size_t left = iov[i].iov_len;
+		while (left) {
+			ssize_t w = tls_io(c, true, p, left);
+			if (w < 0)
+				return (int)w;
+			p += w;
+			left -= (size_t)w;
+		}
+	}
+	return 0;
+}
+
+static int recv_all(struct conn *c, void *buf, size_t len)
+{
+	char *p = buf;
+
+	if (!c->ssl)
+		return sock_recv_all(c->fd, buf, len);
+	while (len) {
+		ssize_t r = tls_io(c, false, p, len);
+		if (r < 0)
+			return (int)r;
 		p += r;
 		len -= (size_t)r;
 	}
@@ -155,7 +289,7 @@ static int send_chunk(struct conn *c, struct claim *k, struct tpb_scratch *sc)
 	for (uint32_t done = 0; done < k->len; done += n) {
 		n = TPU_MIN(k->len - done, c->st->send_size - (done ? 0 : (uint32_t)sizeof(hdr)));
 		iov[1] = (struct iovec){ p + done, n };
-		r = done ? send_all(c->fd, iov + 1, 1) : send_all(c->fd, iov, 2);
+		r = done ? send_all(c, iov + 1, 1) : send_all(c, iov, 2);
 		if (r < 0)
 			return r;
 	}
@@ -225,7 +359,7 @@ struct chunk_hdr {
 
 /* Receives @len bytes into @m + @off, or drops them when @m is NULL. A failed CMA write is
  * stored in @ret_werr and the rest drained. Return: 0 or -errno of the socket. */
-static int recv_payload(int fd, const struct tpb_mem *m, uint64_t off, uint32_t len,
+static int recv_payload(struct conn *c, const struct tpb_mem *m, uint64_t off, uint32_t len,
 			struct tpb_scratch *sc, uint32_t blen, int *ret_werr, char *why,
 			size_t why_len)
 {
@@ -233,12 +367,12 @@ static int recv_payload(int fd, const struct tpb_mem *m, uint64_t off, uint32_t 
 	int r;
 
 	if (m && m->loc == TPB_LOC_LOCAL)
-		return recv_all(fd, (void *)(uintptr_t)(m->addr + off), len);
+		return recv_all(c, (void *)(uintptr_t)(m->addr + off), len);
 	if (!(b = bounce_get(sc, blen)))
 		return -ENOMEM;
 	for (uint32_t done = 0, n; done < len; done += n) {
 		n = TPU_MIN(len - done, blen);
-		r = recv_all(fd, b, n);
+		r = recv_all(c, b, n);
 		if (r < 0)
 			return r;
 		if (m && *ret_werr == 0)
@@ -320,7 +454,7 @@ static int rx_chunk(struct conn *c, const uint8_t *raw, struct tpb_scratch *sc)
 	pthread_mutex_unlock(&st->lock);
 	if (r < 0)
 		return r;
-	r = recv_payload(c->fd, write ? &m : NULL, h.off, h.len, sc, st->chunk, &werr, why,
+	r = recv_payload(c, write ? &m : NULL, h.off, h.len, sc, st->chunk, &werr, why,
 			 sizeof(why));
 	pthread_mutex_lock(&st->lock);
 	rx_account(c, x, &h, r, werr, why);
@@ -338,7 +472,7 @@ void *tpd_stripe_io_rx_main(void *arg)
 
 	thread_bulk();
 	for (;;) {
-		r = recv_all(c->fd, hdr, sizeof(hdr));
+		r = recv_all(c, hdr, sizeof(hdr));
 		if (r < 0) {
 			pthread_mutex_lock(&st->lock);
 			tpd_stripe_conn_fail(c, r, r == -ECONNRESET ? "closed by the peer" :

@@ -423,7 +423,7 @@ void tpd_xpipe_peer_connect(struct tpd_daemon *d, struct tpd_peer *pr,
 
 	/* A listener that does not admit this link is, to the peer, no listener at all: the same
 	 * status and text as a missing name, so that names cannot be probed from other hosts. */
-	if (l && !tpd_listener_permits_remote(l, ident)) {
+	if (l && !tpd_listener_permits_remote(l, ident ? tpd_peer_identity_matches : NULL, pr)) {
 		snprintf(logwhy, sizeof(logwhy), "listener does not accept pipes from %s",
 			 l->remote == TPW__V1__REMOTE_ACCESS__REMOTE_NONE ? "other hosts"
 			 : ident ? "this peer's identity"

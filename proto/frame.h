@@ -42,6 +42,10 @@
  */
 #define TPW_PROTO_MAJOR 1
 #define TPW_PROTO_MINOR 3
+/* Daemon-to-daemon protocol, versioned apart from the client one. 2: frames inside TLS 1.3, no
+ * PeerAuth; a daemon speaking 1 (plaintext PeerHello) is refused with a clear log line. */
+#define TPW_PEER_PROTO_MAJOR 2
+#define TPW_PEER_PROTO_MINOR 0
 #define TPW_MINOR_CLOSE_ACK 1
 #define TPW_MINOR_RING 2
 #define TPW_MINOR_CUDA 3

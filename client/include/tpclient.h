@@ -189,6 +189,9 @@ enum tp_remote_access {
 	TP_REMOTE_ANY_PEER = 1, /* any peer daemon this daemon accepted a link from */
 	TP_REMOTE_PEERS = 2,	/* only links authenticated as one of @remote_peers */
 };
+/* An entry of @remote_peers: "psk" (any daemon that proved the pre-shared key), "cert:HOST"
+ * (a daemon whose certificate from the cluster CA names HOST, a DNS name or an IP address), or
+ * an identity exactly as `tpipctl peers` shows it ("cert:CN=gpu17,DNS:gpu17.cluster"). */
 
 struct tp_listen_options {
 	size_t size; /* sizeof(struct tp_listen_options) */

@@ -105,6 +105,7 @@ struct json_object *ctl_json_status(const Tpw__V1__CtlStatus *s)
 	ctl_json_str(o, "peer_listen", s->peer_listen);
 	ctl_json_u64(o, "peers", s->peers);
 	ctl_json_str(o, "host_id", s->host_id);
+	ctl_json_str(o, "peer_auth", s->peer_auth);
 	ctl_json_u64(o, "cuda_mappings", s->cuda_mappings);
 	ctl_json_u64(o, "cuda_mappings_open", s->cuda_mappings_open);
 	ctl_json_u64(o, "rdma_cache_regions", s->rdma_cache_regions);
@@ -156,6 +157,8 @@ static int status_text(const Tpw__V1__CtlStatus *s, FILE *out)
 	ctl_table_cellf(&t, "%s", s->cma_available ? "available" : "not available");
 	ctl_table_cellf(&t, "peer listener:");
 	ctl_table_cellf(&t, "%s", s->peer_listen && *s->peer_listen ? s->peer_listen : "off");
+	ctl_table_cellf(&t, "peer auth:");
+	ctl_table_cellf(&t, "%s", str_or_empty(s->peer_auth));
 	ctl_table_cellf(&t, "peers:");
 	ctl_table_cellf(&t, "%" PRIu32, s->peers);
 	ctl_table_cellf(&t, "host id:");
@@ -483,6 +486,8 @@ static struct json_object *peer_json(const void *item)
 	ctl_json_u64(o, "pipes", p->pipes);
 	ctl_json_str(o, "last_error", p->last_error);
 	ctl_json_bool(o, "authenticated", p->authenticated);
+	ctl_json_str(o, "identity", p->identity);
+	ctl_json_str(o, "security", p->security);
 	ctl_json_u64(o, "up_ms", p->up_ms);
 	ctl_json_str(o, "rdma", p->rdma);
 	ctl_json_u64(o, "rdma_bytes_sent", p->rdma_bytes_sent);
@@ -536,7 +541,11 @@ static void peer_row(struct ctl_table *t, const void *item)
 	ctl_table_cellf(t, "%s", ctl_fmt_bytes(p->bytes_sent, b1, sizeof(b1)));
 	ctl_table_cellf(t, "%s", ctl_fmt_bytes(p->bytes_received, b2, sizeof(b2)));
 	ctl_table_cellf(t, "%" PRIu32, p->pipes);
-	ctl_table_cellf(t, "%s", p->authenticated ? "yes" : "no");
+	if (p->authenticated && p->identity && *p->identity)
+		ctl_table_cellf(t, "%s", p->identity);
+	else
+		ctl_table_cellf(t, "%s", p->security && strcmp(p->security, "insecure") == 0
+						 ? "INSECURE" : "no");
 	ctl_table_cellf(t, "%s", rdma_word(p->rdma, rdma, sizeof(rdma)));
 	ctl_table_cellf(t, "%s", str_or_empty(p->last_error));
 }

@@ -716,12 +716,54 @@ int tpt_daemon_peer_port(const struct tpt_daemon *d, int timeout_ms)
 	return port > 0 && port < 65536 ? (int)port : -EBADMSG;
 }
 
+static char peer_key_path[64];
+static pid_t peer_key_owner;
+
+static void peer_key_remove(void)
+{
+	if (getpid() == peer_key_owner)
+		unlink(peer_key_path);
+}
+
+const char *tpt_peer_key_file(void)
+{
+	static const char key[] = "tpt-shared-test-key-0123456789abcdef\n";
+	int fd;
+
+	if (peer_key_path[0])
+		return peer_key_path;
+	snprintf(peer_key_path, sizeof(peer_key_path), "/tmp/tpt-peer-key.XXXXXX");
+	fd = mkstemp(peer_key_path); /* mode 0600, ours: what the daemon demands of a key file */
+	if (fd < 0 || write(fd, key, sizeof(key) - 1) != (ssize_t)(sizeof(key) - 1)) {
+		tpt_log("cannot write the test peer key: %s", strerror(errno));
+		abort();
+	}
+	close(fd);
+	peer_key_owner = getpid();
+	atexit(peer_key_remove);
+	return peer_key_path;
+}
+
+/* Whether @args already say how the daemon authenticates peers. */
+static bool has_peer_auth(const char *const *args)
+{
+	for (size_t i = 0; args && args[i]; i++)
+		if (strcmp(args[i], "--peer-key-file") == 0 || strcmp(args[i], "--peer-insecure") == 0 ||
+		    strcmp(args[i], "--peer-cert") == 0)
+			return true;
+	return false;
+}
+
 int tpt_daemon_start_peer(struct tpt_daemon *d, const char *const *extra_args)
 {
 	const char *argv[64] = { "--peer-listen", "127.0.0.1:0", "--peer-force-cross-host" };
 	size_t n = 3;
 	int r;
 
+	if (!has_peer_auth(extra_args)) {
+		argv[n++] = "--peer-key-file";
+		argv[n++] = tpt_peer_key_file();
+	}
 	for (size_t i = 0; extra_args && extra_args[i] && n < 63; i++)
 		argv[n++] = extra_args[i];
 	argv[n] = NULL;

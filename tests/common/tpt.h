@@ -106,10 +106,19 @@ int tpt_daemon_peer_port(const struct tpt_daemon *d, int timeout_ms);
  * tpt_daemon_start_peer() - tpt_daemon_start() with "--peer-listen 127.0.0.1:0
  * --peer-force-cross-host" before @extra_args (a later --peer-listen in @extra_args wins), then
  * learn the bound port into @d->peer_port. The daemon treats other daemons on this machine as
- * remote hosts, so two of them exercise the whole cross-host path over loopback.
+ * remote hosts, so two of them exercise the whole cross-host path over loopback. Without a peer
+ * authentication flag in @extra_args it gets --peer-key-file tpt_peer_key_file().
  * Return: 0 or -errno (nothing left running).
  */
 int tpt_daemon_start_peer(struct tpt_daemon *d, const char *const *extra_args);
+
+/*
+ * tpt_peer_key_file() - the path of a pre-shared peer key file (mode 0600, removed when the test
+ * process exits) that every peer daemon of this test process shares.
+ * tpt_daemon_start_peer() passes it as --peer-key-file unless @extra_args name --peer-key-file,
+ * --peer-cert or --peer-insecure. Return: borrowed path, valid until the process exits.
+ */
+const char *tpt_peer_key_file(void);
 
 /*
  * tpt_daemon_pair_start() - start @a and @b with tpt_daemon_start_peer(), each with its own

@@ -568,7 +568,7 @@ static void expect_one_link(const struct tpt_daemon *d, long pipes, struct tpt_l
 		      ret->state);
 	ck_assert_msg(ret->data_conns == 4, "%s: %ld data connections, want 4 (default)",
 		      d->socket, ret->data_conns);
-	ck_assert_msg(!ret->authenticated, "%s: link without a key shows authenticated",
+	ck_assert_msg(ret->authenticated, "%s: a keyed (TLS) link does not show authenticated",
 		      d->socket);
 }
 

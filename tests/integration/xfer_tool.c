@@ -7,6 +7,8 @@
  * reader; --repeat adds messages of the last size. Each side prints one line per message and a
  * last line "ok: N messages" or "error after N messages: -ERRNO (NAME, strerror): message"
  * with the milliseconds since the previous message, and exits 0 only if every message crossed.
+ * A listener takes pipes from any peer daemon, or with --remote-peer ENTRY (repeatable) only from
+ * the peers those entries name (TP_REMOTE_PEERS).
  * It does not decide what a failure should be: the scripts check that.
  */
 #include <errno.h>
@@ -22,9 +24,12 @@ static const struct tp_listen_options remote_any = {
 };
 
 #define SIZES_MAX 64
+#define PEERS_MAX 8
 
 struct opts {
 	const char *socket, *where;
+	const char *peers[PEERS_MAX]; /* --remote-peer: TP_REMOTE_PEERS entries */
+	size_t n_peers;
 	bool listen, shm;
 	unsigned repeat;
 	int timeout_ms;
@@ -109,7 +114,15 @@ static int run_listen(const struct opts *o, struct tp_context *ctx)
 	struct tpt_msg_spec s;
 	unsigned n = 0, total = (unsigned)o->n_sizes + o->repeat;
 	uint64_t last = tpt_now_ms();
-	int r = tp_listen(ctx, o->where, &remote_any, &l);
+	struct tp_listen_options named = remote_any;
+	int r;
+
+	if (o->n_peers) {
+		named.remote = TP_REMOTE_PEERS;
+		named.remote_peers = o->peers;
+		named.n_remote_peers = o->n_peers;
+	}
+	r = tp_listen(ctx, o->where, &named, &l);
 
 	if (r == 0) {
 		printf("listen: listening on '%s'\n", o->where);
@@ -167,7 +180,7 @@ static int run_connect(const struct opts *o, struct tp_context *ctx)
 static int usage(void)
 {
 	fprintf(stderr, "usage: xfer_tool -s SOCKET [--shm] [-r REPEAT] [-t TIMEOUT_MS] "
-			"listen NAME|connect ADDRESS SIZE...\n");
+			"[--remote-peer ENTRY]... listen NAME|connect ADDRESS SIZE...\n");
 	return 2;
 }
 
@@ -178,6 +191,7 @@ static int parse(int argc, char **argv, struct opts *o)
 		{ "shm", no_argument, NULL, 'S' },
 		{ "repeat", required_argument, NULL, 'r' },
 		{ "timeout", required_argument, NULL, 't' },
+		{ "remote-peer", required_argument, NULL, 'P' },
 		{ NULL, 0, NULL, 0 },
 	};
 	int c;
@@ -192,6 +206,8 @@ static int parse(int argc, char **argv, struct opts *o)
 			o->repeat = (unsigned)strtoul(optarg, NULL, 10);
 		else if (c == 't')
 			o->timeout_ms = atoi(optarg);
+		else if (c == 'P' && o->n_peers < PEERS_MAX)
+			o->peers[o->n_peers++] = optarg;
 		else
 			return -EINVAL;
 	}

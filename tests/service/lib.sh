@@ -89,6 +89,16 @@ svc_init() {
 
 svc_track() { SVC_PIDS+=("$1"); }
 
+# svc_peer_key: prints the path of a pre-shared peer key file (mode 0600) shared by every daemon
+# of the script, creating it on first use: peer listeners open only with authentication.
+svc_peer_key() {
+	local k=$SVC_TMP/peer.key
+	if [ ! -s "$k" ]; then
+		(umask 077 && head -c 32 /dev/urandom | base64 >"$k") || fail "cannot write $k"
+	fi
+	printf '%s\n' "$k"
+}
+
 # svc_netns NAME...: creates these network namespaces, deleted by the cleanup (after the
 # processes stop); skips the script (77) where namespaces cannot be made.
 svc_netns() {

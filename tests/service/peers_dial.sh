@@ -58,7 +58,8 @@ now_ms() { echo $(($(date +%s%N) / 1000000)); }
 
 SVC_LOGS+=("$SVC_TMP/b.log" "$SVC_TMP/a.log")
 ip netns exec "$ns" "$TPIPD_BIN" --socket "$SVC_TMP/b.sock" --config /dev/null \
-	--peer-listen 127.0.0.1:0 --peer-force-cross-host 2>"$SVC_TMP/b.log" &
+	--peer-listen 127.0.0.1:0 --peer-force-cross-host --peer-key-file "$(svc_peer_key)" \
+	2>"$SVC_TMP/b.log" &
 PID_b=$!
 svc_track "$PID_b"
 svc_wait_daemon "$SVC_TMP/b.sock" "$PID_b"
@@ -69,6 +70,7 @@ port=$(ctl --socket "$SVC_TMP/b.sock" --json status | jq -r '.peer_listen' | sed
 ip netns exec "$ns" unshare -m sh -c 'mount --bind "$1" /etc/hosts && shift && exec "$@"' sh \
 	"$hosts" "$TPIPD_BIN" --socket "$SVC_TMP/a.sock" --config /dev/null --peer-listen off \
 	--peer-force-cross-host --peer-connect-timeout "$CONNECT_TIMEOUT_MS" --log-level info \
+	--peer-key-file "$(svc_peer_key)" \
 	2>"$SVC_TMP/a.log" &
 PID_a=$!
 svc_track "$PID_a"
@@ -137,7 +139,8 @@ if [ -z "$lladdr" ]; then
 else
 	SVC_LOGS+=("$SVC_TMP/c.log")
 	ip netns exec "$ns" "$TPIPD_BIN" --socket "$SVC_TMP/c.sock" --config /dev/null \
-		--peer-listen "[::]:0" --peer-force-cross-host 2>"$SVC_TMP/c.log" &
+		--peer-listen "[::]:0" --peer-force-cross-host --peer-key-file "$(svc_peer_key)" \
+		2>"$SVC_TMP/c.log" &
 	PID_c=$!
 	svc_track "$PID_c"
 	svc_wait_daemon "$SVC_TMP/c.sock" "$PID_c"

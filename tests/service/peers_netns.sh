@@ -38,7 +38,7 @@ start_ns_daemon() { # NAME NS ADDR
 	SVC_LOGS+=("$SVC_TMP/$1.log")
 	ip netns exec "$2" "$TPIPD_BIN" --socket "$SVC_TMP/$1.sock" --config /dev/null \
 		--peer-listen "$3:7420" --peer-force-cross-host --peer-timeout "$PEER_TIMEOUT_MS" \
-		--peer-connect-timeout 3000 2>"$SVC_TMP/$1.log" &
+		--peer-connect-timeout 3000 --peer-key-file "$(svc_peer_key)" 2>"$SVC_TMP/$1.log" &
 	local pid=$!
 	svc_track "$pid"
 	printf -v "PID_$1" '%s' "$pid"

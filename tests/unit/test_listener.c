@@ -123,6 +123,18 @@ START_TEST(test_access_anyone)
 }
 END_TEST
 
+/* The link's identity matcher, as the daemon's would be for a link authenticated as @arg. */
+static bool same_text(const char *entry, const void *arg)
+{
+	return strcmp(entry, arg) == 0;
+}
+
+/* Remote access for a link that authenticated as @identity (NULL: an unauthenticated link). */
+static bool permits_remote(const struct tpd_listener *l, const char *identity)
+{
+	return tpd_listener_permits_remote(l, identity ? same_text : NULL, identity);
+}
+
 START_TEST(test_remote_access_none_by_default_and_never_by_uid)
 {
 	struct tpd_listener *l = NULL;
@@ -131,11 +143,11 @@ START_TEST(test_remote_access_none_by_default_and_never_by_uid)
 					  0, &l),
 			 0);
 	ck_assert_int_eq(l->remote, TPW__V1__REMOTE_ACCESS__REMOTE_NONE);
-	ck_assert(!tpd_listener_permits_remote(l, "psk"));
-	ck_assert(!tpd_listener_permits_remote(l, NULL));
+	ck_assert(!permits_remote(l, "psk"));
+	ck_assert(!permits_remote(l, NULL));
 	ck_assert_int_eq(tpd_listener_set_remote(l, TPW__V1__REMOTE_ACCESS__REMOTE_UNSPECIFIED,
 						 NULL, 0), 0);
-	ck_assert(!tpd_listener_permits_remote(l, "psk"));
+	ck_assert(!permits_remote(l, "psk"));
 }
 END_TEST
 
@@ -148,16 +160,16 @@ START_TEST(test_remote_access_any_peer_and_named_peers)
 	ck_assert_int_eq(tpd_registry_add(&reg, "n", &owner_a, 1000, 0, 0, &n), 0);
 	ck_assert_int_eq(
 		tpd_listener_set_remote(a, TPW__V1__REMOTE_ACCESS__REMOTE_ANY_PEER, NULL, 0), 0);
-	ck_assert(tpd_listener_permits_remote(a, "psk"));
-	ck_assert(tpd_listener_permits_remote(a, NULL)); /* a link the daemon itself admitted */
+	ck_assert(permits_remote(a, "psk"));
+	ck_assert(permits_remote(a, NULL)); /* a link the daemon itself admitted */
 	ck_assert_int_eq(tpd_listener_set_remote(n, TPW__V1__REMOTE_ACCESS__REMOTE_PEERS, peers, 2),
 			 0);
 	peers[1] = "changed"; /* copied */
-	ck_assert(tpd_listener_permits_remote(n, "psk"));
-	ck_assert(tpd_listener_permits_remote(n, "hostb"));
-	ck_assert(!tpd_listener_permits_remote(n, "hostc"));
-	ck_assert(!tpd_listener_permits_remote(n, "ps"));
-	ck_assert(!tpd_listener_permits_remote(n, NULL)); /* unauthenticated: never by name */
+	ck_assert(permits_remote(n, "psk"));
+	ck_assert(permits_remote(n, "hostb"));
+	ck_assert(!permits_remote(n, "hostc"));
+	ck_assert(!permits_remote(n, "ps"));
+	ck_assert(!permits_remote(n, NULL)); /* unauthenticated: never by name */
 }
 END_TEST
 
