@@ -11,7 +11,7 @@ TP_DEB_PACKAGES=(
 	meson ninja-build pkg-config gcc libc6-dev
 	libevent-dev libprotobuf-c-dev protobuf-c-compiler libsystemd-dev libibverbs-dev
 	check libjson-c-dev libssl-dev libinih-dev
-	valgrind iproute2 scdoc jq curl
+	valgrind iproute2 scdoc jq curl openssl
 )
 
 # Optional, for the benchmarks' baselines only (bench/run.sh): a C++ compiler and Debian's
