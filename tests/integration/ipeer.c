@@ -148,3 +148,35 @@ bool tpt_peer_links_gone(const struct tpt_daemon *d, int timeout_ms)
 		tpt_backoff(round + 4);
 	}
 }
+
+static unsigned probe_pipe;
+
+static void probe_spec(unsigned index, struct tpt_msg_spec *s)
+{
+	s->pipe = probe_pipe;
+	s->index = index;
+	s->n_payloads = 1;
+	s->n_tensors = 1;
+	s->lens[0] = 100;
+	s->lens[1] = (1u << 20) + index;
+}
+
+bool tpt_peer_cross_works(const struct tpt_daemon *from, const struct tpt_daemon *to,
+			  const char *name, unsigned pipe, int timeout_ms)
+{
+	char addr[128];
+	struct tpt_xfer x = {
+		.d = to,
+		.writer_d = from,
+		.name = name,
+		.address = tpt_peer_address(to, name, addr, sizeof(addr)),
+		.n_msgs = 2,
+		.spec = probe_spec,
+		.writer_mem = TPT_MEM_PRIVATE,
+		.reader_mem = TPT_MEM_SHM,
+		.timeout_ms = timeout_ms,
+	};
+
+	probe_pipe = pipe;
+	return tpt_xfer_run(&x);
+}

@@ -49,4 +49,12 @@ void tpt_status_u64s(const struct tpt_daemon *d, const char *const *keys, size_t
 /* Polls tpt_peer_links() until @d has no link, for up to @timeout_ms. Return: true if none. */
 bool tpt_peer_links_gone(const struct tpt_daemon *d, int timeout_ms);
 
+/*
+ * tpt_peer_cross_works() - does a client of @from still reach listener @name of @to? Two
+ * messages (a 100-byte payload and a tensor of 1 MiB + i, private memory into a shared buffer)
+ * on pipe @pipe, within @timeout_ms. Return: true if both arrived intact.
+ */
+bool tpt_peer_cross_works(const struct tpt_daemon *from, const struct tpt_daemon *to,
+			  const char *name, unsigned pipe, int timeout_ms);
+
 #endif

@@ -65,31 +65,11 @@ static int log_count(const struct tpt_daemon *d, const char *needle)
 	return n;
 }
 
-static void probe_spec(unsigned index, struct tpt_msg_spec *s)
-{
-	s->pipe = 60;
-	s->index = index;
-	s->n_payloads = 1;
-	s->n_tensors = 1;
-	s->lens[0] = 100;
-	s->lens[1] = (1u << 20) + index;
-}
-
+/* A pair that proves that a client of @from reaches a listener @name of @to. */
 static bool cross_works(const struct tpt_daemon *from, const struct tpt_daemon *to,
 			const char *name)
 {
-	char addr[128];
-	struct tpt_xfer x = {.d = to,
-			     .writer_d = from,
-			     .name = name,
-			     .address = tpt_peer_address(to, name, addr, sizeof(addr)),
-			     .n_msgs = 2,
-			     .spec = probe_spec,
-			     .writer_mem = TPT_MEM_PRIVATE,
-			     .reader_mem = TPT_MEM_SHM,
-			     .timeout_ms = T_MS};
-
-	return tpt_xfer_run(&x);
+	return tpt_peer_cross_works(from, to, name, 60, T_MS);
 }
 
 static int loopback_listen(int *ret_port)
