@@ -411,6 +411,32 @@ int main(int argc, char **argv)
 	chunk(1, 1, 0, 8, 0xdeadbeef);
 	save("chunk-bad-magic");
 
+	/* Messages an up link may carry, for pipes and transfers it does not have, then one it
+	 * may not (a second Hello). */
+	link_up(1);
+	{
+		Tpw__V1__PeerMsg m = TPW__V1__PEER_MSG__INIT;
+		Tpw__V1__PeerConnectReply cr = TPW__V1__PEER_CONNECT_REPLY__INIT;
+		Tpw__V1__PeerRdma rd = TPW__V1__PEER_RDMA__INIT;
+
+		cr.pipe_id = 5;
+		cr.peer_pipe_id = 6;
+		m.body_case = TPW__V1__PEER_MSG__BODY_CONNECT_REPLY;
+		m.connect_reply = &cr;
+		peer_rec(0, &m, 0);
+		rd.ports = 1;
+		m.body_case = TPW__V1__PEER_MSG__BODY_RDMA;
+		m.rdma = &rd;
+		peer_rec(0, &m, 0);
+	}
+	xfer_end(9, 0);
+	consumed(1, TPW__V1__STATUS__STATUS_OK);
+	read_req(1, 3);
+	descriptor(1, 16, true);
+	peer_pipe_close();
+	hello(1);
+	save("stray-messages-on-up-link");
+
 	/* Malformed frames after a valid Hello. */
 	hello(1);
 	rec_raw(0, garbage, sizeof(garbage) - 1);
