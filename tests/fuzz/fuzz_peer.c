@@ -225,6 +225,7 @@ static void send_record(struct run *r, int fd, const uint8_t *buf, size_t len, b
 		ssize_t n;
 
 		if (!fd_sent) {
+			memset(&cm, 0, sizeof(cm));
 			mh.msg_control = cm.b;
 			mh.msg_controllen = sizeof(cm.b);
 			CMSG_FIRSTHDR(&mh)->cmsg_level = SOL_SOCKET;
