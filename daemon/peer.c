@@ -419,6 +419,15 @@ static struct tpd_pipe *find_pipe(struct tpd_peer *pr, uint64_t id)
 	return tpu_hmap_get(&pr->pipes, id);
 }
 
+/* The name of @m's body ("hello", "connect"...), for messages: the oneof's field. */
+static const char *body_name(const Tpw__V1__PeerMsg *m)
+{
+	const ProtobufCFieldDescriptor *f =
+		protobuf_c_message_descriptor_get_field(m->base.descriptor, m->body_case);
+
+	return f ? f->name : "empty";
+}
+
 /* Handles a pipe message on an up link. Unknown pipe ids are stale (the pipe ended here
  * first) and dropped. */
 static void dispatch_up(struct tpd_peer *pr, const Tpw__V1__PeerMsg *m, const uint8_t *tail,
@@ -463,8 +472,7 @@ static void dispatch_up(struct tpd_peer *pr, const Tpw__V1__PeerMsg *m, const ui
 		tpd_gdr_link_on_msg(pr->gdr, m->rdma);
 		return;
 	default:
-		tpd_peer_fail(pr, -EPROTO, "unexpected %s message on an up link",
-			      m->base.descriptor->name);
+		tpd_peer_fail(pr, -EPROTO, "unexpected %s message on an up link", body_name(m));
 	}
 }
 
@@ -501,8 +509,7 @@ static void dispatch(struct tpd_peer *pr, const Tpw__V1__PeerMsg *m, const uint8
 	default:
 		return;
 	}
-	tpd_peer_fail(pr, -EPROTO, "unexpected %s message during the handshake",
-		      m->base.descriptor->name);
+	tpd_peer_fail(pr, -EPROTO, "unexpected %s message during the handshake", body_name(m));
 }
 
 /* Parses and dispatches one complete frame at the head of @in. Return: 1 if one was

@@ -599,7 +599,8 @@ int tpd_session_send(struct tpd_session *s, Tpw__V1__DaemonMsg *m, const struct 
 	}
 	off = tpw_frame_pack(&m->base, (uint32_t)tail_len, 0, ++s->seq_out, o->data);
 	for (int i = 0; i < n_tail; i++) {
-		memcpy(o->data + off, tail[i].iov_base, tail[i].iov_len);
+		if (tail[i].iov_len) /* an empty piece may have no base: memcpy(_, NULL, 0) is UB */
+			memcpy(o->data + off, tail[i].iov_base, tail[i].iov_len);
 		off += tail[i].iov_len;
 	}
 	o->len = len;

@@ -1,0 +1,506 @@
+/* SPDX-License-Identifier: BSD-3-Clause */
+/*
+ * Writes the seed corpus of the peer fuzz target (fuzz_peer.c): sequences of records in which a
+ * far "daemon" dials the in-process one over plain TCP (--peer-insecure): its PeerHello on
+ * connection 0, the data connections' PeerDataHello quoting the link id the daemon chose (the
+ * placeholder FUZZ_PEER_LINK_ID, substituted by the harness), then keepalives, a PeerConnect to
+ * the harness's listener "fuzz", descriptors, read requests, raw chunks on data connections, and
+ * the local session writing and reading on the pipe so opened; plus violations (wrong version,
+ * malformed frames after a valid Hello, a data hello for an unknown link or a bad index, frames
+ * out of turn) and hang-ups at awkward moments. Each seed is a valid conversation or a deliberate
+ * violation in one, so that mutations start deep in the handlers. Run once by hand,
+ * `gen_peer_corpus tests/fuzz/corpus-peer`, and commit the files.
+ */
+#include <stdbool.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include "frame.h"
+#include "fuzz_peer.h"
+#include "validate.h"
+
+#define OP_SUBST FUZZ_PEER_OP_SUBST
+#define OP_HANGUP FUZZ_PEER_OP_HANGUP
+#define OP_BATCH FUZZ_PEER_OP_BATCH
+#define OP_LOCAL FUZZ_PEER_OP_LOCAL
+/* The local session's id of the first pipe it accepts. */
+#define ACCEPTED_PIPE (1ull << 63 | 1)
+#define STRIPE_MAGIC 0x31435054u /* "TPC1", daemon/stripe.h */
+#define STRIPE_HDR 32
+
+static const char *outdir;
+static uint8_t seq_buf[1 << 16];
+static size_t seq_len;
+
+static void rec_raw(uint8_t op, const uint8_t *b, size_t n)
+{
+	if (seq_len + 3 + n > sizeof(seq_buf))
+		abort();
+	seq_buf[seq_len++] = op;
+	seq_buf[seq_len++] = (uint8_t)n;
+	seq_buf[seq_len++] = (uint8_t)(n >> 8);
+	memcpy(seq_buf + seq_len, b, n);
+	seq_len += n;
+}
+
+/* One record: a frame of @m with @tail_len bytes of tail (0x5a). */
+static void rec(uint8_t op, const ProtobufCMessage *m, uint32_t tail_len)
+{
+	size_t n = tpw_frame_size(m);
+	uint8_t *buf = calloc(1, n + tail_len);
+
+	if (!buf)
+		abort();
+	n = tpw_frame_pack(m, tail_len, 0, 1, buf);
+	memset(buf + n, 0x5a, tail_len);
+	rec_raw(op, buf, n + tail_len);
+	free(buf);
+}
+
+static void save(const char *name)
+{
+	char path[4096];
+	FILE *f;
+
+	snprintf(path, sizeof(path), "%s/%s.bin", outdir, name);
+	f = fopen(path, "wb");
+	if (!f || fwrite(seq_buf, 1, seq_len, f) != seq_len || fclose(f) != 0) {
+		perror(path);
+		exit(1);
+	}
+	seq_len = 0;
+}
+
+static void peer_rec(uint8_t op, Tpw__V1__PeerMsg *m, uint32_t tail_len)
+{
+	rec(op, &m->base, tail_len);
+}
+
+/* The dialler's PeerHello on connection 0: @data_conns data connections to follow. */
+static void hello_v(uint8_t op, uint32_t major, uint32_t data_conns)
+{
+	static uint8_t boot[16] = { 0xb0, 0x07, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14 };
+	char *backends[] = { "mpt", "basic" };
+	Tpw__V1__PeerMsg m = TPW__V1__PEER_MSG__INIT;
+	Tpw__V1__PeerHello h = TPW__V1__PEER_HELLO__INIT;
+
+	h.major = major;
+	h.minor = TPW_PEER_PROTO_MINOR;
+	h.host = "far";
+	h.boot_id.data = boot;
+	h.boot_id.len = sizeof(boot);
+	h.instance = 0x1234567;
+	h.n_backends = 2;
+	h.backends = backends;
+	h.data_conns = data_conns;
+	h.force_cross_host = true;
+	h.listen_port = 7420;
+	m.body_case = TPW__V1__PEER_MSG__BODY_HELLO;
+	m.hello = &h;
+	peer_rec(op, &m, 0);
+}
+
+static void hello(uint32_t data_conns)
+{
+	hello_v(0, TPW_PEER_PROTO_MAJOR, data_conns);
+}
+
+/* Data connection @c's first frame: PeerDataHello for @link (FUZZ_PEER_LINK_ID: the real one). */
+static void data_hello(uint8_t c, uint64_t link, uint32_t index)
+{
+	Tpw__V1__PeerMsg m = TPW__V1__PEER_MSG__INIT;
+	Tpw__V1__PeerDataHello h = TPW__V1__PEER_DATA_HELLO__INIT;
+
+	h.link_id = link;
+	h.index = index;
+	m.body_case = TPW__V1__PEER_MSG__BODY_DATA_HELLO;
+	m.data_hello = &h;
+	peer_rec(c | OP_SUBST, &m, 0);
+}
+
+/* A link with @n data connections (1..3) up. */
+static void link_up(unsigned n)
+{
+	hello(n);
+	for (unsigned i = 0; i < n; i++)
+		data_hello((uint8_t)(1 + i), FUZZ_PEER_LINK_ID, i);
+}
+
+static void ping(bool reply)
+{
+	Tpw__V1__PeerMsg m = TPW__V1__PEER_MSG__INIT;
+	Tpw__V1__PeerPing p = TPW__V1__PEER_PING__INIT;
+
+	p.t_ns = 1000;
+	p.reply = reply;
+	m.body_case = TPW__V1__PEER_MSG__BODY_PING;
+	m.ping = &p;
+	peer_rec(0, &m, 0);
+}
+
+static void connect_(const char *name, bool expect_uid)
+{
+	Tpw__V1__PeerMsg m = TPW__V1__PEER_MSG__INIT;
+	Tpw__V1__PeerConnect k = TPW__V1__PEER_CONNECT__INIT;
+
+	k.pipe_id = 1;
+	k.name = (char *)name;
+	k.remote_name = "far-client";
+	k.uid = 1000;
+	k.expect_uid_set = expect_uid;
+	k.expect_uid = 4242;
+	m.body_case = TPW__V1__PEER_MSG__BODY_CONNECT;
+	m.connect = &k;
+	peer_rec(0, &m, 0);
+}
+
+/* A message of one payload of @len bytes written by the far side on the pipe it opened. */
+static void descriptor(uint64_t msg_id, uint64_t len, bool eager)
+{
+	Tpw__V1__PeerMsg m = TPW__V1__PEER_MSG__INIT;
+	Tpw__V1__PeerDescriptor pd = TPW__V1__PEER_DESCRIPTOR__INIT;
+	Tpw__V1__Descriptor d = TPW__V1__DESCRIPTOR__INIT;
+	Tpw__V1__PayloadDesc p = TPW__V1__PAYLOAD_DESC__INIT, *pp = &p;
+
+	p.length = len;
+	d.msg_id = msg_id;
+	d.eager = eager;
+	d.n_payloads = 1;
+	d.payloads = &pp;
+	pd.pipe_id = FUZZ_PEER_PIPE_ID;
+	pd.descriptor = &d;
+	m.body_case = TPW__V1__PEER_MSG__BODY_DESCRIPTOR;
+	m.descriptor = &pd;
+	peer_rec(OP_SUBST, &m, eager ? (uint32_t)len : 0);
+}
+
+static void read_req(uint64_t msg_id, uint64_t xfer_id)
+{
+	Tpw__V1__PeerMsg m = TPW__V1__PEER_MSG__INIT;
+	Tpw__V1__PeerReadReq r = TPW__V1__PEER_READ_REQ__INIT;
+
+	r.pipe_id = FUZZ_PEER_PIPE_ID;
+	r.msg_id = msg_id;
+	r.xfer_id = xfer_id;
+	m.body_case = TPW__V1__PEER_MSG__BODY_READ_REQ;
+	m.read_req = &r;
+	peer_rec(OP_SUBST, &m, 0);
+}
+
+static void consumed(uint64_t msg_id, Tpw__V1__Status st)
+{
+	Tpw__V1__PeerMsg m = TPW__V1__PEER_MSG__INIT;
+	Tpw__V1__PeerConsumed c = TPW__V1__PEER_CONSUMED__INIT;
+
+	c.pipe_id = FUZZ_PEER_PIPE_ID;
+	c.msg_id = msg_id;
+	c.status = st;
+	m.body_case = TPW__V1__PEER_MSG__BODY_CONSUMED;
+	m.consumed = &c;
+	peer_rec(OP_SUBST, &m, 0);
+}
+
+static void xfer_end(uint64_t xfer_id, uint64_t bytes)
+{
+	Tpw__V1__PeerMsg m = TPW__V1__PEER_MSG__INIT;
+	Tpw__V1__PeerXferEnd x = TPW__V1__PEER_XFER_END__INIT;
+
+	x.xfer_id = xfer_id;
+	x.status = TPW__V1__STATUS__STATUS_IO;
+	x.message = "sender gave up";
+	x.bytes = bytes;
+	m.body_case = TPW__V1__PEER_MSG__BODY_XFER_END;
+	m.xfer_end = &x;
+	peer_rec(0, &m, 0);
+}
+
+static void peer_pipe_close(void)
+{
+	Tpw__V1__PeerMsg m = TPW__V1__PEER_MSG__INIT;
+	Tpw__V1__PeerPipeClose pc = TPW__V1__PEER_PIPE_CLOSE__INIT;
+
+	pc.pipe_id = FUZZ_PEER_PIPE_ID;
+	pc.status = TPW__V1__STATUS__STATUS_CLOSED;
+	m.body_case = TPW__V1__PEER_MSG__BODY_PIPE_CLOSE;
+	m.pipe_close = &pc;
+	peer_rec(OP_SUBST, &m, 0);
+}
+
+/* A raw chunk on data connection @c: @len bytes of segment 0 of @xfer_id at @offset. */
+static void chunk(uint8_t c, uint64_t xfer_id, uint64_t offset, uint32_t len, uint32_t magic)
+{
+	uint8_t b[STRIPE_HDR + 256] = { 0 };
+	uint32_t seg = 0, flags = 0;
+
+	if (len > sizeof(b) - STRIPE_HDR)
+		abort();
+	memcpy(b, &magic, 4);
+	memcpy(b + 4, &seg, 4);
+	memcpy(b + 8, &xfer_id, 8);
+	memcpy(b + 16, &offset, 8);
+	memcpy(b + 24, &len, 4);
+	memcpy(b + 28, &flags, 4);
+	memset(b + STRIPE_HDR, 0xa5, len);
+	rec_raw(c, b, STRIPE_HDR + len);
+}
+
+/* The local session (which listens on "fuzz") writes @len bytes on the accepted pipe: inline
+ * (an eager message), or from offset 0 of its buffer 1 (the far side asks for them). */
+static void local_write(uint64_t len, bool shm)
+{
+	Tpw__V1__ClientMsg m = TPW__V1__CLIENT_MSG__INIT;
+	Tpw__V1__Write w = TPW__V1__WRITE__INIT;
+	Tpw__V1__Payload p = TPW__V1__PAYLOAD__INIT, *pp = &p;
+	Tpw__V1__Segment s = TPW__V1__SEGMENT__INIT;
+	Tpw__V1__ShmRef r = TPW__V1__SHM_REF__INIT;
+
+	s.length = len;
+	if (shm) {
+		r.buf_id = 1;
+		r.gen = 1;
+		s.loc_case = TPW__V1__SEGMENT__LOC_SHM;
+		s.shm = &r;
+	} else {
+		s.loc_case = TPW__V1__SEGMENT__LOC_INLINE_OFF;
+	}
+	p.data = &s;
+	w.pipe_id = ACCEPTED_PIPE;
+	w.write_id = 7;
+	w.n_payloads = 1;
+	w.payloads = &pp;
+	m.body_case = TPW__V1__CLIENT_MSG__BODY_WRITE;
+	m.write = &w;
+	rec(OP_LOCAL, &m.base, shm ? 0 : (uint32_t)len);
+}
+
+static void local_buffer(void)
+{
+	Tpw__V1__ClientMsg m = TPW__V1__CLIENT_MSG__INIT;
+	Tpw__V1__BufferRegister b = TPW__V1__BUFFER_REGISTER__INIT;
+	size_t n;
+	uint8_t buf[128];
+
+	b.req_id = 3;
+	b.buf_id = 1;
+	b.gen = 1;
+	b.size = 65536;
+	m.body_case = TPW__V1__CLIENT_MSG__BODY_BUFFER_REGISTER;
+	m.buffer_register = &b;
+	n = tpw_frame_pack(&m.base, 0, 1, 1, buf);
+	rec_raw(OP_LOCAL | OP_SUBST, buf, n); /* with OP_LOCAL, OP_SUBST sends a memfd */
+}
+
+/* The local session reads message @msg_id of the accepted pipe into buffer 1, or discards it,
+ * or acknowledges it as eager. */
+static void local_read(uint64_t msg_id, uint64_t len, bool discard, bool ack_eager)
+{
+	Tpw__V1__ClientMsg m = TPW__V1__CLIENT_MSG__INIT;
+	Tpw__V1__Read rd = TPW__V1__READ__INIT;
+	Tpw__V1__Segment s = TPW__V1__SEGMENT__INIT, *sp = &s;
+	Tpw__V1__ShmRef r = TPW__V1__SHM_REF__INIT;
+
+	rd.pipe_id = ACCEPTED_PIPE;
+	rd.msg_id = msg_id;
+	rd.discard = discard;
+	rd.ack_eager = ack_eager;
+	if (!discard && !ack_eager) {
+		r.buf_id = 1;
+		r.gen = 1;
+		s.length = len;
+		s.loc_case = TPW__V1__SEGMENT__LOC_SHM;
+		s.shm = &r;
+		rd.n_payloads = 1;
+		rd.payloads = &sp;
+	}
+	m.body_case = TPW__V1__CLIENT_MSG__BODY_READ;
+	m.read = &rd;
+	rec(OP_LOCAL, &m.base, 0);
+}
+
+static void local_pipe_close(void)
+{
+	Tpw__V1__ClientMsg m = TPW__V1__CLIENT_MSG__INIT;
+	Tpw__V1__PipeClose pc = TPW__V1__PIPE_CLOSE__INIT;
+
+	pc.pipe_id = ACCEPTED_PIPE;
+	m.body_case = TPW__V1__CLIENT_MSG__BODY_PIPE_CLOSE;
+	m.pipe_close = &pc;
+	rec(OP_LOCAL, &m.base, 0);
+}
+
+int main(int argc, char **argv)
+{
+	static const uint8_t garbage[] = "GET / HTTP/1.1\r\nHost: x\r\n\r\n";
+
+	if (argc != 2) {
+		fprintf(stderr, "usage: %s DIR\n", argv[0]);
+		return 2;
+	}
+	outdir = argv[1];
+
+	hello(1);
+	save("hello");
+
+	link_up(3);
+	save("hello-data-conns");
+
+	link_up(1);
+	ping(false);
+	ping(true);
+	save("keepalive");
+
+	hello(1);
+	ping(false);
+	save("ping-during-handshake");
+
+	link_up(1);
+	connect_(FUZZ_PEER_LISTENER, false);
+	save("connect");
+
+	link_up(1);
+	connect_("missing", false);
+	connect_(FUZZ_PEER_LISTENER, true);
+	save("connect-refused");
+
+	/* The far side writes: an eager message, then one the local reader pulls over the data
+	 * connection (read request with transfer id 1, the link's first), then closes. */
+	link_up(1);
+	connect_(FUZZ_PEER_LISTENER, false);
+	local_buffer();
+	descriptor(1, 16, true);
+	local_read(1, 0, false, true);
+	descriptor(2, 64, false);
+	local_read(2, 64, false, false);
+	chunk(1, 1, 0, 64, STRIPE_MAGIC);
+	descriptor(3, 64, false);
+	local_read(3, 64, false, false);
+	xfer_end(2, 0);
+	descriptor(4, 32, false);
+	local_read(4, 0, true, false);
+	peer_pipe_close();
+	save("far-writes");
+
+	/* The local session writes: the daemon sends a descriptor, the far side asks for the bytes
+	 * (over the data connection), then says it consumed them. */
+	link_up(1);
+	connect_(FUZZ_PEER_LISTENER, false);
+	local_buffer();
+	local_write(4096, true);
+	read_req(1, 77);
+	consumed(1, TPW__V1__STATUS__STATUS_OK);
+	local_write(32, false);
+	consumed(2, TPW__V1__STATUS__STATUS_CLOSED);
+	local_write(8192, true);
+	read_req(3, 78);
+	consumed(3, TPW__V1__STATUS__STATUS_IO);
+	local_pipe_close();
+	save("local-writes");
+
+	link_up(1);
+	connect_(FUZZ_PEER_LISTENER, false);
+	local_write(16, false);
+	rec_raw(0 | OP_HANGUP, NULL, 0);
+	save("control-hangs-up-with-pipe");
+
+	link_up(2);
+	connect_(FUZZ_PEER_LISTENER, false);
+	chunk(2, 99, 0, 8, STRIPE_MAGIC);
+	save("chunk-unknown-xfer");
+
+	link_up(1);
+	chunk(1, 1, 0, 8, 0xdeadbeef);
+	save("chunk-bad-magic");
+
+	/* Messages an up link may carry, for pipes and transfers it does not have, then one it
+	 * may not (a second Hello). */
+	link_up(1);
+	{
+		Tpw__V1__PeerMsg m = TPW__V1__PEER_MSG__INIT;
+		Tpw__V1__PeerConnectReply cr = TPW__V1__PEER_CONNECT_REPLY__INIT;
+		Tpw__V1__PeerRdma rd = TPW__V1__PEER_RDMA__INIT;
+
+		cr.pipe_id = 5;
+		cr.peer_pipe_id = 6;
+		m.body_case = TPW__V1__PEER_MSG__BODY_CONNECT_REPLY;
+		m.connect_reply = &cr;
+		peer_rec(0, &m, 0);
+		rd.ports = 1;
+		m.body_case = TPW__V1__PEER_MSG__BODY_RDMA;
+		m.rdma = &rd;
+		peer_rec(0, &m, 0);
+	}
+	xfer_end(9, 0);
+	consumed(1, TPW__V1__STATUS__STATUS_OK);
+	read_req(1, 3);
+	descriptor(1, 16, true);
+	peer_pipe_close();
+	hello(1);
+	save("stray-messages-on-up-link");
+
+	/* Malformed frames after a valid Hello. */
+	hello(1);
+	rec_raw(0, garbage, sizeof(garbage) - 1);
+	save("bad-frame-after-hello");
+
+	hello(1);
+	{
+		Tpw__V1__PeerMsg m = TPW__V1__PEER_MSG__INIT;
+		Tpw__V1__PeerPing p = TPW__V1__PEER_PING__INIT;
+		uint8_t b[64];
+		size_t n;
+
+		m.body_case = TPW__V1__PEER_MSG__BODY_PING;
+		m.ping = &p;
+		n = tpw_frame_pack(&m.base, 0, 0, 1, b);
+		b[TPW_HDR_SIZE - 1] ^= 0xff; /* corrupt the header's last field */
+		rec_raw(0, b, n);
+	}
+	save("bad-header-after-hello");
+
+	hello(1);
+	{
+		uint8_t b[TPW_HDR_SIZE + 4] = { 0 };
+		struct tpw_hdr h = { .magic = TPW_MAGIC, .version = TPW_WIRE_VERSION, .msg_len = 4 };
+
+		tpw_hdr_pack(&h, b);
+		memset(b + TPW_HDR_SIZE, 0xff, 4); /* a message that does not decode */
+		rec_raw(0, b, sizeof(b));
+	}
+	save("undecodable-after-hello");
+
+	hello(1);
+	connect_(FUZZ_PEER_LISTENER, false); /* before the link is up */
+	save("connect-during-handshake");
+
+	hello_v(OP_BATCH, TPW_PEER_PROTO_MAJOR, 1); /* both Hellos in one read */
+	hello(1);
+	save("second-hello");
+
+	/* Data connections that do not fit. */
+	data_hello(1, 12345, 0);
+	save("data-hello-unknown-link");
+
+	hello(2);
+	data_hello(1, FUZZ_PEER_LINK_ID, 5);
+	save("data-hello-bad-index");
+
+	hello(2);
+	data_hello(1, FUZZ_PEER_LINK_ID, 0);
+	data_hello(2, FUZZ_PEER_LINK_ID, 0);
+	save("data-hello-index-twice");
+
+	hello(2);
+	data_hello(1 | OP_HANGUP, FUZZ_PEER_LINK_ID, 0);
+	save("data-hangs-up-before-up");
+
+	hello(0);
+	save("hello-no-data-conns");
+
+	hello_v(0, 1, 1);
+	save("wrong-version");
+
+	hello_v(0 | OP_HANGUP, TPW_PEER_PROTO_MAJOR, 1);
+	rec_raw(1, garbage, sizeof(garbage) - 1);
+	save("hello-hangs-up-garbage-data");
+	return 0;
+}
