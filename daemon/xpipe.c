@@ -682,7 +682,7 @@ static void eager_refused(struct tpd_pipe *p, const struct tpd_msg *m,
 	if (tpd_ratelog_ok(&log, 1000, &suppressed))
 		tpd_pipe_log(p, NULL, TPU_LOG_WARNING, "message %llu, written already, was dropped "
 			     "by the reader's daemon: %s (%u more since the last such line)",
-			     (unsigned long long)m->msg_id, c->message ? c->message : "no reason",
+			     (unsigned long long)m->msg_id, c->message && *c->message ? c->message : "no reason given",
 			     suppressed);
 }
 
