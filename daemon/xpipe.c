@@ -679,11 +679,12 @@ static void eager_refused(struct tpd_pipe *p, const struct tpd_msg *m,
 	static struct tpd_ratelog log;
 	unsigned suppressed;
 
+	const char *why = c->message && *c->message ? c->message : "no reason given";
+
 	if (tpd_ratelog_ok(&log, 1000, &suppressed))
 		tpd_pipe_log(p, NULL, TPU_LOG_WARNING, "message %llu, written already, was dropped "
 			     "by the reader's daemon: %s (%u more since the last such line)",
-			     (unsigned long long)m->msg_id, c->message && *c->message ? c->message : "no reason given",
-			     suppressed);
+			     (unsigned long long)m->msg_id, why, suppressed);
 }
 
 void tpd_xpipe_peer_consumed(struct tpd_pipe *p, const Tpw__V1__PeerConsumed *c)
