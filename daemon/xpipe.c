@@ -676,10 +676,9 @@ void tpd_xpipe_peer_read_req(struct tpd_pipe *p, const Tpw__V1__PeerReadReq *rr)
 static void eager_refused(struct tpd_pipe *p, const struct tpd_msg *m,
 			  const Tpw__V1__PeerConsumed *c)
 {
+	const char *why = c->message && *c->message ? c->message : "no reason given";
 	static struct tpd_ratelog log;
 	unsigned suppressed;
-
-	const char *why = c->message && *c->message ? c->message : "no reason given";
 
 	if (tpd_ratelog_ok(&log, 1000, &suppressed))
 		tpd_pipe_log(p, NULL, TPU_LOG_WARNING, "message %llu, written already, was dropped "
