@@ -510,6 +510,21 @@ static int as_result(struct tpb_proc *p, const struct as_call *c, int r, char *w
 	return r;
 }
 
+/*
+ * CMA to @p was turned off before: -ESRCH if it has exited since (so that a transfer racing with
+ * its death reads as a peer that died, whichever copy found it first), else -EPERM.
+ */
+static int off_result(const struct tpb_proc *p, char *why, size_t why_len)
+{
+	if (!tpb_proc_alive(p)) {
+		snprintf(why, why_len, "client process %d has exited", (int)p->pid);
+		return -ESRCH;
+	}
+	snprintf(why, why_len, "CMA to client process %d was turned off by an earlier refusal",
+		 (int)p->pid);
+	return -EPERM;
+}
+
 int tpb_cma_move(struct tpb_proc *p, void *buf, uint64_t addr, uint64_t len, bool write,
 		 char *why, size_t why_len)
 {
@@ -517,11 +532,8 @@ int tpb_cma_move(struct tpb_proc *p, void *buf, uint64_t addr, uint64_t len, boo
 
 	if (!p)
 		return -ESRCH;
-	if (tpb_proc_cma_off(p)) {
-		snprintf(why, why_len, "CMA to client process %d was turned off by an earlier refusal",
-			 (int)p->pid);
-		return -EPERM;
-	}
+	if (tpb_proc_cma_off(p))
+		return off_result(p, why, why_len);
 	c.uid = p->uid;
 	c.gid = p->gid;
 	if (write) {
@@ -557,11 +569,8 @@ int tpb_cma_bounce(struct tpb_proc *src, uint64_t src_addr, struct tpb_proc *dst
 		return r;
 	}
 	/* Both ends of one user: one child for every chunk, each access still checked. */
-	if (tpb_proc_cma_off(src) || tpb_proc_cma_off(dst)) {
-		snprintf(why, why_len, "CMA to client process %d was turned off by an earlier refusal",
-			 (int)(tpb_proc_cma_off(src) ? src : dst)->pid);
-		return -EPERM;
-	}
+	if (tpb_proc_cma_off(src) || tpb_proc_cma_off(dst))
+		return off_result(tpb_proc_cma_off(src) ? src : dst, why, why_len);
 	c.uid = src->uid;
 	c.gid = src->gid;
 	r = run_as(&c);

@@ -578,6 +578,16 @@ START_TEST(test_cma_to_an_exited_process_fails_with_esrch)
 	ck_assert_uint_eq(v, 7);
 	ck_assert_ptr_nonnull(strstr(why, "has exited"));
 	ck_assert(tpb_proc_cma_off(p));
+	/* Later copies (another piece of the same message on another copy thread) must say the
+	 * same, not that CMA was turned off: the transfer reads as a peer that died. */
+	why[0] = '\0';
+	ck_assert_int_eq(tpb_cma_move(p, &v, 8, sizeof(v), true, why, sizeof(why)), -ESRCH);
+	ck_assert_ptr_nonnull(strstr(why, "has exited"));
+	why[0] = '\0';
+	ck_assert_int_eq(tpb_cma_bounce(self_proc(), (uint64_t)(uintptr_t)&v, p, 8, sizeof(v), &v,
+					sizeof(v), why, sizeof(why)),
+			 -ESRCH);
+	ck_assert_ptr_nonnull(strstr(why, "has exited"));
 	tpb_proc_unref(p);
 }
 END_TEST
