@@ -69,7 +69,8 @@ enum tp_context_flags {
 struct tp_context_options {
 	size_t size;		 /* sizeof(struct tp_context_options): set it, for growth */
 	const char *socket_path; /* NULL: $TPIPD_SOCKET, /run/tpipd/tpipd.sock (root),
-				  * $XDG_RUNTIME_DIR/tpipd.sock */
+				  * $XDG_RUNTIME_DIR/tpipd.sock and, when that is
+				  * missing, /run/tpipd/tpipd.sock (libtpclient(3)) */
 	const char *name;	 /* shown as remote name to peers; NULL: "<comm>:<pid>" */
 	size_t eager_max;	 /* messages with at most this many data bytes travel inline
 				  * with their descriptor; 0: 64 KiB; capped by the daemon */
