@@ -394,7 +394,12 @@ struct tp_descriptor {
 typedef void (*tp_descriptor_fn)(void *arg, struct tp_pipe *p, int status, const char *errmsg,
 				 struct tp_descriptor *d);
 
-/* Asks for the next message's descriptor; calls match messages FIFO, in the order written. */
+/*
+ * Asks for the next message's descriptor; calls match messages FIFO, in the order written. Once
+ * the pipe has failed (the peer died, the link was lost, it was closed), descriptors of small
+ * messages whose bytes already arrived with them are still handed out; from the first message
+ * whose bytes were still with the writer on, pending and later calls fail with the pipe's error.
+ */
 int tp_pipe_read_descriptor(struct tp_pipe *p, tp_descriptor_fn cb, void *arg);
 
 struct tp_slot {

@@ -154,7 +154,7 @@ int tpc_read_descriptor_start(struct tp_pipe *p, tp_descriptor_fn cb, void *arg,
 	op->pipe = p;
 	pthread_mutex_lock(&ctx->lock);
 	r = ctx->stopping ? tpc_context_check_locked(ctx) : 0;
-	/* A closed pipe still hands out the descriptors received before it closed. */
+	/* A closed pipe still hands out the eager descriptors received before it closed. */
 	if (r == 0 && tpu_list_empty(&p->descs))
 		r = tpc_pipe_check_locked(p);
 	if (r == 0) {
