@@ -22,7 +22,9 @@
  *
  * Memory: a payload, tensor or allocation that lies inside memory from tp_buffer_alloc() moves
  * with one copy (daemon <-> shared mapping). Other CPU memory is read or written by the daemon
- * through cross-memory attach, or staged through a shared buffer when that is not permitted.
+ * through cross-memory attach, or staged through a shared buffer when that is not permitted. A
+ * range that starts inside a buffer from tp_buffer_alloc() but runs past its end is refused at
+ * once with -ERANGE (tp_pipe_write(), tp_pipe_read()).
  * Buffers passed to a write or read are kept (must stay valid and untouched) until its callback;
  * once the callback has run, whatever its status, the daemon no longer touches them.
  */

@@ -7,7 +7,8 @@
  * with -ECONNRESET) while an eager one received before still reads. Malformed
  * or oversized frames from a raw socket close that connection only, while another client's open
  * pipe keeps working. A Write naming bytes outside a registered shared buffer is refused with
- * STATUS_RANGE and delivers nothing.
+ * STATUS_RANGE and delivers nothing; the library refuses a payload or slot that starts in a
+ * shared buffer and runs past its end with -ERANGE at once (instead of CMA's -EFAULT later).
  */
 #include <check.h>
 #include <errno.h>
@@ -728,6 +729,85 @@ START_TEST(test_faults_shm_range_outside_buffer_is_rejected)
 }
 END_TEST
 
+/* ---- shared-buffer ranges from the library -------------------------------------------------- */
+
+#define RANGE_BUF (1u << 20)
+
+/* Writes a message whose tensor runs past a shared buffer (refused with -ERANGE, nothing
+ * sent), then one that ends exactly at its end; the reader expects that one only. */
+static int range_writer(void *arg)
+{
+	struct tp_tensor t = { .device = { TP_DEVICE_CPU, 0 } };
+	struct tp_message m = { .tensors = &t, .n_tensors = 1 };
+	struct tp_context *ctx;
+	struct tp_pipe *p;
+	char *buf;
+	int r;
+
+	TPT_REQUIRE(tpt_sync_wait(&to_b, T_MS) == 0, 1, "listener not ready");
+	r = tpt_ctx_new(&tpt_fixture_daemon, 0, "range-writer", &ctx);
+	TPT_REQUIRE(r == 0, 1, "context: %d", r);
+	r = tp_connect(ctx, "lib-range", &p);
+	TPT_REQUIRE(r == 0 && tp_pipe_wait_connected(p, T_MS) == 0, 1, "connect");
+	TPT_REQUIRE(tp_buffer_alloc(ctx, RANGE_BUF, (void **)&buf) == 0, 1, "buffer");
+	tpt_fill(buf, RANGE_BUF, 5);
+	t.data = buf + RANGE_BUF / 2;
+	t.length = RANGE_BUF / 2 + 1; /* one byte past the end (a rendezvous-sized message) */
+	r = tp_pipe_write_sync(p, &m);
+	TPT_REQUIRE(r == -ERANGE, 1, "write one byte past the buffer: %d (%s)", r, tp_last_error());
+	t.data = buf + RANGE_BUF - 100;
+	t.length = 101; /* one byte past the end (small enough to go inline) */
+	r = tp_pipe_write_sync(p, &m);
+	TPT_REQUIRE(r == -ERANGE, 1, "inline write past the buffer: %d (%s)", r, tp_last_error());
+	t.data = buf + RANGE_BUF / 2;
+	t.length = RANGE_BUF / 2; /* exactly to the end: fine */
+	r = tp_pipe_write_sync(p, &m);
+	TPT_REQUIRE(r == 0, 1, "write to the end of the buffer: %d (%s)", r, tp_last_error());
+	TPT_REQUIRE(tpt_sync_wait(&to_a, T_MS) == 0, 1, "reader did not finish");
+	tp_pipe_close(p);
+	tp_context_free(ctx);
+	return 0;
+}
+
+/* Reads into a shared buffer: a slot that runs past it is refused with -ERANGE. */
+static int range_reader(void *arg)
+{
+	struct tp_slot slot = { .device = { TP_DEVICE_CPU, 0 } };
+	struct tp_allocation a = { .tensors = &slot, .n_tensors = 1 };
+	struct tp_descriptor *d;
+	struct tp_context *ctx;
+	struct tp_listener *l;
+	struct tp_pipe *p;
+	char *buf;
+	int r = tpt_ctx_new(&tpt_fixture_daemon, 0, "range-reader", &ctx);
+
+	if (r == 0)
+		r = tp_listen(ctx, "lib-range", NULL, &l);
+	tpt_sync_post(&to_b, (int8_t)(r ? -1 : 0));
+	TPT_REQUIRE(r == 0, 1, "listen: %d", r);
+	r = tp_listener_accept_sync(l, T_MS, &p);
+	TPT_REQUIRE(r == 0, 1, "accept: %d", r);
+	TPT_REQUIRE(tp_buffer_alloc(ctx, RANGE_BUF, (void **)&buf) == 0, 1, "buffer");
+	r = tp_pipe_read_descriptor_sync(p, T_MS, &d);
+	TPT_REQUIRE(r == 0, 1, "descriptor: %d", r);
+	TPT_REQUIRE(d->n_tensors == 1 && d->tensors[0].length == RANGE_BUF / 2, 1,
+		    "the refused writes were delivered (%zu bytes)", d->tensors[0].length);
+	slot.data = buf + RANGE_BUF / 2 + 1; /* one byte short of room */
+	r = tp_pipe_read_sync(p, d, &a);
+	TPT_REQUIRE(r == -ERANGE, 1, "read one byte past the buffer: %d (%s)", r, tp_last_error());
+	tpt_sync_post(&to_a, 0);
+	tp_pipe_close(p);
+	tp_listener_close(l);
+	tp_context_free(ctx);
+	return 0;
+}
+
+START_TEST(test_faults_library_refuses_ranges_past_a_shared_buffer)
+{
+	ck_assert(tpt_run_pair(range_reader, range_writer, NULL, 2 * T_MS));
+}
+END_TEST
+
 static Suite *faults_suite(void)
 {
 	Suite *s = suite_create("faults");
@@ -746,6 +826,7 @@ static Suite *faults_suite(void)
 	tcase_add_checked_fixture(w, setup, teardown);
 	tcase_add_loop_test(w, test_faults_malformed_frame_closes_only_that_connection, 0, 8);
 	tcase_add_test(w, test_faults_shm_range_outside_buffer_is_rejected);
+	tcase_add_test(w, test_faults_library_refuses_ranges_past_a_shared_buffer);
 	tcase_set_timeout(w, 60);
 	suite_add_tcase(s, w);
 	return s;
