@@ -4,7 +4,8 @@
  * that is not root tries $XDG_RUNTIME_DIR/tpipd.sock and, when that is missing or
  * $XDG_RUNTIME_DIR is unset, the system socket ($TPIPD_TEST_SYSTEM_SOCKET stands in for
  * /run/tpipd/tpipd.sock here); a socket asked for (option or $TPIPD_SOCKET) is never fallen
- * back from; when nothing answers, the error names every path tried and why. The user cases
+ * back from; when nothing answers, the error names every path tried and why. tpipctl looks for
+ * the daemon the same way (falling back from a missing per-user socket). The user cases
  * need root to drop to uid 65534 and print why they skip otherwise.
  */
 #include <check.h>
@@ -15,6 +16,7 @@
 #include <string.h>
 #include <sys/prctl.h>
 #include <sys/stat.h>
+#include <sys/wait.h>
 #include <unistd.h>
 #include "itest.h"
 
@@ -41,6 +43,8 @@ struct find_case {
 	const char *env_socket; /* $TPIPD_SOCKET, NULL: unset */
 	int want;		/* tp_context_new()'s result */
 	const char *want_msg;	/* tp_last_error() on failure, NULL: not checked */
+	bool tpipctl;		/* run `tpipctl status` instead: exit 0 iff want is 0, and
+				 * want_msg (if any) in its stderr */
 };
 
 static int become_nobody(void)
@@ -60,6 +64,24 @@ static void setenv_or_unset(const char *name, const char *value)
 		unsetenv(name);
 }
 
+/* Runs `tpipctl status` and checks its exit status (and error text) against @c. */
+static int find_tpipctl(const struct find_case *c)
+{
+	const char *bin = getenv("TPIPCTL_BIN");
+	const char *argv[] = { bin, "status", NULL };
+	struct tpt_cmd_result res;
+	bool ok;
+
+	TPT_REQUIRE(bin, 1, "TPIPCTL_BIN is not set");
+	TPT_REQUIRE(tpt_run(argv, T_MS, &res) == 0, 1, "cannot run tpipctl");
+	ok = WIFEXITED(res.status) && (WEXITSTATUS(res.status) == 0) == (c->want == 0) &&
+	     (!c->want_msg || strstr(res.err, c->want_msg));
+	if (!ok)
+		tpt_log("tpipctl status: wait status %d, stderr '%s'", res.status, res.err);
+	tpt_cmd_result_free(&res);
+	return ok ? 0 : 1;
+}
+
 static int find_child(void *arg)
 {
 	const struct find_case *c = arg;
@@ -70,6 +92,8 @@ static int find_child(void *arg)
 	setenv_or_unset("XDG_RUNTIME_DIR", c->xdg);
 	setenv_or_unset("TPIPD_TEST_SYSTEM_SOCKET", c->system);
 	setenv_or_unset("TPIPD_SOCKET", c->env_socket);
+	if (c->tpipctl)
+		return find_tpipctl(c);
 	r = tp_context_new(NULL, &ctx);
 	TPT_REQUIRE(r == c->want, 1, "context: %d, want %d (%s)", r, c->want,
 		    r ? tp_last_error() : "");
@@ -110,6 +134,8 @@ START_TEST(test_user_without_own_socket_finds_the_system_one)
 	SKIP_UNLESS_ROOT();
 	empty_dir(xdg, sizeof(xdg));
 	c.xdg = xdg;
+	ck_assert(find_run(&c));
+	c.tpipctl = true; /* tpipctl looks the same way */
 	ck_assert(find_run(&c));
 }
 END_TEST
@@ -153,6 +179,12 @@ START_TEST(test_no_socket_error_names_every_path_tried)
 	snprintf(want, sizeof(want),
 		 "no daemon socket: tried ($XDG_RUNTIME_DIR is not set) %s (no such file); "
 		 "start tpipd or set TPIPD_SOCKET", sys);
+	ck_assert(find_run(&c));
+	/* tpipctl names the paths it tried too */
+	c.tpipctl = true;
+	c.xdg = xdg;
+	snprintf(want, sizeof(want), "no daemon socket: tried %s/tpipd.sock (no such file), %s "
+		 "(no such file)", xdg, sys);
 	ck_assert(find_run(&c));
 }
 END_TEST
