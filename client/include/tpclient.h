@@ -268,6 +268,7 @@ struct tp_connect_options {
 	size_t size;	  /* sizeof(struct tp_connect_options) */
 	unsigned flags;	  /* TP_CONNECT_* */
 	uid_t expect_uid; /* with TP_CONNECT_EXPECT_UID */
+	unsigned wait_ms; /* a local name not registered yet: wait this long for it (0: -ENOENT) */
 };
 
 /*
@@ -279,6 +280,14 @@ struct tp_connect_options {
  * checks its answer too and holds every write until it has. A daemon older than this option
  * ignores it (tp_pipe_remote_uid() then returns -ENODATA): where that may be, wait for
  * tp_pipe_wait_connected() and check tp_pipe_remote_uid() before writing.
+ * With @wait_ms > 0 and a local name that no listener has registered yet, the daemon keeps the
+ * connect pending until a listener of that name registers (its access checks then run as
+ * usual) or @wait_ms passes: the connect then fails with -ETIMEDOUT, naming the listener. Two
+ * processes started together need no retry loop. Writes issued meanwhile are held by the
+ * daemon (within its pipe queue limits); a pending connect counts against pipes-max and ends
+ * with the context or tp_pipe_close(). The wait applies to local names only: a tpip://
+ * address fails at once with -ENOENT when the far daemon has no such listener. A daemon older
+ * than this field fails at once with -ENOENT.
  * @opts: borrowed; NULL is tp_connect().
  * @ret: returns owned pipe, close with tp_pipe_close().
  * Return: as tp_connect(); -EINVAL for unknown flags or a @size of 0.

@@ -341,6 +341,7 @@ TP_EXPORT int tp_connect_ex(struct tp_context *ctx, const char *address,
 	}
 	c.expect_uid_set = o.flags & TP_CONNECT_EXPECT_UID;
 	c.expect_uid = (uint32_t)o.expect_uid;
+	c.wait_ms = o.wait_ms;
 	r = pipe_check_address(address);
 	if (r < 0)
 		return r;
