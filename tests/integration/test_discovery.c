@@ -9,9 +9,10 @@
  * to a name nobody listens on yet waits for the listener (writes issued meanwhile are
  * delivered), fails with -ETIMEDOUT naming it when nobody comes (not before wait_ms; 0 is
  * -ENOENT at once), is bounded by the pipe limit (at it: kept, one over: -ENOBUFS), ends with
- * its context, and passes the listener's access check when it registers (-EACCES for an
- * owner-only listener of another uid). The user cases need root to drop to uid 65534 and print
- * why they skip otherwise.
+ * its context or its pipe's close (a write held meanwhile completes with -ECANCELED), and
+ * passes the listener's access check when it registers (-EACCES for an owner-only listener of
+ * another uid). The user cases need root to drop to uid 65534 and print why they skip
+ * otherwise.
  */
 #include <check.h>
 #include <errno.h>
@@ -429,6 +430,37 @@ static int quitter(void *arg)
 	return 0;
 }
 
+/* Waits for 'abandoned' with a write held, then closes the pipe: the write is canceled. */
+static int closer(void *arg)
+{
+	static struct tpt_done done;
+	struct tpt_done_arg da = { &done, 0 };
+	struct tpt_msg_spec s;
+	struct tpt_msg m;
+	struct tp_context *ctx;
+	struct tp_pipe *p;
+	int r = tpt_ctx_new(&tpt_fixture_daemon, 0, "closer", &ctx);
+
+	TPT_REQUIRE(r == 0, 1, "context: %d", r);
+	r = connect_waiting(ctx, "abandoned", T_MS, &p);
+	TPT_REQUIRE(r == 0, 1, "connect: %d", r);
+	late_spec(0, &s);
+	TPT_REQUIRE(tpt_msg_build(ctx, &s, TPT_MEM_PRIVATE, &m) == 0, 1, "build");
+	tpt_done_init(&done);
+	r = tp_pipe_write(p, &m.m, tpt_done_cb, &da);
+	TPT_REQUIRE(r == 0, 1, "write while the connect waits: %d", r);
+	TPT_REQUIRE(tpt_sync_wait(&to_conn, T_MS) == 0, 1, "no word from the parent");
+	tp_pipe_close(p);
+	TPT_REQUIRE(tpt_done_wait(&done, 1, T_MS) == 0, 1, "held write never completed");
+	TPT_REQUIRE(done.last_status == -ECANCELED, 1, "held write of a closed pipe: %d",
+		    done.last_status);
+	tpt_msg_free(ctx, &m);
+	tpt_sync_post(&to_lis, 0);
+	TPT_REQUIRE(tpt_sync_wait(&to_conn, T_MS) == 0, 1, "no word from the parent");
+	tp_context_free(ctx);
+	return 0;
+}
+
 /* Listens on 'abandoned': nobody is left to connect. */
 static int abandoned_listener(void *arg)
 {
@@ -501,6 +533,21 @@ START_TEST(test_waiting_connect_passes_the_access_check_when_the_listener_comes)
 }
 END_TEST
 
+START_TEST(test_closing_a_waiting_connect_cancels_it)
+{
+	pid_t c = tpt_fork(closer, NULL);
+
+	ck_assert_int_eq(tpt_daemon_wait_log(&tpt_fixture_daemon, "for listener 'abandoned'", T_MS,
+					     NULL, 0), 0);
+	ck_assert_int_eq(tpt_sync_post(&to_conn, 0), 0);
+	ck_assert_int_eq(tpt_sync_wait(&to_lis, T_MS), 0); /* closed, the context still open */
+	ck_assert(tpt_wait_ok(tpt_fork(abandoned_listener, NULL), T_MS, "listener"));
+	ck_assert_int_eq(tpt_sync_post(&to_conn, 0), 0);
+	ck_assert(tpt_wait_ok(c, T_MS, "closer"));
+	ck_assert(tpt_daemon_alive(&tpt_fixture_daemon));
+}
+END_TEST
+
 static Suite *discovery_suite(void)
 {
 	Suite *s = suite_create("discovery");
@@ -522,6 +569,7 @@ static Suite *discovery_suite(void)
 	tcase_add_test(w, test_connect_wait_times_out_naming_the_listener);
 	tcase_add_test(w, test_waiting_connects_are_bounded_by_the_pipe_limit);
 	tcase_add_test(w, test_waiting_connect_ends_with_its_context);
+	tcase_add_test(w, test_closing_a_waiting_connect_cancels_it);
 	tcase_add_test(w, test_waiting_connect_passes_the_access_check_when_the_listener_comes);
 	suite_add_tcase(s, w);
 	return s;
