@@ -330,7 +330,8 @@ static int lonely_connector(void *arg)
 	r = tp_pipe_wait_connected(p, T_MS);
 	TPT_REQUIRE(r == -ETIMEDOUT, 1, "connect with nobody listening: %d", r);
 	TPT_REQUIRE(strstr(tp_last_error(), want), 1, "error '%s'", tp_last_error());
-	TPT_REQUIRE(tpt_now_ms() - t0 >= SHORT_WAIT_MS, 1, "gave up after %llu ms",
+	/* the daemon's timer may fire a clock tick early (libevent may time coarsely) */
+	TPT_REQUIRE(tpt_now_ms() - t0 + 5 >= SHORT_WAIT_MS, 1, "gave up after %llu ms",
 		    (unsigned long long)(tpt_now_ms() - t0));
 	tp_pipe_close(p);
 	r = connect_waiting(ctx, "nobody-here", 0, &p);
