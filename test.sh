@@ -3,6 +3,7 @@
 #
 # Installs what is missing (Debian packages, see scripts/deps.sh), builds tpipd in ./build and
 # runs the whole meson test suite there. Extra arguments go to `meson test` (e.g. --suite unit).
+# At the end it lists each skipped test with the reason it printed (scripts/test-skips.py).
 # Exit status: that of `meson test` (0 when every test passed or was skipped).
 set -euo pipefail
 cd "$(dirname "$(readlink -f "$0")")"
@@ -12,4 +13,7 @@ cd "$(dirname "$(readlink -f "$0")")"
 tp_deps_install
 BUILD=${TP_BUILD_DIR:-build} # build directory (default ./build)
 tp_build "$BUILD" -Dwerror=true # warnings are errors in tests and CI
-meson test -C "$BUILD" --print-errorlogs "$@"
+status=0
+meson test -C "$BUILD" --print-errorlogs "$@" || status=$?
+python3 scripts/test-skips.py "$BUILD/meson-logs/testlog.json" || true
+exit "$status"

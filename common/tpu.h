@@ -146,6 +146,29 @@ int tpu_fd_count(void);
  */
 int tpu_socket_path(const char *explicit_path, char *buf, size_t len);
 
+/* The system service's control socket (tpipd.service, /run/tpipd from RuntimeDirectory=). */
+#define TPU_SYSTEM_SOCKET "/run/tpipd/tpipd.sock"
+
+/* Where a client looks for the daemon: one fixed path, or the per-user socket then the system's. */
+struct tpu_socket_list {
+	unsigned n;	/* 1 or 2 */
+	bool fixed;	/* path[0] was asked for or is root's: never fallen back from */
+	char path[2][108];
+};
+
+/*
+ * tpu_socket_candidates() - the sockets a client tries, in order.
+ * @explicit_path: a path given on the command line or to the API, or NULL.
+ * @ret: filled on success.
+ *
+ * @explicit_path, $TPIPD_SOCKET or (for root) the system socket are the only candidate. Any
+ * other process tries $XDG_RUNTIME_DIR/tpipd.sock (when the variable is set) and then the
+ * system socket, TPU_SYSTEM_SOCKET; $TPIPD_TEST_SYSTEM_SOCKET replaces the latter for tests
+ * (it only chooses which socket this process connects to, as $TPIPD_SOCKET does).
+ * Return: 0, or -ENAMETOOLONG if a path does not fit a sockaddr_un.
+ */
+int tpu_socket_candidates(const char *explicit_path, struct tpu_socket_list *ret);
+
 /* Parses a size with optional K/M/G/T suffix (powers of 1024). Return: 0 or -EINVAL/-ERANGE. */
 int tpu_parse_size(const char *s, uint64_t *ret);
 

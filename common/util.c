@@ -59,7 +59,7 @@ int tpu_socket_path(const char *explicit_path, char *buf, size_t len)
 	if (p && *p) {
 		n = snprintf(buf, len, "%s", p);
 	} else if (geteuid() == 0) {
-		n = snprintf(buf, len, "/run/tpipd/tpipd.sock");
+		n = snprintf(buf, len, "%s", TPU_SYSTEM_SOCKET);
 	} else {
 		const char *rt = getenv("XDG_RUNTIME_DIR");
 		if (!rt || !*rt)
@@ -68,6 +68,36 @@ int tpu_socket_path(const char *explicit_path, char *buf, size_t len)
 	}
 	if (n < 0 || (size_t)n >= len || (size_t)n >= sizeof(sun.sun_path))
 		return -ENAMETOOLONG;
+	return 0;
+}
+
+int tpu_socket_candidates(const char *explicit_path, struct tpu_socket_list *ret)
+{
+	const char *env = getenv("TPIPD_SOCKET"), *rt, *sys;
+	struct tpu_socket_list l = { .fixed = true, .n = 1 };
+	int n;
+
+	if ((explicit_path && *explicit_path) || (env && *env) || geteuid() == 0) {
+		n = tpu_socket_path(explicit_path, l.path[0], sizeof(l.path[0]));
+		if (n < 0)
+			return n;
+		*ret = l;
+		return 0;
+	}
+	l = (struct tpu_socket_list){ .fixed = false };
+	rt = getenv("XDG_RUNTIME_DIR");
+	if (rt && *rt) {
+		n = snprintf(l.path[0], sizeof(l.path[0]), "%s/tpipd.sock", rt);
+		if (n < 0 || (size_t)n >= sizeof(l.path[0]))
+			return -ENAMETOOLONG;
+		l.n++;
+	}
+	sys = getenv("TPIPD_TEST_SYSTEM_SOCKET");
+	n = snprintf(l.path[l.n], sizeof(l.path[0]), "%s", sys && *sys ? sys : TPU_SYSTEM_SOCKET);
+	if (n < 0 || (size_t)n >= sizeof(l.path[0]))
+		return -ENAMETOOLONG;
+	l.n++;
+	*ret = l;
 	return 0;
 }
 

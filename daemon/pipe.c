@@ -375,6 +375,10 @@ void tpd_pipe_connect(struct tpd_daemon *d, struct tpd_session *s, const Tpw__V1
 		return;
 	}
 	r = tpd_pipe_connect_check(d, s, c, &l, why, sizeof(why));
+	if (r == -ENOENT && c->wait_ms) {
+		tpd_xpipe_wait_local(d, s, c);
+		return;
+	}
 	if (r < 0) {
 		tpd_pipe_connect_fail(s, c, r, why);
 		return;

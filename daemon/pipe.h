@@ -68,6 +68,8 @@ struct tpd_pipe {
 	bool expect_uid_set;	    /* connector: refuse unless the listener's owner is this */
 	uint32_t expect_uid;
 	uint32_t remote_uid;	    /* remote end's uid as its daemon claims */
+	bool waiting;		    /* connecting to a local name not registered yet */
+	uint32_t wait_ms;	    /* ... for at most this long */
 	char peer_addr[300];	    /* "HOST:PORT" */
 	char why[200];		    /* why the remote end went away, for error messages */
 };
@@ -104,6 +106,17 @@ void tpd_pipe_end_detach(struct tpd_pipe_end *e, Tpw__V1__Status why);
  * The caller removes @e from the session's table first. May free the pipe.
  */
 void tpd_pipe_end_close(struct tpd_pipe_end *e);
+
+/*
+ * tpd_xpipe_wait_local() - Connect @c names a local listener that does not exist yet and asks
+ * to wait (wait_ms > 0): keep the pipe connecting (writes are held, the pipe counts against
+ * pipes-max) until a listener of that name registers (then the access checks run) or wait_ms
+ * passes (-ETIMEDOUT). Ending the session or closing the pipe cancels it.
+ */
+void tpd_xpipe_wait_local(struct tpd_daemon *d, struct tpd_session *s, const Tpw__V1__Connect *c);
+
+/* Listener @name was just registered: connect the pipes waiting for it. */
+void tpd_xpipe_listener_added(struct tpd_daemon *d, const char *name);
 
 /* ---- cross-host pipes (xpipe.c and xh.c, called by peer.c) ---- */
 

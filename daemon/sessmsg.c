@@ -205,6 +205,7 @@ static void handle_listen(struct tpd_session *s, const Tpw__V1__Listen *m)
 				? ", open to every peer daemon"
 				: ", open to listed peer daemons");
 	tpd_session_reply(s, m->req_id, 0, NULL, l->id, NULL);
+	tpd_xpipe_listener_added(s->d, l->name);
 }
 
 static void handle_listener_close(struct tpd_session *s, const Tpw__V1__ListenerClose *m)

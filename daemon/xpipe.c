@@ -162,7 +162,10 @@ static void xconnect_fail(struct tpd_pipe *p, int err, const char *why)
 		tpd_pipe_maybe_free(p);
 		return;
 	}
-	snprintf(addr, sizeof(addr), "tpip://%s/%s", p->peer_addr, p->listener);
+	if (p->waiting)
+		snprintf(addr, sizeof(addr), "%s", p->listener);
+	else
+		snprintf(addr, sizeof(addr), "tpip://%s/%s", p->peer_addr, p->listener);
 	c.req_id = p->connect_req_id;
 	c.pipe_id = e->local_id;
 	c.address = addr;
@@ -180,6 +183,12 @@ static void xpipe_on_connect_timeout(evutil_socket_t fd, short what, void *arg)
 
 	if (!p->connecting)
 		return;
+	if (p->waiting) {
+		snprintf(why, sizeof(why), "no listener named '%.255s' appeared within %u ms",
+			 p->listener, p->wait_ms);
+		xconnect_fail(p, -ETIMEDOUT, why);
+		return;
+	}
 	if (p->link) {
 		/* The link's own timer may have run out in the same pass of the loop: its failure,
 		 * already on its way to this pipe, says more (each address and why it failed). */
@@ -359,12 +368,71 @@ static void xpipe_reroute_local(struct tpd_pipe *p)
 		return;
 	}
 	l->accepted++;
-	tpd_pipe_log(p, s, TPU_LOG_INFO, "address is this daemon: connected to '%s' locally",
-		     l->name);
+	if (p->waiting)
+		tpd_pipe_log(p, s, TPU_LOG_INFO,
+			     "connected to '%s' (session %llu) once it listened", l->name,
+			     (unsigned long long)((struct tpd_session *)l->owner)->id);
+	else
+		tpd_pipe_log(p, s, TPU_LOG_INFO,
+			     "address is this daemon: connected to '%s' locally", l->name);
+	p->waiting = false;
 	tpd_pipe_reply_connected(s, p->connect_req_id, e->local_id, l->name, (uint32_t)l->uid,
 				 false);
 	tpd_pipe_send_accepted(l->owner, l, &p->end[1], s);
 	held_flush(p, 0, NULL);
+}
+
+void tpd_xpipe_wait_local(struct tpd_daemon *d, struct tpd_session *s, const Tpw__V1__Connect *c)
+{
+	struct timeval tv = { c->wait_ms / 1000, (c->wait_ms % 1000) * 1000 };
+	struct tpd_pipe *p;
+	char why[96];
+
+	if (tpd_session_pipe_count(s) >= d->cfg.pipes_max) {
+		snprintf(why, sizeof(why), "pipe limit of %u per client reached", d->cfg.pipes_max);
+		tpd_pipe_connect_fail(s, c, -ENOBUFS, why);
+		return;
+	}
+	p = tpd_pipe_new(d, c->address);
+	if (!p || !(p->ev_connect = evtimer_new(d->base, xpipe_on_connect_timeout, p))) {
+		if (p)
+			free(p->listener);
+		free(p);
+		tpd_pipe_connect_fail(s, c, -ENOMEM, "out of memory");
+		return;
+	}
+	snprintf(p->peer_addr, sizeof(p->peer_addr), "this host");
+	tpd_pipe_end_init(&p->end[0], p, s, c->pipe_id);
+	tpd_pipe_end_init(&p->end[1], p, NULL, 0);
+	p->end[1].remote = true; /* no session yet: held writes, connect_fail as for tpip:// */
+	p->connecting = true;
+	p->waiting = true;
+	p->wait_ms = c->wait_ms;
+	p->connect_req_id = c->req_id;
+	p->expect_uid_set = c->expect_uid_set;
+	p->expect_uid = c->expect_uid;
+	tpu_list_insert_tail(&d->pipes, &p->node);
+	d->n_pipes++;
+	if (tpu_hmap_put(&s->pipes, c->pipe_id, &p->end[0]) < 0) {
+		p->end[0].session = NULL;
+		p->connecting = false;
+		tpd_pipe_connect_fail(s, c, -ENOMEM, "out of memory");
+		tpd_pipe_maybe_free(p);
+		return;
+	}
+	evtimer_add(p->ev_connect, &tv);
+	tpd_pipe_log(p, s, TPU_LOG_INFO, "waiting up to %u ms for listener '%s'", c->wait_ms,
+		     c->address);
+}
+
+void tpd_xpipe_listener_added(struct tpd_daemon *d, const char *name)
+{
+	struct tpd_pipe *p, *tmp;
+
+	tpu_list_for_each_safe(p, tmp, &d->pipes, node)
+		if (p->waiting && p->connecting && local_end(p)->session &&
+		    strcmp(p->listener, name) == 0)
+			xpipe_reroute_local(p); /* checks access; connects or fails the connect */
 }
 
 void tpd_xpipe_link_failed(struct tpd_pipe *p, int err, const char *why)

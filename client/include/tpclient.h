@@ -22,7 +22,9 @@
  *
  * Memory: a payload, tensor or allocation that lies inside memory from tp_buffer_alloc() moves
  * with one copy (daemon <-> shared mapping). Other CPU memory is read or written by the daemon
- * through cross-memory attach, or staged through a shared buffer when that is not permitted.
+ * through cross-memory attach, or staged through a shared buffer when that is not permitted. A
+ * range that starts inside a buffer from tp_buffer_alloc() but runs past its end is refused at
+ * once with -ERANGE (tp_pipe_write(), tp_pipe_read()).
  * Buffers passed to a write or read are kept (must stay valid and untouched) until its callback;
  * once the callback has run, whatever its status, the daemon no longer touches them.
  */
@@ -69,7 +71,8 @@ enum tp_context_flags {
 struct tp_context_options {
 	size_t size;		 /* sizeof(struct tp_context_options): set it, for growth */
 	const char *socket_path; /* NULL: $TPIPD_SOCKET, /run/tpipd/tpipd.sock (root),
-				  * $XDG_RUNTIME_DIR/tpipd.sock */
+				  * $XDG_RUNTIME_DIR/tpipd.sock and, when that is
+				  * missing, /run/tpipd/tpipd.sock (libtpclient(3)) */
 	const char *name;	 /* shown as remote name to peers; NULL: "<comm>:<pid>" */
 	size_t eager_max;	 /* messages with at most this many data bytes travel inline
 				  * with their descriptor; 0: 64 KiB; capped by the daemon */
@@ -265,6 +268,7 @@ struct tp_connect_options {
 	size_t size;	  /* sizeof(struct tp_connect_options) */
 	unsigned flags;	  /* TP_CONNECT_* */
 	uid_t expect_uid; /* with TP_CONNECT_EXPECT_UID */
+	unsigned wait_ms; /* a local name not registered yet: wait this long for it (0: -ENOENT) */
 };
 
 /*
@@ -276,6 +280,14 @@ struct tp_connect_options {
  * checks its answer too and holds every write until it has. A daemon older than this option
  * ignores it (tp_pipe_remote_uid() then returns -ENODATA): where that may be, wait for
  * tp_pipe_wait_connected() and check tp_pipe_remote_uid() before writing.
+ * With @wait_ms > 0 and a local name that no listener has registered yet, the daemon keeps the
+ * connect pending until a listener of that name registers (its access checks then run as
+ * usual) or @wait_ms passes: the connect then fails with -ETIMEDOUT, naming the listener. Two
+ * processes started together need no retry loop. Writes issued meanwhile are held by the
+ * daemon (within its pipe queue limits); a pending connect counts against pipes-max and ends
+ * with the context or tp_pipe_close(). The wait applies to local names only: a tpip://
+ * address fails at once with -ENOENT when the far daemon has no such listener. A daemon older
+ * than this field fails at once with -ENOENT.
  * @opts: borrowed; NULL is tp_connect().
  * @ret: returns owned pipe, close with tp_pipe_close().
  * Return: as tp_connect(); -EINVAL for unknown flags or a @size of 0.
@@ -393,7 +405,12 @@ struct tp_descriptor {
 typedef void (*tp_descriptor_fn)(void *arg, struct tp_pipe *p, int status, const char *errmsg,
 				 struct tp_descriptor *d);
 
-/* Asks for the next message's descriptor; calls match messages FIFO, in the order written. */
+/*
+ * Asks for the next message's descriptor; calls match messages FIFO, in the order written. Once
+ * the pipe has failed (the peer died, the link was lost, it was closed), descriptors of small
+ * messages whose bytes already arrived with them are still handed out; from the first message
+ * whose bytes were still with the writer on, pending and later calls fail with the pipe's error.
+ */
 int tp_pipe_read_descriptor(struct tp_pipe *p, tp_descriptor_fn cb, void *arg);
 
 struct tp_slot {

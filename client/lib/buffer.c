@@ -107,6 +107,24 @@ struct tpc_buf *tpc_buffer_lookup_locked(struct tp_context *ctx, const void *ptr
 	return b;
 }
 
+int tpc_buffer_check_range_locked(struct tp_context *ctx, const void *ptr, size_t len,
+				  const char *what)
+{
+	size_t i = buffer_upper(ctx, (uintptr_t)ptr);
+	const struct tpc_buf *b;
+	uintptr_t off;
+
+	if (i == 0 || len == 0)
+		return 0;
+	b = ctx->bufs[i - 1];
+	off = (uintptr_t)ptr - (uintptr_t)b->addr;
+	if (b->staging || off >= b->size || tpu_range_ok(off, len, b->size))
+		return 0;
+	return tpc_error(-ERANGE, "%s: %zu bytes at offset %zu run past the end of shared buffer "
+			 "%llu (%zu bytes)", what, len, (size_t)off, (unsigned long long)b->id,
+			 (size_t)b->size);
+}
+
 /* ---- registration -------------------------------------------------------------------------- */
 
 static void buffer_on_reply(struct tp_context *ctx, struct tpc_req *req, const Tpw__V1__Reply *r)

@@ -421,6 +421,15 @@ void tpc_listener_free(struct tp_listener *l);
 
 /* Finds the registered (non-staging) buffer holding [ptr, ptr+len); lock held. */
 struct tpc_buf *tpc_buffer_lookup_locked(struct tp_context *ctx, const void *ptr, size_t len);
+
+/*
+ * tpc_buffer_check_range_locked() - refuses a range that starts inside a registered buffer and
+ * runs past its end (it would otherwise go by CMA and fail later with -EFAULT). Lock held.
+ * @what: the segment, for the error text ("payload 2").
+ * Return: 0 (inside one buffer, or in none), or -ERANGE (tp_last_error() says why).
+ */
+int tpc_buffer_check_range_locked(struct tp_context *ctx, const void *ptr, size_t len,
+				  const char *what);
 /* A registered staging buffer of >= @size bytes; send_lock held, lock not held. */
 int tpc_buffer_stage_get(struct tp_context *ctx, size_t size, struct tpc_buf **ret);
 /* Returns a staging buffer (to the pool if @reuse); no lock held. Accepts NULL. */

@@ -132,6 +132,24 @@ static void pipe_finish_close(struct tp_pipe *p)
 	pthread_cond_broadcast(&ctx->cond);
 }
 
+/*
+ * A failed pipe can no longer move bytes: descriptors whose bytes came with them (eager) stay
+ * readable, but from the first one whose bytes are still with the writer on, none could be read.
+ * They are dropped, so read_descriptor fails with the pipe's error instead of handing out a
+ * descriptor the caller would allocate for in vain. Lock held.
+ */
+static void pipe_drop_unreadable_descs(struct tp_pipe *p)
+{
+	struct tpc_desc *d, *tmp;
+	bool drop = false;
+
+	tpu_list_for_each_safe(d, tmp, &p->descs, node) {
+		drop = drop || !d->eager;
+		if (drop)
+			tpc_read_desc_free(d);
+	}
+}
+
 void tpc_pipe_fail_locked(struct tp_pipe *p, int err, const char *msg)
 {
 	struct tp_context *ctx = p->ctx;
@@ -147,7 +165,8 @@ void tpc_pipe_fail_locked(struct tp_pipe *p, int err, const char *msg)
 		p->connect_status = p->err;
 	pipe_fail_list(ctx, &p->writes, p->err, p->errmsg);
 	pipe_fail_list(ctx, &p->reads, p->err, p->errmsg);
-	/* Descriptors already received stay readable; only calls beyond them fail. */
+	/* Eager descriptors already received stay readable; only calls beyond them fail. */
+	pipe_drop_unreadable_descs(p);
 	tpc_read_match_locked(p);
 	pipe_fail_list(ctx, &p->desc_reqs, p->err, p->errmsg);
 	pthread_cond_broadcast(&ctx->cond);
@@ -322,6 +341,7 @@ TP_EXPORT int tp_connect_ex(struct tp_context *ctx, const char *address,
 	}
 	c.expect_uid_set = o.flags & TP_CONNECT_EXPECT_UID;
 	c.expect_uid = (uint32_t)o.expect_uid;
+	c.wait_ms = o.wait_ms;
 	r = pipe_check_address(address);
 	if (r < 0)
 		return r;

@@ -154,7 +154,7 @@ int tpc_read_descriptor_start(struct tp_pipe *p, tp_descriptor_fn cb, void *arg,
 	op->pipe = p;
 	pthread_mutex_lock(&ctx->lock);
 	r = ctx->stopping ? tpc_context_check_locked(ctx) : 0;
-	/* A closed pipe still hands out the descriptors received before it closed. */
+	/* A closed pipe still hands out the eager descriptors received before it closed. */
 	if (r == 0 && tpu_list_empty(&p->descs))
 		r = tpc_pipe_check_locked(p);
 	if (r == 0) {
@@ -313,6 +313,28 @@ static int read_check_alloc(const struct tpc_desc *d, const struct tp_allocation
 			return tpc_error(-EINVAL, "NULL destination for %zu bytes", read_len(d, i));
 	}
 	return 0;
+}
+
+/* Refuses a CPU slot that starts in a shared buffer and runs past its end. */
+static int read_check_ranges(struct tp_context *ctx, const struct tpc_desc *d,
+			     const struct tp_allocation *a)
+{
+	int r = 0;
+
+	pthread_mutex_lock(&ctx->lock);
+	for (size_t i = 0; r == 0 && i < a->n_payloads + a->n_tensors; i++) {
+		const struct tp_slot *s = read_slot(a, i);
+		char what[32];
+
+		if (s->device.type != TP_DEVICE_CPU)
+			continue;
+		snprintf(what, sizeof(what), "%s slot %zu",
+			 i < a->n_payloads ? "payload" : "tensor",
+			 i < a->n_payloads ? i : i - a->n_payloads);
+		r = tpc_buffer_check_range_locked(ctx, s->data, read_len(d, i), what);
+	}
+	pthread_mutex_unlock(&ctx->lock);
+	return r;
 }
 
 static bool read_on_cuda(const struct tp_slot *s, size_t len)
@@ -613,6 +635,8 @@ int tpc_pipe_read(struct tp_pipe *p, struct tp_descriptor *dp, const struct tp_a
 		r = tpc_error(-EINVAL, "descriptor of another pipe");
 	else
 		r = read_check_alloc(d, alloc);
+	if (r == 0)
+		r = read_check_ranges(p->ctx, d, alloc);
 	if (r == 0) {
 		op = tpc_op_new(TPC_OP_READ, d->pub.n_payloads + d->pub.n_tensors);
 		r = op ? 0 : tpc_error(-ENOMEM, "out of memory");

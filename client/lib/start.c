@@ -16,20 +16,55 @@
 #include <sys/un.h>
 #include "internal.h"
 
-static int context_connect(struct tp_context *ctx, const char *socket_path)
+/* Connects ctx->fd to @path. Return: 0 or -errno (the caller words the error). */
+static int context_connect_path(struct tp_context *ctx, const char *path)
 {
 	struct sockaddr_un sun = { .sun_family = AF_UNIX };
+
+	snprintf(sun.sun_path, sizeof(sun.sun_path), "%s", path); /* fits: tpu_socket_candidates */
+	if (ctx->fd < 0)
+		ctx->fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+	if (ctx->fd < 0)
+		return -errno;
+	if (connect(ctx->fd, (struct sockaddr *)&sun, sizeof(sun)) < 0) {
+		int r = -errno;
+
+		ctx->fd = tpu_close(ctx->fd);
+		return r;
+	}
+	return 0;
+}
+
+/*
+ * Finds the daemon: the one socket asked for, or the per-user socket and then the system's
+ * (tpu_socket_candidates()). A per-user socket that is missing or that nobody listens on is
+ * fallen back from; the error names every path tried and why it failed.
+ */
+static int context_connect(struct tp_context *ctx, const char *socket_path)
+{
+	struct tpu_socket_list l;
+	char tried[2 * 160] = "";
+	size_t len = 0;
 	int r;
 
-	r = tpu_socket_path(socket_path, sun.sun_path, sizeof(sun.sun_path));
+	r = tpu_socket_candidates(socket_path, &l);
 	if (r < 0)
 		return tpc_error(r, "cannot resolve the daemon socket path: %s", tp_strerror(r));
-	ctx->fd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
-	if (ctx->fd < 0)
-		return tpc_error(-errno, "socket: %s", tp_strerror(-errno));
-	if (connect(ctx->fd, (struct sockaddr *)&sun, sizeof(sun)) < 0)
-		return tpc_error(-errno, "cannot connect to tpipd at %s: %s", sun.sun_path,
-				 strerror(errno));
+	for (unsigned i = 0; i < l.n; i++) {
+		r = context_connect_path(ctx, l.path[i]);
+		if (r == 0 || l.fixed)
+			break;
+		len += (size_t)snprintf(tried + len, sizeof(tried) - len, "%s%s (%s)",
+					i ? ", " : "", l.path[i],
+					r == -ENOENT ? "no such file" : strerror(-r));
+		if (r != -ENOENT && r != -ECONNREFUSED)
+			break; /* a socket that is there but refuses us: not a missing daemon */
+	}
+	if (r < 0 && l.fixed)
+		return tpc_error(r, "cannot connect to tpipd at %s: %s", l.path[0], strerror(-r));
+	if (r < 0)
+		return tpc_error(r, "no daemon socket: tried %s%s; start tpipd or set TPIPD_SOCKET",
+				 l.n == 1 ? "($XDG_RUNTIME_DIR is not set) " : "", tried);
 	ctx->efd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
 	if (ctx->efd < 0)
 		return tpc_error(-errno, "eventfd: %s", tp_strerror(-errno));

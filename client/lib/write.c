@@ -248,12 +248,36 @@ static void write_shm(Tpw__V1__Segment *s, Tpw__V1__ShmRef *ref, uint64_t id, ui
 	s->shm = ref;
 }
 
-/* Decides each segment's location; lock held (buffer lookups). */
-static void write_place_locked(struct tp_context *ctx, struct write_plan *pl,
-			       const struct tp_message *msg, uint64_t total)
+/* Refuses a segment that starts in a shared buffer and runs past its end; lock held. */
+static int write_check_ranges_locked(struct tp_context *ctx, const struct write_plan *pl,
+				     const struct tp_message *msg)
+{
+	for (size_t i = 0; i < msg->n_payloads + msg->n_tensors; i++) {
+		size_t len, np = msg->n_payloads;
+		const void *data = write_seg(msg, i, &len);
+		char what[32];
+		int r;
+
+		if (pl->seg[i].loc_case == TPW__V1__SEGMENT__LOC_CUDA)
+			continue;
+		snprintf(what, sizeof(what), "%s %zu", i < np ? "payload" : "tensor",
+			 i < np ? i : i - np);
+		r = tpc_buffer_check_range_locked(ctx, data, len, what);
+		if (r < 0)
+			return r;
+	}
+	return 0;
+}
+
+/* Decides each segment's location; lock held (buffer lookups). Return: 0 or -ERANGE. */
+static int write_place_locked(struct tp_context *ctx, struct write_plan *pl,
+			      const struct tp_message *msg, uint64_t total)
 {
 	bool eager = total <= ctx->eager_max && !pl->n_cuda; /* CUDA memory goes by rendezvous */
+	int r = write_check_ranges_locked(ctx, pl, msg);
 
+	if (r < 0)
+		return r;
 	for (size_t i = 0; i < msg->n_payloads + msg->n_tensors; i++) {
 		Tpw__V1__Segment *s = &pl->seg[i];
 		size_t len;
@@ -279,6 +303,7 @@ static void write_place_locked(struct tp_context *ctx, struct write_plan *pl,
 			pl->stage_len = off + len;
 		}
 	}
+	return 0;
 }
 
 /* Copies staged segments into a staging buffer; send_lock held. */
@@ -334,7 +359,7 @@ static int write_send(struct tp_pipe *p, struct write_plan *pl, const struct tp_
 	pthread_mutex_lock(&ctx->lock);
 	r = tpc_pipe_check_locked(p);
 	if (r == 0)
-		write_place_locked(ctx, pl, msg, total);
+		r = write_place_locked(ctx, pl, msg, total);
 	pthread_mutex_unlock(&ctx->lock);
 	/* + 16: room for the write_id, still 0 here */
 	if (r == 0 && tpw_frame_size(&pl->m.base) + pl->inline_len + 16 > ctx->lim.frame_max)

@@ -8,7 +8,9 @@
 #include <poll.h>
 #include <stdarg.h>
 #include <string.h>
+#include <stdio.h>
 #include <sys/socket.h>
+#include <sys/stat.h>
 #include <sys/un.h>
 #include <time.h>
 #include "ctl.h"
@@ -219,19 +221,44 @@ static int conn_hello(struct ctl_conn *c)
 	return r;
 }
 
-int ctl_conn_open(struct ctl_conn *c, const char *socket_path, int timeout_ms)
+/*
+ * Picks the socket as libtpclient does (tpu_socket_candidates()): the one asked for, else the
+ * per-user socket and, when that file is missing, the system's. Return: 0 or -EIO (c->why).
+ */
+static int conn_pick_path(struct ctl_conn *c, const char *socket_path)
 {
-	char eb[128];
-	int r;
+	struct tpu_socket_list l;
+	struct stat st;
+	char eb[128], tried[2 * 140] = "";
+	size_t len = 0;
+	int r = tpu_socket_candidates(socket_path, &l);
 
-	*c = (struct ctl_conn){ .fd = -EBADF };
-	ctl_conn_set_timeout(c, timeout_ms);
-	r = tpu_socket_path(socket_path, c->path, sizeof(c->path));
 	if (r < 0)
 		return conn_fail(c, CTL_FAIL_REACH,
 				 "cannot connect to tpipd: cannot resolve the socket path (%s); "
 				 "use --socket PATH or set TPIPD_SOCKET",
 				 errstr(r, eb, sizeof(eb)));
+	for (unsigned i = 0; i < l.n; i++) {
+		snprintf(c->path, sizeof(c->path), "%s", l.path[i]);
+		if (l.fixed || stat(c->path, &st) == 0 || errno != ENOENT)
+			return 0; /* connecting says what is wrong with it */
+		len += (size_t)snprintf(tried + len, sizeof(tried) - len, "%s%s (no such file)",
+					i ? ", " : "", l.path[i]);
+	}
+	return conn_fail(c, CTL_FAIL_REACH,
+			 "no daemon socket: tried %s%s; start tpipd, or use --socket PATH or "
+			 "TPIPD_SOCKET", l.n == 1 ? "($XDG_RUNTIME_DIR is not set) " : "", tried);
+}
+
+int ctl_conn_open(struct ctl_conn *c, const char *socket_path, int timeout_ms)
+{
+	int r;
+
+	*c = (struct ctl_conn){ .fd = -EBADF };
+	ctl_conn_set_timeout(c, timeout_ms);
+	r = conn_pick_path(c, socket_path);
+	if (r < 0)
+		return r;
 	r = conn_connect(c);
 	if (r < 0)
 		return r;

@@ -2,10 +2,13 @@
 /*
  * Integration suite: faults. A client SIGKILLed in the middle of a transfer fails exactly its
  * pipes (the other end's pending calls complete with -ECONNRESET), the daemon stays up, serves a
- * new pair of clients, and gets back to the fd count it had before the clients came. Malformed
+ * new pair of clients, and gets back to the fd count it had before the clients came; descriptors
+ * of large messages announced before a writer died are not handed out (read_descriptor fails
+ * with -ECONNRESET) while an eager one received before still reads. Malformed
  * or oversized frames from a raw socket close that connection only, while another client's open
  * pipe keeps working. A Write naming bytes outside a registered shared buffer is refused with
- * STATUS_RANGE and delivers nothing.
+ * STATUS_RANGE and delivers nothing; the library refuses a payload or slot that starts in a
+ * shared buffer and runs past its end with -ERANGE at once (instead of CMA's -EFAULT later).
  */
 #include <check.h>
 #include <errno.h>
@@ -170,6 +173,106 @@ START_TEST(test_faults_writer_killed_mid_transfer_resets_reader)
 	ck_assert(tpt_wait_ok(rd, 2 * T_MS, "reader"));
 	check_daemon_serves("after-writer-death");
 	check_fds_back_to_baseline();
+}
+END_TEST
+
+/* ---- descriptors of messages announced before the writer died ------------------------------ */
+
+#define ANNOUNCED 6
+
+static void announced_spec(unsigned index, struct tpt_msg_spec *s)
+{
+	*s = (struct tpt_msg_spec){ .pipe = 61, .index = index };
+	if (index == 0) {
+		s->n_payloads = 1; /* small: its bytes travel with the descriptor */
+		s->lens[0] = 100;
+	} else {
+		s->n_tensors = 1; /* large: its bytes stay with the writer until read */
+		s->lens[0] = 4u << 20;
+	}
+}
+
+/* Writes one eager message and ANNOUNCED large ones, makes sure the daemon has them all, and
+ * waits to be killed. */
+static int announcing_writer(void *arg)
+{
+	static struct tpt_msg msgs[ANNOUNCED + 1];
+	static struct tpt_done done;
+	struct tpt_done_arg da = { &done, 0 };
+	struct tp_context *ctx;
+	struct tp_listener *l;
+	struct tp_pipe *p;
+	int r;
+
+	TPT_REQUIRE(tpt_sync_wait(&to_b, T_MS) == 0, 1, "listener not ready");
+	r = tpt_ctx_new(&tpt_fixture_daemon, 0, "announcer", &ctx);
+	TPT_REQUIRE(r == 0, 1, "context: %d", r);
+	r = tp_connect(ctx, "announced", &p);
+	TPT_REQUIRE(r == 0 && tp_pipe_wait_connected(p, T_MS) == 0, 1, "connect");
+	tpt_done_init(&done);
+	for (unsigned i = 0; i <= ANNOUNCED; i++) {
+		struct tpt_msg_spec s;
+
+		announced_spec(i, &s);
+		TPT_REQUIRE(tpt_msg_build(ctx, &s, TPT_MEM_PRIVATE, &msgs[i]) == 0, 1, "build");
+		r = tp_pipe_write(p, &msgs[i].m, tpt_done_cb, &da);
+		TPT_REQUIRE(r == 0, 1, "write %u: %d", i, r);
+	}
+	/* The daemon answers in order: once this listen is answered, it has every write. */
+	r = tp_listen(ctx, "announcer-barrier", NULL, &l);
+	TPT_REQUIRE(r == 0, 1, "listen: %d", r);
+	tpt_sync_post(&to_parent, 0);
+	tpt_sync_wait(&to_a, T_MS); /* killed while waiting here */
+	return 2;
+}
+
+/* After the writer died: the eager message still reads; then read_descriptor fails with the
+ * pipe's error instead of handing out the large messages' descriptors. */
+static int announced_reader(void *arg)
+{
+	struct tp_message probe = { 0 };
+	struct tp_descriptor *d = NULL;
+	struct tpt_msg_spec s;
+	struct tp_context *ctx;
+	struct tp_listener *l;
+	struct tp_pipe *p;
+	int r = tpt_ctx_new(&tpt_fixture_daemon, 0, "announced", &ctx);
+
+	if (r == 0)
+		r = tp_listen(ctx, "announced", NULL, &l);
+	tpt_sync_post(&to_b, (int8_t)(r ? -1 : 0));
+	TPT_REQUIRE(r == 0, 1, "listen: %d", r);
+	r = tp_listener_accept_sync(l, T_MS, &p);
+	TPT_REQUIRE(r == 0, 1, "accept: %d", r);
+	TPT_REQUIRE(tpt_sync_wait(&to_a, T_MS) == 0, 1, "no word that the writer died");
+	/* Answered after the daemon told us of the writer's death (or refused at once after). */
+	r = tp_pipe_write_sync(p, &probe);
+	TPT_REQUIRE(r == -ECONNRESET, 1, "write to the dead writer: %d", r);
+	announced_spec(0, &s);
+	r = tpt_msg_read_check(ctx, p, &s, TPT_MEM_PRIVATE, T_MS);
+	TPT_REQUIRE(r == 0, 1, "the eager message received before the death: %d", r);
+	for (unsigned i = 1; i <= ANNOUNCED; i++) {
+		r = tp_pipe_read_descriptor_sync(p, T_MS, &d);
+		TPT_REQUIRE(r == -ECONNRESET, 1, "read_descriptor %u after the writer died: %d", i,
+			    r);
+	}
+	tp_pipe_close(p);
+	tp_listener_close(l);
+	tp_context_free(ctx);
+	return 0;
+}
+
+START_TEST(test_faults_writer_death_fails_descriptors_announced_before_it)
+{
+	pid_t rd = tpt_fork(announced_reader, NULL), wr = tpt_fork(announcing_writer, NULL);
+	int status;
+
+	ck_assert_int_eq(tpt_sync_wait(&to_parent, T_MS), 0);
+	ck_assert_int_eq(kill(wr, SIGKILL), 0);
+	ck_assert_int_eq(tpt_wait(wr, T_MS, &status), 0);
+	ck_assert(WIFSIGNALED(status));
+	ck_assert_int_eq(tpt_sync_post(&to_a, 0), 0);
+	ck_assert(tpt_wait_ok(rd, 2 * T_MS, "reader"));
 }
 END_TEST
 
@@ -626,6 +729,85 @@ START_TEST(test_faults_shm_range_outside_buffer_is_rejected)
 }
 END_TEST
 
+/* ---- shared-buffer ranges from the library -------------------------------------------------- */
+
+#define RANGE_BUF (1u << 20)
+
+/* Writes a message whose tensor runs past a shared buffer (refused with -ERANGE, nothing
+ * sent), then one that ends exactly at its end; the reader expects that one only. */
+static int range_writer(void *arg)
+{
+	struct tp_tensor t = { .device = { TP_DEVICE_CPU, 0 } };
+	struct tp_message m = { .tensors = &t, .n_tensors = 1 };
+	struct tp_context *ctx;
+	struct tp_pipe *p;
+	char *buf;
+	int r;
+
+	TPT_REQUIRE(tpt_sync_wait(&to_b, T_MS) == 0, 1, "listener not ready");
+	r = tpt_ctx_new(&tpt_fixture_daemon, 0, "range-writer", &ctx);
+	TPT_REQUIRE(r == 0, 1, "context: %d", r);
+	r = tp_connect(ctx, "lib-range", &p);
+	TPT_REQUIRE(r == 0 && tp_pipe_wait_connected(p, T_MS) == 0, 1, "connect");
+	TPT_REQUIRE(tp_buffer_alloc(ctx, RANGE_BUF, (void **)&buf) == 0, 1, "buffer");
+	tpt_fill(buf, RANGE_BUF, 5);
+	t.data = buf + RANGE_BUF / 2;
+	t.length = RANGE_BUF / 2 + 1; /* one byte past the end (a rendezvous-sized message) */
+	r = tp_pipe_write_sync(p, &m);
+	TPT_REQUIRE(r == -ERANGE, 1, "write one byte past the buffer: %d (%s)", r, tp_last_error());
+	t.data = buf + RANGE_BUF - 100;
+	t.length = 101; /* one byte past the end (small enough to go inline) */
+	r = tp_pipe_write_sync(p, &m);
+	TPT_REQUIRE(r == -ERANGE, 1, "inline write past the buffer: %d (%s)", r, tp_last_error());
+	t.data = buf + RANGE_BUF / 2;
+	t.length = RANGE_BUF / 2; /* exactly to the end: fine */
+	r = tp_pipe_write_sync(p, &m);
+	TPT_REQUIRE(r == 0, 1, "write to the end of the buffer: %d (%s)", r, tp_last_error());
+	TPT_REQUIRE(tpt_sync_wait(&to_a, T_MS) == 0, 1, "reader did not finish");
+	tp_pipe_close(p);
+	tp_context_free(ctx);
+	return 0;
+}
+
+/* Reads into a shared buffer: a slot that runs past it is refused with -ERANGE. */
+static int range_reader(void *arg)
+{
+	struct tp_slot slot = { .device = { TP_DEVICE_CPU, 0 } };
+	struct tp_allocation a = { .tensors = &slot, .n_tensors = 1 };
+	struct tp_descriptor *d;
+	struct tp_context *ctx;
+	struct tp_listener *l;
+	struct tp_pipe *p;
+	char *buf;
+	int r = tpt_ctx_new(&tpt_fixture_daemon, 0, "range-reader", &ctx);
+
+	if (r == 0)
+		r = tp_listen(ctx, "lib-range", NULL, &l);
+	tpt_sync_post(&to_b, (int8_t)(r ? -1 : 0));
+	TPT_REQUIRE(r == 0, 1, "listen: %d", r);
+	r = tp_listener_accept_sync(l, T_MS, &p);
+	TPT_REQUIRE(r == 0, 1, "accept: %d", r);
+	TPT_REQUIRE(tp_buffer_alloc(ctx, RANGE_BUF, (void **)&buf) == 0, 1, "buffer");
+	r = tp_pipe_read_descriptor_sync(p, T_MS, &d);
+	TPT_REQUIRE(r == 0, 1, "descriptor: %d", r);
+	TPT_REQUIRE(d->n_tensors == 1 && d->tensors[0].length == RANGE_BUF / 2, 1,
+		    "the refused writes were delivered (%zu bytes)", d->tensors[0].length);
+	slot.data = buf + RANGE_BUF / 2 + 1; /* one byte short of room */
+	r = tp_pipe_read_sync(p, d, &a);
+	TPT_REQUIRE(r == -ERANGE, 1, "read one byte past the buffer: %d (%s)", r, tp_last_error());
+	tpt_sync_post(&to_a, 0);
+	tp_pipe_close(p);
+	tp_listener_close(l);
+	tp_context_free(ctx);
+	return 0;
+}
+
+START_TEST(test_faults_library_refuses_ranges_past_a_shared_buffer)
+{
+	ck_assert(tpt_run_pair(range_reader, range_writer, NULL, 2 * T_MS));
+}
+END_TEST
+
 static Suite *faults_suite(void)
 {
 	Suite *s = suite_create("faults");
@@ -636,6 +818,7 @@ static Suite *faults_suite(void)
 	tcase_add_test(k, test_faults_writer_killed_mid_transfer_resets_reader);
 	tcase_add_loop_test(k, test_faults_reader_killed_fails_pending_write, 0, 2);
 	tcase_add_test(k, test_faults_repeated_client_deaths_leak_nothing);
+	tcase_add_test(k, test_faults_writer_death_fails_descriptors_announced_before_it);
 	tcase_add_test(k, test_faults_daemon_stop_fails_pending_calls_and_exits_cleanly);
 	tcase_set_timeout(k, 120);
 	suite_add_tcase(s, k);
@@ -643,6 +826,7 @@ static Suite *faults_suite(void)
 	tcase_add_checked_fixture(w, setup, teardown);
 	tcase_add_loop_test(w, test_faults_malformed_frame_closes_only_that_connection, 0, 8);
 	tcase_add_test(w, test_faults_shm_range_outside_buffer_is_rejected);
+	tcase_add_test(w, test_faults_library_refuses_ranges_past_a_shared_buffer);
 	tcase_set_timeout(w, 60);
 	suite_add_tcase(s, w);
 	return s;
