@@ -192,56 +192,19 @@ static void xpipe_on_connect_timeout(evutil_socket_t fd, short what, void *arg)
 	xconnect_fail(p, -ETIMEDOUT, why);
 }
 
-/* Parses tpip://HOST[:PORT]/NAME. */
-static int parse_tpip(const char *a, uint16_t def_port, char *host, size_t hl, uint16_t *port,
-		      const char **name)
-{
-	const char *h = a + 7, *slash, *hend, *pstart = NULL;
-	unsigned long pv = def_port;
-
-	if (*h == '[') {
-		hend = strchr(h, ']');
-		if (!hend)
-			return -EINVAL;
-		h++;
-		if (hend[1] == ':')
-			pstart = hend + 2;
-		else if (hend[1] != '/')
-			return -EINVAL;
-	} else {
-		hend = h + strcspn(h, ":/");
-		if (*hend == ':')
-			pstart = hend + 1;
-	}
-	slash = strchr(pstart ? pstart : hend, '/');
-	if (!slash || hend == h || (size_t)(hend - h) >= hl)
-		return -EINVAL;
-	if (pstart) {
-		char *end;
-		pv = strtoul(pstart, &end, 10);
-		if (end != slash || pv == 0 || pv > 65535)
-			return -EINVAL;
-	}
-	memcpy(host, h, (size_t)(hend - h));
-	host[hend - h] = '\0';
-	*port = (uint16_t)pv;
-	*name = slash + 1;
-	return tpw_name_valid(*name) ? 0 : -EINVAL;
-}
-
 void tpd_xpipe_connect(struct tpd_daemon *d, struct tpd_session *s, const Tpw__V1__Connect *c)
 {
 	struct tpd_peer *pr = NULL;
 	struct tpd_pipe *p;
 	const char *name;
-	char host[256], why[240];
+	char host[TPW_TPIP_HOST_MAX + 1], why[280], bad[120];
 	uint16_t port;
 	int r;
 
-	if (parse_tpip(c->address, (uint16_t)d->cfg.peer_port, host, sizeof(host), &port, &name) <
-	    0) {
-		snprintf(why, sizeof(why), "invalid address '%.150s' (tpip://HOST[:PORT]/NAME)",
-			 c->address);
+	if (tpw_tpip_parse(c->address, (uint16_t)d->cfg.peer_port, host, &port, &name, bad,
+			   sizeof(bad)) < 0) {
+		snprintf(why, sizeof(why), "invalid address '%.100s' (tpip://HOST[:PORT]/NAME): %s",
+			 c->address, bad);
 		tpd_pipe_connect_fail(s, c, -EINVAL, why);
 		return;
 	}

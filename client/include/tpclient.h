@@ -253,7 +253,9 @@ void tp_listener_close(struct tp_listener *l);
  * -EPROTONOSUPPORT protocol version mismatch; -EOPNOTSUPP the peer daemon runs on this host;
  * -ECONNRESET the peer daemon died or the link broke (also later, on a connected pipe).
  * @ret: returns owned pipe, close with tp_pipe_close().
- * Return: 0; -EINVAL for a malformed address; -ENOBUFS over the pipe limit.
+ * Return: 0; -EINVAL for a malformed address (checked here before anything is sent: port
+ * 1..65535, HOST a name, an IPv4 address or a bracketed IPv6 address); -ENOBUFS over the pipe
+ * limit.
  */
 int tp_connect(struct tp_context *ctx, const char *address, struct tp_pipe **ret);
 

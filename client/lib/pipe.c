@@ -260,8 +260,17 @@ static int pipe_check_address(const char *address)
 
 	if (len == 0 || len > ADDRESS_MAX)
 		return tpc_error(-EINVAL, "address must be 1..%d bytes", ADDRESS_MAX);
-	if (strncmp(address, "tpip://", 7) == 0)
-		return 0; /* the daemon decides whether it can reach other hosts */
+	if (strncmp(address, "tpip://", 7) == 0) {
+		/* The syntax is checked here; the daemon decides whether it can reach the host. */
+		char host[TPW_TPIP_HOST_MAX + 1], why[160];
+		const char *name;
+		uint16_t port;
+
+		if (tpw_tpip_parse(address, 7420, host, &port, &name, why, sizeof(why)) < 0)
+			return tpc_error(-EINVAL, "invalid address \"%.200s\" "
+					 "(tpip://HOST[:PORT]/NAME): %s", address, why);
+		return 0;
+	}
 	if (!tpw_name_valid(address))
 		return tpc_error(-EINVAL, "invalid listener name \"%s\"", address);
 	return 0;
