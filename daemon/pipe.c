@@ -367,7 +367,7 @@ void tpd_pipe_connect(struct tpd_daemon *d, struct tpd_session *s, const Tpw__V1
 	struct tpd_listener *l = NULL;
 	struct tpd_session *ls;
 	struct tpd_pipe *p;
-	char why[192];
+	char why[TPW_NAME_MAX + 128];
 	int r;
 
 	if (strncmp(c->address, "tpip://", 7) == 0) {

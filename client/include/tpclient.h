@@ -126,10 +126,13 @@ void tp_context_set_log(struct tp_context *ctx, tp_log_fn fn, void *arg);
 
 /* ---- errors ------------------------------------------------------------------------------- */
 
-/* Returns a static description of @err (negative errno), e.g. -ECONNRESET -> "peer died". */
+/* Returns a static description of @err (negative errno), e.g. -ECONNRESET -> "peer died". It is
+ * generic (-ECONNREFUSED: "connection refused: nothing listens at that address"); the message
+ * of tp_last_error() or of a callback says which socket, peer or limit. */
 const char *tp_strerror(int err);
 
-/* Returns the message of the last failed call made by this thread (thread-local, never NULL). */
+/* Returns the message of the last failed call made by this thread (thread-local, never NULL); it
+ * holds the daemon's longest message (1024 bytes) whole, with context the library adds. */
 const char *tp_last_error(void);
 
 /* ---- shared buffers ----------------------------------------------------------------------- */

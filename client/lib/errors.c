@@ -19,7 +19,7 @@ static const struct {
 	{ ECONNRESET, "peer died" },
 	{ ECANCELED, "canceled: closed locally" },
 	{ ENOENT, "no such listener (or no daemon socket)" },
-	{ ECONNREFUSED, "no daemon listens on the socket" },
+	{ ECONNREFUSED, "connection refused: nothing listens at that address" },
 	{ EACCES, "refused by the listener's access policy" },
 	{ EADDRINUSE, "listener name already taken" },
 	{ ERANGE, "buffer range outside registered memory" },

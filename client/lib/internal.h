@@ -32,7 +32,8 @@
 #define TPC_REPLY_TIMEOUT_MS 10000 /* Reply deadline for Listen and BufferRegister */
 #define TPC_EAGER_DEFAULT (64u << 10)
 #define TPC_INLINE_SMALL 4096u	 /* segments up to this size ride inline in rendezvous writes */
-#define TPC_ERRMSG_MAX 256
+/* tp_last_error(): the daemon's longest message (TPW_MESSAGE_MAX) and context the library adds. */
+#define TPC_ERRMSG_MAX (TPW_MESSAGE_MAX + 256 + 1)
 #define TPC_CONN_LOST "daemon connection lost"
 #define TPC_SPIN_DEFAULT_US 100
 #define TPC_SPIN_MAX_US 100000
