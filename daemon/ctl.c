@@ -369,9 +369,13 @@ static int admin_action(struct tpd_session *s, const Tpw__V1__CtlRequest *req,
 	}
 	tpu_list_for_each(t, &s->d->sessions, node) {
 		if (t->id == req->target_id && !t->dead) {
-			tpd_session_fail(t, TPU_LOG_NOTICE, TPW__V1__STATUS__STATUS_CLOSED,
-					 "closed by administrator (session %llu, uid %u)",
-					 (unsigned long long)s->id, (unsigned)s->uid);
+			char msg[160];
+
+			snprintf(msg, sizeof(msg), "session %llu closed by an administrator (tpipctl "
+				 "close-session by uid %u, session %llu)",
+				 (unsigned long long)t->id, (unsigned)s->uid,
+				 (unsigned long long)s->id);
+			tpd_session_end(t, TPU_LOG_NOTICE, TPW__V1__STATUS__STATUS_ADMIN_CLOSED, msg);
 			return 0;
 		}
 	}

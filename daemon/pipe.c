@@ -31,6 +31,8 @@ const char *tpd_pipe_gone_text(Tpw__V1__Status s)
 		return "peer died";
 	case TPW__V1__STATUS__STATUS_SHUTDOWN:
 		return "daemon stopping";
+	case TPW__V1__STATUS__STATUS_ADMIN_CLOSED:
+		return "the other end's session was closed by an administrator (tpipctl close-session)";
 	default:
 		return "remote end closed the pipe";
 	}

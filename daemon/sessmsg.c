@@ -141,6 +141,7 @@ static void handle_hello(struct tpd_session *s, const Tpw__V1__Hello *h)
 		return;
 	}
 	s->role = h->role;
+	s->client_minor = h->minor;
 	if (h->name && *h->name)
 		snprintf(name, sizeof(name), "%s", h->name);
 	else
@@ -382,6 +383,11 @@ static void dispatch(struct tpd_session *s, Tpw__V1__ClientMsg *m, const struct 
 		break;
 	case TPW__V1__CLIENT_MSG__BODY_PIPE_CLOSE:
 		handle_pipe_close(s, m->pipe_close);
+		break;
+	case TPW__V1__CLIENT_MSG__BODY_SESSION_END:
+		/* tp_context_free(): the disconnect that follows is a clean close. */
+		s->ended_clean = true;
+		tpd_session_log(s, TPU_LOG_DEBUG, "client is closing its context");
 		break;
 	case TPW__V1__CLIENT_MSG__BODY_CTL:
 		tpd_ctl_handle(s, m->ctl);

@@ -271,6 +271,8 @@ int tpw_client_msg_validate(const Tpw__V1__ClientMsg *m, const struct tpw_hdr *h
 	case TPW__V1__CLIENT_MSG__BODY_BUFFER_RELEASE:
 	case TPW__V1__CLIENT_MSG__BODY_PIPE_CLOSE:
 		return 0;
+	case TPW__V1__CLIENT_MSG__BODY_SESSION_END:
+		return check_string(m->session_end->message, TPW_MESSAGE_MAX, "message", why, wl);
 	case TPW__V1__CLIENT_MSG__BODY_CONNECT:
 		if (m->connect->pipe_id == 0 || m->connect->pipe_id >= PIPE_ID_CLIENT_MAX)
 			return tpu_why(-EBADMSG, why, wl, "pipe id out of the client's range");
@@ -424,6 +426,8 @@ int tpw_daemon_msg_validate(const Tpw__V1__DaemonMsg *m, const struct tpw_hdr *h
 	case TPW__V1__DAEMON_MSG__BODY_PIPE_CLOSED:
 	case TPW__V1__DAEMON_MSG__BODY_CTL_REPLY:
 		return 0;
+	case TPW__V1__DAEMON_MSG__BODY_SESSION_END:
+		return check_string(m->session_end->message, TPW_MESSAGE_MAX, "message", why, wl);
 	default:
 		return tpu_why(-EBADMSG, why, wl, "unknown message type %d", (int)m->body_case);
 	}
@@ -550,6 +554,7 @@ static const struct {
 	{ TPW__V1__STATUS__STATUS_BUSY, EBUSY, "busy" },
 	{ TPW__V1__STATUS__STATUS_REFUSED, ECONNREFUSED, "refused" },
 	{ TPW__V1__STATUS__STATUS_UNREACHABLE, EHOSTUNREACH, "unreachable" },
+	{ TPW__V1__STATUS__STATUS_ADMIN_CLOSED, ECONNABORTED, "admin-closed" },
 };
 
 int tpw_status_to_errno(Tpw__V1__Status s)

@@ -17,6 +17,7 @@
  *   -EPIPE      the remote end closed       -ECONNRESET the remote process died ("peer died")
  *   -ECANCELED  closed locally              -ERANGE     buffer range outside registered memory
  *   -EMSGSIZE   over a size limit           -ENOBUFS    over a count or queue limit
+ *   -ECONNABORTED an administrator closed this session or the other end's (tpipctl)
  *   -ECONNREFUSED / -ENOENT from tp_context_new(): no daemon listens on the socket
  * tp_last_error() gives the message of the last failed call on the calling thread.
  *

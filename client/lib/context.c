@@ -332,6 +332,19 @@ static int context_handle_locked(struct tp_context *ctx, const Tpw__V1__DaemonMs
 		return 0;
 	case TPW__V1__DAEMON_MSG__BODY_CTL_REPLY:
 		return 0; /* not asked for by a client context */
+	case TPW__V1__DAEMON_MSG__BODY_SESSION_END: {
+		/* The daemon ends this session and says why (tpipctl close-session). */
+		const Tpw__V1__SessionEnd *se = m->session_end;
+		int err = tpw_status_to_errno(se->status);
+
+		if (err == 0)
+			err = -ECONNRESET;
+		tpc_context_log(ctx, LOG_WARNING, "the daemon ended the session: %s",
+				se->message && *se->message ? se->message : tp_strerror(err));
+		context_fail_all_locked(ctx, err,
+					se->message && *se->message ? se->message : tp_strerror(err));
+		return 0;
+	}
 	default:
 		return -EPROTO;
 	}
@@ -392,13 +405,17 @@ static void context_lost(struct tp_context *ctx, const char *why)
 {
 	char msg[TPC_ERRMSG_MAX];
 
+	bool ended;
+
 	snprintf(msg, sizeof(msg), "%s (%s)", TPC_CONN_LOST, why);
-	tpc_context_log(ctx, LOG_ERR, "%s", msg);
 	/* The stream cannot be trusted any more: stop reading it. */
 	shutdown(ctx->fd, SHUT_RDWR);
 	pthread_mutex_lock(&ctx->lock);
+	ended = ctx->dead != 0; /* SessionEnd said why, or tp_context_free() is closing it */
 	context_fail_all_locked(ctx, -ECONNRESET, msg);
 	pthread_mutex_unlock(&ctx->lock);
+	if (!ended)
+		tpc_context_log(ctx, LOG_ERR, "%s", msg);
 }
 
 static void context_on_readable(struct tp_context *ctx)
@@ -662,6 +679,7 @@ static void context_shutdown(struct tp_context *ctx)
 	uint64_t *ids = NULL;
 	struct timespec ts;
 	size_t n = 0, n_listeners = 0;
+	bool alive;
 
 	pthread_mutex_lock(&ctx->send_lock);
 	pthread_mutex_lock(&ctx->lock);
@@ -684,6 +702,7 @@ static void context_shutdown(struct tp_context *ctx)
 
 	pthread_mutex_lock(&ctx->send_lock);
 	pthread_mutex_lock(&ctx->lock);
+	alive = !ctx->dead;
 	n = ctx->dead ? 0 : context_collect(ctx, false, &n_listeners, &ids);
 	context_fail_all_locked(ctx, -ECANCELED, "canceled: the context is being freed");
 	pthread_mutex_unlock(&ctx->lock);
@@ -693,6 +712,9 @@ static void context_shutdown(struct tp_context *ctx)
 		else
 			tpc_wire_send_pipe_close(ctx, ids[i]);
 	}
+	/* Last: the disconnect that follows is a clean close, not a dead client. */
+	if (alive && ctx->daemon_minor >= TPW_MINOR_SESSION_END)
+		tpc_wire_send_session_end(ctx);
 	pthread_mutex_unlock(&ctx->send_lock);
 	free(ids);
 }

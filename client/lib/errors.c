@@ -17,6 +17,7 @@ static const struct {
 	{ 0, "success" },
 	{ EPIPE, "the remote end closed the pipe" },
 	{ ECONNRESET, "peer died" },
+	{ ECONNABORTED, "closed by an administrator" },
 	{ ECANCELED, "canceled: closed locally" },
 	{ ENOENT, "no such listener (or no daemon socket)" },
 	{ ECONNREFUSED, "connection refused: nothing listens at that address" },

@@ -363,6 +363,8 @@ int tpc_wire_peek(struct tp_context *ctx, struct tpw_hdr *ret);
 void tpc_wire_consume(struct tp_context *ctx, const struct tpw_hdr *h);
 /* Sends a message without data; send_lock held. */
 int tpc_wire_send_pipe_close(struct tp_context *ctx, uint64_t pipe_id);
+/* SessionEnd{CLOSED}: tp_context_free() ends the session on purpose (daemon minor >= 4). */
+int tpc_wire_send_session_end(struct tp_context *ctx);
 
 /* ---- pipe.c -------------------------------------------------------------------------------- */
 

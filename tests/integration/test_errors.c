@@ -15,20 +15,66 @@
 #include <string.h>
 #include <sys/socket.h>
 #include <sys/un.h>
+#include <sys/wait.h>
 #include <unistd.h>
 #include "itest.h"
 
 #define T_MS 30000
 #define NAME_MAX_BYTES 255 /* listener names, libtpclient(3) */
 
+static struct tpt_sync to_parent, to_child;
+
 static void setup(void)
 {
 	tpt_fixture_start();
+	ck_assert_int_eq(tpt_sync_init(&to_parent), 0);
+	ck_assert_int_eq(tpt_sync_init(&to_child), 0);
 }
 
 static void teardown(void)
 {
+	tpt_sync_done(&to_parent);
+	tpt_sync_done(&to_child);
 	tpt_fixture_stop();
+}
+
+/* Runs tpipctl --socket S ARGS... and returns its stdout (owned); fails the test on an error. */
+static char *ctl(const char *a1, const char *a2, const char *a3)
+{
+	const char *bin = getenv("TPIPCTL_BIN");
+	const char *argv[] = { bin, "--socket", tpt_fixture_daemon.socket, a1, a2, a3, NULL };
+	struct tpt_cmd_result res;
+	char *out;
+
+	ck_assert_msg(bin && *bin, "TPIPCTL_BIN is not set");
+	ck_assert_int_eq(tpt_run(argv, T_MS, &res), 0);
+	ck_assert_msg(WIFEXITED(res.status) && WEXITSTATUS(res.status) == 0,
+		      "tpipctl %s %s: %s", a1, a2 ? a2 : "", res.err);
+	out = res.out;
+	res.out = NULL;
+	tpt_cmd_result_free(&res);
+	return out;
+}
+
+/* The id of the session named @name in `tpipctl --json sessions`. */
+static unsigned long long session_id(const char *name)
+{
+	char *out = ctl("--json", "sessions", NULL);
+	json_object *root = json_tokener_parse(out), *arr, *o, *v;
+	unsigned long long id = 0;
+
+	ck_assert_msg(root && json_object_object_get_ex(root, "sessions", &arr), "%s", out);
+	for (size_t i = 0; i < json_object_array_length(arr); i++) {
+		o = json_object_array_get_idx(arr, i);
+		if (json_object_object_get_ex(o, "name", &v) &&
+		    strcmp(json_object_get_string(v), name) == 0 &&
+		    json_object_object_get_ex(o, "id", &v))
+			id = (unsigned long long)json_object_get_int64(v);
+	}
+	json_object_put(root);
+	ck_assert_msg(id, "no session named %s: %s", name, out);
+	free(out);
+	return id;
 }
 
 /* A connect to an unknown name of 255 bytes: the daemon's message, quoting it, comes whole. */
@@ -90,6 +136,125 @@ START_TEST(test_errors_refused_socket_is_named)
 }
 END_TEST
 
+/* Two contexts joined by a pipe; the parent closes the "victim" session as an administrator. */
+static int admin_closed(void *arg)
+{
+	struct tp_context *v, *sv;
+	struct tp_listener *l;
+	struct tp_pipe *pv, *ps;
+	struct tp_descriptor *d = NULL;
+	int r = tpt_ctx_new(&tpt_fixture_daemon, 0, "victim", &v);
+
+	TPT_REQUIRE(r == 0, 1, "context: %d", r);
+	r = tpt_ctx_new(&tpt_fixture_daemon, 0, "survivor", &sv);
+	TPT_REQUIRE(r == 0, 1, "context: %d", r);
+	r = tp_listen(sv, "admin-close", NULL, &l);
+	TPT_REQUIRE(r == 0, 1, "listen: %d", r);
+	r = tp_connect(v, "admin-close", &pv);
+	TPT_REQUIRE(r == 0, 1, "connect: %d", r);
+	r = tp_listener_accept_sync(l, T_MS, &ps);
+	TPT_REQUIRE(r == 0, 1, "accept: %d", r);
+	r = tp_pipe_wait_connected(pv, T_MS);
+	TPT_REQUIRE(r == 0, 1, "connected: %d", r);
+	tpt_sync_post(&to_parent, 0);
+	/* The victim learns why its session ended. */
+	r = tp_pipe_read_descriptor_sync(pv, T_MS, &d);
+	tpt_log("victim: %d (%s): %s", r, tp_strerror(r), tp_last_error());
+	TPT_REQUIRE(r == -ECONNABORTED, 1, "victim: %d (%s), want -ECONNABORTED", r,
+		    tp_strerror(r));
+	TPT_REQUIRE(strstr(tp_strerror(r), "administrator"), 1, "tp_strerror: %s",
+		    tp_strerror(r));
+	TPT_REQUIRE(strstr(tp_last_error(), "closed by an administrator"), 1, "victim: '%s'",
+		    tp_last_error());
+	/* So does the other end of its pipe. */
+	r = tp_pipe_read_descriptor_sync(ps, T_MS, &d);
+	tpt_log("survivor: %d (%s): %s", r, tp_strerror(r), tp_last_error());
+	TPT_REQUIRE(r == -ECONNABORTED, 1, "survivor: %d (%s), want -ECONNABORTED", r,
+		    tp_strerror(r));
+	TPT_REQUIRE(strstr(tp_last_error(), "closed by an administrator"), 1, "survivor: '%s'",
+		    tp_last_error());
+	tp_pipe_close(pv);
+	tp_pipe_close(ps);
+	tp_listener_close(l);
+	tp_context_free(v);
+	tp_context_free(sv);
+	return 0;
+}
+
+START_TEST(test_errors_admin_close_says_so)
+{
+	pid_t pid = tpt_fork(admin_closed, NULL);
+	char id[32];
+
+	ck_assert_int_gt(pid, 0);
+	ck_assert_int_eq(tpt_sync_wait(&to_parent, T_MS), 0);
+	snprintf(id, sizeof(id), "%llu", session_id("victim"));
+	free(ctl("close-session", id, NULL));
+	ck_assert(tpt_wait_ok(pid, T_MS, "client"));
+}
+END_TEST
+
+/* Pipes left open, a listener, a message unread: tp_context_free() is still a clean close. */
+static int clean_close(void *arg)
+{
+	struct tp_context *a, *b;
+	struct tp_listener *l;
+	struct tp_pipe *pa, *pb;
+	uint8_t byte = 7;
+	struct tp_message m = { .n_payloads = 1, .payloads = &(struct tp_payload){ .data = &byte, .length = 1 } };
+	int r = tpt_ctx_new(&tpt_fixture_daemon, (uint32_t)(uintptr_t)arg, "clean-a", &a);
+
+	TPT_REQUIRE(r == 0, 1, "context: %d", r);
+	r = tpt_ctx_new(&tpt_fixture_daemon, (uint32_t)(uintptr_t)arg, "clean-b", &b);
+	TPT_REQUIRE(r == 0, 1, "context: %d", r);
+	r = tp_listen(a, "clean-close", NULL, &l);
+	TPT_REQUIRE(r == 0, 1, "listen: %d", r);
+	r = tp_connect(b, "clean-close", &pb);
+	TPT_REQUIRE(r == 0, 1, "connect: %d", r);
+	r = tp_listener_accept_sync(l, T_MS, &pa);
+	TPT_REQUIRE(r == 0, 1, "accept: %d", r);
+	r = tp_pipe_wait_connected(pb, T_MS);
+	TPT_REQUIRE(r == 0, 1, "connected: %d", r);
+	r = tp_pipe_write_sync(pb, &m);
+	TPT_REQUIRE(r == 0, 1, "write: %d", r);
+	tp_pipe_close(pb);
+	tp_context_free(b);
+	tp_context_free(a); /* its pipe, listener and the unread message still open */
+	return 0;
+}
+
+/* Lines of the fixture daemon's log about sessions of process @pid that contain @needle. */
+static int log_count(pid_t pid, const char *needle)
+{
+	FILE *f = fopen(tpt_fixture_daemon.log, "r");
+	char line[2048], who[32];
+	int n = 0;
+
+	ck_assert_ptr_nonnull(f);
+	snprintf(who, sizeof(who), "(pid %d,", (int)pid);
+	while (fgets(line, sizeof(line), f))
+		n += strstr(line, who) && strstr(line, needle);
+	fclose(f);
+	return n;
+}
+
+/* _i: 0 on the control ring, 1 on the socket. */
+START_TEST(test_errors_clean_close_is_logged_clean)
+{
+	pid_t pid = tpt_fork(clean_close, (void *)(uintptr_t)(_i ? TP_CONTEXT_NO_RING : 0));
+
+	ck_assert_int_gt(pid, 0);
+	ck_assert(tpt_wait_ok(pid, T_MS, "client"));
+	/* Both sessions end; the log is polled (the daemon writes it after the client exits). */
+	for (int t = 0; log_count(pid, ", closing") < 2 && t < T_MS; t += 10)
+		usleep(10000);
+	ck_assert_int_eq(log_count(pid, "client closed its context, closing"), 2);
+	ck_assert_int_eq(log_count(pid, "client disconnected"), 0);
+	ck_assert_int_eq(log_count(pid, "peer-died"), 0);
+	ck_assert_int_eq(log_count(pid, "send failed"), 0);
+}
+END_TEST
+
 static Suite *errors_suite(void)
 {
 	Suite *s = suite_create("errors");
@@ -98,6 +263,8 @@ static Suite *errors_suite(void)
 	tcase_add_checked_fixture(t, setup, teardown);
 	tcase_add_test(t, test_errors_last_error_holds_a_long_daemon_message);
 	tcase_add_test(t, test_errors_refused_socket_is_named);
+	tcase_add_test(t, test_errors_admin_close_says_so);
+	tcase_add_loop_test(t, test_errors_clean_close_is_logged_clean, 0, 2);
 	tcase_set_timeout(t, 60);
 	suite_add_tcase(s, t);
 	return s;
