@@ -357,7 +357,8 @@ int tpd_pipe_connect_check(struct tpd_daemon *d, struct tpd_session *s, const Tp
 	}
 	if (tpd_session_pipe_count(s) >= d->cfg.pipes_max ||
 	    tpd_session_pipe_count(ls) >= d->cfg.pipes_max) {
-		snprintf(why, wl, "pipe limit of %u per client reached", d->cfg.pipes_max);
+		snprintf(why, wl, "pipe limit of %u per client reached (tpipd --pipes-max)",
+			 d->cfg.pipes_max);
 		return -ENOBUFS;
 	}
 	*ret = l;
@@ -444,19 +445,21 @@ static int queue_check(struct tpd_pipe_end *e, uint32_t tail_len, size_t n_seg, 
 	const struct tpd_config *cfg = &e->pipe->d->cfg;
 
 	if (e->queued >= cfg->pipe_queue_max) {
-		snprintf(why, wl, "pipe queue full: %u unread messages (limit %u)", e->queued,
+		snprintf(why, wl, "pipe queue full: %u unread messages (limit %u, tpipd "
+			 "--pipe-queue-max)", e->queued,
 			 cfg->pipe_queue_max);
 		return -ENOBUFS;
 	}
 	if (e->queued_bytes + tail_len > cfg->pipe_queue_bytes) {
-		snprintf(why, wl, "pipe queue full: %llu unread inline bytes (limit %llu)",
+		snprintf(why, wl, "pipe queue full: %llu unread inline bytes (limit %llu, tpipd "
+			 "--pipe-queue-bytes)",
 			 (unsigned long long)e->queued_bytes,
 			 (unsigned long long)cfg->pipe_queue_bytes);
 		return -ENOBUFS;
 	}
 	if (e->pipe->d->quota.pipe_bytes + cost > cfg->pipe_queue_bytes_total) {
 		snprintf(why, wl, "pipe queues of this daemon full: %llu bytes held for unread "
-			 "messages in all pipes (limit %llu)",
+			 "messages in all pipes (limit %llu, tpipd --pipe-queue-bytes-max)",
 			 (unsigned long long)e->pipe->d->quota.pipe_bytes,
 			 (unsigned long long)cfg->pipe_queue_bytes_total);
 		return -ENOBUFS;

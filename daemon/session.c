@@ -594,7 +594,8 @@ int tpd_session_send(struct tpd_session *s, Tpw__V1__DaemonMsg *m, const struct 
 	len = tpw_frame_size(&m->base) + tail_len;
 	if (s->outq_bytes + len > s->d->cfg.outq_max) {
 		tpd_session_fail(s, TPU_LOG_WARNING, TPW__V1__STATUS__STATUS_PEER_DIED,
-				 "client does not read: %llu bytes queued (limit %llu)",
+				 "client does not read: %llu bytes queued (limit %llu, tpipd "
+				 "--client-queue-bytes)",
 				 (unsigned long long)s->outq_bytes,
 				 (unsigned long long)s->d->cfg.outq_max);
 		return -ENOBUFS;

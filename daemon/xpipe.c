@@ -213,7 +213,9 @@ void tpd_xpipe_connect(struct tpd_daemon *d, struct tpd_session *s, const Tpw__V
 		return;
 	}
 	if (tpd_session_pipe_count(s) >= d->cfg.pipes_max) {
-		snprintf(why, sizeof(why), "pipe limit of %u per client reached", d->cfg.pipes_max);
+		snprintf(why, sizeof(why), "pipe limit of %u per client reached (tpipd "
+			 "--pipes-max)",
+			 d->cfg.pipes_max);
 		tpd_pipe_connect_fail(s, c, -ENOBUFS, why);
 		return;
 	}
@@ -405,7 +407,9 @@ void tpd_xpipe_peer_connect(struct tpd_daemon *d, struct tpd_peer *pr,
 			 (unsigned)l->uid, (unsigned)c->expect_uid);
 		err = -EACCES;
 	} else if (tpd_session_pipe_count(ls) >= d->cfg.pipes_max) {
-		snprintf(why, sizeof(why), "pipe limit of %u per client reached", d->cfg.pipes_max);
+		snprintf(why, sizeof(why), "pipe limit of %u per client reached (tpipd "
+			 "--pipes-max)",
+			 d->cfg.pipes_max);
 		err = -ENOBUFS;
 	} else if (d->stopping) {
 		snprintf(why, sizeof(why), "daemon stopping");
@@ -524,20 +528,22 @@ static bool remote_queue_full(struct tpd_pipe *p, struct tpd_pipe_end *w, uint64
 	static struct tpd_ratelog log;
 	const struct tpd_config *cfg = &p->d->cfg;
 	struct tpd_msg m = { .from = w, .msg_id = msg_id };
-	char why[160];
+	char why[224];
 	unsigned suppressed;
 
 	if (w->queued >= cfg->pipe_queue_max)
 		snprintf(why, sizeof(why), "pipe queue full on the reader's host: %u unread messages "
-			 "(limit %u)", w->queued, cfg->pipe_queue_max);
+			 "(limit %u, tpipd --pipe-queue-max)", w->queued, cfg->pipe_queue_max);
 	else if (w->queued_bytes + tail_len > cfg->pipe_queue_bytes)
 		snprintf(why, sizeof(why), "pipe queue full on the reader's host: %llu unread inline "
-			 "bytes (limit %llu)", (unsigned long long)w->queued_bytes,
+			 "bytes (limit %llu, tpipd --pipe-queue-bytes)",
+			 (unsigned long long)w->queued_bytes,
 			 (unsigned long long)cfg->pipe_queue_bytes);
 	else if (p->d->quota.pipe_bytes + tpd_msg_cost(tail_len, n_seg) >
 		 cfg->pipe_queue_bytes_total)
 		snprintf(why, sizeof(why), "pipe queues full on the reader's host: %llu bytes held "
-			 "for unread messages in all pipes (limit %llu)",
+			 "for unread messages in all pipes (limit %llu, tpipd "
+			 "--pipe-queue-bytes-max)",
 			 (unsigned long long)p->d->quota.pipe_bytes,
 			 (unsigned long long)cfg->pipe_queue_bytes_total);
 	else

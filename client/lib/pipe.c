@@ -284,7 +284,9 @@ static int pipe_connect_locked(struct tp_context *ctx, struct tp_pipe **ret)
 	if (r < 0)
 		return r;
 	if (ctx->lim.pipes_max && ctx->pipes.n >= ctx->lim.pipes_max)
-		return tpc_error(-ENOBUFS, "over the daemon's limit of %u pipes", ctx->lim.pipes_max);
+		return tpc_error(-ENOBUFS, "over the daemon's limit of %u pipes (tpipd "
+				 "--pipes-max)",
+				 ctx->lim.pipes_max);
 	if (ctx->next_pipe_id + 1 >= PIPE_ID_CLIENT_MAX)
 		return tpc_error(-ENOBUFS, "pipe ids exhausted");
 	p = tpc_pipe_new(ctx, ++ctx->next_pipe_id);
