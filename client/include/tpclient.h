@@ -121,7 +121,9 @@ bool tp_context_cma_ok(const struct tp_context *ctx);
  */
 const char *tp_context_transport(const struct tp_context *ctx);
 
-/* Opt-in diagnostics: @fn is called (on any thread) with a syslog level and a line. */
+/* Opt-in diagnostics: @fn is called (on any thread) with a syslog level and a line. Without a
+ * handler the library is silent, unless TPIPD_LOG=debug|info|warn is set: then lines at that
+ * level and above go to stderr as "tpclient[PID]: CONTEXT: LEVEL: text". */
 typedef void (*tp_log_fn)(void *arg, int level, const char *line);
 void tp_context_set_log(struct tp_context *ctx, tp_log_fn fn, void *arg);
 

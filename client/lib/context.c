@@ -9,12 +9,15 @@
  */
 #include <poll.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
+#include <strings.h>
 #include <sys/mman.h>
 #include <sys/socket.h>
 #include <syslog.h>
 #include <signal.h>
 #include <time.h>
+#include <unistd.h>
 #include "internal.h"
 
 static __thread const struct tp_context *io_thread_ctx;
@@ -65,6 +68,61 @@ bool tpc_spin_until(struct tp_context *ctx, const bool *flag, const void *arg)
 	return tpu_spin_wait(&thread_spin, spin_ready, &w);
 }
 
+/* ---- logging ------------------------------------------------------------------------------- */
+
+static int env_log_level = -1; /* from TPIPD_LOG: a syslog level; -1 off */
+static pthread_once_t env_log_once = PTHREAD_ONCE_INIT;
+
+static void env_log_read(void)
+{
+	static const struct {
+		const char *name;
+		int level;
+	} names[] = { { "debug", LOG_DEBUG }, { "info", LOG_INFO },	{ "notice", LOG_NOTICE },
+		      { "warn", LOG_WARNING }, { "warning", LOG_WARNING }, { "err", LOG_ERR },
+		      { "error", LOG_ERR } };
+	const char *v = getenv("TPIPD_LOG");
+
+	if (!v || !*v)
+		return;
+	env_log_level = LOG_WARNING; /* any other value: warnings and errors */
+	for (size_t i = 0; i < TPU_ARRAY_SIZE(names); i++)
+		if (strcasecmp(v, names[i].name) == 0)
+			env_log_level = names[i].level;
+}
+
+static const char *level_name(int level)
+{
+	switch (level) {
+	case LOG_DEBUG:
+		return "debug";
+	case LOG_INFO:
+		return "info";
+	case LOG_NOTICE:
+		return "notice";
+	case LOG_WARNING:
+		return "warning";
+	default:
+		return "error";
+	}
+}
+
+/* The TPIPD_LOG handler: one line on stderr, written at once so threads do not interleave. */
+static void env_log_write(const char *ctx_name, int level, const char *line)
+{
+	char buf[768];
+	int n = snprintf(buf, sizeof(buf), "tpclient[%d]: %s: %s: %s\n", (int)getpid(),
+			 ctx_name ? ctx_name : "", level_name(level), line);
+
+	if (n < 0)
+		return;
+	if ((size_t)n >= sizeof(buf)) {
+		n = sizeof(buf) - 1;
+		buf[n - 1] = '\n';
+	}
+	(void)!write(STDERR_FILENO, buf, (size_t)n);
+}
+
 void tpc_context_log(struct tp_context *ctx, int level, const char *fmt, ...)
 {
 	tp_log_fn fn = __atomic_load_n(&ctx->log_fn, __ATOMIC_ACQUIRE);
@@ -72,12 +130,18 @@ void tpc_context_log(struct tp_context *ctx, int level, const char *fmt, ...)
 	char line[512];
 	va_list ap;
 
-	if (!fn)
-		return;
+	if (!fn) {
+		pthread_once(&env_log_once, env_log_read);
+		if (level > env_log_level)
+			return; /* no handler and no TPIPD_LOG: the library stays silent */
+	}
 	va_start(ap, fmt);
 	vsnprintf(line, sizeof(line), fmt, ap);
 	va_end(ap);
-	fn(arg, level, line);
+	if (fn)
+		fn(arg, level, line);
+	else
+		env_log_write(ctx->name, level, line);
 }
 
 void tpc_deadline(struct timespec *ts, int timeout_ms)
@@ -546,6 +610,8 @@ static void *context_io_main(void *arg)
 
 	io_thread_ctx = ctx;
 	tpu_spin_init(&spin, ctx->spin_ns);
+	tpc_context_log(ctx, LOG_DEBUG, "session %llu of tpipd, control over the %s",
+			(unsigned long long)ctx->session_id, ctx->ring ? "shared-memory ring" : "socket");
 	pthread_mutex_lock(&ctx->lock);
 	for (;;) {
 		while ((op = tpu_list_first(&ctx->done, struct tpc_op, node))) {
@@ -736,6 +802,7 @@ TP_EXPORT void tp_context_free(struct tp_context *ctx)
 		tpc_error(-EDEADLK, "tp_context_free() called from a callback");
 		return;
 	}
+	tpc_context_log(ctx, LOG_DEBUG, "closing the context");
 	if (ctx->thread_started) {
 		context_shutdown(ctx);
 		pthread_mutex_lock(&ctx->lock);

@@ -7,6 +7,7 @@
  */
 #include <stdio.h>
 #include <string.h>
+#include <syslog.h>
 #include "internal.h"
 
 #define ADDRESS_MAX 1024
@@ -169,6 +170,9 @@ void tpc_pipe_on_closed(struct tp_context *ctx, const Tpw__V1__PipeClosed *m)
 		err = -EPIPE;
 	if (!msg || !*msg)
 		msg = err == -EPIPE ? "the remote end closed the pipe" : NULL;
+	if (p->state == TPC_PIPE_OPEN) /* a failed connect was logged with its reply */
+		tpc_context_log(ctx, LOG_INFO, "pipe %llu: %s (%s)", (unsigned long long)p->id,
+				tp_strerror(err), msg ? msg : "");
 	tpc_pipe_fail_locked(p, err, msg);
 }
 
@@ -238,6 +242,13 @@ static void pipe_on_connect_reply(struct tp_context *ctx, struct tpc_req *req,
 		return; /* connection lost: the pipe fails with everything else */
 	status = tpw_status_to_errno(r->status);
 	p->connect_status = status;
+	if (status == 0)
+		tpc_context_log(ctx, LOG_DEBUG, "pipe %llu: connected to '%s'",
+				(unsigned long long)p->id, r->remote_name ? r->remote_name : "");
+	else
+		tpc_context_log(ctx, LOG_INFO, "pipe %llu: connect failed: %s (%s)",
+				(unsigned long long)p->id, tp_strerror(status),
+				r->message ? r->message : "");
 	if (status == 0) {
 		p->remote_name = strdup(r->remote_name ? r->remote_name : "");
 		if (r->owner_known) {

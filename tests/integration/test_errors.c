@@ -9,6 +9,7 @@
  */
 #include <check.h>
 #include <errno.h>
+#include <fcntl.h>
 #include <json-c/json.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -255,6 +256,96 @@ START_TEST(test_errors_clean_close_is_logged_clean)
 }
 END_TEST
 
+/* ---- TPIPD_LOG -------------------------------------------------------------------------- */
+
+/* With stderr sent to @arg's file: a failed connect, a pipe that connects, the context freed. */
+static int log_client(void *arg)
+{
+	const char *path = arg;
+	struct tp_context *ctx;
+	struct tp_listener *l;
+	struct tp_pipe *p, *q, *bad;
+	int fd = open(path, O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0600), r;
+
+	TPT_REQUIRE(fd >= 0 && dup2(fd, STDERR_FILENO) == STDERR_FILENO, 1, "stderr");
+	close(fd);
+	r = tpt_ctx_new(&tpt_fixture_daemon, 0, "log-client", &ctx);
+	TPT_REQUIRE(r == 0, 1, "context: %d", r);
+	r = tp_connect(ctx, "no-such-listener", &bad);
+	TPT_REQUIRE(r == 0, 1, "connect: %d", r);
+	TPT_REQUIRE(tp_pipe_wait_connected(bad, T_MS) == -ENOENT, 1, "not -ENOENT");
+	tp_pipe_close(bad);
+	r = tp_listen(ctx, "log-listener", NULL, &l);
+	TPT_REQUIRE(r == 0, 1, "listen: %d", r);
+	r = tp_connect(ctx, "log-listener", &p);
+	TPT_REQUIRE(r == 0, 1, "connect: %d", r);
+	r = tp_listener_accept_sync(l, T_MS, &q);
+	TPT_REQUIRE(r == 0, 1, "accept: %d", r);
+	TPT_REQUIRE(tp_pipe_wait_connected(p, T_MS) == 0, 1, "connected");
+	tp_pipe_close(p);
+	tp_pipe_close(q);
+	tp_listener_close(l);
+	tp_context_free(ctx);
+	return 0;
+}
+
+/* Runs log_client with TPIPD_LOG=@level (NULL: unset); returns what it wrote to stderr. */
+static char *log_run(const char *level)
+{
+	char path[160], *buf = calloc(1, 65536);
+	FILE *f;
+	pid_t pid;
+
+	snprintf(path, sizeof(path), "%s/client-%s.err", tpt_fixture_daemon.dir,
+		 level ? level : "unset");
+	if (level)
+		setenv("TPIPD_LOG", level, 1);
+	else
+		unsetenv("TPIPD_LOG");
+	pid = tpt_fork(log_client, path);
+	unsetenv("TPIPD_LOG");
+	ck_assert_int_gt(pid, 0);
+	ck_assert(tpt_wait_ok(pid, T_MS, "client"));
+	f = fopen(path, "r");
+	ck_assert_ptr_nonnull(f);
+	ck_assert_ptr_nonnull(buf);
+	(void)!fread(buf, 1, 65535, f);
+	fclose(f);
+	tpt_log("TPIPD_LOG=%s:\n%s", level ? level : "(unset)", buf);
+	return buf;
+}
+
+START_TEST(test_errors_tpipd_log_sends_the_library_log_to_stderr)
+{
+	char *out = log_run("debug");
+
+	ck_assert_msg(strncmp(out, "tpclient[", 9) == 0, "no 'tpclient[pid]: ' prefix");
+	ck_assert_msg(strstr(out, "]: log-client: debug: pipe ") &&
+		      strstr(out, "connected to 'log-listener'"), "no debug line for the pipe");
+	ck_assert_msg(strstr(out, ": info: pipe ") && strstr(out, "no listener named"),
+		      "no info line for the failed connect");
+	free(out);
+	/* info: the failed connect, not the debug lines */
+	out = log_run("info");
+	ck_assert_msg(strstr(out, "no listener named"), "info lost at TPIPD_LOG=info");
+	ck_assert_msg(!strstr(out, ": debug: "), "debug lines at TPIPD_LOG=info");
+	free(out);
+	/* warn: nothing here is a warning */
+	out = log_run("warn");
+	ck_assert_str_eq(out, "");
+	free(out);
+}
+END_TEST
+
+START_TEST(test_errors_library_is_silent_without_tpipd_log)
+{
+	char *out = log_run(NULL);
+
+	ck_assert_str_eq(out, "");
+	free(out);
+}
+END_TEST
+
 static Suite *errors_suite(void)
 {
 	Suite *s = suite_create("errors");
@@ -265,6 +356,8 @@ static Suite *errors_suite(void)
 	tcase_add_test(t, test_errors_refused_socket_is_named);
 	tcase_add_test(t, test_errors_admin_close_says_so);
 	tcase_add_loop_test(t, test_errors_clean_close_is_logged_clean, 0, 2);
+	tcase_add_test(t, test_errors_tpipd_log_sends_the_library_log_to_stderr);
+	tcase_add_test(t, test_errors_library_is_silent_without_tpipd_log);
 	tcase_set_timeout(t, 60);
 	suite_add_tcase(s, t);
 	return s;
