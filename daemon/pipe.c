@@ -234,8 +234,35 @@ void tpd_pipe_maybe_free(struct tpd_pipe *p)
 	tpu_list_remove(&p->node);
 	p->d->n_pipes--;
 	tpd_pipe_log(p, NULL, TPU_LOG_DEBUG, "freed");
+	for (unsigned i = 0; i < p->n_channel_notes; i++)
+		free(p->channel_notes[i]);
+	free(p->channel_notes);
 	free(p->listener);
 	free(p);
+}
+
+void tpd_pipe_channel_note(struct tpd_pipe *p, const char *what, int channel, const char *why)
+{
+	char key[96], *note = NULL;
+	size_t kl;
+	char **v;
+
+	if (channel < 0)
+		return;
+	kl = (size_t)snprintf(key, sizeof(key), "%s: %s: ", what, tpb_name(channel));
+	for (unsigned i = 0; i < p->n_channel_notes; i++)
+		if (strncmp(p->channel_notes[i], key, kl) == 0)
+			return;
+	tpd_pipe_log(p, NULL, TPU_LOG_DEBUG, "channel %s for %s: %s", tpb_name(channel), what, why);
+	if (p->n_channel_notes >= TPD_PIPE_CHANNEL_NOTES || asprintf(&note, "%s%.300s", key, why) < 0)
+		return;
+	v = realloc(p->channel_notes, (p->n_channel_notes + 1) * sizeof(*v));
+	if (!v) {
+		free(note);
+		return;
+	}
+	v[p->n_channel_notes++] = note;
+	p->channel_notes = v;
 }
 
 static const char *const pair_names[4] = {"cpu>cpu", "cpu>cuda", "cuda>cpu", "cuda>cuda"};
@@ -515,6 +542,9 @@ void tpd_pipe_write(struct tpd_pipe_end *e, Tpw__V1__ClientMsg *cm, const uint8_
 		/* The bytes now travel with the descriptor; the writer's memory is free. */
 		msg_set_write(m, TPW__V1__STATUS__STATUS_OK, NULL);
 		e->pipe->channels |= 1u << tpb_index("basic");
+		tpd_pipe_channel_note(e->pipe, "eager", tpb_index("basic"),
+				      "small message: its bytes travel with the descriptor (inline), "
+				      "no copy");
 		tpd_stats_record(&e->pipe->d->stats, tpb_index("basic"), m->bytes, 0, false);
 		write_done_flush(e);
 	} else if (tail_len) {

@@ -5,7 +5,9 @@
  * peer port alike while tp_last_error() names which; a session closed by tpipctl close-session
  * reads as closed by an administrator (-ECONNABORTED) to its client and to the other end of its
  * pipes; a clean tp_context_free() is logged as a clean close, not as a dead peer; limit
- * errors name the option that sets the limit.
+ * errors name the option that sets the limit; TPIPD_LOG sends the library's log to stderr, and
+ * the library is silent without it; the daemon says, at debug level and in `tpipctl pipes -v`,
+ * which channel serves a pipe and why the channels before it could not.
  */
 #include <check.h>
 #include <errno.h>
@@ -346,6 +348,99 @@ START_TEST(test_errors_library_is_silent_without_tpipd_log)
 }
 END_TEST
 
+/* ---- channel choice ------------------------------------------------------------------------ */
+
+/* A pipe moves one 1 MiB payload from private memory to private memory (process>process), and
+ * one small eager message; it stays open until the parent has looked. */
+static int channel_pair(void *arg)
+{
+	struct tp_context *a, *b;
+	struct tp_listener *l;
+	struct tp_pipe *pa, *pb;
+	struct tp_descriptor *d = NULL;
+	size_t len = 1u << 20;
+	uint8_t *src = calloc(1, len), *dst = calloc(1, len), small = 1;
+	struct tp_payload pl = { .data = src, .length = len };
+	struct tp_payload ps = { .data = &small, .length = 1 };
+	struct tp_message big = { .payloads = &pl, .n_payloads = 1 };
+	struct tp_message eager = { .payloads = &ps, .n_payloads = 1 };
+	struct tp_slot slot = { .device = { .type = TP_DEVICE_CPU } };
+	struct tp_allocation alloc = { .payloads = &slot, .n_payloads = 1 };
+	struct tpt_done done;
+	struct tpt_done_arg da[2] = { { .done = &done, .index = 0 }, { .done = &done, .index = 1 } };
+	int r = tpt_ctx_new(&tpt_fixture_daemon, 0, "chan-a", &a);
+
+	TPT_REQUIRE(r == 0 && src && dst, 1, "context: %d", r);
+	r = tpt_ctx_new(&tpt_fixture_daemon, 0, "chan-b", &b);
+	TPT_REQUIRE(r == 0, 1, "context: %d", r);
+	r = tp_listen(a, "channels", NULL, &l);
+	TPT_REQUIRE(r == 0, 1, "listen: %d", r);
+	r = tp_connect(b, "channels", &pb);
+	TPT_REQUIRE(r == 0, 1, "connect: %d", r);
+	r = tp_listener_accept_sync(l, T_MS, &pa);
+	TPT_REQUIRE(r == 0, 1, "accept: %d", r);
+	tpt_done_init(&done);
+	for (int i = 0; i < 2; i++) {
+		/* A rendezvous write completes once read: write, then read. */
+		r = tp_pipe_write(pb, i ? &eager : &big, tpt_done_cb, &da[i]);
+		TPT_REQUIRE(r == 0, 1, "write %d: %d %s", i, r, tp_last_error());
+		r = tp_pipe_read_descriptor_sync(pa, T_MS, &d);
+		TPT_REQUIRE(r == 0, 1, "descriptor %d: %d", i, r);
+		slot.data = i ? (void *)&small : (void *)dst;
+		r = tp_pipe_read_sync(pa, d, &alloc);
+		TPT_REQUIRE(r == 0, 1, "read %d: %d %s", i, r, tp_last_error());
+		r = tpt_done_wait(&done, (unsigned)i + 1, T_MS);
+		TPT_REQUIRE(r == 0 && done.last_status == 0, 1, "write %d done: %d", i,
+			    done.last_status);
+	}
+	tpt_sync_post(&to_parent, 0);
+	tpt_sync_wait(&to_child, T_MS);
+	tp_pipe_close(pa);
+	tp_pipe_close(pb);
+	tp_listener_close(l);
+	tp_context_free(a);
+	tp_context_free(b);
+	free(src);
+	free(dst);
+	return 0;
+}
+
+START_TEST(test_errors_channel_choice_is_logged_and_shown)
+{
+	static const char *const args[] = { "--log-level", "debug", NULL };
+	static const char reason[] = "process>process: cma: first viable for process>process memory "
+				     "in priority order; passed over: shm: ";
+	char *out;
+	pid_t pid;
+
+	ck_assert_int_eq(tpt_daemon_stop(&tpt_fixture_daemon), 0);
+	ck_assert_int_eq(tpt_daemon_start(&tpt_fixture_daemon, args), 0);
+	pid = tpt_fork(channel_pair, NULL);
+	ck_assert_int_gt(pid, 0);
+	ck_assert_int_eq(tpt_sync_wait(&to_parent, T_MS), 0);
+	/* The daemon's log, at debug level. */
+	ck_assert_int_eq(tpt_daemon_wait_log(&tpt_fixture_daemon, "channel cma for process>process: "
+					     "first viable", T_MS, NULL, 0), 0);
+	ck_assert(tpt_daemon_log_has(&tpt_fixture_daemon, "channel basic for eager: small message"));
+	/* tpipctl pipes -v: each channel under the table, with its reason. */
+	out = ctl("pipes", "-v", NULL);
+	tpt_log("tpipctl pipes -v:\n%s", out);
+	ck_assert_msg(strstr(out, " channels:\n") && strstr(out, reason) &&
+		      strstr(out, "  eager: basic: small message"), "pipes -v: %s", out);
+	free(out);
+	/* Without -v: the table alone. */
+	out = ctl("pipes", NULL, NULL);
+	ck_assert_msg(!strstr(out, "first viable"), "pipes without -v: %s", out);
+	free(out);
+	out = ctl("--json", "pipes", "-v");
+	ck_assert_msg(strstr(out, "\"channel_reasons\"") && strstr(out, "passed over: shm: "),
+		      "pipes --json -v: %s", out);
+	free(out);
+	tpt_sync_post(&to_child, 0);
+	ck_assert(tpt_wait_ok(pid, T_MS, "client"));
+}
+END_TEST
+
 static Suite *errors_suite(void)
 {
 	Suite *s = suite_create("errors");
@@ -358,6 +453,7 @@ static Suite *errors_suite(void)
 	tcase_add_loop_test(t, test_errors_clean_close_is_logged_clean, 0, 2);
 	tcase_add_test(t, test_errors_tpipd_log_sends_the_library_log_to_stderr);
 	tcase_add_test(t, test_errors_library_is_silent_without_tpipd_log);
+	tcase_add_test(t, test_errors_channel_choice_is_logged_and_shown);
 	tcase_set_timeout(t, 60);
 	suite_add_tcase(s, t);
 	return s;
