@@ -120,19 +120,51 @@ static bool needs_met(uint32_t caps, bool process, bool cuda)
 	       (cuda || !(caps & TPB_CAP_NEEDS_CUDA));
 }
 
-int tpb_select(enum tpb_loc src, enum tpb_loc dst)
+const char *tpb_loc_name(enum tpb_loc l)
+{
+	return l == TPB_LOC_LOCAL ? "local" : l == TPB_LOC_CUDA ? "cuda" : "process";
+}
+
+int tpb_select_why(enum tpb_loc src, enum tpb_loc dst, char *why, size_t why_len)
 {
 	uint32_t need = src_cap(src) | dst_cap(dst);
 	bool process = src == TPB_LOC_PROCESS || dst == TPB_LOC_PROCESS;
 	bool cuda = src == TPB_LOC_CUDA || dst == TPB_LOC_CUDA;
+	char skipped[512] = "";
+	size_t off = 0;
 
 	for (size_t i = 0; i < N_CHANNELS; i++) {
-		uint32_t caps = channels[i].ops->caps;
-		if (channels[i].viable && channels[i].ops->copy && (caps & need) == need &&
-		    needs_met(caps, process, cuda))
+		const struct tpb_channel_info *c = &channels[i];
+		uint32_t caps = c->ops->caps;
+		const char *no;
+
+		if (c->viable && c->ops->copy && (caps & need) == need &&
+		    needs_met(caps, process, cuda)) {
+			if (why)
+				snprintf(why, why_len, "first viable for %s>%s memory in priority order%s%s",
+					 tpb_loc_name(src), tpb_loc_name(dst),
+					 off ? "; passed over: " : "", skipped);
 			return (int)i;
+		}
+		if (!why || off >= sizeof(skipped) - 1)
+			continue;
+		if (!c->ops->copy)
+			continue; /* a between-hosts channel: never a candidate here */
+		no = !c->viable		       ? c->why
+		     : (caps & need) != need   ? "cannot copy these kinds of memory"
+					       : "only for pairs with process or CUDA memory";
+		off += (size_t)snprintf(skipped + off, sizeof(skipped) - off, "%s%s: %.80s",
+					off ? ", " : "", c->ops->name, no);
 	}
+	if (why)
+		snprintf(why, why_len, "no channel can copy %s>%s memory on this host%s%s",
+			 tpb_loc_name(src), tpb_loc_name(dst), off ? ": " : "", skipped);
 	return -EOPNOTSUPP;
+}
+
+int tpb_select(enum tpb_loc src, enum tpb_loc dst)
+{
+	return tpb_select_why(src, dst, NULL, 0);
 }
 
 int tpb_select_cross(enum tpb_loc mine, bool sending, char *why, size_t why_len)

@@ -138,6 +138,17 @@ const struct tpb_channel_info *tpb_registry_list(size_t *ret_n);
 int tpb_select(enum tpb_loc src, enum tpb_loc dst);
 
 /*
+ * tpb_select_why() - tpb_select(), and why: @why (if not NULL) receives the reason the chosen
+ * channel won and why each channel tried before it could not serve, e.g. "first viable for
+ * process>process memory in priority order; passed over: shm: cannot copy process>process
+ * memory". Return: as tpb_select() (with the reasons for every channel in @why on -EOPNOTSUPP).
+ */
+int tpb_select_why(enum tpb_loc src, enum tpb_loc dst, char *why, size_t why_len);
+
+/* "local", "process" or "cuda". */
+const char *tpb_loc_name(enum tpb_loc l);
+
+/*
  * tpb_select_cross() - the channel that moves this daemon's side @mine of a transfer to or from
  * another host: the first viable channel with TPB_CAP_CROSS_HOST that can read (@sending) or
  * write @mine: mpt for CPU memory, cuda_gdr or cuda_basic for CUDA memory.

@@ -6,10 +6,19 @@
 #include <stdio.h>
 #include <string.h>
 #include <strings.h>
+#include <time.h>
 #include "log.h"
 
 static enum tpu_log_level log_level = TPU_LOG_INFO;
 static tpu_log_sink_fn log_sink;
+static bool log_timestamps;
+
+void tpu_log_set_timestamps(bool on)
+{
+	if (on)
+		tzset(); /* once, before threads log: localtime_r() may not */
+	log_timestamps = on;
+}
 
 void tpu_log_set_sink(tpu_log_sink_fn fn)
 {
@@ -45,10 +54,31 @@ int tpu_log_parse_level(const char *s, enum tpu_log_level *ret)
 	return -EINVAL;
 }
 
+/* "2026-11-26T12:11:31.123+0000 " (local time) into @buf, or "" if the clock fails. */
+static void timestamp(char *buf, size_t size)
+{
+	struct timespec ts;
+	struct tm tm;
+	char zone[8];
+	size_t n;
+
+	buf[0] = '\0';
+	if (clock_gettime(CLOCK_REALTIME, &ts) < 0 || !localtime_r(&ts.tv_sec, &tm))
+		return;
+	n = strftime(buf, size, "%Y-%m-%dT%H:%M:%S", &tm);
+	if (n == 0 || strftime(zone, sizeof(zone), "%z", &tm) == 0)
+		zone[0] = '\0';
+	snprintf(buf + n, size - n, ".%03ld%s ", ts.tv_nsec / 1000000L, zone);
+}
+
 static void stderr_sink(enum tpu_log_level level, const char *msg)
 {
-	char line[1024];
-	int n = snprintf(line, sizeof(line), "<%d>%s\n", (int)level, msg);
+	char line[1024], stamp[48] = "";
+	int n;
+
+	if (log_timestamps)
+		timestamp(stamp, sizeof(stamp));
+	n = snprintf(line, sizeof(line), "<%d>%s%s\n", (int)level, stamp, msg);
 
 	if (n < 0)
 		return;

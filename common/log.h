@@ -43,6 +43,13 @@ typedef void (*tpu_log_sink_fn)(enum tpu_log_level level, const char *const *fie
 /* Replaces the stderr sink (NULL restores it). */
 void tpu_log_set_sink(tpu_log_sink_fn fn);
 
+/*
+ * tpu_log_set_timestamps() - whether lines on stderr carry the local time after their "<N>"
+ * priority prefix: "<6>2026-11-26T12:11:31.123+0000 text". The daemon turns it on when stderr is
+ * not the journal (which stamps lines itself). Default: off.
+ */
+void tpu_log_set_timestamps(bool on);
+
 #define tpu_log_err(...) tpu_log(TPU_LOG_ERR, __VA_ARGS__)
 #define tpu_log_warn(...) tpu_log(TPU_LOG_WARNING, __VA_ARGS__)
 #define tpu_log_notice(...) tpu_log(TPU_LOG_NOTICE, __VA_ARGS__)

@@ -10,6 +10,8 @@
 #include <unistd.h>
 #include "config.h"
 #include "devmem.h"
+#include "metrics.h"
+#include "peer.h"
 #include "ring.h"
 #include "tpb.h"
 #include "tpconfig.h"
@@ -275,6 +277,16 @@ static int set_opt(struct tpd_config *c, const struct opt *o, const char *v, cha
 		}
 		if (strlen(v) >= cap) {
 			snprintf(err, el, "%s: value longer than %zu bytes", o->name, cap - 1);
+			return -EINVAL;
+		}
+		if (o->off == OFF(peer_listen) && tpd_peerlisten_check(v) < 0) {
+			snprintf(err, el, "%s: '%s' is not ADDR:PORT, *:PORT, [V6ADDR]:PORT or off",
+				 o->name, v);
+			return -EINVAL;
+		}
+		if (o->off == OFF(metrics_listen) && v[0] && tpd_metrics_listen_check(v) < 0) {
+			snprintf(err, el, "%s: '%s' is not a loopback ADDR:PORT (127.0.0.1:PORT, "
+				 "[::1]:PORT or localhost:PORT, port 1 to 65535)", o->name, v);
 			return -EINVAL;
 		}
 		memcpy(field, v, strlen(v) + 1);

@@ -28,6 +28,8 @@ struct ctl_bufs {
 	Tpw__V1__CtlPipe *pipes;
 	Tpw__V1__CtlPipeEnd *ends;
 	char (*channels)[64];
+	bool verbose;		/* CtlRequest.verbose: channel reasons of each pipe */
+	size_t reasons_left;	/* bytes of channel reasons the reply may still carry */
 	bool own_only; /* the caller is not an admin: only objects of uid @viewer */
 	uid_t viewer;
 };
@@ -242,6 +244,18 @@ static int fill_pipes(struct tpd_daemon *d, Tpw__V1__CtlReply *rep, struct ctl_b
 		c->transport = (char *)pipe_transport(p);
 		tpd_pipe_channels(p, b->channels[i], sizeof(b->channels[i]));
 		c->channels = b->channels[i];
+		if (b->verbose) {
+			size_t n = 0;
+
+			/* Within the frame limit: the pipes listed first get their reasons. */
+			for (unsigned k = 0; k < p->n_channel_notes; k++)
+				n += strlen(p->channel_notes[k]) + 8;
+			if (n <= b->reasons_left) {
+				b->reasons_left -= n;
+				c->n_channel_reasons = p->n_channel_notes;
+				c->channel_reasons = p->channel_notes;
+			}
+		}
 		fill_end(b, &p->end[0], &b->ends[2 * i]);
 		fill_end(b, &p->end[1], &b->ends[2 * i + 1]);
 		c->connector = &b->ends[2 * i];
@@ -369,9 +383,13 @@ static int admin_action(struct tpd_session *s, const Tpw__V1__CtlRequest *req,
 	}
 	tpu_list_for_each(t, &s->d->sessions, node) {
 		if (t->id == req->target_id && !t->dead) {
-			tpd_session_fail(t, TPU_LOG_NOTICE, TPW__V1__STATUS__STATUS_CLOSED,
-					 "closed by administrator (session %llu, uid %u)",
-					 (unsigned long long)s->id, (unsigned)s->uid);
+			char msg[160];
+
+			snprintf(msg, sizeof(msg), "session %llu closed by an administrator (tpipctl "
+				 "close-session by uid %u, session %llu)",
+				 (unsigned long long)t->id, (unsigned)s->uid,
+				 (unsigned long long)s->id);
+			tpd_session_end(t, TPU_LOG_NOTICE, TPW__V1__STATUS__STATUS_ADMIN_CLOSED, msg);
 			return 0;
 		}
 	}
@@ -388,6 +406,8 @@ void tpd_ctl_handle(struct tpd_session *s, const Tpw__V1__CtlRequest *req)
 	int r = 0;
 
 	rep.req_id = req->req_id;
+	b.verbose = req->verbose;
+	b.reasons_left = s->d->cfg.wire.frame_max / 2;
 	b.own_only = !is_admin(s);
 	b.viewer = s->uid;
 	rep.own_only = b.own_only;

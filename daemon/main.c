@@ -31,6 +31,8 @@ int main(int argc, char **argv)
 		return 0;
 	}
 	tpu_log_set_level(cfg.log_level);
+	/* The journal stamps each line itself; a file or a terminal needs the time on the line. */
+	tpu_log_set_timestamps(!tpd_notify_journal_stderr());
 	tpd_notify_use_journal();
 	signal(SIGPIPE, SIG_IGN);
 	r = tpd_daemon_new(&cfg, &d);

@@ -153,6 +153,14 @@ static int parse_listen(const char *listen, char *host, size_t hl, uint16_t *por
 	return -EINVAL;
 }
 
+int tpd_metrics_listen_check(const char *listen)
+{
+	char host[64];
+	uint16_t port;
+
+	return parse_listen(listen, host, sizeof(host), &port);
+}
+
 static void metrics_on_accept_resume(evutil_socket_t fd, short what, void *arg)
 {
 	evconnlistener_enable(arg);

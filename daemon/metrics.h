@@ -17,6 +17,13 @@ struct tpd_metrics;
  */
 int tpd_metrics_start(struct tpd_daemon *d, const char *listen, struct tpd_metrics **ret);
 
+/*
+ * tpd_metrics_listen_check() - whether @listen is an address tpd_metrics_start() accepts: a
+ * loopback ADDR:PORT with a port in 1..65535 (checked when the configuration is read).
+ * Return: 0, or -EINVAL.
+ */
+int tpd_metrics_listen_check(const char *listen);
+
 /* Stops serving. Accepts NULL. */
 void tpd_metrics_free(struct tpd_metrics *m);
 

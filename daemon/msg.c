@@ -315,6 +315,7 @@ int tpd_msg_build_job(struct tpd_msg *m, struct tpd_session *s, const Tpw__V1__R
 		const struct tpd_msg_src *src = &m->src[i];
 		struct tpd_msg_dst d;
 		struct tpb_xfer *x = &d.x;
+		char reason[640], what[32];
 		int r, channel;
 
 		if (src->len == 0)
@@ -333,14 +334,17 @@ int tpd_msg_build_job(struct tpd_msg *m, struct tpd_session *s, const Tpw__V1__R
 			tpd_copy_job_free(job);
 			return r;
 		}
-		channel = tpb_select(x->src.loc, x->dst.loc);
+		channel = tpb_select_why(x->src.loc, x->dst.loc, reason, sizeof(reason));
 		if (channel < 0) {
-			snprintf(why, wl, "no channel can copy this segment on this host");
+			snprintf(why, wl, "%s", reason);
 			tpd_copy_job_free(job);
 			return -EOPNOTSUPP;
 		}
 		job_add(job, x, channel);
 		tpd_pipe_pair_record(m->from->pipe, x->src.loc, x->dst.loc, channel);
+		snprintf(what, sizeof(what), "%s>%s", tpb_loc_name(x->src.loc),
+			 tpb_loc_name(x->dst.loc));
+		tpd_pipe_channel_note(m->from->pipe, what, channel, reason);
 	}
 	job->done = done;
 	job->arg = m;

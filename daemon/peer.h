@@ -133,4 +133,11 @@ void tpd_peers_ctl_free(Tpw__V1__CtlPeer **v, size_t n);
  */
 const char *tpd_peers_auth(const struct tpd_daemon *d);
 
+/*
+ * tpd_peerlisten_check() - whether @spec is a peer-listen value: "off", "" (also off), ADDR:PORT,
+ * *:PORT or [V6ADDR]:PORT with a port in 0..65535 (checked when the configuration is read).
+ * Return: 0, or -EINVAL.
+ */
+int tpd_peerlisten_check(const char *spec);
+
 #endif

@@ -638,6 +638,16 @@ static int parse_listen(const char *spec, struct sockaddr_storage *ss, socklen_t
 	}
 }
 
+int tpd_peerlisten_check(const char *spec)
+{
+	struct sockaddr_storage ss;
+	socklen_t sl;
+
+	if (!spec[0] || strcmp(spec, "off") == 0)
+		return 0;
+	return parse_listen(spec, &ss, &sl);
+}
+
 int tpd_peerlisten_open(struct tpd_daemon *d, const char *spec)
 {
 	struct sockaddr_storage ss;

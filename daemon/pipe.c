@@ -31,6 +31,8 @@ const char *tpd_pipe_gone_text(Tpw__V1__Status s)
 		return "peer died";
 	case TPW__V1__STATUS__STATUS_SHUTDOWN:
 		return "daemon stopping";
+	case TPW__V1__STATUS__STATUS_ADMIN_CLOSED:
+		return "the other end's session was closed by an administrator (tpipctl close-session)";
 	default:
 		return "remote end closed the pipe";
 	}
@@ -232,8 +234,35 @@ void tpd_pipe_maybe_free(struct tpd_pipe *p)
 	tpu_list_remove(&p->node);
 	p->d->n_pipes--;
 	tpd_pipe_log(p, NULL, TPU_LOG_DEBUG, "freed");
+	for (unsigned i = 0; i < p->n_channel_notes; i++)
+		free(p->channel_notes[i]);
+	free(p->channel_notes);
 	free(p->listener);
 	free(p);
+}
+
+void tpd_pipe_channel_note(struct tpd_pipe *p, const char *what, int channel, const char *why)
+{
+	char key[96], *note = NULL;
+	size_t kl;
+	char **v;
+
+	if (channel < 0)
+		return;
+	kl = (size_t)snprintf(key, sizeof(key), "%s: %s: ", what, tpb_name(channel));
+	for (unsigned i = 0; i < p->n_channel_notes; i++)
+		if (strncmp(p->channel_notes[i], key, kl) == 0)
+			return;
+	tpd_pipe_log(p, NULL, TPU_LOG_DEBUG, "channel %s for %s: %s", tpb_name(channel), what, why);
+	if (p->n_channel_notes >= TPD_PIPE_CHANNEL_NOTES || asprintf(&note, "%s%.300s", key, why) < 0)
+		return;
+	v = realloc(p->channel_notes, (p->n_channel_notes + 1) * sizeof(*v));
+	if (!v) {
+		free(note);
+		return;
+	}
+	v[p->n_channel_notes++] = note;
+	p->channel_notes = v;
 }
 
 static const char *const pair_names[4] = {"cpu>cpu", "cpu>cuda", "cuda>cpu", "cuda>cuda"};
@@ -355,7 +384,8 @@ int tpd_pipe_connect_check(struct tpd_daemon *d, struct tpd_session *s, const Tp
 	}
 	if (tpd_session_pipe_count(s) >= d->cfg.pipes_max ||
 	    tpd_session_pipe_count(ls) >= d->cfg.pipes_max) {
-		snprintf(why, wl, "pipe limit of %u per client reached", d->cfg.pipes_max);
+		snprintf(why, wl, "pipe limit of %u per client reached (tpipd --pipes-max)",
+			 d->cfg.pipes_max);
 		return -ENOBUFS;
 	}
 	*ret = l;
@@ -367,7 +397,7 @@ void tpd_pipe_connect(struct tpd_daemon *d, struct tpd_session *s, const Tpw__V1
 	struct tpd_listener *l = NULL;
 	struct tpd_session *ls;
 	struct tpd_pipe *p;
-	char why[192];
+	char why[TPW_NAME_MAX + 128];
 	int r;
 
 	if (strncmp(c->address, "tpip://", 7) == 0) {
@@ -446,19 +476,21 @@ static int queue_check(struct tpd_pipe_end *e, uint32_t tail_len, size_t n_seg, 
 	const struct tpd_config *cfg = &e->pipe->d->cfg;
 
 	if (e->queued >= cfg->pipe_queue_max) {
-		snprintf(why, wl, "pipe queue full: %u unread messages (limit %u)", e->queued,
+		snprintf(why, wl, "pipe queue full: %u unread messages (limit %u, tpipd "
+			 "--pipe-queue-max)", e->queued,
 			 cfg->pipe_queue_max);
 		return -ENOBUFS;
 	}
 	if (e->queued_bytes + tail_len > cfg->pipe_queue_bytes) {
-		snprintf(why, wl, "pipe queue full: %llu unread inline bytes (limit %llu)",
+		snprintf(why, wl, "pipe queue full: %llu unread inline bytes (limit %llu, tpipd "
+			 "--pipe-queue-bytes)",
 			 (unsigned long long)e->queued_bytes,
 			 (unsigned long long)cfg->pipe_queue_bytes);
 		return -ENOBUFS;
 	}
 	if (e->pipe->d->quota.pipe_bytes + cost > cfg->pipe_queue_bytes_total) {
 		snprintf(why, wl, "pipe queues of this daemon full: %llu bytes held for unread "
-			 "messages in all pipes (limit %llu)",
+			 "messages in all pipes (limit %llu, tpipd --pipe-queue-bytes-max)",
 			 (unsigned long long)e->pipe->d->quota.pipe_bytes,
 			 (unsigned long long)cfg->pipe_queue_bytes_total);
 		return -ENOBUFS;
@@ -514,6 +546,9 @@ void tpd_pipe_write(struct tpd_pipe_end *e, Tpw__V1__ClientMsg *cm, const uint8_
 		/* The bytes now travel with the descriptor; the writer's memory is free. */
 		msg_set_write(m, TPW__V1__STATUS__STATUS_OK, NULL);
 		e->pipe->channels |= 1u << tpb_index("basic");
+		tpd_pipe_channel_note(e->pipe, "eager", tpb_index("basic"),
+				      "small message: its bytes travel with the descriptor (inline), "
+				      "no copy");
 		tpd_stats_record(&e->pipe->d->stats, tpb_index("basic"), m->bytes, 0, false);
 		write_done_flush(e);
 	} else if (tail_len) {

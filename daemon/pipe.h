@@ -51,6 +51,10 @@ struct tpd_pipe {
 	/* Bit per registry channel used for each (source, destination) memory pair: [0] CPU to
 	 * CPU, [1] CPU to CUDA, [2] CUDA to CPU, [3] CUDA to CUDA. */
 	unsigned pair_channels[4];
+	/* Why each channel serves this pipe: "WHAT: NAME: reason", one per (WHAT, channel) pair,
+	 * owned, at most TPD_PIPE_CHANNEL_NOTES; logged at debug when first noted. */
+	char **channel_notes;
+	unsigned n_channel_notes;
 	uint64_t created_ns;
 	unsigned jobs;		    /* copy jobs and peer transfers in flight */
 

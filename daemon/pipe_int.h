@@ -94,6 +94,15 @@ struct tpd_pipe *tpd_pipe_new(struct tpd_daemon *d, const char *name);
 void tpd_pipe_maybe_free(struct tpd_pipe *p);
 /* Remembers that @channel served a (source device, destination device) pair on @p. */
 void tpd_pipe_pair_record(struct tpd_pipe *p, enum tpb_loc src, enum tpb_loc dst, int channel);
+
+#define TPD_PIPE_CHANNEL_NOTES 16
+
+/*
+ * tpd_pipe_channel_note() - remember, and log at debug, why @channel serves @what ("cpu>cpu",
+ * "eager", "cross-host send") on @p, the first time that channel serves @what: for tpipctl pipes
+ * -v. Borrows @what and @why. Out of memory or past TPD_PIPE_CHANNEL_NOTES: only logged.
+ */
+void tpd_pipe_channel_note(struct tpd_pipe *p, const char *what, int channel, const char *why);
 /* Answers a refused Connect @c from @s: Reply with @err and @why, then PipeClosed. */
 void tpd_pipe_connect_fail(struct tpd_session *s, const Tpw__V1__Connect *c, int err,
 			   const char *why);

@@ -83,12 +83,14 @@ int tpd_quota_admit(struct tpd_daemon *d, uid_t uid, bool admin, unsigned n_othe
 	struct tpd_uid_acct *a;
 
 	if (n_others >= cfg->sessions_max) {
-		snprintf(why, wl, "session limit of %u reached", cfg->sessions_max);
+		snprintf(why, wl, "session limit of %u reached (tpipd --sessions-max)",
+			 cfg->sessions_max);
 		goto refuse;
 	}
 	if (!admin && n_others >= open) {
 		snprintf(why, wl, "session limit reached: the last %u of %u sessions are kept "
-			 "for root and the admin group", cfg->sessions_reserved, cfg->sessions_max);
+			 "for root and the admin group (tpipd --sessions-max, --sessions-reserved)",
+			 cfg->sessions_reserved, cfg->sessions_max);
 		goto refuse;
 	}
 	a = acct_get(&d->quota, uid);
@@ -97,7 +99,8 @@ int tpd_quota_admit(struct tpd_daemon *d, uid_t uid, bool admin, unsigned n_othe
 		return -ENOMEM;
 	}
 	if (uid != 0 && a->sessions >= cfg->sessions_per_uid) {
-		snprintf(why, wl, "session limit of %u per uid reached for uid %u",
+		snprintf(why, wl, "session limit of %u per uid reached for uid %u (tpipd "
+			 "--sessions-per-uid)",
 			 cfg->sessions_per_uid, (unsigned)uid);
 		if (!a->sessions)
 			tpd_quota_leave(d, a);

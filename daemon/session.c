@@ -405,6 +405,24 @@ void tpd_session_fail(struct tpd_session *s, int level, Tpw__V1__Status status, 
 	event_active(s->ev_close, 0, 0);
 }
 
+void tpd_session_end(struct tpd_session *s, int level, Tpw__V1__Status status, const char *msg)
+{
+	Tpw__V1__SessionEnd se = TPW__V1__SESSION_END__INIT;
+	Tpw__V1__DaemonMsg dm = TPW__V1__DAEMON_MSG__INIT;
+
+	if (s->dead)
+		return;
+	if (s->role == TPW__V1__ROLE__ROLE_CLIENT && s->client_minor >= TPW_MINOR_SESSION_END) {
+		se.status = status;
+		se.message = (char *)msg;
+		dm.body_case = TPW__V1__DAEMON_MSG__BODY_SESSION_END;
+		dm.session_end = &se;
+		if (tpd_session_send(s, &dm, NULL, 0) == 0)
+			(void)flush_out(s);
+	}
+	tpd_session_fail(s, level, status, "%s", msg);
+}
+
 bool tpd_session_cma(const struct tpd_session *s)
 {
 	return s->cma_ok && !tpb_proc_cma_off(s->proc);
@@ -504,6 +522,9 @@ static void fail_output(struct tpd_session *s, int r)
 	if (r == -EPROTO)
 		tpd_session_fail(s, TPU_LOG_WARNING, TPW__V1__STATUS__STATUS_PEER_DIED,
 				 "control ring corrupted by the client (impossible read position)");
+	else if (s->ended_clean && (r == -EPIPE || r == -ECONNRESET))
+		tpd_session_fail(s, TPU_LOG_INFO, TPW__V1__STATUS__STATUS_CLOSED,
+				 "client closed its context");
 	else
 		tpd_session_fail(s, TPU_LOG_INFO, TPW__V1__STATUS__STATUS_PEER_DIED,
 				 "send failed: %s", strerror(-r));
@@ -573,7 +594,8 @@ int tpd_session_send(struct tpd_session *s, Tpw__V1__DaemonMsg *m, const struct 
 	len = tpw_frame_size(&m->base) + tail_len;
 	if (s->outq_bytes + len > s->d->cfg.outq_max) {
 		tpd_session_fail(s, TPU_LOG_WARNING, TPW__V1__STATUS__STATUS_PEER_DIED,
-				 "client does not read: %llu bytes queued (limit %llu)",
+				 "client does not read: %llu bytes queued (limit %llu, tpipd "
+				 "--client-queue-bytes)",
 				 (unsigned long long)s->outq_bytes,
 				 (unsigned long long)s->d->cfg.outq_max);
 		return -ENOBUFS;
@@ -900,8 +922,12 @@ static void fail_read(struct tpd_session *s, ssize_t n)
 		 * ordinary end as a clean close. Frames already in its ring still count. */
 		if (s->ring)
 			ring_pull(s);
-		tpd_session_fail(s, TPU_LOG_INFO, TPW__V1__STATUS__STATUS_PEER_DIED,
-				 "client disconnected");
+		if (s->ended_clean)
+			tpd_session_fail(s, TPU_LOG_INFO, TPW__V1__STATUS__STATUS_CLOSED,
+					 "client closed its context");
+		else
+			tpd_session_fail(s, TPU_LOG_INFO, TPW__V1__STATUS__STATUS_PEER_DIED,
+					 "client disconnected");
 		return;
 	}
 	tpd_session_fail(s, TPU_LOG_WARNING, TPW__V1__STATUS__STATUS_PEER_DIED,

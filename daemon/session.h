@@ -43,6 +43,8 @@ struct tpd_session {
 	struct tpb_proc *proc;
 	bool dead;
 	Tpw__V1__Status dead_status;
+	uint32_t client_minor; /* Hello.minor: what the client understands */
+	bool ended_clean;      /* the client said SessionEnd: its disconnect is a clean close */
 	struct event *ev_read;
 	struct event *ev_write;
 	struct event *ev_close;
@@ -99,6 +101,13 @@ int tpd_session_send(struct tpd_session *s, Tpw__V1__DaemonMsg *m, const struct 
  * schedules its close. Idempotent. */
 void tpd_session_fail(struct tpd_session *s, int level, Tpw__V1__Status status, const char *fmt,
 		      ...) _printf_(4, 5);
+
+/*
+ * tpd_session_end() - end @s on the daemon's initiative: tell a client that understands it
+ * (minor >= 4) why with SessionEnd{@status, @msg}, flush what is queued (best effort), then
+ * tpd_session_fail() with @status and @msg logged at @level.
+ */
+void tpd_session_end(struct tpd_session *s, int level, Tpw__V1__Status status, const char *msg);
 
 /* Logs "session N (pid P, comm): ..." with TPIPD_SESSION, TPIPD_CLIENT_PID and
  * TPIPD_CLIENT_UID fields. */

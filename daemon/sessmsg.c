@@ -141,6 +141,7 @@ static void handle_hello(struct tpd_session *s, const Tpw__V1__Hello *h)
 		return;
 	}
 	s->role = h->role;
+	s->client_minor = h->minor;
 	if (h->name && *h->name)
 		snprintf(name, sizeof(name), "%s", h->name);
 	else
@@ -188,7 +189,8 @@ static void handle_listen(struct tpd_session *s, const Tpw__V1__Listen *m)
 		else if (r == -EADDRINUSE)
 			snprintf(why, sizeof(why), "listener name '%s' is already taken", m->name);
 		else if (r == -ENOBUFS)
-			snprintf(why, sizeof(why), "listener limit of %u per client reached",
+			snprintf(why, sizeof(why), "listener limit of %u per client reached (tpipd "
+				 "--listeners-max)",
 				 s->d->cfg.listeners_max);
 		else
 			snprintf(why, sizeof(why), "cannot listen on '%s': %s", m->name,
@@ -230,17 +232,20 @@ static int buffer_check(struct tpd_session *s, const Tpw__V1__BufferRegister *m,
 		return -EADDRINUSE;
 	}
 	if (s->buffers.len >= cfg->buffers_max) {
-		snprintf(why, wl, "buffer limit of %u per client reached", cfg->buffers_max);
+		snprintf(why, wl, "buffer limit of %u per client reached (tpipd --buffers-max)",
+			 cfg->buffers_max);
 		return -ENOBUFS;
 	}
 	if (m->size > cfg->buffer_bytes_max - s->buffer_bytes) {
-		snprintf(why, wl, "buffer bytes limit of %llu per client reached",
+		snprintf(why, wl, "buffer bytes limit of %llu per client reached (tpipd "
+			 "--buffer-bytes-max)",
 			 (unsigned long long)cfg->buffer_bytes_max);
 		return -ENOBUFS;
 	}
 	if (s->uid != 0 && (m->size > cfg->buffer_bytes_per_uid ||
 			    s->acct->buffer_bytes > cfg->buffer_bytes_per_uid - m->size)) {
-		snprintf(why, wl, "buffer bytes limit of %llu per uid reached for uid %u",
+		snprintf(why, wl, "buffer bytes limit of %llu per uid reached for uid %u (tpipd "
+			 "--buffer-bytes-per-uid)",
 			 (unsigned long long)cfg->buffer_bytes_per_uid, (unsigned)s->uid);
 		return -ENOBUFS;
 	}
@@ -383,6 +388,11 @@ static void dispatch(struct tpd_session *s, Tpw__V1__ClientMsg *m, const struct 
 		break;
 	case TPW__V1__CLIENT_MSG__BODY_PIPE_CLOSE:
 		handle_pipe_close(s, m->pipe_close);
+		break;
+	case TPW__V1__CLIENT_MSG__BODY_SESSION_END:
+		/* tp_context_free(): the disconnect that follows is a clean close. */
+		s->ended_clean = true;
+		tpd_session_log(s, TPU_LOG_DEBUG, "client is closing its context");
 		break;
 	case TPW__V1__CLIENT_MSG__BODY_CTL:
 		tpd_ctl_handle(s, m->ctl);

@@ -44,6 +44,7 @@ struct tpd_xh {
 	int gdr_status;
 	uint64_t gdr_bytes;
 	char gdr_why[160];
+	char chan_why[200]; /* why the stripe (mpt) and not RDMA: for tpipctl pipes -v */
 };
 
 void tpd_xh_free(struct tpd_xh *xh)
@@ -106,6 +107,11 @@ static void xh_finish(struct tpd_msg *m, struct tpd_xh *xh)
 	m->copying = false;
 	m->from->copying--;
 	p->jobs--;
+	if (ch >= 0 && xh->x.status == 0)
+		tpd_pipe_channel_note(p, xh->send ? "cross-host send" : "cross-host receive", ch,
+				      xh->gdr		 ? "RDMA: the reader offered registered memory"
+				      : xh->chan_why[0] ? xh->chan_why
+							 : "striped over the peer link's data connections");
 	if (ch >= 0) {
 		p->channels |= 1u << ch;
 		tpd_stats_record(&p->d->stats, ch, xh->x.bytes, xh->x.ns, xh->x.status < 0);
@@ -270,9 +276,15 @@ static int xh_send_gdr(struct tpd_xh *xh)
 	char why[160] = "";
 	int r;
 
-	if (!xh->offer)
+	if (!xh->offer) {
+		snprintf(xh->chan_why, sizeof(xh->chan_why), "striped over the peer link's data "
+			 "connections: the reader offered no RDMA target");
 		return -EOPNOTSUPP;
+	}
 	r = tpd_gdr_send(tpd_peer_gdr(xh->link), &xh->x, xh->offer, why, sizeof(why));
+	if (r < 0)
+		snprintf(xh->chan_why, sizeof(xh->chan_why), "striped over the peer link's data "
+			 "connections: not over RDMA: %.120s", why);
 	if (r < 0)
 		tpd_pipe_log(p, NULL, r == -EPROTO ? TPU_LOG_WARNING : TPU_LOG_INFO,
 			     "message %llu: not over RDMA: %s", (unsigned long long)xh->m->msg_id,

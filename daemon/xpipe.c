@@ -201,56 +201,19 @@ static void xpipe_on_connect_timeout(evutil_socket_t fd, short what, void *arg)
 	xconnect_fail(p, -ETIMEDOUT, why);
 }
 
-/* Parses tpip://HOST[:PORT]/NAME. */
-static int parse_tpip(const char *a, uint16_t def_port, char *host, size_t hl, uint16_t *port,
-		      const char **name)
-{
-	const char *h = a + 7, *slash, *hend, *pstart = NULL;
-	unsigned long pv = def_port;
-
-	if (*h == '[') {
-		hend = strchr(h, ']');
-		if (!hend)
-			return -EINVAL;
-		h++;
-		if (hend[1] == ':')
-			pstart = hend + 2;
-		else if (hend[1] != '/')
-			return -EINVAL;
-	} else {
-		hend = h + strcspn(h, ":/");
-		if (*hend == ':')
-			pstart = hend + 1;
-	}
-	slash = strchr(pstart ? pstart : hend, '/');
-	if (!slash || hend == h || (size_t)(hend - h) >= hl)
-		return -EINVAL;
-	if (pstart) {
-		char *end;
-		pv = strtoul(pstart, &end, 10);
-		if (end != slash || pv == 0 || pv > 65535)
-			return -EINVAL;
-	}
-	memcpy(host, h, (size_t)(hend - h));
-	host[hend - h] = '\0';
-	*port = (uint16_t)pv;
-	*name = slash + 1;
-	return tpw_name_valid(*name) ? 0 : -EINVAL;
-}
-
 void tpd_xpipe_connect(struct tpd_daemon *d, struct tpd_session *s, const Tpw__V1__Connect *c)
 {
 	struct tpd_peer *pr = NULL;
 	struct tpd_pipe *p;
 	const char *name;
-	char host[256], why[240];
+	char host[TPW_TPIP_HOST_MAX + 1], why[280], bad[120];
 	uint16_t port;
 	int r;
 
-	if (parse_tpip(c->address, (uint16_t)d->cfg.peer_port, host, sizeof(host), &port, &name) <
-	    0) {
-		snprintf(why, sizeof(why), "invalid address '%.150s' (tpip://HOST[:PORT]/NAME)",
-			 c->address);
+	if (tpw_tpip_parse(c->address, (uint16_t)d->cfg.peer_port, host, &port, &name, bad,
+			   sizeof(bad)) < 0) {
+		snprintf(why, sizeof(why), "invalid address '%.100s' (tpip://HOST[:PORT]/NAME): %s",
+			 c->address, bad);
 		tpd_pipe_connect_fail(s, c, -EINVAL, why);
 		return;
 	}
@@ -259,7 +222,9 @@ void tpd_xpipe_connect(struct tpd_daemon *d, struct tpd_session *s, const Tpw__V
 		return;
 	}
 	if (tpd_session_pipe_count(s) >= d->cfg.pipes_max) {
-		snprintf(why, sizeof(why), "pipe limit of %u per client reached", d->cfg.pipes_max);
+		snprintf(why, sizeof(why), "pipe limit of %u per client reached (tpipd "
+			 "--pipes-max)",
+			 d->cfg.pipes_max);
 		tpd_pipe_connect_fail(s, c, -ENOBUFS, why);
 		return;
 	}
@@ -510,7 +475,9 @@ void tpd_xpipe_peer_connect(struct tpd_daemon *d, struct tpd_peer *pr,
 			 (unsigned)l->uid, (unsigned)c->expect_uid);
 		err = -EACCES;
 	} else if (tpd_session_pipe_count(ls) >= d->cfg.pipes_max) {
-		snprintf(why, sizeof(why), "pipe limit of %u per client reached", d->cfg.pipes_max);
+		snprintf(why, sizeof(why), "pipe limit of %u per client reached (tpipd "
+			 "--pipes-max)",
+			 d->cfg.pipes_max);
 		err = -ENOBUFS;
 	} else if (d->stopping) {
 		snprintf(why, sizeof(why), "daemon stopping");
@@ -629,20 +596,22 @@ static bool remote_queue_full(struct tpd_pipe *p, struct tpd_pipe_end *w, uint64
 	static struct tpd_ratelog log;
 	const struct tpd_config *cfg = &p->d->cfg;
 	struct tpd_msg m = { .from = w, .msg_id = msg_id };
-	char why[160];
+	char why[224];
 	unsigned suppressed;
 
 	if (w->queued >= cfg->pipe_queue_max)
 		snprintf(why, sizeof(why), "pipe queue full on the reader's host: %u unread messages "
-			 "(limit %u)", w->queued, cfg->pipe_queue_max);
+			 "(limit %u, tpipd --pipe-queue-max)", w->queued, cfg->pipe_queue_max);
 	else if (w->queued_bytes + tail_len > cfg->pipe_queue_bytes)
 		snprintf(why, sizeof(why), "pipe queue full on the reader's host: %llu unread inline "
-			 "bytes (limit %llu)", (unsigned long long)w->queued_bytes,
+			 "bytes (limit %llu, tpipd --pipe-queue-bytes)",
+			 (unsigned long long)w->queued_bytes,
 			 (unsigned long long)cfg->pipe_queue_bytes);
 	else if (p->d->quota.pipe_bytes + tpd_msg_cost(tail_len, n_seg) >
 		 cfg->pipe_queue_bytes_total)
 		snprintf(why, sizeof(why), "pipe queues full on the reader's host: %llu bytes held "
-			 "for unread messages in all pipes (limit %llu)",
+			 "for unread messages in all pipes (limit %llu, tpipd "
+			 "--pipe-queue-bytes-max)",
 			 (unsigned long long)p->d->quota.pipe_bytes,
 			 (unsigned long long)cfg->pipe_queue_bytes_total);
 	else

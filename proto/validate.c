@@ -2,6 +2,7 @@
 /*
  * Message validation and status <-> errno mapping. See validate.h.
  */
+#include <arpa/inet.h>
 #include <errno.h>
 #include <stdio.h>
 #include <string.h>
@@ -270,6 +271,8 @@ int tpw_client_msg_validate(const Tpw__V1__ClientMsg *m, const struct tpw_hdr *h
 	case TPW__V1__CLIENT_MSG__BODY_BUFFER_RELEASE:
 	case TPW__V1__CLIENT_MSG__BODY_PIPE_CLOSE:
 		return 0;
+	case TPW__V1__CLIENT_MSG__BODY_SESSION_END:
+		return check_string(m->session_end->message, TPW_MESSAGE_MAX, "message", why, wl);
 	case TPW__V1__CLIENT_MSG__BODY_CONNECT:
 		if (m->connect->pipe_id == 0 || m->connect->pipe_id >= PIPE_ID_CLIENT_MAX)
 			return tpu_why(-EBADMSG, why, wl, "pipe id out of the client's range");
@@ -318,6 +321,93 @@ static int check_descriptor(const Tpw__V1__Descriptor *d, const struct tpw_hdr *
 	return 0;
 }
 
+/* Whether @h (NUL-terminated) is a host a tpip:// address may name. */
+static bool tpip_host_valid(const char *h, bool bracketed)
+{
+	char buf[TPW_TPIP_HOST_MAX + 1];
+	unsigned char a[16];
+	bool numeric = true;
+
+	if (bracketed) {
+		size_t n = strcspn(h, "%");
+		if (n >= sizeof(buf) || (h[n] == '%' && !h[n + 1]))
+			return false;
+		memcpy(buf, h, n);
+		buf[n] = '\0';
+		return inet_pton(AF_INET6, buf, a) == 1;
+	}
+	for (const char *p = h; *p; p++) {
+		char c = *p;
+		if (!((c >= 'a' && c <= 'z') || (c >= 'A' && c <= 'Z') || (c >= '0' && c <= '9') ||
+		      c == '.' || c == '-' || c == '_'))
+			return false;
+		if (c != '.' && (c < '0' || c > '9'))
+			numeric = false;
+	}
+	return !numeric || inet_pton(AF_INET, h, a) == 1;
+}
+
+#define TPIP_FAIL(...)                                          \
+	do {                                                    \
+		if (why)                                        \
+			snprintf(why, why_len, __VA_ARGS__);    \
+		return -EINVAL;                                 \
+	} while (0)
+
+int tpw_tpip_parse(const char *a, uint16_t def_port, char *host, uint16_t *ret_port,
+		   const char **ret_name, char *why, size_t why_len)
+{
+	const char *h, *slash, *hend, *pstart = NULL;
+	unsigned long pv = def_port;
+	bool bracketed = false;
+
+	if (strncmp(a, "tpip://", 7) != 0)
+		TPIP_FAIL("does not start with tpip://");
+	h = a + 7;
+	if (*h == '[') {
+		hend = strchr(h, ']');
+		if (!hend)
+			TPIP_FAIL("'[' without ']'");
+		h++;
+		bracketed = true;
+		if (hend[1] == ':')
+			pstart = hend + 2;
+		else if (hend[1] != '/')
+			TPIP_FAIL("']' not followed by ':PORT' or '/NAME'");
+	} else {
+		hend = h + strcspn(h, ":/");
+		if (*hend == ':')
+			pstart = hend + 1;
+	}
+	slash = strchr(pstart ? pstart : hend, '/');
+	if (!slash)
+		TPIP_FAIL("no '/NAME' after the host");
+	if (hend == h)
+		TPIP_FAIL("no host");
+	if ((size_t)(hend - h) > TPW_TPIP_HOST_MAX)
+		TPIP_FAIL("host longer than %u bytes", TPW_TPIP_HOST_MAX);
+	if (pstart) {
+		char *end;
+		errno = 0;
+		pv = pstart[0] >= '0' && pstart[0] <= '9' ? strtoul(pstart, &end, 10) : 0;
+		if (pstart[0] < '0' || pstart[0] > '9' || end != slash || errno || pv == 0 ||
+		    pv > 65535)
+			TPIP_FAIL("port '%.*s' is not a number from 1 to 65535",
+				  (int)TPU_MIN((size_t)(slash - pstart), 16), pstart);
+	}
+	memcpy(host, h, (size_t)(hend - h));
+	host[hend - h] = '\0';
+	if (!tpip_host_valid(host, bracketed))
+		TPIP_FAIL(bracketed ? "'%.64s' is not an IPv6 address"
+				    : "'%.64s' is not a host name or IPv4 address", host);
+	if (!tpw_name_valid(slash + 1))
+		TPIP_FAIL("'%.64s' is not a listener name (1 to 255 bytes of [A-Za-z0-9._@:+-])",
+			  slash + 1);
+	*ret_port = (uint16_t)pv;
+	*ret_name = slash + 1;
+	return 0;
+}
+
 int tpw_daemon_msg_validate(const Tpw__V1__DaemonMsg *m, const struct tpw_hdr *hdr,
 			    const struct tpw_limits *lim, char *why, size_t wl)
 {
@@ -336,6 +426,8 @@ int tpw_daemon_msg_validate(const Tpw__V1__DaemonMsg *m, const struct tpw_hdr *h
 	case TPW__V1__DAEMON_MSG__BODY_PIPE_CLOSED:
 	case TPW__V1__DAEMON_MSG__BODY_CTL_REPLY:
 		return 0;
+	case TPW__V1__DAEMON_MSG__BODY_SESSION_END:
+		return check_string(m->session_end->message, TPW_MESSAGE_MAX, "message", why, wl);
 	default:
 		return tpu_why(-EBADMSG, why, wl, "unknown message type %d", (int)m->body_case);
 	}
@@ -462,6 +554,7 @@ static const struct {
 	{ TPW__V1__STATUS__STATUS_BUSY, EBUSY, "busy" },
 	{ TPW__V1__STATUS__STATUS_REFUSED, ECONNREFUSED, "refused" },
 	{ TPW__V1__STATUS__STATUS_UNREACHABLE, EHOSTUNREACH, "unreachable" },
+	{ TPW__V1__STATUS__STATUS_ADMIN_CLOSED, ECONNABORTED, "admin-closed" },
 };
 
 int tpw_status_to_errno(Tpw__V1__Status s)

@@ -57,6 +57,22 @@ int tpw_peer_msg_validate(const Tpw__V1__PeerMsg *m, const struct tpw_hdr *hdr,
 /* True if @name is a valid listener name: 1..255 bytes of [A-Za-z0-9._@:+-]. */
 bool tpw_name_valid(const char *name);
 
+/* Longest HOST of a tpip:// address (a DNS name is at most 253 bytes). */
+#define TPW_TPIP_HOST_MAX 255u
+
+/*
+ * tpw_tpip_parse() - split tpip://HOST[:PORT]/NAME. HOST is a DNS name ([A-Za-z0-9._-], not
+ * all digits and dots unless a valid IPv4 address) or a bracketed IPv6 address with an
+ * optional zone ("[fe80::1%eth0]"); PORT is 1..65535 (@def_port when absent); NAME passes
+ * tpw_name_valid(). Shared by the client (which refuses a bad address before sending it) and
+ * the daemon.
+ * @host: receives HOST without brackets, at least TPW_TPIP_HOST_MAX + 1 bytes.
+ * @ret_name: returns borrowed pointer into @a.
+ * Return: 0; -EINVAL with a reason in @why (if not NULL) for any other form.
+ */
+int tpw_tpip_parse(const char *a, uint16_t def_port, char *host, uint16_t *ret_port,
+		   const char **ret_name, char *why, size_t why_len);
+
 /* Wire status -> negative errno (STATUS_OK -> 0; unknown -> -EIO). */
 int tpw_status_to_errno(Tpw__V1__Status s);
 /* Negative or positive errno -> wire status (0 -> STATUS_OK; unmapped -> STATUS_IO). */

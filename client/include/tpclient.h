@@ -17,6 +17,7 @@
  *   -EPIPE      the remote end closed       -ECONNRESET the remote process died ("peer died")
  *   -ECANCELED  closed locally              -ERANGE     buffer range outside registered memory
  *   -EMSGSIZE   over a size limit           -ENOBUFS    over a count or queue limit
+ *   -ECONNABORTED an administrator closed this session or the other end's (tpipctl)
  *   -ECONNREFUSED / -ENOENT from tp_context_new(): no daemon listens on the socket
  * tp_last_error() gives the message of the last failed call on the calling thread.
  *
@@ -123,16 +124,21 @@ bool tp_context_cma_ok(const struct tp_context *ctx);
  */
 const char *tp_context_transport(const struct tp_context *ctx);
 
-/* Opt-in diagnostics: @fn is called (on any thread) with a syslog level and a line. */
+/* Opt-in diagnostics: @fn is called (on any thread) with a syslog level and a line. Without a
+ * handler the library is silent, unless TPIPD_LOG=debug|info|warn is set: then lines at that
+ * level and above go to stderr as "tpclient[PID]: CONTEXT: LEVEL: text". */
 typedef void (*tp_log_fn)(void *arg, int level, const char *line);
 void tp_context_set_log(struct tp_context *ctx, tp_log_fn fn, void *arg);
 
 /* ---- errors ------------------------------------------------------------------------------- */
 
-/* Returns a static description of @err (negative errno), e.g. -ECONNRESET -> "peer died". */
+/* Returns a static description of @err (negative errno), e.g. -ECONNRESET -> "peer died". It is
+ * generic (-ECONNREFUSED: "connection refused: nothing listens at that address"); the message
+ * of tp_last_error() or of a callback says which socket, peer or limit. */
 const char *tp_strerror(int err);
 
-/* Returns the message of the last failed call made by this thread (thread-local, never NULL). */
+/* Returns the message of the last failed call made by this thread (thread-local, never NULL); it
+ * holds the daemon's longest message (1024 bytes) whole, with context the library adds. */
 const char *tp_last_error(void);
 
 /* ---- shared buffers ----------------------------------------------------------------------- */
@@ -256,7 +262,9 @@ void tp_listener_close(struct tp_listener *l);
  * -EPROTONOSUPPORT protocol version mismatch; -EOPNOTSUPP the peer daemon runs on this host;
  * -ECONNRESET the peer daemon died or the link broke (also later, on a connected pipe).
  * @ret: returns owned pipe, close with tp_pipe_close().
- * Return: 0; -EINVAL for a malformed address; -ENOBUFS over the pipe limit.
+ * Return: 0; -EINVAL for a malformed address (checked here before anything is sent: port
+ * 1..65535, HOST a name, an IPv4 address or a bracketed IPv6 address); -ENOBUFS over the pipe
+ * limit.
  */
 int tp_connect(struct tp_context *ctx, const char *address, struct tp_pipe **ret);
 

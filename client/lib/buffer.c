@@ -147,9 +147,12 @@ static int buffer_file_locked(struct tp_context *ctx, struct tpc_buf *b)
 	if (r < 0)
 		return r;
 	if (lim->buffers_max && ctx->n_bufs >= lim->buffers_max)
-		return tpc_error(-ENOBUFS, "over the daemon's limit of %u buffers", lim->buffers_max);
+		return tpc_error(-ENOBUFS, "over the daemon's limit of %u buffers (tpipd "
+				 "--buffers-max)",
+				 lim->buffers_max);
 	if (lim->buffer_bytes_max && ctx->buf_bytes + b->size > lim->buffer_bytes_max)
-		return tpc_error(-ENOBUFS, "over the daemon's limit of %llu buffer bytes",
+		return tpc_error(-ENOBUFS, "over the daemon's limit of %llu buffer bytes (tpipd "
+				 "--buffer-bytes-max)",
 				 (unsigned long long)lim->buffer_bytes_max);
 	b->id = ++ctx->next_buf_id;
 	b->gen = 1;

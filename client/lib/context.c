@@ -9,12 +9,15 @@
  */
 #include <poll.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
+#include <strings.h>
 #include <sys/mman.h>
 #include <sys/socket.h>
 #include <syslog.h>
 #include <signal.h>
 #include <time.h>
+#include <unistd.h>
 #include "internal.h"
 
 static __thread const struct tp_context *io_thread_ctx;
@@ -65,6 +68,61 @@ bool tpc_spin_until(struct tp_context *ctx, const bool *flag, const void *arg)
 	return tpu_spin_wait(&thread_spin, spin_ready, &w);
 }
 
+/* ---- logging ------------------------------------------------------------------------------- */
+
+static int env_log_level = -1; /* from TPIPD_LOG: a syslog level; -1 off */
+static pthread_once_t env_log_once = PTHREAD_ONCE_INIT;
+
+static void env_log_read(void)
+{
+	static const struct {
+		const char *name;
+		int level;
+	} names[] = { { "debug", LOG_DEBUG }, { "info", LOG_INFO },	{ "notice", LOG_NOTICE },
+		      { "warn", LOG_WARNING }, { "warning", LOG_WARNING }, { "err", LOG_ERR },
+		      { "error", LOG_ERR } };
+	const char *v = getenv("TPIPD_LOG");
+
+	if (!v || !*v)
+		return;
+	env_log_level = LOG_WARNING; /* any other value: warnings and errors */
+	for (size_t i = 0; i < TPU_ARRAY_SIZE(names); i++)
+		if (strcasecmp(v, names[i].name) == 0)
+			env_log_level = names[i].level;
+}
+
+static const char *level_name(int level)
+{
+	switch (level) {
+	case LOG_DEBUG:
+		return "debug";
+	case LOG_INFO:
+		return "info";
+	case LOG_NOTICE:
+		return "notice";
+	case LOG_WARNING:
+		return "warning";
+	default:
+		return "error";
+	}
+}
+
+/* The TPIPD_LOG handler: one line on stderr, written at once so threads do not interleave. */
+static void env_log_write(const char *ctx_name, int level, const char *line)
+{
+	char buf[768];
+	int n = snprintf(buf, sizeof(buf), "tpclient[%d]: %s: %s: %s\n", (int)getpid(),
+			 ctx_name ? ctx_name : "", level_name(level), line);
+
+	if (n < 0)
+		return;
+	if ((size_t)n >= sizeof(buf)) {
+		n = sizeof(buf) - 1;
+		buf[n - 1] = '\n';
+	}
+	(void)!write(STDERR_FILENO, buf, (size_t)n);
+}
+
 void tpc_context_log(struct tp_context *ctx, int level, const char *fmt, ...)
 {
 	tp_log_fn fn = __atomic_load_n(&ctx->log_fn, __ATOMIC_ACQUIRE);
@@ -72,12 +130,18 @@ void tpc_context_log(struct tp_context *ctx, int level, const char *fmt, ...)
 	char line[512];
 	va_list ap;
 
-	if (!fn)
-		return;
+	if (!fn) {
+		pthread_once(&env_log_once, env_log_read);
+		if (level > env_log_level)
+			return; /* no handler and no TPIPD_LOG: the library stays silent */
+	}
 	va_start(ap, fmt);
 	vsnprintf(line, sizeof(line), fmt, ap);
 	va_end(ap);
-	fn(arg, level, line);
+	if (fn)
+		fn(arg, level, line);
+	else
+		env_log_write(ctx->name, level, line);
 }
 
 void tpc_deadline(struct timespec *ts, int timeout_ms)
@@ -332,6 +396,19 @@ static int context_handle_locked(struct tp_context *ctx, const Tpw__V1__DaemonMs
 		return 0;
 	case TPW__V1__DAEMON_MSG__BODY_CTL_REPLY:
 		return 0; /* not asked for by a client context */
+	case TPW__V1__DAEMON_MSG__BODY_SESSION_END: {
+		/* The daemon ends this session and says why (tpipctl close-session). */
+		const Tpw__V1__SessionEnd *se = m->session_end;
+		int err = tpw_status_to_errno(se->status);
+
+		if (err == 0)
+			err = -ECONNRESET;
+		tpc_context_log(ctx, LOG_WARNING, "the daemon ended the session: %s",
+				se->message && *se->message ? se->message : tp_strerror(err));
+		context_fail_all_locked(ctx, err,
+					se->message && *se->message ? se->message : tp_strerror(err));
+		return 0;
+	}
 	default:
 		return -EPROTO;
 	}
@@ -392,13 +469,17 @@ static void context_lost(struct tp_context *ctx, const char *why)
 {
 	char msg[TPC_ERRMSG_MAX];
 
+	bool ended;
+
 	snprintf(msg, sizeof(msg), "%s (%s)", TPC_CONN_LOST, why);
-	tpc_context_log(ctx, LOG_ERR, "%s", msg);
 	/* The stream cannot be trusted any more: stop reading it. */
 	shutdown(ctx->fd, SHUT_RDWR);
 	pthread_mutex_lock(&ctx->lock);
+	ended = ctx->dead != 0; /* SessionEnd said why, or tp_context_free() is closing it */
 	context_fail_all_locked(ctx, -ECONNRESET, msg);
 	pthread_mutex_unlock(&ctx->lock);
+	if (!ended)
+		tpc_context_log(ctx, LOG_ERR, "%s", msg);
 }
 
 static void context_on_readable(struct tp_context *ctx)
@@ -529,6 +610,8 @@ static void *context_io_main(void *arg)
 
 	io_thread_ctx = ctx;
 	tpu_spin_init(&spin, ctx->spin_ns);
+	tpc_context_log(ctx, LOG_DEBUG, "session %llu of tpipd, control over the %s",
+			(unsigned long long)ctx->session_id, ctx->ring ? "shared-memory ring" : "socket");
 	pthread_mutex_lock(&ctx->lock);
 	for (;;) {
 		while ((op = tpu_list_first(&ctx->done, struct tpc_op, node))) {
@@ -662,6 +745,7 @@ static void context_shutdown(struct tp_context *ctx)
 	uint64_t *ids = NULL;
 	struct timespec ts;
 	size_t n = 0, n_listeners = 0;
+	bool alive;
 
 	pthread_mutex_lock(&ctx->send_lock);
 	pthread_mutex_lock(&ctx->lock);
@@ -684,6 +768,7 @@ static void context_shutdown(struct tp_context *ctx)
 
 	pthread_mutex_lock(&ctx->send_lock);
 	pthread_mutex_lock(&ctx->lock);
+	alive = !ctx->dead;
 	n = ctx->dead ? 0 : context_collect(ctx, false, &n_listeners, &ids);
 	context_fail_all_locked(ctx, -ECANCELED, "canceled: the context is being freed");
 	pthread_mutex_unlock(&ctx->lock);
@@ -693,6 +778,9 @@ static void context_shutdown(struct tp_context *ctx)
 		else
 			tpc_wire_send_pipe_close(ctx, ids[i]);
 	}
+	/* Last: the disconnect that follows is a clean close, not a dead client. */
+	if (alive && ctx->daemon_minor >= TPW_MINOR_SESSION_END)
+		tpc_wire_send_session_end(ctx);
 	pthread_mutex_unlock(&ctx->send_lock);
 	free(ids);
 }
@@ -714,6 +802,7 @@ TP_EXPORT void tp_context_free(struct tp_context *ctx)
 		tpc_error(-EDEADLK, "tp_context_free() called from a callback");
 		return;
 	}
+	tpc_context_log(ctx, LOG_DEBUG, "closing the context");
 	if (ctx->thread_started) {
 		context_shutdown(ctx);
 		pthread_mutex_lock(&ctx->lock);

@@ -32,7 +32,8 @@
 #define TPC_REPLY_TIMEOUT_MS 10000 /* Reply deadline for Listen and BufferRegister */
 #define TPC_EAGER_DEFAULT (64u << 10)
 #define TPC_INLINE_SMALL 4096u	 /* segments up to this size ride inline in rendezvous writes */
-#define TPC_ERRMSG_MAX 256
+/* tp_last_error(): the daemon's longest message (TPW_MESSAGE_MAX) and context the library adds. */
+#define TPC_ERRMSG_MAX (TPW_MESSAGE_MAX + 256 + 1)
 #define TPC_CONN_LOST "daemon connection lost"
 #define TPC_SPIN_DEFAULT_US 100
 #define TPC_SPIN_MAX_US 100000
@@ -362,6 +363,8 @@ int tpc_wire_peek(struct tp_context *ctx, struct tpw_hdr *ret);
 void tpc_wire_consume(struct tp_context *ctx, const struct tpw_hdr *h);
 /* Sends a message without data; send_lock held. */
 int tpc_wire_send_pipe_close(struct tp_context *ctx, uint64_t pipe_id);
+/* SessionEnd{CLOSED}: tp_context_free() ends the session on purpose (daemon minor >= 4). */
+int tpc_wire_send_session_end(struct tp_context *ctx);
 
 /* ---- pipe.c -------------------------------------------------------------------------------- */
 

@@ -7,6 +7,7 @@
  */
 #include <stdio.h>
 #include <string.h>
+#include <syslog.h>
 #include "internal.h"
 
 #define ADDRESS_MAX 1024
@@ -188,6 +189,9 @@ void tpc_pipe_on_closed(struct tp_context *ctx, const Tpw__V1__PipeClosed *m)
 		err = -EPIPE;
 	if (!msg || !*msg)
 		msg = err == -EPIPE ? "the remote end closed the pipe" : NULL;
+	if (p->state == TPC_PIPE_OPEN) /* a failed connect was logged with its reply */
+		tpc_context_log(ctx, LOG_INFO, "pipe %llu: %s (%s)", (unsigned long long)p->id,
+				tp_strerror(err), msg ? msg : "");
 	tpc_pipe_fail_locked(p, err, msg);
 }
 
@@ -257,6 +261,13 @@ static void pipe_on_connect_reply(struct tp_context *ctx, struct tpc_req *req,
 		return; /* connection lost: the pipe fails with everything else */
 	status = tpw_status_to_errno(r->status);
 	p->connect_status = status;
+	if (status == 0)
+		tpc_context_log(ctx, LOG_DEBUG, "pipe %llu: connected to '%s'",
+				(unsigned long long)p->id, r->remote_name ? r->remote_name : "");
+	else
+		tpc_context_log(ctx, LOG_INFO, "pipe %llu: connect failed: %s (%s)",
+				(unsigned long long)p->id, tp_strerror(status),
+				r->message ? r->message : "");
 	if (status == 0) {
 		p->remote_name = strdup(r->remote_name ? r->remote_name : "");
 		if (r->owner_known) {
@@ -279,8 +290,17 @@ static int pipe_check_address(const char *address)
 
 	if (len == 0 || len > ADDRESS_MAX)
 		return tpc_error(-EINVAL, "address must be 1..%d bytes", ADDRESS_MAX);
-	if (strncmp(address, "tpip://", 7) == 0)
-		return 0; /* the daemon decides whether it can reach other hosts */
+	if (strncmp(address, "tpip://", 7) == 0) {
+		/* The syntax is checked here; the daemon decides whether it can reach the host. */
+		char host[TPW_TPIP_HOST_MAX + 1], why[160];
+		const char *name;
+		uint16_t port;
+
+		if (tpw_tpip_parse(address, 7420, host, &port, &name, why, sizeof(why)) < 0)
+			return tpc_error(-EINVAL, "invalid address \"%.200s\" "
+					 "(tpip://HOST[:PORT]/NAME): %s", address, why);
+		return 0;
+	}
 	if (!tpw_name_valid(address))
 		return tpc_error(-EINVAL, "invalid listener name \"%s\"", address);
 	return 0;
@@ -294,7 +314,9 @@ static int pipe_connect_locked(struct tp_context *ctx, struct tp_pipe **ret)
 	if (r < 0)
 		return r;
 	if (ctx->lim.pipes_max && ctx->pipes.n >= ctx->lim.pipes_max)
-		return tpc_error(-ENOBUFS, "over the daemon's limit of %u pipes", ctx->lim.pipes_max);
+		return tpc_error(-ENOBUFS, "over the daemon's limit of %u pipes (tpipd "
+				 "--pipes-max)",
+				 ctx->lim.pipes_max);
 	if (ctx->next_pipe_id + 1 >= PIPE_ID_CLIENT_MAX)
 		return tpc_error(-ENOBUFS, "pipe ids exhausted");
 	p = tpc_pipe_new(ctx, ++ctx->next_pipe_id);

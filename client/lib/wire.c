@@ -195,6 +195,17 @@ int tpc_wire_send_pipe_close(struct tp_context *ctx, uint64_t pipe_id)
 	return tpc_wire_send(ctx, &m, NULL, 0, -EBADF);
 }
 
+int tpc_wire_send_session_end(struct tp_context *ctx)
+{
+	Tpw__V1__SessionEnd se = TPW__V1__SESSION_END__INIT;
+	Tpw__V1__ClientMsg m = TPW__V1__CLIENT_MSG__INIT;
+
+	se.status = TPW__V1__STATUS__STATUS_CLOSED;
+	m.body_case = TPW__V1__CLIENT_MSG__BODY_SESSION_END;
+	m.session_end = &se;
+	return tpc_wire_send(ctx, &m, NULL, 0, -EBADF);
+}
+
 int tpc_wire_fill(struct tp_context *ctx)
 {
 	ssize_t k;

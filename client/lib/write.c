@@ -81,7 +81,8 @@ static int write_check(const struct tp_context *ctx, const struct tp_message *ms
 		return tpc_error(-EINVAL, "NULL array or metadata with a nonzero count");
 	if (msg->n_payloads > lim->segments_max ||
 	    msg->n_tensors > lim->segments_max - msg->n_payloads)
-		return tpc_error(-E2BIG, "%zu payloads + %zu tensors exceed the limit of %u",
+		return tpc_error(-E2BIG, "%zu payloads + %zu tensors exceed the limit of %u (tpipd "
+				 "--segments-max)",
 				 msg->n_payloads, msg->n_tensors, lim->segments_max);
 	for (size_t i = 0; r == 0 && i < msg->n_payloads; i++) {
 		const struct tp_payload *pl = &msg->payloads[i];
@@ -96,10 +97,12 @@ static int write_check(const struct tp_context *ctx, const struct tp_message *ms
 	if (r < 0)
 		return r;
 	if (md > lim->metadata_max)
-		return tpc_error(-EMSGSIZE, "%llu bytes of metadata exceed the limit of %u",
+		return tpc_error(-EMSGSIZE, "%llu bytes of metadata exceed the limit of %u (tpipd "
+				 "--metadata-max)",
 				 (unsigned long long)md, lim->metadata_max);
 	if (bytes > lim->message_bytes_max)
-		return tpc_error(-EMSGSIZE, "%llu data bytes exceed the limit of %llu",
+		return tpc_error(-EMSGSIZE, "%llu data bytes exceed the limit of %llu (tpipd "
+				 "--message-bytes-max)",
 				 (unsigned long long)bytes, (unsigned long long)lim->message_bytes_max);
 	*ret_total = bytes;
 	return 0;
@@ -363,7 +366,8 @@ static int write_send(struct tp_pipe *p, struct write_plan *pl, const struct tp_
 	pthread_mutex_unlock(&ctx->lock);
 	/* + 16: room for the write_id, still 0 here */
 	if (r == 0 && tpw_frame_size(&pl->m.base) + pl->inline_len + 16 > ctx->lim.frame_max)
-		r = tpc_error(-EMSGSIZE, "frame of %zu bytes exceeds the limit of %u",
+		r = tpc_error(-EMSGSIZE, "frame of %zu bytes exceeds the limit of %u (tpipd "
+			      "--frame-max)",
 			      tpw_frame_size(&pl->m.base) + pl->inline_len, ctx->lim.frame_max);
 	if (r == 0)
 		r = write_stage(ctx, pl, msg, &op->stage);

@@ -277,6 +277,7 @@ int ctl_conn_request(struct ctl_conn *c, Tpw__V1__CtlWhat what, uint64_t target_
 	req.req_id = c->seq + 1;
 	req.what = what;
 	req.target_id = target_id;
+	req.verbose = c->verbose;
 	m.body_case = TPW__V1__CLIENT_MSG__BODY_CTL;
 	m.ctl = &req;
 	r = conn_send(c, &m);

@@ -32,6 +32,7 @@ struct ctl_conn {
 	uint64_t deadline_ns;	/* tpu_now_ns() value after which I/O gives up */
 	char path[CTL_PATH_MAX];
 	bool eof;		/* the daemon closed the connection */
+	bool verbose;		/* requests ask for details (CtlRequest.verbose) */
 	enum ctl_fail fail;	/* set with why[] when a call fails */
 	char why[CTL_WHY_MAX];
 };
@@ -64,6 +65,7 @@ void ctl_conn_close(struct ctl_conn *c);
 /* How to print a reply: the command's argument travels along for confirmations. */
 struct ctl_view {
 	bool json;	    /* JSON instead of a table */
+	bool verbose;	    /* pipes: each pipe's channels and why they were chosen */
 	uint64_t target_id; /* close-session: the session asked for */
 };
 

@@ -341,6 +341,13 @@ static struct json_object *pipe_json(const void *item)
 	ctl_json_str(o, "transport", p->transport);
 	ctl_json_str(o, "channels", p->channels);
 	ctl_json_u64(o, "created_ms", p->created_ms);
+	if (p->n_channel_reasons) { /* with --verbose */
+		struct json_object *why = json_object_new_array();
+
+		for (size_t i = 0; why && i < p->n_channel_reasons; i++)
+			json_object_array_add(why, json_object_new_string(p->channel_reasons[i]));
+		json_object_object_add(o, "channel_reasons", why);
+	}
 	json_object_object_add(o, "connector", pipe_end_json(p->connector));
 	json_object_object_add(o, "acceptor", pipe_end_json(p->acceptor));
 	return o;
@@ -396,8 +403,18 @@ int ctl_render_pipes(const Tpw__V1__CtlReply *r, const struct ctl_view *v, FILE 
 		.cols = pipe_cols,
 		.n_cols = TPU_ARRAY_SIZE(pipe_cols),
 	};
+	int ret = ctl_render_list(&l, v, out);
 
-	return ctl_render_list(&l, v, out);
+	/* -v: under the table, each pipe's channels and why each was chosen. */
+	for (size_t i = 0; ret >= 0 && v->verbose && !v->json && i < r->n_pipes; i++) {
+		const Tpw__V1__CtlPipe *p = r->pipes[i];
+
+		fprintf(out, "\npipe %" PRIu64 " channels:%s\n", p->id,
+			p->n_channel_reasons ? "" : " none used yet");
+		for (size_t k = 0; k < p->n_channel_reasons; k++)
+			fprintf(out, "  %s\n", p->channel_reasons[k]);
+	}
+	return ret;
 }
 
 /* ---- listeners ---------------------------------------------------------------------------- */

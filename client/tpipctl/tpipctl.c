@@ -94,6 +94,7 @@ static void usage(FILE *out)
 		"                       $XDG_RUNTIME_DIR/tpipd.sock, then\n"
 		"                       /run/tpipd/tpipd.sock)\n"
 		"  -j, --json           print JSON instead of a table\n"
+		"  -v, --verbose        pipes: each pipe's channels and why each was chosen\n"
 		"  -t, --timeout SECS   give up after SECS seconds (default 5; for watch,\n"
 		"                       per refresh)\n"
 		"      --interval SECS  watch: refresh every SECS seconds (default 1, at\n"
@@ -161,6 +162,7 @@ static int parse_flags(int argc, char **argv, struct options *o)
 {
 	static const struct option longopts[] = {
 		{ "socket", required_argument, NULL, 's' }, { "json", no_argument, NULL, 'j' },
+		{ "verbose", no_argument, NULL, 'v' },
 		{ "timeout", required_argument, NULL, 't' }, { "help", no_argument, NULL, 'h' },
 		{ "version", no_argument, NULL, 'V' },
 		{ "interval", required_argument, NULL, OPT_INTERVAL },
@@ -169,10 +171,11 @@ static int parse_flags(int argc, char **argv, struct options *o)
 	};
 	int c;
 
-	while ((c = getopt_long(argc, argv, "s:jt:hV", longopts, NULL)) != -1) {
+	while ((c = getopt_long(argc, argv, "s:jvt:hV", longopts, NULL)) != -1) {
 		switch (c) {
 		case 's': o->socket_path = optarg; break;
 		case 'j': o->view.json = true; break;
+		case 'v': o->view.verbose = true; break;
 		case 't':
 			if (parse_timeout(optarg, &o->timeout_ms) < 0) {
 				fprintf(stderr, "tpipctl: invalid timeout '%s' (1..%d seconds)\n",
@@ -297,6 +300,7 @@ static int run(const struct options *o)
 	int r;
 
 	r = ctl_conn_open(&c, o->socket_path, o->timeout_ms);
+	c.verbose = o->view.verbose;
 	if (r == 0)
 		r = ctl_conn_request(&c, o->cmd->what, o->view.target_id, &reply);
 	if (r < 0 && drain_done(o, &c))

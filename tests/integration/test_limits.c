@@ -246,6 +246,8 @@ static int pipes_connector(void *arg)
 	}
 	TPT_REQUIRE(r == -ENOBUFS, 1, "pipe %d over a limit of %d: %d (want -ENOBUFS)",
 		    PIPES_MAX + 1, PIPES_MAX, r);
+	TPT_REQUIRE(strstr(tp_last_error(), "tpipd --pipes-max"), 1,
+		    "the error does not name the option: %s", tp_last_error());
 	memset(&s, 0, sizeof(s));
 	s.pipe = 61;
 	s.n_payloads = 1;
@@ -378,6 +380,8 @@ static int buffers_client(void *arg)
 		    tp_last_error());
 	r = tp_buffer_alloc(ctx, 4096, &b);
 	TPT_REQUIRE(r == -ENOBUFS, 1, "bytes over --buffer-bytes-max: %d (want -ENOBUFS)", r);
+	TPT_REQUIRE(strstr(tp_last_error(), "tpipd --buffer-bytes-max"), 1, "error: %s",
+		    tp_last_error());
 	TPT_REQUIRE(tp_buffer_free(ctx, a) == 0, 1, "free");
 	r = tp_buffer_alloc(ctx, (1u << 20) + 1, &a);
 	TPT_REQUIRE(r == -ENOBUFS, 1, "one buffer over --buffer-bytes-max: %d (want -ENOBUFS)", r);
@@ -387,6 +391,8 @@ static int buffers_client(void *arg)
 	TPT_REQUIRE(r == 0, 1, "buffer 2 of 2: %d %s", r, tp_last_error());
 	r = tp_buffer_alloc(ctx, 4096, &c);
 	TPT_REQUIRE(r == -ENOBUFS, 1, "buffer 3 over --buffers-max 2: %d (want -ENOBUFS)", r);
+	TPT_REQUIRE(strstr(tp_last_error(), "tpipd --buffers-max"), 1, "error: %s",
+		    tp_last_error());
 	TPT_REQUIRE(tp_buffer_free(ctx, b) == 0, 1, "free");
 	r = tp_buffer_alloc(ctx, 4096, &c);
 	TPT_REQUIRE(r == 0, 1, "buffer after a free: %d %s", r, tp_last_error());

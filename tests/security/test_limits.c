@@ -145,6 +145,9 @@ static int per_uid_attacker(void *arg)
 		TPT_REQUIRE(e == -ENOBUFS, 1, "context over the quota: %d %s", e, tp_last_error());
 		TPT_REQUIRE(strstr(tp_last_error(), "session limit of 4 per uid reached for uid 65534"),
 			    1, "error: %s", tp_last_error());
+		/* the error names the option that sets the limit */
+		TPT_REQUIRE(strstr(tp_last_error(), "tpipd --sessions-per-uid"), 1, "error: %s",
+			    tp_last_error());
 	}
 	/* the slot of a session that ends is free again */
 	tpt_raw_close(&raw[0]);
@@ -229,7 +232,7 @@ START_TEST(test_limits_reserved_slots_keep_root_in_when_a_user_fills_the_table)
 	ck_assert_int_eq(tpt_daemon_wait_log(&dm, "kept for root", T_MS, NULL, 0), 0);
 	/* root's tpipctl-like sessions take the 2 reserved slots; the 9th is over sessions-max */
 	ck_assert_int_eq(open_sessions(raw, RESERVED, TPW__V1__ROLE__ROLE_CONTROL), 0);
-	ck_assert_int_eq(expect_refused("session limit of 8 reached"), 0);
+	ck_assert_int_eq(expect_refused("session limit of 8 reached (tpipd --sessions-max)"), 0);
 	close_sessions(raw, RESERVED);
 	ck_assert_int_eq(tpt_sync_post(&done, 0), 0);
 	ck_assert(tpt_wait_ok(pid, T_MS * 2, "attacker"));
@@ -783,6 +786,8 @@ static int qb_writer(void *arg)
 	TPT_REQUIRE(n >= 8, 1, "refused after %u writes: %s", n, tp_last_error());
 	TPT_REQUIRE(strstr(tp_last_error(), "pipe queues of this daemon full"), 1, "error: %s",
 		    tp_last_error());
+	TPT_REQUIRE(strstr(tp_last_error(), ", tpipd --pipe-queue-bytes-max)"), 1,
+		    "the error does not name the option: %s", tp_last_error());
 	TPT_REQUIRE(tpt_sync_post(&qb_refused, 0) == 0, 1, "post");
 	TPT_REQUIRE(tpt_sync_wait(&qb_done, T_MS * 3) == 0, 1, "no word");
 	tp_pipe_close(b);

@@ -71,6 +71,8 @@ check "the client sees its session end and exits 0"
 wait_exit "$cpid" 10
 [ "$SVC_STATUS" -eq 0 ] || fail "example_client exited $SVC_STATUS after close-session"
 say "  $(tail -n 1 "$SVC_TMP/client.out")"
+grep -qx "session ended: closed by an administrator" "$SVC_TMP/client.out" ||
+	fail "the client does not read its session's end as closed by an administrator"
 check "session $sid is gone from tpipctl sessions"
 gone() {
 	ctl --socket "$sock" --json sessions |

@@ -38,6 +38,12 @@ cases=(
 	"unterminated section|[limits\n|1|syntax error"
 	"value too long for socket|[daemon]\nsocket = ${long}${long}\n|2|socket: value longer than 107 bytes"
 	"empty value|[daemon]\ncopy-threads =\n|2|copy-threads: '' is not a number"
+	"peer listen address without a port|[peer]\nlisten = nonsense\n|2|peer-listen: 'nonsense' is not ADDR:PORT"
+	"peer listen port above 65535|[peer]\nlisten = 127.0.0.1:65536\n|2|peer-listen: '127.0.0.1:65536' is not ADDR:PORT"
+	"peer listen bad host|[peer]\nlisten = 300.1.1.1:7420\n|2|peer-listen: '300.1.1.1:7420' is not ADDR:PORT"
+	"metrics on a non-loopback address|[daemon]\nmetrics-listen = 0.0.0.0:1\n|2|metrics-listen: '0.0.0.0:1' is not a loopback ADDR:PORT"
+	"metrics on port 0|[daemon]\nmetrics-listen = 127.0.0.1:0\n|2|metrics-listen: '127.0.0.1:0' is not a loopback ADDR:PORT"
+	"metrics without a port|[daemon]\nmetrics-listen = localhost\n|2|metrics-listen: 'localhost' is not a loopback ADDR:PORT"
 )
 
 # expect_exit2 WHAT PATTERN CMD...: CMD must exit 2 and print PATTERN (grep -E) on stderr.
@@ -82,6 +88,23 @@ expect_exit2 "--frame-max 1" "^tpipd: --frame-max: '1' is not a size in \[4096, 
 	"$TPIPD_BIN" --config "$conf" --frame-max 1 --check-config
 expect_exit2 "--frame-max 1 (start)" "^tpipd: --frame-max: '1' is not a size" \
 	"$TPIPD_BIN" --config "$conf" --frame-max 1 --socket "$sock" --peer-listen off
+check "bad address flags (--peer-listen nonsense, --metrics-listen 0.0.0.0:1): exit 2"
+expect_exit2 "--peer-listen nonsense" "^tpipd: --peer-listen: 'nonsense' is not ADDR:PORT" \
+	"$TPIPD_BIN" --config "$conf" --peer-listen nonsense --check-config
+expect_exit2 "--peer-listen nonsense (start)" "^tpipd: --peer-listen: 'nonsense' is not" \
+	"$TPIPD_BIN" --config "$conf" --peer-listen nonsense --socket "$sock"
+expect_exit2 "--metrics-listen 0.0.0.0:1" \
+	"^tpipd: --metrics-listen: '0.0.0.0:1' is not a loopback ADDR:PORT" \
+	"$TPIPD_BIN" --config "$conf" --metrics-listen 0.0.0.0:1 --check-config
+expect_exit2 "--metrics-listen 0.0.0.0:1 (start)" "^tpipd: --metrics-listen: '0.0.0.0:1' is not" \
+	"$TPIPD_BIN" --config "$conf" --metrics-listen 0.0.0.0:1 --socket "$sock" --peer-listen off
+check "good addresses pass: --peer-listen [::1]:0, *:7420, off; --metrics-listen [::1]:9470"
+for a in "--peer-listen [::1]:0" "--peer-listen *:7420" "--peer-listen off" \
+	"--metrics-listen [::1]:9470" "--metrics-listen localhost:9470"; do
+	# shellcheck disable=SC2086 # flag and value
+	"$TPIPD_BIN" --config "$conf" $a --check-config >/dev/null 2>"$SVC_TMP/err" ||
+		{ cat "$SVC_TMP/err"; fail "$a is rejected"; }
+done
 check "an unknown flag: exit 2"
 expect_exit2 "--no-such-flag" "unknown or incomplete option" \
 	"$TPIPD_BIN" --config "$conf" --no-such-flag --check-config

@@ -12,12 +12,12 @@ svc_init
 sock=$SVC_TMP/tpipd.sock
 log=$SVC_TMP/tpipd.log
 
-check "a non-loopback metrics address is refused at start (exit 1), nothing is served"
-if timeout 10 "$TPIPD_BIN" --socket "$SVC_TMP/refused.sock" --peer-listen off --metrics-listen 192.0.2.1:9470 \
-	2>"$SVC_TMP/refused.log"; then
-	fail "tpipd started with a non-loopback metrics address"
-fi
-grep -q "expected a loopback ADDR:PORT" "$SVC_TMP/refused.log" ||
+check "a non-loopback metrics address is a configuration error (exit 2), nothing is served"
+timeout 10 "$TPIPD_BIN" --socket "$SVC_TMP/refused.sock" --peer-listen off --metrics-listen 192.0.2.1:9470 \
+	2>"$SVC_TMP/refused.log"
+rc=$?
+[ "$rc" -eq 2 ] || fail "tpipd with a non-loopback metrics address: exit $rc, expected 2"
+grep -q "is not a loopback ADDR:PORT" "$SVC_TMP/refused.log" ||
 	fail "no clear message for a non-loopback metrics address"
 [ ! -e "$SVC_TMP/refused.sock" ] || fail "the refused daemon left its socket"
 

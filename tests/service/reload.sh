@@ -27,6 +27,14 @@ pid=$SVC_DAEMON_PID
 check "tpipctl status answers"
 ctl --socket "$sock" status >/dev/null || fail "tpipctl status failed"
 
+check "stderr is a file, not the journal: every line has the time after its <N> priority"
+stamp='^<[0-7]>[0-9]{4}-[0-9]{2}-[0-9]{2}T[0-9]{2}:[0-9]{2}:[0-9]{2}\.[0-9]{3}[+-][0-9]{4} '
+grep -qE "${stamp}tpipd .* ready on " "$log" || { cat "$log"; fail "no timestamp on the ready line"; }
+if grep -vqE "$stamp" "$log"; then
+	grep -vE "$stamp" "$log"
+	fail "log lines without a timestamp"
+fi
+
 check "the running configuration has segments-max = 4 (--check-config of the same file)"
 "$TPIPD_BIN" --config "$conf" --check-config | grep -qxF "segments-max = 4" ||
 	fail "segments-max = 4 not in effect"

@@ -9,6 +9,7 @@
 #include <check.h>
 #include <errno.h>
 #include <fcntl.h>
+#include <regex.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -391,6 +392,29 @@ START_TEST(test_common_log_prefixes_priority_and_filters)
 }
 END_TEST
 
+START_TEST(test_common_log_timestamps_after_the_priority)
+{
+	int fd = capture_stderr();
+	char buf[256];
+	regex_t re;
+	ssize_t n;
+
+	tpu_log_set_level(TPU_LOG_INFO);
+	tpu_log_set_timestamps(true);
+	tpu_log_warn("session %d: kept", 12);
+	tpu_log_set_timestamps(false);
+	tpu_log_warn("no stamp");
+	n = read(fd, buf, sizeof(buf) - 1);
+	ck_assert_int_gt(n, 0);
+	buf[n] = '\0';
+	ck_assert_int_eq(regcomp(&re, "^<4>[0-9]{4}-[0-9]{2}-[0-9]{2}T[0-9]{2}:[0-9]{2}:[0-9]{2}\\."
+				      "[0-9]{3}[+-][0-9]{4} session 12: kept\n<4>no stamp\n$",
+				 REG_EXTENDED | REG_NOSUB), 0);
+	ck_assert_msg(regexec(&re, buf, 0, NULL, 0) == 0, "log lines: '%s'", buf);
+	regfree(&re);
+}
+END_TEST
+
 START_TEST(test_common_log_truncates_long_lines)
 {
 	int fd = capture_stderr();
@@ -466,6 +490,7 @@ static Suite *common_suite(void)
 	suite_add_tcase(s, l);
 
 	tcase_add_test(g, test_common_log_prefixes_priority_and_filters);
+	tcase_add_test(g, test_common_log_timestamps_after_the_priority);
 	tcase_add_test(g, test_common_log_truncates_long_lines);
 	tcase_add_test(g, test_common_log_level_names);
 	suite_add_tcase(s, g);

@@ -34,6 +34,7 @@ static const struct {
 	{ TPW__V1__STATUS__STATUS_BUSY, EBUSY },
 	{ TPW__V1__STATUS__STATUS_REFUSED, ECONNREFUSED },
 	{ TPW__V1__STATUS__STATUS_UNREACHABLE, EHOSTUNREACH },
+	{ TPW__V1__STATUS__STATUS_ADMIN_CLOSED, ECONNABORTED },
 };
 
 START_TEST(test_status_maps_to_errno_and_back)
@@ -56,6 +57,7 @@ START_TEST(test_status_unknown_maps_to_eio)
 {
 	ck_assert_int_eq(tpw_status_to_errno(TPW__V1__STATUS__STATUS_UNSPECIFIED), -EIO);
 	ck_assert_int_eq(tpw_status_to_errno(TPW__V1__STATUS__STATUS_UNREACHABLE + 1), -EIO);
+	ck_assert_int_eq(tpw_status_to_errno(TPW__V1__STATUS__STATUS_ADMIN_CLOSED + 1), -EIO);
 	ck_assert_int_eq(tpw_status_to_errno(-3), -EIO);
 	ck_assert_str_eq(tpw_status_name(TPW__V1__STATUS__STATUS_UNREACHABLE + 1), "unknown");
 	ck_assert_int_eq(tpw_status_from_errno(ENOSYS), TPW__V1__STATUS__STATUS_IO);

@@ -677,6 +677,57 @@ START_TEST(test_validate_name_rules)
 }
 END_TEST
 
+START_TEST(test_validate_tpip_address)
+{
+	static const struct {
+		const char *a, *host, *name;
+		unsigned port;
+	} good[] = {
+		{ "tpip://h/x", "h", "x", 7420 },
+		{ "tpip://127.0.0.1:1/x", "127.0.0.1", "x", 1 },
+		{ "tpip://node-7.cluster_a.example:65535/job@0", "node-7.cluster_a.example", "job@0",
+		  65535 },
+		{ "tpip://[::1]/x", "::1", "x", 7420 },
+		{ "tpip://[::1]:9/x", "::1", "x", 9 },
+		{ "tpip://[fe80::1%eth0]:7421/x", "fe80::1%eth0", "x", 7421 },
+	};
+	static const char *bad[] = {
+		"", "x", "tpip:/h/x", "tpip://", "tpip:///x", "tpip://h", "tpip://h/", "tpip://h:0/x",
+		"tpip://h:65536/x", "tpip://h:99999/x", "tpip://h:18446744073709551617/x",
+		"tpip://h:-1/x", "tpip://h:+1/x", "tpip://h: 1/x", "tpip://h:1a/x", "tpip://h:/x",
+		"tpip://[::1/x", "tpip://[]:1/x", "tpip://[::1]x/x", "tpip://[zz::1]/x",
+		"tpip://[fe80::1%]/x", "tpip://[127.0.0.1]/x", "tpip://a b/x", "tpip://a%b/x",
+		"tpip://999.1.1.1/x", "tpip://1.2.3/x", "tpip://h/a b",
+	};
+	char host[TPW_TPIP_HOST_MAX + 1], reason[160], a[TPW_TPIP_HOST_MAX + 16];
+	const char *name;
+	uint16_t port;
+
+	for (size_t i = 0; i < sizeof(good) / sizeof(good[0]); i++) {
+		ck_assert_msg(tpw_tpip_parse(good[i].a, 7420, host, &port, &name, reason,
+					     sizeof(reason)) == 0, "'%s' refused: %s", good[i].a, reason);
+		ck_assert_str_eq(host, good[i].host);
+		ck_assert_str_eq(name, good[i].name);
+		ck_assert_uint_eq(port, good[i].port);
+	}
+	for (size_t i = 0; i < sizeof(bad) / sizeof(bad[0]); i++) {
+		reason[0] = '\0';
+		ck_assert_msg(tpw_tpip_parse(bad[i], 7420, host, &port, &name, reason, sizeof(reason)) ==
+			      -EINVAL, "'%s' accepted", bad[i]);
+		ck_assert_msg(reason[0], "'%s': no reason", bad[i]);
+	}
+	/* The host limit, just below and just above. */
+	memcpy(a, "tpip://", 7);
+	memset(a + 7, 'h', TPW_TPIP_HOST_MAX);
+	memcpy(a + 7 + TPW_TPIP_HOST_MAX, "/x", 3);
+	ck_assert_int_eq(tpw_tpip_parse(a, 1, host, &port, &name, NULL, 0), 0);
+	ck_assert_uint_eq(strlen(host), TPW_TPIP_HOST_MAX);
+	memset(a + 7, 'h', TPW_TPIP_HOST_MAX + 1);
+	memcpy(a + 8 + TPW_TPIP_HOST_MAX, "/x", 3);
+	ck_assert_int_eq(tpw_tpip_parse(a, 1, host, &port, &name, NULL, 0), -EINVAL);
+}
+END_TEST
+
 /* ---- daemon -> client ---------------------------------------------------------------------- */
 
 struct dmsg {
@@ -952,6 +1003,7 @@ static Suite *validate_suite(void)
 	tcase_add_test(o, test_validate_connect_address_length);
 	tcase_add_test(o, test_validate_ctl_what_range);
 	tcase_add_test(o, test_validate_name_rules);
+	tcase_add_test(o, test_validate_tpip_address);
 	suite_add_tcase(s, o);
 
 	tcase_add_test(d, test_validate_eager_descriptor_tail_matches);
