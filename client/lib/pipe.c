@@ -112,7 +112,9 @@ static void pipe_forget(struct tp_pipe *p)
 
 	if (tpc_map_get(&ctx->pipes, p->id) == p)
 		tpc_map_del(&ctx->pipes, p->id);
-	if (p->connect_status == 1 && tpc_map_get(&ctx->reqs, p->connect_req.id) == &p->connect_req)
+	/* By identity, not by connect_status: a close marks a connect still unanswered as
+	 * canceled first, and its request must not outlive the pipe it is embedded in. */
+	if (p->connect_req.id && tpc_map_get(&ctx->reqs, p->connect_req.id) == &p->connect_req)
 		tpc_map_del(&ctx->reqs, p->connect_req.id);
 }
 
