@@ -11,15 +11,19 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 #include "daemon.h"
 #include "gdr.h"
 #include "log.h"
 #include "metrics.h"
+#include "peer.h"
 #include "tpb.h"
+#include "tpconfig.h"
 
 struct tpd_metrics {
 	struct tpd_daemon *d;
 	struct evhttp *http;
+	double start_time; /* unix time of the daemon's start, fixed when the endpoint starts */
 };
 
 static void put_metric(struct evbuffer *b, const char *name, const char *type, const char *help,
@@ -29,18 +33,26 @@ static void put_metric(struct evbuffer *b, const char *name, const char *type, c
 			    (unsigned long long)v);
 }
 
+/*
+ * Bucket i of tpd_stats_bucket() holds copies shorter than 2^(i+1) us, so its bound is printed
+ * exactly from the integer: "0.000002", ..., "33.554432" (a power of two never ends in 0, no
+ * zeros to trim). The last bucket also holds everything longer: it is counted in +Inf only.
+ */
 static void put_channel_hist(struct evbuffer *b, const char *name,
 			     const struct tpd_channel_stats *c)
 {
 	uint64_t cum = 0;
 
-	for (unsigned i = 0; i < TPD_STATS_BUCKETS; i++) {
+	for (unsigned i = 0; i < TPD_STATS_BUCKETS - 1; i++) {
+		unsigned long long us = 2ull << i;
+
 		cum += c->hist[i];
 		evbuffer_add_printf(b,
-				    "tpipd_channel_copy_seconds_bucket{channel=\"%s\",le=\"%g\"} "
-				    "%llu\n",
-				    name, (double)(2ull << i) / 1e6, (unsigned long long)cum);
+				    "tpipd_channel_copy_seconds_bucket{channel=\"%s\","
+				    "le=\"%llu.%06llu\"} %llu\n",
+				    name, us / 1000000, us % 1000000, (unsigned long long)cum);
 	}
+	cum += c->hist[TPD_STATS_BUCKETS - 1];
 	evbuffer_add_printf(b, "tpipd_channel_copy_seconds_bucket{channel=\"%s\",le=\"+Inf\"} %llu\n",
 			    name, (unsigned long long)cum);
 	evbuffer_add_printf(b, "tpipd_channel_copy_seconds_sum{channel=\"%s\"} %.9f\n", name,
@@ -74,6 +86,51 @@ static void put_channels(struct evbuffer *b, const struct tpd_daemon *d)
 			put_channel_hist(b, ch[i].ops->name, &d->stats.ch[i]);
 }
 
+/* Writes @s as a label value: backslash, double quote and newline escaped. */
+static void put_label(struct evbuffer *b, const char *s)
+{
+	for (; *s; s++) {
+		if (*s == '\\' || *s == '"')
+			evbuffer_add_printf(b, "\\%c", *s);
+		else if (*s == '\n')
+			evbuffer_add(b, "\\n", 2);
+		else
+			evbuffer_add(b, s, 1);
+	}
+}
+
+/* One series per link to another host's daemon, labelled by its "HOST:PORT" address. */
+static void put_peers(struct evbuffer *b, struct tpd_daemon *d)
+{
+	static const char *const series[] = { "tpipd_peer_bytes_sent_total",
+					      "tpipd_peer_bytes_received_total", "tpipd_peer_up" };
+	static const char *const helps[] = {
+		"Bytes sent on the link to a peer daemon (control, data and RDMA).",
+		"Bytes received on the link from a peer daemon (control, data and RDMA).",
+		"1 while the link to a peer daemon is up, 0 while it connects or fails.",
+	};
+	static const char *const types[] = { "counter", "counter", "gauge" };
+	Tpw__V1__CtlPeer **v;
+	size_t n;
+
+	if (tpd_peers_ctl(d, &v, &n) < 0)
+		return; /* out of memory: the page goes without the peer series */
+	for (size_t f = 0; f < 3; f++) {
+		evbuffer_add_printf(b, "# HELP %s %s\n# TYPE %s %s\n", series[f], helps[f],
+				    series[f], types[f]);
+		for (size_t i = 0; i < n; i++) {
+			uint64_t val = f == 0 ? v[i]->bytes_sent :
+				       f == 1 ? v[i]->bytes_received :
+						strcmp(v[i]->state, "up") == 0;
+
+			evbuffer_add_printf(b, "%s{peer=\"", series[f]);
+			put_label(b, v[i]->address);
+			evbuffer_add_printf(b, "\"} %llu\n", (unsigned long long)val);
+		}
+	}
+	tpd_peers_ctl_free(v, n);
+}
+
 static void metrics_on_request(struct evhttp_request *req, void *arg)
 {
 	struct tpd_metrics *m = arg;
@@ -91,9 +148,13 @@ static void metrics_on_request(struct evhttp_request *req, void *arg)
 		evhttp_send_error(req, HTTP_INTERNAL, NULL);
 		return;
 	}
-	put_metric(b, "tpipd_up", "gauge", "1 while the daemon runs.", 1);
-	put_metric(b, "tpipd_uptime_seconds", "gauge", "Seconds since start.",
-		   tpd_daemon_uptime_ms(d) / 1000);
+	evbuffer_add_printf(b, "# HELP tpipd_build_info The daemon's version.\n"
+			       "# TYPE tpipd_build_info gauge\n"
+			       "tpipd_build_info{version=\"%s\"} 1\n", TP_VERSION);
+	evbuffer_add_printf(b, "# HELP process_start_time_seconds Start time of the process since "
+			       "unix epoch in seconds.\n"
+			       "# TYPE process_start_time_seconds gauge\n"
+			       "process_start_time_seconds %.3f\n", m->start_time);
 	put_metric(b, "tpipd_sessions", "gauge", "Attached clients.", d->n_sessions);
 	put_metric(b, "tpipd_pipes", "gauge", "Open pipes.", d->n_pipes);
 	put_metric(b, "tpipd_listeners", "gauge", "Registered listeners.", d->registry.count);
@@ -111,6 +172,7 @@ static void metrics_on_request(struct evhttp_request *req, void *arg)
 	put_metric(b, "tpipd_rdma_registration_misses_total", "counter",
 		   "RDMA segments that registered memory.", rc.misses);
 	put_channels(b, d);
+	put_peers(b, d);
 	evhttp_add_header(evhttp_request_get_output_headers(req), "Content-Type",
 			  "text/plain; version=0.0.4");
 	evhttp_send_reply(req, HTTP_OK, "OK", b);
@@ -192,6 +254,7 @@ int tpd_metrics_start(struct tpd_daemon *d, const char *listen, struct tpd_metri
 {
 	struct evhttp_bound_socket *bs;
 	struct tpd_metrics *m;
+	struct timespec now;
 	char host[64];
 	uint16_t port;
 
@@ -203,6 +266,9 @@ int tpd_metrics_start(struct tpd_daemon *d, const char *listen, struct tpd_metri
 	if (!m)
 		return -ENOMEM;
 	m->d = d;
+	clock_gettime(CLOCK_REALTIME, &now);
+	m->start_time = (double)now.tv_sec + (double)now.tv_nsec / 1e9 -
+			(double)tpd_daemon_uptime_ms(d) / 1e3;
 	m->http = evhttp_new(d->base);
 	bs = m->http ? evhttp_bind_socket_with_handle(m->http, host, port) : NULL;
 	if (!bs) {

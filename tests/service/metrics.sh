@@ -1,11 +1,14 @@
 #!/bin/bash
 # SPDX-License-Identifier: BSD-3-Clause
-# The Prometheus endpoint: off by default; with --metrics-listen on a loopback address, GET
-# /metrics serves the gauges, counters and per-channel histograms in the text format (and they
-# move after a message), other paths are 404; a non-loopback address is refused before anything
-# is bound.
+# The Prometheus endpoint: off by default; with --metrics-listen on a loopback address, GET /metrics
+# serves the gauges, counters and per-channel histograms in the text format (and they move after a
+# message) by Prometheus conventions (tpipd_build_info with the version, process_start_time_seconds
+# as unix time, no tpipd_up or integer uptime, exact increasing bucket bounds ending in +Inf,
+# per-peer link series labelled by the peer's address, up with bytes both ways after a cross-host
+# transfer to a second daemon), other paths are 404; a non-loopback address is refused before
+# anything is bound.
 . "$(dirname -- "$0")/lib.sh" || exit 1
-need_env TPIPD_BIN TPIPCTL_BIN EXAMPLE_CLIENT_BIN
+need_env TPIPD_BIN TPIPCTL_BIN EXAMPLE_CLIENT_BIN TP_DEMO_BIN
 need_tool curl "fetches the metrics page"
 svc_init
 
@@ -26,7 +29,9 @@ port=
 for try in 1 2 3 4 5 6 7 8; do
 	candidate=$((20000 + (RANDOM % 20000)))
 	rm -f "$log"
-	"$TPIPD_BIN" --socket "$sock" --peer-listen off --metrics-listen "127.0.0.1:$candidate" 2>"$log" &
+	"$TPIPD_BIN" --socket "$sock" --config /dev/null --peer-listen 127.0.0.1:0 \
+		--peer-force-cross-host --peer-key-file "$(svc_peer_key)" \
+		--metrics-listen "127.0.0.1:$candidate" 2>"$log" &
 	pid=$!
 	svc_track "$pid"
 	SVC_LOGS+=("$log")
@@ -40,9 +45,21 @@ done
 [ -n "$port" ] || fail "no free loopback port found for the metrics endpoint"
 url=http://127.0.0.1:$port
 
-check "GET /metrics: text format, tpipd_up 1, gauges and channel series"
+check "GET /metrics: text format, build info, start time, gauges and channel series"
 page=$(curl -fsS --max-time 5 "$url/metrics") || fail "GET /metrics failed"
-grep -qx "tpipd_up 1" <<<"$page" || fail "tpipd_up 1 missing"
+version=$("$TPIPD_BIN" --version | awk '{ print $2 }')
+grep -qxF "tpipd_build_info{version=\"$version\"} 1" <<<"$page" ||
+	fail "tpipd_build_info{version=\"$version\"} 1 missing"
+! grep -qE '^tpipd_(up|uptime_seconds)[ {]' <<<"$page" ||
+	fail "tpipd_up or tpipd_uptime_seconds still served"
+start=$(awk '$1 == "process_start_time_seconds" { print $2 }' <<<"$page")
+[[ $start =~ ^[0-9]+\.[0-9]+$ ]] || fail "process_start_time_seconds is '$start', not a float"
+now=$(date +%s)
+awk -v s="$start" -v n="$now" 'BEGIN { exit !(s > n - 60 && s <= n + 1) }' ||
+	fail "process_start_time_seconds $start is not within the last minute (now $now)"
+page2=$(curl -fsS --max-time 5 "$url/metrics") || fail "GET /metrics failed"
+[ "$(awk '$1 == "process_start_time_seconds" { print $2 }' <<<"$page2")" = "$start" ] ||
+	fail "process_start_time_seconds changes between scrapes"
 for m in tpipd_sessions tpipd_pipes tpipd_listeners tpipd_messages_moved_total \
 	tpipd_bytes_moved_total 'tpipd_channel_transfers_total{channel="shm"}' \
 	'tpipd_channel_copy_seconds_bucket{channel="shm",le="+Inf"}' \
@@ -50,6 +67,18 @@ for m in tpipd_sessions tpipd_pipes tpipd_listeners tpipd_messages_moved_total \
 	grep -qF -- "$m" <<<"$page" || fail "series $m missing"
 done
 grep -q "^# TYPE tpipd_channel_copy_seconds histogram" <<<"$page" || fail "no histogram TYPE line"
+for m in tpipd_peer_bytes_sent_total tpipd_peer_bytes_received_total tpipd_peer_up; do
+	grep -q "^# TYPE $m " <<<"$page" || fail "no TYPE line for the per-peer series $m"
+done
+
+check "bucket bounds are exact powers of two microseconds, increasing, the last +Inf"
+les=$(sed -n 's/^tpipd_channel_copy_seconds_bucket{channel="shm",le="\([^"]*\)"}.*/\1/p' <<<"$page")
+expect=$(awk 'BEGIN { us = 2; for (i = 0; i < 25; i++) {
+	printf "%d.%06d\n", int(us / 1e6), us % 1e6; us *= 2 } print "+Inf" }')
+[ "$les" = "$expect" ] || fail "le bounds are:
+$les
+expected:
+$expect"
 ctype=$(curl -fsS --max-time 5 -o /dev/null -w '%{content_type}' "$url/metrics")
 [[ $ctype == text/plain* ]] || fail "content type is '$ctype'"
 
@@ -60,6 +89,33 @@ page=$(curl -fsS --max-time 5 "$url/metrics") || fail "GET /metrics failed"
 moved=$(awk '$1 == "tpipd_messages_moved_total" { print $2 }' <<<"$page")
 [ "${moved:-0}" -ge 1 ] || fail "tpipd_messages_moved_total is '$moved' after a message"
 say "  tpipd_messages_moved_total $moved"
+
+check "a link to a second daemon: tpipd_peer_* series labelled by its address, up, bytes both ways"
+svc_start_daemon "$SVC_TMP/b.sock" "$SVC_TMP/b.log" --config /dev/null --peer-listen 127.0.0.1:0 \
+	--peer-force-cross-host --peer-key-file "$(svc_peer_key)"
+b_pid=$SVC_DAEMON_PID
+b_addr=$(ctl --socket "$SVC_TMP/b.sock" --json status |
+	sed -n 's/.*"peer_listen": *"\([^"]*\)".*/\1/p')
+[[ $b_addr == 127.0.0.1:[0-9]* ]] || fail "daemon b reports peer_listen '$b_addr'"
+timeout 60 "$TP_DEMO_BIN" -s "$SVC_TMP/b.sock" -n xmetrics --remote -m 1 -z 1 listen \
+	>"$SVC_TMP/listen.out" 2>&1 &
+lpid=$!
+svc_track "$lpid"
+wait_until 10 "listener xmetrics on daemon b" bash -c \
+	"'$TPIPCTL_BIN' --socket '$SVC_TMP/b.sock' listeners | grep -q xmetrics"
+timeout 60 "$TP_DEMO_BIN" -s "$sock" -n "tpip://$b_addr/xmetrics" -m 1 -z 1 connect \
+	>"$SVC_TMP/connect.out" 2>&1 ||
+	{ cat "$SVC_TMP/connect.out" "$SVC_TMP/listen.out"; fail "cross-daemon transfer failed"; }
+wait "$lpid" || { cat "$SVC_TMP/listen.out"; fail "the listener on daemon b failed"; }
+page=$(curl -fsS --max-time 5 "$url/metrics") || fail "GET /metrics failed"
+grep -F "{peer=\"$b_addr\"}" <<<"$page" | sed "s/^/$SVC_NAME:   /"
+grep -qxF "tpipd_peer_up{peer=\"$b_addr\"} 1" <<<"$page" ||
+	fail "tpipd_peer_up{peer=\"$b_addr\"} 1 missing"
+for m in tpipd_peer_bytes_sent_total tpipd_peer_bytes_received_total; do
+	v=$(awk -v k="$m{peer=\"$b_addr\"}" '$1 == k { print $2 }' <<<"$page")
+	[ "${v:-0}" -gt 0 ] || fail "$m{peer=\"$b_addr\"} is '$v' after a transfer"
+done
+svc_stop_daemon "$b_pid"
 
 check "other paths are 404"
 code=$(curl -s --max-time 5 -o /dev/null -w '%{http_code}' "$url/nope")
