@@ -328,6 +328,23 @@ static struct json_object *pipe_end_json(const Tpw__V1__CtlPipeEnd *e)
 	return o;
 }
 
+/* The daemon's "basic,shm,cuda_ipc(cuda>cuda)" as an array of names, as "caps" is; NULL (JSON
+ * null) if out of memory. */
+static struct json_object *channels_json(const char *list)
+{
+	struct json_object *a = json_object_new_array();
+	const char *s = list ? list : "";
+
+	while (a && *s) {
+		size_t n = strcspn(s, ",");
+
+		if (n)
+			json_object_array_add(a, json_object_new_string_len(s, (int)n));
+		s += n + (s[n] == ',');
+	}
+	return a;
+}
+
 static struct json_object *pipe_json(const void *item)
 {
 	const Tpw__V1__CtlPipe *p = item;
@@ -339,7 +356,7 @@ static struct json_object *pipe_json(const void *item)
 	ctl_json_str(o, "listener", p->listener);
 	ctl_json_str(o, "state", p->state);
 	ctl_json_str(o, "transport", p->transport);
-	ctl_json_str(o, "channels", p->channels);
+	json_object_object_add(o, "channels", channels_json(p->channels));
 	ctl_json_u64(o, "created_ms", p->created_ms);
 	if (p->n_channel_reasons) { /* with --verbose */
 		struct json_object *why = json_object_new_array();

@@ -141,8 +141,8 @@ static int ctl_reader(void *arg)
 START_TEST(test_cuda_ctl_pipes_name_cuda_ipc)
 {
 	pid_t rd = tpt_fork(ctl_reader, NULL), wr = tpt_fork(ctl_writer, NULL);
-	struct json_object *o, *arr, *pipe = NULL;
-	const char *channels;
+	struct json_object *o, *arr, *chans, *pipe = NULL;
+	bool cuda_ipc = false;
 	char *table;
 
 	ck_assert_int_gt(rd, 0);
@@ -162,9 +162,15 @@ START_TEST(test_cuda_ctl_pipes_name_cuda_ipc)
 			pipe = p;
 	}
 	ck_assert_msg(pipe, "the pipe is not listed: %s", json_object_to_json_string(o));
-	channels = get_str(pipe, "channels");
-	ck_assert_msg(channels && strstr(channels, "cuda_ipc"),
-		      "channels \"%s\" lack cuda_ipc", channels ? channels : "(none)");
+	ck_assert_msg(json_object_object_get_ex(pipe, "channels", &chans) &&
+			      json_object_is_type(chans, json_type_array),
+		      "the pipe's channels are not an array: %s", json_object_to_json_string(o));
+	for (size_t i = 0; i < json_object_array_length(chans); i++) {
+		const char *n = json_object_get_string(json_object_array_get_idx(chans, i));
+
+		cuda_ipc |= n && strncmp(n, "cuda_ipc", 8) == 0;
+	}
+	ck_assert_msg(cuda_ipc, "channels %s lack cuda_ipc", json_object_to_json_string(chans));
 	ck_assert_msg(strstr(table, "cuda_ipc"), "the pipes table lacks cuda_ipc");
 	json_object_put(o);
 	free(table);

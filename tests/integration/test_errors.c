@@ -405,6 +405,31 @@ static int channel_pair(void *arg)
 	return 0;
 }
 
+/* --json pipes: "channels" is an array of names, as a backend's "caps" is: here cma (the 1 MiB
+ * message) and basic (the eager one), each its own string. */
+static void expect_channels_array(const char *out)
+{
+	struct json_object *o = json_tokener_parse(out), *arr, *p, *ch;
+	bool cma = false, basic = false;
+
+	ck_assert_msg(o && json_object_object_get_ex(o, "pipes", &arr) &&
+			      json_object_array_length(arr) == 1,
+		      "pipes --json: %s", out);
+	p = json_object_array_get_idx(arr, 0);
+	ck_assert_msg(json_object_object_get_ex(p, "channels", &ch) &&
+			      json_object_is_type(ch, json_type_array),
+		      "channels is not an array: %s", out);
+	for (size_t i = 0; i < json_object_array_length(ch); i++) {
+		const char *n = json_object_get_string(json_object_array_get_idx(ch, i));
+
+		ck_assert_msg(n && !strchr(n, ','), "channel name \"%s\": %s", n ? n : "", out);
+		cma |= strcmp(n, "cma") == 0;
+		basic |= strcmp(n, "basic") == 0;
+	}
+	ck_assert_msg(cma && basic, "channels lack cma or basic: %s", out);
+	json_object_put(o);
+}
+
 START_TEST(test_errors_channel_choice_is_logged_and_shown)
 {
 	static const char *const args[] = { "--log-level", "debug", NULL };
@@ -435,6 +460,7 @@ START_TEST(test_errors_channel_choice_is_logged_and_shown)
 	out = ctl("--json", "pipes", "-v");
 	ck_assert_msg(strstr(out, "\"channel_reasons\"") && strstr(out, "passed over: shm: "),
 		      "pipes --json -v: %s", out);
+	expect_channels_array(out);
 	free(out);
 	tpt_sync_post(&to_child, 0);
 	ck_assert(tpt_wait_ok(pid, T_MS, "client"));

@@ -236,6 +236,10 @@ START_TEST(test_tpipctl_pipes_lists_the_open_pipe)
 	p = json_object_array_get_idx(arr, 0);
 	ck_assert_str_eq(get_str(p, "listener"), LISTENER);
 	ck_assert_str_eq(get_str(p, "state"), "open");
+	/* No message moved yet: no channel, an empty array (never a string). */
+	ck_assert(json_object_object_get_ex(p, "channels", &end));
+	ck_assert(json_object_is_type(end, json_type_array));
+	ck_assert_int_eq(json_object_array_length(end), 0);
 	ck_assert(json_object_object_get_ex(p, "connector", &end));
 	ck_assert_int_eq(get_int(end, "pid"), connector_pid);
 	ck_assert(json_object_object_get_ex(p, "acceptor", &end));
