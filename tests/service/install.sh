@@ -67,7 +67,9 @@ one tpipd.socket lib/systemd/system/tpipd.socket usr/lib/systemd/system/tpipd.so
 sysusers=$(one sysusers.d/tpipd.conf usr/lib/sysusers.d/tpipd.conf lib/sysusers.d/tpipd.conf)
 tmpfiles=$(one tmpfiles.d/tpipd.conf usr/lib/tmpfiles.d/tpipd.conf lib/tmpfiles.d/tpipd.conf)
 grep -q '^u tpipd' "$sysusers" || fail "the sysusers snippet does not create the tpipd user"
-grep -q '^d /run/tpipd' "$tmpfiles" || fail "the tmpfiles snippet does not create /run/tpipd"
+grep -q '^d /etc/tpipd' "$tmpfiles" || fail "the tmpfiles snippet does not create /etc/tpipd"
+! grep -q '^[dD] /run/tpipd' "$tmpfiles" ||
+	fail "the tmpfiles snippet duplicates the service's RuntimeDirectory=tpipd"
 check "the installed tpipd.service runs ExecStart=/usr/sbin/tpipd"
 grep -qx 'ExecStart=/usr/sbin/tpipd' "$service" || { grep -n Exec "$service"; fail "wrong ExecStart"; }
 ! grep -n '@[a-z]*@' "$service" || fail "unsubstituted placeholder in the installed unit"
