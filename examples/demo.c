@@ -9,7 +9,11 @@
  * error or mismatch. Only the public API in tpclient.h is used; this is example code, not a test.
  *
  * Roles: "both" (default), or "listen" and "connect" to run the two halves in two terminals.
+ * Builds on its own: cc demo.c $(pkg-config --cflags --libs libtpclient).
  */
+#ifndef _GNU_SOURCE
+#define _GNU_SOURCE /* pipe2() */
+#endif
 #include <errno.h>
 #include <fcntl.h>
 #include <getopt.h>

@@ -366,7 +366,8 @@ struct tp_message {
 	size_t n_tensors;
 };
 
-/* Completion of a write or read. @errmsg is NULL when @status is 0. */
+/* Completion of a write or read. @errmsg is NULL when @status is 0, else valid only until the
+ * callback returns (as for every callback's @errmsg). */
 typedef void (*tp_done_fn)(void *arg, struct tp_pipe *p, int status, const char *errmsg);
 
 /*

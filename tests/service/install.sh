@@ -3,7 +3,8 @@
 # Packaging: configure a separate build of the source tree with --prefix /usr (no tests, no
 # bench), `meson install --destdir`, and check that everything a package ships is there (daemon,
 # tpipctl, library and its .pc, header, units, sysusers/tmpfiles snippets, man pages, example
-# config). Then build example_client.c with the flags of the installed libtpclient.pc (through
+# config, the example program's source). Then build example_client.c and the installed demo.c
+# with the flags of the installed libtpclient.pc (through
 # PKG_CONFIG_SYSROOT_DIR, so they point into the destdir) and run it, linked against the
 # installed library, through the installed tpipd.
 . "$(dirname -- "$0")/lib.sh" || exit 1
@@ -88,6 +89,9 @@ fi
 check "the example config under usr/share/doc/tpipd"
 one tpipd.conf.example usr/share/doc/tpipd/tpipd.conf.example 'usr/share/doc/tpipd/tpipd.conf.example*' >/dev/null
 
+check "the example program libtpclient(3) names: usr/share/doc/tpipd/examples/demo.c"
+demo_src=$(one examples/demo.c usr/share/doc/tpipd/examples/demo.c)
+
 check "cc example_client.c with pkg-config --cflags --libs libtpclient (sysroot $dest)"
 PKG_CONFIG_PATH=$(dirname "$pc")
 export PKG_CONFIG_SYSROOT_DIR=$dest PKG_CONFIG_PATH
@@ -99,6 +103,10 @@ case " $flags " in *" -L$libdir "*) ;; *) fail "--libs do not point into $libdir
 cc -Wall -Wextra -Wno-unused-parameter -Werror -o "$SVC_TMP/example_client" \
 	"$(dirname "$0")/example_client.c" $flags >"$SVC_TMP/cc.log" 2>&1 ||
 	{ cat "$SVC_TMP/cc.log"; fail "the example does not build against the installed tree"; }
+check "cc the installed examples/demo.c the same way"
+# shellcheck disable=SC2086
+cc -Wall -Wextra -Werror -o "$SVC_TMP/demo" "$demo_src" $flags >"$SVC_TMP/cc.log" 2>&1 ||
+	{ cat "$SVC_TMP/cc.log"; fail "the installed demo.c does not build against the tree"; }
 unset PKG_CONFIG_SYSROOT_DIR PKG_CONFIG_PATH
 LD_LIBRARY_PATH=$libdir ldd "$SVC_TMP/example_client" | grep -q "$libdir/libtpclient.so.0" ||
 	fail "the example does not load the installed libtpclient"
