@@ -1,12 +1,13 @@
 #!/usr/bin/env bash
 # SPDX-License-Identifier: BSD-3-Clause
 #
-# One-command demo: installs what is missing (Debian packages, see scripts/deps.sh), builds
-# tpipd in ./build, starts tpipd in the foreground on a socket in a temporary directory, runs
-# examples/tp-demo (a listener and a connector process moving a few messages with shared and
-# private tensors, every byte checked) and shows `tpipctl status`, `sessions` and `pipes` while
-# the demo's pipe is still open. Stops the daemon with SIGTERM and removes the temporary
-# directory on exit. Exit status: 0 when the demo verified every byte and tpipd stopped cleanly.
+# One-command demo: installs what is missing (Debian packages, see scripts/deps.sh), builds tpipd,
+# tpipctl, libtpclient and tp-demo (only these) in ./build, starts tpipd in the foreground on a
+# socket in a temporary directory, runs examples/tp-demo (a listener and a connector process moving
+# a few messages with shared and private tensors, every byte checked) and shows `tpipctl status`,
+# `sessions` and `pipes` while the demo's pipe is still open. Stops the daemon with SIGTERM and
+# removes the temporary directory on exit. Exit status: 0 when the demo verified every byte and
+# tpipd stopped cleanly.
 set -euo pipefail
 cd "$(dirname "$(readlink -f "$0")")"
 # shellcheck source=scripts/deps.sh
@@ -81,7 +82,9 @@ trap 'exit 130' INT
 trap 'exit 143' TERM
 
 tp_deps_install
-tp_build "$BUILD"
+# Only what the demo runs (tp-demo brings libtpclient): not the tests and benchmarks, which
+# ./test.sh builds later in the same directory.
+tp_build_targets "$BUILD" "${TPIPD#"$BUILD"/}" "${TPIPCTL#"$BUILD"/}" "${TPDEMO#"$BUILD"/}"
 for f in "$TPIPD" "$TPIPCTL" "$TPDEMO"; do
 	[ -x "$f" ] || die "$f was not built"
 done

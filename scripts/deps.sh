@@ -70,9 +70,9 @@ tp_deps_install_bench() {
 	return 0
 }
 
-# tp_build DIR [MESON_OPTIONS...]: configures DIR once, applies the given -D options to a DIR
-# configured before (so ./test.sh turns -Werror on in a build that ./demo.sh made), then builds.
-tp_build() {
+# tp_configure DIR [MESON_OPTIONS...]: configures DIR once, and applies the given -D options to
+# a DIR configured before (so ./test.sh turns -Werror on in a build that ./demo.sh made).
+tp_configure() {
 	local dir=$1
 	shift
 	if [ ! -f "$dir/build.ninja" ]; then
@@ -80,5 +80,19 @@ tp_build() {
 	elif [ "$#" -gt 0 ]; then
 		meson configure "$dir" "$@" >/dev/null || return
 	fi
-	ninja -C "$dir"
+}
+
+# tp_build DIR [MESON_OPTIONS...]: tp_configure, then builds everything (tests, benchmarks).
+tp_build() {
+	tp_configure "$@" || return
+	ninja -C "$1"
+}
+
+# tp_build_targets DIR TARGET...: tp_configure DIR as it is, then builds only the ninja TARGETs
+# (paths under DIR, such as daemon/tpipd) and what they need; a later tp_build builds the rest.
+tp_build_targets() {
+	local dir=$1
+	shift
+	tp_configure "$dir" || return
+	ninja -C "$dir" "$@"
 }
