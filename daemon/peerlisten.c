@@ -166,30 +166,22 @@ bool tpd_peerlisten_admit_dial(struct tpd_daemon *d, char *why, size_t wl)
 
 /*
  * Refusals of connections that failed authentication are warnings, but anyone who reaches the
- * port can cause them: at most REFUSALS_LOGGED per REFUSAL_WINDOW_NS are logged, and the number
- * left out is logged when the next window opens.
+ * port can cause them: at most REFUSALS_LOGGED per REFUSAL_WINDOW_MS are logged, and the number
+ * left out is logged with the first refusal of a later window.
  */
 #define REFUSALS_LOGGED 20
-#define REFUSAL_WINDOW_NS (10ull * 1000000000ull)
+#define REFUSAL_WINDOW_MS 10000
 
 static bool refusal_log_ok(void)
 {
-	static uint64_t window_start;
-	static unsigned logged, dropped;
-	uint64_t now = tpu_now_ns();
+	static struct tpd_ratelog refusals;
+	unsigned dropped;
 
-	if (now - window_start >= REFUSAL_WINDOW_NS) {
-		if (dropped)
-			tpu_log_warn("%u more refused peer connections were not logged", dropped);
-		window_start = now;
-		logged = dropped = 0;
-	}
-	if (logged < REFUSALS_LOGGED) {
-		logged++;
-		return true;
-	}
-	dropped++;
-	return false;
+	if (!tpd_ratelog_burst_ok(&refusals, REFUSAL_WINDOW_MS, REFUSALS_LOGGED, &dropped))
+		return false;
+	if (dropped)
+		tpu_log_warn("%u more refused peer connections were not logged", dropped);
+	return true;
 }
 
 void tpd_peerlisten_conn_free(struct peer_conn *c)

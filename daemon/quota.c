@@ -22,6 +22,25 @@ bool tpd_ratelog_ok(struct tpd_ratelog *rl, uint64_t interval_ms, unsigned *ret_
 	return true;
 }
 
+bool tpd_ratelog_burst_ok(struct tpd_ratelog *rl, uint64_t window_ms, unsigned burst,
+			  unsigned *ret_suppressed)
+{
+	uint64_t now = tpu_now_ns();
+
+	if (now >= rl->next_ns) {
+		rl->next_ns = now + window_ms * 1000000ull;
+		rl->logged = 0;
+	}
+	if (rl->logged >= burst) {
+		rl->suppressed++;
+		return false;
+	}
+	rl->logged++;
+	*ret_suppressed = rl->suppressed;
+	rl->suppressed = 0;
+	return true;
+}
+
 void tpd_quota_init(struct tpd_quota *q)
 {
 	*q = (struct tpd_quota){ 0 };

@@ -19,10 +19,11 @@
 
 struct tpd_daemon;
 
-/* At most one log line per interval; counts the lines held back meanwhile. */
+/* At most one log line per interval (or a burst per window); counts the lines held back. */
 struct tpd_ratelog {
 	uint64_t next_ns;
 	unsigned suppressed;
+	unsigned logged; /* tpd_ratelog_burst_ok(): lines logged in the current window */
 };
 
 /*
@@ -31,6 +32,16 @@ struct tpd_ratelog {
  * Return: true to log.
  */
 bool tpd_ratelog_ok(struct tpd_ratelog *rl, uint64_t interval_ms, unsigned *ret_suppressed);
+
+/*
+ * tpd_ratelog_burst_ok() - may a line be logged now? At most @burst per window of @window_ms,
+ * so that a few events in a row are all seen while a flood is not. The first line of a new
+ * window learns how many were held back in the windows before.
+ * @ret_suppressed: lines refused since the last one that was allowed (written when true).
+ * Return: true to log.
+ */
+bool tpd_ratelog_burst_ok(struct tpd_ratelog *rl, uint64_t window_ms, unsigned burst,
+			  unsigned *ret_suppressed);
 
 /* One local user's share. */
 struct tpd_uid_acct {

@@ -518,8 +518,14 @@ void tpd_xpipe_peer_connect(struct tpd_daemon *d, struct tpd_peer *pr,
 	pm.connect_reply = &rep;
 	tpd_peer_send(pr, &pm, NULL, 0);
 	if (!p) {
-		tpu_log_info("peer %s: connect to '%s' refused: %s", tpd_peer_name(pr), c->name,
-			     logwhy[0] ? logwhy : why);
+		/* A peer can send connects as fast as its link carries them: a burst is logged. */
+		static struct tpd_ratelog refusals;
+		unsigned held;
+
+		if (tpd_ratelog_burst_ok(&refusals, 10000, 20, &held))
+			tpu_log_info("peer %s: connect to '%s' refused: %s (%u refusals not logged "
+				     "before this one)", tpd_peer_name(pr), c->name,
+				     logwhy[0] ? logwhy : why, held);
 		return;
 	}
 	l->accepted++;

@@ -678,6 +678,21 @@ bool tpt_daemon_log_has(const struct tpt_daemon *d, const char *needle)
 	return log_find(d, needle, NULL, 0);
 }
 
+int tpt_daemon_log_count(const struct tpt_daemon *d, const char *needle)
+{
+	FILE *f = fopen(d->log, "re");
+	char line[2048];
+	int n = 0;
+
+	if (!f)
+		return -1;
+	while (fgets(line, sizeof(line), f))
+		if (strstr(line, needle))
+			n++;
+	fclose(f);
+	return n;
+}
+
 int tpt_daemon_wait_log(const struct tpt_daemon *d, const char *needle, int timeout_ms,
 			char *ret_line, size_t line_len)
 {

@@ -91,6 +91,9 @@ int tpt_daemon_wait_log(const struct tpt_daemon *d, const char *needle, int time
 /* True if the daemon's log holds a line containing @needle now. */
 bool tpt_daemon_log_has(const struct tpt_daemon *d, const char *needle);
 
+/* Lines of @d's log that contain @needle, or -1 if the log cannot be read. */
+int tpt_daemon_log_count(const struct tpt_daemon *d, const char *needle);
+
 /* ---- peering (cross-host pipes between two daemons on this machine) ------------------------ */
 
 /*

@@ -276,6 +276,40 @@ START_TEST(test_names_remote_uid_claims_open_no_owner_only_listener)
 }
 END_TEST
 
+/* ---- a peer flooding refused connects does not flood the log ------------------------------- */
+
+#define FLOOD_CONNECTS 25
+#define REFUSALS_LOGGED 20 /* per 10 s, daemon/xpipe.c */
+
+/* On ka as NOBODY: FLOOD_CONNECTS connects to a name kb does not have, each refused. */
+static int flooder(void *arg)
+{
+	struct tp_context *ctx;
+	char addr[200], why[512];
+	int r = ctx_as(&ka, NOBODY, "flooder", &ctx);
+
+	if (r)
+		return 1;
+	tpt_peer_address(&kb, "flood", addr, sizeof(addr));
+	for (int i = 0; i < FLOOD_CONNECTS; i++) {
+		r = connect_and_write(ctx, addr, NULL, why, sizeof(why));
+		TPT_REQUIRE(r == -ENOENT, 1, "connect %d to a missing listener: %d %s", i, r, why);
+	}
+	tp_context_free(ctx);
+	return 0;
+}
+
+START_TEST(test_names_refused_remote_connects_are_logged_at_a_bounded_rate)
+{
+	if (!is_root())
+		return;
+	ck_assert(tpt_wait_ok(tpt_fork(flooder, NULL), T_MS, "flooder"));
+	/* Each of the first 20 in the window is logged once; the 21st to 25th are not. */
+	ck_assert_int_eq(tpt_daemon_log_count(&kb, "connect to 'flood' refused"), REFUSALS_LOGGED);
+	ck_assert(tpt_daemon_alive(&kb));
+}
+END_TEST
+
 /* ---- a listener that allows peers is reached, each end learns the other's claim ------------- */
 
 /* On kb as VICTIM: "any" (every peer) and "psk" (links authenticated as "psk"); accepts one pipe
@@ -667,6 +701,7 @@ static Suite *names_suite(void)
 	tcase_add_test(tc, test_names_peer_cannot_tell_refusing_listener_from_missing);
 	tcase_add_test(tc, test_names_squatter_gets_nothing_from_a_connector_expecting_its_owner);
 	tcase_add_test(tc, test_names_tpipctl_shows_a_user_only_its_own_objects);
+	tcase_add_test(tc, test_names_refused_remote_connects_are_logged_at_a_bounded_rate);
 	suite_add_tcase(s, tc);
 	return s;
 }

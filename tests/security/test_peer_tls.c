@@ -49,22 +49,6 @@ static void pair_teardown(void)
 	ck_assert_int_eq(rb, 0);
 }
 
-/* Occurrences of @needle in @d's log. */
-static int log_count(const struct tpt_daemon *d, const char *needle)
-{
-	FILE *f = fopen(d->log, "r");
-	char line[2048];
-	int n = 0;
-
-	if (!f)
-		return -1;
-	while (fgets(line, sizeof(line), f))
-		if (strstr(line, needle))
-			n++;
-	fclose(f);
-	return n;
-}
-
 /* A pair that proves that a client of @from reaches a listener @name of @to. */
 static bool cross_works(const struct tpt_daemon *from, const struct tpt_daemon *to,
 			const char *name)
@@ -444,8 +428,8 @@ START_TEST(test_plaintext_hello_is_refused_and_logged_once)
 	ck_assert_int_eq(tpt_raw_wait_closed(&r, LOG_MS), 0);
 	tpt_raw_close(&r);
 	ck_assert_int_eq(tpt_daemon_wait_log(&da, "plaintext peer protocol", LOG_MS, NULL, 0), 0);
-	ck_assert_int_eq(log_count(&da, "plaintext peer protocol"), 1);
-	ck_assert_int_eq(log_count(&da, "accepted from"), 0);
+	ck_assert_int_eq(tpt_daemon_log_count(&da, "plaintext peer protocol"), 1);
+	ck_assert_int_eq(tpt_daemon_log_count(&da, "accepted from"), 0);
 	ck_assert(cross_works(&db, &da, "after-plaintext"));
 }
 END_TEST
@@ -466,9 +450,9 @@ START_TEST(test_refusal_logs_are_bounded)
 {
 	for (int i = 0; i < 20; i++)
 		plaintext_knock();
-	ck_assert_int_eq(log_count(&da, "plaintext peer protocol"), 20);
+	ck_assert_int_eq(tpt_daemon_log_count(&da, "plaintext peer protocol"), 20);
 	plaintext_knock();
-	ck_assert_int_eq(log_count(&da, "plaintext peer protocol"), 20);
+	ck_assert_int_eq(tpt_daemon_log_count(&da, "plaintext peer protocol"), 20);
 	ck_assert(tpt_daemon_alive(&da));
 }
 END_TEST
@@ -520,8 +504,8 @@ START_TEST(test_wrong_key_fails_the_handshake_on_both_ends)
 	tpt_end_close(&e);
 	ck_assert_int_eq(tpt_daemon_wait_log(&da, "wrong pre-shared key", LOG_MS, NULL, 0), 0);
 	ck_assert_int_eq(tpt_daemon_wait_log(&other, "wrong pre-shared key", LOG_MS, NULL, 0), 0);
-	ck_assert_int_eq(log_count(&da, "TLS handshake failed"), 1);
-	ck_assert_int_eq(log_count(&other, "link failed"), 1);
+	ck_assert_int_eq(tpt_daemon_log_count(&da, "TLS handshake failed"), 1);
+	ck_assert_int_eq(tpt_daemon_log_count(&other, "link failed"), 1);
 	ck_assert_int_eq(tpt_daemon_stop(&other), 0);
 	ck_assert(cross_works(&db, &da, "after-wrong-key"));
 }
@@ -551,7 +535,7 @@ START_TEST(test_data_connection_needs_its_links_session)
 	/* another link's key: valid for l2, presented for l1 */
 	ck_assert_int_eq(data_attach(port, l1.link_id, l2.link_key, 0, NULL, &c), -ECONNRESET);
 	fconn_close(&c);
-	ck_assert_int_eq(log_count(&da, "wrong or replayed binding token"), 3);
+	ck_assert_int_eq(tpt_daemon_log_count(&da, "wrong or replayed binding token"), 3);
 	/* the link itself is untouched: its real dialler still attaches */
 	ck_assert_int_eq(data_attach(port, l1.link_id, l1.link_key, 0, NULL, &c), 0);
 	ck_assert_int_eq(tpt_daemon_wait_log(&da, "link up to fake-dialler", LOG_MS, NULL, 0), 0);
@@ -645,7 +629,7 @@ START_TEST(test_no_key_opens_no_tcp_port)
 	ck_assert_int_eq(tpt_daemon_start(&d, args), 0);
 	ck_assert_int_eq(
 	    tpt_daemon_wait_log(&d, "not opened: no peer authentication", LOG_MS, NULL, 0), 0);
-	ck_assert_int_eq(log_count(&d, "not opened: no peer authentication"), 1);
+	ck_assert_int_eq(tpt_daemon_log_count(&d, "not opened: no peer authentication"), 1);
 	fd = tcp_connect(port);
 	ck_assert_msg(fd == -ECONNREFUSED, "the daemon without a key accepts TCP on %d (%d)", port,
 		      fd);
@@ -668,9 +652,9 @@ START_TEST(test_insecure_switch_is_loud_and_shown)
 	char *out;
 
 	ck_assert_int_eq(tpt_daemon_pair_start(&a, args, &b, args), 0);
-	ck_assert_int_eq(log_count(&a, "peer links are INSECURE"), 1);
+	ck_assert_int_eq(tpt_daemon_log_count(&a, "peer links are INSECURE"), 1);
 	ck_assert(cross_works(&a, &b, "insecure"));
-	ck_assert_int_eq(log_count(&b, "WITHOUT authentication (--peer-insecure)"), 1);
+	ck_assert_int_eq(tpt_daemon_log_count(&b, "WITHOUT authentication (--peer-insecure)"), 1);
 	out = tpt_ctl(&b, "peers", true);
 	ck_assert_msg(strstr(out, "\"security\": \"insecure\""), "peers: %s", out);
 	free(out);
