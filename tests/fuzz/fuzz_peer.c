@@ -23,7 +23,7 @@
  *   op & 0x20  the bytes go to the local session instead (ClientMsg frames: write, read, close
  *              on the pipe a PeerConnect opened)
  * Built as a libFuzzer target by clang (LLVMFuzzerTestOneInput, -DFUZZ_PEER_LIBFUZZER); the corpus
- * replays through fuzz_peer_run() in every build (replay_peer.c). FUZZ_PEER_LOG=1 shows the
+ * replays through fuzz_peer_run() in every build (replay_daemon.c). FUZZ_PEER_LOG=1 shows the
  * daemon's debug log and counters on stderr.
  */
 #include <arpa/inet.h>
@@ -40,20 +40,18 @@
 #include <unistd.h>
 #include "daemon.h"
 #include "frame.h"
+#include "fuzz_daemon.h"
 #include "fuzz_peer.h"
 #include "log.h"
 #include "peer.h"
 #include "session.h"
 
 #define CONNS 4
-#define MEMFD_SIZE (64u << 10)
 #define PASSES_PER_RECORD 8
 #define DRAIN_DEADLINE_NS (5ull * 1000 * 1000 * 1000)
 #define VARINT_MAX 10
 
 static struct tpd_daemon *daemon_;
-static char dir_[64];
-static bool log_;
 
 /* What one input has open, and the ids the daemon chose so far. */
 struct run {
@@ -65,61 +63,11 @@ struct run {
 	uint64_t link_id, pipe_id;
 };
 
-static void log_drop(enum tpu_log_level level, const char *const *fields, const char *msg)
+static void adjust(struct tpd_config *cfg)
 {
-	(void)level;
-	(void)fields;
-	(void)msg;
-}
-
-static void make_daemon(void)
-{
-	struct tpd_config cfg;
-	int r;
-
-	log_ = getenv("FUZZ_PEER_LOG") != NULL;
-	if (log_)
-		tpu_log_set_level(TPU_LOG_DEBUG);
-	else
-		tpu_log_set_sink(log_drop);
-	snprintf(dir_, sizeof(dir_), "/tmp/tpipd-fuzz-XXXXXX");
-	if (!mkdtemp(dir_))
-		abort();
-	tpd_config_defaults(&cfg);
-	snprintf(cfg.socket_path, sizeof(cfg.socket_path), "%s/s", dir_);
-	snprintf(cfg.peer_listen, sizeof(cfg.peer_listen), "127.0.0.1:0");
-	cfg.peer_insecure = true;
-	cfg.metrics_listen[0] = '\0';
-	cfg.copy_threads = 1;
-	cfg.spin_us = 0;
-	cfg.no_rdma = true;
-	r = tpd_daemon_new(&cfg, &daemon_);
-	if (r < 0 || !daemon_->peer_port_bound) {
-		fprintf(stderr, "fuzz_peer: cannot start the daemon: %s\n", strerror(-r));
-		abort();
-	}
-}
-
-static void cleanup_dir(void)
-{
-	if (daemon_)
-		tpd_daemon_free(daemon_);
-	daemon_ = NULL;
-	rmdir(dir_);
-}
-
-static int make_memfd(void)
-{
-	int fd = memfd_create("fuzz-buffer", MFD_CLOEXEC | MFD_ALLOW_SEALING);
-
-	if (fd < 0)
-		return -1;
-	if (ftruncate(fd, MEMFD_SIZE) < 0 ||
-	    fcntl(fd, F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL) < 0) {
-		close(fd);
-		return -1;
-	}
-	return fd;
+	snprintf(cfg->peer_listen, sizeof(cfg->peer_listen), "127.0.0.1:0");
+	cfg->peer_insecure = true;
+	cfg->no_rdma = true;
 }
 
 /* The frames in r->rx: keeps the link id of a PeerReady and the pipe id of an accepted
@@ -156,29 +104,9 @@ static void parse_rx(struct run *r)
 static void drain(struct run *r, int fd, bool rx)
 {
 	char buf[65536];
-	union {
-		struct cmsghdr h;
-		char b[CMSG_SPACE(sizeof(int) * 16)];
-	} cm;
+	ssize_t n;
 
-	for (;;) {
-		struct iovec iov = { buf, sizeof(buf) };
-		struct msghdr mh = { .msg_iov = &iov, .msg_iovlen = 1, .msg_control = cm.b,
-				     .msg_controllen = sizeof(cm.b) };
-		ssize_t n = recvmsg(fd, &mh, MSG_DONTWAIT | MSG_CMSG_CLOEXEC);
-		struct cmsghdr *c;
-
-		if (n <= 0)
-			return;
-		for (c = CMSG_FIRSTHDR(&mh); c; c = CMSG_NXTHDR(&mh, c)) {
-			if (c->cmsg_level != SOL_SOCKET || c->cmsg_type != SCM_RIGHTS)
-				continue;
-			for (size_t i = 0; i < (c->cmsg_len - CMSG_LEN(0)) / sizeof(int); i++) {
-				int f;
-				memcpy(&f, CMSG_DATA(c) + i * sizeof(int), sizeof(int));
-				close(f);
-			}
-		}
+	while ((n = fuzz_daemon_recv(fd, buf, sizeof(buf))) > 0) {
 		if (!rx || r->rx_broken)
 			continue;
 		if ((size_t)n > sizeof(r->rx) - r->rx_len) {
@@ -207,48 +135,9 @@ static void loop_passes(struct run *r, unsigned passes)
 	}
 }
 
-/* Sends @len bytes on @fd (with a memfd if @with_fd), running the loop while it is full. */
-static void send_record(struct run *r, int fd, const uint8_t *buf, size_t len, bool with_fd)
+static void stall(void *r)
 {
-	int mfd = with_fd ? make_memfd() : -1;
-	bool fd_sent = mfd < 0;
-	unsigned stalls = 0;
-
-	while ((len || !fd_sent) && stalls < 64) {
-		union {
-			struct cmsghdr h;
-			char b[CMSG_SPACE(sizeof(int))];
-		} cm;
-		uint8_t zero = 0;
-		struct iovec iov = { len ? (void *)buf : &zero, len ? len : 1 };
-		struct msghdr mh = { .msg_iov = &iov, .msg_iovlen = 1 };
-		ssize_t n;
-
-		if (!fd_sent) {
-			memset(&cm, 0, sizeof(cm));
-			mh.msg_control = cm.b;
-			mh.msg_controllen = sizeof(cm.b);
-			CMSG_FIRSTHDR(&mh)->cmsg_level = SOL_SOCKET;
-			CMSG_FIRSTHDR(&mh)->cmsg_type = SCM_RIGHTS;
-			CMSG_FIRSTHDR(&mh)->cmsg_len = CMSG_LEN(sizeof(int));
-			memcpy(CMSG_DATA(CMSG_FIRSTHDR(&mh)), &mfd, sizeof(int));
-		}
-		n = sendmsg(fd, &mh, MSG_DONTWAIT | MSG_NOSIGNAL);
-		if (n < 0) {
-			if (errno != EAGAIN)
-				break; /* the daemon closed this connection */
-			stalls++;
-			loop_passes(r, 1);
-			continue;
-		}
-		fd_sent = true;
-		if (len) {
-			buf += n;
-			len -= (size_t)n;
-		}
-	}
-	if (mfd >= 0)
-		close(mfd);
+	loop_passes(r, 1);
 }
 
 /* A TCP connection to the daemon's peer port; the daemon accepts it on its next pass. */
@@ -277,7 +166,7 @@ static void local_send(struct run *r, Tpw__V1__ClientMsg *m)
 
 	if (tpw_frame_size(&m->base) > sizeof(buf))
 		abort();
-	send_record(r, r->local, buf, tpw_frame_pack(&m->base, 0, 0, 1, buf), false);
+	fuzz_daemon_send(r->local, buf, tpw_frame_pack(&m->base, 0, 0, 1, buf), false, stall, r);
 }
 
 /* The local session: Hello, then a listener every peer daemon may connect to. */
@@ -362,10 +251,7 @@ static void check_all_gone(void)
 		loop_passes(NULL, 1);
 		sched_yield();
 	}
-	if (log_)
-		fprintf(stderr, "fuzz_peer: daemon moved %llu messages, %llu bytes so far\n",
-			(unsigned long long)daemon_->messages_moved,
-			(unsigned long long)daemon_->bytes_moved);
+	fuzz_daemon_report("fuzz_peer");
 }
 
 void fuzz_peer_run(const uint8_t *data, size_t len)
@@ -375,8 +261,11 @@ void fuzz_peer_run(const uint8_t *data, size_t len)
 	size_t off = 0;
 
 	if (!daemon_) {
-		make_daemon();
-		atexit(cleanup_dir);
+		daemon_ = fuzz_daemon_start("FUZZ_PEER_LOG", adjust);
+		if (!daemon_->peer_port_bound) {
+			fprintf(stderr, "fuzz_peer: the daemon has no peer listener\n");
+			abort();
+		}
 	}
 	r.rx_len = 0;
 	r.rx_broken = false;
@@ -406,7 +295,7 @@ void fuzz_peer_run(const uint8_t *data, size_t len)
 			memcpy(rec, data + off, n);
 			if (subst && !local)
 				substitute(&r, rec, n);
-			send_record(&r, *fd, rec, n, subst && local);
+			fuzz_daemon_send(*fd, rec, n, subst && local, stall, &r);
 		}
 		off += n;
 		if ((op & FUZZ_PEER_OP_HANGUP) && *fd >= 0) {

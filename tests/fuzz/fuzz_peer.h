@@ -1,7 +1,7 @@
 /* SPDX-License-Identifier: BSD-3-Clause */
 /*
  * The peer fuzz target's entry point (fuzz_peer.c), shared by the libFuzzer binary and the corpus
- * replay (replay_peer.c), and the placeholders its seeds (gen_peer_corpus.c) put where an id the
+ * replay (replay_daemon.c), and the placeholders its seeds (gen_peer_corpus.c) put where an id the
  * daemon chooses belongs.
  */
 #ifndef FUZZ_PEER_H

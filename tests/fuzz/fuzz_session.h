@@ -1,7 +1,7 @@
 /* SPDX-License-Identifier: BSD-3-Clause */
 /*
  * The session fuzz target's entry point (fuzz_session.c), shared by the libFuzzer binary and the
- * corpus replay (replay_session.c).
+ * corpus replay (replay_daemon.c).
  */
 #ifndef FUZZ_SESSION_H
 #define FUZZ_SESSION_H
