@@ -489,6 +489,7 @@ int tpd_daemon_new(const struct tpd_config *cfg, struct tpd_daemon **ret)
 	d->next_pipe_id = 1;
 	tpu_list_init(&d->sessions);
 	tpu_list_init(&d->pipes);
+	tpu_list_init(&d->xwaits);
 	tpd_registry_init(&d->registry);
 	tpd_quota_init(&d->quota);
 	d->base = event_base_new();

@@ -49,6 +49,7 @@ struct tpd_daemon {
 	struct tpd_registry registry;
 	struct tpu_list pipes;
 	unsigned n_pipes;
+	struct tpu_list xwaits;	/* peers' connects waiting for a listener (xpipe.c) */
 	uint64_t next_pipe_id;
 	struct tpd_copier *copier;
 	uint64_t start_ns;

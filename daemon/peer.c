@@ -136,6 +136,11 @@ struct tpd_stripe *tpd_peer_stripe(struct tpd_peer *pr)
 	return pr->stripe;
 }
 
+bool tpd_peer_connect_wait_ok(const struct tpd_peer *pr)
+{
+	return pr->peer_minor >= TPW_PEER_MINOR_CONNECT_WAIT;
+}
+
 int tpd_peer_pipe_add(struct tpd_peer *pr, struct tpd_pipe *p)
 {
 	return tpu_hmap_put(&pr->pipes, p->id, p);
@@ -290,6 +295,7 @@ void tpd_peer_teardown(struct tpd_peer *pr)
 	pr->stripe = NULL;
 	tpd_gdr_link_free(pr->gdr);
 	pr->gdr = NULL;
+	tpd_xpipe_peer_waits_drop(d, pr);
 	while (v && tpu_hmap_next(&pr->pipes, &i, &key, &val))
 		v[k++] = val;
 	for (i = 0; i < k; i++)
@@ -462,7 +468,9 @@ static void dispatch_up(struct tpd_peer *pr, const Tpw__V1__PeerMsg *m, const ui
 			tpd_xpipe_peer_consumed(p, m->consumed);
 		return;
 	case TPW__V1__PEER_MSG__BODY_PIPE_CLOSE:
-		if ((p = find_pipe(pr, m->pipe_close->pipe_id)))
+		if (m->pipe_close->connect_pending)
+			tpd_xpipe_peer_wait_cancel(pr->d, pr, m->pipe_close->pipe_id);
+		else if ((p = find_pipe(pr, m->pipe_close->pipe_id)))
 			tpd_xpipe_peer_close(p, m->pipe_close->status, m->pipe_close->message);
 		return;
 	case TPW__V1__PEER_MSG__BODY_PING:

@@ -52,6 +52,9 @@ void tpd_peers_dns_free(struct tpd_daemon *d);
 int tpd_peer_get(struct tpd_daemon *d, const char *host, uint16_t port, struct tpd_peer **ret,
 		 char *why, size_t why_len);
 
+/* True if the far daemon of @pr knows PeerConnect.wait_ms (peer protocol 2.1 and later). */
+bool tpd_peer_connect_wait_ok(const struct tpd_peer *pr);
+
 /* True once the link is up (handshake done, data connections attached). */
 bool tpd_peer_is_up(const struct tpd_peer *pr);
 

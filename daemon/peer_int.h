@@ -68,6 +68,7 @@ struct tpd_peer {
 	int fail_err;
 	char last_error[200];
 	unsigned peer_rdma;	    /* TPD_GDR_*: the peer offered rdma, cuda_gdr in its Hello */
+	uint32_t peer_minor;	    /* the peer protocol minor version of its Hello */
 	struct tpd_gdr_link *gdr;   /* RDMA set-up and sends (NULL: not on this link) */
 	/* Dialling (peerdial.c), while PEER_CONNECTING: */
 	struct evdns_getaddrinfo_request *dns_req; /* resolving the host */

@@ -133,6 +133,7 @@ static int check_hello(struct tpd_peer *pr, const Tpw__V1__PeerHello *h, char *w
 	struct tpd_daemon *d = pr->d;
 
 	snprintf(pr->host, sizeof(pr->host), "%s", h->host ? h->host : "");
+	pr->peer_minor = h->minor;
 	for (size_t i = 0; i < h->n_backends; i++) {
 		if (strcmp(h->backends[i], "rdma") == 0)
 			pr->peer_rdma |= TPD_GDR_HOST;

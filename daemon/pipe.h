@@ -124,6 +124,11 @@ void tpd_xpipe_listener_added(struct tpd_daemon *d, const char *name);
 
 /* ---- cross-host pipes (xpipe.c and xh.c, called by peer.c) ---- */
 
+/* The peer link @pr goes away: forget the connects of its far daemon waiting for a listener. */
+void tpd_xpipe_peer_waits_drop(struct tpd_daemon *d, struct tpd_peer *pr);
+/* The far daemon of @pr gave up on its connect @pipe_id waiting for a listener: forget it. */
+void tpd_xpipe_peer_wait_cancel(struct tpd_daemon *d, struct tpd_peer *pr, uint64_t pipe_id);
+
 /* The link of connecting pipe @p is up: ask the peer for the listener. */
 void tpd_xpipe_link_up(struct tpd_pipe *p);
 /* The link of @p failed with @err: fail the connect, or the remote end (STATUS_PEER_DIED).

@@ -4,7 +4,8 @@
  * the pipe over a peer link (PeerConnect and its reply, the connect deadline, writes held until
  * the remote end accepted, the fall-back to a local connect when the address is this daemon),
  * answering the peer's PeerConnect for a local listener (decided on the link's authenticated
- * identity and the listener's remote access, never on the uid the peer claims), and the peer
+ * identity and the listener's remote access, never on the uid the peer claims; a connect that
+ * asks to wait is kept until a listener that admits the link registers), and the peer
  * messages of an open pipe (descriptors, read requests, consumed messages, closes). The
  * transfers themselves are xh.c's; the link is peer.c's.
  */
@@ -147,6 +148,22 @@ void tpd_xpipe_done(struct tpd_pipe *p)
 	p->link = NULL;
 }
 
+/* The far daemon may hold @p's connect waiting for a listener: tell it to forget it. */
+static void cancel_remote_wait(struct tpd_pipe *p)
+{
+	Tpw__V1__PeerPipeClose pc = TPW__V1__PEER_PIPE_CLOSE__INIT;
+	Tpw__V1__PeerMsg pm = TPW__V1__PEER_MSG__INIT;
+
+	if (!p->link || !p->connect_sent || !p->wait_ms || p->waiting)
+		return;
+	pc.pipe_id = p->id;
+	pc.status = TPW__V1__STATUS__STATUS_CANCELED;
+	pc.connect_pending = true;
+	pm.body_case = TPW__V1__PEER_MSG__BODY_PIPE_CLOSE;
+	pm.pipe_close = &pc;
+	tpd_peer_send(p->link, &pm, NULL, 0);
+}
+
 /* The connect of @p failed: answer the client, reject held writes, end the pipe. */
 static void xconnect_fail(struct tpd_pipe *p, int err, const char *why)
 {
@@ -196,8 +213,11 @@ static void xpipe_on_connect_timeout(evutil_socket_t fd, short what, void *arg)
 			return;
 		tpd_peer_dial_text(p->link, dial, sizeof(dial));
 	}
-	snprintf(why, sizeof(why), "no answer from tpipd at %.120s within %u ms%s%s", p->peer_addr,
-		 p->d->cfg.peer_connect_timeout_ms, dial[0] ? ": " : "", dial);
+	snprintf(why, sizeof(why), "no answer from tpipd at %.120s within %llu ms%s%s",
+		 p->peer_addr,
+		 (unsigned long long)p->d->cfg.peer_connect_timeout_ms + p->wait_ms,
+		 dial[0] ? ": " : "", dial);
+	cancel_remote_wait(p);
 	xconnect_fail(p, -ETIMEDOUT, why);
 }
 
@@ -250,6 +270,7 @@ void tpd_xpipe_connect(struct tpd_daemon *d, struct tpd_session *s, const Tpw__V
 	p->connect_req_id = c->req_id;
 	p->expect_uid_set = c->expect_uid_set;
 	p->expect_uid = c->expect_uid;
+	p->wait_ms = TPU_MIN(c->wait_ms, TPW_PEER_WAIT_MS_MAX); /* the far daemon's bound */
 	tpu_list_insert_tail(&d->pipes, &p->node);
 	d->n_pipes++;
 	if (tpu_hmap_put(&s->pipes, c->pipe_id, &p->end[0]) < 0 || tpd_peer_pipe_add(pr, p) < 0) {
@@ -261,11 +282,16 @@ void tpd_xpipe_connect(struct tpd_daemon *d, struct tpd_session *s, const Tpw__V
 		return;
 	}
 	{
-		struct timeval tv = {d->cfg.peer_connect_timeout_ms / 1000,
-				     (d->cfg.peer_connect_timeout_ms % 1000) * 1000};
+		/* The far daemon answers within wait_ms: the deadline leaves it that much more. */
+		uint64_t ms = (uint64_t)d->cfg.peer_connect_timeout_ms + p->wait_ms;
+		struct timeval tv = {(time_t)(ms / 1000), (suseconds_t)(ms % 1000) * 1000};
 		evtimer_add(p->ev_connect, &tv);
 	}
-	tpd_pipe_log(p, s, TPU_LOG_INFO, "connecting to '%s' on %s", name, p->peer_addr);
+	if (p->wait_ms)
+		tpd_pipe_log(p, s, TPU_LOG_INFO, "connecting to '%s' on %s, waiting up to %u ms "
+			     "for it to listen", name, p->peer_addr, p->wait_ms);
+	else
+		tpd_pipe_log(p, s, TPU_LOG_INFO, "connecting to '%s' on %s", name, p->peer_addr);
 	if (tpd_peer_is_up(pr))
 		tpd_xpipe_link_up(p);
 }
@@ -286,6 +312,9 @@ void tpd_xpipe_link_up(struct tpd_pipe *p)
 	pc.pid = (uint32_t)s->pid;
 	pc.expect_uid_set = p->expect_uid_set;
 	pc.expect_uid = p->expect_uid;
+	if (p->wait_ms && !tpd_peer_connect_wait_ok(p->link))
+		p->wait_ms = 0; /* a daemon older than wait_ms: answers at once, as documented */
+	pc.wait_ms = p->wait_ms;
 	pm.body_case = TPW__V1__PEER_MSG__BODY_CONNECT;
 	pm.connect = &pc;
 	tpd_xpipe_tell(p, &pm, NULL, 0);
@@ -390,9 +419,149 @@ void tpd_xpipe_wait_local(struct tpd_daemon *d, struct tpd_session *s, const Tpw
 		     c->address);
 }
 
+/*
+ * A far daemon's connect to a name that no listener admitting its link has registered here (yet),
+ * with wait_ms: kept until one does (then answered as any PeerConnect), wait_ms passes
+ * (STATUS_TIMEOUT naming the listener), the far daemon cancels it or the link goes away. At most
+ * pipes-max per link: the far daemon holds its clients to that limit each, and a hostile one
+ * cannot make this daemon hold more.
+ */
+struct xwait {
+	struct tpu_list node; /* in d->xwaits */
+	struct tpd_daemon *d;
+	struct tpd_peer *link;
+	struct event *ev;
+	Tpw__V1__PeerConnect c; /* with its own copies of the strings */
+};
+
+static void xwait_free(struct xwait *w)
+{
+	tpu_list_remove(&w->node);
+	if (w->ev)
+		event_free(w->ev);
+	free(w->c.name);
+	free(w->c.remote_name);
+	free(w);
+}
+
+static void xwait_on_timeout(evutil_socket_t fd, short what, void *arg)
+{
+	Tpw__V1__PeerConnectReply rep = TPW__V1__PEER_CONNECT_REPLY__INIT;
+	Tpw__V1__PeerMsg pm = TPW__V1__PEER_MSG__INIT;
+	struct xwait *w = arg;
+	char why[400];
+
+	snprintf(why, sizeof(why), "no listener named '%.255s' on %.60s appeared within %u ms",
+		 w->c.name, w->d->hostname, w->c.wait_ms);
+	rep.pipe_id = w->c.pipe_id;
+	rep.status = TPW__V1__STATUS__STATUS_TIMEOUT;
+	rep.message = why;
+	pm.body_case = TPW__V1__PEER_MSG__BODY_CONNECT_REPLY;
+	pm.connect_reply = &rep;
+	tpd_peer_send(w->link, &pm, NULL, 0);
+	xwait_free(w);
+}
+
+/* Keeps connect @c of @pr waiting. Return: 0, or -errno with @why filled (answered by then). */
+static int xwait_add(struct tpd_daemon *d, struct tpd_peer *pr, const Tpw__V1__PeerConnect *c,
+		     char *why, size_t wl)
+{
+	struct timeval tv = { c->wait_ms / 1000, (c->wait_ms % 1000) * 1000 };
+	unsigned n = 0;
+	struct xwait *w;
+
+	tpu_list_for_each(w, &d->xwaits, node) {
+		if (w->link != pr)
+			continue;
+		if (w->c.pipe_id == c->pipe_id)
+			return tpu_why(-EADDRINUSE, why, wl, "connect %llu is already waiting",
+				       (unsigned long long)c->pipe_id);
+		n++;
+	}
+	if (n >= d->cfg.pipes_max)
+		return tpu_why(-ENOBUFS, why, wl, "%u connects from this host already wait for a "
+			       "listener (limit %u, tpipd --pipes-max)", n, d->cfg.pipes_max);
+	w = calloc(1, sizeof(*w));
+	if (!w)
+		return tpu_why(-ENOMEM, why, wl, "out of memory");
+	tpu_list_init(&w->node);
+	w->d = d;
+	w->link = pr;
+	w->c = *c;
+	w->c.base.n_unknown_fields = 0;
+	w->c.base.unknown_fields = NULL;
+	w->c.name = strdup(c->name);
+	w->c.remote_name = strdup(c->remote_name ? c->remote_name : "");
+	w->ev = evtimer_new(d->base, xwait_on_timeout, w);
+	if (!w->c.name || !w->c.remote_name || !w->ev) {
+		xwait_free(w);
+		return tpu_why(-ENOMEM, why, wl, "out of memory");
+	}
+	tpu_list_insert_tail(&d->xwaits, &w->node);
+	evtimer_add(w->ev, &tv);
+	tpu_log_debug("peer %s: connect to '%s' waits up to %u ms for the listener",
+		      tpd_peer_name(pr), c->name, c->wait_ms);
+	return 0;
+}
+
+void tpd_xpipe_peer_waits_drop(struct tpd_daemon *d, struct tpd_peer *pr)
+{
+	struct xwait *w, *tmp;
+	unsigned n = 0;
+
+	if (!d->xwaits.next)
+		return;
+	tpu_list_for_each_safe(w, tmp, &d->xwaits, node) {
+		if (w->link == pr) {
+			xwait_free(w);
+			n++;
+		}
+	}
+	if (n)
+		tpu_log_debug("peer %s: %u connects waiting for a listener dropped with the link",
+			      tpd_peer_name(pr), n);
+}
+
+void tpd_xpipe_peer_wait_cancel(struct tpd_daemon *d, struct tpd_peer *pr, uint64_t pipe_id)
+{
+	struct xwait *w;
+
+	tpu_list_for_each(w, &d->xwaits, node) {
+		if (w->link == pr && w->c.pipe_id == pipe_id) {
+			tpu_log_debug("peer %s: connect to '%s' canceled while waiting for the "
+				      "listener", tpd_peer_name(pr), w->c.name);
+			xwait_free(w);
+			return;
+		}
+	}
+}
+
+/* Listener @l was just registered: answer the waiting connects it admits, as any connect. */
+static void xwaits_listener_added(struct tpd_daemon *d, struct tpd_listener *l)
+{
+	struct xwait *w, *tmp;
+
+	tpu_list_for_each_safe(w, tmp, &d->xwaits, node) {
+		Tpw__V1__PeerConnect c = w->c;
+		const char *ident = tpd_peer_identity(w->link);
+
+		if (strcmp(w->c.name, l->name) != 0 ||
+		    !tpd_listener_permits_remote(l, ident ? tpd_peer_identity_matches : NULL,
+						 w->link))
+			continue; /* to that far daemon, still no such listener */
+		c.wait_ms = 0;
+		tpd_xpipe_peer_connect(d, w->link, &c); /* the access checks and the answer */
+		xwait_free(w);
+	}
+}
+
 void tpd_xpipe_listener_added(struct tpd_daemon *d, const char *name)
 {
+	struct tpd_listener *l = tpd_registry_find(&d->registry, name);
 	struct tpd_pipe *p, *tmp;
+
+	if (l)
+		xwaits_listener_added(d, l);
 
 	tpu_list_for_each_safe(p, tmp, &d->pipes, node)
 		if (p->waiting && p->connecting && local_end(p)->session &&
@@ -429,7 +598,9 @@ void tpd_xpipe_local_left(struct tpd_pipe *p, Tpw__V1__Status why)
 	struct tpd_pipe_end *re = remote_end(p);
 
 	if (p->connecting) {
-		/* A later OK reply finds no pipe and closes the peer's side. */
+		/* A later OK reply finds no pipe and closes the peer's side; a connect the far
+		 * daemon holds for its listener is forgotten there. */
+		cancel_remote_wait(p);
 		p->connecting = false;
 		re->gone = why;
 		while (!tpu_list_empty(&p->held))
@@ -464,7 +635,11 @@ void tpd_xpipe_peer_connect(struct tpd_daemon *d, struct tpd_peer *pr,
 		l = NULL;
 	}
 	ls = l ? l->owner : NULL;
-	if (!l) {
+	if (!l && c->wait_ms && !d->stopping) {
+		err = xwait_add(d, pr, c, why, sizeof(why));
+		if (err == 0)
+			return;
+	} else if (!l) {
 		snprintf(why, sizeof(why),
 			 "no listener named '%.100s' on %.60s accepts pipes from other hosts",
 			 c->name, d->hostname);

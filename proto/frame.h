@@ -44,9 +44,17 @@
 #define TPW_PROTO_MAJOR 1
 #define TPW_PROTO_MINOR 4
 /* Daemon-to-daemon protocol, versioned apart from the client one. 2: frames inside TLS 1.3, no
- * PeerAuth; a daemon speaking 1 (plaintext PeerHello) is refused with a clear log line. */
+ * PeerAuth; a daemon speaking 1 (plaintext PeerHello) is refused with a clear log line. Minor
+ * versions of peer protocol 2:
+ *   0  first release
+ *   1  PeerConnect.wait_ms (a connect waits for the listener) and PeerPipeClose.connect_pending
+ *      (its cancel); a dialler sends neither to a daemon of minor 0
+ */
 #define TPW_PEER_PROTO_MAJOR 2
-#define TPW_PEER_PROTO_MINOR 0
+#define TPW_PEER_PROTO_MINOR 1
+#define TPW_PEER_MINOR_CONNECT_WAIT 1
+/* The longest PeerConnect.wait_ms a daemon accepts (one hour); a dialler clamps to it. */
+#define TPW_PEER_WAIT_MS_MAX 3600000u
 #define TPW_MINOR_CLOSE_ACK 1
 #define TPW_MINOR_RING 2
 #define TPW_MINOR_SESSION_END 4

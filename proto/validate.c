@@ -499,6 +499,9 @@ int tpw_peer_msg_validate(const Tpw__V1__PeerMsg *m, const struct tpw_hdr *hdr,
 	case TPW__V1__PEER_MSG__BODY_CONNECT:
 		if (!tpw_name_valid(m->connect->name))
 			return tpu_why(-EBADMSG, why, wl, "invalid listener name");
+		if (m->connect->wait_ms > TPW_PEER_WAIT_MS_MAX)
+			return tpu_why(-EBADMSG, why, wl, "connect wait of %u ms (at most %u)",
+				       m->connect->wait_ms, TPW_PEER_WAIT_MS_MAX);
 		return check_string(m->connect->remote_name, TPW_NAME_MAX, "remote name", why, wl);
 	case TPW__V1__PEER_MSG__BODY_CONNECT_REPLY:
 		return check_string(m->connect_reply->message, TPW_MESSAGE_MAX, "message", why, wl);

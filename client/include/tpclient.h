@@ -276,7 +276,7 @@ struct tp_connect_options {
 	size_t size;	  /* sizeof(struct tp_connect_options) */
 	unsigned flags;	  /* TP_CONNECT_* */
 	uid_t expect_uid; /* with TP_CONNECT_EXPECT_UID */
-	unsigned wait_ms; /* a local name not registered yet: wait this long for it (0: -ENOENT) */
+	unsigned wait_ms; /* a name not registered yet: wait this long for it (0: -ENOENT) */
 };
 
 /*
@@ -293,9 +293,14 @@ struct tp_connect_options {
  * usual) or @wait_ms passes: the connect then fails with -ETIMEDOUT, naming the listener. Two
  * processes started together need no retry loop. Writes issued meanwhile are held by the
  * daemon (within its pipe queue limits); a pending connect counts against pipes-max and ends
- * with the context or tp_pipe_close(). The wait applies to local names only: a tpip://
- * address fails at once with -ENOENT when the far daemon has no such listener. A daemon older
- * than this field fails at once with -ENOENT.
+ * with the context or tp_pipe_close(). For a tpip://HOST/NAME address the far daemon waits the
+ * same way for a listener that takes pipes from this host (one that does not is no listener to
+ * this host: the wait runs out), with the same checks when it comes; the -ETIMEDOUT text names
+ * the far host. Over tpip:// a wait is at most one hour (longer ones are cut to that), the far
+ * daemon keeps at most its pipes-max waiting connects per peer host (-ENOBUFS above), closing
+ * the pipe cancels the wait there, and a link lost meanwhile fails the connect as any link
+ * loss does. A daemon older than this field, or a far daemon older than peer protocol 2.1,
+ * fails at once with -ENOENT.
  * @opts: borrowed; NULL is tp_connect().
  * @ret: returns owned pipe, close with tp_pipe_close().
  * Return: as tp_connect(); -EINVAL for unknown flags or a @size of 0.

@@ -962,6 +962,23 @@ START_TEST(test_validate_peer_read_req_offer_bounded)
 }
 END_TEST
 
+/* A peer's connect wait is bounded: TPW_PEER_WAIT_MS_MAX passes, one more closes the link. */
+START_TEST(test_validate_peer_connect_wait_bounded)
+{
+	Tpw__V1__PeerConnect c = TPW__V1__PEER_CONNECT__INIT;
+	Tpw__V1__PeerMsg m = TPW__V1__PEER_MSG__INIT;
+
+	m.body_case = TPW__V1__PEER_MSG__BODY_CONNECT;
+	m.connect = &c;
+	c.name = "trainer0";
+	c.wait_ms = TPW_PEER_WAIT_MS_MAX;
+	ck_assert_int_eq(vp(&m), 0);
+	c.wait_ms = TPW_PEER_WAIT_MS_MAX + 1;
+	ck_assert_int_eq(vp(&m), -EBADMSG);
+	ck_assert_ptr_nonnull(strstr(why, "connect wait"));
+}
+END_TEST
+
 static Suite *validate_suite(void)
 {
 	Suite *s = suite_create("validate");
@@ -1011,6 +1028,7 @@ static Suite *validate_suite(void)
 	tcase_add_test(d, test_validate_daemon_frames_carry_no_fds_or_stray_tail);
 	tcase_add_test(d, test_validate_peer_rdma_setup);
 	tcase_add_test(d, test_validate_peer_read_req_offer_bounded);
+	tcase_add_test(d, test_validate_peer_connect_wait_bounded);
 	suite_add_tcase(s, d);
 	return s;
 }
