@@ -53,6 +53,9 @@ static const struct opt opts[] = {
 	{ "metrics-listen", "daemon", K_STR, OFF(metrics_listen), 0,
 	  sizeof(((struct tpd_config *)0)->metrics_listen), false, "ADDR:PORT",
 	  "serve Prometheus metrics over HTTP on a local address (default: off)" },
+	{ "metrics-allow-remote", "daemon", K_FLAG, OFF(metrics_allow_remote), 0, 0, false, "",
+	  "let --metrics-listen be a non-loopback address: other hosts then read the\n"
+	  "                            page, unauthenticated (default: loopback only)" },
 	{ "sessions-max", "limits", K_U32, OFF(sessions_max), 1, 1u << 20, true, "N",
 	  "attached clients (default 1024)" },
 	{ "sessions-per-uid", "limits", K_U32, OFF(sessions_per_uid), 1, 1u << 20, true, "N",
@@ -284,11 +287,14 @@ static int set_opt(struct tpd_config *c, const struct opt *o, const char *v, cha
 				 o->name, v);
 			return -EINVAL;
 		}
-		if (o->off == OFF(metrics_listen) && v[0] && tpd_metrics_listen_check(v) < 0) {
-			snprintf(err, el, "%s: '%s' is not a loopback ADDR:PORT (127.0.0.1:PORT, "
-				 "[::1]:PORT or localhost:PORT, port 1 to 65535)", o->name, v);
+		/* loopback or not: check_metrics(), once every setting is known */
+		if (o->off == OFF(metrics_listen) && v[0] && tpd_metrics_listen_check(v, true) < 0) {
+			snprintf(err, el, "%s: '%s' is not ADDR:PORT (127.0.0.1:PORT, [::1]:PORT, "
+				 "localhost:PORT, port 1 to 65535)", o->name, v);
 			return -EINVAL;
 		}
+		if (o->off == OFF(metrics_listen))
+			c->metrics_listen_line = 0; /* a flag; the file's handler sets its line */
 		memcpy(field, v, strlen(v) + 1);
 		return 0;
 	}
@@ -365,6 +371,8 @@ static int ini_on_value(void *user, const char *section, const char *name, const
 		x->failed = true;
 		return 0;
 	}
+	if (o->off == OFF(metrics_listen))
+		x->c->metrics_listen_line = x->line;
 	return 1;
 }
 
@@ -491,6 +499,23 @@ static int scan_flags(struct tpd_config *c, int pass, char *err, size_t el)
 	return 0;
 }
 
+/* A non-loopback metrics-listen needs metrics-allow-remote, wherever each was set. */
+static int check_metrics(const struct tpd_config *c, char *err, size_t el)
+{
+	char where[PATH_MAX + 16] = "--";
+
+	if (!c->metrics_listen[0] || tpd_metrics_listen_check(c->metrics_listen,
+							       c->metrics_allow_remote) == 0)
+		return 0;
+	if (c->metrics_listen_line > 0)
+		snprintf(where, sizeof(where), "%s:%d: ", c->config_path, c->metrics_listen_line);
+	snprintf(err, el, "%smetrics-listen: '%s' is not a loopback ADDR:PORT (127.0.0.1:PORT, "
+		 "[::1]:PORT or localhost:PORT); set metrics-allow-remote = yes in [daemon] or "
+		 "--metrics-allow-remote to serve metrics to other hosts", where,
+		 c->metrics_listen);
+	return -EINVAL;
+}
+
 static void finish(struct tpd_config *c)
 {
 	if ((uint64_t)c->wire.inline_max + 65536 > c->wire.frame_max)
@@ -510,6 +535,8 @@ int tpd_config_load(struct tpd_config *c, int argc, char **argv, char *err, size
 	if (r < 0)
 		return r;
 	r = scan_flags(c, 1, err, el);
+	if (r == 0)
+		r = check_metrics(c, err, el);
 	if (r < 0)
 		return r;
 	finish(c);
@@ -530,6 +557,8 @@ int tpd_config_reload(const struct tpd_config *old, struct tpd_config *ret, char
 	r = load_file(&c, err, el);
 	if (r == 0)
 		r = scan_flags(&c, 1, err, el);
+	if (r == 0)
+		r = check_metrics(&c, err, el);
 	if (r < 0)
 		return r;
 	finish(&c);

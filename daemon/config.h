@@ -51,6 +51,8 @@ struct tpd_config {
 	uint32_t spin_us;	    /* poll busy control rings this long before sleeping; 0: never */
 	uint32_t admin_gid;	    /* members may use admin control requests (root always) */
 	char metrics_listen[64];    /* "ADDR:PORT" for the Prometheus endpoint, "" = off */
+	bool metrics_allow_remote;  /* metrics_listen may be a non-loopback address */
+	int metrics_listen_line;    /* the config file's line that set metrics_listen, 0: none */
 	char peer_listen[80];	    /* "ADDR:PORT", "*:PORT", "[v6]:PORT" or "off" */
 	uint32_t peer_port;	    /* default port of tpip:// addresses */
 	uint32_t peer_data_conns;   /* data connections per peer link */

@@ -513,7 +513,8 @@ int tpd_daemon_new(const struct tpd_config *cfg, struct tpd_daemon **ret)
 	if (r < 0)
 		goto fail;
 	if (cfg->metrics_listen[0]) {
-		r = tpd_metrics_start(d, cfg->metrics_listen, &d->metrics);
+		r = tpd_metrics_start(d, cfg->metrics_listen, cfg->metrics_allow_remote,
+				      &d->metrics);
 		if (r < 0)
 			goto fail;
 	}

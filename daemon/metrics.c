@@ -179,8 +179,10 @@ static void metrics_on_request(struct evhttp_request *req, void *arg)
 	evbuffer_free(b);
 }
 
-/* Splits "host:port" / "[v6]:port" into @host and @port; accepts loopback only. */
-static int parse_listen(const char *listen, char *host, size_t hl, uint16_t *port)
+/* Splits "host:port" / "[v6]:port" into @host and @port; -EPERM for a non-loopback address
+ * unless @allow_remote. */
+static int parse_listen(const char *listen, bool allow_remote, char *host, size_t hl,
+			uint16_t *port)
 {
 	const char *colon = strrchr(listen, ':');
 	struct in6_addr a6;
@@ -209,18 +211,18 @@ static int parse_listen(const char *listen, char *host, size_t hl, uint16_t *por
 		return 0;
 	}
 	if (inet_pton(AF_INET, host, &a4) == 1)
-		return (ntohl(a4.s_addr) >> 24) == 127 ? 0 : -EINVAL;
+		return allow_remote || (ntohl(a4.s_addr) >> 24) == 127 ? 0 : -EPERM;
 	if (inet_pton(AF_INET6, host, &a6) == 1)
-		return IN6_IS_ADDR_LOOPBACK(&a6) ? 0 : -EINVAL;
+		return allow_remote || IN6_IS_ADDR_LOOPBACK(&a6) ? 0 : -EPERM;
 	return -EINVAL;
 }
 
-int tpd_metrics_listen_check(const char *listen)
+int tpd_metrics_listen_check(const char *listen, bool allow_remote)
 {
 	char host[64];
 	uint16_t port;
 
-	return parse_listen(listen, host, sizeof(host), &port);
+	return parse_listen(listen, allow_remote, host, sizeof(host), &port);
 }
 
 static void metrics_on_accept_resume(evutil_socket_t fd, short what, void *arg)
@@ -250,16 +252,23 @@ static void metrics_on_accept_error(struct evconnlistener *lev, void *arg)
 		evconnlistener_enable(lev);
 }
 
-int tpd_metrics_start(struct tpd_daemon *d, const char *listen, struct tpd_metrics **ret)
+int tpd_metrics_start(struct tpd_daemon *d, const char *listen, bool allow_remote,
+		      struct tpd_metrics **ret)
 {
 	struct evhttp_bound_socket *bs;
 	struct tpd_metrics *m;
 	struct timespec now;
 	char host[64];
 	uint16_t port;
+	int r = parse_listen(listen, allow_remote, host, sizeof(host), &port);
 
-	if (parse_listen(listen, host, sizeof(host), &port) < 0) {
-		tpu_log_err("metrics-listen '%s': expected a loopback ADDR:PORT", listen);
+	if (r == -EPERM) {
+		tpu_log_err("metrics-listen '%s' is not a loopback address: set metrics-allow-remote "
+			    "to serve metrics to other hosts", listen);
+		return r;
+	}
+	if (r < 0) {
+		tpu_log_err("metrics-listen '%s': expected ADDR:PORT", listen);
 		return -EINVAL;
 	}
 	m = calloc(1, sizeof(*m));
@@ -279,7 +288,13 @@ int tpd_metrics_start(struct tpd_daemon *d, const char *listen, struct tpd_metri
 	evconnlistener_set_error_cb(evhttp_bound_socket_get_listener(bs), metrics_on_accept_error);
 	evhttp_set_allowed_methods(m->http, EVHTTP_REQ_GET);
 	evhttp_set_gencb(m->http, metrics_on_request, m);
-	tpu_log_info("metrics on http://%s:%u/metrics", host, (unsigned)port);
+	if (tpd_metrics_listen_check(listen, false) < 0)
+		tpu_log_notice("metrics on http://%s%s%s:%u/metrics, open to other hosts "
+			       "(metrics-allow-remote): anyone who reaches it reads session, pipe, "
+			       "listener and peer counts and byte totals", strchr(host, ':') ? "[" : "",
+			       host, strchr(host, ':') ? "]" : "", (unsigned)port);
+	else
+		tpu_log_info("metrics on http://%s:%u/metrics", host, (unsigned)port);
 	*ret = m;
 	return 0;
 }

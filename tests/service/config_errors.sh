@@ -41,9 +41,12 @@ cases=(
 	"peer listen address without a port|[peer]\nlisten = nonsense\n|2|peer-listen: 'nonsense' is not ADDR:PORT"
 	"peer listen port above 65535|[peer]\nlisten = 127.0.0.1:65536\n|2|peer-listen: '127.0.0.1:65536' is not ADDR:PORT"
 	"peer listen bad host|[peer]\nlisten = 300.1.1.1:7420\n|2|peer-listen: '300.1.1.1:7420' is not ADDR:PORT"
-	"metrics on a non-loopback address|[daemon]\nmetrics-listen = 0.0.0.0:1\n|2|metrics-listen: '0.0.0.0:1' is not a loopback ADDR:PORT"
-	"metrics on port 0|[daemon]\nmetrics-listen = 127.0.0.1:0\n|2|metrics-listen: '127.0.0.1:0' is not a loopback ADDR:PORT"
-	"metrics without a port|[daemon]\nmetrics-listen = localhost\n|2|metrics-listen: 'localhost' is not a loopback ADDR:PORT"
+	"metrics on a non-loopback address|[daemon]\nmetrics-listen = 0.0.0.0:1\n|2|metrics-listen: '0.0.0.0:1' is not a loopback ADDR:PORT .*set metrics-allow-remote = yes in \[daemon\] or --metrics-allow-remote"
+	"metrics on a non-loopback address, remote access said no|[daemon]\nmetrics-allow-remote = no\nmetrics-listen = 192.0.2.1:9470\n|3|metrics-listen: '192.0.2.1:9470' is not a loopback ADDR:PORT"
+	"metrics on port 0|[daemon]\nmetrics-listen = 127.0.0.1:0\n|2|metrics-listen: '127.0.0.1:0' is not ADDR:PORT"
+	"metrics without a port|[daemon]\nmetrics-listen = localhost\n|2|metrics-listen: 'localhost' is not ADDR:PORT"
+	"metrics on a host name, remote access allowed|[daemon]\nmetrics-allow-remote = yes\nmetrics-listen = example.org:9470\n|3|metrics-listen: 'example.org:9470' is not ADDR:PORT"
+	"bad boolean for metrics-allow-remote|[daemon]\nmetrics-allow-remote = maybe\n|2|metrics-allow-remote: 'maybe' is not yes or no"
 )
 
 # expect_exit2 WHAT PATTERN CMD...: CMD must exit 2 and print PATTERN (grep -E) on stderr.
@@ -98,13 +101,29 @@ expect_exit2 "--metrics-listen 0.0.0.0:1" \
 	"$TPIPD_BIN" --config "$conf" --metrics-listen 0.0.0.0:1 --check-config
 expect_exit2 "--metrics-listen 0.0.0.0:1 (start)" "^tpipd: --metrics-listen: '0.0.0.0:1' is not" \
 	"$TPIPD_BIN" --config "$conf" --metrics-listen 0.0.0.0:1 --socket "$sock" --peer-listen off
-check "good addresses pass: --peer-listen [::1]:0, *:7420, off; --metrics-listen [::1]:9470"
+check "good addresses pass: --peer-listen [::1]:0, *:7420, off; --metrics-listen [::1]:9470;" \
+	"other hosts' addresses with --metrics-allow-remote (before or after the address)"
 for a in "--peer-listen [::1]:0" "--peer-listen *:7420" "--peer-listen off" \
-	"--metrics-listen [::1]:9470" "--metrics-listen localhost:9470"; do
+	"--metrics-listen [::1]:9470" "--metrics-listen localhost:9470" \
+	"--metrics-listen 0.0.0.0:9470 --metrics-allow-remote" \
+	"--metrics-allow-remote --metrics-listen [::]:9470" \
+	"--metrics-allow-remote --metrics-listen 127.0.0.1:9470"; do
 	# shellcheck disable=SC2086 # flag and value
 	"$TPIPD_BIN" --config "$conf" $a --check-config >/dev/null 2>"$SVC_TMP/err" ||
 		{ cat "$SVC_TMP/err"; fail "$a is rejected"; }
 done
+check "metrics-allow-remote from the file or a flag, in any order, lets the file's address pass"
+printf '[daemon]\nmetrics-listen = 192.0.2.1:9470\nmetrics-allow-remote = yes\n' >"$conf"
+"$TPIPD_BIN" --config "$conf" --check-config >"$SVC_TMP/dump" 2>"$SVC_TMP/err" ||
+	{ cat "$SVC_TMP/err"; fail "metrics-allow-remote after metrics-listen in the file is rejected"; }
+grep -qxF "metrics-allow-remote = yes" "$SVC_TMP/dump" || fail "metrics-allow-remote = yes not dumped"
+printf '[daemon]\nmetrics-listen = 192.0.2.1:9470\n' >"$conf"
+"$TPIPD_BIN" --config "$conf" --metrics-allow-remote --check-config >/dev/null 2>"$SVC_TMP/err" ||
+	{ cat "$SVC_TMP/err"; fail "--metrics-allow-remote does not admit the file's address"; }
+check "a flag's loopback address replaces the file's remote one: no error without the option"
+"$TPIPD_BIN" --config "$conf" --metrics-listen 127.0.0.1:9470 --check-config >/dev/null \
+	2>"$SVC_TMP/err" || { cat "$SVC_TMP/err"; fail "the flag's loopback address is rejected"; }
+: >"$conf"
 check "an unknown flag: exit 2"
 expect_exit2 "--no-such-flag" "unknown or incomplete option" \
 	"$TPIPD_BIN" --config "$conf" --no-such-flag --check-config
