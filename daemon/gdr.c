@@ -158,7 +158,8 @@ int tpd_gdr_start(struct tpd_daemon *d)
 	g->cuda = tpb_cuda_viable(why, sizeof(why));
 	g->ops = tpv_ops_load(why, sizeof(why));
 	if (!g->ops) {
-		tpu_log(TPU_LOG_INFO, "rdma: %s", why);
+		/* the probes' "channel rdma/cuda_gdr: not viable" lines say why, at info */
+		tpu_log(TPU_LOG_DEBUG, "rdma: %s", why);
 		return 0;
 	}
 	if (tpv_nics_list(g->ops, TPV_SYSFS_ROOT, &g->nics, &n, why, sizeof(why)) < 0)

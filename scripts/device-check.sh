@@ -8,7 +8,9 @@
 #                                          which must have found cuda.h) and gathers into
 #                                          ./.devlibs/ the daemon, tpipctl, the hw suite's
 #                                          programs, bench_cuda, the stand-in drivers and every
-#                                          library they load (glibc and its loader included),
+#                                          library they load (glibc and its loader included;
+#                                          libibverbs.so.1, which tpipd dlopen()s, where it is
+#                                          installed),
 #                                          with wrappers that run each program on those
 #                                          libraries. .devlibs/ is ignored by git.
 #   scripts/device-check.sh run [--fake]   on the GPU machine, from the repository root: runs
@@ -80,6 +82,13 @@ pack() {
 		cp "$f" "$D/lib/"
 		deps_of "$f" >>"$D/deps.txt"
 	done
+	# tpipd dlopen()s libibverbs.so.1 (ldd does not list it): carry it and what it links, where
+	# this machine has it, as when it was linked; its providers are the GPU machine's own.
+	lib=$(ldconfig -p 2>/dev/null | awk '$1 == "libibverbs.so.1" { print $NF; exit }')
+	if [ -n "$lib" ]; then
+		echo "$lib" >>"$D/deps.txt"
+		deps_of "$lib" >>"$D/deps.txt"
+	fi
 	sort -u "$D/deps.txt" | while read -r lib; do
 		cp -L "$lib" "$D/lib/$(basename "$lib")"
 	done

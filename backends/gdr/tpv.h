@@ -56,21 +56,27 @@ struct tpv_ops {
 	int (*post_send)(struct ibv_qp *qp, struct ibv_send_wr *wr, struct ibv_send_wr **bad_wr);
 };
 
-/* libibverbs itself (the inline verbs wrapped in functions). */
-extern const struct tpv_ops tpv_ops_real;
+/* The library tpv_ops_load() binds at run time; tpipd is never linked to libibverbs. */
+#define TPV_LIBRARY "libibverbs.so.1"
 
 /*
- * tpv_ops_load() - the verbs table to use: &tpv_ops_real, unless $TPIPD_VERBS_LIBRARY names a
- * test stand-in (tests/hw/fakeverbs.c: one fake RoCE port whose "RDMA writes" are copies between
- * processes on this host), which is dlopen()ed and whose exported `const struct tpv_ops
- * tpv_ops_table` is returned. For tests only: a stand-in says nothing about real hardware.
- * Repeated calls load the library once (dlopen reference counting) and return the same table.
- * @why: filled when NULL is returned ("TPIPD_VERBS_LIBRARY=/x.so: dlopen: ...") (may be NULL).
+ * tpv_ops_load() - the verbs table to use: libibverbs itself, dlopen()ed as TPV_LIBRARY on the
+ * first call (thread safe) with the functions the layer uses resolved from it (the inline verbs
+ * wrapped); or, when $TPIPD_VERBS_LIBRARY names a test stand-in (tests/hw/fakeverbs.c: one fake
+ * RoCE port whose "RDMA writes" are copies between processes on this host), that library's
+ * exported `const struct tpv_ops tpv_ops_table`. For tests only: a stand-in says nothing about
+ * real hardware. Repeated calls load a library once and return the same table.
+ * @why: filled when NULL is returned ("no libibverbs (install rdma-core's libibverbs1):
+ * libibverbs.so.1: cannot open shared object file: ...", "TPIPD_VERBS_LIBRARY=/x.so: dlopen:
+ * ...") (may be NULL).
  *
  * Ownership: returns borrowed pointer valid for the life of the process (the library is never
- * unloaded). Return: the table, or NULL if the named library cannot be loaded or lacks the table.
+ * unloaded). Return: the table, or NULL if the library cannot be loaded or lacks a function.
  */
 const struct tpv_ops *tpv_ops_load(char *why, size_t why_len);
+
+/* The text libibverbs' ibv_wc_status_str() gives for @status, without libibverbs loaded. */
+const char *tpv_wc_status_str(enum ibv_wc_status status);
 
 #define TPV_SYSFS_ROOT "/sys"
 #define TPV_NAME_MAX 64	  /* IBV_SYSFS_NAME_MAX */
@@ -101,7 +107,7 @@ const char *tpv_link_name(enum tpv_link link);
 
 /*
  * tpv_nics_list() - every active, usable port of every RDMA device, in device then port order.
- * @ops: the verbs table (tpv_ops_real, or a fake in tests).
+ * @ops: the verbs table (tpv_ops_load(), or a fake in tests).
  * @sysfs_root: where sysfs is mounted (TPV_SYSFS_ROOT; a temp dir in tests), for PCI and NUMA.
  * @ret, @ret_n: the ports found (possibly none).
  * @why: filled with the reasons for devices and ports left out, or "" (may be NULL).

@@ -141,7 +141,7 @@ static void wc_handle(struct tpv_qp *qp, const struct ibv_wc *wc, tpv_done_fn cb
 
 	if (status)
 		snprintf(why, sizeof(why), "RDMA write on qp 0x%x: %s (vendor error 0x%x)",
-			 wc->qp_num, ibv_wc_status_str(wc->status), wc->vendor_err);
+			 wc->qp_num, tpv_wc_status_str(wc->status), wc->vendor_err);
 	while (qp->pend_n) {
 		struct tpv_pending p = qp->pending[qp->pend_head];
 
