@@ -321,6 +321,22 @@ void tpd_xpipe_link_up(struct tpd_pipe *p)
 	p->connect_sent = true;
 }
 
+/* The tpip:// address of @p, asking to wait, was this daemon's own and names no listener yet:
+ * wait for it here, as tpd_xpipe_wait_local() does for a local name, for the whole wait. */
+static void xpipe_wait_here(struct tpd_pipe *p)
+{
+	struct timeval tv = { p->wait_ms / 1000, (p->wait_ms % 1000) * 1000 };
+
+	if (p->link)
+		tpd_peer_pipe_remove(p->link, p);
+	p->link = NULL;
+	p->waiting = true;
+	snprintf(p->peer_addr, sizeof(p->peer_addr), "this host");
+	evtimer_add(p->ev_connect, &tv); /* replaces the peer deadline */
+	tpd_pipe_log(p, local_end(p)->session, TPU_LOG_INFO, "address is this daemon: waiting up "
+		     "to %u ms for listener '%s'", p->wait_ms, p->listener);
+}
+
 /* The tpip:// address was this daemon's own: connect @p to the local listener instead. */
 static void xpipe_reroute_local(struct tpd_pipe *p)
 {
@@ -342,7 +358,10 @@ static void xpipe_reroute_local(struct tpd_pipe *p)
 		r = -ENOMEM;
 	if (r < 0) {
 		tpu_hmap_put(&s->pipes, e->local_id, e);
-		xconnect_fail(p, r, why);
+		if (r == -ENOENT && p->wait_ms && !p->waiting)
+			xpipe_wait_here(p);
+		else
+			xconnect_fail(p, r, why);
 		return;
 	}
 	if (p->link)

@@ -298,9 +298,9 @@ struct tp_connect_options {
  * this host: the wait runs out), with the same checks when it comes; the -ETIMEDOUT text names
  * the far host. Over tpip:// a wait is at most one hour (longer ones are cut to that), the far
  * daemon keeps at most its pipes-max waiting connects per peer host (-ENOBUFS above), closing
- * the pipe cancels the wait there, and a link lost meanwhile fails the connect as any link
- * loss does. A daemon older than this field, or a far daemon older than peer protocol 2.1,
- * fails at once with -ENOENT.
+ * the pipe cancels the wait there, a link lost meanwhile fails the connect as any link loss
+ * does, and an address that is this daemon's own waits as a local name. A daemon older than
+ * this field, or a far daemon older than peer protocol 2.1, fails at once with -ENOENT.
  * @opts: borrowed; NULL is tp_connect().
  * @ret: returns owned pipe, close with tp_pipe_close().
  * Return: as tp_connect(); -EINVAL for unknown flags or a @size of 0.
