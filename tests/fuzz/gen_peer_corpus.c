@@ -154,6 +154,35 @@ static void connect_(const char *name, bool expect_uid)
 	peer_rec(0, &m, 0);
 }
 
+/* A PeerConnect @pipe_id to @name that waits up to @wait_ms for the listener. */
+static void connect_wait(uint64_t pipe_id, const char *name, uint32_t wait_ms)
+{
+	Tpw__V1__PeerMsg m = TPW__V1__PEER_MSG__INIT;
+	Tpw__V1__PeerConnect k = TPW__V1__PEER_CONNECT__INIT;
+
+	k.pipe_id = pipe_id;
+	k.name = (char *)name;
+	k.remote_name = "far-client";
+	k.wait_ms = wait_ms;
+	m.body_case = TPW__V1__PEER_MSG__BODY_CONNECT;
+	m.connect = &k;
+	peer_rec(0, &m, 0);
+}
+
+/* The far side gives up on its waiting connect @pipe_id. */
+static void connect_cancel(uint64_t pipe_id)
+{
+	Tpw__V1__PeerMsg m = TPW__V1__PEER_MSG__INIT;
+	Tpw__V1__PeerPipeClose pc = TPW__V1__PEER_PIPE_CLOSE__INIT;
+
+	pc.pipe_id = pipe_id;
+	pc.status = TPW__V1__STATUS__STATUS_CANCELED;
+	pc.connect_pending = true;
+	m.body_case = TPW__V1__PEER_MSG__BODY_PIPE_CLOSE;
+	m.pipe_close = &pc;
+	peer_rec(0, &m, 0);
+}
+
 /* A message of one payload of @len bytes written by the far side on the pipe it opened. */
 static void descriptor(uint64_t msg_id, uint64_t len, bool eager)
 {
@@ -361,6 +390,23 @@ int main(int argc, char **argv)
 	connect_("missing", false);
 	connect_(FUZZ_PEER_LISTENER, true);
 	save("connect-refused");
+
+	/* Connects that wait for a listener (peer protocol 2.1): one canceled, one twice (the
+	 * second refused), one for the listener that exists, one left waiting when the link goes;
+	 * then a wait over the bound, which closes the link. */
+	link_up(1);
+	connect_wait(5, "late", 60000);
+	connect_wait(6, "late", 1);
+	connect_wait(6, "late", 1);
+	connect_cancel(5);
+	connect_cancel(99);
+	connect_wait(7, FUZZ_PEER_LISTENER, 1000);
+	connect_wait(8, "never", TPW_PEER_WAIT_MS_MAX);
+	save("connect-wait");
+
+	link_up(1);
+	connect_wait(9, "late", TPW_PEER_WAIT_MS_MAX + 1);
+	save("connect-wait-over-bound");
 
 	/* The far side writes: an eager message, then one the local reader pulls over the data
 	 * connection (read request with transfer id 1, the link's first), then closes. */
