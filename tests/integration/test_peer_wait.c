@@ -11,15 +11,20 @@
  * one over is -ENOBUFS naming --pipes-max), and a pipe closed while waiting frees its place
  * there. The link dying fails the waiting client within the peer timeout, and B forgets what
  * was waiting on a link that went away. A wait on the daemon's own tpip:// address waits there
- * as for a local name.
+ * as for a local name. A far daemon of peer protocol 2.0 (a fake one, over --peer-insecure) is
+ * sent no wait: the connect fails at once with -ENOENT, as documented.
  */
 #include <check.h>
 #include <errno.h>
+#include <netinet/in.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/socket.h>
 #include <unistd.h>
+#include "frame.h"
 #include "itest.h"
+#include "tpt_wire.h"
 
 #define T_MS TPT_SCALED_MS(60000)
 #define SHORT_WAIT_MS 300
@@ -504,10 +509,160 @@ START_TEST(test_peer_wait_on_this_daemons_own_address_waits_here)
 }
 END_TEST
 
+/* ---- a far daemon older than waiting connects (peer protocol 2.0) ------------------------- */
+
+#define OLD_LINK_ID 77
+
+static void old_setup(void)
+{
+	const char *const *t = tpt_peer_args();
+	const char *a[] = { "--peer-insecure", "--peer-data-conns", "1", t[0], t[1], t[2], t[3],
+			    NULL };
+
+	ck_assert_int_eq(tpt_daemon_start_peer(&tpt_peer_a, a), 0);
+	ck_assert_int_eq(tpt_sync_init(&to_conn), 0);
+	ck_assert_int_eq(tpt_sync_init(&to_lis), 0);
+}
+
+static void old_teardown(void)
+{
+	tpt_sync_done(&to_conn);
+	tpt_sync_done(&to_lis);
+	ck_assert_int_eq(tpt_daemon_stop(&tpt_peer_a), 0);
+}
+
+/* Receives peer frames on @r until one of @body_case (pings skipped). */
+static int old_expect(struct tpt_raw *r, int body_case, Tpw__V1__PeerMsg **ret)
+{
+	for (;;) {
+		int rr = tpt_raw_recv_peer(r, T_MS, ret);
+		if (rr < 0 || (*ret)->body_case == (unsigned)body_case)
+			return rr;
+		TPT_REQUIRE((*ret)->body_case == TPW__V1__PEER_MSG__BODY_PING, -EPROTO,
+			    "frame %d from the dialler", (int)(*ret)->body_case);
+		tpw_peer_msg_free(*ret);
+	}
+}
+
+static int old_send_ready(struct tpt_raw *r, bool data_up)
+{
+	Tpw__V1__PeerReady rd = TPW__V1__PEER_READY__INIT;
+	Tpw__V1__PeerMsg m = TPW__V1__PEER_MSG__INIT;
+
+	rd.link_id = OLD_LINK_ID;
+	rd.data_up = data_up;
+	m.body_case = TPW__V1__PEER_MSG__BODY_READY;
+	m.ready = &rd;
+	return tpt_raw_send_peer(r, &m);
+}
+
+/* Child: the far daemon, answering A's dial in plaintext as a daemon of peer protocol 2.0 would
+ * (Hello of minor 0, one data connection, ready), then A's PeerConnect, which must carry no
+ * wait: answered NOT_FOUND, as such a daemon answers a missing name. */
+static int old_far(void *arg)
+{
+	static uint8_t boot[16] = { 0x01, 0xd0 };
+	Tpw__V1__PeerHello h = TPW__V1__PEER_HELLO__INIT;
+	Tpw__V1__PeerDataHello dh = TPW__V1__PEER_DATA_HELLO__INIT;
+	Tpw__V1__PeerConnectReply rep = TPW__V1__PEER_CONNECT_REPLY__INIT;
+	Tpw__V1__PeerMsg m = TPW__V1__PEER_MSG__INIT, *in = NULL;
+	int lfd = *(int *)arg;
+	struct tpt_raw c = { .fd = accept(lfd, NULL, NULL) }, dc = { .fd = -1 };
+
+	TPT_REQUIRE(c.fd >= 0, 1, "accept");
+	TPT_REQUIRE(old_expect(&c, TPW__V1__PEER_MSG__BODY_HELLO, &in) == 0, 1, "no hello");
+	TPT_REQUIRE(in->hello->minor == TPW_PEER_PROTO_MINOR, 1, "dialler says minor %u",
+		    in->hello->minor);
+	tpw_peer_msg_free(in);
+	h.major = TPW_PEER_PROTO_MAJOR;
+	h.minor = 0;
+	h.host = "old-far";
+	h.boot_id.data = boot;
+	h.boot_id.len = sizeof(boot);
+	h.instance = 0x01dfa7;
+	m.body_case = TPW__V1__PEER_MSG__BODY_HELLO;
+	m.hello = &h;
+	TPT_REQUIRE(tpt_raw_send_peer(&c, &m) == 0 && old_send_ready(&c, false) == 0, 1, "send");
+	dc.fd = accept(lfd, NULL, NULL);
+	TPT_REQUIRE(dc.fd >= 0, 1, "accept the data connection");
+	TPT_REQUIRE(old_expect(&dc, TPW__V1__PEER_MSG__BODY_DATA_HELLO, &in) == 0, 1,
+		    "no data hello");
+	TPT_REQUIRE(in->data_hello->link_id == OLD_LINK_ID && in->data_hello->index == 0, 1,
+		    "data hello for link %llu index %u",
+		    (unsigned long long)in->data_hello->link_id, in->data_hello->index);
+	tpw_peer_msg_free(in);
+	dh.link_id = OLD_LINK_ID;
+	m.body_case = TPW__V1__PEER_MSG__BODY_DATA_HELLO;
+	m.data_hello = &dh;
+	TPT_REQUIRE(tpt_raw_send_peer(&dc, &m) == 0 && old_send_ready(&c, true) == 0, 1, "send");
+	TPT_REQUIRE(old_expect(&c, TPW__V1__PEER_MSG__BODY_CONNECT, &in) == 0, 1, "no connect");
+	TPT_REQUIRE(in->connect->wait_ms == 0, 1, "a daemon of minor 0 was sent wait_ms %u",
+		    in->connect->wait_ms);
+	rep.pipe_id = in->connect->pipe_id;
+	rep.status = TPW__V1__STATUS__STATUS_NOT_FOUND;
+	rep.message = "no listener named 'late' on old-far accepts pipes from other hosts";
+	m.body_case = TPW__V1__PEER_MSG__BODY_CONNECT_REPLY;
+	m.connect_reply = &rep;
+	TPT_REQUIRE(tpt_raw_send_peer(&c, &m) == 0, 1, "send the reply");
+	tpw_peer_msg_free(in);
+	TPT_REQUIRE(tpt_sync_wait(&to_lis, T_MS) == 0, 1, "no word from the connector");
+	close(dc.fd);
+	close(c.fd);
+	return 0;
+}
+
+/* On A: a wait on the old far daemon's 'late' fails at once with -ENOENT. */
+static int old_connector(void *arg)
+{
+	struct tp_connect_options o = { .size = sizeof(o), .wait_ms = T_MS };
+	struct tp_context *ctx;
+	struct tp_pipe *p;
+	char addr[128];
+	uint64_t t0 = tpt_now_ms();
+	int r = tpt_ctx_new(&tpt_peer_a, 0, "old", &ctx);
+
+	TPT_REQUIRE(r == 0, 1, "context: %d", r);
+	snprintf(addr, sizeof(addr), "tpip://127.0.0.1:%d/late", *(int *)arg);
+	r = tp_connect_ex(ctx, addr, &o, &p);
+	TPT_REQUIRE(r == 0, 1, "connect: %d", r);
+	r = tp_pipe_wait_connected(p, T_MS);
+	tpt_log("waiting connect to a daemon of peer minor 0: %d after %llu ms: %s", r,
+		(unsigned long long)(tpt_now_ms() - t0), tp_last_error());
+	TPT_REQUIRE(r == -ENOENT, 1, "connect: %d", r);
+	TPT_REQUIRE(tpt_now_ms() - t0 < (uint64_t)SLACK_MS, 1, "not at once");
+	TPT_REQUIRE(strstr(tp_last_error(), "no listener named 'late' on old-far"), 1,
+		    "error '%s'", tp_last_error());
+	tpt_sync_post(&to_lis, 0);
+	tp_pipe_close(p);
+	tp_context_free(ctx);
+	return 0;
+}
+
+START_TEST(test_peer_wait_far_daemon_of_minor_0_fails_at_once)
+{
+	struct sockaddr_in sin = { .sin_family = AF_INET,
+				   .sin_addr.s_addr = htonl(INADDR_LOOPBACK) };
+	socklen_t sl = sizeof(sin);
+	int lfd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0), port;
+	pid_t far, c;
+
+	ck_assert_int_ge(lfd, 0);
+	ck_assert_int_eq(bind(lfd, (struct sockaddr *)&sin, sizeof(sin)), 0);
+	ck_assert_int_eq(listen(lfd, 4), 0);
+	ck_assert_int_eq(getsockname(lfd, (struct sockaddr *)&sin, &sl), 0);
+	port = ntohs(sin.sin_port);
+	far = tpt_fork(old_far, &lfd);
+	c = tpt_fork(old_connector, &port);
+	ck_assert(tpt_wait_ok(c, 2 * T_MS, "connector"));
+	ck_assert(tpt_wait_ok(far, 2 * T_MS, "old far daemon"));
+	close(lfd);
+}
+END_TEST
+
 static Suite *peer_wait_suite(void)
 {
 	Suite *s = suite_create("peer_wait");
-	TCase *tc = tcase_create("wait");
+	TCase *tc = tcase_create("wait"), *old;
 
 	tcase_set_timeout(tc, 4 * T_MS / 1000);
 	tcase_add_checked_fixture(tc, setup, teardown);
@@ -520,6 +675,11 @@ static Suite *peer_wait_suite(void)
 	tcase_add_test(tc, test_peer_wait_far_daemon_forgets_waits_of_a_dead_link);
 	tcase_add_test(tc, test_peer_wait_on_this_daemons_own_address_waits_here);
 	suite_add_tcase(s, tc);
+	old = tcase_create("old");
+	tcase_set_timeout(old, 4 * T_MS / 1000);
+	tcase_add_checked_fixture(old, old_setup, old_teardown);
+	tcase_add_test(old, test_peer_wait_far_daemon_of_minor_0_fails_at_once);
+	suite_add_tcase(s, old);
 	return s;
 }
 
