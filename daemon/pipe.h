@@ -134,7 +134,8 @@ void tpd_xpipe_link_up(struct tpd_pipe *p);
 /* The link of @p failed with @err: fail the connect, or the remote end (STATUS_PEER_DIED).
  * -ELOOP means the address was this daemon's own: the pipe connects locally instead. */
 void tpd_xpipe_link_failed(struct tpd_pipe *p, int err, const char *why);
-/* The peer asks for a local listener: accept or refuse. */
+/* The peer asks for a local listener: accept, refuse, or (with wait_ms, a name that no listener
+ * admitting the link has registered) keep the connect waiting until one does or wait_ms passes. */
 void tpd_xpipe_peer_connect(struct tpd_daemon *d, struct tpd_peer *pr,
 			    const Tpw__V1__PeerConnect *c);
 /* The peer answered our PeerConnect; @p is NULL if the pipe already ended here. */
