@@ -202,9 +202,11 @@ const char *tpv_wc_status_str(enum ibv_wc_status status)
 		[IBV_WC_FATAL_ERR] = "fatal error",
 		[IBV_WC_RESP_TIMEOUT_ERR] = "response timeout error",
 		[IBV_WC_GENERAL_ERR] = "general error",
+		[IBV_WC_TM_ERR] = "TM error",
+		[IBV_WC_TM_RNDV_INCOMPLETE] = "TM software rendezvous",
 	};
 
 	if ((size_t)status < TPU_ARRAY_SIZE(names) && names[status])
 		return names[status];
-	return "unknown completion status";
+	return "unknown";
 }
