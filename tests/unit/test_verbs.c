@@ -8,6 +8,7 @@
  * viable" with a reason when there is no RDMA device. Nothing here needs RDMA hardware.
  */
 #include <check.h>
+#include <dlfcn.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <stdio.h>
@@ -1246,6 +1247,25 @@ START_TEST(test_probe_on_this_machine_gives_a_reason)
 }
 END_TEST
 
+/* tpv_wc_status_str() gives libibverbs' own texts (where the library is installed). */
+START_TEST(test_wc_status_texts_are_libibverbs_own)
+{
+	const char *(*lib_str)(enum ibv_wc_status);
+	void *h = dlopen(TPV_LIBRARY, RTLD_NOW | RTLD_LOCAL);
+
+	if (!h) {
+		printf("no %s here: %s\n", TPV_LIBRARY, dlerror());
+		return;
+	}
+	*(void **)&lib_str = dlsym(h, "ibv_wc_status_str");
+	ck_assert_ptr_nonnull(lib_str);
+	for (int i = IBV_WC_SUCCESS; i <= IBV_WC_TM_RNDV_INCOMPLETE + 1; i++)
+		ck_assert_str_eq(tpv_wc_status_str((enum ibv_wc_status)i),
+				 lib_str((enum ibv_wc_status)i));
+	dlclose(h);
+}
+END_TEST
+
 static Suite *verbs_suite(void)
 {
 	Suite *s = suite_create("verbs");
@@ -1283,6 +1303,7 @@ static Suite *verbs_suite(void)
 	tcase_add_test(topo, test_choose_round_robins_among_equals);
 	suite_add_tcase(s, topo);
 	tcase_add_test(real, test_probe_on_this_machine_gives_a_reason);
+	tcase_add_test(real, test_wc_status_texts_are_libibverbs_own);
 	suite_add_tcase(s, real);
 	return s;
 }
