@@ -288,7 +288,8 @@ static int set_opt(struct tpd_config *c, const struct opt *o, const char *v, cha
 			return -EINVAL;
 		}
 		/* loopback or not: check_metrics(), once every setting is known */
-		if (o->off == OFF(metrics_listen) && v[0] && tpd_metrics_listen_check(v, true) < 0) {
+		if (o->off == OFF(metrics_listen) && v[0] &&
+		    tpd_metrics_listen_check(v, true) < 0) {
 			snprintf(err, el, "%s: '%s' is not ADDR:PORT (127.0.0.1:PORT, [::1]:PORT, "
 				 "localhost:PORT, port 1 to 65535)", o->name, v);
 			return -EINVAL;

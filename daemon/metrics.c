@@ -263,8 +263,8 @@ int tpd_metrics_start(struct tpd_daemon *d, const char *listen, bool allow_remot
 	int r = parse_listen(listen, allow_remote, host, sizeof(host), &port);
 
 	if (r == -EPERM) {
-		tpu_log_err("metrics-listen '%s' is not a loopback address: set metrics-allow-remote "
-			    "to serve metrics to other hosts", listen);
+		tpu_log_err("metrics-listen '%s' is not a loopback address: set "
+			    "metrics-allow-remote to serve metrics to other hosts", listen);
 		return r;
 	}
 	if (r < 0) {
@@ -288,13 +288,16 @@ int tpd_metrics_start(struct tpd_daemon *d, const char *listen, bool allow_remot
 	evconnlistener_set_error_cb(evhttp_bound_socket_get_listener(bs), metrics_on_accept_error);
 	evhttp_set_allowed_methods(m->http, EVHTTP_REQ_GET);
 	evhttp_set_gencb(m->http, metrics_on_request, m);
-	if (tpd_metrics_listen_check(listen, false) < 0)
+	if (tpd_metrics_listen_check(listen, false) < 0) {
+		bool v6 = strchr(host, ':') != NULL;
+
 		tpu_log_notice("metrics on http://%s%s%s:%u/metrics, open to other hosts "
 			       "(metrics-allow-remote): anyone who reaches it reads session, pipe, "
-			       "listener and peer counts and byte totals", strchr(host, ':') ? "[" : "",
-			       host, strchr(host, ':') ? "]" : "", (unsigned)port);
-	else
+			       "listener and peer counts and byte totals", v6 ? "[" : "", host,
+			       v6 ? "]" : "", (unsigned)port);
+	} else {
 		tpu_log_info("metrics on http://%s:%u/metrics", host, (unsigned)port);
+	}
 	*ret = m;
 	return 0;
 }

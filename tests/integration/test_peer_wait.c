@@ -398,7 +398,7 @@ static int stranded_connector(void *arg)
 	TPT_REQUIRE(r == 0, 1, "connect: %d", r);
 	r = tp_pipe_wait_connected(p, T_MS);
 	tpt_log("waiting connect when B died: %d: %s", r, tp_last_error());
-	/* how the link's loss reads depends on where TLS was when B died (EOF, reset, a TLS error) */
+	/* how the link's loss reads depends on where TLS was when B died (EOF, reset, TLS) */
 	TPT_REQUIRE(r < 0 && r != -ETIMEDOUT, 1, "waiting connect when B died: %d", r);
 	TPT_REQUIRE(strstr(tp_last_error(), "cannot reach tpipd at"), 1, "error '%s'",
 		    tp_last_error());
