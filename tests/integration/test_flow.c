@@ -16,6 +16,8 @@
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
+#include <sys/socket.h>
+#include <sys/un.h>
 #include <sys/wait.h>
 #include "frame.h"
 #include "ipeer.h"
@@ -522,12 +524,199 @@ START_TEST(test_flow_client_ignoring_the_window_meets_the_hard_limits)
 }
 END_TEST
 
+/* ---- a daemon the library must not trust blindly, and an old daemon ------------------------- */
+
+/* A stand-in daemon on a Unix socket: answers Hello (protocol minor @minor, a window of
+ * FAKE_WIN messages), Connect, and counts the Writes that come before the client's Listen. */
+#define FAKE_WIN 2
+#define FAKE_WRITES 10
+
+struct fake {
+	char path[108];
+	int lfd, fd;
+	uint32_t minor;
+};
+
+static int fake_recv(struct fake *f, Tpw__V1__ClientMsg **ret)
+{
+	uint8_t hb[TPW_HDR_SIZE], *body;
+	struct tpw_hdr h;
+	size_t got = 0, len;
+
+	while (got < sizeof(hb)) {
+		ssize_t k = read(f->fd, hb + got, sizeof(hb) - got);
+		if (k <= 0)
+			return -EIO;
+		got += (size_t)k;
+	}
+	if (tpw_hdr_parse(hb, TPW_FRAME_MAX_HARD, &h) < 0)
+		return -EBADMSG;
+	len = (size_t)h.msg_len + h.data_len;
+	body = malloc(len);
+	for (got = 0; body && got < len;) {
+		ssize_t k = read(f->fd, body + got, len - got);
+		if (k <= 0)
+			break;
+		got += (size_t)k;
+	}
+	if (!body || got < len || tpw_client_msg_unpack(body, h.msg_len, ret) < 0) {
+		free(body);
+		return -EBADMSG;
+	}
+	free(body);
+	return 0;
+}
+
+static void fake_send(struct fake *f, Tpw__V1__DaemonMsg *m)
+{
+	static uint64_t seq;
+	uint8_t buf[4096];
+	size_t n = tpw_frame_pack(&m->base, 0, 0, ++seq, buf);
+
+	ck_assert_int_eq(write(f->fd, buf, n), (ssize_t)n);
+}
+
+/* Serves one client; the count of Writes before its Listen. */
+static void *fake_serve(void *arg)
+{
+	struct fake *f = arg;
+	Tpw__V1__DaemonMsg out = TPW__V1__DAEMON_MSG__INIT;
+	Tpw__V1__HelloReply hr = TPW__V1__HELLO_REPLY__INIT;
+	Tpw__V1__Limits lim = TPW__V1__LIMITS__INIT;
+	Tpw__V1__Reply rep = TPW__V1__REPLY__INIT;
+	Tpw__V1__FlowCredit credit = TPW__V1__FLOW_CREDIT__INIT;
+	Tpw__V1__WriteDone wd = TPW__V1__WRITE_DONE__INIT;
+	Tpw__V1__ClientMsg *m;
+	uintptr_t writes = 0;
+
+	f->fd = accept4(f->lfd, NULL, NULL, SOCK_CLOEXEC);
+	while (f->fd >= 0 && fake_recv(f, &m) == 0) {
+		Tpw__V1__ClientMsg__BodyCase c = m->body_case;
+
+		if (c == TPW__V1__CLIENT_MSG__BODY_HELLO) {
+			hr.major = TPW_PROTO_MAJOR;
+			hr.minor = f->minor;
+			hr.status = TPW__V1__STATUS__STATUS_OK;
+			hr.session_id = 1;
+			lim.pipe_queue_max = FAKE_WIN;
+			lim.pipe_queue_bytes = 1u << 20;
+			hr.limits = &lim;
+			out.body_case = TPW__V1__DAEMON_MSG__BODY_HELLO_REPLY;
+			out.hello_reply = &hr;
+			fake_send(f, &out);
+		} else if (c == TPW__V1__CLIENT_MSG__BODY_CONNECT) {
+			rep.req_id = m->connect->req_id;
+			rep.status = TPW__V1__STATUS__STATUS_OK;
+			rep.id = m->connect->pipe_id;
+			rep.remote_name = "fake";
+			out.body_case = TPW__V1__DAEMON_MSG__BODY_REPLY;
+			out.reply = &rep;
+			fake_send(f, &out);
+		} else if (c == TPW__V1__CLIENT_MSG__BODY_WRITE) {
+			if (++writes != FAKE_WIN)
+				goto next;
+			/* Credit far beyond what was sent: the library must not take it. */
+			if (f->minor >= TPW_MINOR_FLOW) {
+				credit.pipe_id = m->write->pipe_id;
+				credit.messages = 1000;
+				credit.bytes = 1000;
+				out.body_case = TPW__V1__DAEMON_MSG__BODY_FLOW_CREDIT;
+				out.flow_credit = &credit;
+				fake_send(f, &out);
+			}
+			/* Then the first write's completion: once its callback ran, the library
+			 * thread has handled the credit (and sent what it let go). */
+			wd.pipe_id = m->write->pipe_id;
+			wd.write_id = 1;
+			wd.status = TPW__V1__STATUS__STATUS_OK;
+			out.body_case = TPW__V1__DAEMON_MSG__BODY_WRITE_DONE;
+			out.write_done = &wd;
+			fake_send(f, &out);
+		} else if (c == TPW__V1__CLIENT_MSG__BODY_LISTEN) {
+			rep.req_id = m->listen->req_id;
+			rep.status = TPW__V1__STATUS__STATUS_OK;
+			rep.id = 1;
+			out.body_case = TPW__V1__DAEMON_MSG__BODY_REPLY;
+			out.reply = &rep;
+			fake_send(f, &out);
+			tpw_client_msg_free(m);
+			break;
+		}
+next:
+		tpw_client_msg_free(m);
+	}
+	return (void *)writes;
+}
+
+/* Return: the Writes a client sent of FAKE_WRITES to a stand-in daemon of protocol @minor
+ * announcing a window of FAKE_WIN messages, before the Listen it sends after them. */
+static uintptr_t fake_run(uint32_t minor)
+{
+	struct fake f = { .minor = minor, .fd = -1 };
+	struct sockaddr_un sa = { .sun_family = AF_UNIX };
+	struct tp_context_options o = { .size = sizeof(o), .flags = TP_CONTEXT_NO_RING };
+	static char data[FAKE_WRITES][16];
+	struct tp_payload pl[FAKE_WRITES];
+	struct tp_message msg[FAKE_WRITES];
+	struct tp_context *ctx;
+	struct tp_listener *l;
+	struct tp_pipe *p;
+	pthread_t th;
+	void *writes;
+
+	flow_done_init(&fd_);
+	snprintf(f.path, sizeof(f.path), "/tmp/tpt-fake-%d.sock", (int)getpid());
+	unlink(f.path);
+	memcpy(sa.sun_path, f.path, strlen(f.path) + 1);
+	f.lfd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+	ck_assert_int_ge(f.lfd, 0);
+	ck_assert_int_eq(bind(f.lfd, (struct sockaddr *)&sa, sizeof(sa)), 0);
+	ck_assert_int_eq(listen(f.lfd, 1), 0);
+	ck_assert_int_eq(pthread_create(&th, NULL, fake_serve, &f), 0);
+	o.socket_path = f.path;
+	ck_assert_int_eq(tp_context_new(&o, &ctx), 0);
+	ck_assert_int_eq(tp_connect(ctx, "fake", &p), 0);
+	ck_assert_int_eq(tp_pipe_wait_connected(p, T_MS), 0);
+	for (unsigned i = 0; i < FAKE_WRITES; i++) {
+		pl[i] = (struct tp_payload){ .data = data[i], .length = sizeof(data[i]) };
+		msg[i] = (struct tp_message){ .payloads = &pl[i], .n_payloads = 1 };
+		ck_assert_int_eq(tp_pipe_write(p, &msg[i], flow_done_cb, (void *)(uintptr_t)i), 0);
+	}
+	ck_assert_int_eq(flow_done_wait(&fd_, 1, T_MS), 0);
+	ck_assert_int_eq(tp_listen(ctx, "after", NULL, &l), 0);
+	pthread_join(th, &writes);
+	close(f.fd);
+	close(f.lfd);
+	unlink(f.path);
+	tp_listener_close(l);
+	tp_pipe_close(p);
+	tp_context_free(ctx);
+	return (uintptr_t)writes;
+}
+
+/* An old daemon (minor 4) has no window: every write goes at once, as before. */
+START_TEST(test_flow_old_daemon_gets_every_write_at_once)
+{
+	ck_assert_uint_eq(fake_run(4), FAKE_WRITES);
+}
+END_TEST
+
+/* A daemon returning credit for 1000 messages after 2: the library counts back only the 2 it
+ * sent, so it sends 2 more, not the remaining 8. */
+START_TEST(test_flow_library_bounds_the_daemons_credit)
+{
+	ck_assert_uint_eq(fake_run(TPW_MINOR_FLOW), 2 * FAKE_WIN);
+}
+END_TEST
+
 static Suite *flow_suite(void)
 {
 	Suite *s = suite_create("flow");
 	TCase *tc = tcase_create("flow");
 
 	tcase_set_timeout(tc, 300 * tpt_time_scale());
+	tcase_add_test(tc, test_flow_old_daemon_gets_every_write_at_once);
+	tcase_add_test(tc, test_flow_library_bounds_the_daemons_credit);
 	tcase_add_test(tc, test_flow_client_ignoring_the_window_meets_the_hard_limits);
 	tcase_add_test(tc, test_flow_held_writes_fail_with_the_pipe_when_the_reader_dies);
 	tcase_add_test(tc, test_flow_close_cancels_held_writes);
