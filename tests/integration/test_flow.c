@@ -433,6 +433,68 @@ START_TEST(test_flow_close_cancels_held_writes)
 }
 END_TEST
 
+/* ---- a message larger than the window ---------------------------------------------------- */
+
+static const size_t big_lens[3] = { 500, 2000, 500 }; /* inline; the window is 1000 bytes */
+
+/* Reads messages 0 and 2 of big_writer (the middle one is refused). */
+static int big_reader(void *arg)
+{
+	struct tpt_end e = { .d = &dm, .ctx_name = "big-reader", .where = "big",
+			     .ready = &ready, .timeout_ms = T_MS };
+	struct tpt_msg_spec s = { .n_payloads = 1 };
+
+	TPT_REQUIRE(tpt_end_listen(&e, true) == 0, 1, "listen");
+	for (unsigned i = 0; i < 3; i += 2) {
+		s.index = i;
+		s.lens[0] = big_lens[i];
+		TPT_REQUIRE(tpt_msg_read_check(e.ctx, e.p, &s, TPT_MEM_PRIVATE, T_MS) == 0, 1,
+			    "message %u", i);
+	}
+	TPT_REQUIRE(tpt_sync_wait(&done, T_MS) == 0, 1, "writer did not finish");
+	tpt_end_close(&e);
+	return 0;
+}
+
+/* A write alone over the window waits for the earlier one to be consumed, then goes alone and
+ * meets the daemon's hard limit; the write behind it goes on. */
+static int big_writer(void *arg)
+{
+	struct tpt_end e = { .d = &dm, .ctx_name = "big-writer", .where = "big",
+			     .ready = &ready, .timeout_ms = T_MS };
+	struct tpt_msg m[3];
+
+	flow_done_init(&fd_);
+	TPT_REQUIRE(tpt_end_connect(&e) == 0, 1, "connect");
+	for (unsigned i = 0; i < 3; i++) {
+		struct tpt_msg_spec s = { .index = i, .n_payloads = 1, .lens = { big_lens[i] } };
+
+		TPT_REQUIRE(tpt_msg_build(e.ctx, &s, TPT_MEM_PRIVATE, &m[i]) == 0, 1, "build");
+		TPT_REQUIRE(tp_pipe_write(e.p, &m[i].m, flow_done_cb, (void *)(uintptr_t)i) == 0, 1,
+			    "write %u: %s", i, tp_last_error());
+	}
+	TPT_REQUIRE(flow_done_wait(&fd_, 3, T_MS) == 0, 1, "%u of 3 completed",
+		    flow_done_count(&fd_));
+	TPT_REQUIRE(fd_.ok == 2 && fd_.n_err == 1 && fd_.first_err == -ENOBUFS, 1,
+		    "%u ok, %u failed (%d), want the middle one refused", fd_.ok, fd_.n_err,
+		    fd_.first_err);
+	tpt_sync_post(&done, 0);
+	for (unsigned i = 0; i < 3; i++)
+		tpt_msg_free(e.ctx, &m[i]);
+	tpt_end_close(&e);
+	return 0;
+}
+
+START_TEST(test_flow_write_larger_than_the_window_goes_alone_and_is_refused)
+{
+	const char *args[] = { "--pipe-queue-bytes", "1000", NULL };
+
+	start(args);
+	ck_assert(tpt_run_pair(big_reader, big_writer, NULL, 2 * T_MS));
+	stop();
+}
+END_TEST
+
 /* ---- a raw client ignoring the window: the hard limits -------------------------------------- */
 
 static void raw_connect_pipe(struct tpt_raw *raw, uint64_t pipe_id)
@@ -718,6 +780,7 @@ static Suite *flow_suite(void)
 	tcase_add_test(tc, test_flow_old_daemon_gets_every_write_at_once);
 	tcase_add_test(tc, test_flow_library_bounds_the_daemons_credit);
 	tcase_add_test(tc, test_flow_client_ignoring_the_window_meets_the_hard_limits);
+	tcase_add_test(tc, test_flow_write_larger_than_the_window_goes_alone_and_is_refused);
 	tcase_add_test(tc, test_flow_held_writes_fail_with_the_pipe_when_the_reader_dies);
 	tcase_add_test(tc, test_flow_close_cancels_held_writes);
 	tcase_add_test(tc, test_flow_small_messages_on_a_connecting_pipe_wait_for_room);
