@@ -123,8 +123,8 @@ struct flow_case {
 	const char *name;
 	unsigned n;	 /* messages */
 	size_t len;	 /* bytes each (one payload) */
-	unsigned fill;	 /* completions that fill the window (the writer then posts @filled) */
-	bool sync;	 /* blocking writes (on a thread): the window fills, the next one blocks */
+	unsigned fill;	 /* completions filling the window (then the writer posts @filled) */
+	bool sync;	 /* blocking writes (on a thread): the window fills, the next blocks */
 	bool early;	 /* write before the listener exists (connect with wait_ms) */
 };
 
@@ -402,8 +402,9 @@ static int held_writer(void *arg)
 	TPT_REQUIRE(fd_.first_err == fd_.last_err, 1, "errors %d .. %d", fd_.first_err,
 		    fd_.last_err);
 	if (arg)
-		TPT_REQUIRE(fd_.first_err == -ECONNRESET, 1, "held writes failed with %d (%s), want "
-			    "the pipe's error -ECONNRESET", fd_.first_err, tp_strerror(fd_.first_err));
+		TPT_REQUIRE(fd_.first_err == -ECONNRESET, 1, "held writes failed with %d (%s), "
+			    "want the pipe's error -ECONNRESET", fd_.first_err,
+			    tp_strerror(fd_.first_err));
 	else
 		TPT_REQUIRE(fd_.first_err == -ECANCELED, 1, "held writes failed with %d, want "
 			    "-ECANCELED", fd_.first_err);
