@@ -15,6 +15,7 @@
 #include "peer.h"
 #include "log.h"
 #include "metrics.h"
+#include "pipe.h"
 #include "notify.h"
 #include "session.h"
 #include "tpb.h"
@@ -490,6 +491,7 @@ int tpd_daemon_new(const struct tpd_config *cfg, struct tpd_daemon **ret)
 	tpu_list_init(&d->sessions);
 	tpu_list_init(&d->pipes);
 	tpu_list_init(&d->xwaits);
+	tpu_list_init(&d->flow_dirty);
 	tpd_registry_init(&d->registry);
 	tpd_quota_init(&d->quota);
 	d->base = event_base_new();
@@ -540,6 +542,7 @@ int tpd_daemon_run(struct tpd_daemon *d)
 	for (;;) {
 		int r = event_base_loop(d->base, EVLOOP_ONCE);
 
+		tpd_pipes_flow_flush(d);
 		tpd_peers_flush(d);
 		if (r < 0)
 			return -EIO;

@@ -48,6 +48,7 @@ struct tpd_daemon {
 	uint64_t next_session_id;
 	struct tpd_registry registry;
 	struct tpu_list pipes;
+	struct tpu_list flow_dirty; /* pipe ends with FlowCredit to send at the end of the pass */
 	unsigned n_pipes;
 	struct tpu_list xwaits;	/* peers' connects waiting for a listener (xpipe.c) */
 	uint64_t next_pipe_id;

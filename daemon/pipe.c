@@ -152,6 +152,7 @@ void tpd_pipe_msg_consumed(struct tpd_msg *m, Tpw__V1__Status st, const char *wh
 		w->queued--;
 		w->queued_bytes -= m->tail_len;
 		d->quota.pipe_bytes -= m->cost;
+		tpd_pipe_credit(w, m->tail_len);
 	}
 	if (tpu_list_linked(&m->wnode)) {
 		write_done_flush(w); /* frees @m once its WriteDone is out */
@@ -179,6 +180,40 @@ void tpd_pipe_send_read_done(struct tpd_pipe_end *r, uint64_t msg_id, Tpw__V1__S
 	tpd_session_send(r->session, &dm, NULL, 0);
 }
 
+/* ---- flow control -------------------------------------------------------------------------- */
+
+void tpd_pipe_credit(struct tpd_pipe_end *e, uint64_t bytes)
+{
+	if (e->remote || !e->session || e->session->client_minor < TPW_MINOR_FLOW)
+		return;
+	if (e->credit_msgs == UINT32_MAX)
+		tpd_pipes_flow_flush(e->pipe->d); /* not reached: bounded by the frames of a pass */
+	e->credit_msgs++;
+	e->credit_bytes += bytes;
+	if (!tpu_list_linked(&e->credit_node))
+		tpu_list_insert_tail(&e->pipe->d->flow_dirty, &e->credit_node);
+}
+
+void tpd_pipes_flow_flush(struct tpd_daemon *d)
+{
+	Tpw__V1__FlowCredit fc = TPW__V1__FLOW_CREDIT__INIT;
+	Tpw__V1__DaemonMsg dm = TPW__V1__DAEMON_MSG__INIT;
+	struct tpd_pipe_end *e;
+
+	dm.body_case = TPW__V1__DAEMON_MSG__BODY_FLOW_CREDIT;
+	dm.flow_credit = &fc;
+	while ((e = tpu_list_first(&d->flow_dirty, struct tpd_pipe_end, credit_node))) {
+		tpu_list_remove(&e->credit_node);
+		fc.pipe_id = e->local_id;
+		fc.messages = e->credit_msgs;
+		fc.bytes = e->credit_bytes;
+		e->credit_msgs = 0;
+		e->credit_bytes = 0;
+		if (e->session && !e->session->dead && fc.messages)
+			tpd_session_send(e->session, &dm, NULL, 0);
+	}
+}
+
 /* ---- pipes --------------------------------------------------------------------------------- */
 
 void tpd_pipe_end_init(struct tpd_pipe_end *e, struct tpd_pipe *p, struct tpd_session *s,
@@ -189,6 +224,7 @@ void tpd_pipe_end_init(struct tpd_pipe_end *e, struct tpd_pipe *p, struct tpd_se
 	e->local_id = local_id;
 	tpu_list_init(&e->wq);
 	tpu_list_init(&e->rq);
+	tpu_list_init(&e->credit_node);
 	e->gone = TPW__V1__STATUS__STATUS_UNSPECIFIED;
 }
 
@@ -230,6 +266,8 @@ void tpd_pipe_maybe_free(struct tpd_pipe *p)
 		return;
 	end_drop_all(&p->end[0]);
 	end_drop_all(&p->end[1]);
+	tpu_list_remove(&p->end[0].credit_node);
+	tpu_list_remove(&p->end[1].credit_node);
 	tpd_xpipe_done(p);
 	tpu_list_remove(&p->node);
 	p->d->n_pipes--;
@@ -511,6 +549,7 @@ void tpd_pipe_write(struct tpd_pipe_end *e, Tpw__V1__ClientMsg *cm, const uint8_
 		Tpw__V1__Status g = tpd_pipe_end_gone_status(r);
 		tpd_pipe_write_reject(e, w->write_id, tpw_status_to_errno(g),
 				      tpd_pipe_why(e->pipe, g));
+		tpd_pipe_credit(e, tail_len);
 		goto out;
 	}
 	if (e->pipe->connecting) {
@@ -573,6 +612,7 @@ reject:
 	if (m)
 		tpd_msg_free(m);
 	tpd_pipe_write_reject(e, w->write_id, err, why[0] ? why : strerror(-err));
+	tpd_pipe_credit(e, tail_len);
 out:
 	tpw_client_msg_free(cm);
 }

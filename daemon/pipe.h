@@ -39,6 +39,11 @@ struct tpd_pipe_end {
 	Tpw__V1__Status owed;
 	uint64_t owed_session;
 	bool remote;		     /* the end is on another host, behind the pipe's peer link */
+	/* Flow control: room in this end's write window not yet returned to its client
+	 * (FlowCredit, sent at the end of the loop pass while linked in d->flow_dirty). */
+	uint32_t credit_msgs;
+	uint64_t credit_bytes;
+	struct tpu_list credit_node;
 };
 
 struct tpd_pipe {
@@ -77,6 +82,16 @@ struct tpd_pipe {
 	char peer_addr[300];	    /* "HOST:PORT" */
 	char why[200];		    /* why the remote end went away, for error messages */
 };
+
+/*
+ * tpd_pipe_credit() - a Write of local end @e carrying @bytes inline bytes no longer occupies the
+ * daemon's queue (consumed, refused or failed): return its room to @e's client with FlowCredit at
+ * the end of this loop pass, if the client speaks minor >= TPW_MINOR_FLOW.
+ */
+void tpd_pipe_credit(struct tpd_pipe_end *e, uint64_t bytes);
+
+/* tpd_pipes_flow_flush() - send the FlowCredit the pass collected (end of each loop pass). */
+void tpd_pipes_flow_flush(struct tpd_daemon *d);
 
 /*
  * tpd_pipe_connect() - handle Connect from @s: find the listener, check access, create the pipe,

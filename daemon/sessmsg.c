@@ -162,6 +162,7 @@ static void handle_hello(struct tpd_session *s, const Tpw__V1__Hello *h)
 	lim.buffer_bytes_max = cfg->buffer_bytes_max;
 	lim.pipes_max = cfg->pipes_max;
 	lim.pipe_queue_max = cfg->pipe_queue_max;
+	lim.pipe_queue_bytes = cfg->pipe_queue_bytes;
 	hr.limits = &lim;
 	tpd_session_send(s, &dm, NULL, 0);
 	tpd_session_log(s, TPU_LOG_DEBUG, "hello from '%s', cma %s", s->name,

@@ -95,6 +95,7 @@ void tpd_xpipe_hold(struct tpd_pipe_end *e, Tpw__V1__ClientMsg *cm, const uint8_
 	if (p->n_held >= cfg->pipe_queue_max || p->held_bytes + tail_len > cfg->pipe_queue_bytes) {
 		tpd_pipe_write_reject(e, cm->write->write_id, -ENOBUFS,
 				      "pipe queue full while the connect is pending");
+		tpd_pipe_credit(e, tail_len);
 		tpw_client_msg_free(cm);
 		return;
 	}
@@ -102,6 +103,7 @@ void tpd_xpipe_hold(struct tpd_pipe_end *e, Tpw__V1__ClientMsg *cm, const uint8_
 	if (!h || (tail_len && !(h->tail = malloc(tail_len)))) {
 		free(h);
 		tpd_pipe_write_reject(e, cm->write->write_id, -ENOMEM, "out of memory");
+		tpd_pipe_credit(e, tail_len);
 		tpw_client_msg_free(cm);
 		return;
 	}
@@ -127,6 +129,7 @@ static void held_flush(struct tpd_pipe *p, int err, const char *why)
 			h->cm = NULL;
 		} else if (e->session) {
 			tpd_pipe_write_reject(e, h->cm->write->write_id, err, why);
+			tpd_pipe_credit(e, h->tail_len);
 		}
 		tpu_list_init(&h->node);
 		held_free(h);

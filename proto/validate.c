@@ -428,6 +428,14 @@ int tpw_daemon_msg_validate(const Tpw__V1__DaemonMsg *m, const struct tpw_hdr *h
 		return 0;
 	case TPW__V1__DAEMON_MSG__BODY_SESSION_END:
 		return check_string(m->session_end->message, TPW_MESSAGE_MAX, "message", why, wl);
+	case TPW__V1__DAEMON_MSG__BODY_FLOW_CREDIT:
+		/* Room for at least one message, never more inline bytes than frames could carry. */
+		if (m->flow_credit->messages == 0 ||
+		    m->flow_credit->bytes > (uint64_t)m->flow_credit->messages * TPW_FRAME_MAX_HARD)
+			return tpu_why(-EBADMSG, why, wl, "flow credit of %u messages, %llu bytes",
+				       m->flow_credit->messages,
+				       (unsigned long long)m->flow_credit->bytes);
+		return 0;
 	default:
 		return tpu_why(-EBADMSG, why, wl, "unknown message type %d", (int)m->body_case);
 	}

@@ -381,7 +381,13 @@ typedef void (*tp_done_fn)(void *arg, struct tp_pipe *p, int status, const char 
  * inline once the daemon holds it, any other once its bytes are in the reader's allocation
  * (across hosts too: the reader's daemon confirms it), with the status of that transfer.
  * Across hosts keep several writes in flight (8 to 16 for tensors of a few MiB) to keep the
- * link busy.
+ * link busy. A writer ahead of its reader waits instead of failing: beyond the pipe's window
+ * (the daemon's --pipe-queue-max messages and --pipe-queue-bytes inline bytes not yet consumed
+ * by the reader) writes stay pending in the library, in order and without a copy, and go out as
+ * the reader consumes; their callbacks come later (tp_pipe_write_sync() blocks meanwhile). A
+ * held write completes with the pipe's error if it fails, -ECANCELED if it is closed. The
+ * callback reports -ENOBUFS only for limits set on purpose (--pipe-queue-bytes-max, a reader's
+ * daemon with smaller queue limits across hosts) or from a daemon older than protocol minor 5.
  * Return: 0 (callback will fire); -EINVAL, -EMSGSIZE, -E2BIG for a message over the limits;
  * -EPIPE / -ECONNRESET if the pipe is already known to be closed.
  */

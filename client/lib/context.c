@@ -216,6 +216,7 @@ struct tpc_op *tpc_op_new(enum tpc_op_kind kind, size_t n_copies)
 	if (!op)
 		return NULL;
 	tpu_list_init(&op->node);
+	tpu_list_init(&op->hnode);
 	op->kind = kind;
 	op->copies = (struct tpc_copy *)(op + 1);
 	return op;
@@ -226,6 +227,7 @@ void tpc_op_free(struct tpc_op *op)
 	if (!op)
 		return;
 	tpc_cuda_events_put(op->cuda_events);
+	tpc_write_held_free(op->held);
 	free(op->errmsg);
 	free(op);
 }
@@ -235,6 +237,8 @@ void tpc_op_complete_locked(struct tp_context *ctx, struct tpc_op *op, int statu
 	bool was_empty = tpu_list_empty(&ctx->done);
 
 	tpu_list_remove(&op->node);
+	if (op->kind == TPC_OP_WRITE) /* a held write that never went: it never will */
+		tpu_list_remove(&op->hnode);
 	op->pending = false;
 	op->status = status;
 	if (status < 0 && !op->errmsg)
@@ -258,6 +262,8 @@ void tpc_op_ready_locked(struct tp_context *ctx, struct tpu_list *list, struct t
 void tpc_op_cancel_locked(struct tpc_op *op)
 {
 	tpu_list_remove(&op->node);
+	if (op->kind == TPC_OP_WRITE)
+		tpu_list_remove(&op->hnode);
 	tpc_op_free(op);
 }
 
@@ -365,7 +371,8 @@ int tpc_context_decode(const struct tpw_hdr *h, const uint8_t *body, Tpw__V1__Da
 
 /* Handles one daemon message; lock held. Return: 0 or -EPROTO for a message out of place. */
 static int context_handle_locked(struct tp_context *ctx, const Tpw__V1__DaemonMsg *m,
-				 const uint8_t *tail, size_t tail_len, uint64_t *ret_reject)
+				 const uint8_t *tail, size_t tail_len, uint64_t *ret_reject,
+				 bool *ret_pump)
 {
 	struct tpc_req *req;
 
@@ -396,6 +403,9 @@ static int context_handle_locked(struct tp_context *ctx, const Tpw__V1__DaemonMs
 		return 0;
 	case TPW__V1__DAEMON_MSG__BODY_CTL_REPLY:
 		return 0; /* not asked for by a client context */
+	case TPW__V1__DAEMON_MSG__BODY_FLOW_CREDIT:
+		*ret_pump = tpc_write_on_credit(ctx, m->flow_credit);
+		return 0;
 	case TPW__V1__DAEMON_MSG__BODY_SESSION_END: {
 		/* The daemon ends this session and says why (tpipctl close-session). */
 		const Tpw__V1__SessionEnd *se = m->session_end;
@@ -420,16 +430,19 @@ static int context_dispatch(struct tp_context *ctx, const struct tpw_hdr *h, cha
 	const uint8_t *body = ctx->rbuf + ctx->rpos + TPW_HDR_SIZE;
 	Tpw__V1__DaemonMsg *m;
 	uint64_t reject = 0;
+	bool pump = false;
 	int r;
 
 	r = tpc_context_decode(h, body, &m, why, why_len);
 	if (r < 0)
 		return r;
 	pthread_mutex_lock(&ctx->lock);
-	r = context_handle_locked(ctx, m, body + h->msg_len, h->data_len, &reject);
+	r = context_handle_locked(ctx, m, body + h->msg_len, h->data_len, &reject, &pump);
 	pthread_mutex_unlock(&ctx->lock);
 	if (r < 0)
 		snprintf(why, why_len, "unexpected message type %d", (int)m->body_case);
+	if (pump) /* room came back: send the writes held for it, in order */
+		tpc_write_pump(ctx, m->flow_credit->pipe_id);
 	tpw_daemon_msg_free(m);
 	if (reject) {
 		/* An Accepted for a listener closed meanwhile: refuse the pipe. */

@@ -37,6 +37,7 @@
 #define TPC_CONN_LOST "daemon connection lost"
 #define TPC_SPIN_DEFAULT_US 100
 #define TPC_SPIN_MAX_US 100000
+#define TPC_WIN_MSGS_MAX (1u << 24) /* the daemon's own bound on pipe-queue-max */
 
 /* ---- id map: uint64 key (never 0) -> pointer, open addressing ----------------------------- */
 
@@ -118,6 +119,7 @@ struct tpc_copy { /* a staged read segment: stage + off -> dst after ReadDone */
 };
 
 struct tpc_desc;
+struct tpc_held_write; /* write.c */
 struct tpc_buf;
 struct tpc_cuda;       /* cuda.c: a context's IPC handle cache and event pools */
 struct tpc_cuda_event; /* cuda.c: an interprocess event recorded for one operation */
@@ -146,6 +148,10 @@ struct tpc_op {
 	/* Events recorded on the streams of the op's CUDA segments: the daemon waits for them
 	 * before its copy. Back to their pool when the op is freed (after its callback). */
 	struct tpc_cuda_event *cuda_events;
+	/* A write held by the library, beyond its pipe's write window: its frame, not sent yet
+	 * (owned; its data pieces still point into the caller's memory). In pipe->wheld. */
+	struct tpc_held_write *held;
+	struct tpu_list hnode;
 };
 
 /* ---- shared buffers ------------------------------------------------------------------------ */
@@ -172,6 +178,8 @@ struct tpc_limits {
 	uint32_t buffers_max; /* 0: no limit announced */
 	uint64_t buffer_bytes_max;
 	uint32_t pipes_max;
+	uint32_t win_msgs;  /* write window per pipe (flow control), messages */
+	uint64_t win_bytes; /* ... and inline bytes */
 };
 
 struct tp_context {
@@ -189,6 +197,7 @@ struct tp_context {
 	bool cma_ok; /* set by Hello, cleared by a WriteDone/ReadDone with cma_off (lock held) */
 	bool close_acks; /* the daemon acknowledges PipeClose (protocol minor >= 1) */
 	uint32_t daemon_minor; /* HelloReply.minor */
+	bool flow; /* the daemon returns write-window room with FlowCredit (minor >= 5) */
 	size_t eager_max;
 	struct tpc_limits lim;
 	uint64_t session_id;
@@ -276,6 +285,11 @@ struct tp_pipe {
 	struct tpu_list desc_reqs; /* pending read_descriptor ops */
 	struct tpu_list descs;	   /* descriptors not yet handed out */
 	struct tpu_list held;	   /* descriptors the user holds, msg_id order */
+	/* Flow control: Writes sent that the daemon has not returned with FlowCredit, and the
+	 * writes held beyond that window (in p->writes too), sent in order as room returns. */
+	uint32_t win_msgs;
+	uint64_t win_bytes;
+	struct tpu_list wheld;
 	struct tpu_list ctx_link;
 	struct tpu_list backlog_link; /* in a listener's backlog until accepted */
 	struct tpc_op free_op;
@@ -361,6 +375,9 @@ int tpc_wire_fill(struct tp_context *ctx);
 int tpc_wire_peek(struct tp_context *ctx, struct tpw_hdr *ret);
 /* Drops the frame @h (the one tpc_wire_peek() returned) from the receive buffer. */
 void tpc_wire_consume(struct tp_context *ctx, const struct tpw_hdr *h);
+/* Sends a frame whose message is already packed (@body, @body_len) plus @data; send_lock held. */
+int tpc_wire_send_packed(struct tp_context *ctx, const uint8_t *body, size_t body_len,
+			 const struct iovec *data, size_t n_data);
 /* Sends a message without data; send_lock held. */
 int tpc_wire_send_pipe_close(struct tp_context *ctx, uint64_t pipe_id);
 /* SessionEnd{CLOSED}: tp_context_free() ends the session on purpose (daemon minor >= 4). */
@@ -394,6 +411,14 @@ void tpc_pipe_free_all(struct tp_context *ctx);
 
 /* Handlers of daemon events, called by the io thread with lock held. @tail is borrowed. */
 void tpc_write_on_done(struct tp_context *ctx, const Tpw__V1__WriteDone *m);
+/* FlowCredit: returns room in the pipe's write window. Return: true if held writes of that
+ * pipe may now go (tpc_write_pump()). */
+bool tpc_write_on_credit(struct tp_context *ctx, const Tpw__V1__FlowCredit *m);
+/* Sends the held writes of pipe @pipe_id that fit its window, in order. Takes send_lock and
+ * lock; neither may be held. */
+void tpc_write_pump(struct tp_context *ctx, uint64_t pipe_id);
+/* Frees a held write's frame. Accepts NULL. */
+void tpc_write_held_free(struct tpc_held_write *h);
 void tpc_read_on_descriptor(struct tp_context *ctx, const Tpw__V1__Descriptor *m,
 			    const uint8_t *tail, size_t tail_len);
 void tpc_read_on_done(struct tp_context *ctx, const Tpw__V1__ReadDone *m);

@@ -29,6 +29,7 @@ struct tp_pipe *tpc_pipe_new(struct tp_context *ctx, uint64_t id)
 	tpu_list_init(&p->desc_reqs);
 	tpu_list_init(&p->descs);
 	tpu_list_init(&p->held);
+	tpu_list_init(&p->wheld);
 	tpu_list_init(&p->backlog_link);
 	tpu_list_init(&p->free_op.node);
 	p->free_op.kind = TPC_OP_PIPE_FREE;

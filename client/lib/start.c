@@ -152,6 +152,10 @@ static void context_set_limits(struct tp_context *ctx, const Tpw__V1__Limits *l,
 		lim->buffers_max = l->buffers_max;
 		lim->buffer_bytes_max = l->buffer_bytes_max;
 		lim->pipes_max = l->pipes_max;
+		/* The write window, bounded: a daemon that announces more than it takes only
+		 * gets writes refused, as without flow control. */
+		lim->win_msgs = TPU_MIN(l->pipe_queue_max, TPC_WIN_MSGS_MAX);
+		lim->win_bytes = l->pipe_queue_bytes;
 	}
 	lim->inline_max = TPU_MIN(lim->inline_max, lim->frame_max);
 	ctx->eager_max = TPU_MIN(eager ? eager : TPC_EAGER_DEFAULT, (size_t)lim->inline_max);
@@ -238,6 +242,7 @@ static int context_hello(struct tp_context *ctx, const struct tp_context_options
 		ctx->close_acks = hr->minor >= TPW_MINOR_CLOSE_ACK;
 		ctx->daemon_minor = hr->minor;
 		context_set_limits(ctx, hr->limits, o->eager_max);
+		ctx->flow = hr->minor >= TPW_MINOR_FLOW && ctx->lim.win_msgs;
 		if (hr->minor >= TPW_MINOR_RING)
 			r = context_ring_setup(ctx, o);
 	}

@@ -151,6 +151,24 @@ static int wire_ring_sendv(struct tp_context *ctx, const struct iovec *iov, size
 	return 0;
 }
 
+/* Sends the frame in siov[0..@n) (+ @fd); send_lock held. */
+static int wire_send_frame(struct tp_context *ctx, size_t n, int fd)
+{
+	int r;
+
+	if (ctx->ring)
+		r = wire_ring_sendv(ctx, ctx->siov, n, fd);
+	else
+		r = wire_sendv(ctx->fd, ctx->siov, n, fd);
+	if (r < 0) {
+		/* A partial frame cannot be taken back: make the loss visible to the io thread. */
+		shutdown(ctx->fd, SHUT_RDWR);
+		tpc_context_log(ctx, LOG_ERR, "send failed: %s; closing the daemon connection",
+				tp_strerror(r));
+	}
+	return r;
+}
+
 int tpc_wire_send(struct tp_context *ctx, Tpw__V1__ClientMsg *m, const struct iovec *data,
 		  size_t n_data, int fd)
 {
@@ -171,17 +189,35 @@ int tpc_wire_send(struct tp_context *ctx, Tpw__V1__ClientMsg *m, const struct io
 	for (size_t i = 0; i < n_data; i++)
 		if (data[i].iov_len)
 			ctx->siov[n++] = data[i];
-	if (ctx->ring)
-		r = wire_ring_sendv(ctx, ctx->siov, n, fd);
-	else
-		r = wire_sendv(ctx->fd, ctx->siov, n, fd);
-	if (r < 0) {
-		/* A partial frame cannot be taken back: make the loss visible to the io thread. */
-		shutdown(ctx->fd, SHUT_RDWR);
-		tpc_context_log(ctx, LOG_ERR, "send failed: %s; closing the daemon connection",
-				tp_strerror(r));
-	}
-	return r;
+	return wire_send_frame(ctx, n, fd);
+}
+
+int tpc_wire_send_packed(struct tp_context *ctx, const uint8_t *body, size_t body_len,
+			 const struct iovec *data, size_t n_data)
+{
+	struct tpw_hdr h = { .magic = TPW_MAGIC, .version = TPW_WIRE_VERSION };
+	size_t data_len = 0, n = 0;
+	int r;
+
+	for (size_t i = 0; i < n_data; i++)
+		data_len += data[i].iov_len;
+	if (data_len > UINT32_MAX || body_len > UINT32_MAX)
+		return -EMSGSIZE;
+	r = wire_reserve((void **)&ctx->sbuf, &ctx->sbuf_cap, TPW_HDR_SIZE, 1);
+	if (r == 0)
+		r = wire_reserve((void **)&ctx->siov, &ctx->siov_cap, n_data + 2, sizeof(struct iovec));
+	if (r < 0)
+		return r;
+	h.msg_len = (uint32_t)body_len;
+	h.data_len = (uint32_t)data_len;
+	h.seq = ++ctx->seq;
+	tpw_hdr_pack(&h, ctx->sbuf);
+	ctx->siov[n++] = (struct iovec){ ctx->sbuf, TPW_HDR_SIZE };
+	ctx->siov[n++] = (struct iovec){ (void *)body, body_len };
+	for (size_t i = 0; i < n_data; i++)
+		if (data[i].iov_len)
+			ctx->siov[n++] = data[i];
+	return wire_send_frame(ctx, n, -EBADF);
 }
 
 int tpc_wire_send_pipe_close(struct tp_context *ctx, uint64_t pipe_id)

@@ -12,12 +12,28 @@
  * to the reader with its descriptor). Otherwise, per segment: inside a tp_buffer_alloc() buffer
  * -> shm reference; up to 4 KiB -> inline; CMA allowed -> cma_addr; else -> one staging buffer
  * per message, released after WriteDone.
+ *
+ * Flow control (daemon minor >= 5): per pipe, the Writes sent that the daemon still queues (it
+ * returns each one's room with FlowCredit) stay within the write window it announced
+ * (Limits.pipe_queue_max messages, pipe_queue_bytes inline bytes). A write beyond it, and every
+ * write behind one, is held here as its packed frame, its data pieces still pointing into the
+ * caller's memory (which the caller keeps until the callback anyway), and goes out in order as
+ * room returns (tpc_write_pump()). A write that alone exceeds the window goes once nothing else
+ * is outstanding: the daemon then decides (-ENOBUFS over its hard limit).
  */
 #include <stdio.h>
 #include <string.h>
 #include "internal.h"
 
 #define STAGE_ALIGN 64
+
+struct tpc_held_write {
+	uint64_t inline_len;
+	size_t body_len;
+	size_t n_iov;
+	struct iovec *iov; /* into the caller's memory */
+	uint8_t body[];	   /* the packed ClientMsg{write}, then the iovec array */
+};
 
 struct write_plan {
 	Tpw__V1__ClientMsg m;
@@ -337,17 +353,60 @@ static int write_stage(struct tp_context *ctx, struct write_plan *pl, const stru
 	return 0;
 }
 
-/* Files the op and gives the write its id; lock held. */
-static int write_queue_locked(struct tp_pipe *p, struct write_plan *pl, struct tpc_op *op)
+/* Whether a Write of @inline_len data-tail bytes fits @p's window now; lock held. */
+static bool write_fits_locked(const struct tp_pipe *p, uint64_t inline_len)
+{
+	const struct tpc_limits *lim = &p->ctx->lim;
+
+	if (!p->win_msgs)
+		return true; /* alone: the daemon decides */
+	return p->win_msgs < lim->win_msgs && inline_len <= lim->win_bytes &&
+	       p->win_bytes <= lim->win_bytes - inline_len;
+}
+
+/* Keeps the frame of write @op (@pl) for later, in @p's held FIFO; lock held. */
+static int write_hold_locked(struct tp_pipe *p, struct write_plan *pl, struct tpc_op *op)
+{
+	size_t body = protobuf_c_message_get_packed_size(&pl->m.base);
+	size_t off = (body + 15) & ~(size_t)15;
+	struct tpc_held_write *h = malloc(sizeof(*h) + off + pl->n_iov * sizeof(struct iovec));
+
+	if (!h)
+		return tpc_error(-ENOMEM, "out of memory");
+	h->body_len = protobuf_c_message_pack(&pl->m.base, h->body);
+	h->inline_len = pl->inline_len;
+	h->n_iov = pl->n_iov;
+	h->iov = (struct iovec *)(h->body + off);
+	memcpy(h->iov, pl->iov, pl->n_iov * sizeof(struct iovec));
+	op->held = h;
+	tpu_list_insert_tail(&p->wheld, &op->hnode);
+	return 0;
+}
+
+/*
+ * Files the op and gives the write its id; lock held. With flow control the write either takes
+ * room in the window (*@ret_send: send it now) or is held behind the writes already held.
+ */
+static int write_queue_locked(struct tp_pipe *p, struct write_plan *pl, struct tpc_op *op,
+			      bool *ret_send)
 {
 	int r = tpc_pipe_check_locked(p);
 
 	if (r < 0)
 		return r;
+	pl->w.write_id = p->next_write_id + 1;
+	if (p->ctx->flow && (!tpu_list_empty(&p->wheld) || !write_fits_locked(p, pl->inline_len))) {
+		r = write_hold_locked(p, pl, op);
+		if (r < 0)
+			return r;
+		*ret_send = false;
+	} else if (p->ctx->flow) {
+		p->win_msgs++;
+		p->win_bytes += pl->inline_len;
+	}
 	op->pipe = p;
 	op->id = ++p->next_write_id;
 	op->pending = true;
-	pl->w.write_id = op->id;
 	tpu_list_insert_tail(&p->writes, &op->node);
 	return 0;
 }
@@ -356,6 +415,7 @@ static int write_send(struct tp_pipe *p, struct write_plan *pl, const struct tp_
 		      uint64_t total, struct tpc_op *op)
 {
 	struct tp_context *ctx = p->ctx;
+	bool send = true;
 	int r;
 
 	pthread_mutex_lock(&ctx->send_lock);
@@ -373,11 +433,11 @@ static int write_send(struct tp_pipe *p, struct write_plan *pl, const struct tp_
 		r = write_stage(ctx, pl, msg, &op->stage);
 	if (r == 0) {
 		pthread_mutex_lock(&ctx->lock);
-		r = write_queue_locked(p, pl, op);
+		r = write_queue_locked(p, pl, op, &send);
 		pthread_mutex_unlock(&ctx->lock);
 	}
 	/* A failed send surfaces as connection loss, which completes the op. */
-	if (r == 0)
+	if (r == 0 && send)
 		tpc_wire_send(ctx, &pl->m, pl->iov, pl->n_iov, -EBADF);
 	pthread_mutex_unlock(&ctx->send_lock);
 	return r;
@@ -425,9 +485,68 @@ void tpc_write_on_done(struct tp_context *ctx, const Tpw__V1__WriteDone *m)
 		return;
 	tpu_list_for_each(op, &p->writes, node) {
 		if (op->id == m->write_id) {
+			if (op->held)
+				return; /* never sent: the daemon cannot know it */
 			tpc_op_ready_locked(ctx, &p->writes, op, tpw_status_to_errno(m->status),
 					    m->message);
 			return;
 		}
 	}
+}
+
+bool tpc_write_on_credit(struct tp_context *ctx, const Tpw__V1__FlowCredit *m)
+{
+	struct tp_pipe *p = tpc_map_get(&ctx->pipes, m->pipe_id);
+
+	if (!p || !ctx->flow)
+		return false;
+	/* Never more than was sent: a daemon that returns more only gets its own refusals. */
+	p->win_msgs -= TPU_MIN(m->messages, p->win_msgs);
+	p->win_bytes -= TPU_MIN(m->bytes, p->win_bytes);
+	return !tpu_list_empty(&p->wheld);
+}
+
+/* The next held write of pipe @pipe_id if it may go now, taken out of the FIFO and counted in
+ * the window. Return: its frame (owned), or NULL. */
+static struct tpc_held_write *write_unhold(struct tp_context *ctx, uint64_t pipe_id)
+{
+	struct tp_pipe *p;
+	struct tpc_op *op;
+	struct tpc_held_write *h = NULL;
+
+	pthread_mutex_lock(&ctx->lock);
+	p = tpc_map_get(&ctx->pipes, pipe_id);
+	if (p && !ctx->dead && (p->state == TPC_PIPE_OPEN || p->state == TPC_PIPE_CONNECTING) &&
+	    (op = tpu_list_first(&p->wheld, struct tpc_op, hnode)) &&
+	    write_fits_locked(p, op->held->inline_len)) {
+		tpu_list_remove(&op->hnode);
+		h = op->held;
+		op->held = NULL;
+		p->win_msgs++;
+		p->win_bytes += h->inline_len;
+	}
+	pthread_mutex_unlock(&ctx->lock);
+	return h;
+}
+
+void tpc_write_pump(struct tp_context *ctx, uint64_t pipe_id)
+{
+	struct tpc_held_write *h;
+
+	/* send_lock throughout: a new write cannot pass the held ones. The caller's memory stays
+	 * valid: the op cannot complete before the daemon has seen its frame. */
+	pthread_mutex_lock(&ctx->send_lock);
+	while ((h = write_unhold(ctx, pipe_id))) {
+		int r = tpc_wire_send_packed(ctx, h->body, h->body_len, h->iov, h->n_iov);
+
+		tpc_write_held_free(h);
+		if (r < 0)
+			break; /* connection loss fails the pipe */
+	}
+	pthread_mutex_unlock(&ctx->send_lock);
+}
+
+void tpc_write_held_free(struct tpc_held_write *h)
+{
+	free(h);
 }

@@ -220,6 +220,7 @@ static void gen_daemon(void)
 	Tpw__V1__PayloadDesc pd = TPW__V1__PAYLOAD_DESC__INIT;
 	Tpw__V1__PayloadDesc *pds[] = { &pd };
 	Tpw__V1__WriteDone wd = TPW__V1__WRITE_DONE__INIT;
+	Tpw__V1__FlowCredit fc = TPW__V1__FLOW_CREDIT__INIT;
 
 	pd.length = 32;
 	d.pipe_id = 1;
@@ -239,6 +240,17 @@ static void gen_daemon(void)
 	m.write_done = &wd;
 	frame("daemon-ok-write-done", &m.base, 0, 0);
 	frame("daemon-bad-write-done-with-fd", &m.base, 0, 1);
+	fc.pipe_id = 1;
+	fc.messages = 2;
+	fc.bytes = 2ull * TPW_FRAME_MAX_HARD;
+	m.body_case = TPW__V1__DAEMON_MSG__BODY_FLOW_CREDIT;
+	m.flow_credit = &fc;
+	frame("daemon-ok-flow-credit", &m.base, 0, 0);
+	fc.bytes++;
+	frame("daemon-bad-flow-credit-bytes", &m.base, 0, 0);
+	fc.messages = 0;
+	fc.bytes = 0;
+	frame("daemon-bad-flow-credit-no-message", &m.base, 0, 0);
 }
 
 /* Daemon <-> daemon control frames: the handshake, pipe traffic, RDMA set-up. */

@@ -816,6 +816,32 @@ START_TEST(test_validate_daemon_frames_carry_no_fds_or_stray_tail)
 }
 END_TEST
 
+/* FlowCredit returns room for at least one message and at most what that many frames carry. */
+START_TEST(test_validate_flow_credit_bounded)
+{
+	Tpw__V1__DaemonMsg m = TPW__V1__DAEMON_MSG__INIT;
+	Tpw__V1__FlowCredit fc = TPW__V1__FLOW_CREDIT__INIT;
+
+	m.body_case = TPW__V1__DAEMON_MSG__BODY_FLOW_CREDIT;
+	m.flow_credit = &fc;
+	fc.pipe_id = 1;
+	fc.messages = 1;
+	ck_assert_int_eq(vd(&m, 0, 0), 0);
+	fc.bytes = TPW_FRAME_MAX_HARD;
+	ck_assert_int_eq(vd(&m, 0, 0), 0);
+	fc.bytes++;
+	ck_assert_int_eq(vd(&m, 0, 0), -EBADMSG);
+	fc.messages = UINT32_MAX;
+	fc.bytes = (uint64_t)UINT32_MAX * TPW_FRAME_MAX_HARD;
+	ck_assert_int_eq(vd(&m, 0, 0), 0);
+	fc.messages = 0;
+	fc.bytes = 0;
+	ck_assert_int_eq(vd(&m, 0, 0), -EBADMSG);
+	fc.messages = 1;
+	ck_assert_int_eq(vd(&m, 0, 4), -EBADMSG); /* no data tail */
+}
+END_TEST
+
 /* ---- CUDA references ------------------------------------------------------------------------ */
 
 static uint8_t handle_bytes[64];
@@ -1026,6 +1052,7 @@ static Suite *validate_suite(void)
 	tcase_add_test(d, test_validate_eager_descriptor_tail_matches);
 	tcase_add_test(d, test_validate_descriptor_limits);
 	tcase_add_test(d, test_validate_daemon_frames_carry_no_fds_or_stray_tail);
+	tcase_add_test(d, test_validate_flow_credit_bounded);
 	tcase_add_test(d, test_validate_peer_rdma_setup);
 	tcase_add_test(d, test_validate_peer_read_req_offer_bounded);
 	tcase_add_test(d, test_validate_peer_connect_wait_bounded);
