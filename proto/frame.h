@@ -40,9 +40,10 @@
  *   2  shared-memory control rings (RingSetup after HelloReply)
  *   3  CUDA memory segments (Segment.cuda) and CudaRelease
  *   4  SessionEnd both ways: a clean tp_context_free(), a session closed by an administrator
+ *   5  Cancel: give up on one pending write or read (tp_cancel())
  */
 #define TPW_PROTO_MAJOR 1
-#define TPW_PROTO_MINOR 4
+#define TPW_PROTO_MINOR 5
 /* Daemon-to-daemon protocol, versioned apart from the client one. 2: frames inside TLS 1.3, no
  * PeerAuth; a daemon speaking 1 (plaintext PeerHello) is refused with a clear log line. */
 #define TPW_PEER_PROTO_MAJOR 2
@@ -51,6 +52,7 @@
 #define TPW_MINOR_RING 2
 #define TPW_MINOR_SESSION_END 4
 #define TPW_MINOR_CUDA 3
+#define TPW_MINOR_CANCEL 5
 
 struct tpw_hdr {
 	uint32_t magic;
