@@ -337,23 +337,27 @@ static int write_stage(struct tp_context *ctx, struct write_plan *pl, const stru
 	return 0;
 }
 
-/* Files the op and gives the write its id; lock held. */
-static int write_queue_locked(struct tp_pipe *p, struct write_plan *pl, struct tpc_op *op)
+/* Files the op and gives the write its ids (@ret_id: for tp_cancel()); lock held. */
+static int write_queue_locked(struct tp_pipe *p, struct write_plan *pl, struct tpc_op *op,
+			      uint64_t *ret_id)
 {
 	int r = tpc_pipe_check_locked(p);
 
+	if (r == 0)
+		r = tpc_op_track_locked(p->ctx, op, true, ret_id);
 	if (r < 0)
 		return r;
 	op->pipe = p;
 	op->id = ++p->next_write_id;
 	op->pending = true;
+	op->sent = true; /* the Write goes out before send_lock is released */
 	pl->w.write_id = op->id;
 	tpu_list_insert_tail(&p->writes, &op->node);
 	return 0;
 }
 
 static int write_send(struct tp_pipe *p, struct write_plan *pl, const struct tp_message *msg,
-		      uint64_t total, struct tpc_op *op)
+		      uint64_t total, struct tpc_op *op, uint64_t *ret_id)
 {
 	struct tp_context *ctx = p->ctx;
 	int r;
@@ -373,7 +377,7 @@ static int write_send(struct tp_pipe *p, struct write_plan *pl, const struct tp_
 		r = write_stage(ctx, pl, msg, &op->stage);
 	if (r == 0) {
 		pthread_mutex_lock(&ctx->lock);
-		r = write_queue_locked(p, pl, op);
+		r = write_queue_locked(p, pl, op, ret_id);
 		pthread_mutex_unlock(&ctx->lock);
 	}
 	/* A failed send surfaces as connection loss, which completes the op. */
@@ -383,12 +387,12 @@ static int write_send(struct tp_pipe *p, struct write_plan *pl, const struct tp_
 	return r;
 }
 
-TP_EXPORT int tp_pipe_write(struct tp_pipe *p, const struct tp_message *msg, tp_done_fn cb,
-			    void *arg)
+int tpc_pipe_write(struct tp_pipe *p, const struct tp_message *msg, tp_done_fn cb, void *arg,
+		   uint64_t *ret_id)
 {
 	struct write_plan *pl;
 	struct tpc_op *op;
-	uint64_t total = 0;
+	uint64_t total = 0, id = 0;
 	int r;
 
 	if (!p || !msg || !cb)
@@ -406,14 +410,28 @@ TP_EXPORT int tp_pipe_write(struct tp_pipe *p, const struct tp_message *msg, tp_
 		write_build(pl, msg, p->id);
 		r = write_cuda(p->ctx, pl, msg, op);
 		if (r == 0)
-			r = write_send(p, pl, msg, total, op);
+			r = write_send(p, pl, msg, total, op, &id);
 	}
 	write_plan_free(pl);
 	if (r < 0 && op) {
 		tpc_buffer_stage_put(p->ctx, op->stage, false);
 		tpc_op_free(op);
 	}
+	if (r == 0 && ret_id)
+		*ret_id = id;
 	return r;
+}
+
+TP_EXPORT int tp_pipe_write(struct tp_pipe *p, const struct tp_message *msg, tp_done_fn cb,
+			    void *arg)
+{
+	return tpc_pipe_write(p, msg, cb, arg, NULL);
+}
+
+TP_EXPORT int tp_pipe_write_ex(struct tp_pipe *p, const struct tp_message *msg, tp_done_fn cb,
+			       void *arg, uint64_t *ret_op)
+{
+	return tpc_pipe_write(p, msg, cb, arg, ret_op);
 }
 
 void tpc_write_on_done(struct tp_context *ctx, const Tpw__V1__WriteDone *m)
