@@ -249,12 +249,14 @@ START_TEST(test_cancel_write_queued_then_reader_sees_ecanceled)
 	ck_assert_int_eq(tp_cancel(e.wctx, id), 0);
 	ck_assert_int_eq(seen_wait(&w), -ECANCELED);
 	ck_assert_int_eq(tp_cancel(e.wctx, id), -ENOENT); /* finished */
-	memset(buf, 0, BIG);				    /* free again: reuse it */
+	tpt_fill(buf, BIG, 2); /* free again: reused for the next message */
 	a = one_slot(&s, dst);
 	ck_assert_int_eq(tp_pipe_read_sync_timeout(e.r, d, &a, T_MS), -ECANCELED);
 	ck_assert_msg(strstr(tp_last_error(), "writer cancelled"), "%s", tp_last_error());
-	xfer_expect(&e, BIG, 2); /* the pipe carries the next message, in order */
-	ck_assert_int_eq(w.count, 1);
+	seen_init(&w);
+	ck_assert_int_eq(tp_pipe_write_ex(e.w, &m, on_done, &w, &id), 0);
+	read_expect(&e, BIG, 2); /* the pipe carries the next message, in order */
+	ck_assert_int_eq(seen_wait(&w), 0);
 	ends_close(&e);
 	free(buf);
 	free(dst);
@@ -527,6 +529,34 @@ START_TEST(test_sync_timeout_calls_refuse_callbacks)
 }
 END_TEST
 
+/* A write the daemon holds while the connect waits for its listener (wait_ms): dropped; the
+ * reader, once the listener exists, sees only the next message. */
+START_TEST(test_cancel_write_held_while_connect_waits)
+{
+	struct tp_connect_options co = { .size = sizeof(co), .wait_ms = T_MS };
+	struct ends e = { 0 };
+	struct tp_payload pl;
+	struct seen w;
+	uint8_t *buf = malloc(BIG);
+	struct tp_message m = one_payload(&pl, buf, BIG);
+	uint64_t id = 0;
+
+	seen_init(&w);
+	ck_assert_int_eq(tpt_ctx_new(&tpt_fixture_daemon, 0, "writer", &e.wctx), 0);
+	ck_assert_int_eq(tpt_ctx_new(&tpt_fixture_daemon, 0, "reader", &e.rctx), 0);
+	ck_assert_int_eq(tp_connect_ex(e.wctx, "later", &co, &e.w), 0);
+	ck_assert_int_eq(tp_pipe_write_ex(e.w, &m, on_done, &w, &id), 0);
+	ck_assert_int_eq(tp_cancel(e.wctx, id), 0);
+	ck_assert_int_eq(seen_wait(&w), -ECANCELED);
+	ck_assert_int_eq(tp_listen(e.rctx, "later", NULL, &e.l), 0);
+	ck_assert_int_eq(tp_listener_accept_sync(e.l, T_MS, &e.r), 0);
+	ck_assert_int_eq(tp_pipe_wait_connected(e.w, T_MS), 0);
+	xfer_expect(&e, BIG / 2, 61); /* the first message the reader sees */
+	ends_close(&e);
+	free(buf);
+}
+END_TEST
+
 /* ---- a daemon that does not answer -------------------------------------------------------- */
 
 static long elapsed_ms(const struct timespec *t0)
@@ -671,6 +701,47 @@ START_TEST(test_hostile_cancel_cannot_touch_another_session)
 }
 END_TEST
 
+/* ---- across hosts ------------------------------------------------------------------------- */
+
+/* A write the far reader has not asked for: cancelled; the far reader gets -ECANCELED reading
+ * it (its daemon's PeerReadReq is answered CANCELED); the pipe carries the next message. */
+START_TEST(test_cancel_cross_host_write_queued)
+{
+	struct tp_listen_options lo = { .size = sizeof(lo), .remote = TP_REMOTE_ANY_PEER };
+	struct ends e = { 0 };
+	struct tp_descriptor *d;
+	struct tp_allocation a;
+	struct tp_payload pl;
+	struct tp_slot sl;
+	struct seen w;
+	uint8_t *buf = malloc(BIG), *dst = malloc(BIG);
+	struct tp_message m = one_payload(&pl, buf, BIG);
+	char addr[128];
+	uint64_t id = 0;
+
+	seen_init(&w);
+	ck_assert_int_eq(tpt_ctx_new(&tpt_peer_a, 0, "writer", &e.wctx), 0);
+	ck_assert_int_eq(tpt_ctx_new(&tpt_peer_b, 0, "reader", &e.rctx), 0);
+	ck_assert_int_eq(tp_listen(e.rctx, "xc", &lo, &e.l), 0);
+	ck_assert_int_eq(tp_connect(e.wctx, tpt_peer_address(&tpt_peer_b, "xc", addr, sizeof(addr)),
+				    &e.w), 0);
+	ck_assert_int_eq(tp_listener_accept_sync(e.l, T_MS, &e.r), 0);
+	ck_assert_int_eq(tp_pipe_wait_connected(e.w, T_MS), 0);
+	tpt_fill(buf, BIG, 71);
+	ck_assert_int_eq(tp_pipe_write_ex(e.w, &m, on_done, &w, &id), 0);
+	ck_assert_int_eq(tp_pipe_read_descriptor_sync(e.r, T_MS, &d), 0);
+	ck_assert_int_eq(tp_cancel(e.wctx, id), 0);
+	ck_assert_int_eq(seen_wait(&w), -ECANCELED);
+	a = one_slot(&sl, dst);
+	ck_assert_int_eq(tp_pipe_read_sync_timeout(e.r, d, &a, T_MS), -ECANCELED);
+	ck_assert_msg(strstr(tp_last_error(), "writer cancelled"), "%s", tp_last_error());
+	xfer_expect(&e, BIG, 72);
+	ends_close(&e);
+	free(buf);
+	free(dst);
+}
+END_TEST
+
 static void debug_daemon_start(void)
 {
 	static const char *const args[] = { "--log-level", "debug", NULL };
@@ -695,6 +766,12 @@ static Suite *cancel_suite(void)
 	tcase_add_test(tc, test_context_new_times_out_on_a_silent_socket);
 	tcase_add_test(tc, test_requests_time_out_on_a_stopped_daemon);
 	tcase_add_test(tc, test_hostile_cancel_cannot_touch_another_session);
+	tcase_add_test(tc, test_cancel_write_held_while_connect_waits);
+	suite_add_tcase(s, tc);
+	tc = tcase_create("cross-host");
+	tcase_add_checked_fixture(tc, tpt_peer_fixture_start, tpt_peer_fixture_stop);
+	tcase_set_timeout(tc, 60);
+	tcase_add_test(tc, test_cancel_cross_host_write_queued);
 	suite_add_tcase(s, tc);
 	return s;
 }
