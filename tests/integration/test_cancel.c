@@ -889,6 +889,92 @@ START_TEST(test_cancel_cross_host_write_queued)
 }
 END_TEST
 
+/* @ctx's daemon has handled every frame @ctx sent so far (a request was answered). */
+static void session_barrier(struct tp_context *ctx)
+{
+	void *b;
+
+	ck_assert_int_eq(tp_buffer_alloc(ctx, 4096, &b), 0);
+	ck_assert_int_eq(tp_buffer_free(ctx, b), 0);
+}
+
+#define X_N 10 /* more than the 8 transfers a pipe direction keeps in flight across hosts */
+
+/*
+ * Across hosts: message 1's send is held in a page fault on the writer's host, so the receives
+ * behind it wait and the last two reads have not asked the writer's daemon for their bytes.
+ * Cancelling the last read drops its message (the writer's write fails, "the reader
+ * cancelled"); cancelling the write of the one before makes its read fail ("the writer
+ * cancelled"); the others arrive.
+ */
+START_TEST(test_cancel_cross_host_read_not_started)
+{
+	struct tp_listen_options lo = { .size = sizeof(lo), .remote = TP_REMOTE_ANY_PEER };
+	struct ends e = { 0 };
+	struct held h;
+	struct tp_descriptor *d[X_N];
+	struct tp_allocation a[X_N];
+	struct tp_payload pl[X_N];
+	struct tp_slot sl[X_N];
+	struct tp_message m[X_N];
+	struct seen w[X_N], r[X_N];
+	uint8_t *src[X_N], *dst[X_N];
+	char addr[128];
+	uint64_t rid = 0, wid[X_N];
+
+	ck_assert_int_eq(tpt_ctx_new(&tpt_peer_a, 0, "writer", &e.wctx), 0);
+	ck_assert_int_eq(tpt_ctx_new(&tpt_peer_b, 0, "reader", &e.rctx), 0);
+	ck_assert_int_eq(tp_listen(e.rctx, "xr", &lo, &e.l), 0);
+	ck_assert_int_eq(tp_connect(e.wctx, tpt_peer_address(&tpt_peer_b, "xr", addr, sizeof(addr)),
+				    &e.w), 0);
+	ck_assert_int_eq(tp_listener_accept_sync(e.l, T_MS, &e.r), 0);
+	ck_assert_int_eq(tp_pipe_wait_connected(e.w, T_MS), 0);
+	held_new(&h, BIG);
+	for (int i = 0; i < X_N; i++) {
+		seen_init(&w[i]);
+		seen_init(&r[i]);
+		src[i] = i ? malloc(BIG) : h.mem;
+		dst[i] = malloc(BIG);
+		if (i)
+			tpt_fill(src[i], BIG, 90 + i);
+		m[i] = one_payload(&pl[i], src[i], BIG);
+		ck_assert_int_eq(tp_pipe_write_ex(e.w, &m[i], on_done, &w[i], &wid[i]), 0);
+	}
+	for (int i = 0; i < X_N; i++) {
+		ck_assert_int_eq(tp_pipe_read_descriptor_sync(e.r, T_MS, &d[i]), 0);
+		a[i] = one_slot(&sl[i], dst[i]);
+	}
+	ck_assert_int_eq(tp_pipe_read(e.r, d[0], &a[0], on_done, &r[0]), 0);
+	held_wait_touched(&h); /* message 1 is being sent */
+	for (int i = 1; i < X_N; i++)
+		ck_assert_int_eq(tp_pipe_read_ex(e.r, d[i], &a[i], on_done, &r[i], &rid), 0);
+	ck_assert_int_eq(tp_cancel(e.rctx, rid), 0);
+	ck_assert_int_eq(tp_cancel(e.wctx, wid[X_N - 2]), 0);
+	session_barrier(e.rctx);
+	session_barrier(e.wctx);
+	held_release(&h, 90);
+	for (int i = 0; i < X_N - 2; i++) {
+		ck_assert_int_eq(seen_wait(&r[i]), 0);
+		ck_assert_int_eq(seen_wait(&w[i]), 0);
+		ck_assert(tpt_verify(dst[i], BIG, 90 + i, NULL));
+	}
+	ck_assert_int_eq(seen_wait(&r[X_N - 2]), -ECANCELED);
+	ck_assert_msg(strstr(r[X_N - 2].msg, "writer cancelled"), "%s", r[X_N - 2].msg);
+	ck_assert_int_eq(seen_wait(&w[X_N - 2]), -ECANCELED);
+	ck_assert_int_eq(seen_wait(&r[X_N - 1]), -ECANCELED);
+	ck_assert_int_eq(seen_wait(&w[X_N - 1]), -ECANCELED);
+	ck_assert_msg(strstr(w[X_N - 1].msg, "reader cancelled"), "%s", w[X_N - 1].msg);
+	xfer_expect(&e, BIG, 99);
+	ends_close(&e);
+	held_free(&h);
+	for (int i = 0; i < X_N; i++) {
+		if (i)
+			free(src[i]);
+		free(dst[i]);
+	}
+}
+END_TEST
+
 static void debug_daemon_start(void)
 {
 	static const char *const args[] = { "--log-level", "debug", NULL };
@@ -920,6 +1006,7 @@ static Suite *cancel_suite(void)
 	tcase_add_checked_fixture(tc, tpt_peer_fixture_start, tpt_peer_fixture_stop);
 	tcase_set_timeout(tc, 60);
 	tcase_add_test(tc, test_cancel_cross_host_write_queued);
+	tcase_add_test(tc, test_cancel_cross_host_read_not_started);
 	suite_add_tcase(s, tc);
 	return s;
 }
