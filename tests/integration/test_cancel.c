@@ -629,6 +629,68 @@ START_TEST(test_requests_time_out_on_a_stopped_daemon)
 }
 END_TEST
 
+static void on_done_count(void *arg, struct tp_pipe *p, int status, const char *errmsg)
+{
+	struct seen *s = arg;
+
+	pthread_mutex_lock(&s->m);
+	s->count++;
+	if (status < 0)
+		s->status = status;
+	else
+		s->desc = (void *)1; /* one succeeded */
+	pthread_cond_broadcast(&s->c);
+	pthread_mutex_unlock(&s->m);
+}
+
+/*
+ * A daemon that stops reading: a write that finds no room on the socket for reply_timeout_ms
+ * gives up, the connection is dropped, and every pending write fails (none hangs).
+ */
+START_TEST(test_send_gives_up_on_a_daemon_that_stops_reading)
+{
+	struct tp_context_options o = { .size = sizeof(o), .flags = TP_CONTEXT_NO_RING };
+	struct ends e = { 0 };
+	struct tp_payload pl;
+	struct seen w;
+	struct timespec t0, ts;
+	size_t len = 60000; /* eager: the bytes ride in the frame */
+	uint8_t *buf = calloc(1, len);
+	struct tp_message m = one_payload(&pl, buf, len);
+	unsigned n = 0;
+	long ms;
+
+	seen_init(&w);
+	o.socket_path = tpt_fixture_daemon.socket;
+	o.reply_timeout_ms = 300;
+	ck_assert_int_eq(tp_context_new(&o, &e.wctx), 0);
+	ck_assert_int_eq(tpt_ctx_new(&tpt_fixture_daemon, 0, "reader", &e.rctx), 0);
+	ck_assert_int_eq(tp_listen(e.rctx, "full", NULL, &e.l), 0);
+	ck_assert_int_eq(tp_connect(e.wctx, "full", &e.w), 0);
+	ck_assert_int_eq(tp_listener_accept_sync(e.l, T_MS, &e.r), 0);
+	ck_assert_int_eq(tp_pipe_wait_connected(e.w, T_MS), 0);
+	ck_assert_int_eq(kill(tpt_fixture_daemon.pid, SIGSTOP), 0);
+	clock_gettime(CLOCK_MONOTONIC, &t0);
+	while (tp_pipe_write(e.w, &m, on_done_count, &w) == 0) /* fills the socket, then fails */
+		ck_assert_uint_lt(++n, 100000);
+	ms = elapsed_ms(&t0);
+	ck_assert_msg(ms >= 300 && ms < T_MS, "gave up after %ld ms", ms);
+	ck_assert_uint_gt(n, 1);
+	clock_gettime(CLOCK_REALTIME, &ts);
+	ts.tv_sec += T_MS / 1000;
+	pthread_mutex_lock(&w.m);
+	while (w.count < (int)n && pthread_cond_timedwait(&w.c, &w.m, &ts) == 0)
+		;
+	pthread_mutex_unlock(&w.m);
+	ck_assert_int_eq(w.count, (int)n);
+	ck_assert_ptr_null(w.desc); /* none completed: the daemon never saw them */
+	ck_assert_int_lt(w.status, 0);
+	ck_assert_int_eq(kill(tpt_fixture_daemon.pid, SIGCONT), 0);
+	ends_close(&e);
+	free(buf);
+}
+END_TEST
+
 /* ---- hostile Cancel frames ---------------------------------------------------------------- */
 
 static int raw_cancel(struct tpt_raw *r, uint64_t pipe_id, int kind, uint64_t id)
@@ -998,6 +1060,7 @@ static Suite *cancel_suite(void)
 	tcase_add_test(tc, test_sync_timeout_calls_refuse_callbacks);
 	tcase_add_test(tc, test_context_new_times_out_on_a_silent_socket);
 	tcase_add_test(tc, test_requests_time_out_on_a_stopped_daemon);
+	tcase_add_test(tc, test_send_gives_up_on_a_daemon_that_stops_reading);
 	tcase_add_test(tc, test_hostile_cancel_cannot_touch_another_session);
 	tcase_add_test(tc, test_cancel_write_held_while_connect_waits);
 	tcase_add_test(tc, test_cancel_with_an_older_daemon);
