@@ -114,7 +114,9 @@ int tp_context_new(const struct tp_context_options *opts, struct tp_context **re
 /*
  * tp_context_free() - close every pipe and listener of @ctx, complete their pending operations
  * with -ECANCELED (callbacks run before this returns), release shared buffers, disconnect.
- * Must not be called from a callback. Accepts NULL.
+ * It waits for the daemon to confirm that no copy uses the memory of pending writes and reads,
+ * at most 10 s (a hung daemon: then it disconnects anyway). Must not be called from a
+ * callback. Accepts NULL.
  */
 void tp_context_free(struct tp_context *ctx);
 
