@@ -633,19 +633,24 @@ static int read_prepare(struct tp_pipe *p, const struct tpc_desc *d,
 	return n_cuda ? read_cuda_export(p->ctx, *ret, d, a, op, n_cuda) : 0;
 }
 
-/* Files @op for tp_cancel() (a rendezvous read) and gives it its id, or takes it back (@id
- * NULL) when it did not start. */
+/* Gives @op its id and files it for tp_cancel() if it is a rendezvous read. */
 static int read_track(struct tp_context *ctx, struct tpc_op *op, bool eager, uint64_t *id)
 {
-	int r = 0;
+	int r;
 
 	pthread_mutex_lock(&ctx->lock);
-	if (id)
-		r = tpc_op_track_locked(ctx, op, !eager, id);
-	else if (op->op_id)
-		tpc_map_del(&ctx->ops, op->op_id);
+	r = tpc_op_track_locked(ctx, op, !eager, id);
 	pthread_mutex_unlock(&ctx->lock);
 	return r;
+}
+
+/* Takes back the id of @op, which did not start (or completed in the call). */
+static void read_untrack(struct tp_context *ctx, struct tpc_op *op)
+{
+	pthread_mutex_lock(&ctx->lock);
+	if (op->op_id)
+		tpc_map_del(&ctx->ops, op->op_id);
+	pthread_mutex_unlock(&ctx->lock);
 }
 
 int tpc_pipe_read(struct tp_pipe *p, struct tp_descriptor *dp, const struct tp_allocation *alloc,
@@ -685,10 +690,10 @@ int tpc_pipe_read(struct tp_pipe *p, struct tp_descriptor *dp, const struct tp_a
 	op->arg = arg;
 	op->pipe = p;
 	op->id = d->msg_id;
-	r = read_start(p, d, alloc, op, pl, ret_inline);
+	r = read_start(p, d, alloc, op, pl, ret_inline); /* frees @d */
 	read_plan_free(pl);
 	if (r < 0 || (ret_inline && *ret_inline)) {
-		read_track(p->ctx, op, d->eager, NULL);
+		read_untrack(p->ctx, op);
 		tpc_buffer_stage_put(p->ctx, op->stage, false);
 		tpc_op_free(op);
 	}
