@@ -94,8 +94,8 @@ struct tp_context_options {
 	 * -ETIMEDOUT naming the call, in milliseconds (0: 10000): the Hello of tp_context_new(),
 	 * tp_listen(), tp_buffer_alloc(), and room on the daemon socket (or control ring) for any
 	 * frame: a daemon that stops reading that long is taken as hung, the connection is
-	 * dropped and pending operations fail as on a lost daemon connection. Added in API 0.3; a caller built before
-	 * (smaller @size) gets the default. */
+	 * dropped and pending operations fail as on a lost daemon connection. Added in API 0.3;
+	 * a caller built before (smaller @size) gets the default. */
 	uint32_t reply_timeout_ms;
 };
 
@@ -489,7 +489,8 @@ int tp_pipe_read_sync(struct tp_pipe *p, struct tp_descriptor *d,
  * write, the reader gets -ECANCELED when it reads the message; for a read, the message is
  * dropped and its writer's write fails with -ECANCELED; the pipe stays usable); the
  * operation's own result when it completed meanwhile or could no longer be stopped (its bytes
- * were being copied: this can take longer than @timeout_ms); -EDEADLK from a callback; other
+ * were being copied: this can take longer than @timeout_ms, as can a cancelled operation
+ * whose callback waits for earlier ones of its pipe); -EDEADLK from a callback; other
  * -errno as tp_pipe_write() / tp_pipe_read(). With a daemon older than tpipd protocol 1.5,
  * which cannot cancel, they wait for the operation's completion after @timeout_ms.
  */
@@ -514,8 +515,9 @@ int tp_pipe_read_descriptor_ex(struct tp_pipe *p, tp_descriptor_fn cb, void *arg
 /*
  * tp_cancel() - give up on the pending operation @op of @ctx (an id from a _ex call). Returns at
  * once; it never runs the callback itself. The callback still runs exactly once, later, on the
- * library thread: with -ECANCELED if the operation was stopped, or with its real result if it
- * had already finished or could no longer be stopped. Only when the callback has run is the
+ * library thread and in its pipe's order (after the callbacks of earlier writes, or reads, of
+ * that pipe): with -ECANCELED if the operation was stopped, or with its real result if it had
+ * already finished or could no longer be stopped. Only when the callback has run is the
  * memory the operation references free (payloads, tensors, allocation slots, @arg).
  * What is stopped:
  *   - a descriptor request or an accept: always (the library holds it);

@@ -45,9 +45,10 @@ static int cancel_transfer_locked(struct tp_context *ctx, struct tpc_op *op, uin
 		return 0; /* closing or lost: it completes with the pipe, as tp_pipe_close() says */
 	if (ctx->daemon_minor < TPW_MINOR_CANCEL) {
 		op->cancel_sent = false;
-		return tpc_error(-EOPNOTSUPP, "the daemon (protocol 1.%u) cannot cancel a %s it holds;"
-				 " it needs 1.%u", ctx->daemon_minor, write ? "write" : "read",
-				 TPW_MINOR_CANCEL);
+		return tpc_error(-EOPNOTSUPP,
+				 "the daemon (protocol 1.%u) cannot cancel a %s it holds; "
+				 "it needs 1.%u",
+				 ctx->daemon_minor, write ? "write" : "read", TPW_MINOR_CANCEL);
 	}
 	*ret_pipe = p->id;
 	*ret_kind = write ? TPW__V1__CANCEL_KIND__CANCEL_WRITE : TPW__V1__CANCEL_KIND__CANCEL_READ;
@@ -67,7 +68,8 @@ TP_EXPORT int tp_cancel(struct tp_context *ctx, uint64_t id)
 	pthread_mutex_lock(&ctx->lock);
 	op = id ? tpc_map_get(&ctx->ops, id) : NULL;
 	if (!op || !op->pending || op->ready) {
-		r = tpc_error(-ENOENT, "no pending operation %" PRIu64 " (finished or unknown)", id);
+		r = tpc_error(-ENOENT, "no pending operation %" PRIu64 " (finished or unknown)",
+			      id);
 	} else if (op->cancel_sent) {
 		r = tpc_error(-EALREADY, "operation %" PRIu64 " is already being cancelled", id);
 	} else if (op->kind == TPC_OP_DESC || op->kind == TPC_OP_ACCEPT) {

@@ -190,8 +190,10 @@ int tpc_context_req_wait_locked(struct tp_context *ctx, struct tpc_req *req, int
 	while (!req->done) {
 		if (pthread_cond_timedwait(&ctx->cond, &ctx->lock, &ts) == ETIMEDOUT && !req->done) {
 			tpc_map_del(&ctx->reqs, req->id);
-			snprintf(req->msg, sizeof(req->msg), "no answer from the daemon within %d ms "
-				 "(tp_context_options.reply_timeout_ms)", timeout_ms);
+			snprintf(req->msg, sizeof(req->msg),
+				 "no answer from the daemon within %d ms "
+				 "(tp_context_options.reply_timeout_ms)",
+				 timeout_ms);
 			return -ETIMEDOUT;
 		}
 	}
