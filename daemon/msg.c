@@ -17,16 +17,23 @@
 #include "pipe_int.h"
 #include "session.h"
 
-void tpd_msg_free(struct tpd_msg *m)
+void tpd_msg_release_src(struct tpd_msg *m)
 {
-	tpd_xh_free(m->xh);
 	for (size_t i = 0; i < m->n_src; i++) {
 		tpd_buffer_unref(m->src[i].buf);
 		tpd_devmem_put(&m->src[i].mem);
 		tpb_proc_unref(m->src[i].mem.proc);
 	}
-	tpd_copy_job_free(m->job);
 	free(m->src);
+	m->src = NULL;
+	m->n_src = 0;
+}
+
+void tpd_msg_free(struct tpd_msg *m)
+{
+	tpd_xh_free(m->xh);
+	tpd_msg_release_src(m);
+	tpd_copy_job_free(m->job);
 	free(m->tail);
 	free(m);
 }

@@ -132,6 +132,12 @@ static void msg_set_write(struct tpd_msg *m, Tpw__V1__Status st, const char *why
 	snprintf(m->write_why, sizeof(m->write_why), "%s", why ? why : "");
 }
 
+void tpd_pipe_write_complete(struct tpd_msg *m, Tpw__V1__Status st, const char *why)
+{
+	msg_set_write(m, st, why);
+	write_done_flush(m->from);
+}
+
 /* The reader is done with @m (successfully or not): complete the write, drop it from rq. */
 void tpd_pipe_msg_consumed(struct tpd_msg *m, Tpw__V1__Status st, const char *why)
 {
@@ -752,6 +758,10 @@ void tpd_pipe_read(struct tpd_pipe_end *r, const Tpw__V1__Read *rd)
 		snprintf(why, sizeof(why), "allocation for an eager message");
 		err = -EINVAL;
 		goto fail;
+	}
+	if (m->canceled) {
+		tpd_cancel_read_canceled(r, m);
+		return;
 	}
 	m->read_requested = true;
 	if (!tpd_pipe_end_attached(w)) {

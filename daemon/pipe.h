@@ -112,6 +112,13 @@ void tpd_pipe_write(struct tpd_pipe_end *e, Tpw__V1__ClientMsg *m, const uint8_t
 void tpd_pipe_read(struct tpd_pipe_end *e, const Tpw__V1__Read *rd);
 
 /*
+ * tpd_cancel_handle() - handle Cancel from @e's session (cancel.c): stop the write or read it
+ * names if its bytes are not being copied; it then completes with STATUS_CANCELED, otherwise
+ * with its result. Unknown or completed ids are ignored. Borrows @c.
+ */
+void tpd_cancel_handle(struct tpd_pipe_end *e, const Tpw__V1__Cancel *c);
+
+/*
  * tpd_pipe_end_detach() - end @e leaves (PipeClose, session end). The other end learns @why
  * (STATUS_CLOSED, STATUS_PEER_DIED, STATUS_SHUTDOWN). The caller removes @e from its session's
  * table. May free the pipe.

@@ -1,6 +1,6 @@
 /* SPDX-License-Identifier: BSD-3-Clause */
 /*
- * Private to the pipe module (pipe.c, msg.c, xh.c, xpipe.c): the message object and the
+ * Private to the pipe module (pipe.c, msg.c, xh.c, xpipe.c, cancel.c): the message object and the
  * functions these files call in each other. Nothing outside the module includes it; the rest of
  * the daemon uses pipe.h. Everything declared here runs on the loop thread.
  */
@@ -56,6 +56,7 @@ struct tpd_msg {
 	bool read_requested;
 	bool copying;
 	bool write_ready;
+	bool canceled; /* its writer cancelled it before anyone asked for it (cancel.c) */
 	Tpw__V1__Status write_status;
 	char write_why[160];
 	uint64_t cost; /* charged to the daemon-wide pipe budget while on rq (tpd_msg_cost()) */
@@ -135,10 +136,16 @@ void tpd_pipe_end_owed_maybe(struct tpd_pipe_end *e);
 /* The oldest message of writer end @w the reader has not asked for, or NULL. Return: borrowed. */
 struct tpd_msg *tpd_pipe_next_unread(struct tpd_pipe_end *w);
 
+/* Completes the write of @m with @st (@why: NULL when OK) and sends the WriteDone of every
+ * completed write at the head of its writer's queue. May free @m. */
+void tpd_pipe_write_complete(struct tpd_msg *m, Tpw__V1__Status st, const char *why);
+
 /* ---- msg.c ---- */
 
 /* Frees @m with its sources' references, its copy job and its cross-host transfer. */
 void tpd_msg_free(struct tpd_msg *m);
+/* Drops @m's sources and their references: nothing of the writer's memory is used any more. */
+void tpd_msg_release_src(struct tpd_msg *m);
 /* Resolves every source of write @w from session @s into @m (@tail: borrowed data tail).
  * Return: 0, or -errno with the reason in @why. */
 int tpd_msg_resolve(struct tpd_msg *m, struct tpd_session *s, const Tpw__V1__Write *w,
@@ -183,6 +190,9 @@ int tpd_xh_build_send(struct tpd_msg *m, const Tpw__V1__PeerReadReq *rr);
 /* The remote reader finished with @m (status @st) while its send still runs: stop the send;
  * the write completes with @st once it stopped. */
 void tpd_xh_stop_early(struct tpd_xh *xh, Tpw__V1__Status st, const char *why);
+/* Drops @m's send or receive that has not started (NULL or started: nothing): a send tells
+ * the reader's daemon it ended with @st and @why. */
+void tpd_xh_abandon(struct tpd_msg *m, Tpw__V1__Status st, const char *why);
 /* Tells the reader's daemon that transfer @xfer_id ended with @st (@why: NULL when OK). */
 void tpd_xh_tell_end(struct tpd_pipe *p, uint64_t xfer_id, Tpw__V1__Status st, const char *why,
 		     uint64_t bytes, bool rdma);
@@ -199,9 +209,20 @@ void tpd_xpipe_connect(struct tpd_daemon *d, struct tpd_session *s, const Tpw__V
  * Takes @cm; borrows @tail. */
 void tpd_xpipe_hold(struct tpd_pipe_end *e, Tpw__V1__ClientMsg *cm, const uint8_t *tail,
 		    uint32_t tail_len);
+/* Drops the write @write_id held while @p connects. Return: true if it was held. */
+bool tpd_xpipe_held_cancel(struct tpd_pipe *p, uint64_t write_id);
 /* The local end of cross-host pipe @p left with @why: tell the peer, stop connecting. */
 void tpd_xpipe_local_left(struct tpd_pipe *p, Tpw__V1__Status why);
 /* Frees the cross-host state of @p, which is being freed. */
 void tpd_xpipe_done(struct tpd_pipe *p);
+
+/* ---- cancel.c ---- */
+
+/* Reader end @r asks for canceled message @m (not discarding it): ReadDone{CANCELED} and the
+ * message is consumed. */
+void tpd_cancel_read_canceled(struct tpd_pipe_end *r, struct tpd_msg *m);
+/* The remote reader asks (transfer @xfer_id) for canceled message @m of writer end @w: tell
+ * its daemon the transfer ended CANCELED, and the message is consumed. */
+void tpd_cancel_peer_read_canceled(struct tpd_pipe_end *w, struct tpd_msg *m, uint64_t xfer_id);
 
 #endif

@@ -390,6 +390,12 @@ static void dispatch(struct tpd_session *s, Tpw__V1__ClientMsg *m, const struct 
 	case TPW__V1__CLIENT_MSG__BODY_PIPE_CLOSE:
 		handle_pipe_close(s, m->pipe_close);
 		break;
+	case TPW__V1__CLIENT_MSG__BODY_CANCEL:
+		/* Only this session's pipes: another session's operations cannot be named. */
+		e = find_end(s, m->cancel->pipe_id);
+		if (e)
+			tpd_cancel_handle(e, m->cancel);
+		break;
 	case TPW__V1__CLIENT_MSG__BODY_SESSION_END:
 		/* tp_context_free(): the disconnect that follows is a clean close. */
 		s->ended_clean = true;

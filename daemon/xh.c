@@ -142,6 +142,18 @@ static void xh_after(struct tpd_pipe_end *w)
 	tpd_pipe_maybe_free(p);
 }
 
+void tpd_xh_abandon(struct tpd_msg *m, Tpw__V1__Status st, const char *why)
+{
+	struct tpd_xh *xh = m->xh;
+
+	if (!xh || xh->started)
+		return;
+	if (xh->send)
+		tpd_xh_tell_end(m->from->pipe, xh->x.xfer_id, st, why, 0, false);
+	m->xh = NULL;
+	tpd_xh_free(xh);
+}
+
 /* Tells the reader's daemon that transfer @xfer_id ended with @st (@why: NULL when OK). */
 void tpd_xh_tell_end(struct tpd_pipe *p, uint64_t xfer_id, Tpw__V1__Status st, const char *why,
 		     uint64_t bytes, bool rdma)

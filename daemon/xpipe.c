@@ -84,6 +84,21 @@ static void held_free(struct held_write *h)
 	free(h);
 }
 
+bool tpd_xpipe_held_cancel(struct tpd_pipe *p, uint64_t write_id)
+{
+	struct held_write *h;
+
+	tpu_list_for_each(h, &p->held, node) {
+		if (h->cm->write->write_id != write_id)
+			continue;
+		p->n_held--;
+		p->held_bytes -= h->tail_len;
+		held_free(h);
+		return true;
+	}
+	return false;
+}
+
 /* A write on a pipe still connecting: keep it (within the queue limits) for later. */
 void tpd_xpipe_hold(struct tpd_pipe_end *e, Tpw__V1__ClientMsg *cm, const uint8_t *tail,
 		    uint32_t tail_len)
@@ -900,6 +915,10 @@ void tpd_xpipe_peer_read_req(struct tpd_pipe *p, const Tpw__V1__PeerReadReq *rr)
 			     m ? (unsigned long long)m->msg_id : 0ull);
 		tpd_xh_tell_end(p, rr->xfer_id, TPW__V1__STATUS__STATUS_INVALID, "no such message",
 				0, false);
+		return;
+	}
+	if (m->canceled) {
+		tpd_cancel_peer_read_canceled(w, m, rr->xfer_id);
 		return;
 	}
 	if (tpd_xh_build_send(m, rr) < 0) {

@@ -41,6 +41,7 @@
  *   3  CUDA memory segments (Segment.cuda) and CudaRelease
  *   4  SessionEnd both ways: a clean tp_context_free(), a session closed by an administrator
  *   5  flow control: the pipe write window (Limits.pipe_queue_bytes) and FlowCredit
+ *   5  Cancel: give up on one pending write or read (tp_cancel())
  */
 #define TPW_PROTO_MAJOR 1
 #define TPW_PROTO_MINOR 5
@@ -61,6 +62,7 @@
 #define TPW_MINOR_SESSION_END 4
 #define TPW_MINOR_CUDA 3
 #define TPW_MINOR_FLOW 5
+#define TPW_MINOR_CANCEL 5
 
 struct tpw_hdr {
 	uint32_t magic;

@@ -287,6 +287,16 @@ int tpw_client_msg_validate(const Tpw__V1__ClientMsg *m, const struct tpw_hdr *h
 		return check_write(m->write, hdr, lim, why, wl);
 	case TPW__V1__CLIENT_MSG__BODY_READ:
 		return check_read(m->read, hdr, lim, why, wl);
+	case TPW__V1__CLIENT_MSG__BODY_CANCEL:
+		if (m->cancel->kind != TPW__V1__CANCEL_KIND__CANCEL_WRITE &&
+		    m->cancel->kind != TPW__V1__CANCEL_KIND__CANCEL_READ)
+			return tpu_why(-EBADMSG, why, wl, "unknown cancel kind %d",
+				       (int)m->cancel->kind);
+		if (m->cancel->pipe_id == 0 || m->cancel->id == 0)
+			return tpu_why(-EBADMSG, why, wl, "cancel of pipe %llu id %llu",
+				       (unsigned long long)m->cancel->pipe_id,
+				       (unsigned long long)m->cancel->id);
+		return 0;
 	case TPW__V1__CLIENT_MSG__BODY_CTL:
 		if (m->ctl->what <= TPW__V1__CTL_WHAT__CTL_UNSPECIFIED ||
 		    m->ctl->what > TPW__V1__CTL_WHAT__CTL_PEERS)

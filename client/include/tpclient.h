@@ -15,7 +15,8 @@
  * Callbacks receive the status and, when it is an error, a readable message. Notable codes:
  *   -ENOENT     no such listener            -EACCES     refused by the listener's access policy
  *   -EPIPE      the remote end closed       -ECONNRESET the remote process died ("peer died")
- *   -ECANCELED  closed locally              -ERANGE     buffer range outside registered memory
+ *   -ECANCELED  closed or tp_cancel()ed, here or (for that message) by the other end
+ *   -ERANGE     buffer range outside registered memory
  *   -EMSGSIZE   over a size limit           -ENOBUFS    over a count or queue limit
  *   -ECONNABORTED an administrator closed this session or the other end's (tpipctl)
  *   -ECONNREFUSED / -ENOENT from tp_context_new(): no daemon listens on the socket
@@ -42,7 +43,9 @@ extern "C" {
 #endif
 
 #define TP_API_VERSION_MAJOR 0
-#define TP_API_VERSION_MINOR 2 /* 2: CUDA tensors (cuda_stream fields, tp_cuda_release()) */
+/* 2: CUDA tensors (cuda_stream fields, tp_cuda_release()); 3: tp_cancel() and the _ex start
+ * calls, tp_pipe_write_sync_timeout(), tp_pipe_read_sync_timeout(), reply_timeout_ms */
+#define TP_API_VERSION_MINOR 3
 
 struct tp_context;
 struct tp_listener;
@@ -87,14 +90,22 @@ struct tp_context_options {
 	 * adapt below it when answers come slower (0: $TPIPD_SPIN_US if set, else 100; the
 	 * variable set to 0 means TP_CONTEXT_NO_SPIN). */
 	uint32_t spin_us;
+	/* How long a call waits for the daemon's answer to a request before it gives up with
+	 * -ETIMEDOUT naming the call, in milliseconds (0: 10000): the Hello of tp_context_new(),
+	 * tp_listen(), tp_buffer_alloc(), and room on the daemon socket (or control ring) for any
+	 * frame: a daemon that stops reading that long is taken as hung, the connection is
+	 * dropped and pending operations fail as on a lost daemon connection. Added in API 0.3;
+	 * a caller built before (smaller @size) gets the default. */
+	uint32_t reply_timeout_ms;
 };
 
 /*
  * tp_context_new() - connect to the local tpipd and start the callback thread.
  * @opts: NULL for defaults (borrowed).
  * @ret: returns owned context, free with tp_context_free().
- * Return: 0; -ENOENT / -ECONNREFUSED when no daemon runs at the socket path; -EPROTONOSUPPORT on
- * a protocol version mismatch; -ENOBUFS when the daemon refuses the session for one of its
+ * Return: 0; -ENOENT / -ECONNREFUSED when no daemon runs at the socket path; -ETIMEDOUT when
+ * the daemon does not answer within reply_timeout_ms; -EPROTONOSUPPORT on a protocol version
+ * mismatch; -ENOBUFS when the daemon refuses the session for one of its
  * session limits (tp_last_error() names it: per uid, in total, slots kept for admins); other
  * -errno.
  */
@@ -103,7 +114,9 @@ int tp_context_new(const struct tp_context_options *opts, struct tp_context **re
 /*
  * tp_context_free() - close every pipe and listener of @ctx, complete their pending operations
  * with -ECANCELED (callbacks run before this returns), release shared buffers, disconnect.
- * Must not be called from a callback. Accepts NULL.
+ * It waits for the daemon to confirm that no copy uses the memory of pending writes and reads,
+ * at most 10 s (a hung daemon: then it disconnects anyway). Must not be called from a
+ * callback. Accepts NULL.
  */
 void tp_context_free(struct tp_context *ctx);
 
@@ -147,7 +160,8 @@ const char *tp_last_error(void);
  * tp_buffer_alloc() - allocate @size bytes of shared memory, registered with the daemon, so
  * that data written from or read into it moves without a copy on this side.
  * @ret: returns the mapping's address (page aligned), free with tp_buffer_free().
- * Return: 0; -ENOBUFS over the daemon's buffer limits; -ENOMEM; other -errno.
+ * Return: 0; -ENOBUFS over the daemon's buffer limits; -ENOMEM; -ETIMEDOUT when the daemon
+ * does not answer within reply_timeout_ms; other -errno.
  */
 int tp_buffer_alloc(struct tp_context *ctx, size_t size, void **ret);
 
@@ -221,7 +235,8 @@ struct tp_listen_options {
  * @opts: NULL for owner-only access from this host (borrowed).
  * @ret: returns owned listener, close with tp_listener_close().
  * Return: 0; -EADDRINUSE if the name is taken; -EACCES for a name "@UID:..." of another uid;
- * -EINVAL for a bad name or options; -EDEADLK from a callback.
+ * -EINVAL for a bad name or options; -ETIMEDOUT when the daemon does not answer within
+ * reply_timeout_ms; -EDEADLK from a callback.
  */
 int tp_listen(struct tp_context *ctx, const char *name, const struct tp_listen_options *opts,
 	      struct tp_listener **ret);
@@ -238,6 +253,11 @@ int tp_listener_accept(struct tp_listener *l, tp_accept_fn cb, void *arg);
 
 /* Blocking accept. @timeout_ms < 0 waits forever. Return: 0, -ETIMEDOUT, other -errno. */
 int tp_listener_accept_sync(struct tp_listener *l, int timeout_ms, struct tp_pipe **ret);
+
+/* tp_listener_accept() that also returns the accept's operation id for tp_cancel() in *@ret_op
+ * (written on success, before the call returns; the callback may run before the caller reads
+ * it). */
+int tp_listener_accept_ex(struct tp_listener *l, tp_accept_fn cb, void *arg, uint64_t *ret_op);
 
 /* Returns borrowed string: the listener's name. */
 const char *tp_listener_name(const struct tp_listener *l);
@@ -463,11 +483,75 @@ int tp_pipe_read(struct tp_pipe *p, struct tp_descriptor *d, const struct tp_all
 /* Drops a descriptor without reading it (the message is discarded). Accepts NULL. */
 void tp_descriptor_free(struct tp_descriptor *d);
 
-/* Blocking variants. @timeout_ms < 0 waits forever. -EDEADLK if called from a callback. */
+/* Blocking variants. @timeout_ms < 0 waits forever. -EDEADLK if called from a callback.
+ * tp_pipe_write_sync() and tp_pipe_read_sync() wait forever: see the _timeout variants. */
 int tp_pipe_write_sync(struct tp_pipe *p, const struct tp_message *msg);
 int tp_pipe_read_descriptor_sync(struct tp_pipe *p, int timeout_ms, struct tp_descriptor **ret);
 int tp_pipe_read_sync(struct tp_pipe *p, struct tp_descriptor *d,
 		      const struct tp_allocation *alloc);
+
+/*
+ * tp_pipe_write_sync_timeout() / tp_pipe_read_sync_timeout() - tp_pipe_write_sync() and
+ * tp_pipe_read_sync() that give up after @timeout_ms (< 0: never). Giving up cancels the
+ * operation (tp_cancel()) and waits for its completion, so that whatever they return, the
+ * message's and the allocation's memory is free again when they return. The read takes @d as
+ * tp_pipe_read() does.
+ * Return: 0; -ETIMEDOUT when the operation did not complete in time and was cancelled (for a
+ * write, the reader gets -ECANCELED when it reads the message; for a read, the message is
+ * dropped and its writer's write fails with -ECANCELED; the pipe stays usable); the
+ * operation's own result when it completed meanwhile or could no longer be stopped (its bytes
+ * were being copied: this can take longer than @timeout_ms, as can a cancelled operation
+ * whose callback waits for earlier ones of its pipe); -EDEADLK from a callback; other
+ * -errno as tp_pipe_write() / tp_pipe_read(). With a daemon older than tpipd protocol 1.5,
+ * which cannot cancel, they wait for the operation's completion after @timeout_ms.
+ */
+int tp_pipe_write_sync_timeout(struct tp_pipe *p, const struct tp_message *msg, int timeout_ms);
+int tp_pipe_read_sync_timeout(struct tp_pipe *p, struct tp_descriptor *d,
+			      const struct tp_allocation *alloc, int timeout_ms);
+
+/* ---- cancelling one operation --------------------------------------------------------------- */
+
+/*
+ * The _ex start calls are the plain ones that also return an operation id (> 0, never reused
+ * within the context) in *@ret_op, written on success before the call returns (the callback
+ * may run before the caller reads it). Ownership and callbacks are as for the plain calls.
+ */
+int tp_pipe_write_ex(struct tp_pipe *p, const struct tp_message *msg, tp_done_fn cb, void *arg,
+		     uint64_t *ret_op);
+int tp_pipe_read_ex(struct tp_pipe *p, struct tp_descriptor *d, const struct tp_allocation *alloc,
+		    tp_done_fn cb, void *arg, uint64_t *ret_op);
+int tp_pipe_read_descriptor_ex(struct tp_pipe *p, tp_descriptor_fn cb, void *arg,
+			       uint64_t *ret_op);
+
+/*
+ * tp_cancel() - give up on the pending operation @op of @ctx (an id from a _ex call). Returns at
+ * once; it never runs the callback itself. The callback still runs exactly once, later, on the
+ * library thread and in its pipe's order (after the callbacks of earlier writes, or reads, of
+ * that pipe): with -ECANCELED if the operation was stopped, or with its real result if it had
+ * already finished or could no longer be stopped. Only when the callback has run is the
+ * memory the operation references free (payloads, tensors, allocation slots, @arg).
+ * What is stopped:
+ *   - a descriptor request or an accept: always (the library holds it);
+ *   - a write whose bytes nobody is copying (the reader has not supplied its allocation, or
+ *     its copy waits behind another): its callback gets -ECANCELED. The message stays in line:
+ *     the reader, which may already hold its descriptor, gets -ECANCELED ("the writer
+ *     cancelled this message") when it reads it, and later messages arrive in order;
+ *   - a read whose copy has not started: its callback gets -ECANCELED, the message is
+ *     discarded (the next read_descriptor returns the next message) and its writer's write
+ *     completes with -ECANCELED ("the reader cancelled its read of this message").
+ * Not stopped: a small write that travelled with its descriptor (it completes at once), a
+ * read of such a message, and a write or read whose bytes are being copied or, across hosts,
+ * whose transfer has started on the peer link: they complete with their result. Across hosts,
+ * a write the far reader has not asked for yet, and a read not yet sent to the writer's daemon,
+ * are stopped as above. On a pipe being closed, pending writes and reads complete with the
+ * close as tp_pipe_close() says.
+ * Return: 0 (the callback will say how it ended); -ENOENT if @op is unknown, or its result is
+ * already known (its callback ran, or waits for earlier ones of its pipe); -EALREADY if it is
+ * already being cancelled; -EOPNOTSUPP if a daemon older than tpipd protocol 1.5 holds the write
+ * or read (descriptor requests and accepts are cancelled all the same); -EINVAL for a NULL @ctx.
+ * May be called from a callback and from any thread.
+ */
+int tp_cancel(struct tp_context *ctx, uint64_t op);
 
 #ifdef __cplusplus
 }

@@ -246,7 +246,7 @@ TP_EXPORT int tp_buffer_alloc(struct tp_context *ctx, size_t size, void **ret)
 	/* The io thread cannot wait for the Reply it would have to read itself. */
 	if (!tpc_context_on_io_thread(ctx)) {
 		pthread_mutex_lock(&ctx->lock);
-		r = tpc_context_req_wait_locked(ctx, &b->req, TPC_REPLY_TIMEOUT_MS);
+		r = tpc_context_req_wait_locked(ctx, &b->req, ctx->reply_ms);
 		snprintf(msg, sizeof(msg), "cannot register a shared buffer: %s", b->req.msg);
 		pthread_mutex_unlock(&ctx->lock);
 	}

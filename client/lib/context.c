@@ -190,7 +190,9 @@ int tpc_context_req_wait_locked(struct tp_context *ctx, struct tpc_req *req, int
 	while (!req->done) {
 		if (pthread_cond_timedwait(&ctx->cond, &ctx->lock, &ts) == ETIMEDOUT && !req->done) {
 			tpc_map_del(&ctx->reqs, req->id);
-			snprintf(req->msg, sizeof(req->msg), "no answer from the daemon within %d ms",
+			snprintf(req->msg, sizeof(req->msg),
+				 "no answer from the daemon within %d ms "
+				 "(tp_context_options.reply_timeout_ms)",
 				 timeout_ms);
 			return -ETIMEDOUT;
 		}
@@ -232,10 +234,32 @@ void tpc_op_free(struct tpc_op *op)
 	free(op);
 }
 
+/* The result of @op is known: tp_cancel() no longer acts on it. Lock held. */
+static void op_untrack_locked(struct tp_context *ctx, struct tpc_op *op)
+{
+	if (op->op_id)
+		tpc_map_del(&ctx->ops, op->op_id);
+}
+
+int tpc_op_track_locked(struct tp_context *ctx, struct tpc_op *op, bool cancellable,
+			uint64_t *ret_id)
+{
+	uint64_t id = ctx->next_op_id + 1;
+
+	if (cancellable && tpc_map_put(&ctx->ops, id, op) < 0)
+		return tpc_error(-ENOMEM, "out of memory");
+	ctx->next_op_id = id;
+	op->op_id = cancellable ? id : 0;
+	if (ret_id)
+		*ret_id = id;
+	return 0;
+}
+
 void tpc_op_complete_locked(struct tp_context *ctx, struct tpc_op *op, int status, const char *msg)
 {
 	bool was_empty = tpu_list_empty(&ctx->done);
 
+	op_untrack_locked(ctx, op);
 	tpu_list_remove(&op->node);
 	if (op->kind == TPC_OP_WRITE) /* a held write that never went: it never will */
 		tpu_list_remove(&op->hnode);
@@ -251,6 +275,7 @@ void tpc_op_complete_locked(struct tp_context *ctx, struct tpc_op *op, int statu
 void tpc_op_ready_locked(struct tp_context *ctx, struct tpu_list *list, struct tpc_op *op,
 			 int status, const char *msg)
 {
+	op_untrack_locked(ctx, op);
 	op->ready = true;
 	op->status = status;
 	if (status < 0 && !op->errmsg)
@@ -259,8 +284,9 @@ void tpc_op_ready_locked(struct tp_context *ctx, struct tpu_list *list, struct t
 		tpc_op_complete_locked(ctx, op, op->status, NULL);
 }
 
-void tpc_op_cancel_locked(struct tpc_op *op)
+void tpc_op_cancel_locked(struct tp_context *ctx, struct tpc_op *op)
 {
+	op_untrack_locked(ctx, op);
 	tpu_list_remove(&op->node);
 	if (op->kind == TPC_OP_WRITE)
 		tpu_list_remove(&op->hnode);
@@ -830,6 +856,7 @@ TP_EXPORT void tp_context_free(struct tp_context *ctx)
 	tpc_cuda_free(ctx); /* last: every operation and its events are back */
 	tpc_map_done(&ctx->pipes);
 	tpc_map_done(&ctx->reqs);
+	tpc_map_done(&ctx->ops);
 	tpu_close(ctx->fd);
 	tpu_close(ctx->efd);
 	tpc_context_ring_free(ctx);

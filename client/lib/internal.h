@@ -28,8 +28,9 @@
 
 #define TP_EXPORT __attribute__((visibility("default")))
 
-#define TPC_HELLO_TIMEOUT_MS 10000 /* HelloReply deadline in tp_context_new() */
-#define TPC_REPLY_TIMEOUT_MS 10000 /* Reply deadline for Listen and BufferRegister */
+/* Default deadline of every wait for the daemon's answer (HelloReply, Reply to Listen and
+ * BufferRegister, room on the socket): tp_context_options.reply_timeout_ms overrides it. */
+#define TPC_REPLY_TIMEOUT_MS 10000
 #define TPC_EAGER_DEFAULT (64u << 10)
 #define TPC_INLINE_SMALL 4096u	 /* segments up to this size ride inline in rendezvous writes */
 /* tp_last_error(): the daemon's longest message (TPW_MESSAGE_MAX) and context the library adds. */
@@ -59,13 +60,17 @@ void tpc_map_drain(struct tpc_map *m, void (*fn)(void *val, void *arg), void *ar
 /* Frees the table (not the values). */
 void tpc_map_done(struct tpc_map *m);
 
+/* tp_pipe_write_ex(): the write's operation id in *@ret_id (NULL: not wanted). */
+int tpc_pipe_write(struct tp_pipe *p, const struct tp_message *msg, tp_done_fn cb, void *arg,
+		   uint64_t *ret_id);
+
 /*
  * tpc_pipe_read() - tp_pipe_read(), and for a blocking read (@ret_inline not NULL, starts false)
  * an eager message with no read before it completes in the call: *@ret_inline is set and @cb
  * is never called.
  */
 int tpc_pipe_read(struct tp_pipe *p, struct tp_descriptor *dp, const struct tp_allocation *alloc,
-		  tp_done_fn cb, void *arg, bool *ret_inline);
+		  tp_done_fn cb, void *arg, bool *ret_inline, uint64_t *ret_id);
 
 /*
  * tpc_context_help() - for a thread spinning in a blocking call: read what the daemon->client
@@ -142,6 +147,13 @@ struct tpc_op {
 	uint64_t id;		  /* write_id or msg_id */
 	struct tpc_desc *desc;	  /* TPC_OP_DESC result */
 	struct tp_pipe *accepted; /* TPC_OP_ACCEPT result */
+	/* tp_cancel(): the id the caller got (never reused in the context; 0 for internal ops),
+	 * filed in ctx->ops while the op can be cancelled. @sent: a write or read whose frame
+	 * went to the daemon (a library-held one, not sent yet, is cancelled here alone);
+	 * @cancel_sent: its Cancel went too. */
+	uint64_t op_id;
+	bool sent;
+	bool cancel_sent;
 	struct tpc_buf *stage;	  /* staging buffer, released after the callback */
 	size_t n_copies;
 	struct tpc_copy *copies; /* allocated with the op */
@@ -201,6 +213,7 @@ struct tp_context {
 	size_t eager_max;
 	struct tpc_limits lim;
 	uint64_t session_id;
+	int reply_ms; /* tp_context_options.reply_timeout_ms, or TPC_REPLY_TIMEOUT_MS */
 	tp_log_fn log_fn;
 	void *log_arg;
 
@@ -238,6 +251,8 @@ struct tp_context {
 	uint64_t next_buf_id;
 	struct tpc_map pipes; /* pipes the daemon still knows: id -> pipe */
 	struct tpc_map reqs;  /* req_id -> struct tpc_req */
+	struct tpc_map ops;   /* op_id -> struct tpc_op, while tp_cancel() can act on it */
+	uint64_t next_op_id;
 	struct tpu_list all_pipes;
 	struct tpu_list listeners;
 	struct tpu_list done; /* completed ops, run in order by the io thread */
@@ -349,7 +364,14 @@ void tpc_op_complete_locked(struct tp_context *ctx, struct tpc_op *op, int statu
 void tpc_op_ready_locked(struct tp_context *ctx, struct tpu_list *list, struct tpc_op *op,
 			 int status, const char *msg);
 /* Unlinks and frees a pending @op: its callback will not run. Lock held. */
-void tpc_op_cancel_locked(struct tpc_op *op);
+void tpc_op_cancel_locked(struct tp_context *ctx, struct tpc_op *op);
+/*
+ * tpc_op_track_locked() - give @op the context's next operation id (*@ret_id if not NULL)
+ * and, if @cancellable, file it in ctx->ops for tp_cancel() until its result is known. Lock
+ * held. Return: 0 or -ENOMEM (message set; nothing changed).
+ */
+int tpc_op_track_locked(struct tp_context *ctx, struct tpc_op *op, bool cancellable,
+			uint64_t *ret_id);
 /* Absolute CLOCK_MONOTONIC deadline for pthread_cond_timedwait, @timeout_ms >= 0. */
 void tpc_deadline(struct timespec *ts, int timeout_ms);
 /*
@@ -424,9 +446,10 @@ void tpc_read_on_descriptor(struct tp_context *ctx, const Tpw__V1__Descriptor *m
 void tpc_read_on_done(struct tp_context *ctx, const Tpw__V1__ReadDone *m);
 /* Hands queued descriptors to pending read_descriptor calls; lock held. */
 void tpc_read_match_locked(struct tp_pipe *p);
-/* tp_pipe_read_descriptor() that also returns the op (borrowed, valid while it is pending). */
+/* tp_pipe_read_descriptor() that also returns the op (borrowed, valid while it is pending)
+ * and its id (either may be NULL). */
 int tpc_read_descriptor_start(struct tp_pipe *p, tp_descriptor_fn cb, void *arg,
-			      struct tpc_op **ret_op);
+			      struct tpc_op **ret_op, uint64_t *ret_id);
 /* Unlinks and frees a descriptor without telling the daemon. Accepts NULL. */
 void tpc_read_desc_free(struct tpc_desc *d);
 
@@ -439,9 +462,10 @@ void tpc_listener_on_accepted(struct tp_context *ctx, const Tpw__V1__Accepted *m
 void tpc_listener_fail_all_locked(struct tp_context *ctx, int err, const char *msg);
 /* Frees every listener (context teardown, io thread stopped). */
 void tpc_listener_free_all(struct tp_context *ctx);
-/* tp_listener_accept() that also returns the op (borrowed, valid while it is pending). */
+/* tp_listener_accept() that also returns the op (borrowed, valid while it is pending) and
+ * its id (either may be NULL). */
 int tpc_listener_accept_start(struct tp_listener *l, tp_accept_fn cb, void *arg,
-			      struct tpc_op **ret_op);
+			      struct tpc_op **ret_op, uint64_t *ret_id);
 /* Unlinks and frees @l (lock held, or teardown). Accepts NULL. */
 void tpc_listener_free(struct tp_listener *l);
 

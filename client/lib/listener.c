@@ -89,7 +89,7 @@ void tpc_listener_on_accepted(struct tp_context *ctx, const Tpw__V1__Accepted *m
 }
 
 int tpc_listener_accept_start(struct tp_listener *l, tp_accept_fn cb, void *arg,
-			      struct tpc_op **ret_op)
+			      struct tpc_op **ret_op, uint64_t *ret_id)
 {
 	struct tp_context *ctx;
 	struct tp_pipe *p;
@@ -109,6 +109,8 @@ int tpc_listener_accept_start(struct tp_listener *l, tp_accept_fn cb, void *arg,
 	r = tpc_context_check_locked(ctx);
 	if (r == 0 && l->closed)
 		r = tpc_error(l->err ? l->err : -ECANCELED, "the listener is closed");
+	if (r == 0)
+		r = tpc_op_track_locked(ctx, op, true, ret_id);
 	if (r == 0) {
 		op->pending = true;
 		tpu_list_insert_tail(&l->accepts, &op->node);
@@ -129,7 +131,18 @@ int tpc_listener_accept_start(struct tp_listener *l, tp_accept_fn cb, void *arg,
 
 TP_EXPORT int tp_listener_accept(struct tp_listener *l, tp_accept_fn cb, void *arg)
 {
-	return tpc_listener_accept_start(l, cb, arg, NULL);
+	return tpc_listener_accept_start(l, cb, arg, NULL, NULL);
+}
+
+TP_EXPORT int tp_listener_accept_ex(struct tp_listener *l, tp_accept_fn cb, void *arg,
+				    uint64_t *ret_op)
+{
+	uint64_t id = 0;
+	int r = tpc_listener_accept_start(l, cb, arg, NULL, &id);
+
+	if (r == 0 && ret_op)
+		*ret_op = id;
+	return r;
 }
 
 TP_EXPORT const char *tp_listener_name(const struct tp_listener *l)
@@ -250,7 +263,7 @@ static int listener_register(struct tp_listener *l, Tpw__V1__Listen *ls)
 	if (r < 0)
 		return r;
 	pthread_mutex_lock(&ctx->lock);
-	r = tpc_context_req_wait_locked(ctx, &l->req, TPC_REPLY_TIMEOUT_MS);
+	r = tpc_context_req_wait_locked(ctx, &l->req, ctx->reply_ms);
 	pthread_mutex_unlock(&ctx->lock);
 	if (r < 0)
 		tpc_error(r, "cannot listen on \"%s\": %s", l->name, l->req.msg);

@@ -137,7 +137,7 @@ void tpc_read_match_locked(struct tp_pipe *p)
 }
 
 int tpc_read_descriptor_start(struct tp_pipe *p, tp_descriptor_fn cb, void *arg,
-			      struct tpc_op **ret_op)
+			      struct tpc_op **ret_op, uint64_t *ret_id)
 {
 	struct tp_context *ctx;
 	struct tpc_op *op;
@@ -157,6 +157,8 @@ int tpc_read_descriptor_start(struct tp_pipe *p, tp_descriptor_fn cb, void *arg,
 	/* A closed pipe still hands out the eager descriptors received before it closed. */
 	if (r == 0 && tpu_list_empty(&p->descs))
 		r = tpc_pipe_check_locked(p);
+	if (r == 0)
+		r = tpc_op_track_locked(ctx, op, true, ret_id);
 	if (r == 0) {
 		op->pending = true;
 		tpu_list_insert_tail(&p->desc_reqs, &op->node);
@@ -172,7 +174,18 @@ int tpc_read_descriptor_start(struct tp_pipe *p, tp_descriptor_fn cb, void *arg,
 
 TP_EXPORT int tp_pipe_read_descriptor(struct tp_pipe *p, tp_descriptor_fn cb, void *arg)
 {
-	return tpc_read_descriptor_start(p, cb, arg, NULL);
+	return tpc_read_descriptor_start(p, cb, arg, NULL, NULL);
+}
+
+TP_EXPORT int tp_pipe_read_descriptor_ex(struct tp_pipe *p, tp_descriptor_fn cb, void *arg,
+					 uint64_t *ret_op)
+{
+	uint64_t id = 0;
+	int r = tpc_read_descriptor_start(p, cb, arg, NULL, &id);
+
+	if (r == 0 && ret_op)
+		*ret_op = id;
+	return r;
 }
 
 /* ---- consuming descriptors in order -------------------------------------------------------- */
@@ -530,6 +543,7 @@ static int read_rendezvous(struct tp_pipe *p, struct tpc_desc *d, const struct t
 		r = tpc_pipe_check_locked(p);
 		if (r == 0) {
 			op->pending = true;
+			op->sent = true; /* the Read goes out before send_lock is released */
 			tpu_list_insert_tail(&p->reads, &op->node);
 		}
 		pthread_mutex_unlock(&ctx->lock);
@@ -619,9 +633,30 @@ static int read_prepare(struct tp_pipe *p, const struct tpc_desc *d,
 	return n_cuda ? read_cuda_export(p->ctx, *ret, d, a, op, n_cuda) : 0;
 }
 
-int tpc_pipe_read(struct tp_pipe *p, struct tp_descriptor *dp, const struct tp_allocation *alloc,
-		  tp_done_fn cb, void *arg, bool *ret_inline)
+/* Gives @op its id and files it for tp_cancel() if it is a rendezvous read. */
+static int read_track(struct tp_context *ctx, struct tpc_op *op, bool eager, uint64_t *id)
 {
+	int r;
+
+	pthread_mutex_lock(&ctx->lock);
+	r = tpc_op_track_locked(ctx, op, !eager, id);
+	pthread_mutex_unlock(&ctx->lock);
+	return r;
+}
+
+/* Takes back the id of @op, which did not start (or completed in the call). */
+static void read_untrack(struct tp_context *ctx, struct tpc_op *op)
+{
+	pthread_mutex_lock(&ctx->lock);
+	if (op->op_id)
+		tpc_map_del(&ctx->ops, op->op_id);
+	pthread_mutex_unlock(&ctx->lock);
+}
+
+int tpc_pipe_read(struct tp_pipe *p, struct tp_descriptor *dp, const struct tp_allocation *alloc,
+		  tp_done_fn cb, void *arg, bool *ret_inline, uint64_t *ret_id)
+{
+	uint64_t id = 0;
 	struct tpc_desc *d = dp ? tpu_container_of(dp, struct tpc_desc, pub) : NULL;
 	struct read_plan *pl = NULL;
 	struct tpc_op *op = NULL;
@@ -643,6 +678,8 @@ int tpc_pipe_read(struct tp_pipe *p, struct tp_descriptor *dp, const struct tp_a
 	}
 	if (r == 0)
 		r = read_prepare(p, d, alloc, op, &pl);
+	if (r == 0)
+		r = read_track(p->ctx, op, d->eager, &id);
 	if (r < 0) {
 		read_plan_free(pl);
 		tpc_op_free(op);
@@ -653,19 +690,29 @@ int tpc_pipe_read(struct tp_pipe *p, struct tp_descriptor *dp, const struct tp_a
 	op->arg = arg;
 	op->pipe = p;
 	op->id = d->msg_id;
-	r = read_start(p, d, alloc, op, pl, ret_inline);
+	r = read_start(p, d, alloc, op, pl, ret_inline); /* frees @d */
 	read_plan_free(pl);
 	if (r < 0 || (ret_inline && *ret_inline)) {
+		read_untrack(p->ctx, op);
 		tpc_buffer_stage_put(p->ctx, op->stage, false);
 		tpc_op_free(op);
 	}
+	if (r == 0 && ret_id)
+		*ret_id = id;
 	return r;
 }
 
 TP_EXPORT int tp_pipe_read(struct tp_pipe *p, struct tp_descriptor *dp,
 			   const struct tp_allocation *alloc, tp_done_fn cb, void *arg)
 {
-	return tpc_pipe_read(p, dp, alloc, cb, arg, NULL);
+	return tpc_pipe_read(p, dp, alloc, cb, arg, NULL, NULL);
+}
+
+TP_EXPORT int tp_pipe_read_ex(struct tp_pipe *p, struct tp_descriptor *dp,
+			      const struct tp_allocation *alloc, tp_done_fn cb, void *arg,
+			      uint64_t *ret_op)
+{
+	return tpc_pipe_read(p, dp, alloc, cb, arg, NULL, ret_op);
 }
 
 void tpc_read_on_done(struct tp_context *ctx, const Tpw__V1__ReadDone *m)

@@ -120,7 +120,9 @@ static int context_wait_frame(struct tp_context *ctx, uint64_t deadline_ns, stru
 		uint64_t now = tpu_now_ns();
 
 		if (now >= deadline_ns)
-			return tpc_error(-ETIMEDOUT, "no HelloReply from the daemon");
+			return tpc_error(-ETIMEDOUT, "tp_context_new: no answer from the daemon "
+					 "within %d ms (tp_context_options.reply_timeout_ms)",
+					 ctx->reply_ms);
 		r = poll(&pfd, 1, (int)((deadline_ns - now) / 1000000 + 1));
 		if (r < 0 && errno != EINTR)
 			return tpc_error(-errno, "poll: %s", tp_strerror(-errno));
@@ -188,7 +190,7 @@ static int context_ring_setup(struct tp_context *ctx, const struct tp_context_op
 	pthread_mutex_unlock(&ctx->send_lock);
 	if (r < 0)
 		return tpc_error(r, "cannot send RingSetup: %s", tp_strerror(r));
-	r = context_wait_frame(ctx, tpu_now_ns() + TPC_HELLO_TIMEOUT_MS * 1000000ull, &h);
+	r = context_wait_frame(ctx, tpu_now_ns() + (uint64_t)ctx->reply_ms * 1000000ull, &h);
 	if (r < 0)
 		return r;
 	r = tpc_context_decode(&h, ctx->rbuf + ctx->rpos + TPW_HDR_SIZE, &dm, why, sizeof(why));
@@ -219,7 +221,7 @@ static int context_hello(struct tp_context *ctx, const struct tp_context_options
 	/* A daemon that refuses the session (a session limit) says why and closes at once,
 	 * maybe before our Hello went out: its answer is still there to read. */
 	if (r == 0 || r == -EPIPE || r == -ECONNRESET)
-		r = context_wait_frame(ctx, tpu_now_ns() + TPC_HELLO_TIMEOUT_MS * 1000000ull, &h);
+		r = context_wait_frame(ctx, tpu_now_ns() + (uint64_t)ctx->reply_ms * 1000000ull, &h);
 	if (r < 0)
 		return r;
 	r = tpc_context_decode(&h, ctx->rbuf + ctx->rpos + TPW_HDR_SIZE, &m, why, sizeof(why));
@@ -344,6 +346,9 @@ TP_EXPORT int tp_context_new(const struct tp_context_options *opts, struct tp_co
 	ctx = context_alloc();
 	if (!ctx)
 		return tpc_error(-ENOMEM, "out of memory");
+	ctx->reply_ms = o.reply_timeout_ms && o.reply_timeout_ms <= INT32_MAX
+				? (int)o.reply_timeout_ms
+				: TPC_REPLY_TIMEOUT_MS;
 	ctx->spin_ns = o.flags & TP_CONTEXT_NO_SPIN
 			       ? 0
 			       : (uint64_t)(o.spin_us ? o.spin_us : TPC_SPIN_DEFAULT_US) * 1000;

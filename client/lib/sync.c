@@ -3,7 +3,9 @@
  * Blocking convenience calls built on the asynchronous ones: each starts the operation with a
  * callback that fills a waiter on the caller's stack and waits for it. A wait that times out
  * takes its operation back if it is still pending, so no callback can touch the waiter after
- * the call returns. They refuse to run on the library thread (-EDEADLK).
+ * the call returns: a descriptor request or accept at once (the library holds it), a write or
+ * read through tp_cancel() and a wait for its callback (the daemon says when its memory is
+ * free). They refuse to run on the library thread (-EDEADLK).
  */
 #include <stdio.h>
 #include <string.h>
@@ -117,7 +119,7 @@ static int sync_wait_or_cancel(struct tp_context *ctx, struct sync_waiter *w, st
 	pthread_mutex_lock(&ctx->lock);
 	pthread_mutex_lock(&w->m);
 	if (!w->done && op->pending) {
-		tpc_op_cancel_locked(op);
+		tpc_op_cancel_locked(ctx, op);
 		canceled = true;
 	}
 	pthread_mutex_unlock(&w->m);
@@ -128,9 +130,34 @@ static int sync_wait_or_cancel(struct tp_context *ctx, struct sync_waiter *w, st
 	return w->status;
 }
 
-TP_EXPORT int tp_pipe_write_sync(struct tp_pipe *p, const struct tp_message *msg)
+/*
+ * Waits up to @timeout_ms for write or read @id; then cancels it and waits for its callback,
+ * which the daemon sends once no copy uses the operation's memory. Return: its status, or
+ * -ETIMEDOUT if the cancel stopped it; the thread's error message is set.
+ */
+static int sync_wait_transfer(struct tp_context *ctx, struct sync_waiter *w, uint64_t id,
+			      int timeout_ms, const char *what)
+{
+	int c;
+
+	if (!sync_wait(w, timeout_ms)) {
+		/* -ENOENT: it completed meanwhile; -EOPNOTSUPP: an older daemon, it runs on. */
+		c = tp_cancel(ctx, id);
+		sync_wait(w, -1);
+		if (c == 0 && w->status == -ECANCELED)
+			return tpc_error(-ETIMEDOUT, "%s did not complete within %d ms; cancelled",
+					 what, timeout_ms);
+	}
+	if (w->status < 0)
+		tpc_error_msg(w->status, w->msg);
+	return w->status;
+}
+
+TP_EXPORT int tp_pipe_write_sync_timeout(struct tp_pipe *p, const struct tp_message *msg,
+					 int timeout_ms)
 {
 	struct sync_waiter w;
+	uint64_t id = 0;
 	int r;
 
 	if (!p)
@@ -138,15 +165,16 @@ TP_EXPORT int tp_pipe_write_sync(struct tp_pipe *p, const struct tp_message *msg
 	if (tpc_context_on_io_thread(p->ctx))
 		return tpc_error(-EDEADLK, "tp_pipe_write_sync() called from a callback");
 	sync_init(&w, p->ctx);
-	r = tp_pipe_write(p, msg, sync_on_done, &w);
-	if (r == 0) {
-		sync_wait(&w, -1);
-		r = w.status;
-		if (r < 0)
-			tpc_error_msg(r, w.msg);
-	}
+	r = tpc_pipe_write(p, msg, sync_on_done, &w, &id);
+	if (r == 0)
+		r = sync_wait_transfer(p->ctx, &w, id, timeout_ms, "the write");
 	sync_done(&w);
 	return r;
+}
+
+TP_EXPORT int tp_pipe_write_sync(struct tp_pipe *p, const struct tp_message *msg)
+{
+	return tp_pipe_write_sync_timeout(p, msg, -1);
 }
 
 /* A timed wait's outcome as the call's result, with the thread's error message set. */
@@ -171,7 +199,7 @@ TP_EXPORT int tp_pipe_read_descriptor_sync(struct tp_pipe *p, int timeout_ms,
 	if (tpc_context_on_io_thread(p->ctx))
 		return tpc_error(-EDEADLK, "tp_pipe_read_descriptor_sync() called from a callback");
 	sync_init(&w, p->ctx);
-	r = tpc_read_descriptor_start(p, sync_on_desc, &w, &op);
+	r = tpc_read_descriptor_start(p, sync_on_desc, &w, &op, NULL);
 	if (r == 0) {
 		r = sync_result(sync_wait_or_cancel(p->ctx, &w, op, timeout_ms), &w, timeout_ms,
 				"message");
@@ -182,11 +210,12 @@ TP_EXPORT int tp_pipe_read_descriptor_sync(struct tp_pipe *p, int timeout_ms,
 	return r;
 }
 
-TP_EXPORT int tp_pipe_read_sync(struct tp_pipe *p, struct tp_descriptor *d,
-				const struct tp_allocation *alloc)
+TP_EXPORT int tp_pipe_read_sync_timeout(struct tp_pipe *p, struct tp_descriptor *d,
+					const struct tp_allocation *alloc, int timeout_ms)
 {
 	struct sync_waiter w;
 	bool done_here = false;
+	uint64_t id = 0;
 	int r;
 
 	if (p && tpc_context_on_io_thread(p->ctx)) {
@@ -194,15 +223,17 @@ TP_EXPORT int tp_pipe_read_sync(struct tp_pipe *p, struct tp_descriptor *d,
 		return tpc_error(-EDEADLK, "tp_pipe_read_sync() called from a callback");
 	}
 	sync_init(&w, p ? p->ctx : NULL);
-	r = tpc_pipe_read(p, d, alloc, sync_on_done, &w, &done_here);
-	if (r == 0 && !done_here) {
-		sync_wait(&w, -1);
-		r = w.status;
-		if (r < 0)
-			tpc_error_msg(r, w.msg);
-	}
+	r = tpc_pipe_read(p, d, alloc, sync_on_done, &w, &done_here, &id);
+	if (r == 0 && !done_here)
+		r = sync_wait_transfer(p->ctx, &w, id, timeout_ms, "the read");
 	sync_done(&w);
 	return r;
+}
+
+TP_EXPORT int tp_pipe_read_sync(struct tp_pipe *p, struct tp_descriptor *d,
+				const struct tp_allocation *alloc)
+{
+	return tp_pipe_read_sync_timeout(p, d, alloc, -1);
 }
 
 TP_EXPORT int tp_listener_accept_sync(struct tp_listener *l, int timeout_ms, struct tp_pipe **ret)
@@ -216,7 +247,7 @@ TP_EXPORT int tp_listener_accept_sync(struct tp_listener *l, int timeout_ms, str
 	if (tpc_context_on_io_thread(l->ctx))
 		return tpc_error(-EDEADLK, "tp_listener_accept_sync() called from a callback");
 	sync_init(&w, l->ctx);
-	r = tpc_listener_accept_start(l, sync_on_accept, &w, &op);
+	r = tpc_listener_accept_start(l, sync_on_accept, &w, &op, NULL);
 	if (r == 0) {
 		r = sync_result(sync_wait_or_cancel(l->ctx, &w, op, timeout_ms), &w, timeout_ms,
 				"connection");

@@ -43,12 +43,20 @@ static int wire_reserve(void **buf, size_t *cap, size_t need, size_t elem)
 	return 0;
 }
 
-static int wire_wait_writable(int fd)
+/* Waits up to @timeout_ms for room on @fd. Return: 0, -ETIMEDOUT (the daemon stopped
+ * reading: taken as hung), -errno. */
+static int wire_wait_writable(int fd, int timeout_ms)
 {
 	struct pollfd pfd = { .fd = fd, .events = POLLOUT };
+	uint64_t deadline = tpu_now_ns() + (uint64_t)timeout_ms * 1000000ull;
 
 	for (;;) {
-		int r = poll(&pfd, 1, -1);
+		uint64_t now = tpu_now_ns();
+		int r;
+
+		if (now >= deadline)
+			return -ETIMEDOUT;
+		r = poll(&pfd, 1, (int)((deadline - now) / 1000000 + 1));
 		if (r > 0)
 			return 0;
 		if (r < 0 && errno != EINTR)
@@ -56,8 +64,9 @@ static int wire_wait_writable(int fd)
 	}
 }
 
-/* Sends all of @iov (modified); the fd rides with the first byte. */
-static int wire_sendv(int sock, struct iovec *iov, size_t n, int fd)
+/* Sends all of @iov (modified); the fd rides with the first byte. Waits for room at most
+ * @timeout_ms at a time. */
+static int wire_sendv(int sock, struct iovec *iov, size_t n, int fd, int timeout_ms)
 {
 	union {
 		struct cmsghdr h;
@@ -84,7 +93,7 @@ static int wire_sendv(int sock, struct iovec *iov, size_t n, int fd)
 				continue;
 			if (r != -EAGAIN)
 				return r;
-			r = wire_wait_writable(sock);
+			r = wire_wait_writable(sock, timeout_ms);
 			if (r < 0)
 				return r;
 			continue;
@@ -122,10 +131,11 @@ static bool wire_hung_up(int sock)
 static int wire_ring_sendv(struct tp_context *ctx, const struct iovec *iov, size_t n, int fd)
 {
 	size_t total = 0, done = 0;
+	uint64_t deadline = 0;
 
 	if (fd >= 0) {
 		struct iovec one = { (void *)"", 1 };
-		int r = wire_sendv(ctx->fd, &one, 1, fd);
+		int r = wire_sendv(ctx->fd, &one, 1, fd, ctx->reply_ms);
 
 		if (r < 0)
 			return r;
@@ -144,6 +154,10 @@ static int wire_ring_sendv(struct tp_context *ctx, const struct iovec *iov, size
 		if (done == total || k > 0 || tpu_ring_wait_space_prepare(&ctx->ring_tx, &seq))
 			continue;
 		/* Full: the daemon bumps the futex word when it has made room. */
+		if (!deadline)
+			deadline = tpu_now_ns() + (uint64_t)ctx->reply_ms * 1000000ull;
+		else if (tpu_now_ns() >= deadline)
+			return -ETIMEDOUT;
 		tpu_ring_futex_wait(&ctx->ring_tx, seq, 100);
 		if (wire_hung_up(ctx->fd))
 			return -ECONNRESET;
@@ -159,7 +173,7 @@ static int wire_send_frame(struct tp_context *ctx, size_t n, int fd)
 	if (ctx->ring)
 		r = wire_ring_sendv(ctx, ctx->siov, n, fd);
 	else
-		r = wire_sendv(ctx->fd, ctx->siov, n, fd);
+		r = wire_sendv(ctx->fd, ctx->siov, n, fd, ctx->reply_ms);
 	if (r < 0) {
 		/* A partial frame cannot be taken back: make the loss visible to the io thread. */
 		shutdown(ctx->fd, SHUT_RDWR);

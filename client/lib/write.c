@@ -384,21 +384,26 @@ static int write_hold_locked(struct tp_pipe *p, struct write_plan *pl, struct tp
 }
 
 /*
- * Files the op and gives the write its id; lock held. With flow control the write either takes
- * room in the window (*@ret_send: send it now) or is held behind the writes already held.
+ * Files the op and gives the write its ids (@ret_id: for tp_cancel()); lock held. With flow
+ * control the write either takes room in the window (*@ret_send: send it now) or is held behind
+ * the writes already held.
  */
 static int write_queue_locked(struct tp_pipe *p, struct write_plan *pl, struct tpc_op *op,
-			      bool *ret_send)
+			      bool *ret_send, uint64_t *ret_id)
 {
 	int r = tpc_pipe_check_locked(p);
 
+	if (r == 0)
+		r = tpc_op_track_locked(p->ctx, op, true, ret_id);
 	if (r < 0)
 		return r;
 	pl->w.write_id = p->next_write_id + 1;
 	if (p->ctx->flow && (!tpu_list_empty(&p->wheld) || !write_fits_locked(p, pl->inline_len))) {
 		r = write_hold_locked(p, pl, op);
-		if (r < 0)
+		if (r < 0) {
+			tpc_map_del(&p->ctx->ops, op->op_id);
 			return r;
+		}
 		*ret_send = false;
 	} else if (p->ctx->flow) {
 		p->win_msgs++;
@@ -407,12 +412,14 @@ static int write_queue_locked(struct tp_pipe *p, struct write_plan *pl, struct t
 	op->pipe = p;
 	op->id = ++p->next_write_id;
 	op->pending = true;
+	/* Sent now: the Write goes out before send_lock is released; held: tpc_write_pump(). */
+	op->sent = !op->held;
 	tpu_list_insert_tail(&p->writes, &op->node);
 	return 0;
 }
 
 static int write_send(struct tp_pipe *p, struct write_plan *pl, const struct tp_message *msg,
-		      uint64_t total, struct tpc_op *op)
+		      uint64_t total, struct tpc_op *op, uint64_t *ret_id)
 {
 	struct tp_context *ctx = p->ctx;
 	bool send = true;
@@ -433,7 +440,7 @@ static int write_send(struct tp_pipe *p, struct write_plan *pl, const struct tp_
 		r = write_stage(ctx, pl, msg, &op->stage);
 	if (r == 0) {
 		pthread_mutex_lock(&ctx->lock);
-		r = write_queue_locked(p, pl, op, &send);
+		r = write_queue_locked(p, pl, op, &send, ret_id);
 		pthread_mutex_unlock(&ctx->lock);
 	}
 	/* A failed send surfaces as connection loss, which completes the op. */
@@ -443,12 +450,12 @@ static int write_send(struct tp_pipe *p, struct write_plan *pl, const struct tp_
 	return r;
 }
 
-TP_EXPORT int tp_pipe_write(struct tp_pipe *p, const struct tp_message *msg, tp_done_fn cb,
-			    void *arg)
+int tpc_pipe_write(struct tp_pipe *p, const struct tp_message *msg, tp_done_fn cb, void *arg,
+		   uint64_t *ret_id)
 {
 	struct write_plan *pl;
 	struct tpc_op *op;
-	uint64_t total = 0;
+	uint64_t total = 0, id = 0;
 	int r;
 
 	if (!p || !msg || !cb)
@@ -466,14 +473,28 @@ TP_EXPORT int tp_pipe_write(struct tp_pipe *p, const struct tp_message *msg, tp_
 		write_build(pl, msg, p->id);
 		r = write_cuda(p->ctx, pl, msg, op);
 		if (r == 0)
-			r = write_send(p, pl, msg, total, op);
+			r = write_send(p, pl, msg, total, op, &id);
 	}
 	write_plan_free(pl);
 	if (r < 0 && op) {
 		tpc_buffer_stage_put(p->ctx, op->stage, false);
 		tpc_op_free(op);
 	}
+	if (r == 0 && ret_id)
+		*ret_id = id;
 	return r;
+}
+
+TP_EXPORT int tp_pipe_write(struct tp_pipe *p, const struct tp_message *msg, tp_done_fn cb,
+			    void *arg)
+{
+	return tpc_pipe_write(p, msg, cb, arg, NULL);
+}
+
+TP_EXPORT int tp_pipe_write_ex(struct tp_pipe *p, const struct tp_message *msg, tp_done_fn cb,
+			       void *arg, uint64_t *ret_op)
+{
+	return tpc_pipe_write(p, msg, cb, arg, ret_op);
 }
 
 void tpc_write_on_done(struct tp_context *ctx, const Tpw__V1__WriteDone *m)
@@ -485,7 +506,7 @@ void tpc_write_on_done(struct tp_context *ctx, const Tpw__V1__WriteDone *m)
 		return;
 	tpu_list_for_each(op, &p->writes, node) {
 		if (op->id == m->write_id) {
-			if (op->held)
+			if (!op->sent)
 				return; /* never sent: the daemon cannot know it */
 			tpc_op_ready_locked(ctx, &p->writes, op, tpw_status_to_errno(m->status),
 					    m->message);
@@ -522,6 +543,7 @@ static struct tpc_held_write *write_unhold(struct tp_context *ctx, uint64_t pipe
 		tpu_list_remove(&op->hnode);
 		h = op->held;
 		op->held = NULL;
+		op->sent = true; /* send_lock is held until it is: tp_cancel() waits for it */
 		p->win_msgs++;
 		p->win_bytes += h->inline_len;
 	}

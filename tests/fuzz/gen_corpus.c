@@ -213,6 +213,27 @@ static void gen_read(void)
 	client("client-bad-read-inline", &m, 0, 0);
 }
 
+static void gen_cancel(void)
+{
+	Tpw__V1__ClientMsg m = TPW__V1__CLIENT_MSG__INIT;
+	Tpw__V1__Cancel c = TPW__V1__CANCEL__INIT;
+
+	c.pipe_id = 1;
+	c.kind = TPW__V1__CANCEL_KIND__CANCEL_WRITE;
+	c.id = 1;
+	m.body_case = TPW__V1__CLIENT_MSG__BODY_CANCEL;
+	m.cancel = &c;
+	client("client-ok-cancel-write", &m, 0, 0);
+	c.pipe_id = 1ull << 63;
+	c.kind = TPW__V1__CANCEL_KIND__CANCEL_READ;
+	client("client-ok-cancel-read", &m, 0, 0);
+	c.kind = TPW__V1__CANCEL_KIND__CANCEL_UNSPECIFIED;
+	client("client-bad-cancel-kind", &m, 0, 0);
+	c.kind = TPW__V1__CANCEL_KIND__CANCEL_READ;
+	c.id = 0;
+	client("client-bad-cancel-zero-id", &m, 0, 0);
+}
+
 static void gen_daemon(void)
 {
 	Tpw__V1__DaemonMsg m = TPW__V1__DAEMON_MSG__INIT;
@@ -441,6 +462,7 @@ int main(int argc, char **argv)
 	gen_buffers();
 	gen_write();
 	gen_read();
+	gen_cancel();
 	gen_daemon();
 	gen_peer_handshake();
 	gen_peer_pipes();

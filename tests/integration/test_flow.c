@@ -434,6 +434,109 @@ START_TEST(test_flow_close_cancels_held_writes)
 }
 END_TEST
 
+/* ---- cancelling a write the library holds ---------------------------------------------------- */
+
+#define CH_N 7
+#define CH_CANCELED 5 /* beyond the window of 4, behind another held write */
+#define CH_BIG 4      /* not inline: pending until the reader has its bytes */
+
+static size_t ch_len(unsigned i)
+{
+	return i == CH_BIG ? 1u << 20 : 64;
+}
+
+/* Reads every message of cancel_held_writer but the cancelled one, in order, intact. */
+static int cancel_reader(void *arg)
+{
+	struct tpt_end e = { .d = &dm, .ctx_name = "cancel-reader", .where = "cheld",
+			     .ready = &ready, .timeout_ms = T_MS };
+	struct tpt_msg_spec s = { .n_payloads = 1, .lens = { 64 } };
+
+	TPT_REQUIRE(tpt_end_listen(&e, true) == 0, 1, "listen");
+	TPT_REQUIRE(tpt_sync_wait(&go, T_MS) == 0, 1, "no go");
+	for (unsigned i = 0; i < CH_N; i++) {
+		if (i == CH_CANCELED)
+			continue;
+		s.index = i;
+		s.lens[0] = ch_len(i);
+		TPT_REQUIRE(tpt_msg_read_check(e.ctx, e.p, &s, TPT_MEM_PRIVATE, T_MS) == 0, 1,
+			    "message %u", i);
+	}
+	TPT_REQUIRE(tpt_sync_wait(&done, T_MS) == 0, 1, "writer did not finish");
+	tpt_end_close(&e);
+	return 0;
+}
+
+/* Writes CH_N - 1 messages through a window of 4 and cancels one the library holds behind
+ * another held one: it completes with -ECANCELED in its place, never reaches the daemon, and
+ * the writes around it go on (the last one, written afterwards, follows message 4). Before
+ * that, a timed blocking write over the full window gives up at its timeout. */
+static int cancel_held_writer(void *arg)
+{
+	struct tpt_end e = { .d = &dm, .ctx_name = "cancel-writer", .where = "cheld",
+			     .ready = &ready, .timeout_ms = T_MS };
+	struct tpt_msg m[CH_N], extra;
+	struct tpt_msg_spec xs = { .index = 99, .n_payloads = 1, .lens = { 64 } };
+	uint64_t ops[CH_N];
+	int r;
+
+	flow_done_init(&fd_);
+	TPT_REQUIRE(tpt_end_connect(&e) == 0, 1, "connect");
+	for (unsigned i = 0; i < CH_N; i++) {
+		struct tpt_msg_spec s = { .index = i, .n_payloads = 1, .lens = { ch_len(i) } };
+
+		TPT_REQUIRE(tpt_msg_build(e.ctx, &s, TPT_MEM_PRIVATE, &m[i]) == 0, 1, "build");
+	}
+	for (unsigned i = 0; i < CH_N - 1; i++) {
+		TPT_REQUIRE(tp_pipe_write_ex(e.p, &m[i].m, flow_done_cb, (void *)(uintptr_t)i,
+					     &ops[i]) == 0, 1, "write %u: %s", i, tp_last_error());
+		if (i != 3)
+			continue;
+		TPT_REQUIRE(flow_done_wait(&fd_, 4, T_MS) == 0, 1, "window");
+		/* The window is full and nothing is pending: a timed write gives up at its timeout
+		 * (the library held it; it never reaches the reader). */
+		TPT_REQUIRE(tpt_msg_build(e.ctx, &xs, TPT_MEM_PRIVATE, &extra) == 0, 1, "build");
+		r = tp_pipe_write_sync_timeout(e.p, &extra.m, 50);
+		TPT_REQUIRE(r == -ETIMEDOUT, 1, "timed write over a full window: %d, want "
+			    "-ETIMEDOUT", r);
+	}
+	TPT_REQUIRE(flow_done_count(&fd_) == 4, 1, "%u completions, window 4",
+		    flow_done_count(&fd_));
+	r = tp_cancel(e.ctx, ops[CH_CANCELED]);
+	TPT_REQUIRE(r == 0, 1, "cancel of a held write: %d (%s)", r, tp_last_error());
+	r = tp_cancel(e.ctx, ops[CH_CANCELED]);
+	TPT_REQUIRE(r == -ENOENT, 1, "second cancel: %d, want -ENOENT", r);
+	/* It completes in its place, after message 4, once the reader makes room: message 4 goes
+	 * then and stays pending until read, so the pump reaches the cancelled one meanwhile. */
+	tpt_sync_post(&go, 0);
+	TPT_REQUIRE(flow_done_wait(&fd_, CH_N - 1, T_MS) == 0, 1, "%u of %u completed",
+		    flow_done_count(&fd_), CH_N - 1);
+	TPT_REQUIRE(fd_.ok == CH_N - 2 && fd_.n_err == 1 && fd_.first_err == -ECANCELED &&
+		    !fd_.order_errors, 1, "%u ok, %u failed (%d), %u out of order", fd_.ok,
+		    fd_.n_err, fd_.first_err, fd_.order_errors);
+	/* The last message follows message 4 directly: the cancelled one never went. */
+	TPT_REQUIRE(tp_pipe_write_ex(e.p, &m[CH_N - 1].m, flow_done_cb,
+				     (void *)(uintptr_t)(CH_N - 1), &ops[CH_N - 1]) == 0, 1,
+		    "last write: %s", tp_last_error());
+	TPT_REQUIRE(flow_done_wait(&fd_, CH_N, T_MS) == 0, 1, "last write did not complete");
+	tpt_sync_post(&done, 0);
+	tpt_msg_free(e.ctx, &extra);
+	for (unsigned i = 0; i < CH_N; i++)
+		tpt_msg_free(e.ctx, &m[i]);
+	tpt_end_close(&e);
+	return 0;
+}
+
+START_TEST(test_flow_cancel_of_a_held_write_never_reaches_the_reader)
+{
+	const char *args[] = { "--pipe-queue-max", "4", NULL };
+
+	start(args);
+	ck_assert(tpt_run_pair(cancel_reader, cancel_held_writer, NULL, 2 * T_MS));
+	stop();
+}
+END_TEST
+
 /* ---- a message larger than the window ---------------------------------------------------- */
 
 static const size_t big_lens[3] = { 500, 2000, 500 }; /* inline; the window is 1000 bytes */
@@ -784,6 +887,7 @@ static Suite *flow_suite(void)
 	tcase_add_test(tc, test_flow_write_larger_than_the_window_goes_alone_and_is_refused);
 	tcase_add_test(tc, test_flow_held_writes_fail_with_the_pipe_when_the_reader_dies);
 	tcase_add_test(tc, test_flow_close_cancels_held_writes);
+	tcase_add_test(tc, test_flow_cancel_of_a_held_write_never_reaches_the_reader);
 	tcase_add_test(tc, test_flow_small_messages_on_a_connecting_pipe_wait_for_room);
 	tcase_add_test(tc, test_flow_cross_host_blocking_writes_wait_for_room);
 	tcase_add_test(tc, test_flow_gib_to_a_late_reader_is_all_written_and_bounded);

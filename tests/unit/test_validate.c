@@ -657,6 +657,41 @@ START_TEST(test_validate_ctl_what_range)
 }
 END_TEST
 
+START_TEST(test_validate_cancel_kind_and_ids)
+{
+	Tpw__V1__ClientMsg m = TPW__V1__CLIENT_MSG__INIT;
+	Tpw__V1__Cancel c = TPW__V1__CANCEL__INIT;
+
+	m.body_case = TPW__V1__CLIENT_MSG__BODY_CANCEL;
+	m.cancel = &c;
+	c.pipe_id = 1;
+	c.id = 1;
+	for (int k = TPW__V1__CANCEL_KIND__CANCEL_WRITE;
+	     k <= enum_max(&tpw__v1__cancel_kind__descriptor); k++) {
+		c.kind = k;
+		ck_assert_msg(vc(&m, 0, 0) == 0, "CancelKind %d refused: %s", k, why);
+	}
+	c.kind = TPW__V1__CANCEL_KIND__CANCEL_UNSPECIFIED;
+	ck_assert_int_eq(vc(&m, 0, 0), -EBADMSG);
+	c.kind = enum_max(&tpw__v1__cancel_kind__descriptor) + 1;
+	ck_assert_int_eq(vc(&m, 0, 0), -EBADMSG);
+	c.kind = -1;
+	ck_assert_int_eq(vc(&m, 0, 0), -EBADMSG);
+	c.kind = TPW__V1__CANCEL_KIND__CANCEL_READ;
+	c.pipe_id = UINT64_MAX; /* accepted pipes have ids >= 2^63 */
+	c.id = UINT64_MAX;
+	ck_assert_int_eq(vc(&m, 0, 0), 0);
+	c.id = 0;
+	ck_assert_int_eq(vc(&m, 0, 0), -EBADMSG);
+	c.id = 1;
+	c.pipe_id = 0;
+	ck_assert_int_eq(vc(&m, 0, 0), -EBADMSG);
+	c.pipe_id = 1;
+	ck_assert_int_eq(vc(&m, 0, 1), -EBADMSG); /* no data tail */
+	ck_assert_int_eq(vc(&m, 1, 0), -EBADMSG); /* no fd */
+}
+END_TEST
+
 START_TEST(test_validate_name_rules)
 {
 	static const char *good[] = { "a", "Z9", "trainer.0", "x_y-z", "job@host:1+2", "0" };
@@ -1045,6 +1080,7 @@ static Suite *validate_suite(void)
 	tcase_add_test(o, test_validate_connect_pipe_id_range);
 	tcase_add_test(o, test_validate_connect_address_length);
 	tcase_add_test(o, test_validate_ctl_what_range);
+	tcase_add_test(o, test_validate_cancel_kind_and_ids);
 	tcase_add_test(o, test_validate_name_rules);
 	tcase_add_test(o, test_validate_tpip_address);
 	suite_add_tcase(s, o);
