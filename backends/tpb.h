@@ -13,11 +13,12 @@
  *   cuda_ipc  CUDA memory of a client (an IPC handle the daemon maps) to or from CUDA, a
  *          mapping or a client's address space, on the daemon's own streams
  * Between hosts:
- *   mpt    chunks striped over a peer link's data connections (daemon/stripe.c); no copy op
+ *   mpt    chunks striped over a peer link's data connections (daemon/xfer/stripe.c); no copy op
  *   cuda_basic  CUDA memory staged chunk by chunk through host buffers of the stripe threads
  *          (tpb_stage()), so it rides the mpt connections; no copy op
  *   cuda_gdr  RDMA writes straight from and into registered memory over ibverbs (GPUDirect),
- *          run by the daemon (daemon/gdr.c); probed here (CUDA driver and an RDMA port); no copy op
+ *          run by the daemon (daemon/xfer/gdr.c); probed here (CUDA driver and an RDMA port);
+ *          no copy op
  */
 #ifndef TPB_H
 #define TPB_H

@@ -1,7 +1,7 @@
 /* SPDX-License-Identifier: BSD-3-Clause */
 /*
  * Self test of the fakeverbs stand-in (tests/hw/fakeverbs.c) through the real verbs layer
- * (backends/gdr, tables from tpv_ops_load()): two processes, a sender and a receiver, each list
+ * (backends/verbs, tables from tpv_ops_load()): two processes, a sender and a receiver, each list
  * the fake port, open a context and queue pairs, trade their connection info over a socketpair
  * and connect; the receiver registers a dma-buf-backed destination and hands (addr, rkey) over;
  * the sender writes 3 MiB + 17 bytes, cut into 1 MiB pieces, and waits on the completion fd; the

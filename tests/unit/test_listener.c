@@ -1,7 +1,7 @@
 /* SPDX-License-Identifier: BSD-3-Clause */
 /*
- * Unit suite for daemon/listener.c: the listener registry (unique names, ids, removal) and the
- * access policy decided from peer credentials.
+ * Unit suite for daemon/local/listener.c: the listener registry (unique names, ids, removal)
+ * and the access policy decided from peer credentials.
  */
 #include <check.h>
 #include <errno.h>

@@ -1,6 +1,6 @@
 /* SPDX-License-Identifier: BSD-3-Clause */
 /*
- * Unit suite for daemon/peerauth.c: the pre-shared key file rules (mode, owner, symlinks, file
+ * Unit suite for daemon/peer/peerauth.c: the pre-shared key file rules (mode, owner, symlinks, file
  * type, length limits and trimming), HMAC-SHA256 against RFC 4231 and its domain separation by
  * key, label and index, constant-time MAC comparison, nonces, instance ids and the boot id.
  */

@@ -1,9 +1,9 @@
 /* SPDX-License-Identifier: BSD-3-Clause */
 /*
- * Unit suite for daemon/peertls.c: the PSK derived from a key file (an HKDF vector computed with
- * the openssl command, any key length), the validation of the authentication settings (neither,
- * a certificate without its key or CA, a key or CA without certificate, unreadable or garbage
- * files, a key that does not match its certificate), and TLS 1.3 handshakes between two SSL
+ * Unit suite for daemon/peer/peertls.c: the PSK derived from a key file (an HKDF vector computed
+ * with the openssl command, any key length), the validation of the authentication settings
+ * (neither, a certificate without its key or CA, a key or CA without certificate, unreadable or
+ * garbage files, a key that does not match its certificate), and TLS 1.3 handshakes between two SSL
  * objects in memory: the same key agrees on the link key and the data connection tokens, a
  * different key fails, certificates are verified against the CA and the host dialled.
  */

@@ -1,7 +1,7 @@
 /* SPDX-License-Identifier: BSD-3-Clause */
 /*
- * Unit tests of the daemon's rate-limited logging (daemon/quota.c): one line per interval, and a
- * burst per window, each just at and just above its bound, with the count of the lines held
+ * Unit tests of the daemon's rate-limited logging (daemon/core/quota.c): one line per interval,
+ * and a burst per window, each just at and just above its bound, with the count of the lines held
  * back handed to the next line allowed.
  */
 #include <check.h>

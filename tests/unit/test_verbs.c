@@ -1,6 +1,6 @@
 /* SPDX-License-Identifier: BSD-3-Clause */
 /*
- * Unit suite for backends/gdr/ (the ibverbs layer under cuda_gdr), run against a fake verbs op
+ * Unit suite for backends/verbs/ (the ibverbs layer under cuda_gdr), run against a fake verbs op
  * table and a fake sysfs tree in a temp dir: port enumeration, NIC choice by PCI locality, the
  * queue pair info encoding, the RC state machine's exact attributes and masks and its failures,
  * memory registration choices, and RDMA writes cut by the port's maximum message size with their

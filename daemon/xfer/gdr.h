@@ -1,7 +1,7 @@
 /* SPDX-License-Identifier: BSD-3-Clause */
 /*
  * tpd_gdr: the RDMA channels of peer links, RDMA writes between the daemons of two hosts straight
- * from and into registered memory, on the ibverbs layer of backends/gdr: rdma for shared
+ * from and into registered memory, on the ibverbs layer of backends/verbs: rdma for shared
  * buffers on both sides (plain host memory), cuda_gdr when GPU memory is on either side (through
  * dma-buf or peer memory). Each daemon opens every usable RDMA port once (a protection domain and
  * a completion queue whose channel fd is on the event loop). On a link whose two daemons both
