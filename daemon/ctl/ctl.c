@@ -3,7 +3,8 @@
  * Builds CtlReply snapshots from the daemon's live state. Every array is allocated for the
  * reply and freed once the frame is queued. A caller that is not an admin (root or the admin
  * group) sees only its own sessions, listeners and pipes, and counts of only those: other users'
- * command names, context names and listener names never reach it.
+ * command names, context names and listener names never reach it. Requests are dispatched
+ * through one const table indexed by CtlWhat (ctl_cmds), whose entries say which need an admin.
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -366,23 +367,63 @@ static int fill_stats(struct tpd_daemon *d, Tpw__V1__CtlReply *rep, struct ctl_b
 	return 0;
 }
 
-static int admin_action(struct tpd_session *s, const Tpw__V1__CtlRequest *req,
-			Tpw__V1__CtlReply *rep)
-{
-	struct tpd_session *t;
+/* One request being answered: what a handler reads and fills. */
+struct ctl_call {
+	struct tpd_session *s;
+	const Tpw__V1__CtlRequest *req;
+	Tpw__V1__CtlReply *rep;
+	Tpw__V1__CtlStatus *st;	/* the reply's status_info, where a handler sets it */
+	struct ctl_bufs *b;
+};
 
-	if (!is_admin(s)) {
-		tpd_session_log(s, TPU_LOG_NOTICE, "admin request %d refused for uid %u",
-				(int)req->what, (unsigned)s->uid);
-		rep->message = "admin requests need root or the admin group";
-		return -EACCES;
-	}
-	if (req->what == TPW__V1__CTL_WHAT__CTL_DRAIN) {
-		tpd_daemon_stop(s->d, "drain requested by tpipctl");
-		return 0;
-	}
+/* A request's handler. Return: 0, or -errno (the reply carries the status). */
+typedef int ctl_handler_fn(struct ctl_call *c);
+
+static int ctl_status(struct ctl_call *c)
+{
+	fill_status(c->s->d, c->b, c->st);
+	c->rep->status_info = c->st;
+	return 0;
+}
+
+static int ctl_sessions(struct ctl_call *c)
+{
+	return fill_sessions(c->s->d, c->rep, c->b);
+}
+
+static int ctl_pipes(struct ctl_call *c)
+{
+	return fill_pipes(c->s->d, c->rep, c->b);
+}
+
+static int ctl_listeners(struct ctl_call *c)
+{
+	return fill_listeners(c->s->d, c->rep, c->b);
+}
+
+static int ctl_backends(struct ctl_call *c)
+{
+	return fill_backends(c->rep, c->b);
+}
+
+static int ctl_stats(struct ctl_call *c)
+{
+	ctl_status(c);
+	return fill_stats(c->s->d, c->rep, c->b);
+}
+
+static int ctl_drain(struct ctl_call *c)
+{
+	tpd_daemon_stop(c->s->d, "drain requested by tpipctl");
+	return 0;
+}
+
+static int ctl_close_session(struct ctl_call *c)
+{
+	struct tpd_session *s = c->s, *t;
+
 	tpu_list_for_each(t, &s->d->sessions, node) {
-		if (t->id == req->target_id && !t->dead) {
+		if (t->id == c->req->target_id && !t->dead) {
 			char msg[160];
 
 			snprintf(msg, sizeof(msg), "session %llu closed by an administrator (tpipctl "
@@ -393,8 +434,51 @@ static int admin_action(struct tpd_session *s, const Tpw__V1__CtlRequest *req,
 			return 0;
 		}
 	}
-	rep->message = "no such session";
+	c->rep->message = "no such session";
 	return -ENOENT;
+}
+
+static int ctl_peers(struct ctl_call *c)
+{
+	return tpd_peers_ctl(c->s->d, &c->rep->peers, &c->rep->n_peers);
+}
+
+#define CTL_ADMIN 0x1u /* root or the admin group only; others get -EACCES */
+
+struct ctl_cmd {
+	ctl_handler_fn *fn;
+	unsigned flags; /* CTL_* */
+};
+
+/* Every request tpipctl can make, indexed by CtlWhat; an empty slot is answered -EINVAL. */
+static const struct ctl_cmd ctl_cmds[] = {
+	[TPW__V1__CTL_WHAT__CTL_STATUS] = { ctl_status, 0 },
+	[TPW__V1__CTL_WHAT__CTL_SESSIONS] = { ctl_sessions, 0 },
+	[TPW__V1__CTL_WHAT__CTL_PIPES] = { ctl_pipes, 0 },
+	[TPW__V1__CTL_WHAT__CTL_LISTENERS] = { ctl_listeners, 0 },
+	[TPW__V1__CTL_WHAT__CTL_BACKENDS] = { ctl_backends, 0 },
+	[TPW__V1__CTL_WHAT__CTL_STATS] = { ctl_stats, 0 },
+	[TPW__V1__CTL_WHAT__CTL_CLOSE_SESSION] = { ctl_close_session, CTL_ADMIN },
+	[TPW__V1__CTL_WHAT__CTL_DRAIN] = { ctl_drain, CTL_ADMIN },
+	[TPW__V1__CTL_WHAT__CTL_PEERS] = { ctl_peers, 0 },
+};
+
+/* Runs @c's request through ctl_cmds. Return: the handler's result, or -errno. */
+static int ctl_run(struct ctl_call *c)
+{
+	const struct ctl_cmd *cmd;
+	int what = (int)c->req->what;
+
+	if (what < 0 || (size_t)what >= TPU_ARRAY_SIZE(ctl_cmds) || !ctl_cmds[what].fn)
+		return -EINVAL;
+	cmd = &ctl_cmds[what];
+	if ((cmd->flags & CTL_ADMIN) && c->b->own_only) {
+		tpd_session_log(c->s, TPU_LOG_NOTICE, "admin request %d refused for uid %u", what,
+				(unsigned)c->s->uid);
+		c->rep->message = "admin requests need root or the admin group";
+		return -EACCES;
+	}
+	return cmd->fn(c);
 }
 
 void tpd_ctl_handle(struct tpd_session *s, const Tpw__V1__CtlRequest *req)
@@ -403,7 +487,8 @@ void tpd_ctl_handle(struct tpd_session *s, const Tpw__V1__CtlRequest *req)
 	Tpw__V1__CtlStatus st = TPW__V1__CTL_STATUS__INIT;
 	Tpw__V1__DaemonMsg dm = TPW__V1__DAEMON_MSG__INIT;
 	struct ctl_bufs b = { 0 };
-	int r = 0;
+	struct ctl_call c = { .s = s, .req = req, .rep = &rep, .st = &st, .b = &b };
+	int r;
 
 	rep.req_id = req->req_id;
 	b.verbose = req->verbose;
@@ -412,38 +497,7 @@ void tpd_ctl_handle(struct tpd_session *s, const Tpw__V1__CtlRequest *req)
 	b.viewer = s->uid;
 	rep.own_only = b.own_only;
 	rep.viewer_uid = (uint32_t)s->uid;
-	switch (req->what) {
-	case TPW__V1__CTL_WHAT__CTL_STATUS:
-		fill_status(s->d, &b, &st);
-		rep.status_info = &st;
-		break;
-	case TPW__V1__CTL_WHAT__CTL_SESSIONS:
-		r = fill_sessions(s->d, &rep, &b);
-		break;
-	case TPW__V1__CTL_WHAT__CTL_PIPES:
-		r = fill_pipes(s->d, &rep, &b);
-		break;
-	case TPW__V1__CTL_WHAT__CTL_LISTENERS:
-		r = fill_listeners(s->d, &rep, &b);
-		break;
-	case TPW__V1__CTL_WHAT__CTL_BACKENDS:
-		r = fill_backends(&rep, &b);
-		break;
-	case TPW__V1__CTL_WHAT__CTL_STATS:
-		fill_status(s->d, &b, &st);
-		rep.status_info = &st;
-		r = fill_stats(s->d, &rep, &b);
-		break;
-	case TPW__V1__CTL_WHAT__CTL_CLOSE_SESSION:
-	case TPW__V1__CTL_WHAT__CTL_DRAIN:
-		r = admin_action(s, req, &rep);
-		break;
-	case TPW__V1__CTL_WHAT__CTL_PEERS:
-		r = tpd_peers_ctl(s->d, &rep.peers, &rep.n_peers);
-		break;
-	default:
-		r = -EINVAL;
-	}
+	r = ctl_run(&c);
 	rep.status = tpw_status_from_errno(r);
 	dm.body_case = TPW__V1__DAEMON_MSG__BODY_CTL_REPLY;
 	dm.ctl_reply = &rep;
