@@ -4,7 +4,9 @@
  * control ring) and hands each one here: this file takes the fds the frame announced from the
  * session's fd queue, unpacks it with the bounded allocator, validates it, checks that the
  * session's state allows its type (Hello first; a control session sends only CtlRequest), and
- * dispatches it. Hello and RingSetup are answered here; listeners and shared buffers enter and
+ * dispatches it through one const table indexed by body case (sessmsg_cmds), whose entries say
+ * which messages come before Hello, which a control session may send, and which leave the
+ * session free to set up its ring. Hello and RingSetup are answered here; listeners and shared buffers enter and
  * leave the session's tables here; writes, reads, connects and pipe closes go to pipe.c,
  * CtlRequest to ctl.c, CUDA releases to devmem.c. It does not read or write the socket or the
  * rings and never frees the session: a violation fails it (tpd_session_fail()) and session.c
@@ -349,87 +351,186 @@ static void handle_pipe_close(struct tpd_session *s, const Tpw__V1__PipeClose *m
 	tpd_session_send(s, &dm, NULL, 0);
 }
 
-/* Dispatches a validated message. Takes @m. */
-static void dispatch(struct tpd_session *s, Tpw__V1__ClientMsg *m, const struct tpw_hdr *h,
-		     const uint8_t *tail, int fd)
-{
-	struct tpd_pipe_end *e;
+/* What a handler gets beside the message: the frame and the one fd it carried. */
+struct sessmsg_in {
+	const struct tpw_hdr *h;
+	const uint8_t *tail;	/* the frame's data tail (inline payloads) */
+	int *fd;		/* the frame's fd or -EBADF; a handler that keeps it takes it */
+};
 
-	if (m->body_case != TPW__V1__CLIENT_MSG__BODY_RING_SETUP)
-		s->ring_allowed = false;
-	switch (m->body_case) {
-	case TPW__V1__CLIENT_MSG__BODY_LISTEN:
-		handle_listen(s, m->listen);
-		break;
-	case TPW__V1__CLIENT_MSG__BODY_LISTENER_CLOSE:
-		handle_listener_close(s, m->listener_close);
-		break;
-	case TPW__V1__CLIENT_MSG__BODY_CONNECT:
-		tpd_pipe_connect(s->d, s, m->connect);
-		break;
-	case TPW__V1__CLIENT_MSG__BODY_BUFFER_REGISTER:
-		handle_buffer_register(s, m->buffer_register, fd);
-		break;
-	case TPW__V1__CLIENT_MSG__BODY_BUFFER_RELEASE:
-		handle_buffer_release(s, m->buffer_release);
-		break;
-	case TPW__V1__CLIENT_MSG__BODY_CUDA_RELEASE:
-		tpd_devmem_release(s, m->cuda_release);
-		break;
-	case TPW__V1__CLIENT_MSG__BODY_WRITE:
-		e = find_end(s, m->write->pipe_id);
-		if (!e)
-			break;
-		tpd_pipe_write(e, m, tail, h->data_len);
-		return; /* took @m */
-	case TPW__V1__CLIENT_MSG__BODY_READ:
-		e = find_end(s, m->read->pipe_id);
-		if (e)
-			tpd_pipe_read(e, m->read);
-		break;
-	case TPW__V1__CLIENT_MSG__BODY_PIPE_CLOSE:
-		handle_pipe_close(s, m->pipe_close);
-		break;
-	case TPW__V1__CLIENT_MSG__BODY_CANCEL:
-		/* Only this session's pipes: another session's operations cannot be named. */
-		e = find_end(s, m->cancel->pipe_id);
-		if (e)
-			tpd_cancel_handle(e, m->cancel);
-		break;
-	case TPW__V1__CLIENT_MSG__BODY_SESSION_END:
-		/* tp_context_free(): the disconnect that follows is a clean close. */
-		s->ended_clean = true;
-		tpd_session_log(s, TPU_LOG_DEBUG, "client is closing its context");
-		break;
-	case TPW__V1__CLIENT_MSG__BODY_CTL:
-		tpd_ctl_handle(s, m->ctl);
-		break;
-	case TPW__V1__CLIENT_MSG__BODY_RING_SETUP:
-		handle_ring_setup(s, m->ring_setup, fd);
-		tpu_close(fd);
-		break;
-	default:
-		break;
-	}
-	if ((m->body_case == TPW__V1__CLIENT_MSG__BODY_WRITE ||
-	     m->body_case == TPW__V1__CLIENT_MSG__BODY_READ) &&
-	    !find_end(s, m->body_case == TPW__V1__CLIENT_MSG__BODY_WRITE ? m->write->pipe_id
-									 : m->read->pipe_id))
+/* A ClientMsg's handler. Return: true if it took @m, false if the dispatcher frees it. */
+typedef bool sessmsg_handler_fn(struct tpd_session *s, Tpw__V1__ClientMsg *m,
+				struct sessmsg_in *in);
+
+static bool on_hello(struct tpd_session *s, Tpw__V1__ClientMsg *m, struct sessmsg_in *in)
+{
+	(void)in;
+	handle_hello(s, m->hello);
+	return false;
+}
+
+static bool on_listen(struct tpd_session *s, Tpw__V1__ClientMsg *m, struct sessmsg_in *in)
+{
+	(void)in;
+	handle_listen(s, m->listen);
+	return false;
+}
+
+static bool on_listener_close(struct tpd_session *s, Tpw__V1__ClientMsg *m,
+			      struct sessmsg_in *in)
+{
+	(void)in;
+	handle_listener_close(s, m->listener_close);
+	return false;
+}
+
+static bool on_connect(struct tpd_session *s, Tpw__V1__ClientMsg *m, struct sessmsg_in *in)
+{
+	(void)in;
+	tpd_pipe_connect(s->d, s, m->connect);
+	return false;
+}
+
+static bool on_buffer_register(struct tpd_session *s, Tpw__V1__ClientMsg *m,
+			       struct sessmsg_in *in)
+{
+	handle_buffer_register(s, m->buffer_register, TAKE_FD(*in->fd));
+	return false;
+}
+
+static bool on_buffer_release(struct tpd_session *s, Tpw__V1__ClientMsg *m,
+			      struct sessmsg_in *in)
+{
+	(void)in;
+	handle_buffer_release(s, m->buffer_release);
+	return false;
+}
+
+static bool on_cuda_release(struct tpd_session *s, Tpw__V1__ClientMsg *m, struct sessmsg_in *in)
+{
+	(void)in;
+	tpd_devmem_release(s, m->cuda_release);
+	return false;
+}
+
+static bool on_write(struct tpd_session *s, Tpw__V1__ClientMsg *m, struct sessmsg_in *in)
+{
+	struct tpd_pipe_end *e = find_end(s, m->write->pipe_id);
+
+	if (!e) {
 		reply_unknown_pipe(s, m);
-	tpw_client_msg_free(m);
+		return false;
+	}
+	tpd_pipe_write(e, m, in->tail, in->h->data_len);
+	return true;
+}
+
+static bool on_read(struct tpd_session *s, Tpw__V1__ClientMsg *m, struct sessmsg_in *in)
+{
+	struct tpd_pipe_end *e = find_end(s, m->read->pipe_id);
+
+	(void)in;
+	if (e)
+		tpd_pipe_read(e, m->read);
+	if (!find_end(s, m->read->pipe_id)) /* also when the read ended the pipe */
+		reply_unknown_pipe(s, m);
+	return false;
+}
+
+static bool on_pipe_close(struct tpd_session *s, Tpw__V1__ClientMsg *m, struct sessmsg_in *in)
+{
+	(void)in;
+	handle_pipe_close(s, m->pipe_close);
+	return false;
+}
+
+static bool on_cancel(struct tpd_session *s, Tpw__V1__ClientMsg *m, struct sessmsg_in *in)
+{
+	/* Only this session's pipes: another session's operations cannot be named. */
+	struct tpd_pipe_end *e = find_end(s, m->cancel->pipe_id);
+
+	(void)in;
+	if (e)
+		tpd_cancel_handle(e, m->cancel);
+	return false;
+}
+
+static bool on_session_end(struct tpd_session *s, Tpw__V1__ClientMsg *m, struct sessmsg_in *in)
+{
+	/* tp_context_free(): the disconnect that follows is a clean close. */
+	(void)m;
+	(void)in;
+	s->ended_clean = true;
+	tpd_session_log(s, TPU_LOG_DEBUG, "client is closing its context");
+	return false;
+}
+
+static bool on_ctl(struct tpd_session *s, Tpw__V1__ClientMsg *m, struct sessmsg_in *in)
+{
+	(void)in;
+	tpd_ctl_handle(s, m->ctl);
+	return false;
+}
+
+static bool on_ring_setup(struct tpd_session *s, Tpw__V1__ClientMsg *m, struct sessmsg_in *in)
+{
+	_cleanup_close_ int fd = TAKE_FD(*in->fd);
+
+	handle_ring_setup(s, m->ring_setup, fd);
+	return false;
+}
+
+#define SESSMSG_HELLO 0x1u	/* the first message, and only then */
+#define SESSMSG_CONTROL 0x2u	/* allowed on a control session (tpipctl) */
+#define SESSMSG_RING 0x4u	/* leaves the session free to set up its control ring */
+
+struct sessmsg_cmd {
+	sessmsg_handler_fn *fn;
+	unsigned flags; /* SESSMSG_* */
+};
+
+/* Every ClientMsg, indexed by body case; an empty slot is dropped (validation refuses it
+ * first). A session may set up its ring only before any message but Hello and RingSetup. */
+static const struct sessmsg_cmd sessmsg_cmds[] = {
+	[TPW__V1__CLIENT_MSG__BODY_HELLO] = { on_hello, SESSMSG_HELLO | SESSMSG_RING },
+	[TPW__V1__CLIENT_MSG__BODY_LISTEN] = { on_listen, 0 },
+	[TPW__V1__CLIENT_MSG__BODY_LISTENER_CLOSE] = { on_listener_close, 0 },
+	[TPW__V1__CLIENT_MSG__BODY_CONNECT] = { on_connect, 0 },
+	[TPW__V1__CLIENT_MSG__BODY_BUFFER_REGISTER] = { on_buffer_register, 0 },
+	[TPW__V1__CLIENT_MSG__BODY_BUFFER_RELEASE] = { on_buffer_release, 0 },
+	[TPW__V1__CLIENT_MSG__BODY_WRITE] = { on_write, 0 },
+	[TPW__V1__CLIENT_MSG__BODY_READ] = { on_read, 0 },
+	[TPW__V1__CLIENT_MSG__BODY_PIPE_CLOSE] = { on_pipe_close, 0 },
+	[TPW__V1__CLIENT_MSG__BODY_CTL] = { on_ctl, SESSMSG_CONTROL },
+	[TPW__V1__CLIENT_MSG__BODY_RING_SETUP] = { on_ring_setup, SESSMSG_RING },
+	[TPW__V1__CLIENT_MSG__BODY_CUDA_RELEASE] = { on_cuda_release, 0 },
+	[TPW__V1__CLIENT_MSG__BODY_SESSION_END] = { on_session_end, 0 },
+	[TPW__V1__CLIENT_MSG__BODY_CANCEL] = { on_cancel, 0 },
+};
+
+/* The table entry of @m's body case, or NULL for a case it does not know. */
+static const struct sessmsg_cmd *sessmsg_cmd(const Tpw__V1__ClientMsg *m)
+{
+	size_t c = (size_t)m->body_case;
+
+	if (c >= TPU_ARRAY_SIZE(sessmsg_cmds) || !sessmsg_cmds[c].fn)
+		return NULL;
+	return &sessmsg_cmds[c];
 }
 
 /* ---- frames -------------------------------------------------------------------------------- */
 
 /* Checks the message type against the session's state. Return: true if it may proceed. */
-static bool state_allows(struct tpd_session *s, const Tpw__V1__ClientMsg *m)
+static bool state_allows(struct tpd_session *s, const struct sessmsg_cmd *cmd)
 {
+	unsigned f = cmd ? cmd->flags : 0;
+
 	if (!s->hello_done)
-		return m->body_case == TPW__V1__CLIENT_MSG__BODY_HELLO;
-	if (m->body_case == TPW__V1__CLIENT_MSG__BODY_HELLO)
+		return f & SESSMSG_HELLO;
+	if (f & SESSMSG_HELLO)
 		return false;
 	if (s->role == TPW__V1__ROLE__ROLE_CONTROL)
-		return m->body_case == TPW__V1__CLIENT_MSG__BODY_CTL;
+		return f & SESSMSG_CONTROL;
 	return true;
 }
 
@@ -437,6 +538,8 @@ int tpd_sessmsg_handle(struct tpd_session *s, const struct tpw_hdr *h, const uin
 {
 	Tpw__V1__ClientMsg *m = NULL;
 	_cleanup_close_ int fd = -EBADF;
+	struct sessmsg_in in = { .h = h, .tail = body + h->msg_len, .fd = &fd };
+	const struct sessmsg_cmd *cmd;
 	char why[256];
 	int r;
 
@@ -462,7 +565,8 @@ int tpd_sessmsg_handle(struct tpd_session *s, const struct tpw_hdr *h, const uin
 		return r;
 	}
 	r = tpw_client_msg_validate(m, h, &s->d->limits, why, sizeof(why));
-	if (r == 0 && !state_allows(s, m)) {
+	cmd = sessmsg_cmd(m);
+	if (r == 0 && !state_allows(s, cmd)) {
 		snprintf(why, sizeof(why), "message type %d not allowed now", (int)m->body_case);
 		r = -EBADMSG;
 	}
@@ -472,11 +576,9 @@ int tpd_sessmsg_handle(struct tpd_session *s, const struct tpw_hdr *h, const uin
 		tpw_client_msg_free(m);
 		return r;
 	}
-	if (m->body_case == TPW__V1__CLIENT_MSG__BODY_HELLO) {
-		handle_hello(s, m->hello);
+	if (!cmd || !(cmd->flags & SESSMSG_RING))
+		s->ring_allowed = false;
+	if (!cmd || !cmd->fn(s, m, &in))
 		tpw_client_msg_free(m);
-		return 0;
-	}
-	dispatch(s, m, h, body + h->msg_len, TAKE_FD(fd));
 	return 0;
 }
