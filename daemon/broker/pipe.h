@@ -146,6 +146,13 @@ void tpd_xpipe_listener_added(struct tpd_daemon *d, const char *name);
 
 /* ---- cross-host pipes (xpipe.c and xh.c, called by peer.c) ---- */
 
+/*
+ * tpd_xpipe_start() - register the broker's struct tpd_peer_pipe_ops with the peer part (the
+ * tpd_xpipe_peer_*, tpd_xpipe_link_* and tpd_xh_peer_* functions below are its ops: the peer
+ * part calls them only through it). Call before tpd_peers_start().
+ */
+void tpd_xpipe_start(void);
+
 /* The peer link @pr goes away: forget the connects of its far daemon waiting for a listener. */
 void tpd_xpipe_peer_waits_drop(struct tpd_daemon *d, struct tpd_peer *pr);
 /* The far daemon of @pr gave up on its connect @pipe_id waiting for a listener: forget it. */

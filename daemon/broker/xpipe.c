@@ -977,3 +977,35 @@ void tpd_xpipe_peer_close(struct tpd_pipe *p, Tpw__V1__Status st, const char *wh
 		st = TPW__V1__STATUS__STATUS_CLOSED;
 	tpd_pipe_end_detach(remote_end(p), st);
 }
+
+static uint64_t xpipe_id(const struct tpd_pipe *p)
+{
+	return p->id;
+}
+
+static uint64_t xpipe_remote_id(const struct tpd_pipe *p)
+{
+	return p->remote_id;
+}
+
+/* What a peer link calls up into: this file's peer messages and link events, and xh.c's. */
+static const struct tpd_peer_pipe_ops xpipe_peer_ops = {
+	.id = xpipe_id,
+	.remote_id = xpipe_remote_id,
+	.link_up = tpd_xpipe_link_up,
+	.link_failed = tpd_xpipe_link_failed,
+	.waits_drop = tpd_xpipe_peer_waits_drop,
+	.wait_cancel = tpd_xpipe_peer_wait_cancel,
+	.connect = tpd_xpipe_peer_connect,
+	.connect_reply = tpd_xpipe_peer_connect_reply,
+	.descriptor = tpd_xpipe_peer_descriptor,
+	.read_req = tpd_xpipe_peer_read_req,
+	.consumed = tpd_xpipe_peer_consumed,
+	.close = tpd_xpipe_peer_close,
+	.xfer_end = tpd_xh_peer_xfer_end,
+};
+
+void tpd_xpipe_start(void)
+{
+	tpd_peer_set_pipe_ops(&xpipe_peer_ops);
+}

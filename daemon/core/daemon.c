@@ -511,6 +511,7 @@ int tpd_daemon_new(const struct tpd_config *cfg, struct tpd_daemon **ret)
 	r = tpd_gdr_start(d);
 	if (r < 0)
 		goto fail;
+	tpd_xpipe_start(); /* the peer part calls the broker through its pipe ops */
 	r = tpd_peers_start(d);
 	if (r < 0)
 		goto fail;

@@ -34,7 +34,6 @@
 #include "peer_int.h"
 #include "peerauth.h"
 #include "peertls.h"
-#include "pipe.h"
 #include "stripe.h"
 #include "validate.h"
 
@@ -142,15 +141,30 @@ bool tpd_peer_connect_wait_ok(const struct tpd_peer *pr)
 	return pr->peer_minor >= TPW_PEER_MINOR_CONNECT_WAIT;
 }
 
+/* The broker's pipe ops: one daemon per process, registered before the first link. */
+static const struct tpd_peer_pipe_ops *pipe_ops;
+
+void tpd_peer_set_pipe_ops(const struct tpd_peer_pipe_ops *ops)
+{
+	pipe_ops = ops;
+}
+
+const struct tpd_peer_pipe_ops *tpd_peer_pipe_ops(void)
+{
+	return pipe_ops;
+}
+
 int tpd_peer_pipe_add(struct tpd_peer *pr, struct tpd_pipe *p)
 {
-	return tpu_hmap_put(&pr->pipes, p->id, p);
+	return tpu_hmap_put(&pr->pipes, pipe_ops->id(p), p);
 }
 
 void tpd_peer_pipe_remove(struct tpd_peer *pr, struct tpd_pipe *p)
 {
-	if (tpu_hmap_get(&pr->pipes, p->id) == p)
-		tpu_hmap_del(&pr->pipes, p->id);
+	uint64_t id = pipe_ops->id(p);
+
+	if (tpu_hmap_get(&pr->pipes, id) == p)
+		tpu_hmap_del(&pr->pipes, id);
 }
 
 uint64_t tpd_peer_xfer_add(struct tpd_peer *pr, void *arg)
@@ -296,11 +310,11 @@ void tpd_peer_teardown(struct tpd_peer *pr)
 	pr->stripe = NULL;
 	tpd_gdr_link_free(pr->gdr);
 	pr->gdr = NULL;
-	tpd_xpipe_peer_waits_drop(d, pr);
+	pipe_ops->waits_drop(d, pr);
 	while (v && tpu_hmap_next(&pr->pipes, &i, &key, &val))
 		v[k++] = val;
 	for (i = 0; i < k; i++)
-		tpd_xpipe_link_failed(v[i], pr->fail_err ? pr->fail_err : -ECONNRESET,
+		pipe_ops->link_failed(v[i], pr->fail_err ? pr->fail_err : -ECONNRESET,
 				      pr->last_error);
 	free(v);
 	tpu_hmap_done(&pr->pipes);
@@ -471,7 +485,7 @@ static int on_msg_connect(struct tpd_peer *pr, const Tpw__V1__PeerMsg *m, const 
 {
 	(void)tail;
 	(void)tail_len;
-	tpd_xpipe_peer_connect(pr->d, pr, m->connect);
+	pipe_ops->connect(pr->d, pr, m->connect);
 	return 0;
 }
 
@@ -480,8 +494,7 @@ static int on_msg_connect_reply(struct tpd_peer *pr, const Tpw__V1__PeerMsg *m,
 {
 	(void)tail;
 	(void)tail_len;
-	tpd_xpipe_peer_connect_reply(pr, find_pipe(pr, m->connect_reply->pipe_id),
-				     m->connect_reply);
+	pipe_ops->connect_reply(pr, find_pipe(pr, m->connect_reply->pipe_id), m->connect_reply);
 	return 0;
 }
 
@@ -491,7 +504,7 @@ static int on_msg_descriptor(struct tpd_peer *pr, const Tpw__V1__PeerMsg *m, con
 	struct tpd_pipe *p = find_pipe(pr, m->descriptor->pipe_id);
 
 	if (p)
-		tpd_xpipe_peer_descriptor(p, m->descriptor->descriptor, tail, tail_len);
+		pipe_ops->descriptor(p, m->descriptor->descriptor, tail, tail_len);
 	return 0;
 }
 
@@ -503,7 +516,7 @@ static int on_msg_read_req(struct tpd_peer *pr, const Tpw__V1__PeerMsg *m, const
 	(void)tail;
 	(void)tail_len;
 	if (p)
-		tpd_xpipe_peer_read_req(p, m->read_req);
+		pipe_ops->read_req(p, m->read_req);
 	return 0;
 }
 
@@ -515,7 +528,7 @@ static int on_msg_xfer_end(struct tpd_peer *pr, const Tpw__V1__PeerMsg *m, const
 	(void)tail;
 	(void)tail_len;
 	if (arg)
-		tpd_xh_peer_xfer_end(pr, arg, m->xfer_end);
+		pipe_ops->xfer_end(pr, arg, m->xfer_end);
 	return 0;
 }
 
@@ -527,7 +540,7 @@ static int on_msg_consumed(struct tpd_peer *pr, const Tpw__V1__PeerMsg *m, const
 	(void)tail;
 	(void)tail_len;
 	if (p)
-		tpd_xpipe_peer_consumed(p, m->consumed);
+		pipe_ops->consumed(p, m->consumed);
 	return 0;
 }
 
@@ -540,9 +553,9 @@ static int on_msg_pipe_close(struct tpd_peer *pr, const Tpw__V1__PeerMsg *m, con
 	(void)tail;
 	(void)tail_len;
 	if (pc->connect_pending)
-		tpd_xpipe_peer_wait_cancel(pr->d, pr, pc->pipe_id);
+		pipe_ops->wait_cancel(pr->d, pr, pc->pipe_id);
 	else if ((p = find_pipe(pr, pc->pipe_id)))
-		tpd_xpipe_peer_close(p, pc->status, pc->message);
+		pipe_ops->close(p, pc->status, pc->message);
 	return 0;
 }
 
@@ -961,10 +974,9 @@ static void say_goodbye(struct tpd_peer *pr)
 	m.body_case = TPW__V1__PEER_MSG__BODY_PIPE_CLOSE;
 	m.pipe_close = &pc;
 	while (tpu_hmap_next(&pr->pipes, &i, &key, &val)) {
-		struct tpd_pipe *p = val;
-		if (!p->remote_id)
+		pc.pipe_id = pipe_ops->remote_id(val);
+		if (!pc.pipe_id)
 			continue;
-		pc.pipe_id = p->remote_id;
 		tpd_peer_send_now(pr, &m);
 	}
 }

@@ -4,8 +4,8 @@
  * through a bufferevent) plus N data connections handed to a tpd_stripe. This module dials and
  * accepts links (the TCP peer listener), runs TLS 1.3 on every connection (peertls.c) and the
  * Hello handshake inside it, attaches data connections bound to their link's TLS session, sends
- * keepalives and declares a silent peer dead, and dispatches the pipe messages it receives to
- * xpipe.c and xh.c. A failed link fails every pipe over it and
+ * keepalives and declares a silent peer dead, and dispatches the pipe messages it receives
+ * through the pipe ops the broker registered (struct tpd_peer_pipe_ops). A failed link fails every pipe over it and
  * is gone; the next connect to that host dials a new one. The module is peer.c (lifetime, control
  * connection), peerhs.c (handshake) and peerlisten.c (listener), sharing the private peer_int.h.
  */
@@ -99,9 +99,44 @@ struct tpd_gdr_link *tpd_peer_gdr(struct tpd_peer *pr);
 struct tpd_stripe *tpd_peer_stripe(struct tpd_peer *pr);
 
 /*
- * tpd_peer_pipe_add() - @p (whose local id is p->id) now runs over @pr: pipe messages for it are
- * dispatched to xpipe.c and xh.c, and tpd_xpipe_link_up() / tpd_xpipe_link_failed() tell it
- * about the link.
+ * struct tpd_peer_pipe_ops - what the part above (the broker's cross-host pipes) does with a
+ * link's pipe messages and link events; the peer part calls up only through it. Every op runs
+ * on the loop thread and borrows its arguments; @p is a pipe added with tpd_peer_pipe_add().
+ */
+struct tpd_peer_pipe_ops {
+	/* @p's local id (the key of the link's pipe table) and the far end's (0: not known yet). */
+	uint64_t (*id)(const struct tpd_pipe *p);
+	uint64_t (*remote_id)(const struct tpd_pipe *p);
+	/* The link of @p is up, or failed with @err (@why: the link's last error). */
+	void (*link_up)(struct tpd_pipe *p);
+	void (*link_failed)(struct tpd_pipe *p, int err, const char *why);
+	/* The link @pr goes away: forget the far daemon's connects waiting for a listener. */
+	void (*waits_drop)(struct tpd_daemon *d, struct tpd_peer *pr);
+	/* PeerPipeClose with connect_pending: the far daemon gave up its waiting connect. */
+	void (*wait_cancel)(struct tpd_daemon *d, struct tpd_peer *pr, uint64_t pipe_id);
+	/* PeerMsg bodies for pipes; @p is NULL in connect_reply if the pipe already ended here. */
+	void (*connect)(struct tpd_daemon *d, struct tpd_peer *pr, const Tpw__V1__PeerConnect *c);
+	void (*connect_reply)(struct tpd_peer *pr, struct tpd_pipe *p,
+			      const Tpw__V1__PeerConnectReply *r);
+	void (*descriptor)(struct tpd_pipe *p, const Tpw__V1__Descriptor *dd, const uint8_t *tail,
+			   uint32_t tail_len);
+	void (*read_req)(struct tpd_pipe *p, const Tpw__V1__PeerReadReq *rr);
+	void (*consumed)(struct tpd_pipe *p, const Tpw__V1__PeerConsumed *c);
+	void (*close)(struct tpd_pipe *p, Tpw__V1__Status st, const char *why);
+	/* The sender of receive @arg (from tpd_peer_xfer_add()) stopped sending. */
+	void (*xfer_end)(struct tpd_peer *pr, void *arg, const Tpw__V1__PeerXferEnd *xe);
+};
+
+/*
+ * tpd_peer_set_pipe_ops() - register the pipe ops of this process's daemon, before
+ * tpd_peers_start(). Keeps @ops (static storage) for the life of the process.
+ */
+void tpd_peer_set_pipe_ops(const struct tpd_peer_pipe_ops *ops);
+
+/*
+ * tpd_peer_pipe_add() - @p (whose local id is the ops' id(p)) now runs over @pr: pipe messages
+ * for it are dispatched through the registered struct tpd_peer_pipe_ops, whose link_up and
+ * link_failed tell it about the link.
  * Return: 0 or -ENOMEM.
  */
 int tpd_peer_pipe_add(struct tpd_peer *pr, struct tpd_pipe *p);

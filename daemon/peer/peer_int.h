@@ -319,4 +319,7 @@ bool tpd_peerlisten_admit_data(struct tpd_daemon *d, const char *addr);
  */
 bool tpd_peerlisten_admit_dial(struct tpd_daemon *d, char *why, size_t wl);
 
+/* The registered pipe ops (tpd_peer_set_pipe_ops()). Return: borrowed, static. */
+const struct tpd_peer_pipe_ops *tpd_peer_pipe_ops(void);
+
 #endif

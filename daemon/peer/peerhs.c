@@ -24,7 +24,6 @@
 #include "peer_int.h"
 #include "peerauth.h"
 #include "peertls.h"
-#include "pipe.h"
 #include "stripe.h"
 #include "validate.h"
 
@@ -123,7 +122,7 @@ void tpd_peerhs_link_up(struct tpd_peer *pr)
 	while (v && tpu_hmap_next(&pr->pipes, &i, &key, &val))
 		v[k++] = val;
 	for (i = 0; i < k; i++)
-		tpd_xpipe_link_up(v[i]);
+		tpd_peer_pipe_ops()->link_up(v[i]);
 	free(v);
 }
 
