@@ -14,7 +14,6 @@
 #include "frame.h"
 #include "gdr_int.h"
 #include "log.h"
-#include "peer.h"
 #include "stripe.h"
 #include "tpb.h"
 
@@ -26,6 +25,14 @@ const char *tpd_gdr_channel(const struct tpd_stripe_seg *segs, size_t n,
 	for (size_t i = 0; rr && i < rr->n_rdma && !cuda; i++)
 		cuda = rr->rdma[i]->cuda;
 	return cuda ? "cuda_gdr" : "rdma";
+}
+
+/* How a link's RDMA state reaches its link: the peer part's, registered at its start. */
+static const struct tpd_gdr_link_ops *link_ops;
+
+void tpd_gdr_set_link_ops(const struct tpd_gdr_link_ops *ops)
+{
+	link_ops = ops;
 }
 
 #if HAVE_RDMA
@@ -79,7 +86,7 @@ struct gdr_send {
 
 static const char *link_text(const struct tpd_gdr_link *l)
 {
-	return tpd_peer_name(l->pr);
+	return link_ops->name(l->pr);
 }
 
 /* ---- ports --------------------------------------------------------------------------------- */
@@ -211,7 +218,7 @@ static void link_send(struct tpd_gdr_link *l, Tpw__V1__PeerRdma *rm)
 
 	pm.body_case = TPW__V1__PEER_MSG__BODY_RDMA;
 	pm.rdma = rm;
-	tpd_peer_send(l->pr, &pm, NULL, 0);
+	link_ops->send(l->pr, &pm);
 }
 
 /* This side gives up RDMA on @l (tells the peer unless @quiet); the link carries on without. */

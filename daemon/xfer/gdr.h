@@ -75,6 +75,25 @@ void tpd_gdr_forget_buffer(struct tpd_daemon *d, struct tpd_buffer *b);
 void tpd_gdr_forget_cuda(struct tpd_daemon *d);
 
 /*
+ * struct tpd_gdr_link_ops - how a link's RDMA state reaches the link above it (the peer part);
+ * this part calls the peer part only through it. Both run on the loop thread and borrow their
+ * arguments.
+ */
+struct tpd_gdr_link_ops {
+	/* Queue @m on @pr's control connection (copied; a failed link drops it). Return: 0 or
+	 * -errno. */
+	int (*send)(struct tpd_peer *pr, Tpw__V1__PeerMsg *m);
+	/* "HOST:PORT" of @pr, for messages. Return: borrowed, valid while @pr lives. */
+	const char *(*name)(const struct tpd_peer *pr);
+};
+
+/*
+ * tpd_gdr_set_link_ops() - register the link ops of this process's daemon, before the first
+ * tpd_gdr_link_new(). Keeps @ops (static storage) for the life of the process.
+ */
+void tpd_gdr_set_link_ops(const struct tpd_gdr_link_ops *ops);
+
+/*
  * tpd_gdr_link_new() - start the RDMA set-up of link @pr with a peer that offered @peer_offers
  * (TPD_GDR_*): sends PeerRdma{ports}. Both sides decide alike, from what both offer.
  * Return: the link state (owned, free with tpd_gdr_link_free()), or NULL if the two daemons
