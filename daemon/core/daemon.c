@@ -10,6 +10,7 @@
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/un.h>
+#include "ctl.h"
 #include "daemon.h"
 #include "gdr.h"
 #include "peer.h"
@@ -511,6 +512,7 @@ int tpd_daemon_new(const struct tpd_config *cfg, struct tpd_daemon **ret)
 	r = tpd_gdr_start(d);
 	if (r < 0)
 		goto fail;
+	tpd_ctl_start(); /* sessions hand CtlRequest up through the handler it registers */
 	tpd_xpipe_start(); /* the peer part calls the broker through its pipe ops */
 	r = tpd_peers_start(d);
 	if (r < 0)

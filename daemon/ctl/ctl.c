@@ -15,6 +15,7 @@
 #include "gdr.h"
 #include "pipe.h"
 #include "session.h"
+#include "sessmsg.h"
 #include "tpb.h"
 #include "tpconfig.h"
 #include "log.h"
@@ -525,4 +526,9 @@ void tpd_ctl_handle(struct tpd_session *s, const Tpw__V1__CtlRequest *req)
 	free(b.backends);
 	free(b.caps);
 	free(b.stats);
+}
+
+void tpd_ctl_start(void)
+{
+	tpd_sessmsg_set_ctl(tpd_ctl_handle);
 }

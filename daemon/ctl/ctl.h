@@ -10,7 +10,11 @@
 
 struct tpd_session;
 
-/* Answers @req on @s with a CtlReply. */
+/* Answers @req on @s with a CtlReply. Borrows both. */
 void tpd_ctl_handle(struct tpd_session *s, const Tpw__V1__CtlRequest *req);
+
+/* Registers tpd_ctl_handle() with the session part (tpd_sessmsg_set_ctl()), which calls it for
+ * every CtlRequest. Call at daemon start, before the first session attaches. */
+void tpd_ctl_start(void);
 
 #endif

@@ -8,7 +8,7 @@
  * which messages come before Hello, which a control session may send, and which leave the
  * session free to set up its ring. Hello and RingSetup are answered here; listeners and shared buffers enter and
  * leave the session's tables here; writes, reads, connects and pipe closes go to pipe.c,
- * CtlRequest to ctl.c, CUDA releases to devmem.c. It does not read or write the socket or the
+ * CtlRequest to the handler ctl.c registers (tpd_sessmsg_set_ctl()), CUDA releases to devmem.c. It does not read or write the socket or the
  * rings and never frees the session: a violation fails it (tpd_session_fail()) and session.c
  * closes it from its deferred event.
  */
@@ -16,7 +16,6 @@
 #include <stdio.h>
 #include <string.h>
 #include <sys/uio.h>
-#include "ctl.h"
 #include "devmem.h"
 #include "daemon.h"
 #include "gdr.h"
@@ -465,10 +464,18 @@ static bool on_session_end(struct tpd_session *s, Tpw__V1__ClientMsg *m, struct 
 	return false;
 }
 
+/* Who answers CtlRequest: the ctl part, registered at daemon start. */
+static tpd_sessmsg_ctl_fn *ctl_fn;
+
+void tpd_sessmsg_set_ctl(tpd_sessmsg_ctl_fn *fn)
+{
+	ctl_fn = fn;
+}
+
 static bool on_ctl(struct tpd_session *s, Tpw__V1__ClientMsg *m, struct sessmsg_in *in)
 {
 	(void)in;
-	tpd_ctl_handle(s, m->ctl);
+	ctl_fn(s, m->ctl);
 	return false;
 }
 

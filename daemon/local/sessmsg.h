@@ -9,9 +9,19 @@
 #define TPD_SESSMSG_H
 
 #include <stdint.h>
+#include "tpw.pb-c.h"
 
 struct tpd_session;
 struct tpw_hdr;
+
+/* Answers CtlRequest @req on @s (borrows both). */
+typedef void tpd_sessmsg_ctl_fn(struct tpd_session *s, const Tpw__V1__CtlRequest *req);
+
+/*
+ * tpd_sessmsg_set_ctl() - register who answers CtlRequest (the ctl part, above this one), before
+ * the first session attaches; this part calls it only through @fn. One daemon per process.
+ */
+void tpd_sessmsg_set_ctl(tpd_sessmsg_ctl_fn *fn);
 
 /*
  * tpd_sessmsg_handle() - handle one complete frame of @s: take the fds it announces from @s's
