@@ -20,7 +20,6 @@
 #include <stdio.h>
 #include "log.h"
 #include "pipe_int.h"
-#include "session.h"
 
 #define WHY_WRITER "the writer cancelled this message"
 #define WHY_READER "the reader cancelled its read of this message"

@@ -17,7 +17,6 @@
 #include "log.h"
 #include "peer.h"
 #include "pipe_int.h"
-#include "session.h"
 #include "stripe.h"
 
 /*
