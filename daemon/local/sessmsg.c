@@ -6,11 +6,11 @@
  * session's state allows its type (Hello first; a control session sends only CtlRequest), and
  * dispatches it through one const table indexed by body case (sessmsg_cmds), whose entries say
  * which messages come before Hello, which a control session may send, and which leave the
- * session free to set up its ring. Hello and RingSetup are answered here; listeners and shared buffers enter and
- * leave the session's tables here; writes, reads, connects and pipe closes go to pipe.c,
- * CtlRequest to the handler ctl.c registers (tpd_sessmsg_set_ctl()), CUDA releases to devmem.c. It does not read or write the socket or the
- * rings and never frees the session: a violation fails it (tpd_session_fail()) and session.c
- * closes it from its deferred event.
+ * session free to set up its ring. Hello and RingSetup are answered here; listeners and shared
+ * buffers enter and leave the session's tables here; writes, reads, connects and pipe closes go
+ * to pipe.c, CtlRequest to the handler ctl.c registers (tpd_sessmsg_set_ctl()), CUDA releases
+ * to devmem.c. It does not read or write the socket or the rings and never frees the session:
+ * a violation fails it (tpd_session_fail()) and session.c closes it from its deferred event.
  */
 #include <errno.h>
 #include <stdio.h>

@@ -3,7 +3,8 @@
  * Peer links: the link object's lifetime (creation, failure, teardown), sending on the control
  * connection, reading its frames and dispatching them through one const table indexed by body
  * case whose entries say in which link states each is expected (peer_msg_cmds: keepalives and
- * pipe messages on an up link, handshake messages to peerhs.c), finding or creating the link for a dial, starting and
+ * pipe messages on an up link, handshake messages to peerhs.c; pipe messages go up through the
+ * broker's struct tpd_peer_pipe_ops), finding or creating the link for a dial, starting and
  * stopping the peer module, and the tpipctl snapshot. See peer.h and docs/peering.md. Resolving
  * and connecting a dialled link are in peerdial.c, the handshake and data connection set-up in
  * peerhs.c, the TCP peer listener and accepted connections in peerlisten.c, and what they share
@@ -604,12 +605,22 @@ static const struct peer_msg_cmd peer_msg_cmds[] = {
 	[TPW__V1__PEER_MSG__BODY_RDMA] = { on_msg_rdma, PEER_MSG_UP },
 };
 
+/* The table entry of @m's body case, or NULL for a case it does not know. */
+static const struct peer_msg_cmd *peer_msg_cmd(const Tpw__V1__PeerMsg *m)
+{
+	size_t c = (size_t)m->body_case;
+
+	if (c >= TPU_ARRAY_SIZE(peer_msg_cmds) || !peer_msg_cmds[c].fn)
+		return NULL;
+	return &peer_msg_cmds[c];
+}
+
+/* Runs @m's handler if @pr's state expects it; else fails the link (a link still connecting,
+ * or already failed, ignores it). */
 static void dispatch(struct tpd_peer *pr, const Tpw__V1__PeerMsg *m, const uint8_t *tail,
 		     uint32_t tail_len)
 {
-	size_t c = (size_t)m->body_case;
-	const struct peer_msg_cmd *cmd = c < TPU_ARRAY_SIZE(peer_msg_cmds) &&
-						 peer_msg_cmds[c].fn ? &peer_msg_cmds[c] : NULL;
+	const struct peer_msg_cmd *cmd = peer_msg_cmd(m);
 	unsigned need;
 
 	switch (pr->state) {

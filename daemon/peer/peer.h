@@ -5,9 +5,10 @@
  * accepts links (the TCP peer listener), runs TLS 1.3 on every connection (peertls.c) and the
  * Hello handshake inside it, attaches data connections bound to their link's TLS session, sends
  * keepalives and declares a silent peer dead, and dispatches the pipe messages it receives
- * through the pipe ops the broker registered (struct tpd_peer_pipe_ops). A failed link fails every pipe over it and
- * is gone; the next connect to that host dials a new one. The module is peer.c (lifetime, control
- * connection), peerhs.c (handshake) and peerlisten.c (listener), sharing the private peer_int.h.
+ * through the pipe ops the broker registered (struct tpd_peer_pipe_ops). A failed link fails
+ * every pipe over it and is gone; the next connect to that host dials a new one. The module is
+ * peer.c (lifetime, control connection), peerhs.c (handshake) and peerlisten.c (listener),
+ * sharing the private peer_int.h.
  */
 #ifndef TPD_PEER_H
 #define TPD_PEER_H
