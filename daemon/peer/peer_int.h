@@ -1,9 +1,9 @@
 /* SPDX-License-Identifier: BSD-3-Clause */
 /*
- * Private to the peer link files (peer.c, peerdial.c, peerhs.c, peerlisten.c); not installed and
- * included nowhere else. Holds what they share: the link object, the accepted connection whose
- * first frame is not read yet, the data connection being dialled, the MAC labels, and the
- * functions one of these files calls in another. The rest of the daemon uses peer.h only.
+ * Private to the peer link files (peer.c, peerdial.c, peerhs.c, peerlisten.c, peermsg.c); not
+ * installed and included nowhere else. Holds what they share: the link object, the accepted
+ * connection whose first frame is not read yet, the data connection being dialled, the MAC
+ * labels, and the functions one of these files calls in another. The rest of the daemon uses peer.h only.
  */
 #ifndef TPD_PEER_INT_H
 #define TPD_PEER_INT_H
@@ -318,6 +318,14 @@ bool tpd_peerlisten_admit_data(struct tpd_daemon *d, const char *addr);
  * Return: true if so; false with the reason in @why (logged, rate-limited).
  */
 bool tpd_peerlisten_admit_dial(struct tpd_daemon *d, char *why, size_t wl);
+
+/*
+ * tpd_peermsg_dispatch() - handle validated PeerMsg @m of @pr's control connection (peermsg.c):
+ * run its handler if @pr's state expects it, else fail @pr (a link still connecting, or failed,
+ * ignores it). Borrows @m and @tail (the frame's data tail, @tail_len bytes) for the call.
+ */
+void tpd_peermsg_dispatch(struct tpd_peer *pr, const Tpw__V1__PeerMsg *m, const uint8_t *tail,
+			  uint32_t tail_len);
 
 /* The registered pipe ops (tpd_peer_set_pipe_ops()). Return: borrowed, static. */
 const struct tpd_peer_pipe_ops *tpd_peer_pipe_ops(void);
