@@ -3,7 +3,8 @@
  * Private to the peer link files (peer.c, peerdial.c, peerhs.c, peerlisten.c, peermsg.c); not
  * installed and included nowhere else. Holds what they share: the link object, the accepted
  * connection whose first frame is not read yet, the data connection being dialled, the MAC
- * labels, and the functions one of these files calls in another. The rest of the daemon uses peer.h only.
+ * labels, and the functions one of these files calls in another. The rest of the daemon uses
+ * peer.h only.
  */
 #ifndef TPD_PEER_INT_H
 #define TPD_PEER_INT_H
