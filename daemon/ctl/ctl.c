@@ -470,8 +470,10 @@ static int ctl_run(struct ctl_call *c)
 	const struct ctl_cmd *cmd;
 	int what = (int)c->req->what;
 
-	if (what < 0 || (size_t)what >= TPU_ARRAY_SIZE(ctl_cmds) || !ctl_cmds[what].fn)
+	if (what < 0 || (size_t)what >= TPU_ARRAY_SIZE(ctl_cmds) || !ctl_cmds[what].fn) {
+		c->rep->message = "unknown control request (tpipctl newer than this daemon?)";
 		return -EINVAL;
+	}
 	cmd = &ctl_cmds[what];
 	if ((cmd->flags & CTL_ADMIN) && c->b->own_only) {
 		tpd_session_log(c->s, TPU_LOG_NOTICE, "admin request %d refused for uid %u", what,
@@ -509,7 +511,7 @@ void tpd_ctl_handle(struct tpd_session *s, const Tpw__V1__CtlRequest *req)
 		rep.peers = NULL;
 		rep.n_peers = 0;
 		if (!rep.message)
-			rep.message = "out of memory";
+			rep.message = r == -ENOMEM ? "out of memory" : strerror(-r);
 	}
 	tpd_session_send(s, &dm, NULL, 0);
 	tpd_peers_ctl_free(rep.peers, rep.n_peers);
