@@ -2,9 +2,11 @@
 /*
  * tpb: the backend layer. Every channel (a way to move tensor bytes) is one op table with
  * honest capability flags and a probe() that says whether it can run on this host; a static,
- * ordered registry lists them and picks the first viable channel for a transfer. This header
- * knows nothing about sessions, pipes or the wire: the daemon describes each transfer as a
- * source and a destination memory reference.
+ * ordered registry lists them and one selection function
+ * (tpb_select_pair()) picks the first viable channel, in [backends] priority order, for any
+ * pair of memory references, on this host or between hosts. This header knows nothing about
+ * sessions, pipes or the wire: the daemon describes each transfer as a source and a
+ * destination memory reference.
  *
  * Same-host channels in this release:
  *   cma    process_vm_readv/writev into or out of a client's own address space
@@ -14,6 +16,7 @@
  *          mapping or a client's address space, on the daemon's own streams
  * Between hosts:
  *   mpt    chunks striped over a peer link's data connections (daemon/xfer/stripe.c); no copy op
+ *   rdma   RDMA writes between shared buffers on both hosts (daemon/xfer/gdr.c); no copy op
  *   cuda_basic  CUDA memory staged chunk by chunk through host buffers of the stripe threads
  *          (tpb_stage()), so it rides the mpt connections; no copy op
  *   cuda_gdr  RDMA writes straight from and into registered memory over ibverbs (GPUDirect),
@@ -47,6 +50,7 @@ enum tpb_loc {
 	TPB_LOC_LOCAL = 0, /* @addr is a pointer in the daemon's address space */
 	TPB_LOC_PROCESS,   /* @addr is an address in the pinned process @proc */
 	TPB_LOC_CUDA,	   /* @addr is an offset inside the client allocation @cuda */
+	TPB_LOC_REMOTE,	   /* memory on another host (over a peer link), of kind @remote */
 };
 
 struct tpb_cuda_map;
@@ -61,6 +65,9 @@ struct tpb_mem {
 	/* TPB_LOC_CUDA: borrowed; whoever builds the transfer holds a reference until it ends. */
 	struct tpb_cuda_map *cuda;  /* the allocation */
 	struct tpb_cuda_map *event; /* the client's event to wait for first, or NULL */
+	/* TPB_LOC_REMOTE: the kind of memory on the other host as far as this side knows it
+	 * (TPB_LOC_LOCAL: a shared buffer there, TPB_LOC_PROCESS: private memory, TPB_LOC_CUDA). */
+	enum tpb_loc remote;
 };
 
 /* One contiguous copy. */
@@ -104,7 +111,8 @@ extern const struct tpb_channel_ops tpb_mpt_ops;
 extern const struct tpb_channel_ops tpb_rdma_ops;
 
 /* 1 if an RDMA port is usable (rdma-core built in, a device with an active port), else 0 with
- * the reason in @why. Probes each time; the registry keeps the result. */
+ * the reason in @why. Probes once per tpb_registry_init() (rdma and cuda_gdr share the answer);
+ * later calls return it. */
 int tpb_rdma_viable(char *why, size_t why_len);
 extern const struct tpb_channel_ops tpb_cuda_ipc_ops;
 extern const struct tpb_channel_ops tpb_cuda_basic_ops;
@@ -133,29 +141,44 @@ int tpb_priority_check(const char *priority, char *bad, size_t bad_len);
 const struct tpb_channel_info *tpb_registry_list(size_t *ret_n);
 
 /*
- * tpb_select() - first viable channel that can copy from @src to @dst on this host.
+ * tpb_select_pair() - the one channel selection, for any (@src, @dst) pair, same host or not:
+ * the first viable channel in priority order ([backends] priority) whose capabilities cover
+ * both sides. Same host (neither side TPB_LOC_REMOTE): channels with a copy op. One side
+ * TPB_LOC_REMOTE: channels with TPB_CAP_CROSS_HOST, judged on this side's memory and on the
+ * other side's kind (@mem.remote), e.g. rdma only between shared buffers, cuda_gdr and
+ * cuda_basic only with CUDA memory on a side, mpt for CPU memory of any kind.
+ * @why (if not NULL) receives the reason the chosen channel won and why each channel tried
+ * before it could not serve, e.g. "first viable for process>process memory in priority order;
+ * passed over: shm: cannot copy these kinds of memory".
+ * Ownership: borrows @src and @dst (only their kinds are read).
+ * Return: the registry index (>= 0), or -EOPNOTSUPP if none can (the reasons in @why), or
+ * -EINVAL if both sides are remote.
+ */
+int tpb_select_pair(const struct tpb_mem *src, const struct tpb_mem *dst, char *why,
+		    size_t why_len);
+
+/*
+ * tpb_select() - tpb_select_pair() for two kinds of memory of this host.
  * Return: the registry index (>= 0), or -EOPNOTSUPP if none can.
  */
 int tpb_select(enum tpb_loc src, enum tpb_loc dst);
 
-/*
- * tpb_select_why() - tpb_select(), and why: @why (if not NULL) receives the reason the chosen
- * channel won and why each channel tried before it could not serve, e.g. "first viable for
- * process>process memory in priority order; passed over: shm: cannot copy process>process
- * memory". Return: as tpb_select() (with the reasons for every channel in @why on -EOPNOTSUPP).
- */
+/* tpb_select(), with the reasons as tpb_select_pair() gives them. Borrows @why. */
 int tpb_select_why(enum tpb_loc src, enum tpb_loc dst, char *why, size_t why_len);
 
-/* "local", "process" or "cuda". */
+/* "local", "process", "cuda" or "remote". */
 const char *tpb_loc_name(enum tpb_loc l);
 
 /*
- * tpb_select_cross() - the channel that moves this daemon's side @mine of a transfer to or from
- * another host: the first viable channel with TPB_CAP_CROSS_HOST that can read (@sending) or
- * write @mine: mpt for CPU memory, cuda_gdr or cuda_basic for CUDA memory.
- * Return: the registry index (>= 0), or -EOPNOTSUPP with the reason in @why.
+ * tpb_peer_offers() - the channels this daemon names to a peer daemon (PeerHello.backends):
+ * every viable channel that can serve between hosts (TPB_CAP_CROSS_HOST) or rides the peer
+ * link itself (TPB_CAP_INLINE: basic), in priority order; a channel for which @keep (if not
+ * NULL) returns false is left out (the daemon's RDMA engine may have found no port).
+ * @ret: filled with up to @max borrowed names (static strings).
+ * Return: how many were written.
  */
-int tpb_select_cross(enum tpb_loc mine, bool sending, char *why, size_t why_len);
+size_t tpb_peer_offers(bool (*keep)(const char *name, void *arg), void *arg, const char **ret,
+		       size_t max);
 
 /* ---- the process a CMA copy may touch (backends/cma/proc.c) ---- */
 

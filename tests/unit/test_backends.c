@@ -216,9 +216,14 @@ static const char *sel(enum tpb_loc a, enum tpb_loc b)
 	return i < 0 ? "none" : tpb_name(i);
 }
 
-static const char *sel_cross(enum tpb_loc mine, bool sending, char *why, size_t wl)
+/* The channel between hosts for this side's @mine against the other host's memory of kind
+ * @theirs, sending (@mine is the source) or receiving. */
+static const char *sel_cross(enum tpb_loc mine, enum tpb_loc theirs, bool sending, char *why,
+			     size_t wl)
 {
-	int i = tpb_select_cross(mine, sending, why, wl);
+	struct tpb_mem m = { .loc = mine }, o = { .loc = TPB_LOC_REMOTE, .remote = theirs };
+	int i = sending ? tpb_select_pair(&m, &o, why, wl) : tpb_select_pair(&o, &m, why, wl);
+
 	return i < 0 ? "none" : tpb_name(i);
 }
 
@@ -234,10 +239,11 @@ START_TEST(test_negotiation_table)
 	for (size_t k = 0; k < 2; k++) {
 		struct tpb_config cfg = { .priority = order[k] };
 		size_t n_ch;
-		bool gdr;
+		bool gdr, rdma;
 
 		ck_assert_int_eq(tpb_registry_init(&cfg), 0);
 		gdr = tpb_registry_list(&n_ch)[tpb_index("cuda_gdr")].viable;
+		rdma = tpb_registry_list(&n_ch)[tpb_index("rdma")].viable;
 		/* CPU pairs: never a CUDA channel, whatever the priority. */
 		ck_assert_str_eq(sel(TPB_LOC_LOCAL, TPB_LOC_LOCAL), "shm");
 		ck_assert_str_eq(sel(TPB_LOC_LOCAL, TPB_LOC_PROCESS), "cma");
@@ -249,17 +255,131 @@ START_TEST(test_negotiation_table)
 		ck_assert_str_eq(sel(TPB_LOC_CUDA, TPB_LOC_LOCAL), cu);
 		ck_assert_str_eq(sel(TPB_LOC_PROCESS, TPB_LOC_CUDA), cu);
 		ck_assert_str_eq(sel(TPB_LOC_CUDA, TPB_LOC_PROCESS), cu);
-		/* Between hosts: mpt for CPU memory either way; for CUDA cuda_gdr with an RDMA
-		 * port (a real one, or the stand-in of the fakecuda test setup), else cuda_basic. */
+		/* Between hosts: mpt for CPU memory either way, but rdma between shared buffers
+		 * with an RDMA port (a real one, or the stand-in of the fakeverbs test setup); for
+		 * CUDA cuda_gdr with an RDMA port, else cuda_basic. */
 		for (int send = 0; send < 2; send++) {
-			ck_assert_str_eq(sel_cross(TPB_LOC_LOCAL, send, why, sizeof(why)), "mpt");
-			ck_assert_str_eq(sel_cross(TPB_LOC_PROCESS, send, why, sizeof(why)), "mpt");
-			ck_assert_str_eq(sel_cross(TPB_LOC_CUDA, send, why, sizeof(why)),
-					 !cuda ? "none" : gdr ? "cuda_gdr" : "cuda_basic");
+			const char *cu_x = !cuda ? "none" : gdr ? "cuda_gdr" : "cuda_basic";
+
+			ck_assert_str_eq(sel_cross(TPB_LOC_LOCAL, TPB_LOC_LOCAL, send, why,
+						   sizeof(why)), rdma ? "rdma" : "mpt");
+			ck_assert_str_eq(sel_cross(TPB_LOC_LOCAL, TPB_LOC_PROCESS, send, why,
+						   sizeof(why)), "mpt");
+			ck_assert_str_eq(sel_cross(TPB_LOC_PROCESS, TPB_LOC_LOCAL, send, why,
+						   sizeof(why)), "mpt");
+			ck_assert_str_eq(sel_cross(TPB_LOC_CUDA, TPB_LOC_LOCAL, send, why,
+						   sizeof(why)), cu_x);
+			ck_assert_str_eq(sel_cross(TPB_LOC_CUDA, TPB_LOC_CUDA, send, why,
+						   sizeof(why)), cu_x);
+			ck_assert_str_eq(sel_cross(TPB_LOC_LOCAL, TPB_LOC_CUDA, send, why,
+						   sizeof(why)), cu_x);
+			/* Private memory cannot be registered: never RDMA, with CUDA or not. */
+			ck_assert_str_eq(sel_cross(TPB_LOC_PROCESS, TPB_LOC_CUDA, send, why,
+						   sizeof(why)), cuda ? "cuda_basic" : "none");
 			if (!cuda)
 				ck_assert_ptr_nonnull(strstr(why, "CUDA"));
 		}
 	}
+}
+END_TEST
+
+/*
+ * [backends] priority decides between hosts too: mpt named first beats rdma, rdma named first
+ * (or the built-in order) beats mpt, for shared buffers on both sides. rdma is viable only with
+ * an RDMA port or the stand-in (the fakeverbs setup, and the hw suite's backends-fakeverbs);
+ * without one, mpt is the only CPU channel between hosts whatever the priority says.
+ */
+START_TEST(test_priority_decides_between_hosts)
+{
+	static const struct {
+		const char *priority, *with_rdma;
+	} cases[] = {
+		{ NULL, "rdma" },	  { "mpt", "mpt" },	  { "rdma", "rdma" },
+		{ "mpt,rdma", "mpt" }, { "rdma,mpt", "rdma" }, { "shm,cma", "rdma" },
+	};
+	struct tpb_mem a = { .loc = TPB_LOC_LOCAL },
+		       b = { .loc = TPB_LOC_REMOTE, .remote = TPB_LOC_LOCAL };
+	char why[512];
+	size_t n;
+
+	for (size_t k = 0; k < sizeof(cases) / sizeof(cases[0]); k++) {
+		struct tpb_config cfg = { .priority = cases[k].priority };
+		bool rdma;
+		int i;
+
+		ck_assert_int_eq(tpb_registry_init(&cfg), 0);
+		rdma = tpb_registry_list(&n)[tpb_index("rdma")].viable;
+		if (k == 0 && !rdma)
+			printf("backends: rdma not viable here (%s): mpt whatever the priority\n",
+			       tpb_registry_list(&n)[tpb_index("rdma")].why);
+		/* Both directions: this side sending, and this side receiving. */
+		i = tpb_select_pair(&a, &b, why, sizeof(why));
+		ck_assert_str_eq(tpb_name(i), rdma ? cases[k].with_rdma : "mpt");
+		ck_assert_msg(strstr(why, "between hosts"), "%s", why);
+		i = tpb_select_pair(&b, &a, why, sizeof(why));
+		ck_assert_str_eq(tpb_name(i), rdma ? cases[k].with_rdma : "mpt");
+		if (strcmp(tpb_name(i), "mpt") == 0 && rdma)
+			ck_assert_msg(!strstr(why, "passed over"), "mpt named first: %s", why);
+		if (strcmp(cases[k].with_rdma, "rdma") == 0 && !rdma)
+			ck_assert_msg(strstr(why, "passed over: rdma: "), "%s", why);
+		/* Same-host pairs never take a between-hosts channel, and the other way round. */
+		ck_assert_str_eq(tpb_name(tpb_select(TPB_LOC_LOCAL, TPB_LOC_LOCAL)), "shm");
+	}
+	/* Both sides on other hosts: not this daemon's transfer. */
+	ck_assert_int_eq(tpb_select_pair(&b, &b, NULL, 0), -EINVAL);
+}
+END_TEST
+
+/* PeerHello's list: viable channels that work between hosts or ride the link, in priority
+ * order; a filter can leave one out. */
+static bool no_mpt(const char *name, void *arg)
+{
+	++*(int *)arg;
+	return strcmp(name, "mpt") != 0;
+}
+
+START_TEST(test_peer_offers_follow_the_registry)
+{
+	const char *v[16];
+	size_t n;
+	int calls = 0;
+	bool rdma;
+
+	ck_assert_int_eq(tpb_registry_init(&(struct tpb_config){ .priority = "mpt" }), 0);
+	rdma = tpb_registry_list(&n)[tpb_index("rdma")].viable;
+	n = tpb_peer_offers(NULL, NULL, v, 16);
+	ck_assert_uint_ge(n, 2);
+	ck_assert_str_eq(v[0], "mpt");
+	ck_assert_str_eq(v[1], "basic");
+	for (size_t i = 2; i < n; i++) {
+		ck_assert_int_eq(tpb_registry_list(&(size_t){ 0 })[tpb_index(v[i])].viable, true);
+		ck_assert(strcmp(v[i], "shm") && strcmp(v[i], "cma") && strcmp(v[i], "cuda_ipc"));
+	}
+	ck_assert_uint_eq(n, 2 + rdma + (size_t)tpb_registry_list(&(size_t){ 0 })[
+			     tpb_index("cuda_gdr")].viable + (size_t)tpb_registry_list(
+			     &(size_t){ 0 })[tpb_index("cuda_basic")].viable);
+	ck_assert_uint_eq(tpb_peer_offers(NULL, NULL, v, 1), 1);
+	n = tpb_peer_offers(no_mpt, &calls, v, 16);
+	ck_assert_int_ge(calls, 2);
+	ck_assert_str_eq(v[0], "basic");
+	for (size_t i = 0; i < n; i++)
+		ck_assert_str_ne(v[i], "mpt");
+}
+END_TEST
+
+/* rdma and cuda_gdr share one RDMA probe per registry round: same answer, same reason. */
+START_TEST(test_rdma_probed_once_per_round)
+{
+	const struct tpb_channel_info *ch;
+	char why[128];
+	size_t n;
+
+	ck_assert_int_eq(tpb_registry_init(&(struct tpb_config){ 0 }), 0);
+	ch = tpb_registry_list(&n);
+	ck_assert_int_eq(tpb_rdma_viable(why, sizeof(why)), ch[tpb_index("rdma")].viable);
+	ck_assert_str_eq(why, ch[tpb_index("rdma")].why);
+	if (ch[tpb_index("cuda_ipc")].viable)
+		ck_assert_str_eq(ch[tpb_index("cuda_gdr")].why, ch[tpb_index("rdma")].why);
 }
 END_TEST
 
@@ -641,6 +761,9 @@ static Suite *backends_suite(void)
 	tcase_add_test(tc, test_cma_reads_writes_and_bounces);
 	tcase_add_test(tc, test_cma_unmapped_address_fails_cleanly);
 	tcase_add_test(tc, test_negotiation_table);
+	tcase_add_test(tc, test_priority_decides_between_hosts);
+	tcase_add_test(tc, test_peer_offers_follow_the_registry);
+	tcase_add_test(tc, test_rdma_probed_once_per_round);
 	tcase_add_test(tc, test_cuda_channels_listed_with_reason);
 	tcase_add_test(tc, test_cuda_map_is_shared_daemon_wide);
 	tcase_add_test(tc, test_cuda_copy_without_driver_fails_cleanly);
