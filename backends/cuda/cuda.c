@@ -609,6 +609,7 @@ const struct tpb_channel_ops tpb_cuda_ipc_ops = {
 		TPB_CAP_DST_LOCAL | TPB_CAP_DST_PROCESS | TPB_CAP_DST_CUDA | TPB_CAP_NEEDS_CUDA,
 	.probe = cuda_probe,
 	.copy = cuda_ipc_copy,
+	TPB_SYNC_OPS, /* its kernel on the daemon's copy threads */
 };
 
 const struct tpb_channel_ops tpb_cuda_basic_ops = {

@@ -9,6 +9,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <linux/capability.h>
+#include <poll.h>
 #include <pthread.h>
 #include <sys/socket.h>
 #include <sys/syscall.h>
@@ -380,6 +381,196 @@ START_TEST(test_rdma_probed_once_per_round)
 	ck_assert_str_eq(why, ch[tpb_index("rdma")].why);
 	if (ch[tpb_index("cuda_ipc")].viable)
 		ck_assert_str_eq(ch[tpb_index("cuda_gdr")].why, ch[tpb_index("rdma")].why);
+}
+END_TEST
+
+/* ---- the op table: dispatch wrappers and a same-host channel's life cycle ---- */
+
+struct done_rec {
+	int calls;
+	int status;
+	uint64_t bytes;
+	char why[160];
+	struct tpb_ep *close_in_done; /* closed from inside the callback, then NULL */
+};
+
+static void op_done(struct tpb_op *op)
+{
+	struct done_rec *d = op->arg;
+
+	d->calls++;
+	d->status = op->status;
+	d->bytes = op->bytes;
+	snprintf(d->why, sizeof(d->why), "%s", op->why);
+	if (d->close_in_done) {
+		tpb_ep_close(d->close_in_done);
+		d->close_in_done = NULL;
+	}
+}
+
+static bool fd_readable(int fd)
+{
+	struct pollfd p = { .fd = fd, .events = POLLIN };
+
+	return poll(&p, 1, 0) == 1;
+}
+
+/* A channel that implements none of the asynchronous ops: every wrapper says -EOPNOTSUPP. */
+START_TEST(test_op_wrappers_turn_missing_ops_into_eopnotsupp)
+{
+	static const struct tpb_channel_ops bare = { .name = "bare" };
+	struct tpb_ctx ctx = { .ops = &bare };
+	struct tpb_ep ep = { .ctx = &ctx }, *ret_ep = NULL;
+	struct tpb_ctx *ret = NULL;
+	struct tpb_op op = { .done = op_done };
+	struct tpb_mem m = { .loc = TPB_LOC_LOCAL };
+	char offer[8];
+	size_t len = sizeof(offer);
+
+	ck_assert_int_eq(tpb_registry_init(&(struct tpb_config){ 0 }), 0);
+	ck_assert_int_eq(tpb_ep_open(&ctx, NULL, &ret_ep), -EOPNOTSUPP);
+	ck_assert_int_eq(tpb_prepare(&ep, &op, offer, &len), -EOPNOTSUPP);
+	ck_assert_int_eq(tpb_start(&ep, &op), -EOPNOTSUPP);
+	ck_assert_int_eq(tpb_cancel(&ep, &op), -EOPNOTSUPP);
+	ck_assert_int_eq(tpb_forget(&ctx, &m, 1), -EOPNOTSUPP);
+	ck_assert_int_eq(tpb_event_fd(&ctx), -EOPNOTSUPP);
+	ck_assert_int_eq(tpb_progress(&ctx), -EOPNOTSUPP);
+	tpb_ep_close(&ep); /* no op: nothing happens */
+	tpb_ctx_free(&ctx);
+	tpb_ctx_free(NULL);
+	tpb_ep_close(NULL);
+	ck_assert_ptr_null(ret_ep);
+	/* Registry channels without the table yet (basic; the between-hosts ones), an index out
+	 * of range, and a same-host channel turned off. */
+	ck_assert_int_eq(tpb_ctx_new(tpb_index("basic"), NULL, NULL, &ret), -EOPNOTSUPP);
+	ck_assert_int_eq(tpb_ctx_new(tpb_index("mpt"), NULL, NULL, &ret), -EOPNOTSUPP);
+	ck_assert_int_eq(tpb_ctx_new(-1, NULL, NULL, &ret), -EOPNOTSUPP);
+	ck_assert_int_eq(tpb_ctx_new(64, NULL, NULL, &ret), -EOPNOTSUPP);
+	ck_assert_int_eq(tpb_registry_init(&(struct tpb_config){ .shm_disabled = true }), 0);
+	ck_assert_int_eq(tpb_ctx_new(tpb_index("shm"), NULL, NULL, &ret), -ENODEV);
+	ck_assert_ptr_null(ret);
+}
+END_TEST
+
+/*
+ * shm through the table: context, endpoint to this host (a remote peer is refused), start
+ * (no callback inside the call; the event fd turns readable; progress runs it once, with the
+ * bytes), cancel (of a finished op: -ENOENT; of one not yet delivered: -ECANCELED), the
+ * channel's needless ops (-EOPNOTSUPP), closing an endpoint from a callback and with an op
+ * owed, and a context freed with a completion owed (it runs inside tpb_ctx_free()).
+ */
+START_TEST(test_shm_life_cycle_through_the_op_table)
+{
+	static const char *const offers[] = { "shm" };
+	struct tpb_peer remote = { .name = "hostB", .offers = offers, .n_offers = 1 };
+	char src[3][100], dst[3][100], offer[8];
+	struct tpb_xfer x[3];
+	struct tpb_ctx *ctx;
+	struct tpb_ep *ep, *ep2;
+	struct done_rec d = { 0 }, d2 = { 0 };
+	struct tpb_op op = { .xfers = x, .n_xfers = 3, .done = op_done, .arg = &d };
+	struct tpb_op op2 = { .xfers = x, .n_xfers = 1, .done = op_done, .arg = &d2 };
+	size_t len = sizeof(offer);
+	int fd;
+
+	ck_assert_int_eq(tpb_registry_init(&(struct tpb_config){ 0 }), 0);
+	for (int i = 0; i < 3; i++) {
+		memset(src[i], 'a' + i, sizeof(src[i]));
+		memset(dst[i], 0, sizeof(dst[i]));
+		x[i] = (struct tpb_xfer){ .src = local(src[i]), .dst = local(dst[i]),
+					  .len = 50 + (uint64_t)i };
+	}
+	ck_assert_int_eq(tpb_ctx_new(tpb_index("shm"), NULL, NULL, &ctx), 0);
+	ck_assert_str_eq(tpb_name(ctx->idx), "shm");
+	fd = tpb_event_fd(ctx);
+	ck_assert_int_ge(fd, 0);
+	ck_assert_int_eq(tpb_ep_open(ctx, &remote, &ep), -EOPNOTSUPP);
+	ck_assert_int_eq(tpb_ep_open(ctx, NULL, &ep), 0);
+	ck_assert_int_eq(tpb_prepare(ep, &op, offer, &len), -EOPNOTSUPP);
+	ck_assert_int_eq(tpb_forget(ctx, &x[0].src, 1), -EOPNOTSUPP);
+	ck_assert_int_eq(tpb_start(ep, &(struct tpb_op){ .xfers = x, .n_xfers = 1 }), -EINVAL);
+	ck_assert(!fd_readable(fd));
+	ck_assert_int_eq(tpb_progress(ctx), 0);
+
+	ck_assert_int_eq(tpb_start(ep, &op), 0);
+	ck_assert_int_eq(d.calls, 0); /* never from inside start */
+	ck_assert(fd_readable(fd));
+	ck_assert_int_eq(tpb_progress(ctx), 1);
+	ck_assert_int_eq(d.calls, 1);
+	ck_assert_int_eq(d.status, 0);
+	ck_assert_uint_eq(d.bytes, 50 + 51 + 52);
+	for (int i = 0; i < 3; i++) {
+		ck_assert_int_eq(memcmp(dst[i], src[i], 50 + (size_t)i), 0);
+		ck_assert_int_eq(dst[i][50 + i], 0);
+	}
+	ck_assert(!fd_readable(fd));
+	ck_assert_int_eq(tpb_progress(ctx), 0);
+	ck_assert_int_eq(d.calls, 1); /* exactly once */
+	ck_assert_int_eq(tpb_cancel(ep, &op), -ENOENT);
+
+	/* Canceled before its completion was delivered: -ECANCELED, once. */
+	ck_assert_int_eq(tpb_start(ep, &op), 0);
+	ck_assert_int_eq(tpb_cancel(ep, &op), 0);
+	ck_assert_int_eq(tpb_progress(ctx), 1);
+	ck_assert_int_eq(d.calls, 2);
+	ck_assert_int_eq(d.status, -ECANCELED);
+	ck_assert_uint_eq(d.bytes, 0);
+
+	/* An endpoint closed from its own op's callback goes once the callback returned. */
+	d.close_in_done = ep;
+	ck_assert_int_eq(tpb_start(ep, &op), 0);
+	ck_assert_int_eq(tpb_progress(ctx), 1);
+	ck_assert_int_eq(d.calls, 3);
+	ck_assert_int_eq(d.status, 0);
+
+	/* Closing an endpoint cancels what it has started; the context, freed with that
+	 * completion owed, runs it first. */
+	ck_assert_int_eq(tpb_ep_open(ctx, NULL, &ep2), 0);
+	ck_assert_int_eq(tpb_start(ep2, &op2), 0);
+	tpb_ep_close(ep2);
+	ck_assert_int_eq(d2.calls, 0);
+	tpb_ctx_free(ctx);
+	ck_assert_int_eq(d2.calls, 1);
+	ck_assert_int_eq(d2.status, -ECANCELED);
+}
+END_TEST
+
+/* cma through the table: this process's memory read and written; an unmapped address fails
+ * the op (not the call) with -EFAULT. */
+START_TEST(test_cma_through_the_op_table)
+{
+	char a[64], b[64];
+	struct tpb_xfer x[2];
+	struct tpb_ctx *ctx;
+	struct tpb_ep *ep;
+	struct done_rec d = { 0 };
+	struct tpb_op op = { .xfers = x, .n_xfers = 2, .done = op_done, .arg = &d };
+
+	ck_assert_int_eq(tpb_registry_init(&(struct tpb_config){ 0 }), 0);
+	if (!tpb_registry_list(&(size_t){ 0 })[tpb_index("cma")].viable) {
+		printf("backends: cma not viable here: %s\n",
+		       tpb_registry_list(&(size_t){ 0 })[tpb_index("cma")].why);
+		return;
+	}
+	memset(a, 7, sizeof(a));
+	memset(b, 0, sizeof(b));
+	x[0] = (struct tpb_xfer){ .src = proc(a), .dst = local(b), .len = 32 };
+	x[1] = (struct tpb_xfer){ .src = local(a), .dst = proc(b + 32), .len = 32 };
+	ck_assert_int_eq(tpb_ctx_new(tpb_index("cma"), NULL, NULL, &ctx), 0);
+	ck_assert_int_eq(tpb_ep_open(ctx, NULL, &ep), 0);
+	ck_assert_int_eq(tpb_start(ep, &op), 0);
+	ck_assert_int_eq(tpb_progress(ctx), 1);
+	ck_assert_int_eq(d.status, 0);
+	ck_assert_uint_eq(d.bytes, 64);
+	ck_assert_int_eq(memcmp(a, b, sizeof(a)), 0);
+	x[1].dst.addr = 8; /* unmapped */
+	ck_assert_int_eq(tpb_start(ep, &op), 0);
+	ck_assert_int_eq(tpb_progress(ctx), 1);
+	ck_assert_int_eq(d.calls, 2);
+	ck_assert_int_eq(d.status, -EFAULT);
+	ck_assert_uint_eq(d.bytes, 0);
+	tpb_ep_close(ep);
+	tpb_ctx_free(ctx);
 }
 END_TEST
 
@@ -764,6 +955,9 @@ static Suite *backends_suite(void)
 	tcase_add_test(tc, test_priority_decides_between_hosts);
 	tcase_add_test(tc, test_peer_offers_follow_the_registry);
 	tcase_add_test(tc, test_rdma_probed_once_per_round);
+	tcase_add_test(tc, test_op_wrappers_turn_missing_ops_into_eopnotsupp);
+	tcase_add_test(tc, test_shm_life_cycle_through_the_op_table);
+	tcase_add_test(tc, test_cma_through_the_op_table);
 	tcase_add_test(tc, test_cuda_channels_listed_with_reason);
 	tcase_add_test(tc, test_cuda_map_is_shared_daemon_wide);
 	tcase_add_test(tc, test_cuda_copy_without_driver_fails_cleanly);
