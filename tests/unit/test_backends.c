@@ -368,19 +368,34 @@ START_TEST(test_peer_offers_follow_the_registry)
 }
 END_TEST
 
-/* rdma and cuda_gdr share one RDMA probe per registry round: same answer, same reason. */
+/*
+ * rdma and cuda_gdr share one RDMA probe per registry round: asking again within the round
+ * gives the answer of the start, without probing (the stand-in's FAKEVERBS_NO_DEVICE, read at
+ * every device listing, changes nothing until the next tpb_registry_init()). Without the
+ * stand-in rdma is not viable either way.
+ */
 START_TEST(test_rdma_probed_once_per_round)
 {
 	const struct tpb_channel_info *ch;
 	char why[128];
 	size_t n;
+	int viable;
 
+	unsetenv("FAKEVERBS_NO_DEVICE");
 	ck_assert_int_eq(tpb_registry_init(&(struct tpb_config){ 0 }), 0);
 	ch = tpb_registry_list(&n);
-	ck_assert_int_eq(tpb_rdma_viable(why, sizeof(why)), ch[tpb_index("rdma")].viable);
+	viable = ch[tpb_index("rdma")].viable;
+	ck_assert_int_eq(tpb_rdma_viable(why, sizeof(why)), viable);
 	ck_assert_str_eq(why, ch[tpb_index("rdma")].why);
 	if (ch[tpb_index("cuda_ipc")].viable)
 		ck_assert_str_eq(ch[tpb_index("cuda_gdr")].why, ch[tpb_index("rdma")].why);
+	setenv("FAKEVERBS_NO_DEVICE", "1", 1);
+	ck_assert_int_eq(tpb_rdma_viable(why, sizeof(why)), viable); /* same round: no probe */
+	ck_assert_int_eq(tpb_registry_init(&(struct tpb_config){ 0 }), 0);
+	ck_assert_int_eq(tpb_rdma_viable(why, sizeof(why)), 0); /* a new round probes again */
+	ck_assert(!tpb_registry_list(&n)[tpb_index("rdma")].viable);
+	ck_assert(!tpb_registry_list(&n)[tpb_index("cuda_gdr")].viable);
+	unsetenv("FAKEVERBS_NO_DEVICE");
 }
 END_TEST
 
