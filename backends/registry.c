@@ -1,12 +1,18 @@
 /* SPDX-License-Identifier: BSD-3-Clause */
 /*
- * The static, ordered list of channels, their probe results, and selection by capability.
- * Order is priority: the first viable channel that can handle a (source, destination) pair wins.
+ * The static, ordered list of channels, their probe results, and the one selection function
+ * for any (source, destination) pair, same host or between hosts. Order is priority: the
+ * channels named in [backends] priority first, in that order, then the built-in order; the first
+ * viable channel that can handle a pair wins. Between hosts the built-in order prefers the
+ * channels that move bytes without the daemons' CPUs (rdma, cuda_gdr) to the data connections
+ * (mpt, cuda_basic); a priority list that names a channel overrides that. Moving bytes is the
+ * channels' own business (their op tables), not this file's.
  */
 #include <errno.h>
 #include <stdio.h>
 #include <string.h>
 #include "tpb.h"
+#include "tpb_int.h"
 
 /* Built-in priority: the first viable channel that can handle a pair wins. */
 static const struct tpb_channel_ops *const builtin[] = {
@@ -23,7 +29,23 @@ static const struct tpb_channel_ops *const builtin[] = {
 
 #define N_CHANNELS (sizeof(builtin) / sizeof(builtin[0]))
 
+/*
+ * Built-in preference between hosts, for the channels the priority list does not name: RDMA
+ * writes before the data connections. The listing order (builtin[], shown by tpipctl and
+ * counted by the metrics) does not change.
+ */
+static const struct tpb_channel_ops *const cross_builtin[] = {
+	&tpb_rdma_ops,
+	&tpb_cuda_gdr_ops,
+	&tpb_mpt_ops,
+	&tpb_cuda_basic_ops,
+};
+
 static struct tpb_channel_info channels[N_CHANNELS];
+static size_t n_named;		       /* channels[0..n_named) were named by the priority list */
+static unsigned cross_order[N_CHANNELS]; /* indices into channels[], between-hosts rank */
+static size_t n_cross;
+unsigned tpb_probe_round;
 
 /* Moves the channels named in @priority to the front, in that order. */
 static int apply_priority(const char *priority)
@@ -42,7 +64,21 @@ static int apply_priority(const char *priority)
 		memmove(&channels[front + 1], &channels[front], (i - front) * sizeof(t));
 		channels[front++] = t;
 	}
+	n_named = front;
 	return 0;
+}
+
+/* The between-hosts rank: named cross-host channels first, then cross_builtin[] order. */
+static void order_cross(void)
+{
+	n_cross = 0;
+	for (size_t i = 0; i < n_named; i++)
+		if (channels[i].ops->caps & TPB_CAP_CROSS_HOST)
+			cross_order[n_cross++] = (unsigned)i;
+	for (size_t k = 0; k < sizeof(cross_builtin) / sizeof(cross_builtin[0]); k++)
+		for (size_t i = n_named; i < N_CHANNELS; i++)
+			if (channels[i].ops == cross_builtin[k])
+				cross_order[n_cross++] = (unsigned)i;
 }
 
 int tpb_priority_check(const char *priority, char *bad, size_t bad_len)
@@ -75,13 +111,17 @@ int tpb_registry_init(const struct tpb_config *cfg)
 {
 	int r = 0;
 
+	tpb_probe_round++; /* shared probes (RDMA) run again, once */
+	n_named = 0;
 	for (size_t i = 0; i < N_CHANNELS; i++)
 		channels[i] = (struct tpb_channel_info){ .ops = builtin[i] };
 	if (cfg && cfg->priority && *cfg->priority && apply_priority(cfg->priority) < 0) {
 		for (size_t i = 0; i < N_CHANNELS; i++)
 			channels[i] = (struct tpb_channel_info){ .ops = builtin[i] };
+		n_named = 0;
 		r = -EINVAL;
 	}
+	order_cross();
 	for (size_t i = 0; i < N_CHANNELS; i++) {
 		if (disabled(cfg, channels[i].ops)) {
 			snprintf(channels[i].why, sizeof(channels[i].why), "disabled by configuration");
@@ -122,44 +162,76 @@ static bool needs_met(uint32_t caps, bool process, bool cuda)
 
 const char *tpb_loc_name(enum tpb_loc l)
 {
-	return l == TPB_LOC_LOCAL ? "local" : l == TPB_LOC_CUDA ? "cuda" : "process";
+	return l == TPB_LOC_LOCAL  ? "local" :
+	       l == TPB_LOC_CUDA   ? "cuda" :
+	       l == TPB_LOC_REMOTE ? "remote" :
+				     "process";
+}
+
+/* "local", or "remote local" for memory of that kind on another host. */
+static const char *mem_name(const struct tpb_mem *m, char *buf, size_t len)
+{
+	if (m->loc != TPB_LOC_REMOTE)
+		return tpb_loc_name(m->loc);
+	snprintf(buf, len, "remote %s", tpb_loc_name(m->remote));
+	return buf;
+}
+
+/* Why channel @c cannot serve a pair that needs @need. */
+static const char *pass_reason(const struct tpb_channel_info *c, uint32_t need)
+{
+	return !c->viable			? c->why :
+	       (c->ops->caps & need) != need	? "cannot copy these kinds of memory" :
+						  "only for pairs with process or CUDA memory";
+}
+
+int tpb_select_pair(const struct tpb_mem *src, const struct tpb_mem *dst, char *why,
+		    size_t why_len)
+{
+	bool cross = src->loc == TPB_LOC_REMOTE || dst->loc == TPB_LOC_REMOTE;
+	enum tpb_loc sk = src->loc == TPB_LOC_REMOTE ? src->remote : src->loc;
+	enum tpb_loc dk = dst->loc == TPB_LOC_REMOTE ? dst->remote : dst->loc;
+	uint32_t need = src_cap(sk) | dst_cap(dk) | (cross ? TPB_CAP_CROSS_HOST : 0);
+	bool process = sk == TPB_LOC_PROCESS || dk == TPB_LOC_PROCESS;
+	bool cuda = sk == TPB_LOC_CUDA || dk == TPB_LOC_CUDA;
+	size_t n = cross ? n_cross : N_CHANNELS, off = 0;
+	char skipped[512] = "", sn[32], dn[32];
+
+	if ((src->loc == TPB_LOC_REMOTE && dst->loc == TPB_LOC_REMOTE) || sk == TPB_LOC_REMOTE ||
+	    dk == TPB_LOC_REMOTE)
+		return -EINVAL; /* both sides on other hosts, or a remote kind that is no kind */
+	for (size_t k = 0; k < n; k++) {
+		size_t i = cross ? cross_order[k] : k;
+		const struct tpb_channel_info *c = &channels[i];
+		uint32_t caps = c->ops->caps;
+
+		/* Same host: a channel with a copy op; between hosts: a cross-host channel. */
+		if (cross ? !(caps & TPB_CAP_CROSS_HOST) : !c->ops->copy)
+			continue;
+		if (c->viable && (caps & need) == need && needs_met(caps, process, cuda)) {
+			if (why)
+				snprintf(why, why_len, "first viable for %s>%s memory%s in priority "
+					 "order%s%s", mem_name(src, sn, sizeof(sn)),
+					 mem_name(dst, dn, sizeof(dn)), cross ? " between hosts" : "",
+					 off ? "; passed over: " : "", skipped);
+			return (int)i;
+		}
+		if (why && off < sizeof(skipped) - 1)
+			off += (size_t)snprintf(skipped + off, sizeof(skipped) - off, "%s%s: %.80s",
+						off ? ", " : "", c->ops->name, pass_reason(c, need));
+	}
+	if (why)
+		snprintf(why, why_len, "no channel can copy %s>%s memory %s%s%s",
+			 mem_name(src, sn, sizeof(sn)), mem_name(dst, dn, sizeof(dn)),
+			 cross ? "between hosts" : "on this host", off ? ": " : "", skipped);
+	return -EOPNOTSUPP;
 }
 
 int tpb_select_why(enum tpb_loc src, enum tpb_loc dst, char *why, size_t why_len)
 {
-	uint32_t need = src_cap(src) | dst_cap(dst);
-	bool process = src == TPB_LOC_PROCESS || dst == TPB_LOC_PROCESS;
-	bool cuda = src == TPB_LOC_CUDA || dst == TPB_LOC_CUDA;
-	char skipped[512] = "";
-	size_t off = 0;
+	struct tpb_mem s = { .loc = src }, d = { .loc = dst };
 
-	for (size_t i = 0; i < N_CHANNELS; i++) {
-		const struct tpb_channel_info *c = &channels[i];
-		uint32_t caps = c->ops->caps;
-		const char *no;
-
-		if (c->viable && c->ops->copy && (caps & need) == need &&
-		    needs_met(caps, process, cuda)) {
-			if (why)
-				snprintf(why, why_len, "first viable for %s>%s memory in priority order%s%s",
-					 tpb_loc_name(src), tpb_loc_name(dst),
-					 off ? "; passed over: " : "", skipped);
-			return (int)i;
-		}
-		if (!why || off >= sizeof(skipped) - 1)
-			continue;
-		if (!c->ops->copy)
-			continue; /* a between-hosts channel: never a candidate here */
-		no = !c->viable		       ? c->why
-		     : (caps & need) != need   ? "cannot copy these kinds of memory"
-					       : "only for pairs with process or CUDA memory";
-		off += (size_t)snprintf(skipped + off, sizeof(skipped) - off, "%s%s: %.80s",
-					off ? ", " : "", c->ops->name, no);
-	}
-	if (why)
-		snprintf(why, why_len, "no channel can copy %s>%s memory on this host%s%s",
-			 tpb_loc_name(src), tpb_loc_name(dst), off ? ": " : "", skipped);
-	return -EOPNOTSUPP;
+	return tpb_select_pair(&s, &d, why, why_len);
 }
 
 int tpb_select(enum tpb_loc src, enum tpb_loc dst)
@@ -167,26 +239,20 @@ int tpb_select(enum tpb_loc src, enum tpb_loc dst)
 	return tpb_select_why(src, dst, NULL, 0);
 }
 
-int tpb_select_cross(enum tpb_loc mine, bool sending, char *why, size_t why_len)
+size_t tpb_peer_offers(bool (*keep)(const char *name, void *arg), void *arg, const char **ret,
+		       size_t max)
 {
-	uint32_t need = TPB_CAP_CROSS_HOST | (sending ? src_cap(mine) : dst_cap(mine));
-	bool cuda = mine == TPB_LOC_CUDA;
-	const char *first_why = NULL;
+	size_t n = 0;
 
-	for (size_t i = 0; i < N_CHANNELS; i++) {
-		uint32_t caps = channels[i].ops->caps;
-		if ((caps & need) != need || !needs_met(caps, true, cuda))
-			continue;
-		if (channels[i].viable)
-			return (int)i;
-		if (!first_why)
-			first_why = channels[i].why;
+	for (size_t i = 0; i < N_CHANNELS && n < max; i++) {
+		const struct tpb_channel_info *c = &channels[i];
+
+		if (c->viable && (c->ops->caps & (TPB_CAP_CROSS_HOST | TPB_CAP_INLINE)) &&
+		    (!keep || keep(c->ops->name, arg)))
+			ret[n++] = c->ops->name;
 	}
-	snprintf(why, why_len, "no channel can move %s memory between hosts%s%s",
-		 cuda ? "CUDA" : "this", first_why ? ": " : "", first_why ? first_why : "");
-	return -EOPNOTSUPP;
+	return n;
 }
-
 
 int tpb_index(const char *name)
 {

@@ -1,10 +1,13 @@
 /* SPDX-License-Identifier: BSD-3-Clause */
 /*
  * tpb: the backend layer. Every channel (a way to move tensor bytes) is one op table with
- * honest capability flags and a probe() that says whether it can run on this host; a static,
- * ordered registry lists them and picks the first viable channel for a transfer. This header
- * knows nothing about sessions, pipes or the wire: the daemon describes each transfer as a
- * source and a destination memory reference.
+ * honest capability flags and a probe() that says whether it can run on this host, plus the
+ * asynchronous ops (context, endpoint, prepare, start, cancel, forget, event fd, progress)
+ * behind dispatch wrappers; a static, ordered registry lists them and one selection function
+ * (tpb_select_pair()) picks the first viable channel, in [backends] priority order, for any
+ * pair of memory references, on this host or between hosts. This header knows nothing about
+ * sessions, pipes or the wire: the daemon describes each transfer as a source and a
+ * destination memory reference.
  *
  * Same-host channels in this release:
  *   cma    process_vm_readv/writev into or out of a client's own address space
@@ -14,6 +17,7 @@
  *          mapping or a client's address space, on the daemon's own streams
  * Between hosts:
  *   mpt    chunks striped over a peer link's data connections (daemon/xfer/stripe.c); no copy op
+ *   rdma   RDMA writes between shared buffers on both hosts (daemon/xfer/gdr.c); no copy op
  *   cuda_basic  CUDA memory staged chunk by chunk through host buffers of the stripe threads
  *          (tpb_stage()), so it rides the mpt connections; no copy op
  *   cuda_gdr  RDMA writes straight from and into registered memory over ibverbs (GPUDirect),
@@ -47,6 +51,7 @@ enum tpb_loc {
 	TPB_LOC_LOCAL = 0, /* @addr is a pointer in the daemon's address space */
 	TPB_LOC_PROCESS,   /* @addr is an address in the pinned process @proc */
 	TPB_LOC_CUDA,	   /* @addr is an offset inside the client allocation @cuda */
+	TPB_LOC_REMOTE,	   /* memory on another host (over a peer link), of kind @remote */
 };
 
 struct tpb_cuda_map;
@@ -61,6 +66,9 @@ struct tpb_mem {
 	/* TPB_LOC_CUDA: borrowed; whoever builds the transfer holds a reference until it ends. */
 	struct tpb_cuda_map *cuda;  /* the allocation */
 	struct tpb_cuda_map *event; /* the client's event to wait for first, or NULL */
+	/* TPB_LOC_REMOTE: the kind of memory on the other host as far as this side knows it
+	 * (TPB_LOC_LOCAL: a shared buffer there, TPB_LOC_PROCESS: private memory, TPB_LOC_CUDA). */
+	enum tpb_loc remote;
 };
 
 /* One contiguous copy. */
@@ -88,6 +96,91 @@ struct tpb_config {
 	const char *priority; /* "name,name,...": these first, in this order; NULL: built-in */
 };
 
+/* ---- the asynchronous channel op table ------------------------------------------------------
+ *
+ * Every channel, same host or not, is driven through one op table, in the spirit of UCX's uct
+ * and rdma-core's provider ops:
+ *
+ *   probe                      is it viable on this host? (once, by the registry)
+ *   ctx_new / ctx_free         the channel's context, one per daemon
+ *   ep_open / ep_close         an endpoint per peer (NULL peer: this host)
+ *   prepare                    the receiving side registers its memory and builds an offer
+ *                              (bytes the daemon carries to the other side), e.g. RDMA keys
+ *   start                      starts a transfer; 0: its @done runs exactly once, later, on the
+ *                              thread that calls progress (the loop), never inside start
+ *   cancel                     asks a started transfer to stop; it completes with -ECANCELED
+ *                              once the channel touches its memory no more
+ *   forget                     drops what the context caches about memory (registrations)
+ *   event_fd / progress        an fd that turns readable when completions wait, and the call
+ *                              that runs them: the daemon polls the fd on its loop, so no
+ *                              channel ever touches the event loop itself
+ *
+ * Callers use the tpb_*() dispatch wrappers below, never the table: a missing op is
+ * -EOPNOTSUPP there. A same-host channel keeps its synchronous kernel (@copy) and gets the rest
+ * from the shared adapter (TPB_SYNC_OPS, backends/base/sync.c), which runs the kernel on an
+ * engine the daemon supplies (its copy threads) and completes through the context's event fd.
+ */
+
+struct tpb_channel_ops;
+struct tpb_op;
+
+/* The head of every channel context: channels embed it first and dispatch through @ops. */
+struct tpb_ctx {
+	const struct tpb_channel_ops *ops;
+	int idx; /* registry index when made (tpb_name()) */
+};
+
+/* The other side of an endpoint. Borrowed by ep_open() until ep_close(). */
+struct tpb_peer {
+	const char *name;		/* for messages: the link's address */
+	const char *const *offers;	/* the peer's channel names (its PeerHello.backends) */
+	size_t n_offers;
+	void *link;			/* the daemon's link, opaque here */
+};
+
+/* The head of every endpoint: channels embed it first. */
+struct tpb_ep {
+	struct tpb_ctx *ctx;
+	const struct tpb_peer *peer; /* NULL: this host */
+};
+
+/*
+ * The engine a same-host channel's kernel runs on: the daemon's copy threads
+ * (tpd_copier_engine()), or NULL in a context, to run the kernel inside start() (tests, tools;
+ * the completion still comes later, from progress()).
+ */
+struct tpb_engine {
+	/* Runs the kernel of registry channel @channel over @op->xfers off the calling thread,
+	 * then calls tpb_engine_done(@op, ...) exactly once, from any thread. Keeps @op until
+	 * then. Return: 0, or -errno (nothing taken, no tpb_engine_done()). */
+	int (*submit)(void *arg, int channel, struct tpb_op *op);
+	void *arg;
+};
+
+/* Runs on the thread calling tpb_progress(), exactly once per started op. */
+typedef void (*tpb_op_done_fn)(struct tpb_op *op);
+
+/* One transfer. The caller owns it and keeps it alive until @done has run. */
+struct tpb_op {
+	/* Set by the caller. @xfers (and the memory they name) borrowed until @done. */
+	const struct tpb_xfer *xfers;
+	size_t n_xfers;
+	const void *offer; /* start, between hosts: the other side's offer (prepare()), or NULL */
+	size_t offer_len;
+	tpb_op_done_fn done;
+	void *arg;
+	/* Set by the channel before @done runs. */
+	int status;	/* 0, -ECANCELED, or the channel's -errno */
+	uint64_t bytes; /* moved, on success */
+	char why[160];	/* with a failure: more than the errno says, or "" */
+	/* The channel's own, from start() until @done. */
+	struct tpb_ep *ep;
+	struct tpb_op *next;	     /* completion queue */
+	struct tpb_op *next_pending; /* the endpoint's started ops */
+	unsigned state;
+	bool canceled;
+};
+
 struct tpb_channel_ops {
 	const char *name;
 	uint32_t caps;
@@ -95,7 +188,126 @@ struct tpb_channel_ops {
 	int (*probe)(const struct tpb_config *cfg, char *why, size_t why_len);
 	/* Synchronous copy, run on a copy thread. Return: 0 or -errno (-EFAULT, -ESRCH, ...). */
 	int (*copy)(const struct tpb_xfer *x, struct tpb_scratch *s);
+
+	/* The asynchronous table: see above, and the tpb_*() wrappers for each op's contract. */
+	int (*ctx_new)(const struct tpb_channel_ops *self, const struct tpb_config *cfg,
+		       const struct tpb_engine *engine, struct tpb_ctx **ret);
+	void (*ctx_free)(struct tpb_ctx *ctx);
+	int (*ep_open)(struct tpb_ctx *ctx, const struct tpb_peer *peer, struct tpb_ep **ret);
+	void (*ep_close)(struct tpb_ep *ep);
+	int (*prepare)(struct tpb_ep *ep, struct tpb_op *op, void *offer, size_t *offer_len);
+	int (*start)(struct tpb_ep *ep, struct tpb_op *op);
+	int (*cancel)(struct tpb_ep *ep, struct tpb_op *op);
+	int (*forget)(struct tpb_ctx *ctx, const struct tpb_mem *m, uint64_t len);
+	int (*event_fd)(struct tpb_ctx *ctx);
+	int (*progress)(struct tpb_ctx *ctx);
 };
+
+/*
+ * tpb_ctx_new() - the context of registry channel @idx (one per daemon), after
+ * tpb_registry_init(). @cfg: borrowed for the call. @engine: borrowed until tpb_ctx_free(), or
+ * NULL (a same-host channel then runs its kernel inside tpb_start()).
+ * @ret: returns owned context, free with tpb_ctx_free().
+ * Return: 0; -EOPNOTSUPP (no such op, or @idx out of range), -ENODEV (not viable here),
+ * -ENOMEM.
+ */
+int tpb_ctx_new(int idx, const struct tpb_config *cfg, const struct tpb_engine *engine,
+		struct tpb_ctx **ret);
+
+/*
+ * tpb_ctx_free() - free @ctx. Every endpoint must be closed; completions still owed run first,
+ * from inside this call (waiting for the engine to finish the kernels it runs). Accepts NULL.
+ */
+void tpb_ctx_free(struct tpb_ctx *ctx);
+
+/*
+ * tpb_ep_open() - an endpoint of @ctx to @peer (NULL: this host).
+ * Ownership: borrows @ctx and @peer until tpb_ep_close(); returns owned @ret.
+ * Return: 0; -EOPNOTSUPP (no such op, or a peer this channel cannot reach: a same-host channel
+ * and a remote peer, a peer that does not offer this channel), -ENOMEM.
+ */
+int tpb_ep_open(struct tpb_ctx *ctx, const struct tpb_peer *peer, struct tpb_ep **ret);
+
+/*
+ * tpb_ep_close() - close @ep: its started ops are canceled (each still completes, with
+ * -ECANCELED, from a later tpb_progress()); @ep itself goes once the last has. Accepts NULL.
+ */
+void tpb_ep_close(struct tpb_ep *ep);
+
+/*
+ * tpb_prepare() - the receiving side of a transfer between hosts: register @op's destination
+ * and write the offer the other side's tpb_start() needs into @offer (@offer_len: its size in,
+ * the offer's length out). Ownership: borrows @op's memory until its transfer ends or
+ * tpb_forget(). Return: 0, -EOPNOTSUPP (no such op: this channel needs no offer), -ENOBUFS
+ * (@offer too small), or the channel's -errno.
+ */
+int tpb_prepare(struct tpb_ep *ep, struct tpb_op *op, void *offer, size_t *offer_len);
+
+/*
+ * tpb_start() - start @op on @ep. Ownership: keeps @op (and the memory of its xfers) until
+ * @op->done has run.
+ * Return: 0 (@op->done runs exactly once, later, from tpb_progress() on @ep's context, never
+ * inside this call), or -errno with no callback (-EOPNOTSUPP: no such op; -EINVAL: no done
+ * callback; -ESHUTDOWN: @ep is closing; the engine's -errno).
+ */
+int tpb_start(struct tpb_ep *ep, struct tpb_op *op);
+
+/*
+ * tpb_cancel() - ask @op, started on @ep, to stop. Its @done runs with -ECANCELED once the
+ * channel touches its memory no more (a kernel already running finishes first).
+ * Return: 0, -EOPNOTSUPP (no such op), -ENOENT (@op is not pending on @ep: completed already).
+ */
+int tpb_cancel(struct tpb_ep *ep, struct tpb_op *op);
+
+/*
+ * tpb_forget() - drop whatever @ctx caches about [@m, @m + @len) (registrations), now or
+ * when the transfers using it end; call before that memory goes away. Borrows @m.
+ * Return: 0, or -EOPNOTSUPP (no such op: this channel caches nothing).
+ */
+int tpb_forget(struct tpb_ctx *ctx, const struct tpb_mem *m, uint64_t len);
+
+/*
+ * tpb_event_fd() - the fd that is readable while completions of @ctx wait for tpb_progress().
+ * Return: the fd (borrowed, valid until tpb_ctx_free(); never close it), or -EOPNOTSUPP.
+ */
+int tpb_event_fd(struct tpb_ctx *ctx);
+
+/*
+ * tpb_progress() - run the completions of @ctx that are ready (their @done callbacks, on the
+ * calling thread); never blocks. Return: how many ran, or -EOPNOTSUPP.
+ */
+int tpb_progress(struct tpb_ctx *ctx);
+
+/*
+ * tpb_engine_done() - an engine finished @op's kernel with @status (0 or -errno; @why: more
+ * about a failure, or NULL). Any thread; exactly once per tpb_engine.submit(). The context
+ * delivers the completion from its next tpb_progress().
+ */
+void tpb_engine_done(struct tpb_op *op, int status, uint64_t bytes, const char *why);
+
+/*
+ * The shared adapter for same-host channels (backends/base/sync.c): a context with an eventfd
+ * and a locked completion queue; start submits the channel's @copy kernel to the engine. Only
+ * for op tables (TPB_SYNC_OPS): callers use the tpb_*() wrappers, whose Ownership and Return
+ * these follow (ep_open: -EOPNOTSUPP for any @peer but NULL; ctx_new: -EOPNOTSUPP without a
+ * @copy kernel, -errno from eventfd()).
+ */
+int tpb_sync_ctx_new(const struct tpb_channel_ops *self, const struct tpb_config *cfg,
+		     const struct tpb_engine *engine, struct tpb_ctx **ret);
+void tpb_sync_ctx_free(struct tpb_ctx *ctx);
+int tpb_sync_ep_open(struct tpb_ctx *ctx, const struct tpb_peer *peer, struct tpb_ep **ret);
+void tpb_sync_ep_close(struct tpb_ep *ep);
+int tpb_sync_start(struct tpb_ep *ep, struct tpb_op *op);
+int tpb_sync_cancel(struct tpb_ep *ep, struct tpb_op *op);
+int tpb_sync_event_fd(struct tpb_ctx *ctx);
+int tpb_sync_progress(struct tpb_ctx *ctx);
+
+/* The asynchronous ops of a same-host channel: its kernel on the shared adapter. */
+#define TPB_SYNC_OPS                                                                    \
+	.ctx_new = tpb_sync_ctx_new, .ctx_free = tpb_sync_ctx_free,                     \
+	.ep_open = tpb_sync_ep_open, .ep_close = tpb_sync_ep_close,                     \
+	.start = tpb_sync_start, .cancel = tpb_sync_cancel,                             \
+	.event_fd = tpb_sync_event_fd, .progress = tpb_sync_progress
 
 extern const struct tpb_channel_ops tpb_cma_ops;
 extern const struct tpb_channel_ops tpb_shm_ops;
@@ -104,7 +316,8 @@ extern const struct tpb_channel_ops tpb_mpt_ops;
 extern const struct tpb_channel_ops tpb_rdma_ops;
 
 /* 1 if an RDMA port is usable (rdma-core built in, a device with an active port), else 0 with
- * the reason in @why. Probes each time; the registry keeps the result. */
+ * the reason in @why. Probes once per tpb_registry_init() (rdma and cuda_gdr share the answer);
+ * later calls return it. */
 int tpb_rdma_viable(char *why, size_t why_len);
 extern const struct tpb_channel_ops tpb_cuda_ipc_ops;
 extern const struct tpb_channel_ops tpb_cuda_basic_ops;
@@ -133,29 +346,44 @@ int tpb_priority_check(const char *priority, char *bad, size_t bad_len);
 const struct tpb_channel_info *tpb_registry_list(size_t *ret_n);
 
 /*
- * tpb_select() - first viable channel that can copy from @src to @dst on this host.
+ * tpb_select_pair() - the one channel selection, for any (@src, @dst) pair, same host or not:
+ * the first viable channel in priority order ([backends] priority) whose capabilities cover
+ * both sides. Same host (neither side TPB_LOC_REMOTE): channels with a copy op. One side
+ * TPB_LOC_REMOTE: channels with TPB_CAP_CROSS_HOST, judged on this side's memory and on the
+ * other side's kind (@mem.remote), e.g. rdma only between shared buffers, cuda_gdr and
+ * cuda_basic only with CUDA memory on a side, mpt for CPU memory of any kind.
+ * @why (if not NULL) receives the reason the chosen channel won and why each channel tried
+ * before it could not serve, e.g. "first viable for process>process memory in priority order;
+ * passed over: shm: cannot copy these kinds of memory".
+ * Ownership: borrows @src and @dst (only their kinds are read).
+ * Return: the registry index (>= 0), or -EOPNOTSUPP if none can (the reasons in @why), or
+ * -EINVAL if both sides are remote.
+ */
+int tpb_select_pair(const struct tpb_mem *src, const struct tpb_mem *dst, char *why,
+		    size_t why_len);
+
+/*
+ * tpb_select() - tpb_select_pair() for two kinds of memory of this host.
  * Return: the registry index (>= 0), or -EOPNOTSUPP if none can.
  */
 int tpb_select(enum tpb_loc src, enum tpb_loc dst);
 
-/*
- * tpb_select_why() - tpb_select(), and why: @why (if not NULL) receives the reason the chosen
- * channel won and why each channel tried before it could not serve, e.g. "first viable for
- * process>process memory in priority order; passed over: shm: cannot copy process>process
- * memory". Return: as tpb_select() (with the reasons for every channel in @why on -EOPNOTSUPP).
- */
+/* tpb_select(), with the reasons as tpb_select_pair() gives them. Borrows @why. */
 int tpb_select_why(enum tpb_loc src, enum tpb_loc dst, char *why, size_t why_len);
 
-/* "local", "process" or "cuda". */
+/* "local", "process", "cuda" or "remote". */
 const char *tpb_loc_name(enum tpb_loc l);
 
 /*
- * tpb_select_cross() - the channel that moves this daemon's side @mine of a transfer to or from
- * another host: the first viable channel with TPB_CAP_CROSS_HOST that can read (@sending) or
- * write @mine: mpt for CPU memory, cuda_gdr or cuda_basic for CUDA memory.
- * Return: the registry index (>= 0), or -EOPNOTSUPP with the reason in @why.
+ * tpb_peer_offers() - the channels this daemon names to a peer daemon (PeerHello.backends):
+ * every viable channel that can serve between hosts (TPB_CAP_CROSS_HOST) or rides the peer
+ * link itself (TPB_CAP_INLINE: basic), in priority order; a channel for which @keep (if not
+ * NULL) returns false is left out (the daemon's RDMA engine may have found no port).
+ * @ret: filled with up to @max borrowed names (static strings).
+ * Return: how many were written.
  */
-int tpb_select_cross(enum tpb_loc mine, bool sending, char *why, size_t why_len);
+size_t tpb_peer_offers(bool (*keep)(const char *name, void *arg), void *arg, const char **ret,
+		       size_t max);
 
 /* ---- the process a CMA copy may touch (backends/cma/proc.c) ---- */
 

@@ -51,4 +51,5 @@ const struct tpb_channel_ops tpb_cma_ops = {
 		TPB_CAP_DST_LOCAL | TPB_CAP_DST_PROCESS | TPB_CAP_NEEDS_PROCESS,
 	.probe = cma_probe,
 	.copy = cma_copy,
+	TPB_SYNC_OPS, /* its kernel on the daemon's copy threads */
 };

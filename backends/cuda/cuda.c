@@ -581,6 +581,8 @@ int tpb_stage(const struct tpb_mem *m, uint64_t off, void *host, size_t len, boo
 		return tpb_cma_move(m->proc, host, m->addr + off, len, to_mem, why, why_len);
 	case TPB_LOC_CUDA:
 		return stage_cuda(m, off, host, len, to_mem, s, why, why_len);
+	case TPB_LOC_REMOTE:
+		break; /* another host's memory: never staged here */
 	}
 	return -EINVAL;
 }
@@ -607,18 +609,23 @@ const struct tpb_channel_ops tpb_cuda_ipc_ops = {
 		TPB_CAP_DST_LOCAL | TPB_CAP_DST_PROCESS | TPB_CAP_DST_CUDA | TPB_CAP_NEEDS_CUDA,
 	.probe = cuda_probe,
 	.copy = cuda_ipc_copy,
+	TPB_SYNC_OPS, /* its kernel on the daemon's copy threads */
 };
 
 const struct tpb_channel_ops tpb_cuda_basic_ops = {
 	.name = "cuda_basic",
-	.caps = TPB_CAP_CROSS_HOST | TPB_CAP_SRC_CUDA | TPB_CAP_DST_CUDA | TPB_CAP_NEEDS_CUDA,
+	/* CUDA memory on one side at least, staged to or from any CPU memory on the other. */
+	.caps = TPB_CAP_CROSS_HOST | TPB_CAP_SRC_LOCAL | TPB_CAP_SRC_PROCESS | TPB_CAP_SRC_CUDA |
+		TPB_CAP_DST_LOCAL | TPB_CAP_DST_PROCESS | TPB_CAP_DST_CUDA | TPB_CAP_NEEDS_CUDA,
 	.probe = cuda_probe,
 	.copy = NULL,
 };
 
 const struct tpb_channel_ops tpb_cuda_gdr_ops = {
 	.name = "cuda_gdr",
-	.caps = TPB_CAP_CROSS_HOST | TPB_CAP_SRC_CUDA | TPB_CAP_DST_CUDA | TPB_CAP_NEEDS_CUDA,
+	/* CUDA memory on one side at least; the other side CUDA or a shared buffer (registered). */
+	.caps = TPB_CAP_CROSS_HOST | TPB_CAP_SRC_LOCAL | TPB_CAP_SRC_CUDA | TPB_CAP_DST_LOCAL |
+		TPB_CAP_DST_CUDA | TPB_CAP_NEEDS_CUDA,
 	.probe = gdr_probe,
 	.copy = NULL,
 };

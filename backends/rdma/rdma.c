@@ -10,11 +10,13 @@
 #include <stdio.h>
 #include "tpconfig.h"
 #include "../tpb.h"
+#include "../tpb_int.h"
 #if HAVE_RDMA
 #include "tpv.h"
 #endif
 
-int tpb_rdma_viable(char *why, size_t why_len)
+/* Probes the RDMA ports. */
+static int rdma_probe_now(char *why, size_t why_len)
 {
 #if HAVE_RDMA
 	const struct tpv_ops *ops = tpv_ops_load(why, why_len);
@@ -24,6 +26,24 @@ int tpb_rdma_viable(char *why, size_t why_len)
 	snprintf(why, why_len, "tpipd was built without RDMA support (rdma-core)");
 	return 0;
 #endif
+}
+
+/* One probe per registry round: rdma and cuda_gdr both ask (they used to probe twice). */
+int tpb_rdma_viable(char *why, size_t why_len)
+{
+	static unsigned round;
+	static bool probed;
+	static int viable;
+	static char reason[128];
+
+	if (!probed || round != tpb_probe_round) {
+		reason[0] = '\0';
+		viable = rdma_probe_now(reason, sizeof(reason));
+		round = tpb_probe_round;
+		probed = true;
+	}
+	snprintf(why, why_len, "%s", reason);
+	return viable;
 }
 
 static int rdma_probe(const struct tpb_config *cfg, char *why, size_t why_len)

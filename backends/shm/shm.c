@@ -24,4 +24,5 @@ const struct tpb_channel_ops tpb_shm_ops = {
 	.caps = TPB_CAP_HOST_MEM | TPB_CAP_SAME_HOST | TPB_CAP_SRC_LOCAL | TPB_CAP_DST_LOCAL,
 	.probe = shm_probe,
 	.copy = shm_copy,
+	TPB_SYNC_OPS, /* its kernel on the daemon's copy threads */
 };

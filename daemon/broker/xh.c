@@ -280,6 +280,37 @@ static void xh_gdr_ready(void *arg, int err, const char *why)
 	tpd_xpipe_tell(p, &pm, NULL, 0);
 }
 
+/*
+ * Does the channel selection (tpb_select_pair(), honouring [backends] priority) pick an RDMA
+ * channel (rdma, cuda_gdr) for every segment of @xh, this side's memory against the other
+ * host's? The other side's kind: on a send, what the reader's offer registered; on a receive,
+ * the writer's tensor kind (a shared buffer is assumed for CPU memory: the writer's daemon
+ * declines the offer for private memory). Else @xh->chan_why says which channel won and why.
+ */
+static bool xh_select_rdma(struct tpd_xh *xh)
+{
+	for (size_t i = 0; i < xh->x.n_segs; i++) {
+		const Tpw__V1__PeerReadReq *rr = xh->offer;
+		bool cuda = xh->send ? rr && i < rr->n_rdma && rr->rdma[i]->cuda
+				     : xh->m->src[i].remote_cuda;
+		struct tpb_mem other = { .loc = TPB_LOC_REMOTE,
+					 .remote = cuda ? TPB_LOC_CUDA : TPB_LOC_LOCAL };
+		const struct tpb_mem *mine = &xh->segs[i].mem;
+		char why[160];
+		int ch = xh->send ? tpb_select_pair(mine, &other, why, sizeof(why))
+				  : tpb_select_pair(&other, mine, why, sizeof(why));
+		const char *name = tpb_name(ch);
+
+		if (ch >= 0 && (strcmp(name, "rdma") == 0 || strcmp(name, "cuda_gdr") == 0))
+			continue;
+		snprintf(xh->chan_why, sizeof(xh->chan_why), "striped over the peer link's data "
+			 "connections: %.12s for segment %zu: %.100s", ch >= 0 ? name : "none", i,
+			 why);
+		return false;
+	}
+	return true;
+}
+
 /* Send: RDMA-writes @xh if the reader offered it and this side can. Return: 0 or -errno. */
 static int xh_send_gdr(struct tpd_xh *xh)
 {
@@ -292,6 +323,8 @@ static int xh_send_gdr(struct tpd_xh *xh)
 			 "connections: the reader offered no RDMA target");
 		return -EOPNOTSUPP;
 	}
+	if (!xh_select_rdma(xh))
+		return -EOPNOTSUPP; /* this daemon's priority puts the data connections first */
 	r = tpd_gdr_send(tpd_peer_gdr(xh->link), &xh->x, xh->offer, why, sizeof(why));
 	if (r < 0)
 		snprintf(xh->chan_why, sizeof(xh->chan_why), "striped over the peer link's data "
@@ -328,9 +361,12 @@ int tpd_xh_start(struct tpd_msg *m)
 		xh->x.done = xh_recv_done;
 		xh->x.xfer_id = tpd_peer_xfer_add(xh->link, xh);
 		r = xh->x.xfer_id ? tpd_stripe_recv(tpd_peer_stripe(xh->link), &xh->x) : -ENOMEM;
-		if (r == 0 && tpd_gdr_recv_new(tpd_peer_gdr(xh->link), xh->segs, xh->x.n_segs,
-					       msg_remote_cuda(m), xh_gdr_ready, xh, &xh->gdr_recv,
-					       why, sizeof(why)) < 0) {
+		/* An RDMA offer only where the selection picks rdma or cuda_gdr for every segment
+		 * and the link can carry it; else the bytes come over the data connections. */
+		if (r == 0 && (!tpd_gdr_link_ready(tpd_peer_gdr(xh->link)) || !xh_select_rdma(xh) ||
+			       tpd_gdr_recv_new(tpd_peer_gdr(xh->link), xh->segs, xh->x.n_segs,
+						msg_remote_cuda(m), xh_gdr_ready, xh, &xh->gdr_recv,
+						why, sizeof(why)) < 0)) {
 			xh_gdr_ready(xh, 0, NULL); /* no offer: ask for the bytes at once */
 		} else if (r < 0 && xh->x.xfer_id) {
 			tpd_peer_xfer_drop(xh->link, xh->x.xfer_id);

@@ -25,21 +25,29 @@
 #include "peerauth.h"
 #include "peertls.h"
 #include "stripe.h"
+#include "tpb.h"
 #include "validate.h"
+
+/* Offer rdma and cuda_gdr only where the RDMA engine found a port for them (tpd_gdr_start()). */
+static bool hello_keeps(const char *name, void *arg)
+{
+	unsigned rdma = tpd_gdr_offers(arg);
+
+	if (strcmp(name, "rdma") == 0)
+		return rdma & TPD_GDR_HOST;
+	if (strcmp(name, "cuda_gdr") == 0)
+		return rdma & TPD_GDR_CUDA;
+	return true;
+}
 
 void tpd_peerhs_send_hello(struct tpd_peer *pr, Tpw__V1__Status st, const char *msg)
 {
 	struct tpd_daemon *d = pr->d;
 	Tpw__V1__PeerHello h = TPW__V1__PEER_HELLO__INIT;
 	Tpw__V1__PeerMsg m = TPW__V1__PEER_MSG__INIT;
-	unsigned rdma = tpd_gdr_offers(d);
-	char *backends[4] = { "mpt", "basic" };
-	size_t n_backends = 2;
-
-	if (rdma & TPD_GDR_HOST)
-		backends[n_backends++] = "rdma";
-	if (rdma & TPD_GDR_CUDA)
-		backends[n_backends++] = "cuda_gdr";
+	const char *backends[16];
+	/* The registry's viable channels between hosts, in this daemon's priority order. */
+	size_t n_backends = tpb_peer_offers(hello_keeps, d, backends, TPU_ARRAY_SIZE(backends));
 
 	h.major = TPW_PEER_PROTO_MAJOR;
 	h.minor = TPW_PEER_PROTO_MINOR;
@@ -48,7 +56,7 @@ void tpd_peerhs_send_hello(struct tpd_peer *pr, Tpw__V1__Status st, const char *
 	h.boot_id.len = sizeof(d->boot_id);
 	h.instance = d->instance;
 	h.n_backends = n_backends;
-	h.backends = backends;
+	h.backends = (char **)backends;
 	h.data_conns = pr->outgoing ? d->cfg.peer_data_conns : 0;
 	h.data_plaintext = !d->cfg.peer_data_encryption;
 	h.force_cross_host = d->cfg.peer_force_cross_host;

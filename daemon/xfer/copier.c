@@ -257,3 +257,38 @@ void tpd_copier_free(struct tpd_copier *c)
 	pthread_cond_destroy(&c->cond);
 	free(c);
 }
+
+/* A job made for an op of a channel context ends: hand its outcome to the context. */
+static void engine_job_done(struct tpd_copy_job *job)
+{
+	tpb_engine_done(job->arg, job->status, job->bytes, job->why);
+	tpd_copy_job_free(job);
+}
+
+static int engine_submit(void *arg, int channel, struct tpb_op *op)
+{
+	struct tpd_copy_job *job;
+
+	if (op->n_xfers == 0) {
+		tpb_engine_done(op, 0, 0, NULL); /* nothing to copy: delivered from progress */
+		return 0;
+	}
+	job = tpd_copy_job_new(op->n_xfers, 0);
+	if (!job)
+		return -ENOMEM;
+	for (size_t i = 0; i < op->n_xfers; i++) {
+		job->xfers[i] = op->xfers[i];
+		job->channels[i] = channel;
+		job->bytes += op->xfers[i].len;
+	}
+	job->n = op->n_xfers;
+	job->done = engine_job_done;
+	job->arg = op;
+	tpd_copier_submit(arg, job);
+	return 0;
+}
+
+void tpd_copier_engine(struct tpd_copier *c, struct tpb_engine *ret)
+{
+	*ret = (struct tpb_engine){ .submit = engine_submit, .arg = c };
+}

@@ -60,6 +60,16 @@ unsigned tpd_copier_busy(const struct tpd_copier *c);
 /* Stops the workers (waiting for running copies), completes queued jobs with -ECANCELED. */
 void tpd_copier_free(struct tpd_copier *c);
 
+/*
+ * tpd_copier_engine() - @c as the engine of the same-host channels' contexts (struct
+ * tpb_engine, tpb_ctx_new()): each op submitted becomes one job of @c, whose workers run the
+ * op's channel kernel on its transfers; the job's completion, on the loop thread, calls
+ * tpb_engine_done(), and the context delivers it from its next tpb_progress().
+ * Ownership: the engine borrows @c, which must outlive every context made with it; a job still
+ * queued when @c is freed completes with -ECANCELED.
+ */
+void tpd_copier_engine(struct tpd_copier *c, struct tpb_engine *ret);
+
 /* Allocates a job for @n transfers, @n_refs buffer references and 2 * @n_refs CUDA mapping
  * references. Return: job or NULL. */
 struct tpd_copy_job *tpd_copy_job_new(size_t n, size_t n_refs);

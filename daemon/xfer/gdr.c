@@ -147,6 +147,16 @@ int gdr_port_open(struct gdr_port *pt, char *why, size_t wl)
 	return 0;
 }
 
+/* Did the registry find channel @name viable? */
+static bool gdr_channel_viable(const char *name)
+{
+	size_t n;
+	const struct tpb_channel_info *ch = tpb_registry_list(&n);
+	int i = tpb_index(name);
+
+	return i >= 0 && (size_t)i < n && ch[i].viable;
+}
+
 int tpd_gdr_start(struct tpd_daemon *d)
 {
 	struct tpd_gdr *g = calloc(1, sizeof(*g));
@@ -162,7 +172,11 @@ int tpd_gdr_start(struct tpd_daemon *d)
 		tpu_log(TPU_LOG_INFO, "rdma and cuda_gdr: disabled by configuration");
 		return 0;
 	}
-	g->cuda = tpb_cuda_viable(why, sizeof(why));
+	/* The registry probed RDMA once at start-up (rdma and cuda_gdr share that probe); its
+	 * "channel rdma/cuda_gdr: not viable" lines say why, at info. */
+	if (!gdr_channel_viable("rdma"))
+		return 0;
+	g->cuda = gdr_channel_viable("cuda_gdr");
 	g->ops = tpv_ops_load(why, sizeof(why));
 	if (!g->ops) {
 		/* the probes' "channel rdma/cuda_gdr: not viable" lines say why, at info */

@@ -567,6 +567,46 @@ START_TEST(test_rdma_cache_budget)
 }
 END_TEST
 
+/*
+ * [backends] priority decides the channel between hosts, on each daemon: the reader's daemon
+ * (B) with mpt first makes no RDMA offer, the writer's daemon (A) with mpt first declines the
+ * offer; either way one 2 MiB tensor crosses over mpt although RDMA is ready on the link. With
+ * rdma first on both (as in the built-in order between hosts), the same tensor goes by rdma.
+ */
+START_TEST(test_rdma_priority_decides_the_channel)
+{
+	static const size_t one[] = { 2 * MIB };
+	static const struct {
+		const char *a, *b, *name;
+		bool rdma;
+	} cases[] = {
+		{ "rdma,mpt", "mpt", "prio-reader-mpt", false },
+		{ "mpt", "rdma,mpt", "prio-writer-mpt", false },
+		{ "rdma,mpt", "rdma,mpt", "prio-rdma", true },
+		{ "mpt,rdma", "mpt,rdma", "prio-mpt", false },
+	};
+	const char *const *t = tpt_peer_args();
+
+	spec_lens = one;
+	spec_n = 1;
+	for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
+		const char *a[8] = { t[0], t[1], t[2], t[3], "--backend-priority", cases[i].a };
+		const char *b[8] = { t[0], t[1], t[2], t[3], "--backend-priority", cases[i].b };
+		uint64_t bytes = 2 * 2 * MIB;
+		struct counts c0;
+
+		ck_assert_int_eq(tpt_daemon_stop(&tpt_peer_a), 0);
+		ck_assert_int_eq(tpt_daemon_stop(&tpt_peer_b), 0);
+		ck_assert_int_eq(tpt_daemon_pair_start(&tpt_peer_a, a, &tpt_peer_b, b), 0);
+		c0 = counts_now();
+		ck_assert_msg(cross(cases[i].name, TPT_MEM_SHM, TPT_MEM_SHM), "%s", cases[i].name);
+		expect_counts(&c0, cases[i].rdma ? bytes : 0, cases[i].rdma ? 0 : bytes);
+		expect_link(&tpt_peer_a, "ready", NULL, cases[i].rdma ? bytes : 0, 0);
+		expect_link(&tpt_peer_b, "ready", NULL, 0, cases[i].rdma ? bytes : 0);
+	}
+}
+END_TEST
+
 static Suite *rdma_suite(bool stand_in)
 {
 	Suite *s = suite_create("rdma");
@@ -578,6 +618,7 @@ static Suite *rdma_suite(bool stand_in)
 	tcase_add_test(tc, test_rdma_turned_off_by_configuration);
 	tcase_add_test(tc, test_rdma_registrations_are_cached);
 	tcase_add_test(tc, test_rdma_cache_budget);
+	tcase_add_test(tc, test_rdma_priority_decides_the_channel);
 	if (stand_in) { /* the daemons' ports and failures come from the stand-in provider */
 		tcase_add_test(tc, test_rdma_peer_without_a_port);
 		tcase_add_test(tc, test_rdma_device_error_reaches_both_clients);

@@ -9,6 +9,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <linux/capability.h>
+#include <poll.h>
 #include <pthread.h>
 #include <sys/socket.h>
 #include <sys/syscall.h>
@@ -216,9 +217,14 @@ static const char *sel(enum tpb_loc a, enum tpb_loc b)
 	return i < 0 ? "none" : tpb_name(i);
 }
 
-static const char *sel_cross(enum tpb_loc mine, bool sending, char *why, size_t wl)
+/* The channel between hosts for this side's @mine against the other host's memory of kind
+ * @theirs, sending (@mine is the source) or receiving. */
+static const char *sel_cross(enum tpb_loc mine, enum tpb_loc theirs, bool sending, char *why,
+			     size_t wl)
 {
-	int i = tpb_select_cross(mine, sending, why, wl);
+	struct tpb_mem m = { .loc = mine }, o = { .loc = TPB_LOC_REMOTE, .remote = theirs };
+	int i = sending ? tpb_select_pair(&m, &o, why, wl) : tpb_select_pair(&o, &m, why, wl);
+
 	return i < 0 ? "none" : tpb_name(i);
 }
 
@@ -234,10 +240,11 @@ START_TEST(test_negotiation_table)
 	for (size_t k = 0; k < 2; k++) {
 		struct tpb_config cfg = { .priority = order[k] };
 		size_t n_ch;
-		bool gdr;
+		bool gdr, rdma;
 
 		ck_assert_int_eq(tpb_registry_init(&cfg), 0);
 		gdr = tpb_registry_list(&n_ch)[tpb_index("cuda_gdr")].viable;
+		rdma = tpb_registry_list(&n_ch)[tpb_index("rdma")].viable;
 		/* CPU pairs: never a CUDA channel, whatever the priority. */
 		ck_assert_str_eq(sel(TPB_LOC_LOCAL, TPB_LOC_LOCAL), "shm");
 		ck_assert_str_eq(sel(TPB_LOC_LOCAL, TPB_LOC_PROCESS), "cma");
@@ -249,17 +256,336 @@ START_TEST(test_negotiation_table)
 		ck_assert_str_eq(sel(TPB_LOC_CUDA, TPB_LOC_LOCAL), cu);
 		ck_assert_str_eq(sel(TPB_LOC_PROCESS, TPB_LOC_CUDA), cu);
 		ck_assert_str_eq(sel(TPB_LOC_CUDA, TPB_LOC_PROCESS), cu);
-		/* Between hosts: mpt for CPU memory either way; for CUDA cuda_gdr with an RDMA
-		 * port (a real one, or the stand-in of the fakecuda test setup), else cuda_basic. */
+		/* Between hosts: mpt for CPU memory either way, but rdma between shared buffers
+		 * with an RDMA port (a real one, or the stand-in of the fakeverbs test setup); for
+		 * CUDA cuda_gdr with an RDMA port, else cuda_basic. */
 		for (int send = 0; send < 2; send++) {
-			ck_assert_str_eq(sel_cross(TPB_LOC_LOCAL, send, why, sizeof(why)), "mpt");
-			ck_assert_str_eq(sel_cross(TPB_LOC_PROCESS, send, why, sizeof(why)), "mpt");
-			ck_assert_str_eq(sel_cross(TPB_LOC_CUDA, send, why, sizeof(why)),
-					 !cuda ? "none" : gdr ? "cuda_gdr" : "cuda_basic");
+			const char *cu_x = !cuda ? "none" : gdr ? "cuda_gdr" : "cuda_basic";
+
+			ck_assert_str_eq(sel_cross(TPB_LOC_LOCAL, TPB_LOC_LOCAL, send, why,
+						   sizeof(why)), rdma ? "rdma" : "mpt");
+			ck_assert_str_eq(sel_cross(TPB_LOC_LOCAL, TPB_LOC_PROCESS, send, why,
+						   sizeof(why)), "mpt");
+			ck_assert_str_eq(sel_cross(TPB_LOC_PROCESS, TPB_LOC_LOCAL, send, why,
+						   sizeof(why)), "mpt");
+			ck_assert_str_eq(sel_cross(TPB_LOC_CUDA, TPB_LOC_LOCAL, send, why,
+						   sizeof(why)), cu_x);
+			ck_assert_str_eq(sel_cross(TPB_LOC_CUDA, TPB_LOC_CUDA, send, why,
+						   sizeof(why)), cu_x);
+			ck_assert_str_eq(sel_cross(TPB_LOC_LOCAL, TPB_LOC_CUDA, send, why,
+						   sizeof(why)), cu_x);
+			/* Private memory cannot be registered: never RDMA, with CUDA or not. */
+			ck_assert_str_eq(sel_cross(TPB_LOC_PROCESS, TPB_LOC_CUDA, send, why,
+						   sizeof(why)), cuda ? "cuda_basic" : "none");
 			if (!cuda)
 				ck_assert_ptr_nonnull(strstr(why, "CUDA"));
 		}
 	}
+}
+END_TEST
+
+/*
+ * [backends] priority decides between hosts too: mpt named first beats rdma, rdma named first
+ * (or the built-in order) beats mpt, for shared buffers on both sides. rdma is viable only with
+ * an RDMA port or the stand-in (the fakeverbs setup, and the hw suite's backends-fakeverbs);
+ * without one, mpt is the only CPU channel between hosts whatever the priority says.
+ */
+START_TEST(test_priority_decides_between_hosts)
+{
+	static const struct {
+		const char *priority, *with_rdma;
+	} cases[] = {
+		{ NULL, "rdma" },	  { "mpt", "mpt" },	  { "rdma", "rdma" },
+		{ "mpt,rdma", "mpt" }, { "rdma,mpt", "rdma" }, { "shm,cma", "rdma" },
+	};
+	struct tpb_mem a = { .loc = TPB_LOC_LOCAL },
+		       b = { .loc = TPB_LOC_REMOTE, .remote = TPB_LOC_LOCAL };
+	char why[512];
+	size_t n;
+
+	for (size_t k = 0; k < sizeof(cases) / sizeof(cases[0]); k++) {
+		struct tpb_config cfg = { .priority = cases[k].priority };
+		bool rdma;
+		int i;
+
+		ck_assert_int_eq(tpb_registry_init(&cfg), 0);
+		rdma = tpb_registry_list(&n)[tpb_index("rdma")].viable;
+		if (k == 0 && !rdma)
+			printf("backends: rdma not viable here (%s): mpt whatever the priority\n",
+			       tpb_registry_list(&n)[tpb_index("rdma")].why);
+		/* Both directions: this side sending, and this side receiving. */
+		i = tpb_select_pair(&a, &b, why, sizeof(why));
+		ck_assert_str_eq(tpb_name(i), rdma ? cases[k].with_rdma : "mpt");
+		ck_assert_msg(strstr(why, "between hosts"), "%s", why);
+		i = tpb_select_pair(&b, &a, why, sizeof(why));
+		ck_assert_str_eq(tpb_name(i), rdma ? cases[k].with_rdma : "mpt");
+		if (strcmp(tpb_name(i), "mpt") == 0 && rdma)
+			ck_assert_msg(!strstr(why, "passed over"), "mpt named first: %s", why);
+		if (strcmp(cases[k].with_rdma, "rdma") == 0 && !rdma)
+			ck_assert_msg(strstr(why, "passed over: rdma: "), "%s", why);
+		/* Same-host pairs never take a between-hosts channel, and the other way round. */
+		ck_assert_str_eq(tpb_name(tpb_select(TPB_LOC_LOCAL, TPB_LOC_LOCAL)), "shm");
+	}
+	/* Both sides on other hosts: not this daemon's transfer. */
+	ck_assert_int_eq(tpb_select_pair(&b, &b, NULL, 0), -EINVAL);
+}
+END_TEST
+
+/* PeerHello's list: viable channels that work between hosts or ride the link, in priority
+ * order; a filter can leave one out. */
+static bool no_mpt(const char *name, void *arg)
+{
+	++*(int *)arg;
+	return strcmp(name, "mpt") != 0;
+}
+
+START_TEST(test_peer_offers_follow_the_registry)
+{
+	const char *v[16];
+	size_t n;
+	int calls = 0;
+	bool rdma;
+
+	ck_assert_int_eq(tpb_registry_init(&(struct tpb_config){ .priority = "mpt" }), 0);
+	rdma = tpb_registry_list(&n)[tpb_index("rdma")].viable;
+	n = tpb_peer_offers(NULL, NULL, v, 16);
+	ck_assert_uint_ge(n, 2);
+	ck_assert_str_eq(v[0], "mpt");
+	ck_assert_str_eq(v[1], "basic");
+	for (size_t i = 2; i < n; i++) {
+		ck_assert_int_eq(tpb_registry_list(&(size_t){ 0 })[tpb_index(v[i])].viable, true);
+		ck_assert(strcmp(v[i], "shm") && strcmp(v[i], "cma") && strcmp(v[i], "cuda_ipc"));
+	}
+	ck_assert_uint_eq(n, 2 + rdma + (size_t)tpb_registry_list(&(size_t){ 0 })[
+			     tpb_index("cuda_gdr")].viable + (size_t)tpb_registry_list(
+			     &(size_t){ 0 })[tpb_index("cuda_basic")].viable);
+	ck_assert_uint_eq(tpb_peer_offers(NULL, NULL, v, 1), 1);
+	n = tpb_peer_offers(no_mpt, &calls, v, 16);
+	ck_assert_int_ge(calls, 2);
+	ck_assert_str_eq(v[0], "basic");
+	for (size_t i = 0; i < n; i++)
+		ck_assert_str_ne(v[i], "mpt");
+}
+END_TEST
+
+/*
+ * rdma and cuda_gdr share one RDMA probe per registry round: asking again within the round
+ * gives the answer of the start, without probing (the stand-in's FAKEVERBS_NO_DEVICE, read at
+ * every device listing, changes nothing until the next tpb_registry_init()). Without the
+ * stand-in rdma is not viable either way.
+ */
+START_TEST(test_rdma_probed_once_per_round)
+{
+	const struct tpb_channel_info *ch;
+	char why[128];
+	size_t n;
+	int viable;
+
+	unsetenv("FAKEVERBS_NO_DEVICE");
+	ck_assert_int_eq(tpb_registry_init(&(struct tpb_config){ 0 }), 0);
+	ch = tpb_registry_list(&n);
+	viable = ch[tpb_index("rdma")].viable;
+	ck_assert_int_eq(tpb_rdma_viable(why, sizeof(why)), viable);
+	ck_assert_str_eq(why, ch[tpb_index("rdma")].why);
+	if (ch[tpb_index("cuda_ipc")].viable)
+		ck_assert_str_eq(ch[tpb_index("cuda_gdr")].why, ch[tpb_index("rdma")].why);
+	setenv("FAKEVERBS_NO_DEVICE", "1", 1);
+	ck_assert_int_eq(tpb_rdma_viable(why, sizeof(why)), viable); /* same round: no probe */
+	ck_assert_int_eq(tpb_registry_init(&(struct tpb_config){ 0 }), 0);
+	ck_assert_int_eq(tpb_rdma_viable(why, sizeof(why)), 0); /* a new round probes again */
+	ck_assert(!tpb_registry_list(&n)[tpb_index("rdma")].viable);
+	ck_assert(!tpb_registry_list(&n)[tpb_index("cuda_gdr")].viable);
+	unsetenv("FAKEVERBS_NO_DEVICE");
+}
+END_TEST
+
+/* ---- the op table: dispatch wrappers and a same-host channel's life cycle ---- */
+
+struct done_rec {
+	int calls;
+	int status;
+	uint64_t bytes;
+	char why[160];
+	struct tpb_ep *close_in_done; /* closed from inside the callback, then NULL */
+};
+
+static void op_done(struct tpb_op *op)
+{
+	struct done_rec *d = op->arg;
+
+	d->calls++;
+	d->status = op->status;
+	d->bytes = op->bytes;
+	snprintf(d->why, sizeof(d->why), "%s", op->why);
+	if (d->close_in_done) {
+		tpb_ep_close(d->close_in_done);
+		d->close_in_done = NULL;
+	}
+}
+
+static bool fd_readable(int fd)
+{
+	struct pollfd p = { .fd = fd, .events = POLLIN };
+
+	return poll(&p, 1, 0) == 1;
+}
+
+/* A channel that implements none of the asynchronous ops: every wrapper says -EOPNOTSUPP. */
+START_TEST(test_op_wrappers_turn_missing_ops_into_eopnotsupp)
+{
+	static const struct tpb_channel_ops bare = { .name = "bare" };
+	struct tpb_ctx ctx = { .ops = &bare };
+	struct tpb_ep ep = { .ctx = &ctx }, *ret_ep = NULL;
+	struct tpb_ctx *ret = NULL;
+	struct tpb_op op = { .done = op_done };
+	struct tpb_mem m = { .loc = TPB_LOC_LOCAL };
+	char offer[8];
+	size_t len = sizeof(offer);
+
+	ck_assert_int_eq(tpb_registry_init(&(struct tpb_config){ 0 }), 0);
+	ck_assert_int_eq(tpb_ep_open(&ctx, NULL, &ret_ep), -EOPNOTSUPP);
+	ck_assert_int_eq(tpb_prepare(&ep, &op, offer, &len), -EOPNOTSUPP);
+	ck_assert_int_eq(tpb_start(&ep, &op), -EOPNOTSUPP);
+	ck_assert_int_eq(tpb_cancel(&ep, &op), -EOPNOTSUPP);
+	ck_assert_int_eq(tpb_forget(&ctx, &m, 1), -EOPNOTSUPP);
+	ck_assert_int_eq(tpb_event_fd(&ctx), -EOPNOTSUPP);
+	ck_assert_int_eq(tpb_progress(&ctx), -EOPNOTSUPP);
+	tpb_ep_close(&ep); /* no op: nothing happens */
+	tpb_ctx_free(&ctx);
+	tpb_ctx_free(NULL);
+	tpb_ep_close(NULL);
+	ck_assert_ptr_null(ret_ep);
+	/* Registry channels without the table yet (basic; the between-hosts ones), an index out
+	 * of range, and a same-host channel turned off. */
+	ck_assert_int_eq(tpb_ctx_new(tpb_index("basic"), NULL, NULL, &ret), -EOPNOTSUPP);
+	ck_assert_int_eq(tpb_ctx_new(tpb_index("mpt"), NULL, NULL, &ret), -EOPNOTSUPP);
+	ck_assert_int_eq(tpb_ctx_new(-1, NULL, NULL, &ret), -EOPNOTSUPP);
+	ck_assert_int_eq(tpb_ctx_new(64, NULL, NULL, &ret), -EOPNOTSUPP);
+	ck_assert_int_eq(tpb_registry_init(&(struct tpb_config){ .shm_disabled = true }), 0);
+	ck_assert_int_eq(tpb_ctx_new(tpb_index("shm"), NULL, NULL, &ret), -ENODEV);
+	ck_assert_ptr_null(ret);
+}
+END_TEST
+
+/*
+ * shm through the table: context, endpoint to this host (a remote peer is refused), start
+ * (no callback inside the call; the event fd turns readable; progress runs it once, with the
+ * bytes), cancel (of a finished op: -ENOENT; of one not yet delivered: -ECANCELED), the
+ * channel's needless ops (-EOPNOTSUPP), closing an endpoint from a callback and with an op
+ * owed, and a context freed with a completion owed (it runs inside tpb_ctx_free()).
+ */
+START_TEST(test_shm_life_cycle_through_the_op_table)
+{
+	static const char *const offers[] = { "shm" };
+	struct tpb_peer remote = { .name = "hostB", .offers = offers, .n_offers = 1 };
+	char src[3][100], dst[3][100], offer[8];
+	struct tpb_xfer x[3];
+	struct tpb_ctx *ctx;
+	struct tpb_ep *ep, *ep2;
+	struct done_rec d = { 0 }, d2 = { 0 };
+	struct tpb_op op = { .xfers = x, .n_xfers = 3, .done = op_done, .arg = &d };
+	struct tpb_op op2 = { .xfers = x, .n_xfers = 1, .done = op_done, .arg = &d2 };
+	size_t len = sizeof(offer);
+	int fd;
+
+	ck_assert_int_eq(tpb_registry_init(&(struct tpb_config){ 0 }), 0);
+	for (int i = 0; i < 3; i++) {
+		memset(src[i], 'a' + i, sizeof(src[i]));
+		memset(dst[i], 0, sizeof(dst[i]));
+		x[i] = (struct tpb_xfer){ .src = local(src[i]), .dst = local(dst[i]),
+					  .len = 50 + (uint64_t)i };
+	}
+	ck_assert_int_eq(tpb_ctx_new(tpb_index("shm"), NULL, NULL, &ctx), 0);
+	ck_assert_str_eq(tpb_name(ctx->idx), "shm");
+	fd = tpb_event_fd(ctx);
+	ck_assert_int_ge(fd, 0);
+	ck_assert_int_eq(tpb_ep_open(ctx, &remote, &ep), -EOPNOTSUPP);
+	ck_assert_int_eq(tpb_ep_open(ctx, NULL, &ep), 0);
+	ck_assert_int_eq(tpb_prepare(ep, &op, offer, &len), -EOPNOTSUPP);
+	ck_assert_int_eq(tpb_forget(ctx, &x[0].src, 1), -EOPNOTSUPP);
+	ck_assert_int_eq(tpb_start(ep, &(struct tpb_op){ .xfers = x, .n_xfers = 1 }), -EINVAL);
+	ck_assert(!fd_readable(fd));
+	ck_assert_int_eq(tpb_progress(ctx), 0);
+
+	ck_assert_int_eq(tpb_start(ep, &op), 0);
+	ck_assert_int_eq(d.calls, 0); /* never from inside start */
+	ck_assert(fd_readable(fd));
+	ck_assert_int_eq(tpb_progress(ctx), 1);
+	ck_assert_int_eq(d.calls, 1);
+	ck_assert_int_eq(d.status, 0);
+	ck_assert_uint_eq(d.bytes, 50 + 51 + 52);
+	for (int i = 0; i < 3; i++) {
+		ck_assert_int_eq(memcmp(dst[i], src[i], 50 + (size_t)i), 0);
+		ck_assert_int_eq(dst[i][50 + i], 0);
+	}
+	ck_assert(!fd_readable(fd));
+	ck_assert_int_eq(tpb_progress(ctx), 0);
+	ck_assert_int_eq(d.calls, 1); /* exactly once */
+	ck_assert_int_eq(tpb_cancel(ep, &op), -ENOENT);
+
+	/* Canceled before its completion was delivered: -ECANCELED, once. */
+	ck_assert_int_eq(tpb_start(ep, &op), 0);
+	ck_assert_int_eq(tpb_cancel(ep, &op), 0);
+	ck_assert_int_eq(tpb_progress(ctx), 1);
+	ck_assert_int_eq(d.calls, 2);
+	ck_assert_int_eq(d.status, -ECANCELED);
+	ck_assert_uint_eq(d.bytes, 0);
+
+	/* An endpoint closed from its own op's callback goes once the callback returned. */
+	d.close_in_done = ep;
+	ck_assert_int_eq(tpb_start(ep, &op), 0);
+	ck_assert_int_eq(tpb_progress(ctx), 1);
+	ck_assert_int_eq(d.calls, 3);
+	ck_assert_int_eq(d.status, 0);
+
+	/* Closing an endpoint cancels what it has started; the context, freed with that
+	 * completion owed, runs it first. */
+	ck_assert_int_eq(tpb_ep_open(ctx, NULL, &ep2), 0);
+	ck_assert_int_eq(tpb_start(ep2, &op2), 0);
+	tpb_ep_close(ep2);
+	ck_assert_int_eq(d2.calls, 0);
+	tpb_ctx_free(ctx);
+	ck_assert_int_eq(d2.calls, 1);
+	ck_assert_int_eq(d2.status, -ECANCELED);
+}
+END_TEST
+
+/* cma through the table: this process's memory read and written; an unmapped address fails
+ * the op (not the call) with -EFAULT. */
+START_TEST(test_cma_through_the_op_table)
+{
+	char a[64], b[64];
+	struct tpb_xfer x[2];
+	struct tpb_ctx *ctx;
+	struct tpb_ep *ep;
+	struct done_rec d = { 0 };
+	struct tpb_op op = { .xfers = x, .n_xfers = 2, .done = op_done, .arg = &d };
+
+	ck_assert_int_eq(tpb_registry_init(&(struct tpb_config){ 0 }), 0);
+	if (!tpb_registry_list(&(size_t){ 0 })[tpb_index("cma")].viable) {
+		printf("backends: cma not viable here: %s\n",
+		       tpb_registry_list(&(size_t){ 0 })[tpb_index("cma")].why);
+		return;
+	}
+	memset(a, 7, sizeof(a));
+	memset(b, 0, sizeof(b));
+	x[0] = (struct tpb_xfer){ .src = proc(a), .dst = local(b), .len = 32 };
+	x[1] = (struct tpb_xfer){ .src = local(a), .dst = proc(b + 32), .len = 32 };
+	ck_assert_int_eq(tpb_ctx_new(tpb_index("cma"), NULL, NULL, &ctx), 0);
+	ck_assert_int_eq(tpb_ep_open(ctx, NULL, &ep), 0);
+	ck_assert_int_eq(tpb_start(ep, &op), 0);
+	ck_assert_int_eq(tpb_progress(ctx), 1);
+	ck_assert_int_eq(d.status, 0);
+	ck_assert_uint_eq(d.bytes, 64);
+	ck_assert_int_eq(memcmp(a, b, sizeof(a)), 0);
+	x[1].dst.addr = 8; /* unmapped */
+	ck_assert_int_eq(tpb_start(ep, &op), 0);
+	ck_assert_int_eq(tpb_progress(ctx), 1);
+	ck_assert_int_eq(d.calls, 2);
+	ck_assert_int_eq(d.status, -EFAULT);
+	ck_assert_uint_eq(d.bytes, 0);
+	tpb_ep_close(ep);
+	tpb_ctx_free(ctx);
 }
 END_TEST
 
@@ -641,6 +967,12 @@ static Suite *backends_suite(void)
 	tcase_add_test(tc, test_cma_reads_writes_and_bounces);
 	tcase_add_test(tc, test_cma_unmapped_address_fails_cleanly);
 	tcase_add_test(tc, test_negotiation_table);
+	tcase_add_test(tc, test_priority_decides_between_hosts);
+	tcase_add_test(tc, test_peer_offers_follow_the_registry);
+	tcase_add_test(tc, test_rdma_probed_once_per_round);
+	tcase_add_test(tc, test_op_wrappers_turn_missing_ops_into_eopnotsupp);
+	tcase_add_test(tc, test_shm_life_cycle_through_the_op_table);
+	tcase_add_test(tc, test_cma_through_the_op_table);
 	tcase_add_test(tc, test_cuda_channels_listed_with_reason);
 	tcase_add_test(tc, test_cuda_map_is_shared_daemon_wide);
 	tcase_add_test(tc, test_cuda_copy_without_driver_fails_cleanly);

@@ -74,6 +74,105 @@ static void run_until(struct event_base *base, unsigned *remaining)
 		event_base_dispatch(base);
 }
 
+/* ---- the copier as the engine of a same-host channel's context (tpb.h op table) ---- */
+
+struct op_rec {
+	int calls, status;
+	uint64_t bytes;
+	pthread_t thread;
+	struct event_base *base;
+};
+
+static void op_on_done(struct tpb_op *op)
+{
+	struct op_rec *r = op->arg;
+
+	r->calls++;
+	r->status = op->status;
+	r->bytes = op->bytes;
+	r->thread = pthread_self();
+	event_base_loopbreak(r->base);
+}
+
+static void on_ctx_event(evutil_socket_t fd, short what, void *arg)
+{
+	tpb_progress(arg);
+}
+
+/*
+ * shm's kernel on the copy threads: tpb_start() hands the op to the copier, the copier's job
+ * completes on the loop, the context's event fd turns readable, and tpb_progress() on the loop
+ * runs the op's callback once, on the loop thread, with the bytes copied. An op canceled right
+ * after it started completes with -ECANCELED once its kernel has finished.
+ */
+START_TEST(test_copier_runs_a_channel_context_kernel)
+{
+	enum { LEN = 8 << 20 };
+	struct event_base *base = event_base_new();
+	struct tpd_copier *c = NULL;
+	struct tpb_engine engine;
+	struct tpb_ctx *ctx;
+	struct tpb_ep *ep;
+	struct event *ev;
+	char *src = malloc(LEN), *dst = calloc(1, LEN);
+	struct tpb_xfer x[2];
+	struct op_rec r = { .base = base };
+	struct tpb_op op = { .xfers = x, .n_xfers = 2, .done = op_on_done, .arg = &r };
+
+	tpb_registry_init(&(struct tpb_config){ 0 });
+	for (size_t i = 0; i < LEN; i++)
+		src[i] = (char)(i % 253);
+	x[0] = (struct tpb_xfer){ .src = { .loc = TPB_LOC_LOCAL, .addr = (uintptr_t)src },
+				  .dst = { .loc = TPB_LOC_LOCAL, .addr = (uintptr_t)dst },
+				  .len = LEN / 2 };
+	x[1] = x[0];
+	x[1].src.addr += LEN / 2;
+	x[1].dst.addr += LEN / 2;
+	ck_assert_int_eq(tpd_copier_new(base, 2, &c), 0);
+	tpd_copier_engine(c, &engine);
+	ck_assert_int_eq(tpb_ctx_new(tpb_index("shm"), NULL, &engine, &ctx), 0);
+	ck_assert_int_eq(tpb_ep_open(ctx, NULL, &ep), 0);
+	ev = event_new(base, tpb_event_fd(ctx), EV_READ | EV_PERSIST, on_ctx_event, ctx);
+	ck_assert_int_eq(event_add(ev, NULL), 0);
+
+	ck_assert_int_eq(tpb_start(ep, &op), 0);
+	ck_assert_int_eq(r.calls, 0);
+	event_base_loopexit(base, &(struct timeval){ 10, 0 });
+	event_base_dispatch(base);
+	ck_assert_int_eq(r.calls, 1);
+	ck_assert_int_eq(r.status, 0);
+	ck_assert_uint_eq(r.bytes, LEN);
+	ck_assert(pthread_equal(r.thread, pthread_self()));
+	ck_assert_int_eq(memcmp(src, dst, LEN), 0);
+
+	memset(dst, 0, LEN);
+	ck_assert_int_eq(tpb_start(ep, &op), 0);
+	ck_assert_int_eq(tpb_cancel(ep, &op), 0);
+	event_base_loopexit(base, &(struct timeval){ 10, 0 });
+	event_base_dispatch(base);
+	ck_assert_int_eq(r.calls, 2);
+	ck_assert_int_eq(r.status, -ECANCELED);
+	ck_assert_uint_eq(tpd_copier_busy(c), 0); /* the kernel had let go of the memory */
+
+	/* An op with nothing to copy still completes later, from progress. */
+	op.n_xfers = 0;
+	ck_assert_int_eq(tpb_start(ep, &op), 0);
+	ck_assert_int_eq(r.calls, 2);
+	event_base_loopexit(base, &(struct timeval){ 10, 0 });
+	event_base_dispatch(base);
+	ck_assert_int_eq(r.calls, 3);
+	ck_assert_int_eq(r.status, 0);
+
+	tpb_ep_close(ep);
+	event_free(ev);
+	tpb_ctx_free(ctx);
+	tpd_copier_free(c);
+	event_base_free(base);
+	free(src);
+	free(dst);
+}
+END_TEST
+
 START_TEST(test_copier_runs_jobs_and_completes_on_loop_thread)
 {
 	struct tpb_config cfg = { 0 };
@@ -271,6 +370,7 @@ static Suite *copier_suite(void)
 
 	tcase_set_timeout(tc, 30);
 	tcase_add_test(tc, test_copier_runs_jobs_and_completes_on_loop_thread);
+	tcase_add_test(tc, test_copier_runs_a_channel_context_kernel);
 	tcase_add_test(tc, test_copier_reports_copy_errors);
 	tcase_add_test(tc, test_copier_free_completes_every_job_once);
 	tcase_add_test(tc, test_copier_spreads_one_job_over_workers_and_completes_it_once);

@@ -1,0 +1,282 @@
+/* SPDX-License-Identifier: BSD-3-Clause */
+/*
+ * The asynchronous op table of a same-host channel (TPB_SYNC_OPS in tpb.h): the channel keeps
+ * its synchronous kernel (its copy op) and this adapter gives it a context, endpoints to this
+ * host only, start, cancel, an event fd and progress. start() hands the op to the engine the
+ * daemon supplied (its copy threads, which run the kernel and call tpb_engine_done()), or,
+ * without one, runs the kernel at once; either way the completion is queued under the context's
+ * lock, the eventfd is written, and the op's done callback runs later, from tpb_progress() on
+ * the thread that calls it (the loop). It does not choose channels (registry.c), nor run
+ * threads of its own (the engine's).
+ */
+#include <errno.h>
+#include <poll.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/eventfd.h>
+#include <unistd.h>
+#include "../tpb.h"
+
+#define SYNC_BOUNCE_BYTES (256u << 10) /* process-to-process CMA without an engine */
+
+enum op_state { OP_IDLE = 0, OP_RUNNING, OP_DONE };
+
+struct sync_ctx {
+	struct tpb_ctx base;
+	struct tpb_engine engine;
+	bool has_engine;
+	int efd;
+	pthread_mutex_t lock;		 /* guards the fields below and the ops' @state */
+	struct tpb_op *done, *done_tail; /* completions waiting for progress */
+	unsigned pending;		 /* started ops not yet delivered */
+	unsigned eps;
+	struct tpb_scratch scratch; /* kernels run inside start() (no engine) */
+};
+
+struct sync_ep {
+	struct tpb_ep base;
+	struct tpb_op *pending; /* started, not delivered (loop thread only) */
+	unsigned n_pending;
+	bool closing;
+	bool delivering; /* inside one of its ops' done callbacks: closing must not free it */
+};
+
+static struct sync_ctx *ctx_of(struct tpb_ctx *c)
+{
+	return (struct sync_ctx *)c;
+}
+
+int tpb_sync_ctx_new(const struct tpb_channel_ops *self, const struct tpb_config *cfg,
+		     const struct tpb_engine *engine, struct tpb_ctx **ret)
+{
+	struct sync_ctx *c;
+
+	if (!self->copy)
+		return -EOPNOTSUPP; /* nothing to run */
+	c = calloc(1, sizeof(*c));
+	if (!c)
+		return -ENOMEM;
+	c->base.ops = self;
+	c->base.idx = tpb_index(self->name);
+	c->efd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
+	if (c->efd < 0) {
+		int r = -errno;
+
+		free(c);
+		return r;
+	}
+	pthread_mutex_init(&c->lock, NULL);
+	if (engine) {
+		c->engine = *engine;
+		c->has_engine = true;
+	}
+	*ret = &c->base;
+	return 0;
+}
+
+void tpb_sync_ctx_free(struct tpb_ctx *ctx)
+{
+	struct sync_ctx *c = ctx_of(ctx);
+
+	/* Completions still owed run first: wait for the engine's kernels to finish. */
+	for (;;) {
+		struct pollfd pfd = { .fd = c->efd, .events = POLLIN };
+		unsigned pending;
+
+		pthread_mutex_lock(&c->lock);
+		pending = c->pending;
+		pthread_mutex_unlock(&c->lock);
+		if (!pending)
+			break;
+		if (tpb_sync_progress(ctx) == 0)
+			(void)poll(&pfd, 1, -1);
+	}
+	close(c->efd);
+	tpb_scratch_done(&c->scratch);
+	free(c->scratch.bounce);
+	pthread_mutex_destroy(&c->lock);
+	free(c);
+}
+
+int tpb_sync_ep_open(struct tpb_ctx *ctx, const struct tpb_peer *peer, struct tpb_ep **ret)
+{
+	struct sync_ep *e;
+
+	if (peer)
+		return -EOPNOTSUPP; /* a same-host channel reaches no other host */
+	e = calloc(1, sizeof(*e));
+	if (!e)
+		return -ENOMEM;
+	e->base.ctx = ctx;
+	ctx_of(ctx)->eps++;
+	*ret = &e->base;
+	return 0;
+}
+
+static void ep_free(struct sync_ep *e)
+{
+	ctx_of(e->base.ctx)->eps--;
+	free(e);
+}
+
+void tpb_sync_ep_close(struct tpb_ep *ep)
+{
+	struct sync_ep *e = (struct sync_ep *)ep;
+	struct sync_ctx *c = ctx_of(ep->ctx);
+
+	e->closing = true;
+	if (!e->n_pending && !e->delivering) {
+		ep_free(e);
+		return;
+	}
+	pthread_mutex_lock(&c->lock);
+	for (struct tpb_op *op = e->pending; op; op = op->next_pending)
+		op->canceled = true;
+	pthread_mutex_unlock(&c->lock);
+}
+
+/* Runs @op's kernel on the calling thread (no engine). */
+static void run_inline(struct sync_ctx *c, struct tpb_op *op)
+{
+	uint64_t bytes = 0;
+	int r = 0;
+
+	if (!c->scratch.bounce && (c->scratch.bounce = malloc(SYNC_BOUNCE_BYTES)))
+		c->scratch.bounce_len = SYNC_BOUNCE_BYTES;
+	c->scratch.why[0] = '\0';
+	for (size_t i = 0; i < op->n_xfers && r == 0; i++) {
+		r = c->base.ops->copy(&op->xfers[i], &c->scratch);
+		bytes += r == 0 ? op->xfers[i].len : 0;
+	}
+	tpb_engine_done(op, r, r == 0 ? bytes : 0, r < 0 ? c->scratch.why : NULL);
+}
+
+int tpb_sync_start(struct tpb_ep *ep, struct tpb_op *op)
+{
+	struct sync_ep *e = (struct sync_ep *)ep;
+	struct sync_ctx *c = ctx_of(ep->ctx);
+	int r;
+
+	if (e->closing)
+		return -ESHUTDOWN;
+	op->ep = ep;
+	op->state = OP_RUNNING;
+	op->canceled = false;
+	op->status = 0;
+	op->bytes = 0;
+	op->why[0] = '\0';
+	op->next = NULL;
+	pthread_mutex_lock(&c->lock);
+	c->pending++;
+	pthread_mutex_unlock(&c->lock);
+	op->next_pending = e->pending;
+	e->pending = op;
+	e->n_pending++;
+	if (!c->has_engine) {
+		run_inline(c, op);
+		return 0;
+	}
+	r = c->engine.submit(c->engine.arg, c->base.idx, op);
+	if (r < 0) { /* not taken: undo, no callback */
+		e->pending = op->next_pending;
+		e->n_pending--;
+		pthread_mutex_lock(&c->lock);
+		c->pending--;
+		op->state = OP_IDLE;
+		pthread_mutex_unlock(&c->lock);
+	}
+	return r;
+}
+
+int tpb_sync_cancel(struct tpb_ep *ep, struct tpb_op *op)
+{
+	struct sync_ctx *c = ctx_of(ep->ctx);
+	int r = -ENOENT;
+
+	pthread_mutex_lock(&c->lock);
+	if (op->ep == ep && op->state != OP_IDLE) {
+		op->canceled = true; /* reported once the kernel has let go of the memory */
+		r = 0;
+	}
+	pthread_mutex_unlock(&c->lock);
+	return r;
+}
+
+void tpb_engine_done(struct tpb_op *op, int status, uint64_t bytes, const char *why)
+{
+	struct sync_ctx *c = ctx_of(op->ep->ctx);
+	uint64_t one = 1;
+
+	pthread_mutex_lock(&c->lock);
+	op->status = status;
+	op->bytes = status == 0 ? bytes : 0;
+	snprintf(op->why, sizeof(op->why), "%s", why && status < 0 ? why : "");
+	op->state = OP_DONE;
+	op->next = NULL;
+	if (c->done_tail)
+		c->done_tail->next = op;
+	else
+		c->done = op;
+	c->done_tail = op;
+	pthread_mutex_unlock(&c->lock);
+	if (write(c->efd, &one, sizeof(one)) < 0) {
+		/* the counter cannot overflow here; EAGAIN would still leave it readable */
+	}
+}
+
+int tpb_sync_event_fd(struct tpb_ctx *ctx)
+{
+	return ctx_of(ctx)->efd;
+}
+
+/* Unlinks @op from its endpoint's started list (loop thread). */
+static void ep_unlink(struct sync_ep *e, struct tpb_op *op)
+{
+	for (struct tpb_op **pp = &e->pending; *pp; pp = &(*pp)->next_pending) {
+		if (*pp == op) {
+			*pp = op->next_pending;
+			e->n_pending--;
+			return;
+		}
+	}
+}
+
+int tpb_sync_progress(struct tpb_ctx *ctx)
+{
+	struct sync_ctx *c = ctx_of(ctx);
+	struct tpb_op *batch;
+	uint64_t v;
+	int n = 0;
+
+	if (read(c->efd, &v, sizeof(v)) < 0) {
+		/* EAGAIN: nothing signalled since the last call; the queue may still hold some */
+	}
+	pthread_mutex_lock(&c->lock);
+	batch = c->done;
+	c->done = c->done_tail = NULL;
+	for (struct tpb_op *op = batch; op; op = op->next) {
+		op->state = OP_IDLE;
+		c->pending--;
+		if (op->canceled) {
+			op->status = -ECANCELED;
+			op->bytes = 0;
+		}
+	}
+	pthread_mutex_unlock(&c->lock);
+	while (batch) {
+		struct tpb_op *op = batch;
+		struct sync_ep *e = (struct sync_ep *)op->ep;
+
+		batch = op->next;
+		ep_unlink(e, op);
+		e->delivering = true;
+		op->done(op); /* may start, cancel or close: @op is the caller's again */
+		e->delivering = false;
+		n++;
+		if (e->closing && !e->n_pending)
+			ep_free(e);
+	}
+	return n;
+}
