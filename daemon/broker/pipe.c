@@ -218,6 +218,7 @@ void tpd_pipes_flow_flush(struct tpd_daemon *d)
 		if (e->session && !e->session->dead && fc.messages)
 			tpd_session_send(e->session, &dm, NULL, 0);
 	}
+	tpd_pipes_budget_wake(d);
 }
 
 /* ---- pipes --------------------------------------------------------------------------------- */
@@ -231,6 +232,7 @@ void tpd_pipe_end_init(struct tpd_pipe_end *e, struct tpd_pipe *p, struct tpd_se
 	tpu_list_init(&e->wq);
 	tpu_list_init(&e->rq);
 	tpu_list_init(&e->credit_node);
+	tpu_list_init(&e->budget_node);
 	e->gone = TPW__V1__STATUS__STATUS_UNSPECIFIED;
 }
 
@@ -274,6 +276,8 @@ void tpd_pipe_maybe_free(struct tpd_pipe *p)
 	end_drop_all(&p->end[1]);
 	tpu_list_remove(&p->end[0].credit_node);
 	tpu_list_remove(&p->end[1].credit_node);
+	tpd_pipe_budget_leave(&p->end[0]);
+	tpd_pipe_budget_leave(&p->end[1]);
 	tpd_xpipe_done(p);
 	tpu_list_remove(&p->node);
 	p->d->n_pipes--;
@@ -516,9 +520,10 @@ static int queue_check(struct tpd_pipe_end *e, uint32_t tail_len, size_t n_seg, 
 		       size_t wl)
 {
 	uint64_t cost = tpd_msg_cost(tail_len, n_seg);
-
 	const struct tpd_config *cfg = &e->pipe->d->cfg;
 
+	if (e->budget != TPD_BUDGET_OPEN)
+		return -EAGAIN; /* waits for the daemon-wide budget: resend later */
 	if (e->queued >= cfg->pipe_queue_max) {
 		snprintf(why, wl, "pipe queue full: %u unread messages (limit %u, tpipd "
 			 "--pipe-queue-max)", e->queued,
@@ -532,14 +537,7 @@ static int queue_check(struct tpd_pipe_end *e, uint32_t tail_len, size_t n_seg, 
 			 (unsigned long long)cfg->pipe_queue_bytes);
 		return -ENOBUFS;
 	}
-	if (e->pipe->d->quota.pipe_bytes + cost > cfg->pipe_queue_bytes_total) {
-		snprintf(why, wl, "pipe queues of this daemon full: %llu bytes held for unread "
-			 "messages in all pipes (limit %llu, tpipd --pipe-queue-bytes-max)",
-			 (unsigned long long)e->pipe->d->quota.pipe_bytes,
-			 (unsigned long long)cfg->pipe_queue_bytes_total);
-		return -ENOBUFS;
-	}
-	return 0;
+	return tpd_pipe_budget_check(e, cost, why, wl);
 }
 
 void tpd_pipe_write(struct tpd_pipe_end *e, Tpw__V1__ClientMsg *cm, const uint8_t *tail,
@@ -563,6 +561,10 @@ void tpd_pipe_write(struct tpd_pipe_end *e, Tpw__V1__ClientMsg *cm, const uint8_
 		return;
 	}
 	err = queue_check(e, tail_len, w->n_payloads + w->n_tensors, why, sizeof(why));
+	if (err == -EAGAIN) {
+		tpd_pipe_budget_refuse(e, w->write_id, tail_len);
+		goto out;
+	}
 	if (err < 0)
 		goto reject;
 	m = calloc(1, sizeof(*m));
@@ -586,7 +588,7 @@ void tpd_pipe_write(struct tpd_pipe_end *e, Tpw__V1__ClientMsg *cm, const uint8_
 	e->queued++;
 	e->queued_bytes += tail_len;
 	m->cost = tpd_msg_cost(tail_len, m->n_src);
-	e->pipe->d->quota.pipe_bytes += m->cost;
+	tpd_pipe_budget_charge(e->pipe->d, m->cost);
 	if (m->eager) {
 		/* The bytes now travel with the descriptor; the writer's memory is free. */
 		msg_set_write(m, TPW__V1__STATUS__STATUS_OK, NULL);
@@ -865,6 +867,7 @@ static void end_detach(struct tpd_pipe_end *e, Tpw__V1__Status why)
 		     e->remote ? "remote" : "local", tpw_status_name(why));
 	e->session = NULL;
 	e->gone = why;
+	tpd_pipe_budget_leave(e);
 	if (peer->remote)
 		tpd_xpipe_local_left(p, why);
 	/* Writes of @e: nobody waits for their completion any more. Rendezvous reads the peer

@@ -21,6 +21,12 @@ struct tpd_session;
 struct tpd_pipe;
 struct tpd_peer;
 
+enum tpd_budget_state {
+	TPD_BUDGET_OPEN = 0,
+	TPD_BUDGET_WAITING,
+	TPD_BUDGET_RESUMED,
+};
+
 struct tpd_pipe_end {
 	struct tpd_pipe *pipe;
 	struct tpd_session *session; /* NULL once detached */
@@ -44,6 +50,13 @@ struct tpd_pipe_end {
 	uint32_t credit_msgs;
 	uint64_t credit_bytes;
 	struct tpu_list credit_node;
+	/* The daemon-wide budget (budget.c): OPEN, or WAITING in d->budget_wait for @budget_need
+	 * bytes, or RESUMED (FlowResume sent, @reserved bytes set aside) until the client answers.
+	 * Writes are refused with WriteDone{resend} unless OPEN; @reserved goes with the next. */
+	enum tpd_budget_state budget;
+	uint64_t budget_need;
+	uint64_t reserved;
+	struct tpu_list budget_node;
 };
 
 struct tpd_pipe {
@@ -90,8 +103,15 @@ struct tpd_pipe {
  */
 void tpd_pipe_credit(struct tpd_pipe_end *e, uint64_t bytes);
 
-/* tpd_pipes_flow_flush() - send the FlowCredit the pass collected (end of each loop pass). */
+/* tpd_pipes_flow_flush() - send the FlowCredit the pass collected and FlowResume to the ends
+ * waiting for the daemon-wide budget that now fit (end of each loop pass). */
 void tpd_pipes_flow_flush(struct tpd_daemon *d);
+
+/*
+ * tpd_pipe_budget_resumed() - the client of local end @e answered FlowResume (borrows @fr):
+ * its Writes that follow are taken again. Ignored unless the daemon sent FlowResume to @e.
+ */
+void tpd_pipe_budget_resumed(struct tpd_pipe_end *e, const Tpw__V1__FlowResume *fr);
 
 /*
  * tpd_pipe_connect() - handle Connect from @s: find the listener, check access, create the pipe,

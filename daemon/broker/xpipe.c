@@ -825,8 +825,8 @@ static bool remote_queue_full(struct tpd_pipe *p, struct tpd_pipe_end *w, uint64
 			 "bytes (limit %llu, tpipd --pipe-queue-bytes)",
 			 (unsigned long long)w->queued_bytes,
 			 (unsigned long long)cfg->pipe_queue_bytes);
-	else if (p->d->quota.pipe_bytes + tpd_msg_cost(tail_len, n_seg) >
-		 cfg->pipe_queue_bytes_total)
+	else if (p->d->quota.pipe_bytes + p->d->quota.pipe_reserved +
+		 tpd_msg_cost(tail_len, n_seg) > cfg->pipe_queue_bytes_total)
 		snprintf(why, sizeof(why), "pipe queues full on the reader's host: %llu bytes held "
 			 "for unread messages in all pipes (limit %llu, tpipd "
 			 "--pipe-queue-bytes-max)",
@@ -885,7 +885,7 @@ void tpd_xpipe_peer_descriptor(struct tpd_pipe *p, const Tpw__V1__Descriptor *dd
 	w->queued++;
 	w->queued_bytes += tail_len;
 	m->cost = tpd_msg_cost(tail_len, m->n_src);
-	p->d->quota.pipe_bytes += m->cost;
+	tpd_pipe_budget_charge(p->d, m->cost);
 	m->tail_len = tail_len;
 	if (m->eager) {
 		int basic = tpb_index("basic");

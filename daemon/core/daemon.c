@@ -492,6 +492,7 @@ int tpd_daemon_new(const struct tpd_config *cfg, struct tpd_daemon **ret)
 	tpu_list_init(&d->pipes);
 	tpu_list_init(&d->xwaits);
 	tpu_list_init(&d->flow_dirty);
+	tpu_list_init(&d->budget_wait);
 	tpd_registry_init(&d->registry);
 	tpd_quota_init(&d->quota);
 	d->base = event_base_new();

@@ -396,6 +396,11 @@ static void dispatch(struct tpd_session *s, Tpw__V1__ClientMsg *m, const struct 
 		if (e)
 			tpd_cancel_handle(e, m->cancel);
 		break;
+	case TPW__V1__CLIENT_MSG__BODY_FLOW_RESUME:
+		e = find_end(s, m->flow_resume->pipe_id);
+		if (e)
+			tpd_pipe_budget_resumed(e, m->flow_resume);
+		break;
 	case TPW__V1__CLIENT_MSG__BODY_SESSION_END:
 		/* tp_context_free(): the disconnect that follows is a clean close. */
 		s->ended_clean = true;
