@@ -39,6 +39,17 @@ static struct tpd_pipe_end *local_end(struct tpd_pipe *p)
 	return p->end[0].remote ? &p->end[1] : &p->end[0];
 }
 
+/*
+ * Arms a wait deadline @tv from now. libevent measures it from the time cached at the start of
+ * the loop pass, which long work in the same pass (or valgrind) leaves tens of milliseconds
+ * stale: the wait would end early. Refresh the cache first.
+ */
+static void timer_add_fresh(struct event *ev, const struct timeval *tv)
+{
+	event_base_update_cache_time(event_get_base(ev));
+	evtimer_add(ev, tv);
+}
+
 void tpd_xpipe_tell(struct tpd_pipe *p, Tpw__V1__PeerMsg *pm, const struct iovec *iov, int n)
 {
 	if (p->link)
@@ -303,7 +314,7 @@ void tpd_xpipe_connect(struct tpd_daemon *d, struct tpd_session *s, const Tpw__V
 		/* The far daemon answers within wait_ms: the deadline leaves it that much more. */
 		uint64_t ms = (uint64_t)d->cfg.peer_connect_timeout_ms + p->wait_ms;
 		struct timeval tv = {(time_t)(ms / 1000), (suseconds_t)(ms % 1000) * 1000};
-		evtimer_add(p->ev_connect, &tv);
+		timer_add_fresh(p->ev_connect, &tv);
 	}
 	if (p->wait_ms)
 		tpd_pipe_log(p, s, TPU_LOG_INFO, "connecting to '%s' on %s, waiting up to %u ms "
@@ -350,7 +361,7 @@ static void xpipe_wait_here(struct tpd_pipe *p)
 	p->link = NULL;
 	p->waiting = true;
 	snprintf(p->peer_addr, sizeof(p->peer_addr), "this host");
-	evtimer_add(p->ev_connect, &tv); /* replaces the peer deadline */
+	timer_add_fresh(p->ev_connect, &tv); /* replaces the peer deadline */
 	tpd_pipe_log(p, local_end(p)->session, TPU_LOG_INFO, "address is this daemon: waiting up "
 		     "to %u ms for listener '%s'", p->wait_ms, p->listener);
 }
@@ -451,7 +462,7 @@ void tpd_xpipe_wait_local(struct tpd_daemon *d, struct tpd_session *s, const Tpw
 		tpd_pipe_maybe_free(p);
 		return;
 	}
-	evtimer_add(p->ev_connect, &tv);
+	timer_add_fresh(p->ev_connect, &tv);
 	tpd_pipe_log(p, s, TPU_LOG_INFO, "waiting up to %u ms for listener '%s'", c->wait_ms,
 		     c->address);
 }
@@ -535,7 +546,7 @@ static int xwait_add(struct tpd_daemon *d, struct tpd_peer *pr, const Tpw__V1__P
 		return tpu_why(-ENOMEM, why, wl, "out of memory");
 	}
 	tpu_list_insert_tail(&d->xwaits, &w->node);
-	evtimer_add(w->ev, &tv);
+	timer_add_fresh(w->ev, &tv);
 	tpu_log_debug("peer %s: connect to '%s' waits up to %u ms for the listener",
 		      tpd_peer_name(pr), c->name, c->wait_ms);
 	return 0;
