@@ -9,8 +9,10 @@
  * sends it FlowResume; the client answers FlowResume and resends, in order. Waiting ends are
  * woken in the order they started to wait, and an end that does not wait may not pass them, so
  * no pipe starves. The bytes held (pipe_bytes) plus the room set aside never exceed the budget.
- * Older clients, and a message larger than the budget itself, still get -ENOBUFS. What a
- * message costs, and the per-pipe limits, are pipe.c's and msg.c's. Loop thread only.
+ * Older clients, and a message larger than the budget itself, still get -ENOBUFS. The same wait
+ * keeps a cross-host pipe's local writer within the far daemon's per-pipe queue limits (which
+ * may be smaller than ours; learnt at pipe set-up): it resumes as the far reader consumes. What
+ * a message costs, and the local per-pipe limits, are pipe.c's and msg.c's. Loop thread only.
  */
 #include <stdio.h>
 #include "daemon.h"
@@ -123,4 +125,57 @@ void tpd_pipes_budget_wake(struct tpd_daemon *d)
 		fr.pipe_id = e->local_id;
 		tpd_session_send(e->session, &dm, NULL, 0);
 	}
+}
+
+/* ---- the far daemon's queue of a cross-host pipe ---- */
+
+static bool far_fits(const struct tpd_pipe_end *e, uint64_t tail_len)
+{
+	const struct tpd_pipe *p = e->pipe;
+
+	return (!p->far_queue_max || e->queued < p->far_queue_max) &&
+	       (!p->far_queue_bytes || e->queued_bytes + tail_len <= p->far_queue_bytes);
+}
+
+int tpd_pipe_far_check(struct tpd_pipe_end *e, uint32_t tail_len, char *why, size_t wl)
+{
+	const struct tpd_pipe *p = e->pipe;
+
+	if (!tpd_pipe_end_peer(e)->remote || far_fits(e, tail_len))
+		return 0;
+	if (p->far_queue_bytes && tail_len > p->far_queue_bytes) {
+		snprintf(why, wl, "a message of %u inline bytes is over the reader's daemon's limit "
+			 "of %llu (tpipd --pipe-queue-bytes on the reader's host)", tail_len,
+			 (unsigned long long)p->far_queue_bytes);
+		return -ENOBUFS;
+	}
+	if (!end_waits(e)) {
+		snprintf(why, wl, "pipe queue full on the reader's host: %u unread messages, %llu "
+			 "inline bytes (its limits %u, %llu: tpipd --pipe-queue-max, "
+			 "--pipe-queue-bytes there)", e->queued,
+			 (unsigned long long)e->queued_bytes, p->far_queue_max,
+			 (unsigned long long)p->far_queue_bytes);
+		return -ENOBUFS;
+	}
+	e->budget = TPD_BUDGET_WAITING_FAR;
+	e->budget_need = tail_len;
+	return -EAGAIN;
+}
+
+void tpd_pipe_far_wake(struct tpd_pipe_end *e)
+{
+	Tpw__V1__FlowResume fr = TPW__V1__FLOW_RESUME__INIT;
+	Tpw__V1__DaemonMsg dm = TPW__V1__DAEMON_MSG__INIT;
+
+	if (e->budget != TPD_BUDGET_WAITING_FAR || !far_fits(e, e->budget_need))
+		return;
+	if (!e->session || e->session->dead) {
+		e->budget = TPD_BUDGET_OPEN;
+		return;
+	}
+	e->budget = TPD_BUDGET_RESUMED;
+	fr.pipe_id = e->local_id;
+	dm.body_case = TPW__V1__DAEMON_MSG__BODY_FLOW_RESUME;
+	dm.flow_resume = &fr;
+	tpd_session_send(e->session, &dm, NULL, 0);
 }

@@ -159,6 +159,7 @@ void tpd_pipe_msg_consumed(struct tpd_msg *m, Tpw__V1__Status st, const char *wh
 		w->queued_bytes -= m->tail_len;
 		d->quota.pipe_bytes -= m->cost;
 		tpd_pipe_credit(w, m->tail_len);
+		tpd_pipe_far_wake(w);
 	}
 	if (tpu_list_linked(&m->wnode)) {
 		write_done_flush(w); /* frees @m once its WriteDone is out */
@@ -521,6 +522,7 @@ static int queue_check(struct tpd_pipe_end *e, uint32_t tail_len, size_t n_seg, 
 {
 	uint64_t cost = tpd_msg_cost(tail_len, n_seg);
 	const struct tpd_config *cfg = &e->pipe->d->cfg;
+	int err;
 
 	if (e->budget != TPD_BUDGET_OPEN)
 		return -EAGAIN; /* waits for the daemon-wide budget: resend later */
@@ -537,6 +539,9 @@ static int queue_check(struct tpd_pipe_end *e, uint32_t tail_len, size_t n_seg, 
 			 (unsigned long long)cfg->pipe_queue_bytes);
 		return -ENOBUFS;
 	}
+	err = tpd_pipe_far_check(e, tail_len, why, wl);
+	if (err < 0)
+		return err;
 	return tpd_pipe_budget_check(e, cost, why, wl);
 }
 

@@ -24,6 +24,7 @@ struct tpd_peer;
 enum tpd_budget_state {
 	TPD_BUDGET_OPEN = 0,
 	TPD_BUDGET_WAITING,
+	TPD_BUDGET_WAITING_FAR, /* for room in the far daemon's queue of a cross-host pipe */
 	TPD_BUDGET_RESUMED,
 };
 
@@ -80,6 +81,10 @@ struct tpd_pipe {
 	 * did). Their messages go through the peer link. */
 	struct tpd_peer *link;	    /* NULL on one host, and once the link failed */
 	uint64_t remote_id;	    /* the pipe's id on the peer daemon, 0 while connecting */
+	/* The peer daemon's per-pipe queue limits (PeerConnect/PeerConnectReply; 0: not said):
+	 * what the local end writes is queued there, so it stays within these as well. */
+	uint32_t far_queue_max;
+	uint64_t far_queue_bytes;
 	bool connecting;	    /* waiting for PeerConnectReply */
 	bool connect_sent;
 	uint64_t connect_req_id;    /* the client's Connect, answered when the peer answers */

@@ -248,4 +248,15 @@ void tpd_pipe_budget_leave(struct tpd_pipe_end *e);
 /* Sends FlowResume to the waiting ends that fit now, first come first served. */
 void tpd_pipes_budget_wake(struct tpd_daemon *d);
 
+/*
+ * tpd_pipe_far_check() - across hosts, is there room for a message of @tail_len inline bytes of
+ * local writer end @e in the far daemon's per-pipe queue (its limits, learnt at set-up)?
+ * Return: 0; -EAGAIN: @e waits (refuse with tpd_pipe_budget_refuse(); FlowResume follows as the
+ * far reader consumes); -ENOBUFS with @why for an older client or a message over the far limit.
+ */
+int tpd_pipe_far_check(struct tpd_pipe_end *e, uint32_t tail_len, char *why, size_t wl);
+
+/* A message of @e left its queue: resume @e if it waits for the far queue and now fits. */
+void tpd_pipe_far_wake(struct tpd_pipe_end *e);
+
 #endif

@@ -344,6 +344,8 @@ void tpd_xpipe_link_up(struct tpd_pipe *p)
 	if (p->wait_ms && !tpd_peer_connect_wait_ok(p->link))
 		p->wait_ms = 0; /* a daemon older than wait_ms: answers at once, as documented */
 	pc.wait_ms = p->wait_ms;
+	pc.queue_max = p->d->cfg.pipe_queue_max;
+	pc.queue_bytes = p->d->cfg.pipe_queue_bytes;
 	pm.body_case = TPW__V1__PEER_MSG__BODY_CONNECT;
 	pm.connect = &pc;
 	tpd_xpipe_tell(p, &pm, NULL, 0);
@@ -718,6 +720,8 @@ void tpd_xpipe_peer_connect(struct tpd_daemon *d, struct tpd_peer *pr,
 		p->link = pr;
 		p->remote_id = c->pipe_id;
 		p->remote_uid = c->uid; /* a claim, shown and passed on, never checked */
+		p->far_queue_max = c->queue_max;
+		p->far_queue_bytes = c->queue_bytes;
 		tpu_list_insert_tail(&d->pipes, &p->node);
 		d->n_pipes++;
 		if (tpu_hmap_put(&ls->pipes, p->end[1].local_id, &p->end[1]) < 0 ||
@@ -737,6 +741,8 @@ void tpd_xpipe_peer_connect(struct tpd_daemon *d, struct tpd_peer *pr,
 	rep.message = why[0] ? why : NULL;
 	rep.owner_known = p != NULL;
 	rep.owner_uid = p ? (uint32_t)l->uid : 0;
+	rep.queue_max = p ? d->cfg.pipe_queue_max : 0;
+	rep.queue_bytes = p ? d->cfg.pipe_queue_bytes : 0;
 	pm.body_case = TPW__V1__PEER_MSG__BODY_CONNECT_REPLY;
 	pm.connect_reply = &rep;
 	tpd_peer_send(pr, &pm, NULL, 0);
@@ -804,6 +810,8 @@ void tpd_xpipe_peer_connect_reply(struct tpd_peer *pr, struct tpd_pipe *p,
 	e = local_end(p);
 	p->remote_id = r->peer_pipe_id;
 	p->remote_uid = r->owner_uid;
+	p->far_queue_max = r->queue_max;
+	p->far_queue_bytes = r->queue_bytes;
 	p->connecting = false;
 	event_del(p->ev_connect);
 	tpd_pipe_log(p, e->session, TPU_LOG_INFO, "connected to '%s' on %s", p->listener,
@@ -941,19 +949,28 @@ void tpd_xpipe_peer_read_req(struct tpd_pipe *p, const Tpw__V1__PeerReadReq *rr)
 	tpd_pipe_start_next_copy(w);
 }
 
-/* An eager message's write completed when it was sent; say that the reader's daemon dropped it
- * (its queue limits are smaller than ours), at most once a second. */
-static void eager_refused(struct tpd_pipe *p, const struct tpd_msg *m,
+/*
+ * The reader's daemon dropped eager message @m (its daemon-wide budget, or limits it lowered
+ * since the pipe was set up) although its write completed here when it was sent: the writer
+ * cannot learn it from that write any more, so the pipe fails, both ways, with the reason. The
+ * reader still reads what was queued before. Logged at most once a second.
+ */
+static void eager_dropped(struct tpd_pipe *p, const struct tpd_msg *m,
 			  const Tpw__V1__PeerConsumed *c)
 {
-	const char *why = c->message && *c->message ? c->message : "no reason given";
+	const char *reason = c->message && *c->message ? c->message : tpw_status_name(c->status);
 	static struct tpd_ratelog log;
 	unsigned suppressed;
+	char why[200];
 
+	snprintf(why, sizeof(why), "the reader's daemon dropped message %llu, written already: "
+		 "%.140s", (unsigned long long)m->msg_id, reason);
 	if (tpd_ratelog_ok(&log, 1000, &suppressed))
-		tpd_pipe_log(p, NULL, TPU_LOG_WARNING, "message %llu, written already, was dropped "
-			     "by the reader's daemon: %s (%u more since the last such line)",
-			     (unsigned long long)m->msg_id, why, suppressed);
+		tpd_pipe_log(p, NULL, TPU_LOG_WARNING, "%s; failing the pipe (%u more since the "
+			     "last such line)", why, suppressed);
+	if (p->link && p->remote_id)
+		tell_close(p->link, p->remote_id, c->status, why);
+	tpd_xpipe_peer_close(p, c->status, why);
 }
 
 void tpd_xpipe_peer_consumed(struct tpd_pipe *p, const Tpw__V1__PeerConsumed *c)
@@ -971,9 +988,13 @@ void tpd_xpipe_peer_consumed(struct tpd_pipe *p, const Tpw__V1__PeerConsumed *c)
 					  c->message);
 			return;
 		}
+		if (m->eager && c->status != TPW__V1__STATUS__STATUS_OK &&
+		    c->status != TPW__V1__STATUS__STATUS_CANCELED &&
+		    !tpd_pipe_end_dying(remote_end(p))) {
+			eager_dropped(p, m, c); /* consumes @m with the rest of the pipe */
+			return;
+		}
 		m->read_requested = true;
-		if (m->eager && c->status != TPW__V1__STATUS__STATUS_OK)
-			eager_refused(p, m, c);
 		tpd_pipe_msg_consumed(m, c->status, c->message);
 		tpd_pipe_start_next_copy(w);
 		return;

@@ -352,6 +352,121 @@ START_TEST(test_flow_cross_host_blocking_writes_wait_for_room)
 }
 END_TEST
 
+static void pair_start(const char *const *writer_args, const char *const *reader_args)
+{
+	ck_assert_int_eq(tpt_daemon_pair_start(&dm, writer_args, &dm2, reader_args), 0);
+	ck_assert_int_eq(tpt_sync_init(&ready), 0);
+	ck_assert_int_eq(tpt_sync_init(&filled), 0);
+	ck_assert_int_eq(tpt_sync_init(&go), 0);
+	ck_assert_int_eq(tpt_sync_init(&done), 0);
+}
+
+/*
+ * Across hosts the window is the smaller of both daemons' limits: the reader's daemon has
+ * --pipe-queue-bytes 64K, the writer's the default 64 MiB. 200 eager messages of 4 KiB to a
+ * late reader: the writer's daemon keeps 16 (64 KiB) at the reader's and turns the rest back
+ * until the reader consumes; every message arrives (the reader's daemon dropped those over its
+ * limit before, and the reader waited for them for ever), none is refused.
+ */
+START_TEST(test_flow_cross_host_window_is_the_smaller_daemons)
+{
+	static const struct flow_case c = { .rd = &dm2, .wd = &dm, .name = "xsmall", .n = 200,
+					    .len = 4096, .fill = 16 };
+	const char *rargs[] = { "--pipe-queue-bytes", "64K", NULL };
+	const char *keys[] = { "remote_refused" };
+	uint64_t refused = 1;
+
+	pair_start(NULL, rargs);
+	flow_run(&c, 64u << 10, 16);
+	tpt_status_u64s(&dm2, keys, 1, &refused);
+	ck_assert_uint_eq(refused, 0);
+	ck_assert_int_eq(tpt_daemon_stop(&dm2), 0);
+	stop();
+}
+END_TEST
+
+#define DROP_N 10
+#define DROP_LEN (16u << 10) /* eager */
+
+static int drop_reader(void *arg)
+{
+	struct tpt_end e = { .d = &dm2, .ctx_name = "drop-reader", .where = "dropped",
+			     .ready = &ready, .timeout_ms = T_MS };
+	struct tpt_msg_spec s = { .pipe = 9, .n_payloads = 1, .lens = { DROP_LEN } };
+	unsigned n;
+	int r = 0;
+
+	TPT_REQUIRE(tpt_end_listen(&e, true) == 0, 1, "listen");
+	TPT_REQUIRE(tpt_sync_wait(&go, LONG_MS) == 0, 1, "no go");
+	for (n = 0; n < DROP_N && r == 0; n++) {
+		s.index = n;
+		r = tpt_msg_read_check(e.ctx, e.p, &s, TPT_MEM_PRIVATE, T_MS);
+	}
+	/* What the reader's daemon queued arrives intact; then the pipe's error, not a hang. */
+	TPT_REQUIRE(r < 0 && r != -ETIMEDOUT && n > 1 && n < DROP_N, 1, "read %u: %d", n, r);
+	tpt_end_close(&e);
+	return 0;
+}
+
+static int drop_writer(void *arg)
+{
+	struct tpt_end e = { .d = &dm, .ctx_name = "drop-writer", .ready = &ready,
+			     .timeout_ms = T_MS };
+	static struct tpt_msg m[DROP_N + 1];
+	static struct tpt_done_arg da[DROP_N];
+	static struct tpt_done dd;
+	char addr[200];
+	int r;
+
+	e.where = tpt_peer_address(&dm2, "dropped", addr, sizeof(addr));
+	TPT_REQUIRE(tpt_end_connect(&e) == 0, 1, "connect");
+	tpt_done_init(&dd);
+	for (unsigned i = 0; i <= DROP_N; i++) {
+		struct tpt_msg_spec s = { .pipe = 9, .index = i, .n_payloads = 1,
+					  .lens = { DROP_LEN } };
+		TPT_REQUIRE(tpt_msg_build(e.ctx, &s, TPT_MEM_PRIVATE, &m[i]) == 0, 1, "build");
+	}
+	for (unsigned i = 0; i < DROP_N; i++) {
+		da[i] = (struct tpt_done_arg){ &dd, i };
+		TPT_REQUIRE(tp_pipe_write(e.p, &m[i].m, tpt_done_cb, &da[i]) == 0, 1, "write %u",
+			    i);
+	}
+	TPT_REQUIRE(tpt_done_wait(&dd, DROP_N, T_MS) == 0, 1, "%u completions", dd.count);
+	/* Some completed before the far daemon dropped their messages: the pipe must fail. */
+	r = tp_pipe_write_sync(e.p, &m[DROP_N].m);
+	TPT_REQUIRE(r < 0 && strstr(tp_last_error(), "dropped message"), 1,
+		    "a write after messages were dropped: %d %s", r, r ? tp_last_error() : "");
+	TPT_REQUIRE(tpt_sync_post(&filled, 0) == 0, 1, "post");
+	for (unsigned i = 0; i <= DROP_N; i++)
+		tpt_msg_free(e.ctx, &m[i]);
+	tpt_end_close(&e);
+	return 0;
+}
+
+/*
+ * The reader's daemon drops eager messages over its daemon-wide budget (--pipe-queue-bytes-max
+ * 64K there) whose writes completed on the writer's host: the pipe fails with the reason on both
+ * ends (a later write fails naming the dropped message; the reader reads what was queued, then
+ * the error) instead of the messages vanishing while the pipe carries on.
+ */
+START_TEST(test_flow_cross_host_eager_message_dropped_far_fails_the_pipe)
+{
+	const char *rargs[] = { "--pipe-queue-bytes-max", "64K", NULL };
+	pid_t rd, wr;
+
+	pair_start(NULL, rargs);
+	rd = tpt_fork(drop_reader, NULL);
+	wr = tpt_fork(drop_writer, NULL);
+	ck_assert_int_eq(tpt_sync_wait(&filled, LONG_MS), 0);
+	ck_assert_int_eq(tpt_sync_post(&go, 0), 0);
+	ck_assert(tpt_wait_ok(wr, LONG_MS, "writer"));
+	ck_assert(tpt_wait_ok(rd, LONG_MS, "reader"));
+	ck_assert(tpt_daemon_log_has(&dm, "dropped message"));
+	ck_assert_int_eq(tpt_daemon_stop(&dm2), 0);
+	stop();
+}
+END_TEST
+
 /* ---- held writes and the pipe's end ------------------------------------------------------- */
 
 #define HELD_N 20
@@ -1125,6 +1240,8 @@ static Suite *flow_suite(void)
 	tcase_add_test(tc, test_flow_cancel_of_a_held_write_never_reaches_the_reader);
 	tcase_add_test(tc, test_flow_small_messages_on_a_connecting_pipe_wait_for_room);
 	tcase_add_test(tc, test_flow_cross_host_blocking_writes_wait_for_room);
+	tcase_add_test(tc, test_flow_cross_host_window_is_the_smaller_daemons);
+	tcase_add_test(tc, test_flow_cross_host_eager_message_dropped_far_fails_the_pipe);
 	tcase_add_test(tc, test_flow_gib_to_a_late_reader_is_all_written_and_bounded);
 	suite_add_tcase(s, tc);
 	return s;
