@@ -517,10 +517,11 @@ static int xwait_add(struct tpd_daemon *d, struct tpd_peer *pr, const Tpw__V1__P
 		     char *why, size_t wl)
 {
 	struct timeval tv = { c->wait_ms / 1000, (c->wait_ms % 1000) * 1000 };
-	unsigned n = 0;
+	unsigned n = 0, n_all = 0;
 	struct xwait *w;
 
 	tpu_list_for_each(w, &d->xwaits, node) {
+		n_all++;
 		if (w->link != pr)
 			continue;
 		if (w->c.pipe_id == c->pipe_id)
@@ -531,6 +532,12 @@ static int xwait_add(struct tpd_daemon *d, struct tpd_peer *pr, const Tpw__V1__P
 	if (n >= d->cfg.pipes_max)
 		return tpu_why(-ENOBUFS, why, wl, "%u connects from this host already wait for a "
 			       "listener (limit %u, tpipd --pipes-max)", n, d->cfg.pipes_max);
+	/* Per link alone, the authenticated peers together could keep pipes-max times
+	 * peer-links-max waiting. */
+	if (n_all >= d->cfg.peer_connect_waits_max)
+		return tpu_why(-ENOBUFS, why, wl, "%u connects from other hosts already wait for a "
+			       "listener here (limit %u, tpipd --peer-connect-waits-max)", n_all,
+			       d->cfg.peer_connect_waits_max);
 	w = calloc(1, sizeof(*w));
 	if (!w)
 		return tpu_why(-ENOMEM, why, wl, "out of memory");
