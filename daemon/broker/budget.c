@@ -20,7 +20,7 @@
 #include "pipe_int.h"
 #include "session.h"
 
-static void budget_unreserve(struct tpd_pipe_end *e)
+void tpd_pipe_budget_unreserve(struct tpd_pipe_end *e)
 {
 	e->pipe->d->quota.pipe_reserved -= e->reserved;
 	e->reserved = 0;
@@ -46,7 +46,7 @@ int tpd_pipe_budget_check(struct tpd_pipe_end *e, uint64_t cost, char *why, size
 
 	if (e->budget != TPD_BUDGET_OPEN)
 		return -EAGAIN; /* sent before its client learnt that it waits */
-	budget_unreserve(e); /* the room set aside goes with this write */
+	tpd_pipe_budget_unreserve(e); /* the room set aside goes with this write */
 	if (d->quota.pipe_bytes + d->quota.pipe_reserved + cost <= total &&
 	    (resumed || !end_waits(e) || tpu_list_empty(&d->budget_wait)))
 		return 0;
@@ -88,7 +88,7 @@ void tpd_pipe_budget_refuse(struct tpd_pipe_end *e, uint64_t write_id, uint32_t 
 void tpd_pipe_budget_leave(struct tpd_pipe_end *e)
 {
 	tpu_list_remove(&e->budget_node);
-	budget_unreserve(e);
+	tpd_pipe_budget_unreserve(e);
 	e->budget = TPD_BUDGET_OPEN;
 }
 
@@ -98,7 +98,7 @@ void tpd_pipe_budget_resumed(struct tpd_pipe_end *e, const Tpw__V1__FlowResume *
 		return; /* not asked for: nothing changes */
 	e->budget = TPD_BUDGET_OPEN;
 	if (fr->nothing_held)
-		budget_unreserve(e);
+		tpd_pipe_budget_unreserve(e);
 }
 
 void tpd_pipes_budget_wake(struct tpd_daemon *d)

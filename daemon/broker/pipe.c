@@ -516,16 +516,11 @@ void tpd_pipe_write_reject(struct tpd_pipe_end *e, uint64_t write_id, int err, c
 	tpd_session_send(e->session, &dm, NULL, 0);
 }
 
-/* Checks the queue limits of end @e for a message holding @tail_len inline bytes. */
-static int queue_check(struct tpd_pipe_end *e, uint32_t tail_len, size_t n_seg, char *why,
-		       size_t wl)
+/* This pipe's own queue limits, for a message of end @e holding @tail_len inline bytes. */
+static int pipe_limits_check(struct tpd_pipe_end *e, uint32_t tail_len, char *why, size_t wl)
 {
-	uint64_t cost = tpd_msg_cost(tail_len, n_seg);
 	const struct tpd_config *cfg = &e->pipe->d->cfg;
-	int err;
 
-	if (e->budget != TPD_BUDGET_OPEN)
-		return -EAGAIN; /* waits for the daemon-wide budget: resend later */
 	if (e->queued >= cfg->pipe_queue_max) {
 		snprintf(why, wl, "pipe queue full: %u unread messages (limit %u, tpipd "
 			 "--pipe-queue-max)", e->queued,
@@ -539,10 +534,29 @@ static int queue_check(struct tpd_pipe_end *e, uint32_t tail_len, size_t n_seg, 
 			 (unsigned long long)cfg->pipe_queue_bytes);
 		return -ENOBUFS;
 	}
-	err = tpd_pipe_far_check(e, tail_len, why, wl);
-	if (err < 0)
+	return 0;
+}
+
+/*
+ * Checks the queue limits of end @e for a message holding @tail_len inline bytes: its own, the
+ * far daemon's across hosts, then the daemon-wide budget. Return: 0, -EAGAIN (turn it back:
+ * @e waits), or -ENOBUFS with @why.
+ */
+static int queue_check(struct tpd_pipe_end *e, uint32_t tail_len, size_t n_seg, char *why,
+		       size_t wl)
+{
+	int err;
+
+	if (e->budget != TPD_BUDGET_OPEN)
+		return -EAGAIN; /* waits: resend later */
+	err = pipe_limits_check(e, tail_len, why, wl);
+	if (err == 0)
+		err = tpd_pipe_far_check(e, tail_len, why, wl);
+	if (err < 0) {
+		tpd_pipe_budget_unreserve(e); /* not taken: the room set aside goes back */
 		return err;
-	return tpd_pipe_budget_check(e, cost, why, wl);
+	}
+	return tpd_pipe_budget_check(e, tpd_msg_cost(tail_len, n_seg), why, wl);
 }
 
 void tpd_pipe_write(struct tpd_pipe_end *e, Tpw__V1__ClientMsg *cm, const uint8_t *tail,

@@ -239,6 +239,9 @@ void tpd_pipe_budget_charge(struct tpd_daemon *d, uint64_t cost);
  */
 int tpd_pipe_budget_check(struct tpd_pipe_end *e, uint64_t cost, char *why, size_t wl);
 
+/* Gives back the room set aside for @e after its wait (if any). */
+void tpd_pipe_budget_unreserve(struct tpd_pipe_end *e);
+
 /* Refuses write @write_id of @e with WriteDone{resend} at once, and returns its room. */
 void tpd_pipe_budget_refuse(struct tpd_pipe_end *e, uint64_t write_id, uint32_t tail_len);
 
