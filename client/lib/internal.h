@@ -309,7 +309,7 @@ struct tp_pipe {
 	uint32_t win_msgs;
 	uint64_t win_bytes;
 	struct tpu_list wheld;
-	/* The daemon turned a write back (daemon-wide budget): nothing goes until its FlowResume. */
+	/* The daemon turned a write back (budget, far limits): nothing goes until FlowResume. */
 	bool wait_resume;
 	struct tpu_list ctx_link;
 	struct tpu_list backlog_link; /* in a listener's backlog until accepted */

@@ -541,7 +541,8 @@ static void write_turned_back_locked(struct tp_context *ctx, struct tp_pipe *p, 
 	if (!op->sent || !op->held)
 		return; /* not ours to resend: the daemon knows no such copy */
 	p->wait_resume = true;
-	for (o = op; &o->node != &p->writes; o = tpu_container_of(o->node.next, struct tpc_op, node)) {
+	for (o = op; &o->node != &p->writes;
+	     o = tpu_container_of(o->node.next, struct tpc_op, node)) {
 		if (!o->sent || o->ready)
 			continue;
 		o->sent = false;
@@ -556,7 +557,8 @@ static void write_turned_back_locked(struct tp_context *ctx, struct tp_pipe *p, 
 	for (bool again = true; again;) {
 		again = false;
 		tpu_list_for_each(o, &p->writes, node) {
-			if (!o->sent && o->cancel_sent && !o->ready && !tpu_list_linked(&o->hnode)) {
+			if (!o->sent && o->cancel_sent && !o->ready &&
+			    !tpu_list_linked(&o->hnode)) {
 				tpc_op_ready_locked(ctx, &p->writes, o, -ECANCELED,
 						    "cancelled while the daemon-wide budget held "
 						    "it back");

@@ -144,8 +144,8 @@ int tpd_pipe_far_check(struct tpd_pipe_end *e, uint32_t tail_len, char *why, siz
 	if (!tpd_pipe_end_peer(e)->remote || far_fits(e, tail_len))
 		return 0;
 	if (p->far_queue_bytes && tail_len > p->far_queue_bytes) {
-		snprintf(why, wl, "a message of %u inline bytes is over the reader's daemon's limit "
-			 "of %llu (tpipd --pipe-queue-bytes on the reader's host)", tail_len,
+		snprintf(why, wl, "a message of %u inline bytes is over the reader's daemon's "
+			 "limit of %llu (tpipd --pipe-queue-bytes on the reader's host)", tail_len,
 			 (unsigned long long)p->far_queue_bytes);
 		return -ENOBUFS;
 	}

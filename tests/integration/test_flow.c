@@ -859,7 +859,8 @@ static int budget_writer(void *arg)
 	bud_name(name, sizeof(name), k);
 	flow_done_init(&fd_);
 	for (unsigned i = 0; i < BUD_N; i++) {
-		pl[i] = (struct tp_payload){ .data = data + (size_t)i * BUD_LEN, .length = BUD_LEN };
+		pl[i] = (struct tp_payload){ .data = data + (size_t)i * BUD_LEN,
+					     .length = BUD_LEN };
 		tpt_fill(pl[i].data, BUD_LEN, tpt_seed(k, i, 0));
 		m[i] = (struct tp_message){ .payloads = &pl[i], .n_payloads = 1 };
 	}

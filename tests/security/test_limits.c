@@ -605,7 +605,7 @@ END_TEST
 /* ---- a peer daemon's messages obey the reader's queue limits ------------------------------ */
 
 #define RQ_MAX 8	/* the reader's daemon: --pipe-queue-max */
-#define RQ_WRITES 20	/* the writer's daemon keeps all but RQ_MAX back (its own limit is 4096) */
+#define RQ_WRITES 20	/* the writer's daemon holds all but RQ_MAX back (its limit is 4096) */
 
 static struct tpt_daemon wa; /* the writer's daemon; dm is the reader's */
 static struct tpt_sync rq_ready, rq_go;
