@@ -930,6 +930,95 @@ START_TEST(test_flow_pipes_over_the_daemon_budget_wait_for_it)
 }
 END_TEST
 
+#define TB_N 20
+#define TB_CANCEL 12
+#define TB_LEN (8u << 10) /* eager; 7 fit a budget of 64K */
+
+static int tb_reader(void *arg)
+{
+	struct tpt_end e = { .d = &dm, .ctx_name = "tb-reader", .where = "turned",
+			     .ready = &ready, .timeout_ms = T_MS };
+	struct tpt_msg_spec s = { .pipe = 5, .n_payloads = 1, .lens = { TB_LEN } };
+	int r;
+
+	TPT_REQUIRE(tpt_end_listen(&e, true) == 0, 1, "listen");
+	TPT_REQUIRE(tpt_sync_wait(&done, LONG_MS) == 0, 1, "no go");
+	for (unsigned i = 0; i < TB_N; i++) {
+		if (i == TB_CANCEL)
+			continue; /* cancelled while turned back: never reaches the reader */
+		s.index = i;
+		r = tpt_msg_read_check(e.ctx, e.p, &s, TPT_MEM_PRIVATE, T_MS);
+		TPT_REQUIRE(r == 0, 1, "message %u: %d", i, r);
+	}
+	tpt_end_close(&e);
+	return 0;
+}
+
+static int tb_writer(void *arg)
+{
+	struct tpt_end e = { .d = &dm, .ctx_name = "tb-writer", .where = "turned",
+			     .ready = &ready, .timeout_ms = T_MS };
+	static struct tpt_msg m[TB_N];
+	static struct tpt_done_arg da[TB_N];
+	static struct tpt_done dd;
+	uint64_t ids[TB_N];
+	int r;
+
+	TPT_REQUIRE(tpt_end_connect(&e) == 0, 1, "connect");
+	tpt_done_init(&dd);
+	for (unsigned i = 0; i < TB_N; i++) {
+		struct tpt_msg_spec s = { .pipe = 5, .index = i, .n_payloads = 1,
+					  .lens = { TB_LEN } };
+		TPT_REQUIRE(tpt_msg_build(e.ctx, &s, TPT_MEM_PRIVATE, &m[i]) == 0, 1, "build");
+		da[i] = (struct tpt_done_arg){ &dd, i };
+		r = tp_pipe_write_ex(e.p, &m[i].m, tpt_done_cb, &da[i], &ids[i]);
+		TPT_REQUIRE(r == 0, 1, "write %u: %d", i, r);
+	}
+	TPT_REQUIRE(tpt_sync_post(&filled, 0) == 0, 1, "post");
+	TPT_REQUIRE(tpt_sync_wait(&go, LONG_MS) == 0, 1, "no go");
+	r = tp_cancel(e.ctx, ids[TB_CANCEL]);
+	TPT_REQUIRE(r == 0, 1, "tp_cancel: %d %s", r, tp_last_error());
+	TPT_REQUIRE(tpt_done_wait(&dd, TB_N, LONG_MS) == 0, 1, "%u completions", dd.count);
+	for (unsigned i = 0; i < TB_N; i++)
+		TPT_REQUIRE(dd.status[i] == (i == TB_CANCEL ? -ECANCELED : 0), 1,
+			    "write %u: %d", i, dd.status[i]);
+	TPT_REQUIRE(dd.order_errors == 0, 1, "completions out of order");
+	for (unsigned i = 0; i < TB_N; i++)
+		tpt_msg_free(e.ctx, &m[i]);
+	tpt_end_close(&e);
+	return 0;
+}
+
+/*
+ * --pipe-queue-bytes-max 64K: of 20 eager writes of 8 KiB, 7 are queued and the rest turned
+ * back by the budget; tp_cancel() of one of those (held in the library, or on its way back)
+ * completes it with -ECANCELED in order, and the reader gets every other message, in order.
+ */
+START_TEST(test_flow_cancel_of_a_write_turned_back_by_the_budget)
+{
+	const char *args[] = { "--pipe-queue-bytes-max", "64K", NULL };
+	const char *keys[] = { "budget_waits" };
+	uint64_t waits = 0;
+	pid_t rd, wr;
+
+	start(args);
+	rd = tpt_fork(tb_reader, NULL);
+	wr = tpt_fork(tb_writer, NULL);
+	ck_assert_int_eq(tpt_sync_wait(&filled, LONG_MS), 0);
+	for (unsigned round = 0; waits == 0 && round < 400; round++) {
+		tpt_status_u64s(&dm, keys, 1, &waits);
+		if (waits == 0)
+			tpt_backoff(round);
+	}
+	ck_assert_uint_gt(waits, 0);
+	ck_assert_int_eq(tpt_sync_post(&go, 0), 0);
+	ck_assert_int_eq(tpt_sync_post(&done, 0), 0);
+	ck_assert(tpt_wait_ok(wr, LONG_MS, "writer"));
+	ck_assert(tpt_wait_ok(rd, LONG_MS, "reader"));
+	stop();
+}
+END_TEST
+
 static void raw_hello_minor(struct tpt_raw *raw, uint32_t minor)
 {
 	Tpw__V1__ClientMsg m = TPW__V1__CLIENT_MSG__INIT;
@@ -1240,6 +1329,7 @@ static Suite *flow_suite(void)
 	tcase_add_test(tc, test_flow_client_ignoring_the_window_meets_the_hard_limits);
 	tcase_add_test(tc, test_flow_clients_ignoring_the_budget_meet_it_as_a_hard_limit);
 	tcase_add_test(tc, test_flow_pipes_over_the_daemon_budget_wait_for_it);
+	tcase_add_test(tc, test_flow_cancel_of_a_write_turned_back_by_the_budget);
 	tcase_add_test(tc, test_flow_write_larger_than_the_window_goes_alone_and_is_refused);
 	tcase_add_test(tc, test_flow_held_writes_fail_with_the_pipe_when_the_reader_dies);
 	tcase_add_test(tc, test_flow_close_cancels_held_writes);
