@@ -51,10 +51,14 @@
  *   0  first release
  *   1  PeerConnect.wait_ms (a connect waits for the listener) and PeerPipeClose.connect_pending
  *      (its cancel); a dialler sends neither to a daemon of minor 0
+ *   2  PeerConnect and PeerConnectReply carry the sender's per-pipe queue limits (queue_max,
+ *      queue_bytes): each daemon keeps what its end writes within the far daemon's limits too;
+ *      older daemons send neither (0: unknown, own limits only)
  */
 #define TPW_PEER_PROTO_MAJOR 2
-#define TPW_PEER_PROTO_MINOR 1
+#define TPW_PEER_PROTO_MINOR 2
 #define TPW_PEER_MINOR_CONNECT_WAIT 1
+#define TPW_PEER_MINOR_QUEUE_LIMITS 2
 /* The longest PeerConnect.wait_ms a daemon accepts (one hour); a dialler clamps to it. */
 #define TPW_PEER_WAIT_MS_MAX 3600000u
 #define TPW_MINOR_CLOSE_ACK 1

@@ -297,6 +297,10 @@ int tpw_client_msg_validate(const Tpw__V1__ClientMsg *m, const struct tpw_hdr *h
 				       (unsigned long long)m->cancel->pipe_id,
 				       (unsigned long long)m->cancel->id);
 		return 0;
+	case TPW__V1__CLIENT_MSG__BODY_FLOW_RESUME:
+		if (m->flow_resume->pipe_id == 0)
+			return tpu_why(-EBADMSG, why, wl, "flow resume of pipe 0");
+		return 0;
 	case TPW__V1__CLIENT_MSG__BODY_CTL:
 		if (m->ctl->what <= TPW__V1__CTL_WHAT__CTL_UNSPECIFIED ||
 		    m->ctl->what > TPW__V1__CTL_WHAT__CTL_PEERS)
@@ -445,6 +449,10 @@ int tpw_daemon_msg_validate(const Tpw__V1__DaemonMsg *m, const struct tpw_hdr *h
 			return tpu_why(-EBADMSG, why, wl, "flow credit of %u messages, %llu bytes",
 				       m->flow_credit->messages,
 				       (unsigned long long)m->flow_credit->bytes);
+		return 0;
+	case TPW__V1__DAEMON_MSG__BODY_FLOW_RESUME:
+		if (m->flow_resume->pipe_id == 0)
+			return tpu_why(-EBADMSG, why, wl, "flow resume of pipe 0");
 		return 0;
 	default:
 		return tpu_why(-EBADMSG, why, wl, "unknown message type %d", (int)m->body_case);

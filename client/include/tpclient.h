@@ -405,9 +405,13 @@ typedef void (*tp_done_fn)(void *arg, struct tp_pipe *p, int status, const char 
  * (the daemon's --pipe-queue-max messages and --pipe-queue-bytes inline bytes not yet consumed
  * by the reader) writes stay pending in the library, in order and without a copy, and go out as
  * the reader consumes; their callbacks come later (tp_pipe_write_sync() blocks meanwhile). A
- * held write completes with the pipe's error if it fails, -ECANCELED if it is closed. The
- * callback reports -ENOBUFS only for limits set on purpose (--pipe-queue-bytes-max, a reader's
- * daemon with smaller queue limits across hosts) or from a daemon older than protocol minor 5.
+ * held write completes with the pipe's error if it fails, -ECANCELED if it is closed. Writes
+ * wait the same way while the daemon-wide budget (--pipe-queue-bytes-max) is spent by many
+ * pipes: read every pipe that has data (a reader blocked on one frees no room for others).
+ * Across hosts the window is the smaller of both daemons' limits. The callback reports -ENOBUFS
+ * only for limits set on purpose (a message larger than that budget or than the reader's
+ * daemon's --pipe-queue-bytes) or from a daemon older than protocol minor 5; a small message
+ * the reader's daemon dropped after its write completed fails the pipe (-ENOBUFS).
  * Return: 0 (callback will fire); -EINVAL, -EMSGSIZE, -E2BIG for a message over the limits;
  * -EPIPE / -ECONNRESET if the pipe is already known to be closed.
  */

@@ -37,11 +37,8 @@ static int cancel_transfer_locked(struct tp_context *ctx, struct tpc_op *op, uin
 	if (!op->sent) {
 		/* Held by the library (never sent): it ends here, in its pipe's order. A held write
 		 * leaves the flow-control FIFO now, so the pump never sends it. */
-		if (write) {
+		if (write)
 			tpu_list_remove(&op->hnode);
-			tpc_write_held_free(op->held);
-			op->held = NULL;
-		}
 		tpc_op_ready_locked(ctx, write ? &p->writes : &p->reads, op, -ECANCELED,
 				    "cancelled before it reached the daemon");
 		return 0;

@@ -432,6 +432,8 @@ static int context_handle_locked(struct tp_context *ctx, const Tpw__V1__DaemonMs
 	case TPW__V1__DAEMON_MSG__BODY_FLOW_CREDIT:
 		*ret_pump = tpc_write_on_credit(ctx, m->flow_credit);
 		return 0;
+	case TPW__V1__DAEMON_MSG__BODY_FLOW_RESUME:
+		return ctx->flow ? 0 : -EPROTO; /* answered after the lock is dropped */
 	case TPW__V1__DAEMON_MSG__BODY_SESSION_END: {
 		/* The daemon ends this session and says why (tpipctl close-session). */
 		const Tpw__V1__SessionEnd *se = m->session_end;
@@ -469,6 +471,8 @@ static int context_dispatch(struct tp_context *ctx, const struct tpw_hdr *h, cha
 		snprintf(why, why_len, "unexpected message type %d", (int)m->body_case);
 	if (pump) /* room came back: send the writes held for it, in order */
 		tpc_write_pump(ctx, m->flow_credit->pipe_id);
+	if (r == 0 && m->body_case == TPW__V1__DAEMON_MSG__BODY_FLOW_RESUME)
+		tpc_write_resume(ctx, m->flow_resume->pipe_id);
 	tpw_daemon_msg_free(m);
 	if (reject) {
 		/* An Accepted for a listener closed meanwhile: refuse the pipe. */

@@ -160,10 +160,14 @@ struct tpc_op {
 	/* Events recorded on the streams of the op's CUDA segments: the daemon waits for them
 	 * before its copy. Back to their pool when the op is freed (after its callback). */
 	struct tpc_cuda_event *cuda_events;
-	/* A write held by the library, beyond its pipe's write window: its frame, not sent yet
-	 * (owned; its data pieces still point into the caller's memory). In pipe->wheld. */
+	/* With flow control, a write's packed frame (a reference; its data pieces still point
+	 * into the caller's memory), kept while the write is pending so that it can be resent
+	 * when the daemon-wide budget turns it back (WriteDone{resend}). In pipe->wheld (hnode)
+	 * while held by the library: beyond the window, or turned back. @stale: refusals still
+	 * due for copies of it sent before the daemon turned back an earlier write; ignored. */
 	struct tpc_held_write *held;
 	struct tpu_list hnode;
+	unsigned stale;
 };
 
 /* ---- shared buffers ------------------------------------------------------------------------ */
@@ -305,6 +309,8 @@ struct tp_pipe {
 	uint32_t win_msgs;
 	uint64_t win_bytes;
 	struct tpu_list wheld;
+	/* The daemon turned a write back (budget, far limits): nothing goes until FlowResume. */
+	bool wait_resume;
 	struct tpu_list ctx_link;
 	struct tpu_list backlog_link; /* in a listener's backlog until accepted */
 	struct tpc_op free_op;
@@ -436,10 +442,13 @@ void tpc_write_on_done(struct tp_context *ctx, const Tpw__V1__WriteDone *m);
 /* FlowCredit: returns room in the pipe's write window. Return: true if held writes of that
  * pipe may now go (tpc_write_pump()). */
 bool tpc_write_on_credit(struct tp_context *ctx, const Tpw__V1__FlowCredit *m);
+/* FlowResume for pipe @pipe_id (daemon-wide budget): answers it, then sends the held writes
+ * as tpc_write_pump(). Takes send_lock and lock; neither may be held. */
+void tpc_write_resume(struct tp_context *ctx, uint64_t pipe_id);
 /* Sends the held writes of pipe @pipe_id that fit its window, in order. Takes send_lock and
  * lock; neither may be held. */
 void tpc_write_pump(struct tp_context *ctx, uint64_t pipe_id);
-/* Frees a held write's frame. Accepts NULL. */
+/* Drops a reference to a write's frame (the last one frees it). Accepts NULL. */
 void tpc_write_held_free(struct tpc_held_write *h);
 void tpc_read_on_descriptor(struct tp_context *ctx, const Tpw__V1__Descriptor *m,
 			    const uint8_t *tail, size_t tail_len);

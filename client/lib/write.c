@@ -20,6 +20,11 @@
  * caller's memory (which the caller keeps until the callback anyway), and goes out in order as
  * room returns (tpc_write_pump()). A write that alone exceeds the window goes once nothing else
  * is outstanding: the daemon then decides (-ENOBUFS over its hard limit).
+ *
+ * The daemon-wide budget (pipe-queue-bytes-max) can turn a write back (WriteDone{resend}): it
+ * and every write of the pipe sent after it (the daemon turns those back too) go back to the head
+ * of the held FIFO, in order, their frames kept for this since they were built, and nothing of
+ * that pipe goes until the daemon's FlowResume, which is answered before the writes are resent.
  */
 #include <stdio.h>
 #include <string.h>
@@ -28,6 +33,7 @@
 #define STAGE_ALIGN 64
 
 struct tpc_held_write {
+	unsigned refs; /* the op's, and the pump's while it sends (atomic) */
 	uint64_t inline_len;
 	size_t body_len;
 	size_t n_iov;
@@ -364,8 +370,8 @@ static bool write_fits_locked(const struct tp_pipe *p, uint64_t inline_len)
 	       p->win_bytes <= lim->win_bytes - inline_len;
 }
 
-/* Keeps the frame of write @op (@pl) for later, in @p's held FIFO; lock held. */
-static int write_hold_locked(struct tp_pipe *p, struct write_plan *pl, struct tpc_op *op)
+/* Keeps the packed frame of write @op (@pl) for as long as the op is pending; lock held. */
+static int write_keep_locked(struct write_plan *pl, struct tpc_op *op)
 {
 	size_t body = protobuf_c_message_get_packed_size(&pl->m.base);
 	size_t off = (body + 15) & ~(size_t)15;
@@ -373,14 +379,20 @@ static int write_hold_locked(struct tp_pipe *p, struct write_plan *pl, struct tp
 
 	if (!h)
 		return tpc_error(-ENOMEM, "out of memory");
+	h->refs = 1;
 	h->body_len = protobuf_c_message_pack(&pl->m.base, h->body);
 	h->inline_len = pl->inline_len;
 	h->n_iov = pl->n_iov;
 	h->iov = (struct iovec *)(h->body + off);
 	memcpy(h->iov, pl->iov, pl->n_iov * sizeof(struct iovec));
 	op->held = h;
-	tpu_list_insert_tail(&p->wheld, &op->hnode);
 	return 0;
+}
+
+static struct tpc_held_write *write_held_ref(struct tpc_held_write *h)
+{
+	__atomic_add_fetch(&h->refs, 1, __ATOMIC_RELAXED);
+	return h;
 }
 
 /*
@@ -398,12 +410,16 @@ static int write_queue_locked(struct tp_pipe *p, struct write_plan *pl, struct t
 	if (r < 0)
 		return r;
 	pl->w.write_id = p->next_write_id + 1;
-	if (p->ctx->flow && (!tpu_list_empty(&p->wheld) || !write_fits_locked(p, pl->inline_len))) {
-		r = write_hold_locked(p, pl, op);
+	if (p->ctx->flow) {
+		r = write_keep_locked(pl, op);
 		if (r < 0) {
 			tpc_map_del(&p->ctx->ops, op->op_id);
 			return r;
 		}
+	}
+	if (p->ctx->flow && (p->wait_resume || !tpu_list_empty(&p->wheld) ||
+			     !write_fits_locked(p, pl->inline_len))) {
+		tpu_list_insert_tail(&p->wheld, &op->hnode);
 		*ret_send = false;
 	} else if (p->ctx->flow) {
 		p->win_msgs++;
@@ -413,7 +429,7 @@ static int write_queue_locked(struct tp_pipe *p, struct write_plan *pl, struct t
 	op->id = ++p->next_write_id;
 	op->pending = true;
 	/* Sent now: the Write goes out before send_lock is released; held: tpc_write_pump(). */
-	op->sent = !op->held;
+	op->sent = *ret_send;
 	tpu_list_insert_tail(&p->writes, &op->node);
 	return 0;
 }
@@ -422,6 +438,7 @@ static int write_send(struct tp_pipe *p, struct write_plan *pl, const struct tp_
 		      uint64_t total, struct tpc_op *op, uint64_t *ret_id)
 {
 	struct tp_context *ctx = p->ctx;
+	struct tpc_held_write *h = NULL;
 	bool send = true;
 	int r;
 
@@ -441,11 +458,19 @@ static int write_send(struct tp_pipe *p, struct write_plan *pl, const struct tp_
 	if (r == 0) {
 		pthread_mutex_lock(&ctx->lock);
 		r = write_queue_locked(p, pl, op, &send, ret_id);
+		if (r == 0 && send && op->held)
+			h = write_held_ref(op->held);
 		pthread_mutex_unlock(&ctx->lock);
 	}
 	/* A failed send surfaces as connection loss, which completes the op. */
-	if (r == 0 && send)
+	if (r == 0 && send && h) {
+		/* Kept for a resend: it is sent as kept, under our own reference (the pipe may
+		 * fail meanwhile and the op complete). */
+		tpc_wire_send_packed(ctx, h->body, h->body_len, h->iov, h->n_iov);
+		tpc_write_held_free(h);
+	} else if (r == 0 && send) {
 		tpc_wire_send(ctx, &pl->m, pl->iov, pl->n_iov, -EBADF);
+	}
 	pthread_mutex_unlock(&ctx->send_lock);
 	return r;
 }
@@ -497,6 +522,53 @@ TP_EXPORT int tp_pipe_write_ex(struct tp_pipe *p, const struct tp_message *msg, 
 	return tpc_pipe_write(p, msg, cb, arg, ret_op);
 }
 
+/*
+ * The daemon-wide budget turned write @op back (WriteDone{resend}); lock held. Unless it is
+ * the refusal of a copy sent before an earlier write was turned back (@op->stale), @op and every
+ * write of @p sent after it (the daemon turns those back too: their refusals are stale) return
+ * to the head of the held FIFO, in order, and @p waits for FlowResume. A write whose Cancel went
+ * meanwhile is no longer at the daemon: it completes with -ECANCELED here.
+ */
+static void write_turned_back_locked(struct tp_context *ctx, struct tp_pipe *p, struct tpc_op *op)
+{
+	struct tpu_list *at = &p->wheld;
+	struct tpc_op *o;
+
+	if (op->stale) {
+		op->stale--;
+		return;
+	}
+	if (!op->sent || !op->held)
+		return; /* not ours to resend: the daemon knows no such copy */
+	p->wait_resume = true;
+	for (o = op; &o->node != &p->writes;
+	     o = tpu_container_of(o->node.next, struct tpc_op, node)) {
+		if (!o->sent || o->ready)
+			continue;
+		o->sent = false;
+		if (o != op)
+			o->stale++;
+		if (!o->cancel_sent) {
+			tpu_list_insert_tail(at->next, &o->hnode);
+			at = &o->hnode;
+		}
+	}
+	/* Completing one may complete those behind it: look again after each. */
+	for (bool again = true; again;) {
+		again = false;
+		tpu_list_for_each(o, &p->writes, node) {
+			if (!o->sent && o->cancel_sent && !o->ready &&
+			    !tpu_list_linked(&o->hnode)) {
+				tpc_op_ready_locked(ctx, &p->writes, o, -ECANCELED,
+						    "cancelled while the daemon-wide budget held "
+						    "it back");
+				again = true;
+				break;
+			}
+		}
+	}
+}
+
 void tpc_write_on_done(struct tp_context *ctx, const Tpw__V1__WriteDone *m)
 {
 	struct tp_pipe *p = tpc_map_get(&ctx->pipes, m->pipe_id);
@@ -506,10 +578,12 @@ void tpc_write_on_done(struct tp_context *ctx, const Tpw__V1__WriteDone *m)
 		return;
 	tpu_list_for_each(op, &p->writes, node) {
 		if (op->id == m->write_id) {
-			if (!op->sent)
-				return; /* never sent: the daemon cannot know it */
-			tpc_op_ready_locked(ctx, &p->writes, op, tpw_status_to_errno(m->status),
-					    m->message);
+			if (m->resend && ctx->flow)
+				write_turned_back_locked(ctx, p, op);
+			else if (op->sent)
+				tpc_op_ready_locked(ctx, &p->writes, op,
+						    tpw_status_to_errno(m->status), m->message);
+			/* else never sent: the daemon cannot know it */
 			return;
 		}
 	}
@@ -538,11 +612,10 @@ static struct tpc_held_write *write_unhold(struct tp_context *ctx, uint64_t pipe
 	pthread_mutex_lock(&ctx->lock);
 	p = tpc_map_get(&ctx->pipes, pipe_id);
 	if (p && !ctx->dead && (p->state == TPC_PIPE_OPEN || p->state == TPC_PIPE_CONNECTING) &&
-	    (op = tpu_list_first(&p->wheld, struct tpc_op, hnode)) &&
+	    !p->wait_resume && (op = tpu_list_first(&p->wheld, struct tpc_op, hnode)) &&
 	    write_fits_locked(p, op->held->inline_len)) {
 		tpu_list_remove(&op->hnode);
-		h = op->held;
-		op->held = NULL;
+		h = write_held_ref(op->held); /* the op keeps its own, for a resend */
 		op->sent = true; /* send_lock is held until it is: tp_cancel() waits for it */
 		p->win_msgs++;
 		p->win_bytes += h->inline_len;
@@ -551,13 +624,13 @@ static struct tpc_held_write *write_unhold(struct tp_context *ctx, uint64_t pipe
 	return h;
 }
 
-void tpc_write_pump(struct tp_context *ctx, uint64_t pipe_id)
+/* Sends what may go of pipe @pipe_id's held writes; send_lock held. */
+static void write_pump_sendlocked(struct tp_context *ctx, uint64_t pipe_id)
 {
 	struct tpc_held_write *h;
 
-	/* send_lock throughout: a new write cannot pass the held ones. The caller's memory stays
-	 * valid: the op cannot complete before the daemon has seen its frame. */
-	pthread_mutex_lock(&ctx->send_lock);
+	/* The caller's memory stays valid: the op cannot complete before the daemon has seen its
+	 * frame. */
 	while ((h = write_unhold(ctx, pipe_id))) {
 		int r = tpc_wire_send_packed(ctx, h->body, h->body_len, h->iov, h->n_iov);
 
@@ -565,10 +638,43 @@ void tpc_write_pump(struct tp_context *ctx, uint64_t pipe_id)
 		if (r < 0)
 			break; /* connection loss fails the pipe */
 	}
+}
+
+void tpc_write_pump(struct tp_context *ctx, uint64_t pipe_id)
+{
+	/* send_lock throughout: a new write cannot pass the held ones. */
+	pthread_mutex_lock(&ctx->send_lock);
+	write_pump_sendlocked(ctx, pipe_id);
+	pthread_mutex_unlock(&ctx->send_lock);
+}
+
+void tpc_write_resume(struct tp_context *ctx, uint64_t pipe_id)
+{
+	Tpw__V1__FlowResume fr = TPW__V1__FLOW_RESUME__INIT;
+	Tpw__V1__ClientMsg m = TPW__V1__CLIENT_MSG__INIT;
+	struct tp_pipe *p;
+	bool answer = false;
+
+	pthread_mutex_lock(&ctx->send_lock);
+	pthread_mutex_lock(&ctx->lock);
+	p = tpc_map_get(&ctx->pipes, pipe_id);
+	if (p && !ctx->dead && tpc_pipe_at_daemon(p)) {
+		p->wait_resume = false;
+		fr.nothing_held = tpu_list_empty(&p->wheld);
+		answer = true;
+	}
+	pthread_mutex_unlock(&ctx->lock);
+	fr.pipe_id = pipe_id;
+	m.body_case = TPW__V1__CLIENT_MSG__BODY_FLOW_RESUME;
+	m.flow_resume = &fr;
+	/* First the answer, then the resent writes: the daemon takes Writes again after it. */
+	if (answer && tpc_wire_send(ctx, &m, NULL, 0, -EBADF) == 0)
+		write_pump_sendlocked(ctx, pipe_id);
 	pthread_mutex_unlock(&ctx->send_lock);
 }
 
 void tpc_write_held_free(struct tpc_held_write *h)
 {
-	free(h);
+	if (h && __atomic_sub_fetch(&h->refs, 1, __ATOMIC_ACQ_REL) == 0)
+		free(h);
 }

@@ -120,6 +120,8 @@ struct json_object *ctl_json_status(const Tpw__V1__CtlStatus *s)
 	ctl_json_u64(o, "pipe_queued_messages", s->pipe_queued_messages);
 	ctl_json_u64(o, "pipe_queued_bytes", s->pipe_queued_bytes);
 	ctl_json_u64(o, "pipe_held_bytes", s->pipe_held_bytes);
+	ctl_json_u64(o, "pipe_held_bytes_peak", s->pipe_held_bytes_peak);
+	ctl_json_u64(o, "budget_waits", s->budget_waits);
 	ctl_json_u64(o, "sessions_max", s->sessions_max);
 	ctl_json_u64(o, "sessions_per_uid", s->sessions_per_uid);
 	ctl_json_u64(o, "sessions_reserved", s->sessions_reserved);

@@ -159,6 +159,7 @@ void tpd_pipe_msg_consumed(struct tpd_msg *m, Tpw__V1__Status st, const char *wh
 		w->queued_bytes -= m->tail_len;
 		d->quota.pipe_bytes -= m->cost;
 		tpd_pipe_credit(w, m->tail_len);
+		tpd_pipe_far_wake(w);
 	}
 	if (tpu_list_linked(&m->wnode)) {
 		write_done_flush(w); /* frees @m once its WriteDone is out */
@@ -218,6 +219,7 @@ void tpd_pipes_flow_flush(struct tpd_daemon *d)
 		if (e->session && !e->session->dead && fc.messages)
 			tpd_session_send(e->session, &dm, NULL, 0);
 	}
+	tpd_pipes_budget_wake(d);
 }
 
 /* ---- pipes --------------------------------------------------------------------------------- */
@@ -231,6 +233,7 @@ void tpd_pipe_end_init(struct tpd_pipe_end *e, struct tpd_pipe *p, struct tpd_se
 	tpu_list_init(&e->wq);
 	tpu_list_init(&e->rq);
 	tpu_list_init(&e->credit_node);
+	tpu_list_init(&e->budget_node);
 	e->gone = TPW__V1__STATUS__STATUS_UNSPECIFIED;
 }
 
@@ -274,6 +277,8 @@ void tpd_pipe_maybe_free(struct tpd_pipe *p)
 	end_drop_all(&p->end[1]);
 	tpu_list_remove(&p->end[0].credit_node);
 	tpu_list_remove(&p->end[1].credit_node);
+	tpd_pipe_budget_leave(&p->end[0]);
+	tpd_pipe_budget_leave(&p->end[1]);
 	tpd_xpipe_done(p);
 	tpu_list_remove(&p->node);
 	p->d->n_pipes--;
@@ -511,12 +516,9 @@ void tpd_pipe_write_reject(struct tpd_pipe_end *e, uint64_t write_id, int err, c
 	tpd_session_send(e->session, &dm, NULL, 0);
 }
 
-/* Checks the queue limits of end @e for a message holding @tail_len inline bytes. */
-static int queue_check(struct tpd_pipe_end *e, uint32_t tail_len, size_t n_seg, char *why,
-		       size_t wl)
+/* This pipe's own queue limits, for a message of end @e holding @tail_len inline bytes. */
+static int pipe_limits_check(struct tpd_pipe_end *e, uint32_t tail_len, char *why, size_t wl)
 {
-	uint64_t cost = tpd_msg_cost(tail_len, n_seg);
-
 	const struct tpd_config *cfg = &e->pipe->d->cfg;
 
 	if (e->queued >= cfg->pipe_queue_max) {
@@ -532,14 +534,29 @@ static int queue_check(struct tpd_pipe_end *e, uint32_t tail_len, size_t n_seg, 
 			 (unsigned long long)cfg->pipe_queue_bytes);
 		return -ENOBUFS;
 	}
-	if (e->pipe->d->quota.pipe_bytes + cost > cfg->pipe_queue_bytes_total) {
-		snprintf(why, wl, "pipe queues of this daemon full: %llu bytes held for unread "
-			 "messages in all pipes (limit %llu, tpipd --pipe-queue-bytes-max)",
-			 (unsigned long long)e->pipe->d->quota.pipe_bytes,
-			 (unsigned long long)cfg->pipe_queue_bytes_total);
-		return -ENOBUFS;
-	}
 	return 0;
+}
+
+/*
+ * Checks the queue limits of end @e for a message holding @tail_len inline bytes: its own, the
+ * far daemon's across hosts, then the daemon-wide budget. Return: 0, -EAGAIN (turn it back:
+ * @e waits), or -ENOBUFS with @why.
+ */
+static int queue_check(struct tpd_pipe_end *e, uint32_t tail_len, size_t n_seg, char *why,
+		       size_t wl)
+{
+	int err;
+
+	if (e->budget != TPD_BUDGET_OPEN)
+		return -EAGAIN; /* waits: resend later */
+	err = pipe_limits_check(e, tail_len, why, wl);
+	if (err == 0)
+		err = tpd_pipe_far_check(e, tail_len, why, wl);
+	if (err < 0) {
+		tpd_pipe_budget_unreserve(e); /* not taken: the room set aside goes back */
+		return err;
+	}
+	return tpd_pipe_budget_check(e, tpd_msg_cost(tail_len, n_seg), why, wl);
 }
 
 void tpd_pipe_write(struct tpd_pipe_end *e, Tpw__V1__ClientMsg *cm, const uint8_t *tail,
@@ -563,6 +580,10 @@ void tpd_pipe_write(struct tpd_pipe_end *e, Tpw__V1__ClientMsg *cm, const uint8_
 		return;
 	}
 	err = queue_check(e, tail_len, w->n_payloads + w->n_tensors, why, sizeof(why));
+	if (err == -EAGAIN) {
+		tpd_pipe_budget_refuse(e, w->write_id, tail_len);
+		goto out;
+	}
 	if (err < 0)
 		goto reject;
 	m = calloc(1, sizeof(*m));
@@ -586,7 +607,7 @@ void tpd_pipe_write(struct tpd_pipe_end *e, Tpw__V1__ClientMsg *cm, const uint8_
 	e->queued++;
 	e->queued_bytes += tail_len;
 	m->cost = tpd_msg_cost(tail_len, m->n_src);
-	e->pipe->d->quota.pipe_bytes += m->cost;
+	tpd_pipe_budget_charge(e->pipe->d, m->cost);
 	if (m->eager) {
 		/* The bytes now travel with the descriptor; the writer's memory is free. */
 		msg_set_write(m, TPW__V1__STATUS__STATUS_OK, NULL);
@@ -865,6 +886,7 @@ static void end_detach(struct tpd_pipe_end *e, Tpw__V1__Status why)
 		     e->remote ? "remote" : "local", tpw_status_name(why));
 	e->session = NULL;
 	e->gone = why;
+	tpd_pipe_budget_leave(e);
 	if (peer->remote)
 		tpd_xpipe_local_left(p, why);
 	/* Writes of @e: nobody waits for their completion any more. Rendezvous reads the peer

@@ -21,6 +21,13 @@ struct tpd_session;
 struct tpd_pipe;
 struct tpd_peer;
 
+enum tpd_budget_state {
+	TPD_BUDGET_OPEN = 0,
+	TPD_BUDGET_WAITING,
+	TPD_BUDGET_WAITING_FAR, /* for room in the far daemon's queue of a cross-host pipe */
+	TPD_BUDGET_RESUMED,
+};
+
 struct tpd_pipe_end {
 	struct tpd_pipe *pipe;
 	struct tpd_session *session; /* NULL once detached */
@@ -44,6 +51,13 @@ struct tpd_pipe_end {
 	uint32_t credit_msgs;
 	uint64_t credit_bytes;
 	struct tpu_list credit_node;
+	/* The daemon-wide budget (budget.c): OPEN, or WAITING in d->budget_wait for @budget_need
+	 * bytes, or RESUMED (FlowResume sent, @reserved bytes set aside) until the client answers.
+	 * Writes are refused with WriteDone{resend} unless OPEN; @reserved goes with the next. */
+	enum tpd_budget_state budget;
+	uint64_t budget_need;
+	uint64_t reserved;
+	struct tpu_list budget_node;
 };
 
 struct tpd_pipe {
@@ -67,6 +81,10 @@ struct tpd_pipe {
 	 * did). Their messages go through the peer link. */
 	struct tpd_peer *link;	    /* NULL on one host, and once the link failed */
 	uint64_t remote_id;	    /* the pipe's id on the peer daemon, 0 while connecting */
+	/* The peer daemon's per-pipe queue limits (PeerConnect/PeerConnectReply; 0: not said):
+	 * what the local end writes is queued there, so it stays within these as well. */
+	uint32_t far_queue_max;
+	uint64_t far_queue_bytes;
 	bool connecting;	    /* waiting for PeerConnectReply */
 	bool connect_sent;
 	uint64_t connect_req_id;    /* the client's Connect, answered when the peer answers */
@@ -90,8 +108,15 @@ struct tpd_pipe {
  */
 void tpd_pipe_credit(struct tpd_pipe_end *e, uint64_t bytes);
 
-/* tpd_pipes_flow_flush() - send the FlowCredit the pass collected (end of each loop pass). */
+/* tpd_pipes_flow_flush() - send the FlowCredit the pass collected and FlowResume to the ends
+ * waiting for the daemon-wide budget that now fit (end of each loop pass). */
 void tpd_pipes_flow_flush(struct tpd_daemon *d);
+
+/*
+ * tpd_pipe_budget_resumed() - the client of local end @e answered FlowResume (borrows @fr):
+ * its Writes that follow are taken again. Ignored unless the daemon sent FlowResume to @e.
+ */
+void tpd_pipe_budget_resumed(struct tpd_pipe_end *e, const Tpw__V1__FlowResume *fr);
 
 /*
  * tpd_pipe_connect() - handle Connect from @s: find the listener, check access, create the pipe,

@@ -39,6 +39,17 @@ static struct tpd_pipe_end *local_end(struct tpd_pipe *p)
 	return p->end[0].remote ? &p->end[1] : &p->end[0];
 }
 
+/*
+ * Arms a wait deadline @tv from now. libevent measures it from the time cached at the start of
+ * the loop pass, which long work in the same pass (or valgrind) leaves tens of milliseconds
+ * stale: the wait would end early. Refresh the cache first.
+ */
+static void timer_add_fresh(struct event *ev, const struct timeval *tv)
+{
+	event_base_update_cache_time(event_get_base(ev));
+	evtimer_add(ev, tv);
+}
+
 void tpd_xpipe_tell(struct tpd_pipe *p, Tpw__V1__PeerMsg *pm, const struct iovec *iov, int n)
 {
 	if (p->link)
@@ -303,7 +314,7 @@ void tpd_xpipe_connect(struct tpd_daemon *d, struct tpd_session *s, const Tpw__V
 		/* The far daemon answers within wait_ms: the deadline leaves it that much more. */
 		uint64_t ms = (uint64_t)d->cfg.peer_connect_timeout_ms + p->wait_ms;
 		struct timeval tv = {(time_t)(ms / 1000), (suseconds_t)(ms % 1000) * 1000};
-		evtimer_add(p->ev_connect, &tv);
+		timer_add_fresh(p->ev_connect, &tv);
 	}
 	if (p->wait_ms)
 		tpd_pipe_log(p, s, TPU_LOG_INFO, "connecting to '%s' on %s, waiting up to %u ms "
@@ -333,6 +344,8 @@ void tpd_xpipe_link_up(struct tpd_pipe *p)
 	if (p->wait_ms && !tpd_peer_connect_wait_ok(p->link))
 		p->wait_ms = 0; /* a daemon older than wait_ms: answers at once, as documented */
 	pc.wait_ms = p->wait_ms;
+	pc.queue_max = p->d->cfg.pipe_queue_max;
+	pc.queue_bytes = p->d->cfg.pipe_queue_bytes;
 	pm.body_case = TPW__V1__PEER_MSG__BODY_CONNECT;
 	pm.connect = &pc;
 	tpd_xpipe_tell(p, &pm, NULL, 0);
@@ -350,7 +363,7 @@ static void xpipe_wait_here(struct tpd_pipe *p)
 	p->link = NULL;
 	p->waiting = true;
 	snprintf(p->peer_addr, sizeof(p->peer_addr), "this host");
-	evtimer_add(p->ev_connect, &tv); /* replaces the peer deadline */
+	timer_add_fresh(p->ev_connect, &tv); /* replaces the peer deadline */
 	tpd_pipe_log(p, local_end(p)->session, TPU_LOG_INFO, "address is this daemon: waiting up "
 		     "to %u ms for listener '%s'", p->wait_ms, p->listener);
 }
@@ -451,7 +464,7 @@ void tpd_xpipe_wait_local(struct tpd_daemon *d, struct tpd_session *s, const Tpw
 		tpd_pipe_maybe_free(p);
 		return;
 	}
-	evtimer_add(p->ev_connect, &tv);
+	timer_add_fresh(p->ev_connect, &tv);
 	tpd_pipe_log(p, s, TPU_LOG_INFO, "waiting up to %u ms for listener '%s'", c->wait_ms,
 		     c->address);
 }
@@ -504,10 +517,11 @@ static int xwait_add(struct tpd_daemon *d, struct tpd_peer *pr, const Tpw__V1__P
 		     char *why, size_t wl)
 {
 	struct timeval tv = { c->wait_ms / 1000, (c->wait_ms % 1000) * 1000 };
-	unsigned n = 0;
+	unsigned n = 0, n_all = 0;
 	struct xwait *w;
 
 	tpu_list_for_each(w, &d->xwaits, node) {
+		n_all++;
 		if (w->link != pr)
 			continue;
 		if (w->c.pipe_id == c->pipe_id)
@@ -518,6 +532,12 @@ static int xwait_add(struct tpd_daemon *d, struct tpd_peer *pr, const Tpw__V1__P
 	if (n >= d->cfg.pipes_max)
 		return tpu_why(-ENOBUFS, why, wl, "%u connects from this host already wait for a "
 			       "listener (limit %u, tpipd --pipes-max)", n, d->cfg.pipes_max);
+	/* Per link alone, the authenticated peers together could keep pipes-max times
+	 * peer-links-max waiting. */
+	if (n_all >= d->cfg.peer_connect_waits_max)
+		return tpu_why(-ENOBUFS, why, wl, "%u connects from other hosts already wait for a "
+			       "listener here (limit %u, tpipd --peer-connect-waits-max)", n_all,
+			       d->cfg.peer_connect_waits_max);
 	w = calloc(1, sizeof(*w));
 	if (!w)
 		return tpu_why(-ENOMEM, why, wl, "out of memory");
@@ -535,7 +555,7 @@ static int xwait_add(struct tpd_daemon *d, struct tpd_peer *pr, const Tpw__V1__P
 		return tpu_why(-ENOMEM, why, wl, "out of memory");
 	}
 	tpu_list_insert_tail(&d->xwaits, &w->node);
-	evtimer_add(w->ev, &tv);
+	timer_add_fresh(w->ev, &tv);
 	tpu_log_debug("peer %s: connect to '%s' waits up to %u ms for the listener",
 		      tpd_peer_name(pr), c->name, c->wait_ms);
 	return 0;
@@ -707,6 +727,8 @@ void tpd_xpipe_peer_connect(struct tpd_daemon *d, struct tpd_peer *pr,
 		p->link = pr;
 		p->remote_id = c->pipe_id;
 		p->remote_uid = c->uid; /* a claim, shown and passed on, never checked */
+		p->far_queue_max = c->queue_max;
+		p->far_queue_bytes = c->queue_bytes;
 		tpu_list_insert_tail(&d->pipes, &p->node);
 		d->n_pipes++;
 		if (tpu_hmap_put(&ls->pipes, p->end[1].local_id, &p->end[1]) < 0 ||
@@ -726,6 +748,8 @@ void tpd_xpipe_peer_connect(struct tpd_daemon *d, struct tpd_peer *pr,
 	rep.message = why[0] ? why : NULL;
 	rep.owner_known = p != NULL;
 	rep.owner_uid = p ? (uint32_t)l->uid : 0;
+	rep.queue_max = p ? d->cfg.pipe_queue_max : 0;
+	rep.queue_bytes = p ? d->cfg.pipe_queue_bytes : 0;
 	pm.body_case = TPW__V1__PEER_MSG__BODY_CONNECT_REPLY;
 	pm.connect_reply = &rep;
 	tpd_peer_send(pr, &pm, NULL, 0);
@@ -793,6 +817,8 @@ void tpd_xpipe_peer_connect_reply(struct tpd_peer *pr, struct tpd_pipe *p,
 	e = local_end(p);
 	p->remote_id = r->peer_pipe_id;
 	p->remote_uid = r->owner_uid;
+	p->far_queue_max = r->queue_max;
+	p->far_queue_bytes = r->queue_bytes;
 	p->connecting = false;
 	event_del(p->ev_connect);
 	tpd_pipe_log(p, e->session, TPU_LOG_INFO, "connected to '%s' on %s", p->listener,
@@ -825,8 +851,8 @@ static bool remote_queue_full(struct tpd_pipe *p, struct tpd_pipe_end *w, uint64
 			 "bytes (limit %llu, tpipd --pipe-queue-bytes)",
 			 (unsigned long long)w->queued_bytes,
 			 (unsigned long long)cfg->pipe_queue_bytes);
-	else if (p->d->quota.pipe_bytes + tpd_msg_cost(tail_len, n_seg) >
-		 cfg->pipe_queue_bytes_total)
+	else if (p->d->quota.pipe_bytes + p->d->quota.pipe_reserved +
+		 tpd_msg_cost(tail_len, n_seg) > cfg->pipe_queue_bytes_total)
 		snprintf(why, sizeof(why), "pipe queues full on the reader's host: %llu bytes held "
 			 "for unread messages in all pipes (limit %llu, tpipd "
 			 "--pipe-queue-bytes-max)",
@@ -885,7 +911,7 @@ void tpd_xpipe_peer_descriptor(struct tpd_pipe *p, const Tpw__V1__Descriptor *dd
 	w->queued++;
 	w->queued_bytes += tail_len;
 	m->cost = tpd_msg_cost(tail_len, m->n_src);
-	p->d->quota.pipe_bytes += m->cost;
+	tpd_pipe_budget_charge(p->d, m->cost);
 	m->tail_len = tail_len;
 	if (m->eager) {
 		int basic = tpb_index("basic");
@@ -930,19 +956,28 @@ void tpd_xpipe_peer_read_req(struct tpd_pipe *p, const Tpw__V1__PeerReadReq *rr)
 	tpd_pipe_start_next_copy(w);
 }
 
-/* An eager message's write completed when it was sent; say that the reader's daemon dropped it
- * (its queue limits are smaller than ours), at most once a second. */
-static void eager_refused(struct tpd_pipe *p, const struct tpd_msg *m,
+/*
+ * The reader's daemon dropped eager message @m (its daemon-wide budget, or limits it lowered
+ * since the pipe was set up) although its write completed here when it was sent: the writer
+ * cannot learn it from that write any more, so the pipe fails, both ways, with the reason. The
+ * reader still reads what was queued before. Logged at most once a second.
+ */
+static void eager_dropped(struct tpd_pipe *p, const struct tpd_msg *m,
 			  const Tpw__V1__PeerConsumed *c)
 {
-	const char *why = c->message && *c->message ? c->message : "no reason given";
+	const char *reason = c->message && *c->message ? c->message : tpw_status_name(c->status);
 	static struct tpd_ratelog log;
 	unsigned suppressed;
+	char why[200];
 
+	snprintf(why, sizeof(why), "the reader's daemon dropped message %llu, written already: "
+		 "%.140s", (unsigned long long)m->msg_id, reason);
 	if (tpd_ratelog_ok(&log, 1000, &suppressed))
-		tpd_pipe_log(p, NULL, TPU_LOG_WARNING, "message %llu, written already, was dropped "
-			     "by the reader's daemon: %s (%u more since the last such line)",
-			     (unsigned long long)m->msg_id, why, suppressed);
+		tpd_pipe_log(p, NULL, TPU_LOG_WARNING, "%s; failing the pipe (%u more since the "
+			     "last such line)", why, suppressed);
+	if (p->link && p->remote_id)
+		tell_close(p->link, p->remote_id, c->status, why);
+	tpd_xpipe_peer_close(p, c->status, why);
 }
 
 void tpd_xpipe_peer_consumed(struct tpd_pipe *p, const Tpw__V1__PeerConsumed *c)
@@ -960,9 +995,13 @@ void tpd_xpipe_peer_consumed(struct tpd_pipe *p, const Tpw__V1__PeerConsumed *c)
 					  c->message);
 			return;
 		}
+		if (m->eager && c->status != TPW__V1__STATUS__STATUS_OK &&
+		    c->status != TPW__V1__STATUS__STATUS_CANCELED &&
+		    !tpd_pipe_end_dying(remote_end(p))) {
+			eager_dropped(p, m, c); /* consumes @m with the rest of the pipe */
+			return;
+		}
 		m->read_requested = true;
-		if (m->eager && c->status != TPW__V1__STATUS__STATUS_OK)
-			eager_refused(p, m, c);
 		tpd_pipe_msg_consumed(m, c->status, c->message);
 		tpd_pipe_start_next_copy(w);
 		return;

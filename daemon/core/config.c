@@ -161,6 +161,8 @@ static const struct opt opts[] = {
 	  "                            (default 128 each)" },
 	{ "peer-links-per-source", "peer", K_U32, OFF(peer_links_per_source), 1, 1u << 20, true,
 	  "N", "of those, from one address (default 8)" },
+	{ "peer-connect-waits-max", "peer", K_U32, OFF(peer_connect_waits_max), 1, 1u << 24, true,
+	  "N", "peers' connects waiting for a listener, all links together (default 4096)" },
 	{ "peer-data-conns-max", "peer", K_U32, OFF(peer_data_conns_max), 1, 1u << 20, true, "N",
 	  "data connections of all links together, two threads each (default 512)" },
 };
@@ -215,6 +217,7 @@ void tpd_config_defaults(struct tpd_config *c)
 	c->peer_links_max = 128;
 	c->peer_links_per_source = 8;
 	c->peer_data_conns_max = 512;
+	c->peer_connect_waits_max = 4096;
 	snprintf(c->config_path, sizeof(c->config_path), "%s", TPD_CONFIG_DEFAULT_PATH);
 }
 

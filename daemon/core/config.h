@@ -72,6 +72,7 @@ struct tpd_config {
 	uint32_t peer_links_max;    /* links other daemons opened to this one */
 	uint32_t peer_links_per_source; /* of those, from one address */
 	uint32_t peer_data_conns_max; /* data connections of every link together (2 threads each) */
+	uint32_t peer_connect_waits_max; /* peers' connects waiting for a listener, all links */
 
 	/* Where the configuration came from, for reloads. */
 	char config_path[PATH_MAX];

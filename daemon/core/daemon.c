@@ -428,21 +428,31 @@ void tpd_daemon_spin_kick(struct tpd_daemon *d)
 	spin_rearm(d); /* never polls from here: the caller may be parsing a frame */
 }
 
-static int setup_events(struct tpd_daemon *d)
+/*
+ * SIGTERM, SIGINT and SIGHUP are the loop's from here on. Installed before the control socket
+ * listens: a client may connect, and a service manager stop the daemon, as soon as it does, and
+ * a signal with its default action would kill the daemon (status 143) instead of stopping it.
+ */
+static int setup_signals(struct tpd_daemon *d)
 {
 	static const int sigs[] = { SIGTERM, SIGINT, SIGHUP };
 
+	for (size_t i = 0; i < TPU_ARRAY_SIZE(sigs); i++) {
+		d->ev_signals[i] = evsignal_new(d->base, sigs[i], daemon_on_signal, d);
+		if (!d->ev_signals[i] || event_add(d->ev_signals[i], NULL) < 0)
+			return -ENOMEM;
+	}
+	return 0;
+}
+
+static int setup_events(struct tpd_daemon *d)
+{
 	d->ev_accept = event_new(d->base, d->listen_fd, EV_READ | EV_PERSIST, daemon_on_accept, d);
 	d->ev_accept_resume = evtimer_new(d->base, daemon_on_accept_resume, d);
 	d->ev_drain = evtimer_new(d->base, daemon_on_drain, d);
 	d->ev_spin = evtimer_new(d->base, daemon_on_spin, d);
 	if (!d->ev_accept || !d->ev_accept_resume || !d->ev_drain || !d->ev_spin)
 		return -ENOMEM;
-	for (size_t i = 0; i < TPU_ARRAY_SIZE(sigs); i++) {
-		d->ev_signals[i] = evsignal_new(d->base, sigs[i], daemon_on_signal, d);
-		if (!d->ev_signals[i] || event_add(d->ev_signals[i], NULL) < 0)
-			return -ENOMEM;
-	}
 	if (setup_tick(d) < 0)
 		return -ENOMEM;
 	return event_add(d->ev_accept, NULL) < 0 ? -EIO : 0;
@@ -493,6 +503,7 @@ int tpd_daemon_new(const struct tpd_config *cfg, struct tpd_daemon **ret)
 	tpu_list_init(&d->pipes);
 	tpu_list_init(&d->xwaits);
 	tpu_list_init(&d->flow_dirty);
+	tpu_list_init(&d->budget_wait);
 	tpd_registry_init(&d->registry);
 	tpd_quota_init(&d->quota);
 	d->base = event_base_new();
@@ -501,6 +512,9 @@ int tpd_daemon_new(const struct tpd_config *cfg, struct tpd_daemon **ret)
 		goto fail;
 	probe_backends(d);
 	r = tpd_copier_new(d->base, cfg->copy_threads, &d->copier);
+	if (r < 0)
+		goto fail;
+	r = setup_signals(d);
 	if (r < 0)
 		goto fail;
 	r = socket_bind(d);

@@ -49,6 +49,7 @@ struct tpd_daemon {
 	struct tpd_registry registry;
 	struct tpu_list pipes;
 	struct tpu_list flow_dirty; /* pipe ends with FlowCredit to send at the end of the pass */
+	struct tpu_list budget_wait; /* pipe ends waiting for the daemon-wide budget, FIFO */
 	unsigned n_pipes;
 	struct tpu_list xwaits;	/* peers' connects waiting for a listener (xpipe.c) */
 	uint64_t next_pipe_id;

@@ -59,6 +59,9 @@ struct tpd_quota {
 	uint64_t refused;     /* sessions refused by a quota, since start */
 	uint64_t remote_refused; /* peer daemons' messages refused by pipe queue limits */
 	uint64_t pipe_bytes;  /* held for unread messages of every pipe: tpd_msg_cost() */
+	uint64_t pipe_reserved; /* set aside for pipes resuming after a wait (broker/budget.c) */
+	uint64_t pipe_bytes_peak; /* highest pipe_bytes + pipe_reserved since start */
+	uint64_t budget_waits; /* writes that started a wait for the budget, since start */
 	struct tpd_ratelog refuse_log;
 	struct tpd_ratelog budget_log[2]; /* [0] per-uid, [1] daemon-wide budget hit */
 };

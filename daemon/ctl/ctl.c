@@ -99,6 +99,8 @@ static void fill_status_limits(struct tpd_daemon *d, const struct ctl_bufs *b,
 		st->sessions_refused = d->quota.refused;
 		st->remote_refused = d->quota.remote_refused;
 		st->pipe_held_bytes = d->quota.pipe_bytes;
+		st->pipe_held_bytes_peak = d->quota.pipe_bytes_peak;
+		st->budget_waits = d->quota.budget_waits;
 	}
 	tpu_list_for_each(p, &d->pipes, node)
 		for (int i = 0; i < 2 && sees_pipe(b, p); i++) {

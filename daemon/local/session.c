@@ -290,6 +290,7 @@ int tpd_session_new(struct tpd_daemon *d, int fd, struct tpd_session **ret)
 	if (!s->in || !s->ev_read || !s->ev_write || !s->ev_close || !s->ev_hello)
 		goto fail;
 	r = tpu_fd_nonblock(fd);
+	event_base_update_cache_time(d->base); /* the hello deadline runs from now */
 	if (r < 0 || event_add(s->ev_read, NULL) < 0 || evtimer_add(s->ev_hello, &hello_tv) < 0)
 		goto fail;
 	tpd_session_log(s, TPU_LOG_INFO, "attached, uid %u", (unsigned)s->uid);

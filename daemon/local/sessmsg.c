@@ -454,6 +454,16 @@ static bool on_cancel(struct tpd_session *s, Tpw__V1__ClientMsg *m, struct sessm
 	return false;
 }
 
+static bool on_flow_resume(struct tpd_session *s, Tpw__V1__ClientMsg *m, struct sessmsg_in *in)
+{
+	struct tpd_pipe_end *e = find_end(s, m->flow_resume->pipe_id);
+
+	(void)in;
+	if (e)
+		tpd_pipe_budget_resumed(e, m->flow_resume);
+	return false;
+}
+
 static bool on_session_end(struct tpd_session *s, Tpw__V1__ClientMsg *m, struct sessmsg_in *in)
 {
 	/* tp_context_free(): the disconnect that follows is a clean close. */
@@ -513,6 +523,7 @@ static const struct sessmsg_cmd sessmsg_cmds[] = {
 	[TPW__V1__CLIENT_MSG__BODY_CUDA_RELEASE] = { on_cuda_release, 0 },
 	[TPW__V1__CLIENT_MSG__BODY_SESSION_END] = { on_session_end, 0 },
 	[TPW__V1__CLIENT_MSG__BODY_CANCEL] = { on_cancel, 0 },
+	[TPW__V1__CLIENT_MSG__BODY_FLOW_RESUME] = { on_flow_resume, 0 },
 };
 
 /* The table entry of @m's body case, or NULL for a case it does not know. */

@@ -8,7 +8,9 @@
  * messages to a late reader, the same across hosts with blocking writes, many small messages on
  * a pipe still waiting for its listener, the pipe's error and a local close reaching held writes,
  * and a raw client that ignores the window meeting the hard limits (at them: queued; one over:
- * -ENOBUFS, its room returned with FlowCredit).
+ * -ENOBUFS, its room returned with FlowCredit). The daemon-wide budget (--pipe-queue-bytes-max):
+ * four pipes over it wait for it (all written, bounded), and clients that ignore the wait (minor
+ * 4, or minor 5 ignoring resend) meet it as a hard limit.
  */
 #include <check.h>
 #include <errno.h>
@@ -345,6 +347,126 @@ START_TEST(test_flow_cross_host_blocking_writes_wait_for_room)
 	ck_assert_int_eq(tpt_sync_init(&go), 0);
 	ck_assert_int_eq(tpt_sync_init(&done), 0);
 	flow_run(&c, 8ull << 20, 4096);
+	ck_assert_int_eq(tpt_daemon_stop(&dm2), 0);
+	stop();
+}
+END_TEST
+
+static void pair_start(const char *const *writer_args, const char *const *reader_args)
+{
+	ck_assert_int_eq(tpt_daemon_pair_start(&dm, writer_args, &dm2, reader_args), 0);
+	ck_assert_int_eq(tpt_sync_init(&ready), 0);
+	ck_assert_int_eq(tpt_sync_init(&filled), 0);
+	ck_assert_int_eq(tpt_sync_init(&go), 0);
+	ck_assert_int_eq(tpt_sync_init(&done), 0);
+}
+
+/*
+ * Across hosts the window is the smaller of both daemons' limits: the reader's daemon has
+ * --pipe-queue-bytes 64K, the writer's the default 64 MiB. 200 eager messages of 4 KiB to a
+ * late reader: the writer's daemon keeps 16 (64 KiB) at the reader's and turns the rest back
+ * until the reader consumes; every message arrives (the reader's daemon dropped those over its
+ * limit before, and the reader waited for them for ever), none is refused.
+ */
+START_TEST(test_flow_cross_host_window_is_the_smaller_daemons)
+{
+	static const struct flow_case c = { .rd = &dm2, .wd = &dm, .name = "xsmall", .n = 200,
+					    .len = 4096, .fill = 16 };
+	const char *rargs[] = { "--pipe-queue-bytes", "64K", NULL };
+	const char *keys[] = { "remote_refused" };
+	uint64_t refused = 1;
+
+	pair_start(NULL, rargs);
+	flow_run(&c, 64u << 10, 16);
+	tpt_status_u64s(&dm2, keys, 1, &refused);
+	ck_assert_uint_eq(refused, 0);
+	ck_assert_int_eq(tpt_daemon_stop(&dm2), 0);
+	stop();
+}
+END_TEST
+
+#define DROP_N 10
+#define DROP_LEN (16u << 10) /* eager */
+
+static int drop_reader(void *arg)
+{
+	struct tpt_end e = { .d = &dm2, .ctx_name = "drop-reader", .where = "dropped",
+			     .ready = &ready, .timeout_ms = T_MS };
+	struct tpt_msg_spec s = { .pipe = 9, .n_payloads = 1, .lens = { DROP_LEN } };
+	unsigned n;
+	int r = 0;
+
+	TPT_REQUIRE(tpt_end_listen(&e, true) == 0, 1, "listen");
+	TPT_REQUIRE(tpt_sync_wait(&go, LONG_MS) == 0, 1, "no go");
+	for (n = 0; n < DROP_N && r == 0; n++) {
+		s.index = n;
+		r = tpt_msg_read_check(e.ctx, e.p, &s, TPT_MEM_PRIVATE, T_MS);
+	}
+	/* What the reader's daemon queued arrives intact; then the pipe's error, not a hang. */
+	TPT_REQUIRE(r < 0 && r != -ETIMEDOUT && n > 1 && n < DROP_N, 1, "read %u: %d", n, r);
+	tpt_end_close(&e);
+	return 0;
+}
+
+static int drop_writer(void *arg)
+{
+	struct tpt_end e = { .d = &dm, .ctx_name = "drop-writer", .ready = &ready,
+			     .timeout_ms = T_MS };
+	static struct tpt_msg m[DROP_N + 1];
+	static struct tpt_done_arg da[DROP_N];
+	static struct tpt_done dd;
+	struct tp_descriptor *d = NULL;
+	char addr[200];
+	int r;
+
+	e.where = tpt_peer_address(&dm2, "dropped", addr, sizeof(addr));
+	TPT_REQUIRE(tpt_end_connect(&e) == 0, 1, "connect");
+	tpt_done_init(&dd);
+	for (unsigned i = 0; i <= DROP_N; i++) {
+		struct tpt_msg_spec s = { .pipe = 9, .index = i, .n_payloads = 1,
+					  .lens = { DROP_LEN } };
+		TPT_REQUIRE(tpt_msg_build(e.ctx, &s, TPT_MEM_PRIVATE, &m[i]) == 0, 1, "build");
+	}
+	for (unsigned i = 0; i < DROP_N; i++) {
+		da[i] = (struct tpt_done_arg){ &dd, i };
+		TPT_REQUIRE(tp_pipe_write(e.p, &m[i].m, tpt_done_cb, &da[i]) == 0, 1, "write %u",
+			    i);
+	}
+	TPT_REQUIRE(tpt_done_wait(&dd, DROP_N, T_MS) == 0, 1, "%u completions", dd.count);
+	/* Some completed before the far daemon dropped their messages: the pipe must fail (the
+	 * writer's own read on it ends with that error instead of waiting), and a later write
+	 * fails too. */
+	r = tp_pipe_read_descriptor_sync(e.p, T_MS, &d);
+	TPT_REQUIRE(r < 0 && r != -ETIMEDOUT && strstr(tp_last_error(), "dropped message"), 1,
+		    "the pipe after messages were dropped: %d %s", r, r ? tp_last_error() : "");
+	r = tp_pipe_write_sync(e.p, &m[DROP_N].m);
+	TPT_REQUIRE(r < 0, 1, "a write on the failed pipe: %d", r);
+	TPT_REQUIRE(tpt_sync_post(&filled, 0) == 0, 1, "post");
+	for (unsigned i = 0; i <= DROP_N; i++)
+		tpt_msg_free(e.ctx, &m[i]);
+	tpt_end_close(&e);
+	return 0;
+}
+
+/*
+ * The reader's daemon drops eager messages over its daemon-wide budget (--pipe-queue-bytes-max
+ * 64K there) whose writes completed on the writer's host: the pipe fails with the reason on both
+ * ends (a later write fails naming the dropped message; the reader reads what was queued, then
+ * the error) instead of the messages vanishing while the pipe carries on.
+ */
+START_TEST(test_flow_cross_host_eager_message_dropped_far_fails_the_pipe)
+{
+	const char *rargs[] = { "--pipe-queue-bytes-max", "64K", NULL };
+	pid_t rd, wr;
+
+	pair_start(NULL, rargs);
+	rd = tpt_fork(drop_reader, NULL);
+	wr = tpt_fork(drop_writer, NULL);
+	ck_assert_int_eq(tpt_sync_wait(&filled, LONG_MS), 0);
+	ck_assert_int_eq(tpt_sync_post(&go, 0), 0);
+	ck_assert(tpt_wait_ok(wr, LONG_MS, "writer"));
+	ck_assert(tpt_wait_ok(rd, LONG_MS, "reader"));
+	ck_assert(tpt_daemon_log_has(&dm, "dropped message"));
 	ck_assert_int_eq(tpt_daemon_stop(&dm2), 0);
 	stop();
 }
@@ -690,6 +812,327 @@ START_TEST(test_flow_client_ignoring_the_window_meets_the_hard_limits)
 }
 END_TEST
 
+/* ---- the daemon-wide budget (--pipe-queue-bytes-max) ------------------------------------- */
+
+#define BUD_BYTES (1u << 20)
+#define BUD_PIPES 4
+#define BUD_N 160	     /* 2.5 MiB per pipe: each alone is over the budget */
+#define BUD_LEN (16u << 10) /* eager: inline with the descriptor */
+
+static void bud_name(char *buf, size_t len, unsigned k)
+{
+	snprintf(buf, len, "budget%u", k);
+}
+
+static int budget_reader(void *arg)
+{
+	unsigned k = (unsigned)(uintptr_t)arg;
+	char name[32];
+	struct tpt_end e = { .d = &dm, .ctx_name = "budget-reader", .where = name,
+			     .ready = &ready, .timeout_ms = T_MS };
+	struct tpt_msg_spec s = { .pipe = k, .n_payloads = 1, .lens = { BUD_LEN } };
+	int r;
+
+	bud_name(name, sizeof(name), k);
+	TPT_REQUIRE(tpt_end_listen(&e, true) == 0, 1, "listen");
+	TPT_REQUIRE(tpt_sync_wait(&go, LONG_MS) == 0, 1, "no go");
+	for (unsigned i = 0; i < BUD_N; i++) {
+		s.index = i;
+		r = tpt_msg_read_check(e.ctx, e.p, &s, TPT_MEM_PRIVATE, T_MS);
+		TPT_REQUIRE(r == 0, 1, "pipe %u: message %u of %u: %d", k, i, BUD_N, r);
+	}
+	tpt_end_close(&e);
+	return 0;
+}
+
+static int budget_writer(void *arg)
+{
+	unsigned k = (unsigned)(uintptr_t)arg;
+	char name[32];
+	struct tpt_end e = { .d = &dm, .ctx_name = "budget-writer", .where = name,
+			     .timeout_ms = T_MS };
+	uint8_t *data = malloc((size_t)BUD_N * BUD_LEN);
+	struct tp_payload pl[BUD_N];
+	struct tp_message m[BUD_N];
+
+	TPT_REQUIRE(data, 1, "out of memory");
+	bud_name(name, sizeof(name), k);
+	flow_done_init(&fd_);
+	for (unsigned i = 0; i < BUD_N; i++) {
+		pl[i] = (struct tp_payload){ .data = data + (size_t)i * BUD_LEN,
+					     .length = BUD_LEN };
+		tpt_fill(pl[i].data, BUD_LEN, tpt_seed(k, i, 0));
+		m[i] = (struct tp_message){ .payloads = &pl[i], .n_payloads = 1 };
+	}
+	TPT_REQUIRE(tpt_end_connect(&e) == 0, 1, "connect");
+	for (unsigned i = 0; i < BUD_N; i++) {
+		int r = tp_pipe_write(e.p, &m[i], flow_done_cb, (void *)(uintptr_t)i);
+		TPT_REQUIRE(r == 0, 1, "pipe %u: write %u returned %d: %s", k, i, r,
+			    tp_last_error());
+	}
+	TPT_REQUIRE(flow_done_wait(&fd_, BUD_N, LONG_MS) == 0, 1, "pipe %u: %u of %u writes "
+		    "completed", k, flow_done_count(&fd_), BUD_N);
+	TPT_REQUIRE(fd_.ok == BUD_N && fd_.order_errors == 0, 1,
+		    "pipe %u: %u of %u writes succeeded (first error %d), %u out of order", k,
+		    fd_.ok, BUD_N, fd_.first_err, fd_.order_errors);
+	tpt_end_close(&e);
+	free(data);
+	return 0;
+}
+
+/*
+ * --pipe-queue-bytes-max 1M, four pipes each writing 2.5 MiB of eager messages (each within its
+ * own 64 MiB window) to readers that start once the budget is spent: every write succeeds, in
+ * order, every byte arrives, and the daemon never holds (or sets aside) more than the budget.
+ */
+START_TEST(test_flow_pipes_over_the_daemon_budget_wait_for_it)
+{
+	const char *args[] = { "--pipe-queue-bytes-max", "1M", NULL };
+	const char *keys[] = { "budget_waits", "pipe_held_bytes", "pipe_held_bytes_peak" };
+	pid_t rd[BUD_PIPES], wr[BUD_PIPES];
+	uint64_t v[3] = { 0 }, held_max = 0;
+	int st;
+
+	start(args);
+	for (unsigned k = 0; k < BUD_PIPES; k++)
+		rd[k] = tpt_fork(budget_reader, (void *)(uintptr_t)k);
+	for (unsigned k = 0; k < BUD_PIPES; k++)
+		ck_assert_int_eq(tpt_sync_wait(&ready, T_MS), 0);
+	for (unsigned k = 0; k < BUD_PIPES; k++)
+		wr[k] = tpt_fork(budget_writer, (void *)(uintptr_t)k);
+	/* The readers start once the budget is spent and writes wait for it. */
+	for (unsigned round = 0; v[0] == 0 && round < 400; round++) {
+		tpt_status_u64s(&dm, keys, 3, v);
+		held_max = v[1] > held_max ? v[1] : held_max;
+		if (v[0] == 0)
+			tpt_backoff(round);
+	}
+	ck_assert_msg(v[0] > 0, "no write waited for the budget");
+	for (unsigned k = 0; k < BUD_PIPES; k++)
+		ck_assert_int_eq(tpt_sync_post(&go, 0), 0);
+	for (unsigned k = 0; k < BUD_PIPES; k++) {
+		while (waitpid(wr[k], &st, WNOHANG) == 0) {
+			tpt_status_u64s(&dm, keys, 3, v);
+			held_max = v[1] > held_max ? v[1] : held_max;
+		}
+		ck_assert_msg(WIFEXITED(st) && WEXITSTATUS(st) == 0, "writer %u failed", k);
+	}
+	for (unsigned k = 0; k < BUD_PIPES; k++)
+		ck_assert(tpt_wait_ok(rd[k], LONG_MS, "reader"));
+	tpt_status_u64s(&dm, keys, 3, v);
+	tpt_log("budget %u: %llu waits, %llu bytes held at most (sampled), peak %llu", BUD_BYTES,
+		(unsigned long long)v[0], (unsigned long long)held_max,
+		(unsigned long long)v[2]);
+	ck_assert_msg(held_max <= BUD_BYTES && v[2] <= BUD_BYTES && v[2] > BUD_BYTES / 2,
+		      "held %llu, peak %llu, budget %u", (unsigned long long)held_max,
+		      (unsigned long long)v[2], BUD_BYTES);
+	stop();
+}
+END_TEST
+
+#define TB_N 20
+#define TB_CANCEL 12
+#define TB_LEN (8u << 10) /* eager; 7 fit a budget of 64K */
+
+static int tb_reader(void *arg)
+{
+	struct tpt_end e = { .d = &dm, .ctx_name = "tb-reader", .where = "turned",
+			     .ready = &ready, .timeout_ms = T_MS };
+	struct tpt_msg_spec s = { .pipe = 5, .n_payloads = 1, .lens = { TB_LEN } };
+	int r;
+
+	TPT_REQUIRE(tpt_end_listen(&e, true) == 0, 1, "listen");
+	TPT_REQUIRE(tpt_sync_wait(&done, LONG_MS) == 0, 1, "no go");
+	for (unsigned i = 0; i < TB_N; i++) {
+		if (i == TB_CANCEL)
+			continue; /* cancelled while turned back: never reaches the reader */
+		s.index = i;
+		r = tpt_msg_read_check(e.ctx, e.p, &s, TPT_MEM_PRIVATE, T_MS);
+		TPT_REQUIRE(r == 0, 1, "message %u: %d", i, r);
+	}
+	tpt_end_close(&e);
+	return 0;
+}
+
+static int tb_writer(void *arg)
+{
+	struct tpt_end e = { .d = &dm, .ctx_name = "tb-writer", .where = "turned",
+			     .ready = &ready, .timeout_ms = T_MS };
+	static struct tpt_msg m[TB_N];
+	static struct tpt_done_arg da[TB_N];
+	static struct tpt_done dd;
+	uint64_t ids[TB_N];
+	int r;
+
+	TPT_REQUIRE(tpt_end_connect(&e) == 0, 1, "connect");
+	tpt_done_init(&dd);
+	for (unsigned i = 0; i < TB_N; i++) {
+		struct tpt_msg_spec s = { .pipe = 5, .index = i, .n_payloads = 1,
+					  .lens = { TB_LEN } };
+		TPT_REQUIRE(tpt_msg_build(e.ctx, &s, TPT_MEM_PRIVATE, &m[i]) == 0, 1, "build");
+		da[i] = (struct tpt_done_arg){ &dd, i };
+		r = tp_pipe_write_ex(e.p, &m[i].m, tpt_done_cb, &da[i], &ids[i]);
+		TPT_REQUIRE(r == 0, 1, "write %u: %d", i, r);
+	}
+	TPT_REQUIRE(tpt_sync_post(&filled, 0) == 0, 1, "post");
+	TPT_REQUIRE(tpt_sync_wait(&go, LONG_MS) == 0, 1, "no go");
+	r = tp_cancel(e.ctx, ids[TB_CANCEL]);
+	TPT_REQUIRE(r == 0, 1, "tp_cancel: %d %s", r, tp_last_error());
+	TPT_REQUIRE(tpt_done_wait(&dd, TB_N, LONG_MS) == 0, 1, "%u completions", dd.count);
+	for (unsigned i = 0; i < TB_N; i++)
+		TPT_REQUIRE(dd.status[i] == (i == TB_CANCEL ? -ECANCELED : 0), 1,
+			    "write %u: %d", i, dd.status[i]);
+	TPT_REQUIRE(dd.order_errors == 0, 1, "completions out of order");
+	for (unsigned i = 0; i < TB_N; i++)
+		tpt_msg_free(e.ctx, &m[i]);
+	tpt_end_close(&e);
+	return 0;
+}
+
+/*
+ * --pipe-queue-bytes-max 64K: of 20 eager writes of 8 KiB, 7 are queued and the rest turned
+ * back by the budget; tp_cancel() of one of those (held in the library, or on its way back)
+ * completes it with -ECANCELED in order, and the reader gets every other message, in order.
+ */
+START_TEST(test_flow_cancel_of_a_write_turned_back_by_the_budget)
+{
+	const char *args[] = { "--pipe-queue-bytes-max", "64K", NULL };
+	const char *keys[] = { "budget_waits" };
+	uint64_t waits = 0;
+	pid_t rd, wr;
+
+	start(args);
+	rd = tpt_fork(tb_reader, NULL);
+	wr = tpt_fork(tb_writer, NULL);
+	ck_assert_int_eq(tpt_sync_wait(&filled, LONG_MS), 0);
+	for (unsigned round = 0; waits == 0 && round < 400; round++) {
+		tpt_status_u64s(&dm, keys, 1, &waits);
+		if (waits == 0)
+			tpt_backoff(round);
+	}
+	ck_assert_uint_gt(waits, 0);
+	ck_assert_int_eq(tpt_sync_post(&go, 0), 0);
+	ck_assert_int_eq(tpt_sync_post(&done, 0), 0);
+	ck_assert(tpt_wait_ok(wr, LONG_MS, "writer"));
+	ck_assert(tpt_wait_ok(rd, LONG_MS, "reader"));
+	stop();
+}
+END_TEST
+
+static void raw_hello_minor(struct tpt_raw *raw, uint32_t minor)
+{
+	Tpw__V1__ClientMsg m = TPW__V1__CLIENT_MSG__INIT;
+	Tpw__V1__Hello h = TPW__V1__HELLO__INIT;
+	Tpw__V1__DaemonMsg *rep = NULL;
+
+	h.major = TPW_PROTO_MAJOR;
+	h.minor = minor;
+	h.role = TPW__V1__ROLE__ROLE_CLIENT;
+	h.name = "tpt-raw-budget";
+	m.body_case = TPW__V1__CLIENT_MSG__BODY_HELLO;
+	m.hello = &h;
+	ck_assert_int_eq(tpt_raw_send(raw, &m, NULL, 0, NULL, 0, 0), 0);
+	ck_assert_int_eq(tpt_raw_expect(raw, TPW__V1__DAEMON_MSG__BODY_HELLO_REPLY, T_MS, &rep), 0);
+	ck_assert_int_eq(rep->hello_reply->status, TPW__V1__STATUS__STATUS_OK);
+	tpw_daemon_msg_free(rep);
+}
+
+/* Like raw_write(), and says whether the refusal asks for a resend. */
+static Tpw__V1__Status raw_write_budget(struct tpt_raw *raw, uint64_t write_id, size_t len,
+					bool *ret_resend)
+{
+	static uint8_t tail[4096];
+	Tpw__V1__ClientMsg m = TPW__V1__CLIENT_MSG__INIT;
+	Tpw__V1__Write w = TPW__V1__WRITE__INIT;
+	Tpw__V1__Payload pl = TPW__V1__PAYLOAD__INIT, *pls[] = { &pl };
+	Tpw__V1__Segment seg = TPW__V1__SEGMENT__INIT;
+	Tpw__V1__DaemonMsg *rep = NULL;
+	Tpw__V1__Status st;
+
+	seg.length = len;
+	seg.loc_case = TPW__V1__SEGMENT__LOC_INLINE_OFF;
+	pl.data = &seg;
+	w.pipe_id = 1;
+	w.write_id = write_id;
+	w.n_payloads = 1;
+	w.payloads = pls;
+	m.body_case = TPW__V1__CLIENT_MSG__BODY_WRITE;
+	m.write = &w;
+	ck_assert_int_eq(tpt_raw_send(raw, &m, tail, len, NULL, 0, 0), 0);
+	ck_assert_int_eq(tpt_raw_expect(raw, TPW__V1__DAEMON_MSG__BODY_WRITE_DONE, T_MS, &rep), 0);
+	ck_assert_uint_eq(rep->write_done->write_id, write_id);
+	st = rep->write_done->status;
+	*ret_resend = rep->write_done->resend;
+	if (st == TPW__V1__STATUS__STATUS_LIMIT) /* names the option that sets the limit */
+		ck_assert_msg(rep->write_done->message &&
+			      strstr(rep->write_done->message, "--pipe-queue-bytes-max"),
+			      "refusal: %s", rep->write_done->message);
+	tpw_daemon_msg_free(rep);
+	return st;
+}
+
+static uint64_t held_bytes(void)
+{
+	const char *keys[] = { "pipe_held_bytes" };
+	uint64_t v = 0;
+
+	tpt_status_u64s(&dm, keys, 1, &v);
+	return v;
+}
+
+/*
+ * --pipe-queue-bytes-max 64K as a hard limit: a raw client of minor 4 fills it exactly (the last
+ * write brings the bytes held to the budget: queued) and the next write, one message above, is
+ * refused with STATUS_LIMIT (-ENOBUFS) and no resend; a raw client of minor 5 that ignores the
+ * resend protocol gets the same refusal (marked resend) and the daemon holds no more.
+ */
+START_TEST(test_flow_clients_ignoring_the_budget_meet_it_as_a_hard_limit)
+{
+	const char *args[] = { "--pipe-queue-bytes-max", "64K", NULL };
+	const uint64_t budget = 64u << 10;
+	struct tpt_raw raw, raw5;
+	uint64_t ovh, rest, id = 1;
+	bool resend = true;
+	pid_t rd;
+
+	start(args);
+	rd = tpt_fork(idle_reader, NULL);
+	ck_assert_int_eq(tpt_sync_wait(&ready, T_MS), 0);
+	ck_assert_int_eq(tpt_raw_connect(&raw, dm.socket), 0);
+	raw_hello_minor(&raw, 4);
+	raw_connect_pipe(&raw, 1);
+	ck_assert_int_eq(raw_write_budget(&raw, id++, 10, &resend), TPW__V1__STATUS__STATUS_OK);
+	ovh = held_bytes() - 10; /* what a message costs beyond its inline bytes */
+	ck_assert(ovh > 0 && ovh < 4096);
+	for (rest = budget - (ovh + 10); rest - ovh > 4000; rest -= ovh + 4000)
+		ck_assert_int_eq(raw_write_budget(&raw, id++, 4000, &resend),
+				 TPW__V1__STATUS__STATUS_OK);
+	ck_assert_int_eq(raw_write_budget(&raw, id++, rest - ovh, &resend),
+			 TPW__V1__STATUS__STATUS_OK);
+	ck_assert_uint_eq(held_bytes(), budget);
+	ck_assert_int_eq(raw_write_budget(&raw, id++, 0, &resend), TPW__V1__STATUS__STATUS_LIMIT);
+	ck_assert(!resend);
+	ck_assert_uint_eq(held_bytes(), budget);
+
+	ck_assert_int_eq(tpt_raw_connect(&raw5, dm.socket), 0);
+	raw_hello_minor(&raw5, TPW_PROTO_MINOR);
+	raw_connect_pipe(&raw5, 1);
+	for (unsigned i = 1; i <= 3; i++) {
+		ck_assert_int_eq(raw_write_budget(&raw5, i, 10, &resend),
+				 TPW__V1__STATUS__STATUS_LIMIT);
+		ck_assert(resend);
+		raw_expect_credit(&raw5, 1, 10);
+	}
+	ck_assert_uint_eq(held_bytes(), budget);
+	ck_assert(tpt_daemon_alive(&dm));
+	tpt_raw_close(&raw5);
+	tpt_raw_close(&raw);
+	ck_assert_int_eq(tpt_sync_post(&go, 0), 0);
+	ck_assert(tpt_wait_ok(rd, T_MS, "reader"));
+	stop();
+}
+END_TEST
+
 /* ---- a daemon the library must not trust blindly, and an old daemon ------------------------- */
 
 /* A stand-in daemon on a Unix socket: answers Hello (protocol minor @minor, a window of
@@ -884,12 +1327,17 @@ static Suite *flow_suite(void)
 	tcase_add_test(tc, test_flow_old_daemon_gets_every_write_at_once);
 	tcase_add_test(tc, test_flow_library_bounds_the_daemons_credit);
 	tcase_add_test(tc, test_flow_client_ignoring_the_window_meets_the_hard_limits);
+	tcase_add_test(tc, test_flow_clients_ignoring_the_budget_meet_it_as_a_hard_limit);
+	tcase_add_test(tc, test_flow_pipes_over_the_daemon_budget_wait_for_it);
+	tcase_add_test(tc, test_flow_cancel_of_a_write_turned_back_by_the_budget);
 	tcase_add_test(tc, test_flow_write_larger_than_the_window_goes_alone_and_is_refused);
 	tcase_add_test(tc, test_flow_held_writes_fail_with_the_pipe_when_the_reader_dies);
 	tcase_add_test(tc, test_flow_close_cancels_held_writes);
 	tcase_add_test(tc, test_flow_cancel_of_a_held_write_never_reaches_the_reader);
 	tcase_add_test(tc, test_flow_small_messages_on_a_connecting_pipe_wait_for_room);
 	tcase_add_test(tc, test_flow_cross_host_blocking_writes_wait_for_room);
+	tcase_add_test(tc, test_flow_cross_host_window_is_the_smaller_daemons);
+	tcase_add_test(tc, test_flow_cross_host_eager_message_dropped_far_fails_the_pipe);
 	tcase_add_test(tc, test_flow_gib_to_a_late_reader_is_all_written_and_bounded);
 	suite_add_tcase(s, tc);
 	return s;

@@ -9,7 +9,9 @@
  * peer, no listener at all (the wait runs out); an expected owner that does not match is
  * -EACCES once the listener comes. B keeps at most pipes-max waiting connects per link (the
  * one over is -ENOBUFS naming --pipes-max), and a pipe closed while waiting frees its place
- * there. The link dying fails the waiting client within the peer timeout, and B forgets what
+ * there; with --peer-connect-waits-max 2 (and --pipes-max 16) B keeps two in all and the third
+ * is -ENOBUFS naming that option. The link dying fails the waiting client within the peer
+ * timeout, and B forgets what
  * was waiting on a link that went away. A wait on the daemon's own tpip:// address waits there
  * as for a local name. A far daemon of peer protocol 2.0 (a fake one, over --peer-insecure) is
  * sent no wait: the connect fails at once with -ENOENT, as documented.
@@ -385,6 +387,83 @@ START_TEST(test_peer_wait_kept_waits_are_bounded_by_the_pipe_limit)
 }
 END_TEST
 
+/* ---- the daemon-wide bound: --peer-connect-waits-max ---------------------------------------- */
+
+#define B_WAITS_MAX 2
+
+/* B keeps at most B_WAITS_MAX waiting connects in all, far fewer than its --pipes-max per link. */
+static void waits_setup(void)
+{
+	static const char *args[24];
+	const char *const *base = tpt_peer_args();
+	size_t n = 0;
+
+	while (base[n] && n < 16) {
+		args[n] = base[n];
+		n++;
+	}
+	args[n++] = "--log-level";
+	args[n++] = "debug";
+	args[n++] = "--pipes-max";
+	args[n++] = "16";
+	args[n++] = "--peer-connect-waits-max";
+	args[n++] = "2";
+	args[n] = NULL;
+	ck_assert_int_eq(tpt_daemon_pair_start(&tpt_peer_a, tpt_peer_args(), &tpt_peer_b, args),
+			 0);
+	ck_assert_int_eq(tpt_sync_init(&to_conn), 0);
+	ck_assert_int_eq(tpt_sync_init(&to_lis), 0);
+}
+
+/* On A: B_WAITS_MAX waits for 'crowded' are kept on B (at the bound), one more is -ENOBUFS
+ * naming the option; then the listener comes and the kept ones connect. */
+static int crowd_daemon_wide(void *arg)
+{
+	struct tp_pipe *p[B_WAITS_MAX + 1] = { NULL };
+	struct tp_context *ctx;
+	int r = tpt_ctx_new(&tpt_peer_a, 0, "crowd", &ctx);
+
+	TPT_REQUIRE(r == 0, 1, "context: %d", r);
+	r = connect_waiting(ctx, "crowded", 0, 0, 0, &p[0]); /* the link first, as crowd() */
+	TPT_REQUIRE(r == 0, 1, "connect: %d", r);
+	TPT_REQUIRE(tp_pipe_wait_connected(p[0], T_MS) == -ENOENT, 1, "connect without waiting");
+	tp_pipe_close(p[0]);
+	for (unsigned i = 0; i <= B_WAITS_MAX; i++) {
+		r = connect_waiting(ctx, "crowded", T_MS, 0, 0, &p[i]);
+		TPT_REQUIRE(r == 0, 1, "connect %u: %d", i, r);
+	}
+	r = tp_pipe_wait_connected(p[B_WAITS_MAX], T_MS);
+	tpt_log("waiting connect over B's daemon-wide bound: %d: %s", r, tp_last_error());
+	TPT_REQUIRE(r == -ENOBUFS, 1, "waiting connect over B's bound: %d", r);
+	TPT_REQUIRE(strstr(tp_last_error(), "--peer-connect-waits-max"), 1, "error '%s'",
+		    tp_last_error());
+	tp_pipe_close(p[B_WAITS_MAX]);
+	tpt_sync_post(&to_lis, 0);
+	for (unsigned i = 0; i < B_WAITS_MAX; i++) {
+		r = tp_pipe_wait_connected(p[i], T_MS);
+		TPT_REQUIRE(r == 0, 1, "waiting connect %u at the bound: %d %s", i, r,
+			    tp_last_error());
+	}
+	TPT_REQUIRE(tpt_sync_wait(&to_conn, T_MS) == 0, 1, "no word from the listener");
+	for (unsigned i = 0; i < B_WAITS_MAX; i++)
+		tp_pipe_close(p[i]);
+	tp_context_free(ctx);
+	return 0;
+}
+
+START_TEST(test_peer_wait_kept_waits_are_bounded_daemon_wide)
+{
+	pid_t c = tpt_fork(crowd_daemon_wide, NULL), l;
+
+	ck_assert_int_eq(tpt_sync_wait(&to_lis, T_MS), 0);
+	ck_assert_int_eq(tpt_daemon_log_count(&tpt_peer_b, "connect to 'crowded' waits up to"),
+			 B_WAITS_MAX);
+	l = tpt_fork(crowded_listener, NULL);
+	ck_assert(tpt_wait_ok(c, 2 * T_MS, "connector"));
+	ck_assert(tpt_wait_ok(l, 2 * T_MS, "listener"));
+}
+END_TEST
+
 /* On A: waits for 'never' (no listener will come) and expects the link's failure, long
  * before the wait runs out. */
 static int stranded_connector(void *arg)
@@ -662,7 +741,7 @@ END_TEST
 static Suite *peer_wait_suite(void)
 {
 	Suite *s = suite_create("peer_wait");
-	TCase *tc = tcase_create("wait"), *old;
+	TCase *tc = tcase_create("wait"), *old, *waits;
 
 	tcase_set_timeout(tc, 4 * T_MS / 1000);
 	tcase_add_checked_fixture(tc, setup, teardown);
@@ -675,6 +754,11 @@ static Suite *peer_wait_suite(void)
 	tcase_add_test(tc, test_peer_wait_far_daemon_forgets_waits_of_a_dead_link);
 	tcase_add_test(tc, test_peer_wait_on_this_daemons_own_address_waits_here);
 	suite_add_tcase(s, tc);
+	waits = tcase_create("waits");
+	tcase_set_timeout(waits, 4 * T_MS / 1000);
+	tcase_add_checked_fixture(waits, waits_setup, teardown);
+	tcase_add_test(waits, test_peer_wait_kept_waits_are_bounded_daemon_wide);
+	suite_add_tcase(s, waits);
 	old = tcase_create("old");
 	tcase_set_timeout(old, 4 * T_MS / 1000);
 	tcase_add_checked_fixture(old, old_setup, old_teardown);
