@@ -20,7 +20,7 @@
 const char *tpd_gdr_channel(const struct tpd_stripe_seg *segs, size_t n,
 			    const Tpw__V1__PeerReadReq *rr, bool remote_cuda)
 {
-	bool cuda = remote_cuda || gdr_first_cuda(segs, n);
+	bool cuda = remote_cuda || tpd_gdrreg_first_cuda(segs, n);
 
 	for (size_t i = 0; rr && i < rr->n_rdma && !cuda; i++)
 		cuda = rr->rdma[i]->cuda;
@@ -103,7 +103,7 @@ static void port_on_cq(evutil_socket_t fd, short what, void *arg)
 			pt->nic->dev, pt->nic->port, strerror(-r));
 }
 
-void gdr_port_put(struct gdr_port *pt)
+void tpd_gdr_port_put(struct gdr_port *pt)
 {
 	if (--pt->refs)
 		return;
@@ -113,7 +113,7 @@ void gdr_port_put(struct gdr_port *pt)
 	pt->ctx = NULL;
 }
 
-int gdr_port_open(struct gdr_port *pt, char *why, size_t wl)
+int tpd_gdr_port_open(struct gdr_port *pt, char *why, size_t wl)
 {
 	int r;
 
@@ -205,7 +205,7 @@ void tpd_gdr_stop(struct tpd_daemon *d)
 
 	if (!g)
 		return;
-	gdr_cache_stop(g);
+	tpd_gdrreg_cache_stop(g);
 	for (size_t i = 0; i < g->n; i++) {
 		if (g->ports[i].ev)
 			event_free(g->ports[i].ev);
@@ -284,9 +284,9 @@ static int link_make_qps(struct tpd_gdr_link *l, char *why, size_t wl)
 	for (size_t k = 0; k < n && r == 0; k++) {
 		struct gdr_port *pt = &l->g->ports[k / l->n_remote];
 
-		r = gdr_port_open(pt, why, wl);
+		r = tpd_gdr_port_open(pt, why, wl);
 		if (r == 0 && (r = tpv_qp_new(pt->ctx, NULL, &l->qps[k], why, wl)) < 0)
-			gdr_port_put(pt);
+			tpd_gdr_port_put(pt);
 		if (r == 0) {
 			tpv_qp_info_encode(tpv_qp_local(l->qps[k]), rec[k]);
 			qps[k] = (ProtobufCBinaryData){ TPV_QP_INFO_BYTES, rec[k] };
@@ -417,7 +417,7 @@ static void timer_in_us(struct event *ev, long us)
 static int recv_offered(const struct tpd_gdr_link *l, const struct tpd_stripe_seg *segs,
 			size_t n, bool src_cuda, char *why, size_t wl)
 {
-	bool cuda = src_cuda || gdr_first_cuda(segs, n);
+	bool cuda = src_cuda || tpd_gdrreg_first_cuda(segs, n);
 
 	if (cuda && !(l->common & TPD_GDR_CUDA)) {
 		snprintf(why, wl, "CUDA memory, and cuda_gdr is not offered by both daemons");
@@ -456,7 +456,7 @@ int tpd_gdr_recv_new(struct tpd_gdr_link *l, const struct tpd_stripe_seg *segs, 
 	}
 	r = recv_offered(l, segs, n, src_cuda, why, wl);
 	if (r == 0)
-		r = gdr_regs_applicable(segs, n, why, wl);
+		r = tpd_gdrreg_applicable(segs, n, why, wl);
 	if (r < 0)
 		return r;
 	rv = calloc(1, sizeof(*rv));
@@ -470,7 +470,7 @@ int tpd_gdr_recv_new(struct tpd_gdr_link *l, const struct tpd_stripe_seg *segs, 
 	rv->timer = evtimer_new(l->g->d->base, recv_on_timer, rv);
 	r = rv->regions && rv->region_ptrs && rv->timer ? 0 : -ENOMEM;
 	if (r == 0)
-		r = gdr_regs_make(l->g, segs, n, &rv->regs, why, wl);
+		r = tpd_gdrreg_make(l->g, segs, n, &rv->regs, why, wl);
 	if (r < 0) {
 		tpd_gdr_recv_free(rv);
 		return r == -ENOMEM ? r : -EOPNOTSUPP;
@@ -503,7 +503,7 @@ void tpd_gdr_recv_free(struct tpd_gdr_recv *rv)
 		return;
 	if (rv->timer)
 		event_free(rv->timer);
-	gdr_regs_free(&rv->regs);
+	tpd_gdrreg_free(&rv->regs);
 	free(rv->regions);
 	free(rv->region_ptrs);
 	free(rv);
@@ -516,7 +516,7 @@ static void send_finish(struct gdr_send *s)
 	struct tpd_stripe_xfer *x = s->x;
 
 	tpu_list_remove(&s->node);
-	gdr_regs_free(&s->regs);
+	tpd_gdrreg_free(&s->regs);
 	event_free(s->timer);
 	x->status = s->status ? s->status : s->canceled ? -ECANCELED : 0;
 	snprintf(x->why, sizeof(x->why), "%s",
@@ -666,7 +666,7 @@ int tpd_gdr_send(struct tpd_gdr_link *l, struct tpd_stripe_xfer *x,
 	}
 	r = offer_check(l, x, rr, why, wl);
 	if (r == 0) /* the reader offered RDMA for the kind of memory on its side and this one */
-		r = gdr_regs_applicable(x->segs, x->n_segs, why, wl);
+		r = tpd_gdrreg_applicable(x->segs, x->n_segs, why, wl);
 	if (r < 0)
 		return r;
 	s = calloc(1, sizeof(*s));
@@ -680,7 +680,7 @@ int tpd_gdr_send(struct tpd_gdr_link *l, struct tpd_stripe_xfer *x,
 	s->timer = evtimer_new(l->g->d->base, send_on_timer, s);
 	r = s->raddr && s->rkey && s->timer ? 0 : -ENOMEM;
 	if (r == 0)
-		r = gdr_regs_make(l->g, x->segs, x->n_segs, &s->regs, why, wl);
+		r = tpd_gdrreg_make(l->g, x->segs, x->n_segs, &s->regs, why, wl);
 	if (r < 0) {
 		if (s->timer)
 			event_free(s->timer);
@@ -733,7 +733,7 @@ void tpd_gdr_link_free(struct tpd_gdr_link *l)
 		if (!l->qps[k])
 			continue;
 		tpv_qp_close(l->qps[k], gdr_write_done, l->g);
-		gdr_port_put(&l->g->ports[k / l->n_remote]);
+		tpd_gdr_port_put(&l->g->ports[k / l->n_remote]);
 	}
 	tpu_list_for_each_safe(s, tmp, &l->sends, node) {
 		s->pending = 0;

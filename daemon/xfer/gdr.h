@@ -52,7 +52,7 @@ enum tpd_gdr_offer {
 unsigned tpd_gdr_offers(const struct tpd_daemon *d);
 
 /* The registration cache, for tpipctl status and the metrics. */
-struct tpd_gdr_cache_stats {
+struct tpd_gdrreg_cache_stats {
 	uint64_t regions;   /* cached now */
 	uint64_t bytes;	    /* registered (pinned) by them */
 	uint64_t hits;	    /* segments that found a cached region */
@@ -61,18 +61,18 @@ struct tpd_gdr_cache_stats {
 };
 
 /* Fills @ret (zeros without RDMA). */
-void tpd_gdr_cache_stats(const struct tpd_daemon *d, struct tpd_gdr_cache_stats *ret);
+void tpd_gdrreg_cache_stats(const struct tpd_daemon *d, struct tpd_gdrreg_cache_stats *ret);
 
 /*
- * tpd_gdr_forget_buffer() - shared buffer @b leaves its session (released, or the client ended):
+ * tpd_gdrreg_forget_buffer() - shared buffer @b leaves its session (released, or the client ended):
  * its cached regions go, now or when the transfers using them end. Call before dropping the
  * session's reference. Accepts a daemon without RDMA.
  */
-void tpd_gdr_forget_buffer(struct tpd_daemon *d, struct tpd_buffer *b);
+void tpd_gdrreg_forget_buffer(struct tpd_daemon *d, struct tpd_buffer *b);
 
 /* A client released CUDA memory or ended: cached regions of CUDA allocations that nothing but
  * the cache references any more go. Accepts a daemon without RDMA. */
-void tpd_gdr_forget_cuda(struct tpd_daemon *d);
+void tpd_gdrreg_forget_cuda(struct tpd_daemon *d);
 
 /*
  * struct tpd_gdr_link_ops - how a link's RDMA state reaches the link above it (the peer part);

@@ -17,7 +17,7 @@
 struct tpd_stripe_seg;
 
 /* The first CUDA segment of @segs (for locality), or NULL. */
-const struct tpb_mem *gdr_first_cuda(const struct tpd_stripe_seg *segs, size_t n);
+const struct tpb_mem *tpd_gdrreg_first_cuda(const struct tpd_stripe_seg *segs, size_t n);
 
 #if HAVE_RDMA
 #include "tpv.h"
@@ -40,7 +40,7 @@ struct tpd_gdr {
 	unsigned rr; /* round-robin cursor of tpv_nic_choose() */
 	bool cuda;   /* a CUDA driver is there: cuda_gdr is offered too */
 	struct tpu_list mrs; /* cached registrations (struct gdr_mr), least recently used first */
-	struct tpd_gdr_cache_stats cache;
+	struct tpd_gdrreg_cache_stats cache;
 	uint64_t host_bytes; /* of cache.bytes, in shared buffers (what the rdma-cache budget caps) */
 };
 
@@ -62,25 +62,25 @@ struct gdr_regs {
 
 /* Opens @pt if it is not open (a device context, protection domain and completion queue) and
  * takes a reference. Return: 0, or -errno (sticky: a port that failed once stays unusable). */
-int gdr_port_open(struct gdr_port *pt, char *why, size_t wl);
-/* Drops a reference taken by gdr_port_open(); the last one closes the device. */
-void gdr_port_put(struct gdr_port *pt);
+int tpd_gdr_port_open(struct gdr_port *pt, char *why, size_t wl);
+/* Drops a reference taken by tpd_gdr_port_open(); the last one closes the device. */
+void tpd_gdr_port_put(struct gdr_port *pt);
 
 /* -EOPNOTSUPP unless every segment is registrable (shared buffers and CUDA memory). */
-int gdr_regs_applicable(const struct tpd_stripe_seg *segs, size_t n, char *why, size_t wl);
+int tpd_gdrreg_applicable(const struct tpd_stripe_seg *segs, size_t n, char *why, size_t wl);
 
 /*
- * gdr_regs_make() - registrations for every non-empty segment of @segs, on the port nearest
+ * tpd_gdrreg_make() - registrations for every non-empty segment of @segs, on the port nearest
  * their GPU (host memory: round-robin): from the cache where a cached region holds the segment,
  * else registered now (and cached, for shared buffers and CUDA allocations, within the
  * rdma-cache budget). Return: 0, or -errno (reason in @why) with nothing held.
  */
-int gdr_regs_make(struct tpd_gdr *g, const struct tpd_stripe_seg *segs, size_t n,
+int tpd_gdrreg_make(struct tpd_gdr *g, const struct tpd_stripe_seg *segs, size_t n,
 		  struct gdr_regs *rg, char *why, size_t wl);
-/* Releases what gdr_regs_make() took (if it ran): regions leave or stay in the cache. */
-void gdr_regs_free(struct gdr_regs *rg);
+/* Releases what tpd_gdrreg_make() took (if it ran): regions leave or stay in the cache. */
+void tpd_gdrreg_free(struct gdr_regs *rg);
 /* Drops every cached region (the daemon stops; no transfer may be running). */
-void gdr_cache_stop(struct tpd_gdr *g);
+void tpd_gdrreg_cache_stop(struct tpd_gdr *g);
 
 #endif /* HAVE_RDMA */
 #endif

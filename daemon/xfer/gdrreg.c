@@ -12,8 +12,8 @@
  *   - a CUDA allocation: the whole allocation, as it was registered before the cache.
  * A cached region holds a reference to its buffer or allocation, so neither the mapping nor the
  * address it was registered at can go away under it. It goes when its client releases the
- * buffer or ends (tpd_gdr_forget_buffer()), when nothing but the cache references its CUDA
- * allocation any more (checked at every registration and release, and by tpd_gdr_forget_cuda()),
+ * buffer or ends (tpd_gdrreg_forget_buffer()), when nothing but the cache references its CUDA
+ * allocation any more (checked at every registration and release, and by tpd_gdrreg_forget_cuda()),
  * or, least recently used first, when shared-buffer regions hold more than rdma-cache bytes
  * (the budget is for pinned host memory: GPU memory registered stays until its allocation goes).
  * A registration that fails is retried once after dropping every unused region, GPU ones
@@ -32,7 +32,7 @@
 #include "gdr_int.h"
 #include "stripe.h"
 
-const struct tpb_mem *gdr_first_cuda(const struct tpd_stripe_seg *segs, size_t n)
+const struct tpb_mem *tpd_gdrreg_first_cuda(const struct tpd_stripe_seg *segs, size_t n)
 {
 	for (size_t i = 0; i < n; i++)
 		if (segs[i].len && segs[i].mem.loc == TPB_LOC_CUDA)
@@ -60,7 +60,7 @@ struct gdr_mr {
 static void mr_free(struct gdr_mr *e)
 {
 	tpv_mr_dereg(e->port->ctx, e->mr);
-	gdr_port_put(e->port);
+	tpd_gdr_port_put(e->port);
 	tpd_buffer_unref(e->buf);
 	tpb_cuda_map_unref(e->cuda);
 	free(e);
@@ -192,7 +192,7 @@ static int mr_new(struct tpd_gdr *g, struct gdr_port *pt, const struct tpd_strip
 	if (a.dmabuf_fd >= 0)
 		close(a.dmabuf_fd);
 	if (r == 0)
-		r = gdr_port_open(pt, why, wl); /* already open: only counts the region */
+		r = tpd_gdr_port_open(pt, why, wl); /* already open: only counts the region */
 	if (r < 0) {
 		if (e && e->mr)
 			tpv_mr_dereg(pt->ctx, e->mr);
@@ -249,7 +249,7 @@ static struct gdr_port *port_for(struct tpd_gdr *g, const char *bus_id)
 	return &g->ports[k < 0 ? 0 : k];
 }
 
-int gdr_regs_applicable(const struct tpd_stripe_seg *segs, size_t n, char *why, size_t wl)
+int tpd_gdrreg_applicable(const struct tpd_stripe_seg *segs, size_t n, char *why, size_t wl)
 {
 	for (size_t i = 0; i < n; i++) {
 		if (segs[i].len && segs[i].mem.loc != TPB_LOC_CUDA &&
@@ -261,7 +261,7 @@ int gdr_regs_applicable(const struct tpd_stripe_seg *segs, size_t n, char *why, 
 	return 0;
 }
 
-void gdr_regs_free(struct gdr_regs *rg)
+void tpd_gdrreg_free(struct gdr_regs *rg)
 {
 	struct tpd_gdr *g = rg->port ? rg->port->g : NULL;
 
@@ -274,33 +274,33 @@ void gdr_regs_free(struct gdr_regs *rg)
 	free(rg->r);
 	rg->r = NULL;
 	if (rg->opened)
-		gdr_port_put(rg->port);
+		tpd_gdr_port_put(rg->port);
 	rg->opened = false;
 	if (g)
 		cache_trim(g, cache_cap(g), false);
 }
 
-int gdr_regs_make(struct tpd_gdr *g, const struct tpd_stripe_seg *segs, size_t n,
+int tpd_gdrreg_make(struct tpd_gdr *g, const struct tpd_stripe_seg *segs, size_t n,
 		  struct gdr_regs *rg, char *why, size_t wl)
 {
 	int r;
 
-	rg->port = port_for(g, tpb_cuda_bus_id(gdr_first_cuda(segs, n)));
+	rg->port = port_for(g, tpb_cuda_bus_id(tpd_gdrreg_first_cuda(segs, n)));
 	rg->n = n;
 	rg->r = calloc(n ? n : 1, sizeof(*rg->r));
 	if (!rg->r)
 		return -ENOMEM;
-	r = gdr_port_open(rg->port, why, wl);
+	r = tpd_gdr_port_open(rg->port, why, wl);
 	rg->opened = r == 0;
 	for (size_t i = 0; i < n && r == 0; i++)
 		if (segs[i].len)
 			r = reg_one(g, rg->port, &segs[i], &rg->r[i], why, wl);
 	if (r < 0)
-		gdr_regs_free(rg);
+		tpd_gdrreg_free(rg);
 	return r;
 }
 
-void gdr_cache_stop(struct tpd_gdr *g)
+void tpd_gdrreg_cache_stop(struct tpd_gdr *g)
 {
 	struct gdr_mr *e, *tmp;
 
@@ -308,7 +308,7 @@ void gdr_cache_stop(struct tpd_gdr *g)
 		mr_uncache(g, e);
 }
 
-void tpd_gdr_forget_buffer(struct tpd_daemon *d, struct tpd_buffer *b)
+void tpd_gdrreg_forget_buffer(struct tpd_daemon *d, struct tpd_buffer *b)
 {
 	struct gdr_mr *e, *tmp;
 
@@ -319,7 +319,7 @@ void tpd_gdr_forget_buffer(struct tpd_daemon *d, struct tpd_buffer *b)
 			mr_uncache(d->gdr, e);
 }
 
-void tpd_gdr_forget_cuda(struct tpd_daemon *d)
+void tpd_gdrreg_forget_cuda(struct tpd_daemon *d)
 {
 	struct gdr_mr *e, *tmp;
 
@@ -330,24 +330,24 @@ void tpd_gdr_forget_cuda(struct tpd_daemon *d)
 			mr_uncache(d->gdr, e);
 }
 
-void tpd_gdr_cache_stats(const struct tpd_daemon *d, struct tpd_gdr_cache_stats *ret)
+void tpd_gdrreg_cache_stats(const struct tpd_daemon *d, struct tpd_gdrreg_cache_stats *ret)
 {
-	*ret = d->gdr ? d->gdr->cache : (struct tpd_gdr_cache_stats){ 0 };
+	*ret = d->gdr ? d->gdr->cache : (struct tpd_gdrreg_cache_stats){ 0 };
 }
 
 #else /* !HAVE_RDMA */
 
-void tpd_gdr_forget_buffer(struct tpd_daemon *d, struct tpd_buffer *b)
+void tpd_gdrreg_forget_buffer(struct tpd_daemon *d, struct tpd_buffer *b)
 {
 }
 
-void tpd_gdr_forget_cuda(struct tpd_daemon *d)
+void tpd_gdrreg_forget_cuda(struct tpd_daemon *d)
 {
 }
 
-void tpd_gdr_cache_stats(const struct tpd_daemon *d, struct tpd_gdr_cache_stats *ret)
+void tpd_gdrreg_cache_stats(const struct tpd_daemon *d, struct tpd_gdrreg_cache_stats *ret)
 {
-	*ret = (struct tpd_gdr_cache_stats){ 0 };
+	*ret = (struct tpd_gdrreg_cache_stats){ 0 };
 }
 
 #endif
