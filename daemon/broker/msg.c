@@ -33,7 +33,7 @@ void tpd_msg_free(struct tpd_msg *m)
 {
 	tpd_xh_free(m->xh);
 	tpd_msg_release_src(m);
-	tpd_copy_job_free(m->job);
+	tpd_copier_job_free(m->job);
 	free(m->tail);
 	free(m);
 }
@@ -224,7 +224,7 @@ int tpd_msg_resolve_dst(struct tpd_session *s, const Tpw__V1__Segment *seg,
 		}
 		x->dst = (struct tpb_mem){ .loc = TPB_LOC_PROCESS, .proc = s->proc,
 					   .addr = seg->cma_addr };
-		return tpd_copy_job_hold_proc(job, s->proc);
+		return tpd_copier_job_hold_proc(job, s->proc);
 	}
 	if (seg->loc_case == TPW__V1__SEGMENT__LOC_CUDA) {
 		int r = tpd_devmem_resolve(s, seg->cuda, &x->dst, why, wl);
@@ -233,7 +233,7 @@ int tpd_msg_resolve_dst(struct tpd_session *s, const Tpw__V1__Segment *seg,
 		job->maps[job->n_maps++] = x->dst.cuda; /* the job owns these references */
 		if (x->dst.event)
 			job->maps[job->n_maps++] = x->dst.event;
-		return tpd_copy_job_hold_proc(job, x->dst.proc);
+		return tpd_copier_job_hold_proc(job, x->dst.proc);
 	}
 	if (seg->loc_case != TPW__V1__SEGMENT__LOC_SHM) {
 		snprintf(why, wl, "segment of %llu bytes without destination",
@@ -315,7 +315,7 @@ int tpd_msg_build_job(struct tpd_msg *m, struct tpd_session *s, const Tpw__V1__R
 	}
 	for (size_t i = 0; i < n; i++)
 		n_xfers += chunks_of(m->src[i].len);
-	job = tpd_copy_job_new(n_xfers, 2 * n);
+	job = tpd_copier_job_new(n_xfers, 2 * n);
 	if (!job)
 		return -ENOMEM;
 	for (size_t i = 0; i < n; i++) {
@@ -329,22 +329,22 @@ int tpd_msg_build_job(struct tpd_msg *m, struct tpd_session *s, const Tpw__V1__R
 			continue;
 		r = tpd_msg_resolve_dst(s, tpd_msg_read_segment(rd, i), src, job, &d, why, wl);
 		if (r < 0) {
-			tpd_copy_job_free(job);
+			tpd_copier_job_free(job);
 			return r;
 		}
 		if (src->buf)
 			job->refs[job->n_refs++] = tpd_buffer_ref(src->buf);
 		job_hold_cuda(job, &src->mem);
-		r = tpd_copy_job_hold_proc(job, src->mem.proc);
+		r = tpd_copier_job_hold_proc(job, src->mem.proc);
 		if (r < 0) {
 			snprintf(why, wl, "a copy job spans more than two client processes");
-			tpd_copy_job_free(job);
+			tpd_copier_job_free(job);
 			return r;
 		}
 		channel = tpb_select_why(x->src.loc, x->dst.loc, reason, sizeof(reason));
 		if (channel < 0) {
 			snprintf(why, wl, "%s", reason);
-			tpd_copy_job_free(job);
+			tpd_copier_job_free(job);
 			return -EOPNOTSUPP;
 		}
 		job_add(job, x, channel);

@@ -697,7 +697,7 @@ static void copy_on_done(struct tpd_copy_job *job)
 		tpd_pipe_msg_consumed(m, r->gone, tpd_pipe_why(p, r->gone));
 	else
 		tpd_pipe_msg_consumed(m, st, job->status < 0 ? job->why : NULL);
-	tpd_copy_job_free(job);
+	tpd_copier_job_free(job);
 	tpd_pipe_start_next_copy(w);
 	tpd_pipe_end_owed_maybe(w);
 	tpd_pipe_end_owed_maybe(r);

@@ -168,7 +168,7 @@ int tpd_msg_resolve_dst(struct tpd_session *s, const Tpw__V1__Segment *seg,
 			struct tpd_msg_dst *d, char *why, size_t wl);
 /* Builds the local copy job of @m into allocation @rd of reader session @s, completing
  * through @done with @m as its argument. Return: 0 and an owned job in @ret (free with
- * tpd_copy_job_free()), or -errno with the reason in @why. */
+ * tpd_copier_job_free()), or -errno with the reason in @why. */
 int tpd_msg_build_job(struct tpd_msg *m, struct tpd_session *s, const Tpw__V1__Read *rd,
 		      tpd_copy_done_fn done, struct tpd_copy_job **ret, char *why, size_t wl);
 

@@ -50,7 +50,7 @@ void tpd_xh_free(struct tpd_xh *xh)
 {
 	if (!xh)
 		return;
-	tpd_copy_job_free(xh->holder);
+	tpd_copier_job_free(xh->holder);
 	tpd_gdr_recv_free(xh->gdr_recv);
 	if (xh->offer)
 		tpw__v1__peer_read_req__free_unpacked(xh->offer, NULL);
@@ -415,7 +415,7 @@ int tpd_xh_build_recv(struct tpd_msg *m, struct tpd_session *s, const Tpw__V1__R
 		return -EINVAL;
 	}
 	xh = xh_new(m, false);
-	if (!xh || !(xh->holder = tpd_copy_job_new(1, n))) {
+	if (!xh || !(xh->holder = tpd_copier_job_new(1, n))) {
 		tpd_xh_free(xh);
 		return -ENOMEM;
 	}

@@ -27,7 +27,7 @@ struct tpd_copier {
 	unsigned n_threads;
 };
 
-struct tpd_copy_job *tpd_copy_job_new(size_t n, size_t n_refs)
+struct tpd_copy_job *tpd_copier_job_new(size_t n, size_t n_refs)
 {
 	struct tpd_copy_job *job = calloc(1, sizeof(*job));
 
@@ -40,13 +40,13 @@ struct tpd_copy_job *tpd_copy_job_new(size_t n, size_t n_refs)
 	job->refs = calloc(n_refs ? n_refs : 1, sizeof(*job->refs));
 	job->maps = calloc(n_refs ? 2 * n_refs : 1, sizeof(*job->maps));
 	if (!job->xfers || !job->channels || !job->ns || !job->refs || !job->maps) {
-		tpd_copy_job_free(job);
+		tpd_copier_job_free(job);
 		return NULL;
 	}
 	return job;
 }
 
-int tpd_copy_job_hold_proc(struct tpd_copy_job *job, struct tpb_proc *p)
+int tpd_copier_job_hold_proc(struct tpd_copy_job *job, struct tpb_proc *p)
 {
 	for (size_t i = 0; p && i < TPU_ARRAY_SIZE(job->procs); i++) {
 		if (job->procs[i] == p)
@@ -59,7 +59,7 @@ int tpd_copy_job_hold_proc(struct tpd_copy_job *job, struct tpb_proc *p)
 	return p ? -ENOBUFS : 0;
 }
 
-void tpd_copy_job_free(struct tpd_copy_job *job)
+void tpd_copier_job_free(struct tpd_copy_job *job)
 {
 	if (!job)
 		return;
@@ -262,7 +262,7 @@ void tpd_copier_free(struct tpd_copier *c)
 static void engine_job_done(struct tpd_copy_job *job)
 {
 	tpb_engine_done(job->arg, job->status, job->bytes, job->why);
-	tpd_copy_job_free(job);
+	tpd_copier_job_free(job);
 }
 
 static int engine_submit(void *arg, int channel, struct tpb_op *op)
@@ -273,7 +273,7 @@ static int engine_submit(void *arg, int channel, struct tpb_op *op)
 		tpb_engine_done(op, 0, 0, NULL); /* nothing to copy: delivered from progress */
 		return 0;
 	}
-	job = tpd_copy_job_new(op->n_xfers, 0);
+	job = tpd_copier_job_new(op->n_xfers, 0);
 	if (!job)
 		return -ENOMEM;
 	for (size_t i = 0; i < op->n_xfers; i++) {

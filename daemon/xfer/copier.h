@@ -50,7 +50,7 @@ int tpd_copier_new(struct event_base *base, unsigned threads, struct tpd_copier 
 /*
  * tpd_copier_submit() - queue @job. Takes @job: its done callback runs exactly once on the loop
  * thread, later (with status -ECANCELED if the copier is freed first); the callback must free it
- * with tpd_copy_job_free().
+ * with tpd_copier_job_free().
  */
 void tpd_copier_submit(struct tpd_copier *c, struct tpd_copy_job *job);
 
@@ -72,15 +72,15 @@ void tpd_copier_engine(struct tpd_copier *c, struct tpb_engine *ret);
 
 /* Allocates a job for @n transfers, @n_refs buffer references and 2 * @n_refs CUDA mapping
  * references. Return: job or NULL. */
-struct tpd_copy_job *tpd_copy_job_new(size_t n, size_t n_refs);
+struct tpd_copy_job *tpd_copier_job_new(size_t n, size_t n_refs);
 /*
- * tpd_copy_job_hold_proc() - make @job keep a reference to @p (NULL: nothing) until it is freed;
+ * tpd_copier_job_hold_proc() - make @job keep a reference to @p (NULL: nothing) until it is freed;
  * a job touches at most two processes (its writer's and its reader's).
  * Return: 0, or -ENOBUFS for a third process.
  */
-int tpd_copy_job_hold_proc(struct tpd_copy_job *job, struct tpb_proc *p);
+int tpd_copier_job_hold_proc(struct tpd_copy_job *job, struct tpb_proc *p);
 
 /* Drops the job's buffer references and frees it. Accepts NULL. */
-void tpd_copy_job_free(struct tpd_copy_job *job);
+void tpd_copier_job_free(struct tpd_copy_job *job);
 
 #endif

@@ -46,12 +46,12 @@ static void on_done(struct tpd_copy_job *job)
 	r->thread = pthread_self();
 	if (r->remaining && --*r->remaining == 0)
 		event_base_loopbreak(r->base);
-	tpd_copy_job_free(job);
+	tpd_copier_job_free(job);
 }
 
 static struct tpd_copy_job *shm_job(void *dst, const void *src, size_t len, struct result *r)
 {
-	struct tpd_copy_job *job = tpd_copy_job_new(1, 0);
+	struct tpd_copy_job *job = tpd_copier_job_new(1, 0);
 
 	job->xfers[0] = (struct tpb_xfer){
 		.src = { .loc = TPB_LOC_LOCAL, .addr = (uint64_t)(uintptr_t)src },
@@ -263,7 +263,7 @@ END_TEST
 static struct tpd_copy_job *chunked_job(char *dst, const char *src, size_t n, size_t len,
 					struct result *r)
 {
-	struct tpd_copy_job *job = tpd_copy_job_new(n, 0);
+	struct tpd_copy_job *job = tpd_copier_job_new(n, 0);
 
 	for (size_t i = 0; i < n; i++) {
 		job->xfers[i] = (struct tpb_xfer){
@@ -350,7 +350,7 @@ START_TEST(test_copier_empty_job_completes_on_the_loop)
 	res.base = base;
 	res.remaining = &remaining;
 	ck_assert_int_eq(tpd_copier_new(base, 1, &c), 0);
-	job = tpd_copy_job_new(0, 0);
+	job = tpd_copier_job_new(0, 0);
 	job->done = on_done;
 	job->arg = &res;
 	tpd_copier_submit(c, job);
