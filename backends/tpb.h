@@ -19,7 +19,7 @@
  *   mpt    chunks striped over a peer link's data connections (daemon/xfer/stripe.c); no copy op
  *   rdma   RDMA writes between shared buffers on both hosts (daemon/xfer/gdr.c); no copy op
  *   cuda_basic  CUDA memory staged chunk by chunk through host buffers of the stripe threads
- *          (tpb_stage()), so it rides the mpt connections; no copy op
+ *          (tpb_cuda_stage()), so it rides the mpt connections; no copy op
  *   cuda_gdr  RDMA writes straight from and into registered memory over ibverbs (GPUDirect),
  *          run by the daemon (daemon/xfer/gdr.c); probed here (CUDA driver and an RDMA port);
  *          no copy op
@@ -87,7 +87,7 @@ struct tpb_scratch {
 };
 
 /* Releases what copies made in @s (CUDA streams, pinned memory); not @s->bounce. */
-void tpb_scratch_done(struct tpb_scratch *s);
+void tpb_cuda_scratch_done(struct tpb_scratch *s);
 
 struct tpb_config {
 	bool cma_disabled;    /* --no-cma / [backends] cma = no */
@@ -486,13 +486,13 @@ int tpb_cma_bounce(struct tpb_proc *src, uint64_t src_addr, struct tpb_proc *dst
 		   size_t why_len);
 
 /*
- * tpb_stage() - move @len bytes between the host buffer @host and @m at offset @off (@to_mem:
+ * tpb_cuda_stage() - move @len bytes between the host buffer @host and @m at offset @off (@to_mem:
  * host -> @m, else @m -> host), for the stripe threads: CMA for TPB_LOC_PROCESS, a CUDA copy
  * for TPB_LOC_CUDA (waiting for @m's event first), memcpy for TPB_LOC_LOCAL.
  * @s: the calling thread's scratch (its CUDA state lives there).
  * Return: 0, -EFAULT/-ESRCH (CMA), -EIO or another -errno for CUDA, with the reason in @why.
  */
-int tpb_stage(const struct tpb_mem *m, uint64_t off, void *host, size_t len, bool to_mem,
+int tpb_cuda_stage(const struct tpb_mem *m, uint64_t off, void *host, size_t len, bool to_mem,
 	      struct tpb_scratch *s, char *why, size_t why_len);
 
 /* ---- CUDA memory of clients (backends/cuda/cudamap.c) ---- */

@@ -94,7 +94,7 @@ void tpb_sync_ctx_free(struct tpb_ctx *ctx)
 			(void)poll(&pfd, 1, -1);
 	}
 	close(c->efd);
-	tpb_scratch_done(&c->scratch);
+	tpb_cuda_scratch_done(&c->scratch);
 	free(c->scratch.bounce);
 	pthread_mutex_destroy(&c->lock);
 	free(c);

@@ -6,7 +6,7 @@
  * thread that claimed them, on that thread's own stream for the device, after the clients'
  * events, and are synchronized before the copy op returns: a completion sent afterwards means
  * the bytes are in place. cuda_basic is the cross-host path: the stripe threads stage chunks
- * through their (pinned) bounce buffers with tpb_stage(). cuda_gdr is viable with a CUDA driver
+ * through their (pinned) bounce buffers with tpb_cuda_stage(). cuda_gdr is viable with a CUDA driver
  * and an active RDMA port; its transfers run in the daemon (daemon/xfer/gdr.c).
  *
  * The daemon touches only the devices a transfer names: a device's primary context is retained
@@ -49,7 +49,7 @@ struct cuda_thread {
 				    * exits (borrowed for the copy) */
 };
 
-int cuda_available(char *why, size_t why_len)
+int tpb_cuda_available(char *why, size_t why_len)
 {
 	return tpcuda_api(why, why_len) != NULL;
 }
@@ -103,7 +103,7 @@ static int dev_by_bus(const char *bus_id, int *ret, char *why, size_t wl)
 	return 0;
 }
 
-int cuda_map_open(struct tpb_cuda_map *m, char *why, size_t wl)
+int tpb_cuda_map_open(struct tpb_cuda_map *m, char *why, size_t wl)
 {
 	int r = 0;
 
@@ -111,7 +111,7 @@ int cuda_map_open(struct tpb_cuda_map *m, char *why, size_t wl)
 	if (m->state == 0) {
 		CUresult cr;
 
-		r = cuda_available(m->why, sizeof(m->why)) ? 0 : -EOPNOTSUPP;
+		r = tpb_cuda_available(m->why, sizeof(m->why)) ? 0 : -EOPNOTSUPP;
 		if (r == 0)
 			r = dev_by_bus(m->bus_id, &m->dev, m->why, sizeof(m->why));
 		if (r == 0)
@@ -140,7 +140,7 @@ int cuda_map_open(struct tpb_cuda_map *m, char *why, size_t wl)
 	return r;
 }
 
-void cuda_map_close(struct tpb_cuda_map *m)
+void tpb_cuda_map_close(struct tpb_cuda_map *m)
 {
 	char why[160];
 
@@ -190,9 +190,9 @@ static int side_open(const struct tpb_mem *m, uint64_t off, struct side *sd, cha
 	*sd = (struct side){ .cuda = m->loc == TPB_LOC_CUDA, .dev = -1 };
 	if (!sd->cuda)
 		return 0;
-	r = cuda_map_open(m->cuda, why, wl);
+	r = tpb_cuda_map_open(m->cuda, why, wl);
 	if (r == 0 && m->event)
-		r = cuda_map_open(m->event, why, wl);
+		r = tpb_cuda_map_open(m->event, why, wl);
 	if (r < 0)
 		return r;
 	sd->dev = m->cuda->dev;
@@ -455,7 +455,7 @@ static int stage_cuda(const struct tpb_mem *m, uint64_t off, void *host, size_t 
 	return stream_wait(t, sd.dev, st, why, wl);
 }
 
-void tpb_scratch_done(struct tpb_scratch *s)
+void tpb_cuda_scratch_done(struct tpb_scratch *s)
 {
 	struct cuda_thread *t = s ? s->cuda : NULL;
 
@@ -487,7 +487,7 @@ int tpb_cuda_rdma_range(const struct tpb_mem *m, struct tpb_cuda_range *ret, cha
 
 	if (m->loc != TPB_LOC_CUDA || !m->cuda)
 		return -EINVAL;
-	r = cuda_map_open(m->cuda, why, wl);
+	r = tpb_cuda_map_open(m->cuda, why, wl);
 	if (r == 0)
 		r = dev_enter(m->cuda->dev, why, wl);
 	if (r < 0)
@@ -512,7 +512,7 @@ int tpb_cuda_event_done(const struct tpb_mem *m, char *why, size_t wl)
 
 	if (m->loc != TPB_LOC_CUDA || !m->event)
 		return 1;
-	r = cuda_map_open(m->event, why, wl);
+	r = tpb_cuda_map_open(m->event, why, wl);
 	if (r == 0)
 		r = dev_enter(m->event->dev, why, wl);
 	if (r < 0)
@@ -537,18 +537,18 @@ int tpb_cuda_event_done(const struct tpb_mem *m, char *why, size_t wl)
 	return 1;
 }
 
-int cuda_available(char *why, size_t why_len)
+int tpb_cuda_available(char *why, size_t why_len)
 {
 	snprintf(why, why_len, "tpipd was built without CUDA support");
 	return 0;
 }
 
-int cuda_map_open(struct tpb_cuda_map *m, char *why, size_t why_len)
+int tpb_cuda_map_open(struct tpb_cuda_map *m, char *why, size_t why_len)
 {
 	return -EOPNOTSUPP;
 }
 
-void cuda_map_close(struct tpb_cuda_map *m)
+void tpb_cuda_map_close(struct tpb_cuda_map *m)
 {
 }
 
@@ -558,14 +558,14 @@ static int stage_cuda(const struct tpb_mem *m, uint64_t off, void *host, size_t 
 	return -EOPNOTSUPP;
 }
 
-void tpb_scratch_done(struct tpb_scratch *s)
+void tpb_cuda_scratch_done(struct tpb_scratch *s)
 {
 }
 
 #define cuda_ipc_copy NULL
 #endif
 
-int tpb_stage(const struct tpb_mem *m, uint64_t off, void *host, size_t len, bool to_mem,
+int tpb_cuda_stage(const struct tpb_mem *m, uint64_t off, void *host, size_t len, bool to_mem,
 	      struct tpb_scratch *s, char *why, size_t why_len)
 {
 	void *p = (void *)(uintptr_t)(m->addr + off);
@@ -589,14 +589,14 @@ int tpb_stage(const struct tpb_mem *m, uint64_t off, void *host, size_t len, boo
 
 static int cuda_probe(const struct tpb_config *cfg, char *why, size_t why_len)
 {
-	return cuda_available(why, why_len);
+	return tpb_cuda_available(why, why_len);
 }
 
 static int gdr_probe(const struct tpb_config *cfg, char *why, size_t why_len)
 {
 	char cuda_why[128];
 
-	if (!cuda_available(cuda_why, sizeof(cuda_why))) {
+	if (!tpb_cuda_available(cuda_why, sizeof(cuda_why))) {
 		snprintf(why, why_len, "%s", cuda_why);
 		return 0;
 	}

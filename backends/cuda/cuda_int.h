@@ -31,13 +31,13 @@ struct tpb_cuda_map {
 };
 
 /*
- * cuda_map_open() - open @m with the driver if not done yet (thread safe, sticky on failure).
+ * tpb_cuda_map_open() - open @m with the driver if not done yet (thread safe, sticky on failure).
  * Return: 0, or -errno with the reason in @why.
  */
-int cuda_map_open(struct tpb_cuda_map *m, char *why, size_t why_len);
-/* Closes what cuda_map_open() opened (last reference gone). */
-void cuda_map_close(struct tpb_cuda_map *m);
+int tpb_cuda_map_open(struct tpb_cuda_map *m, char *why, size_t why_len);
+/* Closes what tpb_cuda_map_open() opened (last reference gone). */
+void tpb_cuda_map_close(struct tpb_cuda_map *m);
 /* 1 if the driver can be used here, else 0 with the reason in @why. */
-int cuda_available(char *why, size_t why_len);
+int tpb_cuda_available(char *why, size_t why_len);
 
 #endif

@@ -14,7 +14,7 @@
 
 int tpb_cuda_viable(char *why, size_t why_len)
 {
-	return cuda_available(why, why_len);
+	return tpb_cuda_available(why, why_len);
 }
 
 static pthread_mutex_t table_lock = PTHREAD_MUTEX_INITIALIZER;
@@ -113,7 +113,7 @@ void tpb_cuda_map_unref(struct tpb_cuda_map *m)
 	if (!last)
 		return;
 	if (m->state == 1)
-		cuda_map_close(m);
+		tpb_cuda_map_close(m);
 	pthread_mutex_destroy(&m->open_lock);
 	free(m);
 }

@@ -146,7 +146,7 @@ static void *worker_main(void *arg)
 		xfer_finished(c, job, i, r, s.why);
 	}
 	pthread_mutex_unlock(&c->lock);
-	tpb_scratch_done(&s);
+	tpb_cuda_scratch_done(&s);
 	free(s.bounce);
 	return NULL;
 }

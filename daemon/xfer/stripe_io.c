@@ -232,7 +232,7 @@ static void *bounce_get(struct tpb_scratch *sc, size_t len)
 /* Ends a thread's scratch: its CUDA state and its bounce buffer. */
 static void scratch_end(struct tpb_scratch *sc)
 {
-	tpb_scratch_done(sc);
+	tpb_cuda_scratch_done(sc);
 	free(sc->bounce);
 }
 
@@ -274,7 +274,7 @@ static int send_chunk(struct conn *c, struct claim *k, struct tpb_scratch *sc)
 			return 0;
 		}
 		k->src_why[0] = '\0';
-		k->src_err = tpb_stage(&k->mem, k->off, p, k->len, false, sc, k->src_why,
+		k->src_err = tpb_cuda_stage(&k->mem, k->off, p, k->len, false, sc, k->src_why,
 				       sizeof(k->src_why));
 		if (k->src_err < 0)
 			return 0;
@@ -376,7 +376,7 @@ static int recv_payload(struct conn *c, const struct tpb_mem *m, uint64_t off, u
 		if (r < 0)
 			return r;
 		if (m && *ret_werr == 0)
-			*ret_werr = tpb_stage(m, off + done, b, n, true, sc, why, why_len);
+			*ret_werr = tpb_cuda_stage(m, off + done, b, n, true, sc, why, why_len);
 	}
 	return 0;
 }
