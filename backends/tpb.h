@@ -151,8 +151,8 @@ struct tpb_ep {
  */
 struct tpb_engine {
 	/* Runs the kernel of registry channel @channel over @op->xfers off the calling thread,
-	 * then calls tpb_engine_done(@op, ...) exactly once, from any thread. Keeps @op until
-	 * then. Return: 0, or -errno (nothing taken, no tpb_engine_done()). */
+	 * then calls tpb_sync_engine_done(@op, ...) exactly once, from any thread. Keeps @op until
+	 * then. Return: 0, or -errno (nothing taken, no tpb_sync_engine_done()). */
 	int (*submit)(void *arg, int channel, struct tpb_op *op);
 	void *arg;
 };
@@ -279,11 +279,11 @@ int tpb_event_fd(struct tpb_ctx *ctx);
 int tpb_progress(struct tpb_ctx *ctx);
 
 /*
- * tpb_engine_done() - an engine finished @op's kernel with @status (0 or -errno; @why: more
+ * tpb_sync_engine_done() - an engine finished @op's kernel with @status (0 or -errno; @why: more
  * about a failure, or NULL). Any thread; exactly once per tpb_engine.submit(). The context
  * delivers the completion from its next tpb_progress().
  */
-void tpb_engine_done(struct tpb_op *op, int status, uint64_t bytes, const char *why);
+void tpb_sync_engine_done(struct tpb_op *op, int status, uint64_t bytes, const char *why);
 
 /*
  * The shared adapter for same-host channels (backends/base/sync.c): a context with an eventfd

@@ -3,7 +3,7 @@
  * The asynchronous op table of a same-host channel (TPB_SYNC_OPS in tpb.h): the channel keeps
  * its synchronous kernel (its copy op) and this adapter gives it a context, endpoints to this
  * host only, start, cancel, an event fd and progress. start() hands the op to the engine the
- * daemon supplied (its copy threads, which run the kernel and call tpb_engine_done()), or,
+ * daemon supplied (its copy threads, which run the kernel and call tpb_sync_engine_done()), or,
  * without one, runs the kernel at once; either way the completion is queued under the context's
  * lock, the eventfd is written, and the op's done callback runs later, from tpb_progress() on
  * the thread that calls it (the loop). It does not choose channels (registry.c), nor run
@@ -150,7 +150,7 @@ static void run_inline(struct sync_ctx *c, struct tpb_op *op)
 		r = c->base.ops->copy(&op->xfers[i], &c->scratch);
 		bytes += r == 0 ? op->xfers[i].len : 0;
 	}
-	tpb_engine_done(op, r, r == 0 ? bytes : 0, r < 0 ? c->scratch.why : NULL);
+	tpb_sync_engine_done(op, r, r == 0 ? bytes : 0, r < 0 ? c->scratch.why : NULL);
 }
 
 int tpb_sync_start(struct tpb_ep *ep, struct tpb_op *op)
@@ -204,7 +204,7 @@ int tpb_sync_cancel(struct tpb_ep *ep, struct tpb_op *op)
 	return r;
 }
 
-void tpb_engine_done(struct tpb_op *op, int status, uint64_t bytes, const char *why)
+void tpb_sync_engine_done(struct tpb_op *op, int status, uint64_t bytes, const char *why)
 {
 	struct sync_ctx *c = ctx_of(op->ep->ctx);
 	uint64_t one = 1;

@@ -261,7 +261,7 @@ void tpd_copier_free(struct tpd_copier *c)
 /* A job made for an op of a channel context ends: hand its outcome to the context. */
 static void engine_job_done(struct tpd_copy_job *job)
 {
-	tpb_engine_done(job->arg, job->status, job->bytes, job->why);
+	tpb_sync_engine_done(job->arg, job->status, job->bytes, job->why);
 	tpd_copier_job_free(job);
 }
 
@@ -270,7 +270,7 @@ static int engine_submit(void *arg, int channel, struct tpb_op *op)
 	struct tpd_copy_job *job;
 
 	if (op->n_xfers == 0) {
-		tpb_engine_done(op, 0, 0, NULL); /* nothing to copy: delivered from progress */
+		tpb_sync_engine_done(op, 0, 0, NULL); /* nothing to copy: delivered from progress */
 		return 0;
 	}
 	job = tpd_copier_job_new(op->n_xfers, 0);

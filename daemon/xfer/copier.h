@@ -64,7 +64,7 @@ void tpd_copier_free(struct tpd_copier *c);
  * tpd_copier_engine() - @c as the engine of the same-host channels' contexts (struct
  * tpb_engine, tpb_ctx_new()): each op submitted becomes one job of @c, whose workers run the
  * op's channel kernel on its transfers; the job's completion, on the loop thread, calls
- * tpb_engine_done(), and the context delivers it from its next tpb_progress().
+ * tpb_sync_engine_done(), and the context delivers it from its next tpb_progress().
  * Ownership: the engine borrows @c, which must outlive every context made with it; a job still
  * queued when @c is freed completes with -ECANCELED.
  */
