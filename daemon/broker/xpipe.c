@@ -758,7 +758,7 @@ void tpd_xpipe_peer_connect(struct tpd_daemon *d, struct tpd_peer *pr,
 		static struct tpd_ratelog refusals;
 		unsigned held;
 
-		if (tpd_ratelog_burst_ok(&refusals, 10000, 20, &held))
+		if (tpd_quota_ratelog_burst_ok(&refusals, 10000, 20, &held))
 			tpu_log_info("peer %s: connect to '%s' refused: %s (%u refusals not logged "
 				     "before this one)", tpd_peer_name(pr), c->name,
 				     logwhy[0] ? logwhy : why, held);
@@ -861,7 +861,7 @@ static bool remote_queue_full(struct tpd_pipe *p, struct tpd_pipe_end *w, uint64
 	else
 		return false;
 	p->d->quota.remote_refused++;
-	if (tpd_ratelog_ok(&log, 1000, &suppressed))
+	if (tpd_quota_ratelog_ok(&log, 1000, &suppressed))
 		tpd_pipe_log(p, NULL, TPU_LOG_WARNING, "remote message %llu refused: %s (%u more "
 			     "refused since the last such line)", (unsigned long long)msg_id, why,
 			     suppressed);
@@ -972,7 +972,7 @@ static void eager_dropped(struct tpd_pipe *p, const struct tpd_msg *m,
 
 	snprintf(why, sizeof(why), "the reader's daemon dropped message %llu, written already: "
 		 "%.140s", (unsigned long long)m->msg_id, reason);
-	if (tpd_ratelog_ok(&log, 1000, &suppressed))
+	if (tpd_quota_ratelog_ok(&log, 1000, &suppressed))
 		tpd_pipe_log(p, NULL, TPU_LOG_WARNING, "%s; failing the pipe (%u more since the "
 			     "last such line)", why, suppressed);
 	if (p->link && p->remote_id)

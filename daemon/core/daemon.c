@@ -201,7 +201,7 @@ static void daemon_on_accept(evutil_socket_t lfd, short what, void *arg)
 
 			if (errno == EAGAIN || errno == EINTR || errno == ECONNABORTED)
 				return;
-			if (tpd_ratelog_ok(&d->accept_log, 10000, &suppressed))
+			if (tpd_quota_ratelog_ok(&d->accept_log, 10000, &suppressed))
 				tpu_log_warn("accept failed: %m; pausing accepts for 1 s (%u more "
 					     "pauses since the last such line)", suppressed);
 			event_del(d->ev_accept);

@@ -8,7 +8,7 @@
 #include "daemon.h"
 #include "quota.h"
 
-bool tpd_ratelog_ok(struct tpd_ratelog *rl, uint64_t interval_ms, unsigned *ret_suppressed)
+bool tpd_quota_ratelog_ok(struct tpd_ratelog *rl, uint64_t interval_ms, unsigned *ret_suppressed)
 {
 	uint64_t now = tpu_now_ns();
 
@@ -22,7 +22,7 @@ bool tpd_ratelog_ok(struct tpd_ratelog *rl, uint64_t interval_ms, unsigned *ret_
 	return true;
 }
 
-bool tpd_ratelog_burst_ok(struct tpd_ratelog *rl, uint64_t window_ms, unsigned burst,
+bool tpd_quota_ratelog_burst_ok(struct tpd_ratelog *rl, uint64_t window_ms, unsigned burst,
 			  unsigned *ret_suppressed)
 {
 	uint64_t now = tpu_now_ns();

@@ -23,24 +23,24 @@ struct tpd_daemon;
 struct tpd_ratelog {
 	uint64_t next_ns;
 	unsigned suppressed;
-	unsigned logged; /* tpd_ratelog_burst_ok(): lines logged in the current window */
+	unsigned logged; /* tpd_quota_ratelog_burst_ok(): lines logged in the current window */
 };
 
 /*
- * tpd_ratelog_ok() - may a line be logged now? At most one per @interval_ms.
+ * tpd_quota_ratelog_ok() - may a line be logged now? At most one per @interval_ms.
  * @ret_suppressed: lines refused since the last one that was allowed (written when true).
  * Return: true to log.
  */
-bool tpd_ratelog_ok(struct tpd_ratelog *rl, uint64_t interval_ms, unsigned *ret_suppressed);
+bool tpd_quota_ratelog_ok(struct tpd_ratelog *rl, uint64_t interval_ms, unsigned *ret_suppressed);
 
 /*
- * tpd_ratelog_burst_ok() - may a line be logged now? At most @burst per window of @window_ms,
+ * tpd_quota_ratelog_burst_ok() - may a line be logged now? At most @burst per window of @window_ms,
  * so that a few events in a row are all seen while a flood is not. The first line of a new
  * window learns how many were held back in the windows before.
  * @ret_suppressed: lines refused since the last one that was allowed (written when true).
  * Return: true to log.
  */
-bool tpd_ratelog_burst_ok(struct tpd_ratelog *rl, uint64_t window_ms, unsigned burst,
+bool tpd_quota_ratelog_burst_ok(struct tpd_ratelog *rl, uint64_t window_ms, unsigned burst,
 			  unsigned *ret_suppressed);
 
 /* One local user's share. */

@@ -243,7 +243,7 @@ static void metrics_on_accept_error(struct evconnlistener *lev, void *arg)
 	int err = EVUTIL_SOCKET_ERROR();
 	unsigned suppressed;
 
-	if (tpd_ratelog_ok(&log, 10000, &suppressed))
+	if (tpd_quota_ratelog_ok(&log, 10000, &suppressed))
 		tpu_log_warn("metrics accept failed: %s; pausing metrics accepts for 1 s (%u more "
 			     "pauses since the last such line)", strerror(err), suppressed);
 	if (evconnlistener_disable(lev) == 0 &&

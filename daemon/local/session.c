@@ -175,7 +175,7 @@ static int session_admit(struct tpd_session *s)
 	if (r == 0)
 		return 0;
 	send_refusal(s, why);
-	if (tpd_ratelog_ok(&d->quota.refuse_log, 1000, &suppressed))
+	if (tpd_quota_ratelog_ok(&d->quota.refuse_log, 1000, &suppressed))
 		tpd_session_log(s, TPU_LOG_WARNING, "refused, uid %u: %s (%u more refused since "
 				"the last such line)", (unsigned)s->uid, why, suppressed);
 	return r;
@@ -240,7 +240,7 @@ static void in_resize_failed(struct tpd_session *s, int r, const char *why)
 		tpd_session_fail(s, TPU_LOG_ERR, TPW__V1__STATUS__STATUS_IO, "%s", why);
 		return;
 	}
-	if (!tpd_ratelog_ok(rl, 1000, &suppressed)) {
+	if (!tpd_quota_ratelog_ok(rl, 1000, &suppressed)) {
 		tpd_session_fail(s, TPU_LOG_DEBUG, TPW__V1__STATUS__STATUS_LIMIT, "%s", why);
 		return;
 	}
@@ -606,7 +606,7 @@ int tpd_session_send(struct tpd_session *s, Tpw__V1__DaemonMsg *m, const struct 
 	r = tpd_quota_charge_out(s->d, s->acct, len, why, sizeof(why));
 	if (r < 0) {
 		unsigned suppressed = 0;
-		bool loud = tpd_ratelog_ok(budget_log(s, r), 1000, &suppressed);
+		bool loud = tpd_quota_ratelog_ok(budget_log(s, r), 1000, &suppressed);
 
 		tpd_session_fail(s, loud ? TPU_LOG_WARNING : TPU_LOG_DEBUG,
 				 TPW__V1__STATUS__STATUS_PEER_DIED,

@@ -59,7 +59,7 @@ static void limit_log(struct tpd_daemon *d, int which, const char *fmt, ...)
 	va_list ap;
 
 	(void)d;
-	if (!tpd_ratelog_ok(&logs[which], 1000, &suppressed))
+	if (!tpd_quota_ratelog_ok(&logs[which], 1000, &suppressed))
 		return;
 	va_start(ap, fmt);
 	vsnprintf(msg, sizeof(msg), fmt, ap);
@@ -177,7 +177,7 @@ static bool refusal_log_ok(void)
 	static struct tpd_ratelog refusals;
 	unsigned dropped;
 
-	if (!tpd_ratelog_burst_ok(&refusals, REFUSAL_WINDOW_MS, REFUSALS_LOGGED, &dropped))
+	if (!tpd_quota_ratelog_burst_ok(&refusals, REFUSAL_WINDOW_MS, REFUSALS_LOGGED, &dropped))
 		return false;
 	if (dropped)
 		tpu_log_warn("%u more refused peer connections were not logged", dropped);
@@ -529,7 +529,7 @@ static void accept_pause(struct tpd_daemon *d, int err)
 	static const struct timeval one = { 1, 0 };
 	unsigned suppressed;
 
-	if (tpd_ratelog_ok(&d->peer_accept_log, 10000, &suppressed))
+	if (tpd_quota_ratelog_ok(&d->peer_accept_log, 10000, &suppressed))
 		tpu_log_warn("peer accept failed: %s; pausing peer accepts for 1 s (%u more pauses "
 			     "since the last such line)", strerror(err), suppressed);
 	if (!d->ev_peer_accept_resume)

@@ -21,12 +21,12 @@ START_TEST(test_ratelog_one_line_per_interval)
 	struct tpd_ratelog rl = { 0 };
 	unsigned held = 99;
 
-	ck_assert(tpd_ratelog_ok(&rl, 50, &held));
+	ck_assert(tpd_quota_ratelog_ok(&rl, 50, &held));
 	ck_assert_uint_eq(held, 0);
-	ck_assert(!tpd_ratelog_ok(&rl, 50, &held));
-	ck_assert(!tpd_ratelog_ok(&rl, 50, &held));
+	ck_assert(!tpd_quota_ratelog_ok(&rl, 50, &held));
+	ck_assert(!tpd_quota_ratelog_ok(&rl, 50, &held));
 	sleep_ms(60); /* the interval itself, not a synchronisation */
-	ck_assert(tpd_ratelog_ok(&rl, 50, &held));
+	ck_assert(tpd_quota_ratelog_ok(&rl, 50, &held));
 	ck_assert_uint_eq(held, 2);
 }
 END_TEST
@@ -37,15 +37,15 @@ START_TEST(test_ratelog_burst_at_and_above_its_bound)
 	unsigned held = 99;
 
 	for (int i = 0; i < 20; i++) {
-		ck_assert_msg(tpd_ratelog_burst_ok(&rl, 50, 20, &held), "line %d of 20 refused", i);
+		ck_assert_msg(tpd_quota_ratelog_burst_ok(&rl, 50, 20, &held), "line %d of 20 refused", i);
 		ck_assert_uint_eq(held, 0);
 	}
-	ck_assert(!tpd_ratelog_burst_ok(&rl, 50, 20, &held)); /* the 21st */
-	ck_assert(!tpd_ratelog_burst_ok(&rl, 50, 20, &held));
+	ck_assert(!tpd_quota_ratelog_burst_ok(&rl, 50, 20, &held)); /* the 21st */
+	ck_assert(!tpd_quota_ratelog_burst_ok(&rl, 50, 20, &held));
 	sleep_ms(60);
-	ck_assert(tpd_ratelog_burst_ok(&rl, 50, 20, &held));
+	ck_assert(tpd_quota_ratelog_burst_ok(&rl, 50, 20, &held));
 	ck_assert_uint_eq(held, 2);
-	ck_assert(tpd_ratelog_burst_ok(&rl, 50, 20, &held));
+	ck_assert(tpd_quota_ratelog_burst_ok(&rl, 50, 20, &held));
 	ck_assert_uint_eq(held, 0);
 }
 END_TEST
