@@ -414,7 +414,7 @@ int tpd_pipe_connect_check(struct tpd_daemon *d, struct tpd_session *s, const Tp
 		snprintf(why, wl, "pipe id %llu already in use", (unsigned long long)c->pipe_id);
 		return -EADDRINUSE;
 	}
-	l = tpd_registry_find(&d->registry, c->address);
+	l = tpd_listener_registry_find(&d->registry, c->address);
 	if (!l) {
 		snprintf(why, wl, "no listener named '%s'", c->address);
 		return -ENOENT;

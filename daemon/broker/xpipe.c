@@ -614,7 +614,7 @@ static void xwaits_listener_added(struct tpd_daemon *d, struct tpd_listener *l)
 
 void tpd_xpipe_listener_added(struct tpd_daemon *d, const char *name)
 {
-	struct tpd_listener *l = tpd_registry_find(&d->registry, name);
+	struct tpd_listener *l = tpd_listener_registry_find(&d->registry, name);
 	struct tpd_pipe *p, *tmp;
 
 	if (l)
@@ -675,7 +675,7 @@ void tpd_xpipe_peer_connect(struct tpd_daemon *d, struct tpd_peer *pr,
 	Tpw__V1__PeerMsg pm = TPW__V1__PEER_MSG__INIT;
 	Tpw__V1__Accepted a = TPW__V1__ACCEPTED__INIT;
 	Tpw__V1__DaemonMsg dm = TPW__V1__DAEMON_MSG__INIT;
-	struct tpd_listener *l = tpd_registry_find(&d->registry, c->name);
+	struct tpd_listener *l = tpd_listener_registry_find(&d->registry, c->name);
 	const char *ident = tpd_peer_identity(pr);
 	struct tpd_session *ls;
 	struct tpd_pipe *p = NULL;

@@ -504,7 +504,7 @@ int tpd_daemon_new(const struct tpd_config *cfg, struct tpd_daemon **ret)
 	tpu_list_init(&d->xwaits);
 	tpu_list_init(&d->flow_dirty);
 	tpu_list_init(&d->budget_wait);
-	tpd_registry_init(&d->registry);
+	tpd_listener_registry_init(&d->registry);
 	tpd_quota_init(&d->quota);
 	d->base = event_base_new();
 	r = -ENOMEM;
@@ -582,7 +582,7 @@ void tpd_daemon_free(struct tpd_daemon *d)
 	tpd_metrics_free(d->metrics);
 	tpd_copier_free(d->copier);
 	tpd_gdr_stop(d);
-	tpd_registry_done(&d->registry);
+	tpd_listener_registry_done(&d->registry);
 	tpd_quota_done(&d->quota);
 	for (size_t i = 0; i < TPU_ARRAY_SIZE(d->ev_signals); i++)
 		if (d->ev_signals[i])

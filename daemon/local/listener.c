@@ -9,22 +9,22 @@
 #include "listener.h"
 #include "validate.h"
 
-void tpd_registry_init(struct tpd_registry *r)
+void tpd_listener_registry_init(struct tpd_registry *r)
 {
 	tpu_list_init(&r->listeners);
 	r->next_id = 1;
 	r->count = 0;
 }
 
-void tpd_registry_done(struct tpd_registry *r)
+void tpd_listener_registry_done(struct tpd_registry *r)
 {
 	struct tpd_listener *l, *tmp;
 
 	tpu_list_for_each_safe(l, tmp, &r->listeners, node)
-		tpd_registry_remove(r, l);
+		tpd_listener_registry_remove(r, l);
 }
 
-struct tpd_listener *tpd_registry_find(const struct tpd_registry *r, const char *name)
+struct tpd_listener *tpd_listener_registry_find(const struct tpd_registry *r, const char *name)
 {
 	struct tpd_listener *l;
 
@@ -34,7 +34,7 @@ struct tpd_listener *tpd_registry_find(const struct tpd_registry *r, const char 
 	return NULL;
 }
 
-struct tpd_listener *tpd_registry_find_id(const struct tpd_registry *r, uint64_t id)
+struct tpd_listener *tpd_listener_registry_find_id(const struct tpd_registry *r, uint64_t id)
 {
 	struct tpd_listener *l;
 
@@ -62,7 +62,7 @@ bool tpd_listener_name_uid(const char *name, uid_t *ret)
 	return true;
 }
 
-int tpd_registry_add(struct tpd_registry *r, const char *name, void *owner, uid_t uid,
+int tpd_listener_registry_add(struct tpd_registry *r, const char *name, void *owner, uid_t uid,
 		     Tpw__V1__Access access, gid_t gid, struct tpd_listener **ret)
 {
 	struct tpd_listener *l;
@@ -72,7 +72,7 @@ int tpd_registry_add(struct tpd_registry *r, const char *name, void *owner, uid_
 		return -EINVAL;
 	if (tpd_listener_name_uid(name, &reserved) && reserved != uid)
 		return -EACCES;
-	if (tpd_registry_find(r, name))
+	if (tpd_listener_registry_find(r, name))
 		return -EADDRINUSE;
 	l = calloc(1, sizeof(*l));
 	if (!l)
@@ -96,7 +96,7 @@ int tpd_registry_add(struct tpd_registry *r, const char *name, void *owner, uid_
 	return 0;
 }
 
-void tpd_registry_remove(struct tpd_registry *r, struct tpd_listener *l)
+void tpd_listener_registry_remove(struct tpd_registry *r, struct tpd_listener *l)
 {
 	if (!l)
 		return;

@@ -36,19 +36,19 @@ struct tpd_registry {
 	unsigned count;
 };
 
-void tpd_registry_init(struct tpd_registry *r);
+void tpd_listener_registry_init(struct tpd_registry *r);
 /* Frees every listener left (the owners must not use them afterwards). */
-void tpd_registry_done(struct tpd_registry *r);
+void tpd_listener_registry_done(struct tpd_registry *r);
 
 /*
- * tpd_registry_add() - register @name for @owner, a session of @uid. A name "@UID:..." (UID in
+ * tpd_listener_registry_add() - register @name for @owner, a session of @uid. A name "@UID:..." (UID in
  * decimal) is reserved to uid UID: any other uid, root included, is refused before the registry
  * is looked at, so the refusal says nothing about whether the name exists.
- * @ret: returns borrowed listener, valid until tpd_registry_remove().
+ * @ret: returns borrowed listener, valid until tpd_listener_registry_remove().
  * Return: 0, -EADDRINUSE if the name is taken, -EACCES for another uid's "@UID:" name, -EINVAL
  * for a bad name, -ENOMEM.
  */
-int tpd_registry_add(struct tpd_registry *r, const char *name, void *owner, uid_t uid,
+int tpd_listener_registry_add(struct tpd_registry *r, const char *name, void *owner, uid_t uid,
 		     Tpw__V1__Access access, gid_t gid, struct tpd_listener **ret);
 
 /*
@@ -80,12 +80,12 @@ bool tpd_listener_permits_remote(const struct tpd_listener *l, tpd_remote_match_
 				 const void *arg);
 
 /* Unregisters and frees @l. Accepts NULL. */
-void tpd_registry_remove(struct tpd_registry *r, struct tpd_listener *l);
+void tpd_listener_registry_remove(struct tpd_registry *r, struct tpd_listener *l);
 
 /* Returns borrowed listener named @name, or NULL. */
-struct tpd_listener *tpd_registry_find(const struct tpd_registry *r, const char *name);
+struct tpd_listener *tpd_listener_registry_find(const struct tpd_registry *r, const char *name);
 /* Returns borrowed listener with @id, or NULL. */
-struct tpd_listener *tpd_registry_find_id(const struct tpd_registry *r, uint64_t id);
+struct tpd_listener *tpd_listener_registry_find_id(const struct tpd_registry *r, uint64_t id);
 
 /*
  * tpd_listener_permits() - may a local client with @uid, primary @gid and supplementary @groups

@@ -345,7 +345,7 @@ void tpd_session_free(struct tpd_session *s, Tpw__V1__Status why)
 	s->dead = true;
 	detach_pipes(s, why);
 	tpu_list_for_each_safe(l, tmp, &s->listeners, session_node)
-		tpd_registry_remove(&s->d->registry, l);
+		tpd_listener_registry_remove(&s->d->registry, l);
 	release_buffers(s);
 	tpd_devmem_session_end(s);
 	while (!tpu_list_empty(&s->outq)) {

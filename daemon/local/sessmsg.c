@@ -177,10 +177,10 @@ static void handle_listen(struct tpd_session *s, const Tpw__V1__Listen *m)
 	int r = -ENOBUFS;
 
 	if (s->n_listeners < s->d->cfg.listeners_max)
-		r = tpd_registry_add(&s->d->registry, m->name, s, s->uid, m->access, m->gid, &l);
+		r = tpd_listener_registry_add(&s->d->registry, m->name, s, s->uid, m->access, m->gid, &l);
 	if (r == 0 &&
 	    tpd_listener_set_remote(l, m->remote, m->remote_peers, m->n_remote_peers) < 0) {
-		tpd_registry_remove(&s->d->registry, l);
+		tpd_listener_registry_remove(&s->d->registry, l);
 		r = -ENOMEM;
 	}
 	if (r < 0) {
@@ -214,12 +214,12 @@ static void handle_listen(struct tpd_session *s, const Tpw__V1__Listen *m)
 
 static void handle_listener_close(struct tpd_session *s, const Tpw__V1__ListenerClose *m)
 {
-	struct tpd_listener *l = tpd_registry_find_id(&s->d->registry, m->listener_id);
+	struct tpd_listener *l = tpd_listener_registry_find_id(&s->d->registry, m->listener_id);
 
 	if (!l || l->owner != s)
 		return; /* already gone: closing is idempotent */
 	tpd_session_log(s, TPU_LOG_INFO, "stopped listening on '%s'", l->name);
-	tpd_registry_remove(&s->d->registry, l);
+	tpd_listener_registry_remove(&s->d->registry, l);
 	s->n_listeners--;
 }
 

@@ -13,24 +13,24 @@ static int owner_a, owner_b;
 
 static void setup(void)
 {
-	tpd_registry_init(&reg);
+	tpd_listener_registry_init(&reg);
 }
 
 static void teardown(void)
 {
-	tpd_registry_done(&reg);
+	tpd_listener_registry_done(&reg);
 }
 
 START_TEST(test_registry_add_and_find)
 {
 	struct tpd_listener *l = NULL;
 
-	ck_assert_int_eq(tpd_registry_add(&reg, "trainer0", &owner_a, 1000,
+	ck_assert_int_eq(tpd_listener_registry_add(&reg, "trainer0", &owner_a, 1000,
 					  TPW__V1__ACCESS__ACCESS_OWNER, 0, &l),
 			 0);
-	ck_assert_ptr_eq(tpd_registry_find(&reg, "trainer0"), l);
-	ck_assert_ptr_eq(tpd_registry_find_id(&reg, l->id), l);
-	ck_assert_ptr_null(tpd_registry_find(&reg, "trainer1"));
+	ck_assert_ptr_eq(tpd_listener_registry_find(&reg, "trainer0"), l);
+	ck_assert_ptr_eq(tpd_listener_registry_find_id(&reg, l->id), l);
+	ck_assert_ptr_null(tpd_listener_registry_find(&reg, "trainer1"));
 	ck_assert_uint_eq(reg.count, 1);
 }
 END_TEST
@@ -39,10 +39,10 @@ START_TEST(test_registry_rejects_taken_name)
 {
 	struct tpd_listener *l = NULL, *l2 = NULL;
 
-	ck_assert_int_eq(tpd_registry_add(&reg, "x", &owner_a, 1, 0, 0, &l), 0);
-	ck_assert_int_eq(tpd_registry_add(&reg, "x", &owner_b, 1, 0, 0, &l2), -EADDRINUSE);
+	ck_assert_int_eq(tpd_listener_registry_add(&reg, "x", &owner_a, 1, 0, 0, &l), 0);
+	ck_assert_int_eq(tpd_listener_registry_add(&reg, "x", &owner_b, 1, 0, 0, &l2), -EADDRINUSE);
 	ck_assert_ptr_null(l2);
-	ck_assert_ptr_eq(tpd_registry_find(&reg, "x")->owner, &owner_a);
+	ck_assert_ptr_eq(tpd_listener_registry_find(&reg, "x")->owner, &owner_a);
 }
 END_TEST
 
@@ -50,11 +50,11 @@ START_TEST(test_registry_name_free_after_remove)
 {
 	struct tpd_listener *l = NULL;
 
-	ck_assert_int_eq(tpd_registry_add(&reg, "x", &owner_a, 1, 0, 0, &l), 0);
-	tpd_registry_remove(&reg, l);
+	ck_assert_int_eq(tpd_listener_registry_add(&reg, "x", &owner_a, 1, 0, 0, &l), 0);
+	tpd_listener_registry_remove(&reg, l);
 	ck_assert_uint_eq(reg.count, 0);
-	ck_assert_ptr_null(tpd_registry_find(&reg, "x"));
-	ck_assert_int_eq(tpd_registry_add(&reg, "x", &owner_b, 1, 0, 0, &l), 0);
+	ck_assert_ptr_null(tpd_listener_registry_find(&reg, "x"));
+	ck_assert_int_eq(tpd_listener_registry_add(&reg, "x", &owner_b, 1, 0, 0, &l), 0);
 	ck_assert_ptr_eq(l->owner, &owner_b);
 }
 END_TEST
@@ -66,11 +66,11 @@ START_TEST(test_registry_rejects_bad_names)
 
 	memset(longname, 'a', sizeof(longname));
 	longname[256] = '\0';
-	ck_assert_int_eq(tpd_registry_add(&reg, "", &owner_a, 1, 0, 0, &l), -EINVAL);
-	ck_assert_int_eq(tpd_registry_add(&reg, "a/b", &owner_a, 1, 0, 0, &l), -EINVAL);
-	ck_assert_int_eq(tpd_registry_add(&reg, longname, &owner_a, 1, 0, 0, &l), -EINVAL);
+	ck_assert_int_eq(tpd_listener_registry_add(&reg, "", &owner_a, 1, 0, 0, &l), -EINVAL);
+	ck_assert_int_eq(tpd_listener_registry_add(&reg, "a/b", &owner_a, 1, 0, 0, &l), -EINVAL);
+	ck_assert_int_eq(tpd_listener_registry_add(&reg, longname, &owner_a, 1, 0, 0, &l), -EINVAL);
 	longname[255] = '\0';
-	ck_assert_int_eq(tpd_registry_add(&reg, longname, &owner_a, 1, 0, 0, &l), 0);
+	ck_assert_int_eq(tpd_listener_registry_add(&reg, longname, &owner_a, 1, 0, 0, &l), 0);
 }
 END_TEST
 
@@ -78,8 +78,8 @@ START_TEST(test_registry_ids_are_unique)
 {
 	struct tpd_listener *a = NULL, *b = NULL;
 
-	ck_assert_int_eq(tpd_registry_add(&reg, "a", &owner_a, 1, 0, 0, &a), 0);
-	ck_assert_int_eq(tpd_registry_add(&reg, "b", &owner_a, 1, 0, 0, &b), 0);
+	ck_assert_int_eq(tpd_listener_registry_add(&reg, "a", &owner_a, 1, 0, 0, &a), 0);
+	ck_assert_int_eq(tpd_listener_registry_add(&reg, "b", &owner_a, 1, 0, 0, &b), 0);
 	ck_assert_uint_ne(a->id, b->id);
 }
 END_TEST
@@ -88,7 +88,7 @@ START_TEST(test_access_owner_only_by_default)
 {
 	struct tpd_listener *l = NULL;
 
-	ck_assert_int_eq(tpd_registry_add(&reg, "x", &owner_a, 1000,
+	ck_assert_int_eq(tpd_listener_registry_add(&reg, "x", &owner_a, 1000,
 					  TPW__V1__ACCESS__ACCESS_UNSPECIFIED, 0, &l),
 			 0);
 	ck_assert(tpd_listener_permits(l, 1000, 1000, NULL, 0));
@@ -102,7 +102,7 @@ START_TEST(test_access_group_checks_primary_and_supplementary)
 	struct tpd_listener *l = NULL;
 	gid_t groups[] = { 5, 77, 9 };
 
-	ck_assert_int_eq(tpd_registry_add(&reg, "x", &owner_a, 1000, TPW__V1__ACCESS__ACCESS_GROUP,
+	ck_assert_int_eq(tpd_listener_registry_add(&reg, "x", &owner_a, 1000, TPW__V1__ACCESS__ACCESS_GROUP,
 					  77, &l),
 			 0);
 	ck_assert(tpd_listener_permits(l, 2000, 77, NULL, 0));
@@ -116,7 +116,7 @@ START_TEST(test_access_anyone)
 {
 	struct tpd_listener *l = NULL;
 
-	ck_assert_int_eq(tpd_registry_add(&reg, "x", &owner_a, 1000, TPW__V1__ACCESS__ACCESS_ANYONE,
+	ck_assert_int_eq(tpd_listener_registry_add(&reg, "x", &owner_a, 1000, TPW__V1__ACCESS__ACCESS_ANYONE,
 					  0, &l),
 			 0);
 	ck_assert(tpd_listener_permits(l, 4242, 4242, NULL, 0));
@@ -139,7 +139,7 @@ START_TEST(test_remote_access_none_by_default_and_never_by_uid)
 {
 	struct tpd_listener *l = NULL;
 
-	ck_assert_int_eq(tpd_registry_add(&reg, "x", &owner_a, 1000, TPW__V1__ACCESS__ACCESS_ANYONE,
+	ck_assert_int_eq(tpd_listener_registry_add(&reg, "x", &owner_a, 1000, TPW__V1__ACCESS__ACCESS_ANYONE,
 					  0, &l),
 			 0);
 	ck_assert_int_eq(l->remote, TPW__V1__REMOTE_ACCESS__REMOTE_NONE);
@@ -156,8 +156,8 @@ START_TEST(test_remote_access_any_peer_and_named_peers)
 	char *peers[] = { "hostb", "psk" };
 	struct tpd_listener *a = NULL, *n = NULL;
 
-	ck_assert_int_eq(tpd_registry_add(&reg, "a", &owner_a, 1000, 0, 0, &a), 0);
-	ck_assert_int_eq(tpd_registry_add(&reg, "n", &owner_a, 1000, 0, 0, &n), 0);
+	ck_assert_int_eq(tpd_listener_registry_add(&reg, "a", &owner_a, 1000, 0, 0, &a), 0);
+	ck_assert_int_eq(tpd_listener_registry_add(&reg, "n", &owner_a, 1000, 0, 0, &n), 0);
 	ck_assert_int_eq(
 		tpd_listener_set_remote(a, TPW__V1__REMOTE_ACCESS__REMOTE_ANY_PEER, NULL, 0), 0);
 	ck_assert(permits_remote(a, "psk"));
@@ -190,12 +190,12 @@ START_TEST(test_uid_name_space_is_the_uids_own)
 	ck_assert(!tpd_listener_name_uid("@:x", &u));
 	ck_assert(!tpd_listener_name_uid("4242:x", &u));
 	ck_assert(!tpd_listener_name_uid("@42a:x", &u));
-	ck_assert_int_eq(tpd_registry_add(&reg, "@4242:x", &owner_a, 4243, 0, 0, &l), -EACCES);
-	ck_assert_int_eq(tpd_registry_add(&reg, "@4242:x", &owner_a, 0, 0, 0, &l), -EACCES);
-	ck_assert_int_eq(tpd_registry_add(&reg, "@4242:x", &owner_a, 4242, 0, 0, &l), 0);
+	ck_assert_int_eq(tpd_listener_registry_add(&reg, "@4242:x", &owner_a, 4243, 0, 0, &l), -EACCES);
+	ck_assert_int_eq(tpd_listener_registry_add(&reg, "@4242:x", &owner_a, 0, 0, 0, &l), -EACCES);
+	ck_assert_int_eq(tpd_listener_registry_add(&reg, "@4242:x", &owner_a, 4242, 0, 0, &l), 0);
 	/* Taken or not, another uid hears the same. */
-	ck_assert_int_eq(tpd_registry_add(&reg, "@4242:x", &owner_b, 4243, 0, 0, &l), -EACCES);
-	ck_assert_int_eq(tpd_registry_add(&reg, "@0:y", &owner_a, 0, 0, 0, &l), 0);
+	ck_assert_int_eq(tpd_listener_registry_add(&reg, "@4242:x", &owner_b, 4243, 0, 0, &l), -EACCES);
+	ck_assert_int_eq(tpd_listener_registry_add(&reg, "@0:y", &owner_a, 0, 0, 0, &l), 0);
 }
 END_TEST
 
