@@ -20,13 +20,13 @@
 #include "pipe_int.h"
 #include "session.h"
 
-void tpd_pipe_budget_unreserve(struct tpd_pipe_end *e)
+void tpd_budget_unreserve(struct tpd_pipe_end *e)
 {
 	e->pipe->d->quota.pipe_reserved -= e->reserved;
 	e->reserved = 0;
 }
 
-void tpd_pipe_budget_charge(struct tpd_daemon *d, uint64_t cost)
+void tpd_budget_charge(struct tpd_daemon *d, uint64_t cost)
 {
 	d->quota.pipe_bytes += cost;
 	if (d->quota.pipe_bytes + d->quota.pipe_reserved > d->quota.pipe_bytes_peak)
@@ -38,7 +38,7 @@ static bool end_waits(const struct tpd_pipe_end *e)
 	return !e->remote && e->session && e->session->client_minor >= TPW_MINOR_FLOW;
 }
 
-int tpd_pipe_budget_check(struct tpd_pipe_end *e, uint64_t cost, char *why, size_t wl)
+int tpd_budget_check(struct tpd_pipe_end *e, uint64_t cost, char *why, size_t wl)
 {
 	struct tpd_daemon *d = e->pipe->d;
 	uint64_t total = d->cfg.pipe_queue_bytes_total;
@@ -46,7 +46,7 @@ int tpd_pipe_budget_check(struct tpd_pipe_end *e, uint64_t cost, char *why, size
 
 	if (e->budget != TPD_BUDGET_OPEN)
 		return -EAGAIN; /* sent before its client learnt that it waits */
-	tpd_pipe_budget_unreserve(e); /* the room set aside goes with this write */
+	tpd_budget_unreserve(e); /* the room set aside goes with this write */
 	if (d->quota.pipe_bytes + d->quota.pipe_reserved + cost <= total &&
 	    (resumed || !end_waits(e) || tpu_list_empty(&d->budget_wait)))
 		return 0;
@@ -69,7 +69,7 @@ int tpd_pipe_budget_check(struct tpd_pipe_end *e, uint64_t cost, char *why, size
 	return -EAGAIN;
 }
 
-void tpd_pipe_budget_refuse(struct tpd_pipe_end *e, uint64_t write_id, uint32_t tail_len)
+void tpd_budget_refuse(struct tpd_pipe_end *e, uint64_t write_id, uint32_t tail_len)
 {
 	Tpw__V1__WriteDone wd = TPW__V1__WRITE_DONE__INIT;
 	Tpw__V1__DaemonMsg dm = TPW__V1__DAEMON_MSG__INIT;
@@ -85,23 +85,23 @@ void tpd_pipe_budget_refuse(struct tpd_pipe_end *e, uint64_t write_id, uint32_t 
 	tpd_pipe_credit(e, tail_len);
 }
 
-void tpd_pipe_budget_leave(struct tpd_pipe_end *e)
+void tpd_budget_leave(struct tpd_pipe_end *e)
 {
 	tpu_list_remove(&e->budget_node);
-	tpd_pipe_budget_unreserve(e);
+	tpd_budget_unreserve(e);
 	e->budget = TPD_BUDGET_OPEN;
 }
 
-void tpd_pipe_budget_resumed(struct tpd_pipe_end *e, const Tpw__V1__FlowResume *fr)
+void tpd_budget_resumed(struct tpd_pipe_end *e, const Tpw__V1__FlowResume *fr)
 {
 	if (e->budget != TPD_BUDGET_RESUMED)
 		return; /* not asked for: nothing changes */
 	e->budget = TPD_BUDGET_OPEN;
 	if (fr->nothing_held)
-		tpd_pipe_budget_unreserve(e);
+		tpd_budget_unreserve(e);
 }
 
-void tpd_pipes_budget_wake(struct tpd_daemon *d)
+void tpd_budget_wake(struct tpd_daemon *d)
 {
 	Tpw__V1__FlowResume fr = TPW__V1__FLOW_RESUME__INIT;
 	Tpw__V1__DaemonMsg dm = TPW__V1__DAEMON_MSG__INIT;
@@ -121,7 +121,7 @@ void tpd_pipes_budget_wake(struct tpd_daemon *d)
 		e->budget = TPD_BUDGET_RESUMED;
 		e->reserved = e->budget_need;
 		d->quota.pipe_reserved += e->reserved;
-		tpd_pipe_budget_charge(d, 0); /* the peak counts room set aside */
+		tpd_budget_charge(d, 0); /* the peak counts room set aside */
 		fr.pipe_id = e->local_id;
 		tpd_session_send(e->session, &dm, NULL, 0);
 	}
@@ -137,7 +137,7 @@ static bool far_fits(const struct tpd_pipe_end *e, uint64_t tail_len)
 	       (!p->far_queue_bytes || e->queued_bytes + tail_len <= p->far_queue_bytes);
 }
 
-int tpd_pipe_far_check(struct tpd_pipe_end *e, uint32_t tail_len, char *why, size_t wl)
+int tpd_budget_far_check(struct tpd_pipe_end *e, uint32_t tail_len, char *why, size_t wl)
 {
 	const struct tpd_pipe *p = e->pipe;
 
@@ -162,7 +162,7 @@ int tpd_pipe_far_check(struct tpd_pipe_end *e, uint32_t tail_len, char *why, siz
 	return -EAGAIN;
 }
 
-void tpd_pipe_far_wake(struct tpd_pipe_end *e)
+void tpd_budget_far_wake(struct tpd_pipe_end *e)
 {
 	Tpw__V1__FlowResume fr = TPW__V1__FLOW_RESUME__INIT;
 	Tpw__V1__DaemonMsg dm = TPW__V1__DAEMON_MSG__INIT;

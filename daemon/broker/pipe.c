@@ -159,7 +159,7 @@ void tpd_pipe_msg_consumed(struct tpd_msg *m, Tpw__V1__Status st, const char *wh
 		w->queued_bytes -= m->tail_len;
 		d->quota.pipe_bytes -= m->cost;
 		tpd_pipe_credit(w, m->tail_len);
-		tpd_pipe_far_wake(w);
+		tpd_budget_far_wake(w);
 	}
 	if (tpu_list_linked(&m->wnode)) {
 		write_done_flush(w); /* frees @m once its WriteDone is out */
@@ -219,7 +219,7 @@ void tpd_pipes_flow_flush(struct tpd_daemon *d)
 		if (e->session && !e->session->dead && fc.messages)
 			tpd_session_send(e->session, &dm, NULL, 0);
 	}
-	tpd_pipes_budget_wake(d);
+	tpd_budget_wake(d);
 }
 
 /* ---- pipes --------------------------------------------------------------------------------- */
@@ -277,8 +277,8 @@ void tpd_pipe_maybe_free(struct tpd_pipe *p)
 	end_drop_all(&p->end[1]);
 	tpu_list_remove(&p->end[0].credit_node);
 	tpu_list_remove(&p->end[1].credit_node);
-	tpd_pipe_budget_leave(&p->end[0]);
-	tpd_pipe_budget_leave(&p->end[1]);
+	tpd_budget_leave(&p->end[0]);
+	tpd_budget_leave(&p->end[1]);
 	tpd_xpipe_done(p);
 	tpu_list_remove(&p->node);
 	p->d->n_pipes--;
@@ -551,12 +551,12 @@ static int queue_check(struct tpd_pipe_end *e, uint32_t tail_len, size_t n_seg, 
 		return -EAGAIN; /* waits: resend later */
 	err = pipe_limits_check(e, tail_len, why, wl);
 	if (err == 0)
-		err = tpd_pipe_far_check(e, tail_len, why, wl);
+		err = tpd_budget_far_check(e, tail_len, why, wl);
 	if (err < 0) {
-		tpd_pipe_budget_unreserve(e); /* not taken: the room set aside goes back */
+		tpd_budget_unreserve(e); /* not taken: the room set aside goes back */
 		return err;
 	}
-	return tpd_pipe_budget_check(e, tpd_msg_cost(tail_len, n_seg), why, wl);
+	return tpd_budget_check(e, tpd_msg_cost(tail_len, n_seg), why, wl);
 }
 
 void tpd_pipe_write(struct tpd_pipe_end *e, Tpw__V1__ClientMsg *cm, const uint8_t *tail,
@@ -581,7 +581,7 @@ void tpd_pipe_write(struct tpd_pipe_end *e, Tpw__V1__ClientMsg *cm, const uint8_
 	}
 	err = queue_check(e, tail_len, w->n_payloads + w->n_tensors, why, sizeof(why));
 	if (err == -EAGAIN) {
-		tpd_pipe_budget_refuse(e, w->write_id, tail_len);
+		tpd_budget_refuse(e, w->write_id, tail_len);
 		goto out;
 	}
 	if (err < 0)
@@ -607,7 +607,7 @@ void tpd_pipe_write(struct tpd_pipe_end *e, Tpw__V1__ClientMsg *cm, const uint8_
 	e->queued++;
 	e->queued_bytes += tail_len;
 	m->cost = tpd_msg_cost(tail_len, m->n_src);
-	tpd_pipe_budget_charge(e->pipe->d, m->cost);
+	tpd_budget_charge(e->pipe->d, m->cost);
 	if (m->eager) {
 		/* The bytes now travel with the descriptor; the writer's memory is free. */
 		msg_set_write(m, TPW__V1__STATUS__STATUS_OK, NULL);
@@ -886,7 +886,7 @@ static void end_detach(struct tpd_pipe_end *e, Tpw__V1__Status why)
 		     e->remote ? "remote" : "local", tpw_status_name(why));
 	e->session = NULL;
 	e->gone = why;
-	tpd_pipe_budget_leave(e);
+	tpd_budget_leave(e);
 	if (peer->remote)
 		tpd_xpipe_local_left(p, why);
 	/* Writes of @e: nobody waits for their completion any more. Rendezvous reads the peer

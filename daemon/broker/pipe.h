@@ -113,10 +113,10 @@ void tpd_pipe_credit(struct tpd_pipe_end *e, uint64_t bytes);
 void tpd_pipes_flow_flush(struct tpd_daemon *d);
 
 /*
- * tpd_pipe_budget_resumed() - the client of local end @e answered FlowResume (borrows @fr):
+ * tpd_budget_resumed() - the client of local end @e answered FlowResume (borrows @fr):
  * its Writes that follow are taken again. Ignored unless the daemon sent FlowResume to @e.
  */
-void tpd_pipe_budget_resumed(struct tpd_pipe_end *e, const Tpw__V1__FlowResume *fr);
+void tpd_budget_resumed(struct tpd_pipe_end *e, const Tpw__V1__FlowResume *fr);
 
 /*
  * tpd_pipe_connect() - handle Connect from @s: find the listener, check access, create the pipe,

@@ -228,38 +228,38 @@ void tpd_cancel_peer_read_canceled(struct tpd_pipe_end *w, struct tpd_msg *m, ui
 /* ---- the daemon-wide budget (budget.c) ---- */
 
 /* Adds @cost to the bytes held for unread messages (and the peak tpipctl status shows). */
-void tpd_pipe_budget_charge(struct tpd_daemon *d, uint64_t cost);
+void tpd_budget_charge(struct tpd_daemon *d, uint64_t cost);
 
 /*
- * tpd_pipe_budget_check() - may a Write of local end @e costing @cost be queued under
+ * tpd_budget_check() - may a Write of local end @e costing @cost be queued under
  * pipe-queue-bytes-max? Takes back the room set aside for @e, if any.
- * Return: 0; -EAGAIN: refuse it with tpd_pipe_budget_refuse() (@e waits, or waited and its
+ * Return: 0; -EAGAIN: refuse it with tpd_budget_refuse() (@e waits, or waited and its
  * client has not resumed yet); -ENOBUFS with the reason in @why (an older client, or a message
  * over the whole budget).
  */
-int tpd_pipe_budget_check(struct tpd_pipe_end *e, uint64_t cost, char *why, size_t wl);
+int tpd_budget_check(struct tpd_pipe_end *e, uint64_t cost, char *why, size_t wl);
 
 /* Gives back the room set aside for @e after its wait (if any). */
-void tpd_pipe_budget_unreserve(struct tpd_pipe_end *e);
+void tpd_budget_unreserve(struct tpd_pipe_end *e);
 
 /* Refuses write @write_id of @e with WriteDone{resend} at once, and returns its room. */
-void tpd_pipe_budget_refuse(struct tpd_pipe_end *e, uint64_t write_id, uint32_t tail_len);
+void tpd_budget_refuse(struct tpd_pipe_end *e, uint64_t write_id, uint32_t tail_len);
 
 /* @e leaves the budget's wait queue and gives back the room set aside for it (detach, free). */
-void tpd_pipe_budget_leave(struct tpd_pipe_end *e);
+void tpd_budget_leave(struct tpd_pipe_end *e);
 
 /* Sends FlowResume to the waiting ends that fit now, first come first served. */
-void tpd_pipes_budget_wake(struct tpd_daemon *d);
+void tpd_budget_wake(struct tpd_daemon *d);
 
 /*
- * tpd_pipe_far_check() - across hosts, is there room for a message of @tail_len inline bytes of
+ * tpd_budget_far_check() - across hosts, is there room for a message of @tail_len inline bytes of
  * local writer end @e in the far daemon's per-pipe queue (its limits, learnt at set-up)?
- * Return: 0; -EAGAIN: @e waits (refuse with tpd_pipe_budget_refuse(); FlowResume follows as the
+ * Return: 0; -EAGAIN: @e waits (refuse with tpd_budget_refuse(); FlowResume follows as the
  * far reader consumes); -ENOBUFS with @why for an older client or a message over the far limit.
  */
-int tpd_pipe_far_check(struct tpd_pipe_end *e, uint32_t tail_len, char *why, size_t wl);
+int tpd_budget_far_check(struct tpd_pipe_end *e, uint32_t tail_len, char *why, size_t wl);
 
 /* A message of @e left its queue: resume @e if it waits for the far queue and now fits. */
-void tpd_pipe_far_wake(struct tpd_pipe_end *e);
+void tpd_budget_far_wake(struct tpd_pipe_end *e);
 
 #endif

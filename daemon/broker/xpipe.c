@@ -911,7 +911,7 @@ void tpd_xpipe_peer_descriptor(struct tpd_pipe *p, const Tpw__V1__Descriptor *dd
 	w->queued++;
 	w->queued_bytes += tail_len;
 	m->cost = tpd_msg_cost(tail_len, m->n_src);
-	tpd_pipe_budget_charge(p->d, m->cost);
+	tpd_budget_charge(p->d, m->cost);
 	m->tail_len = tail_len;
 	if (m->eager) {
 		int basic = tpb_index("basic");

@@ -460,7 +460,7 @@ static bool on_flow_resume(struct tpd_session *s, Tpw__V1__ClientMsg *m, struct 
 
 	(void)in;
 	if (e)
-		tpd_pipe_budget_resumed(e, m->flow_resume);
+		tpd_budget_resumed(e, m->flow_resume);
 	return false;
 }
 
