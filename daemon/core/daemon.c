@@ -602,7 +602,7 @@ void tpd_daemon_free(struct tpd_daemon *d)
 	if (d->socket_bound)
 		unlink(d->socket_path);
 	tpu_close(d->listen_fd);
-	tpd_peers_dns_free(d);
+	tpd_peer_dial_dns_free(d);
 	if (d->base)
 		event_base_free(d->base);
 	free(d->scratch);

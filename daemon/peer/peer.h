@@ -34,15 +34,15 @@ struct tpd_gdr_link;
 int tpd_peers_start(struct tpd_daemon *d);
 
 /* Fails every link with STATUS_SHUTDOWN and frees them, closes the listener. The resolver
- * stays until tpd_peers_dns_free(). */
+ * stays until tpd_peer_dial_dns_free(). */
 void tpd_peers_stop(struct tpd_daemon *d);
 
 /*
- * tpd_peers_dns_free() - free the resolver (if a dial made one), once the loop has stopped and
+ * tpd_peer_dial_dns_free() - free the resolver (if a dial made one), once the loop has stopped and
  * every other event of the daemon is freed: it first runs what a canceled resolution left queued
  * on the loop, which libevent otherwise never frees. Only from outside the loop.
  */
-void tpd_peers_dns_free(struct tpd_daemon *d);
+void tpd_peer_dial_dns_free(struct tpd_daemon *d);
 
 /*
  * tpd_peer_get() - the link to @host:@port: an existing one that is not failing, or a new one

@@ -196,7 +196,7 @@ void tpd_peerdial_done(struct tpd_peer *pr)
 	pr->addrs = pr->addr = NULL;
 }
 
-void tpd_peers_dns_free(struct tpd_daemon *d)
+void tpd_peer_dial_dns_free(struct tpd_daemon *d)
 {
 	if (!d->dns)
 		return;
