@@ -493,7 +493,7 @@ int tpb_cma_bounce(struct tpb_proc *src, uint64_t src_addr, struct tpb_proc *dst
  * Return: 0, -EFAULT/-ESRCH (CMA), -EIO or another -errno for CUDA, with the reason in @why.
  */
 int tpb_cuda_stage(const struct tpb_mem *m, uint64_t off, void *host, size_t len, bool to_mem,
-	      struct tpb_scratch *s, char *why, size_t why_len);
+		   struct tpb_scratch *s, char *why, size_t why_len);
 
 /* ---- CUDA memory of clients (backends/cuda/cudamap.c) ---- */
 

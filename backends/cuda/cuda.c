@@ -6,8 +6,8 @@
  * thread that claimed them, on that thread's own stream for the device, after the clients'
  * events, and are synchronized before the copy op returns: a completion sent afterwards means
  * the bytes are in place. cuda_basic is the cross-host path: the stripe threads stage chunks
- * through their (pinned) bounce buffers with tpb_cuda_stage(). cuda_gdr is viable with a CUDA driver
- * and an active RDMA port; its transfers run in the daemon (daemon/xfer/gdr.c).
+ * through their (pinned) bounce buffers with tpb_cuda_stage(). cuda_gdr is viable with a CUDA
+ * driver and an active RDMA port; its transfers run in the daemon (daemon/xfer/gdr.c).
  *
  * The daemon touches only the devices a transfer names: a device's primary context is retained
  * the first time a copy needs it, never at start-up.
@@ -566,7 +566,7 @@ void tpb_cuda_scratch_done(struct tpb_scratch *s)
 #endif
 
 int tpb_cuda_stage(const struct tpb_mem *m, uint64_t off, void *host, size_t len, bool to_mem,
-	      struct tpb_scratch *s, char *why, size_t why_len)
+		   struct tpb_scratch *s, char *why, size_t why_len)
 {
 	void *p = (void *)(uintptr_t)(m->addr + off);
 

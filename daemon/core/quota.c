@@ -23,7 +23,7 @@ bool tpd_quota_ratelog_ok(struct tpd_ratelog *rl, uint64_t interval_ms, unsigned
 }
 
 bool tpd_quota_ratelog_burst_ok(struct tpd_ratelog *rl, uint64_t window_ms, unsigned burst,
-			  unsigned *ret_suppressed)
+				unsigned *ret_suppressed)
 {
 	uint64_t now = tpu_now_ns();
 

@@ -41,7 +41,7 @@ bool tpd_quota_ratelog_ok(struct tpd_ratelog *rl, uint64_t interval_ms, unsigned
  * Return: true to log.
  */
 bool tpd_quota_ratelog_burst_ok(struct tpd_ratelog *rl, uint64_t window_ms, unsigned burst,
-			  unsigned *ret_suppressed);
+				unsigned *ret_suppressed);
 
 /* One local user's share. */
 struct tpd_uid_acct {

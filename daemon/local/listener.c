@@ -63,7 +63,7 @@ bool tpd_listener_name_uid(const char *name, uid_t *ret)
 }
 
 int tpd_listener_registry_add(struct tpd_registry *r, const char *name, void *owner, uid_t uid,
-		     Tpw__V1__Access access, gid_t gid, struct tpd_listener **ret)
+			      Tpw__V1__Access access, gid_t gid, struct tpd_listener **ret)
 {
 	struct tpd_listener *l;
 	uid_t reserved;

@@ -41,15 +41,15 @@ void tpd_listener_registry_init(struct tpd_registry *r);
 void tpd_listener_registry_done(struct tpd_registry *r);
 
 /*
- * tpd_listener_registry_add() - register @name for @owner, a session of @uid. A name "@UID:..." (UID in
- * decimal) is reserved to uid UID: any other uid, root included, is refused before the registry
- * is looked at, so the refusal says nothing about whether the name exists.
+ * tpd_listener_registry_add() - register @name for @owner, a session of @uid. A name "@UID:..."
+ * (UID in decimal) is reserved to uid UID: any other uid, root included, is refused before the
+ * registry is looked at, so the refusal says nothing about whether the name exists.
  * @ret: returns borrowed listener, valid until tpd_listener_registry_remove().
  * Return: 0, -EADDRINUSE if the name is taken, -EACCES for another uid's "@UID:" name, -EINVAL
  * for a bad name, -ENOMEM.
  */
 int tpd_listener_registry_add(struct tpd_registry *r, const char *name, void *owner, uid_t uid,
-		     Tpw__V1__Access access, gid_t gid, struct tpd_listener **ret);
+			      Tpw__V1__Access access, gid_t gid, struct tpd_listener **ret);
 
 /*
  * tpd_listener_name_uid() - is @name in a uid's own name space ("@UID:...")?

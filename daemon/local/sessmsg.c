@@ -177,7 +177,8 @@ static void handle_listen(struct tpd_session *s, const Tpw__V1__Listen *m)
 	int r = -ENOBUFS;
 
 	if (s->n_listeners < s->d->cfg.listeners_max)
-		r = tpd_listener_registry_add(&s->d->registry, m->name, s, s->uid, m->access, m->gid, &l);
+		r = tpd_listener_registry_add(&s->d->registry, m->name, s, s->uid, m->access,
+					      m->gid, &l);
 	if (r == 0 &&
 	    tpd_listener_set_remote(l, m->remote, m->remote_peers, m->n_remote_peers) < 0) {
 		tpd_listener_registry_remove(&s->d->registry, l);

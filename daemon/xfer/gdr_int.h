@@ -76,7 +76,7 @@ int tpd_gdrreg_applicable(const struct tpd_stripe_seg *segs, size_t n, char *why
  * rdma-cache budget). Return: 0, or -errno (reason in @why) with nothing held.
  */
 int tpd_gdrreg_make(struct tpd_gdr *g, const struct tpd_stripe_seg *segs, size_t n,
-		  struct gdr_regs *rg, char *why, size_t wl);
+		    struct gdr_regs *rg, char *why, size_t wl);
 /* Releases what tpd_gdrreg_make() took (if it ran): regions leave or stay in the cache. */
 void tpd_gdrreg_free(struct gdr_regs *rg);
 /* Drops every cached region (the daemon stops; no transfer may be running). */

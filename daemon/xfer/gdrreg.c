@@ -17,9 +17,10 @@
  * or, least recently used first, when shared-buffer regions hold more than rdma-cache bytes
  * (the budget is for pinned host memory: GPU memory registered stays until its allocation goes).
  * A registration that fails is retried once after dropping every unused region, GPU ones
- * included (the device, its BAR or RLIMIT_MEMLOCK may be full of them). Memory that is neither (data the daemon holds itself) is
- * registered for its transfer only. A cached region stays writable by the peer daemon it was
- * offered to until it goes; rdma-cache = 0 deregisters every region when its transfer ends.
+ * included (the device, its BAR or RLIMIT_MEMLOCK may be full of them). Memory that is neither
+ * (data the daemon holds itself) is registered for its transfer only. A cached region stays
+ * writable by the peer daemon it was offered to until it goes; rdma-cache = 0 deregisters every
+ * region when its transfer ends.
  */
 #include <errno.h>
 #include <stdatomic.h>
@@ -281,7 +282,7 @@ void tpd_gdrreg_free(struct gdr_regs *rg)
 }
 
 int tpd_gdrreg_make(struct tpd_gdr *g, const struct tpd_stripe_seg *segs, size_t n,
-		  struct gdr_regs *rg, char *why, size_t wl)
+		    struct gdr_regs *rg, char *why, size_t wl)
 {
 	int r;
 
@@ -332,7 +333,7 @@ void tpd_gdrreg_forget_cuda(struct tpd_daemon *d)
 
 void tpd_gdrreg_cache_stats(const struct tpd_daemon *d, struct tpd_gdrreg_cache_stats *ret)
 {
-	*ret = d->gdr ? d->gdr->cache : (struct tpd_gdrreg_cache_stats){ 0 };
+	*ret = d->gdr ? d->gdr->cache : (struct tpd_gdrreg_cache_stats){0};
 }
 
 #else /* !HAVE_RDMA */
@@ -347,7 +348,7 @@ void tpd_gdrreg_forget_cuda(struct tpd_daemon *d)
 
 void tpd_gdrreg_cache_stats(const struct tpd_daemon *d, struct tpd_gdrreg_cache_stats *ret)
 {
-	*ret = (struct tpd_gdrreg_cache_stats){ 0 };
+	*ret = (struct tpd_gdrreg_cache_stats){0};
 }
 
 #endif

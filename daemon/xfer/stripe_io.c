@@ -275,7 +275,7 @@ static int send_chunk(struct conn *c, struct claim *k, struct tpb_scratch *sc)
 		}
 		k->src_why[0] = '\0';
 		k->src_err = tpb_cuda_stage(&k->mem, k->off, p, k->len, false, sc, k->src_why,
-				       sizeof(k->src_why));
+					    sizeof(k->src_why));
 		if (k->src_err < 0)
 			return 0;
 	}

@@ -645,7 +645,8 @@ START_TEST(test_cuda_copy_without_driver_fails_cleanly)
 	x.dst = (struct tpb_mem){ .loc = TPB_LOC_CUDA, .cuda = m };
 	x.len = sizeof(buf);
 	ck_assert_int_lt(tpb_copy(tpb_index("cuda_ipc"), &x, &s), 0);
-	ck_assert_int_lt(tpb_cuda_stage(&x.dst, 0, buf, sizeof(buf), true, &s, why, sizeof(why)), 0);
+	ck_assert_int_lt(tpb_cuda_stage(&x.dst, 0, buf, sizeof(buf), true, &s, why, sizeof(why)),
+			 0);
 	tpb_cuda_scratch_done(&s);
 	tpb_cuda_map_unref(m);
 	tpb_cuda_map_count(&alive, &open);

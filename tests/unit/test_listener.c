@@ -26,7 +26,7 @@ START_TEST(test_registry_add_and_find)
 	struct tpd_listener *l = NULL;
 
 	ck_assert_int_eq(tpd_listener_registry_add(&reg, "trainer0", &owner_a, 1000,
-					  TPW__V1__ACCESS__ACCESS_OWNER, 0, &l),
+						   TPW__V1__ACCESS__ACCESS_OWNER, 0, &l),
 			 0);
 	ck_assert_ptr_eq(tpd_listener_registry_find(&reg, "trainer0"), l);
 	ck_assert_ptr_eq(tpd_listener_registry_find_id(&reg, l->id), l);
@@ -89,7 +89,7 @@ START_TEST(test_access_owner_only_by_default)
 	struct tpd_listener *l = NULL;
 
 	ck_assert_int_eq(tpd_listener_registry_add(&reg, "x", &owner_a, 1000,
-					  TPW__V1__ACCESS__ACCESS_UNSPECIFIED, 0, &l),
+						   TPW__V1__ACCESS__ACCESS_UNSPECIFIED, 0, &l),
 			 0);
 	ck_assert(tpd_listener_permits(l, 1000, 1000, NULL, 0));
 	ck_assert(tpd_listener_permits(l, 0, 0, NULL, 0)); /* root */
@@ -102,8 +102,8 @@ START_TEST(test_access_group_checks_primary_and_supplementary)
 	struct tpd_listener *l = NULL;
 	gid_t groups[] = { 5, 77, 9 };
 
-	ck_assert_int_eq(tpd_listener_registry_add(&reg, "x", &owner_a, 1000, TPW__V1__ACCESS__ACCESS_GROUP,
-					  77, &l),
+	ck_assert_int_eq(tpd_listener_registry_add(&reg, "x", &owner_a, 1000,
+						   TPW__V1__ACCESS__ACCESS_GROUP, 77, &l),
 			 0);
 	ck_assert(tpd_listener_permits(l, 2000, 77, NULL, 0));
 	ck_assert(tpd_listener_permits(l, 2000, 1, groups, 3));
@@ -116,8 +116,8 @@ START_TEST(test_access_anyone)
 {
 	struct tpd_listener *l = NULL;
 
-	ck_assert_int_eq(tpd_listener_registry_add(&reg, "x", &owner_a, 1000, TPW__V1__ACCESS__ACCESS_ANYONE,
-					  0, &l),
+	ck_assert_int_eq(tpd_listener_registry_add(&reg, "x", &owner_a, 1000,
+						   TPW__V1__ACCESS__ACCESS_ANYONE, 0, &l),
 			 0);
 	ck_assert(tpd_listener_permits(l, 4242, 4242, NULL, 0));
 }
@@ -139,8 +139,8 @@ START_TEST(test_remote_access_none_by_default_and_never_by_uid)
 {
 	struct tpd_listener *l = NULL;
 
-	ck_assert_int_eq(tpd_listener_registry_add(&reg, "x", &owner_a, 1000, TPW__V1__ACCESS__ACCESS_ANYONE,
-					  0, &l),
+	ck_assert_int_eq(tpd_listener_registry_add(&reg, "x", &owner_a, 1000,
+						   TPW__V1__ACCESS__ACCESS_ANYONE, 0, &l),
 			 0);
 	ck_assert_int_eq(l->remote, TPW__V1__REMOTE_ACCESS__REMOTE_NONE);
 	ck_assert(!permits_remote(l, "psk"));
@@ -190,11 +190,14 @@ START_TEST(test_uid_name_space_is_the_uids_own)
 	ck_assert(!tpd_listener_name_uid("@:x", &u));
 	ck_assert(!tpd_listener_name_uid("4242:x", &u));
 	ck_assert(!tpd_listener_name_uid("@42a:x", &u));
-	ck_assert_int_eq(tpd_listener_registry_add(&reg, "@4242:x", &owner_a, 4243, 0, 0, &l), -EACCES);
-	ck_assert_int_eq(tpd_listener_registry_add(&reg, "@4242:x", &owner_a, 0, 0, 0, &l), -EACCES);
+	ck_assert_int_eq(tpd_listener_registry_add(&reg, "@4242:x", &owner_a, 4243, 0, 0, &l),
+			 -EACCES);
+	ck_assert_int_eq(tpd_listener_registry_add(&reg, "@4242:x", &owner_a, 0, 0, 0, &l),
+			 -EACCES);
 	ck_assert_int_eq(tpd_listener_registry_add(&reg, "@4242:x", &owner_a, 4242, 0, 0, &l), 0);
 	/* Taken or not, another uid hears the same. */
-	ck_assert_int_eq(tpd_listener_registry_add(&reg, "@4242:x", &owner_b, 4243, 0, 0, &l), -EACCES);
+	ck_assert_int_eq(tpd_listener_registry_add(&reg, "@4242:x", &owner_b, 4243, 0, 0, &l),
+			 -EACCES);
 	ck_assert_int_eq(tpd_listener_registry_add(&reg, "@0:y", &owner_a, 0, 0, 0, &l), 0);
 }
 END_TEST

@@ -37,7 +37,8 @@ START_TEST(test_ratelog_burst_at_and_above_its_bound)
 	unsigned held = 99;
 
 	for (int i = 0; i < 20; i++) {
-		ck_assert_msg(tpd_quota_ratelog_burst_ok(&rl, 50, 20, &held), "line %d of 20 refused", i);
+		ck_assert_msg(tpd_quota_ratelog_burst_ok(&rl, 50, 20, &held),
+			      "line %d of 20 refused", i);
 		ck_assert_uint_eq(held, 0);
 	}
 	ck_assert(!tpd_quota_ratelog_burst_ok(&rl, 50, 20, &held)); /* the 21st */
