@@ -104,17 +104,19 @@ struct tpd_pipe {
 /*
  * tpd_pipe_credit() - a Write of local end @e carrying @bytes inline bytes no longer occupies the
  * daemon's queue (consumed, refused or failed): return its room to @e's client with FlowCredit at
- * the end of this loop pass, if the client speaks minor >= TPW_MINOR_FLOW.
+ * the end of this loop pass, if the client speaks minor >= TPW_MINOR_FLOW. Borrows @e (its
+ * pipe links it into the daemon's flow list until the pass ends).
  */
 void tpd_pipe_credit(struct tpd_pipe_end *e, uint64_t bytes);
 
 /* tpd_pipes_flow_flush() - send the FlowCredit the pass collected and FlowResume to the ends
- * waiting for the daemon-wide budget that now fit (end of each loop pass). */
+ * waiting for the daemon-wide budget that now fit (end of each loop pass). Borrows @d. */
 void tpd_pipes_flow_flush(struct tpd_daemon *d);
 
 /*
  * tpd_budget_resumed() - the client of local end @e answered FlowResume (borrows @fr):
  * its Writes that follow are taken again. Ignored unless the daemon sent FlowResume to @e.
+ * Borrows @e.
  */
 void tpd_budget_resumed(struct tpd_pipe_end *e, const Tpw__V1__FlowResume *fr);
 
@@ -122,6 +124,8 @@ void tpd_budget_resumed(struct tpd_pipe_end *e, const Tpw__V1__FlowResume *fr);
  * tpd_pipe_connect() - handle Connect from @s: find the listener, check access, create the pipe,
  * answer the connector (Reply) and the listener's session (Accepted). Failures are answered with
  * Reply and PipeClosed.
+ * Ownership: borrows @d and @c (what outlives the call is copied: names, ids); the new pipe's end
+ * keeps @s until it detaches (tpd_pipe_end_detach(), which the session calls as it ends).
  */
 void tpd_pipe_connect(struct tpd_daemon *d, struct tpd_session *s, const Tpw__V1__Connect *c);
 
@@ -133,7 +137,8 @@ void tpd_pipe_connect(struct tpd_daemon *d, struct tpd_session *s, const Tpw__V1
 void tpd_pipe_write(struct tpd_pipe_end *e, Tpw__V1__ClientMsg *m, const uint8_t *tail,
 		    uint32_t tail_len);
 
-/* Handle Read (allocation, eager ack or discard) on end @e for a message of the other end. */
+/* Handle Read (allocation, eager ack or discard) on end @e for a message of the other end.
+ * Borrows @e and @rd (a copy job or transfer built from @rd copies what it needs). */
 void tpd_pipe_read(struct tpd_pipe_end *e, const Tpw__V1__Read *rd);
 
 /*
@@ -146,7 +151,7 @@ void tpd_cancel_handle(struct tpd_pipe_end *e, const Tpw__V1__Cancel *c);
 /*
  * tpd_pipe_end_detach() - end @e leaves (PipeClose, session end). The other end learns @why
  * (STATUS_CLOSED, STATUS_PEER_DIED, STATUS_SHUTDOWN). The caller removes @e from its session's
- * table. May free the pipe.
+ * table. May free the pipe, and with it @e: the caller must not touch @e afterwards.
  */
 void tpd_pipe_end_detach(struct tpd_pipe_end *e, Tpw__V1__Status why);
 
@@ -163,10 +168,11 @@ void tpd_pipe_end_close(struct tpd_pipe_end *e);
  * to wait (wait_ms > 0): keep the pipe connecting (writes are held, the pipe counts against
  * pipes-max) until a listener of that name registers (then the access checks run) or wait_ms
  * passes (-ETIMEDOUT). Ending the session or closing the pipe cancels it.
+ * Ownership: borrows @d and @c; the waiting pipe's end keeps @s, as tpd_pipe_connect() does.
  */
 void tpd_xpipe_wait_local(struct tpd_daemon *d, struct tpd_session *s, const Tpw__V1__Connect *c);
 
-/* Listener @name was just registered: connect the pipes waiting for it. */
+/* Listener @name was just registered: connect the pipes waiting for it. Borrows @d and @name. */
 void tpd_xpipe_listener_added(struct tpd_daemon *d, const char *name);
 
 /* ---- cross-host pipes (xpipe.c and xh.c, called by peer.c) ---- */
@@ -178,39 +184,49 @@ void tpd_xpipe_listener_added(struct tpd_daemon *d, const char *name);
  */
 void tpd_xpipe_start(void);
 
-/* The peer link @pr goes away: forget the connects of its far daemon waiting for a listener. */
+/* The peer link @pr goes away: forget the connects of its far daemon waiting for a listener.
+ * Borrows @d and @pr. */
 void tpd_xpipe_peer_waits_drop(struct tpd_daemon *d, struct tpd_peer *pr);
-/* The far daemon of @pr gave up on its connect @pipe_id waiting for a listener: forget it. */
+/* The far daemon of @pr gave up on its connect @pipe_id waiting for a listener: forget it.
+ * Borrows @d and @pr. */
 void tpd_xpipe_peer_wait_cancel(struct tpd_daemon *d, struct tpd_peer *pr, uint64_t pipe_id);
 
-/* The link of connecting pipe @p is up: ask the peer for the listener. */
+/* The link of connecting pipe @p is up: ask the peer for the listener. Borrows @p. */
 void tpd_xpipe_link_up(struct tpd_pipe *p);
 /* The link of @p failed with @err: fail the connect, or the remote end (STATUS_PEER_DIED).
- * -ELOOP means the address was this daemon's own: the pipe connects locally instead. */
+ * -ELOOP means the address was this daemon's own: the pipe connects locally instead.
+ * Borrows @p and @why (copied into p->why). */
 void tpd_xpipe_link_failed(struct tpd_pipe *p, int err, const char *why);
 /* The peer asks for a local listener: accept, refuse, or (with wait_ms, a name that no listener
- * admitting the link has registered) keep the connect waiting until one does or wait_ms passes. */
+ * admitting the link has registered) keep the connect waiting until one does or wait_ms passes.
+ * Borrows @d and @c (a waiting connect keeps its own copy). Keeps @pr: as the new pipe's link
+ * until tpd_xpipe_link_failed(), or in the waiting connect until tpd_xpipe_peer_waits_drop(). */
 void tpd_xpipe_peer_connect(struct tpd_daemon *d, struct tpd_peer *pr,
 			    const Tpw__V1__PeerConnect *c);
-/* The peer answered our PeerConnect; @p is NULL if the pipe already ended here. */
+/* The peer answered our PeerConnect; @p is NULL if the pipe already ended here. Borrows @pr, @p
+ * and @r. */
 void tpd_xpipe_peer_connect_reply(struct tpd_peer *pr, struct tpd_pipe *p,
 				  const Tpw__V1__PeerConnectReply *r);
-/* A message the remote end wrote. @tail: borrowed eager bytes. */
+/* A message the remote end wrote. Borrows @p, @dd and @tail (the eager bytes, sent on to the
+ * reader's session within the call). */
 void tpd_xpipe_peer_descriptor(struct tpd_pipe *p, const Tpw__V1__Descriptor *dd,
 			       const uint8_t *tail, uint32_t tail_len);
-/* The remote reader has its allocation for one of our messages: send it. */
+/* The remote reader has its allocation for one of our messages: send it. Borrows @p and @rr
+ * (the send copies what it needs). */
 void tpd_xpipe_peer_read_req(struct tpd_pipe *p, const Tpw__V1__PeerReadReq *rr);
-/* The sender of receive @arg (from tpd_peer_xfer_add()) stopped sending. */
+/* The sender of receive @arg (from tpd_peer_xfer_add()) stopped sending. Borrows @pr, @arg and
+ * @xe. */
 void tpd_xh_peer_xfer_end(struct tpd_peer *pr, void *arg, const Tpw__V1__PeerXferEnd *xe);
-/* The remote reader is done with one of our messages. */
+/* The remote reader is done with one of our messages. Borrows @p and @c. */
 void tpd_xpipe_peer_consumed(struct tpd_pipe *p, const Tpw__V1__PeerConsumed *c);
-/* The remote end went away. */
+/* The remote end went away. Borrows @p and @why (copied into p->why). */
 void tpd_xpipe_peer_close(struct tpd_pipe *p, Tpw__V1__Status st, const char *why);
 
-/* The other end of @e. */
+/* The other end of @e. Return: borrowed pointer, valid as long as @e (same pipe). */
 struct tpd_pipe_end *tpd_pipe_end_peer(struct tpd_pipe_end *e);
 
-/* Channel names used so far, comma separated, into @buf. */
+/* Channel names used so far, comma separated, into @buf (@len bytes, NUL-terminated; @len > 0).
+ * Borrows @p. */
 void tpd_pipe_channels(const struct tpd_pipe *p, char *buf, size_t len);
 
 #endif

@@ -71,7 +71,8 @@ static inline uint64_t tpd_msg_cost(uint32_t tail_len, size_t n_src)
 
 /* ---- pipe.c ---- */
 
-/* Logs through @s's session logger with a TPIPD_PIPE field, or plainly without a session. */
+/* Logs through @s's session logger with a TPIPD_PIPE field, or plainly without a session.
+ * Borrows @p, @s (may be NULL) and @fmt. */
 void tpd_pipe_log(const struct tpd_pipe *p, const struct tpd_session *s, int level, const char *fmt,
 		  ...) _printf_(4, 5);
 /* Says why an end went away (@s: its gone status). Return: a static string. */
@@ -79,21 +80,24 @@ const char *tpd_pipe_gone_text(Tpw__V1__Status s);
 /* Why the other end went away, for the survivor: the peer link's reason if there is one.
  * Return: borrowed string, valid while @p lives. */
 const char *tpd_pipe_why(const struct tpd_pipe *p, Tpw__V1__Status s);
-/* Dying: a local end whose session died or left, a remote end that went away. */
+/* Dying: a local end whose session died or left, a remote end that went away. Borrows @e. */
 bool tpd_pipe_end_dying(const struct tpd_pipe_end *e);
-/* Attached: a local end with its session, or a remote end that has not gone away. */
+/* Attached: a local end with its session, or a remote end that has not gone away. Borrows @e. */
 bool tpd_pipe_end_attached(const struct tpd_pipe_end *e);
-/* Why an end that is dying or gone went away. */
+/* Why an end that is dying or gone went away. Borrows @e. */
 Tpw__V1__Status tpd_pipe_end_gone_status(const struct tpd_pipe_end *e);
-/* Sets up end @e of @p for session @s (NULL for a remote end) under @local_id. */
+/* Sets up end @e of @p for session @s (NULL for a remote end) under @local_id. @e (embedded in
+ * @p) keeps @p, and @s until the end detaches. */
 void tpd_pipe_end_init(struct tpd_pipe_end *e, struct tpd_pipe *p, struct tpd_session *s,
 		       uint64_t local_id);
 /* A new pipe of @d to listener @name; the caller sets up its ends and links it into d->pipes.
+ * Keeps @d (it outlives every pipe); borrows @name (copied).
  * Return: owned pipe (freed by tpd_pipe_maybe_free() once linked), or NULL without memory. */
 struct tpd_pipe *tpd_pipe_new(struct tpd_daemon *d, const char *name);
-/* Frees @p if both ends are detached and nothing is in flight. */
+/* Frees @p if both ends are detached and nothing is in flight: the caller must not touch @p
+ * afterwards unless it knows one of those still holds. */
 void tpd_pipe_maybe_free(struct tpd_pipe *p);
-/* Remembers that @channel served a (source device, destination device) pair on @p. */
+/* Remembers that @channel served a (source device, destination device) pair on @p. Borrows @p. */
 void tpd_pipe_pair_record(struct tpd_pipe *p, enum tpb_loc src, enum tpb_loc dst, int channel);
 
 #define TPD_PIPE_CHANNEL_NOTES 16
@@ -101,14 +105,17 @@ void tpd_pipe_pair_record(struct tpd_pipe *p, enum tpb_loc src, enum tpb_loc dst
 /*
  * tpd_pipe_channel_note() - remember, and log at debug, why @channel serves @what ("cpu>cpu",
  * "eager", "cross-host send") on @p, the first time that channel serves @what: for tpipctl pipes
- * -v. Borrows @what and @why. Out of memory or past TPD_PIPE_CHANNEL_NOTES: only logged.
+ * -v. Borrows @p, @what and @why (copied). Out of memory or past TPD_PIPE_CHANNEL_NOTES: only
+ * logged.
  */
 void tpd_pipe_channel_note(struct tpd_pipe *p, const char *what, int channel, const char *why);
-/* Answers a refused Connect @c from @s: Reply with @err and @why, then PipeClosed. */
+/* Answers a refused Connect @c from @s: Reply with @err and @why, then PipeClosed. Borrows @s,
+ * @c and @why. */
 void tpd_pipe_connect_fail(struct tpd_session *s, const Tpw__V1__Connect *c, int err,
 			   const char *why);
-/* Checks that a local connect can go ahead. Return: 0 with the listener in @ret, or -errno
- * with the reason in @why. */
+/* Checks that a local connect can go ahead. Borrows @d, @s and @c.
+ * @ret: returns borrowed listener, valid until it is removed from the registry.
+ * Return: 0 with the listener in @ret, or -errno with the reason in @why. */
 int tpd_pipe_connect_check(struct tpd_daemon *d, struct tpd_session *s, const Tpw__V1__Connect *c,
 			   struct tpd_listener **ret, char *why, size_t wl);
 /*
@@ -118,40 +125,48 @@ int tpd_pipe_connect_check(struct tpd_daemon *d, struct tpd_session *s, const Tp
  */
 void tpd_pipe_reply_connected(struct tpd_session *s, uint64_t req_id, uint64_t pipe_id,
 			      const char *name, uint32_t owner_uid, bool owner_remote);
-/* Tells listener @l's session @ls that end @e was accepted for connector @cs. */
+/* Tells listener @l's session @ls that end @e was accepted for connector @cs. Borrows all four. */
 void tpd_pipe_send_accepted(struct tpd_session *ls, struct tpd_listener *l, struct tpd_pipe_end *e,
 			    struct tpd_session *cs);
-/* Completes write @write_id of @e with @err, behind the writes of @e still pending. */
+/* Completes write @write_id of @e with @err, behind the writes of @e still pending. Borrows @e
+ * and @why (copied when the WriteDone must wait). */
 void tpd_pipe_write_reject(struct tpd_pipe_end *e, uint64_t write_id, int err, const char *why);
 /* The reader is done with @m (successfully or not): complete the write, drop it from rq. May
- * free @m. */
+ * free @m: the caller must not touch it afterwards. Borrows @why (copied). */
 void tpd_pipe_msg_consumed(struct tpd_msg *m, Tpw__V1__Status st, const char *why);
-/* Sends ReadDone for @msg_id to reader end @r, if it is still attached. */
+/* Sends ReadDone for @msg_id to reader end @r, if it is still attached. Borrows @r and @why. */
 void tpd_pipe_send_read_done(struct tpd_pipe_end *r, uint64_t msg_id, Tpw__V1__Status st,
 			     const char *why);
-/* Starts the copies (or cross-host transfers) of @w's messages the reader asked for. */
+/* Starts the copies (or cross-host transfers) of @w's messages the reader asked for. Borrows @w;
+ * each started copy keeps its message until it completes. */
 void tpd_pipe_start_next_copy(struct tpd_pipe_end *w);
-/* Sends the PipeClosed owed to @e's session once no copy touches @e's memory. */
+/* Sends the PipeClosed owed to @e's session once no copy touches @e's memory. Borrows @e. */
 void tpd_pipe_end_owed_maybe(struct tpd_pipe_end *e);
-/* The oldest message of writer end @w the reader has not asked for, or NULL. Return: borrowed. */
+/* The oldest message of writer end @w the reader has not asked for, or NULL.
+ * Return: borrowed pointer, valid until the message is consumed or @w's pipe is freed. */
 struct tpd_msg *tpd_pipe_next_unread(struct tpd_pipe_end *w);
 
 /* Completes the write of @m with @st (@why: NULL when OK) and sends the WriteDone of every
- * completed write at the head of its writer's queue. May free @m. */
+ * completed write at the head of its writer's queue. May free @m: the caller must not touch it
+ * afterwards. Borrows @why (copied). */
 void tpd_pipe_write_complete(struct tpd_msg *m, Tpw__V1__Status st, const char *why);
 
 /* ---- msg.c ---- */
 
-/* Frees @m with its sources' references, its copy job and its cross-host transfer. */
+/* Frees @m with its sources' references, its copy job and its cross-host transfer. Takes @m. */
 void tpd_msg_free(struct tpd_msg *m);
-/* Drops @m's sources and their references: nothing of the writer's memory is used any more. */
+/* Drops @m's sources and their references: nothing of the writer's memory is used any more.
+ * Borrows @m. */
 void tpd_msg_release_src(struct tpd_msg *m);
-/* Resolves every source of write @w from session @s into @m (@tail: borrowed data tail).
- * Return: 0, or -errno with the reason in @why. */
+/* Resolves every source of write @w from session @s into @m. Borrows @s and @w; @m takes its
+ * own references (shared buffers, the client process). @tail: the frame's data tail, borrowed:
+ * inline sources point into it, so the caller copies it before the frame goes and re-points them
+ * (tpd_pipe_write() does). Return: 0, or -errno with the reason in @why. */
 int tpd_msg_resolve(struct tpd_msg *m, struct tpd_session *s, const Tpw__V1__Write *w,
 		    const uint8_t *tail, char *why, size_t wl);
 /* Sends the descriptor of @m (written as @w) to reader end @r, with its bytes if eager: to its
- * session, or through the peer link. Return: 0 or -errno. */
+ * session, or through the peer link. Borrows @r, @m and @w (sent or copied within the call).
+ * Return: 0 or -errno. */
 int tpd_msg_send_descriptor(struct tpd_pipe_end *r, struct tpd_msg *m, const Tpw__V1__Write *w);
 /* Segment @i of allocation @rd (payloads then tensors). Return: borrowed from @rd. */
 const Tpw__V1__Segment *tpd_msg_read_segment(const Tpw__V1__Read *rd, size_t i);
@@ -162,72 +177,83 @@ struct tpd_msg_dst {
 };
 
 /* Resolves the reader's destination @seg for source @src into @d; buffer and CUDA references
- * go into @job. Return: 0, or -errno with the reason in @why. */
+ * go into @job, which keeps them until it is freed. Borrows @s, @seg, @src and @job.
+ * Return: 0, or -errno with the reason in @why. */
 int tpd_msg_resolve_dst(struct tpd_session *s, const Tpw__V1__Segment *seg,
 			const struct tpd_msg_src *src, struct tpd_copy_job *job,
 			struct tpd_msg_dst *d, char *why, size_t wl);
 /* Builds the local copy job of @m into allocation @rd of reader session @s, completing
- * through @done with @m as its argument. Return: 0 and an owned job in @ret (free with
+ * through @done with @m as its argument (the job keeps @m until @done runs; borrows @s and @rd).
+ * Return: 0 and an owned job in @ret (free with
  * tpd_copier_job_free()), or -errno with the reason in @why. */
 int tpd_msg_build_job(struct tpd_msg *m, struct tpd_session *s, const Tpw__V1__Read *rd,
 		      tpd_copy_done_fn done, struct tpd_copy_job **ret, char *why, size_t wl);
 
 /* ---- xh.c ---- */
 
-/* Frees @xh (NULL is fine); only for one that is not running. */
+/* Frees @xh (NULL is fine); only for one that is not running. Takes @xh. */
 void tpd_xh_free(struct tpd_xh *xh);
-/* Stops running transfer @xh; it completes, failed, once no thread touches the memory. */
+/* Stops running transfer @xh; it completes, failed, once no thread touches the memory. Borrows
+ * @xh (its message owns it). */
 void tpd_xh_cancel(struct tpd_xh *xh);
-/* Starts @m's send or receive. Return: 0, or -errno when it failed at once and has completed. */
+/* Starts @m's send or receive (m->xh). Keeps @m until the transfer completes.
+ * Return: 0, or -errno when it failed at once and has completed. */
 int tpd_xh_start(struct tpd_msg *m);
 /* The reader's allocation @rd for message @m of a remote writer: a receive, kept in m->xh and
- * started in turn. Return: 0, or -errno with the reason in @why. */
+ * started in turn (@m owns it). Borrows @s and @rd.
+ * Return: 0, or -errno with the reason in @why. */
 int tpd_xh_build_recv(struct tpd_msg *m, struct tpd_session *s, const Tpw__V1__Read *rd, char *why,
 		      size_t wl);
-/* The remote reader asked for message @m (@rr): a send, kept in m->xh and started in turn.
- * Return: 0 or -ENOMEM. */
+/* The remote reader asked for message @m (@rr): a send, kept in m->xh and started in turn (@m
+ * owns it). Borrows @rr (its RDMA offer is copied). Return: 0 or -ENOMEM. */
 int tpd_xh_build_send(struct tpd_msg *m, const Tpw__V1__PeerReadReq *rr);
 /* The remote reader finished with @m (status @st) while its send still runs: stop the send;
- * the write completes with @st once it stopped. */
+ * the write completes with @st once it stopped. Borrows @xh and @why (copied). */
 void tpd_xh_stop_early(struct tpd_xh *xh, Tpw__V1__Status st, const char *why);
 /* Drops @m's send or receive that has not started (NULL or started: nothing): a send tells
- * the reader's daemon it ended with @st and @why. */
+ * the reader's daemon it ended with @st and @why. Borrows @m and @why. */
 void tpd_xh_abandon(struct tpd_msg *m, Tpw__V1__Status st, const char *why);
-/* Tells the reader's daemon that transfer @xfer_id ended with @st (@why: NULL when OK). */
+/* Tells the reader's daemon that transfer @xfer_id ended with @st (@why: NULL when OK). Borrows
+ * @p and @why. */
 void tpd_xh_tell_end(struct tpd_pipe *p, uint64_t xfer_id, Tpw__V1__Status st, const char *why,
 		     uint64_t bytes, bool rdma);
 
 /* ---- xpipe.c ---- */
 
-/* Sends @pm (with @n data iovecs) on @p's peer link, if it has one. */
+/* Sends @pm (with @n data iovecs) on @p's peer link, if it has one. Borrows @p, @pm and @iov
+ * (tpd_peer_send() copies them). */
 void tpd_xpipe_tell(struct tpd_pipe *p, Tpw__V1__PeerMsg *pm, const struct iovec *iov, int n);
-/* Tells the writer's daemon that @m (written there) is consumed with @st. */
+/* Tells the writer's daemon that @m (written there) is consumed with @st. Borrows @m and @why. */
 void tpd_xpipe_consumed(struct tpd_msg *m, Tpw__V1__Status st, const char *why);
-/* Connect @c from @s to a tpip:// address: dial or reuse the peer link. */
+/* Connect @c from @s to a tpip:// address: dial or reuse the peer link. Borrows @d and @c; the
+ * new pipe's end keeps @s, as tpd_pipe_connect() does. */
 void tpd_xpipe_connect(struct tpd_daemon *d, struct tpd_session *s, const Tpw__V1__Connect *c);
 /* A write on a pipe still connecting: keeps it, within the queue limits, for later.
  * Takes @cm; borrows @tail. */
 void tpd_xpipe_hold(struct tpd_pipe_end *e, Tpw__V1__ClientMsg *cm, const uint8_t *tail,
 		    uint32_t tail_len);
-/* Drops the write @write_id held while @p connects. Return: true if it was held. */
+/* Drops the write @write_id held while @p connects. Borrows @p. Return: true if it was held. */
 bool tpd_xpipe_held_cancel(struct tpd_pipe *p, uint64_t write_id);
-/* The local end of cross-host pipe @p left with @why: tell the peer, stop connecting. */
+/* The local end of cross-host pipe @p left with @why: tell the peer, stop connecting. Borrows
+ * @p. */
 void tpd_xpipe_local_left(struct tpd_pipe *p, Tpw__V1__Status why);
-/* Frees the cross-host state of @p, which is being freed. */
+/* Frees the cross-host state of @p, which is being freed (not @p itself). */
 void tpd_xpipe_done(struct tpd_pipe *p);
 
 /* ---- cancel.c ---- */
 
 /* Reader end @r asks for canceled message @m (not discarding it): ReadDone{CANCELED} and the
- * message is consumed. */
+ * message is consumed (which may free @m). Borrows @r. */
 void tpd_cancel_read_canceled(struct tpd_pipe_end *r, struct tpd_msg *m);
 /* The remote reader asks (transfer @xfer_id) for canceled message @m of writer end @w: tell
- * its daemon the transfer ended CANCELED, and the message is consumed. */
+ * its daemon the transfer ended CANCELED, and the message is consumed (which may free @m).
+ * Borrows @w. */
 void tpd_cancel_peer_read_canceled(struct tpd_pipe_end *w, struct tpd_msg *m, uint64_t xfer_id);
 
 /* ---- the daemon-wide budget (budget.c) ---- */
 
-/* Adds @cost to the bytes held for unread messages (and the peak tpipctl status shows). */
+/* Adds @cost to the bytes held for unread messages (and the peak tpipctl status shows). Borrows
+ * @d. */
 void tpd_budget_charge(struct tpd_daemon *d, uint64_t cost);
 
 /*
@@ -235,20 +261,23 @@ void tpd_budget_charge(struct tpd_daemon *d, uint64_t cost);
  * pipe-queue-bytes-max? Takes back the room set aside for @e, if any.
  * Return: 0; -EAGAIN: refuse it with tpd_budget_refuse() (@e waits, or waited and its
  * client has not resumed yet); -ENOBUFS with the reason in @why (an older client, or a message
- * over the whole budget).
+ * over the whole budget). Borrows @e; @e waiting stays linked in the budget's wait queue until
+ * it resumes or leaves (tpd_budget_leave()).
  */
 int tpd_budget_check(struct tpd_pipe_end *e, uint64_t cost, char *why, size_t wl);
 
-/* Gives back the room set aside for @e after its wait (if any). */
+/* Gives back the room set aside for @e after its wait (if any). Borrows @e. */
 void tpd_budget_unreserve(struct tpd_pipe_end *e);
 
-/* Refuses write @write_id of @e with WriteDone{resend} at once, and returns its room. */
+/* Refuses write @write_id of @e with WriteDone{resend} at once, and returns its room. Borrows
+ * @e. */
 void tpd_budget_refuse(struct tpd_pipe_end *e, uint64_t write_id, uint32_t tail_len);
 
-/* @e leaves the budget's wait queue and gives back the room set aside for it (detach, free). */
+/* @e leaves the budget's wait queue and gives back the room set aside for it (detach, free).
+ * Borrows @e; the budget holds no pointer to it afterwards. */
 void tpd_budget_leave(struct tpd_pipe_end *e);
 
-/* Sends FlowResume to the waiting ends that fit now, first come first served. */
+/* Sends FlowResume to the waiting ends that fit now, first come first served. Borrows @d. */
 void tpd_budget_wake(struct tpd_daemon *d);
 
 /*
@@ -256,10 +285,12 @@ void tpd_budget_wake(struct tpd_daemon *d);
  * local writer end @e in the far daemon's per-pipe queue (its limits, learnt at set-up)?
  * Return: 0; -EAGAIN: @e waits (refuse with tpd_budget_refuse(); FlowResume follows as the
  * far reader consumes); -ENOBUFS with @why for an older client or a message over the far limit.
+ * Borrows @e.
  */
 int tpd_budget_far_check(struct tpd_pipe_end *e, uint32_t tail_len, char *why, size_t wl);
 
-/* A message of @e left its queue: resume @e if it waits for the far queue and now fits. */
+/* A message of @e left its queue: resume @e if it waits for the far queue and now fits. Borrows
+ * @e. */
 void tpd_budget_far_wake(struct tpd_pipe_end *e);
 
 #endif
