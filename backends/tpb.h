@@ -86,7 +86,7 @@ struct tpb_scratch {
 	char why[160]; /* set by a copy that fails with more to say than its errno */
 };
 
-/* Releases what copies made in @s (CUDA streams, pinned memory); not @s->bounce. */
+/* Releases what copies made in @s (CUDA streams, pinned memory); not @s->bounce. Borrows @s. */
 void tpb_cuda_scratch_done(struct tpb_scratch *s);
 
 struct tpb_config {
@@ -157,7 +157,8 @@ struct tpb_engine {
 	void *arg;
 };
 
-/* Runs on the thread calling tpb_progress(), exactly once per started op. */
+/* Runs on the thread calling tpb_progress(), exactly once per started op; from then on @op is
+ * its owner's again (the channel holds no pointer to it). */
 typedef void (*tpb_op_done_fn)(struct tpb_op *op);
 
 /* One transfer. The caller owns it and keeps it alive until @done has run. */
@@ -184,9 +185,10 @@ struct tpb_op {
 struct tpb_channel_ops {
 	const char *name;
 	uint32_t caps;
-	/* 1 viable here, 0 not (reason in @why). */
+	/* 1 viable here, 0 not (reason in @why). Borrows @cfg for the call. */
 	int (*probe)(const struct tpb_config *cfg, char *why, size_t why_len);
-	/* Synchronous copy, run on a copy thread. Return: 0 or -errno (-EFAULT, -ESRCH, ...). */
+	/* Synchronous copy, run on a copy thread. Borrows @x and @s for the call.
+ * Return: 0 or -errno (-EFAULT, -ESRCH, ...). */
 	int (*copy)(const struct tpb_xfer *x, struct tpb_scratch *s);
 
 	/* The asynchronous table: see above, and the tpb_*() wrappers for each op's contract. */
@@ -216,7 +218,8 @@ int tpb_ctx_new(int idx, const struct tpb_config *cfg, const struct tpb_engine *
 
 /*
  * tpb_ctx_free() - free @ctx. Every endpoint must be closed; completions still owed run first,
- * from inside this call (waiting for the engine to finish the kernels it runs). Accepts NULL.
+ * from inside this call (waiting for the engine to finish the kernels it runs). Takes @ctx.
+ * Accepts NULL.
  */
 void tpb_ctx_free(struct tpb_ctx *ctx);
 
@@ -230,16 +233,18 @@ int tpb_ep_open(struct tpb_ctx *ctx, const struct tpb_peer *peer, struct tpb_ep 
 
 /*
  * tpb_ep_close() - close @ep: its started ops are canceled (each still completes, with
- * -ECANCELED, from a later tpb_progress()); @ep itself goes once the last has. Accepts NULL.
+ * -ECANCELED, from a later tpb_progress()); @ep itself goes once the last has. Takes @ep (the
+ * caller must not use it again). Accepts NULL.
  */
 void tpb_ep_close(struct tpb_ep *ep);
 
 /*
  * tpb_prepare() - the receiving side of a transfer between hosts: register @op's destination
  * and write the offer the other side's tpb_start() needs into @offer (@offer_len: its size in,
- * the offer's length out). Ownership: borrows @op's memory until its transfer ends or
- * tpb_forget(). Return: 0, -EOPNOTSUPP (no such op: this channel needs no offer), -ENOBUFS
- * (@offer too small), or the channel's -errno.
+ * the offer's length out). Ownership: borrows @ep, @op, @offer and @offer_len for the call;
+ * keeps @op's memory registered until its transfer ends or tpb_forget().
+ * Return: 0, -EOPNOTSUPP (no such op: this channel needs no offer), -ENOBUFS (@offer too small),
+ * or the channel's -errno.
  */
 int tpb_prepare(struct tpb_ep *ep, struct tpb_op *op, void *offer, size_t *offer_len);
 
@@ -254,34 +259,38 @@ int tpb_start(struct tpb_ep *ep, struct tpb_op *op);
 
 /*
  * tpb_cancel() - ask @op, started on @ep, to stop. Its @done runs with -ECANCELED once the
- * channel touches its memory no more (a kernel already running finishes first).
+ * channel touches its memory no more (a kernel already running finishes first). Borrows @ep
+ * and @op (which stays kept by tpb_start() until its @done).
  * Return: 0, -EOPNOTSUPP (no such op), -ENOENT (@op is not pending on @ep: completed already).
  */
 int tpb_cancel(struct tpb_ep *ep, struct tpb_op *op);
 
 /*
  * tpb_forget() - drop whatever @ctx caches about [@m, @m + @len) (registrations), now or
- * when the transfers using it end; call before that memory goes away. Borrows @m.
+ * when the transfers using it end; call before that memory goes away. Borrows @ctx and @m.
  * Return: 0, or -EOPNOTSUPP (no such op: this channel caches nothing).
  */
 int tpb_forget(struct tpb_ctx *ctx, const struct tpb_mem *m, uint64_t len);
 
 /*
  * tpb_event_fd() - the fd that is readable while completions of @ctx wait for tpb_progress().
+ * Borrows @ctx.
  * Return: the fd (borrowed, valid until tpb_ctx_free(); never close it), or -EOPNOTSUPP.
  */
 int tpb_event_fd(struct tpb_ctx *ctx);
 
 /*
  * tpb_progress() - run the completions of @ctx that are ready (their @done callbacks, on the
- * calling thread); never blocks. Return: how many ran, or -EOPNOTSUPP.
+ * calling thread); never blocks. Borrows @ctx; each @done gets its op back.
+ * Return: how many ran, or -EOPNOTSUPP.
  */
 int tpb_progress(struct tpb_ctx *ctx);
 
 /*
  * tpb_sync_engine_done() - an engine finished @op's kernel with @status (0 or -errno; @why: more
- * about a failure, or NULL). Any thread; exactly once per tpb_engine.submit(). The context
- * delivers the completion from its next tpb_progress().
+ * about a failure, or NULL: copied). Any thread; exactly once per tpb_engine.submit(). Gives
+ * @op back to its context: the engine must not touch @op after this call. The context delivers
+ * the completion from its next tpb_progress().
  */
 void tpb_sync_engine_done(struct tpb_op *op, int status, uint64_t bytes, const char *why);
 
@@ -316,8 +325,8 @@ extern const struct tpb_channel_ops tpb_mpt_ops;
 extern const struct tpb_channel_ops tpb_rdma_ops;
 
 /* 1 if an RDMA port is usable (rdma-core built in, a device with an active port), else 0 with
- * the reason in @why. Probes once per tpb_registry_init() (rdma and cuda_gdr share the answer);
- * later calls return it. */
+ * the reason in @why (borrowed, @why_len bytes). Probes once per tpb_registry_init() (rdma and
+ * cuda_gdr share the answer); later calls return it. */
 int tpb_rdma_viable(char *why, size_t why_len);
 extern const struct tpb_channel_ops tpb_cuda_ipc_ops;
 extern const struct tpb_channel_ops tpb_cuda_basic_ops;
@@ -331,18 +340,21 @@ struct tpb_channel_info {
 
 /*
  * tpb_registry_init() - order the channels by @cfg->priority and probe each once; call at
- * start-up before tpb_select(). Return: 0, or -EINVAL if the priority list names an unknown
+ * start-up before tpb_select(). Borrows @cfg for the call (the priority list is copied).
+ * Return: 0, or -EINVAL if the priority list names an unknown
  * channel (the built-in order is kept).
  */
 int tpb_registry_init(const struct tpb_config *cfg);
 
 /*
  * tpb_priority_check() - check a priority list ("shm,cma") against the registered channels.
+ * Borrows @priority and @bad (@bad_len bytes).
  * Return: 0, or -EINVAL with the first unknown name copied into @bad.
  */
 int tpb_priority_check(const char *priority, char *bad, size_t bad_len);
 
-/* Returns borrowed array of every registered channel with its probe result; sets @ret_n. */
+/* Returns borrowed array of every registered channel with its probe result, valid until the
+ * next tpb_registry_init(); sets @ret_n. */
 const struct tpb_channel_info *tpb_registry_list(size_t *ret_n);
 
 /*
@@ -371,7 +383,7 @@ int tpb_select(enum tpb_loc src, enum tpb_loc dst);
 /* tpb_select(), with the reasons as tpb_select_pair() gives them. Borrows @why. */
 int tpb_select_why(enum tpb_loc src, enum tpb_loc dst, char *why, size_t why_len);
 
-/* "local", "process", "cuda" or "remote". */
+/* "local", "process", "cuda" or "remote". Return: a static string. */
 const char *tpb_loc_name(enum tpb_loc l);
 
 /*
@@ -379,6 +391,7 @@ const char *tpb_loc_name(enum tpb_loc l);
  * every viable channel that can serve between hosts (TPB_CAP_CROSS_HOST) or rides the peer
  * link itself (TPB_CAP_INLINE: basic), in priority order; a channel for which @keep (if not
  * NULL) returns false is left out (the daemon's RDMA engine may have found no port).
+ * @keep runs within the call, on the calling thread, with @arg (borrowed for the call).
  * @ret: filled with up to @max borrowed names (static strings).
  * Return: how many were written.
  */
@@ -400,8 +413,9 @@ size_t tpb_peer_offers(bool (*keep)(const char *name, void *arg), void *arg, con
 
 /*
  * tpb_proc_pin() - pin the peer process of the connected Unix socket @sock, whose SO_PEERCRED
- * is @uc: SO_PEERPIDFD where the kernel has it (6.5+), else pidfd_open(@uc->pid); then
- * /proc/<pid> opened and checked to belong to the same live process with effective uid @uc->uid.
+ * gave @pid, @uid and @gid: SO_PEERPIDFD where the kernel has it (6.5+), else pidfd_open(@pid);
+ * then /proc/<pid> opened and checked to belong to the same live process with effective uid
+ * @uid. Borrows @sock (never closed or kept) and @why (@why_len bytes).
  * @label: a number for messages (the session id).
  * @ret: returns owned process, drop with tpb_proc_unref().
  * Return: 0, or -errno with the reason in @why (the client then gets no CMA).
@@ -416,9 +430,11 @@ int tpb_proc_pin(int sock, pid_t pid, uid_t uid, gid_t gid, uint64_t label,
  */
 int tpb_proc_new(int pidfd, int procfd, pid_t pid, uid_t uid, gid_t gid, uint64_t label,
 		 struct tpb_proc **ret);
-/* Returns @p with one more reference (thread safe; @p may be NULL). */
+/* Returns @p with one more reference (thread safe; @p may be NULL): owned, drop with
+ * tpb_proc_unref(). */
 struct tpb_proc *tpb_proc_ref(struct tpb_proc *p);
-/* Drops a reference (thread safe); the last one closes the fds. Accepts NULL. */
+/* Drops a reference (thread safe): takes one reference of @p; the last one closes the fds.
+ * Accepts NULL. */
 void tpb_proc_unref(struct tpb_proc *p);
 /* The pid it had at attach (for messages only: never address a process by it). */
 pid_t tpb_proc_pid(const struct tpb_proc *p);
@@ -426,7 +442,8 @@ pid_t tpb_proc_pid(const struct tpb_proc *p);
 bool tpb_proc_alive(const struct tpb_proc *p);
 /* Has a CMA access been refused (EPERM/ESRCH), turning CMA off for it for good? */
 bool tpb_proc_cma_off(const struct tpb_proc *p);
-/* Returns owned fd of @name under the pinned /proc directory (O_RDONLY), or -errno. */
+/* Returns owned fd of @name under the pinned /proc directory (O_RDONLY), or -errno; the caller
+ * closes it. Borrows @p and @name. */
 int tpb_proc_openat(const struct tpb_proc *p, const char *name);
 
 /*
@@ -455,12 +472,13 @@ bool tpb_cma_as_allowed(uid_t uid);
  * tpb_cma_as_enter() - make the calling thread act as @uid/@gid (real, effective; the saved ids
  * stay ours) with no effective capabilities. Without the means to switch, only our own uid is
  * accepted (capabilities are still dropped).
- * @ret: what tpb_cma_as_leave() restores.
+ * @ret: what tpb_cma_as_leave() restores (the caller's storage, written only on success).
  * Return: 0, or -EPERM/-errno with the thread unchanged.
  */
 int tpb_cma_as_enter(uid_t uid, gid_t gid, struct tpb_cma_as *ret);
 
-/* Restores the thread's credentials from @as; abort()s if the kernel refuses (never expected). */
+/* Restores the thread's credentials from @as (borrowed); abort()s if the kernel refuses (never
+ * expected). */
 void tpb_cma_as_leave(const struct tpb_cma_as *as);
 
 /*
@@ -469,6 +487,7 @@ void tpb_cma_as_leave(const struct tpb_cma_as *as);
  * child task: see struct tpb_proc). The process must be alive before, and after a read (else
  * the bytes are wiped from @buf and the move fails). -EPERM or -ESRCH, or a child that was
  * killed (-EINTR) or stopped (-ETIMEDOUT), turns CMA off for @p for good.
+ * Ownership: borrows @p, @buf and @why for the call (the caller holds @p's reference).
  * Return: 0, or -errno (-EFAULT for an unmapped range, -ESRCH (exited), -EPERM (refused by the
  * kernel: credentials changed, not dumpable, Yama)) with the reason in @why.
  */
@@ -479,6 +498,7 @@ int tpb_cma_move(struct tpb_proc *p, void *buf, uint64_t addr, uint64_t len, boo
  * tpb_cma_bounce() - move @len bytes from @src_addr in @src to @dst_addr in @dst through
  * @bounce (@bounce_len bytes), reading as @src's user and writing as @dst's (switched once when
  * they are the same user), each access checked as in tpb_cma_move().
+ * Ownership: borrows @src, @dst, @bounce and @why for the call.
  * Return: as tpb_cma_move().
  */
 int tpb_cma_bounce(struct tpb_proc *src, uint64_t src_addr, struct tpb_proc *dst,
@@ -489,7 +509,8 @@ int tpb_cma_bounce(struct tpb_proc *src, uint64_t src_addr, struct tpb_proc *dst
  * tpb_cuda_stage() - move @len bytes between the host buffer @host and @m at offset @off (@to_mem:
  * host -> @m, else @m -> host), for the stripe threads: CMA for TPB_LOC_PROCESS, a CUDA copy
  * for TPB_LOC_CUDA (waiting for @m's event first), memcpy for TPB_LOC_LOCAL.
- * @s: the calling thread's scratch (its CUDA state lives there).
+ * Ownership: borrows @m (the caller holds its references), @host and @why for the call.
+ * @s: the calling thread's scratch (its CUDA state lives there), borrowed.
  * Return: 0, -EFAULT/-ESRCH (CMA), -EIO or another -errno for CUDA, with the reason in @why.
  */
 int tpb_cuda_stage(const struct tpb_mem *m, uint64_t off, void *host, size_t len, bool to_mem,
@@ -499,27 +520,30 @@ int tpb_cuda_stage(const struct tpb_mem *m, uint64_t off, void *host, size_t len
 
 #define TPB_CUDA_HANDLE_BYTES 64
 
-/* 1 if CUDA memory can be used on this host (driver and device), else 0 with @why. */
+/* 1 if CUDA memory can be used on this host (driver and device), else 0 with @why (borrowed). */
 int tpb_cuda_viable(char *why, size_t why_len);
 
 /*
  * tpb_cuda_map_get() - the daemon-wide mapping of a client's CUDA IPC handle: a memory handle
  * (@event false; @size bytes on the device with PCI bus id @bus_id) or an event handle. Makes
  * no driver call: the handle is opened by the first copy that uses it, on a copy thread (so
- * check tpb_cuda_viable() first).
+ * check tpb_cuda_viable() first). Borrows @handle (TPB_CUDA_HANDLE_BYTES) and @bus_id (both
+ * copied) and @why.
  * @ret: returns a new reference, drop with tpb_cuda_map_unref().
  * Return: 0, -EINVAL (same handle, other device or size, reason in @why), -ENOMEM.
  */
 int tpb_cuda_map_get(const uint8_t *handle, bool event, const char *bus_id, uint64_t size,
 		     struct tpb_cuda_map **ret, char *why, size_t why_len);
-/* Returns @m with one more reference. */
+/* Returns @m with one more reference: owned, drop with tpb_cuda_map_unref(). */
 struct tpb_cuda_map *tpb_cuda_map_ref(struct tpb_cuda_map *m);
-/* Drops a reference; the last one closes the handle if a copy opened it. Accepts NULL. */
+/* Drops a reference (takes one reference of @m); the last one closes the handle if a copy
+ * opened it. Accepts NULL. */
 void tpb_cuda_map_unref(struct tpb_cuda_map *m);
-/* Mappings alive (referenced), and how many of them a copy has opened. */
+/* Mappings alive (referenced), and how many of them a copy has opened, into the caller's
+ * @ret_alive and @ret_open. */
 void tpb_cuda_map_count(unsigned *ret_alive, unsigned *ret_open);
 /* How many references @m has now (the RDMA registration cache drops a region of an allocation
- * that only it references). */
+ * that only it references). Borrows @m. */
 unsigned tpb_cuda_map_refs(const struct tpb_cuda_map *m);
 
 /* A session's held mappings: the ones its recent messages used, least recently used dropped
@@ -528,19 +552,22 @@ struct tpb_cuda_holds;
 
 /* Return: owned holds keeping at most @max mappings, free with tpb_cuda_holds_free(); NULL. */
 struct tpb_cuda_holds *tpb_cuda_holds_new(unsigned max);
-/* Drops every held mapping (copies still running keep their own references). Accepts NULL. */
+/* Drops every held mapping (copies still running keep their own references). Takes @h.
+ * Accepts NULL. */
 void tpb_cuda_holds_free(struct tpb_cuda_holds *h);
 /*
- * tpb_cuda_hold() - the mapping for @handle, held by @h (found, or got and held).
+ * tpb_cuda_hold() - the mapping for @handle, held by @h (found, or got and held). Borrows @h,
+ * @handle, @bus_id and @why, as tpb_cuda_map_get().
  * @ret: returns borrowed pointer, valid until the next call on @h: take a reference to keep it.
  * Return: as tpb_cuda_map_get().
  */
 int tpb_cuda_hold(struct tpb_cuda_holds *h, const uint8_t *handle, bool event,
 		  const char *bus_id, uint64_t size, struct tpb_cuda_map **ret, char *why,
 		  size_t why_len);
-/* Stops holding the memory mapping of @handle (the client frees it). Return: 1 found, 0 not. */
+/* Stops holding the memory mapping of @handle (the client frees it). Borrows @h and @handle.
+ * Return: 1 found, 0 not. */
 int tpb_cuda_unhold(struct tpb_cuda_holds *h, const uint8_t *handle);
-/* Mappings held. */
+/* Mappings held by @h (borrowed). */
 unsigned tpb_cuda_holds_count(const struct tpb_cuda_holds *h);
 
 /* The daemon's mapping of a client allocation, as memory to register with an RDMA device. */
@@ -554,31 +581,36 @@ struct tpb_cuda_range {
 /*
  * tpb_cuda_rdma_range() - open @m's mapping if no copy has yet (a driver call: slow the first
  * time) and describe it for RDMA registration (cuda_gdr), with a dma-buf fd where the driver
- * exports one. Return: 0, or -errno with the reason in @why.
+ * exports one. Borrows @m and @why. @ret: the caller's, written only on success; its
+ * @dmabuf_fd is then owned by the caller, who closes it.
+ * Return: 0, or -errno with the reason in @why.
  */
 int tpb_cuda_rdma_range(const struct tpb_mem *m, struct tpb_cuda_range *ret, char *why,
 			size_t why_len);
 
 /* The PCI bus id of the device holding CUDA memory @m, as its client named it (no driver
- * call); NULL for NULL, memory that is not CUDA, or an unknown device. */
+ * call); NULL for NULL, memory that is not CUDA, or an unknown device. Borrows @m.
+ * Return: borrowed string, valid while the caller holds @m's mapping (m->cuda). */
 const char *tpb_cuda_bus_id(const struct tpb_mem *m);
 
 /*
  * tpb_cuda_event_done() - has the client's event @m waits for fired (polled, never blocks)?
+ * Borrows @m and @why.
  * Return: 1 yes (or @m has none, or is not CUDA memory), 0 not yet, -errno (reason in @why).
  */
 int tpb_cuda_event_done(const struct tpb_mem *m, char *why, size_t why_len);
 
-/* Index of the channel named @name, or -ENOENT. */
+/* Index of the channel named @name (borrowed), or -ENOENT. */
 int tpb_index(const char *name);
 
 /*
- * tpb_copy() - run the copy @x with registry channel @idx (from tpb_select()).
+ * tpb_copy() - run the copy @x with registry channel @idx (from tpb_select()). Borrows @x and
+ * @s for the call (the caller holds the references of @x's memory).
  * Return: 0, -EOPNOTSUPP for a channel without a copy op, or the channel's -errno.
  */
 int tpb_copy(int idx, const struct tpb_xfer *x, struct tpb_scratch *s);
 
-/* Name of registry channel @idx ("?" if out of range). */
+/* Name of registry channel @idx ("?" if out of range). Return: a static string. */
 const char *tpb_name(int idx);
 
 #endif
