@@ -49,25 +49,30 @@ struct tpc_map {
 	size_t n;
 };
 
-/* Files @val under @key (borrowed). Return: 0, -EEXIST, -ENOMEM. */
+/* Files @val under @key. Keeps @val without owning it (the map never frees a value); borrows
+ * @m. Return: 0, -EEXIST, -ENOMEM. */
 int tpc_map_put(struct tpc_map *m, uint64_t key, void *val);
-/* Return: the value under @key, or NULL. */
+/* Return: the value under @key (borrowed: the map does not own it), or NULL. */
 void *tpc_map_get(const struct tpc_map *m, uint64_t key);
-/* Removes @key. Return: its value, or NULL if absent. */
+/* Removes @key. Return: its value (the map holds it no more), or NULL if absent. */
 void *tpc_map_del(struct tpc_map *m, uint64_t key);
-/* Removes every entry, calling @fn on each value (which may not touch @m). */
+/* Removes every entry, calling @fn on each value (which may not touch @m). @fn runs within the
+ * call, on the calling thread, with @arg (borrowed for the call); it may free the value. */
 void tpc_map_drain(struct tpc_map *m, void (*fn)(void *val, void *arg), void *arg);
-/* Frees the table (not the values). */
+/* Frees the table (not the values); @m itself is the caller's storage. */
 void tpc_map_done(struct tpc_map *m);
 
-/* tp_pipe_write_ex(): the write's operation id in *@ret_id (NULL: not wanted). */
+/* tp_pipe_write_ex(): the write's operation id in *@ret_id (NULL: not wanted). Ownership as
+ * tp_pipe_write(): borrows @p and @msg (copied during the call), keeps the data @msg points to
+ * until @cb, which runs once, on the io thread, with @arg. */
 int tpc_pipe_write(struct tp_pipe *p, const struct tp_message *msg, tp_done_fn cb, void *arg,
 		   uint64_t *ret_id);
 
 /*
  * tpc_pipe_read() - tp_pipe_read(), and for a blocking read (@ret_inline not NULL, starts false)
  * an eager message with no read before it completes in the call: *@ret_inline is set and @cb
- * is never called.
+ * is never called. Ownership as tp_pipe_read(): takes @dp (also on failure), copies @alloc and
+ * keeps the memory it points to until @cb, which runs once, on the io thread, with @arg.
  */
 int tpc_pipe_read(struct tp_pipe *p, struct tp_descriptor *dp, const struct tp_allocation *alloc,
 		  tp_done_fn cb, void *arg, bool *ret_inline, uint64_t *ret_id);
@@ -75,18 +80,20 @@ int tpc_pipe_read(struct tp_pipe *p, struct tp_descriptor *dp, const struct tp_a
 /*
  * tpc_context_help() - for a thread spinning in a blocking call: read what the daemon->client
  * ring holds if no other thread is reading it, and run the completed operation whose arg is
- * @arg if it is next in the done queue and no callback is running.
+ * @arg if it is next in the done queue and no callback is running. @arg is only compared, never
+ * dereferenced; borrows @ctx.
  * Return: true if that operation ran (its callback was called on this thread).
  */
 bool tpc_context_help(struct tp_context *ctx, const void *arg);
 
-/* Rings the daemon's doorbell (one byte on the socket; any thread, no lock needed). */
+/* Rings the daemon's doorbell (one byte on the socket; any thread, no lock needed). Borrows
+ * @ctx. */
 void tpc_wire_doorbell(struct tp_context *ctx);
 
 /*
  * tpc_spin_until() - spin (bounded, adaptive per thread) until *@flag is non-zero, helping the
  * io thread (tpc_context_help() with @arg, the waiting operation's callback argument; NULL: do
- * not help) meanwhile.
+ * not help) meanwhile. Borrows @ctx and @flag for the call; @arg is only compared.
  * Return: true if it became non-zero while spinning; false: the caller should sleep.
  */
 bool tpc_spin_until(struct tp_context *ctx, const bool *flag, const void *arg);
@@ -94,7 +101,8 @@ bool tpc_spin_until(struct tp_context *ctx, const bool *flag, const void *arg);
 /* ---- requests answered by Reply ------------------------------------------------------------ */
 
 struct tpc_req;
-/* Called with lock held by the io thread; @r is NULL when the connection was lost. */
+/* Called with lock held by the io thread; @r is NULL when the connection was lost. Borrows @req
+ * (its owner's, filed until this call) and @r (valid only during the call). */
 typedef void (*tpc_reply_fn)(struct tp_context *ctx, struct tpc_req *req, const Tpw__V1__Reply *r);
 
 struct tpc_req {
@@ -343,42 +351,54 @@ struct tp_listener {
 
 /* ---- context.c ----------------------------------------------------------------------------- */
 
-/* True when called on @ctx's library thread (inside a callback or a frame handler). */
+/* True when called on @ctx's library thread (inside a callback or a frame handler). Borrows
+ * @ctx. */
 bool tpc_context_on_io_thread(const struct tp_context *ctx);
-/* Wakes the io thread (eventfd). */
+/* Wakes the io thread (eventfd). Borrows @ctx. */
 void tpc_context_wake(struct tp_context *ctx);
-/* Passes a line to the opt-in log handler, if any; @level is a syslog level. */
+/* Passes a line to the opt-in log handler, if any; @level is a syslog level. Borrows @ctx and
+ * @fmt; the handler gets a line valid only during its call. */
 void tpc_context_log(struct tp_context *ctx, int level, const char *fmt, ...) _printf_(3, 4);
-/* Assigns a req id and files @req; lock held. */
+/* Assigns a req id and files @req; lock held. Keeps @req (the caller's storage) in ctx->reqs
+ * until @fn runs for it (its Reply, or connection loss), on the io thread with lock held. */
 int tpc_context_req_start_locked(struct tp_context *ctx, struct tpc_req *req, tpc_reply_fn fn);
-/* Waits for @req (lock held, dropped while waiting). Return: req status, -ETIMEDOUT, dead err. */
+/* Waits for @req (lock held, dropped while waiting). Borrows @ctx and @req.
+ * Return: req status, -ETIMEDOUT, dead err. */
 int tpc_context_req_wait_locked(struct tp_context *ctx, struct tpc_req *req, int timeout_ms);
-/* A tpc_reply_fn that records the result in @req and wakes waiters. */
+/* A tpc_reply_fn that records the result in @req and wakes waiters. Borrows @req and @r (NULL:
+ * connection lost; its message is copied). */
 void tpc_context_req_done(struct tp_context *ctx, struct tpc_req *req, const Tpw__V1__Reply *r);
-/* Returns 0 if the context accepts new operations, else -errno (message set). Lock held. */
+/* Returns 0 if the context accepts new operations, else -errno (message set). Lock held.
+ * Borrows @ctx. */
 int tpc_context_check_locked(struct tp_context *ctx);
-/* Allocates an op of @kind with room for @n_copies copies. Return: op or NULL. */
+/* Allocates an op of @kind with room for @n_copies copies.
+ * Return: owned op, free with tpc_op_free() (or hand to the done queue), or NULL. */
 struct tpc_op *tpc_op_new(enum tpc_op_kind kind, size_t n_copies);
-/* Frees @op and its message. Accepts NULL. */
+/* Frees @op and its message. Takes @op. Accepts NULL. */
 void tpc_op_free(struct tpc_op *op);
-/* Moves a pending op to the done queue with @status and @msg (NULL: tp_strerror). Lock held. */
+/* Moves a pending op to the done queue with @status and @msg (NULL: tp_strerror). Lock held.
+ * Takes @op: the io thread runs its callback, then frees it. Borrows @msg (copied). */
 void tpc_op_complete_locked(struct tp_context *ctx, struct tpc_op *op, int status, const char *msg);
 /*
  * Records the result of @op, pending on the in-order @list, then completes the ops at the head
- * of @list whose results are known, so callbacks keep the list's order. Lock held.
+ * of @list whose results are known, so callbacks keep the list's order. Lock held. Borrows @list;
+ * @op stays on it until completed, then goes to the done queue as tpc_op_complete_locked().
+ * Borrows @msg (copied).
  */
 void tpc_op_ready_locked(struct tp_context *ctx, struct tpu_list *list, struct tpc_op *op,
 			 int status, const char *msg);
-/* Unlinks and frees a pending @op: its callback will not run. Lock held. */
+/* Unlinks and frees a pending @op: its callback will not run. Lock held. Takes @op. */
 void tpc_op_cancel_locked(struct tp_context *ctx, struct tpc_op *op);
 /*
  * tpc_op_track_locked() - give @op the context's next operation id (*@ret_id if not NULL)
  * and, if @cancellable, file it in ctx->ops for tp_cancel() until its result is known. Lock
- * held. Return: 0 or -ENOMEM (message set; nothing changed).
+ * held. Borrows @op, which ctx->ops keeps (not owned) until its result is known.
+ * Return: 0 or -ENOMEM (message set; nothing changed).
  */
 int tpc_op_track_locked(struct tp_context *ctx, struct tpc_op *op, bool cancellable,
 			uint64_t *ret_id);
-/* Absolute CLOCK_MONOTONIC deadline for pthread_cond_timedwait, @timeout_ms >= 0. */
+/* Absolute CLOCK_MONOTONIC deadline for pthread_cond_timedwait, @timeout_ms >= 0, into the
+ * caller's @ts. */
 void tpc_deadline(struct timespec *ts, int timeout_ms);
 /*
  * Unpacks and validates the daemon frame @h whose message starts at @body (borrowed; the data
@@ -387,57 +407,73 @@ void tpc_deadline(struct timespec *ts, int timeout_ms);
  */
 int tpc_context_decode(const struct tpw_hdr *h, const uint8_t *body, Tpw__V1__DaemonMsg **ret,
 		       char *why, size_t why_len);
-/* Starts @ctx's io thread (which takes no signals). Return: 0 or -errno (message set). */
+/* Starts @ctx's io thread (which takes no signals); the thread uses @ctx until
+ * tp_context_free() joins it. Return: 0 or -errno (message set). */
 int tpc_context_start_thread(struct tp_context *ctx);
-/* Unmaps @ctx's control ring, if any; the context is back on the socket. */
+/* Unmaps @ctx's control ring, if any; the context is back on the socket. Borrows @ctx. */
 void tpc_context_ring_free(struct tp_context *ctx);
 
 /* ---- wire.c -------------------------------------------------------------------------------- */
 
-/* Sends @m plus @data as one frame (+ @fd by SCM_RIGHTS if >= 0); send_lock held. */
+/* Sends @m plus @data as one frame (+ @fd by SCM_RIGHTS if >= 0); send_lock held. Borrows @m,
+ * @data and @fd (sent, never closed: the caller still owns it). Return: 0 or -errno (the
+ * connection is then shut down). */
 int tpc_wire_send(struct tp_context *ctx, Tpw__V1__ClientMsg *m, const struct iovec *data,
 		  size_t n_data, int fd);
-/* Reads once into the receive buffer (io thread). Return: bytes, -EAGAIN, -ECONNRESET at EOF, -errno. */
+/* Reads once into the receive buffer (io thread). Borrows @ctx.
+ * Return: bytes, -EAGAIN, -ECONNRESET at EOF, -errno. */
 int tpc_wire_fill(struct tp_context *ctx);
-/* Return: 1 and the header if a whole frame is buffered, 0 if not yet, -errno if malformed. */
+/* Return: 1 and the header (into the caller's @ret) if a whole frame is buffered, 0 if not yet,
+ * -errno if malformed. Borrows @ctx. */
 int tpc_wire_peek(struct tp_context *ctx, struct tpw_hdr *ret);
-/* Drops the frame @h (the one tpc_wire_peek() returned) from the receive buffer. */
+/* Drops the frame @h (the one tpc_wire_peek() returned) from the receive buffer: pointers into
+ * that frame (a body, a data tail) are invalid afterwards. Borrows @h. */
 void tpc_wire_consume(struct tp_context *ctx, const struct tpw_hdr *h);
-/* Sends a frame whose message is already packed (@body, @body_len) plus @data; send_lock held. */
+/* Sends a frame whose message is already packed (@body, @body_len) plus @data; send_lock held.
+ * Borrows @body and @data for the call. */
 int tpc_wire_send_packed(struct tp_context *ctx, const uint8_t *body, size_t body_len,
 			 const struct iovec *data, size_t n_data);
-/* Sends a message without data; send_lock held. */
+/* Sends a message without data; send_lock held. Borrows @ctx. */
 int tpc_wire_send_pipe_close(struct tp_context *ctx, uint64_t pipe_id);
-/* SessionEnd{CLOSED}: tp_context_free() ends the session on purpose (daemon minor >= 4). */
+/* SessionEnd{CLOSED}: tp_context_free() ends the session on purpose (daemon minor >= 4).
+ * Borrows @ctx. */
 int tpc_wire_send_session_end(struct tp_context *ctx);
 
 /* ---- pipe.c -------------------------------------------------------------------------------- */
 
-/* A pipe with one reference (the user's), filed in ctx->all_pipes; lock held. */
+/* A pipe with one reference (the user's), filed in ctx->all_pipes; lock held. Keeps @ctx (the
+ * context outlives its pipes). Return: owned reference, drop with tpc_pipe_unref_locked(); NULL
+ * without memory. */
 struct tp_pipe *tpc_pipe_new(struct tp_context *ctx, uint64_t id);
 /*
  * Local close. @user: the user's tp_pipe_close(): descriptor requests are canceled at once,
  * writes and reads once the daemon acknowledges the close (the pipe stays in CLOSING until
  * then), and the user's reference is dropped after them. Without @user (a backlog pipe nobody
- * accepted), the id is forgotten at once. Return: true if PipeClose must be sent.
+ * accepted), the id is forgotten at once. Borrows @p (the user's reference goes later, by the
+ * pipe's free op). Return: true if PipeClose must be sent.
  */
 bool tpc_pipe_close_locked(struct tp_pipe *p, bool user);
-/* Returns 0 if operations may be started on @p, else its error (message set). Lock held. */
+/* Returns 0 if operations may be started on @p, else its error (message set). Lock held.
+ * Borrows @p. */
 int tpc_pipe_check_locked(struct tp_pipe *p);
-/* True while the daemon knows the pipe (frames about it may be sent). Lock held. */
+/* True while the daemon knows the pipe (frames about it may be sent). Lock held. Borrows @p. */
 bool tpc_pipe_at_daemon(const struct tp_pipe *p);
-/* Drops a reference; the last one frees @p and its descriptors. Lock held. */
+/* Drops a reference (takes one reference of @p); the last one frees @p and its descriptors.
+ * Lock held. */
 void tpc_pipe_unref_locked(struct tp_pipe *p);
-/* Marks @p closed with @err and fails its pending operations; lock held. */
+/* Marks @p closed with @err and fails its pending operations; lock held. Borrows @p and @msg
+ * (copied). */
 void tpc_pipe_fail_locked(struct tp_pipe *p, int err, const char *msg);
-/* Handlers of daemon events, called by the io thread with lock held. */
+/* Handlers of daemon events, called by the io thread with lock held. Borrow @ctx and the message
+ * (valid only during the call). */
 void tpc_pipe_on_closed(struct tp_context *ctx, const Tpw__V1__PipeClosed *m);
-/* Frees every pipe (context teardown, io thread stopped). */
+/* Frees every pipe (context teardown, io thread stopped), whatever references remain. */
 void tpc_pipe_free_all(struct tp_context *ctx);
 
 /* ---- write.c / read.c ---------------------------------------------------------------------- */
 
-/* Handlers of daemon events, called by the io thread with lock held. @tail is borrowed. */
+/* Handlers of daemon events, called by the io thread with lock held. They borrow @ctx, the
+ * message and @tail (valid only during the call: a descriptor copies the bytes it keeps). */
 void tpc_write_on_done(struct tp_context *ctx, const Tpw__V1__WriteDone *m);
 /* FlowCredit: returns room in the pipe's write window. Return: true if held writes of that
  * pipe may now go (tpc_write_pump()). */
@@ -448,54 +484,61 @@ void tpc_write_resume(struct tp_context *ctx, uint64_t pipe_id);
 /* Sends the held writes of pipe @pipe_id that fit its window, in order. Takes send_lock and
  * lock; neither may be held. */
 void tpc_write_pump(struct tp_context *ctx, uint64_t pipe_id);
-/* Drops a reference to a write's frame (the last one frees it). Accepts NULL. */
+/* Drops a reference to a write's frame (takes one reference of @h; the last one frees it).
+ * Accepts NULL. */
 void tpc_write_held_free(struct tpc_held_write *h);
 void tpc_read_on_descriptor(struct tp_context *ctx, const Tpw__V1__Descriptor *m,
 			    const uint8_t *tail, size_t tail_len);
 void tpc_read_on_done(struct tp_context *ctx, const Tpw__V1__ReadDone *m);
-/* Hands queued descriptors to pending read_descriptor calls; lock held. */
+/* Hands queued descriptors to pending read_descriptor calls; lock held. Borrows @p. */
 void tpc_read_match_locked(struct tp_pipe *p);
 /* tp_pipe_read_descriptor() that also returns the op (borrowed, valid while it is pending)
- * and its id (either may be NULL). */
+ * and its id (either may be NULL). Borrows @p; @cb runs once, on the io thread, with @arg. */
 int tpc_read_descriptor_start(struct tp_pipe *p, tp_descriptor_fn cb, void *arg,
 			      struct tpc_op **ret_op, uint64_t *ret_id);
-/* Unlinks and frees a descriptor without telling the daemon. Accepts NULL. */
+/* Unlinks and frees a descriptor without telling the daemon. Takes @d. Accepts NULL. */
 void tpc_read_desc_free(struct tpc_desc *d);
 
 /* ---- listener.c ---------------------------------------------------------------------------- */
 
-/* Accepted event (lock held). *ret_reject: a pipe id to refuse with PipeClose after unlock. */
+/* Accepted event (lock held). *ret_reject: a pipe id to refuse with PipeClose after unlock.
+ * Borrows @ctx and @m (valid only during the call). */
 void tpc_listener_on_accepted(struct tp_context *ctx, const Tpw__V1__Accepted *m,
 			      uint64_t *ret_reject);
-/* Fails pending accepts with @err (connection loss, context teardown); lock held. */
+/* Fails pending accepts with @err (connection loss, context teardown); lock held. Borrows @ctx
+ * and @msg (copied). */
 void tpc_listener_fail_all_locked(struct tp_context *ctx, int err, const char *msg);
-/* Frees every listener (context teardown, io thread stopped). */
+/* Frees every listener (context teardown, io thread stopped). Borrows @ctx. */
 void tpc_listener_free_all(struct tp_context *ctx);
 /* tp_listener_accept() that also returns the op (borrowed, valid while it is pending) and
- * its id (either may be NULL). */
+ * its id (either may be NULL). Borrows @l; @cb runs once, on the io thread, with @arg. */
 int tpc_listener_accept_start(struct tp_listener *l, tp_accept_fn cb, void *arg,
 			      struct tpc_op **ret_op, uint64_t *ret_id);
-/* Unlinks and frees @l (lock held, or teardown). Accepts NULL. */
+/* Unlinks and frees @l (lock held, or teardown). Takes @l. Accepts NULL. */
 void tpc_listener_free(struct tp_listener *l);
 
 /* ---- buffer.c ------------------------------------------------------------------------------ */
 
-/* Finds the registered (non-staging) buffer holding [ptr, ptr+len); lock held. */
+/* Finds the registered (non-staging) buffer holding [ptr, ptr+len); lock held. @ptr is only
+ * compared. Return: borrowed buffer, valid while lock is held (until it is unregistered), or
+ * NULL. */
 struct tpc_buf *tpc_buffer_lookup_locked(struct tp_context *ctx, const void *ptr, size_t len);
 
 /*
  * tpc_buffer_check_range_locked() - refuses a range that starts inside a registered buffer and
  * runs past its end (it would otherwise go by CMA and fail later with -EFAULT). Lock held.
+ * Borrows @what; @ptr is only compared.
  * @what: the segment, for the error text ("payload 2").
  * Return: 0 (inside one buffer, or in none), or -ERANGE (tp_last_error() says why).
  */
 int tpc_buffer_check_range_locked(struct tp_context *ctx, const void *ptr, size_t len,
 				  const char *what);
-/* A registered staging buffer of >= @size bytes; send_lock held, lock not held. */
+/* A registered staging buffer of >= @size bytes; send_lock held, lock not held.
+ * @ret: returns owned buffer, give back with tpc_buffer_stage_put(). Return: 0 or -errno. */
 int tpc_buffer_stage_get(struct tp_context *ctx, size_t size, struct tpc_buf **ret);
-/* Returns a staging buffer (to the pool if @reuse); no lock held. Accepts NULL. */
+/* Returns a staging buffer (to the pool if @reuse); no lock held. Takes @b. Accepts NULL. */
 void tpc_buffer_stage_put(struct tp_context *ctx, struct tpc_buf *b, bool reuse);
-/* Unmaps every buffer (context teardown). */
+/* Unmaps every buffer (context teardown). Borrows @ctx. */
 void tpc_buffer_free_all(struct tp_context *ctx);
 
 /* ---- cuda.c -------------------------------------------------------------------------------- */
@@ -520,7 +563,7 @@ struct tpc_cuda_seg {
 /*
  * tpc_cuda_check() - whether CUDA memory can be used here: libtpclient built with CUDA, the
  * CUDA driver loadable (loads it on first use), and with @daemon, a daemon that speaks protocol
- * minor >= TPW_MINOR_CUDA. Makes no call on any CUDA context.
+ * minor >= TPW_MINOR_CUDA. Makes no call on any CUDA context. Borrows @ctx.
  * Return: 0, or -EOPNOTSUPP with the reason as the thread's error message.
  */
 int tpc_cuda_check(struct tp_context *ctx, bool daemon);
@@ -530,7 +573,7 @@ int tpc_cuda_check(struct tp_context *ctx, bool daemon);
  * contains it (cached per context), its offset, its device's PCI bus id, and an interprocess
  * event recorded on @m->stream now (one per CUDA context and stream in @ret_events; if the
  * context already holds the most events it may, the stream is synchronized instead and the
- * segment names no event). No lock held; call tpc_cuda_check() first.
+ * segment names no event). No lock held; call tpc_cuda_check() first. Borrows @ctx and @m.
  * @cs: filled; @s points into it afterwards, so it must outlive the frame's sending.
  * @s: becomes a Segment{length, cuda}.
  * @ret_events: the operation's events; the new one is added (owned by the operation, given
@@ -557,14 +600,16 @@ int tpc_cuda_copy_in(struct tp_context *ctx, const struct tpc_cuda_mem *m, const
 void tpc_cuda_events_put(struct tpc_cuda_event *list);
 
 /* Destroys the pooled events (in their CUDA contexts) and the cache; no CUDA call if the
- * context never used CUDA memory. Context teardown, after every operation was freed. */
+ * context never used CUDA memory. Context teardown, after every operation was freed. Borrows
+ * @ctx (frees only what it holds for CUDA). */
 void tpc_cuda_free(struct tp_context *ctx);
 
 /* ---- errors.c ------------------------------------------------------------------------------ */
 
-/* Records a message for tp_last_error() on this thread and returns @err. */
+/* Records a message for tp_last_error() on this thread and returns @err. Borrows @fmt (the
+ * message is formatted into thread-local storage). */
 int tpc_error(int err, const char *fmt, ...) _printf_(2, 3);
-/* Records @msg (or tp_strerror(@err) if NULL) and returns @err. */
+/* Records @msg (or tp_strerror(@err) if NULL) and returns @err. Borrows @msg (copied). */
 int tpc_error_msg(int err, const char *msg);
 
 #endif
