@@ -32,7 +32,7 @@ def expected(path):
         return 'tpcuda_', ['']
     if folder is None:
         return 'tpb_', ['']
-    return 'tpb_', [stem, folder]
+    return 'tpb_', [stem] if stem == folder else [stem, folder]
 
 
 def main():
