@@ -58,7 +58,8 @@ def main():
             if len(fields) != 3:
                 continue
             sym = fields[2]
-            if sym == 'main':
+            # main(), and what compilers and sanitizers add (__odr_asan.NAME, __asan_*, ...)
+            if sym == 'main' or sym.startswith('__'):
                 continue
             rest = sym[len(prefix):].replace('_', '') if sym.startswith(prefix) else None
             if rest is not None and any(rest.startswith(w.replace('_', '')) for w in words):
