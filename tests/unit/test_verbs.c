@@ -1240,7 +1240,9 @@ START_TEST(test_probe_on_this_machine_gives_a_reason)
 	printf("tpv_probe on this host: %d (%s)\n", r, why);
 	ck_assert(r == 0 || r == 1);
 	ck_assert_int_gt(strlen(why), 0);
-	if (access("/sys/class/infiniband", F_OK) < 0) {
+	/* No device here, unless a stand-in provider is loaded instead of libibverbs (the hw
+	 * suite's fakeverbs and fakecuda setups set TPIPD_VERBS_LIBRARY): it has ports. */
+	if (access("/sys/class/infiniband", F_OK) < 0 && !getenv("TPIPD_VERBS_LIBRARY")) {
 		ck_assert_int_eq(r, 0);
 		ck_assert_ptr_nonnull(strstr(why, "no RDMA device"));
 	}
