@@ -740,9 +740,13 @@ static void raw_connect_pipe(struct tpt_raw *raw, uint64_t pipe_id)
 	tpw_daemon_msg_free(rep);
 }
 
-/* One eager Write of @len inline bytes on @pipe_id. Return: its WriteDone status. */
-static Tpw__V1__Status raw_write(struct tpt_raw *raw, uint64_t pipe_id, uint64_t write_id,
-				 size_t len)
+/*
+ * One eager Write of @len inline bytes on @pipe_id. With @ret_resend, says whether a refusal
+ * asks for a resend; with @limit_option, a STATUS_LIMIT refusal must name that option.
+ * Return: its WriteDone status.
+ */
+static Tpw__V1__Status raw_write_ex(struct tpt_raw *raw, uint64_t pipe_id, uint64_t write_id,
+				    size_t len, bool *ret_resend, const char *limit_option)
 {
 	static uint8_t tail[4096];
 	Tpw__V1__ClientMsg m = TPW__V1__CLIENT_MSG__INIT;
@@ -765,8 +769,20 @@ static Tpw__V1__Status raw_write(struct tpt_raw *raw, uint64_t pipe_id, uint64_t
 	ck_assert_int_eq(tpt_raw_expect(raw, TPW__V1__DAEMON_MSG__BODY_WRITE_DONE, T_MS, &rep), 0);
 	ck_assert_uint_eq(rep->write_done->write_id, write_id);
 	st = rep->write_done->status;
+	if (ret_resend)
+		*ret_resend = rep->write_done->resend;
+	if (limit_option && st == TPW__V1__STATUS__STATUS_LIMIT)
+		ck_assert_msg(rep->write_done->message &&
+			      strstr(rep->write_done->message, limit_option),
+			      "refusal: %s", rep->write_done->message);
 	tpw_daemon_msg_free(rep);
 	return st;
+}
+
+static Tpw__V1__Status raw_write(struct tpt_raw *raw, uint64_t pipe_id, uint64_t write_id,
+				 size_t len)
+{
+	return raw_write_ex(raw, pipe_id, write_id, len, NULL, NULL);
 }
 
 /* The refused write's room comes back at once: FlowCredit{1 message, @bytes}. */
@@ -1037,38 +1053,12 @@ static void raw_hello_minor(struct tpt_raw *raw, uint32_t minor)
 	tpw_daemon_msg_free(rep);
 }
 
-/* Like raw_write(), and says whether the refusal asks for a resend. */
+/* raw_write() on pipe 1, saying whether the refusal asks for a resend; a refusal names the
+ * option that sets the limit. */
 static Tpw__V1__Status raw_write_budget(struct tpt_raw *raw, uint64_t write_id, size_t len,
 					bool *ret_resend)
 {
-	static uint8_t tail[4096];
-	Tpw__V1__ClientMsg m = TPW__V1__CLIENT_MSG__INIT;
-	Tpw__V1__Write w = TPW__V1__WRITE__INIT;
-	Tpw__V1__Payload pl = TPW__V1__PAYLOAD__INIT, *pls[] = { &pl };
-	Tpw__V1__Segment seg = TPW__V1__SEGMENT__INIT;
-	Tpw__V1__DaemonMsg *rep = NULL;
-	Tpw__V1__Status st;
-
-	seg.length = len;
-	seg.loc_case = TPW__V1__SEGMENT__LOC_INLINE_OFF;
-	pl.data = &seg;
-	w.pipe_id = 1;
-	w.write_id = write_id;
-	w.n_payloads = 1;
-	w.payloads = pls;
-	m.body_case = TPW__V1__CLIENT_MSG__BODY_WRITE;
-	m.write = &w;
-	ck_assert_int_eq(tpt_raw_send(raw, &m, tail, len, NULL, 0, 0), 0);
-	ck_assert_int_eq(tpt_raw_expect(raw, TPW__V1__DAEMON_MSG__BODY_WRITE_DONE, T_MS, &rep), 0);
-	ck_assert_uint_eq(rep->write_done->write_id, write_id);
-	st = rep->write_done->status;
-	*ret_resend = rep->write_done->resend;
-	if (st == TPW__V1__STATUS__STATUS_LIMIT) /* names the option that sets the limit */
-		ck_assert_msg(rep->write_done->message &&
-			      strstr(rep->write_done->message, "--pipe-queue-bytes-max"),
-			      "refusal: %s", rep->write_done->message);
-	tpw_daemon_msg_free(rep);
-	return st;
+	return raw_write_ex(raw, 1, write_id, len, ret_resend, "--pipe-queue-bytes-max");
 }
 
 static uint64_t held_bytes(void)
