@@ -33,6 +33,46 @@ uint64_t tpd_daemon_uptime_ms(const struct tpd_daemon *d)
 	return (tpu_now_ns() - d->start_ns) / 1000000;
 }
 
+const struct tpd_config *tpd_daemon_cfg(const struct tpd_daemon *d)
+{
+	return &d->cfg;
+}
+
+struct event_base *tpd_daemon_base(const struct tpd_daemon *d)
+{
+	return d->base;
+}
+
+const struct tpw_limits *tpd_daemon_limits(const struct tpd_daemon *d)
+{
+	return &d->limits;
+}
+
+struct tpd_stats *tpd_daemon_stats(struct tpd_daemon *d)
+{
+	return &d->stats;
+}
+
+struct tpd_registry *tpd_daemon_registry(struct tpd_daemon *d)
+{
+	return &d->registry;
+}
+
+struct tpd_quota *tpd_daemon_quota(struct tpd_daemon *d)
+{
+	return &d->quota;
+}
+
+struct tpd_copier *tpd_daemon_copier(const struct tpd_daemon *d)
+{
+	return d->copier;
+}
+
+bool tpd_daemon_stopping(const struct tpd_daemon *d)
+{
+	return d->stopping;
+}
+
 /* Refuses to take over a socket another daemon is serving; removes a stale one. */
 static int socket_take_path(const struct sockaddr_un *sun)
 {

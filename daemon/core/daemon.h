@@ -122,4 +122,25 @@ void tpd_daemon_stop(struct tpd_daemon *d, const char *why);
 /* Uptime in milliseconds. */
 uint64_t tpd_daemon_uptime_ms(const struct tpd_daemon *d);
 
+/*
+ * Settings and shared services of the daemon, for the parts outside core/ (local, broker, peer,
+ * ctl): they read these through the accessors below, never through the fields of
+ * struct tpd_daemon. Each returns a pointer borrowed from @d, valid until tpd_daemon_free();
+ * the configuration may change on SIGHUP (tpd_daemon_reload()), between loop passes only.
+ */
+const struct tpd_config *tpd_daemon_cfg(const struct tpd_daemon *d);
+struct event_base *tpd_daemon_base(const struct tpd_daemon *d);
+/* Wire limits every session and peer frame is checked against. */
+const struct tpw_limits *tpd_daemon_limits(const struct tpd_daemon *d);
+/* Per-channel counters (stats.c): tpd_stats_record() updates them. */
+struct tpd_stats *tpd_daemon_stats(struct tpd_daemon *d);
+/* The listener registry (local/listener.c). */
+struct tpd_registry *tpd_daemon_registry(struct tpd_daemon *d);
+/* Per-uid accounting (quota.c). */
+struct tpd_quota *tpd_daemon_quota(struct tpd_daemon *d);
+/* The copy threads (backends' engine). */
+struct tpd_copier *tpd_daemon_copier(const struct tpd_daemon *d);
+/* True once a graceful stop began. */
+bool tpd_daemon_stopping(const struct tpd_daemon *d);
+
 #endif
