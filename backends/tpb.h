@@ -19,7 +19,7 @@
  *   mpt    chunks striped over a peer link's data connections (daemon/xfer/stripe.c); no copy op
  *   rdma   RDMA writes between shared buffers on both hosts (daemon/xfer/gdr.c); no copy op
  *   cuda_basic  CUDA memory staged chunk by chunk through host buffers of the stripe threads
- *          (tpb_cuda_stage()), so it rides the mpt connections; no copy op
+ *          (tpb_cuda_basic_stage()), so it rides the mpt connections; no copy op
  *   cuda_gdr  RDMA writes straight from and into registered memory over ibverbs (GPUDirect),
  *          run by the daemon (daemon/xfer/gdr.c); probed here (CUDA driver and an RDMA port);
  *          no copy op
@@ -506,15 +506,15 @@ int tpb_cma_bounce(struct tpb_proc *src, uint64_t src_addr, struct tpb_proc *dst
 		   size_t why_len);
 
 /*
- * tpb_cuda_stage() - move @len bytes between the host buffer @host and @m at offset @off (@to_mem:
- * host -> @m, else @m -> host), for the stripe threads: CMA for TPB_LOC_PROCESS, a CUDA copy
- * for TPB_LOC_CUDA (waiting for @m's event first), memcpy for TPB_LOC_LOCAL.
+ * tpb_cuda_basic_stage() - move @len bytes between the host buffer @host and @m at offset @off
+ * (@to_mem: host -> @m, else @m -> host), for the stripe threads: CMA for TPB_LOC_PROCESS, a
+ * CUDA copy for TPB_LOC_CUDA (waiting for @m's event first), memcpy for TPB_LOC_LOCAL.
  * Ownership: borrows @m (the caller holds its references), @host and @why for the call.
  * @s: the calling thread's scratch (its CUDA state lives there), borrowed.
  * Return: 0, -EFAULT/-ESRCH (CMA), -EIO or another -errno for CUDA, with the reason in @why.
  */
-int tpb_cuda_stage(const struct tpb_mem *m, uint64_t off, void *host, size_t len, bool to_mem,
-		   struct tpb_scratch *s, char *why, size_t why_len);
+int tpb_cuda_basic_stage(const struct tpb_mem *m, uint64_t off, void *host, size_t len,
+			 bool to_mem, struct tpb_scratch *s, char *why, size_t why_len);
 
 /* ---- CUDA memory of clients (backends/cuda/cudamap.c) ---- */
 
@@ -579,14 +579,14 @@ struct tpb_cuda_range {
 };
 
 /*
- * tpb_cuda_rdma_range() - open @m's mapping if no copy has yet (a driver call: slow the first
+ * tpb_cuda_gdr_range() - open @m's mapping if no copy has yet (a driver call: slow the first
  * time) and describe it for RDMA registration (cuda_gdr), with a dma-buf fd where the driver
  * exports one. Borrows @m and @why. @ret: the caller's, written only on success; its
  * @dmabuf_fd is then owned by the caller, who closes it.
  * Return: 0, or -errno with the reason in @why.
  */
-int tpb_cuda_rdma_range(const struct tpb_mem *m, struct tpb_cuda_range *ret, char *why,
-			size_t why_len);
+int tpb_cuda_gdr_range(const struct tpb_mem *m, struct tpb_cuda_range *ret, char *why,
+		       size_t why_len);
 
 /* The PCI bus id of the device holding CUDA memory @m, as its client named it (no driver
  * call); NULL for NULL, memory that is not CUDA, or an unknown device. Borrows @m.

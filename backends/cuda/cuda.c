@@ -6,8 +6,8 @@
  * thread that claimed them, on that thread's own stream for the device, after the clients'
  * events, and are synchronized before the copy op returns: a completion sent afterwards means
  * the bytes are in place. cuda_basic is the cross-host path: the stripe threads stage chunks
- * through their (pinned) bounce buffers with tpb_cuda_stage(). cuda_gdr is viable with a CUDA
- * driver and an active RDMA port; its transfers run in the daemon (daemon/xfer/gdr.c).
+ * through their (pinned) bounce buffers with tpb_cuda_basic_stage(). cuda_gdr is viable with a
+ * CUDA driver and an active RDMA port; its transfers run in the daemon (daemon/xfer/gdr.c).
  *
  * The daemon touches only the devices a transfer names: a device's primary context is retained
  * the first time a copy needs it, never at start-up.
@@ -479,8 +479,8 @@ void tpb_cuda_scratch_done(struct tpb_scratch *s)
 
 /* ---- for RDMA (cuda_gdr): the daemon's mapping as registrable memory ---- */
 
-int tpb_cuda_rdma_range(const struct tpb_mem *m, struct tpb_cuda_range *ret, char *why,
-			size_t wl)
+int tpb_cuda_gdr_range(const struct tpb_mem *m, struct tpb_cuda_range *ret, char *why,
+		       size_t wl)
 {
 	uint64_t page = (uint64_t)sysconf(_SC_PAGESIZE), end;
 	int fd = -EBADF, r;
@@ -525,8 +525,8 @@ int tpb_cuda_event_done(const struct tpb_mem *m, char *why, size_t wl)
 
 #else /* !HAVE_CUDA */
 
-int tpb_cuda_rdma_range(const struct tpb_mem *m, struct tpb_cuda_range *ret, char *why,
-			size_t wl)
+int tpb_cuda_gdr_range(const struct tpb_mem *m, struct tpb_cuda_range *ret, char *why,
+		       size_t wl)
 {
 	snprintf(why, wl, "tpipd was built without CUDA support");
 	return -EOPNOTSUPP;
@@ -565,8 +565,8 @@ void tpb_cuda_scratch_done(struct tpb_scratch *s)
 #define cuda_ipc_copy NULL
 #endif
 
-int tpb_cuda_stage(const struct tpb_mem *m, uint64_t off, void *host, size_t len, bool to_mem,
-		   struct tpb_scratch *s, char *why, size_t why_len)
+int tpb_cuda_basic_stage(const struct tpb_mem *m, uint64_t off, void *host, size_t len,
+			 bool to_mem, struct tpb_scratch *s, char *why, size_t why_len)
 {
 	void *p = (void *)(uintptr_t)(m->addr + off);
 

@@ -168,7 +168,7 @@ static int mr_new(struct tpd_gdr *g, struct gdr_port *pt, const struct tpd_strip
 	int r = e ? 0 : -ENOMEM;
 
 	if (r == 0 && s->mem.loc == TPB_LOC_CUDA) {
-		r = tpb_cuda_rdma_range(&s->mem, &cr, why, wl);
+		r = tpb_cuda_gdr_range(&s->mem, &cr, why, wl);
 		if (r == 0) {
 			e->base = cr.base;
 			e->len = cr.len;

@@ -274,8 +274,8 @@ static int send_chunk(struct conn *c, struct claim *k, struct tpb_scratch *sc)
 			return 0;
 		}
 		k->src_why[0] = '\0';
-		k->src_err = tpb_cuda_stage(&k->mem, k->off, p, k->len, false, sc, k->src_why,
-					    sizeof(k->src_why));
+		k->src_err = tpb_cuda_basic_stage(&k->mem, k->off, p, k->len, false, sc, k->src_why,
+						  sizeof(k->src_why));
 		if (k->src_err < 0)
 			return 0;
 	}
@@ -376,7 +376,8 @@ static int recv_payload(struct conn *c, const struct tpb_mem *m, uint64_t off, u
 		if (r < 0)
 			return r;
 		if (m && *ret_werr == 0)
-			*ret_werr = tpb_cuda_stage(m, off + done, b, n, true, sc, why, why_len);
+			*ret_werr = tpb_cuda_basic_stage(m, off + done, b, n, true, sc, why,
+							 why_len);
 	}
 	return 0;
 }

@@ -645,7 +645,8 @@ START_TEST(test_cuda_copy_without_driver_fails_cleanly)
 	x.dst = (struct tpb_mem){ .loc = TPB_LOC_CUDA, .cuda = m };
 	x.len = sizeof(buf);
 	ck_assert_int_lt(tpb_copy(tpb_index("cuda_ipc"), &x, &s), 0);
-	ck_assert_int_lt(tpb_cuda_stage(&x.dst, 0, buf, sizeof(buf), true, &s, why, sizeof(why)),
+	ck_assert_int_lt(tpb_cuda_basic_stage(&x.dst, 0, buf, sizeof(buf), true, &s, why,
+					      sizeof(why)),
 			 0);
 	tpb_cuda_scratch_done(&s);
 	tpb_cuda_map_unref(m);
@@ -732,12 +733,14 @@ START_TEST(test_stage_moves_local_and_process_memory)
 		src[i] = (char)(i * 13 + 1);
 	memset(dst, 0, sizeof(dst));
 	m = local(src);
-	ck_assert_int_eq(tpb_cuda_stage(&m, 1000, host, 1000, false, &s, why, sizeof(why)), 0);
+	ck_assert_int_eq(tpb_cuda_basic_stage(&m, 1000, host, 1000, false, &s, why, sizeof(why)),
+			 0);
 	m = proc(dst);
-	ck_assert_int_eq(tpb_cuda_stage(&m, 2000, host, 1000, true, &s, why, sizeof(why)), 0);
+	ck_assert_int_eq(tpb_cuda_basic_stage(&m, 2000, host, 1000, true, &s, why, sizeof(why)), 0);
 	ck_assert_int_eq(memcmp(dst + 2000, src + 1000, 1000), 0);
 	m = proc((void *)8); /* unmapped */
-	ck_assert_int_eq(tpb_cuda_stage(&m, 0, host, 100, false, &s, why, sizeof(why)), -EFAULT);
+	ck_assert_int_eq(tpb_cuda_basic_stage(&m, 0, host, 100, false, &s, why, sizeof(why)),
+			 -EFAULT);
 	tpb_cuda_scratch_done(&s);
 }
 END_TEST
