@@ -29,16 +29,16 @@
 #define DEVS_MAX 64
 #define PINNED_HALF (4u << 20) /* bytes per half of a thread's pinned buffer */
 
-struct dev {
+struct tpb_cuda_dev {
 	CUcontext ctx; /* retained primary context, NULL until first use */
 	uint64_t peer; /* bit per device with peer access enabled from this one */
 };
 
 static pthread_mutex_t devs_lock = PTHREAD_MUTEX_INITIALIZER;
-static struct dev devs[DEVS_MAX];
+static struct tpb_cuda_dev tpb_cuda_devs[DEVS_MAX];
 
 /* Per copy or stripe thread (tpb_scratch.cuda). */
-struct cuda_thread {
+struct tpb_cuda_thread {
 	CUstream stream[DEVS_MAX];
 	void *pinned; /* 2 * PINNED_HALF, portable */
 	CUevent half[2];
@@ -66,7 +66,7 @@ static int fail(CUresult r, const char *call, char *why, size_t wl)
 }
 
 /* Makes device @dev's primary context current on this thread (retaining it once). */
-static int dev_enter(int dev, char *why, size_t wl)
+static int tpb_cuda_dev_enter(int dev, char *why, size_t wl)
 {
 	CUcontext ctx;
 	CUresult r = CUDA_SUCCESS;
@@ -74,13 +74,13 @@ static int dev_enter(int dev, char *why, size_t wl)
 	if (dev < 0 || dev >= DEVS_MAX)
 		return -EINVAL;
 	pthread_mutex_lock(&devs_lock);
-	if (!devs[dev].ctx) {
+	if (!tpb_cuda_devs[dev].ctx) {
 		CUdevice d;
 		r = api()->cuDeviceGet(&d, dev);
 		if (r == CUDA_SUCCESS)
-			r = api()->cuDevicePrimaryCtxRetain(&devs[dev].ctx, d);
+			r = api()->cuDevicePrimaryCtxRetain(&tpb_cuda_devs[dev].ctx, d);
 	}
-	ctx = devs[dev].ctx;
+	ctx = tpb_cuda_devs[dev].ctx;
 	pthread_mutex_unlock(&devs_lock);
 	if (r != CUDA_SUCCESS)
 		return fail(r, "cuDevicePrimaryCtxRetain", why, wl);
@@ -115,7 +115,7 @@ int tpb_cuda_map_open(struct tpb_cuda_map *m, char *why, size_t wl)
 		if (r == 0)
 			r = dev_by_bus(m->bus_id, &m->dev, m->why, sizeof(m->why));
 		if (r == 0)
-			r = dev_enter(m->dev, m->why, sizeof(m->why));
+			r = tpb_cuda_dev_enter(m->dev, m->why, sizeof(m->why));
 		if (r == 0 && m->event) {
 			CUipcEventHandle h;
 			memcpy(h.reserved, m->handle, sizeof(h.reserved));
@@ -144,7 +144,7 @@ void tpb_cuda_map_close(struct tpb_cuda_map *m)
 {
 	char why[160];
 
-	if (dev_enter(m->dev, why, sizeof(why)) < 0)
+	if (tpb_cuda_dev_enter(m->dev, why, sizeof(why)) < 0)
 		return;
 	if (m->event)
 		api()->cuEventDestroy((CUevent)m->ev);
@@ -152,10 +152,10 @@ void tpb_cuda_map_close(struct tpb_cuda_map *m)
 		api()->cuIpcCloseMemHandle((CUdeviceptr)m->ptr);
 }
 
-static struct cuda_thread *thread_state(struct tpb_scratch *s)
+static struct tpb_cuda_thread *tpb_cuda_thread_state(struct tpb_scratch *s)
 {
 	if (!s->cuda) {
-		struct cuda_thread *t = calloc(1, sizeof(*t));
+		struct tpb_cuda_thread *t = calloc(1, sizeof(*t));
 		if (t)
 			t->pinned_dev = -1;
 		s->cuda = t;
@@ -164,7 +164,7 @@ static struct cuda_thread *thread_state(struct tpb_scratch *s)
 }
 
 /* This thread's stream on @dev, whose context is current. */
-static int thread_stream(struct cuda_thread *t, int dev, CUstream *ret, char *why, size_t wl)
+static int thread_stream(struct tpb_cuda_thread *t, int dev, CUstream *ret, char *why, size_t wl)
 {
 	if (!t->stream[dev]) {
 		CUresult r = api()->cuStreamCreate(&t->stream[dev], CU_STREAM_NON_BLOCKING);
@@ -176,18 +176,19 @@ static int thread_stream(struct cuda_thread *t, int dev, CUstream *ret, char *wh
 }
 
 /* A CUDA side of a transfer, opened: device, pointer, event to wait for. */
-struct side {
+struct tpb_cuda_side {
 	bool cuda;
 	int dev;
 	CUdeviceptr ptr;
 	CUevent wait;
 };
 
-static int side_open(const struct tpb_mem *m, uint64_t off, struct side *sd, char *why, size_t wl)
+static int tpb_cuda_side_open(const struct tpb_mem *m, uint64_t off, struct tpb_cuda_side *sd,
+			      char *why, size_t wl)
 {
 	int r;
 
-	*sd = (struct side){ .cuda = m->loc == TPB_LOC_CUDA, .dev = -1 };
+	*sd = (struct tpb_cuda_side){ .cuda = m->loc == TPB_LOC_CUDA, .dev = -1 };
 	if (!sd->cuda)
 		return 0;
 	r = tpb_cuda_map_open(m->cuda, why, wl);
@@ -202,19 +203,19 @@ static int side_open(const struct tpb_mem *m, uint64_t off, struct side *sd, cha
 }
 
 /* The device whose context and stream run a copy from @a to @b: the destination's if CUDA. */
-static int copy_dev(const struct side *a, const struct side *b)
+static int tpb_cuda_copy_dev(const struct tpb_cuda_side *a, const struct tpb_cuda_side *b)
 {
 	return b->cuda ? b->dev : a->dev;
 }
 
 /* Enters the context of the device that runs the copy and waits for both sides' events. */
-static int copy_begin(struct cuda_thread *t, const struct side *a, const struct side *b,
-		      CUstream *ret, char *why, size_t wl)
+static int tpb_cuda_copy_begin(struct tpb_cuda_thread *t, const struct tpb_cuda_side *a,
+			       const struct tpb_cuda_side *b, CUstream *ret, char *why, size_t wl)
 {
-	int dev = copy_dev(a, b), r;
+	int dev = tpb_cuda_copy_dev(a, b), r;
 	CUresult cr = CUDA_SUCCESS;
 
-	r = dev_enter(dev, why, wl);
+	r = tpb_cuda_dev_enter(dev, why, wl);
 	if (r == 0)
 		r = thread_stream(t, dev, ret, why, wl);
 	if (r == 0 && a->wait)
@@ -239,7 +240,8 @@ static bool proc_gone(const struct tpb_proc *p)
  * so it is abandoned (destroyed; the driver frees it once its work is gone) and the next copy
  * makes a new one.
  */
-static int event_wait(struct cuda_thread *t, int dev, CUevent ev, char *why, size_t wl)
+static int tpb_cuda_event_wait(struct tpb_cuda_thread *t, int dev, CUevent ev, char *why,
+			       size_t wl)
 {
 	struct timespec step = { 0, 20000 };
 
@@ -265,8 +267,11 @@ static int event_wait(struct cuda_thread *t, int dev, CUevent ev, char *why, siz
 	}
 }
 
-/* Records t->done behind everything queued on @st and waits for it (see event_wait()). */
-static int stream_wait(struct cuda_thread *t, int dev, CUstream st, char *why, size_t wl)
+/*
+ * Records t->done behind everything queued on @st and waits for it (see tpb_cuda_event_wait()).
+ */
+static int tpb_cuda_stream_wait(struct tpb_cuda_thread *t, int dev, CUstream st, char *why,
+				size_t wl)
 {
 	CUresult r = CUDA_SUCCESS;
 
@@ -276,26 +281,26 @@ static int stream_wait(struct cuda_thread *t, int dev, CUstream st, char *why, s
 		r = api()->cuEventRecord(t->done, st);
 	if (r != CUDA_SUCCESS)
 		return fail(r, "cuEventRecord", why, wl);
-	return event_wait(t, dev, t->done, why, wl);
+	return tpb_cuda_event_wait(t, dev, t->done, why, wl);
 }
 
 /* Peer access from @dev (current) to @peer, once, where the hardware allows it. */
-static void peer_enable(int dev, int peer)
+static void tpb_cuda_peer_enable(int dev, int peer)
 {
 	int can = 0;
 
 	pthread_mutex_lock(&devs_lock);
-	if (!(devs[dev].peer & (1ull << peer)) && devs[peer].ctx &&
+	if (!(tpb_cuda_devs[dev].peer & (1ull << peer)) && tpb_cuda_devs[peer].ctx &&
 	    api()->cuDeviceCanAccessPeer(&can, dev, peer) == CUDA_SUCCESS && can) {
-		CUresult r = api()->cuCtxEnablePeerAccess(devs[peer].ctx, 0);
+		CUresult r = api()->cuCtxEnablePeerAccess(tpb_cuda_devs[peer].ctx, 0);
 		if (r == CUDA_SUCCESS || r == CUDA_ERROR_PEER_ACCESS_ALREADY_ENABLED)
-			devs[dev].peer |= 1ull << peer;
+			tpb_cuda_devs[dev].peer |= 1ull << peer;
 	}
 	pthread_mutex_unlock(&devs_lock);
 }
 
 /* The thread's pinned double buffer (made in the current context @dev, portable). */
-static int pinned_get(struct cuda_thread *t, char *why, size_t wl)
+static int pinned_get(struct tpb_cuda_thread *t, char *why, size_t wl)
 {
 	CUresult r = CUDA_SUCCESS;
 
@@ -309,7 +314,7 @@ static int pinned_get(struct cuda_thread *t, char *why, size_t wl)
 }
 
 /* Process memory -> CUDA: CMA into one pinned half while the other half's upload runs. */
-static int copy_process_to_cuda(struct cuda_thread *t, const struct tpb_mem *src, int dev,
+static int copy_process_to_cuda(struct tpb_cuda_thread *t, const struct tpb_mem *src, int dev,
 				CUdeviceptr dst, uint64_t len, CUstream st, struct tpb_scratch *s)
 {
 	int r = pinned_get(t, s->why, sizeof(s->why));
@@ -319,7 +324,8 @@ static int copy_process_to_cuda(struct cuda_thread *t, const struct tpb_mem *src
 		char *h = (char *)t->pinned + (i % 2) * PINNED_HALF;
 		CUresult cr = CUDA_SUCCESS;
 
-		if (i >= 2 && (r = event_wait(t, dev, t->half[i % 2], s->why, sizeof(s->why))) < 0)
+		if (i >= 2 &&
+		    (r = tpb_cuda_event_wait(t, dev, t->half[i % 2], s->why, sizeof(s->why))) < 0)
 			break;
 		if ((r = tpb_cma_move(src->proc, h, src->addr + off, n, false, s->why,
 					 sizeof(s->why))) < 0)
@@ -335,7 +341,7 @@ static int copy_process_to_cuda(struct cuda_thread *t, const struct tpb_mem *src
 }
 
 /* CUDA -> process memory: download the next chunk while CMA writes the previous one. */
-static int copy_cuda_to_process(struct cuda_thread *t, int dev, CUdeviceptr src,
+static int copy_cuda_to_process(struct tpb_cuda_thread *t, int dev, CUdeviceptr src,
 				const struct tpb_mem *dst, uint64_t len, CUstream st,
 				struct tpb_scratch *s)
 {
@@ -355,7 +361,8 @@ static int copy_cuda_to_process(struct cuda_thread *t, int dev, CUdeviceptr src,
 		if (cr == CUDA_SUCCESS && i > 0) { /* deliver chunk i - 1 */
 			uint64_t off = (i - 1) * PINNED_HALF;
 			size_t n = (size_t)TPU_MIN((uint64_t)PINNED_HALF, len - off);
-			r = event_wait(t, dev, t->half[(i - 1) % 2], s->why, sizeof(s->why));
+			r = tpb_cuda_event_wait(t, dev, t->half[(i - 1) % 2], s->why,
+						sizeof(s->why));
 			if (r == 0)
 				r = tpb_cma_move(dst->proc,
 						 (char *)t->pinned + ((i - 1) % 2) * PINNED_HALF,
@@ -367,17 +374,18 @@ static int copy_cuda_to_process(struct cuda_thread *t, int dev, CUdeviceptr src,
 	return r;
 }
 
-static int copy_issue(struct cuda_thread *t, const struct tpb_xfer *x, const struct side *a,
-		      const struct side *b, CUstream st, struct tpb_scratch *s)
+static int copy_issue(struct tpb_cuda_thread *t, const struct tpb_xfer *x,
+		      const struct tpb_cuda_side *a, const struct tpb_cuda_side *b, CUstream st,
+		      struct tpb_scratch *s)
 {
 	CUresult cr;
 
 	if (a->cuda && b->cuda && a->dev == b->dev)
 		cr = api()->cuMemcpyDtoDAsync(b->ptr, a->ptr, x->len, st);
 	else if (a->cuda && b->cuda) {
-		peer_enable(b->dev, a->dev);
-		cr = api()->cuMemcpyPeerAsync(b->ptr, devs[b->dev].ctx, a->ptr, devs[a->dev].ctx,
-					      x->len, st);
+		tpb_cuda_peer_enable(b->dev, a->dev);
+		cr = api()->cuMemcpyPeerAsync(b->ptr, tpb_cuda_devs[b->dev].ctx, a->ptr,
+					      tpb_cuda_devs[a->dev].ctx, x->len, st);
 	} else if (b->cuda && x->src.loc == TPB_LOC_LOCAL)
 		cr = api()->cuMemcpyHtoDAsync(b->ptr, (const void *)(uintptr_t)x->src.addr, x->len,
 					      st);
@@ -392,8 +400,8 @@ static int copy_issue(struct cuda_thread *t, const struct tpb_xfer *x, const str
 
 static int cuda_ipc_copy(const struct tpb_xfer *x, struct tpb_scratch *s)
 {
-	struct cuda_thread *t = thread_state(s);
-	struct side a, b;
+	struct tpb_cuda_thread *t = tpb_cuda_thread_state(s);
+	struct tpb_cuda_side a, b;
 	CUstream st;
 	int r;
 
@@ -401,26 +409,27 @@ static int cuda_ipc_copy(const struct tpb_xfer *x, struct tpb_scratch *s)
 		return -ENOMEM;
 	t->procs[0] = x->src.loc == TPB_LOC_LOCAL ? NULL : x->src.proc;
 	t->procs[1] = x->dst.loc == TPB_LOC_LOCAL ? NULL : x->dst.proc;
-	r = side_open(&x->src, 0, &a, s->why, sizeof(s->why));
+	r = tpb_cuda_side_open(&x->src, 0, &a, s->why, sizeof(s->why));
 	if (r == 0)
-		r = side_open(&x->dst, 0, &b, s->why, sizeof(s->why));
+		r = tpb_cuda_side_open(&x->dst, 0, &b, s->why, sizeof(s->why));
 	if (r == 0 && !a.cuda && !b.cuda)
 		return -EOPNOTSUPP;
 	if (r == 0)
-		r = copy_begin(t, &a, &b, &st, s->why, sizeof(s->why));
+		r = tpb_cuda_copy_begin(t, &a, &b, &st, s->why, sizeof(s->why));
 	if (r < 0)
 		return r;
 	r = copy_issue(t, x, &a, &b, st, s);
 	/* Whatever was queued must be finished before the memory may be reused. */
-	if (r != -ESRCH || t->stream[copy_dev(&a, &b)]) {
-		int w = stream_wait(t, copy_dev(&a, &b), st, s->why, sizeof(s->why));
+	if (r != -ESRCH || t->stream[tpb_cuda_copy_dev(&a, &b)]) {
+		int w = tpb_cuda_stream_wait(t, tpb_cuda_copy_dev(&a, &b), st, s->why,
+					     sizeof(s->why));
 		r = r < 0 ? r : w;
 	}
 	return r;
 }
 
 /* Pins the thread's bounce buffer once, so that stripe chunks move by DMA. */
-static void bounce_register(struct cuda_thread *t, struct tpb_scratch *s)
+static void bounce_register(struct tpb_cuda_thread *t, struct tpb_scratch *s)
 {
 	if (t->reg || !s->bounce || !s->bounce_len)
 		return;
@@ -432,8 +441,8 @@ static void bounce_register(struct cuda_thread *t, struct tpb_scratch *s)
 static int stage_cuda(const struct tpb_mem *m, uint64_t off, void *host, size_t len, bool to_mem,
 		      struct tpb_scratch *s, char *why, size_t wl)
 {
-	struct cuda_thread *t = thread_state(s);
-	struct side none = { .dev = -1 }, sd;
+	struct tpb_cuda_thread *t = tpb_cuda_thread_state(s);
+	struct tpb_cuda_side none = { .dev = -1 }, sd;
 	CUstream st;
 	CUresult cr;
 	int r;
@@ -442,9 +451,9 @@ static int stage_cuda(const struct tpb_mem *m, uint64_t off, void *host, size_t 
 		return -ENOMEM;
 	t->procs[0] = m->proc;
 	t->procs[1] = NULL;
-	r = side_open(m, off, &sd, why, wl);
+	r = tpb_cuda_side_open(m, off, &sd, why, wl);
 	if (r == 0)
-		r = copy_begin(t, &none, &sd, &st, why, wl);
+		r = tpb_cuda_copy_begin(t, &none, &sd, &st, why, wl);
 	if (r < 0)
 		return r;
 	bounce_register(t, s);
@@ -452,12 +461,12 @@ static int stage_cuda(const struct tpb_mem *m, uint64_t off, void *host, size_t 
 		      api()->cuMemcpyDtoHAsync(host, sd.ptr, len, st);
 	if (cr != CUDA_SUCCESS)
 		return fail(cr, to_mem ? "cuMemcpyHtoDAsync" : "cuMemcpyDtoHAsync", why, wl);
-	return stream_wait(t, sd.dev, st, why, wl);
+	return tpb_cuda_stream_wait(t, sd.dev, st, why, wl);
 }
 
 void tpb_cuda_scratch_done(struct tpb_scratch *s)
 {
-	struct cuda_thread *t = s ? s->cuda : NULL;
+	struct tpb_cuda_thread *t = s ? s->cuda : NULL;
 
 	if (!t)
 		return;
@@ -471,7 +480,7 @@ void tpb_cuda_scratch_done(struct tpb_scratch *s)
 	if (t->pinned)
 		api()->cuMemFreeHost(t->pinned);
 	for (int d = 0; d < DEVS_MAX; d++)
-		if (t->stream[d] && dev_enter(d, s->why, sizeof(s->why)) == 0)
+		if (t->stream[d] && tpb_cuda_dev_enter(d, s->why, sizeof(s->why)) == 0)
 			api()->cuStreamDestroy(t->stream[d]);
 	free(t);
 	s->cuda = NULL;
@@ -489,7 +498,7 @@ int tpb_cuda_gdr_range(const struct tpb_mem *m, struct tpb_cuda_range *ret, char
 		return -EINVAL;
 	r = tpb_cuda_map_open(m->cuda, why, wl);
 	if (r == 0)
-		r = dev_enter(m->cuda->dev, why, wl);
+		r = tpb_cuda_dev_enter(m->cuda->dev, why, wl);
 	if (r < 0)
 		return r;
 	ret->ptr = m->cuda->ptr + m->addr;
@@ -514,7 +523,7 @@ int tpb_cuda_event_done(const struct tpb_mem *m, char *why, size_t wl)
 		return 1;
 	r = tpb_cuda_map_open(m->event, why, wl);
 	if (r == 0)
-		r = dev_enter(m->event->dev, why, wl);
+		r = tpb_cuda_dev_enter(m->event->dev, why, wl);
 	if (r < 0)
 		return r;
 	cr = api()->cuEventQuery((CUevent)m->event->ev);
@@ -587,7 +596,7 @@ int tpb_cuda_basic_stage(const struct tpb_mem *m, uint64_t off, void *host, size
 	return -EINVAL;
 }
 
-static int cuda_probe(const struct tpb_config *cfg, char *why, size_t why_len)
+static int tpb_cuda_probe(const struct tpb_config *cfg, char *why, size_t why_len)
 {
 	return tpb_cuda_available(why, why_len);
 }
@@ -607,7 +616,7 @@ const struct tpb_channel_ops tpb_cuda_ipc_ops = {
 	.name = "cuda_ipc",
 	.caps = TPB_CAP_SAME_HOST | TPB_CAP_SRC_LOCAL | TPB_CAP_SRC_PROCESS | TPB_CAP_SRC_CUDA |
 		TPB_CAP_DST_LOCAL | TPB_CAP_DST_PROCESS | TPB_CAP_DST_CUDA | TPB_CAP_NEEDS_CUDA,
-	.probe = cuda_probe,
+	.probe = tpb_cuda_probe,
 	.copy = cuda_ipc_copy,
 	TPB_SYNC_OPS, /* its kernel on the daemon's copy threads */
 };
@@ -617,7 +626,7 @@ const struct tpb_channel_ops tpb_cuda_basic_ops = {
 	/* CUDA memory on one side at least, staged to or from any CPU memory on the other. */
 	.caps = TPB_CAP_CROSS_HOST | TPB_CAP_SRC_LOCAL | TPB_CAP_SRC_PROCESS | TPB_CAP_SRC_CUDA |
 		TPB_CAP_DST_LOCAL | TPB_CAP_DST_PROCESS | TPB_CAP_DST_CUDA | TPB_CAP_NEEDS_CUDA,
-	.probe = cuda_probe,
+	.probe = tpb_cuda_probe,
 	.copy = NULL,
 };
 
