@@ -6,8 +6,8 @@
  * thread that claimed them, on that thread's own stream for the device, after the clients'
  * events, and are synchronized before the copy op returns: a completion sent afterwards means
  * the bytes are in place. cuda_basic is the cross-host path: the stripe threads stage chunks
- * through their (pinned) bounce buffers with tpb_cuda_basic_stage(). cuda_gdr is viable with a
- * CUDA driver and an active RDMA port; its transfers run in the daemon (daemon/xfer/gdr.c).
+ * through their (pinned) bounce buffers with tpb_cuda_basic_stage(). cuda_gdr has its own
+ * folder, backends/cuda_gdr/.
  *
  * The daemon touches only the devices a transfer names: a device's primary context is retained
  * the first time a copy needs it, never at start-up.
@@ -54,19 +54,7 @@ int tpb_cuda_available(char *why, size_t why_len)
 	return tpcuda_api(why, why_len) != NULL;
 }
 
-static const struct tpcuda_api *api(void)
-{
-	return tpcuda_api(NULL, 0);
-}
-
-static int fail(CUresult r, const char *call, char *why, size_t wl)
-{
-	tpcuda_why(api(), call, r, why, wl);
-	return tpcuda_errno(r) ? tpcuda_errno(r) : -EIO;
-}
-
-/* Makes device @dev's primary context current on this thread (retaining it once). */
-static int tpb_cuda_dev_enter(int dev, char *why, size_t wl)
+int tpb_cuda_dev_enter(int dev, char *why, size_t wl)
 {
 	CUcontext ctx;
 	CUresult r = CUDA_SUCCESS;
@@ -486,34 +474,6 @@ void tpb_cuda_scratch_done(struct tpb_scratch *s)
 	s->cuda = NULL;
 }
 
-/* ---- for RDMA (cuda_gdr): the daemon's mapping as registrable memory ---- */
-
-int tpb_cuda_gdr_range(const struct tpb_mem *m, struct tpb_cuda_range *ret, char *why,
-		       size_t wl)
-{
-	uint64_t page = (uint64_t)sysconf(_SC_PAGESIZE), end;
-	int fd = -EBADF, r;
-
-	if (m->loc != TPB_LOC_CUDA || !m->cuda)
-		return -EINVAL;
-	r = tpb_cuda_map_open(m->cuda, why, wl);
-	if (r == 0)
-		r = tpb_cuda_dev_enter(m->cuda->dev, why, wl);
-	if (r < 0)
-		return r;
-	ret->ptr = m->cuda->ptr + m->addr;
-	ret->base = m->cuda->ptr & ~(page - 1);
-	end = (m->cuda->ptr + m->cuda->size + page - 1) & ~(page - 1);
-	ret->len = end - ret->base;
-	if (api()->cuMemGetHandleForAddressRange &&
-	    api()->cuMemGetHandleForAddressRange(&fd, ret->base, ret->len,
-						 CU_MEM_RANGE_HANDLE_TYPE_DMA_BUF_FD, 0) !=
-		    CUDA_SUCCESS)
-		fd = -EBADF; /* registration falls back to the virtual address (peer memory) */
-	ret->dmabuf_fd = fd;
-	return 0;
-}
-
 int tpb_cuda_event_done(const struct tpb_mem *m, char *why, size_t wl)
 {
 	CUresult cr;
@@ -533,13 +493,6 @@ int tpb_cuda_event_done(const struct tpb_mem *m, char *why, size_t wl)
 }
 
 #else /* !HAVE_CUDA */
-
-int tpb_cuda_gdr_range(const struct tpb_mem *m, struct tpb_cuda_range *ret, char *why,
-		       size_t wl)
-{
-	snprintf(why, wl, "tpipd was built without CUDA support");
-	return -EOPNOTSUPP;
-}
 
 int tpb_cuda_event_done(const struct tpb_mem *m, char *why, size_t wl)
 {
@@ -601,17 +554,6 @@ static int tpb_cuda_probe(const struct tpb_config *cfg, char *why, size_t why_le
 	return tpb_cuda_available(why, why_len);
 }
 
-static int gdr_probe(const struct tpb_config *cfg, char *why, size_t why_len)
-{
-	char cuda_why[128];
-
-	if (!tpb_cuda_available(cuda_why, sizeof(cuda_why))) {
-		snprintf(why, why_len, "%s", cuda_why);
-		return 0;
-	}
-	return tpb_rdma_viable(why, why_len);
-}
-
 const struct tpb_channel_ops tpb_cuda_ipc_ops = {
 	.name = "cuda_ipc",
 	.caps = TPB_CAP_SAME_HOST | TPB_CAP_SRC_LOCAL | TPB_CAP_SRC_PROCESS | TPB_CAP_SRC_CUDA |
@@ -627,14 +569,5 @@ const struct tpb_channel_ops tpb_cuda_basic_ops = {
 	.caps = TPB_CAP_CROSS_HOST | TPB_CAP_SRC_LOCAL | TPB_CAP_SRC_PROCESS | TPB_CAP_SRC_CUDA |
 		TPB_CAP_DST_LOCAL | TPB_CAP_DST_PROCESS | TPB_CAP_DST_CUDA | TPB_CAP_NEEDS_CUDA,
 	.probe = tpb_cuda_probe,
-	.copy = NULL,
-};
-
-const struct tpb_channel_ops tpb_cuda_gdr_ops = {
-	.name = "cuda_gdr",
-	/* CUDA memory on one side at least; the other side CUDA or a shared buffer (registered). */
-	.caps = TPB_CAP_CROSS_HOST | TPB_CAP_SRC_LOCAL | TPB_CAP_SRC_CUDA | TPB_CAP_DST_LOCAL |
-		TPB_CAP_DST_CUDA | TPB_CAP_NEEDS_CUDA,
-	.probe = gdr_probe,
 	.copy = NULL,
 };

@@ -9,6 +9,7 @@
 #include <pthread.h>
 #include <stdbool.h>
 #include <stdint.h>
+#include "tpconfig.h"
 #include "../tpb.h"
 #include "tpu.h"
 
@@ -39,5 +40,29 @@ int tpb_cuda_map_open(struct tpb_cuda_map *m, char *why, size_t why_len);
 void tpb_cuda_map_close(struct tpb_cuda_map *m);
 /* 1 if the driver can be used here, else 0 with the reason in @why. */
 int tpb_cuda_available(char *why, size_t why_len);
+
+#if HAVE_CUDA
+#include "tpcuda.h"
+
+/* The driver's entry points (bound once, see tpcuda.h); call only where it loaded. */
+static inline const struct tpcuda_api *api(void)
+{
+	return tpcuda_api(NULL, 0);
+}
+
+/* Names the failed driver call @call in @why (borrowed). Return: its -errno, else -EIO. */
+static inline int fail(CUresult r, const char *call, char *why, size_t wl)
+{
+	tpcuda_why(api(), call, r, why, wl);
+	return tpcuda_errno(r) ? tpcuda_errno(r) : -EIO;
+}
+
+/*
+ * tpb_cuda_dev_enter() - make device @dev's primary context current on this thread, retaining
+ * it the first time any thread needs it. Borrows @why.
+ * Return: 0, -EINVAL for an ordinal out of range, or the driver's -errno with the reason in @why.
+ */
+int tpb_cuda_dev_enter(int dev, char *why, size_t why_len);
+#endif
 
 #endif
