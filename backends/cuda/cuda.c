@@ -5,9 +5,8 @@
  * client's address space (CMA through pinned buffers, double buffered). Copies run on the copy
  * thread that claimed them, on that thread's own stream for the device, after the clients'
  * events, and are synchronized before the copy op returns: a completion sent afterwards means
- * the bytes are in place. cuda_basic is the cross-host path: the stripe threads stage chunks
- * through their (pinned) bounce buffers with tpb_cuda_basic_stage(). cuda_gdr has its own
- * folder, backends/cuda_gdr/.
+ * the bytes are in place. cuda_basic and cuda_gdr have their own folders, backends/cuda_basic/
+ * and backends/cuda_gdr/.
  *
  * The daemon touches only the devices a transfer names: a device's primary context is retained
  * the first time a copy needs it, never at start-up.
@@ -26,7 +25,6 @@
 #if HAVE_CUDA
 #include "tpcuda.h"
 
-#define DEVS_MAX 64
 #define PINNED_HALF (4u << 20) /* bytes per half of a thread's pinned buffer */
 
 struct tpb_cuda_dev {
@@ -36,18 +34,6 @@ struct tpb_cuda_dev {
 
 static pthread_mutex_t devs_lock = PTHREAD_MUTEX_INITIALIZER;
 static struct tpb_cuda_dev tpb_cuda_devs[DEVS_MAX];
-
-/* Per copy or stripe thread (tpb_scratch.cuda). */
-struct tpb_cuda_thread {
-	CUstream stream[DEVS_MAX];
-	void *pinned; /* 2 * PINNED_HALF, portable */
-	CUevent half[2];
-	int pinned_dev;
-	void *reg; /* the thread's bounce buffer, registered (pinned) once */
-	CUevent done; /* recorded behind a copy, polled until it completes */
-	struct tpb_proc *procs[2]; /* the clients of the current copy: a wait gives up when one
-				    * exits (borrowed for the copy) */
-};
 
 int tpb_cuda_available(char *why, size_t why_len)
 {
@@ -140,7 +126,7 @@ void tpb_cuda_map_close(struct tpb_cuda_map *m)
 		api()->cuIpcCloseMemHandle((CUdeviceptr)m->ptr);
 }
 
-static struct tpb_cuda_thread *tpb_cuda_thread_state(struct tpb_scratch *s)
+struct tpb_cuda_thread *tpb_cuda_thread_state(struct tpb_scratch *s)
 {
 	if (!s->cuda) {
 		struct tpb_cuda_thread *t = calloc(1, sizeof(*t));
@@ -163,16 +149,8 @@ static int thread_stream(struct tpb_cuda_thread *t, int dev, CUstream *ret, char
 	return 0;
 }
 
-/* A CUDA side of a transfer, opened: device, pointer, event to wait for. */
-struct tpb_cuda_side {
-	bool cuda;
-	int dev;
-	CUdeviceptr ptr;
-	CUevent wait;
-};
-
-static int tpb_cuda_side_open(const struct tpb_mem *m, uint64_t off, struct tpb_cuda_side *sd,
-			      char *why, size_t wl)
+int tpb_cuda_side_open(const struct tpb_mem *m, uint64_t off, struct tpb_cuda_side *sd,
+		       char *why, size_t wl)
 {
 	int r;
 
@@ -196,9 +174,8 @@ static int tpb_cuda_copy_dev(const struct tpb_cuda_side *a, const struct tpb_cud
 	return b->cuda ? b->dev : a->dev;
 }
 
-/* Enters the context of the device that runs the copy and waits for both sides' events. */
-static int tpb_cuda_copy_begin(struct tpb_cuda_thread *t, const struct tpb_cuda_side *a,
-			       const struct tpb_cuda_side *b, CUstream *ret, char *why, size_t wl)
+int tpb_cuda_copy_begin(struct tpb_cuda_thread *t, const struct tpb_cuda_side *a,
+			const struct tpb_cuda_side *b, CUstream *ret, char *why, size_t wl)
 {
 	int dev = tpb_cuda_copy_dev(a, b), r;
 	CUresult cr = CUDA_SUCCESS;
@@ -255,11 +232,7 @@ static int tpb_cuda_event_wait(struct tpb_cuda_thread *t, int dev, CUevent ev, c
 	}
 }
 
-/*
- * Records t->done behind everything queued on @st and waits for it (see tpb_cuda_event_wait()).
- */
-static int tpb_cuda_stream_wait(struct tpb_cuda_thread *t, int dev, CUstream st, char *why,
-				size_t wl)
+int tpb_cuda_stream_wait(struct tpb_cuda_thread *t, int dev, CUstream st, char *why, size_t wl)
 {
 	CUresult r = CUDA_SUCCESS;
 
@@ -416,42 +389,6 @@ static int cuda_ipc_copy(const struct tpb_xfer *x, struct tpb_scratch *s)
 	return r;
 }
 
-/* Pins the thread's bounce buffer once, so that stripe chunks move by DMA. */
-static void bounce_register(struct tpb_cuda_thread *t, struct tpb_scratch *s)
-{
-	if (t->reg || !s->bounce || !s->bounce_len)
-		return;
-	if (api()->cuMemHostRegister(s->bounce, s->bounce_len, CU_MEMHOSTREGISTER_PORTABLE) ==
-	    CUDA_SUCCESS)
-		t->reg = s->bounce;
-}
-
-static int stage_cuda(const struct tpb_mem *m, uint64_t off, void *host, size_t len, bool to_mem,
-		      struct tpb_scratch *s, char *why, size_t wl)
-{
-	struct tpb_cuda_thread *t = tpb_cuda_thread_state(s);
-	struct tpb_cuda_side none = { .dev = -1 }, sd;
-	CUstream st;
-	CUresult cr;
-	int r;
-
-	if (!t)
-		return -ENOMEM;
-	t->procs[0] = m->proc;
-	t->procs[1] = NULL;
-	r = tpb_cuda_side_open(m, off, &sd, why, wl);
-	if (r == 0)
-		r = tpb_cuda_copy_begin(t, &none, &sd, &st, why, wl);
-	if (r < 0)
-		return r;
-	bounce_register(t, s);
-	cr = to_mem ? api()->cuMemcpyHtoDAsync(sd.ptr, host, len, st) :
-		      api()->cuMemcpyDtoHAsync(host, sd.ptr, len, st);
-	if (cr != CUDA_SUCCESS)
-		return fail(cr, to_mem ? "cuMemcpyHtoDAsync" : "cuMemcpyDtoHAsync", why, wl);
-	return tpb_cuda_stream_wait(t, sd.dev, st, why, wl);
-}
-
 void tpb_cuda_scratch_done(struct tpb_scratch *s)
 {
 	struct tpb_cuda_thread *t = s ? s->cuda : NULL;
@@ -514,12 +451,6 @@ void tpb_cuda_map_close(struct tpb_cuda_map *m)
 {
 }
 
-static int stage_cuda(const struct tpb_mem *m, uint64_t off, void *host, size_t len, bool to_mem,
-		      struct tpb_scratch *s, char *why, size_t wl)
-{
-	return -EOPNOTSUPP;
-}
-
 void tpb_cuda_scratch_done(struct tpb_scratch *s)
 {
 }
@@ -527,29 +458,7 @@ void tpb_cuda_scratch_done(struct tpb_scratch *s)
 #define cuda_ipc_copy NULL
 #endif
 
-int tpb_cuda_basic_stage(const struct tpb_mem *m, uint64_t off, void *host, size_t len,
-			 bool to_mem, struct tpb_scratch *s, char *why, size_t why_len)
-{
-	void *p = (void *)(uintptr_t)(m->addr + off);
-
-	switch (m->loc) {
-	case TPB_LOC_LOCAL:
-		if (to_mem)
-			memcpy(p, host, len);
-		else
-			memcpy(host, p, len);
-		return 0;
-	case TPB_LOC_PROCESS:
-		return tpb_cma_move(m->proc, host, m->addr + off, len, to_mem, why, why_len);
-	case TPB_LOC_CUDA:
-		return stage_cuda(m, off, host, len, to_mem, s, why, why_len);
-	case TPB_LOC_REMOTE:
-		break; /* another host's memory: never staged here */
-	}
-	return -EINVAL;
-}
-
-static int tpb_cuda_probe(const struct tpb_config *cfg, char *why, size_t why_len)
+int tpb_cuda_probe(const struct tpb_config *cfg, char *why, size_t why_len)
 {
 	return tpb_cuda_available(why, why_len);
 }
@@ -561,13 +470,4 @@ const struct tpb_channel_ops tpb_cuda_ipc_ops = {
 	.probe = tpb_cuda_probe,
 	.copy = cuda_ipc_copy,
 	TPB_SYNC_OPS, /* its kernel on the daemon's copy threads */
-};
-
-const struct tpb_channel_ops tpb_cuda_basic_ops = {
-	.name = "cuda_basic",
-	/* CUDA memory on one side at least, staged to or from any CPU memory on the other. */
-	.caps = TPB_CAP_CROSS_HOST | TPB_CAP_SRC_LOCAL | TPB_CAP_SRC_PROCESS | TPB_CAP_SRC_CUDA |
-		TPB_CAP_DST_LOCAL | TPB_CAP_DST_PROCESS | TPB_CAP_DST_CUDA | TPB_CAP_NEEDS_CUDA,
-	.probe = tpb_cuda_probe,
-	.copy = NULL,
 };

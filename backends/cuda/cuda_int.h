@@ -63,6 +63,65 @@ static inline int fail(CUresult r, const char *call, char *why, size_t wl)
  * Return: 0, -EINVAL for an ordinal out of range, or the driver's -errno with the reason in @why.
  */
 int tpb_cuda_dev_enter(int dev, char *why, size_t why_len);
+
+#define DEVS_MAX 64
+
+/* Per copy or stripe thread (tpb_scratch.cuda). */
+struct tpb_cuda_thread {
+	CUstream stream[DEVS_MAX];
+	void *pinned; /* 2 * PINNED_HALF, portable */
+	CUevent half[2];
+	int pinned_dev;
+	void *reg; /* the thread's bounce buffer, registered (pinned) once */
+	CUevent done; /* recorded behind a copy, polled until it completes */
+	struct tpb_proc *procs[2]; /* the clients of the current copy: a wait gives up when one
+				    * exits (borrowed for the copy) */
+};
+
+/* A CUDA side of a transfer, opened: device, pointer, event to wait for. */
+struct tpb_cuda_side {
+	bool cuda;
+	int dev;
+	CUdeviceptr ptr;
+	CUevent wait;
+};
+
+/*
+ * tpb_cuda_thread_state() - the calling thread's CUDA state, kept in its scratch @s (borrowed)
+ * and made on first use.
+ * Return: borrowed pointer, valid until tpb_cuda_scratch_done(@s); NULL without memory.
+ */
+struct tpb_cuda_thread *tpb_cuda_thread_state(struct tpb_scratch *s);
+
+/*
+ * tpb_cuda_side_open() - describe @m at offset @off as a side of a copy in @sd (the caller's):
+ * for CUDA memory, its device, device pointer and event, the mapping and event opened with the
+ * driver if no copy has yet; else @sd->cuda is false. Borrows @m and @why.
+ * Return: 0, or -errno with the reason in @why.
+ */
+int tpb_cuda_side_open(const struct tpb_mem *m, uint64_t off, struct tpb_cuda_side *sd, char *why,
+		       size_t why_len);
+
+/*
+ * tpb_cuda_copy_begin() - enter the context of the device that runs a copy from @a to @b and
+ * make the thread's stream there wait for both sides' events. Borrows @t, @a, @b and @why.
+ * @ret: the stream to queue the copy on (@t's), written on success.
+ * Return: 0, or the driver's -errno with the reason in @why.
+ */
+int tpb_cuda_copy_begin(struct tpb_cuda_thread *t, const struct tpb_cuda_side *a,
+			const struct tpb_cuda_side *b, CUstream *ret, char *why, size_t why_len);
+
+/*
+ * tpb_cuda_stream_wait() - record t->done behind everything queued on @st (on device @dev) and
+ * wait for it; gives up when a client of the copy (t->procs) exits. Borrows @t and @why.
+ * Return: 0, -ESRCH (a client exited), or the driver's -errno with the reason in @why.
+ */
+int tpb_cuda_stream_wait(struct tpb_cuda_thread *t, int dev, CUstream st, char *why,
+			 size_t why_len);
 #endif
+
+/* The probe of cuda_ipc and cuda_basic: a CUDA driver is there (tpb_cuda_available()).
+ * Borrows @cfg and @why. Return: 1 viable, else 0 with the reason in @why. */
+int tpb_cuda_probe(const struct tpb_config *cfg, char *why, size_t why_len);
 
 #endif
