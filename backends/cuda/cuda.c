@@ -1,12 +1,12 @@
 /* SPDX-License-Identifier: BSD-3-Clause */
 /*
- * The CUDA channels. cuda_ipc copies on one host between client CUDA memory (IPC handles the
- * daemon maps, see cudamap.c) and CUDA memory, mappings the daemon holds (shared buffers) or a
- * client's address space (CMA through pinned buffers, double buffered). Copies run on the copy
- * thread that claimed them, on that thread's own stream for the device, after the clients'
- * events, and are synchronized before the copy op returns: a completion sent afterwards means
- * the bytes are in place. cuda_basic and cuda_gdr have their own folders, backends/cuda_basic/
- * and backends/cuda_gdr/.
+ * The CUDA layer under the channels cuda_ipc, cuda_basic and cuda_gdr (each in its own folder,
+ * backends/cuda_ipc/, backends/cuda_basic/, backends/cuda_gdr/): the devices' primary contexts
+ * and peer access, opening the client IPC handles the daemon maps (the table is cudamap.c),
+ * each copy or stripe thread's CUDA state (a stream per device, pinned buffers, events) and
+ * the steps every CUDA copy takes: open its sides, enter the device that runs it, wait for the
+ * clients' events, and wait for the stream before the copy returns, giving up when a client
+ * exits. Not responsible for moving bytes: the channels are.
  *
  * The daemon touches only the devices a transfer names: a device's primary context is retained
  * the first time a copy needs it, never at start-up.
@@ -25,15 +25,8 @@
 #if HAVE_CUDA
 #include "tpcuda.h"
 
-#define PINNED_HALF (4u << 20) /* bytes per half of a thread's pinned buffer */
-
-struct tpb_cuda_dev {
-	CUcontext ctx; /* retained primary context, NULL until first use */
-	uint64_t peer; /* bit per device with peer access enabled from this one */
-};
-
 static pthread_mutex_t devs_lock = PTHREAD_MUTEX_INITIALIZER;
-static struct tpb_cuda_dev tpb_cuda_devs[DEVS_MAX];
+struct tpb_cuda_dev tpb_cuda_devs[DEVS_MAX];
 
 int tpb_cuda_available(char *why, size_t why_len)
 {
@@ -168,8 +161,7 @@ int tpb_cuda_side_open(const struct tpb_mem *m, uint64_t off, struct tpb_cuda_si
 	return 0;
 }
 
-/* The device whose context and stream run a copy from @a to @b: the destination's if CUDA. */
-static int tpb_cuda_copy_dev(const struct tpb_cuda_side *a, const struct tpb_cuda_side *b)
+int tpb_cuda_copy_dev(const struct tpb_cuda_side *a, const struct tpb_cuda_side *b)
 {
 	return b->cuda ? b->dev : a->dev;
 }
@@ -205,8 +197,7 @@ static bool proc_gone(const struct tpb_proc *p)
  * so it is abandoned (destroyed; the driver frees it once its work is gone) and the next copy
  * makes a new one.
  */
-static int tpb_cuda_event_wait(struct tpb_cuda_thread *t, int dev, CUevent ev, char *why,
-			       size_t wl)
+int tpb_cuda_event_wait(struct tpb_cuda_thread *t, int dev, CUevent ev, char *why, size_t wl)
 {
 	struct timespec step = { 0, 20000 };
 
@@ -245,8 +236,7 @@ int tpb_cuda_stream_wait(struct tpb_cuda_thread *t, int dev, CUstream st, char *
 	return tpb_cuda_event_wait(t, dev, t->done, why, wl);
 }
 
-/* Peer access from @dev (current) to @peer, once, where the hardware allows it. */
-static void tpb_cuda_peer_enable(int dev, int peer)
+void tpb_cuda_peer_enable(int dev, int peer)
 {
 	int can = 0;
 
@@ -258,135 +248,6 @@ static void tpb_cuda_peer_enable(int dev, int peer)
 			tpb_cuda_devs[dev].peer |= 1ull << peer;
 	}
 	pthread_mutex_unlock(&devs_lock);
-}
-
-/* The thread's pinned double buffer (made in the current context @dev, portable). */
-static int pinned_get(struct tpb_cuda_thread *t, char *why, size_t wl)
-{
-	CUresult r = CUDA_SUCCESS;
-
-	if (!t->pinned)
-		r = api()->cuMemHostAlloc(&t->pinned, 2 * (size_t)PINNED_HALF,
-					  CU_MEMHOSTALLOC_PORTABLE);
-	for (int i = 0; r == CUDA_SUCCESS && i < 2; i++)
-		if (!t->half[i])
-			r = api()->cuEventCreate(&t->half[i], CU_EVENT_DISABLE_TIMING);
-	return r == CUDA_SUCCESS ? 0 : fail(r, "cuMemHostAlloc", why, wl);
-}
-
-/* Process memory -> CUDA: CMA into one pinned half while the other half's upload runs. */
-static int copy_process_to_cuda(struct tpb_cuda_thread *t, const struct tpb_mem *src, int dev,
-				CUdeviceptr dst, uint64_t len, CUstream st, struct tpb_scratch *s)
-{
-	int r = pinned_get(t, s->why, sizeof(s->why));
-
-	for (uint64_t off = 0, i = 0; r == 0 && off < len; off += PINNED_HALF, i++) {
-		size_t n = (size_t)TPU_MIN((uint64_t)PINNED_HALF, len - off);
-		char *h = (char *)t->pinned + (i % 2) * PINNED_HALF;
-		CUresult cr = CUDA_SUCCESS;
-
-		if (i >= 2 &&
-		    (r = tpb_cuda_event_wait(t, dev, t->half[i % 2], s->why, sizeof(s->why))) < 0)
-			break;
-		if ((r = tpb_cma_move(src->proc, h, src->addr + off, n, false, s->why,
-					 sizeof(s->why))) < 0)
-			break;
-		if (cr == CUDA_SUCCESS)
-			cr = api()->cuMemcpyHtoDAsync(dst + off, h, n, st);
-		if (cr == CUDA_SUCCESS)
-			cr = api()->cuEventRecord(t->half[i % 2], st);
-		if (cr != CUDA_SUCCESS)
-			r = fail(cr, "cuMemcpyHtoDAsync", s->why, sizeof(s->why));
-	}
-	return r;
-}
-
-/* CUDA -> process memory: download the next chunk while CMA writes the previous one. */
-static int copy_cuda_to_process(struct tpb_cuda_thread *t, int dev, CUdeviceptr src,
-				const struct tpb_mem *dst, uint64_t len, CUstream st,
-				struct tpb_scratch *s)
-{
-	uint64_t n_chunks = (len + PINNED_HALF - 1) / PINNED_HALF;
-	int r = pinned_get(t, s->why, sizeof(s->why));
-	CUresult cr = CUDA_SUCCESS;
-
-	for (uint64_t i = 0; r == 0 && i <= n_chunks; i++) {
-		if (i < n_chunks) { /* issue chunk i */
-			uint64_t off = i * PINNED_HALF;
-			size_t n = (size_t)TPU_MIN((uint64_t)PINNED_HALF, len - off);
-			cr = api()->cuMemcpyDtoHAsync((char *)t->pinned + (i % 2) * PINNED_HALF,
-						      src + off, n, st);
-			if (cr == CUDA_SUCCESS)
-				cr = api()->cuEventRecord(t->half[i % 2], st);
-		}
-		if (cr == CUDA_SUCCESS && i > 0) { /* deliver chunk i - 1 */
-			uint64_t off = (i - 1) * PINNED_HALF;
-			size_t n = (size_t)TPU_MIN((uint64_t)PINNED_HALF, len - off);
-			r = tpb_cuda_event_wait(t, dev, t->half[(i - 1) % 2], s->why,
-						sizeof(s->why));
-			if (r == 0)
-				r = tpb_cma_move(dst->proc,
-						 (char *)t->pinned + ((i - 1) % 2) * PINNED_HALF,
-						 dst->addr + off, n, true, s->why, sizeof(s->why));
-		}
-		if (cr != CUDA_SUCCESS)
-			r = fail(cr, "cuMemcpyDtoHAsync", s->why, sizeof(s->why));
-	}
-	return r;
-}
-
-static int copy_issue(struct tpb_cuda_thread *t, const struct tpb_xfer *x,
-		      const struct tpb_cuda_side *a, const struct tpb_cuda_side *b, CUstream st,
-		      struct tpb_scratch *s)
-{
-	CUresult cr;
-
-	if (a->cuda && b->cuda && a->dev == b->dev)
-		cr = api()->cuMemcpyDtoDAsync(b->ptr, a->ptr, x->len, st);
-	else if (a->cuda && b->cuda) {
-		tpb_cuda_peer_enable(b->dev, a->dev);
-		cr = api()->cuMemcpyPeerAsync(b->ptr, tpb_cuda_devs[b->dev].ctx, a->ptr,
-					      tpb_cuda_devs[a->dev].ctx, x->len, st);
-	} else if (b->cuda && x->src.loc == TPB_LOC_LOCAL)
-		cr = api()->cuMemcpyHtoDAsync(b->ptr, (const void *)(uintptr_t)x->src.addr, x->len,
-					      st);
-	else if (a->cuda && x->dst.loc == TPB_LOC_LOCAL)
-		cr = api()->cuMemcpyDtoHAsync((void *)(uintptr_t)x->dst.addr, a->ptr, x->len, st);
-	else if (b->cuda)
-		return copy_process_to_cuda(t, &x->src, b->dev, b->ptr, x->len, st, s);
-	else
-		return copy_cuda_to_process(t, a->dev, a->ptr, &x->dst, x->len, st, s);
-	return cr == CUDA_SUCCESS ? 0 : fail(cr, "cuMemcpyAsync", s->why, sizeof(s->why));
-}
-
-static int cuda_ipc_copy(const struct tpb_xfer *x, struct tpb_scratch *s)
-{
-	struct tpb_cuda_thread *t = tpb_cuda_thread_state(s);
-	struct tpb_cuda_side a, b;
-	CUstream st;
-	int r;
-
-	if (!t)
-		return -ENOMEM;
-	t->procs[0] = x->src.loc == TPB_LOC_LOCAL ? NULL : x->src.proc;
-	t->procs[1] = x->dst.loc == TPB_LOC_LOCAL ? NULL : x->dst.proc;
-	r = tpb_cuda_side_open(&x->src, 0, &a, s->why, sizeof(s->why));
-	if (r == 0)
-		r = tpb_cuda_side_open(&x->dst, 0, &b, s->why, sizeof(s->why));
-	if (r == 0 && !a.cuda && !b.cuda)
-		return -EOPNOTSUPP;
-	if (r == 0)
-		r = tpb_cuda_copy_begin(t, &a, &b, &st, s->why, sizeof(s->why));
-	if (r < 0)
-		return r;
-	r = copy_issue(t, x, &a, &b, st, s);
-	/* Whatever was queued must be finished before the memory may be reused. */
-	if (r != -ESRCH || t->stream[tpb_cuda_copy_dev(&a, &b)]) {
-		int w = tpb_cuda_stream_wait(t, tpb_cuda_copy_dev(&a, &b), st, s->why,
-					     sizeof(s->why));
-		r = r < 0 ? r : w;
-	}
-	return r;
 }
 
 void tpb_cuda_scratch_done(struct tpb_scratch *s)
@@ -454,20 +315,9 @@ void tpb_cuda_map_close(struct tpb_cuda_map *m)
 void tpb_cuda_scratch_done(struct tpb_scratch *s)
 {
 }
-
-#define cuda_ipc_copy NULL
 #endif
 
 int tpb_cuda_probe(const struct tpb_config *cfg, char *why, size_t why_len)
 {
 	return tpb_cuda_available(why, why_len);
 }
-
-const struct tpb_channel_ops tpb_cuda_ipc_ops = {
-	.name = "cuda_ipc",
-	.caps = TPB_CAP_SAME_HOST | TPB_CAP_SRC_LOCAL | TPB_CAP_SRC_PROCESS | TPB_CAP_SRC_CUDA |
-		TPB_CAP_DST_LOCAL | TPB_CAP_DST_PROCESS | TPB_CAP_DST_CUDA | TPB_CAP_NEEDS_CUDA,
-	.probe = tpb_cuda_probe,
-	.copy = cuda_ipc_copy,
-	TPB_SYNC_OPS, /* its kernel on the daemon's copy threads */
-};

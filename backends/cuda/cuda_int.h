@@ -1,7 +1,10 @@
 /* SPDX-License-Identifier: BSD-3-Clause */
 /*
- * Internals shared by the CUDA channel files: a mapping of one client IPC handle (memory or
- * event) and the hooks that open and close it with the driver.
+ * The CUDA layer's interface to the CUDA channels (backends/cuda_ipc/, backends/cuda_basic/,
+ * backends/cuda_gdr/) and to its own files: a mapping of one client IPC handle (memory or
+ * event) and the hooks that open and close it with the driver; with CUDA built in, the devices,
+ * a copy or stripe thread's CUDA state and the steps of a copy (cuda.c). Not installed, and
+ * not for the daemon, which goes through backends/tpb.h.
  */
 #ifndef TPB_CUDA_INT_H
 #define TPB_CUDA_INT_H
@@ -66,10 +69,18 @@ int tpb_cuda_dev_enter(int dev, char *why, size_t why_len);
 
 #define DEVS_MAX 64
 
+struct tpb_cuda_dev {
+	CUcontext ctx; /* retained primary context, NULL until first use */
+	uint64_t peer; /* bit per device with peer access enabled from this one */
+};
+
+/* Every device the daemon has used, by ordinal (peer bits under the CUDA layer's lock). */
+extern struct tpb_cuda_dev tpb_cuda_devs[DEVS_MAX];
+
 /* Per copy or stripe thread (tpb_scratch.cuda). */
 struct tpb_cuda_thread {
 	CUstream stream[DEVS_MAX];
-	void *pinned; /* 2 * PINNED_HALF, portable */
+	void *pinned; /* cuda_ipc's double buffer, 2 * PINNED_HALF (cuda_ipc.c), portable */
 	CUevent half[2];
 	int pinned_dev;
 	void *reg; /* the thread's bounce buffer, registered (pinned) once */
@@ -118,6 +129,22 @@ int tpb_cuda_copy_begin(struct tpb_cuda_thread *t, const struct tpb_cuda_side *a
  */
 int tpb_cuda_stream_wait(struct tpb_cuda_thread *t, int dev, CUstream st, char *why,
 			 size_t why_len);
+
+/* The device whose context and stream run a copy from @a to @b (borrowed): the destination's
+ * if CUDA. */
+int tpb_cuda_copy_dev(const struct tpb_cuda_side *a, const struct tpb_cuda_side *b);
+
+/*
+ * tpb_cuda_event_wait() - wait until @ev completes, giving up when a client of the copy
+ * (t->procs) exits: the thread's stream on @dev is then abandoned. Borrows @t and @why.
+ * Return: 0, -ESRCH (a client exited), or the driver's -errno with the reason in @why.
+ */
+int tpb_cuda_event_wait(struct tpb_cuda_thread *t, int dev, CUevent ev, char *why,
+			size_t why_len);
+
+/* Enables peer access from device @dev (its context current) to @peer, once, where the
+ * hardware allows it. */
+void tpb_cuda_peer_enable(int dev, int peer);
 #endif
 
 /* The probe of cuda_ipc and cuda_basic: a CUDA driver is there (tpb_cuda_available()).
