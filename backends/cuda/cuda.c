@@ -16,14 +16,10 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sched.h>
-#include <signal.h>
 #include <time.h>
-#include <unistd.h>
-#include "tpconfig.h"
 #include "cuda_int.h"
 
 #if HAVE_CUDA
-#include "tpcuda.h"
 
 static pthread_mutex_t devs_lock = PTHREAD_MUTEX_INITIALIZER;
 struct tpb_cuda_dev tpb_cuda_devs[DEVS_MAX];
