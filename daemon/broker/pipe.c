@@ -279,7 +279,7 @@ void tpd_pipe_maybe_free(struct tpd_pipe *p)
 	tpu_list_remove(&p->end[1].credit_node);
 	tpd_budget_leave(&p->end[0]);
 	tpd_budget_leave(&p->end[1]);
-	tpd_xpipe_done(p);
+	tpd_xconnect_done(p);
 	tpu_list_remove(&p->node);
 	p->d->n_pipes--;
 	tpd_pipe_log(p, NULL, TPU_LOG_DEBUG, "freed");
@@ -450,12 +450,12 @@ void tpd_pipe_connect(struct tpd_daemon *d, struct tpd_session *s, const Tpw__V1
 	int r;
 
 	if (strncmp(c->address, "tpip://", 7) == 0) {
-		tpd_xpipe_connect(d, s, c);
+		tpd_xconnect_remote(d, s, c);
 		return;
 	}
 	r = tpd_pipe_connect_check(d, s, c, &l, why, sizeof(why));
 	if (r == -ENOENT && c->wait_ms) {
-		tpd_xpipe_wait_local(d, s, c);
+		tpd_xconnect_wait_local(d, s, c);
 		return;
 	}
 	if (r < 0) {
@@ -576,7 +576,7 @@ void tpd_pipe_write(struct tpd_pipe_end *e, Tpw__V1__ClientMsg *cm, const uint8_
 		goto out;
 	}
 	if (e->pipe->connecting) {
-		tpd_xpipe_hold(e, cm, tail, tail_len);
+		tpd_xconnect_hold(e, cm, tail, tail_len);
 		return;
 	}
 	err = queue_check(e, tail_len, w->n_payloads + w->n_tensors, why, sizeof(why));
@@ -888,7 +888,7 @@ static void end_detach(struct tpd_pipe_end *e, Tpw__V1__Status why)
 	e->gone = why;
 	tpd_budget_leave(e);
 	if (peer->remote)
-		tpd_xpipe_local_left(p, why);
+		tpd_xconnect_local_left(p, why);
 	/* Writes of @e: nobody waits for their completion any more. Rendezvous reads the peer
 	 * already asked for fail now; eager messages stay readable. */
 	tpu_list_for_each_safe(m, tmp, &e->wq, wnode)

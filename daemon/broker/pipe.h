@@ -5,8 +5,10 @@
  * from the reader's allocation, in-order completions, and failing what is pending when an end
  * closes or dies. Each direction is independent. The pipe is freed when both ends are detached
  * and no copy is in flight. The module is four files: pipe.c (pipes, ends, writes, reads,
- * completions), msg.c (a message's memory and copy job), xpipe.c (pipes to another host's
- * daemon) and xh.c (a message's transfer over a peer link); pipe_int.h is private to them.
+ * completions), msg.c (a message's memory and copy job), xpipe.c, xconnect.c and xaccept.c
+ * (pipes to another host's daemon: the messages of an open pipe, the connecting side, the
+ * accepting side) and xh.c (a message's transfer over a peer link); pipe_int.h is private to
+ * them.
  */
 #ifndef TPD_PIPE_H
 #define TPD_PIPE_H
@@ -164,49 +166,50 @@ void tpd_pipe_end_detach(struct tpd_pipe_end *e, Tpw__V1__Status why);
 void tpd_pipe_end_close(struct tpd_pipe_end *e);
 
 /*
- * tpd_xpipe_wait_local() - Connect @c names a local listener that does not exist yet and asks
+ * tpd_xconnect_wait_local() - Connect @c names a local listener that does not exist yet and asks
  * to wait (wait_ms > 0): keep the pipe connecting (writes are held, the pipe counts against
  * pipes-max) until a listener of that name registers (then the access checks run) or wait_ms
  * passes (-ETIMEDOUT). Ending the session or closing the pipe cancels it.
  * Ownership: borrows @d and @c; the waiting pipe's end keeps @s, as tpd_pipe_connect() does.
  */
-void tpd_xpipe_wait_local(struct tpd_daemon *d, struct tpd_session *s, const Tpw__V1__Connect *c);
+void tpd_xconnect_wait_local(struct tpd_daemon *d, struct tpd_session *s,
+			     const Tpw__V1__Connect *c);
 
 /* Listener @name was just registered: connect the pipes waiting for it. Borrows @d and @name. */
 void tpd_xpipe_listener_added(struct tpd_daemon *d, const char *name);
 
-/* ---- cross-host pipes (xpipe.c and xh.c, called by peer.c) ---- */
+/* ---- cross-host pipes (xpipe.c, xconnect.c, xaccept.c and xh.c, called by peer.c) ---- */
 
 /*
  * tpd_xpipe_start() - register the broker's struct tpd_peer_pipe_ops with the peer part (the
- * tpd_xpipe_peer_*, tpd_xpipe_link_* and tpd_xh_peer_* functions below are its ops: the peer
- * part calls them only through it). Call before tpd_peers_start().
+ * tpd_xpipe_peer_*, tpd_xconnect_*, tpd_xaccept_* and tpd_xh_peer_* functions below are its
+ * ops: the peer part calls them only through it). Call before tpd_peers_start().
  */
 void tpd_xpipe_start(void);
 
 /* The peer link @pr goes away: forget the connects of its far daemon waiting for a listener.
  * Borrows @d and @pr. */
-void tpd_xpipe_peer_waits_drop(struct tpd_daemon *d, struct tpd_peer *pr);
+void tpd_xaccept_waits_drop(struct tpd_daemon *d, struct tpd_peer *pr);
 /* The far daemon of @pr gave up on its connect @pipe_id waiting for a listener: forget it.
  * Borrows @d and @pr. */
-void tpd_xpipe_peer_wait_cancel(struct tpd_daemon *d, struct tpd_peer *pr, uint64_t pipe_id);
+void tpd_xaccept_wait_cancel(struct tpd_daemon *d, struct tpd_peer *pr, uint64_t pipe_id);
 
 /* The link of connecting pipe @p is up: ask the peer for the listener. Borrows @p. */
-void tpd_xpipe_link_up(struct tpd_pipe *p);
+void tpd_xconnect_link_up(struct tpd_pipe *p);
 /* The link of @p failed with @err: fail the connect, or the remote end (STATUS_PEER_DIED).
  * -ELOOP means the address was this daemon's own: the pipe connects locally instead.
  * Borrows @p and @why (copied into p->why). */
-void tpd_xpipe_link_failed(struct tpd_pipe *p, int err, const char *why);
+void tpd_xconnect_link_failed(struct tpd_pipe *p, int err, const char *why);
 /* The peer asks for a local listener: accept, refuse, or (with wait_ms, a name that no listener
  * admitting the link has registered) keep the connect waiting until one does or wait_ms passes.
  * Borrows @d and @c (a waiting connect keeps its own copy). Keeps @pr: as the new pipe's link
- * until tpd_xpipe_link_failed(), or in the waiting connect until tpd_xpipe_peer_waits_drop(). */
-void tpd_xpipe_peer_connect(struct tpd_daemon *d, struct tpd_peer *pr,
-			    const Tpw__V1__PeerConnect *c);
+ * until tpd_xconnect_link_failed(), or in the waiting connect until tpd_xaccept_waits_drop(). */
+void tpd_xaccept_connect(struct tpd_daemon *d, struct tpd_peer *pr,
+			 const Tpw__V1__PeerConnect *c);
 /* The peer answered our PeerConnect; @p is NULL if the pipe already ended here. Borrows @pr, @p
  * and @r. */
-void tpd_xpipe_peer_connect_reply(struct tpd_peer *pr, struct tpd_pipe *p,
-				  const Tpw__V1__PeerConnectReply *r);
+void tpd_xconnect_reply(struct tpd_peer *pr, struct tpd_pipe *p,
+			const Tpw__V1__PeerConnectReply *r);
 /* A message the remote end wrote. Borrows @p, @dd and @tail (the eager bytes, sent on to the
  * reader's session within the call). */
 void tpd_xpipe_peer_descriptor(struct tpd_pipe *p, const Tpw__V1__Descriptor *dd,

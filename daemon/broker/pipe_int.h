@@ -1,7 +1,7 @@
 /* SPDX-License-Identifier: BSD-3-Clause */
 /*
- * Private to the pipe module (pipe.c, msg.c, xh.c, xpipe.c, cancel.c): the message object and the
- * functions these files call in each other. Nothing outside the module includes it; the rest of
+ * Private to the pipe module (pipe.c, msg.c, xh.c, xpipe.c, xconnect.c, xaccept.c, cancel.c,
+ * budget.c): the message object and the functions these files call in each other. Nothing outside the module includes it; the rest of
  * the daemon uses pipe.h. Everything declared here runs on the loop thread.
  */
 #ifndef TPD_PIPE_INT_H
@@ -11,6 +11,7 @@
 #include <stddef.h>
 #include <stdint.h>
 #include <sys/uio.h>
+#include <event2/event.h>
 #include "copier.h"
 #include "pipe.h"
 #include "tpb.h"
@@ -20,6 +21,7 @@
 struct tpd_buffer;
 struct tpd_copy_job;
 struct tpd_listener;
+struct tpd_peer;
 struct tpd_xh;
 
 /* Pipe end ids handed to accepting sessions start here, apart from the ids clients choose. */
@@ -218,27 +220,67 @@ void tpd_xh_abandon(struct tpd_msg *m, Tpw__V1__Status st, const char *why);
 void tpd_xh_tell_end(struct tpd_pipe *p, uint64_t xfer_id, Tpw__V1__Status st, const char *why,
 		     uint64_t bytes, bool rdma);
 
-/* ---- xpipe.c ---- */
+/* ---- xpipe.c, xconnect.c, xaccept.c: pipes to another host's daemon ---- */
+
+/* The end of cross-host pipe @p on the other host. Return: borrowed, valid as long as @p. */
+static inline struct tpd_pipe_end *tpd_xpipe_remote_end(struct tpd_pipe *p)
+{
+	return p->end[0].remote ? &p->end[0] : &p->end[1];
+}
+
+/* The end of cross-host pipe @p on this host. Return: borrowed, valid as long as @p. */
+static inline struct tpd_pipe_end *tpd_xpipe_local_end(struct tpd_pipe *p)
+{
+	return p->end[0].remote ? &p->end[1] : &p->end[0];
+}
+
+/*
+ * Arms a wait deadline @tv from now. libevent measures it from the time cached at the start of
+ * the loop pass, which long work in the same pass (or valgrind) leaves tens of milliseconds
+ * stale: the wait would end early. Refresh the cache first.
+ */
+static inline void tpd_xpipe_timer_add_fresh(struct event *ev, const struct timeval *tv)
+{
+	event_base_update_cache_time(event_get_base(ev));
+	evtimer_add(ev, tv);
+}
 
 /* Sends @pm (with @n data iovecs) on @p's peer link, if it has one. Borrows @p, @pm and @iov
  * (tpd_peer_send() copies them). */
 void tpd_xpipe_tell(struct tpd_pipe *p, Tpw__V1__PeerMsg *pm, const struct iovec *iov, int n);
+/* Tells the peer of @link that its pipe @remote_id ended with @st (@why: NULL or a reason).
+ * Borrows @link and @why. */
+void tpd_xpipe_tell_close(struct tpd_peer *link, uint64_t remote_id, Tpw__V1__Status st,
+			  const char *why);
 /* Tells the writer's daemon that @m (written there) is consumed with @st. Borrows @m and @why. */
 void tpd_xpipe_consumed(struct tpd_msg *m, Tpw__V1__Status st, const char *why);
+
+/* ---- xconnect.c ---- */
+
 /* Connect @c from @s to a tpip:// address: dial or reuse the peer link. Borrows @d and @c; the
  * new pipe's end keeps @s, as tpd_pipe_connect() does. */
-void tpd_xpipe_connect(struct tpd_daemon *d, struct tpd_session *s, const Tpw__V1__Connect *c);
+void tpd_xconnect_remote(struct tpd_daemon *d, struct tpd_session *s, const Tpw__V1__Connect *c);
 /* A write on a pipe still connecting: keeps it, within the queue limits, for later.
  * Takes @cm; borrows @tail. */
-void tpd_xpipe_hold(struct tpd_pipe_end *e, Tpw__V1__ClientMsg *cm, const uint8_t *tail,
-		    uint32_t tail_len);
+void tpd_xconnect_hold(struct tpd_pipe_end *e, Tpw__V1__ClientMsg *cm, const uint8_t *tail,
+		       uint32_t tail_len);
 /* Drops the write @write_id held while @p connects. Borrows @p. Return: true if it was held. */
-bool tpd_xpipe_held_cancel(struct tpd_pipe *p, uint64_t write_id);
+bool tpd_xconnect_held_cancel(struct tpd_pipe *p, uint64_t write_id);
+/* The tpip:// address of connecting pipe @p was this daemon's own, or the local listener it
+ * waits for registered: connect @p to the local listener (the access checks run), or fail the
+ * connect. Borrows @p. */
+void tpd_xconnect_reroute_local(struct tpd_pipe *p);
 /* The local end of cross-host pipe @p left with @why: tell the peer, stop connecting. Borrows
  * @p. */
-void tpd_xpipe_local_left(struct tpd_pipe *p, Tpw__V1__Status why);
+void tpd_xconnect_local_left(struct tpd_pipe *p, Tpw__V1__Status why);
 /* Frees the cross-host state of @p, which is being freed (not @p itself). */
-void tpd_xpipe_done(struct tpd_pipe *p);
+void tpd_xconnect_done(struct tpd_pipe *p);
+
+/* ---- xaccept.c ---- */
+
+/* Listener @l was just registered: answer the far daemons' connects waiting for it that it
+ * admits, as any connect. Borrows @d and @l. */
+void tpd_xaccept_listener_added(struct tpd_daemon *d, struct tpd_listener *l);
 
 /* ---- cancel.c ---- */
 
