@@ -82,16 +82,6 @@ const char *tpd_pipe_gone_text(Tpw__V1__Status s);
 /* Why the other end went away, for the survivor: the peer link's reason if there is one.
  * Return: borrowed string, valid while @p lives. */
 const char *tpd_pipe_why(const struct tpd_pipe *p, Tpw__V1__Status s);
-/* Dying: a local end whose session died or left, a remote end that went away. Borrows @e. */
-bool tpd_pipe_end_dying(const struct tpd_pipe_end *e);
-/* Attached: a local end with its session, or a remote end that has not gone away. Borrows @e. */
-bool tpd_pipe_end_attached(const struct tpd_pipe_end *e);
-/* Why an end that is dying or gone went away. Borrows @e. */
-Tpw__V1__Status tpd_pipe_end_gone_status(const struct tpd_pipe_end *e);
-/* Sets up end @e of @p for session @s (NULL for a remote end) under @local_id. @e (embedded in
- * @p) keeps @p, and @s until the end detaches. */
-void tpd_pipe_end_init(struct tpd_pipe_end *e, struct tpd_pipe *p, struct tpd_session *s,
-		       uint64_t local_id);
 /* A new pipe of @d to listener @name; the caller sets up its ends and links it into d->pipes.
  * Keeps @d (it outlives every pipe); borrows @name (copied).
  * Return: owned pipe (freed by tpd_pipe_maybe_free() once linked), or NULL without memory. */
@@ -111,25 +101,6 @@ void tpd_pipe_pair_record(struct tpd_pipe *p, enum tpb_loc src, enum tpb_loc dst
  * logged.
  */
 void tpd_pipe_channel_note(struct tpd_pipe *p, const char *what, int channel, const char *why);
-/* Answers a refused Connect @c from @s: Reply with @err and @why, then PipeClosed. Borrows @s,
- * @c and @why. */
-void tpd_pipe_connect_fail(struct tpd_session *s, const Tpw__V1__Connect *c, int err,
-			   const char *why);
-/* Checks that a local connect can go ahead. Borrows @d, @s and @c.
- * @ret: returns borrowed listener, valid until it is removed from the registry.
- * Return: 0 with the listener in @ret, or -errno with the reason in @why. */
-int tpd_pipe_connect_check(struct tpd_daemon *d, struct tpd_session *s, const Tpw__V1__Connect *c,
-			   struct tpd_listener **ret, char *why, size_t wl);
-/*
- * tpd_pipe_reply_connected() - answer @s's Connect @req_id: pipe @pipe_id is open to listener
- * @name owned by @owner_uid (@owner_remote: on another host, as its daemon claims).
- * Borrows @s and @name.
- */
-void tpd_pipe_reply_connected(struct tpd_session *s, uint64_t req_id, uint64_t pipe_id,
-			      const char *name, uint32_t owner_uid, bool owner_remote);
-/* Tells listener @l's session @ls that end @e was accepted for connector @cs. Borrows all four. */
-void tpd_pipe_send_accepted(struct tpd_session *ls, struct tpd_listener *l, struct tpd_pipe_end *e,
-			    struct tpd_session *cs);
 /* Completes write @write_id of @e with @err, behind the writes of @e still pending. Borrows @e
  * and @why (copied when the WriteDone must wait). */
 void tpd_pipe_write_reject(struct tpd_pipe_end *e, uint64_t write_id, int err, const char *why);
@@ -142,8 +113,6 @@ void tpd_pipe_send_read_done(struct tpd_pipe_end *r, uint64_t msg_id, Tpw__V1__S
 /* Starts the copies (or cross-host transfers) of @w's messages the reader asked for. Borrows @w;
  * each started copy keeps its message until it completes. */
 void tpd_pipe_start_next_copy(struct tpd_pipe_end *w);
-/* Sends the PipeClosed owed to @e's session once no copy touches @e's memory. Borrows @e. */
-void tpd_pipe_end_owed_maybe(struct tpd_pipe_end *e);
 /* The oldest message of writer end @w the reader has not asked for, or NULL.
  * Return: borrowed pointer, valid until the message is consumed or @w's pipe is freed. */
 struct tpd_msg *tpd_pipe_next_unread(struct tpd_pipe_end *w);
@@ -152,6 +121,46 @@ struct tpd_msg *tpd_pipe_next_unread(struct tpd_pipe_end *w);
  * completed write at the head of its writer's queue. May free @m: the caller must not touch it
  * afterwards. Borrows @why (copied). */
 void tpd_pipe_write_complete(struct tpd_msg *m, Tpw__V1__Status st, const char *why);
+/* Frees @m once it is on neither of its writer's lists and no copy uses it. May free @m: the
+ * caller must not touch it afterwards. */
+void tpd_pipe_msg_maybe_free(struct tpd_msg *m);
+
+/* ---- pipeend.c ---- */
+
+/* Dying: a local end whose session died or left, a remote end that went away. Borrows @e. */
+bool tpd_pipe_end_dying(const struct tpd_pipe_end *e);
+/* Attached: a local end with its session, or a remote end that has not gone away. Borrows @e. */
+bool tpd_pipe_end_attached(const struct tpd_pipe_end *e);
+/* Why an end that is dying or gone went away. Borrows @e. */
+Tpw__V1__Status tpd_pipe_end_gone_status(const struct tpd_pipe_end *e);
+/* Sets up end @e of @p for session @s (NULL for a remote end) under @local_id. @e (embedded in
+ * @p) keeps @p, and @s until the end detaches. */
+void tpd_pipe_end_init(struct tpd_pipe_end *e, struct tpd_pipe *p, struct tpd_session *s,
+		       uint64_t local_id);
+/* Sends the PipeClosed owed to @e's session once no copy touches @e's memory. Borrows @e. */
+void tpd_pipe_end_owed_maybe(struct tpd_pipe_end *e);
+
+/* ---- pipeconnect.c ---- */
+
+/* Answers a refused Connect @c from @s: Reply with @err and @why, then PipeClosed. Borrows @s,
+ * @c and @why. */
+void tpd_pipe_connect_fail(struct tpd_session *s, const Tpw__V1__Connect *c, int err,
+			   const char *why);
+/* Checks that a local connect can go ahead. Borrows @d, @s and @c.
+ * @ret: returns borrowed listener, valid until it is removed from the registry.
+ * Return: 0 with the listener in @ret, or -errno with the reason in @why. */
+int tpd_pipe_connect_check(struct tpd_daemon *d, struct tpd_session *s, const Tpw__V1__Connect *c,
+			   struct tpd_listener **ret, char *why, size_t wl);
+/*
+ * tpd_pipe_connect_reply() - answer @s's Connect @req_id: pipe @pipe_id is open to listener
+ * @name owned by @owner_uid (@owner_remote: on another host, as its daemon claims).
+ * Borrows @s and @name.
+ */
+void tpd_pipe_connect_reply(struct tpd_session *s, uint64_t req_id, uint64_t pipe_id,
+			    const char *name, uint32_t owner_uid, bool owner_remote);
+/* Tells listener @l's session @ls that end @e was accepted for connector @cs. Borrows all four. */
+void tpd_pipe_connect_accepted(struct tpd_session *ls, struct tpd_listener *l,
+			       struct tpd_pipe_end *e, struct tpd_session *cs);
 
 /* ---- msg.c ---- */
 

@@ -360,9 +360,9 @@ void tpd_xconnect_reroute_local(struct tpd_pipe *p)
 		tpd_pipe_log(p, s, TPU_LOG_INFO,
 			     "address is this daemon: connected to '%s' locally", l->name);
 	p->waiting = false;
-	tpd_pipe_reply_connected(s, p->connect_req_id, e->local_id, l->name, (uint32_t)l->uid,
+	tpd_pipe_connect_reply(s, p->connect_req_id, e->local_id, l->name, (uint32_t)l->uid,
 				 false);
-	tpd_pipe_send_accepted(l->owner, l, &p->end[1], s);
+	tpd_pipe_connect_accepted(l->owner, l, &p->end[1], s);
 	held_flush(p, 0, NULL);
 }
 
@@ -497,7 +497,7 @@ void tpd_xconnect_reply(struct tpd_peer *pr, struct tpd_pipe *p,
 	event_del(p->ev_connect);
 	tpd_pipe_log(p, e->session, TPU_LOG_INFO, "connected to '%s' on %s", p->listener,
 		     p->peer_addr);
-	tpd_pipe_reply_connected(e->session, p->connect_req_id, e->local_id, p->listener,
+	tpd_pipe_connect_reply(e->session, p->connect_req_id, e->local_id, p->listener,
 				 r->owner_uid, true);
 	held_flush(p, 0, NULL);
 }
