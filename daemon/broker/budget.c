@@ -41,6 +41,7 @@ static bool end_waits(const struct tpd_pipe_end *e)
 int tpd_budget_check(struct tpd_pipe_end *e, uint64_t cost, char *why, size_t wl)
 {
 	struct tpd_daemon *d = e->pipe->d;
+	struct tpd_broker *b = tpd_daemon_broker(d);
 	uint64_t total = d->cfg.pipe_queue_bytes_total;
 	bool resumed = e->reserved != 0;
 
@@ -48,7 +49,7 @@ int tpd_budget_check(struct tpd_pipe_end *e, uint64_t cost, char *why, size_t wl
 		return -EAGAIN; /* sent before its client learnt that it waits */
 	tpd_budget_unreserve(e); /* the room set aside goes with this write */
 	if (d->quota.pipe_bytes + d->quota.pipe_reserved + cost <= total &&
-	    (resumed || !end_waits(e) || tpu_list_empty(&d->budget_wait)))
+	    (resumed || !end_waits(e) || tpu_list_empty(&b->budget_wait)))
 		return 0;
 	if (!end_waits(e) || cost > total) {
 		snprintf(why, wl, "pipe queues of this daemon full: %llu bytes held for unread "
@@ -60,7 +61,7 @@ int tpd_budget_check(struct tpd_pipe_end *e, uint64_t cost, char *why, size_t wl
 	}
 	e->budget = TPD_BUDGET_WAITING;
 	e->budget_need = cost;
-	tpu_list_insert_tail(&d->budget_wait, &e->budget_node);
+	tpu_list_insert_tail(&b->budget_wait, &e->budget_node);
 	d->quota.budget_waits++;
 	tpd_pipe_log(e->pipe, e->session, TPU_LOG_DEBUG, "waits for %llu bytes of the daemon-wide "
 		     "budget (%llu of %llu held or set aside)", (unsigned long long)cost,
@@ -105,11 +106,12 @@ void tpd_budget_wake(struct tpd_daemon *d)
 {
 	Tpw__V1__FlowResume fr = TPW__V1__FLOW_RESUME__INIT;
 	Tpw__V1__DaemonMsg dm = TPW__V1__DAEMON_MSG__INIT;
+	struct tpd_broker *b = tpd_daemon_broker(d);
 	struct tpd_pipe_end *e;
 
 	dm.body_case = TPW__V1__DAEMON_MSG__BODY_FLOW_RESUME;
 	dm.flow_resume = &fr;
-	while ((e = tpu_list_first(&d->budget_wait, struct tpd_pipe_end, budget_node))) {
+	while ((e = tpu_list_first(&b->budget_wait, struct tpd_pipe_end, budget_node))) {
 		if (d->quota.pipe_bytes + d->quota.pipe_reserved + e->budget_need >
 		    d->cfg.pipe_queue_bytes_total)
 			return; /* strictly in order: the first waiter is served first */

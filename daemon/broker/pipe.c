@@ -119,10 +119,12 @@ void tpd_pipe_msg_consumed(struct tpd_msg *m, Tpw__V1__Status st, const char *wh
 	struct tpd_daemon *d = w->pipe->d;
 
 	if (st == TPW__V1__STATUS__STATUS_OK) {
+		struct tpd_broker *b = tpd_daemon_broker(d);
+
 		w->msgs_sent++;
 		w->bytes_sent += m->bytes;
-		d->messages_moved++;
-		d->bytes_moved += m->bytes;
+		b->messages_moved++;
+		b->bytes_moved += m->bytes;
 	}
 	msg_set_write(m, st, why);
 	if (w->remote)
@@ -172,18 +174,19 @@ void tpd_pipe_credit(struct tpd_pipe_end *e, uint64_t bytes)
 	e->credit_msgs++;
 	e->credit_bytes += bytes;
 	if (!tpu_list_linked(&e->credit_node))
-		tpu_list_insert_tail(&e->pipe->d->flow_dirty, &e->credit_node);
+		tpu_list_insert_tail(&tpd_daemon_broker(e->pipe->d)->flow_dirty, &e->credit_node);
 }
 
 void tpd_pipes_flow_flush(struct tpd_daemon *d)
 {
 	Tpw__V1__FlowCredit fc = TPW__V1__FLOW_CREDIT__INIT;
 	Tpw__V1__DaemonMsg dm = TPW__V1__DAEMON_MSG__INIT;
+	struct tpd_broker *b = tpd_daemon_broker(d);
 	struct tpd_pipe_end *e;
 
 	dm.body_case = TPW__V1__DAEMON_MSG__BODY_FLOW_CREDIT;
 	dm.flow_credit = &fc;
-	while ((e = tpu_list_first(&d->flow_dirty, struct tpd_pipe_end, credit_node))) {
+	while ((e = tpu_list_first(&b->flow_dirty, struct tpd_pipe_end, credit_node))) {
 		tpu_list_remove(&e->credit_node);
 		fc.pipe_id = e->local_id;
 		fc.messages = e->credit_msgs;
@@ -209,7 +212,7 @@ struct tpd_pipe *tpd_pipe_new(struct tpd_daemon *d, const char *name)
 		return NULL;
 	}
 	p->d = d;
-	p->id = d->next_pipe_id++;
+	p->id = tpd_daemon_broker(d)->next_pipe_id++;
 	p->created_ns = tpu_now_ns();
 	tpu_list_init(&p->held);
 	return p;
@@ -241,8 +244,7 @@ void tpd_pipe_maybe_free(struct tpd_pipe *p)
 	tpd_budget_leave(&p->end[0]);
 	tpd_budget_leave(&p->end[1]);
 	tpd_xconnect_done(p);
-	tpu_list_remove(&p->node);
-	p->d->n_pipes--;
+	tpd_broker_pipe_remove(tpd_daemon_broker(p->d), p);
 	tpd_pipe_log(p, NULL, TPU_LOG_DEBUG, "freed");
 	for (unsigned i = 0; i < p->n_channel_notes; i++)
 		free(p->channel_notes[i]);

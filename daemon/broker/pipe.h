@@ -18,6 +18,7 @@
 #include "tpu.h"
 #include "tpw.pb-c.h"
 
+struct tpd_broker;
 struct tpd_daemon;
 struct tpd_session;
 struct tpd_pipe;
@@ -49,13 +50,15 @@ struct tpd_pipe_end {
 	uint64_t owed_session;
 	bool remote;		     /* the end is on another host, behind the pipe's peer link */
 	/* Flow control: room in this end's write window not yet returned to its client
-	 * (FlowCredit, sent at the end of the loop pass while linked in d->flow_dirty). */
+	 * (FlowCredit, sent at the end of the loop pass while linked in the broker's
+	 * flow_dirty). */
 	uint32_t credit_msgs;
 	uint64_t credit_bytes;
 	struct tpu_list credit_node;
-	/* The daemon-wide budget (budget.c): OPEN, or WAITING in d->budget_wait for @budget_need
-	 * bytes, or RESUMED (FlowResume sent, @reserved bytes set aside) until the client answers.
-	 * Writes are refused with WriteDone{resend} unless OPEN; @reserved goes with the next. */
+	/* The daemon-wide budget (budget.c): OPEN, or WAITING in the broker's budget_wait for
+	 * @budget_need bytes, or RESUMED (FlowResume sent, @reserved bytes set aside) until the
+	 * client answers. Writes are refused with WriteDone{resend} unless OPEN; @reserved goes
+	 * with the next. */
 	enum tpd_budget_state budget;
 	uint64_t budget_need;
 	uint64_t reserved;
@@ -224,6 +227,40 @@ void tpd_xh_peer_xfer_end(struct tpd_peer *pr, void *arg, const Tpw__V1__PeerXfe
 void tpd_xpipe_peer_consumed(struct tpd_pipe *p, const Tpw__V1__PeerConsumed *c);
 /* The remote end went away. Borrows @p and @why (copied into p->why). */
 void tpd_xpipe_peer_close(struct tpd_pipe *p, Tpw__V1__Status st, const char *why);
+
+/* ---- the broker's state (broker.c), for core/ and ctl/ ---- */
+
+/*
+ * tpd_broker_new() - the broker's state of one daemon: its pipes, the ends owed FlowCredit or
+ * waiting for the daemon-wide budget, the far daemons' connects waiting for a listener, the
+ * cross-host transfers running and the totals moved. The daemon reaches it with
+ * tpd_daemon_broker().
+ * @ret: returns owned broker, free with tpd_broker_free() once every session and peer link is
+ * gone (they end the pipes and the waiting connects).
+ * Return: 0 or -ENOMEM.
+ */
+int tpd_broker_new(struct tpd_broker **ret);
+
+/* Frees @b (takes it). Accepts NULL. */
+void tpd_broker_free(struct tpd_broker *b);
+
+/* Open pipes (connecting, open or half-closed, not yet freed). Borrows @b. */
+unsigned tpd_broker_pipe_count(const struct tpd_broker *b);
+
+/*
+ * tpd_broker_pipe_next() - iterate the pipes of @b, oldest first: the first with @p NULL, then
+ * the one after @p. Borrows @b and @p.
+ * Return: borrowed pointer, valid until the pipe is freed (not within this loop pass: only the
+ * loop thread frees pipes), or NULL after the last.
+ */
+struct tpd_pipe *tpd_broker_pipe_next(const struct tpd_broker *b, const struct tpd_pipe *p);
+
+/* Messages delivered (read by their reader) since the daemon started. Borrows @b. */
+uint64_t tpd_broker_messages_moved(const struct tpd_broker *b);
+/* Payload and tensor bytes of the messages delivered since the daemon started. Borrows @b. */
+uint64_t tpd_broker_bytes_moved(const struct tpd_broker *b);
+/* True while cross-host transfers run on the stripe threads. Borrows @b. */
+bool tpd_broker_busy(const struct tpd_broker *b);
 
 /* The other end of @e. Return: borrowed pointer, valid as long as @e (same pipe). */
 struct tpd_pipe_end *tpd_pipe_end_peer(struct tpd_pipe_end *e);

@@ -1,8 +1,8 @@
 /* SPDX-License-Identifier: BSD-3-Clause */
 /*
- * Private to the pipe module (pipe.c, msg.c, xh.c, xpipe.c, xconnect.c, xaccept.c, cancel.c,
- * budget.c): the message object and the functions these files call in each other. Nothing outside the module includes it; the rest of
- * the daemon uses pipe.h. Everything declared here runs on the loop thread.
+ * Private to the pipe module (the files of daemon/broker/): the broker's state, the message
+ * object and the functions these files call in each other. Nothing outside the module includes
+ * it; the rest of the daemon uses pipe.h. Everything declared here runs on the loop thread.
  */
 #ifndef TPD_PIPE_INT_H
 #define TPD_PIPE_INT_H
@@ -71,6 +71,26 @@ static inline uint64_t tpd_msg_cost(uint32_t tail_len, size_t n_src)
 	return (uint64_t)tail_len + sizeof(struct tpd_msg) + n_src * sizeof(struct tpd_msg_src);
 }
 
+/* The broker's state (broker.c): one per daemon, tpd_daemon_broker() finds it. */
+struct tpd_broker {
+	struct tpu_list pipes;	     /* struct tpd_pipe, oldest first */
+	unsigned n_pipes;
+	uint64_t next_pipe_id;
+	struct tpu_list flow_dirty;  /* pipe ends with FlowCredit to send at the end of the pass */
+	struct tpu_list budget_wait; /* pipe ends waiting for the daemon-wide budget, FIFO */
+	struct tpu_list xwaits;	     /* peers' connects waiting for a listener (xaccept.c) */
+	unsigned xh_running;	     /* cross-host transfers on the stripe threads */
+	uint64_t bytes_moved;
+	uint64_t messages_moved;
+};
+
+/* ---- broker.c ---- */
+
+/* Links new pipe @p into @b's list (and count). @b keeps @p until tpd_broker_pipe_remove(). */
+void tpd_broker_pipe_add(struct tpd_broker *b, struct tpd_pipe *p);
+/* Unlinks @p, which is being freed, from @b. Borrows @b and @p. */
+void tpd_broker_pipe_remove(struct tpd_broker *b, struct tpd_pipe *p);
+
 /* ---- pipe.c ---- */
 
 /* Logs through @s's session logger with a TPIPD_PIPE field, or plainly without a session.
@@ -82,7 +102,8 @@ const char *tpd_pipe_gone_text(Tpw__V1__Status s);
 /* Why the other end went away, for the survivor: the peer link's reason if there is one.
  * Return: borrowed string, valid while @p lives. */
 const char *tpd_pipe_why(const struct tpd_pipe *p, Tpw__V1__Status s);
-/* A new pipe of @d to listener @name; the caller sets up its ends and links it into d->pipes.
+/* A new pipe of @d to listener @name; the caller sets up its ends and links it into the
+ * broker's pipes (tpd_broker_pipe_add()).
  * Keeps @d (it outlives every pipe); borrows @name (copied).
  * Return: owned pipe (freed by tpd_pipe_maybe_free() once linked), or NULL without memory. */
 struct tpd_pipe *tpd_pipe_new(struct tpd_daemon *d, const char *name);

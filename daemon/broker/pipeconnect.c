@@ -145,8 +145,7 @@ void tpd_pipe_connect(struct tpd_daemon *d, struct tpd_session *s, const Tpw__V1
 		tpd_pipe_connect_fail(s, c, -ENOMEM, "out of memory");
 		return;
 	}
-	tpu_list_insert_tail(&d->pipes, &p->node);
-	d->n_pipes++;
+	tpd_broker_pipe_add(tpd_daemon_broker(d), p);
 	l->accepted++;
 	tpd_pipe_log(p, s, TPU_LOG_INFO, "connected to '%s' (session %llu)", l->name,
 		     (unsigned long long)ls->id);

@@ -27,7 +27,7 @@
  * cannot make this daemon hold more.
  */
 struct xwait {
-	struct tpu_list node; /* in d->xwaits */
+	struct tpu_list node; /* in the broker's xwaits */
 	struct tpd_daemon *d;
 	struct tpd_peer *link;
 	struct event *ev;
@@ -67,10 +67,11 @@ static int xwait_add(struct tpd_daemon *d, struct tpd_peer *pr, const Tpw__V1__P
 		     char *why, size_t wl)
 {
 	struct timeval tv = { c->wait_ms / 1000, (c->wait_ms % 1000) * 1000 };
+	struct tpd_broker *b = tpd_daemon_broker(d);
 	unsigned n = 0, n_all = 0;
 	struct xwait *w;
 
-	tpu_list_for_each(w, &d->xwaits, node) {
+	tpu_list_for_each(w, &b->xwaits, node) {
 		n_all++;
 		if (w->link != pr)
 			continue;
@@ -104,7 +105,7 @@ static int xwait_add(struct tpd_daemon *d, struct tpd_peer *pr, const Tpw__V1__P
 		xwait_free(w);
 		return tpu_why(-ENOMEM, why, wl, "out of memory");
 	}
-	tpu_list_insert_tail(&d->xwaits, &w->node);
+	tpu_list_insert_tail(&b->xwaits, &w->node);
 	tpd_xpipe_timer_add_fresh(w->ev, &tv);
 	tpu_log_debug("peer %s: connect to '%s' waits up to %u ms for the listener",
 		      tpd_peer_name(pr), c->name, c->wait_ms);
@@ -113,12 +114,13 @@ static int xwait_add(struct tpd_daemon *d, struct tpd_peer *pr, const Tpw__V1__P
 
 void tpd_xaccept_waits_drop(struct tpd_daemon *d, struct tpd_peer *pr)
 {
+	struct tpd_broker *b = tpd_daemon_broker(d);
 	struct xwait *w, *tmp;
 	unsigned n = 0;
 
-	if (!d->xwaits.next)
-		return;
-	tpu_list_for_each_safe(w, tmp, &d->xwaits, node) {
+	if (!b)
+		return; /* a daemon that failed to start */
+	tpu_list_for_each_safe(w, tmp, &b->xwaits, node) {
 		if (w->link == pr) {
 			xwait_free(w);
 			n++;
@@ -131,9 +133,10 @@ void tpd_xaccept_waits_drop(struct tpd_daemon *d, struct tpd_peer *pr)
 
 void tpd_xaccept_wait_cancel(struct tpd_daemon *d, struct tpd_peer *pr, uint64_t pipe_id)
 {
+	struct tpd_broker *b = tpd_daemon_broker(d);
 	struct xwait *w;
 
-	tpu_list_for_each(w, &d->xwaits, node) {
+	tpu_list_for_each(w, &b->xwaits, node) {
 		if (w->link == pr && w->c.pipe_id == pipe_id) {
 			tpu_log_debug("peer %s: connect to '%s' canceled while waiting for the "
 				      "listener", tpd_peer_name(pr), w->c.name);
@@ -146,9 +149,10 @@ void tpd_xaccept_wait_cancel(struct tpd_daemon *d, struct tpd_peer *pr, uint64_t
 /* Listener @l was just registered: answer the waiting connects it admits, as any connect. */
 void tpd_xaccept_listener_added(struct tpd_daemon *d, struct tpd_listener *l)
 {
+	struct tpd_broker *b = tpd_daemon_broker(d);
 	struct xwait *w, *tmp;
 
-	tpu_list_for_each_safe(w, tmp, &d->xwaits, node) {
+	tpu_list_for_each_safe(w, tmp, &b->xwaits, node) {
 		Tpw__V1__PeerConnect c = w->c;
 		const char *ident = tpd_peer_identity(w->link);
 
@@ -223,8 +227,7 @@ void tpd_xaccept_connect(struct tpd_daemon *d, struct tpd_peer *pr,
 		p->remote_uid = c->uid; /* a claim, shown and passed on, never checked */
 		p->far_queue_max = c->queue_max;
 		p->far_queue_bytes = c->queue_bytes;
-		tpu_list_insert_tail(&d->pipes, &p->node);
-		d->n_pipes++;
+		tpd_broker_pipe_add(tpd_daemon_broker(d), p);
 		if (tpu_hmap_put(&ls->pipes, p->end[1].local_id, &p->end[1]) < 0 ||
 		    tpd_peer_pipe_add(pr, p) < 0) {
 			tpu_hmap_del(&ls->pipes, p->end[1].local_id);

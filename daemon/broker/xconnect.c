@@ -240,8 +240,7 @@ void tpd_xconnect_remote(struct tpd_daemon *d, struct tpd_session *s, const Tpw_
 	p->expect_uid_set = c->expect_uid_set;
 	p->expect_uid = c->expect_uid;
 	p->wait_ms = TPU_MIN(c->wait_ms, TPW_PEER_WAIT_MS_MAX); /* the far daemon's bound */
-	tpu_list_insert_tail(&d->pipes, &p->node);
-	d->n_pipes++;
+	tpd_broker_pipe_add(tpd_daemon_broker(d), p);
 	if (tpu_hmap_put(&s->pipes, c->pipe_id, &p->end[0]) < 0 || tpd_peer_pipe_add(pr, p) < 0) {
 		tpu_hmap_del(&s->pipes, c->pipe_id);
 		p->end[0].session = NULL;
@@ -395,8 +394,7 @@ void tpd_xconnect_wait_local(struct tpd_daemon *d, struct tpd_session *s, const 
 	p->connect_req_id = c->req_id;
 	p->expect_uid_set = c->expect_uid_set;
 	p->expect_uid = c->expect_uid;
-	tpu_list_insert_tail(&d->pipes, &p->node);
-	d->n_pipes++;
+	tpd_broker_pipe_add(tpd_daemon_broker(d), p);
 	if (tpu_hmap_put(&s->pipes, c->pipe_id, &p->end[0]) < 0) {
 		p->end[0].session = NULL;
 		p->connecting = false;

@@ -59,12 +59,13 @@ void tpd_xpipe_consumed(struct tpd_msg *m, Tpw__V1__Status st, const char *why)
 void tpd_xpipe_listener_added(struct tpd_daemon *d, const char *name)
 {
 	struct tpd_listener *l = tpd_listener_registry_find(&d->registry, name);
+	struct tpd_broker *b = tpd_daemon_broker(d);
 	struct tpd_pipe *p, *tmp;
 
 	if (l)
 		tpd_xaccept_listener_added(d, l);
 
-	tpu_list_for_each_safe(p, tmp, &d->pipes, node)
+	tpu_list_for_each_safe(p, tmp, &b->pipes, node)
 		if (p->waiting && p->connecting && tpd_xpipe_local_end(p)->session &&
 		    strcmp(p->listener, name) == 0)
 			tpd_xconnect_reroute_local(p); /* checks access; connects or fails it */
