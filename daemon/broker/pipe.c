@@ -133,7 +133,7 @@ void tpd_pipe_msg_consumed(struct tpd_msg *m, Tpw__V1__Status st, const char *wh
 		tpu_list_remove(&m->rnode);
 		w->queued--;
 		w->queued_bytes -= m->tail_len;
-		d->quota.pipe_bytes -= m->cost;
+		tpd_daemon_quota(d)->pipe_bytes -= m->cost;
 		tpd_pipe_credit(w, m->tail_len);
 		tpd_budget_far_wake(w);
 	}
@@ -226,7 +226,7 @@ static void end_drop_all(struct tpd_pipe_end *e)
 	tpu_list_for_each_safe(m, tmp, &e->rq, rnode)
 	{
 		tpu_list_remove(&m->rnode);
-		e->pipe->d->quota.pipe_bytes -= m->cost;
+		tpd_daemon_quota(e->pipe->d)->pipe_bytes -= m->cost;
 		tpd_pipe_msg_maybe_free(m);
 	}
 	e->queued_bytes = 0;
@@ -344,7 +344,7 @@ void tpd_pipe_write_reject(struct tpd_pipe_end *e, uint64_t write_id, int err, c
 /* This pipe's own queue limits, for a message of end @e holding @tail_len inline bytes. */
 static int pipe_limits_check(struct tpd_pipe_end *e, uint32_t tail_len, char *why, size_t wl)
 {
-	const struct tpd_config *cfg = &e->pipe->d->cfg;
+	const struct tpd_config *cfg = tpd_daemon_cfg(e->pipe->d);
 
 	if (e->queued >= cfg->pipe_queue_max) {
 		snprintf(why, wl, "pipe queue full: %u unread messages (limit %u, tpipd "
@@ -440,7 +440,8 @@ void tpd_pipe_write(struct tpd_pipe_end *e, Tpw__V1__ClientMsg *cm, const uint8_
 		tpd_pipe_channel_note(e->pipe, "eager", tpb_index("basic"),
 				      "small message: its bytes travel with the descriptor (inline), "
 				      "no copy");
-		tpd_stats_record(&e->pipe->d->stats, tpb_index("basic"), m->bytes, 0, false);
+		tpd_stats_record(tpd_daemon_stats(e->pipe->d), tpb_index("basic"), m->bytes, 0,
+				 false);
 		write_done_flush(e);
 	} else if (tail_len) {
 		/* Rendezvous with some inline parts: keep a copy of the tail, re-point sources. */
@@ -511,8 +512,8 @@ static void copy_on_done(struct tpd_copy_job *job)
 	p->jobs--;
 	for (size_t i = 0; i < job->n; i++) {
 		p->channels |= 1u << job->channels[i];
-		tpd_stats_record(&p->d->stats, job->channels[i], job->xfers[i].len, job->ns[i],
-				 job->status < 0);
+		tpd_stats_record(tpd_daemon_stats(p->d), job->channels[i], job->xfers[i].len,
+				 job->ns[i], job->status < 0);
 	}
 	if (job->status < 0)
 		tpd_pipe_log(p, NULL, TPU_LOG_INFO, "message %llu: %s",
@@ -559,7 +560,7 @@ void tpd_pipe_start_next_copy(struct tpd_pipe_end *w)
 				m->copying = true;
 				w->copying++;
 				w->pipe->jobs++;
-				tpd_copier_submit(w->pipe->d->copier, m->job);
+				tpd_copier_submit(tpd_daemon_copier(w->pipe->d), m->job);
 			}
 			return;
 		}

@@ -70,6 +70,7 @@ void tpd_pipe_connect_reply(struct tpd_session *s, uint64_t req_id, uint64_t pip
 int tpd_pipe_connect_check(struct tpd_daemon *d, struct tpd_session *s, const Tpw__V1__Connect *c,
 			   struct tpd_listener **ret, char *why, size_t wl)
 {
+	uint32_t pipes_max = tpd_daemon_cfg(d)->pipes_max;
 	struct tpd_listener *l;
 	struct tpd_session *ls;
 
@@ -81,7 +82,7 @@ int tpd_pipe_connect_check(struct tpd_daemon *d, struct tpd_session *s, const Tp
 		snprintf(why, wl, "pipe id %llu already in use", (unsigned long long)c->pipe_id);
 		return -EADDRINUSE;
 	}
-	l = tpd_listener_registry_find(&d->registry, c->address);
+	l = tpd_listener_registry_find(tpd_daemon_registry(d), c->address);
 	if (!l) {
 		snprintf(why, wl, "no listener named '%s'", c->address);
 		return -ENOENT;
@@ -98,10 +99,9 @@ int tpd_pipe_connect_check(struct tpd_daemon *d, struct tpd_session *s, const Tp
 			 l->name, (unsigned)l->uid, (unsigned)c->expect_uid);
 		return -EACCES;
 	}
-	if (tpd_session_pipe_count(s) >= d->cfg.pipes_max ||
-	    tpd_session_pipe_count(ls) >= d->cfg.pipes_max) {
+	if (tpd_session_pipe_count(s) >= pipes_max || tpd_session_pipe_count(ls) >= pipes_max) {
 		snprintf(why, wl, "pipe limit of %u per client reached (tpipd --pipes-max)",
-			 d->cfg.pipes_max);
+			 pipes_max);
 		return -ENOBUFS;
 	}
 	*ret = l;

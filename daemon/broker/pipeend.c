@@ -63,10 +63,9 @@ static void end_reap(struct tpd_pipe_end *e);
 
 static struct tpd_session *find_session(struct tpd_daemon *d, uint64_t id)
 {
-	struct tpd_session *s;
+	struct tpd_session *s = tpd_daemon_session_find(d, id);
 
-	tpu_list_for_each(s, &d->sessions, node) if (s->id == id) return s->dead ? NULL : s;
-	return NULL;
+	return s && !s->dead ? s : NULL;
 }
 
 /*

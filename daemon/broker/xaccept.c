@@ -52,7 +52,7 @@ static void xwait_on_timeout(evutil_socket_t fd, short what, void *arg)
 	char why[400];
 
 	snprintf(why, sizeof(why), "no listener named '%.255s' on %.60s appeared within %u ms",
-		 w->c.name, w->d->hostname, w->c.wait_ms);
+		 w->c.name, tpd_daemon_hostname(w->d), w->c.wait_ms);
 	rep.pipe_id = w->c.pipe_id;
 	rep.status = TPW__V1__STATUS__STATUS_TIMEOUT;
 	rep.message = why;
@@ -67,6 +67,7 @@ static int xwait_add(struct tpd_daemon *d, struct tpd_peer *pr, const Tpw__V1__P
 		     char *why, size_t wl)
 {
 	struct timeval tv = { c->wait_ms / 1000, (c->wait_ms % 1000) * 1000 };
+	const struct tpd_config *cfg = tpd_daemon_cfg(d);
 	struct tpd_broker *b = tpd_daemon_broker(d);
 	unsigned n = 0, n_all = 0;
 	struct xwait *w;
@@ -80,15 +81,15 @@ static int xwait_add(struct tpd_daemon *d, struct tpd_peer *pr, const Tpw__V1__P
 				       (unsigned long long)c->pipe_id);
 		n++;
 	}
-	if (n >= d->cfg.pipes_max)
+	if (n >= cfg->pipes_max)
 		return tpu_why(-ENOBUFS, why, wl, "%u connects from this host already wait for a "
-			       "listener (limit %u, tpipd --pipes-max)", n, d->cfg.pipes_max);
+			       "listener (limit %u, tpipd --pipes-max)", n, cfg->pipes_max);
 	/* Per link alone, the authenticated peers together could keep pipes-max times
 	 * peer-links-max waiting. */
-	if (n_all >= d->cfg.peer_connect_waits_max)
+	if (n_all >= cfg->peer_connect_waits_max)
 		return tpu_why(-ENOBUFS, why, wl, "%u connects from other hosts already wait for a "
 			       "listener here (limit %u, tpipd --peer-connect-waits-max)", n_all,
-			       d->cfg.peer_connect_waits_max);
+			       cfg->peer_connect_waits_max);
 	w = calloc(1, sizeof(*w));
 	if (!w)
 		return tpu_why(-ENOMEM, why, wl, "out of memory");
@@ -100,7 +101,7 @@ static int xwait_add(struct tpd_daemon *d, struct tpd_peer *pr, const Tpw__V1__P
 	w->c.base.unknown_fields = NULL;
 	w->c.name = strdup(c->name);
 	w->c.remote_name = strdup(c->remote_name ? c->remote_name : "");
-	w->ev = evtimer_new(d->base, xwait_on_timeout, w);
+	w->ev = evtimer_new(tpd_daemon_base(d), xwait_on_timeout, w);
 	if (!w->c.name || !w->c.remote_name || !w->ev) {
 		xwait_free(w);
 		return tpu_why(-ENOMEM, why, wl, "out of memory");
@@ -173,7 +174,8 @@ void tpd_xaccept_connect(struct tpd_daemon *d, struct tpd_peer *pr,
 	Tpw__V1__PeerMsg pm = TPW__V1__PEER_MSG__INIT;
 	Tpw__V1__Accepted a = TPW__V1__ACCEPTED__INIT;
 	Tpw__V1__DaemonMsg dm = TPW__V1__DAEMON_MSG__INIT;
-	struct tpd_listener *l = tpd_listener_registry_find(&d->registry, c->name);
+	const struct tpd_config *cfg = tpd_daemon_cfg(d);
+	struct tpd_listener *l = tpd_listener_registry_find(tpd_daemon_registry(d), c->name);
 	const char *ident = tpd_peer_identity(pr);
 	struct tpd_session *ls;
 	struct tpd_pipe *p = NULL;
@@ -190,26 +192,26 @@ void tpd_xaccept_connect(struct tpd_daemon *d, struct tpd_peer *pr,
 		l = NULL;
 	}
 	ls = l ? l->owner : NULL;
-	if (!l && c->wait_ms && !d->stopping) {
+	if (!l && c->wait_ms && !tpd_daemon_stopping(d)) {
 		err = xwait_add(d, pr, c, why, sizeof(why));
 		if (err == 0)
 			return;
 	} else if (!l) {
 		snprintf(why, sizeof(why),
 			 "no listener named '%.100s' on %.60s accepts pipes from other hosts",
-			 c->name, d->hostname);
+			 c->name, tpd_daemon_hostname(d));
 		err = -ENOENT;
 	} else if (c->expect_uid_set && (uint32_t)l->uid != c->expect_uid) {
 		snprintf(why, sizeof(why),
 			 "listener '%s' is owned by uid %u, not the expected uid %u", l->name,
 			 (unsigned)l->uid, (unsigned)c->expect_uid);
 		err = -EACCES;
-	} else if (tpd_session_pipe_count(ls) >= d->cfg.pipes_max) {
+	} else if (tpd_session_pipe_count(ls) >= cfg->pipes_max) {
 		snprintf(why, sizeof(why), "pipe limit of %u per client reached (tpipd "
 			 "--pipes-max)",
-			 d->cfg.pipes_max);
+			 cfg->pipes_max);
 		err = -ENOBUFS;
-	} else if (d->stopping) {
+	} else if (tpd_daemon_stopping(d)) {
 		snprintf(why, sizeof(why), "daemon stopping");
 		err = -ESHUTDOWN;
 	} else if (!(p = tpd_pipe_new(d, l->name))) {
@@ -245,8 +247,8 @@ void tpd_xaccept_connect(struct tpd_daemon *d, struct tpd_peer *pr,
 	rep.message = why[0] ? why : NULL;
 	rep.owner_known = p != NULL;
 	rep.owner_uid = p ? (uint32_t)l->uid : 0;
-	rep.queue_max = p ? d->cfg.pipe_queue_max : 0;
-	rep.queue_bytes = p ? d->cfg.pipe_queue_bytes : 0;
+	rep.queue_max = p ? cfg->pipe_queue_max : 0;
+	rep.queue_bytes = p ? cfg->pipe_queue_bytes : 0;
 	pm.body_case = TPW__V1__PEER_MSG__BODY_CONNECT_REPLY;
 	pm.connect_reply = &rep;
 	tpd_peer_send(pr, &pm, NULL, 0);

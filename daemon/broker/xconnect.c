@@ -55,7 +55,7 @@ void tpd_xconnect_hold(struct tpd_pipe_end *e, Tpw__V1__ClientMsg *cm, const uin
 		       uint32_t tail_len)
 {
 	struct tpd_pipe *p = e->pipe;
-	const struct tpd_config *cfg = &p->d->cfg;
+	const struct tpd_config *cfg = tpd_daemon_cfg(p->d);
 	struct held_write *h;
 
 	if (p->n_held >= cfg->pipe_queue_max || p->held_bytes + tail_len > cfg->pipe_queue_bytes) {
@@ -184,7 +184,7 @@ static void xpipe_on_connect_timeout(evutil_socket_t fd, short what, void *arg)
 	}
 	snprintf(why, sizeof(why), "no answer from tpipd at %.120s within %llu ms%s%s",
 		 p->peer_addr,
-		 (unsigned long long)p->d->cfg.peer_connect_timeout_ms + p->wait_ms,
+		 (unsigned long long)tpd_daemon_cfg(p->d)->peer_connect_timeout_ms + p->wait_ms,
 		 dial[0] ? ": " : "", dial);
 	cancel_remote_wait(p);
 	xconnect_fail(p, -ETIMEDOUT, why);
@@ -192,6 +192,7 @@ static void xpipe_on_connect_timeout(evutil_socket_t fd, short what, void *arg)
 
 void tpd_xconnect_remote(struct tpd_daemon *d, struct tpd_session *s, const Tpw__V1__Connect *c)
 {
+	const struct tpd_config *cfg = tpd_daemon_cfg(d);
 	struct tpd_peer *pr = NULL;
 	struct tpd_pipe *p;
 	const char *name;
@@ -199,7 +200,7 @@ void tpd_xconnect_remote(struct tpd_daemon *d, struct tpd_session *s, const Tpw_
 	uint16_t port;
 	int r;
 
-	if (tpw_tpip_parse(c->address, (uint16_t)d->cfg.peer_port, host, &port, &name, bad,
+	if (tpw_tpip_parse(c->address, (uint16_t)cfg->peer_port, host, &port, &name, bad,
 			   sizeof(bad)) < 0) {
 		snprintf(why, sizeof(why), "invalid address '%.100s' (tpip://HOST[:PORT]/NAME): %s",
 			 c->address, bad);
@@ -210,10 +211,10 @@ void tpd_xconnect_remote(struct tpd_daemon *d, struct tpd_session *s, const Tpw_
 		tpd_pipe_connect_fail(s, c, -EADDRINUSE, "pipe id already in use");
 		return;
 	}
-	if (tpd_session_pipe_count(s) >= d->cfg.pipes_max) {
+	if (tpd_session_pipe_count(s) >= cfg->pipes_max) {
 		snprintf(why, sizeof(why), "pipe limit of %u per client reached (tpipd "
 			 "--pipes-max)",
-			 d->cfg.pipes_max);
+			 cfg->pipes_max);
 		tpd_pipe_connect_fail(s, c, -ENOBUFS, why);
 		return;
 	}
@@ -223,7 +224,7 @@ void tpd_xconnect_remote(struct tpd_daemon *d, struct tpd_session *s, const Tpw_
 		return;
 	}
 	p = tpd_pipe_new(d, name);
-	if (!p || !(p->ev_connect = evtimer_new(d->base, xpipe_on_connect_timeout, p))) {
+	if (!p || !(p->ev_connect = evtimer_new(tpd_daemon_base(d), xpipe_on_connect_timeout, p))) {
 		if (p)
 			free(p->listener);
 		free(p);
@@ -251,7 +252,7 @@ void tpd_xconnect_remote(struct tpd_daemon *d, struct tpd_session *s, const Tpw_
 	}
 	{
 		/* The far daemon answers within wait_ms: the deadline leaves it that much more. */
-		uint64_t ms = (uint64_t)d->cfg.peer_connect_timeout_ms + p->wait_ms;
+		uint64_t ms = (uint64_t)cfg->peer_connect_timeout_ms + p->wait_ms;
 		struct timeval tv = {(time_t)(ms / 1000), (suseconds_t)(ms % 1000) * 1000};
 		tpd_xpipe_timer_add_fresh(p->ev_connect, &tv);
 	}
@@ -283,8 +284,8 @@ void tpd_xconnect_link_up(struct tpd_pipe *p)
 	if (p->wait_ms && !tpd_peer_connect_wait_ok(p->link))
 		p->wait_ms = 0; /* a daemon older than wait_ms: answers at once, as documented */
 	pc.wait_ms = p->wait_ms;
-	pc.queue_max = p->d->cfg.pipe_queue_max;
-	pc.queue_bytes = p->d->cfg.pipe_queue_bytes;
+	pc.queue_max = tpd_daemon_cfg(p->d)->pipe_queue_max;
+	pc.queue_bytes = tpd_daemon_cfg(p->d)->pipe_queue_bytes;
 	pm.body_case = TPW__V1__PEER_MSG__BODY_CONNECT;
 	pm.connect = &pc;
 	tpd_xpipe_tell(p, &pm, NULL, 0);
@@ -368,16 +369,17 @@ void tpd_xconnect_reroute_local(struct tpd_pipe *p)
 void tpd_xconnect_wait_local(struct tpd_daemon *d, struct tpd_session *s, const Tpw__V1__Connect *c)
 {
 	struct timeval tv = { c->wait_ms / 1000, (c->wait_ms % 1000) * 1000 };
+	uint32_t pipes_max = tpd_daemon_cfg(d)->pipes_max;
 	struct tpd_pipe *p;
 	char why[96];
 
-	if (tpd_session_pipe_count(s) >= d->cfg.pipes_max) {
-		snprintf(why, sizeof(why), "pipe limit of %u per client reached", d->cfg.pipes_max);
+	if (tpd_session_pipe_count(s) >= pipes_max) {
+		snprintf(why, sizeof(why), "pipe limit of %u per client reached", pipes_max);
 		tpd_pipe_connect_fail(s, c, -ENOBUFS, why);
 		return;
 	}
 	p = tpd_pipe_new(d, c->address);
-	if (!p || !(p->ev_connect = evtimer_new(d->base, xpipe_on_connect_timeout, p))) {
+	if (!p || !(p->ev_connect = evtimer_new(tpd_daemon_base(d), xpipe_on_connect_timeout, p))) {
 		if (p)
 			free(p->listener);
 		free(p);

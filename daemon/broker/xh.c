@@ -113,7 +113,7 @@ static void xh_finish(struct tpd_msg *m, struct tpd_xh *xh)
 							 : "striped over the peer link's data connections");
 	if (ch >= 0) {
 		p->channels |= 1u << ch;
-		tpd_stats_record(&p->d->stats, ch, xh->x.bytes, xh->x.ns, xh->x.status < 0);
+		tpd_stats_record(tpd_daemon_stats(p->d), ch, xh->x.bytes, xh->x.ns, xh->x.status < 0);
 	}
 	for (size_t i = 0; i < xh->x.n_segs && !xh->gdr; i++)
 		if (xh->segs[i].mem.loc == TPB_LOC_CUDA) /* staged through the stripe's buffers */

@@ -58,7 +58,7 @@ void tpd_xpipe_consumed(struct tpd_msg *m, Tpw__V1__Status st, const char *why)
 
 void tpd_xpipe_listener_added(struct tpd_daemon *d, const char *name)
 {
-	struct tpd_listener *l = tpd_listener_registry_find(&d->registry, name);
+	struct tpd_listener *l = tpd_listener_registry_find(tpd_daemon_registry(d), name);
 	struct tpd_broker *b = tpd_daemon_broker(d);
 	struct tpd_pipe *p, *tmp;
 
@@ -81,7 +81,8 @@ static bool remote_queue_full(struct tpd_pipe *p, struct tpd_pipe_end *w, uint64
 			      uint32_t tail_len, size_t n_seg)
 {
 	static struct tpd_ratelog log;
-	const struct tpd_config *cfg = &p->d->cfg;
+	const struct tpd_config *cfg = tpd_daemon_cfg(p->d);
+	struct tpd_quota *q = tpd_daemon_quota(p->d);
 	struct tpd_msg m = { .from = w, .msg_id = msg_id };
 	char why[224];
 	unsigned suppressed;
@@ -94,16 +95,16 @@ static bool remote_queue_full(struct tpd_pipe *p, struct tpd_pipe_end *w, uint64
 			 "bytes (limit %llu, tpipd --pipe-queue-bytes)",
 			 (unsigned long long)w->queued_bytes,
 			 (unsigned long long)cfg->pipe_queue_bytes);
-	else if (p->d->quota.pipe_bytes + p->d->quota.pipe_reserved +
+	else if (q->pipe_bytes + q->pipe_reserved +
 		 tpd_msg_cost(tail_len, n_seg) > cfg->pipe_queue_bytes_total)
 		snprintf(why, sizeof(why), "pipe queues full on the reader's host: %llu bytes held "
 			 "for unread messages in all pipes (limit %llu, tpipd "
 			 "--pipe-queue-bytes-max)",
-			 (unsigned long long)p->d->quota.pipe_bytes,
+			 (unsigned long long)q->pipe_bytes,
 			 (unsigned long long)cfg->pipe_queue_bytes_total);
 	else
 		return false;
-	p->d->quota.remote_refused++;
+	q->remote_refused++;
 	if (tpd_quota_ratelog_ok(&log, 1000, &suppressed))
 		tpd_pipe_log(p, NULL, TPU_LOG_WARNING, "remote message %llu refused: %s (%u more "
 			     "refused since the last such line)", (unsigned long long)msg_id, why,
@@ -159,7 +160,7 @@ void tpd_xpipe_peer_descriptor(struct tpd_pipe *p, const Tpw__V1__Descriptor *dd
 	if (m->eager) {
 		int basic = tpb_index("basic");
 		p->channels |= 1u << basic;
-		tpd_stats_record(&p->d->stats, basic, m->bytes, 0, false);
+		tpd_stats_record(tpd_daemon_stats(p->d), basic, m->bytes, 0, false);
 	}
 	out.pipe_id = r->local_id;
 	dm.body_case = TPW__V1__DAEMON_MSG__BODY_DESCRIPTOR;

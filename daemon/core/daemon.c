@@ -78,6 +78,21 @@ struct tpd_broker *tpd_daemon_broker(const struct tpd_daemon *d)
 	return d->broker;
 }
 
+const char *tpd_daemon_hostname(const struct tpd_daemon *d)
+{
+	return d->hostname;
+}
+
+struct tpd_session *tpd_daemon_session_find(struct tpd_daemon *d, uint64_t id)
+{
+	struct tpd_session *s;
+
+	tpu_list_for_each(s, &d->sessions, node)
+		if (s->id == id)
+			return s;
+	return NULL;
+}
+
 /* Refuses to take over a socket another daemon is serving; removes a stale one. */
 static int socket_take_path(const struct sockaddr_un *sun)
 {

@@ -138,5 +138,9 @@ struct tpd_copier *tpd_daemon_copier(const struct tpd_daemon *d);
 bool tpd_daemon_stopping(const struct tpd_daemon *d);
 /* The broker's state (broker/pipe.h): pipes, their queues and totals. */
 struct tpd_broker *tpd_daemon_broker(const struct tpd_daemon *d);
+/* This host's name, as peers and error messages name it. */
+const char *tpd_daemon_hostname(const struct tpd_daemon *d);
+/* The session of id @id, dead or alive, or NULL: valid until that session is freed. */
+struct tpd_session *tpd_daemon_session_find(struct tpd_daemon *d, uint64_t id);
 
 #endif
