@@ -100,15 +100,15 @@ void tpd_pipe_log(const struct tpd_pipe *p, const struct tpd_session *s, int lev
 /* Says why an end went away (@s: its gone status). Return: a static string. */
 const char *tpd_pipe_gone_text(Tpw__V1__Status s);
 /* Why the other end went away, for the survivor: the peer link's reason if there is one.
- * Return: borrowed string, valid while @p lives. */
+ * Borrows @p. Return: borrowed string, valid while @p lives. */
 const char *tpd_pipe_why(const struct tpd_pipe *p, Tpw__V1__Status s);
 /* A new pipe of @d to listener @name; the caller sets up its ends and links it into the
  * broker's pipes (tpd_broker_pipe_add()).
  * Keeps @d (it outlives every pipe); borrows @name (copied).
  * Return: owned pipe (freed by tpd_pipe_maybe_free() once linked), or NULL without memory. */
 struct tpd_pipe *tpd_pipe_new(struct tpd_daemon *d, const char *name);
-/* Frees @p if both ends are detached and nothing is in flight: the caller must not touch @p
- * afterwards unless it knows one of those still holds. */
+/* Frees @p if both ends are detached and nothing is in flight (takes @p then, borrows it
+ * otherwise): the caller must not touch @p afterwards unless it knows one of those still holds. */
 void tpd_pipe_maybe_free(struct tpd_pipe *p);
 /* Remembers that @channel served a (source device, destination device) pair on @p. Borrows @p. */
 void tpd_pipe_pair_record(struct tpd_pipe *p, enum tpb_loc src, enum tpb_loc dst, int channel);
@@ -134,19 +134,30 @@ void tpd_pipe_send_read_done(struct tpd_pipe_end *r, uint64_t msg_id, Tpw__V1__S
 /* Starts the copies (or cross-host transfers) of @w's messages the reader asked for. Borrows @w;
  * each started copy keeps its message until it completes. */
 void tpd_pipe_start_next_copy(struct tpd_pipe_end *w);
-/* The oldest message of writer end @w the reader has not asked for, or NULL.
+/* The oldest message of writer end @w the reader has not asked for, or NULL. Borrows @w.
  * Return: borrowed pointer, valid until the message is consumed or @w's pipe is freed. */
 struct tpd_msg *tpd_pipe_next_unread(struct tpd_pipe_end *w);
 
 /* Completes the write of @m with @st (@why: NULL when OK) and sends the WriteDone of every
- * completed write at the head of its writer's queue. May free @m: the caller must not touch it
- * afterwards. Borrows @why (copied). */
+ * completed write at the head of its writer's queue. Borrows @m, but may free it: the caller
+ * must not touch it afterwards. Borrows @why (copied). */
 void tpd_pipe_write_complete(struct tpd_msg *m, Tpw__V1__Status st, const char *why);
-/* Frees @m once it is on neither of its writer's lists and no copy uses it. May free @m: the
- * caller must not touch it afterwards. */
+/* Frees @m once it is on neither of its writer's lists and no copy uses it (takes @m then,
+ * borrows it otherwise): the caller must not touch it afterwards. */
 void tpd_pipe_msg_maybe_free(struct tpd_msg *m);
 
+/*
+ * tpd_pipe_credit() - a Write of local end @e carrying @bytes inline bytes no longer occupies the
+ * daemon's queue (consumed, refused or failed): return its room to @e's client with FlowCredit at
+ * the end of this loop pass, if the client speaks minor >= TPW_MINOR_FLOW. Borrows @e (the
+ * broker's flow list keeps it until the pass ends, or until its pipe is freed).
+ */
+void tpd_pipe_credit(struct tpd_pipe_end *e, uint64_t bytes);
+
 /* ---- pipeend.c ---- */
+
+/* The other end of @e. Borrows @e. Return: borrowed pointer, valid as long as @e (same pipe). */
+struct tpd_pipe_end *tpd_pipe_end_peer(struct tpd_pipe_end *e);
 
 /* Dying: a local end whose session died or left, a remote end that went away. Borrows @e. */
 bool tpd_pipe_end_dying(const struct tpd_pipe_end *e);
@@ -287,11 +298,21 @@ void tpd_xpipe_consumed(struct tpd_msg *m, Tpw__V1__Status st, const char *why);
 
 /* ---- xconnect.c ---- */
 
+/*
+ * tpd_xconnect_wait_local() - Connect @c names a local listener that does not exist yet and asks
+ * to wait (wait_ms > 0): keep the pipe connecting (writes are held, the pipe counts against
+ * pipes-max) until a listener of that name registers (then the access checks run) or wait_ms
+ * passes (-ETIMEDOUT). Ending the session or closing the pipe cancels it.
+ * Ownership: borrows @d and @c; the waiting pipe's end keeps @s, as tpd_pipe_connect() does.
+ */
+void tpd_xconnect_wait_local(struct tpd_daemon *d, struct tpd_session *s,
+			     const Tpw__V1__Connect *c);
+
 /* Connect @c from @s to a tpip:// address: dial or reuse the peer link. Borrows @d and @c; the
  * new pipe's end keeps @s, as tpd_pipe_connect() does. */
 void tpd_xconnect_remote(struct tpd_daemon *d, struct tpd_session *s, const Tpw__V1__Connect *c);
 /* A write on a pipe still connecting: keeps it, within the queue limits, for later.
- * Takes @cm; borrows @tail. */
+ * Borrows @e; takes @cm (also when refused); borrows @tail (copied). */
 void tpd_xconnect_hold(struct tpd_pipe_end *e, Tpw__V1__ClientMsg *cm, const uint8_t *tail,
 		       uint32_t tail_len);
 /* Drops the write @write_id held while @p connects. Borrows @p. Return: true if it was held. */
@@ -303,7 +324,7 @@ void tpd_xconnect_reroute_local(struct tpd_pipe *p);
 /* The local end of cross-host pipe @p left with @why: tell the peer, stop connecting. Borrows
  * @p. */
 void tpd_xconnect_local_left(struct tpd_pipe *p, Tpw__V1__Status why);
-/* Frees the cross-host state of @p, which is being freed (not @p itself). */
+/* Frees the cross-host state of @p, which is being freed (not @p itself). Borrows @p. */
 void tpd_xconnect_done(struct tpd_pipe *p);
 
 /* ---- xaccept.c ---- */
@@ -312,14 +333,53 @@ void tpd_xconnect_done(struct tpd_pipe *p);
  * admits, as any connect. Borrows @d and @l. */
 void tpd_xaccept_listener_added(struct tpd_daemon *d, struct tpd_listener *l);
 
+/* ---- what a peer link calls up into (its struct tpd_peer_pipe_ops, tpd_xpipe_start()) ---- */
+
+/* The peer link @pr goes away: forget the connects of its far daemon waiting for a listener.
+ * Borrows @d and @pr. */
+void tpd_xaccept_waits_drop(struct tpd_daemon *d, struct tpd_peer *pr);
+/* The far daemon of @pr gave up on its connect @pipe_id waiting for a listener: forget it.
+ * Borrows @d and @pr. */
+void tpd_xaccept_wait_cancel(struct tpd_daemon *d, struct tpd_peer *pr, uint64_t pipe_id);
+
+/* The link of connecting pipe @p is up: ask the peer for the listener. Borrows @p. */
+void tpd_xconnect_link_up(struct tpd_pipe *p);
+/* The link of @p failed with @err: fail the connect, or the remote end (STATUS_PEER_DIED).
+ * -ELOOP means the address was this daemon's own: the pipe connects locally instead.
+ * Borrows @p and @why (copied into p->why). */
+void tpd_xconnect_link_failed(struct tpd_pipe *p, int err, const char *why);
+/* The peer asks for a local listener: accept, refuse, or (with wait_ms, a name that no listener
+ * admitting the link has registered) keep the connect waiting until one does or wait_ms passes.
+ * Borrows @d and @c (a waiting connect keeps its own copy). Keeps @pr: as the new pipe's link
+ * until tpd_xconnect_link_failed(), or in the waiting connect until tpd_xaccept_waits_drop(). */
+void tpd_xaccept_connect(struct tpd_daemon *d, struct tpd_peer *pr, const Tpw__V1__PeerConnect *c);
+/* The peer answered our PeerConnect; @p is NULL if the pipe already ended here. Borrows @pr, @p
+ * and @r. */
+void tpd_xconnect_reply(struct tpd_peer *pr, struct tpd_pipe *p,
+			const Tpw__V1__PeerConnectReply *r);
+/* A message the remote end wrote. Borrows @p, @dd and @tail (the eager bytes, sent on to the
+ * reader's session within the call). */
+void tpd_xpipe_peer_descriptor(struct tpd_pipe *p, const Tpw__V1__Descriptor *dd,
+			       const uint8_t *tail, uint32_t tail_len);
+/* The remote reader has its allocation for one of our messages: send it. Borrows @p and @rr
+ * (the send copies what it needs). */
+void tpd_xpipe_peer_read_req(struct tpd_pipe *p, const Tpw__V1__PeerReadReq *rr);
+/* The sender of receive @arg (from tpd_peer_xfer_add()) stopped sending. Borrows @pr, @arg and
+ * @xe. */
+void tpd_xh_peer_xfer_end(struct tpd_peer *pr, void *arg, const Tpw__V1__PeerXferEnd *xe);
+/* The remote reader is done with one of our messages. Borrows @p and @c. */
+void tpd_xpipe_peer_consumed(struct tpd_pipe *p, const Tpw__V1__PeerConsumed *c);
+/* The remote end went away. Borrows @p and @why (copied into p->why). */
+void tpd_xpipe_peer_close(struct tpd_pipe *p, Tpw__V1__Status st, const char *why);
+
 /* ---- cancel.c ---- */
 
 /* Reader end @r asks for canceled message @m (not discarding it): ReadDone{CANCELED} and the
- * message is consumed (which may free @m). Borrows @r. */
+ * message is consumed. Borrows @r, and @m, which this may free. */
 void tpd_cancel_read_canceled(struct tpd_pipe_end *r, struct tpd_msg *m);
 /* The remote reader asks (transfer @xfer_id) for canceled message @m of writer end @w: tell
- * its daemon the transfer ended CANCELED, and the message is consumed (which may free @m).
- * Borrows @w. */
+ * its daemon the transfer ended CANCELED, and the message is consumed. Borrows @w, and @m,
+ * which this may free. */
 void tpd_cancel_peer_read_canceled(struct tpd_pipe_end *w, struct tpd_msg *m, uint64_t xfer_id);
 
 /* ---- the daemon-wide budget (budget.c) ---- */
