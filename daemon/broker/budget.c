@@ -22,15 +22,17 @@
 
 void tpd_budget_unreserve(struct tpd_pipe_end *e)
 {
-	e->pipe->d->quota.pipe_reserved -= e->reserved;
+	tpd_daemon_quota(e->pipe->d)->pipe_reserved -= e->reserved;
 	e->reserved = 0;
 }
 
 void tpd_budget_charge(struct tpd_daemon *d, uint64_t cost)
 {
-	d->quota.pipe_bytes += cost;
-	if (d->quota.pipe_bytes + d->quota.pipe_reserved > d->quota.pipe_bytes_peak)
-		d->quota.pipe_bytes_peak = d->quota.pipe_bytes + d->quota.pipe_reserved;
+	struct tpd_quota *q = tpd_daemon_quota(d);
+
+	q->pipe_bytes += cost;
+	if (q->pipe_bytes + q->pipe_reserved > q->pipe_bytes_peak)
+		q->pipe_bytes_peak = q->pipe_bytes + q->pipe_reserved;
 }
 
 static bool end_waits(const struct tpd_pipe_end *e)
@@ -41,30 +43,32 @@ static bool end_waits(const struct tpd_pipe_end *e)
 int tpd_budget_check(struct tpd_pipe_end *e, uint64_t cost, char *why, size_t wl)
 {
 	struct tpd_daemon *d = e->pipe->d;
-	uint64_t total = d->cfg.pipe_queue_bytes_total;
+	struct tpd_broker *b = tpd_daemon_broker(d);
+	struct tpd_quota *q = tpd_daemon_quota(d);
+	uint64_t total = tpd_daemon_cfg(d)->pipe_queue_bytes_total;
 	bool resumed = e->reserved != 0;
 
 	if (e->budget != TPD_BUDGET_OPEN)
 		return -EAGAIN; /* sent before its client learnt that it waits */
 	tpd_budget_unreserve(e); /* the room set aside goes with this write */
-	if (d->quota.pipe_bytes + d->quota.pipe_reserved + cost <= total &&
-	    (resumed || !end_waits(e) || tpu_list_empty(&d->budget_wait)))
+	if (q->pipe_bytes + q->pipe_reserved + cost <= total &&
+	    (resumed || !end_waits(e) || tpu_list_empty(&b->budget_wait)))
 		return 0;
 	if (!end_waits(e) || cost > total) {
 		snprintf(why, wl, "pipe queues of this daemon full: %llu bytes held for unread "
 			 "messages in all pipes, this one needs %llu (limit %llu, tpipd "
 			 "--pipe-queue-bytes-max)",
-			 (unsigned long long)(d->quota.pipe_bytes + d->quota.pipe_reserved),
+			 (unsigned long long)(q->pipe_bytes + q->pipe_reserved),
 			 (unsigned long long)cost, (unsigned long long)total);
 		return -ENOBUFS;
 	}
 	e->budget = TPD_BUDGET_WAITING;
 	e->budget_need = cost;
-	tpu_list_insert_tail(&d->budget_wait, &e->budget_node);
-	d->quota.budget_waits++;
+	tpu_list_insert_tail(&b->budget_wait, &e->budget_node);
+	q->budget_waits++;
 	tpd_pipe_log(e->pipe, e->session, TPU_LOG_DEBUG, "waits for %llu bytes of the daemon-wide "
 		     "budget (%llu of %llu held or set aside)", (unsigned long long)cost,
-		     (unsigned long long)(d->quota.pipe_bytes + d->quota.pipe_reserved),
+		     (unsigned long long)(q->pipe_bytes + q->pipe_reserved),
 		     (unsigned long long)total);
 	return -EAGAIN;
 }
@@ -105,13 +109,15 @@ void tpd_budget_wake(struct tpd_daemon *d)
 {
 	Tpw__V1__FlowResume fr = TPW__V1__FLOW_RESUME__INIT;
 	Tpw__V1__DaemonMsg dm = TPW__V1__DAEMON_MSG__INIT;
+	struct tpd_broker *b = tpd_daemon_broker(d);
+	struct tpd_quota *q = tpd_daemon_quota(d);
 	struct tpd_pipe_end *e;
 
 	dm.body_case = TPW__V1__DAEMON_MSG__BODY_FLOW_RESUME;
 	dm.flow_resume = &fr;
-	while ((e = tpu_list_first(&d->budget_wait, struct tpd_pipe_end, budget_node))) {
-		if (d->quota.pipe_bytes + d->quota.pipe_reserved + e->budget_need >
-		    d->cfg.pipe_queue_bytes_total)
+	while ((e = tpu_list_first(&b->budget_wait, struct tpd_pipe_end, budget_node))) {
+		if (q->pipe_bytes + q->pipe_reserved + e->budget_need >
+		    tpd_daemon_cfg(d)->pipe_queue_bytes_total)
 			return; /* strictly in order: the first waiter is served first */
 		tpu_list_remove(&e->budget_node);
 		if (!e->session || e->session->dead) {
@@ -120,7 +126,7 @@ void tpd_budget_wake(struct tpd_daemon *d)
 		}
 		e->budget = TPD_BUDGET_RESUMED;
 		e->reserved = e->budget_need;
-		d->quota.pipe_reserved += e->reserved;
+		q->pipe_reserved += e->reserved;
 		tpd_budget_charge(d, 0); /* the peak counts room set aside */
 		fr.pipe_id = e->local_id;
 		tpd_session_send(e->session, &dm, NULL, 0);

@@ -46,7 +46,7 @@ static void cancel_write(struct tpd_pipe_end *e, uint64_t write_id)
 	struct tpd_msg *m;
 
 	if (e->pipe->connecting) {
-		if (tpd_xpipe_held_cancel(e->pipe, write_id))
+		if (tpd_xconnect_held_cancel(e->pipe, write_id))
 			tpd_pipe_write_reject(e, write_id, -ECANCELED, "cancelled");
 		return;
 	}

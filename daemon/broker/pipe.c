@@ -1,13 +1,14 @@
 /* SPDX-License-Identifier: BSD-3-Clause */
 /*
- * Pipes and the transfer state machine on the loop thread: connecting two sessions on this
- * host, the two ends' lifetimes, accepting a Write (queue limits, message id, descriptor, eager
- * completion), accepting a Read (building the copy, or the cross-host receive), starting copies
- * in order and completing them (ReadDone, WriteDone in write order), and failing or
- * acknowledging what is pending when an end closes or dies. See pipe.h and docs/protocol.md
- * ("Transfer of one message"). What a message's memory is and how its copy job is built lives in
- * msg.c; pipes to another host's daemon in xpipe.c, and the transfers over their links in xh.c.
- * Copies run on the copier's threads and come back through copy_on_done().
+ * Pipes and the transfer state machine on the loop thread: a pipe's creation and freeing,
+ * accepting a Write (queue limits, message id, descriptor, eager completion), accepting a Read
+ * (building the copy, or the cross-host receive), starting copies in order and completing them
+ * (ReadDone, WriteDone in write order), flow credit, and which channels served the pipe. See
+ * pipe.h and docs/protocol.md ("Transfer of one message"). Connecting two sessions of this host
+ * is pipeconnect.c's; the ends' lifetimes (detach, close, the PipeClosed owed) are pipeend.c's.
+ * What a message's memory is and how its copy job is built lives in msg.c; pipes to another
+ * host's daemon in xpipe.c, xconnect.c and xaccept.c, and the transfers over their links in
+ * xh.c. Copies run on the copier's threads and come back through copy_on_done().
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -18,11 +19,6 @@
 #include "pipe_int.h"
 #include "session.h"
 #include "validate.h"
-
-struct tpd_pipe_end *tpd_pipe_end_peer(struct tpd_pipe_end *e)
-{
-	return e == &e->pipe->end[0] ? &e->pipe->end[1] : &e->pipe->end[0];
-}
 
 const char *tpd_pipe_gone_text(Tpw__V1__Status s)
 {
@@ -65,31 +61,9 @@ const char *tpd_pipe_why(const struct tpd_pipe *p, Tpw__V1__Status s)
 	return p->why[0] ? p->why : tpd_pipe_gone_text(s);
 }
 
-bool tpd_pipe_end_dying(const struct tpd_pipe_end *e)
-{
-	if (e->remote)
-		return e->gone != TPW__V1__STATUS__STATUS_UNSPECIFIED;
-	return !e->session || e->session->dead;
-}
-
-/* Attached: a local end with its session, or a remote end that has not gone away. */
-bool tpd_pipe_end_attached(const struct tpd_pipe_end *e)
-{
-	return e->remote ? e->gone == TPW__V1__STATUS__STATUS_UNSPECIFIED : e->session != NULL;
-}
-
-/* Why an end that is dying or gone went away. */
-Tpw__V1__Status tpd_pipe_end_gone_status(const struct tpd_pipe_end *e)
-{
-	if (e->session)
-		return e->session->dead_status ? e->session->dead_status
-					       : TPW__V1__STATUS__STATUS_PEER_DIED;
-	return e->gone;
-}
-
 /* ---- messages ------------------------------------------------------------------------------ */
 
-static void msg_maybe_free(struct tpd_msg *m)
+void tpd_pipe_msg_maybe_free(struct tpd_msg *m)
 {
 	if (!tpu_list_linked(&m->wnode) && !tpu_list_linked(&m->rnode) && !m->copying)
 		tpd_msg_free(m);
@@ -119,7 +93,7 @@ static void write_done_flush(struct tpd_pipe_end *e)
 		if (e->session)
 			send_write_done(e, m);
 		tpu_list_remove(&m->wnode);
-		msg_maybe_free(m);
+		tpd_pipe_msg_maybe_free(m);
 	}
 }
 
@@ -145,10 +119,12 @@ void tpd_pipe_msg_consumed(struct tpd_msg *m, Tpw__V1__Status st, const char *wh
 	struct tpd_daemon *d = w->pipe->d;
 
 	if (st == TPW__V1__STATUS__STATUS_OK) {
+		struct tpd_broker *b = tpd_daemon_broker(d);
+
 		w->msgs_sent++;
 		w->bytes_sent += m->bytes;
-		d->messages_moved++;
-		d->bytes_moved += m->bytes;
+		b->messages_moved++;
+		b->bytes_moved += m->bytes;
 	}
 	msg_set_write(m, st, why);
 	if (w->remote)
@@ -157,7 +133,7 @@ void tpd_pipe_msg_consumed(struct tpd_msg *m, Tpw__V1__Status st, const char *wh
 		tpu_list_remove(&m->rnode);
 		w->queued--;
 		w->queued_bytes -= m->tail_len;
-		d->quota.pipe_bytes -= m->cost;
+		tpd_daemon_quota(d)->pipe_bytes -= m->cost;
 		tpd_pipe_credit(w, m->tail_len);
 		tpd_budget_far_wake(w);
 	}
@@ -165,7 +141,7 @@ void tpd_pipe_msg_consumed(struct tpd_msg *m, Tpw__V1__Status st, const char *wh
 		write_done_flush(w); /* frees @m once its WriteDone is out */
 		return;
 	}
-	msg_maybe_free(m);
+	tpd_pipe_msg_maybe_free(m);
 	write_done_flush(w);
 }
 
@@ -198,18 +174,19 @@ void tpd_pipe_credit(struct tpd_pipe_end *e, uint64_t bytes)
 	e->credit_msgs++;
 	e->credit_bytes += bytes;
 	if (!tpu_list_linked(&e->credit_node))
-		tpu_list_insert_tail(&e->pipe->d->flow_dirty, &e->credit_node);
+		tpu_list_insert_tail(&tpd_daemon_broker(e->pipe->d)->flow_dirty, &e->credit_node);
 }
 
 void tpd_pipes_flow_flush(struct tpd_daemon *d)
 {
 	Tpw__V1__FlowCredit fc = TPW__V1__FLOW_CREDIT__INIT;
 	Tpw__V1__DaemonMsg dm = TPW__V1__DAEMON_MSG__INIT;
+	struct tpd_broker *b = tpd_daemon_broker(d);
 	struct tpd_pipe_end *e;
 
 	dm.body_case = TPW__V1__DAEMON_MSG__BODY_FLOW_CREDIT;
 	dm.flow_credit = &fc;
-	while ((e = tpu_list_first(&d->flow_dirty, struct tpd_pipe_end, credit_node))) {
+	while ((e = tpu_list_first(&b->flow_dirty, struct tpd_pipe_end, credit_node))) {
 		tpu_list_remove(&e->credit_node);
 		fc.pipe_id = e->local_id;
 		fc.messages = e->credit_msgs;
@@ -224,19 +201,6 @@ void tpd_pipes_flow_flush(struct tpd_daemon *d)
 
 /* ---- pipes --------------------------------------------------------------------------------- */
 
-void tpd_pipe_end_init(struct tpd_pipe_end *e, struct tpd_pipe *p, struct tpd_session *s,
-		       uint64_t local_id)
-{
-	e->pipe = p;
-	e->session = s;
-	e->local_id = local_id;
-	tpu_list_init(&e->wq);
-	tpu_list_init(&e->rq);
-	tpu_list_init(&e->credit_node);
-	tpu_list_init(&e->budget_node);
-	e->gone = TPW__V1__STATUS__STATUS_UNSPECIFIED;
-}
-
 /* A new pipe of @d to listener @name; the caller sets up its ends. Return: owned pipe, or NULL
  * when out of memory. */
 struct tpd_pipe *tpd_pipe_new(struct tpd_daemon *d, const char *name)
@@ -248,7 +212,7 @@ struct tpd_pipe *tpd_pipe_new(struct tpd_daemon *d, const char *name)
 		return NULL;
 	}
 	p->d = d;
-	p->id = d->next_pipe_id++;
+	p->id = tpd_daemon_broker(d)->next_pipe_id++;
 	p->created_ns = tpu_now_ns();
 	tpu_list_init(&p->held);
 	return p;
@@ -262,8 +226,8 @@ static void end_drop_all(struct tpd_pipe_end *e)
 	tpu_list_for_each_safe(m, tmp, &e->rq, rnode)
 	{
 		tpu_list_remove(&m->rnode);
-		e->pipe->d->quota.pipe_bytes -= m->cost;
-		msg_maybe_free(m);
+		tpd_daemon_quota(e->pipe->d)->pipe_bytes -= m->cost;
+		tpd_pipe_msg_maybe_free(m);
 	}
 	e->queued_bytes = 0;
 	e->queued = 0;
@@ -279,9 +243,8 @@ void tpd_pipe_maybe_free(struct tpd_pipe *p)
 	tpu_list_remove(&p->end[1].credit_node);
 	tpd_budget_leave(&p->end[0]);
 	tpd_budget_leave(&p->end[1]);
-	tpd_xpipe_done(p);
-	tpu_list_remove(&p->node);
-	p->d->n_pipes--;
+	tpd_xconnect_done(p);
+	tpd_broker_pipe_remove(tpd_daemon_broker(p->d), p);
 	tpd_pipe_log(p, NULL, TPU_LOG_DEBUG, "freed");
 	for (unsigned i = 0; i < p->n_channel_notes; i++)
 		free(p->channel_notes[i]);
@@ -349,144 +312,6 @@ void tpd_pipe_channels(const struct tpd_pipe *p, char *buf, size_t len)
 						tpb_name(i), pair_names[k]);
 }
 
-void tpd_pipe_connect_fail(struct tpd_session *s, const Tpw__V1__Connect *c, int err,
-			   const char *why)
-{
-	Tpw__V1__PipeClosed pc = TPW__V1__PIPE_CLOSED__INIT;
-	Tpw__V1__DaemonMsg dm = TPW__V1__DAEMON_MSG__INIT;
-
-	tpd_session_log(s, TPU_LOG_INFO, "connect to '%s' failed: %s", c->address, why);
-	tpd_session_reply(s, c->req_id, err, why, c->pipe_id, NULL);
-	pc.pipe_id = c->pipe_id;
-	pc.status = tpw_status_from_errno(err);
-	pc.message = (char *)why;
-	dm.body_case = TPW__V1__DAEMON_MSG__BODY_PIPE_CLOSED;
-	dm.pipe_closed = &pc;
-	tpd_session_send(s, &dm, NULL, 0);
-}
-
-void tpd_pipe_send_accepted(struct tpd_session *ls, struct tpd_listener *l, struct tpd_pipe_end *e,
-			    struct tpd_session *cs)
-{
-	Tpw__V1__Accepted a = TPW__V1__ACCEPTED__INIT;
-	Tpw__V1__DaemonMsg dm = TPW__V1__DAEMON_MSG__INIT;
-
-	a.listener_id = l->id;
-	a.pipe_id = e->local_id;
-	a.remote_name = cs->name;
-	a.remote_pid = (uint32_t)cs->pid;
-	a.remote_uid = (uint32_t)cs->uid;
-	dm.body_case = TPW__V1__DAEMON_MSG__BODY_ACCEPTED;
-	dm.accepted = &a;
-	tpd_session_send(ls, &dm, NULL, 0);
-}
-
-void tpd_pipe_reply_connected(struct tpd_session *s, uint64_t req_id, uint64_t pipe_id,
-			      const char *name, uint32_t owner_uid, bool owner_remote)
-{
-	Tpw__V1__Reply rep = TPW__V1__REPLY__INIT;
-	Tpw__V1__DaemonMsg dm = TPW__V1__DAEMON_MSG__INIT;
-
-	rep.req_id = req_id;
-	rep.status = TPW__V1__STATUS__STATUS_OK;
-	rep.id = pipe_id;
-	rep.remote_name = (char *)name;
-	rep.owner_known = true;
-	rep.owner_uid = owner_uid;
-	rep.owner_remote = owner_remote;
-	dm.body_case = TPW__V1__DAEMON_MSG__BODY_REPLY;
-	dm.reply = &rep;
-	tpd_session_send(s, &dm, NULL, 0);
-}
-
-/* Checks that a connect can go ahead; on refusal returns -errno and fills @why. */
-int tpd_pipe_connect_check(struct tpd_daemon *d, struct tpd_session *s, const Tpw__V1__Connect *c,
-			   struct tpd_listener **ret, char *why, size_t wl)
-{
-	struct tpd_listener *l;
-	struct tpd_session *ls;
-
-	if (!tpw_name_valid(c->address)) {
-		snprintf(why, wl, "invalid address '%.64s'", c->address);
-		return -EINVAL;
-	}
-	if (tpu_hmap_get(&s->pipes, c->pipe_id)) {
-		snprintf(why, wl, "pipe id %llu already in use", (unsigned long long)c->pipe_id);
-		return -EADDRINUSE;
-	}
-	l = tpd_listener_registry_find(&d->registry, c->address);
-	if (!l) {
-		snprintf(why, wl, "no listener named '%s'", c->address);
-		return -ENOENT;
-	}
-	ls = l->owner;
-	/* A local user may tell a listener it may not use from a missing one (tp_listen() of the
-	 * name would tell it anyway); the owner's uid is only for those it admits. */
-	if (!tpd_listener_permits(l, s->uid, s->gid, s->groups, s->n_groups)) {
-		snprintf(why, wl, "listener '%s' refuses uid %u", l->name, (unsigned)s->uid);
-		return -EACCES;
-	}
-	if (c->expect_uid_set && (uint32_t)l->uid != c->expect_uid) {
-		snprintf(why, wl, "listener '%s' is owned by uid %u, not the expected uid %u",
-			 l->name, (unsigned)l->uid, (unsigned)c->expect_uid);
-		return -EACCES;
-	}
-	if (tpd_session_pipe_count(s) >= d->cfg.pipes_max ||
-	    tpd_session_pipe_count(ls) >= d->cfg.pipes_max) {
-		snprintf(why, wl, "pipe limit of %u per client reached (tpipd --pipes-max)",
-			 d->cfg.pipes_max);
-		return -ENOBUFS;
-	}
-	*ret = l;
-	return 0;
-}
-
-void tpd_pipe_connect(struct tpd_daemon *d, struct tpd_session *s, const Tpw__V1__Connect *c)
-{
-	struct tpd_listener *l = NULL;
-	struct tpd_session *ls;
-	struct tpd_pipe *p;
-	char why[TPW_NAME_MAX + 128];
-	int r;
-
-	if (strncmp(c->address, "tpip://", 7) == 0) {
-		tpd_xpipe_connect(d, s, c);
-		return;
-	}
-	r = tpd_pipe_connect_check(d, s, c, &l, why, sizeof(why));
-	if (r == -ENOENT && c->wait_ms) {
-		tpd_xpipe_wait_local(d, s, c);
-		return;
-	}
-	if (r < 0) {
-		tpd_pipe_connect_fail(s, c, r, why);
-		return;
-	}
-	ls = l->owner;
-	p = tpd_pipe_new(d, l->name);
-	if (!p) {
-		tpd_pipe_connect_fail(s, c, -ENOMEM, "out of memory");
-		return;
-	}
-	tpd_pipe_end_init(&p->end[0], p, s, c->pipe_id);
-	tpd_pipe_end_init(&p->end[1], p, ls, TPD_PIPE_ACCEPT_ID_BASE + ls->next_accept_id++);
-	if (tpu_hmap_put(&s->pipes, p->end[0].local_id, &p->end[0]) < 0 ||
-	    tpu_hmap_put(&ls->pipes, p->end[1].local_id, &p->end[1]) < 0) {
-		tpu_hmap_del(&s->pipes, p->end[0].local_id);
-		free(p->listener);
-		free(p);
-		tpd_pipe_connect_fail(s, c, -ENOMEM, "out of memory");
-		return;
-	}
-	tpu_list_insert_tail(&d->pipes, &p->node);
-	d->n_pipes++;
-	l->accepted++;
-	tpd_pipe_log(p, s, TPU_LOG_INFO, "connected to '%s' (session %llu)", l->name,
-		     (unsigned long long)ls->id);
-	tpd_pipe_reply_connected(s, c->req_id, c->pipe_id, l->name, (uint32_t)l->uid, false);
-	tpd_pipe_send_accepted(ls, l, &p->end[1], s);
-}
-
 /* ---- writes -------------------------------------------------------------------------------- */
 
 /* Completes write @write_id with an error, behind the writes of @e still pending. */
@@ -519,7 +344,7 @@ void tpd_pipe_write_reject(struct tpd_pipe_end *e, uint64_t write_id, int err, c
 /* This pipe's own queue limits, for a message of end @e holding @tail_len inline bytes. */
 static int pipe_limits_check(struct tpd_pipe_end *e, uint32_t tail_len, char *why, size_t wl)
 {
-	const struct tpd_config *cfg = &e->pipe->d->cfg;
+	const struct tpd_config *cfg = tpd_daemon_cfg(e->pipe->d);
 
 	if (e->queued >= cfg->pipe_queue_max) {
 		snprintf(why, wl, "pipe queue full: %u unread messages (limit %u, tpipd "
@@ -576,7 +401,7 @@ void tpd_pipe_write(struct tpd_pipe_end *e, Tpw__V1__ClientMsg *cm, const uint8_
 		goto out;
 	}
 	if (e->pipe->connecting) {
-		tpd_xpipe_hold(e, cm, tail, tail_len);
+		tpd_xconnect_hold(e, cm, tail, tail_len);
 		return;
 	}
 	err = queue_check(e, tail_len, w->n_payloads + w->n_tensors, why, sizeof(why));
@@ -615,7 +440,8 @@ void tpd_pipe_write(struct tpd_pipe_end *e, Tpw__V1__ClientMsg *cm, const uint8_
 		tpd_pipe_channel_note(e->pipe, "eager", tpb_index("basic"),
 				      "small message: its bytes travel with the descriptor (inline), "
 				      "no copy");
-		tpd_stats_record(&e->pipe->d->stats, tpb_index("basic"), m->bytes, 0, false);
+		tpd_stats_record(tpd_daemon_stats(e->pipe->d), tpb_index("basic"), m->bytes, 0,
+				 false);
 		write_done_flush(e);
 	} else if (tail_len) {
 		/* Rendezvous with some inline parts: keep a copy of the tail, re-point sources. */
@@ -686,8 +512,8 @@ static void copy_on_done(struct tpd_copy_job *job)
 	p->jobs--;
 	for (size_t i = 0; i < job->n; i++) {
 		p->channels |= 1u << job->channels[i];
-		tpd_stats_record(&p->d->stats, job->channels[i], job->xfers[i].len, job->ns[i],
-				 job->status < 0);
+		tpd_stats_record(tpd_daemon_stats(p->d), job->channels[i], job->xfers[i].len,
+				 job->ns[i], job->status < 0);
 	}
 	if (job->status < 0)
 		tpd_pipe_log(p, NULL, TPU_LOG_INFO, "message %llu: %s",
@@ -734,7 +560,7 @@ void tpd_pipe_start_next_copy(struct tpd_pipe_end *w)
 				m->copying = true;
 				w->copying++;
 				w->pipe->jobs++;
-				tpd_copier_submit(w->pipe->d->copier, m->job);
+				tpd_copier_submit(tpd_daemon_copier(w->pipe->d), m->job);
 			}
 			return;
 		}
@@ -805,124 +631,4 @@ void tpd_pipe_read(struct tpd_pipe_end *r, const Tpw__V1__Read *rd)
 fail:
 	tpd_pipe_log(r->pipe, r->session, TPU_LOG_INFO, "%s", why);
 	tpd_pipe_send_read_done(r, rd->msg_id, tpw_status_from_errno(err), why);
-}
-
-/* ---- closing ------------------------------------------------------------------------------- */
-
-static void end_detach(struct tpd_pipe_end *e, Tpw__V1__Status why);
-static void end_reap(struct tpd_pipe_end *e);
-
-static struct tpd_session *find_session(struct tpd_daemon *d, uint64_t id)
-{
-	struct tpd_session *s;
-
-	tpu_list_for_each(s, &d->sessions, node) if (s->id == id) return s->dead ? NULL : s;
-	return NULL;
-}
-
-/*
- * Sends the PipeClosed owed to @e's session once no copy reads or writes @e's memory: only
- * then may its client treat the buffers of its pending operations as free again.
- */
-void tpd_pipe_end_owed_maybe(struct tpd_pipe_end *e)
-{
-	Tpw__V1__PipeClosed pc = TPW__V1__PIPE_CLOSED__INIT;
-	Tpw__V1__DaemonMsg dm = TPW__V1__DAEMON_MSG__INIT;
-	struct tpd_session *s;
-
-	if (!e->owed || e->copying || tpd_pipe_end_peer(e)->copying)
-		return;
-	s = find_session(e->pipe->d, e->owed_session);
-	pc.pipe_id = e->local_id;
-	pc.status = e->owed;
-	pc.message = e->owed == TPW__V1__STATUS__STATUS_CANCELED
-			 ? "closed"
-			 : (char *)tpd_pipe_why(e->pipe, e->owed);
-	e->owed = TPW__V1__STATUS__STATUS_UNSPECIFIED;
-	if (!s)
-		return;
-	dm.body_case = TPW__V1__DAEMON_MSG__BODY_PIPE_CLOSED;
-	dm.pipe_closed = &pc;
-	tpd_session_send(s, &dm, NULL, 0);
-	if (pc.status != TPW__V1__STATUS__STATUS_CANCELED && e->session == s)
-		end_reap(e);
-}
-
-/*
- * @e's session has just been told that the other end went away (PipeClosed): from now on its
- * client neither reads nor writes the pipe, and never sends PipeClose for it. Detach @e from
- * the session at once, so that a long-running listener does not keep every pipe its peers
- * closed until its pipe table is full. Pending messages fail as they would have. The caller
- * frees the pipe (tpd_pipe_maybe_free()).
- */
-static void end_reap(struct tpd_pipe_end *e)
-{
-	if (e->remote || !e->session || e->session->dead)
-		return;
-	tpu_hmap_del(&e->session->pipes, e->local_id);
-	end_detach(e, TPW__V1__STATUS__STATUS_CLOSED);
-}
-
-void tpd_pipe_end_detach(struct tpd_pipe_end *e, Tpw__V1__Status why)
-{
-	struct tpd_pipe *p = e->pipe;
-
-	if (!tpd_pipe_end_attached(e))
-		return;
-	end_detach(e, why);
-	tpd_pipe_maybe_free(p);
-}
-
-/* tpd_pipe_end_detach() but the caller frees the pipe. */
-static void end_detach(struct tpd_pipe_end *e, Tpw__V1__Status why)
-{
-	struct tpd_pipe_end *peer = tpd_pipe_end_peer(e);
-	struct tpd_pipe *p = e->pipe;
-	struct tpd_msg *m, *tmp;
-
-	if (!tpd_pipe_end_attached(e))
-		return;
-	tpd_pipe_log(p, e->session, TPU_LOG_INFO, "%s end left (%s)",
-		     e->remote ? "remote" : "local", tpw_status_name(why));
-	e->session = NULL;
-	e->gone = why;
-	tpd_budget_leave(e);
-	if (peer->remote)
-		tpd_xpipe_local_left(p, why);
-	/* Writes of @e: nobody waits for their completion any more. Rendezvous reads the peer
-	 * already asked for fail now; eager messages stay readable. */
-	tpu_list_for_each_safe(m, tmp, &e->wq, wnode)
-	{
-		tpu_list_remove(&m->wnode);
-		msg_maybe_free(m);
-	}
-	tpu_list_for_each_safe(m, tmp, &e->rq, rnode)
-	{
-		if (m->read_requested && !m->copying && !m->eager) {
-			tpd_pipe_send_read_done(peer, m->msg_id, why, tpd_pipe_why(p, why));
-			tpd_pipe_msg_consumed(m, why, tpd_pipe_why(p, why));
-		} else if (m->copying && m->xh) {
-			tpd_xh_cancel(
-			    m->xh); /* completes, failed, once no thread touches the memory */
-		}
-	}
-	/* Messages the peer wrote to @e will never be read. */
-	tpu_list_for_each_safe(m, tmp, &peer->rq, rnode) if (!m->copying)
-	    tpd_pipe_msg_consumed(m, why, tpd_pipe_why(p, why));
-	else if (m->xh) tpd_xh_cancel(m->xh);
-	if (peer->session) {
-		peer->owed = why;
-		peer->owed_session = peer->session->id;
-	}
-	tpd_pipe_end_owed_maybe(peer);
-	tpd_pipe_end_owed_maybe(e);
-}
-
-void tpd_pipe_end_close(struct tpd_pipe_end *e)
-{
-	if (!e->session)
-		return;
-	e->owed = TPW__V1__STATUS__STATUS_CANCELED;
-	e->owed_session = e->session->id;
-	tpd_pipe_end_detach(e, TPW__V1__STATUS__STATUS_CLOSED);
 }

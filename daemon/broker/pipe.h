@@ -4,9 +4,13 @@
  * messages on it: queueing writes, sending descriptors, eager completion, building copy jobs
  * from the reader's allocation, in-order completions, and failing what is pending when an end
  * closes or dies. Each direction is independent. The pipe is freed when both ends are detached
- * and no copy is in flight. The module is four files: pipe.c (pipes, ends, writes, reads,
- * completions), msg.c (a message's memory and copy job), xpipe.c (pipes to another host's
- * daemon) and xh.c (a message's transfer over a peer link); pipe_int.h is private to them.
+ * and no copy is in flight. This header is the interface of daemon/broker/ to the rest of the
+ * daemon; pipe_int.h is private to its files: pipe.c (pipes, writes, reads, completions),
+ * pipeend.c (the ends: detach, close), pipeconnect.c (connecting two sessions of this host),
+ * msg.c (a message's memory and copy job), budget.c (the daemon-wide budget), cancel.c,
+ * xpipe.c, xconnect.c and xaccept.c (pipes to another host's daemon: the messages of an open
+ * pipe, the connecting side, the accepting side), xh.c (a message's transfer over a peer link)
+ * and broker.c (the broker's state: the pipes, their queues, the totals).
  */
 #ifndef TPD_PIPE_H
 #define TPD_PIPE_H
@@ -16,6 +20,7 @@
 #include "tpu.h"
 #include "tpw.pb-c.h"
 
+struct tpd_broker;
 struct tpd_daemon;
 struct tpd_session;
 struct tpd_pipe;
@@ -47,13 +52,15 @@ struct tpd_pipe_end {
 	uint64_t owed_session;
 	bool remote;		     /* the end is on another host, behind the pipe's peer link */
 	/* Flow control: room in this end's write window not yet returned to its client
-	 * (FlowCredit, sent at the end of the loop pass while linked in d->flow_dirty). */
+	 * (FlowCredit, sent at the end of the loop pass while linked in the broker's
+	 * flow_dirty). */
 	uint32_t credit_msgs;
 	uint64_t credit_bytes;
 	struct tpu_list credit_node;
-	/* The daemon-wide budget (budget.c): OPEN, or WAITING in d->budget_wait for @budget_need
-	 * bytes, or RESUMED (FlowResume sent, @reserved bytes set aside) until the client answers.
-	 * Writes are refused with WriteDone{resend} unless OPEN; @reserved goes with the next. */
+	/* The daemon-wide budget (budget.c): OPEN, or WAITING in the broker's budget_wait for
+	 * @budget_need bytes, or RESUMED (FlowResume sent, @reserved bytes set aside) until the
+	 * client answers. Writes are refused with WriteDone{resend} unless OPEN; @reserved goes
+	 * with the next. */
 	enum tpd_budget_state budget;
 	uint64_t budget_need;
 	uint64_t reserved;
@@ -101,14 +108,6 @@ struct tpd_pipe {
 	char why[200];		    /* why the remote end went away, for error messages */
 };
 
-/*
- * tpd_pipe_credit() - a Write of local end @e carrying @bytes inline bytes no longer occupies the
- * daemon's queue (consumed, refused or failed): return its room to @e's client with FlowCredit at
- * the end of this loop pass, if the client speaks minor >= TPW_MINOR_FLOW. Borrows @e (its
- * pipe links it into the daemon's flow list until the pass ends).
- */
-void tpd_pipe_credit(struct tpd_pipe_end *e, uint64_t bytes);
-
 /* tpd_pipes_flow_flush() - send the FlowCredit the pass collected and FlowResume to the ends
  * waiting for the daemon-wide budget that now fit (end of each loop pass). Borrows @d. */
 void tpd_pipes_flow_flush(struct tpd_daemon *d);
@@ -131,8 +130,9 @@ void tpd_pipe_connect(struct tpd_daemon *d, struct tpd_session *s, const Tpw__V1
 
 /*
  * tpd_pipe_write() - handle Write on end @e.
- * @m: takes @m (the unpacked ClientMsg holding the Write).
- * @tail: borrowed data tail of the frame.
+ * @e: borrowed.
+ * @m: takes @m (the unpacked ClientMsg holding the Write), also when the Write is refused.
+ * @tail: borrowed data tail of the frame (@tail_len bytes; what outlives the call is copied).
  */
 void tpd_pipe_write(struct tpd_pipe_end *e, Tpw__V1__ClientMsg *m, const uint8_t *tail,
 		    uint32_t tail_len);
@@ -144,14 +144,15 @@ void tpd_pipe_read(struct tpd_pipe_end *e, const Tpw__V1__Read *rd);
 /*
  * tpd_cancel_handle() - handle Cancel from @e's session (cancel.c): stop the write or read it
  * names if its bytes are not being copied; it then completes with STATUS_CANCELED, otherwise
- * with its result. Unknown or completed ids are ignored. Borrows @c.
+ * with its result. Unknown or completed ids are ignored. Borrows @e and @c.
  */
 void tpd_cancel_handle(struct tpd_pipe_end *e, const Tpw__V1__Cancel *c);
 
 /*
  * tpd_pipe_end_detach() - end @e leaves (PipeClose, session end). The other end learns @why
  * (STATUS_CLOSED, STATUS_PEER_DIED, STATUS_SHUTDOWN). The caller removes @e from its session's
- * table. May free the pipe, and with it @e: the caller must not touch @e afterwards.
+ * table. Borrows @e, but may free the pipe, and with it @e: the caller must not touch @e
+ * afterwards.
  */
 void tpd_pipe_end_detach(struct tpd_pipe_end *e, Tpw__V1__Status why);
 
@@ -159,71 +160,56 @@ void tpd_pipe_end_detach(struct tpd_pipe_end *e, Tpw__V1__Status why);
  * tpd_pipe_end_close() - handle PipeClose from @e's session: detach @e (the other end learns
  * STATUS_CLOSED) and acknowledge with PipeClosed{STATUS_CANCELED} as soon as no copy reads or
  * writes @e's memory, so that its client may then reuse the buffers of its pending operations.
- * The caller removes @e from the session's table first. May free the pipe.
+ * The caller removes @e from the session's table first. Borrows @e, but may free the pipe,
+ * and with it @e: the caller must not touch @e afterwards.
  */
 void tpd_pipe_end_close(struct tpd_pipe_end *e);
-
-/*
- * tpd_xpipe_wait_local() - Connect @c names a local listener that does not exist yet and asks
- * to wait (wait_ms > 0): keep the pipe connecting (writes are held, the pipe counts against
- * pipes-max) until a listener of that name registers (then the access checks run) or wait_ms
- * passes (-ETIMEDOUT). Ending the session or closing the pipe cancels it.
- * Ownership: borrows @d and @c; the waiting pipe's end keeps @s, as tpd_pipe_connect() does.
- */
-void tpd_xpipe_wait_local(struct tpd_daemon *d, struct tpd_session *s, const Tpw__V1__Connect *c);
 
 /* Listener @name was just registered: connect the pipes waiting for it. Borrows @d and @name. */
 void tpd_xpipe_listener_added(struct tpd_daemon *d, const char *name);
 
-/* ---- cross-host pipes (xpipe.c and xh.c, called by peer.c) ---- */
+/* ---- cross-host pipes (xpipe.c, xconnect.c, xaccept.c and xh.c) ---- */
 
 /*
- * tpd_xpipe_start() - register the broker's struct tpd_peer_pipe_ops with the peer part (the
- * tpd_xpipe_peer_*, tpd_xpipe_link_* and tpd_xh_peer_* functions below are its ops: the peer
- * part calls them only through it). Call before tpd_peers_start().
+ * tpd_xpipe_start() - register the broker's struct tpd_peer_pipe_ops with the peer part (their
+ * functions are declared in pipe_int.h: the peer part calls them only through the table). Call
+ * before tpd_peers_start().
  */
 void tpd_xpipe_start(void);
 
-/* The peer link @pr goes away: forget the connects of its far daemon waiting for a listener.
- * Borrows @d and @pr. */
-void tpd_xpipe_peer_waits_drop(struct tpd_daemon *d, struct tpd_peer *pr);
-/* The far daemon of @pr gave up on its connect @pipe_id waiting for a listener: forget it.
- * Borrows @d and @pr. */
-void tpd_xpipe_peer_wait_cancel(struct tpd_daemon *d, struct tpd_peer *pr, uint64_t pipe_id);
+/* ---- the broker's state (broker.c), for core/ and ctl/ ---- */
 
-/* The link of connecting pipe @p is up: ask the peer for the listener. Borrows @p. */
-void tpd_xpipe_link_up(struct tpd_pipe *p);
-/* The link of @p failed with @err: fail the connect, or the remote end (STATUS_PEER_DIED).
- * -ELOOP means the address was this daemon's own: the pipe connects locally instead.
- * Borrows @p and @why (copied into p->why). */
-void tpd_xpipe_link_failed(struct tpd_pipe *p, int err, const char *why);
-/* The peer asks for a local listener: accept, refuse, or (with wait_ms, a name that no listener
- * admitting the link has registered) keep the connect waiting until one does or wait_ms passes.
- * Borrows @d and @c (a waiting connect keeps its own copy). Keeps @pr: as the new pipe's link
- * until tpd_xpipe_link_failed(), or in the waiting connect until tpd_xpipe_peer_waits_drop(). */
-void tpd_xpipe_peer_connect(struct tpd_daemon *d, struct tpd_peer *pr,
-			    const Tpw__V1__PeerConnect *c);
-/* The peer answered our PeerConnect; @p is NULL if the pipe already ended here. Borrows @pr, @p
- * and @r. */
-void tpd_xpipe_peer_connect_reply(struct tpd_peer *pr, struct tpd_pipe *p,
-				  const Tpw__V1__PeerConnectReply *r);
-/* A message the remote end wrote. Borrows @p, @dd and @tail (the eager bytes, sent on to the
- * reader's session within the call). */
-void tpd_xpipe_peer_descriptor(struct tpd_pipe *p, const Tpw__V1__Descriptor *dd,
-			       const uint8_t *tail, uint32_t tail_len);
-/* The remote reader has its allocation for one of our messages: send it. Borrows @p and @rr
- * (the send copies what it needs). */
-void tpd_xpipe_peer_read_req(struct tpd_pipe *p, const Tpw__V1__PeerReadReq *rr);
-/* The sender of receive @arg (from tpd_peer_xfer_add()) stopped sending. Borrows @pr, @arg and
- * @xe. */
-void tpd_xh_peer_xfer_end(struct tpd_peer *pr, void *arg, const Tpw__V1__PeerXferEnd *xe);
-/* The remote reader is done with one of our messages. Borrows @p and @c. */
-void tpd_xpipe_peer_consumed(struct tpd_pipe *p, const Tpw__V1__PeerConsumed *c);
-/* The remote end went away. Borrows @p and @why (copied into p->why). */
-void tpd_xpipe_peer_close(struct tpd_pipe *p, Tpw__V1__Status st, const char *why);
+/*
+ * tpd_broker_new() - the broker's state of one daemon: its pipes, the ends owed FlowCredit or
+ * waiting for the daemon-wide budget, the far daemons' connects waiting for a listener, the
+ * cross-host transfers running and the totals moved. The daemon reaches it with
+ * tpd_daemon_broker().
+ * @ret: returns owned broker, free with tpd_broker_free() once every session and peer link is
+ * gone (they end the pipes and the waiting connects).
+ * Return: 0 or -ENOMEM.
+ */
+int tpd_broker_new(struct tpd_broker **ret);
 
-/* The other end of @e. Return: borrowed pointer, valid as long as @e (same pipe). */
-struct tpd_pipe_end *tpd_pipe_end_peer(struct tpd_pipe_end *e);
+/* Frees @b. Takes @b; accepts NULL. */
+void tpd_broker_free(struct tpd_broker *b);
+
+/* Open pipes (connecting, open or half-closed, not yet freed). Borrows @b. */
+unsigned tpd_broker_pipe_count(const struct tpd_broker *b);
+
+/*
+ * tpd_broker_pipe_next() - iterate the pipes of @b, oldest first: the first with @p NULL, then
+ * the one after @p. Borrows @b and @p.
+ * Return: borrowed pointer, valid until the pipe is freed (the caller calls nothing that could
+ * end a pipe while it iterates), or NULL after the last.
+ */
+struct tpd_pipe *tpd_broker_pipe_next(const struct tpd_broker *b, const struct tpd_pipe *p);
+
+/* Messages delivered (read by their reader) since the daemon started. Borrows @b. */
+uint64_t tpd_broker_messages_moved(const struct tpd_broker *b);
+/* Payload and tensor bytes of the messages delivered since the daemon started. Borrows @b. */
+uint64_t tpd_broker_bytes_moved(const struct tpd_broker *b);
+/* True while cross-host transfers run on the stripe threads. Borrows @b. */
+bool tpd_broker_busy(const struct tpd_broker *b);
 
 /* Channel names used so far, comma separated, into @buf (@len bytes, NUL-terminated; @len > 0).
  * Borrows @p. */

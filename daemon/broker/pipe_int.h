@@ -1,8 +1,8 @@
 /* SPDX-License-Identifier: BSD-3-Clause */
 /*
- * Private to the pipe module (pipe.c, msg.c, xh.c, xpipe.c, cancel.c): the message object and the
- * functions these files call in each other. Nothing outside the module includes it; the rest of
- * the daemon uses pipe.h. Everything declared here runs on the loop thread.
+ * Private to the pipe module (the files of daemon/broker/): the broker's state, the message
+ * object and the functions these files call in each other. Nothing outside the module includes
+ * it; the rest of the daemon uses pipe.h. Everything declared here runs on the loop thread.
  */
 #ifndef TPD_PIPE_INT_H
 #define TPD_PIPE_INT_H
@@ -11,6 +11,7 @@
 #include <stddef.h>
 #include <stdint.h>
 #include <sys/uio.h>
+#include <event2/event.h>
 #include "copier.h"
 #include "pipe.h"
 #include "tpb.h"
@@ -20,6 +21,7 @@
 struct tpd_buffer;
 struct tpd_copy_job;
 struct tpd_listener;
+struct tpd_peer;
 struct tpd_xh;
 
 /* Pipe end ids handed to accepting sessions start here, apart from the ids clients choose. */
@@ -69,6 +71,26 @@ static inline uint64_t tpd_msg_cost(uint32_t tail_len, size_t n_src)
 	return (uint64_t)tail_len + sizeof(struct tpd_msg) + n_src * sizeof(struct tpd_msg_src);
 }
 
+/* The broker's state (broker.c): one per daemon, tpd_daemon_broker() finds it. */
+struct tpd_broker {
+	struct tpu_list pipes;	     /* struct tpd_pipe, oldest first */
+	unsigned n_pipes;
+	uint64_t next_pipe_id;
+	struct tpu_list flow_dirty;  /* pipe ends with FlowCredit to send at the end of the pass */
+	struct tpu_list budget_wait; /* pipe ends waiting for the daemon-wide budget, FIFO */
+	struct tpu_list xwaits;	     /* peers' connects waiting for a listener (xaccept.c) */
+	unsigned xh_running;	     /* cross-host transfers on the stripe threads */
+	uint64_t bytes_moved;
+	uint64_t messages_moved;
+};
+
+/* ---- broker.c ---- */
+
+/* Links new pipe @p into @b's list (and count). @b keeps @p until tpd_broker_pipe_remove(). */
+void tpd_broker_pipe_add(struct tpd_broker *b, struct tpd_pipe *p);
+/* Unlinks @p, which is being freed, from @b. Borrows @b and @p. */
+void tpd_broker_pipe_remove(struct tpd_broker *b, struct tpd_pipe *p);
+
 /* ---- pipe.c ---- */
 
 /* Logs through @s's session logger with a TPIPD_PIPE field, or plainly without a session.
@@ -78,24 +100,15 @@ void tpd_pipe_log(const struct tpd_pipe *p, const struct tpd_session *s, int lev
 /* Says why an end went away (@s: its gone status). Return: a static string. */
 const char *tpd_pipe_gone_text(Tpw__V1__Status s);
 /* Why the other end went away, for the survivor: the peer link's reason if there is one.
- * Return: borrowed string, valid while @p lives. */
+ * Borrows @p. Return: borrowed string, valid while @p lives. */
 const char *tpd_pipe_why(const struct tpd_pipe *p, Tpw__V1__Status s);
-/* Dying: a local end whose session died or left, a remote end that went away. Borrows @e. */
-bool tpd_pipe_end_dying(const struct tpd_pipe_end *e);
-/* Attached: a local end with its session, or a remote end that has not gone away. Borrows @e. */
-bool tpd_pipe_end_attached(const struct tpd_pipe_end *e);
-/* Why an end that is dying or gone went away. Borrows @e. */
-Tpw__V1__Status tpd_pipe_end_gone_status(const struct tpd_pipe_end *e);
-/* Sets up end @e of @p for session @s (NULL for a remote end) under @local_id. @e (embedded in
- * @p) keeps @p, and @s until the end detaches. */
-void tpd_pipe_end_init(struct tpd_pipe_end *e, struct tpd_pipe *p, struct tpd_session *s,
-		       uint64_t local_id);
-/* A new pipe of @d to listener @name; the caller sets up its ends and links it into d->pipes.
+/* A new pipe of @d to listener @name; the caller sets up its ends and links it into the
+ * broker's pipes (tpd_broker_pipe_add()).
  * Keeps @d (it outlives every pipe); borrows @name (copied).
  * Return: owned pipe (freed by tpd_pipe_maybe_free() once linked), or NULL without memory. */
 struct tpd_pipe *tpd_pipe_new(struct tpd_daemon *d, const char *name);
-/* Frees @p if both ends are detached and nothing is in flight: the caller must not touch @p
- * afterwards unless it knows one of those still holds. */
+/* Frees @p if both ends are detached and nothing is in flight (takes @p then, borrows it
+ * otherwise): the caller must not touch @p afterwards unless it knows one of those still holds. */
 void tpd_pipe_maybe_free(struct tpd_pipe *p);
 /* Remembers that @channel served a (source device, destination device) pair on @p. Borrows @p. */
 void tpd_pipe_pair_record(struct tpd_pipe *p, enum tpb_loc src, enum tpb_loc dst, int channel);
@@ -109,25 +122,6 @@ void tpd_pipe_pair_record(struct tpd_pipe *p, enum tpb_loc src, enum tpb_loc dst
  * logged.
  */
 void tpd_pipe_channel_note(struct tpd_pipe *p, const char *what, int channel, const char *why);
-/* Answers a refused Connect @c from @s: Reply with @err and @why, then PipeClosed. Borrows @s,
- * @c and @why. */
-void tpd_pipe_connect_fail(struct tpd_session *s, const Tpw__V1__Connect *c, int err,
-			   const char *why);
-/* Checks that a local connect can go ahead. Borrows @d, @s and @c.
- * @ret: returns borrowed listener, valid until it is removed from the registry.
- * Return: 0 with the listener in @ret, or -errno with the reason in @why. */
-int tpd_pipe_connect_check(struct tpd_daemon *d, struct tpd_session *s, const Tpw__V1__Connect *c,
-			   struct tpd_listener **ret, char *why, size_t wl);
-/*
- * tpd_pipe_reply_connected() - answer @s's Connect @req_id: pipe @pipe_id is open to listener
- * @name owned by @owner_uid (@owner_remote: on another host, as its daemon claims).
- * Borrows @s and @name.
- */
-void tpd_pipe_reply_connected(struct tpd_session *s, uint64_t req_id, uint64_t pipe_id,
-			      const char *name, uint32_t owner_uid, bool owner_remote);
-/* Tells listener @l's session @ls that end @e was accepted for connector @cs. Borrows all four. */
-void tpd_pipe_send_accepted(struct tpd_session *ls, struct tpd_listener *l, struct tpd_pipe_end *e,
-			    struct tpd_session *cs);
 /* Completes write @write_id of @e with @err, behind the writes of @e still pending. Borrows @e
  * and @why (copied when the WriteDone must wait). */
 void tpd_pipe_write_reject(struct tpd_pipe_end *e, uint64_t write_id, int err, const char *why);
@@ -140,16 +134,65 @@ void tpd_pipe_send_read_done(struct tpd_pipe_end *r, uint64_t msg_id, Tpw__V1__S
 /* Starts the copies (or cross-host transfers) of @w's messages the reader asked for. Borrows @w;
  * each started copy keeps its message until it completes. */
 void tpd_pipe_start_next_copy(struct tpd_pipe_end *w);
-/* Sends the PipeClosed owed to @e's session once no copy touches @e's memory. Borrows @e. */
-void tpd_pipe_end_owed_maybe(struct tpd_pipe_end *e);
-/* The oldest message of writer end @w the reader has not asked for, or NULL.
+/* The oldest message of writer end @w the reader has not asked for, or NULL. Borrows @w.
  * Return: borrowed pointer, valid until the message is consumed or @w's pipe is freed. */
 struct tpd_msg *tpd_pipe_next_unread(struct tpd_pipe_end *w);
 
 /* Completes the write of @m with @st (@why: NULL when OK) and sends the WriteDone of every
- * completed write at the head of its writer's queue. May free @m: the caller must not touch it
- * afterwards. Borrows @why (copied). */
+ * completed write at the head of its writer's queue. Borrows @m, but may free it: the caller
+ * must not touch it afterwards. Borrows @why (copied). */
 void tpd_pipe_write_complete(struct tpd_msg *m, Tpw__V1__Status st, const char *why);
+/* Frees @m once it is on neither of its writer's lists and no copy uses it (takes @m then,
+ * borrows it otherwise): the caller must not touch it afterwards. */
+void tpd_pipe_msg_maybe_free(struct tpd_msg *m);
+
+/*
+ * tpd_pipe_credit() - a Write of local end @e carrying @bytes inline bytes no longer occupies the
+ * daemon's queue (consumed, refused or failed): return its room to @e's client with FlowCredit at
+ * the end of this loop pass, if the client speaks minor >= TPW_MINOR_FLOW. Borrows @e (the
+ * broker's flow list keeps it until the pass ends, or until its pipe is freed).
+ */
+void tpd_pipe_credit(struct tpd_pipe_end *e, uint64_t bytes);
+
+/* ---- pipeend.c ---- */
+
+/* The other end of @e. Borrows @e. Return: borrowed pointer, valid as long as @e (same pipe). */
+struct tpd_pipe_end *tpd_pipe_end_peer(struct tpd_pipe_end *e);
+
+/* Dying: a local end whose session died or left, a remote end that went away. Borrows @e. */
+bool tpd_pipe_end_dying(const struct tpd_pipe_end *e);
+/* Attached: a local end with its session, or a remote end that has not gone away. Borrows @e. */
+bool tpd_pipe_end_attached(const struct tpd_pipe_end *e);
+/* Why an end that is dying or gone went away. Borrows @e. */
+Tpw__V1__Status tpd_pipe_end_gone_status(const struct tpd_pipe_end *e);
+/* Sets up end @e of @p for session @s (NULL for a remote end) under @local_id. @e (embedded in
+ * @p) keeps @p, and @s until the end detaches. */
+void tpd_pipe_end_init(struct tpd_pipe_end *e, struct tpd_pipe *p, struct tpd_session *s,
+		       uint64_t local_id);
+/* Sends the PipeClosed owed to @e's session once no copy touches @e's memory. Borrows @e. */
+void tpd_pipe_end_owed_maybe(struct tpd_pipe_end *e);
+
+/* ---- pipeconnect.c ---- */
+
+/* Answers a refused Connect @c from @s: Reply with @err and @why, then PipeClosed. Borrows @s,
+ * @c and @why. */
+void tpd_pipe_connect_fail(struct tpd_session *s, const Tpw__V1__Connect *c, int err,
+			   const char *why);
+/* Checks that a local connect can go ahead. Borrows @d, @s and @c.
+ * @ret: returns borrowed listener, valid until it is removed from the registry.
+ * Return: 0 with the listener in @ret, or -errno with the reason in @why. */
+int tpd_pipe_connect_check(struct tpd_daemon *d, struct tpd_session *s, const Tpw__V1__Connect *c,
+			   struct tpd_listener **ret, char *why, size_t wl);
+/*
+ * tpd_pipe_connect_reply() - answer @s's Connect @req_id: pipe @pipe_id is open to listener
+ * @name owned by @owner_uid (@owner_remote: on another host, as its daemon claims).
+ * Borrows @s and @name.
+ */
+void tpd_pipe_connect_reply(struct tpd_session *s, uint64_t req_id, uint64_t pipe_id,
+			    const char *name, uint32_t owner_uid, bool owner_remote);
+/* Tells listener @l's session @ls that end @e was accepted for connector @cs. Borrows all four. */
+void tpd_pipe_connect_accepted(struct tpd_session *ls, struct tpd_listener *l,
+			       struct tpd_pipe_end *e, struct tpd_session *cs);
 
 /* ---- msg.c ---- */
 
@@ -218,36 +261,125 @@ void tpd_xh_abandon(struct tpd_msg *m, Tpw__V1__Status st, const char *why);
 void tpd_xh_tell_end(struct tpd_pipe *p, uint64_t xfer_id, Tpw__V1__Status st, const char *why,
 		     uint64_t bytes, bool rdma);
 
-/* ---- xpipe.c ---- */
+/* ---- xpipe.c, xconnect.c, xaccept.c: pipes to another host's daemon ---- */
+
+/* The end of cross-host pipe @p on the other host. Return: borrowed, valid as long as @p. */
+static inline struct tpd_pipe_end *tpd_xpipe_remote_end(struct tpd_pipe *p)
+{
+	return p->end[0].remote ? &p->end[0] : &p->end[1];
+}
+
+/* The end of cross-host pipe @p on this host. Return: borrowed, valid as long as @p. */
+static inline struct tpd_pipe_end *tpd_xpipe_local_end(struct tpd_pipe *p)
+{
+	return p->end[0].remote ? &p->end[1] : &p->end[0];
+}
+
+/*
+ * Arms a wait deadline @tv from now. libevent measures it from the time cached at the start of
+ * the loop pass, which long work in the same pass (or valgrind) leaves tens of milliseconds
+ * stale: the wait would end early. Refresh the cache first.
+ */
+static inline void tpd_xpipe_timer_add_fresh(struct event *ev, const struct timeval *tv)
+{
+	event_base_update_cache_time(event_get_base(ev));
+	evtimer_add(ev, tv);
+}
 
 /* Sends @pm (with @n data iovecs) on @p's peer link, if it has one. Borrows @p, @pm and @iov
  * (tpd_peer_send() copies them). */
 void tpd_xpipe_tell(struct tpd_pipe *p, Tpw__V1__PeerMsg *pm, const struct iovec *iov, int n);
+/* Tells the peer of @link that its pipe @remote_id ended with @st (@why: NULL or a reason).
+ * Borrows @link and @why. */
+void tpd_xpipe_tell_close(struct tpd_peer *link, uint64_t remote_id, Tpw__V1__Status st,
+			  const char *why);
 /* Tells the writer's daemon that @m (written there) is consumed with @st. Borrows @m and @why. */
 void tpd_xpipe_consumed(struct tpd_msg *m, Tpw__V1__Status st, const char *why);
+
+/* ---- xconnect.c ---- */
+
+/*
+ * tpd_xconnect_wait_local() - Connect @c names a local listener that does not exist yet and asks
+ * to wait (wait_ms > 0): keep the pipe connecting (writes are held, the pipe counts against
+ * pipes-max) until a listener of that name registers (then the access checks run) or wait_ms
+ * passes (-ETIMEDOUT). Ending the session or closing the pipe cancels it.
+ * Ownership: borrows @d and @c; the waiting pipe's end keeps @s, as tpd_pipe_connect() does.
+ */
+void tpd_xconnect_wait_local(struct tpd_daemon *d, struct tpd_session *s,
+			     const Tpw__V1__Connect *c);
+
 /* Connect @c from @s to a tpip:// address: dial or reuse the peer link. Borrows @d and @c; the
  * new pipe's end keeps @s, as tpd_pipe_connect() does. */
-void tpd_xpipe_connect(struct tpd_daemon *d, struct tpd_session *s, const Tpw__V1__Connect *c);
+void tpd_xconnect_remote(struct tpd_daemon *d, struct tpd_session *s, const Tpw__V1__Connect *c);
 /* A write on a pipe still connecting: keeps it, within the queue limits, for later.
- * Takes @cm; borrows @tail. */
-void tpd_xpipe_hold(struct tpd_pipe_end *e, Tpw__V1__ClientMsg *cm, const uint8_t *tail,
-		    uint32_t tail_len);
+ * Borrows @e; takes @cm (also when refused); borrows @tail (copied). */
+void tpd_xconnect_hold(struct tpd_pipe_end *e, Tpw__V1__ClientMsg *cm, const uint8_t *tail,
+		       uint32_t tail_len);
 /* Drops the write @write_id held while @p connects. Borrows @p. Return: true if it was held. */
-bool tpd_xpipe_held_cancel(struct tpd_pipe *p, uint64_t write_id);
+bool tpd_xconnect_held_cancel(struct tpd_pipe *p, uint64_t write_id);
+/* The tpip:// address of connecting pipe @p was this daemon's own, or the local listener it
+ * waits for registered: connect @p to the local listener (the access checks run), or fail the
+ * connect. Borrows @p. */
+void tpd_xconnect_reroute_local(struct tpd_pipe *p);
 /* The local end of cross-host pipe @p left with @why: tell the peer, stop connecting. Borrows
  * @p. */
-void tpd_xpipe_local_left(struct tpd_pipe *p, Tpw__V1__Status why);
-/* Frees the cross-host state of @p, which is being freed (not @p itself). */
-void tpd_xpipe_done(struct tpd_pipe *p);
+void tpd_xconnect_local_left(struct tpd_pipe *p, Tpw__V1__Status why);
+/* Frees the cross-host state of @p, which is being freed (not @p itself). Borrows @p. */
+void tpd_xconnect_done(struct tpd_pipe *p);
+
+/* ---- xaccept.c ---- */
+
+/* Listener @l was just registered: answer the far daemons' connects waiting for it that it
+ * admits, as any connect. Borrows @d and @l. */
+void tpd_xaccept_listener_added(struct tpd_daemon *d, struct tpd_listener *l);
+
+/* ---- what a peer link calls up into (its struct tpd_peer_pipe_ops, tpd_xpipe_start()) ---- */
+
+/* The peer link @pr goes away: forget the connects of its far daemon waiting for a listener.
+ * Borrows @d and @pr. */
+void tpd_xaccept_waits_drop(struct tpd_daemon *d, struct tpd_peer *pr);
+/* The far daemon of @pr gave up on its connect @pipe_id waiting for a listener: forget it.
+ * Borrows @d and @pr. */
+void tpd_xaccept_wait_cancel(struct tpd_daemon *d, struct tpd_peer *pr, uint64_t pipe_id);
+
+/* The link of connecting pipe @p is up: ask the peer for the listener. Borrows @p. */
+void tpd_xconnect_link_up(struct tpd_pipe *p);
+/* The link of @p failed with @err: fail the connect, or the remote end (STATUS_PEER_DIED).
+ * -ELOOP means the address was this daemon's own: the pipe connects locally instead.
+ * Borrows @p and @why (copied into p->why). */
+void tpd_xconnect_link_failed(struct tpd_pipe *p, int err, const char *why);
+/* The peer asks for a local listener: accept, refuse, or (with wait_ms, a name that no listener
+ * admitting the link has registered) keep the connect waiting until one does or wait_ms passes.
+ * Borrows @d and @c (a waiting connect keeps its own copy). Keeps @pr: as the new pipe's link
+ * until tpd_xconnect_link_failed(), or in the waiting connect until tpd_xaccept_waits_drop(). */
+void tpd_xaccept_connect(struct tpd_daemon *d, struct tpd_peer *pr, const Tpw__V1__PeerConnect *c);
+/* The peer answered our PeerConnect; @p is NULL if the pipe already ended here. Borrows @pr, @p
+ * and @r. */
+void tpd_xconnect_reply(struct tpd_peer *pr, struct tpd_pipe *p,
+			const Tpw__V1__PeerConnectReply *r);
+/* A message the remote end wrote. Borrows @p, @dd and @tail (the eager bytes, sent on to the
+ * reader's session within the call). */
+void tpd_xpipe_peer_descriptor(struct tpd_pipe *p, const Tpw__V1__Descriptor *dd,
+			       const uint8_t *tail, uint32_t tail_len);
+/* The remote reader has its allocation for one of our messages: send it. Borrows @p and @rr
+ * (the send copies what it needs). */
+void tpd_xpipe_peer_read_req(struct tpd_pipe *p, const Tpw__V1__PeerReadReq *rr);
+/* The sender of receive @arg (from tpd_peer_xfer_add()) stopped sending. Borrows @pr, @arg and
+ * @xe. */
+void tpd_xh_peer_xfer_end(struct tpd_peer *pr, void *arg, const Tpw__V1__PeerXferEnd *xe);
+/* The remote reader is done with one of our messages. Borrows @p and @c. */
+void tpd_xpipe_peer_consumed(struct tpd_pipe *p, const Tpw__V1__PeerConsumed *c);
+/* The remote end went away. Borrows @p and @why (copied into p->why). */
+void tpd_xpipe_peer_close(struct tpd_pipe *p, Tpw__V1__Status st, const char *why);
 
 /* ---- cancel.c ---- */
 
 /* Reader end @r asks for canceled message @m (not discarding it): ReadDone{CANCELED} and the
- * message is consumed (which may free @m). Borrows @r. */
+ * message is consumed. Borrows @r, and @m, which this may free. */
 void tpd_cancel_read_canceled(struct tpd_pipe_end *r, struct tpd_msg *m);
 /* The remote reader asks (transfer @xfer_id) for canceled message @m of writer end @w: tell
- * its daemon the transfer ended CANCELED, and the message is consumed (which may free @m).
- * Borrows @w. */
+ * its daemon the transfer ended CANCELED, and the message is consumed. Borrows @w, and @m,
+ * which this may free. */
 void tpd_cancel_peer_read_canceled(struct tpd_pipe_end *w, struct tpd_msg *m, uint64_t xfer_id);
 
 /* ---- the daemon-wide budget (budget.c) ---- */

@@ -113,7 +113,7 @@ static void xh_finish(struct tpd_msg *m, struct tpd_xh *xh)
 							 : "striped over the peer link's data connections");
 	if (ch >= 0) {
 		p->channels |= 1u << ch;
-		tpd_stats_record(&p->d->stats, ch, xh->x.bytes, xh->x.ns, xh->x.status < 0);
+		tpd_stats_record(tpd_daemon_stats(p->d), ch, xh->x.bytes, xh->x.ns, xh->x.status < 0);
 	}
 	for (size_t i = 0; i < xh->x.n_segs && !xh->gdr; i++)
 		if (xh->segs[i].mem.loc == TPB_LOC_CUDA) /* staged through the stripe's buffers */
@@ -180,7 +180,7 @@ static void xh_send_done(struct tpd_stripe_xfer *x)
 	char why[160], early_why[160];
 
 	if (xh->started)
-		w->pipe->d->xh_running--;
+		tpd_daemon_broker(w->pipe->d)->xh_running--;
 	snprintf(why, sizeof(why), "%s", x->status < 0 ? x->why : "");
 	if (tpd_pipe_end_dying(w)) {
 		/* The writer was told its write was canceled and may reuse the memory. */
@@ -220,7 +220,7 @@ static void xh_recv_done(struct tpd_stripe_xfer *x)
 	char why[160];
 
 	if (xh->started)
-		w->pipe->d->xh_running--;
+		tpd_daemon_broker(w->pipe->d)->xh_running--;
 	snprintf(why, sizeof(why), "%s", status < 0 ? x->why : "");
 	if (xh->gdr && (status == 0 || status == -ECANCELED)) {
 		/* The sender RDMA-wrote the bytes; the stripe's registration was only dropped. */
@@ -374,7 +374,7 @@ int tpd_xh_start(struct tpd_msg *m)
 	}
 	if (r == 0) {
 		xh->started = true;
-		p->d->xh_running++;
+		tpd_daemon_broker(p->d)->xh_running++;
 		return 0;
 	}
 	/* Not started: the link is gone or going (its pipes learn why next). */

@@ -73,6 +73,26 @@ bool tpd_daemon_stopping(const struct tpd_daemon *d)
 	return d->stopping;
 }
 
+struct tpd_broker *tpd_daemon_broker(const struct tpd_daemon *d)
+{
+	return d->broker;
+}
+
+const char *tpd_daemon_hostname(const struct tpd_daemon *d)
+{
+	return d->hostname;
+}
+
+struct tpd_session *tpd_daemon_session_find(struct tpd_daemon *d, uint64_t id)
+{
+	struct tpd_session *s;
+
+	tpu_list_for_each(s, &d->sessions, node)
+		if (s->id == id)
+			return s;
+	return NULL;
+}
+
 /* Refuses to take over a socket another daemon is serving; removes a stale one. */
 static int socket_take_path(const struct sockaddr_un *sun)
 {
@@ -319,7 +339,8 @@ static void update_status(struct tpd_daemon *d)
 	char status[160];
 
 	snprintf(status, sizeof(status), "Serving on %s: %u clients, %u pipes, %llu messages moved",
-		 d->socket_path, d->n_sessions, d->n_pipes, (unsigned long long)d->messages_moved);
+		 d->socket_path, d->n_sessions, tpd_broker_pipe_count(d->broker),
+		 (unsigned long long)tpd_broker_messages_moved(d->broker));
 	if (strcmp(status, d->last_status) != 0) {
 		tpd_notify_status(status);
 		memcpy(d->last_status, status, sizeof(status));
@@ -411,7 +432,7 @@ static bool spin_sleep(struct tpd_daemon *d)
  * and their completions wake the loop anyway. */
 static bool bulk_running(const struct tpd_daemon *d)
 {
-	return tpd_copier_busy(d->copier) || d->xh_running;
+	return tpd_copier_busy(d->copier) || tpd_broker_busy(d->broker);
 }
 
 /* Runs daemon_on_spin() again once the loop has polled every fd and run what they woke: a
@@ -538,14 +559,12 @@ int tpd_daemon_new(const struct tpd_config *cfg, struct tpd_daemon **ret)
 	d->listen_fd = -EBADF;
 	d->start_ns = tpu_now_ns();
 	d->next_session_id = 1;
-	d->next_pipe_id = 1;
 	tpu_list_init(&d->sessions);
-	tpu_list_init(&d->pipes);
-	tpu_list_init(&d->xwaits);
-	tpu_list_init(&d->flow_dirty);
-	tpu_list_init(&d->budget_wait);
 	tpd_listener_registry_init(&d->registry);
 	tpd_quota_init(&d->quota);
+	r = tpd_broker_new(&d->broker);
+	if (r < 0)
+		goto fail;
 	d->base = event_base_new();
 	r = -ENOMEM;
 	if (!d->base)
@@ -643,6 +662,7 @@ void tpd_daemon_free(struct tpd_daemon *d)
 		unlink(d->socket_path);
 	tpu_close(d->listen_fd);
 	tpd_peer_dial_dns_free(d);
+	tpd_broker_free(d->broker);
 	if (d->base)
 		event_base_free(d->base);
 	free(d->scratch);

@@ -1,8 +1,9 @@
 /* SPDX-License-Identifier: BSD-3-Clause */
 /*
  * tpd_daemon: the process-wide state of tpipd: the event loop, the control socket and its
- * accept loop (with EMFILE back-off), the list of sessions and pipes, the listener registry,
- * the copy engine, signal handling and graceful stop. Sessions and pipes do the protocol work.
+ * accept loop (with EMFILE back-off), the list of sessions, the broker's state (its pipes), the
+ * listener registry, the copy engine, signal handling and graceful stop. Sessions and pipes do
+ * the protocol work.
  */
 #ifndef TPD_DAEMON_H
 #define TPD_DAEMON_H
@@ -17,6 +18,7 @@
 #include "ring.h"
 #include "tpu.h"
 
+struct tpd_broker;
 struct tpd_peertls;
 
 struct tpd_daemon {
@@ -39,7 +41,6 @@ struct tpd_daemon {
 	uint64_t spin_until_ns; /* stop polling then, unless a ring moves */
 	uint64_t slept_ns;	/* when the rings' sleeping flags were last set */
 	struct tpu_spin spin;
-	unsigned xh_running;	/* cross-host transfers on the stripe threads */
 	uint8_t *scratch;	/* frames packed straight into a control ring */
 	size_t scratch_cap;
 	struct tpu_list sessions;
@@ -47,17 +48,10 @@ struct tpd_daemon {
 	struct tpd_quota quota;	/* per-uid sessions and bytes held for clients (quota.c) */
 	uint64_t next_session_id;
 	struct tpd_registry registry;
-	struct tpu_list pipes;
-	struct tpu_list flow_dirty; /* pipe ends with FlowCredit to send at the end of the pass */
-	struct tpu_list budget_wait; /* pipe ends waiting for the daemon-wide budget, FIFO */
-	unsigned n_pipes;
-	struct tpu_list xwaits;	/* peers' connects waiting for a listener (xpipe.c) */
-	uint64_t next_pipe_id;
+	struct tpd_broker *broker; /* pipes and their transfers (broker/) */
 	struct tpd_copier *copier;
 	uint64_t start_ns;
 	uint64_t drain_deadline_ns;
-	uint64_t bytes_moved;
-	uint64_t messages_moved;
 	bool stopping;
 	bool cma_viable;
 	struct tpw_limits limits; /* wire limits enforced on every session */
@@ -142,5 +136,11 @@ struct tpd_quota *tpd_daemon_quota(struct tpd_daemon *d);
 struct tpd_copier *tpd_daemon_copier(const struct tpd_daemon *d);
 /* True once a graceful stop began. */
 bool tpd_daemon_stopping(const struct tpd_daemon *d);
+/* The broker's state (broker/pipe.h): pipes, their queues and totals. */
+struct tpd_broker *tpd_daemon_broker(const struct tpd_daemon *d);
+/* This host's name, as peers and error messages name it. */
+const char *tpd_daemon_hostname(const struct tpd_daemon *d);
+/* The session of id @id, dead or alive, or NULL: valid until that session is freed. */
+struct tpd_session *tpd_daemon_session_find(struct tpd_daemon *d, uint64_t id);
 
 #endif

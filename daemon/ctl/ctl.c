@@ -70,6 +70,7 @@ static bool sees_pipe(const struct ctl_bufs *b, const struct tpd_pipe *p)
 /* Counts in status: every object, or only the caller's. */
 static void count_visible(struct tpd_daemon *d, const struct ctl_bufs *b, Tpw__V1__CtlStatus *st)
 {
+	struct tpd_broker *br = tpd_daemon_broker(d);
 	struct tpd_session *s;
 	struct tpd_listener *l;
 	struct tpd_pipe *p;
@@ -79,7 +80,7 @@ static void count_visible(struct tpd_daemon *d, const struct ctl_bufs *b, Tpw__V
 	st->sessions = st->pipes = st->listeners = 0;
 	tpu_list_for_each(s, &d->sessions, node)
 		st->sessions += sees_uid(b, s->uid);
-	tpu_list_for_each(p, &d->pipes, node)
+	for (p = tpd_broker_pipe_next(br, NULL); p; p = tpd_broker_pipe_next(br, p))
 		st->pipes += sees_pipe(b, p);
 	tpu_list_for_each(l, &d->registry.listeners, node)
 		st->listeners += sees_uid(b, l->uid);
@@ -91,6 +92,7 @@ static void count_visible(struct tpd_daemon *d, const struct ctl_bufs *b, Tpw__V
 static void fill_status_limits(struct tpd_daemon *d, const struct ctl_bufs *b,
 			       Tpw__V1__CtlStatus *st)
 {
+	struct tpd_broker *br = tpd_daemon_broker(d);
 	struct tpd_pipe *p;
 
 	if (!b->own_only) {
@@ -102,7 +104,7 @@ static void fill_status_limits(struct tpd_daemon *d, const struct ctl_bufs *b,
 		st->pipe_held_bytes_peak = d->quota.pipe_bytes_peak;
 		st->budget_waits = d->quota.budget_waits;
 	}
-	tpu_list_for_each(p, &d->pipes, node)
+	for (p = tpd_broker_pipe_next(br, NULL); p; p = tpd_broker_pipe_next(br, p))
 		for (int i = 0; i < 2 && sees_pipe(b, p); i++) {
 			st->pipe_queued_messages += p->end[i].queued;
 			st->pipe_queued_bytes += p->end[i].queued_bytes;
@@ -120,10 +122,10 @@ static void fill_status(struct tpd_daemon *d, const struct ctl_bufs *b, Tpw__V1_
 	st->uptime_ms = tpd_daemon_uptime_ms(d);
 	st->pid = (uint32_t)getpid();
 	st->sessions = d->n_sessions;
-	st->pipes = d->n_pipes;
+	st->pipes = tpd_broker_pipe_count(tpd_daemon_broker(d));
 	st->listeners = d->registry.count;
-	st->bytes_moved = d->bytes_moved;
-	st->messages_moved = d->messages_moved;
+	st->bytes_moved = tpd_broker_bytes_moved(tpd_daemon_broker(d));
+	st->messages_moved = tpd_broker_messages_moved(tpd_daemon_broker(d));
 	st->socket_path = d->socket_path;
 	st->cma_available = d->cma_viable;
 	st->peer_listen = d->peer_listen_addr;
@@ -225,16 +227,18 @@ static const char *pipe_transport(const struct tpd_pipe *p)
 
 static int fill_pipes(struct tpd_daemon *d, Tpw__V1__CtlReply *rep, struct ctl_bufs *b)
 {
+	struct tpd_broker *br = tpd_daemon_broker(d);
+	unsigned n_pipes = tpd_broker_pipe_count(br);
 	struct tpd_pipe *p;
 	size_t i = 0;
 
-	b->pipes = calloc(d->n_pipes + 1, sizeof(*b->pipes));
-	b->ends = calloc(2 * d->n_pipes + 2, sizeof(*b->ends));
-	b->channels = calloc(d->n_pipes + 1, sizeof(*b->channels));
-	rep->pipes = calloc(d->n_pipes + 1, sizeof(*rep->pipes));
+	b->pipes = calloc(n_pipes + 1, sizeof(*b->pipes));
+	b->ends = calloc(2 * n_pipes + 2, sizeof(*b->ends));
+	b->channels = calloc(n_pipes + 1, sizeof(*b->channels));
+	rep->pipes = calloc(n_pipes + 1, sizeof(*rep->pipes));
 	if (!b->pipes || !b->ends || !b->channels || !rep->pipes)
 		return -ENOMEM;
-	tpu_list_for_each(p, &d->pipes, node) {
+	for (p = tpd_broker_pipe_next(br, NULL); p; p = tpd_broker_pipe_next(br, p)) {
 		Tpw__V1__CtlPipe *c = &b->pipes[i];
 		bool a = p->end[0].session || (p->end[0].remote && !p->end[0].gone),
 		     z = p->end[1].session || (p->end[1].remote && !p->end[1].gone);

@@ -17,6 +17,7 @@
 #include "log.h"
 #include "metrics.h"
 #include "peer.h"
+#include "pipe.h"
 #include "tpb.h"
 #include "tpconfig.h"
 
@@ -156,12 +157,13 @@ static void metrics_on_request(struct evhttp_request *req, void *arg)
 			       "# TYPE process_start_time_seconds gauge\n"
 			       "process_start_time_seconds %.3f\n", m->start_time);
 	put_metric(b, "tpipd_sessions", "gauge", "Attached clients.", d->n_sessions);
-	put_metric(b, "tpipd_pipes", "gauge", "Open pipes.", d->n_pipes);
+	put_metric(b, "tpipd_pipes", "gauge", "Open pipes.",
+		   tpd_broker_pipe_count(tpd_daemon_broker(d)));
 	put_metric(b, "tpipd_listeners", "gauge", "Registered listeners.", d->registry.count);
 	put_metric(b, "tpipd_messages_moved_total", "counter", "Messages delivered.",
-		   d->messages_moved);
+		   tpd_broker_messages_moved(tpd_daemon_broker(d)));
 	put_metric(b, "tpipd_bytes_moved_total", "counter", "Payload and tensor bytes delivered.",
-		   d->bytes_moved);
+		   tpd_broker_bytes_moved(tpd_daemon_broker(d)));
 	put_metric(b, "tpipd_copies_in_flight", "gauge", "Copies queued or running.",
 		   tpd_copier_busy(d->copier));
 	tpd_gdrreg_cache_stats(d, &rc);

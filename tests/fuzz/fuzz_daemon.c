@@ -12,6 +12,7 @@
 #include <unistd.h>
 #include "fuzz_daemon.h"
 #include "log.h"
+#include "pipe.h"
 
 #define MEMFD_SIZE (64u << 10)
 #define STALLS_MAX 64
@@ -156,6 +157,6 @@ void fuzz_daemon_report(const char *who)
 {
 	if (logging_)
 		fprintf(stderr, "%s: daemon moved %llu messages, %llu bytes so far\n", who,
-			(unsigned long long)daemon_->messages_moved,
-			(unsigned long long)daemon_->bytes_moved);
+			(unsigned long long)tpd_broker_messages_moved(tpd_daemon_broker(daemon_)),
+			(unsigned long long)tpd_broker_bytes_moved(tpd_daemon_broker(daemon_)));
 }

@@ -44,6 +44,7 @@
 #include "fuzz_peer.h"
 #include "log.h"
 #include "peer.h"
+#include "pipe.h"
 #include "session.h"
 
 #define CONNS 4
@@ -237,7 +238,8 @@ static void check_all_gone(void)
 	uint64_t deadline = tpu_now_ns() + DRAIN_DEADLINE_NS;
 
 	while (daemon_->n_peers || !tpu_list_empty(&daemon_->peer_conns) ||
-	       !tpu_list_empty(&daemon_->data_dials) || daemon_->n_pipes || daemon_->n_sessions ||
+	       !tpu_list_empty(&daemon_->data_dials) ||
+	       tpd_broker_pipe_count(tpd_daemon_broker(daemon_)) || daemon_->n_sessions ||
 	       daemon_->registry.count) {
 		if (tpu_now_ns() > deadline) {
 			fprintf(stderr,
@@ -245,7 +247,8 @@ static void check_all_gone(void)
 				"%u sessions, %u listeners left after everything closed\n",
 				daemon_->n_peers, tpu_list_empty(&daemon_->peer_conns) ? "no" : "some",
 				tpu_list_empty(&daemon_->data_dials) ? "no" : "some",
-				daemon_->n_pipes, daemon_->n_sessions, daemon_->registry.count);
+				tpd_broker_pipe_count(tpd_daemon_broker(daemon_)),
+				daemon_->n_sessions, daemon_->registry.count);
 			abort();
 		}
 		loop_passes(NULL, 1);

@@ -23,6 +23,7 @@
 #include <unistd.h>
 #include "fuzz_daemon.h"
 #include "fuzz_session.h"
+#include "pipe.h"
 #include "session.h"
 
 #define CLIENTS 3
@@ -75,12 +76,15 @@ static void check_all_gone(void)
 	int none[CLIENTS] = { -1, -1, -1 };
 	uint64_t deadline = tpu_now_ns() + DRAIN_DEADLINE_NS;
 
-	while (daemon_->n_sessions || daemon_->n_pipes || daemon_->registry.count) {
+	while (daemon_->n_sessions || tpd_broker_pipe_count(tpd_daemon_broker(daemon_)) ||
+	       daemon_->registry.count) {
 		if (tpu_now_ns() > deadline) {
 			fprintf(stderr,
 				"fuzz_session: %u sessions, %u pipes, %u listeners left after every "
 				"client hung up\n",
-				daemon_->n_sessions, daemon_->n_pipes, daemon_->registry.count);
+				daemon_->n_sessions,
+				tpd_broker_pipe_count(tpd_daemon_broker(daemon_)),
+				daemon_->registry.count);
 			abort();
 		}
 		loop_passes(none, 1);

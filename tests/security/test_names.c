@@ -279,7 +279,7 @@ END_TEST
 /* ---- a peer flooding refused connects does not flood the log ------------------------------- */
 
 #define FLOOD_CONNECTS 25
-#define REFUSALS_LOGGED 20 /* per 10 s, daemon/broker/xpipe.c */
+#define REFUSALS_LOGGED 20 /* per 10 s, daemon/broker/xaccept.c */
 
 /* On ka as NOBODY: FLOOD_CONNECTS connects to a name kb does not have, each refused. */
 static int flooder(void *arg)
