@@ -10,6 +10,7 @@
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/un.h>
+#include "conn.h"
 #include "ctl.h"
 #include "daemon.h"
 #include "gdr.h"
@@ -388,7 +389,7 @@ static bool spin_poll(struct tpd_daemon *d)
 
 	tpu_list_for_each_safe(s, tmp, &d->sessions, node)
 		if (s->ring)
-			moved |= tpd_session_ring_poll(s);
+			moved |= tpd_conn_ring_poll(s);
 	return moved;
 }
 
@@ -399,11 +400,11 @@ static bool spin_sleep(struct tpd_daemon *d)
 	bool raced = false;
 
 	tpu_list_for_each(s, &d->sessions, node)
-		raced |= tpd_session_ring_sleep(s);
+		raced |= tpd_conn_ring_sleep(s);
 	if (!raced)
 		return true;
 	tpu_list_for_each(s, &d->sessions, node)
-		tpd_session_ring_wake(s);
+		tpd_conn_ring_wake(s);
 	return false;
 }
 
@@ -462,7 +463,7 @@ void tpd_daemon_spin_kick(struct tpd_daemon *d)
 		tpu_spin_slept(&d->spin, now - d->slept_ns + d->spin.cur_ns);
 	if (max)
 		tpu_list_for_each(s, &d->sessions, node)
-			tpd_session_ring_wake(s);
+			tpd_conn_ring_wake(s);
 	d->spinning = true;
 	d->spin_until_ns = now + d->spin.cur_ns;
 	spin_rearm(d); /* never polls from here: the caller may be parsing a frame */

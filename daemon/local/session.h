@@ -1,9 +1,9 @@
 /* SPDX-License-Identifier: BSD-3-Clause */
 /*
- * tpd_session: one attached client (a libtpclient context or tpipctl). Owns the connection:
- * peer credentials, frame reading with fd passing, the output queue, the control rings, and the
- * session's tables of pipe ends, shared buffers and listeners. Each complete frame goes to
- * sessmsg.c (bounded unpack, validation, the handlers that dispatch requests to the listener
+ * tpd_session: one attached client (a libtpclient context or tpipctl): its peer credentials,
+ * admission, Hello deadline and life cycle, its connection (conn.h: frame reading with fd
+ * passing, the output queue, the control rings), and the session's tables of pipe ends, shared
+ * buffers and listeners. Each complete frame goes to sessmsg.c (bounded unpack, validation, the handlers that dispatch requests to the listener
  * registry and to pipes). A protocol violation closes this session only; it is closed from its
  * own deferred event, never in the middle of a handler.
  */
@@ -89,7 +89,7 @@ int tpd_session_new(struct tpd_daemon *d, int fd, struct tpd_session **ret);
 void tpd_session_free(struct tpd_session *s, Tpw__V1__Status why);
 
 /*
- * tpd_session_send() - queue a frame of @m followed by @n_tail data pieces.
+ * tpd_session_send() - queue a frame of @m followed by @n_tail data pieces (tpd_conn_send()).
  * @m, @tail: borrowed; copied into the output queue.
  * A session whose output queue would exceed the limit is failed. Sending to a dead session is a
  * no-op. Return: 0 or -errno.
@@ -120,28 +120,6 @@ struct tpd_buffer *tpd_session_buffer(struct tpd_session *s, uint64_t id, uint64
 /* Sends Reply{req_id, status from @err, @why, id, remote_name}. */
 void tpd_session_reply(struct tpd_session *s, uint64_t req_id, int err, const char *why, uint64_t id,
 		       const char *remote_name);
-
-/*
- * tpd_session_ring_poll() - for the daemon's spin loop: take what @s's ring holds and push
- * queued output into it. Return: true if anything moved.
- */
-bool tpd_session_ring_poll(struct tpd_session *s);
-
-/*
- * tpd_session_ring_sleep() - before the daemon sleeps: set @s's sleeping flag so that its
- * client rings the doorbell. Return: true if data arrived meanwhile (do not sleep).
- */
-bool tpd_session_ring_sleep(struct tpd_session *s);
-
-/* Withdraws @s's sleeping flag while the daemon polls. */
-void tpd_session_ring_wake(struct tpd_session *s);
-
-/*
- * tpd_session_ring_take_side() - take the fds waiting on the socket of ring session @s into its
- * fd queue (a ring client sends them before it writes the frame that announces them); doorbell
- * bytes are dropped. Too many or truncated fds fail @s.
- */
-void tpd_session_ring_take_side(struct tpd_session *s);
 
 /* May @s name addresses in its own process (CMA)? Its Hello probe succeeded and no access
  * has been refused since. */

@@ -1,6 +1,6 @@
 /* SPDX-License-Identifier: BSD-3-Clause */
 /*
- * What a session's frames mean. session.c cuts complete frames out of the input (socket or
+ * What a session's frames mean. conn.c cuts complete frames out of the input (socket or
  * control ring) and hands each one here: this file takes the fds the frame announced from the
  * session's fd queue, unpacks it with the bounded allocator, validates it, checks that the
  * session's state allows its type (Hello first; a control session sends only CtlRequest), and
@@ -16,6 +16,7 @@
 #include <stdio.h>
 #include <string.h>
 #include <sys/uio.h>
+#include "conn.h"
 #include "devmem.h"
 #include "daemon.h"
 #include "gdr.h"
@@ -563,7 +564,7 @@ int tpd_sessmsg_handle(struct tpd_session *s, const struct tpw_hdr *h, const uin
 	int r;
 
 	if (h->nfds > s->n_fdq && s->ring)
-		tpd_session_ring_take_side(s); /* the client sent them before writing this frame */
+		tpd_conn_ring_take_side(s); /* the client sent them before writing this frame */
 	if (h->nfds > s->n_fdq) {
 		tpd_session_fail(s, TPU_LOG_WARNING, TPW__V1__STATUS__STATUS_PEER_DIED,
 				 "frame %llu announces %u fds, %u received",

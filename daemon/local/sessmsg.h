@@ -2,8 +2,8 @@
 /*
  * tpd_sessmsg: what the frames of an attached client mean: unpacking, validation, the check
  * against the session's state, and the handlers of client messages (Hello, RingSetup, listeners,
- * shared buffers; the rest is handed to pipes, ctl and devmem). The connection itself (reading,
- * frame boundaries, the fd queue, output, control rings, the session's life) is session.c's.
+ * shared buffers; the rest is handed to pipes, ctl and devmem). The connection (reading, frame
+ * boundaries, the fd queue, output, control rings) is conn.c's, the session's life session.c's.
  */
 #ifndef TPD_SESSMSG_H
 #define TPD_SESSMSG_H
