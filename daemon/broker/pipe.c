@@ -814,10 +814,7 @@ static void end_reap(struct tpd_pipe_end *e);
 
 static struct tpd_session *find_session(struct tpd_daemon *d, uint64_t id)
 {
-	struct tpd_session *s;
-
-	tpu_list_for_each(s, &d->sessions, node) if (s->id == id) return s->dead ? NULL : s;
-	return NULL;
+	return tpd_local_session_find(tpd_daemon_local(d), id);
 }
 
 /*

@@ -1,8 +1,9 @@
 /* SPDX-License-Identifier: BSD-3-Clause */
 /*
  * tpd_daemon: the process-wide state of tpipd: the event loop, the control socket and its
- * accept loop (with EMFILE back-off), the list of sessions and pipes, the listener registry,
- * the copy engine, signal handling and graceful stop. Sessions and pipes do the protocol work.
+ * accept loop (with EMFILE back-off), the local part's state (sessions: local.h), the list of
+ * pipes, the listener registry, the copy engine, signal handling and graceful stop. Sessions
+ * and pipes do the protocol work.
  */
 #ifndef TPD_DAEMON_H
 #define TPD_DAEMON_H
@@ -17,6 +18,7 @@
 #include "ring.h"
 #include "tpu.h"
 
+struct tpd_local;
 struct tpd_peertls;
 
 struct tpd_daemon {
@@ -34,18 +36,9 @@ struct tpd_daemon {
 	struct tpd_ratelog accept_log;
 	struct event *ev_signals[4];
 	struct event *ev_drain;
-	struct event *ev_spin;	/* polls busy control rings between events */
-	bool spinning;		/* ev_spin is active */
-	uint64_t spin_until_ns; /* stop polling then, unless a ring moves */
-	uint64_t slept_ns;	/* when the rings' sleeping flags were last set */
-	struct tpu_spin spin;
 	unsigned xh_running;	/* cross-host transfers on the stripe threads */
-	uint8_t *scratch;	/* frames packed straight into a control ring */
-	size_t scratch_cap;
-	struct tpu_list sessions;
-	unsigned n_sessions;
+	struct tpd_local *local; /* sessions, their spin loop (local/local.c) */
 	struct tpd_quota quota;	/* per-uid sessions and bytes held for clients (quota.c) */
-	uint64_t next_session_id;
 	struct tpd_registry registry;
 	struct tpu_list pipes;
 	struct tpu_list flow_dirty; /* pipe ends with FlowCredit to send at the end of the pass */
@@ -87,13 +80,6 @@ struct tpd_daemon {
 	struct tpd_peertls *peer_tls; /* NULL: no authentication configured, or --peer-insecure */
 	struct evdns_base *dns;	    /* created on first dial */
 };
-
-/*
- * tpd_daemon_spin_kick() - a control ring moved: poll every ring session from the event loop
- * (between other events) until none moves for the spin budget (--spin-us, adaptive), then set
- * the rings' sleeping flags so that clients ring the doorbell, and sleep in the event loop.
- */
-void tpd_daemon_spin_kick(struct tpd_daemon *d);
 
 /*
  * tpd_daemon_new() - bind the control socket, probe backends, start copy threads.
@@ -142,5 +128,11 @@ struct tpd_quota *tpd_daemon_quota(struct tpd_daemon *d);
 struct tpd_copier *tpd_daemon_copier(const struct tpd_daemon *d);
 /* True once a graceful stop began. */
 bool tpd_daemon_stopping(const struct tpd_daemon *d);
+/* The local part's state (local/local.h): the sessions. */
+struct tpd_local *tpd_daemon_local(const struct tpd_daemon *d);
+/* Did the backend probe at start find CMA viable on this host? */
+bool tpd_daemon_cma_viable(const struct tpd_daemon *d);
+/* Copies or cross-host transfers in flight: the control rings' spin loop yields to them. */
+bool tpd_daemon_bulk_running(const struct tpd_daemon *d);
 
 #endif

@@ -77,7 +77,7 @@ static void count_visible(struct tpd_daemon *d, const struct ctl_bufs *b, Tpw__V
 	if (!b->own_only)
 		return;
 	st->sessions = st->pipes = st->listeners = 0;
-	tpu_list_for_each(s, &d->sessions, node)
+	tpd_local_for_each_session(s, tpd_daemon_local(d))
 		st->sessions += sees_uid(b, s->uid);
 	tpu_list_for_each(p, &d->pipes, node)
 		st->pipes += sees_pipe(b, p);
@@ -119,7 +119,7 @@ static void fill_status(struct tpd_daemon *d, const struct ctl_bufs *b, Tpw__V1_
 	st->version = TP_VERSION;
 	st->uptime_ms = tpd_daemon_uptime_ms(d);
 	st->pid = (uint32_t)getpid();
-	st->sessions = d->n_sessions;
+	st->sessions = tpd_local_session_count(tpd_daemon_local(d));
 	st->pipes = d->n_pipes;
 	st->listeners = d->registry.count;
 	st->bytes_moved = d->bytes_moved;
@@ -143,14 +143,15 @@ static void fill_status(struct tpd_daemon *d, const struct ctl_bufs *b, Tpw__V1_
 
 static int fill_sessions(struct tpd_daemon *d, Tpw__V1__CtlReply *rep, struct ctl_bufs *b)
 {
-	Tpw__V1__CtlSession *arr = b->sessions = calloc(d->n_sessions + 1, sizeof(*arr));
+	unsigned n = tpd_local_session_count(tpd_daemon_local(d));
+	Tpw__V1__CtlSession *arr = b->sessions = calloc(n + 1, sizeof(*arr));
 	struct tpd_session *s;
 	size_t i = 0;
 
-	rep->sessions = calloc(d->n_sessions + 1, sizeof(*rep->sessions));
+	rep->sessions = calloc(n + 1, sizeof(*rep->sessions));
 	if (!arr || !rep->sessions)
 		return -ENOMEM;
-	tpu_list_for_each(s, &d->sessions, node) {
+	tpd_local_for_each_session(s, tpd_daemon_local(d)) {
 		Tpw__V1__CtlSession *c = &arr[i];
 		if (!sees_uid(b, s->uid))
 			continue;
@@ -423,19 +424,17 @@ static int ctl_drain(struct ctl_call *c)
 
 static int ctl_close_session(struct ctl_call *c)
 {
-	struct tpd_session *s = c->s, *t;
+	struct tpd_session *s = c->s;
+	struct tpd_session *t = tpd_local_session_find(tpd_daemon_local(s->d), c->req->target_id);
 
-	tpu_list_for_each(t, &s->d->sessions, node) {
-		if (t->id == c->req->target_id && !t->dead) {
-			char msg[160];
+	if (t) {
+		char msg[160];
 
-			snprintf(msg, sizeof(msg), "session %llu closed by an administrator (tpipctl "
-				 "close-session by uid %u, session %llu)",
-				 (unsigned long long)t->id, (unsigned)s->uid,
-				 (unsigned long long)s->id);
-			tpd_session_end(t, TPU_LOG_NOTICE, TPW__V1__STATUS__STATUS_ADMIN_CLOSED, msg);
-			return 0;
-		}
+		snprintf(msg, sizeof(msg), "session %llu closed by an administrator (tpipctl "
+			 "close-session by uid %u, session %llu)",
+			 (unsigned long long)t->id, (unsigned)s->uid, (unsigned long long)s->id);
+		tpd_session_end(t, TPU_LOG_NOTICE, TPW__V1__STATUS__STATUS_ADMIN_CLOSED, msg);
+		return 0;
 	}
 	c->rep->message = "no such session";
 	return -ENOENT;

@@ -13,7 +13,7 @@
  * buffer (so a frame cannot change once validated), output is copied into the daemon->client
  * ring, and the socket only carries doorbell bytes (wake-ups of a sleeping side), fds (sent by
  * the client just before the frame that announces them is written to the ring) and the end of
- * the session. The daemon's spin loop polls busy rings between events (daemon.c).
+ * the session. The spin loop polls busy rings between events (local.c).
  */
 #include <stdio.h>
 #include <stdlib.h>
@@ -24,6 +24,7 @@
 #include "conn.h"
 #include "daemon.h"
 #include "frame.h"
+#include "local.h"
 #include "log.h"
 #include "quota.h"
 #include "session.h"
@@ -211,27 +212,22 @@ static void session_on_write(evutil_socket_t fd, short what, void *arg)
 
 /*
  * A ring session with nothing queued and room for the whole frame: pack it into the daemon's
- * scratch buffer and copy it into the ring, with no allocation. Return: true if sent.
+ * scratch buffer (local.c) and copy it into the ring, with no allocation. Return: true if sent.
  */
 static bool ring_send_direct(struct tpd_session *s, Tpw__V1__DaemonMsg *m,
 			     const struct iovec *tail, int n_tail, size_t len, size_t tail_len)
 {
-	struct tpd_daemon *d = s->d;
 	struct iovec iov[1 + TPD_SEND_TAIL_MAX];
 	ssize_t space = tpu_ring_space(&s->ring_tx), n;
+	uint8_t *scratch;
 
 	if (space < (ssize_t)len || n_tail > TPD_SEND_TAIL_MAX || !tpu_list_empty(&s->outq))
 		return false;
-	if (len - tail_len > d->scratch_cap) {
-		uint8_t *nb = realloc(d->scratch, len - tail_len);
-
-		if (!nb)
-			return false;
-		d->scratch = nb;
-		d->scratch_cap = len - tail_len;
-	}
-	iov[0].iov_base = d->scratch;
-	iov[0].iov_len = tpw_frame_pack(&m->base, (uint32_t)tail_len, 0, ++s->seq_out, d->scratch);
+	scratch = tpd_local_scratch(tpd_daemon_local(s->d), len - tail_len);
+	if (!scratch)
+		return false;
+	iov[0].iov_base = scratch;
+	iov[0].iov_len = tpw_frame_pack(&m->base, (uint32_t)tail_len, 0, ++s->seq_out, scratch);
 	for (int i = 0; i < n_tail; i++)
 		iov[1 + i] = tail[i];
 	n = tpu_ring_put(&s->ring_tx, iov, 1 + (size_t)n_tail, 0);
@@ -593,7 +589,7 @@ static void ring_on_read(struct tpd_session *s)
 		}
 	}
 	tpd_conn_ring_poll(s);
-	tpd_daemon_spin_kick(s->d);
+	tpd_local_spin_kick(tpd_daemon_local(s->d));
 }
 
 static void session_on_read(evutil_socket_t fd, short what, void *arg)

@@ -15,6 +15,7 @@
 #include "daemon.h"
 #include "gdr.h"
 #include "frame.h"
+#include "local.h"
 #include "log.h"
 #include "pipe.h"
 #include "quota.h"
@@ -147,7 +148,7 @@ static int session_admit(struct tpd_session *s)
 	char why[200];
 	int r;
 
-	r = tpd_quota_admit(d, s->uid, admin, d->n_sessions - 1, &s->acct, why, sizeof(why));
+	r = tpd_quota_admit(d, s->uid, admin, tpd_local_session_count(tpd_daemon_local(d)) - 1, &s->acct, why, sizeof(why));
 	if (r == 0)
 		return 0;
 	send_refusal(s, why);
@@ -180,15 +181,13 @@ int tpd_session_new(struct tpd_daemon *d, int fd, struct tpd_session **ret)
 	}
 	s->d = d;
 	s->fd = fd;
-	s->id = d->next_session_id++;
 	s->attached_ns = tpu_now_ns();
 	tpu_list_init(&s->outq);
 	tpu_list_init(&s->listeners);
 	tpu_hmap_init(&s->pipes);
 	tpu_hmap_init(&s->buffers);
 	s->next_accept_id = 1;
-	tpu_list_insert_tail(&d->sessions, &s->node);
-	d->n_sessions++;
+	s->id = tpd_local_session_add(tpd_daemon_local(d), s);
 	r = read_creds(s);
 	if (r < 0)
 		goto fail;
@@ -271,8 +270,7 @@ void tpd_session_free(struct tpd_session *s, Tpw__V1__Status why)
 		event_free(s->ev_close);
 	if (s->ev_hello)
 		event_free(s->ev_hello);
-	tpu_list_remove(&s->node);
-	s->d->n_sessions--;
+	tpd_local_session_remove(tpd_daemon_local(s->d), s);
 	free(s->groups);
 	free(s->name);
 	tpb_proc_unref(s->proc);

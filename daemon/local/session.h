@@ -15,6 +15,7 @@
 #include <sys/uio.h>
 #include "buffer.h"
 #include "hmap.h"
+#include "local.h"
 #include "ring.h"
 #include "tpb.h"
 #include "tpu.h"

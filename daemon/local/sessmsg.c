@@ -21,6 +21,7 @@
 #include "daemon.h"
 #include "gdr.h"
 #include "frame.h"
+#include "local.h"
 #include "log.h"
 #include "pipe.h"
 #include "session.h"
@@ -117,7 +118,7 @@ static void handle_ring_setup(struct tpd_session *s, const Tpw__V1__RingSetup *m
 	}
 	s->ring = true; /* every later frame goes through the rings */
 	tpd_session_log(s, TPU_LOG_DEBUG, "control ring of %u bytes per direction", s->ring_size);
-	tpd_daemon_spin_kick(s->d); /* ends with the ring's sleeping flag set */
+	tpd_local_spin_kick(tpd_daemon_local(s->d)); /* ends with the ring's sleeping flag set */
 }
 
 static void handle_hello(struct tpd_session *s, const Tpw__V1__Hello *h)

@@ -230,6 +230,12 @@ static void substitute(const struct run *r, uint8_t *buf, size_t len)
 	}
 }
 
+/* Sessions still attached (the local part's count). */
+static unsigned sessions_left(void)
+{
+	return tpd_local_session_count(tpd_daemon_local(daemon_));
+}
+
 /* After everything closed: every link, accepted connection, pipe, session and listener must go
  * within the deadline. */
 static void check_all_gone(void)
@@ -237,7 +243,7 @@ static void check_all_gone(void)
 	uint64_t deadline = tpu_now_ns() + DRAIN_DEADLINE_NS;
 
 	while (daemon_->n_peers || !tpu_list_empty(&daemon_->peer_conns) ||
-	       !tpu_list_empty(&daemon_->data_dials) || daemon_->n_pipes || daemon_->n_sessions ||
+	       !tpu_list_empty(&daemon_->data_dials) || daemon_->n_pipes || sessions_left() ||
 	       daemon_->registry.count) {
 		if (tpu_now_ns() > deadline) {
 			fprintf(stderr,
@@ -245,7 +251,7 @@ static void check_all_gone(void)
 				"%u sessions, %u listeners left after everything closed\n",
 				daemon_->n_peers, tpu_list_empty(&daemon_->peer_conns) ? "no" : "some",
 				tpu_list_empty(&daemon_->data_dials) ? "no" : "some",
-				daemon_->n_pipes, daemon_->n_sessions, daemon_->registry.count);
+				daemon_->n_pipes, sessions_left(), daemon_->registry.count);
 			abort();
 		}
 		loop_passes(NULL, 1);
