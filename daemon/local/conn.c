@@ -84,7 +84,7 @@ static struct tpd_ratelog *budget_log(struct tpd_session *s, int r)
 {
 	if (r != -EDQUOT && r != -ENOBUFS)
 		return NULL;
-	return &s->d->quota.budget_log[r == -ENOBUFS];
+	return &tpd_daemon_quota(s->d)->budget_log[r == -ENOBUFS];
 }
 
 /* Fails @s whose input buffer could not grow (@r from in_resize()); budget hits are logged at
@@ -255,12 +255,12 @@ int tpd_conn_send(struct tpd_session *s, Tpw__V1__DaemonMsg *m, const struct iov
 	for (int i = 0; i < n_tail; i++)
 		tail_len += tail[i].iov_len;
 	len = tpw_frame_size(&m->base) + tail_len;
-	if (s->outq_bytes + len > s->d->cfg.outq_max) {
+	if (s->outq_bytes + len > tpd_daemon_cfg(s->d)->outq_max) {
 		tpd_session_fail(s, TPU_LOG_WARNING, TPW__V1__STATUS__STATUS_PEER_DIED,
 				 "client does not read: %llu bytes queued (limit %llu, tpipd "
 				 "--client-queue-bytes)",
 				 (unsigned long long)s->outq_bytes,
-				 (unsigned long long)s->d->cfg.outq_max);
+				 (unsigned long long)tpd_daemon_cfg(s->d)->outq_max);
 		return -ENOBUFS;
 	}
 	if (s->ring && ring_send_direct(s, m, tail, n_tail, len, tail_len))
@@ -319,7 +319,8 @@ static void check_stray_fds(struct tpd_session *s)
 		return; /* ring: fds come ahead of their frames; the queue's size bounds them */
 	if (s->in_len > 0 && s->in_len < TPW_HDR_SIZE)
 		return; /* header not complete yet */
-	if (s->in_len >= TPW_HDR_SIZE && tpw_hdr_parse(s->in, s->d->limits.frame_max, &h) == 0)
+	if (s->in_len >= TPW_HDR_SIZE &&
+	    tpw_hdr_parse(s->in, tpd_daemon_limits(s->d)->frame_max, &h) == 0)
 		allowed = h.nfds;
 	if (s->n_fdq > allowed)
 		tpd_session_fail(s, TPU_LOG_WARNING, TPW__V1__STATUS__STATUS_PEER_DIED,
@@ -329,11 +330,12 @@ static void check_stray_fds(struct tpd_session *s)
 /* Largest frame @s may send now: small until its Hello. */
 static uint32_t frame_limit(const struct tpd_session *s)
 {
-	const struct tpd_daemon *d = s->d;
+	const struct tpd_config *cfg = tpd_daemon_cfg(s->d);
+	uint32_t frame_max = tpd_daemon_limits(s->d)->frame_max;
 
-	if (s->hello_done || d->cfg.hello_frame_max > d->limits.frame_max)
-		return d->limits.frame_max;
-	return d->cfg.hello_frame_max;
+	if (s->hello_done || cfg->hello_frame_max > frame_max)
+		return frame_max;
+	return cfg->hello_frame_max;
 }
 
 /* Gives back an input buffer grown for a large frame once it holds little again and the frame
@@ -621,12 +623,12 @@ static void session_on_read(evutil_socket_t fd, short what, void *arg)
 
 int tpd_conn_init(struct tpd_session *s)
 {
-	struct tpd_daemon *d = s->d;
+	struct event_base *base = tpd_daemon_base(s->d);
 
 	s->in_cap = IN_MIN_FREE;
 	s->in = malloc(s->in_cap);
-	s->ev_read = event_new(d->base, s->fd, EV_READ | EV_PERSIST, session_on_read, s);
-	s->ev_write = event_new(d->base, s->fd, EV_WRITE | EV_PERSIST, session_on_write, s);
+	s->ev_read = event_new(base, s->fd, EV_READ | EV_PERSIST, session_on_read, s);
+	s->ev_write = event_new(base, s->fd, EV_WRITE | EV_PERSIST, session_on_write, s);
 	if (!s->in || !s->ev_read || !s->ev_write)
 		return -ENOMEM;
 	return 0;

@@ -152,7 +152,7 @@ static int session_admit(struct tpd_session *s)
 	if (r == 0)
 		return 0;
 	send_refusal(s, why);
-	if (tpd_quota_ratelog_ok(&d->quota.refuse_log, 1000, &suppressed))
+	if (tpd_quota_ratelog_ok(&tpd_daemon_quota(d)->refuse_log, 1000, &suppressed))
 		tpd_session_log(s, TPU_LOG_WARNING, "refused, uid %u: %s (%u more refused since "
 				"the last such line)", (unsigned)s->uid, why, suppressed);
 	return r;
@@ -164,15 +164,17 @@ static void session_on_hello_timeout(evutil_socket_t fd, short what, void *arg)
 
 	if (!s->hello_done)
 		tpd_session_fail(s, TPU_LOG_NOTICE, TPW__V1__STATUS__STATUS_TIMEOUT,
-				 "no Hello within %u ms", s->d->cfg.hello_timeout_ms);
+				 "no Hello within %u ms", tpd_daemon_cfg(s->d)->hello_timeout_ms);
 }
 /* ---- life cycle ---------------------------------------------------------------------------- */
 
 int tpd_session_new(struct tpd_daemon *d, int fd, struct tpd_session **ret)
 {
 	struct tpd_session *s = calloc(1, sizeof(*s));
-	struct timeval hello_tv = { (time_t)(d->cfg.hello_timeout_ms / 1000),
-				    (suseconds_t)(d->cfg.hello_timeout_ms % 1000) * 1000 };
+	uint32_t hello_ms = tpd_daemon_cfg(d)->hello_timeout_ms;
+	struct timeval hello_tv = { (time_t)(hello_ms / 1000),
+				    (suseconds_t)(hello_ms % 1000) * 1000 };
+	struct event_base *base = tpd_daemon_base(d);
 	int r;
 
 	if (!s) {
@@ -199,13 +201,13 @@ int tpd_session_new(struct tpd_daemon *d, int fd, struct tpd_session **ret)
 	r = tpd_conn_init(s);
 	if (r < 0)
 		goto fail;
-	s->ev_close = event_new(d->base, -1, 0, session_on_close, s);
-	s->ev_hello = evtimer_new(d->base, session_on_hello_timeout, s);
+	s->ev_close = event_new(base, -1, 0, session_on_close, s);
+	s->ev_hello = evtimer_new(base, session_on_hello_timeout, s);
 	r = -ENOMEM;
 	if (!s->ev_close || !s->ev_hello)
 		goto fail;
 	r = tpd_conn_start(s);
-	event_base_update_cache_time(d->base); /* the hello deadline runs from now */
+	event_base_update_cache_time(base); /* the hello deadline runs from now */
 	if (r < 0 || evtimer_add(s->ev_hello, &hello_tv) < 0)
 		goto fail;
 	tpd_session_log(s, TPU_LOG_INFO, "attached, uid %u", (unsigned)s->uid);
@@ -260,7 +262,7 @@ void tpd_session_free(struct tpd_session *s, Tpw__V1__Status why)
 	s->dead = true;
 	detach_pipes(s, why);
 	tpu_list_for_each_safe(l, tmp, &s->listeners, session_node)
-		tpd_listener_registry_remove(&s->d->registry, l);
+		tpd_listener_registry_remove(tpd_daemon_registry(s->d), l);
 	release_buffers(s);
 	tpd_devmem_session_end(s);
 	tpd_conn_done(s); /* releases the queued and buffered bytes before the uid leaves */

@@ -42,7 +42,7 @@ static bool cma_probe(struct tpd_session *s, const Tpw__V1__Hello *h)
 	char why[256];
 	int r;
 
-	if (!s->d->cma_viable || !h->cma_probe_addr || !s->proc)
+	if (!tpd_daemon_cma_viable(s->d) || !h->cma_probe_addr || !s->proc)
 		return false;
 	if (!tpb_cma_as_allowed(s->uid)) {
 		tpd_session_log(s, TPU_LOG_INFO,
@@ -63,7 +63,7 @@ static bool cma_probe(struct tpd_session *s, const Tpw__V1__Hello *h)
  */
 static int ring_accept(struct tpd_session *s, const Tpw__V1__RingSetup *m, int fd, const char **why)
 {
-	uint32_t max = s->d->cfg.ring_max;
+	uint32_t max = tpd_daemon_cfg(s->d)->ring_max;
 	int r;
 
 	*why = NULL;
@@ -126,7 +126,7 @@ static void handle_hello(struct tpd_session *s, const Tpw__V1__Hello *h)
 	Tpw__V1__HelloReply hr = TPW__V1__HELLO_REPLY__INIT;
 	Tpw__V1__Limits lim = TPW__V1__LIMITS__INIT;
 	Tpw__V1__DaemonMsg dm = TPW__V1__DAEMON_MSG__INIT;
-	const struct tpd_config *cfg = &s->d->cfg;
+	const struct tpd_config *cfg = tpd_daemon_cfg(s->d);
 	char name[TPW_NAME_MAX + 1];
 
 	hr.major = TPW_PROTO_MAJOR;
@@ -174,16 +174,16 @@ static void handle_hello(struct tpd_session *s, const Tpw__V1__Hello *h)
 
 static void handle_listen(struct tpd_session *s, const Tpw__V1__Listen *m)
 {
+	struct tpd_registry *reg = tpd_daemon_registry(s->d);
 	struct tpd_listener *l;
 	char why[320];
 	int r = -ENOBUFS;
 
-	if (s->n_listeners < s->d->cfg.listeners_max)
-		r = tpd_listener_registry_add(&s->d->registry, m->name, s, s->uid, m->access,
-					      m->gid, &l);
+	if (s->n_listeners < tpd_daemon_cfg(s->d)->listeners_max)
+		r = tpd_listener_registry_add(reg, m->name, s, s->uid, m->access, m->gid, &l);
 	if (r == 0 &&
 	    tpd_listener_set_remote(l, m->remote, m->remote_peers, m->n_remote_peers) < 0) {
-		tpd_listener_registry_remove(&s->d->registry, l);
+		tpd_listener_registry_remove(reg, l);
 		r = -ENOMEM;
 	}
 	if (r < 0) {
@@ -196,7 +196,7 @@ static void handle_listen(struct tpd_session *s, const Tpw__V1__Listen *m)
 		else if (r == -ENOBUFS)
 			snprintf(why, sizeof(why), "listener limit of %u per client reached (tpipd "
 				 "--listeners-max)",
-				 s->d->cfg.listeners_max);
+				 tpd_daemon_cfg(s->d)->listeners_max);
 		else
 			snprintf(why, sizeof(why), "cannot listen on '%s': %s", m->name,
 				 strerror(-r));
@@ -217,19 +217,20 @@ static void handle_listen(struct tpd_session *s, const Tpw__V1__Listen *m)
 
 static void handle_listener_close(struct tpd_session *s, const Tpw__V1__ListenerClose *m)
 {
-	struct tpd_listener *l = tpd_listener_registry_find_id(&s->d->registry, m->listener_id);
+	struct tpd_registry *reg = tpd_daemon_registry(s->d);
+	struct tpd_listener *l = tpd_listener_registry_find_id(reg, m->listener_id);
 
 	if (!l || l->owner != s)
 		return; /* already gone: closing is idempotent */
 	tpd_session_log(s, TPU_LOG_INFO, "stopped listening on '%s'", l->name);
-	tpd_listener_registry_remove(&s->d->registry, l);
+	tpd_listener_registry_remove(reg, l);
 	s->n_listeners--;
 }
 
 static int buffer_check(struct tpd_session *s, const Tpw__V1__BufferRegister *m, char *why,
 			size_t wl)
 {
-	const struct tpd_config *cfg = &s->d->cfg;
+	const struct tpd_config *cfg = tpd_daemon_cfg(s->d);
 
 	if (tpu_hmap_get(&s->buffers, m->buf_id) || m->buf_id == 0) {
 		snprintf(why, wl, "buffer id %llu in use or invalid",
@@ -585,7 +586,7 @@ int tpd_sessmsg_handle(struct tpd_session *s, const struct tpw_hdr *h, const uin
 				 "frame %llu does not decode", (unsigned long long)h->seq);
 		return r;
 	}
-	r = tpw_client_msg_validate(m, h, &s->d->limits, why, sizeof(why));
+	r = tpw_client_msg_validate(m, h, tpd_daemon_limits(s->d), why, sizeof(why));
 	cmd = sessmsg_cmd(m);
 	if (r == 0 && !state_allows(s, cmd)) {
 		snprintf(why, sizeof(why), "message type %d not allowed now", (int)m->body_case);
