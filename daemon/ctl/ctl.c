@@ -167,11 +167,10 @@ static int fill_sessions(struct tpd_daemon *d, Tpw__V1__CtlReply *rep, struct ct
 		c->listeners = s->n_listeners;
 		c->buffers = (uint32_t)s->buffers.len;
 		c->buffer_bytes = s->buffer_bytes;
-		c->bytes_in = s->bytes_in;
-		c->bytes_out = s->bytes_out;
+		tpd_conn_bytes(s, &c->bytes_in, &c->bytes_out);
 		c->cma_ok = tpd_session_cma(s);
-		c->transport = s->ring ? "ring" : "unix";
-		c->ring_bytes = s->ring ? s->ring_size : 0;
+		c->transport = tpd_conn_is_ring(s) ? "ring" : "unix";
+		c->ring_bytes = tpd_conn_ring_bytes(s);
 		rep->sessions[i++] = c;
 	}
 	rep->n_sessions = i;
@@ -219,7 +218,7 @@ static const char *pipe_transport(const struct tpd_pipe *p)
 		if (e->remote)
 			k[i] = 0;
 		else
-			k[i] = e->session && e->session->ring ? 2 : 1;
+			k[i] = e->session && tpd_conn_is_ring(e->session) ? 2 : 1;
 	}
 	return names[k[0]][k[1]];
 }

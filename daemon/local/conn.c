@@ -3,7 +3,8 @@
  * One session's connection: the Unix socket or, once the client set them up, the two shared
  * control rings. See conn.h. Reading: recvmsg into a growing input buffer (the part beyond the
  * base size charged to the uid's quota), fds into a FIFO, then every complete frame (its header
- * checked here) goes to sessmsg.c, which unpacks, validates and handles it; what messages mean
+ * checked here, the fds it announced taken from the FIFO) goes to sessmsg.c, which unpacks,
+ * validates and handles it; what messages mean
  * is not this file's business, nor who the client is or when the session ends (session.c).
  * Writing: frames are sent at once when the output queue is empty, else queued with EV_WRITE
  * interest. Any protocol violation fails the session; it is freed from its close event.
@@ -44,6 +45,7 @@ static void session_on_read(evutil_socket_t fd, short what, void *arg);
 static void session_on_write(evutil_socket_t fd, short what, void *arg);
 static int flush_out(struct tpd_session *s);
 static void fail_output(struct tpd_session *s, int r);
+static void ring_take_side(struct tpd_session *s);
 
 /* ---- buffering ----------------------------------------------------------------------------- */
 
@@ -59,23 +61,23 @@ static int in_resize(struct tpd_session *s, size_t cap, char *why, size_t wl)
 	uint8_t *nb;
 	int r;
 
-	if (charge > s->in_charged) {
-		r = tpd_quota_charge_in(s->d, s->acct, charge - s->in_charged, why, wl);
+	if (charge > s->conn.in_charged) {
+		r = tpd_quota_charge_in(s->d, s->acct, charge - s->conn.in_charged, why, wl);
 		if (r < 0)
 			return r;
 	}
-	nb = realloc(s->in, cap);
+	nb = realloc(s->conn.in, cap);
 	if (!nb) {
-		if (charge > s->in_charged)
-			tpd_quota_release_in(s->d, s->acct, charge - s->in_charged);
+		if (charge > s->conn.in_charged)
+			tpd_quota_release_in(s->d, s->acct, charge - s->conn.in_charged);
 		snprintf(why, wl, "out of memory for a %zu byte input buffer", cap);
 		return -ENOMEM;
 	}
-	if (charge < s->in_charged)
-		tpd_quota_release_in(s->d, s->acct, s->in_charged - charge);
-	s->in_charged = charge;
-	s->in = nb;
-	s->in_cap = cap;
+	if (charge < s->conn.in_charged)
+		tpd_quota_release_in(s->d, s->acct, s->conn.in_charged - charge);
+	s->conn.in_charged = charge;
+	s->conn.in = nb;
+	s->conn.in_cap = cap;
 	return 0;
 }
 
@@ -114,7 +116,7 @@ static void ring_doorbell(struct tpd_session *s)
 {
 	static const uint8_t bell;
 
-	(void)!send(s->fd, &bell, 1, MSG_DONTWAIT | MSG_NOSIGNAL);
+	(void)!send(s->conn.fd, &bell, 1, MSG_DONTWAIT | MSG_NOSIGNAL);
 }
 
 /* flush_out() for a ring session. Return: 0 or -EPROTO (the client broke the ring). */
@@ -122,31 +124,31 @@ static int ring_flush_out(struct tpd_session *s)
 {
 	bool put = false;
 
-	while (!tpu_list_empty(&s->outq)) {
-		struct outbuf *o = tpu_list_first(&s->outq, struct outbuf, node);
+	while (!tpu_list_empty(&s->conn.outq)) {
+		struct outbuf *o = tpu_list_first(&s->conn.outq, struct outbuf, node);
 		struct iovec iov = { o->data + o->off, o->len - o->off };
-		ssize_t n = tpu_ring_put(&s->ring_tx, &iov, 1, 0);
+		ssize_t n = tpu_ring_put(&s->conn.ring_tx, &iov, 1, 0);
 		uint32_t seq;
 
 		if (n < 0)
 			return (int)n;
 		if (n == 0) {
 			/* Full: the client rings the doorbell once it has made room. */
-			if (!tpu_ring_wait_space_prepare(&s->ring_tx, &seq))
+			if (!tpu_ring_wait_space_prepare(&s->conn.ring_tx, &seq))
 				break;
 			continue;
 		}
 		put = true;
 		o->off += (size_t)n;
-		s->outq_bytes -= (uint64_t)n;
+		s->conn.outq_bytes -= (uint64_t)n;
 		tpd_quota_release_out(s->d, s->acct, (uint64_t)n);
-		s->bytes_out += (uint64_t)n;
+		s->conn.bytes_out += (uint64_t)n;
 		if (o->off < o->len)
 			continue;
 		tpu_list_remove(&o->node);
 		free(o);
 	}
-	if (put && tpu_ring_consumer_asleep(&s->ring_tx))
+	if (put && tpu_ring_consumer_asleep(&s->conn.ring_tx))
 		ring_doorbell(s);
 	return 0;
 }
@@ -154,11 +156,11 @@ static int ring_flush_out(struct tpd_session *s)
 /* Writes queued output. Return: 0 (all or some sent), -errno on a dead connection. */
 static int flush_out(struct tpd_session *s)
 {
-	if (s->ring)
+	if (s->conn.ring)
 		return ring_flush_out(s);
-	while (!tpu_list_empty(&s->outq)) {
-		struct outbuf *o = tpu_list_first(&s->outq, struct outbuf, node);
-		ssize_t n = send(s->fd, o->data + o->off, o->len - o->off,
+	while (!tpu_list_empty(&s->conn.outq)) {
+		struct outbuf *o = tpu_list_first(&s->conn.outq, struct outbuf, node);
+		ssize_t n = send(s->conn.fd, o->data + o->off, o->len - o->off,
 				 MSG_DONTWAIT | MSG_NOSIGNAL);
 		if (n < 0) {
 			if (errno == EAGAIN || errno == EINTR)
@@ -166,9 +168,9 @@ static int flush_out(struct tpd_session *s)
 			return -errno;
 		}
 		o->off += (size_t)n;
-		s->outq_bytes -= (uint64_t)n;
+		s->conn.outq_bytes -= (uint64_t)n;
 		tpd_quota_release_out(s->d, s->acct, (uint64_t)n);
-		s->bytes_out += (uint64_t)n;
+		s->conn.bytes_out += (uint64_t)n;
 		if (o->off < o->len)
 			return 0;
 		tpu_list_remove(&o->node);
@@ -179,10 +181,10 @@ static int flush_out(struct tpd_session *s)
 
 static void update_write_interest(struct tpd_session *s)
 {
-	if (tpu_list_empty(&s->outq) || s->ring)
-		event_del(s->ev_write);
+	if (tpu_list_empty(&s->conn.outq) || s->conn.ring)
+		event_del(s->conn.ev_write);
 	else
-		event_add(s->ev_write, NULL);
+		event_add(s->conn.ev_write, NULL);
 }
 
 static void fail_output(struct tpd_session *s, int r)
@@ -218,25 +220,26 @@ static bool ring_send_direct(struct tpd_session *s, Tpw__V1__DaemonMsg *m,
 			     const struct iovec *tail, int n_tail, size_t len, size_t tail_len)
 {
 	struct iovec iov[1 + TPD_SEND_TAIL_MAX];
-	ssize_t space = tpu_ring_space(&s->ring_tx), n;
+	ssize_t space = tpu_ring_space(&s->conn.ring_tx), n;
 	uint8_t *scratch;
 
-	if (space < (ssize_t)len || n_tail > TPD_SEND_TAIL_MAX || !tpu_list_empty(&s->outq))
+	if (space < (ssize_t)len || n_tail > TPD_SEND_TAIL_MAX || !tpu_list_empty(&s->conn.outq))
 		return false;
 	scratch = tpd_local_scratch(tpd_daemon_local(s->d), len - tail_len);
 	if (!scratch)
 		return false;
 	iov[0].iov_base = scratch;
-	iov[0].iov_len = tpw_frame_pack(&m->base, (uint32_t)tail_len, 0, ++s->seq_out, scratch);
+	iov[0].iov_len = tpw_frame_pack(&m->base, (uint32_t)tail_len, 0, ++s->conn.seq_out,
+					scratch);
 	for (int i = 0; i < n_tail; i++)
 		iov[1 + i] = tail[i];
-	n = tpu_ring_put(&s->ring_tx, iov, 1 + (size_t)n_tail, 0);
+	n = tpu_ring_put(&s->conn.ring_tx, iov, 1 + (size_t)n_tail, 0);
 	if (n != (ssize_t)len) { /* cannot happen: we checked the room and we are the producer */
 		fail_output(s, -EPROTO);
 		return true;
 	}
-	s->bytes_out += len;
-	if (tpu_ring_consumer_asleep(&s->ring_tx))
+	s->conn.bytes_out += len;
+	if (tpu_ring_consumer_asleep(&s->conn.ring_tx))
 		ring_doorbell(s);
 	return true;
 }
@@ -255,15 +258,15 @@ int tpd_conn_send(struct tpd_session *s, Tpw__V1__DaemonMsg *m, const struct iov
 	for (int i = 0; i < n_tail; i++)
 		tail_len += tail[i].iov_len;
 	len = tpw_frame_size(&m->base) + tail_len;
-	if (s->outq_bytes + len > tpd_daemon_cfg(s->d)->outq_max) {
+	if (s->conn.outq_bytes + len > tpd_daemon_cfg(s->d)->outq_max) {
 		tpd_session_fail(s, TPU_LOG_WARNING, TPW__V1__STATUS__STATUS_PEER_DIED,
 				 "client does not read: %llu bytes queued (limit %llu, tpipd "
 				 "--client-queue-bytes)",
-				 (unsigned long long)s->outq_bytes,
+				 (unsigned long long)s->conn.outq_bytes,
 				 (unsigned long long)tpd_daemon_cfg(s->d)->outq_max);
 		return -ENOBUFS;
 	}
-	if (s->ring && ring_send_direct(s, m, tail, n_tail, len, tail_len))
+	if (s->conn.ring && ring_send_direct(s, m, tail, n_tail, len, tail_len))
 		return s->dead ? -EPROTO : 0;
 	r = tpd_quota_charge_out(s->d, s->acct, len, why, sizeof(why));
 	if (r < 0) {
@@ -282,7 +285,7 @@ int tpd_conn_send(struct tpd_session *s, Tpw__V1__DaemonMsg *m, const struct iov
 		tpd_session_fail(s, TPU_LOG_ERR, TPW__V1__STATUS__STATUS_IO, "out of memory");
 		return -ENOMEM;
 	}
-	off = tpw_frame_pack(&m->base, (uint32_t)tail_len, 0, ++s->seq_out, o->data);
+	off = tpw_frame_pack(&m->base, (uint32_t)tail_len, 0, ++s->conn.seq_out, o->data);
 	for (int i = 0; i < n_tail; i++) {
 		if (tail[i].iov_len) /* an empty piece may have no base: memcpy(_, NULL, 0) is UB */
 			memcpy(o->data + off, tail[i].iov_base, tail[i].iov_len);
@@ -290,9 +293,9 @@ int tpd_conn_send(struct tpd_session *s, Tpw__V1__DaemonMsg *m, const struct iov
 	}
 	o->len = len;
 	o->off = 0;
-	was_empty = tpu_list_empty(&s->outq);
-	tpu_list_insert_tail(&s->outq, &o->node);
-	s->outq_bytes += len;
+	was_empty = tpu_list_empty(&s->conn.outq);
+	tpu_list_insert_tail(&s->conn.outq, &o->node);
+	s->conn.outq_bytes += len;
 	if (!was_empty)
 		return 0;
 	r = flush_out(s);
@@ -315,16 +318,17 @@ static void check_stray_fds(struct tpd_session *s)
 	struct tpw_hdr h;
 	unsigned allowed = 0;
 
-	if (s->dead || !s->n_fdq || s->ring)
+	if (s->dead || !s->conn.n_fdq || s->conn.ring)
 		return; /* ring: fds come ahead of their frames; the queue's size bounds them */
-	if (s->in_len > 0 && s->in_len < TPW_HDR_SIZE)
+	if (s->conn.in_len > 0 && s->conn.in_len < TPW_HDR_SIZE)
 		return; /* header not complete yet */
-	if (s->in_len >= TPW_HDR_SIZE &&
-	    tpw_hdr_parse(s->in, tpd_daemon_limits(s->d)->frame_max, &h) == 0)
+	if (s->conn.in_len >= TPW_HDR_SIZE &&
+	    tpw_hdr_parse(s->conn.in, tpd_daemon_limits(s->d)->frame_max, &h) == 0)
 		allowed = h.nfds;
-	if (s->n_fdq > allowed)
+	if (s->conn.n_fdq > allowed)
 		tpd_session_fail(s, TPU_LOG_WARNING, TPW__V1__STATUS__STATUS_PEER_DIED,
-				 "%u fds received that no frame announced", s->n_fdq - allowed);
+				 "%u fds received that no frame announced",
+				 s->conn.n_fdq - allowed);
 }
 
 /* Largest frame @s may send now: small until its Hello. */
@@ -344,22 +348,50 @@ static void in_shrink(struct tpd_session *s, size_t pending)
 {
 	char why[200];
 
-	if (s->dead || s->in_cap <= 2 * IN_MIN_FREE || s->in_len > IN_MIN_FREE / 2 ||
+	if (s->dead || s->conn.in_cap <= 2 * IN_MIN_FREE || s->conn.in_len > IN_MIN_FREE / 2 ||
 	    pending > IN_MIN_FREE / 2)
 		return;
 	(void)in_resize(s, IN_MIN_FREE, why, sizeof(why)); /* shrinking cannot fail the budget */
 }
 
+/*
+ * Takes the fds frame @h announces out of @s's fd queue: the first into @ret_fd (owned by the
+ * caller), the others closed (no message takes more than one). Return: 0, or -EBADMSG after
+ * failing @s (fewer fds than announced).
+ */
+static int claim_fds(struct tpd_session *s, const struct tpw_hdr *h, int *ret_fd)
+{
+	struct tpd_conn *c = &s->conn;
+
+	if (h->nfds > c->n_fdq && c->ring)
+		ring_take_side(s); /* the client sent them before writing this frame */
+	if (h->nfds > c->n_fdq) {
+		tpd_session_fail(s, TPU_LOG_WARNING, TPW__V1__STATUS__STATUS_PEER_DIED,
+				 "frame %llu announces %u fds, %u received",
+				 (unsigned long long)h->seq, h->nfds, c->n_fdq);
+		return -EBADMSG;
+	}
+	*ret_fd = -EBADF;
+	if (h->nfds) {
+		*ret_fd = c->fdq[0];
+		for (unsigned i = 1; i < h->nfds; i++)
+			tpu_close(c->fdq[i]);
+		memmove(c->fdq, c->fdq + h->nfds, (c->n_fdq - h->nfds) * sizeof(int));
+		c->n_fdq -= h->nfds;
+	}
+	return 0;
+}
+
 /* Processes every complete frame in the input buffer. */
 static void parse_frames(struct tpd_session *s)
 {
-	bool was_ring = s->ring;
+	bool was_ring = s->conn.ring;
 	size_t off = 0, pending = 0;
 
-	while (!s->dead && s->in_len - off >= TPW_HDR_SIZE) {
+	while (!s->dead && s->conn.in_len - off >= TPW_HDR_SIZE) {
 		struct tpw_hdr h;
 		size_t need;
-		int r = tpw_hdr_parse(s->in + off, frame_limit(s), &h);
+		int fd, r = tpw_hdr_parse(s->conn.in + off, frame_limit(s), &h);
 
 		if (r < 0) {
 			tpd_session_fail(s, TPU_LOG_WARNING, TPW__V1__STATUS__STATUS_PEER_DIED,
@@ -367,14 +399,14 @@ static void parse_frames(struct tpd_session *s)
 			return;
 		}
 		need = TPW_HDR_SIZE + (size_t)h.msg_len + h.data_len;
-		if (s->in_len - off < need) {
+		if (s->conn.in_len - off < need) {
 			pending = need;
-			if (need > s->in_cap) {
+			if (need > s->conn.in_cap) {
 				char why[200];
 
 				if (off) { /* make room at the front first */
-					memmove(s->in, s->in + off, s->in_len - off);
-					s->in_len -= off;
+					memmove(s->conn.in, s->conn.in + off, s->conn.in_len - off);
+					s->conn.in_len -= off;
 					off = 0;
 				}
 				r = in_resize(s, need + IN_MIN_FREE, why, sizeof(why));
@@ -385,20 +417,21 @@ static void parse_frames(struct tpd_session *s)
 			}
 			break;
 		}
-		s->bytes_in += need;
-		if (tpd_sessmsg_handle(s, &h, s->in + off + TPW_HDR_SIZE) < 0)
+		s->conn.bytes_in += need;
+		if (claim_fds(s, &h, &fd) < 0 ||
+		    tpd_sessmsg_handle(s, &h, s->conn.in + off + TPW_HDR_SIZE, fd) < 0)
 			return;
 		off += need;
-		if (s->ring && !was_ring) {
+		if (s->conn.ring && !was_ring) {
 			/* Switched to the rings: whatever followed RingSetup on the socket can only
 			 * be doorbell and fd bytes (the client waits for the answer). */
-			off = s->in_len;
+			off = s->conn.in_len;
 			break;
 		}
 	}
 	if (off) {
-		memmove(s->in, s->in + off, s->in_len - off);
-		s->in_len -= off;
+		memmove(s->conn.in, s->conn.in + off, s->conn.in_len - off);
+		s->conn.in_len -= off;
 	}
 	in_shrink(s, pending);
 	check_stray_fds(s);
@@ -418,8 +451,8 @@ static int take_fds(struct tpd_session *s, struct msghdr *mh)
 		n = (c->cmsg_len - CMSG_LEN(0)) / sizeof(int);
 		fds = (int *)CMSG_DATA(c);
 		for (size_t i = 0; i < n; i++) {
-			if (s->n_fdq < TPU_ARRAY_SIZE(s->fdq))
-				s->fdq[s->n_fdq++] = fds[i];
+			if (s->conn.n_fdq < TPU_ARRAY_SIZE(s->conn.fdq))
+				s->conn.fdq[s->conn.n_fdq++] = fds[i];
 			else {
 				tpu_close(fds[i]);
 				r = -EBADMSG;
@@ -435,9 +468,9 @@ static int in_reserve(struct tpd_session *s)
 	char why[200];
 	int r;
 
-	if (s->in_cap - s->in_len >= IN_MIN_FREE / 4)
+	if (s->conn.in_cap - s->conn.in_len >= IN_MIN_FREE / 4)
 		return 0;
-	r = in_resize(s, s->in_cap + IN_MIN_FREE, why, sizeof(why));
+	r = in_resize(s, s->conn.in_cap + IN_MIN_FREE, why, sizeof(why));
 	if (r < 0)
 		in_resize_failed(s, r, why);
 	return r;
@@ -455,7 +488,7 @@ static ssize_t recv_msg(struct tpd_session *s, void *buf, size_t len)
 			     .msg_controllen = sizeof(cm.buf) };
 	ssize_t n;
 
-	n = recvmsg(s->fd, &mh, MSG_DONTWAIT | MSG_CMSG_CLOEXEC);
+	n = recvmsg(s->conn.fd, &mh, MSG_DONTWAIT | MSG_CMSG_CLOEXEC);
 	if (n < 0)
 		return -errno;
 	if (take_fds(s, &mh) < 0 || (mh.msg_flags & MSG_CTRUNC))
@@ -470,9 +503,9 @@ static ssize_t recv_some(struct tpd_session *s)
 
 	if (in_reserve(s) < 0)
 		return -ENOMEM;
-	n = recv_msg(s, s->in + s->in_len, s->in_cap - s->in_len);
+	n = recv_msg(s, s->conn.in + s->conn.in_len, s->conn.in_cap - s->conn.in_len);
 	if (n > 0)
-		s->in_len += (size_t)n;
+		s->conn.in_len += (size_t)n;
 	return n;
 }
 
@@ -486,7 +519,10 @@ static ssize_t recv_side(struct tpd_session *s)
 	return recv_msg(s, bells, sizeof(bells));
 }
 
-void tpd_conn_ring_take_side(struct tpd_session *s)
+/* Takes the fds waiting on the socket of ring session @s into its fd queue (a ring client sends
+ * them before it writes the frame that announces them); doorbell bytes are dropped. Too many or
+ * truncated fds fail @s. */
+static void ring_take_side(struct tpd_session *s)
 {
 	for (int i = 0; i < ROUNDS_PER_WAKEUP; i++) {
 		ssize_t n = recv_side(s);
@@ -503,6 +539,7 @@ void tpd_conn_ring_take_side(struct tpd_session *s)
  * Return: true if bytes came. */
 static bool ring_pull(struct tpd_session *s)
 {
+	struct tpd_conn *c = &s->conn;
 	bool got = false;
 
 	for (int i = 0; i < ROUNDS_PER_WAKEUP && !s->dead; i++) {
@@ -512,7 +549,7 @@ static bool ring_pull(struct tpd_session *s)
 			tpd_session_fail(s, TPU_LOG_ERR, TPW__V1__STATUS__STATUS_IO, "out of memory");
 			break;
 		}
-		n = tpu_ring_get(&s->ring_rx, s->in + s->in_len, s->in_cap - s->in_len);
+		n = tpu_ring_get(&c->ring_rx, c->in + c->in_len, c->in_cap - c->in_len);
 		if (n < 0)
 			tpd_session_fail(s, TPU_LOG_WARNING, TPW__V1__STATUS__STATUS_PEER_DIED,
 					 "control ring corrupted by the client (impossible write "
@@ -520,8 +557,8 @@ static bool ring_pull(struct tpd_session *s)
 		if (n <= 0)
 			break;
 		got = true;
-		s->in_len += (size_t)n;
-		tpu_ring_producer_waiting(&s->ring_rx); /* wakes a client blocked on a full ring */
+		c->in_len += (size_t)n;
+		tpu_ring_producer_waiting(&c->ring_rx); /* wakes a client blocked on a full ring */
 		parse_frames(s);
 	}
 	return got;
@@ -533,27 +570,27 @@ bool tpd_conn_ring_poll(struct tpd_session *s)
 	bool moved;
 	int r;
 
-	if (!s->ring || s->dead)
+	if (!s->conn.ring || s->dead)
 		return false;
 	moved = ring_pull(s);
-	if (tpu_list_empty(&s->outq) || s->dead)
+	if (tpu_list_empty(&s->conn.outq) || s->dead)
 		return moved;
-	queued = s->outq_bytes;
+	queued = s->conn.outq_bytes;
 	r = flush_out(s);
 	if (r < 0)
 		fail_output(s, r);
-	return moved || s->outq_bytes != queued;
+	return moved || s->conn.outq_bytes != queued;
 }
 
 bool tpd_conn_ring_sleep(struct tpd_session *s)
 {
-	return s->ring && !s->dead && tpu_ring_sleep_prepare(&s->ring_rx);
+	return s->conn.ring && !s->dead && tpu_ring_sleep_prepare(&s->conn.ring_rx);
 }
 
 void tpd_conn_ring_wake(struct tpd_session *s)
 {
-	if (s->ring && !s->dead)
-		tpu_ring_sleep_cancel(&s->ring_rx);
+	if (s->conn.ring && !s->dead)
+		tpu_ring_sleep_cancel(&s->conn.ring_rx);
 }
 
 /* Fails @s after a read that returned @n: 0 (the end) or -errno (not EAGAIN or EINTR). */
@@ -562,7 +599,7 @@ static void fail_read(struct tpd_session *s, ssize_t n)
 	if (n == 0 || n == -ECONNRESET) {
 		/* A client that exits with frames still unread resets the connection: the same
 		 * ordinary end as a clean close. Frames already in its ring still count. */
-		if (s->ring)
+		if (s->conn.ring)
 			ring_pull(s);
 		if (s->ended_clean)
 			tpd_session_fail(s, TPU_LOG_INFO, TPW__V1__STATUS__STATUS_CLOSED,
@@ -598,7 +635,7 @@ static void session_on_read(evutil_socket_t fd, short what, void *arg)
 {
 	struct tpd_session *s = arg;
 
-	if (s->ring) {
+	if (s->conn.ring) {
 		ring_on_read(s);
 		return;
 	}
@@ -612,7 +649,7 @@ static void session_on_read(evutil_socket_t fd, short what, void *arg)
 			return;
 		}
 		parse_frames(s);
-		if (s->ring) { /* switched by RingSetup: the rest of the socket is doorbells */
+		if (s->conn.ring) { /* switched by RingSetup: the rest of the socket is doorbells */
 			ring_on_read(s);
 			return;
 		}
@@ -621,26 +658,61 @@ static void session_on_read(evutil_socket_t fd, short what, void *arg)
 
 /* ---- life cycle ---------------------------------------------------------------------------- */
 
-int tpd_conn_init(struct tpd_session *s)
+void tpd_conn_setup(struct tpd_session *s, int fd)
 {
-	struct event_base *base = tpd_daemon_base(s->d);
-
-	s->in_cap = IN_MIN_FREE;
-	s->in = malloc(s->in_cap);
-	s->ev_read = event_new(base, s->fd, EV_READ | EV_PERSIST, session_on_read, s);
-	s->ev_write = event_new(base, s->fd, EV_WRITE | EV_PERSIST, session_on_write, s);
-	if (!s->in || !s->ev_read || !s->ev_write)
-		return -ENOMEM;
-	return 0;
+	s->conn.fd = fd;
+	tpu_list_init(&s->conn.outq);
 }
 
 int tpd_conn_start(struct tpd_session *s)
 {
-	int r = tpu_fd_nonblock(s->fd);
+	struct event_base *base = tpd_daemon_base(s->d);
+	int r;
 
+	s->conn.in_cap = IN_MIN_FREE;
+	s->conn.in = malloc(s->conn.in_cap);
+	s->conn.ev_read = event_new(base, s->conn.fd, EV_READ | EV_PERSIST, session_on_read, s);
+	s->conn.ev_write = event_new(base, s->conn.fd, EV_WRITE | EV_PERSIST, session_on_write, s);
+	if (!s->conn.in || !s->conn.ev_read || !s->conn.ev_write)
+		return -ENOMEM;
+	r = tpu_fd_nonblock(s->conn.fd);
 	if (r < 0)
 		return r;
-	return event_add(s->ev_read, NULL) < 0 ? -EIO : 0;
+	return event_add(s->conn.ev_read, NULL) < 0 ? -EIO : 0;
+}
+
+void tpd_conn_stop(struct tpd_session *s)
+{
+	event_del(s->conn.ev_read);
+	event_del(s->conn.ev_write);
+}
+
+void tpd_conn_done(struct tpd_session *s)
+{
+	while (!tpu_list_empty(&s->conn.outq)) {
+		struct outbuf *o = tpu_list_first(&s->conn.outq, struct outbuf, node);
+		tpu_list_remove(&o->node);
+		free(o);
+	}
+	if (s->acct) {
+		tpd_quota_release_out(s->d, s->acct, s->conn.outq_bytes);
+		tpd_quota_release_in(s->d, s->acct, s->conn.in_charged);
+	}
+	for (unsigned i = 0; i < s->conn.n_fdq; i++)
+		tpu_close(s->conn.fdq[i]);
+	s->conn.n_fdq = 0;
+	if (s->conn.ring_map)
+		munmap(s->conn.ring_map, tpu_ring_map_size(s->conn.ring_size));
+	s->conn.ring_map = NULL;
+	if (s->conn.ev_read)
+		event_free(s->conn.ev_read);
+	if (s->conn.ev_write)
+		event_free(s->conn.ev_write);
+	s->conn.ev_read = s->conn.ev_write = NULL;
+	tpu_close(s->conn.fd);
+	s->conn.fd = -EBADF;
+	free(s->conn.in);
+	s->conn.in = NULL;
 }
 
 int tpd_conn_flush(struct tpd_session *s)
@@ -648,30 +720,42 @@ int tpd_conn_flush(struct tpd_session *s)
 	return flush_out(s);
 }
 
-void tpd_conn_done(struct tpd_session *s)
+/* ---- what the session and tpipctl see ------------------------------------------------------ */
+
+int tpd_conn_ring_attach(struct tpd_session *s, int fd, uint32_t ring_bytes)
 {
-	while (!tpu_list_empty(&s->outq)) {
-		struct outbuf *o = tpu_list_first(&s->outq, struct outbuf, node);
-		tpu_list_remove(&o->node);
-		free(o);
+	int r = tpu_ring_attach(fd, ring_bytes, &s->conn.ring_map);
+
+	if (r < 0) {
+		s->conn.ring_map = NULL;
+		return r;
 	}
-	if (s->acct) {
-		tpd_quota_release_out(s->d, s->acct, s->outq_bytes);
-		tpd_quota_release_in(s->d, s->acct, s->in_charged);
-	}
-	for (unsigned i = 0; i < s->n_fdq; i++)
-		tpu_close(s->fdq[i]);
-	s->n_fdq = 0;
-	if (s->ring_map)
-		munmap(s->ring_map, tpu_ring_map_size(s->ring_size));
-	s->ring_map = NULL;
-	if (s->ev_read)
-		event_free(s->ev_read);
-	if (s->ev_write)
-		event_free(s->ev_write);
-	s->ev_read = s->ev_write = NULL;
-	tpu_close(s->fd);
-	s->fd = -EBADF;
-	free(s->in);
-	s->in = NULL;
+	s->conn.ring_size = ring_bytes;
+	tpu_ring_init(s->conn.ring_map, s->conn.ring_size, false, &s->conn.ring_tx,
+		      &s->conn.ring_rx);
+	return 0;
+}
+
+int tpd_conn_ring_switch(struct tpd_session *s)
+{
+	if (!tpu_list_empty(&s->conn.outq))
+		return -EBUSY;
+	s->conn.ring = true; /* every later frame goes through the rings */
+	return 0;
+}
+
+bool tpd_conn_is_ring(const struct tpd_session *s)
+{
+	return s->conn.ring;
+}
+
+uint32_t tpd_conn_ring_bytes(const struct tpd_session *s)
+{
+	return s->conn.ring ? s->conn.ring_size : 0;
+}
+
+void tpd_conn_bytes(const struct tpd_session *s, uint64_t *ret_in, uint64_t *ret_out)
+{
+	*ret_in = s->conn.bytes_in;
+	*ret_out = s->conn.bytes_out;
 }

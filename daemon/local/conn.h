@@ -11,28 +11,64 @@
 #define TPD_CONN_H
 
 #include <stdbool.h>
+#include <stdint.h>
 #include <sys/uio.h>
+#include "ring.h"
+#include "tpu.h"
 #include "tpw.pb-c.h"
 
+#define TPD_CONN_FDS_MAX 16 /* fds received ahead of the frames that announce them */
+
+struct event;
 struct tpd_session;
 
 /*
- * tpd_conn_init() - allocate the connection of @s (borrowed), whose fd is set: the input
- * buffer and the read and write events, none armed yet.
- * Return: 0 or -ENOMEM; tpd_conn_done() frees what was allocated either way.
+ * The connection of one session, embedded in it (struct tpd_session.conn); only conn.c reads or
+ * writes these fields, except that session.c reads the peer credentials off @fd.
  */
-int tpd_conn_init(struct tpd_session *s);
+struct tpd_conn {
+	int fd; /* the accepted Unix socket, owned */
+	struct event *ev_read;
+	struct event *ev_write;
+	uint8_t *in;
+	size_t in_len, in_cap;
+	size_t in_charged; /* input buffer bytes charged to the uid's quota */
+	int fdq[TPD_CONN_FDS_MAX];
+	unsigned n_fdq;
+	struct tpu_list outq;
+	uint64_t outq_bytes;
+	uint64_t seq_out;
+	uint64_t bytes_in, bytes_out;
+	/* Shared-memory control rings (RingSetup): once `ring` is set, frames travel in
+	 * them and the socket only carries doorbell bytes, fds and the end of the session. */
+	bool ring;
+	uint32_t ring_size;	 /* data bytes per direction */
+	void *ring_map;		 /* tpu_ring_map_size(ring_size) bytes */
+	struct tpu_ring ring_tx; /* daemon -> client */
+	struct tpu_ring ring_rx; /* client -> daemon */
+};
 
 /*
- * tpd_conn_start() - make @s's socket non-blocking and start reading it.
- * Return: 0 or -errno.
+ * tpd_conn_setup() - give @s (borrowed) its accepted socket: nothing allocated, nothing armed,
+ * but tpd_conn_done() may run from here on.
+ * @fd: takes @fd; tpd_conn_done() closes it.
+ */
+void tpd_conn_setup(struct tpd_session *s, int fd);
+
+/*
+ * tpd_conn_start() - allocate the input buffer and the events of @s's connection, make its
+ * socket non-blocking and start reading it. Frames then go to tpd_sessmsg_handle().
+ * Return: 0 or -errno; tpd_conn_done() frees what was allocated either way.
  */
 int tpd_conn_start(struct tpd_session *s);
+
+/* Stops reading and writing @s's connection (the session is failing); tpd_conn_done() follows. */
+void tpd_conn_stop(struct tpd_session *s);
 
 /*
  * tpd_conn_done() - free @s's connection: queued output (its quota released), the input
  * buffer (likewise), fds received and not claimed, the ring mapping, the events, and close the
- * socket. Accepts a half-built connection; @s itself stays the caller's.
+ * socket. Accepts a connection only set up, or half started; @s itself stays the caller's.
  */
 void tpd_conn_done(struct tpd_session *s);
 
@@ -51,7 +87,31 @@ int tpd_conn_send(struct tpd_session *s, Tpw__V1__DaemonMsg *m, const struct iov
 int tpd_conn_flush(struct tpd_session *s);
 
 /*
- * tpd_conn_ring_poll() - for the daemon's spin loop: take what @s's ring holds and push
+ * tpd_conn_ring_attach() - map the control rings of @s from memfd @fd (@ring_bytes data bytes
+ * per direction); frames still travel on the socket until tpd_conn_ring_switch().
+ * @fd: borrowed; the mapping stays after it is closed, until tpd_conn_done().
+ * Return: 0 or the error of tpu_ring_attach() (-EPERM, -EACCES, -EBADF: not a fitting memfd).
+ */
+int tpd_conn_ring_attach(struct tpd_session *s, int fd, uint32_t ring_bytes);
+
+/*
+ * tpd_conn_ring_switch() - from now on, @s's frames travel in the rings mapped by
+ * tpd_conn_ring_attach() (both directions).
+ * Return: 0, or -EBUSY if output is still queued on the socket (the client does not read).
+ */
+int tpd_conn_ring_switch(struct tpd_session *s);
+
+/* Do @s's frames travel in control rings? */
+bool tpd_conn_is_ring(const struct tpd_session *s);
+
+/* Data bytes per direction of @s's control rings, 0 on the socket. */
+uint32_t tpd_conn_ring_bytes(const struct tpd_session *s);
+
+/* Bytes of frames read from (@ret_in) and written to (@ret_out) @s's client so far. */
+void tpd_conn_bytes(const struct tpd_session *s, uint64_t *ret_in, uint64_t *ret_out);
+
+/*
+ * tpd_conn_ring_poll() - for the spin loop (local.c): take what @s's ring holds and push
  * queued output into it. Return: true if anything moved.
  */
 bool tpd_conn_ring_poll(struct tpd_session *s);
@@ -64,12 +124,5 @@ bool tpd_conn_ring_sleep(struct tpd_session *s);
 
 /* Withdraws @s's sleeping flag while the daemon polls. */
 void tpd_conn_ring_wake(struct tpd_session *s);
-
-/*
- * tpd_conn_ring_take_side() - take the fds waiting on the socket of ring session @s into its
- * fd queue (a ring client sends them before it writes the frame that announces them); doorbell
- * bytes are dropped. Too many or truncated fds fail @s.
- */
-void tpd_conn_ring_take_side(struct tpd_session *s);
 
 #endif

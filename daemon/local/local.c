@@ -123,7 +123,7 @@ static bool spin_poll(struct tpd_local *l)
 	bool moved = false;
 
 	tpu_list_for_each_safe(s, tmp, &l->sessions, node)
-		if (s->ring)
+		if (tpd_conn_is_ring(s))
 			moved |= tpd_conn_ring_poll(s);
 	return moved;
 }

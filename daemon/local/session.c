@@ -57,7 +57,7 @@ static int read_groups(struct tpd_session *s)
 		if (!g)
 			return -ENOMEM;
 		s->groups = g;
-		if (getsockopt(s->fd, SOL_SOCKET, SO_PEERGROUPS, g, &got) == 0) {
+		if (getsockopt(s->conn.fd, SOL_SOCKET, SO_PEERGROUPS, g, &got) == 0) {
 			s->n_groups = got / sizeof(gid_t);
 			return 0;
 		}
@@ -76,7 +76,7 @@ static int read_creds(struct tpd_session *s)
 	char why[160];
 	int r;
 
-	if (getsockopt(s->fd, SOL_SOCKET, SO_PEERCRED, &uc, &len) < 0)
+	if (getsockopt(s->conn.fd, SOL_SOCKET, SO_PEERCRED, &uc, &len) < 0)
 		return -errno;
 	s->pid = uc.pid;
 	s->uid = uc.uid;
@@ -87,7 +87,7 @@ static int read_creds(struct tpd_session *s)
 				strerror(-r));
 		return r;
 	}
-	r = tpb_proc_pin(s->fd, uc.pid, uc.uid, uc.gid, s->id, &s->proc, why, sizeof(why));
+	r = tpb_proc_pin(s->conn.fd, uc.pid, uc.uid, uc.gid, s->id, &s->proc, why, sizeof(why));
 	read_comm(s);
 	if (r < 0) {
 		s->proc = NULL;
@@ -134,7 +134,7 @@ static void send_refusal(struct tpd_session *s, const char *why)
 	dm.hello_reply = &hr;
 	if (tpw_frame_size(&dm.base) > sizeof(buf))
 		return;
-	(void)!send(s->fd, buf, tpw_frame_pack(&dm.base, 0, 0, 1, buf),
+	(void)!send(s->conn.fd, buf, tpw_frame_pack(&dm.base, 0, 0, 1, buf),
 		    MSG_DONTWAIT | MSG_NOSIGNAL);
 }
 
@@ -182,9 +182,8 @@ int tpd_session_new(struct tpd_daemon *d, int fd, struct tpd_session **ret)
 		return -ENOMEM;
 	}
 	s->d = d;
-	s->fd = fd;
+	tpd_conn_setup(s, fd);
 	s->attached_ns = tpu_now_ns();
-	tpu_list_init(&s->outq);
 	tpu_list_init(&s->listeners);
 	tpu_hmap_init(&s->pipes);
 	tpu_hmap_init(&s->buffers);
@@ -198,7 +197,7 @@ int tpd_session_new(struct tpd_daemon *d, int fd, struct tpd_session **ret)
 		tpd_session_free(s, TPW__V1__STATUS__STATUS_LIMIT);
 		return r;
 	}
-	r = tpd_conn_init(s);
+	r = tpd_conn_start(s);
 	if (r < 0)
 		goto fail;
 	s->ev_close = event_new(base, -1, 0, session_on_close, s);
@@ -206,9 +205,8 @@ int tpd_session_new(struct tpd_daemon *d, int fd, struct tpd_session **ret)
 	r = -ENOMEM;
 	if (!s->ev_close || !s->ev_hello)
 		goto fail;
-	r = tpd_conn_start(s);
 	event_base_update_cache_time(base); /* the hello deadline runs from now */
-	if (r < 0 || evtimer_add(s->ev_hello, &hello_tv) < 0)
+	if (evtimer_add(s->ev_hello, &hello_tv) < 0)
 		goto fail;
 	tpd_session_log(s, TPU_LOG_INFO, "attached, uid %u", (unsigned)s->uid);
 	*ret = s;
@@ -300,8 +298,7 @@ void tpd_session_fail(struct tpd_session *s, int level, Tpw__V1__Status status, 
 	vsnprintf(msg, sizeof(msg), fmt, ap);
 	va_end(ap);
 	tpd_session_log(s, level, "%s, closing", msg);
-	event_del(s->ev_read);
-	event_del(s->ev_write);
+	tpd_conn_stop(s);
 	event_active(s->ev_close, 0, 0);
 }
 

@@ -14,6 +14,7 @@
 #include <sys/types.h>
 #include <sys/uio.h>
 #include "buffer.h"
+#include "conn.h"
 #include "hmap.h"
 #include "local.h"
 #include "ring.h"
@@ -29,7 +30,7 @@ struct tpd_session {
 	struct tpu_list node;
 	struct tpd_daemon *d;
 	uint64_t id;
-	int fd;
+	struct tpd_conn conn; /* its socket, or its control rings (conn.c) */
 	pid_t pid;  /* at attach, for messages: CMA goes through @proc only */
 	uid_t uid;
 	gid_t gid;
@@ -46,35 +47,17 @@ struct tpd_session {
 	Tpw__V1__Status dead_status;
 	uint32_t client_minor; /* Hello.minor: what the client understands */
 	bool ended_clean;      /* the client said SessionEnd: its disconnect is a clean close */
-	struct event *ev_read;
-	struct event *ev_write;
 	struct event *ev_close;
-	uint8_t *in;
-	size_t in_len, in_cap;
-	size_t in_charged;	 /* input buffer bytes charged to the uid's quota */
 	struct tpd_uid_acct *acct; /* the uid's quota account (quota.c), NULL until admitted */
 	struct event *ev_hello;	 /* Hello deadline */
-	int fdq[16];
-	unsigned n_fdq;
-	struct tpu_list outq;
-	uint64_t outq_bytes;
-	uint64_t seq_out;
 	struct tpu_hmap pipes;	 /* local pipe id -> struct tpd_pipe_end */
 	struct tpu_hmap buffers; /* buf_id -> struct tpd_buffer */
 	uint64_t buffer_bytes;
 	struct tpu_list listeners;
 	unsigned n_listeners;
 	uint64_t next_accept_id;
-	uint64_t bytes_in, bytes_out;
 	uint64_t attached_ns;
-	/* Shared-memory control rings (RingSetup): once `ring` is set, frames travel in
-	 * them and the socket only carries doorbell bytes, fds and the end of the session. */
-	bool ring;
 	bool ring_allowed;	    /* RingSetup may come: the next frame after a client's Hello */
-	uint32_t ring_size;	    /* data bytes per direction */
-	void *ring_map;		    /* tpu_ring_map_size(ring_size) bytes */
-	struct tpu_ring ring_tx;    /* daemon -> client */
-	struct tpu_ring ring_rx;    /* client -> daemon */
 	struct tpb_cuda_holds *cuda; /* CUDA mappings held (daemon/devmem.c), NULL until used */
 };
 

@@ -1,16 +1,16 @@
 /* SPDX-License-Identifier: BSD-3-Clause */
 /*
  * What a session's frames mean. conn.c cuts complete frames out of the input (socket or
- * control ring) and hands each one here: this file takes the fds the frame announced from the
- * session's fd queue, unpacks it with the bounded allocator, validates it, checks that the
- * session's state allows its type (Hello first; a control session sends only CtlRequest), and
- * dispatches it through one const table indexed by body case (sessmsg_cmds), whose entries say
- * which messages come before Hello, which a control session may send, and which leave the
- * session free to set up its ring. Hello and RingSetup are answered here; listeners and shared
- * buffers enter and leave the session's tables here; writes, reads, connects and pipe closes go
- * to pipe.c, CtlRequest to the handler ctl.c registers (tpd_sessmsg_set_ctl()), CUDA releases
- * to devmem.c. It does not read or write the socket or the rings and never frees the session:
- * a violation fails it (tpd_session_fail()) and session.c closes it from its deferred event.
+ * control ring) and hands each one here with the fd it announced, if any: this file unpacks
+ * it with the bounded allocator, validates it, checks that the session's state allows its type
+ * (Hello first; a control session sends only CtlRequest), and dispatches it through one const
+ * table indexed by body case (sessmsg_cmds), whose entries say which messages come before
+ * Hello, which a control session may send, and which leave the session free to set up its
+ * ring. Hello and RingSetup are answered here; listeners and shared buffers enter and leave the
+ * session's tables here; writes, reads, connects and pipe closes go to pipe.c, CtlRequest to
+ * the handler ctl.c registers (tpd_sessmsg_set_ctl()), CUDA releases to devmem.c. It does not
+ * read or write the socket or the rings and never frees the session: a violation fails it
+ * (tpd_session_fail()) and session.c closes it from its deferred event.
  */
 #include <errno.h>
 #include <stdio.h>
@@ -79,9 +79,8 @@ static int ring_accept(struct tpd_session *s, const Tpw__V1__RingSetup *m, int f
 		*why = "ring larger than the daemon's ring-max";
 		return -ENOBUFS;
 	}
-	r = tpu_ring_attach(fd, m->ring_bytes, &s->ring_map);
+	r = tpd_conn_ring_attach(s, fd, m->ring_bytes);
 	if (r < 0) {
-		s->ring_map = NULL;
 		if (r != -EPERM && r != -EBADF && r != -EACCES) {
 			*why = "cannot map the ring";
 			return -EIO;
@@ -91,8 +90,6 @@ static int ring_accept(struct tpd_session *s, const Tpw__V1__RingSetup *m, int f
 				      : "ring fd is not a memfd of the announced size";
 		return -EINVAL;
 	}
-	s->ring_size = m->ring_bytes;
-	tpu_ring_init(s->ring_map, s->ring_size, false, &s->ring_tx, &s->ring_rx);
 	return 0;
 }
 
@@ -111,13 +108,13 @@ static void handle_ring_setup(struct tpd_session *s, const Tpw__V1__RingSetup *m
 	}
 	if (s->dead)
 		return;
-	if (!tpu_list_empty(&s->outq)) {
+	if (tpd_conn_ring_switch(s) < 0) {
 		tpd_session_fail(s, TPU_LOG_WARNING, TPW__V1__STATUS__STATUS_PEER_DIED,
 				 "client does not read the answer to its RingSetup");
 		return;
 	}
-	s->ring = true; /* every later frame goes through the rings */
-	tpd_session_log(s, TPU_LOG_DEBUG, "control ring of %u bytes per direction", s->ring_size);
+	tpd_session_log(s, TPU_LOG_DEBUG, "control ring of %u bytes per direction",
+			tpd_conn_ring_bytes(s));
 	tpd_local_spin_kick(tpd_daemon_local(s->d)); /* ends with the ring's sleeping flag set */
 }
 
@@ -556,30 +553,16 @@ static bool state_allows(struct tpd_session *s, const struct sessmsg_cmd *cmd)
 	return true;
 }
 
-int tpd_sessmsg_handle(struct tpd_session *s, const struct tpw_hdr *h, const uint8_t *body)
+int tpd_sessmsg_handle(struct tpd_session *s, const struct tpw_hdr *h, const uint8_t *body,
+		       int frame_fd)
 {
 	Tpw__V1__ClientMsg *m = NULL;
-	_cleanup_close_ int fd = -EBADF;
+	_cleanup_close_ int fd = frame_fd;
 	struct sessmsg_in in = { .h = h, .tail = body + h->msg_len, .fd = &fd };
 	const struct sessmsg_cmd *cmd;
 	char why[256];
 	int r;
 
-	if (h->nfds > s->n_fdq && s->ring)
-		tpd_conn_ring_take_side(s); /* the client sent them before writing this frame */
-	if (h->nfds > s->n_fdq) {
-		tpd_session_fail(s, TPU_LOG_WARNING, TPW__V1__STATUS__STATUS_PEER_DIED,
-				 "frame %llu announces %u fds, %u received",
-				 (unsigned long long)h->seq, h->nfds, s->n_fdq);
-		return -EBADMSG;
-	}
-	if (h->nfds) {
-		fd = s->fdq[0];
-		for (unsigned i = 1; i < h->nfds; i++)
-			tpu_close(s->fdq[i]);
-		memmove(s->fdq, s->fdq + h->nfds, (s->n_fdq - h->nfds) * sizeof(int));
-		s->n_fdq -= h->nfds;
-	}
 	r = tpw_client_msg_unpack(body, h->msg_len, &m);
 	if (r < 0) {
 		tpd_session_fail(s, TPU_LOG_WARNING, TPW__V1__STATUS__STATUS_PEER_DIED,

@@ -24,13 +24,16 @@ typedef void tpd_sessmsg_ctl_fn(struct tpd_session *s, const Tpw__V1__CtlRequest
 void tpd_sessmsg_set_ctl(tpd_sessmsg_ctl_fn *fn);
 
 /*
- * tpd_sessmsg_handle() - handle one complete frame of @s: take the fds it announces from @s's
- * fd queue, unpack and validate its message, check it against @s's state, and dispatch it.
+ * tpd_sessmsg_handle() - handle one complete frame of @s: unpack and validate its message,
+ * check it against @s's state, and dispatch it.
  * @h: the frame's parsed header (borrowed).
  * @body: borrowed, for the call only: the message (@h->msg_len bytes) followed by its data
  * tail (@h->data_len bytes).
+ * @frame_fd: the fd the frame announced (conn.c took it from the fd queue), or -EBADF; takes
+ * @frame_fd (also on failure): a handler keeps it or it is closed.
  * Return: 0, or < 0 after failing @s (tpd_session_fail()).
  */
-int tpd_sessmsg_handle(struct tpd_session *s, const struct tpw_hdr *h, const uint8_t *body);
+int tpd_sessmsg_handle(struct tpd_session *s, const struct tpw_hdr *h, const uint8_t *body,
+		       int frame_fd);
 
 #endif
