@@ -128,7 +128,7 @@ struct tpd_quota *tpd_daemon_quota(struct tpd_daemon *d);
 struct tpd_copier *tpd_daemon_copier(const struct tpd_daemon *d);
 /* True once a graceful stop began. */
 bool tpd_daemon_stopping(const struct tpd_daemon *d);
-/* The local part's state (local/local.h): the sessions. */
+/* The local part's state (local/local.h): the sessions; borrowed, as above. */
 struct tpd_local *tpd_daemon_local(const struct tpd_daemon *d);
 /* Did the backend probe at start find CMA viable on this host? */
 bool tpd_daemon_cma_viable(const struct tpd_daemon *d);

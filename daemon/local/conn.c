@@ -546,7 +546,8 @@ static bool ring_pull(struct tpd_session *s)
 		ssize_t n;
 
 		if (in_reserve(s) < 0) {
-			tpd_session_fail(s, TPU_LOG_ERR, TPW__V1__STATUS__STATUS_IO, "out of memory");
+			tpd_session_fail(s, TPU_LOG_ERR, TPW__V1__STATUS__STATUS_IO,
+					 "out of memory");
 			break;
 		}
 		n = tpu_ring_get(&c->ring_rx, c->in + c->in_len, c->in_cap - c->in_len);

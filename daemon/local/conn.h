@@ -23,6 +23,11 @@ struct event;
 struct tpd_session;
 
 /*
+ * Every function below borrows @s (the session whose connection it is) for the call; buffers
+ * and fds it keeps are said at each function.
+ */
+
+/*
  * The connection of one session, embedded in it (struct tpd_session.conn); only conn.c reads or
  * writes these fields, except that session.c reads the peer credentials off @fd.
  */

@@ -33,11 +33,11 @@ int tpd_local_new(struct tpd_daemon *d, struct tpd_local **ret);
  */
 void tpd_local_free(struct tpd_local *l);
 
-/* Closes and frees every session of @l at once, failing its pipes with STATUS_SHUTDOWN (the
- * daemon stops). Accepts NULL. */
+/* Closes and frees every session of @l (borrowed) at once, failing its pipes with
+ * STATUS_SHUTDOWN (the daemon stops). Accepts NULL. */
 void tpd_local_stop(struct tpd_local *l);
 
-/* Number of attached sessions, dead ones not yet freed included. */
+/* Number of attached sessions, dead ones not yet freed included. Borrows @l. */
 unsigned tpd_local_session_count(const struct tpd_local *l);
 
 /*
@@ -52,15 +52,16 @@ struct tpd_session *tpd_local_session_next(struct tpd_local *l, struct tpd_sessi
 	for ((s) = tpd_local_session_next((l), NULL); (s); (s) = tpd_local_session_next((l), (s)))
 
 /*
- * tpd_local_session_find() - the live session numbered @id.
+ * tpd_local_session_find() - the live session of @l (borrowed) numbered @id.
  * Return: borrowed session, or NULL if none or it is dead (closing).
  */
 struct tpd_session *tpd_local_session_find(struct tpd_local *l, uint64_t id);
 
 /*
- * tpd_local_spin_kick() - a control ring moved: poll every ring session from the event loop
- * (between other events) until none moves for the spin budget (--spin-us, adaptive), then set
- * the rings' sleeping flags so that clients ring the doorbell, and sleep in the event loop.
+ * tpd_local_spin_kick() - a control ring moved: poll every ring session of @l (borrowed) from
+ * the event loop (between other events) until none moves for the spin budget (--spin-us,
+ * adaptive), then set the rings' sleeping flags so that clients ring the doorbell, and sleep in
+ * the event loop.
  * Never polls from inside the call (the caller may be parsing a frame).
  */
 void tpd_local_spin_kick(struct tpd_local *l);
@@ -76,12 +77,12 @@ void tpd_local_spin_kick(struct tpd_local *l);
  */
 uint64_t tpd_local_session_add(struct tpd_local *l, struct tpd_session *s);
 
-/* Takes @s (borrowed) off @l's list and count. */
+/* Takes @s off @l's list and count (borrows both). */
 void tpd_local_session_remove(struct tpd_local *l, struct tpd_session *s);
 
 /*
- * tpd_local_scratch() - the scratch buffer frames are packed in before they are copied into a
- * control ring, grown to at least @len bytes.
+ * tpd_local_scratch() - @l's scratch buffer, frames are packed in it before they are copied
+ * into a control ring; grown to at least @len bytes.
  * Return: borrowed buffer of @l, valid until the next call or tpd_local_free(); NULL if it
  * cannot grow (the caller queues the frame instead).
  */
