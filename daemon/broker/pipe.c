@@ -69,7 +69,7 @@ bool tpd_pipe_end_dying(const struct tpd_pipe_end *e)
 {
 	if (e->remote)
 		return e->gone != TPW__V1__STATUS__STATUS_UNSPECIFIED;
-	return !e->session || e->session->dead;
+	return !e->session || tpd_session_dead(e->session);
 }
 
 /* Attached: a local end with its session, or a remote end that has not gone away. */
@@ -82,7 +82,7 @@ bool tpd_pipe_end_attached(const struct tpd_pipe_end *e)
 Tpw__V1__Status tpd_pipe_end_gone_status(const struct tpd_pipe_end *e)
 {
 	if (e->session)
-		return e->session->dead_status ? e->session->dead_status
+		return tpd_session_dead_status(e->session) ? tpd_session_dead_status(e->session)
 					       : TPW__V1__STATUS__STATUS_PEER_DIED;
 	return e->gone;
 }
@@ -191,7 +191,7 @@ void tpd_pipe_send_read_done(struct tpd_pipe_end *r, uint64_t msg_id, Tpw__V1__S
 
 void tpd_pipe_credit(struct tpd_pipe_end *e, uint64_t bytes)
 {
-	if (e->remote || !e->session || e->session->client_minor < TPW_MINOR_FLOW)
+	if (e->remote || !e->session || tpd_session_client_minor(e->session) < TPW_MINOR_FLOW)
 		return;
 	if (e->credit_msgs == UINT32_MAX)
 		tpd_pipes_flow_flush(e->pipe->d); /* not reached: bounded by the frames of a pass */
@@ -216,7 +216,7 @@ void tpd_pipes_flow_flush(struct tpd_daemon *d)
 		fc.bytes = e->credit_bytes;
 		e->credit_msgs = 0;
 		e->credit_bytes = 0;
-		if (e->session && !e->session->dead && fc.messages)
+		if (e->session && !tpd_session_dead(e->session) && fc.messages)
 			tpd_session_send(e->session, &dm, NULL, 0);
 	}
 	tpd_budget_wake(d);
@@ -410,7 +410,7 @@ int tpd_pipe_connect_check(struct tpd_daemon *d, struct tpd_session *s, const Tp
 		snprintf(why, wl, "invalid address '%.64s'", c->address);
 		return -EINVAL;
 	}
-	if (tpu_hmap_get(&s->pipes, c->pipe_id)) {
+	if (tpd_session_pipe_find(s, c->pipe_id)) {
 		snprintf(why, wl, "pipe id %llu already in use", (unsigned long long)c->pipe_id);
 		return -EADDRINUSE;
 	}
@@ -422,8 +422,9 @@ int tpd_pipe_connect_check(struct tpd_daemon *d, struct tpd_session *s, const Tp
 	ls = l->owner;
 	/* A local user may tell a listener it may not use from a missing one (tp_listen() of the
 	 * name would tell it anyway); the owner's uid is only for those it admits. */
-	if (!tpd_listener_permits(l, s->uid, s->gid, s->groups, s->n_groups)) {
-		snprintf(why, wl, "listener '%s' refuses uid %u", l->name, (unsigned)s->uid);
+	if (!tpd_session_permitted(s, l)) {
+		snprintf(why, wl, "listener '%s' refuses uid %u", l->name,
+			 (unsigned)tpd_session_uid(s));
 		return -EACCES;
 	}
 	if (c->expect_uid_set && (uint32_t)l->uid != c->expect_uid) {
@@ -470,9 +471,9 @@ void tpd_pipe_connect(struct tpd_daemon *d, struct tpd_session *s, const Tpw__V1
 	}
 	tpd_pipe_end_init(&p->end[0], p, s, c->pipe_id);
 	tpd_pipe_end_init(&p->end[1], p, ls, TPD_PIPE_ACCEPT_ID_BASE + ls->next_accept_id++);
-	if (tpu_hmap_put(&s->pipes, p->end[0].local_id, &p->end[0]) < 0 ||
+	if (tpd_session_pipe_add(s, p->end[0].local_id, &p->end[0]) < 0 ||
 	    tpu_hmap_put(&ls->pipes, p->end[1].local_id, &p->end[1]) < 0) {
-		tpu_hmap_del(&s->pipes, p->end[0].local_id);
+		tpd_session_pipe_remove(s, p->end[0].local_id);
 		free(p->listener);
 		free(p);
 		tpd_pipe_connect_fail(s, c, -ENOMEM, "out of memory");
@@ -854,9 +855,9 @@ void tpd_pipe_end_owed_maybe(struct tpd_pipe_end *e)
  */
 static void end_reap(struct tpd_pipe_end *e)
 {
-	if (e->remote || !e->session || e->session->dead)
+	if (e->remote || !e->session || tpd_session_dead(e->session))
 		return;
-	tpu_hmap_del(&e->session->pipes, e->local_id);
+	tpd_session_pipe_remove(e->session, e->local_id);
 	end_detach(e, TPW__V1__STATUS__STATUS_CLOSED);
 }
 
@@ -909,7 +910,7 @@ static void end_detach(struct tpd_pipe_end *e, Tpw__V1__Status why)
 	else if (m->xh) tpd_xh_cancel(m->xh);
 	if (peer->session) {
 		peer->owed = why;
-		peer->owed_session = peer->session->id;
+		peer->owed_session = tpd_session_id(peer->session);
 	}
 	tpd_pipe_end_owed_maybe(peer);
 	tpd_pipe_end_owed_maybe(e);
@@ -920,6 +921,6 @@ void tpd_pipe_end_close(struct tpd_pipe_end *e)
 	if (!e->session)
 		return;
 	e->owed = TPW__V1__STATUS__STATUS_CANCELED;
-	e->owed_session = e->session->id;
+	e->owed_session = tpd_session_id(e->session);
 	tpd_pipe_end_detach(e, TPW__V1__STATUS__STATUS_CLOSED);
 }

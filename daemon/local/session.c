@@ -144,11 +144,12 @@ static int session_admit(struct tpd_session *s)
 {
 	struct tpd_daemon *d = s->d;
 	bool admin = tpd_quota_is_admin(d, s->uid, s->gid, s->groups, s->n_groups);
+	unsigned others = tpd_local_session_count(tpd_daemon_local(d)) - 1;
 	unsigned suppressed;
 	char why[200];
 	int r;
 
-	r = tpd_quota_admit(d, s->uid, admin, tpd_local_session_count(tpd_daemon_local(d)) - 1, &s->acct, why, sizeof(why));
+	r = tpd_quota_admit(d, s->uid, admin, others, &s->acct, why, sizeof(why));
 	if (r == 0)
 		return 0;
 	send_refusal(s, why);
@@ -333,6 +334,71 @@ bool tpd_session_cma_revoked(const struct tpd_session *s)
 unsigned tpd_session_pipe_count(const struct tpd_session *s)
 {
 	return (unsigned)s->pipes.len;
+}
+
+uint64_t tpd_session_id(const struct tpd_session *s)
+{
+	return s->id;
+}
+
+bool tpd_session_dead(const struct tpd_session *s)
+{
+	return s->dead;
+}
+
+Tpw__V1__Status tpd_session_dead_status(const struct tpd_session *s)
+{
+	return s->dead_status;
+}
+
+uint32_t tpd_session_client_minor(const struct tpd_session *s)
+{
+	return s->client_minor;
+}
+
+struct tpb_proc *tpd_session_proc(const struct tpd_session *s)
+{
+	return s->proc;
+}
+
+uid_t tpd_session_uid(const struct tpd_session *s)
+{
+	return s->uid;
+}
+
+gid_t tpd_session_gid(const struct tpd_session *s)
+{
+	return s->gid;
+}
+
+pid_t tpd_session_pid(const struct tpd_session *s)
+{
+	return s->pid;
+}
+
+bool tpd_session_permitted(const struct tpd_session *s, const struct tpd_listener *l)
+{
+	return tpd_listener_permits(l, s->uid, s->gid, s->groups, s->n_groups);
+}
+
+const char *tpd_session_name(const struct tpd_session *s)
+{
+	return s->name;
+}
+
+struct tpd_pipe_end *tpd_session_pipe_find(const struct tpd_session *s, uint64_t id)
+{
+	return tpu_hmap_get(&s->pipes, id);
+}
+
+int tpd_session_pipe_add(struct tpd_session *s, uint64_t id, struct tpd_pipe_end *e)
+{
+	return tpu_hmap_put(&s->pipes, id, e);
+}
+
+void tpd_session_pipe_remove(struct tpd_session *s, uint64_t id)
+{
+	tpu_hmap_del(&s->pipes, id);
 }
 
 int tpd_session_send(struct tpd_session *s, Tpw__V1__DaemonMsg *m, const struct iovec *tail,

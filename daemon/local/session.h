@@ -3,9 +3,10 @@
  * tpd_session: one attached client (a libtpclient context or tpipctl): its peer credentials,
  * admission, Hello deadline and life cycle, its connection (conn.h: frame reading with fd
  * passing, the output queue, the control rings), and the session's tables of pipe ends, shared
- * buffers and listeners. Each complete frame goes to sessmsg.c (bounded unpack, validation, the handlers that dispatch requests to the listener
- * registry and to pipes). A protocol violation closes this session only; it is closed from its
- * own deferred event, never in the middle of a handler.
+ * buffers and listeners. Each complete frame goes to sessmsg.c (bounded unpack, validation, the
+ * handlers that dispatch requests to the listener registry and to pipes). A protocol violation
+ * closes this session only; it is closed from its own deferred event, never in the middle of a
+ * handler.
  */
 #ifndef TPD_SESSION_H
 #define TPD_SESSION_H
@@ -25,6 +26,8 @@
 #define TPD_SEND_TAIL_MAX 8 /* data pieces a frame sent by tpd_session_send() may carry inline */
 
 struct tpd_daemon;
+struct tpd_listener;
+struct tpd_pipe_end;
 
 struct tpd_session {
 	struct tpu_list node;
@@ -115,5 +118,60 @@ bool tpd_session_cma_revoked(const struct tpd_session *s);
 
 /* Number of pipe ends attached to @s. */
 unsigned tpd_session_pipe_count(const struct tpd_session *s);
+
+/*
+ * What the broker reads of a session (the broker does not reach into struct tpd_session). Each
+ * borrows @s for the call; a pointer returned is borrowed from @s.
+ */
+
+/* The session's number (HelloReply.session_id, tpipctl's SESSION). */
+uint64_t tpd_session_id(const struct tpd_session *s);
+
+/* Has @s failed (its close is pending)? */
+bool tpd_session_dead(const struct tpd_session *s);
+
+/* Why @s failed; STATUS_UNSPECIFIED (0) while it lives. */
+Tpw__V1__Status tpd_session_dead_status(const struct tpd_session *s);
+
+/* The protocol minor version @s's client said Hello with (what it understands). */
+uint32_t tpd_session_client_minor(const struct tpd_session *s);
+
+/*
+ * tpd_session_proc() - the client process pinned at attach.
+ * Return: borrowed pointer, valid until @s is freed (tpb_proc_ref() to keep it longer); NULL
+ * if none was pinned (no CMA).
+ */
+struct tpb_proc *tpd_session_proc(const struct tpd_session *s);
+
+/* The client's peer credentials (SO_PEERCRED at attach). */
+uid_t tpd_session_uid(const struct tpd_session *s);
+gid_t tpd_session_gid(const struct tpd_session *s);
+pid_t tpd_session_pid(const struct tpd_session *s);
+
+/* May @s's client use listener @l (borrowed), by its credentials (tpd_listener_permits())? */
+bool tpd_session_permitted(const struct tpd_session *s, const struct tpd_listener *l);
+
+/*
+ * tpd_session_name() - the client's name (Hello.name, or "comm:pid").
+ * Return: borrowed string, valid until @s is freed; NULL before Hello.
+ */
+const char *tpd_session_name(const struct tpd_session *s);
+
+/*
+ * tpd_session_pipe_find() - the pipe end @s knows as its local pipe id @id.
+ * Return: borrowed pointer, NULL if none.
+ */
+struct tpd_pipe_end *tpd_session_pipe_find(const struct tpd_session *s, uint64_t id);
+
+/*
+ * tpd_session_pipe_add() - file pipe end @e under @s's local pipe id @id.
+ * @e: borrowed; @s keeps the pointer until tpd_session_pipe_remove() or until @s is freed
+ * (which detaches @e, tpd_pipe_end_detach()).
+ * Return: 0, -EEXIST if @id is taken, -EINVAL for id 0, or -ENOMEM.
+ */
+int tpd_session_pipe_add(struct tpd_session *s, uint64_t id, struct tpd_pipe_end *e);
+
+/* Forgets @s's local pipe id @id (no-op if none). */
+void tpd_session_pipe_remove(struct tpd_session *s, uint64_t id);
 
 #endif
