@@ -37,7 +37,7 @@ void tpd_budget_charge(struct tpd_daemon *d, uint64_t cost)
 
 static bool end_waits(const struct tpd_pipe_end *e)
 {
-	return !e->remote && e->session && e->session->client_minor >= TPW_MINOR_FLOW;
+	return !e->remote && e->session && tpd_session_client_minor(e->session) >= TPW_MINOR_FLOW;
 }
 
 int tpd_budget_check(struct tpd_pipe_end *e, uint64_t cost, char *why, size_t wl)
@@ -120,7 +120,7 @@ void tpd_budget_wake(struct tpd_daemon *d)
 		    tpd_daemon_cfg(d)->pipe_queue_bytes_total)
 			return; /* strictly in order: the first waiter is served first */
 		tpu_list_remove(&e->budget_node);
-		if (!e->session || e->session->dead) {
+		if (!e->session || tpd_session_dead(e->session)) {
 			e->budget = TPD_BUDGET_OPEN;
 			continue;
 		}
@@ -175,7 +175,7 @@ void tpd_budget_far_wake(struct tpd_pipe_end *e)
 
 	if (e->budget != TPD_BUDGET_WAITING_FAR || !far_fits(e, e->budget_need))
 		return;
-	if (!e->session || e->session->dead) {
+	if (!e->session || tpd_session_dead(e->session)) {
 		e->budget = TPD_BUDGET_OPEN;
 		return;
 	}

@@ -74,11 +74,12 @@ static int resolve_src(struct tpd_session *s, const Tpw__V1__Segment *seg, const
 	case TPW__V1__SEGMENT__LOC_CMA_ADDR:
 		if (!tpd_session_cma(s)) {
 			snprintf(why, wl, "cross-memory attach is not available for this client%s",
-				 s->cma_ok ? " any more (an access was refused)" : "");
+				 tpd_session_cma_revoked(s) ? " any more (an access was refused)"
+							    : "");
 			return -EINVAL;
 		}
 		out->mem.loc = TPB_LOC_PROCESS;
-		out->mem.proc = tpb_proc_ref(s->proc); /* the message's reference */
+		out->mem.proc = tpb_proc_ref(tpd_session_proc(s)); /* the message's reference */
 		out->mem.addr = seg->cma_addr;
 		return 0;
 	case TPW__V1__SEGMENT__LOC_CUDA:
@@ -219,12 +220,13 @@ int tpd_msg_resolve_dst(struct tpd_session *s, const Tpw__V1__Segment *seg,
 	if (seg->loc_case == TPW__V1__SEGMENT__LOC_CMA_ADDR) {
 		if (!tpd_session_cma(s)) {
 			snprintf(why, wl, "cross-memory attach is not available for this client%s",
-				 s->cma_ok ? " any more (an access was refused)" : "");
+				 tpd_session_cma_revoked(s) ? " any more (an access was refused)"
+							    : "");
 			return -EINVAL;
 		}
-		x->dst = (struct tpb_mem){ .loc = TPB_LOC_PROCESS, .proc = s->proc,
+		x->dst = (struct tpb_mem){ .loc = TPB_LOC_PROCESS, .proc = tpd_session_proc(s),
 					   .addr = seg->cma_addr };
-		return tpd_copier_job_hold_proc(job, s->proc);
+		return tpd_copier_job_hold_proc(job, tpd_session_proc(s));
 	}
 	if (seg->loc_case == TPW__V1__SEGMENT__LOC_CUDA) {
 		int r = tpd_devmem_resolve(s, seg->cuda, &x->dst, why, wl);

@@ -167,7 +167,7 @@ void tpd_pipe_send_read_done(struct tpd_pipe_end *r, uint64_t msg_id, Tpw__V1__S
 
 void tpd_pipe_credit(struct tpd_pipe_end *e, uint64_t bytes)
 {
-	if (e->remote || !e->session || e->session->client_minor < TPW_MINOR_FLOW)
+	if (e->remote || !e->session || tpd_session_client_minor(e->session) < TPW_MINOR_FLOW)
 		return;
 	if (e->credit_msgs == UINT32_MAX)
 		tpd_pipes_flow_flush(e->pipe->d); /* not reached: bounded by the frames of a pass */
@@ -193,7 +193,7 @@ void tpd_pipes_flow_flush(struct tpd_daemon *d)
 		fc.bytes = e->credit_bytes;
 		e->credit_msgs = 0;
 		e->credit_bytes = 0;
-		if (e->session && !e->session->dead && fc.messages)
+		if (e->session && !tpd_session_dead(e->session) && fc.messages)
 			tpd_session_send(e->session, &dm, NULL, 0);
 	}
 	tpd_budget_wake(d);

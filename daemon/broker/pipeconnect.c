@@ -40,9 +40,9 @@ void tpd_pipe_connect_accepted(struct tpd_session *ls, struct tpd_listener *l,
 
 	a.listener_id = l->id;
 	a.pipe_id = e->local_id;
-	a.remote_name = cs->name;
-	a.remote_pid = (uint32_t)cs->pid;
-	a.remote_uid = (uint32_t)cs->uid;
+	a.remote_name = (char *)tpd_session_name(cs);
+	a.remote_pid = (uint32_t)tpd_session_pid(cs);
+	a.remote_uid = (uint32_t)tpd_session_uid(cs);
 	dm.body_case = TPW__V1__DAEMON_MSG__BODY_ACCEPTED;
 	dm.accepted = &a;
 	tpd_session_send(ls, &dm, NULL, 0);
@@ -78,7 +78,7 @@ int tpd_pipe_connect_check(struct tpd_daemon *d, struct tpd_session *s, const Tp
 		snprintf(why, wl, "invalid address '%.64s'", c->address);
 		return -EINVAL;
 	}
-	if (tpu_hmap_get(&s->pipes, c->pipe_id)) {
+	if (tpd_session_pipe_find(s, c->pipe_id)) {
 		snprintf(why, wl, "pipe id %llu already in use", (unsigned long long)c->pipe_id);
 		return -EADDRINUSE;
 	}
@@ -90,8 +90,9 @@ int tpd_pipe_connect_check(struct tpd_daemon *d, struct tpd_session *s, const Tp
 	ls = l->owner;
 	/* A local user may tell a listener it may not use from a missing one (tp_listen() of the
 	 * name would tell it anyway); the owner's uid is only for those it admits. */
-	if (!tpd_listener_permits(l, s->uid, s->gid, s->groups, s->n_groups)) {
-		snprintf(why, wl, "listener '%s' refuses uid %u", l->name, (unsigned)s->uid);
+	if (!tpd_session_permitted(s, l)) {
+		snprintf(why, wl, "listener '%s' refuses uid %u", l->name,
+			 (unsigned)tpd_session_uid(s));
 		return -EACCES;
 	}
 	if (c->expect_uid_set && (uint32_t)l->uid != c->expect_uid) {
@@ -137,9 +138,9 @@ void tpd_pipe_connect(struct tpd_daemon *d, struct tpd_session *s, const Tpw__V1
 	}
 	tpd_pipe_end_init(&p->end[0], p, s, c->pipe_id);
 	tpd_pipe_end_init(&p->end[1], p, ls, TPD_PIPE_ACCEPT_ID_BASE + ls->next_accept_id++);
-	if (tpu_hmap_put(&s->pipes, p->end[0].local_id, &p->end[0]) < 0 ||
-	    tpu_hmap_put(&ls->pipes, p->end[1].local_id, &p->end[1]) < 0) {
-		tpu_hmap_del(&s->pipes, p->end[0].local_id);
+	if (tpd_session_pipe_add(s, p->end[0].local_id, &p->end[0]) < 0 ||
+	    tpd_session_pipe_add(ls, p->end[1].local_id, &p->end[1]) < 0) {
+		tpd_session_pipe_remove(s, p->end[0].local_id);
 		free(p->listener);
 		free(p);
 		tpd_pipe_connect_fail(s, c, -ENOMEM, "out of memory");
@@ -148,7 +149,7 @@ void tpd_pipe_connect(struct tpd_daemon *d, struct tpd_session *s, const Tpw__V1
 	tpd_broker_pipe_add(tpd_daemon_broker(d), p);
 	l->accepted++;
 	tpd_pipe_log(p, s, TPU_LOG_INFO, "connected to '%s' (session %llu)", l->name,
-		     (unsigned long long)ls->id);
+		     (unsigned long long)tpd_session_id(ls));
 	tpd_pipe_connect_reply(s, c->req_id, c->pipe_id, l->name, (uint32_t)l->uid, false);
 	tpd_pipe_connect_accepted(ls, l, &p->end[1], s);
 }

@@ -25,7 +25,7 @@ bool tpd_pipe_end_dying(const struct tpd_pipe_end *e)
 {
 	if (e->remote)
 		return e->gone != TPW__V1__STATUS__STATUS_UNSPECIFIED;
-	return !e->session || e->session->dead;
+	return !e->session || tpd_session_dead(e->session);
 }
 
 /* Attached: a local end with its session, or a remote end that has not gone away. */
@@ -38,7 +38,7 @@ bool tpd_pipe_end_attached(const struct tpd_pipe_end *e)
 Tpw__V1__Status tpd_pipe_end_gone_status(const struct tpd_pipe_end *e)
 {
 	if (e->session)
-		return e->session->dead_status ? e->session->dead_status
+		return tpd_session_dead_status(e->session) ? tpd_session_dead_status(e->session)
 					       : TPW__V1__STATUS__STATUS_PEER_DIED;
 	return e->gone;
 }
@@ -63,9 +63,7 @@ static void end_reap(struct tpd_pipe_end *e);
 
 static struct tpd_session *find_session(struct tpd_daemon *d, uint64_t id)
 {
-	struct tpd_session *s = tpd_daemon_session_find(d, id);
-
-	return s && !s->dead ? s : NULL;
+	return tpd_local_session_find(tpd_daemon_local(d), id);
 }
 
 /*
@@ -105,9 +103,9 @@ void tpd_pipe_end_owed_maybe(struct tpd_pipe_end *e)
  */
 static void end_reap(struct tpd_pipe_end *e)
 {
-	if (e->remote || !e->session || e->session->dead)
+	if (e->remote || !e->session || tpd_session_dead(e->session))
 		return;
-	tpu_hmap_del(&e->session->pipes, e->local_id);
+	tpd_session_pipe_remove(e->session, e->local_id);
 	end_detach(e, TPW__V1__STATUS__STATUS_CLOSED);
 }
 
@@ -160,7 +158,7 @@ static void end_detach(struct tpd_pipe_end *e, Tpw__V1__Status why)
 	else if (m->xh) tpd_xh_cancel(m->xh);
 	if (peer->session) {
 		peer->owed = why;
-		peer->owed_session = peer->session->id;
+		peer->owed_session = tpd_session_id(peer->session);
 	}
 	tpd_pipe_end_owed_maybe(peer);
 	tpd_pipe_end_owed_maybe(e);
@@ -171,6 +169,6 @@ void tpd_pipe_end_close(struct tpd_pipe_end *e)
 	if (!e->session)
 		return;
 	e->owed = TPW__V1__STATUS__STATUS_CANCELED;
-	e->owed_session = e->session->id;
+	e->owed_session = tpd_session_id(e->session);
 	tpd_pipe_end_detach(e, TPW__V1__STATUS__STATUS_CLOSED);
 }

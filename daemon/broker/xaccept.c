@@ -230,9 +230,9 @@ void tpd_xaccept_connect(struct tpd_daemon *d, struct tpd_peer *pr,
 		p->far_queue_max = c->queue_max;
 		p->far_queue_bytes = c->queue_bytes;
 		tpd_broker_pipe_add(tpd_daemon_broker(d), p);
-		if (tpu_hmap_put(&ls->pipes, p->end[1].local_id, &p->end[1]) < 0 ||
+		if (tpd_session_pipe_add(ls, p->end[1].local_id, &p->end[1]) < 0 ||
 		    tpd_peer_pipe_add(pr, p) < 0) {
-			tpu_hmap_del(&ls->pipes, p->end[1].local_id);
+			tpd_session_pipe_remove(ls, p->end[1].local_id);
 			p->end[1].session = NULL;
 			p->end[0].gone = TPW__V1__STATUS__STATUS_IO;
 			tpd_pipe_maybe_free(p);

@@ -156,7 +156,7 @@ static void xconnect_fail(struct tpd_pipe *p, int err, const char *why)
 	c.pipe_id = e->local_id;
 	c.address = addr;
 	held_flush(p, err, why);
-	tpu_hmap_del(&s->pipes, e->local_id);
+	tpd_session_pipe_remove(s, e->local_id);
 	e->session = NULL;
 	tpd_pipe_connect_fail(s, &c, err, why);
 	tpd_pipe_maybe_free(p);
@@ -207,7 +207,7 @@ void tpd_xconnect_remote(struct tpd_daemon *d, struct tpd_session *s, const Tpw_
 		tpd_pipe_connect_fail(s, c, -EINVAL, why);
 		return;
 	}
-	if (tpu_hmap_get(&s->pipes, c->pipe_id)) {
+	if (tpd_session_pipe_find(s, c->pipe_id)) {
 		tpd_pipe_connect_fail(s, c, -EADDRINUSE, "pipe id already in use");
 		return;
 	}
@@ -242,8 +242,8 @@ void tpd_xconnect_remote(struct tpd_daemon *d, struct tpd_session *s, const Tpw_
 	p->expect_uid = c->expect_uid;
 	p->wait_ms = TPU_MIN(c->wait_ms, TPW_PEER_WAIT_MS_MAX); /* the far daemon's bound */
 	tpd_broker_pipe_add(tpd_daemon_broker(d), p);
-	if (tpu_hmap_put(&s->pipes, c->pipe_id, &p->end[0]) < 0 || tpd_peer_pipe_add(pr, p) < 0) {
-		tpu_hmap_del(&s->pipes, c->pipe_id);
+	if (tpd_session_pipe_add(s, c->pipe_id, &p->end[0]) < 0 || tpd_peer_pipe_add(pr, p) < 0) {
+		tpd_session_pipe_remove(s, c->pipe_id);
 		p->end[0].session = NULL;
 		p->connecting = false;
 		tpd_pipe_connect_fail(s, c, -ENOMEM, "out of memory");
@@ -275,10 +275,10 @@ void tpd_xconnect_link_up(struct tpd_pipe *p)
 		return;
 	pc.pipe_id = p->id;
 	pc.name = p->listener;
-	pc.remote_name = s->name;
-	pc.uid = (uint32_t)s->uid;
-	pc.gid = (uint32_t)s->gid;
-	pc.pid = (uint32_t)s->pid;
+	pc.remote_name = (char *)tpd_session_name(s);
+	pc.uid = (uint32_t)tpd_session_uid(s);
+	pc.gid = (uint32_t)tpd_session_gid(s);
+	pc.pid = (uint32_t)tpd_session_pid(s);
 	pc.expect_uid_set = p->expect_uid_set;
 	pc.expect_uid = p->expect_uid;
 	if (p->wait_ms && !tpd_peer_connect_wait_ok(p->link))
@@ -323,12 +323,12 @@ void tpd_xconnect_reroute_local(struct tpd_pipe *p)
 	c.address = p->listener;
 	c.expect_uid_set = p->expect_uid_set;
 	c.expect_uid = p->expect_uid;
-	tpu_hmap_del(&s->pipes, e->local_id); /* tpd_pipe_connect_check wants the id free */
+	tpd_session_pipe_remove(s, e->local_id); /* tpd_pipe_connect_check wants the id free */
 	r = tpd_pipe_connect_check(p->d, s, &c, &l, why, sizeof(why));
-	if (r == 0 && tpu_hmap_put(&s->pipes, e->local_id, e) < 0)
+	if (r == 0 && tpd_session_pipe_add(s, e->local_id, e) < 0)
 		r = -ENOMEM;
 	if (r < 0) {
-		tpu_hmap_put(&s->pipes, e->local_id, e);
+		tpd_session_pipe_add(s, e->local_id, e);
 		if (r == -ENOENT && p->wait_ms && !p->waiting)
 			xpipe_wait_here(p);
 		else
@@ -397,7 +397,7 @@ void tpd_xconnect_wait_local(struct tpd_daemon *d, struct tpd_session *s, const 
 	p->expect_uid_set = c->expect_uid_set;
 	p->expect_uid = c->expect_uid;
 	tpd_broker_pipe_add(tpd_daemon_broker(d), p);
-	if (tpu_hmap_put(&s->pipes, c->pipe_id, &p->end[0]) < 0) {
+	if (tpd_session_pipe_add(s, c->pipe_id, &p->end[0]) < 0) {
 		p->end[0].session = NULL;
 		p->connecting = false;
 		tpd_pipe_connect_fail(s, c, -ENOMEM, "out of memory");

@@ -14,6 +14,7 @@
 #include "daemon.h"
 #include "gdr.h"
 #include "peer.h"
+#include "local.h"
 #include "log.h"
 #include "metrics.h"
 #include "pipe.h"
@@ -83,14 +84,19 @@ const char *tpd_daemon_hostname(const struct tpd_daemon *d)
 	return d->hostname;
 }
 
-struct tpd_session *tpd_daemon_session_find(struct tpd_daemon *d, uint64_t id)
+struct tpd_local *tpd_daemon_local(const struct tpd_daemon *d)
 {
-	struct tpd_session *s;
+	return d->local;
+}
 
-	tpu_list_for_each(s, &d->sessions, node)
-		if (s->id == id)
-			return s;
-	return NULL;
+bool tpd_daemon_cma_viable(const struct tpd_daemon *d)
+{
+	return d->cma_viable;
+}
+
+bool tpd_daemon_bulk_running(const struct tpd_daemon *d)
+{
+	return tpd_copier_busy(d->copier) || tpd_broker_busy(d->broker);
 }
 
 /* Refuses to take over a socket another daemon is serving; removes a stale one. */
@@ -276,11 +282,8 @@ static void daemon_on_accept(evutil_socket_t lfd, short what, void *arg)
 
 static void finish_stop(struct tpd_daemon *d)
 {
-	struct tpd_session *s, *tmp;
-
 	tpd_peers_stop(d); /* cross-host pipes learn "daemon stopping" first */
-	tpu_list_for_each_safe(s, tmp, &d->sessions, node)
-		tpd_session_free(s, TPW__V1__STATUS__STATUS_SHUTDOWN);
+	tpd_local_stop(d->local);
 	event_base_loopbreak(d->base);
 }
 
@@ -339,7 +342,7 @@ static void update_status(struct tpd_daemon *d)
 	char status[160];
 
 	snprintf(status, sizeof(status), "Serving on %s: %u clients, %u pipes, %llu messages moved",
-		 d->socket_path, d->n_sessions, tpd_broker_pipe_count(d->broker),
+		 d->socket_path, tpd_local_session_count(d->local), tpd_broker_pipe_count(d->broker),
 		 (unsigned long long)tpd_broker_messages_moved(d->broker));
 	if (strcmp(status, d->last_status) != 0) {
 		tpd_notify_status(status);
@@ -399,96 +402,6 @@ int tpd_daemon_reload(struct tpd_daemon *d)
 	return 0;
 }
 
-/* ---- control ring polling ------------------------------------------------------------------ */
-
-/* Polls every ring session once. Return: true if any ring moved. */
-static bool spin_poll(struct tpd_daemon *d)
-{
-	struct tpd_session *s, *tmp;
-	bool moved = false;
-
-	tpu_list_for_each_safe(s, tmp, &d->sessions, node)
-		if (s->ring)
-			moved |= tpd_session_ring_poll(s);
-	return moved;
-}
-
-/* Sets every ring's sleeping flag. Return: false if one moved meanwhile (keep polling). */
-static bool spin_sleep(struct tpd_daemon *d)
-{
-	struct tpd_session *s;
-	bool raced = false;
-
-	tpu_list_for_each(s, &d->sessions, node)
-		raced |= tpd_session_ring_sleep(s);
-	if (!raced)
-		return true;
-	tpu_list_for_each(s, &d->sessions, node)
-		tpd_session_ring_wake(s);
-	return false;
-}
-
-/* Copies or cross-host transfers in flight: they need the CPUs more than we need a quick answer,
- * and their completions wake the loop anyway. */
-static bool bulk_running(const struct tpd_daemon *d)
-{
-	return tpd_copier_busy(d->copier) || tpd_broker_busy(d->broker);
-}
-
-/* Runs daemon_on_spin() again once the loop has polled every fd and run what they woke: a
- * zero timeout, not event_active(), which libevent would run again in the same pass. */
-static void spin_rearm(struct tpd_daemon *d)
-{
-	static const struct timeval zero = { 0, 0 };
-
-	evtimer_add(d->ev_spin, &zero);
-}
-
-static void daemon_on_spin(evutil_socket_t fd, short what, void *arg)
-{
-	struct tpd_daemon *d = arg;
-	bool moved = spin_poll(d);
-	uint64_t now = tpu_now_ns();
-
-	if (moved) {
-		d->spin.cur_ns = d->spin.max_ns;
-		d->spin_until_ns = now + d->spin.cur_ns;
-	}
-	/* Sleep when polling is off, when copies are in flight (they need both CPUs more than we
-	 * need a quick answer, and their completions wake us anyway), or after the budget. */
-	if (!d->cfg.spin_us || bulk_running(d) || (!moved && now >= d->spin_until_ns)) {
-		if (spin_sleep(d)) {
-			d->spinning = false;
-			d->slept_ns = now;
-			return;
-		}
-		d->spin_until_ns = now + d->spin.cur_ns; /* a ring moved meanwhile */
-	} else if (!moved) {
-		tpu_spin_pause();
-	}
-	spin_rearm(d);
-}
-
-void tpd_daemon_spin_kick(struct tpd_daemon *d)
-{
-	struct tpd_session *s;
-	uint64_t now, max = (uint64_t)d->cfg.spin_us * 1000;
-
-	if (d->spinning)
-		return;
-	now = tpu_now_ns();
-	if (d->spin.max_ns != max)
-		tpu_spin_init(&d->spin, max);
-	else if (d->slept_ns)
-		tpu_spin_slept(&d->spin, now - d->slept_ns + d->spin.cur_ns);
-	if (max)
-		tpu_list_for_each(s, &d->sessions, node)
-			tpd_session_ring_wake(s);
-	d->spinning = true;
-	d->spin_until_ns = now + d->spin.cur_ns;
-	spin_rearm(d); /* never polls from here: the caller may be parsing a frame */
-}
-
 /*
  * SIGTERM, SIGINT and SIGHUP are the loop's from here on. Installed before the control socket
  * listens: a client may connect, and a service manager stop the daemon, as soon as it does, and
@@ -511,8 +424,7 @@ static int setup_events(struct tpd_daemon *d)
 	d->ev_accept = event_new(d->base, d->listen_fd, EV_READ | EV_PERSIST, daemon_on_accept, d);
 	d->ev_accept_resume = evtimer_new(d->base, daemon_on_accept_resume, d);
 	d->ev_drain = evtimer_new(d->base, daemon_on_drain, d);
-	d->ev_spin = evtimer_new(d->base, daemon_on_spin, d);
-	if (!d->ev_accept || !d->ev_accept_resume || !d->ev_drain || !d->ev_spin)
+	if (!d->ev_accept || !d->ev_accept_resume || !d->ev_drain)
 		return -ENOMEM;
 	if (setup_tick(d) < 0)
 		return -ENOMEM;
@@ -558,8 +470,6 @@ int tpd_daemon_new(const struct tpd_config *cfg, struct tpd_daemon **ret)
 	d->limits = cfg->wire;
 	d->listen_fd = -EBADF;
 	d->start_ns = tpu_now_ns();
-	d->next_session_id = 1;
-	tpu_list_init(&d->sessions);
 	tpd_listener_registry_init(&d->registry);
 	tpd_quota_init(&d->quota);
 	r = tpd_broker_new(&d->broker);
@@ -568,6 +478,9 @@ int tpd_daemon_new(const struct tpd_config *cfg, struct tpd_daemon **ret)
 	d->base = event_base_new();
 	r = -ENOMEM;
 	if (!d->base)
+		goto fail;
+	r = tpd_local_new(d, &d->local);
+	if (r < 0)
 		goto fail;
 	probe_backends(d);
 	r = tpd_copier_new(d->base, cfg->copy_threads, &d->copier);
@@ -631,13 +544,10 @@ int tpd_daemon_run(struct tpd_daemon *d)
 
 void tpd_daemon_free(struct tpd_daemon *d)
 {
-	struct tpd_session *s, *tmp;
-
 	if (!d)
 		return;
 	tpd_peers_stop(d);
-	tpu_list_for_each_safe(s, tmp, &d->sessions, node)
-		tpd_session_free(s, TPW__V1__STATUS__STATUS_SHUTDOWN);
+	tpd_local_stop(d->local);
 	tpd_metrics_free(d->metrics);
 	tpd_copier_free(d->copier);
 	tpd_gdr_stop(d);
@@ -654,8 +564,7 @@ void tpd_daemon_free(struct tpd_daemon *d)
 		event_free(d->ev_peer_accept_resume);
 	if (d->ev_drain)
 		event_free(d->ev_drain);
-	if (d->ev_spin)
-		event_free(d->ev_spin);
+	tpd_local_free(d->local);
 	if (d->ev_tick)
 		event_free(d->ev_tick);
 	if (d->socket_bound)
@@ -665,6 +574,5 @@ void tpd_daemon_free(struct tpd_daemon *d)
 	tpd_broker_free(d->broker);
 	if (d->base)
 		event_base_free(d->base);
-	free(d->scratch);
 	free(d);
 }

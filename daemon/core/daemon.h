@@ -1,9 +1,9 @@
 /* SPDX-License-Identifier: BSD-3-Clause */
 /*
  * tpd_daemon: the process-wide state of tpipd: the event loop, the control socket and its
- * accept loop (with EMFILE back-off), the list of sessions, the broker's state (its pipes), the
- * listener registry, the copy engine, signal handling and graceful stop. Sessions and pipes do
- * the protocol work.
+ * accept loop (with EMFILE back-off), the local part's state (sessions: local.h), the broker's
+ * state (its pipes: pipe.h), the listener registry, the copy engine, signal handling and
+ * graceful stop. Sessions and pipes do the protocol work.
  */
 #ifndef TPD_DAEMON_H
 #define TPD_DAEMON_H
@@ -19,6 +19,7 @@
 #include "tpu.h"
 
 struct tpd_broker;
+struct tpd_local;
 struct tpd_peertls;
 
 struct tpd_daemon {
@@ -36,17 +37,8 @@ struct tpd_daemon {
 	struct tpd_ratelog accept_log;
 	struct event *ev_signals[4];
 	struct event *ev_drain;
-	struct event *ev_spin;	/* polls busy control rings between events */
-	bool spinning;		/* ev_spin is active */
-	uint64_t spin_until_ns; /* stop polling then, unless a ring moves */
-	uint64_t slept_ns;	/* when the rings' sleeping flags were last set */
-	struct tpu_spin spin;
-	uint8_t *scratch;	/* frames packed straight into a control ring */
-	size_t scratch_cap;
-	struct tpu_list sessions;
-	unsigned n_sessions;
+	struct tpd_local *local; /* sessions, their spin loop (local/local.c) */
 	struct tpd_quota quota;	/* per-uid sessions and bytes held for clients (quota.c) */
-	uint64_t next_session_id;
 	struct tpd_registry registry;
 	struct tpd_broker *broker; /* pipes and their transfers (broker/) */
 	struct tpd_copier *copier;
@@ -81,13 +73,6 @@ struct tpd_daemon {
 	struct tpd_peertls *peer_tls; /* NULL: no authentication configured, or --peer-insecure */
 	struct evdns_base *dns;	    /* created on first dial */
 };
-
-/*
- * tpd_daemon_spin_kick() - a control ring moved: poll every ring session from the event loop
- * (between other events) until none moves for the spin budget (--spin-us, adaptive), then set
- * the rings' sleeping flags so that clients ring the doorbell, and sleep in the event loop.
- */
-void tpd_daemon_spin_kick(struct tpd_daemon *d);
 
 /*
  * tpd_daemon_new() - bind the control socket, probe backends, start copy threads.
@@ -140,7 +125,11 @@ bool tpd_daemon_stopping(const struct tpd_daemon *d);
 struct tpd_broker *tpd_daemon_broker(const struct tpd_daemon *d);
 /* This host's name, as peers and error messages name it. */
 const char *tpd_daemon_hostname(const struct tpd_daemon *d);
-/* The session of id @id, dead or alive, or NULL: valid until that session is freed. */
-struct tpd_session *tpd_daemon_session_find(struct tpd_daemon *d, uint64_t id);
+/* The local part's state (local/local.h): the sessions; borrowed, as above. */
+struct tpd_local *tpd_daemon_local(const struct tpd_daemon *d);
+/* Did the backend probe at start find CMA viable on this host? */
+bool tpd_daemon_cma_viable(const struct tpd_daemon *d);
+/* Copies or cross-host transfers in flight: the control rings' spin loop yields to them. */
+bool tpd_daemon_bulk_running(const struct tpd_daemon *d);
 
 #endif

@@ -78,7 +78,7 @@ static void count_visible(struct tpd_daemon *d, const struct ctl_bufs *b, Tpw__V
 	if (!b->own_only)
 		return;
 	st->sessions = st->pipes = st->listeners = 0;
-	tpu_list_for_each(s, &d->sessions, node)
+	tpd_local_for_each_session(s, tpd_daemon_local(d))
 		st->sessions += sees_uid(b, s->uid);
 	for (p = tpd_broker_pipe_next(br, NULL); p; p = tpd_broker_pipe_next(br, p))
 		st->pipes += sees_pipe(b, p);
@@ -121,7 +121,7 @@ static void fill_status(struct tpd_daemon *d, const struct ctl_bufs *b, Tpw__V1_
 	st->version = TP_VERSION;
 	st->uptime_ms = tpd_daemon_uptime_ms(d);
 	st->pid = (uint32_t)getpid();
-	st->sessions = d->n_sessions;
+	st->sessions = tpd_local_session_count(tpd_daemon_local(d));
 	st->pipes = tpd_broker_pipe_count(tpd_daemon_broker(d));
 	st->listeners = d->registry.count;
 	st->bytes_moved = tpd_broker_bytes_moved(tpd_daemon_broker(d));
@@ -145,14 +145,15 @@ static void fill_status(struct tpd_daemon *d, const struct ctl_bufs *b, Tpw__V1_
 
 static int fill_sessions(struct tpd_daemon *d, Tpw__V1__CtlReply *rep, struct ctl_bufs *b)
 {
-	Tpw__V1__CtlSession *arr = b->sessions = calloc(d->n_sessions + 1, sizeof(*arr));
+	unsigned n = tpd_local_session_count(tpd_daemon_local(d));
+	Tpw__V1__CtlSession *arr = b->sessions = calloc(n + 1, sizeof(*arr));
 	struct tpd_session *s;
 	size_t i = 0;
 
-	rep->sessions = calloc(d->n_sessions + 1, sizeof(*rep->sessions));
+	rep->sessions = calloc(n + 1, sizeof(*rep->sessions));
 	if (!arr || !rep->sessions)
 		return -ENOMEM;
-	tpu_list_for_each(s, &d->sessions, node) {
+	tpd_local_for_each_session(s, tpd_daemon_local(d)) {
 		Tpw__V1__CtlSession *c = &arr[i];
 		if (!sees_uid(b, s->uid))
 			continue;
@@ -168,11 +169,10 @@ static int fill_sessions(struct tpd_daemon *d, Tpw__V1__CtlReply *rep, struct ct
 		c->listeners = s->n_listeners;
 		c->buffers = (uint32_t)s->buffers.len;
 		c->buffer_bytes = s->buffer_bytes;
-		c->bytes_in = s->bytes_in;
-		c->bytes_out = s->bytes_out;
+		tpd_conn_bytes(s, &c->bytes_in, &c->bytes_out);
 		c->cma_ok = tpd_session_cma(s);
-		c->transport = s->ring ? "ring" : "unix";
-		c->ring_bytes = s->ring ? s->ring_size : 0;
+		c->transport = tpd_conn_is_ring(s) ? "ring" : "unix";
+		c->ring_bytes = tpd_conn_ring_bytes(s);
 		rep->sessions[i++] = c;
 	}
 	rep->n_sessions = i;
@@ -220,7 +220,7 @@ static const char *pipe_transport(const struct tpd_pipe *p)
 		if (e->remote)
 			k[i] = 0;
 		else
-			k[i] = e->session && e->session->ring ? 2 : 1;
+			k[i] = e->session && tpd_conn_is_ring(e->session) ? 2 : 1;
 	}
 	return names[k[0]][k[1]];
 }
@@ -427,19 +427,17 @@ static int ctl_drain(struct ctl_call *c)
 
 static int ctl_close_session(struct ctl_call *c)
 {
-	struct tpd_session *s = c->s, *t;
+	struct tpd_session *s = c->s;
+	struct tpd_session *t = tpd_local_session_find(tpd_daemon_local(s->d), c->req->target_id);
 
-	tpu_list_for_each(t, &s->d->sessions, node) {
-		if (t->id == c->req->target_id && !t->dead) {
-			char msg[160];
+	if (t) {
+		char msg[160];
 
-			snprintf(msg, sizeof(msg), "session %llu closed by an administrator (tpipctl "
-				 "close-session by uid %u, session %llu)",
-				 (unsigned long long)t->id, (unsigned)s->uid,
-				 (unsigned long long)s->id);
-			tpd_session_end(t, TPU_LOG_NOTICE, TPW__V1__STATUS__STATUS_ADMIN_CLOSED, msg);
-			return 0;
-		}
+		snprintf(msg, sizeof(msg), "session %llu closed by an administrator (tpipctl "
+			 "close-session by uid %u, session %llu)",
+			 (unsigned long long)t->id, (unsigned)s->uid, (unsigned long long)s->id);
+		tpd_session_end(t, TPU_LOG_NOTICE, TPW__V1__STATUS__STATUS_ADMIN_CLOSED, msg);
+		return 0;
 	}
 	c->rep->message = "no such session";
 	return -ENOENT;

@@ -14,6 +14,7 @@
 #include <time.h>
 #include "daemon.h"
 #include "gdr.h"
+#include "local.h"
 #include "log.h"
 #include "metrics.h"
 #include "peer.h"
@@ -156,7 +157,8 @@ static void metrics_on_request(struct evhttp_request *req, void *arg)
 			       "unix epoch in seconds.\n"
 			       "# TYPE process_start_time_seconds gauge\n"
 			       "process_start_time_seconds %.3f\n", m->start_time);
-	put_metric(b, "tpipd_sessions", "gauge", "Attached clients.", d->n_sessions);
+	put_metric(b, "tpipd_sessions", "gauge", "Attached clients.",
+		   tpd_local_session_count(tpd_daemon_local(d)));
 	put_metric(b, "tpipd_pipes", "gauge", "Open pipes.",
 		   tpd_broker_pipe_count(tpd_daemon_broker(d)));
 	put_metric(b, "tpipd_listeners", "gauge", "Registered listeners.", d->registry.count);

@@ -13,7 +13,7 @@
 
 static int session_holds(struct tpd_session *s)
 {
-	if (!s->cuda && !(s->cuda = tpb_cuda_holds_new(s->d->cfg.cuda_holds_max)))
+	if (!s->cuda && !(s->cuda = tpb_cuda_holds_new(tpd_daemon_cfg(s->d)->cuda_holds_max)))
 		return -ENOMEM;
 	return 0;
 }

@@ -1,53 +1,30 @@
 /* SPDX-License-Identifier: BSD-3-Clause */
 /*
- * One attached client's connection. See session.h. Reading: recvmsg into a growing input buffer,
- * fds into a FIFO, then every complete frame (its header checked here) goes to sessmsg.c, which
- * unpacks, validates and handles it; what messages mean is not this file's business. Writing:
- * frames are sent at once when the output queue is empty, else queued with EV_WRITE interest.
- * Any protocol violation fails the session; it is freed from its close event.
- *
- * With a control ring (RingSetup, the frame after Hello), the same byte stream goes through the
- * two shared rings instead: input is copied out of the client->daemon ring into the input
- * buffer (so a frame cannot change once validated), output is copied into the daemon->client
- * ring, and the socket only carries doorbell bytes (wake-ups of a sleeping side), fds (sent by
- * the client just before the frame that announces them is written to the ring) and the end of
- * the session. The daemon's spin loop polls busy rings between events (daemon.c).
+ * One attached client. See session.h. Its identity (SO_PEERCRED, SO_PEERGROUPS, the pinned
+ * process and its comm), its admission against the session quotas, the Hello deadline and its
+ * life cycle: a failed session is marked dead and freed from its close event, never in the
+ * middle of a handler. Reading and writing frames, on the socket or the control rings, is
+ * conn.c's; what frames mean is sessmsg.c's.
  */
-#include <fcntl.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/mman.h>
 #include <sys/socket.h>
-#include <sys/uio.h>
+#include "conn.h"
 #include "devmem.h"
 #include "daemon.h"
 #include "gdr.h"
 #include "frame.h"
+#include "local.h"
 #include "log.h"
 #include "pipe.h"
 #include "quota.h"
 #include "session.h"
-#include "sessmsg.h"
-#include "validate.h"
 
-#define IN_MIN_FREE (64u << 10)
 #define TPD_GROUPS_MAX 65536u /* the kernel's NGROUPS_MAX */
-#define ROUNDS_PER_WAKEUP 16
 
-struct outbuf {
-	struct tpu_list node;
-	size_t len;
-	size_t off;
-	uint8_t data[];
-};
-
-static void session_on_read(evutil_socket_t fd, short what, void *arg);
-static void session_on_write(evutil_socket_t fd, short what, void *arg);
 static void session_on_close(evutil_socket_t fd, short what, void *arg);
 static void session_on_hello_timeout(evutil_socket_t fd, short what, void *arg);
-static int flush_out(struct tpd_session *s);
-static void fail_output(struct tpd_session *s, int r);
 
 /* ---- credentials --------------------------------------------------------------------------- */
 
@@ -80,7 +57,7 @@ static int read_groups(struct tpd_session *s)
 		if (!g)
 			return -ENOMEM;
 		s->groups = g;
-		if (getsockopt(s->fd, SOL_SOCKET, SO_PEERGROUPS, g, &got) == 0) {
+		if (getsockopt(s->conn.fd, SOL_SOCKET, SO_PEERGROUPS, g, &got) == 0) {
 			s->n_groups = got / sizeof(gid_t);
 			return 0;
 		}
@@ -99,7 +76,7 @@ static int read_creds(struct tpd_session *s)
 	char why[160];
 	int r;
 
-	if (getsockopt(s->fd, SOL_SOCKET, SO_PEERCRED, &uc, &len) < 0)
+	if (getsockopt(s->conn.fd, SOL_SOCKET, SO_PEERCRED, &uc, &len) < 0)
 		return -errno;
 	s->pid = uc.pid;
 	s->uid = uc.uid;
@@ -110,7 +87,7 @@ static int read_creds(struct tpd_session *s)
 				strerror(-r));
 		return r;
 	}
-	r = tpb_proc_pin(s->fd, uc.pid, uc.uid, uc.gid, s->id, &s->proc, why, sizeof(why));
+	r = tpb_proc_pin(s->conn.fd, uc.pid, uc.uid, uc.gid, s->id, &s->proc, why, sizeof(why));
 	read_comm(s);
 	if (r < 0) {
 		s->proc = NULL;
@@ -157,7 +134,7 @@ static void send_refusal(struct tpd_session *s, const char *why)
 	dm.hello_reply = &hr;
 	if (tpw_frame_size(&dm.base) > sizeof(buf))
 		return;
-	(void)!send(s->fd, buf, tpw_frame_pack(&dm.base, 0, 0, 1, buf),
+	(void)!send(s->conn.fd, buf, tpw_frame_pack(&dm.base, 0, 0, 1, buf),
 		    MSG_DONTWAIT | MSG_NOSIGNAL);
 }
 
@@ -167,15 +144,16 @@ static int session_admit(struct tpd_session *s)
 {
 	struct tpd_daemon *d = s->d;
 	bool admin = tpd_quota_is_admin(d, s->uid, s->gid, s->groups, s->n_groups);
+	unsigned others = tpd_local_session_count(tpd_daemon_local(d)) - 1;
 	unsigned suppressed;
 	char why[200];
 	int r;
 
-	r = tpd_quota_admit(d, s->uid, admin, d->n_sessions - 1, &s->acct, why, sizeof(why));
+	r = tpd_quota_admit(d, s->uid, admin, others, &s->acct, why, sizeof(why));
 	if (r == 0)
 		return 0;
 	send_refusal(s, why);
-	if (tpd_quota_ratelog_ok(&d->quota.refuse_log, 1000, &suppressed))
+	if (tpd_quota_ratelog_ok(&tpd_daemon_quota(d)->refuse_log, 1000, &suppressed))
 		tpd_session_log(s, TPU_LOG_WARNING, "refused, uid %u: %s (%u more refused since "
 				"the last such line)", (unsigned)s->uid, why, suppressed);
 	return r;
@@ -187,74 +165,17 @@ static void session_on_hello_timeout(evutil_socket_t fd, short what, void *arg)
 
 	if (!s->hello_done)
 		tpd_session_fail(s, TPU_LOG_NOTICE, TPW__V1__STATUS__STATUS_TIMEOUT,
-				 "no Hello within %u ms", s->d->cfg.hello_timeout_ms);
+				 "no Hello within %u ms", tpd_daemon_cfg(s->d)->hello_timeout_ms);
 }
-
-/*
- * Resizes the input buffer to @cap bytes, the part beyond the base buffer charged to the uid's
- * quota. Return: 0, -EDQUOT or -ENOBUFS (per-uid or daemon-wide budget, reason in @why), or
- * -ENOMEM.
- */
-static int in_resize(struct tpd_session *s, size_t cap, char *why, size_t wl)
-{
-	size_t charge = cap > IN_MIN_FREE ? cap - IN_MIN_FREE : 0;
-	uint8_t *nb;
-	int r;
-
-	if (charge > s->in_charged) {
-		r = tpd_quota_charge_in(s->d, s->acct, charge - s->in_charged, why, wl);
-		if (r < 0)
-			return r;
-	}
-	nb = realloc(s->in, cap);
-	if (!nb) {
-		if (charge > s->in_charged)
-			tpd_quota_release_in(s->d, s->acct, charge - s->in_charged);
-		snprintf(why, wl, "out of memory for a %zu byte input buffer", cap);
-		return -ENOMEM;
-	}
-	if (charge < s->in_charged)
-		tpd_quota_release_in(s->d, s->acct, s->in_charged - charge);
-	s->in_charged = charge;
-	s->in = nb;
-	s->in_cap = cap;
-	return 0;
-}
-
-/* The log of a budget hit with @r (-EDQUOT per uid, -ENOBUFS daemon-wide), or NULL. */
-static struct tpd_ratelog *budget_log(struct tpd_session *s, int r)
-{
-	if (r != -EDQUOT && r != -ENOBUFS)
-		return NULL;
-	return &s->d->quota.budget_log[r == -ENOBUFS];
-}
-
-/* Fails @s whose input buffer could not grow (@r from in_resize()); budget hits are logged at
- * most once a second per kind: a client can provoke them at will. */
-static void in_resize_failed(struct tpd_session *s, int r, const char *why)
-{
-	struct tpd_ratelog *rl = budget_log(s, r);
-	unsigned suppressed = 0;
-
-	if (!rl) {
-		tpd_session_fail(s, TPU_LOG_ERR, TPW__V1__STATUS__STATUS_IO, "%s", why);
-		return;
-	}
-	if (!tpd_quota_ratelog_ok(rl, 1000, &suppressed)) {
-		tpd_session_fail(s, TPU_LOG_DEBUG, TPW__V1__STATUS__STATUS_LIMIT, "%s", why);
-		return;
-	}
-	tpd_session_fail(s, TPU_LOG_WARNING, TPW__V1__STATUS__STATUS_LIMIT,
-			 "%s (%u similar closes since the last such line)", why, suppressed);
-}
-
 /* ---- life cycle ---------------------------------------------------------------------------- */
 
 int tpd_session_new(struct tpd_daemon *d, int fd, struct tpd_session **ret)
 {
 	struct tpd_session *s = calloc(1, sizeof(*s));
-	struct timeval hello_tv = { (time_t)(d->cfg.hello_timeout_ms / 1000),
-				    (suseconds_t)(d->cfg.hello_timeout_ms % 1000) * 1000 };
+	uint32_t hello_ms = tpd_daemon_cfg(d)->hello_timeout_ms;
+	struct timeval hello_tv = { (time_t)(hello_ms / 1000),
+				    (suseconds_t)(hello_ms % 1000) * 1000 };
+	struct event_base *base = tpd_daemon_base(d);
 	int r;
 
 	if (!s) {
@@ -262,16 +183,13 @@ int tpd_session_new(struct tpd_daemon *d, int fd, struct tpd_session **ret)
 		return -ENOMEM;
 	}
 	s->d = d;
-	s->fd = fd;
-	s->id = d->next_session_id++;
+	tpd_conn_setup(s, fd);
 	s->attached_ns = tpu_now_ns();
-	tpu_list_init(&s->outq);
 	tpu_list_init(&s->listeners);
 	tpu_hmap_init(&s->pipes);
 	tpu_hmap_init(&s->buffers);
 	s->next_accept_id = 1;
-	tpu_list_insert_tail(&d->sessions, &s->node);
-	d->n_sessions++;
+	s->id = tpd_local_session_add(tpd_daemon_local(d), s);
 	r = read_creds(s);
 	if (r < 0)
 		goto fail;
@@ -280,18 +198,16 @@ int tpd_session_new(struct tpd_daemon *d, int fd, struct tpd_session **ret)
 		tpd_session_free(s, TPW__V1__STATUS__STATUS_LIMIT);
 		return r;
 	}
-	s->in_cap = IN_MIN_FREE;
-	s->in = malloc(s->in_cap);
-	s->ev_read = event_new(d->base, fd, EV_READ | EV_PERSIST, session_on_read, s);
-	s->ev_write = event_new(d->base, fd, EV_WRITE | EV_PERSIST, session_on_write, s);
-	s->ev_close = event_new(d->base, -1, 0, session_on_close, s);
-	s->ev_hello = evtimer_new(d->base, session_on_hello_timeout, s);
-	r = -ENOMEM;
-	if (!s->in || !s->ev_read || !s->ev_write || !s->ev_close || !s->ev_hello)
+	r = tpd_conn_start(s);
+	if (r < 0)
 		goto fail;
-	r = tpu_fd_nonblock(fd);
-	event_base_update_cache_time(d->base); /* the hello deadline runs from now */
-	if (r < 0 || event_add(s->ev_read, NULL) < 0 || evtimer_add(s->ev_hello, &hello_tv) < 0)
+	s->ev_close = event_new(base, -1, 0, session_on_close, s);
+	s->ev_hello = evtimer_new(base, session_on_hello_timeout, s);
+	r = -ENOMEM;
+	if (!s->ev_close || !s->ev_hello)
+		goto fail;
+	event_base_update_cache_time(base); /* the hello deadline runs from now */
+	if (evtimer_add(s->ev_hello, &hello_tv) < 0)
 		goto fail;
 	tpd_session_log(s, TPU_LOG_INFO, "attached, uid %u", (unsigned)s->uid);
 	*ret = s;
@@ -341,39 +257,21 @@ void tpd_session_free(struct tpd_session *s, Tpw__V1__Status why)
 	if (!s)
 		return;
 	if (!s->dead && why == TPW__V1__STATUS__STATUS_SHUTDOWN)
-		flush_out(s); /* last replies and PipeClosed, best effort */
+		tpd_conn_flush(s); /* last replies and PipeClosed, best effort */
 	s->dead = true;
 	detach_pipes(s, why);
 	tpu_list_for_each_safe(l, tmp, &s->listeners, session_node)
-		tpd_listener_registry_remove(&s->d->registry, l);
+		tpd_listener_registry_remove(tpd_daemon_registry(s->d), l);
 	release_buffers(s);
 	tpd_devmem_session_end(s);
-	while (!tpu_list_empty(&s->outq)) {
-		struct outbuf *o = tpu_list_first(&s->outq, struct outbuf, node);
-		tpu_list_remove(&o->node);
-		free(o);
-	}
-	if (s->acct) {
-		tpd_quota_release_out(s->d, s->acct, s->outq_bytes);
-		tpd_quota_release_in(s->d, s->acct, s->in_charged);
+	tpd_conn_done(s); /* releases the queued and buffered bytes before the uid leaves */
+	if (s->acct)
 		tpd_quota_leave(s->d, s->acct);
-	}
-	for (unsigned i = 0; i < s->n_fdq; i++)
-		tpu_close(s->fdq[i]);
-	if (s->ring_map)
-		munmap(s->ring_map, tpu_ring_map_size(s->ring_size));
-	if (s->ev_read)
-		event_free(s->ev_read);
-	if (s->ev_write)
-		event_free(s->ev_write);
 	if (s->ev_close)
 		event_free(s->ev_close);
 	if (s->ev_hello)
 		event_free(s->ev_hello);
-	tpu_close(s->fd);
-	tpu_list_remove(&s->node);
-	s->d->n_sessions--;
-	free(s->in);
+	tpd_local_session_remove(tpd_daemon_local(s->d), s);
 	free(s->groups);
 	free(s->name);
 	tpb_proc_unref(s->proc);
@@ -401,8 +299,7 @@ void tpd_session_fail(struct tpd_session *s, int level, Tpw__V1__Status status, 
 	vsnprintf(msg, sizeof(msg), fmt, ap);
 	va_end(ap);
 	tpd_session_log(s, level, "%s, closing", msg);
-	event_del(s->ev_read);
-	event_del(s->ev_write);
+	tpd_conn_stop(s);
 	event_active(s->ev_close, 0, 0);
 }
 
@@ -419,7 +316,7 @@ void tpd_session_end(struct tpd_session *s, int level, Tpw__V1__Status status, c
 		dm.body_case = TPW__V1__DAEMON_MSG__BODY_SESSION_END;
 		dm.session_end = &se;
 		if (tpd_session_send(s, &dm, NULL, 0) == 0)
-			(void)flush_out(s);
+			(void)tpd_conn_flush(s);
 	}
 	tpd_session_fail(s, level, status, "%s", msg);
 }
@@ -439,207 +336,75 @@ unsigned tpd_session_pipe_count(const struct tpd_session *s)
 	return (unsigned)s->pipes.len;
 }
 
-/* ---- output -------------------------------------------------------------------------------- */
-
-/* Wakes the client if it sleeps on the ring (one doorbell byte; a full socket already holds
- * doorbells, so EAGAIN is fine). */
-static void ring_doorbell(struct tpd_session *s)
+uint64_t tpd_session_id(const struct tpd_session *s)
 {
-	static const uint8_t bell;
-
-	(void)!send(s->fd, &bell, 1, MSG_DONTWAIT | MSG_NOSIGNAL);
+	return s->id;
 }
 
-/* flush_out() for a ring session. Return: 0 or -EPROTO (the client broke the ring). */
-static int ring_flush_out(struct tpd_session *s)
+bool tpd_session_dead(const struct tpd_session *s)
 {
-	bool put = false;
-
-	while (!tpu_list_empty(&s->outq)) {
-		struct outbuf *o = tpu_list_first(&s->outq, struct outbuf, node);
-		struct iovec iov = { o->data + o->off, o->len - o->off };
-		ssize_t n = tpu_ring_put(&s->ring_tx, &iov, 1, 0);
-		uint32_t seq;
-
-		if (n < 0)
-			return (int)n;
-		if (n == 0) {
-			/* Full: the client rings the doorbell once it has made room. */
-			if (!tpu_ring_wait_space_prepare(&s->ring_tx, &seq))
-				break;
-			continue;
-		}
-		put = true;
-		o->off += (size_t)n;
-		s->outq_bytes -= (uint64_t)n;
-		tpd_quota_release_out(s->d, s->acct, (uint64_t)n);
-		s->bytes_out += (uint64_t)n;
-		if (o->off < o->len)
-			continue;
-		tpu_list_remove(&o->node);
-		free(o);
-	}
-	if (put && tpu_ring_consumer_asleep(&s->ring_tx))
-		ring_doorbell(s);
-	return 0;
+	return s->dead;
 }
 
-/* Writes queued output. Return: 0 (all or some sent), -errno on a dead connection. */
-static int flush_out(struct tpd_session *s)
+Tpw__V1__Status tpd_session_dead_status(const struct tpd_session *s)
 {
-	if (s->ring)
-		return ring_flush_out(s);
-	while (!tpu_list_empty(&s->outq)) {
-		struct outbuf *o = tpu_list_first(&s->outq, struct outbuf, node);
-		ssize_t n = send(s->fd, o->data + o->off, o->len - o->off,
-				 MSG_DONTWAIT | MSG_NOSIGNAL);
-		if (n < 0) {
-			if (errno == EAGAIN || errno == EINTR)
-				return 0;
-			return -errno;
-		}
-		o->off += (size_t)n;
-		s->outq_bytes -= (uint64_t)n;
-		tpd_quota_release_out(s->d, s->acct, (uint64_t)n);
-		s->bytes_out += (uint64_t)n;
-		if (o->off < o->len)
-			return 0;
-		tpu_list_remove(&o->node);
-		free(o);
-	}
-	return 0;
+	return s->dead_status;
 }
 
-static void update_write_interest(struct tpd_session *s)
+uint32_t tpd_session_client_minor(const struct tpd_session *s)
 {
-	if (tpu_list_empty(&s->outq) || s->ring)
-		event_del(s->ev_write);
-	else
-		event_add(s->ev_write, NULL);
+	return s->client_minor;
 }
 
-static void fail_output(struct tpd_session *s, int r)
+struct tpb_proc *tpd_session_proc(const struct tpd_session *s)
 {
-	if (r == -EPROTO)
-		tpd_session_fail(s, TPU_LOG_WARNING, TPW__V1__STATUS__STATUS_PEER_DIED,
-				 "control ring corrupted by the client (impossible read position)");
-	else if (s->ended_clean && (r == -EPIPE || r == -ECONNRESET))
-		tpd_session_fail(s, TPU_LOG_INFO, TPW__V1__STATUS__STATUS_CLOSED,
-				 "client closed its context");
-	else
-		tpd_session_fail(s, TPU_LOG_INFO, TPW__V1__STATUS__STATUS_PEER_DIED,
-				 "send failed: %s", strerror(-r));
+	return s->proc;
 }
 
-static void session_on_write(evutil_socket_t fd, short what, void *arg)
+uid_t tpd_session_uid(const struct tpd_session *s)
 {
-	struct tpd_session *s = arg;
-	int r = flush_out(s);
-
-	if (r < 0) {
-		fail_output(s, r);
-		return;
-	}
-	update_write_interest(s);
+	return s->uid;
 }
 
-/*
- * A ring session with nothing queued and room for the whole frame: pack it into the daemon's
- * scratch buffer and copy it into the ring, with no allocation. Return: true if sent.
- */
-static bool ring_send_direct(struct tpd_session *s, Tpw__V1__DaemonMsg *m,
-			     const struct iovec *tail, int n_tail, size_t len, size_t tail_len)
+gid_t tpd_session_gid(const struct tpd_session *s)
 {
-	struct tpd_daemon *d = s->d;
-	struct iovec iov[1 + TPD_SEND_TAIL_MAX];
-	ssize_t space = tpu_ring_space(&s->ring_tx), n;
+	return s->gid;
+}
 
-	if (space < (ssize_t)len || n_tail > TPD_SEND_TAIL_MAX || !tpu_list_empty(&s->outq))
-		return false;
-	if (len - tail_len > d->scratch_cap) {
-		uint8_t *nb = realloc(d->scratch, len - tail_len);
+pid_t tpd_session_pid(const struct tpd_session *s)
+{
+	return s->pid;
+}
 
-		if (!nb)
-			return false;
-		d->scratch = nb;
-		d->scratch_cap = len - tail_len;
-	}
-	iov[0].iov_base = d->scratch;
-	iov[0].iov_len = tpw_frame_pack(&m->base, (uint32_t)tail_len, 0, ++s->seq_out, d->scratch);
-	for (int i = 0; i < n_tail; i++)
-		iov[1 + i] = tail[i];
-	n = tpu_ring_put(&s->ring_tx, iov, 1 + (size_t)n_tail, 0);
-	if (n != (ssize_t)len) { /* cannot happen: we checked the room and we are the producer */
-		fail_output(s, -EPROTO);
-		return true;
-	}
-	s->bytes_out += len;
-	if (tpu_ring_consumer_asleep(&s->ring_tx))
-		ring_doorbell(s);
-	return true;
+bool tpd_session_permitted(const struct tpd_session *s, const struct tpd_listener *l)
+{
+	return tpd_listener_permits(l, s->uid, s->gid, s->groups, s->n_groups);
+}
+
+const char *tpd_session_name(const struct tpd_session *s)
+{
+	return s->name;
+}
+
+struct tpd_pipe_end *tpd_session_pipe_find(const struct tpd_session *s, uint64_t id)
+{
+	return tpu_hmap_get(&s->pipes, id);
+}
+
+int tpd_session_pipe_add(struct tpd_session *s, uint64_t id, struct tpd_pipe_end *e)
+{
+	return tpu_hmap_put(&s->pipes, id, e);
+}
+
+void tpd_session_pipe_remove(struct tpd_session *s, uint64_t id)
+{
+	tpu_hmap_del(&s->pipes, id);
 }
 
 int tpd_session_send(struct tpd_session *s, Tpw__V1__DaemonMsg *m, const struct iovec *tail,
 		     int n_tail)
 {
-	size_t tail_len = 0, len, off;
-	struct outbuf *o;
-	bool was_empty;
-	char why[200];
-	int r;
-
-	if (!s || s->dead)
-		return -EPIPE;
-	for (int i = 0; i < n_tail; i++)
-		tail_len += tail[i].iov_len;
-	len = tpw_frame_size(&m->base) + tail_len;
-	if (s->outq_bytes + len > s->d->cfg.outq_max) {
-		tpd_session_fail(s, TPU_LOG_WARNING, TPW__V1__STATUS__STATUS_PEER_DIED,
-				 "client does not read: %llu bytes queued (limit %llu, tpipd "
-				 "--client-queue-bytes)",
-				 (unsigned long long)s->outq_bytes,
-				 (unsigned long long)s->d->cfg.outq_max);
-		return -ENOBUFS;
-	}
-	if (s->ring && ring_send_direct(s, m, tail, n_tail, len, tail_len))
-		return s->dead ? -EPROTO : 0;
-	r = tpd_quota_charge_out(s->d, s->acct, len, why, sizeof(why));
-	if (r < 0) {
-		unsigned suppressed = 0;
-		bool loud = tpd_quota_ratelog_ok(budget_log(s, r), 1000, &suppressed);
-
-		tpd_session_fail(s, loud ? TPU_LOG_WARNING : TPU_LOG_DEBUG,
-				 TPW__V1__STATUS__STATUS_PEER_DIED,
-				 "client does not read: %s (%u similar closes since the last such "
-				 "line)", why, suppressed);
-		return r;
-	}
-	o = malloc(sizeof(*o) + len);
-	if (!o) {
-		tpd_quota_release_out(s->d, s->acct, len);
-		tpd_session_fail(s, TPU_LOG_ERR, TPW__V1__STATUS__STATUS_IO, "out of memory");
-		return -ENOMEM;
-	}
-	off = tpw_frame_pack(&m->base, (uint32_t)tail_len, 0, ++s->seq_out, o->data);
-	for (int i = 0; i < n_tail; i++) {
-		if (tail[i].iov_len) /* an empty piece may have no base: memcpy(_, NULL, 0) is UB */
-			memcpy(o->data + off, tail[i].iov_base, tail[i].iov_len);
-		off += tail[i].iov_len;
-	}
-	o->len = len;
-	o->off = 0;
-	was_empty = tpu_list_empty(&s->outq);
-	tpu_list_insert_tail(&s->outq, &o->node);
-	s->outq_bytes += len;
-	if (!was_empty)
-		return 0;
-	r = flush_out(s);
-	if (r < 0) {
-		fail_output(s, r);
-		return r;
-	}
-	update_write_interest(s);
-	return 0;
+	return tpd_conn_send(s, m, tail, n_tail);
 }
 
 void tpd_session_reply(struct tpd_session *s, uint64_t req_id, int err, const char *why, uint64_t id,
@@ -663,317 +428,4 @@ struct tpd_buffer *tpd_session_buffer(struct tpd_session *s, uint64_t id, uint64
 	struct tpd_buffer *b = tpu_hmap_get(&s->buffers, id);
 
 	return b && b->gen == gen ? b : NULL;
-}
-
-/* ---- input --------------------------------------------------------------------------------- */
-
-/*
- * fds travel with the first bytes of the frame that announces them, so once every complete
- * frame is handled, the queue may only hold fds of the frame that starts the buffer.
- */
-static void check_stray_fds(struct tpd_session *s)
-{
-	struct tpw_hdr h;
-	unsigned allowed = 0;
-
-	if (s->dead || !s->n_fdq || s->ring)
-		return; /* ring: fds come ahead of their frames; the queue's size bounds them */
-	if (s->in_len > 0 && s->in_len < TPW_HDR_SIZE)
-		return; /* header not complete yet */
-	if (s->in_len >= TPW_HDR_SIZE && tpw_hdr_parse(s->in, s->d->limits.frame_max, &h) == 0)
-		allowed = h.nfds;
-	if (s->n_fdq > allowed)
-		tpd_session_fail(s, TPU_LOG_WARNING, TPW__V1__STATUS__STATUS_PEER_DIED,
-				 "%u fds received that no frame announced", s->n_fdq - allowed);
-}
-
-/* Largest frame @s may send now: small until its Hello. */
-static uint32_t frame_limit(const struct tpd_session *s)
-{
-	const struct tpd_daemon *d = s->d;
-
-	if (s->hello_done || d->cfg.hello_frame_max > d->limits.frame_max)
-		return d->limits.frame_max;
-	return d->cfg.hello_frame_max;
-}
-
-/* Gives back an input buffer grown for a large frame once it holds little again and the frame
- * it has begun (@pending bytes, 0 if none) is small. */
-static void in_shrink(struct tpd_session *s, size_t pending)
-{
-	char why[200];
-
-	if (s->dead || s->in_cap <= 2 * IN_MIN_FREE || s->in_len > IN_MIN_FREE / 2 ||
-	    pending > IN_MIN_FREE / 2)
-		return;
-	(void)in_resize(s, IN_MIN_FREE, why, sizeof(why)); /* shrinking cannot fail the budget */
-}
-
-/* Processes every complete frame in the input buffer. */
-static void parse_frames(struct tpd_session *s)
-{
-	bool was_ring = s->ring;
-	size_t off = 0, pending = 0;
-
-	while (!s->dead && s->in_len - off >= TPW_HDR_SIZE) {
-		struct tpw_hdr h;
-		size_t need;
-		int r = tpw_hdr_parse(s->in + off, frame_limit(s), &h);
-
-		if (r < 0) {
-			tpd_session_fail(s, TPU_LOG_WARNING, TPW__V1__STATUS__STATUS_PEER_DIED,
-					 "bad frame header: %s", strerror(-r));
-			return;
-		}
-		need = TPW_HDR_SIZE + (size_t)h.msg_len + h.data_len;
-		if (s->in_len - off < need) {
-			pending = need;
-			if (need > s->in_cap) {
-				char why[200];
-
-				if (off) { /* make room at the front first */
-					memmove(s->in, s->in + off, s->in_len - off);
-					s->in_len -= off;
-					off = 0;
-				}
-				r = in_resize(s, need + IN_MIN_FREE, why, sizeof(why));
-				if (r < 0) {
-					in_resize_failed(s, r, why);
-					return;
-				}
-			}
-			break;
-		}
-		s->bytes_in += need;
-		if (tpd_sessmsg_handle(s, &h, s->in + off + TPW_HDR_SIZE) < 0)
-			return;
-		off += need;
-		if (s->ring && !was_ring) {
-			/* Switched to the rings: whatever followed RingSetup on the socket can only
-			 * be doorbell and fd bytes (the client waits for the answer). */
-			off = s->in_len;
-			break;
-		}
-	}
-	if (off) {
-		memmove(s->in, s->in + off, s->in_len - off);
-		s->in_len -= off;
-	}
-	in_shrink(s, pending);
-	check_stray_fds(s);
-}
-
-/* Queues fds received with a recvmsg. Return: 0 or -EBADMSG (too many). */
-static int take_fds(struct tpd_session *s, struct msghdr *mh)
-{
-	int r = 0;
-
-	for (struct cmsghdr *c = CMSG_FIRSTHDR(mh); c; c = CMSG_NXTHDR(mh, c)) {
-		size_t n;
-		int *fds;
-
-		if (c->cmsg_level != SOL_SOCKET || c->cmsg_type != SCM_RIGHTS)
-			continue;
-		n = (c->cmsg_len - CMSG_LEN(0)) / sizeof(int);
-		fds = (int *)CMSG_DATA(c);
-		for (size_t i = 0; i < n; i++) {
-			if (s->n_fdq < TPU_ARRAY_SIZE(s->fdq))
-				s->fdq[s->n_fdq++] = fds[i];
-			else {
-				tpu_close(fds[i]);
-				r = -EBADMSG;
-			}
-		}
-	}
-	return r;
-}
-
-/* Keeps room in the input buffer for the next read. Return: 0 or -ENOMEM. */
-static int in_reserve(struct tpd_session *s)
-{
-	char why[200];
-	int r;
-
-	if (s->in_cap - s->in_len >= IN_MIN_FREE / 4)
-		return 0;
-	r = in_resize(s, s->in_cap + IN_MIN_FREE, why, sizeof(why));
-	if (r < 0)
-		in_resize_failed(s, r, why);
-	return r;
-}
-
-/* One recvmsg into @buf, fds into the queue. Return: bytes read, 0 on EOF, -EAGAIN, -errno. */
-static ssize_t recv_msg(struct tpd_session *s, void *buf, size_t len)
-{
-	union {
-		char buf[CMSG_SPACE(sizeof(int) * TPW_FDS_MAX * 2)];
-		struct cmsghdr align;
-	} cm;
-	struct iovec iov = { buf, len };
-	struct msghdr mh = { .msg_iov = &iov, .msg_iovlen = 1, .msg_control = cm.buf,
-			     .msg_controllen = sizeof(cm.buf) };
-	ssize_t n;
-
-	n = recvmsg(s->fd, &mh, MSG_DONTWAIT | MSG_CMSG_CLOEXEC);
-	if (n < 0)
-		return -errno;
-	if (take_fds(s, &mh) < 0 || (mh.msg_flags & MSG_CTRUNC))
-		return -EBADMSG;
-	return n;
-}
-
-/* One recvmsg into the input buffer. Return: bytes read, 0 on EOF, -EAGAIN, or -errno. */
-static ssize_t recv_some(struct tpd_session *s)
-{
-	ssize_t n;
-
-	if (in_reserve(s) < 0)
-		return -ENOMEM;
-	n = recv_msg(s, s->in + s->in_len, s->in_cap - s->in_len);
-	if (n > 0)
-		s->in_len += (size_t)n;
-	return n;
-}
-
-/* ---- control ring -------------------------------------------------------------------------- */
-
-/* One read of a ring session's socket: doorbell bytes (dropped) and fds. Return: as recv_msg. */
-static ssize_t recv_side(struct tpd_session *s)
-{
-	uint8_t bells[64];
-
-	return recv_msg(s, bells, sizeof(bells));
-}
-
-void tpd_session_ring_take_side(struct tpd_session *s)
-{
-	for (int i = 0; i < ROUNDS_PER_WAKEUP; i++) {
-		ssize_t n = recv_side(s);
-
-		if (n == -EBADMSG)
-			tpd_session_fail(s, TPU_LOG_WARNING, TPW__V1__STATUS__STATUS_PEER_DIED,
-					 "receive failed: too many or truncated fds");
-		if (n <= 0)
-			break;
-	}
-}
-
-/* Copies what the client->daemon ring holds into the input buffer and handles its frames.
- * Return: true if bytes came. */
-static bool ring_pull(struct tpd_session *s)
-{
-	bool got = false;
-
-	for (int i = 0; i < ROUNDS_PER_WAKEUP && !s->dead; i++) {
-		ssize_t n;
-
-		if (in_reserve(s) < 0) {
-			tpd_session_fail(s, TPU_LOG_ERR, TPW__V1__STATUS__STATUS_IO, "out of memory");
-			break;
-		}
-		n = tpu_ring_get(&s->ring_rx, s->in + s->in_len, s->in_cap - s->in_len);
-		if (n < 0)
-			tpd_session_fail(s, TPU_LOG_WARNING, TPW__V1__STATUS__STATUS_PEER_DIED,
-					 "control ring corrupted by the client (impossible write "
-					 "position)");
-		if (n <= 0)
-			break;
-		got = true;
-		s->in_len += (size_t)n;
-		tpu_ring_producer_waiting(&s->ring_rx); /* wakes a client blocked on a full ring */
-		parse_frames(s);
-	}
-	return got;
-}
-
-bool tpd_session_ring_poll(struct tpd_session *s)
-{
-	uint64_t queued;
-	bool moved;
-	int r;
-
-	if (!s->ring || s->dead)
-		return false;
-	moved = ring_pull(s);
-	if (tpu_list_empty(&s->outq) || s->dead)
-		return moved;
-	queued = s->outq_bytes;
-	r = flush_out(s);
-	if (r < 0)
-		fail_output(s, r);
-	return moved || s->outq_bytes != queued;
-}
-
-bool tpd_session_ring_sleep(struct tpd_session *s)
-{
-	return s->ring && !s->dead && tpu_ring_sleep_prepare(&s->ring_rx);
-}
-
-void tpd_session_ring_wake(struct tpd_session *s)
-{
-	if (s->ring && !s->dead)
-		tpu_ring_sleep_cancel(&s->ring_rx);
-}
-
-/* Fails @s after a read that returned @n: 0 (the end) or -errno (not EAGAIN or EINTR). */
-static void fail_read(struct tpd_session *s, ssize_t n)
-{
-	if (n == 0 || n == -ECONNRESET) {
-		/* A client that exits with frames still unread resets the connection: the same
-		 * ordinary end as a clean close. Frames already in its ring still count. */
-		if (s->ring)
-			ring_pull(s);
-		if (s->ended_clean)
-			tpd_session_fail(s, TPU_LOG_INFO, TPW__V1__STATUS__STATUS_CLOSED,
-					 "client closed its context");
-		else
-			tpd_session_fail(s, TPU_LOG_INFO, TPW__V1__STATUS__STATUS_PEER_DIED,
-					 "client disconnected");
-		return;
-	}
-	tpd_session_fail(s, TPU_LOG_WARNING, TPW__V1__STATUS__STATUS_PEER_DIED,
-			 "receive failed: %s",
-			 n == -EBADMSG ? "too many or truncated fds" : strerror((int)-n));
-}
-
-/* The socket of a ring session is readable: doorbells, fds, or the end. */
-static void ring_on_read(struct tpd_session *s)
-{
-	for (int i = 0; i < ROUNDS_PER_WAKEUP && !s->dead; i++) {
-		ssize_t n = recv_side(s);
-
-		if (n == -EAGAIN || n == -EINTR)
-			break;
-		if (n <= 0) {
-			fail_read(s, n);
-			return;
-		}
-	}
-	tpd_session_ring_poll(s);
-	tpd_daemon_spin_kick(s->d);
-}
-
-static void session_on_read(evutil_socket_t fd, short what, void *arg)
-{
-	struct tpd_session *s = arg;
-
-	if (s->ring) {
-		ring_on_read(s);
-		return;
-	}
-	for (int i = 0; i < ROUNDS_PER_WAKEUP && !s->dead; i++) {
-		ssize_t n = recv_some(s);
-
-		if (n == -EAGAIN || n == -EINTR)
-			return;
-		if (n <= 0) {
-			fail_read(s, n);
-			return;
-		}
-		parse_frames(s);
-		if (s->ring) { /* switched by RingSetup: the rest of the socket is doorbells */
-			ring_on_read(s);
-			return;
-		}
-	}
 }

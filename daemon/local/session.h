@@ -1,11 +1,12 @@
 /* SPDX-License-Identifier: BSD-3-Clause */
 /*
- * tpd_session: one attached client (a libtpclient context or tpipctl). Owns the connection:
- * peer credentials, frame reading with fd passing, the output queue, the control rings, and the
- * session's tables of pipe ends, shared buffers and listeners. Each complete frame goes to
- * sessmsg.c (bounded unpack, validation, the handlers that dispatch requests to the listener
- * registry and to pipes). A protocol violation closes this session only; it is closed from its
- * own deferred event, never in the middle of a handler.
+ * tpd_session: one attached client (a libtpclient context or tpipctl): its peer credentials,
+ * admission, Hello deadline and life cycle, its connection (conn.h: frame reading with fd
+ * passing, the output queue, the control rings), and the session's tables of pipe ends, shared
+ * buffers and listeners. Each complete frame goes to sessmsg.c (bounded unpack, validation, the
+ * handlers that dispatch requests to the listener registry and to pipes). A protocol violation
+ * closes this session only; it is closed from its own deferred event, never in the middle of a
+ * handler.
  */
 #ifndef TPD_SESSION_H
 #define TPD_SESSION_H
@@ -14,7 +15,9 @@
 #include <sys/types.h>
 #include <sys/uio.h>
 #include "buffer.h"
+#include "conn.h"
 #include "hmap.h"
+#include "local.h"
 #include "ring.h"
 #include "tpb.h"
 #include "tpu.h"
@@ -23,12 +26,14 @@
 #define TPD_SEND_TAIL_MAX 8 /* data pieces a frame sent by tpd_session_send() may carry inline */
 
 struct tpd_daemon;
+struct tpd_listener;
+struct tpd_pipe_end;
 
 struct tpd_session {
 	struct tpu_list node;
 	struct tpd_daemon *d;
 	uint64_t id;
-	int fd;
+	struct tpd_conn conn; /* its socket, or its control rings (conn.c) */
 	pid_t pid;  /* at attach, for messages: CMA goes through @proc only */
 	uid_t uid;
 	gid_t gid;
@@ -45,35 +50,17 @@ struct tpd_session {
 	Tpw__V1__Status dead_status;
 	uint32_t client_minor; /* Hello.minor: what the client understands */
 	bool ended_clean;      /* the client said SessionEnd: its disconnect is a clean close */
-	struct event *ev_read;
-	struct event *ev_write;
 	struct event *ev_close;
-	uint8_t *in;
-	size_t in_len, in_cap;
-	size_t in_charged;	 /* input buffer bytes charged to the uid's quota */
 	struct tpd_uid_acct *acct; /* the uid's quota account (quota.c), NULL until admitted */
 	struct event *ev_hello;	 /* Hello deadline */
-	int fdq[16];
-	unsigned n_fdq;
-	struct tpu_list outq;
-	uint64_t outq_bytes;
-	uint64_t seq_out;
 	struct tpu_hmap pipes;	 /* local pipe id -> struct tpd_pipe_end */
 	struct tpu_hmap buffers; /* buf_id -> struct tpd_buffer */
 	uint64_t buffer_bytes;
 	struct tpu_list listeners;
 	unsigned n_listeners;
 	uint64_t next_accept_id;
-	uint64_t bytes_in, bytes_out;
 	uint64_t attached_ns;
-	/* Shared-memory control rings (RingSetup): once `ring` is set, frames travel in
-	 * them and the socket only carries doorbell bytes, fds and the end of the session. */
-	bool ring;
 	bool ring_allowed;	    /* RingSetup may come: the next frame after a client's Hello */
-	uint32_t ring_size;	    /* data bytes per direction */
-	void *ring_map;		    /* tpu_ring_map_size(ring_size) bytes */
-	struct tpu_ring ring_tx;    /* daemon -> client */
-	struct tpu_ring ring_rx;    /* client -> daemon */
 	struct tpb_cuda_holds *cuda; /* CUDA mappings held (daemon/devmem.c), NULL until used */
 };
 
@@ -89,7 +76,7 @@ int tpd_session_new(struct tpd_daemon *d, int fd, struct tpd_session **ret);
 void tpd_session_free(struct tpd_session *s, Tpw__V1__Status why);
 
 /*
- * tpd_session_send() - queue a frame of @m followed by @n_tail data pieces.
+ * tpd_session_send() - queue a frame of @m followed by @n_tail data pieces (tpd_conn_send()).
  * @m, @tail: borrowed; copied into the output queue.
  * A session whose output queue would exceed the limit is failed. Sending to a dead session is a
  * no-op. Return: 0 or -errno.
@@ -121,28 +108,6 @@ struct tpd_buffer *tpd_session_buffer(struct tpd_session *s, uint64_t id, uint64
 void tpd_session_reply(struct tpd_session *s, uint64_t req_id, int err, const char *why, uint64_t id,
 		       const char *remote_name);
 
-/*
- * tpd_session_ring_poll() - for the daemon's spin loop: take what @s's ring holds and push
- * queued output into it. Return: true if anything moved.
- */
-bool tpd_session_ring_poll(struct tpd_session *s);
-
-/*
- * tpd_session_ring_sleep() - before the daemon sleeps: set @s's sleeping flag so that its
- * client rings the doorbell. Return: true if data arrived meanwhile (do not sleep).
- */
-bool tpd_session_ring_sleep(struct tpd_session *s);
-
-/* Withdraws @s's sleeping flag while the daemon polls. */
-void tpd_session_ring_wake(struct tpd_session *s);
-
-/*
- * tpd_session_ring_take_side() - take the fds waiting on the socket of ring session @s into its
- * fd queue (a ring client sends them before it writes the frame that announces them); doorbell
- * bytes are dropped. Too many or truncated fds fail @s.
- */
-void tpd_session_ring_take_side(struct tpd_session *s);
-
 /* May @s name addresses in its own process (CMA)? Its Hello probe succeeded and no access
  * has been refused since. */
 bool tpd_session_cma(const struct tpd_session *s);
@@ -153,5 +118,60 @@ bool tpd_session_cma_revoked(const struct tpd_session *s);
 
 /* Number of pipe ends attached to @s. */
 unsigned tpd_session_pipe_count(const struct tpd_session *s);
+
+/*
+ * What the broker reads of a session (the broker does not reach into struct tpd_session). Each
+ * borrows @s for the call; a pointer returned is borrowed from @s.
+ */
+
+/* The session's number (HelloReply.session_id, tpipctl's SESSION). */
+uint64_t tpd_session_id(const struct tpd_session *s);
+
+/* Has @s failed (its close is pending)? */
+bool tpd_session_dead(const struct tpd_session *s);
+
+/* Why @s failed; STATUS_UNSPECIFIED (0) while it lives. */
+Tpw__V1__Status tpd_session_dead_status(const struct tpd_session *s);
+
+/* The protocol minor version @s's client said Hello with (what it understands). */
+uint32_t tpd_session_client_minor(const struct tpd_session *s);
+
+/*
+ * tpd_session_proc() - the client process pinned at attach.
+ * Return: borrowed pointer, valid until @s is freed (tpb_proc_ref() to keep it longer); NULL
+ * if none was pinned (no CMA).
+ */
+struct tpb_proc *tpd_session_proc(const struct tpd_session *s);
+
+/* The client's peer credentials (SO_PEERCRED at attach). */
+uid_t tpd_session_uid(const struct tpd_session *s);
+gid_t tpd_session_gid(const struct tpd_session *s);
+pid_t tpd_session_pid(const struct tpd_session *s);
+
+/* May @s's client use listener @l (borrowed), by its credentials (tpd_listener_permits())? */
+bool tpd_session_permitted(const struct tpd_session *s, const struct tpd_listener *l);
+
+/*
+ * tpd_session_name() - the client's name (Hello.name, or "comm:pid").
+ * Return: borrowed string, valid until @s is freed; NULL before Hello.
+ */
+const char *tpd_session_name(const struct tpd_session *s);
+
+/*
+ * tpd_session_pipe_find() - the pipe end @s knows as its local pipe id @id.
+ * Return: borrowed pointer, NULL if none.
+ */
+struct tpd_pipe_end *tpd_session_pipe_find(const struct tpd_session *s, uint64_t id);
+
+/*
+ * tpd_session_pipe_add() - file pipe end @e under @s's local pipe id @id.
+ * @e: borrowed; @s keeps the pointer until tpd_session_pipe_remove() or until @s is freed
+ * (which detaches @e, tpd_pipe_end_detach()).
+ * Return: 0, -EEXIST if @id is taken, -EINVAL for id 0, or -ENOMEM.
+ */
+int tpd_session_pipe_add(struct tpd_session *s, uint64_t id, struct tpd_pipe_end *e);
+
+/* Forgets @s's local pipe id @id (no-op if none). */
+void tpd_session_pipe_remove(struct tpd_session *s, uint64_t id);
 
 #endif

@@ -1,25 +1,27 @@
 /* SPDX-License-Identifier: BSD-3-Clause */
 /*
- * What a session's frames mean. session.c cuts complete frames out of the input (socket or
- * control ring) and hands each one here: this file takes the fds the frame announced from the
- * session's fd queue, unpacks it with the bounded allocator, validates it, checks that the
- * session's state allows its type (Hello first; a control session sends only CtlRequest), and
- * dispatches it through one const table indexed by body case (sessmsg_cmds), whose entries say
- * which messages come before Hello, which a control session may send, and which leave the
- * session free to set up its ring. Hello and RingSetup are answered here; listeners and shared
- * buffers enter and leave the session's tables here; writes, reads, connects and pipe closes go
- * to pipe.c, CtlRequest to the handler ctl.c registers (tpd_sessmsg_set_ctl()), CUDA releases
- * to devmem.c. It does not read or write the socket or the rings and never frees the session:
- * a violation fails it (tpd_session_fail()) and session.c closes it from its deferred event.
+ * What a session's frames mean. conn.c cuts complete frames out of the input (socket or
+ * control ring) and hands each one here with the fd it announced, if any: this file unpacks
+ * it with the bounded allocator, validates it, checks that the session's state allows its type
+ * (Hello first; a control session sends only CtlRequest), and dispatches it through one const
+ * table indexed by body case (sessmsg_cmds), whose entries say which messages come before
+ * Hello, which a control session may send, and which leave the session free to set up its
+ * ring. Hello and RingSetup are answered here; listeners and shared buffers enter and leave the
+ * session's tables here; writes, reads, connects and pipe closes go to pipe.c, CtlRequest to
+ * the handler ctl.c registers (tpd_sessmsg_set_ctl()), CUDA releases to devmem.c. It does not
+ * read or write the socket or the rings and never frees the session: a violation fails it
+ * (tpd_session_fail()) and session.c closes it from its deferred event.
  */
 #include <errno.h>
 #include <stdio.h>
 #include <string.h>
 #include <sys/uio.h>
+#include "conn.h"
 #include "devmem.h"
 #include "daemon.h"
 #include "gdr.h"
 #include "frame.h"
+#include "local.h"
 #include "log.h"
 #include "pipe.h"
 #include "session.h"
@@ -40,7 +42,7 @@ static bool cma_probe(struct tpd_session *s, const Tpw__V1__Hello *h)
 	char why[256];
 	int r;
 
-	if (!s->d->cma_viable || !h->cma_probe_addr || !s->proc)
+	if (!tpd_daemon_cma_viable(s->d) || !h->cma_probe_addr || !s->proc)
 		return false;
 	if (!tpb_cma_as_allowed(s->uid)) {
 		tpd_session_log(s, TPU_LOG_INFO,
@@ -61,7 +63,7 @@ static bool cma_probe(struct tpd_session *s, const Tpw__V1__Hello *h)
  */
 static int ring_accept(struct tpd_session *s, const Tpw__V1__RingSetup *m, int fd, const char **why)
 {
-	uint32_t max = s->d->cfg.ring_max;
+	uint32_t max = tpd_daemon_cfg(s->d)->ring_max;
 	int r;
 
 	*why = NULL;
@@ -77,9 +79,8 @@ static int ring_accept(struct tpd_session *s, const Tpw__V1__RingSetup *m, int f
 		*why = "ring larger than the daemon's ring-max";
 		return -ENOBUFS;
 	}
-	r = tpu_ring_attach(fd, m->ring_bytes, &s->ring_map);
+	r = tpd_conn_ring_attach(s, fd, m->ring_bytes);
 	if (r < 0) {
-		s->ring_map = NULL;
 		if (r != -EPERM && r != -EBADF && r != -EACCES) {
 			*why = "cannot map the ring";
 			return -EIO;
@@ -89,8 +90,6 @@ static int ring_accept(struct tpd_session *s, const Tpw__V1__RingSetup *m, int f
 				      : "ring fd is not a memfd of the announced size";
 		return -EINVAL;
 	}
-	s->ring_size = m->ring_bytes;
-	tpu_ring_init(s->ring_map, s->ring_size, false, &s->ring_tx, &s->ring_rx);
 	return 0;
 }
 
@@ -109,14 +108,14 @@ static void handle_ring_setup(struct tpd_session *s, const Tpw__V1__RingSetup *m
 	}
 	if (s->dead)
 		return;
-	if (!tpu_list_empty(&s->outq)) {
+	if (tpd_conn_ring_switch(s) < 0) {
 		tpd_session_fail(s, TPU_LOG_WARNING, TPW__V1__STATUS__STATUS_PEER_DIED,
 				 "client does not read the answer to its RingSetup");
 		return;
 	}
-	s->ring = true; /* every later frame goes through the rings */
-	tpd_session_log(s, TPU_LOG_DEBUG, "control ring of %u bytes per direction", s->ring_size);
-	tpd_daemon_spin_kick(s->d); /* ends with the ring's sleeping flag set */
+	tpd_session_log(s, TPU_LOG_DEBUG, "control ring of %u bytes per direction",
+			tpd_conn_ring_bytes(s));
+	tpd_local_spin_kick(tpd_daemon_local(s->d)); /* ends with the ring's sleeping flag set */
 }
 
 static void handle_hello(struct tpd_session *s, const Tpw__V1__Hello *h)
@@ -124,7 +123,7 @@ static void handle_hello(struct tpd_session *s, const Tpw__V1__Hello *h)
 	Tpw__V1__HelloReply hr = TPW__V1__HELLO_REPLY__INIT;
 	Tpw__V1__Limits lim = TPW__V1__LIMITS__INIT;
 	Tpw__V1__DaemonMsg dm = TPW__V1__DAEMON_MSG__INIT;
-	const struct tpd_config *cfg = &s->d->cfg;
+	const struct tpd_config *cfg = tpd_daemon_cfg(s->d);
 	char name[TPW_NAME_MAX + 1];
 
 	hr.major = TPW_PROTO_MAJOR;
@@ -172,16 +171,16 @@ static void handle_hello(struct tpd_session *s, const Tpw__V1__Hello *h)
 
 static void handle_listen(struct tpd_session *s, const Tpw__V1__Listen *m)
 {
+	struct tpd_registry *reg = tpd_daemon_registry(s->d);
 	struct tpd_listener *l;
 	char why[320];
 	int r = -ENOBUFS;
 
-	if (s->n_listeners < s->d->cfg.listeners_max)
-		r = tpd_listener_registry_add(&s->d->registry, m->name, s, s->uid, m->access,
-					      m->gid, &l);
+	if (s->n_listeners < tpd_daemon_cfg(s->d)->listeners_max)
+		r = tpd_listener_registry_add(reg, m->name, s, s->uid, m->access, m->gid, &l);
 	if (r == 0 &&
 	    tpd_listener_set_remote(l, m->remote, m->remote_peers, m->n_remote_peers) < 0) {
-		tpd_listener_registry_remove(&s->d->registry, l);
+		tpd_listener_registry_remove(reg, l);
 		r = -ENOMEM;
 	}
 	if (r < 0) {
@@ -194,7 +193,7 @@ static void handle_listen(struct tpd_session *s, const Tpw__V1__Listen *m)
 		else if (r == -ENOBUFS)
 			snprintf(why, sizeof(why), "listener limit of %u per client reached (tpipd "
 				 "--listeners-max)",
-				 s->d->cfg.listeners_max);
+				 tpd_daemon_cfg(s->d)->listeners_max);
 		else
 			snprintf(why, sizeof(why), "cannot listen on '%s': %s", m->name,
 				 strerror(-r));
@@ -215,19 +214,20 @@ static void handle_listen(struct tpd_session *s, const Tpw__V1__Listen *m)
 
 static void handle_listener_close(struct tpd_session *s, const Tpw__V1__ListenerClose *m)
 {
-	struct tpd_listener *l = tpd_listener_registry_find_id(&s->d->registry, m->listener_id);
+	struct tpd_registry *reg = tpd_daemon_registry(s->d);
+	struct tpd_listener *l = tpd_listener_registry_find_id(reg, m->listener_id);
 
 	if (!l || l->owner != s)
 		return; /* already gone: closing is idempotent */
 	tpd_session_log(s, TPU_LOG_INFO, "stopped listening on '%s'", l->name);
-	tpd_listener_registry_remove(&s->d->registry, l);
+	tpd_listener_registry_remove(reg, l);
 	s->n_listeners--;
 }
 
 static int buffer_check(struct tpd_session *s, const Tpw__V1__BufferRegister *m, char *why,
 			size_t wl)
 {
-	const struct tpd_config *cfg = &s->d->cfg;
+	const struct tpd_config *cfg = tpd_daemon_cfg(s->d);
 
 	if (tpu_hmap_get(&s->buffers, m->buf_id) || m->buf_id == 0) {
 		snprintf(why, wl, "buffer id %llu in use or invalid",
@@ -553,37 +553,23 @@ static bool state_allows(struct tpd_session *s, const struct sessmsg_cmd *cmd)
 	return true;
 }
 
-int tpd_sessmsg_handle(struct tpd_session *s, const struct tpw_hdr *h, const uint8_t *body)
+int tpd_sessmsg_handle(struct tpd_session *s, const struct tpw_hdr *h, const uint8_t *body,
+		       int frame_fd)
 {
 	Tpw__V1__ClientMsg *m = NULL;
-	_cleanup_close_ int fd = -EBADF;
+	_cleanup_close_ int fd = frame_fd;
 	struct sessmsg_in in = { .h = h, .tail = body + h->msg_len, .fd = &fd };
 	const struct sessmsg_cmd *cmd;
 	char why[256];
 	int r;
 
-	if (h->nfds > s->n_fdq && s->ring)
-		tpd_session_ring_take_side(s); /* the client sent them before writing this frame */
-	if (h->nfds > s->n_fdq) {
-		tpd_session_fail(s, TPU_LOG_WARNING, TPW__V1__STATUS__STATUS_PEER_DIED,
-				 "frame %llu announces %u fds, %u received",
-				 (unsigned long long)h->seq, h->nfds, s->n_fdq);
-		return -EBADMSG;
-	}
-	if (h->nfds) {
-		fd = s->fdq[0];
-		for (unsigned i = 1; i < h->nfds; i++)
-			tpu_close(s->fdq[i]);
-		memmove(s->fdq, s->fdq + h->nfds, (s->n_fdq - h->nfds) * sizeof(int));
-		s->n_fdq -= h->nfds;
-	}
 	r = tpw_client_msg_unpack(body, h->msg_len, &m);
 	if (r < 0) {
 		tpd_session_fail(s, TPU_LOG_WARNING, TPW__V1__STATUS__STATUS_PEER_DIED,
 				 "frame %llu does not decode", (unsigned long long)h->seq);
 		return r;
 	}
-	r = tpw_client_msg_validate(m, h, &s->d->limits, why, sizeof(why));
+	r = tpw_client_msg_validate(m, h, tpd_daemon_limits(s->d), why, sizeof(why));
 	cmd = sessmsg_cmd(m);
 	if (r == 0 && !state_allows(s, cmd)) {
 		snprintf(why, sizeof(why), "message type %d not allowed now", (int)m->body_case);

@@ -2,8 +2,8 @@
 /*
  * tpd_sessmsg: what the frames of an attached client mean: unpacking, validation, the check
  * against the session's state, and the handlers of client messages (Hello, RingSetup, listeners,
- * shared buffers; the rest is handed to pipes, ctl and devmem). The connection itself (reading,
- * frame boundaries, the fd queue, output, control rings, the session's life) is session.c's.
+ * shared buffers; the rest is handed to pipes, ctl and devmem). The connection (reading, frame
+ * boundaries, the fd queue, output, control rings) is conn.c's, the session's life session.c's.
  */
 #ifndef TPD_SESSMSG_H
 #define TPD_SESSMSG_H
@@ -24,13 +24,16 @@ typedef void tpd_sessmsg_ctl_fn(struct tpd_session *s, const Tpw__V1__CtlRequest
 void tpd_sessmsg_set_ctl(tpd_sessmsg_ctl_fn *fn);
 
 /*
- * tpd_sessmsg_handle() - handle one complete frame of @s: take the fds it announces from @s's
- * fd queue, unpack and validate its message, check it against @s's state, and dispatch it.
+ * tpd_sessmsg_handle() - handle one complete frame of @s: unpack and validate its message,
+ * check it against @s's state, and dispatch it.
  * @h: the frame's parsed header (borrowed).
  * @body: borrowed, for the call only: the message (@h->msg_len bytes) followed by its data
  * tail (@h->data_len bytes).
+ * @frame_fd: the fd the frame announced (conn.c took it from the fd queue), or -EBADF; takes
+ * @frame_fd (also on failure): a handler keeps it or it is closed.
  * Return: 0, or < 0 after failing @s (tpd_session_fail()).
  */
-int tpd_sessmsg_handle(struct tpd_session *s, const struct tpw_hdr *h, const uint8_t *body);
+int tpd_sessmsg_handle(struct tpd_session *s, const struct tpw_hdr *h, const uint8_t *body,
+		       int frame_fd);
 
 #endif

@@ -231,6 +231,12 @@ static void substitute(const struct run *r, uint8_t *buf, size_t len)
 	}
 }
 
+/* Sessions still attached (the local part's count). */
+static unsigned sessions_left(void)
+{
+	return tpd_local_session_count(tpd_daemon_local(daemon_));
+}
+
 /* After everything closed: every link, accepted connection, pipe, session and listener must go
  * within the deadline. */
 static void check_all_gone(void)
@@ -239,7 +245,7 @@ static void check_all_gone(void)
 
 	while (daemon_->n_peers || !tpu_list_empty(&daemon_->peer_conns) ||
 	       !tpu_list_empty(&daemon_->data_dials) ||
-	       tpd_broker_pipe_count(tpd_daemon_broker(daemon_)) || daemon_->n_sessions ||
+	       tpd_broker_pipe_count(tpd_daemon_broker(daemon_)) || sessions_left() ||
 	       daemon_->registry.count) {
 		if (tpu_now_ns() > deadline) {
 			fprintf(stderr,
@@ -248,7 +254,7 @@ static void check_all_gone(void)
 				daemon_->n_peers, tpu_list_empty(&daemon_->peer_conns) ? "no" : "some",
 				tpu_list_empty(&daemon_->data_dials) ? "no" : "some",
 				tpd_broker_pipe_count(tpd_daemon_broker(daemon_)),
-				daemon_->n_sessions, daemon_->registry.count);
+				sessions_left(), daemon_->registry.count);
 			abort();
 		}
 		loop_passes(NULL, 1);

@@ -70,20 +70,25 @@ static int attach_client(void)
 	return sv[1];
 }
 
+/* Sessions still attached (the local part's count). */
+static unsigned sessions_left(void)
+{
+	return tpd_local_session_count(tpd_daemon_local(daemon_));
+}
+
 /* After the clients hung up: every session, pipe and listener must go within the deadline. */
 static void check_all_gone(void)
 {
 	int none[CLIENTS] = { -1, -1, -1 };
 	uint64_t deadline = tpu_now_ns() + DRAIN_DEADLINE_NS;
 
-	while (daemon_->n_sessions || tpd_broker_pipe_count(tpd_daemon_broker(daemon_)) ||
+	while (sessions_left() || tpd_broker_pipe_count(tpd_daemon_broker(daemon_)) ||
 	       daemon_->registry.count) {
 		if (tpu_now_ns() > deadline) {
 			fprintf(stderr,
 				"fuzz_session: %u sessions, %u pipes, %u listeners left after every "
 				"client hung up\n",
-				daemon_->n_sessions,
-				tpd_broker_pipe_count(tpd_daemon_broker(daemon_)),
+				sessions_left(), tpd_broker_pipe_count(tpd_daemon_broker(daemon_)),
 				daemon_->registry.count);
 			abort();
 		}

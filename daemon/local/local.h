@@ -1,0 +1,91 @@
+/* SPDX-License-Identifier: BSD-3-Clause */
+/*
+ * tpd_local: the state of the local part as a whole (daemon/local/): the list of attached
+ * sessions and their ids, the scratch buffer frames are packed in on their way into a control
+ * ring, and the spin loop that polls busy control rings between events. The daemon (core/)
+ * creates and frees it and reaches the sessions only through the functions below (counting,
+ * iterating and finding them for tpipctl, metrics and the broker); what one session does is
+ * session.h's and conn.h's.
+ */
+#ifndef TPD_LOCAL_H
+#define TPD_LOCAL_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+#include "tpw.pb-c.h"
+
+struct tpd_daemon;
+struct tpd_local;
+struct tpd_session;
+
+/*
+ * tpd_local_new() - create the local part's state for @d: no session yet, the spin loop idle.
+ * @d: borrowed; must outlive the result (its event base and settings are read through it).
+ * @ret: returns owned state, free with tpd_local_free().
+ * Return: 0 or -ENOMEM.
+ */
+int tpd_local_new(struct tpd_daemon *d, struct tpd_local **ret);
+
+/*
+ * tpd_local_free() - close every session still attached (tpd_local_stop()), then free @l.
+ * Accepts NULL.
+ */
+void tpd_local_free(struct tpd_local *l);
+
+/* Closes and frees every session of @l (borrowed) at once, failing its pipes with
+ * STATUS_SHUTDOWN (the daemon stops). Accepts NULL. */
+void tpd_local_stop(struct tpd_local *l);
+
+/* Number of attached sessions, dead ones not yet freed included. Borrows @l. */
+unsigned tpd_local_session_count(const struct tpd_local *l);
+
+/*
+ * tpd_local_session_next() - iterate @l's sessions in attach order: the first with @prev NULL,
+ * then the one after @prev (borrowed, still attached).
+ * Return: borrowed session, valid until it is freed (from its close event, or by
+ * tpd_local_stop()); NULL past the last.
+ */
+struct tpd_session *tpd_local_session_next(struct tpd_local *l, struct tpd_session *prev);
+
+#define tpd_local_for_each_session(s, l)                                                         \
+	for ((s) = tpd_local_session_next((l), NULL); (s); (s) = tpd_local_session_next((l), (s)))
+
+/*
+ * tpd_local_session_find() - the live session of @l (borrowed) numbered @id.
+ * Return: borrowed session, or NULL if none or it is dead (closing).
+ */
+struct tpd_session *tpd_local_session_find(struct tpd_local *l, uint64_t id);
+
+/*
+ * tpd_local_spin_kick() - a control ring moved: poll every ring session of @l (borrowed) from
+ * the event loop (between other events) until none moves for the spin budget (--spin-us,
+ * adaptive), then set the rings' sleeping flags so that clients ring the doorbell, and sleep in
+ * the event loop.
+ * Never polls from inside the call (the caller may be parsing a frame).
+ */
+void tpd_local_spin_kick(struct tpd_local *l);
+
+/*
+ * For session.c and conn.c only.
+ */
+
+/*
+ * tpd_local_session_add() - number @s (borrowed; @l keeps it on its list until
+ * tpd_local_session_remove()) and count it.
+ * Return: the session's id, from 1 up, never reused.
+ */
+uint64_t tpd_local_session_add(struct tpd_local *l, struct tpd_session *s);
+
+/* Takes @s off @l's list and count (borrows both). */
+void tpd_local_session_remove(struct tpd_local *l, struct tpd_session *s);
+
+/*
+ * tpd_local_scratch() - @l's scratch buffer, frames are packed in it before they are copied
+ * into a control ring; grown to at least @len bytes.
+ * Return: borrowed buffer of @l, valid until the next call or tpd_local_free(); NULL if it
+ * cannot grow (the caller queues the frame instead).
+ */
+uint8_t *tpd_local_scratch(struct tpd_local *l, size_t len);
+
+#endif
