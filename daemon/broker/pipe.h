@@ -51,6 +51,7 @@ struct tpd_pipe_end {
 	Tpw__V1__Status owed;
 	uint64_t owed_session;
 	bool remote;		     /* the end is on another host, behind the pipe's peer link */
+	bool dropped; /* remote writer: the reader's daemon refused one of its eager messages */
 	/* Flow control: room in this end's write window not yet returned to its client
 	 * (FlowCredit, sent at the end of the loop pass while linked in the broker's
 	 * flow_dirty). */

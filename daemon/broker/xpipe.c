@@ -74,11 +74,14 @@ void tpd_xpipe_listener_added(struct tpd_daemon *d, const char *name)
 /*
  * The same queue limits as for a local writer (pipe-queue-max, pipe-queue-bytes): a message of
  * remote writer end @w over them is refused back to the writer's daemon (its write fails with
- * STATUS_LIMIT) and never queued here, whatever that daemon let its client write. Logged at most
- * once a second: the peer sends at will. Return: true if refused.
+ * STATUS_LIMIT) and never queued here, whatever that daemon let its client write. Once an
+ * eager message was refused (its write completed on the writer's host, so the pipe fails there),
+ * every later message of @w is refused too, whatever room frees meanwhile: the reader must never
+ * read message N+1 where N was dropped. Logged at most once a second: the peer sends at will.
+ * Return: true if refused.
  */
 static bool remote_queue_full(struct tpd_pipe *p, struct tpd_pipe_end *w, uint64_t msg_id,
-			      uint32_t tail_len, size_t n_seg)
+			      bool eager, uint32_t tail_len, size_t n_seg)
 {
 	static struct tpd_ratelog log;
 	const struct tpd_config *cfg = tpd_daemon_cfg(p->d);
@@ -87,7 +90,10 @@ static bool remote_queue_full(struct tpd_pipe *p, struct tpd_pipe_end *w, uint64
 	char why[224];
 	unsigned suppressed;
 
-	if (w->queued >= cfg->pipe_queue_max)
+	if (w->dropped)
+		snprintf(why, sizeof(why), "an earlier message of this pipe was dropped on the "
+			 "reader's host");
+	else if (w->queued >= cfg->pipe_queue_max)
 		snprintf(why, sizeof(why), "pipe queue full on the reader's host: %u unread messages "
 			 "(limit %u, tpipd --pipe-queue-max)", w->queued, cfg->pipe_queue_max);
 	else if (w->queued_bytes + tail_len > cfg->pipe_queue_bytes)
@@ -105,6 +111,7 @@ static bool remote_queue_full(struct tpd_pipe *p, struct tpd_pipe_end *w, uint64
 	else
 		return false;
 	q->remote_refused++;
+	w->dropped |= eager;
 	if (tpd_quota_ratelog_ok(&log, 1000, &suppressed))
 		tpd_pipe_log(p, NULL, TPU_LOG_WARNING, "remote message %llu refused: %s (%u more "
 			     "refused since the last such line)", (unsigned long long)msg_id, why,
@@ -124,7 +131,8 @@ void tpd_xpipe_peer_descriptor(struct tpd_pipe *p, const Tpw__V1__Descriptor *dd
 
 	if (!r->session || tpd_pipe_end_dying(w) || p->connecting)
 		return; /* the reader left: the writer's daemon learns it from our PipeClose */
-	if (remote_queue_full(p, w, dd->msg_id, tail_len, dd->n_payloads + dd->n_tensors))
+	if (remote_queue_full(p, w, dd->msg_id, dd->eager, tail_len,
+			      dd->n_payloads + dd->n_tensors))
 		return;
 	m = calloc(1, sizeof(*m));
 	if (m)
