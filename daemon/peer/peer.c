@@ -35,10 +35,15 @@
 #include "stripe.h"
 #include "validate.h"
 
-static const char *const state_names[] = { "connecting", "handshake", "handshake", "handshake",
-					   "up", "failed" };
-
 /* ---- helpers ------------------------------------------------------------------------------- */
+
+const char *tpd_peer_state_name(const struct tpd_peer *pr)
+{
+	static const char *const names[] = { "connecting", "handshake", "handshake", "handshake",
+					     "up", "failed" };
+
+	return names[pr->state];
+}
 
 void tpd_peer_sockaddr_text(const struct sockaddr *sa, char *buf, size_t len, bool with_port)
 {
@@ -581,7 +586,7 @@ static void peer_on_timer(evutil_socket_t fd, short what, void *arg)
 	}
 	if (pr->state != PEER_UP) {
 		tpd_peer_fail(pr, -ETIMEDOUT, "no link within %u ms (stuck in %s)",
-			      d->cfg.peer_connect_timeout_ms, state_names[pr->state]);
+			      d->cfg.peer_connect_timeout_ms, tpd_peer_state_name(pr));
 		return;
 	}
 	if (now - pr->last_rx_ns > (uint64_t)d->cfg.peer_timeout_ms * 1000000ull) {
@@ -768,7 +773,7 @@ static void say_goodbye(struct tpd_peer *pr)
 	m.body_case = TPW__V1__PEER_MSG__BODY_PIPE_CLOSE;
 	m.pipe_close = &pc;
 	while (tpu_hmap_next(&pr->pipes, &i, &key, &val)) {
-		pc.pipe_id = pipe_ops->remote_id(val);
+		pc.pipe_id = tpd_peer_pipe_ops()->remote_id(val);
 		if (!pc.pipe_id)
 			continue;
 		tpd_peer_send_now(pr, &m);
@@ -855,7 +860,7 @@ int tpd_peers_ctl(struct tpd_daemon *d, Tpw__V1__CtlPeer ***ret, size_t *n)
 		e->id = pr->id;
 		e->address = pr->key;
 		e->host = pr->host;
-		e->state = (char *)state_names[pr->state];
+		e->state = (char *)tpd_peer_state_name(pr);
 		e->outgoing = pr->outgoing;
 		e->data_conns = pr->stripe ? tpd_stripe_conns(pr->stripe) : 0;
 		e->rtt_us = pr->rtt_us;

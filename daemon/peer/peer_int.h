@@ -112,6 +112,9 @@ struct data_dial {
 
 /* ---- peer.c -------------------------------------------------------------------------------- */
 
+/* The state of @pr as tpipctl and log lines name it. Borrows @pr. Return: a static string. */
+const char *tpd_peer_state_name(const struct tpd_peer *pr);
+
 /*
  * tpd_peer_sockaddr_text() - @sa as "IP" or, with @with_port, "IP:PORT" ("[IPV6]:PORT"); an
  * IPv4-mapped IPv6 address reads as IPv4, a link-local one with its zone ("fe80::1%eth0").
