@@ -7,8 +7,9 @@
  * keepalives and declares a silent peer dead, and dispatches the pipe messages it receives
  * through the pipe ops the broker registered (struct tpd_peer_pipe_ops). A failed link fails
  * every pipe over it and is gone; the next connect to that host dials a new one. The module is
- * peer.c (lifetime, control connection), peermsg.c (what its frames mean), peerhs.c
- * (handshake) and peerlisten.c (listener), sharing the private peer_int.h.
+ * peers.c (the part's start, stop and tpipctl snapshot), peer.c (a link's lifetime, control
+ * connection), peermsg.c (what its frames mean), peerhs.c (handshake), peerdial.c (dial) and
+ * peerlisten.c (listener), sharing the private peer_int.h.
  */
 #ifndef TPD_PEER_H
 #define TPD_PEER_H
