@@ -73,6 +73,11 @@ bool tpd_daemon_stopping(const struct tpd_daemon *d)
 	return d->stopping;
 }
 
+struct tpd_peers *tpd_daemon_peers(const struct tpd_daemon *d)
+{
+	return d->peers;
+}
+
 /* Refuses to take over a socket another daemon is serving; removes a stale one. */
 static int socket_take_path(const struct sockaddr_un *sun)
 {
@@ -568,6 +573,9 @@ int tpd_daemon_new(const struct tpd_config *cfg, struct tpd_daemon **ret)
 		goto fail;
 	tpd_ctl_start(); /* sessions hand CtlRequest up through the handler it registers */
 	tpd_xpipe_start(); /* the peer part calls the broker through its pipe ops */
+	r = tpd_peers_new(d, &d->peers);
+	if (r < 0)
+		goto fail;
 	r = tpd_peers_start(d);
 	if (r < 0)
 		goto fail;
@@ -631,8 +639,6 @@ void tpd_daemon_free(struct tpd_daemon *d)
 		event_free(d->ev_accept);
 	if (d->ev_accept_resume)
 		event_free(d->ev_accept_resume);
-	if (d->ev_peer_accept_resume)
-		event_free(d->ev_peer_accept_resume);
 	if (d->ev_drain)
 		event_free(d->ev_drain);
 	if (d->ev_spin)
@@ -642,7 +648,8 @@ void tpd_daemon_free(struct tpd_daemon *d)
 	if (d->socket_bound)
 		unlink(d->socket_path);
 	tpu_close(d->listen_fd);
-	tpd_peer_dial_dns_free(d);
+	tpd_peers_free(d->peers); /* after every other event: it runs the loop once */
+	d->peers = NULL;
 	if (d->base)
 		event_base_free(d->base);
 	free(d->scratch);

@@ -10,14 +10,13 @@
 #include <event2/event.h>
 #include "config.h"
 #include "copier.h"
-#include "peerauth.h"
 #include "listener.h"
 #include "quota.h"
 #include "stats.h"
 #include "ring.h"
 #include "tpu.h"
 
-struct tpd_peertls;
+struct tpd_peers;
 
 struct tpd_daemon {
 	struct tpd_config cfg;
@@ -64,28 +63,9 @@ struct tpd_daemon {
 	struct tpd_stats stats;
 	struct tpd_metrics *metrics; /* NULL when off */
 
-	/* Peer links (peer.c, peerhs.c, peerlisten.c). */
+	/* Peer links (peer/). */
 	struct tpd_gdr *gdr; /* cuda_gdr ports (gdr.c) */
-	struct tpu_list peers;
-	struct tpu_list peer_flushq; /* peers with control frames to send at the end of the pass */
-	unsigned n_peers;
-	uint64_t next_peer_id;
-	struct tpu_list peer_conns; /* accepted, first frame not read yet */
-	struct tpu_list data_dials; /* data connections being dialled */
-	int peer_fd;
-	struct event *ev_peer_accept;
-	struct event *ev_peer_accept_resume; /* accepts paused (EMFILE); freed by the daemon */
-	struct tpd_ratelog peer_accept_log;
-	char peer_listen_addr[80];  /* bound address, "" when off */
-	uint16_t peer_port_bound;
-	char hostname[256];
-	uint8_t boot_id[16];
-	char boot_id_hex[33];
-	uint64_t instance;
-	struct tpd_peer_key peer_key;
-	bool peer_keyed;
-	struct tpd_peertls *peer_tls; /* NULL: no authentication configured, or --peer-insecure */
-	struct evdns_base *dns;	    /* created on first dial */
+	struct tpd_peers *peers; /* the peer part's own state (tpd_peers_new()) */
 };
 
 /*
@@ -142,5 +122,7 @@ struct tpd_quota *tpd_daemon_quota(struct tpd_daemon *d);
 struct tpd_copier *tpd_daemon_copier(const struct tpd_daemon *d);
 /* True once a graceful stop began. */
 bool tpd_daemon_stopping(const struct tpd_daemon *d);
+/* The peer part (peer/, tpd_peers_new()); NULL before it is made. */
+struct tpd_peers *tpd_daemon_peers(const struct tpd_daemon *d);
 
 #endif

@@ -200,7 +200,7 @@ static struct evbuffer *peer_outq(struct tpd_peer *pr)
 	if (!pr->pend && !(pr->pend = evbuffer_new()))
 		return NULL;
 	if (!pr->flush_queued) {
-		tpu_list_insert_tail(&pr->d->peer_flushq, &pr->flush_node);
+		tpu_list_insert_tail(&pr->peers->flushq, &pr->flush_node);
 		pr->flush_queued = true;
 	}
 	return pr->pend;
@@ -257,10 +257,11 @@ static void peer_flush(struct tpd_peer *pr)
 
 void tpd_peers_flush(struct tpd_daemon *d)
 {
+	struct tpd_peers *ps = tpd_daemon_peers(d);
 	struct tpd_peer *pr;
 
-	while (!tpu_list_empty(&d->peer_flushq)) {
-		pr = tpu_list_first(&d->peer_flushq, struct tpd_peer, flush_node);
+	while (!tpu_list_empty(&ps->flushq)) {
+		pr = tpu_list_first(&ps->flushq, struct tpd_peer, flush_node);
 		tpu_list_remove(&pr->flush_node);
 		pr->flush_queued = false;
 		peer_flush(pr);
@@ -302,7 +303,7 @@ void tpd_peer_send_now(struct tpd_peer *pr, Tpw__V1__PeerMsg *m)
 
 void tpd_peer_teardown(struct tpd_peer *pr)
 {
-	struct tpd_daemon *d = pr->d;
+	struct tpd_peers *ps = pr->peers;
 	size_t n = pr->pipes.len, i = 0, k = 0;
 	struct tpd_pipe **v = calloc(n + 1, sizeof(*v));
 	uint64_t key;
@@ -314,7 +315,7 @@ void tpd_peer_teardown(struct tpd_peer *pr)
 	pr->stripe = NULL;
 	tpd_gdr_link_free(pr->gdr);
 	pr->gdr = NULL;
-	pipe_ops->waits_drop(d, pr);
+	pipe_ops->waits_drop(ps->d, pr);
 	while (v && tpu_hmap_next(&pr->pipes, &i, &key, &val))
 		v[k++] = val;
 	for (i = 0; i < k; i++)
@@ -335,7 +336,7 @@ void tpd_peer_teardown(struct tpd_peer *pr)
 	if (pr->ev_close)
 		event_free(pr->ev_close);
 	tpu_list_remove(&pr->node);
-	d->n_peers--;
+	ps->n_links--;
 	free(pr);
 }
 
@@ -369,35 +370,36 @@ static void peer_on_stripe_error(struct tpd_stripe *st, int err, const char *why
 
 static int peer_make_stripe(struct tpd_peer *pr)
 {
+	const struct tpd_config *cfg = pr->peers->cfg;
 	struct tpd_stripe_config sc = { 0 };
 	char name[32];
 
 	snprintf(name, sizeof(name), "peer %llu", (unsigned long long)pr->id);
-	sc.chunk = pr->d->cfg.peer_chunk;
-	sc.send_size = pr->d->cfg.peer_send_size;
+	sc.chunk = cfg->peer_chunk;
+	sc.send_size = cfg->peer_send_size;
 	sc.name = name;
 	sc.on_error = peer_on_stripe_error;
 	sc.arg = pr;
-	return tpd_stripe_new(pr->d->base, &sc, &pr->stripe);
+	return tpd_stripe_new(pr->peers->base, &sc, &pr->stripe);
 }
 
 static void peer_on_timer(evutil_socket_t fd, short what, void *arg);
 
-struct tpd_peer *tpd_peer_new(struct tpd_daemon *d, bool outgoing, const char *key)
+struct tpd_peer *tpd_peer_new(struct tpd_peers *ps, bool outgoing, const char *key)
 {
 	struct tpd_peer *pr = calloc(1, sizeof(*pr));
 
 	if (!pr)
 		return NULL;
-	pr->d = d;
-	pr->id = ++d->next_peer_id;
+	pr->peers = ps;
+	pr->id = ++ps->next_id;
 	pr->outgoing = outgoing;
 	pr->created_ns = pr->last_rx_ns = tpu_now_ns();
 	snprintf(pr->key, sizeof(pr->key), "%s", key);
 	tpu_hmap_init(&pr->pipes);
 	tpu_hmap_init(&pr->xfers);
-	pr->ev_timer = evtimer_new(d->base, peer_on_timer, pr);
-	pr->ev_close = event_new(d->base, -1, 0, peer_on_close, pr);
+	pr->ev_timer = evtimer_new(ps->base, peer_on_timer, pr);
+	pr->ev_close = event_new(ps->base, -1, 0, peer_on_close, pr);
 	if (!pr->ev_timer || !pr->ev_close || peer_make_stripe(pr) < 0) {
 		tpd_stripe_free(pr->stripe);
 		if (pr->ev_timer)
@@ -407,8 +409,8 @@ struct tpd_peer *tpd_peer_new(struct tpd_daemon *d, bool outgoing, const char *k
 		free(pr);
 		return NULL;
 	}
-	tpu_list_insert_tail(&d->peers, &pr->node);
-	d->n_peers++;
+	tpu_list_insert_tail(&ps->links, &pr->node);
+	ps->n_links++;
 	return pr;
 }
 
@@ -426,7 +428,7 @@ void tpd_peer_timer_arm_ms(struct event *ev, uint32_t ms)
  * handled, 0 if more bytes are needed, < 0 on a violation (the link failed). */
 static int read_one(struct tpd_peer *pr, struct evbuffer *in)
 {
-	struct tpd_daemon *d = pr->d;
+	struct tpd_peers *ps = pr->peers;
 	struct tpw_hdr h;
 	Tpw__V1__PeerMsg *m = NULL;
 	uint8_t *p;
@@ -437,7 +439,7 @@ static int read_one(struct tpd_peer *pr, struct evbuffer *in)
 	if (evbuffer_get_length(in) < TPW_HDR_SIZE)
 		return 0;
 	p = evbuffer_pullup(in, TPW_HDR_SIZE);
-	r = tpw_hdr_parse(p, d->limits.frame_max, &h);
+	r = tpw_hdr_parse(p, ps->limits->frame_max, &h);
 	if (r < 0) {
 		tpd_peer_fail(pr, -EPROTO, "bad frame header (%s)", strerror(-r));
 		return r;
@@ -452,7 +454,7 @@ static int read_one(struct tpd_peer *pr, struct evbuffer *in)
 	}
 	r = tpw_peer_msg_unpack(p + TPW_HDR_SIZE, h.msg_len, &m);
 	if (r == 0)
-		r = tpw_peer_msg_validate(m, &h, &d->limits, why, sizeof(why));
+		r = tpw_peer_msg_validate(m, &h, ps->limits, why, sizeof(why));
 	else
 		snprintf(why, sizeof(why), "message does not decode");
 	if (r < 0) {
@@ -484,7 +486,7 @@ static void peer_on_event(struct bufferevent *bev, short what, void *arg);
  * plain bufferevent closes its own). Return: 0 or -errno. */
 static int dial_tls_start(struct tpd_peer *pr)
 {
-	SSL *ssl = tpd_peertls_ssl_new(pr->d->peer_tls, false, pr->dial_host);
+	SSL *ssl = tpd_peertls_ssl_new(pr->peers->tls, false, pr->dial_host);
 	int fd = ssl ? fcntl(bufferevent_getfd(pr->bev), F_DUPFD_CLOEXEC, 3) : -1;
 	struct bufferevent *bev;
 
@@ -492,7 +494,7 @@ static int dial_tls_start(struct tpd_peer *pr)
 		SSL_free(ssl);
 		return -ENOMEM;
 	}
-	bev = bufferevent_openssl_socket_new(pr->d->base, fd, ssl, BUFFEREVENT_SSL_CONNECTING,
+	bev = bufferevent_openssl_socket_new(pr->peers->base, fd, ssl, BUFFEREVENT_SSL_CONNECTING,
 					     BEV_OPT_CLOSE_ON_FREE);
 	if (!bev) {
 		SSL_free(ssl);
@@ -540,7 +542,7 @@ static void peer_on_event(struct bufferevent *bev, short what, void *arg)
 			tpd_peerdial_connected(pr);
 			setsockopt(bufferevent_getfd(bev), IPPROTO_TCP, TCP_NODELAY, &one,
 				   sizeof(one));
-			if (pr->d->peer_tls) {
+			if (pr->peers->tls) {
 				err = dial_tls_start(pr);
 				if (err < 0)
 					tpd_peer_fail(pr, err, "out of memory");
@@ -576,7 +578,8 @@ static void peer_on_event(struct bufferevent *bev, short what, void *arg)
 static void peer_on_timer(evutil_socket_t fd, short what, void *arg)
 {
 	struct tpd_peer *pr = arg;
-	struct tpd_daemon *d = pr->d;
+	struct tpd_peers *ps = pr->peers;
+	const struct tpd_config *cfg = ps->cfg;
 	Tpw__V1__PeerPing p = TPW__V1__PEER_PING__INIT;
 	Tpw__V1__PeerMsg m = TPW__V1__PEER_MSG__INIT;
 	uint64_t now = tpu_now_ns();
@@ -587,31 +590,32 @@ static void peer_on_timer(evutil_socket_t fd, short what, void *arg)
 	}
 	if (pr->state != PEER_UP) {
 		tpd_peer_fail(pr, -ETIMEDOUT, "no link within %u ms (stuck in %s)",
-			      d->cfg.peer_connect_timeout_ms, tpd_peer_state_name(pr));
+			      cfg->peer_connect_timeout_ms, tpd_peer_state_name(pr));
 		return;
 	}
-	if (now - pr->last_rx_ns > (uint64_t)d->cfg.peer_timeout_ms * 1000000ull) {
+	if (now - pr->last_rx_ns > (uint64_t)cfg->peer_timeout_ms * 1000000ull) {
 		tpd_peer_fail(pr, -ECONNRESET, "peer daemon silent for %llu ms (timeout %u ms)",
 			      (unsigned long long)((now - pr->last_rx_ns) / 1000000ull),
-			      d->cfg.peer_timeout_ms);
+			      cfg->peer_timeout_ms);
 		return;
 	}
 	p.t_ns = now;
 	m.body_case = TPW__V1__PEER_MSG__BODY_PING;
 	m.ping = &p;
 	tpd_peer_send(pr, &m, NULL, 0);
-	tpd_peer_timer_arm_ms(pr->ev_timer, TPU_MAX(d->cfg.peer_timeout_ms / 3, 100u));
+	tpd_peer_timer_arm_ms(pr->ev_timer, TPU_MAX(cfg->peer_timeout_ms / 3, 100u));
 }
 
 int tpd_peer_bev_setup(struct tpd_peer *pr, int fd, SSL *ssl)
 {
 	if (ssl) {
-		pr->bev = bufferevent_openssl_socket_new(pr->d->base, fd, ssl, BUFFEREVENT_SSL_OPEN,
+		pr->bev = bufferevent_openssl_socket_new(pr->peers->base, fd, ssl,
+							 BUFFEREVENT_SSL_OPEN,
 							 BEV_OPT_CLOSE_ON_FREE);
 		if (pr->bev)
 			bufferevent_openssl_set_allow_dirty_shutdown(pr->bev, 1);
 	} else {
-		pr->bev = bufferevent_socket_new(pr->d->base, fd, BEV_OPT_CLOSE_ON_FREE);
+		pr->bev = bufferevent_socket_new(pr->peers->base, fd, BEV_OPT_CLOSE_ON_FREE);
 	}
 	if (!pr->bev)
 		return -ENOMEM;
@@ -639,28 +643,29 @@ static bool peer_serves(struct tpd_peer *pr, const char *key, const char *host, 
 int tpd_peer_get(struct tpd_daemon *d, const char *host, uint16_t port, struct tpd_peer **ret,
 		 char *why, size_t wl)
 {
+	struct tpd_peers *ps = tpd_daemon_peers(d);
 	struct tpd_peer *pr;
 	char key[300];
 
 	snprintf(key, sizeof(key), strchr(host, ':') ? "[%s]:%u" : "%s:%u", host, port);
-	tpu_list_for_each(pr, &d->peers, node)
+	tpu_list_for_each(pr, &ps->links, node)
 		if (peer_serves(pr, key, host, port)) {
 			*ret = pr;
 			return 0;
 		}
-	if (d->stopping) {
+	if (tpd_daemon_stopping(d)) {
 		snprintf(why, wl, "daemon stopping");
 		return -ESHUTDOWN;
 	}
-	if (!d->peer_tls && !d->cfg.peer_insecure) {
+	if (!ps->tls && !ps->cfg->peer_insecure) {
 		snprintf(why, wl, "this daemon has no peer authentication configured (peer-key-file, "
 				  "or peer-cert with peer-cert-key and peer-ca): it cannot reach "
 				  "other hosts");
 		return -EACCES;
 	}
-	if (!tpd_peerlisten_admit_dial(d, why, wl))
+	if (!tpd_peerlisten_admit_dial(ps, why, wl))
 		return -ENOBUFS;
-	pr = tpd_peer_new(d, true, key);
+	pr = tpd_peer_new(ps, true, key);
 	if (!pr) {
 		snprintf(why, wl, "out of memory");
 		return -ENOMEM;

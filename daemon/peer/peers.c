@@ -1,10 +1,12 @@
 /* SPDX-License-Identifier: BSD-3-Clause */
 /*
- * The peer part as a whole, as opposed to one link (peer.c): starting it (the key file, the TLS
- * context, the host identity, the peer listener) and stopping it (every link told goodbye and
- * failed, the listener and pending connections closed, the keys dropped), how links
+ * The peer part as a whole, as opposed to one link (peer.c): its state (struct tpd_peers, made
+ * and freed by the daemon) and what the rest of the daemon reads of it, starting it (the key
+ * file, the TLS context, the host identity, the peer listener) and stopping it (every link told
+ * goodbye and failed, the listener and pending connections closed, the keys dropped), how links
  * authenticate, and the tpipctl snapshot of every link. Everything here runs on the loop thread.
  */
+#include <event2/event.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -18,6 +20,91 @@
 #include "peerauth.h"
 #include "peertls.h"
 #include "stripe.h"
+
+/* ---- the part's state ---------------------------------------------------------------------- */
+
+int tpd_peers_new(struct tpd_daemon *d, struct tpd_peers **ret)
+{
+	struct tpd_peers *ps = calloc(1, sizeof(*ps));
+
+	if (!ps)
+		return -ENOMEM;
+	ps->d = d;
+	ps->cfg = tpd_daemon_cfg(d);
+	ps->base = tpd_daemon_base(d);
+	ps->limits = tpd_daemon_limits(d);
+	tpu_list_init(&ps->links);
+	tpu_list_init(&ps->flushq);
+	tpu_list_init(&ps->conns);
+	tpu_list_init(&ps->data_dials);
+	ps->listen_fd = -EBADF;
+	*ret = ps;
+	return 0;
+}
+
+static void peers_stop(struct tpd_peers *ps);
+
+void tpd_peers_free(struct tpd_peers *ps)
+{
+	if (!ps)
+		return;
+	peers_stop(ps);
+	if (ps->ev_accept_resume)
+		event_free(ps->ev_accept_resume);
+	tpd_peer_dial_dns_free(ps);
+	free(ps);
+}
+
+unsigned tpd_peers_count(const struct tpd_daemon *d)
+{
+	const struct tpd_peers *ps = tpd_daemon_peers(d);
+
+	return ps ? ps->n_links : 0;
+}
+
+unsigned tpd_peers_pending(const struct tpd_daemon *d, unsigned *ret_dials)
+{
+	const struct tpd_peers *ps = tpd_daemon_peers(d);
+	const struct tpu_list *n;
+	unsigned conns = 0, dials = 0;
+
+	if (ps) {
+		for (n = ps->conns.next; n != &ps->conns; n = n->next)
+			conns++;
+		for (n = ps->data_dials.next; n != &ps->data_dials; n = n->next)
+			dials++;
+	}
+	*ret_dials = dials;
+	return conns;
+}
+
+const char *tpd_peers_listen_addr(const struct tpd_daemon *d)
+{
+	const struct tpd_peers *ps = tpd_daemon_peers(d);
+
+	return ps ? ps->listen_addr : "";
+}
+
+uint16_t tpd_peers_port(const struct tpd_daemon *d)
+{
+	const struct tpd_peers *ps = tpd_daemon_peers(d);
+
+	return ps ? ps->port_bound : 0;
+}
+
+const char *tpd_peers_hostname(const struct tpd_daemon *d)
+{
+	const struct tpd_peers *ps = tpd_daemon_peers(d);
+
+	return ps ? ps->hostname : "";
+}
+
+const char *tpd_peers_host_id(const struct tpd_daemon *d)
+{
+	const struct tpd_peers *ps = tpd_daemon_peers(d);
+
+	return ps ? ps->boot_id_hex : "";
+}
 
 /* ---- start and stop ------------------------------------------------------------------------ */
 
@@ -34,25 +121,21 @@ static const struct tpd_gdr_link_ops peer_gdr_link_ops = {
 
 int tpd_peers_start(struct tpd_daemon *d)
 {
-	const struct tpd_config *c = &d->cfg;
+	struct tpd_peers *ps = tpd_daemon_peers(d);
+	const struct tpd_config *c = ps->cfg;
 	char why[300] = "";
 	int r;
 
 	tpd_gdr_set_link_ops(&peer_gdr_link_ops);
-	tpu_list_init(&d->peers);
-	tpu_list_init(&d->peer_flushq);
-	tpu_list_init(&d->peer_conns);
-	tpu_list_init(&d->data_dials);
-	d->peer_fd = -EBADF;
-	if (gethostname(d->hostname, sizeof(d->hostname) - 1) < 0)
-		snprintf(d->hostname, sizeof(d->hostname), "unknown");
-	r = tpd_peerauth_boot_id(d->boot_id);
+	if (gethostname(ps->hostname, sizeof(ps->hostname) - 1) < 0)
+		snprintf(ps->hostname, sizeof(ps->hostname), "unknown");
+	r = tpd_peerauth_boot_id(ps->boot_id);
 	if (r < 0)
 		tpu_log_warn("cannot read the boot id (%s): same-host peers are not recognised",
 			     strerror(-r));
-	for (size_t i = 0; i < sizeof(d->boot_id); i++)
-		snprintf(d->boot_id_hex + 2 * i, 3, "%02x", d->boot_id[i]);
-	r = tpd_peerauth_instance(&d->instance);
+	for (size_t i = 0; i < sizeof(ps->boot_id); i++)
+		snprintf(ps->boot_id_hex + 2 * i, 3, "%02x", ps->boot_id[i]);
+	r = tpd_peerauth_instance(&ps->instance);
 	if (r < 0)
 		return r;
 	if (c->peer_insecure && (c->peer_key_file[0] || c->peer_cert[0])) {
@@ -61,19 +144,19 @@ int tpd_peers_start(struct tpd_daemon *d)
 		return -EINVAL;
 	}
 	if (c->peer_key_file[0]) {
-		r = tpd_peerauth_key_load(c->peer_key_file, &d->peer_key, why, sizeof(why));
+		r = tpd_peerauth_key_load(c->peer_key_file, &ps->key, why, sizeof(why));
 		if (r < 0) {
 			tpu_log_err("peer key file: %s", why);
 			return r;
 		}
-		d->peer_keyed = true;
+		ps->keyed = true;
 	}
-	if (d->peer_keyed || c->peer_cert[0] || c->peer_cert_key[0] || c->peer_ca[0]) {
-		const struct tpd_peertls_config tc = { .key = d->peer_keyed ? &d->peer_key : NULL,
+	if (ps->keyed || c->peer_cert[0] || c->peer_cert_key[0] || c->peer_ca[0]) {
+		const struct tpd_peertls_config tc = { .key = ps->keyed ? &ps->key : NULL,
 						       .cert = c->peer_cert,
 						       .cert_key = c->peer_cert_key,
 						       .ca = c->peer_ca };
-		r = tpd_peertls_new(&tc, &d->peer_tls, why, sizeof(why));
+		r = tpd_peertls_new(&tc, &ps->tls, why, sizeof(why));
 		if (r < 0) {
 			tpu_log_err("peer authentication: %s", why);
 			return r;
@@ -81,7 +164,7 @@ int tpd_peers_start(struct tpd_daemon *d)
 	}
 	if (strcmp(c->peer_listen, "off") == 0 || !c->peer_listen[0])
 		return 0;
-	if (!d->peer_tls && !c->peer_insecure) {
+	if (!ps->tls && !c->peer_insecure) {
 		tpu_log_notice("peer listener on %s not opened: no peer authentication is configured, "
 			       "and this daemon never listens on the network without it. To peer "
 			       "with other hosts give every daemon the same key (head -c 32 "
@@ -95,7 +178,7 @@ int tpd_peers_start(struct tpd_daemon *d)
 		tpu_log_warn("peer links are INSECURE (--peer-insecure): no authentication and no "
 			     "encryption; any host that reaches the peer port can open pipes as a "
 			     "peer daemon. Use it on isolated test fabrics only");
-	r = tpd_peerlisten_open(d, c->peer_listen);
+	r = tpd_peerlisten_open(ps, c->peer_listen);
 	if (r < 0 && r != -EINVAL && strcmp(c->peer_listen, "*:7420") == 0) {
 		tpu_log_warn("peer listener on %s: %s; cross-host pipes can still be dialled from "
 			     "here, but other hosts cannot reach this daemon",
@@ -128,14 +211,13 @@ static void say_goodbye(struct tpd_peer *pr)
 	}
 }
 
-void tpd_peers_stop(struct tpd_daemon *d)
+/* Stops @ps (see tpd_peers_stop()); again, it finds nothing left to stop. */
+static void peers_stop(struct tpd_peers *ps)
 {
 	struct tpd_peer *pr, *tmp;
 	struct peer_conn *c, *ctmp;
 
-	if (!d->peers.next)
-		return;
-	tpu_list_for_each_safe(pr, tmp, &d->peers, node) {
+	tpu_list_for_each_safe(pr, tmp, &ps->links, node) {
 		if (pr->state == PEER_UP)
 			say_goodbye(pr);
 		if (pr->state != PEER_FAILED) {
@@ -145,36 +227,46 @@ void tpd_peers_stop(struct tpd_daemon *d)
 		pr->state = PEER_FAILED;
 		tpd_peer_teardown(pr);
 	}
-	tpu_list_for_each_safe(c, ctmp, &d->peer_conns, node)
+	tpu_list_for_each_safe(c, ctmp, &ps->conns, node)
 		tpd_peerlisten_conn_free(c);
-	while (!tpu_list_empty(&d->data_dials))
-		tpd_peerhs_data_dial_free(tpu_list_first(&d->data_dials, struct data_dial, node));
-	if (d->ev_peer_accept)
-		event_free(d->ev_peer_accept);
-	d->ev_peer_accept = NULL;
-	tpu_close(d->peer_fd);
-	d->peer_fd = -EBADF;
-	if (d->peer_keyed)
-		tpd_peerauth_key_done(&d->peer_key);
-	d->peer_keyed = false;
-	tpd_peertls_free(d->peer_tls);
-	d->peer_tls = NULL;
+	while (!tpu_list_empty(&ps->data_dials))
+		tpd_peerhs_data_dial_free(tpu_list_first(&ps->data_dials, struct data_dial, node));
+	if (ps->ev_accept)
+		event_free(ps->ev_accept);
+	ps->ev_accept = NULL;
+	tpu_close(ps->listen_fd);
+	ps->listen_fd = -EBADF;
+	if (ps->keyed)
+		tpd_peerauth_key_done(&ps->key);
+	ps->keyed = false;
+	tpd_peertls_free(ps->tls);
+	ps->tls = NULL;
+}
+
+void tpd_peers_stop(struct tpd_daemon *d)
+{
+	struct tpd_peers *ps = tpd_daemon_peers(d);
+
+	if (ps)
+		peers_stop(ps);
 }
 
 /* ---- tpipctl ------------------------------------------------------------------------------- */
 
 const char *tpd_peers_auth(const struct tpd_daemon *d)
 {
+	const struct tpd_peers *ps = tpd_daemon_peers(d);
+	const struct tpd_config *cfg = ps->cfg;
 	static const char *const names[2][3] = {
 		{ "tls: psk", "tls: certificates", "tls: psk, certificates" },
 		{ "tls: psk, data plaintext", "tls: certificates, data plaintext",
 		  "tls: psk, certificates, data plaintext" },
 	};
-	const struct tpd_peertls *t = d->peer_tls;
+	const struct tpd_peertls *t = ps->tls;
 
 	if (!t)
-		return d->cfg.peer_insecure ? "insecure" : "none";
-	return names[!d->cfg.peer_data_encryption][t->psk && t->certs ? 2 : t->certs ? 1 : 0];
+		return cfg->peer_insecure ? "insecure" : "none";
+	return names[!cfg->peer_data_encryption][t->psk && t->certs ? 2 : t->certs ? 1 : 0];
 }
 
 /* How @pr is protected, for tpipctl (see CtlPeer.security). */
@@ -191,16 +283,17 @@ static const char *peer_security(const struct tpd_peer *pr)
 
 int tpd_peers_ctl(struct tpd_daemon *d, Tpw__V1__CtlPeer ***ret, size_t *n)
 {
-	Tpw__V1__CtlPeer **v = calloc(d->n_peers + 1, sizeof(*v));
+	struct tpd_peers *ps = tpd_daemon_peers(d);
+	Tpw__V1__CtlPeer **v = calloc(ps->n_links + 1, sizeof(*v));
 	struct tpd_peer *pr;
 	size_t k = 0;
 	uint64_t now = tpu_now_ns();
 
 	if (!v)
 		return -ENOMEM;
-	tpu_list_for_each(pr, &d->peers, node) {
+	tpu_list_for_each(pr, &ps->links, node) {
 		Tpw__V1__CtlPeer *e = calloc(1, sizeof(*e));
-		if (!e || k >= d->n_peers) {
+		if (!e || k >= ps->n_links) {
 			free(e);
 			break;
 		}
