@@ -1,10 +1,10 @@
 /* SPDX-License-Identifier: BSD-3-Clause */
 /*
- * Private to the peer link files (peer.c, peerdial.c, peerhs.c, peerlisten.c, peermsg.c); not
- * installed and included nowhere else. Holds what they share: the link object, the accepted
- * connection whose first frame is not read yet, the data connection being dialled, the MAC
- * labels, and the functions one of these files calls in another. The rest of the daemon uses
- * peer.h only.
+ * Private to the peer link files (peers.c, peer.c, peerdial.c, peerhs.c, peerlisten.c,
+ * peermsg.c); not installed and included nowhere else. Holds what they share: the part's state
+ * (struct tpd_peers), the link object, the accepted connection whose first frame is not read
+ * yet, the data connection being dialled, and the functions one of these files calls in
+ * another. The rest of the daemon uses peer.h only.
  */
 #ifndef TPD_PEER_INT_H
 #define TPD_PEER_INT_H
@@ -68,8 +68,8 @@ struct tpd_peers {
 };
 
 struct tpd_peer {
-	struct tpu_list node;	  /* in peers->links */
-	struct tpd_peers *peers;  /* the part it belongs to */
+	struct tpu_list node;	 /* in peers->links */
+	struct tpd_peers *peers; /* the part it belongs to */
 	uint64_t id;
 	enum peer_state state;
 	bool outgoing;
