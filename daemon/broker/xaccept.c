@@ -52,7 +52,7 @@ static void xwait_on_timeout(evutil_socket_t fd, short what, void *arg)
 	char why[400];
 
 	snprintf(why, sizeof(why), "no listener named '%.255s' on %.60s appeared within %u ms",
-		 w->c.name, tpd_daemon_hostname(w->d), w->c.wait_ms);
+		 w->c.name, tpd_peers_hostname(w->d), w->c.wait_ms);
 	rep.pipe_id = w->c.pipe_id;
 	rep.status = TPW__V1__STATUS__STATUS_TIMEOUT;
 	rep.message = why;
@@ -199,7 +199,7 @@ void tpd_xaccept_connect(struct tpd_daemon *d, struct tpd_peer *pr,
 	} else if (!l) {
 		snprintf(why, sizeof(why),
 			 "no listener named '%.100s' on %.60s accepts pipes from other hosts",
-			 c->name, tpd_daemon_hostname(d));
+			 c->name, tpd_peers_hostname(d));
 		err = -ENOENT;
 	} else if (c->expect_uid_set && (uint32_t)l->uid != c->expect_uid) {
 		snprintf(why, sizeof(why),

@@ -79,11 +79,6 @@ struct tpd_broker *tpd_daemon_broker(const struct tpd_daemon *d)
 	return d->broker;
 }
 
-const char *tpd_daemon_hostname(const struct tpd_daemon *d)
-{
-	return d->hostname;
-}
-
 struct tpd_local *tpd_daemon_local(const struct tpd_daemon *d)
 {
 	return d->local;
@@ -97,6 +92,11 @@ bool tpd_daemon_cma_viable(const struct tpd_daemon *d)
 bool tpd_daemon_bulk_running(const struct tpd_daemon *d)
 {
 	return tpd_copier_busy(d->copier) || tpd_broker_busy(d->broker);
+}
+
+struct tpd_peers *tpd_daemon_peers(const struct tpd_daemon *d)
+{
+	return d->peers;
 }
 
 /* Refuses to take over a socket another daemon is serving; removes a stale one. */
@@ -500,6 +500,9 @@ int tpd_daemon_new(const struct tpd_config *cfg, struct tpd_daemon **ret)
 		goto fail;
 	tpd_ctl_start(); /* sessions hand CtlRequest up through the handler it registers */
 	tpd_xpipe_start(); /* the peer part calls the broker through its pipe ops */
+	r = tpd_peers_new(d, &d->peers);
+	if (r < 0)
+		goto fail;
 	r = tpd_peers_start(d);
 	if (r < 0)
 		goto fail;
@@ -560,8 +563,6 @@ void tpd_daemon_free(struct tpd_daemon *d)
 		event_free(d->ev_accept);
 	if (d->ev_accept_resume)
 		event_free(d->ev_accept_resume);
-	if (d->ev_peer_accept_resume)
-		event_free(d->ev_peer_accept_resume);
 	if (d->ev_drain)
 		event_free(d->ev_drain);
 	tpd_local_free(d->local);
@@ -570,7 +571,8 @@ void tpd_daemon_free(struct tpd_daemon *d)
 	if (d->socket_bound)
 		unlink(d->socket_path);
 	tpu_close(d->listen_fd);
-	tpd_peer_dial_dns_free(d);
+	tpd_peers_free(d->peers); /* after every other event: it runs the loop once */
+	d->peers = NULL;
 	tpd_broker_free(d->broker);
 	if (d->base)
 		event_base_free(d->base);

@@ -11,7 +11,6 @@
 #include <event2/event.h>
 #include "config.h"
 #include "copier.h"
-#include "peerauth.h"
 #include "listener.h"
 #include "quota.h"
 #include "stats.h"
@@ -20,7 +19,7 @@
 
 struct tpd_broker;
 struct tpd_local;
-struct tpd_peertls;
+struct tpd_peers;
 
 struct tpd_daemon {
 	struct tpd_config cfg;
@@ -50,28 +49,9 @@ struct tpd_daemon {
 	struct tpd_stats stats;
 	struct tpd_metrics *metrics; /* NULL when off */
 
-	/* Peer links (peer.c, peerhs.c, peerlisten.c). */
+	/* Peer links (peer/). */
 	struct tpd_gdr *gdr; /* cuda_gdr ports (gdr.c) */
-	struct tpu_list peers;
-	struct tpu_list peer_flushq; /* peers with control frames to send at the end of the pass */
-	unsigned n_peers;
-	uint64_t next_peer_id;
-	struct tpu_list peer_conns; /* accepted, first frame not read yet */
-	struct tpu_list data_dials; /* data connections being dialled */
-	int peer_fd;
-	struct event *ev_peer_accept;
-	struct event *ev_peer_accept_resume; /* accepts paused (EMFILE); freed by the daemon */
-	struct tpd_ratelog peer_accept_log;
-	char peer_listen_addr[80];  /* bound address, "" when off */
-	uint16_t peer_port_bound;
-	char hostname[256];
-	uint8_t boot_id[16];
-	char boot_id_hex[33];
-	uint64_t instance;
-	struct tpd_peer_key peer_key;
-	bool peer_keyed;
-	struct tpd_peertls *peer_tls; /* NULL: no authentication configured, or --peer-insecure */
-	struct evdns_base *dns;	    /* created on first dial */
+	struct tpd_peers *peers; /* the peer part's own state (tpd_peers_new()) */
 };
 
 /*
@@ -123,13 +103,13 @@ struct tpd_copier *tpd_daemon_copier(const struct tpd_daemon *d);
 bool tpd_daemon_stopping(const struct tpd_daemon *d);
 /* The broker's state (broker/pipe.h): pipes, their queues and totals. */
 struct tpd_broker *tpd_daemon_broker(const struct tpd_daemon *d);
-/* This host's name, as peers and error messages name it. */
-const char *tpd_daemon_hostname(const struct tpd_daemon *d);
 /* The local part's state (local/local.h): the sessions; borrowed, as above. */
 struct tpd_local *tpd_daemon_local(const struct tpd_daemon *d);
 /* Did the backend probe at start find CMA viable on this host? */
 bool tpd_daemon_cma_viable(const struct tpd_daemon *d);
 /* Copies or cross-host transfers in flight: the control rings' spin loop yields to them. */
 bool tpd_daemon_bulk_running(const struct tpd_daemon *d);
+/* The peer part (peer/, tpd_peers_new()); NULL before it is made. */
+struct tpd_peers *tpd_daemon_peers(const struct tpd_daemon *d);
 
 #endif

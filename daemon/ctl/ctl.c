@@ -128,9 +128,9 @@ static void fill_status(struct tpd_daemon *d, const struct ctl_bufs *b, Tpw__V1_
 	st->messages_moved = tpd_broker_messages_moved(tpd_daemon_broker(d));
 	st->socket_path = d->socket_path;
 	st->cma_available = d->cma_viable;
-	st->peer_listen = d->peer_listen_addr;
-	st->peers = d->n_peers;
-	st->host_id = d->boot_id_hex;
+	st->peer_listen = (char *)tpd_peers_listen_addr(d);
+	st->peers = tpd_peers_count(d);
+	st->host_id = (char *)tpd_peers_host_id(d);
 	st->peer_auth = (char *)tpd_peers_auth(d);
 	tpb_cuda_map_count(&st->cuda_mappings, &st->cuda_mappings_open);
 	tpd_gdrreg_cache_stats(d, &rc);

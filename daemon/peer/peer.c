@@ -2,10 +2,11 @@
 /*
  * Peer links: the link object's lifetime (creation, failure, teardown), sending on the control
  * connection, reading its frames and handing each to peermsg.c, finding or creating the link
- * for a dial, starting and stopping the peer module, and the tpipctl snapshot. See peer.h and
- * docs/peering.md. Resolving and connecting a dialled link are in peerdial.c, the handshake and
- * data connection set-up in peerhs.c, the TCP peer listener and accepted connections in
- * peerlisten.c, and what they share in peer_int.h. Everything here runs on the loop thread.
+ * for a dial. See peer.h and docs/peering.md. Starting and stopping the peer part and the
+ * tpipctl snapshot are in peers.c, resolving and connecting a dialled link in peerdial.c, the
+ * handshake and data connection set-up in peerhs.c, the TCP peer listener and accepted
+ * connections in peerlisten.c, and what they share in peer_int.h. Everything here runs on the
+ * loop thread.
  */
 #include <arpa/inet.h>
 #include <event2/buffer.h>
@@ -35,10 +36,15 @@
 #include "stripe.h"
 #include "validate.h"
 
-static const char *const state_names[] = { "connecting", "handshake", "handshake", "handshake",
-					   "up", "failed" };
-
 /* ---- helpers ------------------------------------------------------------------------------- */
+
+const char *tpd_peer_state_name(const struct tpd_peer *pr)
+{
+	static const char *const names[] = { "connecting", "handshake", "handshake", "handshake",
+					     "up", "failed" };
+
+	return names[pr->state];
+}
 
 void tpd_peer_sockaddr_text(const struct sockaddr *sa, char *buf, size_t len, bool with_port)
 {
@@ -194,7 +200,7 @@ static struct evbuffer *peer_outq(struct tpd_peer *pr)
 	if (!pr->pend && !(pr->pend = evbuffer_new()))
 		return NULL;
 	if (!pr->flush_queued) {
-		tpu_list_insert_tail(&pr->d->peer_flushq, &pr->flush_node);
+		tpu_list_insert_tail(&pr->peers->flushq, &pr->flush_node);
 		pr->flush_queued = true;
 	}
 	return pr->pend;
@@ -251,10 +257,11 @@ static void peer_flush(struct tpd_peer *pr)
 
 void tpd_peers_flush(struct tpd_daemon *d)
 {
+	struct tpd_peers *ps = tpd_daemon_peers(d);
 	struct tpd_peer *pr;
 
-	while (!tpu_list_empty(&d->peer_flushq)) {
-		pr = tpu_list_first(&d->peer_flushq, struct tpd_peer, flush_node);
+	while (!tpu_list_empty(&ps->flushq)) {
+		pr = tpu_list_first(&ps->flushq, struct tpd_peer, flush_node);
 		tpu_list_remove(&pr->flush_node);
 		pr->flush_queued = false;
 		peer_flush(pr);
@@ -296,7 +303,7 @@ void tpd_peer_send_now(struct tpd_peer *pr, Tpw__V1__PeerMsg *m)
 
 void tpd_peer_teardown(struct tpd_peer *pr)
 {
-	struct tpd_daemon *d = pr->d;
+	struct tpd_peers *ps = pr->peers;
 	size_t n = pr->pipes.len, i = 0, k = 0;
 	struct tpd_pipe **v = calloc(n + 1, sizeof(*v));
 	uint64_t key;
@@ -308,7 +315,7 @@ void tpd_peer_teardown(struct tpd_peer *pr)
 	pr->stripe = NULL;
 	tpd_gdr_link_free(pr->gdr);
 	pr->gdr = NULL;
-	pipe_ops->waits_drop(d, pr);
+	pipe_ops->waits_drop(ps->d, pr);
 	while (v && tpu_hmap_next(&pr->pipes, &i, &key, &val))
 		v[k++] = val;
 	for (i = 0; i < k; i++)
@@ -329,7 +336,7 @@ void tpd_peer_teardown(struct tpd_peer *pr)
 	if (pr->ev_close)
 		event_free(pr->ev_close);
 	tpu_list_remove(&pr->node);
-	d->n_peers--;
+	ps->n_links--;
 	free(pr);
 }
 
@@ -363,35 +370,36 @@ static void peer_on_stripe_error(struct tpd_stripe *st, int err, const char *why
 
 static int peer_make_stripe(struct tpd_peer *pr)
 {
+	const struct tpd_config *cfg = pr->peers->cfg;
 	struct tpd_stripe_config sc = { 0 };
 	char name[32];
 
 	snprintf(name, sizeof(name), "peer %llu", (unsigned long long)pr->id);
-	sc.chunk = pr->d->cfg.peer_chunk;
-	sc.send_size = pr->d->cfg.peer_send_size;
+	sc.chunk = cfg->peer_chunk;
+	sc.send_size = cfg->peer_send_size;
 	sc.name = name;
 	sc.on_error = peer_on_stripe_error;
 	sc.arg = pr;
-	return tpd_stripe_new(pr->d->base, &sc, &pr->stripe);
+	return tpd_stripe_new(pr->peers->base, &sc, &pr->stripe);
 }
 
 static void peer_on_timer(evutil_socket_t fd, short what, void *arg);
 
-struct tpd_peer *tpd_peer_new(struct tpd_daemon *d, bool outgoing, const char *key)
+struct tpd_peer *tpd_peer_new(struct tpd_peers *ps, bool outgoing, const char *key)
 {
 	struct tpd_peer *pr = calloc(1, sizeof(*pr));
 
 	if (!pr)
 		return NULL;
-	pr->d = d;
-	pr->id = ++d->next_peer_id;
+	pr->peers = ps;
+	pr->id = ++ps->next_id;
 	pr->outgoing = outgoing;
 	pr->created_ns = pr->last_rx_ns = tpu_now_ns();
 	snprintf(pr->key, sizeof(pr->key), "%s", key);
 	tpu_hmap_init(&pr->pipes);
 	tpu_hmap_init(&pr->xfers);
-	pr->ev_timer = evtimer_new(d->base, peer_on_timer, pr);
-	pr->ev_close = event_new(d->base, -1, 0, peer_on_close, pr);
+	pr->ev_timer = evtimer_new(ps->base, peer_on_timer, pr);
+	pr->ev_close = event_new(ps->base, -1, 0, peer_on_close, pr);
 	if (!pr->ev_timer || !pr->ev_close || peer_make_stripe(pr) < 0) {
 		tpd_stripe_free(pr->stripe);
 		if (pr->ev_timer)
@@ -401,8 +409,8 @@ struct tpd_peer *tpd_peer_new(struct tpd_daemon *d, bool outgoing, const char *k
 		free(pr);
 		return NULL;
 	}
-	tpu_list_insert_tail(&d->peers, &pr->node);
-	d->n_peers++;
+	tpu_list_insert_tail(&ps->links, &pr->node);
+	ps->n_links++;
 	return pr;
 }
 
@@ -420,7 +428,7 @@ void tpd_peer_timer_arm_ms(struct event *ev, uint32_t ms)
  * handled, 0 if more bytes are needed, < 0 on a violation (the link failed). */
 static int read_one(struct tpd_peer *pr, struct evbuffer *in)
 {
-	struct tpd_daemon *d = pr->d;
+	struct tpd_peers *ps = pr->peers;
 	struct tpw_hdr h;
 	Tpw__V1__PeerMsg *m = NULL;
 	uint8_t *p;
@@ -431,7 +439,7 @@ static int read_one(struct tpd_peer *pr, struct evbuffer *in)
 	if (evbuffer_get_length(in) < TPW_HDR_SIZE)
 		return 0;
 	p = evbuffer_pullup(in, TPW_HDR_SIZE);
-	r = tpw_hdr_parse(p, d->limits.frame_max, &h);
+	r = tpw_hdr_parse(p, ps->limits->frame_max, &h);
 	if (r < 0) {
 		tpd_peer_fail(pr, -EPROTO, "bad frame header (%s)", strerror(-r));
 		return r;
@@ -446,7 +454,7 @@ static int read_one(struct tpd_peer *pr, struct evbuffer *in)
 	}
 	r = tpw_peer_msg_unpack(p + TPW_HDR_SIZE, h.msg_len, &m);
 	if (r == 0)
-		r = tpw_peer_msg_validate(m, &h, &d->limits, why, sizeof(why));
+		r = tpw_peer_msg_validate(m, &h, ps->limits, why, sizeof(why));
 	else
 		snprintf(why, sizeof(why), "message does not decode");
 	if (r < 0) {
@@ -478,7 +486,7 @@ static void peer_on_event(struct bufferevent *bev, short what, void *arg);
  * plain bufferevent closes its own). Return: 0 or -errno. */
 static int dial_tls_start(struct tpd_peer *pr)
 {
-	SSL *ssl = tpd_peertls_ssl_new(pr->d->peer_tls, false, pr->dial_host);
+	SSL *ssl = tpd_peertls_ssl_new(pr->peers->tls, false, pr->dial_host);
 	int fd = ssl ? fcntl(bufferevent_getfd(pr->bev), F_DUPFD_CLOEXEC, 3) : -1;
 	struct bufferevent *bev;
 
@@ -486,7 +494,7 @@ static int dial_tls_start(struct tpd_peer *pr)
 		SSL_free(ssl);
 		return -ENOMEM;
 	}
-	bev = bufferevent_openssl_socket_new(pr->d->base, fd, ssl, BUFFEREVENT_SSL_CONNECTING,
+	bev = bufferevent_openssl_socket_new(pr->peers->base, fd, ssl, BUFFEREVENT_SSL_CONNECTING,
 					     BEV_OPT_CLOSE_ON_FREE);
 	if (!bev) {
 		SSL_free(ssl);
@@ -534,7 +542,7 @@ static void peer_on_event(struct bufferevent *bev, short what, void *arg)
 			tpd_peerdial_connected(pr);
 			setsockopt(bufferevent_getfd(bev), IPPROTO_TCP, TCP_NODELAY, &one,
 				   sizeof(one));
-			if (pr->d->peer_tls) {
+			if (pr->peers->tls) {
 				err = dial_tls_start(pr);
 				if (err < 0)
 					tpd_peer_fail(pr, err, "out of memory");
@@ -570,7 +578,8 @@ static void peer_on_event(struct bufferevent *bev, short what, void *arg)
 static void peer_on_timer(evutil_socket_t fd, short what, void *arg)
 {
 	struct tpd_peer *pr = arg;
-	struct tpd_daemon *d = pr->d;
+	struct tpd_peers *ps = pr->peers;
+	const struct tpd_config *cfg = ps->cfg;
 	Tpw__V1__PeerPing p = TPW__V1__PEER_PING__INIT;
 	Tpw__V1__PeerMsg m = TPW__V1__PEER_MSG__INIT;
 	uint64_t now = tpu_now_ns();
@@ -581,31 +590,32 @@ static void peer_on_timer(evutil_socket_t fd, short what, void *arg)
 	}
 	if (pr->state != PEER_UP) {
 		tpd_peer_fail(pr, -ETIMEDOUT, "no link within %u ms (stuck in %s)",
-			      d->cfg.peer_connect_timeout_ms, state_names[pr->state]);
+			      cfg->peer_connect_timeout_ms, tpd_peer_state_name(pr));
 		return;
 	}
-	if (now - pr->last_rx_ns > (uint64_t)d->cfg.peer_timeout_ms * 1000000ull) {
+	if (now - pr->last_rx_ns > (uint64_t)cfg->peer_timeout_ms * 1000000ull) {
 		tpd_peer_fail(pr, -ECONNRESET, "peer daemon silent for %llu ms (timeout %u ms)",
 			      (unsigned long long)((now - pr->last_rx_ns) / 1000000ull),
-			      d->cfg.peer_timeout_ms);
+			      cfg->peer_timeout_ms);
 		return;
 	}
 	p.t_ns = now;
 	m.body_case = TPW__V1__PEER_MSG__BODY_PING;
 	m.ping = &p;
 	tpd_peer_send(pr, &m, NULL, 0);
-	tpd_peer_timer_arm_ms(pr->ev_timer, TPU_MAX(d->cfg.peer_timeout_ms / 3, 100u));
+	tpd_peer_timer_arm_ms(pr->ev_timer, TPU_MAX(cfg->peer_timeout_ms / 3, 100u));
 }
 
 int tpd_peer_bev_setup(struct tpd_peer *pr, int fd, SSL *ssl)
 {
 	if (ssl) {
-		pr->bev = bufferevent_openssl_socket_new(pr->d->base, fd, ssl, BUFFEREVENT_SSL_OPEN,
+		pr->bev = bufferevent_openssl_socket_new(pr->peers->base, fd, ssl,
+							 BUFFEREVENT_SSL_OPEN,
 							 BEV_OPT_CLOSE_ON_FREE);
 		if (pr->bev)
 			bufferevent_openssl_set_allow_dirty_shutdown(pr->bev, 1);
 	} else {
-		pr->bev = bufferevent_socket_new(pr->d->base, fd, BEV_OPT_CLOSE_ON_FREE);
+		pr->bev = bufferevent_socket_new(pr->peers->base, fd, BEV_OPT_CLOSE_ON_FREE);
 	}
 	if (!pr->bev)
 		return -ENOMEM;
@@ -633,28 +643,29 @@ static bool peer_serves(struct tpd_peer *pr, const char *key, const char *host, 
 int tpd_peer_get(struct tpd_daemon *d, const char *host, uint16_t port, struct tpd_peer **ret,
 		 char *why, size_t wl)
 {
+	struct tpd_peers *ps = tpd_daemon_peers(d);
 	struct tpd_peer *pr;
 	char key[300];
 
 	snprintf(key, sizeof(key), strchr(host, ':') ? "[%s]:%u" : "%s:%u", host, port);
-	tpu_list_for_each(pr, &d->peers, node)
+	tpu_list_for_each(pr, &ps->links, node)
 		if (peer_serves(pr, key, host, port)) {
 			*ret = pr;
 			return 0;
 		}
-	if (d->stopping) {
+	if (tpd_daemon_stopping(d)) {
 		snprintf(why, wl, "daemon stopping");
 		return -ESHUTDOWN;
 	}
-	if (!d->peer_tls && !d->cfg.peer_insecure) {
+	if (!ps->tls && !ps->cfg->peer_insecure) {
 		snprintf(why, wl, "this daemon has no peer authentication configured (peer-key-file, "
 				  "or peer-cert with peer-cert-key and peer-ca): it cannot reach "
 				  "other hosts");
 		return -EACCES;
 	}
-	if (!tpd_peerlisten_admit_dial(d, why, wl))
+	if (!tpd_peerlisten_admit_dial(ps, why, wl))
 		return -ENOBUFS;
-	pr = tpd_peer_new(d, true, key);
+	pr = tpd_peer_new(ps, true, key);
 	if (!pr) {
 		snprintf(why, wl, "out of memory");
 		return -ENOMEM;
@@ -664,224 +675,4 @@ int tpd_peer_get(struct tpd_daemon *d, const char *host, uint16_t port, struct t
 	tpd_peerdial_start(pr, host, port);
 	*ret = pr;
 	return 0;
-}
-
-/* ---- start and stop ------------------------------------------------------------------------ */
-
-static int gdr_link_send(struct tpd_peer *pr, Tpw__V1__PeerMsg *m)
-{
-	return tpd_peer_send(pr, m, NULL, 0);
-}
-
-/* What a link's RDMA state (xfer/gdr.c) calls up into. */
-static const struct tpd_gdr_link_ops peer_gdr_link_ops = {
-	.send = gdr_link_send,
-	.name = tpd_peer_name,
-};
-
-int tpd_peers_start(struct tpd_daemon *d)
-{
-	const struct tpd_config *c = &d->cfg;
-	char why[300] = "";
-	int r;
-
-	tpd_gdr_set_link_ops(&peer_gdr_link_ops);
-	tpu_list_init(&d->peers);
-	tpu_list_init(&d->peer_flushq);
-	tpu_list_init(&d->peer_conns);
-	tpu_list_init(&d->data_dials);
-	d->peer_fd = -EBADF;
-	if (gethostname(d->hostname, sizeof(d->hostname) - 1) < 0)
-		snprintf(d->hostname, sizeof(d->hostname), "unknown");
-	r = tpd_peerauth_boot_id(d->boot_id);
-	if (r < 0)
-		tpu_log_warn("cannot read the boot id (%s): same-host peers are not recognised",
-			     strerror(-r));
-	for (size_t i = 0; i < sizeof(d->boot_id); i++)
-		snprintf(d->boot_id_hex + 2 * i, 3, "%02x", d->boot_id[i]);
-	r = tpd_peerauth_instance(&d->instance);
-	if (r < 0)
-		return r;
-	if (c->peer_insecure && (c->peer_key_file[0] || c->peer_cert[0])) {
-		tpu_log_err("peer-insecure is set together with peer authentication (peer-key-file "
-			    "or peer-cert): choose one");
-		return -EINVAL;
-	}
-	if (c->peer_key_file[0]) {
-		r = tpd_peerauth_key_load(c->peer_key_file, &d->peer_key, why, sizeof(why));
-		if (r < 0) {
-			tpu_log_err("peer key file: %s", why);
-			return r;
-		}
-		d->peer_keyed = true;
-	}
-	if (d->peer_keyed || c->peer_cert[0] || c->peer_cert_key[0] || c->peer_ca[0]) {
-		const struct tpd_peertls_config tc = { .key = d->peer_keyed ? &d->peer_key : NULL,
-						       .cert = c->peer_cert,
-						       .cert_key = c->peer_cert_key,
-						       .ca = c->peer_ca };
-		r = tpd_peertls_new(&tc, &d->peer_tls, why, sizeof(why));
-		if (r < 0) {
-			tpu_log_err("peer authentication: %s", why);
-			return r;
-		}
-	}
-	if (strcmp(c->peer_listen, "off") == 0 || !c->peer_listen[0])
-		return 0;
-	if (!d->peer_tls && !c->peer_insecure) {
-		tpu_log_notice("peer listener on %s not opened: no peer authentication is configured, "
-			       "and this daemon never listens on the network without it. To peer "
-			       "with other hosts give every daemon the same key (head -c 32 "
-			       "/dev/urandom | base64 > /etc/tpipd/peer.key; chmod 600; [peer] "
-			       "key-file = /etc/tpipd/peer.key) or certificates from a cluster CA "
-			       "([peer] cert, cert-key, ca); see tpipd(8)",
-			       c->peer_listen);
-		return 0;
-	}
-	if (c->peer_insecure)
-		tpu_log_warn("peer links are INSECURE (--peer-insecure): no authentication and no "
-			     "encryption; any host that reaches the peer port can open pipes as a "
-			     "peer daemon. Use it on isolated test fabrics only");
-	r = tpd_peerlisten_open(d, c->peer_listen);
-	if (r < 0 && r != -EINVAL && strcmp(c->peer_listen, "*:7420") == 0) {
-		tpu_log_warn("peer listener on %s: %s; cross-host pipes can still be dialled from "
-			     "here, but other hosts cannot reach this daemon",
-			     c->peer_listen, strerror(-r));
-		return 0;
-	}
-	if (r < 0 && r != -EINVAL)
-		tpu_log_err("peer listener on %s: %s", c->peer_listen, strerror(-r));
-	return r;
-}
-
-/* Tells the peer that every pipe over @pr ends because this daemon stops, and pushes it out. */
-static void say_goodbye(struct tpd_peer *pr)
-{
-	Tpw__V1__PeerPipeClose pc = TPW__V1__PEER_PIPE_CLOSE__INIT;
-	Tpw__V1__PeerMsg m = TPW__V1__PEER_MSG__INIT;
-	size_t i = 0;
-	uint64_t key;
-	void *val;
-
-	pc.status = TPW__V1__STATUS__STATUS_SHUTDOWN;
-	pc.message = "the peer daemon is stopping";
-	m.body_case = TPW__V1__PEER_MSG__BODY_PIPE_CLOSE;
-	m.pipe_close = &pc;
-	while (tpu_hmap_next(&pr->pipes, &i, &key, &val)) {
-		pc.pipe_id = pipe_ops->remote_id(val);
-		if (!pc.pipe_id)
-			continue;
-		tpd_peer_send_now(pr, &m);
-	}
-}
-
-void tpd_peers_stop(struct tpd_daemon *d)
-{
-	struct tpd_peer *pr, *tmp;
-	struct peer_conn *c, *ctmp;
-
-	if (!d->peers.next)
-		return;
-	tpu_list_for_each_safe(pr, tmp, &d->peers, node) {
-		if (pr->state == PEER_UP)
-			say_goodbye(pr);
-		if (pr->state != PEER_FAILED) {
-			snprintf(pr->last_error, sizeof(pr->last_error), "daemon stopping");
-			pr->fail_err = -ESHUTDOWN;
-		}
-		pr->state = PEER_FAILED;
-		tpd_peer_teardown(pr);
-	}
-	tpu_list_for_each_safe(c, ctmp, &d->peer_conns, node)
-		tpd_peerlisten_conn_free(c);
-	while (!tpu_list_empty(&d->data_dials))
-		tpd_peerhs_data_dial_free(tpu_list_first(&d->data_dials, struct data_dial, node));
-	if (d->ev_peer_accept)
-		event_free(d->ev_peer_accept);
-	d->ev_peer_accept = NULL;
-	tpu_close(d->peer_fd);
-	d->peer_fd = -EBADF;
-	if (d->peer_keyed)
-		tpd_peerauth_key_done(&d->peer_key);
-	d->peer_keyed = false;
-	tpd_peertls_free(d->peer_tls);
-	d->peer_tls = NULL;
-}
-
-/* ---- tpipctl ------------------------------------------------------------------------------- */
-
-const char *tpd_peers_auth(const struct tpd_daemon *d)
-{
-	static const char *const names[2][3] = {
-		{ "tls: psk", "tls: certificates", "tls: psk, certificates" },
-		{ "tls: psk, data plaintext", "tls: certificates, data plaintext",
-		  "tls: psk, certificates, data plaintext" },
-	};
-	const struct tpd_peertls *t = d->peer_tls;
-
-	if (!t)
-		return d->cfg.peer_insecure ? "insecure" : "none";
-	return names[!d->cfg.peer_data_encryption][t->psk && t->certs ? 2 : t->certs ? 1 : 0];
-}
-
-/* How @pr is protected, for tpipctl (see CtlPeer.security). */
-static const char *peer_security(const struct tpd_peer *pr)
-{
-	if (!pr->ssl)
-		return pr->state == PEER_CONNECTING || pr->state == PEER_TLS ? "" : "insecure";
-	if (pr->data_prot && strcmp(pr->data_prot, "plaintext") == 0)
-		return "tls, data plaintext";
-	if (pr->data_prot && strncmp(pr->data_prot, "kTLS", 4) == 0)
-		return "tls, data kTLS";
-	return "tls";
-}
-
-int tpd_peers_ctl(struct tpd_daemon *d, Tpw__V1__CtlPeer ***ret, size_t *n)
-{
-	Tpw__V1__CtlPeer **v = calloc(d->n_peers + 1, sizeof(*v));
-	struct tpd_peer *pr;
-	size_t k = 0;
-	uint64_t now = tpu_now_ns();
-
-	if (!v)
-		return -ENOMEM;
-	tpu_list_for_each(pr, &d->peers, node) {
-		Tpw__V1__CtlPeer *e = calloc(1, sizeof(*e));
-		if (!e || k >= d->n_peers) {
-			free(e);
-			break;
-		}
-		tpw__v1__ctl_peer__init(e);
-		e->id = pr->id;
-		e->address = pr->key;
-		e->host = pr->host;
-		e->state = (char *)state_names[pr->state];
-		e->outgoing = pr->outgoing;
-		e->data_conns = pr->stripe ? tpd_stripe_conns(pr->stripe) : 0;
-		e->rtt_us = pr->rtt_us;
-		e->bytes_sent = pr->ctl_out + (pr->stripe ? tpd_stripe_bytes_sent(pr->stripe) : 0);
-		e->bytes_received = pr->ctl_in +
-				    (pr->stripe ? tpd_stripe_bytes_received(pr->stripe) : 0);
-		e->rdma = (char *)tpd_gdr_link_state(pr->gdr);
-		tpd_gdr_link_bytes(pr->gdr, &e->rdma_bytes_sent, &e->rdma_bytes_received);
-		e->bytes_sent += e->rdma_bytes_sent;
-		e->bytes_received += e->rdma_bytes_received;
-		e->pipes = (uint32_t)pr->pipes.len;
-		e->last_error = pr->last_error;
-		e->authenticated = pr->authenticated;
-		e->identity = pr->identity;
-		e->security = (char *)peer_security(pr);
-		e->up_ms = pr->state == PEER_UP ? (now - pr->up_ns) / 1000000ull : 0;
-		v[k++] = e;
-	}
-	*ret = v;
-	*n = k;
-	return 0;
-}
-
-void tpd_peers_ctl_free(Tpw__V1__CtlPeer **v, size_t n)
-{
-	for (size_t i = 0; i < n; i++)
-		free(v[i]);
-	free(v);
 }

@@ -7,8 +7,9 @@
  * keepalives and declares a silent peer dead, and dispatches the pipe messages it receives
  * through the pipe ops the broker registered (struct tpd_peer_pipe_ops). A failed link fails
  * every pipe over it and is gone; the next connect to that host dials a new one. The module is
- * peer.c (lifetime, control connection), peermsg.c (what its frames mean), peerhs.c
- * (handshake) and peerlisten.c (listener), sharing the private peer_int.h.
+ * peers.c (the part's start, stop and tpipctl snapshot), peer.c (a link's lifetime, control
+ * connection), peermsg.c (what its frames mean), peerhs.c (handshake), peerdial.c (dial) and
+ * peerlisten.c (listener), sharing the private peer_int.h.
  */
 #ifndef TPD_PEER_H
 #define TPD_PEER_H
@@ -21,9 +22,27 @@
 
 struct tpd_daemon;
 struct tpd_peer;
+struct tpd_peers;
 struct tpd_pipe;
 struct tpd_stripe;
 struct tpd_gdr_link;
+
+/*
+ * tpd_peers_new() - the peer part of daemon @d, with no link and no listener yet; the daemon
+ * keeps it and returns it from tpd_daemon_peers(). Call it once the daemon's event loop exists.
+ * Borrows @d (kept: it outlives the part).
+ * @ret: returns owned part, free with tpd_peers_free().
+ * Return: 0 or -ENOMEM.
+ */
+int tpd_peers_new(struct tpd_daemon *d, struct tpd_peers **ret);
+
+/*
+ * tpd_peers_free() - stop @ps as tpd_peers_stop() does if that has not happened, then free the
+ * resolver and @ps itself, once the loop has stopped and every other event of the daemon is
+ * freed (it runs what a canceled resolution left queued on the loop). Only from outside the
+ * loop. Takes @ps; accepts NULL.
+ */
+void tpd_peers_free(struct tpd_peers *ps);
 
 /*
  * tpd_peers_start() - load the key file, read the host identity, bind the peer listener (unless
@@ -34,15 +53,9 @@ struct tpd_gdr_link;
 int tpd_peers_start(struct tpd_daemon *d);
 
 /* Fails every link with STATUS_SHUTDOWN and frees them, closes the listener. The resolver
- * stays until tpd_peer_dial_dns_free(). */
+ * stays until tpd_peers_free(). Does nothing before tpd_peers_new(), and nothing the second
+ * time. Borrows @d. */
 void tpd_peers_stop(struct tpd_daemon *d);
-
-/*
- * tpd_peer_dial_dns_free() - free the resolver (if a dial made one), once the loop has stopped and
- * every other event of the daemon is freed: it first runs what a canceled resolution left queued
- * on the loop, which libevent otherwise never frees. Only from outside the loop.
- */
-void tpd_peer_dial_dns_free(struct tpd_daemon *d);
 
 /*
  * tpd_peer_get() - the link to @host:@port: an existing one that is not failing, or a new one
@@ -171,6 +184,25 @@ void tpd_peers_ctl_free(Tpw__V1__CtlPeer **v, size_t n);
  * Return: a static string.
  */
 const char *tpd_peers_auth(const struct tpd_daemon *d);
+
+/*
+ * What tpipctl status, the metrics page and tests read of the peer part of @d (borrowed); before
+ * tpd_peers_new() they read as a part with no link and no listener. Strings are borrowed from
+ * the part, valid until tpd_peers_free().
+ */
+/* Links, in any state (tpipctl status "peers"). */
+unsigned tpd_peers_count(const struct tpd_daemon *d);
+/* Accepted connections whose first frame is not read yet; data connections being dialled in
+ * *@ret_dials. */
+unsigned tpd_peers_pending(const struct tpd_daemon *d, unsigned *ret_dials);
+/* The bound peer listener address ("IP:PORT", "[IPV6]:PORT"), "" when there is none. */
+const char *tpd_peers_listen_addr(const struct tpd_daemon *d);
+/* The bound peer listener port, 0 when there is none. */
+uint16_t tpd_peers_port(const struct tpd_daemon *d);
+/* This host's name, as PeerHello tells it. */
+const char *tpd_peers_hostname(const struct tpd_daemon *d);
+/* This host's boot id in hex (tpipctl status "host id"): daemons with the same one share a host. */
+const char *tpd_peers_host_id(const struct tpd_daemon *d);
 
 /*
  * tpd_peerlisten_check() - whether @spec is a peer-listen value: "off", "" (also off), ADDR:PORT,

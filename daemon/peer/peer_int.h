@@ -1,10 +1,10 @@
 /* SPDX-License-Identifier: BSD-3-Clause */
 /*
- * Private to the peer link files (peer.c, peerdial.c, peerhs.c, peerlisten.c, peermsg.c); not
- * installed and included nowhere else. Holds what they share: the link object, the accepted
- * connection whose first frame is not read yet, the data connection being dialled, the MAC
- * labels, and the functions one of these files calls in another. The rest of the daemon uses
- * peer.h only.
+ * Private to the peer link files (peers.c, peer.c, peerdial.c, peerhs.c, peerlisten.c,
+ * peermsg.c); not installed and included nowhere else. Holds what they share: the part's state
+ * (struct tpd_peers), the link object, the accepted connection whose first frame is not read
+ * yet, the data connection being dialled, and the functions one of these files calls in
+ * another. The rest of the daemon uses peer.h only.
  */
 #ifndef TPD_PEER_INT_H
 #define TPD_PEER_INT_H
@@ -17,6 +17,8 @@
 #include "frame.h"
 #include "hmap.h"
 #include "peer.h"
+#include "peerauth.h"
+#include "quota.h"
 #include "stripe.h"
 #include "tpu.h"
 #include "tpw.pb-c.h"
@@ -30,10 +32,44 @@ enum peer_state { PEER_CONNECTING, PEER_TLS, PEER_HANDSHAKE, PEER_DATA, PEER_UP,
 struct ssl_st;
 
 struct evdns_getaddrinfo_request;
+struct tpd_peertls;
+
+/*
+ * struct tpd_peers - the peer part of one daemon (tpd_peers_new()): its links, the connections
+ * being accepted or dialled, the listener, this host's identity and how links authenticate. It
+ * reads the daemon's settings through the daemon's accessors only (daemon.h): @cfg, @base and
+ * @limits are what tpd_daemon_cfg(), _base() and _limits() returned, valid as long as the daemon.
+ */
+struct tpd_peers {
+	struct tpd_daemon *d; /* the owner: its accessors, the pipe ops' and cuda_gdr's handle */
+	const struct tpd_config *cfg;	 /* tpd_daemon_cfg(d): changes in place on SIGHUP */
+	struct event_base *base;	 /* tpd_daemon_base(d) */
+	const struct tpw_limits *limits; /* tpd_daemon_limits(d): every frame is checked on them */
+	struct tpu_list links;		 /* struct tpd_peer */
+	struct tpu_list flushq; /* links with control frames to send at the end of the pass */
+	unsigned n_links;
+	uint64_t next_id;
+	struct tpu_list conns;	    /* accepted, first frame not read yet */
+	struct tpu_list data_dials; /* data connections being dialled */
+	int listen_fd;
+	struct event *ev_accept;
+	struct event *ev_accept_resume; /* accepts paused (EMFILE); freed by tpd_peers_free() */
+	struct tpd_ratelog accept_log;
+	char listen_addr[80]; /* bound address, "" when off */
+	uint16_t port_bound;
+	char hostname[256];
+	uint8_t boot_id[16];
+	char boot_id_hex[33];
+	uint64_t instance;
+	struct tpd_peer_key key;
+	bool keyed;
+	struct tpd_peertls *tls; /* NULL: no authentication configured, or --peer-insecure */
+	struct evdns_base *dns;	 /* created on first dial */
+};
 
 struct tpd_peer {
-	struct tpu_list node;
-	struct tpd_daemon *d;
+	struct tpu_list node;	 /* in peers->links */
+	struct tpd_peers *peers; /* the part it belongs to */
 	uint64_t id;
 	enum peer_state state;
 	bool outgoing;
@@ -52,7 +88,7 @@ struct tpd_peer {
 	const char *data_prot; /* "kTLS", "OpenSSL", "plaintext" once data connections attach */
 	struct bufferevent *bev;
 	struct evbuffer *pend;	   /* up: frames queued in this loop pass (tpd_peers_flush()) */
-	struct tpu_list flush_node; /* in d->peer_flushq while @pend has bytes */
+	struct tpu_list flush_node; /* in peers->flushq while @pend has bytes */
 	bool flush_queued;
 	struct event *ev_timer;
 	struct event *ev_close;
@@ -80,8 +116,8 @@ struct tpd_peer {
 
 /* An accepted connection whose first frame (inside TLS unless insecure) says what it is. */
 struct peer_conn {
-	struct tpu_list node;
-	struct tpd_daemon *d;
+	struct tpu_list node; /* in peers->conns */
+	struct tpd_peers *peers;
 	int fd;
 	struct ssl_st *ssl; /* NULL: insecure, plain TCP */
 	bool sniffed;	    /* the first byte showed the expected protocol */
@@ -98,8 +134,8 @@ struct peer_conn {
 enum data_step { DATA_CONNECT, DATA_TLS, DATA_SEND, DATA_RECV };
 
 struct data_dial {
-	struct tpu_list node; /* in d->data_dials */
-	struct tpd_daemon *d;
+	struct tpu_list node; /* in peers->data_dials */
+	struct tpd_peers *peers;
 	uint64_t peer_id;
 	int fd;
 	struct ssl_st *ssl;
@@ -111,6 +147,9 @@ struct data_dial {
 };
 
 /* ---- peer.c -------------------------------------------------------------------------------- */
+
+/* The state of @pr as tpipctl and log lines name it. Borrows @pr. Return: a static string. */
+const char *tpd_peer_state_name(const struct tpd_peer *pr);
 
 /*
  * tpd_peer_sockaddr_text() - @sa as "IP" or, with @with_port, "IP:PORT" ("[IPV6]:PORT"); an
@@ -150,12 +189,12 @@ void tpd_peer_fail(struct tpd_peer *pr, int err, const char *fmt, ...) _printf_(
 
 /*
  * tpd_peer_new() - a new link in state connecting, with its timer, close event, stripe and nonce,
- * added to @d's list of links.
- * Borrows @key (copied).
- * Return: the link, owned by @d's list until tpd_peer_teardown() (directly or through
+ * added to @ps's list of links.
+ * Borrows @ps (kept in the link: it outlives every link) and @key (copied).
+ * Return: the link, owned by @ps's list until tpd_peer_teardown() (directly or through
  * tpd_peer_fail()); NULL when its events, stripe or nonce cannot be made.
  */
-struct tpd_peer *tpd_peer_new(struct tpd_daemon *d, bool outgoing, const char *key);
+struct tpd_peer *tpd_peer_new(struct tpd_peers *ps, bool outgoing, const char *key);
 
 /* tpd_peer_timer_arm_ms() - (re)arm timer @ev to fire in @ms milliseconds. Borrows @ev. */
 void tpd_peer_timer_arm_ms(struct event *ev, uint32_t ms);
@@ -224,11 +263,12 @@ int tpd_peerhs_data_io(int fd, struct ssl_st *ssl, bool write, uint8_t *buf, siz
 		       size_t want, bool *want_write, char *why, size_t why_len);
 
 /*
- * tpd_peerhs_data_tls() - an SSL object for a data connection on @fd of a link of @d: kTLS
+ * tpd_peerhs_data_tls() - an SSL object for a data connection on @fd of a link of @ps: kTLS
  * allowed when tensor bytes are encrypted, never when they go plaintext after the handshake.
- * Return: owned SSL, or NULL (out of memory).
+ * Borrows @ps and @host; @fd stays the caller's (the SSL object uses it, never closes it).
+ * Return: owned SSL, free with SSL_free(); or NULL (out of memory).
  */
-struct ssl_st *tpd_peerhs_data_tls(struct tpd_daemon *d, int fd, bool server, const char *host);
+struct ssl_st *tpd_peerhs_data_tls(struct tpd_peers *ps, int fd, bool server, const char *host);
 
 /*
  * tpd_peerhs_dial_on_ready() - the dialling side got PeerReady: a refusal fails the link; without
@@ -281,20 +321,28 @@ void tpd_peerdial_connected(struct tpd_peer *pr);
  */
 void tpd_peerdial_done(struct tpd_peer *pr);
 
+/*
+ * tpd_peer_dial_dns_free() - free the resolver (if a dial made one), once the loop has stopped and
+ * every other event of the daemon is freed: it first runs what a canceled resolution left queued
+ * on the loop, which libevent otherwise never frees. Only from outside the loop (tpd_peers_free()).
+ * Borrows @ps.
+ */
+void tpd_peer_dial_dns_free(struct tpd_peers *ps);
+
 /* ---- peerlisten.c -------------------------------------------------------------------------- */
 
 /*
  * tpd_peerlisten_open() - bind and listen on @spec ("ADDR:PORT", "*:PORT", "[V6ADDR]:PORT"; "*"
- * falls back to IPv4 without IPv6), record the bound address and port in @d, accept on the loop.
- * Borrows @spec.
+ * falls back to IPv4 without IPv6), record the bound address and port in @ps, accept on the
+ * loop. Borrows @spec; the socket and its accept event stay @ps's (closed by tpd_peers_stop()).
  * Return: 0; -EINVAL when @spec is not an address (logged); -errno of socket, bind or listen, or
  * -ENOMEM (not logged, the caller logs).
  */
-int tpd_peerlisten_open(struct tpd_daemon *d, const char *spec);
+int tpd_peerlisten_open(struct tpd_peers *ps, const char *spec);
 
 /*
  * tpd_peerlisten_conn_free() - close an accepted connection whose first frame is not handled yet
- * and unlink it from the daemon's list.
+ * and unlink it from its part's list.
  * Takes @c.
  */
 void tpd_peerlisten_conn_free(struct peer_conn *c);
@@ -302,23 +350,25 @@ void tpd_peerlisten_conn_free(struct peer_conn *c);
 /*
  * tpd_peerlisten_admit_link() - may a connection from @addr ("HOST:PORT") become a link? Bounds
  * the links other daemons open here, in total and per source address (logged, rate-limited).
- * Call it before the handshake starts. Return: true if so.
+ * Call it before the handshake starts. Borrows @ps and @addr. Return: true if so.
  */
-bool tpd_peerlisten_admit_link(struct tpd_daemon *d, const char *addr);
+bool tpd_peerlisten_admit_link(struct tpd_peers *ps, const char *addr);
 
 /*
  * tpd_peerlisten_admit_data() - may one more data connection (two threads) join a link? Bounds
- * the data connections of all links together (logged, rate-limited). Return: true if so.
+ * the data connections of all links together (logged, rate-limited). Borrows @ps and @addr.
+ * Return: true if so.
  */
-bool tpd_peerlisten_admit_data(struct tpd_daemon *d, const char *addr);
+bool tpd_peerlisten_admit_data(struct tpd_peers *ps, const char *addr);
 
 /*
  * tpd_peerlisten_admit_dial() - may this daemon open one more link (a client asked for a new
  * tpip:// address)? Bounds the links it dials (--peer-links-max) and the data connections of
  * all its links, counting those a link will open (--peer-data-conns-max).
+ * Borrows @ps; writes at most @wl bytes into @why.
  * Return: true if so; false with the reason in @why (logged, rate-limited).
  */
-bool tpd_peerlisten_admit_dial(struct tpd_daemon *d, char *why, size_t wl);
+bool tpd_peerlisten_admit_dial(struct tpd_peers *ps, char *why, size_t wl);
 
 /*
  * tpd_peermsg_dispatch() - handle validated PeerMsg @m of @pr's control connection (peermsg.c):

@@ -23,15 +23,15 @@
 /* Below this share an address is still tried, for its refusal to come back at least. */
 #define ATTEMPT_MIN_MS 100u
 
-static struct evdns_base *dns_base(struct tpd_daemon *d)
+static struct evdns_base *dns_base(struct tpd_peers *ps)
 {
-	if (!d->dns) {
-		d->dns = evdns_base_new(d->base, EVDNS_BASE_INITIALIZE_NAMESERVERS |
+	if (!ps->dns) {
+		ps->dns = evdns_base_new(ps->base, EVDNS_BASE_INITIALIZE_NAMESERVERS |
 							 EVDNS_BASE_NAMESERVERS_NO_DEFAULT);
-		if (!d->dns)
-			d->dns = evdns_base_new(d->base, 0);
+		if (!ps->dns)
+			ps->dns = evdns_base_new(ps->base, 0);
 	}
-	return d->dns;
+	return ps->dns;
 }
 
 static uint32_t ms_left(const struct tpd_peer *pr)
@@ -121,8 +121,8 @@ void tpd_peerdial_start(struct tpd_peer *pr, const char *host, uint16_t port)
 	struct evutil_addrinfo hints = { .ai_family = AF_UNSPEC,
 					 .ai_socktype = SOCK_STREAM,
 					 .ai_protocol = IPPROTO_TCP };
-	uint32_t timeout_ms = pr->d->cfg.peer_connect_timeout_ms;
-	struct evdns_base *dns = dns_base(pr->d);
+	uint32_t timeout_ms = pr->peers->cfg->peer_connect_timeout_ms;
+	struct evdns_base *dns = dns_base(pr->peers);
 	char service[8];
 
 	pr->dial_deadline_ns = tpu_now_ns() + (uint64_t)timeout_ms * 1000000u;
@@ -146,15 +146,16 @@ void tpd_peerdial_error(struct tpd_peer *pr, int err)
 
 void tpd_peerdial_timeout(struct tpd_peer *pr)
 {
+	const struct tpd_config *cfg = pr->peers->cfg;
 	if (!pr->addr) {
 		tpd_peer_fail(pr, -ETIMEDOUT, "no link within %u ms: the host name did not resolve",
-			      pr->d->cfg.peer_connect_timeout_ms);
+			      cfg->peer_connect_timeout_ms);
 		return;
 	}
 	note_failure(pr, "no answer");
 	if (!dial_on(pr))
 		tpd_peer_fail(pr, -ETIMEDOUT, "no link within %u ms: %s",
-			      pr->d->cfg.peer_connect_timeout_ms, pr->dial_errs);
+			      cfg->peer_connect_timeout_ms, pr->dial_errs);
 }
 
 void tpd_peerdial_connected(struct tpd_peer *pr)
@@ -196,13 +197,13 @@ void tpd_peerdial_done(struct tpd_peer *pr)
 	pr->addrs = pr->addr = NULL;
 }
 
-void tpd_peer_dial_dns_free(struct tpd_daemon *d)
+void tpd_peer_dial_dns_free(struct tpd_peers *ps)
 {
-	if (!d->dns)
+	if (!ps->dns)
 		return;
 	/* A canceled resolution reports through a callback deferred to the loop, which must run
 	 * while the resolver still exists. */
-	event_base_loop(d->base, EVLOOP_NONBLOCK);
-	evdns_base_free(d->dns, 0);
-	d->dns = NULL;
+	event_base_loop(ps->base, EVLOOP_NONBLOCK);
+	evdns_base_free(ps->dns, 0);
+	ps->dns = NULL;
 }

@@ -42,25 +42,26 @@ static bool hello_keeps(const char *name, void *arg)
 
 void tpd_peerhs_send_hello(struct tpd_peer *pr, Tpw__V1__Status st, const char *msg)
 {
-	struct tpd_daemon *d = pr->d;
+	struct tpd_peers *ps = pr->peers;
+	const struct tpd_config *cfg = ps->cfg;
 	Tpw__V1__PeerHello h = TPW__V1__PEER_HELLO__INIT;
 	Tpw__V1__PeerMsg m = TPW__V1__PEER_MSG__INIT;
 	const char *backends[16];
 	/* The registry's viable channels between hosts, in this daemon's priority order. */
-	size_t n_backends = tpb_peer_offers(hello_keeps, d, backends, TPU_ARRAY_SIZE(backends));
+	size_t n_backends = tpb_peer_offers(hello_keeps, ps->d, backends, TPU_ARRAY_SIZE(backends));
 
 	h.major = TPW_PEER_PROTO_MAJOR;
 	h.minor = TPW_PEER_PROTO_MINOR;
-	h.host = d->hostname;
-	h.boot_id.data = d->boot_id;
-	h.boot_id.len = sizeof(d->boot_id);
-	h.instance = d->instance;
+	h.host = ps->hostname;
+	h.boot_id.data = ps->boot_id;
+	h.boot_id.len = sizeof(ps->boot_id);
+	h.instance = ps->instance;
 	h.n_backends = n_backends;
 	h.backends = (char **)backends;
-	h.data_conns = pr->outgoing ? d->cfg.peer_data_conns : 0;
-	h.data_plaintext = !d->cfg.peer_data_encryption;
-	h.force_cross_host = d->cfg.peer_force_cross_host;
-	h.listen_port = d->peer_port_bound;
+	h.data_conns = pr->outgoing ? cfg->peer_data_conns : 0;
+	h.data_plaintext = !cfg->peer_data_encryption;
+	h.force_cross_host = cfg->peer_force_cross_host;
+	h.listen_port = ps->port_bound;
 	h.status = st;
 	h.message = (char *)msg;
 	m.body_case = TPW__V1__PEER_MSG__BODY_HELLO;
@@ -124,9 +125,9 @@ void tpd_peerhs_link_up(struct tpd_peer *pr)
 			     pr->host, pr->data_attached);
 	tpd_peer_log(pr, TPU_LOG_DEBUG, "data connections protected by %s",
 		     pr->data_prot ? pr->data_prot : "nothing");
-	tpd_peer_timer_arm_ms(pr->ev_timer, TPU_MAX(pr->d->cfg.peer_timeout_ms / 3, 100u));
+	tpd_peer_timer_arm_ms(pr->ev_timer, TPU_MAX(pr->peers->cfg->peer_timeout_ms / 3, 100u));
 	if (pr->peer_rdma)
-		pr->gdr = tpd_gdr_link_new(pr->d, pr, pr->peer_rdma);
+		pr->gdr = tpd_gdr_link_new(pr->peers->d, pr, pr->peer_rdma);
 	while (v && tpu_hmap_next(&pr->pipes, &i, &key, &val))
 		v[k++] = val;
 	for (i = 0; i < k; i++)
@@ -137,7 +138,8 @@ void tpd_peerhs_link_up(struct tpd_peer *pr)
 /* Checks the peer's Hello (both sides). Return: 0 or -errno with @why filled. */
 static int check_hello(struct tpd_peer *pr, const Tpw__V1__PeerHello *h, char *why, size_t wl)
 {
-	struct tpd_daemon *d = pr->d;
+	struct tpd_peers *ps = pr->peers;
+	const struct tpd_config *cfg = ps->cfg;
 
 	snprintf(pr->host, sizeof(pr->host), "%s", h->host ? h->host : "");
 	pr->peer_minor = h->minor;
@@ -153,20 +155,21 @@ static int check_hello(struct tpd_peer *pr, const Tpw__V1__PeerHello *h, char *w
 			 TPW_PEER_PROTO_MAJOR, TPW_PEER_PROTO_MINOR);
 		return -EPROTONOSUPPORT;
 	}
-	if (h->instance == d->instance) {
+	if (h->instance == ps->instance) {
 		snprintf(why, wl, "the address is this daemon's own");
 		return -ELOOP;
 	}
-	if (h->boot_id.len == 16 && memcmp(h->boot_id.data, d->boot_id, 16) == 0 &&
-	    !d->cfg.peer_force_cross_host && !h->force_cross_host) {
+	if (h->boot_id.len == 16 && memcmp(h->boot_id.data, ps->boot_id, 16) == 0 &&
+	    !cfg->peer_force_cross_host && !h->force_cross_host) {
 		snprintf(why, wl, "the peer daemon runs on this host (same boot id); connect to its "
 				  "socket, or start both daemons with --peer-force-cross-host");
 		return -EOPNOTSUPP;
 	}
-	if (h->data_plaintext != !d->cfg.peer_data_encryption) {
+	if (h->data_plaintext != !cfg->peer_data_encryption) {
 		snprintf(why, wl, "peer-data-encryption differs: %s here, %s on the peer; set the "
 				  "same on both daemons",
-			 d->cfg.peer_data_encryption ? "yes" : "no", h->data_plaintext ? "no" : "yes");
+			 cfg->peer_data_encryption ? "yes" : "no",
+			 h->data_plaintext ? "no" : "yes");
 		return -EPROTO;
 	}
 	return 0;
@@ -225,9 +228,9 @@ void tpd_peerhs_tls_up(struct tpd_peer *pr, SSL *ssl)
 		     pr->identity);
 }
 
-SSL *tpd_peerhs_data_tls(struct tpd_daemon *d, int fd, bool server, const char *host)
+SSL *tpd_peerhs_data_tls(struct tpd_peers *ps, int fd, bool server, const char *host)
 {
-	SSL *ssl = tpd_peertls_ssl_new(d->peer_tls, server, host);
+	SSL *ssl = tpd_peertls_ssl_new(ps->tls, server, host);
 
 	if (!ssl)
 		return NULL;
@@ -235,7 +238,7 @@ SSL *tpd_peerhs_data_tls(struct tpd_daemon *d, int fd, bool server, const char *
 		SSL_free(ssl);
 		return NULL;
 	}
-	if (d->cfg.peer_data_encryption)
+	if (ps->cfg->peer_data_encryption)
 		SSL_set_options(ssl, SSL_OP_ENABLE_KTLS);
 	if (server)
 		SSL_set_accept_state(ssl);
@@ -282,12 +285,14 @@ static void data_dial_on_event(evutil_socket_t fd, short what, void *arg);
 /* Waits for @dd's socket to be readable or (@write) writable, within the connect timeout. */
 static int data_dial_wait(struct data_dial *dd, bool write)
 {
-	struct timeval tv = { dd->d->cfg.peer_connect_timeout_ms / 1000,
-			      (dd->d->cfg.peer_connect_timeout_ms % 1000) * 1000 };
+	const struct tpd_config *cfg = dd->peers->cfg;
+	struct timeval tv = { cfg->peer_connect_timeout_ms / 1000,
+			      (cfg->peer_connect_timeout_ms % 1000) * 1000 };
 
 	if (dd->ev)
 		event_free(dd->ev);
-	dd->ev = event_new(dd->d->base, dd->fd, write ? EV_WRITE : EV_READ, data_dial_on_event, dd);
+	dd->ev = event_new(dd->peers->base, dd->fd, write ? EV_WRITE : EV_READ, data_dial_on_event,
+			   dd);
 	if (!dd->ev || event_add(dd->ev, &tv) < 0)
 		return -ENOMEM;
 	return 0;
@@ -304,7 +309,7 @@ static void dial_data(struct tpd_peer *pr)
 		return;
 	}
 	pr->state = PEER_DATA;
-	for (unsigned i = 0; i < pr->d->cfg.peer_data_conns; i++) {
+	for (unsigned i = 0; i < pr->peers->cfg->peer_data_conns; i++) {
 		struct data_dial *dd = calloc(1, sizeof(*dd));
 		int fd = socket(ss.ss_family, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
 		if (!dd || fd < 0 ||
@@ -315,12 +320,12 @@ static void dial_data(struct tpd_peer *pr)
 			tpd_peer_fail(pr, e, "data connection %u: %s", i, strerror(-e));
 			return;
 		}
-		dd->d = pr->d;
+		dd->peers = pr->peers;
 		dd->peer_id = pr->id;
 		dd->fd = fd;
 		dd->index = i;
 		dd->step = DATA_CONNECT;
-		tpu_list_insert_tail(&pr->d->data_dials, &dd->node);
+		tpu_list_insert_tail(&pr->peers->data_dials, &dd->node);
 		if (data_dial_wait(dd, true) < 0) {
 			tpd_peerhs_data_dial_free(dd);
 			tpd_peer_fail(pr, -ENOMEM, "out of memory");
@@ -340,11 +345,11 @@ void tpd_peerhs_data_dial_free(struct data_dial *dd)
 }
 
 /* Finds live link @id (a data dial may outlive its link). */
-static struct tpd_peer *peer_by_id(struct tpd_daemon *d, uint64_t id)
+static struct tpd_peer *peer_by_id(struct tpd_peers *ps, uint64_t id)
 {
 	struct tpd_peer *pr;
 
-	tpu_list_for_each(pr, &d->peers, node)
+	tpu_list_for_each(pr, &ps->links, node)
 		if (pr->id == id && pr->state != PEER_FAILED)
 			return pr;
 	return NULL;
@@ -386,7 +391,7 @@ static int data_dial_check(struct tpd_peer *pr, struct data_dial *dd, char *why,
 
 	if (r == 0)
 		r = tpw_peer_msg_unpack(dd->buf + TPW_HDR_SIZE, h.msg_len, &m);
-	if (r == 0 && (r = tpw_peer_msg_validate(m, &h, &pr->d->limits, why, wl)) < 0)
+	if (r == 0 && (r = tpw_peer_msg_validate(m, &h, pr->peers->limits, why, wl)) < 0)
 		goto out;
 	if (r < 0 || m->body_case != TPW__V1__PEER_MSG__BODY_DATA_HELLO) {
 		snprintf(why, wl, "the answer is not a data hello");
@@ -413,7 +418,7 @@ out:
 /* Link up on the dialling side once PeerReady(data_up) came and every connection attached. */
 static void dial_maybe_up(struct tpd_peer *pr)
 {
-	if (!pr->ready_seen || pr->data_attached < pr->d->cfg.peer_data_conns)
+	if (!pr->ready_seen || pr->data_attached < pr->peers->cfg->peer_data_conns)
 		return;
 	pr->data_attached = tpd_stripe_conns(pr->stripe);
 	tpd_peerhs_link_up(pr);
@@ -423,7 +428,7 @@ static void dial_maybe_up(struct tpd_peer *pr)
  * stripe. Return: 0 or -errno. */
 static int data_attach(struct tpd_peer *pr, int *fd, SSL **ssl)
 {
-	SSL *keep = pr->d->cfg.peer_data_encryption ? *ssl : NULL;
+	SSL *keep = pr->peers->cfg->peer_data_encryption ? *ssl : NULL;
 
 	if (*ssl) {
 		pr->data_prot = keep ? tpd_peertls_ktls(keep) : "plaintext";
@@ -450,8 +455,8 @@ static int data_dial_step(struct tpd_peer *pr, struct data_dial *dd, bool *ww, c
 			snprintf(why, wl, "%s", strerror(err));
 			return -err;
 		}
-		if (pr->d->peer_tls) {
-			dd->ssl = tpd_peerhs_data_tls(pr->d, dd->fd, false, pr->dial_host);
+		if (pr->peers->tls) {
+			dd->ssl = tpd_peerhs_data_tls(pr->peers, dd->fd, false, pr->dial_host);
 			if (!dd->ssl) {
 				snprintf(why, wl, "out of memory");
 				return -ENOMEM;
@@ -520,7 +525,7 @@ static int data_dial_step(struct tpd_peer *pr, struct data_dial *dd, bool *ww, c
 static void data_dial_on_event(evutil_socket_t fd, short what, void *arg)
 {
 	struct data_dial *dd = arg;
-	struct tpd_peer *pr = peer_by_id(dd->d, dd->peer_id);
+	struct tpd_peer *pr = peer_by_id(dd->peers, dd->peer_id);
 	char why[300] = "";
 	bool ww = false;
 	unsigned index = dd->index;
@@ -532,7 +537,7 @@ static void data_dial_on_event(evutil_socket_t fd, short what, void *arg)
 	}
 	if (what & EV_TIMEOUT) {
 		snprintf(why, sizeof(why), "no answer within %u ms",
-			 pr->d->cfg.peer_connect_timeout_ms);
+			 pr->peers->cfg->peer_connect_timeout_ms);
 		r = -ETIMEDOUT;
 	} else {
 		r = data_dial_step(pr, dd, &ww, why, sizeof(why));

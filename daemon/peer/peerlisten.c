@@ -49,16 +49,16 @@ static bool same_host(const char *a, const char *b)
 }
 
 /* At most one line a second for each limit: whoever reaches the port can hit them at will. */
-static void limit_log(struct tpd_daemon *d, int which, const char *fmt, ...) _printf_(3, 4);
+static void limit_log(struct tpd_peers *ps, int which, const char *fmt, ...) _printf_(3, 4);
 
-static void limit_log(struct tpd_daemon *d, int which, const char *fmt, ...)
+static void limit_log(struct tpd_peers *ps, int which, const char *fmt, ...)
 {
 	static struct tpd_ratelog logs[3];
 	unsigned suppressed;
 	char msg[300];
 	va_list ap;
 
-	(void)d;
+	(void)ps;
 	if (!tpd_quota_ratelog_ok(&logs[which], 1000, &suppressed))
 		return;
 	va_start(ap, fmt);
@@ -71,92 +71,98 @@ static void limit_log(struct tpd_daemon *d, int which, const char *fmt, ...)
  * A connection from @addr was accepted: may it wait for its first frame? Bounded in total and
  * per source address, so that idle connections cannot take every fd. Return: true if so.
  */
-static bool admit_pending(struct tpd_daemon *d, const char *addr)
+static bool admit_pending(struct tpd_peers *ps, const char *addr)
 {
+	const struct tpd_config *cfg = ps->cfg;
 	unsigned all = 0, same = 0;
 	struct peer_conn *c;
 
-	tpu_list_for_each(c, &d->peer_conns, node) {
+	tpu_list_for_each(c, &ps->conns, node) {
 		all++;
 		same += same_host(c->addr, addr);
 	}
-	if (all >= d->cfg.peer_pending_max) {
-		limit_log(d, 0, "peer connection from %s refused: %u connections wait for their "
-			  "first frame (limit %u)", addr, all, d->cfg.peer_pending_max);
+	if (all >= cfg->peer_pending_max) {
+		limit_log(ps, 0, "peer connection from %s refused: %u connections wait for their "
+			  "first frame (limit %u)", addr, all, cfg->peer_pending_max);
 		return false;
 	}
-	if (same >= d->cfg.peer_pending_per_source) {
-		limit_log(d, 0, "peer connection from %s refused: %u connections from that address "
+	if (same >= cfg->peer_pending_per_source) {
+		limit_log(ps, 0,
+			  "peer connection from %s refused: %u connections from that address "
 			  "wait for their first frame (limit %u)", addr, same,
-			  d->cfg.peer_pending_per_source);
+			  cfg->peer_pending_per_source);
 		return false;
 	}
 	return true;
 }
 
-bool tpd_peerlisten_admit_link(struct tpd_daemon *d, const char *addr)
+bool tpd_peerlisten_admit_link(struct tpd_peers *ps, const char *addr)
 {
+	const struct tpd_config *cfg = ps->cfg;
 	unsigned all = 0, same = 0;
 	struct tpd_peer *pr;
 
-	tpu_list_for_each(pr, &d->peers, node) {
+	tpu_list_for_each(pr, &ps->links, node) {
 		if (pr->outgoing || pr->state == PEER_FAILED)
 			continue;
 		all++;
 		same += same_host(pr->key, addr);
 	}
-	if (all >= d->cfg.peer_links_max) {
-		limit_log(d, 1, "peer link from %s refused: %u links from other daemons (limit %u)",
-			  addr, all, d->cfg.peer_links_max);
+	if (all >= cfg->peer_links_max) {
+		limit_log(ps, 1,
+			  "peer link from %s refused: %u links from other daemons (limit %u)",
+			  addr, all, cfg->peer_links_max);
 		return false;
 	}
-	if (same >= d->cfg.peer_links_per_source) {
-		limit_log(d, 1, "peer link from %s refused: %u links from that address (limit %u)",
-			  addr, same, d->cfg.peer_links_per_source);
+	if (same >= cfg->peer_links_per_source) {
+		limit_log(ps, 1, "peer link from %s refused: %u links from that address (limit %u)",
+			  addr, same, cfg->peer_links_per_source);
 		return false;
 	}
 	return true;
 }
 
-bool tpd_peerlisten_admit_data(struct tpd_daemon *d, const char *addr)
+bool tpd_peerlisten_admit_data(struct tpd_peers *ps, const char *addr)
 {
+	const struct tpd_config *cfg = ps->cfg;
 	unsigned all = 0;
 	struct tpd_peer *pr;
 
-	tpu_list_for_each(pr, &d->peers, node)
+	tpu_list_for_each(pr, &ps->links, node)
 		if (pr->stripe)
 			all += tpd_stripe_conns(pr->stripe);
-	if (all < d->cfg.peer_data_conns_max)
+	if (all < cfg->peer_data_conns_max)
 		return true;
-	limit_log(d, 2, "peer data connection from %s refused: %u data connections (limit %u)",
-		  addr, all, d->cfg.peer_data_conns_max);
+	limit_log(ps, 2, "peer data connection from %s refused: %u data connections (limit %u)",
+		  addr, all, cfg->peer_data_conns_max);
 	return false;
 }
 
-bool tpd_peerlisten_admit_dial(struct tpd_daemon *d, char *why, size_t wl)
+bool tpd_peerlisten_admit_dial(struct tpd_peers *ps, char *why, size_t wl)
 {
+	const struct tpd_config *cfg = ps->cfg;
 	unsigned links = 0, conns = 0;
 	struct tpd_peer *pr;
 
-	tpu_list_for_each(pr, &d->peers, node) {
+	tpu_list_for_each(pr, &ps->links, node) {
 		unsigned have = pr->stripe ? tpd_stripe_conns(pr->stripe) : 0;
-		unsigned will = pr->outgoing ? d->cfg.peer_data_conns : pr->data_expected;
+		unsigned will = pr->outgoing ? cfg->peer_data_conns : pr->data_expected;
 
 		if (pr->state == PEER_FAILED)
 			continue;
 		links += pr->outgoing;
 		conns += have > will ? have : will;
 	}
-	if (links >= d->cfg.peer_links_max) {
+	if (links >= cfg->peer_links_max) {
 		snprintf(why, wl, "this daemon has %u links to other daemons (limit %u)", links,
-			 d->cfg.peer_links_max);
-		limit_log(d, 1, "new peer link refused: %s", why);
+			 cfg->peer_links_max);
+		limit_log(ps, 1, "new peer link refused: %s", why);
 		return false;
 	}
-	if (conns + d->cfg.peer_data_conns > d->cfg.peer_data_conns_max) {
+	if (conns + cfg->peer_data_conns > cfg->peer_data_conns_max) {
 		snprintf(why, wl, "this daemon's links have %u data connections, %u more would "
-			 "exceed %u", conns, d->cfg.peer_data_conns, d->cfg.peer_data_conns_max);
-		limit_log(d, 2, "new peer link refused: %s", why);
+			 "exceed %u", conns, cfg->peer_data_conns, cfg->peer_data_conns_max);
+		limit_log(ps, 2, "new peer link refused: %s", why);
 		return false;
 	}
 	return true;
@@ -233,17 +239,18 @@ static int data_answer(struct peer_conn *c, struct tpd_peer *pr, unsigned index,
 
 static void accept_data(struct peer_conn *c, const Tpw__V1__PeerDataHello *h)
 {
-	struct tpd_daemon *d = c->d;
+	struct tpd_peers *ps = c->peers;
+	const struct tpd_config *cfg = ps->cfg;
 	struct tpd_peer *pr;
 	uint8_t bind[TPD_PEERTLS_BIND_LEN];
 	char why[240];
 	SSL *keep;
 	int r;
 
-	tpu_list_for_each(pr, &d->peers, node)
+	tpu_list_for_each(pr, &ps->links, node)
 		if (!pr->outgoing && pr->state == PEER_DATA && pr->link_id == h->link_id)
 			break;
-	if (&pr->node == &d->peers) {
+	if (&pr->node == &ps->links) {
 		tpu_log_info("peer connection from %s: data connection for unknown link %llu",
 			     c->addr, (unsigned long long)h->link_id);
 		tpd_peerlisten_conn_free(c);
@@ -264,10 +271,10 @@ static void accept_data(struct peer_conn *c, const Tpw__V1__PeerDataHello *h)
 		tpd_peer_fail(pr, -EPROTO, "bad data connection index %u", h->index);
 		return;
 	}
-	if (!tpd_peerlisten_admit_data(d, c->addr)) {
+	if (!tpd_peerlisten_admit_data(ps, c->addr)) {
 		tpd_peerlisten_conn_free(c);
 		tpd_peer_fail(pr, -ENOBUFS, "data connection limit of %u reached on this daemon",
-			      d->cfg.peer_data_conns_max);
+			      cfg->peer_data_conns_max);
 		return;
 	}
 	r = data_answer(c, pr, h->index, why, sizeof(why));
@@ -277,7 +284,7 @@ static void accept_data(struct peer_conn *c, const Tpw__V1__PeerDataHello *h)
 		return;
 	}
 	pr->data_seen[h->index] = true;
-	keep = d->cfg.peer_data_encryption ? c->ssl : NULL;
+	keep = cfg->peer_data_encryption ? c->ssl : NULL;
 	if (c->ssl)
 		pr->data_prot = keep ? tpd_peertls_ktls(keep) : "plaintext";
 	if (!keep)
@@ -297,16 +304,16 @@ static void accept_data(struct peer_conn *c, const Tpw__V1__PeerDataHello *h)
 
 static void accept_control(struct peer_conn *c, const Tpw__V1__PeerHello *h)
 {
-	struct tpd_daemon *d = c->d;
+	struct tpd_peers *ps = c->peers;
 	struct tpd_peer *pr;
 	int fd = c->fd;
 	SSL *ssl = c->ssl;
 
-	if (!tpd_peerlisten_admit_link(d, c->addr)) {
+	if (!tpd_peerlisten_admit_link(ps, c->addr)) {
 		tpd_peerlisten_conn_free(c);
 		return;
 	}
-	pr = tpd_peer_new(d, false, c->addr);
+	pr = tpd_peer_new(ps, false, c->addr);
 
 	c->fd = -EBADF;
 	c->ssl = NULL;
@@ -324,7 +331,7 @@ static void accept_control(struct peer_conn *c, const Tpw__V1__PeerHello *h)
 		pr->link_id = pr->id;
 	if (ssl)
 		tpd_peerhs_tls_up(pr, ssl);
-	tpd_peer_timer_arm_ms(pr->ev_timer, d->cfg.peer_connect_timeout_ms);
+	tpd_peer_timer_arm_ms(pr->ev_timer, ps->cfg->peer_connect_timeout_ms);
 	bufferevent_enable(pr->bev, EV_READ | EV_WRITE);
 	if (ssl)
 		tpd_peer_log(pr, TPU_LOG_INFO, "accepted from %s, authenticated as %s",
@@ -344,7 +351,7 @@ static void conn_first_frame(struct peer_conn *c, const struct tpw_hdr *h)
 	int r = tpw_peer_msg_unpack(c->buf + TPW_HDR_SIZE, h->msg_len, &m);
 
 	if (r == 0)
-		r = tpw_peer_msg_validate(m, h, &c->d->limits, why, sizeof(why));
+		r = tpw_peer_msg_validate(m, h, c->peers->limits, why, sizeof(why));
 	if (r == 0 && m->body_case == TPW__V1__PEER_MSG__BODY_HELLO)
 		accept_control(c, m->hello);
 	else if (r == 0 && m->body_case == TPW__V1__PEER_MSG__BODY_DATA_HELLO)
@@ -373,7 +380,7 @@ static int conn_wait(struct peer_conn *c, bool write)
 	}
 	if (c->ev)
 		event_free(c->ev);
-	c->ev = event_new(c->d->base, c->fd, write ? EV_WRITE : EV_READ, conn_on_event, c);
+	c->ev = event_new(c->peers->base, c->fd, write ? EV_WRITE : EV_READ, conn_on_event, c);
 	if (!c->ev || event_add(c->ev, &tv) < 0)
 		return -ENOMEM;
 	return 0;
@@ -513,10 +520,10 @@ wait:
 
 static void peer_on_accept_resume(evutil_socket_t fd, short what, void *arg)
 {
-	struct tpd_daemon *d = arg;
+	struct tpd_peers *ps = arg;
 
-	if (d->ev_peer_accept && !d->stopping) /* NULL once the peer listener closed */
-		event_add(d->ev_peer_accept, NULL);
+	if (ps->ev_accept && !tpd_daemon_stopping(ps->d)) /* NULL once the peer listener closed */
+		event_add(ps->ev_accept, NULL);
 }
 
 /*
@@ -524,25 +531,25 @@ static void peer_on_accept_resume(evutil_socket_t fd, short what, void *arg)
  * and the socket stays readable, so stop watching it for a second instead of spinning, and say
  * so at most every 10 s.
  */
-static void accept_pause(struct tpd_daemon *d, int err)
+static void accept_pause(struct tpd_peers *ps, int err)
 {
 	static const struct timeval one = { 1, 0 };
 	unsigned suppressed;
 
-	if (tpd_quota_ratelog_ok(&d->peer_accept_log, 10000, &suppressed))
+	if (tpd_quota_ratelog_ok(&ps->accept_log, 10000, &suppressed))
 		tpu_log_warn("peer accept failed: %s; pausing peer accepts for 1 s (%u more pauses "
 			     "since the last such line)", strerror(err), suppressed);
-	if (!d->ev_peer_accept_resume)
-		d->ev_peer_accept_resume = evtimer_new(d->base, peer_on_accept_resume, d);
-	if (!d->ev_peer_accept_resume)
+	if (!ps->ev_accept_resume)
+		ps->ev_accept_resume = evtimer_new(ps->base, peer_on_accept_resume, ps);
+	if (!ps->ev_accept_resume)
 		return; /* cannot pause: keep accepting */
-	event_del(d->ev_peer_accept);
-	evtimer_add(d->ev_peer_accept_resume, &one);
+	event_del(ps->ev_accept);
+	evtimer_add(ps->ev_accept_resume, &one);
 }
 
 static void peer_on_accept(evutil_socket_t lfd, short what, void *arg)
 {
-	struct tpd_daemon *d = arg;
+	struct tpd_peers *ps = arg;
 	struct sockaddr_storage ss;
 	socklen_t sl = sizeof(ss);
 	struct peer_conn *c;
@@ -551,7 +558,7 @@ static void peer_on_accept(evutil_socket_t lfd, short what, void *arg)
 	fd = accept4(lfd, (struct sockaddr *)&ss, &sl, SOCK_NONBLOCK | SOCK_CLOEXEC);
 	if (fd < 0) {
 		if (errno != EAGAIN && errno != EINTR && errno != ECONNABORTED)
-			accept_pause(d, errno);
+			accept_pause(ps, errno);
 		return;
 	}
 	/* Control frames are small and latency-bound: never wait for Nagle (data connections set
@@ -562,19 +569,19 @@ static void peer_on_accept(evutil_socket_t lfd, short what, void *arg)
 		close(fd);
 		return;
 	}
-	c->d = d;
+	c->peers = ps;
 	c->fd = fd;
 	c->want = TPW_HDR_SIZE;
-	c->deadline_ns = tpu_now_ns() + (uint64_t)d->cfg.peer_connect_timeout_ms * 1000000u;
+	c->deadline_ns = tpu_now_ns() + (uint64_t)ps->cfg->peer_connect_timeout_ms * 1000000u;
 	tpd_peer_sockaddr_text((struct sockaddr *)&ss, c->addr, sizeof(c->addr), true);
-	if (!admit_pending(d, c->addr)) {
+	if (!admit_pending(ps, c->addr)) {
 		close(fd);
 		free(c);
 		return;
 	}
-	tpu_list_insert_tail(&d->peer_conns, &c->node);
-	if (d->peer_tls) {
-		c->ssl = tpd_peerhs_data_tls(d, fd, true, NULL);
+	tpu_list_insert_tail(&ps->conns, &c->node);
+	if (ps->tls) {
+		c->ssl = tpd_peerhs_data_tls(ps, fd, true, NULL);
 		if (!c->ssl) {
 			tpd_peerlisten_conn_free(c);
 			return;
@@ -640,7 +647,7 @@ int tpd_peerlisten_check(const char *spec)
 	return parse_listen(spec, &ss, &sl);
 }
 
-int tpd_peerlisten_open(struct tpd_daemon *d, const char *spec)
+int tpd_peerlisten_open(struct tpd_peers *ps, const char *spec)
 {
 	struct sockaddr_storage ss;
 	socklen_t sl;
@@ -675,23 +682,23 @@ int tpd_peerlisten_open(struct tpd_daemon *d, const char *spec)
 	}
 	sl = sizeof(ss);
 	getsockname(fd, (struct sockaddr *)&ss, &sl);
-	tpd_peer_sockaddr_text((struct sockaddr *)&ss, d->peer_listen_addr,
-			       sizeof(d->peer_listen_addr), true);
-	d->peer_port_bound = ntohs(ss.ss_family == AF_INET ? ((struct sockaddr_in *)&ss)->sin_port
-							   : ((struct sockaddr_in6 *)&ss)->sin6_port);
-	d->peer_fd = fd;
-	d->ev_peer_accept = event_new(d->base, fd, EV_READ | EV_PERSIST, peer_on_accept, d);
-	if (!d->ev_peer_accept)
+	tpd_peer_sockaddr_text((struct sockaddr *)&ss, ps->listen_addr, sizeof(ps->listen_addr),
+			       true);
+	ps->port_bound = ntohs(ss.ss_family == AF_INET ? ((struct sockaddr_in *)&ss)->sin_port
+						       : ((struct sockaddr_in6 *)&ss)->sin6_port);
+	ps->listen_fd = fd;
+	ps->ev_accept = event_new(ps->base, fd, EV_READ | EV_PERSIST, peer_on_accept, ps);
+	if (!ps->ev_accept)
 		return -ENOMEM;
-	event_add(d->ev_peer_accept, NULL);
-	if (d->peer_tls)
+	event_add(ps->ev_accept, NULL);
+	if (ps->tls)
 		tpu_log_notice("peer listener on %s (TLS 1.3, peers authenticated by %s%s%s)",
-			       d->peer_listen_addr, d->peer_tls->psk ? "pre-shared key" : "",
-			       d->peer_tls->psk && d->peer_tls->certs ? " or " : "",
-			       d->peer_tls->certs ? "certificate" : "");
+			       ps->listen_addr, ps->tls->psk ? "pre-shared key" : "",
+			       ps->tls->psk && ps->tls->certs ? " or " : "",
+			       ps->tls->certs ? "certificate" : "");
 	else
 		tpu_log_warn("peer listener on %s INSECURE (--peer-insecure): peers are neither "
 			     "authenticated nor encrypted; any host that reaches this port can open "
-			     "pipes. For test fabrics only", d->peer_listen_addr);
+			     "pipes. For test fabrics only", ps->listen_addr);
 	return 0;
 }

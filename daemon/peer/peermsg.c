@@ -81,7 +81,7 @@ static int on_msg_connect(struct tpd_peer *pr, const Tpw__V1__PeerMsg *m, const 
 {
 	(void)tail;
 	(void)tail_len;
-	tpd_peer_pipe_ops()->connect(pr->d, pr, m->connect);
+	tpd_peer_pipe_ops()->connect(pr->peers->d, pr, m->connect);
 	return 0;
 }
 
@@ -149,7 +149,7 @@ static int on_msg_pipe_close(struct tpd_peer *pr, const Tpw__V1__PeerMsg *m, con
 	(void)tail;
 	(void)tail_len;
 	if (pc->connect_pending)
-		tpd_peer_pipe_ops()->wait_cancel(pr->d, pr, pc->pipe_id);
+		tpd_peer_pipe_ops()->wait_cancel(pr->peers->d, pr, pc->pipe_id);
 	else if ((p = find_pipe(pr, pc->pipe_id)))
 		tpd_peer_pipe_ops()->close(p, pc->status, pc->message);
 	return 0;

@@ -144,7 +144,8 @@ static void stall(void *r)
 /* A TCP connection to the daemon's peer port; the daemon accepts it on its next pass. */
 static int peer_connect(void)
 {
-	struct sockaddr_in sin = { .sin_family = AF_INET, .sin_port = htons(daemon_->peer_port_bound),
+	struct sockaddr_in sin = { .sin_family = AF_INET,
+				   .sin_port = htons(tpd_peers_port(daemon_)),
 				   .sin_addr.s_addr = htonl(INADDR_LOOPBACK) };
 	int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
 
@@ -237,22 +238,29 @@ static unsigned sessions_left(void)
 	return tpd_local_session_count(tpd_daemon_local(daemon_));
 }
 
+/* Whether the peer part still has links, accepted connections (*@conns) or data dials (*@dials). */
+static bool peer_part_busy(unsigned *conns, unsigned *dials)
+{
+	*conns = tpd_peers_pending(daemon_, dials);
+	return tpd_peers_count(daemon_) || *conns || *dials;
+}
+
 /* After everything closed: every link, accepted connection, pipe, session and listener must go
  * within the deadline. */
 static void check_all_gone(void)
 {
 	uint64_t deadline = tpu_now_ns() + DRAIN_DEADLINE_NS;
+	unsigned conns, dials;
 
-	while (daemon_->n_peers || !tpu_list_empty(&daemon_->peer_conns) ||
-	       !tpu_list_empty(&daemon_->data_dials) ||
-	       tpd_broker_pipe_count(tpd_daemon_broker(daemon_)) || sessions_left() ||
+	while (peer_part_busy(&conns, &dials) || tpd_broker_pipe_count(tpd_daemon_broker(daemon_)) ||
+	       sessions_left() ||
 	       daemon_->registry.count) {
 		if (tpu_now_ns() > deadline) {
 			fprintf(stderr,
 				"fuzz_peer: %u links, %s accepted connections, %s data dials, %u pipes, "
 				"%u sessions, %u listeners left after everything closed\n",
-				daemon_->n_peers, tpu_list_empty(&daemon_->peer_conns) ? "no" : "some",
-				tpu_list_empty(&daemon_->data_dials) ? "no" : "some",
+				tpd_peers_count(daemon_), conns ? "some" : "no",
+				dials ? "some" : "no",
 				tpd_broker_pipe_count(tpd_daemon_broker(daemon_)),
 				sessions_left(), daemon_->registry.count);
 			abort();
@@ -271,7 +279,7 @@ void fuzz_peer_run(const uint8_t *data, size_t len)
 
 	if (!daemon_) {
 		daemon_ = fuzz_daemon_start("FUZZ_PEER_LOG", adjust);
-		if (!daemon_->peer_port_bound) {
+		if (!tpd_peers_port(daemon_)) {
 			fprintf(stderr, "fuzz_peer: the daemon has no peer listener\n");
 			abort();
 		}
