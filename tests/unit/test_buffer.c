@@ -1,6 +1,6 @@
 /* SPDX-License-Identifier: BSD-3-Clause */
 /*
- * Unit suite for daemon/xfer/buffer.c: which fds are accepted as shared buffers (sealed memfds of
+ * Unit suite for backends/base/buffer.c: which fds are accepted as shared buffers (sealed memfds of
  * sufficient size only) and the bounds checks that stand between a client's offsets and the
  * daemon's mappings.
  */
