@@ -146,7 +146,7 @@ struct tpb_ep {
 
 /*
  * The engine a same-host channel's kernel runs on: the daemon's copy threads
- * (tpd_copier_engine()), or NULL in a context, to run the kernel inside start() (tests, tools;
+ * (tpb_copier_engine()), or NULL in a context, to run the kernel inside start() (tests, tools;
  * the completion still comes later, from progress()).
  */
 struct tpb_engine {

@@ -14,7 +14,7 @@
 
 #define BOUNCE_BYTES (4u << 20)
 
-struct tpd_copier {
+struct tpb_copier {
 	pthread_mutex_t lock;
 	pthread_cond_t cond;
 	struct tpu_list todo;
@@ -27,9 +27,9 @@ struct tpd_copier {
 	unsigned n_threads;
 };
 
-struct tpd_copy_job *tpd_copier_job_new(size_t n, size_t n_refs)
+struct tpb_copy_job *tpb_copier_job_new(size_t n, size_t n_refs)
 {
-	struct tpd_copy_job *job = calloc(1, sizeof(*job));
+	struct tpb_copy_job *job = calloc(1, sizeof(*job));
 
 	if (!job)
 		return NULL;
@@ -40,13 +40,13 @@ struct tpd_copy_job *tpd_copier_job_new(size_t n, size_t n_refs)
 	job->refs = calloc(n_refs ? n_refs : 1, sizeof(*job->refs));
 	job->maps = calloc(n_refs ? 2 * n_refs : 1, sizeof(*job->maps));
 	if (!job->xfers || !job->channels || !job->ns || !job->refs || !job->maps) {
-		tpd_copier_job_free(job);
+		tpb_copier_job_free(job);
 		return NULL;
 	}
 	return job;
 }
 
-int tpd_copier_job_hold_proc(struct tpd_copy_job *job, struct tpb_proc *p)
+int tpb_copier_job_hold_proc(struct tpb_copy_job *job, struct tpb_proc *p)
 {
 	for (size_t i = 0; p && i < TPU_ARRAY_SIZE(job->procs); i++) {
 		if (job->procs[i] == p)
@@ -59,12 +59,12 @@ int tpd_copier_job_hold_proc(struct tpd_copy_job *job, struct tpb_proc *p)
 	return p ? -ENOBUFS : 0;
 }
 
-void tpd_copier_job_free(struct tpd_copy_job *job)
+void tpb_copier_job_free(struct tpb_copy_job *job)
 {
 	if (!job)
 		return;
 	for (size_t i = 0; i < job->n_refs; i++)
-		tpd_buffer_unref(job->refs[i]);
+		tpb_buffer_unref(job->refs[i]);
 	for (size_t i = 0; i < job->n_maps; i++)
 		tpb_cuda_map_unref(job->maps[i]);
 	tpb_proc_unref(job->procs[0]);
@@ -78,7 +78,7 @@ void tpd_copier_job_free(struct tpd_copy_job *job)
 }
 
 /* Runs transfer @i of @job on this worker; records its time and the job's first error. */
-static int xfer_run(struct tpd_copy_job *job, size_t i, struct tpb_scratch *s)
+static int xfer_run(struct tpb_copy_job *job, size_t i, struct tpb_scratch *s)
 {
 	uint64_t t0 = tpu_now_ns();
 	int r;
@@ -91,7 +91,7 @@ static int xfer_run(struct tpd_copy_job *job, size_t i, struct tpb_scratch *s)
 }
 
 /* Lock held: one transfer of @job ended with @r; the last one completes the job. */
-static void xfer_finished(struct tpd_copier *c, struct tpd_copy_job *job, size_t i, int r,
+static void xfer_finished(struct tpb_copier *c, struct tpb_copy_job *job, size_t i, int r,
 			  const char *why)
 {
 	static const uint64_t one = 1;
@@ -117,14 +117,14 @@ static void xfer_finished(struct tpd_copier *c, struct tpd_copy_job *job, size_t
  */
 static void *worker_main(void *arg)
 {
-	struct tpd_copier *c = arg;
+	struct tpb_copier *c = arg;
 	struct tpb_scratch s = { .bounce = malloc(BOUNCE_BYTES), .bounce_len = BOUNCE_BYTES };
 
 	if (!s.bounce)
 		s.bounce_len = 0;
 	pthread_mutex_lock(&c->lock);
 	for (;;) {
-		struct tpd_copy_job *job;
+		struct tpb_copy_job *job;
 		size_t i;
 		int r = 0;
 
@@ -132,7 +132,7 @@ static void *worker_main(void *arg)
 			pthread_cond_wait(&c->cond, &c->lock);
 		if (c->stopping)
 			break;
-		job = tpu_list_first(&c->todo, struct tpd_copy_job, node);
+		job = tpu_list_first(&c->todo, struct tpb_copy_job, node);
 		i = job->next++;
 		if (job->next == job->n)
 			tpu_list_remove(&job->node);
@@ -153,7 +153,7 @@ static void *worker_main(void *arg)
 
 static void copier_on_done(evutil_socket_t fd, short what, void *arg)
 {
-	struct tpd_copier *c = arg;
+	struct tpb_copier *c = arg;
 	struct tpu_list batch;
 	uint64_t v;
 
@@ -169,16 +169,16 @@ static void copier_on_done(evutil_socket_t fd, short what, void *arg)
 	}
 	pthread_mutex_unlock(&c->lock);
 	while (!tpu_list_empty(&batch)) {
-		struct tpd_copy_job *job = tpu_list_first(&batch, struct tpd_copy_job, node);
+		struct tpb_copy_job *job = tpu_list_first(&batch, struct tpb_copy_job, node);
 		tpu_list_remove(&job->node);
 		c->busy--;
 		job->done(job);
 	}
 }
 
-int tpd_copier_new(struct event_base *base, unsigned threads, struct tpd_copier **ret)
+int tpb_copier_new(struct event_base *base, unsigned threads, struct tpb_copier **ret)
 {
-	struct tpd_copier *c = calloc(1, sizeof(*c));
+	struct tpb_copier *c = calloc(1, sizeof(*c));
 
 	if (!c)
 		return -ENOMEM;
@@ -199,11 +199,11 @@ int tpd_copier_new(struct event_base *base, unsigned threads, struct tpd_copier 
 	*ret = c;
 	return 0;
 fail:
-	tpd_copier_free(c);
+	tpb_copier_free(c);
 	return -ENOMEM;
 }
 
-void tpd_copier_submit(struct tpd_copier *c, struct tpd_copy_job *job)
+void tpb_copier_submit(struct tpb_copier *c, struct tpb_copy_job *job)
 {
 	static const uint64_t one = 1;
 
@@ -223,12 +223,12 @@ void tpd_copier_submit(struct tpd_copier *c, struct tpd_copy_job *job)
 	pthread_mutex_unlock(&c->lock);
 }
 
-unsigned tpd_copier_busy(const struct tpd_copier *c)
+unsigned tpb_copier_busy(const struct tpb_copier *c)
 {
 	return c->busy;
 }
 
-void tpd_copier_free(struct tpd_copier *c)
+void tpb_copier_free(struct tpb_copier *c)
 {
 	if (!c)
 		return;
@@ -242,7 +242,7 @@ void tpd_copier_free(struct tpd_copier *c)
 	if (c->ev)
 		copier_on_done(c->efd, EV_READ, c);
 	while (!tpu_list_empty(&c->todo)) {
-		struct tpd_copy_job *job = tpu_list_first(&c->todo, struct tpd_copy_job, node);
+		struct tpb_copy_job *job = tpu_list_first(&c->todo, struct tpb_copy_job, node);
 		tpu_list_remove(&job->node);
 		c->busy--;
 		job->status = -ECANCELED;
@@ -259,21 +259,21 @@ void tpd_copier_free(struct tpd_copier *c)
 }
 
 /* A job made for an op of a channel context ends: hand its outcome to the context. */
-static void engine_job_done(struct tpd_copy_job *job)
+static void engine_job_done(struct tpb_copy_job *job)
 {
 	tpb_sync_engine_done(job->arg, job->status, job->bytes, job->why);
-	tpd_copier_job_free(job);
+	tpb_copier_job_free(job);
 }
 
 static int engine_submit(void *arg, int channel, struct tpb_op *op)
 {
-	struct tpd_copy_job *job;
+	struct tpb_copy_job *job;
 
 	if (op->n_xfers == 0) {
 		tpb_sync_engine_done(op, 0, 0, NULL); /* nothing to copy: delivered from progress */
 		return 0;
 	}
-	job = tpd_copier_job_new(op->n_xfers, 0);
+	job = tpb_copier_job_new(op->n_xfers, 0);
 	if (!job)
 		return -ENOMEM;
 	for (size_t i = 0; i < op->n_xfers; i++) {
@@ -284,11 +284,11 @@ static int engine_submit(void *arg, int channel, struct tpb_op *op)
 	job->n = op->n_xfers;
 	job->done = engine_job_done;
 	job->arg = op;
-	tpd_copier_submit(arg, job);
+	tpb_copier_submit(arg, job);
 	return 0;
 }
 
-void tpd_copier_engine(struct tpd_copier *c, struct tpb_engine *ret)
+void tpb_copier_engine(struct tpb_copier *c, struct tpb_engine *ret)
 {
 	*ret = (struct tpb_engine){ .submit = engine_submit, .arg = c };
 }

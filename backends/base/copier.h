@@ -1,29 +1,29 @@
 /* SPDX-License-Identifier: BSD-3-Clause */
 /*
- * tpd_copier: the copy engine. Worker threads run the byte copies of a transfer (shm memcpy,
+ * tpb_copier: the copy engine. Worker threads run the byte copies of a transfer (shm memcpy,
  * CMA) off the event loop, several workers on the transfers (chunks) of one job at once; finished jobs go back to the loop through a locked queue and an
  * eventfd, where their done callback runs. Jobs own everything a worker touches (transfer list,
  * buffer references), so a session that goes away mid-copy cannot pull memory from under a
  * worker. The copier knows nothing about pipes or sessions.
  */
-#ifndef TPD_COPIER_H
-#define TPD_COPIER_H
+#ifndef TPB_COPIER_H
+#define TPB_COPIER_H
 
 #include <event2/event.h>
 #include "buffer.h"
 #include "tpb.h"
 #include "tpu.h"
 
-struct tpd_copy_job;
-typedef void (*tpd_copy_done_fn)(struct tpd_copy_job *job);
+struct tpb_copy_job;
+typedef void (*tpb_copy_done_fn)(struct tpb_copy_job *job);
 
-struct tpd_copy_job {
+struct tpb_copy_job {
 	struct tpu_list node;
 	struct tpb_xfer *xfers; /* owned */
 	int *channels;		/* registry index per xfer, owned */
 	uint64_t *ns;		/* duration per xfer, set by the worker, owned */
 	size_t n;
-	struct tpd_buffer **refs; /* owned references, dropped when the job is freed */
+	struct tpb_buffer **refs; /* owned references, dropped when the job is freed */
 	size_t n_refs;
 	struct tpb_cuda_map **maps; /* owned references to CUDA mappings (2 * n_refs slots) */
 	size_t n_maps;
@@ -33,54 +33,54 @@ struct tpd_copy_job {
 	size_t finished;	/* transfers done (copier lock) */
 	int status;		/* set by the workers: 0 or the first -errno */
 	char why[160];
-	tpd_copy_done_fn done;	/* runs on the loop thread */
+	tpb_copy_done_fn done;	/* runs on the loop thread */
 	void *arg;
 };
 
-struct tpd_copier;
+struct tpb_copier;
 
 /*
- * tpd_copier_new() - start @threads workers completing into @base.
+ * tpb_copier_new() - start @threads workers completing into @base.
  * @base: borrows @base, which must outlive the copier.
- * @ret: returns owned copier, free with tpd_copier_free().
+ * @ret: returns owned copier, free with tpb_copier_free().
  * Return: 0 or -errno.
  */
-int tpd_copier_new(struct event_base *base, unsigned threads, struct tpd_copier **ret);
+int tpb_copier_new(struct event_base *base, unsigned threads, struct tpb_copier **ret);
 
 /*
- * tpd_copier_submit() - queue @job. Takes @job: its done callback runs exactly once on the loop
+ * tpb_copier_submit() - queue @job. Takes @job: its done callback runs exactly once on the loop
  * thread, later (with status -ECANCELED if the copier is freed first); the callback must free it
- * with tpd_copier_job_free().
+ * with tpb_copier_job_free().
  */
-void tpd_copier_submit(struct tpd_copier *c, struct tpd_copy_job *job);
+void tpb_copier_submit(struct tpb_copier *c, struct tpb_copy_job *job);
 
 /* Jobs queued or running. */
-unsigned tpd_copier_busy(const struct tpd_copier *c);
+unsigned tpb_copier_busy(const struct tpb_copier *c);
 
 /* Stops the workers (waiting for running copies), completes queued jobs with -ECANCELED. */
-void tpd_copier_free(struct tpd_copier *c);
+void tpb_copier_free(struct tpb_copier *c);
 
 /*
- * tpd_copier_engine() - @c as the engine of the same-host channels' contexts (struct
+ * tpb_copier_engine() - @c as the engine of the same-host channels' contexts (struct
  * tpb_engine, tpb_ctx_new()): each op submitted becomes one job of @c, whose workers run the
  * op's channel kernel on its transfers; the job's completion, on the loop thread, calls
  * tpb_sync_engine_done(), and the context delivers it from its next tpb_progress().
  * Ownership: the engine borrows @c, which must outlive every context made with it; a job still
  * queued when @c is freed completes with -ECANCELED.
  */
-void tpd_copier_engine(struct tpd_copier *c, struct tpb_engine *ret);
+void tpb_copier_engine(struct tpb_copier *c, struct tpb_engine *ret);
 
 /* Allocates a job for @n transfers, @n_refs buffer references and 2 * @n_refs CUDA mapping
  * references. Return: job or NULL. */
-struct tpd_copy_job *tpd_copier_job_new(size_t n, size_t n_refs);
+struct tpb_copy_job *tpb_copier_job_new(size_t n, size_t n_refs);
 /*
- * tpd_copier_job_hold_proc() - make @job keep a reference to @p (NULL: nothing) until it is freed;
+ * tpb_copier_job_hold_proc() - make @job keep a reference to @p (NULL: nothing) until it is freed;
  * a job touches at most two processes (its writer's and its reader's).
  * Return: 0, or -ENOBUFS for a third process.
  */
-int tpd_copier_job_hold_proc(struct tpd_copy_job *job, struct tpb_proc *p);
+int tpb_copier_job_hold_proc(struct tpb_copy_job *job, struct tpb_proc *p);
 
 /* Drops the job's buffer references and frees it. Accepts NULL. */
-void tpd_copier_job_free(struct tpd_copy_job *job);
+void tpb_copier_job_free(struct tpb_copy_job *job);
 
 #endif

@@ -28,7 +28,7 @@
 struct tpd_xh {
 	struct tpd_stripe_xfer x;
 	struct tpd_stripe_seg *segs;
-	struct tpd_copy_job *holder; /* receive: buffer references of the destination */
+	struct tpb_copy_job *holder; /* receive: buffer references of the destination */
 	struct tpd_msg *m;
 	struct tpd_peer *link;
 	bool send;
@@ -50,7 +50,7 @@ void tpd_xh_free(struct tpd_xh *xh)
 {
 	if (!xh)
 		return;
-	tpd_copier_job_free(xh->holder);
+	tpb_copier_job_free(xh->holder);
 	tpd_gdr_recv_free(xh->gdr_recv);
 	if (xh->offer)
 		tpw__v1__peer_read_req__free_unpacked(xh->offer, NULL);
@@ -415,7 +415,7 @@ int tpd_xh_build_recv(struct tpd_msg *m, struct tpd_session *s, const Tpw__V1__R
 		return -EINVAL;
 	}
 	xh = xh_new(m, false);
-	if (!xh || !(xh->holder = tpd_copier_job_new(1, n))) {
+	if (!xh || !(xh->holder = tpb_copier_job_new(1, n))) {
 		tpd_xh_free(xh);
 		return -ENOMEM;
 	}

@@ -63,7 +63,7 @@ struct tpd_quota *tpd_daemon_quota(struct tpd_daemon *d)
 	return &d->quota;
 }
 
-struct tpd_copier *tpd_daemon_copier(const struct tpd_daemon *d)
+struct tpb_copier *tpd_daemon_copier(const struct tpd_daemon *d)
 {
 	return d->copier;
 }
@@ -269,10 +269,10 @@ static void daemon_on_drain(evutil_socket_t fd, short what, void *arg)
 	struct tpd_daemon *d = arg;
 	struct timeval tv = { 0, DRAIN_POLL_MS * 1000 };
 
-	if (tpd_copier_busy(d->copier) == 0 || tpu_now_ns() >= d->drain_deadline_ns) {
-		if (tpd_copier_busy(d->copier))
+	if (tpb_copier_busy(d->copier) == 0 || tpu_now_ns() >= d->drain_deadline_ns) {
+		if (tpb_copier_busy(d->copier))
 			tpu_log_warn("drain deadline passed with %u copies in flight",
-				     tpd_copier_busy(d->copier));
+				     tpb_copier_busy(d->copier));
 		finish_stop(d);
 		return;
 	}
@@ -293,7 +293,7 @@ void tpd_daemon_stop(struct tpd_daemon *d, const char *why)
 	}
 	tpu_log_notice("stopping (%s): no new clients, draining copies", why);
 	snprintf(status, sizeof(status), "Stopping: draining %u copies",
-		 tpd_copier_busy(d->copier));
+		 tpb_copier_busy(d->copier));
 	tpd_notify_stopping(status);
 	d->stopping = true;
 	event_del(d->ev_accept);
@@ -411,7 +411,7 @@ static bool spin_sleep(struct tpd_daemon *d)
  * and their completions wake the loop anyway. */
 static bool bulk_running(const struct tpd_daemon *d)
 {
-	return tpd_copier_busy(d->copier) || d->xh_running;
+	return tpb_copier_busy(d->copier) || d->xh_running;
 }
 
 /* Runs daemon_on_spin() again once the loop has polled every fd and run what they woke: a
@@ -551,7 +551,7 @@ int tpd_daemon_new(const struct tpd_config *cfg, struct tpd_daemon **ret)
 	if (!d->base)
 		goto fail;
 	probe_backends(d);
-	r = tpd_copier_new(d->base, cfg->copy_threads, &d->copier);
+	r = tpb_copier_new(d->base, cfg->copy_threads, &d->copier);
 	if (r < 0)
 		goto fail;
 	r = setup_signals(d);
@@ -620,7 +620,7 @@ void tpd_daemon_free(struct tpd_daemon *d)
 	tpu_list_for_each_safe(s, tmp, &d->sessions, node)
 		tpd_session_free(s, TPW__V1__STATUS__STATUS_SHUTDOWN);
 	tpd_metrics_free(d->metrics);
-	tpd_copier_free(d->copier);
+	tpb_copier_free(d->copier);
 	tpd_gdr_stop(d);
 	tpd_listener_registry_done(&d->registry);
 	tpd_quota_done(&d->quota);

@@ -53,7 +53,7 @@ struct tpd_daemon {
 	unsigned n_pipes;
 	struct tpu_list xwaits;	/* peers' connects waiting for a listener (xpipe.c) */
 	uint64_t next_pipe_id;
-	struct tpd_copier *copier;
+	struct tpb_copier *copier;
 	uint64_t start_ns;
 	uint64_t drain_deadline_ns;
 	uint64_t bytes_moved;
@@ -139,7 +139,7 @@ struct tpd_registry *tpd_daemon_registry(struct tpd_daemon *d);
 /* Per-uid accounting (quota.c). */
 struct tpd_quota *tpd_daemon_quota(struct tpd_daemon *d);
 /* The copy threads (backends' engine). */
-struct tpd_copier *tpd_daemon_copier(const struct tpd_daemon *d);
+struct tpb_copier *tpd_daemon_copier(const struct tpd_daemon *d);
 /* True once a graceful stop began. */
 bool tpd_daemon_stopping(const struct tpd_daemon *d);
 

@@ -31,7 +31,7 @@ struct tpd_stripe_xfer;
 struct tpd_gdr;
 struct tpd_gdr_link;
 struct tpd_gdr_recv;
-struct tpd_buffer;
+struct tpb_buffer;
 
 /*
  * tpd_gdr_start() - find the RDMA ports (none is fine: rdma and cuda_gdr are then never used).
@@ -68,7 +68,7 @@ void tpd_gdrreg_cache_stats(const struct tpd_daemon *d, struct tpd_gdrreg_cache_
  * its cached regions go, now or when the transfers using them end. Call before dropping the
  * session's reference. Accepts a daemon without RDMA.
  */
-void tpd_gdrreg_forget_buffer(struct tpd_daemon *d, struct tpd_buffer *b);
+void tpd_gdrreg_forget_buffer(struct tpd_daemon *d, struct tpb_buffer *b);
 
 /* A client released CUDA memory or ended: cached regions of CUDA allocations that nothing but
  * the cache references any more go. Accepts a daemon without RDMA. */

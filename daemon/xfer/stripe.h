@@ -31,7 +31,7 @@
 #define TPD_STRIPE_CHUNK_MAX (16u << 20) /* larger chunks are a protocol violation */
 #define TPD_STRIPE_SEND_SIZE_MIN 4096u
 
-struct tpd_buffer;
+struct tpb_buffer;
 struct tpd_stripe;
 struct tpd_stripe_xfer;
 
@@ -46,7 +46,7 @@ struct tpd_stripe_seg {
 	uint64_t len;
 	/* TPB_LOC_LOCAL in a client's shared buffer: that buffer (borrowed; whoever builds the
 	 * transfer holds a reference until it ends), for RDMA registration; else NULL */
-	struct tpd_buffer *buf;
+	struct tpb_buffer *buf;
 };
 
 struct tpd_stripe_xfer {

@@ -37,7 +37,7 @@ struct result {
 	unsigned *remaining;
 };
 
-static void on_done(struct tpd_copy_job *job)
+static void on_done(struct tpb_copy_job *job)
 {
 	struct result *r = job->arg;
 
@@ -46,12 +46,12 @@ static void on_done(struct tpd_copy_job *job)
 	r->thread = pthread_self();
 	if (r->remaining && --*r->remaining == 0)
 		event_base_loopbreak(r->base);
-	tpd_copier_job_free(job);
+	tpb_copier_job_free(job);
 }
 
-static struct tpd_copy_job *shm_job(void *dst, const void *src, size_t len, struct result *r)
+static struct tpb_copy_job *shm_job(void *dst, const void *src, size_t len, struct result *r)
 {
-	struct tpd_copy_job *job = tpd_copier_job_new(1, 0);
+	struct tpb_copy_job *job = tpb_copier_job_new(1, 0);
 
 	job->xfers[0] = (struct tpb_xfer){
 		.src = { .loc = TPB_LOC_LOCAL, .addr = (uint64_t)(uintptr_t)src },
@@ -109,7 +109,7 @@ START_TEST(test_copier_runs_a_channel_context_kernel)
 {
 	enum { LEN = 8 << 20 };
 	struct event_base *base = event_base_new();
-	struct tpd_copier *c = NULL;
+	struct tpb_copier *c = NULL;
 	struct tpb_engine engine;
 	struct tpb_ctx *ctx;
 	struct tpb_ep *ep;
@@ -128,8 +128,8 @@ START_TEST(test_copier_runs_a_channel_context_kernel)
 	x[1] = x[0];
 	x[1].src.addr += LEN / 2;
 	x[1].dst.addr += LEN / 2;
-	ck_assert_int_eq(tpd_copier_new(base, 2, &c), 0);
-	tpd_copier_engine(c, &engine);
+	ck_assert_int_eq(tpb_copier_new(base, 2, &c), 0);
+	tpb_copier_engine(c, &engine);
 	ck_assert_int_eq(tpb_ctx_new(tpb_index("shm"), NULL, &engine, &ctx), 0);
 	ck_assert_int_eq(tpb_ep_open(ctx, NULL, &ep), 0);
 	ev = event_new(base, tpb_event_fd(ctx), EV_READ | EV_PERSIST, on_ctx_event, ctx);
@@ -152,7 +152,7 @@ START_TEST(test_copier_runs_a_channel_context_kernel)
 	event_base_dispatch(base);
 	ck_assert_int_eq(r.calls, 2);
 	ck_assert_int_eq(r.status, -ECANCELED);
-	ck_assert_uint_eq(tpd_copier_busy(c), 0); /* the kernel had let go of the memory */
+	ck_assert_uint_eq(tpb_copier_busy(c), 0); /* the kernel had let go of the memory */
 
 	/* An op with nothing to copy still completes later, from progress. */
 	op.n_xfers = 0;
@@ -166,7 +166,7 @@ START_TEST(test_copier_runs_a_channel_context_kernel)
 	tpb_ep_close(ep);
 	event_free(ev);
 	tpb_ctx_free(ctx);
-	tpd_copier_free(c);
+	tpb_copier_free(c);
 	event_base_free(base);
 	free(src);
 	free(dst);
@@ -177,7 +177,7 @@ START_TEST(test_copier_runs_jobs_and_completes_on_loop_thread)
 {
 	struct tpb_config cfg = { 0 };
 	struct event_base *base = event_base_new();
-	struct tpd_copier *c = NULL;
+	struct tpb_copier *c = NULL;
 	enum { N = 8, LEN = 1 << 20 };
 	struct result res[N] = { 0 };
 	char *src = malloc(LEN), *dst[N];
@@ -186,16 +186,16 @@ START_TEST(test_copier_runs_jobs_and_completes_on_loop_thread)
 	tpb_registry_init(&cfg);
 	for (size_t i = 0; i < LEN; i++)
 		src[i] = (char)(i % 251);
-	ck_assert_int_eq(tpd_copier_new(base, 3, &c), 0);
+	ck_assert_int_eq(tpb_copier_new(base, 3, &c), 0);
 	for (int i = 0; i < N; i++) {
 		dst[i] = calloc(1, LEN);
 		res[i].base = base;
 		res[i].remaining = &remaining;
-		tpd_copier_submit(c, shm_job(dst[i], src, LEN, &res[i]));
+		tpb_copier_submit(c, shm_job(dst[i], src, LEN, &res[i]));
 	}
 	run_until(base, &remaining);
 	ck_assert_uint_eq(remaining, 0);
-	ck_assert_uint_eq(tpd_copier_busy(c), 0);
+	ck_assert_uint_eq(tpb_copier_busy(c), 0);
 	for (int i = 0; i < N; i++) {
 		ck_assert_int_eq(res[i].calls, 1);
 		ck_assert_int_eq(res[i].status, 0);
@@ -203,7 +203,7 @@ START_TEST(test_copier_runs_jobs_and_completes_on_loop_thread)
 		ck_assert_int_eq(memcmp(dst[i], src, LEN), 0);
 		free(dst[i]);
 	}
-	tpd_copier_free(c);
+	tpb_copier_free(c);
 	event_base_free(base);
 	free(src);
 }
@@ -213,24 +213,24 @@ START_TEST(test_copier_reports_copy_errors)
 {
 	struct tpb_config cfg = { 0 };
 	struct event_base *base = event_base_new();
-	struct tpd_copier *c = NULL;
+	struct tpb_copier *c = NULL;
 	struct result res = { .base = NULL };
 	unsigned remaining = 1;
 	char buf[16];
-	struct tpd_copy_job *job;
+	struct tpb_copy_job *job;
 
 	tpb_registry_init(&cfg);
 	res.base = base;
 	res.remaining = &remaining;
-	ck_assert_int_eq(tpd_copier_new(base, 1, &c), 0);
+	ck_assert_int_eq(tpb_copier_new(base, 1, &c), 0);
 	job = shm_job(buf, buf, sizeof(buf), &res);
 	job->xfers[0].src = (struct tpb_mem){ .loc = TPB_LOC_PROCESS, .proc = self_proc(), .addr = 8 };
 	job->channels[0] = tpb_index("cma");
-	tpd_copier_submit(c, job);
+	tpb_copier_submit(c, job);
 	run_until(base, &remaining);
 	ck_assert_int_eq(res.calls, 1);
 	ck_assert_int_eq(res.status, -EFAULT);
-	tpd_copier_free(c);
+	tpb_copier_free(c);
 	event_base_free(base);
 }
 END_TEST
@@ -239,16 +239,16 @@ START_TEST(test_copier_free_completes_every_job_once)
 {
 	struct tpb_config cfg = { 0 };
 	struct event_base *base = event_base_new();
-	struct tpd_copier *c = NULL;
+	struct tpb_copier *c = NULL;
 	enum { N = 64, LEN = 4 << 20 };
 	struct result res[N] = { 0 };
 	char *src = calloc(1, LEN), *dst = calloc(1, LEN);
 
 	tpb_registry_init(&cfg);
-	ck_assert_int_eq(tpd_copier_new(base, 1, &c), 0);
+	ck_assert_int_eq(tpb_copier_new(base, 1, &c), 0);
 	for (int i = 0; i < N; i++)
-		tpd_copier_submit(c, shm_job(dst, src, LEN, &res[i]));
-	tpd_copier_free(c); /* some finished, the rest canceled */
+		tpb_copier_submit(c, shm_job(dst, src, LEN, &res[i]));
+	tpb_copier_free(c); /* some finished, the rest canceled */
 	for (int i = 0; i < N; i++) {
 		ck_assert_int_eq(res[i].calls, 1);
 		ck_assert(res[i].status == 0 || res[i].status == -ECANCELED);
@@ -260,10 +260,10 @@ START_TEST(test_copier_free_completes_every_job_once)
 END_TEST
 
 /* A job of @n chunks of @len bytes each, src -> dst at matching offsets. */
-static struct tpd_copy_job *chunked_job(char *dst, const char *src, size_t n, size_t len,
+static struct tpb_copy_job *chunked_job(char *dst, const char *src, size_t n, size_t len,
 					struct result *r)
 {
-	struct tpd_copy_job *job = tpd_copier_job_new(n, 0);
+	struct tpb_copy_job *job = tpb_copier_job_new(n, 0);
 
 	for (size_t i = 0; i < n; i++) {
 		job->xfers[i] = (struct tpb_xfer){
@@ -283,7 +283,7 @@ START_TEST(test_copier_spreads_one_job_over_workers_and_completes_it_once)
 {
 	struct tpb_config cfg = { 0 };
 	struct event_base *base = event_base_new();
-	struct tpd_copier *c = NULL;
+	struct tpb_copier *c = NULL;
 	enum { CHUNKS = 64, LEN = 256 << 10 };
 	char *src = malloc(CHUNKS * LEN), *dst = calloc(1, CHUNKS * LEN);
 	struct result res = { 0 };
@@ -294,14 +294,14 @@ START_TEST(test_copier_spreads_one_job_over_workers_and_completes_it_once)
 		src[i] = (char)(i * 13 + 1);
 	res.base = base;
 	res.remaining = &remaining;
-	ck_assert_int_eq(tpd_copier_new(base, 3, &c), 0);
-	tpd_copier_submit(c, chunked_job(dst, src, CHUNKS, LEN, &res));
+	ck_assert_int_eq(tpb_copier_new(base, 3, &c), 0);
+	tpb_copier_submit(c, chunked_job(dst, src, CHUNKS, LEN, &res));
 	run_until(base, &remaining);
 	ck_assert_int_eq(res.calls, 1);
 	ck_assert_int_eq(res.status, 0);
 	ck_assert_int_eq(memcmp(src, dst, (size_t)CHUNKS * LEN), 0);
-	ck_assert_uint_eq(tpd_copier_busy(c), 0);
-	tpd_copier_free(c);
+	ck_assert_uint_eq(tpb_copier_busy(c), 0);
+	tpb_copier_free(c);
 	event_base_free(base);
 	free(src);
 	free(dst);
@@ -312,25 +312,25 @@ START_TEST(test_copier_chunk_error_fails_the_job_once)
 {
 	struct tpb_config cfg = { 0 };
 	struct event_base *base = event_base_new();
-	struct tpd_copier *c = NULL;
+	struct tpb_copier *c = NULL;
 	enum { CHUNKS = 32, LEN = 64 << 10 };
 	char *src = malloc(CHUNKS * LEN), *dst = calloc(1, CHUNKS * LEN);
 	struct result res = { 0 };
 	unsigned remaining = 1;
-	struct tpd_copy_job *job;
+	struct tpb_copy_job *job;
 
 	tpb_registry_init(&cfg);
 	res.base = base;
 	res.remaining = &remaining;
-	ck_assert_int_eq(tpd_copier_new(base, 2, &c), 0);
+	ck_assert_int_eq(tpb_copier_new(base, 2, &c), 0);
 	job = chunked_job(dst, src, CHUNKS, LEN, &res);
 	job->xfers[7].src = (struct tpb_mem){ .loc = TPB_LOC_PROCESS, .proc = self_proc(), .addr = 8 };
 	job->channels[7] = tpb_index("cma");
-	tpd_copier_submit(c, job);
+	tpb_copier_submit(c, job);
 	run_until(base, &remaining);
 	ck_assert_int_eq(res.calls, 1);
 	ck_assert_int_eq(res.status, -EFAULT);
-	tpd_copier_free(c);
+	tpb_copier_free(c);
 	event_base_free(base);
 	free(src);
 	free(dst);
@@ -341,24 +341,24 @@ START_TEST(test_copier_empty_job_completes_on_the_loop)
 {
 	struct tpb_config cfg = { 0 };
 	struct event_base *base = event_base_new();
-	struct tpd_copier *c = NULL;
+	struct tpb_copier *c = NULL;
 	struct result res = { 0 };
 	unsigned remaining = 1;
-	struct tpd_copy_job *job;
+	struct tpb_copy_job *job;
 
 	tpb_registry_init(&cfg);
 	res.base = base;
 	res.remaining = &remaining;
-	ck_assert_int_eq(tpd_copier_new(base, 1, &c), 0);
-	job = tpd_copier_job_new(0, 0);
+	ck_assert_int_eq(tpb_copier_new(base, 1, &c), 0);
+	job = tpb_copier_job_new(0, 0);
 	job->done = on_done;
 	job->arg = &res;
-	tpd_copier_submit(c, job);
+	tpb_copier_submit(c, job);
 	ck_assert_int_eq(res.calls, 0); /* never inside submit */
 	run_until(base, &remaining);
 	ck_assert_int_eq(res.calls, 1);
 	ck_assert_int_eq(res.status, 0);
-	tpd_copier_free(c);
+	tpb_copier_free(c);
 	event_base_free(base);
 }
 END_TEST
