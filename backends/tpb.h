@@ -16,7 +16,7 @@
  *   cuda_ipc  CUDA memory of a client (an IPC handle the daemon maps) to or from CUDA, a
  *          mapping or a client's address space, on the daemon's own streams
  * Between hosts:
- *   mpt    chunks striped over a peer link's data connections (daemon/xfer/stripe.c); no copy op
+ *   mpt    chunks striped over a peer link's data connections (backends/mpt/stripe.c); no copy op
  *   rdma   RDMA writes between shared buffers on both hosts (daemon/xfer/gdr.c); no copy op
  *   cuda_basic  CUDA memory staged chunk by chunk through host buffers of the stripe threads
  *          (tpb_cuda_stage()), so it rides the mpt connections; no copy op

@@ -1,7 +1,7 @@
 /* SPDX-License-Identifier: BSD-3-Clause */
 /*
  * mpt channel: tensors between hosts, cut into chunks striped over the N data connections of a
- * peer link (daemon/xfer/stripe.c runs the threads). It reads a shared buffer or a client's memory
+ * peer link (stripe.c runs the threads). It reads a shared buffer or a client's memory
  * (CMA) on the sending host and writes straight into the reader's allocation on the other. It
  * never serves a same-host pair, so it has no copy op here; it is listed so that tpipctl can
  * name it and the statistics can count it.

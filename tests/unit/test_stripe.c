@@ -1,6 +1,6 @@
 /* SPDX-License-Identifier: BSD-3-Clause */
 /*
- * Unit suite for daemon/xfer/stripe.c over real TCP connections on 127.0.0.1: two stripes A and B
+ * Unit suite for backends/mpt/stripe.c over real TCP connections on 127.0.0.1: two stripes A and B
  * in one process share one event_base, wired by 1 or 4 connected socket pairs; a third stripe may
  * face a raw socket the test writes chunks to by hand. Covers sizes around the chunk size,
  * segment layouts, both directions at once, CMA sources and destinations (the test's own pid),
