@@ -26,8 +26,8 @@
  * its done callback, so that close acknowledgements wait for it.
  */
 struct tpd_xh {
-	struct tpd_stripe_xfer x;
-	struct tpd_stripe_seg *segs;
+	struct tpb_stripe_xfer x;
+	struct tpb_stripe_seg *segs;
 	struct tpb_copy_job *holder; /* receive: buffer references of the destination */
 	struct tpd_msg *m;
 	struct tpd_peer *link;
@@ -60,7 +60,7 @@ void tpd_xh_free(struct tpd_xh *xh)
 
 void tpd_xh_cancel(struct tpd_xh *xh)
 {
-	struct tpd_stripe *st;
+	struct tpb_stripe *st;
 
 	if (!xh->started || !xh->link)
 		return;
@@ -73,9 +73,9 @@ void tpd_xh_cancel(struct tpd_xh *xh)
 	if (!st)
 		return;
 	if (xh->send)
-		tpd_stripe_send_cancel(st, &xh->x);
+		tpb_stripe_send_cancel(st, &xh->x);
 	else
-		tpd_stripe_recv_cancel(st, &xh->x);
+		tpb_stripe_recv_cancel(st, &xh->x);
 }
 
 /* Written on another host with a tensor in CUDA memory there. */
@@ -170,7 +170,7 @@ void tpd_xh_tell_end(struct tpd_pipe *p, uint64_t xfer_id, Tpw__V1__Status st, c
 	tpd_xpipe_tell(p, &pm, NULL, 0);
 }
 
-static void xh_send_done(struct tpd_stripe_xfer *x)
+static void xh_send_done(struct tpb_stripe_xfer *x)
 {
 	struct tpd_xh *xh = x->arg;
 	struct tpd_msg *m = xh->m;
@@ -211,7 +211,7 @@ static void xh_send_done(struct tpd_stripe_xfer *x)
 	xh_after(w);
 }
 
-static void xh_recv_done(struct tpd_stripe_xfer *x)
+static void xh_recv_done(struct tpb_stripe_xfer *x)
 {
 	struct tpd_xh *xh = x->arg;
 	struct tpd_msg *m = xh->m;
@@ -354,13 +354,13 @@ int tpd_xh_start(struct tpd_msg *m)
 		xh->x.done = xh_send_done;
 		r = xh_send_gdr(xh);
 		if (r < 0)
-			r = tpd_stripe_send(tpd_peer_stripe(xh->link), &xh->x);
+			r = tpb_stripe_send(tpd_peer_stripe(xh->link), &xh->x);
 	} else if (xh->link) {
 		char why[160];
 
 		xh->x.done = xh_recv_done;
 		xh->x.xfer_id = tpd_peer_xfer_add(xh->link, xh);
-		r = xh->x.xfer_id ? tpd_stripe_recv(tpd_peer_stripe(xh->link), &xh->x) : -ENOMEM;
+		r = xh->x.xfer_id ? tpb_stripe_recv(tpd_peer_stripe(xh->link), &xh->x) : -ENOMEM;
 		/* An RDMA offer only where the selection picks rdma or cuda_gdr for every segment
 		 * and the link can carry it; else the bytes come over the data connections. */
 		if (r == 0 && (!tpd_gdr_link_ready(tpd_peer_gdr(xh->link)) || !xh_select_rdma(xh) ||
@@ -480,7 +480,7 @@ void tpd_xh_stop_early(struct tpd_xh *xh, Tpw__V1__Status st, const char *why)
 void tpd_xh_peer_xfer_end(struct tpd_peer *pr, void *arg, const Tpw__V1__PeerXferEnd *xe)
 {
 	struct tpd_xh *xh = arg;
-	struct tpd_stripe *st = tpd_peer_stripe(pr);
+	struct tpb_stripe *st = tpd_peer_stripe(pr);
 
 	if (!st || !xh->started)
 		return;
@@ -499,9 +499,9 @@ void tpd_xh_peer_xfer_end(struct tpd_peer *pr, void *arg, const Tpw__V1__PeerXfe
 				 "peer RDMA-wrote %llu of %llu bytes",
 				 (unsigned long long)xe->bytes, (unsigned long long)xh->x.total);
 		}
-		tpd_stripe_recv_cancel(st, &xh->x);
+		tpb_stripe_recv_cancel(st, &xh->x);
 		return;
 	}
-	tpd_stripe_recv_expect(st, &xh->x, xe->bytes, tpw_status_to_errno(xe->status),
+	tpb_stripe_recv_expect(st, &xh->x, xe->bytes, tpw_status_to_errno(xe->status),
 			       xe->message ? xe->message : tpw_status_name(xe->status));
 }

@@ -129,7 +129,7 @@ struct tpd_gdr_link *tpd_peer_gdr(struct tpd_peer *pr)
 	return pr->gdr;
 }
 
-struct tpd_stripe *tpd_peer_stripe(struct tpd_peer *pr)
+struct tpb_stripe *tpd_peer_stripe(struct tpd_peer *pr)
 {
 	return pr->stripe;
 }
@@ -304,7 +304,7 @@ void tpd_peer_teardown(struct tpd_peer *pr)
 
 	pr->state = PEER_FAILED;
 	/* Transfers first: their completions see the link failed and fail their messages. */
-	tpd_stripe_free(pr->stripe);
+	tpb_stripe_free(pr->stripe);
 	pr->stripe = NULL;
 	tpd_gdr_link_free(pr->gdr);
 	pr->gdr = NULL;
@@ -356,14 +356,14 @@ void tpd_peer_fail(struct tpd_peer *pr, int err, const char *fmt, ...)
 	event_active(pr->ev_close, 0, 0);
 }
 
-static void peer_on_stripe_error(struct tpd_stripe *st, int err, const char *why, void *arg)
+static void peer_on_stripe_error(struct tpb_stripe *st, int err, const char *why, void *arg)
 {
 	tpd_peer_fail(arg, -ECONNRESET, "data connection failed: %s", why);
 }
 
 static int peer_make_stripe(struct tpd_peer *pr)
 {
-	struct tpd_stripe_config sc = { 0 };
+	struct tpb_stripe_config sc = { 0 };
 	char name[32];
 
 	snprintf(name, sizeof(name), "peer %llu", (unsigned long long)pr->id);
@@ -372,7 +372,7 @@ static int peer_make_stripe(struct tpd_peer *pr)
 	sc.name = name;
 	sc.on_error = peer_on_stripe_error;
 	sc.arg = pr;
-	return tpd_stripe_new(pr->d->base, &sc, &pr->stripe);
+	return tpb_stripe_new(pr->d->base, &sc, &pr->stripe);
 }
 
 static void peer_on_timer(evutil_socket_t fd, short what, void *arg);
@@ -393,7 +393,7 @@ struct tpd_peer *tpd_peer_new(struct tpd_daemon *d, bool outgoing, const char *k
 	pr->ev_timer = evtimer_new(d->base, peer_on_timer, pr);
 	pr->ev_close = event_new(d->base, -1, 0, peer_on_close, pr);
 	if (!pr->ev_timer || !pr->ev_close || peer_make_stripe(pr) < 0) {
-		tpd_stripe_free(pr->stripe);
+		tpb_stripe_free(pr->stripe);
 		if (pr->ev_timer)
 			event_free(pr->ev_timer);
 		if (pr->ev_close)
@@ -857,11 +857,11 @@ int tpd_peers_ctl(struct tpd_daemon *d, Tpw__V1__CtlPeer ***ret, size_t *n)
 		e->host = pr->host;
 		e->state = (char *)state_names[pr->state];
 		e->outgoing = pr->outgoing;
-		e->data_conns = pr->stripe ? tpd_stripe_conns(pr->stripe) : 0;
+		e->data_conns = pr->stripe ? tpb_stripe_conns(pr->stripe) : 0;
 		e->rtt_us = pr->rtt_us;
-		e->bytes_sent = pr->ctl_out + (pr->stripe ? tpd_stripe_bytes_sent(pr->stripe) : 0);
+		e->bytes_sent = pr->ctl_out + (pr->stripe ? tpb_stripe_bytes_sent(pr->stripe) : 0);
 		e->bytes_received = pr->ctl_in +
-				    (pr->stripe ? tpd_stripe_bytes_received(pr->stripe) : 0);
+				    (pr->stripe ? tpb_stripe_bytes_received(pr->stripe) : 0);
 		e->rdma = (char *)tpd_gdr_link_state(pr->gdr);
 		tpd_gdr_link_bytes(pr->gdr, &e->rdma_bytes_sent, &e->rdma_bytes_received);
 		e->bytes_sent += e->rdma_bytes_sent;

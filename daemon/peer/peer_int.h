@@ -56,10 +56,10 @@ struct tpd_peer {
 	bool flush_queued;
 	struct event *ev_timer;
 	struct event *ev_close;
-	struct tpd_stripe *stripe;
+	struct tpb_stripe *stripe;
 	uint64_t link_id;
 	unsigned data_expected, data_attached;
-	bool data_seen[TPD_STRIPE_CONNS_MAX];
+	bool data_seen[TPB_STRIPE_CONNS_MAX];
 	struct tpu_hmap pipes; /* local pipe id -> struct tpd_pipe */
 	struct tpu_hmap xfers; /* receive xfer id -> opaque (xh.c) */
 	uint64_t next_xfer_id;

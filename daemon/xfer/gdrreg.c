@@ -33,7 +33,7 @@
 #include "gdr_int.h"
 #include "stripe.h"
 
-const struct tpb_mem *tpd_gdrreg_first_cuda(const struct tpd_stripe_seg *segs, size_t n)
+const struct tpb_mem *tpd_gdrreg_first_cuda(const struct tpb_stripe_seg *segs, size_t n)
 {
 	for (size_t i = 0; i < n; i++)
 		if (segs[i].len && segs[i].mem.loc == TPB_LOC_CUDA)
@@ -139,7 +139,7 @@ static struct gdr_mr *cache_find(struct tpd_gdr *g, const struct gdr_port *pt,
  * taking in the cached regions of that buffer on @pt it overlaps or touches (they leave the
  * cache). */
 static void host_span(struct tpd_gdr *g, const struct gdr_port *pt,
-		      const struct tpd_stripe_seg *s, struct gdr_mr *e)
+		      const struct tpb_stripe_seg *s, struct gdr_mr *e)
 {
 	const struct tpb_buffer *b = s->buf;
 	uint64_t map = (uint64_t)(uintptr_t)b->map, off = s->mem.addr - map;
@@ -159,7 +159,7 @@ static void host_span(struct tpd_gdr *g, const struct gdr_port *pt,
 }
 
 /* Registers a region for segment @s on @pt (a reference on @pt is taken for it). */
-static int mr_new(struct tpd_gdr *g, struct gdr_port *pt, const struct tpd_stripe_seg *s,
+static int mr_new(struct tpd_gdr *g, struct gdr_port *pt, const struct tpb_stripe_seg *s,
 		  bool cache, struct gdr_mr **ret, char *why, size_t wl)
 {
 	struct tpv_mr_args a = { .dmabuf_fd = -EBADF };
@@ -216,7 +216,7 @@ static int mr_new(struct tpd_gdr *g, struct gdr_port *pt, const struct tpd_strip
 }
 
 /* The registration of segment @s on @pt: a cached region holding it, else a new one. */
-static int reg_one(struct tpd_gdr *g, struct gdr_port *pt, const struct tpd_stripe_seg *s,
+static int reg_one(struct tpd_gdr *g, struct gdr_port *pt, const struct tpb_stripe_seg *s,
 		   struct gdr_reg *out, char *why, size_t wl)
 {
 	bool cache = cache_cap(g) > 0;
@@ -250,7 +250,7 @@ static struct gdr_port *port_for(struct tpd_gdr *g, const char *bus_id)
 	return &g->ports[k < 0 ? 0 : k];
 }
 
-int tpd_gdrreg_applicable(const struct tpd_stripe_seg *segs, size_t n, char *why, size_t wl)
+int tpd_gdrreg_applicable(const struct tpb_stripe_seg *segs, size_t n, char *why, size_t wl)
 {
 	for (size_t i = 0; i < n; i++) {
 		if (segs[i].len && segs[i].mem.loc != TPB_LOC_CUDA &&
@@ -281,7 +281,7 @@ void tpd_gdrreg_free(struct gdr_regs *rg)
 		cache_trim(g, cache_cap(g), false);
 }
 
-int tpd_gdrreg_make(struct tpd_gdr *g, const struct tpd_stripe_seg *segs, size_t n,
+int tpd_gdrreg_make(struct tpd_gdr *g, const struct tpb_stripe_seg *segs, size_t n,
 		    struct gdr_regs *rg, char *why, size_t wl)
 {
 	int r;
