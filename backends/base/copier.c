@@ -8,9 +8,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/eventfd.h>
 #include "copier.h"
-#include "log.h"
 
 #define BOUNCE_BYTES (4u << 20)
 
@@ -18,11 +16,9 @@ struct tpb_copier {
 	pthread_mutex_t lock;
 	pthread_cond_t cond;
 	struct tpu_list todo;
-	struct tpu_list done;
+	struct tpb_cq cq; /* finished jobs, for tpb_copier_progress() */
 	bool stopping;
 	unsigned busy;
-	int efd;
-	struct event *ev;
 	pthread_t *threads;
 	unsigned n_threads;
 };
@@ -94,8 +90,6 @@ static int xfer_run(struct tpb_copy_job *job, size_t i, struct tpb_scratch *s)
 static void xfer_finished(struct tpb_copier *c, struct tpb_copy_job *job, size_t i, int r,
 			  const char *why)
 {
-	static const uint64_t one = 1;
-
 	if (r < 0 && job->status == 0) {
 		job->status = r;
 		snprintf(job->why, sizeof(job->why), "%s copy of %llu bytes failed: %s",
@@ -104,9 +98,7 @@ static void xfer_finished(struct tpb_copier *c, struct tpb_copy_job *job, size_t
 	}
 	if (++job->finished < job->n)
 		return;
-	tpu_list_insert_tail(&c->done, &job->node);
-	if (write(c->efd, &one, sizeof(one)) < 0)
-		tpu_log_err("copier: eventfd write failed: %m");
+	tpb_cq_push(&c->cq, &job->node);
 }
 
 /*
@@ -151,32 +143,28 @@ static void *worker_main(void *arg)
 	return NULL;
 }
 
-static void copier_on_done(evutil_socket_t fd, short what, void *arg)
+int tpb_copier_progress(struct tpb_copier *c)
 {
-	struct tpb_copier *c = arg;
-	struct tpu_list batch;
-	uint64_t v;
+	struct tpu_list *n;
+	int done = 0;
 
-	if (read(c->efd, &v, sizeof(v)) < 0 && errno != EAGAIN)
-		tpu_log_err("copier: eventfd read failed: %m");
-	tpu_list_init(&batch);
-	pthread_mutex_lock(&c->lock);
-	if (!tpu_list_empty(&c->done)) {
-		batch = c->done;
-		batch.next->prev = &batch;
-		batch.prev->next = &batch;
-		tpu_list_init(&c->done);
-	}
-	pthread_mutex_unlock(&c->lock);
-	while (!tpu_list_empty(&batch)) {
-		struct tpb_copy_job *job = tpu_list_first(&batch, struct tpb_copy_job, node);
-		tpu_list_remove(&job->node);
+	tpb_cq_ack(&c->cq);
+	while ((n = tpb_cq_pop(&c->cq))) {
+		struct tpb_copy_job *job = tpu_container_of(n, struct tpb_copy_job, node);
+
 		c->busy--;
 		job->done(job);
+		done++;
 	}
+	return done;
 }
 
-int tpb_copier_new(struct event_base *base, unsigned threads, struct tpb_copier **ret)
+int tpb_copier_event_fd(const struct tpb_copier *c)
+{
+	return tpb_cq_event_fd(&c->cq);
+}
+
+int tpb_copier_new(unsigned threads, struct tpb_copier **ret)
 {
 	struct tpb_copier *c = calloc(1, sizeof(*c));
 
@@ -185,13 +173,8 @@ int tpb_copier_new(struct event_base *base, unsigned threads, struct tpb_copier 
 	pthread_mutex_init(&c->lock, NULL);
 	pthread_cond_init(&c->cond, NULL);
 	tpu_list_init(&c->todo);
-	tpu_list_init(&c->done);
-	c->efd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
 	c->threads = calloc(threads, sizeof(*c->threads));
-	if (c->efd < 0 || !c->threads)
-		goto fail;
-	c->ev = event_new(base, c->efd, EV_READ | EV_PERSIST, copier_on_done, c);
-	if (!c->ev || event_add(c->ev, NULL) < 0)
+	if (tpb_cq_init(&c->cq) < 0 || !c->threads)
 		goto fail;
 	for (; c->n_threads < threads; c->n_threads++)
 		if (pthread_create(&c->threads[c->n_threads], NULL, worker_main, c) != 0)
@@ -205,17 +188,13 @@ fail:
 
 void tpb_copier_submit(struct tpb_copier *c, struct tpb_copy_job *job)
 {
-	static const uint64_t one = 1;
-
 	job->status = 0;
 	job->next = job->finished = 0;
 	pthread_mutex_lock(&c->lock);
 	c->busy++;
 	if (job->n == 0) {
 		/* Nothing to copy (zero-length segments only): complete on the loop, later. */
-		tpu_list_insert_tail(&c->done, &job->node);
-		if (write(c->efd, &one, sizeof(one)) < 0)
-			tpu_log_err("copier: eventfd write failed: %m");
+		tpb_cq_push(&c->cq, &job->node);
 	} else {
 		tpu_list_insert_tail(&c->todo, &job->node);
 		pthread_cond_signal(&c->cond);
@@ -239,8 +218,8 @@ void tpb_copier_free(struct tpb_copier *c)
 	for (unsigned i = 0; i < c->n_threads; i++)
 		pthread_join(c->threads[i], NULL);
 	/* Finished jobs complete normally, queued ones are canceled. */
-	if (c->ev)
-		copier_on_done(c->efd, EV_READ, c);
+	if (c->cq.efd >= 0)
+		tpb_copier_progress(c);
 	while (!tpu_list_empty(&c->todo)) {
 		struct tpb_copy_job *job = tpu_list_first(&c->todo, struct tpb_copy_job, node);
 		tpu_list_remove(&job->node);
@@ -249,9 +228,7 @@ void tpb_copier_free(struct tpb_copier *c)
 		snprintf(job->why, sizeof(job->why), "daemon stopping");
 		job->done(job);
 	}
-	if (c->ev)
-		event_free(c->ev);
-	tpu_close(c->efd);
+	tpb_cq_done(&c->cq);
 	free(c->threads);
 	pthread_mutex_destroy(&c->lock);
 	pthread_cond_destroy(&c->cond);

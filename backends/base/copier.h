@@ -1,16 +1,18 @@
 /* SPDX-License-Identifier: BSD-3-Clause */
 /*
  * tpb_copier: the copy engine. Worker threads run the byte copies of a transfer (shm memcpy,
- * CMA) off the event loop, several workers on the transfers (chunks) of one job at once; finished jobs go back to the loop through a locked queue and an
- * eventfd, where their done callback runs. Jobs own everything a worker touches (transfer list,
- * buffer references), so a session that goes away mid-copy cannot pull memory from under a
- * worker. The copier knows nothing about pipes or sessions.
+ * CMA) off the event loop, several workers on the transfers (chunks) of one job at once; finished
+ * jobs go back through a completion queue (cq.h) whose eventfd the daemon polls on its loop,
+ * and their done callback runs from tpb_copier_progress() there: it never touches the loop.
+ * Jobs own everything a worker touches (transfer list, buffer references), so a session that
+ * goes away mid-copy cannot pull memory from under a worker. The copier knows nothing about
+ * pipes or sessions.
  */
 #ifndef TPB_COPIER_H
 #define TPB_COPIER_H
 
-#include <event2/event.h>
 #include "buffer.h"
+#include "cq.h"
 #include "tpb.h"
 #include "tpu.h"
 
@@ -33,31 +35,45 @@ struct tpb_copy_job {
 	size_t finished;	/* transfers done (copier lock) */
 	int status;		/* set by the workers: 0 or the first -errno */
 	char why[160];
-	tpb_copy_done_fn done;	/* runs on the loop thread */
+	tpb_copy_done_fn done;	/* runs on the loop thread (tpb_copier_progress()) */
 	void *arg;
 };
 
 struct tpb_copier;
 
 /*
- * tpb_copier_new() - start @threads workers completing into @base.
- * @base: borrows @base, which must outlive the copier.
+ * tpb_copier_new() - start @threads workers; their completions wait for tpb_copier_progress().
  * @ret: returns owned copier, free with tpb_copier_free().
  * Return: 0 or -errno.
  */
-int tpb_copier_new(struct event_base *base, unsigned threads, struct tpb_copier **ret);
+int tpb_copier_new(unsigned threads, struct tpb_copier **ret);
 
 /*
- * tpb_copier_submit() - queue @job. Takes @job: its done callback runs exactly once on the loop
- * thread, later (with status -ECANCELED if the copier is freed first); the callback must free it
- * with tpb_copier_job_free().
+ * tpb_copier_event_fd() - the fd that turns readable when finished jobs wait: poll it on the
+ * loop and call tpb_copier_progress(). Borrows @c.
+ * Return: the fd, borrowed (valid until tpb_copier_free(); never close it).
+ */
+int tpb_copier_event_fd(const struct tpb_copier *c);
+
+/*
+ * tpb_copier_progress() - run the done callbacks of the finished jobs, on the calling (loop)
+ * thread; never blocks. Borrows @c; each callback gets its job back.
+ * Return: how many ran.
+ */
+int tpb_copier_progress(struct tpb_copier *c);
+
+/*
+ * tpb_copier_submit() - queue @job. Takes @job: its done callback runs exactly once, later, from
+ * tpb_copier_progress() (with status -ECANCELED if the copier is freed first); the callback must
+ * free it with tpb_copier_job_free().
  */
 void tpb_copier_submit(struct tpb_copier *c, struct tpb_copy_job *job);
 
 /* Jobs queued or running. */
 unsigned tpb_copier_busy(const struct tpb_copier *c);
 
-/* Stops the workers (waiting for running copies), completes queued jobs with -ECANCELED. */
+/* Stops the workers (waiting for running copies), runs the done callbacks of finished jobs and
+ * completes queued ones with -ECANCELED, on the calling thread. Takes @c. Accepts NULL. */
 void tpb_copier_free(struct tpb_copier *c);
 
 /*

@@ -473,6 +473,23 @@ void tpd_daemon_spin_kick(struct tpd_daemon *d)
  * listens: a client may connect, and a service manager stop the daemon, as soon as it does, and
  * a signal with its default action would kill the daemon (status 143) instead of stopping it.
  */
+static void daemon_on_copier(evutil_socket_t fd, short what, void *arg)
+{
+	struct tpd_daemon *d = arg;
+
+	tpb_copier_progress(d->copier);
+}
+
+/* The copy threads complete through their event fd: run their completions from the loop. */
+static int watch_copier(struct tpd_daemon *d)
+{
+	d->ev_copier = event_new(d->base, tpb_copier_event_fd(d->copier), EV_READ | EV_PERSIST,
+				 daemon_on_copier, d);
+	if (!d->ev_copier || event_add(d->ev_copier, NULL) < 0)
+		return -ENOMEM;
+	return 0;
+}
+
 static int setup_signals(struct tpd_daemon *d)
 {
 	static const int sigs[] = { SIGTERM, SIGINT, SIGHUP };
@@ -551,7 +568,10 @@ int tpd_daemon_new(const struct tpd_config *cfg, struct tpd_daemon **ret)
 	if (!d->base)
 		goto fail;
 	probe_backends(d);
-	r = tpb_copier_new(d->base, cfg->copy_threads, &d->copier);
+	r = tpb_copier_new(cfg->copy_threads, &d->copier);
+	if (r < 0)
+		goto fail;
+	r = watch_copier(d);
 	if (r < 0)
 		goto fail;
 	r = setup_signals(d);
@@ -620,6 +640,8 @@ void tpd_daemon_free(struct tpd_daemon *d)
 	tpu_list_for_each_safe(s, tmp, &d->sessions, node)
 		tpd_session_free(s, TPW__V1__STATUS__STATUS_SHUTDOWN);
 	tpd_metrics_free(d->metrics);
+	if (d->ev_copier)
+		event_free(d->ev_copier);
 	tpb_copier_free(d->copier);
 	tpd_gdr_stop(d);
 	tpd_listener_registry_done(&d->registry);

@@ -54,6 +54,7 @@ struct tpd_daemon {
 	struct tpu_list xwaits;	/* peers' connects waiting for a listener (xpipe.c) */
 	uint64_t next_pipe_id;
 	struct tpb_copier *copier;
+	struct event *ev_copier; /* the copier's event fd: its completions run from the loop */
 	uint64_t start_ns;
 	uint64_t drain_deadline_ns;
 	uint64_t bytes_moved;

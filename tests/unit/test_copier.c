@@ -6,6 +6,7 @@
 #include <check.h>
 #include <errno.h>
 #include <event2/event.h>
+#include <poll.h>
 #include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
@@ -63,6 +64,34 @@ static struct tpb_copy_job *shm_job(void *dst, const void *src, size_t len, stru
 	job->done = on_done;
 	job->arg = r;
 	return job;
+}
+
+/* The daemon's part (core/daemon.c): the copier's event fd on the loop runs its completions. */
+static struct event *copier_ev; /* one copier per test (each runs in its own process) */
+
+static void on_copier_event(evutil_socket_t fd, short what, void *arg)
+{
+	tpb_copier_progress(arg);
+}
+
+static int copier_new_on(struct event_base *base, unsigned threads, struct tpb_copier **ret)
+{
+	int r = tpb_copier_new(threads, ret);
+
+	if (r < 0)
+		return r;
+	copier_ev = event_new(base, tpb_copier_event_fd(*ret), EV_READ | EV_PERSIST,
+			      on_copier_event, *ret);
+	ck_assert_ptr_nonnull(copier_ev);
+	ck_assert_int_eq(event_add(copier_ev, NULL), 0);
+	return 0;
+}
+
+static void copier_free(struct tpb_copier *c)
+{
+	event_free(copier_ev);
+	copier_ev = NULL;
+	tpb_copier_free(c);
 }
 
 static void run_until(struct event_base *base, unsigned *remaining)
@@ -128,7 +157,7 @@ START_TEST(test_copier_runs_a_channel_context_kernel)
 	x[1] = x[0];
 	x[1].src.addr += LEN / 2;
 	x[1].dst.addr += LEN / 2;
-	ck_assert_int_eq(tpb_copier_new(base, 2, &c), 0);
+	ck_assert_int_eq(copier_new_on(base, 2, &c), 0);
 	tpb_copier_engine(c, &engine);
 	ck_assert_int_eq(tpb_ctx_new(tpb_index("shm"), NULL, &engine, &ctx), 0);
 	ck_assert_int_eq(tpb_ep_open(ctx, NULL, &ep), 0);
@@ -166,8 +195,46 @@ START_TEST(test_copier_runs_a_channel_context_kernel)
 	tpb_ep_close(ep);
 	event_free(ev);
 	tpb_ctx_free(ctx);
-	tpb_copier_free(c);
+	copier_free(c);
 	event_base_free(base);
+	free(src);
+	free(dst);
+}
+END_TEST
+
+/*
+ * Without any event loop: a finished job waits until its owner calls tpb_copier_progress(), the
+ * copier's event fd turns readable when it does, and progress runs its callback exactly once,
+ * on the calling thread; a second progress finds nothing.
+ */
+START_TEST(test_copier_completes_only_from_progress_when_its_fd_turns_readable)
+{
+	enum { LEN = 1 << 20 };
+	struct tpb_copier *c = NULL;
+	struct result res = { 0 };
+	char *src = malloc(LEN), *dst = calloc(1, LEN);
+	struct pollfd pfd;
+
+	tpb_registry_init(&(struct tpb_config){ 0 });
+	memset(src, 0x5a, LEN);
+	ck_assert_int_eq(tpb_copier_new(2, &c), 0);
+	pfd = (struct pollfd){ .fd = tpb_copier_event_fd(c), .events = POLLIN };
+	ck_assert_int_ge(pfd.fd, 0);
+	ck_assert_int_eq(tpb_copier_progress(c), 0);
+	tpb_copier_submit(c, shm_job(dst, src, LEN, &res));
+	ck_assert_int_eq(poll(&pfd, 1, 10000), 1);
+	ck_assert_int_eq(res.calls, 0); /* finished, not delivered */
+	ck_assert_uint_eq(tpb_copier_busy(c), 1);
+	ck_assert_int_eq(tpb_copier_progress(c), 1);
+	ck_assert_int_eq(res.calls, 1);
+	ck_assert_int_eq(res.status, 0);
+	ck_assert(pthread_equal(res.thread, pthread_self()));
+	ck_assert_uint_eq(tpb_copier_busy(c), 0);
+	ck_assert_int_eq(memcmp(src, dst, LEN), 0);
+	ck_assert_int_eq(poll(&pfd, 1, 0), 0); /* acknowledged */
+	ck_assert_int_eq(tpb_copier_progress(c), 0);
+	ck_assert_int_eq(res.calls, 1);
+	tpb_copier_free(c);
 	free(src);
 	free(dst);
 }
@@ -186,7 +253,7 @@ START_TEST(test_copier_runs_jobs_and_completes_on_loop_thread)
 	tpb_registry_init(&cfg);
 	for (size_t i = 0; i < LEN; i++)
 		src[i] = (char)(i % 251);
-	ck_assert_int_eq(tpb_copier_new(base, 3, &c), 0);
+	ck_assert_int_eq(copier_new_on(base, 3, &c), 0);
 	for (int i = 0; i < N; i++) {
 		dst[i] = calloc(1, LEN);
 		res[i].base = base;
@@ -203,7 +270,7 @@ START_TEST(test_copier_runs_jobs_and_completes_on_loop_thread)
 		ck_assert_int_eq(memcmp(dst[i], src, LEN), 0);
 		free(dst[i]);
 	}
-	tpb_copier_free(c);
+	copier_free(c);
 	event_base_free(base);
 	free(src);
 }
@@ -222,7 +289,7 @@ START_TEST(test_copier_reports_copy_errors)
 	tpb_registry_init(&cfg);
 	res.base = base;
 	res.remaining = &remaining;
-	ck_assert_int_eq(tpb_copier_new(base, 1, &c), 0);
+	ck_assert_int_eq(copier_new_on(base, 1, &c), 0);
 	job = shm_job(buf, buf, sizeof(buf), &res);
 	job->xfers[0].src = (struct tpb_mem){ .loc = TPB_LOC_PROCESS, .proc = self_proc(), .addr = 8 };
 	job->channels[0] = tpb_index("cma");
@@ -230,7 +297,7 @@ START_TEST(test_copier_reports_copy_errors)
 	run_until(base, &remaining);
 	ck_assert_int_eq(res.calls, 1);
 	ck_assert_int_eq(res.status, -EFAULT);
-	tpb_copier_free(c);
+	copier_free(c);
 	event_base_free(base);
 }
 END_TEST
@@ -245,10 +312,10 @@ START_TEST(test_copier_free_completes_every_job_once)
 	char *src = calloc(1, LEN), *dst = calloc(1, LEN);
 
 	tpb_registry_init(&cfg);
-	ck_assert_int_eq(tpb_copier_new(base, 1, &c), 0);
+	ck_assert_int_eq(copier_new_on(base, 1, &c), 0);
 	for (int i = 0; i < N; i++)
 		tpb_copier_submit(c, shm_job(dst, src, LEN, &res[i]));
-	tpb_copier_free(c); /* some finished, the rest canceled */
+	copier_free(c); /* some finished, the rest canceled */
 	for (int i = 0; i < N; i++) {
 		ck_assert_int_eq(res[i].calls, 1);
 		ck_assert(res[i].status == 0 || res[i].status == -ECANCELED);
@@ -294,14 +361,14 @@ START_TEST(test_copier_spreads_one_job_over_workers_and_completes_it_once)
 		src[i] = (char)(i * 13 + 1);
 	res.base = base;
 	res.remaining = &remaining;
-	ck_assert_int_eq(tpb_copier_new(base, 3, &c), 0);
+	ck_assert_int_eq(copier_new_on(base, 3, &c), 0);
 	tpb_copier_submit(c, chunked_job(dst, src, CHUNKS, LEN, &res));
 	run_until(base, &remaining);
 	ck_assert_int_eq(res.calls, 1);
 	ck_assert_int_eq(res.status, 0);
 	ck_assert_int_eq(memcmp(src, dst, (size_t)CHUNKS * LEN), 0);
 	ck_assert_uint_eq(tpb_copier_busy(c), 0);
-	tpb_copier_free(c);
+	copier_free(c);
 	event_base_free(base);
 	free(src);
 	free(dst);
@@ -322,7 +389,7 @@ START_TEST(test_copier_chunk_error_fails_the_job_once)
 	tpb_registry_init(&cfg);
 	res.base = base;
 	res.remaining = &remaining;
-	ck_assert_int_eq(tpb_copier_new(base, 2, &c), 0);
+	ck_assert_int_eq(copier_new_on(base, 2, &c), 0);
 	job = chunked_job(dst, src, CHUNKS, LEN, &res);
 	job->xfers[7].src = (struct tpb_mem){ .loc = TPB_LOC_PROCESS, .proc = self_proc(), .addr = 8 };
 	job->channels[7] = tpb_index("cma");
@@ -330,7 +397,7 @@ START_TEST(test_copier_chunk_error_fails_the_job_once)
 	run_until(base, &remaining);
 	ck_assert_int_eq(res.calls, 1);
 	ck_assert_int_eq(res.status, -EFAULT);
-	tpb_copier_free(c);
+	copier_free(c);
 	event_base_free(base);
 	free(src);
 	free(dst);
@@ -349,7 +416,7 @@ START_TEST(test_copier_empty_job_completes_on_the_loop)
 	tpb_registry_init(&cfg);
 	res.base = base;
 	res.remaining = &remaining;
-	ck_assert_int_eq(tpb_copier_new(base, 1, &c), 0);
+	ck_assert_int_eq(copier_new_on(base, 1, &c), 0);
 	job = tpb_copier_job_new(0, 0);
 	job->done = on_done;
 	job->arg = &res;
@@ -358,7 +425,7 @@ START_TEST(test_copier_empty_job_completes_on_the_loop)
 	run_until(base, &remaining);
 	ck_assert_int_eq(res.calls, 1);
 	ck_assert_int_eq(res.status, 0);
-	tpb_copier_free(c);
+	copier_free(c);
 	event_base_free(base);
 }
 END_TEST
@@ -370,6 +437,7 @@ static Suite *copier_suite(void)
 
 	tcase_set_timeout(tc, 30);
 	tcase_add_test(tc, test_copier_runs_jobs_and_completes_on_loop_thread);
+	tcase_add_test(tc, test_copier_completes_only_from_progress_when_its_fd_turns_readable);
 	tcase_add_test(tc, test_copier_runs_a_channel_context_kernel);
 	tcase_add_test(tc, test_copier_reports_copy_errors);
 	tcase_add_test(tc, test_copier_free_completes_every_job_once);
