@@ -28,7 +28,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/eventfd.h>
 #include <sys/socket.h>
 #include <unistd.h>
 #include <openssl/ssl.h>
@@ -40,14 +39,6 @@
 #define SEND_CHUNK_MIN (256u << 10) /* smallest piece a tensor is cut into to use every connection */
 
 /* ---- completion (lock held) ---------------------------------------------------------------- */
-
-static void wake_loop(struct tpb_stripe *st)
-{
-	static const uint64_t one = 1;
-
-	if (write(st->efd, &one, sizeof(one)) < 0 && errno != EAGAIN)
-		tpu_log_err("%s: eventfd write failed: %m", st->name);
-}
 
 /* Records the first error of @x. */
 void tpb_stripe_set_status(struct tpb_stripe_xfer *x, int status, const char *fmt, ...)
@@ -71,8 +62,7 @@ static void xfer_complete(struct tpb_stripe *st, struct tpb_stripe_xfer *x)
 		tpu_hmap_del(&st->recvs, x->xfer_id);
 	if (tpu_list_linked(&x->node))
 		tpu_list_remove(&x->node);
-	tpu_list_insert_tail(&st->done, &x->node);
-	wake_loop(st);
+	tpb_cq_push(&st->cq, &x->node);
 }
 
 /* A send is complete when nothing is left to claim (or it stopped) and no thread reads it. */
@@ -159,7 +149,7 @@ void tpb_stripe_conn_fail(struct conn *c, int err, const char *fmt, ...)
 		va_start(ap, fmt);
 		vsnprintf(st->why + n, sizeof(st->why) - (size_t)n, fmt, ap);
 		va_end(ap);
-		wake_loop(st);
+		tpb_cq_wake(&st->cq); /* reported by tpb_stripe_progress() */
 	}
 	conn_stop(c);
 }
@@ -202,46 +192,52 @@ void tpb_stripe_claim(struct tpb_stripe *st, struct claim *k)
 /* ---- loop side ----------------------------------------------------------------------------- */
 
 /* Runs the done callbacks of completed transfers, then reports a failure once. Any callback
- * may free the stripe. */
-static void deliver(struct tpb_stripe *st)
+ * may free the stripe. Completions are queued under the lock (xfer_complete()), so finding the
+ * queue empty under it means every transfer a failure ended has been delivered before the
+ * failure is reported. Return: how many callbacks ran. */
+static int deliver(struct tpb_stripe *st)
 {
 	struct tpb_stripe_xfer *x;
+	struct tpu_list *n;
 	bool alive = true, report = false;
+	int ran = 0;
 
 	st->alive = &alive;
 	for (;;) {
 		pthread_mutex_lock(&st->lock);
-		x = tpu_list_first(&st->done, struct tpb_stripe_xfer, node);
-		if (x)
-			tpu_list_remove(&x->node);
-		else if (st->failed && !st->err_reported)
+		n = tpb_cq_pop(&st->cq);
+		if (!n && st->failed && !st->err_reported)
 			report = st->err_reported = true;
 		pthread_mutex_unlock(&st->lock);
-		if (!x)
+		if (!n)
 			break;
+		x = tpu_container_of(n, struct tpb_stripe_xfer, node);
 		x->done(x);
+		ran++;
 		if (!alive)
-			return;
+			return ran;
 	}
 	st->alive = NULL;
 	if (report && st->on_error)
 		st->on_error(st, st->err, st->why, st->arg);
+	return ran;
 }
 
-static void stripe_on_event(evutil_socket_t fd, short what, void *arg)
+int tpb_stripe_event_fd(const struct tpb_stripe *st)
 {
-	struct tpb_stripe *st = arg;
-	uint64_t v;
-
-	if (read(st->efd, &v, sizeof(v)) < 0 && errno != EAGAIN)
-		tpu_log_err("%s: eventfd read failed: %m", st->name);
-	deliver(st);
+	return tpb_cq_event_fd(&st->cq);
 }
 
-int tpb_stripe_new(struct event_base *base, const struct tpb_stripe_config *cfg,
-		   struct tpb_stripe **ret)
+int tpb_stripe_progress(struct tpb_stripe *st)
+{
+	tpb_cq_ack(&st->cq);
+	return deliver(st);
+}
+
+int tpb_stripe_new(const struct tpb_stripe_config *cfg, struct tpb_stripe **ret)
 {
 	struct tpb_stripe *st;
+	int r;
 
 	if (cfg->chunk > TPB_STRIPE_CHUNK_MAX ||
 	    (cfg->send_size && cfg->send_size < TPB_STRIPE_SEND_SIZE_MIN))
@@ -255,14 +251,10 @@ int tpb_stripe_new(struct event_base *base, const struct tpb_stripe_config *cfg,
 	st->on_error = cfg->on_error;
 	st->arg = cfg->arg;
 	tpu_list_init(&st->sendq);
-	tpu_list_init(&st->done);
 	tpu_hmap_init(&st->recvs);
 	pthread_mutex_init(&st->lock, NULL);
-	st->efd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
-	if (st->efd >= 0)
-		st->ev = event_new(base, st->efd, EV_READ | EV_PERSIST, stripe_on_event, st);
-	if (!st->ev || event_add(st->ev, NULL) < 0) {
-		int r = st->efd < 0 ? -errno : -ENOMEM;
+	r = tpb_cq_init(&st->cq);
+	if (r < 0) {
 		tpb_stripe_free(st);
 		return r;
 	}
@@ -625,11 +617,9 @@ void tpb_stripe_free(struct tpb_stripe *st)
 	fail_all(st, -ECONNRESET, "peer link closed");
 	st->err_reported = true; /* the owner is freeing us: no error callback */
 	pthread_mutex_unlock(&st->lock);
-	if (st->ev)
+	if (st->cq.efd >= 0)
 		deliver(st); /* callbacks see st->stopping: new sends and receives get -ENOTCONN */
-	if (st->ev)
-		event_free(st->ev);
-	tpu_close(st->efd);
+	tpb_cq_done(&st->cq);
 	tpu_hmap_done(&st->recvs);
 	pthread_mutex_destroy(&st->lock);
 	free(st);

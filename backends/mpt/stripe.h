@@ -5,8 +5,9 @@
  * connection has a sender thread (chunks queued by tpb_stripe_send()) and a receiver thread
  * (chunks land straight in the destination registered by tpb_stripe_recv(): into a mapping the
  * daemon holds, or into a client's memory by CMA through a bounce buffer). Both directions use
- * every connection. Completions come back to the loop thread through an eventfd and a locked
- * queue. The stripe knows nothing about pipes, sessions or the control connection: the peer
+ * every connection. Completions come back through a completion queue (cq.h) whose eventfd the
+ * owner polls on its loop, calling tpb_stripe_progress(): the stripe never touches the loop. The
+ * stripe knows nothing about pipes, sessions or the control connection: the peer
  * link tells the receiver how many bytes to expect and when a sender gave up.
  *
  * Chunk on the wire (all little endian), followed by @len raw bytes:
@@ -20,7 +21,6 @@
 #ifndef TPB_STRIPE_H
 #define TPB_STRIPE_H
 
-#include <event2/event.h>
 #include <stdint.h>
 #include "tpb.h"
 #include "tpu.h"
@@ -54,7 +54,7 @@ struct tpb_stripe_xfer {
 	uint64_t xfer_id;		/* receive: the id chunks carry; send: the id to tag */
 	const struct tpb_stripe_seg *segs;
 	size_t n_segs;
-	tpb_stripe_done_fn done;	/* runs once, on the loop thread, never inside a call */
+	tpb_stripe_done_fn done;	/* runs once, from tpb_stripe_progress(), never inside a call */
 	void *arg;
 
 	/* Results, valid in @done. */
@@ -80,20 +80,33 @@ struct tpb_stripe_config {
 	uint32_t chunk;		/* bytes per chunk (default 1 MiB when 0, at most 16 MiB) */
 	uint32_t send_size;	/* bytes per socket write (default 60 KiB when 0, at least 4 KiB) */
 	const char *name;	/* for log lines and thread names, e.g. "peer 3" */
-	tpb_stripe_error_fn on_error; /* runs on the loop thread, once per stripe */
+	tpb_stripe_error_fn on_error; /* runs once per stripe, from tpb_stripe_progress() */
 	void *arg;
 };
 
 /*
- * tpb_stripe_new() - an empty stripe completing into @base.
+ * tpb_stripe_new() - an empty stripe; its completions wait for tpb_stripe_progress().
  * @cfg: borrowed; copied (@cfg->name too).
- * @base: borrows @base, which must outlive the stripe.
  * @ret: returns owned stripe, free with tpb_stripe_free().
  * Return: 0, -EINVAL for a chunk size over TPB_STRIPE_CHUNK_MAX or a send size under
  * TPB_STRIPE_SEND_SIZE_MIN, or -errno.
  */
-int tpb_stripe_new(struct event_base *base, const struct tpb_stripe_config *cfg,
-		   struct tpb_stripe **ret);
+int tpb_stripe_new(const struct tpb_stripe_config *cfg, struct tpb_stripe **ret);
+
+/*
+ * tpb_stripe_event_fd() - the fd that turns readable when completions (or a connection failure
+ * to report) wait: the owner polls it on its loop and calls tpb_stripe_progress(). Borrows @st.
+ * Return: the fd, borrowed (valid until tpb_stripe_free(); never close it).
+ */
+int tpb_stripe_event_fd(const struct tpb_stripe *st);
+
+/*
+ * tpb_stripe_progress() - on the calling (loop) thread, run the done callbacks of completed
+ * transfers, then the on_error callback once if a connection failed; never blocks. Any callback
+ * may free @st: the caller must not touch @st after this call unless it knows none did.
+ * Borrows @st. Return: how many done callbacks ran.
+ */
+int tpb_stripe_progress(struct tpb_stripe *st);
 
 /*
  * tpb_stripe_add_conn() - add a connected, handshaken TCP socket and start its two threads.

@@ -11,6 +11,7 @@
 #include <pthread.h>
 #include <stdbool.h>
 #include <stdint.h>
+#include "../base/cq.h"
 #include "hmap.h"
 #include "stripe.h"
 
@@ -58,9 +59,7 @@ struct tpb_stripe {
 	bool stopping;	       /* lock */
 	struct tpu_list sendq; /* sends with chunks left to claim */
 	struct tpu_hmap recvs; /* xfer_id -> registered receive not yet complete */
-	struct tpu_list done;  /* complete, not yet delivered */
-	int efd;
-	struct event *ev;
+	struct tpb_cq cq;      /* complete, not yet delivered (pushed with the lock held) */
 	bool *alive; /* loop thread: cleared when a done callback frees the stripe */
 	uint32_t chunk;
 	uint32_t send_size; /* bytes per socket write, header included */

@@ -304,6 +304,9 @@ void tpd_peer_teardown(struct tpd_peer *pr)
 
 	pr->state = PEER_FAILED;
 	/* Transfers first: their completions see the link failed and fail their messages. */
+	if (pr->ev_stripe)
+		event_free(pr->ev_stripe);
+	pr->ev_stripe = NULL;
 	tpb_stripe_free(pr->stripe);
 	pr->stripe = NULL;
 	tpd_gdr_link_free(pr->gdr);
@@ -361,10 +364,16 @@ static void peer_on_stripe_error(struct tpb_stripe *st, int err, const char *why
 	tpd_peer_fail(arg, -ECONNRESET, "data connection failed: %s", why);
 }
 
+static void peer_on_stripe(evutil_socket_t fd, short what, void *arg)
+{
+	tpb_stripe_progress(arg); /* may free the link, and the stripe with it */
+}
+
 static int peer_make_stripe(struct tpd_peer *pr)
 {
 	struct tpb_stripe_config sc = { 0 };
 	char name[32];
+	int r;
 
 	snprintf(name, sizeof(name), "peer %llu", (unsigned long long)pr->id);
 	sc.chunk = pr->d->cfg.peer_chunk;
@@ -372,7 +381,14 @@ static int peer_make_stripe(struct tpd_peer *pr)
 	sc.name = name;
 	sc.on_error = peer_on_stripe_error;
 	sc.arg = pr;
-	return tpb_stripe_new(pr->d->base, &sc, &pr->stripe);
+	r = tpb_stripe_new(&sc, &pr->stripe);
+	if (r < 0)
+		return r;
+	pr->ev_stripe = event_new(tpd_daemon_base(pr->d), tpb_stripe_event_fd(pr->stripe),
+				  EV_READ | EV_PERSIST, peer_on_stripe, pr->stripe);
+	if (!pr->ev_stripe || event_add(pr->ev_stripe, NULL) < 0)
+		return -ENOMEM;
+	return 0;
 }
 
 static void peer_on_timer(evutil_socket_t fd, short what, void *arg);
@@ -393,6 +409,8 @@ struct tpd_peer *tpd_peer_new(struct tpd_daemon *d, bool outgoing, const char *k
 	pr->ev_timer = evtimer_new(d->base, peer_on_timer, pr);
 	pr->ev_close = event_new(d->base, -1, 0, peer_on_close, pr);
 	if (!pr->ev_timer || !pr->ev_close || peer_make_stripe(pr) < 0) {
+		if (pr->ev_stripe)
+			event_free(pr->ev_stripe);
 		tpb_stripe_free(pr->stripe);
 		if (pr->ev_timer)
 			event_free(pr->ev_timer);

@@ -57,6 +57,7 @@ struct tpd_peer {
 	struct event *ev_timer;
 	struct event *ev_close;
 	struct tpb_stripe *stripe;
+	struct event *ev_stripe; /* the stripe's event fd: its completions run from the loop */
 	uint64_t link_id;
 	unsigned data_expected, data_attached;
 	bool data_seen[TPB_STRIPE_CONNS_MAX];

@@ -19,6 +19,7 @@
 #include <event2/event.h>
 #include <fcntl.h>
 #include <netinet/in.h>
+#include <poll.h>
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -67,6 +68,7 @@ struct res {
 
 struct side {
 	struct tpb_stripe *st;
+	struct event *ev; /* the stripe's event fd on the fixture's loop (the daemon's part) */
 	int errors;
 	int err;
 	char why[200];
@@ -192,12 +194,35 @@ static void tcp_pair(int *ret_a, int *ret_b, bool small)
 	*ret_b = b;
 }
 
+static void on_stripe_event(evutil_socket_t fd, short what, void *arg)
+{
+	struct side *s = arg;
+
+	tpb_stripe_progress(s->st);
+}
+
 static void side_new(struct fx *f, struct side *s, const char *name, uint32_t chunk)
 {
 	struct tpb_stripe_config cfg = { .chunk = chunk, .send_size = f->send_size, .name = name,
 					 .on_error = on_error, .arg = s };
 
-	ck_assert_int_eq(tpb_stripe_new(f->base, &cfg, &s->st), 0);
+	ck_assert_int_eq(tpb_stripe_new(&cfg, &s->st), 0);
+	s->ev = event_new(f->base, tpb_stripe_event_fd(s->st), EV_READ | EV_PERSIST,
+			  on_stripe_event, s);
+	ck_assert_ptr_nonnull(s->ev);
+	ck_assert_int_eq(event_add(s->ev, NULL), 0);
+}
+
+/* Frees @s's stripe (its event first); also from inside one of its callbacks. */
+static void side_free(struct side *s)
+{
+	struct tpb_stripe *st = s->st;
+
+	s->st = NULL;
+	if (s->ev)
+		event_free(s->ev);
+	s->ev = NULL;
+	tpb_stripe_free(st);
 }
 
 /* A and B joined by @conns TCP connections, writing at most @send_size bytes at a time. */
@@ -349,9 +374,9 @@ static void gate_open(struct fx *f)
 
 static void fx_teardown(struct fx *f)
 {
-	tpb_stripe_free(f->a.st);
-	tpb_stripe_free(f->b.st);
-	tpb_stripe_free(f->c.st);
+	side_free(&f->a);
+	side_free(&f->b);
+	side_free(&f->c);
 	/* A and B closed their ends: every relay reads end of stream or fails its write. */
 	for (unsigned i = 0; f->open && i < 2 * f->gates; i++)
 		pthread_join(f->relays[i].thread, NULL);
@@ -598,6 +623,55 @@ START_TEST(test_stripe_unknown_transfer_is_drained)
 }
 END_TEST
 
+/*
+ * The stripe touches no event loop: a completion waits until its owner calls
+ * tpb_stripe_progress(), the event fd turning readable when it does; a failed connection is
+ * reported once, also from progress, after the transfers it ended.
+ */
+START_TEST(test_stripe_completes_and_reports_only_from_progress)
+{
+	struct tpb_stripe_config cfg = { .name = "P", .on_error = on_error };
+	struct side s = { 0 };
+	struct pollfd pfd;
+	uint8_t dst[16];
+	struct xf e, r;
+	int sp[2];
+
+	loop_thread = pthread_self();
+	cfg.arg = &s;
+	ck_assert_int_eq(tpb_stripe_new(&cfg, &s.st), 0);
+	pfd = (struct pollfd){ .fd = tpb_stripe_event_fd(s.st), .events = POLLIN };
+	ck_assert_int_ge(pfd.fd, 0);
+	ck_assert_int_eq(socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sp), 0);
+	ck_assert_int_eq(tpb_stripe_add_conn(s.st, sp[0]), 0);
+	xf_init(&e, 5); /* nothing to receive: complete at once, delivered later */
+	ck_assert_int_eq(tpb_stripe_recv(s.st, &e.x), 0);
+	ck_assert_int_eq(poll(&pfd, 1, DEADLINE_MS), 1);
+	ck_assert_int_eq(e.res.calls, 0);
+	ck_assert_int_eq(tpb_stripe_progress(s.st), 1);
+	ck_assert_int_eq(e.res.calls, 1);
+	ck_assert_int_eq(e.res.status, 0);
+	ck_assert(e.res.on_loop);
+	ck_assert_int_eq(poll(&pfd, 1, 0), 0);
+	ck_assert_int_eq(tpb_stripe_progress(s.st), 0);
+
+	xf_init(&r, 6);
+	xf_seg(&r, TPB_LOC_LOCAL, dst, sizeof(dst));
+	ck_assert_int_eq(tpb_stripe_recv(s.st, &r.x), 0);
+	close(sp[1]); /* the only connection fails: the receive ends, then the error */
+	ck_assert_int_eq(poll(&pfd, 1, DEADLINE_MS), 1);
+	for (uint64_t end = now_ms() + DEADLINE_MS; !s.errors && now_ms() < end;)
+		if (poll(&pfd, 1, 10) == 1)
+			tpb_stripe_progress(s.st);
+	ck_assert_int_eq(r.res.calls, 1);
+	ck_assert_int_eq(r.res.status, -ECONNRESET);
+	ck_assert_int_eq(s.errors, 1);
+	ck_assert_msg(strstr(s.why, "closed by the peer"), "why: %s", s.why);
+	tpb_stripe_free(s.st);
+	ck_assert_int_eq(e.res.calls + r.res.calls, 2);
+}
+END_TEST
+
 START_TEST(test_stripe_empty_transfers_complete_later_on_the_loop)
 {
 	struct xf s, r;
@@ -793,7 +867,7 @@ START_TEST(test_stripe_send_cancel_never_sends_half_a_chunk)
 	ck_assert_int_eq(s.res.calls, 1);
 	ck_assert_int_eq(s.res.status, -ECANCELED);
 	ck_assert_uint_lt(s.res.bytes, LEN);
-	tpb_stripe_free(f.c.st); /* what is still queued goes out, then end of stream */
+	side_free(&f.c); /* what is still queued goes out, then end of stream */
 	f.c.st = NULL;
 	for (ssize_t n; (n = recv(f.raw, src, LEN, 0)) > 0;)
 		got += (uint64_t)n;
@@ -1088,7 +1162,7 @@ START_TEST(test_stripe_freed_peer_fails_every_connection)
 	xf_seg(&r, TPB_LOC_LOCAL, dst, sizeof(dst));
 	ck_assert_int_eq(tpb_stripe_recv(f.b.st, &r.x), 0);
 	/* The whole side A goes away: B hears it on all four connections, reports once. */
-	tpb_stripe_free(f.a.st);
+	side_free(&f.a);
 	f.a.st = NULL;
 	ck_assert(run_until(&f, &f.b.errors, &r.res.calls, DEADLINE_MS));
 	ck_assert_msg(strstr(f.b.why, "closed by the peer"), "why: %s", f.b.why);
@@ -1131,7 +1205,7 @@ START_TEST(test_stripe_free_completes_pending_transfers_once)
 	ck_assert_int_eq(tpb_stripe_recv(f.b.st, &r2.x), 0);
 	ck_assert_int_eq(tpb_stripe_send(f.a.st, &big.x), 0);
 	ck_assert_int_eq(tpb_stripe_send(f.a.st, &empty.x), 0);
-	tpb_stripe_free(f.b.st);
+	side_free(&f.b);
 	f.b.st = NULL;
 	ck_assert_int_eq(r1.res.calls, 1);
 	ck_assert_int_eq(r1.res.status, -ECONNRESET);
@@ -1139,7 +1213,7 @@ START_TEST(test_stripe_free_completes_pending_transfers_once)
 	ck_assert_int_eq(r2.res.calls, 1);
 	ck_assert_int_eq(r2.res.status, 0);
 	ck_assert_int_eq(big.res.calls + empty.res.calls, 0); /* A's loop side did not run */
-	tpb_stripe_free(f.a.st);
+	side_free(&f.a);
 	f.a.st = NULL;
 	ck_assert_int_eq(big.res.calls, 1);
 	ck_assert_msg(big.res.status == -ECONNRESET || big.res.status == 0, "status %d",
@@ -1147,7 +1221,7 @@ START_TEST(test_stripe_free_completes_pending_transfers_once)
 	ck_assert_int_eq(empty.res.calls, 1);
 	ck_assert_int_eq(empty.res.status, 0);
 	ck_assert_int_eq(stuck.res.calls, 0);
-	tpb_stripe_free(f.c.st);
+	side_free(&f.c);
 	f.c.st = NULL;
 	ck_assert_int_eq(stuck.res.calls, 1);
 	ck_assert_int_eq(stuck.res.status, -ECONNRESET);
@@ -1166,7 +1240,7 @@ END_TEST
 
 struct free_in_done {
 	struct tpb_stripe_xfer x;
-	struct tpb_stripe **st;
+	struct side *side;
 	int calls;
 };
 
@@ -1174,11 +1248,8 @@ static void free_on_done(struct tpb_stripe_xfer *x)
 {
 	struct free_in_done *d = tpu_container_of(x, struct free_in_done, x);
 
-	struct tpb_stripe *st = *d->st;
-
 	d->calls++;
-	*d->st = NULL; /* the other callback runs inside this free */
-	tpb_stripe_free(st);
+	side_free(d->side); /* the other callback runs inside this free (then frees nothing) */
 }
 
 START_TEST(test_stripe_free_inside_a_done_callback)
@@ -1188,7 +1259,7 @@ START_TEST(test_stripe_free_inside_a_done_callback)
 
 	fx_setup(&f, 2, 0);
 	for (int i = 0; i < 2; i++) {
-		d[i].st = &f.a.st;
+		d[i].side = &f.a;
 		d[i].x.done = free_on_done;
 		ck_assert_int_eq(tpb_stripe_send(f.a.st, &d[i].x), 0);
 	}
@@ -1212,9 +1283,9 @@ START_TEST(test_stripe_rejects_bad_calls)
 	int sp[2];
 
 	fx_setup(&f, 0, 0);
-	ck_assert_int_eq(tpb_stripe_new(f.base, &cfg, &st), -EINVAL);
+	ck_assert_int_eq(tpb_stripe_new(&cfg, &st), -EINVAL);
 	cfg = (struct tpb_stripe_config){ .send_size = TPB_STRIPE_SEND_SIZE_MIN - 1 };
-	ck_assert_int_eq(tpb_stripe_new(f.base, &cfg, &st), -EINVAL);
+	ck_assert_int_eq(tpb_stripe_new(&cfg, &st), -EINVAL);
 	xf_init(&t, 1);
 	xf_seg(&t, TPB_LOC_LOCAL, buf, sizeof(buf));
 	ck_assert_int_eq(tpb_stripe_send(f.a.st, &t.x), -ENOTCONN);
@@ -1310,6 +1381,7 @@ static Suite *stripe_suite(void)
 	tcase_add_loop_test(tc, test_stripe_small_socket_writes_arrive_intact, 0, 2);
 	tcase_add_test(tc, test_stripe_unknown_transfer_is_drained);
 	tcase_add_test(tc, test_stripe_empty_transfers_complete_later_on_the_loop);
+	tcase_add_test(tc, test_stripe_completes_and_reports_only_from_progress);
 	tcase_add_test(tc, test_stripe_unreadable_source_stops_the_send);
 	tcase_add_test(tc, test_stripe_source_of_a_dead_process_fails_with_esrch);
 	tcase_add_test(tc, test_stripe_unwritable_destination_fails_after_draining);
