@@ -157,7 +157,7 @@ static int op_direction(const struct tpb_op *op)
 			return -EINVAL;
 		dir = recv;
 	}
-	return dir < 0 ? 0 : dir; /* nothing to move: an empty send */
+	return dir < 0 ? 0 : dir; /* nothing to move: ends at once, later, either way */
 }
 
 static int mpt_start(struct tpb_ep *ep, struct tpb_op *op)
