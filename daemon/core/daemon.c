@@ -73,6 +73,11 @@ bool tpd_daemon_stopping(const struct tpd_daemon *d)
 	return d->stopping;
 }
 
+struct tpb_ctx *tpd_daemon_mpt(const struct tpd_daemon *d)
+{
+	return d->mpt;
+}
+
 /* Refuses to take over a socket another daemon is serving; removes a stale one. */
 static int socket_take_path(const struct sockaddr_un *sun)
 {
@@ -480,12 +485,29 @@ static void daemon_on_copier(evutil_socket_t fd, short what, void *arg)
 	tpb_copier_progress(d->copier);
 }
 
-/* The copy threads complete through their event fd: run their completions from the loop. */
-static int watch_copier(struct tpd_daemon *d)
+static void daemon_on_mpt(evutil_socket_t fd, short what, void *arg)
 {
+	struct tpd_daemon *d = arg;
+
+	tpb_progress(d->mpt);
+}
+
+/* The copy threads and the mpt channel complete through their event fds: run their
+ * completions from the loop. */
+static int watch_engines(struct tpd_daemon *d)
+{
+	int r;
+
 	d->ev_copier = event_new(d->base, tpb_copier_event_fd(d->copier), EV_READ | EV_PERSIST,
 				 daemon_on_copier, d);
 	if (!d->ev_copier || event_add(d->ev_copier, NULL) < 0)
+		return -ENOMEM;
+	r = tpb_ctx_new(tpb_index("mpt"), NULL, NULL, &d->mpt);
+	if (r < 0)
+		return r;
+	d->ev_mpt = event_new(d->base, tpb_event_fd(d->mpt), EV_READ | EV_PERSIST, daemon_on_mpt,
+			      d);
+	if (!d->ev_mpt || event_add(d->ev_mpt, NULL) < 0)
 		return -ENOMEM;
 	return 0;
 }
@@ -571,7 +593,7 @@ int tpd_daemon_new(const struct tpd_config *cfg, struct tpd_daemon **ret)
 	r = tpb_copier_new(cfg->copy_threads, &d->copier);
 	if (r < 0)
 		goto fail;
-	r = watch_copier(d);
+	r = watch_engines(d);
 	if (r < 0)
 		goto fail;
 	r = setup_signals(d);
@@ -643,6 +665,9 @@ void tpd_daemon_free(struct tpd_daemon *d)
 	if (d->ev_copier)
 		event_free(d->ev_copier);
 	tpb_copier_free(d->copier);
+	if (d->ev_mpt)
+		event_free(d->ev_mpt);
+	tpb_ctx_free(d->mpt); /* the links are gone: what they owed has been delivered */
 	tpd_gdr_stop(d);
 	tpd_listener_registry_done(&d->registry);
 	tpd_quota_done(&d->quota);

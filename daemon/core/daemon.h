@@ -55,6 +55,8 @@ struct tpd_daemon {
 	uint64_t next_pipe_id;
 	struct tpb_copier *copier;
 	struct event *ev_copier; /* the copier's event fd: its completions run from the loop */
+	struct tpb_ctx *mpt;	 /* the mpt channel's context (cross-host transfers) */
+	struct event *ev_mpt;	 /* its event fd */
 	uint64_t start_ns;
 	uint64_t drain_deadline_ns;
 	uint64_t bytes_moved;
@@ -143,5 +145,7 @@ struct tpd_quota *tpd_daemon_quota(struct tpd_daemon *d);
 struct tpb_copier *tpd_daemon_copier(const struct tpd_daemon *d);
 /* True once a graceful stop began. */
 bool tpd_daemon_stopping(const struct tpd_daemon *d);
+/* The mpt channel's context (tpb.h op table): each peer link opens its endpoint there. */
+struct tpb_ctx *tpd_daemon_mpt(const struct tpd_daemon *d);
 
 #endif

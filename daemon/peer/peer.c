@@ -129,6 +129,11 @@ struct tpd_gdr_link *tpd_peer_gdr(struct tpd_peer *pr)
 	return pr->gdr;
 }
 
+struct tpb_ep *tpd_peer_mpt_ep(struct tpd_peer *pr)
+{
+	return pr->mpt_ep;
+}
+
 struct tpb_stripe *tpd_peer_stripe(struct tpd_peer *pr)
 {
 	return pr->stripe;
@@ -299,16 +304,21 @@ void tpd_peer_teardown(struct tpd_peer *pr)
 	struct tpd_daemon *d = pr->d;
 	size_t n = pr->pipes.len, i = 0, k = 0;
 	struct tpd_pipe **v = calloc(n + 1, sizeof(*v));
+	struct tpb_ep *mpt_ep;
 	uint64_t key;
 	void *val;
 
 	pr->state = PEER_FAILED;
 	/* Transfers first: their completions see the link failed and fail their messages. */
+	mpt_ep = pr->mpt_ep;
+	pr->mpt_ep = NULL; /* new ones are refused: -ENOTCONN */
 	if (pr->ev_stripe)
 		event_free(pr->ev_stripe);
 	pr->ev_stripe = NULL;
 	tpb_stripe_free(pr->stripe);
 	pr->stripe = NULL;
+	tpb_ep_close(mpt_ep);
+	tpb_progress(tpd_daemon_mpt(d));
 	tpd_gdr_link_free(pr->gdr);
 	pr->gdr = NULL;
 	pipe_ops->waits_drop(d, pr);
@@ -361,12 +371,20 @@ void tpd_peer_fail(struct tpd_peer *pr, int err, const char *fmt, ...)
 
 static void peer_on_stripe_error(struct tpb_stripe *st, int err, const char *why, void *arg)
 {
-	tpd_peer_fail(arg, -ECONNRESET, "data connection failed: %s", why);
+	struct tpd_peer *pr = arg;
+
+	/* The transfers the failure ended complete first, while the link is still up. */
+	tpb_progress(tpd_daemon_mpt(pr->d));
+	tpd_peer_fail(pr, -ECONNRESET, "data connection failed: %s", why);
 }
 
 static void peer_on_stripe(evutil_socket_t fd, short what, void *arg)
 {
-	tpb_stripe_progress(arg); /* may free the link, and the stripe with it */
+	struct tpd_peer *pr = arg;
+	struct tpb_ctx *mpt = tpd_daemon_mpt(pr->d);
+
+	tpb_stripe_progress(pr->stripe); /* ends transfers: their mpt ops wait on the context */
+	tpb_progress(mpt);		 /* their completions, in this same pass */
 }
 
 static int peer_make_stripe(struct tpd_peer *pr)
@@ -385,10 +403,11 @@ static int peer_make_stripe(struct tpd_peer *pr)
 	if (r < 0)
 		return r;
 	pr->ev_stripe = event_new(tpd_daemon_base(pr->d), tpb_stripe_event_fd(pr->stripe),
-				  EV_READ | EV_PERSIST, peer_on_stripe, pr->stripe);
+				  EV_READ | EV_PERSIST, peer_on_stripe, pr);
 	if (!pr->ev_stripe || event_add(pr->ev_stripe, NULL) < 0)
 		return -ENOMEM;
-	return 0;
+	pr->mpt_peer = (struct tpb_peer){ .name = pr->key, .link = pr, .stripe = pr->stripe };
+	return tpb_ep_open(tpd_daemon_mpt(pr->d), &pr->mpt_peer, &pr->mpt_ep);
 }
 
 static void peer_on_timer(evutil_socket_t fd, short what, void *arg);
@@ -409,6 +428,7 @@ struct tpd_peer *tpd_peer_new(struct tpd_daemon *d, bool outgoing, const char *k
 	pr->ev_timer = evtimer_new(d->base, peer_on_timer, pr);
 	pr->ev_close = event_new(d->base, -1, 0, peer_on_close, pr);
 	if (!pr->ev_timer || !pr->ev_close || peer_make_stripe(pr) < 0) {
+		tpb_ep_close(pr->mpt_ep);
 		if (pr->ev_stripe)
 			event_free(pr->ev_stripe);
 		tpb_stripe_free(pr->stripe);

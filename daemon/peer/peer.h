@@ -99,6 +99,10 @@ struct tpd_gdr_link *tpd_peer_gdr(struct tpd_peer *pr);
 /* The link's data connections. */
 struct tpb_stripe *tpd_peer_stripe(struct tpd_peer *pr);
 
+/* The link's mpt endpoint (tpb.h op table, over its data connections): borrowed, valid until
+ * the link is torn down; NULL once it is. */
+struct tpb_ep *tpd_peer_mpt_ep(struct tpd_peer *pr);
+
 /*
  * struct tpd_peer_pipe_ops - what the part above (the broker's cross-host pipes) does with a
  * link's pipe messages and link events; the peer part calls up only through it. Every op runs
