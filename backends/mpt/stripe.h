@@ -54,7 +54,7 @@ struct tpb_stripe_xfer {
 	uint64_t xfer_id;		/* receive: the id chunks carry; send: the id to tag */
 	const struct tpb_stripe_seg *segs;
 	size_t n_segs;
-	tpb_stripe_done_fn done;	/* runs once, from tpb_stripe_progress(), never inside a call */
+	tpb_stripe_done_fn done;	/* runs once, from tpb_stripe_progress(), not in a call */
 	void *arg;
 
 	/* Results, valid in @done. */

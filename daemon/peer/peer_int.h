@@ -59,7 +59,7 @@ struct tpd_peer {
 	struct tpb_stripe *stripe;
 	struct event *ev_stripe; /* the stripe's event fd: its completions run from the loop */
 	struct tpb_peer mpt_peer; /* what the mpt endpoint borrows: this link and its stripe */
-	struct tpb_ep *mpt_ep;	  /* the mpt channel's endpoint over @stripe; NULL once closing */
+	struct tpb_ep *mpt_ep;	  /* the mpt endpoint over @stripe; NULL once closing */
 	uint64_t link_id;
 	unsigned data_expected, data_attached;
 	bool data_seen[TPB_STRIPE_CONNS_MAX];

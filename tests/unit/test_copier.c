@@ -1,7 +1,8 @@
 /* SPDX-License-Identifier: BSD-3-Clause */
 /*
- * Unit suite for backends/base/copier.c: jobs run on worker threads and complete on the loop thread,
- * exactly once, with errors reported per job; queued jobs are canceled when the copier stops.
+ * Unit suite for backends/base/copier.c: jobs run on worker threads and complete on the loop
+ * thread, exactly once, with errors reported per job; queued jobs are canceled when the copier
+ * stops.
  */
 #include <check.h>
 #include <errno.h>

@@ -227,7 +227,8 @@ START_TEST(test_mpt_refuses_bad_calls_without_a_callback)
 				  .dst = { .loc = TPB_LOC_LOCAL, .addr = (uintptr_t)buf },
 				  .len = 8 };
 	struct rec r = { 0 };
-	struct tpb_op op = { .xfers = mixed, .n_xfers = 2, .xfer_id = 3, .done = op_done, .arg = &r };
+	struct tpb_op op = { .xfers = mixed, .n_xfers = 2, .xfer_id = 3, .done = op_done,
+			     .arg = &r };
 	struct tpb_peer nolink = { .name = "X" };
 	struct tpb_ep *ep = NULL;
 	struct fx f;
