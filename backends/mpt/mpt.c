@@ -30,7 +30,7 @@ struct mpt_ep {
 	struct tpb_stripe *st;
 	struct tpu_list ops; /* started, not yet delivered (struct mpt_op.ep_node) */
 	bool closing;
-	bool delivering; /* inside one of its ops' done callbacks: closing must not free it */
+	unsigned delivering; /* inside its ops' done callbacks (nested progress too): kept */
 };
 
 /* One started op: the stripe transfer that carries it. Loop thread only. */
@@ -260,11 +260,11 @@ static int mpt_progress(struct tpb_ctx *ctx)
 		tpu_list_remove(&mo->ep_node);
 		free(mo);
 		c->pending--;
-		e->delivering = true;
+		e->delivering++;
 		op->done(op); /* may start, cancel or close: @op is the caller's again */
-		e->delivering = false;
+		e->delivering--;
 		ran++;
-		if (e->closing && tpu_list_empty(&e->ops))
+		if (e->closing && tpu_list_empty(&e->ops) && !e->delivering)
 			free(e);
 	}
 	return ran;

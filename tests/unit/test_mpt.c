@@ -219,6 +219,52 @@ START_TEST(test_mpt_closed_endpoint_and_freed_stripe_end_their_ops_once)
 }
 END_TEST
 
+struct nest {
+	struct rec rec;
+	struct fx *f;
+};
+
+/* Closes B's endpoint and runs the context's progress again, from inside a done callback. */
+static void close_and_nest(struct tpb_op *op)
+{
+	struct nest *n = op->arg;
+
+	op->arg = &n->rec;
+	op_done(op);
+	tpb_ep_close(n->f->eb);
+	n->f->eb = NULL;
+	tpb_progress(n->f->ctx); /* delivers the other op: the endpoint must outlive both */
+}
+
+/* An endpoint closed from one op's callback, whose other op completes in a nested progress,
+ * goes only once the outer callback has returned. */
+START_TEST(test_mpt_endpoint_closed_inside_a_callback_outlives_nested_progress)
+{
+	uint8_t dst[64];
+	struct tpb_xfer rx = in(dst, sizeof(dst));
+	struct nest n1 = { 0 };
+	struct rec r2 = { 0 };
+	struct tpb_op a = { .xfers = &rx, .n_xfers = 1, .xfer_id = 1, .done = close_and_nest,
+			    .arg = &n1 };
+	struct tpb_op b = { .xfers = &rx, .n_xfers = 1, .xfer_id = 2, .done = op_done, .arg = &r2 };
+	struct fx f;
+
+	fx_setup(&f, 1);
+	n1.f = &f;
+	ck_assert_int_eq(tpb_start(f.eb, &a), 0);
+	ck_assert_int_eq(tpb_start(f.eb, &b), 0);
+	ck_assert_int_eq(tpb_cancel(f.eb, &a), 0);
+	ck_assert_int_eq(tpb_cancel(f.eb, &b), 0);
+	ck_assert(run_until(&f, &n1.rec.calls, &r2.calls));
+	ck_assert_int_eq(n1.rec.status, -ECANCELED);
+	ck_assert_int_eq(r2.status, -ECANCELED);
+	for (int i = 0; i < 20; i++)
+		pump(&f, 1);
+	ck_assert_int_eq(n1.rec.calls + r2.calls, 2);
+	fx_teardown(&f);
+}
+END_TEST
+
 START_TEST(test_mpt_refuses_bad_calls_without_a_callback)
 {
 	uint8_t buf[16];
@@ -265,6 +311,7 @@ int main(void)
 	tcase_add_test(tc, test_mpt_send_and_receive_complete_once_from_progress);
 	tcase_add_test(tc, test_mpt_cancel_and_the_senders_word_end_a_receive);
 	tcase_add_test(tc, test_mpt_closed_endpoint_and_freed_stripe_end_their_ops_once);
+	tcase_add_test(tc, test_mpt_endpoint_closed_inside_a_callback_outlives_nested_progress);
 	tcase_add_test(tc, test_mpt_refuses_bad_calls_without_a_callback);
 	suite_add_tcase(s, tc);
 	sr = srunner_create(s);
