@@ -16,7 +16,8 @@
  *   cuda_ipc  CUDA memory of a client (an IPC handle the daemon maps) to or from CUDA, a
  *          mapping or a client's address space, on the daemon's own streams
  * Between hosts:
- *   mpt    chunks striped over a peer link's data connections (daemon/xfer/stripe.c); no copy op
+ *   mpt    chunks striped over a peer link's data connections (backends/mpt/stripe.c); no copy
+ *          op; the async table over the link's stripe (backends/mpt/mpt.c)
  *   rdma   RDMA writes between shared buffers on both hosts (daemon/xfer/gdr.c); no copy op
  *   cuda_basic  CUDA memory staged chunk by chunk through host buffers of the stripe threads
  *          (tpb_cuda_basic_stage()), so it rides the mpt connections; no copy op
@@ -55,6 +56,7 @@ enum tpb_loc {
 };
 
 struct tpb_cuda_map;
+struct tpb_stripe;
 struct tpb_proc;
 
 struct tpb_mem {
@@ -136,6 +138,7 @@ struct tpb_peer {
 	const char *const *offers;	/* the peer's channel names (its PeerHello.backends) */
 	size_t n_offers;
 	void *link;			/* the daemon's link, opaque here */
+	struct tpb_stripe *stripe;	/* mpt: the link's data connections (mpt/stripe.h) */
 };
 
 /* The head of every endpoint: channels embed it first. */
@@ -146,7 +149,7 @@ struct tpb_ep {
 
 /*
  * The engine a same-host channel's kernel runs on: the daemon's copy threads
- * (tpd_copier_engine()), or NULL in a context, to run the kernel inside start() (tests, tools;
+ * (tpb_copier_engine()), or NULL in a context, to run the kernel inside start() (tests, tools;
  * the completion still comes later, from progress()).
  */
 struct tpb_engine {
@@ -168,11 +171,12 @@ struct tpb_op {
 	size_t n_xfers;
 	const void *offer; /* start, between hosts: the other side's offer (prepare()), or NULL */
 	size_t offer_len;
+	uint64_t xfer_id;  /* between hosts: the receiver's id for the transfer on the link */
 	tpb_op_done_fn done;
 	void *arg;
 	/* Set by the channel before @done runs. */
 	int status;	/* 0, -ECANCELED, or the channel's -errno */
-	uint64_t bytes; /* moved, on success */
+	uint64_t bytes; /* moved, on success (mpt: also how far a failed one got) */
 	char why[160];	/* with a failure: more than the errno says, or "" */
 	/* The channel's own, from start() until @done. */
 	struct tpb_ep *ep;

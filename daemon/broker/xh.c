@@ -15,6 +15,7 @@
 #include "daemon.h"
 #include "gdr.h"
 #include "log.h"
+#include "mpt.h"
 #include "peer.h"
 #include "pipe_int.h"
 #include "stripe.h"
@@ -26,9 +27,12 @@
  * its done callback, so that close acknowledgements wait for it.
  */
 struct tpd_xh {
-	struct tpd_stripe_xfer x;
-	struct tpd_stripe_seg *segs;
-	struct tpd_copy_job *holder; /* receive: buffer references of the destination */
+	struct tpb_stripe_xfer x;	/* the outcome (and, by rdma / cuda_gdr, the transfer) */
+	struct tpb_stripe_seg *segs;
+	struct tpb_op op;		/* the mpt channel's op (tpb.h), over @xfers */
+	struct tpb_xfer *xfers;
+	uint64_t start_ns;
+	struct tpb_copy_job *holder; /* receive: buffer references of the destination */
 	struct tpd_msg *m;
 	struct tpd_peer *link;
 	bool send;
@@ -50,17 +54,18 @@ void tpd_xh_free(struct tpd_xh *xh)
 {
 	if (!xh)
 		return;
-	tpd_copier_job_free(xh->holder);
+	tpb_copier_job_free(xh->holder);
 	tpd_gdr_recv_free(xh->gdr_recv);
 	if (xh->offer)
 		tpw__v1__peer_read_req__free_unpacked(xh->offer, NULL);
+	free(xh->xfers);
 	free(xh->segs);
 	free(xh);
 }
 
 void tpd_xh_cancel(struct tpd_xh *xh)
 {
-	struct tpd_stripe *st;
+	struct tpb_ep *ep;
 
 	if (!xh->started || !xh->link)
 		return;
@@ -69,13 +74,9 @@ void tpd_xh_cancel(struct tpd_xh *xh)
 			tpd_gdr_send_cancel(tpd_peer_gdr(xh->link), &xh->x);
 		return;
 	}
-	st = tpd_peer_stripe(xh->link);
-	if (!st)
-		return;
-	if (xh->send)
-		tpd_stripe_send_cancel(st, &xh->x);
-	else
-		tpd_stripe_recv_cancel(st, &xh->x);
+	ep = tpd_peer_mpt_ep(xh->link);
+	if (ep)
+		(void)tpb_cancel(ep, &xh->op); /* -ENOENT: it ended already */
 }
 
 /* Written on another host with a tensor in CUDA memory there. */
@@ -170,7 +171,7 @@ void tpd_xh_tell_end(struct tpd_pipe *p, uint64_t xfer_id, Tpw__V1__Status st, c
 	tpd_xpipe_tell(p, &pm, NULL, 0);
 }
 
-static void xh_send_done(struct tpd_stripe_xfer *x)
+static void xh_send_done(struct tpb_stripe_xfer *x)
 {
 	struct tpd_xh *xh = x->arg;
 	struct tpd_msg *m = xh->m;
@@ -211,7 +212,7 @@ static void xh_send_done(struct tpd_stripe_xfer *x)
 	xh_after(w);
 }
 
-static void xh_recv_done(struct tpd_stripe_xfer *x)
+static void xh_recv_done(struct tpb_stripe_xfer *x)
 {
 	struct tpd_xh *xh = x->arg;
 	struct tpd_msg *m = xh->m;
@@ -250,6 +251,42 @@ static void xh_recv_done(struct tpd_stripe_xfer *x)
 				status < 0 ? why : NULL);
 	tpd_pipe_msg_consumed(m, tpw_status_from_errno(status), status < 0 ? why : NULL);
 	xh_after(w);
+}
+
+/* The mpt op of @xh ended (from the mpt context's tpb_progress(), on the loop): its outcome
+ * becomes @xh->x's, as the stripe would have set it, and the send or receive completes. */
+static void xh_op_done(struct tpb_op *op)
+{
+	struct tpd_xh *xh = op->arg;
+
+	xh->x.status = op->status;
+	xh->x.bytes = op->bytes;
+	xh->x.ns = tpu_now_ns() - xh->start_ns;
+	snprintf(xh->x.why, sizeof(xh->x.why), "%s", op->status < 0 ? op->why : "");
+	xh->x.done(&xh->x);
+}
+
+/* Starts @xh's segments on the link's mpt endpoint: a send to, or a receive from, the other
+ * host. Return: 0 (xh_op_done() follows), or -errno with no callback (-ENOTCONN: the link is
+ * going). */
+static int xh_mpt_start(struct tpd_xh *xh)
+{
+	struct tpb_ep *ep = tpd_peer_mpt_ep(xh->link);
+	struct tpb_mem other = { .loc = TPB_LOC_REMOTE, .remote = TPB_LOC_LOCAL };
+
+	if (!ep)
+		return -ENOTCONN;
+	for (size_t i = 0; i < xh->x.n_segs; i++) {
+		struct tpb_xfer *x = &xh->xfers[i];
+
+		x->len = xh->segs[i].len;
+		x->src = xh->send ? xh->segs[i].mem : other;
+		x->dst = xh->send ? other : xh->segs[i].mem;
+	}
+	xh->op = (struct tpb_op){ .xfers = xh->xfers, .n_xfers = xh->x.n_segs,
+				  .xfer_id = xh->x.xfer_id, .done = xh_op_done, .arg = xh };
+	xh->start_ns = tpu_now_ns();
+	return tpb_start(ep, &xh->op);
 }
 
 /*
@@ -354,13 +391,16 @@ int tpd_xh_start(struct tpd_msg *m)
 		xh->x.done = xh_send_done;
 		r = xh_send_gdr(xh);
 		if (r < 0)
-			r = tpd_stripe_send(tpd_peer_stripe(xh->link), &xh->x);
+			r = xh_mpt_start(xh);
 	} else if (xh->link) {
 		char why[160];
 
 		xh->x.done = xh_recv_done;
 		xh->x.xfer_id = tpd_peer_xfer_add(xh->link, xh);
-		r = xh->x.xfer_id ? tpd_stripe_recv(tpd_peer_stripe(xh->link), &xh->x) : -ENOMEM;
+		xh->x.total = 0;
+		for (size_t i = 0; i < xh->x.n_segs; i++)
+			xh->x.total += xh->segs[i].len;
+		r = xh->x.xfer_id ? xh_mpt_start(xh) : -ENOMEM;
 		/* An RDMA offer only where the selection picks rdma or cuda_gdr for every segment
 		 * and the link can carry it; else the bytes come over the data connections. */
 		if (r == 0 && (!tpd_gdr_link_ready(tpd_peer_gdr(xh->link)) || !xh_select_rdma(xh) ||
@@ -392,7 +432,10 @@ static struct tpd_xh *xh_new(struct tpd_msg *m, bool send)
 	if (!xh)
 		return NULL;
 	xh->segs = calloc(m->n_src ? m->n_src : 1, sizeof(*xh->segs));
-	if (!xh->segs) {
+	xh->xfers = calloc(m->n_src ? m->n_src : 1, sizeof(*xh->xfers));
+	if (!xh->segs || !xh->xfers) {
+		free(xh->segs);
+		free(xh->xfers);
 		free(xh);
 		return NULL;
 	}
@@ -415,7 +458,7 @@ int tpd_xh_build_recv(struct tpd_msg *m, struct tpd_session *s, const Tpw__V1__R
 		return -EINVAL;
 	}
 	xh = xh_new(m, false);
-	if (!xh || !(xh->holder = tpd_copier_job_new(1, n))) {
+	if (!xh || !(xh->holder = tpb_copier_job_new(1, n))) {
 		tpd_xh_free(xh);
 		return -ENOMEM;
 	}
@@ -480,9 +523,9 @@ void tpd_xh_stop_early(struct tpd_xh *xh, Tpw__V1__Status st, const char *why)
 void tpd_xh_peer_xfer_end(struct tpd_peer *pr, void *arg, const Tpw__V1__PeerXferEnd *xe)
 {
 	struct tpd_xh *xh = arg;
-	struct tpd_stripe *st = tpd_peer_stripe(pr);
+	struct tpb_ep *ep = tpd_peer_mpt_ep(pr);
 
-	if (!st || !xh->started)
+	if (!ep || !xh->started)
 		return;
 	if (xe->rdma) {
 		/* The bytes went by RDMA (only ever into an offer): drop the stripe's receive. */
@@ -499,9 +542,9 @@ void tpd_xh_peer_xfer_end(struct tpd_peer *pr, void *arg, const Tpw__V1__PeerXfe
 				 "peer RDMA-wrote %llu of %llu bytes",
 				 (unsigned long long)xe->bytes, (unsigned long long)xh->x.total);
 		}
-		tpd_stripe_recv_cancel(st, &xh->x);
+		(void)tpb_cancel(ep, &xh->op);
 		return;
 	}
-	tpd_stripe_recv_expect(st, &xh->x, xe->bytes, tpw_status_to_errno(xe->status),
-			       xe->message ? xe->message : tpw_status_name(xe->status));
+	(void)tpb_mpt_recv_expect(ep, &xh->op, xe->bytes, tpw_status_to_errno(xe->status),
+				  xe->message ? xe->message : tpw_status_name(xe->status));
 }

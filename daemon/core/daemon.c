@@ -64,7 +64,7 @@ struct tpd_quota *tpd_daemon_quota(struct tpd_daemon *d)
 	return &d->quota;
 }
 
-struct tpd_copier *tpd_daemon_copier(const struct tpd_daemon *d)
+struct tpb_copier *tpd_daemon_copier(const struct tpd_daemon *d)
 {
 	return d->copier;
 }
@@ -91,12 +91,17 @@ bool tpd_daemon_cma_viable(const struct tpd_daemon *d)
 
 bool tpd_daemon_bulk_running(const struct tpd_daemon *d)
 {
-	return tpd_copier_busy(d->copier) || tpd_broker_busy(d->broker);
+	return tpb_copier_busy(d->copier) || tpd_broker_busy(d->broker);
 }
 
 struct tpd_peers *tpd_daemon_peers(const struct tpd_daemon *d)
 {
 	return d->peers;
+}
+
+struct tpb_ctx *tpd_daemon_mpt(const struct tpd_daemon *d)
+{
+	return d->mpt;
 }
 
 /* Refuses to take over a socket another daemon is serving; removes a stale one. */
@@ -292,10 +297,10 @@ static void daemon_on_drain(evutil_socket_t fd, short what, void *arg)
 	struct tpd_daemon *d = arg;
 	struct timeval tv = { 0, DRAIN_POLL_MS * 1000 };
 
-	if (tpd_copier_busy(d->copier) == 0 || tpu_now_ns() >= d->drain_deadline_ns) {
-		if (tpd_copier_busy(d->copier))
+	if (tpb_copier_busy(d->copier) == 0 || tpu_now_ns() >= d->drain_deadline_ns) {
+		if (tpb_copier_busy(d->copier))
 			tpu_log_warn("drain deadline passed with %u copies in flight",
-				     tpd_copier_busy(d->copier));
+				     tpb_copier_busy(d->copier));
 		finish_stop(d);
 		return;
 	}
@@ -316,7 +321,7 @@ void tpd_daemon_stop(struct tpd_daemon *d, const char *why)
 	}
 	tpu_log_notice("stopping (%s): no new clients, draining copies", why);
 	snprintf(status, sizeof(status), "Stopping: draining %u copies",
-		 tpd_copier_busy(d->copier));
+		 tpb_copier_busy(d->copier));
 	tpd_notify_stopping(status);
 	d->stopping = true;
 	event_del(d->ev_accept);
@@ -407,6 +412,40 @@ int tpd_daemon_reload(struct tpd_daemon *d)
  * listens: a client may connect, and a service manager stop the daemon, as soon as it does, and
  * a signal with its default action would kill the daemon (status 143) instead of stopping it.
  */
+static void daemon_on_copier(evutil_socket_t fd, short what, void *arg)
+{
+	struct tpd_daemon *d = arg;
+
+	tpb_copier_progress(d->copier);
+}
+
+static void daemon_on_mpt(evutil_socket_t fd, short what, void *arg)
+{
+	struct tpd_daemon *d = arg;
+
+	tpb_progress(d->mpt);
+}
+
+/* The copy threads and the mpt channel complete through their event fds: run their
+ * completions from the loop. */
+static int watch_engines(struct tpd_daemon *d)
+{
+	int r;
+
+	d->ev_copier = event_new(d->base, tpb_copier_event_fd(d->copier), EV_READ | EV_PERSIST,
+				 daemon_on_copier, d);
+	if (!d->ev_copier || event_add(d->ev_copier, NULL) < 0)
+		return -ENOMEM;
+	r = tpb_ctx_new(tpb_index("mpt"), NULL, NULL, &d->mpt);
+	if (r < 0)
+		return r;
+	d->ev_mpt = event_new(d->base, tpb_event_fd(d->mpt), EV_READ | EV_PERSIST, daemon_on_mpt,
+			      d);
+	if (!d->ev_mpt || event_add(d->ev_mpt, NULL) < 0)
+		return -ENOMEM;
+	return 0;
+}
+
 static int setup_signals(struct tpd_daemon *d)
 {
 	static const int sigs[] = { SIGTERM, SIGINT, SIGHUP };
@@ -483,7 +522,10 @@ int tpd_daemon_new(const struct tpd_config *cfg, struct tpd_daemon **ret)
 	if (r < 0)
 		goto fail;
 	probe_backends(d);
-	r = tpd_copier_new(d->base, cfg->copy_threads, &d->copier);
+	r = tpb_copier_new(cfg->copy_threads, &d->copier);
+	if (r < 0)
+		goto fail;
+	r = watch_engines(d);
 	if (r < 0)
 		goto fail;
 	r = setup_signals(d);
@@ -552,7 +594,12 @@ void tpd_daemon_free(struct tpd_daemon *d)
 	tpd_peers_stop(d);
 	tpd_local_stop(d->local);
 	tpd_metrics_free(d->metrics);
-	tpd_copier_free(d->copier);
+	if (d->ev_copier)
+		event_free(d->ev_copier);
+	tpb_copier_free(d->copier);
+	if (d->ev_mpt)
+		event_free(d->ev_mpt);
+	tpb_ctx_free(d->mpt); /* the links are gone: what they owed has been delivered */
 	tpd_gdr_stop(d);
 	tpd_listener_registry_done(&d->registry);
 	tpd_quota_done(&d->quota);

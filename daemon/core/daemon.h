@@ -40,7 +40,10 @@ struct tpd_daemon {
 	struct tpd_quota quota;	/* per-uid sessions and bytes held for clients (quota.c) */
 	struct tpd_registry registry;
 	struct tpd_broker *broker; /* pipes and their transfers (broker/) */
-	struct tpd_copier *copier;
+	struct tpb_copier *copier;
+	struct event *ev_copier; /* the copier's event fd: its completions run from the loop */
+	struct tpb_ctx *mpt;	 /* the mpt channel's context (cross-host transfers) */
+	struct event *ev_mpt;	 /* its event fd */
 	uint64_t start_ns;
 	uint64_t drain_deadline_ns;
 	bool stopping;
@@ -98,7 +101,7 @@ struct tpd_registry *tpd_daemon_registry(struct tpd_daemon *d);
 /* Per-uid accounting (quota.c). */
 struct tpd_quota *tpd_daemon_quota(struct tpd_daemon *d);
 /* The copy threads (backends' engine). */
-struct tpd_copier *tpd_daemon_copier(const struct tpd_daemon *d);
+struct tpb_copier *tpd_daemon_copier(const struct tpd_daemon *d);
 /* True once a graceful stop began. */
 bool tpd_daemon_stopping(const struct tpd_daemon *d);
 /* The broker's state (broker/pipe.h): pipes, their queues and totals. */
@@ -111,5 +114,7 @@ bool tpd_daemon_cma_viable(const struct tpd_daemon *d);
 bool tpd_daemon_bulk_running(const struct tpd_daemon *d);
 /* The peer part (peer/, tpd_peers_new()); NULL before it is made. */
 struct tpd_peers *tpd_daemon_peers(const struct tpd_daemon *d);
+/* The mpt channel's context (tpb.h op table): each peer link opens its endpoint there. */
+struct tpb_ctx *tpd_daemon_mpt(const struct tpd_daemon *d);
 
 #endif

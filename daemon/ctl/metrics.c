@@ -167,7 +167,7 @@ static void metrics_on_request(struct evhttp_request *req, void *arg)
 	put_metric(b, "tpipd_bytes_moved_total", "counter", "Payload and tensor bytes delivered.",
 		   tpd_broker_bytes_moved(tpd_daemon_broker(d)));
 	put_metric(b, "tpipd_copies_in_flight", "gauge", "Copies queued or running.",
-		   tpd_copier_busy(d->copier));
+		   tpb_copier_busy(d->copier));
 	tpd_gdrreg_cache_stats(d, &rc);
 	put_metric(b, "tpipd_rdma_registered_bytes", "gauge",
 		   "Bytes kept registered for RDMA by the registration cache.", rc.bytes);

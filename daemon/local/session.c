@@ -242,7 +242,7 @@ static void release_buffers(struct tpd_session *s)
 
 	while (tpu_hmap_next(&s->buffers, &i, &key, &val)) {
 		tpd_gdrreg_forget_buffer(s->d, val);
-		tpd_buffer_unref(val);
+		tpb_buffer_unref(val);
 	}
 	tpu_hmap_done(&s->buffers);
 	if (s->acct)
@@ -423,9 +423,9 @@ void tpd_session_reply(struct tpd_session *s, uint64_t req_id, int err, const ch
 	tpd_session_send(s, &dm, NULL, 0);
 }
 
-struct tpd_buffer *tpd_session_buffer(struct tpd_session *s, uint64_t id, uint64_t gen)
+struct tpb_buffer *tpd_session_buffer(struct tpd_session *s, uint64_t id, uint64_t gen)
 {
-	struct tpd_buffer *b = tpu_hmap_get(&s->buffers, id);
+	struct tpb_buffer *b = tpu_hmap_get(&s->buffers, id);
 
 	return b && b->gen == gen ? b : NULL;
 }

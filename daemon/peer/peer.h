@@ -1,7 +1,7 @@
 /* SPDX-License-Identifier: BSD-3-Clause */
 /*
  * tpd_peer: one link to another host's daemon. A link is one control connection (PeerMsg frames
- * through a bufferevent) plus N data connections handed to a tpd_stripe. This module dials and
+ * through a bufferevent) plus N data connections handed to a tpb_stripe. This module dials and
  * accepts links (the TCP peer listener), runs TLS 1.3 on every connection (peertls.c) and the
  * Hello handshake inside it, attaches data connections bound to their link's TLS session, sends
  * keepalives and declares a silent peer dead, and dispatches the pipe messages it receives
@@ -24,7 +24,7 @@ struct tpd_daemon;
 struct tpd_peer;
 struct tpd_peers;
 struct tpd_pipe;
-struct tpd_stripe;
+struct tpb_stripe;
 struct tpd_gdr_link;
 
 /*
@@ -110,7 +110,11 @@ char *tpd_peer_dial_text(const struct tpd_peer *pr, char *buf, size_t len);
 struct tpd_gdr_link *tpd_peer_gdr(struct tpd_peer *pr);
 
 /* The link's data connections. */
-struct tpd_stripe *tpd_peer_stripe(struct tpd_peer *pr);
+struct tpb_stripe *tpd_peer_stripe(struct tpd_peer *pr);
+
+/* The link's mpt endpoint (tpb.h op table, over its data connections): borrowed, valid until
+ * the link is torn down; NULL once it is. */
+struct tpb_ep *tpd_peer_mpt_ep(struct tpd_peer *pr);
 
 /*
  * struct tpd_peer_pipe_ops - what the part above (the broker's cross-host pipes) does with a

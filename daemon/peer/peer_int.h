@@ -92,10 +92,13 @@ struct tpd_peer {
 	bool flush_queued;
 	struct event *ev_timer;
 	struct event *ev_close;
-	struct tpd_stripe *stripe;
+	struct tpb_stripe *stripe;
+	struct event *ev_stripe; /* the stripe's event fd: its completions run from the loop */
+	struct tpb_peer mpt_peer; /* what the mpt endpoint borrows: this link and its stripe */
+	struct tpb_ep *mpt_ep;	  /* the mpt endpoint over @stripe; NULL once closing */
 	uint64_t link_id;
 	unsigned data_expected, data_attached;
-	bool data_seen[TPD_STRIPE_CONNS_MAX];
+	bool data_seen[TPB_STRIPE_CONNS_MAX];
 	struct tpu_hmap pipes; /* local pipe id -> struct tpd_pipe */
 	struct tpu_hmap xfers; /* receive xfer id -> opaque (xh.c) */
 	uint64_t next_xfer_id;

@@ -195,9 +195,9 @@ void tpd_peerhs_answer_on_hello(struct tpd_peer *pr, const Tpw__V1__PeerHello *h
 	char why[240];
 	int r = check_hello(pr, h, why, sizeof(why));
 
-	if (r == 0 && (h->data_conns < 1 || h->data_conns > TPD_STRIPE_CONNS_MAX)) {
+	if (r == 0 && (h->data_conns < 1 || h->data_conns > TPB_STRIPE_CONNS_MAX)) {
 		snprintf(why, sizeof(why), "peer asks for %u data connections (1..%d)",
-			 h->data_conns, TPD_STRIPE_CONNS_MAX);
+			 h->data_conns, TPB_STRIPE_CONNS_MAX);
 		r = -EPROTO;
 	}
 	if (r == -ELOOP)
@@ -420,7 +420,7 @@ static void dial_maybe_up(struct tpd_peer *pr)
 {
 	if (!pr->ready_seen || pr->data_attached < pr->peers->cfg->peer_data_conns)
 		return;
-	pr->data_attached = tpd_stripe_conns(pr->stripe);
+	pr->data_attached = tpb_stripe_conns(pr->stripe);
 	tpd_peerhs_link_up(pr);
 }
 
@@ -438,7 +438,7 @@ static int data_attach(struct tpd_peer *pr, int *fd, SSL **ssl)
 		pr->data_prot = NULL;
 	}
 	*ssl = NULL;
-	return tpd_stripe_add_conn_tls(pr->stripe, TAKE_FD(*fd), keep);
+	return tpb_stripe_add_conn_tls(pr->stripe, TAKE_FD(*fd), keep);
 }
 
 /* One step of @dd; Return: 1 attached, 0 waiting, < 0 failed with @why. */

@@ -303,11 +303,11 @@ int tpd_peers_ctl(struct tpd_daemon *d, Tpw__V1__CtlPeer ***ret, size_t *n)
 		e->host = pr->host;
 		e->state = (char *)tpd_peer_state_name(pr);
 		e->outgoing = pr->outgoing;
-		e->data_conns = pr->stripe ? tpd_stripe_conns(pr->stripe) : 0;
+		e->data_conns = pr->stripe ? tpb_stripe_conns(pr->stripe) : 0;
 		e->rtt_us = pr->rtt_us;
-		e->bytes_sent = pr->ctl_out + (pr->stripe ? tpd_stripe_bytes_sent(pr->stripe) : 0);
+		e->bytes_sent = pr->ctl_out + (pr->stripe ? tpb_stripe_bytes_sent(pr->stripe) : 0);
 		e->bytes_received = pr->ctl_in +
-				    (pr->stripe ? tpd_stripe_bytes_received(pr->stripe) : 0);
+				    (pr->stripe ? tpb_stripe_bytes_received(pr->stripe) : 0);
 		e->rdma = (char *)tpd_gdr_link_state(pr->gdr);
 		tpd_gdr_link_bytes(pr->gdr, &e->rdma_bytes_sent, &e->rdma_bytes_received);
 		e->bytes_sent += e->rdma_bytes_sent;

@@ -17,7 +17,7 @@
 #include "stripe.h"
 #include "tpb.h"
 
-const char *tpd_gdr_channel(const struct tpd_stripe_seg *segs, size_t n,
+const char *tpd_gdr_channel(const struct tpb_stripe_seg *segs, size_t n,
 			    const Tpw__V1__PeerReadReq *rr, bool remote_cuda)
 {
 	bool cuda = remote_cuda || tpd_gdrreg_first_cuda(segs, n);
@@ -58,7 +58,7 @@ struct tpd_gdr_link {
 
 struct tpd_gdr_recv {
 	struct gdr_regs regs;
-	const struct tpd_stripe_seg *segs;
+	const struct tpb_stripe_seg *segs;
 	struct event *timer;
 	tpd_gdr_ready_fn ready;
 	void *arg;
@@ -69,7 +69,7 @@ struct tpd_gdr_recv {
 struct gdr_send {
 	struct tpu_list node; /* in the link's sends */
 	struct tpd_gdr_link *l;
-	struct tpd_stripe_xfer *x;
+	struct tpb_stripe_xfer *x;
 	struct gdr_regs regs;
 	struct tpv_qp *qp;
 	uint64_t *raddr;
@@ -394,7 +394,7 @@ void tpd_gdr_link_received(struct tpd_gdr_link *l, uint64_t bytes)
 /* ---- transfers ---------------------------------------------------------------------------- */
 
 /* 1 when the CUDA events of every segment fired, 0 not yet, -errno. */
-static int events_done(const struct tpd_stripe_seg *segs, size_t n, char *why, size_t wl)
+static int events_done(const struct tpb_stripe_seg *segs, size_t n, char *why, size_t wl)
 {
 	for (size_t i = 0; i < n; i++) {
 		int r = segs[i].len ? tpb_cuda_event_done(&segs[i].mem, why, wl) : 1;
@@ -414,7 +414,7 @@ static void timer_in_us(struct event *ev, long us)
 /* ---- receive ------------------------------------------------------------------------------- */
 
 /* -EOPNOTSUPP unless both daemons of @l offer the channel a receive of @segs needs. */
-static int recv_offered(const struct tpd_gdr_link *l, const struct tpd_stripe_seg *segs,
+static int recv_offered(const struct tpd_gdr_link *l, const struct tpb_stripe_seg *segs,
 			size_t n, bool src_cuda, char *why, size_t wl)
 {
 	bool cuda = src_cuda || tpd_gdrreg_first_cuda(segs, n);
@@ -443,7 +443,7 @@ static void recv_on_timer(evutil_socket_t fd, short what, void *arg)
 	rv->ready(rv->arg, r < 0 ? r : 0, why);
 }
 
-int tpd_gdr_recv_new(struct tpd_gdr_link *l, const struct tpd_stripe_seg *segs, size_t n,
+int tpd_gdr_recv_new(struct tpd_gdr_link *l, const struct tpb_stripe_seg *segs, size_t n,
 		     bool src_cuda, tpd_gdr_ready_fn ready, void *arg, struct tpd_gdr_recv **ret,
 		     char *why, size_t wl)
 {
@@ -513,7 +513,7 @@ void tpd_gdr_recv_free(struct tpd_gdr_recv *rv)
 
 static void send_finish(struct gdr_send *s)
 {
-	struct tpd_stripe_xfer *x = s->x;
+	struct tpb_stripe_xfer *x = s->x;
 
 	tpu_list_remove(&s->node);
 	tpd_gdrreg_free(&s->regs);
@@ -631,7 +631,7 @@ static void send_on_timer(evutil_socket_t fd, short what, void *arg)
 }
 
 /* Checks @rr's offer against @x. Return: 0, -EOPNOTSUPP (no offer), -EPROTO. */
-static int offer_check(const struct tpd_gdr_link *l, const struct tpd_stripe_xfer *x,
+static int offer_check(const struct tpd_gdr_link *l, const struct tpb_stripe_xfer *x,
 		       const Tpw__V1__PeerReadReq *rr, char *why, size_t wl)
 {
 	if (rr->n_rdma == 0) {
@@ -654,7 +654,7 @@ static int offer_check(const struct tpd_gdr_link *l, const struct tpd_stripe_xfe
 	return 0;
 }
 
-int tpd_gdr_send(struct tpd_gdr_link *l, struct tpd_stripe_xfer *x,
+int tpd_gdr_send(struct tpd_gdr_link *l, struct tpb_stripe_xfer *x,
 		 const Tpw__V1__PeerReadReq *rr, char *why, size_t wl)
 {
 	struct gdr_send *s;
@@ -703,7 +703,7 @@ int tpd_gdr_send(struct tpd_gdr_link *l, struct tpd_stripe_xfer *x,
 	return 0;
 }
 
-void tpd_gdr_send_cancel(struct tpd_gdr_link *l, struct tpd_stripe_xfer *x)
+void tpd_gdr_send_cancel(struct tpd_gdr_link *l, struct tpb_stripe_xfer *x)
 {
 	struct gdr_send *s;
 
@@ -797,7 +797,7 @@ void tpd_gdr_link_received(struct tpd_gdr_link *l, uint64_t bytes)
 {
 }
 
-int tpd_gdr_recv_new(struct tpd_gdr_link *l, const struct tpd_stripe_seg *segs, size_t n,
+int tpd_gdr_recv_new(struct tpd_gdr_link *l, const struct tpb_stripe_seg *segs, size_t n,
 		     bool src_cuda, tpd_gdr_ready_fn ready, void *arg, struct tpd_gdr_recv **ret,
 		     char *why, size_t wl)
 {
@@ -813,14 +813,14 @@ void tpd_gdr_recv_free(struct tpd_gdr_recv *rv)
 {
 }
 
-int tpd_gdr_send(struct tpd_gdr_link *l, struct tpd_stripe_xfer *x,
+int tpd_gdr_send(struct tpd_gdr_link *l, struct tpb_stripe_xfer *x,
 		 const Tpw__V1__PeerReadReq *rr, char *why, size_t wl)
 {
 	snprintf(why, wl, "tpipd was built without RDMA or CUDA support");
 	return -EOPNOTSUPP;
 }
 
-void tpd_gdr_send_cancel(struct tpd_gdr_link *l, struct tpd_stripe_xfer *x)
+void tpd_gdr_send_cancel(struct tpd_gdr_link *l, struct tpb_stripe_xfer *x)
 {
 }
 

@@ -26,12 +26,12 @@
 
 struct tpd_daemon;
 struct tpd_peer;
-struct tpd_stripe_seg;
-struct tpd_stripe_xfer;
+struct tpb_stripe_seg;
+struct tpb_stripe_xfer;
 struct tpd_gdr;
 struct tpd_gdr_link;
 struct tpd_gdr_recv;
-struct tpd_buffer;
+struct tpb_buffer;
 
 /*
  * tpd_gdr_start() - find the RDMA ports (none is fine: rdma and cuda_gdr are then never used).
@@ -68,7 +68,7 @@ void tpd_gdrreg_cache_stats(const struct tpd_daemon *d, struct tpd_gdrreg_cache_
  * its cached regions go, now or when the transfers using them end. Call before dropping the
  * session's reference. Accepts a daemon without RDMA.
  */
-void tpd_gdrreg_forget_buffer(struct tpd_daemon *d, struct tpd_buffer *b);
+void tpd_gdrreg_forget_buffer(struct tpd_daemon *d, struct tpb_buffer *b);
 
 /* A client released CUDA memory or ended: cached regions of CUDA allocations that nothing but
  * the cache references any more go. Accepts a daemon without RDMA. */
@@ -137,7 +137,7 @@ typedef void (*tpd_gdr_ready_fn)(void *arg, int err, const char *why);
  * daemons do not both offer, memory of a client's private address space) or registration failed
  * (reason in @why): use the stripe.
  */
-int tpd_gdr_recv_new(struct tpd_gdr_link *l, const struct tpd_stripe_seg *segs, size_t n,
+int tpd_gdr_recv_new(struct tpd_gdr_link *l, const struct tpb_stripe_seg *segs, size_t n,
 		     bool src_cuda, tpd_gdr_ready_fn ready, void *arg, struct tpd_gdr_recv **ret,
 		     char *why, size_t why_len);
 
@@ -149,7 +149,7 @@ void tpd_gdr_recv_offer(struct tpd_gdr_recv *rv, Tpw__V1__PeerReadReq *rr);
  * among @segs, among the regions @rr offers (sender; NULL on the receiver), or (@remote_cuda)
  * among the writer's tensors (receiver); else "rdma".
  */
-const char *tpd_gdr_channel(const struct tpd_stripe_seg *segs, size_t n,
+const char *tpd_gdr_channel(const struct tpb_stripe_seg *segs, size_t n,
 			    const Tpw__V1__PeerReadReq *rr, bool remote_cuda);
 
 /* Deregisters the destination and stops waiting. Accepts NULL. */
@@ -164,10 +164,10 @@ void tpd_gdr_recv_free(struct tpd_gdr_recv *rv);
  * failed; reason in @why) or -EPROTO (an offer that does not match the message): no @done, the
  * caller sends over the stripe or fails the transfer.
  */
-int tpd_gdr_send(struct tpd_gdr_link *l, struct tpd_stripe_xfer *x,
+int tpd_gdr_send(struct tpd_gdr_link *l, struct tpb_stripe_xfer *x,
 		 const Tpw__V1__PeerReadReq *rr, char *why, size_t why_len);
 
 /* Stops @x: writes not posted yet never are; @done runs with -ECANCELED once none is pending. */
-void tpd_gdr_send_cancel(struct tpd_gdr_link *l, struct tpd_stripe_xfer *x);
+void tpd_gdr_send_cancel(struct tpd_gdr_link *l, struct tpb_stripe_xfer *x);
 
 #endif

@@ -14,10 +14,10 @@
 #include "tpconfig.h"
 #include "tpu.h"
 
-struct tpd_stripe_seg;
+struct tpb_stripe_seg;
 
 /* The first CUDA segment of @segs (for locality), or NULL. */
-const struct tpb_mem *tpd_gdrreg_first_cuda(const struct tpd_stripe_seg *segs, size_t n);
+const struct tpb_mem *tpd_gdrreg_first_cuda(const struct tpb_stripe_seg *segs, size_t n);
 
 #if HAVE_RDMA
 #include "tpv.h"
@@ -67,7 +67,7 @@ int tpd_gdr_port_open(struct gdr_port *pt, char *why, size_t wl);
 void tpd_gdr_port_put(struct gdr_port *pt);
 
 /* -EOPNOTSUPP unless every segment is registrable (shared buffers and CUDA memory). */
-int tpd_gdrreg_applicable(const struct tpd_stripe_seg *segs, size_t n, char *why, size_t wl);
+int tpd_gdrreg_applicable(const struct tpb_stripe_seg *segs, size_t n, char *why, size_t wl);
 
 /*
  * tpd_gdrreg_make() - registrations for every non-empty segment of @segs, on the port nearest
@@ -75,7 +75,7 @@ int tpd_gdrreg_applicable(const struct tpd_stripe_seg *segs, size_t n, char *why
  * else registered now (and cached, for shared buffers and CUDA allocations, within the
  * rdma-cache budget). Return: 0, or -errno (reason in @why) with nothing held.
  */
-int tpd_gdrreg_make(struct tpd_gdr *g, const struct tpd_stripe_seg *segs, size_t n,
+int tpd_gdrreg_make(struct tpd_gdr *g, const struct tpb_stripe_seg *segs, size_t n,
 		    struct gdr_regs *rg, char *why, size_t wl);
 /* Releases what tpd_gdrreg_make() took (if it ran): regions leave or stay in the cache. */
 void tpd_gdrreg_free(struct gdr_regs *rg);

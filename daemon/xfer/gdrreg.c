@@ -33,7 +33,7 @@
 #include "gdr_int.h"
 #include "stripe.h"
 
-const struct tpb_mem *tpd_gdrreg_first_cuda(const struct tpd_stripe_seg *segs, size_t n)
+const struct tpb_mem *tpd_gdrreg_first_cuda(const struct tpb_stripe_seg *segs, size_t n)
 {
 	for (size_t i = 0; i < n; i++)
 		if (segs[i].len && segs[i].mem.loc == TPB_LOC_CUDA)
@@ -50,7 +50,7 @@ struct gdr_mr {
 	struct tpu_list node;	   /* in g->mrs while @cached */
 	struct gdr_port *port;	   /* holds a reference */
 	struct tpv_mr *mr;
-	struct tpd_buffer *buf;	   /* shared buffer: a reference, else NULL */
+	struct tpb_buffer *buf;	   /* shared buffer: a reference, else NULL */
 	struct tpb_cuda_map *cuda; /* CUDA allocation: a reference, else NULL */
 	uint64_t base, len;	   /* the region: daemon addresses, device addresses for CUDA */
 	uint64_t cuda_ptr;	   /* CUDA: device address of the allocation's first byte */
@@ -62,7 +62,7 @@ static void mr_free(struct gdr_mr *e)
 {
 	tpv_mr_dereg(e->port->ctx, e->mr);
 	tpd_gdr_port_put(e->port);
-	tpd_buffer_unref(e->buf);
+	tpb_buffer_unref(e->buf);
 	tpb_cuda_map_unref(e->cuda);
 	free(e);
 }
@@ -120,7 +120,7 @@ static uint64_t cache_cap(const struct tpd_gdr *g)
 
 /* A cached region of @pt holding [@addr, @addr + @len) of @buf / all of @cuda, or NULL. */
 static struct gdr_mr *cache_find(struct tpd_gdr *g, const struct gdr_port *pt,
-				 const struct tpd_buffer *buf, const struct tpb_cuda_map *cuda,
+				 const struct tpb_buffer *buf, const struct tpb_cuda_map *cuda,
 				 uint64_t addr, uint64_t len)
 {
 	struct gdr_mr *e;
@@ -139,9 +139,9 @@ static struct gdr_mr *cache_find(struct tpd_gdr *g, const struct gdr_port *pt,
  * taking in the cached regions of that buffer on @pt it overlaps or touches (they leave the
  * cache). */
 static void host_span(struct tpd_gdr *g, const struct gdr_port *pt,
-		      const struct tpd_stripe_seg *s, struct gdr_mr *e)
+		      const struct tpb_stripe_seg *s, struct gdr_mr *e)
 {
-	const struct tpd_buffer *b = s->buf;
+	const struct tpb_buffer *b = s->buf;
 	uint64_t map = (uint64_t)(uintptr_t)b->map, off = s->mem.addr - map;
 	uint64_t lo = map + off / REG_STEP * REG_STEP;
 	uint64_t hi = map + TPU_MIN(b->size, (off + s->len + REG_STEP - 1) / REG_STEP * REG_STEP);
@@ -159,7 +159,7 @@ static void host_span(struct tpd_gdr *g, const struct gdr_port *pt,
 }
 
 /* Registers a region for segment @s on @pt (a reference on @pt is taken for it). */
-static int mr_new(struct tpd_gdr *g, struct gdr_port *pt, const struct tpd_stripe_seg *s,
+static int mr_new(struct tpd_gdr *g, struct gdr_port *pt, const struct tpb_stripe_seg *s,
 		  bool cache, struct gdr_mr **ret, char *why, size_t wl)
 {
 	struct tpv_mr_args a = { .dmabuf_fd = -EBADF };
@@ -203,7 +203,7 @@ static int mr_new(struct tpd_gdr *g, struct gdr_port *pt, const struct tpd_strip
 	e->port = pt;
 	g->cache.misses++;
 	if (cache && (s->buf || s->mem.loc == TPB_LOC_CUDA)) {
-		e->buf = s->buf ? tpd_buffer_ref(s->buf) : NULL;
+		e->buf = s->buf ? tpb_buffer_ref(s->buf) : NULL;
 		e->cuda = s->mem.loc == TPB_LOC_CUDA ? tpb_cuda_map_ref(s->mem.cuda) : NULL;
 		e->cached = true;
 		tpu_list_insert_tail(&g->mrs, &e->node);
@@ -216,7 +216,7 @@ static int mr_new(struct tpd_gdr *g, struct gdr_port *pt, const struct tpd_strip
 }
 
 /* The registration of segment @s on @pt: a cached region holding it, else a new one. */
-static int reg_one(struct tpd_gdr *g, struct gdr_port *pt, const struct tpd_stripe_seg *s,
+static int reg_one(struct tpd_gdr *g, struct gdr_port *pt, const struct tpb_stripe_seg *s,
 		   struct gdr_reg *out, char *why, size_t wl)
 {
 	bool cache = cache_cap(g) > 0;
@@ -250,7 +250,7 @@ static struct gdr_port *port_for(struct tpd_gdr *g, const char *bus_id)
 	return &g->ports[k < 0 ? 0 : k];
 }
 
-int tpd_gdrreg_applicable(const struct tpd_stripe_seg *segs, size_t n, char *why, size_t wl)
+int tpd_gdrreg_applicable(const struct tpb_stripe_seg *segs, size_t n, char *why, size_t wl)
 {
 	for (size_t i = 0; i < n; i++) {
 		if (segs[i].len && segs[i].mem.loc != TPB_LOC_CUDA &&
@@ -281,7 +281,7 @@ void tpd_gdrreg_free(struct gdr_regs *rg)
 		cache_trim(g, cache_cap(g), false);
 }
 
-int tpd_gdrreg_make(struct tpd_gdr *g, const struct tpd_stripe_seg *segs, size_t n,
+int tpd_gdrreg_make(struct tpd_gdr *g, const struct tpb_stripe_seg *segs, size_t n,
 		    struct gdr_regs *rg, char *why, size_t wl)
 {
 	int r;
@@ -309,7 +309,7 @@ void tpd_gdrreg_cache_stop(struct tpd_gdr *g)
 		mr_uncache(g, e);
 }
 
-void tpd_gdrreg_forget_buffer(struct tpd_daemon *d, struct tpd_buffer *b)
+void tpd_gdrreg_forget_buffer(struct tpd_daemon *d, struct tpb_buffer *b)
 {
 	struct gdr_mr *e, *tmp;
 
@@ -338,7 +338,7 @@ void tpd_gdrreg_cache_stats(const struct tpd_daemon *d, struct tpd_gdrreg_cache_
 
 #else /* !HAVE_RDMA */
 
-void tpd_gdrreg_forget_buffer(struct tpd_daemon *d, struct tpd_buffer *b)
+void tpd_gdrreg_forget_buffer(struct tpd_daemon *d, struct tpb_buffer *b)
 {
 }
 
