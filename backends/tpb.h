@@ -17,11 +17,11 @@
  *          mapping or a client's address space, on the daemon's own streams
  * Between hosts:
  *   mpt    chunks striped over a peer link's data connections (daemon/xfer/stripe.c); no copy op
- *   rdma   RDMA writes between shared buffers on both hosts (daemon/xfer/gdr.c); no copy op
+ *   rdma   RDMA writes between shared buffers on both hosts (backends/rdma/link.c); no copy op
  *   cuda_basic  CUDA memory staged chunk by chunk through host buffers of the stripe threads
  *          (tpb_cuda_stage()), so it rides the mpt connections; no copy op
  *   cuda_gdr  RDMA writes straight from and into registered memory over ibverbs (GPUDirect),
- *          run by the daemon (daemon/xfer/gdr.c); probed here (CUDA driver and an RDMA port);
+ *          run by the daemon (backends/rdma/link.c); probed here (CUDA driver and an RDMA port);
  *          no copy op
  */
 #ifndef TPB_H

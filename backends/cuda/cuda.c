@@ -7,7 +7,7 @@
  * events, and are synchronized before the copy op returns: a completion sent afterwards means
  * the bytes are in place. cuda_basic is the cross-host path: the stripe threads stage chunks
  * through their (pinned) bounce buffers with tpb_cuda_stage(). cuda_gdr is viable with a CUDA
- * driver and an active RDMA port; its transfers run in the daemon (daemon/xfer/gdr.c).
+ * driver and an active RDMA port; its transfers run in the daemon (backends/rdma/link.c).
  *
  * The daemon touches only the devices a transfer names: a device's primary context is retained
  * the first time a copy needs it, never at start-up.

@@ -1,8 +1,8 @@
 /* SPDX-License-Identifier: BSD-3-Clause */
 /*
  * rdma channel: tensors between hosts whose bytes are in shared buffers on both sides, moved by
- * RDMA writes from the writer's daemon into the reader's registered allocation (daemon/xfer/gdr.c
- * runs them, on the ibverbs layer of backends/verbs). Viable with rdma-core in the build and an
+ * RDMA writes from the writer's daemon into the reader's registered allocation (link.c runs
+ * them, on the ibverbs layer of backends/verbs). Viable with rdma-core in the build and an
  * active RDMA port at run time; no CUDA driver needed. Private memory cannot be registered by
  * the daemon, so such tensors keep to mpt. Listed so that tpipctl can name it and the
  * statistics can count it; it has no copy op here.

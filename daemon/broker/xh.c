@@ -13,7 +13,7 @@
 #include <string.h>
 #include "copier.h"
 #include "daemon.h"
-#include "gdr.h"
+#include "rdma/rdma.h"
 #include "log.h"
 #include "peer.h"
 #include "pipe_int.h"

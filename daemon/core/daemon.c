@@ -12,7 +12,7 @@
 #include <sys/un.h>
 #include "ctl.h"
 #include "daemon.h"
-#include "gdr.h"
+#include "rdma/rdma.h"
 #include "peer.h"
 #include "log.h"
 #include "metrics.h"

@@ -12,7 +12,7 @@
 #include "ctl.h"
 #include "peer.h"
 #include "daemon.h"
-#include "gdr.h"
+#include "rdma/rdma.h"
 #include "pipe.h"
 #include "session.h"
 #include "sessmsg.h"

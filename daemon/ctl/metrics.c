@@ -13,7 +13,7 @@
 #include <string.h>
 #include <time.h>
 #include "daemon.h"
-#include "gdr.h"
+#include "rdma/rdma.h"
 #include "log.h"
 #include "metrics.h"
 #include "peer.h"

@@ -5,7 +5,7 @@
 #include <errno.h>
 #include <stdio.h>
 #include "daemon.h"
-#include "gdr.h"
+#include "rdma/rdma.h"
 #include "devmem.h"
 #include "frame.h"
 #include "log.h"

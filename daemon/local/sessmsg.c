@@ -18,7 +18,7 @@
 #include <sys/uio.h>
 #include "devmem.h"
 #include "daemon.h"
-#include "gdr.h"
+#include "rdma/rdma.h"
 #include "frame.h"
 #include "log.h"
 #include "pipe.h"

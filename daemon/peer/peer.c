@@ -25,7 +25,7 @@
 #include <unistd.h>
 #include "daemon.h"
 #include "frame.h"
-#include "gdr.h"
+#include "rdma/rdma.h"
 #include "hmap.h"
 #include "log.h"
 #include "peer.h"
@@ -673,7 +673,7 @@ static int gdr_link_send(struct tpd_peer *pr, Tpw__V1__PeerMsg *m)
 	return tpd_peer_send(pr, m, NULL, 0);
 }
 
-/* What a link's RDMA state (xfer/gdr.c) calls up into. */
+/* What a link's RDMA state (backends/rdma/link.c) calls up into. */
 static const struct tpd_gdr_link_ops peer_gdr_link_ops = {
 	.send = gdr_link_send,
 	.name = tpd_peer_name,

@@ -18,7 +18,7 @@
 #include <sys/socket.h>
 #include "daemon.h"
 #include "frame.h"
-#include "gdr.h"
+#include "rdma/rdma.h"
 #include "hmap.h"
 #include "peer.h"
 #include "peer_int.h"

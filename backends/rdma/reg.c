@@ -1,6 +1,6 @@
 /* SPDX-License-Identifier: BSD-3-Clause */
 /*
- * Registration of transfer memory for rdma and cuda_gdr, with a cache. See gdr.h and gdr_int.h.
+ * Registration of transfer memory for rdma and cuda_gdr, with a cache. See rdma.h and rdma_int.h.
  *
  * Registering memory pins it and programs the device's translation tables: on real hardware it
  * costs on the order of moving a few MiB, so registering every transfer anew would eat much of
@@ -30,7 +30,7 @@
 #include <unistd.h>
 #include "buffer.h"
 #include "daemon.h"
-#include "gdr_int.h"
+#include "rdma_int.h"
 #include "stripe.h"
 
 const struct tpb_mem *tpd_gdrreg_first_cuda(const struct tpd_stripe_seg *segs, size_t n)

@@ -1,6 +1,6 @@
 /* SPDX-License-Identifier: BSD-3-Clause */
 /*
- * Internals shared by gdr.c (ports, links, transfers) and gdrreg.c (registration and its
+ * Internals shared by link.c (ports, links, transfers) and reg.c (registration and its
  * cache). Everything here runs on the loop thread.
  */
 #ifndef TPD_GDR_INT_H
@@ -9,7 +9,7 @@
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
-#include "gdr.h"
+#include "rdma.h"
 #include "tpb.h"
 #include "tpconfig.h"
 #include "tpu.h"

@@ -1,7 +1,7 @@
 /* SPDX-License-Identifier: BSD-3-Clause */
 /*
  * rdma and cuda_gdr on peer links: ports, queue-pair set-up per link, registration and RDMA
- * writes. See gdr.h. Registration and its cache are gdrreg.c's.
+ * writes. See rdma.h. Registration and its cache are reg.c's.
  */
 #include <errno.h>
 #include <stdio.h>
@@ -12,7 +12,7 @@
 #include "tpconfig.h"
 #include "daemon.h"
 #include "frame.h"
-#include "gdr_int.h"
+#include "rdma_int.h"
 #include "log.h"
 #include "stripe.h"
 #include "tpb.h"
