@@ -17,10 +17,10 @@
 #include "stripe.h"
 #include "tpb.h"
 
-const char *tpd_gdr_channel(const struct tpd_stripe_seg *segs, size_t n,
+const char *tpb_rdma_channel(const struct tpd_stripe_seg *segs, size_t n,
 			    const Tpw__V1__PeerReadReq *rr, bool remote_cuda)
 {
-	bool cuda = remote_cuda || tpd_gdrreg_first_cuda(segs, n);
+	bool cuda = remote_cuda || tpb_rdma_reg_first_cuda(segs, n);
 
 	for (size_t i = 0; rr && i < rr->n_rdma && !cuda; i++)
 		cuda = rr->rdma[i]->cuda;
@@ -28,9 +28,9 @@ const char *tpd_gdr_channel(const struct tpd_stripe_seg *segs, size_t n,
 }
 
 /* How a link's RDMA state reaches its link: the peer part's, registered at its start. */
-static const struct tpd_gdr_link_ops *link_ops;
+static const struct tpb_rdma_link_ops *link_ops;
 
-void tpd_gdr_set_link_ops(const struct tpd_gdr_link_ops *ops)
+void tpb_rdma_set_link_ops(const struct tpb_rdma_link_ops *ops)
 {
 	link_ops = ops;
 }
@@ -38,39 +38,39 @@ void tpd_gdr_set_link_ops(const struct tpd_gdr_link_ops *ops)
 #if HAVE_RDMA
 _Static_assert(TPV_QP_INFO_BYTES == TPW_RDMA_QP_RECORD_BYTES, "queue-pair record size");
 
-#define GDR_CQ_DEPTH 4096    /* completions per port, shared by its queue pairs */
-#define GDR_POLL_US 50	     /* CUDA event polling period while a transfer waits */
+#define RDMA_CQ_DEPTH 4096    /* completions per port, shared by its queue pairs */
+#define RDMA_POLL_US 50	     /* CUDA event polling period while a transfer waits */
 
 enum link_state { LINK_PORTS, LINK_CONNECTING, LINK_READY, LINK_OFF };
 
-struct tpd_gdr_link {
-	struct tpd_gdr *g;
+struct tpb_rdma_link {
+	struct tpb_rdma *g;
 	struct tpd_peer *pr;
 	enum link_state state;
-	unsigned common; /* TPD_GDR_* both daemons offer */
+	unsigned common; /* TPB_RDMA_* both daemons offer */
 	unsigned n_remote;
 	struct tpv_qp **qps; /* [local port * n_remote + remote port] */
 	struct tpu_list sends;
 	char text[200];
 	uint64_t sent, received; /* bytes RDMA-written each way */
-	bool closing;		  /* tpd_gdr_link_free() is flushing the queue pairs */
+	bool closing;		  /* tpb_rdma_link_free() is flushing the queue pairs */
 };
 
-struct tpd_gdr_recv {
-	struct gdr_regs regs;
+struct tpb_rdma_recv {
+	struct rdma_regs regs;
 	const struct tpd_stripe_seg *segs;
 	struct event *timer;
-	tpd_gdr_ready_fn ready;
+	tpb_rdma_ready_fn ready;
 	void *arg;
 	Tpw__V1__PeerRdmaRegion *regions;
 	Tpw__V1__PeerRdmaRegion **region_ptrs;
 };
 
-struct gdr_send {
+struct rdma_send {
 	struct tpu_list node; /* in the link's sends */
-	struct tpd_gdr_link *l;
+	struct tpb_rdma_link *l;
 	struct tpd_stripe_xfer *x;
-	struct gdr_regs regs;
+	struct rdma_regs regs;
 	struct tpv_qp *qp;
 	uint64_t *raddr;
 	uint32_t *rkey;
@@ -84,26 +84,26 @@ struct gdr_send {
 	char why[160];
 };
 
-static const char *link_text(const struct tpd_gdr_link *l)
+static const char *link_text(const struct tpb_rdma_link *l)
 {
 	return link_ops->name(l->pr);
 }
 
 /* ---- ports --------------------------------------------------------------------------------- */
 
-static void gdr_write_done(void *arg, uint64_t cookie, int status, const char *why);
+static void rdma_write_done(void *arg, uint64_t cookie, int status, const char *why);
 
 static void port_on_cq(evutil_socket_t fd, short what, void *arg)
 {
-	struct gdr_port *pt = arg;
-	int r = tpv_cq_drain(pt->ctx, gdr_write_done, pt->g);
+	struct rdma_port *pt = arg;
+	int r = tpv_cq_drain(pt->ctx, rdma_write_done, pt->g);
 
 	if (r < 0)
 		tpu_log(TPU_LOG_ERR, "rdma: %s port %u: completion queue failed: %s",
 			pt->nic->dev, pt->nic->port, strerror(-r));
 }
 
-void tpd_gdr_port_put(struct gdr_port *pt)
+void tpb_rdma_port_put(struct rdma_port *pt)
 {
 	if (--pt->refs)
 		return;
@@ -113,7 +113,7 @@ void tpd_gdr_port_put(struct gdr_port *pt)
 	pt->ctx = NULL;
 }
 
-int tpd_gdr_port_open(struct gdr_port *pt, char *why, size_t wl)
+int tpb_rdma_port_open(struct rdma_port *pt, char *why, size_t wl)
 {
 	int r;
 
@@ -125,7 +125,7 @@ int tpd_gdr_port_open(struct gdr_port *pt, char *why, size_t wl)
 		snprintf(why, wl, "%s", pt->why);
 		return -EIO;
 	}
-	r = tpv_ctx_open(pt->g->ops, pt->nic, GDR_CQ_DEPTH, &pt->ctx, pt->why, sizeof(pt->why));
+	r = tpv_ctx_open(pt->g->ops, pt->nic, RDMA_CQ_DEPTH, &pt->ctx, pt->why, sizeof(pt->why));
 	if (r == 0) {
 		pt->ev = event_new(pt->g->d->base, tpv_cq_fd(pt->ctx), EV_READ | EV_PERSIST,
 				   port_on_cq, pt);
@@ -148,7 +148,7 @@ int tpd_gdr_port_open(struct gdr_port *pt, char *why, size_t wl)
 }
 
 /* Did the registry find channel @name viable? */
-static bool gdr_channel_viable(const char *name)
+static bool rdma_channel_viable(const char *name)
 {
 	size_t n;
 	const struct tpb_channel_info *ch = tpb_registry_list(&n);
@@ -157,9 +157,9 @@ static bool gdr_channel_viable(const char *name)
 	return i >= 0 && (size_t)i < n && ch[i].viable;
 }
 
-int tpd_gdr_start(struct tpd_daemon *d)
+int tpb_rdma_start(struct tpd_daemon *d)
 {
-	struct tpd_gdr *g = calloc(1, sizeof(*g));
+	struct tpb_rdma *g = calloc(1, sizeof(*g));
 	char why[256] = "";
 	size_t n = 0;
 
@@ -174,9 +174,9 @@ int tpd_gdr_start(struct tpd_daemon *d)
 	}
 	/* The registry probed RDMA once at start-up (rdma and cuda_gdr share that probe); its
 	 * "channel rdma/cuda_gdr: not viable" lines say why, at info. */
-	if (!gdr_channel_viable("rdma"))
+	if (!rdma_channel_viable("rdma"))
 		return 0;
-	g->cuda = gdr_channel_viable("cuda_gdr");
+	g->cuda = rdma_channel_viable("cuda_gdr");
 	g->ops = tpv_ops_load(why, sizeof(why));
 	if (!g->ops) {
 		/* the probes' "channel rdma/cuda_gdr: not viable" lines say why, at info */
@@ -190,7 +190,7 @@ int tpd_gdr_start(struct tpd_daemon *d)
 		return -ENOMEM;
 	n = TPU_MIN(n, (size_t)TPW_RDMA_PORTS_MAX);
 	for (size_t i = 0; i < n; i++)
-		g->ports[i] = (struct gdr_port){ .g = g, .nic = &g->nics[i] };
+		g->ports[i] = (struct rdma_port){ .g = g, .nic = &g->nics[i] };
 	g->n = n;
 	if (n)
 		tpu_log(TPU_LOG_INFO, "rdma%s: %zu RDMA port%s, first %s port %u",
@@ -199,13 +199,13 @@ int tpd_gdr_start(struct tpd_daemon *d)
 	return 0;
 }
 
-void tpd_gdr_stop(struct tpd_daemon *d)
+void tpb_rdma_stop(struct tpd_daemon *d)
 {
-	struct tpd_gdr *g = d->gdr;
+	struct tpb_rdma *g = d->gdr;
 
 	if (!g)
 		return;
-	tpd_gdrreg_cache_stop(g);
+	tpb_rdma_cache_stop(g);
 	for (size_t i = 0; i < g->n; i++) {
 		if (g->ports[i].ev)
 			event_free(g->ports[i].ev);
@@ -217,16 +217,16 @@ void tpd_gdr_stop(struct tpd_daemon *d)
 	d->gdr = NULL;
 }
 
-unsigned tpd_gdr_offers(const struct tpd_daemon *d)
+unsigned tpb_rdma_offers(const struct tpd_daemon *d)
 {
 	if (!d->gdr || d->gdr->n == 0)
 		return 0;
-	return TPD_GDR_HOST | (d->gdr->cuda ? TPD_GDR_CUDA : 0);
+	return TPB_RDMA_HOST | (d->gdr->cuda ? TPB_RDMA_CUDA : 0);
 }
 
 /* ---- link set-up --------------------------------------------------------------------------- */
 
-static void link_send(struct tpd_gdr_link *l, Tpw__V1__PeerRdma *rm)
+static void link_send(struct tpb_rdma_link *l, Tpw__V1__PeerRdma *rm)
 {
 	Tpw__V1__PeerMsg pm = TPW__V1__PEER_MSG__INIT;
 
@@ -236,7 +236,7 @@ static void link_send(struct tpd_gdr_link *l, Tpw__V1__PeerRdma *rm)
 }
 
 /* This side gives up RDMA on @l (tells the peer unless @quiet); the link carries on without. */
-static void link_off(struct tpd_gdr_link *l, bool quiet, const char *why)
+static void link_off(struct tpb_rdma_link *l, bool quiet, const char *why)
 {
 	Tpw__V1__PeerRdma rm = TPW__V1__PEER_RDMA__INIT;
 
@@ -249,12 +249,12 @@ static void link_off(struct tpd_gdr_link *l, bool quiet, const char *why)
 	link_send(l, &rm);
 }
 
-struct tpd_gdr_link *tpd_gdr_link_new(struct tpd_daemon *d, struct tpd_peer *pr,
+struct tpb_rdma_link *tpb_rdma_link_new(struct tpd_daemon *d, struct tpd_peer *pr,
 				      unsigned peer_offers)
 {
 	Tpw__V1__PeerRdma rm = TPW__V1__PEER_RDMA__INIT;
-	unsigned common = tpd_gdr_offers(d) & peer_offers;
-	struct tpd_gdr_link *l;
+	unsigned common = tpb_rdma_offers(d) & peer_offers;
+	struct tpb_rdma_link *l;
 
 	if (!common || !(l = calloc(1, sizeof(*l))))
 		return NULL;
@@ -270,7 +270,7 @@ struct tpd_gdr_link *tpd_gdr_link_new(struct tpd_daemon *d, struct tpd_peer *pr,
 }
 
 /* Creates a queue pair per (local port, remote port) and sends their records. */
-static int link_make_qps(struct tpd_gdr_link *l, char *why, size_t wl)
+static int link_make_qps(struct tpb_rdma_link *l, char *why, size_t wl)
 {
 	Tpw__V1__PeerRdma rm = TPW__V1__PEER_RDMA__INIT;
 	size_t n = l->g->n * l->n_remote;
@@ -282,11 +282,11 @@ static int link_make_qps(struct tpd_gdr_link *l, char *why, size_t wl)
 	if (!l->qps)
 		r = -ENOMEM;
 	for (size_t k = 0; k < n && r == 0; k++) {
-		struct gdr_port *pt = &l->g->ports[k / l->n_remote];
+		struct rdma_port *pt = &l->g->ports[k / l->n_remote];
 
-		r = tpd_gdr_port_open(pt, why, wl);
+		r = tpb_rdma_port_open(pt, why, wl);
 		if (r == 0 && (r = tpv_qp_new(pt->ctx, NULL, &l->qps[k], why, wl)) < 0)
-			tpd_gdr_port_put(pt);
+			tpb_rdma_port_put(pt);
 		if (r == 0) {
 			tpv_qp_info_encode(tpv_qp_local(l->qps[k]), rec[k]);
 			qps[k] = (ProtobufCBinaryData){ TPV_QP_INFO_BYTES, rec[k] };
@@ -303,7 +303,7 @@ static int link_make_qps(struct tpd_gdr_link *l, char *why, size_t wl)
 }
 
 /* Connects every queue pair with the peer's records (its port j to our port i at j * n + i). */
-static int link_connect(struct tpd_gdr_link *l, const Tpw__V1__PeerRdma *m, char *why, size_t wl)
+static int link_connect(struct tpb_rdma_link *l, const Tpw__V1__PeerRdma *m, char *why, size_t wl)
 {
 	size_t n_local = l->g->n;
 
@@ -330,7 +330,7 @@ static int link_connect(struct tpd_gdr_link *l, const Tpw__V1__PeerRdma *m, char
 	return 0;
 }
 
-void tpd_gdr_link_on_msg(struct tpd_gdr_link *l, const Tpw__V1__PeerRdma *m)
+void tpb_rdma_link_on_msg(struct tpb_rdma_link *l, const Tpw__V1__PeerRdma *m)
 {
 	char why[200] = "";
 	int r;
@@ -369,23 +369,23 @@ void tpd_gdr_link_on_msg(struct tpd_gdr_link *l, const Tpw__V1__PeerRdma *m)
 	tpu_log(TPU_LOG_INFO, "peer %s: RDMA %s", link_text(l), l->text);
 }
 
-bool tpd_gdr_link_ready(const struct tpd_gdr_link *l)
+bool tpb_rdma_link_ready(const struct tpb_rdma_link *l)
 {
 	return l && l->state == LINK_READY;
 }
 
-const char *tpd_gdr_link_state(const struct tpd_gdr_link *l)
+const char *tpb_rdma_link_state(const struct tpb_rdma_link *l)
 {
 	return l ? l->text : "";
 }
 
-void tpd_gdr_link_bytes(const struct tpd_gdr_link *l, uint64_t *sent, uint64_t *received)
+void tpb_rdma_link_bytes(const struct tpb_rdma_link *l, uint64_t *sent, uint64_t *received)
 {
 	*sent = l ? l->sent : 0;
 	*received = l ? l->received : 0;
 }
 
-void tpd_gdr_link_received(struct tpd_gdr_link *l, uint64_t bytes)
+void tpb_rdma_link_received(struct tpb_rdma_link *l, uint64_t bytes)
 {
 	if (l)
 		l->received += bytes;
@@ -414,16 +414,16 @@ static void timer_in_us(struct event *ev, long us)
 /* ---- receive ------------------------------------------------------------------------------- */
 
 /* -EOPNOTSUPP unless both daemons of @l offer the channel a receive of @segs needs. */
-static int recv_offered(const struct tpd_gdr_link *l, const struct tpd_stripe_seg *segs,
+static int recv_offered(const struct tpb_rdma_link *l, const struct tpd_stripe_seg *segs,
 			size_t n, bool src_cuda, char *why, size_t wl)
 {
-	bool cuda = src_cuda || tpd_gdrreg_first_cuda(segs, n);
+	bool cuda = src_cuda || tpb_rdma_reg_first_cuda(segs, n);
 
-	if (cuda && !(l->common & TPD_GDR_CUDA)) {
+	if (cuda && !(l->common & TPB_RDMA_CUDA)) {
 		snprintf(why, wl, "CUDA memory, and cuda_gdr is not offered by both daemons");
 		return -EOPNOTSUPP;
 	}
-	if (!cuda && !(l->common & TPD_GDR_HOST)) {
+	if (!cuda && !(l->common & TPB_RDMA_HOST)) {
 		snprintf(why, wl, "host memory, and rdma is not offered by both daemons");
 		return -EOPNOTSUPP;
 	}
@@ -432,31 +432,31 @@ static int recv_offered(const struct tpd_gdr_link *l, const struct tpd_stripe_se
 
 static void recv_on_timer(evutil_socket_t fd, short what, void *arg)
 {
-	struct tpd_gdr_recv *rv = arg;
+	struct tpb_rdma_recv *rv = arg;
 	char why[160] = "";
 	int r = events_done(rv->segs, rv->regs.n, why, sizeof(why));
 
 	if (r == 0) {
-		timer_in_us(rv->timer, GDR_POLL_US);
+		timer_in_us(rv->timer, RDMA_POLL_US);
 		return;
 	}
 	rv->ready(rv->arg, r < 0 ? r : 0, why);
 }
 
-int tpd_gdr_recv_new(struct tpd_gdr_link *l, const struct tpd_stripe_seg *segs, size_t n,
-		     bool src_cuda, tpd_gdr_ready_fn ready, void *arg, struct tpd_gdr_recv **ret,
+int tpb_rdma_recv_new(struct tpb_rdma_link *l, const struct tpd_stripe_seg *segs, size_t n,
+		     bool src_cuda, tpb_rdma_ready_fn ready, void *arg, struct tpb_rdma_recv **ret,
 		     char *why, size_t wl)
 {
-	struct tpd_gdr_recv *rv;
+	struct tpb_rdma_recv *rv;
 	int r;
 
-	if (!tpd_gdr_link_ready(l)) {
+	if (!tpb_rdma_link_ready(l)) {
 		snprintf(why, wl, "RDMA is not set up on this link");
 		return -EOPNOTSUPP;
 	}
 	r = recv_offered(l, segs, n, src_cuda, why, wl);
 	if (r == 0)
-		r = tpd_gdrreg_applicable(segs, n, why, wl);
+		r = tpb_rdma_reg_applicable(segs, n, why, wl);
 	if (r < 0)
 		return r;
 	rv = calloc(1, sizeof(*rv));
@@ -470,13 +470,13 @@ int tpd_gdr_recv_new(struct tpd_gdr_link *l, const struct tpd_stripe_seg *segs, 
 	rv->timer = evtimer_new(l->g->d->base, recv_on_timer, rv);
 	r = rv->regions && rv->region_ptrs && rv->timer ? 0 : -ENOMEM;
 	if (r == 0)
-		r = tpd_gdrreg_make(l->g, segs, n, &rv->regs, why, wl);
+		r = tpb_rdma_reg_make(l->g, segs, n, &rv->regs, why, wl);
 	if (r < 0) {
-		tpd_gdr_recv_free(rv);
+		tpb_rdma_recv_free(rv);
 		return r == -ENOMEM ? r : -EOPNOTSUPP;
 	}
 	for (size_t i = 0; i < n; i++) {
-		const struct gdr_reg *g = &rv->regs.r[i];
+		const struct rdma_reg *g = &rv->regs.r[i];
 
 		tpw__v1__peer_rdma_region__init(&rv->regions[i]);
 		rv->regions[i].addr = g->addr;
@@ -490,20 +490,20 @@ int tpd_gdr_recv_new(struct tpd_gdr_link *l, const struct tpd_stripe_seg *segs, 
 	return 0;
 }
 
-void tpd_gdr_recv_offer(struct tpd_gdr_recv *rv, Tpw__V1__PeerReadReq *rr)
+void tpb_rdma_recv_offer(struct tpb_rdma_recv *rv, Tpw__V1__PeerReadReq *rr)
 {
 	rr->rdma_port = (uint32_t)(rv->regs.port - rv->regs.port->g->ports);
 	rr->n_rdma = rv->regs.n;
 	rr->rdma = rv->region_ptrs;
 }
 
-void tpd_gdr_recv_free(struct tpd_gdr_recv *rv)
+void tpb_rdma_recv_free(struct tpb_rdma_recv *rv)
 {
 	if (!rv)
 		return;
 	if (rv->timer)
 		event_free(rv->timer);
-	tpd_gdrreg_free(&rv->regs);
+	tpb_rdma_reg_free(&rv->regs);
 	free(rv->regions);
 	free(rv->region_ptrs);
 	free(rv);
@@ -511,12 +511,12 @@ void tpd_gdr_recv_free(struct tpd_gdr_recv *rv)
 
 /* ---- send ---------------------------------------------------------------------------------- */
 
-static void send_finish(struct gdr_send *s)
+static void send_finish(struct rdma_send *s)
 {
 	struct tpd_stripe_xfer *x = s->x;
 
 	tpu_list_remove(&s->node);
-	tpd_gdrreg_free(&s->regs);
+	tpb_rdma_reg_free(&s->regs);
 	event_free(s->timer);
 	x->status = s->status ? s->status : s->canceled ? -ECANCELED : 0;
 	snprintf(x->why, sizeof(x->why), "%s",
@@ -530,7 +530,7 @@ static void send_finish(struct gdr_send *s)
 	x->done(x);
 }
 
-static void send_fail(struct gdr_send *s, int err, const char *why)
+static void send_fail(struct rdma_send *s, int err, const char *why)
 {
 	if (s->status)
 		return;
@@ -543,7 +543,7 @@ static void send_fail(struct gdr_send *s, int err, const char *why)
  * (a queue pair in error flushes everything after), so later transfers use the data
  * connections; the peer is told so its offers stop.
  */
-static void send_broken(struct gdr_send *s, int err, const char *why)
+static void send_broken(struct rdma_send *s, int err, const char *why)
 {
 	char text[200];
 
@@ -555,19 +555,19 @@ static void send_broken(struct gdr_send *s, int err, const char *why)
 }
 
 /* True while @s has writes to post and no reason to stop. */
-static bool send_more(const struct gdr_send *s)
+static bool send_more(const struct rdma_send *s)
 {
 	return !s->status && !s->canceled && s->next < s->regs.n;
 }
 
 /* Posts the writes not posted yet, as far as the send queue takes them. */
-static void send_post(struct gdr_send *s)
+static void send_post(struct rdma_send *s)
 {
 	char why[160] = "";
 
 	s->posting = true;
 	while (send_more(s)) {
-		const struct gdr_reg *g = &s->regs.r[s->next];
+		const struct rdma_reg *g = &s->regs.r[s->next];
 		struct tpv_write w = { .local_addr = g->addr, .lkey = g->lkey,
 				       .remote_addr = s->raddr[s->next], .rkey = s->rkey[s->next],
 				       .len = g->len, .cookie = (uint64_t)(uintptr_t)s };
@@ -585,9 +585,9 @@ static void send_post(struct gdr_send *s)
 	s->posting = false;
 }
 
-static void gdr_write_done(void *arg, uint64_t cookie, int status, const char *why)
+static void rdma_write_done(void *arg, uint64_t cookie, int status, const char *why)
 {
-	struct gdr_send *s = (struct gdr_send *)(uintptr_t)cookie;
+	struct rdma_send *s = (struct rdma_send *)(uintptr_t)cookie;
 
 	s->pending--;
 	if (status < 0)
@@ -597,12 +597,12 @@ static void gdr_write_done(void *arg, uint64_t cookie, int status, const char *w
 	if (s->pending)
 		return;
 	/* Finish outside the drain; or the queue is full of other transfers' writes: retry. */
-	timer_in_us(s->timer, send_more(s) ? GDR_POLL_US : 0);
+	timer_in_us(s->timer, send_more(s) ? RDMA_POLL_US : 0);
 }
 
 static void send_on_timer(evutil_socket_t fd, short what, void *arg)
 {
-	struct gdr_send *s = arg;
+	struct rdma_send *s = arg;
 	char why[160] = "";
 	int r;
 
@@ -611,7 +611,7 @@ static void send_on_timer(evutil_socket_t fd, short what, void *arg)
 	if (!s->status && !s->canceled && !s->events_ok) {
 		r = events_done(s->x->segs, s->x->n_segs, why, sizeof(why));
 		if (r == 0) {
-			timer_in_us(s->timer, GDR_POLL_US);
+			timer_in_us(s->timer, RDMA_POLL_US);
 			return;
 		}
 		if (r < 0)
@@ -623,7 +623,7 @@ static void send_on_timer(evutil_socket_t fd, short what, void *arg)
 		if (s->pending)
 			return;
 		if (send_more(s)) { /* the send queue is full of other transfers' writes */
-			timer_in_us(s->timer, GDR_POLL_US);
+			timer_in_us(s->timer, RDMA_POLL_US);
 			return;
 		}
 	}
@@ -631,7 +631,7 @@ static void send_on_timer(evutil_socket_t fd, short what, void *arg)
 }
 
 /* Checks @rr's offer against @x. Return: 0, -EOPNOTSUPP (no offer), -EPROTO. */
-static int offer_check(const struct tpd_gdr_link *l, const struct tpd_stripe_xfer *x,
+static int offer_check(const struct tpb_rdma_link *l, const struct tpd_stripe_xfer *x,
 		       const Tpw__V1__PeerReadReq *rr, char *why, size_t wl)
 {
 	if (rr->n_rdma == 0) {
@@ -654,19 +654,19 @@ static int offer_check(const struct tpd_gdr_link *l, const struct tpd_stripe_xfe
 	return 0;
 }
 
-int tpd_gdr_send(struct tpd_gdr_link *l, struct tpd_stripe_xfer *x,
+int tpb_rdma_send(struct tpb_rdma_link *l, struct tpd_stripe_xfer *x,
 		 const Tpw__V1__PeerReadReq *rr, char *why, size_t wl)
 {
-	struct gdr_send *s;
+	struct rdma_send *s;
 	int r;
 
-	if (!tpd_gdr_link_ready(l)) {
+	if (!tpb_rdma_link_ready(l)) {
 		snprintf(why, wl, "RDMA is not set up on this link");
 		return -EOPNOTSUPP;
 	}
 	r = offer_check(l, x, rr, why, wl);
 	if (r == 0) /* the reader offered RDMA for the kind of memory on its side and this one */
-		r = tpd_gdrreg_applicable(x->segs, x->n_segs, why, wl);
+		r = tpb_rdma_reg_applicable(x->segs, x->n_segs, why, wl);
 	if (r < 0)
 		return r;
 	s = calloc(1, sizeof(*s));
@@ -674,13 +674,13 @@ int tpd_gdr_send(struct tpd_gdr_link *l, struct tpd_stripe_xfer *x,
 		return -ENOMEM;
 	s->l = l;
 	s->x = x;
-	s->channel = tpd_gdr_channel(x->segs, x->n_segs, rr, false);
+	s->channel = tpb_rdma_channel(x->segs, x->n_segs, rr, false);
 	s->raddr = calloc(x->n_segs ? x->n_segs : 1, sizeof(*s->raddr));
 	s->rkey = calloc(x->n_segs ? x->n_segs : 1, sizeof(*s->rkey));
 	s->timer = evtimer_new(l->g->d->base, send_on_timer, s);
 	r = s->raddr && s->rkey && s->timer ? 0 : -ENOMEM;
 	if (r == 0)
-		r = tpd_gdrreg_make(l->g, x->segs, x->n_segs, &s->regs, why, wl);
+		r = tpb_rdma_reg_make(l->g, x->segs, x->n_segs, &s->regs, why, wl);
 	if (r < 0) {
 		if (s->timer)
 			event_free(s->timer);
@@ -703,9 +703,9 @@ int tpd_gdr_send(struct tpd_gdr_link *l, struct tpd_stripe_xfer *x,
 	return 0;
 }
 
-void tpd_gdr_send_cancel(struct tpd_gdr_link *l, struct tpd_stripe_xfer *x)
+void tpb_rdma_send_cancel(struct tpb_rdma_link *l, struct tpd_stripe_xfer *x)
 {
-	struct gdr_send *s;
+	struct rdma_send *s;
 
 	tpu_list_for_each(s, &l->sends, node) {
 		if (s->x != x)
@@ -717,9 +717,9 @@ void tpd_gdr_send_cancel(struct tpd_gdr_link *l, struct tpd_stripe_xfer *x)
 	}
 }
 
-void tpd_gdr_link_free(struct tpd_gdr_link *l)
+void tpb_rdma_link_free(struct tpb_rdma_link *l)
 {
-	struct gdr_send *s, *tmp;
+	struct rdma_send *s, *tmp;
 	size_t n;
 
 	if (!l)
@@ -727,13 +727,13 @@ void tpd_gdr_link_free(struct tpd_gdr_link *l)
 	l->closing = true;
 	tpu_list_for_each(s, &l->sends, node)
 		send_fail(s, -ECONNRESET, "peer link closed");
-	/* Closing flushes the writes still pending through gdr_write_done(). */
+	/* Closing flushes the writes still pending through rdma_write_done(). */
 	n = l->qps ? l->g->n * l->n_remote : 0;
 	for (size_t k = 0; k < n; k++) {
 		if (!l->qps[k])
 			continue;
-		tpv_qp_close(l->qps[k], gdr_write_done, l->g);
-		tpd_gdr_port_put(&l->g->ports[k / l->n_remote]);
+		tpv_qp_close(l->qps[k], rdma_write_done, l->g);
+		tpb_rdma_port_put(&l->g->ports[k / l->n_remote]);
 	}
 	tpu_list_for_each_safe(s, tmp, &l->sends, node) {
 		s->pending = 0;
@@ -745,82 +745,82 @@ void tpd_gdr_link_free(struct tpd_gdr_link *l)
 
 #else /* !HAVE_RDMA */
 
-struct tpd_gdr {
+struct tpb_rdma {
 	int unused;
 };
 
-int tpd_gdr_start(struct tpd_daemon *d)
+int tpb_rdma_start(struct tpd_daemon *d)
 {
 	return 0;
 }
 
-void tpd_gdr_stop(struct tpd_daemon *d)
+void tpb_rdma_stop(struct tpd_daemon *d)
 {
 }
 
-unsigned tpd_gdr_offers(const struct tpd_daemon *d)
+unsigned tpb_rdma_offers(const struct tpd_daemon *d)
 {
 	return 0;
 }
 
-struct tpd_gdr_link *tpd_gdr_link_new(struct tpd_daemon *d, struct tpd_peer *pr,
+struct tpb_rdma_link *tpb_rdma_link_new(struct tpd_daemon *d, struct tpd_peer *pr,
 				      unsigned peer_offers)
 {
 	return NULL;
 }
 
-void tpd_gdr_link_free(struct tpd_gdr_link *l)
+void tpb_rdma_link_free(struct tpb_rdma_link *l)
 {
 }
 
-void tpd_gdr_link_on_msg(struct tpd_gdr_link *l, const Tpw__V1__PeerRdma *m)
+void tpb_rdma_link_on_msg(struct tpb_rdma_link *l, const Tpw__V1__PeerRdma *m)
 {
 }
 
-bool tpd_gdr_link_ready(const struct tpd_gdr_link *l)
+bool tpb_rdma_link_ready(const struct tpb_rdma_link *l)
 {
 	return false;
 }
 
-const char *tpd_gdr_link_state(const struct tpd_gdr_link *l)
+const char *tpb_rdma_link_state(const struct tpb_rdma_link *l)
 {
 	return "";
 }
 
-void tpd_gdr_link_bytes(const struct tpd_gdr_link *l, uint64_t *sent, uint64_t *received)
+void tpb_rdma_link_bytes(const struct tpb_rdma_link *l, uint64_t *sent, uint64_t *received)
 {
 	*sent = 0;
 	*received = 0;
 }
 
-void tpd_gdr_link_received(struct tpd_gdr_link *l, uint64_t bytes)
+void tpb_rdma_link_received(struct tpb_rdma_link *l, uint64_t bytes)
 {
 }
 
-int tpd_gdr_recv_new(struct tpd_gdr_link *l, const struct tpd_stripe_seg *segs, size_t n,
-		     bool src_cuda, tpd_gdr_ready_fn ready, void *arg, struct tpd_gdr_recv **ret,
+int tpb_rdma_recv_new(struct tpb_rdma_link *l, const struct tpd_stripe_seg *segs, size_t n,
+		     bool src_cuda, tpb_rdma_ready_fn ready, void *arg, struct tpb_rdma_recv **ret,
 		     char *why, size_t wl)
 {
 	snprintf(why, wl, "tpipd was built without RDMA or CUDA support");
 	return -EOPNOTSUPP;
 }
 
-void tpd_gdr_recv_offer(struct tpd_gdr_recv *rv, Tpw__V1__PeerReadReq *rr)
+void tpb_rdma_recv_offer(struct tpb_rdma_recv *rv, Tpw__V1__PeerReadReq *rr)
 {
 }
 
-void tpd_gdr_recv_free(struct tpd_gdr_recv *rv)
+void tpb_rdma_recv_free(struct tpb_rdma_recv *rv)
 {
 }
 
-int tpd_gdr_send(struct tpd_gdr_link *l, struct tpd_stripe_xfer *x,
+int tpb_rdma_send(struct tpb_rdma_link *l, struct tpd_stripe_xfer *x,
 		 const Tpw__V1__PeerReadReq *rr, char *why, size_t wl)
 {
 	snprintf(why, wl, "tpipd was built without RDMA or CUDA support");
 	return -EOPNOTSUPP;
 }
 
-void tpd_gdr_send_cancel(struct tpd_gdr_link *l, struct tpd_stripe_xfer *x)
+void tpb_rdma_send_cancel(struct tpb_rdma_link *l, struct tpd_stripe_xfer *x)
 {
 }
 

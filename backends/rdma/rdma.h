@@ -1,6 +1,6 @@
 /* SPDX-License-Identifier: BSD-3-Clause */
 /*
- * tpd_gdr: the RDMA channels of peer links, RDMA writes between the daemons of two hosts straight
+ * tpb_rdma: the RDMA channels of peer links, RDMA writes between the daemons of two hosts straight
  * from and into registered memory, on the ibverbs layer of backends/verbs: rdma for shared
  * buffers on both sides (plain host memory), cuda_gdr when GPU memory is on either side (through
  * dma-buf or peer memory). Each daemon opens every usable RDMA port once (a protection domain and
@@ -17,8 +17,8 @@
  * least recently used regions first; 0 registers every transfer anew). Everything runs on the loop thread. Without rdma-core in the build, or without
  * a port at run time, nothing here is ever ready and transfers use the data connections.
  */
-#ifndef TPD_GDR_H
-#define TPD_GDR_H
+#ifndef TPB_RDMA_H
+#define TPB_RDMA_H
 
 #include <stdbool.h>
 #include <stddef.h>
@@ -28,31 +28,31 @@ struct tpd_daemon;
 struct tpd_peer;
 struct tpd_stripe_seg;
 struct tpd_stripe_xfer;
-struct tpd_gdr;
-struct tpd_gdr_link;
-struct tpd_gdr_recv;
+struct tpb_rdma;
+struct tpb_rdma_link;
+struct tpb_rdma_recv;
 struct tpd_buffer;
 
 /*
- * tpd_gdr_start() - find the RDMA ports (none is fine: rdma and cuda_gdr are then never used).
+ * tpb_rdma_start() - find the RDMA ports (none is fine: rdma and cuda_gdr are then never used).
  * Opens no device yet. Return: 0, or -ENOMEM.
  */
-int tpd_gdr_start(struct tpd_daemon *d);
+int tpb_rdma_start(struct tpd_daemon *d);
 
 /* Closes the ports. Every link and receive must be freed first. */
-void tpd_gdr_stop(struct tpd_daemon *d);
+void tpb_rdma_stop(struct tpd_daemon *d);
 
 /* What a daemon offers its peers: rdma with an RDMA port, cuda_gdr with a CUDA driver too. */
-enum tpd_gdr_offer {
-	TPD_GDR_HOST = 1u << 0, /* "rdma" in PeerHello.backends */
-	TPD_GDR_CUDA = 1u << 1, /* "cuda_gdr" */
+enum tpb_rdma_offer_bits {
+	TPB_RDMA_HOST = 1u << 0, /* "rdma" in PeerHello.backends */
+	TPB_RDMA_CUDA = 1u << 1, /* "cuda_gdr" */
 };
 
-/* The TPD_GDR_* this daemon offers (0: none). */
-unsigned tpd_gdr_offers(const struct tpd_daemon *d);
+/* The TPB_RDMA_* this daemon offers (0: none). */
+unsigned tpb_rdma_offers(const struct tpd_daemon *d);
 
 /* The registration cache, for tpipctl status and the metrics. */
-struct tpd_gdrreg_cache_stats {
+struct tpb_rdma_cache_stats {
 	uint64_t regions;   /* cached now */
 	uint64_t bytes;	    /* registered (pinned) by them */
 	uint64_t hits;	    /* segments that found a cached region */
@@ -61,25 +61,25 @@ struct tpd_gdrreg_cache_stats {
 };
 
 /* Fills @ret (zeros without RDMA). */
-void tpd_gdrreg_cache_stats(const struct tpd_daemon *d, struct tpd_gdrreg_cache_stats *ret);
+void tpb_rdma_cache_stats(const struct tpd_daemon *d, struct tpb_rdma_cache_stats *ret);
 
 /*
- * tpd_gdrreg_forget_buffer() - shared buffer @b leaves its session (released, or the client ended):
+ * tpb_rdma_forget_buffer() - shared buffer @b leaves its session (released, or the client ended):
  * its cached regions go, now or when the transfers using them end. Call before dropping the
  * session's reference. Accepts a daemon without RDMA.
  */
-void tpd_gdrreg_forget_buffer(struct tpd_daemon *d, struct tpd_buffer *b);
+void tpb_rdma_forget_buffer(struct tpd_daemon *d, struct tpd_buffer *b);
 
 /* A client released CUDA memory or ended: cached regions of CUDA allocations that nothing but
  * the cache references any more go. Accepts a daemon without RDMA. */
-void tpd_gdrreg_forget_cuda(struct tpd_daemon *d);
+void tpb_rdma_forget_cuda(struct tpd_daemon *d);
 
 /*
- * struct tpd_gdr_link_ops - how a link's RDMA state reaches the link above it (the peer part);
+ * struct tpb_rdma_link_ops - how a link's RDMA state reaches the link above it (the peer part);
  * this part calls the peer part only through it. Both run on the loop thread and borrow their
  * arguments.
  */
-struct tpd_gdr_link_ops {
+struct tpb_rdma_link_ops {
 	/* Queue @m on @pr's control connection (copied; a failed link drops it). Return: 0 or
 	 * -errno. */
 	int (*send)(struct tpd_peer *pr, Tpw__V1__PeerMsg *m);
@@ -88,75 +88,75 @@ struct tpd_gdr_link_ops {
 };
 
 /*
- * tpd_gdr_set_link_ops() - register the link ops of this process's daemon, before the first
- * tpd_gdr_link_new(). Keeps @ops (static storage) for the life of the process.
+ * tpb_rdma_set_link_ops() - register the link ops of this process's daemon, before the first
+ * tpb_rdma_link_new(). Keeps @ops (static storage) for the life of the process.
  */
-void tpd_gdr_set_link_ops(const struct tpd_gdr_link_ops *ops);
+void tpb_rdma_set_link_ops(const struct tpb_rdma_link_ops *ops);
 
 /*
- * tpd_gdr_link_new() - start the RDMA set-up of link @pr with a peer that offered @peer_offers
- * (TPD_GDR_*): sends PeerRdma{ports}. Both sides decide alike, from what both offer.
- * Return: the link state (owned, free with tpd_gdr_link_free()), or NULL if the two daemons
+ * tpb_rdma_link_new() - start the RDMA set-up of link @pr with a peer that offered @peer_offers
+ * (TPB_RDMA_*): sends PeerRdma{ports}. Both sides decide alike, from what both offer.
+ * Return: the link state (owned, free with tpb_rdma_link_free()), or NULL if the two daemons
  * offer nothing in common or memory ran out.
  */
-struct tpd_gdr_link *tpd_gdr_link_new(struct tpd_daemon *d, struct tpd_peer *pr,
+struct tpb_rdma_link *tpb_rdma_link_new(struct tpd_daemon *d, struct tpd_peer *pr,
 				      unsigned peer_offers);
 
 /*
- * tpd_gdr_link_free() - close the link's queue pairs. Sends still running complete, before this
+ * tpb_rdma_link_free() - close the link's queue pairs. Sends still running complete, before this
  * returns, with -ECONNRESET ("peer link closed"). Accepts NULL.
  */
-void tpd_gdr_link_free(struct tpd_gdr_link *l);
+void tpb_rdma_link_free(struct tpb_rdma_link *l);
 
 /* Handles the peer's PeerRdma message (set-up steps, or the peer giving up). */
-void tpd_gdr_link_on_msg(struct tpd_gdr_link *l, const Tpw__V1__PeerRdma *m);
+void tpb_rdma_link_on_msg(struct tpb_rdma_link *l, const Tpw__V1__PeerRdma *m);
 
 /* True once every queue pair of the link is connected. Accepts NULL. */
-bool tpd_gdr_link_ready(const struct tpd_gdr_link *l);
+bool tpb_rdma_link_ready(const struct tpb_rdma_link *l);
 
 /* "ready: 1x1 queue pairs", "off: <why>", "connecting", for tpipctl peers; "" for NULL. */
-const char *tpd_gdr_link_state(const struct tpd_gdr_link *l);
+const char *tpb_rdma_link_state(const struct tpb_rdma_link *l);
 
 /* Bytes this daemon RDMA-wrote to the peer, and that the peer said it RDMA-wrote here (counted
- * with tpd_gdr_link_received()). Accepts NULL (zeros). */
-void tpd_gdr_link_bytes(const struct tpd_gdr_link *l, uint64_t *sent, uint64_t *received);
-void tpd_gdr_link_received(struct tpd_gdr_link *l, uint64_t bytes);
+ * with tpb_rdma_link_received()). Accepts NULL (zeros). */
+void tpb_rdma_link_bytes(const struct tpb_rdma_link *l, uint64_t *sent, uint64_t *received);
+void tpb_rdma_link_received(struct tpb_rdma_link *l, uint64_t bytes);
 
 /* Called once the receive's offer can be sent (@err 0), or never will (@err < 0, @why). */
-typedef void (*tpd_gdr_ready_fn)(void *arg, int err, const char *why);
+typedef void (*tpb_rdma_ready_fn)(void *arg, int err, const char *why);
 
 /*
- * tpd_gdr_recv_new() - register the destination @segs of a receive over @l for RDMA writes and
+ * tpb_rdma_recv_new() - register the destination @segs of a receive over @l for RDMA writes and
  * wait, off the call, for the reader's CUDA events (its stream's earlier work on that memory);
  * then @ready runs (never inside this call). With CUDA memory on either side (among @segs, or,
  * @src_cuda, among the writer's tensors) RDMA applies if both daemons offer cuda_gdr; with host
  * memory only, if both offer rdma. The writer's daemon may still decline the offer (a source in
  * private memory): the bytes then come over the data connections.
- * Ownership: borrows @segs and @l until tpd_gdr_recv_free(); returns owned @ret.
+ * Ownership: borrows @segs and @l until tpb_rdma_recv_free(); returns owned @ret.
  * Return: 0; -EOPNOTSUPP when RDMA does not apply (link not ready, a kind of memory the two
  * daemons do not both offer, memory of a client's private address space) or registration failed
  * (reason in @why): use the stripe.
  */
-int tpd_gdr_recv_new(struct tpd_gdr_link *l, const struct tpd_stripe_seg *segs, size_t n,
-		     bool src_cuda, tpd_gdr_ready_fn ready, void *arg, struct tpd_gdr_recv **ret,
+int tpb_rdma_recv_new(struct tpb_rdma_link *l, const struct tpd_stripe_seg *segs, size_t n,
+		     bool src_cuda, tpb_rdma_ready_fn ready, void *arg, struct tpb_rdma_recv **ret,
 		     char *why, size_t why_len);
 
 /* Adds the offer of @rv to @rr (pointers into @rv: send @rr before freeing @rv). */
-void tpd_gdr_recv_offer(struct tpd_gdr_recv *rv, Tpw__V1__PeerReadReq *rr);
+void tpb_rdma_recv_offer(struct tpb_rdma_recv *rv, Tpw__V1__PeerReadReq *rr);
 
 /*
- * tpd_gdr_channel() - the channel an RDMA transfer counts under: "cuda_gdr" if CUDA memory is
+ * tpb_rdma_channel() - the channel an RDMA transfer counts under: "cuda_gdr" if CUDA memory is
  * among @segs, among the regions @rr offers (sender; NULL on the receiver), or (@remote_cuda)
  * among the writer's tensors (receiver); else "rdma".
  */
-const char *tpd_gdr_channel(const struct tpd_stripe_seg *segs, size_t n,
+const char *tpb_rdma_channel(const struct tpd_stripe_seg *segs, size_t n,
 			    const Tpw__V1__PeerReadReq *rr, bool remote_cuda);
 
 /* Deregisters the destination and stops waiting. Accepts NULL. */
-void tpd_gdr_recv_free(struct tpd_gdr_recv *rv);
+void tpb_rdma_recv_free(struct tpb_rdma_recv *rv);
 
 /*
- * tpd_gdr_send() - RDMA-write the sources @x->segs into the regions @rr offers. Registers the
+ * tpb_rdma_send() - RDMA-write the sources @x->segs into the regions @rr offers. Registers the
  * sources at once; waits for the writer's CUDA events, then posts the writes; @x->done runs once
  * every write completed or one failed (@x->bytes is the total on success, else 0).
  * Ownership: keeps @x until @x->done; copies what it needs of @rr.
@@ -164,10 +164,10 @@ void tpd_gdr_recv_free(struct tpd_gdr_recv *rv);
  * failed; reason in @why) or -EPROTO (an offer that does not match the message): no @done, the
  * caller sends over the stripe or fails the transfer.
  */
-int tpd_gdr_send(struct tpd_gdr_link *l, struct tpd_stripe_xfer *x,
+int tpb_rdma_send(struct tpb_rdma_link *l, struct tpd_stripe_xfer *x,
 		 const Tpw__V1__PeerReadReq *rr, char *why, size_t why_len);
 
 /* Stops @x: writes not posted yet never are; @done runs with -ECANCELED once none is pending. */
-void tpd_gdr_send_cancel(struct tpd_gdr_link *l, struct tpd_stripe_xfer *x);
+void tpb_rdma_send_cancel(struct tpb_rdma_link *l, struct tpd_stripe_xfer *x);
 
 #endif

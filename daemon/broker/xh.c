@@ -38,7 +38,7 @@ struct tpd_xh {
 	/* rdma / cuda_gdr. Send: the reader's RDMA offer (a copy of its PeerReadReq), gdr once the
 	 * writes run. Receive: the offered registration, gdr once the sender said it wrote. */
 	Tpw__V1__PeerReadReq *offer;
-	struct tpd_gdr_recv *gdr_recv;
+	struct tpb_rdma_recv *gdr_recv;
 	bool gdr;
 	int gdr_status;
 	uint64_t gdr_bytes;
@@ -51,7 +51,7 @@ void tpd_xh_free(struct tpd_xh *xh)
 	if (!xh)
 		return;
 	tpd_copier_job_free(xh->holder);
-	tpd_gdr_recv_free(xh->gdr_recv);
+	tpb_rdma_recv_free(xh->gdr_recv);
 	if (xh->offer)
 		tpw__v1__peer_read_req__free_unpacked(xh->offer, NULL);
 	free(xh->segs);
@@ -66,7 +66,7 @@ void tpd_xh_cancel(struct tpd_xh *xh)
 		return;
 	if (xh->send && xh->gdr) {
 		if (tpd_peer_gdr(xh->link))
-			tpd_gdr_send_cancel(tpd_peer_gdr(xh->link), &xh->x);
+			tpb_rdma_send_cancel(tpd_peer_gdr(xh->link), &xh->x);
 		return;
 	}
 	st = tpd_peer_stripe(xh->link);
@@ -92,7 +92,7 @@ static const char *xh_channel(const struct tpd_msg *m, const struct tpd_xh *xh)
 {
 	if (!xh->gdr)
 		return "mpt";
-	return tpd_gdr_channel(xh->segs, xh->x.n_segs, xh->send ? xh->offer : NULL,
+	return tpb_rdma_channel(xh->segs, xh->x.n_segs, xh->send ? xh->offer : NULL,
 			       !xh->send && msg_remote_cuda(m));
 }
 
@@ -227,7 +227,7 @@ static void xh_recv_done(struct tpd_stripe_xfer *x)
 		status = x->status = xh->gdr_status;
 		x->bytes = status == 0 ? xh->gdr_bytes : 0;
 		if (xh->link)
-			tpd_gdr_link_received(tpd_peer_gdr(xh->link), x->bytes);
+			tpb_rdma_link_received(tpd_peer_gdr(xh->link), x->bytes);
 		snprintf(why, sizeof(why), "%s", xh->gdr_why);
 	}
 	if (xh->link)
@@ -267,14 +267,14 @@ static void xh_gdr_ready(void *arg, int err, const char *why)
 	if (err < 0) {
 		tpd_pipe_log(p, NULL, TPU_LOG_INFO, "message %llu: not over RDMA: %s",
 			     (unsigned long long)xh->m->msg_id, why);
-		tpd_gdr_recv_free(xh->gdr_recv);
+		tpb_rdma_recv_free(xh->gdr_recv);
 		xh->gdr_recv = NULL;
 	}
 	rr.pipe_id = p->remote_id;
 	rr.msg_id = xh->m->msg_id;
 	rr.xfer_id = xh->x.xfer_id;
 	if (xh->gdr_recv)
-		tpd_gdr_recv_offer(xh->gdr_recv, &rr);
+		tpb_rdma_recv_offer(xh->gdr_recv, &rr);
 	pm.body_case = TPW__V1__PEER_MSG__BODY_READ_REQ;
 	pm.read_req = &rr;
 	tpd_xpipe_tell(p, &pm, NULL, 0);
@@ -325,7 +325,7 @@ static int xh_send_gdr(struct tpd_xh *xh)
 	}
 	if (!xh_select_rdma(xh))
 		return -EOPNOTSUPP; /* this daemon's priority puts the data connections first */
-	r = tpd_gdr_send(tpd_peer_gdr(xh->link), &xh->x, xh->offer, why, sizeof(why));
+	r = tpb_rdma_send(tpd_peer_gdr(xh->link), &xh->x, xh->offer, why, sizeof(why));
 	if (r < 0)
 		snprintf(xh->chan_why, sizeof(xh->chan_why), "striped over the peer link's data "
 			 "connections: not over RDMA: %.120s", why);
@@ -363,8 +363,9 @@ int tpd_xh_start(struct tpd_msg *m)
 		r = xh->x.xfer_id ? tpd_stripe_recv(tpd_peer_stripe(xh->link), &xh->x) : -ENOMEM;
 		/* An RDMA offer only where the selection picks rdma or cuda_gdr for every segment
 		 * and the link can carry it; else the bytes come over the data connections. */
-		if (r == 0 && (!tpd_gdr_link_ready(tpd_peer_gdr(xh->link)) || !xh_select_rdma(xh) ||
-			       tpd_gdr_recv_new(tpd_peer_gdr(xh->link), xh->segs, xh->x.n_segs,
+		if (r == 0 && (!tpb_rdma_link_ready(tpd_peer_gdr(xh->link)) ||
+			       !xh_select_rdma(xh) ||
+			       tpb_rdma_recv_new(tpd_peer_gdr(xh->link), xh->segs, xh->x.n_segs,
 						msg_remote_cuda(m), xh_gdr_ready, xh, &xh->gdr_recv,
 						why, sizeof(why)) < 0)) {
 			xh_gdr_ready(xh, 0, NULL); /* no offer: ask for the bytes at once */

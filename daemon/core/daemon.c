@@ -563,7 +563,7 @@ int tpd_daemon_new(const struct tpd_config *cfg, struct tpd_daemon **ret)
 	r = setup_events(d);
 	if (r < 0)
 		goto fail;
-	r = tpd_gdr_start(d);
+	r = tpb_rdma_start(d);
 	if (r < 0)
 		goto fail;
 	tpd_ctl_start(); /* sessions hand CtlRequest up through the handler it registers */
@@ -621,7 +621,7 @@ void tpd_daemon_free(struct tpd_daemon *d)
 		tpd_session_free(s, TPW__V1__STATUS__STATUS_SHUTDOWN);
 	tpd_metrics_free(d->metrics);
 	tpd_copier_free(d->copier);
-	tpd_gdr_stop(d);
+	tpb_rdma_stop(d);
 	tpd_listener_registry_done(&d->registry);
 	tpd_quota_done(&d->quota);
 	for (size_t i = 0; i < TPU_ARRAY_SIZE(d->ev_signals); i++)

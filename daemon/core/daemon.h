@@ -65,7 +65,7 @@ struct tpd_daemon {
 	struct tpd_metrics *metrics; /* NULL when off */
 
 	/* Peer links (peer.c, peerhs.c, peerlisten.c). */
-	struct tpd_gdr *gdr; /* cuda_gdr ports (backends/rdma/link.c) */
+	struct tpb_rdma *gdr; /* cuda_gdr ports (backends/rdma/link.c) */
 	struct tpu_list peers;
 	struct tpu_list peer_flushq; /* peers with control frames to send at the end of the pass */
 	unsigned n_peers;

@@ -124,7 +124,7 @@ bool tpd_peer_is_failed(const struct tpd_peer *pr)
 	return pr->state == PEER_FAILED;
 }
 
-struct tpd_gdr_link *tpd_peer_gdr(struct tpd_peer *pr)
+struct tpb_rdma_link *tpd_peer_gdr(struct tpd_peer *pr)
 {
 	return pr->gdr;
 }
@@ -306,7 +306,7 @@ void tpd_peer_teardown(struct tpd_peer *pr)
 	/* Transfers first: their completions see the link failed and fail their messages. */
 	tpd_stripe_free(pr->stripe);
 	pr->stripe = NULL;
-	tpd_gdr_link_free(pr->gdr);
+	tpb_rdma_link_free(pr->gdr);
 	pr->gdr = NULL;
 	pipe_ops->waits_drop(d, pr);
 	while (v && tpu_hmap_next(&pr->pipes, &i, &key, &val))
@@ -674,7 +674,7 @@ static int gdr_link_send(struct tpd_peer *pr, Tpw__V1__PeerMsg *m)
 }
 
 /* What a link's RDMA state (backends/rdma/link.c) calls up into. */
-static const struct tpd_gdr_link_ops peer_gdr_link_ops = {
+static const struct tpb_rdma_link_ops peer_gdr_link_ops = {
 	.send = gdr_link_send,
 	.name = tpd_peer_name,
 };
@@ -685,7 +685,7 @@ int tpd_peers_start(struct tpd_daemon *d)
 	char why[300] = "";
 	int r;
 
-	tpd_gdr_set_link_ops(&peer_gdr_link_ops);
+	tpb_rdma_set_link_ops(&peer_gdr_link_ops);
 	tpu_list_init(&d->peers);
 	tpu_list_init(&d->peer_flushq);
 	tpu_list_init(&d->peer_conns);
@@ -862,8 +862,8 @@ int tpd_peers_ctl(struct tpd_daemon *d, Tpw__V1__CtlPeer ***ret, size_t *n)
 		e->bytes_sent = pr->ctl_out + (pr->stripe ? tpd_stripe_bytes_sent(pr->stripe) : 0);
 		e->bytes_received = pr->ctl_in +
 				    (pr->stripe ? tpd_stripe_bytes_received(pr->stripe) : 0);
-		e->rdma = (char *)tpd_gdr_link_state(pr->gdr);
-		tpd_gdr_link_bytes(pr->gdr, &e->rdma_bytes_sent, &e->rdma_bytes_received);
+		e->rdma = (char *)tpb_rdma_link_state(pr->gdr);
+		tpb_rdma_link_bytes(pr->gdr, &e->rdma_bytes_sent, &e->rdma_bytes_received);
 		e->bytes_sent += e->rdma_bytes_sent;
 		e->bytes_received += e->rdma_bytes_received;
 		e->pipes = (uint32_t)pr->pipes.len;

@@ -23,7 +23,7 @@ struct tpd_daemon;
 struct tpd_peer;
 struct tpd_pipe;
 struct tpd_stripe;
-struct tpd_gdr_link;
+struct tpb_rdma_link;
 
 /*
  * tpd_peers_start() - load the key file, read the host identity, bind the peer listener (unless
@@ -94,7 +94,7 @@ bool tpd_peer_identity_matches(const char *entry, const void *pr);
 char *tpd_peer_dial_text(const struct tpd_peer *pr, char *buf, size_t len);
 
 /* The link's cuda_gdr state, or NULL when the two daemons do not both offer it. */
-struct tpd_gdr_link *tpd_peer_gdr(struct tpd_peer *pr);
+struct tpb_rdma_link *tpd_peer_gdr(struct tpd_peer *pr);
 
 /* The link's data connections. */
 struct tpd_stripe *tpd_peer_stripe(struct tpd_peer *pr);
