@@ -8,44 +8,36 @@
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
-#include <event2/event.h>
 #include "tpconfig.h"
-#include "daemon.h"
-#include "frame.h"
-#include "rdma_int.h"
+#if HAVE_RDMA
+#include <sys/epoll.h>
+#include <sys/timerfd.h>
+#endif
 #include "log.h"
-#include "stripe.h"
+#include "rdma_int.h"
 #include "tpb.h"
 
-const char *tpb_rdma_channel(const struct tpd_stripe_seg *segs, size_t n,
-			    const Tpw__V1__PeerReadReq *rr, bool remote_cuda)
+const char *tpb_rdma_channel(bool local_cuda, const struct tpb_rdma_offer *offer,
+			     bool remote_cuda)
 {
-	bool cuda = remote_cuda || tpb_rdma_reg_first_cuda(segs, n);
+	bool cuda = local_cuda || remote_cuda;
 
-	for (size_t i = 0; rr && i < rr->n_rdma && !cuda; i++)
-		cuda = rr->rdma[i]->cuda;
+	for (size_t i = 0; offer && i < offer->n && !cuda; i++)
+		cuda = offer->regions[i].cuda;
 	return cuda ? "cuda_gdr" : "rdma";
 }
 
-/* How a link's RDMA state reaches its link: the peer part's, registered at its start. */
-static const struct tpb_rdma_link_ops *link_ops;
-
-void tpb_rdma_set_link_ops(const struct tpb_rdma_link_ops *ops)
-{
-	link_ops = ops;
-}
-
 #if HAVE_RDMA
-_Static_assert(TPV_QP_INFO_BYTES == TPW_RDMA_QP_RECORD_BYTES, "queue-pair record size");
+_Static_assert(TPV_QP_INFO_BYTES == TPB_RDMA_QP_RECORD_BYTES, "queue-pair record size");
 
-#define RDMA_CQ_DEPTH 4096    /* completions per port, shared by its queue pairs */
-#define RDMA_POLL_US 50	     /* CUDA event polling period while a transfer waits */
+#define RDMA_CQ_DEPTH 4096 /* completions per port, shared by its queue pairs */
+#define RDMA_POLL_US 50	   /* CUDA event polling period while a transfer waits */
 
 enum link_state { LINK_PORTS, LINK_CONNECTING, LINK_READY, LINK_OFF };
 
 struct tpb_rdma_link {
 	struct tpb_rdma *g;
-	struct tpd_peer *pr;
+	void *link; /* the daemon's */
 	enum link_state state;
 	unsigned common; /* TPB_RDMA_* both daemons offer */
 	unsigned n_remote;
@@ -58,25 +50,25 @@ struct tpb_rdma_link {
 
 struct tpb_rdma_recv {
 	struct rdma_regs regs;
-	const struct tpd_stripe_seg *segs;
-	struct event *timer;
+	const struct tpb_rdma_seg *segs;
+	struct tpb_rdma *g;
+	struct rdma_timer timer; /* polls the reader's CUDA events */
 	tpb_rdma_ready_fn ready;
 	void *arg;
-	Tpw__V1__PeerRdmaRegion *regions;
-	Tpw__V1__PeerRdmaRegion **region_ptrs;
+	struct tpb_rdma_region *regions;
 };
 
 struct rdma_send {
 	struct tpu_list node; /* in the link's sends */
 	struct tpb_rdma_link *l;
-	struct tpd_stripe_xfer *x;
+	struct tpb_rdma_xfer *x;
 	struct rdma_regs regs;
 	struct tpv_qp *qp;
 	uint64_t *raddr;
 	uint32_t *rkey;
-	struct event *timer; /* event polling, and completions decided outside a call */
-	size_t next;	     /* next segment to post */
-	unsigned pending;    /* writes posted, not completed */
+	struct rdma_timer timer; /* event polling, and completions decided outside a call */
+	size_t next;		 /* next segment to post */
+	unsigned pending;	 /* writes posted, not completed */
 	bool canceled, posting;
 	bool events_ok; /* the writer's CUDA events fired */
 	const char *channel; /* "rdma" or "cuda_gdr", for errors */
@@ -86,16 +78,71 @@ struct rdma_send {
 
 static const char *link_text(const struct tpb_rdma_link *l)
 {
-	return link_ops->name(l->pr);
+	return l->g->cfg.link_ops->name(l->link);
+}
+
+/* ---- the event fd: completion channels and timers ------------------------------------------ */
+
+/* Arms the timerfd for the first armed timer (or disarms it). */
+static void timers_rearm(struct tpb_rdma *g)
+{
+	struct itimerspec its = { 0 };
+	struct rdma_timer *t;
+	uint64_t first = UINT64_MAX;
+
+	tpu_list_for_each(t, &g->timers, node)
+		first = TPU_MIN(first, t->due_ns);
+	if (first != UINT64_MAX) {
+		first = TPU_MAX(first, 1); /* 0 would disarm */
+		its.it_value.tv_sec = (time_t)(first / 1000000000u);
+		its.it_value.tv_nsec = (long)(first % 1000000000u);
+	}
+	(void)timerfd_settime(g->tfd, TFD_TIMER_ABSTIME, &its, NULL);
+}
+
+/* Runs @t's work from tpb_rdma_progress() in @us microseconds (0: on the next one). */
+static void timer_in_us(struct tpb_rdma *g, struct rdma_timer *t, long us)
+{
+	t->due_ns = tpu_now_ns() + (uint64_t)us * 1000u;
+	if (!t->armed)
+		tpu_list_insert_tail(&g->timers, &t->node);
+	t->armed = true;
+	timers_rearm(g);
+}
+
+static void timer_stop(struct rdma_timer *t)
+{
+	if (t->armed)
+		tpu_list_remove(&t->node);
+	t->armed = false;
+}
+
+/* Runs the timers due by @now, one at a time (each may arm, stop or free others). */
+static void timers_run(struct tpb_rdma *g, uint64_t now)
+{
+	for (;;) {
+		struct rdma_timer *t, *due = NULL;
+
+		tpu_list_for_each(t, &g->timers, node) {
+			if (t->due_ns <= now) {
+				due = t;
+				break;
+			}
+		}
+		if (!due)
+			break;
+		timer_stop(due);
+		due->fn(due);
+	}
+	timers_rearm(g);
 }
 
 /* ---- ports --------------------------------------------------------------------------------- */
 
 static void rdma_write_done(void *arg, uint64_t cookie, int status, const char *why);
 
-static void port_on_cq(evutil_socket_t fd, short what, void *arg)
+static void port_on_cq(struct rdma_port *pt)
 {
-	struct rdma_port *pt = arg;
 	int r = tpv_cq_drain(pt->ctx, rdma_write_done, pt->g);
 
 	if (r < 0)
@@ -103,14 +150,20 @@ static void port_on_cq(evutil_socket_t fd, short what, void *arg)
 			pt->nic->dev, pt->nic->port, strerror(-r));
 }
 
+/* Closes @pt's device context and stops watching its completion channel. */
+static void port_close(struct rdma_port *pt)
+{
+	if (pt->ctx)
+		(void)epoll_ctl(pt->g->epfd, EPOLL_CTL_DEL, tpv_cq_fd(pt->ctx), NULL);
+	tpv_ctx_close(pt->ctx);
+	pt->ctx = NULL;
+}
+
 void tpb_rdma_port_put(struct rdma_port *pt)
 {
 	if (--pt->refs)
 		return;
-	event_free(pt->ev);
-	pt->ev = NULL;
-	tpv_ctx_close(pt->ctx);
-	pt->ctx = NULL;
+	port_close(pt);
 }
 
 int tpb_rdma_port_open(struct rdma_port *pt, char *why, size_t wl)
@@ -127,17 +180,17 @@ int tpb_rdma_port_open(struct rdma_port *pt, char *why, size_t wl)
 	}
 	r = tpv_ctx_open(pt->g->ops, pt->nic, RDMA_CQ_DEPTH, &pt->ctx, pt->why, sizeof(pt->why));
 	if (r == 0) {
-		pt->ev = event_new(pt->g->d->base, tpv_cq_fd(pt->ctx), EV_READ | EV_PERSIST,
-				   port_on_cq, pt);
-		if (!pt->ev || event_add(pt->ev, NULL) < 0) {
-			snprintf(pt->why, sizeof(pt->why), "cannot watch the completion channel");
-			r = -ENOMEM;
+		struct epoll_event ev = { .events = EPOLLIN, .data.ptr = pt };
+
+		if (epoll_ctl(pt->g->epfd, EPOLL_CTL_ADD, tpv_cq_fd(pt->ctx), &ev) < 0) {
+			r = -errno;
+			snprintf(pt->why, sizeof(pt->why), "cannot watch the completion channel: %s",
+				 strerror(-r));
+			tpv_ctx_close(pt->ctx);
+			pt->ctx = NULL;
 		}
 	}
 	if (r < 0) {
-		if (pt->ev)
-			event_free(pt->ev);
-		pt->ev = NULL;
 		tpv_ctx_close(pt->ctx);
 		pt->ctx = NULL;
 		snprintf(why, wl, "%s", pt->why);
@@ -157,18 +210,13 @@ static bool rdma_channel_viable(const char *name)
 	return i >= 0 && (size_t)i < n && ch[i].viable;
 }
 
-int tpb_rdma_start(struct tpd_daemon *d)
+/* Finds the ports of @g (none is fine). Return: 0, or -ENOMEM. */
+static int ctx_find_ports(struct tpb_rdma *g)
 {
-	struct tpb_rdma *g = calloc(1, sizeof(*g));
 	char why[256] = "";
 	size_t n = 0;
 
-	if (!g)
-		return -ENOMEM;
-	g->d = d;
-	d->gdr = g;
-	tpu_list_init(&g->mrs);
-	if (d->cfg.no_rdma) {
+	if (g->cfg.disabled) {
 		tpu_log(TPU_LOG_INFO, "rdma and cuda_gdr: disabled by configuration");
 		return 0;
 	}
@@ -188,7 +236,7 @@ int tpb_rdma_start(struct tpd_daemon *d)
 	g->ports = calloc(n ? n : 1, sizeof(*g->ports));
 	if (!g->ports)
 		return -ENOMEM;
-	n = TPU_MIN(n, (size_t)TPW_RDMA_PORTS_MAX);
+	n = TPU_MIN(n, (size_t)g->cfg.ports_max);
 	for (size_t i = 0; i < n; i++)
 		g->ports[i] = (struct rdma_port){ .g = g, .nic = &g->nics[i] };
 	g->n = n;
@@ -199,67 +247,112 @@ int tpb_rdma_start(struct tpd_daemon *d)
 	return 0;
 }
 
-void tpb_rdma_stop(struct tpd_daemon *d)
+int tpb_rdma_ctx_new(const struct tpb_rdma_config *cfg, struct tpb_rdma **ret)
 {
-	struct tpb_rdma *g = d->gdr;
+	struct epoll_event ev = { .events = EPOLLIN, .data.ptr = NULL };
+	struct tpb_rdma *g = calloc(1, sizeof(*g));
+	int r;
 
+	if (!g)
+		return -ENOMEM;
+	g->cfg = *cfg;
+	g->epfd = g->tfd = -EBADF;
+	tpu_list_init(&g->mrs);
+	tpu_list_init(&g->timers);
+	g->epfd = epoll_create1(EPOLL_CLOEXEC);
+	if (g->epfd >= 0)
+		g->tfd = timerfd_create(CLOCK_MONOTONIC, TFD_CLOEXEC | TFD_NONBLOCK);
+	if (g->epfd < 0 || g->tfd < 0 || epoll_ctl(g->epfd, EPOLL_CTL_ADD, g->tfd, &ev) < 0)
+		r = -errno;
+	else
+		r = ctx_find_ports(g);
+	if (r < 0) {
+		tpb_rdma_ctx_free(g);
+		return r;
+	}
+	*ret = g;
+	return 0;
+}
+
+void tpb_rdma_ctx_free(struct tpb_rdma *g)
+{
 	if (!g)
 		return;
 	tpb_rdma_cache_stop(g);
-	for (size_t i = 0; i < g->n; i++) {
-		if (g->ports[i].ev)
-			event_free(g->ports[i].ev);
-		tpv_ctx_close(g->ports[i].ctx);
-	}
+	for (size_t i = 0; i < g->n; i++)
+		port_close(&g->ports[i]);
+	if (g->tfd >= 0)
+		close(g->tfd);
+	if (g->epfd >= 0)
+		close(g->epfd);
 	free(g->ports);
 	free(g->nics);
 	free(g);
-	d->gdr = NULL;
 }
 
-unsigned tpb_rdma_offers(const struct tpd_daemon *d)
+void tpb_rdma_set_cache(struct tpb_rdma *g, uint64_t cache_bytes)
 {
-	if (!d->gdr || d->gdr->n == 0)
+	if (g)
+		g->cfg.cache_bytes = cache_bytes;
+}
+
+int tpb_rdma_event_fd(struct tpb_rdma *g)
+{
+	return g->epfd;
+}
+
+int tpb_rdma_progress(struct tpb_rdma *g)
+{
+	uint64_t expirations;
+
+	if (read(g->tfd, &expirations, sizeof(expirations)) < 0) {
+		/* EAGAIN: the timer did not fire; a completion channel did */
+	}
+	for (size_t i = 0; i < g->n; i++)
+		if (g->ports[i].ctx)
+			port_on_cq(&g->ports[i]);
+	timers_run(g, tpu_now_ns());
+	return 0;
+}
+
+unsigned tpb_rdma_offers(const struct tpb_rdma *g)
+{
+	if (!g || g->n == 0)
 		return 0;
-	return TPB_RDMA_HOST | (d->gdr->cuda ? TPB_RDMA_CUDA : 0);
+	return TPB_RDMA_HOST | (g->cuda ? TPB_RDMA_CUDA : 0);
 }
 
 /* ---- link set-up --------------------------------------------------------------------------- */
 
-static void link_send(struct tpb_rdma_link *l, Tpw__V1__PeerRdma *rm)
+static void link_send(struct tpb_rdma_link *l, const struct tpb_rdma_setup *m)
 {
-	Tpw__V1__PeerMsg pm = TPW__V1__PEER_MSG__INIT;
-
-	pm.body_case = TPW__V1__PEER_MSG__BODY_RDMA;
-	pm.rdma = rm;
-	link_ops->send(l->pr, &pm);
+	l->g->cfg.link_ops->send(l->link, m);
 }
 
 /* This side gives up RDMA on @l (tells the peer unless @quiet); the link carries on without. */
 static void link_off(struct tpb_rdma_link *l, bool quiet, const char *why)
 {
-	Tpw__V1__PeerRdma rm = TPW__V1__PEER_RDMA__INIT;
+	struct tpb_rdma_setup rm = { 0 };
 
 	l->state = LINK_OFF;
 	snprintf(l->text, sizeof(l->text), "off: %.190s", why);
 	tpu_log(TPU_LOG_NOTICE, "peer %s: RDMA off: %s", link_text(l), why);
 	if (quiet)
 		return;
-	rm.error = (char *)why;
+	rm.error = why;
 	link_send(l, &rm);
 }
 
-struct tpb_rdma_link *tpb_rdma_link_new(struct tpd_daemon *d, struct tpd_peer *pr,
-				      unsigned peer_offers)
+struct tpb_rdma_link *tpb_rdma_link_new(struct tpb_rdma *g, void *link, unsigned peer_offers)
 {
-	Tpw__V1__PeerRdma rm = TPW__V1__PEER_RDMA__INIT;
-	unsigned common = tpb_rdma_offers(d) & peer_offers;
+	struct tpb_rdma_setup rm = { 0 };
+	unsigned common = tpb_rdma_offers(g) & peer_offers;
 	struct tpb_rdma_link *l;
 
 	if (!common || !(l = calloc(1, sizeof(*l))))
 		return NULL;
-	l->g = d->gdr;
-	l->pr = pr;
+	l->g = g;
+	l->link = link;
 	l->common = common;
 	l->state = LINK_PORTS;
 	tpu_list_init(&l->sends);
@@ -272,10 +365,10 @@ struct tpb_rdma_link *tpb_rdma_link_new(struct tpd_daemon *d, struct tpd_peer *p
 /* Creates a queue pair per (local port, remote port) and sends their records. */
 static int link_make_qps(struct tpb_rdma_link *l, char *why, size_t wl)
 {
-	Tpw__V1__PeerRdma rm = TPW__V1__PEER_RDMA__INIT;
+	struct tpb_rdma_setup rm = { 0 };
 	size_t n = l->g->n * l->n_remote;
 	uint8_t(*rec)[TPV_QP_INFO_BYTES] = calloc(n, sizeof(*rec));
-	ProtobufCBinaryData *qps = calloc(n, sizeof(*qps));
+	struct tpb_rdma_record *qps = calloc(n, sizeof(*qps));
 	int r = rec && qps ? 0 : -ENOMEM;
 
 	l->qps = calloc(n, sizeof(*l->qps));
@@ -289,7 +382,7 @@ static int link_make_qps(struct tpb_rdma_link *l, char *why, size_t wl)
 			tpb_rdma_port_put(pt);
 		if (r == 0) {
 			tpv_qp_info_encode(tpv_qp_local(l->qps[k]), rec[k]);
-			qps[k] = (ProtobufCBinaryData){ TPV_QP_INFO_BYTES, rec[k] };
+			qps[k] = (struct tpb_rdma_record){ rec[k], TPV_QP_INFO_BYTES };
 		}
 	}
 	if (r == 0) {
@@ -303,7 +396,8 @@ static int link_make_qps(struct tpb_rdma_link *l, char *why, size_t wl)
 }
 
 /* Connects every queue pair with the peer's records (its port j to our port i at j * n + i). */
-static int link_connect(struct tpb_rdma_link *l, const Tpw__V1__PeerRdma *m, char *why, size_t wl)
+static int link_connect(struct tpb_rdma_link *l, const struct tpb_rdma_setup *m, char *why,
+			size_t wl)
 {
 	size_t n_local = l->g->n;
 
@@ -314,7 +408,7 @@ static int link_connect(struct tpb_rdma_link *l, const Tpw__V1__PeerRdma *m, cha
 	}
 	for (size_t i = 0; i < n_local; i++) {
 		for (size_t j = 0; j < l->n_remote; j++) {
-			const ProtobufCBinaryData *b = &m->qps[j * n_local + i];
+			const struct tpb_rdma_record *b = &m->qps[j * n_local + i];
 			struct tpv_qp_info info;
 			int r = tpv_qp_info_decode(b->data, b->len, &info);
 
@@ -330,7 +424,7 @@ static int link_connect(struct tpb_rdma_link *l, const Tpw__V1__PeerRdma *m, cha
 	return 0;
 }
 
-void tpb_rdma_link_on_msg(struct tpb_rdma_link *l, const Tpw__V1__PeerRdma *m)
+void tpb_rdma_link_on_msg(struct tpb_rdma_link *l, const struct tpb_rdma_setup *m)
 {
 	char why[200] = "";
 	int r;
@@ -343,7 +437,7 @@ void tpb_rdma_link_on_msg(struct tpb_rdma_link *l, const Tpw__V1__PeerRdma *m)
 		return;
 	}
 	if (l->state == LINK_PORTS && m->n_qps == 0) {
-		if (m->ports == 0 || m->ports > TPW_RDMA_PORTS_MAX) {
+		if (m->ports == 0 || m->ports > l->g->cfg.ports_max) {
 			snprintf(why, sizeof(why), "peer announced %u RDMA ports", m->ports);
 			link_off(l, false, why);
 			return;
@@ -394,7 +488,7 @@ void tpb_rdma_link_received(struct tpb_rdma_link *l, uint64_t bytes)
 /* ---- transfers ---------------------------------------------------------------------------- */
 
 /* 1 when the CUDA events of every segment fired, 0 not yet, -errno. */
-static int events_done(const struct tpd_stripe_seg *segs, size_t n, char *why, size_t wl)
+static int events_done(const struct tpb_rdma_seg *segs, size_t n, char *why, size_t wl)
 {
 	for (size_t i = 0; i < n; i++) {
 		int r = segs[i].len ? tpb_cuda_event_done(&segs[i].mem, why, wl) : 1;
@@ -404,17 +498,10 @@ static int events_done(const struct tpd_stripe_seg *segs, size_t n, char *why, s
 	return 1;
 }
 
-static void timer_in_us(struct event *ev, long us)
-{
-	struct timeval tv = { 0, us };
-
-	event_add(ev, &tv);
-}
-
 /* ---- receive ------------------------------------------------------------------------------- */
 
 /* -EOPNOTSUPP unless both daemons of @l offer the channel a receive of @segs needs. */
-static int recv_offered(const struct tpb_rdma_link *l, const struct tpd_stripe_seg *segs,
+static int recv_offered(const struct tpb_rdma_link *l, const struct tpb_rdma_seg *segs,
 			size_t n, bool src_cuda, char *why, size_t wl)
 {
 	bool cuda = src_cuda || tpb_rdma_reg_first_cuda(segs, n);
@@ -430,22 +517,22 @@ static int recv_offered(const struct tpb_rdma_link *l, const struct tpd_stripe_s
 	return 0;
 }
 
-static void recv_on_timer(evutil_socket_t fd, short what, void *arg)
+static void recv_on_timer(struct rdma_timer *t)
 {
-	struct tpb_rdma_recv *rv = arg;
+	struct tpb_rdma_recv *rv = tpu_container_of(t, struct tpb_rdma_recv, timer);
 	char why[160] = "";
 	int r = events_done(rv->segs, rv->regs.n, why, sizeof(why));
 
 	if (r == 0) {
-		timer_in_us(rv->timer, RDMA_POLL_US);
+		timer_in_us(rv->g, &rv->timer, RDMA_POLL_US);
 		return;
 	}
 	rv->ready(rv->arg, r < 0 ? r : 0, why);
 }
 
-int tpb_rdma_recv_new(struct tpb_rdma_link *l, const struct tpd_stripe_seg *segs, size_t n,
-		     bool src_cuda, tpb_rdma_ready_fn ready, void *arg, struct tpb_rdma_recv **ret,
-		     char *why, size_t wl)
+int tpb_rdma_recv_new(struct tpb_rdma_link *l, const struct tpb_rdma_seg *segs, size_t n,
+		      bool src_cuda, tpb_rdma_ready_fn ready, void *arg, struct tpb_rdma_recv **ret,
+		      char *why, size_t wl)
 {
 	struct tpb_rdma_recv *rv;
 	int r;
@@ -463,12 +550,12 @@ int tpb_rdma_recv_new(struct tpb_rdma_link *l, const struct tpd_stripe_seg *segs
 	if (!rv)
 		return -ENOMEM;
 	rv->segs = segs;
+	rv->g = l->g;
+	rv->timer.fn = recv_on_timer;
 	rv->ready = ready;
 	rv->arg = arg;
 	rv->regions = calloc(n ? n : 1, sizeof(*rv->regions));
-	rv->region_ptrs = calloc(n ? n : 1, sizeof(*rv->region_ptrs));
-	rv->timer = evtimer_new(l->g->d->base, recv_on_timer, rv);
-	r = rv->regions && rv->region_ptrs && rv->timer ? 0 : -ENOMEM;
+	r = rv->regions ? 0 : -ENOMEM;
 	if (r == 0)
 		r = tpb_rdma_reg_make(l->g, segs, n, &rv->regs, why, wl);
 	if (r < 0) {
@@ -478,34 +565,34 @@ int tpb_rdma_recv_new(struct tpb_rdma_link *l, const struct tpd_stripe_seg *segs
 	for (size_t i = 0; i < n; i++) {
 		const struct rdma_reg *g = &rv->regs.r[i];
 
-		tpw__v1__peer_rdma_region__init(&rv->regions[i]);
-		rv->regions[i].addr = g->addr;
-		rv->regions[i].rkey = g->rkey;
-		rv->regions[i].length = g->len;
-		rv->regions[i].cuda = segs[i].mem.loc == TPB_LOC_CUDA;
-		rv->region_ptrs[i] = &rv->regions[i];
+		rv->regions[i] = (struct tpb_rdma_region){
+			.addr = g->addr,
+			.rkey = g->rkey,
+			.length = g->len,
+			.cuda = segs[i].mem.loc == TPB_LOC_CUDA,
+		};
 	}
-	timer_in_us(rv->timer, 0);
+	timer_in_us(rv->g, &rv->timer, 0);
 	*ret = rv;
 	return 0;
 }
 
-void tpb_rdma_recv_offer(struct tpb_rdma_recv *rv, Tpw__V1__PeerReadReq *rr)
+void tpb_rdma_recv_offer(const struct tpb_rdma_recv *rv, struct tpb_rdma_offer *ret)
 {
-	rr->rdma_port = (uint32_t)(rv->regs.port - rv->regs.port->g->ports);
-	rr->n_rdma = rv->regs.n;
-	rr->rdma = rv->region_ptrs;
+	*ret = (struct tpb_rdma_offer){
+		.port = (uint32_t)(rv->regs.port - rv->regs.port->g->ports),
+		.n = rv->regs.n,
+		.regions = rv->regions,
+	};
 }
 
 void tpb_rdma_recv_free(struct tpb_rdma_recv *rv)
 {
 	if (!rv)
 		return;
-	if (rv->timer)
-		event_free(rv->timer);
+	timer_stop(&rv->timer);
 	tpb_rdma_reg_free(&rv->regs);
 	free(rv->regions);
-	free(rv->region_ptrs);
 	free(rv);
 }
 
@@ -513,11 +600,11 @@ void tpb_rdma_recv_free(struct tpb_rdma_recv *rv)
 
 static void send_finish(struct rdma_send *s)
 {
-	struct tpd_stripe_xfer *x = s->x;
+	struct tpb_rdma_xfer *x = s->x;
 
 	tpu_list_remove(&s->node);
 	tpb_rdma_reg_free(&s->regs);
-	event_free(s->timer);
+	timer_stop(&s->timer);
 	x->status = s->status ? s->status : s->canceled ? -ECANCELED : 0;
 	snprintf(x->why, sizeof(x->why), "%s",
 		 s->status ? s->why : s->canceled ? "transfer canceled" : "");
@@ -597,12 +684,12 @@ static void rdma_write_done(void *arg, uint64_t cookie, int status, const char *
 	if (s->pending)
 		return;
 	/* Finish outside the drain; or the queue is full of other transfers' writes: retry. */
-	timer_in_us(s->timer, send_more(s) ? RDMA_POLL_US : 0);
+	timer_in_us(s->l->g, &s->timer, send_more(s) ? RDMA_POLL_US : 0);
 }
 
-static void send_on_timer(evutil_socket_t fd, short what, void *arg)
+static void send_on_timer(struct rdma_timer *t)
 {
-	struct rdma_send *s = arg;
+	struct rdma_send *s = tpu_container_of(t, struct rdma_send, timer);
 	char why[160] = "";
 	int r;
 
@@ -611,7 +698,7 @@ static void send_on_timer(evutil_socket_t fd, short what, void *arg)
 	if (!s->status && !s->canceled && !s->events_ok) {
 		r = events_done(s->x->segs, s->x->n_segs, why, sizeof(why));
 		if (r == 0) {
-			timer_in_us(s->timer, RDMA_POLL_US);
+			timer_in_us(s->l->g, &s->timer, RDMA_POLL_US);
 			return;
 		}
 		if (r < 0)
@@ -623,7 +710,7 @@ static void send_on_timer(evutil_socket_t fd, short what, void *arg)
 		if (s->pending)
 			return;
 		if (send_more(s)) { /* the send queue is full of other transfers' writes */
-			timer_in_us(s->timer, RDMA_POLL_US);
+			timer_in_us(s->l->g, &s->timer, RDMA_POLL_US);
 			return;
 		}
 	}
@@ -631,22 +718,22 @@ static void send_on_timer(evutil_socket_t fd, short what, void *arg)
 }
 
 /* Checks @rr's offer against @x. Return: 0, -EOPNOTSUPP (no offer), -EPROTO. */
-static int offer_check(const struct tpb_rdma_link *l, const struct tpd_stripe_xfer *x,
-		       const Tpw__V1__PeerReadReq *rr, char *why, size_t wl)
+static int offer_check(const struct tpb_rdma_link *l, const struct tpb_rdma_xfer *x,
+		       const struct tpb_rdma_offer *rr, char *why, size_t wl)
 {
-	if (rr->n_rdma == 0) {
+	if (!rr || rr->n == 0) {
 		snprintf(why, wl, "the reader's daemon offered no RDMA region");
 		return -EOPNOTSUPP;
 	}
-	if (rr->n_rdma != x->n_segs || rr->rdma_port >= l->n_remote) {
+	if (rr->n != x->n_segs || rr->port >= l->n_remote) {
 		snprintf(why, wl, "RDMA offer of %zu regions on port %u for %zu segments",
-			 rr->n_rdma, rr->rdma_port, x->n_segs);
+			 rr->n, rr->port, x->n_segs);
 		return -EPROTO;
 	}
 	for (size_t i = 0; i < x->n_segs; i++) {
-		if (rr->rdma[i]->length != x->segs[i].len) {
+		if (rr->regions[i].length != x->segs[i].len) {
 			snprintf(why, wl, "RDMA region %zu of %llu bytes for %llu", i,
-				 (unsigned long long)rr->rdma[i]->length,
+				 (unsigned long long)rr->regions[i].length,
 				 (unsigned long long)x->segs[i].len);
 			return -EPROTO;
 		}
@@ -654,8 +741,8 @@ static int offer_check(const struct tpb_rdma_link *l, const struct tpd_stripe_xf
 	return 0;
 }
 
-int tpb_rdma_send(struct tpb_rdma_link *l, struct tpd_stripe_xfer *x,
-		 const Tpw__V1__PeerReadReq *rr, char *why, size_t wl)
+int tpb_rdma_send(struct tpb_rdma_link *l, struct tpb_rdma_xfer *x,
+		  const struct tpb_rdma_offer *rr, char *why, size_t wl)
 {
 	struct rdma_send *s;
 	int r;
@@ -674,36 +761,34 @@ int tpb_rdma_send(struct tpb_rdma_link *l, struct tpd_stripe_xfer *x,
 		return -ENOMEM;
 	s->l = l;
 	s->x = x;
-	s->channel = tpb_rdma_channel(x->segs, x->n_segs, rr, false);
+	s->channel = tpb_rdma_channel(tpb_rdma_reg_first_cuda(x->segs, x->n_segs), rr, false);
 	s->raddr = calloc(x->n_segs ? x->n_segs : 1, sizeof(*s->raddr));
 	s->rkey = calloc(x->n_segs ? x->n_segs : 1, sizeof(*s->rkey));
-	s->timer = evtimer_new(l->g->d->base, send_on_timer, s);
-	r = s->raddr && s->rkey && s->timer ? 0 : -ENOMEM;
+	s->timer.fn = send_on_timer;
+	r = s->raddr && s->rkey ? 0 : -ENOMEM;
 	if (r == 0)
 		r = tpb_rdma_reg_make(l->g, x->segs, x->n_segs, &s->regs, why, wl);
 	if (r < 0) {
-		if (s->timer)
-			event_free(s->timer);
 		free(s->raddr);
 		free(s->rkey);
 		free(s);
 		return r == -ENOMEM ? r : -EOPNOTSUPP;
 	}
 	for (size_t i = 0; i < x->n_segs; i++) {
-		s->raddr[i] = rr->rdma[i]->addr;
-		s->rkey[i] = rr->rdma[i]->rkey;
+		s->raddr[i] = rr->regions[i].addr;
+		s->rkey[i] = rr->regions[i].rkey;
 	}
-	s->qp = l->qps[(size_t)(s->regs.port - l->g->ports) * l->n_remote + rr->rdma_port];
+	s->qp = l->qps[(size_t)(s->regs.port - l->g->ports) * l->n_remote + rr->port];
 	x->total = 0;
 	for (size_t i = 0; i < x->n_segs; i++)
 		x->total += x->segs[i].len;
 	x->start_ns = tpu_now_ns();
 	tpu_list_insert_tail(&l->sends, &s->node);
-	timer_in_us(s->timer, 0);
+	timer_in_us(l->g, &s->timer, 0);
 	return 0;
 }
 
-void tpb_rdma_send_cancel(struct tpb_rdma_link *l, struct tpd_stripe_xfer *x)
+void tpb_rdma_send_cancel(struct tpb_rdma_link *l, struct tpb_rdma_xfer *x)
 {
 	struct rdma_send *s;
 
@@ -712,7 +797,7 @@ void tpb_rdma_send_cancel(struct tpb_rdma_link *l, struct tpd_stripe_xfer *x)
 			continue;
 		s->canceled = true;
 		if (!s->pending)
-			timer_in_us(s->timer, 0);
+			timer_in_us(l->g, &s->timer, 0);
 		return;
 	}
 }
@@ -749,22 +834,41 @@ struct tpb_rdma {
 	int unused;
 };
 
-int tpb_rdma_start(struct tpd_daemon *d)
+int tpb_rdma_ctx_new(const struct tpb_rdma_config *cfg, struct tpb_rdma **ret)
+{
+	struct tpb_rdma *g = calloc(1, sizeof(*g));
+
+	if (!g)
+		return -ENOMEM;
+	*ret = g;
+	return 0;
+}
+
+void tpb_rdma_ctx_free(struct tpb_rdma *g)
+{
+	free(g);
+}
+
+void tpb_rdma_set_cache(struct tpb_rdma *g, uint64_t cache_bytes)
+{
+}
+
+int tpb_rdma_event_fd(struct tpb_rdma *g)
+{
+	return -EOPNOTSUPP;
+}
+
+int tpb_rdma_progress(struct tpb_rdma *g)
+{
+	return -EOPNOTSUPP;
+}
+
+unsigned tpb_rdma_offers(const struct tpb_rdma *g)
 {
 	return 0;
 }
 
-void tpb_rdma_stop(struct tpd_daemon *d)
-{
-}
-
-unsigned tpb_rdma_offers(const struct tpd_daemon *d)
-{
-	return 0;
-}
-
-struct tpb_rdma_link *tpb_rdma_link_new(struct tpd_daemon *d, struct tpd_peer *pr,
-				      unsigned peer_offers)
+struct tpb_rdma_link *tpb_rdma_link_new(struct tpb_rdma *g, void *link, unsigned peer_offers)
 {
 	return NULL;
 }
@@ -773,7 +877,7 @@ void tpb_rdma_link_free(struct tpb_rdma_link *l)
 {
 }
 
-void tpb_rdma_link_on_msg(struct tpb_rdma_link *l, const Tpw__V1__PeerRdma *m)
+void tpb_rdma_link_on_msg(struct tpb_rdma_link *l, const struct tpb_rdma_setup *m)
 {
 }
 
@@ -797,30 +901,31 @@ void tpb_rdma_link_received(struct tpb_rdma_link *l, uint64_t bytes)
 {
 }
 
-int tpb_rdma_recv_new(struct tpb_rdma_link *l, const struct tpd_stripe_seg *segs, size_t n,
-		     bool src_cuda, tpb_rdma_ready_fn ready, void *arg, struct tpb_rdma_recv **ret,
-		     char *why, size_t wl)
+int tpb_rdma_recv_new(struct tpb_rdma_link *l, const struct tpb_rdma_seg *segs, size_t n,
+		      bool src_cuda, tpb_rdma_ready_fn ready, void *arg, struct tpb_rdma_recv **ret,
+		      char *why, size_t wl)
 {
 	snprintf(why, wl, "tpipd was built without RDMA or CUDA support");
 	return -EOPNOTSUPP;
 }
 
-void tpb_rdma_recv_offer(struct tpb_rdma_recv *rv, Tpw__V1__PeerReadReq *rr)
+void tpb_rdma_recv_offer(const struct tpb_rdma_recv *rv, struct tpb_rdma_offer *ret)
 {
+	*ret = (struct tpb_rdma_offer){ 0 };
 }
 
 void tpb_rdma_recv_free(struct tpb_rdma_recv *rv)
 {
 }
 
-int tpb_rdma_send(struct tpb_rdma_link *l, struct tpd_stripe_xfer *x,
-		 const Tpw__V1__PeerReadReq *rr, char *why, size_t wl)
+int tpb_rdma_send(struct tpb_rdma_link *l, struct tpb_rdma_xfer *x,
+		  const struct tpb_rdma_offer *rr, char *why, size_t wl)
 {
 	snprintf(why, wl, "tpipd was built without RDMA or CUDA support");
 	return -EOPNOTSUPP;
 }
 
-void tpb_rdma_send_cancel(struct tpb_rdma_link *l, struct tpd_stripe_xfer *x)
+void tpb_rdma_send_cancel(struct tpb_rdma_link *l, struct tpb_rdma_xfer *x)
 {
 }
 

@@ -1,7 +1,7 @@
 /* SPDX-License-Identifier: BSD-3-Clause */
 /*
- * Internals shared by link.c (ports, links, transfers) and reg.c (registration and its
- * cache). Everything here runs on the loop thread.
+ * Internals shared by link.c (ports, links, transfers, the context's event fd) and reg.c
+ * (registration and its cache). Everything here runs on the loop thread.
  */
 #ifndef TPB_RDMA_INT_H
 #define TPB_RDMA_INT_H
@@ -14,10 +14,8 @@
 #include "tpconfig.h"
 #include "tpu.h"
 
-struct tpd_stripe_seg;
-
 /* The first CUDA segment of @segs (for locality), or NULL. */
-const struct tpb_mem *tpb_rdma_reg_first_cuda(const struct tpd_stripe_seg *segs, size_t n);
+const struct tpb_mem *tpb_rdma_reg_first_cuda(const struct tpb_rdma_seg *segs, size_t n);
 
 #if HAVE_RDMA
 #include "tpv.h"
@@ -26,13 +24,23 @@ struct rdma_port {
 	struct tpb_rdma *g;
 	const struct tpv_nic *nic; /* in the daemon's g->nics */
 	struct tpv_ctx *ctx; /* open while a queue pair or a registration uses the port */
-	struct event *ev;    /* its completion channel */
 	unsigned refs;	     /* queue pairs and registrations on @ctx */
 	char why[160];	     /* why opening failed (sticky) */
 };
 
+/* Work tpb_rdma_progress() runs once CLOCK_MONOTONIC reaches @due_ns. */
+struct rdma_timer {
+	struct tpu_list node; /* in g->timers while armed */
+	uint64_t due_ns;
+	bool armed;
+	void (*fn)(struct rdma_timer *t);
+};
+
 struct tpb_rdma {
-	struct tpd_daemon *d;
+	struct tpb_rdma_config cfg;
+	int epfd; /* the event fd: the ports' completion channels and @tfd */
+	int tfd;  /* timerfd, armed for the first of @timers */
+	struct tpu_list timers; /* armed struct rdma_timer */
 	const struct tpv_ops *ops;
 	struct tpv_nic *nics; /* the ports' NICs, as tpv_nic_choose() takes them */
 	struct rdma_port *ports;
@@ -67,7 +75,7 @@ int tpb_rdma_port_open(struct rdma_port *pt, char *why, size_t wl);
 void tpb_rdma_port_put(struct rdma_port *pt);
 
 /* -EOPNOTSUPP unless every segment is registrable (shared buffers and CUDA memory). */
-int tpb_rdma_reg_applicable(const struct tpd_stripe_seg *segs, size_t n, char *why, size_t wl);
+int tpb_rdma_reg_applicable(const struct tpb_rdma_seg *segs, size_t n, char *why, size_t wl);
 
 /*
  * tpb_rdma_reg_make() - registrations for every non-empty segment of @segs, on the port nearest
@@ -75,7 +83,7 @@ int tpb_rdma_reg_applicable(const struct tpd_stripe_seg *segs, size_t n, char *w
  * else registered now (and cached, for shared buffers and CUDA allocations, within the
  * rdma-cache budget). Return: 0, or -errno (reason in @why) with nothing held.
  */
-int tpb_rdma_reg_make(struct tpb_rdma *g, const struct tpd_stripe_seg *segs, size_t n,
+int tpb_rdma_reg_make(struct tpb_rdma *g, const struct tpb_rdma_seg *segs, size_t n,
 		    struct rdma_regs *rg, char *why, size_t wl);
 /* Releases what tpb_rdma_reg_make() took (if it ran): regions leave or stay in the cache. */
 void tpb_rdma_reg_free(struct rdma_regs *rg);

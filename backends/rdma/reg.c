@@ -23,17 +23,13 @@
  * region when its transfer ends.
  */
 #include <errno.h>
-#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
-#include "buffer.h"
-#include "daemon.h"
 #include "rdma_int.h"
-#include "stripe.h"
 
-const struct tpb_mem *tpb_rdma_reg_first_cuda(const struct tpd_stripe_seg *segs, size_t n)
+const struct tpb_mem *tpb_rdma_reg_first_cuda(const struct tpb_rdma_seg *segs, size_t n)
 {
 	for (size_t i = 0; i < n; i++)
 		if (segs[i].len && segs[i].mem.loc == TPB_LOC_CUDA)
@@ -60,9 +56,12 @@ struct rdma_mr {
 
 static void mr_free(struct rdma_mr *e)
 {
+	struct tpb_rdma *g = e->port->g;
+
 	tpv_mr_dereg(e->port->ctx, e->mr);
 	tpb_rdma_port_put(e->port);
-	tpd_buffer_unref(e->buf);
+	if (e->buf)
+		g->cfg.buf_ops->unref(e->buf);
 	tpb_cuda_map_unref(e->cuda);
 	free(e);
 }
@@ -85,7 +84,7 @@ static void mr_uncache(struct tpb_rdma *g, struct rdma_mr *e)
 static bool mr_orphan(const struct rdma_mr *e)
 {
 	if (e->buf)
-		return atomic_load(&e->buf->refs) == 1;
+		return e->port->g->cfg.buf_ops->only_ref(e->buf);
 	return e->cuda && tpb_cuda_map_refs(e->cuda) == 1;
 }
 
@@ -115,7 +114,7 @@ static size_t cache_trim(struct tpb_rdma *g, uint64_t cap, bool all)
 
 static uint64_t cache_cap(const struct tpb_rdma *g)
 {
-	return g->d->cfg.rdma_cache;
+	return g->cfg.cache_bytes;
 }
 
 /* A cached region of @pt holding [@addr, @addr + @len) of @buf / all of @cuda, or NULL. */
@@ -139,13 +138,16 @@ static struct rdma_mr *cache_find(struct tpb_rdma *g, const struct rdma_port *pt
  * taking in the cached regions of that buffer on @pt it overlaps or touches (they leave the
  * cache). */
 static void host_span(struct tpb_rdma *g, const struct rdma_port *pt,
-		      const struct tpd_stripe_seg *s, struct rdma_mr *e)
+		      const struct tpb_rdma_seg *s, struct rdma_mr *e)
 {
 	const struct tpd_buffer *b = s->buf;
-	uint64_t map = (uint64_t)(uintptr_t)b->map, off = s->mem.addr - map;
-	uint64_t lo = map + off / REG_STEP * REG_STEP;
-	uint64_t hi = map + TPU_MIN(b->size, (off + s->len + REG_STEP - 1) / REG_STEP * REG_STEP);
+	uint64_t map, size, off, lo, hi;
 	struct rdma_mr *c, *tmp;
+
+	g->cfg.buf_ops->span(b, &map, &size);
+	off = s->mem.addr - map;
+	lo = map + off / REG_STEP * REG_STEP;
+	hi = map + TPU_MIN(size, (off + s->len + REG_STEP - 1) / REG_STEP * REG_STEP);
 
 	tpu_list_for_each_safe(c, tmp, &g->mrs, node) {
 		if (c->port != pt || c->buf != b || c->base > hi || c->base + c->len < lo)
@@ -159,7 +161,7 @@ static void host_span(struct tpb_rdma *g, const struct rdma_port *pt,
 }
 
 /* Registers a region for segment @s on @pt (a reference on @pt is taken for it). */
-static int mr_new(struct tpb_rdma *g, struct rdma_port *pt, const struct tpd_stripe_seg *s,
+static int mr_new(struct tpb_rdma *g, struct rdma_port *pt, const struct tpb_rdma_seg *s,
 		  bool cache, struct rdma_mr **ret, char *why, size_t wl)
 {
 	struct tpv_mr_args a = { .dmabuf_fd = -EBADF };
@@ -203,7 +205,7 @@ static int mr_new(struct tpb_rdma *g, struct rdma_port *pt, const struct tpd_str
 	e->port = pt;
 	g->cache.misses++;
 	if (cache && (s->buf || s->mem.loc == TPB_LOC_CUDA)) {
-		e->buf = s->buf ? tpd_buffer_ref(s->buf) : NULL;
+		e->buf = s->buf ? g->cfg.buf_ops->ref(s->buf) : NULL;
 		e->cuda = s->mem.loc == TPB_LOC_CUDA ? tpb_cuda_map_ref(s->mem.cuda) : NULL;
 		e->cached = true;
 		tpu_list_insert_tail(&g->mrs, &e->node);
@@ -216,7 +218,7 @@ static int mr_new(struct tpb_rdma *g, struct rdma_port *pt, const struct tpd_str
 }
 
 /* The registration of segment @s on @pt: a cached region holding it, else a new one. */
-static int reg_one(struct tpb_rdma *g, struct rdma_port *pt, const struct tpd_stripe_seg *s,
+static int reg_one(struct tpb_rdma *g, struct rdma_port *pt, const struct tpb_rdma_seg *s,
 		   struct rdma_reg *out, char *why, size_t wl)
 {
 	bool cache = cache_cap(g) > 0;
@@ -250,7 +252,7 @@ static struct rdma_port *port_for(struct tpb_rdma *g, const char *bus_id)
 	return &g->ports[k < 0 ? 0 : k];
 }
 
-int tpb_rdma_reg_applicable(const struct tpd_stripe_seg *segs, size_t n, char *why, size_t wl)
+int tpb_rdma_reg_applicable(const struct tpb_rdma_seg *segs, size_t n, char *why, size_t wl)
 {
 	for (size_t i = 0; i < n; i++) {
 		if (segs[i].len && segs[i].mem.loc != TPB_LOC_CUDA &&
@@ -281,7 +283,7 @@ void tpb_rdma_reg_free(struct rdma_regs *rg)
 		cache_trim(g, cache_cap(g), false);
 }
 
-int tpb_rdma_reg_make(struct tpb_rdma *g, const struct tpd_stripe_seg *segs, size_t n,
+int tpb_rdma_reg_make(struct tpb_rdma *g, const struct tpb_rdma_seg *segs, size_t n,
 		    struct rdma_regs *rg, char *why, size_t wl)
 {
 	int r;
@@ -309,44 +311,44 @@ void tpb_rdma_cache_stop(struct tpb_rdma *g)
 		mr_uncache(g, e);
 }
 
-void tpb_rdma_forget_buffer(struct tpd_daemon *d, struct tpd_buffer *b)
+void tpb_rdma_forget_buffer(struct tpb_rdma *g, struct tpd_buffer *b)
 {
 	struct rdma_mr *e, *tmp;
 
-	if (!d->gdr)
+	if (!g)
 		return;
-	tpu_list_for_each_safe(e, tmp, &d->gdr->mrs, node)
+	tpu_list_for_each_safe(e, tmp, &g->mrs, node)
 		if (e->buf == b)
-			mr_uncache(d->gdr, e);
+			mr_uncache(g, e);
 }
 
-void tpb_rdma_forget_cuda(struct tpd_daemon *d)
+void tpb_rdma_forget_cuda(struct tpb_rdma *g)
 {
 	struct rdma_mr *e, *tmp;
 
-	if (!d->gdr)
+	if (!g)
 		return;
-	tpu_list_for_each_safe(e, tmp, &d->gdr->mrs, node)
+	tpu_list_for_each_safe(e, tmp, &g->mrs, node)
 		if (e->cuda && !e->users && mr_orphan(e))
-			mr_uncache(d->gdr, e);
+			mr_uncache(g, e);
 }
 
-void tpb_rdma_cache_stats(const struct tpd_daemon *d, struct tpb_rdma_cache_stats *ret)
+void tpb_rdma_cache_stats(const struct tpb_rdma *g, struct tpb_rdma_cache_stats *ret)
 {
-	*ret = d->gdr ? d->gdr->cache : (struct tpb_rdma_cache_stats){0};
+	*ret = g ? g->cache : (struct tpb_rdma_cache_stats){0};
 }
 
 #else /* !HAVE_RDMA */
 
-void tpb_rdma_forget_buffer(struct tpd_daemon *d, struct tpd_buffer *b)
+void tpb_rdma_forget_buffer(struct tpb_rdma *g, struct tpd_buffer *b)
 {
 }
 
-void tpb_rdma_forget_cuda(struct tpd_daemon *d)
+void tpb_rdma_forget_cuda(struct tpb_rdma *g)
 {
 }
 
-void tpb_rdma_cache_stats(const struct tpd_daemon *d, struct tpb_rdma_cache_stats *ret)
+void tpb_rdma_cache_stats(const struct tpb_rdma *g, struct tpb_rdma_cache_stats *ret)
 {
 	*ret = (struct tpb_rdma_cache_stats){0};
 }

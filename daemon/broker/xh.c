@@ -35,9 +35,13 @@ struct tpd_xh {
 	bool started;
 	Tpw__V1__Status early; /* send: the reader finished (failed) before the send ended */
 	char early_why[160];
-	/* rdma / cuda_gdr. Send: the reader's RDMA offer (a copy of its PeerReadReq), gdr once the
-	 * writes run. Receive: the offered registration, gdr once the sender said it wrote. */
-	Tpw__V1__PeerReadReq *offer;
+	/* rdma / cuda_gdr. Send: the reader's RDMA offer (copied from its PeerReadReq), gdr once
+	 * the writes run. Receive: the offered registration, gdr once the sender said it wrote.
+	 * Both: the segments as backends/rdma takes them. */
+	struct tpb_rdma_offer offer;
+	struct tpb_rdma_region *offer_regions; /* owned: offer.regions */
+	struct tpb_rdma_seg *rsegs;
+	struct tpb_rdma_xfer rx;
 	struct tpb_rdma_recv *gdr_recv;
 	bool gdr;
 	int gdr_status;
@@ -52,8 +56,8 @@ void tpd_xh_free(struct tpd_xh *xh)
 		return;
 	tpd_copier_job_free(xh->holder);
 	tpb_rdma_recv_free(xh->gdr_recv);
-	if (xh->offer)
-		tpw__v1__peer_read_req__free_unpacked(xh->offer, NULL);
+	free(xh->offer_regions);
+	free(xh->rsegs);
 	free(xh->segs);
 	free(xh);
 }
@@ -66,7 +70,7 @@ void tpd_xh_cancel(struct tpd_xh *xh)
 		return;
 	if (xh->send && xh->gdr) {
 		if (tpd_peer_gdr(xh->link))
-			tpb_rdma_send_cancel(tpd_peer_gdr(xh->link), &xh->x);
+			tpb_rdma_send_cancel(tpd_peer_gdr(xh->link), &xh->rx);
 		return;
 	}
 	st = tpd_peer_stripe(xh->link);
@@ -87,13 +91,37 @@ static bool msg_remote_cuda(const struct tpd_msg *m)
 	return false;
 }
 
+/* CUDA memory among this side's segments of @xh. */
+static bool xh_local_cuda(const struct tpd_xh *xh)
+{
+	for (size_t i = 0; i < xh->x.n_segs; i++)
+		if (xh->segs[i].len && xh->segs[i].mem.loc == TPB_LOC_CUDA)
+			return true;
+	return false;
+}
+
 /* The channel @xh counts under: mpt, or rdma / cuda_gdr once the bytes went by RDMA. */
 static const char *xh_channel(const struct tpd_msg *m, const struct tpd_xh *xh)
 {
 	if (!xh->gdr)
 		return "mpt";
-	return tpb_rdma_channel(xh->segs, xh->x.n_segs, xh->send ? xh->offer : NULL,
-			       !xh->send && msg_remote_cuda(m));
+	return tpb_rdma_channel(xh_local_cuda(xh), xh->send ? &xh->offer : NULL,
+				!xh->send && msg_remote_cuda(m));
+}
+
+/* @xh's segments as backends/rdma takes them, in @xh->rsegs. Return: 0 or -ENOMEM. */
+static int xh_rdma_segs(struct tpd_xh *xh)
+{
+	if (xh->rsegs)
+		return 0;
+	xh->rsegs = calloc(xh->x.n_segs ? xh->x.n_segs : 1, sizeof(*xh->rsegs));
+	if (!xh->rsegs)
+		return -ENOMEM;
+	for (size_t i = 0; i < xh->x.n_segs; i++)
+		xh->rsegs[i] = (struct tpb_rdma_seg){ .mem = xh->segs[i].mem,
+						      .len = xh->segs[i].len,
+						      .buf = xh->segs[i].buf };
+	return 0;
 }
 
 /* Common end of a send or receive: flags, statistics, next message. */
@@ -261,9 +289,21 @@ static void xh_gdr_ready(void *arg, int err, const char *why)
 {
 	Tpw__V1__PeerReadReq rr = TPW__V1__PEER_READ_REQ__INIT;
 	Tpw__V1__PeerMsg pm = TPW__V1__PEER_MSG__INIT;
+	_cleanup_free_ Tpw__V1__PeerRdmaRegion *regions = NULL;
+	_cleanup_free_ Tpw__V1__PeerRdmaRegion **ptrs = NULL;
 	struct tpd_xh *xh = arg;
 	struct tpd_pipe *p = xh->m->from->pipe;
+	struct tpb_rdma_offer of = { 0 };
 
+	if (err == 0 && xh->gdr_recv) {
+		tpb_rdma_recv_offer(xh->gdr_recv, &of);
+		regions = calloc(of.n ? of.n : 1, sizeof(*regions));
+		ptrs = calloc(of.n ? of.n : 1, sizeof(*ptrs));
+		if (!regions || !ptrs) {
+			err = -ENOMEM;
+			why = "out of memory";
+		}
+	}
 	if (err < 0) {
 		tpd_pipe_log(p, NULL, TPU_LOG_INFO, "message %llu: not over RDMA: %s",
 			     (unsigned long long)xh->m->msg_id, why);
@@ -273,8 +313,19 @@ static void xh_gdr_ready(void *arg, int err, const char *why)
 	rr.pipe_id = p->remote_id;
 	rr.msg_id = xh->m->msg_id;
 	rr.xfer_id = xh->x.xfer_id;
-	if (xh->gdr_recv)
-		tpb_rdma_recv_offer(xh->gdr_recv, &rr);
+	if (xh->gdr_recv) { /* the offer, as the wire carries it */
+		for (size_t i = 0; i < of.n; i++) {
+			tpw__v1__peer_rdma_region__init(&regions[i]);
+			regions[i].addr = of.regions[i].addr;
+			regions[i].rkey = of.regions[i].rkey;
+			regions[i].length = of.regions[i].length;
+			regions[i].cuda = of.regions[i].cuda;
+			ptrs[i] = &regions[i];
+		}
+		rr.rdma_port = of.port;
+		rr.n_rdma = of.n;
+		rr.rdma = ptrs;
+	}
 	pm.body_case = TPW__V1__PEER_MSG__BODY_READ_REQ;
 	pm.read_req = &rr;
 	tpd_xpipe_tell(p, &pm, NULL, 0);
@@ -290,8 +341,8 @@ static void xh_gdr_ready(void *arg, int err, const char *why)
 static bool xh_select_rdma(struct tpd_xh *xh)
 {
 	for (size_t i = 0; i < xh->x.n_segs; i++) {
-		const Tpw__V1__PeerReadReq *rr = xh->offer;
-		bool cuda = xh->send ? rr && i < rr->n_rdma && rr->rdma[i]->cuda
+		const struct tpb_rdma_offer *of = &xh->offer;
+		bool cuda = xh->send ? i < of->n && of->regions[i].cuda
 				     : xh->m->src[i].remote_cuda;
 		struct tpb_mem other = { .loc = TPB_LOC_REMOTE,
 					 .remote = cuda ? TPB_LOC_CUDA : TPB_LOC_LOCAL };
@@ -311,6 +362,19 @@ static bool xh_select_rdma(struct tpd_xh *xh)
 	return true;
 }
 
+/* An RDMA send ended: its outcome is the transfer's. */
+static void xh_rdma_send_done(struct tpb_rdma_xfer *rx)
+{
+	struct tpd_xh *xh = rx->arg;
+
+	xh->x.status = rx->status;
+	snprintf(xh->x.why, sizeof(xh->x.why), "%s", rx->why);
+	xh->x.bytes = rx->bytes;
+	xh->x.total = rx->total;
+	xh->x.ns = rx->ns;
+	xh_send_done(&xh->x);
+}
+
 /* Send: RDMA-writes @xh if the reader offered it and this side can. Return: 0 or -errno. */
 static int xh_send_gdr(struct tpd_xh *xh)
 {
@@ -318,14 +382,23 @@ static int xh_send_gdr(struct tpd_xh *xh)
 	char why[160] = "";
 	int r;
 
-	if (!xh->offer) {
+	if (!xh->offer.n) {
 		snprintf(xh->chan_why, sizeof(xh->chan_why), "striped over the peer link's data "
 			 "connections: the reader offered no RDMA target");
 		return -EOPNOTSUPP;
 	}
 	if (!xh_select_rdma(xh))
 		return -EOPNOTSUPP; /* this daemon's priority puts the data connections first */
-	r = tpb_rdma_send(tpd_peer_gdr(xh->link), &xh->x, xh->offer, why, sizeof(why));
+	r = xh_rdma_segs(xh);
+	if (r == 0) {
+		xh->rx.segs = xh->rsegs;
+		xh->rx.n_segs = xh->x.n_segs;
+		xh->rx.done = xh_rdma_send_done;
+		xh->rx.arg = xh;
+		r = tpb_rdma_send(tpd_peer_gdr(xh->link), &xh->rx, &xh->offer, why, sizeof(why));
+	} else {
+		snprintf(why, sizeof(why), "out of memory");
+	}
 	if (r < 0)
 		snprintf(xh->chan_why, sizeof(xh->chan_why), "striped over the peer link's data "
 			 "connections: not over RDMA: %.120s", why);
@@ -364,8 +437,8 @@ int tpd_xh_start(struct tpd_msg *m)
 		/* An RDMA offer only where the selection picks rdma or cuda_gdr for every segment
 		 * and the link can carry it; else the bytes come over the data connections. */
 		if (r == 0 && (!tpb_rdma_link_ready(tpd_peer_gdr(xh->link)) ||
-			       !xh_select_rdma(xh) ||
-			       tpb_rdma_recv_new(tpd_peer_gdr(xh->link), xh->segs, xh->x.n_segs,
+			       !xh_select_rdma(xh) || xh_rdma_segs(xh) < 0 ||
+			       tpb_rdma_recv_new(tpd_peer_gdr(xh->link), xh->rsegs, xh->x.n_segs,
 						msg_remote_cuda(m), xh_gdr_ready, xh, &xh->gdr_recv,
 						why, sizeof(why)) < 0)) {
 			xh_gdr_ready(xh, 0, NULL); /* no offer: ask for the bytes at once */
@@ -440,17 +513,20 @@ int tpd_xh_build_recv(struct tpd_msg *m, struct tpd_session *s, const Tpw__V1__R
 	return 0;
 }
 
-/* A copy of the reader's RDMA offer in @rr, kept until the send starts; NULL without memory
- * (the send then uses the stripe). */
-static Tpw__V1__PeerReadReq *offer_copy(const Tpw__V1__PeerReadReq *rr)
+/* A copy of the reader's RDMA offer in @rr, kept in @xh until the send starts; none without
+ * memory (the send then uses the stripe). */
+static void offer_copy(struct tpd_xh *xh, const Tpw__V1__PeerReadReq *rr)
 {
-	size_t len = tpw__v1__peer_read_req__get_packed_size(rr);
-	_cleanup_free_ uint8_t *buf = malloc(len ? len : 1);
-
-	if (!buf)
-		return NULL;
-	tpw__v1__peer_read_req__pack(rr, buf);
-	return tpw__v1__peer_read_req__unpack(NULL, len, buf);
+	xh->offer_regions = calloc(rr->n_rdma, sizeof(*xh->offer_regions));
+	if (!xh->offer_regions)
+		return;
+	for (size_t i = 0; i < rr->n_rdma; i++)
+		xh->offer_regions[i] = (struct tpb_rdma_region){ .addr = rr->rdma[i]->addr,
+								 .rkey = rr->rdma[i]->rkey,
+								 .length = rr->rdma[i]->length,
+								 .cuda = rr->rdma[i]->cuda };
+	xh->offer = (struct tpb_rdma_offer){ .port = rr->rdma_port, .n = rr->n_rdma,
+					     .regions = xh->offer_regions };
 }
 
 int tpd_xh_build_send(struct tpd_msg *m, const Tpw__V1__PeerReadReq *rr)
@@ -466,7 +542,7 @@ int tpd_xh_build_send(struct tpd_msg *m, const Tpw__V1__PeerReadReq *rr)
 	}
 	xh->x.xfer_id = rr->xfer_id;
 	if (rr->n_rdma)
-		xh->offer = offer_copy(rr);
+		offer_copy(xh, rr);
 	m->xh = xh;
 	return 0;
 }

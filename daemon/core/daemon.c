@@ -10,8 +10,10 @@
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/un.h>
+#include "buffer.h"
 #include "ctl.h"
 #include "daemon.h"
+#include "frame.h"
 #include "rdma/rdma.h"
 #include "peer.h"
 #include "log.h"
@@ -71,6 +73,11 @@ struct tpd_copier *tpd_daemon_copier(const struct tpd_daemon *d)
 bool tpd_daemon_stopping(const struct tpd_daemon *d)
 {
 	return d->stopping;
+}
+
+struct tpb_rdma *tpd_daemon_rdma(const struct tpd_daemon *d)
+{
+	return d->gdr;
 }
 
 /* Refuses to take over a socket another daemon is serving; removes a stale one. */
@@ -371,6 +378,7 @@ int tpd_daemon_reload(struct tpd_daemon *d)
 	changed = tpd_config_diff(&d->cfg, &n, &live, restart, sizeof(restart));
 	d->cfg = live;
 	d->limits = live.wire;
+	tpb_rdma_set_cache(d->gdr, live.rdma_cache);
 	tpu_log_set_level(live.log_level);
 	tpu_log_notice("reloaded %s: %d option%s changed%s%s", d->cfg.config_path, changed,
 		       changed == 1 ? "" : "s", restart[0] ? "; needs a restart: " : "", restart);
@@ -498,6 +506,64 @@ static int setup_events(struct tpd_daemon *d)
 	return event_add(d->ev_accept, NULL) < 0 ? -EIO : 0;
 }
 
+/* ---- rdma and cuda_gdr: the context backends/rdma needs, and its event fd on the loop ---- */
+
+static struct tpd_buffer *rdma_buf_ref(struct tpd_buffer *b)
+{
+	return tpd_buffer_ref(b);
+}
+
+static void rdma_buf_unref(struct tpd_buffer *b)
+{
+	tpd_buffer_unref(b);
+}
+
+static bool rdma_buf_only_ref(const struct tpd_buffer *b)
+{
+	return atomic_load(&((struct tpd_buffer *)b)->refs) == 1;
+}
+
+static void rdma_buf_span(const struct tpd_buffer *b, uint64_t *ret_addr, uint64_t *ret_size)
+{
+	*ret_addr = (uint64_t)(uintptr_t)b->map;
+	*ret_size = b->size;
+}
+
+static const struct tpb_rdma_buf_ops rdma_buf_ops = {
+	.ref = rdma_buf_ref,
+	.unref = rdma_buf_unref,
+	.only_ref = rdma_buf_only_ref,
+	.span = rdma_buf_span,
+};
+
+static void rdma_on_event(evutil_socket_t fd, short what, void *arg)
+{
+	tpb_rdma_progress(arg);
+}
+
+/* Opens the RDMA context (no port is fine) and watches its event fd. */
+static int rdma_start(struct tpd_daemon *d)
+{
+	struct tpb_rdma_config rc = {
+		.disabled = d->cfg.no_rdma,
+		.cache_bytes = d->cfg.rdma_cache,
+		.ports_max = TPW_RDMA_PORTS_MAX,
+		.link_ops = &tpd_peer_rdma_ops,
+		.buf_ops = &rdma_buf_ops,
+	};
+	int fd, r = tpb_rdma_ctx_new(&rc, &d->gdr);
+
+	if (r < 0)
+		return r;
+	fd = tpb_rdma_event_fd(d->gdr);
+	if (fd < 0)
+		return 0; /* built without RDMA: nothing ever completes */
+	d->ev_rdma = event_new(d->base, fd, EV_READ | EV_PERSIST, rdma_on_event, d->gdr);
+	if (!d->ev_rdma || event_add(d->ev_rdma, NULL) < 0)
+		return -ENOMEM;
+	return 0;
+}
+
 static void probe_backends(struct tpd_daemon *d)
 {
 	struct tpb_config bc = { .cma_disabled = d->cfg.no_cma, .shm_disabled = d->cfg.no_shm,
@@ -563,7 +629,7 @@ int tpd_daemon_new(const struct tpd_config *cfg, struct tpd_daemon **ret)
 	r = setup_events(d);
 	if (r < 0)
 		goto fail;
-	r = tpb_rdma_start(d);
+	r = rdma_start(d);
 	if (r < 0)
 		goto fail;
 	tpd_ctl_start(); /* sessions hand CtlRequest up through the handler it registers */
@@ -621,7 +687,10 @@ void tpd_daemon_free(struct tpd_daemon *d)
 		tpd_session_free(s, TPW__V1__STATUS__STATUS_SHUTDOWN);
 	tpd_metrics_free(d->metrics);
 	tpd_copier_free(d->copier);
-	tpb_rdma_stop(d);
+	if (d->ev_rdma)
+		event_free(d->ev_rdma);
+	tpb_rdma_ctx_free(d->gdr);
+	d->gdr = NULL;
 	tpd_listener_registry_done(&d->registry);
 	tpd_quota_done(&d->quota);
 	for (size_t i = 0; i < TPU_ARRAY_SIZE(d->ev_signals); i++)

@@ -65,7 +65,8 @@ struct tpd_daemon {
 	struct tpd_metrics *metrics; /* NULL when off */
 
 	/* Peer links (peer.c, peerhs.c, peerlisten.c). */
-	struct tpb_rdma *gdr; /* cuda_gdr ports (backends/rdma/link.c) */
+	struct tpb_rdma *gdr;	 /* rdma and cuda_gdr: the ports (backends/rdma) */
+	struct event *ev_rdma; /* its event fd */
 	struct tpu_list peers;
 	struct tpu_list peer_flushq; /* peers with control frames to send at the end of the pass */
 	unsigned n_peers;
@@ -142,5 +143,7 @@ struct tpd_quota *tpd_daemon_quota(struct tpd_daemon *d);
 struct tpd_copier *tpd_daemon_copier(const struct tpd_daemon *d);
 /* True once a graceful stop began. */
 bool tpd_daemon_stopping(const struct tpd_daemon *d);
+/* The RDMA context of rdma and cuda_gdr (backends/rdma/rdma.h). */
+struct tpb_rdma *tpd_daemon_rdma(const struct tpd_daemon *d);
 
 #endif

@@ -131,7 +131,7 @@ static void fill_status(struct tpd_daemon *d, const struct ctl_bufs *b, Tpw__V1_
 	st->host_id = d->boot_id_hex;
 	st->peer_auth = (char *)tpd_peers_auth(d);
 	tpb_cuda_map_count(&st->cuda_mappings, &st->cuda_mappings_open);
-	tpb_rdma_cache_stats(d, &rc);
+	tpb_rdma_cache_stats(tpd_daemon_rdma(d), &rc);
 	st->rdma_cache_regions = rc.regions;
 	st->rdma_cache_bytes = rc.bytes;
 	st->rdma_cache_hits = rc.hits;

@@ -164,7 +164,7 @@ static void metrics_on_request(struct evhttp_request *req, void *arg)
 		   d->bytes_moved);
 	put_metric(b, "tpipd_copies_in_flight", "gauge", "Copies queued or running.",
 		   tpd_copier_busy(d->copier));
-	tpb_rdma_cache_stats(d, &rc);
+	tpb_rdma_cache_stats(tpd_daemon_rdma(d), &rc);
 	put_metric(b, "tpipd_rdma_registered_bytes", "gauge",
 		   "Bytes kept registered for RDMA by the registration cache.", rc.bytes);
 	put_metric(b, "tpipd_rdma_registration_hits_total", "counter",

@@ -65,7 +65,7 @@ void tpd_devmem_release(struct tpd_session *s, const Tpw__V1__CudaRelease *m)
 	if (s->cuda && tpb_cuda_unhold(s->cuda, m->mem_handle.data)) {
 		tpu_log_debug("session %llu: CUDA allocation released",
 			      (unsigned long long)s->id);
-		tpb_rdma_forget_cuda(s->d);
+		tpb_rdma_forget_cuda(tpd_daemon_rdma(s->d));
 	}
 }
 
@@ -73,5 +73,5 @@ void tpd_devmem_session_end(struct tpd_session *s)
 {
 	tpb_cuda_holds_free(s->cuda);
 	s->cuda = NULL;
-	tpb_rdma_forget_cuda(s->d);
+	tpb_rdma_forget_cuda(tpd_daemon_rdma(s->d));
 }

@@ -325,7 +325,7 @@ static void release_buffers(struct tpd_session *s)
 	void *val;
 
 	while (tpu_hmap_next(&s->buffers, &i, &key, &val)) {
-		tpb_rdma_forget_buffer(s->d, val);
+		tpb_rdma_forget_buffer(tpd_daemon_rdma(s->d), val);
 		tpd_buffer_unref(val);
 	}
 	tpu_hmap_done(&s->buffers);

@@ -297,7 +297,7 @@ static void handle_buffer_release(struct tpd_session *s, const Tpw__V1__BufferRe
 	tpu_hmap_del(&s->buffers, m->buf_id);
 	s->buffer_bytes -= b->size;
 	s->acct->buffer_bytes -= b->size;
-	tpb_rdma_forget_buffer(s->d, b);
+	tpb_rdma_forget_buffer(tpd_daemon_rdma(s->d), b);
 	tpd_buffer_unref(b);
 }
 

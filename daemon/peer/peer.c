@@ -668,24 +668,12 @@ int tpd_peer_get(struct tpd_daemon *d, const char *host, uint16_t port, struct t
 
 /* ---- start and stop ------------------------------------------------------------------------ */
 
-static int gdr_link_send(struct tpd_peer *pr, Tpw__V1__PeerMsg *m)
-{
-	return tpd_peer_send(pr, m, NULL, 0);
-}
-
-/* What a link's RDMA state (backends/rdma/link.c) calls up into. */
-static const struct tpb_rdma_link_ops peer_gdr_link_ops = {
-	.send = gdr_link_send,
-	.name = tpd_peer_name,
-};
-
 int tpd_peers_start(struct tpd_daemon *d)
 {
 	const struct tpd_config *c = &d->cfg;
 	char why[300] = "";
 	int r;
 
-	tpb_rdma_set_link_ops(&peer_gdr_link_ops);
 	tpu_list_init(&d->peers);
 	tpu_list_init(&d->peer_flushq);
 	tpu_list_init(&d->peer_conns);

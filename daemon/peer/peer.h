@@ -24,6 +24,7 @@ struct tpd_peer;
 struct tpd_pipe;
 struct tpd_stripe;
 struct tpb_rdma_link;
+struct tpb_rdma_link_ops;
 
 /*
  * tpd_peers_start() - load the key file, read the host identity, bind the peer listener (unless
@@ -178,5 +179,9 @@ const char *tpd_peers_auth(const struct tpd_daemon *d);
  * Return: 0, or -EINVAL.
  */
 int tpd_peerlisten_check(const char *spec);
+
+/* What a link's RDMA state (backends/rdma) calls up into (peerrdma.c): the daemon hands it to
+ * tpb_rdma_ctx_new(); its @link is the struct tpd_peer. */
+extern const struct tpb_rdma_link_ops tpd_peer_rdma_ops;
 
 #endif

@@ -331,4 +331,8 @@ void tpd_peermsg_dispatch(struct tpd_peer *pr, const Tpw__V1__PeerMsg *m, const 
 /* The registered pipe ops (tpd_peer_set_pipe_ops()). Return: borrowed, static. */
 const struct tpd_peer_pipe_ops *tpd_peer_pipe_ops(void);
 
+/* The peer's PeerRdma @m (validated), handed to @pr's RDMA state, if it has one, in its plain
+ * form (peerrdma.c). Borrows @pr and @m for the call. */
+void tpd_peer_rdma_on_msg(struct tpd_peer *pr, const Tpw__V1__PeerRdma *m);
+
 #endif

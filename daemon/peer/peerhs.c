@@ -28,10 +28,10 @@
 #include "tpb.h"
 #include "validate.h"
 
-/* Offer rdma and cuda_gdr only where the RDMA engine found a port for them (tpb_rdma_start()). */
+/* Offer rdma and cuda_gdr only where the RDMA context found a port for them. */
 static bool hello_keeps(const char *name, void *arg)
 {
-	unsigned rdma = tpb_rdma_offers(arg);
+	unsigned rdma = tpb_rdma_offers(tpd_daemon_rdma(arg));
 
 	if (strcmp(name, "rdma") == 0)
 		return rdma & TPB_RDMA_HOST;
@@ -126,7 +126,7 @@ void tpd_peerhs_link_up(struct tpd_peer *pr)
 		     pr->data_prot ? pr->data_prot : "nothing");
 	tpd_peer_timer_arm_ms(pr->ev_timer, TPU_MAX(pr->d->cfg.peer_timeout_ms / 3, 100u));
 	if (pr->peer_rdma)
-		pr->gdr = tpb_rdma_link_new(pr->d, pr, pr->peer_rdma);
+		pr->gdr = tpb_rdma_link_new(tpd_daemon_rdma(pr->d), pr, pr->peer_rdma);
 	while (v && tpu_hmap_next(&pr->pipes, &i, &key, &val))
 		v[k++] = val;
 	for (i = 0; i < k; i++)

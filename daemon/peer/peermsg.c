@@ -170,7 +170,7 @@ static int on_msg_rdma(struct tpd_peer *pr, const Tpw__V1__PeerMsg *m, const uin
 {
 	(void)tail;
 	(void)tail_len;
-	tpb_rdma_link_on_msg(pr->gdr, m->rdma);
+	tpd_peer_rdma_on_msg(pr, m->rdma);
 	return 0;
 }
 
