@@ -89,11 +89,16 @@ struct tpb_scratch {
 /* Releases what copies made in @s (CUDA streams, pinned memory); not @s->bounce. Borrows @s. */
 void tpb_cuda_scratch_done(struct tpb_scratch *s);
 
+struct tpb_rdma_config;
+
 struct tpb_config {
 	bool cma_disabled;    /* --no-cma / [backends] cma = no */
 	bool shm_disabled;    /* [backends] shm = no */
 	bool rdma_disabled;   /* --no-rdma / [backends] rdma = no: rdma and cuda_gdr */
 	const char *priority; /* "name,name,...": these first, in this order; NULL: built-in */
+	/* ctx_new of rdma (backends/rdma/rdma.h, serving cuda_gdr too): its settings, borrowed
+	 * for the call (copied); NULL: rdma makes no context (-EOPNOTSUPP). */
+	const struct tpb_rdma_config *rdma;
 };
 
 /* ---- the asynchronous channel op table ------------------------------------------------------

@@ -255,6 +255,8 @@ int tpb_rdma_ctx_new(const struct tpb_rdma_config *cfg, struct tpb_rdma **ret)
 
 	if (!g)
 		return -ENOMEM;
+	g->base.ops = &tpb_rdma_ops;
+	g->base.idx = tpb_index("rdma");
 	g->cfg = *cfg;
 	g->epfd = g->tfd = -EBADF;
 	tpu_list_init(&g->mrs);
@@ -831,7 +833,7 @@ void tpb_rdma_link_free(struct tpb_rdma_link *l)
 #else /* !HAVE_RDMA */
 
 struct tpb_rdma {
-	int unused;
+	struct tpb_ctx base; /* first: the op table's head */
 };
 
 int tpb_rdma_ctx_new(const struct tpb_rdma_config *cfg, struct tpb_rdma **ret)
@@ -840,6 +842,8 @@ int tpb_rdma_ctx_new(const struct tpb_rdma_config *cfg, struct tpb_rdma **ret)
 
 	if (!g)
 		return -ENOMEM;
+	g->base.ops = &tpb_rdma_ops;
+	g->base.idx = tpb_index("rdma");
 	*ret = g;
 	return 0;
 }
@@ -930,3 +934,13 @@ void tpb_rdma_send_cancel(struct tpb_rdma_link *l, struct tpb_rdma_xfer *x)
 }
 
 #endif
+
+struct tpb_rdma *tpb_rdma_of(struct tpb_ctx *ctx)
+{
+	return ctx && ctx->ops == &tpb_rdma_ops ? (struct tpb_rdma *)ctx : NULL;
+}
+
+struct tpb_ctx *tpb_rdma_ctx(struct tpb_rdma *g)
+{
+	return g ? &g->base : NULL;
+}

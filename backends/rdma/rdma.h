@@ -90,14 +90,14 @@ struct tpb_rdma_config {
 	bool disabled;	      /* --no-rdma / [backends] rdma = no */
 	uint64_t cache_bytes; /* rdma-cache: shared-buffer bytes kept registered (0: none) */
 	uint32_t ports_max;   /* ports a daemon may announce (the wire's bound) */
-	const struct tpb_rdma_link_ops *link_ops; /* borrowed until tpb_rdma_ctx_free() */
-	const struct tpb_rdma_buf_ops *buf_ops;	  /* borrowed until tpb_rdma_ctx_free() */
+	const struct tpb_rdma_link_ops *link_ops; /* static, or alive until tpb_rdma_ctx_free() */
+	const struct tpb_rdma_buf_ops *buf_ops;	  /* likewise */
 };
 
 /*
  * tpb_rdma_ctx_new() - the daemon's RDMA context: finds the RDMA ports the registry found
  * viable (none is fine: rdma and cuda_gdr are then never used). Opens no device yet.
- * Borrows @cfg (and what it points to) until tpb_rdma_ctx_free().
+ * Copies @cfg; borrows the tables it points to until tpb_rdma_ctx_free().
  * @ret: returns owned context, free with tpb_rdma_ctx_free().
  * Return: 0, or -errno (-ENOMEM, or from epoll/timerfd).
  */
@@ -105,6 +105,16 @@ int tpb_rdma_ctx_new(const struct tpb_rdma_config *cfg, struct tpb_rdma **ret);
 
 /* Closes the ports. Every link and receive must be freed first. Takes @g; accepts NULL. */
 void tpb_rdma_ctx_free(struct tpb_rdma *g);
+
+/*
+ * The same context through the channel op table (tpb.h): rdma's ctx_new (tpb_ctx_new() with
+ * tpb_config.rdma set) makes it, and tpb_ctx_free(), tpb_event_fd(), tpb_progress() and
+ * tpb_forget() reach it; cuda_gdr is served by it too (one set of ports for both).
+ * tpb_rdma_of() - the context behind @ctx (borrowed, valid until tpb_ctx_free()), or NULL if
+ * @ctx (may be NULL) is not rdma's. tpb_rdma_ctx() - @g's op-table head (borrowed, likewise).
+ */
+struct tpb_rdma *tpb_rdma_of(struct tpb_ctx *ctx);
+struct tpb_ctx *tpb_rdma_ctx(struct tpb_rdma *g);
 
 /* rdma-cache changed (SIGHUP): the new budget applies from the next release on. */
 void tpb_rdma_set_cache(struct tpb_rdma *g, uint64_t cache_bytes);
@@ -152,6 +162,14 @@ void tpb_rdma_forget_buffer(struct tpb_rdma *g, struct tpd_buffer *b);
 /* A client released CUDA memory or ended: cached regions of CUDA allocations that nothing but
  * the cache references any more go. Accepts a NULL @g. */
 void tpb_rdma_forget_cuda(struct tpb_rdma *g);
+
+/*
+ * tpb_rdma_forget_mem() - the op table's forget: cached regions of a shared buffer holding any
+ * of [@m->addr, @m->addr + @len) (TPB_LOC_LOCAL), or of the CUDA allocation @m->cuda
+ * (TPB_LOC_CUDA), go now or when the transfers using them end. Borrows @m. Accepts a NULL @g.
+ * Return: 0.
+ */
+int tpb_rdma_forget_mem(struct tpb_rdma *g, const struct tpb_mem *m, uint64_t len);
 
 /*
  * tpb_rdma_link_new() - start the RDMA set-up of the daemon's @link with a peer that offered

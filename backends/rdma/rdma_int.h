@@ -37,6 +37,7 @@ struct rdma_timer {
 };
 
 struct tpb_rdma {
+	struct tpb_ctx base; /* first: the op table's head */
 	struct tpb_rdma_config cfg;
 	int epfd; /* the event fd: the ports' completion channels and @tfd */
 	int tfd;  /* timerfd, armed for the first of @timers */

@@ -333,6 +333,22 @@ void tpb_rdma_forget_cuda(struct tpb_rdma *g)
 			mr_uncache(g, e);
 }
 
+int tpb_rdma_forget_mem(struct tpb_rdma *g, const struct tpb_mem *m, uint64_t len)
+{
+	struct rdma_mr *e, *tmp;
+
+	if (!g)
+		return 0;
+	tpu_list_for_each_safe(e, tmp, &g->mrs, node) {
+		bool hit = m->loc == TPB_LOC_CUDA ? e->cuda && e->cuda == m->cuda
+						  : e->buf && e->base < m->addr + len &&
+							    m->addr < e->base + e->len;
+		if (hit)
+			mr_uncache(g, e);
+	}
+	return 0;
+}
+
 void tpb_rdma_cache_stats(const struct tpb_rdma *g, struct tpb_rdma_cache_stats *ret)
 {
 	*ret = g ? g->cache : (struct tpb_rdma_cache_stats){0};
@@ -346,6 +362,11 @@ void tpb_rdma_forget_buffer(struct tpb_rdma *g, struct tpd_buffer *b)
 
 void tpb_rdma_forget_cuda(struct tpb_rdma *g)
 {
+}
+
+int tpb_rdma_forget_mem(struct tpb_rdma *g, const struct tpb_mem *m, uint64_t len)
+{
+	return 0;
 }
 
 void tpb_rdma_cache_stats(const struct tpb_rdma *g, struct tpb_rdma_cache_stats *ret)

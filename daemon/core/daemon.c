@@ -538,10 +538,11 @@ static const struct tpb_rdma_buf_ops rdma_buf_ops = {
 
 static void rdma_on_event(evutil_socket_t fd, short what, void *arg)
 {
-	tpb_rdma_progress(arg);
+	tpb_progress(arg);
 }
 
-/* Opens the RDMA context (no port is fine) and watches its event fd. */
+/* Makes rdma's context through the op table and watches its event fd; none where the registry
+ * found rdma not viable (no port, --no-rdma, built without rdma-core). */
 static int rdma_start(struct tpd_daemon *d)
 {
 	struct tpb_rdma_config rc = {
@@ -551,14 +552,19 @@ static int rdma_start(struct tpd_daemon *d)
 		.link_ops = &tpd_peer_rdma_ops,
 		.buf_ops = &rdma_buf_ops,
 	};
-	int fd, r = tpb_rdma_ctx_new(&rc, &d->gdr);
+	struct tpb_config bc = { .rdma_disabled = d->cfg.no_rdma, .rdma = &rc };
+	struct tpb_ctx *ctx;
+	int fd, r = tpb_ctx_new(tpb_index("rdma"), &bc, NULL, &ctx);
 
+	if (r == -ENODEV || r == -EOPNOTSUPP)
+		return 0; /* the registry said why, at start-up */
 	if (r < 0)
 		return r;
-	fd = tpb_rdma_event_fd(d->gdr);
+	d->gdr = tpb_rdma_of(ctx);
+	fd = tpb_event_fd(ctx);
 	if (fd < 0)
-		return 0; /* built without RDMA: nothing ever completes */
-	d->ev_rdma = event_new(d->base, fd, EV_READ | EV_PERSIST, rdma_on_event, d->gdr);
+		return fd;
+	d->ev_rdma = event_new(d->base, fd, EV_READ | EV_PERSIST, rdma_on_event, ctx);
 	if (!d->ev_rdma || event_add(d->ev_rdma, NULL) < 0)
 		return -ENOMEM;
 	return 0;
@@ -689,7 +695,7 @@ void tpd_daemon_free(struct tpd_daemon *d)
 	tpd_copier_free(d->copier);
 	if (d->ev_rdma)
 		event_free(d->ev_rdma);
-	tpb_rdma_ctx_free(d->gdr);
+	tpb_ctx_free(tpb_rdma_ctx(d->gdr));
 	d->gdr = NULL;
 	tpd_listener_registry_done(&d->registry);
 	tpd_quota_done(&d->quota);

@@ -310,9 +310,11 @@ START_TEST(test_rdma_back_to_back_writes_cache_and_cancel)
 	memset(src->map, 0xcd, BUF_BYTES);
 	ck_assert_int_eq(transfer(&a, &b, src, dst, 0, 4096, true), -ECANCELED);
 	ck_assert_uint_eq(dst->map[0], 0);
-	/* The client lets go of its buffers: the cache drops its references. */
+	/* The client lets go of its buffers: the cache drops its references (by buffer, and by
+	 * memory through the op table's forget). */
 	tpb_rdma_forget_buffer(b.g, dst);
-	tpb_rdma_forget_buffer(a.g, src);
+	ck_assert_int_eq(tpb_forget(tpb_rdma_ctx(a.g), &(struct tpb_mem){ .loc = TPB_LOC_LOCAL,
+					   .addr = (uint64_t)(uintptr_t)src->map + 8192 }, 1), 0);
 	ck_assert_uint_eq(dst->refs, 1);
 	ck_assert_uint_eq(src->refs, 1);
 	tpb_rdma_cache_stats(b.g, &st);
@@ -355,6 +357,33 @@ START_TEST(test_rdma_link_free_completes_running_sends_with_econnreset)
 }
 END_TEST
 
+START_TEST(test_rdma_context_through_the_op_table)
+{
+	struct tpb_rdma_config rc = config(false, 0);
+	struct tpb_config bc = { .rdma = &rc };
+	struct tpb_ctx *ctx = NULL;
+	int idx;
+
+	if (!rdma_here()) { /* not viable: no context, as for any channel */
+		ck_assert_int_eq(tpb_ctx_new(tpb_index("rdma"), &bc, NULL, &ctx), -ENODEV);
+		return;
+	}
+	idx = tpb_index("rdma");
+	ck_assert_int_eq(tpb_ctx_new(idx, NULL, NULL, &ctx), -EOPNOTSUPP); /* no settings */
+	ck_assert_int_eq(tpb_ctx_new(idx, &bc, NULL, &ctx), 0);
+	ck_assert_int_eq(ctx->idx, idx);
+	ck_assert_ptr_nonnull(tpb_rdma_of(ctx));
+	ck_assert_ptr_eq(tpb_rdma_ctx(tpb_rdma_of(ctx)), ctx);
+	ck_assert_uint_ne(tpb_rdma_offers(tpb_rdma_of(ctx)) & TPB_RDMA_HOST, 0);
+	ck_assert_int_eq(tpb_event_fd(ctx), tpb_rdma_event_fd(tpb_rdma_of(ctx)));
+	ck_assert_int_ge(tpb_event_fd(ctx), 0);
+	ck_assert_int_eq(tpb_progress(ctx), 0);
+	ck_assert_int_eq(tpb_forget(ctx, &(struct tpb_mem){ .loc = TPB_LOC_LOCAL }, 1), 0);
+	ck_assert_ptr_null(tpb_rdma_of(NULL));
+	tpb_ctx_free(ctx);
+}
+END_TEST
+
 static Suite *rdma_suite(void)
 {
 	Suite *s = suite_create("rdma");
@@ -365,6 +394,7 @@ static Suite *rdma_suite(void)
 	tcase_add_test(tc, test_rdma_channel_is_cuda_gdr_with_cuda_memory_on_either_side);
 	tcase_add_test(tc, test_rdma_back_to_back_writes_cache_and_cancel);
 	tcase_add_test(tc, test_rdma_link_free_completes_running_sends_with_econnreset);
+	tcase_add_test(tc, test_rdma_context_through_the_op_table);
 	suite_add_tcase(s, tc);
 	return s;
 }
