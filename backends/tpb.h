@@ -56,6 +56,7 @@ enum tpb_loc {
 
 struct tpb_cuda_map;
 struct tpb_proc;
+struct tpd_buffer;
 
 struct tpb_mem {
 	enum tpb_loc loc;
@@ -69,6 +70,9 @@ struct tpb_mem {
 	/* TPB_LOC_REMOTE: the kind of memory on the other host as far as this side knows it
 	 * (TPB_LOC_LOCAL: a shared buffer there, TPB_LOC_PROCESS: private memory, TPB_LOC_CUDA). */
 	enum tpb_loc remote;
+	/* TPB_LOC_LOCAL inside a client's shared buffer: that buffer (borrowed, as @proc), so that
+	 * a channel that registers memory (rdma) can keep a registration with it; else NULL. */
+	struct tpd_buffer *buf;
 };
 
 /* One contiguous copy. */

@@ -36,6 +36,10 @@ _Static_assert(TPV_QP_INFO_BYTES == TPB_RDMA_QP_RECORD_BYTES, "queue-pair record
 enum link_state { LINK_PORTS, LINK_CONNECTING, LINK_READY, LINK_OFF };
 
 struct tpb_rdma_link {
+	struct tpb_ep ep; /* its endpoint in the op table */
+	struct tpb_peer peer;
+	struct tpu_list node; /* in g->links */
+	struct tpu_list op_sends; /* struct op_send: sends started through the op table */
 	struct tpb_rdma *g;
 	void *link; /* the daemon's */
 	enum link_state state;
@@ -184,8 +188,8 @@ int tpb_rdma_port_open(struct rdma_port *pt, char *why, size_t wl)
 
 		if (epoll_ctl(pt->g->epfd, EPOLL_CTL_ADD, tpv_cq_fd(pt->ctx), &ev) < 0) {
 			r = -errno;
-			snprintf(pt->why, sizeof(pt->why), "cannot watch the completion channel: %s",
-				 strerror(-r));
+			snprintf(pt->why, sizeof(pt->why),
+				 "cannot watch the completion channel: %s", strerror(-r));
 			tpv_ctx_close(pt->ctx);
 			pt->ctx = NULL;
 		}
@@ -261,6 +265,7 @@ int tpb_rdma_ctx_new(const struct tpb_rdma_config *cfg, struct tpb_rdma **ret)
 	g->epfd = g->tfd = -EBADF;
 	tpu_list_init(&g->mrs);
 	tpu_list_init(&g->timers);
+	tpu_list_init(&g->links);
 	g->epfd = epoll_create1(EPOLL_CLOEXEC);
 	if (g->epfd >= 0)
 		g->tfd = timerfd_create(CLOCK_MONOTONIC, TFD_CLOEXEC | TFD_NONBLOCK);
@@ -355,6 +360,10 @@ struct tpb_rdma_link *tpb_rdma_link_new(struct tpb_rdma *g, void *link, unsigned
 		return NULL;
 	l->g = g;
 	l->link = link;
+	l->ep = (struct tpb_ep){ .ctx = &g->base, .peer = &l->peer };
+	l->peer = (struct tpb_peer){ .name = g->cfg.link_ops->name(link), .link = link };
+	tpu_list_init(&l->op_sends);
+	tpu_list_insert_tail(&g->links, &l->node);
 	l->common = common;
 	l->state = LINK_PORTS;
 	tpu_list_init(&l->sends);
@@ -826,8 +835,155 @@ void tpb_rdma_link_free(struct tpb_rdma_link *l)
 		s->pending = 0;
 		send_finish(s);
 	}
+	tpu_list_remove(&l->node);
 	free(l->qps);
 	free(l);
+}
+
+/* ---- the endpoint in the op table ---------------------------------------------------------- */
+
+/* A send started by tpb_start(): the op, and what tpb_rdma_send() borrows until it ends. */
+struct op_send {
+	struct tpu_list node; /* in the link's op_sends */
+	struct tpb_op *op;
+	struct tpb_rdma_xfer x;
+	struct tpb_rdma_seg *segs;
+	struct tpb_rdma_region *regions;
+};
+
+struct tpb_ep *tpb_rdma_link_ep(struct tpb_rdma_link *l)
+{
+	return l ? &l->ep : NULL;
+}
+
+int tpb_rdma_ep_open(struct tpb_ctx *ctx, const struct tpb_peer *peer, struct tpb_ep **ret)
+{
+	struct tpb_rdma *g = tpb_rdma_of(ctx);
+	struct tpb_rdma_link *l;
+
+	if (!g || !peer)
+		return -EOPNOTSUPP; /* between hosts only */
+	tpu_list_for_each(l, &g->links, node) {
+		if (l->link == peer->link) {
+			*ret = &l->ep;
+			return 0;
+		}
+	}
+	return -EOPNOTSUPP; /* the two daemons set up no RDMA on this link */
+}
+
+void tpb_rdma_ep_close(struct tpb_ep *ep)
+{
+	/* the link owns its endpoint: tpb_rdma_link_free() */
+}
+
+static uint64_t get_le(const uint8_t *p, unsigned bytes)
+{
+	uint64_t v = 0;
+
+	for (unsigned i = 0; i < bytes; i++)
+		v |= (uint64_t)p[i] << (8 * i);
+	return v;
+}
+
+/* The offer of @op (tpb_rdma_offer_encode()) into @os->regions and @of. */
+static int op_offer(const struct tpb_op *op, struct op_send *os, struct tpb_rdma_offer *of,
+		    char *why, size_t wl)
+{
+	const uint8_t *p = op->offer;
+	size_t n;
+
+	if (!p || op->offer_len < TPB_RDMA_OFFER_HDR) {
+		snprintf(why, wl, "the reader's daemon offered no RDMA region");
+		return -EOPNOTSUPP;
+	}
+	n = get_le(p + 4, 4);
+	if (op->offer_len != tpb_rdma_offer_size(n)) {
+		snprintf(why, wl, "RDMA offer of %zu bytes for %zu regions", op->offer_len, n);
+		return -EPROTO;
+	}
+	os->regions = calloc(n ? n : 1, sizeof(*os->regions));
+	if (!os->regions)
+		return -ENOMEM;
+	for (size_t i = 0; i < n; i++) {
+		const uint8_t *r = p + TPB_RDMA_OFFER_HDR + i * TPB_RDMA_OFFER_REGION;
+
+		os->regions[i] = (struct tpb_rdma_region){ .addr = get_le(r, 8),
+							   .length = get_le(r + 8, 8),
+							   .rkey = (uint32_t)get_le(r + 16, 4),
+							   .cuda = get_le(r + 20, 4) & 1 };
+	}
+	*of = (struct tpb_rdma_offer){ .port = (uint32_t)get_le(p, 4), .n = n,
+				       .regions = os->regions };
+	return 0;
+}
+
+static void op_send_free(struct op_send *os)
+{
+	free(os->segs);
+	free(os->regions);
+	free(os);
+}
+
+static void op_send_done(struct tpb_rdma_xfer *x)
+{
+	struct op_send *os = x->arg;
+	struct tpb_op *op = os->op;
+
+	tpu_list_remove(&os->node);
+	op->status = x->status;
+	op->bytes = x->status == 0 ? x->bytes : 0;
+	snprintf(op->why, sizeof(op->why), "%s", x->status < 0 ? x->why : "");
+	op->canceled = false;
+	op_send_free(os);
+	op->done(op); /* @op is its owner's again */
+}
+
+int tpb_rdma_ep_start(struct tpb_ep *ep, struct tpb_op *op)
+{
+	struct tpb_rdma_link *l = tpu_container_of(ep, struct tpb_rdma_link, ep);
+	struct op_send *os = calloc(1, sizeof(*os));
+	struct tpb_rdma_offer of;
+	int r;
+
+	op->why[0] = '\0';
+	if (!os)
+		return -ENOMEM;
+	os->op = op;
+	os->segs = calloc(op->n_xfers ? op->n_xfers : 1, sizeof(*os->segs));
+	r = os->segs ? op_offer(op, os, &of, op->why, sizeof(op->why)) : -ENOMEM;
+	for (size_t i = 0; r == 0 && i < op->n_xfers; i++)
+		os->segs[i] = (struct tpb_rdma_seg){ .mem = op->xfers[i].src,
+						     .len = op->xfers[i].len,
+						     .buf = op->xfers[i].src.buf };
+	os->x = (struct tpb_rdma_xfer){ .segs = os->segs, .n_segs = op->n_xfers,
+					.done = op_send_done, .arg = os };
+	if (r == 0)
+		r = tpb_rdma_send(l, &os->x, &of, op->why, sizeof(op->why));
+	if (r < 0) {
+		op_send_free(os);
+		return r;
+	}
+	op->ep = ep;
+	op->status = 0;
+	op->bytes = 0;
+	tpu_list_insert_tail(&l->op_sends, &os->node);
+	return 0;
+}
+
+int tpb_rdma_ep_cancel(struct tpb_ep *ep, struct tpb_op *op)
+{
+	struct tpb_rdma_link *l = tpu_container_of(ep, struct tpb_rdma_link, ep);
+	struct op_send *os;
+
+	tpu_list_for_each(os, &l->op_sends, node) {
+		if (os->op == op) {
+			op->canceled = true;
+			tpb_rdma_send_cancel(l, &os->x);
+			return 0;
+		}
+	}
+	return -ENOENT;
 }
 
 #else /* !HAVE_RDMA */
@@ -875,6 +1031,31 @@ unsigned tpb_rdma_offers(const struct tpb_rdma *g)
 struct tpb_rdma_link *tpb_rdma_link_new(struct tpb_rdma *g, void *link, unsigned peer_offers)
 {
 	return NULL;
+}
+
+struct tpb_ep *tpb_rdma_link_ep(struct tpb_rdma_link *l)
+{
+	return NULL;
+}
+
+int tpb_rdma_ep_open(struct tpb_ctx *ctx, const struct tpb_peer *peer, struct tpb_ep **ret)
+{
+	return -EOPNOTSUPP;
+}
+
+void tpb_rdma_ep_close(struct tpb_ep *ep)
+{
+}
+
+int tpb_rdma_ep_start(struct tpb_ep *ep, struct tpb_op *op)
+{
+	snprintf(op->why, sizeof(op->why), "tpipd was built without RDMA or CUDA support");
+	return -EOPNOTSUPP;
+}
+
+int tpb_rdma_ep_cancel(struct tpb_ep *ep, struct tpb_op *op)
+{
+	return -ENOENT;
 }
 
 void tpb_rdma_link_free(struct tpb_rdma_link *l)
@@ -943,4 +1124,34 @@ struct tpb_rdma *tpb_rdma_of(struct tpb_ctx *ctx)
 struct tpb_ctx *tpb_rdma_ctx(struct tpb_rdma *g)
 {
 	return g ? &g->base : NULL;
+}
+
+size_t tpb_rdma_offer_size(size_t n)
+{
+	return TPB_RDMA_OFFER_HDR + n * TPB_RDMA_OFFER_REGION;
+}
+
+static void put_le(uint8_t *p, uint64_t v, unsigned bytes)
+{
+	for (unsigned i = 0; i < bytes; i++)
+		p[i] = (uint8_t)(v >> (8 * i));
+}
+
+int tpb_rdma_offer_encode(const struct tpb_rdma_offer *of, void *buf, size_t len)
+{
+	uint8_t *p = buf;
+
+	if (of->n > UINT32_MAX || len < tpb_rdma_offer_size(of->n))
+		return -ENOBUFS;
+	put_le(p, of->port, 4);
+	put_le(p + 4, of->n, 4);
+	for (size_t i = 0; i < of->n; i++) {
+		uint8_t *r = p + TPB_RDMA_OFFER_HDR + i * TPB_RDMA_OFFER_REGION;
+
+		put_le(r, of->regions[i].addr, 8);
+		put_le(r + 8, of->regions[i].length, 8);
+		put_le(r + 16, of->regions[i].rkey, 4);
+		put_le(r + 20, of->regions[i].cuda ? 1 : 0, 4);
+	}
+	return (int)tpb_rdma_offer_size(of->n);
 }

@@ -6,7 +6,8 @@
  * active RDMA port at run time; no CUDA driver needed. Private memory cannot be registered by
  * the daemon, so such tensors keep to mpt. It has no copy op; its context in the op table is
  * the daemon's RDMA context (rdma.h: ports, event fd, progress, forget), which serves
- * cuda_gdr too; links, offers and sends go through rdma.h.
+ * cuda_gdr too, and its endpoints are the peer links' RDMA states (start, cancel: the
+ * sender's RDMA writes); link set-up and the receive's offer go through rdma.h.
  */
 #include <errno.h>
 #include <stdio.h>
@@ -97,6 +98,10 @@ const struct tpb_channel_ops tpb_rdma_ops = {
 	.copy = NULL,
 	.ctx_new = rdma_ctx_new,
 	.ctx_free = rdma_ctx_free,
+	.ep_open = tpb_rdma_ep_open,
+	.ep_close = tpb_rdma_ep_close,
+	.start = tpb_rdma_ep_start,
+	.cancel = tpb_rdma_ep_cancel,
 	.event_fd = rdma_event_fd,
 	.progress = rdma_progress,
 	.forget = rdma_forget,

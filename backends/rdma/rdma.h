@@ -253,6 +253,40 @@ const char *tpb_rdma_channel(bool local_cuda, const struct tpb_rdma_offer *offer
 /* Deregisters the destination and stops waiting. Takes @rv; accepts NULL. */
 void tpb_rdma_recv_free(struct tpb_rdma_recv *rv);
 
+/* An offer as bytes (tpb_op.offer for tpb_start()): u32 port, u32 n, then per region u64 addr,
+ * u64 length, u32 rkey, u32 flags (bit 0: cuda); little endian. */
+#define TPB_RDMA_OFFER_HDR 8u
+#define TPB_RDMA_OFFER_REGION 24u
+
+/* Bytes of the encoded offer of @n regions. */
+size_t tpb_rdma_offer_size(size_t n);
+
+/*
+ * tpb_rdma_offer_encode() - @of into @buf (@len bytes). Borrows both.
+ * Return: the bytes written, or -ENOBUFS (@buf too small).
+ */
+int tpb_rdma_offer_encode(const struct tpb_rdma_offer *of, void *buf, size_t len);
+
+/*
+ * The link's endpoint in the op table (tpb.h): tpb_start() on it RDMA-writes @op's sources
+ * (xfers[i].src, TPB_LOC_LOCAL with its buf, or TPB_LOC_CUDA; len) into the regions of the
+ * encoded offer in @op->offer (tpb_rdma_offer_encode()), as tpb_rdma_send() does, and completes
+ * from tpb_progress() (or, -ECONNRESET, inside tpb_rdma_link_free()); tpb_cancel() stops it as
+ * tpb_rdma_send_cancel() does. A failed start leaves the reason in @op->why (-EOPNOTSUPP: not
+ * over RDMA, use the stripe; -EPROTO: an offer that does not match). tpb_ep_open() on the
+ * context with the daemon's link as @peer->link returns the same endpoint; the link owns it
+ * (tpb_ep_close() does nothing).
+ * Return: borrowed, valid until tpb_rdma_link_free(@l); NULL for a NULL @l.
+ */
+struct tpb_ep *tpb_rdma_link_ep(struct tpb_rdma_link *l);
+
+/* The op table's endpoint entries (rdma.c puts them in tpb_rdma_ops); callers use the tpb_*()
+ * wrappers, whose contracts these follow, as above. */
+int tpb_rdma_ep_open(struct tpb_ctx *ctx, const struct tpb_peer *peer, struct tpb_ep **ret);
+void tpb_rdma_ep_close(struct tpb_ep *ep);
+int tpb_rdma_ep_start(struct tpb_ep *ep, struct tpb_op *op);
+int tpb_rdma_ep_cancel(struct tpb_ep *ep, struct tpb_op *op);
+
 struct tpb_rdma_xfer;
 
 /* Runs once per started send, from tpb_rdma_progress() or tpb_rdma_link_free(). */

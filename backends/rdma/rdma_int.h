@@ -42,6 +42,7 @@ struct tpb_rdma {
 	int epfd; /* the event fd: the ports' completion channels and @tfd */
 	int tfd;  /* timerfd, armed for the first of @timers */
 	struct tpu_list timers; /* armed struct rdma_timer */
+	struct tpu_list links;	/* struct tpb_rdma_link */
 	const struct tpv_ops *ops;
 	struct tpv_nic *nics; /* the ports' NICs, as tpv_nic_choose() takes them */
 	struct rdma_port *ports;

@@ -37,11 +37,15 @@ struct tpd_xh {
 	char early_why[160];
 	/* rdma / cuda_gdr. Send: the reader's RDMA offer (copied from its PeerReadReq), gdr once
 	 * the writes run. Receive: the offered registration, gdr once the sender said it wrote.
-	 * Both: the segments as backends/rdma takes them. */
+	 * Send: the op started on the link's rdma endpoint; receive: the segments as
+	 * backends/rdma registers them. */
 	struct tpb_rdma_offer offer;
 	struct tpb_rdma_region *offer_regions; /* owned: offer.regions */
+	struct tpb_op rop;
+	struct tpb_xfer *rxfers;
+	uint8_t *offer_bytes;
+	uint64_t rdma_start_ns;
 	struct tpb_rdma_seg *rsegs;
-	struct tpb_rdma_xfer rx;
 	struct tpb_rdma_recv *gdr_recv;
 	bool gdr;
 	int gdr_status;
@@ -58,6 +62,8 @@ void tpd_xh_free(struct tpd_xh *xh)
 	tpb_rdma_recv_free(xh->gdr_recv);
 	free(xh->offer_regions);
 	free(xh->rsegs);
+	free(xh->rxfers);
+	free(xh->offer_bytes);
 	free(xh->segs);
 	free(xh);
 }
@@ -70,7 +76,7 @@ void tpd_xh_cancel(struct tpd_xh *xh)
 		return;
 	if (xh->send && xh->gdr) {
 		if (tpd_peer_gdr(xh->link))
-			tpb_rdma_send_cancel(tpd_peer_gdr(xh->link), &xh->rx);
+			tpb_cancel(tpb_rdma_link_ep(tpd_peer_gdr(xh->link)), &xh->rop);
 		return;
 	}
 	st = tpd_peer_stripe(xh->link);
@@ -362,23 +368,48 @@ static bool xh_select_rdma(struct tpd_xh *xh)
 	return true;
 }
 
-/* An RDMA send ended: its outcome is the transfer's. */
-static void xh_rdma_send_done(struct tpb_rdma_xfer *rx)
+/* An RDMA send ended (from tpb_progress(), or inside the link's free): the transfer's outcome. */
+static void xh_rdma_op_done(struct tpb_op *op)
 {
-	struct tpd_xh *xh = rx->arg;
+	struct tpd_xh *xh = op->arg;
 
-	xh->x.status = rx->status;
-	snprintf(xh->x.why, sizeof(xh->x.why), "%s", rx->why);
-	xh->x.bytes = rx->bytes;
-	xh->x.total = rx->total;
-	xh->x.ns = rx->ns;
+	xh->x.status = op->status;
+	snprintf(xh->x.why, sizeof(xh->x.why), "%s", op->why);
+	xh->x.bytes = op->bytes;
+	xh->x.ns = tpu_now_ns() - xh->rdma_start_ns;
 	xh_send_done(&xh->x);
+}
+
+/* The send's op for the rdma endpoint: the sources, and the reader's offer as bytes.
+ * Return: 0 or -ENOMEM. */
+static int xh_rdma_op(struct tpd_xh *xh)
+{
+	size_t n = xh->x.n_segs, len = tpb_rdma_offer_size(xh->offer.n);
+
+	xh->rxfers = calloc(n ? n : 1, sizeof(*xh->rxfers));
+	xh->offer_bytes = malloc(len);
+	if (!xh->rxfers || !xh->offer_bytes ||
+	    tpb_rdma_offer_encode(&xh->offer, xh->offer_bytes, len) < 0)
+		return -ENOMEM;
+	for (size_t i = 0; i < n; i++) {
+		bool cuda = i < xh->offer.n && xh->offer.regions[i].cuda;
+
+		xh->rxfers[i].src = xh->segs[i].mem;
+		xh->rxfers[i].src.buf = xh->segs[i].buf;
+		xh->rxfers[i].dst.loc = TPB_LOC_REMOTE;
+		xh->rxfers[i].dst.remote = cuda ? TPB_LOC_CUDA : TPB_LOC_LOCAL;
+		xh->rxfers[i].len = xh->segs[i].len;
+	}
+	xh->rop = (struct tpb_op){ .xfers = xh->rxfers, .n_xfers = n, .offer = xh->offer_bytes,
+				   .offer_len = len, .done = xh_rdma_op_done, .arg = xh };
+	return 0;
 }
 
 /* Send: RDMA-writes @xh if the reader offered it and this side can. Return: 0 or -errno. */
 static int xh_send_gdr(struct tpd_xh *xh)
 {
 	struct tpd_pipe *p = xh->m->from->pipe;
+	struct tpb_ep *ep;
 	char why[160] = "";
 	int r;
 
@@ -389,15 +420,16 @@ static int xh_send_gdr(struct tpd_xh *xh)
 	}
 	if (!xh_select_rdma(xh))
 		return -EOPNOTSUPP; /* this daemon's priority puts the data connections first */
-	r = xh_rdma_segs(xh);
-	if (r == 0) {
-		xh->rx.segs = xh->rsegs;
-		xh->rx.n_segs = xh->x.n_segs;
-		xh->rx.done = xh_rdma_send_done;
-		xh->rx.arg = xh;
-		r = tpb_rdma_send(tpd_peer_gdr(xh->link), &xh->rx, &xh->offer, why, sizeof(why));
-	} else {
+	ep = tpb_rdma_link_ep(tpd_peer_gdr(xh->link));
+	if (!ep) {
+		snprintf(why, sizeof(why), "RDMA is not set up on this link");
+		r = -EOPNOTSUPP;
+	} else if ((r = xh_rdma_op(xh)) < 0) {
 		snprintf(why, sizeof(why), "out of memory");
+	} else {
+		xh->rdma_start_ns = tpu_now_ns();
+		r = tpb_start(ep, &xh->rop);
+		snprintf(why, sizeof(why), "%s", r < 0 ? xh->rop.why : "");
 	}
 	if (r < 0)
 		snprintf(xh->chan_why, sizeof(xh->chan_why), "striped over the peer link's data "

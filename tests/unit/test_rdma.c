@@ -357,6 +357,90 @@ START_TEST(test_rdma_link_free_completes_running_sends_with_econnreset)
 }
 END_TEST
 
+static bool op_finished;
+
+static void on_op_done(struct tpb_op *op)
+{
+	op_finished = true;
+}
+
+/* A send through the link's endpoint in the op table: start, completion from progress only,
+ * cancel, and the offers start refuses. */
+START_TEST(test_rdma_send_through_the_op_table)
+{
+	struct side a = { 0 }, b = { 0 }, nobody = { 0 };
+	struct tpd_buffer *src, *dst;
+	struct tpb_rdma_seg rs;
+	struct tpb_rdma_recv *rv;
+	struct tpb_rdma_offer of;
+	struct tpb_ep *ep = NULL;
+	struct tpb_xfer x;
+	struct tpb_op op;
+	uint8_t offer[TPB_RDMA_OFFER_HDR + TPB_RDMA_OFFER_REGION];
+	char why[160];
+
+	if (!rdma_here())
+		return;
+	src = buffer(0x5a);
+	dst = buffer(0);
+	pair_up(&a, &b, 0);
+	ck_assert_int_eq(tpb_ep_open(tpb_rdma_ctx(a.g), NULL, &ep), -EOPNOTSUPP);
+	ck_assert_int_eq(tpb_ep_open(tpb_rdma_ctx(a.g), &(struct tpb_peer){ .link = &nobody }, &ep),
+			 -EOPNOTSUPP);
+	ck_assert_int_eq(tpb_ep_open(tpb_rdma_ctx(a.g), &(struct tpb_peer){ .link = &a }, &ep), 0);
+	ck_assert_ptr_eq(ep, tpb_rdma_link_ep(a.l));
+	rs = (struct tpb_rdma_seg){ .mem = { .loc = TPB_LOC_LOCAL,
+					     .addr = (uint64_t)(uintptr_t)dst->map },
+				    .len = 65537, .buf = dst };
+	recv_ready = false;
+	ck_assert_int_eq(tpb_rdma_recv_new(b.l, &rs, 1, false, on_ready, NULL, &rv, why,
+					   sizeof(why)), 0);
+	run_until(&a, &b, &recv_ready);
+	tpb_rdma_recv_offer(rv, &of);
+	ck_assert_uint_eq(tpb_rdma_offer_size(of.n), sizeof(offer));
+	ck_assert_int_eq(tpb_rdma_offer_encode(&of, offer, sizeof(offer) - 1), -ENOBUFS);
+	ck_assert_int_eq(tpb_rdma_offer_encode(&of, offer, sizeof(offer)), (int)sizeof(offer));
+	x = (struct tpb_xfer){ .src = { .loc = TPB_LOC_LOCAL, .buf = src,
+					.addr = (uint64_t)(uintptr_t)src->map },
+			       .dst = { .loc = TPB_LOC_REMOTE, .remote = TPB_LOC_LOCAL },
+			       .len = 65537 };
+	/* An offer cut short is refused at once, with no callback. */
+	op = (struct tpb_op){ .xfers = &x, .n_xfers = 1, .offer = offer,
+			      .offer_len = sizeof(offer) - 1, .done = on_op_done };
+	ck_assert_int_eq(tpb_start(ep, &op), -EPROTO);
+	ck_assert_str_ne(op.why, "");
+	/* The whole offer: completes from progress, never inside start. */
+	op.offer_len = sizeof(offer);
+	op_finished = false;
+	ck_assert_int_eq(tpb_start(ep, &op), 0);
+	ck_assert(!op_finished);
+	run_until(&a, &b, &op_finished);
+	ck_assert_int_eq(op.status, 0);
+	ck_assert_uint_eq(op.bytes, 65537);
+	ck_assert_uint_eq(dst->map[65536], 0x5a);
+	ck_assert_uint_eq(dst->map[65537], 0);
+	ck_assert_int_eq(tpb_cancel(ep, &op), -ENOENT); /* done already */
+	/* Canceled before its first write: -ECANCELED, nothing written. */
+	memset(src->map, 0x77, BUF_BYTES);
+	op_finished = false;
+	ck_assert_int_eq(tpb_start(ep, &op), 0);
+	ck_assert_int_eq(tpb_cancel(ep, &op), 0);
+	run_until(&a, &b, &op_finished);
+	ck_assert_int_eq(op.status, -ECANCELED);
+	ck_assert_uint_eq(op.bytes, 0);
+	ck_assert_uint_eq(dst->map[0], 0x5a);
+	tpb_ep_close(ep); /* the link's: nothing happens */
+	tpb_rdma_recv_free(rv);
+	pair_down(&a, &b);
+	ck_assert_uint_eq(src->refs, 1);
+	ck_assert_uint_eq(dst->refs, 1);
+	free(src->map);
+	free(dst->map);
+	free(src);
+	free(dst);
+}
+END_TEST
+
 START_TEST(test_rdma_context_through_the_op_table)
 {
 	struct tpb_rdma_config rc = config(false, 0);
@@ -395,6 +479,7 @@ static Suite *rdma_suite(void)
 	tcase_add_test(tc, test_rdma_back_to_back_writes_cache_and_cancel);
 	tcase_add_test(tc, test_rdma_link_free_completes_running_sends_with_econnreset);
 	tcase_add_test(tc, test_rdma_context_through_the_op_table);
+	tcase_add_test(tc, test_rdma_send_through_the_op_table);
 	suite_add_tcase(s, tc);
 	return s;
 }
