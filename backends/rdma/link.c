@@ -1,7 +1,8 @@
 /* SPDX-License-Identifier: BSD-3-Clause */
 /*
- * rdma and cuda_gdr on peer links: ports, queue-pair set-up per link, registration and RDMA
- * writes. See rdma.h. Registration and its cache are reg.c's.
+ * rdma and cuda_gdr on peer links: queue-pair set-up per link, receives (registration and
+ * the offer) and sends (RDMA writes). See rdma.h. The context, its ports and event fd are
+ * ctx.c's, registration and its cache reg.c's, the link's op-table endpoint ep.c's.
  */
 #include <errno.h>
 #include <stdio.h>
@@ -9,10 +10,6 @@
 #include <string.h>
 #include <unistd.h>
 #include "tpconfig.h"
-#if HAVE_RDMA
-#include <sys/epoll.h>
-#include <sys/timerfd.h>
-#endif
 #include "log.h"
 #include "rdma_int.h"
 #include "tpb.h"
@@ -30,27 +27,7 @@ const char *tpb_rdma_channel(bool local_cuda, const struct tpb_rdma_offer *offer
 #if HAVE_RDMA
 _Static_assert(TPV_QP_INFO_BYTES == TPB_RDMA_QP_RECORD_BYTES, "queue-pair record size");
 
-#define RDMA_CQ_DEPTH 4096 /* completions per port, shared by its queue pairs */
-#define RDMA_POLL_US 50	   /* CUDA event polling period while a transfer waits */
-
-enum link_state { LINK_PORTS, LINK_CONNECTING, LINK_READY, LINK_OFF };
-
-struct tpb_rdma_link {
-	struct tpb_ep ep; /* its endpoint in the op table */
-	struct tpb_peer peer;
-	struct tpu_list node; /* in g->links */
-	struct tpu_list op_sends; /* struct op_send: sends started through the op table */
-	struct tpb_rdma *g;
-	void *link; /* the daemon's */
-	enum link_state state;
-	unsigned common; /* TPB_RDMA_* both daemons offer */
-	unsigned n_remote;
-	struct tpv_qp **qps; /* [local port * n_remote + remote port] */
-	struct tpu_list sends;
-	char text[200];
-	uint64_t sent, received; /* bytes RDMA-written each way */
-	bool closing;		  /* tpb_rdma_link_free() is flushing the queue pairs */
-};
+#define RDMA_POLL_US 50 /* CUDA event polling period while a transfer waits */
 
 struct tpb_rdma_recv {
 	struct rdma_regs regs;
@@ -83,250 +60,6 @@ struct rdma_send {
 static const char *link_text(const struct tpb_rdma_link *l)
 {
 	return l->g->cfg.link_ops->name(l->link);
-}
-
-/* ---- the event fd: completion channels and timers ------------------------------------------ */
-
-/* Arms the timerfd for the first armed timer (or disarms it). */
-static void timers_rearm(struct tpb_rdma *g)
-{
-	struct itimerspec its = { 0 };
-	struct rdma_timer *t;
-	uint64_t first = UINT64_MAX;
-
-	tpu_list_for_each(t, &g->timers, node)
-		first = TPU_MIN(first, t->due_ns);
-	if (first != UINT64_MAX) {
-		first = TPU_MAX(first, 1); /* 0 would disarm */
-		its.it_value.tv_sec = (time_t)(first / 1000000000u);
-		its.it_value.tv_nsec = (long)(first % 1000000000u);
-	}
-	(void)timerfd_settime(g->tfd, TFD_TIMER_ABSTIME, &its, NULL);
-}
-
-/* Runs @t's work from tpb_rdma_progress() in @us microseconds (0: on the next one). */
-static void timer_in_us(struct tpb_rdma *g, struct rdma_timer *t, long us)
-{
-	t->due_ns = tpu_now_ns() + (uint64_t)us * 1000u;
-	if (!t->armed)
-		tpu_list_insert_tail(&g->timers, &t->node);
-	t->armed = true;
-	timers_rearm(g);
-}
-
-static void timer_stop(struct rdma_timer *t)
-{
-	if (t->armed)
-		tpu_list_remove(&t->node);
-	t->armed = false;
-}
-
-/* Runs the timers due by @now, one at a time (each may arm, stop or free others). */
-static void timers_run(struct tpb_rdma *g, uint64_t now)
-{
-	for (;;) {
-		struct rdma_timer *t, *due = NULL;
-
-		tpu_list_for_each(t, &g->timers, node) {
-			if (t->due_ns <= now) {
-				due = t;
-				break;
-			}
-		}
-		if (!due)
-			break;
-		timer_stop(due);
-		due->fn(due);
-	}
-	timers_rearm(g);
-}
-
-/* ---- ports --------------------------------------------------------------------------------- */
-
-static void rdma_write_done(void *arg, uint64_t cookie, int status, const char *why);
-
-static void port_on_cq(struct rdma_port *pt)
-{
-	int r = tpv_cq_drain(pt->ctx, rdma_write_done, pt->g);
-
-	if (r < 0)
-		tpu_log(TPU_LOG_ERR, "rdma: %s port %u: completion queue failed: %s",
-			pt->nic->dev, pt->nic->port, strerror(-r));
-}
-
-/* Closes @pt's device context and stops watching its completion channel. */
-static void port_close(struct rdma_port *pt)
-{
-	if (pt->ctx)
-		(void)epoll_ctl(pt->g->epfd, EPOLL_CTL_DEL, tpv_cq_fd(pt->ctx), NULL);
-	tpv_ctx_close(pt->ctx);
-	pt->ctx = NULL;
-}
-
-void tpb_rdma_port_put(struct rdma_port *pt)
-{
-	if (--pt->refs)
-		return;
-	port_close(pt);
-}
-
-int tpb_rdma_port_open(struct rdma_port *pt, char *why, size_t wl)
-{
-	int r;
-
-	if (pt->ctx) {
-		pt->refs++;
-		return 0;
-	}
-	if (pt->why[0]) {
-		snprintf(why, wl, "%s", pt->why);
-		return -EIO;
-	}
-	r = tpv_ctx_open(pt->g->ops, pt->nic, RDMA_CQ_DEPTH, &pt->ctx, pt->why, sizeof(pt->why));
-	if (r == 0) {
-		struct epoll_event ev = { .events = EPOLLIN, .data.ptr = pt };
-
-		if (epoll_ctl(pt->g->epfd, EPOLL_CTL_ADD, tpv_cq_fd(pt->ctx), &ev) < 0) {
-			r = -errno;
-			snprintf(pt->why, sizeof(pt->why),
-				 "cannot watch the completion channel: %s", strerror(-r));
-			tpv_ctx_close(pt->ctx);
-			pt->ctx = NULL;
-		}
-	}
-	if (r < 0) {
-		tpv_ctx_close(pt->ctx);
-		pt->ctx = NULL;
-		snprintf(why, wl, "%s", pt->why);
-		return r;
-	}
-	pt->refs = 1;
-	return 0;
-}
-
-/* Did the registry find channel @name viable? */
-static bool rdma_channel_viable(const char *name)
-{
-	size_t n;
-	const struct tpb_channel_info *ch = tpb_registry_list(&n);
-	int i = tpb_index(name);
-
-	return i >= 0 && (size_t)i < n && ch[i].viable;
-}
-
-/* Finds the ports of @g (none is fine). Return: 0, or -ENOMEM. */
-static int ctx_find_ports(struct tpb_rdma *g)
-{
-	char why[256] = "";
-	size_t n = 0;
-
-	if (g->cfg.disabled) {
-		tpu_log(TPU_LOG_INFO, "rdma and cuda_gdr: disabled by configuration");
-		return 0;
-	}
-	/* The registry probed RDMA once at start-up (rdma and cuda_gdr share that probe); its
-	 * "channel rdma/cuda_gdr: not viable" lines say why, at info. */
-	if (!rdma_channel_viable("rdma"))
-		return 0;
-	g->cuda = rdma_channel_viable("cuda_gdr");
-	g->ops = tpv_ops_load(why, sizeof(why));
-	if (!g->ops) {
-		/* the probes' "channel rdma/cuda_gdr: not viable" lines say why, at info */
-		tpu_log(TPU_LOG_DEBUG, "rdma: %s", why);
-		return 0;
-	}
-	if (tpv_nics_list(g->ops, TPV_SYSFS_ROOT, &g->nics, &n, why, sizeof(why)) < 0)
-		return -ENOMEM;
-	g->ports = calloc(n ? n : 1, sizeof(*g->ports));
-	if (!g->ports)
-		return -ENOMEM;
-	n = TPU_MIN(n, (size_t)g->cfg.ports_max);
-	for (size_t i = 0; i < n; i++)
-		g->ports[i] = (struct rdma_port){ .g = g, .nic = &g->nics[i] };
-	g->n = n;
-	if (n)
-		tpu_log(TPU_LOG_INFO, "rdma%s: %zu RDMA port%s, first %s port %u",
-			g->cuda ? " and cuda_gdr" : "", n, n == 1 ? "" : "s", g->nics[0].dev,
-			g->nics[0].port);
-	return 0;
-}
-
-int tpb_rdma_ctx_new(const struct tpb_rdma_config *cfg, struct tpb_rdma **ret)
-{
-	struct epoll_event ev = { .events = EPOLLIN, .data.ptr = NULL };
-	struct tpb_rdma *g = calloc(1, sizeof(*g));
-	int r;
-
-	if (!g)
-		return -ENOMEM;
-	g->base.ops = &tpb_rdma_ops;
-	g->base.idx = tpb_index("rdma");
-	g->cfg = *cfg;
-	g->epfd = g->tfd = -EBADF;
-	tpu_list_init(&g->mrs);
-	tpu_list_init(&g->timers);
-	tpu_list_init(&g->links);
-	g->epfd = epoll_create1(EPOLL_CLOEXEC);
-	if (g->epfd >= 0)
-		g->tfd = timerfd_create(CLOCK_MONOTONIC, TFD_CLOEXEC | TFD_NONBLOCK);
-	if (g->epfd < 0 || g->tfd < 0 || epoll_ctl(g->epfd, EPOLL_CTL_ADD, g->tfd, &ev) < 0)
-		r = -errno;
-	else
-		r = ctx_find_ports(g);
-	if (r < 0) {
-		tpb_rdma_ctx_free(g);
-		return r;
-	}
-	*ret = g;
-	return 0;
-}
-
-void tpb_rdma_ctx_free(struct tpb_rdma *g)
-{
-	if (!g)
-		return;
-	tpb_rdma_cache_stop(g);
-	for (size_t i = 0; i < g->n; i++)
-		port_close(&g->ports[i]);
-	if (g->tfd >= 0)
-		close(g->tfd);
-	if (g->epfd >= 0)
-		close(g->epfd);
-	free(g->ports);
-	free(g->nics);
-	free(g);
-}
-
-void tpb_rdma_set_cache(struct tpb_rdma *g, uint64_t cache_bytes)
-{
-	if (g)
-		g->cfg.cache_bytes = cache_bytes;
-}
-
-int tpb_rdma_event_fd(struct tpb_rdma *g)
-{
-	return g->epfd;
-}
-
-int tpb_rdma_progress(struct tpb_rdma *g)
-{
-	uint64_t expirations;
-
-	if (read(g->tfd, &expirations, sizeof(expirations)) < 0) {
-		/* EAGAIN: the timer did not fire; a completion channel did */
-	}
-	for (size_t i = 0; i < g->n; i++)
-		if (g->ports[i].ctx)
-			port_on_cq(&g->ports[i]);
-	timers_run(g, tpu_now_ns());
-	return 0;
-}
-
-unsigned tpb_rdma_offers(const struct tpb_rdma *g)
-{
-	if (!g || g->n == 0)
-		return 0;
-	return TPB_RDMA_HOST | (g->cuda ? TPB_RDMA_CUDA : 0);
 }
 
 /* ---- link set-up --------------------------------------------------------------------------- */
@@ -535,7 +268,7 @@ static void recv_on_timer(struct rdma_timer *t)
 	int r = events_done(rv->segs, rv->regs.n, why, sizeof(why));
 
 	if (r == 0) {
-		timer_in_us(rv->g, &rv->timer, RDMA_POLL_US);
+		tpb_rdma_timer_in_us(rv->g, &rv->timer, RDMA_POLL_US);
 		return;
 	}
 	rv->ready(rv->arg, r < 0 ? r : 0, why);
@@ -583,7 +316,7 @@ int tpb_rdma_recv_new(struct tpb_rdma_link *l, const struct tpb_rdma_seg *segs, 
 			.cuda = segs[i].mem.loc == TPB_LOC_CUDA,
 		};
 	}
-	timer_in_us(rv->g, &rv->timer, 0);
+	tpb_rdma_timer_in_us(rv->g, &rv->timer, 0);
 	*ret = rv;
 	return 0;
 }
@@ -601,7 +334,7 @@ void tpb_rdma_recv_free(struct tpb_rdma_recv *rv)
 {
 	if (!rv)
 		return;
-	timer_stop(&rv->timer);
+	tpb_rdma_timer_stop(&rv->timer);
 	tpb_rdma_reg_free(&rv->regs);
 	free(rv->regions);
 	free(rv);
@@ -615,7 +348,7 @@ static void send_finish(struct rdma_send *s)
 
 	tpu_list_remove(&s->node);
 	tpb_rdma_reg_free(&s->regs);
-	timer_stop(&s->timer);
+	tpb_rdma_timer_stop(&s->timer);
 	x->status = s->status ? s->status : s->canceled ? -ECANCELED : 0;
 	snprintf(x->why, sizeof(x->why), "%s",
 		 s->status ? s->why : s->canceled ? "transfer canceled" : "");
@@ -683,7 +416,7 @@ static void send_post(struct rdma_send *s)
 	s->posting = false;
 }
 
-static void rdma_write_done(void *arg, uint64_t cookie, int status, const char *why)
+void tpb_rdma_write_done(void *arg, uint64_t cookie, int status, const char *why)
 {
 	struct rdma_send *s = (struct rdma_send *)(uintptr_t)cookie;
 
@@ -695,7 +428,7 @@ static void rdma_write_done(void *arg, uint64_t cookie, int status, const char *
 	if (s->pending)
 		return;
 	/* Finish outside the drain; or the queue is full of other transfers' writes: retry. */
-	timer_in_us(s->l->g, &s->timer, send_more(s) ? RDMA_POLL_US : 0);
+	tpb_rdma_timer_in_us(s->l->g, &s->timer, send_more(s) ? RDMA_POLL_US : 0);
 }
 
 static void send_on_timer(struct rdma_timer *t)
@@ -709,7 +442,7 @@ static void send_on_timer(struct rdma_timer *t)
 	if (!s->status && !s->canceled && !s->events_ok) {
 		r = events_done(s->x->segs, s->x->n_segs, why, sizeof(why));
 		if (r == 0) {
-			timer_in_us(s->l->g, &s->timer, RDMA_POLL_US);
+			tpb_rdma_timer_in_us(s->l->g, &s->timer, RDMA_POLL_US);
 			return;
 		}
 		if (r < 0)
@@ -721,7 +454,7 @@ static void send_on_timer(struct rdma_timer *t)
 		if (s->pending)
 			return;
 		if (send_more(s)) { /* the send queue is full of other transfers' writes */
-			timer_in_us(s->l->g, &s->timer, RDMA_POLL_US);
+			tpb_rdma_timer_in_us(s->l->g, &s->timer, RDMA_POLL_US);
 			return;
 		}
 	}
@@ -795,7 +528,7 @@ int tpb_rdma_send(struct tpb_rdma_link *l, struct tpb_rdma_xfer *x,
 		x->total += x->segs[i].len;
 	x->start_ns = tpu_now_ns();
 	tpu_list_insert_tail(&l->sends, &s->node);
-	timer_in_us(l->g, &s->timer, 0);
+	tpb_rdma_timer_in_us(l->g, &s->timer, 0);
 	return 0;
 }
 
@@ -808,7 +541,7 @@ void tpb_rdma_send_cancel(struct tpb_rdma_link *l, struct tpb_rdma_xfer *x)
 			continue;
 		s->canceled = true;
 		if (!s->pending)
-			timer_in_us(l->g, &s->timer, 0);
+			tpb_rdma_timer_in_us(l->g, &s->timer, 0);
 		return;
 	}
 }
@@ -823,12 +556,12 @@ void tpb_rdma_link_free(struct tpb_rdma_link *l)
 	l->closing = true;
 	tpu_list_for_each(s, &l->sends, node)
 		send_fail(s, -ECONNRESET, "peer link closed");
-	/* Closing flushes the writes still pending through rdma_write_done(). */
+	/* Closing flushes the writes still pending through tpb_rdma_write_done(). */
 	n = l->qps ? l->g->n * l->n_remote : 0;
 	for (size_t k = 0; k < n; k++) {
 		if (!l->qps[k])
 			continue;
-		tpv_qp_close(l->qps[k], rdma_write_done, l->g);
+		tpv_qp_close(l->qps[k], tpb_rdma_write_done, l->g);
 		tpb_rdma_port_put(&l->g->ports[k / l->n_remote]);
 	}
 	tpu_list_for_each_safe(s, tmp, &l->sends, node) {
@@ -840,222 +573,10 @@ void tpb_rdma_link_free(struct tpb_rdma_link *l)
 	free(l);
 }
 
-/* ---- the endpoint in the op table ---------------------------------------------------------- */
-
-/* A send started by tpb_start(): the op, and what tpb_rdma_send() borrows until it ends. */
-struct op_send {
-	struct tpu_list node; /* in the link's op_sends */
-	struct tpb_op *op;
-	struct tpb_rdma_xfer x;
-	struct tpb_rdma_seg *segs;
-	struct tpb_rdma_region *regions;
-};
-
-struct tpb_ep *tpb_rdma_link_ep(struct tpb_rdma_link *l)
-{
-	return l ? &l->ep : NULL;
-}
-
-int tpb_rdma_ep_open(struct tpb_ctx *ctx, const struct tpb_peer *peer, struct tpb_ep **ret)
-{
-	struct tpb_rdma *g = tpb_rdma_of(ctx);
-	struct tpb_rdma_link *l;
-
-	if (!g || !peer)
-		return -EOPNOTSUPP; /* between hosts only */
-	tpu_list_for_each(l, &g->links, node) {
-		if (l->link == peer->link) {
-			*ret = &l->ep;
-			return 0;
-		}
-	}
-	return -EOPNOTSUPP; /* the two daemons set up no RDMA on this link */
-}
-
-void tpb_rdma_ep_close(struct tpb_ep *ep)
-{
-	/* the link owns its endpoint: tpb_rdma_link_free() */
-}
-
-static uint64_t get_le(const uint8_t *p, unsigned bytes)
-{
-	uint64_t v = 0;
-
-	for (unsigned i = 0; i < bytes; i++)
-		v |= (uint64_t)p[i] << (8 * i);
-	return v;
-}
-
-/* The offer of @op (tpb_rdma_offer_encode()) into @os->regions and @of. */
-static int op_offer(const struct tpb_op *op, struct op_send *os, struct tpb_rdma_offer *of,
-		    char *why, size_t wl)
-{
-	const uint8_t *p = op->offer;
-	size_t n;
-
-	if (!p || op->offer_len < TPB_RDMA_OFFER_HDR) {
-		snprintf(why, wl, "the reader's daemon offered no RDMA region");
-		return -EOPNOTSUPP;
-	}
-	n = get_le(p + 4, 4);
-	if (op->offer_len != tpb_rdma_offer_size(n)) {
-		snprintf(why, wl, "RDMA offer of %zu bytes for %zu regions", op->offer_len, n);
-		return -EPROTO;
-	}
-	os->regions = calloc(n ? n : 1, sizeof(*os->regions));
-	if (!os->regions)
-		return -ENOMEM;
-	for (size_t i = 0; i < n; i++) {
-		const uint8_t *r = p + TPB_RDMA_OFFER_HDR + i * TPB_RDMA_OFFER_REGION;
-
-		os->regions[i] = (struct tpb_rdma_region){ .addr = get_le(r, 8),
-							   .length = get_le(r + 8, 8),
-							   .rkey = (uint32_t)get_le(r + 16, 4),
-							   .cuda = get_le(r + 20, 4) & 1 };
-	}
-	*of = (struct tpb_rdma_offer){ .port = (uint32_t)get_le(p, 4), .n = n,
-				       .regions = os->regions };
-	return 0;
-}
-
-static void op_send_free(struct op_send *os)
-{
-	free(os->segs);
-	free(os->regions);
-	free(os);
-}
-
-static void op_send_done(struct tpb_rdma_xfer *x)
-{
-	struct op_send *os = x->arg;
-	struct tpb_op *op = os->op;
-
-	tpu_list_remove(&os->node);
-	op->status = x->status;
-	op->bytes = x->status == 0 ? x->bytes : 0;
-	snprintf(op->why, sizeof(op->why), "%s", x->status < 0 ? x->why : "");
-	op->canceled = false;
-	op_send_free(os);
-	op->done(op); /* @op is its owner's again */
-}
-
-int tpb_rdma_ep_start(struct tpb_ep *ep, struct tpb_op *op)
-{
-	struct tpb_rdma_link *l = tpu_container_of(ep, struct tpb_rdma_link, ep);
-	struct op_send *os = calloc(1, sizeof(*os));
-	struct tpb_rdma_offer of;
-	int r;
-
-	op->why[0] = '\0';
-	if (!os)
-		return -ENOMEM;
-	os->op = op;
-	os->segs = calloc(op->n_xfers ? op->n_xfers : 1, sizeof(*os->segs));
-	r = os->segs ? op_offer(op, os, &of, op->why, sizeof(op->why)) : -ENOMEM;
-	for (size_t i = 0; r == 0 && i < op->n_xfers; i++)
-		os->segs[i] = (struct tpb_rdma_seg){ .mem = op->xfers[i].src,
-						     .len = op->xfers[i].len,
-						     .buf = op->xfers[i].src.buf };
-	os->x = (struct tpb_rdma_xfer){ .segs = os->segs, .n_segs = op->n_xfers,
-					.done = op_send_done, .arg = os };
-	if (r == 0)
-		r = tpb_rdma_send(l, &os->x, &of, op->why, sizeof(op->why));
-	if (r < 0) {
-		op_send_free(os);
-		return r;
-	}
-	op->ep = ep;
-	op->status = 0;
-	op->bytes = 0;
-	tpu_list_insert_tail(&l->op_sends, &os->node);
-	return 0;
-}
-
-int tpb_rdma_ep_cancel(struct tpb_ep *ep, struct tpb_op *op)
-{
-	struct tpb_rdma_link *l = tpu_container_of(ep, struct tpb_rdma_link, ep);
-	struct op_send *os;
-
-	tpu_list_for_each(os, &l->op_sends, node) {
-		if (os->op == op) {
-			op->canceled = true;
-			tpb_rdma_send_cancel(l, &os->x);
-			return 0;
-		}
-	}
-	return -ENOENT;
-}
-
 #else /* !HAVE_RDMA */
-
-struct tpb_rdma {
-	struct tpb_ctx base; /* first: the op table's head */
-};
-
-int tpb_rdma_ctx_new(const struct tpb_rdma_config *cfg, struct tpb_rdma **ret)
-{
-	struct tpb_rdma *g = calloc(1, sizeof(*g));
-
-	if (!g)
-		return -ENOMEM;
-	g->base.ops = &tpb_rdma_ops;
-	g->base.idx = tpb_index("rdma");
-	*ret = g;
-	return 0;
-}
-
-void tpb_rdma_ctx_free(struct tpb_rdma *g)
-{
-	free(g);
-}
-
-void tpb_rdma_set_cache(struct tpb_rdma *g, uint64_t cache_bytes)
-{
-}
-
-int tpb_rdma_event_fd(struct tpb_rdma *g)
-{
-	return -EOPNOTSUPP;
-}
-
-int tpb_rdma_progress(struct tpb_rdma *g)
-{
-	return -EOPNOTSUPP;
-}
-
-unsigned tpb_rdma_offers(const struct tpb_rdma *g)
-{
-	return 0;
-}
-
 struct tpb_rdma_link *tpb_rdma_link_new(struct tpb_rdma *g, void *link, unsigned peer_offers)
 {
 	return NULL;
-}
-
-struct tpb_ep *tpb_rdma_link_ep(struct tpb_rdma_link *l)
-{
-	return NULL;
-}
-
-int tpb_rdma_ep_open(struct tpb_ctx *ctx, const struct tpb_peer *peer, struct tpb_ep **ret)
-{
-	return -EOPNOTSUPP;
-}
-
-void tpb_rdma_ep_close(struct tpb_ep *ep)
-{
-}
-
-int tpb_rdma_ep_start(struct tpb_ep *ep, struct tpb_op *op)
-{
-	snprintf(op->why, sizeof(op->why), "tpipd was built without RDMA or CUDA support");
-	return -EOPNOTSUPP;
-}
-
-int tpb_rdma_ep_cancel(struct tpb_ep *ep, struct tpb_op *op)
-{
-	return -ENOENT;
 }
 
 void tpb_rdma_link_free(struct tpb_rdma_link *l)
@@ -1115,43 +636,3 @@ void tpb_rdma_send_cancel(struct tpb_rdma_link *l, struct tpb_rdma_xfer *x)
 }
 
 #endif
-
-struct tpb_rdma *tpb_rdma_of(struct tpb_ctx *ctx)
-{
-	return ctx && ctx->ops == &tpb_rdma_ops ? (struct tpb_rdma *)ctx : NULL;
-}
-
-struct tpb_ctx *tpb_rdma_ctx(struct tpb_rdma *g)
-{
-	return g ? &g->base : NULL;
-}
-
-size_t tpb_rdma_offer_size(size_t n)
-{
-	return TPB_RDMA_OFFER_HDR + n * TPB_RDMA_OFFER_REGION;
-}
-
-static void put_le(uint8_t *p, uint64_t v, unsigned bytes)
-{
-	for (unsigned i = 0; i < bytes; i++)
-		p[i] = (uint8_t)(v >> (8 * i));
-}
-
-int tpb_rdma_offer_encode(const struct tpb_rdma_offer *of, void *buf, size_t len)
-{
-	uint8_t *p = buf;
-
-	if (of->n > UINT32_MAX || len < tpb_rdma_offer_size(of->n))
-		return -ENOBUFS;
-	put_le(p, of->port, 4);
-	put_le(p + 4, of->n, 4);
-	for (size_t i = 0; i < of->n; i++) {
-		uint8_t *r = p + TPB_RDMA_OFFER_HDR + i * TPB_RDMA_OFFER_REGION;
-
-		put_le(r, of->regions[i].addr, 8);
-		put_le(r + 8, of->regions[i].length, 8);
-		put_le(r + 16, of->regions[i].rkey, 4);
-		put_le(r + 20, of->regions[i].cuda ? 1 : 0, 4);
-	}
-	return (int)tpb_rdma_offer_size(of->n);
-}

@@ -54,6 +54,36 @@ struct tpb_rdma {
 	uint64_t host_bytes; /* of cache.bytes, in shared buffers (what the rdma-cache budget caps) */
 };
 
+enum link_state { LINK_PORTS, LINK_CONNECTING, LINK_READY, LINK_OFF };
+
+/* A peer link's RDMA state (link.c), its endpoint (ep.c). */
+struct tpb_rdma_link {
+	struct tpb_ep ep; /* its endpoint in the op table */
+	struct tpb_peer peer;
+	struct tpu_list node; /* in g->links */
+	struct tpu_list op_sends; /* struct op_send: sends started through the op table */
+	struct tpb_rdma *g;
+	void *link; /* the daemon's */
+	enum link_state state;
+	unsigned common; /* TPB_RDMA_* both daemons offer */
+	unsigned n_remote;
+	struct tpv_qp **qps; /* [local port * n_remote + remote port] */
+	struct tpu_list sends;
+	char text[200];
+	uint64_t sent, received; /* bytes RDMA-written each way */
+	bool closing;		  /* tpb_rdma_link_free() is flushing the queue pairs */
+};
+
+/* Runs @t's work from tpb_rdma_progress() in @us microseconds (0: on the next one); an armed
+ * @t is re-armed (ctx.c). */
+void tpb_rdma_timer_in_us(struct tpb_rdma *g, struct rdma_timer *t, long us);
+/* Disarms @t, armed or not. */
+void tpb_rdma_timer_stop(struct rdma_timer *t);
+
+/* A write a send posted completed (a tpv_done_fn, @cookie the send): from the completion queue
+ * drain (ctx.c), or flushed by closing its queue pair (link.c). */
+void tpb_rdma_write_done(void *arg, uint64_t cookie, int status, const char *why);
+
 /* One segment of a transfer, in a registration: where the peer writes or this side reads. */
 struct rdma_reg {
 	struct rdma_mr *e; /* NULL for an empty segment */
