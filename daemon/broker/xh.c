@@ -35,10 +35,10 @@ struct tpd_xh {
 	bool started;
 	Tpw__V1__Status early; /* send: the reader finished (failed) before the send ended */
 	char early_why[160];
-	/* rdma / cuda_gdr. Send: the reader's RDMA offer (copied from its PeerReadReq), gdr once
-	 * the writes run. Receive: the offered registration, gdr once the sender said it wrote.
-	 * Send: the op started on the link's rdma endpoint; receive: the segments as
-	 * backends/rdma registers them. */
+	/* rdma / cuda_gdr. Send: the reader's RDMA offer (copied from its PeerReadReq) and the op
+	 * started with it on the link's rdma endpoint; gdr once the writes run. Receive: the
+	 * segments as backends/rdma registers them and their registration (the offer); gdr once
+	 * the sender said it wrote. */
 	struct tpb_rdma_offer offer;
 	struct tpb_rdma_region *offer_regions; /* owned: offer.regions */
 	struct tpb_op rop;
