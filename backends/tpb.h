@@ -18,11 +18,11 @@
  * Between hosts:
  *   mpt    chunks striped over a peer link's data connections (backends/mpt/stripe.c); no copy
  *          op; the async table over the link's stripe (backends/mpt/mpt.c)
- *   rdma   RDMA writes between shared buffers on both hosts (daemon/xfer/gdr.c); no copy op
+ *   rdma   RDMA writes between shared buffers on both hosts (backends/rdma/link.c); no copy op
  *   cuda_basic  CUDA memory staged chunk by chunk through host buffers of the stripe threads
  *          (tpb_cuda_basic_stage()), so it rides the mpt connections; no copy op
  *   cuda_gdr  RDMA writes straight from and into registered memory over ibverbs (GPUDirect),
- *          run by the daemon (daemon/xfer/gdr.c); probed here (CUDA driver and an RDMA port);
+ *          run by the daemon (backends/rdma/link.c); probed here (CUDA driver and an RDMA port);
  *          no copy op
  */
 #ifndef TPB_H
@@ -58,6 +58,7 @@ enum tpb_loc {
 struct tpb_cuda_map;
 struct tpb_stripe;
 struct tpb_proc;
+struct tpb_buffer;
 
 struct tpb_mem {
 	enum tpb_loc loc;
@@ -71,6 +72,9 @@ struct tpb_mem {
 	/* TPB_LOC_REMOTE: the kind of memory on the other host as far as this side knows it
 	 * (TPB_LOC_LOCAL: a shared buffer there, TPB_LOC_PROCESS: private memory, TPB_LOC_CUDA). */
 	enum tpb_loc remote;
+	/* TPB_LOC_LOCAL inside a client's shared buffer: that buffer (borrowed, as @proc), so that
+	 * a channel that registers memory (rdma) can keep a registration with it; else NULL. */
+	struct tpb_buffer *buf;
 };
 
 /* One contiguous copy. */
@@ -91,11 +95,16 @@ struct tpb_scratch {
 /* Releases what copies made in @s (CUDA streams, pinned memory); not @s->bounce. Borrows @s. */
 void tpb_cuda_scratch_done(struct tpb_scratch *s);
 
+struct tpb_rdma_config;
+
 struct tpb_config {
 	bool cma_disabled;    /* --no-cma / [backends] cma = no */
 	bool shm_disabled;    /* [backends] shm = no */
 	bool rdma_disabled;   /* --no-rdma / [backends] rdma = no: rdma and cuda_gdr */
 	const char *priority; /* "name,name,...": these first, in this order; NULL: built-in */
+	/* ctx_new of rdma (backends/rdma/rdma.h, serving cuda_gdr too): its settings, borrowed
+	 * for the call (copied); NULL: rdma makes no context (-EOPNOTSUPP). */
+	const struct tpb_rdma_config *rdma;
 };
 
 /* ---- the asynchronous channel op table ------------------------------------------------------

@@ -53,7 +53,8 @@ struct tpd_daemon {
 	struct tpd_metrics *metrics; /* NULL when off */
 
 	/* Peer links (peer/). */
-	struct tpd_gdr *gdr; /* cuda_gdr ports (gdr.c) */
+	struct tpb_rdma *gdr;	 /* rdma and cuda_gdr: the ports (backends/rdma) */
+	struct event *ev_rdma; /* its event fd */
 	struct tpd_peers *peers; /* the peer part's own state (tpd_peers_new()) */
 };
 
@@ -116,5 +117,7 @@ bool tpd_daemon_bulk_running(const struct tpd_daemon *d);
 struct tpd_peers *tpd_daemon_peers(const struct tpd_daemon *d);
 /* The mpt channel's context (tpb.h op table): each peer link opens its endpoint there. */
 struct tpb_ctx *tpd_daemon_mpt(const struct tpd_daemon *d);
+/* The RDMA context of rdma and cuda_gdr (backends/rdma/rdma.h). */
+struct tpb_rdma *tpd_daemon_rdma(const struct tpd_daemon *d);
 
 #endif

@@ -13,7 +13,7 @@
 #include "conn.h"
 #include "devmem.h"
 #include "daemon.h"
-#include "gdr.h"
+#include "rdma/rdma.h"
 #include "frame.h"
 #include "local.h"
 #include "log.h"
@@ -241,7 +241,7 @@ static void release_buffers(struct tpd_session *s)
 	void *val;
 
 	while (tpu_hmap_next(&s->buffers, &i, &key, &val)) {
-		tpd_gdrreg_forget_buffer(s->d, val);
+		tpb_rdma_forget_buffer(tpd_daemon_rdma(s->d), val);
 		tpb_buffer_unref(val);
 	}
 	tpu_hmap_done(&s->buffers);

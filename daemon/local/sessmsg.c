@@ -19,7 +19,7 @@
 #include "conn.h"
 #include "devmem.h"
 #include "daemon.h"
-#include "gdr.h"
+#include "rdma/rdma.h"
 #include "frame.h"
 #include "local.h"
 #include "log.h"
@@ -297,7 +297,7 @@ static void handle_buffer_release(struct tpd_session *s, const Tpw__V1__BufferRe
 	tpu_hmap_del(&s->buffers, m->buf_id);
 	s->buffer_bytes -= b->size;
 	s->acct->buffer_bytes -= b->size;
-	tpd_gdrreg_forget_buffer(s->d, b);
+	tpb_rdma_forget_buffer(tpd_daemon_rdma(s->d), b);
 	tpb_buffer_unref(b);
 }
 

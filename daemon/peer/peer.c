@@ -26,7 +26,7 @@
 #include <unistd.h>
 #include "daemon.h"
 #include "frame.h"
-#include "gdr.h"
+#include "rdma/rdma.h"
 #include "hmap.h"
 #include "log.h"
 #include "peer.h"
@@ -130,7 +130,7 @@ bool tpd_peer_is_failed(const struct tpd_peer *pr)
 	return pr->state == PEER_FAILED;
 }
 
-struct tpd_gdr_link *tpd_peer_gdr(struct tpd_peer *pr)
+struct tpb_rdma_link *tpd_peer_gdr(struct tpd_peer *pr)
 {
 	return pr->gdr;
 }
@@ -326,7 +326,7 @@ void tpd_peer_teardown(struct tpd_peer *pr)
 	pr->stripe = NULL;
 	tpb_ep_close(mpt_ep);
 	tpb_progress(tpd_daemon_mpt(ps->d));
-	tpd_gdr_link_free(pr->gdr);
+	tpb_rdma_link_free(pr->gdr);
 	pr->gdr = NULL;
 	pipe_ops->waits_drop(ps->d, pr);
 	while (v && tpu_hmap_next(&pr->pipes, &i, &key, &val))

@@ -25,7 +25,8 @@ struct tpd_peer;
 struct tpd_peers;
 struct tpd_pipe;
 struct tpb_stripe;
-struct tpd_gdr_link;
+struct tpb_rdma_link;
+struct tpb_rdma_link_ops;
 
 /*
  * tpd_peers_new() - the peer part of daemon @d, with no link and no listener yet; the daemon
@@ -107,7 +108,7 @@ bool tpd_peer_identity_matches(const char *entry, const void *pr);
 char *tpd_peer_dial_text(const struct tpd_peer *pr, char *buf, size_t len);
 
 /* The link's cuda_gdr state, or NULL when the two daemons do not both offer it. */
-struct tpd_gdr_link *tpd_peer_gdr(struct tpd_peer *pr);
+struct tpb_rdma_link *tpd_peer_gdr(struct tpd_peer *pr);
 
 /* The link's data connections. */
 struct tpb_stripe *tpd_peer_stripe(struct tpd_peer *pr);
@@ -214,5 +215,9 @@ const char *tpd_peers_host_id(const struct tpd_daemon *d);
  * Return: 0, or -EINVAL.
  */
 int tpd_peerlisten_check(const char *spec);
+
+/* What a link's RDMA state (backends/rdma) calls up into (peerrdma.c): the daemon hands it to
+ * tpb_rdma_ctx_new(); its @link is the struct tpd_peer. */
+extern const struct tpb_rdma_link_ops tpd_peer_rdma_ops;
 
 #endif

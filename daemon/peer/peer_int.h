@@ -107,9 +107,9 @@ struct tpd_peer {
 	uint64_t ctl_in, ctl_out;
 	int fail_err;
 	char last_error[200];
-	unsigned peer_rdma;	    /* TPD_GDR_*: the peer offered rdma, cuda_gdr in its Hello */
+	unsigned peer_rdma;	    /* TPB_RDMA_*: the peer offered rdma, cuda_gdr in its Hello */
 	uint32_t peer_minor;	    /* the peer protocol minor version of its Hello */
-	struct tpd_gdr_link *gdr;   /* RDMA set-up and sends (NULL: not on this link) */
+	struct tpb_rdma_link *gdr;  /* RDMA set-up and sends (NULL: not on this link) */
 	/* Dialling (peerdial.c), while PEER_CONNECTING: */
 	struct evdns_getaddrinfo_request *dns_req; /* resolving the host */
 	struct evutil_addrinfo *addrs, *addr;	    /* what it resolved to; the one tried */
@@ -383,5 +383,9 @@ void tpd_peermsg_dispatch(struct tpd_peer *pr, const Tpw__V1__PeerMsg *m, const 
 
 /* The registered pipe ops (tpd_peer_set_pipe_ops()). Return: borrowed, static. */
 const struct tpd_peer_pipe_ops *tpd_peer_pipe_ops(void);
+
+/* The peer's PeerRdma @m (validated), handed to @pr's RDMA state, if it has one, in its plain
+ * form (peerrdma.c). Borrows @pr and @m for the call. */
+void tpd_peer_rdma_on_msg(struct tpd_peer *pr, const Tpw__V1__PeerRdma *m);
 
 #endif
