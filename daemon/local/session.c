@@ -143,13 +143,14 @@ static void send_refusal(struct tpd_session *s, const char *why)
 static int session_admit(struct tpd_session *s)
 {
 	struct tpd_daemon *d = s->d;
-	bool admin = tpd_quota_is_admin(d, s->uid, s->gid, s->groups, s->n_groups);
+	bool admin = tpd_quota_is_admin(tpd_daemon_cfg(d), s->uid, s->gid, s->groups, s->n_groups);
 	unsigned others = tpd_local_session_count(tpd_daemon_local(d)) - 1;
 	unsigned suppressed;
 	char why[200];
 	int r;
 
-	r = tpd_quota_admit(d, s->uid, admin, others, &s->acct, why, sizeof(why));
+	r = tpd_quota_admit(tpd_daemon_quota(d), tpd_daemon_cfg(d), s->uid, admin, others, &s->acct,
+			    why, sizeof(why));
 	if (r == 0)
 		return 0;
 	send_refusal(s, why);
@@ -266,7 +267,7 @@ void tpd_session_free(struct tpd_session *s, Tpw__V1__Status why)
 	tpd_devmem_session_end(s);
 	tpd_conn_done(s); /* releases the queued and buffered bytes before the uid leaves */
 	if (s->acct)
-		tpd_quota_leave(s->d, s->acct);
+		tpd_quota_leave(tpd_daemon_quota(s->d), s->acct);
 	if (s->ev_close)
 		event_free(s->ev_close);
 	if (s->ev_hello)
