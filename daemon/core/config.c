@@ -10,7 +10,6 @@
 #include <unistd.h>
 #include "addr.h"
 #include "config.h"
-#include "devmem.h"
 #include "ring.h"
 #include "tpb.h"
 #include "tpconfig.h"
