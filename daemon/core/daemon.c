@@ -29,74 +29,9 @@
 
 static void daemon_on_accept(evutil_socket_t fd, short what, void *arg);
 
-uint64_t tpd_daemon_uptime_ms(const struct tpd_daemon *d)
-{
-	return (tpu_now_ns() - d->start_ns) / 1000000;
-}
-
-const struct tpd_config *tpd_daemon_cfg(const struct tpd_daemon *d)
-{
-	return &d->cfg;
-}
-
-struct event_base *tpd_daemon_base(const struct tpd_daemon *d)
-{
-	return d->base;
-}
-
-const struct tpw_limits *tpd_daemon_limits(const struct tpd_daemon *d)
-{
-	return &d->limits;
-}
-
-struct tpd_stats *tpd_daemon_stats(struct tpd_daemon *d)
-{
-	return &d->stats;
-}
-
-struct tpd_registry *tpd_daemon_registry(struct tpd_daemon *d)
-{
-	return &d->registry;
-}
-
-struct tpd_quota *tpd_daemon_quota(struct tpd_daemon *d)
-{
-	return &d->quota;
-}
-
-struct tpd_copier *tpd_daemon_copier(const struct tpd_daemon *d)
-{
-	return d->copier;
-}
-
-bool tpd_daemon_stopping(const struct tpd_daemon *d)
-{
-	return d->stopping;
-}
-
-struct tpd_broker *tpd_daemon_broker(const struct tpd_daemon *d)
-{
-	return d->broker;
-}
-
-struct tpd_local *tpd_daemon_local(const struct tpd_daemon *d)
-{
-	return d->local;
-}
-
-bool tpd_daemon_cma_viable(const struct tpd_daemon *d)
-{
-	return d->cma_viable;
-}
-
 bool tpd_daemon_bulk_running(const struct tpd_daemon *d)
 {
 	return tpd_copier_busy(d->copier) || tpd_broker_busy(d->broker);
-}
-
-struct tpd_peers *tpd_daemon_peers(const struct tpd_daemon *d)
-{
-	return d->peers;
 }
 
 /* Refuses to take over a socket another daemon is serving; removes a stale one. */

@@ -13,7 +13,7 @@
 #include <string.h>
 #include <time.h>
 #include "addr.h"
-#include "daemon.h"
+#include "core.h"
 #include "gdr.h"
 #include "local.h"
 #include "log.h"

@@ -23,7 +23,7 @@
 #include <sys/socket.h>
 #include <sys/uio.h>
 #include "conn.h"
-#include "daemon.h"
+#include "core.h"
 #include "frame.h"
 #include "local.h"
 #include "log.h"

@@ -4,7 +4,7 @@
  */
 #include <errno.h>
 #include <stdio.h>
-#include "daemon.h"
+#include "core.h"
 #include "gdr.h"
 #include "devmem.h"
 #include "frame.h"

@@ -12,7 +12,7 @@
 #include <sys/socket.h>
 #include "conn.h"
 #include "devmem.h"
-#include "daemon.h"
+#include "core.h"
 #include "gdr.h"
 #include "frame.h"
 #include "local.h"

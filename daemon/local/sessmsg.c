@@ -18,7 +18,7 @@
 #include <sys/uio.h>
 #include "conn.h"
 #include "devmem.h"
-#include "daemon.h"
+#include "core.h"
 #include "gdr.h"
 #include "frame.h"
 #include "local.h"

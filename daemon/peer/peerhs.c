@@ -16,7 +16,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/socket.h>
-#include "daemon.h"
+#include "core.h"
 #include "frame.h"
 #include "gdr.h"
 #include "hmap.h"

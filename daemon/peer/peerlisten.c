@@ -22,7 +22,7 @@
 #include <sys/socket.h>
 #include <unistd.h>
 #include "addr.h"
-#include "daemon.h"
+#include "core.h"
 #include "frame.h"
 #include "log.h"
 #include "peer.h"
