@@ -18,10 +18,23 @@
 #include "tpu.h"
 
 struct tpd_broker;
+struct tpd_daemon;
 struct tpd_local;
 struct tpd_peers;
 
+/*
+ * What the assembler (daemon.c) does for the parts below it: they reach it through this table,
+ * never by calling daemon.c. Set by tpd_daemon_new() before any part runs.
+ */
+struct tpd_daemon_ops {
+	/* Starts a graceful stop, as SIGTERM does. Borrows @d and @why. */
+	void (*stop)(struct tpd_daemon *d, const char *why);
+	/* Copies or cross-host transfers in flight? Borrows @d. */
+	bool (*bulk_running)(const struct tpd_daemon *d);
+};
+
 struct tpd_daemon {
+	const struct tpd_daemon_ops *ops; /* daemon.c's */
 	struct tpd_config cfg;
 	struct event_base *base;
 	int listen_fd;
@@ -53,6 +66,18 @@ struct tpd_daemon {
 	struct tpd_gdr *gdr; /* cuda_gdr ports (gdr.c) */
 	struct tpd_peers *peers; /* the peer part's own state (tpd_peers_new()) */
 };
+
+/* Starts a graceful stop, as SIGTERM does (through @d's ops). Borrows @d and @why. */
+static inline void tpd_daemon_stop(struct tpd_daemon *d, const char *why)
+{
+	d->ops->stop(d, why);
+}
+
+/* Copies or cross-host transfers in flight: the control rings' spin loop yields to them. */
+static inline bool tpd_daemon_bulk_running(const struct tpd_daemon *d)
+{
+	return d->ops->bulk_running(d);
+}
 
 /* Uptime in milliseconds. */
 static inline uint64_t tpd_daemon_uptime_ms(const struct tpd_daemon *d)

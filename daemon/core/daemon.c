@@ -29,7 +29,7 @@
 
 static void daemon_on_accept(evutil_socket_t fd, short what, void *arg);
 
-bool tpd_daemon_bulk_running(const struct tpd_daemon *d)
+static bool daemon_bulk_running(const struct tpd_daemon *d)
 {
 	return tpd_copier_busy(d->copier) || tpd_broker_busy(d->broker);
 }
@@ -237,7 +237,7 @@ static void daemon_on_drain(evutil_socket_t fd, short what, void *arg)
 	evtimer_add(d->ev_drain, &tv);
 }
 
-void tpd_daemon_stop(struct tpd_daemon *d, const char *why)
+static void daemon_stop(struct tpd_daemon *d, const char *why)
 {
 	char status[96];
 
@@ -269,7 +269,7 @@ static void daemon_on_signal(evutil_socket_t sig, short what, void *arg)
 			tpd_daemon_reload(d);
 		return;
 	}
-	tpd_daemon_stop(d, sig == SIGINT ? "SIGINT" : "SIGTERM");
+	daemon_stop(d, sig == SIGINT ? "SIGINT" : "SIGTERM");
 }
 
 static void update_status(struct tpd_daemon *d)
@@ -394,6 +394,11 @@ static void probe_backends(struct tpd_daemon *d)
 			     "(others stage through shared buffers)", (unsigned)geteuid());
 }
 
+static const struct tpd_daemon_ops daemon_ops = {
+	.stop = daemon_stop,
+	.bulk_running = daemon_bulk_running,
+};
+
 int tpd_daemon_new(const struct tpd_config *cfg, struct tpd_daemon **ret)
 {
 	struct tpd_daemon *d = calloc(1, sizeof(*d));
@@ -401,6 +406,7 @@ int tpd_daemon_new(const struct tpd_config *cfg, struct tpd_daemon **ret)
 
 	if (!d)
 		return -ENOMEM;
+	d->ops = &daemon_ops;
 	d->cfg = *cfg;
 	d->limits = cfg->wire;
 	d->listen_fd = -EBADF;

@@ -31,10 +31,4 @@ void tpd_daemon_free(struct tpd_daemon *d);
  */
 int tpd_daemon_reload(struct tpd_daemon *d);
 
-/* Starts a graceful stop, as SIGTERM does. */
-void tpd_daemon_stop(struct tpd_daemon *d, const char *why);
-
-/* Copies or cross-host transfers in flight: the control rings' spin loop yields to them. */
-bool tpd_daemon_bulk_running(const struct tpd_daemon *d);
-
 #endif

@@ -10,7 +10,7 @@
 #include <stdlib.h>
 #include "conn.h"
 #include "copier.h"
-#include "daemon.h"
+#include "core.h"
 #include "local.h"
 #include "session.h"
 
