@@ -423,6 +423,7 @@ int tpd_daemon_new(const struct tpd_config *cfg, struct tpd_daemon **ret)
 	r = tpd_local_new(d, &d->local);
 	if (r < 0)
 		goto fail;
+	tpd_broker_serve_local(d->local); /* sessions hand pipe messages up through its ops */
 	probe_backends(d);
 	r = tpd_copier_new(d->base, cfg->copy_threads, &d->copier);
 	if (r < 0)

@@ -17,7 +17,6 @@
 #include "frame.h"
 #include "local.h"
 #include "log.h"
-#include "pipe.h"
 #include "quota.h"
 #include "session.h"
 
@@ -221,6 +220,7 @@ fail:
 
 static void detach_pipes(struct tpd_session *s, Tpw__V1__Status why)
 {
+	const struct tpd_local_pipe_ops *ops = tpd_local_pipe_ops(tpd_daemon_local(s->d));
 	size_t n = s->pipes.len, i = 0, k = 0;
 	struct tpd_pipe_end **ends = calloc(n + 1, sizeof(*ends));
 	uint64_t key;
@@ -230,7 +230,7 @@ static void detach_pipes(struct tpd_session *s, Tpw__V1__Status why)
 	while (ends && tpu_hmap_next(&s->pipes, &i, &key, &val))
 		ends[k++] = val;
 	for (i = 0; i < k; i++)
-		tpd_pipe_end_detach(ends[i], why);
+		ops->end_detach(ends[i], why);
 	free(ends);
 	tpu_hmap_done(&s->pipes);
 }
