@@ -23,7 +23,7 @@
 #include <sys/socket.h>
 #include <sys/uio.h>
 #include "conn.h"
-#include "daemon.h"
+#include "core.h"
 #include "frame.h"
 #include "local.h"
 #include "log.h"
@@ -62,19 +62,21 @@ static int in_resize(struct tpd_session *s, size_t cap, char *why, size_t wl)
 	int r;
 
 	if (charge > s->conn.in_charged) {
-		r = tpd_quota_charge_in(s->d, s->acct, charge - s->conn.in_charged, why, wl);
+		r = tpd_quota_charge_in(tpd_daemon_quota(s->d), tpd_daemon_cfg(s->d), s->acct,
+					charge - s->conn.in_charged, why, wl);
 		if (r < 0)
 			return r;
 	}
 	nb = realloc(s->conn.in, cap);
 	if (!nb) {
 		if (charge > s->conn.in_charged)
-			tpd_quota_release_in(s->d, s->acct, charge - s->conn.in_charged);
+			tpd_quota_release_in(tpd_daemon_quota(s->d), s->acct,
+					     charge - s->conn.in_charged);
 		snprintf(why, wl, "out of memory for a %zu byte input buffer", cap);
 		return -ENOMEM;
 	}
 	if (charge < s->conn.in_charged)
-		tpd_quota_release_in(s->d, s->acct, s->conn.in_charged - charge);
+		tpd_quota_release_in(tpd_daemon_quota(s->d), s->acct, s->conn.in_charged - charge);
 	s->conn.in_charged = charge;
 	s->conn.in = nb;
 	s->conn.in_cap = cap;
@@ -141,7 +143,7 @@ static int ring_flush_out(struct tpd_session *s)
 		put = true;
 		o->off += (size_t)n;
 		s->conn.outq_bytes -= (uint64_t)n;
-		tpd_quota_release_out(s->d, s->acct, (uint64_t)n);
+		tpd_quota_release_out(tpd_daemon_quota(s->d), s->acct, (uint64_t)n);
 		s->conn.bytes_out += (uint64_t)n;
 		if (o->off < o->len)
 			continue;
@@ -169,7 +171,7 @@ static int flush_out(struct tpd_session *s)
 		}
 		o->off += (size_t)n;
 		s->conn.outq_bytes -= (uint64_t)n;
-		tpd_quota_release_out(s->d, s->acct, (uint64_t)n);
+		tpd_quota_release_out(tpd_daemon_quota(s->d), s->acct, (uint64_t)n);
 		s->conn.bytes_out += (uint64_t)n;
 		if (o->off < o->len)
 			return 0;
@@ -268,7 +270,8 @@ int tpd_conn_send(struct tpd_session *s, Tpw__V1__DaemonMsg *m, const struct iov
 	}
 	if (s->conn.ring && ring_send_direct(s, m, tail, n_tail, len, tail_len))
 		return s->dead ? -EPROTO : 0;
-	r = tpd_quota_charge_out(s->d, s->acct, len, why, sizeof(why));
+	r = tpd_quota_charge_out(tpd_daemon_quota(s->d), tpd_daemon_cfg(s->d), s->acct, len, why,
+				 sizeof(why));
 	if (r < 0) {
 		unsigned suppressed = 0;
 		bool loud = tpd_quota_ratelog_ok(budget_log(s, r), 1000, &suppressed);
@@ -281,7 +284,7 @@ int tpd_conn_send(struct tpd_session *s, Tpw__V1__DaemonMsg *m, const struct iov
 	}
 	o = malloc(sizeof(*o) + len);
 	if (!o) {
-		tpd_quota_release_out(s->d, s->acct, len);
+		tpd_quota_release_out(tpd_daemon_quota(s->d), s->acct, len);
 		tpd_session_fail(s, TPU_LOG_ERR, TPW__V1__STATUS__STATUS_IO, "out of memory");
 		return -ENOMEM;
 	}
@@ -696,8 +699,8 @@ void tpd_conn_done(struct tpd_session *s)
 		free(o);
 	}
 	if (s->acct) {
-		tpd_quota_release_out(s->d, s->acct, s->conn.outq_bytes);
-		tpd_quota_release_in(s->d, s->acct, s->conn.in_charged);
+		tpd_quota_release_out(tpd_daemon_quota(s->d), s->acct, s->conn.outq_bytes);
+		tpd_quota_release_in(tpd_daemon_quota(s->d), s->acct, s->conn.in_charged);
 	}
 	for (unsigned i = 0; i < s->conn.n_fdq; i++)
 		tpu_close(s->conn.fdq[i]);
