@@ -119,8 +119,10 @@ struct tpb_cuda_thread *tpb_cuda_thread_state(struct tpb_scratch *s)
 {
 	if (!s->cuda) {
 		struct tpb_cuda_thread *t = calloc(1, sizeof(*t));
-		if (t)
+		if (t) {
 			t->pinned_dev = -1;
+			t->reg_dev = -1;
+		}
 		s->cuda = t;
 	}
 	return s->cuda;
@@ -219,17 +221,28 @@ int tpb_cuda_event_wait(struct tpb_cuda_thread *t, int dev, CUevent ev, char *wh
 	}
 }
 
+int tpb_cuda_event_make(int dev, CUevent *ev, char *why, size_t wl)
+{
+	int r = tpb_cuda_dev_enter(dev, why, wl);
+	CUresult cr;
+
+	if (r < 0 || *ev)
+		return r;
+	cr = api()->cuEventCreate(ev, CU_EVENT_DISABLE_TIMING);
+	return cr == CUDA_SUCCESS ? 0 : fail(cr, "cuEventCreate", why, wl);
+}
+
 int tpb_cuda_stream_wait(struct tpb_cuda_thread *t, int dev, CUstream st, char *why, size_t wl)
 {
-	CUresult r = CUDA_SUCCESS;
+	CUresult cr;
+	int r = tpb_cuda_event_make(dev, &t->done[dev], why, wl);
 
-	if (!t->done)
-		r = api()->cuEventCreate(&t->done, CU_EVENT_DISABLE_TIMING);
-	if (r == CUDA_SUCCESS)
-		r = api()->cuEventRecord(t->done, st);
-	if (r != CUDA_SUCCESS)
-		return fail(r, "cuEventRecord", why, wl);
-	return tpb_cuda_event_wait(t, dev, t->done, why, wl);
+	if (r < 0)
+		return r;
+	cr = api()->cuEventRecord(t->done[dev], st);
+	if (cr != CUDA_SUCCESS)
+		return fail(cr, "cuEventRecord", why, wl);
+	return tpb_cuda_event_wait(t, dev, t->done[dev], why, wl);
 }
 
 void tpb_cuda_peer_enable(int dev, int peer)
@@ -252,18 +265,23 @@ void tpb_cuda_scratch_done(struct tpb_scratch *s)
 
 	if (!t)
 		return;
-	if (t->reg)
+	/* Each in the context that made it (the driver wants one current to free host memory). */
+	if (t->reg && tpb_cuda_dev_enter(t->reg_dev, s->why, sizeof(s->why)) == 0)
 		api()->cuMemHostUnregister(t->reg);
-	for (int i = 0; i < 2; i++)
-		if (t->half[i])
-			api()->cuEventDestroy(t->half[i]);
-	if (t->done)
-		api()->cuEventDestroy(t->done);
-	if (t->pinned)
+	if (t->pinned && tpb_cuda_dev_enter(t->pinned_dev, s->why, sizeof(s->why)) == 0)
 		api()->cuMemFreeHost(t->pinned);
-	for (int d = 0; d < DEVS_MAX; d++)
-		if (t->stream[d] && tpb_cuda_dev_enter(d, s->why, sizeof(s->why)) == 0)
+	for (int d = 0; d < DEVS_MAX; d++) {
+		if ((!t->stream[d] && !t->done[d] && !t->half[d][0] && !t->half[d][1]) ||
+		    tpb_cuda_dev_enter(d, s->why, sizeof(s->why)) < 0)
+			continue;
+		for (int i = 0; i < 2; i++)
+			if (t->half[d][i])
+				api()->cuEventDestroy(t->half[d][i]);
+		if (t->done[d])
+			api()->cuEventDestroy(t->done[d]);
+		if (t->stream[d])
 			api()->cuStreamDestroy(t->stream[d]);
+	}
 	free(t);
 	s->cuda = NULL;
 }
