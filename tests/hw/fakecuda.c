@@ -12,6 +12,12 @@
  * stream is one more such queue, and the synchronous copies run on it and wait. Devices
  * ($FAKECUDA_DEVICES, default 2) are contexts with an ordinal and a made-up PCI bus id. A
  * dma-buf for a device range is the memfd reopened at the range's start (for fakeverbs).
+ * It is as strict as the driver where our code could go wrong on a real GPU: events and streams
+ * belong to the context current when they were made (an IPC event to the one it was opened
+ * in), and cuEventRecord() of an event on a stream of another context fails with
+ * CUDA_ERROR_INVALID_HANDLE (a stream may wait for an event of any context, as the driver
+ * allows); making streams, events and device memory, opening IPC handles, the synchronous
+ * copies and work on the legacy stream need a current context (CUDA_ERROR_INVALID_CONTEXT).
  * Not emulated: implicit synchronisation between the legacy stream and blocking streams,
  * timing, limits, and anything the hw suite, libtpclient and tpipd do not call. It proves the
  * plumbing and the ordering logic, not the hardware; tests/hw on a real GPU remains the truth.
@@ -157,6 +163,8 @@ struct fevent {
 	uint32_t magic;
 	int fd;
 	struct ev_shared *sh;
+	struct fctx *ctx; /* the context it was created or opened in */
+	unsigned flags;	  /* CU_EVENT_* */
 };
 
 struct ev_handle {
@@ -171,7 +179,7 @@ static struct fevent *ev_of(CUevent e)
 	return f && f->magic == EV_MAGIC ? f : NULL;
 }
 
-static CUresult ev_map(int fd, CUevent *ret)
+static CUresult ev_map(int fd, struct fctx *ctx, unsigned flags, CUevent *ret)
 {
 	struct fevent *e = calloc(1, sizeof(*e));
 	void *p = e ? mmap(NULL, sizeof(struct ev_shared), PROT_READ | PROT_WRITE, MAP_SHARED,
@@ -182,7 +190,7 @@ static CUresult ev_map(int fd, CUevent *ret)
 		close(fd);
 		return CUDA_ERROR_OUT_OF_MEMORY;
 	}
-	*e = (struct fevent){ .magic = EV_MAGIC, .fd = fd, .sh = p };
+	*e = (struct fevent){ .magic = EV_MAGIC, .fd = fd, .sh = p, .ctx = ctx, .flags = flags };
 	*ret = (CUevent)e;
 	return CUDA_SUCCESS;
 }
@@ -225,6 +233,7 @@ struct fstream {
 	struct job *head, *tail;
 	unsigned long long queued, done;
 	bool stop;
+	struct fctx *ctx; /* the context it was created in */
 };
 
 static struct fstream *legacy;
@@ -287,6 +296,17 @@ static struct fstream *stream_new(void)
 	return s;
 }
 
+static bool stream_legacy(CUstream h)
+{
+	return !h || h == CU_STREAM_LEGACY || h == CU_STREAM_PER_THREAD;
+}
+
+/* The context of stream @h: its own, or the current one for the legacy stream (NULL: none). */
+static struct fctx *stream_ctx(CUstream h)
+{
+	return stream_legacy(h) ? ctx_current() : ((struct fstream *)h)->ctx;
+}
+
 static struct fstream *stream_of(CUstream h)
 {
 	if (h && h != CU_STREAM_LEGACY && h != CU_STREAM_PER_THREAD)
@@ -300,9 +320,13 @@ static struct fstream *stream_of(CUstream h)
 
 static CUresult stream_push(CUstream h, const struct job *tmpl)
 {
-	struct fstream *s = stream_of(h);
-	struct job *j = malloc(sizeof(*j));
+	struct fstream *s;
+	struct job *j;
 
+	if (!stream_ctx(h)) /* work on the legacy stream goes to the current context's */
+		return CUDA_ERROR_INVALID_CONTEXT;
+	s = stream_of(h);
+	j = malloc(sizeof(*j));
 	if (!s || !j) {
 		free(j);
 		return CUDA_ERROR_OUT_OF_MEMORY;
@@ -323,9 +347,12 @@ static CUresult stream_push(CUstream h, const struct job *tmpl)
 
 static CUresult stream_sync(CUstream h)
 {
-	struct fstream *s = stream_of(h);
+	struct fstream *s;
 	unsigned long long target;
 
+	if (!stream_ctx(h))
+		return CUDA_ERROR_INVALID_CONTEXT;
+	s = stream_of(h);
 	if (!s)
 		return CUDA_ERROR_OUT_OF_MEMORY;
 	pthread_mutex_lock(&s->mu);
@@ -728,16 +755,21 @@ CUresult CUDAAPI cuMemHostUnregister(void *p)
 
 /* ---- events --------------------------------------------------------------------------------- */
 
+/* Like the driver: made in the current context, which it belongs to. */
 CUresult CUDAAPI cuEventCreate(CUevent *ev, unsigned int flags)
 {
-	int fd = memfd_create("fakecuda-event", MFD_CLOEXEC);
+	struct fctx *c = ctx_current();
+	int fd;
 
+	if (!c)
+		return CUDA_ERROR_INVALID_CONTEXT;
+	fd = memfd_create("fakecuda-event", MFD_CLOEXEC);
 	if (fd < 0 || ftruncate(fd, sizeof(struct ev_shared)) < 0) {
 		if (fd >= 0)
 			close(fd);
 		return CUDA_ERROR_OUT_OF_MEMORY;
 	}
-	return ev_map(fd, ev);
+	return ev_map(fd, c, flags, ev);
 }
 
 CUresult CUDAAPI cuEventDestroy(CUevent ev)
@@ -751,12 +783,18 @@ CUresult CUDAAPI cuEventDestroy(CUevent ev)
 	return CUDA_SUCCESS;
 }
 
+/* Like the driver: the event and the stream must belong to one context. */
 CUresult CUDAAPI cuEventRecord(CUevent ev, CUstream s)
 {
 	struct fevent *e = ev_of(ev);
 	struct job j = { .kind = JOB_RECORD, .ev = e };
+	struct fctx *c = stream_ctx(s);
 
 	if (!e)
+		return CUDA_ERROR_INVALID_HANDLE;
+	if (!c)
+		return CUDA_ERROR_INVALID_CONTEXT;
+	if (c != e->ctx)
 		return CUDA_ERROR_INVALID_HANDLE;
 	j.seq = atomic_fetch_add(&e->sh->recorded, 1) + 1;
 	return stream_push(s, &j);
@@ -803,20 +841,26 @@ CUresult CUDAAPI cuIpcOpenEventHandle(CUevent *ev, CUipcEventHandle h)
 	memcpy(&m, h.reserved, sizeof(m));
 	if (m.magic != EV_MAGIC || m.pid == getpid())
 		return CUDA_ERROR_INVALID_VALUE;
+	if (!ctx_current()) /* the opened event belongs to the current context */
+		return CUDA_ERROR_INVALID_CONTEXT;
 	fd = open_remote_fd(m.pid, m.fd);
 	if (fd < 0)
 		return CUDA_ERROR_INVALID_HANDLE;
-	return ev_map(fd, ev);
+	return ev_map(fd, ctx_current(), CU_EVENT_INTERPROCESS | CU_EVENT_DISABLE_TIMING, ev);
 }
 
 /* ---- streams and work ----------------------------------------------------------------------- */
 
 CUresult CUDAAPI cuStreamCreate(CUstream *s, unsigned int flags)
 {
-	struct fstream *f = stream_new();
+	struct fctx *c = ctx_current();
+	struct fstream *f = c ? stream_new() : NULL;
 
+	if (!c)
+		return CUDA_ERROR_INVALID_CONTEXT;
 	if (!f)
 		return CUDA_ERROR_OUT_OF_MEMORY;
+	f->ctx = c;
 	*s = (CUstream)f;
 	return CUDA_SUCCESS;
 }
@@ -835,6 +879,8 @@ CUresult CUDAAPI cuStreamDestroy(CUstream h)
 	return CUDA_SUCCESS;
 }
 
+/* Unlike a record, a wait may name an event of another context or device (as the driver
+ * allows); a legacy stream needs a current context. */
 CUresult CUDAAPI cuStreamWaitEvent(CUstream s, CUevent ev, unsigned int flags)
 {
 	struct fevent *e = ev_of(ev);
