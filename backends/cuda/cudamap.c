@@ -2,8 +2,9 @@
 /*
  * The daemon-wide table of client CUDA IPC handles (memory and events) and the per-session
  * holds on them. A handle is mapped at most once per daemon whatever the number of sessions or
- * messages using it (the driver refuses to open one handle twice in a process), stays mapped
- * while a session holds it or a copy runs on it, and is closed with its last reference. Lookups
+ * messages using it (a driver opening one handle again in a process returns the same pointer and
+ * counts the opens; older ones refuse), stays mapped while a session holds it or a copy runs on
+ * it, and is closed with its last reference (so each open has its one close). Lookups
  * compare the whole 64-byte handle; tables are small (bounded holds per session), so lists do.
  */
 #include <errno.h>

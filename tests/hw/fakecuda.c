@@ -16,8 +16,11 @@
  * belong to the context current when they were made (an IPC event to the one it was opened
  * in), and cuEventRecord() of an event on a stream of another context fails with
  * CUDA_ERROR_INVALID_HANDLE (a stream may wait for an event of any context, as the driver
- * allows); making streams, events and device memory, opening IPC handles, the synchronous
- * copies and work on the legacy stream need a current context (CUDA_ERROR_INVALID_CONTEXT).
+ * allows); calls that make or free something, the synchronous copies and work on the legacy
+ * stream need a current context (CUDA_ERROR_INVALID_CONTEXT); cuEventCreate() checks its flags
+ * and cuIpcGetEventHandle() refuses an event made without CU_EVENT_INTERPROCESS and
+ * CU_EVENT_DISABLE_TIMING; a memory handle opened again in one process returns the same
+ * pointer and counts the opens, the last cuIpcCloseMemHandle() unmapping it.
  * Not emulated: implicit synchronisation between the legacy stream and blocking streams,
  * timing, limits, and anything the hw suite, libtpclient and tpipd do not call. It proves the
  * plumbing and the ordering logic, not the hardware; tests/hw on a real GPU remains the truth.
@@ -79,6 +82,8 @@ struct falloc {
 	int ordinal;
 	unsigned long long id;
 	bool imported;
+	unsigned long long src_id; /* imported: the exporter's allocation id */
+	unsigned refs;		   /* imported: opens not yet closed in this process */
 	struct falloc *next;
 };
 
@@ -89,6 +94,7 @@ struct mem_handle {
 	uint32_t magic;
 	int32_t pid, fd, ordinal;
 	uint64_t size;
+	uint64_t id; /* the exporter's allocation id */
 };
 
 /* The allocation containing @p, or NULL. Locked. */
@@ -101,7 +107,8 @@ static struct falloc *alloc_find(uintptr_t p)
 }
 
 /* Maps @size bytes of @fd and registers them. Return: CUDA_SUCCESS or an error. */
-static CUresult alloc_map(int fd, size_t size, int ordinal, bool imported, CUdeviceptr *ret)
+static CUresult alloc_map(int fd, size_t size, int ordinal, unsigned long long src_id,
+			  CUdeviceptr *ret)
 {
 	struct falloc *a = calloc(1, sizeof(*a));
 	void *p = a ? mmap(NULL, size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0) : MAP_FAILED;
@@ -112,7 +119,7 @@ static CUresult alloc_map(int fd, size_t size, int ordinal, bool imported, CUdev
 		return CUDA_ERROR_OUT_OF_MEMORY;
 	}
 	*a = (struct falloc){ .base = (uintptr_t)p, .size = size, .fd = fd, .ordinal = ordinal,
-			      .imported = imported };
+			      .imported = src_id != 0, .src_id = src_id, .refs = 1 };
 	pthread_mutex_lock(&lock);
 	a->id = ((unsigned long long)getpid() << 24) + ++next_id;
 	a->next = allocs;
@@ -130,6 +137,10 @@ static CUresult alloc_unmap(CUdeviceptr p, bool imported)
 	for (pp = &allocs; *pp; pp = &(*pp)->next) {
 		if ((*pp)->base == (uintptr_t)p && (*pp)->imported == imported) {
 			a = *pp;
+			if (imported && --a->refs) { /* still open elsewhere in this process */
+				pthread_mutex_unlock(&lock);
+				return CUDA_SUCCESS;
+			}
 			*pp = a->next;
 			break;
 		}
@@ -594,11 +605,13 @@ CUresult CUDAAPI cuMemAlloc(CUdeviceptr *dptr, size_t size)
 			close(fd);
 		return CUDA_ERROR_OUT_OF_MEMORY;
 	}
-	return alloc_map(fd, size, c->ordinal, false, dptr);
+	return alloc_map(fd, size, c->ordinal, 0, dptr);
 }
 
 CUresult CUDAAPI cuMemFree(CUdeviceptr dptr)
 {
+	if (!ctx_current())
+		return CUDA_ERROR_INVALID_CONTEXT;
 	return alloc_unmap(dptr, false);
 }
 
@@ -694,6 +707,7 @@ CUresult CUDAAPI cuIpcGetMemHandle(CUipcMemHandle *h, CUdeviceptr dptr)
 		m.fd = a->fd;
 		m.ordinal = a->ordinal;
 		m.size = a->size;
+		m.id = a->id;
 	}
 	pthread_mutex_unlock(&lock);
 	if (!m.size)
@@ -703,24 +717,49 @@ CUresult CUDAAPI cuIpcGetMemHandle(CUipcMemHandle *h, CUdeviceptr dptr)
 	return CUDA_SUCCESS;
 }
 
+/* An open of the exporter's allocation @id in this process, its count raised; or NULL. */
+static struct falloc *import_find(unsigned long long id)
+{
+	struct falloc *a;
+
+	pthread_mutex_lock(&lock);
+	for (a = allocs; a; a = a->next)
+		if (a->imported && a->src_id == id)
+			break;
+	if (a)
+		a->refs++;
+	pthread_mutex_unlock(&lock);
+	return a;
+}
+
+/* Like the driver: a handle opened again in one process returns the same pointer and counts
+ * the opens; cuIpcCloseMemHandle() unmaps at the last close. */
 CUresult CUDAAPI cuIpcOpenMemHandle(CUdeviceptr *dptr, CUipcMemHandle h, unsigned int flags)
 {
 	struct mem_handle m;
+	struct falloc *a;
 	int fd;
 
 	memcpy(&m, h.reserved, sizeof(m));
-	if (m.magic != MEM_MAGIC || m.pid == getpid())
+	if (m.magic != MEM_MAGIC || m.pid == getpid() || !m.id)
 		return CUDA_ERROR_INVALID_VALUE;
 	if (!ctx_current())
 		return CUDA_ERROR_INVALID_CONTEXT;
+	a = import_find(m.id);
+	if (a) {
+		*dptr = (CUdeviceptr)a->base;
+		return CUDA_SUCCESS;
+	}
 	fd = open_remote_fd(m.pid, m.fd);
 	if (fd < 0)
 		return CUDA_ERROR_INVALID_HANDLE;
-	return alloc_map(fd, m.size, m.ordinal, true, dptr);
+	return alloc_map(fd, m.size, m.ordinal, m.id, dptr);
 }
 
 CUresult CUDAAPI cuIpcCloseMemHandle(CUdeviceptr dptr)
 {
+	if (!ctx_current())
+		return CUDA_ERROR_INVALID_CONTEXT;
 	return alloc_unmap(dptr, true);
 }
 
@@ -728,6 +767,8 @@ CUresult CUDAAPI cuIpcCloseMemHandle(CUdeviceptr dptr)
 
 CUresult CUDAAPI cuMemAllocHost(void **pp, size_t size)
 {
+	if (!ctx_current())
+		return CUDA_ERROR_INVALID_CONTEXT;
 	return posix_memalign(pp, 4096, size ? size : 1) == 0 ? CUDA_SUCCESS :
 								 CUDA_ERROR_OUT_OF_MEMORY;
 }
@@ -739,23 +780,30 @@ CUresult CUDAAPI cuMemHostAlloc(void **pp, size_t size, unsigned int flags)
 
 CUresult CUDAAPI cuMemFreeHost(void *p)
 {
+	if (!ctx_current())
+		return CUDA_ERROR_INVALID_CONTEXT;
 	free(p);
 	return CUDA_SUCCESS;
 }
 
 CUresult CUDAAPI cuMemHostRegister(void *p, size_t size, unsigned int flags)
 {
+	if (!ctx_current())
+		return CUDA_ERROR_INVALID_CONTEXT;
 	return p && size ? CUDA_SUCCESS : CUDA_ERROR_INVALID_VALUE;
 }
 
 CUresult CUDAAPI cuMemHostUnregister(void *p)
 {
-	return CUDA_SUCCESS;
+	return ctx_current() ? CUDA_SUCCESS : CUDA_ERROR_INVALID_CONTEXT;
 }
 
 /* ---- events --------------------------------------------------------------------------------- */
 
-/* Like the driver: made in the current context, which it belongs to. */
+#define EV_FLAGS (CU_EVENT_BLOCKING_SYNC | CU_EVENT_DISABLE_TIMING | CU_EVENT_INTERPROCESS)
+
+/* Like the driver: made in the current context, which it belongs to; an interprocess event
+ * must not keep timing. */
 CUresult CUDAAPI cuEventCreate(CUevent *ev, unsigned int flags)
 {
 	struct fctx *c = ctx_current();
@@ -763,6 +811,9 @@ CUresult CUDAAPI cuEventCreate(CUevent *ev, unsigned int flags)
 
 	if (!c)
 		return CUDA_ERROR_INVALID_CONTEXT;
+	if ((flags & ~EV_FLAGS) ||
+	    ((flags & CU_EVENT_INTERPROCESS) && !(flags & CU_EVENT_DISABLE_TIMING)))
+		return CUDA_ERROR_INVALID_VALUE;
 	fd = memfd_create("fakecuda-event", MFD_CLOEXEC);
 	if (fd < 0 || ftruncate(fd, sizeof(struct ev_shared)) < 0) {
 		if (fd >= 0)
@@ -825,7 +876,8 @@ CUresult CUDAAPI cuIpcGetEventHandle(CUipcEventHandle *h, CUevent ev)
 	struct fevent *e = ev_of(ev);
 	struct ev_handle m = { .magic = EV_MAGIC, .pid = getpid() };
 
-	if (!e)
+	if (!e || (e->flags & (CU_EVENT_INTERPROCESS | CU_EVENT_DISABLE_TIMING)) !=
+			  (CU_EVENT_INTERPROCESS | CU_EVENT_DISABLE_TIMING))
 		return CUDA_ERROR_INVALID_HANDLE;
 	m.fd = e->fd;
 	memset(h, 0, sizeof(*h));
