@@ -66,6 +66,43 @@ static int dev_by_bus(const char *bus_id, int *ret, char *why, size_t wl)
 	return 0;
 }
 
+/*
+ * The device with @m's UUID. MIG instances of one GPU share its PCI bus id, and a process sees
+ * only the instances it was given: a client's device that the daemon cannot see is refused
+ * here, clearly, rather than mapped on whatever device holds that bus id.
+ */
+static int dev_by_uuid(const struct tpb_cuda_map *m, int *ret, char *why, size_t wl)
+{
+	const uint8_t *u = m->uuid;
+
+	for (int d = 0; d < api()->n_devices && d < DEVS_MAX; d++) {
+		CUdevice cd;
+		CUuuid id;
+
+		if (api()->cuDeviceGet(&cd, d) == CUDA_SUCCESS &&
+		    api()->cuDeviceGetUuid(&id, cd) == CUDA_SUCCESS &&
+		    memcmp(id.bytes, u, sizeof(m->uuid)) == 0) {
+			*ret = d;
+			return 0;
+		}
+	}
+	snprintf(why, wl,
+		 "GPU-%02x%02x%02x%02x-%02x%02x-%02x%02x-%02x%02x-%02x%02x%02x%02x%02x%02x "
+		 "(bus %s) not visible to tpipd: MIG instance or CUDA_VISIBLE_DEVICES?",
+		 u[0], u[1], u[2], u[3], u[4], u[5], u[6], u[7], u[8], u[9], u[10], u[11], u[12],
+		 u[13], u[14], u[15], m->bus_id);
+	return -ENODEV;
+}
+
+/* The daemon's ordinal of @m's device: by UUID where the client sent one and the driver
+ * can tell, else by PCI bus id. */
+static int map_dev(struct tpb_cuda_map *m)
+{
+	if (m->has_uuid && api()->cuDeviceGetUuid)
+		return dev_by_uuid(m, &m->dev, m->why, sizeof(m->why));
+	return dev_by_bus(m->bus_id, &m->dev, m->why, sizeof(m->why));
+}
+
 int tpb_cuda_map_open(struct tpb_cuda_map *m, char *why, size_t wl)
 {
 	int r = 0;
@@ -76,7 +113,7 @@ int tpb_cuda_map_open(struct tpb_cuda_map *m, char *why, size_t wl)
 
 		r = tpb_cuda_available(m->why, sizeof(m->why)) ? 0 : -EOPNOTSUPP;
 		if (r == 0)
-			r = dev_by_bus(m->bus_id, &m->dev, m->why, sizeof(m->why));
+			r = map_dev(m);
 		if (r == 0)
 			r = tpb_cuda_dev_enter(m->dev, m->why, sizeof(m->why));
 		if (r == 0 && m->event) {

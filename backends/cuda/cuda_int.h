@@ -23,12 +23,14 @@ struct tpb_cuda_map {
 	uint8_t handle[TPB_CUDA_HANDLE_BYTES];
 	bool event;
 	char bus_id[CUDA_BUS_ID_LEN];
+	uint8_t uuid[TPB_CUDA_UUID_BYTES]; /* the device's, if @has_uuid (set under open_lock) */
+	bool has_uuid;
 	uint64_t size;
 	unsigned refs; /* table lock */
 
 	pthread_mutex_t open_lock; /* guards what follows */
 	int state;		   /* 0 not opened yet, 1 open, -errno: opening failed (sticky) */
-	char why[160];		   /* why opening failed */
+	char why[256];		   /* why opening failed */
 	int dev;		   /* the daemon's ordinal of the device, once open */
 	uint64_t ptr;		   /* memory: the mapping's CUdeviceptr */
 	void *ev;		   /* event: the CUevent */

@@ -90,6 +90,24 @@ int tpb_cuda_map_get(const uint8_t *handle, bool event, const char *bus_id, uint
 	return r;
 }
 
+int tpb_cuda_map_claim_uuid(struct tpb_cuda_map *m, const uint8_t *uuid, char *why,
+			    size_t why_len)
+{
+	int r = 0;
+
+	pthread_mutex_lock(&m->open_lock);
+	if (!m->has_uuid && m->state == 0) { /* not opened yet (by bus id) */
+		memcpy(m->uuid, uuid, sizeof(m->uuid));
+		m->has_uuid = true;
+	} else if (m->has_uuid && memcmp(m->uuid, uuid, sizeof(m->uuid)) != 0) {
+		snprintf(why, why_len, "CUDA handle already known on another device with bus id %s",
+			 m->bus_id);
+		r = -EINVAL;
+	}
+	pthread_mutex_unlock(&m->open_lock);
+	return r;
+}
+
 struct tpb_cuda_map *tpb_cuda_map_ref(struct tpb_cuda_map *m)
 {
 	pthread_mutex_lock(&table_lock);

@@ -10,7 +10,8 @@
  * mapping that IPC event handles name the same way, and each stream is a worker thread running
  * its queue in order (copies, memsets, host functions, event records and waits); the legacy
  * stream is one more such queue, and the synchronous copies run on it and wait. Devices
- * ($FAKECUDA_DEVICES, default 2) are contexts with an ordinal and a made-up PCI bus id. A
+ * ($FAKECUDA_DEVICES, default 2) are contexts with an ordinal, a made-up PCI bus id and a UUID
+ * that $FAKECUDA_UUID_SALT changes (another MIG instance behind the same bus id). A
  * dma-buf for a device range is the memfd reopened at the range's start (for fakeverbs).
  * It is as strict as the driver where our code could go wrong on a real GPU: events and streams
  * belong to the context current when they were made (an IPC event to the one it was opened
@@ -485,6 +486,23 @@ CUresult CUDAAPI cuDeviceGetPCIBusId(char *id, int len, CUdevice dev)
 	if (!dev_ok(dev))
 		return CUDA_ERROR_INVALID_DEVICE;
 	snprintf(id, (size_t)len, "0000:%02x:00.0", 0x10 + dev);
+	return CUDA_SUCCESS;
+}
+
+/*
+ * "FKGPU" + ordinal + $FAKECUDA_UUID_SALT: a process started with another salt sees other
+ * devices behind the same PCI bus ids, as a process on another MIG instance of a GPU does.
+ */
+CUresult CUDAAPI cuDeviceGetUuid(CUuuid *uuid, CUdevice dev)
+{
+	const char *salt = getenv("FAKECUDA_UUID_SALT");
+
+	if (!dev_ok(dev))
+		return CUDA_ERROR_INVALID_DEVICE;
+	memset(uuid, 0, sizeof(*uuid));
+	memcpy(uuid->bytes, "FKGPU", 5);
+	uuid->bytes[5] = (char)dev;
+	uuid->bytes[6] = (char)(salt ? atoi(salt) : 0);
 	return CUDA_SUCCESS;
 }
 
