@@ -260,10 +260,13 @@ int tpb_cuda_event_wait(struct tpb_cuda_thread *t, int dev, CUevent ev, char *wh
 
 int tpb_cuda_event_make(int dev, CUevent *ev, char *why, size_t wl)
 {
-	int r = tpb_cuda_dev_enter(dev, why, wl);
 	CUresult cr;
+	int r;
 
-	if (r < 0 || *ev)
+	if (*ev)
+		return 0;
+	r = tpb_cuda_dev_enter(dev, why, wl);
+	if (r < 0)
 		return r;
 	cr = api()->cuEventCreate(ev, CU_EVENT_DISABLE_TIMING);
 	return cr == CUDA_SUCCESS ? 0 : fail(cr, "cuEventCreate", why, wl);

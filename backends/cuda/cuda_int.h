@@ -139,8 +139,8 @@ int tpb_cuda_stream_wait(struct tpb_cuda_thread *t, int dev, CUstream st, char *
 			 size_t why_len);
 
 /*
- * tpb_cuda_event_make() - make *@ev (an event without timing) in device @dev's context unless
- * made already; the context is entered and stays current. Borrows @ev and @why.
+ * tpb_cuda_event_make() - unless made already, enter device @dev's context (it stays current)
+ * and make *@ev there, an event without timing. Borrows @ev and @why.
  * Return: 0, or the driver's -errno with the reason in @why.
  */
 int tpb_cuda_event_make(int dev, CUevent *ev, char *why, size_t why_len);
