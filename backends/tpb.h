@@ -547,6 +547,16 @@ int tpb_cuda_viable(char *why, size_t why_len);
  */
 int tpb_cuda_map_get(const uint8_t *handle, bool event, const char *bus_id, uint64_t size,
 		     struct tpb_cuda_map **ret, char *why, size_t why_len);
+#define TPB_CUDA_UUID_BYTES 16
+
+/*
+ * tpb_cuda_map_claim_uuid() - the client says @m lives on the device with UUID @uuid
+ * (TPB_CUDA_UUID_BYTES, copied): a copy that opens @m then finds its device by this UUID
+ * rather than by PCI bus id, which MIG instances share. Borrows @m, @uuid and @why.
+ * Return: 0; -EINVAL when @m is already known on a device of another UUID (reason in @why).
+ */
+int tpb_cuda_map_claim_uuid(struct tpb_cuda_map *m, const uint8_t *uuid, char *why,
+			    size_t why_len);
 /* Returns @m with one more reference: owned, drop with tpb_cuda_map_unref(). */
 struct tpb_cuda_map *tpb_cuda_map_ref(struct tpb_cuda_map *m);
 /* Drops a reference (takes one reference of @m); the last one closes the handle if a copy

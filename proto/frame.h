@@ -30,6 +30,7 @@
 #define TPW_MESSAGE_MAX 1024 /* error message strings */
 #define TPW_CUDA_HANDLE_BYTES 64 /* CUipcMemHandle, CUipcEventHandle */
 #define TPW_BUS_ID_MAX 31
+#define TPW_CUDA_UUID_BYTES 16 /* CUuuid */
 #define TPW_RDMA_PORTS_MAX 32	    /* RDMA ports a daemon announces for cuda_gdr (PeerRdma) */
 #define TPW_RDMA_QP_RECORD_BYTES 32 /* one queue-pair connection record in PeerRdma.qps */
 

@@ -99,6 +99,9 @@ static int check_cuda_ref(const Tpw__V1__CudaRef *c, uint64_t length, char *why,
 			       (unsigned long long)c->alloc_size);
 	if (!bus_id_valid(c->pci_bus_id))
 		return tpu_why(-EBADMSG, why, wl, "bad CUDA device bus id");
+	if (c->gpu_uuid.len != 0 && c->gpu_uuid.len != TPW_CUDA_UUID_BYTES)
+		return tpu_why(-EBADMSG, why, wl, "CUDA device UUID of %zu bytes, expected %u",
+			       c->gpu_uuid.len, TPW_CUDA_UUID_BYTES);
 	return 0;
 }
 

@@ -66,6 +66,43 @@ static int dev_by_bus(const char *bus_id, int *ret, char *why, size_t wl)
 	return 0;
 }
 
+/*
+ * The device with @m's UUID. MIG instances of one GPU share its PCI bus id, and a process sees
+ * only the instances it was given: a client's device that the daemon cannot see is refused
+ * here, clearly, rather than mapped on whatever device holds that bus id.
+ */
+static int dev_by_uuid(const struct tpb_cuda_map *m, int *ret, char *why, size_t wl)
+{
+	const uint8_t *u = m->uuid;
+
+	for (int d = 0; d < api()->n_devices && d < DEVS_MAX; d++) {
+		CUdevice cd;
+		CUuuid id;
+
+		if (api()->cuDeviceGet(&cd, d) == CUDA_SUCCESS &&
+		    api()->cuDeviceGetUuid(&id, cd) == CUDA_SUCCESS &&
+		    memcmp(id.bytes, u, sizeof(m->uuid)) == 0) {
+			*ret = d;
+			return 0;
+		}
+	}
+	snprintf(why, wl,
+		 "GPU-%02x%02x%02x%02x-%02x%02x-%02x%02x-%02x%02x-%02x%02x%02x%02x%02x%02x "
+		 "(bus %s) not visible to tpipd: MIG instance or CUDA_VISIBLE_DEVICES?",
+		 u[0], u[1], u[2], u[3], u[4], u[5], u[6], u[7], u[8], u[9], u[10], u[11], u[12],
+		 u[13], u[14], u[15], m->bus_id);
+	return -ENODEV;
+}
+
+/* The daemon's ordinal of @m's device: by UUID where the client sent one and the driver
+ * can tell, else by PCI bus id. */
+static int map_dev(struct tpb_cuda_map *m)
+{
+	if (m->has_uuid && api()->cuDeviceGetUuid)
+		return dev_by_uuid(m, &m->dev, m->why, sizeof(m->why));
+	return dev_by_bus(m->bus_id, &m->dev, m->why, sizeof(m->why));
+}
+
 int tpb_cuda_map_open(struct tpb_cuda_map *m, char *why, size_t wl)
 {
 	int r = 0;
@@ -76,7 +113,7 @@ int tpb_cuda_map_open(struct tpb_cuda_map *m, char *why, size_t wl)
 
 		r = tpb_cuda_available(m->why, sizeof(m->why)) ? 0 : -EOPNOTSUPP;
 		if (r == 0)
-			r = dev_by_bus(m->bus_id, &m->dev, m->why, sizeof(m->why));
+			r = map_dev(m);
 		if (r == 0)
 			r = tpb_cuda_dev_enter(m->dev, m->why, sizeof(m->why));
 		if (r == 0 && m->event) {
@@ -119,8 +156,10 @@ struct tpb_cuda_thread *tpb_cuda_thread_state(struct tpb_scratch *s)
 {
 	if (!s->cuda) {
 		struct tpb_cuda_thread *t = calloc(1, sizeof(*t));
-		if (t)
+		if (t) {
 			t->pinned_dev = -1;
+			t->reg_dev = -1;
+		}
 		s->cuda = t;
 	}
 	return s->cuda;
@@ -219,17 +258,31 @@ int tpb_cuda_event_wait(struct tpb_cuda_thread *t, int dev, CUevent ev, char *wh
 	}
 }
 
+int tpb_cuda_event_make(int dev, CUevent *ev, char *why, size_t wl)
+{
+	CUresult cr;
+	int r;
+
+	if (*ev)
+		return 0;
+	r = tpb_cuda_dev_enter(dev, why, wl);
+	if (r < 0)
+		return r;
+	cr = api()->cuEventCreate(ev, CU_EVENT_DISABLE_TIMING);
+	return cr == CUDA_SUCCESS ? 0 : fail(cr, "cuEventCreate", why, wl);
+}
+
 int tpb_cuda_stream_wait(struct tpb_cuda_thread *t, int dev, CUstream st, char *why, size_t wl)
 {
-	CUresult r = CUDA_SUCCESS;
+	CUresult cr;
+	int r = tpb_cuda_event_make(dev, &t->done[dev], why, wl);
 
-	if (!t->done)
-		r = api()->cuEventCreate(&t->done, CU_EVENT_DISABLE_TIMING);
-	if (r == CUDA_SUCCESS)
-		r = api()->cuEventRecord(t->done, st);
-	if (r != CUDA_SUCCESS)
-		return fail(r, "cuEventRecord", why, wl);
-	return tpb_cuda_event_wait(t, dev, t->done, why, wl);
+	if (r < 0)
+		return r;
+	cr = api()->cuEventRecord(t->done[dev], st);
+	if (cr != CUDA_SUCCESS)
+		return fail(cr, "cuEventRecord", why, wl);
+	return tpb_cuda_event_wait(t, dev, t->done[dev], why, wl);
 }
 
 void tpb_cuda_peer_enable(int dev, int peer)
@@ -252,18 +305,23 @@ void tpb_cuda_scratch_done(struct tpb_scratch *s)
 
 	if (!t)
 		return;
-	if (t->reg)
+	/* Each in the context that made it (the driver wants one current to free host memory). */
+	if (t->reg && tpb_cuda_dev_enter(t->reg_dev, s->why, sizeof(s->why)) == 0)
 		api()->cuMemHostUnregister(t->reg);
-	for (int i = 0; i < 2; i++)
-		if (t->half[i])
-			api()->cuEventDestroy(t->half[i]);
-	if (t->done)
-		api()->cuEventDestroy(t->done);
-	if (t->pinned)
+	if (t->pinned && tpb_cuda_dev_enter(t->pinned_dev, s->why, sizeof(s->why)) == 0)
 		api()->cuMemFreeHost(t->pinned);
-	for (int d = 0; d < DEVS_MAX; d++)
-		if (t->stream[d] && tpb_cuda_dev_enter(d, s->why, sizeof(s->why)) == 0)
+	for (int d = 0; d < DEVS_MAX; d++) {
+		if ((!t->stream[d] && !t->done[d] && !t->half[d][0] && !t->half[d][1]) ||
+		    tpb_cuda_dev_enter(d, s->why, sizeof(s->why)) < 0)
+			continue;
+		for (int i = 0; i < 2; i++)
+			if (t->half[d][i])
+				api()->cuEventDestroy(t->half[d][i]);
+		if (t->done[d])
+			api()->cuEventDestroy(t->done[d]);
+		if (t->stream[d])
 			api()->cuStreamDestroy(t->stream[d]);
+	}
 	free(t);
 	s->cuda = NULL;
 }

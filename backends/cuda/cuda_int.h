@@ -23,12 +23,14 @@ struct tpb_cuda_map {
 	uint8_t handle[TPB_CUDA_HANDLE_BYTES];
 	bool event;
 	char bus_id[CUDA_BUS_ID_LEN];
+	uint8_t uuid[TPB_CUDA_UUID_BYTES]; /* the device's, if @has_uuid (set under open_lock) */
+	bool has_uuid;
 	uint64_t size;
 	unsigned refs; /* table lock */
 
 	pthread_mutex_t open_lock; /* guards what follows */
 	int state;		   /* 0 not opened yet, 1 open, -errno: opening failed (sticky) */
-	char why[160];		   /* why opening failed */
+	char why[256];		   /* why opening failed */
 	int dev;		   /* the daemon's ordinal of the device, once open */
 	uint64_t ptr;		   /* memory: the mapping's CUdeviceptr */
 	void *ev;		   /* event: the CUevent */
@@ -77,14 +79,20 @@ struct tpb_cuda_dev {
 /* Every device the daemon has used, by ordinal (peer bits under the CUDA layer's lock). */
 extern struct tpb_cuda_dev tpb_cuda_devs[DEVS_MAX];
 
-/* Per copy or stripe thread (tpb_scratch.cuda). */
+/*
+ * Per copy or stripe thread (tpb_scratch.cuda). A driver records an event only on a stream of
+ * the event's own context, and one thread serves every device: so streams and events are kept
+ * per device, each made in that device's context (tpb_cuda_event_make()). The pinned buffers
+ * are portable (usable from every context) and freed in the context that made them.
+ */
 struct tpb_cuda_thread {
 	CUstream stream[DEVS_MAX];
+	CUevent done[DEVS_MAX];	   /* recorded behind a copy on that device, polled until done */
+	CUevent half[DEVS_MAX][2]; /* cuda_ipc's double buffer halves, per device */
 	void *pinned; /* cuda_ipc's double buffer, 2 * PINNED_HALF (cuda_ipc.c), portable */
-	CUevent half[2];
-	int pinned_dev;
+	int pinned_dev; /* the device whose context allocated @pinned */
 	void *reg; /* the thread's bounce buffer, registered (pinned) once */
-	CUevent done; /* recorded behind a copy, polled until it completes */
+	int reg_dev; /* the device whose context registered @reg */
 	struct tpb_proc *procs[2]; /* the clients of the current copy: a wait gives up when one
 				    * exits (borrowed for the copy) */
 };
@@ -123,12 +131,19 @@ int tpb_cuda_copy_begin(struct tpb_cuda_thread *t, const struct tpb_cuda_side *a
 			const struct tpb_cuda_side *b, CUstream *ret, char *why, size_t why_len);
 
 /*
- * tpb_cuda_stream_wait() - record t->done behind everything queued on @st (on device @dev) and
+ * tpb_cuda_stream_wait() - record t->done[@dev] behind everything queued on @st (on device @dev) and
  * wait for it; gives up when a client of the copy (t->procs) exits. Borrows @t and @why.
  * Return: 0, -ESRCH (a client exited), or the driver's -errno with the reason in @why.
  */
 int tpb_cuda_stream_wait(struct tpb_cuda_thread *t, int dev, CUstream st, char *why,
 			 size_t why_len);
+
+/*
+ * tpb_cuda_event_make() - unless made already, enter device @dev's context (it stays current)
+ * and make *@ev there, an event without timing. Borrows @ev and @why.
+ * Return: 0, or the driver's -errno with the reason in @why.
+ */
+int tpb_cuda_event_make(int dev, CUevent *ev, char *why, size_t why_len);
 
 /* The device whose context and stream run a copy from @a to @b (borrowed): the destination's
  * if CUDA. */

@@ -2,8 +2,9 @@
 /*
  * The daemon-wide table of client CUDA IPC handles (memory and events) and the per-session
  * holds on them. A handle is mapped at most once per daemon whatever the number of sessions or
- * messages using it (the driver refuses to open one handle twice in a process), stays mapped
- * while a session holds it or a copy runs on it, and is closed with its last reference. Lookups
+ * messages using it (a driver opening one handle again in a process returns the same pointer and
+ * counts the opens; older ones refuse), stays mapped while a session holds it or a copy runs on
+ * it, and is closed with its last reference (so each open has its one close). Lookups
  * compare the whole 64-byte handle; tables are small (bounded holds per session), so lists do.
  */
 #include <errno.h>
@@ -86,6 +87,24 @@ int tpb_cuda_map_get(const uint8_t *handle, bool event, const char *bus_id, uint
 	pthread_mutex_unlock(&table_lock);
 	if (r == 0)
 		*ret = m;
+	return r;
+}
+
+int tpb_cuda_map_claim_uuid(struct tpb_cuda_map *m, const uint8_t *uuid, char *why,
+			    size_t why_len)
+{
+	int r = 0;
+
+	pthread_mutex_lock(&m->open_lock);
+	if (!m->has_uuid && m->state == 0) { /* not opened yet (by bus id) */
+		memcpy(m->uuid, uuid, sizeof(m->uuid));
+		m->has_uuid = true;
+	} else if (m->has_uuid && memcmp(m->uuid, uuid, sizeof(m->uuid)) != 0) {
+		snprintf(why, why_len, "CUDA handle already known on another device with bus id %s",
+			 m->bus_id);
+		r = -EINVAL;
+	}
+	pthread_mutex_unlock(&m->open_lock);
 	return r;
 }
 

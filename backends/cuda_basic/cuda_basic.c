@@ -14,14 +14,17 @@
 
 #if HAVE_CUDA
 
-/* Pins the thread's bounce buffer once, so that stripe chunks move by DMA. */
-static void bounce_register(struct tpb_cuda_thread *t, struct tpb_scratch *s)
+/* Pins the thread's bounce buffer once (portable; in the current context, @dev's), so that
+ * stripe chunks move by DMA. */
+static void bounce_register(struct tpb_cuda_thread *t, int dev, struct tpb_scratch *s)
 {
 	if (t->reg || !s->bounce || !s->bounce_len)
 		return;
 	if (api()->cuMemHostRegister(s->bounce, s->bounce_len, CU_MEMHOSTREGISTER_PORTABLE) ==
-	    CUDA_SUCCESS)
+	    CUDA_SUCCESS) {
 		t->reg = s->bounce;
+		t->reg_dev = dev;
+	}
 }
 
 static int stage_cuda(const struct tpb_mem *m, uint64_t off, void *host, size_t len, bool to_mem,
@@ -42,7 +45,7 @@ static int stage_cuda(const struct tpb_mem *m, uint64_t off, void *host, size_t 
 		r = tpb_cuda_copy_begin(t, &none, &sd, &st, why, wl);
 	if (r < 0)
 		return r;
-	bounce_register(t, s);
+	bounce_register(t, sd.dev, s);
 	cr = to_mem ? api()->cuMemcpyHtoDAsync(sd.ptr, host, len, st) :
 		      api()->cuMemcpyDtoHAsync(host, sd.ptr, len, st);
 	if (cr != CUDA_SUCCESS)

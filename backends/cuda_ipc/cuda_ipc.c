@@ -15,25 +15,32 @@
 
 #define PINNED_HALF (4u << 20) /* bytes per half of a thread's pinned buffer */
 
-/* The thread's pinned double buffer (made in the current context @dev, portable). */
-static int pinned_get(struct tpb_cuda_thread *t, char *why, size_t wl)
+/*
+ * The thread's pinned double buffer (portable: made once, in the context of the first device
+ * that needs it) and @dev's events for its halves, made in @dev's context (left current).
+ */
+static int pinned_get(struct tpb_cuda_thread *t, int dev, char *why, size_t wl)
 {
-	CUresult r = CUDA_SUCCESS;
+	int r = 0;
 
-	if (!t->pinned)
-		r = api()->cuMemHostAlloc(&t->pinned, 2 * (size_t)PINNED_HALF,
-					  CU_MEMHOSTALLOC_PORTABLE);
-	for (int i = 0; r == CUDA_SUCCESS && i < 2; i++)
-		if (!t->half[i])
-			r = api()->cuEventCreate(&t->half[i], CU_EVENT_DISABLE_TIMING);
-	return r == CUDA_SUCCESS ? 0 : fail(r, "cuMemHostAlloc", why, wl);
+	for (int i = 0; r == 0 && i < 2; i++)
+		r = tpb_cuda_event_make(dev, &t->half[dev][i], why, wl);
+	if (r == 0 && !t->pinned) {
+		CUresult cr = api()->cuMemHostAlloc(&t->pinned, 2 * (size_t)PINNED_HALF,
+						    CU_MEMHOSTALLOC_PORTABLE);
+		if (cr != CUDA_SUCCESS)
+			return fail(cr, "cuMemHostAlloc", why, wl);
+		t->pinned_dev = dev;
+	}
+	return r;
 }
 
 /* Process memory -> CUDA: CMA into one pinned half while the other half's upload runs. */
 static int copy_process_to_cuda(struct tpb_cuda_thread *t, const struct tpb_mem *src, int dev,
 				CUdeviceptr dst, uint64_t len, CUstream st, struct tpb_scratch *s)
 {
-	int r = pinned_get(t, s->why, sizeof(s->why));
+	CUevent *half = t->half[dev];
+	int r = pinned_get(t, dev, s->why, sizeof(s->why));
 
 	for (uint64_t off = 0, i = 0; r == 0 && off < len; off += PINNED_HALF, i++) {
 		size_t n = (size_t)TPU_MIN((uint64_t)PINNED_HALF, len - off);
@@ -41,7 +48,7 @@ static int copy_process_to_cuda(struct tpb_cuda_thread *t, const struct tpb_mem 
 		CUresult cr = CUDA_SUCCESS;
 
 		if (i >= 2 &&
-		    (r = tpb_cuda_event_wait(t, dev, t->half[i % 2], s->why, sizeof(s->why))) < 0)
+		    (r = tpb_cuda_event_wait(t, dev, half[i % 2], s->why, sizeof(s->why))) < 0)
 			break;
 		if ((r = tpb_cma_move(src->proc, h, src->addr + off, n, false, s->why,
 					 sizeof(s->why))) < 0)
@@ -49,7 +56,7 @@ static int copy_process_to_cuda(struct tpb_cuda_thread *t, const struct tpb_mem 
 		if (cr == CUDA_SUCCESS)
 			cr = api()->cuMemcpyHtoDAsync(dst + off, h, n, st);
 		if (cr == CUDA_SUCCESS)
-			cr = api()->cuEventRecord(t->half[i % 2], st);
+			cr = api()->cuEventRecord(half[i % 2], st);
 		if (cr != CUDA_SUCCESS)
 			r = fail(cr, "cuMemcpyHtoDAsync", s->why, sizeof(s->why));
 	}
@@ -62,7 +69,8 @@ static int copy_cuda_to_process(struct tpb_cuda_thread *t, int dev, CUdeviceptr 
 				struct tpb_scratch *s)
 {
 	uint64_t n_chunks = (len + PINNED_HALF - 1) / PINNED_HALF;
-	int r = pinned_get(t, s->why, sizeof(s->why));
+	CUevent *half = t->half[dev];
+	int r = pinned_get(t, dev, s->why, sizeof(s->why));
 	CUresult cr = CUDA_SUCCESS;
 
 	for (uint64_t i = 0; r == 0 && i <= n_chunks; i++) {
@@ -72,12 +80,12 @@ static int copy_cuda_to_process(struct tpb_cuda_thread *t, int dev, CUdeviceptr 
 			cr = api()->cuMemcpyDtoHAsync((char *)t->pinned + (i % 2) * PINNED_HALF,
 						      src + off, n, st);
 			if (cr == CUDA_SUCCESS)
-				cr = api()->cuEventRecord(t->half[i % 2], st);
+				cr = api()->cuEventRecord(half[i % 2], st);
 		}
 		if (cr == CUDA_SUCCESS && i > 0) { /* deliver chunk i - 1 */
 			uint64_t off = (i - 1) * PINNED_HALF;
 			size_t n = (size_t)TPU_MIN((uint64_t)PINNED_HALF, len - off);
-			r = tpb_cuda_event_wait(t, dev, t->half[(i - 1) % 2], s->why,
+			r = tpb_cuda_event_wait(t, dev, half[(i - 1) % 2], s->why,
 						sizeof(s->why));
 			if (r == 0)
 				r = tpb_cma_move(dst->proc,

@@ -65,6 +65,11 @@ struct cuda_pool {
 	size_t n_events; /* idle, held by operations, or being created */
 };
 
+struct cuda_uuid {
+	CUuuid id;
+	bool known;
+};
+
 struct tpc_cuda {
 	const struct tpcuda_api *api;
 	pthread_mutex_t *lock; /* the tp_context's cuda_lock */
@@ -76,6 +81,7 @@ struct tpc_cuda {
 	struct cuda_pool **pools;
 	size_t n_pools;
 	char (*bus_ids)[TPCUDA_BUS_ID_MAX]; /* per ordinal; "" until asked */
+	struct cuda_uuid *uuids;	    /* per ordinal, asked with the bus id */
 };
 
 /* ---- driver calls -------------------------------------------------------------------------- */
@@ -218,11 +224,14 @@ static int cuda_state(struct tp_context *ctx, struct tpc_cuda **ret)
 	st = ctx->cuda;
 	if (!st && (st = calloc(1, sizeof(*st)))) {
 		st->bus_ids = calloc((size_t)api->n_devices, sizeof(*st->bus_ids));
-		if (st->bus_ids) {
+		st->uuids = calloc((size_t)api->n_devices, sizeof(*st->uuids));
+		if (st->bus_ids && st->uuids) {
 			st->api = api;
 			st->lock = &ctx->cuda_lock;
 			ctx->cuda = st;
 		} else {
+			free(st->bus_ids);
+			free(st->uuids);
 			free(st);
 			st = NULL;
 		}
@@ -234,9 +243,14 @@ static int cuda_state(struct tp_context *ctx, struct tpc_cuda **ret)
 	return 0;
 }
 
-/* The PCI bus id of device @ordinal into @buf (TPCUDA_BUS_ID_MAX bytes), asked once. */
-static int cuda_bus_id(struct tpc_cuda *st, const char *what, int ordinal, char *buf)
+/*
+ * The PCI bus id of device @ordinal into @cs->bus_id (TPCUDA_BUS_ID_MAX bytes) and, where the
+ * driver tells, its UUID into @cs->uuid (MIG instances share a bus id); asked once.
+ */
+static int cuda_bus_id(struct tpc_cuda *st, const char *what, int ordinal,
+		       struct tpc_cuda_seg *cs)
 {
+	char *buf = cs->bus_id;
 	const struct tpcuda_api *api = st->api;
 	const char *call = "cuDeviceGet";
 	CUresult res = CUDA_SUCCESS;
@@ -257,8 +271,13 @@ static int cuda_bus_id(struct tpc_cuda *st, const char *what, int ordinal, char 
 		id[TPCUDA_BUS_ID_MAX - 1] = '\0';
 		if (res != CUDA_SUCCESS)
 			id[0] = '\0';
+		st->uuids[ordinal].known = res == CUDA_SUCCESS && api->cuDeviceGetUuid &&
+					   api->cuDeviceGetUuid(&st->uuids[ordinal].id, dev) ==
+						   CUDA_SUCCESS;
 	}
 	memcpy(buf, id, TPCUDA_BUS_ID_MAX);
+	cs->has_uuid = st->uuids[ordinal].known;
+	memcpy(cs->uuid, st->uuids[ordinal].id.bytes, sizeof(cs->uuid));
 	pthread_mutex_unlock(st->lock);
 	if (res != CUDA_SUCCESS)
 		return cuda_fail(api, what, call, res);
@@ -556,6 +575,8 @@ static void export_fill(const struct export_job *j, struct tpc_cuda_seg *cs, Tpw
 	ref->alloc_size = j->alloc.size;
 	ref->pci_bus_id = cs->bus_id;
 	ref->device = (uint32_t)j->alloc.ordinal;
+	if (cs->has_uuid)
+		ref->gpu_uuid = (ProtobufCBinaryData){ TPW_CUDA_UUID_BYTES, cs->uuid };
 	if (j->ev) {
 		memcpy(cs->event_handle, &j->ev->handle, TPW_CUDA_HANDLE_BYTES);
 		ref->event_handle.len = TPW_CUDA_HANDLE_BYTES;
@@ -576,7 +597,7 @@ int tpc_cuda_export(struct tp_context *ctx, const struct tpc_cuda_mem *m, struct
 	if (r == 0)
 		r = export_lookup(&j);
 	if (r == 0)
-		r = cuda_bus_id(j.st, m->what, j.alloc.ordinal, cs->bus_id);
+		r = cuda_bus_id(j.st, m->what, j.alloc.ordinal, cs);
 	if (r == 0)
 		r = cuda_in_context(j.st->api, m->what, j.alloc.cuctx, export_in_context, &j);
 	if (r < 0)
@@ -784,6 +805,7 @@ void tpc_cuda_free(struct tp_context *ctx)
 	free(st->pools);
 	free(st->allocs);
 	free(st->bus_ids);
+	free(st->uuids);
 	free(st);
 	ctx->cuda = NULL;
 }

@@ -558,6 +558,8 @@ struct tpc_cuda_seg {
 	uint8_t mem_handle[TPW_CUDA_HANDLE_BYTES];
 	uint8_t event_handle[TPW_CUDA_HANDLE_BYTES];
 	char bus_id[TPW_BUS_ID_MAX + 1];
+	uint8_t uuid[TPW_CUDA_UUID_BYTES]; /* the device's, if @has_uuid */
+	bool has_uuid;
 };
 
 /*

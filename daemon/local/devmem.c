@@ -34,12 +34,16 @@ int tpd_devmem_resolve(struct tpd_session *s, const Tpw__V1__CudaRef *c, struct 
 	if (r == 0)
 		r = tpb_cuda_hold(s->cuda, c->mem_handle.data, false, c->pci_bus_id, c->alloc_size,
 				  &mem, why, why_len);
+	if (r == 0 && c->gpu_uuid.len == TPB_CUDA_UUID_BYTES)
+		r = tpb_cuda_map_claim_uuid(mem, c->gpu_uuid.data, why, why_len);
 	if (r < 0)
 		return r;
 	mem = tpb_cuda_map_ref(mem); /* before the next hold may drop it */
 	if (c->event_handle.len == TPW_CUDA_HANDLE_BYTES) {
 		r = tpb_cuda_hold(s->cuda, c->event_handle.data, true, c->pci_bus_id, 0, &ev, why,
 				  why_len);
+		if (r == 0 && c->gpu_uuid.len == TPB_CUDA_UUID_BYTES)
+			r = tpb_cuda_map_claim_uuid(ev, c->gpu_uuid.data, why, why_len);
 		if (r < 0) {
 			tpb_cuda_map_unref(mem);
 			return r;

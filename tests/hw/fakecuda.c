@@ -10,8 +10,18 @@
  * mapping that IPC event handles name the same way, and each stream is a worker thread running
  * its queue in order (copies, memsets, host functions, event records and waits); the legacy
  * stream is one more such queue, and the synchronous copies run on it and wait. Devices
- * ($FAKECUDA_DEVICES, default 2) are contexts with an ordinal and a made-up PCI bus id. A
+ * ($FAKECUDA_DEVICES, default 2) are contexts with an ordinal, a made-up PCI bus id and a UUID
+ * that $FAKECUDA_UUID_SALT changes (another MIG instance behind the same bus id). A
  * dma-buf for a device range is the memfd reopened at the range's start (for fakeverbs).
+ * It is as strict as the driver where our code could go wrong on a real GPU: events and streams
+ * belong to the context current when they were made (an IPC event to the one it was opened
+ * in), and cuEventRecord() of an event on a stream of another context fails with
+ * CUDA_ERROR_INVALID_HANDLE (a stream may wait for an event of any context, as the driver
+ * allows); calls that make or free something, the synchronous copies and work on the legacy
+ * stream need a current context (CUDA_ERROR_INVALID_CONTEXT); cuEventCreate() checks its flags
+ * and cuIpcGetEventHandle() refuses an event made without CU_EVENT_INTERPROCESS and
+ * CU_EVENT_DISABLE_TIMING; a memory handle opened again in one process returns the same
+ * pointer and counts the opens, the last cuIpcCloseMemHandle() unmapping it.
  * Not emulated: implicit synchronisation between the legacy stream and blocking streams,
  * timing, limits, and anything the hw suite, libtpclient and tpipd do not call. It proves the
  * plumbing and the ordering logic, not the hardware; tests/hw on a real GPU remains the truth.
@@ -73,6 +83,8 @@ struct falloc {
 	int ordinal;
 	unsigned long long id;
 	bool imported;
+	unsigned long long src_id; /* imported: the exporter's allocation id */
+	unsigned refs;		   /* imported: opens not yet closed in this process */
 	struct falloc *next;
 };
 
@@ -83,6 +95,7 @@ struct mem_handle {
 	uint32_t magic;
 	int32_t pid, fd, ordinal;
 	uint64_t size;
+	uint64_t id; /* the exporter's allocation id */
 };
 
 /* The allocation containing @p, or NULL. Locked. */
@@ -95,7 +108,8 @@ static struct falloc *alloc_find(uintptr_t p)
 }
 
 /* Maps @size bytes of @fd and registers them. Return: CUDA_SUCCESS or an error. */
-static CUresult alloc_map(int fd, size_t size, int ordinal, bool imported, CUdeviceptr *ret)
+static CUresult alloc_map(int fd, size_t size, int ordinal, unsigned long long src_id,
+			  CUdeviceptr *ret)
 {
 	struct falloc *a = calloc(1, sizeof(*a));
 	void *p = a ? mmap(NULL, size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0) : MAP_FAILED;
@@ -106,7 +120,7 @@ static CUresult alloc_map(int fd, size_t size, int ordinal, bool imported, CUdev
 		return CUDA_ERROR_OUT_OF_MEMORY;
 	}
 	*a = (struct falloc){ .base = (uintptr_t)p, .size = size, .fd = fd, .ordinal = ordinal,
-			      .imported = imported };
+			      .imported = src_id != 0, .src_id = src_id, .refs = 1 };
 	pthread_mutex_lock(&lock);
 	a->id = ((unsigned long long)getpid() << 24) + ++next_id;
 	a->next = allocs;
@@ -124,6 +138,10 @@ static CUresult alloc_unmap(CUdeviceptr p, bool imported)
 	for (pp = &allocs; *pp; pp = &(*pp)->next) {
 		if ((*pp)->base == (uintptr_t)p && (*pp)->imported == imported) {
 			a = *pp;
+			if (imported && --a->refs) { /* still open elsewhere in this process */
+				pthread_mutex_unlock(&lock);
+				return CUDA_SUCCESS;
+			}
 			*pp = a->next;
 			break;
 		}
@@ -157,6 +175,8 @@ struct fevent {
 	uint32_t magic;
 	int fd;
 	struct ev_shared *sh;
+	struct fctx *ctx; /* the context it was created or opened in */
+	unsigned flags;	  /* CU_EVENT_* */
 };
 
 struct ev_handle {
@@ -171,7 +191,7 @@ static struct fevent *ev_of(CUevent e)
 	return f && f->magic == EV_MAGIC ? f : NULL;
 }
 
-static CUresult ev_map(int fd, CUevent *ret)
+static CUresult ev_map(int fd, struct fctx *ctx, unsigned flags, CUevent *ret)
 {
 	struct fevent *e = calloc(1, sizeof(*e));
 	void *p = e ? mmap(NULL, sizeof(struct ev_shared), PROT_READ | PROT_WRITE, MAP_SHARED,
@@ -182,7 +202,7 @@ static CUresult ev_map(int fd, CUevent *ret)
 		close(fd);
 		return CUDA_ERROR_OUT_OF_MEMORY;
 	}
-	*e = (struct fevent){ .magic = EV_MAGIC, .fd = fd, .sh = p };
+	*e = (struct fevent){ .magic = EV_MAGIC, .fd = fd, .sh = p, .ctx = ctx, .flags = flags };
 	*ret = (CUevent)e;
 	return CUDA_SUCCESS;
 }
@@ -225,6 +245,7 @@ struct fstream {
 	struct job *head, *tail;
 	unsigned long long queued, done;
 	bool stop;
+	struct fctx *ctx; /* the context it was created in */
 };
 
 static struct fstream *legacy;
@@ -287,6 +308,17 @@ static struct fstream *stream_new(void)
 	return s;
 }
 
+static bool stream_legacy(CUstream h)
+{
+	return !h || h == CU_STREAM_LEGACY || h == CU_STREAM_PER_THREAD;
+}
+
+/* The context of stream @h: its own, or the current one for the legacy stream (NULL: none). */
+static struct fctx *stream_ctx(CUstream h)
+{
+	return stream_legacy(h) ? ctx_current() : ((struct fstream *)h)->ctx;
+}
+
 static struct fstream *stream_of(CUstream h)
 {
 	if (h && h != CU_STREAM_LEGACY && h != CU_STREAM_PER_THREAD)
@@ -300,9 +332,13 @@ static struct fstream *stream_of(CUstream h)
 
 static CUresult stream_push(CUstream h, const struct job *tmpl)
 {
-	struct fstream *s = stream_of(h);
-	struct job *j = malloc(sizeof(*j));
+	struct fstream *s;
+	struct job *j;
 
+	if (!stream_ctx(h)) /* work on the legacy stream goes to the current context's */
+		return CUDA_ERROR_INVALID_CONTEXT;
+	s = stream_of(h);
+	j = malloc(sizeof(*j));
 	if (!s || !j) {
 		free(j);
 		return CUDA_ERROR_OUT_OF_MEMORY;
@@ -323,9 +359,12 @@ static CUresult stream_push(CUstream h, const struct job *tmpl)
 
 static CUresult stream_sync(CUstream h)
 {
-	struct fstream *s = stream_of(h);
+	struct fstream *s;
 	unsigned long long target;
 
+	if (!stream_ctx(h))
+		return CUDA_ERROR_INVALID_CONTEXT;
+	s = stream_of(h);
 	if (!s)
 		return CUDA_ERROR_OUT_OF_MEMORY;
 	pthread_mutex_lock(&s->mu);
@@ -450,6 +489,23 @@ CUresult CUDAAPI cuDeviceGetPCIBusId(char *id, int len, CUdevice dev)
 	return CUDA_SUCCESS;
 }
 
+/*
+ * "FKGPU" + ordinal + $FAKECUDA_UUID_SALT: a process started with another salt sees other
+ * devices behind the same PCI bus ids, as a process on another MIG instance of a GPU does.
+ */
+CUresult CUDAAPI cuDeviceGetUuid(CUuuid *uuid, CUdevice dev)
+{
+	const char *salt = getenv("FAKECUDA_UUID_SALT");
+
+	if (!dev_ok(dev))
+		return CUDA_ERROR_INVALID_DEVICE;
+	memset(uuid, 0, sizeof(*uuid));
+	memcpy(uuid->bytes, "FKGPU", 5);
+	uuid->bytes[5] = (char)dev;
+	uuid->bytes[6] = (char)(salt ? atoi(salt) : 0);
+	return CUDA_SUCCESS;
+}
+
 CUresult CUDAAPI cuDeviceGetByPCIBusId(CUdevice *dev, const char *id)
 {
 	unsigned dom, bus, slot, fn;
@@ -567,11 +623,13 @@ CUresult CUDAAPI cuMemAlloc(CUdeviceptr *dptr, size_t size)
 			close(fd);
 		return CUDA_ERROR_OUT_OF_MEMORY;
 	}
-	return alloc_map(fd, size, c->ordinal, false, dptr);
+	return alloc_map(fd, size, c->ordinal, 0, dptr);
 }
 
 CUresult CUDAAPI cuMemFree(CUdeviceptr dptr)
 {
+	if (!ctx_current())
+		return CUDA_ERROR_INVALID_CONTEXT;
 	return alloc_unmap(dptr, false);
 }
 
@@ -667,6 +725,7 @@ CUresult CUDAAPI cuIpcGetMemHandle(CUipcMemHandle *h, CUdeviceptr dptr)
 		m.fd = a->fd;
 		m.ordinal = a->ordinal;
 		m.size = a->size;
+		m.id = a->id;
 	}
 	pthread_mutex_unlock(&lock);
 	if (!m.size)
@@ -676,24 +735,49 @@ CUresult CUDAAPI cuIpcGetMemHandle(CUipcMemHandle *h, CUdeviceptr dptr)
 	return CUDA_SUCCESS;
 }
 
+/* An open of the exporter's allocation @id in this process, its count raised; or NULL. */
+static struct falloc *import_find(unsigned long long id)
+{
+	struct falloc *a;
+
+	pthread_mutex_lock(&lock);
+	for (a = allocs; a; a = a->next)
+		if (a->imported && a->src_id == id)
+			break;
+	if (a)
+		a->refs++;
+	pthread_mutex_unlock(&lock);
+	return a;
+}
+
+/* Like the driver: a handle opened again in one process returns the same pointer and counts
+ * the opens; cuIpcCloseMemHandle() unmaps at the last close. */
 CUresult CUDAAPI cuIpcOpenMemHandle(CUdeviceptr *dptr, CUipcMemHandle h, unsigned int flags)
 {
 	struct mem_handle m;
+	struct falloc *a;
 	int fd;
 
 	memcpy(&m, h.reserved, sizeof(m));
-	if (m.magic != MEM_MAGIC || m.pid == getpid())
+	if (m.magic != MEM_MAGIC || m.pid == getpid() || !m.id)
 		return CUDA_ERROR_INVALID_VALUE;
 	if (!ctx_current())
 		return CUDA_ERROR_INVALID_CONTEXT;
+	a = import_find(m.id);
+	if (a) {
+		*dptr = (CUdeviceptr)a->base;
+		return CUDA_SUCCESS;
+	}
 	fd = open_remote_fd(m.pid, m.fd);
 	if (fd < 0)
 		return CUDA_ERROR_INVALID_HANDLE;
-	return alloc_map(fd, m.size, m.ordinal, true, dptr);
+	return alloc_map(fd, m.size, m.ordinal, m.id, dptr);
 }
 
 CUresult CUDAAPI cuIpcCloseMemHandle(CUdeviceptr dptr)
 {
+	if (!ctx_current())
+		return CUDA_ERROR_INVALID_CONTEXT;
 	return alloc_unmap(dptr, true);
 }
 
@@ -701,6 +785,8 @@ CUresult CUDAAPI cuIpcCloseMemHandle(CUdeviceptr dptr)
 
 CUresult CUDAAPI cuMemAllocHost(void **pp, size_t size)
 {
+	if (!ctx_current())
+		return CUDA_ERROR_INVALID_CONTEXT;
 	return posix_memalign(pp, 4096, size ? size : 1) == 0 ? CUDA_SUCCESS :
 								 CUDA_ERROR_OUT_OF_MEMORY;
 }
@@ -712,32 +798,47 @@ CUresult CUDAAPI cuMemHostAlloc(void **pp, size_t size, unsigned int flags)
 
 CUresult CUDAAPI cuMemFreeHost(void *p)
 {
+	if (!ctx_current())
+		return CUDA_ERROR_INVALID_CONTEXT;
 	free(p);
 	return CUDA_SUCCESS;
 }
 
 CUresult CUDAAPI cuMemHostRegister(void *p, size_t size, unsigned int flags)
 {
+	if (!ctx_current())
+		return CUDA_ERROR_INVALID_CONTEXT;
 	return p && size ? CUDA_SUCCESS : CUDA_ERROR_INVALID_VALUE;
 }
 
 CUresult CUDAAPI cuMemHostUnregister(void *p)
 {
-	return CUDA_SUCCESS;
+	return ctx_current() ? CUDA_SUCCESS : CUDA_ERROR_INVALID_CONTEXT;
 }
 
 /* ---- events --------------------------------------------------------------------------------- */
 
+#define EV_FLAGS (CU_EVENT_BLOCKING_SYNC | CU_EVENT_DISABLE_TIMING | CU_EVENT_INTERPROCESS)
+
+/* Like the driver: made in the current context, which it belongs to; an interprocess event
+ * must not keep timing. */
 CUresult CUDAAPI cuEventCreate(CUevent *ev, unsigned int flags)
 {
-	int fd = memfd_create("fakecuda-event", MFD_CLOEXEC);
+	struct fctx *c = ctx_current();
+	int fd;
 
+	if (!c)
+		return CUDA_ERROR_INVALID_CONTEXT;
+	if ((flags & ~EV_FLAGS) ||
+	    ((flags & CU_EVENT_INTERPROCESS) && !(flags & CU_EVENT_DISABLE_TIMING)))
+		return CUDA_ERROR_INVALID_VALUE;
+	fd = memfd_create("fakecuda-event", MFD_CLOEXEC);
 	if (fd < 0 || ftruncate(fd, sizeof(struct ev_shared)) < 0) {
 		if (fd >= 0)
 			close(fd);
 		return CUDA_ERROR_OUT_OF_MEMORY;
 	}
-	return ev_map(fd, ev);
+	return ev_map(fd, c, flags, ev);
 }
 
 CUresult CUDAAPI cuEventDestroy(CUevent ev)
@@ -751,12 +852,18 @@ CUresult CUDAAPI cuEventDestroy(CUevent ev)
 	return CUDA_SUCCESS;
 }
 
+/* Like the driver: the event and the stream must belong to one context. */
 CUresult CUDAAPI cuEventRecord(CUevent ev, CUstream s)
 {
 	struct fevent *e = ev_of(ev);
 	struct job j = { .kind = JOB_RECORD, .ev = e };
+	struct fctx *c = stream_ctx(s);
 
 	if (!e)
+		return CUDA_ERROR_INVALID_HANDLE;
+	if (!c)
+		return CUDA_ERROR_INVALID_CONTEXT;
+	if (c != e->ctx)
 		return CUDA_ERROR_INVALID_HANDLE;
 	j.seq = atomic_fetch_add(&e->sh->recorded, 1) + 1;
 	return stream_push(s, &j);
@@ -787,7 +894,8 @@ CUresult CUDAAPI cuIpcGetEventHandle(CUipcEventHandle *h, CUevent ev)
 	struct fevent *e = ev_of(ev);
 	struct ev_handle m = { .magic = EV_MAGIC, .pid = getpid() };
 
-	if (!e)
+	if (!e || (e->flags & (CU_EVENT_INTERPROCESS | CU_EVENT_DISABLE_TIMING)) !=
+			  (CU_EVENT_INTERPROCESS | CU_EVENT_DISABLE_TIMING))
 		return CUDA_ERROR_INVALID_HANDLE;
 	m.fd = e->fd;
 	memset(h, 0, sizeof(*h));
@@ -803,20 +911,26 @@ CUresult CUDAAPI cuIpcOpenEventHandle(CUevent *ev, CUipcEventHandle h)
 	memcpy(&m, h.reserved, sizeof(m));
 	if (m.magic != EV_MAGIC || m.pid == getpid())
 		return CUDA_ERROR_INVALID_VALUE;
+	if (!ctx_current()) /* the opened event belongs to the current context */
+		return CUDA_ERROR_INVALID_CONTEXT;
 	fd = open_remote_fd(m.pid, m.fd);
 	if (fd < 0)
 		return CUDA_ERROR_INVALID_HANDLE;
-	return ev_map(fd, ev);
+	return ev_map(fd, ctx_current(), CU_EVENT_INTERPROCESS | CU_EVENT_DISABLE_TIMING, ev);
 }
 
 /* ---- streams and work ----------------------------------------------------------------------- */
 
 CUresult CUDAAPI cuStreamCreate(CUstream *s, unsigned int flags)
 {
-	struct fstream *f = stream_new();
+	struct fctx *c = ctx_current();
+	struct fstream *f = c ? stream_new() : NULL;
 
+	if (!c)
+		return CUDA_ERROR_INVALID_CONTEXT;
 	if (!f)
 		return CUDA_ERROR_OUT_OF_MEMORY;
+	f->ctx = c;
 	*s = (CUstream)f;
 	return CUDA_SUCCESS;
 }
@@ -835,6 +949,8 @@ CUresult CUDAAPI cuStreamDestroy(CUstream h)
 	return CUDA_SUCCESS;
 }
 
+/* Unlike a record, a wait may name an event of another context or device (as the driver
+ * allows); a legacy stream needs a current context. */
 CUresult CUDAAPI cuStreamWaitEvent(CUstream s, CUevent ev, unsigned int flags)
 {
 	struct fevent *e = ev_of(ev);

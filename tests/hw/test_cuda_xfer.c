@@ -96,6 +96,35 @@ START_TEST(test_cuda_xfer_slice_lands_only_in_its_range)
 }
 END_TEST
 
+/*
+ * The client names its device by UUID as well as PCI bus id (MIG instances of one GPU share
+ * the bus id). A daemon that does not see that device (here: started with another
+ * FAKECUDA_UUID_SALT, so the stand-in shows it other devices behind the same bus ids, as MIG
+ * does) refuses the tensor with a reason naming the device, instead of mapping it on whatever
+ * device holds the bus id; a daemon that sees it moves the tensor. Stand-in only.
+ */
+START_TEST(test_cuda_xfer_device_the_daemon_cannot_see_is_refused)
+{
+	struct hwt_case cases[] = { { .len = MIB, .w = CUDA0(true), .r = CUDA0(true) } };
+	struct hwt_xfer x = { .d = D, .name = "hw-uuid", .cases = cases, .n_cases = 1,
+			      .seed = 12 };
+	char line[512];
+
+	ck_assert_int_eq(tpt_daemon_stop(&tpt_fixture_daemon), 0);
+	ck_assert_int_eq(setenv("FAKECUDA_UUID_SALT", "7", 1), 0);
+	ck_assert_int_eq(tpt_daemon_start(&tpt_fixture_daemon, NULL), 0);
+	ck_assert_int_eq(unsetenv("FAKECUDA_UUID_SALT"), 0);
+	ck_assert(!hwt_xfer_run(&x));
+	ck_assert_int_eq(tpt_daemon_wait_log(D, "not visible to tpipd", 5000, line,
+					     sizeof(line)), 0);
+	ck_assert_msg(strstr(line, "GPU-464b4750-55") && strstr(line, "MIG instance"), "%s", line);
+	ck_assert_msg(tpt_daemon_alive(D), "tpipd died");
+	ck_assert_int_eq(tpt_daemon_stop(&tpt_fixture_daemon), 0);
+	ck_assert_int_eq(tpt_daemon_start(&tpt_fixture_daemon, NULL), 0);
+	ck_assert(hwt_xfer_run(&x));
+}
+END_TEST
+
 /* ---- tp_cuda_release ------------------------------------------------------------------------ */
 
 #define REL_LEN (8 * MIB)
@@ -207,7 +236,7 @@ START_TEST(test_cuda_xfer_released_memory_can_be_freed_and_reused)
 }
 END_TEST
 
-static Suite *cuda_xfer_suite(void)
+static Suite *cuda_xfer_suite(bool stand_in)
 {
 	Suite *s = suite_create("cuda_xfer");
 	TCase *tc = tcase_create("cuda_xfer");
@@ -218,6 +247,8 @@ static Suite *cuda_xfer_suite(void)
 	tcase_add_test(tc, test_cuda_xfer_mapping_bound_evicts_and_stays_correct);
 	tcase_add_test(tc, test_cuda_xfer_slice_lands_only_in_its_range);
 	tcase_add_test(tc, test_cuda_xfer_released_memory_can_be_freed_and_reused);
+	if (stand_in) /* the stand-in shows another device to a process with another salt */
+		tcase_add_test(tc, test_cuda_xfer_device_the_daemon_cannot_see_is_refused);
 	tcase_set_timeout(tc, 300);
 	suite_add_tcase(s, tc);
 	return s;
@@ -225,5 +256,7 @@ static Suite *cuda_xfer_suite(void)
 
 int main(void)
 {
-	return hwt_main(cuda_xfer_suite(), 1);
+	const char *lib = getenv("TPIPD_CUDA_LIBRARY");
+
+	return hwt_main(cuda_xfer_suite(lib && strstr(lib, "fakecuda")), 1);
 }

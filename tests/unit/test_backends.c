@@ -688,6 +688,26 @@ START_TEST(test_cuda_map_is_shared_daemon_wide)
 }
 END_TEST
 
+/* A mapping's device UUID: the first claim sets it, the same again is fine, another refused. */
+START_TEST(test_cuda_map_keeps_the_first_device_uuid)
+{
+	uint8_t h[TPB_CUDA_HANDLE_BYTES], u1[TPB_CUDA_UUID_BYTES], u2[TPB_CUDA_UUID_BYTES];
+	struct tpb_cuda_map *m;
+	char why[160];
+
+	handle_of(h, 7);
+	memset(u1, 1, sizeof(u1));
+	memset(u2, 1, sizeof(u2));
+	u2[15] = 2;
+	ck_assert_int_eq(tpb_cuda_map_get(h, false, "0000:3b:00.0", 4096, &m, why, 160), 0);
+	ck_assert_int_eq(tpb_cuda_map_claim_uuid(m, u1, why, 160), 0);
+	ck_assert_int_eq(tpb_cuda_map_claim_uuid(m, u1, why, 160), 0);
+	ck_assert_int_eq(tpb_cuda_map_claim_uuid(m, u2, why, 160), -EINVAL);
+	ck_assert_msg(strstr(why, "0000:3b:00.0"), "%s", why);
+	tpb_cuda_map_unref(m);
+}
+END_TEST
+
 START_TEST(test_cuda_holds_bound_lru_and_release)
 {
 	struct tpb_cuda_holds *h = tpb_cuda_holds_new(2);
@@ -980,6 +1000,7 @@ static Suite *backends_suite(void)
 	tcase_add_test(tc, test_cma_through_the_op_table);
 	tcase_add_test(tc, test_cuda_channels_listed_with_reason);
 	tcase_add_test(tc, test_cuda_map_is_shared_daemon_wide);
+	tcase_add_test(tc, test_cuda_map_keeps_the_first_device_uuid);
 	tcase_add_test(tc, test_cuda_copy_without_driver_fails_cleanly);
 	tcase_add_test(tc, test_cuda_holds_bound_lru_and_release);
 	tcase_add_test(tc, test_stage_moves_local_and_process_memory);

@@ -927,6 +927,26 @@ START_TEST(test_validate_cuda_reference)
 }
 END_TEST
 
+/* The device's UUID is optional, and 16 bytes when present (just below and above refused). */
+START_TEST(test_validate_cuda_uuid_is_empty_or_16_bytes)
+{
+	struct wmsg x;
+	Tpw__V1__CudaRef c;
+
+	wmsg_init(&x, 0, 1);
+	set_device(&x, 0, TPW__V1__DEVICE_TYPE__DEVICE_CUDA, TPW__V1__DEVICE_TYPE__DEVICE_CUDA);
+	set_cuda(&x.seg[NSEG], &c, 0, 10, 10);
+	c.gpu_uuid = (ProtobufCBinaryData){ 16, handle_bytes };
+	ck_assert_int_eq(vc(&x.m, 0, 0), 0);
+	c.gpu_uuid.len = 15;
+	ck_assert_int_eq(vc(&x.m, 0, 0), -EBADMSG);
+	c.gpu_uuid.len = 17;
+	ck_assert_int_eq(vc(&x.m, 0, 0), -EBADMSG);
+	c.gpu_uuid.len = 0;
+	ck_assert_int_eq(vc(&x.m, 0, 0), 0);
+}
+END_TEST
+
 START_TEST(test_validate_cuda_memory_matches_device)
 {
 	struct wmsg x;
@@ -1061,6 +1081,7 @@ static Suite *validate_suite(void)
 	tcase_add_test(w, test_validate_rejects_empty_shm_reference);
 	tcase_add_test(w, test_validate_checks_tensor_devices);
 	tcase_add_test(w, test_validate_cuda_reference);
+	tcase_add_test(w, test_validate_cuda_uuid_is_empty_or_16_bytes);
 	tcase_add_test(w, test_validate_cuda_memory_matches_device);
 	tcase_add_test(o, test_validate_cuda_release);
 	suite_add_tcase(s, w);
