@@ -72,9 +72,14 @@ int hwt_main(Suite *s, int min_devices)
 	char why[300];
 	int n = hwt_probe(why, sizeof(why));
 
-	if (n > 0 && n < min_devices)
-		snprintf(why, sizeof(why), "needs %d CUDA devices, found %d", min_devices, n);
-	if (n <= 0 || n < min_devices) {
+	if (n > 0 && n < min_devices) {
+		/* A GPU works here; this suite needs more of them: a fact of the machine, not a
+		 * failure, even where a missing GPU must fail (a one-GPU device check). */
+		printf("SKIP: needs %d CUDA devices, found %d\n", min_devices, n);
+		fflush(stdout);
+		return HWT_EXIT_SKIP;
+	}
+	if (n <= 0) {
 		printf("%s: %s\n", must ? "FAIL" : "SKIP", why);
 		fflush(stdout);
 		return must ? EXIT_FAILURE : HWT_EXIT_SKIP;

@@ -28,8 +28,9 @@
  * The driver is probed in a child process; this process never touches CUDA. Otherwise prints
  * "SKIP: <reason>" (e.g. "SKIP: no CUDA driver: libcuda.so.1: cannot open shared object file",
  * "SKIP: needs 2 CUDA devices, found 1") and returns 77, meson's skip code; with
- * $TPT_HW_REQUIRE=1 in the environment it prints "FAIL: ..." and returns 1 instead, so that a
- * run on a GPU machine cannot pass by skipping.
+ * $TPT_HW_REQUIRE=1 in the environment a missing or unusable driver prints "FAIL: ..." and
+ * returns 1 instead, so that a run on a GPU machine cannot pass by skipping; too few devices
+ * (a suite that needs two GPUs on a one-GPU machine) still skips.
  * Return: the exit status for main().
  */
 int hwt_main(Suite *s, int min_devices);
