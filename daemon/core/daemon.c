@@ -99,6 +99,16 @@ struct tpd_peers *tpd_daemon_peers(const struct tpd_daemon *d)
 	return d->peers;
 }
 
+const char *tpd_daemon_socket_path(const struct tpd_daemon *d)
+{
+	return d->socket_path;
+}
+
+uint64_t tpd_daemon_start_ns(const struct tpd_daemon *d)
+{
+	return d->start_ns;
+}
+
 /* Refuses to take over a socket another daemon is serving; removes a stale one. */
 static int socket_take_path(const struct sockaddr_un *sun)
 {

@@ -111,5 +111,9 @@ bool tpd_daemon_cma_viable(const struct tpd_daemon *d);
 bool tpd_daemon_bulk_running(const struct tpd_daemon *d);
 /* The peer part (peer/, tpd_peers_new()); NULL before it is made. */
 struct tpd_peers *tpd_daemon_peers(const struct tpd_daemon *d);
+/* The control socket's resolved path: borrowed from @d, valid until tpd_daemon_free(). */
+const char *tpd_daemon_socket_path(const struct tpd_daemon *d);
+/* When the daemon started, on tpu_now_ns()'s clock (pipes' ages are counted from it). */
+uint64_t tpd_daemon_start_ns(const struct tpd_daemon *d);
 
 #endif

@@ -376,6 +376,46 @@ pid_t tpd_session_pid(const struct tpd_session *s)
 	return s->pid;
 }
 
+bool tpd_session_in_group(const struct tpd_session *s, gid_t g)
+{
+	if (s->gid == g)
+		return true;
+	for (size_t i = 0; i < s->n_groups; i++)
+		if (s->groups[i] == g)
+			return true;
+	return false;
+}
+
+struct tpd_daemon *tpd_session_daemon(const struct tpd_session *s)
+{
+	return s->d;
+}
+
+const char *tpd_session_comm(const struct tpd_session *s)
+{
+	return s->comm;
+}
+
+Tpw__V1__Role tpd_session_role(const struct tpd_session *s)
+{
+	return s->role;
+}
+
+unsigned tpd_session_listener_count(const struct tpd_session *s)
+{
+	return s->n_listeners;
+}
+
+unsigned tpd_session_buffer_count(const struct tpd_session *s)
+{
+	return (unsigned)s->buffers.len;
+}
+
+uint64_t tpd_session_buffer_bytes(const struct tpd_session *s)
+{
+	return s->buffer_bytes;
+}
+
 bool tpd_session_permitted(const struct tpd_session *s, const struct tpd_listener *l)
 {
 	return tpd_listener_permits(l, s->uid, s->gid, s->groups, s->n_groups);
