@@ -216,4 +216,37 @@ bool tpd_broker_busy(const struct tpd_broker *b);
  * Borrows @p. */
 void tpd_pipe_channels(const struct tpd_pipe *p, char *buf, size_t len);
 
+/* What tpipctl shows of one end of a pipe (struct tpd_pipe_info). */
+struct tpd_pipe_end_info {
+	/* The end's session; NULL once it detached, and for a remote end. Borrowed from the
+	 * local part, valid while the pipe is (see tpd_broker_pipe_next()). */
+	struct tpd_session *session;
+	bool remote; /* on another host, behind the pipe's peer link */
+	bool gone;   /* detached (closed, died, or its host went away) */
+	uint32_t queued;       /* messages written by this end not yet consumed */
+	uint64_t queued_bytes; /* inline bytes held for them */
+	uint64_t msgs_sent;
+	uint64_t bytes_sent;
+};
+
+/* What tpipctl shows of a pipe (tpd_pipe_info()). */
+struct tpd_pipe_info {
+	uint64_t id;
+	const char *listener;	  /* the name it was connected to */
+	bool connecting;	  /* waiting for the peer daemon's answer */
+	uint64_t created_ns;	  /* on tpu_now_ns()'s clock */
+	char *const *channel_notes; /* why each channel serves it ("WHAT: NAME: reason") */
+	unsigned n_channel_notes;
+	const char *peer_addr;	  /* "HOST:PORT" of the other host's daemon (cross-host pipes) */
+	uint32_t remote_uid;	  /* the remote end's uid, as its daemon claims */
+	struct tpd_pipe_end_info end[2]; /* [0] connector, [1] acceptor */
+};
+
+/*
+ * tpd_pipe_info() - what tpipctl shows of @p (borrowed), into @ret.
+ * The strings and the session pointers in @ret are borrowed from the broker (owned by @p, or by
+ * the local part for the sessions): valid while @p is, as tpd_broker_pipe_next() says.
+ */
+void tpd_pipe_info(const struct tpd_pipe *p, struct tpd_pipe_info *ret);
+
 #endif

@@ -53,11 +53,11 @@ static bool sees_uid(const struct ctl_bufs *b, uid_t uid)
 	return !b->own_only || uid == b->viewer;
 }
 
-/* Either local end of @p belongs to a uid the caller may see. */
-static bool sees_pipe(const struct ctl_bufs *b, const struct tpd_pipe *p)
+/* Either local end of pipe @pi belongs to a uid the caller may see. */
+static bool sees_pipe(const struct ctl_bufs *b, const struct tpd_pipe_info *pi)
 {
 	for (int i = 0; i < 2; i++)
-		if (p->end[i].session && sees_uid(b, tpd_session_uid(p->end[i].session)))
+		if (pi->end[i].session && sees_uid(b, tpd_session_uid(pi->end[i].session)))
 			return true;
 	return false;
 }
@@ -66,6 +66,7 @@ static bool sees_pipe(const struct ctl_bufs *b, const struct tpd_pipe *p)
 static void count_visible(struct tpd_daemon *d, const struct ctl_bufs *b, Tpw__V1__CtlStatus *st)
 {
 	struct tpd_broker *br = tpd_daemon_broker(d);
+	struct tpd_pipe_info pi;
 	struct tpd_session *s;
 	struct tpd_listener *l;
 	struct tpd_pipe *p;
@@ -75,8 +76,10 @@ static void count_visible(struct tpd_daemon *d, const struct ctl_bufs *b, Tpw__V
 	st->sessions = st->pipes = st->listeners = 0;
 	tpd_local_for_each_session(s, tpd_daemon_local(d))
 		st->sessions += sees_uid(b, tpd_session_uid(s));
-	for (p = tpd_broker_pipe_next(br, NULL); p; p = tpd_broker_pipe_next(br, p))
-		st->pipes += sees_pipe(b, p);
+	for (p = tpd_broker_pipe_next(br, NULL); p; p = tpd_broker_pipe_next(br, p)) {
+		tpd_pipe_info(p, &pi);
+		st->pipes += sees_pipe(b, &pi);
+	}
 	tpu_list_for_each(l, &tpd_daemon_registry(d)->listeners, node)
 		st->listeners += sees_uid(b, l->uid);
 }
@@ -90,6 +93,7 @@ static void fill_status_limits(struct tpd_daemon *d, const struct ctl_bufs *b,
 	const struct tpd_config *cfg = tpd_daemon_cfg(d);
 	struct tpd_broker *br = tpd_daemon_broker(d);
 	struct tpd_quota *q = tpd_daemon_quota(d);
+	struct tpd_pipe_info pi;
 	struct tpd_pipe *p;
 
 	if (!b->own_only) {
@@ -101,11 +105,13 @@ static void fill_status_limits(struct tpd_daemon *d, const struct ctl_bufs *b,
 		st->pipe_held_bytes_peak = q->pipe_bytes_peak;
 		st->budget_waits = q->budget_waits;
 	}
-	for (p = tpd_broker_pipe_next(br, NULL); p; p = tpd_broker_pipe_next(br, p))
-		for (int i = 0; i < 2 && sees_pipe(b, p); i++) {
-			st->pipe_queued_messages += p->end[i].queued;
-			st->pipe_queued_bytes += p->end[i].queued_bytes;
+	for (p = tpd_broker_pipe_next(br, NULL); p; p = tpd_broker_pipe_next(br, p)) {
+		tpd_pipe_info(p, &pi);
+		for (int i = 0; i < 2 && sees_pipe(b, &pi); i++) {
+			st->pipe_queued_messages += pi.end[i].queued;
+			st->pipe_queued_bytes += pi.end[i].queued_bytes;
 		}
+	}
 	st->sessions_max = cfg->sessions_max;
 	st->sessions_per_uid = cfg->sessions_per_uid;
 	st->sessions_reserved = cfg->sessions_reserved;
@@ -178,9 +184,12 @@ static int fill_sessions(struct tpd_daemon *d, Tpw__V1__CtlReply *rep, struct ct
 	return 0;
 }
 
-static void fill_end(const struct ctl_bufs *b, const struct tpd_pipe_end *e,
+/* End @i of pipe @pi. */
+static void fill_end(const struct ctl_bufs *b, const struct tpd_pipe_info *pi, int i,
 		     Tpw__V1__CtlPipeEnd *c)
 {
+	const struct tpd_pipe_end_info *e = &pi->end[i];
+
 	tpw__v1__ctl_pipe_end__init(c);
 	if (e->session && !sees_uid(b, tpd_session_uid(e->session))) {
 		c->hidden = true; /* another user's process: not even its uid */
@@ -193,8 +202,8 @@ static void fill_end(const struct ctl_bufs *b, const struct tpd_pipe_end *e,
 		c->name = (char *)(name ? name : "");
 		c->uid = (uint32_t)tpd_session_uid(e->session);
 	} else if (e->remote) {
-		c->name = e->pipe->peer_addr; /* "HOST:PORT" of the other host's daemon */
-		c->uid = e->pipe->remote_uid;
+		c->name = (char *)pi->peer_addr; /* "HOST:PORT" of the other host's daemon */
+		c->uid = pi->remote_uid;
 		c->uid_claimed = true;
 	} else {
 		c->name = "";
@@ -205,8 +214,8 @@ static void fill_end(const struct ctl_bufs *b, const struct tpd_pipe_end *e,
 }
 
 
-/* The control transports of @p's two ends: "ring", "unix", "ring,unix", "ring,tcp"... */
-static const char *pipe_transport(const struct tpd_pipe *p)
+/* The control transports of @pi's two ends: "ring", "unix", "ring,unix", "ring,tcp"... */
+static const char *pipe_transport(const struct tpd_pipe_info *pi)
 {
 	static const char *const names[3][3] = {
 		{ "tcp", "unix,tcp", "ring,tcp" },
@@ -216,7 +225,7 @@ static const char *pipe_transport(const struct tpd_pipe *p)
 	int k[2];
 
 	for (int i = 0; i < 2; i++) {
-		const struct tpd_pipe_end *e = &p->end[i];
+		const struct tpd_pipe_end_info *e = &pi->end[i];
 
 		if (e->remote)
 			k[i] = 0;
@@ -230,6 +239,7 @@ static int fill_pipes(struct tpd_daemon *d, Tpw__V1__CtlReply *rep, struct ctl_b
 {
 	struct tpd_broker *br = tpd_daemon_broker(d);
 	unsigned n_pipes = tpd_broker_pipe_count(br);
+	struct tpd_pipe_info pi;
 	struct tpd_pipe *p;
 	size_t i = 0;
 
@@ -241,35 +251,38 @@ static int fill_pipes(struct tpd_daemon *d, Tpw__V1__CtlReply *rep, struct ctl_b
 		return -ENOMEM;
 	for (p = tpd_broker_pipe_next(br, NULL); p; p = tpd_broker_pipe_next(br, p)) {
 		Tpw__V1__CtlPipe *c = &b->pipes[i];
-		bool a = p->end[0].session || (p->end[0].remote && !p->end[0].gone),
-		     z = p->end[1].session || (p->end[1].remote && !p->end[1].gone);
-		if (!sees_pipe(b, p))
+		bool a, z;
+
+		tpd_pipe_info(p, &pi);
+		a = pi.end[0].session || (pi.end[0].remote && !pi.end[0].gone);
+		z = pi.end[1].session || (pi.end[1].remote && !pi.end[1].gone);
+		if (!sees_pipe(b, &pi))
 			continue;
 		tpw__v1__ctl_pipe__init(c);
-		c->id = p->id;
-		c->listener = p->listener;
-		c->state = p->connecting ? "connecting"
-					  : (a && z ? "open" : (a || z ? "half-closed" : "closed"));
-		c->transport = (char *)pipe_transport(p);
+		c->id = pi.id;
+		c->listener = (char *)pi.listener;
+		c->state = pi.connecting ? "connecting"
+					 : (a && z ? "open" : (a || z ? "half-closed" : "closed"));
+		c->transport = (char *)pipe_transport(&pi);
 		tpd_pipe_channels(p, b->channels[i], sizeof(b->channels[i]));
 		c->channels = b->channels[i];
 		if (b->verbose) {
 			size_t n = 0;
 
 			/* Within the frame limit: the pipes listed first get their reasons. */
-			for (unsigned k = 0; k < p->n_channel_notes; k++)
-				n += strlen(p->channel_notes[k]) + 8;
+			for (unsigned k = 0; k < pi.n_channel_notes; k++)
+				n += strlen(pi.channel_notes[k]) + 8;
 			if (n <= b->reasons_left) {
 				b->reasons_left -= n;
-				c->n_channel_reasons = p->n_channel_notes;
-				c->channel_reasons = p->channel_notes;
+				c->n_channel_reasons = pi.n_channel_notes;
+				c->channel_reasons = (char **)pi.channel_notes;
 			}
 		}
-		fill_end(b, &p->end[0], &b->ends[2 * i]);
-		fill_end(b, &p->end[1], &b->ends[2 * i + 1]);
+		fill_end(b, &pi, 0, &b->ends[2 * i]);
+		fill_end(b, &pi, 1, &b->ends[2 * i + 1]);
 		c->connector = &b->ends[2 * i];
 		c->acceptor = &b->ends[2 * i + 1];
-		c->created_ms = (p->created_ns - tpd_daemon_start_ns(d)) / 1000000;
+		c->created_ms = (pi.created_ns - tpd_daemon_start_ns(d)) / 1000000;
 		rep->pipes[i++] = c;
 	}
 	rep->n_pipes = i;
