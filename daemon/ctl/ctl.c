@@ -174,10 +174,10 @@ static int fill_sessions(struct tpd_daemon *d, Tpw__V1__CtlReply *rep, struct ct
 		c->listeners = tpd_session_listener_count(s);
 		c->buffers = tpd_session_buffer_count(s);
 		c->buffer_bytes = tpd_session_buffer_bytes(s);
-		tpd_conn_bytes(s, &c->bytes_in, &c->bytes_out);
+		tpd_conn_bytes(tpd_session_conn(s), &c->bytes_in, &c->bytes_out);
 		c->cma_ok = tpd_session_cma(s);
-		c->transport = tpd_conn_is_ring(s) ? "ring" : "unix";
-		c->ring_bytes = tpd_conn_ring_bytes(s);
+		c->transport = tpd_conn_is_ring(tpd_session_conn(s)) ? "ring" : "unix";
+		c->ring_bytes = tpd_conn_ring_bytes(tpd_session_conn(s));
 		rep->sessions[i++] = c;
 	}
 	rep->n_sessions = i;
@@ -230,7 +230,7 @@ static const char *pipe_transport(const struct tpd_pipe_info *pi)
 		if (e->remote)
 			k[i] = 0;
 		else
-			k[i] = e->session && tpd_conn_is_ring(e->session) ? 2 : 1;
+			k[i] = e->session && tpd_conn_is_ring(tpd_session_conn(e->session)) ? 2 : 1;
 	}
 	return names[k[0]][k[1]];
 }

@@ -23,8 +23,6 @@
 #include "tpu.h"
 #include "tpw.pb-c.h"
 
-#define TPD_SEND_TAIL_MAX 8 /* data pieces a frame sent by tpd_session_send() may carry inline */
-
 struct tpd_daemon;
 struct tpd_listener;
 struct tpd_pipe_end;
@@ -172,6 +170,12 @@ unsigned tpd_session_listener_count(const struct tpd_session *s);
 /* Number of shared buffers @s registered, and their bytes in all. */
 unsigned tpd_session_buffer_count(const struct tpd_session *s);
 uint64_t tpd_session_buffer_bytes(const struct tpd_session *s);
+
+/*
+ * tpd_session_conn() - @s's connection (conn.h: its transport and byte counts).
+ * Return: borrowed pointer, owned by @s (embedded in it), valid until @s is freed.
+ */
+const struct tpd_conn *tpd_session_conn(const struct tpd_session *s);
 
 /* May @s's client use listener @l (borrowed), by its credentials (tpd_listener_permits())? */
 bool tpd_session_permitted(const struct tpd_session *s, const struct tpd_listener *l);
