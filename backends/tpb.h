@@ -16,12 +16,13 @@
  *   cuda_ipc  CUDA memory of a client (an IPC handle the daemon maps) to or from CUDA, a
  *          mapping or a client's address space, on the daemon's own streams
  * Between hosts:
- *   mpt    chunks striped over a peer link's data connections (daemon/xfer/stripe.c); no copy op
- *   rdma   RDMA writes between shared buffers on both hosts (daemon/xfer/gdr.c); no copy op
+ *   mpt    chunks striped over a peer link's data connections (backends/mpt/stripe.c); no copy
+ *          op; the async table over the link's stripe (backends/mpt/mpt.c)
+ *   rdma   RDMA writes between shared buffers on both hosts (backends/rdma/link.c); no copy op
  *   cuda_basic  CUDA memory staged chunk by chunk through host buffers of the stripe threads
  *          (tpb_cuda_basic_stage()), so it rides the mpt connections; no copy op
  *   cuda_gdr  RDMA writes straight from and into registered memory over ibverbs (GPUDirect),
- *          run by the daemon (daemon/xfer/gdr.c); probed here (CUDA driver and an RDMA port);
+ *          run by the daemon (backends/rdma/link.c); probed here (CUDA driver and an RDMA port);
  *          no copy op
  */
 #ifndef TPB_H
@@ -55,7 +56,9 @@ enum tpb_loc {
 };
 
 struct tpb_cuda_map;
+struct tpb_stripe;
 struct tpb_proc;
+struct tpb_buffer;
 
 struct tpb_mem {
 	enum tpb_loc loc;
@@ -69,6 +72,9 @@ struct tpb_mem {
 	/* TPB_LOC_REMOTE: the kind of memory on the other host as far as this side knows it
 	 * (TPB_LOC_LOCAL: a shared buffer there, TPB_LOC_PROCESS: private memory, TPB_LOC_CUDA). */
 	enum tpb_loc remote;
+	/* TPB_LOC_LOCAL inside a client's shared buffer: that buffer (borrowed, as @proc), so that
+	 * a channel that registers memory (rdma) can keep a registration with it; else NULL. */
+	struct tpb_buffer *buf;
 };
 
 /* One contiguous copy. */
@@ -89,11 +95,16 @@ struct tpb_scratch {
 /* Releases what copies made in @s (CUDA streams, pinned memory); not @s->bounce. Borrows @s. */
 void tpb_cuda_scratch_done(struct tpb_scratch *s);
 
+struct tpb_rdma_config;
+
 struct tpb_config {
 	bool cma_disabled;    /* --no-cma / [backends] cma = no */
 	bool shm_disabled;    /* [backends] shm = no */
 	bool rdma_disabled;   /* --no-rdma / [backends] rdma = no: rdma and cuda_gdr */
 	const char *priority; /* "name,name,...": these first, in this order; NULL: built-in */
+	/* ctx_new of rdma (backends/rdma/rdma.h, serving cuda_gdr too): its settings, borrowed
+	 * for the call (copied); NULL: rdma makes no context (-EOPNOTSUPP). */
+	const struct tpb_rdma_config *rdma;
 };
 
 /* ---- the asynchronous channel op table ------------------------------------------------------
@@ -136,6 +147,7 @@ struct tpb_peer {
 	const char *const *offers;	/* the peer's channel names (its PeerHello.backends) */
 	size_t n_offers;
 	void *link;			/* the daemon's link, opaque here */
+	struct tpb_stripe *stripe;	/* mpt: the link's data connections (mpt/stripe.h) */
 };
 
 /* The head of every endpoint: channels embed it first. */
@@ -146,7 +158,7 @@ struct tpb_ep {
 
 /*
  * The engine a same-host channel's kernel runs on: the daemon's copy threads
- * (tpd_copier_engine()), or NULL in a context, to run the kernel inside start() (tests, tools;
+ * (tpb_copier_engine()), or NULL in a context, to run the kernel inside start() (tests, tools;
  * the completion still comes later, from progress()).
  */
 struct tpb_engine {
@@ -168,11 +180,12 @@ struct tpb_op {
 	size_t n_xfers;
 	const void *offer; /* start, between hosts: the other side's offer (prepare()), or NULL */
 	size_t offer_len;
+	uint64_t xfer_id;  /* between hosts: the receiver's id for the transfer on the link */
 	tpb_op_done_fn done;
 	void *arg;
 	/* Set by the channel before @done runs. */
 	int status;	/* 0, -ECANCELED, or the channel's -errno */
-	uint64_t bytes; /* moved, on success */
+	uint64_t bytes; /* moved, on success (mpt: also how far a failed one got) */
 	char why[160];	/* with a failure: more than the errno says, or "" */
 	/* The channel's own, from start() until @done. */
 	struct tpb_ep *ep;

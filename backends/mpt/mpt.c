@@ -1,16 +1,273 @@
 /* SPDX-License-Identifier: BSD-3-Clause */
 /*
  * mpt channel: tensors between hosts, cut into chunks striped over the N data connections of a
- * peer link (daemon/xfer/stripe.c runs the threads). It reads a shared buffer or a client's memory
- * (CMA) on the sending host and writes straight into the reader's allocation on the other. It
- * never serves a same-host pair, so it has no copy op here; it is listed so that tpipctl can
- * name it and the statistics can count it.
+ * peer link (stripe.c runs the threads). It reads a shared buffer or a client's memory (CMA) on
+ * the sending host and writes straight into the reader's allocation on the other. It never
+ * serves a same-host pair, so it has no copy op. This file is its asynchronous op table (tpb.h):
+ * a context per daemon with one completion queue, an endpoint per peer link over the link's
+ * stripe (which the link owns: it adds the connections and frees it), start for a send (every
+ * xfer's destination TPB_LOC_REMOTE) or a receive (every source TPB_LOC_REMOTE) named by the
+ * op's xfer_id, cancel, and the event fd and progress call that deliver completions. A stripe
+ * transfer ends on the loop thread (tpb_stripe_progress(), polled by the link's owner); its op
+ * is then queued here and its done callback runs from this context's tpb_progress(). It does
+ * not choose channels (registry.c) nor run threads (the stripe's).
  */
-#include "../tpb.h"
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include "../base/cq.h"
+#include "mpt.h"
+#include "stripe.h"
+
+struct mpt_ctx {
+	struct tpb_ctx base;
+	struct tpb_cq cq; /* ended ops waiting for progress (struct mpt_op.cq_node) */
+	unsigned pending; /* started ops not yet delivered */
+};
+
+struct mpt_ep {
+	struct tpb_ep base;
+	struct tpb_stripe *st;
+	struct tpu_list ops; /* started, not yet delivered (struct mpt_op.ep_node) */
+	bool closing;
+	unsigned delivering; /* inside its ops' done callbacks (nested progress too): kept */
+};
+
+/* One started op: the stripe transfer that carries it. Loop thread only. */
+struct mpt_op {
+	struct tpb_stripe_xfer x;
+	struct tpb_op *op;
+	struct mpt_ep *ep;
+	struct tpu_list ep_node;
+	struct tpu_list cq_node;
+	bool recv;
+	bool ended; /* the stripe is done with it (its memory is no longer touched) */
+	struct tpb_stripe_seg segs[];
+};
 
 static int mpt_probe(const struct tpb_config *cfg, char *why, size_t why_len)
 {
 	return 1; /* TCP is always there */
+}
+
+static struct mpt_ctx *ctx_of(struct tpb_ctx *c)
+{
+	return (struct mpt_ctx *)c;
+}
+
+static int mpt_ctx_new(const struct tpb_channel_ops *self, const struct tpb_config *cfg,
+		       const struct tpb_engine *engine, struct tpb_ctx **ret)
+{
+	struct mpt_ctx *c = calloc(1, sizeof(*c));
+	int r;
+
+	if (!c)
+		return -ENOMEM;
+	c->base.ops = self;
+	c->base.idx = tpb_index(self->name);
+	r = tpb_cq_init(&c->cq);
+	if (r < 0) {
+		free(c);
+		return r;
+	}
+	*ret = &c->base;
+	return 0;
+}
+
+static int mpt_progress(struct tpb_ctx *ctx);
+
+static void mpt_ctx_free(struct tpb_ctx *ctx)
+{
+	struct mpt_ctx *c = ctx_of(ctx);
+
+	/* Every endpoint is closed and every stripe it ran on is freed or done with its ops:
+	 * whatever is still owed is queued here. */
+	while (c->pending && mpt_progress(ctx) > 0)
+		;
+	tpb_cq_done(&c->cq);
+	free(c);
+}
+
+static int mpt_ep_open(struct tpb_ctx *ctx, const struct tpb_peer *peer, struct tpb_ep **ret)
+{
+	struct mpt_ep *e;
+
+	if (!peer || !peer->stripe)
+		return -EOPNOTSUPP; /* another host only, over its link's data connections */
+	e = calloc(1, sizeof(*e));
+	if (!e)
+		return -ENOMEM;
+	e->base.ctx = ctx;
+	e->base.peer = peer;
+	e->st = peer->stripe;
+	tpu_list_init(&e->ops);
+	*ret = &e->base;
+	return 0;
+}
+
+/* Asks the stripe to stop @mo (a no-op once the stripe has ended it). */
+static void op_stop(struct mpt_op *mo)
+{
+	if (mo->ended)
+		return;
+	if (mo->recv)
+		tpb_stripe_recv_cancel(mo->ep->st, &mo->x);
+	else
+		tpb_stripe_send_cancel(mo->ep->st, &mo->x);
+}
+
+static void mpt_ep_close(struct tpb_ep *ep)
+{
+	struct mpt_ep *e = (struct mpt_ep *)ep;
+	struct mpt_op *mo;
+
+	e->closing = true;
+	if (tpu_list_empty(&e->ops) && !e->delivering) {
+		free(e);
+		return;
+	}
+	tpu_list_for_each(mo, &e->ops, ep_node)
+		op_stop(mo);
+}
+
+/* The stripe ended @x (loop thread, from tpb_stripe_progress() or tpb_stripe_free()): queue
+ * its op for this context's progress. */
+static void op_on_stripe_done(struct tpb_stripe_xfer *x)
+{
+	struct mpt_op *mo = x->arg;
+	struct tpb_op *op = mo->op;
+
+	mo->ended = true;
+	op->status = x->status;
+	op->bytes = x->bytes;
+	snprintf(op->why, sizeof(op->why), "%s", x->status < 0 ? x->why : "");
+	tpb_cq_push(&ctx_of(mo->ep->base.ctx)->cq, &mo->cq_node);
+}
+
+/* @op's direction: 1 receive, 0 send, -EINVAL for a mix or an xfer without a remote side. */
+static int op_direction(const struct tpb_op *op)
+{
+	int dir = -1;
+
+	for (size_t i = 0; i < op->n_xfers; i++) {
+		const struct tpb_xfer *x = &op->xfers[i];
+		bool recv = x->src.loc == TPB_LOC_REMOTE;
+
+		if (recv == (x->dst.loc == TPB_LOC_REMOTE) || (dir >= 0 && dir != recv))
+			return -EINVAL;
+		dir = recv;
+	}
+	return dir < 0 ? 0 : dir; /* nothing to move: ends at once, later, either way */
+}
+
+static int mpt_start(struct tpb_ep *ep, struct tpb_op *op)
+{
+	struct mpt_ep *e = (struct mpt_ep *)ep;
+	int dir = op_direction(op), r;
+	struct mpt_op *mo;
+
+	if (e->closing)
+		return -ESHUTDOWN;
+	if (dir < 0)
+		return dir;
+	mo = calloc(1, sizeof(*mo) + op->n_xfers * sizeof(mo->segs[0]));
+	if (!mo)
+		return -ENOMEM;
+	for (size_t i = 0; i < op->n_xfers; i++) {
+		const struct tpb_xfer *x = &op->xfers[i];
+
+		mo->segs[i].mem = dir ? x->dst : x->src;
+		mo->segs[i].len = x->len;
+	}
+	mo->op = op;
+	mo->ep = e;
+	mo->recv = dir;
+	mo->x.xfer_id = op->xfer_id;
+	mo->x.segs = mo->segs;
+	mo->x.n_segs = op->n_xfers;
+	mo->x.done = op_on_stripe_done;
+	mo->x.arg = mo;
+	tpu_list_init(&mo->cq_node);
+	r = dir ? tpb_stripe_recv(e->st, &mo->x) : tpb_stripe_send(e->st, &mo->x);
+	if (r < 0) {
+		free(mo);
+		return r;
+	}
+	op->ep = ep;
+	op->canceled = false;
+	op->status = 0;
+	op->bytes = 0;
+	op->why[0] = '\0';
+	tpu_list_insert_tail(&e->ops, &mo->ep_node);
+	ctx_of(ep->ctx)->pending++;
+	return 0;
+}
+
+/* The started op @op of @e, or NULL. */
+static struct mpt_op *op_find(struct mpt_ep *e, const struct tpb_op *op)
+{
+	struct mpt_op *mo;
+
+	tpu_list_for_each(mo, &e->ops, ep_node)
+		if (mo->op == op)
+			return mo;
+	return NULL;
+}
+
+static int mpt_cancel(struct tpb_ep *ep, struct tpb_op *op)
+{
+	struct mpt_op *mo = op_find((struct mpt_ep *)ep, op);
+
+	if (!mo || mo->ended)
+		return -ENOENT; /* ended already: its outcome stands */
+	op->canceled = true;
+	op_stop(mo);
+	return 0;
+}
+
+int tpb_mpt_recv_expect(struct tpb_ep *ep, struct tpb_op *op, uint64_t bytes, int status,
+			const char *why)
+{
+	struct mpt_op *mo;
+
+	if (ep->ctx->ops != &tpb_mpt_ops)
+		return -EOPNOTSUPP;
+	mo = op_find((struct mpt_ep *)ep, op);
+	if (!mo || !mo->recv)
+		return -ENOENT;
+	if (!mo->ended)
+		tpb_stripe_recv_expect(mo->ep->st, &mo->x, bytes, status, why);
+	return 0;
+}
+
+static int mpt_event_fd(struct tpb_ctx *ctx)
+{
+	return tpb_cq_event_fd(&ctx_of(ctx)->cq);
+}
+
+static int mpt_progress(struct tpb_ctx *ctx)
+{
+	struct mpt_ctx *c = ctx_of(ctx);
+	struct tpu_list *n;
+	int ran = 0;
+
+	tpb_cq_ack(&c->cq);
+	while ((n = tpb_cq_pop(&c->cq))) {
+		struct mpt_op *mo = tpu_container_of(n, struct mpt_op, cq_node);
+		struct mpt_ep *e = mo->ep;
+		struct tpb_op *op = mo->op;
+
+		tpu_list_remove(&mo->ep_node);
+		free(mo);
+		c->pending--;
+		e->delivering++;
+		op->done(op); /* may start, cancel or close: @op is the caller's again */
+		e->delivering--;
+		ran++;
+		if (e->closing && tpu_list_empty(&e->ops) && !e->delivering)
+			free(e);
+	}
+	return ran;
 }
 
 const struct tpb_channel_ops tpb_mpt_ops = {
@@ -19,4 +276,12 @@ const struct tpb_channel_ops tpb_mpt_ops = {
 		TPB_CAP_DST_PROCESS,
 	.probe = mpt_probe,
 	.copy = NULL,
+	.ctx_new = mpt_ctx_new,
+	.ctx_free = mpt_ctx_free,
+	.ep_open = mpt_ep_open,
+	.ep_close = mpt_ep_close,
+	.start = mpt_start,
+	.cancel = mpt_cancel,
+	.event_fd = mpt_event_fd,
+	.progress = mpt_progress,
 };

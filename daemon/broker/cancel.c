@@ -84,7 +84,7 @@ static void cancel_read(struct tpd_pipe_end *r, uint64_t msg_id)
 		     (unsigned long long)msg_id);
 	if (m->xh) /* a receive from another host that has not asked for the bytes yet */
 		tpd_xh_abandon(m, TPW__V1__STATUS__STATUS_CANCELED, WHY_READER);
-	tpd_copier_job_free(m->job);
+	tpb_copier_job_free(m->job);
 	m->job = NULL;
 	tpd_pipe_send_read_done(r, m->msg_id, TPW__V1__STATUS__STATUS_CANCELED, "cancelled");
 	tpd_pipe_msg_consumed(m, TPW__V1__STATUS__STATUS_CANCELED, WHY_READER);

@@ -20,7 +20,7 @@
 void tpd_msg_release_src(struct tpd_msg *m)
 {
 	for (size_t i = 0; i < m->n_src; i++) {
-		tpd_buffer_unref(m->src[i].buf);
+		tpb_buffer_unref(m->src[i].buf);
 		tpd_devmem_put(&m->src[i].mem);
 		tpb_proc_unref(m->src[i].mem.proc);
 	}
@@ -33,7 +33,7 @@ void tpd_msg_free(struct tpd_msg *m)
 {
 	tpd_xh_free(m->xh);
 	tpd_msg_release_src(m);
-	tpd_copier_job_free(m->job);
+	tpb_copier_job_free(m->job);
 	free(m->tail);
 	free(m);
 }
@@ -58,7 +58,7 @@ static int resolve_src(struct tpd_session *s, const Tpw__V1__Segment *seg, const
 				 (unsigned long long)seg->shm->gen);
 			return -ENOENT;
 		}
-		r = tpd_buffer_resolve(out->buf, seg->shm->offset, seg->length, &ptr);
+		r = tpb_buffer_resolve(out->buf, seg->shm->offset, seg->length, &ptr);
 		if (r < 0) {
 			snprintf(
 			    why, wl, "range %llu+%llu outside shared buffer %llu of %llu bytes",
@@ -68,7 +68,7 @@ static int resolve_src(struct tpd_session *s, const Tpw__V1__Segment *seg, const
 			out->buf = NULL;
 			return r;
 		}
-		tpd_buffer_ref(out->buf);
+		tpb_buffer_ref(out->buf);
 		out->mem.addr = (uint64_t)(uintptr_t)ptr;
 		return 0;
 	case TPW__V1__SEGMENT__LOC_CMA_ADDR:
@@ -202,11 +202,11 @@ const Tpw__V1__Segment *tpd_msg_read_segment(const Tpw__V1__Read *rd, size_t i)
 
 /* Resolves the reader's destination for source @src into @d, taking buffer refs into @job. */
 int tpd_msg_resolve_dst(struct tpd_session *s, const Tpw__V1__Segment *seg,
-			const struct tpd_msg_src *src, struct tpd_copy_job *job,
+			const struct tpd_msg_src *src, struct tpb_copy_job *job,
 			struct tpd_msg_dst *d, char *why, size_t wl)
 {
 	struct tpb_xfer *x = &d->x;
-	struct tpd_buffer *b;
+	struct tpb_buffer *b;
 	void *ptr;
 
 	if (seg->length != src->len) {
@@ -226,7 +226,7 @@ int tpd_msg_resolve_dst(struct tpd_session *s, const Tpw__V1__Segment *seg,
 		}
 		x->dst = (struct tpb_mem){ .loc = TPB_LOC_PROCESS, .proc = tpd_session_proc(s),
 					   .addr = seg->cma_addr };
-		return tpd_copier_job_hold_proc(job, tpd_session_proc(s));
+		return tpb_copier_job_hold_proc(job, tpd_session_proc(s));
 	}
 	if (seg->loc_case == TPW__V1__SEGMENT__LOC_CUDA) {
 		int r = tpd_devmem_resolve(s, seg->cuda, &x->dst, why, wl);
@@ -235,7 +235,7 @@ int tpd_msg_resolve_dst(struct tpd_session *s, const Tpw__V1__Segment *seg,
 		job->maps[job->n_maps++] = x->dst.cuda; /* the job owns these references */
 		if (x->dst.event)
 			job->maps[job->n_maps++] = x->dst.event;
-		return tpd_copier_job_hold_proc(job, x->dst.proc);
+		return tpb_copier_job_hold_proc(job, x->dst.proc);
 	}
 	if (seg->loc_case != TPW__V1__SEGMENT__LOC_SHM) {
 		snprintf(why, wl, "segment of %llu bytes without destination",
@@ -248,13 +248,13 @@ int tpd_msg_resolve_dst(struct tpd_session *s, const Tpw__V1__Segment *seg,
 			 (unsigned long long)seg->shm->buf_id, (unsigned long long)seg->shm->gen);
 		return -ENOENT;
 	}
-	if (tpd_buffer_resolve(b, seg->shm->offset, seg->length, &ptr) < 0) {
+	if (tpb_buffer_resolve(b, seg->shm->offset, seg->length, &ptr) < 0) {
 		snprintf(why, wl, "range %llu+%llu outside shared buffer %llu of %llu bytes",
 			 (unsigned long long)seg->shm->offset, (unsigned long long)seg->length,
 			 (unsigned long long)seg->shm->buf_id, (unsigned long long)b->size);
 		return -ERANGE;
 	}
-	job->refs[job->n_refs++] = tpd_buffer_ref(b);
+	job->refs[job->n_refs++] = tpb_buffer_ref(b);
 	d->buf = b;
 	x->dst = (struct tpb_mem){.loc = TPB_LOC_LOCAL, .addr = (uint64_t)(uintptr_t)ptr};
 	return 0;
@@ -279,7 +279,7 @@ static struct tpb_mem mem_at(struct tpb_mem m, uint64_t off)
 }
 
 /* Appends @x to @job as transfers of at most CHUNK bytes (one if it is small). */
-static void job_add(struct tpd_copy_job *job, const struct tpb_xfer *x, int channel)
+static void job_add(struct tpb_copy_job *job, const struct tpb_xfer *x, int channel)
 {
 	uint64_t step = x->len <= CHUNK_SPLIT ? x->len : CHUNK;
 
@@ -295,7 +295,7 @@ static void job_add(struct tpd_copy_job *job, const struct tpb_xfer *x, int chan
 }
 
 /* The job keeps the source's CUDA mappings alive even if the message goes first. */
-static void job_hold_cuda(struct tpd_copy_job *job, const struct tpb_mem *m)
+static void job_hold_cuda(struct tpb_copy_job *job, const struct tpb_mem *m)
 {
 	if (m->loc != TPB_LOC_CUDA)
 		return;
@@ -306,9 +306,9 @@ static void job_hold_cuda(struct tpd_copy_job *job, const struct tpb_mem *m)
 
 /* Builds the copy job for @m into the reader's allocation @rd. */
 int tpd_msg_build_job(struct tpd_msg *m, struct tpd_session *s, const Tpw__V1__Read *rd,
-		      tpd_copy_done_fn done, struct tpd_copy_job **ret, char *why, size_t wl)
+		      tpb_copy_done_fn done, struct tpb_copy_job **ret, char *why, size_t wl)
 {
-	struct tpd_copy_job *job;
+	struct tpb_copy_job *job;
 	size_t n = rd->n_payloads + rd->n_tensors, n_xfers = 0;
 
 	if (n != m->n_src) {
@@ -317,7 +317,7 @@ int tpd_msg_build_job(struct tpd_msg *m, struct tpd_session *s, const Tpw__V1__R
 	}
 	for (size_t i = 0; i < n; i++)
 		n_xfers += chunks_of(m->src[i].len);
-	job = tpd_copier_job_new(n_xfers, 2 * n);
+	job = tpb_copier_job_new(n_xfers, 2 * n);
 	if (!job)
 		return -ENOMEM;
 	for (size_t i = 0; i < n; i++) {
@@ -331,22 +331,22 @@ int tpd_msg_build_job(struct tpd_msg *m, struct tpd_session *s, const Tpw__V1__R
 			continue;
 		r = tpd_msg_resolve_dst(s, tpd_msg_read_segment(rd, i), src, job, &d, why, wl);
 		if (r < 0) {
-			tpd_copier_job_free(job);
+			tpb_copier_job_free(job);
 			return r;
 		}
 		if (src->buf)
-			job->refs[job->n_refs++] = tpd_buffer_ref(src->buf);
+			job->refs[job->n_refs++] = tpb_buffer_ref(src->buf);
 		job_hold_cuda(job, &src->mem);
-		r = tpd_copier_job_hold_proc(job, src->mem.proc);
+		r = tpb_copier_job_hold_proc(job, src->mem.proc);
 		if (r < 0) {
 			snprintf(why, wl, "a copy job spans more than two client processes");
-			tpd_copier_job_free(job);
+			tpb_copier_job_free(job);
 			return r;
 		}
 		channel = tpb_select_why(x->src.loc, x->dst.loc, reason, sizeof(reason));
 		if (channel < 0) {
 			snprintf(why, wl, "%s", reason);
-			tpd_copier_job_free(job);
+			tpb_copier_job_free(job);
 			return -EOPNOTSUPP;
 		}
 		job_add(job, x, channel);

@@ -503,7 +503,7 @@ out:
  * A copy that fails because a process vanished (ESRCH: it has no memory left) or whose end is
  * already going away is the peer dying, not a bad address: say so to the survivor.
  */
-static void classify_failure(struct tpd_copy_job *job, const struct tpd_pipe_end *w,
+static void classify_failure(struct tpb_copy_job *job, const struct tpd_pipe_end *w,
 			     const struct tpd_pipe_end *r)
 {
 	if (job->status == 0 && tpd_pipe_end_dying(w)) {
@@ -522,7 +522,7 @@ static void classify_failure(struct tpd_copy_job *job, const struct tpd_pipe_end
 	}
 }
 
-static void copy_on_done(struct tpd_copy_job *job)
+static void copy_on_done(struct tpb_copy_job *job)
 {
 	struct tpd_msg *m = job->arg;
 	struct tpd_pipe_end *w = m->from;
@@ -550,7 +550,7 @@ static void copy_on_done(struct tpd_copy_job *job)
 		tpd_pipe_msg_consumed(m, r->gone, tpd_pipe_why(p, r->gone));
 	else
 		tpd_pipe_msg_consumed(m, st, job->status < 0 ? job->why : NULL);
-	tpd_copier_job_free(job);
+	tpb_copier_job_free(job);
 	tpd_pipe_start_next_copy(w);
 	tpd_pipe_end_owed_maybe(w);
 	tpd_pipe_end_owed_maybe(r);
@@ -587,7 +587,7 @@ void tpd_pipe_start_next_copy(struct tpd_pipe_end *w)
 				m->copying = true;
 				w->copying++;
 				w->pipe->jobs++;
-				tpd_copier_submit(tpd_daemon_copier(w->pipe->d), m->job);
+				tpb_copier_submit(tpd_daemon_copier(w->pipe->d), m->job);
 			}
 			return;
 		}

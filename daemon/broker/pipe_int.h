@@ -18,8 +18,8 @@
 #include "tpu.h"
 #include "tpw.pb-c.h"
 
-struct tpd_buffer;
-struct tpd_copy_job;
+struct tpb_buffer;
+struct tpb_copy_job;
 struct tpd_listener;
 struct tpd_peer;
 struct tpd_xh;
@@ -114,7 +114,7 @@ struct tpd_pipe {
  * another host, only its length and device). */
 struct tpd_msg_src {
 	struct tpb_mem mem;
-	struct tpd_buffer *buf; /* reference held for shm sources */
+	struct tpb_buffer *buf; /* reference held for shm sources */
 	uint64_t len;
 	bool remote_cuda; /* written on another host from CUDA memory */
 };
@@ -135,7 +135,7 @@ struct tpd_msg {
 	uint32_t tail_len;
 	struct tpd_msg_src *src; /* payloads then tensors */
 	size_t n_src;
-	struct tpd_copy_job *job; /* built at Read, submitted in order */
+	struct tpb_copy_job *job; /* built at Read, submitted in order */
 	struct tpd_xh *xh;	  /* cross-host: the send or receive of this message */
 	bool eager;
 	bool read_requested;
@@ -299,21 +299,21 @@ const Tpw__V1__Segment *tpd_msg_read_segment(const Tpw__V1__Read *rd, size_t i);
 /* Where one segment of a reader's allocation lands. */
 struct tpd_msg_dst {
 	struct tpb_xfer x;	/* the source and that destination */
-	struct tpd_buffer *buf; /* the shared buffer it lies in, or NULL; the job holds it */
+	struct tpb_buffer *buf; /* the shared buffer it lies in, or NULL; the job holds it */
 };
 
 /* Resolves the reader's destination @seg for source @src into @d; buffer and CUDA references
  * go into @job, which keeps them until it is freed. Borrows @s, @seg, @src and @job.
  * Return: 0, or -errno with the reason in @why. */
 int tpd_msg_resolve_dst(struct tpd_session *s, const Tpw__V1__Segment *seg,
-			const struct tpd_msg_src *src, struct tpd_copy_job *job,
+			const struct tpd_msg_src *src, struct tpb_copy_job *job,
 			struct tpd_msg_dst *d, char *why, size_t wl);
 /* Builds the local copy job of @m into allocation @rd of reader session @s, completing
  * through @done with @m as its argument (the job keeps @m until @done runs; borrows @s and @rd).
  * Return: 0 and an owned job in @ret (free with
- * tpd_copier_job_free()), or -errno with the reason in @why. */
+ * tpb_copier_job_free()), or -errno with the reason in @why. */
 int tpd_msg_build_job(struct tpd_msg *m, struct tpd_session *s, const Tpw__V1__Read *rd,
-		      tpd_copy_done_fn done, struct tpd_copy_job **ret, char *why, size_t wl);
+		      tpb_copy_done_fn done, struct tpb_copy_job **ret, char *why, size_t wl);
 
 /* ---- xh.c ---- */
 

@@ -13,8 +13,9 @@
 #include <string.h>
 #include "copier.h"
 #include "daemon.h"
-#include "gdr.h"
+#include "rdma/rdma.h"
 #include "log.h"
+#include "mpt.h"
 #include "peer.h"
 #include "pipe_int.h"
 #include "stripe.h"
@@ -26,19 +27,30 @@
  * its done callback, so that close acknowledgements wait for it.
  */
 struct tpd_xh {
-	struct tpd_stripe_xfer x;
-	struct tpd_stripe_seg *segs;
-	struct tpd_copy_job *holder; /* receive: buffer references of the destination */
+	struct tpb_stripe_xfer x;	/* the outcome (and, by rdma / cuda_gdr, the transfer) */
+	struct tpb_stripe_seg *segs;
+	struct tpb_op op;		/* the mpt channel's op (tpb.h), over @xfers */
+	struct tpb_xfer *xfers;
+	uint64_t start_ns;
+	struct tpb_copy_job *holder; /* receive: buffer references of the destination */
 	struct tpd_msg *m;
 	struct tpd_peer *link;
 	bool send;
 	bool started;
 	Tpw__V1__Status early; /* send: the reader finished (failed) before the send ended */
 	char early_why[160];
-	/* rdma / cuda_gdr. Send: the reader's RDMA offer (a copy of its PeerReadReq), gdr once the
-	 * writes run. Receive: the offered registration, gdr once the sender said it wrote. */
-	Tpw__V1__PeerReadReq *offer;
-	struct tpd_gdr_recv *gdr_recv;
+	/* rdma / cuda_gdr. Send: the reader's RDMA offer (copied from its PeerReadReq) and the op
+	 * started with it on the link's rdma endpoint; gdr once the writes run. Receive: the
+	 * segments as backends/rdma registers them and their registration (the offer); gdr once
+	 * the sender said it wrote. */
+	struct tpb_rdma_offer offer;
+	struct tpb_rdma_region *offer_regions; /* owned: offer.regions */
+	struct tpb_op rop;
+	struct tpb_xfer *rxfers;
+	uint8_t *offer_bytes;
+	uint64_t rdma_start_ns;
+	struct tpb_rdma_seg *rsegs;
+	struct tpb_rdma_recv *gdr_recv;
 	bool gdr;
 	int gdr_status;
 	uint64_t gdr_bytes;
@@ -50,32 +62,31 @@ void tpd_xh_free(struct tpd_xh *xh)
 {
 	if (!xh)
 		return;
-	tpd_copier_job_free(xh->holder);
-	tpd_gdr_recv_free(xh->gdr_recv);
-	if (xh->offer)
-		tpw__v1__peer_read_req__free_unpacked(xh->offer, NULL);
+	tpb_copier_job_free(xh->holder);
+	tpb_rdma_recv_free(xh->gdr_recv);
+	free(xh->offer_regions);
+	free(xh->rsegs);
+	free(xh->rxfers);
+	free(xh->offer_bytes);
+	free(xh->xfers);
 	free(xh->segs);
 	free(xh);
 }
 
 void tpd_xh_cancel(struct tpd_xh *xh)
 {
-	struct tpd_stripe *st;
+	struct tpb_ep *ep;
 
 	if (!xh->started || !xh->link)
 		return;
 	if (xh->send && xh->gdr) {
 		if (tpd_peer_gdr(xh->link))
-			tpd_gdr_send_cancel(tpd_peer_gdr(xh->link), &xh->x);
+			tpb_cancel(tpb_rdma_link_ep(tpd_peer_gdr(xh->link)), &xh->rop);
 		return;
 	}
-	st = tpd_peer_stripe(xh->link);
-	if (!st)
-		return;
-	if (xh->send)
-		tpd_stripe_send_cancel(st, &xh->x);
-	else
-		tpd_stripe_recv_cancel(st, &xh->x);
+	ep = tpd_peer_mpt_ep(xh->link);
+	if (ep)
+		(void)tpb_cancel(ep, &xh->op); /* -ENOENT: it ended already */
 }
 
 /* Written on another host with a tensor in CUDA memory there. */
@@ -87,13 +98,37 @@ static bool msg_remote_cuda(const struct tpd_msg *m)
 	return false;
 }
 
+/* CUDA memory among this side's segments of @xh. */
+static bool xh_local_cuda(const struct tpd_xh *xh)
+{
+	for (size_t i = 0; i < xh->x.n_segs; i++)
+		if (xh->segs[i].len && xh->segs[i].mem.loc == TPB_LOC_CUDA)
+			return true;
+	return false;
+}
+
 /* The channel @xh counts under: mpt, or rdma / cuda_gdr once the bytes went by RDMA. */
 static const char *xh_channel(const struct tpd_msg *m, const struct tpd_xh *xh)
 {
 	if (!xh->gdr)
 		return "mpt";
-	return tpd_gdr_channel(xh->segs, xh->x.n_segs, xh->send ? xh->offer : NULL,
-			       !xh->send && msg_remote_cuda(m));
+	return tpb_rdma_channel(xh_local_cuda(xh), xh->send ? &xh->offer : NULL,
+				!xh->send && msg_remote_cuda(m));
+}
+
+/* @xh's segments as backends/rdma takes them, in @xh->rsegs. Return: 0 or -ENOMEM. */
+static int xh_rdma_segs(struct tpd_xh *xh)
+{
+	if (xh->rsegs)
+		return 0;
+	xh->rsegs = calloc(xh->x.n_segs ? xh->x.n_segs : 1, sizeof(*xh->rsegs));
+	if (!xh->rsegs)
+		return -ENOMEM;
+	for (size_t i = 0; i < xh->x.n_segs; i++)
+		xh->rsegs[i] = (struct tpb_rdma_seg){ .mem = xh->segs[i].mem,
+						      .len = xh->segs[i].len,
+						      .buf = xh->segs[i].buf };
+	return 0;
 }
 
 /* Common end of a send or receive: flags, statistics, next message. */
@@ -170,7 +205,7 @@ void tpd_xh_tell_end(struct tpd_pipe *p, uint64_t xfer_id, Tpw__V1__Status st, c
 	tpd_xpipe_tell(p, &pm, NULL, 0);
 }
 
-static void xh_send_done(struct tpd_stripe_xfer *x)
+static void xh_send_done(struct tpb_stripe_xfer *x)
 {
 	struct tpd_xh *xh = x->arg;
 	struct tpd_msg *m = xh->m;
@@ -211,7 +246,7 @@ static void xh_send_done(struct tpd_stripe_xfer *x)
 	xh_after(w);
 }
 
-static void xh_recv_done(struct tpd_stripe_xfer *x)
+static void xh_recv_done(struct tpb_stripe_xfer *x)
 {
 	struct tpd_xh *xh = x->arg;
 	struct tpd_msg *m = xh->m;
@@ -227,7 +262,7 @@ static void xh_recv_done(struct tpd_stripe_xfer *x)
 		status = x->status = xh->gdr_status;
 		x->bytes = status == 0 ? xh->gdr_bytes : 0;
 		if (xh->link)
-			tpd_gdr_link_received(tpd_peer_gdr(xh->link), x->bytes);
+			tpb_rdma_link_received(tpd_peer_gdr(xh->link), x->bytes);
 		snprintf(why, sizeof(why), "%s", xh->gdr_why);
 	}
 	if (xh->link)
@@ -252,6 +287,42 @@ static void xh_recv_done(struct tpd_stripe_xfer *x)
 	xh_after(w);
 }
 
+/* The mpt op of @xh ended (from the mpt context's tpb_progress(), on the loop): its outcome
+ * becomes @xh->x's, as the stripe would have set it, and the send or receive completes. */
+static void xh_op_done(struct tpb_op *op)
+{
+	struct tpd_xh *xh = op->arg;
+
+	xh->x.status = op->status;
+	xh->x.bytes = op->bytes;
+	xh->x.ns = tpu_now_ns() - xh->start_ns;
+	snprintf(xh->x.why, sizeof(xh->x.why), "%s", op->status < 0 ? op->why : "");
+	xh->x.done(&xh->x);
+}
+
+/* Starts @xh's segments on the link's mpt endpoint: a send to, or a receive from, the other
+ * host. Return: 0 (xh_op_done() follows), or -errno with no callback (-ENOTCONN: the link is
+ * going). */
+static int xh_mpt_start(struct tpd_xh *xh)
+{
+	struct tpb_ep *ep = tpd_peer_mpt_ep(xh->link);
+	struct tpb_mem other = { .loc = TPB_LOC_REMOTE, .remote = TPB_LOC_LOCAL };
+
+	if (!ep)
+		return -ENOTCONN;
+	for (size_t i = 0; i < xh->x.n_segs; i++) {
+		struct tpb_xfer *x = &xh->xfers[i];
+
+		x->len = xh->segs[i].len;
+		x->src = xh->send ? xh->segs[i].mem : other;
+		x->dst = xh->send ? other : xh->segs[i].mem;
+	}
+	xh->op = (struct tpb_op){ .xfers = xh->xfers, .n_xfers = xh->x.n_segs,
+				  .xfer_id = xh->x.xfer_id, .done = xh_op_done, .arg = xh };
+	xh->start_ns = tpu_now_ns();
+	return tpb_start(ep, &xh->op);
+}
+
 /*
  * Receive: asks the writer's daemon for the bytes, with the RDMA offer if there is one. Runs
  * at once without an offer, or once the offer's registration is ready (@err < 0: it failed,
@@ -261,20 +332,43 @@ static void xh_gdr_ready(void *arg, int err, const char *why)
 {
 	Tpw__V1__PeerReadReq rr = TPW__V1__PEER_READ_REQ__INIT;
 	Tpw__V1__PeerMsg pm = TPW__V1__PEER_MSG__INIT;
+	_cleanup_free_ Tpw__V1__PeerRdmaRegion *regions = NULL;
+	_cleanup_free_ Tpw__V1__PeerRdmaRegion **ptrs = NULL;
 	struct tpd_xh *xh = arg;
 	struct tpd_pipe *p = xh->m->from->pipe;
+	struct tpb_rdma_offer of = { 0 };
 
+	if (err == 0 && xh->gdr_recv) {
+		tpb_rdma_recv_offer(xh->gdr_recv, &of);
+		regions = calloc(of.n ? of.n : 1, sizeof(*regions));
+		ptrs = calloc(of.n ? of.n : 1, sizeof(*ptrs));
+		if (!regions || !ptrs) {
+			err = -ENOMEM;
+			why = "out of memory";
+		}
+	}
 	if (err < 0) {
 		tpd_pipe_log(p, NULL, TPU_LOG_INFO, "message %llu: not over RDMA: %s",
 			     (unsigned long long)xh->m->msg_id, why);
-		tpd_gdr_recv_free(xh->gdr_recv);
+		tpb_rdma_recv_free(xh->gdr_recv);
 		xh->gdr_recv = NULL;
 	}
 	rr.pipe_id = p->remote_id;
 	rr.msg_id = xh->m->msg_id;
 	rr.xfer_id = xh->x.xfer_id;
-	if (xh->gdr_recv)
-		tpd_gdr_recv_offer(xh->gdr_recv, &rr);
+	if (xh->gdr_recv) { /* the offer, as the wire carries it */
+		for (size_t i = 0; i < of.n; i++) {
+			tpw__v1__peer_rdma_region__init(&regions[i]);
+			regions[i].addr = of.regions[i].addr;
+			regions[i].rkey = of.regions[i].rkey;
+			regions[i].length = of.regions[i].length;
+			regions[i].cuda = of.regions[i].cuda;
+			ptrs[i] = &regions[i];
+		}
+		rr.rdma_port = of.port;
+		rr.n_rdma = of.n;
+		rr.rdma = ptrs;
+	}
 	pm.body_case = TPW__V1__PEER_MSG__BODY_READ_REQ;
 	pm.read_req = &rr;
 	tpd_xpipe_tell(p, &pm, NULL, 0);
@@ -290,8 +384,8 @@ static void xh_gdr_ready(void *arg, int err, const char *why)
 static bool xh_select_rdma(struct tpd_xh *xh)
 {
 	for (size_t i = 0; i < xh->x.n_segs; i++) {
-		const Tpw__V1__PeerReadReq *rr = xh->offer;
-		bool cuda = xh->send ? rr && i < rr->n_rdma && rr->rdma[i]->cuda
+		const struct tpb_rdma_offer *of = &xh->offer;
+		bool cuda = xh->send ? i < of->n && of->regions[i].cuda
 				     : xh->m->src[i].remote_cuda;
 		struct tpb_mem other = { .loc = TPB_LOC_REMOTE,
 					 .remote = cuda ? TPB_LOC_CUDA : TPB_LOC_LOCAL };
@@ -311,21 +405,69 @@ static bool xh_select_rdma(struct tpd_xh *xh)
 	return true;
 }
 
+/* An RDMA send ended (from tpb_progress(), or inside the link's free): the transfer's outcome. */
+static void xh_rdma_op_done(struct tpb_op *op)
+{
+	struct tpd_xh *xh = op->arg;
+
+	xh->x.status = op->status;
+	snprintf(xh->x.why, sizeof(xh->x.why), "%s", op->why);
+	xh->x.bytes = op->bytes;
+	xh->x.ns = tpu_now_ns() - xh->rdma_start_ns;
+	xh_send_done(&xh->x);
+}
+
+/* The send's op for the rdma endpoint: the sources, and the reader's offer as bytes.
+ * Return: 0 or -ENOMEM. */
+static int xh_rdma_op(struct tpd_xh *xh)
+{
+	size_t n = xh->x.n_segs, len = tpb_rdma_offer_size(xh->offer.n);
+
+	xh->rxfers = calloc(n ? n : 1, sizeof(*xh->rxfers));
+	xh->offer_bytes = malloc(len);
+	if (!xh->rxfers || !xh->offer_bytes ||
+	    tpb_rdma_offer_encode(&xh->offer, xh->offer_bytes, len) < 0)
+		return -ENOMEM;
+	for (size_t i = 0; i < n; i++) {
+		bool cuda = i < xh->offer.n && xh->offer.regions[i].cuda;
+
+		xh->rxfers[i].src = xh->segs[i].mem;
+		xh->rxfers[i].src.buf = xh->segs[i].buf;
+		xh->rxfers[i].dst.loc = TPB_LOC_REMOTE;
+		xh->rxfers[i].dst.remote = cuda ? TPB_LOC_CUDA : TPB_LOC_LOCAL;
+		xh->rxfers[i].len = xh->segs[i].len;
+	}
+	xh->rop = (struct tpb_op){ .xfers = xh->rxfers, .n_xfers = n, .offer = xh->offer_bytes,
+				   .offer_len = len, .done = xh_rdma_op_done, .arg = xh };
+	return 0;
+}
+
 /* Send: RDMA-writes @xh if the reader offered it and this side can. Return: 0 or -errno. */
 static int xh_send_gdr(struct tpd_xh *xh)
 {
 	struct tpd_pipe *p = xh->m->from->pipe;
+	struct tpb_ep *ep;
 	char why[160] = "";
 	int r;
 
-	if (!xh->offer) {
+	if (!xh->offer.n) {
 		snprintf(xh->chan_why, sizeof(xh->chan_why), "striped over the peer link's data "
 			 "connections: the reader offered no RDMA target");
 		return -EOPNOTSUPP;
 	}
 	if (!xh_select_rdma(xh))
 		return -EOPNOTSUPP; /* this daemon's priority puts the data connections first */
-	r = tpd_gdr_send(tpd_peer_gdr(xh->link), &xh->x, xh->offer, why, sizeof(why));
+	ep = tpb_rdma_link_ep(tpd_peer_gdr(xh->link));
+	if (!ep) {
+		snprintf(why, sizeof(why), "RDMA is not set up on this link");
+		r = -EOPNOTSUPP;
+	} else if ((r = xh_rdma_op(xh)) < 0) {
+		snprintf(why, sizeof(why), "out of memory");
+	} else {
+		xh->rdma_start_ns = tpu_now_ns();
+		r = tpb_start(ep, &xh->rop);
+		snprintf(why, sizeof(why), "%s", r < 0 ? xh->rop.why : "");
+	}
 	if (r < 0)
 		snprintf(xh->chan_why, sizeof(xh->chan_why), "striped over the peer link's data "
 			 "connections: not over RDMA: %.120s", why);
@@ -354,17 +496,21 @@ int tpd_xh_start(struct tpd_msg *m)
 		xh->x.done = xh_send_done;
 		r = xh_send_gdr(xh);
 		if (r < 0)
-			r = tpd_stripe_send(tpd_peer_stripe(xh->link), &xh->x);
+			r = xh_mpt_start(xh);
 	} else if (xh->link) {
 		char why[160];
 
 		xh->x.done = xh_recv_done;
 		xh->x.xfer_id = tpd_peer_xfer_add(xh->link, xh);
-		r = xh->x.xfer_id ? tpd_stripe_recv(tpd_peer_stripe(xh->link), &xh->x) : -ENOMEM;
+		xh->x.total = 0;
+		for (size_t i = 0; i < xh->x.n_segs; i++)
+			xh->x.total += xh->segs[i].len;
+		r = xh->x.xfer_id ? xh_mpt_start(xh) : -ENOMEM;
 		/* An RDMA offer only where the selection picks rdma or cuda_gdr for every segment
 		 * and the link can carry it; else the bytes come over the data connections. */
-		if (r == 0 && (!tpd_gdr_link_ready(tpd_peer_gdr(xh->link)) || !xh_select_rdma(xh) ||
-			       tpd_gdr_recv_new(tpd_peer_gdr(xh->link), xh->segs, xh->x.n_segs,
+		if (r == 0 && (!tpb_rdma_link_ready(tpd_peer_gdr(xh->link)) ||
+			       !xh_select_rdma(xh) || xh_rdma_segs(xh) < 0 ||
+			       tpb_rdma_recv_new(tpd_peer_gdr(xh->link), xh->rsegs, xh->x.n_segs,
 						msg_remote_cuda(m), xh_gdr_ready, xh, &xh->gdr_recv,
 						why, sizeof(why)) < 0)) {
 			xh_gdr_ready(xh, 0, NULL); /* no offer: ask for the bytes at once */
@@ -392,7 +538,10 @@ static struct tpd_xh *xh_new(struct tpd_msg *m, bool send)
 	if (!xh)
 		return NULL;
 	xh->segs = calloc(m->n_src ? m->n_src : 1, sizeof(*xh->segs));
-	if (!xh->segs) {
+	xh->xfers = calloc(m->n_src ? m->n_src : 1, sizeof(*xh->xfers));
+	if (!xh->segs || !xh->xfers) {
+		free(xh->segs);
+		free(xh->xfers);
 		free(xh);
 		return NULL;
 	}
@@ -415,7 +564,7 @@ int tpd_xh_build_recv(struct tpd_msg *m, struct tpd_session *s, const Tpw__V1__R
 		return -EINVAL;
 	}
 	xh = xh_new(m, false);
-	if (!xh || !(xh->holder = tpd_copier_job_new(1, n))) {
+	if (!xh || !(xh->holder = tpb_copier_job_new(1, n))) {
 		tpd_xh_free(xh);
 		return -ENOMEM;
 	}
@@ -439,17 +588,20 @@ int tpd_xh_build_recv(struct tpd_msg *m, struct tpd_session *s, const Tpw__V1__R
 	return 0;
 }
 
-/* A copy of the reader's RDMA offer in @rr, kept until the send starts; NULL without memory
- * (the send then uses the stripe). */
-static Tpw__V1__PeerReadReq *offer_copy(const Tpw__V1__PeerReadReq *rr)
+/* A copy of the reader's RDMA offer in @rr, kept in @xh until the send starts; none without
+ * memory (the send then uses the stripe). */
+static void offer_copy(struct tpd_xh *xh, const Tpw__V1__PeerReadReq *rr)
 {
-	size_t len = tpw__v1__peer_read_req__get_packed_size(rr);
-	_cleanup_free_ uint8_t *buf = malloc(len ? len : 1);
-
-	if (!buf)
-		return NULL;
-	tpw__v1__peer_read_req__pack(rr, buf);
-	return tpw__v1__peer_read_req__unpack(NULL, len, buf);
+	xh->offer_regions = calloc(rr->n_rdma, sizeof(*xh->offer_regions));
+	if (!xh->offer_regions)
+		return;
+	for (size_t i = 0; i < rr->n_rdma; i++)
+		xh->offer_regions[i] = (struct tpb_rdma_region){ .addr = rr->rdma[i]->addr,
+								 .rkey = rr->rdma[i]->rkey,
+								 .length = rr->rdma[i]->length,
+								 .cuda = rr->rdma[i]->cuda };
+	xh->offer = (struct tpb_rdma_offer){ .port = rr->rdma_port, .n = rr->n_rdma,
+					     .regions = xh->offer_regions };
 }
 
 int tpd_xh_build_send(struct tpd_msg *m, const Tpw__V1__PeerReadReq *rr)
@@ -465,7 +617,7 @@ int tpd_xh_build_send(struct tpd_msg *m, const Tpw__V1__PeerReadReq *rr)
 	}
 	xh->x.xfer_id = rr->xfer_id;
 	if (rr->n_rdma)
-		xh->offer = offer_copy(rr);
+		offer_copy(xh, rr);
 	m->xh = xh;
 	return 0;
 }
@@ -480,9 +632,9 @@ void tpd_xh_stop_early(struct tpd_xh *xh, Tpw__V1__Status st, const char *why)
 void tpd_xh_peer_xfer_end(struct tpd_peer *pr, void *arg, const Tpw__V1__PeerXferEnd *xe)
 {
 	struct tpd_xh *xh = arg;
-	struct tpd_stripe *st = tpd_peer_stripe(pr);
+	struct tpb_ep *ep = tpd_peer_mpt_ep(pr);
 
-	if (!st || !xh->started)
+	if (!ep || !xh->started)
 		return;
 	if (xe->rdma) {
 		/* The bytes went by RDMA (only ever into an offer): drop the stripe's receive. */
@@ -499,9 +651,9 @@ void tpd_xh_peer_xfer_end(struct tpd_peer *pr, void *arg, const Tpw__V1__PeerXfe
 				 "peer RDMA-wrote %llu of %llu bytes",
 				 (unsigned long long)xe->bytes, (unsigned long long)xh->x.total);
 		}
-		tpd_stripe_recv_cancel(st, &xh->x);
+		(void)tpb_cancel(ep, &xh->op);
 		return;
 	}
-	tpd_stripe_recv_expect(st, &xh->x, xe->bytes, tpw_status_to_errno(xe->status),
-			       xe->message ? xe->message : tpw_status_name(xe->status));
+	(void)tpb_mpt_recv_expect(ep, &xh->op, xe->bytes, tpw_status_to_errno(xe->status),
+				  xe->message ? xe->message : tpw_status_name(xe->status));
 }

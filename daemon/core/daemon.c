@@ -10,9 +10,11 @@
 #include <sys/socket.h>
 #include <sys/stat.h>
 #include <sys/un.h>
+#include "buffer.h"
 #include "ctl.h"
 #include "daemon.h"
-#include "gdr.h"
+#include "frame.h"
+#include "rdma/rdma.h"
 #include "peer.h"
 #include "local.h"
 #include "log.h"
@@ -64,7 +66,7 @@ struct tpd_quota *tpd_daemon_quota(struct tpd_daemon *d)
 	return &d->quota;
 }
 
-struct tpd_copier *tpd_daemon_copier(const struct tpd_daemon *d)
+struct tpb_copier *tpd_daemon_copier(const struct tpd_daemon *d)
 {
 	return d->copier;
 }
@@ -91,12 +93,22 @@ bool tpd_daemon_cma_viable(const struct tpd_daemon *d)
 
 bool tpd_daemon_bulk_running(const struct tpd_daemon *d)
 {
-	return tpd_copier_busy(d->copier) || tpd_broker_busy(d->broker);
+	return tpb_copier_busy(d->copier) || tpd_broker_busy(d->broker);
 }
 
 struct tpd_peers *tpd_daemon_peers(const struct tpd_daemon *d)
 {
 	return d->peers;
+}
+
+struct tpb_ctx *tpd_daemon_mpt(const struct tpd_daemon *d)
+{
+	return d->mpt;
+}
+
+struct tpb_rdma *tpd_daemon_rdma(const struct tpd_daemon *d)
+{
+	return d->gdr;
 }
 
 const char *tpd_daemon_socket_path(const struct tpd_daemon *d)
@@ -302,10 +314,10 @@ static void daemon_on_drain(evutil_socket_t fd, short what, void *arg)
 	struct tpd_daemon *d = arg;
 	struct timeval tv = { 0, DRAIN_POLL_MS * 1000 };
 
-	if (tpd_copier_busy(d->copier) == 0 || tpu_now_ns() >= d->drain_deadline_ns) {
-		if (tpd_copier_busy(d->copier))
+	if (tpb_copier_busy(d->copier) == 0 || tpu_now_ns() >= d->drain_deadline_ns) {
+		if (tpb_copier_busy(d->copier))
 			tpu_log_warn("drain deadline passed with %u copies in flight",
-				     tpd_copier_busy(d->copier));
+				     tpb_copier_busy(d->copier));
 		finish_stop(d);
 		return;
 	}
@@ -326,7 +338,7 @@ void tpd_daemon_stop(struct tpd_daemon *d, const char *why)
 	}
 	tpu_log_notice("stopping (%s): no new clients, draining copies", why);
 	snprintf(status, sizeof(status), "Stopping: draining %u copies",
-		 tpd_copier_busy(d->copier));
+		 tpb_copier_busy(d->copier));
 	tpd_notify_stopping(status);
 	d->stopping = true;
 	event_del(d->ev_accept);
@@ -405,6 +417,7 @@ int tpd_daemon_reload(struct tpd_daemon *d)
 	changed = tpd_config_diff(&d->cfg, &n, &live, restart, sizeof(restart));
 	d->cfg = live;
 	d->limits = live.wire;
+	tpb_rdma_set_cache(d->gdr, live.rdma_cache);
 	tpu_log_set_level(live.log_level);
 	tpu_log_notice("reloaded %s: %d option%s changed%s%s", d->cfg.config_path, changed,
 		       changed == 1 ? "" : "s", restart[0] ? "; needs a restart: " : "", restart);
@@ -417,6 +430,40 @@ int tpd_daemon_reload(struct tpd_daemon *d)
  * listens: a client may connect, and a service manager stop the daemon, as soon as it does, and
  * a signal with its default action would kill the daemon (status 143) instead of stopping it.
  */
+static void daemon_on_copier(evutil_socket_t fd, short what, void *arg)
+{
+	struct tpd_daemon *d = arg;
+
+	tpb_copier_progress(d->copier);
+}
+
+static void daemon_on_mpt(evutil_socket_t fd, short what, void *arg)
+{
+	struct tpd_daemon *d = arg;
+
+	tpb_progress(d->mpt);
+}
+
+/* The copy threads and the mpt channel complete through their event fds: run their
+ * completions from the loop. */
+static int watch_engines(struct tpd_daemon *d)
+{
+	int r;
+
+	d->ev_copier = event_new(d->base, tpb_copier_event_fd(d->copier), EV_READ | EV_PERSIST,
+				 daemon_on_copier, d);
+	if (!d->ev_copier || event_add(d->ev_copier, NULL) < 0)
+		return -ENOMEM;
+	r = tpb_ctx_new(tpb_index("mpt"), NULL, NULL, &d->mpt);
+	if (r < 0)
+		return r;
+	d->ev_mpt = event_new(d->base, tpb_event_fd(d->mpt), EV_READ | EV_PERSIST, daemon_on_mpt,
+			      d);
+	if (!d->ev_mpt || event_add(d->ev_mpt, NULL) < 0)
+		return -ENOMEM;
+	return 0;
+}
+
 static int setup_signals(struct tpd_daemon *d)
 {
 	static const int sigs[] = { SIGTERM, SIGINT, SIGHUP };
@@ -439,6 +486,70 @@ static int setup_events(struct tpd_daemon *d)
 	if (setup_tick(d) < 0)
 		return -ENOMEM;
 	return event_add(d->ev_accept, NULL) < 0 ? -EIO : 0;
+}
+
+/* ---- rdma and cuda_gdr: the context backends/rdma needs, and its event fd on the loop ---- */
+
+static struct tpb_buffer *rdma_buf_ref(struct tpb_buffer *b)
+{
+	return tpb_buffer_ref(b);
+}
+
+static void rdma_buf_unref(struct tpb_buffer *b)
+{
+	tpb_buffer_unref(b);
+}
+
+static bool rdma_buf_only_ref(const struct tpb_buffer *b)
+{
+	return atomic_load(&((struct tpb_buffer *)b)->refs) == 1;
+}
+
+static void rdma_buf_span(const struct tpb_buffer *b, uint64_t *ret_addr, uint64_t *ret_size)
+{
+	*ret_addr = (uint64_t)(uintptr_t)b->map;
+	*ret_size = b->size;
+}
+
+static const struct tpb_rdma_buf_ops rdma_buf_ops = {
+	.ref = rdma_buf_ref,
+	.unref = rdma_buf_unref,
+	.only_ref = rdma_buf_only_ref,
+	.span = rdma_buf_span,
+};
+
+static void rdma_on_event(evutil_socket_t fd, short what, void *arg)
+{
+	tpb_progress(arg);
+}
+
+/* Makes rdma's context through the op table and watches its event fd; none where the registry
+ * found rdma not viable (no port, --no-rdma, built without rdma-core). */
+static int rdma_start(struct tpd_daemon *d)
+{
+	struct tpb_rdma_config rc = {
+		.disabled = d->cfg.no_rdma,
+		.cache_bytes = d->cfg.rdma_cache,
+		.ports_max = TPW_RDMA_PORTS_MAX,
+		.link_ops = &tpd_peer_rdma_ops,
+		.buf_ops = &rdma_buf_ops,
+	};
+	struct tpb_config bc = { .rdma_disabled = d->cfg.no_rdma, .rdma = &rc };
+	struct tpb_ctx *ctx;
+	int fd, r = tpb_ctx_new(tpb_index("rdma"), &bc, NULL, &ctx);
+
+	if (r == -ENODEV || r == -EOPNOTSUPP)
+		return 0; /* the registry said why, at start-up */
+	if (r < 0)
+		return r;
+	d->gdr = tpb_rdma_of(ctx);
+	fd = tpb_event_fd(ctx);
+	if (fd < 0)
+		return fd;
+	d->ev_rdma = event_new(d->base, fd, EV_READ | EV_PERSIST, rdma_on_event, ctx);
+	if (!d->ev_rdma || event_add(d->ev_rdma, NULL) < 0)
+		return -ENOMEM;
+	return 0;
 }
 
 static void probe_backends(struct tpd_daemon *d)
@@ -493,7 +604,10 @@ int tpd_daemon_new(const struct tpd_config *cfg, struct tpd_daemon **ret)
 	if (r < 0)
 		goto fail;
 	probe_backends(d);
-	r = tpd_copier_new(d->base, cfg->copy_threads, &d->copier);
+	r = tpb_copier_new(cfg->copy_threads, &d->copier);
+	if (r < 0)
+		goto fail;
+	r = watch_engines(d);
 	if (r < 0)
 		goto fail;
 	r = setup_signals(d);
@@ -505,7 +619,7 @@ int tpd_daemon_new(const struct tpd_config *cfg, struct tpd_daemon **ret)
 	r = setup_events(d);
 	if (r < 0)
 		goto fail;
-	r = tpd_gdr_start(d);
+	r = rdma_start(d);
 	if (r < 0)
 		goto fail;
 	tpd_ctl_start(); /* sessions hand CtlRequest up through the handler it registers */
@@ -562,8 +676,16 @@ void tpd_daemon_free(struct tpd_daemon *d)
 	tpd_peers_stop(d);
 	tpd_local_stop(d->local);
 	tpd_metrics_free(d->metrics);
-	tpd_copier_free(d->copier);
-	tpd_gdr_stop(d);
+	if (d->ev_copier)
+		event_free(d->ev_copier);
+	tpb_copier_free(d->copier);
+	if (d->ev_mpt)
+		event_free(d->ev_mpt);
+	tpb_ctx_free(d->mpt); /* the links are gone: what they owed has been delivered */
+	if (d->ev_rdma)
+		event_free(d->ev_rdma);
+	tpb_ctx_free(tpb_rdma_ctx(d->gdr));
+	d->gdr = NULL;
 	tpd_listener_registry_done(&d->registry);
 	tpd_quota_done(&d->quota);
 	for (size_t i = 0; i < TPU_ARRAY_SIZE(d->ev_signals); i++)

@@ -40,7 +40,10 @@ struct tpd_daemon {
 	struct tpd_quota quota;	/* per-uid sessions and bytes held for clients (quota.c) */
 	struct tpd_registry registry;
 	struct tpd_broker *broker; /* pipes and their transfers (broker/) */
-	struct tpd_copier *copier;
+	struct tpb_copier *copier;
+	struct event *ev_copier; /* the copier's event fd: its completions run from the loop */
+	struct tpb_ctx *mpt;	 /* the mpt channel's context (cross-host transfers) */
+	struct event *ev_mpt;	 /* its event fd */
 	uint64_t start_ns;
 	uint64_t drain_deadline_ns;
 	bool stopping;
@@ -50,7 +53,8 @@ struct tpd_daemon {
 	struct tpd_metrics *metrics; /* NULL when off */
 
 	/* Peer links (peer/). */
-	struct tpd_gdr *gdr; /* cuda_gdr ports (gdr.c) */
+	struct tpb_rdma *gdr;	 /* rdma and cuda_gdr: the ports (backends/rdma) */
+	struct event *ev_rdma; /* its event fd */
 	struct tpd_peers *peers; /* the peer part's own state (tpd_peers_new()) */
 };
 
@@ -98,7 +102,7 @@ struct tpd_registry *tpd_daemon_registry(struct tpd_daemon *d);
 /* Per-uid accounting (quota.c). */
 struct tpd_quota *tpd_daemon_quota(struct tpd_daemon *d);
 /* The copy threads (backends' engine). */
-struct tpd_copier *tpd_daemon_copier(const struct tpd_daemon *d);
+struct tpb_copier *tpd_daemon_copier(const struct tpd_daemon *d);
 /* True once a graceful stop began. */
 bool tpd_daemon_stopping(const struct tpd_daemon *d);
 /* The broker's state (broker/pipe.h): pipes, their queues and totals. */
@@ -111,6 +115,10 @@ bool tpd_daemon_cma_viable(const struct tpd_daemon *d);
 bool tpd_daemon_bulk_running(const struct tpd_daemon *d);
 /* The peer part (peer/, tpd_peers_new()); NULL before it is made. */
 struct tpd_peers *tpd_daemon_peers(const struct tpd_daemon *d);
+/* The mpt channel's context (tpb.h op table): each peer link opens its endpoint there. */
+struct tpb_ctx *tpd_daemon_mpt(const struct tpd_daemon *d);
+/* The RDMA context of rdma and cuda_gdr (backends/rdma/rdma.h). */
+struct tpb_rdma *tpd_daemon_rdma(const struct tpd_daemon *d);
 /* The control socket's resolved path: borrowed from @d, valid until tpd_daemon_free(). */
 const char *tpd_daemon_socket_path(const struct tpd_daemon *d);
 /* When the daemon started, on tpu_now_ns()'s clock (pipes' ages are counted from it). */

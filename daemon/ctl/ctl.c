@@ -12,7 +12,7 @@
 #include "ctl.h"
 #include "peer.h"
 #include "daemon.h"
-#include "gdr.h"
+#include "rdma/rdma.h"
 #include "pipe.h"
 #include "session.h"
 #include "sessmsg.h"
@@ -119,7 +119,7 @@ static void fill_status_limits(struct tpd_daemon *d, const struct ctl_bufs *b,
 
 static void fill_status(struct tpd_daemon *d, const struct ctl_bufs *b, Tpw__V1__CtlStatus *st)
 {
-	struct tpd_gdrreg_cache_stats rc;
+	struct tpb_rdma_cache_stats rc;
 
 	st->version = TP_VERSION;
 	st->uptime_ms = tpd_daemon_uptime_ms(d);
@@ -136,7 +136,7 @@ static void fill_status(struct tpd_daemon *d, const struct ctl_bufs *b, Tpw__V1_
 	st->host_id = (char *)tpd_peers_host_id(d);
 	st->peer_auth = (char *)tpd_peers_auth(d);
 	tpb_cuda_map_count(&st->cuda_mappings, &st->cuda_mappings_open);
-	tpd_gdrreg_cache_stats(d, &rc);
+	tpb_rdma_cache_stats(tpd_daemon_rdma(d), &rc);
 	st->rdma_cache_regions = rc.regions;
 	st->rdma_cache_bytes = rc.bytes;
 	st->rdma_cache_hits = rc.hits;

@@ -13,8 +13,8 @@
 #include <string.h>
 #include <time.h>
 #include "daemon.h"
-#include "gdr.h"
 #include "local.h"
+#include "rdma/rdma.h"
 #include "log.h"
 #include "metrics.h"
 #include "peer.h"
@@ -137,7 +137,7 @@ static void metrics_on_request(struct evhttp_request *req, void *arg)
 {
 	struct tpd_metrics *m = arg;
 	struct tpd_daemon *d = m->d;
-	struct tpd_gdrreg_cache_stats rc;
+	struct tpb_rdma_cache_stats rc;
 	struct evbuffer *b;
 
 	if (evhttp_request_get_command(req) != EVHTTP_REQ_GET ||
@@ -168,8 +168,8 @@ static void metrics_on_request(struct evhttp_request *req, void *arg)
 	put_metric(b, "tpipd_bytes_moved_total", "counter", "Payload and tensor bytes delivered.",
 		   tpd_broker_bytes_moved(tpd_daemon_broker(d)));
 	put_metric(b, "tpipd_copies_in_flight", "gauge", "Copies queued or running.",
-		   tpd_copier_busy(tpd_daemon_copier(d)));
-	tpd_gdrreg_cache_stats(d, &rc);
+		   tpb_copier_busy(tpd_daemon_copier(d)));
+	tpb_rdma_cache_stats(tpd_daemon_rdma(d), &rc);
 	put_metric(b, "tpipd_rdma_registered_bytes", "gauge",
 		   "Bytes kept registered for RDMA by the registration cache.", rc.bytes);
 	put_metric(b, "tpipd_rdma_registration_hits_total", "counter",

@@ -5,7 +5,7 @@
 #include <errno.h>
 #include <stdio.h>
 #include "daemon.h"
-#include "gdr.h"
+#include "rdma/rdma.h"
 #include "devmem.h"
 #include "frame.h"
 #include "log.h"
@@ -65,7 +65,7 @@ void tpd_devmem_release(struct tpd_session *s, const Tpw__V1__CudaRelease *m)
 	if (s->cuda && tpb_cuda_unhold(s->cuda, m->mem_handle.data)) {
 		tpu_log_debug("session %llu: CUDA allocation released",
 			      (unsigned long long)s->id);
-		tpd_gdrreg_forget_cuda(s->d);
+		tpb_rdma_forget_cuda(tpd_daemon_rdma(s->d));
 	}
 }
 
@@ -73,5 +73,5 @@ void tpd_devmem_session_end(struct tpd_session *s)
 {
 	tpb_cuda_holds_free(s->cuda);
 	s->cuda = NULL;
-	tpd_gdrreg_forget_cuda(s->d);
+	tpb_rdma_forget_cuda(tpd_daemon_rdma(s->d));
 }

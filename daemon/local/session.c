@@ -13,7 +13,7 @@
 #include "conn.h"
 #include "devmem.h"
 #include "daemon.h"
-#include "gdr.h"
+#include "rdma/rdma.h"
 #include "frame.h"
 #include "local.h"
 #include "log.h"
@@ -280,8 +280,8 @@ static void release_buffers(struct tpd_session *s)
 	void *val;
 
 	while (tpu_hmap_next(&s->buffers, &i, &key, &val)) {
-		tpd_gdrreg_forget_buffer(s->d, val);
-		tpd_buffer_unref(val);
+		tpb_rdma_forget_buffer(tpd_daemon_rdma(s->d), val);
+		tpb_buffer_unref(val);
 	}
 	tpu_hmap_done(&s->buffers);
 	if (s->acct)
@@ -508,9 +508,9 @@ void tpd_session_reply(struct tpd_session *s, uint64_t req_id, int err, const ch
 	tpd_session_send(s, &dm, NULL, 0);
 }
 
-struct tpd_buffer *tpd_session_buffer(struct tpd_session *s, uint64_t id, uint64_t gen)
+struct tpb_buffer *tpd_session_buffer(struct tpd_session *s, uint64_t id, uint64_t gen)
 {
-	struct tpd_buffer *b = tpu_hmap_get(&s->buffers, id);
+	struct tpb_buffer *b = tpu_hmap_get(&s->buffers, id);
 
 	return b && b->gen == gen ? b : NULL;
 }

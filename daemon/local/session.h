@@ -52,7 +52,7 @@ struct tpd_session {
 	struct tpd_uid_acct *acct; /* the uid's quota account (quota.c), NULL until admitted */
 	struct event *ev_hello;	 /* Hello deadline */
 	struct tpu_hmap pipes;	 /* local pipe id -> struct tpd_pipe_end */
-	struct tpu_hmap buffers; /* buf_id -> struct tpd_buffer */
+	struct tpu_hmap buffers; /* buf_id -> struct tpb_buffer */
 	uint64_t buffer_bytes;
 	struct tpu_list listeners;
 	unsigned n_listeners;
@@ -100,7 +100,7 @@ void tpd_session_log(const struct tpd_session *s, int level, const char *fmt, ..
 	_printf_(3, 4);
 
 /* Returns borrowed buffer (@id, @gen) of @s, or NULL. */
-struct tpd_buffer *tpd_session_buffer(struct tpd_session *s, uint64_t id, uint64_t gen);
+struct tpb_buffer *tpd_session_buffer(struct tpd_session *s, uint64_t id, uint64_t gen);
 
 /* Sends Reply{req_id, status from @err, @why, id, remote_name}. */
 void tpd_session_reply(struct tpd_session *s, uint64_t req_id, int err, const char *why, uint64_t id,

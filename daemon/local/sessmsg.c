@@ -19,7 +19,7 @@
 #include "conn.h"
 #include "devmem.h"
 #include "daemon.h"
-#include "gdr.h"
+#include "rdma/rdma.h"
 #include "frame.h"
 #include "local.h"
 #include "log.h"
@@ -259,13 +259,13 @@ static void handle_buffer_register(struct tpd_session *s, const Tpw__V1__BufferR
 				   int fd)
 {
 	_cleanup_close_ int owned = fd;
-	struct tpd_buffer *b = NULL;
+	struct tpb_buffer *b = NULL;
 	char why[192] = "";
 	int r;
 
 	r = buffer_check(s, m, why, sizeof(why));
 	if (r == 0) {
-		r = tpd_buffer_new(owned, m->buf_id, m->gen, m->size, &b);
+		r = tpb_buffer_new(owned, m->buf_id, m->gen, m->size, &b);
 		if (r == -EPERM)
 			snprintf(why, sizeof(why), "buffer fd is not sealed against shrinking");
 		else if (r < 0)
@@ -273,7 +273,7 @@ static void handle_buffer_register(struct tpd_session *s, const Tpw__V1__BufferR
 				 (unsigned long long)m->size, strerror(-r));
 	}
 	if (r == 0 && tpu_hmap_put(&s->buffers, m->buf_id, b) < 0) {
-		tpd_buffer_unref(b);
+		tpb_buffer_unref(b);
 		r = -ENOMEM;
 		snprintf(why, sizeof(why), "out of memory");
 	}
@@ -290,15 +290,15 @@ static void handle_buffer_register(struct tpd_session *s, const Tpw__V1__BufferR
 
 static void handle_buffer_release(struct tpd_session *s, const Tpw__V1__BufferRelease *m)
 {
-	struct tpd_buffer *b = tpd_session_buffer(s, m->buf_id, m->gen);
+	struct tpb_buffer *b = tpd_session_buffer(s, m->buf_id, m->gen);
 
 	if (!b)
 		return;
 	tpu_hmap_del(&s->buffers, m->buf_id);
 	s->buffer_bytes -= b->size;
 	s->acct->buffer_bytes -= b->size;
-	tpd_gdrreg_forget_buffer(s->d, b);
-	tpd_buffer_unref(b);
+	tpb_rdma_forget_buffer(tpd_daemon_rdma(s->d), b);
+	tpb_buffer_unref(b);
 }
 
 static struct tpd_pipe_end *find_end(struct tpd_session *s, uint64_t id)

@@ -26,7 +26,7 @@
 #include <unistd.h>
 #include "daemon.h"
 #include "frame.h"
-#include "gdr.h"
+#include "rdma/rdma.h"
 #include "hmap.h"
 #include "log.h"
 #include "peer.h"
@@ -130,12 +130,17 @@ bool tpd_peer_is_failed(const struct tpd_peer *pr)
 	return pr->state == PEER_FAILED;
 }
 
-struct tpd_gdr_link *tpd_peer_gdr(struct tpd_peer *pr)
+struct tpb_rdma_link *tpd_peer_gdr(struct tpd_peer *pr)
 {
 	return pr->gdr;
 }
 
-struct tpd_stripe *tpd_peer_stripe(struct tpd_peer *pr)
+struct tpb_ep *tpd_peer_mpt_ep(struct tpd_peer *pr)
+{
+	return pr->mpt_ep;
+}
+
+struct tpb_stripe *tpd_peer_stripe(struct tpd_peer *pr)
 {
 	return pr->stripe;
 }
@@ -306,14 +311,22 @@ void tpd_peer_teardown(struct tpd_peer *pr)
 	struct tpd_peers *ps = pr->peers;
 	size_t n = pr->pipes.len, i = 0, k = 0;
 	struct tpd_pipe **v = calloc(n + 1, sizeof(*v));
+	struct tpb_ep *mpt_ep;
 	uint64_t key;
 	void *val;
 
 	pr->state = PEER_FAILED;
 	/* Transfers first: their completions see the link failed and fail their messages. */
-	tpd_stripe_free(pr->stripe);
+	mpt_ep = pr->mpt_ep;
+	pr->mpt_ep = NULL; /* new ones are refused: -ENOTCONN */
+	if (pr->ev_stripe)
+		event_free(pr->ev_stripe);
+	pr->ev_stripe = NULL;
+	tpb_stripe_free(pr->stripe);
 	pr->stripe = NULL;
-	tpd_gdr_link_free(pr->gdr);
+	tpb_ep_close(mpt_ep);
+	tpb_progress(tpd_daemon_mpt(ps->d));
+	tpb_rdma_link_free(pr->gdr);
 	pr->gdr = NULL;
 	pipe_ops->waits_drop(ps->d, pr);
 	while (v && tpu_hmap_next(&pr->pipes, &i, &key, &val))
@@ -363,16 +376,30 @@ void tpd_peer_fail(struct tpd_peer *pr, int err, const char *fmt, ...)
 	event_active(pr->ev_close, 0, 0);
 }
 
-static void peer_on_stripe_error(struct tpd_stripe *st, int err, const char *why, void *arg)
+static void peer_on_stripe_error(struct tpb_stripe *st, int err, const char *why, void *arg)
 {
-	tpd_peer_fail(arg, -ECONNRESET, "data connection failed: %s", why);
+	struct tpd_peer *pr = arg;
+
+	/* The transfers the failure ended complete first, while the link is still up. */
+	tpb_progress(tpd_daemon_mpt(pr->peers->d));
+	tpd_peer_fail(pr, -ECONNRESET, "data connection failed: %s", why);
+}
+
+static void peer_on_stripe(evutil_socket_t fd, short what, void *arg)
+{
+	struct tpd_peer *pr = arg;
+	struct tpb_ctx *mpt = tpd_daemon_mpt(pr->peers->d);
+
+	tpb_stripe_progress(pr->stripe); /* ends transfers: their mpt ops wait on the context */
+	tpb_progress(mpt);		 /* their completions, in this same pass */
 }
 
 static int peer_make_stripe(struct tpd_peer *pr)
 {
 	const struct tpd_config *cfg = pr->peers->cfg;
-	struct tpd_stripe_config sc = { 0 };
+	struct tpb_stripe_config sc = { 0 };
 	char name[32];
+	int r;
 
 	snprintf(name, sizeof(name), "peer %llu", (unsigned long long)pr->id);
 	sc.chunk = cfg->peer_chunk;
@@ -380,7 +407,15 @@ static int peer_make_stripe(struct tpd_peer *pr)
 	sc.name = name;
 	sc.on_error = peer_on_stripe_error;
 	sc.arg = pr;
-	return tpd_stripe_new(pr->peers->base, &sc, &pr->stripe);
+	r = tpb_stripe_new(&sc, &pr->stripe);
+	if (r < 0)
+		return r;
+	pr->ev_stripe = event_new(pr->peers->base, tpb_stripe_event_fd(pr->stripe),
+				  EV_READ | EV_PERSIST, peer_on_stripe, pr);
+	if (!pr->ev_stripe || event_add(pr->ev_stripe, NULL) < 0)
+		return -ENOMEM;
+	pr->mpt_peer = (struct tpb_peer){ .name = pr->key, .link = pr, .stripe = pr->stripe };
+	return tpb_ep_open(tpd_daemon_mpt(pr->peers->d), &pr->mpt_peer, &pr->mpt_ep);
 }
 
 static void peer_on_timer(evutil_socket_t fd, short what, void *arg);
@@ -401,7 +436,10 @@ struct tpd_peer *tpd_peer_new(struct tpd_peers *ps, bool outgoing, const char *k
 	pr->ev_timer = evtimer_new(ps->base, peer_on_timer, pr);
 	pr->ev_close = event_new(ps->base, -1, 0, peer_on_close, pr);
 	if (!pr->ev_timer || !pr->ev_close || peer_make_stripe(pr) < 0) {
-		tpd_stripe_free(pr->stripe);
+		tpb_ep_close(pr->mpt_ep);
+		if (pr->ev_stripe)
+			event_free(pr->ev_stripe);
+		tpb_stripe_free(pr->stripe);
 		if (pr->ev_timer)
 			event_free(pr->ev_timer);
 		if (pr->ev_close)

@@ -1,7 +1,7 @@
 /* SPDX-License-Identifier: BSD-3-Clause */
 /*
  * tpd_peer: one link to another host's daemon. A link is one control connection (PeerMsg frames
- * through a bufferevent) plus N data connections handed to a tpd_stripe. This module dials and
+ * through a bufferevent) plus N data connections handed to a tpb_stripe. This module dials and
  * accepts links (the TCP peer listener), runs TLS 1.3 on every connection (peertls.c) and the
  * Hello handshake inside it, attaches data connections bound to their link's TLS session, sends
  * keepalives and declares a silent peer dead, and dispatches the pipe messages it receives
@@ -24,8 +24,9 @@ struct tpd_daemon;
 struct tpd_peer;
 struct tpd_peers;
 struct tpd_pipe;
-struct tpd_stripe;
-struct tpd_gdr_link;
+struct tpb_stripe;
+struct tpb_rdma_link;
+struct tpb_rdma_link_ops;
 
 /*
  * tpd_peers_new() - the peer part of daemon @d, with no link and no listener yet; the daemon
@@ -107,10 +108,14 @@ bool tpd_peer_identity_matches(const char *entry, const void *pr);
 char *tpd_peer_dial_text(const struct tpd_peer *pr, char *buf, size_t len);
 
 /* The link's cuda_gdr state, or NULL when the two daemons do not both offer it. */
-struct tpd_gdr_link *tpd_peer_gdr(struct tpd_peer *pr);
+struct tpb_rdma_link *tpd_peer_gdr(struct tpd_peer *pr);
 
 /* The link's data connections. */
-struct tpd_stripe *tpd_peer_stripe(struct tpd_peer *pr);
+struct tpb_stripe *tpd_peer_stripe(struct tpd_peer *pr);
+
+/* The link's mpt endpoint (tpb.h op table, over its data connections): borrowed, valid until
+ * the link is torn down; NULL once it is. */
+struct tpb_ep *tpd_peer_mpt_ep(struct tpd_peer *pr);
 
 /*
  * struct tpd_peer_pipe_ops - what the part above (the broker's cross-host pipes) does with a
@@ -210,5 +215,9 @@ const char *tpd_peers_host_id(const struct tpd_daemon *d);
  * Return: 0, or -EINVAL.
  */
 int tpd_peerlisten_check(const char *spec);
+
+/* What a link's RDMA state (backends/rdma) calls up into (peerrdma.c): the daemon hands it to
+ * tpb_rdma_ctx_new(); its @link is the struct tpd_peer. */
+extern const struct tpb_rdma_link_ops tpd_peer_rdma_ops;
 
 #endif

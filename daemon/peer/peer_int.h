@@ -92,10 +92,13 @@ struct tpd_peer {
 	bool flush_queued;
 	struct event *ev_timer;
 	struct event *ev_close;
-	struct tpd_stripe *stripe;
+	struct tpb_stripe *stripe;
+	struct event *ev_stripe; /* the stripe's event fd: its completions run from the loop */
+	struct tpb_peer mpt_peer; /* what the mpt endpoint borrows: this link and its stripe */
+	struct tpb_ep *mpt_ep;	  /* the mpt endpoint over @stripe; NULL once closing */
 	uint64_t link_id;
 	unsigned data_expected, data_attached;
-	bool data_seen[TPD_STRIPE_CONNS_MAX];
+	bool data_seen[TPB_STRIPE_CONNS_MAX];
 	struct tpu_hmap pipes; /* local pipe id -> struct tpd_pipe */
 	struct tpu_hmap xfers; /* receive xfer id -> opaque (xh.c) */
 	uint64_t next_xfer_id;
@@ -104,9 +107,9 @@ struct tpd_peer {
 	uint64_t ctl_in, ctl_out;
 	int fail_err;
 	char last_error[200];
-	unsigned peer_rdma;	    /* TPD_GDR_*: the peer offered rdma, cuda_gdr in its Hello */
+	unsigned peer_rdma;	    /* TPB_RDMA_*: the peer offered rdma, cuda_gdr in its Hello */
 	uint32_t peer_minor;	    /* the peer protocol minor version of its Hello */
-	struct tpd_gdr_link *gdr;   /* RDMA set-up and sends (NULL: not on this link) */
+	struct tpb_rdma_link *gdr;  /* RDMA set-up and sends (NULL: not on this link) */
 	/* Dialling (peerdial.c), while PEER_CONNECTING: */
 	struct evdns_getaddrinfo_request *dns_req; /* resolving the host */
 	struct evutil_addrinfo *addrs, *addr;	    /* what it resolved to; the one tried */
@@ -380,5 +383,9 @@ void tpd_peermsg_dispatch(struct tpd_peer *pr, const Tpw__V1__PeerMsg *m, const 
 
 /* The registered pipe ops (tpd_peer_set_pipe_ops()). Return: borrowed, static. */
 const struct tpd_peer_pipe_ops *tpd_peer_pipe_ops(void);
+
+/* The peer's PeerRdma @m (validated), handed to @pr's RDMA state, if it has one, in its plain
+ * form (peerrdma.c). Borrows @pr and @m for the call. */
+void tpd_peer_rdma_on_msg(struct tpd_peer *pr, const Tpw__V1__PeerRdma *m);
 
 #endif

@@ -18,7 +18,7 @@
 #include <sys/socket.h>
 #include "daemon.h"
 #include "frame.h"
-#include "gdr.h"
+#include "rdma/rdma.h"
 #include "hmap.h"
 #include "peer.h"
 #include "peer_int.h"
@@ -28,15 +28,15 @@
 #include "tpb.h"
 #include "validate.h"
 
-/* Offer rdma and cuda_gdr only where the RDMA engine found a port for them (tpd_gdr_start()). */
+/* Offer rdma and cuda_gdr only where the RDMA context found a port for them. */
 static bool hello_keeps(const char *name, void *arg)
 {
-	unsigned rdma = tpd_gdr_offers(arg);
+	unsigned rdma = tpb_rdma_offers(tpd_daemon_rdma(arg));
 
 	if (strcmp(name, "rdma") == 0)
-		return rdma & TPD_GDR_HOST;
+		return rdma & TPB_RDMA_HOST;
 	if (strcmp(name, "cuda_gdr") == 0)
-		return rdma & TPD_GDR_CUDA;
+		return rdma & TPB_RDMA_CUDA;
 	return true;
 }
 
@@ -127,7 +127,7 @@ void tpd_peerhs_link_up(struct tpd_peer *pr)
 		     pr->data_prot ? pr->data_prot : "nothing");
 	tpd_peer_timer_arm_ms(pr->ev_timer, TPU_MAX(pr->peers->cfg->peer_timeout_ms / 3, 100u));
 	if (pr->peer_rdma)
-		pr->gdr = tpd_gdr_link_new(pr->peers->d, pr, pr->peer_rdma);
+		pr->gdr = tpb_rdma_link_new(tpd_daemon_rdma(pr->peers->d), pr, pr->peer_rdma);
 	while (v && tpu_hmap_next(&pr->pipes, &i, &key, &val))
 		v[k++] = val;
 	for (i = 0; i < k; i++)
@@ -145,9 +145,9 @@ static int check_hello(struct tpd_peer *pr, const Tpw__V1__PeerHello *h, char *w
 	pr->peer_minor = h->minor;
 	for (size_t i = 0; i < h->n_backends; i++) {
 		if (strcmp(h->backends[i], "rdma") == 0)
-			pr->peer_rdma |= TPD_GDR_HOST;
+			pr->peer_rdma |= TPB_RDMA_HOST;
 		else if (strcmp(h->backends[i], "cuda_gdr") == 0)
-			pr->peer_rdma |= TPD_GDR_CUDA;
+			pr->peer_rdma |= TPB_RDMA_CUDA;
 	}
 	if (h->major != TPW_PEER_PROTO_MAJOR) {
 		snprintf(why, wl, "peer speaks peer protocol %u.%u, this daemon %u.%u: run the same "
@@ -195,9 +195,9 @@ void tpd_peerhs_answer_on_hello(struct tpd_peer *pr, const Tpw__V1__PeerHello *h
 	char why[240];
 	int r = check_hello(pr, h, why, sizeof(why));
 
-	if (r == 0 && (h->data_conns < 1 || h->data_conns > TPD_STRIPE_CONNS_MAX)) {
+	if (r == 0 && (h->data_conns < 1 || h->data_conns > TPB_STRIPE_CONNS_MAX)) {
 		snprintf(why, sizeof(why), "peer asks for %u data connections (1..%d)",
-			 h->data_conns, TPD_STRIPE_CONNS_MAX);
+			 h->data_conns, TPB_STRIPE_CONNS_MAX);
 		r = -EPROTO;
 	}
 	if (r == -ELOOP)
@@ -420,7 +420,7 @@ static void dial_maybe_up(struct tpd_peer *pr)
 {
 	if (!pr->ready_seen || pr->data_attached < pr->peers->cfg->peer_data_conns)
 		return;
-	pr->data_attached = tpd_stripe_conns(pr->stripe);
+	pr->data_attached = tpb_stripe_conns(pr->stripe);
 	tpd_peerhs_link_up(pr);
 }
 
@@ -438,7 +438,7 @@ static int data_attach(struct tpd_peer *pr, int *fd, SSL **ssl)
 		pr->data_prot = NULL;
 	}
 	*ssl = NULL;
-	return tpd_stripe_add_conn_tls(pr->stripe, TAKE_FD(*fd), keep);
+	return tpb_stripe_add_conn_tls(pr->stripe, TAKE_FD(*fd), keep);
 }
 
 /* One step of @dd; Return: 1 attached, 0 waiting, < 0 failed with @why. */

@@ -130,7 +130,7 @@ bool tpd_peerlisten_admit_data(struct tpd_peers *ps, const char *addr)
 
 	tpu_list_for_each(pr, &ps->links, node)
 		if (pr->stripe)
-			all += tpd_stripe_conns(pr->stripe);
+			all += tpb_stripe_conns(pr->stripe);
 	if (all < cfg->peer_data_conns_max)
 		return true;
 	limit_log(ps, 2, "peer data connection from %s refused: %u data connections (limit %u)",
@@ -145,7 +145,7 @@ bool tpd_peerlisten_admit_dial(struct tpd_peers *ps, char *why, size_t wl)
 	struct tpd_peer *pr;
 
 	tpu_list_for_each(pr, &ps->links, node) {
-		unsigned have = pr->stripe ? tpd_stripe_conns(pr->stripe) : 0;
+		unsigned have = pr->stripe ? tpb_stripe_conns(pr->stripe) : 0;
 		unsigned will = pr->outgoing ? cfg->peer_data_conns : pr->data_expected;
 
 		if (pr->state == PEER_FAILED)
@@ -290,7 +290,7 @@ static void accept_data(struct peer_conn *c, const Tpw__V1__PeerDataHello *h)
 	if (!keep)
 		SSL_free(c->ssl); /* no TLS shutdown: the bytes after the hellos are plaintext */
 	c->ssl = NULL;
-	r = tpd_stripe_add_conn_tls(pr->stripe, TAKE_FD(c->fd), keep);
+	r = tpb_stripe_add_conn_tls(pr->stripe, TAKE_FD(c->fd), keep);
 	tpd_peerlisten_conn_free(c);
 	if (r < 0) {
 		tpd_peer_fail(pr, r, "data connection: %s", strerror(-r));

@@ -4,11 +4,12 @@
  * const table indexed by PeerMsg body case (peer_msg_cmds) whose entries say in which link
  * states each message is expected. Keepalives are answered here, handshake messages go to
  * peerhs.c, pipe messages up to the broker through its struct tpd_peer_pipe_ops and PeerRdma to
- * the link's RDMA state (gdr.c). A message the link's state does not expect fails the link.
+ * the link's RDMA state (backends/rdma/link.c). A message the link's state does not expect
+ * fails the link.
  * It neither reads nor writes the connection; everything here runs on the loop thread.
  */
 #include <errno.h>
-#include "gdr.h"
+#include "rdma/rdma.h"
 #include "hmap.h"
 #include "peer.h"
 #include "peer_int.h"
@@ -169,7 +170,7 @@ static int on_msg_rdma(struct tpd_peer *pr, const Tpw__V1__PeerMsg *m, const uin
 {
 	(void)tail;
 	(void)tail_len;
-	tpd_gdr_link_on_msg(pr->gdr, m->rdma);
+	tpd_peer_rdma_on_msg(pr, m->rdma);
 	return 0;
 }
 

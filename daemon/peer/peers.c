@@ -12,7 +12,7 @@
 #include <string.h>
 #include <unistd.h>
 #include "daemon.h"
-#include "gdr.h"
+#include "rdma/rdma.h"
 #include "hmap.h"
 #include "log.h"
 #include "peer.h"
@@ -108,17 +108,6 @@ const char *tpd_peers_host_id(const struct tpd_daemon *d)
 
 /* ---- start and stop ------------------------------------------------------------------------ */
 
-static int gdr_link_send(struct tpd_peer *pr, Tpw__V1__PeerMsg *m)
-{
-	return tpd_peer_send(pr, m, NULL, 0);
-}
-
-/* What a link's RDMA state (xfer/gdr.c) calls up into. */
-static const struct tpd_gdr_link_ops peer_gdr_link_ops = {
-	.send = gdr_link_send,
-	.name = tpd_peer_name,
-};
-
 int tpd_peers_start(struct tpd_daemon *d)
 {
 	struct tpd_peers *ps = tpd_daemon_peers(d);
@@ -126,7 +115,6 @@ int tpd_peers_start(struct tpd_daemon *d)
 	char why[300] = "";
 	int r;
 
-	tpd_gdr_set_link_ops(&peer_gdr_link_ops);
 	if (gethostname(ps->hostname, sizeof(ps->hostname) - 1) < 0)
 		snprintf(ps->hostname, sizeof(ps->hostname), "unknown");
 	r = tpd_peerauth_boot_id(ps->boot_id);
@@ -303,13 +291,13 @@ int tpd_peers_ctl(struct tpd_daemon *d, Tpw__V1__CtlPeer ***ret, size_t *n)
 		e->host = pr->host;
 		e->state = (char *)tpd_peer_state_name(pr);
 		e->outgoing = pr->outgoing;
-		e->data_conns = pr->stripe ? tpd_stripe_conns(pr->stripe) : 0;
+		e->data_conns = pr->stripe ? tpb_stripe_conns(pr->stripe) : 0;
 		e->rtt_us = pr->rtt_us;
-		e->bytes_sent = pr->ctl_out + (pr->stripe ? tpd_stripe_bytes_sent(pr->stripe) : 0);
+		e->bytes_sent = pr->ctl_out + (pr->stripe ? tpb_stripe_bytes_sent(pr->stripe) : 0);
 		e->bytes_received = pr->ctl_in +
-				    (pr->stripe ? tpd_stripe_bytes_received(pr->stripe) : 0);
-		e->rdma = (char *)tpd_gdr_link_state(pr->gdr);
-		tpd_gdr_link_bytes(pr->gdr, &e->rdma_bytes_sent, &e->rdma_bytes_received);
+				    (pr->stripe ? tpb_stripe_bytes_received(pr->stripe) : 0);
+		e->rdma = (char *)tpb_rdma_link_state(pr->gdr);
+		tpb_rdma_link_bytes(pr->gdr, &e->rdma_bytes_sent, &e->rdma_bytes_received);
 		e->bytes_sent += e->rdma_bytes_sent;
 		e->bytes_received += e->rdma_bytes_received;
 		e->pipes = (uint32_t)pr->pipes.len;

@@ -1,11 +1,13 @@
 /* SPDX-License-Identifier: BSD-3-Clause */
 /*
- * Unit suite for daemon/xfer/copier.c: jobs run on worker threads and complete on the loop thread,
- * exactly once, with errors reported per job; queued jobs are canceled when the copier stops.
+ * Unit suite for backends/base/copier.c: jobs run on worker threads and complete on the loop
+ * thread, exactly once, with errors reported per job; queued jobs are canceled when the copier
+ * stops.
  */
 #include <check.h>
 #include <errno.h>
 #include <event2/event.h>
+#include <poll.h>
 #include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
@@ -37,7 +39,7 @@ struct result {
 	unsigned *remaining;
 };
 
-static void on_done(struct tpd_copy_job *job)
+static void on_done(struct tpb_copy_job *job)
 {
 	struct result *r = job->arg;
 
@@ -46,12 +48,12 @@ static void on_done(struct tpd_copy_job *job)
 	r->thread = pthread_self();
 	if (r->remaining && --*r->remaining == 0)
 		event_base_loopbreak(r->base);
-	tpd_copier_job_free(job);
+	tpb_copier_job_free(job);
 }
 
-static struct tpd_copy_job *shm_job(void *dst, const void *src, size_t len, struct result *r)
+static struct tpb_copy_job *shm_job(void *dst, const void *src, size_t len, struct result *r)
 {
-	struct tpd_copy_job *job = tpd_copier_job_new(1, 0);
+	struct tpb_copy_job *job = tpb_copier_job_new(1, 0);
 
 	job->xfers[0] = (struct tpb_xfer){
 		.src = { .loc = TPB_LOC_LOCAL, .addr = (uint64_t)(uintptr_t)src },
@@ -63,6 +65,34 @@ static struct tpd_copy_job *shm_job(void *dst, const void *src, size_t len, stru
 	job->done = on_done;
 	job->arg = r;
 	return job;
+}
+
+/* The daemon's part (core/daemon.c): the copier's event fd on the loop runs its completions. */
+static struct event *copier_ev; /* one copier per test (each runs in its own process) */
+
+static void on_copier_event(evutil_socket_t fd, short what, void *arg)
+{
+	tpb_copier_progress(arg);
+}
+
+static int copier_new_on(struct event_base *base, unsigned threads, struct tpb_copier **ret)
+{
+	int r = tpb_copier_new(threads, ret);
+
+	if (r < 0)
+		return r;
+	copier_ev = event_new(base, tpb_copier_event_fd(*ret), EV_READ | EV_PERSIST,
+			      on_copier_event, *ret);
+	ck_assert_ptr_nonnull(copier_ev);
+	ck_assert_int_eq(event_add(copier_ev, NULL), 0);
+	return 0;
+}
+
+static void copier_free(struct tpb_copier *c)
+{
+	event_free(copier_ev);
+	copier_ev = NULL;
+	tpb_copier_free(c);
 }
 
 static void run_until(struct event_base *base, unsigned *remaining)
@@ -109,7 +139,7 @@ START_TEST(test_copier_runs_a_channel_context_kernel)
 {
 	enum { LEN = 8 << 20 };
 	struct event_base *base = event_base_new();
-	struct tpd_copier *c = NULL;
+	struct tpb_copier *c = NULL;
 	struct tpb_engine engine;
 	struct tpb_ctx *ctx;
 	struct tpb_ep *ep;
@@ -128,8 +158,8 @@ START_TEST(test_copier_runs_a_channel_context_kernel)
 	x[1] = x[0];
 	x[1].src.addr += LEN / 2;
 	x[1].dst.addr += LEN / 2;
-	ck_assert_int_eq(tpd_copier_new(base, 2, &c), 0);
-	tpd_copier_engine(c, &engine);
+	ck_assert_int_eq(copier_new_on(base, 2, &c), 0);
+	tpb_copier_engine(c, &engine);
 	ck_assert_int_eq(tpb_ctx_new(tpb_index("shm"), NULL, &engine, &ctx), 0);
 	ck_assert_int_eq(tpb_ep_open(ctx, NULL, &ep), 0);
 	ev = event_new(base, tpb_event_fd(ctx), EV_READ | EV_PERSIST, on_ctx_event, ctx);
@@ -152,7 +182,7 @@ START_TEST(test_copier_runs_a_channel_context_kernel)
 	event_base_dispatch(base);
 	ck_assert_int_eq(r.calls, 2);
 	ck_assert_int_eq(r.status, -ECANCELED);
-	ck_assert_uint_eq(tpd_copier_busy(c), 0); /* the kernel had let go of the memory */
+	ck_assert_uint_eq(tpb_copier_busy(c), 0); /* the kernel had let go of the memory */
 
 	/* An op with nothing to copy still completes later, from progress. */
 	op.n_xfers = 0;
@@ -166,8 +196,46 @@ START_TEST(test_copier_runs_a_channel_context_kernel)
 	tpb_ep_close(ep);
 	event_free(ev);
 	tpb_ctx_free(ctx);
-	tpd_copier_free(c);
+	copier_free(c);
 	event_base_free(base);
+	free(src);
+	free(dst);
+}
+END_TEST
+
+/*
+ * Without any event loop: a finished job waits until its owner calls tpb_copier_progress(), the
+ * copier's event fd turns readable when it does, and progress runs its callback exactly once,
+ * on the calling thread; a second progress finds nothing.
+ */
+START_TEST(test_copier_completes_only_from_progress_when_its_fd_turns_readable)
+{
+	enum { LEN = 1 << 20 };
+	struct tpb_copier *c = NULL;
+	struct result res = { 0 };
+	char *src = malloc(LEN), *dst = calloc(1, LEN);
+	struct pollfd pfd;
+
+	tpb_registry_init(&(struct tpb_config){ 0 });
+	memset(src, 0x5a, LEN);
+	ck_assert_int_eq(tpb_copier_new(2, &c), 0);
+	pfd = (struct pollfd){ .fd = tpb_copier_event_fd(c), .events = POLLIN };
+	ck_assert_int_ge(pfd.fd, 0);
+	ck_assert_int_eq(tpb_copier_progress(c), 0);
+	tpb_copier_submit(c, shm_job(dst, src, LEN, &res));
+	ck_assert_int_eq(poll(&pfd, 1, 10000), 1);
+	ck_assert_int_eq(res.calls, 0); /* finished, not delivered */
+	ck_assert_uint_eq(tpb_copier_busy(c), 1);
+	ck_assert_int_eq(tpb_copier_progress(c), 1);
+	ck_assert_int_eq(res.calls, 1);
+	ck_assert_int_eq(res.status, 0);
+	ck_assert(pthread_equal(res.thread, pthread_self()));
+	ck_assert_uint_eq(tpb_copier_busy(c), 0);
+	ck_assert_int_eq(memcmp(src, dst, LEN), 0);
+	ck_assert_int_eq(poll(&pfd, 1, 0), 0); /* acknowledged */
+	ck_assert_int_eq(tpb_copier_progress(c), 0);
+	ck_assert_int_eq(res.calls, 1);
+	tpb_copier_free(c);
 	free(src);
 	free(dst);
 }
@@ -177,7 +245,7 @@ START_TEST(test_copier_runs_jobs_and_completes_on_loop_thread)
 {
 	struct tpb_config cfg = { 0 };
 	struct event_base *base = event_base_new();
-	struct tpd_copier *c = NULL;
+	struct tpb_copier *c = NULL;
 	enum { N = 8, LEN = 1 << 20 };
 	struct result res[N] = { 0 };
 	char *src = malloc(LEN), *dst[N];
@@ -186,16 +254,16 @@ START_TEST(test_copier_runs_jobs_and_completes_on_loop_thread)
 	tpb_registry_init(&cfg);
 	for (size_t i = 0; i < LEN; i++)
 		src[i] = (char)(i % 251);
-	ck_assert_int_eq(tpd_copier_new(base, 3, &c), 0);
+	ck_assert_int_eq(copier_new_on(base, 3, &c), 0);
 	for (int i = 0; i < N; i++) {
 		dst[i] = calloc(1, LEN);
 		res[i].base = base;
 		res[i].remaining = &remaining;
-		tpd_copier_submit(c, shm_job(dst[i], src, LEN, &res[i]));
+		tpb_copier_submit(c, shm_job(dst[i], src, LEN, &res[i]));
 	}
 	run_until(base, &remaining);
 	ck_assert_uint_eq(remaining, 0);
-	ck_assert_uint_eq(tpd_copier_busy(c), 0);
+	ck_assert_uint_eq(tpb_copier_busy(c), 0);
 	for (int i = 0; i < N; i++) {
 		ck_assert_int_eq(res[i].calls, 1);
 		ck_assert_int_eq(res[i].status, 0);
@@ -203,7 +271,7 @@ START_TEST(test_copier_runs_jobs_and_completes_on_loop_thread)
 		ck_assert_int_eq(memcmp(dst[i], src, LEN), 0);
 		free(dst[i]);
 	}
-	tpd_copier_free(c);
+	copier_free(c);
 	event_base_free(base);
 	free(src);
 }
@@ -213,24 +281,24 @@ START_TEST(test_copier_reports_copy_errors)
 {
 	struct tpb_config cfg = { 0 };
 	struct event_base *base = event_base_new();
-	struct tpd_copier *c = NULL;
+	struct tpb_copier *c = NULL;
 	struct result res = { .base = NULL };
 	unsigned remaining = 1;
 	char buf[16];
-	struct tpd_copy_job *job;
+	struct tpb_copy_job *job;
 
 	tpb_registry_init(&cfg);
 	res.base = base;
 	res.remaining = &remaining;
-	ck_assert_int_eq(tpd_copier_new(base, 1, &c), 0);
+	ck_assert_int_eq(copier_new_on(base, 1, &c), 0);
 	job = shm_job(buf, buf, sizeof(buf), &res);
 	job->xfers[0].src = (struct tpb_mem){ .loc = TPB_LOC_PROCESS, .proc = self_proc(), .addr = 8 };
 	job->channels[0] = tpb_index("cma");
-	tpd_copier_submit(c, job);
+	tpb_copier_submit(c, job);
 	run_until(base, &remaining);
 	ck_assert_int_eq(res.calls, 1);
 	ck_assert_int_eq(res.status, -EFAULT);
-	tpd_copier_free(c);
+	copier_free(c);
 	event_base_free(base);
 }
 END_TEST
@@ -239,16 +307,16 @@ START_TEST(test_copier_free_completes_every_job_once)
 {
 	struct tpb_config cfg = { 0 };
 	struct event_base *base = event_base_new();
-	struct tpd_copier *c = NULL;
+	struct tpb_copier *c = NULL;
 	enum { N = 64, LEN = 4 << 20 };
 	struct result res[N] = { 0 };
 	char *src = calloc(1, LEN), *dst = calloc(1, LEN);
 
 	tpb_registry_init(&cfg);
-	ck_assert_int_eq(tpd_copier_new(base, 1, &c), 0);
+	ck_assert_int_eq(copier_new_on(base, 1, &c), 0);
 	for (int i = 0; i < N; i++)
-		tpd_copier_submit(c, shm_job(dst, src, LEN, &res[i]));
-	tpd_copier_free(c); /* some finished, the rest canceled */
+		tpb_copier_submit(c, shm_job(dst, src, LEN, &res[i]));
+	copier_free(c); /* some finished, the rest canceled */
 	for (int i = 0; i < N; i++) {
 		ck_assert_int_eq(res[i].calls, 1);
 		ck_assert(res[i].status == 0 || res[i].status == -ECANCELED);
@@ -260,10 +328,10 @@ START_TEST(test_copier_free_completes_every_job_once)
 END_TEST
 
 /* A job of @n chunks of @len bytes each, src -> dst at matching offsets. */
-static struct tpd_copy_job *chunked_job(char *dst, const char *src, size_t n, size_t len,
+static struct tpb_copy_job *chunked_job(char *dst, const char *src, size_t n, size_t len,
 					struct result *r)
 {
-	struct tpd_copy_job *job = tpd_copier_job_new(n, 0);
+	struct tpb_copy_job *job = tpb_copier_job_new(n, 0);
 
 	for (size_t i = 0; i < n; i++) {
 		job->xfers[i] = (struct tpb_xfer){
@@ -283,7 +351,7 @@ START_TEST(test_copier_spreads_one_job_over_workers_and_completes_it_once)
 {
 	struct tpb_config cfg = { 0 };
 	struct event_base *base = event_base_new();
-	struct tpd_copier *c = NULL;
+	struct tpb_copier *c = NULL;
 	enum { CHUNKS = 64, LEN = 256 << 10 };
 	char *src = malloc(CHUNKS * LEN), *dst = calloc(1, CHUNKS * LEN);
 	struct result res = { 0 };
@@ -294,14 +362,14 @@ START_TEST(test_copier_spreads_one_job_over_workers_and_completes_it_once)
 		src[i] = (char)(i * 13 + 1);
 	res.base = base;
 	res.remaining = &remaining;
-	ck_assert_int_eq(tpd_copier_new(base, 3, &c), 0);
-	tpd_copier_submit(c, chunked_job(dst, src, CHUNKS, LEN, &res));
+	ck_assert_int_eq(copier_new_on(base, 3, &c), 0);
+	tpb_copier_submit(c, chunked_job(dst, src, CHUNKS, LEN, &res));
 	run_until(base, &remaining);
 	ck_assert_int_eq(res.calls, 1);
 	ck_assert_int_eq(res.status, 0);
 	ck_assert_int_eq(memcmp(src, dst, (size_t)CHUNKS * LEN), 0);
-	ck_assert_uint_eq(tpd_copier_busy(c), 0);
-	tpd_copier_free(c);
+	ck_assert_uint_eq(tpb_copier_busy(c), 0);
+	copier_free(c);
 	event_base_free(base);
 	free(src);
 	free(dst);
@@ -312,25 +380,25 @@ START_TEST(test_copier_chunk_error_fails_the_job_once)
 {
 	struct tpb_config cfg = { 0 };
 	struct event_base *base = event_base_new();
-	struct tpd_copier *c = NULL;
+	struct tpb_copier *c = NULL;
 	enum { CHUNKS = 32, LEN = 64 << 10 };
 	char *src = malloc(CHUNKS * LEN), *dst = calloc(1, CHUNKS * LEN);
 	struct result res = { 0 };
 	unsigned remaining = 1;
-	struct tpd_copy_job *job;
+	struct tpb_copy_job *job;
 
 	tpb_registry_init(&cfg);
 	res.base = base;
 	res.remaining = &remaining;
-	ck_assert_int_eq(tpd_copier_new(base, 2, &c), 0);
+	ck_assert_int_eq(copier_new_on(base, 2, &c), 0);
 	job = chunked_job(dst, src, CHUNKS, LEN, &res);
 	job->xfers[7].src = (struct tpb_mem){ .loc = TPB_LOC_PROCESS, .proc = self_proc(), .addr = 8 };
 	job->channels[7] = tpb_index("cma");
-	tpd_copier_submit(c, job);
+	tpb_copier_submit(c, job);
 	run_until(base, &remaining);
 	ck_assert_int_eq(res.calls, 1);
 	ck_assert_int_eq(res.status, -EFAULT);
-	tpd_copier_free(c);
+	copier_free(c);
 	event_base_free(base);
 	free(src);
 	free(dst);
@@ -341,24 +409,24 @@ START_TEST(test_copier_empty_job_completes_on_the_loop)
 {
 	struct tpb_config cfg = { 0 };
 	struct event_base *base = event_base_new();
-	struct tpd_copier *c = NULL;
+	struct tpb_copier *c = NULL;
 	struct result res = { 0 };
 	unsigned remaining = 1;
-	struct tpd_copy_job *job;
+	struct tpb_copy_job *job;
 
 	tpb_registry_init(&cfg);
 	res.base = base;
 	res.remaining = &remaining;
-	ck_assert_int_eq(tpd_copier_new(base, 1, &c), 0);
-	job = tpd_copier_job_new(0, 0);
+	ck_assert_int_eq(copier_new_on(base, 1, &c), 0);
+	job = tpb_copier_job_new(0, 0);
 	job->done = on_done;
 	job->arg = &res;
-	tpd_copier_submit(c, job);
+	tpb_copier_submit(c, job);
 	ck_assert_int_eq(res.calls, 0); /* never inside submit */
 	run_until(base, &remaining);
 	ck_assert_int_eq(res.calls, 1);
 	ck_assert_int_eq(res.status, 0);
-	tpd_copier_free(c);
+	copier_free(c);
 	event_base_free(base);
 }
 END_TEST
@@ -370,6 +438,7 @@ static Suite *copier_suite(void)
 
 	tcase_set_timeout(tc, 30);
 	tcase_add_test(tc, test_copier_runs_jobs_and_completes_on_loop_thread);
+	tcase_add_test(tc, test_copier_completes_only_from_progress_when_its_fd_turns_readable);
 	tcase_add_test(tc, test_copier_runs_a_channel_context_kernel);
 	tcase_add_test(tc, test_copier_reports_copy_errors);
 	tcase_add_test(tc, test_copier_free_completes_every_job_once);

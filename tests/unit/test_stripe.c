@@ -1,6 +1,6 @@
 /* SPDX-License-Identifier: BSD-3-Clause */
 /*
- * Unit suite for daemon/xfer/stripe.c over real TCP connections on 127.0.0.1: two stripes A and B
+ * Unit suite for backends/mpt/stripe.c over real TCP connections on 127.0.0.1: two stripes A and B
  * in one process share one event_base, wired by 1 or 4 connected socket pairs; a third stripe may
  * face a raw socket the test writes chunks to by hand. Covers sizes around the chunk size,
  * segment layouts, both directions at once, CMA sources and destinations (the test's own pid),
@@ -19,6 +19,7 @@
 #include <event2/event.h>
 #include <fcntl.h>
 #include <netinet/in.h>
+#include <poll.h>
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -66,7 +67,8 @@ struct res {
 };
 
 struct side {
-	struct tpd_stripe *st;
+	struct tpb_stripe *st;
+	struct event *ev; /* the stripe's event fd on the fixture's loop (the daemon's part) */
 	int errors;
 	int err;
 	char why[200];
@@ -93,12 +95,12 @@ struct fx {
 
 /* One transfer with up to 8 segments. */
 struct xf {
-	struct tpd_stripe_xfer x;
-	struct tpd_stripe_seg segs[8];
+	struct tpb_stripe_xfer x;
+	struct tpb_stripe_seg segs[8];
 	struct res res;
 };
 
-static void on_done(struct tpd_stripe_xfer *x)
+static void on_done(struct tpb_stripe_xfer *x)
 {
 	struct res *r = x->arg;
 
@@ -111,7 +113,7 @@ static void on_done(struct tpd_stripe_xfer *x)
 	snprintf(r->why, sizeof(r->why), "%s", x->why);
 }
 
-static void on_error(struct tpd_stripe *st, int err, const char *why, void *arg)
+static void on_error(struct tpb_stripe *st, int err, const char *why, void *arg)
 {
 	struct side *s = arg;
 
@@ -192,12 +194,35 @@ static void tcp_pair(int *ret_a, int *ret_b, bool small)
 	*ret_b = b;
 }
 
+static void on_stripe_event(evutil_socket_t fd, short what, void *arg)
+{
+	struct side *s = arg;
+
+	tpb_stripe_progress(s->st);
+}
+
 static void side_new(struct fx *f, struct side *s, const char *name, uint32_t chunk)
 {
-	struct tpd_stripe_config cfg = { .chunk = chunk, .send_size = f->send_size, .name = name,
+	struct tpb_stripe_config cfg = { .chunk = chunk, .send_size = f->send_size, .name = name,
 					 .on_error = on_error, .arg = s };
 
-	ck_assert_int_eq(tpd_stripe_new(f->base, &cfg, &s->st), 0);
+	ck_assert_int_eq(tpb_stripe_new(&cfg, &s->st), 0);
+	s->ev = event_new(f->base, tpb_stripe_event_fd(s->st), EV_READ | EV_PERSIST,
+			  on_stripe_event, s);
+	ck_assert_ptr_nonnull(s->ev);
+	ck_assert_int_eq(event_add(s->ev, NULL), 0);
+}
+
+/* Frees @s's stripe (its event first); also from inside one of its callbacks. */
+static void side_free(struct side *s)
+{
+	struct tpb_stripe *st = s->st;
+
+	s->st = NULL;
+	if (s->ev)
+		event_free(s->ev);
+	s->ev = NULL;
+	tpb_stripe_free(st);
 }
 
 /* A and B joined by @conns TCP connections, writing at most @send_size bytes at a time. */
@@ -219,11 +244,11 @@ static void fx_setup_sized(struct fx *f, unsigned conns, uint32_t chunk, uint32_
 		int a, b;
 
 		tcp_pair(&a, &b, false);
-		ck_assert_int_eq(tpd_stripe_add_conn(f->a.st, a), 0);
-		ck_assert_int_eq(tpd_stripe_add_conn(f->b.st, b), 0);
+		ck_assert_int_eq(tpb_stripe_add_conn(f->a.st, a), 0);
+		ck_assert_int_eq(tpb_stripe_add_conn(f->b.st, b), 0);
 	}
-	ck_assert_uint_eq(tpd_stripe_conns(f->a.st), conns);
-	ck_assert_uint_eq(tpd_stripe_conns(f->b.st), conns);
+	ck_assert_uint_eq(tpb_stripe_conns(f->a.st), conns);
+	ck_assert_uint_eq(tpb_stripe_conns(f->b.st), conns);
 }
 
 /* A and B joined by @conns TCP connections. */
@@ -239,7 +264,7 @@ static void fx_raw(struct fx *f, uint32_t chunk)
 
 	side_new(f, &f->c, "C", chunk);
 	tcp_pair(&c, &f->raw, true);
-	ck_assert_int_eq(tpd_stripe_add_conn(f->c.st, c), 0);
+	ck_assert_int_eq(tpb_stripe_add_conn(f->c.st, c), 0);
 }
 
 /* A second connection of C, facing f->raw2. */
@@ -248,7 +273,7 @@ static void fx_raw2(struct fx *f)
 	int c;
 
 	tcp_pair(&c, &f->raw2, true);
-	ck_assert_int_eq(tpd_stripe_add_conn(f->c.st, c), 0);
+	ck_assert_int_eq(tpb_stripe_add_conn(f->c.st, c), 0);
 }
 
 /* A and B joined by @conns connections that pass through the test, the gate: A's connection i
@@ -263,8 +288,8 @@ static void fx_gated(struct fx *f, unsigned conns, uint32_t chunk)
 
 		tcp_pair(&a, &f->ga[i], true);
 		tcp_pair(&f->gb[i], &b, false);
-		ck_assert_int_eq(tpd_stripe_add_conn(f->a.st, a), 0);
-		ck_assert_int_eq(tpd_stripe_add_conn(f->b.st, b), 0);
+		ck_assert_int_eq(tpb_stripe_add_conn(f->a.st, a), 0);
+		ck_assert_int_eq(tpb_stripe_add_conn(f->b.st, b), 0);
 		f->gates++;
 	}
 }
@@ -281,7 +306,7 @@ static uint64_t read_chunk_hdr(int fd, uint8_t *hdr, uint32_t *ret_len)
 {
 	uint64_t id = 0;
 
-	read_exact(fd, hdr, TPD_STRIPE_HDR);
+	read_exact(fd, hdr, TPB_STRIPE_HDR);
 	for (int k = 7; k >= 0; k--)
 		id = id << 8 | hdr[8 + k];
 	*ret_len = (uint32_t)hdr[24] | (uint32_t)hdr[25] << 8 | (uint32_t)hdr[26] << 16 |
@@ -308,7 +333,7 @@ static void copy_bytes(int from, int to, uint64_t len)
  * length in @ret_len. Waits for A to send it. */
 static uint64_t gate_pass(struct fx *f, unsigned i, uint32_t *ret_len)
 {
-	uint8_t hdr[TPD_STRIPE_HDR];
+	uint8_t hdr[TPB_STRIPE_HDR];
 	uint64_t id = read_chunk_hdr(f->ga[i], hdr, ret_len);
 
 	ck_assert_int_eq(send(f->gb[i], hdr, sizeof(hdr), MSG_NOSIGNAL), (ssize_t)sizeof(hdr));
@@ -349,9 +374,9 @@ static void gate_open(struct fx *f)
 
 static void fx_teardown(struct fx *f)
 {
-	tpd_stripe_free(f->a.st);
-	tpd_stripe_free(f->b.st);
-	tpd_stripe_free(f->c.st);
+	side_free(&f->a);
+	side_free(&f->b);
+	side_free(&f->c);
 	/* A and B closed their ends: every relay reads end of stream or fails its write. */
 	for (unsigned i = 0; f->open && i < 2 * f->gates; i++)
 		pthread_join(f->relays[i].thread, NULL);
@@ -378,7 +403,7 @@ static void xf_init(struct xf *t, uint64_t id)
 
 static void xf_seg(struct xf *t, enum tpb_loc loc, void *p, uint64_t len)
 {
-	struct tpd_stripe_seg *s = &t->segs[t->x.n_segs++];
+	struct tpb_stripe_seg *s = &t->segs[t->x.n_segs++];
 
 	s->mem = (struct tpb_mem){ .loc = loc, .proc = loc == TPB_LOC_PROCESS ? self_proc() : NULL,
 				   .addr = (uint64_t)(uintptr_t)p };
@@ -428,8 +453,8 @@ static void move_one(struct fx *f, struct side *from, struct side *to, uint64_t 
 	xf_init(&r, id);
 	xf_seg(&s, src_loc, src, len);
 	xf_seg(&r, dst_loc, dst, len);
-	ck_assert_int_eq(tpd_stripe_recv(to->st, &r.x), 0);
-	ck_assert_int_eq(tpd_stripe_send(from->st, &s.x), 0);
+	ck_assert_int_eq(tpb_stripe_recv(to->st, &r.x), 0);
+	ck_assert_int_eq(tpb_stripe_send(from->st, &s.x), 0);
 	ck_assert_int_eq(s.res.calls + r.res.calls, 0); /* never inside a call */
 	ck_assert(run_until(f, &s.res.calls, &r.res.calls, DEADLINE_MS));
 	check_ok(&s.res, len);
@@ -454,8 +479,8 @@ START_TEST(test_stripe_every_size_arrives_intact)
 	fx_setup(&f, conns, 0);
 	move_one(&f, &f.a, &f.b, 1 + (uint64_t)_i, TPB_LOC_LOCAL, TPB_LOC_LOCAL, len);
 	ck_assert_int_eq(f.a.errors + f.b.errors, 0);
-	ck_assert_uint_eq(tpd_stripe_bytes_sent(f.a.st), len);
-	ck_assert_uint_eq(tpd_stripe_bytes_received(f.b.st), len);
+	ck_assert_uint_eq(tpb_stripe_bytes_sent(f.a.st), len);
+	ck_assert_uint_eq(tpb_stripe_bytes_received(f.b.st), len);
 	fx_teardown(&f);
 }
 END_TEST
@@ -479,8 +504,8 @@ START_TEST(test_stripe_segments_with_empty_ones_arrive_intact)
 		xf_seg(&r, TPB_LOC_LOCAL, dst[i], lens[i]);
 		total += lens[i];
 	}
-	ck_assert_int_eq(tpd_stripe_recv(f.b.st, &r.x), 0);
-	ck_assert_int_eq(tpd_stripe_send(f.a.st, &s.x), 0);
+	ck_assert_int_eq(tpb_stripe_recv(f.b.st, &r.x), 0);
+	ck_assert_int_eq(tpb_stripe_send(f.a.st, &s.x), 0);
 	ck_assert(run_until(&f, &s.res.calls, &r.res.calls, DEADLINE_MS));
 	check_ok(&s.res, total);
 	check_ok(&r.res, total);
@@ -510,10 +535,10 @@ START_TEST(test_stripe_both_directions_at_once)
 	xf_seg(&rb, TPB_LOC_LOCAL, dst_b, LEN);
 	xf_seg(&sb, TPB_LOC_LOCAL, src_b, LEN);
 	xf_seg(&ra, TPB_LOC_LOCAL, dst_a, LEN);
-	ck_assert_int_eq(tpd_stripe_recv(f.b.st, &rb.x), 0);
-	ck_assert_int_eq(tpd_stripe_recv(f.a.st, &ra.x), 0);
-	ck_assert_int_eq(tpd_stripe_send(f.a.st, &sa.x), 0);
-	ck_assert_int_eq(tpd_stripe_send(f.b.st, &sb.x), 0);
+	ck_assert_int_eq(tpb_stripe_recv(f.b.st, &rb.x), 0);
+	ck_assert_int_eq(tpb_stripe_recv(f.a.st, &ra.x), 0);
+	ck_assert_int_eq(tpb_stripe_send(f.a.st, &sa.x), 0);
+	ck_assert_int_eq(tpb_stripe_send(f.b.st, &sb.x), 0);
 	ck_assert(run_until(&f, &sa.res.calls, &rb.res.calls, DEADLINE_MS));
 	ck_assert(run_until(&f, &sb.res.calls, &ra.res.calls, DEADLINE_MS));
 	check_ok(&sa.res, LEN);
@@ -559,13 +584,13 @@ START_TEST(test_stripe_small_socket_writes_arrive_intact)
 	};
 	struct fx f;
 
-	fx_setup_sized(&f, _i ? 4 : 1, SMALL_CHUNK, TPD_STRIPE_SEND_SIZE_MIN);
+	fx_setup_sized(&f, _i ? 4 : 1, SMALL_CHUNK, TPB_STRIPE_SEND_SIZE_MIN);
 	for (unsigned i = 0; i < 2; i++) {
 		move_one(&f, &f.a, &f.b, 30 + i, locs[i][0], locs[i][1], 3 * SMALL_CHUNK + 7);
 		move_one(&f, &f.a, &f.b, 40 + i, locs[i][0], locs[i][1],
-			 TPD_STRIPE_SEND_SIZE_MIN - TPD_STRIPE_HDR);
+			 TPB_STRIPE_SEND_SIZE_MIN - TPB_STRIPE_HDR);
 		move_one(&f, &f.a, &f.b, 50 + i, locs[i][0], locs[i][1],
-			 TPD_STRIPE_SEND_SIZE_MIN - TPD_STRIPE_HDR + 1);
+			 TPB_STRIPE_SEND_SIZE_MIN - TPB_STRIPE_HDR + 1);
 	}
 	ck_assert_int_eq(f.a.errors + f.b.errors, 0);
 	fx_teardown(&f);
@@ -583,18 +608,67 @@ START_TEST(test_stripe_unknown_transfer_is_drained)
 	fx_setup(&f, 2, SMALL_CHUNK);
 	xf_init(&s, 999); /* B never registered it */
 	xf_seg(&s, TPB_LOC_LOCAL, src, LEN);
-	ck_assert_int_eq(tpd_stripe_send(f.a.st, &s.x), 0);
+	ck_assert_int_eq(tpb_stripe_send(f.a.st, &s.x), 0);
 	ck_assert(run_until(&f, &s.res.calls, NULL, DEADLINE_MS));
 	check_ok(&s.res, LEN);
 	move_one(&f, &f.a, &f.b, 1000, TPB_LOC_LOCAL, TPB_LOC_LOCAL, LEN); /* still in step */
 	/* Chunks of 999 on other connections may still be on their way. */
 	for (end = now_ms() + DEADLINE_MS;
-	     tpd_stripe_bytes_received(f.b.st) < 2 * LEN && now_ms() < end;)
+	     tpb_stripe_bytes_received(f.b.st) < 2 * LEN && now_ms() < end;)
 		event_base_loop(f.base, EVLOOP_ONCE);
-	ck_assert_uint_eq(tpd_stripe_bytes_received(f.b.st), 2 * LEN);
+	ck_assert_uint_eq(tpb_stripe_bytes_received(f.b.st), 2 * LEN);
 	ck_assert_int_eq(f.a.errors + f.b.errors, 0);
 	fx_teardown(&f);
 	free(src);
+}
+END_TEST
+
+/*
+ * The stripe touches no event loop: a completion waits until its owner calls
+ * tpb_stripe_progress(), the event fd turning readable when it does; a failed connection is
+ * reported once, also from progress, after the transfers it ended.
+ */
+START_TEST(test_stripe_completes_and_reports_only_from_progress)
+{
+	struct tpb_stripe_config cfg = { .name = "P", .on_error = on_error };
+	struct side s = { 0 };
+	struct pollfd pfd;
+	uint8_t dst[16];
+	struct xf e, r;
+	int sp[2];
+
+	loop_thread = pthread_self();
+	cfg.arg = &s;
+	ck_assert_int_eq(tpb_stripe_new(&cfg, &s.st), 0);
+	pfd = (struct pollfd){ .fd = tpb_stripe_event_fd(s.st), .events = POLLIN };
+	ck_assert_int_ge(pfd.fd, 0);
+	ck_assert_int_eq(socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sp), 0);
+	ck_assert_int_eq(tpb_stripe_add_conn(s.st, sp[0]), 0);
+	xf_init(&e, 5); /* nothing to receive: complete at once, delivered later */
+	ck_assert_int_eq(tpb_stripe_recv(s.st, &e.x), 0);
+	ck_assert_int_eq(poll(&pfd, 1, DEADLINE_MS), 1);
+	ck_assert_int_eq(e.res.calls, 0);
+	ck_assert_int_eq(tpb_stripe_progress(s.st), 1);
+	ck_assert_int_eq(e.res.calls, 1);
+	ck_assert_int_eq(e.res.status, 0);
+	ck_assert(e.res.on_loop);
+	ck_assert_int_eq(poll(&pfd, 1, 0), 0);
+	ck_assert_int_eq(tpb_stripe_progress(s.st), 0);
+
+	xf_init(&r, 6);
+	xf_seg(&r, TPB_LOC_LOCAL, dst, sizeof(dst));
+	ck_assert_int_eq(tpb_stripe_recv(s.st, &r.x), 0);
+	close(sp[1]); /* the only connection fails: the receive ends, then the error */
+	ck_assert_int_eq(poll(&pfd, 1, DEADLINE_MS), 1);
+	for (uint64_t end = now_ms() + DEADLINE_MS; !s.errors && now_ms() < end;)
+		if (poll(&pfd, 1, 10) == 1)
+			tpb_stripe_progress(s.st);
+	ck_assert_int_eq(r.res.calls, 1);
+	ck_assert_int_eq(r.res.status, -ECONNRESET);
+	ck_assert_int_eq(s.errors, 1);
+	ck_assert_msg(strstr(s.why, "closed by the peer"), "why: %s", s.why);
+	tpb_stripe_free(s.st);
+	ck_assert_int_eq(e.res.calls + r.res.calls, 2);
 }
 END_TEST
 
@@ -607,8 +681,8 @@ START_TEST(test_stripe_empty_transfers_complete_later_on_the_loop)
 	xf_init(&s, 3);
 	xf_init(&r, 3);
 	xf_seg(&s, TPB_LOC_LOCAL, NULL, 0);
-	ck_assert_int_eq(tpd_stripe_send(f.a.st, &s.x), 0);
-	ck_assert_int_eq(tpd_stripe_recv(f.b.st, &r.x), 0);
+	ck_assert_int_eq(tpb_stripe_send(f.a.st, &s.x), 0);
+	ck_assert_int_eq(tpb_stripe_recv(f.b.st, &r.x), 0);
 	ck_assert_int_eq(s.res.calls + r.res.calls, 0);
 	ck_assert(run_until(&f, &s.res.calls, &r.res.calls, DEADLINE_MS));
 	check_ok(&s.res, 0);
@@ -635,13 +709,13 @@ START_TEST(test_stripe_unreadable_source_stops_the_send)
 	xf_seg(&r, TPB_LOC_LOCAL, dst, LEN);
 	xf_seg(&r, TPB_LOC_LOCAL, dst2, LEN);
 	xf_seg(&r, TPB_LOC_LOCAL, dst2, LEN);
-	ck_assert_int_eq(tpd_stripe_recv(f.b.st, &r.x), 0);
-	ck_assert_int_eq(tpd_stripe_send(f.a.st, &s.x), 0);
+	ck_assert_int_eq(tpb_stripe_recv(f.b.st, &r.x), 0);
+	ck_assert_int_eq(tpb_stripe_send(f.a.st, &s.x), 0);
 	ck_assert(run_until(&f, &s.res.calls, NULL, DEADLINE_MS));
 	ck_assert_int_eq(s.res.status, -EFAULT);
 	ck_assert_uint_eq(s.res.bytes, LEN);
 	ck_assert_int_eq(r.res.calls, 0);
-	tpd_stripe_recv_expect(f.b.st, &r.x, s.res.bytes, s.res.status, "source unreadable");
+	tpb_stripe_recv_expect(f.b.st, &r.x, s.res.bytes, s.res.status, "source unreadable");
 	ck_assert(run_until(&f, &r.res.calls, NULL, DEADLINE_MS));
 	ck_assert_int_eq(r.res.status, -EFAULT);
 	ck_assert_str_eq(r.res.why, "source unreadable");
@@ -677,12 +751,12 @@ START_TEST(test_stripe_source_of_a_dead_process_fails_with_esrch)
 	xf_seg(&s, TPB_LOC_PROCESS, buf, sizeof(buf));
 	s.segs[0].mem.proc = dead;
 	xf_seg(&r, TPB_LOC_LOCAL, dst, sizeof(dst));
-	ck_assert_int_eq(tpd_stripe_recv(f.b.st, &r.x), 0);
-	ck_assert_int_eq(tpd_stripe_send(f.a.st, &s.x), 0);
+	ck_assert_int_eq(tpb_stripe_recv(f.b.st, &r.x), 0);
+	ck_assert_int_eq(tpb_stripe_send(f.a.st, &s.x), 0);
 	ck_assert(run_until(&f, &s.res.calls, NULL, DEADLINE_MS));
 	ck_assert_int_eq(s.res.status, -ESRCH);
 	ck_assert_uint_eq(s.res.bytes, 0);
-	tpd_stripe_recv_expect(f.b.st, &r.x, 0, -ESRCH, "writer died");
+	tpb_stripe_recv_expect(f.b.st, &r.x, 0, -ESRCH, "writer died");
 	ck_assert(run_until(&f, &r.res.calls, NULL, DEADLINE_MS));
 	ck_assert_int_eq(r.res.status, -ESRCH);
 	fx_teardown(&f);
@@ -702,8 +776,8 @@ START_TEST(test_stripe_unwritable_destination_fails_after_draining)
 	xf_init(&r, 4);
 	xf_seg(&s, TPB_LOC_LOCAL, src, LEN);
 	xf_seg(&r, TPB_LOC_PROCESS, (void *)8, LEN); /* not mapped */
-	ck_assert_int_eq(tpd_stripe_recv(f.b.st, &r.x), 0);
-	ck_assert_int_eq(tpd_stripe_send(f.a.st, &s.x), 0);
+	ck_assert_int_eq(tpb_stripe_recv(f.b.st, &r.x), 0);
+	ck_assert_int_eq(tpb_stripe_send(f.a.st, &s.x), 0);
 	ck_assert(run_until(&f, &s.res.calls, &r.res.calls, DEADLINE_MS));
 	check_ok(&s.res, LEN);
 	ck_assert_int_eq(r.res.status, -EFAULT);
@@ -729,14 +803,14 @@ START_TEST(test_stripe_send_cancel_mid_transfer)
 	xf_init(&r, 11);
 	xf_seg(&s, TPB_LOC_LOCAL, src, LEN);
 	xf_seg(&r, TPB_LOC_LOCAL, dst, LEN);
-	ck_assert_int_eq(tpd_stripe_recv(f.b.st, &r.x), 0);
-	ck_assert_int_eq(tpd_stripe_send(f.a.st, &s.x), 0);
+	ck_assert_int_eq(tpb_stripe_recv(f.b.st, &r.x), 0);
+	ck_assert_int_eq(tpb_stripe_send(f.a.st, &s.x), 0);
 	for (uint64_t end = now_ms() + DEADLINE_MS;
-	     tpd_stripe_bytes_sent(f.a.st) < SMALL_CHUNK && now_ms() < end;)
+	     tpb_stripe_bytes_sent(f.a.st) < SMALL_CHUNK && now_ms() < end;)
 		event_base_loop(f.base, EVLOOP_ONCE); /* until a first chunk went out */
-	ck_assert_uint_ge(tpd_stripe_bytes_sent(f.a.st), SMALL_CHUNK);
-	tpd_stripe_send_cancel(f.a.st, &s.x);
-	tpd_stripe_send_cancel(f.a.st, &s.x); /* twice is harmless */
+	ck_assert_uint_ge(tpb_stripe_bytes_sent(f.a.st), SMALL_CHUNK);
+	tpb_stripe_send_cancel(f.a.st, &s.x);
+	tpb_stripe_send_cancel(f.a.st, &s.x); /* twice is harmless */
 	gate_open(&f); /* the chunks being written when it was canceled can finish */
 	ck_assert(run_until(&f, &s.res.calls, NULL, DEADLINE_MS));
 	ck_assert_int_eq(s.res.status, -ECANCELED);
@@ -744,7 +818,7 @@ START_TEST(test_stripe_send_cancel_mid_transfer)
 	ck_assert_uint_lt(s.res.bytes, LEN); /* a few buffers' worth */
 	ck_assert_uint_eq(s.res.bytes % SMALL_CHUNK, 0); /* whole chunks only */
 	ck_assert_int_eq(r.res.calls, 0);
-	tpd_stripe_recv_expect(f.b.st, &r.x, s.res.bytes, -ECANCELED, "writer canceled");
+	tpb_stripe_recv_expect(f.b.st, &r.x, s.res.bytes, -ECANCELED, "writer canceled");
 	ck_assert(run_until(&f, &r.res.calls, NULL, DEADLINE_MS));
 	ck_assert_int_eq(r.res.status, -ECANCELED);
 	ck_assert_uint_eq(r.res.bytes, s.res.bytes);
@@ -782,9 +856,9 @@ START_TEST(test_stripe_send_cancel_never_sends_half_a_chunk)
 	fx_raw(&f, SMALL_CHUNK);
 	xf_init(&s, 13);
 	xf_seg(&s, TPB_LOC_LOCAL, src, LEN);
-	ck_assert_int_eq(tpd_stripe_send(f.c.st, &s.x), 0);
+	ck_assert_int_eq(tpb_stripe_send(f.c.st, &s.x), 0);
 	/* Nobody reads the raw end: the sender blocks once the socket buffers are full. */
-	tpd_stripe_send_cancel(f.c.st, &s.x);
+	tpb_stripe_send_cancel(f.c.st, &s.x);
 	end = now_ms() + DEADLINE_MS;
 	while (!s.res.calls && now_ms() < end) {
 		got += drain_raw(f.raw);
@@ -793,11 +867,11 @@ START_TEST(test_stripe_send_cancel_never_sends_half_a_chunk)
 	ck_assert_int_eq(s.res.calls, 1);
 	ck_assert_int_eq(s.res.status, -ECANCELED);
 	ck_assert_uint_lt(s.res.bytes, LEN);
-	tpd_stripe_free(f.c.st); /* what is still queued goes out, then end of stream */
+	side_free(&f.c); /* what is still queued goes out, then end of stream */
 	f.c.st = NULL;
 	for (ssize_t n; (n = recv(f.raw, src, LEN, 0)) > 0;)
 		got += (uint64_t)n;
-	ck_assert_uint_eq(got, s.res.bytes + s.res.bytes / SMALL_CHUNK * TPD_STRIPE_HDR);
+	ck_assert_uint_eq(got, s.res.bytes + s.res.bytes / SMALL_CHUNK * TPB_STRIPE_HDR);
 	fx_teardown(&f);
 	free(src);
 }
@@ -817,7 +891,7 @@ START_TEST(test_stripe_small_send_does_not_wait_behind_a_large_one)
 	enum { LEN = 64 << 20 };
 	void *src = zeroed(LEN);
 	uint64_t limit, before = 0, big_bytes = 0, id;
-	uint8_t hdr[TPD_STRIPE_HDR];
+	uint8_t hdr[TPB_STRIPE_HDR];
 	struct xf big, small;
 	uint32_t len;
 	struct fx f;
@@ -828,9 +902,9 @@ START_TEST(test_stripe_small_send_does_not_wait_behind_a_large_one)
 	xf_seg(&big, TPB_LOC_LOCAL, src, LEN);
 	xf_init(&small, 15);
 	xf_seg(&small, TPB_LOC_LOCAL, src, 1);
-	ck_assert_int_eq(tpd_stripe_send(f.c.st, &big.x), 0);
-	ck_assert_int_eq(tpd_stripe_send(f.c.st, &small.x), 0);
-	limit = tpd_stripe_bytes_sent(f.c.st) / SMALL_CHUNK + 2;
+	ck_assert_int_eq(tpb_stripe_send(f.c.st, &big.x), 0);
+	ck_assert_int_eq(tpb_stripe_send(f.c.st, &small.x), 0);
+	limit = tpb_stripe_bytes_sent(f.c.st) / SMALL_CHUNK + 2;
 	ck_assert_uint_lt(limit, LEN / SMALL_CHUNK / 4); /* the buffers hold far less than LEN */
 	while ((id = read_chunk_hdr(f.raw, hdr, &len)) == 14) {
 		copy_bytes(f.raw, -1, len);
@@ -875,10 +949,10 @@ START_TEST(test_stripe_recv_cancel_drops_later_chunks)
 	xf_seg(&s2, TPB_LOC_LOCAL, src, LEN);
 	xf_seg(&r1, TPB_LOC_LOCAL, d1, LEN);
 	xf_seg(&r2, TPB_LOC_LOCAL, d2, LEN);
-	ck_assert_int_eq(tpd_stripe_recv(f.b.st, &r1.x), 0);
-	ck_assert_int_eq(tpd_stripe_recv(f.b.st, &r2.x), 0);
-	ck_assert_int_eq(tpd_stripe_send(f.a.st, &s1.x), 0);
-	ck_assert_int_eq(tpd_stripe_send(f.a.st, &s2.x), 0);
+	ck_assert_int_eq(tpb_stripe_recv(f.b.st, &r1.x), 0);
+	ck_assert_int_eq(tpb_stripe_recv(f.b.st, &r2.x), 0);
+	ck_assert_int_eq(tpb_stripe_send(f.a.st, &s1.x), 0);
+	ck_assert_int_eq(tpb_stripe_send(f.a.st, &s2.x), 0);
 	/* Part of r1 lands: chunks of connection 0 pass until one of them belonged to it. The
 	 * other senders stop on full buffers and the sends take turns, so one soon does. */
 	while (!passed21) {
@@ -888,10 +962,10 @@ START_TEST(test_stripe_recv_cancel_drops_later_chunks)
 		passed21 += id == 21 ? len : 0;
 	}
 	for (uint64_t end = now_ms() + DEADLINE_MS;
-	     tpd_stripe_bytes_received(f.b.st) < passed && now_ms() < end;)
+	     tpb_stripe_bytes_received(f.b.st) < passed && now_ms() < end;)
 		event_base_loop(f.base, EVLOOP_ONCE);
-	ck_assert_uint_eq(tpd_stripe_bytes_received(f.b.st), passed);
-	tpd_stripe_recv_cancel(f.b.st, &r1.x);
+	ck_assert_uint_eq(tpb_stripe_bytes_received(f.b.st), passed);
+	tpb_stripe_recv_cancel(f.b.st, &r1.x);
 	ck_assert_int_eq(r1.res.calls, 0);
 	ck_assert(run_until(&f, &r1.res.calls, NULL, DEADLINE_MS));
 	ck_assert_int_eq(r1.res.status, -ECANCELED);
@@ -906,9 +980,9 @@ START_TEST(test_stripe_recv_cancel_drops_later_chunks)
 	check_pattern(d2, LEN, 21);
 	/* Every chunk of s1 reached B and was dropped there. */
 	for (uint64_t end = now_ms() + DEADLINE_MS;
-	     tpd_stripe_bytes_received(f.b.st) < 2 * (uint64_t)LEN && now_ms() < end;)
+	     tpb_stripe_bytes_received(f.b.st) < 2 * (uint64_t)LEN && now_ms() < end;)
 		event_base_loop(f.base, EVLOOP_ONCE);
-	ck_assert_uint_eq(tpd_stripe_bytes_received(f.b.st), 2 * (uint64_t)LEN);
+	ck_assert_uint_eq(tpb_stripe_bytes_received(f.b.st), 2 * (uint64_t)LEN);
 	for (i = 0; i < LEN && ((uint8_t *)d1)[i] == 0xee;)
 		i++;
 	ck_assert_msg(i == LEN, "byte %zu written after the cancel", i);
@@ -942,18 +1016,18 @@ struct bad {
 
 static const struct bad bads[] = {
 	{ 0x31435055u, 0, 10, 0, 0, "magic" },
-	{ TPD_STRIPE_MAGIC, 0, 10, 1, 0, "flags" },
-	{ TPD_STRIPE_MAGIC, 0, 0, 0, 0, "0 bytes" },
-	{ TPD_STRIPE_MAGIC, 0, TPD_STRIPE_CHUNK_MAX + 1, 0, 0, "limit" },
-	{ TPD_STRIPE_MAGIC, 0, 200, 0, 900, "outside" },
-	{ TPD_STRIPE_MAGIC, 1, 10, 0, 0, "outside" },
-	{ TPD_STRIPE_MAGIC, 0, 100, 0, UINT64_MAX - 10, "outside" },
+	{ TPB_STRIPE_MAGIC, 0, 10, 1, 0, "flags" },
+	{ TPB_STRIPE_MAGIC, 0, 0, 0, 0, "0 bytes" },
+	{ TPB_STRIPE_MAGIC, 0, TPB_STRIPE_CHUNK_MAX + 1, 0, 0, "limit" },
+	{ TPB_STRIPE_MAGIC, 0, 200, 0, 900, "outside" },
+	{ TPB_STRIPE_MAGIC, 1, 10, 0, 0, "outside" },
+	{ TPB_STRIPE_MAGIC, 0, 100, 0, UINT64_MAX - 10, "outside" },
 };
 
 START_TEST(test_stripe_bad_chunk_fails_only_that_stripe)
 {
 	const struct bad *b = &bads[_i];
-	uint8_t hdr[TPD_STRIPE_HDR + 256] = { 0 }, dst[1000];
+	uint8_t hdr[TPB_STRIPE_HDR + 256] = { 0 }, dst[1000];
 	struct xf r;
 	struct fx f;
 
@@ -961,7 +1035,7 @@ START_TEST(test_stripe_bad_chunk_fails_only_that_stripe)
 	fx_raw(&f, 0);
 	xf_init(&r, 7);
 	xf_seg(&r, TPB_LOC_LOCAL, dst, sizeof(dst));
-	ck_assert_int_eq(tpd_stripe_recv(f.c.st, &r.x), 0);
+	ck_assert_int_eq(tpb_stripe_recv(f.c.st, &r.x), 0);
 	put_hdr(hdr, b->magic, b->seg, 7, b->off, b->len, b->flags);
 	ck_assert_int_eq(send(f.raw, hdr, sizeof(hdr), MSG_NOSIGNAL), sizeof(hdr));
 	ck_assert(run_until(&f, &f.c.errors, &r.res.calls, DEADLINE_MS));
@@ -969,7 +1043,7 @@ START_TEST(test_stripe_bad_chunk_fails_only_that_stripe)
 	ck_assert_msg(strstr(f.c.why, "connection 0") && strstr(f.c.why, b->why), "why: %s",
 		      f.c.why);
 	ck_assert_int_eq(r.res.status, -ECONNRESET); /* no connection left */
-	ck_assert_uint_eq(tpd_stripe_conns(f.c.st), 0);
+	ck_assert_uint_eq(tpb_stripe_conns(f.c.st), 0);
 	move_one(&f, &f.a, &f.b, 30, TPB_LOC_LOCAL, TPB_LOC_LOCAL, 2 * CHUNK + 1);
 	run_for(&f, 30);
 	ck_assert_int_eq(f.c.errors, 1);
@@ -981,7 +1055,7 @@ END_TEST
 
 START_TEST(test_stripe_chunk_header_is_the_documented_wire_format)
 {
-	uint8_t hdr[TPD_STRIPE_HDR], exp[TPD_STRIPE_HDR], body[5];
+	uint8_t hdr[TPB_STRIPE_HDR], exp[TPB_STRIPE_HDR], body[5];
 	char src[5 + 7] = "hello world";
 	struct xf s;
 	struct fx f;
@@ -991,7 +1065,7 @@ START_TEST(test_stripe_chunk_header_is_the_documented_wire_format)
 	xf_init(&s, 0x1122334455667788ull);
 	xf_seg(&s, TPB_LOC_LOCAL, src, 0);
 	xf_seg(&s, TPB_LOC_LOCAL, src, 5);
-	ck_assert_int_eq(tpd_stripe_send(f.c.st, &s.x), 0);
+	ck_assert_int_eq(tpb_stripe_send(f.c.st, &s.x), 0);
 	ck_assert(run_until(&f, &s.res.calls, NULL, DEADLINE_MS));
 	check_ok(&s.res, 5);
 	ck_assert_int_eq(recv(f.raw, hdr, sizeof(hdr), MSG_WAITALL), sizeof(hdr));
@@ -1008,20 +1082,20 @@ END_TEST
 START_TEST(test_stripe_small_socket_writes_keep_the_wire_format)
 {
 	enum { LEN = 10000 };
-	uint8_t hdr[TPD_STRIPE_HDR], exp[TPD_STRIPE_HDR];
+	uint8_t hdr[TPB_STRIPE_HDR], exp[TPB_STRIPE_HDR];
 	char *src = pattern(LEN, 9), *body = zeroed(LEN + 1);
 	struct xf s;
 	struct fx f;
 
-	fx_setup_sized(&f, 0, 0, TPD_STRIPE_SEND_SIZE_MIN);
+	fx_setup_sized(&f, 0, 0, TPB_STRIPE_SEND_SIZE_MIN);
 	fx_raw(&f, 0);
 	xf_init(&s, 0x99);
 	xf_seg(&s, TPB_LOC_LOCAL, src, LEN);
-	ck_assert_int_eq(tpd_stripe_send(f.c.st, &s.x), 0);
+	ck_assert_int_eq(tpb_stripe_send(f.c.st, &s.x), 0);
 	ck_assert(run_until(&f, &s.res.calls, NULL, DEADLINE_MS));
 	check_ok(&s.res, LEN);
 	ck_assert_int_eq(recv(f.raw, hdr, sizeof(hdr), MSG_WAITALL), sizeof(hdr));
-	put_hdr(exp, TPD_STRIPE_MAGIC, 0, 0x99, 0, LEN, 0);
+	put_hdr(exp, TPB_STRIPE_MAGIC, 0, 0x99, 0, LEN, 0);
 	ck_assert_mem_eq(hdr, exp, sizeof(hdr));
 	ck_assert_int_eq(recv(f.raw, body, LEN, MSG_WAITALL), LEN);
 	check_pattern(body, LEN, 9);
@@ -1035,7 +1109,7 @@ END_TEST
 
 START_TEST(test_stripe_peer_close_reports_error_once)
 {
-	uint8_t dst[1000], hdr[TPD_STRIPE_HDR + 100] = { 0 }, got[TPD_STRIPE_HDR + 5];
+	uint8_t dst[1000], hdr[TPB_STRIPE_HDR + 100] = { 0 }, got[TPB_STRIPE_HDR + 5];
 	struct xf r, e, s;
 	struct fx f;
 
@@ -1044,9 +1118,9 @@ START_TEST(test_stripe_peer_close_reports_error_once)
 	fx_raw2(&f);
 	xf_init(&r, 50);
 	xf_seg(&r, TPB_LOC_LOCAL, dst, sizeof(dst));
-	ck_assert_int_eq(tpd_stripe_recv(f.c.st, &r.x), 0);
+	ck_assert_int_eq(tpb_stripe_recv(f.c.st, &r.x), 0);
 	/* A chunk of 500 bytes cut after 100 by the peer closing connection 0. */
-	put_hdr(hdr, TPD_STRIPE_MAGIC, 0, 50, 0, 500, 0);
+	put_hdr(hdr, TPB_STRIPE_MAGIC, 0, 50, 0, 500, 0);
 	ck_assert_int_eq(send(f.raw, hdr, sizeof(hdr), MSG_NOSIGNAL), sizeof(hdr));
 	close(f.raw);
 	f.raw = -1;
@@ -1054,23 +1128,23 @@ START_TEST(test_stripe_peer_close_reports_error_once)
 	ck_assert_msg(strstr(f.c.why, "connection 0: closed by the peer"), "why: %s", f.c.why);
 	ck_assert_int_eq(r.res.status, -ECONNRESET); /* although connection 1 lives */
 	ck_assert_msg(strstr(r.res.why, "connection 0"), "why: %s", r.res.why);
-	ck_assert_uint_eq(tpd_stripe_conns(f.c.st), 1);
+	ck_assert_uint_eq(tpb_stripe_conns(f.c.st), 1);
 	/* Connection 1 still carries transfers; the error is not reported again. */
 	xf_init(&e, 52);
-	ck_assert_int_eq(tpd_stripe_send(f.c.st, &e.x), 0);
+	ck_assert_int_eq(tpb_stripe_send(f.c.st, &e.x), 0);
 	xf_init(&s, 53);
 	xf_seg(&s, TPB_LOC_LOCAL, "hello", 5);
-	ck_assert_int_eq(tpd_stripe_send(f.c.st, &s.x), 0);
+	ck_assert_int_eq(tpb_stripe_send(f.c.st, &s.x), 0);
 	ck_assert(run_until(&f, &e.res.calls, &s.res.calls, DEADLINE_MS));
 	check_ok(&s.res, 5);
 	ck_assert_int_eq(recv(f.raw2, got, sizeof(got), MSG_WAITALL), sizeof(got));
-	ck_assert_mem_eq(got + TPD_STRIPE_HDR, "hello", 5);
+	ck_assert_mem_eq(got + TPB_STRIPE_HDR, "hello", 5);
 	close(f.raw2);
 	f.raw2 = -1;
-	for (uint64_t end = now_ms() + DEADLINE_MS; tpd_stripe_conns(f.c.st) && now_ms() < end;)
+	for (uint64_t end = now_ms() + DEADLINE_MS; tpb_stripe_conns(f.c.st) && now_ms() < end;)
 		event_base_loop(f.base, EVLOOP_ONCE);
 	run_for(&f, 30);
-	ck_assert_uint_eq(tpd_stripe_conns(f.c.st), 0);
+	ck_assert_uint_eq(tpb_stripe_conns(f.c.st), 0);
 	ck_assert_int_eq(f.c.errors, 1);
 	ck_assert_int_eq(r.res.calls + e.res.calls + s.res.calls, 3);
 	fx_teardown(&f);
@@ -1086,23 +1160,23 @@ START_TEST(test_stripe_freed_peer_fails_every_connection)
 	fx_setup(&f, 4, 0);
 	xf_init(&r, 60);
 	xf_seg(&r, TPB_LOC_LOCAL, dst, sizeof(dst));
-	ck_assert_int_eq(tpd_stripe_recv(f.b.st, &r.x), 0);
+	ck_assert_int_eq(tpb_stripe_recv(f.b.st, &r.x), 0);
 	/* The whole side A goes away: B hears it on all four connections, reports once. */
-	tpd_stripe_free(f.a.st);
+	side_free(&f.a);
 	f.a.st = NULL;
 	ck_assert(run_until(&f, &f.b.errors, &r.res.calls, DEADLINE_MS));
 	ck_assert_msg(strstr(f.b.why, "closed by the peer"), "why: %s", f.b.why);
 	ck_assert_int_eq(r.res.status, -ECONNRESET);
-	for (uint64_t end = now_ms() + DEADLINE_MS; tpd_stripe_conns(f.b.st) && now_ms() < end;)
+	for (uint64_t end = now_ms() + DEADLINE_MS; tpb_stripe_conns(f.b.st) && now_ms() < end;)
 		event_base_loop(f.base, EVLOOP_ONCE);
 	run_for(&f, 30);
 	ck_assert_int_eq(f.b.errors, 1);
 	ck_assert_int_eq(r.res.calls, 1);
-	ck_assert_uint_eq(tpd_stripe_conns(f.b.st), 0);
+	ck_assert_uint_eq(tpb_stripe_conns(f.b.st), 0);
 	xf_init(&s, 61);
 	xf_seg(&s, TPB_LOC_LOCAL, dst, sizeof(dst));
-	ck_assert_int_eq(tpd_stripe_send(f.b.st, &s.x), -ENOTCONN);
-	ck_assert_int_eq(tpd_stripe_recv(f.b.st, &s.x), -ENOTCONN);
+	ck_assert_int_eq(tpb_stripe_send(f.b.st, &s.x), -ENOTCONN);
+	ck_assert_int_eq(tpb_stripe_recv(f.b.st, &s.x), -ENOTCONN);
 	fx_teardown(&f);
 }
 END_TEST
@@ -1120,18 +1194,18 @@ START_TEST(test_stripe_free_completes_pending_transfers_once)
 	fx_raw(&f, SMALL_CHUNK); /* nobody reads it: a send to it cannot finish */
 	xf_init(&stuck, 64);
 	xf_seg(&stuck, TPB_LOC_LOCAL, src, LEN);
-	ck_assert_int_eq(tpd_stripe_send(f.c.st, &stuck.x), 0);
+	ck_assert_int_eq(tpb_stripe_send(f.c.st, &stuck.x), 0);
 	xf_init(&big, 60);
 	xf_seg(&big, TPB_LOC_LOCAL, src, LEN);
 	xf_init(&empty, 61);
 	xf_init(&r1, 62); /* never sent */
 	xf_seg(&r1, TPB_LOC_LOCAL, dst, LEN);
 	xf_init(&r2, 63); /* empty: done queued, not yet delivered */
-	ck_assert_int_eq(tpd_stripe_recv(f.b.st, &r1.x), 0);
-	ck_assert_int_eq(tpd_stripe_recv(f.b.st, &r2.x), 0);
-	ck_assert_int_eq(tpd_stripe_send(f.a.st, &big.x), 0);
-	ck_assert_int_eq(tpd_stripe_send(f.a.st, &empty.x), 0);
-	tpd_stripe_free(f.b.st);
+	ck_assert_int_eq(tpb_stripe_recv(f.b.st, &r1.x), 0);
+	ck_assert_int_eq(tpb_stripe_recv(f.b.st, &r2.x), 0);
+	ck_assert_int_eq(tpb_stripe_send(f.a.st, &big.x), 0);
+	ck_assert_int_eq(tpb_stripe_send(f.a.st, &empty.x), 0);
+	side_free(&f.b);
 	f.b.st = NULL;
 	ck_assert_int_eq(r1.res.calls, 1);
 	ck_assert_int_eq(r1.res.status, -ECONNRESET);
@@ -1139,7 +1213,7 @@ START_TEST(test_stripe_free_completes_pending_transfers_once)
 	ck_assert_int_eq(r2.res.calls, 1);
 	ck_assert_int_eq(r2.res.status, 0);
 	ck_assert_int_eq(big.res.calls + empty.res.calls, 0); /* A's loop side did not run */
-	tpd_stripe_free(f.a.st);
+	side_free(&f.a);
 	f.a.st = NULL;
 	ck_assert_int_eq(big.res.calls, 1);
 	ck_assert_msg(big.res.status == -ECONNRESET || big.res.status == 0, "status %d",
@@ -1147,7 +1221,7 @@ START_TEST(test_stripe_free_completes_pending_transfers_once)
 	ck_assert_int_eq(empty.res.calls, 1);
 	ck_assert_int_eq(empty.res.status, 0);
 	ck_assert_int_eq(stuck.res.calls, 0);
-	tpd_stripe_free(f.c.st);
+	side_free(&f.c);
 	f.c.st = NULL;
 	ck_assert_int_eq(stuck.res.calls, 1);
 	ck_assert_int_eq(stuck.res.status, -ECONNRESET);
@@ -1165,20 +1239,17 @@ START_TEST(test_stripe_free_completes_pending_transfers_once)
 END_TEST
 
 struct free_in_done {
-	struct tpd_stripe_xfer x;
-	struct tpd_stripe **st;
+	struct tpb_stripe_xfer x;
+	struct side *side;
 	int calls;
 };
 
-static void free_on_done(struct tpd_stripe_xfer *x)
+static void free_on_done(struct tpb_stripe_xfer *x)
 {
 	struct free_in_done *d = tpu_container_of(x, struct free_in_done, x);
 
-	struct tpd_stripe *st = *d->st;
-
 	d->calls++;
-	*d->st = NULL; /* the other callback runs inside this free */
-	tpd_stripe_free(st);
+	side_free(d->side); /* the other callback runs inside this free (then frees nothing) */
 }
 
 START_TEST(test_stripe_free_inside_a_done_callback)
@@ -1188,9 +1259,9 @@ START_TEST(test_stripe_free_inside_a_done_callback)
 
 	fx_setup(&f, 2, 0);
 	for (int i = 0; i < 2; i++) {
-		d[i].st = &f.a.st;
+		d[i].side = &f.a;
 		d[i].x.done = free_on_done;
-		ck_assert_int_eq(tpd_stripe_send(f.a.st, &d[i].x), 0);
+		ck_assert_int_eq(tpb_stripe_send(f.a.st, &d[i].x), 0);
 	}
 	ck_assert(run_until(&f, &d[0].calls, &d[1].calls, DEADLINE_MS));
 	ck_assert_ptr_null(f.a.st);
@@ -1204,39 +1275,39 @@ END_TEST
 
 START_TEST(test_stripe_rejects_bad_calls)
 {
-	struct tpd_stripe_config cfg = { .chunk = TPD_STRIPE_CHUNK_MAX + 1 };
-	struct tpd_stripe *st = NULL;
+	struct tpb_stripe_config cfg = { .chunk = TPB_STRIPE_CHUNK_MAX + 1 };
+	struct tpb_stripe *st = NULL;
 	char buf[4];
 	struct xf t, u;
 	struct fx f;
 	int sp[2];
 
 	fx_setup(&f, 0, 0);
-	ck_assert_int_eq(tpd_stripe_new(f.base, &cfg, &st), -EINVAL);
-	cfg = (struct tpd_stripe_config){ .send_size = TPD_STRIPE_SEND_SIZE_MIN - 1 };
-	ck_assert_int_eq(tpd_stripe_new(f.base, &cfg, &st), -EINVAL);
+	ck_assert_int_eq(tpb_stripe_new(&cfg, &st), -EINVAL);
+	cfg = (struct tpb_stripe_config){ .send_size = TPB_STRIPE_SEND_SIZE_MIN - 1 };
+	ck_assert_int_eq(tpb_stripe_new(&cfg, &st), -EINVAL);
 	xf_init(&t, 1);
 	xf_seg(&t, TPB_LOC_LOCAL, buf, sizeof(buf));
-	ck_assert_int_eq(tpd_stripe_send(f.a.st, &t.x), -ENOTCONN);
-	ck_assert_int_eq(tpd_stripe_recv(f.a.st, &t.x), -ENOTCONN);
-	for (int i = 0; i < TPD_STRIPE_CONNS_MAX; i++) {
+	ck_assert_int_eq(tpb_stripe_send(f.a.st, &t.x), -ENOTCONN);
+	ck_assert_int_eq(tpb_stripe_recv(f.a.st, &t.x), -ENOTCONN);
+	for (int i = 0; i < TPB_STRIPE_CONNS_MAX; i++) {
 		ck_assert_int_eq(socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sp), 0);
-		ck_assert_int_eq(tpd_stripe_add_conn(f.a.st, sp[0]), 0);
+		ck_assert_int_eq(tpb_stripe_add_conn(f.a.st, sp[0]), 0);
 		close(sp[1]); /* the connection fails at once; it still counts */
 	}
 	ck_assert_int_eq(socketpair(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0, sp), 0);
-	ck_assert_int_eq(tpd_stripe_add_conn(f.a.st, sp[0]), -E2BIG);
+	ck_assert_int_eq(tpb_stripe_add_conn(f.a.st, sp[0]), -E2BIG);
 	ck_assert_int_eq(fcntl(sp[0], F_GETFD), -1); /* taken: closed */
 	close(sp[1]);
 	ck_assert(run_until(&f, &f.a.errors, NULL, DEADLINE_MS));
 	fx_teardown(&f);
 	fx_setup(&f, 1, 0);
-	ck_assert_int_eq(tpd_stripe_recv(f.b.st, &t.x), 0);
+	ck_assert_int_eq(tpb_stripe_recv(f.b.st, &t.x), 0);
 	xf_init(&u, 1);
-	ck_assert_int_eq(tpd_stripe_recv(f.b.st, &u.x), -EEXIST);
+	ck_assert_int_eq(tpb_stripe_recv(f.b.st, &u.x), -EEXIST);
 	xf_init(&u, 0);
 	xf_seg(&u, TPB_LOC_LOCAL, buf, 1);
-	ck_assert_int_eq(tpd_stripe_recv(f.b.st, &u.x), -EINVAL);
+	ck_assert_int_eq(tpb_stripe_recv(f.b.st, &u.x), -EINVAL);
 	fx_teardown(&f);
 	ck_assert_int_eq(t.res.calls, 1);
 	ck_assert_int_eq(t.res.status, -ECONNRESET);
@@ -1282,8 +1353,8 @@ START_TEST(test_stripe_throughput_info)
 	xf_seg(&s, TPB_LOC_LOCAL, src, len);
 	xf_seg(&r, TPB_LOC_LOCAL, dst, len);
 	t0 = tpu_now_ns();
-	ck_assert_int_eq(tpd_stripe_recv(f.b.st, &r.x), 0);
-	ck_assert_int_eq(tpd_stripe_send(f.a.st, &s.x), 0);
+	ck_assert_int_eq(tpb_stripe_recv(f.b.st, &r.x), 0);
+	ck_assert_int_eq(tpb_stripe_send(f.a.st, &s.x), 0);
 	ck_assert(run_until(&f, &s.res.calls, &r.res.calls, 60000));
 	ns = tpu_now_ns() - t0;
 	check_ok(&r.res, len);
@@ -1310,6 +1381,7 @@ static Suite *stripe_suite(void)
 	tcase_add_loop_test(tc, test_stripe_small_socket_writes_arrive_intact, 0, 2);
 	tcase_add_test(tc, test_stripe_unknown_transfer_is_drained);
 	tcase_add_test(tc, test_stripe_empty_transfers_complete_later_on_the_loop);
+	tcase_add_test(tc, test_stripe_completes_and_reports_only_from_progress);
 	tcase_add_test(tc, test_stripe_unreadable_source_stops_the_send);
 	tcase_add_test(tc, test_stripe_source_of_a_dead_process_fails_with_esrch);
 	tcase_add_test(tc, test_stripe_unwritable_destination_fails_after_draining);

@@ -1,6 +1,6 @@
 /* SPDX-License-Identifier: BSD-3-Clause */
 /*
- * Registration of transfer memory for rdma and cuda_gdr, with a cache. See gdr.h and gdr_int.h.
+ * Registration of transfer memory for rdma and cuda_gdr, with a cache. See rdma.h and rdma_int.h.
  *
  * Registering memory pins it and programs the device's translation tables: on real hardware it
  * costs on the order of moving a few MiB, so registering every transfer anew would eat much of
@@ -12,8 +12,8 @@
  *   - a CUDA allocation: the whole allocation, as it was registered before the cache.
  * A cached region holds a reference to its buffer or allocation, so neither the mapping nor the
  * address it was registered at can go away under it. It goes when its client releases the
- * buffer or ends (tpd_gdrreg_forget_buffer()), when nothing but the cache references its CUDA
- * allocation any more (checked at every registration and release, and by tpd_gdrreg_forget_cuda()),
+ * buffer or ends (tpb_rdma_forget_buffer()), when nothing but the cache references its CUDA
+ * allocation any more (checked at every registration and release, and by tpb_rdma_forget_cuda()),
  * or, least recently used first, when shared-buffer regions hold more than rdma-cache bytes
  * (the budget is for pinned host memory: GPU memory registered stays until its allocation goes).
  * A registration that fails is retried once after dropping every unused region, GPU ones
@@ -23,17 +23,13 @@
  * region when its transfer ends.
  */
 #include <errno.h>
-#include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
-#include "buffer.h"
-#include "daemon.h"
-#include "gdr_int.h"
-#include "stripe.h"
+#include "rdma_int.h"
 
-const struct tpb_mem *tpd_gdrreg_first_cuda(const struct tpd_stripe_seg *segs, size_t n)
+const struct tpb_mem *tpb_rdma_reg_first_cuda(const struct tpb_rdma_seg *segs, size_t n)
 {
 	for (size_t i = 0; i < n; i++)
 		if (segs[i].len && segs[i].mem.loc == TPB_LOC_CUDA)
@@ -46,11 +42,11 @@ const struct tpb_mem *tpd_gdrreg_first_cuda(const struct tpd_stripe_seg *segs, s
 #define REG_STEP (2ull << 20) /* shared-buffer regions start and end on these boundaries */
 
 /* One registered region: cached (in g->mrs), or used by transfers only until they end. */
-struct gdr_mr {
+struct rdma_mr {
 	struct tpu_list node;	   /* in g->mrs while @cached */
-	struct gdr_port *port;	   /* holds a reference */
+	struct rdma_port *port;	   /* holds a reference */
 	struct tpv_mr *mr;
-	struct tpd_buffer *buf;	   /* shared buffer: a reference, else NULL */
+	struct tpb_buffer *buf;	   /* shared buffer: a reference, else NULL */
 	struct tpb_cuda_map *cuda; /* CUDA allocation: a reference, else NULL */
 	uint64_t base, len;	   /* the region: daemon addresses, device addresses for CUDA */
 	uint64_t cuda_ptr;	   /* CUDA: device address of the allocation's first byte */
@@ -58,17 +54,20 @@ struct gdr_mr {
 	bool cached;
 };
 
-static void mr_free(struct gdr_mr *e)
+static void mr_free(struct rdma_mr *e)
 {
+	struct tpb_rdma *g = e->port->g;
+
 	tpv_mr_dereg(e->port->ctx, e->mr);
-	tpd_gdr_port_put(e->port);
-	tpd_buffer_unref(e->buf);
+	tpb_rdma_port_put(e->port);
+	if (e->buf)
+		g->cfg.buf_ops->unref(e->buf);
 	tpb_cuda_map_unref(e->cuda);
 	free(e);
 }
 
 /* Takes @e out of the cache: freed now if unused, else by its last user. */
-static void mr_uncache(struct tpd_gdr *g, struct gdr_mr *e)
+static void mr_uncache(struct tpb_rdma *g, struct rdma_mr *e)
 {
 	if (!e->cached)
 		return;
@@ -82,10 +81,10 @@ static void mr_uncache(struct tpd_gdr *g, struct gdr_mr *e)
 }
 
 /* True if nothing but the cache references @e's buffer or allocation any more. */
-static bool mr_orphan(const struct gdr_mr *e)
+static bool mr_orphan(const struct rdma_mr *e)
 {
 	if (e->buf)
-		return atomic_load(&e->buf->refs) == 1;
+		return e->port->g->cfg.buf_ops->only_ref(e->buf);
 	return e->cuda && tpb_cuda_map_refs(e->cuda) == 1;
 }
 
@@ -94,9 +93,9 @@ static bool mr_orphan(const struct gdr_mr *e)
  * they hold more than @cap bytes, or (@all) every unused region. Return: how many went besides
  * orphans.
  */
-static size_t cache_trim(struct tpd_gdr *g, uint64_t cap, bool all)
+static size_t cache_trim(struct tpb_rdma *g, uint64_t cap, bool all)
 {
-	struct gdr_mr *e, *tmp;
+	struct rdma_mr *e, *tmp;
 	size_t n = 0;
 
 	tpu_list_for_each_safe(e, tmp, &g->mrs, node) {
@@ -113,17 +112,17 @@ static size_t cache_trim(struct tpd_gdr *g, uint64_t cap, bool all)
 	return n;
 }
 
-static uint64_t cache_cap(const struct tpd_gdr *g)
+static uint64_t cache_cap(const struct tpb_rdma *g)
 {
-	return g->d->cfg.rdma_cache;
+	return g->cfg.cache_bytes;
 }
 
 /* A cached region of @pt holding [@addr, @addr + @len) of @buf / all of @cuda, or NULL. */
-static struct gdr_mr *cache_find(struct tpd_gdr *g, const struct gdr_port *pt,
-				 const struct tpd_buffer *buf, const struct tpb_cuda_map *cuda,
+static struct rdma_mr *cache_find(struct tpb_rdma *g, const struct rdma_port *pt,
+				 const struct tpb_buffer *buf, const struct tpb_cuda_map *cuda,
 				 uint64_t addr, uint64_t len)
 {
-	struct gdr_mr *e;
+	struct rdma_mr *e;
 
 	tpu_list_for_each(e, &g->mrs, node) {
 		if (e->port != pt || e->buf != buf || e->cuda != cuda)
@@ -138,14 +137,17 @@ static struct gdr_mr *cache_find(struct tpd_gdr *g, const struct gdr_port *pt,
 /* Sets @e's region for segment @s of shared buffer @s->buf: whole REG_STEPs of the buffer,
  * taking in the cached regions of that buffer on @pt it overlaps or touches (they leave the
  * cache). */
-static void host_span(struct tpd_gdr *g, const struct gdr_port *pt,
-		      const struct tpd_stripe_seg *s, struct gdr_mr *e)
+static void host_span(struct tpb_rdma *g, const struct rdma_port *pt,
+		      const struct tpb_rdma_seg *s, struct rdma_mr *e)
 {
-	const struct tpd_buffer *b = s->buf;
-	uint64_t map = (uint64_t)(uintptr_t)b->map, off = s->mem.addr - map;
-	uint64_t lo = map + off / REG_STEP * REG_STEP;
-	uint64_t hi = map + TPU_MIN(b->size, (off + s->len + REG_STEP - 1) / REG_STEP * REG_STEP);
-	struct gdr_mr *c, *tmp;
+	const struct tpb_buffer *b = s->buf;
+	uint64_t map, size, off, lo, hi;
+	struct rdma_mr *c, *tmp;
+
+	g->cfg.buf_ops->span(b, &map, &size);
+	off = s->mem.addr - map;
+	lo = map + off / REG_STEP * REG_STEP;
+	hi = map + TPU_MIN(size, (off + s->len + REG_STEP - 1) / REG_STEP * REG_STEP);
 
 	tpu_list_for_each_safe(c, tmp, &g->mrs, node) {
 		if (c->port != pt || c->buf != b || c->base > hi || c->base + c->len < lo)
@@ -159,11 +161,11 @@ static void host_span(struct tpd_gdr *g, const struct gdr_port *pt,
 }
 
 /* Registers a region for segment @s on @pt (a reference on @pt is taken for it). */
-static int mr_new(struct tpd_gdr *g, struct gdr_port *pt, const struct tpd_stripe_seg *s,
-		  bool cache, struct gdr_mr **ret, char *why, size_t wl)
+static int mr_new(struct tpb_rdma *g, struct rdma_port *pt, const struct tpb_rdma_seg *s,
+		  bool cache, struct rdma_mr **ret, char *why, size_t wl)
 {
 	struct tpv_mr_args a = { .dmabuf_fd = -EBADF };
-	struct gdr_mr *e = calloc(1, sizeof(*e));
+	struct rdma_mr *e = calloc(1, sizeof(*e));
 	struct tpb_cuda_range cr;
 	int r = e ? 0 : -ENOMEM;
 
@@ -193,7 +195,7 @@ static int mr_new(struct tpd_gdr *g, struct gdr_port *pt, const struct tpd_strip
 	if (a.dmabuf_fd >= 0)
 		close(a.dmabuf_fd);
 	if (r == 0)
-		r = tpd_gdr_port_open(pt, why, wl); /* already open: only counts the region */
+		r = tpb_rdma_port_open(pt, why, wl); /* already open: only counts the region */
 	if (r < 0) {
 		if (e && e->mr)
 			tpv_mr_dereg(pt->ctx, e->mr);
@@ -203,7 +205,7 @@ static int mr_new(struct tpd_gdr *g, struct gdr_port *pt, const struct tpd_strip
 	e->port = pt;
 	g->cache.misses++;
 	if (cache && (s->buf || s->mem.loc == TPB_LOC_CUDA)) {
-		e->buf = s->buf ? tpd_buffer_ref(s->buf) : NULL;
+		e->buf = s->buf ? g->cfg.buf_ops->ref(s->buf) : NULL;
 		e->cuda = s->mem.loc == TPB_LOC_CUDA ? tpb_cuda_map_ref(s->mem.cuda) : NULL;
 		e->cached = true;
 		tpu_list_insert_tail(&g->mrs, &e->node);
@@ -216,12 +218,12 @@ static int mr_new(struct tpd_gdr *g, struct gdr_port *pt, const struct tpd_strip
 }
 
 /* The registration of segment @s on @pt: a cached region holding it, else a new one. */
-static int reg_one(struct tpd_gdr *g, struct gdr_port *pt, const struct tpd_stripe_seg *s,
-		   struct gdr_reg *out, char *why, size_t wl)
+static int reg_one(struct tpb_rdma *g, struct rdma_port *pt, const struct tpb_rdma_seg *s,
+		   struct rdma_reg *out, char *why, size_t wl)
 {
 	bool cache = cache_cap(g) > 0;
 	struct tpb_cuda_map *cuda = s->mem.loc == TPB_LOC_CUDA ? s->mem.cuda : NULL;
-	struct gdr_mr *e = NULL;
+	struct rdma_mr *e = NULL;
 	int r;
 
 	if (cache && (s->buf || cuda))
@@ -243,14 +245,14 @@ static int reg_one(struct tpd_gdr *g, struct gdr_port *pt, const struct tpd_stri
 }
 
 /* The port for memory on the GPU @bus_id (NULL: host memory): nearest by topology, else next. */
-static struct gdr_port *port_for(struct tpd_gdr *g, const char *bus_id)
+static struct rdma_port *port_for(struct tpb_rdma *g, const char *bus_id)
 {
 	int k = tpv_nic_choose(g->nics, g->n, TPV_SYSFS_ROOT, bus_id, &g->rr);
 
 	return &g->ports[k < 0 ? 0 : k];
 }
 
-int tpd_gdrreg_applicable(const struct tpd_stripe_seg *segs, size_t n, char *why, size_t wl)
+int tpb_rdma_reg_applicable(const struct tpb_rdma_seg *segs, size_t n, char *why, size_t wl)
 {
 	for (size_t i = 0; i < n; i++) {
 		if (segs[i].len && segs[i].mem.loc != TPB_LOC_CUDA &&
@@ -262,12 +264,12 @@ int tpd_gdrreg_applicable(const struct tpd_stripe_seg *segs, size_t n, char *why
 	return 0;
 }
 
-void tpd_gdrreg_free(struct gdr_regs *rg)
+void tpb_rdma_reg_free(struct rdma_regs *rg)
 {
-	struct tpd_gdr *g = rg->port ? rg->port->g : NULL;
+	struct tpb_rdma *g = rg->port ? rg->port->g : NULL;
 
 	for (size_t i = 0; rg->r && i < rg->n; i++) {
-		struct gdr_mr *e = rg->r[i].e;
+		struct rdma_mr *e = rg->r[i].e;
 
 		if (e && --e->users == 0 && !e->cached)
 			mr_free(e);
@@ -275,80 +277,101 @@ void tpd_gdrreg_free(struct gdr_regs *rg)
 	free(rg->r);
 	rg->r = NULL;
 	if (rg->opened)
-		tpd_gdr_port_put(rg->port);
+		tpb_rdma_port_put(rg->port);
 	rg->opened = false;
 	if (g)
 		cache_trim(g, cache_cap(g), false);
 }
 
-int tpd_gdrreg_make(struct tpd_gdr *g, const struct tpd_stripe_seg *segs, size_t n,
-		    struct gdr_regs *rg, char *why, size_t wl)
+int tpb_rdma_reg_make(struct tpb_rdma *g, const struct tpb_rdma_seg *segs, size_t n,
+		    struct rdma_regs *rg, char *why, size_t wl)
 {
 	int r;
 
-	rg->port = port_for(g, tpb_cuda_bus_id(tpd_gdrreg_first_cuda(segs, n)));
+	rg->port = port_for(g, tpb_cuda_bus_id(tpb_rdma_reg_first_cuda(segs, n)));
 	rg->n = n;
 	rg->r = calloc(n ? n : 1, sizeof(*rg->r));
 	if (!rg->r)
 		return -ENOMEM;
-	r = tpd_gdr_port_open(rg->port, why, wl);
+	r = tpb_rdma_port_open(rg->port, why, wl);
 	rg->opened = r == 0;
 	for (size_t i = 0; i < n && r == 0; i++)
 		if (segs[i].len)
 			r = reg_one(g, rg->port, &segs[i], &rg->r[i], why, wl);
 	if (r < 0)
-		tpd_gdrreg_free(rg);
+		tpb_rdma_reg_free(rg);
 	return r;
 }
 
-void tpd_gdrreg_cache_stop(struct tpd_gdr *g)
+void tpb_rdma_cache_stop(struct tpb_rdma *g)
 {
-	struct gdr_mr *e, *tmp;
+	struct rdma_mr *e, *tmp;
 
 	tpu_list_for_each_safe(e, tmp, &g->mrs, node)
 		mr_uncache(g, e);
 }
 
-void tpd_gdrreg_forget_buffer(struct tpd_daemon *d, struct tpd_buffer *b)
+void tpb_rdma_forget_buffer(struct tpb_rdma *g, struct tpb_buffer *b)
 {
-	struct gdr_mr *e, *tmp;
+	struct rdma_mr *e, *tmp;
 
-	if (!d->gdr)
+	if (!g)
 		return;
-	tpu_list_for_each_safe(e, tmp, &d->gdr->mrs, node)
+	tpu_list_for_each_safe(e, tmp, &g->mrs, node)
 		if (e->buf == b)
-			mr_uncache(d->gdr, e);
+			mr_uncache(g, e);
 }
 
-void tpd_gdrreg_forget_cuda(struct tpd_daemon *d)
+void tpb_rdma_forget_cuda(struct tpb_rdma *g)
 {
-	struct gdr_mr *e, *tmp;
+	struct rdma_mr *e, *tmp;
 
-	if (!d->gdr)
+	if (!g)
 		return;
-	tpu_list_for_each_safe(e, tmp, &d->gdr->mrs, node)
+	tpu_list_for_each_safe(e, tmp, &g->mrs, node)
 		if (e->cuda && !e->users && mr_orphan(e))
-			mr_uncache(d->gdr, e);
+			mr_uncache(g, e);
 }
 
-void tpd_gdrreg_cache_stats(const struct tpd_daemon *d, struct tpd_gdrreg_cache_stats *ret)
+int tpb_rdma_forget_mem(struct tpb_rdma *g, const struct tpb_mem *m, uint64_t len)
 {
-	*ret = d->gdr ? d->gdr->cache : (struct tpd_gdrreg_cache_stats){0};
+	struct rdma_mr *e, *tmp;
+
+	if (!g)
+		return 0;
+	tpu_list_for_each_safe(e, tmp, &g->mrs, node) {
+		bool hit = m->loc == TPB_LOC_CUDA ? e->cuda && e->cuda == m->cuda
+						  : e->buf && e->base < m->addr + len &&
+							    m->addr < e->base + e->len;
+		if (hit)
+			mr_uncache(g, e);
+	}
+	return 0;
+}
+
+void tpb_rdma_cache_stats(const struct tpb_rdma *g, struct tpb_rdma_cache_stats *ret)
+{
+	*ret = g ? g->cache : (struct tpb_rdma_cache_stats){0};
 }
 
 #else /* !HAVE_RDMA */
 
-void tpd_gdrreg_forget_buffer(struct tpd_daemon *d, struct tpd_buffer *b)
+void tpb_rdma_forget_buffer(struct tpb_rdma *g, struct tpb_buffer *b)
 {
 }
 
-void tpd_gdrreg_forget_cuda(struct tpd_daemon *d)
+void tpb_rdma_forget_cuda(struct tpb_rdma *g)
 {
 }
 
-void tpd_gdrreg_cache_stats(const struct tpd_daemon *d, struct tpd_gdrreg_cache_stats *ret)
+int tpb_rdma_forget_mem(struct tpb_rdma *g, const struct tpb_mem *m, uint64_t len)
 {
-	*ret = (struct tpd_gdrreg_cache_stats){0};
+	return 0;
+}
+
+void tpb_rdma_cache_stats(const struct tpb_rdma *g, struct tpb_rdma_cache_stats *ret)
+{
+	*ret = (struct tpb_rdma_cache_stats){0};
 }
 
 #endif

@@ -1,60 +1,60 @@
 /* SPDX-License-Identifier: BSD-3-Clause */
 /*
- * tpd_stripe: the data connections of one peer link and the threads that move tensor bytes over
+ * tpb_stripe: the data connections of one peer link and the threads that move tensor bytes over
  * them ("mpt": one large tensor is cut into chunks striped across every connection). Each
- * connection has a sender thread (chunks queued by tpd_stripe_send()) and a receiver thread
- * (chunks land straight in the destination registered by tpd_stripe_recv(): into a mapping the
+ * connection has a sender thread (chunks queued by tpb_stripe_send()) and a receiver thread
+ * (chunks land straight in the destination registered by tpb_stripe_recv(): into a mapping the
  * daemon holds, or into a client's memory by CMA through a bounce buffer). Both directions use
- * every connection. Completions come back to the loop thread through an eventfd and a locked
- * queue. The stripe knows nothing about pipes, sessions or the control connection: the peer
+ * every connection. Completions come back through a completion queue (cq.h) whose eventfd the
+ * owner polls on its loop, calling tpb_stripe_progress(): the stripe never touches the loop. The
+ * stripe knows nothing about pipes, sessions or the control connection: the peer
  * link tells the receiver how many bytes to expect and when a sender gave up.
  *
  * Chunk on the wire (all little endian), followed by @len raw bytes:
- *   0  u32 magic   TPD_STRIPE_MAGIC ("TPC1")
+ *   0  u32 magic   TPB_STRIPE_MAGIC ("TPC1")
  *   4  u32 seg     segment index in the transfer
  *   8  u64 xfer_id the receiver's transfer id
  *  16  u64 offset  byte offset inside the segment
- *  24  u32 len     1 .. TPD_STRIPE_CHUNK_MAX (senders cut at their configured chunk size)
+ *  24  u32 len     1 .. TPB_STRIPE_CHUNK_MAX (senders cut at their configured chunk size)
  *  28  u32 flags   0
  */
-#ifndef TPD_STRIPE_H
-#define TPD_STRIPE_H
+#ifndef TPB_STRIPE_H
+#define TPB_STRIPE_H
 
-#include <event2/event.h>
 #include <stdint.h>
 #include "tpb.h"
 #include "tpu.h"
 
-#define TPD_STRIPE_MAGIC 0x31435054u /* "TPC1" */
-#define TPD_STRIPE_HDR 32
-#define TPD_STRIPE_CONNS_MAX 16
-#define TPD_STRIPE_CHUNK_MAX (16u << 20) /* larger chunks are a protocol violation */
-#define TPD_STRIPE_SEND_SIZE_MIN 4096u
+#define TPB_STRIPE_MAGIC 0x31435054u /* "TPC1" */
+#define TPB_STRIPE_HDR 32
+#define TPB_STRIPE_CONNS_MAX 16
+#define TPB_STRIPE_CHUNK_MAX (16u << 20) /* larger chunks are a protocol violation */
+#define TPB_STRIPE_SEND_SIZE_MIN 4096u
 
-struct tpd_buffer;
-struct tpd_stripe;
-struct tpd_stripe_xfer;
+struct tpb_buffer;
+struct tpb_stripe;
+struct tpb_stripe_xfer;
 
-typedef void (*tpd_stripe_done_fn)(struct tpd_stripe_xfer *x);
+typedef void (*tpb_stripe_done_fn)(struct tpb_stripe_xfer *x);
 /* A connection failed (peer closed it, reset, protocol violation): @why names it. */
-typedef void (*tpd_stripe_error_fn)(struct tpd_stripe *st, int err, const char *why, void *arg);
+typedef void (*tpb_stripe_error_fn)(struct tpb_stripe *st, int err, const char *why, void *arg);
 
 /* One source or destination range: a pointer in the daemon (TPB_LOC_LOCAL) or an address in a
  * client process (TPB_LOC_PROCESS, reached by process_vm_readv/writev). */
-struct tpd_stripe_seg {
+struct tpb_stripe_seg {
 	struct tpb_mem mem;
 	uint64_t len;
 	/* TPB_LOC_LOCAL in a client's shared buffer: that buffer (borrowed; whoever builds the
 	 * transfer holds a reference until it ends), for RDMA registration; else NULL */
-	struct tpd_buffer *buf;
+	struct tpb_buffer *buf;
 };
 
-struct tpd_stripe_xfer {
+struct tpb_stripe_xfer {
 	/* Set by the caller; borrowed by the stripe until @done has run. */
 	uint64_t xfer_id;		/* receive: the id chunks carry; send: the id to tag */
-	const struct tpd_stripe_seg *segs;
+	const struct tpb_stripe_seg *segs;
 	size_t n_segs;
-	tpd_stripe_done_fn done;	/* runs once, on the loop thread, never inside a call */
+	tpb_stripe_done_fn done;	/* runs once, from tpb_stripe_progress(), not in a call */
 	void *arg;
 
 	/* Results, valid in @done. */
@@ -76,48 +76,61 @@ struct tpd_stripe_xfer {
 	char expect_why[160];
 };
 
-struct tpd_stripe_config {
+struct tpb_stripe_config {
 	uint32_t chunk;		/* bytes per chunk (default 1 MiB when 0, at most 16 MiB) */
 	uint32_t send_size;	/* bytes per socket write (default 60 KiB when 0, at least 4 KiB) */
 	const char *name;	/* for log lines and thread names, e.g. "peer 3" */
-	tpd_stripe_error_fn on_error; /* runs on the loop thread, once per stripe */
+	tpb_stripe_error_fn on_error; /* runs once per stripe, from tpb_stripe_progress() */
 	void *arg;
 };
 
 /*
- * tpd_stripe_new() - an empty stripe completing into @base.
+ * tpb_stripe_new() - an empty stripe; its completions wait for tpb_stripe_progress().
  * @cfg: borrowed; copied (@cfg->name too).
- * @base: borrows @base, which must outlive the stripe.
- * @ret: returns owned stripe, free with tpd_stripe_free().
- * Return: 0, -EINVAL for a chunk size over TPD_STRIPE_CHUNK_MAX or a send size under
- * TPD_STRIPE_SEND_SIZE_MIN, or -errno.
+ * @ret: returns owned stripe, free with tpb_stripe_free().
+ * Return: 0, -EINVAL for a chunk size over TPB_STRIPE_CHUNK_MAX or a send size under
+ * TPB_STRIPE_SEND_SIZE_MIN, or -errno.
  */
-int tpd_stripe_new(struct event_base *base, const struct tpd_stripe_config *cfg,
-		   struct tpd_stripe **ret);
+int tpb_stripe_new(const struct tpb_stripe_config *cfg, struct tpb_stripe **ret);
 
 /*
- * tpd_stripe_add_conn() - add a connected, handshaken TCP socket and start its two threads.
- * @fd: takes @fd (also on failure). It is switched to blocking mode with TCP_NODELAY.
- * Return: 0, -E2BIG over TPD_STRIPE_CONNS_MAX, or -errno.
+ * tpb_stripe_event_fd() - the fd that turns readable when completions (or a connection failure
+ * to report) wait: the owner polls it on its loop and calls tpb_stripe_progress(). Borrows @st.
+ * Return: the fd, borrowed (valid until tpb_stripe_free(); never close it).
  */
-int tpd_stripe_add_conn(struct tpd_stripe *st, int fd);
+int tpb_stripe_event_fd(const struct tpb_stripe *st);
+
+/*
+ * tpb_stripe_progress() - on the calling (loop) thread, run the done callbacks of completed
+ * transfers, then the on_error callback once if a connection failed; never blocks. Any callback
+ * may free @st: the caller must not touch @st after this call unless it knows none did.
+ * Borrows @st. Return: how many done callbacks ran.
+ */
+int tpb_stripe_progress(struct tpb_stripe *st);
+
+/*
+ * tpb_stripe_add_conn() - add a connected, handshaken TCP socket and start its two threads.
+ * @fd: takes @fd (also on failure). It is switched to blocking mode with TCP_NODELAY.
+ * Return: 0, -E2BIG over TPB_STRIPE_CONNS_MAX, or -errno.
+ */
+int tpb_stripe_add_conn(struct tpb_stripe *st, int fd);
 
 struct ssl_st;
 
 /*
- * tpd_stripe_add_conn_tls() - tpd_stripe_add_conn() for a connection whose TLS handshake is
+ * tpb_stripe_add_conn_tls() - tpb_stripe_add_conn() for a connection whose TLS handshake is
  * done: chunks travel through @ssl (SSL_read/SSL_write, kTLS when OpenSSL set it up), the socket
- * stays non-blocking. @ssl NULL is tpd_stripe_add_conn().
+ * stays non-blocking. @ssl NULL is tpb_stripe_add_conn().
  * @fd, @ssl: takes both (also on failure); @ssl is freed, without a TLS shutdown, with the stripe.
- * Return: as tpd_stripe_add_conn().
+ * Return: as tpb_stripe_add_conn().
  */
-int tpd_stripe_add_conn_tls(struct tpd_stripe *st, int fd, struct ssl_st *ssl);
+int tpb_stripe_add_conn_tls(struct tpb_stripe *st, int fd, struct ssl_st *ssl);
 
 /* Connections added and not failed. */
-unsigned tpd_stripe_conns(const struct tpd_stripe *st);
+unsigned tpb_stripe_conns(const struct tpb_stripe *st);
 
 /*
- * tpd_stripe_send() - send every segment of @x, tagged with @x->xfer_id, in chunks spread over
+ * tpb_stripe_send() - send every segment of @x, tagged with @x->xfer_id, in chunks spread over
  * all connections. Reads a TPB_LOC_PROCESS source with process_vm_readv into a per-thread bounce
  * buffer just before sending that chunk; a failed read ends the transfer with that error (chunks
  * already sent stay sent, a chunk is never sent half). @done runs once every chunk is written
@@ -126,42 +139,42 @@ unsigned tpd_stripe_conns(const struct tpd_stripe *st);
  * Return: 0, -ENOTCONN without connections, -EINVAL for more than UINT32_MAX segments or a
  * total size that overflows (no @done).
  */
-int tpd_stripe_send(struct tpd_stripe *st, struct tpd_stripe_xfer *x);
+int tpb_stripe_send(struct tpb_stripe *st, struct tpb_stripe_xfer *x);
 
 /* Stops sending @x's chunks not yet started; @done then runs with -ECANCELED once no thread
  * reads @x's memory. No-op once @done is queued. */
-void tpd_stripe_send_cancel(struct tpd_stripe *st, struct tpd_stripe_xfer *x);
+void tpb_stripe_send_cancel(struct tpb_stripe *st, struct tpb_stripe_xfer *x);
 
 /*
- * tpd_stripe_recv() - register @x as the destination of incoming chunks tagged @x->xfer_id.
+ * tpb_stripe_recv() - register @x as the destination of incoming chunks tagged @x->xfer_id.
  * Chunks land at seg/offset; one that falls outside @x's segments is a protocol violation
  * (on_error). @done runs with status 0 once all of @x's bytes have arrived, or as set by
- * tpd_stripe_recv_expect(). A CMA write that fails (process gone: -ESRCH, bad address:
+ * tpb_stripe_recv_expect(). A CMA write that fails (process gone: -ESRCH, bad address:
  * -EFAULT) sets that status; the rest of the transfer is still drained from the sockets.
  * @x: keeps @x (and its segments' memory) until @done.
  * Return: 0, -EEXIST for a registered id, -EINVAL for id 0, -ENOTCONN without connections
  * (no @done).
  */
-int tpd_stripe_recv(struct tpd_stripe *st, struct tpd_stripe_xfer *x);
+int tpb_stripe_recv(struct tpb_stripe *st, struct tpb_stripe_xfer *x);
 
 /* The sender ended @x after @bytes with @status (its PeerXferEnd): complete @x once @bytes have
  * arrived, with @status (and @why). A status of 0 with all bytes is a no-op. */
-void tpd_stripe_recv_expect(struct tpd_stripe *st, struct tpd_stripe_xfer *x, uint64_t bytes,
+void tpb_stripe_recv_expect(struct tpb_stripe *st, struct tpb_stripe_xfer *x, uint64_t bytes,
 			    int status, const char *why);
 
 /* Stops writing into @x's memory: later chunks for it are read and dropped; @done runs with
  * -ECANCELED once no thread writes @x's memory. No-op once @done is queued. */
-void tpd_stripe_recv_cancel(struct tpd_stripe *st, struct tpd_stripe_xfer *x);
+void tpb_stripe_recv_cancel(struct tpb_stripe *st, struct tpb_stripe_xfer *x);
 
 /* Bytes of chunk payload sent and received over all connections (approximate while running). */
-uint64_t tpd_stripe_bytes_sent(const struct tpd_stripe *st);
-uint64_t tpd_stripe_bytes_received(const struct tpd_stripe *st);
+uint64_t tpb_stripe_bytes_sent(const struct tpb_stripe *st);
+uint64_t tpb_stripe_bytes_received(const struct tpb_stripe *st);
 
 /*
- * tpd_stripe_free() - shut every connection down, join the threads, and run the @done of every
+ * tpb_stripe_free() - shut every connection down, join the threads, and run the @done of every
  * transfer still registered or queued with -ECONNRESET ("peer link closed"), before returning,
  * on the calling (loop) thread. Accepts NULL.
  */
-void tpd_stripe_free(struct tpd_stripe *st);
+void tpb_stripe_free(struct tpb_stripe *st);
 
 #endif

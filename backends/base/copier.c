@@ -8,28 +8,24 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/eventfd.h>
 #include "copier.h"
-#include "log.h"
 
 #define BOUNCE_BYTES (4u << 20)
 
-struct tpd_copier {
+struct tpb_copier {
 	pthread_mutex_t lock;
 	pthread_cond_t cond;
 	struct tpu_list todo;
-	struct tpu_list done;
+	struct tpb_cq cq; /* finished jobs, for tpb_copier_progress() */
 	bool stopping;
 	unsigned busy;
-	int efd;
-	struct event *ev;
 	pthread_t *threads;
 	unsigned n_threads;
 };
 
-struct tpd_copy_job *tpd_copier_job_new(size_t n, size_t n_refs)
+struct tpb_copy_job *tpb_copier_job_new(size_t n, size_t n_refs)
 {
-	struct tpd_copy_job *job = calloc(1, sizeof(*job));
+	struct tpb_copy_job *job = calloc(1, sizeof(*job));
 
 	if (!job)
 		return NULL;
@@ -40,13 +36,13 @@ struct tpd_copy_job *tpd_copier_job_new(size_t n, size_t n_refs)
 	job->refs = calloc(n_refs ? n_refs : 1, sizeof(*job->refs));
 	job->maps = calloc(n_refs ? 2 * n_refs : 1, sizeof(*job->maps));
 	if (!job->xfers || !job->channels || !job->ns || !job->refs || !job->maps) {
-		tpd_copier_job_free(job);
+		tpb_copier_job_free(job);
 		return NULL;
 	}
 	return job;
 }
 
-int tpd_copier_job_hold_proc(struct tpd_copy_job *job, struct tpb_proc *p)
+int tpb_copier_job_hold_proc(struct tpb_copy_job *job, struct tpb_proc *p)
 {
 	for (size_t i = 0; p && i < TPU_ARRAY_SIZE(job->procs); i++) {
 		if (job->procs[i] == p)
@@ -59,12 +55,12 @@ int tpd_copier_job_hold_proc(struct tpd_copy_job *job, struct tpb_proc *p)
 	return p ? -ENOBUFS : 0;
 }
 
-void tpd_copier_job_free(struct tpd_copy_job *job)
+void tpb_copier_job_free(struct tpb_copy_job *job)
 {
 	if (!job)
 		return;
 	for (size_t i = 0; i < job->n_refs; i++)
-		tpd_buffer_unref(job->refs[i]);
+		tpb_buffer_unref(job->refs[i]);
 	for (size_t i = 0; i < job->n_maps; i++)
 		tpb_cuda_map_unref(job->maps[i]);
 	tpb_proc_unref(job->procs[0]);
@@ -78,7 +74,7 @@ void tpd_copier_job_free(struct tpd_copy_job *job)
 }
 
 /* Runs transfer @i of @job on this worker; records its time and the job's first error. */
-static int xfer_run(struct tpd_copy_job *job, size_t i, struct tpb_scratch *s)
+static int xfer_run(struct tpb_copy_job *job, size_t i, struct tpb_scratch *s)
 {
 	uint64_t t0 = tpu_now_ns();
 	int r;
@@ -91,11 +87,9 @@ static int xfer_run(struct tpd_copy_job *job, size_t i, struct tpb_scratch *s)
 }
 
 /* Lock held: one transfer of @job ended with @r; the last one completes the job. */
-static void xfer_finished(struct tpd_copier *c, struct tpd_copy_job *job, size_t i, int r,
+static void xfer_finished(struct tpb_copier *c, struct tpb_copy_job *job, size_t i, int r,
 			  const char *why)
 {
-	static const uint64_t one = 1;
-
 	if (r < 0 && job->status == 0) {
 		job->status = r;
 		snprintf(job->why, sizeof(job->why), "%s copy of %llu bytes failed: %s",
@@ -104,9 +98,7 @@ static void xfer_finished(struct tpd_copier *c, struct tpd_copy_job *job, size_t
 	}
 	if (++job->finished < job->n)
 		return;
-	tpu_list_insert_tail(&c->done, &job->node);
-	if (write(c->efd, &one, sizeof(one)) < 0)
-		tpu_log_err("copier: eventfd write failed: %m");
+	tpb_cq_push(&c->cq, &job->node);
 }
 
 /*
@@ -117,14 +109,14 @@ static void xfer_finished(struct tpd_copier *c, struct tpd_copy_job *job, size_t
  */
 static void *worker_main(void *arg)
 {
-	struct tpd_copier *c = arg;
+	struct tpb_copier *c = arg;
 	struct tpb_scratch s = { .bounce = malloc(BOUNCE_BYTES), .bounce_len = BOUNCE_BYTES };
 
 	if (!s.bounce)
 		s.bounce_len = 0;
 	pthread_mutex_lock(&c->lock);
 	for (;;) {
-		struct tpd_copy_job *job;
+		struct tpb_copy_job *job;
 		size_t i;
 		int r = 0;
 
@@ -132,7 +124,7 @@ static void *worker_main(void *arg)
 			pthread_cond_wait(&c->cond, &c->lock);
 		if (c->stopping)
 			break;
-		job = tpu_list_first(&c->todo, struct tpd_copy_job, node);
+		job = tpu_list_first(&c->todo, struct tpb_copy_job, node);
 		i = job->next++;
 		if (job->next == job->n)
 			tpu_list_remove(&job->node);
@@ -151,47 +143,38 @@ static void *worker_main(void *arg)
 	return NULL;
 }
 
-static void copier_on_done(evutil_socket_t fd, short what, void *arg)
+int tpb_copier_progress(struct tpb_copier *c)
 {
-	struct tpd_copier *c = arg;
-	struct tpu_list batch;
-	uint64_t v;
+	struct tpu_list *n;
+	int done = 0;
 
-	if (read(c->efd, &v, sizeof(v)) < 0 && errno != EAGAIN)
-		tpu_log_err("copier: eventfd read failed: %m");
-	tpu_list_init(&batch);
-	pthread_mutex_lock(&c->lock);
-	if (!tpu_list_empty(&c->done)) {
-		batch = c->done;
-		batch.next->prev = &batch;
-		batch.prev->next = &batch;
-		tpu_list_init(&c->done);
-	}
-	pthread_mutex_unlock(&c->lock);
-	while (!tpu_list_empty(&batch)) {
-		struct tpd_copy_job *job = tpu_list_first(&batch, struct tpd_copy_job, node);
-		tpu_list_remove(&job->node);
+	tpb_cq_ack(&c->cq);
+	while ((n = tpb_cq_pop(&c->cq))) {
+		struct tpb_copy_job *job = tpu_container_of(n, struct tpb_copy_job, node);
+
 		c->busy--;
 		job->done(job);
+		done++;
 	}
+	return done;
 }
 
-int tpd_copier_new(struct event_base *base, unsigned threads, struct tpd_copier **ret)
+int tpb_copier_event_fd(const struct tpb_copier *c)
 {
-	struct tpd_copier *c = calloc(1, sizeof(*c));
+	return tpb_cq_event_fd(&c->cq);
+}
+
+int tpb_copier_new(unsigned threads, struct tpb_copier **ret)
+{
+	struct tpb_copier *c = calloc(1, sizeof(*c));
 
 	if (!c)
 		return -ENOMEM;
 	pthread_mutex_init(&c->lock, NULL);
 	pthread_cond_init(&c->cond, NULL);
 	tpu_list_init(&c->todo);
-	tpu_list_init(&c->done);
-	c->efd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
 	c->threads = calloc(threads, sizeof(*c->threads));
-	if (c->efd < 0 || !c->threads)
-		goto fail;
-	c->ev = event_new(base, c->efd, EV_READ | EV_PERSIST, copier_on_done, c);
-	if (!c->ev || event_add(c->ev, NULL) < 0)
+	if (tpb_cq_init(&c->cq) < 0 || !c->threads)
 		goto fail;
 	for (; c->n_threads < threads; c->n_threads++)
 		if (pthread_create(&c->threads[c->n_threads], NULL, worker_main, c) != 0)
@@ -199,23 +182,19 @@ int tpd_copier_new(struct event_base *base, unsigned threads, struct tpd_copier 
 	*ret = c;
 	return 0;
 fail:
-	tpd_copier_free(c);
+	tpb_copier_free(c);
 	return -ENOMEM;
 }
 
-void tpd_copier_submit(struct tpd_copier *c, struct tpd_copy_job *job)
+void tpb_copier_submit(struct tpb_copier *c, struct tpb_copy_job *job)
 {
-	static const uint64_t one = 1;
-
 	job->status = 0;
 	job->next = job->finished = 0;
 	pthread_mutex_lock(&c->lock);
 	c->busy++;
 	if (job->n == 0) {
 		/* Nothing to copy (zero-length segments only): complete on the loop, later. */
-		tpu_list_insert_tail(&c->done, &job->node);
-		if (write(c->efd, &one, sizeof(one)) < 0)
-			tpu_log_err("copier: eventfd write failed: %m");
+		tpb_cq_push(&c->cq, &job->node);
 	} else {
 		tpu_list_insert_tail(&c->todo, &job->node);
 		pthread_cond_signal(&c->cond);
@@ -223,12 +202,12 @@ void tpd_copier_submit(struct tpd_copier *c, struct tpd_copy_job *job)
 	pthread_mutex_unlock(&c->lock);
 }
 
-unsigned tpd_copier_busy(const struct tpd_copier *c)
+unsigned tpb_copier_busy(const struct tpb_copier *c)
 {
 	return c->busy;
 }
 
-void tpd_copier_free(struct tpd_copier *c)
+void tpb_copier_free(struct tpb_copier *c)
 {
 	if (!c)
 		return;
@@ -239,19 +218,17 @@ void tpd_copier_free(struct tpd_copier *c)
 	for (unsigned i = 0; i < c->n_threads; i++)
 		pthread_join(c->threads[i], NULL);
 	/* Finished jobs complete normally, queued ones are canceled. */
-	if (c->ev)
-		copier_on_done(c->efd, EV_READ, c);
+	if (c->cq.efd >= 0)
+		tpb_copier_progress(c);
 	while (!tpu_list_empty(&c->todo)) {
-		struct tpd_copy_job *job = tpu_list_first(&c->todo, struct tpd_copy_job, node);
+		struct tpb_copy_job *job = tpu_list_first(&c->todo, struct tpb_copy_job, node);
 		tpu_list_remove(&job->node);
 		c->busy--;
 		job->status = -ECANCELED;
 		snprintf(job->why, sizeof(job->why), "daemon stopping");
 		job->done(job);
 	}
-	if (c->ev)
-		event_free(c->ev);
-	tpu_close(c->efd);
+	tpb_cq_done(&c->cq);
 	free(c->threads);
 	pthread_mutex_destroy(&c->lock);
 	pthread_cond_destroy(&c->cond);
@@ -259,21 +236,21 @@ void tpd_copier_free(struct tpd_copier *c)
 }
 
 /* A job made for an op of a channel context ends: hand its outcome to the context. */
-static void engine_job_done(struct tpd_copy_job *job)
+static void engine_job_done(struct tpb_copy_job *job)
 {
 	tpb_sync_engine_done(job->arg, job->status, job->bytes, job->why);
-	tpd_copier_job_free(job);
+	tpb_copier_job_free(job);
 }
 
 static int engine_submit(void *arg, int channel, struct tpb_op *op)
 {
-	struct tpd_copy_job *job;
+	struct tpb_copy_job *job;
 
 	if (op->n_xfers == 0) {
 		tpb_sync_engine_done(op, 0, 0, NULL); /* nothing to copy: delivered from progress */
 		return 0;
 	}
-	job = tpd_copier_job_new(op->n_xfers, 0);
+	job = tpb_copier_job_new(op->n_xfers, 0);
 	if (!job)
 		return -ENOMEM;
 	for (size_t i = 0; i < op->n_xfers; i++) {
@@ -284,11 +261,11 @@ static int engine_submit(void *arg, int channel, struct tpb_op *op)
 	job->n = op->n_xfers;
 	job->done = engine_job_done;
 	job->arg = op;
-	tpd_copier_submit(arg, job);
+	tpb_copier_submit(arg, job);
 	return 0;
 }
 
-void tpd_copier_engine(struct tpd_copier *c, struct tpb_engine *ret)
+void tpb_copier_engine(struct tpb_copier *c, struct tpb_engine *ret)
 {
 	*ret = (struct tpb_engine){ .submit = engine_submit, .arg = c };
 }

@@ -5,18 +5,19 @@
  * (stripe_io.c). Nothing outside those two files includes it; the rest of the daemon sees
  * stripe.h. The locking rules are stripe.c's: every "lock" below is the stripe's mutex.
  */
-#ifndef TPD_STRIPE_INT_H
-#define TPD_STRIPE_INT_H
+#ifndef TPB_STRIPE_INT_H
+#define TPB_STRIPE_INT_H
 
 #include <pthread.h>
 #include <stdbool.h>
 #include <stdint.h>
+#include "../base/cq.h"
 #include "hmap.h"
 #include "stripe.h"
 
 /* One chunk a sender claimed. */
 struct claim {
-	struct tpd_stripe_xfer *x;
+	struct tpb_stripe_xfer *x;
 	struct tpb_mem mem; /* of its segment */
 	uint32_t seg;
 	uint32_t len;
@@ -26,21 +27,21 @@ struct claim {
 };
 
 /* Encrypted records waiting for the socket (stripe_io.c's send_queued()). */
-struct tpd_stripe_txq {
+struct tpb_stripe_txq {
 	uint8_t *buf;
 	size_t len, cap;
 	bool failed; /* an append found no memory */
 };
 
 struct conn {
-	struct tpd_stripe *st;
+	struct tpb_stripe *st;
 	unsigned index;
 	int fd;
 	struct ssl_st *ssl;	  /* TLS on this connection (tensor bytes encrypted), or NULL */
 	pthread_mutex_t ssl_lock; /* one thread at a time in @ssl (stripe_io.c) */
 	bool txq_bio;		  /* @ssl writes its records into @txq (no kTLS send) */
-	struct tpd_stripe_txq txq;	 /* ssl_lock */
-	struct tpd_stripe_txq txq_spare; /* the sender's */
+	struct tpb_stripe_txq txq;	 /* ssl_lock */
+	struct tpb_stripe_txq txq_spare; /* the sender's */
 	pthread_t tx, rx;
 	bool failed; /* lock */
 	bool idle;   /* lock: its sender waits for work */
@@ -49,23 +50,21 @@ struct conn {
 	pthread_cond_t wake; /* its sender waits here, for a chunk handed to it or to stop */
 };
 
-struct tpd_stripe {
+struct tpb_stripe {
 	pthread_mutex_t lock;
-	struct conn conns[TPD_STRIPE_CONNS_MAX];
+	struct conn conns[TPB_STRIPE_CONNS_MAX];
 	unsigned n_conns;      /* loop thread */
 	unsigned hand_next;    /* loop thread: the connection send_hand_out() tries first */
 	unsigned n_live;       /* added and not failed: lock, read atomically */
 	bool stopping;	       /* lock */
 	struct tpu_list sendq; /* sends with chunks left to claim */
 	struct tpu_hmap recvs; /* xfer_id -> registered receive not yet complete */
-	struct tpu_list done;  /* complete, not yet delivered */
-	int efd;
-	struct event *ev;
+	struct tpb_cq cq;      /* complete, not yet delivered (pushed with the lock held) */
 	bool *alive; /* loop thread: cleared when a done callback frees the stripe */
 	uint32_t chunk;
 	uint32_t send_size; /* bytes per socket write, header included */
 	char name[48];
-	tpd_stripe_error_fn on_error;
+	tpb_stripe_error_fn on_error;
 	void *arg;
 	bool failed, err_reported; /* lock */
 	int err;
@@ -76,26 +75,26 @@ struct tpd_stripe {
 /* ---- stripe.c, for the connection threads (lock held for all of them) ---- */
 
 /* Records the first error of @x (a status >= 0 or a second error changes nothing). */
-void tpd_stripe_set_status(struct tpd_stripe_xfer *x, int status, const char *fmt, ...)
+void tpb_stripe_set_status(struct tpb_stripe_xfer *x, int status, const char *fmt, ...)
 	_printf_(3, 4);
 
 /* Completes send @x once nothing is left to claim (or it stopped) and no thread reads it. */
-void tpd_stripe_send_check(struct tpd_stripe *st, struct tpd_stripe_xfer *x);
+void tpb_stripe_send_check(struct tpb_stripe *st, struct tpb_stripe_xfer *x);
 
 /* Completes receive @x once what is expected arrived (or it ended) and no thread writes it. */
-void tpd_stripe_recv_check(struct tpd_stripe *st, struct tpd_stripe_xfer *x);
+void tpb_stripe_recv_check(struct tpb_stripe *st, struct tpb_stripe_xfer *x);
 
 /* Connection @c failed: the first failure of the stripe is reported once, on the loop; @c stops
  * (its sender exits, its receiver wakes up). */
-void tpd_stripe_conn_fail(struct conn *c, int err, const char *fmt, ...) _printf_(3, 4);
+void tpb_stripe_conn_fail(struct conn *c, int err, const char *fmt, ...) _printf_(3, 4);
 
 /* Send queue not empty: claims the next chunk of the send at its head into @k (see stripe.c). */
-void tpd_stripe_claim(struct tpd_stripe *st, struct claim *k);
+void tpb_stripe_claim(struct tpb_stripe *st, struct claim *k);
 
 /* ---- stripe_io.c ---- */
 
 /* The sender and receiver threads of connection @arg (a struct conn). */
-void *tpd_stripe_io_tx_main(void *arg);
-void *tpd_stripe_io_rx_main(void *arg);
+void *tpb_stripe_io_tx_main(void *arg);
+void *tpb_stripe_io_rx_main(void *arg);
 
 #endif

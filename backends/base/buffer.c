@@ -10,9 +10,9 @@
 #include "buffer.h"
 #include "tpu.h"
 
-int tpd_buffer_new(int fd, uint64_t id, uint64_t gen, uint64_t size, struct tpd_buffer **ret)
+int tpb_buffer_new(int fd, uint64_t id, uint64_t gen, uint64_t size, struct tpb_buffer **ret)
 {
-	struct tpd_buffer *b;
+	struct tpb_buffer *b;
 	struct stat st;
 	int seals;
 	void *map;
@@ -41,13 +41,13 @@ int tpd_buffer_new(int fd, uint64_t id, uint64_t gen, uint64_t size, struct tpd_
 	return 0;
 }
 
-struct tpd_buffer *tpd_buffer_ref(struct tpd_buffer *b)
+struct tpb_buffer *tpb_buffer_ref(struct tpb_buffer *b)
 {
 	atomic_fetch_add(&b->refs, 1);
 	return b;
 }
 
-void tpd_buffer_unref(struct tpd_buffer *b)
+void tpb_buffer_unref(struct tpb_buffer *b)
 {
 	if (!b || atomic_fetch_sub(&b->refs, 1) != 1)
 		return;
@@ -55,7 +55,7 @@ void tpd_buffer_unref(struct tpd_buffer *b)
 	free(b);
 }
 
-int tpd_buffer_resolve(const struct tpd_buffer *b, uint64_t offset, uint64_t len, void **ret)
+int tpb_buffer_resolve(const struct tpb_buffer *b, uint64_t offset, uint64_t len, void **ret)
 {
 	if (!tpu_range_ok(offset, len, b->size))
 		return -ERANGE;

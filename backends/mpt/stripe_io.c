@@ -127,7 +127,7 @@ static ssize_t tls_io(struct conn *c, bool write, void *buf, size_t len)
  */
 static int send_queued(struct conn *c, struct iovec *iov, size_t n)
 {
-	struct tpd_stripe_txq out;
+	struct tpb_stripe_txq out;
 	int r = 0;
 
 	pthread_mutex_lock(&c->ssl_lock);
@@ -262,7 +262,7 @@ static void thread_bulk(void)
  */
 static int send_chunk(struct conn *c, struct claim *k, struct tpb_scratch *sc)
 {
-	uint8_t hdr[TPD_STRIPE_HDR];
+	uint8_t hdr[TPB_STRIPE_HDR];
 	struct iovec iov[2];
 	char *p = (char *)(uintptr_t)(k->mem.addr + k->off);
 	uint32_t n;
@@ -279,7 +279,7 @@ static int send_chunk(struct conn *c, struct claim *k, struct tpb_scratch *sc)
 		if (k->src_err < 0)
 			return 0;
 	}
-	put_u32(hdr, TPD_STRIPE_MAGIC);
+	put_u32(hdr, TPB_STRIPE_MAGIC);
 	put_u32(hdr + 4, k->seg);
 	put_u64(hdr + 8, k->x->xfer_id);
 	put_u64(hdr + 16, k->off);
@@ -299,28 +299,28 @@ static int send_chunk(struct conn *c, struct claim *k, struct tpb_scratch *sc)
 /* Lock held: chunk @k was sent (@r == 0) or not. */
 static void send_account(struct conn *c, struct claim *k, int r)
 {
-	struct tpd_stripe_xfer *x = k->x;
+	struct tpb_stripe_xfer *x = k->x;
 
 	x->busy--;
 	if (r < 0)
-		tpd_stripe_set_status(x, -ECONNRESET, "peer link failed: connection %u: send: %s", c->index,
+		tpb_stripe_set_status(x, -ECONNRESET, "peer link failed: connection %u: send: %s", c->index,
 			   strerror(-r));
 	else if (k->src_err < 0)
-		tpd_stripe_set_status(x, k->src_err, "cannot read the source: %s",
+		tpb_stripe_set_status(x, k->src_err, "cannot read the source: %s",
 			   k->src_why[0] ? k->src_why : strerror(-k->src_err));
 	else
 		x->bytes += k->len;
 	if (r == 0 && k->src_err == 0)
 		__atomic_fetch_add(&c->st->sent, k->len, __ATOMIC_RELAXED);
-	tpd_stripe_send_check(c->st, x);
+	tpb_stripe_send_check(c->st, x);
 	if (r < 0)
-		tpd_stripe_conn_fail(c, r, "send failed: %s", strerror(-r));
+		tpb_stripe_conn_fail(c, r, "send failed: %s", strerror(-r));
 }
 
-void *tpd_stripe_io_tx_main(void *arg)
+void *tpb_stripe_io_tx_main(void *arg)
 {
 	struct conn *c = arg;
-	struct tpd_stripe *st = c->st;
+	struct tpb_stripe *st = c->st;
 	struct tpb_scratch sc = { 0 }; /* bounce for process and CUDA sources, on first use */
 	struct claim k;
 	int r;
@@ -338,7 +338,7 @@ void *tpd_stripe_io_tx_main(void *arg)
 		} else if (st->stopping || c->failed) {
 			break;
 		} else {
-			tpd_stripe_claim(st, &k);
+			tpb_stripe_claim(st, &k);
 		}
 		pthread_mutex_unlock(&st->lock);
 		r = send_chunk(c, &k, &sc);
@@ -384,20 +384,20 @@ static int recv_payload(struct conn *c, const struct tpb_mem *m, uint64_t off, u
 
 /* Lock held: checks the header; registers the chunk's receive as busy in @ret (NULL: drop).
  * Return: 0, or -EPROTO after failing the connection. */
-static int rx_lookup(struct conn *c, const struct chunk_hdr *h, struct tpd_stripe_xfer **ret)
+static int rx_lookup(struct conn *c, const struct chunk_hdr *h, struct tpb_stripe_xfer **ret)
 {
-	struct tpd_stripe_xfer *x;
+	struct tpb_stripe_xfer *x;
 
 	*ret = NULL;
-	if (h->magic != TPD_STRIPE_MAGIC)
-		tpd_stripe_conn_fail(c, -EPROTO, "bad chunk magic 0x%08x", h->magic);
+	if (h->magic != TPB_STRIPE_MAGIC)
+		tpb_stripe_conn_fail(c, -EPROTO, "bad chunk magic 0x%08x", h->magic);
 	else if (h->flags != 0)
-		tpd_stripe_conn_fail(c, -EPROTO, "unknown chunk flags 0x%x", h->flags);
-	else if (h->len == 0 || h->len > TPD_STRIPE_CHUNK_MAX)
-		tpd_stripe_conn_fail(c, -EPROTO, "chunk of %u bytes (limit %u)", h->len, TPD_STRIPE_CHUNK_MAX);
+		tpb_stripe_conn_fail(c, -EPROTO, "unknown chunk flags 0x%x", h->flags);
+	else if (h->len == 0 || h->len > TPB_STRIPE_CHUNK_MAX)
+		tpb_stripe_conn_fail(c, -EPROTO, "chunk of %u bytes (limit %u)", h->len, TPB_STRIPE_CHUNK_MAX);
 	else if ((x = tpu_hmap_get(&c->st->recvs, h->id)) && !x->canceled && !x->broken &&
 		 (h->seg >= x->n_segs || !tpu_range_ok(h->off, h->len, x->segs[h->seg].len)))
-		tpd_stripe_conn_fail(c, -EPROTO,
+		tpb_stripe_conn_fail(c, -EPROTO,
 			  "chunk of %u bytes at offset %llu of segment %u is outside transfer %llu",
 			  h->len, (unsigned long long)h->off, h->seg, (unsigned long long)h->id);
 	else {
@@ -411,7 +411,7 @@ static int rx_lookup(struct conn *c, const struct chunk_hdr *h, struct tpd_strip
 }
 
 /* Lock held: the payload of @h for @x (may be NULL) arrived (@r == 0) or not. */
-static void rx_account(struct conn *c, struct tpd_stripe_xfer *x, const struct chunk_hdr *h,
+static void rx_account(struct conn *c, struct tpb_stripe_xfer *x, const struct chunk_hdr *h,
 		       int r, int werr, const char *why)
 {
 	if (r == 0)
@@ -419,29 +419,29 @@ static void rx_account(struct conn *c, struct tpd_stripe_xfer *x, const struct c
 	if (x) {
 		x->busy--;
 		if (r < 0) {
-			tpd_stripe_set_status(x, -ECONNRESET, "peer link failed: connection %u: %s", c->index,
+			tpb_stripe_set_status(x, -ECONNRESET, "peer link failed: connection %u: %s", c->index,
 				   strerror(-r));
 			x->broken = true;
 		} else {
 			x->bytes += h->len;
 			if (werr < 0)
-				tpd_stripe_set_status(x, werr, "cannot write the destination: %s",
+				tpb_stripe_set_status(x, werr, "cannot write the destination: %s",
 					   why && *why ? why : strerror(-werr));
 		}
-		tpd_stripe_recv_check(c->st, x);
+		tpb_stripe_recv_check(c->st, x);
 	}
 	if (r < 0)
-		tpd_stripe_conn_fail(c, r, r == -ECONNRESET ? "closed by the peer" : "receive failed: %s",
+		tpb_stripe_conn_fail(c, r, r == -ECONNRESET ? "closed by the peer" : "receive failed: %s",
 			  strerror(-r));
 }
 
 /* Receives one chunk whose header is @raw. Return: 0, or -errno once the connection failed. */
 static int rx_chunk(struct conn *c, const uint8_t *raw, struct tpb_scratch *sc)
 {
-	struct tpd_stripe *st = c->st;
+	struct tpb_stripe *st = c->st;
 	struct chunk_hdr h = { get_u32(raw), get_u32(raw + 4), get_u32(raw + 24),
 			       get_u32(raw + 28), get_u64(raw + 8), get_u64(raw + 16) };
-	struct tpd_stripe_xfer *x;
+	struct tpb_stripe_xfer *x;
 	struct tpb_mem m;
 	bool write;
 	int r, werr = 0;
@@ -463,12 +463,12 @@ static int rx_chunk(struct conn *c, const uint8_t *raw, struct tpb_scratch *sc)
 	return r;
 }
 
-void *tpd_stripe_io_rx_main(void *arg)
+void *tpb_stripe_io_rx_main(void *arg)
 {
 	struct conn *c = arg;
-	struct tpd_stripe *st = c->st;
+	struct tpb_stripe *st = c->st;
 	struct tpb_scratch sc = { 0 }; /* bounce for process, CUDA and dropped chunks */
-	uint8_t hdr[TPD_STRIPE_HDR];
+	uint8_t hdr[TPB_STRIPE_HDR];
 	int r;
 
 	thread_bulk();
@@ -476,7 +476,7 @@ void *tpd_stripe_io_rx_main(void *arg)
 		r = recv_all(c, hdr, sizeof(hdr));
 		if (r < 0) {
 			pthread_mutex_lock(&st->lock);
-			tpd_stripe_conn_fail(c, r, r == -ECONNRESET ? "closed by the peer" :
+			tpb_stripe_conn_fail(c, r, r == -ECONNRESET ? "closed by the peer" :
 				  "receive failed: %s", strerror(-r));
 			pthread_mutex_unlock(&st->lock);
 			break;

@@ -28,7 +28,6 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/eventfd.h>
 #include <sys/socket.h>
 #include <unistd.h>
 #include <openssl/ssl.h>
@@ -41,16 +40,8 @@
 
 /* ---- completion (lock held) ---------------------------------------------------------------- */
 
-static void wake_loop(struct tpd_stripe *st)
-{
-	static const uint64_t one = 1;
-
-	if (write(st->efd, &one, sizeof(one)) < 0 && errno != EAGAIN)
-		tpu_log_err("%s: eventfd write failed: %m", st->name);
-}
-
 /* Records the first error of @x. */
-void tpd_stripe_set_status(struct tpd_stripe_xfer *x, int status, const char *fmt, ...)
+void tpb_stripe_set_status(struct tpb_stripe_xfer *x, int status, const char *fmt, ...)
 {
 	va_list ap;
 
@@ -63,7 +54,7 @@ void tpd_stripe_set_status(struct tpd_stripe_xfer *x, int status, const char *fm
 }
 
 /* Moves @x to the done queue; its callback runs on the loop. */
-static void xfer_complete(struct tpd_stripe *st, struct tpd_stripe_xfer *x)
+static void xfer_complete(struct tpb_stripe *st, struct tpb_stripe_xfer *x)
 {
 	x->queued_done = true;
 	x->ns = tpu_now_ns() - x->start_ns;
@@ -71,12 +62,11 @@ static void xfer_complete(struct tpd_stripe *st, struct tpd_stripe_xfer *x)
 		tpu_hmap_del(&st->recvs, x->xfer_id);
 	if (tpu_list_linked(&x->node))
 		tpu_list_remove(&x->node);
-	tpu_list_insert_tail(&st->done, &x->node);
-	wake_loop(st);
+	tpb_cq_push(&st->cq, &x->node);
 }
 
 /* A send is complete when nothing is left to claim (or it stopped) and no thread reads it. */
-void tpd_stripe_send_check(struct tpd_stripe *st, struct tpd_stripe_xfer *x)
+void tpb_stripe_send_check(struct tpb_stripe *st, struct tpb_stripe_xfer *x)
 {
 	bool stopped = x->canceled || x->status < 0;
 
@@ -85,44 +75,44 @@ void tpd_stripe_send_check(struct tpd_stripe *st, struct tpd_stripe_xfer *x)
 	if (x->queued_done || x->busy || (!stopped && x->next_seg < x->n_segs))
 		return;
 	if (x->canceled)
-		tpd_stripe_set_status(x, -ECANCELED, "send canceled");
+		tpb_stripe_set_status(x, -ECANCELED, "send canceled");
 	xfer_complete(st, x);
 }
 
 /* A receive is complete when what is expected arrived (or it ended) and no thread writes it. */
-void tpd_stripe_recv_check(struct tpd_stripe *st, struct tpd_stripe_xfer *x)
+void tpb_stripe_recv_check(struct tpb_stripe *st, struct tpb_stripe_xfer *x)
 {
 	if (x->queued_done || x->busy)
 		return;
 	if (x->canceled) {
-		tpd_stripe_set_status(x, -ECANCELED, "receive canceled");
+		tpb_stripe_set_status(x, -ECANCELED, "receive canceled");
 	} else if (!x->broken) {
 		if (x->bytes < x->expect)
 			return;
 		if (x->expect_status < 0)
-			tpd_stripe_set_status(x, x->expect_status, "%s", x->expect_why);
+			tpb_stripe_set_status(x, x->expect_status, "%s", x->expect_why);
 	}
 	xfer_complete(st, x);
 }
 
 /* Ends every queued send and registered receive with @err. A transfer a thread is busy on is
  * marked (status, broken) and completed by that thread when it lets go. */
-static void fail_all(struct tpd_stripe *st, int err, const char *why)
+static void fail_all(struct tpb_stripe *st, int err, const char *why)
 {
-	struct tpd_stripe_xfer *x;
+	struct tpb_stripe_xfer *x;
 	uint64_t key;
 	void *val;
 
-	while ((x = tpu_list_first(&st->sendq, struct tpd_stripe_xfer, node))) {
-		tpd_stripe_set_status(x, err, "%s", why);
-		tpd_stripe_send_check(st, x);
+	while ((x = tpu_list_first(&st->sendq, struct tpb_stripe_xfer, node))) {
+		tpb_stripe_set_status(x, err, "%s", why);
+		tpb_stripe_send_check(st, x);
 	}
 	for (size_t i = 0; tpu_hmap_next(&st->recvs, &i, &key, &val);) {
 		x = val;
-		tpd_stripe_set_status(x, err, "%s", why);
+		tpb_stripe_set_status(x, err, "%s", why);
 		x->broken = true;
 		if (!x->busy) {
-			tpd_stripe_recv_check(st, x); /* removes it from the table: start over */
+			tpb_stripe_recv_check(st, x); /* removes it from the table: start over */
 			i = 0;
 		}
 	}
@@ -131,7 +121,7 @@ static void fail_all(struct tpd_stripe *st, int err, const char *why)
 /* Takes @c out of service: its sender exits, its receiver wakes up. */
 static void conn_stop(struct conn *c)
 {
-	struct tpd_stripe *st = c->st;
+	struct tpb_stripe *st = c->st;
 
 	if (c->failed)
 		return;
@@ -144,9 +134,9 @@ static void conn_stop(struct conn *c)
 }
 
 /* Connection @c failed: remember the first failure (reported once, on the loop), stop it. */
-void tpd_stripe_conn_fail(struct conn *c, int err, const char *fmt, ...)
+void tpb_stripe_conn_fail(struct conn *c, int err, const char *fmt, ...)
 {
-	struct tpd_stripe *st = c->st;
+	struct tpb_stripe *st = c->st;
 	va_list ap;
 	int n;
 
@@ -159,7 +149,7 @@ void tpd_stripe_conn_fail(struct conn *c, int err, const char *fmt, ...)
 		va_start(ap, fmt);
 		vsnprintf(st->why + n, sizeof(st->why) - (size_t)n, fmt, ap);
 		va_end(ap);
-		wake_loop(st);
+		tpb_cq_wake(&st->cq); /* reported by tpb_stripe_progress() */
 	}
 	conn_stop(c);
 }
@@ -167,7 +157,7 @@ void tpd_stripe_conn_fail(struct conn *c, int err, const char *fmt, ...)
 /* ---- send queue ---------------------------------------------------------------------------- */
 
 /* Moves the cursor of @x past finished and empty segments. */
-static void send_settle(struct tpd_stripe_xfer *x)
+static void send_settle(struct tpb_stripe_xfer *x)
 {
 	while (x->next_seg < x->n_segs && x->next_off >= x->segs[x->next_seg].len) {
 		x->next_seg++;
@@ -179,10 +169,10 @@ static void send_settle(struct tpd_stripe_xfer *x)
  * After a row (one chunk per live connection) that send goes to the tail, so that concurrent
  * sends share the connections row by row: a small message does not wait behind a large tensor,
  * and messages of a row or less still go out one after the other, not interleaved. */
-void tpd_stripe_claim(struct tpd_stripe *st, struct claim *k)
+void tpb_stripe_claim(struct tpb_stripe *st, struct claim *k)
 {
-	struct tpd_stripe_xfer *x = tpu_list_first(&st->sendq, struct tpd_stripe_xfer, node);
-	const struct tpd_stripe_seg *s = &x->segs[x->next_seg];
+	struct tpb_stripe_xfer *x = tpu_list_first(&st->sendq, struct tpb_stripe_xfer, node);
+	const struct tpb_stripe_seg *s = &x->segs[x->next_seg];
 
 	*k = (struct claim){ .x = x, .mem = s->mem, .seg = (uint32_t)x->next_seg,
 			     .off = x->next_off };
@@ -202,49 +192,55 @@ void tpd_stripe_claim(struct tpd_stripe *st, struct claim *k)
 /* ---- loop side ----------------------------------------------------------------------------- */
 
 /* Runs the done callbacks of completed transfers, then reports a failure once. Any callback
- * may free the stripe. */
-static void deliver(struct tpd_stripe *st)
+ * may free the stripe. Completions are queued under the lock (xfer_complete()), so finding the
+ * queue empty under it means every transfer a failure ended has been delivered before the
+ * failure is reported. Return: how many callbacks ran. */
+static int deliver(struct tpb_stripe *st)
 {
-	struct tpd_stripe_xfer *x;
+	struct tpb_stripe_xfer *x;
+	struct tpu_list *n;
 	bool alive = true, report = false;
+	int ran = 0;
 
 	st->alive = &alive;
 	for (;;) {
 		pthread_mutex_lock(&st->lock);
-		x = tpu_list_first(&st->done, struct tpd_stripe_xfer, node);
-		if (x)
-			tpu_list_remove(&x->node);
-		else if (st->failed && !st->err_reported)
+		n = tpb_cq_pop(&st->cq);
+		if (!n && st->failed && !st->err_reported)
 			report = st->err_reported = true;
 		pthread_mutex_unlock(&st->lock);
-		if (!x)
+		if (!n)
 			break;
+		x = tpu_container_of(n, struct tpb_stripe_xfer, node);
 		x->done(x);
+		ran++;
 		if (!alive)
-			return;
+			return ran;
 	}
 	st->alive = NULL;
 	if (report && st->on_error)
 		st->on_error(st, st->err, st->why, st->arg);
+	return ran;
 }
 
-static void stripe_on_event(evutil_socket_t fd, short what, void *arg)
+int tpb_stripe_event_fd(const struct tpb_stripe *st)
 {
-	struct tpd_stripe *st = arg;
-	uint64_t v;
-
-	if (read(st->efd, &v, sizeof(v)) < 0 && errno != EAGAIN)
-		tpu_log_err("%s: eventfd read failed: %m", st->name);
-	deliver(st);
+	return tpb_cq_event_fd(&st->cq);
 }
 
-int tpd_stripe_new(struct event_base *base, const struct tpd_stripe_config *cfg,
-		   struct tpd_stripe **ret)
+int tpb_stripe_progress(struct tpb_stripe *st)
 {
-	struct tpd_stripe *st;
+	tpb_cq_ack(&st->cq);
+	return deliver(st);
+}
 
-	if (cfg->chunk > TPD_STRIPE_CHUNK_MAX ||
-	    (cfg->send_size && cfg->send_size < TPD_STRIPE_SEND_SIZE_MIN))
+int tpb_stripe_new(const struct tpb_stripe_config *cfg, struct tpb_stripe **ret)
+{
+	struct tpb_stripe *st;
+	int r;
+
+	if (cfg->chunk > TPB_STRIPE_CHUNK_MAX ||
+	    (cfg->send_size && cfg->send_size < TPB_STRIPE_SEND_SIZE_MIN))
 		return -EINVAL;
 	st = calloc(1, sizeof(*st));
 	if (!st)
@@ -255,15 +251,11 @@ int tpd_stripe_new(struct event_base *base, const struct tpd_stripe_config *cfg,
 	st->on_error = cfg->on_error;
 	st->arg = cfg->arg;
 	tpu_list_init(&st->sendq);
-	tpu_list_init(&st->done);
 	tpu_hmap_init(&st->recvs);
 	pthread_mutex_init(&st->lock, NULL);
-	st->efd = eventfd(0, EFD_NONBLOCK | EFD_CLOEXEC);
-	if (st->efd >= 0)
-		st->ev = event_new(base, st->efd, EV_READ | EV_PERSIST, stripe_on_event, st);
-	if (!st->ev || event_add(st->ev, NULL) < 0) {
-		int r = st->efd < 0 ? -errno : -ENOMEM;
-		tpd_stripe_free(st);
+	r = tpb_cq_init(&st->cq);
+	if (r < 0) {
+		tpb_stripe_free(st);
 		return r;
 	}
 	*ret = st;
@@ -299,17 +291,17 @@ static int conn_setup_fd(int fd, bool blocking)
 /* Starts the two threads of @c, counted live already. Return: 0 or -errno (@c stopped). */
 static int conn_start(struct conn *c)
 {
-	struct tpd_stripe *st = c->st;
+	struct tpb_stripe *st = c->st;
 	bool tx_started;
 	char name[16];
 	int r;
 
 	snprintf(name, sizeof(name), "tpd-tx%u", c->index);
-	r = start_thread(&c->tx, tpd_stripe_io_tx_main, c, name);
+	r = start_thread(&c->tx, tpb_stripe_io_tx_main, c, name);
 	tx_started = r == 0;
 	if (r == 0) {
 		snprintf(name, sizeof(name), "tpd-rx%u", c->index);
-		r = start_thread(&c->rx, tpd_stripe_io_rx_main, c, name);
+		r = start_thread(&c->rx, tpb_stripe_io_rx_main, c, name);
 	}
 	if (r < 0) {
 		pthread_mutex_lock(&st->lock);
@@ -326,7 +318,7 @@ static int conn_start(struct conn *c)
 static int txq_write(BIO *b, const char *data, size_t len, size_t *written)
 {
 	struct conn *c = BIO_get_data(b);
-	struct tpd_stripe_txq *q = &c->txq; /* ssl_lock held: SSL calls are made under it */
+	struct tpb_stripe_txq *q = &c->txq; /* ssl_lock held: SSL calls are made under it */
 
 	if (q->len + len > q->cap) {
 		size_t cap = TPU_MAX(q->cap * 2, q->len + len + (64u << 10));
@@ -382,12 +374,12 @@ static int txq_bio_attach(struct conn *c)
 	return 0;
 }
 
-int tpd_stripe_add_conn_tls(struct tpd_stripe *st, int fd, SSL *ssl)
+int tpb_stripe_add_conn_tls(struct tpb_stripe *st, int fd, SSL *ssl)
 {
 	struct conn *c = &st->conns[st->n_conns];
 	int r;
 
-	if (st->n_conns >= TPD_STRIPE_CONNS_MAX)
+	if (st->n_conns >= TPB_STRIPE_CONNS_MAX)
 		r = -E2BIG;
 	else if (st->stopping)
 		r = -ENOTCONN;
@@ -433,22 +425,22 @@ int tpd_stripe_add_conn_tls(struct tpd_stripe *st, int fd, SSL *ssl)
 		tpu_close(fd);
 		return r;
 	}
-	st->n_conns++; /* tpd_stripe_free() joins its threads, frees @ssl and closes @fd */
+	st->n_conns++; /* tpb_stripe_free() joins its threads, frees @ssl and closes @fd */
 	return 0;
 }
 
-int tpd_stripe_add_conn(struct tpd_stripe *st, int fd)
+int tpb_stripe_add_conn(struct tpb_stripe *st, int fd)
 {
-	return tpd_stripe_add_conn_tls(st, fd, NULL);
+	return tpb_stripe_add_conn_tls(st, fd, NULL);
 }
 
-unsigned tpd_stripe_conns(const struct tpd_stripe *st)
+unsigned tpb_stripe_conns(const struct tpb_stripe *st)
 {
 	return __atomic_load_n(&st->n_live, __ATOMIC_RELAXED);
 }
 
 /* Lock held: resets the results and private fields of @x. Return: 0 or -EINVAL. */
-static int xfer_start(struct tpd_stripe_xfer *x, bool recv)
+static int xfer_start(struct tpb_stripe_xfer *x, bool recv)
 {
 	uint64_t total = 0;
 
@@ -480,13 +472,13 @@ static int xfer_start(struct tpd_stripe_xfer *x, bool recv)
  * all, the first sender to run would often take several chunks of a row (its socket buffer takes
  * them at once) before the others are scheduled, and a transfer would wait for one connection.
  */
-static void send_hand_out(struct tpd_stripe *st)
+static void send_hand_out(struct tpb_stripe *st)
 {
 	for (unsigned i = 0; i < st->n_conns && !tpu_list_empty(&st->sendq); i++) {
 		struct conn *c = &st->conns[(st->hand_next + i) % st->n_conns];
 
 		if (c->idle && !c->failed && !c->handed) {
-			tpd_stripe_claim(st, &c->handoff);
+			tpb_stripe_claim(st, &c->handoff);
 			c->handed = true;
 			st->hand_next = c->index + 1;
 			pthread_cond_signal(&c->wake);
@@ -499,7 +491,7 @@ static void send_hand_out(struct tpd_stripe *st)
  * connection (at least SEND_CHUNK_MIN, a multiple of 64 KiB), so that it too moves over every
  * connection at once; larger ones use the configured chunk. Lock held.
  */
-static uint32_t send_chunk_size(const struct tpd_stripe *st, const struct tpd_stripe_xfer *x)
+static uint32_t send_chunk_size(const struct tpb_stripe *st, const struct tpb_stripe_xfer *x)
 {
 	uint64_t total = 0, per;
 
@@ -511,7 +503,7 @@ static uint32_t send_chunk_size(const struct tpd_stripe *st, const struct tpd_st
 				 TPU_MIN((uint64_t)SEND_CHUNK_MIN, (uint64_t)st->chunk));
 }
 
-int tpd_stripe_send(struct tpd_stripe *st, struct tpd_stripe_xfer *x)
+int tpb_stripe_send(struct tpb_stripe *st, struct tpb_stripe_xfer *x)
 {
 	int r = -ENOTCONN;
 
@@ -532,17 +524,17 @@ int tpd_stripe_send(struct tpd_stripe *st, struct tpd_stripe_xfer *x)
 	return r;
 }
 
-void tpd_stripe_send_cancel(struct tpd_stripe *st, struct tpd_stripe_xfer *x)
+void tpb_stripe_send_cancel(struct tpb_stripe *st, struct tpb_stripe_xfer *x)
 {
 	pthread_mutex_lock(&st->lock);
 	if (!x->queued_done && !x->canceled) {
 		x->canceled = true;
-		tpd_stripe_send_check(st, x);
+		tpb_stripe_send_check(st, x);
 	}
 	pthread_mutex_unlock(&st->lock);
 }
 
-int tpd_stripe_recv(struct tpd_stripe *st, struct tpd_stripe_xfer *x)
+int tpb_stripe_recv(struct tpb_stripe *st, struct tpb_stripe_xfer *x)
 {
 	int r = -ENOTCONN;
 
@@ -563,7 +555,7 @@ out:
 	return r;
 }
 
-void tpd_stripe_recv_expect(struct tpd_stripe *st, struct tpd_stripe_xfer *x, uint64_t bytes,
+void tpb_stripe_recv_expect(struct tpb_stripe *st, struct tpb_stripe_xfer *x, uint64_t bytes,
 			    int status, const char *why)
 {
 	pthread_mutex_lock(&st->lock);
@@ -572,32 +564,32 @@ void tpd_stripe_recv_expect(struct tpd_stripe *st, struct tpd_stripe_xfer *x, ui
 		x->expect_status = status < 0 ? status : -EIO;
 		snprintf(x->expect_why, sizeof(x->expect_why), "%s",
 			 why && *why ? why : "the sender stopped early");
-		tpd_stripe_recv_check(st, x);
+		tpb_stripe_recv_check(st, x);
 	}
 	pthread_mutex_unlock(&st->lock);
 }
 
-void tpd_stripe_recv_cancel(struct tpd_stripe *st, struct tpd_stripe_xfer *x)
+void tpb_stripe_recv_cancel(struct tpb_stripe *st, struct tpb_stripe_xfer *x)
 {
 	pthread_mutex_lock(&st->lock);
 	if (!x->queued_done && !x->canceled) {
 		x->canceled = true;
-		tpd_stripe_recv_check(st, x);
+		tpb_stripe_recv_check(st, x);
 	}
 	pthread_mutex_unlock(&st->lock);
 }
 
-uint64_t tpd_stripe_bytes_sent(const struct tpd_stripe *st)
+uint64_t tpb_stripe_bytes_sent(const struct tpb_stripe *st)
 {
 	return __atomic_load_n(&st->sent, __ATOMIC_RELAXED);
 }
 
-uint64_t tpd_stripe_bytes_received(const struct tpd_stripe *st)
+uint64_t tpb_stripe_bytes_received(const struct tpb_stripe *st)
 {
 	return __atomic_load_n(&st->received, __ATOMIC_RELAXED);
 }
 
-void tpd_stripe_free(struct tpd_stripe *st)
+void tpb_stripe_free(struct tpb_stripe *st)
 {
 	if (!st)
 		return;
@@ -625,11 +617,9 @@ void tpd_stripe_free(struct tpd_stripe *st)
 	fail_all(st, -ECONNRESET, "peer link closed");
 	st->err_reported = true; /* the owner is freeing us: no error callback */
 	pthread_mutex_unlock(&st->lock);
-	if (st->ev)
+	if (st->cq.efd >= 0)
 		deliver(st); /* callbacks see st->stopping: new sends and receives get -ENOTCONN */
-	if (st->ev)
-		event_free(st->ev);
-	tpu_close(st->efd);
+	tpb_cq_done(&st->cq);
 	tpu_hmap_done(&st->recvs);
 	pthread_mutex_destroy(&st->lock);
 	free(st);

@@ -1,0 +1,102 @@
+/* SPDX-License-Identifier: BSD-3-Clause */
+/*
+ * tpb_copier: the copy engine. Worker threads run the byte copies of a transfer (shm memcpy,
+ * CMA) off the event loop, several workers on the transfers (chunks) of one job at once; finished
+ * jobs go back through a completion queue (cq.h) whose eventfd the daemon polls on its loop,
+ * and their done callback runs from tpb_copier_progress() there: it never touches the loop.
+ * Jobs own everything a worker touches (transfer list, buffer references), so a session that
+ * goes away mid-copy cannot pull memory from under a worker. The copier knows nothing about
+ * pipes or sessions.
+ */
+#ifndef TPB_COPIER_H
+#define TPB_COPIER_H
+
+#include "buffer.h"
+#include "cq.h"
+#include "tpb.h"
+#include "tpu.h"
+
+struct tpb_copy_job;
+typedef void (*tpb_copy_done_fn)(struct tpb_copy_job *job);
+
+struct tpb_copy_job {
+	struct tpu_list node;
+	struct tpb_xfer *xfers; /* owned */
+	int *channels;		/* registry index per xfer, owned */
+	uint64_t *ns;		/* duration per xfer, set by the worker, owned */
+	size_t n;
+	struct tpb_buffer **refs; /* owned references, dropped when the job is freed */
+	size_t n_refs;
+	struct tpb_cuda_map **maps; /* owned references to CUDA mappings (2 * n_refs slots) */
+	size_t n_maps;
+	struct tpb_proc *procs[2]; /* owned references to the client processes (writer, reader) */
+	uint64_t bytes;
+	size_t next;		/* next transfer to claim (copier lock) */
+	size_t finished;	/* transfers done (copier lock) */
+	int status;		/* set by the workers: 0 or the first -errno */
+	char why[160];
+	tpb_copy_done_fn done;	/* runs on the loop thread (tpb_copier_progress()) */
+	void *arg;
+};
+
+struct tpb_copier;
+
+/*
+ * tpb_copier_new() - start @threads workers; their completions wait for tpb_copier_progress().
+ * @ret: returns owned copier, free with tpb_copier_free().
+ * Return: 0 or -errno.
+ */
+int tpb_copier_new(unsigned threads, struct tpb_copier **ret);
+
+/*
+ * tpb_copier_event_fd() - the fd that turns readable when finished jobs wait: poll it on the
+ * loop and call tpb_copier_progress(). Borrows @c.
+ * Return: the fd, borrowed (valid until tpb_copier_free(); never close it).
+ */
+int tpb_copier_event_fd(const struct tpb_copier *c);
+
+/*
+ * tpb_copier_progress() - run the done callbacks of the finished jobs, on the calling (loop)
+ * thread; never blocks. Borrows @c; each callback gets its job back.
+ * Return: how many ran.
+ */
+int tpb_copier_progress(struct tpb_copier *c);
+
+/*
+ * tpb_copier_submit() - queue @job. Takes @job: its done callback runs exactly once, later, from
+ * tpb_copier_progress() (with status -ECANCELED if the copier is freed first); the callback must
+ * free it with tpb_copier_job_free().
+ */
+void tpb_copier_submit(struct tpb_copier *c, struct tpb_copy_job *job);
+
+/* Jobs queued or running. */
+unsigned tpb_copier_busy(const struct tpb_copier *c);
+
+/* Stops the workers (waiting for running copies), runs the done callbacks of finished jobs and
+ * completes queued ones with -ECANCELED, on the calling thread. Takes @c. Accepts NULL. */
+void tpb_copier_free(struct tpb_copier *c);
+
+/*
+ * tpb_copier_engine() - @c as the engine of the same-host channels' contexts (struct
+ * tpb_engine, tpb_ctx_new()): each op submitted becomes one job of @c, whose workers run the
+ * op's channel kernel on its transfers; the job's completion, on the loop thread, calls
+ * tpb_sync_engine_done(), and the context delivers it from its next tpb_progress().
+ * Ownership: the engine borrows @c, which must outlive every context made with it; a job still
+ * queued when @c is freed completes with -ECANCELED.
+ */
+void tpb_copier_engine(struct tpb_copier *c, struct tpb_engine *ret);
+
+/* Allocates a job for @n transfers, @n_refs buffer references and 2 * @n_refs CUDA mapping
+ * references. Return: job or NULL. */
+struct tpb_copy_job *tpb_copier_job_new(size_t n, size_t n_refs);
+/*
+ * tpb_copier_job_hold_proc() - make @job keep a reference to @p (NULL: nothing) until it is freed;
+ * a job touches at most two processes (its writer's and its reader's).
+ * Return: 0, or -ENOBUFS for a third process.
+ */
+int tpb_copier_job_hold_proc(struct tpb_copy_job *job, struct tpb_proc *p);
+
+/* Drops the job's buffer references and frees it. Accepts NULL. */
+void tpb_copier_job_free(struct tpb_copy_job *job);
+
+#endif

@@ -1,0 +1,221 @@
+/* SPDX-License-Identifier: BSD-3-Clause */
+/*
+ * A peer link's RDMA state as an endpoint of the channel op table (tpb.h): tpb_start() on it
+ * RDMA-writes an op's sources into the regions of the reader's offer, carried as bytes
+ * (tpb_rdma_offer_encode() writes them), through tpb_rdma_send(); tpb_cancel() stops it; the
+ * completion comes back as the op's done callback from tpb_progress(). The link set-up and the
+ * writes themselves are link.c's.
+ */
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+#include "tpconfig.h"
+#include "rdma_int.h"
+#include "tpb.h"
+
+#if HAVE_RDMA
+
+/* A send started by tpb_start(): the op, and what tpb_rdma_send() borrows until it ends. */
+struct op_send {
+	struct tpu_list node; /* in the link's op_sends */
+	struct tpb_op *op;
+	struct tpb_rdma_xfer x;
+	struct tpb_rdma_seg *segs;
+	struct tpb_rdma_region *regions;
+};
+
+struct tpb_ep *tpb_rdma_link_ep(struct tpb_rdma_link *l)
+{
+	return l ? &l->ep : NULL;
+}
+
+int tpb_rdma_ep_open(struct tpb_ctx *ctx, const struct tpb_peer *peer, struct tpb_ep **ret)
+{
+	struct tpb_rdma *g = tpb_rdma_of(ctx);
+	struct tpb_rdma_link *l;
+
+	if (!g || !peer)
+		return -EOPNOTSUPP; /* between hosts only */
+	tpu_list_for_each(l, &g->links, node) {
+		if (l->link == peer->link) {
+			*ret = &l->ep;
+			return 0;
+		}
+	}
+	return -EOPNOTSUPP; /* the two daemons set up no RDMA on this link */
+}
+
+void tpb_rdma_ep_close(struct tpb_ep *ep)
+{
+	/* the link owns its endpoint: tpb_rdma_link_free() */
+}
+
+static uint64_t get_le(const uint8_t *p, unsigned bytes)
+{
+	uint64_t v = 0;
+
+	for (unsigned i = 0; i < bytes; i++)
+		v |= (uint64_t)p[i] << (8 * i);
+	return v;
+}
+
+/* The offer of @op (tpb_rdma_offer_encode()) into @os->regions and @of. */
+static int op_offer(const struct tpb_op *op, struct op_send *os, struct tpb_rdma_offer *of,
+		    char *why, size_t wl)
+{
+	const uint8_t *p = op->offer;
+	size_t n;
+
+	if (!p || op->offer_len < TPB_RDMA_OFFER_HDR) {
+		snprintf(why, wl, "the reader's daemon offered no RDMA region");
+		return -EOPNOTSUPP;
+	}
+	n = get_le(p + 4, 4);
+	if (op->offer_len != tpb_rdma_offer_size(n)) {
+		snprintf(why, wl, "RDMA offer of %zu bytes for %zu regions", op->offer_len, n);
+		return -EPROTO;
+	}
+	os->regions = calloc(n ? n : 1, sizeof(*os->regions));
+	if (!os->regions)
+		return -ENOMEM;
+	for (size_t i = 0; i < n; i++) {
+		const uint8_t *r = p + TPB_RDMA_OFFER_HDR + i * TPB_RDMA_OFFER_REGION;
+
+		os->regions[i] = (struct tpb_rdma_region){ .addr = get_le(r, 8),
+							   .length = get_le(r + 8, 8),
+							   .rkey = (uint32_t)get_le(r + 16, 4),
+							   .cuda = get_le(r + 20, 4) & 1 };
+	}
+	*of = (struct tpb_rdma_offer){ .port = (uint32_t)get_le(p, 4), .n = n,
+				       .regions = os->regions };
+	return 0;
+}
+
+static void op_send_free(struct op_send *os)
+{
+	free(os->segs);
+	free(os->regions);
+	free(os);
+}
+
+static void op_send_done(struct tpb_rdma_xfer *x)
+{
+	struct op_send *os = x->arg;
+	struct tpb_op *op = os->op;
+
+	tpu_list_remove(&os->node);
+	op->status = x->status;
+	op->bytes = x->status == 0 ? x->bytes : 0;
+	snprintf(op->why, sizeof(op->why), "%s", x->status < 0 ? x->why : "");
+	op->canceled = false;
+	op_send_free(os);
+	op->done(op); /* @op is its owner's again */
+}
+
+int tpb_rdma_ep_start(struct tpb_ep *ep, struct tpb_op *op)
+{
+	struct tpb_rdma_link *l = tpu_container_of(ep, struct tpb_rdma_link, ep);
+	struct op_send *os = calloc(1, sizeof(*os));
+	struct tpb_rdma_offer of;
+	int r;
+
+	op->why[0] = '\0';
+	if (!os)
+		return -ENOMEM;
+	os->op = op;
+	os->segs = calloc(op->n_xfers ? op->n_xfers : 1, sizeof(*os->segs));
+	r = os->segs ? op_offer(op, os, &of, op->why, sizeof(op->why)) : -ENOMEM;
+	for (size_t i = 0; r == 0 && i < op->n_xfers; i++)
+		os->segs[i] = (struct tpb_rdma_seg){ .mem = op->xfers[i].src,
+						     .len = op->xfers[i].len,
+						     .buf = op->xfers[i].src.buf };
+	os->x = (struct tpb_rdma_xfer){ .segs = os->segs, .n_segs = op->n_xfers,
+					.done = op_send_done, .arg = os };
+	if (r == 0)
+		r = tpb_rdma_send(l, &os->x, &of, op->why, sizeof(op->why));
+	if (r < 0) {
+		op_send_free(os);
+		return r;
+	}
+	op->ep = ep;
+	op->status = 0;
+	op->bytes = 0;
+	tpu_list_insert_tail(&l->op_sends, &os->node);
+	return 0;
+}
+
+int tpb_rdma_ep_cancel(struct tpb_ep *ep, struct tpb_op *op)
+{
+	struct tpb_rdma_link *l = tpu_container_of(ep, struct tpb_rdma_link, ep);
+	struct op_send *os;
+
+	tpu_list_for_each(os, &l->op_sends, node) {
+		if (os->op == op) {
+			op->canceled = true;
+			tpb_rdma_send_cancel(l, &os->x);
+			return 0;
+		}
+	}
+	return -ENOENT;
+}
+
+#else /* !HAVE_RDMA */
+
+struct tpb_ep *tpb_rdma_link_ep(struct tpb_rdma_link *l)
+{
+	return NULL;
+}
+
+int tpb_rdma_ep_open(struct tpb_ctx *ctx, const struct tpb_peer *peer, struct tpb_ep **ret)
+{
+	return -EOPNOTSUPP;
+}
+
+void tpb_rdma_ep_close(struct tpb_ep *ep)
+{
+}
+
+int tpb_rdma_ep_start(struct tpb_ep *ep, struct tpb_op *op)
+{
+	snprintf(op->why, sizeof(op->why), "tpipd was built without RDMA or CUDA support");
+	return -EOPNOTSUPP;
+}
+
+int tpb_rdma_ep_cancel(struct tpb_ep *ep, struct tpb_op *op)
+{
+	return -ENOENT;
+}
+
+#endif
+
+size_t tpb_rdma_offer_size(size_t n)
+{
+	return TPB_RDMA_OFFER_HDR + n * TPB_RDMA_OFFER_REGION;
+}
+
+static void put_le(uint8_t *p, uint64_t v, unsigned bytes)
+{
+	for (unsigned i = 0; i < bytes; i++)
+		p[i] = (uint8_t)(v >> (8 * i));
+}
+
+int tpb_rdma_offer_encode(const struct tpb_rdma_offer *of, void *buf, size_t len)
+{
+	uint8_t *p = buf;
+
+	if (of->n > UINT32_MAX || len < tpb_rdma_offer_size(of->n))
+		return -ENOBUFS;
+	put_le(p, of->port, 4);
+	put_le(p + 4, of->n, 4);
+	for (size_t i = 0; i < of->n; i++) {
+		uint8_t *r = p + TPB_RDMA_OFFER_HDR + i * TPB_RDMA_OFFER_REGION;
+
+		put_le(r, of->regions[i].addr, 8);
+		put_le(r + 8, of->regions[i].length, 8);
+		put_le(r + 16, of->regions[i].rkey, 4);
+		put_le(r + 20, of->regions[i].cuda ? 1 : 0, 4);
+	}
+	return (int)tpb_rdma_offer_size(of->n);
+}

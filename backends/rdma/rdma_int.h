@@ -1,0 +1,126 @@
+/* SPDX-License-Identifier: BSD-3-Clause */
+/*
+ * Internals shared by link.c (ports, links, transfers, the context's event fd) and reg.c
+ * (registration and its cache). Everything here runs on the loop thread.
+ */
+#ifndef TPB_RDMA_INT_H
+#define TPB_RDMA_INT_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+#include "rdma.h"
+#include "tpb.h"
+#include "tpconfig.h"
+#include "tpu.h"
+
+/* The first CUDA segment of @segs (for locality), or NULL. */
+const struct tpb_mem *tpb_rdma_reg_first_cuda(const struct tpb_rdma_seg *segs, size_t n);
+
+#if HAVE_RDMA
+#include "tpv.h"
+
+struct rdma_port {
+	struct tpb_rdma *g;
+	const struct tpv_nic *nic; /* in the daemon's g->nics */
+	struct tpv_ctx *ctx; /* open while a queue pair or a registration uses the port */
+	unsigned refs;	     /* queue pairs and registrations on @ctx */
+	char why[160];	     /* why opening failed (sticky) */
+};
+
+/* Work tpb_rdma_progress() runs once CLOCK_MONOTONIC reaches @due_ns. */
+struct rdma_timer {
+	struct tpu_list node; /* in g->timers while armed */
+	uint64_t due_ns;
+	bool armed;
+	void (*fn)(struct rdma_timer *t);
+};
+
+struct tpb_rdma {
+	struct tpb_ctx base; /* first: the op table's head */
+	struct tpb_rdma_config cfg;
+	int epfd; /* the event fd: the ports' completion channels and @tfd */
+	int tfd;  /* timerfd, armed for the first of @timers */
+	struct tpu_list timers; /* armed struct rdma_timer */
+	struct tpu_list links;	/* struct tpb_rdma_link */
+	const struct tpv_ops *ops;
+	struct tpv_nic *nics; /* the ports' NICs, as tpv_nic_choose() takes them */
+	struct rdma_port *ports;
+	size_t n;
+	unsigned rr; /* round-robin cursor of tpv_nic_choose() */
+	bool cuda;   /* a CUDA driver is there: cuda_gdr is offered too */
+	struct tpu_list mrs; /* cached registrations (struct rdma_mr), least recently used first */
+	struct tpb_rdma_cache_stats cache;
+	uint64_t host_bytes; /* of cache.bytes, in shared buffers (what the rdma-cache budget caps) */
+};
+
+enum link_state { LINK_PORTS, LINK_CONNECTING, LINK_READY, LINK_OFF };
+
+/* A peer link's RDMA state (link.c), its endpoint (ep.c). */
+struct tpb_rdma_link {
+	struct tpb_ep ep; /* its endpoint in the op table */
+	struct tpb_peer peer;
+	struct tpu_list node; /* in g->links */
+	struct tpu_list op_sends; /* struct op_send: sends started through the op table */
+	struct tpb_rdma *g;
+	void *link; /* the daemon's */
+	enum link_state state;
+	unsigned common; /* TPB_RDMA_* both daemons offer */
+	unsigned n_remote;
+	struct tpv_qp **qps; /* [local port * n_remote + remote port] */
+	struct tpu_list sends;
+	char text[200];
+	uint64_t sent, received; /* bytes RDMA-written each way */
+	bool closing;		  /* tpb_rdma_link_free() is flushing the queue pairs */
+};
+
+/* Runs @t's work from tpb_rdma_progress() in @us microseconds (0: on the next one); an armed
+ * @t is re-armed (ctx.c). */
+void tpb_rdma_timer_in_us(struct tpb_rdma *g, struct rdma_timer *t, long us);
+/* Disarms @t, armed or not. */
+void tpb_rdma_timer_stop(struct rdma_timer *t);
+
+/* A write a send posted completed (a tpv_done_fn, @cookie the send): from the completion queue
+ * drain (ctx.c), or flushed by closing its queue pair (link.c). */
+void tpb_rdma_write_done(void *arg, uint64_t cookie, int status, const char *why);
+
+/* One segment of a transfer, in a registration: where the peer writes or this side reads. */
+struct rdma_reg {
+	struct rdma_mr *e; /* NULL for an empty segment */
+	uint64_t addr;	  /* of the segment's first byte, inside @e's region */
+	uint64_t len;
+	uint32_t lkey, rkey;
+};
+
+/* The registrations of one transfer's segments, all on @port. */
+struct rdma_regs {
+	struct rdma_port *port;
+	bool opened; /* holds a reference on @port */
+	struct rdma_reg *r;
+	size_t n;
+};
+
+/* Opens @pt if it is not open (a device context, protection domain and completion queue) and
+ * takes a reference. Return: 0, or -errno (sticky: a port that failed once stays unusable). */
+int tpb_rdma_port_open(struct rdma_port *pt, char *why, size_t wl);
+/* Drops a reference taken by tpb_rdma_port_open(); the last one closes the device. */
+void tpb_rdma_port_put(struct rdma_port *pt);
+
+/* -EOPNOTSUPP unless every segment is registrable (shared buffers and CUDA memory). */
+int tpb_rdma_reg_applicable(const struct tpb_rdma_seg *segs, size_t n, char *why, size_t wl);
+
+/*
+ * tpb_rdma_reg_make() - registrations for every non-empty segment of @segs, on the port nearest
+ * their GPU (host memory: round-robin): from the cache where a cached region holds the segment,
+ * else registered now (and cached, for shared buffers and CUDA allocations, within the
+ * rdma-cache budget). Return: 0, or -errno (reason in @why) with nothing held.
+ */
+int tpb_rdma_reg_make(struct tpb_rdma *g, const struct tpb_rdma_seg *segs, size_t n,
+		    struct rdma_regs *rg, char *why, size_t wl);
+/* Releases what tpb_rdma_reg_make() took (if it ran): regions leave or stay in the cache. */
+void tpb_rdma_reg_free(struct rdma_regs *rg);
+/* Drops every cached region (the daemon stops; no transfer may be running). */
+void tpb_rdma_cache_stop(struct tpb_rdma *g);
+
+#endif /* HAVE_RDMA */
+#endif
