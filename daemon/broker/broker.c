@@ -9,7 +9,25 @@
  */
 #include <errno.h>
 #include <stdlib.h>
+#include "local.h"
 #include "pipe_int.h"
+
+/* What the local part calls up to: the client messages about pipes, ends that leave. */
+static const struct tpd_local_pipe_ops local_pipe_ops = {
+	.connect = tpd_pipe_connect,
+	.write = tpd_pipe_write,
+	.read = tpd_pipe_read,
+	.cancel = tpd_cancel_handle,
+	.flow_resumed = tpd_budget_resumed,
+	.end_close = tpd_pipe_end_close,
+	.end_detach = tpd_pipe_end_detach,
+	.listener_added = tpd_xpipe_listener_added,
+};
+
+void tpd_broker_serve_local(struct tpd_local *l)
+{
+	tpd_local_set_pipe_ops(l, &local_pipe_ops);
+}
 
 int tpd_broker_new(struct tpd_broker **ret)
 {

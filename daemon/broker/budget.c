@@ -15,7 +15,7 @@
  * a message costs, and the local per-pipe limits, are pipe.c's and msg.c's. Loop thread only.
  */
 #include <stdio.h>
-#include "daemon.h"
+#include "core.h"
 #include "log.h"
 #include "pipe_int.h"
 #include "session.h"

@@ -14,7 +14,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include "copier.h"
-#include "daemon.h"
+#include "core.h"
 #include "log.h"
 #include "pipe_int.h"
 #include "session.h"

@@ -22,6 +22,7 @@
 
 struct tpd_broker;
 struct tpd_daemon;
+struct tpd_local;
 struct tpd_session;
 struct tpd_pipe;
 struct tpd_pipe_end;
@@ -111,6 +112,12 @@ int tpd_broker_new(struct tpd_broker **ret);
 
 /* Frees @b. Takes @b; accepts NULL. */
 void tpd_broker_free(struct tpd_broker *b);
+
+/*
+ * tpd_broker_serve_local() - hand the local part @l (borrowed) the broker's handlers of the
+ * client messages about pipes (struct tpd_local_pipe_ops), before the first session attaches.
+ */
+void tpd_broker_serve_local(struct tpd_local *l);
 
 /* Open pipes (connecting, open or half-closed, not yet freed). Borrows @b. */
 unsigned tpd_broker_pipe_count(const struct tpd_broker *b);

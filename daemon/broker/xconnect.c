@@ -12,7 +12,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <event2/event.h>
-#include "daemon.h"
+#include "core.h"
 #include "log.h"
 #include "peer.h"
 #include "pipe_int.h"

@@ -12,7 +12,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include "copier.h"
-#include "daemon.h"
+#include "core.h"
 #include "rdma/rdma.h"
 #include "log.h"
 #include "mpt.h"

@@ -8,10 +8,8 @@
 #include <string.h>
 #include <strings.h>
 #include <unistd.h>
+#include "addr.h"
 #include "config.h"
-#include "devmem.h"
-#include "metrics.h"
-#include "peer.h"
 #include "ring.h"
 #include "tpb.h"
 #include "tpconfig.h"
@@ -285,14 +283,14 @@ static int set_opt(struct tpd_config *c, const struct opt *o, const char *v, cha
 			snprintf(err, el, "%s: value longer than %zu bytes", o->name, cap - 1);
 			return -EINVAL;
 		}
-		if (o->off == OFF(peer_listen) && tpd_peerlisten_check(v) < 0) {
+		if (o->off == OFF(peer_listen) && tpd_addr_peer_listen_check(v) < 0) {
 			snprintf(err, el, "%s: '%s' is not ADDR:PORT, *:PORT, [V6ADDR]:PORT or off",
 				 o->name, v);
 			return -EINVAL;
 		}
 		/* loopback or not: check_metrics(), once every setting is known */
 		if (o->off == OFF(metrics_listen) && v[0] &&
-		    tpd_metrics_listen_check(v, true) < 0) {
+		    tpd_addr_metrics_listen_check(v, true) < 0) {
 			snprintf(err, el, "%s: '%s' is not ADDR:PORT (127.0.0.1:PORT, [::1]:PORT, "
 				 "localhost:PORT, port 1 to 65535)", o->name, v);
 			return -EINVAL;
@@ -508,8 +506,8 @@ static int check_metrics(const struct tpd_config *c, char *err, size_t el)
 {
 	char where[PATH_MAX + 16] = "--";
 
-	if (!c->metrics_listen[0] || tpd_metrics_listen_check(c->metrics_listen,
-							       c->metrics_allow_remote) == 0)
+	if (!c->metrics_listen[0] || tpd_addr_metrics_listen_check(c->metrics_listen,
+								    c->metrics_allow_remote) == 0)
 		return 0;
 	if (c->metrics_listen_line > 0)
 		snprintf(where, sizeof(where), "%s:%d: ", c->config_path, c->metrics_listen_line);

@@ -17,6 +17,10 @@
 
 #include "tpconfig.h" /* TPD_CONFIG_DEFAULT_PATH */
 
+/* Default of --cuda-mappings-max: CUDA allocations and events a session keeps mapped
+ * (local/devmem.c drops the least recently used beyond it). */
+#define TPD_DEVMEM_HOLDS 256
+
 struct tpd_config {
 	char socket_path[108];
 	enum tpu_log_level log_level;

@@ -31,94 +31,9 @@
 
 static void daemon_on_accept(evutil_socket_t fd, short what, void *arg);
 
-uint64_t tpd_daemon_uptime_ms(const struct tpd_daemon *d)
-{
-	return (tpu_now_ns() - d->start_ns) / 1000000;
-}
-
-const struct tpd_config *tpd_daemon_cfg(const struct tpd_daemon *d)
-{
-	return &d->cfg;
-}
-
-struct event_base *tpd_daemon_base(const struct tpd_daemon *d)
-{
-	return d->base;
-}
-
-const struct tpw_limits *tpd_daemon_limits(const struct tpd_daemon *d)
-{
-	return &d->limits;
-}
-
-struct tpd_stats *tpd_daemon_stats(struct tpd_daemon *d)
-{
-	return &d->stats;
-}
-
-struct tpd_registry *tpd_daemon_registry(struct tpd_daemon *d)
-{
-	return &d->registry;
-}
-
-struct tpd_quota *tpd_daemon_quota(struct tpd_daemon *d)
-{
-	return &d->quota;
-}
-
-struct tpb_copier *tpd_daemon_copier(const struct tpd_daemon *d)
-{
-	return d->copier;
-}
-
-bool tpd_daemon_stopping(const struct tpd_daemon *d)
-{
-	return d->stopping;
-}
-
-struct tpd_broker *tpd_daemon_broker(const struct tpd_daemon *d)
-{
-	return d->broker;
-}
-
-struct tpd_local *tpd_daemon_local(const struct tpd_daemon *d)
-{
-	return d->local;
-}
-
-bool tpd_daemon_cma_viable(const struct tpd_daemon *d)
-{
-	return d->cma_viable;
-}
-
-bool tpd_daemon_bulk_running(const struct tpd_daemon *d)
+static bool daemon_bulk_running(const struct tpd_daemon *d)
 {
 	return tpb_copier_busy(d->copier) || tpd_broker_busy(d->broker);
-}
-
-struct tpd_peers *tpd_daemon_peers(const struct tpd_daemon *d)
-{
-	return d->peers;
-}
-
-struct tpb_ctx *tpd_daemon_mpt(const struct tpd_daemon *d)
-{
-	return d->mpt;
-}
-
-struct tpb_rdma *tpd_daemon_rdma(const struct tpd_daemon *d)
-{
-	return d->gdr;
-}
-
-const char *tpd_daemon_socket_path(const struct tpd_daemon *d)
-{
-	return d->socket_path;
-}
-
-uint64_t tpd_daemon_start_ns(const struct tpd_daemon *d)
-{
-	return d->start_ns;
 }
 
 /* Refuses to take over a socket another daemon is serving; removes a stale one. */
@@ -324,7 +239,7 @@ static void daemon_on_drain(evutil_socket_t fd, short what, void *arg)
 	evtimer_add(d->ev_drain, &tv);
 }
 
-void tpd_daemon_stop(struct tpd_daemon *d, const char *why)
+static void daemon_stop(struct tpd_daemon *d, const char *why)
 {
 	char status[96];
 
@@ -356,7 +271,7 @@ static void daemon_on_signal(evutil_socket_t sig, short what, void *arg)
 			tpd_daemon_reload(d);
 		return;
 	}
-	tpd_daemon_stop(d, sig == SIGINT ? "SIGINT" : "SIGTERM");
+	daemon_stop(d, sig == SIGINT ? "SIGINT" : "SIGTERM");
 }
 
 static void update_status(struct tpd_daemon *d)
@@ -580,6 +495,11 @@ static void probe_backends(struct tpd_daemon *d)
 			     "(others stage through shared buffers)", (unsigned)geteuid());
 }
 
+static const struct tpd_daemon_ops daemon_ops = {
+	.stop = daemon_stop,
+	.bulk_running = daemon_bulk_running,
+};
+
 int tpd_daemon_new(const struct tpd_config *cfg, struct tpd_daemon **ret)
 {
 	struct tpd_daemon *d = calloc(1, sizeof(*d));
@@ -587,6 +507,7 @@ int tpd_daemon_new(const struct tpd_config *cfg, struct tpd_daemon **ret)
 
 	if (!d)
 		return -ENOMEM;
+	d->ops = &daemon_ops;
 	d->cfg = *cfg;
 	d->limits = cfg->wire;
 	d->listen_fd = -EBADF;
@@ -603,6 +524,7 @@ int tpd_daemon_new(const struct tpd_config *cfg, struct tpd_daemon **ret)
 	r = tpd_local_new(d, &d->local);
 	if (r < 0)
 		goto fail;
+	tpd_broker_serve_local(d->local); /* sessions hand pipe messages up through its ops */
 	probe_backends(d);
 	r = tpb_copier_new(cfg->copy_threads, &d->copier);
 	if (r < 0)

@@ -5,7 +5,7 @@
  */
 #include <stdio.h>
 #include <stdlib.h>
-#include "daemon.h"
+#include "config.h"
 #include "quota.h"
 
 bool tpd_quota_ratelog_ok(struct tpd_ratelog *rl, uint64_t interval_ms, unsigned *ret_suppressed)
@@ -58,10 +58,10 @@ void tpd_quota_done(struct tpd_quota *q)
 	tpu_hmap_done(&q->uids);
 }
 
-bool tpd_quota_is_admin(const struct tpd_daemon *d, uid_t uid, gid_t gid, const gid_t *groups,
+bool tpd_quota_is_admin(const struct tpd_config *cfg, uid_t uid, gid_t gid, const gid_t *groups,
 			size_t n_groups)
 {
-	gid_t g = (gid_t)d->cfg.admin_gid;
+	gid_t g = (gid_t)cfg->admin_gid;
 
 	if (uid == 0)
 		return true;
@@ -92,10 +92,9 @@ static struct tpd_uid_acct *acct_get(struct tpd_quota *q, uid_t uid)
 	return a;
 }
 
-int tpd_quota_admit(struct tpd_daemon *d, uid_t uid, bool admin, unsigned n_others,
-		    struct tpd_uid_acct **ret, char *why, size_t wl)
+int tpd_quota_admit(struct tpd_quota *q, const struct tpd_config *cfg, uid_t uid, bool admin,
+		    unsigned n_others, struct tpd_uid_acct **ret, char *why, size_t wl)
 {
-	const struct tpd_config *cfg = &d->cfg;
 	uint32_t open = cfg->sessions_max > cfg->sessions_reserved
 				? cfg->sessions_max - cfg->sessions_reserved
 				: 0;
@@ -112,7 +111,7 @@ int tpd_quota_admit(struct tpd_daemon *d, uid_t uid, bool admin, unsigned n_othe
 			 cfg->sessions_reserved, cfg->sessions_max);
 		goto refuse;
 	}
-	a = acct_get(&d->quota, uid);
+	a = acct_get(q, uid);
 	if (!a) {
 		snprintf(why, wl, "out of memory");
 		return -ENOMEM;
@@ -122,18 +121,18 @@ int tpd_quota_admit(struct tpd_daemon *d, uid_t uid, bool admin, unsigned n_othe
 			 "--sessions-per-uid)",
 			 cfg->sessions_per_uid, (unsigned)uid);
 		if (!a->sessions)
-			tpd_quota_leave(d, a);
+			tpd_quota_leave(q, a);
 		goto refuse;
 	}
 	a->sessions++;
 	*ret = a;
 	return 0;
 refuse:
-	d->quota.refused++;
+	q->refused++;
 	return -ENOBUFS;
 }
 
-void tpd_quota_leave(struct tpd_daemon *d, struct tpd_uid_acct *a)
+void tpd_quota_leave(struct tpd_quota *q, struct tpd_uid_acct *a)
 {
 	if (!a)
 		return;
@@ -141,7 +140,7 @@ void tpd_quota_leave(struct tpd_daemon *d, struct tpd_uid_acct *a)
 		a->sessions--;
 	if (a->sessions || a->in_bytes || a->out_bytes || a->buffer_bytes)
 		return;
-	tpu_hmap_del(&d->quota.uids, (uint64_t)a->uid + 1);
+	tpu_hmap_del(&q->uids, (uint64_t)a->uid + 1);
 	free(a);
 }
 
@@ -165,28 +164,28 @@ static int charge(struct tpd_uid_acct *a, uint64_t *uid_bytes, uint64_t *all_byt
 	return 0;
 }
 
-int tpd_quota_charge_in(struct tpd_daemon *d, struct tpd_uid_acct *a, uint64_t bytes, char *why,
-			size_t wl)
+int tpd_quota_charge_in(struct tpd_quota *q, const struct tpd_config *cfg, struct tpd_uid_acct *a,
+			uint64_t bytes, char *why, size_t wl)
 {
-	return charge(a, &a->in_bytes, &d->quota.in_bytes, bytes, d->cfg.input_bytes_per_uid,
-		      d->cfg.input_bytes_max, "partial frames held", why, wl);
+	return charge(a, &a->in_bytes, &q->in_bytes, bytes, cfg->input_bytes_per_uid,
+		      cfg->input_bytes_max, "partial frames held", why, wl);
 }
 
-int tpd_quota_charge_out(struct tpd_daemon *d, struct tpd_uid_acct *a, uint64_t bytes, char *why,
-			 size_t wl)
+int tpd_quota_charge_out(struct tpd_quota *q, const struct tpd_config *cfg,
+			 struct tpd_uid_acct *a, uint64_t bytes, char *why, size_t wl)
 {
-	return charge(a, &a->out_bytes, &d->quota.out_bytes, bytes, d->cfg.outq_per_uid,
-		      d->cfg.outq_total, "frames queued", why, wl);
+	return charge(a, &a->out_bytes, &q->out_bytes, bytes, cfg->outq_per_uid,
+		      cfg->outq_total, "frames queued", why, wl);
 }
 
-void tpd_quota_release_in(struct tpd_daemon *d, struct tpd_uid_acct *a, uint64_t bytes)
+void tpd_quota_release_in(struct tpd_quota *q, struct tpd_uid_acct *a, uint64_t bytes)
 {
 	a->in_bytes -= bytes;
-	d->quota.in_bytes -= bytes;
+	q->in_bytes -= bytes;
 }
 
-void tpd_quota_release_out(struct tpd_daemon *d, struct tpd_uid_acct *a, uint64_t bytes)
+void tpd_quota_release_out(struct tpd_quota *q, struct tpd_uid_acct *a, uint64_t bytes)
 {
 	a->out_bytes -= bytes;
-	d->quota.out_bytes -= bytes;
+	q->out_bytes -= bytes;
 }

@@ -17,7 +17,7 @@
 #include <sys/types.h>
 #include "hmap.h"
 
-struct tpd_daemon;
+struct tpd_config;
 
 /* At most one log line per interval (or a burst per window); counts the lines held back. */
 struct tpd_ratelog {
@@ -70,36 +70,39 @@ void tpd_quota_init(struct tpd_quota *q);
 /* Frees every account. */
 void tpd_quota_done(struct tpd_quota *q);
 
-/* True for root and members (primary or supplementary @groups) of the admin group. */
-bool tpd_quota_is_admin(const struct tpd_daemon *d, uid_t uid, gid_t gid, const gid_t *groups,
+/* True for root and members (primary or supplementary @groups) of the admin group of @cfg.
+ * Borrows @cfg and @groups. */
+bool tpd_quota_is_admin(const struct tpd_config *cfg, uid_t uid, gid_t gid, const gid_t *groups,
 			size_t n_groups);
 
 /*
  * tpd_quota_admit() - may a new session of @uid attach? @n_others: sessions attached besides it.
  * Checks sessions-max, the slots reserved for admins (@admin) and sessions-per-uid (root is
- * exempt from the per-uid quota).
+ * exempt from the per-uid quota) of @cfg against @q's accounts. Borrows @q and @cfg.
  * @ret: returns borrowed account, valid until the matching tpd_quota_leave().
  * Return: 0, or -ENOBUFS with the reason in @why (the caller logs, rate-limited).
  */
-int tpd_quota_admit(struct tpd_daemon *d, uid_t uid, bool admin, unsigned n_others,
-		    struct tpd_uid_acct **ret, char *why, size_t wl);
+int tpd_quota_admit(struct tpd_quota *q, const struct tpd_config *cfg, uid_t uid, bool admin,
+		    unsigned n_others, struct tpd_uid_acct **ret, char *why, size_t wl);
 
-/* A session of @a ended: its bytes must have been released. Frees @a with its last session. */
-void tpd_quota_leave(struct tpd_daemon *d, struct tpd_uid_acct *a);
+/* A session of @a ended: its bytes must have been released. Frees @a with its last session.
+ * Borrows @q; takes @a with its last session. Accepts a NULL @a. */
+void tpd_quota_leave(struct tpd_quota *q, struct tpd_uid_acct *a);
 
 /*
  * tpd_quota_charge_in() / tpd_quota_charge_out() - account @bytes more held for a session of
- * @a: input buffer growth, or output queued. Checks the per-uid and daemon-wide budgets.
+ * @a: input buffer growth, or output queued. Checks the per-uid and daemon-wide budgets of
+ * @cfg; @q holds the daemon-wide totals. Borrows @q, @cfg and @a.
  * Return: 0 (charged), or with the reason in @why (nothing charged) -EDQUOT over the per-uid
  * budget, -ENOBUFS over the daemon-wide one.
  */
-int tpd_quota_charge_in(struct tpd_daemon *d, struct tpd_uid_acct *a, uint64_t bytes, char *why,
-			size_t wl);
-int tpd_quota_charge_out(struct tpd_daemon *d, struct tpd_uid_acct *a, uint64_t bytes, char *why,
-			 size_t wl);
+int tpd_quota_charge_in(struct tpd_quota *q, const struct tpd_config *cfg, struct tpd_uid_acct *a,
+			uint64_t bytes, char *why, size_t wl);
+int tpd_quota_charge_out(struct tpd_quota *q, const struct tpd_config *cfg,
+			 struct tpd_uid_acct *a, uint64_t bytes, char *why, size_t wl);
 
-/* Releases @bytes charged before. */
-void tpd_quota_release_in(struct tpd_daemon *d, struct tpd_uid_acct *a, uint64_t bytes);
-void tpd_quota_release_out(struct tpd_daemon *d, struct tpd_uid_acct *a, uint64_t bytes);
+/* Releases @bytes charged before to @a and @q's totals. Borrows @q and @a. */
+void tpd_quota_release_in(struct tpd_quota *q, struct tpd_uid_acct *a, uint64_t bytes);
+void tpd_quota_release_out(struct tpd_quota *q, struct tpd_uid_acct *a, uint64_t bytes);
 
 #endif

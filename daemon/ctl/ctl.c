@@ -11,7 +11,7 @@
 #include <string.h>
 #include "ctl.h"
 #include "peer.h"
-#include "daemon.h"
+#include "core.h"
 #include "rdma/rdma.h"
 #include "pipe.h"
 #include "session.h"

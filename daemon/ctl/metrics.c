@@ -12,7 +12,8 @@
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
-#include "daemon.h"
+#include "addr.h"
+#include "core.h"
 #include "local.h"
 #include "rdma/rdma.h"
 #include "log.h"
@@ -184,52 +185,6 @@ static void metrics_on_request(struct evhttp_request *req, void *arg)
 	evbuffer_free(b);
 }
 
-/* Splits "host:port" / "[v6]:port" into @host and @port; -EPERM for a non-loopback address
- * unless @allow_remote. */
-static int parse_listen(const char *listen, bool allow_remote, char *host, size_t hl,
-			uint16_t *port)
-{
-	const char *colon = strrchr(listen, ':');
-	struct in6_addr a6;
-	struct in_addr a4;
-	unsigned long p;
-	char *end;
-	size_t n;
-
-	if (!colon || colon == listen)
-		return -EINVAL;
-	p = strtoul(colon + 1, &end, 10);
-	if (*end || p == 0 || p > 65535)
-		return -EINVAL;
-	n = (size_t)(colon - listen);
-	if (listen[0] == '[' && n >= 2 && listen[n - 1] == ']') {
-		listen++;
-		n -= 2;
-	}
-	if (n >= hl)
-		return -EINVAL;
-	memcpy(host, listen, n);
-	host[n] = '\0';
-	*port = (uint16_t)p;
-	if (strcmp(host, "localhost") == 0) {
-		snprintf(host, hl, "127.0.0.1");
-		return 0;
-	}
-	if (inet_pton(AF_INET, host, &a4) == 1)
-		return allow_remote || (ntohl(a4.s_addr) >> 24) == 127 ? 0 : -EPERM;
-	if (inet_pton(AF_INET6, host, &a6) == 1)
-		return allow_remote || IN6_IS_ADDR_LOOPBACK(&a6) ? 0 : -EPERM;
-	return -EINVAL;
-}
-
-int tpd_metrics_listen_check(const char *listen, bool allow_remote)
-{
-	char host[64];
-	uint16_t port;
-
-	return parse_listen(listen, allow_remote, host, sizeof(host), &port);
-}
-
 static void metrics_on_accept_resume(evutil_socket_t fd, short what, void *arg)
 {
 	evconnlistener_enable(arg);
@@ -265,7 +220,7 @@ int tpd_metrics_start(struct tpd_daemon *d, const char *listen, bool allow_remot
 	struct timespec now;
 	char host[64];
 	uint16_t port;
-	int r = parse_listen(listen, allow_remote, host, sizeof(host), &port);
+	int r = tpd_addr_metrics_listen(listen, allow_remote, host, sizeof(host), &port);
 
 	if (r == -EPERM) {
 		tpu_log_err("metrics-listen '%s' is not a loopback address: set "
@@ -293,7 +248,7 @@ int tpd_metrics_start(struct tpd_daemon *d, const char *listen, bool allow_remot
 	evconnlistener_set_error_cb(evhttp_bound_socket_get_listener(bs), metrics_on_accept_error);
 	evhttp_set_allowed_methods(m->http, EVHTTP_REQ_GET);
 	evhttp_set_gencb(m->http, metrics_on_request, m);
-	if (tpd_metrics_listen_check(listen, false) < 0) {
+	if (tpd_addr_metrics_listen_check(listen, false) < 0) {
 		bool v6 = strchr(host, ':') != NULL;
 
 		tpu_log_notice("metrics on http://%s%s%s:%u/metrics, open to other hosts "

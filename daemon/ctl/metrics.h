@@ -23,14 +23,6 @@ struct tpd_metrics;
 int tpd_metrics_start(struct tpd_daemon *d, const char *listen, bool allow_remote,
 		      struct tpd_metrics **ret);
 
-/*
- * tpd_metrics_listen_check() - whether @listen is an address tpd_metrics_start() accepts: an
- * IP ADDR:PORT ("[V6]:PORT") or localhost:PORT, port 1..65535, on a loopback address unless
- * @allow_remote (checked when the configuration is read).
- * Return: 0; -EINVAL malformed; -EPERM not loopback and not @allow_remote.
- */
-int tpd_metrics_listen_check(const char *listen, bool allow_remote);
-
 /* Stops serving. Accepts NULL. */
 void tpd_metrics_free(struct tpd_metrics *m);
 

@@ -26,7 +26,7 @@
 #include <sys/socket.h>
 #include <sys/uio.h>
 #include "conn.h"
-#include "daemon.h"
+#include "core.h"
 #include "frame.h"
 #include "local.h"
 #include "log.h"
@@ -77,19 +77,20 @@ static int in_resize(struct tpd_conn *c, size_t cap, char *why, size_t wl)
 	int r;
 
 	if (charge > c->in_charged) {
-		r = tpd_quota_charge_in(c->d, c->acct, charge - c->in_charged, why, wl);
+		r = tpd_quota_charge_in(tpd_daemon_quota(c->d), tpd_daemon_cfg(c->d), c->acct,
+					charge - c->in_charged, why, wl);
 		if (r < 0)
 			return r;
 	}
 	nb = realloc(c->in, cap);
 	if (!nb) {
 		if (charge > c->in_charged)
-			tpd_quota_release_in(c->d, c->acct, charge - c->in_charged);
+			tpd_quota_release_in(tpd_daemon_quota(c->d), c->acct, charge - c->in_charged);
 		snprintf(why, wl, "out of memory for a %zu byte input buffer", cap);
 		return -ENOMEM;
 	}
 	if (charge < c->in_charged)
-		tpd_quota_release_in(c->d, c->acct, c->in_charged - charge);
+		tpd_quota_release_in(tpd_daemon_quota(c->d), c->acct, c->in_charged - charge);
 	c->in_charged = charge;
 	c->in = nb;
 	c->in_cap = cap;
@@ -156,7 +157,7 @@ static int ring_flush_out(struct tpd_conn *c)
 		put = true;
 		o->off += (size_t)n;
 		c->outq_bytes -= (uint64_t)n;
-		tpd_quota_release_out(c->d, c->acct, (uint64_t)n);
+		tpd_quota_release_out(tpd_daemon_quota(c->d), c->acct, (uint64_t)n);
 		c->bytes_out += (uint64_t)n;
 		if (o->off < o->len)
 			continue;
@@ -184,7 +185,7 @@ static int flush_out(struct tpd_conn *c)
 		}
 		o->off += (size_t)n;
 		c->outq_bytes -= (uint64_t)n;
-		tpd_quota_release_out(c->d, c->acct, (uint64_t)n);
+		tpd_quota_release_out(tpd_daemon_quota(c->d), c->acct, (uint64_t)n);
 		c->bytes_out += (uint64_t)n;
 		if (o->off < o->len)
 			return 0;
@@ -283,7 +284,8 @@ int tpd_conn_send(struct tpd_conn *c, Tpw__V1__DaemonMsg *m, const struct iovec 
 	}
 	if (c->ring && ring_send_direct(c, m, tail, n_tail, len, tail_len))
 		return c->stopped ? -EPROTO : 0;
-	r = tpd_quota_charge_out(c->d, c->acct, len, why, sizeof(why));
+	r = tpd_quota_charge_out(tpd_daemon_quota(c->d), tpd_daemon_cfg(c->d), c->acct, len, why,
+				 sizeof(why));
 	if (r < 0) {
 		unsigned suppressed = 0;
 		bool loud = tpd_quota_ratelog_ok(budget_log(c, r), 1000, &suppressed);
@@ -296,7 +298,7 @@ int tpd_conn_send(struct tpd_conn *c, Tpw__V1__DaemonMsg *m, const struct iovec 
 	}
 	o = malloc(sizeof(*o) + len);
 	if (!o) {
-		tpd_quota_release_out(c->d, c->acct, len);
+		tpd_quota_release_out(tpd_daemon_quota(c->d), c->acct, len);
 		conn_fail(c, TPU_LOG_ERR, TPW__V1__STATUS__STATUS_IO, "out of memory");
 		return -ENOMEM;
 	}
@@ -706,8 +708,8 @@ void tpd_conn_done(struct tpd_conn *c)
 		free(o);
 	}
 	if (c->acct) {
-		tpd_quota_release_out(c->d, c->acct, c->outq_bytes);
-		tpd_quota_release_in(c->d, c->acct, c->in_charged);
+		tpd_quota_release_out(tpd_daemon_quota(c->d), c->acct, c->outq_bytes);
+		tpd_quota_release_in(tpd_daemon_quota(c->d), c->acct, c->in_charged);
 	}
 	for (unsigned i = 0; i < c->n_fdq; i++)
 		tpu_close(c->fdq[i]);

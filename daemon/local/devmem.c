@@ -4,7 +4,7 @@
  */
 #include <errno.h>
 #include <stdio.h>
-#include "daemon.h"
+#include "core.h"
 #include "rdma/rdma.h"
 #include "devmem.h"
 #include "frame.h"

@@ -11,8 +11,6 @@
 #include "tpb.h"
 #include "tpw.pb-c.h"
 
-#define TPD_DEVMEM_HOLDS 256 /* default of --cuda-mappings-max */
-
 struct tpd_session;
 
 /*

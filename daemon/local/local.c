@@ -10,12 +10,13 @@
 #include <stdlib.h>
 #include "conn.h"
 #include "copier.h"
-#include "daemon.h"
+#include "core.h"
 #include "local.h"
 #include "session.h"
 
 struct tpd_local {
 	struct tpd_daemon *d;
+	const struct tpd_local_pipe_ops *pipe_ops; /* the broker's (tpd_local_set_pipe_ops()) */
 	struct tpu_list sessions;
 	unsigned n_sessions;
 	uint64_t next_session_id;
@@ -29,6 +30,16 @@ struct tpd_local {
 };
 
 static void local_on_spin(evutil_socket_t fd, short what, void *arg);
+
+void tpd_local_set_pipe_ops(struct tpd_local *l, const struct tpd_local_pipe_ops *ops)
+{
+	l->pipe_ops = ops;
+}
+
+const struct tpd_local_pipe_ops *tpd_local_pipe_ops(const struct tpd_local *l)
+{
+	return l->pipe_ops;
+}
 
 int tpd_local_new(struct tpd_daemon *d, struct tpd_local **ret)
 {

@@ -17,7 +17,35 @@
 
 struct tpd_daemon;
 struct tpd_local;
+struct tpd_pipe_end;
 struct tpd_session;
+
+/*
+ * What the local part hands up to the broker (the part above it): the client messages about
+ * pipes and the pipe ends of a session that leave. The broker registers its table
+ * (tpd_broker_serve_local()) before the first session attaches; this part calls the broker only
+ * through it. Each op borrows its arguments and has the meaning of the broker function it names
+ * (broker/pipe.h).
+ */
+struct tpd_local_pipe_ops {
+	/* Connect from @s (tpd_pipe_connect()). */
+	void (*connect)(struct tpd_daemon *d, struct tpd_session *s, const Tpw__V1__Connect *c);
+	/* Write on @e (tpd_pipe_write()); takes @m. */
+	void (*write)(struct tpd_pipe_end *e, Tpw__V1__ClientMsg *m, const uint8_t *tail,
+		      uint32_t tail_len);
+	/* Read on @e (tpd_pipe_read()). */
+	void (*read)(struct tpd_pipe_end *e, const Tpw__V1__Read *rd);
+	/* Cancel on @e (tpd_cancel_handle()). */
+	void (*cancel)(struct tpd_pipe_end *e, const Tpw__V1__Cancel *c);
+	/* FlowResume on @e (tpd_budget_resumed()). */
+	void (*flow_resumed)(struct tpd_pipe_end *e, const Tpw__V1__FlowResume *fr);
+	/* PipeClose on @e (tpd_pipe_end_close()); may free @e. */
+	void (*end_close)(struct tpd_pipe_end *e);
+	/* @e's session ends (tpd_pipe_end_detach()); may free @e. */
+	void (*end_detach)(struct tpd_pipe_end *e, Tpw__V1__Status why);
+	/* Listener @name was registered (tpd_xpipe_listener_added()). */
+	void (*listener_added)(struct tpd_daemon *d, const char *name);
+};
 
 /*
  * tpd_local_new() - create the local part's state for @d: no session yet, the spin loop idle.
@@ -67,8 +95,17 @@ struct tpd_session *tpd_local_session_find(struct tpd_local *l, uint64_t id);
 void tpd_local_spin_kick(struct tpd_local *l);
 
 /*
- * For session.c and conn.c only.
+ * tpd_local_set_pipe_ops() - register the broker's table: @l keeps @ops (static, const) until
+ * tpd_local_free(). Called once, before the first session attaches.
  */
+void tpd_local_set_pipe_ops(struct tpd_local *l, const struct tpd_local_pipe_ops *ops);
+
+/*
+ * For session.c, sessmsg.c and conn.c only.
+ */
+
+/* Return: the broker's table registered on @l (borrowed, static). */
+const struct tpd_local_pipe_ops *tpd_local_pipe_ops(const struct tpd_local *l);
 
 /*
  * tpd_local_session_add() - number @s (borrowed; @l keeps it on its list until

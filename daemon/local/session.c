@@ -12,12 +12,11 @@
 #include <sys/socket.h>
 #include "conn.h"
 #include "devmem.h"
-#include "daemon.h"
+#include "core.h"
 #include "rdma/rdma.h"
 #include "frame.h"
 #include "local.h"
 #include "log.h"
-#include "pipe.h"
 #include "quota.h"
 #include "session.h"
 #include "sessmsg.h"
@@ -144,13 +143,14 @@ static void send_refusal(struct tpd_session *s, const char *why)
 static int session_admit(struct tpd_session *s)
 {
 	struct tpd_daemon *d = s->d;
-	bool admin = tpd_quota_is_admin(d, s->uid, s->gid, s->groups, s->n_groups);
+	bool admin = tpd_quota_is_admin(tpd_daemon_cfg(d), s->uid, s->gid, s->groups, s->n_groups);
 	unsigned others = tpd_local_session_count(tpd_daemon_local(d)) - 1;
 	unsigned suppressed;
 	char why[200];
 	int r;
 
-	r = tpd_quota_admit(d, s->uid, admin, others, &s->acct, why, sizeof(why));
+	r = tpd_quota_admit(tpd_daemon_quota(d), tpd_daemon_cfg(d), s->uid, admin, others, &s->acct,
+			    why, sizeof(why));
 	if (r == 0)
 		return 0;
 	send_refusal(s, why);
@@ -259,6 +259,7 @@ fail:
 
 static void detach_pipes(struct tpd_session *s, Tpw__V1__Status why)
 {
+	const struct tpd_local_pipe_ops *ops = tpd_local_pipe_ops(tpd_daemon_local(s->d));
 	size_t n = s->pipes.len, i = 0, k = 0;
 	struct tpd_pipe_end **ends = calloc(n + 1, sizeof(*ends));
 	uint64_t key;
@@ -268,7 +269,7 @@ static void detach_pipes(struct tpd_session *s, Tpw__V1__Status why)
 	while (ends && tpu_hmap_next(&s->pipes, &i, &key, &val))
 		ends[k++] = val;
 	for (i = 0; i < k; i++)
-		tpd_pipe_end_detach(ends[i], why);
+		ops->end_detach(ends[i], why);
 	free(ends);
 	tpu_hmap_done(&s->pipes);
 }
@@ -306,7 +307,7 @@ void tpd_session_free(struct tpd_session *s, Tpw__V1__Status why)
 	tpd_devmem_session_end(s);
 	tpd_conn_done(&s->conn); /* releases the queued and buffered bytes before the uid leaves */
 	if (s->acct)
-		tpd_quota_leave(s->d, s->acct);
+		tpd_quota_leave(tpd_daemon_quota(s->d), s->acct);
 	if (s->ev_close)
 		event_free(s->ev_close);
 	if (s->ev_hello)

@@ -18,12 +18,11 @@
 #include <sys/uio.h>
 #include "conn.h"
 #include "devmem.h"
-#include "daemon.h"
+#include "core.h"
 #include "rdma/rdma.h"
 #include "frame.h"
 #include "local.h"
 #include "log.h"
-#include "pipe.h"
 #include "session.h"
 #include "sessmsg.h"
 #include "validate.h"
@@ -36,6 +35,12 @@
  * client (tpb_cma_move()); a client whose probe fails, or whose uid this daemon cannot take,
  * stages through shared buffers instead.
  */
+/* The broker's handlers of pipe messages (tpd_broker_serve_local()). */
+static const struct tpd_local_pipe_ops *pipe_ops(const struct tpd_session *s)
+{
+	return tpd_local_pipe_ops(tpd_daemon_local(s->d));
+}
+
 static bool cma_probe(struct tpd_session *s, const Tpw__V1__Hello *h)
 {
 	uint64_t v = 0;
@@ -209,7 +214,7 @@ static void handle_listen(struct tpd_session *s, const Tpw__V1__Listen *m)
 				? ", open to every peer daemon"
 				: ", open to listed peer daemons");
 	tpd_session_reply(s, m->req_id, 0, NULL, l->id, NULL);
-	tpd_xpipe_listener_added(s->d, l->name);
+	pipe_ops(s)->listener_added(s->d, l->name);
 }
 
 static void handle_listener_close(struct tpd_session *s, const Tpw__V1__ListenerClose *m)
@@ -339,7 +344,7 @@ static void handle_pipe_close(struct tpd_session *s, const Tpw__V1__PipeClose *m
 	Tpw__V1__DaemonMsg dm = TPW__V1__DAEMON_MSG__INIT;
 
 	if (e) {
-		tpd_pipe_end_close(e); /* acknowledges once no copy uses the end's memory */
+		pipe_ops(s)->end_close(e); /* acknowledges once no copy uses the end's memory */
 		return;
 	}
 	/* Already gone (failed connect, remote end gone): nothing can touch its memory. */
@@ -387,7 +392,7 @@ static bool on_listener_close(struct tpd_session *s, Tpw__V1__ClientMsg *m,
 static bool on_connect(struct tpd_session *s, Tpw__V1__ClientMsg *m, struct sessmsg_in *in)
 {
 	(void)in;
-	tpd_pipe_connect(s->d, s, m->connect);
+	pipe_ops(s)->connect(s->d, s, m->connect);
 	return false;
 }
 
@@ -421,7 +426,7 @@ static bool on_write(struct tpd_session *s, Tpw__V1__ClientMsg *m, struct sessms
 		reply_unknown_pipe(s, m);
 		return false;
 	}
-	tpd_pipe_write(e, m, in->tail, in->h->data_len);
+	pipe_ops(s)->write(e, m, in->tail, in->h->data_len);
 	return true;
 }
 
@@ -431,7 +436,7 @@ static bool on_read(struct tpd_session *s, Tpw__V1__ClientMsg *m, struct sessmsg
 
 	(void)in;
 	if (e)
-		tpd_pipe_read(e, m->read);
+		pipe_ops(s)->read(e, m->read);
 	if (!find_end(s, m->read->pipe_id)) /* also when the read ended the pipe */
 		reply_unknown_pipe(s, m);
 	return false;
@@ -451,7 +456,7 @@ static bool on_cancel(struct tpd_session *s, Tpw__V1__ClientMsg *m, struct sessm
 
 	(void)in;
 	if (e)
-		tpd_cancel_handle(e, m->cancel);
+		pipe_ops(s)->cancel(e, m->cancel);
 	return false;
 }
 
@@ -461,7 +466,7 @@ static bool on_flow_resume(struct tpd_session *s, Tpw__V1__ClientMsg *m, struct 
 
 	(void)in;
 	if (e)
-		tpd_budget_resumed(e, m->flow_resume);
+		pipe_ops(s)->flow_resumed(e, m->flow_resume);
 	return false;
 }
 

@@ -24,7 +24,7 @@
 #include <sys/socket.h>
 #include <fcntl.h>
 #include <unistd.h>
-#include "daemon.h"
+#include "core.h"
 #include "frame.h"
 #include "rdma/rdma.h"
 #include "hmap.h"

@@ -209,13 +209,6 @@ const char *tpd_peers_hostname(const struct tpd_daemon *d);
 /* This host's boot id in hex (tpipctl status "host id"): daemons with the same one share a host. */
 const char *tpd_peers_host_id(const struct tpd_daemon *d);
 
-/*
- * tpd_peerlisten_check() - whether @spec is a peer-listen value: "off", "" (also off), ADDR:PORT,
- * *:PORT or [V6ADDR]:PORT with a port in 0..65535 (checked when the configuration is read).
- * Return: 0, or -EINVAL.
- */
-int tpd_peerlisten_check(const char *spec);
-
 /* What a link's RDMA state (backends/rdma) calls up into (peerrdma.c): the daemon hands it to
  * tpb_rdma_ctx_new(); its @link is the struct tpd_peer. */
 extern const struct tpb_rdma_link_ops tpd_peer_rdma_ops;

@@ -16,7 +16,7 @@
 #include <netinet/in.h>
 #include <stdio.h>
 #include <string.h>
-#include "daemon.h"
+#include "core.h"
 #include "log.h"
 #include "peer_int.h"
 

@@ -16,7 +16,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/socket.h>
-#include "daemon.h"
+#include "core.h"
 #include "frame.h"
 #include "rdma/rdma.h"
 #include "hmap.h"

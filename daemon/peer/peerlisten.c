@@ -21,7 +21,8 @@
 #include <string.h>
 #include <sys/socket.h>
 #include <unistd.h>
-#include "daemon.h"
+#include "addr.h"
+#include "core.h"
 #include "frame.h"
 #include "log.h"
 #include "peer.h"
@@ -593,67 +594,13 @@ static void peer_on_accept(evutil_socket_t lfd, short what, void *arg)
 
 /* ---- listener ------------------------------------------------------------------------------ */
 
-/* Parses "ADDR:PORT", "*:PORT", "[V6]:PORT" into @ss. */
-static int parse_listen(const char *spec, struct sockaddr_storage *ss, socklen_t *sl)
-{
-	char host[80];
-	const char *colon = strrchr(spec, ':');
-	unsigned long port;
-	char *end;
-
-	if (!colon || colon == spec || (size_t)(colon - spec) >= sizeof(host))
-		return -EINVAL;
-	port = strtoul(colon + 1, &end, 10);
-	if (*end || port > 65535 || colon[1] == '\0')
-		return -EINVAL;
-	memcpy(host, spec, (size_t)(colon - spec));
-	host[colon - spec] = '\0';
-	memset(ss, 0, sizeof(*ss));
-	if (strcmp(host, "*") == 0 || strcmp(host, "[::]") == 0) {
-		struct sockaddr_in6 *in6 = (void *)ss;
-		in6->sin6_family = AF_INET6;
-		in6->sin6_addr = in6addr_any;
-		in6->sin6_port = htons((uint16_t)port);
-		*sl = sizeof(*in6);
-		return 0;
-	}
-	if (host[0] == '[') {
-		struct sockaddr_in6 *in6 = (void *)ss;
-		size_t l = strlen(host);
-		if (l < 3 || host[l - 1] != ']')
-			return -EINVAL;
-		host[l - 1] = '\0';
-		in6->sin6_family = AF_INET6;
-		in6->sin6_port = htons((uint16_t)port);
-		*sl = sizeof(*in6);
-		return inet_pton(AF_INET6, host + 1, &in6->sin6_addr) == 1 ? 0 : -EINVAL;
-	}
-	{
-		struct sockaddr_in *in = (void *)ss;
-		in->sin_family = AF_INET;
-		in->sin_port = htons((uint16_t)port);
-		*sl = sizeof(*in);
-		return inet_pton(AF_INET, host, &in->sin_addr) == 1 ? 0 : -EINVAL;
-	}
-}
-
-int tpd_peerlisten_check(const char *spec)
-{
-	struct sockaddr_storage ss;
-	socklen_t sl;
-
-	if (!spec[0] || strcmp(spec, "off") == 0)
-		return 0;
-	return parse_listen(spec, &ss, &sl);
-}
-
 int tpd_peerlisten_open(struct tpd_peers *ps, const char *spec)
 {
 	struct sockaddr_storage ss;
 	socklen_t sl;
 	int one = 1, zero = 0, fd, r;
 
-	r = parse_listen(spec, &ss, &sl);
+	r = tpd_addr_peer_listen(spec, &ss, &sl);
 	if (r < 0) {
 		tpu_log_err("peer-listen: '%s' is not ADDR:PORT, *:PORT, [V6ADDR]:PORT or off",
 			    spec);

@@ -11,7 +11,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
-#include "daemon.h"
+#include "core.h"
 #include "rdma/rdma.h"
 #include "hmap.h"
 #include "log.h"
