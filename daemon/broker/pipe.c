@@ -312,6 +312,33 @@ void tpd_pipe_channels(const struct tpd_pipe *p, char *buf, size_t len)
 						tpb_name(i), pair_names[k]);
 }
 
+void tpd_pipe_info(const struct tpd_pipe *p, struct tpd_pipe_info *ret)
+{
+	*ret = (struct tpd_pipe_info){
+		.id = p->id,
+		.listener = p->listener,
+		.connecting = p->connecting,
+		.created_ns = p->created_ns,
+		.channel_notes = p->channel_notes,
+		.n_channel_notes = p->n_channel_notes,
+		.peer_addr = p->peer_addr,
+		.remote_uid = p->remote_uid,
+	};
+	for (int i = 0; i < 2; i++) {
+		const struct tpd_pipe_end *e = &p->end[i];
+
+		ret->end[i] = (struct tpd_pipe_end_info){
+			.session = e->session,
+			.remote = e->remote,
+			.gone = e->gone != TPW__V1__STATUS__STATUS_UNSPECIFIED,
+			.queued = e->queued,
+			.queued_bytes = e->queued_bytes,
+			.msgs_sent = e->msgs_sent,
+			.bytes_sent = e->bytes_sent,
+		};
+	}
+}
+
 /* ---- writes -------------------------------------------------------------------------------- */
 
 /* Completes write @write_id with an error, behind the writes of @e still pending. */

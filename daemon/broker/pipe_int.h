@@ -24,6 +24,89 @@ struct tpd_listener;
 struct tpd_peer;
 struct tpd_xh;
 
+enum tpd_budget_state {
+	TPD_BUDGET_OPEN = 0,
+	TPD_BUDGET_WAITING,
+	TPD_BUDGET_WAITING_FAR, /* for room in the far daemon's queue of a cross-host pipe */
+	TPD_BUDGET_RESUMED,
+};
+
+struct tpd_pipe_end {
+	struct tpd_pipe *pipe;
+	struct tpd_session *session; /* NULL once detached */
+	uint64_t local_id;	     /* the id in the session's namespace */
+	struct tpu_list wq;	     /* messages written by this end awaiting WriteDone */
+	struct tpu_list rq;	     /* messages written by this end not yet consumed */
+	uint64_t next_msg_id;
+	uint32_t queued;	     /* messages in rq */
+	uint64_t queued_bytes;	     /* inline bytes held for rq */
+	unsigned copying;	     /* copy jobs or peer transfers of this end's messages running */
+	uint64_t msgs_sent;
+	uint64_t bytes_sent;
+	Tpw__V1__Status gone;	     /* why the end detached (UNSPECIFIED while attached) */
+	/* PipeClosed owed to this end's session (by id), sent once no copy touches its memory:
+	 * CANCELED acknowledges its own close, others say why the other end went away. */
+	Tpw__V1__Status owed;
+	uint64_t owed_session;
+	bool remote;		     /* the end is on another host, behind the pipe's peer link */
+	bool dropped; /* remote writer: the reader's daemon refused one of its eager messages */
+	/* Flow control: room in this end's write window not yet returned to its client
+	 * (FlowCredit, sent at the end of the loop pass while linked in the broker's
+	 * flow_dirty). */
+	uint32_t credit_msgs;
+	uint64_t credit_bytes;
+	struct tpu_list credit_node;
+	/* The daemon-wide budget (budget.c): OPEN, or WAITING in the broker's budget_wait for
+	 * @budget_need bytes, or RESUMED (FlowResume sent, @reserved bytes set aside) until the
+	 * client answers. Writes are refused with WriteDone{resend} unless OPEN; @reserved goes
+	 * with the next. */
+	enum tpd_budget_state budget;
+	uint64_t budget_need;
+	uint64_t reserved;
+	struct tpu_list budget_node;
+};
+
+struct tpd_pipe {
+	struct tpu_list node;
+	struct tpd_daemon *d;
+	uint64_t id;
+	char *listener;
+	struct tpd_pipe_end end[2]; /* [0] connector, [1] acceptor */
+	unsigned channels;	    /* bit per registry channel used */
+	/* Bit per registry channel used for each (source, destination) memory pair: [0] CPU to
+	 * CPU, [1] CPU to CUDA, [2] CUDA to CPU, [3] CUDA to CUDA. */
+	unsigned pair_channels[4];
+	/* Why each channel serves this pipe: "WHAT: NAME: reason", one per (WHAT, channel) pair,
+	 * owned, at most TPD_PIPE_CHANNEL_NOTES; logged at debug when first noted. */
+	char **channel_notes;
+	unsigned n_channel_notes;
+	uint64_t created_ns;
+	unsigned jobs;		    /* copy jobs and peer transfers in flight */
+
+	/* Cross-host pipes: one end is remote (end[1] here if we connected, end[0] if the peer
+	 * did). Their messages go through the peer link. */
+	struct tpd_peer *link;	    /* NULL on one host, and once the link failed */
+	uint64_t remote_id;	    /* the pipe's id on the peer daemon, 0 while connecting */
+	/* The peer daemon's per-pipe queue limits (PeerConnect/PeerConnectReply; 0: not said):
+	 * what the local end writes is queued there, so it stays within these as well. */
+	uint32_t far_queue_max;
+	uint64_t far_queue_bytes;
+	bool connecting;	    /* waiting for PeerConnectReply */
+	bool connect_sent;
+	uint64_t connect_req_id;    /* the client's Connect, answered when the peer answers */
+	struct event *ev_connect;   /* connect deadline */
+	struct tpu_list held;	    /* writes received while connecting, replayed in order */
+	uint32_t n_held;
+	uint64_t held_bytes;
+	bool expect_uid_set;	    /* connector: refuse unless the listener's owner is this */
+	uint32_t expect_uid;
+	uint32_t remote_uid;	    /* remote end's uid as its daemon claims */
+	bool waiting;		    /* connecting to a local name not registered yet */
+	uint32_t wait_ms;	    /* ... for at most this long */
+	char peer_addr[300];	    /* "HOST:PORT" */
+	char why[200];		    /* why the remote end went away, for error messages */
+};
+
 /* Pipe end ids handed to accepting sessions start here, apart from the ids clients choose. */
 #define TPD_PIPE_ACCEPT_ID_BASE (1ull << 63)
 

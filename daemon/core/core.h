@@ -179,4 +179,16 @@ static inline struct tpb_rdma *tpd_daemon_rdma(const struct tpd_daemon *d)
 	return d->gdr;
 }
 
+/* The control socket's resolved path: borrowed from @d, valid until tpd_daemon_free(). */
+static inline const char *tpd_daemon_socket_path(const struct tpd_daemon *d)
+{
+	return d->socket_path;
+}
+
+/* When the daemon started, on tpu_now_ns()'s clock (pipes' ages are counted from it). */
+static inline uint64_t tpd_daemon_start_ns(const struct tpd_daemon *d)
+{
+	return d->start_ns;
+}
+
 #endif

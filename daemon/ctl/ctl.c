@@ -39,18 +39,13 @@ struct ctl_bufs {
 /* Root, or a member of the configured admin group. */
 static bool is_admin(const struct tpd_session *s)
 {
-	gid_t g = (gid_t)s->d->cfg.admin_gid;
+	gid_t g = (gid_t)tpd_daemon_cfg(tpd_session_daemon(s))->admin_gid;
 
-	if (s->uid == 0)
+	if (tpd_session_uid(s) == 0)
 		return true;
 	if (!g)
 		return false;
-	if (s->gid == g)
-		return true;
-	for (size_t i = 0; i < s->n_groups; i++)
-		if (s->groups[i] == g)
-			return true;
-	return false;
+	return tpd_session_in_group(s, g);
 }
 
 static bool sees_uid(const struct ctl_bufs *b, uid_t uid)
@@ -58,11 +53,11 @@ static bool sees_uid(const struct ctl_bufs *b, uid_t uid)
 	return !b->own_only || uid == b->viewer;
 }
 
-/* Either local end of @p belongs to a uid the caller may see. */
-static bool sees_pipe(const struct ctl_bufs *b, const struct tpd_pipe *p)
+/* Either local end of pipe @pi belongs to a uid the caller may see. */
+static bool sees_pipe(const struct ctl_bufs *b, const struct tpd_pipe_info *pi)
 {
 	for (int i = 0; i < 2; i++)
-		if (p->end[i].session && sees_uid(b, p->end[i].session->uid))
+		if (pi->end[i].session && sees_uid(b, tpd_session_uid(pi->end[i].session)))
 			return true;
 	return false;
 }
@@ -71,6 +66,7 @@ static bool sees_pipe(const struct ctl_bufs *b, const struct tpd_pipe *p)
 static void count_visible(struct tpd_daemon *d, const struct ctl_bufs *b, Tpw__V1__CtlStatus *st)
 {
 	struct tpd_broker *br = tpd_daemon_broker(d);
+	struct tpd_pipe_info pi;
 	struct tpd_session *s;
 	struct tpd_listener *l;
 	struct tpd_pipe *p;
@@ -79,10 +75,12 @@ static void count_visible(struct tpd_daemon *d, const struct ctl_bufs *b, Tpw__V
 		return;
 	st->sessions = st->pipes = st->listeners = 0;
 	tpd_local_for_each_session(s, tpd_daemon_local(d))
-		st->sessions += sees_uid(b, s->uid);
-	for (p = tpd_broker_pipe_next(br, NULL); p; p = tpd_broker_pipe_next(br, p))
-		st->pipes += sees_pipe(b, p);
-	tpu_list_for_each(l, &d->registry.listeners, node)
+		st->sessions += sees_uid(b, tpd_session_uid(s));
+	for (p = tpd_broker_pipe_next(br, NULL); p; p = tpd_broker_pipe_next(br, p)) {
+		tpd_pipe_info(p, &pi);
+		st->pipes += sees_pipe(b, &pi);
+	}
+	tpu_list_for_each(l, &tpd_daemon_registry(d)->listeners, node)
 		st->listeners += sees_uid(b, l->uid);
 }
 
@@ -92,26 +90,31 @@ static void count_visible(struct tpd_daemon *d, const struct ctl_bufs *b, Tpw__V
 static void fill_status_limits(struct tpd_daemon *d, const struct ctl_bufs *b,
 			       Tpw__V1__CtlStatus *st)
 {
+	const struct tpd_config *cfg = tpd_daemon_cfg(d);
 	struct tpd_broker *br = tpd_daemon_broker(d);
+	struct tpd_quota *q = tpd_daemon_quota(d);
+	struct tpd_pipe_info pi;
 	struct tpd_pipe *p;
 
 	if (!b->own_only) {
-		st->client_input_bytes = d->quota.in_bytes;
-		st->client_queued_bytes = d->quota.out_bytes;
-		st->sessions_refused = d->quota.refused;
-		st->remote_refused = d->quota.remote_refused;
-		st->pipe_held_bytes = d->quota.pipe_bytes;
-		st->pipe_held_bytes_peak = d->quota.pipe_bytes_peak;
-		st->budget_waits = d->quota.budget_waits;
+		st->client_input_bytes = q->in_bytes;
+		st->client_queued_bytes = q->out_bytes;
+		st->sessions_refused = q->refused;
+		st->remote_refused = q->remote_refused;
+		st->pipe_held_bytes = q->pipe_bytes;
+		st->pipe_held_bytes_peak = q->pipe_bytes_peak;
+		st->budget_waits = q->budget_waits;
 	}
-	for (p = tpd_broker_pipe_next(br, NULL); p; p = tpd_broker_pipe_next(br, p))
-		for (int i = 0; i < 2 && sees_pipe(b, p); i++) {
-			st->pipe_queued_messages += p->end[i].queued;
-			st->pipe_queued_bytes += p->end[i].queued_bytes;
+	for (p = tpd_broker_pipe_next(br, NULL); p; p = tpd_broker_pipe_next(br, p)) {
+		tpd_pipe_info(p, &pi);
+		for (int i = 0; i < 2 && sees_pipe(b, &pi); i++) {
+			st->pipe_queued_messages += pi.end[i].queued;
+			st->pipe_queued_bytes += pi.end[i].queued_bytes;
 		}
-	st->sessions_max = d->cfg.sessions_max;
-	st->sessions_per_uid = d->cfg.sessions_per_uid;
-	st->sessions_reserved = d->cfg.sessions_reserved;
+	}
+	st->sessions_max = cfg->sessions_max;
+	st->sessions_per_uid = cfg->sessions_per_uid;
+	st->sessions_reserved = cfg->sessions_reserved;
 }
 
 static void fill_status(struct tpd_daemon *d, const struct ctl_bufs *b, Tpw__V1__CtlStatus *st)
@@ -123,11 +126,11 @@ static void fill_status(struct tpd_daemon *d, const struct ctl_bufs *b, Tpw__V1_
 	st->pid = (uint32_t)getpid();
 	st->sessions = tpd_local_session_count(tpd_daemon_local(d));
 	st->pipes = tpd_broker_pipe_count(tpd_daemon_broker(d));
-	st->listeners = d->registry.count;
+	st->listeners = tpd_daemon_registry(d)->count;
 	st->bytes_moved = tpd_broker_bytes_moved(tpd_daemon_broker(d));
 	st->messages_moved = tpd_broker_messages_moved(tpd_daemon_broker(d));
-	st->socket_path = d->socket_path;
-	st->cma_available = d->cma_viable;
+	st->socket_path = (char *)tpd_daemon_socket_path(d);
+	st->cma_available = tpd_daemon_cma_viable(d);
 	st->peer_listen = (char *)tpd_peers_listen_addr(d);
 	st->peers = tpd_peers_count(d);
 	st->host_id = (char *)tpd_peers_host_id(d);
@@ -155,45 +158,52 @@ static int fill_sessions(struct tpd_daemon *d, Tpw__V1__CtlReply *rep, struct ct
 		return -ENOMEM;
 	tpd_local_for_each_session(s, tpd_daemon_local(d)) {
 		Tpw__V1__CtlSession *c = &arr[i];
-		if (!sees_uid(b, s->uid))
+		const char *name = tpd_session_name(s);
+
+		if (!sees_uid(b, tpd_session_uid(s)))
 			continue;
 		tpw__v1__ctl_session__init(c);
-		c->id = s->id;
-		c->pid = (uint32_t)s->pid;
-		c->uid = (uint32_t)s->uid;
-		c->gid = (uint32_t)s->gid;
-		c->command = s->comm;
-		c->name = s->name ? s->name : "";
-		c->role = s->role;
+		c->id = tpd_session_id(s);
+		c->pid = (uint32_t)tpd_session_pid(s);
+		c->uid = (uint32_t)tpd_session_uid(s);
+		c->gid = (uint32_t)tpd_session_gid(s);
+		c->command = (char *)tpd_session_comm(s);
+		c->name = (char *)(name ? name : "");
+		c->role = tpd_session_role(s);
 		c->pipes = tpd_session_pipe_count(s);
-		c->listeners = s->n_listeners;
-		c->buffers = (uint32_t)s->buffers.len;
-		c->buffer_bytes = s->buffer_bytes;
-		tpd_conn_bytes(s, &c->bytes_in, &c->bytes_out);
+		c->listeners = tpd_session_listener_count(s);
+		c->buffers = tpd_session_buffer_count(s);
+		c->buffer_bytes = tpd_session_buffer_bytes(s);
+		tpd_conn_bytes(tpd_session_conn(s), &c->bytes_in, &c->bytes_out);
 		c->cma_ok = tpd_session_cma(s);
-		c->transport = tpd_conn_is_ring(s) ? "ring" : "unix";
-		c->ring_bytes = tpd_conn_ring_bytes(s);
+		c->transport = tpd_conn_is_ring(tpd_session_conn(s)) ? "ring" : "unix";
+		c->ring_bytes = tpd_conn_ring_bytes(tpd_session_conn(s));
 		rep->sessions[i++] = c;
 	}
 	rep->n_sessions = i;
 	return 0;
 }
 
-static void fill_end(const struct ctl_bufs *b, const struct tpd_pipe_end *e,
+/* End @i of pipe @pi. */
+static void fill_end(const struct ctl_bufs *b, const struct tpd_pipe_info *pi, int i,
 		     Tpw__V1__CtlPipeEnd *c)
 {
+	const struct tpd_pipe_end_info *e = &pi->end[i];
+
 	tpw__v1__ctl_pipe_end__init(c);
-	if (e->session && !sees_uid(b, e->session->uid)) {
+	if (e->session && !sees_uid(b, tpd_session_uid(e->session))) {
 		c->hidden = true; /* another user's process: not even its uid */
 		c->name = "";
 	} else if (e->session) {
-		c->session_id = e->session->id;
-		c->pid = (uint32_t)e->session->pid;
-		c->name = e->session->name ? e->session->name : "";
-		c->uid = (uint32_t)e->session->uid;
+		const char *name = tpd_session_name(e->session);
+
+		c->session_id = tpd_session_id(e->session);
+		c->pid = (uint32_t)tpd_session_pid(e->session);
+		c->name = (char *)(name ? name : "");
+		c->uid = (uint32_t)tpd_session_uid(e->session);
 	} else if (e->remote) {
-		c->name = e->pipe->peer_addr; /* "HOST:PORT" of the other host's daemon */
-		c->uid = e->pipe->remote_uid;
+		c->name = (char *)pi->peer_addr; /* "HOST:PORT" of the other host's daemon */
+		c->uid = pi->remote_uid;
 		c->uid_claimed = true;
 	} else {
 		c->name = "";
@@ -204,8 +214,8 @@ static void fill_end(const struct ctl_bufs *b, const struct tpd_pipe_end *e,
 }
 
 
-/* The control transports of @p's two ends: "ring", "unix", "ring,unix", "ring,tcp"... */
-static const char *pipe_transport(const struct tpd_pipe *p)
+/* The control transports of @pi's two ends: "ring", "unix", "ring,unix", "ring,tcp"... */
+static const char *pipe_transport(const struct tpd_pipe_info *pi)
 {
 	static const char *const names[3][3] = {
 		{ "tcp", "unix,tcp", "ring,tcp" },
@@ -215,12 +225,12 @@ static const char *pipe_transport(const struct tpd_pipe *p)
 	int k[2];
 
 	for (int i = 0; i < 2; i++) {
-		const struct tpd_pipe_end *e = &p->end[i];
+		const struct tpd_pipe_end_info *e = &pi->end[i];
 
 		if (e->remote)
 			k[i] = 0;
 		else
-			k[i] = e->session && tpd_conn_is_ring(e->session) ? 2 : 1;
+			k[i] = e->session && tpd_conn_is_ring(tpd_session_conn(e->session)) ? 2 : 1;
 	}
 	return names[k[0]][k[1]];
 }
@@ -229,6 +239,7 @@ static int fill_pipes(struct tpd_daemon *d, Tpw__V1__CtlReply *rep, struct ctl_b
 {
 	struct tpd_broker *br = tpd_daemon_broker(d);
 	unsigned n_pipes = tpd_broker_pipe_count(br);
+	struct tpd_pipe_info pi;
 	struct tpd_pipe *p;
 	size_t i = 0;
 
@@ -240,35 +251,38 @@ static int fill_pipes(struct tpd_daemon *d, Tpw__V1__CtlReply *rep, struct ctl_b
 		return -ENOMEM;
 	for (p = tpd_broker_pipe_next(br, NULL); p; p = tpd_broker_pipe_next(br, p)) {
 		Tpw__V1__CtlPipe *c = &b->pipes[i];
-		bool a = p->end[0].session || (p->end[0].remote && !p->end[0].gone),
-		     z = p->end[1].session || (p->end[1].remote && !p->end[1].gone);
-		if (!sees_pipe(b, p))
+		bool a, z;
+
+		tpd_pipe_info(p, &pi);
+		a = pi.end[0].session || (pi.end[0].remote && !pi.end[0].gone);
+		z = pi.end[1].session || (pi.end[1].remote && !pi.end[1].gone);
+		if (!sees_pipe(b, &pi))
 			continue;
 		tpw__v1__ctl_pipe__init(c);
-		c->id = p->id;
-		c->listener = p->listener;
-		c->state = p->connecting ? "connecting"
-					  : (a && z ? "open" : (a || z ? "half-closed" : "closed"));
-		c->transport = (char *)pipe_transport(p);
+		c->id = pi.id;
+		c->listener = (char *)pi.listener;
+		c->state = pi.connecting ? "connecting"
+					 : (a && z ? "open" : (a || z ? "half-closed" : "closed"));
+		c->transport = (char *)pipe_transport(&pi);
 		tpd_pipe_channels(p, b->channels[i], sizeof(b->channels[i]));
 		c->channels = b->channels[i];
 		if (b->verbose) {
 			size_t n = 0;
 
 			/* Within the frame limit: the pipes listed first get their reasons. */
-			for (unsigned k = 0; k < p->n_channel_notes; k++)
-				n += strlen(p->channel_notes[k]) + 8;
+			for (unsigned k = 0; k < pi.n_channel_notes; k++)
+				n += strlen(pi.channel_notes[k]) + 8;
 			if (n <= b->reasons_left) {
 				b->reasons_left -= n;
-				c->n_channel_reasons = p->n_channel_notes;
-				c->channel_reasons = p->channel_notes;
+				c->n_channel_reasons = pi.n_channel_notes;
+				c->channel_reasons = (char **)pi.channel_notes;
 			}
 		}
-		fill_end(b, &p->end[0], &b->ends[2 * i]);
-		fill_end(b, &p->end[1], &b->ends[2 * i + 1]);
+		fill_end(b, &pi, 0, &b->ends[2 * i]);
+		fill_end(b, &pi, 1, &b->ends[2 * i + 1]);
 		c->connector = &b->ends[2 * i];
 		c->acceptor = &b->ends[2 * i + 1];
-		c->created_ms = (p->created_ns - d->start_ns) / 1000000;
+		c->created_ms = (pi.created_ns - tpd_daemon_start_ns(d)) / 1000000;
 		rep->pipes[i++] = c;
 	}
 	rep->n_pipes = i;
@@ -277,14 +291,15 @@ static int fill_pipes(struct tpd_daemon *d, Tpw__V1__CtlReply *rep, struct ctl_b
 
 static int fill_listeners(struct tpd_daemon *d, Tpw__V1__CtlReply *rep, struct ctl_bufs *b)
 {
-	Tpw__V1__CtlListener *arr = b->listeners = calloc(d->registry.count + 1, sizeof(*arr));
+	struct tpd_registry *reg = tpd_daemon_registry(d);
+	Tpw__V1__CtlListener *arr = b->listeners = calloc(reg->count + 1, sizeof(*arr));
 	struct tpd_listener *l;
 	size_t i = 0;
 
-	rep->listeners = calloc(d->registry.count + 1, sizeof(*rep->listeners));
+	rep->listeners = calloc(reg->count + 1, sizeof(*rep->listeners));
 	if (!arr || !rep->listeners)
 		return -ENOMEM;
-	tpu_list_for_each(l, &d->registry.listeners, node) {
+	tpu_list_for_each(l, &reg->listeners, node) {
 		struct tpd_session *s = l->owner;
 		Tpw__V1__CtlListener *c = &arr[i];
 		if (!sees_uid(b, l->uid))
@@ -292,8 +307,8 @@ static int fill_listeners(struct tpd_daemon *d, Tpw__V1__CtlReply *rep, struct c
 		tpw__v1__ctl_listener__init(c);
 		c->id = l->id;
 		c->name = l->name;
-		c->session_id = s->id;
-		c->pid = (uint32_t)s->pid;
+		c->session_id = tpd_session_id(s);
+		c->pid = (uint32_t)tpd_session_pid(s);
 		c->uid = (uint32_t)l->uid;
 		c->access = l->access;
 		c->gid = (uint32_t)l->gid;
@@ -360,7 +375,7 @@ static int fill_stats(struct tpd_daemon *d, Tpw__V1__CtlReply *rep, struct ctl_b
 		return -ENOMEM;
 	for (size_t i = 0; i < n; i++) {
 		Tpw__V1__CtlChannelStats *c = &b->stats[i];
-		struct tpd_channel_stats *cs = &d->stats.ch[i];
+		struct tpd_channel_stats *cs = &tpd_daemon_stats(d)->ch[i];
 		tpw__v1__ctl_channel_stats__init(c);
 		c->name = (char *)ch[i].ops->name;
 		c->transfers = cs->transfers;
@@ -376,6 +391,7 @@ static int fill_stats(struct tpd_daemon *d, Tpw__V1__CtlReply *rep, struct ctl_b
 
 /* One request being answered: what a handler reads and fills. */
 struct ctl_call {
+	struct tpd_daemon *d;	/* @s's daemon */
 	struct tpd_session *s;
 	const Tpw__V1__CtlRequest *req;
 	Tpw__V1__CtlReply *rep;
@@ -388,24 +404,24 @@ typedef int ctl_handler_fn(struct ctl_call *c);
 
 static int ctl_status(struct ctl_call *c)
 {
-	fill_status(c->s->d, c->b, c->st);
+	fill_status(c->d, c->b, c->st);
 	c->rep->status_info = c->st;
 	return 0;
 }
 
 static int ctl_sessions(struct ctl_call *c)
 {
-	return fill_sessions(c->s->d, c->rep, c->b);
+	return fill_sessions(c->d, c->rep, c->b);
 }
 
 static int ctl_pipes(struct ctl_call *c)
 {
-	return fill_pipes(c->s->d, c->rep, c->b);
+	return fill_pipes(c->d, c->rep, c->b);
 }
 
 static int ctl_listeners(struct ctl_call *c)
 {
-	return fill_listeners(c->s->d, c->rep, c->b);
+	return fill_listeners(c->d, c->rep, c->b);
 }
 
 static int ctl_backends(struct ctl_call *c)
@@ -416,26 +432,27 @@ static int ctl_backends(struct ctl_call *c)
 static int ctl_stats(struct ctl_call *c)
 {
 	ctl_status(c);
-	return fill_stats(c->s->d, c->rep, c->b);
+	return fill_stats(c->d, c->rep, c->b);
 }
 
 static int ctl_drain(struct ctl_call *c)
 {
-	tpd_daemon_stop(c->s->d, "drain requested by tpipctl");
+	tpd_daemon_stop(c->d, "drain requested by tpipctl");
 	return 0;
 }
 
 static int ctl_close_session(struct ctl_call *c)
 {
 	struct tpd_session *s = c->s;
-	struct tpd_session *t = tpd_local_session_find(tpd_daemon_local(s->d), c->req->target_id);
+	struct tpd_session *t = tpd_local_session_find(tpd_daemon_local(c->d), c->req->target_id);
 
 	if (t) {
 		char msg[160];
 
 		snprintf(msg, sizeof(msg), "session %llu closed by an administrator (tpipctl "
 			 "close-session by uid %u, session %llu)",
-			 (unsigned long long)t->id, (unsigned)s->uid, (unsigned long long)s->id);
+			 (unsigned long long)tpd_session_id(t), (unsigned)tpd_session_uid(s),
+			 (unsigned long long)tpd_session_id(s));
 		tpd_session_end(t, TPU_LOG_NOTICE, TPW__V1__STATUS__STATUS_ADMIN_CLOSED, msg);
 		return 0;
 	}
@@ -445,7 +462,7 @@ static int ctl_close_session(struct ctl_call *c)
 
 static int ctl_peers(struct ctl_call *c)
 {
-	return tpd_peers_ctl(c->s->d, &c->rep->peers, &c->rep->n_peers);
+	return tpd_peers_ctl(c->d, &c->rep->peers, &c->rep->n_peers);
 }
 
 #define CTL_ADMIN 0x1u /* root or the admin group only; others get -EACCES */
@@ -481,7 +498,7 @@ static int ctl_run(struct ctl_call *c)
 	cmd = &ctl_cmds[what];
 	if ((cmd->flags & CTL_ADMIN) && c->b->own_only) {
 		tpd_session_log(c->s, TPU_LOG_NOTICE, "admin request %d refused for uid %u", what,
-				(unsigned)c->s->uid);
+				(unsigned)tpd_session_uid(c->s));
 		c->rep->message = "admin requests need root or the admin group";
 		return -EACCES;
 	}
@@ -494,16 +511,17 @@ void tpd_ctl_handle(struct tpd_session *s, const Tpw__V1__CtlRequest *req)
 	Tpw__V1__CtlStatus st = TPW__V1__CTL_STATUS__INIT;
 	Tpw__V1__DaemonMsg dm = TPW__V1__DAEMON_MSG__INIT;
 	struct ctl_bufs b = { 0 };
-	struct ctl_call c = { .s = s, .req = req, .rep = &rep, .st = &st, .b = &b };
+	struct tpd_daemon *d = tpd_session_daemon(s);
+	struct ctl_call c = { .d = d, .s = s, .req = req, .rep = &rep, .st = &st, .b = &b };
 	int r;
 
 	rep.req_id = req->req_id;
 	b.verbose = req->verbose;
-	b.reasons_left = s->d->cfg.wire.frame_max / 2;
+	b.reasons_left = tpd_daemon_cfg(d)->wire.frame_max / 2;
 	b.own_only = !is_admin(s);
-	b.viewer = s->uid;
+	b.viewer = tpd_session_uid(s);
 	rep.own_only = b.own_only;
-	rep.viewer_uid = (uint32_t)s->uid;
+	rep.viewer_uid = (uint32_t)tpd_session_uid(s);
 	r = ctl_run(&c);
 	rep.status = tpw_status_from_errno(r);
 	dm.body_case = TPW__V1__DAEMON_MSG__BODY_CTL_REPLY;

@@ -64,7 +64,7 @@ static void put_channel_hist(struct evbuffer *b, const char *name,
 			    (unsigned long long)cum);
 }
 
-static void put_channels(struct evbuffer *b, const struct tpd_daemon *d)
+static void put_channels(struct evbuffer *b, struct tpd_daemon *d)
 {
 	static const char *fields[] = { "transfers", "bytes", "errors" };
 	size_t n;
@@ -76,7 +76,7 @@ static void put_channels(struct evbuffer *b, const struct tpd_daemon *d)
 				    fields[f]);
 		evbuffer_add_printf(b, "# TYPE tpipd_channel_%s_total counter\n", fields[f]);
 		for (size_t i = 0; i < n; i++) {
-			const struct tpd_channel_stats *c = &d->stats.ch[i];
+			const struct tpd_channel_stats *c = &tpd_daemon_stats(d)->ch[i];
 			uint64_t v = f == 0 ? c->transfers : f == 1 ? c->bytes : c->errors;
 			evbuffer_add_printf(b, "tpipd_channel_%s_total{channel=\"%s\"} %llu\n",
 					    fields[f], ch[i].ops->name, (unsigned long long)v);
@@ -86,7 +86,7 @@ static void put_channels(struct evbuffer *b, const struct tpd_daemon *d)
 			       "# TYPE tpipd_channel_copy_seconds histogram\n");
 	for (size_t i = 0; i < n; i++)
 		if (ch[i].ops->copy)
-			put_channel_hist(b, ch[i].ops->name, &d->stats.ch[i]);
+			put_channel_hist(b, ch[i].ops->name, &tpd_daemon_stats(d)->ch[i]);
 }
 
 /* Writes @s as a label value: backslash, double quote and newline escaped. */
@@ -162,13 +162,14 @@ static void metrics_on_request(struct evhttp_request *req, void *arg)
 		   tpd_local_session_count(tpd_daemon_local(d)));
 	put_metric(b, "tpipd_pipes", "gauge", "Open pipes.",
 		   tpd_broker_pipe_count(tpd_daemon_broker(d)));
-	put_metric(b, "tpipd_listeners", "gauge", "Registered listeners.", d->registry.count);
+	put_metric(b, "tpipd_listeners", "gauge", "Registered listeners.",
+		   tpd_daemon_registry(d)->count);
 	put_metric(b, "tpipd_messages_moved_total", "counter", "Messages delivered.",
 		   tpd_broker_messages_moved(tpd_daemon_broker(d)));
 	put_metric(b, "tpipd_bytes_moved_total", "counter", "Payload and tensor bytes delivered.",
 		   tpd_broker_bytes_moved(tpd_daemon_broker(d)));
 	put_metric(b, "tpipd_copies_in_flight", "gauge", "Copies queued or running.",
-		   tpb_copier_busy(d->copier));
+		   tpb_copier_busy(tpd_daemon_copier(d)));
 	tpb_rdma_cache_stats(tpd_daemon_rdma(d), &rc);
 	put_metric(b, "tpipd_rdma_registered_bytes", "gauge",
 		   "Bytes kept registered for RDMA by the registration cache.", rc.bytes);
@@ -237,7 +238,7 @@ int tpd_metrics_start(struct tpd_daemon *d, const char *listen, bool allow_remot
 	clock_gettime(CLOCK_REALTIME, &now);
 	m->start_time = (double)now.tv_sec + (double)now.tv_nsec / 1e9 -
 			(double)tpd_daemon_uptime_ms(d) / 1e3;
-	m->http = evhttp_new(d->base);
+	m->http = evhttp_new(tpd_daemon_base(d));
 	bs = m->http ? evhttp_bind_socket_with_handle(m->http, host, port) : NULL;
 	if (!bs) {
 		tpu_log_err("metrics: cannot listen on %s port %u", host, (unsigned)port);

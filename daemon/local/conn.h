@@ -2,10 +2,12 @@
 /*
  * tpd_conn: the connection of one attached client (struct tpd_session): reading frames with
  * fd passing from the Unix socket or the client->daemon control ring into the session's input
- * buffer, handing each complete frame to sessmsg.c, the output queue and its EV_WRITE interest,
- * packing frames straight into the daemon->client ring, doorbells, and the polling of busy rings
- * for the daemon's spin loop. Who the client is, its Hello, its quotas of sessions and its life
- * cycle are session.c's; what frames mean is sessmsg.c's.
+ * buffer, handing each complete frame to its owner (the session, through struct tpd_conn_ops:
+ * sessmsg.c handles it), the output queue and its EV_WRITE interest, packing frames straight
+ * into the daemon->client ring, doorbells, and the polling of busy rings for the daemon's spin
+ * loop. Who the client is, its Hello, its quotas of sessions and its life cycle are session.c's;
+ * what frames mean is sessmsg.c's. This file does not know struct tpd_session: what it asks of
+ * its owner goes through the owner's const struct tpd_conn_ops.
  */
 #ifndef TPD_CONN_H
 #define TPD_CONN_H
@@ -18,13 +20,39 @@
 #include "tpw.pb-c.h"
 
 #define TPD_CONN_FDS_MAX 16 /* fds received ahead of the frames that announce them */
+#define TPD_SEND_TAIL_MAX 8 /* data pieces a frame sent by tpd_session_send() may carry inline */
 
 struct event;
-struct tpd_session;
+struct tpd_daemon;
+struct tpd_uid_acct;
+struct tpw_hdr;
 
 /*
- * Every function below borrows @s (the session whose connection it is) for the call; buffers
- * and fds it keeps are said at each function.
+ * What a connection asks of its owner (the session: session.c sets it up). Each is called on
+ * the loop thread with the @owner given to tpd_conn_setup(), never after tpd_conn_done().
+ */
+struct tpd_conn_ops {
+	/*
+	 * A complete frame: header @h, then @body (@h->msg_len message bytes and @h->data_len
+	 * data bytes), both borrowed for the call; takes @fd (the fd the frame announced, or
+	 * -EBADF), also on failure. Return: 0, or < 0 once the owner failed (on_fail).
+	 */
+	int (*on_frame)(void *owner, const struct tpw_hdr *h, const uint8_t *body, int fd);
+	/*
+	 * The connection failed, or its client broke the protocol: the owner logs @msg (borrowed)
+	 * at @level, fails with @status and calls tpd_conn_stop(). May come again afterwards: the
+	 * owner ignores the later ones.
+	 */
+	void (*on_fail)(void *owner, int level, Tpw__V1__Status status, const char *msg);
+	/* The largest frame the owner takes now (small until its client's Hello). */
+	uint32_t (*frame_max)(const void *owner);
+	/* Did the client say it ends (SessionEnd)? Its hang-up is then a clean close. */
+	bool (*ended_clean)(const void *owner);
+};
+
+/*
+ * Every function below borrows @c (the connection, embedded in its session) for the call;
+ * buffers and fds it keeps are said at each function.
  */
 
 /*
@@ -32,6 +60,11 @@ struct tpd_session;
  * writes these fields, except that session.c reads the peer credentials off @fd.
  */
 struct tpd_conn {
+	struct tpd_daemon *d;		 /* borrowed: settings, event base, quotas, scratch */
+	const struct tpd_conn_ops *ops; /* the owner's, borrowed (static) */
+	void *owner;			 /* handed to @ops */
+	struct tpd_uid_acct *acct;	 /* the uid's quota account, borrowed; NULL until started */
+	bool stopped;			 /* tpd_conn_stop() was called: the owner failed */
 	int fd; /* the accepted Unix socket, owned */
 	struct event *ev_read;
 	struct event *ev_write;
@@ -54,80 +87,86 @@ struct tpd_conn {
 };
 
 /*
- * tpd_conn_setup() - give @s (borrowed) its accepted socket: nothing allocated, nothing armed,
- * but tpd_conn_done() may run from here on.
+ * tpd_conn_setup() - give @c (zeroed, borrowed) its accepted socket, its daemon and its owner:
+ * nothing allocated, nothing armed, but tpd_conn_done() may run from here on.
+ * @d: borrowed; must outlive @c.
  * @fd: takes @fd; tpd_conn_done() closes it.
+ * @ops, @owner: borrowed; kept until tpd_conn_done() (@ops is the owner's static table).
  */
-void tpd_conn_setup(struct tpd_session *s, int fd);
+void tpd_conn_setup(struct tpd_conn *c, struct tpd_daemon *d, int fd,
+		    const struct tpd_conn_ops *ops, void *owner);
 
 /*
- * tpd_conn_start() - allocate the input buffer and the events of @s's connection, make its
- * socket non-blocking and start reading it. Frames then go to tpd_sessmsg_handle().
+ * tpd_conn_start() - allocate the input buffer and the events of @c, make its socket
+ * non-blocking and start reading it. Frames then go to @c's ops->on_frame.
+ * @acct: the uid's quota account the buffers are charged to; borrowed, kept until
+ * tpd_conn_done() (the owner leaves the quota after it).
  * Return: 0 or -errno; tpd_conn_done() frees what was allocated either way.
  */
-int tpd_conn_start(struct tpd_session *s);
+int tpd_conn_start(struct tpd_conn *c, struct tpd_uid_acct *acct);
 
-/* Stops reading and writing @s's connection (the session is failing); tpd_conn_done() follows. */
-void tpd_conn_stop(struct tpd_session *s);
+/* Stops reading and writing @c (its owner is failing; sends are refused from now on);
+ * tpd_conn_done() follows. Accepts a connection only set up. */
+void tpd_conn_stop(struct tpd_conn *c);
 
 /*
- * tpd_conn_done() - free @s's connection: queued output (its quota released), the input
- * buffer (likewise), fds received and not claimed, the ring mapping, the events, and close the
- * socket. Accepts a connection only set up, or half started; @s itself stays the caller's.
+ * tpd_conn_done() - free @c: queued output (its quota released), the input buffer
+ * (likewise), fds received and not claimed, the ring mapping, the events, and close the
+ * socket. Accepts a connection only set up, or half started; @c itself stays the caller's.
  */
-void tpd_conn_done(struct tpd_session *s);
+void tpd_conn_done(struct tpd_conn *c);
 
 /*
- * tpd_conn_send() - queue a frame of @m followed by @n_tail data pieces for @s, or pack it
- * straight into @s's ring when nothing is queued and it fits.
+ * tpd_conn_send() - queue a frame of @m followed by @n_tail data pieces on @c, or pack it
+ * straight into @c's ring when nothing is queued and it fits.
  * @m, @tail: borrowed; copied.
- * An output queue past its limit or the uid's budget fails @s. Return: 0 or -errno (-EPIPE: @s
- * is NULL or dead).
+ * An output queue past its limit or the uid's budget fails the owner. Return: 0 or -errno
+ * (-EPIPE: @c is stopped).
  */
-int tpd_conn_send(struct tpd_session *s, Tpw__V1__DaemonMsg *m, const struct iovec *tail,
+int tpd_conn_send(struct tpd_conn *c, Tpw__V1__DaemonMsg *m, const struct iovec *tail,
 		  int n_tail);
 
-/* Writes what @s has queued, as far as the socket or ring takes it. Return: 0 or -errno (the
- * connection is dead; the caller decides whether that fails @s). */
-int tpd_conn_flush(struct tpd_session *s);
+/* Writes what @c has queued, as far as the socket or ring takes it. Return: 0 or -errno (the
+ * connection is dead; the caller decides whether that fails the owner). */
+int tpd_conn_flush(struct tpd_conn *c);
 
 /*
- * tpd_conn_ring_attach() - map the control rings of @s from memfd @fd (@ring_bytes data bytes
+ * tpd_conn_ring_attach() - map the control rings of @c from memfd @fd (@ring_bytes data bytes
  * per direction); frames still travel on the socket until tpd_conn_ring_switch().
  * @fd: borrowed; the mapping stays after it is closed, until tpd_conn_done().
  * Return: 0 or the error of tpu_ring_attach() (-EPERM, -EACCES, -EBADF: not a fitting memfd).
  */
-int tpd_conn_ring_attach(struct tpd_session *s, int fd, uint32_t ring_bytes);
+int tpd_conn_ring_attach(struct tpd_conn *c, int fd, uint32_t ring_bytes);
 
 /*
- * tpd_conn_ring_switch() - from now on, @s's frames travel in the rings mapped by
+ * tpd_conn_ring_switch() - from now on, @c's frames travel in the rings mapped by
  * tpd_conn_ring_attach() (both directions).
  * Return: 0, or -EBUSY if output is still queued on the socket (the client does not read).
  */
-int tpd_conn_ring_switch(struct tpd_session *s);
+int tpd_conn_ring_switch(struct tpd_conn *c);
 
-/* Do @s's frames travel in control rings? */
-bool tpd_conn_is_ring(const struct tpd_session *s);
+/* Do @c's frames travel in control rings? */
+bool tpd_conn_is_ring(const struct tpd_conn *c);
 
-/* Data bytes per direction of @s's control rings, 0 on the socket. */
-uint32_t tpd_conn_ring_bytes(const struct tpd_session *s);
+/* Data bytes per direction of @c's control rings, 0 on the socket. */
+uint32_t tpd_conn_ring_bytes(const struct tpd_conn *c);
 
-/* Bytes of frames read from (@ret_in) and written to (@ret_out) @s's client so far. */
-void tpd_conn_bytes(const struct tpd_session *s, uint64_t *ret_in, uint64_t *ret_out);
+/* Bytes of frames read from (@ret_in) and written to (@ret_out) @c's client so far. */
+void tpd_conn_bytes(const struct tpd_conn *c, uint64_t *ret_in, uint64_t *ret_out);
 
 /*
- * tpd_conn_ring_poll() - for the spin loop (local.c): take what @s's ring holds and push
+ * tpd_conn_ring_poll() - for the spin loop (local.c): take what @c's ring holds and push
  * queued output into it. Return: true if anything moved.
  */
-bool tpd_conn_ring_poll(struct tpd_session *s);
+bool tpd_conn_ring_poll(struct tpd_conn *c);
 
 /*
- * tpd_conn_ring_sleep() - before the daemon sleeps: set @s's sleeping flag so that its
+ * tpd_conn_ring_sleep() - before the daemon sleeps: set @c's sleeping flag so that its
  * client rings the doorbell. Return: true if data arrived meanwhile (do not sleep).
  */
-bool tpd_conn_ring_sleep(struct tpd_session *s);
+bool tpd_conn_ring_sleep(struct tpd_conn *c);
 
-/* Withdraws @s's sleeping flag while the daemon polls. */
-void tpd_conn_ring_wake(struct tpd_session *s);
+/* Withdraws @c's sleeping flag while the daemon polls. */
+void tpd_conn_ring_wake(struct tpd_conn *c);
 
 #endif

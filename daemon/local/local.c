@@ -134,8 +134,8 @@ static bool spin_poll(struct tpd_local *l)
 	bool moved = false;
 
 	tpu_list_for_each_safe(s, tmp, &l->sessions, node)
-		if (tpd_conn_is_ring(s))
-			moved |= tpd_conn_ring_poll(s);
+		if (tpd_conn_is_ring(&s->conn))
+			moved |= tpd_conn_ring_poll(&s->conn);
 	return moved;
 }
 
@@ -146,11 +146,11 @@ static bool spin_sleep(struct tpd_local *l)
 	bool raced = false;
 
 	tpu_list_for_each(s, &l->sessions, node)
-		raced |= tpd_conn_ring_sleep(s);
+		raced |= tpd_conn_ring_sleep(&s->conn);
 	if (!raced)
 		return true;
 	tpu_list_for_each(s, &l->sessions, node)
-		tpd_conn_ring_wake(s);
+		tpd_conn_ring_wake(&s->conn);
 	return false;
 }
 
@@ -203,7 +203,7 @@ void tpd_local_spin_kick(struct tpd_local *l)
 		tpu_spin_slept(&l->spin, now - l->slept_ns + l->spin.cur_ns);
 	if (max)
 		tpu_list_for_each(s, &l->sessions, node)
-			tpd_conn_ring_wake(s);
+			tpd_conn_ring_wake(&s->conn);
 	l->spinning = true;
 	l->spin_until_ns = now + l->spin.cur_ns;
 	spin_rearm(l); /* never polls from here: the caller may be parsing a frame */

@@ -19,6 +19,7 @@
 #include "log.h"
 #include "quota.h"
 #include "session.h"
+#include "sessmsg.h"
 
 #define TPD_GROUPS_MAX 65536u /* the kernel's NGROUPS_MAX */
 
@@ -167,6 +168,44 @@ static void session_on_hello_timeout(evutil_socket_t fd, short what, void *arg)
 		tpd_session_fail(s, TPU_LOG_NOTICE, TPW__V1__STATUS__STATUS_TIMEOUT,
 				 "no Hello within %u ms", tpd_daemon_cfg(s->d)->hello_timeout_ms);
 }
+/* ---- what the connection asks of its session (struct tpd_conn_ops) ------------------------- */
+
+static int session_on_frame(void *owner, const struct tpw_hdr *h, const uint8_t *body, int fd)
+{
+	return tpd_sessmsg_handle(owner, h, body, fd);
+}
+
+static void session_on_conn_fail(void *owner, int level, Tpw__V1__Status status, const char *msg)
+{
+	tpd_session_fail(owner, level, status, "%s", msg);
+}
+
+/* Largest frame the client may send now: small until its Hello. */
+static uint32_t session_frame_max(const void *owner)
+{
+	const struct tpd_session *s = owner;
+	const struct tpd_config *cfg = tpd_daemon_cfg(s->d);
+	uint32_t frame_max = tpd_daemon_limits(s->d)->frame_max;
+
+	if (s->hello_done || cfg->hello_frame_max > frame_max)
+		return frame_max;
+	return cfg->hello_frame_max;
+}
+
+static bool session_ended_clean(const void *owner)
+{
+	const struct tpd_session *s = owner;
+
+	return s->ended_clean;
+}
+
+static const struct tpd_conn_ops session_conn_ops = {
+	.on_frame = session_on_frame,
+	.on_fail = session_on_conn_fail,
+	.frame_max = session_frame_max,
+	.ended_clean = session_ended_clean,
+};
+
 /* ---- life cycle ---------------------------------------------------------------------------- */
 
 int tpd_session_new(struct tpd_daemon *d, int fd, struct tpd_session **ret)
@@ -183,7 +222,7 @@ int tpd_session_new(struct tpd_daemon *d, int fd, struct tpd_session **ret)
 		return -ENOMEM;
 	}
 	s->d = d;
-	tpd_conn_setup(s, fd);
+	tpd_conn_setup(&s->conn, d, fd, &session_conn_ops, s);
 	s->attached_ns = tpu_now_ns();
 	tpu_list_init(&s->listeners);
 	tpu_hmap_init(&s->pipes);
@@ -198,7 +237,7 @@ int tpd_session_new(struct tpd_daemon *d, int fd, struct tpd_session **ret)
 		tpd_session_free(s, TPW__V1__STATUS__STATUS_LIMIT);
 		return r;
 	}
-	r = tpd_conn_start(s);
+	r = tpd_conn_start(&s->conn, s->acct);
 	if (r < 0)
 		goto fail;
 	s->ev_close = event_new(base, -1, 0, session_on_close, s);
@@ -258,14 +297,15 @@ void tpd_session_free(struct tpd_session *s, Tpw__V1__Status why)
 	if (!s)
 		return;
 	if (!s->dead && why == TPW__V1__STATUS__STATUS_SHUTDOWN)
-		tpd_conn_flush(s); /* last replies and PipeClosed, best effort */
+		tpd_conn_flush(&s->conn); /* last replies and PipeClosed, best effort */
 	s->dead = true;
+	tpd_conn_stop(&s->conn); /* sends to @s are refused from here on */
 	detach_pipes(s, why);
 	tpu_list_for_each_safe(l, tmp, &s->listeners, session_node)
 		tpd_listener_registry_remove(tpd_daemon_registry(s->d), l);
 	release_buffers(s);
 	tpd_devmem_session_end(s);
-	tpd_conn_done(s); /* releases the queued and buffered bytes before the uid leaves */
+	tpd_conn_done(&s->conn); /* releases the queued and buffered bytes before the uid leaves */
 	if (s->acct)
 		tpd_quota_leave(tpd_daemon_quota(s->d), s->acct);
 	if (s->ev_close)
@@ -300,7 +340,7 @@ void tpd_session_fail(struct tpd_session *s, int level, Tpw__V1__Status status, 
 	vsnprintf(msg, sizeof(msg), fmt, ap);
 	va_end(ap);
 	tpd_session_log(s, level, "%s, closing", msg);
-	tpd_conn_stop(s);
+	tpd_conn_stop(&s->conn);
 	event_active(s->ev_close, 0, 0);
 }
 
@@ -317,7 +357,7 @@ void tpd_session_end(struct tpd_session *s, int level, Tpw__V1__Status status, c
 		dm.body_case = TPW__V1__DAEMON_MSG__BODY_SESSION_END;
 		dm.session_end = &se;
 		if (tpd_session_send(s, &dm, NULL, 0) == 0)
-			(void)tpd_conn_flush(s);
+			(void)tpd_conn_flush(&s->conn);
 	}
 	tpd_session_fail(s, level, status, "%s", msg);
 }
@@ -377,6 +417,51 @@ pid_t tpd_session_pid(const struct tpd_session *s)
 	return s->pid;
 }
 
+bool tpd_session_in_group(const struct tpd_session *s, gid_t g)
+{
+	if (s->gid == g)
+		return true;
+	for (size_t i = 0; i < s->n_groups; i++)
+		if (s->groups[i] == g)
+			return true;
+	return false;
+}
+
+struct tpd_daemon *tpd_session_daemon(const struct tpd_session *s)
+{
+	return s->d;
+}
+
+const char *tpd_session_comm(const struct tpd_session *s)
+{
+	return s->comm;
+}
+
+Tpw__V1__Role tpd_session_role(const struct tpd_session *s)
+{
+	return s->role;
+}
+
+unsigned tpd_session_listener_count(const struct tpd_session *s)
+{
+	return s->n_listeners;
+}
+
+unsigned tpd_session_buffer_count(const struct tpd_session *s)
+{
+	return (unsigned)s->buffers.len;
+}
+
+uint64_t tpd_session_buffer_bytes(const struct tpd_session *s)
+{
+	return s->buffer_bytes;
+}
+
+const struct tpd_conn *tpd_session_conn(const struct tpd_session *s)
+{
+	return &s->conn;
+}
+
 bool tpd_session_permitted(const struct tpd_session *s, const struct tpd_listener *l)
 {
 	return tpd_listener_permits(l, s->uid, s->gid, s->groups, s->n_groups);
@@ -405,7 +490,7 @@ void tpd_session_pipe_remove(struct tpd_session *s, uint64_t id)
 int tpd_session_send(struct tpd_session *s, Tpw__V1__DaemonMsg *m, const struct iovec *tail,
 		     int n_tail)
 {
-	return tpd_conn_send(s, m, tail, n_tail);
+	return s ? tpd_conn_send(&s->conn, m, tail, n_tail) : -EPIPE;
 }
 
 void tpd_session_reply(struct tpd_session *s, uint64_t req_id, int err, const char *why, uint64_t id,

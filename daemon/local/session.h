@@ -23,8 +23,6 @@
 #include "tpu.h"
 #include "tpw.pb-c.h"
 
-#define TPD_SEND_TAIL_MAX 8 /* data pieces a frame sent by tpd_session_send() may carry inline */
-
 struct tpd_daemon;
 struct tpd_listener;
 struct tpd_pipe_end;
@@ -147,6 +145,37 @@ struct tpb_proc *tpd_session_proc(const struct tpd_session *s);
 uid_t tpd_session_uid(const struct tpd_session *s);
 gid_t tpd_session_gid(const struct tpd_session *s);
 pid_t tpd_session_pid(const struct tpd_session *s);
+
+/* Is @g @s's client's group, primary or supplementary (SO_PEERGROUPS at attach)? */
+bool tpd_session_in_group(const struct tpd_session *s, gid_t g);
+
+/*
+ * tpd_session_daemon() - the daemon @s is attached to.
+ * Return: borrowed pointer, owned by the daemon (core/), valid as long as @s.
+ */
+struct tpd_daemon *tpd_session_daemon(const struct tpd_session *s);
+
+/*
+ * tpd_session_comm() - the client's command name (/proc/PID/comm at attach).
+ * Return: borrowed string, owned by @s, valid until @s is freed; never NULL.
+ */
+const char *tpd_session_comm(const struct tpd_session *s);
+
+/* The role the client said Hello with (ROLE_UNSPECIFIED before Hello). */
+Tpw__V1__Role tpd_session_role(const struct tpd_session *s);
+
+/* Number of listeners @s registered and still holds. */
+unsigned tpd_session_listener_count(const struct tpd_session *s);
+
+/* Number of shared buffers @s registered, and their bytes in all. */
+unsigned tpd_session_buffer_count(const struct tpd_session *s);
+uint64_t tpd_session_buffer_bytes(const struct tpd_session *s);
+
+/*
+ * tpd_session_conn() - @s's connection (conn.h: its transport and byte counts).
+ * Return: borrowed pointer, owned by @s (embedded in it), valid until @s is freed.
+ */
+const struct tpd_conn *tpd_session_conn(const struct tpd_session *s);
 
 /* May @s's client use listener @l (borrowed), by its credentials (tpd_listener_permits())? */
 bool tpd_session_permitted(const struct tpd_session *s, const struct tpd_listener *l);

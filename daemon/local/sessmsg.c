@@ -84,7 +84,7 @@ static int ring_accept(struct tpd_session *s, const Tpw__V1__RingSetup *m, int f
 		*why = "ring larger than the daemon's ring-max";
 		return -ENOBUFS;
 	}
-	r = tpd_conn_ring_attach(s, fd, m->ring_bytes);
+	r = tpd_conn_ring_attach(&s->conn, fd, m->ring_bytes);
 	if (r < 0) {
 		if (r != -EPERM && r != -EBADF && r != -EACCES) {
 			*why = "cannot map the ring";
@@ -113,13 +113,13 @@ static void handle_ring_setup(struct tpd_session *s, const Tpw__V1__RingSetup *m
 	}
 	if (s->dead)
 		return;
-	if (tpd_conn_ring_switch(s) < 0) {
+	if (tpd_conn_ring_switch(&s->conn) < 0) {
 		tpd_session_fail(s, TPU_LOG_WARNING, TPW__V1__STATUS__STATUS_PEER_DIED,
 				 "client does not read the answer to its RingSetup");
 		return;
 	}
 	tpd_session_log(s, TPU_LOG_DEBUG, "control ring of %u bytes per direction",
-			tpd_conn_ring_bytes(s));
+			tpd_conn_ring_bytes(&s->conn));
 	tpd_local_spin_kick(tpd_daemon_local(s->d)); /* ends with the ring's sleeping flag set */
 }
 
