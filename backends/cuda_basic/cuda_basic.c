@@ -1,7 +1,7 @@
 /* SPDX-License-Identifier: BSD-3-Clause */
 /*
  * The cuda_basic channel: CUDA memory between hosts over the mpt data connections. The stripe
- * threads (daemon/xfer/stripe_io.c) stage each chunk through their (pinned) bounce buffers with
+ * threads (backends/mpt/stripe_io.c) stage each chunk through their (pinned) bounce buffers with
  * tpb_cuda_basic_stage(), which serves host memory too (memcpy, CMA); a CUDA copy runs on the
  * calling thread's own stream (the CUDA layer, backends/cuda/) and is synchronized before it
  * returns. Its registry entry has no copy op: the data connections move the bytes.

@@ -84,7 +84,7 @@ static void count_visible(struct tpd_daemon *d, const struct ctl_bufs *b, Tpw__V
 		st->listeners += sees_uid(b, l->uid);
 }
 
-/* Bytes held for clients, refusals and session limits (daemon/quota.c). A caller who is not an
+/* Bytes held for clients, refusals and session limits (core/quota.c). A caller who is not an
  * admin gets the limits and the queues of its own pipes, not the daemon-wide totals (they would
  * show how busy other users are). */
 static void fill_status_limits(struct tpd_daemon *d, const struct ctl_bufs *b,

@@ -59,7 +59,7 @@ struct tpd_session {
 	uint64_t next_accept_id;
 	uint64_t attached_ns;
 	bool ring_allowed;	    /* RingSetup may come: the next frame after a client's Hello */
-	struct tpb_cuda_holds *cuda; /* CUDA mappings held (daemon/devmem.c), NULL until used */
+	struct tpb_cuda_holds *cuda; /* CUDA mappings held (local/devmem.c), NULL until used */
 };
 
 /*

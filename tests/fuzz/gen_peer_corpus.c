@@ -25,7 +25,7 @@
 #define OP_LOCAL FUZZ_PEER_OP_LOCAL
 /* The local session's id of the first pipe it accepts. */
 #define ACCEPTED_PIPE (1ull << 63 | 1)
-#define STRIPE_MAGIC 0x31435054u /* "TPC1", daemon/stripe.h */
+#define STRIPE_MAGIC 0x31435054u /* "TPC1", backends/mpt/stripe.h */
 #define STRIPE_HDR 32
 
 static const char *outdir;
