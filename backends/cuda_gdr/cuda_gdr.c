@@ -3,7 +3,7 @@
  * The cuda_gdr channel: CUDA memory between hosts by RDMA writes straight from and into the
  * daemon's mappings of client allocations (GPUDirect RDMA). This folder holds its registry
  * entry, its probe (a CUDA driver and an active RDMA port) and the CUDA side of a registration
- * (tpb_cuda_gdr_range()); its transfers run in the daemon (backends/rdma/link.c, reg.c) over
+ * (tpb_cuda_gdr_range()); its transfers run in the rdma context (backends/rdma/link.c, reg.c) over
  * the verbs layer (backends/verbs/). Mappings and device contexts are the CUDA layer's
  * (backends/cuda/).
  */
