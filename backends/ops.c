@@ -45,6 +45,16 @@ int tpb_prepare(struct tpb_ep *ep, struct tpb_op *op, void *offer, size_t *offer
 	return o->prepare ? o->prepare(ep, op, offer, offer_len) : -EOPNOTSUPP;
 }
 
+void tpb_release(struct tpb_op *op)
+{
+	const struct tpb_channel_ops *o = op->prep_ops;
+
+	if (o && o->release)
+		o->release(op);
+	op->prep_ops = NULL;
+	op->prep = NULL;
+}
+
 int tpb_start(struct tpb_ep *ep, struct tpb_op *op)
 {
 	const struct tpb_channel_ops *o = ep->ctx->ops;
