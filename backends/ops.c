@@ -66,6 +66,14 @@ int tpb_start(struct tpb_ep *ep, struct tpb_op *op)
 	return o->start(ep, op);
 }
 
+int tpb_recv_expect(struct tpb_ep *ep, struct tpb_op *op, uint64_t bytes, int status,
+		    const char *why)
+{
+	const struct tpb_channel_ops *o = ep->ctx->ops;
+
+	return o->recv_expect ? o->recv_expect(ep, op, bytes, status, why) : -EOPNOTSUPP;
+}
+
 int tpb_cancel(struct tpb_ep *ep, struct tpb_op *op)
 {
 	const struct tpb_channel_ops *o = ep->ctx->ops;

@@ -121,6 +121,8 @@ struct tpb_config {
  *                              drops the registration once the transfer is over
  *   start                      starts a transfer; 0: its @done runs exactly once, later, on the
  *                              thread that calls progress (the loop), never inside start
+ *   recv_expect                the receiving side learns how the sender's side ended (its
+ *                              PeerXferEnd), so a started receive completes accordingly
  *   cancel                     asks a started transfer to stop; it completes with -ECANCELED
  *                              once the channel touches its memory no more
  *   forget                     drops what the context caches about memory (registrations)
@@ -217,6 +219,8 @@ struct tpb_channel_ops {
 	void (*ep_close)(struct tpb_ep *ep);
 	int (*prepare)(struct tpb_ep *ep, struct tpb_op *op, void *offer, size_t *offer_len);
 	void (*release)(struct tpb_op *op);
+	int (*recv_expect)(struct tpb_ep *ep, struct tpb_op *op, uint64_t bytes, int status,
+			   const char *why);
 	int (*start)(struct tpb_ep *ep, struct tpb_op *op);
 	int (*cancel)(struct tpb_ep *ep, struct tpb_op *op);
 	int (*forget)(struct tpb_ctx *ctx, const struct tpb_mem *m, uint64_t len);
@@ -292,6 +296,18 @@ void tpb_release(struct tpb_op *op);
  * callback; -ESHUTDOWN: @ep is closing; the engine's -errno).
  */
 int tpb_start(struct tpb_ep *ep, struct tpb_op *op);
+
+/*
+ * tpb_recv_expect() - the sender ended receive @op (started on @ep, between hosts) after @bytes
+ * with @status (0 or -errno; @why: its message, or NULL), as its daemon said (PeerXferEnd):
+ * the receive completes once @bytes have arrived, with @status (a status of 0 with fewer bytes
+ * than the receive's total: -EIO). A status of 0 with every byte, or a receive that has ended
+ * already, changes nothing. Borrows @ep, @op and @why for the call.
+ * Return: 0, -EOPNOTSUPP (no such op: this channel learns the end itself), -ENOENT (@op is not
+ * a receive pending on @ep).
+ */
+int tpb_recv_expect(struct tpb_ep *ep, struct tpb_op *op, uint64_t bytes, int status,
+		    const char *why);
 
 /*
  * tpb_cancel() - ask @op, started on @ep, to stop. Its @done runs with -ECANCELED once the

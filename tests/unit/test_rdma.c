@@ -519,6 +519,7 @@ START_TEST(test_rdma_receive_through_the_op_table)
 	ck_assert_uint_eq(dst->map[4096 + 8192], 0x3c);
 	ck_assert_uint_eq(dst->map[4096 + 8193], 0);
 	/* Release deregisters; again, it does nothing. */
+	ck_assert_int_eq(tpb_recv_expect(bep, &rop, 8193, 0, NULL), -EOPNOTSUPP); /* mpt's */
 	tpb_release(&rop);
 	ck_assert_ptr_null(rop.prep);
 	ck_assert_uint_eq(dst->refs, 1);
