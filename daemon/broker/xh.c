@@ -15,7 +15,6 @@
 #include "core.h"
 #include "rdma/rdma.h"
 #include "log.h"
-#include "mpt.h"
 #include "peer.h"
 #include "pipe_int.h"
 #include "stripe.h"
@@ -688,6 +687,6 @@ void tpd_xh_peer_xfer_end(struct tpd_peer *pr, void *arg, const Tpw__V1__PeerXfe
 		(void)tpb_cancel(ep, &xh->op);
 		return;
 	}
-	(void)tpb_mpt_recv_expect(ep, &xh->op, xe->bytes, tpw_status_to_errno(xe->status),
-				  xe->message ? xe->message : tpw_status_name(xe->status));
+	(void)tpb_recv_expect(ep, &xh->op, xe->bytes, tpw_status_to_errno(xe->status),
+			      xe->message ? xe->message : tpw_status_name(xe->status));
 }
