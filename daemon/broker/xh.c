@@ -362,7 +362,8 @@ static void xh_prep_done(struct tpb_op *op)
 
 	snprintf(why, sizeof(why), "%s", op->why);
 	if (r == 0)
-		r = tpb_rdma_offer_decode(op->offer, op->offer_len, &regions, &of, why, sizeof(why));
+		r = tpb_rdma_offer_decode(op->offer, op->offer_len, &regions, &of, why,
+					  sizeof(why));
 	if (r < 0) {
 		tpd_pipe_log(xh->m->from->pipe, NULL, TPU_LOG_INFO,
 			     "message %llu: not over RDMA: %s", (unsigned long long)xh->m->msg_id,
