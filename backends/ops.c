@@ -45,6 +45,16 @@ int tpb_prepare(struct tpb_ep *ep, struct tpb_op *op, void *offer, size_t *offer
 	return o->prepare ? o->prepare(ep, op, offer, offer_len) : -EOPNOTSUPP;
 }
 
+void tpb_release(struct tpb_op *op)
+{
+	const struct tpb_channel_ops *o = op->prep_ops;
+
+	if (o && o->release)
+		o->release(op);
+	op->prep_ops = NULL;
+	op->prep = NULL;
+}
+
 int tpb_start(struct tpb_ep *ep, struct tpb_op *op)
 {
 	const struct tpb_channel_ops *o = ep->ctx->ops;
@@ -54,6 +64,14 @@ int tpb_start(struct tpb_ep *ep, struct tpb_op *op)
 	if (!op->done)
 		return -EINVAL;
 	return o->start(ep, op);
+}
+
+int tpb_recv_expect(struct tpb_ep *ep, struct tpb_op *op, uint64_t bytes, int status,
+		    const char *why)
+{
+	const struct tpb_channel_ops *o = ep->ctx->ops;
+
+	return o->recv_expect ? o->recv_expect(ep, op, bytes, status, why) : -EOPNOTSUPP;
 }
 
 int tpb_cancel(struct tpb_ep *ep, struct tpb_op *op)

@@ -115,10 +115,14 @@ struct tpb_config {
  *   probe                      is it viable on this host? (once, by the registry)
  *   ctx_new / ctx_free         the channel's context, one per daemon
  *   ep_open / ep_close         an endpoint per peer (NULL peer: this host)
- *   prepare                    the receiving side registers its memory and builds an offer
- *                              (bytes the daemon carries to the other side), e.g. RDMA keys
+ *   prepare / release          the receiving side registers its memory and builds an offer
+ *                              (bytes the daemon carries to the other side), e.g. RDMA keys,
+ *                              at once or (-EINPROGRESS) through a later completion; release
+ *                              drops the registration once the transfer is over
  *   start                      starts a transfer; 0: its @done runs exactly once, later, on the
  *                              thread that calls progress (the loop), never inside start
+ *   recv_expect                the receiving side learns how the sender's side ended (its
+ *                              PeerXferEnd), so a started receive completes accordingly
  *   cancel                     asks a started transfer to stop; it completes with -ECANCELED
  *                              once the channel touches its memory no more
  *   forget                     drops what the context caches about memory (registrations)
@@ -193,6 +197,9 @@ struct tpb_op {
 	struct tpb_op *next_pending; /* the endpoint's started ops */
 	unsigned state;
 	bool canceled;
+	/* The channel's own, from a tpb_prepare() that did not fail until tpb_release(). */
+	const struct tpb_channel_ops *prep_ops;
+	void *prep;
 };
 
 struct tpb_channel_ops {
@@ -211,6 +218,9 @@ struct tpb_channel_ops {
 	int (*ep_open)(struct tpb_ctx *ctx, const struct tpb_peer *peer, struct tpb_ep **ret);
 	void (*ep_close)(struct tpb_ep *ep);
 	int (*prepare)(struct tpb_ep *ep, struct tpb_op *op, void *offer, size_t *offer_len);
+	void (*release)(struct tpb_op *op);
+	int (*recv_expect)(struct tpb_ep *ep, struct tpb_op *op, uint64_t bytes, int status,
+			   const char *why);
 	int (*start)(struct tpb_ep *ep, struct tpb_op *op);
 	int (*cancel)(struct tpb_ep *ep, struct tpb_op *op);
 	int (*forget)(struct tpb_ctx *ctx, const struct tpb_mem *m, uint64_t len);
@@ -252,14 +262,31 @@ int tpb_ep_open(struct tpb_ctx *ctx, const struct tpb_peer *peer, struct tpb_ep 
 void tpb_ep_close(struct tpb_ep *ep);
 
 /*
- * tpb_prepare() - the receiving side of a transfer between hosts: register @op's destination
- * and write the offer the other side's tpb_start() needs into @offer (@offer_len: its size in,
- * the offer's length out). Ownership: borrows @ep, @op, @offer and @offer_len for the call;
- * keeps @op's memory registered until its transfer ends or tpb_forget().
- * Return: 0, -EOPNOTSUPP (no such op: this channel needs no offer), -ENOBUFS (@offer too small),
- * or the channel's -errno.
+ * tpb_prepare() - the receiving side of a transfer between hosts: register the destination of
+ * @op (xfers[i].dst; xfers[i].src is TPB_LOC_REMOTE, its @remote the writer's kind of memory)
+ * and write the offer the other side's tpb_start() needs into @offer (@offer_len: its size in).
+ * Either at once (return 0; @offer_len: the offer's length out), or, where the channel must
+ * wait first (rdma, cuda_gdr: the reader's CUDA events), later: -EINPROGRESS, and @op->done
+ * runs exactly once, never inside this call, from tpb_progress() on @ep's context, with
+ * @op->status 0 and the offer in @offer (@op->offer points there, @op->offer_len its length),
+ * or @op->status < 0 (no offer: the registration is gone; reason in @op->why).
+ * Ownership: borrows @ep, @op and @offer_len for the call; on -EINPROGRESS keeps @op, its xfers
+ * and @offer until @op->done. Unless it fails, the destination stays registered (the channel
+ * keeps @op's xfers' memory) until tpb_release(@op), which the caller must call, also after a
+ * failed completion (it then does nothing).
+ * Return: 0, -EINPROGRESS, -EOPNOTSUPP (no such op: this channel needs no offer; or not over
+ * this channel here, reason in @op->why), -ENOBUFS (@offer too small), -EINVAL (-EINPROGRESS
+ * would need a done callback), or the channel's -errno (reason in @op->why).
  */
 int tpb_prepare(struct tpb_ep *ep, struct tpb_op *op, void *offer, size_t *offer_len);
+
+/*
+ * tpb_release() - drop what a tpb_prepare() of @op keeps (the destination's registration), at
+ * once: a completion still owed to @op never runs. Call once the transfer is over (the other
+ * side wrote, or will never write) and before @op's memory goes; @op's endpoint may be gone.
+ * Borrows @op. Accepts an @op never prepared, or released already (does nothing).
+ */
+void tpb_release(struct tpb_op *op);
 
 /*
  * tpb_start() - start @op on @ep. Ownership: keeps @op (and the memory of its xfers) until
@@ -269,6 +296,18 @@ int tpb_prepare(struct tpb_ep *ep, struct tpb_op *op, void *offer, size_t *offer
  * callback; -ESHUTDOWN: @ep is closing; the engine's -errno).
  */
 int tpb_start(struct tpb_ep *ep, struct tpb_op *op);
+
+/*
+ * tpb_recv_expect() - the sender ended receive @op (started on @ep, between hosts) after @bytes
+ * with @status (0 or -errno; @why: its message, or NULL), as its daemon said (PeerXferEnd):
+ * the receive completes once @bytes have arrived, with @status (a status of 0 with fewer bytes
+ * than the receive's total: -EIO). A status of 0 with every byte, or a receive that has ended
+ * already, changes nothing. Borrows @ep, @op and @why for the call.
+ * Return: 0, -EOPNOTSUPP (no such op: this channel learns the end itself), -ENOENT (@op is not
+ * a receive pending on @ep).
+ */
+int tpb_recv_expect(struct tpb_ep *ep, struct tpb_op *op, uint64_t bytes, int status,
+		    const char *why);
 
 /*
  * tpb_cancel() - ask @op, started on @ep, to stop. Its @done runs with -ECANCELED once the

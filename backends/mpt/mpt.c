@@ -282,6 +282,7 @@ const struct tpb_channel_ops tpb_mpt_ops = {
 	.ep_close = mpt_ep_close,
 	.start = mpt_start,
 	.cancel = mpt_cancel,
+	.recv_expect = tpb_mpt_recv_expect,
 	.event_fd = mpt_event_fd,
 	.progress = mpt_progress,
 };

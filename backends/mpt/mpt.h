@@ -1,8 +1,8 @@
 /* SPDX-License-Identifier: BSD-3-Clause */
 /*
- * What the mpt channel offers beyond the op table of tpb.h: the one call a receive between hosts
- * needs that the table has no op for (the sender's word on how its send ended, PeerXferEnd).
- * The op table itself (tpb_mpt_ops) is reached through the registry and the tpb_*() wrappers.
+ * The mpt channel's receive end (the sender's word on how its send ended, PeerXferEnd), the op
+ * table's recv_expect: callers use tpb_recv_expect(). The op table itself (tpb_mpt_ops) is
+ * reached through the registry and the tpb_*() wrappers.
  */
 #ifndef TPB_MPT_H
 #define TPB_MPT_H

@@ -3,8 +3,10 @@
  * A peer link's RDMA state as an endpoint of the channel op table (tpb.h): tpb_start() on it
  * RDMA-writes an op's sources into the regions of the reader's offer, carried as bytes
  * (tpb_rdma_offer_encode() writes them), through tpb_rdma_send(); tpb_cancel() stops it; the
- * completion comes back as the op's done callback from tpb_progress(). The link set-up and the
- * writes themselves are link.c's.
+ * completion comes back as the op's done callback from tpb_progress(). On the reading side
+ * tpb_prepare() registers an op's destination (tpb_rdma_recv_new()) and completes, once the
+ * reader's CUDA events fired, with the encoded offer; tpb_release() deregisters it. The link
+ * set-up and the writes themselves are link.c's.
  */
 #include <errno.h>
 #include <stdio.h>
@@ -52,47 +54,6 @@ void tpb_rdma_ep_close(struct tpb_ep *ep)
 	/* the link owns its endpoint: tpb_rdma_link_free() */
 }
 
-static uint64_t get_le(const uint8_t *p, unsigned bytes)
-{
-	uint64_t v = 0;
-
-	for (unsigned i = 0; i < bytes; i++)
-		v |= (uint64_t)p[i] << (8 * i);
-	return v;
-}
-
-/* The offer of @op (tpb_rdma_offer_encode()) into @os->regions and @of. */
-static int op_offer(const struct tpb_op *op, struct op_send *os, struct tpb_rdma_offer *of,
-		    char *why, size_t wl)
-{
-	const uint8_t *p = op->offer;
-	size_t n;
-
-	if (!p || op->offer_len < TPB_RDMA_OFFER_HDR) {
-		snprintf(why, wl, "the reader's daemon offered no RDMA region");
-		return -EOPNOTSUPP;
-	}
-	n = get_le(p + 4, 4);
-	if (op->offer_len != tpb_rdma_offer_size(n)) {
-		snprintf(why, wl, "RDMA offer of %zu bytes for %zu regions", op->offer_len, n);
-		return -EPROTO;
-	}
-	os->regions = calloc(n ? n : 1, sizeof(*os->regions));
-	if (!os->regions)
-		return -ENOMEM;
-	for (size_t i = 0; i < n; i++) {
-		const uint8_t *r = p + TPB_RDMA_OFFER_HDR + i * TPB_RDMA_OFFER_REGION;
-
-		os->regions[i] = (struct tpb_rdma_region){ .addr = get_le(r, 8),
-							   .length = get_le(r + 8, 8),
-							   .rkey = (uint32_t)get_le(r + 16, 4),
-							   .cuda = get_le(r + 20, 4) & 1 };
-	}
-	*of = (struct tpb_rdma_offer){ .port = (uint32_t)get_le(p, 4), .n = n,
-				       .regions = os->regions };
-	return 0;
-}
-
 static void op_send_free(struct op_send *os)
 {
 	free(os->segs);
@@ -126,7 +87,9 @@ int tpb_rdma_ep_start(struct tpb_ep *ep, struct tpb_op *op)
 		return -ENOMEM;
 	os->op = op;
 	os->segs = calloc(op->n_xfers ? op->n_xfers : 1, sizeof(*os->segs));
-	r = os->segs ? op_offer(op, os, &of, op->why, sizeof(op->why)) : -ENOMEM;
+	r = os->segs ? tpb_rdma_offer_decode(op->offer, op->offer_len, &os->regions, &of, op->why,
+					     sizeof(op->why))
+		     : -ENOMEM;
 	for (size_t i = 0; r == 0 && i < op->n_xfers; i++)
 		os->segs[i] = (struct tpb_rdma_seg){ .mem = op->xfers[i].src,
 						     .len = op->xfers[i].len,
@@ -144,6 +107,94 @@ int tpb_rdma_ep_start(struct tpb_ep *ep, struct tpb_op *op)
 	op->bytes = 0;
 	tpu_list_insert_tail(&l->op_sends, &os->node);
 	return 0;
+}
+
+/* A receive prepared by tpb_prepare(): its destination's registration (tpb_rdma_recv_new(),
+ * which borrows @segs) and, until the reader's CUDA events fired, where its offer goes. */
+struct op_recv {
+	struct tpb_op *op;
+	struct tpb_rdma_recv *rv;
+	struct tpb_rdma_seg *segs;
+	void *offer;
+	size_t offer_max;
+};
+
+static void op_recv_free(struct op_recv *orv)
+{
+	if (!orv)
+		return;
+	tpb_rdma_recv_free(orv->rv);
+	free(orv->segs);
+	free(orv);
+}
+
+/* The registration is ready (@err 0: the offer goes into the caller's buffer) or failed. */
+static void op_recv_ready(void *arg, int err, const char *why)
+{
+	struct op_recv *orv = arg;
+	struct tpb_op *op = orv->op;
+	struct tpb_rdma_offer of;
+	int r = err;
+
+	if (r == 0) {
+		tpb_rdma_recv_offer(orv->rv, &of);
+		r = tpb_rdma_offer_encode(&of, orv->offer, orv->offer_max);
+		why = "RDMA offer larger than its buffer";
+	}
+	op->status = r < 0 ? r : 0;
+	op->offer = r < 0 ? NULL : orv->offer;
+	op->offer_len = r < 0 ? 0 : (size_t)r;
+	snprintf(op->why, sizeof(op->why), "%s", r < 0 && why ? why : "");
+	if (r < 0) {
+		op->prep_ops = NULL;
+		op->prep = NULL;
+		op_recv_free(orv);
+	}
+	op->done(op); /* @op is its owner's again (the registration stays, if made) */
+}
+
+int tpb_rdma_ep_prepare(struct tpb_ep *ep, struct tpb_op *op, void *offer, size_t *offer_len)
+{
+	struct tpb_rdma_link *l = tpu_container_of(ep, struct tpb_rdma_link, ep);
+	struct op_recv *orv;
+	bool src_cuda = false;
+	int r;
+
+	op->why[0] = '\0';
+	if (!op->done)
+		return -EINVAL;
+	if (*offer_len < tpb_rdma_offer_size(op->n_xfers))
+		return -ENOBUFS;
+	orv = calloc(1, sizeof(*orv));
+	if (!orv || !(orv->segs = calloc(op->n_xfers ? op->n_xfers : 1, sizeof(*orv->segs)))) {
+		free(orv);
+		return -ENOMEM;
+	}
+	for (size_t i = 0; i < op->n_xfers; i++) {
+		const struct tpb_xfer *x = &op->xfers[i];
+
+		orv->segs[i] = (struct tpb_rdma_seg){ .mem = x->dst, .len = x->len,
+						      .buf = x->dst.buf };
+		src_cuda |= x->src.loc == TPB_LOC_REMOTE && x->src.remote == TPB_LOC_CUDA;
+	}
+	orv->op = op;
+	orv->offer = offer;
+	orv->offer_max = *offer_len;
+	r = tpb_rdma_recv_new(l, orv->segs, op->n_xfers, src_cuda, op_recv_ready, orv, &orv->rv,
+			      op->why, sizeof(op->why));
+	if (r < 0) {
+		op_recv_free(orv);
+		return r;
+	}
+	op->ep = ep;
+	op->prep_ops = ep->ctx->ops;
+	op->prep = orv;
+	return -EINPROGRESS; /* op_recv_ready() follows, from tpb_progress() */
+}
+
+void tpb_rdma_op_release(struct tpb_op *op)
+{
+	op_recv_free(op->prep);
 }
 
 int tpb_rdma_ep_cancel(struct tpb_ep *ep, struct tpb_op *op)
@@ -188,6 +239,16 @@ int tpb_rdma_ep_cancel(struct tpb_ep *ep, struct tpb_op *op)
 	return -ENOENT;
 }
 
+int tpb_rdma_ep_prepare(struct tpb_ep *ep, struct tpb_op *op, void *offer, size_t *offer_len)
+{
+	snprintf(op->why, sizeof(op->why), "tpipd was built without RDMA or CUDA support");
+	return -EOPNOTSUPP;
+}
+
+void tpb_rdma_op_release(struct tpb_op *op)
+{
+}
+
 #endif
 
 size_t tpb_rdma_offer_size(size_t n)
@@ -218,4 +279,46 @@ int tpb_rdma_offer_encode(const struct tpb_rdma_offer *of, void *buf, size_t len
 		put_le(r + 20, of->regions[i].cuda ? 1 : 0, 4);
 	}
 	return (int)tpb_rdma_offer_size(of->n);
+}
+
+static uint64_t get_le(const uint8_t *p, unsigned bytes)
+{
+	uint64_t v = 0;
+
+	for (unsigned i = 0; i < bytes; i++)
+		v |= (uint64_t)p[i] << (8 * i);
+	return v;
+}
+
+int tpb_rdma_offer_decode(const void *buf, size_t len, struct tpb_rdma_region **ret_regions,
+			  struct tpb_rdma_offer *ret, char *why, size_t wl)
+{
+	const uint8_t *p = buf;
+	struct tpb_rdma_region *regions;
+	size_t n;
+
+	if (!p || len < TPB_RDMA_OFFER_HDR) {
+		snprintf(why, wl, "the reader's daemon offered no RDMA region");
+		return -EOPNOTSUPP;
+	}
+	n = get_le(p + 4, 4);
+	if (len != tpb_rdma_offer_size(n)) {
+		snprintf(why, wl, "RDMA offer of %zu bytes for %zu regions", len, n);
+		return -EPROTO;
+	}
+	regions = calloc(n ? n : 1, sizeof(*regions));
+	if (!regions)
+		return -ENOMEM;
+	for (size_t i = 0; i < n; i++) {
+		const uint8_t *r = p + TPB_RDMA_OFFER_HDR + i * TPB_RDMA_OFFER_REGION;
+
+		regions[i] = (struct tpb_rdma_region){ .addr = get_le(r, 8),
+						       .length = get_le(r + 8, 8),
+						       .rkey = (uint32_t)get_le(r + 16, 4),
+						       .cuda = get_le(r + 20, 4) & 1 };
+	}
+	*ret = (struct tpb_rdma_offer){ .port = (uint32_t)get_le(p, 4), .n = n,
+					.regions = regions };
+	*ret_regions = regions;
+	return 0;
 }

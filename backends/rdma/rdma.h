@@ -268,6 +268,16 @@ size_t tpb_rdma_offer_size(size_t n);
 int tpb_rdma_offer_encode(const struct tpb_rdma_offer *of, void *buf, size_t len);
 
 /*
+ * tpb_rdma_offer_decode() - the offer encoded in @buf (@len bytes) into @ret. Borrows @buf
+ * and @why. @ret_regions: returns owned array (@ret->regions points into it), free with free();
+ * both written only on success.
+ * Return: 0; -EOPNOTSUPP (no offer: @buf NULL or short of a header), -EPROTO (@len does not
+ * match the count of regions), -ENOMEM; the reason in @why.
+ */
+int tpb_rdma_offer_decode(const void *buf, size_t len, struct tpb_rdma_region **ret_regions,
+			  struct tpb_rdma_offer *ret, char *why, size_t wl);
+
+/*
  * The link's endpoint in the op table (tpb.h): tpb_start() on it RDMA-writes @op's sources
  * (xfers[i].src, TPB_LOC_LOCAL with its buf, or TPB_LOC_CUDA; len) into the regions of the
  * encoded offer in @op->offer (tpb_rdma_offer_encode()), as tpb_rdma_send() does, and completes
@@ -275,7 +285,11 @@ int tpb_rdma_offer_encode(const struct tpb_rdma_offer *of, void *buf, size_t len
  * tpb_rdma_send_cancel() does. A failed start leaves the reason in @op->why (-EOPNOTSUPP: not
  * over RDMA, use the stripe; -EPROTO: an offer that does not match). tpb_ep_open() on the
  * context with the daemon's link as @peer->link returns the same endpoint; the link owns it
- * (tpb_ep_close() does nothing).
+ * (tpb_ep_close() does nothing). On the reading side, tpb_prepare() on it registers @op's
+ * destinations (xfers[i].dst, as tpb_rdma_recv_new() takes them; the writer's kind from
+ * xfers[i].src.remote) and returns -EINPROGRESS (or -EOPNOTSUPP, reason in @op->why: use the
+ * stripe); its completion, once the reader's CUDA events fired, carries the encoded offer;
+ * tpb_release() deregisters (tpb_rdma_recv_free()), also after the link is gone.
  * Return: borrowed, valid until tpb_rdma_link_free(@l); NULL for a NULL @l.
  */
 struct tpb_ep *tpb_rdma_link_ep(struct tpb_rdma_link *l);
@@ -286,6 +300,8 @@ int tpb_rdma_ep_open(struct tpb_ctx *ctx, const struct tpb_peer *peer, struct tp
 void tpb_rdma_ep_close(struct tpb_ep *ep);
 int tpb_rdma_ep_start(struct tpb_ep *ep, struct tpb_op *op);
 int tpb_rdma_ep_cancel(struct tpb_ep *ep, struct tpb_op *op);
+int tpb_rdma_ep_prepare(struct tpb_ep *ep, struct tpb_op *op, void *offer, size_t *offer_len);
+void tpb_rdma_op_release(struct tpb_op *op);
 
 struct tpb_rdma_xfer;
 

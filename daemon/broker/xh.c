@@ -15,7 +15,6 @@
 #include "core.h"
 #include "rdma/rdma.h"
 #include "log.h"
-#include "mpt.h"
 #include "peer.h"
 #include "pipe_int.h"
 #include "stripe.h"
@@ -40,17 +39,17 @@ struct tpd_xh {
 	Tpw__V1__Status early; /* send: the reader finished (failed) before the send ended */
 	char early_why[160];
 	/* rdma / cuda_gdr. Send: the reader's RDMA offer (copied from its PeerReadReq) and the op
-	 * started with it on the link's rdma endpoint; gdr once the writes run. Receive: the
-	 * segments as backends/rdma registers them and their registration (the offer); gdr once
-	 * the sender said it wrote. */
+	 * started with it on the link's rdma endpoint; gdr once the writes run. Receive: the op
+	 * tpb_prepare() registered on that endpoint (its offer in @offer_bytes), @prepared while
+	 * the registration holds; gdr once the sender said it wrote. */
 	struct tpb_rdma_offer offer;
 	struct tpb_rdma_region *offer_regions; /* owned: offer.regions */
 	struct tpb_op rop;
 	struct tpb_xfer *rxfers;
 	uint8_t *offer_bytes;
 	uint64_t rdma_start_ns;
-	struct tpb_rdma_seg *rsegs;
-	struct tpb_rdma_recv *gdr_recv;
+	struct tpb_op prep;
+	bool prepared;
 	bool gdr;
 	int gdr_status;
 	uint64_t gdr_bytes;
@@ -63,9 +62,8 @@ void tpd_xh_free(struct tpd_xh *xh)
 	if (!xh)
 		return;
 	tpb_copier_job_free(xh->holder);
-	tpb_rdma_recv_free(xh->gdr_recv);
+	tpb_release(&xh->prep);
 	free(xh->offer_regions);
-	free(xh->rsegs);
 	free(xh->rxfers);
 	free(xh->offer_bytes);
 	free(xh->xfers);
@@ -114,21 +112,6 @@ static const char *xh_channel(const struct tpd_msg *m, const struct tpd_xh *xh)
 		return "mpt";
 	return tpb_rdma_channel(xh_local_cuda(xh), xh->send ? &xh->offer : NULL,
 				!xh->send && msg_remote_cuda(m));
-}
-
-/* @xh's segments as backends/rdma takes them, in @xh->rsegs. Return: 0 or -ENOMEM. */
-static int xh_rdma_segs(struct tpd_xh *xh)
-{
-	if (xh->rsegs)
-		return 0;
-	xh->rsegs = calloc(xh->x.n_segs ? xh->x.n_segs : 1, sizeof(*xh->rsegs));
-	if (!xh->rsegs)
-		return -ENOMEM;
-	for (size_t i = 0; i < xh->x.n_segs; i++)
-		xh->rsegs[i] = (struct tpb_rdma_seg){ .mem = xh->segs[i].mem,
-						      .len = xh->segs[i].len,
-						      .buf = xh->segs[i].buf };
-	return 0;
 }
 
 /* Common end of a send or receive: flags, statistics, next message. */
@@ -324,54 +307,110 @@ static int xh_mpt_start(struct tpd_xh *xh)
 }
 
 /*
- * Receive: asks the writer's daemon for the bytes, with the RDMA offer if there is one. Runs
- * at once without an offer, or once the offer's registration is ready (@err < 0: it failed,
- * so ask without).
+ * Receive: asks the writer's daemon for the bytes, with the RDMA offer @of if there is one
+ * (NULL: none). Runs at once without an offer, or once the offer is ready (xh_prep_done()).
  */
-static void xh_gdr_ready(void *arg, int err, const char *why)
+static void xh_ask(struct tpd_xh *xh, const struct tpb_rdma_offer *of)
 {
 	Tpw__V1__PeerReadReq rr = TPW__V1__PEER_READ_REQ__INIT;
 	Tpw__V1__PeerMsg pm = TPW__V1__PEER_MSG__INIT;
 	_cleanup_free_ Tpw__V1__PeerRdmaRegion *regions = NULL;
 	_cleanup_free_ Tpw__V1__PeerRdmaRegion **ptrs = NULL;
-	struct tpd_xh *xh = arg;
 	struct tpd_pipe *p = xh->m->from->pipe;
-	struct tpb_rdma_offer of = { 0 };
 
-	if (err == 0 && xh->gdr_recv) {
-		tpb_rdma_recv_offer(xh->gdr_recv, &of);
-		regions = calloc(of.n ? of.n : 1, sizeof(*regions));
-		ptrs = calloc(of.n ? of.n : 1, sizeof(*ptrs));
+	if (of) {
+		regions = calloc(of->n ? of->n : 1, sizeof(*regions));
+		ptrs = calloc(of->n ? of->n : 1, sizeof(*ptrs));
 		if (!regions || !ptrs) {
-			err = -ENOMEM;
-			why = "out of memory";
+			tpd_pipe_log(p, NULL, TPU_LOG_INFO, "message %llu: not over RDMA: %s",
+				     (unsigned long long)xh->m->msg_id, "out of memory");
+			tpb_release(&xh->prep);
+			xh->prepared = false;
+			of = NULL;
 		}
-	}
-	if (err < 0) {
-		tpd_pipe_log(p, NULL, TPU_LOG_INFO, "message %llu: not over RDMA: %s",
-			     (unsigned long long)xh->m->msg_id, why);
-		tpb_rdma_recv_free(xh->gdr_recv);
-		xh->gdr_recv = NULL;
 	}
 	rr.pipe_id = p->remote_id;
 	rr.msg_id = xh->m->msg_id;
 	rr.xfer_id = xh->x.xfer_id;
-	if (xh->gdr_recv) { /* the offer, as the wire carries it */
-		for (size_t i = 0; i < of.n; i++) {
+	if (of) { /* the offer, as the wire carries it */
+		for (size_t i = 0; i < of->n; i++) {
 			tpw__v1__peer_rdma_region__init(&regions[i]);
-			regions[i].addr = of.regions[i].addr;
-			regions[i].rkey = of.regions[i].rkey;
-			regions[i].length = of.regions[i].length;
-			regions[i].cuda = of.regions[i].cuda;
+			regions[i].addr = of->regions[i].addr;
+			regions[i].rkey = of->regions[i].rkey;
+			regions[i].length = of->regions[i].length;
+			regions[i].cuda = of->regions[i].cuda;
 			ptrs[i] = &regions[i];
 		}
-		rr.rdma_port = of.port;
-		rr.n_rdma = of.n;
+		rr.rdma_port = of->port;
+		rr.n_rdma = of->n;
 		rr.rdma = ptrs;
 	}
 	pm.body_case = TPW__V1__PEER_MSG__BODY_READ_REQ;
 	pm.read_req = &rr;
 	tpd_xpipe_tell(p, &pm, NULL, 0);
+}
+
+/* The offer @xh prepared is ready (from tpb_progress(), on the loop), or could not be made
+ * (registration gone): asks the writer's daemon for the bytes, with the offer or without. */
+static void xh_prep_done(struct tpb_op *op)
+{
+	struct tpd_xh *xh = op->arg;
+	_cleanup_free_ struct tpb_rdma_region *regions = NULL;
+	struct tpb_rdma_offer of;
+	char why[160];
+	int r = op->status;
+
+	snprintf(why, sizeof(why), "%s", op->why);
+	if (r == 0)
+		r = tpb_rdma_offer_decode(op->offer, op->offer_len, &regions, &of, why,
+					  sizeof(why));
+	if (r < 0) {
+		tpd_pipe_log(xh->m->from->pipe, NULL, TPU_LOG_INFO,
+			     "message %llu: not over RDMA: %s", (unsigned long long)xh->m->msg_id,
+			     why);
+		tpb_release(&xh->prep);
+		xh->prepared = false;
+	}
+	xh_ask(xh, r == 0 ? &of : NULL);
+}
+
+/*
+ * Receive: registers @xh's destination for the link's RDMA endpoint and builds its offer
+ * (tpb_prepare()), against the writer's kind of memory; the offer follows from xh_prep_done().
+ * Return: 0 (xh_prep_done() follows, or ran already), or -errno (no offer: ask without).
+ */
+static int xh_prepare(struct tpd_xh *xh)
+{
+	struct tpb_ep *ep = tpb_rdma_link_ep(tpd_peer_gdr(xh->link));
+	size_t n = xh->x.n_segs, len = tpb_rdma_offer_size(n);
+	int r;
+
+	if (!ep)
+		return -EOPNOTSUPP;
+	xh->rxfers = calloc(n ? n : 1, sizeof(*xh->rxfers));
+	xh->offer_bytes = malloc(len);
+	if (!xh->rxfers || !xh->offer_bytes)
+		return -ENOMEM;
+	for (size_t i = 0; i < n; i++) {
+		xh->rxfers[i].src.loc = TPB_LOC_REMOTE;
+		xh->rxfers[i].src.remote = xh->m->src[i].remote_cuda ? TPB_LOC_CUDA
+								     : TPB_LOC_LOCAL;
+		xh->rxfers[i].dst = xh->segs[i].mem;
+		xh->rxfers[i].dst.buf = xh->segs[i].buf;
+		xh->rxfers[i].len = xh->segs[i].len;
+	}
+	xh->prep = (struct tpb_op){ .xfers = xh->rxfers, .n_xfers = n, .xfer_id = xh->x.xfer_id,
+				    .done = xh_prep_done, .arg = xh };
+	r = tpb_prepare(ep, &xh->prep, xh->offer_bytes, &len);
+	if (r == 0) { /* the offer at once */
+		xh->prepared = true;
+		xh->prep.offer = xh->offer_bytes;
+		xh->prep.offer_len = len;
+		xh_prep_done(&xh->prep);
+		return 0;
+	}
+	xh->prepared = r == -EINPROGRESS;
+	return xh->prepared ? 0 : r;
 }
 
 /*
@@ -498,8 +537,6 @@ int tpd_xh_start(struct tpd_msg *m)
 		if (r < 0)
 			r = xh_mpt_start(xh);
 	} else if (xh->link) {
-		char why[160];
-
 		xh->x.done = xh_recv_done;
 		xh->x.xfer_id = tpd_peer_xfer_add(xh->link, xh);
 		xh->x.total = 0;
@@ -509,11 +546,8 @@ int tpd_xh_start(struct tpd_msg *m)
 		/* An RDMA offer only where the selection picks rdma or cuda_gdr for every segment
 		 * and the link can carry it; else the bytes come over the data connections. */
 		if (r == 0 && (!tpb_rdma_link_ready(tpd_peer_gdr(xh->link)) ||
-			       !xh_select_rdma(xh) || xh_rdma_segs(xh) < 0 ||
-			       tpb_rdma_recv_new(tpd_peer_gdr(xh->link), xh->rsegs, xh->x.n_segs,
-						msg_remote_cuda(m), xh_gdr_ready, xh, &xh->gdr_recv,
-						why, sizeof(why)) < 0)) {
-			xh_gdr_ready(xh, 0, NULL); /* no offer: ask for the bytes at once */
+			       !xh_select_rdma(xh) || xh_prepare(xh) < 0)) {
+			xh_ask(xh, NULL); /* no offer: ask for the bytes at once */
 		} else if (r < 0 && xh->x.xfer_id) {
 			tpd_peer_xfer_drop(xh->link, xh->x.xfer_id);
 		}
@@ -639,10 +673,10 @@ void tpd_xh_peer_xfer_end(struct tpd_peer *pr, void *arg, const Tpw__V1__PeerXfe
 	if (xe->rdma) {
 		/* The bytes went by RDMA (only ever into an offer): drop the stripe's receive. */
 		xh->gdr = true;
-		xh->gdr_status = xh->gdr_recv ? tpw_status_to_errno(xe->status) : -EPROTO;
+		xh->gdr_status = xh->prepared ? tpw_status_to_errno(xe->status) : -EPROTO;
 		xh->gdr_bytes = xe->bytes;
 		snprintf(xh->gdr_why, sizeof(xh->gdr_why), "%s",
-			 !xh->gdr_recv ? "peer says it RDMA-wrote without an offer"
+			 !xh->prepared ? "peer says it RDMA-wrote without an offer"
 			 : xe->status  ? (xe->message ? xe->message : tpw_status_name(xe->status))
 				       : "");
 		if (xh->gdr_status == 0 && xe->bytes != xh->x.total) {
@@ -654,6 +688,6 @@ void tpd_xh_peer_xfer_end(struct tpd_peer *pr, void *arg, const Tpw__V1__PeerXfe
 		(void)tpb_cancel(ep, &xh->op);
 		return;
 	}
-	(void)tpb_mpt_recv_expect(ep, &xh->op, xe->bytes, tpw_status_to_errno(xe->status),
-				  xe->message ? xe->message : tpw_status_name(xe->status));
+	(void)tpb_recv_expect(ep, &xh->op, xe->bytes, tpw_status_to_errno(xe->status),
+			      xe->message ? xe->message : tpw_status_name(xe->status));
 }

@@ -166,9 +166,10 @@ START_TEST(test_mpt_cancel_and_the_senders_word_end_a_receive)
 {
 	uint8_t dst[4096];
 	struct tpb_xfer rx = in(dst, sizeof(dst));
-	struct rec r1 = { 0 }, r2 = { 0 };
+	struct rec r1 = { 0 }, r2 = { 0 }, r3 = { 0 };
 	struct tpb_op a = { .xfers = &rx, .n_xfers = 1, .xfer_id = 1, .done = op_done, .arg = &r1 };
 	struct tpb_op b = { .xfers = &rx, .n_xfers = 1, .xfer_id = 2, .done = op_done, .arg = &r2 };
+	struct tpb_op c = { .xfers = &rx, .n_xfers = 1, .xfer_id = 3, .done = op_done, .arg = &r3 };
 	struct fx f;
 
 	fx_setup(&f, 2);
@@ -183,10 +184,17 @@ START_TEST(test_mpt_cancel_and_the_senders_word_end_a_receive)
 	ck_assert_str_eq(r2.why, "source unreadable");
 	ck_assert_int_eq(tpb_cancel(f.eb, &a), -ENOENT);
 	ck_assert_int_eq(tpb_mpt_recv_expect(f.eb, &b, 0, 0, NULL), -ENOENT);
+	ck_assert_int_eq(tpb_recv_expect(f.eb, &b, 0, 0, NULL), -ENOENT); /* the table's op */
 	for (int i = 0; i < 20; i++)
 		pump(&f, 1);
 	ck_assert_int_eq(r1.calls, 1);
 	ck_assert_int_eq(r2.calls, 1);
+	/* The same word through the op table's wrapper (what the daemon calls). */
+	ck_assert_int_eq(tpb_start(f.eb, &c), 0);
+	ck_assert_int_eq(tpb_recv_expect(f.eb, &c, 0, -EPIPE, "writer gone"), 0);
+	ck_assert(run_until(&f, &r3.calls, NULL));
+	ck_assert_int_eq(r3.status, -EPIPE);
+	ck_assert_str_eq(r3.why, "writer gone");
 	fx_teardown(&f);
 }
 END_TEST
