@@ -55,6 +55,11 @@ void tpb_buffer_unref(struct tpb_buffer *b)
 	free(b);
 }
 
+bool tpb_buffer_only_ref(const struct tpb_buffer *b)
+{
+	return atomic_load(&((struct tpb_buffer *)b)->refs) == 1;
+}
+
 int tpb_buffer_resolve(const struct tpb_buffer *b, uint64_t offset, uint64_t len, void **ret)
 {
 	if (!tpu_range_ok(offset, len, b->size))

@@ -9,6 +9,7 @@
 #define TPB_BUFFER_H
 
 #include <stdatomic.h>
+#include <stdbool.h>
 #include <stdint.h>
 
 struct tpb_buffer {
@@ -31,6 +32,8 @@ int tpb_buffer_new(int fd, uint64_t id, uint64_t gen, uint64_t size, struct tpb_
 struct tpb_buffer *tpb_buffer_ref(struct tpb_buffer *b);
 /* Drops a reference; unmaps and frees at zero. Thread safe. Accepts NULL. */
 void tpb_buffer_unref(struct tpb_buffer *b);
+/* True if one reference is all @b has (e.g. a cache's, once its client let go). Borrows @b. */
+bool tpb_buffer_only_ref(const struct tpb_buffer *b);
 
 /*
  * tpb_buffer_resolve() - pointer to [@offset, @offset + @len) in @b.

@@ -34,7 +34,7 @@
 struct tpb_rdma;
 struct tpb_rdma_link;
 struct tpb_rdma_recv;
-struct tpb_buffer; /* the daemon's shared buffer: reached only through struct tpb_rdma_buf_ops */
+struct tpb_buffer; /* a shared buffer (backends/base/buffer.h) */
 
 /* Bytes of one queue-pair connection record (the verbs layer's). */
 #define TPB_RDMA_QP_RECORD_BYTES 32
@@ -46,17 +46,6 @@ struct tpb_rdma_seg {
 	/* TPB_LOC_LOCAL in a client's shared buffer: that buffer (borrowed; whoever builds the
 	 * transfer holds a reference until it ends), so a cached region can hold it; else NULL */
 	struct tpb_buffer *buf;
-};
-
-/* How the registration cache holds a shared buffer (the daemon's). Loop thread only. */
-struct tpb_rdma_buf_ops {
-	/* Returns @b with one more reference (owned: drop with @unref). */
-	struct tpb_buffer *(*ref)(struct tpb_buffer *b);
-	void (*unref)(struct tpb_buffer *b);
-	/* True if one reference is all @b has (the cache's: its client let go). */
-	bool (*only_ref)(const struct tpb_buffer *b);
-	/* @b's mapping in the daemon: its first byte's address and its size. */
-	void (*span)(const struct tpb_buffer *b, uint64_t *ret_addr, uint64_t *ret_size);
 };
 
 /* One queue-pair connection record (TPB_RDMA_QP_RECORD_BYTES when well formed). */
@@ -91,7 +80,6 @@ struct tpb_rdma_config {
 	uint64_t cache_bytes; /* rdma-cache: shared-buffer bytes kept registered (0: none) */
 	uint32_t ports_max;   /* ports a daemon may announce (the wire's bound) */
 	const struct tpb_rdma_link_ops *link_ops; /* static, or alive until tpb_rdma_ctx_free() */
-	const struct tpb_rdma_buf_ops *buf_ops;	  /* likewise */
 };
 
 /*

@@ -27,6 +27,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
+#include "base/buffer.h"
 #include "rdma_int.h"
 
 const struct tpb_mem *tpb_rdma_reg_first_cuda(const struct tpb_rdma_seg *segs, size_t n)
@@ -56,12 +57,9 @@ struct rdma_mr {
 
 static void mr_free(struct rdma_mr *e)
 {
-	struct tpb_rdma *g = e->port->g;
-
 	tpv_mr_dereg(e->port->ctx, e->mr);
 	tpb_rdma_port_put(e->port);
-	if (e->buf)
-		g->cfg.buf_ops->unref(e->buf);
+	tpb_buffer_unref(e->buf);
 	tpb_cuda_map_unref(e->cuda);
 	free(e);
 }
@@ -84,7 +82,7 @@ static void mr_uncache(struct tpb_rdma *g, struct rdma_mr *e)
 static bool mr_orphan(const struct rdma_mr *e)
 {
 	if (e->buf)
-		return e->port->g->cfg.buf_ops->only_ref(e->buf);
+		return tpb_buffer_only_ref(e->buf);
 	return e->cuda && tpb_cuda_map_refs(e->cuda) == 1;
 }
 
@@ -144,7 +142,8 @@ static void host_span(struct tpb_rdma *g, const struct rdma_port *pt,
 	uint64_t map, size, off, lo, hi;
 	struct rdma_mr *c, *tmp;
 
-	g->cfg.buf_ops->span(b, &map, &size);
+	map = (uint64_t)(uintptr_t)b->map;
+	size = b->size;
 	off = s->mem.addr - map;
 	lo = map + off / REG_STEP * REG_STEP;
 	hi = map + TPU_MIN(size, (off + s->len + REG_STEP - 1) / REG_STEP * REG_STEP);
@@ -205,7 +204,7 @@ static int mr_new(struct tpb_rdma *g, struct rdma_port *pt, const struct tpb_rdm
 	e->port = pt;
 	g->cache.misses++;
 	if (cache && (s->buf || s->mem.loc == TPB_LOC_CUDA)) {
-		e->buf = s->buf ? g->cfg.buf_ops->ref(s->buf) : NULL;
+		e->buf = s->buf ? tpb_buffer_ref(s->buf) : NULL;
 		e->cuda = s->mem.loc == TPB_LOC_CUDA ? tpb_cuda_map_ref(s->mem.cuda) : NULL;
 		e->cached = true;
 		tpu_list_insert_tail(&g->mrs, &e->node);

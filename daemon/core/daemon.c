@@ -405,34 +405,6 @@ static int setup_events(struct tpd_daemon *d)
 
 /* ---- rdma and cuda_gdr: the context backends/rdma needs, and its event fd on the loop ---- */
 
-static struct tpb_buffer *rdma_buf_ref(struct tpb_buffer *b)
-{
-	return tpb_buffer_ref(b);
-}
-
-static void rdma_buf_unref(struct tpb_buffer *b)
-{
-	tpb_buffer_unref(b);
-}
-
-static bool rdma_buf_only_ref(const struct tpb_buffer *b)
-{
-	return atomic_load(&((struct tpb_buffer *)b)->refs) == 1;
-}
-
-static void rdma_buf_span(const struct tpb_buffer *b, uint64_t *ret_addr, uint64_t *ret_size)
-{
-	*ret_addr = (uint64_t)(uintptr_t)b->map;
-	*ret_size = b->size;
-}
-
-static const struct tpb_rdma_buf_ops rdma_buf_ops = {
-	.ref = rdma_buf_ref,
-	.unref = rdma_buf_unref,
-	.only_ref = rdma_buf_only_ref,
-	.span = rdma_buf_span,
-};
-
 static void rdma_on_event(evutil_socket_t fd, short what, void *arg)
 {
 	tpb_progress(arg);
@@ -447,7 +419,6 @@ static int rdma_start(struct tpd_daemon *d)
 		.cache_bytes = d->cfg.rdma_cache,
 		.ports_max = TPW_RDMA_PORTS_MAX,
 		.link_ops = &tpd_peer_rdma_ops,
-		.buf_ops = &rdma_buf_ops,
 	};
 	struct tpb_config bc = { .rdma_disabled = d->cfg.no_rdma, .rdma = &rc };
 	struct tpb_ctx *ctx;
