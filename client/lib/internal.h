@@ -606,6 +606,12 @@ void tpc_cuda_events_put(struct tpc_cuda_event *list);
  * @ctx (frees only what it holds for CUDA). */
 void tpc_cuda_free(struct tp_context *ctx);
 
+/* ---- group.c ------------------------------------------------------------------------------- */
+
+/* The daemon's answer to a GroupJoin: completes the waiting join (lock held, io thread). Borrows
+ * @m. */
+void tpc_group_on_joined(struct tp_context *ctx, const Tpw__V1__GroupJoined *m);
+
 /* ---- errors.c ------------------------------------------------------------------------------ */
 
 /* Records a message for tp_last_error() on this thread and returns @err. Borrows @fmt (the
