@@ -88,7 +88,7 @@ static int barrier_wait(struct tp_group *g, uint32_t gen, int timeout_ms, char *
 	int64_t end = timeout_ms > 0 ? now_ms() + timeout_ms : 0;
 	uint32_t v;
 
-	for (int i = g->spin ? 4000 : 0; i > 0; i--) {
+	for (int i = g->spin ? 200 : 0; i > 0; i--) {
 		v = __atomic_load_n(w, __ATOMIC_ACQUIRE);
 		if ((v & TPU_GRPARENA_GEN) != gen)
 			return 0;
@@ -211,17 +211,20 @@ static void fold(const struct tpc_coll *c, void *acc, const void *in, size_t n)
 		tpc_reduce(acc, in, n, c->dtype, (enum tp_reduce_op)c->op);
 }
 
-/* Reduces elements [@lo, @hi) of the bank's slots in rank order into @dst. */
+/* Reduces this member's slice (@off, @n elements) of the chunk at @done in rank order into
+ * @dst: the other members' parts from their slots, its own straight from its input (only it
+ * reads that part, so chunk_in() does not copy it into the slot). */
 static void reduce_range(struct tp_group *g, const struct tpc_coll *c, unsigned bank,
-			 size_t off, size_t n, uint8_t *dst)
+			 size_t done, size_t off, size_t n, uint8_t *dst)
 {
 	size_t es = tp_dtype_size(c->dtype);
+	const uint8_t *mine = (const uint8_t *)c->send + (done + off) * es;
 
 	if (n == 0)
 		return;
-	memcpy(dst, slot_of(g, bank, 0) + off * es, n * es);
+	memcpy(dst, g->rank == 0 ? mine : slot_of(g, bank, 0) + off * es, n * es);
 	for (uint32_t r = 1; r < g->size; r++)
-		fold(c, dst, slot_of(g, bank, r) + off * es, n);
+		fold(c, dst, r == g->rank ? mine : slot_of(g, bank, r) + off * es, n);
 }
 
 /* Elements of this member's slice of a chunk of @n elements (slices start on 64 bytes). */
@@ -245,8 +248,15 @@ static void chunk_in(struct tp_group *g, const struct tpc_coll *c, size_t done, 
 {
 	size_t es = tp_dtype_size(c->dtype);
 
+	size_t off, k;
+
 	switch (c->kind) {
-	case TPC_COLL_ALLREDUCE:
+	case TPC_COLL_ALLREDUCE: /* all but this member's own slice (reduce_range()) */
+		my_slice(g, n, es, &off, &k);
+		memcpy(slot_of(g, bank, g->rank), (const uint8_t *)c->send + done * es, off * es);
+		memcpy(slot_of(g, bank, g->rank) + (off + k) * es,
+		       (const uint8_t *)c->send + (done + off + k) * es, (n - off - k) * es);
+		break;
 	case TPC_COLL_ALLGATHER:
 		memcpy(slot_of(g, bank, g->rank), (const uint8_t *)c->send + done * es, n * es);
 		break;
@@ -274,7 +284,7 @@ static int chunk_out(struct tp_group *g, const struct tpc_coll *c, size_t done, 
 	switch (c->kind) {
 	case TPC_COLL_ALLREDUCE:
 		my_slice(g, n, es, &off, &k);
-		reduce_range(g, c, bank, off, k, result_of(g, bank) + off * es);
+		reduce_range(g, c, bank, done, off, k, result_of(g, bank) + off * es);
 		r = tpc_coll_barrier(g, g->op_timeout_ms, msg, ml);
 		if (r == 0)
 			memcpy((uint8_t *)c->recv + done * es, result_of(g, bank), n * es);

@@ -64,6 +64,9 @@ static const struct opt opts[] = {
 	  "members of one collective group (default 256)" },
 	{ "group-bytes-per-uid", "limits", K_SIZE64, OFF(group_bytes_per_uid), 0, UINT64_MAX,
 	  true, "BYTES", "shared-memory arena bytes of one uid's groups (default 1G)" },
+	{ "group-chunk", "limits", K_SIZE32, OFF(group_chunk), 65536, 64u << 20, true, "BYTES",
+	  "bytes of a group's shared-memory slot, up to 8 members; larger groups get\n"
+	  "                            8x this divided by their size (default 1M)" },
 	{ "sessions-reserved", "limits", K_U32, OFF(sessions_reserved), 0, 1u << 20, true, "N",
 	  "of sessions-max, slots only root and the admin group may use (default 8)" },
 	{ "hello-timeout", "limits", K_U32, OFF(hello_timeout_ms), 100, 600000, true, "MS",
@@ -207,6 +210,7 @@ void tpd_config_defaults(struct tpd_config *c)
 	c->groups_per_uid = 16;
 	c->group_members_max = 256;
 	c->group_bytes_per_uid = 1ull << 30;
+	c->group_chunk = 1u << 20;
 	c->drain_ms = 5000;
 	c->rdma_cache = 4ull << 30;
 	c->ring_max = 4u << 20;

@@ -76,9 +76,11 @@ int tpd_group_new(struct tpd_daemon *d, struct tpd_groups **ret)
 	return 0;
 }
 
-static uint64_t group_chunk(uint32_t size)
+/* Slot bytes for a group of @size: group-chunk up to 8 members, 8 x group-chunk / size above
+ * (at least 64 KiB), a multiple of 4 KiB. */
+static uint64_t group_chunk(const struct tpd_config *cfg, uint32_t size)
 {
-	uint64_t c = size <= 8 ? (1ull << 20) : (8ull << 20) / size;
+	uint64_t c = size <= 8 ? cfg->group_chunk : 8ull * cfg->group_chunk / size;
 
 	c &= ~4095ull;
 	return c < 65536 ? 65536 : c;
@@ -303,7 +305,7 @@ static int group_limits(struct tpd_groups *gs, uid_t uid, uint32_t size, uint64_
 static int group_create(struct tpd_groups *gs, struct tpd_session *s, const Tpw__V1__GroupJoin *j,
 			struct tpd_group **ret, char *why, size_t wl)
 {
-	uint64_t chunk = group_chunk(j->size);
+	uint64_t chunk = group_chunk(tpd_daemon_cfg(gs->d), j->size);
 	uint64_t bytes = tpu_grparena_bytes(j->size, chunk);
 	struct tpd_group *grp;
 	int r;
