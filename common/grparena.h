@@ -51,16 +51,31 @@ struct tpu_grparena_hdr {
 	uint8_t pad3[52];
 };
 
-/* Offsets: the header page, 2 x size call descriptors (by sequence parity), then the data:
- * 2 banks x size slots of chunk_bytes, then 2 result slots of chunk_bytes. */
+/* A member's counters, written by that member after each collective (tpipctl groups reads
+ * them: informational, as the member says). */
+struct tpu_grparena_stats {
+	uint64_t calls;	  /* collectives finished (failed ones included) */
+	uint64_t bytes;	  /* bytes of its input they covered */
+	uint64_t busy_ns; /* time inside collectives */
+	uint64_t wait_ns; /* of that, time waiting for the others */
+	uint8_t pad[32];
+};
+
+/* Offsets: the header page, 2 x size call descriptors (by sequence parity), size members'
+ * stats, then the data: 2 banks x size slots of chunk_bytes, then 2 result slots. */
 static inline uint64_t tpu_grparena_calls_off(void)
 {
 	return TPU_GRPARENA_HDR;
 }
 
+static inline uint64_t tpu_grparena_stats_off(uint32_t size)
+{
+	return TPU_GRPARENA_HDR + 2ull * size * TPU_GRPARENA_CALL;
+}
+
 static inline uint64_t tpu_grparena_data_off(uint32_t size)
 {
-	uint64_t c = 2ull * size * TPU_GRPARENA_CALL;
+	uint64_t c = 3ull * size * TPU_GRPARENA_CALL;
 
 	return TPU_GRPARENA_HDR + ((c + 4095) & ~4095ull);
 }

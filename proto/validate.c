@@ -327,7 +327,7 @@ int tpw_client_msg_validate(const Tpw__V1__ClientMsg *m, const struct tpw_hdr *h
 		return 0; /* group ids are checked against the session's groups */
 	case TPW__V1__CLIENT_MSG__BODY_CTL:
 		if (m->ctl->what <= TPW__V1__CTL_WHAT__CTL_UNSPECIFIED ||
-		    m->ctl->what > TPW__V1__CTL_WHAT__CTL_PEERS)
+		    m->ctl->what > TPW__V1__CTL_WHAT__CTL_GROUPS)
 			return tpu_why(-EBADMSG, why, wl, "unknown control request %d",
 				       (int)m->ctl->what);
 		return 0;

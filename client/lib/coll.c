@@ -119,6 +119,14 @@ static int barrier_wait(struct tp_group *g, uint32_t gen, int timeout_ms, char *
 	}
 }
 
+static uint64_t now_ns(void)
+{
+	struct timespec ts;
+
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
+}
+
 int tpc_coll_barrier(struct tp_group *g, int timeout_ms, char *msg, size_t ml)
 {
 	struct tpu_grparena_hdr *h = g->hdr;
@@ -126,8 +134,13 @@ int tpc_coll_barrier(struct tp_group *g, int timeout_ms, char *msg, size_t ml)
 
 	if (v & TPU_GRPARENA_FAILED)
 		return group_failed(g, msg, ml);
-	if (__atomic_fetch_add(&h->count, 1, __ATOMIC_ACQ_REL) != g->size - 1)
-		return barrier_wait(g, v & TPU_GRPARENA_GEN, timeout_ms, msg, ml);
+	if (__atomic_fetch_add(&h->count, 1, __ATOMIC_ACQ_REL) != g->size - 1) {
+		uint64_t t0 = now_ns();
+		int r = barrier_wait(g, v & TPU_GRPARENA_GEN, timeout_ms, msg, ml);
+
+		g->wait_ns += now_ns() - t0;
+		return r;
+	}
 	/* the last to arrive: reset the count, then open the next generation */
 	__atomic_store_n(&h->count, 0, __ATOMIC_RELAXED);
 	old = __atomic_load_n(&h->word, __ATOMIC_RELAXED);
@@ -322,7 +335,32 @@ static size_t chunk_elems(struct tp_group *g, const struct tpc_coll *c)
 	return per ? per : 1;
 }
 
+/* This member's counters in the arena (tpipctl groups shows them). */
+static void stats_add(struct tp_group *g, const struct tpc_coll *c, uint64_t busy)
+{
+	struct tpu_grparena_stats *st = (struct tpu_grparena_stats *)(g->base +
+		tpu_grparena_stats_off(g->size)) + g->rank;
+	size_t es = c->kind == TPC_COLL_BARRIER ? 0 : tp_dtype_size(c->dtype);
+	size_t n = c->kind == TPC_COLL_REDUCE_SCATTER ? c->count * g->size : c->count;
+
+	__atomic_store_n(&st->calls, st->calls + 1, __ATOMIC_RELAXED);
+	__atomic_store_n(&st->bytes, st->bytes + n * es, __ATOMIC_RELAXED);
+	__atomic_store_n(&st->busy_ns, st->busy_ns + busy, __ATOMIC_RELAXED);
+	__atomic_store_n(&st->wait_ns, g->wait_ns, __ATOMIC_RELAXED);
+}
+
+static int coll_run(struct tp_group *g, const struct tpc_coll *c, char *msg, size_t ml);
+
 int tpc_coll_run(struct tp_group *g, const struct tpc_coll *c, char *msg, size_t ml)
+{
+	uint64_t t0 = now_ns();
+	int r = coll_run(g, c, msg, ml);
+
+	stats_add(g, c, now_ns() - t0);
+	return r;
+}
+
+static int coll_run(struct tp_group *g, const struct tpc_coll *c, char *msg, size_t ml)
 {
 	uint64_t seq = g->seq++;
 	struct coll_desc *d = desc_of(g, seq, g->rank);

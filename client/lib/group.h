@@ -54,6 +54,7 @@ struct tp_group {
 	/* the executor's (one collective runs at a time: busy) */
 	uint64_t seq;  /* calls made */
 	unsigned bank; /* data bank of the next chunk (0, 1), the same on every member */
+	uint64_t wait_ns; /* time waiting in barriers, all calls */
 	/* lock */
 	pthread_mutex_t lock;
 	pthread_cond_t cond;

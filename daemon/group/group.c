@@ -35,6 +35,7 @@ struct member {
 	bool joined;
 	bool ready;
 	bool gone; /* formed, then left or died */
+	uint32_t gone_why; /* TPU_GRPARENA_DIED or _LEFT */
 	struct event *ev_timeout;
 };
 
@@ -55,6 +56,8 @@ struct tpd_group {
 	struct tpu_grparena_hdr *arena;
 	uint64_t bytes; /* arena bytes (reserved from the first join) */
 	uint64_t chunk;
+	uint64_t created_ns;
+	char failure[96]; /* the first member gone, for tpipctl */
 	struct member m[];
 };
 
@@ -62,6 +65,7 @@ struct tpd_groups {
 	struct tpd_daemon *d;
 	struct tpu_list list;
 	uint64_t next_id;
+	uint64_t formed, failed, refused; /* since start (metrics) */
 };
 
 int tpd_group_new(struct tpd_daemon *d, struct tpd_groups **ret)
@@ -167,6 +171,7 @@ static void join_refuse(struct tpd_session *s, uint64_t req_id, int err, const c
 	vsnprintf(why, sizeof(why), fmt, ap);
 	va_end(ap);
 	tpd_session_log(s, TPU_LOG_INFO, "group join refused: %s", why);
+	tpd_daemon_groups(tpd_session_daemon(s))->refused++;
 	joined_send(s, req_id, err, why, NULL, 0);
 }
 
@@ -229,6 +234,7 @@ static void group_form(struct tpd_group *grp)
 		group_free(grp);
 		return;
 	}
+	grp->gs->formed++;
 	tpu_log(TPU_LOG_INFO, "group %llu '%s' (uid %u): %u members joined",
 		(unsigned long long)grp->id, grp->name, (unsigned)grp->uid, grp->size);
 }
@@ -326,6 +332,7 @@ static int group_create(struct tpd_groups *gs, struct tpd_session *s, const Tpw_
 	grp->size = j->size;
 	grp->chunk = chunk;
 	grp->bytes = bytes;
+	grp->created_ns = tpu_now_ns();
 	for (uint32_t i = 0; i < j->size; i++) {
 		grp->m[i].grp = grp;
 		grp->m[i].ev_timeout = evtimer_new(tpd_daemon_base(gs->d), member_on_timeout,
@@ -410,10 +417,14 @@ static void member_gone(struct member *mb, uint32_t why)
 	if (mb->gone)
 		return;
 	mb->gone = true;
+	mb->gone_why = why;
 	mb->s = NULL;
 	grp->live--;
+	if (!grp->failure[0])
+		snprintf(grp->failure, sizeof(grp->failure), "rank %u (pid %d) %s", rank,
+			 (int)mb->pid, why == TPU_GRPARENA_DIED ? "died" : "left");
 	if (grp->live > 0 && grp->arena &&
-	    tpu_grparena_fail(grp->arena, rank, (uint32_t)mb->pid, why))
+	    tpu_grparena_fail(grp->arena, rank, (uint32_t)mb->pid, why) && ++grp->gs->failed)
 		tpu_log(why == TPU_GRPARENA_DIED ? TPU_LOG_WARNING : TPU_LOG_INFO,
 			"group %llu '%s' (uid %u): rank %u (pid %d) %s; the group fails for the "
 			"%u other members", (unsigned long long)grp->id, grp->name,
@@ -491,4 +502,136 @@ static const struct tpd_local_group_ops group_local_ops = {
 void tpd_group_serve_local(struct tpd_local *l)
 {
 	tpd_local_set_group_ops(l, &group_local_ops);
+}
+
+/* ---- tpipctl and metrics ------------------------------------------------------------------ */
+
+void tpd_group_totals(const struct tpd_groups *g, uint64_t *ret_formed, uint64_t *ret_failed,
+		      uint64_t *ret_refused)
+{
+	*ret_formed = g->formed;
+	*ret_failed = g->failed;
+	*ret_refused = g->refused;
+}
+
+static const char *member_state(const struct tpd_group *grp, const struct member *mb)
+{
+	if (mb->gone)
+		return mb->gone_why == TPU_GRPARENA_DIED ? "died" : "left";
+	if (!mb->joined)
+		return "missing";
+	if (!grp->formed)
+		return "joining";
+	return mb->ready ? "ready" : "joined";
+}
+
+static int ctl_member(const struct tpd_group *grp, uint32_t rank, Tpw__V1__CtlGroupMember **ret)
+{
+	const struct member *mb = &grp->m[rank];
+	Tpw__V1__CtlGroupMember *c = calloc(1, sizeof(*c));
+
+	if (!c)
+		return -ENOMEM;
+	tpw__v1__ctl_group_member__init(c);
+	c->rank = rank;
+	c->pid = (uint32_t)mb->pid;
+	c->session_id = mb->s ? tpd_session_id(mb->s) : 0;
+	c->state = (char *)member_state(grp, mb);
+	if (grp->arena) {
+		const struct tpu_grparena_stats *st =
+			(const struct tpu_grparena_stats *)((const uint8_t *)grp->arena +
+							    tpu_grparena_stats_off(grp->size)) +
+			rank;
+
+		/* what the member wrote: numbers only, shown as they are */
+		c->calls = __atomic_load_n(&st->calls, __ATOMIC_RELAXED);
+		c->bytes = __atomic_load_n(&st->bytes, __ATOMIC_RELAXED);
+		c->busy_us = __atomic_load_n(&st->busy_ns, __ATOMIC_RELAXED) / 1000;
+		c->wait_us = __atomic_load_n(&st->wait_ns, __ATOMIC_RELAXED) / 1000;
+	}
+	*ret = c;
+	return 0;
+}
+
+static void ctl_group_free(Tpw__V1__CtlGroup *c)
+{
+	if (!c)
+		return;
+	for (size_t i = 0; i < c->n_members; i++)
+		free(c->members[i]);
+	free(c->members);
+	free(c->plan);
+	free(c);
+}
+
+static int ctl_group(const struct tpd_group *grp, Tpw__V1__CtlGroup **ret)
+{
+	Tpw__V1__CtlGroup *c = calloc(1, sizeof(*c));
+	char plan[256];
+
+	if (!c)
+		return -ENOMEM;
+	tpw__v1__ctl_group__init(c);
+	c->id = grp->id;
+	c->name = grp->name;
+	c->uid = (uint32_t)grp->uid;
+	c->size = grp->size;
+	c->joined = grp->joined;
+	c->state = (char *)(!grp->formed ? "joining" : grp->failure[0] ? "failed" : "formed");
+	snprintf(plan, sizeof(plan), "one host, shared-memory arena: all-reduce = reduce-scatter "
+		 "by %u slices in rank order + all-gather, chunks of %llu KiB, 2 barriers each "
+		 "(every size)", grp->size, (unsigned long long)(grp->chunk >> 10));
+	c->plan = strdup(plan);
+	c->arena_bytes = grp->bytes;
+	c->chunk_bytes = grp->chunk;
+	c->failure = (char *)grp->failure;
+	c->hosts = 1;
+	c->age_ms = (tpu_now_ns() - grp->created_ns) / 1000000;
+	c->members = calloc(grp->size, sizeof(*c->members));
+	if (!c->plan || !c->members) {
+		ctl_group_free(c);
+		return -ENOMEM;
+	}
+	for (uint32_t i = 0; i < grp->size; i++) {
+		if (ctl_member(grp, i, &c->members[i]) < 0) {
+			ctl_group_free(c);
+			return -ENOMEM;
+		}
+		c->n_members++;
+	}
+	*ret = c;
+	return 0;
+}
+
+int tpd_group_ctl(struct tpd_groups *g, bool own_only, uid_t viewer, Tpw__V1__CtlGroup ***ret,
+		  size_t *n)
+{
+	struct tpd_group *grp;
+	Tpw__V1__CtlGroup **v;
+	size_t k = 0, cap = 0;
+
+	tpu_list_for_each(grp, &g->list, node)
+		cap++;
+	v = calloc(cap + 1, sizeof(*v));
+	if (!v)
+		return -ENOMEM;
+	tpu_list_for_each(grp, &g->list, node) {
+		if (own_only && grp->uid != viewer)
+			continue;
+		if (ctl_group(grp, &v[k]) < 0) {
+			tpd_group_ctl_free(v, k);
+			return -ENOMEM;
+		}
+		k++;
+	}
+	*ret = v;
+	*n = k;
+	return 0;
+}
+
+void tpd_group_ctl_free(Tpw__V1__CtlGroup **v, size_t n)
+{
+	for (size_t i = 0; i < n; i++)
+		ctl_group_free(v[i]);
+	free(v);
 }

@@ -14,6 +14,7 @@
 
 #include <stdbool.h>
 #include <stdint.h>
+#include <sys/types.h>
 
 #include "tpw.pb-c.h"
 
@@ -39,5 +40,20 @@ void tpd_group_serve_local(struct tpd_local *l);
 /* Counts for tpipctl status and metrics: groups, members joined, arena bytes. Borrows @g. */
 void tpd_group_counts(const struct tpd_groups *g, uint32_t *ret_groups, uint32_t *ret_members,
 		      uint64_t *ret_bytes);
+
+/*
+ * tpd_group_ctl() - describe the groups for tpipctl groups: every group, or with @own_only only
+ * those of uid @viewer.
+ * @ret, @n: returns an owned array of owned messages, free with tpd_group_ctl_free().
+ * Return: 0 or -ENOMEM.
+ */
+int tpd_group_ctl(struct tpd_groups *g, bool own_only, uid_t viewer, Tpw__V1__CtlGroup ***ret,
+		  size_t *n);
+void tpd_group_ctl_free(Tpw__V1__CtlGroup **v, size_t n);
+
+/* Totals since start for metrics: groups formed, groups that failed (a member died, left or
+ * aborted while others remained), joins refused or timed out. Borrows @g. */
+void tpd_group_totals(const struct tpd_groups *g, uint64_t *ret_formed, uint64_t *ret_failed,
+		      uint64_t *ret_refused);
 
 #endif

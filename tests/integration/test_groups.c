@@ -9,15 +9,17 @@
  * SIGKILLed inside a collective fails the survivors with -ECONNRESET naming it, with no hang,
  * and another group of the same user is untouched; a member that leaves fails the others' next
  * call; a join that misses members times out naming them; the daemon's group limits just below
- * and above.
+ * and above; tpipctl groups shows members, plan and per-member counters.
  */
 #include <check.h>
 #include <errno.h>
+#include <json-c/json.h>
 #include <math.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include "grouptest.h"
@@ -836,6 +838,109 @@ START_TEST(test_limits_below_and_above)
 }
 END_TEST
 
+/* ---- tpipctl groups ------------------------------------------------------------------------ */
+
+static struct tpt_sync ctl_ready, ctl_go;
+
+static int body_ctl(struct gt_member *m)
+{
+	float buf[1000] = { 0 };
+	int r = tp_allreduce(m->g, buf, buf, 1000, TP_DTYPE_F32, TP_OP_SUM);
+
+	if (r < 0)
+		return mfail(m, r, "allreduce");
+	tpt_sync_post(&ctl_ready, 0);
+	if (tpt_sync_wait(&ctl_go, T_MS) < 0)
+		return 1;
+	return tp_barrier(m->g) < 0;
+}
+
+static int run_ctl_members(void *arg)
+{
+	(void)arg;
+	return gt_run(&tpt_fixture_daemon, "ctl", 2, false, body_ctl, NULL, sh, T_MS) ? 0 : 1;
+}
+
+static char *tpipctl(const char *a1, const char *a2)
+{
+	const char *bin = getenv("TPIPCTL_BIN");
+	const char *argv[] = { bin, "--socket", tpt_fixture_daemon.socket, a1, a2, NULL };
+	struct tpt_cmd_result res;
+	char *out;
+
+	ck_assert_msg(bin && *bin, "TPIPCTL_BIN is not set");
+	ck_assert_int_eq(tpt_run(argv, T_MS, &res), 0);
+	ck_assert_msg(WIFEXITED(res.status) && WEXITSTATUS(res.status) == 0, "tpipctl: %s",
+		      res.err);
+	out = res.out;
+	res.out = NULL;
+	tpt_cmd_result_free(&res);
+	return out;
+}
+
+static uint64_t jget(struct json_object *o, const char *key)
+{
+	struct json_object *v;
+
+	ck_assert_msg(json_object_object_get_ex(o, key, &v), "no %s", key);
+	return (uint64_t)json_object_get_int64(v);
+}
+
+START_TEST(test_tpipctl_groups_shows_members_plan_and_counters)
+{
+	struct json_object *root, *groups, *g, *members, *v;
+	char *out;
+	pid_t p;
+
+	ck_assert_int_eq(tpt_sync_init(&ctl_ready), 0);
+	ck_assert_int_eq(tpt_sync_init(&ctl_go), 0);
+	p = tpt_fork(run_ctl_members, NULL);
+	ck_assert_int_eq(tpt_sync_wait(&ctl_ready, T_MS), 0);
+	ck_assert_int_eq(tpt_sync_wait(&ctl_ready, T_MS), 0);
+	out = tpipctl("groups", "--json");
+	root = json_tokener_parse(out);
+	ck_assert_msg(root && json_object_object_get_ex(root, "groups", &groups), "%s", out);
+	ck_assert_int_eq(json_object_array_length(groups), 1);
+	g = json_object_array_get_idx(groups, 0);
+	ck_assert(json_object_object_get_ex(g, "name", &v));
+	ck_assert_str_eq(json_object_get_string(v), "ctl");
+	ck_assert(json_object_object_get_ex(g, "state", &v));
+	ck_assert_str_eq(json_object_get_string(v), "formed");
+	ck_assert(json_object_object_get_ex(g, "plan", &v));
+	ck_assert_msg(strstr(json_object_get_string(v), "reduce-scatter"), "%s", out);
+	ck_assert_uint_eq(jget(g, "size"), 2);
+	ck_assert(json_object_object_get_ex(g, "members", &members));
+	ck_assert_int_eq(json_object_array_length(members), 2);
+	for (int i = 0; i < 2; i++) {
+		struct json_object *m = json_object_array_get_idx(members, i);
+
+		ck_assert_uint_eq(jget(m, "rank"), (uint64_t)i);
+		ck_assert_uint_eq(jget(m, "pid"), (uint64_t)sh->pid[i]);
+		ck_assert_uint_eq(jget(m, "calls"), 1);
+		ck_assert_uint_eq(jget(m, "bytes"), 4000);
+		ck_assert(json_object_object_get_ex(m, "state", &v));
+		ck_assert_str_eq(json_object_get_string(v), "ready");
+	}
+	json_object_put(root);
+	free(out);
+	out = tpipctl("groups", NULL);
+	ck_assert_msg(strstr(out, "'ctl'") && strstr(out, "plan:") && strstr(out, "RANK"), "%s",
+		      out);
+	free(out);
+	tpt_sync_post(&ctl_go, 0);
+	tpt_sync_post(&ctl_go, 0);
+	ck_assert(tpt_wait_ok(p, T_MS, "members"));
+	out = tpipctl("groups", "--json"); /* every member left: the group is gone */
+	root = json_tokener_parse(out);
+	ck_assert_msg(root && json_object_object_get_ex(root, "groups", &groups), "%s", out);
+	ck_assert_msg(json_object_array_length(groups) == 0, "%s", out);
+	json_object_put(root);
+	free(out);
+	tpt_sync_done(&ctl_ready);
+	tpt_sync_done(&ctl_go);
+}
+END_TEST
+
 static Suite *groups_suite(void)
 {
 	Suite *s = suite_create("groups");
@@ -855,6 +960,7 @@ static Suite *groups_suite(void)
 	tcase_add_test(tc, test_join_times_out_naming_missing_ranks);
 	tcase_add_test(tc, test_join_refusals);
 	tcase_add_test(tc, test_limits_below_and_above);
+	tcase_add_test(tc, test_tpipctl_groups_shows_members_plan_and_counters);
 	suite_add_tcase(s, tc);
 	return s;
 }

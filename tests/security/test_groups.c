@@ -4,7 +4,8 @@
  * a victim's group name, with the rank the victim group still waits for, does not complete the
  * victim's group: it waits alone in a group of its own and times out, while the victim's group
  * forms with the victim's own second member and computes undisturbed. The arena file the daemon
- * makes for a group is its uid's, mode 0600 (nobody cannot open it). Needs root
+ * makes for a group is its uid's, mode 0600 (nobody cannot open it), and `tpipctl groups` shows
+ * nobody none of the victim's groups (root sees them). Needs root
  * (to become other users); skipped otherwise.
  */
 #include <check.h>
@@ -18,6 +19,7 @@
 #include <sys/mman.h>
 #include <sys/prctl.h>
 #include <sys/stat.h>
+#include <sys/wait.h>
 #include <unistd.h>
 #include "itest.h"
 
@@ -34,6 +36,8 @@ struct shared {
 	int victim_join[2];
 	float result[2][4];
 	int arena_open; /* the attacker's open() of the victim's arena: -errno */
+	int ctl_seen;	/* groups `tpipctl groups` showed the attacker; -1: it failed */
+	int ctl_seen_root;
 	int arena_uid, arena_mode;
 };
 
@@ -206,6 +210,36 @@ static int victim_alone(void *arg)
 	return 0;
 }
 
+/* Runs `tpipctl groups` as @uid (0: root) and counts the groups it lists. */
+static int count_groups_as(uid_t uid)
+{
+	const char *bin = getenv("TPIPCTL_BIN");
+	const char *argv[] = { bin, "--socket", d.socket, "groups", NULL };
+	struct tpt_cmd_result res;
+	int n = 0;
+
+	if (!bin || (uid && become(uid) < 0) || tpt_run(argv, T_MS, &res) < 0)
+		return -1;
+	if (!WIFEXITED(res.status) || WEXITSTATUS(res.status) != 0 || !res.out ||
+	    (n == 0 && !strstr(res.out, "group ") && !strstr(res.out, "no groups"))) {
+		tpt_cmd_result_free(&res);
+		return -1;
+	}
+	for (const char *p = res.out; p && (p = strstr(p, "\ngroup ")); p++)
+		n++;
+	if (res.out && strncmp(res.out, "group ", 6) == 0)
+		n++;
+	tpt_cmd_result_free(&res);
+	return n;
+}
+
+static int attacker_ctl(void *arg)
+{
+	(void)arg;
+	sh->ctl_seen = count_groups_as(ATTACKER);
+	return 0;
+}
+
 START_TEST(test_arena_is_private_to_its_uid)
 {
 	pid_t v, a;
@@ -218,6 +252,11 @@ START_TEST(test_arena_is_private_to_its_uid)
 	ck_assert(tpt_wait_ok(a, T_MS, "attacker"));
 	ck_assert_msg(sh->arena_open == 1 || sh->arena_open == -EACCES, "open: %d",
 		      sh->arena_open);
+	/* tpipctl groups: root sees the victim's group, nobody sees none */
+	a = tpt_fork(attacker_ctl, NULL);
+	ck_assert(tpt_wait_ok(a, T_MS, "attacker tpipctl"));
+	ck_assert_int_eq(sh->ctl_seen, 0);
+	ck_assert_int_eq(count_groups_as(0), 1);
 	if (sh->arena_open == -EACCES) {
 		ck_assert_int_eq(sh->arena_uid, VICTIM);
 		ck_assert_int_eq(sh->arena_mode, 0600);
