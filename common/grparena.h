@@ -29,7 +29,8 @@ enum tpu_grparena_why {
 	TPU_GRPARENA_LEFT = 2,	  /* the member left (tp_group_leave()) */
 	TPU_GRPARENA_ABORTED = 3, /* the member aborted the group (tp_group_abort()) */
 	TPU_GRPARENA_TIMEOUT = 4, /* the member gave up waiting (op timeout) */
-	TPU_GRPARENA_SHUTDOWN = 5 /* the daemon stopped */
+	TPU_GRPARENA_SHUTDOWN = 5, /* the daemon stopped */
+	TPU_GRPARENA_LOST = 6	   /* the member lost its daemon connection */
 };
 
 struct tpu_grparena_hdr {

@@ -356,6 +356,7 @@ static void context_fail_all_locked(struct tp_context *ctx, int err, const char 
 	tpc_map_drain(&ctx->reqs, context_fail_req, ctx);
 	tpc_map_drain(&ctx->pipes, context_fail_pipe, ctx);
 	tpc_listener_fail_all_locked(ctx, err, msg);
+	tpc_group_fail_all_locked(ctx);
 	pthread_cond_broadcast(&ctx->cond);
 }
 

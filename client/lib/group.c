@@ -218,6 +218,7 @@ TP_EXPORT int tp_group_join(struct tp_context *ctx, const char *name,
 	pthread_mutex_init(&g->lock, NULL);
 	pthread_cond_init(&g->cond, NULL);
 	tpu_list_init(&g->queue);
+	tpu_list_init(&g->ctx_node);
 	r = arena_open(g, j.path);
 	if (r == 0) {
 		group_send_id(g, false);
@@ -230,8 +231,21 @@ TP_EXPORT int tp_group_join(struct tp_context *ctx, const char *name,
 		group_free(g);
 		return r;
 	}
+	pthread_mutex_lock(&ctx->lock);
+	tpu_list_insert_tail(&ctx->groups, &g->ctx_node);
+	if (ctx->dead) /* lost while joining: nobody else will say it */
+		tpu_grparena_fail(g->hdr, g->rank, (uint32_t)g->pid, TPU_GRPARENA_LOST);
+	pthread_mutex_unlock(&ctx->lock);
 	*ret = g;
 	return 0;
+}
+
+void tpc_group_fail_all_locked(struct tp_context *ctx)
+{
+	struct tp_group *g;
+
+	tpu_list_for_each(g, &ctx->groups, ctx_node)
+		tpu_grparena_fail(g->hdr, g->rank, (uint32_t)g->pid, TPU_GRPARENA_LOST);
 }
 
 TP_EXPORT int tp_group_rank(const struct tp_group *g)
@@ -462,6 +476,9 @@ TP_EXPORT int tp_group_leave(struct tp_group *g)
 	if (g->thread_up)
 		pthread_join(g->thread, NULL);
 	r = g->lost_err;
+	pthread_mutex_lock(&g->ctx->lock);
+	tpu_list_remove(&g->ctx_node);
+	pthread_mutex_unlock(&g->ctx->lock);
 	group_send_id(g, true);
 	group_free(g);
 	return r < 0 ? tpc_error(r, "a collective of the group failed unwaited") : 0;

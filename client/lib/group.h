@@ -42,6 +42,7 @@ struct tpc_coll {
 
 struct tp_group {
 	struct tp_context *ctx;
+	struct tpu_list ctx_node; /* ctx->groups (ctx->lock) */
 	char name[TPW_GROUP_NAME_MAX + 1];
 	uint64_t id;
 	uint32_t rank, size, local_rank, local_size, host_index, hosts;

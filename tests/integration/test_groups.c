@@ -9,7 +9,8 @@
  * SIGKILLed inside a collective fails the survivors with -ECONNRESET naming it, with no hang,
  * and another group of the same user is untouched; a member that leaves fails the others' next
  * call; a join that misses members times out naming them; the daemon's group limits just below
- * and above; tpipctl groups shows members, plan and per-member counters.
+ * and above; tpipctl groups shows members, plan and per-member counters; the daemon dying fails
+ * pending and later collectives instead of leaving them waiting.
  */
 #include <check.h>
 #include <errno.h>
@@ -838,6 +839,57 @@ START_TEST(test_limits_below_and_above)
 }
 END_TEST
 
+/* ---- the daemon dies ----------------------------------------------------------------------- */
+
+static struct tpt_daemon dying;
+static struct tpt_sync waiting, go_on;
+
+static int body_daemon_dies(struct gt_member *m)
+{
+	int r;
+
+	tpt_sync_post(&waiting, 0);
+	/* rank 1 calls only once rank 0's barrier has ended */
+	if (tp_group_rank(m->g) == 1 && tpt_sync_wait(&go_on, T_MS) < 0)
+		return 1;
+	r = tp_barrier(m->g); /* rank 0 waits in it for rank 1 when the daemon dies */
+	sh->status[m->idx][0] = r;
+	snprintf(sh->msg[m->idx], sizeof(sh->msg[0]), "%s", tp_last_error());
+	if (tp_group_rank(m->g) == 0)
+		tpt_sync_post(&waiting, 1);
+	return 0;
+}
+
+static int run_dying_members(void *arg)
+{
+	(void)arg;
+	return gt_run(&dying, "dying", 2, false, body_daemon_dies, NULL, sh, T_MS) ? 0 : 1;
+}
+
+START_TEST(test_daemon_dying_fails_collectives_instead_of_hanging)
+{
+	pid_t p;
+
+	ck_assert_int_eq(tpt_sync_init(&waiting), 0);
+	ck_assert_int_eq(tpt_sync_init(&go_on), 0);
+	ck_assert_int_eq(tpt_daemon_start(&dying, NULL), 0);
+	p = tpt_fork(run_dying_members, NULL);
+	ck_assert_int_eq(tpt_sync_wait(&waiting, T_MS), 0);
+	ck_assert_int_eq(tpt_sync_wait(&waiting, T_MS), 0);
+	kill(dying.pid, SIGKILL);
+	ck_assert_int_eq(tpt_sync_wait(&waiting, T_MS), 1); /* rank 0's barrier failed */
+	tpt_sync_post(&go_on, 0);
+	ck_assert(tpt_wait_ok(p, T_MS, "members"));
+	for (int i = 0; i < 2; i++) {
+		ck_assert_int_eq(sh->status[i][0], -ECONNRESET);
+		ck_assert_msg(strstr(sh->msg[i], "lost its daemon connection"), "%s", sh->msg[i]);
+	}
+	tpt_daemon_stop(&dying); /* reaps it; its status is SIGKILL's */
+	tpt_sync_done(&waiting);
+	tpt_sync_done(&go_on);
+}
+END_TEST
+
 /* ---- tpipctl groups ------------------------------------------------------------------------ */
 
 static struct tpt_sync ctl_ready, ctl_go;
@@ -961,6 +1013,7 @@ static Suite *groups_suite(void)
 	tcase_add_test(tc, test_join_refusals);
 	tcase_add_test(tc, test_limits_below_and_above);
 	tcase_add_test(tc, test_tpipctl_groups_shows_members_plan_and_counters);
+	tcase_add_test(tc, test_daemon_dying_fails_collectives_instead_of_hanging);
 	suite_add_tcase(s, tc);
 	return s;
 }
