@@ -380,20 +380,25 @@ static void group_on_join(struct tpd_session *s, const Tpw__V1__GroupJoin *j)
 	int r;
 
 	if (j->bootstrap != TPW__V1__GROUP_BOOTSTRAP__GROUP_BOOTSTRAP_UNSPECIFIED &&
-	    j->bootstrap != TPW__V1__GROUP_BOOTSTRAP__GROUP_BOOTSTRAP_LOCAL)
-		return join_refuse(s, j->req_id, -EOPNOTSUPP, "group '%s': only the local "
-				   "bootstrap (one host) is available", j->name);
+	    j->bootstrap != TPW__V1__GROUP_BOOTSTRAP__GROUP_BOOTSTRAP_LOCAL) {
+		join_refuse(s, j->req_id, -EOPNOTSUPP, "group '%s': only the local bootstrap (one "
+			    "host) is available", j->name);
+		return;
+	}
 	grp = group_find(gs, tpd_session_uid(s), j->name);
 	if (!grp) {
 		r = group_create(gs, s, j, &grp, why, sizeof(why));
-		if (r < 0)
-			return join_refuse(s, j->req_id, r, "group '%s': %s", j->name, why);
+		if (r < 0) {
+			join_refuse(s, j->req_id, r, "group '%s': %s", j->name, why);
+			return;
+		}
 	}
 	r = join_slot(grp, j, why, sizeof(why));
 	if (r < 0) {
 		if (grp->joined == 0)
 			group_free(grp);
-		return join_refuse(s, j->req_id, r, "%s", why);
+		join_refuse(s, j->req_id, r, "%s", why);
+		return;
 	}
 	mb = &grp->m[r];
 	mb->s = s;
