@@ -67,6 +67,38 @@ static uint16_t f_bf16(float f)
 	return (uint16_t)((u + 0x7fff + ((u >> 16) & 1)) >> 16);
 }
 
+/* binary16 by arithmetic (frexp/ldexp/nearbyint, round to nearest even), independent of the
+ * library's bit twiddling and of the compiler's _Float16 (which clang lacks on some targets). */
+static uint16_t ref_f2h(float x)
+{
+	uint16_t sign = signbit(x) ? 0x8000 : 0;
+	double a = fabs((double)x), q, v;
+	int e, ue;
+
+	if (isnan(x))
+		return 0x7e00;
+	if (a == 0)
+		return sign;
+	frexp(a, &e);		       /* a in [2^(e-1), 2^e) */
+	ue = e - 11 < -24 ? -24 : e - 11; /* 11 significant bits, subnormal spacing 2^-24 */
+	q = nearbyint(ldexp(a, -ue));
+	v = ldexp(q, ue);
+	if (v >= 65536.0)
+		return sign | 0x7c00;
+	if (v < 0x1p-14)
+		return sign | (uint16_t)ldexp(v, 24);
+	frexp(v, &e);
+	return sign | (uint16_t)((e - 1 + 15) << 10) | (uint16_t)(ldexp(v, 11 - e) - 1024);
+}
+
+static float ref_h2f(uint16_t h)
+{
+	int E = (h >> 10) & 31, M = h & 1023;
+	double v = E == 31 ? (M ? NAN : INFINITY) : E == 0 ? ldexp(M, -24) : ldexp(1024 + M, E - 25);
+
+	return (float)((h & 0x8000) ? -v : v);
+}
+
 static double fop(double a, double b, enum tp_reduce_op op)
 {
 	switch (op) {
@@ -103,7 +135,7 @@ static void input_elem(enum tp_dtype dt, unsigned r, size_t i, void *dst)
 
 	switch (dt) {
 	case TP_DTYPE_F16: {
-		_Float16 h = (_Float16)f;
+		uint16_t h = ref_f2h(f);
 
 		memcpy(dst, &h, 2);
 		break;
@@ -149,11 +181,11 @@ static void ref_fold(enum tp_dtype dt, enum tp_reduce_op op, void *acc, const vo
 {
 	switch (dt) {
 	case TP_DTYPE_F16: {
-		_Float16 a, b;
+		uint16_t a, b;
 
 		memcpy(&a, acc, 2);
 		memcpy(&b, in, 2);
-		a = (_Float16)(float)fop((float)a, (float)b, op);
+		a = ref_f2h((float)fop(ref_h2f(a), ref_h2f(b), op));
 		memcpy(acc, &a, 2);
 		break;
 	}
