@@ -691,6 +691,17 @@ int tp_reduce_scatter(struct tp_group *g, const void *send, void *recv, size_t c
 		      enum tp_dtype dtype, enum tp_reduce_op op);
 
 /*
+ * tp_allreduce_uneven() - all-reduce for uneven steps (torch-ipc): a member that has finished
+ * its own steps calls it with @send NULL and contributes nothing (the identity of @op) while the
+ * others go on; every member passes the same @count, @dtype and @op. The result is the
+ * reduction, in rank order, over the members that contributed, and *@ret_contributors (if not
+ * NULL) says how many did, the same on every member: 0 means every member has finished, and
+ * then @recv is left as it was. Otherwise as tp_allreduce().
+ */
+int tp_allreduce_uneven(struct tp_group *g, const void *send, void *recv, size_t count,
+			enum tp_dtype dtype, enum tp_reduce_op op, unsigned *ret_contributors);
+
+/*
  * Asynchronous collectives: the _start forms queue the call (in call order, behind this
  * member's earlier ones) on the group's own thread and return at once with an owned request in
  * *@ret (free with tp_coll_wait() or tp_coll_free()). Buffers are kept until the request ends.

@@ -26,6 +26,7 @@ struct coll_desc {
 	uint64_t count;
 	uint32_t pid;
 	uint32_t valid;
+	uint32_t absent; /* uneven steps: this member contributes nothing (not compared) */
 };
 
 static inline void cpu_relax(void)
@@ -215,6 +216,11 @@ static int desc_check(struct tp_group *g, uint64_t seq, char *msg, size_t ml)
 			 "called %s", g->name, a, r, b);
 		return -EPROTO;
 	}
+	g->contrib = 0;
+	for (uint32_t r = 0; r < g->size; r++) {
+		g->absent[r] = __atomic_load_n(&desc_of(g, seq, r)->absent, __ATOMIC_RELAXED) != 0;
+		g->contrib += !g->absent[r];
+	}
 	return 0;
 }
 
@@ -235,13 +241,18 @@ static void reduce_range(struct tp_group *g, const struct tpc_coll *c, unsigned 
 			 size_t done, size_t off, size_t n, uint8_t *dst)
 {
 	size_t es = tp_dtype_size(c->dtype);
-	const uint8_t *mine = (const uint8_t *)c->send + (done + off) * es;
+	const uint8_t *mine = c->send ? (const uint8_t *)c->send + (done + off) * es : NULL;
+
+	uint32_t first = 0;
 
 	if (n == 0)
 		return;
-	memcpy(dst, g->rank == 0 ? mine : slot_of(g, bank, 0) + off * es, n * es);
-	for (uint32_t r = 1; r < g->size; r++)
-		fold(c, dst, r == g->rank ? mine : slot_of(g, bank, r) + off * es, n);
+	while (g->absent[first]) /* some member contributes (coll_run() checked) */
+		first++;
+	memcpy(dst, first == g->rank ? mine : slot_of(g, bank, first) + off * es, n * es);
+	for (uint32_t r = first + 1; r < g->size; r++)
+		if (!g->absent[r])
+			fold(c, dst, r == g->rank ? mine : slot_of(g, bank, r) + off * es, n);
 }
 
 /* Elements of this member's slice of a chunk of @n elements (slices start on 64 bytes). */
@@ -269,6 +280,8 @@ static void chunk_in(struct tp_group *g, const struct tpc_coll *c, size_t done, 
 
 	switch (c->kind) {
 	case TPC_COLL_ALLREDUCE: /* all but this member's own slice (reduce_range()) */
+		if (c->absent)
+			break;
 		my_slice(g, n, es, &off, &k);
 		memcpy(slot_of(g, bank, g->rank), (const uint8_t *)c->send + done * es, off * es);
 		memcpy(slot_of(g, bank, g->rank) + (off + k) * es,
@@ -374,12 +387,16 @@ static int coll_run(struct tp_group *g, const struct tpc_coll *c, char *msg, siz
 
 	*d = (struct coll_desc){ .seq = seq, .kind = c->kind, .dtype = c->dtype, .op = c->op,
 				 .root = (uint32_t)c->root, .count = c->count,
-				 .pid = (uint32_t)g->pid, .valid = 1 };
+				 .pid = (uint32_t)g->pid, .valid = 1, .absent = c->absent };
 	if (n)
 		chunk_in(g, c, 0, n, g->bank);
 	r = tpc_coll_barrier(g, g->op_timeout_ms, msg, ml);
 	if (r == 0)
 		r = desc_check(g, seq, msg, ml);
+	if (r == 0 && c->ret_contrib)
+		*c->ret_contrib = g->contrib;
+	if (g->contrib == 0) /* every member has finished (uneven steps): nothing to reduce */
+		n = 0;
 	while (r == 0 && n) {
 		unsigned bank = g->bank;
 

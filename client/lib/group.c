@@ -159,6 +159,7 @@ static void group_free(struct tp_group *g)
 {
 	if (g->base)
 		munmap(g->base, g->arena_bytes);
+	free(g->absent);
 	pthread_cond_destroy(&g->cond);
 	pthread_mutex_destroy(&g->lock);
 	free(g);
@@ -198,6 +199,10 @@ TP_EXPORT int tp_group_join(struct tp_context *ctx, const char *name,
 	if (r < 0)
 		return r;
 	g = calloc(1, sizeof(*g));
+	if (g && !(g->absent = calloc(j.size, sizeof(*g->absent)))) {
+		free(g);
+		g = NULL;
+	}
 	if (!g)
 		return tpc_error(-ENOMEM, "out of memory");
 	g->ctx = ctx;
@@ -358,7 +363,7 @@ static int coll_check(struct tp_group *g, const struct tpc_coll *c)
 		return tpc_error(-EINVAL, "unknown reduction %u (or no function)", c->op);
 	if (c->kind == TPC_COLL_BROADCAST && (c->root < 0 || (uint32_t)c->root >= g->size))
 		return tpc_error(-EINVAL, "root %d of a group of %u", c->root, g->size);
-	if (c->count && (!c->recv || (c->kind != TPC_COLL_BROADCAST && !c->send)))
+	if (c->count && (!c->recv || (c->kind != TPC_COLL_BROADCAST && !c->send && !c->absent)))
 		return tpc_error(-EINVAL, "NULL buffer for %zu elements", c->count);
 	if (c->count > SIZE_MAX / es / g->size)
 		return tpc_error(-EOVERFLOW, "%zu elements overflow", c->count);
@@ -497,6 +502,16 @@ TP_EXPORT int tp_allreduce(struct tp_group *g, const void *send, void *recv, siz
 	return coll_blocking(g, &(struct tpc_coll){ .kind = TPC_COLL_ALLREDUCE, .send = send,
 						    .recv = recv, .count = count, .dtype = dtype,
 						    .op = (unsigned)op });
+}
+
+TP_EXPORT int tp_allreduce_uneven(struct tp_group *g, const void *send, void *recv, size_t count,
+				  enum tp_dtype dtype, enum tp_reduce_op op,
+				  unsigned *ret_contributors)
+{
+	return coll_blocking(g, &(struct tpc_coll){ .kind = TPC_COLL_ALLREDUCE, .send = send,
+						    .recv = recv, .count = count, .dtype = dtype,
+						    .op = (unsigned)op, .absent = send == NULL,
+						    .ret_contrib = ret_contributors });
 }
 
 TP_EXPORT int tp_allreduce_fn(struct tp_group *g, const void *send, void *recv, size_t count,

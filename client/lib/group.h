@@ -38,6 +38,8 @@ struct tpc_coll {
 	tp_reduce_fn fn;
 	void *user;
 	int root;
+	bool absent;		 /* tp_allreduce_uneven() with send NULL: contributes nothing */
+	unsigned *ret_contrib; /* tp_allreduce_uneven(): members that contributed */
 };
 
 struct tp_group {
@@ -56,6 +58,8 @@ struct tp_group {
 	uint64_t seq;  /* calls made */
 	unsigned bank; /* data bank of the next chunk (0, 1), the same on every member */
 	uint64_t wait_ns; /* time waiting in barriers, all calls */
+	bool *absent;	  /* per rank, the running call: contributes nothing (uneven steps) */
+	unsigned contrib; /* members contributing to the running call */
 	/* lock */
 	pthread_mutex_t lock;
 	pthread_cond_t cond;

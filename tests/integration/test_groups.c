@@ -5,7 +5,8 @@
  * operation, broadcast from every root, all-gather and reduce-scatter, over 0, 1, prime and
  * larger-than-a-chunk element counts, are checked against a reference the test computes in rank
  * order, and every rank's result is bitwise the same; a user reduction; asynchronous calls in
- * order; a mismatched call fails on every rank with -EPROTO and the group goes on; a member
+ * order; uneven steps (finished members contribute nothing, every member learns how many
+ * did); a mismatched call fails on every rank with -EPROTO and the group goes on; a member
  * SIGKILLed inside a collective fails the survivors with -ECONNRESET naming it, with no hang,
  * and another group of the same user is untouched; a member that leaves fails the others' next
  * call; a join that misses members times out naming them; the daemon's group limits just below
@@ -459,6 +460,58 @@ static int body_user(struct gt_member *m)
 START_TEST(test_allreduce_user_function_in_rank_order)
 {
 	ck_assert(gt_run(&tpt_fixture_daemon, "user", 4, false, body_user, NULL, sh, T_MS));
+}
+END_TEST
+
+/* ---- uneven steps ------------------------------------------------------------------------- */
+
+/* Rank r takes r + 1 steps; each step all-reduces (sum) a vector of r + 1 + step; a rank that
+ * has finished calls with send NULL until every rank has (0 contributors). */
+static int body_uneven(struct gt_member *m)
+{
+	size_t count = 300007; /* over a chunk */
+	int me = tp_group_rank(m->g), step = 0, bad = 0;
+	float *in = malloc(count * 4), *out = malloc(count * 4);
+
+	for (;; step++) {
+		unsigned contrib = 99, want = 0;
+		float sum = 0;
+		bool mine = step < me + 1;
+		int r;
+
+		for (unsigned q = 0; q < m->n; q++)
+			if (step < (int)q + 1) {
+				want++;
+				sum += (float)(q + 1 + (unsigned)step);
+			}
+		for (size_t i = 0; mine && i < count; i++)
+			in[i] = (float)(me + 1 + step);
+		out[0] = out[count - 1] = -1;
+		r = tp_allreduce_uneven(m->g, mine ? in : NULL, out, count, TP_DTYPE_F32, TP_OP_SUM,
+					&contrib);
+		if (r < 0)
+			return mfail(m, r, "allreduce_uneven");
+		if (contrib != want || (want && (out[0] != sum || out[count - 1] != sum)) ||
+		    (!want && out[0] != -1)) {
+			fprintf(stderr, "rank %d step %d: %u contributors (want %u), %g (want %g)\n",
+				me, step, contrib, want, out[0], sum);
+			bad = 1;
+		}
+		if (contrib == 0)
+			break;
+	}
+	if (step != (int)m->n) {
+		fprintf(stderr, "rank %d stopped after %d steps\n", me, step);
+		bad = 1;
+	}
+	free(in);
+	free(out);
+	return bad;
+}
+
+START_TEST(test_uneven_steps_count_contributors)
+{
+	ck_assert(gt_run(&tpt_fixture_daemon, "uneven", 4, false, body_uneven, NULL, sh, T_MS));
 }
 END_TEST
 
@@ -1037,6 +1090,7 @@ static Suite *groups_suite(void)
 	tcase_add_test(tc, test_allreduce_f32_f64_sum_one_to_eight_ranks_bitwise_equal);
 	tcase_add_test(tc, test_allreduce_user_function_in_rank_order);
 	tcase_add_test(tc, test_broadcast_allgather_reduce_scatter);
+	tcase_add_test(tc, test_uneven_steps_count_contributors);
 	tcase_add_test(tc, test_async_calls_complete_in_order);
 	tcase_add_test(tc, test_mismatched_calls_fail_on_every_rank);
 	tcase_add_test(tc, test_member_killed_mid_collective_fails_survivors);
