@@ -233,8 +233,12 @@ xhost_gloo() { # MMAP
 xhost_mpi() { # BTL LABEL MMAP [options]
 	local btl=$1 label=$2 m=$3 agent=$tmp/netns-rsh
 	shift 3
+	# Each "host" also gets a /dev/shm of its own (ip netns exec gives the agent a mount
+	# namespace): Open MPI names its shared-memory segments by host name and local rank, and
+	# both namespaces have this machine's host name.
 	# shellcheck disable=SC2016 # expanded by the agent
-	printf '#!/bin/sh\nh=$1; shift\nexec ip netns exec "$h" sh -c "$*"\n' >"$agent"
+	printf '#!/bin/sh\nh=$1; shift\nexec ip netns exec "$h" sh -c "mount -t tmpfs tpshm /dev/shm && exec $*"\n' \
+		>"$agent"
 	chmod +x "$agent"
 	printf '%s slots=2\n%s slots=2\n' "$ns_a" "$ns_b" >"$tmp/hostfile"
 	mmap_env "$m"
