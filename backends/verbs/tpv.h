@@ -145,7 +145,9 @@ struct tpv_ctx;
 
 /*
  * tpv_ctx_open() - open @nic's device, allocate a protection domain, a completion channel (its
- * fd non-blocking) and a completion queue of @cq_depth entries armed for notification.
+ * fd non-blocking) and a completion queue of @cq_depth entries (at most the device's max_cqe)
+ * armed for notification. Queue pairs that no longer fit in it get another of the same size
+ * on the same channel, up to the device's max_cq (one if the device does not say).
  * @ops: must outlive the context.
  *
  * Ownership: borrows @nic, keeps @ops; returns owned @ret, free with tpv_ctx_close().
@@ -177,8 +179,8 @@ int tpv_cq_fd(const struct tpv_ctx *ctx);
 typedef void (*tpv_done_fn)(void *arg, uint64_t cookie, int status, const char *why);
 
 /*
- * tpv_cq_drain() - take the completion event if there is one, acknowledge it, re-arm the queue
- * for notification, then poll every completion and call @cb once per finished write.
+ * tpv_cq_drain() - take the completion events there are, acknowledge them, re-arm every
+ * completion queue of @ctx, then poll every completion and call @cb once per finished write.
  *
  * Ownership: borrows @cb and @arg for the duration of the call; @cb may post new writes but
  * must not free a queue pair of @ctx. Return: the number of completions polled, or -errno if
@@ -288,12 +290,14 @@ struct tpv_qp_params {
 struct tpv_qp;
 
 /*
- * tpv_qp_new() - create an RC queue pair in RESET on @ctx's completion queue, with a random
- * starting PSN; its tpv_qp_local() info is ready to send to the peer.
+ * tpv_qp_new() - create an RC queue pair in RESET on a completion queue of @ctx with room for
+ * its whole send queue (a new one if none has), with a random starting PSN; its tpv_qp_local()
+ * info is ready to send to the peer.
  * @params: NULL for the defaults.
  *
  * Ownership: keeps @ctx (must outlive the QP), borrows @params; returns owned @ret, free with
- * tpv_qp_free(). Return: 0, or -errno with "ibv_create_qp: ..." in @why.
+ * tpv_qp_free(). Return: 0, -ENOSPC when no completion queue has room and no more may be made,
+ * or -errno with "ibv_create_qp: ..." (or "ibv_create_cq(...): ...") in @why.
  */
 int tpv_qp_new(struct tpv_ctx *ctx, const struct tpv_qp_params *params, struct tpv_qp **ret,
 	       char *why, size_t why_len);
