@@ -96,9 +96,7 @@ struct side {
 static struct tpv_nic side_nic(const struct tpv_ops *ops)
 {
 	_cleanup_free_ struct tpv_nic *nics = NULL;
-	uint32_t pid = (uint32_t)getpid();
-	uint8_t gid[TPV_GID_BYTES] = { 'T', 'P', 'F', 'V', (uint8_t)pid, (uint8_t)(pid >> 8),
-				       (uint8_t)(pid >> 16), (uint8_t)(pid >> 24) };
+	static const uint8_t v4mapped[12] = { [10] = 0xff, [11] = 0xff };
 	struct tpv_nic nic;
 	char why[256];
 	size_t n = 0;
@@ -109,10 +107,13 @@ static struct tpv_nic side_nic(const struct tpv_ops *ops)
 	      "tpv_nics_list: %zu ports (%s)", n, why);
 	nic = nics[0];
 	CHECK(!strcmp(nic.dev, "fakeverbs0") && nic.port == 1 && nic.link == TPV_LINK_ETH &&
-		      nic.mtu == IBV_MTU_4096 && nic.max_msg_sz == 1u << 30 && nic.gid_index == 0,
+		      nic.mtu == IBV_MTU_4096 && nic.max_msg_sz == 1u << 30 && nic.gid_index == 2,
 	      "unexpected port %s/%u link %d mtu %d max %u gid %d", nic.dev, nic.port, nic.link,
 	      nic.mtu, nic.max_msg_sz, nic.gid_index);
-	CHECK(!memcmp(nic.gid, gid, sizeof(gid)), "GID does not carry this pid");
+	/* the RoCE v2 IPv4-mapped GID (10.rail.host.port) wins over the link-local ones */
+	CHECK(!memcmp(nic.gid, v4mapped, sizeof(v4mapped)) && nic.gid[12] == 10 &&
+		      nic.gid[13] == 0 && nic.gid[14] && nic.gid[15] == 1,
+	      "GID is not 10.0.<host>.1, IPv4-mapped");
 	nic.max_msg_sz = PIECE;
 	return nic;
 }
