@@ -5,9 +5,11 @@
  * shared buffers on both sides (plain host memory), cuda_gdr when GPU memory is on either side
  * (through dma-buf or peer memory). A context per daemon opens every usable RDMA port once (a
  * protection domain and a completion queue) on first use. On a link whose two daemons both
- * offer rdma, or both cuda_gdr, in their Hello, each side announces its ports, then sends one
- * RC queue-pair record per pair of ports (struct tpb_rdma_setup, which the daemon carries as
- * PeerRdma); once every pair is connected the link is ready. A receive then registers the
+ * offer rdma, or both cuda_gdr, in their Hello, each side announces its ports and their rails
+ * (the network each is on), then sends one RC queue-pair record per pair of ports on the same
+ * rail (every pair if none shares one, or the peer sent no rails) (struct tpb_rdma_setup, which
+ * the daemon carries as PeerRdma); once every pair is connected the link is ready. A transfer
+ * uses a port that has a queue pair to the other side's. A receive then registers the
  * reader's allocation on the port nearest its GPU (host memory: round-robin) and offers it
  * (struct tpb_rdma_offer, carried in the PeerReadReq); the sender registers its sources on the
  * port nearest theirs, waits for the clients' CUDA events, posts the writes on the queue pair
@@ -36,8 +38,9 @@ struct tpb_rdma_link;
 struct tpb_rdma_recv;
 struct tpb_buffer; /* a shared buffer (backends/base/buffer.h) */
 
-/* Bytes of one queue-pair connection record (the verbs layer's). */
+/* Bytes of one queue-pair connection record, and of one port's rail (the verbs layer's). */
 #define TPB_RDMA_QP_RECORD_BYTES 32
+#define TPB_RDMA_RAIL_BYTES 16
 
 /* One source or destination range of a transfer. */
 struct tpb_rdma_seg {
@@ -57,6 +60,8 @@ struct tpb_rdma_record {
 /* One RDMA set-up step between the daemons of a link (PeerRdma on the wire). */
 struct tpb_rdma_setup {
 	uint32_t ports;			    /* this side's RDMA ports (first step), else 0 */
+	size_t n_rails;			    /* with @ports: 0, or one per port */
+	const struct tpb_rdma_record *rails; /* @n_rails of TPB_RDMA_RAIL_BYTES, borrowed */
 	size_t n_qps;			    /* queue-pair records (second step), else 0 */
 	const struct tpb_rdma_record *qps; /* @n_qps records, borrowed */
 	const char *error; /* this side gives up RDMA on the link (NULL or "": not) */

@@ -82,6 +82,7 @@ const char *tpv_wc_status_str(enum ibv_wc_status status);
 #define TPV_NAME_MAX 64	  /* IBV_SYSFS_NAME_MAX */
 #define TPV_PCI_ID_MAX 32 /* "0000:3b:00.0" plus room */
 #define TPV_GID_BYTES 16
+#define TPV_RAIL_BYTES 16
 
 enum tpv_link {
 	TPV_LINK_IB = 0, /* InfiniBand: addressed by LID */
@@ -97,6 +98,10 @@ struct tpv_nic {
 	uint16_t lid;		     /* IB only */
 	int gid_index;		     /* RoCE: the chosen GID; IB: 0; -1 if none */
 	uint8_t gid[TPV_GID_BYTES];
+	/* The network the port is on, for pairing ports of two hosts that can reach each other:
+	 * kind (1 InfiniBand subnet prefix, 2 IPv4 network, 3 IPv6 /64), prefix length, then the
+	 * prefix's bytes, zero-padded. Equal keys: same subnet (same rail). */
+	uint8_t rail[TPV_RAIL_BYTES];
 	uint32_t max_msg_sz;	     /* the port's largest message */
 	char pci[TPV_PCI_ID_MAX];    /* "0000:3b:00.0", or "" if sysfs does not say */
 	int numa_node;		     /* -1 if unknown */

@@ -28,8 +28,8 @@ struct side {
 	struct tpb_rdma_link *l;
 	struct side *peer;
 	struct tpb_rdma_setup inbox[4]; /* set-up steps the peer sent, not delivered yet */
-	uint8_t *qps[4];
-	struct tpb_rdma_record *recs[4];
+	uint8_t *qps[4], *rails[4];
+	struct tpb_rdma_record *recs[4], *rail_recs[4];
 	char errors[4][200];
 	size_t n_inbox;
 };
@@ -50,6 +50,15 @@ static int side_send(void *link, const struct tpb_rdma_setup *m)
 			to->qps[k] + i * TPB_RDMA_QP_RECORD_BYTES, TPB_RDMA_QP_RECORD_BYTES };
 	}
 	to->inbox[k].qps = to->recs[k];
+	to->rails[k] = calloc(m->n_rails ? m->n_rails : 1, TPB_RDMA_RAIL_BYTES);
+	to->rail_recs[k] = calloc(m->n_rails ? m->n_rails : 1, sizeof(*to->rail_recs[k]));
+	for (size_t i = 0; i < m->n_rails; i++) {
+		ck_assert_uint_eq(m->rails[i].len, TPB_RDMA_RAIL_BYTES);
+		memcpy(to->rails[k] + i * TPB_RDMA_RAIL_BYTES, m->rails[i].data, m->rails[i].len);
+		to->rail_recs[k][i] = (struct tpb_rdma_record){
+			to->rails[k] + i * TPB_RDMA_RAIL_BYTES, TPB_RDMA_RAIL_BYTES };
+	}
+	to->inbox[k].rails = to->rail_recs[k];
 	snprintf(to->errors[k], sizeof(to->errors[k]), "%s", m->error ? m->error : "");
 	to->inbox[k].error = to->errors[k];
 	return 0;
@@ -75,6 +84,8 @@ static void deliver(struct side *s)
 		tpb_rdma_link_on_msg(s->l, &s->inbox[k]);
 		free(s->qps[k]);
 		free(s->recs[k]);
+		free(s->rails[k]);
+		free(s->rail_recs[k]);
 	}
 	s->n_inbox = 0;
 }
@@ -536,6 +547,159 @@ START_TEST(test_rdma_context_through_the_op_table)
 }
 END_TEST
 
+#define HUB_PEERS 6
+
+/* One context (the hub) linked to HUB_PEERS others, every link set up; false if one did not
+ * get ready (its state in @why). */
+static bool hub_up(struct side *hub, struct side *spokes, char *why, size_t wl)
+{
+	struct tpb_rdma_config cfg = config(false, 0);
+	bool ok = true;
+
+	ck_assert_int_eq(tpb_rdma_ctx_new(&cfg, &hub[0].g), 0);
+	for (int i = 0; i < HUB_PEERS; i++) {
+		hub[i].g = hub[0].g;
+		hub[i].peer = &spokes[i];
+		spokes[i].peer = &hub[i];
+		ck_assert_int_eq(tpb_rdma_ctx_new(&cfg, &spokes[i].g), 0);
+		hub[i].l = tpb_rdma_link_new(hub[i].g, &hub[i], TPB_RDMA_HOST);
+		spokes[i].l = tpb_rdma_link_new(spokes[i].g, &spokes[i], TPB_RDMA_HOST);
+		while (hub[i].n_inbox || spokes[i].n_inbox) {
+			deliver(&hub[i]);
+			deliver(&spokes[i]);
+		}
+		if (ok && !tpb_rdma_link_ready(hub[i].l)) {
+			snprintf(why, wl, "link %d: %s", i, tpb_rdma_link_state(hub[i].l));
+			ok = false;
+		}
+	}
+	return ok;
+}
+
+static void hub_down(struct side *hub, struct side *spokes)
+{
+	for (int i = 0; i < HUB_PEERS; i++) {
+		tpb_rdma_link_free(hub[i].l);
+		tpb_rdma_link_free(spokes[i].l);
+		tpb_rdma_ctx_free(spokes[i].g);
+	}
+	tpb_rdma_ctx_free(hub[0].g);
+}
+
+/* The hub's every link carries a transfer (its own bytes, checked at the far end). */
+static void hub_transfers(struct side *hub, struct side *spokes)
+{
+	struct tpb_buffer *src = buffer(0), *dst = buffer(0);
+
+	for (int i = 0; i < HUB_PEERS; i++) {
+		memset(src->map, 0x10 + i, 1u << 16);
+		ck_assert_int_eq(transfer(&hub[i], &spokes[i], src, dst, 0, 1u << 16, false), 0);
+		ck_assert_uint_eq(((uint8_t *)dst->map)[(1u << 16) - 1], 0x10 + i);
+	}
+	free(src->map);
+	free(dst->map);
+	free(src);
+	free(dst);
+}
+
+/* Issue 28 item 2: with 8 ports, every (local, remote) pair took 8 queue pairs of 128 entries
+ * per port and link, and the 5th link found the 4096-entry completion queue full (-ENOSPC).
+ * With one rail per port, a link takes one queue pair per port. */
+START_TEST(test_rdma_eight_rails_six_peers_all_get_rdma)
+{
+	struct side hub[HUB_PEERS] = { 0 }, spokes[HUB_PEERS] = { 0 };
+	char why[300] = "";
+
+	setenv("FAKEVERBS_PORTS", "8", 1);
+	setenv("FAKEVERBS_RAILS", "8", 1);
+	if (!rdma_here())
+		return;
+	ck_assert_msg(hub_up(hub, spokes, why, sizeof(why)), "%s", why);
+	ck_assert_str_eq(tpb_rdma_link_state(hub[HUB_PEERS - 1].l),
+			 "ready: 8 queue pairs between ports on the same rail (8x8 ports)");
+	hub_transfers(hub, spokes);
+	hub_down(hub, spokes);
+}
+END_TEST
+
+/* A device whose completion queues take two queue pairs each (max_cqe 256, 128 a queue pair):
+ * the 3rd link's queue pair goes on a new completion queue, and its completions are drained. */
+START_TEST(test_rdma_completion_queues_grow_within_max_cqe)
+{
+	struct side hub[HUB_PEERS] = { 0 }, spokes[HUB_PEERS] = { 0 };
+	char why[300] = "";
+
+	setenv("FAKEVERBS_MAX_CQE", "256", 1);
+	if (!rdma_here())
+		return;
+	ck_assert_msg(hub_up(hub, spokes, why, sizeof(why)), "%s", why);
+	hub_transfers(hub, spokes);
+	hub_down(hub, spokes);
+}
+END_TEST
+
+/* Two ports on two rails that cannot reach each other: a transfer whose reader registered on
+ * port 2 is written from this host's port 2, never across (which times out in the fabric). */
+START_TEST(test_rdma_writes_stay_on_their_rail)
+{
+	struct side a = { 0 }, b = { 0 };
+	struct tpb_rdma_seg rs;
+	struct tpb_rdma_recv *rv;
+	struct tpb_buffer *src, *dst;
+	char why[160] = "";
+
+	setenv("FAKEVERBS_PORTS", "2", 1);
+	setenv("FAKEVERBS_RAILS", "2", 1);
+	if (!rdma_here())
+		return;
+	src = buffer(0x5a);
+	dst = buffer(0);
+	pair_up(&a, &b, 0);
+	/* one receive on the reader's side only: its round-robin is a port ahead of the writer's */
+	rs = (struct tpb_rdma_seg){ .mem = { .loc = TPB_LOC_LOCAL,
+					     .addr = (uint64_t)(uintptr_t)dst->map },
+				    .len = 4096, .buf = dst };
+	ck_assert_int_eq(tpb_rdma_recv_new(b.l, &rs, 1, false, on_ready, NULL, &rv, why,
+					   sizeof(why)), 0);
+	tpb_rdma_recv_free(rv);
+	for (int i = 0; i < 4; i++)
+		ck_assert_int_eq(transfer(&a, &b, src, dst, 0, 4096 * (i + 1), false), 0);
+	ck_assert_uint_eq(((uint8_t *)dst->map)[4 * 4096 - 1], 0x5a);
+	ck_assert_str_eq(tpb_rdma_link_state(a.l),
+			 "ready: 2 queue pairs between ports on the same rail (2x2 ports)");
+	pair_down(&a, &b);
+	free(src->map);
+	free(dst->map);
+	free(src);
+	free(dst);
+}
+END_TEST
+
+/* InfiniBand ports (LIDs, no GRH) on two rails: the links come up and carry writes. */
+START_TEST(test_rdma_infiniband_without_grh)
+{
+	struct side a = { 0 }, b = { 0 };
+	struct tpb_buffer *src, *dst;
+
+	setenv("FAKEVERBS_LINK", "ib", 1);
+	setenv("FAKEVERBS_PORTS", "2", 1);
+	setenv("FAKEVERBS_RAILS", "2", 1);
+	if (!rdma_here())
+		return;
+	src = buffer(0x77);
+	dst = buffer(0);
+	pair_up(&a, &b, 0);
+	for (int i = 0; i < 3; i++)
+		ck_assert_int_eq(transfer(&a, &b, src, dst, 0, 8192, false), 0);
+	ck_assert_uint_eq(((uint8_t *)dst->map)[8191], 0x77);
+	pair_down(&a, &b);
+	free(src->map);
+	free(dst->map);
+	free(src);
+	free(dst);
+}
+END_TEST
+
 static Suite *rdma_suite(void)
 {
 	Suite *s = suite_create("rdma");
@@ -549,6 +713,10 @@ static Suite *rdma_suite(void)
 	tcase_add_test(tc, test_rdma_context_through_the_op_table);
 	tcase_add_test(tc, test_rdma_send_through_the_op_table);
 	tcase_add_test(tc, test_rdma_receive_through_the_op_table);
+	tcase_add_test(tc, test_rdma_eight_rails_six_peers_all_get_rdma);
+	tcase_add_test(tc, test_rdma_completion_queues_grow_within_max_cqe);
+	tcase_add_test(tc, test_rdma_writes_stay_on_their_rail);
+	tcase_add_test(tc, test_rdma_infiniband_without_grh);
 	suite_add_tcase(s, tc);
 	return s;
 }
