@@ -433,6 +433,17 @@ void tpb_rdma_recv_offer(const struct tpb_rdma_recv *rv, struct tpb_rdma_offer *
 	};
 }
 
+int tpb_rdma_recv_flush(struct tpb_rdma_recv *rv, char *why, size_t wl)
+{
+	for (size_t i = 0; rv && i < rv->regs.n; i++) {
+		int r = tpb_cuda_rdma_flush(&rv->segs[i].mem, rv->segs[i].len, why, wl);
+
+		if (r < 0)
+			return r;
+	}
+	return 0;
+}
+
 void tpb_rdma_recv_free(struct tpb_rdma_recv *rv)
 {
 	if (!rv)
@@ -737,6 +748,11 @@ void tpb_rdma_recv_offer(const struct tpb_rdma_recv *rv, struct tpb_rdma_offer *
 
 void tpb_rdma_recv_free(struct tpb_rdma_recv *rv)
 {
+}
+
+int tpb_rdma_recv_flush(struct tpb_rdma_recv *rv, char *why, size_t wl)
+{
+	return 0;
 }
 
 int tpb_rdma_send(struct tpb_rdma_link *l, struct tpb_rdma_xfer *x,

@@ -246,6 +246,19 @@ const char *tpb_rdma_channel(bool local_cuda, const struct tpb_rdma_offer *offer
 /* Deregisters the destination and stops waiting. Takes @rv; accepts NULL. */
 void tpb_rdma_recv_free(struct tpb_rdma_recv *rv);
 
+/*
+ * tpb_rdma_recv_flush() - the writer's daemon says its writes into @rv's destination completed:
+ * make those that went into GPU memory visible to the reader's GPU work before the reader is
+ * told (tpb_cuda_rdma_flush() per CUDA segment: nothing where the device orders RDMA writes,
+ * else a flush or a read-back). Blocks for the flush. Borrows @rv; accepts NULL.
+ * Return: 0, or -errno (reason in @why): the receive failed.
+ */
+int tpb_rdma_recv_flush(struct tpb_rdma_recv *rv, char *why, size_t why_len);
+
+/* tpb_rdma_recv_flush() for the receive tpb_prepare() made on @op (the rdma endpoint's); 0 for
+ * an op with none. Borrows @op. */
+int tpb_rdma_op_flush(struct tpb_op *op, char *why, size_t why_len);
+
 /* An offer as bytes (tpb_op.offer for tpb_start()): u32 port, u32 n, then per region u64 addr,
  * u64 length, u32 rkey, u32 flags (bit 0: cuda); little endian. */
 #define TPB_RDMA_OFFER_HDR 8u

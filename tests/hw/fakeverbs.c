@@ -38,7 +38,11 @@
  * exists every write times out: IBV_WC_RETRY_EXC_ERR, vendor 0xfa, and its QP goes to ERROR),
  * FAKEVERBS_PEER_MEMORY=1 (ibv_reg_mr may register fakecuda's device memory, as with the
  * nvidia-peermem module loaded; without it that fails with EFAULT, and only ibv_reg_dmabuf_mr
- * reaches device memory). Not emulated: sends, reads, atomics, receive queues, timing, async
+ * reaches device memory), FAKEVERBS_WRITE_LAG=1 (a write into device memory completes at
+ * once but its bytes are spooled in /dev/shm/tpfakeverbs.<pid>.lag of the target process and
+ * land only when that process flushes: fakeverbs_flush(), which fakecuda calls from
+ * cuFlushGPUDirectRDMAWrites() and cuMemcpyDtoH(): a reader told "done" without a flush sees
+ * stale bytes). Not emulated: sends, reads, atomics, receive queues, timing, async
  * events. It proves the plumbing and the completion logic, and says nothing about real RDMA
  * hardware.
  */
@@ -108,7 +112,7 @@ struct shm_mr {
 	uint32_t rkey;
 	uint32_t access;
 	uint32_t pd;
-	uint32_t pad;
+	uint32_t device; /* fakecuda's device memory: writes may lag (FAKEVERBS_WRITE_LAG) */
 	uint64_t addr;
 	uint64_t len;
 };
@@ -326,10 +330,14 @@ static void tables_sweep(void)
 
 static void table_unlink(void)
 {
+	char lag[64];
+
 	if (!fv.tab || fv.pid != getpid())
 		return;
 	__atomic_store_n(&fv.tab->alive, 0, __ATOMIC_RELEASE);
 	unlink(fv.path);
+	snprintf(lag, sizeof(lag), FV_SHM_DIR "/" FV_SHM_PREFIX "%d.lag", (int)fv.pid);
+	unlink(lag);
 }
 
 static void fv_atexit(void)
@@ -1197,7 +1205,8 @@ static bool maps_device(uint64_t start, uint64_t len)
 	return dev;
 }
 
-static struct ibv_mr *mr_add(struct ibv_pd *pd, uint64_t addr, size_t len, int access)
+static struct ibv_mr *mr_add(struct ibv_pd *pd, uint64_t addr, size_t len, int access,
+			     bool device)
 {
 	struct fv_mr *mr;
 	int slot;
@@ -1223,7 +1232,8 @@ static struct ibv_mr *mr_add(struct ibv_pd *pd, uint64_t addr, size_t len, int a
 	((struct fv_pd *)pd)->users++;
 	slot_publish(&fv.tab->mr[slot],
 		     &(struct shm_mr){ .valid = 1, .rkey = mr->ibv.rkey, .access = (uint32_t)access,
-				       .pd = pd->handle, .addr = addr, .len = len },
+				       .pd = pd->handle, .device = device, .addr = addr,
+				       .len = len },
 		     sizeof(struct shm_mr));
 	pthread_mutex_unlock(&fv_lock);
 	return &mr->ibv;
@@ -1250,7 +1260,7 @@ static struct ibv_mr *fv_reg_mr(struct ibv_pd *pd, void *addr, size_t len, int a
 		return fv_fail(EFAULT); /* the kernel could not pin it */
 	if (!env_ulong("FAKEVERBS_PEER_MEMORY") && maps_device(a, len))
 		return fv_fail(EFAULT); /* GPU memory without nvidia-peermem: get_user_pages fails */
-	return mr_add(pd, a, len, access);
+	return mr_add(pd, a, len, access, maps_device(a, len));
 }
 
 static struct ibv_mr *fv_reg_dmabuf_mr(struct ibv_pd *pd, uint64_t offset, size_t len,
@@ -1274,7 +1284,7 @@ static struct ibv_mr *fv_reg_dmabuf_mr(struct ibv_pd *pd, uint64_t offset, size_
 		return fv_fail(EINVAL); /* past the end of the dma-buf */
 	if (!maps_cover(iova, len, access & IBV_ACCESS_LOCAL_WRITE, &st, (uint64_t)pos + offset))
 		return fv_fail(EINVAL); /* the fake needs the IOVA to be where those bytes are */
-	return mr_add(pd, iova, len, access);
+	return mr_add(pd, iova, len, access, true);
 }
 
 static int fv_dereg_mr(struct ibv_mr *ibv)
@@ -1346,7 +1356,8 @@ static enum ibv_wc_status peer_check(struct fv_qp *qp, struct shm_qp *ret, uint3
 
 /* Is [@addr, @addr + @len) writable through @rkey in the peer's table, from @pqp's PD? */
 static enum ibv_wc_status rkey_check(const struct fv_qp *qp, const struct shm_qp *pqp,
-				     uint32_t rkey, uint64_t addr, uint64_t len, uint32_t *vendor)
+				     uint32_t rkey, uint64_t addr, uint64_t len, uint32_t *vendor,
+				     bool *device)
 {
 	struct shm_mr m;
 
@@ -1358,7 +1369,82 @@ static enum ibv_wc_status rkey_check(const struct fv_qp *qp, const struct shm_qp
 	if (!range_in(addr, len, m.addr, m.len))
 		return IBV_WC_REM_ACCESS_ERR;
 	*vendor = 0;
+	*device = m.device;
 	return IBV_WC_SUCCESS;
+}
+
+/* ---- writes into device memory that land late (FAKEVERBS_WRITE_LAG) ------------------------ */
+
+struct lag_rec {
+	uint64_t addr, len; /* then @len bytes */
+};
+
+static void lag_path(char *path, size_t len, pid_t pid)
+{
+	snprintf(path, len, FV_SHM_DIR "/" FV_SHM_PREFIX "%d.lag", (int)pid);
+}
+
+/* Appends @wr's bytes for [@raddr, ...) of process @pid to its spool. Return: 0 or errno. */
+static int lag_write(pid_t pid, const struct ibv_send_wr *wr, uint64_t raddr, uint64_t total)
+{
+	struct lag_rec h = { raddr, total };
+	char path[64];
+	int fd, e = 0;
+
+	lag_path(path, sizeof(path), pid);
+	fd = open(path, O_WRONLY | O_APPEND | O_CREAT | O_CLOEXEC | O_NOFOLLOW, 0600);
+	if (fd < 0)
+		return errno;
+	while (flock(fd, LOCK_EX) < 0 && errno == EINTR)
+		;
+	if (write(fd, &h, sizeof(h)) != (ssize_t)sizeof(h))
+		e = EIO;
+	for (int i = 0; !e && i < wr->num_sge; i++) {
+		const struct ibv_sge *s = &wr->sg_list[i];
+
+		if (write(fd, (const void *)(uintptr_t)s->addr, s->length) != (ssize_t)s->length)
+			e = EIO;
+	}
+	close(fd);
+	return e;
+}
+
+/*
+ * fakeverbs_flush() - lands every write spooled for this process (fakecuda calls it from
+ * cuFlushGPUDirectRDMAWrites() and synchronous device reads), in the order they were written;
+ * a write into memory no longer mapped is dropped. Return: the writes landed.
+ */
+__attribute__((visibility("default"))) int fakeverbs_flush(void);
+__attribute__((visibility("default"))) int fakeverbs_flush(void)
+{
+	struct lag_rec h;
+	char path[64];
+	int fd, n = 0;
+
+	lag_path(path, sizeof(path), getpid());
+	fd = open(path, O_RDWR | O_CLOEXEC | O_NOFOLLOW);
+	if (fd < 0)
+		return 0;
+	while (flock(fd, LOCK_EX) < 0 && errno == EINTR)
+		;
+	while (read(fd, &h, sizeof(h)) == (ssize_t)sizeof(h)) {
+		char *buf = h.len <= FV_MAX_MSG ? malloc(h.len ? h.len : 1) : NULL;
+
+		if (!buf || read(fd, buf, h.len) != (ssize_t)h.len) {
+			free(buf);
+			break;
+		}
+		if (maps_cover(h.addr, h.len, true, NULL, 0)) {
+			memcpy((void *)(uintptr_t)h.addr, buf, h.len);
+			n++;
+		}
+		free(buf);
+	}
+	if (ftruncate(fd, 0) < 0) {
+		/* the next flush lands them again: harmless for the tests */
+	}
+	close(fd);
+	return n;
 }
 
 /* Copies @wr's gather list to @pid at @raddr. Return: 0 or errno. */
@@ -1390,6 +1476,7 @@ static enum ibv_wc_status rdma_write(struct fv_qp *qp, const struct ibv_send_wr 
 {
 	unsigned long fail_at = env_ulong("FAKEVERBS_FAIL_WRITES");
 	const char *down = getenv("FAKEVERBS_FABRIC_DOWN");
+	bool device = false;
 	uint64_t raddr = wr->wr.rdma.remote_addr, total = 0;
 	enum ibv_wc_status st;
 	struct shm_qp pqp;
@@ -1416,9 +1503,14 @@ static enum ibv_wc_status rdma_write(struct fv_qp *qp, const struct ibv_send_wr 
 	st = peer_check(qp, &pqp, vendor);
 	if (st != IBV_WC_SUCCESS || !total)
 		return st;
-	st = rkey_check(qp, &pqp, wr->wr.rdma.rkey, raddr, total, vendor);
+	st = rkey_check(qp, &pqp, wr->wr.rdma.rkey, raddr, total, vendor, &device);
 	if (st != IBV_WC_SUCCESS)
 		return st;
+	if (device && env_ulong("FAKEVERBS_WRITE_LAG")) { /* completes now, lands when flushed */
+		e = lag_write(qp->peer, wr, raddr, total);
+		*vendor = e ? FV_VE_ERRNO + (uint32_t)e : 0;
+		return e ? IBV_WC_GENERAL_ERR : IBV_WC_SUCCESS;
+	}
 	e = copy_out(qp->peer, wr, raddr);
 	*vendor = e ? FV_VE_ERRNO + (uint32_t)e : 0;
 	if (e == ESRCH)
