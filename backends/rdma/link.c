@@ -70,6 +70,57 @@ static void link_send(struct tpb_rdma_link *l, const struct tpb_rdma_setup *m)
 	l->g->cfg.link_ops->send(l->link, m);
 }
 
+#define REBUILD_MS_DEFAULT 1000
+#define REBUILD_MS_MAX 60000
+
+static void link_announce(struct tpb_rdma_link *l);
+static void send_fail(struct rdma_send *s, int err, const char *why);
+
+/*
+ * Frees @l's queue pairs (their pending writes flushed) and forgets the peer's ports: sends
+ * still running fail with -ECONNRESET. The link is then in LINK_PORTS, to be set up again.
+ */
+static void link_reset(struct tpb_rdma_link *l)
+{
+	size_t n = l->qps ? l->g->n * l->n_remote : 0;
+	struct rdma_send *s;
+
+	tpu_list_for_each(s, &l->sends, node)
+		send_fail(s, -ECONNRESET, "RDMA queue pairs rebuilt");
+	for (size_t k = 0; k < n; k++) {
+		if (!l->qps[k])
+			continue;
+		tpv_qp_close(l->qps[k], tpb_rdma_write_done, l->g);
+		tpb_rdma_port_put(&l->g->ports[k / l->n_remote]);
+	}
+	tpu_list_for_each(s, &l->sends, node) {
+		if (!s->pending) /* finishes from its timer */
+			tpb_rdma_timer_in_us(l->g, &s->timer, 0);
+	}
+	free(l->qps);
+	free(l->pairs);
+	l->qps = NULL;
+	l->pairs = NULL;
+	l->n_pairs = 0;
+	l->n_remote = 0;
+	l->state = LINK_PORTS;
+	snprintf(l->text, sizeof(l->text), "connecting (rebuilding)");
+}
+
+/* The rebuild timer: set the link up again from the ports step. */
+static void link_on_rebuild(struct rdma_timer *t)
+{
+	struct tpb_rdma_link *l = tpu_container_of(t, struct tpb_rdma_link, rebuild);
+
+	if (l->state != LINK_OFF)
+		return;
+	l->rebuilds++;
+	tpu_log(TPU_LOG_INFO, "peer %s: rebuilding RDMA queue pairs (attempt %u of %u)",
+		l->g->cfg.link_ops->name(l->link), l->rebuilds, l->g->cfg.rebuild_max);
+	link_reset(l);
+	link_announce(l);
+}
+
 /* This side gives up RDMA on @l (tells the peer unless @quiet); the link carries on without. */
 static void link_off(struct tpb_rdma_link *l, bool quiet, const char *why)
 {
@@ -82,6 +133,24 @@ static void link_off(struct tpb_rdma_link *l, bool quiet, const char *why)
 		return;
 	rm.error = why;
 	link_send(l, &rm);
+}
+
+/* A write failed on @l: RDMA off, and rebuilt later unless that was tried too often. */
+static void link_off_rebuild(struct tpb_rdma_link *l, const char *why)
+{
+	uint64_t ms = l->g->cfg.rebuild_ms ? l->g->cfg.rebuild_ms : REBUILD_MS_DEFAULT;
+
+	link_off(l, false, why);
+	if (l->rebuilds >= l->g->cfg.rebuild_max) {
+		size_t used = strlen(l->text);
+
+		if (l->g->cfg.rebuild_max)
+			snprintf(l->text + used, sizeof(l->text) - used,
+				 " (given up after %u rebuilds)", l->rebuilds);
+		return;
+	}
+	ms = TPU_MIN(ms << TPU_MIN(l->rebuilds, 16u), (uint64_t)REBUILD_MS_MAX);
+	tpb_rdma_timer_in_us(l->g, &l->rebuild, (long)ms * 1000);
 }
 
 /* The first set-up step: this side's ports and their rails (none if memory is short). */
@@ -146,6 +215,7 @@ struct tpb_rdma_link *tpb_rdma_link_new(struct tpb_rdma *g, void *link, unsigned
 	l->common = common;
 	l->state = LINK_PORTS;
 	tpu_list_init(&l->sends);
+	l->rebuild.fn = link_on_rebuild;
 	snprintf(l->text, sizeof(l->text), "connecting");
 	link_announce(l);
 	return l;
@@ -155,6 +225,13 @@ struct tpb_rdma_link *tpb_rdma_link_new(struct tpb_rdma *g, void *link, unsigned
  * in (local, remote) order. */
 static int link_make_qps(struct tpb_rdma_link *l, char *why, size_t wl)
 {
+	const struct tpb_rdma_config *c = &l->g->cfg;
+	struct tpv_qp_params params = { /* zeros take the layer's defaults */
+		.traffic_class = c->traffic_class,
+		.sl = c->sl,
+		.timeout = c->timeout,
+		.retry_cnt = c->retry,
+	};
 	struct tpb_rdma_setup rm = { 0 };
 	size_t n = l->g->n * l->n_remote, m = 0;
 	uint8_t(*rec)[TPV_QP_INFO_BYTES] = calloc(l->n_pairs ? l->n_pairs : 1, sizeof(*rec));
@@ -170,7 +247,7 @@ static int link_make_qps(struct tpb_rdma_link *l, char *why, size_t wl)
 		if (!l->pairs[k])
 			continue;
 		r = tpb_rdma_port_open(pt, why, wl);
-		if (r == 0 && (r = tpv_qp_new(pt->ctx, NULL, &l->qps[k], why, wl)) < 0)
+		if (r == 0 && (r = tpv_qp_new(pt->ctx, &params, &l->qps[k], why, wl)) < 0)
 			tpb_rdma_port_put(pt);
 		if (r == 0) {
 			tpv_qp_info_encode(tpv_qp_local(l->qps[k]), rec[m]);
@@ -227,7 +304,15 @@ void tpb_rdma_link_on_msg(struct tpb_rdma_link *l, const struct tpb_rdma_setup *
 	char why[200] = "";
 	int r;
 
-	if (!l || l->state == LINK_OFF)
+	if (!l)
+		return;
+	if (m->ports && !m->n_qps && l->state != LINK_PORTS) {
+		/* the peer sets the link up again (it rebuilds after a failure): so does this side */
+		tpb_rdma_timer_stop(&l->rebuild);
+		link_reset(l);
+		link_announce(l);
+	}
+	if (l->state == LINK_OFF)
 		return;
 	if (m->error && *m->error) {
 		snprintf(why, sizeof(why), "the peer gave up: %.150s", m->error);
@@ -496,7 +581,7 @@ static void send_broken(struct rdma_send *s, int err, const char *why)
 	if (s->l->state != LINK_READY || s->l->closing)
 		return;
 	snprintf(text, sizeof(text), "RDMA write failed: %.160s", why);
-	link_off(s->l, false, text);
+	link_off_rebuild(s->l, text);
 }
 
 /* True while @s has writes to post and no reason to stop. */
@@ -537,6 +622,8 @@ void tpb_rdma_write_done(void *arg, uint64_t cookie, int status, const char *why
 	s->pending--;
 	if (status < 0)
 		send_broken(s, status, why);
+	else
+		s->l->rebuilds = 0; /* the link works */
 	if (!s->posting)
 		send_post(s);
 	if (s->pending)
@@ -679,6 +766,7 @@ void tpb_rdma_link_free(struct tpb_rdma_link *l)
 	if (!l)
 		return;
 	l->closing = true;
+	tpb_rdma_timer_stop(&l->rebuild);
 	tpu_list_for_each(s, &l->sends, node)
 		send_fail(s, -ECONNRESET, "peer link closed");
 	/* Closing flushes the writes still pending through tpb_rdma_write_done(). */

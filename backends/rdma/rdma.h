@@ -9,7 +9,10 @@
  * (the network each is on), then sends one RC queue-pair record per pair of ports on the same
  * rail (every pair if none shares one, or the peer sent no rails) (struct tpb_rdma_setup, which
  * the daemon carries as PeerRdma); once every pair is connected the link is ready. A transfer
- * uses a port that has a queue pair to the other side's. A receive then registers the
+ * uses a port that has a queue pair to the other side's. A write the device fails turns RDMA
+ * off on the link; after rebuild_ms (doubling each time, at most a minute) the side that saw the
+ * failure frees its queue pairs and announces its ports again, the peer follows, and the link
+ * is ready again, up to rebuild_max times in a row without a write completing. A receive then registers the
  * reader's allocation on the port nearest its GPU (host memory: round-robin) and offers it
  * (struct tpb_rdma_offer, carried in the PeerReadReq); the sender registers its sources on the
  * port nearest theirs, waits for the clients' CUDA events, posts the writes on the queue pair
@@ -84,6 +87,17 @@ struct tpb_rdma_config {
 	bool disabled;	      /* --no-rdma / [backends] rdma = no */
 	uint64_t cache_bytes; /* rdma-cache: shared-buffer bytes kept registered (0: none) */
 	uint32_t ports_max;   /* ports a daemon may announce (the wire's bound) */
+	/* RoCE and queue-pair settings; 0 takes the default in brackets */
+	uint8_t traffic_class; /* GRH traffic class, 0..255 [0] */
+	uint8_t sl;	       /* service level, 0..15 [0] */
+	uint8_t timeout;       /* local ACK timeout 4.096 us * 2^timeout, 1..31 [14, ~67 ms] */
+	uint8_t retry;	       /* retries before a write fails, 1..7 [7] */
+	bool gid_index_set;    /* every port uses GID table entry @gid_index; else the first
+				* RoCE v2 IPv4-mapped entry, else the best RoCE one (InfiniBand: 0) */
+	uint32_t gid_index;
+	uint32_t rebuild_ms;  /* first wait before a link that lost RDMA rebuilds it [1000] */
+	uint32_t rebuild_max; /* rebuilds in a row without a write completing; then the link
+			       * stays off (0: never rebuild) */
 	const struct tpb_rdma_link_ops *link_ops; /* static, or alive until tpb_rdma_ctx_free() */
 };
 

@@ -74,6 +74,8 @@ struct tpb_rdma_link {
 	char text[200];
 	uint64_t sent, received; /* bytes RDMA-written each way */
 	bool closing;		  /* tpb_rdma_link_free() is flushing the queue pairs */
+	struct rdma_timer rebuild; /* armed while off after a failed write */
+	uint32_t rebuilds;	   /* since a write last completed */
 };
 
 /* Runs @t's work from tpb_rdma_progress() in @us microseconds (0: on the next one); an armed

@@ -299,6 +299,55 @@ int tpv_nics_list(const struct tpv_ops *ops, const char *sysfs_root, struct tpv_
 	return 0;
 }
 
+/* Queries GID entry @index of @nic's port on its device. Return: 0 or -errno (@why). */
+static int nic_query_gid(const struct tpv_ops *ops, const struct tpv_nic *nic, int index,
+			 struct ibv_gid_entry *e, char *why, size_t why_len)
+{
+	struct ibv_context *verbs = NULL;
+	struct ibv_device **list;
+	int i, n = 0, r;
+	char eb[64];
+
+	errno = 0;
+	list = ops->get_device_list(&n);
+	for (i = 0; list && i < n && !verbs; i++)
+		if (!strcmp(list[i]->name, nic->dev))
+			verbs = ops->open_device(list[i]);
+	if (list)
+		ops->free_device_list(list);
+	if (!verbs)
+		return tpu_why(-ENODEV, why, why_len, "%s: cannot open the device", nic->dev);
+	memset(e, 0, sizeof(*e));
+	r = tpv_verbs_rc(ops->query_gid_ex(verbs, nic->port, (uint32_t)index, e));
+	ops->close_device(verbs);
+	if (r < 0)
+		return tpu_why(r == -EINVAL ? -ENODATA : r, why, why_len,
+			       "%s port %u: GID index %d: %s", nic->dev, nic->port, index,
+			       tpu_strerror(r, eb, sizeof(eb)));
+	return 0;
+}
+
+int tpv_nic_use_gid(const struct tpv_ops *ops, struct tpv_nic *nic, int index, char *why,
+		    size_t why_len)
+{
+	struct ibv_gid_entry e;
+	int r;
+
+	if (index < 0 || index >= GID_TABLE_MAX)
+		return tpu_why(-ENODATA, why, why_len, "GID index %d out of range", index);
+	r = nic_query_gid(ops, nic, index, &e, why, why_len);
+	if (r < 0)
+		return r;
+	if (nic->link == TPV_LINK_ETH ? !gid_score(&e) : !memcmp(e.gid.raw,
+			(uint8_t[TPV_GID_BYTES]){ 0 }, TPV_GID_BYTES))
+		return tpu_why(-ENODATA, why, why_len, "%s port %u: GID index %d is not usable",
+			       nic->dev, nic->port, index);
+	nic->gid_index = index;
+	memcpy(nic->gid, e.gid.raw, TPV_GID_BYTES);
+	port_rail(nic);
+	return 0;
+}
+
 int tpv_probe(const struct tpv_ops *ops, char *why, size_t why_len)
 {
 	_cleanup_free_ struct tpv_nic *nics = NULL;

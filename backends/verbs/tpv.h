@@ -124,6 +124,15 @@ int tpv_nics_list(const struct tpv_ops *ops, const char *sysfs_root, struct tpv_
 		  size_t *ret_n, char *why, size_t why_len);
 
 /*
+ * tpv_nic_use_gid() - make GID table entry @index of @nic's port the one its queue pairs use
+ * (a configured GID index) in place of the one tpv_nics_list() chose, and recompute its rail.
+ * Ownership: borrows @ops; changes @nic only on success.
+ * Return: 0, -ENODATA for an empty or unusable entry, or the verbs -errno (reason in @why).
+ */
+int tpv_nic_use_gid(const struct tpv_ops *ops, struct tpv_nic *nic, int index, char *why,
+		    size_t why_len);
+
+/*
  * tpv_probe() - can RDMA run on this host: is there at least one active, usable port?
  * @why: filled with the first usable port ("mlx5_0 port 1 (InfiniBand)") or the reason there is
  * none ("no RDMA device (ibv_get_device_list found none)", "mlx5_0: no active port").

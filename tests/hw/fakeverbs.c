@@ -29,14 +29,17 @@
  * 0xf1 no peer table, 0xf2 peer QP missing or not connected to us, 0xf3 PSN mismatch, 0xf4 peer
  * QP lacks remote write, 0xf5 bad rkey, 0xf6 out of the region, 0xf7 injected, 0xf8 bad lkey,
  * 0x100 + errno a failed process_vm_writev, 0xf9 unreachable (another rail, or GID kinds that do
- * not route), 0xfa the fabric is down. Knobs: FAKEVERBS_NO_DEVICE=1 (no device),
+ * not route), 0xfa the fabric is down, 0xfb a traffic class or service level the fabric drops,
+ * 0xfc an ACK timeout shorter than the fabric's round trip. Knobs: FAKEVERBS_NO_DEVICE=1 (no device),
  * FAKEVERBS_FAIL_WRITES=N (the N-th RDMA write work request of the process, and every later
  * one, completes with IBV_WC_REM_ACCESS_ERR), FAKEVERBS_PORTS, FAKEVERBS_RAILS and
  * FAKEVERBS_LINK (above), FAKEVERBS_MAX_CQE (the max_cqe ibv_query_device reports, default
  * 65536: a larger CQ is refused, and a CQ that overflows fails its next poll with EOVERFLOW),
  * FAKEVERBS_MAX_CQ (CQs per process, default 256), FAKEVERBS_FABRIC_DOWN=PATH (while PATH
  * exists every write times out: IBV_WC_RETRY_EXC_ERR, vendor 0xfa, and its QP goes to ERROR),
- * FAKEVERBS_PEER_MEMORY=1 (ibv_reg_mr may register fakecuda's device memory, as with the
+ * FAKEVERBS_TC=N and FAKEVERBS_SL=N (writes from a QP whose GRH traffic class, or service
+ * level, is not N time out: the only lossless class), FAKEVERBS_FABRIC_TIMEOUT=N (writes from a
+ * QP whose local ACK timeout is below N time out), FAKEVERBS_PEER_MEMORY=1 (ibv_reg_mr may register fakecuda's device memory, as with the
  * nvidia-peermem module loaded; without it that fails with EFAULT, and only ibv_reg_dmabuf_mr
  * reaches device memory), FAKEVERBS_WRITE_LAG=1 (a write into device memory completes at
  * once but its bytes are spooled in /dev/shm/tpfakeverbs.<pid>.lag of the target process and
@@ -100,6 +103,8 @@ enum fv_vendor_err {
 	FV_VE_LKEY = 0xf8,
 	FV_VE_UNREACHABLE = 0xf9,
 	FV_VE_FABRIC_DOWN = 0xfa,
+	FV_VE_CLASS = 0xfb,
+	FV_VE_TIMEOUT = 0xfc,
 	FV_VE_ERRNO = 0x100,
 };
 
@@ -208,6 +213,8 @@ struct fv_qp {
 	uint8_t port;	  /* ours, from INIT */
 	uint8_t dest_port; /* the peer's, from the address vector at RTR */
 	bool reachable;	   /* same rail, and GID kinds that route */
+	uint8_t tc, sl;	   /* from the address vector at RTR */
+	uint8_t timeout;   /* local ACK timeout, from RTS */
 	pid_t peer;
 	struct shm_table *peer_tab; /* the peer's table, mapped on the first write */
 };
@@ -1064,6 +1071,9 @@ static int qp_check_attr(unsigned int port, const struct ibv_qp_attr *a, int mas
 	if ((mask & IBV_QP_MAX_DEST_RD_ATOMIC && a->max_dest_rd_atomic > FV_MAX_RD_ATOM) ||
 	    (mask & IBV_QP_MAX_QP_RD_ATOMIC && a->max_rd_atomic > FV_MAX_RD_ATOM))
 		return EINVAL;
+	if ((mask & IBV_QP_TIMEOUT && a->timeout > 31) ||
+	    (mask & IBV_QP_AV && a->ah_attr.sl > 15))
+		return EINVAL;
 	if ((mask & IBV_QP_RETRY_CNT && a->retry_cnt > 7) ||
 	    (mask & IBV_QP_RNR_RETRY && a->rnr_retry > 7))
 		return EINVAL;
@@ -1111,7 +1121,11 @@ static void qp_apply(struct fv_qp *qp, const struct ibv_qp_attr *a, int mask)
 		qp->peer = host_pid(dst.host);
 		qp->dest_port = (uint8_t)dst.port;
 		qp->reachable = dst.rail == fv_rail(qp->port);
+		qp->tc = a->ah_attr.is_global ? a->ah_attr.grh.traffic_class : 0;
+		qp->sl = a->ah_attr.sl;
 	}
+	if (mask & IBV_QP_TIMEOUT)
+		qp->timeout = a->timeout;
 	if (a->qp_state == IBV_QPS_RESET) {
 		qp->access = qp->dest_qpn = qp->rq_psn = qp->sq_psn = 0;
 		qp->peer = 0;
@@ -1500,6 +1514,13 @@ static enum ibv_wc_status rdma_write(struct fv_qp *qp, const struct ibv_send_wr 
 	*vendor = FV_VE_UNREACHABLE;
 	if (!qp->reachable)
 		return IBV_WC_RETRY_EXC_ERR; /* another rail: the fabric drops the packets */
+	*vendor = FV_VE_CLASS;
+	if ((getenv("FAKEVERBS_TC") && qp->tc != env_ulong("FAKEVERBS_TC")) ||
+	    (getenv("FAKEVERBS_SL") && qp->sl != env_ulong("FAKEVERBS_SL")))
+		return IBV_WC_RETRY_EXC_ERR; /* a lossy class: dropped under load */
+	*vendor = FV_VE_TIMEOUT;
+	if (qp->timeout < env_ulong("FAKEVERBS_FABRIC_TIMEOUT"))
+		return IBV_WC_RETRY_EXC_ERR; /* every ACK came after the timeout */
 	st = peer_check(qp, &pqp, vendor);
 	if (st != IBV_WC_SUCCESS || !total)
 		return st;

@@ -10,10 +10,12 @@
  */
 #include <check.h>
 #include <errno.h>
+#include <fcntl.h>
 #include <poll.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 #include "buffer.h"
 #include "rdma/rdma.h"
 #include "tpb.h"
@@ -176,10 +178,20 @@ static void on_done(struct tpb_rdma_xfer *x)
 	send_done = true;
 }
 
+static void pair_up_cfg(struct side *a, struct side *b, const struct tpb_rdma_config *c);
+
 /* Two contexts of this process, linked back to back and ready. */
 static void pair_up(struct side *a, struct side *b, uint64_t cache)
 {
 	struct tpb_rdma_config cfg = config(false, cache);
+
+	pair_up_cfg(a, b, &cfg);
+}
+
+/* pair_up() with the configuration @c. */
+static void pair_up_cfg(struct side *a, struct side *b, const struct tpb_rdma_config *c)
+{
+	struct tpb_rdma_config cfg = *c;
 
 	a->peer = b;
 	b->peer = a;
@@ -700,6 +712,168 @@ START_TEST(test_rdma_infiniband_without_grh)
 }
 END_TEST
 
+/* Runs both contexts and hands over their set-up steps until both links are ready, or fails at
+ * the deadline. */
+static void run_until_ready(struct side *a, struct side *b)
+{
+	uint64_t end = tpu_now_ns() + DEADLINE_MS * 1000000ull;
+
+	for (;;) {
+		struct pollfd pfd[2] = { { .fd = tpb_rdma_event_fd(a->g), .events = POLLIN },
+					 { .fd = tpb_rdma_event_fd(b->g), .events = POLLIN } };
+
+		deliver(a);
+		deliver(b);
+		if (tpb_rdma_link_ready(a->l) && tpb_rdma_link_ready(b->l) && !a->n_inbox &&
+		    !b->n_inbox)
+			return;
+		ck_assert_msg(tpu_now_ns() < end, "not ready again within %d ms: %s", DEADLINE_MS,
+			      tpb_rdma_link_state(a->l));
+		ck_assert_int_ge(poll(pfd, 2, 5), 0);
+		ck_assert_int_eq(tpb_rdma_progress(a->g), 0);
+		ck_assert_int_eq(tpb_rdma_progress(b->g), 0);
+	}
+}
+
+/* Runs both contexts for @ms, handing over set-up steps (to see that nothing happens). */
+static void run_for(struct side *a, struct side *b, int ms)
+{
+	uint64_t end = tpu_now_ns() + (uint64_t)ms * 1000000u;
+
+	while (tpu_now_ns() < end) {
+		deliver(a);
+		deliver(b);
+		(void)poll(NULL, 0, 1);
+		ck_assert_int_eq(tpb_rdma_progress(a->g), 0);
+		ck_assert_int_eq(tpb_rdma_progress(b->g), 0);
+	}
+}
+
+/*
+ * Issue 28 item 6: a write that times out (the fabric is down) turned RDMA off for the link's
+ * life; now the side that saw it rebuilds the queue pairs after rdma-rebuild-ms, and once the
+ * fabric is back the link carries writes again. In a row without a write completing, it gives
+ * up after rdma-rebuild-max rebuilds.
+ */
+START_TEST(test_rdma_link_rebuilds_after_the_fabric_recovers)
+{
+	struct tpb_rdma_config cfg = config(false, 0);
+	char down[] = "/tmp/tpfakeverbs-down.XXXXXX";
+	struct side a = { 0 }, b = { 0 };
+	struct tpb_buffer *src, *dst;
+	int fd;
+
+	if (!rdma_here())
+		return;
+	fd = mkstemp(down);
+	ck_assert_int_ge(fd, 0);
+	close(fd);
+	unlink(down);
+	setenv("FAKEVERBS_FABRIC_DOWN", down, 1);
+	src = buffer(0x42);
+	dst = buffer(0);
+	cfg.rebuild_ms = 10;
+	cfg.rebuild_max = 1;
+	pair_up_cfg(&a, &b, &cfg);
+	ck_assert_int_eq(transfer(&a, &b, src, dst, 0, 4096, false), 0);
+
+	fd = open(down, O_CREAT | O_WRONLY | O_CLOEXEC, 0600); /* the fabric goes down */
+	close(fd);
+	ck_assert_int_eq(transfer(&a, &b, src, dst, 0, 4096, false), -ETIMEDOUT);
+	ck_assert_ptr_nonnull(strstr(tpb_rdma_link_state(a.l), "off: RDMA write failed"));
+	unlink(down); /* and comes back */
+	run_until_ready(&a, &b);
+	memset(src->map, 0x43, 4096);
+	ck_assert_int_eq(transfer(&a, &b, src, dst, 0, 4096, false), 0);
+	ck_assert_uint_eq(((uint8_t *)dst->map)[4095], 0x43);
+
+	/* Down for good: one rebuild (the write before it completed), then it stays off. */
+	fd = open(down, O_CREAT | O_WRONLY | O_CLOEXEC, 0600);
+	close(fd);
+	ck_assert_int_eq(transfer(&a, &b, src, dst, 0, 4096, false), -ETIMEDOUT);
+	run_until_ready(&a, &b);
+	ck_assert_int_eq(transfer(&a, &b, src, dst, 0, 4096, false), -ETIMEDOUT);
+	run_for(&a, &b, 100); /* ten times the wait before a rebuild */
+	ck_assert(!tpb_rdma_link_ready(a.l));
+	ck_assert_ptr_nonnull(strstr(tpb_rdma_link_state(a.l), "(given up after 1 rebuilds)"));
+	unlink(down);
+	pair_down(&a, &b);
+	free(src->map);
+	free(dst->map);
+	free(src);
+	free(dst);
+}
+END_TEST
+
+/*
+ * Issue 28 item 6: traffic class and ACK timeout reach the queue pairs. The stand-in's fabric
+ * carries only traffic class 106 and answers later than the default timeout (14) allows: the
+ * defaults time out, the configured values go through.
+ */
+START_TEST(test_rdma_roce_settings_reach_the_queue_pairs)
+{
+	struct tpb_rdma_config cfg = config(false, 0);
+	struct side a = { 0 }, b = { 0 }, c = { 0 }, d = { 0 };
+	struct tpb_buffer *src, *dst;
+
+	setenv("FAKEVERBS_TC", "106", 1);
+	setenv("FAKEVERBS_SL", "3", 1);
+	setenv("FAKEVERBS_FABRIC_TIMEOUT", "18", 1);
+	if (!rdma_here())
+		return;
+	src = buffer(0x61);
+	dst = buffer(0);
+	pair_up(&a, &b, 0);
+	ck_assert_int_eq(transfer(&a, &b, src, dst, 0, 4096, false), -ETIMEDOUT);
+	pair_down(&a, &b);
+	cfg.traffic_class = 106;
+	cfg.sl = 3;
+	cfg.timeout = 18;
+	cfg.retry = 3;
+	pair_up_cfg(&c, &d, &cfg);
+	ck_assert_int_eq(transfer(&c, &d, src, dst, 0, 4096, false), 0);
+	ck_assert_uint_eq(((uint8_t *)dst->map)[4095], 0x61);
+	pair_down(&c, &d);
+	free(src->map);
+	free(dst->map);
+	free(src);
+	free(dst);
+}
+END_TEST
+
+/*
+ * Issue 28 item 7: the GID index is configurable. Entry 1 (RoCE v2, link-local) carries
+ * writes; entry 3 is empty on every port, so no port is left and nothing is offered.
+ */
+START_TEST(test_rdma_gid_index_is_configurable)
+{
+	struct tpb_rdma_config cfg = config(false, 0);
+	struct side a = { 0 }, b = { 0 };
+	struct tpb_buffer *src, *dst;
+	struct tpb_rdma *g;
+
+	setenv("FAKEVERBS_PORTS", "2", 1);
+	if (!rdma_here())
+		return;
+	src = buffer(0x39);
+	dst = buffer(0);
+	cfg.gid_index_set = true;
+	cfg.gid_index = 1;
+	pair_up_cfg(&a, &b, &cfg);
+	ck_assert_int_eq(transfer(&a, &b, src, dst, 0, 4096, false), 0);
+	ck_assert_uint_eq(((uint8_t *)dst->map)[4095], 0x39);
+	pair_down(&a, &b);
+	cfg.gid_index = 3;
+	ck_assert_int_eq(tpb_rdma_ctx_new(&cfg, &g), 0);
+	ck_assert_uint_eq(tpb_rdma_offers(g), 0);
+	tpb_rdma_ctx_free(g);
+	free(src->map);
+	free(dst->map);
+	free(src);
+	free(dst);
+}
+END_TEST
+
 static Suite *rdma_suite(void)
 {
 	Suite *s = suite_create("rdma");
@@ -717,6 +891,9 @@ static Suite *rdma_suite(void)
 	tcase_add_test(tc, test_rdma_completion_queues_grow_within_max_cqe);
 	tcase_add_test(tc, test_rdma_writes_stay_on_their_rail);
 	tcase_add_test(tc, test_rdma_infiniband_without_grh);
+	tcase_add_test(tc, test_rdma_link_rebuilds_after_the_fabric_recovers);
+	tcase_add_test(tc, test_rdma_roce_settings_reach_the_queue_pairs);
+	tcase_add_test(tc, test_rdma_gid_index_is_configurable);
 	suite_add_tcase(s, tc);
 	return s;
 }
