@@ -85,6 +85,7 @@ static void link_reset(struct tpb_rdma_link *l)
 	size_t n = l->qps ? l->g->n * l->n_remote : 0;
 	struct rdma_send *s;
 
+	l->state = LINK_PORTS; /* the flushes below must not turn the link off again */
 	tpu_list_for_each(s, &l->sends, node)
 		send_fail(s, -ECONNRESET, "RDMA queue pairs rebuilt");
 	for (size_t k = 0; k < n; k++) {
@@ -103,7 +104,6 @@ static void link_reset(struct tpb_rdma_link *l)
 	l->pairs = NULL;
 	l->n_pairs = 0;
 	l->n_remote = 0;
-	l->state = LINK_PORTS;
 	snprintf(l->text, sizeof(l->text), "connecting (rebuilding)");
 }
 

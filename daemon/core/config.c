@@ -427,6 +427,9 @@ static int load_file(struct tpd_config *c, char *err, size_t el)
 }
 
 enum { OPT_CONFIG = 1000, OPT_CHECK, OPT_NO_CMA, OPT_NO_SHM, OPT_NO_RDMA, OPT_VERSION, OPT_HELP };
+/* getopt_long() value of opts[i]: i + OPT_TABLE, never '?' (63) or ':' (58) however long the
+ * table grows */
+#define OPT_TABLE 2000
 
 static void build_longopts(struct option *lo)
 {
@@ -437,7 +440,7 @@ static void build_longopts(struct option *lo)
 			lo[n++] = (struct option){ opts[i].name,
 						   opts[i].kind == K_FLAG ? no_argument
 									  : required_argument,
-						   NULL, (int)i };
+						   NULL, OPT_TABLE + (int)i };
 	lo[n++] = (struct option){ "config", required_argument, NULL, OPT_CONFIG };
 	lo[n++] = (struct option){ "check-config", no_argument, NULL, OPT_CHECK };
 	lo[n++] = (struct option){ "no-cma", no_argument, NULL, OPT_NO_CMA };
@@ -508,9 +511,10 @@ static int scan_flags(struct tpd_config *c, int pass, char *err, size_t el)
 			c->no_shm = true;
 		else if (opt == OPT_NO_RDMA)
 			c->no_rdma = true;
-		else if (opt >= 0 && (size_t)opt < TPU_ARRAY_SIZE(opts)) {
+		else if (opt >= OPT_TABLE && (size_t)(opt - OPT_TABLE) < TPU_ARRAY_SIZE(opts)) {
 			char e[200];
-			if (set_opt(c, &opts[opt], optarg ? optarg : "yes", e, sizeof(e)) < 0) {
+			if (set_opt(c, &opts[opt - OPT_TABLE], optarg ? optarg : "yes", e,
+				    sizeof(e)) < 0) {
 				snprintf(err, el, "--%s", e);
 				return -EINVAL;
 			}
