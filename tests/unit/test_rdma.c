@@ -805,6 +805,104 @@ START_TEST(test_rdma_link_rebuilds_after_the_fabric_recovers)
 }
 END_TEST
 
+/* A receive of 4096 bytes into @dst on @s's link, ready; its offer in @of. */
+static struct tpb_rdma_recv *recv_4k(struct side *s, struct side *peer, struct tpb_buffer *dst,
+				     struct tpb_rdma_seg *rs, struct tpb_rdma_offer *of)
+{
+	struct tpb_rdma_recv *rv;
+	char why[160] = "";
+
+	*rs = (struct tpb_rdma_seg){ .mem = { .loc = TPB_LOC_LOCAL,
+					      .addr = (uint64_t)(uintptr_t)dst->map },
+				     .len = 4096, .buf = dst };
+	recv_ready = false;
+	ck_assert_int_eq(tpb_rdma_recv_new(s->l, rs, 1, false, on_ready, NULL, &rv, why,
+					   sizeof(why)), 0);
+	run_until(s, peer, &recv_ready);
+	tpb_rdma_recv_offer(rv, of);
+	return rv;
+}
+
+static void on_done_flag(struct tpb_rdma_xfer *x)
+{
+	*(bool *)x->arg = true;
+}
+
+/*
+ * B's write fails and B rebuilds while a write of A is still pending (its completion not yet
+ * polled): A's send fails with -ECONNRESET when A follows B's announcement, both sides are set
+ * up again, and the next transfer goes through.
+ */
+START_TEST(test_rdma_peer_rebuild_fails_running_sends_and_sets_up_again)
+{
+	struct tpb_rdma_config cfg = config(false, 0);
+	char down[] = "/tmp/tpfakeverbs-down.XXXXXX";
+	struct side a = { 0 }, b = { 0 };
+	struct tpb_rdma_seg rs_a, rs_b, ss_a, ss_b;
+	bool done_a = false, done_b = false;
+	struct tpb_rdma_xfer xa = { .segs = &ss_a, .n_segs = 1, .done = on_done_flag,
+				    .arg = &done_a };
+	struct tpb_rdma_xfer xb = { .segs = &ss_b, .n_segs = 1, .done = on_done_flag,
+				    .arg = &done_b };
+	struct tpb_rdma_recv *rv_a, *rv_b;
+	struct tpb_rdma_offer of_a, of_b;
+	struct tpb_buffer *src, *dst_a, *dst_b;
+	uint64_t end;
+	char why[160] = "";
+	int fd;
+
+	if (!rdma_here())
+		return;
+	fd = mkstemp(down);
+	ck_assert_int_ge(fd, 0);
+	close(fd);
+	unlink(down);
+	setenv("FAKEVERBS_FABRIC_DOWN", down, 1);
+	src = buffer(0x21);
+	dst_a = buffer(0);
+	dst_b = buffer(0);
+	cfg.rebuild_ms = 10;
+	cfg.rebuild_max = 3;
+	pair_up_cfg(&a, &b, &cfg);
+	rv_a = recv_4k(&a, &b, dst_a, &rs_a, &of_a);
+	rv_b = recv_4k(&b, &a, dst_b, &rs_b, &of_b);
+	ss_a = ss_b = (struct tpb_rdma_seg){ .mem = { .loc = TPB_LOC_LOCAL,
+						      .addr = (uint64_t)(uintptr_t)src->map },
+					     .len = 4096, .buf = src };
+	ck_assert_int_eq(tpb_rdma_send(a.l, &xa, &of_b, why, sizeof(why)), 0);
+	ck_assert_int_eq(tpb_rdma_progress(a.g), 0); /* A posts; its completion waits */
+	fd = open(down, O_CREAT | O_WRONLY | O_CLOEXEC, 0600);
+	close(fd);
+	ck_assert_int_eq(tpb_rdma_send(b.l, &xb, &of_a, why, sizeof(why)), 0);
+	/* only B runs: its write fails, it gives up (to A) and, 10 ms on, announces again */
+	end = tpu_now_ns() + DEADLINE_MS * 1000000ull;
+	while (a.n_inbox < 2 || !done_b) {
+		ck_assert_msg(tpu_now_ns() < end, "B did not rebuild: %s",
+			      tpb_rdma_link_state(b.l));
+		(void)poll(NULL, 0, 1);
+		ck_assert_int_eq(tpb_rdma_progress(b.g), 0);
+	}
+	ck_assert_int_eq(xb.status, -ETIMEDOUT);
+	ck_assert(!done_a);
+	unlink(down);
+	deliver(&a); /* B gave up, then announced: A follows, failing its running send */
+	run_until(&a, &b, &done_a);
+	ck_assert_int_eq(xa.status, -ECONNRESET);
+	run_until_ready(&a, &b);
+	tpb_rdma_recv_free(rv_a);
+	tpb_rdma_recv_free(rv_b);
+	ck_assert_int_eq(transfer(&a, &b, src, dst_b, 0, 4096, false), 0);
+	ck_assert_uint_eq(((uint8_t *)dst_b->map)[4095], 0x21);
+	pair_down(&a, &b);
+	free(src->map);
+	free(dst_a->map);
+	free(dst_b->map);
+	free(src);
+	free(dst_a);
+	free(dst_b);
+}
+END_TEST
+
 /*
  * Issue 28 item 6: traffic class and ACK timeout reach the queue pairs. The stand-in's fabric
  * carries only traffic class 106 and answers later than the default timeout (14) allows: the
@@ -892,6 +990,7 @@ static Suite *rdma_suite(void)
 	tcase_add_test(tc, test_rdma_writes_stay_on_their_rail);
 	tcase_add_test(tc, test_rdma_infiniband_without_grh);
 	tcase_add_test(tc, test_rdma_link_rebuilds_after_the_fabric_recovers);
+	tcase_add_test(tc, test_rdma_peer_rebuild_fails_running_sends_and_sets_up_again);
 	tcase_add_test(tc, test_rdma_roce_settings_reach_the_queue_pairs);
 	tcase_add_test(tc, test_rdma_gid_index_is_configurable);
 	suite_add_tcase(s, tc);
