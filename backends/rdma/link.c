@@ -307,7 +307,7 @@ void tpb_rdma_link_on_msg(struct tpb_rdma_link *l, const struct tpb_rdma_setup *
 	if (!l)
 		return;
 	if (m->ports && !m->n_qps && l->state != LINK_PORTS) {
-		/* the peer sets the link up again (it rebuilds after a failure): so does this side */
+		/* the peer sets the link up again (it rebuilds after a failure): so does this */
 		tpb_rdma_timer_stop(&l->rebuild);
 		link_reset(l);
 		link_announce(l);
@@ -407,8 +407,7 @@ static int link_port(struct tpb_rdma_link *l, const char *bus_id, long remote,
 	if (c == l->g->n)
 		return 0;
 	if (!c) {
-		snprintf(why, wl, "no RDMA port of this host shares a rail with the peer's port %ld",
-			 remote);
+		snprintf(why, wl, "no RDMA port here shares a rail with the peer's port %ld", remote);
 		return -ENETUNREACH;
 	}
 	k = tpv_nic_choose(nics, c, TPV_SYSFS_ROOT, bus_id, &l->g->rr);

@@ -1,26 +1,25 @@
 /* SPDX-License-Identifier: BSD-3-Clause */
 /*
- * tpb_rdma: the RDMA channels of peer links, RDMA writes between the daemons of two hosts
- * straight from and into registered memory, on the ibverbs layer of backends/verbs: rdma for
- * shared buffers on both sides (plain host memory), cuda_gdr when GPU memory is on either side
- * (through dma-buf or peer memory). A context per daemon opens every usable RDMA port once (a
- * protection domain and a completion queue) on first use. On a link whose two daemons both
- * offer rdma, or both cuda_gdr, in their Hello, each side announces its ports and their rails
- * (the network each is on), then sends one RC queue-pair record per pair of ports on the same
- * rail (every pair if none shares one, or the peer sent no rails) (struct tpb_rdma_setup, which
- * the daemon carries as PeerRdma); once every pair is connected the link is ready. A transfer
- * uses a port that has a queue pair to the other side's. A write the device fails turns RDMA
- * off on the link; after rebuild_ms (doubling each time, at most a minute) the side that saw the
- * failure frees its queue pairs and announces its ports again, the peer follows, and the link
- * is ready again, up to rebuild_max times in a row without a write completing. A receive then registers the
- * reader's allocation on the port nearest its GPU (host memory: round-robin) and offers it
- * (struct tpb_rdma_offer, carried in the PeerReadReq); the sender registers its sources on the
- * port nearest theirs, waits for the clients' CUDA events, posts the writes on the queue pair
- * between those two ports, and completes once every write has (the daemon then says
- * PeerXferEnd{rdma}). Registrations are cached: a shared buffer's range (in whole 2 MiB steps of
- * the buffer) or a whole CUDA allocation stays registered for later transfers until its client
- * releases it or ends, or, for shared buffers, the cache is over its byte budget (rdma-cache,
- * least recently used regions first; 0 registers every transfer anew).
+ * tpb_rdma: the RDMA channels of peer links, RDMA writes between the daemons of two hosts straight
+ * from and into registered memory, on the ibverbs layer of backends/verbs: rdma for shared buffers
+ * on both sides (plain host memory), cuda_gdr when GPU memory is on either side (through dma-buf or
+ * peer memory). A context per daemon opens every usable RDMA port once (a protection domain and a
+ * completion queue) on first use. On a link whose two daemons both offer rdma, or both cuda_gdr, in
+ * their Hello, each side announces its ports and their rails (the network each is on), then sends
+ * one RC queue-pair record per pair of ports on the same rail (every pair if none shares one, or
+ * the peer sent no rails) (struct tpb_rdma_setup, which the daemon carries as PeerRdma); once every
+ * pair is connected the link is ready. A transfer uses a port that has a queue pair to the other
+ * side's. A write the device fails turns RDMA off on the link; after rebuild_ms (doubling each
+ * time, at most a minute) the side that saw the failure frees its queue pairs and announces its
+ * ports again, the peer follows, and the link is ready again, up to rebuild_max times in a row
+ * without a write completing. A receive then registers the reader's allocation on the port nearest
+ * its GPU (host memory: round-robin) and offers it (struct tpb_rdma_offer, carried in the
+ * PeerReadReq); the sender registers its sources on the port nearest theirs, waits for the clients'
+ * CUDA events, posts the writes on the queue pair between those two ports, and completes once every
+ * write has (the daemon then says PeerXferEnd{rdma}). Registrations are cached: a shared buffer's
+ * range (in whole 2 MiB steps of the buffer) or a whole CUDA allocation stays registered for later
+ * transfers until its client releases it or ends, or, for shared buffers, the cache is over its
+ * byte budget (rdma-cache, least recently used regions first; 0 registers every transfer anew).
  *
  * It knows nothing of the daemon, its event loop or the wire: the daemon gives it a
  * configuration (limits, the link's send of a set-up message, how to hold a shared buffer),
@@ -92,8 +91,8 @@ struct tpb_rdma_config {
 	uint8_t sl;	       /* service level, 0..15 [0] */
 	uint8_t timeout;       /* local ACK timeout 4.096 us * 2^timeout, 1..31 [14, ~67 ms] */
 	uint8_t retry;	       /* retries before a write fails, 1..7 [7] */
-	bool gid_index_set;    /* every port uses GID table entry @gid_index; else the first
-				* RoCE v2 IPv4-mapped entry, else the best RoCE one (InfiniBand: 0) */
+	bool gid_index_set;    /* every port uses GID table entry @gid_index; else the first RoCE
+				* v2 IPv4-mapped entry, else the best RoCE one (InfiniBand: 0) */
 	uint32_t gid_index;
 	uint32_t rebuild_ms;  /* first wait before a link that lost RDMA rebuilds it [1000] */
 	uint32_t rebuild_max; /* rebuilds in a row without a write completing; then the link

@@ -115,9 +115,10 @@ int tpb_rdma_reg_applicable(const struct tpb_rdma_seg *segs, size_t n, char *why
 
 /*
  * tpb_rdma_reg_make() - registrations for every non-empty segment of @segs, on @rg->port if set,
- * else on the port nearest their GPU (host memory: round-robin): from the cache where a cached region holds the segment,
- * else registered now (and cached, for shared buffers and CUDA allocations, within the
- * rdma-cache budget). Return: 0, or -errno (reason in @why) with nothing held.
+ * else on the port nearest their GPU (host memory: round-robin): from the cache where a cached
+ * region holds the segment, else registered now (and cached, for shared buffers and CUDA
+ * allocations, within the rdma-cache budget). Return: 0, or -errno (reason in @why) with nothing
+ * held.
  */
 int tpb_rdma_reg_make(struct tpb_rdma *g, const struct tpb_rdma_seg *segs, size_t n,
 		    struct rdma_regs *rg, char *why, size_t wl);

@@ -1,10 +1,10 @@
 /* SPDX-License-Identifier: BSD-3-Clause */
 /*
- * A verbs context on one port: the device opened by name, a protection domain, a completion
- * channel whose fd the event loop watches, completion queues shared by the port's queue pairs
- * (one at first, sized within the device's max_cqe; another, up to its max_cq, when a queue pair
- * would no longer fit, so that no queue can overflow), and the memory regions registered against that domain (dma-buf or plain). Queue pairs
- * and writes are qp.c's and write.c's.
+ * A verbs context on one port: the device opened by name, a protection domain, a completion channel
+ * whose fd the event loop watches, completion queues shared by the port's queue pairs (one at
+ * first, sized within the device's max_cqe; another, up to its max_cq, when a queue pair would no
+ * longer fit, so that no queue can overflow), and the memory regions registered against that domain
+ * (dma-buf or plain). Queue pairs and writes are qp.c's and write.c's.
  */
 #include <errno.h>
 #include <stdio.h>

@@ -1,53 +1,51 @@
 /* SPDX-License-Identifier: BSD-3-Clause */
 /*
- * fakeverbs: a stand-in verbs provider, loaded by tpv_ops_load() when $TPIPD_VERBS_LIBRARY names
- * it (`meson test --setup fakecuda` does), so that the cuda_gdr wiring can run end to end on a
- * machine without RDMA hardware: two processes on this host act as two hosts. It exports
- * `const struct tpv_ops tpv_ops_table` and is not linked to libibverbs (it uses its types only).
- * It is ONE device "fakeverbs0" with FAKEVERBS_PORTS active ports (default 1, at most 15; MTU
- * 4096, largest message 1 GiB). Every process that opens it gets a host number (1..254, unique
- * among the live processes, kept for the life of the process, in /dev/shm/tpfakeverbs.hosts) and port p of host h sits on rail
- * (p - 1) % FAKEVERBS_RAILS (default 1: every port reaches every other). On Ethernet (the
- * default) port p's GID table is: 0 RoCE v1 fe80::5450:RR00:HH00:PP (link-local), 1 the same
- * as RoCE v2, 2 RoCE v2 ::ffff:10.R.H.P (IPv4-mapped), 3 empty; with FAKEVERBS_LINK=ib the port
- * is InfiniBand: LID H << 4 | P, GID 0 fec0::R:5450:46HH:00PP (subnet prefix per rail), and the
- * address vector may go without a GRH. A peer is found by the host and port in the GID (or LID)
- * its QP was connected to at RTR; a write to a port on another rail, or between GID kinds that do
- * not route (link-local to IPv4-mapped), times out as a real fabric drops it. Every process
- * publishes its memory regions and queue pairs in a shared table,
- * /dev/shm/tpfakeverbs.<pid> (created on the first open device, unlinked when the last one closes
- * and at exit); an "RDMA write" is posted from the caller's thread and done there and then:
- * local key and range checked, the peer's queue pair checked (exists, in RTR or RTS, connected
- * back to this one, PSNs agree, remote write allowed), its rkey, range and access checked, then
- * the bytes copied with process_vm_writev(). Completions (with the errors and flushes hardware
- * gives) go to an in-memory CQ and wake its completion channel, an eventfd. Posting before RTS
- * is EINVAL; a failed write puts the QP in ERROR, which flushes every later work request. The
- * objects it returns have no libibverbs insides: use them only through this table. For dma-buf
- * regions the IOVA must be where the dma-buf's bytes are mapped in this process (fakecuda's
- * device memory is), and the fd's file position is taken as the start of the dma-buf in its file
- * (as fakecuda's cuMemGetHandleForAddressRange() leaves it). A failed write's vendor_err says why:
- * 0xf1 no peer table, 0xf2 peer QP missing or not connected to us, 0xf3 PSN mismatch, 0xf4 peer
- * QP lacks remote write, 0xf5 bad rkey, 0xf6 out of the region, 0xf7 injected, 0xf8 bad lkey,
- * 0x100 + errno a failed process_vm_writev, 0xf9 unreachable (another rail, or GID kinds that do
- * not route), 0xfa the fabric is down, 0xfb a traffic class or service level the fabric drops,
- * 0xfc an ACK timeout shorter than the fabric's round trip. Knobs: FAKEVERBS_NO_DEVICE=1 (no device),
- * FAKEVERBS_FAIL_WRITES=N (the N-th RDMA write work request of the process, and every later
- * one, completes with IBV_WC_REM_ACCESS_ERR), FAKEVERBS_PORTS, FAKEVERBS_RAILS and
- * FAKEVERBS_LINK (above), FAKEVERBS_MAX_CQE (the max_cqe ibv_query_device reports, default
- * 65536: a larger CQ is refused, and a CQ that overflows fails its next poll with EOVERFLOW),
- * FAKEVERBS_MAX_CQ (CQs per process, default 256), FAKEVERBS_FABRIC_DOWN=PATH (while PATH
- * exists every write times out: IBV_WC_RETRY_EXC_ERR, vendor 0xfa, and its QP goes to ERROR),
- * FAKEVERBS_TC=N and FAKEVERBS_SL=N (writes from a QP whose GRH traffic class, or service
- * level, is not N time out: the only lossless class), FAKEVERBS_FABRIC_TIMEOUT=N (writes from a
- * QP whose local ACK timeout is below N time out), FAKEVERBS_PEER_MEMORY=1 (ibv_reg_mr may register fakecuda's device memory, as with the
- * nvidia-peermem module loaded; without it that fails with EFAULT, and only ibv_reg_dmabuf_mr
- * reaches device memory), FAKEVERBS_WRITE_LAG=1 (a write into device memory completes at
- * once but its bytes are spooled in /dev/shm/tpfakeverbs.<pid>.lag of the target process and
- * land only when that process flushes: fakeverbs_flush(), which fakecuda calls from
- * cuFlushGPUDirectRDMAWrites() and cuMemcpyDtoH(): a reader told "done" without a flush sees
- * stale bytes). Not emulated: sends, reads, atomics, receive queues, timing, async
- * events. It proves the plumbing and the completion logic, and says nothing about real RDMA
- * hardware.
+ * fakeverbs: a stand-in verbs provider, loaded by tpv_ops_load() when $TPIPD_VERBS_LIBRARY names it
+ * (`meson test --setup fakecuda` does), so that the cuda_gdr wiring can run end to end on a machine
+ * without RDMA hardware: two processes on this host act as two hosts. It exports `const struct
+ * tpv_ops tpv_ops_table` and is not linked to libibverbs (it uses its types only). It is ONE device
+ * "fakeverbs0" with FAKEVERBS_PORTS active ports (default 1, at most 15; MTU 4096, largest message
+ * 1 GiB). Every process that opens it gets a host number (1..254, unique among the live processes,
+ * kept for the life of the process, in /dev/shm/tpfakeverbs.hosts) and port p of host h sits on
+ * rail (p - 1) % FAKEVERBS_RAILS (default 1: every port reaches every other). On Ethernet (the
+ * default) port p's GID table is: 0 RoCE v1 fe80::5450:RR00:HH00:PP (link-local), 1 the same as
+ * RoCE v2, 2 RoCE v2 ::ffff:10.R.H.P (IPv4-mapped), 3 empty; with FAKEVERBS_LINK=ib the port is
+ * InfiniBand: LID H << 4 | P, GID 0 fec0::R:5450:46HH:00PP (subnet prefix per rail), and the
+ * address vector may go without a GRH. A peer is found by the host and port in the GID (or LID) its
+ * QP was connected to at RTR; a write to a port on another rail, or between GID kinds that do not
+ * route (link-local to IPv4-mapped), times out as a real fabric drops it. Every process publishes
+ * its memory regions and queue pairs in a shared table, /dev/shm/tpfakeverbs.<pid> (created on the
+ * first open device, unlinked when the last one closes and at exit); an "RDMA write" is posted from
+ * the caller's thread and done there and then: local key and range checked, the peer's queue pair
+ * checked (exists, in RTR or RTS, connected back to this one, PSNs agree, remote write allowed),
+ * its rkey, range and access checked, then the bytes copied with process_vm_writev(). Completions
+ * (with the errors and flushes hardware gives) go to an in-memory CQ and wake its completion
+ * channel, an eventfd. Posting before RTS is EINVAL; a failed write puts the QP in ERROR, which
+ * flushes every later work request. The objects it returns have no libibverbs insides: use them
+ * only through this table. For dma-buf regions the IOVA must be where the dma-buf's bytes are
+ * mapped in this process (fakecuda's device memory is), and the fd's file position is taken as the
+ * start of the dma-buf in its file (as fakecuda's cuMemGetHandleForAddressRange() leaves it). A
+ * failed write's vendor_err says why: 0xf1 no peer table, 0xf2 peer QP missing or not connected to
+ * us, 0xf3 PSN mismatch, 0xf4 peer QP lacks remote write, 0xf5 bad rkey, 0xf6 out of the region,
+ * 0xf7 injected, 0xf8 bad lkey, 0x100 + errno a failed process_vm_writev, 0xf9 unreachable (another
+ * rail, or GID kinds that do not route), 0xfa the fabric is down, 0xfb a traffic class or service
+ * level the fabric drops, 0xfc an ACK timeout shorter than the fabric's round trip. Knobs:
+ * FAKEVERBS_NO_DEVICE=1 (no device), FAKEVERBS_FAIL_WRITES=N (the N-th RDMA write work request of
+ * the process, and every later one, completes with IBV_WC_REM_ACCESS_ERR), FAKEVERBS_PORTS,
+ * FAKEVERBS_RAILS and FAKEVERBS_LINK (above), FAKEVERBS_MAX_CQE (the max_cqe ibv_query_device
+ * reports, default 65536: a larger CQ is refused, and a CQ that overflows fails its next poll with
+ * EOVERFLOW), FAKEVERBS_MAX_CQ (CQs per process, default 256), FAKEVERBS_FABRIC_DOWN=PATH (while
+ * PATH exists every write times out: IBV_WC_RETRY_EXC_ERR, vendor 0xfa, and its QP goes to ERROR),
+ * FAKEVERBS_TC=N and FAKEVERBS_SL=N (writes from a QP whose GRH traffic class, or service level, is
+ * not N time out: the only lossless class), FAKEVERBS_FABRIC_TIMEOUT=N (writes from a QP whose
+ * local ACK timeout is below N time out), FAKEVERBS_PEER_MEMORY=1 (ibv_reg_mr may register
+ * fakecuda's device memory, as with the nvidia-peermem module loaded; without it that fails with
+ * EFAULT, and only ibv_reg_dmabuf_mr reaches device memory), FAKEVERBS_WRITE_LAG=1 (a write into
+ * device memory completes at once but its bytes are spooled in /dev/shm/tpfakeverbs.<pid>.lag of
+ * the target process and land only when that process flushes: fakeverbs_flush(), which fakecuda
+ * calls from cuFlushGPUDirectRDMAWrites() and cuMemcpyDtoH(): a reader told "done" without a flush
+ * sees stale bytes). Not emulated: sends, reads, atomics, receive queues, timing, async events. It
+ * proves the plumbing and the completion logic, and says nothing about real RDMA hardware.
  */
 #include <dirent.h>
 #include <endian.h>

@@ -211,8 +211,22 @@ static void pair_up_cfg(struct side *a, struct side *b, const struct tpb_rdma_co
 	ck_assert_ptr_nonnull(strstr(tpb_rdma_link_state(a->l), "ready"));
 }
 
+/* Drops the set-up steps @s was sent and never handed over. */
+static void inbox_drop(struct side *s)
+{
+	for (size_t k = 0; k < s->n_inbox; k++) {
+		free(s->qps[k]);
+		free(s->recs[k]);
+		free(s->rails[k]);
+		free(s->rail_recs[k]);
+	}
+	s->n_inbox = 0;
+}
+
 static void pair_down(struct side *a, struct side *b)
 {
+	inbox_drop(a);
+	inbox_drop(b);
 	tpb_rdma_link_free(a->l);
 	tpb_rdma_link_free(b->l);
 	tpb_rdma_ctx_free(a->g);
@@ -591,6 +605,8 @@ static bool hub_up(struct side *hub, struct side *spokes, char *why, size_t wl)
 static void hub_down(struct side *hub, struct side *spokes)
 {
 	for (int i = 0; i < HUB_PEERS; i++) {
+		inbox_drop(&hub[i]);
+		inbox_drop(&spokes[i]);
 		tpb_rdma_link_free(hub[i].l);
 		tpb_rdma_link_free(spokes[i].l);
 		tpb_rdma_ctx_free(spokes[i].g);
