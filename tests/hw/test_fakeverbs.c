@@ -2,15 +2,16 @@
 /*
  * Self test of the fakeverbs stand-in (tests/hw/fakeverbs.c) through the real verbs layer
  * (backends/verbs, tables from tpv_ops_load()): two processes, a sender and a receiver, each list
- * the fake port, open a context and queue pairs, trade their connection info over a socketpair
- * and connect; the receiver registers a dma-buf-backed destination and hands (addr, rkey) over;
- * the sender writes 3 MiB + 17 bytes, cut into 1 MiB pieces, and waits on the completion fd; the
+ * the fake port, open a context and queue pairs, trade their connection info over a socketpair and
+ * connect; the receiver registers a dma-buf-backed destination and hands (addr, rkey) over; the
+ * sender writes 3 MiB + 17 bytes, cut into 1 MiB pieces, and waits on the completion fd; the
  * receiver checks every byte and the guard bytes around them; where a CUDA driver loads (fakecuda
  * under --setup fakecuda) the same goes for a region of device memory registered through
- * cuMemGetHandleForAddressRange() as the daemon will. Then the failures: a wrong rkey
- * (-EACCES), a write flushed from the failed queue pair (-ECANCELED), a write to a peer queue
- * pair left in RESET and one to a peer that exited (-ETIMEDOUT). Skips (exit 77) unless
- * $TPIPD_VERBS_LIBRARY names the stand-in. It tests the stand-in, not RDMA hardware.
+ * cuMemGetHandleForAddressRange() as the daemon will (and ibv_reg_mr on it refused unless
+ * FAKEVERBS_PEER_MEMORY=1 stands for nvidia-peermem). Then the failures: a wrong rkey (-EACCES), a
+ * write flushed from the failed queue pair (-ECANCELED), a write to a peer queue pair left in RESET
+ * and one to a peer that exited (-ETIMEDOUT). Skips (exit 77) unless $TPIPD_VERBS_LIBRARY names the
+ * stand-in. It tests the stand-in, not RDMA hardware.
  */
 #include <errno.h>
 #include <poll.h>
@@ -170,6 +171,26 @@ static bool dst_ok(const uint8_t *buf, size_t size, size_t at)
 static const struct tpcuda_api *cu;
 static CUdeviceptr dev_base;
 
+/* ibv_reg_mr on device memory works only with peer memory (nvidia-peermem): refused without
+ * it, with the reason, and taken with FAKEVERBS_PEER_MEMORY=1. */
+static void dev_peer_memory(struct side *s)
+{
+	struct tpv_mr_args a = { .addr = (void *)(uintptr_t)dev_base, .len = PAGE,
+				 .dmabuf_fd = -1, .device_mem = true };
+	struct tpv_mr *mr = NULL;
+	char why[256] = "";
+
+	CHECK(tpv_mr_reg(s->ctx, &a, &mr, why, sizeof(why)) == -EFAULT && strstr(why,
+			"nvidia-peermem"), "ibv_reg_mr on device memory without peer memory: %s",
+	      why);
+	setenv("FAKEVERBS_PEER_MEMORY", "1", 1);
+	CHECK(tpv_mr_reg(s->ctx, &a, &mr, why, sizeof(why)) == 0 && mr->method == TPV_MR_HOST,
+	      "ibv_reg_mr on device memory with peer memory: %s", why);
+	unsetenv("FAKEVERBS_PEER_MEMORY");
+	CHECK(tpv_mr_dereg(s->ctx, mr) == 0, "tpv_mr_dereg");
+	printf("ok: ibv_reg_mr reaches device memory only with peer memory\n");
+}
+
 /*
  * Device memory registered as the daemon will: a dma-buf for the page-aligned range holding the
  * region, and the region's offset inside that range. Return: the region, or NULL without CUDA.
@@ -206,6 +227,7 @@ static struct tpv_mr *dev_region(struct side *s)
 	CHECK(mr->method == TPV_MR_DMABUF, "device memory registered as %s",
 	      tpv_mr_method_name(mr->method));
 	close(fd);
+	dev_peer_memory(s);
 	return mr;
 }
 
