@@ -1,25 +1,27 @@
 /* SPDX-License-Identifier: BSD-3-Clause */
 /*
- * tpb_rdma: the RDMA channels of peer links, RDMA writes between the daemons of two hosts straight
- * from and into registered memory, on the ibverbs layer of backends/verbs: rdma for shared buffers
- * on both sides (plain host memory), cuda_gdr when GPU memory is on either side (through dma-buf or
- * peer memory). A context per daemon opens every usable RDMA port once (a protection domain and a
- * completion queue) on first use. On a link whose two daemons both offer rdma, or both cuda_gdr, in
- * their Hello, each side announces its ports and their rails (the network each is on), then sends
- * one RC queue-pair record per pair of ports on the same rail (every pair if none shares one, or
- * the peer sent no rails) (struct tpb_rdma_setup, which the daemon carries as PeerRdma); once every
- * pair is connected the link is ready. A transfer uses a port that has a queue pair to the other
- * side's. A write the device fails turns RDMA off on the link; after rebuild_ms (doubling each
- * time, at most a minute) the side that saw the failure frees its queue pairs and announces its
- * ports again, the peer follows, and the link is ready again, up to rebuild_max times in a row
- * without a write completing. A receive then registers the reader's allocation on the port nearest
- * its GPU (host memory: round-robin) and offers it (struct tpb_rdma_offer, carried in the
- * PeerReadReq); the sender registers its sources on the port nearest theirs, waits for the clients'
- * CUDA events, posts the writes on the queue pair between those two ports, and completes once every
- * write has (the daemon then says PeerXferEnd{rdma}). Registrations are cached: a shared buffer's
- * range (in whole 2 MiB steps of the buffer) or a whole CUDA allocation stays registered for later
- * transfers until its client releases it or ends, or, for shared buffers, the cache is over its
- * byte budget (rdma-cache, least recently used regions first; 0 registers every transfer anew).
+ * tpb_rdma: the RDMA channels of peer links, RDMA writes between the daemons of two hosts
+ * straight from and into registered memory, on the ibverbs layer of backends/verbs: rdma for
+ * shared buffers on both sides (plain host memory), cuda_gdr when GPU memory is on either side
+ * (through dma-buf or peer memory). A context per daemon opens every usable RDMA port once (a
+ * protection domain and a completion queue) on first use. On a link whose two daemons both
+ * offer rdma, or both cuda_gdr, in their Hello, each side announces its ports and their rails
+ * (the network each is on), then sends one RC queue-pair record per pair of ports on the same
+ * rail (every pair if none shares one, or the peer sent no rails) (struct tpb_rdma_setup, which
+ * the daemon carries as PeerRdma); once every pair is connected the link is ready. A transfer
+ * uses a port that has a queue pair to the other side's. A write the device fails turns RDMA
+ * off on the link; after rebuild_ms (doubling each time, at most a minute) the side that saw the
+ * failure frees its queue pairs and announces its ports again, the peer follows, and the link
+ * is ready again, up to rebuild_max times in a row without a write completing.
+ * A receive then registers the
+ * reader's allocation on the port nearest its GPU (host memory: round-robin) and offers it
+ * (struct tpb_rdma_offer, carried in the PeerReadReq); the sender registers its sources on the
+ * port nearest theirs, waits for the clients' CUDA events, posts the writes on the queue pair
+ * between those two ports, and completes once every write has (the daemon then says
+ * PeerXferEnd{rdma}). Registrations are cached: a shared buffer's range (in whole 2 MiB steps of
+ * the buffer) or a whole CUDA allocation stays registered for later transfers until its client
+ * releases it or ends, or, for shared buffers, the cache is over its byte budget (rdma-cache,
+ * least recently used regions first; 0 registers every transfer anew).
  *
  * It knows nothing of the daemon, its event loop or the wire: the daemon gives it a
  * configuration (limits, the link's send of a set-up message, how to hold a shared buffer),

@@ -21,11 +21,12 @@
  * stream need a current context (CUDA_ERROR_INVALID_CONTEXT); cuEventCreate() checks its flags
  * and cuIpcGetEventHandle() refuses an event made without CU_EVENT_INTERPROCESS and
  * CU_EVENT_DISABLE_TIMING; a memory handle opened again in one process returns the same
- * pointer and counts the opens, the last cuIpcCloseMemHandle() unmapping it. GPUDirect RDMA:
- * the device reports CU_DEVICE_ATTRIBUTE_GPU_DIRECT_RDMA_WRITES_ORDERING from
+ * pointer and counts the opens, the last cuIpcCloseMemHandle() unmapping it.
+ * GPUDirect RDMA: the device reports CU_DEVICE_ATTRIBUTE_GPU_DIRECT_RDMA_WRITES_ORDERING from
  * $FAKECUDA_RDMA_ORDERING (default 0: none, writes must be flushed) and supports
- * cuFlushGPUDirectRDMAWrites() (needs a current context), which, like a synchronous read of
- * device memory (cuMemcpyDtoH), lands the writes fakeverbs holds back under FAKEVERBS_WRITE_LAG.
+ * cuFlushGPUDirectRDMAWrites() (needs a current context; with $FAKECUDA_NO_RDMA_FLUSH the
+ * device says it does not), which, like a synchronous read of device memory (cuMemcpyDtoH),
+ * lands the writes fakeverbs holds back under FAKEVERBS_WRITE_LAG.
  * Not emulated: implicit synchronisation between the legacy stream and blocking streams,
  * timing, limits, and anything the hw suite, libtpclient and tpipd do not call. It proves the
  * plumbing and the ordering logic, not the hardware; tests/hw on a real GPU remains the truth.
@@ -535,7 +536,7 @@ CUresult CUDAAPI cuDeviceGetAttribute(int *pi, CUdevice_attribute attrib, CUdevi
 		*pi = getenv("FAKECUDA_RDMA_ORDERING") ? atoi(getenv("FAKECUDA_RDMA_ORDERING")) : 0;
 		break;
 	case CU_DEVICE_ATTRIBUTE_GPU_DIRECT_RDMA_FLUSH_WRITES_OPTIONS:
-		*pi = CU_FLUSH_GPU_DIRECT_RDMA_WRITES_OPTION_HOST;
+		*pi = getenv("FAKECUDA_NO_RDMA_FLUSH") ? 0 : CU_FLUSH_GPU_DIRECT_RDMA_WRITES_OPTION_HOST;
 		break;
 	default: *pi = 1; break;
 	}

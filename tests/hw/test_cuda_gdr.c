@@ -323,6 +323,16 @@ START_TEST(test_cuda_gdr_writes_are_flushed_before_read_done)
 	b0 = tpt_channel_bytes(&tpt_peer_b, "cuda_gdr");
 	ck_assert(cross("gdr-lag", cases, 3, 71));
 	expect_gdr_bytes(a0, b0, 1 + MIB + 7 + 4 * MIB);
+
+	/* A reader's device without cuFlushGPUDirectRDMAWrites(): a read-back lands them. */
+	ck_assert_int_eq(tpt_daemon_stop(&tpt_peer_b), 0);
+	setenv("FAKECUDA_NO_RDMA_FLUSH", "1", 1);
+	ck_assert_int_eq(tpt_daemon_start_peer(&tpt_peer_b, tpt_peer_args()), 0);
+	unsetenv("FAKECUDA_NO_RDMA_FLUSH");
+	a0 = tpt_channel_bytes(&tpt_peer_a, "cuda_gdr");
+	b0 = tpt_channel_bytes(&tpt_peer_b, "cuda_gdr");
+	ck_assert(cross("gdr-lag2", cases, 3, 72));
+	expect_gdr_bytes(a0, b0, 1 + MIB + 7 + 4 * MIB);
 }
 END_TEST
 
