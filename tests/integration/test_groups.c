@@ -924,6 +924,28 @@ START_TEST(test_limits_below_and_above)
 }
 END_TEST
 
+static char *tpipctl_on(const struct tpt_daemon *d, const char *a1, const char *a2)
+{
+	const char *bin = getenv("TPIPCTL_BIN");
+	const char *argv[] = { bin, "--socket", d->socket, a1, a2, NULL };
+	struct tpt_cmd_result res;
+	char *out;
+
+	ck_assert_msg(bin && *bin, "TPIPCTL_BIN is not set");
+	ck_assert_int_eq(tpt_run(argv, T_MS, &res), 0);
+	ck_assert_msg(WIFEXITED(res.status) && WEXITSTATUS(res.status) == 0, "tpipctl: %s",
+		      res.err);
+	out = res.out;
+	res.out = NULL;
+	tpt_cmd_result_free(&res);
+	return out;
+}
+
+static char *tpipctl(const char *a1, const char *a2)
+{
+	return tpipctl_on(&tpt_fixture_daemon, a1, a2);
+}
+
 /* ---- the daemon dies ----------------------------------------------------------------------- */
 
 static struct tpt_daemon dying;
@@ -961,6 +983,18 @@ START_TEST(test_daemon_dying_fails_collectives_instead_of_hanging)
 	p = tpt_fork(run_dying_members, NULL);
 	ck_assert_int_eq(tpt_sync_wait(&waiting, T_MS), 0);
 	ck_assert_int_eq(tpt_sync_wait(&waiting, T_MS), 0);
+	/* until the daemon has seen both members ready (and unlinked the arena's name, which a
+	 * daemon killed before that would leave behind) */
+	for (uint64_t end = tpt_now_ms() + T_MS;;) {
+		char *out = tpipctl_on(&dying, "groups", "--json");
+		const char *q = strstr(out, "\"ready\"");
+		bool both = q && strstr(q + 1, "\"ready\"");
+
+		free(out);
+		if (both)
+			break;
+		ck_assert_msg(tpt_now_ms() < end, "the members never became ready");
+	}
 	kill(dying.pid, SIGKILL);
 	ck_assert_int_eq(tpt_sync_wait(&waiting, T_MS), 1); /* rank 0's barrier failed */
 	tpt_sync_post(&go_on, 0);
@@ -996,23 +1030,6 @@ static int run_ctl_members(void *arg)
 {
 	(void)arg;
 	return gt_run(&tpt_fixture_daemon, "ctl", 2, false, body_ctl, NULL, sh, T_MS) ? 0 : 1;
-}
-
-static char *tpipctl(const char *a1, const char *a2)
-{
-	const char *bin = getenv("TPIPCTL_BIN");
-	const char *argv[] = { bin, "--socket", tpt_fixture_daemon.socket, a1, a2, NULL };
-	struct tpt_cmd_result res;
-	char *out;
-
-	ck_assert_msg(bin && *bin, "TPIPCTL_BIN is not set");
-	ck_assert_int_eq(tpt_run(argv, T_MS, &res), 0);
-	ck_assert_msg(WIFEXITED(res.status) && WEXITSTATUS(res.status) == 0, "tpipctl: %s",
-		      res.err);
-	out = res.out;
-	res.out = NULL;
-	tpt_cmd_result_free(&res);
-	return out;
 }
 
 static uint64_t jget(struct json_object *o, const char *key)
