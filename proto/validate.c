@@ -234,6 +234,22 @@ static int check_remote_access(const Tpw__V1__Listen *l, char *why, size_t wl)
 	return 0;
 }
 
+/* GroupJoin: a name of 1..TPW_GROUP_NAME_MAX bytes, 1..TPW_GROUP_SIZE_MAX members, a rank
+ * below the size or -1 (assigned), a known bootstrap kind. */
+static int check_group_join(const Tpw__V1__GroupJoin *j, char *why, size_t wl)
+{
+	if (!j->name || !*j->name || strnlen(j->name, TPW_GROUP_NAME_MAX + 1) > TPW_GROUP_NAME_MAX)
+		return tpu_why(-EBADMSG, why, wl, "group name: 1..%u bytes", TPW_GROUP_NAME_MAX);
+	if (j->size == 0 || j->size > TPW_GROUP_SIZE_MAX)
+		return tpu_why(-EBADMSG, why, wl, "group size %u (1..%u)", j->size,
+			       TPW_GROUP_SIZE_MAX);
+	if (j->rank < -1 || (j->rank >= 0 && (uint32_t)j->rank >= j->size))
+		return tpu_why(-EBADMSG, why, wl, "rank %d of a group of %u", (int)j->rank, j->size);
+	if ((unsigned)j->bootstrap > TPW__V1__GROUP_BOOTSTRAP__GROUP_BOOTSTRAP_SLURM)
+		return tpu_why(-EBADMSG, why, wl, "unknown group bootstrap %d", (int)j->bootstrap);
+	return check_string(j->coordinator, TPW_NAME_MAX, "coordinator", why, wl);
+}
+
 int tpw_client_msg_validate(const Tpw__V1__ClientMsg *m, const struct tpw_hdr *hdr,
 			    const struct tpw_limits *lim, char *why, size_t wl)
 {
@@ -304,9 +320,14 @@ int tpw_client_msg_validate(const Tpw__V1__ClientMsg *m, const struct tpw_hdr *h
 		if (m->flow_resume->pipe_id == 0)
 			return tpu_why(-EBADMSG, why, wl, "flow resume of pipe 0");
 		return 0;
+	case TPW__V1__CLIENT_MSG__BODY_GROUP_JOIN:
+		return check_group_join(m->group_join, why, wl);
+	case TPW__V1__CLIENT_MSG__BODY_GROUP_READY:
+	case TPW__V1__CLIENT_MSG__BODY_GROUP_LEAVE:
+		return 0; /* group ids are checked against the session's groups */
 	case TPW__V1__CLIENT_MSG__BODY_CTL:
 		if (m->ctl->what <= TPW__V1__CTL_WHAT__CTL_UNSPECIFIED ||
-		    m->ctl->what > TPW__V1__CTL_WHAT__CTL_PEERS)
+		    m->ctl->what > TPW__V1__CTL_WHAT__CTL_GROUPS)
 			return tpu_why(-EBADMSG, why, wl, "unknown control request %d",
 				       (int)m->ctl->what);
 		return 0;
@@ -457,6 +478,11 @@ int tpw_daemon_msg_validate(const Tpw__V1__DaemonMsg *m, const struct tpw_hdr *h
 		if (m->flow_resume->pipe_id == 0)
 			return tpu_why(-EBADMSG, why, wl, "flow resume of pipe 0");
 		return 0;
+	case TPW__V1__DAEMON_MSG__BODY_GROUP_JOINED:
+		if (check_string(m->group_joined->message, TPW_MESSAGE_MAX, "message", why, wl) < 0)
+			return -EBADMSG;
+		return check_string(m->group_joined->arena_path, TPW_NAME_MAX, "arena path", why,
+				    wl);
 	default:
 		return tpu_why(-EBADMSG, why, wl, "unknown message type %d", (int)m->body_case);
 	}

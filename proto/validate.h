@@ -33,6 +33,8 @@ struct tpw_limits {
 
 /* Peer identities a listener may name in Listen.remote_peers. */
 #define TPW_REMOTE_PEERS_MAX 32u
+#define TPW_GROUP_NAME_MAX 128u  /* GroupJoin.name */
+#define TPW_GROUP_SIZE_MAX 4096u /* GroupJoin.size, before the daemon's group-members-max */
 
 void tpw_limits_default(struct tpw_limits *lim);
 

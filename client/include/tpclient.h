@@ -557,6 +557,185 @@ int tp_pipe_read_descriptor_ex(struct tp_pipe *p, tp_descriptor_fn cb, void *arg
  */
 int tp_cancel(struct tp_context *ctx, uint64_t op);
 
+/* ---- groups and collectives (docs/collectives.md) ------------------------------------------ */
+
+/*
+ * A group is @size processes that run collectives together. Groups are named per user: the
+ * daemon keys them by the caller's uid (from the kernel), so another user can neither join nor
+ * see a group. Every member calls the same collectives in the same order with matching
+ * arguments; a call that does not match (another collective, dtype, count, operation or root)
+ * fails on every member with -EPROTO and a message saying what differed, and never hangs. Every
+ * member gets bitwise-identical results: each element is reduced in rank order 0, 1, ... N-1,
+ * whoever computes it. On one host the members reduce through a shared-memory arena the daemon
+ * creates: each member reduces its own slice of every chunk (all cores work), then copies the
+ * result out. When a member's process dies, or it leaves or aborts, every pending and later
+ * collective of the group fails on the others with -ECONNRESET (died) or -EPIPE (left,
+ * aborted), naming its rank and pid in tp_last_error(); other groups are untouched.
+ * A group is used by one thread at a time per member (collectives are ordered calls).
+ */
+struct tp_group;
+
+/* How members find each other. AUTO is LOCAL today; COORDINATOR (an explicit tpip:// address)
+ * and SLURM (from Slurm's environment) are refused with -EOPNOTSUPP until they are built. */
+enum tp_group_bootstrap {
+	TP_GROUP_BOOTSTRAP_AUTO = 0,
+	TP_GROUP_BOOTSTRAP_LOCAL = 1,
+	TP_GROUP_BOOTSTRAP_COORDINATOR = 2,
+	TP_GROUP_BOOTSTRAP_SLURM = 3,
+};
+
+struct tp_group_options {
+	size_t size;		 /* sizeof(struct tp_group_options) */
+	int rank;		 /* 0..nranks-1, or -1: the daemon assigns ranks in join order */
+	unsigned nranks;	 /* members, >= 1 */
+	enum tp_group_bootstrap bootstrap;
+	int join_timeout_ms;	 /* all members must join within this; <= 0: 30000 */
+	int op_timeout_ms;	 /* a collective waits at most this for the others; <= 0: no limit */
+	const char *coordinator; /* COORDINATOR: "tpip://HOST[:PORT]"; else NULL */
+};
+
+enum tp_dtype {
+	TP_DTYPE_F16 = 1,  /* IEEE binary16, reduced in float, rounded to nearest even */
+	TP_DTYPE_BF16 = 2, /* bfloat16, likewise */
+	TP_DTYPE_F32 = 3,
+	TP_DTYPE_F64 = 4,
+	TP_DTYPE_I8 = 5,   /* integers wrap (two's complement) on overflow */
+	TP_DTYPE_U8 = 6,
+	TP_DTYPE_I32 = 7,
+	TP_DTYPE_I64 = 8,
+};
+
+enum tp_reduce_op {
+	TP_OP_SUM = 1,
+	TP_OP_PROD = 2,
+	TP_OP_MIN = 3, /* floats: a NaN operand gives NaN */
+	TP_OP_MAX = 4,
+};
+
+/*
+ * A user reduction: fold @in into @inout, @count elements of @dtype each (@inout[i] =
+ * f(@inout[i], @in[i])). Called on a library or caller thread, possibly on several members at
+ * once for different slices; it must be deterministic for results to be identical everywhere.
+ * Borrows @inout and @in for the call.
+ */
+typedef void (*tp_reduce_fn)(void *inout, const void *in, size_t count, enum tp_dtype dtype,
+			     void *user);
+
+/* Bytes of one element of @dtype, or 0 for an unknown one. */
+size_t tp_dtype_size(enum tp_dtype dtype);
+
+/*
+ * tp_group_join() - join group @name of the caller's uid through @ctx's daemon.
+ * Returns once every member joined and a start barrier passed, or fails: -ETIMEDOUT (not every
+ * member joined within the join timeout; the message lists the missing ranks), -EINVAL (@opts
+ * disagree with those the group was formed with, e.g. another size), -EADDRINUSE (the rank is
+ * taken), -EBUSY (a group of that name is formed and not yet left by every member), -ENOBUFS
+ * (a daemon limit: groups-per-uid, group-members-max, group-bytes-per-uid), -EOPNOTSUPP (a
+ * bootstrap not available), -ENAMETOOLONG (@name over 128 bytes).
+ * Borrows @ctx (it must outlive the group), @name and @opts. @ret: returns an owned group, free
+ * with tp_group_leave().
+ */
+int tp_group_join(struct tp_context *ctx, const char *name, const struct tp_group_options *opts,
+		  struct tp_group **ret);
+
+/* Queries; each borrows @g. On one host local rank and size are rank and size, host index 0 of
+ * 1 host. */
+int tp_group_rank(const struct tp_group *g);
+int tp_group_size(const struct tp_group *g);
+int tp_group_local_rank(const struct tp_group *g);
+int tp_group_local_size(const struct tp_group *g);
+int tp_group_host_index(const struct tp_group *g);
+int tp_group_hosts(const struct tp_group *g);
+/* Bytes of the group's shared-memory arena (what group-bytes-per-uid counts). */
+uint64_t tp_group_arena_bytes(const struct tp_group *g);
+
+/*
+ * tp_group_abort() - fail the group for every member: their pending and later collectives
+ * return -EPIPE naming this rank as having aborted. Collectives of @g on other threads of this
+ * process return too. @g stays allocated: free it with tp_group_leave(). Borrows @g.
+ */
+void tp_group_abort(struct tp_group *g);
+
+/*
+ * tp_group_leave() - leave and free @g (takes @g; NULL is accepted). Waits for this member's
+ * asynchronous collectives to end first. The others' later collectives fail (-EPIPE, "rank R
+ * left"), so every member leaves after its last collective.
+ * Return: 0, or the error of the last collective that failed and was not waited for.
+ */
+int tp_group_leave(struct tp_group *g);
+
+/*
+ * Blocking collectives. Each returns 0 or -errno (message in tp_last_error()): -EPROTO for a
+ * mismatched call, -ECONNRESET / -EPIPE when a member died / left or aborted, -ETIMEDOUT after
+ * op_timeout_ms (which fails the group for every member), -EINVAL for bad arguments (unknown
+ * dtype or op, NULL buffers with count > 0, root out of range). Buffers are borrowed for the call
+ * and may be any CPU memory; @send may equal @recv (in place) for all-reduce. Counts are in
+ * elements and may be 0.
+ *   tp_allreduce: @recv[i] = op over ranks of @send[i], @count elements.
+ *   tp_allreduce_fn: the same with the user reduction @fn(@user).
+ *   tp_broadcast: @buf of @root copied to @buf of every member.
+ *   tp_barrier: returns once every member called it.
+ *   tp_allgather: @recv (size * @count elements) gets each rank r's @send at r * @count.
+ *   tp_reduce_scatter: @send holds size * @count elements; rank r's @recv gets op over ranks
+ *     of elements r * @count .. r * @count + @count - 1.
+ */
+int tp_allreduce(struct tp_group *g, const void *send, void *recv, size_t count,
+		 enum tp_dtype dtype, enum tp_reduce_op op);
+int tp_allreduce_fn(struct tp_group *g, const void *send, void *recv, size_t count,
+		    enum tp_dtype dtype, tp_reduce_fn fn, void *user);
+int tp_broadcast(struct tp_group *g, void *buf, size_t count, enum tp_dtype dtype, int root);
+int tp_barrier(struct tp_group *g);
+int tp_allgather(struct tp_group *g, const void *send, void *recv, size_t count,
+		 enum tp_dtype dtype);
+int tp_reduce_scatter(struct tp_group *g, const void *send, void *recv, size_t count,
+		      enum tp_dtype dtype, enum tp_reduce_op op);
+
+/*
+ * tp_allreduce_uneven() - all-reduce for uneven steps (torch-ipc): a member that has finished
+ * its own steps calls it with @send NULL and contributes nothing (the identity of @op) while the
+ * others go on; every member passes the same @count, @dtype and @op. The result is the
+ * reduction, in rank order, over the members that contributed, and *@ret_contributors (if not
+ * NULL) says how many did, the same on every member: 0 means every member has finished, and
+ * then @recv is left as it was. Otherwise as tp_allreduce().
+ */
+int tp_allreduce_uneven(struct tp_group *g, const void *send, void *recv, size_t count,
+			enum tp_dtype dtype, enum tp_reduce_op op, unsigned *ret_contributors);
+
+/*
+ * Asynchronous collectives: the _start forms queue the call (in call order, behind this
+ * member's earlier ones) on the group's own thread and return at once with an owned request in
+ * *@ret (free with tp_coll_wait() or tp_coll_free()). Buffers are kept until the request ends.
+ * A blocking call made while requests are queued runs after them. Return of _start: 0 or
+ * -EINVAL / -ENOMEM (nothing queued).
+ */
+struct tp_coll_req;
+int tp_allreduce_start(struct tp_group *g, const void *send, void *recv, size_t count,
+		       enum tp_dtype dtype, enum tp_reduce_op op, struct tp_coll_req **ret);
+int tp_broadcast_start(struct tp_group *g, void *buf, size_t count, enum tp_dtype dtype,
+		       int root, struct tp_coll_req **ret);
+int tp_barrier_start(struct tp_group *g, struct tp_coll_req **ret);
+int tp_allgather_start(struct tp_group *g, const void *send, void *recv, size_t count,
+		       enum tp_dtype dtype, struct tp_coll_req **ret);
+int tp_reduce_scatter_start(struct tp_group *g, const void *send, void *recv, size_t count,
+			    enum tp_dtype dtype, enum tp_reduce_op op, struct tp_coll_req **ret);
+
+/*
+ * tp_coll_test() - has @req ended? Return: 1 (ended; tp_coll_wait() returns at once), 0 (not
+ * yet). Borrows @req.
+ */
+int tp_coll_test(struct tp_coll_req *req);
+
+/*
+ * tp_coll_wait() - wait for @req to end and free it (takes @req).
+ * Return: the collective's result (0 or -errno as the blocking form, message in
+ * tp_last_error()).
+ */
+int tp_coll_wait(struct tp_coll_req *req);
+
+/* Frees @req without its result (takes @req; NULL accepted); if it has not ended, it still runs
+ * and its buffers stay in use until it does (tp_group_leave() waits for it). */
+void tp_coll_free(struct tp_coll_req *req);
+
 #ifdef __cplusplus
 }
 #endif

@@ -356,6 +356,7 @@ static void context_fail_all_locked(struct tp_context *ctx, int err, const char 
 	tpc_map_drain(&ctx->reqs, context_fail_req, ctx);
 	tpc_map_drain(&ctx->pipes, context_fail_pipe, ctx);
 	tpc_listener_fail_all_locked(ctx, err, msg);
+	tpc_group_fail_all_locked(ctx);
 	pthread_cond_broadcast(&ctx->cond);
 }
 
@@ -434,6 +435,9 @@ static int context_handle_locked(struct tp_context *ctx, const Tpw__V1__DaemonMs
 		return 0;
 	case TPW__V1__DAEMON_MSG__BODY_FLOW_RESUME:
 		return ctx->flow ? 0 : -EPROTO; /* answered after the lock is dropped */
+	case TPW__V1__DAEMON_MSG__BODY_GROUP_JOINED:
+		tpc_group_on_joined(ctx, m->group_joined);
+		return 0;
 	case TPW__V1__DAEMON_MSG__BODY_SESSION_END: {
 		/* The daemon ends this session and says why (tpipctl close-session). */
 		const Tpw__V1__SessionEnd *se = m->session_end;

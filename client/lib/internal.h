@@ -267,6 +267,7 @@ struct tp_context {
 	uint64_t next_op_id;
 	struct tpu_list all_pipes;
 	struct tpu_list listeners;
+	struct tpu_list groups; /* struct tp_group (group.c), joined and not left */
 	struct tpu_list done; /* completed ops, run in order by the io thread */
 	struct tpc_buf **bufs; /* sorted by address */
 	size_t n_bufs;
@@ -605,6 +606,15 @@ void tpc_cuda_events_put(struct tpc_cuda_event *list);
  * context never used CUDA memory. Context teardown, after every operation was freed. Borrows
  * @ctx (frees only what it holds for CUDA). */
 void tpc_cuda_free(struct tp_context *ctx);
+
+/* ---- group.c ------------------------------------------------------------------------------- */
+
+/* The daemon's answer to a GroupJoin: completes the waiting join (lock held, io thread). Borrows
+ * @m. */
+void tpc_group_on_joined(struct tp_context *ctx, const Tpw__V1__GroupJoined *m);
+/* The daemon connection is lost: fail every group of @ctx for all its members, naming this one
+ * (the daemon can no longer tell them). Lock held. */
+void tpc_group_fail_all_locked(struct tp_context *ctx);
 
 /* ---- errors.c ------------------------------------------------------------------------------ */
 

@@ -287,6 +287,7 @@ static struct tp_context *context_alloc(void)
 	pthread_condattr_destroy(&ca);
 	tpu_list_init(&ctx->all_pipes);
 	tpu_list_init(&ctx->listeners);
+	tpu_list_init(&ctx->groups);
 	tpu_list_init(&ctx->done);
 	tpu_list_init(&ctx->stage_pool);
 	return ctx;

@@ -50,6 +50,8 @@ static const struct command commands[] = {
 	  "registered listener names and their access policy" },
 	{ "peers", NULL, TPW__V1__CTL_WHAT__CTL_PEERS, ctl_render_peers,
 	  "links to other hosts' daemons: state, connections, RTT, traffic" },
+	{ "groups", NULL, TPW__V1__CTL_WHAT__CTL_GROUPS, ctl_render_groups,
+	  "collective groups: members, plan, arena, per-member collectives, bytes, seconds" },
 	{ "backends", NULL, TPW__V1__CTL_WHAT__CTL_BACKENDS, ctl_render_backends,
 	  "channels in priority order, capabilities, viable here or why not" },
 	{ "stats", NULL, TPW__V1__CTL_WHAT__CTL_STATS, ctl_render_stats,

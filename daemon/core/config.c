@@ -58,6 +58,15 @@ static const struct opt opts[] = {
 	  "attached clients (default 1024)" },
 	{ "sessions-per-uid", "limits", K_U32, OFF(sessions_per_uid), 1, 1u << 20, true, "N",
 	  "attached clients per uid; root is exempt (default 128)" },
+	{ "groups-per-uid", "limits", K_U32, OFF(groups_per_uid), 1, 1u << 16, true, "N",
+	  "collective groups of one uid, joining or formed (default 16)" },
+	{ "group-members-max", "limits", K_U32, OFF(group_members_max), 1, 4096, true, "N",
+	  "members of one collective group (default 256)" },
+	{ "group-bytes-per-uid", "limits", K_SIZE64, OFF(group_bytes_per_uid), 0, UINT64_MAX,
+	  true, "BYTES", "shared-memory arena bytes of one uid's groups (default 1G)" },
+	{ "group-chunk", "limits", K_SIZE32, OFF(group_chunk), 65536, 64u << 20, true, "BYTES",
+	  "bytes of a group's shared-memory slot, up to 8 members; larger groups get\n"
+	  "                            8x this divided by their size (default 1M)" },
 	{ "sessions-reserved", "limits", K_U32, OFF(sessions_reserved), 0, 1u << 20, true, "N",
 	  "of sessions-max, slots only root and the admin group may use (default 8)" },
 	{ "hello-timeout", "limits", K_U32, OFF(hello_timeout_ms), 100, 600000, true, "MS",
@@ -215,6 +224,10 @@ void tpd_config_defaults(struct tpd_config *c)
 	c->outq_max = 256ull << 20;
 	c->listeners_max = 256;
 	c->cuda_holds_max = TPD_DEVMEM_HOLDS;
+	c->groups_per_uid = 16;
+	c->group_members_max = 256;
+	c->group_bytes_per_uid = 1ull << 30;
+	c->group_chunk = 1u << 20;
 	c->drain_ms = 5000;
 	c->rdma_cache = 4ull << 30;
 	c->rdma_gid_index = UINT32_MAX; /* auto */

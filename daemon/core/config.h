@@ -57,6 +57,10 @@ struct tpd_config {
 	uint64_t outq_max;	    /* bytes queued towards one session before it is dropped */
 	uint32_t listeners_max;	    /* per session */
 	uint32_t cuda_holds_max;    /* CUDA allocations and events a session keeps mapped */
+	uint32_t groups_per_uid;    /* collective groups one uid may have (group/) */
+	uint32_t group_members_max; /* members of one group */
+	uint64_t group_bytes_per_uid; /* arena bytes of one uid's groups */
+	uint32_t group_chunk;	    /* arena slot bytes of a group of up to 8 members */
 	uint32_t drain_ms;	    /* graceful stop: wait this long for copies */
 	uint32_t ring_max;	    /* largest control ring per direction a client may map; 0: off */
 	uint32_t spin_us;	    /* poll busy control rings this long before sleeping; 0: never */

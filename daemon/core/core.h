@@ -18,6 +18,7 @@
 #include "tpu.h"
 
 struct tpd_broker;
+struct tpd_groups;
 struct tpd_daemon;
 struct tpd_local;
 struct tpd_peers;
@@ -71,6 +72,7 @@ struct tpd_daemon {
 	struct tpb_rdma *gdr;	 /* rdma and cuda_gdr: the ports (backends/rdma) */
 	struct event *ev_rdma; /* its event fd */
 	struct tpd_peers *peers; /* the peer part's own state (tpd_peers_new()) */
+	struct tpd_groups *groups; /* collective groups' registry (group/) */
 };
 
 /* Starts a graceful stop, as SIGTERM does (through @d's ops). Borrows @d and @why. */
@@ -189,6 +191,12 @@ static inline const char *tpd_daemon_socket_path(const struct tpd_daemon *d)
 static inline uint64_t tpd_daemon_start_ns(const struct tpd_daemon *d)
 {
 	return d->start_ns;
+}
+
+/* The group registry (group/group.h). */
+static inline struct tpd_groups *tpd_daemon_groups(const struct tpd_daemon *d)
+{
+	return d->groups;
 }
 
 #endif

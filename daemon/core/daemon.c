@@ -14,6 +14,7 @@
 #include "ctl.h"
 #include "daemon.h"
 #include "frame.h"
+#include "group.h"
 #include "rdma/rdma.h"
 #include "peer.h"
 #include "local.h"
@@ -504,6 +505,10 @@ int tpd_daemon_new(const struct tpd_config *cfg, struct tpd_daemon **ret)
 	if (r < 0)
 		goto fail;
 	tpd_broker_serve_local(d->local); /* sessions hand pipe messages up through its ops */
+	r = tpd_group_new(d, &d->groups);
+	if (r < 0)
+		goto fail;
+	tpd_group_serve_local(d->local); /* and group messages through this part's */
 	probe_backends(d);
 	r = tpb_copier_new(cfg->copy_threads, &d->copier);
 	if (r < 0)
@@ -607,6 +612,7 @@ void tpd_daemon_free(struct tpd_daemon *d)
 	tpd_peers_free(d->peers); /* after every other event: it runs the loop once */
 	d->peers = NULL;
 	tpd_broker_free(d->broker);
+	tpd_group_free(d->groups); /* after the sessions: they leave their groups */
 	if (d->base)
 		event_base_free(d->base);
 	free(d);

@@ -10,6 +10,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include "ctl.h"
+#include "group.h"
 #include "peer.h"
 #include "core.h"
 #include "rdma/rdma.h"
@@ -465,6 +466,12 @@ static int ctl_peers(struct ctl_call *c)
 	return tpd_peers_ctl(c->d, &c->rep->peers, &c->rep->n_peers);
 }
 
+static int ctl_groups(struct ctl_call *c)
+{
+	return tpd_group_ctl(tpd_daemon_groups(c->d), c->b->own_only, c->b->viewer,
+			     &c->rep->groups, &c->rep->n_groups);
+}
+
 #define CTL_ADMIN 0x1u /* root or the admin group only; others get -EACCES */
 
 struct ctl_cmd {
@@ -483,6 +490,7 @@ static const struct ctl_cmd ctl_cmds[] = {
 	[TPW__V1__CTL_WHAT__CTL_CLOSE_SESSION] = { ctl_close_session, CTL_ADMIN },
 	[TPW__V1__CTL_WHAT__CTL_DRAIN] = { ctl_drain, CTL_ADMIN },
 	[TPW__V1__CTL_WHAT__CTL_PEERS] = { ctl_peers, 0 },
+	[TPW__V1__CTL_WHAT__CTL_GROUPS] = { ctl_groups, 0 },
 };
 
 /* Runs @c's request through ctl_cmds. Return: the handler's result, or -errno. */
@@ -537,6 +545,7 @@ void tpd_ctl_handle(struct tpd_session *s, const Tpw__V1__CtlRequest *req)
 	}
 	tpd_session_send(s, &dm, NULL, 0);
 	tpd_peers_ctl_free(rep.peers, rep.n_peers);
+	tpd_group_ctl_free(rep.groups, rep.n_groups);
 	free(rep.sessions);
 	free(rep.listeners);
 	free(rep.pipes);

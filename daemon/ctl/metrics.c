@@ -18,6 +18,7 @@
 #include "rdma/rdma.h"
 #include "log.h"
 #include "metrics.h"
+#include "group.h"
 #include "peer.h"
 #include "pipe.h"
 #include "tpb.h"
@@ -134,6 +135,24 @@ static void put_peers(struct evbuffer *b, struct tpd_daemon *d)
 	tpd_peers_ctl_free(v, n);
 }
 
+static void put_groups(struct evbuffer *b, struct tpd_daemon *d)
+{
+	uint64_t bytes, formed, failed, refused;
+	uint32_t groups, members;
+
+	tpd_group_counts(tpd_daemon_groups(d), &groups, &members, &bytes);
+	tpd_group_totals(tpd_daemon_groups(d), &formed, &failed, &refused);
+	put_metric(b, "tpipd_groups", "gauge", "Collective groups, joining or formed.", groups);
+	put_metric(b, "tpipd_group_members", "gauge", "Members of those groups.", members);
+	put_metric(b, "tpipd_group_arena_bytes", "gauge", "Bytes of the groups' arenas.", bytes);
+	put_metric(b, "tpipd_groups_formed_total", "counter", "Groups whose members all joined.",
+		   formed);
+	put_metric(b, "tpipd_groups_failed_total", "counter",
+		   "Groups failed by a member that died or left while others remained.", failed);
+	put_metric(b, "tpipd_group_joins_refused_total", "counter",
+		   "Group joins refused or timed out.", refused);
+}
+
 static void metrics_on_request(struct evhttp_request *req, void *arg)
 {
 	struct tpd_metrics *m = arg;
@@ -177,6 +196,7 @@ static void metrics_on_request(struct evhttp_request *req, void *arg)
 		   "RDMA segments that found a cached registration.", rc.hits);
 	put_metric(b, "tpipd_rdma_registration_misses_total", "counter",
 		   "RDMA segments that registered memory.", rc.misses);
+	put_groups(b, d);
 	put_channels(b, d);
 	put_peers(b, d);
 	evhttp_add_header(evhttp_request_get_output_headers(req), "Content-Type",

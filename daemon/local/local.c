@@ -17,6 +17,7 @@
 struct tpd_local {
 	struct tpd_daemon *d;
 	const struct tpd_local_pipe_ops *pipe_ops; /* the broker's (tpd_local_set_pipe_ops()) */
+	const struct tpd_local_group_ops *group_ops; /* group/'s (tpd_local_set_group_ops()) */
 	struct tpu_list sessions;
 	unsigned n_sessions;
 	uint64_t next_session_id;
@@ -34,6 +35,16 @@ static void local_on_spin(evutil_socket_t fd, short what, void *arg);
 void tpd_local_set_pipe_ops(struct tpd_local *l, const struct tpd_local_pipe_ops *ops)
 {
 	l->pipe_ops = ops;
+}
+
+void tpd_local_set_group_ops(struct tpd_local *l, const struct tpd_local_group_ops *ops)
+{
+	l->group_ops = ops;
+}
+
+const struct tpd_local_group_ops *tpd_local_group_ops(const struct tpd_local *l)
+{
+	return l->group_ops;
 }
 
 const struct tpd_local_pipe_ops *tpd_local_pipe_ops(const struct tpd_local *l)

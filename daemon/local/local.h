@@ -48,6 +48,19 @@ struct tpd_local_pipe_ops {
 };
 
 /*
+ * What the local part hands up to the group registry (daemon/group/, group.h): the group
+ * messages of a session, and a session ending. Registered by tpd_group_serve_local(); each op
+ * borrows its arguments for the call.
+ */
+struct tpd_local_group_ops {
+	void (*join)(struct tpd_session *s, const Tpw__V1__GroupJoin *j);
+	void (*ready)(struct tpd_session *s, const Tpw__V1__GroupReady *r);
+	void (*leave)(struct tpd_session *s, const Tpw__V1__GroupLeave *l);
+	/* @s ends (it is dead: nothing more can be sent to it). */
+	void (*session_end)(struct tpd_session *s);
+};
+
+/*
  * tpd_local_new() - create the local part's state for @d: no session yet, the spin loop idle.
  * @d: borrowed; must outlive the result (its event base and settings are read through it).
  * @ret: returns owned state, free with tpd_local_free().
@@ -100,9 +113,16 @@ void tpd_local_spin_kick(struct tpd_local *l);
  */
 void tpd_local_set_pipe_ops(struct tpd_local *l, const struct tpd_local_pipe_ops *ops);
 
+/* tpd_local_set_group_ops() - register the group registry's table: @l keeps @ops (static,
+ * const) until tpd_local_free(). Called once, before the first session attaches. */
+void tpd_local_set_group_ops(struct tpd_local *l, const struct tpd_local_group_ops *ops);
+
 /*
  * For session.c, sessmsg.c and conn.c only.
  */
+
+/* Return: the group registry's table registered on @l (borrowed, static), or NULL. */
+const struct tpd_local_group_ops *tpd_local_group_ops(const struct tpd_local *l);
 
 /* Return: the broker's table registered on @l (borrowed, static). */
 const struct tpd_local_pipe_ops *tpd_local_pipe_ops(const struct tpd_local *l);

@@ -503,6 +503,27 @@ static bool on_ring_setup(struct tpd_session *s, Tpw__V1__ClientMsg *m, struct s
 	return false;
 }
 
+static bool on_group_join(struct tpd_session *s, Tpw__V1__ClientMsg *m, struct sessmsg_in *in)
+{
+	(void)in;
+	tpd_local_group_ops(tpd_daemon_local(s->d))->join(s, m->group_join);
+	return false;
+}
+
+static bool on_group_ready(struct tpd_session *s, Tpw__V1__ClientMsg *m, struct sessmsg_in *in)
+{
+	(void)in;
+	tpd_local_group_ops(tpd_daemon_local(s->d))->ready(s, m->group_ready);
+	return false;
+}
+
+static bool on_group_leave(struct tpd_session *s, Tpw__V1__ClientMsg *m, struct sessmsg_in *in)
+{
+	(void)in;
+	tpd_local_group_ops(tpd_daemon_local(s->d))->leave(s, m->group_leave);
+	return false;
+}
+
 #define SESSMSG_HELLO 0x1u	/* the first message, and only then */
 #define SESSMSG_CONTROL 0x2u	/* allowed on a control session (tpipctl) */
 #define SESSMSG_RING 0x4u	/* leaves the session free to set up its control ring */
@@ -530,6 +551,9 @@ static const struct sessmsg_cmd sessmsg_cmds[] = {
 	[TPW__V1__CLIENT_MSG__BODY_SESSION_END] = { on_session_end, 0 },
 	[TPW__V1__CLIENT_MSG__BODY_CANCEL] = { on_cancel, 0 },
 	[TPW__V1__CLIENT_MSG__BODY_FLOW_RESUME] = { on_flow_resume, 0 },
+	[TPW__V1__CLIENT_MSG__BODY_GROUP_JOIN] = { on_group_join, 0 },
+	[TPW__V1__CLIENT_MSG__BODY_GROUP_READY] = { on_group_ready, 0 },
+	[TPW__V1__CLIENT_MSG__BODY_GROUP_LEAVE] = { on_group_leave, 0 },
 };
 
 /* The table entry of @m's body case, or NULL for a case it does not know. */

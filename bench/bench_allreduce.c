@@ -1,0 +1,200 @@
+/* SPDX-License-Identifier: BSD-3-Clause */
+/*
+ * bench_allreduce: float32 sum all-reduce among N processes of one host through tpipd (a group
+ * per N). For each N and size it forks N ranks, each with its own context; every iteration
+ * starts after a barrier, and its time is the slowest rank's. Prints one line per (N, size):
+ *   allreduce n=N size=S median_us=T busbw_GBps=B
+ * with T the median over iterations of the slowest rank's time and B = 2(N-1)/N x S / T (bus
+ * bandwidth, as nccl-tests and the issue define it). Needs a running tpipd (--socket or the
+ * library's rules). Figures only; nothing here passes or fails.
+ *   bench_allreduce [--socket PATH] [--ranks 2,4] [--sizes 4K,64K,1M,16M,64M] [--iters K]
+ */
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "bench_common.h"
+
+#define MAX_RANKS 64
+#define MAX_ITERS 200
+
+struct shared {
+	double t_us[MAX_RANKS][MAX_ITERS];
+	int failed;
+	char why[256];
+};
+
+struct opts {
+	const char *socket;
+	unsigned ranks[16], n_ranks;
+	size_t sizes[32], n_sizes;
+	unsigned iters; /* 0: by size */
+};
+
+static unsigned iters_for(const struct opts *o, size_t size)
+{
+	size_t n;
+
+	if (o->iters)
+		return o->iters < MAX_ITERS ? o->iters : MAX_ITERS;
+	n = (256u << 20) / size; /* about 256 MiB of input per rank */
+	return n < 5 ? 5 : n > 100 ? 100 : (unsigned)n;
+}
+
+static int rank_main(const struct opts *o, unsigned n, unsigned rank, struct shared *sh)
+{
+	struct tp_group_options go = { .size = sizeof(go), .rank = (int)rank, .nranks = n,
+				       .join_timeout_ms = 60000 };
+	struct tp_context *ctx;
+	struct tp_group *g;
+	char name[64];
+	int r;
+
+	if (bench_context_open(o->socket, 0, &ctx) < 0)
+		return 1;
+	snprintf(name, sizeof(name), "bench-allreduce-%d-%u", (int)getppid(), n);
+	r = tp_group_join(ctx, name, &go, &g);
+	if (r < 0) {
+		snprintf(sh->why, sizeof(sh->why), "join: %s", tp_last_error());
+		sh->failed = 1;
+		tp_context_free(ctx);
+		return 1;
+	}
+	for (size_t s = 0; s < o->n_sizes && r == 0; s++) {
+		size_t count = o->sizes[s] / 4;
+		float *in = malloc(count * 4), *out = malloc(count * 4);
+		unsigned it = iters_for(o, o->sizes[s]);
+
+		for (size_t i = 0; i < count; i++)
+			in[i] = (float)(i % 100) + (float)rank;
+		memset(out, 0, count * 4); /* touch the pages before timing */
+		for (unsigned k = 0; k < it + 2 && r == 0; k++) {
+			uint64_t t0;
+
+			r = tp_barrier(g);
+			t0 = bench_now_ns();
+			if (r == 0)
+				r = tp_allreduce(g, in, out, count, TP_DTYPE_F32, TP_OP_SUM);
+			if (k >= 2)
+				sh->t_us[rank][k - 2] = (double)(bench_now_ns() - t0) / 1e3;
+		}
+		if (r == 0 && count && out[count - 1] != (float)n * (float)((count - 1) % 100) +
+							     (float)(n * (n - 1) / 2)) {
+			snprintf(sh->why, sizeof(sh->why), "wrong result at size %zu", o->sizes[s]);
+			r = -EIO;
+		}
+		free(in);
+		free(out);
+		/* the parent reads this size's times between sizes */
+		if (r == 0)
+			r = tp_barrier(g);
+		if (rank == 0 && r == 0) {
+			double slow[MAX_ITERS];
+			struct bench_stats st;
+
+			for (unsigned k = 0; k < it; k++) {
+				slow[k] = 0;
+				for (unsigned q = 0; q < n; q++)
+					slow[k] = sh->t_us[q][k] > slow[k] ? sh->t_us[q][k] : slow[k];
+			}
+			bench_stats_compute(slow, it, &st);
+			printf("allreduce n=%u size=%zu median_us=%.1f busbw_GBps=%.3f\n", n,
+			       o->sizes[s], st.median,
+			       2.0 * (n - 1) / n * (double)o->sizes[s] / (st.median * 1e3));
+			fflush(stdout);
+		}
+		if (r == 0)
+			r = tp_barrier(g); /* nobody writes times before rank 0 printed */
+	}
+	if (r < 0 && !sh->failed) {
+		snprintf(sh->why, sizeof(sh->why), "rank %u: %s", rank, tp_last_error());
+		sh->failed = 1;
+	}
+	tp_group_leave(g);
+	tp_context_free(ctx);
+	return r < 0;
+}
+
+static int run_n(const struct opts *o, unsigned n, struct shared *sh)
+{
+	pid_t pids[MAX_RANKS];
+	int bad = 0;
+
+	for (unsigned q = 0; q < n; q++) {
+		pids[q] = fork();
+		if (pids[q] == 0)
+			_exit(rank_main(o, n, q, sh));
+	}
+	for (unsigned q = 0; q < n; q++) {
+		int st;
+
+		if (pids[q] < 0 || waitpid(pids[q], &st, 0) < 0 || !WIFEXITED(st) ||
+		    WEXITSTATUS(st))
+			bad = 1;
+	}
+	if (bad)
+		fprintf(stderr, "bench_allreduce: n=%u failed: %s\n", n, sh->why);
+	return bad;
+}
+
+static int parse_list(const char *s, bool sizes, struct opts *o)
+{
+	char *dup = strdup(s), *save = NULL;
+
+	for (char *t = strtok_r(dup, ",", &save); t; t = strtok_r(NULL, ",", &save)) {
+		size_t v;
+
+		if (bench_parse_size(t, &v) < 0 || v == 0) {
+			free(dup);
+			return -EINVAL;
+		}
+		if (sizes && o->n_sizes < 32)
+			o->sizes[o->n_sizes++] = v;
+		else if (!sizes && o->n_ranks < 16 && v <= MAX_RANKS)
+			o->ranks[o->n_ranks++] = (unsigned)v;
+	}
+	free(dup);
+	return 0;
+}
+
+int main(int argc, char **argv)
+{
+	struct opts o = { 0 };
+	struct shared *sh;
+	int bad = 0;
+
+	for (int i = 1; i < argc; i++) {
+		const char *v = i + 1 < argc ? argv[i + 1] : NULL;
+
+		if (!strcmp(argv[i], "--socket") && v)
+			o.socket = argv[++i];
+		else if (!strcmp(argv[i], "--ranks") && v && parse_list(argv[++i], false, &o) == 0)
+			;
+		else if (!strcmp(argv[i], "--sizes") && v && parse_list(argv[++i], true, &o) == 0)
+			;
+		else if (!strcmp(argv[i], "--iters") && v)
+			o.iters = (unsigned)atoi(argv[++i]);
+		else {
+			fprintf(stderr, "usage: %s [--socket PATH] [--ranks 2,4] "
+				"[--sizes 4K,64K,1M,16M,64M] [--iters K]\n", argv[0]);
+			return 2;
+		}
+	}
+	if (!o.n_ranks)
+		parse_list("2,4", false, &o);
+	if (!o.n_sizes)
+		parse_list("4K,64K,1M,16M,64M", true, &o);
+	sh = mmap(NULL, sizeof(*sh), PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+	if (sh == MAP_FAILED)
+		return 1;
+	for (unsigned i = 0; i < o.n_ranks; i++) {
+		memset(sh, 0, sizeof(*sh));
+		bad |= run_n(&o, o.ranks[i], sh);
+	}
+	munmap(sh, sizeof(*sh));
+	return bad;
+}

@@ -1,0 +1,413 @@
+/* SPDX-License-Identifier: BSD-3-Clause */
+/*
+ * One collective over a group's arena (group.h, common/grparena.h): the barrier (a futex word
+ * every member and the daemon share), the call check that makes mismatched calls fail on every
+ * member, and the chunked data paths. Each chunk uses one of two banks, alternating across
+ * calls, so that writing the next chunk never races with a member still reading the last.
+ * All-reduce: each member copies its chunk into its slot; after a barrier member r reduces
+ * slice r of the chunk over every slot in rank order into the bank's result; after a second
+ * barrier each member copies the result out. Every element is reduced in rank order 0..N-1 by
+ * exactly one member, so results are bitwise identical everywhere. Queuing calls and threads
+ * are group.c's.
+ */
+#include <errno.h>
+#include <inttypes.h>
+#include <stdio.h>
+#include <string.h>
+#include <time.h>
+
+#include "group.h"
+#include "internal.h"
+#include "reduce.h"
+
+struct coll_desc {
+	uint64_t seq;
+	uint32_t kind, dtype, op, root;
+	uint64_t count;
+	uint32_t pid;
+	uint32_t valid;
+	uint32_t absent; /* uneven steps: this member contributes nothing (not compared) */
+};
+
+static inline void cpu_relax(void)
+{
+#if defined(__x86_64__) || defined(__i386__)
+	__builtin_ia32_pause();
+#elif defined(__aarch64__)
+	__asm__ __volatile__("yield");
+#endif
+}
+
+static int group_failed(struct tp_group *g, char *msg, size_t ml)
+{
+	struct tpu_grparena_hdr *h = g->hdr;
+	uint32_t why = __atomic_load_n(&h->fail_why, __ATOMIC_ACQUIRE);
+	uint32_t rank = __atomic_load_n(&h->fail_rank, __ATOMIC_RELAXED);
+	uint32_t pid = __atomic_load_n(&h->fail_pid, __ATOMIC_RELAXED);
+
+	switch (why) {
+	case TPU_GRPARENA_DIED:
+		snprintf(msg, ml, "group '%s': rank %u (pid %u) died (its daemon session ended)",
+			 g->name, rank, pid);
+		return -ECONNRESET;
+	case TPU_GRPARENA_LEFT:
+		snprintf(msg, ml, "group '%s': rank %u (pid %u) left the group", g->name, rank, pid);
+		return -EPIPE;
+	case TPU_GRPARENA_ABORTED:
+		snprintf(msg, ml, "group '%s': rank %u (pid %u) aborted the group", g->name, rank,
+			 pid);
+		return -EPIPE;
+	case TPU_GRPARENA_TIMEOUT:
+		snprintf(msg, ml, "group '%s': rank %u (pid %u) gave up waiting for the others "
+			 "(op timeout)", g->name, rank, pid);
+		return -ETIMEDOUT;
+	case TPU_GRPARENA_LOST:
+		snprintf(msg, ml, "group '%s': rank %u (pid %u) lost its daemon connection", g->name,
+			 rank, pid);
+		return -ECONNRESET;
+	default:
+		snprintf(msg, ml, "group '%s' failed", g->name);
+		return -EPIPE;
+	}
+}
+
+static int futex_wait(uint32_t *word, uint32_t val, const struct timespec *rel)
+{
+	if (syscall(SYS_futex, word, FUTEX_WAIT, val, rel, NULL, 0) < 0)
+		return -errno;
+	return 0;
+}
+
+static int64_t now_ms(void)
+{
+	struct timespec ts;
+
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+}
+
+/* Waits until the generation moves past @gen. */
+static int barrier_wait(struct tp_group *g, uint32_t gen, int timeout_ms, char *msg, size_t ml)
+{
+	uint32_t *w = &g->hdr->word;
+	int64_t end = timeout_ms > 0 ? now_ms() + timeout_ms : 0;
+	uint32_t v;
+
+	for (int i = g->spin ? 200 : 0; i > 0; i--) {
+		v = __atomic_load_n(w, __ATOMIC_ACQUIRE);
+		if ((v & TPU_GRPARENA_GEN) != gen)
+			return 0;
+		if (v & TPU_GRPARENA_FAILED)
+			return group_failed(g, msg, ml);
+		cpu_relax();
+	}
+	for (;;) {
+		struct timespec rel = { 0, 0 };
+		int64_t left = 0;
+
+		v = __atomic_load_n(w, __ATOMIC_ACQUIRE);
+		if ((v & TPU_GRPARENA_GEN) != gen)
+			return 0;
+		if (v & TPU_GRPARENA_FAILED)
+			return group_failed(g, msg, ml);
+		if (end) {
+			left = end - now_ms();
+			if (left <= 0) {
+				tpu_grparena_fail(g->hdr, g->rank, (uint32_t)g->pid,
+						  TPU_GRPARENA_TIMEOUT);
+				return group_failed(g, msg, ml);
+			}
+			rel.tv_sec = left / 1000;
+			rel.tv_nsec = (left % 1000) * 1000000;
+		}
+		futex_wait(w, v, end ? &rel : NULL);
+	}
+}
+
+static uint64_t now_ns(void)
+{
+	struct timespec ts;
+
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return (uint64_t)ts.tv_sec * 1000000000ull + (uint64_t)ts.tv_nsec;
+}
+
+int tpc_coll_barrier(struct tp_group *g, int timeout_ms, char *msg, size_t ml)
+{
+	struct tpu_grparena_hdr *h = g->hdr;
+	uint32_t v = __atomic_load_n(&h->word, __ATOMIC_ACQUIRE), old, nv;
+
+	if (v & TPU_GRPARENA_FAILED)
+		return group_failed(g, msg, ml);
+	if (__atomic_fetch_add(&h->count, 1, __ATOMIC_ACQ_REL) != g->size - 1) {
+		uint64_t t0 = now_ns();
+		int r = barrier_wait(g, v & TPU_GRPARENA_GEN, timeout_ms, msg, ml);
+
+		g->wait_ns += now_ns() - t0;
+		return r;
+	}
+	/* the last to arrive: reset the count, then open the next generation */
+	__atomic_store_n(&h->count, 0, __ATOMIC_RELAXED);
+	old = __atomic_load_n(&h->word, __ATOMIC_RELAXED);
+	do
+		nv = (old & TPU_GRPARENA_FAILED) | ((old + 1) & TPU_GRPARENA_GEN);
+	while (!__atomic_compare_exchange_n(&h->word, &old, nv, false, __ATOMIC_ACQ_REL,
+					    __ATOMIC_RELAXED));
+	if (g->size > 1)
+		tpu_grparena_wake(&h->word);
+	return 0;
+}
+
+/* ---- the arena's parts ---------------------------------------------------------------------- */
+
+static struct coll_desc *desc_of(struct tp_group *g, uint64_t seq, uint32_t rank)
+{
+	return (struct coll_desc *)(g->base + tpu_grparena_calls_off() +
+				    ((seq & 1) * g->size + rank) * TPU_GRPARENA_CALL);
+}
+
+static uint8_t *slot_of(struct tp_group *g, unsigned bank, uint32_t rank)
+{
+	return g->base + tpu_grparena_data_off(g->size) + ((uint64_t)bank * g->size + rank) * g->chunk;
+}
+
+static uint8_t *result_of(struct tp_group *g, unsigned bank)
+{
+	return g->base + tpu_grparena_data_off(g->size) + (2ull * g->size + bank) * g->chunk;
+}
+
+/* ---- the call check ------------------------------------------------------------------------ */
+
+static const char *kind_name(uint32_t k)
+{
+	static const char *const names[] = { "?", "barrier", "allreduce", "broadcast",
+					     "allgather", "reduce_scatter" };
+
+	return k < TPU_ARRAY_SIZE(names) ? names[k] : "?";
+}
+
+static void desc_str(const struct coll_desc *d, char *buf, size_t len)
+{
+	snprintf(buf, len, "%s(dtype %u, op %u, %" PRIu64 " elements, root %u) as call %" PRIu64,
+		 kind_name(d->kind), d->dtype, d->op, d->count, d->root, d->seq);
+}
+
+static bool desc_same(const struct coll_desc *a, const struct coll_desc *b)
+{
+	return a->seq == b->seq && a->kind == b->kind && a->dtype == b->dtype && a->op == b->op &&
+	       a->count == b->count && a->root == b->root && a->valid == b->valid;
+}
+
+/* After the first barrier of call @seq: every member compares every descriptor with rank 0's,
+ * so that all of them find the same mismatch. */
+static int desc_check(struct tp_group *g, uint64_t seq, char *msg, size_t ml)
+{
+	struct coll_desc d0 = *desc_of(g, seq, 0);
+
+	for (uint32_t r = 1; r < g->size; r++) {
+		struct coll_desc dr = *desc_of(g, seq, r);
+		char a[160], b[160];
+
+		if (desc_same(&d0, &dr))
+			continue;
+		desc_str(&d0, a, sizeof(a));
+		desc_str(&dr, b, sizeof(b));
+		snprintf(msg, ml, "group '%s': mismatched collective: rank 0 called %s, rank %u "
+			 "called %s", g->name, a, r, b);
+		return -EPROTO;
+	}
+	g->contrib = 0;
+	for (uint32_t r = 0; r < g->size; r++) {
+		g->absent[r] = __atomic_load_n(&desc_of(g, seq, r)->absent, __ATOMIC_RELAXED) != 0;
+		g->contrib += !g->absent[r];
+	}
+	return 0;
+}
+
+/* ---- data paths ---------------------------------------------------------------------------- */
+
+static void fold(const struct tpc_coll *c, void *acc, const void *in, size_t n)
+{
+	if (c->op == TPC_OP_USER)
+		c->fn(acc, in, n, c->dtype, c->user);
+	else
+		tpc_reduce(acc, in, n, c->dtype, (enum tp_reduce_op)c->op);
+}
+
+/* Reduces this member's slice (@off, @n elements) of the chunk at @done in rank order into
+ * @dst: the other members' parts from their slots, its own straight from its input (only it
+ * reads that part, so chunk_in() does not copy it into the slot). */
+static void reduce_range(struct tp_group *g, const struct tpc_coll *c, unsigned bank,
+			 size_t done, size_t off, size_t n, uint8_t *dst)
+{
+	size_t es = tp_dtype_size(c->dtype);
+	const uint8_t *mine = c->send ? (const uint8_t *)c->send + (done + off) * es : NULL;
+
+	uint32_t first = 0;
+
+	if (n == 0)
+		return;
+	while (g->absent[first]) /* some member contributes (coll_run() checked) */
+		first++;
+	memcpy(dst, first == g->rank ? mine : slot_of(g, bank, first) + off * es, n * es);
+	for (uint32_t r = first + 1; r < g->size; r++)
+		if (!g->absent[r])
+			fold(c, dst, r == g->rank ? mine : slot_of(g, bank, r) + off * es, n);
+}
+
+/* Elements of this member's slice of a chunk of @n elements (slices start on 64 bytes). */
+static void my_slice(struct tp_group *g, size_t n, size_t es, size_t *ret_off, size_t *ret_n)
+{
+	size_t align = 64 / es, per = (n + g->size - 1) / g->size, lo, hi;
+
+	per = (per + align - 1) / align * align;
+	lo = per * g->rank;
+	hi = lo + per;
+	lo = lo < n ? lo : n;
+	hi = hi < n ? hi : n;
+	*ret_off = lo;
+	*ret_n = hi - lo;
+}
+
+/* One chunk's data goes in before the first barrier of a call (with the descriptor), so each
+ * path below starts after its first chunk's input is in place: @first is that chunk. */
+static void chunk_in(struct tp_group *g, const struct tpc_coll *c, size_t done, size_t n,
+		     unsigned bank)
+{
+	size_t es = tp_dtype_size(c->dtype);
+
+	size_t off, k;
+
+	switch (c->kind) {
+	case TPC_COLL_ALLREDUCE: /* all but this member's own slice (reduce_range()) */
+		if (c->absent)
+			break;
+		my_slice(g, n, es, &off, &k);
+		memcpy(slot_of(g, bank, g->rank), (const uint8_t *)c->send + done * es, off * es);
+		memcpy(slot_of(g, bank, g->rank) + (off + k) * es,
+		       (const uint8_t *)c->send + (done + off + k) * es, (n - off - k) * es);
+		break;
+	case TPC_COLL_ALLGATHER:
+		memcpy(slot_of(g, bank, g->rank), (const uint8_t *)c->send + done * es, n * es);
+		break;
+	case TPC_COLL_BROADCAST:
+		if ((uint32_t)c->root == g->rank)
+			memcpy(result_of(g, bank), (const uint8_t *)c->recv + done * es, n * es);
+		break;
+	case TPC_COLL_REDUCE_SCATTER:
+		for (uint32_t r = 0; r < g->size; r++)
+			memcpy(slot_of(g, bank, g->rank) + (size_t)r * n * es,
+			       (const uint8_t *)c->send + (r * c->count + done) * es, n * es);
+		break;
+	case TPC_COLL_BARRIER:
+		break;
+	}
+}
+
+/* The rest of a chunk once its input is in (and the first barrier passed). */
+static int chunk_out(struct tp_group *g, const struct tpc_coll *c, size_t done, size_t n,
+		     unsigned bank, char *msg, size_t ml)
+{
+	size_t es = tp_dtype_size(c->dtype), off, k;
+	int r = 0;
+
+	switch (c->kind) {
+	case TPC_COLL_ALLREDUCE:
+		my_slice(g, n, es, &off, &k);
+		reduce_range(g, c, bank, done, off, k, result_of(g, bank) + off * es);
+		r = tpc_coll_barrier(g, g->op_timeout_ms, msg, ml);
+		if (r == 0)
+			memcpy((uint8_t *)c->recv + done * es, result_of(g, bank), n * es);
+		break;
+	case TPC_COLL_BROADCAST:
+		if ((uint32_t)c->root != g->rank)
+			memcpy((uint8_t *)c->recv + done * es, result_of(g, bank), n * es);
+		break;
+	case TPC_COLL_ALLGATHER:
+		for (uint32_t q = 0; q < g->size; q++)
+			memcpy((uint8_t *)c->recv + (q * c->count + done) * es, slot_of(g, bank, q),
+			       n * es);
+		break;
+	case TPC_COLL_REDUCE_SCATTER: {
+		uint8_t *dst = (uint8_t *)c->recv + done * es;
+
+		memcpy(dst, slot_of(g, bank, 0) + (size_t)g->rank * n * es, n * es);
+		for (uint32_t q = 1; q < g->size; q++)
+			fold(c, dst, slot_of(g, bank, q) + (size_t)g->rank * n * es, n);
+		break;
+	}
+	case TPC_COLL_BARRIER:
+		break;
+	}
+	return r;
+}
+
+/* Elements per chunk: what one slot holds (reduce-scatter: a slot holds size pieces). */
+static size_t chunk_elems(struct tp_group *g, const struct tpc_coll *c)
+{
+	size_t es = tp_dtype_size(c->dtype), per = g->chunk / es;
+
+	if (c->kind == TPC_COLL_REDUCE_SCATTER)
+		per = g->chunk / g->size / es;
+	return per ? per : 1;
+}
+
+/* This member's counters in the arena (tpipctl groups shows them). */
+static void stats_add(struct tp_group *g, const struct tpc_coll *c, uint64_t busy)
+{
+	struct tpu_grparena_stats *st = (struct tpu_grparena_stats *)(g->base +
+		tpu_grparena_stats_off(g->size)) + g->rank;
+	size_t es = c->kind == TPC_COLL_BARRIER ? 0 : tp_dtype_size(c->dtype);
+	size_t n = c->kind == TPC_COLL_REDUCE_SCATTER ? c->count * g->size : c->count;
+
+	__atomic_store_n(&st->calls, st->calls + 1, __ATOMIC_RELAXED);
+	__atomic_store_n(&st->bytes, st->bytes + n * es, __ATOMIC_RELAXED);
+	__atomic_store_n(&st->busy_ns, st->busy_ns + busy, __ATOMIC_RELAXED);
+	__atomic_store_n(&st->wait_ns, g->wait_ns, __ATOMIC_RELAXED);
+}
+
+static int coll_run(struct tp_group *g, const struct tpc_coll *c, char *msg, size_t ml);
+
+int tpc_coll_run(struct tp_group *g, const struct tpc_coll *c, char *msg, size_t ml)
+{
+	uint64_t t0 = now_ns();
+	int r = coll_run(g, c, msg, ml);
+
+	stats_add(g, c, now_ns() - t0);
+	return r;
+}
+
+static int coll_run(struct tp_group *g, const struct tpc_coll *c, char *msg, size_t ml)
+{
+	uint64_t seq = g->seq++;
+	struct coll_desc *d = desc_of(g, seq, g->rank);
+	size_t per = c->kind == TPC_COLL_BARRIER ? 1 : chunk_elems(g, c);
+	size_t n = c->count < per ? c->count : per, done = 0;
+	int r;
+
+	*d = (struct coll_desc){ .seq = seq, .kind = c->kind, .dtype = c->dtype, .op = c->op,
+				 .root = (uint32_t)c->root, .count = c->count,
+				 .pid = (uint32_t)g->pid, .valid = 1, .absent = c->absent };
+	if (n)
+		chunk_in(g, c, 0, n, g->bank);
+	r = tpc_coll_barrier(g, g->op_timeout_ms, msg, ml);
+	if (r == 0)
+		r = desc_check(g, seq, msg, ml);
+	if (r == 0 && c->ret_contrib)
+		*c->ret_contrib = g->contrib;
+	if (g->contrib == 0) /* every member has finished (uneven steps): nothing to reduce */
+		n = 0;
+	while (r == 0 && n) {
+		unsigned bank = g->bank;
+
+		g->bank ^= 1;
+		r = chunk_out(g, c, done, n, bank, msg, ml);
+		done += n;
+		n = c->count - done < per ? c->count - done : per;
+		if (r < 0 || n == 0)
+			break;
+		chunk_in(g, c, done, n, g->bank);
+		r = tpc_coll_barrier(g, g->op_timeout_ms, msg, ml);
+	}
+	return r;
+}

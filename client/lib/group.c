@@ -1,0 +1,584 @@
+/* SPDX-License-Identifier: BSD-3-Clause */
+/*
+ * Groups in libtpclient (tpclient.h, "groups and collectives"): joining through the daemon
+ * (GroupJoin, its GroupJoined answer, opening and checking the arena, the start barrier),
+ * the queries, abort and leave, and the order of collectives: a blocking call runs on the
+ * caller's thread when nothing is queued, otherwise behind the queued asynchronous calls that
+ * the group's own thread runs one at a time. What one collective does is coll.c's.
+ */
+#include <errno.h>
+#include <fcntl.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "group.h"
+#include "internal.h"
+#include "reduce.h"
+
+#define GROUP_JOIN_MS_DEFAULT 30000
+#define GROUP_ARENA_PREFIX "/dev/shm/tpipd-group-"
+
+struct join_req {
+	struct tpc_req req;
+	uint64_t group_id;
+	uint32_t rank, size, local_rank, local_size, host_index, hosts;
+	uint64_t arena_bytes, chunk;
+	char path[128];
+};
+
+/* Connection lost before the answer (@r NULL); a Reply is never the answer to a join. */
+static void join_on_reply(struct tp_context *ctx, struct tpc_req *req, const Tpw__V1__Reply *r)
+{
+	tpc_context_req_done(ctx, req, r);
+}
+
+void tpc_group_on_joined(struct tp_context *ctx, const Tpw__V1__GroupJoined *m)
+{
+	struct tpc_req *req = tpc_map_del(&ctx->reqs, m->req_id);
+	struct join_req *j;
+
+	if (!req || req->on_reply != join_on_reply)
+		return;
+	j = tpu_container_of(req, struct join_req, req);
+	req->status = tpw_status_to_errno(m->status);
+	snprintf(req->msg, sizeof(req->msg), "%s",
+		 m->message && *m->message ? m->message : tp_strerror(req->status));
+	if (req->status == 0) {
+		j->group_id = m->group_id;
+		j->rank = m->rank;
+		j->size = m->size;
+		j->local_rank = m->local_rank;
+		j->local_size = m->local_size;
+		j->host_index = m->host_index;
+		j->hosts = m->hosts;
+		j->arena_bytes = m->arena_bytes;
+		j->chunk = m->chunk_bytes;
+		snprintf(j->path, sizeof(j->path), "%s", m->arena_path ? m->arena_path : "");
+	}
+	req->done = true;
+	pthread_cond_broadcast(&ctx->cond);
+}
+
+static int join_ask(struct tp_context *ctx, const char *name, const struct tp_group_options *o,
+		    int join_ms, struct join_req *j)
+{
+	Tpw__V1__GroupJoin gj = TPW__V1__GROUP_JOIN__INIT;
+	Tpw__V1__ClientMsg m = TPW__V1__CLIENT_MSG__INIT;
+	int r;
+
+	pthread_mutex_lock(&ctx->lock);
+	r = tpc_context_check_locked(ctx);
+	if (r == 0 && tpc_context_req_start_locked(ctx, &j->req, join_on_reply) < 0)
+		r = tpc_error(-ENOMEM, "out of memory");
+	pthread_mutex_unlock(&ctx->lock);
+	if (r < 0)
+		return r;
+	gj.req_id = j->req.id;
+	gj.name = (char *)name;
+	gj.rank = o->rank;
+	gj.size = o->nranks;
+	gj.bootstrap = (Tpw__V1__GroupBootstrap)o->bootstrap;
+	gj.timeout_ms = (uint32_t)join_ms;
+	gj.coordinator = (char *)(o->coordinator ? o->coordinator : "");
+	m.body_case = TPW__V1__CLIENT_MSG__BODY_GROUP_JOIN;
+	m.group_join = &gj;
+	pthread_mutex_lock(&ctx->send_lock);
+	tpc_wire_send(ctx, &m, NULL, 0, -EBADF); /* failure: connection loss fails the request */
+	pthread_mutex_unlock(&ctx->send_lock);
+	pthread_mutex_lock(&ctx->lock);
+	r = tpc_context_req_wait_locked(ctx, &j->req, join_ms + ctx->reply_ms);
+	pthread_mutex_unlock(&ctx->lock);
+	if (r < 0)
+		return tpc_error(r, "cannot join group '%s': %s", name, j->req.msg);
+	return 0;
+}
+
+/* Opens the arena the daemon named, checks it is this uid's own private file of the announced
+ * size and layout, and maps it. */
+static int arena_open(struct tp_group *g, const char *path)
+{
+	_cleanup_close_ int fd = -EBADF;
+	struct tpu_grparena_hdr *h;
+	struct stat st;
+	void *p;
+
+	if (strncmp(path, GROUP_ARENA_PREFIX, strlen(GROUP_ARENA_PREFIX)) != 0 || strchr(path +
+	    strlen(GROUP_ARENA_PREFIX), '/'))
+		return tpc_error(-EPROTO, "group '%s': unexpected arena path '%s'", g->name, path);
+	fd = open(path, O_RDWR | O_NOFOLLOW | O_CLOEXEC);
+	if (fd < 0)
+		return tpc_error(-errno, "group '%s': cannot open its arena %s: %s", g->name, path,
+				 strerror(errno));
+	if (fstat(fd, &st) < 0 || !S_ISREG(st.st_mode) || st.st_uid != geteuid() ||
+	    (st.st_mode & 077) || (uint64_t)st.st_size != g->arena_bytes ||
+	    g->arena_bytes != tpu_grparena_bytes(g->size, g->chunk))
+		return tpc_error(-EPROTO, "group '%s': arena %s is not a private file of %llu bytes "
+				 "of this user", g->name, path,
+				 (unsigned long long)g->arena_bytes);
+	p = mmap(NULL, g->arena_bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+	if (p == MAP_FAILED)
+		return tpc_error(-errno, "group '%s': cannot map its arena: %s", g->name,
+				 strerror(errno));
+	h = p;
+	if (__atomic_load_n(&h->magic, __ATOMIC_ACQUIRE) != TPU_GRPARENA_MAGIC ||
+	    h->version != TPU_GRPARENA_VERSION || h->size != g->size ||
+	    h->chunk_bytes != g->chunk) {
+		munmap(p, g->arena_bytes);
+		return tpc_error(-EPROTO, "group '%s': arena %s has another layout", g->name, path);
+	}
+	g->base = p;
+	g->hdr = h;
+	return 0;
+}
+
+static void group_send_id(struct tp_group *g, bool leave)
+{
+	Tpw__V1__GroupReady rd = TPW__V1__GROUP_READY__INIT;
+	Tpw__V1__GroupLeave lv = TPW__V1__GROUP_LEAVE__INIT;
+	Tpw__V1__ClientMsg m = TPW__V1__CLIENT_MSG__INIT;
+
+	if (leave) {
+		lv.group_id = g->id;
+		m.body_case = TPW__V1__CLIENT_MSG__BODY_GROUP_LEAVE;
+		m.group_leave = &lv;
+	} else {
+		rd.group_id = g->id;
+		m.body_case = TPW__V1__CLIENT_MSG__BODY_GROUP_READY;
+		m.group_ready = &rd;
+	}
+	pthread_mutex_lock(&g->ctx->send_lock);
+	tpc_wire_send(g->ctx, &m, NULL, 0, -EBADF);
+	pthread_mutex_unlock(&g->ctx->send_lock);
+}
+
+static void group_free(struct tp_group *g)
+{
+	if (g->base)
+		munmap(g->base, g->arena_bytes);
+	free(g->absent);
+	pthread_cond_destroy(&g->cond);
+	pthread_mutex_destroy(&g->lock);
+	free(g);
+}
+
+static int join_check(struct tp_context *ctx, const char *name, const struct tp_group_options *o,
+		      struct tp_group **ret)
+{
+	if (!ctx || !name || !o || !ret || o->size < sizeof(*o))
+		return tpc_error(-EINVAL, "missing context, name, options or result pointer");
+	if (!*name || strlen(name) > TPW_GROUP_NAME_MAX)
+		return tpc_error(strlen(name) ? -ENAMETOOLONG : -EINVAL,
+				 "a group name has 1..%u bytes", TPW_GROUP_NAME_MAX);
+	if (o->nranks < 1 || o->nranks > TPW_GROUP_SIZE_MAX || o->rank < -1 ||
+	    (o->rank >= 0 && (unsigned)o->rank >= o->nranks))
+		return tpc_error(-EINVAL, "rank %d of %u members (1..%u members, rank -1 or below "
+				 "the size)", o->rank, o->nranks, TPW_GROUP_SIZE_MAX);
+	if ((unsigned)o->bootstrap > TP_GROUP_BOOTSTRAP_SLURM)
+		return tpc_error(-EINVAL, "unknown bootstrap %d", (int)o->bootstrap);
+	return 0;
+}
+
+TP_EXPORT int tp_group_join(struct tp_context *ctx, const char *name,
+			    const struct tp_group_options *opts, struct tp_group **ret)
+{
+	int join_ms, r = join_check(ctx, name, opts, ret);
+	char msg[TPC_GROUP_MSG_MAX];
+	struct join_req j;
+	struct tp_group *g;
+	long ncpu;
+
+	if (r < 0)
+		return r;
+	join_ms = opts->join_timeout_ms > 0 ? opts->join_timeout_ms : GROUP_JOIN_MS_DEFAULT;
+	memset(&j, 0, sizeof(j));
+	r = join_ask(ctx, name, opts, join_ms, &j);
+	if (r < 0)
+		return r;
+	g = calloc(1, sizeof(*g));
+	if (g && !(g->absent = calloc(j.size, sizeof(*g->absent)))) {
+		free(g);
+		g = NULL;
+	}
+	if (!g)
+		return tpc_error(-ENOMEM, "out of memory");
+	g->ctx = ctx;
+	snprintf(g->name, sizeof(g->name), "%s", name);
+	g->id = j.group_id;
+	g->rank = j.rank;
+	g->size = j.size;
+	g->local_rank = j.local_rank;
+	g->local_size = j.local_size;
+	g->host_index = j.host_index;
+	g->hosts = j.hosts;
+	g->arena_bytes = j.arena_bytes;
+	g->chunk = j.chunk;
+	g->op_timeout_ms = opts->op_timeout_ms;
+	g->pid = getpid();
+	ncpu = sysconf(_SC_NPROCESSORS_ONLN);
+	g->spin = ncpu > 0 && (long)g->size <= ncpu;
+	pthread_mutex_init(&g->lock, NULL);
+	pthread_cond_init(&g->cond, NULL);
+	tpu_list_init(&g->queue);
+	tpu_list_init(&g->ctx_node);
+	r = arena_open(g, j.path);
+	if (r == 0) {
+		group_send_id(g, false);
+		r = tpc_coll_barrier(g, join_ms, msg, sizeof(msg)); /* the start barrier */
+		if (r < 0)
+			tpc_error(r, "group '%s': start barrier: %s", name, msg);
+	}
+	if (r < 0) {
+		group_send_id(g, true);
+		group_free(g);
+		return r;
+	}
+	pthread_mutex_lock(&ctx->lock);
+	tpu_list_insert_tail(&ctx->groups, &g->ctx_node);
+	if (ctx->dead) /* lost while joining: nobody else will say it */
+		tpu_grparena_fail(g->hdr, g->rank, (uint32_t)g->pid, TPU_GRPARENA_LOST);
+	pthread_mutex_unlock(&ctx->lock);
+	*ret = g;
+	return 0;
+}
+
+void tpc_group_fail_all_locked(struct tp_context *ctx)
+{
+	struct tp_group *g;
+
+	tpu_list_for_each(g, &ctx->groups, ctx_node)
+		tpu_grparena_fail(g->hdr, g->rank, (uint32_t)g->pid, TPU_GRPARENA_LOST);
+}
+
+TP_EXPORT int tp_group_rank(const struct tp_group *g)
+{
+	return g ? (int)g->rank : -EINVAL;
+}
+
+TP_EXPORT int tp_group_size(const struct tp_group *g)
+{
+	return g ? (int)g->size : -EINVAL;
+}
+
+TP_EXPORT int tp_group_local_rank(const struct tp_group *g)
+{
+	return g ? (int)g->local_rank : -EINVAL;
+}
+
+TP_EXPORT int tp_group_local_size(const struct tp_group *g)
+{
+	return g ? (int)g->local_size : -EINVAL;
+}
+
+TP_EXPORT int tp_group_host_index(const struct tp_group *g)
+{
+	return g ? (int)g->host_index : -EINVAL;
+}
+
+TP_EXPORT int tp_group_hosts(const struct tp_group *g)
+{
+	return g ? (int)g->hosts : -EINVAL;
+}
+
+TP_EXPORT uint64_t tp_group_arena_bytes(const struct tp_group *g)
+{
+	return g ? g->arena_bytes : 0;
+}
+
+TP_EXPORT void tp_group_abort(struct tp_group *g)
+{
+	if (g && g->hdr)
+		tpu_grparena_fail(g->hdr, g->rank, (uint32_t)g->pid, TPU_GRPARENA_ABORTED);
+}
+
+/* ---- the order of collectives -------------------------------------------------------------- */
+
+static void req_finish_locked(struct tp_group *g, struct tp_coll_req *q, int r)
+{
+	q->status = r;
+	q->done = true;
+	if (q->orphan) {
+		if (r < 0)
+			g->lost_err = r;
+		free(q);
+	}
+	pthread_cond_broadcast(&g->cond);
+}
+
+static void *group_thread(void *arg)
+{
+	struct tp_group *g = arg;
+	struct tp_coll_req *q;
+	int r;
+
+	pthread_mutex_lock(&g->lock);
+	for (;;) {
+		q = g->busy ? NULL : tpu_list_first(&g->queue, struct tp_coll_req, node);
+		if (!q) {
+			if (g->stop && tpu_list_empty(&g->queue))
+				break;
+			pthread_cond_wait(&g->cond, &g->lock);
+			continue;
+		}
+		tpu_list_remove(&q->node);
+		g->busy = true;
+		pthread_mutex_unlock(&g->lock);
+		r = tpc_coll_run(g, &q->c, q->msg, sizeof(q->msg));
+		pthread_mutex_lock(&g->lock);
+		g->busy = false;
+		req_finish_locked(g, q, r);
+	}
+	pthread_mutex_unlock(&g->lock);
+	return NULL;
+}
+
+/* Queues @q (lock held), starting the group's thread on first use. */
+static int queue_locked(struct tp_group *g, struct tp_coll_req *q)
+{
+	if (!g->thread_up) {
+		if (pthread_create(&g->thread, NULL, group_thread, g) != 0)
+			return tpc_error(-EAGAIN, "cannot start the group's thread");
+		g->thread_up = true;
+	}
+	tpu_list_insert_tail(&g->queue, &q->node);
+	pthread_cond_broadcast(&g->cond);
+	return 0;
+}
+
+static int coll_check(struct tp_group *g, const struct tpc_coll *c)
+{
+	size_t es = tp_dtype_size(c->dtype);
+
+	if (!g)
+		return tpc_error(-EINVAL, "no group");
+	if (c->kind == TPC_COLL_BARRIER)
+		return 0;
+	if (!es)
+		return tpc_error(-EINVAL, "unknown dtype %d", (int)c->dtype);
+	if ((c->kind == TPC_COLL_ALLREDUCE || c->kind == TPC_COLL_REDUCE_SCATTER) &&
+	    !(c->op == TPC_OP_USER ? c->fn != NULL : tpc_reduce_op_valid((int)c->op)))
+		return tpc_error(-EINVAL, "unknown reduction %u (or no function)", c->op);
+	if (c->kind == TPC_COLL_BROADCAST && (c->root < 0 || (uint32_t)c->root >= g->size))
+		return tpc_error(-EINVAL, "root %d of a group of %u", c->root, g->size);
+	if (c->count && (!c->recv || (c->kind != TPC_COLL_BROADCAST && !c->send && !c->absent)))
+		return tpc_error(-EINVAL, "NULL buffer for %zu elements", c->count);
+	if (c->count > SIZE_MAX / es / g->size)
+		return tpc_error(-EOVERFLOW, "%zu elements overflow", c->count);
+	return 0;
+}
+
+static int coll_blocking(struct tp_group *g, const struct tpc_coll *c)
+{
+	struct tp_coll_req q = { .g = g, .c = *c };
+	int r = coll_check(g, c);
+
+	if (r < 0)
+		return r;
+	pthread_mutex_lock(&g->lock);
+	if (!g->busy && tpu_list_empty(&g->queue)) {
+		g->busy = true;
+		pthread_mutex_unlock(&g->lock);
+		r = tpc_coll_run(g, c, q.msg, sizeof(q.msg));
+		pthread_mutex_lock(&g->lock);
+		g->busy = false;
+		pthread_cond_broadcast(&g->cond);
+		pthread_mutex_unlock(&g->lock);
+		return r < 0 ? tpc_error_msg(r, q.msg) : 0;
+	}
+	r = queue_locked(g, &q);
+	while (r == 0 && !q.done)
+		pthread_cond_wait(&g->cond, &g->lock);
+	pthread_mutex_unlock(&g->lock);
+	if (r < 0)
+		return r;
+	return q.status < 0 ? tpc_error_msg(q.status, q.msg) : 0;
+}
+
+static int coll_start(struct tp_group *g, const struct tpc_coll *c, struct tp_coll_req **ret)
+{
+	struct tp_coll_req *q;
+	int r = coll_check(g, c);
+
+	if (r < 0)
+		return r;
+	if (!ret)
+		return tpc_error(-EINVAL, "no result pointer");
+	q = calloc(1, sizeof(*q));
+	if (!q)
+		return tpc_error(-ENOMEM, "out of memory");
+	q->g = g;
+	q->c = *c;
+	pthread_mutex_lock(&g->lock);
+	r = queue_locked(g, q);
+	pthread_mutex_unlock(&g->lock);
+	if (r < 0) {
+		free(q);
+		return r;
+	}
+	*ret = q;
+	return 0;
+}
+
+TP_EXPORT int tp_coll_test(struct tp_coll_req *q)
+{
+	int done;
+
+	if (!q)
+		return tpc_error(-EINVAL, "no request");
+	pthread_mutex_lock(&q->g->lock);
+	done = q->done;
+	pthread_mutex_unlock(&q->g->lock);
+	return done;
+}
+
+TP_EXPORT int tp_coll_wait(struct tp_coll_req *q)
+{
+	struct tp_group *g;
+	int r;
+
+	if (!q)
+		return tpc_error(-EINVAL, "no request");
+	g = q->g;
+	pthread_mutex_lock(&g->lock);
+	while (!q->done)
+		pthread_cond_wait(&g->cond, &g->lock);
+	pthread_mutex_unlock(&g->lock);
+	r = q->status < 0 ? tpc_error_msg(q->status, q->msg) : 0;
+	free(q);
+	return r;
+}
+
+TP_EXPORT void tp_coll_free(struct tp_coll_req *q)
+{
+	struct tp_group *g;
+
+	if (!q)
+		return;
+	g = q->g;
+	pthread_mutex_lock(&g->lock);
+	if (q->done)
+		free(q);
+	else
+		q->orphan = true;
+	pthread_mutex_unlock(&g->lock);
+}
+
+TP_EXPORT int tp_group_leave(struct tp_group *g)
+{
+	int r;
+
+	if (!g)
+		return 0;
+	pthread_mutex_lock(&g->lock);
+	g->stop = true;
+	pthread_cond_broadcast(&g->cond);
+	while (g->busy || !tpu_list_empty(&g->queue))
+		pthread_cond_wait(&g->cond, &g->lock);
+	pthread_mutex_unlock(&g->lock);
+	if (g->thread_up)
+		pthread_join(g->thread, NULL);
+	r = g->lost_err;
+	pthread_mutex_lock(&g->ctx->lock);
+	tpu_list_remove(&g->ctx_node);
+	pthread_mutex_unlock(&g->ctx->lock);
+	group_send_id(g, true);
+	group_free(g);
+	return r < 0 ? tpc_error(r, "a collective of the group failed unwaited") : 0;
+}
+
+/* ---- the collectives ----------------------------------------------------------------------- */
+
+TP_EXPORT int tp_barrier(struct tp_group *g)
+{
+	return coll_blocking(g, &(struct tpc_coll){ .kind = TPC_COLL_BARRIER });
+}
+
+TP_EXPORT int tp_allreduce(struct tp_group *g, const void *send, void *recv, size_t count,
+			   enum tp_dtype dtype, enum tp_reduce_op op)
+{
+	return coll_blocking(g, &(struct tpc_coll){ .kind = TPC_COLL_ALLREDUCE, .send = send,
+						    .recv = recv, .count = count, .dtype = dtype,
+						    .op = (unsigned)op });
+}
+
+TP_EXPORT int tp_allreduce_uneven(struct tp_group *g, const void *send, void *recv, size_t count,
+				  enum tp_dtype dtype, enum tp_reduce_op op,
+				  unsigned *ret_contributors)
+{
+	return coll_blocking(g, &(struct tpc_coll){ .kind = TPC_COLL_ALLREDUCE, .send = send,
+						    .recv = recv, .count = count, .dtype = dtype,
+						    .op = (unsigned)op, .absent = send == NULL,
+						    .ret_contrib = ret_contributors });
+}
+
+TP_EXPORT int tp_allreduce_fn(struct tp_group *g, const void *send, void *recv, size_t count,
+			      enum tp_dtype dtype, tp_reduce_fn fn, void *user)
+{
+	return coll_blocking(g, &(struct tpc_coll){ .kind = TPC_COLL_ALLREDUCE, .send = send,
+						    .recv = recv, .count = count, .dtype = dtype,
+						    .op = TPC_OP_USER, .fn = fn, .user = user });
+}
+
+TP_EXPORT int tp_broadcast(struct tp_group *g, void *buf, size_t count, enum tp_dtype dtype,
+			   int root)
+{
+	return coll_blocking(g, &(struct tpc_coll){ .kind = TPC_COLL_BROADCAST, .recv = buf,
+						    .count = count, .dtype = dtype,
+						    .root = root });
+}
+
+TP_EXPORT int tp_allgather(struct tp_group *g, const void *send, void *recv, size_t count,
+			   enum tp_dtype dtype)
+{
+	return coll_blocking(g, &(struct tpc_coll){ .kind = TPC_COLL_ALLGATHER, .send = send,
+						    .recv = recv, .count = count,
+						    .dtype = dtype });
+}
+
+TP_EXPORT int tp_reduce_scatter(struct tp_group *g, const void *send, void *recv, size_t count,
+				enum tp_dtype dtype, enum tp_reduce_op op)
+{
+	return coll_blocking(g, &(struct tpc_coll){ .kind = TPC_COLL_REDUCE_SCATTER, .send = send,
+						    .recv = recv, .count = count, .dtype = dtype,
+						    .op = (unsigned)op });
+}
+
+TP_EXPORT int tp_allreduce_start(struct tp_group *g, const void *send, void *recv, size_t count,
+				 enum tp_dtype dtype, enum tp_reduce_op op,
+				 struct tp_coll_req **ret)
+{
+	return coll_start(g, &(struct tpc_coll){ .kind = TPC_COLL_ALLREDUCE, .send = send,
+						 .recv = recv, .count = count, .dtype = dtype,
+						 .op = (unsigned)op }, ret);
+}
+
+TP_EXPORT int tp_broadcast_start(struct tp_group *g, void *buf, size_t count, enum tp_dtype dtype,
+				 int root, struct tp_coll_req **ret)
+{
+	return coll_start(g, &(struct tpc_coll){ .kind = TPC_COLL_BROADCAST, .recv = buf,
+						 .count = count, .dtype = dtype, .root = root }, ret);
+}
+
+TP_EXPORT int tp_barrier_start(struct tp_group *g, struct tp_coll_req **ret)
+{
+	return coll_start(g, &(struct tpc_coll){ .kind = TPC_COLL_BARRIER }, ret);
+}
+
+TP_EXPORT int tp_allgather_start(struct tp_group *g, const void *send, void *recv, size_t count,
+				 enum tp_dtype dtype, struct tp_coll_req **ret)
+{
+	return coll_start(g, &(struct tpc_coll){ .kind = TPC_COLL_ALLGATHER, .send = send,
+						 .recv = recv, .count = count, .dtype = dtype }, ret);
+}
+
+TP_EXPORT int tp_reduce_scatter_start(struct tp_group *g, const void *send, void *recv,
+				      size_t count, enum tp_dtype dtype, enum tp_reduce_op op,
+				      struct tp_coll_req **ret)
+{
+	return coll_start(g, &(struct tpc_coll){ .kind = TPC_COLL_REDUCE_SCATTER, .send = send,
+						 .recv = recv, .count = count, .dtype = dtype,
+						 .op = (unsigned)op }, ret);
+}

@@ -1,0 +1,36 @@
+/* SPDX-License-Identifier: BSD-3-Clause */
+/*
+ * The reduction kernels of the collectives (reduce.c): element-wise sum, product, minimum and
+ * maximum for every tp_dtype, and the half-precision conversions they use. Pure functions over
+ * memory, no state: the collectives engine (coll.c) decides which slices to fold in which order,
+ * and the unit suite (tests/unit/test_reduce.c) checks them against scalar references.
+ */
+#ifndef TPC_REDUCE_H
+#define TPC_REDUCE_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "tpclient.h"
+
+/* Is @op a built-in reduction (TP_OP_SUM..TP_OP_MAX)? */
+static inline int tpc_reduce_op_valid(int op)
+{
+	return op >= TP_OP_SUM && op <= TP_OP_MAX;
+}
+
+/*
+ * tpc_reduce() - @acc[i] = @op(@acc[i], @in[i]) for @n elements of @dt; f16 and bf16 are computed
+ * in float and rounded to nearest even after each step. Borrows @acc and @in (may not
+ * overlap). @dt and @op must be valid (tp_dtype_size() != 0, tpc_reduce_op_valid()).
+ */
+void tpc_reduce(void *acc, const void *in, size_t n, enum tp_dtype dt, enum tp_reduce_op op);
+
+/* binary16 <-> float (exact widening; narrowing rounds to nearest even, NaN stays NaN). */
+float tpc_f16_to_float(uint16_t h);
+uint16_t tpc_float_to_f16(float f);
+/* bfloat16 <-> float (likewise). */
+float tpc_bf16_to_float(uint16_t h);
+uint16_t tpc_float_to_bf16(float f);
+
+#endif

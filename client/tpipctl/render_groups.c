@@ -1,0 +1,119 @@
+/* SPDX-License-Identifier: BSD-3-Clause */
+/*
+ * tpipctl groups: collective groups as a line per group (name, uid, state, plan, arena, the
+ * first failure) followed by its members' table (rank, pid, session, state, collectives, bytes,
+ * seconds busy and waiting: torch-ipc's netStats per member), or with --json one array
+ * "groups" of objects with a "members" array. Other requests' renderers are render.c's.
+ */
+#include <inttypes.h>
+#include <json-c/json.h>
+#include <stdio.h>
+
+#include "ctl.h"
+
+static const char *s_or(const char *s)
+{
+	return s && *s ? s : "-";
+}
+
+static struct json_object *member_json(const Tpw__V1__CtlGroupMember *m)
+{
+	struct json_object *o = json_object_new_object();
+
+	if (!o)
+		return NULL;
+	ctl_json_u64(o, "rank", m->rank);
+	ctl_json_u64(o, "pid", m->pid);
+	ctl_json_u64(o, "session", m->session_id);
+	ctl_json_str(o, "state", m->state);
+	ctl_json_u64(o, "calls", m->calls);
+	ctl_json_u64(o, "bytes", m->bytes);
+	ctl_json_u64(o, "busy_us", m->busy_us);
+	ctl_json_u64(o, "wait_us", m->wait_us);
+	return o;
+}
+
+static struct json_object *group_json(const Tpw__V1__CtlGroup *g)
+{
+	struct json_object *o = json_object_new_object(), *arr = json_object_new_array();
+
+	if (!o || !arr) {
+		json_object_put(o);
+		json_object_put(arr);
+		return NULL;
+	}
+	ctl_json_u64(o, "id", g->id);
+	ctl_json_str(o, "name", g->name);
+	ctl_json_u64(o, "uid", g->uid);
+	ctl_json_u64(o, "size", g->size);
+	ctl_json_u64(o, "joined", g->joined);
+	ctl_json_str(o, "state", g->state);
+	ctl_json_str(o, "plan", g->plan);
+	ctl_json_u64(o, "hosts", g->hosts);
+	ctl_json_u64(o, "arena_bytes", g->arena_bytes);
+	ctl_json_u64(o, "chunk_bytes", g->chunk_bytes);
+	ctl_json_str(o, "failure", g->failure);
+	ctl_json_u64(o, "age_ms", g->age_ms);
+	for (size_t i = 0; i < g->n_members; i++)
+		json_object_array_add(arr, member_json(g->members[i]));
+	json_object_object_add(o, "members", arr);
+	return o;
+}
+
+static const struct ctl_col member_cols[] = {
+	{ "RANK", true },  { "PID", true },   { "SESSION", true }, { "STATE", false },
+	{ "CALLS", true }, { "BYTES", true }, { "BUSY_S", true },  { "WAIT_S", true },
+};
+
+static int group_text(const Tpw__V1__CtlGroup *g, FILE *out)
+{
+	struct ctl_table t;
+	char b[32];
+	int r;
+
+	fprintf(out, "group %" PRIu64 " '%s' uid %" PRIu32 ": %" PRIu32 " of %" PRIu32
+		" members, %s, %" PRIu32 " host(s), arena %s%s%s\n  plan: %s\n",
+		g->id, s_or(g->name), g->uid, g->joined, g->size, s_or(g->state), g->hosts,
+		ctl_fmt_bytes(g->arena_bytes, b, sizeof(b)), g->failure && *g->failure ?
+		", failed: " : "", g->failure && *g->failure ? g->failure : "", s_or(g->plan));
+	ctl_table_init(&t, member_cols, TPU_ARRAY_SIZE(member_cols));
+	for (size_t i = 0; i < g->n_members; i++) {
+		const Tpw__V1__CtlGroupMember *m = g->members[i];
+		char mb[32];
+
+		ctl_table_cellf(&t, "%" PRIu32, m->rank);
+		ctl_table_cellf(&t, "%" PRIu32, m->pid);
+		ctl_table_cellf(&t, "%" PRIu64, m->session_id);
+		ctl_table_cellf(&t, "%s", s_or(m->state));
+		ctl_table_cellf(&t, "%" PRIu64, m->calls);
+		ctl_table_cellf(&t, "%s", ctl_fmt_bytes(m->bytes, mb, sizeof(mb)));
+		ctl_table_cellf(&t, "%.3f", (double)m->busy_us / 1e6);
+		ctl_table_cellf(&t, "%.3f", (double)m->wait_us / 1e6);
+	}
+	r = ctl_table_print(&t, out);
+	ctl_table_done(&t);
+	return r;
+}
+
+int ctl_render_groups(const Tpw__V1__CtlReply *r, const struct ctl_view *v, FILE *out)
+{
+	int ret = 0;
+
+	if (v->json) {
+		struct json_object *arr = json_object_new_array();
+
+		if (!arr)
+			return -ENOMEM;
+		for (size_t i = 0; i < r->n_groups; i++)
+			json_object_array_add(arr, group_json(r->groups[i]));
+		return ctl_json_emit_list("groups", arr, out);
+	}
+	if (r->n_groups == 0)
+		fprintf(out, "no groups\n");
+	for (size_t i = 0; i < r->n_groups && ret == 0; i++) {
+		if (i)
+			fputc('\n', out);
+		ret = group_text(r->groups[i], out);
+	}
+	return ret;
+}

@@ -1,0 +1,116 @@
+/* SPDX-License-Identifier: BSD-3-Clause */
+/*
+ * The layout of a group's arena: one shared-memory file per group that the daemon creates and
+ * maps, and that every member maps, through which the members of one host run their
+ * collectives (client/lib/coll.c). The daemon only ever writes the failure fields and the
+ * futex word (tpu_grparena_fail()); it never reads anything else a member wrote there. What a
+ * collective puts in the slots is the client library's (docs/collectives.md, "Arena").
+ */
+#ifndef TPU_GRPARENA_H
+#define TPU_GRPARENA_H
+
+#include <limits.h>
+#include <linux/futex.h>
+#include <stdint.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
+#define TPU_GRPARENA_MAGIC 0x52475054u /* "TPGR" */
+#define TPU_GRPARENA_VERSION 1u
+#define TPU_GRPARENA_HDR 4096u	       /* the header page */
+#define TPU_GRPARENA_CALL 64u	       /* one call descriptor (a cache line) */
+#define TPU_GRPARENA_FAILED 0x80000000u /* in word: the group failed (fail_* say why) */
+#define TPU_GRPARENA_GEN 0x7fffffffu	/* in word: the barrier's generation */
+
+/* Why a group failed (fail_why). */
+enum tpu_grparena_why {
+	TPU_GRPARENA_OK = 0,
+	TPU_GRPARENA_DIED = 1,	  /* the member's session ended without leaving */
+	TPU_GRPARENA_LEFT = 2,	  /* the member left (tp_group_leave()) */
+	TPU_GRPARENA_ABORTED = 3, /* the member aborted the group (tp_group_abort()) */
+	TPU_GRPARENA_TIMEOUT = 4, /* the member gave up waiting (op timeout) */
+	TPU_GRPARENA_SHUTDOWN = 5, /* the daemon stopped */
+	TPU_GRPARENA_LOST = 6	   /* the member lost its daemon connection */
+};
+
+struct tpu_grparena_hdr {
+	uint32_t magic;
+	uint32_t version;
+	uint32_t size;	      /* members */
+	uint32_t pad0;
+	uint64_t chunk_bytes; /* bytes of one data slot */
+	uint64_t arena_bytes; /* the whole file */
+	uint8_t pad1[32];
+	/* Cache line 1: the barrier. */
+	uint32_t word;	/* futex: TPU_GRPARENA_FAILED | generation */
+	uint32_t count; /* members arrived at the current barrier */
+	uint8_t pad2[56];
+	/* Cache line 2: the first failure (written once, before FAILED is set in word). */
+	uint32_t fail_rank;
+	uint32_t fail_pid;
+	uint32_t fail_why; /* enum tpu_grparena_why */
+	uint8_t pad3[52];
+};
+
+/* A member's counters, written by that member after each collective (tpipctl groups reads
+ * them: informational, as the member says). */
+struct tpu_grparena_stats {
+	uint64_t calls;	  /* collectives finished (failed ones included) */
+	uint64_t bytes;	  /* bytes of its input they covered */
+	uint64_t busy_ns; /* time inside collectives */
+	uint64_t wait_ns; /* of that, time waiting for the others */
+	uint8_t pad[32];
+};
+
+/* Offsets: the header page, 2 x size call descriptors (by sequence parity), size members'
+ * stats, then the data: 2 banks x size slots of chunk_bytes, then 2 result slots. */
+static inline uint64_t tpu_grparena_calls_off(void)
+{
+	return TPU_GRPARENA_HDR;
+}
+
+static inline uint64_t tpu_grparena_stats_off(uint32_t size)
+{
+	return TPU_GRPARENA_HDR + 2ull * size * TPU_GRPARENA_CALL;
+}
+
+static inline uint64_t tpu_grparena_data_off(uint32_t size)
+{
+	uint64_t c = 3ull * size * TPU_GRPARENA_CALL;
+
+	return TPU_GRPARENA_HDR + ((c + 4095) & ~4095ull);
+}
+
+/* Bytes of the arena of @size members with @chunk-byte slots. */
+static inline uint64_t tpu_grparena_bytes(uint32_t size, uint64_t chunk)
+{
+	return tpu_grparena_data_off(size) + (2ull * size + 2) * chunk;
+}
+
+static inline long tpu_grparena_wake(uint32_t *word)
+{
+	return syscall(SYS_futex, word, FUTEX_WAKE, INT_MAX, NULL, NULL, 0);
+}
+
+/*
+ * tpu_grparena_fail() - record that @rank (@pid) broke the group for @why, unless a failure was
+ * recorded first, and wake every waiter. Borrows @h (mapped shared). Return: true if this call
+ * recorded it.
+ */
+static inline int tpu_grparena_fail(struct tpu_grparena_hdr *h, uint32_t rank, uint32_t pid,
+				    uint32_t why)
+{
+	uint32_t zero = 0;
+	int first = __atomic_compare_exchange_n(&h->fail_why, &zero, why, 0, __ATOMIC_SEQ_CST,
+						__ATOMIC_SEQ_CST);
+
+	if (first) {
+		__atomic_store_n(&h->fail_rank, rank, __ATOMIC_RELAXED);
+		__atomic_store_n(&h->fail_pid, pid, __ATOMIC_RELAXED);
+	}
+	__atomic_fetch_or(&h->word, TPU_GRPARENA_FAILED, __ATOMIC_SEQ_CST);
+	tpu_grparena_wake(&h->word);
+	return first;
+}
+
+#endif

@@ -1,0 +1,642 @@
+/* SPDX-License-Identifier: BSD-3-Clause */
+/*
+ * The group registry (group.h): GroupJoin, GroupReady and GroupLeave from sessions, the join
+ * deadlines, forming a group (its arena file) and failing it when a member's session ends. It
+ * does not run collectives (the client library does, over the arena) and does not bootstrap
+ * across hosts yet (COORDINATOR and SLURM joins are refused with STATUS_UNSUPPORTED).
+ */
+#include <errno.h>
+#include <fcntl.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/random.h>
+#include <unistd.h>
+
+#include <event2/event.h>
+
+#include "core.h"
+#include "group.h"
+#include "grparena.h"
+#include "local.h"
+#include "session.h"
+#include "tpu.h"
+#include "validate.h"
+
+#define GROUP_DIR "/dev/shm"
+#define GROUP_JOIN_MS_DEFAULT 30000u
+
+struct member {
+	struct tpd_group *grp;
+	struct tpd_session *s; /* NULL: free slot, or gone after forming */
+	uint64_t req_id;
+	pid_t pid;
+	bool joined;
+	bool ready;
+	bool gone; /* formed, then left or died */
+	uint32_t gone_why; /* TPU_GRPARENA_DIED or _LEFT */
+	struct event *ev_timeout;
+};
+
+struct tpd_group {
+	struct tpu_list node;
+	struct tpd_groups *gs;
+	uint64_t id;
+	uid_t uid;
+	gid_t gid;
+	char *name;
+	uint32_t size;
+	uint32_t joined;
+	uint32_t ready;
+	uint32_t live; /* formed: members not gone */
+	bool formed;
+	bool linked; /* the arena file still has its name */
+	char path[80];
+	struct tpu_grparena_hdr *arena;
+	uint64_t bytes; /* arena bytes (reserved from the first join) */
+	uint64_t chunk;
+	uint64_t created_ns;
+	char failure[96]; /* the first member gone, for tpipctl */
+	struct member m[];
+};
+
+struct tpd_groups {
+	struct tpd_daemon *d;
+	struct tpu_list list;
+	uint64_t next_id;
+	uint64_t formed, failed, refused; /* since start (metrics) */
+};
+
+int tpd_group_new(struct tpd_daemon *d, struct tpd_groups **ret)
+{
+	struct tpd_groups *g = calloc(1, sizeof(*g));
+
+	if (!g)
+		return -ENOMEM;
+	g->d = d;
+	tpu_list_init(&g->list);
+	*ret = g;
+	return 0;
+}
+
+/* Slot bytes for a group of @size: group-chunk up to 8 members, 8 x group-chunk / size above
+ * (at least 64 KiB), a multiple of 4 KiB. */
+static uint64_t group_chunk(const struct tpd_config *cfg, uint32_t size)
+{
+	uint64_t c = size <= 8 ? cfg->group_chunk : 8ull * cfg->group_chunk / size;
+
+	c &= ~4095ull;
+	return c < 65536 ? 65536 : c;
+}
+
+static void group_free(struct tpd_group *grp)
+{
+	for (uint32_t i = 0; i < grp->size; i++)
+		if (grp->m[i].ev_timeout)
+			event_free(grp->m[i].ev_timeout);
+	if (grp->linked)
+		unlink(grp->path);
+	if (grp->arena)
+		munmap(grp->arena, grp->bytes);
+	tpu_list_remove(&grp->node);
+	free(grp->name);
+	free(grp);
+}
+
+void tpd_group_free(struct tpd_groups *g)
+{
+	struct tpd_group *grp, *tmp;
+
+	if (!g)
+		return;
+	tpu_list_for_each_safe(grp, tmp, &g->list, node)
+		group_free(grp);
+	free(g);
+}
+
+void tpd_group_counts(const struct tpd_groups *g, uint32_t *ret_groups, uint32_t *ret_members,
+		      uint64_t *ret_bytes)
+{
+	const struct tpd_group *grp;
+	uint32_t n = 0, m = 0;
+	uint64_t b = 0;
+
+	tpu_list_for_each(grp, &g->list, node) {
+		n++;
+		m += grp->formed ? grp->live : grp->joined;
+		b += grp->bytes;
+	}
+	*ret_groups = n;
+	*ret_members = m;
+	*ret_bytes = b;
+}
+
+/* ---- answers ------------------------------------------------------------------------------- */
+
+static void joined_send(struct tpd_session *s, uint64_t req_id, int err, const char *why,
+			const struct tpd_group *grp, uint32_t rank)
+{
+	Tpw__V1__GroupJoined j = TPW__V1__GROUP_JOINED__INIT;
+	Tpw__V1__DaemonMsg m = TPW__V1__DAEMON_MSG__INIT;
+
+	j.req_id = req_id;
+	j.status = err < 0 ? tpw_status_from_errno(err) : TPW__V1__STATUS__STATUS_OK;
+	j.message = (char *)(why ? why : "");
+	if (err >= 0 && grp) {
+		j.group_id = grp->id;
+		j.rank = rank;
+		j.size = grp->size;
+		j.local_rank = rank; /* one host: every member is local */
+		j.local_size = grp->size;
+		j.host_index = 0;
+		j.hosts = 1;
+		j.arena_path = (char *)grp->path;
+		j.arena_bytes = grp->bytes;
+		j.chunk_bytes = grp->chunk;
+	}
+	m.body_case = TPW__V1__DAEMON_MSG__BODY_GROUP_JOINED;
+	m.group_joined = &j;
+	tpd_session_send(s, &m, NULL, 0);
+}
+
+static void join_refuse(struct tpd_session *s, uint64_t req_id, int err, const char *fmt, ...)
+	_printf_(4, 5);
+static void join_refuse(struct tpd_session *s, uint64_t req_id, int err, const char *fmt, ...)
+{
+	char why[256];
+	va_list ap;
+
+	va_start(ap, fmt);
+	vsnprintf(why, sizeof(why), fmt, ap);
+	va_end(ap);
+	tpd_session_log(s, TPU_LOG_INFO, "group join refused: %s", why);
+	tpd_daemon_groups(tpd_session_daemon(s))->refused++;
+	joined_send(s, req_id, err, why, NULL, 0);
+}
+
+/* ---- forming ------------------------------------------------------------------------------- */
+
+/* Creates @grp's arena file, owned by the group's uid, mode 0600, and maps it. */
+static int arena_create(struct tpd_group *grp, char *why, size_t wl)
+{
+	_cleanup_close_ int fd = -EBADF;
+	uint8_t rnd[16];
+	char hex[33];
+	void *p;
+
+	if (getrandom(rnd, sizeof(rnd), 0) != sizeof(rnd))
+		return tpu_why(-EIO, why, wl, "no random bytes for the arena name");
+	for (size_t i = 0; i < sizeof(rnd); i++)
+		snprintf(hex + 2 * i, 3, "%02x", rnd[i]);
+	snprintf(grp->path, sizeof(grp->path), GROUP_DIR "/tpipd-group-%s", hex);
+	if (geteuid() != 0 && geteuid() != grp->uid)
+		return tpu_why(-EPERM, why, wl, "the daemon (uid %u) cannot give uid %u an arena",
+			       (unsigned)geteuid(), (unsigned)grp->uid);
+	fd = open(grp->path, O_RDWR | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0600);
+	if (fd < 0)
+		return tpu_why(-errno, why, wl, "cannot create %s: %s", grp->path, strerror(errno));
+	grp->linked = true;
+	if ((geteuid() == 0 && fchown(fd, grp->uid, grp->gid) < 0) ||
+	    ftruncate(fd, (off_t)grp->bytes) < 0)
+		return tpu_why(-errno, why, wl, "cannot size or hand over %s: %s", grp->path,
+			       strerror(errno));
+	p = mmap(NULL, grp->bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+	if (p == MAP_FAILED)
+		return tpu_why(-errno, why, wl, "cannot map %s: %s", grp->path, strerror(errno));
+	grp->arena = p;
+	grp->arena->size = grp->size;
+	grp->arena->chunk_bytes = grp->chunk;
+	grp->arena->arena_bytes = grp->bytes;
+	grp->arena->version = TPU_GRPARENA_VERSION;
+	__atomic_store_n(&grp->arena->magic, TPU_GRPARENA_MAGIC, __ATOMIC_RELEASE);
+	return 0;
+}
+
+static void group_form(struct tpd_group *grp)
+{
+	char why[256] = "";
+	int r = arena_create(grp, why, sizeof(why));
+
+	grp->formed = true;
+	grp->live = grp->size;
+	for (uint32_t i = 0; i < grp->size; i++) {
+		struct member *mb = &grp->m[i];
+
+		event_del(mb->ev_timeout);
+		joined_send(mb->s, mb->req_id, r, r < 0 ? why : "", grp, i);
+	}
+	if (r < 0) {
+		tpu_log(TPU_LOG_WARNING, "group %llu '%s' (uid %u): %s",
+			(unsigned long long)grp->id, grp->name, (unsigned)grp->uid, why);
+		for (uint32_t i = 0; i < grp->size; i++)
+			grp->m[i].gone = true;
+		group_free(grp);
+		return;
+	}
+	grp->gs->formed++;
+	tpu_log(TPU_LOG_INFO, "group %llu '%s' (uid %u): %u members joined",
+		(unsigned long long)grp->id, grp->name, (unsigned)grp->uid, grp->size);
+}
+
+/* ---- joining ------------------------------------------------------------------------------- */
+
+static void member_clear(struct member *mb)
+{
+	if (mb->ev_timeout)
+		event_del(mb->ev_timeout);
+	mb->s = NULL;
+	mb->joined = false;
+	mb->grp->joined--;
+}
+
+static void member_on_timeout(evutil_socket_t fd, short what, void *arg)
+{
+	struct member *mb = arg;
+	struct tpd_group *grp = mb->grp;
+	char missing[128] = "";
+	size_t len = 0;
+
+	(void)fd;
+	(void)what;
+	for (uint32_t i = 0; i < grp->size && len + 12 < sizeof(missing); i++)
+		if (!grp->m[i].joined)
+			len += (size_t)snprintf(missing + len, sizeof(missing) - len, "%s%u",
+						len ? ", " : "", i);
+	join_refuse(mb->s, mb->req_id, -ETIMEDOUT,
+		    "group '%s': %u of %u members joined before the join timeout (missing ranks %s)",
+		    grp->name, grp->joined, grp->size, missing);
+	member_clear(mb);
+	if (grp->joined == 0)
+		group_free(grp);
+}
+
+static struct tpd_group *group_find(struct tpd_groups *gs, uid_t uid, const char *name)
+{
+	struct tpd_group *grp;
+
+	tpu_list_for_each(grp, &gs->list, node)
+		if (grp->uid == uid && strcmp(grp->name, name) == 0)
+			return grp;
+	return NULL;
+}
+
+/* Checks the uid's limits for a new group of @size; 0 or -ENOBUFS with @why. */
+static int group_limits(struct tpd_groups *gs, uid_t uid, uint32_t size, uint64_t bytes,
+			char *why, size_t wl)
+{
+	const struct tpd_config *cfg = tpd_daemon_cfg(gs->d);
+	struct tpd_group *grp;
+	uint32_t n = 0;
+	uint64_t b = 0;
+
+	if (size > cfg->group_members_max)
+		return tpu_why(-ENOBUFS, why, wl, "%u members is over the limit of %u "
+			       "(group-members-max)", size, cfg->group_members_max);
+	tpu_list_for_each(grp, &gs->list, node)
+		if (grp->uid == uid) {
+			n++;
+			b += grp->bytes;
+		}
+	if (n >= cfg->groups_per_uid)
+		return tpu_why(-ENOBUFS, why, wl, "uid %u has %u groups, the limit "
+			       "(groups-per-uid)", (unsigned)uid, n);
+	if (b + bytes > cfg->group_bytes_per_uid)
+		return tpu_why(-ENOBUFS, why, wl, "an arena of %llu bytes would bring uid %u over "
+			       "%llu bytes (group-bytes-per-uid)", (unsigned long long)bytes,
+			       (unsigned)uid, (unsigned long long)cfg->group_bytes_per_uid);
+	return 0;
+}
+
+static int group_create(struct tpd_groups *gs, struct tpd_session *s, const Tpw__V1__GroupJoin *j,
+			struct tpd_group **ret, char *why, size_t wl)
+{
+	uint64_t chunk = group_chunk(tpd_daemon_cfg(gs->d), j->size);
+	uint64_t bytes = tpu_grparena_bytes(j->size, chunk);
+	struct tpd_group *grp;
+	int r;
+
+	r = group_limits(gs, tpd_session_uid(s), j->size, bytes, why, wl);
+	if (r < 0)
+		return r;
+	grp = calloc(1, sizeof(*grp) + j->size * sizeof(grp->m[0]));
+	if (!grp || !(grp->name = strdup(j->name))) {
+		free(grp);
+		return tpu_why(-ENOMEM, why, wl, "out of memory");
+	}
+	tpu_list_init(&grp->node);
+	grp->gs = gs;
+	grp->id = ++gs->next_id;
+	grp->uid = tpd_session_uid(s);
+	grp->gid = s->gid;
+	grp->size = j->size;
+	grp->chunk = chunk;
+	grp->bytes = bytes;
+	grp->created_ns = tpu_now_ns();
+	for (uint32_t i = 0; i < j->size; i++) {
+		grp->m[i].grp = grp;
+		grp->m[i].ev_timeout = evtimer_new(tpd_daemon_base(gs->d), member_on_timeout,
+						   &grp->m[i]);
+		if (!grp->m[i].ev_timeout) {
+			group_free(grp);
+			return tpu_why(-ENOMEM, why, wl, "out of memory");
+		}
+	}
+	tpu_list_insert_tail(&gs->list, &grp->node);
+	*ret = grp;
+	return 0;
+}
+
+/* The slot @j asks for in @grp: its rank, or the lowest free one for -1. */
+static int join_slot(struct tpd_group *grp, const Tpw__V1__GroupJoin *j, char *why, size_t wl)
+{
+	if (grp->formed)
+		return tpu_why(-EBUSY, why, wl, "group '%s' is formed (or still ending): leave it "
+			       "on every member first", grp->name);
+	if (j->size != grp->size)
+		return tpu_why(-EINVAL, why, wl, "group '%s' has %u members, this join says %u",
+			       grp->name, grp->size, j->size);
+	if (j->rank >= 0) {
+		if (grp->m[j->rank].joined)
+			return tpu_why(-EADDRINUSE, why, wl, "group '%s': rank %d already joined "
+				       "(pid %d)", grp->name, (int)j->rank,
+				       (int)grp->m[j->rank].pid);
+		return j->rank;
+	}
+	for (uint32_t i = 0; i < grp->size; i++)
+		if (!grp->m[i].joined)
+			return (int)i;
+	return tpu_why(-EADDRINUSE, why, wl, "group '%s' is full", grp->name);
+}
+
+static void group_on_join(struct tpd_session *s, const Tpw__V1__GroupJoin *j)
+{
+	struct tpd_groups *gs = tpd_daemon_groups(tpd_session_daemon(s));
+	uint32_t ms = j->timeout_ms ? j->timeout_ms : GROUP_JOIN_MS_DEFAULT;
+	struct timeval tv = { ms / 1000, (long)(ms % 1000) * 1000 };
+	struct tpd_group *grp;
+	struct member *mb;
+	char why[256];
+	int r;
+
+	if (j->bootstrap != TPW__V1__GROUP_BOOTSTRAP__GROUP_BOOTSTRAP_UNSPECIFIED &&
+	    j->bootstrap != TPW__V1__GROUP_BOOTSTRAP__GROUP_BOOTSTRAP_LOCAL) {
+		join_refuse(s, j->req_id, -EOPNOTSUPP, "group '%s': only the local bootstrap (one "
+			    "host) is available", j->name);
+		return;
+	}
+	grp = group_find(gs, tpd_session_uid(s), j->name);
+	if (!grp) {
+		r = group_create(gs, s, j, &grp, why, sizeof(why));
+		if (r < 0) {
+			join_refuse(s, j->req_id, r, "group '%s': %s", j->name, why);
+			return;
+		}
+	}
+	r = join_slot(grp, j, why, sizeof(why));
+	if (r < 0) {
+		if (grp->joined == 0)
+			group_free(grp);
+		join_refuse(s, j->req_id, r, "%s", why);
+		return;
+	}
+	mb = &grp->m[r];
+	mb->s = s;
+	mb->req_id = j->req_id;
+	mb->pid = tpd_session_pid(s);
+	mb->joined = true;
+	grp->joined++;
+	evtimer_add(mb->ev_timeout, &tv);
+	if (grp->joined == grp->size)
+		group_form(grp);
+}
+
+/* ---- members leaving ----------------------------------------------------------------------- */
+
+/* Member @mb of a formed group goes (@why: DIED or LEFT): the others' collectives fail. */
+static void member_gone(struct member *mb, uint32_t why)
+{
+	struct tpd_group *grp = mb->grp;
+	uint32_t rank = (uint32_t)(mb - grp->m);
+
+	if (mb->gone)
+		return;
+	mb->gone = true;
+	mb->gone_why = why;
+	mb->s = NULL;
+	grp->live--;
+	if (!grp->failure[0])
+		snprintf(grp->failure, sizeof(grp->failure), "rank %u (pid %d) %s", rank,
+			 (int)mb->pid, why == TPU_GRPARENA_DIED ? "died" : "left");
+	if (grp->live > 0 && grp->arena &&
+	    tpu_grparena_fail(grp->arena, rank, (uint32_t)mb->pid, why) && ++grp->gs->failed)
+		tpu_log(why == TPU_GRPARENA_DIED ? TPU_LOG_WARNING : TPU_LOG_INFO,
+			"group %llu '%s' (uid %u): rank %u (pid %d) %s; the group fails for the "
+			"%u other members", (unsigned long long)grp->id, grp->name,
+			(unsigned)grp->uid, rank, (int)mb->pid,
+			why == TPU_GRPARENA_DIED ? "died" : "left", grp->live);
+	if (grp->live == 0)
+		group_free(grp);
+}
+
+static struct member *member_of(struct tpd_groups *gs, struct tpd_session *s, uint64_t id)
+{
+	struct tpd_group *grp;
+
+	tpu_list_for_each(grp, &gs->list, node)
+		if (grp->id == id && grp->formed)
+			for (uint32_t i = 0; i < grp->size; i++)
+				if (grp->m[i].s == s)
+					return &grp->m[i];
+	return NULL;
+}
+
+static void group_on_ready(struct tpd_session *s, const Tpw__V1__GroupReady *rd)
+{
+	struct member *mb = member_of(tpd_daemon_groups(tpd_session_daemon(s)), s, rd->group_id);
+
+	if (!mb || mb->ready)
+		return;
+	mb->ready = true;
+	if (++mb->grp->ready == mb->grp->size && mb->grp->linked) {
+		unlink(mb->grp->path); /* every member holds it mapped: the name can go */
+		mb->grp->linked = false;
+	}
+}
+
+static void group_on_leave(struct tpd_session *s, const Tpw__V1__GroupLeave *lv)
+{
+	struct member *mb = member_of(tpd_daemon_groups(tpd_session_daemon(s)), s, lv->group_id);
+
+	if (mb)
+		member_gone(mb, TPU_GRPARENA_LEFT);
+}
+
+static void group_on_session_end(struct tpd_session *s)
+{
+	struct tpd_groups *gs = tpd_daemon_groups(tpd_session_daemon(s));
+	struct tpd_group *grp, *tmp;
+
+	tpu_list_for_each_safe(grp, tmp, &gs->list, node) {
+		for (uint32_t i = 0; i < grp->size; i++) {
+			struct member *mb = &grp->m[i];
+			bool last = grp->formed ? grp->live == 1 : grp->joined == 1;
+
+			if (mb->s != s)
+				continue;
+			if (grp->formed)
+				member_gone(mb, TPU_GRPARENA_DIED);
+			else
+				member_clear(mb);
+			if (last) {
+				if (!grp->formed)
+					group_free(grp);
+				break; /* grp is freed */
+			}
+		}
+	}
+}
+
+static const struct tpd_local_group_ops group_local_ops = {
+	.join = group_on_join,
+	.ready = group_on_ready,
+	.leave = group_on_leave,
+	.session_end = group_on_session_end,
+};
+
+void tpd_group_serve_local(struct tpd_local *l)
+{
+	tpd_local_set_group_ops(l, &group_local_ops);
+}
+
+/* ---- tpipctl and metrics ------------------------------------------------------------------ */
+
+void tpd_group_totals(const struct tpd_groups *g, uint64_t *ret_formed, uint64_t *ret_failed,
+		      uint64_t *ret_refused)
+{
+	*ret_formed = g->formed;
+	*ret_failed = g->failed;
+	*ret_refused = g->refused;
+}
+
+static const char *member_state(const struct tpd_group *grp, const struct member *mb)
+{
+	if (mb->gone)
+		return mb->gone_why == TPU_GRPARENA_DIED ? "died" : "left";
+	if (!mb->joined)
+		return "missing";
+	if (!grp->formed)
+		return "joining";
+	return mb->ready ? "ready" : "joined";
+}
+
+static int ctl_member(const struct tpd_group *grp, uint32_t rank, Tpw__V1__CtlGroupMember **ret)
+{
+	const struct member *mb = &grp->m[rank];
+	Tpw__V1__CtlGroupMember *c = calloc(1, sizeof(*c));
+
+	if (!c)
+		return -ENOMEM;
+	tpw__v1__ctl_group_member__init(c);
+	c->rank = rank;
+	c->pid = (uint32_t)mb->pid;
+	c->session_id = mb->s ? tpd_session_id(mb->s) : 0;
+	c->state = (char *)member_state(grp, mb);
+	if (grp->arena) {
+		const struct tpu_grparena_stats *st =
+			(const struct tpu_grparena_stats *)((const uint8_t *)grp->arena +
+							    tpu_grparena_stats_off(grp->size)) +
+			rank;
+
+		/* what the member wrote: numbers only, shown as they are */
+		c->calls = __atomic_load_n(&st->calls, __ATOMIC_RELAXED);
+		c->bytes = __atomic_load_n(&st->bytes, __ATOMIC_RELAXED);
+		c->busy_us = __atomic_load_n(&st->busy_ns, __ATOMIC_RELAXED) / 1000;
+		c->wait_us = __atomic_load_n(&st->wait_ns, __ATOMIC_RELAXED) / 1000;
+	}
+	*ret = c;
+	return 0;
+}
+
+static void ctl_group_free(Tpw__V1__CtlGroup *c)
+{
+	if (!c)
+		return;
+	for (size_t i = 0; i < c->n_members; i++)
+		free(c->members[i]);
+	free(c->members);
+	free(c->plan);
+	free(c);
+}
+
+static int ctl_group(const struct tpd_group *grp, Tpw__V1__CtlGroup **ret)
+{
+	Tpw__V1__CtlGroup *c = calloc(1, sizeof(*c));
+	char plan[256];
+
+	if (!c)
+		return -ENOMEM;
+	tpw__v1__ctl_group__init(c);
+	c->id = grp->id;
+	c->name = grp->name;
+	c->uid = (uint32_t)grp->uid;
+	c->size = grp->size;
+	c->joined = grp->joined;
+	c->state = (char *)(!grp->formed ? "joining" : grp->failure[0] ? "failed" : "formed");
+	snprintf(plan, sizeof(plan), "one host, shared-memory arena: all-reduce = reduce-scatter "
+		 "by %u slices in rank order + all-gather, chunks of %llu KiB, 2 barriers each "
+		 "(every size)", grp->size, (unsigned long long)(grp->chunk >> 10));
+	c->plan = strdup(plan);
+	c->arena_bytes = grp->bytes;
+	c->chunk_bytes = grp->chunk;
+	c->failure = (char *)grp->failure;
+	c->hosts = 1;
+	c->age_ms = (tpu_now_ns() - grp->created_ns) / 1000000;
+	c->members = calloc(grp->size, sizeof(*c->members));
+	if (!c->plan || !c->members) {
+		ctl_group_free(c);
+		return -ENOMEM;
+	}
+	for (uint32_t i = 0; i < grp->size; i++) {
+		if (ctl_member(grp, i, &c->members[i]) < 0) {
+			ctl_group_free(c);
+			return -ENOMEM;
+		}
+		c->n_members++;
+	}
+	*ret = c;
+	return 0;
+}
+
+int tpd_group_ctl(struct tpd_groups *g, bool own_only, uid_t viewer, Tpw__V1__CtlGroup ***ret,
+		  size_t *n)
+{
+	struct tpd_group *grp;
+	Tpw__V1__CtlGroup **v;
+	size_t k = 0, cap = 0;
+
+	tpu_list_for_each(grp, &g->list, node)
+		cap++;
+	v = calloc(cap + 1, sizeof(*v));
+	if (!v)
+		return -ENOMEM;
+	tpu_list_for_each(grp, &g->list, node) {
+		if (own_only && grp->uid != viewer)
+			continue;
+		if (ctl_group(grp, &v[k]) < 0) {
+			tpd_group_ctl_free(v, k);
+			return -ENOMEM;
+		}
+		k++;
+	}
+	*ret = v;
+	*n = k;
+	return 0;
+}
+
+void tpd_group_ctl_free(Tpw__V1__CtlGroup **v, size_t n)
+{
+	for (size_t i = 0; i < n; i++)
+		ctl_group_free(v[i]);
+	free(v);
+}

@@ -1,0 +1,333 @@
+/* SPDX-License-Identifier: BSD-3-Clause */
+/*
+ * Unit suite: the collectives' reduction kernels (client/lib/reduce.c, compiled in). binary16
+ * conversions agree with a reference by arithmetic (and with the compiler's _Float16 where it
+ * has one) for every half value and for float inputs around every rounding boundary; bfloat16 rounds to nearest even and keeps NaN a NaN; every
+ * (dtype, op) kernel agrees element by element with a scalar reference, at lengths that are not
+ * multiples of a vector and at unaligned offsets; integer sums and products wrap.
+ */
+#include <check.h>
+#include <math.h>
+#include <stdint.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "reduce.h"
+
+/* binary16 by arithmetic (frexp/ldexp/nearbyint, round to nearest even), independent of the
+ * library's bit twiddling and of the compiler's _Float16 (which clang lacks on some targets). */
+static uint16_t ref_f2h(float x)
+{
+	uint16_t sign = signbit(x) ? 0x8000 : 0;
+	double a = fabs((double)x), q, v;
+	int e, ue;
+
+	if (isnan(x))
+		return 0x7e00;
+	if (a == 0)
+		return sign;
+	frexp(a, &e);		       /* a in [2^(e-1), 2^e) */
+	ue = e - 11 < -24 ? -24 : e - 11; /* 11 significant bits, subnormal spacing 2^-24 */
+	q = nearbyint(ldexp(a, -ue));
+	v = ldexp(q, ue);
+	if (v >= 65536.0)
+		return sign | 0x7c00;
+	if (v < 0x1p-14)
+		return sign | (uint16_t)ldexp(v, 24);
+	frexp(v, &e);
+	return sign | (uint16_t)((e - 1 + 15) << 10) | (uint16_t)(ldexp(v, 11 - e) - 1024);
+}
+
+static float ref_h2f(uint16_t h)
+{
+	int E = (h >> 10) & 31, M = h & 1023;
+	double v = E == 31 ? (M ? NAN : INFINITY) : E == 0 ? ldexp(M, -24) : ldexp(1024 + M, E - 25);
+
+	return (float)((h & 0x8000) ? -v : v);
+}
+
+#ifdef __FLT16_MAX__ /* the compiler's binary16 too, where it has one */
+static uint16_t cc_f2h(float x)
+{
+	_Float16 h = (_Float16)x;
+	uint16_t u;
+
+	memcpy(&u, &h, 2);
+	return u;
+}
+
+static float cc_h2f(uint16_t u)
+{
+	_Float16 h;
+
+	memcpy(&h, &u, 2);
+	return (float)h;
+}
+#else
+#define cc_f2h ref_f2h
+#define cc_h2f ref_h2f
+#endif
+
+START_TEST(test_f16_to_float_every_value)
+{
+	for (uint32_t h = 0; h < 0x10000; h++) {
+		float got = tpc_f16_to_float((uint16_t)h), want = ref_h2f((uint16_t)h);
+
+		if (isnan(want))
+			ck_assert_msg(isnan(got) && isnan(cc_h2f((uint16_t)h)), "0x%04x", h);
+		else
+			ck_assert_msg(memcmp(&got, &want, 4) == 0 && cc_h2f((uint16_t)h) == want,
+				      "0x%04x: %a want %a", h, got, want);
+	}
+}
+END_TEST
+
+START_TEST(test_float_to_f16_rounds_like_the_compiler)
+{
+	/* every half value, and the floats just around the midpoints between neighbours */
+	for (uint32_t h = 0; h < 0x10000; h++) {
+		float f = tpc_f16_to_float((uint16_t)h);
+		uint32_t u;
+
+		if (isnan(f))
+			continue;
+		memcpy(&u, &f, 4);
+		for (int d = -4096; d <= 4096; d += 256) {
+			uint32_t v = u + (uint32_t)d;
+			float x;
+			uint16_t want, got;
+
+			memcpy(&x, &v, 4);
+			if (isnan(x))
+				continue;
+			want = ref_f2h(x);
+			got = tpc_float_to_f16(x);
+			ck_assert_msg(got == want && cc_f2h(x) == want, "%a: 0x%04x want 0x%04x", x,
+				      got, want);
+		}
+	}
+	ck_assert(isnan(tpc_f16_to_float(tpc_float_to_f16(NAN))));
+}
+END_TEST
+
+START_TEST(test_bf16_rounds_to_nearest_even)
+{
+	ck_assert_uint_eq(tpc_float_to_bf16(1.0f), 0x3f80);
+	/* 1 + 2^-8 is halfway between 1 and 1 + 2^-7: even (1) wins */
+	ck_assert_uint_eq(tpc_float_to_bf16(1.0f + 0x1p-8f), 0x3f80);
+	/* 1 + 3 * 2^-8 is halfway between 1 + 2^-7 and 1 + 2^-6: even (1 + 2^-6) wins */
+	ck_assert_uint_eq(tpc_float_to_bf16(1.0f + 3 * 0x1p-8f), 0x3f82);
+	ck_assert_uint_eq(tpc_float_to_bf16(1.0f + 0x1p-8f + 0x1p-16f), 0x3f81);
+	ck_assert(isnan(tpc_bf16_to_float(tpc_float_to_bf16(NAN))));
+	ck_assert(isinf(tpc_bf16_to_float(tpc_float_to_bf16(INFINITY))));
+	for (uint32_t h = 0; h < 0x10000; h++) {
+		float f = tpc_bf16_to_float((uint16_t)h);
+
+		if (!isnan(f))
+			ck_assert_uint_eq(tpc_float_to_bf16(f), h);
+	}
+}
+END_TEST
+
+static double ref_op(double a, double b, enum tp_reduce_op op)
+{
+	switch (op) {
+	case TP_OP_SUM:
+		return a + b;
+	case TP_OP_PROD:
+		return a * b;
+	case TP_OP_MIN:
+		return b < a ? b : a;
+	default:
+		return b > a ? b : a;
+	}
+}
+
+/* One element of @dt: acc op in, computed the slow way. */
+static void ref_elem(enum tp_dtype dt, enum tp_reduce_op op, uint8_t *acc, const uint8_t *in)
+{
+	switch (dt) {
+	case TP_DTYPE_F16: {
+		uint16_t a, b;
+
+		memcpy(&a, acc, 2);
+		memcpy(&b, in, 2);
+		a = tpc_float_to_f16((float)ref_op(tpc_f16_to_float(a), tpc_f16_to_float(b), op));
+		memcpy(acc, &a, 2);
+		break;
+	}
+	case TP_DTYPE_BF16: {
+		uint16_t a, b;
+
+		memcpy(&a, acc, 2);
+		memcpy(&b, in, 2);
+		a = tpc_float_to_bf16((float)ref_op(tpc_bf16_to_float(a), tpc_bf16_to_float(b),
+						    op));
+		memcpy(acc, &a, 2);
+		break;
+	}
+	case TP_DTYPE_F32: {
+		float a, b;
+
+		memcpy(&a, acc, 4);
+		memcpy(&b, in, 4);
+		a = op == TP_OP_SUM ? a + b : op == TP_OP_PROD ? a * b : (float)ref_op(a, b, op);
+		memcpy(acc, &a, 4);
+		break;
+	}
+	case TP_DTYPE_F64: {
+		double a, b;
+
+		memcpy(&a, acc, 8);
+		memcpy(&b, in, 8);
+		a = ref_op(a, b, op);
+		memcpy(acc, &a, 8);
+		break;
+	}
+	case TP_DTYPE_I8:
+	case TP_DTYPE_U8:
+	case TP_DTYPE_I32:
+	case TP_DTYPE_I64: {
+		size_t es = tp_dtype_size(dt);
+		int64_t a = 0, b = 0;
+		uint64_t r;
+
+		if (dt == TP_DTYPE_I8) {
+			a = (int8_t)acc[0];
+			b = (int8_t)in[0];
+		} else if (dt == TP_DTYPE_U8) {
+			a = acc[0];
+			b = in[0];
+		} else if (dt == TP_DTYPE_I32) {
+			int32_t x, y;
+
+			memcpy(&x, acc, 4);
+			memcpy(&y, in, 4);
+			a = x;
+			b = y;
+		} else {
+			memcpy(&a, acc, 8);
+			memcpy(&b, in, 8);
+		}
+		r = op == TP_OP_SUM ? (uint64_t)a + (uint64_t)b :
+		    op == TP_OP_PROD ? (uint64_t)a * (uint64_t)b : (uint64_t)(int64_t)ref_op(
+			    (double)a, (double)b, op);
+		if (op == TP_OP_MIN || op == TP_OP_MAX) /* exact for 64 bits too */
+			r = (uint64_t)(op == TP_OP_MIN ? (b < a ? b : a) : (b > a ? b : a));
+		memcpy(acc, &r, es); /* little-endian: the low bytes wrap */
+		break;
+	}
+	}
+}
+
+static void fill(uint8_t *p, size_t len, unsigned seed)
+{
+	for (size_t i = 0; i < len; i++)
+		p[i] = (uint8_t)((i * 2654435761u + seed * 40503u) >> 13);
+}
+
+/* f16/bf16 patterns that are not NaN (random bytes make many); small floats keep products
+ * finite enough to compare. */
+static void fill_typed(enum tp_dtype dt, uint8_t *p, size_t n, unsigned seed)
+{
+	size_t es = tp_dtype_size(dt);
+
+	fill(p, n * es, seed);
+	for (size_t i = 0; i < n; i++) {
+		float f = (float)((int)((i * 7 + seed * 3) % 41) - 20) / 8.0f;
+
+		if (dt == TP_DTYPE_F16) {
+			uint16_t h = tpc_float_to_f16(f);
+
+			memcpy(p + i * 2, &h, 2);
+		} else if (dt == TP_DTYPE_BF16) {
+			uint16_t h = tpc_float_to_bf16(f);
+
+			memcpy(p + i * 2, &h, 2);
+		} else if (dt == TP_DTYPE_F32) {
+			memcpy(p + i * 4, &f, 4);
+		} else if (dt == TP_DTYPE_F64) {
+			double d = (double)f / 3.0;
+
+			memcpy(p + i * 8, &d, 8);
+		}
+	}
+}
+
+START_TEST(test_every_kernel_matches_the_scalar_reference)
+{
+	static const enum tp_dtype dts[] = { TP_DTYPE_F16, TP_DTYPE_BF16, TP_DTYPE_F32,
+					     TP_DTYPE_F64, TP_DTYPE_I8, TP_DTYPE_U8, TP_DTYPE_I32,
+					     TP_DTYPE_I64 };
+	static const size_t lens[] = { 0, 1, 3, 15, 16, 17, 1000, 4099 };
+
+	for (size_t d = 0; d < sizeof(dts) / sizeof(dts[0]); d++) {
+		size_t es = tp_dtype_size(dts[d]);
+
+		for (int op = TP_OP_SUM; op <= TP_OP_MAX; op++) {
+			for (size_t l = 0; l < sizeof(lens) / sizeof(lens[0]); l++) {
+				size_t n = lens[l];
+				/* +es: the arrays start one element in (not vector aligned) */
+				uint8_t *acc = malloc((n + 1) * es), *in = malloc((n + 1) * es);
+				uint8_t *ref = malloc((n + 1) * es);
+
+				fill_typed(dts[d], acc + es, n, 1);
+				fill_typed(dts[d], in + es, n, 2);
+				memcpy(ref, acc, (n + 1) * es);
+				for (size_t i = 0; i < n; i++)
+					ref_elem(dts[d], op, ref + es + i * es, in + es + i * es);
+				tpc_reduce(acc + es, in + es, n, dts[d], op);
+				ck_assert_msg(memcmp(acc + es, ref + es, n * es) == 0,
+					      "dtype %d op %d n %zu", dts[d], op, n);
+				free(acc);
+				free(in);
+				free(ref);
+			}
+		}
+	}
+}
+END_TEST
+
+START_TEST(test_integers_wrap_and_nan_wins_min_max)
+{
+	int8_t a8[2] = { 127, -128 }, b8[2] = { 1, -1 };
+	int32_t a32 = INT32_MAX, b32 = 2;
+	float fa[2] = { 1.0f, NAN }, fb[2] = { NAN, 1.0f };
+
+	tpc_reduce(a8, b8, 2, TP_DTYPE_I8, TP_OP_SUM);
+	ck_assert_int_eq(a8[0], -128);
+	ck_assert_int_eq(a8[1], 127);
+	tpc_reduce(&a32, &b32, 1, TP_DTYPE_I32, TP_OP_PROD);
+	ck_assert_int_eq(a32, -2);
+	tpc_reduce(fa, fb, 2, TP_DTYPE_F32, TP_OP_MIN);
+	ck_assert(isnan(fa[0]) && isnan(fa[1]));
+	ck_assert_uint_eq(tp_dtype_size(TP_DTYPE_BF16), 2);
+	ck_assert_uint_eq(tp_dtype_size((enum tp_dtype)99), 0);
+}
+END_TEST
+
+static Suite *reduce_suite(void)
+{
+	Suite *s = suite_create("reduce");
+	TCase *tc = tcase_create("core");
+
+	tcase_set_timeout(tc, 60);
+	tcase_add_test(tc, test_f16_to_float_every_value);
+	tcase_add_test(tc, test_float_to_f16_rounds_like_the_compiler);
+	tcase_add_test(tc, test_bf16_rounds_to_nearest_even);
+	tcase_add_test(tc, test_every_kernel_matches_the_scalar_reference);
+	tcase_add_test(tc, test_integers_wrap_and_nan_wins_min_max);
+	suite_add_tcase(s, tc);
+	return s;
+}
+
+int main(void)
+{
+	SRunner *sr = srunner_create(reduce_suite());
+	int failed;
+
+	srunner_run_all(sr, CK_NORMAL);
+	failed = srunner_ntests_failed(sr);
+	srunner_free(sr);
+	return failed ? 1 : 0;
+}
