@@ -160,6 +160,39 @@ void tpb_cuda_map_count(unsigned *ret_alive, unsigned *ret_open)
 	*ret_open = open;
 }
 
+void tpb_cuda_maps_busy(struct tpb_cuda_map *const *maps, size_t n)
+{
+	for (size_t i = 0; i < n; i++) {
+		if (!maps[i])
+			continue;
+		pthread_mutex_lock(&maps[i]->open_lock);
+		maps[i]->users++;
+		pthread_mutex_unlock(&maps[i]->open_lock);
+	}
+}
+
+void tpb_cuda_maps_idle(struct tpb_cuda_map *const *maps, size_t n)
+{
+	for (size_t i = 0; i < n; i++) {
+		struct tpb_cuda_map *m = maps[i];
+		unsigned holds;
+
+		if (!m)
+			continue;
+		pthread_mutex_lock(&table_lock);
+		holds = m->holds;
+		pthread_mutex_unlock(&table_lock);
+		pthread_mutex_lock(&m->open_lock);
+		if (m->users)
+			m->users--;
+		if (!m->users && !holds && m->state == 1) {
+			tpb_cuda_map_close(m);
+			__atomic_store_n(&m->state, 0, __ATOMIC_RELAXED); /* the next copy reopens */
+		}
+		pthread_mutex_unlock(&m->open_lock);
+	}
+}
+
 /* ---- per-session holds ---- */
 
 struct hold {
@@ -187,6 +220,9 @@ static void hold_drop(struct tpb_cuda_holds *h, struct hold *e)
 {
 	tpu_list_remove(&e->node);
 	h->n--;
+	pthread_mutex_lock(&table_lock);
+	e->map->holds--;
+	pthread_mutex_unlock(&table_lock);
 	tpb_cuda_map_unref(e->map);
 	free(e);
 }
@@ -232,6 +268,9 @@ int tpb_cuda_hold(struct tpb_cuda_holds *h, const uint8_t *handle, bool event,
 			free(e);
 			return r;
 		}
+		pthread_mutex_lock(&table_lock);
+		e->map->holds++;
+		pthread_mutex_unlock(&table_lock);
 		h->n++;
 	}
 	tpu_list_insert_head(&h->lru, &e->node);

@@ -50,6 +50,7 @@ struct tpd_config {
 	uint64_t outq_max;	    /* bytes queued towards one session before it is dropped */
 	uint32_t listeners_max;	    /* per session */
 	uint32_t cuda_holds_max;    /* CUDA allocations and events a session keeps mapped */
+	bool cuda_cache;	    /* keep them mapped between transfers (default: no) */
 	uint32_t drain_ms;	    /* graceful stop: wait this long for copies */
 	uint32_t ring_max;	    /* largest control ring per direction a client may map; 0: off */
 	uint32_t spin_us;	    /* poll busy control rings this long before sleeping; 0: never */
