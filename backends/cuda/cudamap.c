@@ -116,6 +116,62 @@ struct tpb_cuda_map *tpb_cuda_map_ref(struct tpb_cuda_map *m)
 	return m;
 }
 
+/*
+ * The last reference to an open mapping usually goes on the event loop (a message or session
+ * freed), but closing it is a driver call that may block for long (cuIpcCloseMemHandle,
+ * cuEventDestroy of a dead client's event): a closer thread does it, and frees the mapping.
+ */
+static pthread_mutex_t closer_lock = PTHREAD_MUTEX_INITIALIZER;
+static pthread_cond_t closer_cond = PTHREAD_COND_INITIALIZER;
+static struct tpu_list closer_todo = { &closer_todo, &closer_todo };
+static bool closer_started;
+
+static void map_free(struct tpb_cuda_map *m)
+{
+	if (m->state == 1)
+		tpb_cuda_map_close(m);
+	pthread_mutex_destroy(&m->open_lock);
+	free(m);
+}
+
+static void *closer_main(void *arg)
+{
+	pthread_mutex_lock(&closer_lock);
+	for (;;) {
+		struct tpb_cuda_map *m;
+
+		while (tpu_list_empty(&closer_todo))
+			pthread_cond_wait(&closer_cond, &closer_lock);
+		m = tpu_list_first(&closer_todo, struct tpb_cuda_map, node);
+		tpu_list_remove(&m->node);
+		pthread_mutex_unlock(&closer_lock);
+		map_free(m);
+		pthread_mutex_lock(&closer_lock);
+	}
+	return NULL;
+}
+
+/* Hands @m (open, unreferenced) to the closer thread; closes it here if none can start. */
+static void closer_push(struct tpb_cuda_map *m)
+{
+	pthread_t th;
+	bool ok;
+
+	pthread_mutex_lock(&closer_lock);
+	if (!closer_started && pthread_create(&th, NULL, closer_main, NULL) == 0) {
+		pthread_detach(th);
+		closer_started = true;
+	}
+	ok = closer_started;
+	if (ok) {
+		tpu_list_insert_tail(&closer_todo, &m->node);
+		pthread_cond_signal(&closer_cond);
+	}
+	pthread_mutex_unlock(&closer_lock);
+	if (!ok)
+		map_free(m);
+}
+
 void tpb_cuda_map_unref(struct tpb_cuda_map *m)
 {
 	bool last;
@@ -131,10 +187,10 @@ void tpb_cuda_map_unref(struct tpb_cuda_map *m)
 	pthread_mutex_unlock(&table_lock);
 	if (!last)
 		return;
-	if (m->state == 1)
-		tpb_cuda_map_close(m);
-	pthread_mutex_destroy(&m->open_lock);
-	free(m);
+	if (__atomic_load_n(&m->state, __ATOMIC_RELAXED) == 1)
+		closer_push(m); /* off the caller's thread: the close may block */
+	else
+		map_free(m);
 }
 
 unsigned tpb_cuda_map_refs(const struct tpb_cuda_map *m)

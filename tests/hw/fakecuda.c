@@ -29,6 +29,10 @@
  * and IPC mappings (their handles then fail with CUDA_ERROR_INVALID_HANDLE). Other devices are
  * unaffected. $FAKECUDA_FAULT_DIR forces the sticky error: a copy on device N finding the file
  * sticky-N there removes it and raises the error (one shot, across processes).
+ * $FAKECUDA_DELAY ("cuIpcOpenMemHandle:3000,cuIpcCloseMemHandle:500", milliseconds) makes
+ * those calls slow, as a driver can be: IPC opens and closes, cuEventDestroy of an IPC-opened
+ * event, cuMemGetHandleForAddressRange; while one is delayed, $FAKECUDA_FAULT_DIR/pending-CALL
+ * exists, so that a test can see it is still pending.
  * Not emulated: implicit synchronisation between the legacy stream and blocking streams,
  * timing, limits, and anything the hw suite, libtpclient and tpipd do not call. It proves the
  * plumbing and the ordering logic, not the hardware; tests/hw on a real GPU remains the truth.
@@ -220,6 +224,33 @@ static bool fault_forced(int ordinal)
 	return unlink(path) == 0;
 }
 
+/* Sleeps as long as $FAKECUDA_DELAY says for @call, with the pending-@call marker meanwhile. */
+static void fake_delay(const char *call)
+{
+	const char *e = getenv("FAKECUDA_DELAY"), *dir = getenv("FAKECUDA_FAULT_DIR");
+	size_t n = strlen(call);
+	char path[512] = "";
+	long ms = 0;
+
+	for (const char *p = e; p && *p; p = strchr(p, ',') ? strchr(p, ',') + 1 : NULL)
+		if (strncmp(p, call, n) == 0 && p[n] == ':')
+			ms = strtol(p + n + 1, NULL, 10);
+	if (ms <= 0)
+		return;
+	if (dir && *dir) {
+		int fd;
+		snprintf(path, sizeof(path), "%s/pending-%s", dir, call);
+		fd = open(path, O_WRONLY | O_CREAT | O_CLOEXEC, 0600);
+		if (fd >= 0)
+			close(fd);
+	}
+	struct timespec ts = { ms / 1000, (ms % 1000) * 1000000L };
+	while (nanosleep(&ts, &ts) < 0 && errno == EINTR)
+		;
+	if (path[0])
+		unlink(path);
+}
+
 /* ---- events ------------------------------------------------------------------------------- */
 
 struct ev_shared {
@@ -234,6 +265,7 @@ struct fevent {
 	struct fctx *ctx; /* the context it was created or opened in */
 	unsigned gen;	  /* @ctx's generation then */
 	unsigned flags;	  /* CU_EVENT_* */
+	bool imported;	  /* opened from an IPC handle */
 };
 
 struct ev_handle {
@@ -817,6 +849,7 @@ CUresult CUDAAPI cuMemGetHandleForAddressRange(void *handle, CUdeviceptr dptr, s
 	off_t start = 0;
 	int src = -1, fd;
 
+	fake_delay("cuMemGetHandleForAddressRange");
 	if (type != CU_MEM_RANGE_HANDLE_TYPE_DMA_BUF_FD)
 		return CUDA_ERROR_NOT_SUPPORTED;
 	if (flags == 1) /* CU_MEM_RANGE_FLAG_DMA_BUF_MAPPING_TYPE_PCIE (CUDA 12.8+ headers) */
@@ -889,6 +922,7 @@ CUresult CUDAAPI cuIpcOpenMemHandle(CUdeviceptr *dptr, CUipcMemHandle h, unsigne
 	memcpy(&m, h.reserved, sizeof(m));
 	if (m.magic != MEM_MAGIC || m.pid == getpid() || !m.id)
 		return CUDA_ERROR_INVALID_VALUE;
+	fake_delay("cuIpcOpenMemHandle");
 	if (!ctx_current())
 		return CUDA_ERROR_INVALID_CONTEXT;
 	if (ctx_sticky(ctx_current()) != CUDA_SUCCESS)
@@ -921,6 +955,7 @@ CUresult CUDAAPI cuIpcCloseMemHandle(CUdeviceptr dptr)
 		return CUDA_ERROR_INVALID_CONTEXT;
 	if (ctx_sticky(c) != CUDA_SUCCESS)
 		return ctx_sticky(c);
+	fake_delay("cuIpcCloseMemHandle");
 	pthread_mutex_lock(&lock);
 	a = alloc_find((uintptr_t)dptr);
 	stale = a && a->imported && a->refs == 1 && alloc_stale(a);
@@ -1001,6 +1036,8 @@ CUresult CUDAAPI cuEventDestroy(CUevent ev)
 
 	if (!e)
 		return CUDA_ERROR_INVALID_HANDLE;
+	if (e->imported)
+		fake_delay("cuEventDestroy");
 	/* Work still queued may name it: a real driver defers the release; so do we, forever. */
 	e->magic = 0;
 	return CUDA_SUCCESS;
@@ -1062,6 +1099,7 @@ CUresult CUDAAPI cuIpcGetEventHandle(CUipcEventHandle *h, CUevent ev)
 CUresult CUDAAPI cuIpcOpenEventHandle(CUevent *ev, CUipcEventHandle h)
 {
 	struct ev_handle m;
+	CUresult r;
 	int fd;
 
 	memcpy(&m, h.reserved, sizeof(m));
@@ -1071,10 +1109,14 @@ CUresult CUDAAPI cuIpcOpenEventHandle(CUevent *ev, CUipcEventHandle h)
 		return CUDA_ERROR_INVALID_CONTEXT;
 	if (ctx_sticky(ctx_current()) != CUDA_SUCCESS)
 		return ctx_sticky(ctx_current());
+	fake_delay("cuIpcOpenEventHandle");
 	fd = open_remote_fd(m.pid, m.fd);
 	if (fd < 0)
 		return CUDA_ERROR_INVALID_HANDLE;
-	return ev_map(fd, ctx_current(), CU_EVENT_INTERPROCESS | CU_EVENT_DISABLE_TIMING, ev);
+	r = ev_map(fd, ctx_current(), CU_EVENT_INTERPROCESS | CU_EVENT_DISABLE_TIMING, ev);
+	if (r == CUDA_SUCCESS)
+		((struct fevent *)*ev)->imported = true;
+	return r;
 }
 
 /* ---- streams and work ----------------------------------------------------------------------- */

@@ -7,11 +7,16 @@
  * mapping of freed memory (on the strict stand-in that would poison the device). A sticky
  * error on device 0 (forced in the stand-in with $FAKECUDA_FAULT_DIR) fails that transfer with
  * a message naming the device and the cause; device 1 keeps serving, and device 0 serves again
- * once its context was reset. The forced fault needs the stand-in and two devices; the test
- * skips it on a real GPU. Skips (77) without a CUDA driver or device.
+ * once its context was reset. A slow driver call (an IPC close taking seconds, made slow in the
+ * stand-in with $FAKECUDA_DELAY) does not hold up other sessions: while it is still pending,
+ * another pair of clients moves messages and tpipctl answers, whether the close comes at the
+ * end of the transfer (default) or of the clients' sessions (cuda-cache-mappings). The forced fault and the delay
+ * need the stand-in (two devices); those tests skip on a real GPU. Skips (77) without a CUDA
+ * driver or device.
  */
 #include <check.h>
 #include <errno.h>
+#include <time.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -225,16 +230,115 @@ START_TEST(test_cuda_life_sticky_error_fails_its_device_which_recovers)
 }
 END_TEST
 
+/* ---- a slow driver call blocks no other session ------------------------------------------ */
+
+#define SLOW_MS TPT_SCALED_MS(3000)
+
+static void setup_slow(void)
+{
+	char delay[64];
+
+	snprintf(delay, sizeof(delay), "cuIpcCloseMemHandle:%d", SLOW_MS);
+	setenv("FAKECUDA_DELAY", delay, 1); /* for the daemon */
+	setup();
+	unsetenv("FAKECUDA_DELAY"); /* the clients never close IPC handles anyway */
+}
+
+/* The same with mappings cached: the close comes when the clients' sessions end. */
+static void setup_slow_cached(void)
+{
+	const char *args[] = { "--cuda-cache-mappings", "yes", NULL };
+	char delay[64];
+
+	ck_assert_ptr_nonnull(mkdtemp(fault_dir));
+	setenv("FAKECUDA_FAULT_DIR", fault_dir, 1);
+	snprintf(delay, sizeof(delay), "cuIpcCloseMemHandle:%d", SLOW_MS);
+	setenv("FAKECUDA_DELAY", delay, 1);
+	ck_assert_int_eq(tpt_daemon_start(&tpt_fixture_daemon, args), 0);
+	unsetenv("FAKECUDA_DELAY");
+	ck_assert_int_eq(tpt_sync_init(&ready), 0);
+	ck_assert_int_eq(tpt_sync_init(&to_writer), 0);
+	ck_assert_int_eq(tpt_sync_init(&to_reader), 0);
+	ck_assert_int_eq(tpt_sync_init(&to_parent), 0);
+}
+
+static void teardown_slow(void)
+{
+	char path[128];
+
+	teardown();
+	snprintf(path, sizeof(path), "%s/pending-cuIpcCloseMemHandle", fault_dir);
+	unlink(path);
+}
+
+static bool pending(void)
+{
+	char path[128];
+
+	snprintf(path, sizeof(path), "%s/pending-cuIpcCloseMemHandle", fault_dir);
+	return access(path, F_OK) == 0;
+}
+
+static int gpu_pair(void *arg)
+{
+	return moves_on(0, "hw-life-slow", 87) ? 0 : 1;
+}
+
+static void cpu_spec(unsigned index, struct tpt_msg_spec *ret)
+{
+	*ret = (struct tpt_msg_spec){ .index = index, .n_payloads = 1, .lens = { 100 },
+				      .meta_len = 16 };
+}
+
+START_TEST(test_cuda_life_slow_ipc_close_blocks_no_other_session)
+{
+	struct tpt_xfer x = { .d = D, .name = "hw-life-cpu", .n_msgs = 8, .spec = cpu_spec,
+			      .writer_mem = TPT_MEM_PRIVATE, .reader_mem = TPT_MEM_PRIVATE };
+	struct timespec step = { 0, 5 * 1000000L };
+	pid_t gpu;
+	char *out;
+	int i;
+
+	if (!getenv("TPIPD_CUDA_LIBRARY") || !strstr(getenv("TPIPD_CUDA_LIBRARY"), "fakecuda")) {
+		printf("SKIP: a slow driver call needs the fakecuda stand-in\n");
+		return;
+	}
+	gpu = tpt_fork(gpu_pair, NULL);
+	ck_assert_int_gt(gpu, 0);
+	/* the daemon reaches the slow close on its own time: a condition with a deadline */
+	for (i = 0; i < T_MS / 5 && !pending(); i++)
+		nanosleep(&step, NULL);
+	ck_assert_msg(pending(), "the daemon never closed the IPC mapping");
+	ck_assert_msg(tpt_xfer_run(&x), "another session's messages did not move");
+	out = hwt_ctl(D, "status", false);
+	ck_assert_msg(out, "tpipctl status did not answer");
+	free(out);
+	ck_assert_msg(pending(), "the slow close ended before the other session was served: "
+				 "it held the other session up (or SLOW_MS is too short here)");
+	ck_assert(tpt_wait_ok(gpu, 2 * T_MS, "GPU pair"));
+}
+END_TEST
+
 static Suite *cuda_life_suite(void)
 {
 	Suite *s = suite_create("cuda_life");
 	TCase *tc = tcase_create("cuda_life");
+	TCase *slow = tcase_create("cuda_life_slow");
+	TCase *cached = tcase_create("cuda_life_slow_cached");
 
 	tcase_add_checked_fixture(tc, setup, teardown);
 	tcase_add_test(tc, test_cuda_life_memory_freed_after_the_transfer_is_not_mapped);
 	tcase_add_test(tc, test_cuda_life_sticky_error_fails_its_device_which_recovers);
 	tcase_set_timeout(tc, 200);
 	suite_add_tcase(s, tc);
+	tcase_add_checked_fixture(slow, setup_slow, teardown_slow);
+	tcase_add_test(slow, test_cuda_life_slow_ipc_close_blocks_no_other_session);
+	tcase_set_timeout(slow, 200);
+	suite_add_tcase(s, slow);
+	tcase_add_checked_fixture(cached, setup_slow_cached, teardown_slow);
+	tcase_add_test(cached, test_cuda_life_slow_ipc_close_blocks_no_other_session);
+	tcase_set_timeout(cached, 200);
+	suite_add_tcase(s, cached);
 	return s;
 }
 
