@@ -4,7 +4,8 @@
  * (the peer fixture: --peer-force-cross-host on loopback), moved by RDMA writes between the
  * daemons. CUDA -> CUDA at 1 B, 4 KiB, 1 MiB + 7 inside larger allocations on both sides, and
  * 64 MiB; shared buffer -> CUDA and CUDA -> shared buffer; all arrive intact and both daemons
- * count them under cuda_gdr in `tpipctl stats`, and `tpipctl pipes` on the reader's daemon shows
+ * count them under cuda_gdr in `tpipctl stats` and each registration's method (dma-buf or
+ * device address) in `tpipctl status`, and `tpipctl pipes` on the reader's daemon shows
  * cuda_gdr(cuda>cuda) for an open pipe. Private memory cannot be registered: such a
  * tensor still arrives, staged over the data connections (cuda_basic). A write the RDMA device
  * fails reaches both clients as an error; both daemons stay up, turn RDMA off on that link
@@ -66,6 +67,12 @@ static uint64_t status_u64(const struct tpt_daemon *d, const char *key)
 	return v;
 }
 
+/* CUDA regions @d registered, by dma-buf or by address. */
+static uint64_t reg_methods(const struct tpt_daemon *d)
+{
+	return status_u64(d, "rdma_reg_dmabuf") + status_u64(d, "rdma_reg_addr");
+}
+
 /* Once the clients have gone, @d keeps no registration and no mapping of their CUDA memory
  * (the registration cache must not hold an allocation its client left), having registered
  * @misses segments since @misses0. */
@@ -96,8 +103,12 @@ START_TEST(test_cuda_gdr_cuda_to_cuda_across_daemons)
 	uint64_t b0 = tpt_channel_bytes(&tpt_peer_b, "cuda_gdr");
 	uint64_t ma = status_u64(&tpt_peer_a, "rdma_cache_misses");
 	uint64_t mb = status_u64(&tpt_peer_b, "rdma_cache_misses");
+	uint64_t ra = reg_methods(&tpt_peer_a), rb = reg_methods(&tpt_peer_b);
 
 	ck_assert(cross("gdr-dd", cases, 4, 70));
+	/* each region's registration method is counted (tpipctl status) */
+	ck_assert_uint_eq(reg_methods(&tpt_peer_a) - ra, 4);
+	ck_assert_uint_eq(reg_methods(&tpt_peer_b) - rb, 4);
 	expect_gdr_bytes(a0, b0, 1 + 4096 + MIB + 7 + 64 * MIB);
 	expect_nothing_kept(&tpt_peer_a, ma, 4);
 	expect_nothing_kept(&tpt_peer_b, mb, 4);
