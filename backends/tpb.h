@@ -665,8 +665,9 @@ int tpb_cuda_gdr_range(const struct tpb_mem *m, struct tpb_cuda_range *ret, char
 const char *tpb_cuda_bus_id(const struct tpb_mem *m);
 
 /*
- * tpb_cuda_event_done() - has the client's event @m waits for fired (polled, never blocks)?
- * Borrows @m and @why.
+ * tpb_cuda_event_done() - has the client's event @m waits for fired (polled, never blocks: an
+ * event not opened yet is opened by the CUDA layer's worker thread meanwhile, and this answers
+ * 0 until it is). Borrows @m and @why.
  * Return: 1 yes (or @m has none, or is not CUDA memory), 0 not yet, -errno (reason in @why).
  */
 int tpb_cuda_event_done(const struct tpb_mem *m, char *why, size_t why_len);

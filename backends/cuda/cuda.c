@@ -412,6 +412,11 @@ int tpb_cuda_event_done(const struct tpb_mem *m, char *why, size_t wl)
 
 	if (m->loc != TPB_LOC_CUDA || !m->event)
 		return 1;
+	if (__atomic_load_n(&m->event->state, __ATOMIC_ACQUIRE) == 0) {
+		/* opening is a driver call that may block: never on the loop, poll again later */
+		tpb_cuda_map_open_bg(m->event);
+		return 0;
+	}
 	r = tpb_cuda_map_open(m->event, why, wl);
 	if (r == 0)
 		r = tpb_cuda_dev_enter(m->event->dev, why, wl);

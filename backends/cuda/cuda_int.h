@@ -32,6 +32,7 @@ struct tpb_cuda_map {
 	pthread_mutex_t open_lock; /* guards what follows */
 	int state;		   /* 0 not opened yet, 1 open, -errno: opening failed (sticky) */
 	unsigned users;		   /* copy jobs running on it (tpb_cuda_maps_busy()) */
+	bool open_queued;	   /* atomic: tpb_cuda_map_open_bg() queued it */
 	unsigned gen;		   /* the device's generation when opened (or failed) */
 	char why[256];		   /* why opening failed */
 	int dev;		   /* the daemon's ordinal of the device, once open */
@@ -44,6 +45,12 @@ struct tpb_cuda_map {
  * Return: 0, or -errno with the reason in @why.
  */
 int tpb_cuda_map_open(struct tpb_cuda_map *m, char *why, size_t why_len);
+/*
+ * tpb_cuda_map_open_bg() - have the CUDA layer's worker thread run tpb_cuda_map_open() on @m
+ * (a reference is held meanwhile), unless it is queued already: for callers on the event loop,
+ * which poll the mapping's state instead of blocking in the driver.
+ */
+void tpb_cuda_map_open_bg(struct tpb_cuda_map *m);
 /* Closes what tpb_cuda_map_open() opened (last reference gone). */
 void tpb_cuda_map_close(struct tpb_cuda_map *m);
 /* 1 if the driver can be used here, else 0 with the reason in @why. */

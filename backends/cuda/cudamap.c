@@ -120,11 +120,18 @@ struct tpb_cuda_map *tpb_cuda_map_ref(struct tpb_cuda_map *m)
  * The last reference to an open mapping usually goes on the event loop (a message or session
  * freed), but closing it is a driver call that may block for long (cuIpcCloseMemHandle,
  * cuEventDestroy of a dead client's event): a closer thread does it, and frees the mapping.
+ * The same thread opens the mappings that the loop needs open (tpb_cuda_map_open_bg()).
  */
 static pthread_mutex_t closer_lock = PTHREAD_MUTEX_INITIALIZER;
 static pthread_cond_t closer_cond = PTHREAD_COND_INITIALIZER;
 static struct tpu_list closer_todo = { &closer_todo, &closer_todo };
 static bool closer_started;
+
+struct open_req { /* a tpb_cuda_map_open_bg() request */
+	struct tpu_list node;
+	struct tpb_cuda_map *map; /* a reference */
+};
+static struct tpu_list opener_todo = { &opener_todo, &opener_todo };
 
 static void map_free(struct tpb_cuda_map *m)
 {
@@ -140,8 +147,21 @@ static void *closer_main(void *arg)
 	for (;;) {
 		struct tpb_cuda_map *m;
 
-		while (tpu_list_empty(&closer_todo))
+		while (tpu_list_empty(&closer_todo) && tpu_list_empty(&opener_todo))
 			pthread_cond_wait(&closer_cond, &closer_lock);
+		if (!tpu_list_empty(&opener_todo)) {
+			struct open_req *q = tpu_list_first(&opener_todo, struct open_req, node);
+			char why[256];
+
+			tpu_list_remove(&q->node);
+			pthread_mutex_unlock(&closer_lock);
+			tpb_cuda_map_open(q->map, why, sizeof(why)); /* its state says how it went */
+			__atomic_store_n(&q->map->open_queued, false, __ATOMIC_RELEASE);
+			tpb_cuda_map_unref(q->map);
+			free(q);
+			pthread_mutex_lock(&closer_lock);
+			continue;
+		}
 		m = tpu_list_first(&closer_todo, struct tpb_cuda_map, node);
 		tpu_list_remove(&m->node);
 		pthread_mutex_unlock(&closer_lock);
@@ -151,18 +171,48 @@ static void *closer_main(void *arg)
 	return NULL;
 }
 
-/* Hands @m (open, unreferenced) to the closer thread; closes it here if none can start. */
-static void closer_push(struct tpb_cuda_map *m)
+/* Locked: starts the worker thread once. Return: whether it runs. */
+static bool closer_start(void)
 {
 	pthread_t th;
-	bool ok;
 
-	pthread_mutex_lock(&closer_lock);
 	if (!closer_started && pthread_create(&th, NULL, closer_main, NULL) == 0) {
 		pthread_detach(th);
 		closer_started = true;
 	}
-	ok = closer_started;
+	return closer_started;
+}
+
+void tpb_cuda_map_open_bg(struct tpb_cuda_map *m)
+{
+	struct open_req *q;
+	bool no = false;
+
+	if (!__atomic_compare_exchange_n(&m->open_queued, &no, true, false, __ATOMIC_ACQ_REL,
+					 __ATOMIC_RELAXED))
+		return; /* queued already */
+	q = malloc(sizeof(*q));
+	pthread_mutex_lock(&closer_lock);
+	if (q && closer_start()) {
+		q->map = tpb_cuda_map_ref(m);
+		tpu_list_insert_tail(&opener_todo, &q->node);
+		pthread_cond_signal(&closer_cond);
+		q = NULL;
+	}
+	pthread_mutex_unlock(&closer_lock);
+	if (q || !closer_started) { /* no memory or no thread: the caller's next poll retries */
+		free(q);
+		__atomic_store_n(&m->open_queued, false, __ATOMIC_RELEASE);
+	}
+}
+
+/* Hands @m (open, unreferenced) to the closer thread; closes it here if none can start. */
+static void closer_push(struct tpb_cuda_map *m)
+{
+	bool ok;
+
+	pthread_mutex_lock(&closer_lock);
+	ok = closer_start();
 	if (ok) {
 		tpu_list_insert_tail(&closer_todo, &m->node);
 		pthread_cond_signal(&closer_cond);
