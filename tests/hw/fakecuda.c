@@ -266,7 +266,13 @@ struct fevent {
 	unsigned gen;	  /* @ctx's generation then */
 	unsigned flags;	  /* CU_EVENT_* */
 	bool imported;	  /* opened from an IPC handle */
+	struct fevent *all; /* every event ever made, kept (see cuEventDestroy()) */
 };
+
+/* The stand-in never frees events and streams (work still queued may name them), nor what a
+ * context reset ended: it keeps them all listed, so that a leak checker sees them reachable. */
+static struct fevent *all_events;
+static pthread_mutex_t all_lock = PTHREAD_MUTEX_INITIALIZER; /* a leaf */
 
 struct ev_handle {
 	uint32_t magic;
@@ -293,6 +299,10 @@ static CUresult ev_map(int fd, struct fctx *ctx, unsigned flags, CUevent *ret)
 	}
 	*e = (struct fevent){ .magic = EV_MAGIC, .fd = fd, .sh = p, .ctx = ctx, .flags = flags,
 			      .gen = atomic_load(&ctx->gen) };
+	pthread_mutex_lock(&all_lock);
+	e->all = all_events;
+	all_events = e;
+	pthread_mutex_unlock(&all_lock);
 	*ret = (CUevent)e;
 	return CUDA_SUCCESS;
 }
@@ -338,7 +348,10 @@ struct fstream {
 	bool stop;
 	struct fctx *ctx; /* the context it was created in */
 	unsigned gen;	  /* @ctx's generation then */
+	struct fstream *all; /* every stream ever made, kept like events */
 };
+
+static struct fstream *all_streams;
 
 static struct fstream *legacy;
 
@@ -416,6 +429,10 @@ static struct fstream *stream_new(void)
 		free(s);
 		return NULL;
 	}
+	pthread_mutex_lock(&all_lock);
+	s->all = all_streams;
+	all_streams = s;
+	pthread_mutex_unlock(&all_lock);
 	return s;
 }
 
