@@ -672,6 +672,17 @@ const char *tpb_cuda_bus_id(const struct tpb_mem *m);
  */
 int tpb_cuda_event_done(const struct tpb_mem *m, char *why, size_t why_len);
 
+/*
+ * tpb_cuda_rdma_flush() - make RDMA writes that landed in CUDA memory @m (@len bytes) visible
+ * to the device's own work before its client is told they are done: nothing where the device
+ * orders GPUDirect RDMA writes for its owner (CU_DEVICE_ATTRIBUTE_GPU_DIRECT_RDMA_WRITES_ORDERING
+ * at least OWNER), else cuFlushGPUDirectRDMAWrites(current context, to owner) where the device
+ * supports it, else a read-back of the last bytes through the device (cuMemcpyDtoH). Blocks
+ * for as long as the flush takes. Borrows @m and @why.
+ * Return: 0 (also for memory that is not CUDA), or -errno (reason in @why).
+ */
+int tpb_cuda_rdma_flush(const struct tpb_mem *m, uint64_t len, char *why, size_t why_len);
+
 /* Index of the channel named @name (borrowed), or -ENOENT. */
 int tpb_index(const char *name);
 

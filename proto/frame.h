@@ -33,6 +33,7 @@
 #define TPW_CUDA_UUID_BYTES 16 /* CUuuid */
 #define TPW_RDMA_PORTS_MAX 32	    /* RDMA ports a daemon announces for cuda_gdr (PeerRdma) */
 #define TPW_RDMA_QP_RECORD_BYTES 32 /* one queue-pair connection record in PeerRdma.qps */
+#define TPW_RDMA_RAIL_BYTES 16	    /* one port's rail in PeerRdma.rails */
 
 /*
  * Protocol version spoken by this build (Hello.major / Hello.minor). Minor versions:

@@ -504,6 +504,11 @@ static int check_peer_rdma(const Tpw__V1__PeerRdma *r, char *why, size_t wl)
 		if (r->qps[i].len != TPW_RDMA_QP_RECORD_BYTES)
 			return tpu_why(-EBADMSG, why, wl, "queue-pair record of %zu bytes",
 				       r->qps[i].len);
+	if (r->n_rails && r->n_rails != r->ports)
+		return tpu_why(-EBADMSG, why, wl, "%zu rails for %u ports", r->n_rails, r->ports);
+	for (size_t i = 0; i < r->n_rails; i++)
+		if (r->rails[i].len != TPW_RDMA_RAIL_BYTES)
+			return tpu_why(-EBADMSG, why, wl, "rail of %zu bytes", r->rails[i].len);
 	return check_string(r->error, TPW_MESSAGE_MAX, "error", why, wl);
 }
 

@@ -6,17 +6,21 @@
 # with sudo when not root; and configures and builds a meson build directory. Debian 12
 # (bookworm) is the reference system; elsewhere it prints what to install and fails.
 
-# Build and test dependencies, as Debian package names.
+# Build and test dependencies, as Debian package names. munge, slurmd, slurmctld and slurm-client
+# (Debian's slurm-wlm without its metapackage) serve the real-Slurm service test only
+# (tests/service/slurm.sh), which starts its own daemons and skips where they cannot run.
 TP_DEB_PACKAGES=(
 	meson ninja-build pkg-config gcc libc6-dev
 	libevent-dev libprotobuf-c-dev protobuf-c-compiler libsystemd-dev libibverbs-dev
 	check libjson-c-dev libssl-dev libinih-dev
 	valgrind iproute2 scdoc jq curl openssl
+	munge slurmd slurmctld slurm-client
 )
 
-# Optional, for the benchmarks' baselines only (bench/run.sh): a C++ compiler and Debian's
-# TensorPipe. The project builds and tests without them.
-TP_DEB_BENCH_PACKAGES=(g++ libtensorpipe-dev)
+# Optional, for the benchmarks' baselines only (bench/run.sh, bench/run_allreduce.sh): a C++
+# compiler and Debian's TensorPipe; PyTorch (torch.distributed, gloo) and Open MPI for the
+# all-reduce baselines. The project builds and tests without them.
+TP_DEB_BENCH_PACKAGES=(g++ libtensorpipe-dev python3-torch openmpi-bin libopenmpi-dev)
 
 # Prints the names among "$@" that dpkg does not list as installed.
 tp_deps_missing() {

@@ -428,11 +428,58 @@ int tpb_cuda_event_done(const struct tpb_mem *m, char *why, size_t wl)
 	return cr == CUDA_SUCCESS ? 1 : fail(cr, "cuEventQuery", why, wl);
 }
 
+/* @attr of device @dev, or @def if the driver does not know it. */
+static int dev_attr(int dev, CUdevice_attribute attr, int def)
+{
+	CUdevice d;
+	int v;
+
+	if (api()->cuDeviceGet(&d, dev) != CUDA_SUCCESS ||
+	    api()->cuDeviceGetAttribute(&v, attr, d) != CUDA_SUCCESS)
+		return def;
+	return v;
+}
+
+int tpb_cuda_rdma_flush(const struct tpb_mem *m, uint64_t len, char *why, size_t wl)
+{
+	uint8_t tail[4];
+	uint64_t n;
+	CUresult cr;
+	int r;
+
+	if (m->loc != TPB_LOC_CUDA || !m->cuda || !len)
+		return 0;
+	r = tpb_cuda_map_open(m->cuda, why, wl);
+	if (r == 0)
+		r = tpb_cuda_dev_enter(m->cuda->dev, why, wl);
+	if (r < 0)
+		return r;
+	if (dev_attr(m->cuda->dev, CU_DEVICE_ATTRIBUTE_GPU_DIRECT_RDMA_WRITES_ORDERING, 0) >=
+	    CU_GPU_DIRECT_RDMA_WRITES_ORDERING_OWNER)
+		return 0; /* the device itself orders remote writes before its own work */
+	if (api()->cuFlushGPUDirectRDMAWrites &&
+	    dev_attr(m->cuda->dev, CU_DEVICE_ATTRIBUTE_GPU_DIRECT_RDMA_FLUSH_WRITES_OPTIONS, 0) &
+		    CU_FLUSH_GPU_DIRECT_RDMA_WRITES_OPTION_HOST) {
+		cr = api()->cuFlushGPUDirectRDMAWrites(
+			CU_FLUSH_GPU_DIRECT_RDMA_WRITES_TARGET_CURRENT_CTX,
+			CU_FLUSH_GPU_DIRECT_RDMA_WRITES_TO_OWNER);
+		return cr == CUDA_SUCCESS ? 0 : fail(cr, "cuFlushGPUDirectRDMAWrites", why, wl);
+	}
+	n = TPU_MIN(len, sizeof(tail)); /* a read through the device waits for earlier writes */
+	cr = api()->cuMemcpyDtoH(tail, (CUdeviceptr)(m->cuda->ptr + m->addr + len - n), n);
+	return cr == CUDA_SUCCESS ? 0 : fail(cr, "cuMemcpyDtoH (RDMA flush)", why, wl);
+}
+
 #else /* !HAVE_CUDA */
 
 int tpb_cuda_event_done(const struct tpb_mem *m, char *why, size_t wl)
 {
 	return 1;
+}
+
+int tpb_cuda_rdma_flush(const struct tpb_mem *m, uint64_t len, char *why, size_t wl)
+{
+	return 0;
 }
 
 int tpb_cuda_available(char *why, size_t why_len)

@@ -70,7 +70,8 @@
 	X(cuLaunchHostFunc)
 
 /* Entry points introduced late enough that a driver may lack them: NULL when absent. */
-#define TPCUDA_OPTIONAL_FUNCS(X) X(cuMemGetHandleForAddressRange) X(cuDeviceGetUuid)
+#define TPCUDA_OPTIONAL_FUNCS(X)                                                                   \
+	X(cuMemGetHandleForAddressRange) X(cuDeviceGetUuid) X(cuFlushGPUDirectRDMAWrites)
 
 #define TPCUDA_MEMBER(f) __typeof__(f) *f;
 struct tpcuda_api {

@@ -151,6 +151,28 @@ static bool rdma_channel_viable(const char *name)
 	return i >= 0 && (size_t)i < n && ch[i].viable;
 }
 
+/* With a configured GID index, every port uses that entry; a port where it is empty or unusable
+ * is left out (logged). Return: the ports kept, first in g->nics. */
+static size_t ctx_use_gid(struct tpb_rdma *g, size_t n)
+{
+	size_t kept = 0;
+
+	if (!g->cfg.gid_index_set)
+		return n;
+	for (size_t i = 0; i < n; i++) {
+		char why[200] = "";
+
+		if (tpv_nic_use_gid(g->ops, &g->nics[i], (int)TPU_MIN(g->cfg.gid_index, 1024u), why,
+				    sizeof(why)) < 0) {
+			tpu_log(TPU_LOG_WARNING, "rdma: %s port %u left out: %s (rdma-gid-index)",
+				g->nics[i].dev, g->nics[i].port, why);
+			continue;
+		}
+		g->nics[kept++] = g->nics[i];
+	}
+	return kept;
+}
+
 /* Finds the ports of @g (none is fine). Return: 0, or -ENOMEM. */
 static int ctx_find_ports(struct tpb_rdma *g)
 {
@@ -174,6 +196,7 @@ static int ctx_find_ports(struct tpb_rdma *g)
 	}
 	if (tpv_nics_list(g->ops, TPV_SYSFS_ROOT, &g->nics, &n, why, sizeof(why)) < 0)
 		return -ENOMEM;
+	n = ctx_use_gid(g, n);
 	g->ports = calloc(n ? n : 1, sizeof(*g->ports));
 	if (!g->ports)
 		return -ENOMEM;

@@ -197,6 +197,13 @@ void tpb_rdma_op_release(struct tpb_op *op)
 	op_recv_free(op->prep);
 }
 
+int tpb_rdma_op_flush(struct tpb_op *op, char *why, size_t wl)
+{
+	struct op_recv *orv = op->prep_ops == &tpb_rdma_ops ? op->prep : NULL;
+
+	return orv ? tpb_rdma_recv_flush(orv->rv, why, wl) : 0;
+}
+
 int tpb_rdma_ep_cancel(struct tpb_ep *ep, struct tpb_op *op)
 {
 	struct tpb_rdma_link *l = tpu_container_of(ep, struct tpb_rdma_link, ep);
@@ -247,6 +254,11 @@ int tpb_rdma_ep_prepare(struct tpb_ep *ep, struct tpb_op *op, void *offer, size_
 
 void tpb_rdma_op_release(struct tpb_op *op)
 {
+}
+
+int tpb_rdma_op_flush(struct tpb_op *op, char *why, size_t wl)
+{
+	return 0;
 }
 
 #endif

@@ -26,6 +26,7 @@ const char *tpb_rdma_channel(bool local_cuda, const struct tpb_rdma_offer *offer
 
 #if HAVE_RDMA
 _Static_assert(TPV_QP_INFO_BYTES == TPB_RDMA_QP_RECORD_BYTES, "queue-pair record size");
+_Static_assert(TPV_RAIL_BYTES == TPB_RDMA_RAIL_BYTES, "rail size");
 
 #define RDMA_POLL_US 50 /* CUDA event polling period while a transfer waits */
 
@@ -69,6 +70,57 @@ static void link_send(struct tpb_rdma_link *l, const struct tpb_rdma_setup *m)
 	l->g->cfg.link_ops->send(l->link, m);
 }
 
+#define REBUILD_MS_DEFAULT 1000
+#define REBUILD_MS_MAX 60000
+
+static void link_announce(struct tpb_rdma_link *l);
+static void send_fail(struct rdma_send *s, int err, const char *why);
+
+/*
+ * Frees @l's queue pairs (their pending writes flushed) and forgets the peer's ports: sends
+ * still running fail with -ECONNRESET. The link is then in LINK_PORTS, to be set up again.
+ */
+static void link_reset(struct tpb_rdma_link *l)
+{
+	size_t n = l->qps ? l->g->n * l->n_remote : 0;
+	struct rdma_send *s;
+
+	l->state = LINK_PORTS; /* the flushes below must not turn the link off again */
+	tpu_list_for_each(s, &l->sends, node)
+		send_fail(s, -ECONNRESET, "RDMA queue pairs rebuilt");
+	for (size_t k = 0; k < n; k++) {
+		if (!l->qps[k])
+			continue;
+		tpv_qp_close(l->qps[k], tpb_rdma_write_done, l->g);
+		tpb_rdma_port_put(&l->g->ports[k / l->n_remote]);
+	}
+	tpu_list_for_each(s, &l->sends, node) {
+		if (!s->pending) /* finishes from its timer */
+			tpb_rdma_timer_in_us(l->g, &s->timer, 0);
+	}
+	free(l->qps);
+	free(l->pairs);
+	l->qps = NULL;
+	l->pairs = NULL;
+	l->n_pairs = 0;
+	l->n_remote = 0;
+	snprintf(l->text, sizeof(l->text), "connecting (rebuilding)");
+}
+
+/* The rebuild timer: set the link up again from the ports step. */
+static void link_on_rebuild(struct rdma_timer *t)
+{
+	struct tpb_rdma_link *l = tpu_container_of(t, struct tpb_rdma_link, rebuild);
+
+	if (l->state != LINK_OFF)
+		return;
+	l->rebuilds++;
+	tpu_log(TPU_LOG_INFO, "peer %s: rebuilding RDMA queue pairs (attempt %u of %u)",
+		l->g->cfg.link_ops->name(l->link), l->rebuilds, l->g->cfg.rebuild_max);
+	link_reset(l);
+	link_announce(l);
+}
+
 /* This side gives up RDMA on @l (tells the peer unless @quiet); the link carries on without. */
 static void link_off(struct tpb_rdma_link *l, bool quiet, const char *why)
 {
@@ -83,9 +135,72 @@ static void link_off(struct tpb_rdma_link *l, bool quiet, const char *why)
 	link_send(l, &rm);
 }
 
+/* A write failed on @l: RDMA off, and rebuilt later unless that was tried too often. */
+static void link_off_rebuild(struct tpb_rdma_link *l, const char *why)
+{
+	uint64_t ms = l->g->cfg.rebuild_ms ? l->g->cfg.rebuild_ms : REBUILD_MS_DEFAULT;
+
+	link_off(l, false, why);
+	if (l->rebuilds >= l->g->cfg.rebuild_max) {
+		size_t used = strlen(l->text);
+
+		if (l->g->cfg.rebuild_max)
+			snprintf(l->text + used, sizeof(l->text) - used,
+				 " (given up after %u rebuilds)", l->rebuilds);
+		return;
+	}
+	ms = TPU_MIN(ms << TPU_MIN(l->rebuilds, 16u), (uint64_t)REBUILD_MS_MAX);
+	tpb_rdma_timer_in_us(l->g, &l->rebuild, (long)ms * 1000);
+}
+
+/* The first set-up step: this side's ports and their rails (none if memory is short). */
+static void link_announce(struct tpb_rdma_link *l)
+{
+	struct tpb_rdma_record *rails = calloc(l->g->n ? l->g->n : 1, sizeof(*rails));
+	struct tpb_rdma_setup rm = { .ports = (uint32_t)l->g->n };
+
+	for (size_t i = 0; rails && i < l->g->n; i++)
+		rails[i] = (struct tpb_rdma_record){ l->g->nics[i].rail, TPV_RAIL_BYTES };
+	rm.n_rails = rails ? l->g->n : 0;
+	rm.rails = rails;
+	link_send(l, &rm);
+	free(rails);
+}
+
+/*
+ * Which (local port, remote port) pairs get a queue pair: those on the same rail, if the peer
+ * sent its rails and some pair shares one; else every pair (a peer that does not say, or
+ * networks routed to each other: as before rails). The peer decides alike from the same keys.
+ * Return: 0 or -ENOMEM.
+ */
+static int link_pairs(struct tpb_rdma_link *l, const struct tpb_rdma_setup *m)
+{
+	size_t n = l->g->n * l->n_remote;
+
+	l->pairs = calloc(n ? n : 1, sizeof(*l->pairs));
+	if (!l->pairs)
+		return -ENOMEM;
+	l->n_pairs = 0;
+	for (size_t i = 0; m->n_rails == l->n_remote && i < l->g->n; i++) {
+		for (size_t j = 0; j < l->n_remote; j++) {
+			const struct tpb_rdma_record *rj = &m->rails[j];
+			bool same = rj->len == TPV_RAIL_BYTES &&
+				    !memcmp(rj->data, l->g->nics[i].rail, TPV_RAIL_BYTES);
+
+			l->pairs[i * l->n_remote + j] = same;
+			l->n_pairs += same;
+		}
+	}
+	if (l->n_pairs)
+		return 0;
+	for (size_t k = 0; k < n; k++)
+		l->pairs[k] = true;
+	l->n_pairs = n;
+	return 0;
+}
+
 struct tpb_rdma_link *tpb_rdma_link_new(struct tpb_rdma *g, void *link, unsigned peer_offers)
 {
-	struct tpb_rdma_setup rm = { 0 };
 	unsigned common = tpb_rdma_offers(g) & peer_offers;
 	struct tpb_rdma_link *l;
 
@@ -100,37 +215,48 @@ struct tpb_rdma_link *tpb_rdma_link_new(struct tpb_rdma *g, void *link, unsigned
 	l->common = common;
 	l->state = LINK_PORTS;
 	tpu_list_init(&l->sends);
+	l->rebuild.fn = link_on_rebuild;
 	snprintf(l->text, sizeof(l->text), "connecting");
-	rm.ports = (uint32_t)l->g->n;
-	link_send(l, &rm);
+	link_announce(l);
 	return l;
 }
 
-/* Creates a queue pair per (local port, remote port) and sends their records. */
+/* Creates a queue pair per (local port, remote port) pair of l->pairs and sends their records,
+ * in (local, remote) order. */
 static int link_make_qps(struct tpb_rdma_link *l, char *why, size_t wl)
 {
+	const struct tpb_rdma_config *c = &l->g->cfg;
+	struct tpv_qp_params params = { /* zeros take the layer's defaults */
+		.traffic_class = c->traffic_class,
+		.sl = c->sl,
+		.timeout = c->timeout,
+		.retry_cnt = c->retry,
+	};
 	struct tpb_rdma_setup rm = { 0 };
-	size_t n = l->g->n * l->n_remote;
-	uint8_t(*rec)[TPV_QP_INFO_BYTES] = calloc(n, sizeof(*rec));
-	struct tpb_rdma_record *qps = calloc(n, sizeof(*qps));
+	size_t n = l->g->n * l->n_remote, m = 0;
+	uint8_t(*rec)[TPV_QP_INFO_BYTES] = calloc(l->n_pairs ? l->n_pairs : 1, sizeof(*rec));
+	struct tpb_rdma_record *qps = calloc(l->n_pairs ? l->n_pairs : 1, sizeof(*qps));
 	int r = rec && qps ? 0 : -ENOMEM;
 
-	l->qps = calloc(n, sizeof(*l->qps));
+	l->qps = calloc(n ? n : 1, sizeof(*l->qps));
 	if (!l->qps)
 		r = -ENOMEM;
 	for (size_t k = 0; k < n && r == 0; k++) {
 		struct rdma_port *pt = &l->g->ports[k / l->n_remote];
 
+		if (!l->pairs[k])
+			continue;
 		r = tpb_rdma_port_open(pt, why, wl);
-		if (r == 0 && (r = tpv_qp_new(pt->ctx, NULL, &l->qps[k], why, wl)) < 0)
+		if (r == 0 && (r = tpv_qp_new(pt->ctx, &params, &l->qps[k], why, wl)) < 0)
 			tpb_rdma_port_put(pt);
 		if (r == 0) {
-			tpv_qp_info_encode(tpv_qp_local(l->qps[k]), rec[k]);
-			qps[k] = (struct tpb_rdma_record){ rec[k], TPV_QP_INFO_BYTES };
+			tpv_qp_info_encode(tpv_qp_local(l->qps[k]), rec[m]);
+			qps[m] = (struct tpb_rdma_record){ rec[m], TPV_QP_INFO_BYTES };
+			m++;
 		}
 	}
 	if (r == 0) {
-		rm.n_qps = n;
+		rm.n_qps = m;
 		rm.qps = qps;
 		link_send(l, &rm);
 	}
@@ -139,23 +265,28 @@ static int link_make_qps(struct tpb_rdma_link *l, char *why, size_t wl)
 	return r;
 }
 
-/* Connects every queue pair with the peer's records (its port j to our port i at j * n + i). */
+/* Connects every queue pair with the peer's records: its (j, i) pairs in its order, (its port
+ * j, our port i), j first. */
 static int link_connect(struct tpb_rdma_link *l, const struct tpb_rdma_setup *m, char *why,
 			size_t wl)
 {
-	size_t n_local = l->g->n;
+	size_t n_local = l->g->n, k = 0;
 
-	if (m->n_qps != n_local * l->n_remote) {
+	if (m->n_qps != l->n_pairs) {
 		snprintf(why, wl, "peer sent %zu queue-pair records, expected %zu", m->n_qps,
-			 n_local * l->n_remote);
+			 l->n_pairs);
 		return -EPROTO;
 	}
-	for (size_t i = 0; i < n_local; i++) {
-		for (size_t j = 0; j < l->n_remote; j++) {
-			const struct tpb_rdma_record *b = &m->qps[j * n_local + i];
+	for (size_t j = 0; j < l->n_remote; j++) {
+		for (size_t i = 0; i < n_local; i++) {
+			const struct tpb_rdma_record *b = &m->qps[k];
 			struct tpv_qp_info info;
-			int r = tpv_qp_info_decode(b->data, b->len, &info);
+			int r;
 
+			if (!l->pairs[i * l->n_remote + j])
+				continue;
+			k++;
+			r = tpv_qp_info_decode(b->data, b->len, &info);
 			if (r < 0) {
 				snprintf(why, wl, "malformed queue-pair record from the peer");
 				return r;
@@ -173,7 +304,15 @@ void tpb_rdma_link_on_msg(struct tpb_rdma_link *l, const struct tpb_rdma_setup *
 	char why[200] = "";
 	int r;
 
-	if (!l || l->state == LINK_OFF)
+	if (!l)
+		return;
+	if (m->ports && !m->n_qps && l->state != LINK_PORTS) {
+		/* the peer sets the link up again (it rebuilds after a failure): so does this */
+		tpb_rdma_timer_stop(&l->rebuild);
+		link_reset(l);
+		link_announce(l);
+	}
+	if (l->state == LINK_OFF)
 		return;
 	if (m->error && *m->error) {
 		snprintf(why, sizeof(why), "the peer gave up: %.150s", m->error);
@@ -188,7 +327,9 @@ void tpb_rdma_link_on_msg(struct tpb_rdma_link *l, const struct tpb_rdma_setup *
 		}
 		l->n_remote = m->ports;
 		l->state = LINK_CONNECTING;
-		r = link_make_qps(l, why, sizeof(why));
+		r = link_pairs(l, m);
+		if (r == 0)
+			r = link_make_qps(l, why, sizeof(why));
 		if (r < 0)
 			link_off(l, false, why[0] ? why : strerror(-r));
 		return;
@@ -203,7 +344,12 @@ void tpb_rdma_link_on_msg(struct tpb_rdma_link *l, const struct tpb_rdma_setup *
 		return;
 	}
 	l->state = LINK_READY;
-	snprintf(l->text, sizeof(l->text), "ready: %zux%u queue pairs", l->g->n, l->n_remote);
+	if (l->n_pairs == l->g->n * l->n_remote)
+		snprintf(l->text, sizeof(l->text), "ready: %zux%u queue pairs", l->g->n,
+			 l->n_remote);
+	else
+		snprintf(l->text, sizeof(l->text), "ready: %zu queue pairs between ports on the "
+			 "same rail (%zux%u ports)", l->n_pairs, l->g->n, l->n_remote);
 	tpu_log(TPU_LOG_INFO, "peer %s: RDMA %s", link_text(l), l->text);
 }
 
@@ -230,6 +376,44 @@ void tpb_rdma_link_received(struct tpb_rdma_link *l, uint64_t bytes)
 }
 
 /* ---- transfers ---------------------------------------------------------------------------- */
+
+/*
+ * The local port a transfer of memory on GPU @bus_id (NULL: host) uses on @l: one with a queue
+ * pair to remote port @remote (< 0: to any), nearest the GPU among those (host memory:
+ * round-robin). Return: NULL when every port qualifies (tpb_rdma_reg_make() then chooses
+ * among all, as without rails), else the port; -ENETUNREACH when none does (@why).
+ */
+static int link_port(struct tpb_rdma_link *l, const char *bus_id, long remote,
+		     struct rdma_port **ret, char *why, size_t wl)
+{
+	_cleanup_free_ struct tpv_nic *nics = calloc(l->g->n ? l->g->n : 1, sizeof(*nics));
+	_cleanup_free_ size_t *map = calloc(l->g->n ? l->g->n : 1, sizeof(*map));
+	size_t c = 0;
+	int k;
+
+	if (!nics || !map)
+		return -ENOMEM;
+	for (size_t i = 0; i < l->g->n; i++) {
+		bool ok = false;
+
+		for (size_t j = 0; j < l->n_remote && !ok; j++)
+			ok = l->qps[i * l->n_remote + j] && (remote < 0 || (size_t)remote == j);
+		if (ok) {
+			nics[c] = l->g->nics[i];
+			map[c++] = i;
+		}
+	}
+	*ret = NULL;
+	if (c == l->g->n)
+		return 0;
+	if (!c) {
+		snprintf(why, wl, "no RDMA port here shares a rail with the peer's port %ld", remote);
+		return -ENETUNREACH;
+	}
+	k = tpv_nic_choose(nics, c, TPV_SYSFS_ROOT, bus_id, &l->g->rr);
+	*ret = &l->g->ports[map[k < 0 ? 0 : k]];
+	return 0;
+}
 
 /* 1 when the CUDA events of every segment fired, 0 not yet, -errno. */
 static int events_done(const struct tpb_rdma_seg *segs, size_t n, char *why, size_t wl)
@@ -301,6 +485,9 @@ int tpb_rdma_recv_new(struct tpb_rdma_link *l, const struct tpb_rdma_seg *segs, 
 	rv->regions = calloc(n ? n : 1, sizeof(*rv->regions));
 	r = rv->regions ? 0 : -ENOMEM;
 	if (r == 0)
+		r = link_port(l, tpb_cuda_bus_id(tpb_rdma_reg_first_cuda(segs, n)), -1,
+			      &rv->regs.port, why, wl);
+	if (r == 0)
 		r = tpb_rdma_reg_make(l->g, segs, n, &rv->regs, why, wl);
 	if (r < 0) {
 		tpb_rdma_recv_free(rv);
@@ -328,6 +515,17 @@ void tpb_rdma_recv_offer(const struct tpb_rdma_recv *rv, struct tpb_rdma_offer *
 		.n = rv->regs.n,
 		.regions = rv->regions,
 	};
+}
+
+int tpb_rdma_recv_flush(struct tpb_rdma_recv *rv, char *why, size_t wl)
+{
+	for (size_t i = 0; rv && i < rv->regs.n; i++) {
+		int r = tpb_cuda_rdma_flush(&rv->segs[i].mem, rv->segs[i].len, why, wl);
+
+		if (r < 0)
+			return r;
+	}
+	return 0;
 }
 
 void tpb_rdma_recv_free(struct tpb_rdma_recv *rv)
@@ -382,7 +580,7 @@ static void send_broken(struct rdma_send *s, int err, const char *why)
 	if (s->l->state != LINK_READY || s->l->closing)
 		return;
 	snprintf(text, sizeof(text), "RDMA write failed: %.160s", why);
-	link_off(s->l, false, text);
+	link_off_rebuild(s->l, text);
 }
 
 /* True while @s has writes to post and no reason to stop. */
@@ -423,6 +621,8 @@ void tpb_rdma_write_done(void *arg, uint64_t cookie, int status, const char *why
 	s->pending--;
 	if (status < 0)
 		send_broken(s, status, why);
+	else
+		s->l->rebuilds = 0; /* the link works */
 	if (!s->posting)
 		send_post(s);
 	if (s->pending)
@@ -511,6 +711,9 @@ int tpb_rdma_send(struct tpb_rdma_link *l, struct tpb_rdma_xfer *x,
 	s->timer.fn = send_on_timer;
 	r = s->raddr && s->rkey ? 0 : -ENOMEM;
 	if (r == 0)
+		r = link_port(l, tpb_cuda_bus_id(tpb_rdma_reg_first_cuda(x->segs, x->n_segs)),
+			      rr->port, &s->regs.port, why, wl);
+	if (r == 0)
 		r = tpb_rdma_reg_make(l->g, x->segs, x->n_segs, &s->regs, why, wl);
 	if (r < 0) {
 		free(s->raddr);
@@ -523,6 +726,14 @@ int tpb_rdma_send(struct tpb_rdma_link *l, struct tpb_rdma_xfer *x,
 		s->rkey[i] = rr->regions[i].rkey;
 	}
 	s->qp = l->qps[(size_t)(s->regs.port - l->g->ports) * l->n_remote + rr->port];
+	if (!s->qp) { /* link_port() chose a port with one: cannot happen */
+		tpb_rdma_reg_free(&s->regs);
+		free(s->raddr);
+		free(s->rkey);
+		free(s);
+		snprintf(why, wl, "no queue pair to the reader's RDMA port %u", rr->port);
+		return -EOPNOTSUPP;
+	}
 	x->total = 0;
 	for (size_t i = 0; i < x->n_segs; i++)
 		x->total += x->segs[i].len;
@@ -554,6 +765,7 @@ void tpb_rdma_link_free(struct tpb_rdma_link *l)
 	if (!l)
 		return;
 	l->closing = true;
+	tpb_rdma_timer_stop(&l->rebuild);
 	tpu_list_for_each(s, &l->sends, node)
 		send_fail(s, -ECONNRESET, "peer link closed");
 	/* Closing flushes the writes still pending through tpb_rdma_write_done(). */
@@ -570,6 +782,7 @@ void tpb_rdma_link_free(struct tpb_rdma_link *l)
 	}
 	tpu_list_remove(&l->node);
 	free(l->qps);
+	free(l->pairs);
 	free(l);
 }
 
@@ -622,6 +835,11 @@ void tpb_rdma_recv_offer(const struct tpb_rdma_recv *rv, struct tpb_rdma_offer *
 
 void tpb_rdma_recv_free(struct tpb_rdma_recv *rv)
 {
+}
+
+int tpb_rdma_recv_flush(struct tpb_rdma_recv *rv, char *why, size_t wl)
+{
+	return 0;
 }
 
 int tpb_rdma_send(struct tpb_rdma_link *l, struct tpb_rdma_xfer *x,

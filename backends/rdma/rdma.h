@@ -5,9 +5,15 @@
  * shared buffers on both sides (plain host memory), cuda_gdr when GPU memory is on either side
  * (through dma-buf or peer memory). A context per daemon opens every usable RDMA port once (a
  * protection domain and a completion queue) on first use. On a link whose two daemons both
- * offer rdma, or both cuda_gdr, in their Hello, each side announces its ports, then sends one
- * RC queue-pair record per pair of ports (struct tpb_rdma_setup, which the daemon carries as
- * PeerRdma); once every pair is connected the link is ready. A receive then registers the
+ * offer rdma, or both cuda_gdr, in their Hello, each side announces its ports and their rails
+ * (the network each is on), then sends one RC queue-pair record per pair of ports on the same
+ * rail (every pair if none shares one, or the peer sent no rails) (struct tpb_rdma_setup, which
+ * the daemon carries as PeerRdma); once every pair is connected the link is ready. A transfer
+ * uses a port that has a queue pair to the other side's. A write the device fails turns RDMA
+ * off on the link; after rebuild_ms (doubling each time, at most a minute) the side that saw the
+ * failure frees its queue pairs and announces its ports again, the peer follows, and the link
+ * is ready again, up to rebuild_max times in a row without a write completing.
+ * A receive then registers the
  * reader's allocation on the port nearest its GPU (host memory: round-robin) and offers it
  * (struct tpb_rdma_offer, carried in the PeerReadReq); the sender registers its sources on the
  * port nearest theirs, waits for the clients' CUDA events, posts the writes on the queue pair
@@ -36,8 +42,9 @@ struct tpb_rdma_link;
 struct tpb_rdma_recv;
 struct tpb_buffer; /* a shared buffer (backends/base/buffer.h) */
 
-/* Bytes of one queue-pair connection record (the verbs layer's). */
+/* Bytes of one queue-pair connection record, and of one port's rail (the verbs layer's). */
 #define TPB_RDMA_QP_RECORD_BYTES 32
+#define TPB_RDMA_RAIL_BYTES 16
 
 /* One source or destination range of a transfer. */
 struct tpb_rdma_seg {
@@ -57,6 +64,8 @@ struct tpb_rdma_record {
 /* One RDMA set-up step between the daemons of a link (PeerRdma on the wire). */
 struct tpb_rdma_setup {
 	uint32_t ports;			    /* this side's RDMA ports (first step), else 0 */
+	size_t n_rails;			    /* with @ports: 0, or one per port */
+	const struct tpb_rdma_record *rails; /* @n_rails of TPB_RDMA_RAIL_BYTES, borrowed */
 	size_t n_qps;			    /* queue-pair records (second step), else 0 */
 	const struct tpb_rdma_record *qps; /* @n_qps records, borrowed */
 	const char *error; /* this side gives up RDMA on the link (NULL or "": not) */
@@ -79,6 +88,17 @@ struct tpb_rdma_config {
 	bool disabled;	      /* --no-rdma / [backends] rdma = no */
 	uint64_t cache_bytes; /* rdma-cache: shared-buffer bytes kept registered (0: none) */
 	uint32_t ports_max;   /* ports a daemon may announce (the wire's bound) */
+	/* RoCE and queue-pair settings; 0 takes the default in brackets */
+	uint8_t traffic_class; /* GRH traffic class, 0..255 [0] */
+	uint8_t sl;	       /* service level, 0..15 [0] */
+	uint8_t timeout;       /* local ACK timeout 4.096 us * 2^timeout, 1..31 [14, ~67 ms] */
+	uint8_t retry;	       /* retries before a write fails, 1..7 [7] */
+	bool gid_index_set;    /* every port uses GID table entry @gid_index; else the first RoCE
+				* v2 IPv4-mapped entry, else the best RoCE one (InfiniBand: 0) */
+	uint32_t gid_index;
+	uint32_t rebuild_ms;  /* first wait before a link that lost RDMA rebuilds it [1000] */
+	uint32_t rebuild_max; /* rebuilds in a row without a write completing; then the link
+			       * stays off (0: never rebuild) */
 	const struct tpb_rdma_link_ops *link_ops; /* static, or alive until tpb_rdma_ctx_free() */
 };
 
@@ -242,6 +262,19 @@ const char *tpb_rdma_channel(bool local_cuda, const struct tpb_rdma_offer *offer
 
 /* Deregisters the destination and stops waiting. Takes @rv; accepts NULL. */
 void tpb_rdma_recv_free(struct tpb_rdma_recv *rv);
+
+/*
+ * tpb_rdma_recv_flush() - the writer's daemon says its writes into @rv's destination completed:
+ * make those that went into GPU memory visible to the reader's GPU work before the reader is
+ * told (tpb_cuda_rdma_flush() per CUDA segment: nothing where the device orders RDMA writes,
+ * else a flush or a read-back). Blocks for the flush. Borrows @rv; accepts NULL.
+ * Return: 0, or -errno (reason in @why): the receive failed.
+ */
+int tpb_rdma_recv_flush(struct tpb_rdma_recv *rv, char *why, size_t why_len);
+
+/* tpb_rdma_recv_flush() for the receive tpb_prepare() made on @op (the rdma endpoint's); 0 for
+ * an op with none. Borrows @op. */
+int tpb_rdma_op_flush(struct tpb_op *op, char *why, size_t why_len);
 
 /* An offer as bytes (tpb_op.offer for tpb_start()): u32 port, u32 n, then per region u64 addr,
  * u64 length, u32 rkey, u32 flags (bit 0: cuda); little endian. */

@@ -67,11 +67,15 @@ struct tpb_rdma_link {
 	enum link_state state;
 	unsigned common; /* TPB_RDMA_* both daemons offer */
 	unsigned n_remote;
-	struct tpv_qp **qps; /* [local port * n_remote + remote port] */
+	bool *pairs;	     /* [local port * n_remote + remote port]: gets a queue pair */
+	size_t n_pairs;	     /* of them true */
+	struct tpv_qp **qps; /* [local port * n_remote + remote port], NULL where no pair */
 	struct tpu_list sends;
 	char text[200];
 	uint64_t sent, received; /* bytes RDMA-written each way */
 	bool closing;		  /* tpb_rdma_link_free() is flushing the queue pairs */
+	struct rdma_timer rebuild; /* armed while off after a failed write */
+	uint32_t rebuilds;	   /* since a write last completed */
 };
 
 /* Runs @t's work from tpb_rdma_progress() in @us microseconds (0: on the next one); an armed
@@ -94,7 +98,7 @@ struct rdma_reg {
 
 /* The registrations of one transfer's segments, all on @port. */
 struct rdma_regs {
-	struct rdma_port *port;
+	struct rdma_port *port; /* set before tpb_rdma_reg_make() to choose it, else NULL */
 	bool opened; /* holds a reference on @port */
 	struct rdma_reg *r;
 	size_t n;
@@ -110,10 +114,11 @@ void tpb_rdma_port_put(struct rdma_port *pt);
 int tpb_rdma_reg_applicable(const struct tpb_rdma_seg *segs, size_t n, char *why, size_t wl);
 
 /*
- * tpb_rdma_reg_make() - registrations for every non-empty segment of @segs, on the port nearest
- * their GPU (host memory: round-robin): from the cache where a cached region holds the segment,
- * else registered now (and cached, for shared buffers and CUDA allocations, within the
- * rdma-cache budget). Return: 0, or -errno (reason in @why) with nothing held.
+ * tpb_rdma_reg_make() - registrations for every non-empty segment of @segs, on @rg->port if set,
+ * else on the port nearest their GPU (host memory: round-robin): from the cache where a cached
+ * region holds the segment, else registered now (and cached, for shared buffers and CUDA
+ * allocations, within the rdma-cache budget). Return: 0, or -errno (reason in @why) with nothing
+ * held.
  */
 int tpb_rdma_reg_make(struct tpb_rdma *g, const struct tpb_rdma_seg *segs, size_t n,
 		    struct rdma_regs *rg, char *why, size_t wl);

@@ -308,7 +308,8 @@ int tpb_rdma_reg_make(struct tpb_rdma *g, const struct tpb_rdma_seg *segs, size_
 {
 	int r;
 
-	rg->port = port_for(g, tpb_cuda_bus_id(tpb_rdma_reg_first_cuda(segs, n)));
+	if (!rg->port) /* else the caller's choice */
+		rg->port = port_for(g, tpb_cuda_bus_id(tpb_rdma_reg_first_cuda(segs, n)));
 	rg->n = n;
 	rg->r = calloc(n ? n : 1, sizeof(*rg->r));
 	if (!rg->r)

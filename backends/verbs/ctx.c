@@ -1,9 +1,10 @@
 /* SPDX-License-Identifier: BSD-3-Clause */
 /*
- * A verbs context on one port: the device opened by name, a protection domain, a completion
- * channel whose fd the event loop watches, one completion queue shared by the port's queue
- * pairs, and the memory regions registered against that domain (dma-buf or plain). Queue pairs
- * and writes are qp.c's and write.c's.
+ * A verbs context on one port: the device opened by name, a protection domain, a completion channel
+ * whose fd the event loop watches, completion queues shared by the port's queue pairs (one at
+ * first, sized within the device's max_cqe; another, up to its max_cq, when a queue pair would no
+ * longer fit, so that no queue can overflow), and the memory regions registered against that domain
+ * (dma-buf or plain). Queue pairs and writes are qp.c's and write.c's.
  */
 #include <errno.h>
 #include <stdio.h>
@@ -45,7 +46,30 @@ static int open_by_name(const struct tpv_ops *ops, const char *name, struct ibv_
 	return 0;
 }
 
-/* Completion channel (non-blocking fd) and an armed completion queue. */
+/* A new completion queue of ctx->cq_depth entries on the channel, armed. Return: 0 or -errno. */
+static int ctx_add_cq(struct tpv_ctx *ctx, char *why, size_t why_len)
+{
+	const struct tpv_ops *ops = ctx->ops;
+	struct ibv_cq *cq;
+	char eb[64];
+	int r;
+
+	errno = 0;
+	cq = ops->create_cq(ctx->verbs, ctx->cq_depth, ctx, ctx->channel, 0);
+	if (!cq) {
+		r = tpv_verbs_errno(-ENOMEM);
+		return tpu_why(r, why, why_len, "ibv_create_cq(%d): %s", ctx->cq_depth,
+			       tpu_strerror(r, eb, sizeof(eb)));
+	}
+	ctx->cqs[ctx->n_cqs++] = (struct tpv_cq){ .cq = cq, .depth = ctx->cq_depth };
+	r = tpv_verbs_rc(ops->req_notify_cq(cq, 0));
+	if (r < 0)
+		return tpu_why(r, why, why_len, "ibv_req_notify_cq: %s",
+			       tpu_strerror(r, eb, sizeof(eb)));
+	return 0;
+}
+
+/* Completion channel (non-blocking fd) and the first armed completion queue. */
 static int ctx_make_cq(struct tpv_ctx *ctx, char *why, size_t why_len)
 {
 	const struct tpv_ops *ops = ctx->ops;
@@ -63,18 +87,31 @@ static int ctx_make_cq(struct tpv_ctx *ctx, char *why, size_t why_len)
 	if (r < 0)
 		return tpu_why(r, why, why_len, "completion channel: fcntl: %s",
 			       tpu_strerror(r, eb, sizeof(eb)));
-	errno = 0;
-	ctx->cq = ops->create_cq(ctx->verbs, ctx->cq_depth, ctx, ctx->channel, 0);
-	if (!ctx->cq) {
-		r = tpv_verbs_errno(-ENOMEM);
-		return tpu_why(r, why, why_len, "ibv_create_cq(%d): %s", ctx->cq_depth,
-			       tpu_strerror(r, eb, sizeof(eb)));
+	return ctx_add_cq(ctx, why, why_len);
+}
+
+int tpv_ctx_cq_reserve(struct tpv_ctx *ctx, uint32_t slots, char *why, size_t why_len)
+{
+	uint32_t used = 0;
+	unsigned i;
+	int r;
+
+	for (i = 0; i < ctx->n_cqs; i++) {
+		if ((uint64_t)ctx->cqs[i].used + slots <= (uint64_t)ctx->cqs[i].depth) {
+			ctx->cqs[i].used += slots;
+			return (int)i;
+		}
+		used += ctx->cqs[i].used;
 	}
-	r = tpv_verbs_rc(ops->req_notify_cq(ctx->cq, 0));
+	if ((uint64_t)slots > (uint64_t)ctx->cq_depth || ctx->n_cqs >= ctx->max_cqs)
+		return tpu_why(-ENOSPC, why, why_len,
+			       "completion queue%s of %d entries cannot take %u more (%u in use)",
+			       ctx->n_cqs > 1 ? "s" : "", ctx->cq_depth, slots, used);
+	r = ctx_add_cq(ctx, why, why_len);
 	if (r < 0)
-		return tpu_why(r, why, why_len, "ibv_req_notify_cq: %s",
-			       tpu_strerror(r, eb, sizeof(eb)));
-	return 0;
+		return r;
+	ctx->cqs[i].used = slots;
+	return (int)i;
 }
 
 /* Device limits and the protection domain. */
@@ -92,6 +129,8 @@ static int ctx_make_pd(struct tpv_ctx *ctx, char *why, size_t why_len)
 	ctx->max_qp_wr = da.max_qp_wr > 0 ? (uint32_t)da.max_qp_wr : 1;
 	if (da.max_cqe > 0 && ctx->cq_depth > da.max_cqe)
 		ctx->cq_depth = da.max_cqe;
+	/* a device that does not say how many it takes gets one, as it always had */
+	ctx->max_cqs = da.max_cq > 1 ? TPU_MIN((unsigned)da.max_cq, TPV_CQS_MAX) : 1;
 	errno = 0;
 	ctx->pd = ctx->ops->alloc_pd(ctx->verbs);
 	if (!ctx->pd) {
@@ -134,8 +173,8 @@ void tpv_ctx_close(struct tpv_ctx *ctx)
 {
 	if (!ctx)
 		return;
-	if (ctx->cq)
-		ctx->ops->destroy_cq(ctx->cq);
+	for (unsigned i = 0; i < ctx->n_cqs; i++)
+		ctx->ops->destroy_cq(ctx->cqs[i].cq);
 	if (ctx->channel)
 		ctx->ops->destroy_comp_channel(ctx->channel);
 	if (ctx->pd)

@@ -2,10 +2,14 @@
 /*
  * Finding RDMA ports: every device ibv_get_device_list() reports, every port it has, kept when
  * the port is active and addressable (a LID on InfiniBand, a RoCE GID on Ethernet, preferring
- * RoCE v2 with an IPv4-mapped address), with its PCI address and NUMA node from sysfs. Also the
+ * RoCE v2 with an IPv4-mapped address), with its PCI address and NUMA node from sysfs and the
+ * network it sits on (its rail: the InfiniBand subnet prefix, or the IP network of its RoCE
+ * GID, with the netmask of the interface that holds the address). Also the
  * probe built on it. Choosing among the ports is topo.c's job; opening one is ctx.c's.
  */
 #include <errno.h>
+#include <ifaddrs.h>
+#include <netinet/in.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -96,6 +100,55 @@ static int port_pick_gid(const struct tpv_ops *ops, struct ibv_context *verbs,
 	return nic->gid_index >= 0 ? 0 : -ENOENT;
 }
 
+/* Prefix length of the local interface holding IPv4 address @a (network order), or -1. */
+static int ipv4_prefix(const uint8_t a[4])
+{
+	struct ifaddrs *ifs, *i;
+	int len = -1;
+
+	if (getifaddrs(&ifs) < 0)
+		return -1;
+	for (i = ifs; i && len < 0; i = i->ifa_next) {
+		const struct sockaddr_in *sa = (const void *)i->ifa_addr;
+		const struct sockaddr_in *nm = (const void *)i->ifa_netmask;
+
+		if (!sa || !nm || sa->sin_family != AF_INET || memcmp(&sa->sin_addr, a, 4))
+			continue;
+		len = __builtin_popcount(nm->sin_addr.s_addr);
+	}
+	freeifaddrs(ifs);
+	return len;
+}
+
+/*
+ * Sets @nic->rail from its link and GID: InfiniBand, the subnet prefix (the GID's top 64 bits);
+ * RoCE with an IPv4-mapped GID, the IPv4 network (prefix length of the interface holding the
+ * address, /16 if none here does); other RoCE GIDs, their /64.
+ */
+static void port_rail(struct tpv_nic *nic)
+{
+	static const uint8_t v4mapped[12] = { [10] = 0xff, [11] = 0xff };
+	uint8_t *k = nic->rail;
+	int bits;
+
+	memset(k, 0, TPV_RAIL_BYTES);
+	if (nic->link == TPV_LINK_IB || memcmp(nic->gid, v4mapped, sizeof(v4mapped))) {
+		k[0] = nic->link == TPV_LINK_IB ? 1 : 3;
+		k[1] = 64;
+		memcpy(k + 2, nic->gid, 8);
+		return;
+	}
+	bits = ipv4_prefix(nic->gid + 12);
+	bits = bits < 0 ? 16 : bits;
+	k[0] = 2;
+	k[1] = (uint8_t)bits;
+	for (int i = 0; i < 4; i++) {
+		int keep = TPU_MIN(TPU_MAX(bits - 8 * i, 0), 8);
+
+		k[2 + i] = (uint8_t)(nic->gid[12 + i] & (uint8_t)(0xff00u >> keep));
+	}
+}
+
 /*
  * Fills @nic for port @port of @dev. Return: 1 usable, 0 not active (no reason: the device's
  * "no active port" covers it), -ENODEV active but unusable (reason added to @why).
@@ -133,6 +186,7 @@ static int port_fill(const struct tpv_ops *ops, struct ibv_context *verbs, const
 			    port);
 		return -ENODEV;
 	}
+	port_rail(nic);
 	return 1;
 }
 
@@ -242,6 +296,55 @@ int tpv_nics_list(const struct tpv_ops *ops, const char *sysfs_root, struct tpv_
 	}
 	*ret = vec.v;
 	*ret_n = vec.n;
+	return 0;
+}
+
+/* Queries GID entry @index of @nic's port on its device. Return: 0 or -errno (@why). */
+static int nic_query_gid(const struct tpv_ops *ops, const struct tpv_nic *nic, int index,
+			 struct ibv_gid_entry *e, char *why, size_t why_len)
+{
+	struct ibv_context *verbs = NULL;
+	struct ibv_device **list;
+	int i, n = 0, r;
+	char eb[64];
+
+	errno = 0;
+	list = ops->get_device_list(&n);
+	for (i = 0; list && i < n && !verbs; i++)
+		if (!strcmp(list[i]->name, nic->dev))
+			verbs = ops->open_device(list[i]);
+	if (list)
+		ops->free_device_list(list);
+	if (!verbs)
+		return tpu_why(-ENODEV, why, why_len, "%s: cannot open the device", nic->dev);
+	memset(e, 0, sizeof(*e));
+	r = tpv_verbs_rc(ops->query_gid_ex(verbs, nic->port, (uint32_t)index, e));
+	ops->close_device(verbs);
+	if (r < 0)
+		return tpu_why(r == -EINVAL ? -ENODATA : r, why, why_len,
+			       "%s port %u: GID index %d: %s", nic->dev, nic->port, index,
+			       tpu_strerror(r, eb, sizeof(eb)));
+	return 0;
+}
+
+int tpv_nic_use_gid(const struct tpv_ops *ops, struct tpv_nic *nic, int index, char *why,
+		    size_t why_len)
+{
+	struct ibv_gid_entry e;
+	int r;
+
+	if (index < 0 || index >= GID_TABLE_MAX)
+		return tpu_why(-ENODATA, why, why_len, "GID index %d out of range", index);
+	r = nic_query_gid(ops, nic, index, &e, why, why_len);
+	if (r < 0)
+		return r;
+	if (nic->link == TPV_LINK_ETH ? !gid_score(&e) : !memcmp(e.gid.raw,
+			(uint8_t[TPV_GID_BYTES]){ 0 }, TPV_GID_BYTES))
+		return tpu_why(-ENODATA, why, why_len, "%s port %u: GID index %d is not usable",
+			       nic->dev, nic->port, index);
+	nic->gid_index = index;
+	memcpy(nic->gid, e.gid.raw, TPV_GID_BYTES);
+	port_rail(nic);
 	return 0;
 }
 

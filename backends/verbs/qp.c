@@ -105,20 +105,19 @@ static uint32_t random_psn(void)
 	return v & PSN_MASK;
 }
 
-/* Reserves @qp's share of the completion queue and its pending ring. */
+/* Reserves @qp's share of a completion queue and its pending ring. */
 static int qp_reserve(struct tpv_qp *qp, char *why, size_t why_len)
 {
 	struct tpv_ctx *ctx = qp->ctx;
-	uint32_t used = 0;
-	struct tpv_qp *o;
+	int k;
 
 	qp->max_send_wr = TPU_MIN(qp->params.max_send_wr, ctx->max_qp_wr);
-	tpu_list_for_each(o, &ctx->qps, link)
-		used += o->max_send_wr;
-	if ((uint64_t)used + qp->max_send_wr > (uint64_t)ctx->cq_depth)
-		return tpu_why(-ENOSPC, why, why_len,
-			       "completion queue of %d entries cannot take %u more (%u in use)",
-			       ctx->cq_depth, qp->max_send_wr, used);
+	k = tpv_ctx_cq_reserve(ctx, qp->max_send_wr, why, why_len);
+	if (k < 0) {
+		qp->max_send_wr = 0; /* nothing reserved */
+		return k;
+	}
+	qp->cq = (unsigned)k;
 	qp->pending = calloc(qp->max_send_wr, sizeof(*qp->pending));
 	return qp->pending ? 0 : tpu_why(-ENOMEM, why, why_len, "out of memory");
 }
@@ -131,8 +130,8 @@ static int qp_create(struct tpv_qp *qp, char *why, size_t why_len)
 
 	memset(&ia, 0, sizeof(ia));
 	ia.qp_context = qp;
-	ia.send_cq = ctx->cq;
-	ia.recv_cq = ctx->cq;
+	ia.send_cq = ctx->cqs[qp->cq].cq;
+	ia.recv_cq = ctx->cqs[qp->cq].cq;
 	ia.cap.max_send_wr = qp->max_send_wr;
 	ia.cap.max_recv_wr = 1;
 	ia.cap.max_send_sge = 1;
@@ -193,6 +192,8 @@ void tpv_qp_close(struct tpv_qp *qp, tpv_done_fn cb, void *arg)
 		cb(arg, qp->pending[qp->pend_head].cookie, -ECANCELED, "queue pair closed");
 		qp->pend_head = (qp->pend_head + 1) % qp->max_send_wr;
 	}
+	if (qp->max_send_wr)
+		qp->ctx->cqs[qp->cq].used -= qp->max_send_wr;
 	free(qp->pending);
 	free(qp);
 }

@@ -82,6 +82,7 @@ const char *tpv_wc_status_str(enum ibv_wc_status status);
 #define TPV_NAME_MAX 64	  /* IBV_SYSFS_NAME_MAX */
 #define TPV_PCI_ID_MAX 32 /* "0000:3b:00.0" plus room */
 #define TPV_GID_BYTES 16
+#define TPV_RAIL_BYTES 16
 
 enum tpv_link {
 	TPV_LINK_IB = 0, /* InfiniBand: addressed by LID */
@@ -97,6 +98,10 @@ struct tpv_nic {
 	uint16_t lid;		     /* IB only */
 	int gid_index;		     /* RoCE: the chosen GID; IB: 0; -1 if none */
 	uint8_t gid[TPV_GID_BYTES];
+	/* The network the port is on, for pairing ports of two hosts that can reach each other:
+	 * kind (1 InfiniBand subnet prefix, 2 IPv4 network, 3 IPv6 /64), prefix length, then the
+	 * prefix's bytes, zero-padded. Equal keys: same subnet (same rail). */
+	uint8_t rail[TPV_RAIL_BYTES];
 	uint32_t max_msg_sz;	     /* the port's largest message */
 	char pci[TPV_PCI_ID_MAX];    /* "0000:3b:00.0", or "" if sysfs does not say */
 	int numa_node;		     /* -1 if unknown */
@@ -117,6 +122,15 @@ const char *tpv_link_name(enum tpv_link link);
  */
 int tpv_nics_list(const struct tpv_ops *ops, const char *sysfs_root, struct tpv_nic **ret,
 		  size_t *ret_n, char *why, size_t why_len);
+
+/*
+ * tpv_nic_use_gid() - make GID table entry @index of @nic's port the one its queue pairs use
+ * (a configured GID index) in place of the one tpv_nics_list() chose, and recompute its rail.
+ * Ownership: borrows @ops; changes @nic only on success.
+ * Return: 0, -ENODATA for an empty or unusable entry, or the verbs -errno (reason in @why).
+ */
+int tpv_nic_use_gid(const struct tpv_ops *ops, struct tpv_nic *nic, int index, char *why,
+		    size_t why_len);
 
 /*
  * tpv_probe() - can RDMA run on this host: is there at least one active, usable port?
@@ -145,7 +159,9 @@ struct tpv_ctx;
 
 /*
  * tpv_ctx_open() - open @nic's device, allocate a protection domain, a completion channel (its
- * fd non-blocking) and a completion queue of @cq_depth entries armed for notification.
+ * fd non-blocking) and a completion queue of @cq_depth entries (at most the device's max_cqe)
+ * armed for notification. Queue pairs that no longer fit in it get another of the same size
+ * on the same channel, up to the device's max_cq (one if the device does not say).
  * @ops: must outlive the context.
  *
  * Ownership: borrows @nic, keeps @ops; returns owned @ret, free with tpv_ctx_close().
@@ -177,8 +193,8 @@ int tpv_cq_fd(const struct tpv_ctx *ctx);
 typedef void (*tpv_done_fn)(void *arg, uint64_t cookie, int status, const char *why);
 
 /*
- * tpv_cq_drain() - take the completion event if there is one, acknowledge it, re-arm the queue
- * for notification, then poll every completion and call @cb once per finished write.
+ * tpv_cq_drain() - take the completion events there are, acknowledge them, re-arm every
+ * completion queue of @ctx, then poll every completion and call @cb once per finished write.
  *
  * Ownership: borrows @cb and @arg for the duration of the call; @cb may post new writes but
  * must not free a queue pair of @ctx. Return: the number of completions polled, or -errno if
@@ -288,12 +304,14 @@ struct tpv_qp_params {
 struct tpv_qp;
 
 /*
- * tpv_qp_new() - create an RC queue pair in RESET on @ctx's completion queue, with a random
- * starting PSN; its tpv_qp_local() info is ready to send to the peer.
+ * tpv_qp_new() - create an RC queue pair in RESET on a completion queue of @ctx with room for
+ * its whole send queue (a new one if none has), with a random starting PSN; its tpv_qp_local()
+ * info is ready to send to the peer.
  * @params: NULL for the defaults.
  *
  * Ownership: keeps @ctx (must outlive the QP), borrows @params; returns owned @ret, free with
- * tpv_qp_free(). Return: 0, or -errno with "ibv_create_qp: ..." in @why.
+ * tpv_qp_free(). Return: 0, -ENOSPC when no completion queue has room and no more may be made,
+ * or -errno with "ibv_create_qp: ..." (or "ibv_create_cq(...): ...") in @why.
  */
 int tpv_qp_new(struct tpv_ctx *ctx, const struct tpv_qp_params *params, struct tpv_qp **ret,
 	       char *why, size_t why_len);

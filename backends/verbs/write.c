@@ -155,31 +155,38 @@ static void wc_handle(struct tpv_qp *qp, const struct ibv_wc *wc, tpv_done_fn cb
 	}
 }
 
-/* Takes and acknowledges a pending completion event, then re-arms. Return: 0 or -errno. */
+/* Takes and acknowledges every pending completion event, then re-arms every queue.
+ * Return: 0 or -errno. */
 static int cq_rearm(struct tpv_ctx *ctx)
 {
 	const struct tpv_ops *ops = ctx->ops;
 	struct ibv_cq *ev_cq;
 	void *ev_ctx;
+	int r = 0;
 
-	errno = 0;
-	if (ops->get_cq_event(ctx->channel, &ev_cq, &ev_ctx) == 0)
-		ops->ack_cq_events(ev_cq, 1);
-	else if (errno != EAGAIN && errno != EWOULDBLOCK)
-		return tpv_verbs_errno(-EIO);
-	return tpv_verbs_rc(ops->req_notify_cq(ctx->cq, 0));
+	for (unsigned k = 0; k <= ctx->n_cqs; k++) { /* at most one event per armed queue */
+		errno = 0;
+		if (ops->get_cq_event(ctx->channel, &ev_cq, &ev_ctx) == 0) {
+			ops->ack_cq_events(ev_cq, 1);
+			continue;
+		}
+		if (errno != EAGAIN && errno != EWOULDBLOCK)
+			return tpv_verbs_errno(-EIO);
+		break;
+	}
+	for (unsigned i = 0; i < ctx->n_cqs && r >= 0; i++)
+		r = tpv_verbs_rc(ops->req_notify_cq(ctx->cqs[i].cq, 0));
+	return r;
 }
 
-int tpv_cq_drain(struct tpv_ctx *ctx, tpv_done_fn cb, void *arg)
+/* Polls @cq until empty. Return: the completions polled, or -EIO. */
+static int cq_poll(struct tpv_ctx *ctx, struct ibv_cq *cq, tpv_done_fn cb, void *arg)
 {
 	struct ibv_wc wc[POLL_BATCH];
 	int r, i, total = 0;
 
-	r = cq_rearm(ctx);
-	if (r < 0)
-		return r;
 	do {
-		r = ctx->ops->poll_cq(ctx->cq, POLL_BATCH, wc);
+		r = ctx->ops->poll_cq(cq, POLL_BATCH, wc);
 		if (r < 0)
 			return -EIO;
 		for (i = 0; i < r; i++) {
@@ -190,5 +197,21 @@ int tpv_cq_drain(struct tpv_ctx *ctx, tpv_done_fn cb, void *arg)
 		}
 		total += r;
 	} while (r == POLL_BATCH);
+	return total;
+}
+
+int tpv_cq_drain(struct tpv_ctx *ctx, tpv_done_fn cb, void *arg)
+{
+	int r, total = 0;
+
+	r = cq_rearm(ctx);
+	if (r < 0)
+		return r;
+	for (unsigned i = 0; i < ctx->n_cqs; i++) {
+		r = cq_poll(ctx, ctx->cqs[i].cq, cb, arg);
+		if (r < 0)
+			return r;
+		total += r;
+	}
 	return total;
 }

@@ -614,4 +614,100 @@ int tpc_error(int err, const char *fmt, ...) _printf_(2, 3);
 /* Records @msg (or tp_strerror(@err) if NULL) and returns @err. Borrows @msg (copied). */
 int tpc_error_msg(int err, const char *msg);
 
+/* ---- slurm.c: bootstrap from Slurm's environment ------------------------------------------- */
+
+/* Bounds on what the environment may make the library hold (docs/slurm.md). */
+#define TPC_SLURM_LIST_MAX 131072u    /* characters of one host list (the kernel's MAX_ARG_STRLEN) */
+#define TPC_SLURM_HOSTS_MAX 65536u    /* hosts in one expanded list */
+#define TPC_SLURM_NAME_MAX 255u	      /* characters of one host name */
+#define TPC_SLURM_SPAN_MAX 65536u     /* values of one range lo-hi (Slurm's MAX_RANGE) */
+#define TPC_SLURM_GROUPS_MAX 4u	      /* bracket groups in one element: rack[1-2]n[1-4] is 2 */
+#define TPC_SLURM_DIGITS_MAX 18u      /* digits of one number in a bracket */
+#define TPC_SLURM_RANKS_MAX (1u << 20) /* tasks of one step */
+#define TPC_SLURM_KEY_MAX 32u	      /* "slurm:<job>.<step>" and its NUL */
+
+/* An expanded host list: @n names, back to back in @names, each NUL-terminated. */
+struct tpc_hostlist {
+	uint32_t n;
+	uint32_t *off; /* name i starts at names + off[i] */
+	char *names;
+};
+
+/*
+ * tpc_slurm_hostlist_parse() - expand a Slurm host list ("gn[01-04,10],gpu7").
+ * @s: the list: elements separated by ',', each a name or a name with up to
+ *     TPC_SLURM_GROUPS_MAX bracket groups of numbers and ranges (zero padding is kept, the
+ *     width being that of the range's first number); nothing may follow the last ']'.
+ * @ret: the expanded list, in order (duplicates are kept, as Slurm keeps them).
+ *
+ * Names hold letters, digits, '.', '-' and '_' only; empty elements, whitespace, nested or
+ * unbalanced brackets, descending or signed ranges and Slurm's 3-D "box" ranges are refused.
+ * Ownership: borrows @s; returns owned @ret, free with tpc_slurm_hostlist_free().
+ * Return: 0; -EINVAL (syntax), -EMSGSIZE (list, name or number too long), -ENOBUFS (too many
+ * hosts, groups or values in a range), -ENOMEM; tp_last_error() says where and why.
+ */
+int tpc_slurm_hostlist_parse(const char *s, struct tpc_hostlist **ret);
+/* Frees @hl (NULL is fine). Takes @hl. */
+void tpc_slurm_hostlist_free(struct tpc_hostlist *hl);
+/* Return: name @i (< hl->n) of @hl, a borrowed pointer valid until @hl is freed. */
+const char *tpc_slurm_hostlist_name(const struct tpc_hostlist *hl, uint32_t i);
+
+/*
+ * tpc_slurm_tasks_parse() - expand a tasks-per-node list ("2(x3),1": 2, 2, 2, 1).
+ * @s: elements separated by ',', each COUNT or COUNT(xREPEAT), both >= 1.
+ * @nodes: how many nodes the list must describe (the node list's length).
+ * @ret: @nodes counts, in node order; @ret_total (may be NULL): their sum.
+ * Ownership: borrows @s; returns owned @ret, free with free().
+ * Return: 0; -EINVAL (syntax, or not @nodes nodes), -ENOBUFS (over TPC_SLURM_HOSTS_MAX nodes
+ * or TPC_SLURM_RANKS_MAX tasks), -ENOMEM; tp_last_error() says why.
+ */
+int tpc_slurm_tasks_parse(const char *s, uint32_t nodes, uint32_t **ret, uint32_t *ret_total);
+
+/* The variables read, each NULL when unset (tpc_slurm_vars_from_env() fills them). */
+struct tpc_slurm_vars {
+	const char *job_id;		/* SLURM_JOB_ID, else SLURM_JOBID */
+	const char *step_id;		/* SLURM_STEP_ID, else SLURM_STEPID */
+	const char *procid;		/* SLURM_PROCID */
+	const char *ntasks;		/* SLURM_NTASKS */
+	const char *nprocs;		/* SLURM_NPROCS */
+	const char *step_num_tasks;	/* SLURM_STEP_NUM_TASKS */
+	const char *localid;		/* SLURM_LOCALID */
+	const char *nodeid;		/* SLURM_NODEID */
+	const char *step_nodelist;	/* SLURM_STEP_NODELIST */
+	const char *job_nodelist;	/* SLURM_JOB_NODELIST, else SLURM_NODELIST */
+	const char *step_tasks_per_node; /* SLURM_STEP_TASKS_PER_NODE */
+	const char *tasks_per_node;	/* SLURM_TASKS_PER_NODE */
+};
+
+/* What a task of a Slurm step is: its place in the step and where the group meets. */
+struct tpc_slurm {
+	uint32_t job_id, step_id;
+	uint32_t rank, size;		/* SLURM_PROCID, the step's task count */
+	uint32_t local_rank, local_size; /* SLURM_LOCALID, the tasks on this node */
+	uint32_t node, nodes;		/* SLURM_NODEID, the step's node count */
+	char key[TPC_SLURM_KEY_MAX];	/* the group's key, "slurm:<job>.<step>" */
+	char coordinator[TPC_SLURM_NAME_MAX + 1]; /* first host of the step's node list */
+	char node_name[TPC_SLURM_NAME_MAX + 1];   /* this task's host in that list */
+};
+
+/* Fills @ret from getenv() (pointers into the environment, valid while it is unchanged). */
+void tpc_slurm_vars_from_env(struct tpc_slurm_vars *ret);
+/* True when SLURM_JOB_ID (or SLURM_JOBID) and SLURM_PROCID are both set: a Slurm task. */
+bool tpc_slurm_detected(const struct tpc_slurm_vars *v);
+
+/*
+ * tpc_slurm_from_vars() - derive a task's place from Slurm's variables, all hostile input.
+ * @v: the variables; the task count is SLURM_STEP_NUM_TASKS, SLURM_NTASKS or SLURM_NPROCS
+ *     (those set must agree); the node list the step's, else the job's; tasks per node the
+ *     step's, else the job's. Both lists must describe the same number of nodes.
+ * @ret: written only on success.
+ * Checks rank < size, node < nodes, local rank < the node's task count and that the counts
+ * add up to size. Ownership: borrows @v.
+ * Return: 0; -ENOENT (a variable is missing), -EINVAL (malformed or inconsistent), the
+ * errors of the list parsers; tp_last_error() names the variable and the reason.
+ */
+int tpc_slurm_from_vars(const struct tpc_slurm_vars *v, struct tpc_slurm *ret);
+/* tpc_slurm_from_vars() over this process's environment. Return: as that. */
+int tpc_slurm_from_env(struct tpc_slurm *ret);
+
 #endif

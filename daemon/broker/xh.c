@@ -685,6 +685,9 @@ void tpd_xh_peer_xfer_end(struct tpd_peer *pr, void *arg, const Tpw__V1__PeerXfe
 				 "peer RDMA-wrote %llu of %llu bytes",
 				 (unsigned long long)xe->bytes, (unsigned long long)xh->x.total);
 		}
+		if (xh->gdr_status == 0) /* GPU-bound writes visible before ReadDone */
+			xh->gdr_status = tpb_rdma_op_flush(&xh->prep, xh->gdr_why,
+							   sizeof(xh->gdr_why));
 		(void)tpb_cancel(ep, &xh->op);
 		return;
 	}

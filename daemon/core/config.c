@@ -116,6 +116,23 @@ static const struct opt opts[] = {
 	{ "rdma-cache", "backends", K_SIZE64, OFF(rdma_cache), 0, UINT64_MAX, true, "BYTES",
 	  "memory kept registered for RDMA after its transfer, for the next ones;\n"
 	  "                            0 registers every transfer anew (default 4G)" },
+	{ "rdma-traffic-class", "backends", K_U32, OFF(rdma_traffic_class), 0, 255, false, "N",
+	  "RoCE traffic class of RDMA queue pairs, e.g. a lossless one (default 0)" },
+	{ "rdma-sl", "backends", K_U32, OFF(rdma_sl), 0, 15, false, "N",
+	  "service level of RDMA queue pairs (default 0)" },
+	{ "rdma-gid-index", "backends", K_U32, OFF(rdma_gid_index), 0, 255, false, "N",
+	  "GID table entry of every RDMA port; ports where it is empty are left out\n"
+	  "                            (default: first RoCE v2 IPv4-mapped; shown as 4294967295)" },
+	{ "rdma-timeout", "backends", K_U32, OFF(rdma_timeout), 1, 31, false, "N",
+	  "RDMA ACK timeout, 4.096 us * 2^N (default 14: about 67 ms)" },
+	{ "rdma-retry", "backends", K_U32, OFF(rdma_retry), 1, 7, false, "N",
+	  "retries of an unanswered RDMA write before it fails (default 7)" },
+	{ "rdma-rebuild-ms", "backends", K_U32, OFF(rdma_rebuild_ms), 10, 600000, false, "MS",
+	  "wait before a link whose RDMA write failed rebuilds its queue pairs;\n"
+	  "                            doubles each time, at most 60000 (default 1000)" },
+	{ "rdma-rebuild-max", "backends", K_U32, OFF(rdma_rebuild_max), 0, 1000, false, "N",
+	  "rebuilds in a row without a write completing, then RDMA stays off on\n"
+	  "                            that link; 0 never rebuilds (default 5)" },
 	{ "backend-priority", "backends", K_STR, OFF(backend_priority), 0,
 	  sizeof(((struct tpd_config *)0)->backend_priority), false, "NAMES",
 	  "channels to try first, in order, e.g. cma,shm (default: shm,cma,basic)" },
@@ -203,6 +220,11 @@ void tpd_config_defaults(struct tpd_config *c)
 	c->cuda_holds_max = TPD_DEVMEM_HOLDS;
 	c->drain_ms = 5000;
 	c->rdma_cache = 4ull << 30;
+	c->rdma_gid_index = UINT32_MAX; /* auto */
+	c->rdma_timeout = 14;
+	c->rdma_retry = 7;
+	c->rdma_rebuild_ms = 1000;
+	c->rdma_rebuild_max = 5;
 	c->ring_max = 4u << 20;
 	c->spin_us = 100;
 	snprintf(c->peer_listen, sizeof(c->peer_listen), "*:7420");
@@ -408,6 +430,9 @@ static int load_file(struct tpd_config *c, char *err, size_t el)
 }
 
 enum { OPT_CONFIG = 1000, OPT_CHECK, OPT_NO_CMA, OPT_NO_SHM, OPT_NO_RDMA, OPT_VERSION, OPT_HELP };
+/* getopt_long() value of opts[i]: i + OPT_TABLE, never '?' (63) or ':' (58) however long the
+ * table grows */
+#define OPT_TABLE 2000
 
 static void build_longopts(struct option *lo)
 {
@@ -418,7 +443,7 @@ static void build_longopts(struct option *lo)
 			lo[n++] = (struct option){ opts[i].name,
 						   opts[i].kind == K_FLAG ? no_argument
 									  : required_argument,
-						   NULL, (int)i };
+						   NULL, OPT_TABLE + (int)i };
 	lo[n++] = (struct option){ "config", required_argument, NULL, OPT_CONFIG };
 	lo[n++] = (struct option){ "check-config", no_argument, NULL, OPT_CHECK };
 	lo[n++] = (struct option){ "no-cma", no_argument, NULL, OPT_NO_CMA };
@@ -489,9 +514,10 @@ static int scan_flags(struct tpd_config *c, int pass, char *err, size_t el)
 			c->no_shm = true;
 		else if (opt == OPT_NO_RDMA)
 			c->no_rdma = true;
-		else if (opt >= 0 && (size_t)opt < TPU_ARRAY_SIZE(opts)) {
+		else if (opt >= OPT_TABLE && (size_t)(opt - OPT_TABLE) < TPU_ARRAY_SIZE(opts)) {
 			char e[200];
-			if (set_opt(c, &opts[opt], optarg ? optarg : "yes", e, sizeof(e)) < 0) {
+			if (set_opt(c, &opts[opt - OPT_TABLE], optarg ? optarg : "yes", e,
+				    sizeof(e)) < 0) {
 				snprintf(err, el, "--%s", e);
 				return -EINVAL;
 			}

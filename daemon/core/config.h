@@ -29,6 +29,13 @@ struct tpd_config {
 	bool no_shm;
 	bool no_rdma; /* neither rdma nor cuda_gdr on peer links */
 	uint64_t rdma_cache; /* bytes of unused RDMA registrations kept (0: none) */
+	uint32_t rdma_traffic_class; /* RoCE GRH traffic class of queue pairs */
+	uint32_t rdma_sl;	     /* service level */
+	uint32_t rdma_gid_index;     /* GID table entry of every port; UINT32_MAX: chosen */
+	uint32_t rdma_timeout;	     /* local ACK timeout exponent */
+	uint32_t rdma_retry;	     /* retry count */
+	uint32_t rdma_rebuild_ms;    /* first wait before rebuilding a link's queue pairs */
+	uint32_t rdma_rebuild_max;   /* rebuilds in a row without a completed write (0: none) */
 	char backend_priority[128]; /* "shm,cma": channels tried first, in order */
 	struct tpw_limits wire;	    /* frame, inline, segments, message bytes, metadata */
 	uint32_t sessions_max;

@@ -417,6 +417,14 @@ static int rdma_start(struct tpd_daemon *d)
 	struct tpb_rdma_config rc = {
 		.disabled = d->cfg.no_rdma,
 		.cache_bytes = d->cfg.rdma_cache,
+		.traffic_class = (uint8_t)d->cfg.rdma_traffic_class,
+		.sl = (uint8_t)d->cfg.rdma_sl,
+		.timeout = (uint8_t)d->cfg.rdma_timeout,
+		.retry = (uint8_t)d->cfg.rdma_retry,
+		.gid_index_set = d->cfg.rdma_gid_index != UINT32_MAX,
+		.gid_index = d->cfg.rdma_gid_index,
+		.rebuild_ms = d->cfg.rdma_rebuild_ms,
+		.rebuild_max = d->cfg.rdma_rebuild_max,
 		.ports_max = TPW_RDMA_PORTS_MAX,
 		.link_ops = &tpd_peer_rdma_ops,
 	};

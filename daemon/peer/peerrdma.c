@@ -20,12 +20,18 @@ static int rdma_send(void *link, const struct tpb_rdma_setup *m)
 {
 	Tpw__V1__PeerRdma rm = TPW__V1__PEER_RDMA__INIT;
 	Tpw__V1__PeerMsg pm = TPW__V1__PEER_MSG__INIT;
-	_cleanup_free_ ProtobufCBinaryData *qps = NULL;
+	_cleanup_free_ ProtobufCBinaryData *qps = NULL, *rails = NULL;
 
 	if (m->n_qps && !(qps = calloc(m->n_qps, sizeof(*qps))))
 		return -ENOMEM;
+	if (m->n_rails && !(rails = calloc(m->n_rails, sizeof(*rails))))
+		return -ENOMEM;
 	for (size_t i = 0; i < m->n_qps; i++)
 		qps[i] = (ProtobufCBinaryData){ m->qps[i].len, (uint8_t *)m->qps[i].data };
+	for (size_t i = 0; i < m->n_rails; i++)
+		rails[i] = (ProtobufCBinaryData){ m->rails[i].len, (uint8_t *)m->rails[i].data };
+	rm.n_rails = m->n_rails;
+	rm.rails = rails;
 	rm.ports = m->ports;
 	rm.n_qps = m->n_qps;
 	rm.qps = qps;
@@ -47,17 +53,22 @@ const struct tpb_rdma_link_ops tpd_peer_rdma_ops = {
 
 void tpd_peer_rdma_on_msg(struct tpd_peer *pr, const Tpw__V1__PeerRdma *m)
 {
-	_cleanup_free_ struct tpb_rdma_record *qps = NULL;
-	struct tpb_rdma_setup st = { .ports = m->ports, .n_qps = m->n_qps, .error = m->error };
+	_cleanup_free_ struct tpb_rdma_record *qps = NULL, *rails = NULL;
+	struct tpb_rdma_setup st = { .ports = m->ports, .n_qps = m->n_qps, .n_rails = m->n_rails,
+				     .error = m->error };
 
 	if (!pr->gdr)
 		return;
-	if (m->n_qps && !(qps = calloc(m->n_qps, sizeof(*qps)))) {
+	if ((m->n_qps && !(qps = calloc(m->n_qps, sizeof(*qps)))) ||
+	    (m->n_rails && !(rails = calloc(m->n_rails, sizeof(*rails))))) {
 		tpd_peer_log(pr, TPU_LOG_WARNING, "RDMA set-up step dropped: out of memory");
 		return;
 	}
 	for (size_t i = 0; i < m->n_qps; i++)
 		qps[i] = (struct tpb_rdma_record){ m->qps[i].data, m->qps[i].len };
+	for (size_t i = 0; i < m->n_rails; i++)
+		rails[i] = (struct tpb_rdma_record){ m->rails[i].data, m->rails[i].len };
 	st.qps = qps;
+	st.rails = rails;
 	tpb_rdma_link_on_msg(pr->gdr, &st);
 }

@@ -33,10 +33,16 @@
  * those calls slow, as a driver can be: IPC opens and closes, cuEventDestroy of an IPC-opened
  * event, cuMemGetHandleForAddressRange; while one is delayed, $FAKECUDA_FAULT_DIR/pending-CALL
  * exists, so that a test can see it is still pending.
+ * GPUDirect RDMA: the device reports CU_DEVICE_ATTRIBUTE_GPU_DIRECT_RDMA_WRITES_ORDERING from
+ * $FAKECUDA_RDMA_ORDERING (default 0: none, writes must be flushed) and supports
+ * cuFlushGPUDirectRDMAWrites() (needs a current context; with $FAKECUDA_NO_RDMA_FLUSH the
+ * device says it does not), which, like a synchronous read of device memory (cuMemcpyDtoH),
+ * lands the writes fakeverbs holds back under FAKEVERBS_WRITE_LAG.
  * Not emulated: implicit synchronisation between the legacy stream and blocking streams,
  * timing, limits, and anything the hw suite, libtpclient and tpipd do not call. It proves the
  * plumbing and the ordering logic, not the hardware; tests/hw on a real GPU remains the truth.
  */
+#include <dlfcn.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <pthread.h>
@@ -671,6 +677,12 @@ CUresult CUDAAPI cuDeviceGetAttribute(int *pi, CUdevice_attribute attrib, CUdevi
 	case CU_DEVICE_ATTRIBUTE_PCI_DEVICE_ID: *pi = 0; break;
 	case CU_DEVICE_ATTRIBUTE_PCI_DOMAIN_ID: *pi = 0; break;
 	case CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR: *pi = 9; break;
+	case CU_DEVICE_ATTRIBUTE_GPU_DIRECT_RDMA_WRITES_ORDERING:
+		*pi = getenv("FAKECUDA_RDMA_ORDERING") ? atoi(getenv("FAKECUDA_RDMA_ORDERING")) : 0;
+		break;
+	case CU_DEVICE_ATTRIBUTE_GPU_DIRECT_RDMA_FLUSH_WRITES_OPTIONS:
+		*pi = getenv("FAKECUDA_NO_RDMA_FLUSH") ? 0 : CU_FLUSH_GPU_DIRECT_RDMA_WRITES_OPTION_HOST;
+		break;
 	default: *pi = 1; break;
 	}
 	return CUDA_SUCCESS;
@@ -1225,8 +1237,36 @@ CUresult CUDAAPI cuMemcpyDtoDAsync(CUdeviceptr dst, CUdeviceptr src, size_t n, C
 	return copy_on(s, (void *)(uintptr_t)dst, (const void *)(uintptr_t)src, n);
 }
 
+/* Lands the RDMA writes the stand-in verbs provider of this process holds back (its
+ * fakeverbs_flush(), if it is loaded). */
+static void rdma_land(void)
+{
+	const char *lib = getenv("TPIPD_VERBS_LIBRARY");
+	void *h = lib && *lib ? dlopen(lib, RTLD_NOW | RTLD_NOLOAD) : NULL;
+	int (*flush)(void) = h ? (int (*)(void))dlsym(h, "fakeverbs_flush") : NULL;
+
+	if (flush)
+		flush();
+	if (h)
+		dlclose(h);
+}
+
+CUresult CUDAAPI cuFlushGPUDirectRDMAWrites(CUflushGPUDirectRDMAWritesTarget target,
+					   CUflushGPUDirectRDMAWritesScope scope)
+{
+	if (target != CU_FLUSH_GPU_DIRECT_RDMA_WRITES_TARGET_CURRENT_CTX ||
+	    (scope != CU_FLUSH_GPU_DIRECT_RDMA_WRITES_TO_OWNER &&
+	     scope != CU_FLUSH_GPU_DIRECT_RDMA_WRITES_TO_ALL_DEVICES))
+		return CUDA_ERROR_INVALID_VALUE;
+	if (!ctx_current())
+		return CUDA_ERROR_INVALID_CONTEXT;
+	rdma_land();
+	return CUDA_SUCCESS;
+}
+
 CUresult CUDAAPI cuMemcpyDtoH(void *dst, CUdeviceptr src, size_t n)
 {
+	rdma_land(); /* a read through the device: earlier writes land first */
 	return copy_sync(dst, (const void *)(uintptr_t)src, n);
 }
 

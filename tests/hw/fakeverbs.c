@@ -1,31 +1,51 @@
 /* SPDX-License-Identifier: BSD-3-Clause */
 /*
- * fakeverbs: a stand-in verbs provider, loaded by tpv_ops_load() when $TPIPD_VERBS_LIBRARY names
- * it (`meson test --setup fakecuda` does), so that the cuda_gdr wiring can run end to end on a
- * machine without RDMA hardware: two processes on this host act as two hosts. It exports
- * `const struct tpv_ops tpv_ops_table` and is not linked to libibverbs (it uses its types only).
- * It is ONE RoCE device "fakeverbs0" with ONE active port (port 1, Ethernet, MTU 4096, largest
- * message 1 GiB) whose only GID (index 0, RoCE v2) is 'T','P','F','V' then the process id (4
- * bytes, little endian) then zeros: a peer is found by the pid in the GID its QP was connected to
- * at RTR. Every process publishes its memory regions and queue pairs in a shared table,
- * /dev/shm/tpfakeverbs.<pid> (created on the first open device, unlinked when the last one closes
- * and at exit); an "RDMA write" is posted from the caller's thread and done there and then:
- * local key and range checked, the peer's queue pair checked (exists, in RTR or RTS, connected
- * back to this one, PSNs agree, remote write allowed), its rkey, range and access checked, then
- * the bytes copied with process_vm_writev(). Completions (with the errors and flushes hardware
- * gives) go to an in-memory CQ and wake its completion channel, an eventfd. Posting before RTS
- * is EINVAL; a failed write puts the QP in ERROR, which flushes every later work request. The
- * objects it returns have no libibverbs insides: use them only through this table. For dma-buf
- * regions the IOVA must be where the dma-buf's bytes are mapped in this process (fakecuda's
- * device memory is), and the fd's file position is taken as the start of the dma-buf in its file
- * (as fakecuda's cuMemGetHandleForAddressRange() leaves it). A failed write's vendor_err says why:
- * 0xf1 no peer table, 0xf2 peer QP missing or not connected to us, 0xf3 PSN mismatch, 0xf4 peer
- * QP lacks remote write, 0xf5 bad rkey, 0xf6 out of the region, 0xf7 injected, 0xf8 bad lkey,
- * 0x100 + errno a failed process_vm_writev. Knobs: FAKEVERBS_NO_DEVICE=1 (no device),
- * FAKEVERBS_FAIL_WRITES=N (the N-th RDMA write work request of the process, and every later
- * one, completes with IBV_WC_REM_ACCESS_ERR). Not emulated: sends, reads, atomics, receive
- * queues, InfiniBand addressing, timing, async events. It proves the plumbing and the completion
- * logic, and says nothing about real RDMA hardware.
+ * fakeverbs: a stand-in verbs provider, loaded by tpv_ops_load() when $TPIPD_VERBS_LIBRARY names it
+ * (`meson test --setup fakecuda` does), so that the cuda_gdr wiring can run end to end on a machine
+ * without RDMA hardware: two processes on this host act as two hosts. It exports `const struct
+ * tpv_ops tpv_ops_table` and is not linked to libibverbs (it uses its types only). It is ONE device
+ * "fakeverbs0" with FAKEVERBS_PORTS active ports (default 1, at most 15; MTU 4096, largest message
+ * 1 GiB). Every process that opens it gets a host number (1..254, unique among the live processes,
+ * kept for the life of the process, in /dev/shm/tpfakeverbs.hosts) and port p of host h sits on
+ * rail (p - 1) % FAKEVERBS_RAILS (default 1: every port reaches every other). On Ethernet (the
+ * default) port p's GID table is: 0 RoCE v1 fe80::5450:RR00:HH00:PP (link-local), 1 the same as
+ * RoCE v2, 2 RoCE v2 ::ffff:10.R.H.P (IPv4-mapped), 3 empty; with FAKEVERBS_LINK=ib the port is
+ * InfiniBand: LID H << 4 | P, GID 0 fec0::R:5450:46HH:00PP (subnet prefix per rail), and the
+ * address vector may go without a GRH. A peer is found by the host and port in the GID (or LID) its
+ * QP was connected to at RTR; a write to a port on another rail, or between GID kinds that do not
+ * route (link-local to IPv4-mapped), times out as a real fabric drops it. Every process publishes
+ * its memory regions and queue pairs in a shared table, /dev/shm/tpfakeverbs.<pid> (created on the
+ * first open device, unlinked when the last one closes and at exit); an "RDMA write" is posted from
+ * the caller's thread and done there and then: local key and range checked, the peer's queue pair
+ * checked (exists, in RTR or RTS, connected back to this one, PSNs agree, remote write allowed),
+ * its rkey, range and access checked, then the bytes copied with process_vm_writev(). Completions
+ * (with the errors and flushes hardware gives) go to an in-memory CQ and wake its completion
+ * channel, an eventfd. Posting before RTS is EINVAL; a failed write puts the QP in ERROR, which
+ * flushes every later work request. The objects it returns have no libibverbs insides: use them
+ * only through this table. For dma-buf regions the IOVA must be where the dma-buf's bytes are
+ * mapped in this process (fakecuda's device memory is), and the fd's file position is taken as the
+ * start of the dma-buf in its file (as fakecuda's cuMemGetHandleForAddressRange() leaves it). A
+ * failed write's vendor_err says why: 0xf1 no peer table, 0xf2 peer QP missing or not connected to
+ * us, 0xf3 PSN mismatch, 0xf4 peer QP lacks remote write, 0xf5 bad rkey, 0xf6 out of the region,
+ * 0xf7 injected, 0xf8 bad lkey, 0x100 + errno a failed process_vm_writev, 0xf9 unreachable (another
+ * rail, or GID kinds that do not route), 0xfa the fabric is down, 0xfb a traffic class or service
+ * level the fabric drops, 0xfc an ACK timeout shorter than the fabric's round trip. Knobs:
+ * FAKEVERBS_NO_DEVICE=1 (no device), FAKEVERBS_FAIL_WRITES=N (the N-th RDMA write work request of
+ * the process, and every later one, completes with IBV_WC_REM_ACCESS_ERR), FAKEVERBS_PORTS,
+ * FAKEVERBS_RAILS and FAKEVERBS_LINK (above), FAKEVERBS_MAX_CQE (the max_cqe ibv_query_device
+ * reports, default 65536: a larger CQ is refused, and a CQ that overflows fails its next poll with
+ * EOVERFLOW), FAKEVERBS_MAX_CQ (CQs per process, default 256), FAKEVERBS_FABRIC_DOWN=PATH (while
+ * PATH exists every write times out: IBV_WC_RETRY_EXC_ERR, vendor 0xfa, and its QP goes to ERROR),
+ * FAKEVERBS_TC=N and FAKEVERBS_SL=N (writes from a QP whose GRH traffic class, or service level, is
+ * not N time out: the only lossless class), FAKEVERBS_FABRIC_TIMEOUT=N (writes from a QP whose
+ * local ACK timeout is below N time out), FAKEVERBS_PEER_MEMORY=1 (ibv_reg_mr may register
+ * fakecuda's device memory, as with the nvidia-peermem module loaded; without it that fails with
+ * EFAULT, and only ibv_reg_dmabuf_mr reaches device memory), FAKEVERBS_WRITE_LAG=1 (a write into
+ * device memory completes at once but its bytes are spooled in /dev/shm/tpfakeverbs.<pid>.lag of
+ * the target process and land only when that process flushes: fakeverbs_flush(), which fakecuda
+ * calls from cuFlushGPUDirectRDMAWrites() and cuMemcpyDtoH(): a reader told "done" without a flush
+ * sees stale bytes). Not emulated: sends, reads, atomics, receive queues, timing, async events. It
+ * proves the plumbing and the completion logic, and says nothing about real RDMA hardware.
  */
 #include <dirent.h>
 #include <endian.h>
@@ -40,6 +60,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/eventfd.h>
+#include <sys/file.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
 #include <sys/sysmacros.h>
@@ -51,10 +72,14 @@
 #define FV_DEV_NAME "fakeverbs0"
 #define FV_SHM_DIR "/dev/shm"
 #define FV_SHM_PREFIX "tpfakeverbs."
+#define FV_HOSTS FV_SHM_DIR "/tpfakeverbs.hosts" /* int32 pid per host number */
+#define FV_PORTS_MAX 15
+#define FV_GIDS 4 /* table length; index 3 is empty */
+#define FV_HOSTS_MAX 254
 #define FV_MAGIC 0x56465054u /* bytes 'T','P','F','V' */
 #define FV_MRS 4096	     /* memory regions per process; a key's low 12 bits index them */
 #define FV_KEY_INDEX (FV_MRS - 1)
-#define FV_QPS 256
+#define FV_QPS 1024
 #define FV_MAX_MSG (1u << 30)
 #define FV_MAX_QP_WR 16384
 #define FV_MAX_SGE 4
@@ -74,6 +99,10 @@ enum fv_vendor_err {
 	FV_VE_RANGE = 0xf6,
 	FV_VE_INJECTED = 0xf7,
 	FV_VE_LKEY = 0xf8,
+	FV_VE_UNREACHABLE = 0xf9,
+	FV_VE_FABRIC_DOWN = 0xfa,
+	FV_VE_CLASS = 0xfb,
+	FV_VE_TIMEOUT = 0xfc,
 	FV_VE_ERRNO = 0x100,
 };
 
@@ -86,7 +115,7 @@ struct shm_mr {
 	uint32_t rkey;
 	uint32_t access;
 	uint32_t pd;
-	uint32_t pad;
+	uint32_t device; /* fakecuda's device memory: writes may lag (FAKEVERBS_WRITE_LAG) */
 	uint64_t addr;
 	uint64_t len;
 };
@@ -101,14 +130,14 @@ struct shm_qp {
 	uint32_t dest_qpn;
 	int32_t dest_pid;
 	uint32_t rq_psn;
-	uint32_t pad;
+	uint32_t port;
 };
 
 struct shm_table {
 	uint32_t magic;
 	int32_t pid;
 	uint32_t alive; /* cleared before the file is unlinked */
-	uint32_t pad;
+	uint32_t host;	/* this process's host number */
 	struct shm_qp qp[FV_QPS];
 	struct shm_mr mr[FV_MRS];
 };
@@ -179,6 +208,11 @@ struct fv_qp {
 	uint32_t outstanding; /* posted, not yet retired by a polled completion */
 	uint32_t unretired;   /* posted since the last completion was generated */
 	uint32_t access, dest_qpn, rq_psn, sq_psn;
+	uint8_t port;	  /* ours, from INIT */
+	uint8_t dest_port; /* the peer's, from the address vector at RTR */
+	bool reachable;	   /* same rail, and GID kinds that route */
+	uint8_t tc, sl;	   /* from the address vector at RTR */
+	uint8_t timeout;   /* local ACK timeout, from RTS */
 	pid_t peer;
 	struct shm_table *peer_tab; /* the peer's table, mapped on the first write */
 };
@@ -205,7 +239,8 @@ static struct {
 	int opens;
 	struct shm_table *tab;
 	char path[64];
-	uint32_t key_gen, next_qpn, next_pd;
+	uint32_t key_gen, next_qpn, next_pd, host;
+	int cqs;
 	unsigned long writes;
 	struct fv_mr *mrs[FV_MRS];
 	struct fv_qp *qps[FV_QPS];
@@ -223,6 +258,8 @@ static void fv_own(void)
 	fv.tab = NULL;
 	fv.opens = 0;
 	fv.writes = 0;
+	fv.cqs = 0;
+	fv.host = 0;
 	fv.pid = getpid();
 	fv.next_qpn = ((uint32_t)fv.pid << 8) & FV_QPN_MASK;
 }
@@ -232,6 +269,33 @@ static unsigned long env_ulong(const char *name)
 	const char *e = getenv(name);
 
 	return e && *e ? strtoul(e, NULL, 0) : 0;
+}
+
+/* @name as a number in [@lo, @hi], or @def when unset or out of range. */
+static unsigned long env_in(const char *name, unsigned long lo, unsigned long hi,
+			    unsigned long def)
+{
+	unsigned long v = env_ulong(name);
+
+	return v >= lo && v <= hi ? v : def;
+}
+
+static unsigned int fv_ports(void)
+{
+	return (unsigned int)env_in("FAKEVERBS_PORTS", 1, FV_PORTS_MAX, 1);
+}
+
+/* The rail of port @port (1-based) of any host. */
+static unsigned int fv_rail(unsigned int port)
+{
+	return (port - 1) % (unsigned int)env_in("FAKEVERBS_RAILS", 1, FV_PORTS_MAX, 1);
+}
+
+static bool fv_ib(void)
+{
+	const char *e = getenv("FAKEVERBS_LINK");
+
+	return e && !strcmp(e, "ib");
 }
 
 static void *fv_new(size_t size)
@@ -271,15 +335,74 @@ static void tables_sweep(void)
 
 static void table_unlink(void)
 {
+	char lag[64];
+
 	if (!fv.tab || fv.pid != getpid())
 		return;
 	__atomic_store_n(&fv.tab->alive, 0, __ATOMIC_RELEASE);
 	unlink(fv.path);
+	snprintf(lag, sizeof(lag), FV_SHM_DIR "/" FV_SHM_PREFIX "%d.lag", (int)fv.pid);
+	unlink(lag);
 }
 
 static void fv_atexit(void)
 {
 	table_unlink();
+}
+
+/*
+ * This process's host number: taken once, for the life of the process, in the registry FV_HOSTS
+ * (one pid per number, under flock), from a slot that is free or whose process is gone.
+ * Return: 1..FV_HOSTS_MAX, or 0 if none is free.
+ */
+static uint32_t host_claim(void)
+{
+	int32_t pids[FV_HOSTS_MAX + 1] = { 0 };
+	uint32_t h, pick = 0;
+	int fd;
+
+	if (fv.host)
+		return fv.host;
+	fd = open(FV_HOSTS, O_RDWR | O_CREAT | O_CLOEXEC | O_NOFOLLOW, 0600);
+	if (fd < 0)
+		return 0;
+	while (flock(fd, LOCK_EX) < 0 && errno == EINTR)
+		;
+	if (pread(fd, pids, sizeof(pids), 0) < 0)
+		memset(pids, 0, sizeof(pids));
+	for (h = 1; h <= FV_HOSTS_MAX && !pick; h++) {
+		if (pids[h] == fv.pid || pids[h] <= 0 ||
+		    (kill(pids[h], 0) < 0 && errno == ESRCH))
+			pick = h;
+	}
+	if (pick) {
+		pids[pick] = fv.pid;
+		if (pwrite(fd, &pids[pick], sizeof(pids[pick]), pick * sizeof(pids[0])) !=
+		    sizeof(pids[pick]))
+			pick = 0;
+	}
+	close(fd); /* drops the lock */
+	fv.host = pick;
+	return pick;
+}
+
+/* The pid of the process whose host number is @host, or 0. */
+static pid_t host_pid(uint32_t host)
+{
+	int32_t pid = 0;
+	int fd;
+
+	if (host == fv.host)
+		return fv.pid;
+	if (!host || host > FV_HOSTS_MAX)
+		return 0;
+	fd = open(FV_HOSTS, O_RDONLY | O_CLOEXEC | O_NOFOLLOW);
+	if (fd < 0)
+		return 0;
+	if (pread(fd, &pid, sizeof(pid), host * sizeof(pid)) != sizeof(pid))
+		pid = 0;
+	close(fd);
+	return pid > 0 ? pid : 0;
 }
 
 static int table_create(void)
@@ -288,14 +411,15 @@ static int table_create(void)
 	int fd;
 
 	tables_sweep();
+	if (!host_claim())
+		return EMFILE;
 	snprintf(fv.path, sizeof(fv.path), FV_SHM_DIR "/" FV_SHM_PREFIX "%d", (int)fv.pid);
 	fd = open(fv.path, O_RDWR | O_CREAT | O_TRUNC | O_CLOEXEC | O_NOFOLLOW, 0600);
-	if (fd < 0)
-		return errno;
-	if (ftruncate(fd, sizeof(*t)) < 0) {
+	if (fd < 0 || ftruncate(fd, sizeof(*t)) < 0) {
 		int e = errno;
 
-		close(fd);
+		if (fd >= 0)
+			close(fd);
 		unlink(fv.path);
 		return e;
 	}
@@ -307,6 +431,7 @@ static int table_create(void)
 	}
 	t->magic = FV_MAGIC;
 	t->pid = fv.pid;
+	t->host = fv.host;
 	__atomic_store_n(&t->alive, 1, __ATOMIC_RELEASE);
 	fv.tab = t;
 	if (!fv.atexit_set)
@@ -365,29 +490,77 @@ static struct shm_table *table_map_peer(pid_t pid)
 
 /* ---- device, port, GID -------------------------------------------------------------------- */
 
-static void gid_make(uint8_t gid[16], pid_t pid)
+/* What a fake GID or LID names: a host's port, and the kind of address it is. */
+enum fv_gid_kind { FV_GID_NONE = 0, FV_GID_LINK_LOCAL, FV_GID_IPV4, FV_GID_IB };
+
+struct fv_addr {
+	enum fv_gid_kind kind;
+	uint32_t host;
+	unsigned int port, rail;
+};
+
+/* GID @index of this process's port @port (see the top). Return: its type, or -1 if empty. */
+static int gid_make(uint8_t gid[16], unsigned int port, uint32_t index)
 {
-	uint32_t p = (uint32_t)pid;
+	unsigned int rail = fv_rail(port);
 
 	memset(gid, 0, 16);
-	memcpy(gid, "TPFV", 4);
-	for (int i = 0; i < 4; i++)
-		gid[4 + i] = (uint8_t)(p >> (8 * i));
+	if (fv_ib()) {
+		if (index != 0)
+			return -1;
+		gid[0] = 0xfe;
+		gid[1] = 0xc0;
+		gid[7] = (uint8_t)rail;
+		memcpy(gid + 8, "TPF", 3);
+		gid[11] = (uint8_t)fv.host;
+		gid[15] = (uint8_t)port;
+		return IBV_GID_TYPE_IB;
+	}
+	if (index > 2)
+		return -1;
+	if (index == 2) {
+		gid[10] = gid[11] = 0xff;
+		gid[12] = 10;
+		gid[13] = (uint8_t)rail;
+		gid[14] = (uint8_t)fv.host;
+		gid[15] = (uint8_t)port;
+		return IBV_GID_TYPE_ROCE_V2;
+	}
+	gid[0] = 0xfe;
+	gid[1] = 0x80;
+	memcpy(gid + 8, "TP", 2);
+	gid[10] = (uint8_t)rail;
+	gid[12] = (uint8_t)fv.host;
+	gid[15] = (uint8_t)port;
+	return index == 0 ? IBV_GID_TYPE_ROCE_V1 : IBV_GID_TYPE_ROCE_V2;
 }
 
-/* The pid a fake GID names, or 0 if it is not one. */
-static pid_t gid_pid(const uint8_t gid[16])
+/* What the fake GID @gid names (kind FV_GID_NONE if it is not one). */
+static struct fv_addr gid_parse(const uint8_t gid[16])
 {
-	uint32_t p = 0;
+	static const uint8_t v4[12] = { [10] = 0xff, [11] = 0xff };
+	struct fv_addr a = { FV_GID_NONE, 0, 0, 0 };
 
-	if (memcmp(gid, "TPFV", 4))
-		return 0;
-	for (int i = 8; i < 16; i++)
-		if (gid[i])
-			return 0;
-	for (int i = 0; i < 4; i++)
-		p |= (uint32_t)gid[4 + i] << (8 * i);
-	return (pid_t)p > 0 ? (pid_t)p : 0;
+	if (!memcmp(gid, v4, sizeof(v4)) && gid[12] == 10)
+		a = (struct fv_addr){ FV_GID_IPV4, gid[14], gid[15], gid[13] };
+	else if (gid[0] == 0xfe && gid[1] == 0x80 && !memcmp(gid + 8, "TP", 2))
+		a = (struct fv_addr){ FV_GID_LINK_LOCAL, gid[12], gid[15], gid[10] };
+	else if (gid[0] == 0xfe && gid[1] == 0xc0 && !memcmp(gid + 8, "TPF", 3))
+		a = (struct fv_addr){ FV_GID_IB, gid[11], gid[15], gid[7] };
+	if (!a.host || !a.port || a.port > FV_PORTS_MAX)
+		a.kind = FV_GID_NONE;
+	return a;
+}
+
+/* What the LID @lid names (IB; kind FV_GID_NONE if it is not a fake one). */
+static struct fv_addr lid_parse(uint16_t lid)
+{
+	struct fv_addr a = { FV_GID_IB, lid >> 4, lid & 0xfu, 0 };
+
+	if (!a.host || a.host > FV_HOSTS_MAX || !a.port)
+		a.kind = FV_GID_NONE;
+	a.rail = a.kind ? fv_rail(a.port) : 0;
+	return a;
 }
 
 static struct ibv_device **fv_get_device_list(int *num)
@@ -456,47 +629,51 @@ static int fv_query_device(struct ibv_context *c, struct ibv_device_attr *a)
 	a->max_qp = FV_QPS;
 	a->max_qp_wr = FV_MAX_QP_WR;
 	a->max_sge = FV_MAX_SGE;
-	a->max_cq = 256;
-	a->max_cqe = FV_MAX_CQE;
+	a->max_cq = (int)env_in("FAKEVERBS_MAX_CQ", 1, 256, 256);
+	a->max_cqe = (int)env_in("FAKEVERBS_MAX_CQE", 1, FV_MAX_CQE, FV_MAX_CQE);
 	a->max_mr = FV_MRS;
 	a->max_pd = 256;
 	a->max_qp_rd_atom = FV_MAX_RD_ATOM;
 	a->max_qp_init_rd_atom = FV_MAX_RD_ATOM;
 	a->max_pkeys = 1;
-	a->phys_port_cnt = 1;
+	a->phys_port_cnt = (uint8_t)fv_ports();
 	return 0;
 }
 
 static int fv_query_port(struct ibv_context *c, uint8_t port, struct ibv_port_attr *a)
 {
-	if (port != 1)
+	if (port < 1 || port > fv_ports())
 		return EINVAL;
 	memset(a, 0, sizeof(*a));
 	a->state = IBV_PORT_ACTIVE;
 	a->max_mtu = IBV_MTU_4096;
 	a->active_mtu = IBV_MTU_4096;
-	a->gid_tbl_len = 1;
+	a->gid_tbl_len = FV_GIDS;
 	a->max_msg_sz = FV_MAX_MSG;
 	a->pkey_tbl_len = 1;
 	a->active_width = 2;  /* 4x */
 	a->active_speed = 32; /* 25 Gb/s per lane */
 	a->phys_state = 5;    /* LinkUp */
-	a->link_layer = IBV_LINK_LAYER_ETHERNET;
+	a->link_layer = fv_ib() ? IBV_LINK_LAYER_INFINIBAND : IBV_LINK_LAYER_ETHERNET;
+	a->lid = fv_ib() ? (uint16_t)(fv.host << 4 | port) : 0;
+	a->sm_lid = fv_ib() ? 1 : 0;
 	return 0;
 }
 
 static int fv_query_gid_ex(struct ibv_context *c, uint32_t port, uint32_t index,
 			   struct ibv_gid_entry *e)
 {
-	if (port != 1)
+	int type;
+
+	if (port < 1 || port > fv_ports() || index >= FV_GIDS)
 		return EINVAL;
-	if (index != 0)
-		return ENODATA;
 	memset(e, 0, sizeof(*e));
-	gid_make(e->gid.raw, getpid());
-	e->gid_index = 0;
-	e->port_num = 1;
-	e->gid_type = IBV_GID_TYPE_ROCE_V2;
+	type = gid_make(e->gid.raw, port, index);
+	if (type < 0)
+		return ENODATA;
+	e->gid_index = index;
+	e->port_num = port;
+	e->gid_type = (uint32_t)type;
 	return 0;
 }
 
@@ -596,8 +773,11 @@ static struct ibv_cq *fv_create_cq(struct ibv_context *c, int cqe, void *cq_cont
 {
 	struct fv_cq *cq;
 
-	if (cqe < 1 || cqe > FV_MAX_CQE || comp_vector != 0)
+	if (cqe < 1 || cqe > (int)env_in("FAKEVERBS_MAX_CQE", 1, FV_MAX_CQE, FV_MAX_CQE) ||
+	    comp_vector != 0)
 		return fv_fail(EINVAL);
+	if (fv.cqs >= (int)env_in("FAKEVERBS_MAX_CQ", 1, 256, 256))
+		return fv_fail(ENOMEM);
 	cq = fv_new(sizeof(*cq));
 	if (!cq)
 		return NULL;
@@ -615,6 +795,7 @@ static struct ibv_cq *fv_create_cq(struct ibv_context *c, int cqe, void *cq_cont
 	pthread_cond_init(&cq->ibv.cond, NULL);
 	if (channel)
 		((struct fv_chan *)channel)->users++;
+	fv.cqs++;
 	return &cq->ibv;
 }
 
@@ -631,6 +812,7 @@ static int fv_destroy_cq(struct ibv_cq *ibv)
 		chan_remove((struct fv_chan *)ibv->channel, cq, SIZE_MAX);
 		((struct fv_chan *)ibv->channel)->users--;
 	}
+	fv.cqs--;
 	pthread_mutex_unlock(&fv_lock);
 	pthread_mutex_destroy(&ibv->mutex);
 	pthread_cond_destroy(&ibv->cond);
@@ -739,7 +921,8 @@ static void qp_publish(const struct fv_qp *qp, bool valid)
 {
 	struct shm_qp v = { .valid = valid, .qpn = qp->ibv.qp_num, .state = qp->ibv.state,
 			    .access = qp->access, .pd = qp->ibv.pd->handle,
-			    .dest_qpn = qp->dest_qpn, .dest_pid = qp->peer, .rq_psn = qp->rq_psn };
+			    .dest_qpn = qp->dest_qpn, .dest_pid = qp->peer, .rq_psn = qp->rq_psn,
+			    .port = qp->port };
 
 	if (fv.tab)
 		slot_publish(&fv.tab->qp[qp->slot], &v, sizeof(v));
@@ -842,10 +1025,35 @@ static const struct {
 	  IBV_QP_ACCESS_FLAGS | IBV_QP_MIN_RNR_TIMER | IBV_QP_ALT_PATH | IBV_QP_PATH_MIG_STATE },
 };
 
-/* Checks the attributes in @mask that the fake looks at. Return: 0 or EINVAL. */
-static int qp_check_attr(const struct ibv_qp_attr *a, int mask)
+/* Where the address vector @ah of a queue pair on port @port leads. Return: 0 or EINVAL. */
+static int qp_check_av(const struct ibv_ah_attr *ah, unsigned int port, struct fv_addr *ret)
 {
-	if (mask & IBV_QP_PORT && a->port_num != 1)
+	struct fv_addr src, dst;
+	uint8_t sgid[16];
+
+	if (ah->port_num != port)
+		return EINVAL;
+	if (fv_ib() && !ah->is_global) { /* InfiniBand inside a subnet: by LID */
+		*ret = lid_parse(ah->dlid);
+		return ret->kind ? 0 : EINVAL;
+	}
+	/* RoCE needs a GRH (with one of this port's GIDs); InfiniBand may have one too */
+	if (!ah->is_global || gid_make(sgid, port, ah->grh.sgid_index) < 0)
+		return EINVAL;
+	src = gid_parse(sgid);
+	dst = gid_parse(ah->grh.dgid.raw);
+	if (!dst.kind || (fv_ib() && ah->dlid != (dst.host << 4 | dst.port)))
+		return EINVAL;
+	*ret = dst;
+	if (src.kind != dst.kind) /* e.g. a link-local source to an IPv4 address: no route */
+		ret->rail = UINT32_MAX;
+	return 0;
+}
+
+/* Checks the attributes in @mask that the fake looks at. Return: 0 or EINVAL. */
+static int qp_check_attr(unsigned int port, const struct ibv_qp_attr *a, int mask)
+{
+	if (mask & IBV_QP_PORT && (a->port_num < 1 || a->port_num > fv_ports()))
 		return EINVAL;
 	if (mask & IBV_QP_PKEY_INDEX && a->pkey_index != 0)
 		return EINVAL;
@@ -861,13 +1069,16 @@ static int qp_check_attr(const struct ibv_qp_attr *a, int mask)
 	if ((mask & IBV_QP_MAX_DEST_RD_ATOMIC && a->max_dest_rd_atomic > FV_MAX_RD_ATOM) ||
 	    (mask & IBV_QP_MAX_QP_RD_ATOMIC && a->max_rd_atomic > FV_MAX_RD_ATOM))
 		return EINVAL;
+	if ((mask & IBV_QP_TIMEOUT && a->timeout > 31) ||
+	    (mask & IBV_QP_AV && a->ah_attr.sl > 15))
+		return EINVAL;
 	if ((mask & IBV_QP_RETRY_CNT && a->retry_cnt > 7) ||
 	    (mask & IBV_QP_RNR_RETRY && a->rnr_retry > 7))
 		return EINVAL;
-	if (mask & IBV_QP_AV) { /* RoCE: a GRH with our only GID, to a fake GID */
-		if (!a->ah_attr.is_global || a->ah_attr.grh.sgid_index != 0 ||
-		    a->ah_attr.port_num != 1 || !gid_pid(a->ah_attr.grh.dgid.raw))
-			return EINVAL;
+	if (mask & IBV_QP_AV) {
+		struct fv_addr dst;
+
+		return qp_check_av(&a->ah_attr, port, &dst);
 	}
 	return 0;
 }
@@ -899,11 +1110,25 @@ static void qp_apply(struct fv_qp *qp, const struct ibv_qp_attr *a, int mask)
 		qp->rq_psn = a->rq_psn;
 	if (mask & IBV_QP_SQ_PSN)
 		qp->sq_psn = a->sq_psn;
-	if (mask & IBV_QP_AV)
-		qp->peer = gid_pid(a->ah_attr.grh.dgid.raw);
+	if (mask & IBV_QP_PORT)
+		qp->port = a->port_num;
+	if (mask & IBV_QP_AV) {
+		struct fv_addr dst = { 0 };
+
+		qp_check_av(&a->ah_attr, qp->port, &dst); /* checked: cannot fail */
+		qp->peer = host_pid(dst.host);
+		qp->dest_port = (uint8_t)dst.port;
+		qp->reachable = dst.rail == fv_rail(qp->port);
+		qp->tc = a->ah_attr.is_global ? a->ah_attr.grh.traffic_class : 0;
+		qp->sl = a->ah_attr.sl;
+	}
+	if (mask & IBV_QP_TIMEOUT)
+		qp->timeout = a->timeout;
 	if (a->qp_state == IBV_QPS_RESET) {
 		qp->access = qp->dest_qpn = qp->rq_psn = qp->sq_psn = 0;
 		qp->peer = 0;
+		qp->port = qp->dest_port = 0;
+		qp->reachable = false;
 		qp->outstanding = qp->unretired = 0;
 	}
 	qp->ibv.state = a->qp_state;
@@ -921,7 +1146,7 @@ static int fv_modify_qp(struct ibv_qp *ibv, struct ibv_qp_attr *a, int mask)
 	if (!e)
 		e = qp_check_mask(ibv->state, a->qp_state, mask);
 	if (!e)
-		e = qp_check_attr(a, mask);
+		e = qp_check_attr(mask & IBV_QP_PORT ? a->port_num : qp->port, a, mask);
 	if (!e) {
 		qp_apply(qp, a, mask);
 		qp_publish(qp, true);
@@ -966,7 +1191,34 @@ static bool maps_cover(uint64_t start, uint64_t len, bool write, const struct st
 	return at >= end;
 }
 
-static struct ibv_mr *mr_add(struct ibv_pd *pd, uint64_t addr, size_t len, int access)
+/* Does [@start, @start + @len) touch fakecuda's device memory (its memfd "fakecuda")? */
+static bool maps_device(uint64_t start, uint64_t len)
+{
+	FILE *f = fopen("/proc/self/maps", "re");
+	uint64_t end = start + len;
+	char *line = NULL;
+	size_t cap = 0;
+	bool dev = false;
+
+	if (!f)
+		return false;
+	while (!dev && getline(&line, &cap, f) > 0) {
+		unsigned long long lo, hi;
+		int at = 0;
+
+		if (sscanf(line, "%llx-%llx %*s %*s %*s %*s %n", &lo, &hi, &at) < 2 || !at ||
+		    hi <= start || lo >= end)
+			continue;
+		dev = !strncmp(line + at, "/memfd:fakecuda ", 16) ||
+		      !strcmp(line + at, "/memfd:fakecuda\n");
+	}
+	free(line);
+	fclose(f);
+	return dev;
+}
+
+static struct ibv_mr *mr_add(struct ibv_pd *pd, uint64_t addr, size_t len, int access,
+			     bool device)
 {
 	struct fv_mr *mr;
 	int slot;
@@ -992,7 +1244,8 @@ static struct ibv_mr *mr_add(struct ibv_pd *pd, uint64_t addr, size_t len, int a
 	((struct fv_pd *)pd)->users++;
 	slot_publish(&fv.tab->mr[slot],
 		     &(struct shm_mr){ .valid = 1, .rkey = mr->ibv.rkey, .access = (uint32_t)access,
-				       .pd = pd->handle, .addr = addr, .len = len },
+				       .pd = pd->handle, .device = device, .addr = addr,
+				       .len = len },
 		     sizeof(struct shm_mr));
 	pthread_mutex_unlock(&fv_lock);
 	return &mr->ibv;
@@ -1017,7 +1270,9 @@ static struct ibv_mr *fv_reg_mr(struct ibv_pd *pd, void *addr, size_t len, int a
 		return fv_fail(EINVAL);
 	if (!maps_cover(a, len, access & IBV_ACCESS_LOCAL_WRITE, NULL, 0))
 		return fv_fail(EFAULT); /* the kernel could not pin it */
-	return mr_add(pd, a, len, access);
+	if (!env_ulong("FAKEVERBS_PEER_MEMORY") && maps_device(a, len))
+		return fv_fail(EFAULT); /* GPU memory without nvidia-peermem: get_user_pages fails */
+	return mr_add(pd, a, len, access, maps_device(a, len));
 }
 
 static struct ibv_mr *fv_reg_dmabuf_mr(struct ibv_pd *pd, uint64_t offset, size_t len,
@@ -1041,7 +1296,7 @@ static struct ibv_mr *fv_reg_dmabuf_mr(struct ibv_pd *pd, uint64_t offset, size_
 		return fv_fail(EINVAL); /* past the end of the dma-buf */
 	if (!maps_cover(iova, len, access & IBV_ACCESS_LOCAL_WRITE, &st, (uint64_t)pos + offset))
 		return fv_fail(EINVAL); /* the fake needs the IOVA to be where those bytes are */
-	return mr_add(pd, iova, len, access);
+	return mr_add(pd, iova, len, access, true);
 }
 
 static int fv_dereg_mr(struct ibv_mr *ibv)
@@ -1095,7 +1350,8 @@ static enum ibv_wc_status peer_check(struct fv_qp *qp, struct shm_qp *ret, uint3
 			continue;
 		*vendor = FV_VE_PEER_QP;
 		if ((ret->state != IBV_QPS_RTR && ret->state != IBV_QPS_RTS) ||
-		    ret->dest_qpn != qp->ibv.qp_num || ret->dest_pid != fv.pid)
+		    ret->dest_qpn != qp->ibv.qp_num || ret->dest_pid != fv.pid ||
+		    ret->port != qp->dest_port)
 			return IBV_WC_RETRY_EXC_ERR; /* packets dropped */
 		*vendor = FV_VE_PSN;
 		if (ret->rq_psn != qp->sq_psn)
@@ -1112,7 +1368,8 @@ static enum ibv_wc_status peer_check(struct fv_qp *qp, struct shm_qp *ret, uint3
 
 /* Is [@addr, @addr + @len) writable through @rkey in the peer's table, from @pqp's PD? */
 static enum ibv_wc_status rkey_check(const struct fv_qp *qp, const struct shm_qp *pqp,
-				     uint32_t rkey, uint64_t addr, uint64_t len, uint32_t *vendor)
+				     uint32_t rkey, uint64_t addr, uint64_t len, uint32_t *vendor,
+				     bool *device)
 {
 	struct shm_mr m;
 
@@ -1124,7 +1381,82 @@ static enum ibv_wc_status rkey_check(const struct fv_qp *qp, const struct shm_qp
 	if (!range_in(addr, len, m.addr, m.len))
 		return IBV_WC_REM_ACCESS_ERR;
 	*vendor = 0;
+	*device = m.device;
 	return IBV_WC_SUCCESS;
+}
+
+/* ---- writes into device memory that land late (FAKEVERBS_WRITE_LAG) ------------------------ */
+
+struct lag_rec {
+	uint64_t addr, len; /* then @len bytes */
+};
+
+static void lag_path(char *path, size_t len, pid_t pid)
+{
+	snprintf(path, len, FV_SHM_DIR "/" FV_SHM_PREFIX "%d.lag", (int)pid);
+}
+
+/* Appends @wr's bytes for [@raddr, ...) of process @pid to its spool. Return: 0 or errno. */
+static int lag_write(pid_t pid, const struct ibv_send_wr *wr, uint64_t raddr, uint64_t total)
+{
+	struct lag_rec h = { raddr, total };
+	char path[64];
+	int fd, e = 0;
+
+	lag_path(path, sizeof(path), pid);
+	fd = open(path, O_WRONLY | O_APPEND | O_CREAT | O_CLOEXEC | O_NOFOLLOW, 0600);
+	if (fd < 0)
+		return errno;
+	while (flock(fd, LOCK_EX) < 0 && errno == EINTR)
+		;
+	if (write(fd, &h, sizeof(h)) != (ssize_t)sizeof(h))
+		e = EIO;
+	for (int i = 0; !e && i < wr->num_sge; i++) {
+		const struct ibv_sge *s = &wr->sg_list[i];
+
+		if (write(fd, (const void *)(uintptr_t)s->addr, s->length) != (ssize_t)s->length)
+			e = EIO;
+	}
+	close(fd);
+	return e;
+}
+
+/*
+ * fakeverbs_flush() - lands every write spooled for this process (fakecuda calls it from
+ * cuFlushGPUDirectRDMAWrites() and synchronous device reads), in the order they were written;
+ * a write into memory no longer mapped is dropped. Return: the writes landed.
+ */
+__attribute__((visibility("default"))) int fakeverbs_flush(void);
+__attribute__((visibility("default"))) int fakeverbs_flush(void)
+{
+	struct lag_rec h;
+	char path[64];
+	int fd, n = 0;
+
+	lag_path(path, sizeof(path), getpid());
+	fd = open(path, O_RDWR | O_CLOEXEC | O_NOFOLLOW);
+	if (fd < 0)
+		return 0;
+	while (flock(fd, LOCK_EX) < 0 && errno == EINTR)
+		;
+	while (read(fd, &h, sizeof(h)) == (ssize_t)sizeof(h)) {
+		char *buf = h.len <= FV_MAX_MSG ? malloc(h.len ? h.len : 1) : NULL;
+
+		if (!buf || read(fd, buf, h.len) != (ssize_t)h.len) {
+			free(buf);
+			break;
+		}
+		if (maps_cover(h.addr, h.len, true, NULL, 0)) {
+			memcpy((void *)(uintptr_t)h.addr, buf, h.len);
+			n++;
+		}
+		free(buf);
+	}
+	if (ftruncate(fd, 0) < 0) {
+		/* the next flush lands them again: harmless for the tests */
+	}
+	close(fd);
+	return n;
 }
 
 /* Copies @wr's gather list to @pid at @raddr. Return: 0 or errno. */
@@ -1155,6 +1487,8 @@ static enum ibv_wc_status rdma_write(struct fv_qp *qp, const struct ibv_send_wr 
 				     uint32_t *vendor)
 {
 	unsigned long fail_at = env_ulong("FAKEVERBS_FAIL_WRITES");
+	const char *down = getenv("FAKEVERBS_FABRIC_DOWN");
+	bool device = false;
 	uint64_t raddr = wr->wr.rdma.remote_addr, total = 0;
 	enum ibv_wc_status st;
 	struct shm_qp pqp;
@@ -1172,12 +1506,30 @@ static enum ibv_wc_status rdma_write(struct fv_qp *qp, const struct ibv_send_wr 
 	*vendor = FV_VE_INJECTED;
 	if (++fv.writes >= fail_at && fail_at)
 		return IBV_WC_REM_ACCESS_ERR;
+	*vendor = FV_VE_FABRIC_DOWN;
+	if (down && *down && access(down, F_OK) == 0)
+		return IBV_WC_RETRY_EXC_ERR; /* every retry timed out */
+	*vendor = FV_VE_UNREACHABLE;
+	if (!qp->reachable)
+		return IBV_WC_RETRY_EXC_ERR; /* another rail: the fabric drops the packets */
+	*vendor = FV_VE_CLASS;
+	if ((getenv("FAKEVERBS_TC") && qp->tc != env_ulong("FAKEVERBS_TC")) ||
+	    (getenv("FAKEVERBS_SL") && qp->sl != env_ulong("FAKEVERBS_SL")))
+		return IBV_WC_RETRY_EXC_ERR; /* a lossy class: dropped under load */
+	*vendor = FV_VE_TIMEOUT;
+	if (qp->timeout < env_ulong("FAKEVERBS_FABRIC_TIMEOUT"))
+		return IBV_WC_RETRY_EXC_ERR; /* every ACK came after the timeout */
 	st = peer_check(qp, &pqp, vendor);
 	if (st != IBV_WC_SUCCESS || !total)
 		return st;
-	st = rkey_check(qp, &pqp, wr->wr.rdma.rkey, raddr, total, vendor);
+	st = rkey_check(qp, &pqp, wr->wr.rdma.rkey, raddr, total, vendor, &device);
 	if (st != IBV_WC_SUCCESS)
 		return st;
+	if (device && env_ulong("FAKEVERBS_WRITE_LAG")) { /* completes now, lands when flushed */
+		e = lag_write(qp->peer, wr, raddr, total);
+		*vendor = e ? FV_VE_ERRNO + (uint32_t)e : 0;
+		return e ? IBV_WC_GENERAL_ERR : IBV_WC_SUCCESS;
+	}
 	e = copy_out(qp->peer, wr, raddr);
 	*vendor = e ? FV_VE_ERRNO + (uint32_t)e : 0;
 	if (e == ESRCH)

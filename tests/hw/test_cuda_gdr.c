@@ -390,6 +390,44 @@ START_TEST(test_cuda_gdr_slow_event_open_blocks_no_other_session)
 }
 END_TEST
 
+/*
+ * Issue 28 item 3: RDMA writes into GPU memory can still be in flight when the writer's
+ * completion arrives (the stand-in's FAKEVERBS_WRITE_LAG holds their bytes back until the
+ * reader's daemon flushes, on a device that does not order them, FAKECUDA_RDMA_ORDERING=0):
+ * the reader's daemon flushes before it says ReadDone, so every tensor arrives intact.
+ */
+START_TEST(test_cuda_gdr_writes_are_flushed_before_read_done)
+{
+	struct hwt_side gpu = { .mem = HWT_CUDA, .device = 0, .stream = true };
+	struct hwt_side legacy = { .mem = HWT_CUDA, .device = 0 };
+	struct hwt_case cases[] = {
+		{ .len = 1, .w = gpu, .r = gpu },
+		{ .len = MIB + 7, .w = legacy, .r = gpu },
+		{ .len = 4 * MIB, .w = gpu, .r = legacy },
+	};
+	uint64_t a0, b0;
+
+	ck_assert_int_eq(tpt_daemon_stop(&tpt_peer_a), 0); /* the writer's provider lags */
+	setenv("FAKEVERBS_WRITE_LAG", "1", 1);
+	ck_assert_int_eq(tpt_daemon_start_peer(&tpt_peer_a, tpt_peer_args()), 0);
+	unsetenv("FAKEVERBS_WRITE_LAG");
+	a0 = tpt_channel_bytes(&tpt_peer_a, "cuda_gdr");
+	b0 = tpt_channel_bytes(&tpt_peer_b, "cuda_gdr");
+	ck_assert(cross("gdr-lag", cases, 3, 71));
+	expect_gdr_bytes(a0, b0, 1 + MIB + 7 + 4 * MIB);
+
+	/* A reader's device without cuFlushGPUDirectRDMAWrites(): a read-back lands them. */
+	ck_assert_int_eq(tpt_daemon_stop(&tpt_peer_b), 0);
+	setenv("FAKECUDA_NO_RDMA_FLUSH", "1", 1);
+	ck_assert_int_eq(tpt_daemon_start_peer(&tpt_peer_b, tpt_peer_args()), 0);
+	unsetenv("FAKECUDA_NO_RDMA_FLUSH");
+	a0 = tpt_channel_bytes(&tpt_peer_a, "cuda_gdr");
+	b0 = tpt_channel_bytes(&tpt_peer_b, "cuda_gdr");
+	ck_assert(cross("gdr-lag2", cases, 3, 72));
+	expect_gdr_bytes(a0, b0, 1 + MIB + 7 + 4 * MIB);
+}
+END_TEST
+
 static Suite *cuda_gdr_suite(bool stand_in)
 {
 	Suite *s = suite_create("cuda_gdr");
@@ -401,8 +439,10 @@ static Suite *cuda_gdr_suite(bool stand_in)
 	tcase_add_test(tc, test_cuda_gdr_shared_buffers_and_cuda);
 	tcase_add_test(tc, test_cuda_gdr_private_memory_is_staged);
 	tcase_add_test(tc, test_cuda_gdr_pipes_show_the_channel);
-	if (stand_in) /* failures are injected through the stand-in verbs provider */
+	if (stand_in) { /* failures are injected through the stand-in verbs provider */
 		tcase_add_test(tc, test_cuda_gdr_device_error_reaches_both_clients);
+		tcase_add_test(tc, test_cuda_gdr_writes_are_flushed_before_read_done);
+	}
 	tcase_set_timeout(tc, 300);
 	suite_add_tcase(s, tc);
 	if (stand_in) {

@@ -2,15 +2,16 @@
 /*
  * Self test of the fakeverbs stand-in (tests/hw/fakeverbs.c) through the real verbs layer
  * (backends/verbs, tables from tpv_ops_load()): two processes, a sender and a receiver, each list
- * the fake port, open a context and queue pairs, trade their connection info over a socketpair
- * and connect; the receiver registers a dma-buf-backed destination and hands (addr, rkey) over;
- * the sender writes 3 MiB + 17 bytes, cut into 1 MiB pieces, and waits on the completion fd; the
+ * the fake port, open a context and queue pairs, trade their connection info over a socketpair and
+ * connect; the receiver registers a dma-buf-backed destination and hands (addr, rkey) over; the
+ * sender writes 3 MiB + 17 bytes, cut into 1 MiB pieces, and waits on the completion fd; the
  * receiver checks every byte and the guard bytes around them; where a CUDA driver loads (fakecuda
  * under --setup fakecuda) the same goes for a region of device memory registered through
- * cuMemGetHandleForAddressRange() as the daemon will. Then the failures: a wrong rkey
- * (-EACCES), a write flushed from the failed queue pair (-ECANCELED), a write to a peer queue
- * pair left in RESET and one to a peer that exited (-ETIMEDOUT). Skips (exit 77) unless
- * $TPIPD_VERBS_LIBRARY names the stand-in. It tests the stand-in, not RDMA hardware.
+ * cuMemGetHandleForAddressRange() as the daemon will (and ibv_reg_mr on it refused unless
+ * FAKEVERBS_PEER_MEMORY=1 stands for nvidia-peermem). Then the failures: a wrong rkey (-EACCES), a
+ * write flushed from the failed queue pair (-ECANCELED), a write to a peer queue pair left in RESET
+ * and one to a peer that exited (-ETIMEDOUT). Skips (exit 77) unless $TPIPD_VERBS_LIBRARY names the
+ * stand-in. It tests the stand-in, not RDMA hardware.
  */
 #include <errno.h>
 #include <poll.h>
@@ -96,9 +97,7 @@ struct side {
 static struct tpv_nic side_nic(const struct tpv_ops *ops)
 {
 	_cleanup_free_ struct tpv_nic *nics = NULL;
-	uint32_t pid = (uint32_t)getpid();
-	uint8_t gid[TPV_GID_BYTES] = { 'T', 'P', 'F', 'V', (uint8_t)pid, (uint8_t)(pid >> 8),
-				       (uint8_t)(pid >> 16), (uint8_t)(pid >> 24) };
+	static const uint8_t v4mapped[12] = { [10] = 0xff, [11] = 0xff };
 	struct tpv_nic nic;
 	char why[256];
 	size_t n = 0;
@@ -109,10 +108,13 @@ static struct tpv_nic side_nic(const struct tpv_ops *ops)
 	      "tpv_nics_list: %zu ports (%s)", n, why);
 	nic = nics[0];
 	CHECK(!strcmp(nic.dev, "fakeverbs0") && nic.port == 1 && nic.link == TPV_LINK_ETH &&
-		      nic.mtu == IBV_MTU_4096 && nic.max_msg_sz == 1u << 30 && nic.gid_index == 0,
+		      nic.mtu == IBV_MTU_4096 && nic.max_msg_sz == 1u << 30 && nic.gid_index == 2,
 	      "unexpected port %s/%u link %d mtu %d max %u gid %d", nic.dev, nic.port, nic.link,
 	      nic.mtu, nic.max_msg_sz, nic.gid_index);
-	CHECK(!memcmp(nic.gid, gid, sizeof(gid)), "GID does not carry this pid");
+	/* the RoCE v2 IPv4-mapped GID (10.rail.host.port) wins over the link-local ones */
+	CHECK(!memcmp(nic.gid, v4mapped, sizeof(v4mapped)) && nic.gid[12] == 10 &&
+		      nic.gid[13] == 0 && nic.gid[14] && nic.gid[15] == 1,
+	      "GID is not 10.0.<host>.1, IPv4-mapped");
 	nic.max_msg_sz = PIECE;
 	return nic;
 }
@@ -169,6 +171,26 @@ static bool dst_ok(const uint8_t *buf, size_t size, size_t at)
 static const struct tpcuda_api *cu;
 static CUdeviceptr dev_base;
 
+/* ibv_reg_mr on device memory works only with peer memory (nvidia-peermem): refused without
+ * it, with the reason, and taken with FAKEVERBS_PEER_MEMORY=1. */
+static void dev_peer_memory(struct side *s)
+{
+	struct tpv_mr_args a = { .addr = (void *)(uintptr_t)dev_base, .len = PAGE,
+				 .dmabuf_fd = -1, .device_mem = true };
+	struct tpv_mr *mr = NULL;
+	char why[256] = "";
+
+	CHECK(tpv_mr_reg(s->ctx, &a, &mr, why, sizeof(why)) == -EFAULT && strstr(why,
+			"nvidia-peermem"), "ibv_reg_mr on device memory without peer memory: %s",
+	      why);
+	setenv("FAKEVERBS_PEER_MEMORY", "1", 1);
+	CHECK(tpv_mr_reg(s->ctx, &a, &mr, why, sizeof(why)) == 0 && mr->method == TPV_MR_HOST,
+	      "ibv_reg_mr on device memory with peer memory: %s", why);
+	unsetenv("FAKEVERBS_PEER_MEMORY");
+	CHECK(tpv_mr_dereg(s->ctx, mr) == 0, "tpv_mr_dereg");
+	printf("ok: ibv_reg_mr reaches device memory only with peer memory\n");
+}
+
 /*
  * Device memory registered as the daemon will: a dma-buf for the page-aligned range holding the
  * region, and the region's offset inside that range. Return: the region, or NULL without CUDA.
@@ -205,6 +227,7 @@ static struct tpv_mr *dev_region(struct side *s)
 	CHECK(mr->method == TPV_MR_DMABUF, "device memory registered as %s",
 	      tpv_mr_method_name(mr->method));
 	close(fd);
+	dev_peer_memory(s);
 	return mr;
 }
 

@@ -256,6 +256,69 @@ START_TEST(test_rdma_turned_off_by_configuration)
 }
 END_TEST
 
+/* Restarts both daemons with the stand-in's knobs @env ("NAME=VALUE", NULL-terminated) and
+ * the extra flags @extra (up to 3, NULL-terminated). */
+static void restart_both(const char *const *env, const char *const *extra)
+{
+	const char *const *t = tpt_peer_args();
+	const char *args[8] = { t[0], t[1], t[2], t[3] };
+
+	for (int i = 0; extra && extra[i] && i < 3; i++)
+		args[4 + i] = extra[i];
+	ck_assert_int_eq(tpt_daemon_stop(&tpt_peer_a), 0);
+	ck_assert_int_eq(tpt_daemon_stop(&tpt_peer_b), 0);
+	for (int i = 0; env[i]; i++)
+		ck_assert_int_eq(putenv((char *)env[i]), 0);
+	ck_assert_int_eq(tpt_daemon_start_peer(&tpt_peer_b, args), 0);
+	ck_assert_int_eq(tpt_daemon_start_peer(&tpt_peer_a, args), 0);
+	for (int i = 0; env[i]; i++) {
+		char name[64];
+
+		snprintf(name, sizeof(name), "%.*s", (int)strcspn(env[i], "="), env[i]);
+		unsetenv(name);
+	}
+}
+
+/* Issue 28 item 2, between daemons: 8 ports on 8 rails each; the link connects the 8 pairs on a
+ * rail (their rails carried in PeerRdma) and moves every tensor by RDMA. */
+START_TEST(test_rdma_eight_rails_between_daemons)
+{
+	static const char *const env[] = { "FAKEVERBS_PORTS=8", "FAKEVERBS_RAILS=8", NULL };
+	struct counts c0;
+
+	restart_both(env, NULL);
+	c0 = counts_now();
+	spec_lens = sizes;
+	spec_n = sizeof(sizes) / sizeof(sizes[0]);
+	ck_assert(cross("rdma-rails", TPT_MEM_SHM, TPT_MEM_SHM));
+	expect_counts(&c0, sizes_total(), 0);
+	expect_link(&tpt_peer_a, "ready: 8 queue pairs between ports on the same rail", NULL,
+		    sizes_total(), 0);
+	expect_link(&tpt_peer_b, "ready: 8 queue pairs between ports on the same rail", NULL, 0,
+		    sizes_total());
+}
+END_TEST
+
+/* Issue 28 item 6: a fabric that carries only traffic class 106 and answers after the default
+ * ACK timeout: --rdma-traffic-class 106 --rdma-timeout 18 make every tensor go by RDMA. */
+START_TEST(test_rdma_roce_settings_from_the_configuration)
+{
+	static const char *const env[] = { "FAKEVERBS_TC=106", "FAKEVERBS_FABRIC_TIMEOUT=18",
+					   NULL };
+	static const char *const extra[] = { "--rdma-traffic-class=106", "--rdma-timeout=18",
+					     NULL };
+	struct counts c0;
+
+	restart_both(env, extra);
+	c0 = counts_now();
+	spec_lens = sizes;
+	spec_n = sizeof(sizes) / sizeof(sizes[0]);
+	ck_assert(cross("rdma-tc", TPT_MEM_SHM, TPT_MEM_SHM));
+	expect_counts(&c0, sizes_total(), 0);
+	expect_link(&tpt_peer_a, "ready", NULL, sizes_total(), 0);
+}
+END_TEST
+
 /*
  * One 1 MiB tensor in a shared buffer from a client of A to one of B. @fail: the device fails
  * the writes and both ends must see an error naming rdma; else it must arrive.
@@ -622,6 +685,8 @@ static Suite *rdma_suite(bool stand_in)
 	if (stand_in) { /* the daemons' ports and failures come from the stand-in provider */
 		tcase_add_test(tc, test_rdma_peer_without_a_port);
 		tcase_add_test(tc, test_rdma_device_error_reaches_both_clients);
+		tcase_add_test(tc, test_rdma_eight_rails_between_daemons);
+		tcase_add_test(tc, test_rdma_roce_settings_from_the_configuration);
 	}
 	tcase_set_timeout(tc, 300);
 	suite_add_tcase(s, tc);

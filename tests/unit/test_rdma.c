@@ -10,10 +10,12 @@
  */
 #include <check.h>
 #include <errno.h>
+#include <fcntl.h>
 #include <poll.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 #include "buffer.h"
 #include "rdma/rdma.h"
 #include "tpb.h"
@@ -28,8 +30,8 @@ struct side {
 	struct tpb_rdma_link *l;
 	struct side *peer;
 	struct tpb_rdma_setup inbox[4]; /* set-up steps the peer sent, not delivered yet */
-	uint8_t *qps[4];
-	struct tpb_rdma_record *recs[4];
+	uint8_t *qps[4], *rails[4];
+	struct tpb_rdma_record *recs[4], *rail_recs[4];
 	char errors[4][200];
 	size_t n_inbox;
 };
@@ -50,6 +52,15 @@ static int side_send(void *link, const struct tpb_rdma_setup *m)
 			to->qps[k] + i * TPB_RDMA_QP_RECORD_BYTES, TPB_RDMA_QP_RECORD_BYTES };
 	}
 	to->inbox[k].qps = to->recs[k];
+	to->rails[k] = calloc(m->n_rails ? m->n_rails : 1, TPB_RDMA_RAIL_BYTES);
+	to->rail_recs[k] = calloc(m->n_rails ? m->n_rails : 1, sizeof(*to->rail_recs[k]));
+	for (size_t i = 0; i < m->n_rails; i++) {
+		ck_assert_uint_eq(m->rails[i].len, TPB_RDMA_RAIL_BYTES);
+		memcpy(to->rails[k] + i * TPB_RDMA_RAIL_BYTES, m->rails[i].data, m->rails[i].len);
+		to->rail_recs[k][i] = (struct tpb_rdma_record){
+			to->rails[k] + i * TPB_RDMA_RAIL_BYTES, TPB_RDMA_RAIL_BYTES };
+	}
+	to->inbox[k].rails = to->rail_recs[k];
 	snprintf(to->errors[k], sizeof(to->errors[k]), "%s", m->error ? m->error : "");
 	to->inbox[k].error = to->errors[k];
 	return 0;
@@ -75,6 +86,8 @@ static void deliver(struct side *s)
 		tpb_rdma_link_on_msg(s->l, &s->inbox[k]);
 		free(s->qps[k]);
 		free(s->recs[k]);
+		free(s->rails[k]);
+		free(s->rail_recs[k]);
 	}
 	s->n_inbox = 0;
 }
@@ -165,10 +178,20 @@ static void on_done(struct tpb_rdma_xfer *x)
 	send_done = true;
 }
 
+static void pair_up_cfg(struct side *a, struct side *b, const struct tpb_rdma_config *c);
+
 /* Two contexts of this process, linked back to back and ready. */
 static void pair_up(struct side *a, struct side *b, uint64_t cache)
 {
 	struct tpb_rdma_config cfg = config(false, cache);
+
+	pair_up_cfg(a, b, &cfg);
+}
+
+/* pair_up() with the configuration @c. */
+static void pair_up_cfg(struct side *a, struct side *b, const struct tpb_rdma_config *c)
+{
+	struct tpb_rdma_config cfg = *c;
 
 	a->peer = b;
 	b->peer = a;
@@ -188,8 +211,22 @@ static void pair_up(struct side *a, struct side *b, uint64_t cache)
 	ck_assert_ptr_nonnull(strstr(tpb_rdma_link_state(a->l), "ready"));
 }
 
+/* Drops the set-up steps @s was sent and never handed over. */
+static void inbox_drop(struct side *s)
+{
+	for (size_t k = 0; k < s->n_inbox; k++) {
+		free(s->qps[k]);
+		free(s->recs[k]);
+		free(s->rails[k]);
+		free(s->rail_recs[k]);
+	}
+	s->n_inbox = 0;
+}
+
 static void pair_down(struct side *a, struct side *b)
 {
+	inbox_drop(a);
+	inbox_drop(b);
 	tpb_rdma_link_free(a->l);
 	tpb_rdma_link_free(b->l);
 	tpb_rdma_ctx_free(a->g);
@@ -536,6 +573,421 @@ START_TEST(test_rdma_context_through_the_op_table)
 }
 END_TEST
 
+#define HUB_PEERS 6
+
+/* One context (the hub) linked to HUB_PEERS others, every link set up; false if one did not
+ * get ready (its state in @why). */
+static bool hub_up(struct side *hub, struct side *spokes, char *why, size_t wl)
+{
+	struct tpb_rdma_config cfg = config(false, 0);
+	bool ok = true;
+
+	ck_assert_int_eq(tpb_rdma_ctx_new(&cfg, &hub[0].g), 0);
+	for (int i = 0; i < HUB_PEERS; i++) {
+		hub[i].g = hub[0].g;
+		hub[i].peer = &spokes[i];
+		spokes[i].peer = &hub[i];
+		ck_assert_int_eq(tpb_rdma_ctx_new(&cfg, &spokes[i].g), 0);
+		hub[i].l = tpb_rdma_link_new(hub[i].g, &hub[i], TPB_RDMA_HOST);
+		spokes[i].l = tpb_rdma_link_new(spokes[i].g, &spokes[i], TPB_RDMA_HOST);
+		while (hub[i].n_inbox || spokes[i].n_inbox) {
+			deliver(&hub[i]);
+			deliver(&spokes[i]);
+		}
+		if (ok && !tpb_rdma_link_ready(hub[i].l)) {
+			snprintf(why, wl, "link %d: %s", i, tpb_rdma_link_state(hub[i].l));
+			ok = false;
+		}
+	}
+	return ok;
+}
+
+static void hub_down(struct side *hub, struct side *spokes)
+{
+	for (int i = 0; i < HUB_PEERS; i++) {
+		inbox_drop(&hub[i]);
+		inbox_drop(&spokes[i]);
+		tpb_rdma_link_free(hub[i].l);
+		tpb_rdma_link_free(spokes[i].l);
+		tpb_rdma_ctx_free(spokes[i].g);
+	}
+	tpb_rdma_ctx_free(hub[0].g);
+}
+
+/* The hub's every link carries a transfer (its own bytes, checked at the far end). */
+static void hub_transfers(struct side *hub, struct side *spokes)
+{
+	struct tpb_buffer *src = buffer(0), *dst = buffer(0);
+
+	for (int i = 0; i < HUB_PEERS; i++) {
+		memset(src->map, 0x10 + i, 1u << 16);
+		ck_assert_int_eq(transfer(&hub[i], &spokes[i], src, dst, 0, 1u << 16, false), 0);
+		ck_assert_uint_eq(((uint8_t *)dst->map)[(1u << 16) - 1], 0x10 + i);
+	}
+	free(src->map);
+	free(dst->map);
+	free(src);
+	free(dst);
+}
+
+/* Issue 28 item 2: with 8 ports, every (local, remote) pair took 8 queue pairs of 128 entries
+ * per port and link, and the 5th link found the 4096-entry completion queue full (-ENOSPC).
+ * With one rail per port, a link takes one queue pair per port. */
+START_TEST(test_rdma_eight_rails_six_peers_all_get_rdma)
+{
+	struct side hub[HUB_PEERS] = { 0 }, spokes[HUB_PEERS] = { 0 };
+	char why[300] = "";
+
+	setenv("FAKEVERBS_PORTS", "8", 1);
+	setenv("FAKEVERBS_RAILS", "8", 1);
+	if (!rdma_here())
+		return;
+	ck_assert_msg(hub_up(hub, spokes, why, sizeof(why)), "%s", why);
+	ck_assert_str_eq(tpb_rdma_link_state(hub[HUB_PEERS - 1].l),
+			 "ready: 8 queue pairs between ports on the same rail (8x8 ports)");
+	hub_transfers(hub, spokes);
+	hub_down(hub, spokes);
+}
+END_TEST
+
+/* A device whose completion queues take two queue pairs each (max_cqe 256, 128 a queue pair):
+ * the 3rd link's queue pair goes on a new completion queue, and its completions are drained. */
+START_TEST(test_rdma_completion_queues_grow_within_max_cqe)
+{
+	struct side hub[HUB_PEERS] = { 0 }, spokes[HUB_PEERS] = { 0 };
+	char why[300] = "";
+
+	setenv("FAKEVERBS_MAX_CQE", "256", 1);
+	if (!rdma_here())
+		return;
+	ck_assert_msg(hub_up(hub, spokes, why, sizeof(why)), "%s", why);
+	hub_transfers(hub, spokes);
+	hub_down(hub, spokes);
+}
+END_TEST
+
+/* Two ports on two rails that cannot reach each other: a transfer whose reader registered on
+ * port 2 is written from this host's port 2, never across (which times out in the fabric). */
+START_TEST(test_rdma_writes_stay_on_their_rail)
+{
+	struct side a = { 0 }, b = { 0 };
+	struct tpb_rdma_seg rs;
+	struct tpb_rdma_recv *rv;
+	struct tpb_buffer *src, *dst;
+	char why[160] = "";
+
+	setenv("FAKEVERBS_PORTS", "2", 1);
+	setenv("FAKEVERBS_RAILS", "2", 1);
+	if (!rdma_here())
+		return;
+	src = buffer(0x5a);
+	dst = buffer(0);
+	pair_up(&a, &b, 0);
+	/* one receive on the reader's side only: its round-robin is a port ahead of the writer's */
+	rs = (struct tpb_rdma_seg){ .mem = { .loc = TPB_LOC_LOCAL,
+					     .addr = (uint64_t)(uintptr_t)dst->map },
+				    .len = 4096, .buf = dst };
+	ck_assert_int_eq(tpb_rdma_recv_new(b.l, &rs, 1, false, on_ready, NULL, &rv, why,
+					   sizeof(why)), 0);
+	tpb_rdma_recv_free(rv);
+	for (int i = 0; i < 4; i++)
+		ck_assert_int_eq(transfer(&a, &b, src, dst, 0, 4096 * (i + 1), false), 0);
+	ck_assert_uint_eq(((uint8_t *)dst->map)[4 * 4096 - 1], 0x5a);
+	ck_assert_str_eq(tpb_rdma_link_state(a.l),
+			 "ready: 2 queue pairs between ports on the same rail (2x2 ports)");
+	pair_down(&a, &b);
+	free(src->map);
+	free(dst->map);
+	free(src);
+	free(dst);
+}
+END_TEST
+
+/* InfiniBand ports (LIDs, no GRH) on two rails: the links come up and carry writes. */
+START_TEST(test_rdma_infiniband_without_grh)
+{
+	struct side a = { 0 }, b = { 0 };
+	struct tpb_buffer *src, *dst;
+
+	setenv("FAKEVERBS_LINK", "ib", 1);
+	setenv("FAKEVERBS_PORTS", "2", 1);
+	setenv("FAKEVERBS_RAILS", "2", 1);
+	if (!rdma_here())
+		return;
+	src = buffer(0x77);
+	dst = buffer(0);
+	pair_up(&a, &b, 0);
+	for (int i = 0; i < 3; i++)
+		ck_assert_int_eq(transfer(&a, &b, src, dst, 0, 8192, false), 0);
+	ck_assert_uint_eq(((uint8_t *)dst->map)[8191], 0x77);
+	pair_down(&a, &b);
+	free(src->map);
+	free(dst->map);
+	free(src);
+	free(dst);
+}
+END_TEST
+
+/* Runs both contexts and hands over their set-up steps until both links are ready, or fails at
+ * the deadline. */
+static void run_until_ready(struct side *a, struct side *b)
+{
+	uint64_t end = tpu_now_ns() + DEADLINE_MS * 1000000ull;
+
+	for (;;) {
+		struct pollfd pfd[2] = { { .fd = tpb_rdma_event_fd(a->g), .events = POLLIN },
+					 { .fd = tpb_rdma_event_fd(b->g), .events = POLLIN } };
+
+		deliver(a);
+		deliver(b);
+		if (tpb_rdma_link_ready(a->l) && tpb_rdma_link_ready(b->l) && !a->n_inbox &&
+		    !b->n_inbox)
+			return;
+		ck_assert_msg(tpu_now_ns() < end, "not ready again within %d ms: %s", DEADLINE_MS,
+			      tpb_rdma_link_state(a->l));
+		ck_assert_int_ge(poll(pfd, 2, 5), 0);
+		ck_assert_int_eq(tpb_rdma_progress(a->g), 0);
+		ck_assert_int_eq(tpb_rdma_progress(b->g), 0);
+	}
+}
+
+/* Runs both contexts for @ms, handing over set-up steps (to see that nothing happens). */
+static void run_for(struct side *a, struct side *b, int ms)
+{
+	uint64_t end = tpu_now_ns() + (uint64_t)ms * 1000000u;
+
+	while (tpu_now_ns() < end) {
+		deliver(a);
+		deliver(b);
+		(void)poll(NULL, 0, 1);
+		ck_assert_int_eq(tpb_rdma_progress(a->g), 0);
+		ck_assert_int_eq(tpb_rdma_progress(b->g), 0);
+	}
+}
+
+/*
+ * Issue 28 item 6: a write that times out (the fabric is down) turned RDMA off for the link's
+ * life; now the side that saw it rebuilds the queue pairs after rdma-rebuild-ms, and once the
+ * fabric is back the link carries writes again. In a row without a write completing, it gives
+ * up after rdma-rebuild-max rebuilds.
+ */
+START_TEST(test_rdma_link_rebuilds_after_the_fabric_recovers)
+{
+	struct tpb_rdma_config cfg = config(false, 0);
+	char down[] = "/tmp/tpfakeverbs-down.XXXXXX";
+	struct side a = { 0 }, b = { 0 };
+	struct tpb_buffer *src, *dst;
+	int fd;
+
+	if (!rdma_here())
+		return;
+	fd = mkstemp(down);
+	ck_assert_int_ge(fd, 0);
+	close(fd);
+	unlink(down);
+	setenv("FAKEVERBS_FABRIC_DOWN", down, 1);
+	src = buffer(0x42);
+	dst = buffer(0);
+	cfg.rebuild_ms = 10;
+	cfg.rebuild_max = 1;
+	pair_up_cfg(&a, &b, &cfg);
+	ck_assert_int_eq(transfer(&a, &b, src, dst, 0, 4096, false), 0);
+
+	fd = open(down, O_CREAT | O_WRONLY | O_CLOEXEC, 0600); /* the fabric goes down */
+	close(fd);
+	ck_assert_int_eq(transfer(&a, &b, src, dst, 0, 4096, false), -ETIMEDOUT);
+	ck_assert_ptr_nonnull(strstr(tpb_rdma_link_state(a.l), "off: RDMA write failed"));
+	unlink(down); /* and comes back */
+	run_until_ready(&a, &b);
+	memset(src->map, 0x43, 4096);
+	ck_assert_int_eq(transfer(&a, &b, src, dst, 0, 4096, false), 0);
+	ck_assert_uint_eq(((uint8_t *)dst->map)[4095], 0x43);
+
+	/* Down for good: one rebuild (the write before it completed), then it stays off. */
+	fd = open(down, O_CREAT | O_WRONLY | O_CLOEXEC, 0600);
+	close(fd);
+	ck_assert_int_eq(transfer(&a, &b, src, dst, 0, 4096, false), -ETIMEDOUT);
+	run_until_ready(&a, &b);
+	ck_assert_int_eq(transfer(&a, &b, src, dst, 0, 4096, false), -ETIMEDOUT);
+	run_for(&a, &b, 100); /* ten times the wait before a rebuild */
+	ck_assert(!tpb_rdma_link_ready(a.l));
+	ck_assert_ptr_nonnull(strstr(tpb_rdma_link_state(a.l), "(given up after 1 rebuilds)"));
+	unlink(down);
+	pair_down(&a, &b);
+	free(src->map);
+	free(dst->map);
+	free(src);
+	free(dst);
+}
+END_TEST
+
+/* A receive of 4096 bytes into @dst on @s's link, ready; its offer in @of. */
+static struct tpb_rdma_recv *recv_4k(struct side *s, struct side *peer, struct tpb_buffer *dst,
+				     struct tpb_rdma_seg *rs, struct tpb_rdma_offer *of)
+{
+	struct tpb_rdma_recv *rv;
+	char why[160] = "";
+
+	*rs = (struct tpb_rdma_seg){ .mem = { .loc = TPB_LOC_LOCAL,
+					      .addr = (uint64_t)(uintptr_t)dst->map },
+				     .len = 4096, .buf = dst };
+	recv_ready = false;
+	ck_assert_int_eq(tpb_rdma_recv_new(s->l, rs, 1, false, on_ready, NULL, &rv, why,
+					   sizeof(why)), 0);
+	run_until(s, peer, &recv_ready);
+	tpb_rdma_recv_offer(rv, of);
+	return rv;
+}
+
+static void on_done_flag(struct tpb_rdma_xfer *x)
+{
+	*(bool *)x->arg = true;
+}
+
+/*
+ * B's write fails and B rebuilds while a write of A is still pending (its completion not yet
+ * polled): A's send fails with -ECONNRESET when A follows B's announcement, both sides are set
+ * up again, and the next transfer goes through.
+ */
+START_TEST(test_rdma_peer_rebuild_fails_running_sends_and_sets_up_again)
+{
+	struct tpb_rdma_config cfg = config(false, 0);
+	char down[] = "/tmp/tpfakeverbs-down.XXXXXX";
+	struct side a = { 0 }, b = { 0 };
+	struct tpb_rdma_seg rs_a, rs_b, ss_a, ss_b;
+	bool done_a = false, done_b = false;
+	struct tpb_rdma_xfer xa = { .segs = &ss_a, .n_segs = 1, .done = on_done_flag,
+				    .arg = &done_a };
+	struct tpb_rdma_xfer xb = { .segs = &ss_b, .n_segs = 1, .done = on_done_flag,
+				    .arg = &done_b };
+	struct tpb_rdma_recv *rv_a, *rv_b;
+	struct tpb_rdma_offer of_a, of_b;
+	struct tpb_buffer *src, *dst_a, *dst_b;
+	uint64_t end;
+	char why[160] = "";
+	int fd;
+
+	if (!rdma_here())
+		return;
+	fd = mkstemp(down);
+	ck_assert_int_ge(fd, 0);
+	close(fd);
+	unlink(down);
+	setenv("FAKEVERBS_FABRIC_DOWN", down, 1);
+	src = buffer(0x21);
+	dst_a = buffer(0);
+	dst_b = buffer(0);
+	cfg.rebuild_ms = 10;
+	cfg.rebuild_max = 3;
+	pair_up_cfg(&a, &b, &cfg);
+	rv_a = recv_4k(&a, &b, dst_a, &rs_a, &of_a);
+	rv_b = recv_4k(&b, &a, dst_b, &rs_b, &of_b);
+	ss_a = ss_b = (struct tpb_rdma_seg){ .mem = { .loc = TPB_LOC_LOCAL,
+						      .addr = (uint64_t)(uintptr_t)src->map },
+					     .len = 4096, .buf = src };
+	ck_assert_int_eq(tpb_rdma_send(a.l, &xa, &of_b, why, sizeof(why)), 0);
+	ck_assert_int_eq(tpb_rdma_progress(a.g), 0); /* A posts; its completion waits */
+	fd = open(down, O_CREAT | O_WRONLY | O_CLOEXEC, 0600);
+	close(fd);
+	ck_assert_int_eq(tpb_rdma_send(b.l, &xb, &of_a, why, sizeof(why)), 0);
+	/* only B runs: its write fails, it gives up (to A) and, 10 ms on, announces again */
+	end = tpu_now_ns() + DEADLINE_MS * 1000000ull;
+	while (a.n_inbox < 2 || !done_b) {
+		ck_assert_msg(tpu_now_ns() < end, "B did not rebuild: %s",
+			      tpb_rdma_link_state(b.l));
+		(void)poll(NULL, 0, 1);
+		ck_assert_int_eq(tpb_rdma_progress(b.g), 0);
+	}
+	ck_assert_int_eq(xb.status, -ETIMEDOUT);
+	ck_assert(!done_a);
+	unlink(down);
+	deliver(&a); /* B gave up, then announced: A follows, failing its running send */
+	run_until(&a, &b, &done_a);
+	ck_assert_int_eq(xa.status, -ECONNRESET);
+	run_until_ready(&a, &b);
+	tpb_rdma_recv_free(rv_a);
+	tpb_rdma_recv_free(rv_b);
+	ck_assert_int_eq(transfer(&a, &b, src, dst_b, 0, 4096, false), 0);
+	ck_assert_uint_eq(((uint8_t *)dst_b->map)[4095], 0x21);
+	pair_down(&a, &b);
+	free(src->map);
+	free(dst_a->map);
+	free(dst_b->map);
+	free(src);
+	free(dst_a);
+	free(dst_b);
+}
+END_TEST
+
+/*
+ * Issue 28 item 6: traffic class and ACK timeout reach the queue pairs. The stand-in's fabric
+ * carries only traffic class 106 and answers later than the default timeout (14) allows: the
+ * defaults time out, the configured values go through.
+ */
+START_TEST(test_rdma_roce_settings_reach_the_queue_pairs)
+{
+	struct tpb_rdma_config cfg = config(false, 0);
+	struct side a = { 0 }, b = { 0 }, c = { 0 }, d = { 0 };
+	struct tpb_buffer *src, *dst;
+
+	setenv("FAKEVERBS_TC", "106", 1);
+	setenv("FAKEVERBS_SL", "3", 1);
+	setenv("FAKEVERBS_FABRIC_TIMEOUT", "18", 1);
+	if (!rdma_here())
+		return;
+	src = buffer(0x61);
+	dst = buffer(0);
+	pair_up(&a, &b, 0);
+	ck_assert_int_eq(transfer(&a, &b, src, dst, 0, 4096, false), -ETIMEDOUT);
+	pair_down(&a, &b);
+	cfg.traffic_class = 106;
+	cfg.sl = 3;
+	cfg.timeout = 18;
+	cfg.retry = 3;
+	pair_up_cfg(&c, &d, &cfg);
+	ck_assert_int_eq(transfer(&c, &d, src, dst, 0, 4096, false), 0);
+	ck_assert_uint_eq(((uint8_t *)dst->map)[4095], 0x61);
+	pair_down(&c, &d);
+	free(src->map);
+	free(dst->map);
+	free(src);
+	free(dst);
+}
+END_TEST
+
+/*
+ * Issue 28 item 7: the GID index is configurable. Entry 1 (RoCE v2, link-local) carries
+ * writes; entry 3 is empty on every port, so no port is left and nothing is offered.
+ */
+START_TEST(test_rdma_gid_index_is_configurable)
+{
+	struct tpb_rdma_config cfg = config(false, 0);
+	struct side a = { 0 }, b = { 0 };
+	struct tpb_buffer *src, *dst;
+	struct tpb_rdma *g;
+
+	setenv("FAKEVERBS_PORTS", "2", 1);
+	if (!rdma_here())
+		return;
+	src = buffer(0x39);
+	dst = buffer(0);
+	cfg.gid_index_set = true;
+	cfg.gid_index = 1;
+	pair_up_cfg(&a, &b, &cfg);
+	ck_assert_int_eq(transfer(&a, &b, src, dst, 0, 4096, false), 0);
+	ck_assert_uint_eq(((uint8_t *)dst->map)[4095], 0x39);
+	pair_down(&a, &b);
+	cfg.gid_index = 3;
+	ck_assert_int_eq(tpb_rdma_ctx_new(&cfg, &g), 0);
+	ck_assert_uint_eq(tpb_rdma_offers(g), 0);
+	tpb_rdma_ctx_free(g);
+	free(src->map);
+	free(dst->map);
+	free(src);
+	free(dst);
+}
+END_TEST
+
 static Suite *rdma_suite(void)
 {
 	Suite *s = suite_create("rdma");
@@ -549,6 +1001,14 @@ static Suite *rdma_suite(void)
 	tcase_add_test(tc, test_rdma_context_through_the_op_table);
 	tcase_add_test(tc, test_rdma_send_through_the_op_table);
 	tcase_add_test(tc, test_rdma_receive_through_the_op_table);
+	tcase_add_test(tc, test_rdma_eight_rails_six_peers_all_get_rdma);
+	tcase_add_test(tc, test_rdma_completion_queues_grow_within_max_cqe);
+	tcase_add_test(tc, test_rdma_writes_stay_on_their_rail);
+	tcase_add_test(tc, test_rdma_infiniband_without_grh);
+	tcase_add_test(tc, test_rdma_link_rebuilds_after_the_fabric_recovers);
+	tcase_add_test(tc, test_rdma_peer_rebuild_fails_running_sends_and_sets_up_again);
+	tcase_add_test(tc, test_rdma_roce_settings_reach_the_queue_pairs);
+	tcase_add_test(tc, test_rdma_gid_index_is_configurable);
 	suite_add_tcase(s, tc);
 	return s;
 }

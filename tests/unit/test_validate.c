@@ -1025,6 +1025,36 @@ START_TEST(test_validate_peer_rdma_setup)
 }
 END_TEST
 
+/* Rails come one per announced port, each TPW_RDMA_RAIL_BYTES long. */
+START_TEST(test_validate_peer_rdma_rails)
+{
+	uint8_t rail[TPW_RDMA_RAIL_BYTES + 1] = { 0 };
+	ProtobufCBinaryData rails[3] = { { TPW_RDMA_RAIL_BYTES, rail },
+					 { TPW_RDMA_RAIL_BYTES, rail },
+					 { TPW_RDMA_RAIL_BYTES, rail } };
+	Tpw__V1__PeerRdma r = TPW__V1__PEER_RDMA__INIT;
+	Tpw__V1__PeerMsg m = TPW__V1__PEER_MSG__INIT;
+
+	m.body_case = TPW__V1__PEER_MSG__BODY_RDMA;
+	m.rdma = &r;
+	r.ports = 2;
+	r.rails = rails;
+	r.n_rails = 2;
+	ck_assert_int_eq(vp(&m), 0);
+	r.n_rails = 3;
+	ck_assert_int_eq(vp(&m), -EBADMSG);
+	ck_assert_str_eq(why, "3 rails for 2 ports");
+	r.n_rails = 1;
+	ck_assert_int_eq(vp(&m), -EBADMSG);
+	r.n_rails = 2;
+	rails[1].len = TPW_RDMA_RAIL_BYTES + 1;
+	ck_assert_int_eq(vp(&m), -EBADMSG);
+	ck_assert_str_eq(why, "rail of 17 bytes");
+	rails[1].len = TPW_RDMA_RAIL_BYTES - 1;
+	ck_assert_int_eq(vp(&m), -EBADMSG);
+}
+END_TEST
+
 START_TEST(test_validate_peer_read_req_offer_bounded)
 {
 	Tpw__V1__PeerRdmaRegion reg = TPW__V1__PEER_RDMA_REGION__INIT;
@@ -1111,6 +1141,7 @@ static Suite *validate_suite(void)
 	tcase_add_test(d, test_validate_daemon_frames_carry_no_fds_or_stray_tail);
 	tcase_add_test(d, test_validate_flow_credit_bounded);
 	tcase_add_test(d, test_validate_peer_rdma_setup);
+	tcase_add_test(d, test_validate_peer_rdma_rails);
 	tcase_add_test(d, test_validate_peer_read_req_offer_bounded);
 	tcase_add_test(d, test_validate_peer_connect_wait_bounded);
 	suite_add_tcase(s, d);
