@@ -601,6 +601,15 @@ struct tpb_cuda_map *tpb_cuda_map_ref(struct tpb_cuda_map *m);
 /* Drops a reference (takes one reference of @m); the last one closes the handle if a copy
  * opened it. Accepts NULL. */
 void tpb_cuda_map_unref(struct tpb_cuda_map *m);
+/*
+ * tpb_cuda_maps_busy() - copy jobs are about to use the @n mappings @maps (borrowed; NULL
+ * entries skipped); tpb_cuda_maps_idle() says they are done, on the copy thread, before the job
+ * completes: a mapping no session caches (tpb_cuda_hold()) and no other job uses is then
+ * closed with the driver there (the default lifetime: mapped for the transfer only), so that
+ * the client may free its memory as soon as it learns that the transfer ended.
+ */
+void tpb_cuda_maps_busy(struct tpb_cuda_map *const *maps, size_t n);
+void tpb_cuda_maps_idle(struct tpb_cuda_map *const *maps, size_t n);
 /* Mappings alive (referenced), and how many of them a copy has opened, into the caller's
  * @ret_alive and @ret_open. */
 void tpb_cuda_map_count(unsigned *ret_alive, unsigned *ret_open);
@@ -656,8 +665,9 @@ int tpb_cuda_gdr_range(const struct tpb_mem *m, struct tpb_cuda_range *ret, char
 const char *tpb_cuda_bus_id(const struct tpb_mem *m);
 
 /*
- * tpb_cuda_event_done() - has the client's event @m waits for fired (polled, never blocks)?
- * Borrows @m and @why.
+ * tpb_cuda_event_done() - has the client's event @m waits for fired (polled, never blocks: an
+ * event not opened yet is opened by the CUDA layer's worker thread meanwhile, and this answers
+ * 0 until it is). Borrows @m and @why.
  * Return: 1 yes (or @m has none, or is not CUDA memory), 0 not yet, -errno (reason in @why).
  */
 int tpb_cuda_event_done(const struct tpb_mem *m, char *why, size_t why_len);

@@ -61,6 +61,8 @@ void tpb_copier_job_free(struct tpb_copy_job *job)
 		return;
 	for (size_t i = 0; i < job->n_refs; i++)
 		tpb_buffer_unref(job->refs[i]);
+	if (job->maps_busy) /* never ran to its end */
+		tpb_cuda_maps_idle(job->maps, job->n_maps);
 	for (size_t i = 0; i < job->n_maps; i++)
 		tpb_cuda_map_unref(job->maps[i]);
 	tpb_proc_unref(job->procs[0]);
@@ -135,6 +137,13 @@ static void *worker_main(void *arg)
 			r = xfer_run(job, i, &s);
 			pthread_mutex_lock(&c->lock);
 		}
+		if (job->finished + 1 == job->n && job->maps_busy) {
+			/* The last one: unmap what only this transfer needed before it completes. */
+			job->maps_busy = false;
+			pthread_mutex_unlock(&c->lock);
+			tpb_cuda_maps_idle(job->maps, job->n_maps);
+			pthread_mutex_lock(&c->lock);
+		}
 		xfer_finished(c, job, i, r, s.why);
 	}
 	pthread_mutex_unlock(&c->lock);
@@ -196,6 +205,9 @@ void tpb_copier_submit(struct tpb_copier *c, struct tpb_copy_job *job)
 		/* Nothing to copy (zero-length segments only): complete on the loop, later. */
 		tpb_cq_push(&c->cq, &job->node);
 	} else {
+		if (!job->maps_busy)
+			tpb_cuda_maps_busy(job->maps, job->n_maps);
+		job->maps_busy = true;
 		tpu_list_insert_tail(&c->todo, &job->node);
 		pthread_cond_signal(&c->cond);
 	}

@@ -29,6 +29,7 @@ struct tpb_copy_job {
 	size_t n_refs;
 	struct tpb_cuda_map **maps; /* owned references to CUDA mappings (2 * n_refs slots) */
 	size_t n_maps;
+	bool maps_busy; /* submitted: @maps are in use until its last transfer ends (cudamap.c) */
 	struct tpb_proc *procs[2]; /* owned references to the client processes (writer, reader) */
 	uint64_t bytes;
 	size_t next;		/* next transfer to claim (copier lock) */

@@ -18,6 +18,7 @@
 #include <sched.h>
 #include <time.h>
 #include "cuda_int.h"
+#include "log.h"
 
 #if HAVE_CUDA
 
@@ -29,6 +30,50 @@ int tpb_cuda_available(char *why, size_t why_len)
 	return tpcuda_api(why, why_len) != NULL;
 }
 
+int tpb_cuda_dev_poison(CUresult r, const char *call, char *why, size_t wl)
+{
+	char cause[200];
+	CUcontext cur = NULL;
+	int dev = -1;
+
+	tpcuda_why(api(), call, r, cause, sizeof(cause));
+	api()->cuCtxGetCurrent(&cur);
+	pthread_mutex_lock(&devs_lock);
+	for (int d = 0; cur && d < DEVS_MAX && dev < 0; d++)
+		if (tpb_cuda_devs[d].ctx == cur)
+			dev = d;
+	if (dev >= 0)
+		__atomic_store_n(&tpb_cuda_devs[dev].broken, true, __ATOMIC_RELAXED);
+	pthread_mutex_unlock(&devs_lock);
+	snprintf(why, wl, "CUDA device %d: %s, a sticky error: the device's context is reset and "
+		 "its mappings re-opened", dev, cause);
+	return -EIO;
+}
+
+/* Locked: resets @dev's primary context after a sticky error. Everything made in it is gone:
+ * its generation moves on, so mappings and per-thread handles are made again on next use. */
+static CUresult dev_reset(int dev)
+{
+	CUresult r;
+
+	r = api()->cuDevicePrimaryCtxReset((CUdevice)dev);
+	if (r != CUDA_SUCCESS)
+		return r;
+	__atomic_add_fetch(&tpb_cuda_devs[dev].gen, 1, __ATOMIC_RELEASE);
+	__atomic_store_n(&tpb_cuda_devs[dev].broken, false, __ATOMIC_RELAXED);
+	tpb_cuda_devs[dev].peer = 0;
+	for (int d = 0; d < DEVS_MAX; d++)
+		tpb_cuda_devs[d].peer &= ~(1ull << dev);
+	tpu_log_warn("CUDA device %d: primary context reset after a sticky error", dev);
+	return CUDA_SUCCESS;
+}
+
+/* The generation of @dev's context (see dev_reset()). */
+static unsigned dev_gen(int dev)
+{
+	return __atomic_load_n(&tpb_cuda_devs[dev].gen, __ATOMIC_ACQUIRE);
+}
+
 int tpb_cuda_dev_enter(int dev, char *why, size_t wl)
 {
 	CUcontext ctx;
@@ -37,6 +82,12 @@ int tpb_cuda_dev_enter(int dev, char *why, size_t wl)
 	if (dev < 0 || dev >= DEVS_MAX)
 		return -EINVAL;
 	pthread_mutex_lock(&devs_lock);
+	if (tpb_cuda_devs[dev].ctx && tpb_cuda_devs[dev].broken &&
+	    (r = dev_reset(dev)) != CUDA_SUCCESS) {
+		pthread_mutex_unlock(&devs_lock);
+		tpcuda_why(api(), "cuDevicePrimaryCtxReset", r, why, wl);
+		return -EIO;
+	}
 	if (!tpb_cuda_devs[dev].ctx) {
 		CUdevice d;
 		r = api()->cuDeviceGet(&d, dev);
@@ -108,6 +159,10 @@ int tpb_cuda_map_open(struct tpb_cuda_map *m, char *why, size_t wl)
 	int r = 0;
 
 	pthread_mutex_lock(&m->open_lock);
+	if (m->state == 1 && __atomic_load_n(&tpb_cuda_devs[m->dev].broken, __ATOMIC_RELAXED))
+		tpb_cuda_dev_enter(m->dev, why, wl); /* resets it: the mapping is gone */
+	if (m->state != 0 && m->dev >= 0 && m->gen != dev_gen(m->dev))
+		m->state = 0; /* the device was reset since: the mapping went with its context */
 	if (m->state == 0) {
 		CUresult cr;
 
@@ -131,6 +186,8 @@ int tpb_cuda_map_open(struct tpb_cuda_map *m, char *why, size_t wl)
 							    sizeof(m->why));
 			m->ptr = p;
 		}
+		if (m->dev >= 0)
+			m->gen = dev_gen(m->dev);
 		__atomic_store_n(&m->state, r == 0 ? 1 : r, __ATOMIC_RELAXED);
 	}
 	r = m->state == 1 ? 0 : m->state;
@@ -142,14 +199,18 @@ int tpb_cuda_map_open(struct tpb_cuda_map *m, char *why, size_t wl)
 
 void tpb_cuda_map_close(struct tpb_cuda_map *m)
 {
-	char why[160];
+	char why[256];
+	CUresult r;
 
-	if (tpb_cuda_dev_enter(m->dev, why, sizeof(why)) < 0)
-		return;
+	if (m->gen != dev_gen(m->dev) || tpb_cuda_dev_enter(m->dev, why, sizeof(why)) < 0)
+		return; /* a reset of the device closed it already */
 	if (m->event)
-		api()->cuEventDestroy((CUevent)m->ev);
+		r = api()->cuEventDestroy((CUevent)m->ev);
 	else
-		api()->cuIpcCloseMemHandle((CUdeviceptr)m->ptr);
+		r = api()->cuIpcCloseMemHandle((CUdeviceptr)m->ptr);
+	if (tpcuda_sticky(r)) /* the next use of the device resets it */
+		tpb_cuda_dev_poison(r, m->event ? "cuEventDestroy" : "cuIpcCloseMemHandle", why,
+				    sizeof(why));
 }
 
 struct tpb_cuda_thread *tpb_cuda_thread_state(struct tpb_scratch *s)
@@ -201,6 +262,21 @@ int tpb_cuda_copy_dev(const struct tpb_cuda_side *a, const struct tpb_cuda_side 
 	return b->cuda ? b->dev : a->dev;
 }
 
+/* Forgets @t's handles made in @dev's context before a reset (the driver freed them). */
+static void thread_sync(struct tpb_cuda_thread *t, int dev)
+{
+	if (t->gen[dev] == dev_gen(dev))
+		return;
+	t->stream[dev] = NULL;
+	t->done[dev] = NULL;
+	t->half[dev][0] = t->half[dev][1] = NULL;
+	if (t->pinned_dev == dev)
+		t->pinned = NULL;
+	if (t->reg_dev == dev)
+		t->reg = NULL;
+	t->gen[dev] = dev_gen(dev);
+}
+
 int tpb_cuda_copy_begin(struct tpb_cuda_thread *t, const struct tpb_cuda_side *a,
 			const struct tpb_cuda_side *b, CUstream *ret, char *why, size_t wl)
 {
@@ -208,6 +284,8 @@ int tpb_cuda_copy_begin(struct tpb_cuda_thread *t, const struct tpb_cuda_side *a
 	CUresult cr = CUDA_SUCCESS;
 
 	r = tpb_cuda_dev_enter(dev, why, wl);
+	if (r == 0)
+		thread_sync(t, dev);
 	if (r == 0)
 		r = thread_stream(t, dev, ret, why, wl);
 	if (r == 0 && a->wait)
@@ -311,6 +389,7 @@ void tpb_cuda_scratch_done(struct tpb_scratch *s)
 	if (t->pinned && tpb_cuda_dev_enter(t->pinned_dev, s->why, sizeof(s->why)) == 0)
 		api()->cuMemFreeHost(t->pinned);
 	for (int d = 0; d < DEVS_MAX; d++) {
+		thread_sync(t, d);
 		if ((!t->stream[d] && !t->done[d] && !t->half[d][0] && !t->half[d][1]) ||
 		    tpb_cuda_dev_enter(d, s->why, sizeof(s->why)) < 0)
 			continue;
@@ -333,6 +412,11 @@ int tpb_cuda_event_done(const struct tpb_mem *m, char *why, size_t wl)
 
 	if (m->loc != TPB_LOC_CUDA || !m->event)
 		return 1;
+	if (__atomic_load_n(&m->event->state, __ATOMIC_ACQUIRE) == 0) {
+		/* opening is a driver call that may block: never on the loop, poll again later */
+		tpb_cuda_map_open_bg(m->event);
+		return 0;
+	}
 	r = tpb_cuda_map_open(m->event, why, wl);
 	if (r == 0)
 		r = tpb_cuda_dev_enter(m->event->dev, why, wl);

@@ -27,9 +27,13 @@ struct tpb_cuda_map {
 	bool has_uuid;
 	uint64_t size;
 	unsigned refs; /* table lock */
+	unsigned holds; /* table lock: sessions caching it (tpb_cuda_hold()) */
 
 	pthread_mutex_t open_lock; /* guards what follows */
 	int state;		   /* 0 not opened yet, 1 open, -errno: opening failed (sticky) */
+	unsigned users;		   /* copy jobs running on it (tpb_cuda_maps_busy()) */
+	bool open_queued;	   /* atomic: tpb_cuda_map_open_bg() queued it */
+	unsigned gen;		   /* the device's generation when opened (or failed) */
 	char why[256];		   /* why opening failed */
 	int dev;		   /* the daemon's ordinal of the device, once open */
 	uint64_t ptr;		   /* memory: the mapping's CUdeviceptr */
@@ -41,6 +45,12 @@ struct tpb_cuda_map {
  * Return: 0, or -errno with the reason in @why.
  */
 int tpb_cuda_map_open(struct tpb_cuda_map *m, char *why, size_t why_len);
+/*
+ * tpb_cuda_map_open_bg() - have the CUDA layer's worker thread run tpb_cuda_map_open() on @m
+ * (a reference is held meanwhile), unless it is queued already: for callers on the event loop,
+ * which poll the mapping's state instead of blocking in the driver.
+ */
+void tpb_cuda_map_open_bg(struct tpb_cuda_map *m);
 /* Closes what tpb_cuda_map_open() opened (last reference gone). */
 void tpb_cuda_map_close(struct tpb_cuda_map *m);
 /* 1 if the driver can be used here, else 0 with the reason in @why. */
@@ -55,16 +65,28 @@ static inline const struct tpcuda_api *api(void)
 	return tpcuda_api(NULL, 0);
 }
 
+/*
+ * tpb_cuda_dev_poison() - the driver call @call failed with a sticky error @r in the current
+ * context: mark its device broken (the next tpb_cuda_dev_enter() resets it) and say so in
+ * @why, naming the device and the cause. Borrows @call and @why.
+ * Return: -EIO.
+ */
+int tpb_cuda_dev_poison(CUresult r, const char *call, char *why, size_t why_len);
+
 /* Names the failed driver call @call in @why (borrowed). Return: its -errno, else -EIO. */
 static inline int fail(CUresult r, const char *call, char *why, size_t wl)
 {
+	if (tpcuda_sticky(r))
+		return tpb_cuda_dev_poison(r, call, why, wl);
 	tpcuda_why(api(), call, r, why, wl);
 	return tpcuda_errno(r) ? tpcuda_errno(r) : -EIO;
 }
 
 /*
  * tpb_cuda_dev_enter() - make device @dev's primary context current on this thread, retaining
- * it the first time any thread needs it. Borrows @why.
+ * it the first time any thread needs it; a device that hit a sticky error (tpb_cuda_dev_poison())
+ * has its primary context reset first, which ends every mapping, stream and event made in it
+ * (each carries the device's generation and is made again on next use). Borrows @why.
  * Return: 0, -EINVAL for an ordinal out of range, or the driver's -errno with the reason in @why.
  */
 int tpb_cuda_dev_enter(int dev, char *why, size_t why_len);
@@ -74,6 +96,8 @@ int tpb_cuda_dev_enter(int dev, char *why, size_t why_len);
 struct tpb_cuda_dev {
 	CUcontext ctx; /* retained primary context, NULL until first use */
 	uint64_t peer; /* bit per device with peer access enabled from this one */
+	unsigned gen;  /* raised by each reset: what was made before is gone (atomic) */
+	bool broken;   /* a sticky error: reset at the next tpb_cuda_dev_enter() (atomic) */
 };
 
 /* Every device the daemon has used, by ordinal (peer bits under the CUDA layer's lock). */
@@ -95,6 +119,7 @@ struct tpb_cuda_thread {
 	int reg_dev; /* the device whose context registered @reg */
 	struct tpb_proc *procs[2]; /* the clients of the current copy: a wait gives up when one
 				    * exits (borrowed for the copy) */
+	unsigned gen[DEVS_MAX]; /* the device's generation the handles above were made in */
 };
 
 /* A CUDA side of a transfer, opened: device, pointer, event to wait for. */

@@ -116,6 +116,112 @@ struct tpb_cuda_map *tpb_cuda_map_ref(struct tpb_cuda_map *m)
 	return m;
 }
 
+/*
+ * The last reference to an open mapping usually goes on the event loop (a message or session
+ * freed), but closing it is a driver call that may block for long (cuIpcCloseMemHandle,
+ * cuEventDestroy of a dead client's event): a closer thread does it, and frees the mapping.
+ * The same thread opens the mappings that the loop needs open (tpb_cuda_map_open_bg()).
+ */
+static pthread_mutex_t closer_lock = PTHREAD_MUTEX_INITIALIZER;
+static pthread_cond_t closer_cond = PTHREAD_COND_INITIALIZER;
+static struct tpu_list closer_todo = { &closer_todo, &closer_todo };
+static bool closer_started;
+
+struct open_req { /* a tpb_cuda_map_open_bg() request */
+	struct tpu_list node;
+	struct tpb_cuda_map *map; /* a reference */
+};
+static struct tpu_list opener_todo = { &opener_todo, &opener_todo };
+
+static void map_free(struct tpb_cuda_map *m)
+{
+	if (m->state == 1)
+		tpb_cuda_map_close(m);
+	pthread_mutex_destroy(&m->open_lock);
+	free(m);
+}
+
+static void *closer_main(void *arg)
+{
+	pthread_mutex_lock(&closer_lock);
+	for (;;) {
+		struct tpb_cuda_map *m;
+
+		while (tpu_list_empty(&closer_todo) && tpu_list_empty(&opener_todo))
+			pthread_cond_wait(&closer_cond, &closer_lock);
+		if (!tpu_list_empty(&opener_todo)) {
+			struct open_req *q = tpu_list_first(&opener_todo, struct open_req, node);
+			char why[256];
+
+			tpu_list_remove(&q->node);
+			pthread_mutex_unlock(&closer_lock);
+			tpb_cuda_map_open(q->map, why, sizeof(why)); /* its state says how it went */
+			__atomic_store_n(&q->map->open_queued, false, __ATOMIC_RELEASE);
+			tpb_cuda_map_unref(q->map);
+			free(q);
+			pthread_mutex_lock(&closer_lock);
+			continue;
+		}
+		m = tpu_list_first(&closer_todo, struct tpb_cuda_map, node);
+		tpu_list_remove(&m->node);
+		pthread_mutex_unlock(&closer_lock);
+		map_free(m);
+		pthread_mutex_lock(&closer_lock);
+	}
+	return NULL;
+}
+
+/* Locked: starts the worker thread once. Return: whether it runs. */
+static bool closer_start(void)
+{
+	pthread_t th;
+
+	if (!closer_started && pthread_create(&th, NULL, closer_main, NULL) == 0) {
+		pthread_detach(th);
+		closer_started = true;
+	}
+	return closer_started;
+}
+
+void tpb_cuda_map_open_bg(struct tpb_cuda_map *m)
+{
+	struct open_req *q;
+	bool no = false;
+
+	if (!__atomic_compare_exchange_n(&m->open_queued, &no, true, false, __ATOMIC_ACQ_REL,
+					 __ATOMIC_RELAXED))
+		return; /* queued already */
+	q = malloc(sizeof(*q));
+	pthread_mutex_lock(&closer_lock);
+	if (q && closer_start()) {
+		q->map = tpb_cuda_map_ref(m);
+		tpu_list_insert_tail(&opener_todo, &q->node);
+		pthread_cond_signal(&closer_cond);
+		q = NULL;
+	}
+	pthread_mutex_unlock(&closer_lock);
+	if (q || !closer_started) { /* no memory or no thread: the caller's next poll retries */
+		free(q);
+		__atomic_store_n(&m->open_queued, false, __ATOMIC_RELEASE);
+	}
+}
+
+/* Hands @m (open, unreferenced) to the closer thread; closes it here if none can start. */
+static void closer_push(struct tpb_cuda_map *m)
+{
+	bool ok;
+
+	pthread_mutex_lock(&closer_lock);
+	ok = closer_start();
+	if (ok) {
+		tpu_list_insert_tail(&closer_todo, &m->node);
+		pthread_cond_signal(&closer_cond);
+	}
+	pthread_mutex_unlock(&closer_lock);
+	if (!ok)
+		map_free(m);
+}
+
 void tpb_cuda_map_unref(struct tpb_cuda_map *m)
 {
 	bool last;
@@ -131,10 +237,10 @@ void tpb_cuda_map_unref(struct tpb_cuda_map *m)
 	pthread_mutex_unlock(&table_lock);
 	if (!last)
 		return;
-	if (m->state == 1)
-		tpb_cuda_map_close(m);
-	pthread_mutex_destroy(&m->open_lock);
-	free(m);
+	if (__atomic_load_n(&m->state, __ATOMIC_RELAXED) == 1)
+		closer_push(m); /* off the caller's thread: the close may block */
+	else
+		map_free(m);
 }
 
 unsigned tpb_cuda_map_refs(const struct tpb_cuda_map *m)
@@ -158,6 +264,39 @@ void tpb_cuda_map_count(unsigned *ret_alive, unsigned *ret_open)
 	*ret_alive = n_alive;
 	pthread_mutex_unlock(&table_lock);
 	*ret_open = open;
+}
+
+void tpb_cuda_maps_busy(struct tpb_cuda_map *const *maps, size_t n)
+{
+	for (size_t i = 0; i < n; i++) {
+		if (!maps[i])
+			continue;
+		pthread_mutex_lock(&maps[i]->open_lock);
+		maps[i]->users++;
+		pthread_mutex_unlock(&maps[i]->open_lock);
+	}
+}
+
+void tpb_cuda_maps_idle(struct tpb_cuda_map *const *maps, size_t n)
+{
+	for (size_t i = 0; i < n; i++) {
+		struct tpb_cuda_map *m = maps[i];
+		unsigned holds;
+
+		if (!m)
+			continue;
+		pthread_mutex_lock(&table_lock);
+		holds = m->holds;
+		pthread_mutex_unlock(&table_lock);
+		pthread_mutex_lock(&m->open_lock);
+		if (m->users)
+			m->users--;
+		if (!m->users && !holds && m->state == 1) {
+			tpb_cuda_map_close(m);
+			__atomic_store_n(&m->state, 0, __ATOMIC_RELAXED); /* the next copy reopens */
+		}
+		pthread_mutex_unlock(&m->open_lock);
+	}
 }
 
 /* ---- per-session holds ---- */
@@ -187,6 +326,9 @@ static void hold_drop(struct tpb_cuda_holds *h, struct hold *e)
 {
 	tpu_list_remove(&e->node);
 	h->n--;
+	pthread_mutex_lock(&table_lock);
+	e->map->holds--;
+	pthread_mutex_unlock(&table_lock);
 	tpb_cuda_map_unref(e->map);
 	free(e);
 }
@@ -232,6 +374,9 @@ int tpb_cuda_hold(struct tpb_cuda_holds *h, const uint8_t *handle, bool event,
 			free(e);
 			return r;
 		}
+		pthread_mutex_lock(&table_lock);
+		e->map->holds++;
+		pthread_mutex_unlock(&table_lock);
 		h->n++;
 	}
 	tpu_list_insert_head(&h->lru, &e->node);

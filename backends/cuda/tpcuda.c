@@ -97,6 +97,23 @@ char *tpcuda_why(const struct tpcuda_api *a, const char *call, CUresult r, char 
 	return buf;
 }
 
+int tpcuda_sticky(CUresult r)
+{
+	switch (r) {
+	case CUDA_ERROR_ILLEGAL_ADDRESS:
+	case CUDA_ERROR_LAUNCH_FAILED:
+	case CUDA_ERROR_HARDWARE_STACK_ERROR:
+	case CUDA_ERROR_ILLEGAL_INSTRUCTION:
+	case CUDA_ERROR_MISALIGNED_ADDRESS:
+	case CUDA_ERROR_INVALID_ADDRESS_SPACE:
+	case CUDA_ERROR_INVALID_PC:
+	case CUDA_ERROR_ECC_UNCORRECTABLE:
+		return 1;
+	default:
+		return 0;
+	}
+}
+
 int tpcuda_errno(CUresult r)
 {
 	switch (r) {

@@ -29,6 +29,7 @@
 	X(cuDeviceCanAccessPeer)                                                                   \
 	X(cuDevicePrimaryCtxRetain)                                                                \
 	X(cuDevicePrimaryCtxRelease)                                                               \
+	X(cuDevicePrimaryCtxReset)                                                                 \
 	X(cuCtxSetCurrent)                                                                         \
 	X(cuCtxGetCurrent)                                                                         \
 	X(cuCtxPushCurrent)                                                                        \
@@ -100,6 +101,13 @@ const struct tpcuda_api *tpcuda_api(char *why, size_t why_len);
  */
 char *tpcuda_why(const struct tpcuda_api *api, const char *call, CUresult r, char *buf,
 		 size_t len);
+
+/*
+ * tpcuda_sticky() - whether @r is one of the errors that leave the context unusable: every later
+ * call in it fails the same way until the context is destroyed or reset (an illegal address,
+ * a kernel that faulted, an uncorrectable ECC error).
+ */
+int tpcuda_sticky(CUresult r);
 
 /* The -errno for a driver result: -ENOMEM, -EINVAL, -ENODEV, -EOPNOTSUPP, -EIO, ... (0 for OK). */
 int tpcuda_errno(CUresult r);

@@ -155,6 +155,8 @@ struct tpb_rdma_cache_stats {
 	uint64_t hits;	    /* segments that found a cached region */
 	uint64_t misses;    /* segments that registered memory */
 	uint64_t evictions; /* regions dropped for the budget or to make room */
+	uint64_t reg_dmabuf; /* CUDA regions registered from a dma-buf (ibv_reg_dmabuf_mr) */
+	uint64_t reg_addr;   /* CUDA regions registered by device address (ibv_reg_mr, peermem) */
 };
 
 /* Fills @ret (zeros without RDMA). Accepts a NULL @g. */

@@ -28,6 +28,7 @@
 #include <string.h>
 #include <unistd.h>
 #include "base/buffer.h"
+#include "log.h"
 #include "rdma_int.h"
 
 const struct tpb_mem *tpb_rdma_reg_first_cuda(const struct tpb_rdma_seg *segs, size_t n)
@@ -159,6 +160,24 @@ static void host_span(struct tpb_rdma *g, const struct rdma_port *pt,
 	e->len = hi - lo;
 }
 
+/* Counts how a CUDA region was registered (tpipctl status); says once why not by dma-buf. */
+static void reg_method_count(struct tpb_rdma *g, const struct tpv_mr *mr, bool exported)
+{
+	static bool told;
+
+	if (mr->method == TPV_MR_DMABUF) {
+		g->cache.reg_dmabuf++;
+		return;
+	}
+	g->cache.reg_addr++;
+	if (!told)
+		tpu_log_notice("rdma: CUDA memory registered by its device address (needs "
+			       "nvidia-peermem), not by dma-buf: %s",
+			       exported ? "ibv_reg_dmabuf_mr refused the export"
+					: "the CUDA driver exported no dma-buf for it");
+	told = true;
+}
+
 /* Registers a region for segment @s on @pt (a reference on @pt is taken for it). */
 static int mr_new(struct tpb_rdma *g, struct rdma_port *pt, const struct tpb_rdma_seg *s,
 		  bool cache, struct rdma_mr **ret, char *why, size_t wl)
@@ -203,6 +222,8 @@ static int mr_new(struct tpb_rdma *g, struct rdma_port *pt, const struct tpb_rdm
 	}
 	e->port = pt;
 	g->cache.misses++;
+	if (s->mem.loc == TPB_LOC_CUDA)
+		reg_method_count(g, e->mr, a.dmabuf_fd >= 0);
 	if (cache && (s->buf || s->mem.loc == TPB_LOC_CUDA)) {
 		e->buf = s->buf ? tpb_buffer_ref(s->buf) : NULL;
 		e->cuda = s->mem.loc == TPB_LOC_CUDA ? tpb_cuda_map_ref(s->mem.cuda) : NULL;

@@ -113,6 +113,8 @@ struct json_object *ctl_json_status(const Tpw__V1__CtlStatus *s)
 	ctl_json_u64(o, "rdma_cache_hits", s->rdma_cache_hits);
 	ctl_json_u64(o, "rdma_cache_misses", s->rdma_cache_misses);
 	ctl_json_u64(o, "rdma_cache_evictions", s->rdma_cache_evictions);
+	ctl_json_u64(o, "rdma_reg_dmabuf", s->rdma_reg_dmabuf);
+	ctl_json_u64(o, "rdma_reg_addr", s->rdma_reg_addr);
 	ctl_json_u64(o, "client_input_bytes", s->client_input_bytes);
 	ctl_json_u64(o, "client_queued_bytes", s->client_queued_bytes);
 	ctl_json_u64(o, "sessions_refused", s->sessions_refused);
@@ -174,6 +176,9 @@ static int status_text(const Tpw__V1__CtlStatus *s, FILE *out)
 			" evicted",
 			s->rdma_cache_regions, ctl_fmt_bytes(s->rdma_cache_bytes, b1, sizeof(b1)),
 			s->rdma_cache_hits, s->rdma_cache_misses, s->rdma_cache_evictions);
+	ctl_table_cellf(&t, "gpu registrations:");
+	ctl_table_cellf(&t, "%" PRIu64 " by dma-buf, %" PRIu64 " by address", s->rdma_reg_dmabuf,
+			s->rdma_reg_addr);
 	ctl_table_cellf(&t, "session limits:");
 	ctl_table_cellf(&t, "%" PRIu32 " (%" PRIu32 " kept for admins), %" PRIu32 " per uid, %" PRIu64
 			" refused", s->sessions_max, s->sessions_reserved, s->sessions_per_uid,

@@ -111,6 +111,9 @@ static const struct opt opts[] = {
 	  "listeners per client (default 256)" },
 	{ "cuda-mappings-max", "limits", K_U32, OFF(cuda_holds_max), 1, 1u << 20, true, "N",
 	  "CUDA allocations a client keeps mapped, least recently used unmapped (default 256)" },
+	{ "cuda-cache-mappings", "limits", K_BOOL, OFF(cuda_cache), 0, 0, true, "yes|no",
+	  "keep clients' CUDA memory mapped between transfers\n"
+	  "                            (default no: mapped for each transfer only)" },
 	{ "client-queue-bytes", "limits", K_SIZE64, OFF(outq_max), MiB, UINT64_MAX, true, "BYTES",
 	  "bytes queued towards a client that does not read before it is dropped (default 256M)" },
 	{ "cma", "backends", K_NOBOOL, OFF(no_cma), 0, 0, false, "yes|no",

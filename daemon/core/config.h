@@ -57,6 +57,7 @@ struct tpd_config {
 	uint64_t outq_max;	    /* bytes queued towards one session before it is dropped */
 	uint32_t listeners_max;	    /* per session */
 	uint32_t cuda_holds_max;    /* CUDA allocations and events a session keeps mapped */
+	bool cuda_cache;	    /* keep them mapped between transfers (default: no) */
 	uint32_t groups_per_uid;    /* collective groups one uid may have (group/) */
 	uint32_t group_members_max; /* members of one group */
 	uint64_t group_bytes_per_uid; /* arena bytes of one uid's groups */

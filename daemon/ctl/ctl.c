@@ -143,6 +143,8 @@ static void fill_status(struct tpd_daemon *d, const struct ctl_bufs *b, Tpw__V1_
 	st->rdma_cache_hits = rc.hits;
 	st->rdma_cache_misses = rc.misses;
 	st->rdma_cache_evictions = rc.evictions;
+	st->rdma_reg_dmabuf = rc.reg_dmabuf;
+	st->rdma_reg_addr = rc.reg_addr;
 	count_visible(d, b, st);
 	fill_status_limits(d, b, st);
 }

@@ -1,6 +1,10 @@
 /* SPDX-License-Identifier: BSD-3-Clause */
 /*
- * A session's CUDA memory references (see devmem.h): CudaRef -> mapping held by the session.
+ * A session's CUDA memory references (see devmem.h): CudaRef -> mapping. By default a mapping
+ * lives as long as the transfers that use it (the copy thread closes it at the end of the
+ * last one, before the writer learns that its write is done), so a client may free its memory
+ * once its write completes; with cuda-cache-mappings the session also holds it (bounded by
+ * cuda-mappings-max) until CudaRelease or the session's end.
  */
 #include <errno.h>
 #include <stdio.h>
@@ -10,6 +14,12 @@
 #include "frame.h"
 #include "log.h"
 #include "session.h"
+
+/* The mapping of @handle for @s: held by the session where caching is on, else a bare
+ * reference that the caller's transfer drops. Return: as tpb_cuda_hold(); *@ret borrowed. */
+static int session_map(struct tpd_session *s, const uint8_t *handle, bool event,
+		       const char *bus_id, uint64_t size, struct tpb_cuda_map **ret, char *why,
+		       size_t why_len);
 
 static int session_holds(struct tpd_session *s)
 {
@@ -21,38 +31,50 @@ static int session_holds(struct tpd_session *s)
 int tpd_devmem_resolve(struct tpd_session *s, const Tpw__V1__CudaRef *c, struct tpb_mem *ret,
 		       char *why, size_t why_len)
 {
+	bool cache = tpd_daemon_cfg(s->d)->cuda_cache;
 	struct tpb_cuda_map *mem = NULL, *ev = NULL;
-	int r;
-
 	char no[128];
+	int r;
 
 	if (!tpb_cuda_viable(no, sizeof(no))) {
 		snprintf(why, why_len, "tpipd cannot use CUDA memory here: %s", no);
 		return -EOPNOTSUPP;
 	}
-	r = session_holds(s);
-	if (r == 0)
-		r = tpb_cuda_hold(s->cuda, c->mem_handle.data, false, c->pci_bus_id, c->alloc_size,
-				  &mem, why, why_len);
-	if (r == 0 && c->gpu_uuid.len == TPB_CUDA_UUID_BYTES)
-		r = tpb_cuda_map_claim_uuid(mem, c->gpu_uuid.data, why, why_len);
+	r = session_map(s, c->mem_handle.data, false, c->pci_bus_id, c->alloc_size, &mem, why,
+			why_len);
 	if (r < 0)
 		return r;
-	mem = tpb_cuda_map_ref(mem); /* before the next hold may drop it */
-	if (c->event_handle.len == TPW_CUDA_HANDLE_BYTES) {
-		r = tpb_cuda_hold(s->cuda, c->event_handle.data, true, c->pci_bus_id, 0, &ev, why,
-				  why_len);
+	if (cache)
+		mem = tpb_cuda_map_ref(mem); /* before the next hold may drop it */
+	if (c->gpu_uuid.len == TPB_CUDA_UUID_BYTES)
+		r = tpb_cuda_map_claim_uuid(mem, c->gpu_uuid.data, why, why_len);
+	if (r == 0 && c->event_handle.len == TPW_CUDA_HANDLE_BYTES) {
+		r = session_map(s, c->event_handle.data, true, c->pci_bus_id, 0, &ev, why, why_len);
+		if (r == 0 && cache)
+			ev = tpb_cuda_map_ref(ev);
 		if (r == 0 && c->gpu_uuid.len == TPB_CUDA_UUID_BYTES)
 			r = tpb_cuda_map_claim_uuid(ev, c->gpu_uuid.data, why, why_len);
-		if (r < 0) {
-			tpb_cuda_map_unref(mem);
-			return r;
-		}
-		ev = tpb_cuda_map_ref(ev);
+	}
+	if (r < 0) {
+		tpb_cuda_map_unref(mem);
+		tpb_cuda_map_unref(ev);
+		return r;
 	}
 	*ret = (struct tpb_mem){ .loc = TPB_LOC_CUDA, .proc = s->proc, .addr = c->offset,
 				 .cuda = mem, .event = ev };
 	return 0;
+}
+
+static int session_map(struct tpd_session *s, const uint8_t *handle, bool event,
+		       const char *bus_id, uint64_t size, struct tpb_cuda_map **ret, char *why,
+		       size_t why_len)
+{
+	int r;
+
+	if (!tpd_daemon_cfg(s->d)->cuda_cache)
+		return tpb_cuda_map_get(handle, event, bus_id, size, ret, why, why_len);
+	r = session_holds(s);
+	return r < 0 ? r : tpb_cuda_hold(s->cuda, handle, event, bus_id, size, ret, why, why_len);
 }
 
 void tpd_devmem_put(struct tpb_mem *m)

@@ -21,7 +21,18 @@
  * stream need a current context (CUDA_ERROR_INVALID_CONTEXT); cuEventCreate() checks its flags
  * and cuIpcGetEventHandle() refuses an event made without CU_EVENT_INTERPROCESS and
  * CU_EVENT_DISABLE_TIMING; a memory handle opened again in one process returns the same
- * pointer and counts the opens, the last cuIpcCloseMemHandle() unmapping it.
+ * pointer and counts the opens, the last cuIpcCloseMemHandle() unmapping it. An exporter that
+ * frees its allocation (cuMemFree) or exits invalidates every importer's mapping of it: work
+ * that touches a stale mapping, or closing one, raises the sticky CUDA_ERROR_ILLEGAL_ADDRESS
+ * on that context, as a real GPU does on a stale access; every later call in the context then
+ * fails with it until cuDevicePrimaryCtxReset(), which also ends the context's streams, events
+ * and IPC mappings (their handles then fail with CUDA_ERROR_INVALID_HANDLE). Other devices are
+ * unaffected. $FAKECUDA_FAULT_DIR forces the sticky error: a copy on device N finding the file
+ * sticky-N there removes it and raises the error (one shot, across processes).
+ * $FAKECUDA_DELAY ("cuIpcOpenMemHandle:3000,cuIpcCloseMemHandle:500", milliseconds) makes
+ * those calls slow, as a driver can be: IPC opens and closes, cuEventDestroy of an IPC-opened
+ * event, cuMemGetHandleForAddressRange; while one is delayed, $FAKECUDA_FAULT_DIR/pending-CALL
+ * exists, so that a test can see it is still pending.
  * GPUDirect RDMA: the device reports CU_DEVICE_ATTRIBUTE_GPU_DIRECT_RDMA_WRITES_ORDERING from
  * $FAKECUDA_RDMA_ORDERING (default 0: none, writes must be flushed) and supports
  * cuFlushGPUDirectRDMAWrites() (needs a current context; with $FAKECUDA_NO_RDMA_FLUSH the
@@ -42,6 +53,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <signal.h>
 #include <sys/stat.h>
 #include <time.h>
 #include <unistd.h>
@@ -62,7 +74,15 @@ struct fctx {
 	uint32_t magic;
 	int ordinal;
 	bool peer[FAKE_DEVS_MAX];
+	_Atomic CUresult sticky; /* CUDA_SUCCESS, or the error every call in it now fails with */
+	atomic_uint gen;	 /* raised by cuDevicePrimaryCtxReset(): older objects are dead */
 };
+
+/* The sticky error of @c, if any (a context gone bad stays bad until it is reset). */
+static CUresult ctx_sticky(const struct fctx *c)
+{
+	return c ? atomic_load(&c->sticky) : CUDA_SUCCESS;
+}
 
 static struct fctx ctxs[FAKE_DEVS_MAX];
 static __thread CUcontext ctx_stack[16];
@@ -91,6 +111,7 @@ struct falloc {
 	bool imported;
 	unsigned long long src_id; /* imported: the exporter's allocation id */
 	unsigned refs;		   /* imported: opens not yet closed in this process */
+	int src_pid;		   /* imported: the exporter */
 	struct falloc *next;
 };
 
@@ -156,6 +177,8 @@ static CUresult alloc_unmap(CUdeviceptr p, bool imported)
 	if (!a)
 		return CUDA_ERROR_INVALID_VALUE;
 	munmap((void *)a->base, a->size);
+	if (!imported && ftruncate(a->fd, 0) < 0) /* importers' mappings are stale now */
+		abort();
 	close(a->fd);
 	free(a);
 	return CUDA_SUCCESS;
@@ -170,6 +193,70 @@ static int open_remote_fd(int pid, int fd)
 	return open(path, O_RDWR | O_CLOEXEC);
 }
 
+/* An imported mapping whose exporter freed the allocation (the memfd was emptied) or exited. */
+static bool alloc_stale(const struct falloc *a)
+{
+	struct stat st;
+
+	if (!a->imported)
+		return false;
+	if (fstat(a->fd, &st) == 0 && (size_t)st.st_size < a->size)
+		return true;
+	return kill(a->src_pid, 0) < 0 && errno == ESRCH;
+}
+
+/* 1 if [@p, @p + @n) touches an imported mapping, 2 if a stale one, else 0. */
+static int range_imported(uintptr_t p, size_t n)
+{
+	int r = 0;
+
+	pthread_mutex_lock(&lock);
+	for (struct falloc *a = allocs; a && r < 2; a = a->next)
+		if (a->imported && p < a->base + a->size && a->base < p + n)
+			r = alloc_stale(a) ? 2 : 1;
+	pthread_mutex_unlock(&lock);
+	return r;
+}
+
+/* A forced sticky error for a copy on device @ordinal ($FAKECUDA_FAULT_DIR/sticky-N, once). */
+static bool fault_forced(int ordinal)
+{
+	const char *dir = getenv("FAKECUDA_FAULT_DIR");
+	char path[512];
+
+	if (!dir || !*dir)
+		return false;
+	snprintf(path, sizeof(path), "%s/sticky-%d", dir, ordinal);
+	return unlink(path) == 0;
+}
+
+/* Sleeps as long as $FAKECUDA_DELAY says for @call, with the pending-@call marker meanwhile. */
+static void fake_delay(const char *call)
+{
+	const char *e = getenv("FAKECUDA_DELAY"), *dir = getenv("FAKECUDA_FAULT_DIR");
+	size_t n = strlen(call);
+	char path[512] = "";
+	long ms = 0;
+
+	for (const char *p = e; p && *p; p = strchr(p, ',') ? strchr(p, ',') + 1 : NULL)
+		if (strncmp(p, call, n) == 0 && p[n] == ':')
+			ms = strtol(p + n + 1, NULL, 10);
+	if (ms <= 0)
+		return;
+	if (dir && *dir) {
+		int fd;
+		snprintf(path, sizeof(path), "%s/pending-%s", dir, call);
+		fd = open(path, O_WRONLY | O_CREAT | O_CLOEXEC, 0600);
+		if (fd >= 0)
+			close(fd);
+	}
+	struct timespec ts = { ms / 1000, (ms % 1000) * 1000000L };
+	while (nanosleep(&ts, &ts) < 0 && errno == EINTR)
+		;
+	if (path[0])
+		unlink(path);
+}
+
 /* ---- events ------------------------------------------------------------------------------- */
 
 struct ev_shared {
@@ -182,8 +269,16 @@ struct fevent {
 	int fd;
 	struct ev_shared *sh;
 	struct fctx *ctx; /* the context it was created or opened in */
+	unsigned gen;	  /* @ctx's generation then */
 	unsigned flags;	  /* CU_EVENT_* */
+	bool imported;	  /* opened from an IPC handle */
+	struct fevent *all; /* every event ever made, kept (see cuEventDestroy()) */
 };
+
+/* The stand-in never frees events and streams (work still queued may name them), nor what a
+ * context reset ended: it keeps them all listed, so that a leak checker sees them reachable. */
+static struct fevent *all_events;
+static pthread_mutex_t all_lock = PTHREAD_MUTEX_INITIALIZER; /* a leaf */
 
 struct ev_handle {
 	uint32_t magic;
@@ -194,7 +289,7 @@ static struct fevent *ev_of(CUevent e)
 {
 	struct fevent *f = (struct fevent *)e;
 
-	return f && f->magic == EV_MAGIC ? f : NULL;
+	return f && f->magic == EV_MAGIC && atomic_load(&f->ctx->gen) == f->gen ? f : NULL;
 }
 
 static CUresult ev_map(int fd, struct fctx *ctx, unsigned flags, CUevent *ret)
@@ -208,7 +303,12 @@ static CUresult ev_map(int fd, struct fctx *ctx, unsigned flags, CUevent *ret)
 		close(fd);
 		return CUDA_ERROR_OUT_OF_MEMORY;
 	}
-	*e = (struct fevent){ .magic = EV_MAGIC, .fd = fd, .sh = p, .ctx = ctx, .flags = flags };
+	*e = (struct fevent){ .magic = EV_MAGIC, .fd = fd, .sh = p, .ctx = ctx, .flags = flags,
+			      .gen = atomic_load(&ctx->gen) };
+	pthread_mutex_lock(&all_lock);
+	e->all = all_events;
+	all_events = e;
+	pthread_mutex_unlock(&all_lock);
 	*ret = (CUevent)e;
 	return CUDA_SUCCESS;
 }
@@ -241,6 +341,7 @@ struct job {
 	void *arg;
 	struct fevent *ev;
 	unsigned long long seq;
+	struct fctx *ctx; /* on the legacy stream: the context current when queued */
 	struct job *next;
 };
 
@@ -252,17 +353,40 @@ struct fstream {
 	unsigned long long queued, done;
 	bool stop;
 	struct fctx *ctx; /* the context it was created in */
+	unsigned gen;	  /* @ctx's generation then */
+	struct fstream *all; /* every stream ever made, kept like events */
 };
+
+static struct fstream *all_streams;
 
 static struct fstream *legacy;
 
-static void job_run(struct job *j)
+/* Work touching a stale mapping, or a forced fault on one that touches an imported mapping,
+ * poisons @ctx instead of running. */
+static bool job_faults(const struct job *j, struct fctx *ctx)
+{
+	int d = range_imported((uintptr_t)j->dst, j->n);
+	int s = j->kind == JOB_COPY ? range_imported((uintptr_t)j->src, j->n) : 0;
+	bool bad = d == 2 || s == 2 || (ctx && (d || s) && fault_forced(ctx->ordinal));
+
+	if (bad && ctx)
+		atomic_store(&ctx->sticky, CUDA_ERROR_ILLEGAL_ADDRESS);
+	return bad || ctx_sticky(ctx) != CUDA_SUCCESS;
+}
+
+static void job_run(struct job *j, struct fctx *ctx)
 {
 	unsigned long long c;
 
 	switch (j->kind) {
-	case JOB_COPY: memmove(j->dst, j->src, j->n); break;
-	case JOB_SET: memset(j->dst, j->value, j->n); break;
+	case JOB_COPY:
+		if (!job_faults(j, ctx))
+			memmove(j->dst, j->src, j->n);
+		break;
+	case JOB_SET:
+		if (!job_faults(j, ctx))
+			memset(j->dst, j->value, j->n);
+		break;
 	case JOB_HOST: j->fn(j->arg); break;
 	case JOB_RECORD:
 		c = atomic_load(&j->ev->sh->completed);
@@ -289,7 +413,7 @@ static void *stream_main(void *arg)
 		if (!s->head)
 			s->tail = NULL;
 		pthread_mutex_unlock(&s->mu);
-		job_run(j);
+		job_run(j, s == legacy ? j->ctx : s->ctx);
 		free(j);
 		pthread_mutex_lock(&s->mu);
 		s->done++;
@@ -311,6 +435,10 @@ static struct fstream *stream_new(void)
 		free(s);
 		return NULL;
 	}
+	pthread_mutex_lock(&all_lock);
+	s->all = all_streams;
+	all_streams = s;
+	pthread_mutex_unlock(&all_lock);
 	return s;
 }
 
@@ -336,13 +464,26 @@ static struct fstream *stream_of(CUstream h)
 	return legacy;
 }
 
+/* 0 if stream @h is usable: a context, not reset since, not poisoned; else the error. */
+static CUresult stream_check(CUstream h)
+{
+	struct fctx *c = stream_ctx(h);
+
+	if (!c) /* work on the legacy stream goes to the current context's */
+		return CUDA_ERROR_INVALID_CONTEXT;
+	if (!stream_legacy(h) && ((struct fstream *)h)->gen != atomic_load(&c->gen))
+		return CUDA_ERROR_INVALID_HANDLE;
+	return ctx_sticky(c);
+}
+
 static CUresult stream_push(CUstream h, const struct job *tmpl)
 {
 	struct fstream *s;
 	struct job *j;
+	CUresult r = stream_check(h);
 
-	if (!stream_ctx(h)) /* work on the legacy stream goes to the current context's */
-		return CUDA_ERROR_INVALID_CONTEXT;
+	if (r != CUDA_SUCCESS)
+		return r;
 	s = stream_of(h);
 	j = malloc(sizeof(*j));
 	if (!s || !j) {
@@ -350,6 +491,7 @@ static CUresult stream_push(CUstream h, const struct job *tmpl)
 		return CUDA_ERROR_OUT_OF_MEMORY;
 	}
 	*j = *tmpl;
+	j->ctx = stream_ctx(h);
 	j->next = NULL;
 	pthread_mutex_lock(&s->mu);
 	if (s->tail)
@@ -367,9 +509,10 @@ static CUresult stream_sync(CUstream h)
 {
 	struct fstream *s;
 	unsigned long long target;
+	CUresult r = stream_check(h);
 
-	if (!stream_ctx(h))
-		return CUDA_ERROR_INVALID_CONTEXT;
+	if (r != CUDA_SUCCESS)
+		return r;
 	s = stream_of(h);
 	if (!s)
 		return CUDA_ERROR_OUT_OF_MEMORY;
@@ -378,7 +521,7 @@ static CUresult stream_sync(CUstream h)
 	while (s->done < target)
 		pthread_cond_wait(&s->cv, &s->mu);
 	pthread_mutex_unlock(&s->mu);
-	return CUDA_SUCCESS;
+	return ctx_sticky(stream_ctx(h)); /* the work may have faulted */
 }
 
 static CUresult copy_on(CUstream h, void *dst, const void *src, size_t n)
@@ -428,6 +571,8 @@ static const struct {
 	{ CUDA_ERROR_PEER_ACCESS_ALREADY_ENABLED, "CUDA_ERROR_PEER_ACCESS_ALREADY_ENABLED",
 	  "peer access is already enabled" },
 	{ CUDA_ERROR_NOT_SUPPORTED, "CUDA_ERROR_NOT_SUPPORTED", "operation not supported" },
+	{ CUDA_ERROR_ILLEGAL_ADDRESS, "CUDA_ERROR_ILLEGAL_ADDRESS",
+	  "an illegal memory access was encountered" },
 };
 
 static int error_index(CUresult r)
@@ -566,6 +711,38 @@ CUresult CUDAAPI cuDevicePrimaryCtxRelease(CUdevice dev)
 	return dev_ok(dev) ? CUDA_SUCCESS : CUDA_ERROR_INVALID_DEVICE;
 }
 
+/* Like the driver: everything made or opened in the context is gone, its error cleared. */
+CUresult CUDAAPI cuDevicePrimaryCtxReset(CUdevice dev)
+{
+	struct falloc **pp, *dead = NULL;
+
+	if (!dev_ok(dev))
+		return CUDA_ERROR_INVALID_DEVICE;
+	pthread_mutex_lock(&lock);
+	for (pp = &allocs; *pp;) {
+		struct falloc *a = *pp;
+		if (a->imported && a->ordinal == (int)dev) {
+			*pp = a->next;
+			a->next = dead;
+			dead = a;
+		} else {
+			pp = &a->next;
+		}
+	}
+	memset(ctxs[dev].peer, 0, sizeof(ctxs[dev].peer));
+	atomic_fetch_add(&ctxs[dev].gen, 1);
+	atomic_store(&ctxs[dev].sticky, CUDA_SUCCESS);
+	pthread_mutex_unlock(&lock);
+	while (dead) {
+		struct falloc *a = dead;
+		dead = a->next;
+		munmap((void *)a->base, a->size);
+		close(a->fd);
+		free(a);
+	}
+	return CUDA_SUCCESS;
+}
+
 CUresult CUDAAPI cuCtxSetCurrent(CUcontext ctx)
 {
 	if (ctx && !ctx_of(ctx))
@@ -701,6 +878,7 @@ CUresult CUDAAPI cuMemGetHandleForAddressRange(void *handle, CUdeviceptr dptr, s
 	off_t start = 0;
 	int src = -1, fd;
 
+	fake_delay("cuMemGetHandleForAddressRange");
 	if (type != CU_MEM_RANGE_HANDLE_TYPE_DMA_BUF_FD)
 		return CUDA_ERROR_NOT_SUPPORTED;
 	if (flags == 1) /* CU_MEM_RANGE_FLAG_DMA_BUF_MAPPING_TYPE_PCIE (CUDA 12.8+ headers) */
@@ -773,8 +951,11 @@ CUresult CUDAAPI cuIpcOpenMemHandle(CUdeviceptr *dptr, CUipcMemHandle h, unsigne
 	memcpy(&m, h.reserved, sizeof(m));
 	if (m.magic != MEM_MAGIC || m.pid == getpid() || !m.id)
 		return CUDA_ERROR_INVALID_VALUE;
+	fake_delay("cuIpcOpenMemHandle");
 	if (!ctx_current())
 		return CUDA_ERROR_INVALID_CONTEXT;
+	if (ctx_sticky(ctx_current()) != CUDA_SUCCESS)
+		return ctx_sticky(ctx_current());
 	a = import_find(m.id);
 	if (a) {
 		*dptr = (CUdeviceptr)a->base;
@@ -783,13 +964,36 @@ CUresult CUDAAPI cuIpcOpenMemHandle(CUdeviceptr *dptr, CUipcMemHandle h, unsigne
 	fd = open_remote_fd(m.pid, m.fd);
 	if (fd < 0)
 		return CUDA_ERROR_INVALID_HANDLE;
-	return alloc_map(fd, m.size, m.ordinal, m.id, dptr);
+	if (alloc_map(fd, m.size, m.ordinal, m.id, dptr) != CUDA_SUCCESS)
+		return CUDA_ERROR_OUT_OF_MEMORY;
+	pthread_mutex_lock(&lock);
+	alloc_find((uintptr_t)*dptr)->src_pid = m.pid;
+	pthread_mutex_unlock(&lock);
+	return CUDA_SUCCESS;
 }
 
+/* Closing a mapping whose exporter freed the memory first is undefined for the driver: here it
+ * poisons the context, as a stale access would. */
 CUresult CUDAAPI cuIpcCloseMemHandle(CUdeviceptr dptr)
 {
-	if (!ctx_current())
+	struct fctx *c = ctx_current();
+	struct falloc *a;
+	bool stale;
+
+	if (!c)
 		return CUDA_ERROR_INVALID_CONTEXT;
+	if (ctx_sticky(c) != CUDA_SUCCESS)
+		return ctx_sticky(c);
+	fake_delay("cuIpcCloseMemHandle");
+	pthread_mutex_lock(&lock);
+	a = alloc_find((uintptr_t)dptr);
+	stale = a && a->imported && a->refs == 1 && alloc_stale(a);
+	pthread_mutex_unlock(&lock);
+	if (stale) {
+		atomic_store(&c->sticky, CUDA_ERROR_ILLEGAL_ADDRESS);
+		alloc_unmap(dptr, true);
+		return CUDA_ERROR_ILLEGAL_ADDRESS;
+	}
 	return alloc_unmap(dptr, true);
 }
 
@@ -841,6 +1045,8 @@ CUresult CUDAAPI cuEventCreate(CUevent *ev, unsigned int flags)
 
 	if (!c)
 		return CUDA_ERROR_INVALID_CONTEXT;
+	if (ctx_sticky(c) != CUDA_SUCCESS)
+		return ctx_sticky(c);
 	if ((flags & ~EV_FLAGS) ||
 	    ((flags & CU_EVENT_INTERPROCESS) && !(flags & CU_EVENT_DISABLE_TIMING)))
 		return CUDA_ERROR_INVALID_VALUE;
@@ -859,6 +1065,8 @@ CUresult CUDAAPI cuEventDestroy(CUevent ev)
 
 	if (!e)
 		return CUDA_ERROR_INVALID_HANDLE;
+	if (e->imported)
+		fake_delay("cuEventDestroy");
 	/* Work still queued may name it: a real driver defers the release; so do we, forever. */
 	e->magic = 0;
 	return CUDA_SUCCESS;
@@ -897,6 +1105,8 @@ CUresult CUDAAPI cuEventQuery(CUevent ev)
 
 	if (!e)
 		return CUDA_ERROR_INVALID_HANDLE;
+	if (ctx_sticky(e->ctx) != CUDA_SUCCESS)
+		return ctx_sticky(e->ctx);
 	return atomic_load(&e->sh->completed) >= atomic_load(&e->sh->recorded) ?
 		       CUDA_SUCCESS : CUDA_ERROR_NOT_READY;
 }
@@ -918,6 +1128,7 @@ CUresult CUDAAPI cuIpcGetEventHandle(CUipcEventHandle *h, CUevent ev)
 CUresult CUDAAPI cuIpcOpenEventHandle(CUevent *ev, CUipcEventHandle h)
 {
 	struct ev_handle m;
+	CUresult r;
 	int fd;
 
 	memcpy(&m, h.reserved, sizeof(m));
@@ -925,10 +1136,16 @@ CUresult CUDAAPI cuIpcOpenEventHandle(CUevent *ev, CUipcEventHandle h)
 		return CUDA_ERROR_INVALID_VALUE;
 	if (!ctx_current()) /* the opened event belongs to the current context */
 		return CUDA_ERROR_INVALID_CONTEXT;
+	if (ctx_sticky(ctx_current()) != CUDA_SUCCESS)
+		return ctx_sticky(ctx_current());
+	fake_delay("cuIpcOpenEventHandle");
 	fd = open_remote_fd(m.pid, m.fd);
 	if (fd < 0)
 		return CUDA_ERROR_INVALID_HANDLE;
-	return ev_map(fd, ctx_current(), CU_EVENT_INTERPROCESS | CU_EVENT_DISABLE_TIMING, ev);
+	r = ev_map(fd, ctx_current(), CU_EVENT_INTERPROCESS | CU_EVENT_DISABLE_TIMING, ev);
+	if (r == CUDA_SUCCESS)
+		((struct fevent *)*ev)->imported = true;
+	return r;
 }
 
 /* ---- streams and work ----------------------------------------------------------------------- */
@@ -943,6 +1160,7 @@ CUresult CUDAAPI cuStreamCreate(CUstream *s, unsigned int flags)
 	if (!f)
 		return CUDA_ERROR_OUT_OF_MEMORY;
 	f->ctx = c;
+	f->gen = atomic_load(&c->gen);
 	*s = (CUstream)f;
 	return CUDA_SUCCESS;
 }

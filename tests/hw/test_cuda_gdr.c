@@ -4,7 +4,8 @@
  * (the peer fixture: --peer-force-cross-host on loopback), moved by RDMA writes between the
  * daemons. CUDA -> CUDA at 1 B, 4 KiB, 1 MiB + 7 inside larger allocations on both sides, and
  * 64 MiB; shared buffer -> CUDA and CUDA -> shared buffer; all arrive intact and both daemons
- * count them under cuda_gdr in `tpipctl stats`, and `tpipctl pipes` on the reader's daemon shows
+ * count them under cuda_gdr in `tpipctl stats` and each registration's method (dma-buf or
+ * device address) in `tpipctl status`, and `tpipctl pipes` on the reader's daemon shows
  * cuda_gdr(cuda>cuda) for an open pipe. Private memory cannot be registered: such a
  * tensor still arrives, staged over the data connections (cuda_basic). A write the RDMA device
  * fails reaches both clients as an error; both daemons stay up, turn RDMA off on that link
@@ -16,6 +17,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 #include <unistd.h>
 #include "hwtest.h"
 #include "ipeer.h"
@@ -66,6 +68,12 @@ static uint64_t status_u64(const struct tpt_daemon *d, const char *key)
 	return v;
 }
 
+/* CUDA regions @d registered, by dma-buf or by address. */
+static uint64_t reg_methods(const struct tpt_daemon *d)
+{
+	return status_u64(d, "rdma_reg_dmabuf") + status_u64(d, "rdma_reg_addr");
+}
+
 /* Once the clients have gone, @d keeps no registration and no mapping of their CUDA memory
  * (the registration cache must not hold an allocation its client left), having registered
  * @misses segments since @misses0. */
@@ -96,8 +104,12 @@ START_TEST(test_cuda_gdr_cuda_to_cuda_across_daemons)
 	uint64_t b0 = tpt_channel_bytes(&tpt_peer_b, "cuda_gdr");
 	uint64_t ma = status_u64(&tpt_peer_a, "rdma_cache_misses");
 	uint64_t mb = status_u64(&tpt_peer_b, "rdma_cache_misses");
+	uint64_t ra = reg_methods(&tpt_peer_a), rb = reg_methods(&tpt_peer_b);
 
 	ck_assert(cross("gdr-dd", cases, 4, 70));
+	/* each region's registration method is counted (tpipctl status) */
+	ck_assert_uint_eq(reg_methods(&tpt_peer_a) - ra, 4);
+	ck_assert_uint_eq(reg_methods(&tpt_peer_b) - rb, 4);
 	expect_gdr_bytes(a0, b0, 1 + 4096 + MIB + 7 + 64 * MIB);
 	expect_nothing_kept(&tpt_peer_a, ma, 4);
 	expect_nothing_kept(&tpt_peer_b, mb, 4);
@@ -298,6 +310,86 @@ START_TEST(test_cuda_gdr_device_error_reaches_both_clients)
 }
 END_TEST
 
+/* ---- a slow IPC event open blocks no other session (stand-ins only) ---------------------- */
+
+#define SLOW_MS TPT_SCALED_MS(3000)
+static char slow_dir[] = "/tmp/tpipd-gdr-slow-XXXXXX";
+
+static void slow_start(void)
+{
+	char delay[64];
+
+	ck_assert_ptr_nonnull(mkdtemp(slow_dir));
+	snprintf(delay, sizeof(delay), "cuIpcOpenEventHandle:%d", SLOW_MS);
+	setenv("FAKECUDA_FAULT_DIR", slow_dir, 1);
+	setenv("FAKECUDA_DELAY", delay, 1); /* for the daemons; clients open no IPC event */
+	tpt_peer_fixture_start();
+	unsetenv("FAKECUDA_DELAY");
+}
+
+static void slow_stop(void)
+{
+	char path[128];
+
+	tpt_peer_fixture_stop();
+	snprintf(path, sizeof(path), "%s/pending-cuIpcOpenEventHandle", slow_dir);
+	unlink(path);
+	rmdir(slow_dir);
+}
+
+static bool slow_pending(void)
+{
+	char path[128];
+
+	snprintf(path, sizeof(path), "%s/pending-cuIpcOpenEventHandle", slow_dir);
+	return access(path, F_OK) == 0;
+}
+
+static int slow_gpu_pair(void *arg)
+{
+	struct hwt_side gpu = { .mem = HWT_CUDA, .device = 0, .stream = true };
+	struct hwt_case c = { .len = MIB, .w = gpu, .r = gpu };
+
+	return cross("gdr-slow", &c, 1, 91) ? 0 : 1;
+}
+
+static void slow_cpu_spec(unsigned index, struct tpt_msg_spec *ret)
+{
+	*ret = (struct tpt_msg_spec){ .index = index, .n_payloads = 1, .lens = { 100 } };
+}
+
+/* Each daemon polls the client's CUDA event before its RDMA writes or its offer: opening the
+ * event's IPC handle takes SLOW_MS here, and meanwhile both daemons serve other clients. */
+START_TEST(test_cuda_gdr_slow_event_open_blocks_no_other_session)
+{
+	struct tpt_xfer xa = { .d = &tpt_peer_a, .name = "slow-cpu-a", .n_msgs = 8,
+			       .spec = slow_cpu_spec };
+	struct tpt_xfer xb = { .d = &tpt_peer_b, .name = "slow-cpu-b", .n_msgs = 8,
+			       .spec = slow_cpu_spec };
+	struct timespec step = { 0, 5 * 1000000L };
+	pid_t gpu;
+	char *out;
+
+	if (!getenv("TPIPD_CUDA_LIBRARY") || !strstr(getenv("TPIPD_CUDA_LIBRARY"), "fakecuda")) {
+		printf("SKIP: a slow driver call needs the fakecuda stand-in\n");
+		return;
+	}
+	gpu = tpt_fork(slow_gpu_pair, NULL);
+	ck_assert_int_gt(gpu, 0);
+	for (int i = 0; i < TPT_SCALED_MS(30000) / 5 && !slow_pending(); i++)
+		nanosleep(&step, NULL); /* a condition with a deadline */
+	ck_assert_msg(slow_pending(), "no daemon opened the client's CUDA event");
+	ck_assert_msg(tpt_xfer_run(&xa), "daemon A held other sessions up");
+	ck_assert_msg(tpt_xfer_run(&xb), "daemon B held other sessions up");
+	out = hwt_ctl(&tpt_peer_a, "status", false);
+	ck_assert_msg(out, "tpipctl status on A did not answer");
+	free(out);
+	ck_assert_msg(slow_pending(), "the slow open ended before the other sessions were served: "
+				      "it held them up (or SLOW_MS is too short here)");
+	ck_assert(tpt_wait_ok(gpu, TPT_SCALED_MS(60000), "GPU pair"));
+}
+END_TEST
+
 /*
  * Issue 28 item 3: RDMA writes into GPU memory can still be in flight when the writer's
  * completion arrives (the stand-in's FAKEVERBS_WRITE_LAG holds their bytes back until the
@@ -353,6 +445,14 @@ static Suite *cuda_gdr_suite(bool stand_in)
 	}
 	tcase_set_timeout(tc, 300);
 	suite_add_tcase(s, tc);
+	if (stand_in) {
+		TCase *slow = tcase_create("cuda_gdr_slow");
+
+		tcase_add_checked_fixture(slow, slow_start, slow_stop);
+		tcase_add_test(slow, test_cuda_gdr_slow_event_open_blocks_no_other_session);
+		tcase_set_timeout(slow, 300);
+		suite_add_tcase(s, slow);
+	}
 	return s;
 }
 
