@@ -25,6 +25,7 @@
 #include <unistd.h>
 
 #include "grouptest.h"
+#include "../common/tpt_half.h"
 
 #define T_MS 60000
 
@@ -70,36 +71,6 @@ static uint16_t f_bf16(float f)
 
 /* binary16 by arithmetic (frexp/ldexp/nearbyint, round to nearest even), independent of the
  * library's bit twiddling and of the compiler's _Float16 (which clang lacks on some targets). */
-static uint16_t ref_f2h(float x)
-{
-	uint16_t sign = signbit(x) ? 0x8000 : 0;
-	double a = fabs((double)x), q, v;
-	int e, ue;
-
-	if (isnan(x))
-		return 0x7e00;
-	if (a == 0)
-		return sign;
-	frexp(a, &e);		       /* a in [2^(e-1), 2^e) */
-	ue = e - 11 < -24 ? -24 : e - 11; /* 11 significant bits, subnormal spacing 2^-24 */
-	q = nearbyint(ldexp(a, -ue));
-	v = ldexp(q, ue);
-	if (v >= 65536.0)
-		return sign | 0x7c00;
-	if (v < 0x1p-14)
-		return sign | (uint16_t)ldexp(v, 24);
-	frexp(v, &e);
-	return sign | (uint16_t)((e - 1 + 15) << 10) | (uint16_t)(ldexp(v, 11 - e) - 1024);
-}
-
-static float ref_h2f(uint16_t h)
-{
-	int E = (h >> 10) & 31, M = h & 1023;
-	double v = E == 31 ? (M ? NAN : INFINITY) : E == 0 ? ldexp(M, -24) : ldexp(1024 + M, E - 25);
-
-	return (float)((h & 0x8000) ? -v : v);
-}
-
 static double fop(double a, double b, enum tp_reduce_op op)
 {
 	switch (op) {
