@@ -17,7 +17,8 @@ struct tpb_work {
 	pthread_mutex_t lock;
 	pthread_cond_t cond;   /* workers wait here for a chunk or for stop */
 	struct tpu_list todo;  /* jobs with chunks left to claim */
-	struct tpb_cq cq;      /* complete, not yet delivered */
+	struct tpb_cq own;     /* complete, not yet delivered (no borrowed queue) */
+	struct tpb_cq *cq;     /* &own, or the owner's */
 	uint32_t chunk;
 	unsigned workers;
 	bool rows;
@@ -45,10 +46,15 @@ int tpb_work_new(const struct tpb_work_config *cfg, struct tpb_work **ret)
 
 	if (!w)
 		return -ENOMEM;
-	r = tpb_cq_init(&w->cq);
-	if (r < 0) {
-		free(w);
-		return r;
+	w->own.efd = -EBADF;
+	w->cq = cfg->cq;
+	if (!w->cq) {
+		r = tpb_cq_init(&w->own);
+		if (r < 0) {
+			free(w);
+			return r;
+		}
+		w->cq = &w->own;
 	}
 	pthread_mutex_init(&w->lock, NULL);
 	pthread_cond_init(&w->cond, NULL);
@@ -69,7 +75,7 @@ void tpb_work_set_workers(struct tpb_work *w, unsigned workers)
 
 int tpb_work_event_fd(const struct tpb_work *w)
 {
-	return tpb_cq_event_fd(&w->cq);
+	return tpb_cq_event_fd(w->cq);
 }
 
 /* Lock held: moves the cursor of @job past finished and empty segments. */
@@ -106,7 +112,9 @@ static void job_check(struct tpb_work *w, struct tpb_work_job *job)
 		job->status = -ECANCELED; /* @why was set by tpb_work_cancel() */
 	if (tpu_list_linked(&job->node))
 		tpu_list_remove(&job->node);
-	tpb_cq_push(&w->cq, &job->node);
+	if (w->cq != &w->own)
+		w->busy--; /* the owner delivers it */
+	tpb_cq_push(w->cq, &job->node);
 }
 
 void tpb_work_submit(struct tpb_work *w, struct tpb_work_job *job)
@@ -248,8 +256,10 @@ int tpb_work_progress(struct tpb_work *w)
 	struct tpu_list *n;
 	int ran = 0;
 
-	tpb_cq_ack(&w->cq);
-	while ((n = tpb_cq_pop(&w->cq))) {
+	if (w->cq != &w->own)
+		return 0;
+	tpb_cq_ack(w->cq);
+	while ((n = tpb_cq_pop(w->cq))) {
 		struct tpb_work_job *job = tpu_container_of(n, struct tpb_work_job, node);
 
 		pthread_mutex_lock(&w->lock);
@@ -281,7 +291,7 @@ void tpb_work_free(struct tpb_work *w, const char *why)
 	tpb_work_progress(w); /* finished jobs complete normally */
 	tpb_work_fail_all(w, -ECANCELED, why);
 	tpb_work_progress(w);
-	tpb_cq_done(&w->cq);
+	tpb_cq_done(&w->own);
 	pthread_mutex_destroy(&w->lock);
 	pthread_cond_destroy(&w->cond);
 	free(w);

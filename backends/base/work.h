@@ -65,6 +65,9 @@ struct tpb_work_config {
 	unsigned workers; /* threads that claim: a job is cut to keep them all busy (1 when 0) */
 	bool rows;	  /* a job at the queue head takes one row (a chunk per worker), then
 			     goes to the tail; false: the oldest job until all is claimed */
+	struct tpb_cq *cq; /* borrowed: finished jobs are pushed here (job->node) for the owner to
+			      pop and deliver, with other news of its own; NULL: the engine's own
+			      queue, delivered by tpb_work_progress() */
 };
 
 /*
@@ -88,8 +91,8 @@ int tpb_work_new(const struct tpb_work_config *cfg, struct tpb_work **ret);
  * and the length of a row. Borrows @w. */
 void tpb_work_set_workers(struct tpb_work *w, unsigned workers);
 
-/* The fd that turns readable when finished jobs wait: poll it on the loop and call
- * tpb_work_progress(). Return: the fd, borrowed (valid until tpb_work_free()). */
+/* The fd that turns readable when finished jobs wait (the engine's own queue): poll it on the
+ * loop and call tpb_work_progress(). Return: the fd, borrowed (valid until tpb_work_free()). */
 int tpb_work_event_fd(const struct tpb_work *w);
 
 /*
@@ -139,12 +142,13 @@ void tpb_work_fail_all(struct tpb_work *w, int status, const char *why);
 
 /*
  * tpb_work_progress() - run the done callbacks of finished jobs on the calling (loop) thread;
- * never blocks. A callback may submit again, but must not free @w.
+ * never blocks. A callback may submit again, but must not free @w. With a borrowed queue
+ * (config @cq) it does nothing: the owner pops its queue.
  * Return: how many ran.
  */
 int tpb_work_progress(struct tpb_work *w);
 
-/* Jobs submitted and not yet delivered. */
+/* Jobs submitted and not yet delivered (with a borrowed queue: not yet pushed to it). */
 unsigned tpb_work_busy(const struct tpb_work *w);
 
 /* tpb_work_stop() - wake every waiting worker: claims now return -ESHUTDOWN (chunks in flight
@@ -153,8 +157,9 @@ void tpb_work_stop(struct tpb_work *w);
 
 /*
  * tpb_work_free() - complete what is left on the calling (loop) thread: finished jobs normally,
- * jobs still queued with -ECANCELED and @why. The workers must have stopped (no chunk in
- * flight). Takes @w. Accepts NULL.
+ * jobs still queued with -ECANCELED and @why (with a borrowed queue they are pushed there for
+ * the owner to deliver). The workers must have stopped (no chunk in flight). Takes @w. Accepts
+ * NULL.
  */
 void tpb_work_free(struct tpb_work *w, const char *why);
 
