@@ -4,14 +4,15 @@
  * into chunks striped over them, completions back to the loop. See stripe.h. Sends are jobs of
  * the shared thread engine (base/work.h), which cuts them into chunks, keeps their cursor, first
  * error and chunks in flight, and queues their completion on the stripe's queue; the senders
- * are its workers, one per connection. A new send gives one chunk to each idle sender at once; senders that finish a
- * chunk claim the next one from the queue, which serves its sends in turns of one row (one chunk
- * per live connection). So every connection works on a large tensor, a faster connection simply
- * takes more chunks (no chunk waits in the queue of a slow or failed connection), a transfer of a
- * row or less goes out over several connections at once, and a small transfer waits for at most
- * one row of each send queued before it. Receivers read each chunk's header, find the transfer by
- * id and read the payload straight into its destination. This file holds the hand-out to idle
- * senders, the receives' completion, failure and set-up; the connection threads are stripe_io.c's, and what both share is in
+ * are its workers, one per connection. A new send gives one chunk to each idle sender at once;
+ * senders that finish a chunk claim the next one from the engine, which serves its sends in
+ * turns of one row (one chunk per live connection). So every connection works on a large
+ * tensor, a faster connection simply takes more chunks (no chunk waits in the queue of a slow
+ * or failed connection), a transfer of a row or less goes out over several connections at once,
+ * and a small transfer waits for at most one row of each send queued before it. Receivers read
+ * each chunk's header, find the transfer by id and read the payload straight into its
+ * destination. This file holds the hand-out to idle senders, the receives' completion, failure
+ * and set-up; the connection threads are stripe_io.c's, and what both share is in
  * stripe_int.h. Logging is left to the peer link (on_error and the transfers' @why say what
  * happened).
  *
