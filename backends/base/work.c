@@ -19,7 +19,7 @@ struct tpb_work {
 	struct tpu_list todo;  /* jobs with chunks left to claim */
 	struct tpb_cq own;     /* complete, not yet delivered (no borrowed queue) */
 	struct tpb_cq *cq;     /* &own, or the owner's */
-	uint32_t chunk;
+	uint32_t chunk, spread_min;
 	unsigned workers;
 	bool rows;
 	bool stopping;
@@ -27,7 +27,8 @@ struct tpb_work {
 	unsigned waiting;      /* workers asleep in tpb_work_claim() */
 };
 
-uint64_t tpb_work_chunk_size(uint64_t total, unsigned workers, uint32_t chunk)
+uint64_t tpb_work_chunk_size(uint64_t total, unsigned workers, uint32_t chunk,
+			     uint32_t spread_min)
 {
 	uint64_t per;
 
@@ -36,7 +37,7 @@ uint64_t tpb_work_chunk_size(uint64_t total, unsigned workers, uint32_t chunk)
 	per = total / workers + (total % workers != 0);
 	per = (per + (64u << 10) - 1) & ~(uint64_t)((64u << 10) - 1);
 	return TPU_MAX(TPU_MIN(per, (uint64_t)chunk),
-		       TPU_MIN((uint64_t)TPB_WORK_CHUNK_MIN, (uint64_t)chunk));
+		       TPU_MIN((uint64_t)spread_min, (uint64_t)chunk));
 }
 
 int tpb_work_new(const struct tpb_work_config *cfg, struct tpb_work **ret)
@@ -60,6 +61,7 @@ int tpb_work_new(const struct tpb_work_config *cfg, struct tpb_work **ret)
 	pthread_cond_init(&w->cond, NULL);
 	tpu_list_init(&w->todo);
 	w->chunk = cfg->chunk ? cfg->chunk : TPB_WORK_CHUNK;
+	w->spread_min = cfg->spread_min ? cfg->spread_min : TPB_WORK_CHUNK_MIN;
 	w->workers = cfg->workers ? cfg->workers : 1;
 	w->rows = cfg->rows;
 	*ret = w;
@@ -132,7 +134,7 @@ void tpb_work_submit(struct tpb_work *w, struct tpb_work_job *job)
 	pthread_mutex_lock(&w->lock);
 	for (size_t i = 0; i < job->n_segs; i++)
 		total += job->seg_len(job, i);
-	job->chunk = tpb_work_chunk_size(total, w->workers, w->chunk);
+	job->chunk = tpb_work_chunk_size(total, w->workers, w->chunk, w->spread_min);
 	w->busy++;
 	job_settle(job);
 	if (job->next_seg == job->n_segs) {

@@ -20,8 +20,8 @@
 /* The default chunk: large enough that a chunk costs far more than its claim, small enough
  * that a tensor of a few MiB keeps every worker busy. */
 #define TPB_WORK_CHUNK (1u << 20)
-/* The smallest piece a job is cut into to spread it over every worker (see
- * tpb_work_chunk_size()). */
+/* The smallest piece a job is cut into to spread it over every worker, unless the engine's
+ * config says otherwise (see tpb_work_chunk_size()). */
 #define TPB_WORK_CHUNK_MIN (256u << 10)
 
 struct tpb_work;
@@ -62,6 +62,9 @@ struct tpb_work_chunk {
 
 struct tpb_work_config {
 	uint32_t chunk;	  /* the largest chunk (TPB_WORK_CHUNK when 0) */
+	uint32_t spread_min; /* the smallest piece a job is cut into to spread it over the
+				workers (TPB_WORK_CHUNK_MIN when 0; @chunk or more: never cut a
+				job below a chunk) */
 	unsigned workers; /* threads that claim: a job is cut to keep them all busy (1 when 0) */
 	bool rows;	  /* a job at the queue head takes one row (a chunk per worker), then
 			     goes to the tail; false: the oldest job until all is claimed */
@@ -73,11 +76,12 @@ struct tpb_work_config {
 /*
  * tpb_work_chunk_size() - the one chunking rule: a job of @total bytes is cut into chunks of
  * @chunk bytes, except that a job smaller than one chunk per worker is cut into one piece per
- * worker, rounded up to 64 KiB and not below TPB_WORK_CHUNK_MIN (nor above @chunk), so that it
- * too moves on every worker at once. @workers 0 counts as 1.
+ * worker, rounded up to 64 KiB and not below @spread_min (nor above @chunk), so that it too
+ * moves on every worker at once. @workers 0 counts as 1.
  * Return: bytes per chunk (>= 1 when @chunk >= 1).
  */
-uint64_t tpb_work_chunk_size(uint64_t total, unsigned workers, uint32_t chunk);
+uint64_t tpb_work_chunk_size(uint64_t total, unsigned workers, uint32_t chunk,
+			     uint32_t spread_min);
 
 /*
  * tpb_work_new() - an empty engine; its completions wait for tpb_work_progress().
