@@ -15,6 +15,9 @@
 #include <string.h>
 #include "work.h"
 
+#define MIB (1u << 20)
+#define FLOOR TPB_WORK_CHUNK_MIN
+
 struct tjob {
 	struct tpb_work_job work;
 	const uint64_t *lens;
@@ -76,18 +79,18 @@ static bool fd_readable(int fd)
 START_TEST(test_work_chunk_rule_spreads_small_jobs_and_caps_large_ones)
 {
 	/* One worker, or a job of a row of full chunks or more: the configured chunk. */
-	ck_assert_uint_eq(tpb_work_chunk_size(64u << 20, 4, 1u << 20, TPB_WORK_CHUNK_MIN), 1u << 20);
-	ck_assert_uint_eq(tpb_work_chunk_size(4u << 20, 4, 1u << 20, TPB_WORK_CHUNK_MIN), 1u << 20);
-	ck_assert_uint_eq(tpb_work_chunk_size(8u << 20, 1, 1u << 20, TPB_WORK_CHUNK_MIN), 1u << 20);
+	ck_assert_uint_eq(tpb_work_chunk_size(64u << 20, 4, MIB, FLOOR), 1u << 20);
+	ck_assert_uint_eq(tpb_work_chunk_size(4u << 20, 4, MIB, FLOOR), 1u << 20);
+	ck_assert_uint_eq(tpb_work_chunk_size(8u << 20, 1, MIB, FLOOR), 1u << 20);
 	/* Just below a row: one piece per worker, rounded up to 64 KiB. */
-	ck_assert_uint_eq(tpb_work_chunk_size((4u << 20) - 1, 4, 1u << 20, TPB_WORK_CHUNK_MIN), 1u << 20);
-	ck_assert_uint_eq(tpb_work_chunk_size(2u << 20, 4, 1u << 20, TPB_WORK_CHUNK_MIN), 512u << 10);
-	ck_assert_uint_eq(tpb_work_chunk_size((2u << 20) + 1, 4, 1u << 20, TPB_WORK_CHUNK_MIN), 576u << 10);
+	ck_assert_uint_eq(tpb_work_chunk_size((4u << 20) - 1, 4, MIB, FLOOR), 1u << 20);
+	ck_assert_uint_eq(tpb_work_chunk_size(2u << 20, 4, MIB, FLOOR), 512u << 10);
+	ck_assert_uint_eq(tpb_work_chunk_size((2u << 20) + 1, 4, MIB, FLOOR), 576u << 10);
 	/* Never below TPB_WORK_CHUNK_MIN, unless the chunk itself is smaller. */
-	ck_assert_uint_eq(tpb_work_chunk_size(1, 4, 1u << 20, TPB_WORK_CHUNK_MIN), TPB_WORK_CHUNK_MIN);
-	ck_assert_uint_eq(tpb_work_chunk_size(1u << 20, 8, 1u << 20, TPB_WORK_CHUNK_MIN), TPB_WORK_CHUNK_MIN);
-	ck_assert_uint_eq(tpb_work_chunk_size(1u << 20, 8, 4096, TPB_WORK_CHUNK_MIN), 4096);
-	ck_assert_uint_eq(tpb_work_chunk_size(0, 0, 1u << 20, TPB_WORK_CHUNK_MIN), TPB_WORK_CHUNK_MIN);
+	ck_assert_uint_eq(tpb_work_chunk_size(1, 4, MIB, FLOOR), TPB_WORK_CHUNK_MIN);
+	ck_assert_uint_eq(tpb_work_chunk_size(1u << 20, 8, MIB, FLOOR), TPB_WORK_CHUNK_MIN);
+	ck_assert_uint_eq(tpb_work_chunk_size(1u << 20, 8, 4096, FLOOR), 4096);
+	ck_assert_uint_eq(tpb_work_chunk_size(0, 0, MIB, FLOOR), TPB_WORK_CHUNK_MIN);
 	/* A floor of a chunk (the copy threads'): never cut below a chunk. */
 	ck_assert_uint_eq(tpb_work_chunk_size(1u << 20, 2, 1u << 20, 1u << 20), 1u << 20);
 	ck_assert_uint_eq(tpb_work_chunk_size(3u << 20, 4, 1u << 20, 1u << 20), 1u << 20);
