@@ -32,6 +32,7 @@
 #include <stddef.h>
 #include <stdint.h>
 #include <sys/types.h>
+#include "tpu.h"
 
 enum tpb_caps {
 	TPB_CAP_HOST_MEM = 1u << 0,    /* moves CPU memory */
@@ -193,7 +194,7 @@ struct tpb_op {
 	char why[160];	/* with a failure: more than the errno says, or "" */
 	/* The channel's own, from start() until @done. */
 	struct tpb_ep *ep;
-	struct tpb_op *next;	     /* completion queue */
+	struct tpu_list cq_node;     /* completion queue (base/cq.h) */
 	struct tpb_op *next_pending; /* the endpoint's started ops */
 	unsigned state;
 	bool canceled;

@@ -1,7 +1,8 @@
 /* SPDX-License-Identifier: BSD-3-Clause */
 /*
- * Copy threads. See copier.h. Each worker owns a bounce buffer for process-to-process CMA.
- * All copier fields and the claim counters of queued jobs are protected by the copier's lock.
+ * Copy threads. See copier.h. Each worker owns a bounce buffer for process-to-process CMA and
+ * claims chunks from the copier's engine (work.h), which owns the queue, the cursor, the first
+ * error and the completion; this file runs the channel kernel on each chunk.
  */
 #include <errno.h>
 #include <pthread.h>
@@ -13,15 +14,33 @@
 #define BOUNCE_BYTES (4u << 20)
 
 struct tpb_copier {
-	pthread_mutex_t lock;
-	pthread_cond_t cond;
-	struct tpu_list todo;
-	struct tpb_cq cq; /* finished jobs, for tpb_copier_progress() */
-	bool stopping;
-	unsigned busy;
+	struct tpb_work *work;
 	pthread_t *threads;
 	unsigned n_threads;
 };
+
+static uint64_t job_seg_len(const struct tpb_work_job *w, size_t seg)
+{
+	return tpu_container_of(w, struct tpb_copy_job, work)->xfers[seg].len;
+}
+
+static void job_on_done(struct tpb_work_job *w)
+{
+	struct tpb_copy_job *job = tpu_container_of(w, struct tpb_copy_job, work);
+
+	job->status = w->status;
+	snprintf(job->why, sizeof(job->why), "%s", w->status < 0 ? w->why : "");
+	job->done(job);
+}
+
+/* Copy thread, after the last chunk: unmap what only this transfer needed before it completes. */
+static void job_on_last(struct tpb_work_job *w)
+{
+	struct tpb_copy_job *job = tpu_container_of(w, struct tpb_copy_job, work);
+
+	job->maps_busy = false;
+	tpb_cuda_maps_idle(job->maps, job->n_maps);
+}
 
 struct tpb_copy_job *tpb_copier_job_new(size_t n, size_t n_refs)
 {
@@ -29,7 +48,6 @@ struct tpb_copy_job *tpb_copier_job_new(size_t n, size_t n_refs)
 
 	if (!job)
 		return NULL;
-	tpu_list_init(&job->node);
 	job->xfers = calloc(n ? n : 1, sizeof(*job->xfers));
 	job->channels = calloc(n ? n : 1, sizeof(*job->channels));
 	job->ns = calloc(n ? n : 1, sizeof(*job->ns));
@@ -75,78 +93,56 @@ void tpb_copier_job_free(struct tpb_copy_job *job)
 	free(job);
 }
 
-/* Runs transfer @i of @job on this worker; records its time and the job's first error. */
-static int xfer_run(struct tpb_copy_job *job, size_t i, struct tpb_scratch *s)
+static struct tpb_mem mem_at(struct tpb_mem m, uint64_t off)
 {
+	m.addr += off;
+	return m;
+}
+
+/* Runs the channel kernel on chunk @k; adds its time to its transfer's. Return: 0 or -errno,
+ * with the reason in @why. */
+static int chunk_run(const struct tpb_work_chunk *k, struct tpb_scratch *s, char *why,
+		     size_t why_len)
+{
+	struct tpb_copy_job *job = tpu_container_of(k->job, struct tpb_copy_job, work);
+	const struct tpb_xfer *x = &job->xfers[k->seg];
+	struct tpb_xfer c = { .src = mem_at(x->src, k->off), .dst = mem_at(x->dst, k->off),
+			      .len = k->len };
 	uint64_t t0 = tpu_now_ns();
 	int r;
 
 	s->why[0] = '\0';
-	r = tpb_copy(job->channels[i], &job->xfers[i], s);
-
-	job->ns[i] = tpu_now_ns() - t0;
+	r = tpb_copy(job->channels[k->seg], &c, s);
+	__atomic_fetch_add(&job->ns[k->seg], tpu_now_ns() - t0, __ATOMIC_RELAXED);
+	if (r < 0)
+		snprintf(why, why_len, "%s copy of %llu bytes failed: %s",
+			 tpb_name(job->channels[k->seg]), (unsigned long long)k->len,
+			 s->why[0] ? s->why : strerror(-r));
 	return r;
 }
 
-/* Lock held: one transfer of @job ended with @r; the last one completes the job. */
-static void xfer_finished(struct tpb_copier *c, struct tpb_copy_job *job, size_t i, int r,
-			  const char *why)
-{
-	if (r < 0 && job->status == 0) {
-		job->status = r;
-		snprintf(job->why, sizeof(job->why), "%s copy of %llu bytes failed: %s",
-			 tpb_name(job->channels[i]), (unsigned long long)job->xfers[i].len,
-			 why && *why ? why : strerror(-r));
-	}
-	if (++job->finished < job->n)
-		return;
-	tpb_cq_push(&c->cq, &job->node);
-}
-
 /*
- * Workers claim transfers, not jobs: every idle worker takes the next unclaimed transfer of the
- * oldest job, so the chunks of one large tensor are copied by all workers at once. A job leaves
- * the queue when its last transfer is claimed and completes when its last one finishes; after
- * an error its remaining transfers are skipped.
+ * Workers claim chunks, not jobs: every idle worker takes the next unclaimed chunk of the oldest
+ * job, so the chunks of one large tensor are copied by all workers at once. After an error the
+ * engine hands out no more of that job's chunks; a chunk claimed before is skipped.
  */
 static void *worker_main(void *arg)
 {
 	struct tpb_copier *c = arg;
 	struct tpb_scratch s = { .bounce = malloc(BOUNCE_BYTES), .bounce_len = BOUNCE_BYTES };
+	struct tpb_work_chunk k;
+	char why[160];
 
 	if (!s.bounce)
 		s.bounce_len = 0;
-	pthread_mutex_lock(&c->lock);
-	for (;;) {
-		struct tpb_copy_job *job;
-		size_t i;
+	while (tpb_work_claim(c->work, &k) == 0) {
 		int r = 0;
 
-		while (!c->stopping && tpu_list_empty(&c->todo))
-			pthread_cond_wait(&c->cond, &c->lock);
-		if (c->stopping)
-			break;
-		job = tpu_list_first(&c->todo, struct tpb_copy_job, node);
-		i = job->next++;
-		if (job->next == job->n)
-			tpu_list_remove(&job->node);
-		else
-			pthread_cond_signal(&c->cond); /* more of this job for another worker */
-		if (job->status == 0) {
-			pthread_mutex_unlock(&c->lock);
-			r = xfer_run(job, i, &s);
-			pthread_mutex_lock(&c->lock);
-		}
-		if (job->finished + 1 == job->n && job->maps_busy) {
-			/* The last one: unmap what only this transfer needed before it completes. */
-			job->maps_busy = false;
-			pthread_mutex_unlock(&c->lock);
-			tpb_cuda_maps_idle(job->maps, job->n_maps);
-			pthread_mutex_lock(&c->lock);
-		}
-		xfer_finished(c, job, i, r, s.why);
+		why[0] = '\0';
+		if (!tpb_work_stopped(c->work, k.job))
+			r = chunk_run(&k, &s, why, sizeof(why));
+		tpb_work_finish(c->work, &k, r, why);
 	}
-	pthread_mutex_unlock(&c->lock);
 	tpb_cuda_scratch_done(&s);
 	free(s.bounce);
 	return NULL;
@@ -154,36 +150,31 @@ static void *worker_main(void *arg)
 
 int tpb_copier_progress(struct tpb_copier *c)
 {
-	struct tpu_list *n;
-	int done = 0;
-
-	tpb_cq_ack(&c->cq);
-	while ((n = tpb_cq_pop(&c->cq))) {
-		struct tpb_copy_job *job = tpu_container_of(n, struct tpb_copy_job, node);
-
-		c->busy--;
-		job->done(job);
-		done++;
-	}
-	return done;
+	return tpb_work_progress(c->work);
 }
 
 int tpb_copier_event_fd(const struct tpb_copier *c)
 {
-	return tpb_cq_event_fd(&c->cq);
+	return tpb_work_event_fd(c->work);
 }
 
 int tpb_copier_new(unsigned threads, struct tpb_copier **ret)
 {
+	/* A copy is not cut below a chunk: memcpy and CMA threads gain nothing from splitting a
+	 * tensor of a chunk or less, and measured slower for 1 MiB CMA copies on a busy host. */
+	struct tpb_work_config cfg = { .workers = threads, .spread_min = TPB_WORK_CHUNK };
 	struct tpb_copier *c = calloc(1, sizeof(*c));
+	int r;
 
 	if (!c)
 		return -ENOMEM;
-	pthread_mutex_init(&c->lock, NULL);
-	pthread_cond_init(&c->cond, NULL);
-	tpu_list_init(&c->todo);
+	r = tpb_work_new(&cfg, &c->work);
+	if (r < 0) {
+		free(c);
+		return r;
+	}
 	c->threads = calloc(threads, sizeof(*c->threads));
-	if (tpb_cq_init(&c->cq) < 0 || !c->threads)
+	if (!c->threads)
 		goto fail;
 	for (; c->n_threads < threads; c->n_threads++)
 		if (pthread_create(&c->threads[c->n_threads], NULL, worker_main, c) != 0)
@@ -198,52 +189,35 @@ fail:
 void tpb_copier_submit(struct tpb_copier *c, struct tpb_copy_job *job)
 {
 	job->status = 0;
-	job->next = job->finished = 0;
-	pthread_mutex_lock(&c->lock);
-	c->busy++;
-	if (job->n == 0) {
-		/* Nothing to copy (zero-length segments only): complete on the loop, later. */
-		tpb_cq_push(&c->cq, &job->node);
-	} else {
-		if (!job->maps_busy)
-			tpb_cuda_maps_busy(job->maps, job->n_maps);
-		job->maps_busy = true;
-		tpu_list_insert_tail(&c->todo, &job->node);
-		pthread_cond_signal(&c->cond);
-	}
-	pthread_mutex_unlock(&c->lock);
+	job->why[0] = '\0';
+	for (size_t i = 0; i < job->n; i++)
+		job->ns[i] = 0;
+	job->work.n_segs = job->n;
+	job->work.seg_len = job_seg_len;
+	job->work.done = job_on_done;
+	job->work.last = job->n && job->n_maps ? job_on_last : NULL;
+	if (job->work.last && !job->maps_busy)
+		tpb_cuda_maps_busy(job->maps, job->n_maps);
+	job->maps_busy = job->work.last != NULL;
+	tpb_work_submit(c->work, &job->work);
 }
 
 unsigned tpb_copier_busy(const struct tpb_copier *c)
 {
-	return c->busy;
+	return tpb_work_busy(c->work);
 }
 
 void tpb_copier_free(struct tpb_copier *c)
 {
 	if (!c)
 		return;
-	pthread_mutex_lock(&c->lock);
-	c->stopping = true;
-	pthread_cond_broadcast(&c->cond);
-	pthread_mutex_unlock(&c->lock);
+	if (c->work)
+		tpb_work_stop(c->work); /* workers finish the chunk in hand, then exit */
 	for (unsigned i = 0; i < c->n_threads; i++)
 		pthread_join(c->threads[i], NULL);
 	/* Finished jobs complete normally, queued ones are canceled. */
-	if (c->cq.efd >= 0)
-		tpb_copier_progress(c);
-	while (!tpu_list_empty(&c->todo)) {
-		struct tpb_copy_job *job = tpu_list_first(&c->todo, struct tpb_copy_job, node);
-		tpu_list_remove(&job->node);
-		c->busy--;
-		job->status = -ECANCELED;
-		snprintf(job->why, sizeof(job->why), "daemon stopping");
-		job->done(job);
-	}
-	tpb_cq_done(&c->cq);
+	tpb_work_free(c->work, "daemon stopping");
 	free(c->threads);
-	pthread_mutex_destroy(&c->lock);
-	pthread_cond_destroy(&c->cond);
 	free(c);
 }
 

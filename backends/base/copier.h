@@ -1,9 +1,10 @@
 /* SPDX-License-Identifier: BSD-3-Clause */
 /*
- * tpb_copier: the copy engine. Worker threads run the byte copies of a transfer (shm memcpy,
- * CMA) off the event loop, several workers on the transfers (chunks) of one job at once; finished
- * jobs go back through a completion queue (cq.h) whose eventfd the daemon polls on its loop,
- * and their done callback runs from tpb_copier_progress() there: it never touches the loop.
+ * tpb_copier: the copy threads. Worker threads run the byte copies of a transfer (shm memcpy,
+ * CMA) off the event loop, several workers on the chunks of one job at once: they claim the
+ * chunks from the shared thread engine (work.h), which cuts the transfers, keeps the job's
+ * first error and completes it through its completion queue, whose eventfd the daemon polls on
+ * its loop; the done callback runs from tpb_copier_progress() there: it never touches the loop.
  * Jobs own everything a worker touches (transfer list, buffer references), so a session that
  * goes away mid-copy cannot pull memory from under a worker. The copier knows nothing about
  * pipes or sessions.
@@ -15,15 +16,16 @@
 #include "cq.h"
 #include "tpb.h"
 #include "tpu.h"
+#include "work.h"
 
 struct tpb_copy_job;
 typedef void (*tpb_copy_done_fn)(struct tpb_copy_job *job);
 
 struct tpb_copy_job {
-	struct tpu_list node;
-	struct tpb_xfer *xfers; /* owned */
+	struct tpb_work_job work; /* the engine's view: one segment per transfer */
+	struct tpb_xfer *xfers; /* owned; cut into chunks by the engine (tpb_work_chunk_size()) */
 	int *channels;		/* registry index per xfer, owned */
-	uint64_t *ns;		/* duration per xfer, set by the worker, owned */
+	uint64_t *ns;		/* time its chunks took per xfer, summed by the workers, owned */
 	size_t n;
 	struct tpb_buffer **refs; /* owned references, dropped when the job is freed */
 	size_t n_refs;
@@ -32,9 +34,7 @@ struct tpb_copy_job {
 	bool maps_busy; /* submitted: @maps are in use until its last transfer ends (cudamap.c) */
 	struct tpb_proc *procs[2]; /* owned references to the client processes (writer, reader) */
 	uint64_t bytes;
-	size_t next;		/* next transfer to claim (copier lock) */
-	size_t finished;	/* transfers done (copier lock) */
-	int status;		/* set by the workers: 0 or the first -errno */
+	int status;		/* set when it ends: 0 or the first -errno */
 	char why[160];
 	tpb_copy_done_fn done;	/* runs on the loop thread (tpb_copier_progress()) */
 	void *arg;

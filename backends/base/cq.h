@@ -4,8 +4,9 @@
  * so that no backend touches the daemon's event loop. Workers push a node (any thread); the
  * queue's eventfd turns readable; the owner of the loop polls that fd and, on its thread, acks
  * it and pops the nodes one at a time to run their completions. One queue per engine (the copy
- * threads, a peer link's stripe); it knows nothing about what the nodes are, and does not run
- * the completions itself (its owner does, so that a completion may free the owner).
+ * threads' tpb_work, a peer link's stripe, a same-host channel context); it knows nothing about
+ * what the nodes are, and does not run the completions itself (its owner does, so that a
+ * completion may free the owner).
  */
 #ifndef TPB_CQ_H
 #define TPB_CQ_H

@@ -4,8 +4,9 @@
  * its synchronous kernel (its copy op) and this adapter gives it a context, endpoints to this
  * host only, start, cancel, an event fd and progress. start() hands the op to the engine the
  * daemon supplied (its copy threads, which run the kernel and call tpb_sync_engine_done()), or,
- * without one, runs the kernel at once; either way the completion is queued under the context's
- * lock, the eventfd is written, and the op's done callback runs later, from tpb_progress() on
+ * without one, runs the kernel at once; either way the completion is pushed under the context's
+ * lock to its completion queue (cq.h), whose eventfd turns readable, and the op's done callback
+ * runs later, from tpb_progress() on
  * the thread that calls it (the loop). It does not choose channels (registry.c), nor run
  * threads of its own (the engine's).
  */
@@ -15,9 +16,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
-#include <sys/eventfd.h>
-#include <unistd.h>
 #include "../tpb.h"
+#include "cq.h"
 
 #define SYNC_BOUNCE_BYTES (256u << 10) /* process-to-process CMA without an engine */
 
@@ -27,10 +27,9 @@ struct sync_ctx {
 	struct tpb_ctx base;
 	struct tpb_engine engine;
 	bool has_engine;
-	int efd;
-	pthread_mutex_t lock;		 /* guards the fields below and the ops' @state */
-	struct tpb_op *done, *done_tail; /* completions waiting for progress */
-	unsigned pending;		 /* started ops not yet delivered */
+	struct tpb_cq cq;     /* completions waiting for progress */
+	pthread_mutex_t lock; /* guards the fields below and the ops' @state */
+	unsigned pending;     /* started ops not yet delivered */
 	unsigned eps;
 	struct tpb_scratch scratch; /* kernels run inside start() (no engine) */
 };
@@ -52,6 +51,7 @@ int tpb_sync_ctx_new(const struct tpb_channel_ops *self, const struct tpb_config
 		     const struct tpb_engine *engine, struct tpb_ctx **ret)
 {
 	struct sync_ctx *c;
+	int r;
 
 	if (!self->copy)
 		return -EOPNOTSUPP; /* nothing to run */
@@ -60,10 +60,8 @@ int tpb_sync_ctx_new(const struct tpb_channel_ops *self, const struct tpb_config
 		return -ENOMEM;
 	c->base.ops = self;
 	c->base.idx = tpb_index(self->name);
-	c->efd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
-	if (c->efd < 0) {
-		int r = -errno;
-
+	r = tpb_cq_init(&c->cq);
+	if (r < 0) {
 		free(c);
 		return r;
 	}
@@ -82,7 +80,7 @@ void tpb_sync_ctx_free(struct tpb_ctx *ctx)
 
 	/* Completions still owed run first: wait for the engine's kernels to finish. */
 	for (;;) {
-		struct pollfd pfd = { .fd = c->efd, .events = POLLIN };
+		struct pollfd pfd = { .fd = tpb_cq_event_fd(&c->cq), .events = POLLIN };
 		unsigned pending;
 
 		pthread_mutex_lock(&c->lock);
@@ -93,7 +91,7 @@ void tpb_sync_ctx_free(struct tpb_ctx *ctx)
 		if (tpb_sync_progress(ctx) == 0)
 			(void)poll(&pfd, 1, -1);
 	}
-	close(c->efd);
+	tpb_cq_done(&c->cq);
 	tpb_cuda_scratch_done(&c->scratch);
 	free(c->scratch.bounce);
 	pthread_mutex_destroy(&c->lock);
@@ -167,7 +165,7 @@ int tpb_sync_start(struct tpb_ep *ep, struct tpb_op *op)
 	op->status = 0;
 	op->bytes = 0;
 	op->why[0] = '\0';
-	op->next = NULL;
+	tpu_list_init(&op->cq_node);
 	pthread_mutex_lock(&c->lock);
 	c->pending++;
 	pthread_mutex_unlock(&c->lock);
@@ -207,28 +205,19 @@ int tpb_sync_cancel(struct tpb_ep *ep, struct tpb_op *op)
 void tpb_sync_engine_done(struct tpb_op *op, int status, uint64_t bytes, const char *why)
 {
 	struct sync_ctx *c = ctx_of(op->ep->ctx);
-	uint64_t one = 1;
 
 	pthread_mutex_lock(&c->lock);
 	op->status = status;
 	op->bytes = status == 0 ? bytes : 0;
 	snprintf(op->why, sizeof(op->why), "%s", why && status < 0 ? why : "");
 	op->state = OP_DONE;
-	op->next = NULL;
-	if (c->done_tail)
-		c->done_tail->next = op;
-	else
-		c->done = op;
-	c->done_tail = op;
+	tpb_cq_push(&c->cq, &op->cq_node);
 	pthread_mutex_unlock(&c->lock);
-	if (write(c->efd, &one, sizeof(one)) < 0) {
-		/* the counter cannot overflow here; EAGAIN would still leave it readable */
-	}
 }
 
 int tpb_sync_event_fd(struct tpb_ctx *ctx)
 {
-	return ctx_of(ctx)->efd;
+	return tpb_cq_event_fd(&ctx_of(ctx)->cq);
 }
 
 /* Unlinks @op from its endpoint's started list (loop thread). */
@@ -246,17 +235,17 @@ static void ep_unlink(struct sync_ep *e, struct tpb_op *op)
 int tpb_sync_progress(struct tpb_ctx *ctx)
 {
 	struct sync_ctx *c = ctx_of(ctx);
-	struct tpb_op *batch;
-	uint64_t v;
+	struct tpu_list batch, *node;
+	struct tpb_op *op;
 	int n = 0;
 
-	if (read(c->efd, &v, sizeof(v)) < 0) {
-		/* EAGAIN: nothing signalled since the last call; the queue may still hold some */
-	}
+	/* Deliver what is queued now; what a callback starts waits for the next call. */
+	tpb_cq_ack(&c->cq);
+	tpu_list_init(&batch);
 	pthread_mutex_lock(&c->lock);
-	batch = c->done;
-	c->done = c->done_tail = NULL;
-	for (struct tpb_op *op = batch; op; op = op->next) {
+	while ((node = tpb_cq_pop(&c->cq)))
+		tpu_list_insert_tail(&batch, node);
+	tpu_list_for_each(op, &batch, cq_node) {
 		op->state = OP_IDLE;
 		c->pending--;
 		if (op->canceled) {
@@ -265,11 +254,10 @@ int tpb_sync_progress(struct tpb_ctx *ctx)
 		}
 	}
 	pthread_mutex_unlock(&c->lock);
-	while (batch) {
-		struct tpb_op *op = batch;
+	while ((op = tpu_list_first(&batch, struct tpb_op, cq_node))) {
 		struct sync_ep *e = (struct sync_ep *)op->ep;
 
-		batch = op->next;
+		tpu_list_remove(&op->cq_node);
 		ep_unlink(e, op);
 		e->delivering = true;
 		op->done(op); /* may start, cancel or close: @op is the caller's again */

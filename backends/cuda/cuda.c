@@ -25,6 +25,12 @@
 static pthread_mutex_t devs_lock = PTHREAD_MUTEX_INITIALIZER;
 struct tpb_cuda_dev tpb_cuda_devs[DEVS_MAX];
 
+/* The copies inside the gate (devs_lock), and whether this thread is one of them: a context is
+ * reset only when none is, since the reset frees the mappings, streams and events they use. */
+static unsigned gate_users;
+static pthread_cond_t gate_idle = PTHREAD_COND_INITIALIZER;
+static __thread bool gate_held;
+
 int tpb_cuda_available(char *why, size_t why_len)
 {
 	return tpcuda_api(why, why_len) != NULL;
@@ -82,6 +88,12 @@ int tpb_cuda_dev_enter(int dev, char *why, size_t wl)
 	if (dev < 0 || dev >= DEVS_MAX)
 		return -EINVAL;
 	pthread_mutex_lock(&devs_lock);
+	if (tpb_cuda_devs[dev].ctx && tpb_cuda_devs[dev].broken && (gate_held || gate_users)) {
+		pthread_mutex_unlock(&devs_lock);
+		snprintf(why, wl, "CUDA device %d: a sticky error; its context is reset once the "
+			 "copies in progress end", dev);
+		return -EIO;
+	}
 	if (tpb_cuda_devs[dev].ctx && tpb_cuda_devs[dev].broken &&
 	    (r = dev_reset(dev)) != CUDA_SUCCESS) {
 		pthread_mutex_unlock(&devs_lock);
@@ -100,6 +112,52 @@ int tpb_cuda_dev_enter(int dev, char *why, size_t wl)
 		return fail(r, "cuDevicePrimaryCtxRetain", why, wl);
 	r = api()->cuCtxSetCurrent(ctx);
 	return r == CUDA_SUCCESS ? 0 : fail(r, "cuCtxSetCurrent", why, wl);
+}
+
+/* Locked: a device a sticky error broke, or -1. */
+static int dev_broken(void)
+{
+	for (int d = 0; d < DEVS_MAX; d++)
+		if (tpb_cuda_devs[d].ctx && __atomic_load_n(&tpb_cuda_devs[d].broken,
+							    __ATOMIC_RELAXED))
+			return d;
+	return -1;
+}
+
+void tpb_cuda_gate_enter(void)
+{
+	int d;
+
+	pthread_mutex_lock(&devs_lock);
+	while ((d = dev_broken()) >= 0) {
+		CUresult r;
+
+		if (gate_users) {
+			pthread_cond_wait(&gate_idle, &devs_lock);
+			continue;
+		}
+		r = dev_reset(d);
+		if (r != CUDA_SUCCESS) {
+			char why[200];
+
+			tpcuda_why(api(), "cuDevicePrimaryCtxReset", r, why, sizeof(why));
+			tpu_log_err("CUDA device %d: %s; its copies fail until a reset succeeds", d,
+				    why);
+			break; /* tried: tpb_cuda_dev_enter() answers for it */
+		}
+	}
+	gate_users++;
+	gate_held = true;
+	pthread_mutex_unlock(&devs_lock);
+}
+
+void tpb_cuda_gate_exit(void)
+{
+	pthread_mutex_lock(&devs_lock);
+	if (gate_held && --gate_users == 0)
+		pthread_cond_broadcast(&gate_idle);
+	gate_held = false;
+	pthread_mutex_unlock(&devs_lock);
 }
 
 static int dev_by_bus(const char *bus_id, int *ret, char *why, size_t wl)

@@ -86,10 +86,20 @@ static inline int fail(CUresult r, const char *call, char *why, size_t wl)
  * tpb_cuda_dev_enter() - make device @dev's primary context current on this thread, retaining
  * it the first time any thread needs it; a device that hit a sticky error (tpb_cuda_dev_poison())
  * has its primary context reset first, which ends every mapping, stream and event made in it
- * (each carries the device's generation and is made again on next use). Borrows @why.
+ * (each carries the device's generation and is made again on next use). The reset waits for no
+ * one: while a copy is inside the gate (tpb_cuda_gate_enter()), or when this thread is one, the
+ * broken device answers -EIO and the next tpb_cuda_gate_enter() resets it. Borrows @why.
  * Return: 0, -EINVAL for an ordinal out of range, or the driver's -errno with the reason in @why.
  */
 int tpb_cuda_dev_enter(int dev, char *why, size_t why_len);
+
+/*
+ * tpb_cuda_gate_enter() - a copy is about to use CUDA mappings, streams and events: first reset
+ * the devices a sticky error broke, waiting for the copies inside to leave (a reset frees what
+ * they use), then count this thread in until tpb_cuda_gate_exit(). Copy threads; not nested.
+ */
+void tpb_cuda_gate_enter(void);
+void tpb_cuda_gate_exit(void);
 
 #define DEVS_MAX 64
 

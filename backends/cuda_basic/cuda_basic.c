@@ -27,8 +27,8 @@ static void bounce_register(struct tpb_cuda_thread *t, int dev, struct tpb_scrat
 	}
 }
 
-static int stage_cuda(const struct tpb_mem *m, uint64_t off, void *host, size_t len, bool to_mem,
-		      struct tpb_scratch *s, char *why, size_t wl)
+static int gated_stage(const struct tpb_mem *m, uint64_t off, void *host, size_t len,
+		       bool to_mem, struct tpb_scratch *s, char *why, size_t wl)
 {
 	struct tpb_cuda_thread *t = tpb_cuda_thread_state(s);
 	struct tpb_cuda_side none = { .dev = -1 }, sd;
@@ -51,6 +51,17 @@ static int stage_cuda(const struct tpb_mem *m, uint64_t off, void *host, size_t 
 	if (cr != CUDA_SUCCESS)
 		return fail(cr, to_mem ? "cuMemcpyHtoDAsync" : "cuMemcpyDtoHAsync", why, wl);
 	return tpb_cuda_stream_wait(t, sd.dev, st, why, wl);
+}
+
+static int stage_cuda(const struct tpb_mem *m, uint64_t off, void *host, size_t len, bool to_mem,
+		      struct tpb_scratch *s, char *why, size_t wl)
+{
+	int r;
+
+	tpb_cuda_gate_enter();
+	r = gated_stage(m, off, host, len, to_mem, s, why, wl);
+	tpb_cuda_gate_exit();
+	return r;
 }
 
 #else /* !HAVE_CUDA */

@@ -122,7 +122,7 @@ static int copy_issue(struct tpb_cuda_thread *t, const struct tpb_xfer *x,
 	return cr == CUDA_SUCCESS ? 0 : fail(cr, "cuMemcpyAsync", s->why, sizeof(s->why));
 }
 
-static int cuda_ipc_copy(const struct tpb_xfer *x, struct tpb_scratch *s)
+static int gated_copy(const struct tpb_xfer *x, struct tpb_scratch *s)
 {
 	struct tpb_cuda_thread *t = tpb_cuda_thread_state(s);
 	struct tpb_cuda_side a, b;
@@ -149,6 +149,16 @@ static int cuda_ipc_copy(const struct tpb_xfer *x, struct tpb_scratch *s)
 					     sizeof(s->why));
 		r = r < 0 ? r : w;
 	}
+	return r;
+}
+
+static int cuda_ipc_copy(const struct tpb_xfer *x, struct tpb_scratch *s)
+{
+	int r;
+
+	tpb_cuda_gate_enter();
+	r = gated_copy(x, s);
+	tpb_cuda_gate_exit();
 	return r;
 }
 

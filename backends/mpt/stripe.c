@@ -1,20 +1,25 @@
 /* SPDX-License-Identifier: BSD-3-Clause */
 /*
  * Data connections of a peer link: a sender and a receiver thread per connection, transfers cut
- * into chunks striped over them, completions back to the loop. See stripe.h. Sends wait in one
- * shared queue. A new send gives one chunk to each idle sender at once; senders that finish a
- * chunk claim the next one from the queue, which serves its sends in turns of one row (one chunk
- * per live connection). So every connection works on a large tensor, a faster connection simply
- * takes more chunks (no chunk waits in the queue of a slow or failed connection), a transfer of a
- * row or less goes out over several connections at once, and a small transfer waits for at most
- * one row of each send queued before it. Receivers read each chunk's header, find the transfer by
- * id and read the payload straight into its destination. This file holds the queue, completion,
- * failure and set-up; the connection threads are stripe_io.c's, and what both share is in
+ * into chunks striped over them, completions back to the loop. See stripe.h. Sends are jobs of
+ * the shared thread engine (base/work.h), which cuts them into chunks, keeps their cursor, first
+ * error and chunks in flight, and queues their completion on the stripe's queue; the senders
+ * are its workers, one per connection. A new send gives one chunk to each idle sender at once;
+ * senders that finish a chunk claim the next one from the engine, which serves its sends in
+ * turns of one row (one chunk per live connection). So every connection works on a large
+ * tensor, a faster connection simply takes more chunks (no chunk waits in the queue of a slow
+ * or failed connection), a transfer of a row or less goes out over several connections at once,
+ * and a small transfer waits for at most one row of each send queued before it. Receivers read
+ * each chunk's header, find the transfer by id and read the payload straight into its
+ * destination. This file holds the hand-out to idle senders, the receives' completion, failure
+ * and set-up; the connection threads are stripe_io.c's, and what both share is in
  * stripe_int.h. Logging is left to the peer link (on_error and the transfers' @why say what
  * happened).
  *
- * Locking: one mutex per stripe guards the send queue, the receive table, the done queue, the
- * connections' failed flags and the private fields and results of every active transfer.
+ * Locking: one mutex per stripe guards the receive table, the done queue, the connections' flags
+ * and the private fields and results of every active receive; every call into the engine is
+ * made with it held (the engine's own lock nests inside), so a send's completion is queued
+ * under it too.
  * Threads hold it only to claim work and account for it, never across a socket call or a CMA
  * copy. While a thread moves a transfer's bytes the transfer is busy and cannot complete.
  */
@@ -34,9 +39,7 @@
 #include "log.h"
 #include "stripe_int.h"
 
-#define CHUNK_DEFAULT (1u << 20)
 #define SEND_SIZE_DEFAULT (60u << 10)
-#define SEND_CHUNK_MIN (256u << 10) /* smallest piece a tensor is cut into to use every connection */
 
 /* ---- completion (lock held) ---------------------------------------------------------------- */
 
@@ -60,23 +63,7 @@ static void xfer_complete(struct tpb_stripe *st, struct tpb_stripe_xfer *x)
 	x->ns = tpu_now_ns() - x->start_ns;
 	if (x->is_recv && x->total)
 		tpu_hmap_del(&st->recvs, x->xfer_id);
-	if (tpu_list_linked(&x->node))
-		tpu_list_remove(&x->node);
-	tpb_cq_push(&st->cq, &x->node);
-}
-
-/* A send is complete when nothing is left to claim (or it stopped) and no thread reads it. */
-void tpb_stripe_send_check(struct tpb_stripe *st, struct tpb_stripe_xfer *x)
-{
-	bool stopped = x->canceled || x->status < 0;
-
-	if (stopped && tpu_list_linked(&x->node))
-		tpu_list_remove(&x->node); /* claim no more of its chunks */
-	if (x->queued_done || x->busy || (!stopped && x->next_seg < x->n_segs))
-		return;
-	if (x->canceled)
-		tpb_stripe_set_status(x, -ECANCELED, "send canceled");
-	xfer_complete(st, x);
+	tpb_cq_push(&st->cq, &x->work.node);
 }
 
 /* A receive is complete when what is expected arrived (or it ended) and no thread writes it. */
@@ -103,10 +90,8 @@ static void fail_all(struct tpb_stripe *st, int err, const char *why)
 	uint64_t key;
 	void *val;
 
-	while ((x = tpu_list_first(&st->sendq, struct tpb_stripe_xfer, node))) {
-		tpb_stripe_set_status(x, err, "%s", why);
-		tpb_stripe_send_check(st, x);
-	}
+	if (st->work) /* sends with chunks in flight end when they return */
+		tpb_work_fail_all(st->work, err, why);
 	for (size_t i = 0; tpu_hmap_next(&st->recvs, &i, &key, &val);) {
 		x = val;
 		tpb_stripe_set_status(x, err, "%s", why);
@@ -127,6 +112,7 @@ static void conn_stop(struct conn *c)
 		return;
 	c->failed = true;
 	__atomic_store_n(&st->n_live, st->n_live - 1, __ATOMIC_RELAXED);
+	tpb_work_set_workers(st->work, st->n_live); /* a row is one chunk per live connection */
 	if (st->n_live == 0 && !st->stopping)
 		fail_all(st, -ECONNRESET, "peer link failed: no data connection left");
 	pthread_cond_signal(&c->wake);
@@ -156,40 +142,41 @@ void tpb_stripe_conn_fail(struct conn *c, int err, const char *fmt, ...)
 
 /* ---- send queue ---------------------------------------------------------------------------- */
 
-/* Moves the cursor of @x past finished and empty segments. */
-static void send_settle(struct tpb_stripe_xfer *x)
+/* Lock held: claims the next chunk of the queued sends. The engine serves its jobs in turns of
+ * one row (one chunk per live connection): after a row a send goes to the tail, so that
+ * concurrent sends share the connections row by row: a small message does not wait behind a
+ * large tensor, and messages of a row or less still go out one after the other, not
+ * interleaved. Return: 0 or -EAGAIN. */
+int tpb_stripe_claim(struct tpb_stripe *st, struct claim *k)
 {
-	while (x->next_seg < x->n_segs && x->next_off >= x->segs[x->next_seg].len) {
-		x->next_seg++;
-		x->next_off = 0;
-	}
+	struct tpb_work_chunk w;
+	struct tpb_stripe_xfer *x;
+
+	if (tpb_work_try_claim(st->work, &w) < 0)
+		return -EAGAIN;
+	x = tpu_container_of(w.job, struct tpb_stripe_xfer, work);
+	*k = (struct claim){ .w = w, .x = x, .mem = x->segs[w.seg].mem, .seg = (uint32_t)w.seg,
+			     .off = w.off, .len = (uint32_t)w.len };
+	return 0;
 }
 
-/* Lock held, send queue not empty: claims the next chunk of the send at the head of the queue.
- * After a row (one chunk per live connection) that send goes to the tail, so that concurrent
- * sends share the connections row by row: a small message does not wait behind a large tensor,
- * and messages of a row or less still go out one after the other, not interleaved. */
-void tpb_stripe_claim(struct tpb_stripe *st, struct claim *k)
+/* Lock held: chunk @k of a send ended (the engine completes the send into st->cq). */
+void tpb_stripe_send_account(struct tpb_stripe *st, const struct claim *k, int status,
+			     const char *why)
 {
-	struct tpb_stripe_xfer *x = tpu_list_first(&st->sendq, struct tpb_stripe_xfer, node);
-	const struct tpb_stripe_seg *s = &x->segs[x->next_seg];
-
-	*k = (struct claim){ .x = x, .mem = s->mem, .seg = (uint32_t)x->next_seg,
-			     .off = x->next_off };
-	k->len = (uint32_t)TPU_MIN((uint64_t)x->chunk, s->len - x->next_off);
-	x->next_off += k->len;
-	send_settle(x);
-	x->busy++;
-	if (x->next_seg >= x->n_segs) {
-		tpu_list_remove(&x->node); /* all claimed */
-	} else if (++x->turn >= st->n_live) {
-		x->turn = 0;
-		tpu_list_remove(&x->node);
-		tpu_list_insert_tail(&st->sendq, &x->node);
-	}
+	tpb_work_finish(st->work, &k->w, status, why);
 }
 
 /* ---- loop side ----------------------------------------------------------------------------- */
+
+/* A send's results are its engine job's. */
+static void send_results(struct tpb_stripe_xfer *x)
+{
+	x->status = x->work.status;
+	snprintf(x->why, sizeof(x->why), "%s", x->work.status < 0 ? x->work.why : "");
+	x->bytes = x->work.bytes;
+	x->ns = tpu_now_ns() - x->start_ns;
+}
 
 /* Runs the done callbacks of completed transfers, then reports a failure once. Any callback
  * may free the stripe. Completions are queued under the lock (xfer_complete()), so finding the
@@ -211,7 +198,9 @@ static int deliver(struct tpb_stripe *st)
 		pthread_mutex_unlock(&st->lock);
 		if (!n)
 			break;
-		x = tpu_container_of(n, struct tpb_stripe_xfer, node);
+		x = tpu_container_of(n, struct tpb_stripe_xfer, work.node);
+		if (!x->is_recv)
+			send_results(x);
 		x->done(x);
 		ran++;
 		if (!alive)
@@ -245,15 +234,19 @@ int tpb_stripe_new(const struct tpb_stripe_config *cfg, struct tpb_stripe **ret)
 	st = calloc(1, sizeof(*st));
 	if (!st)
 		return -ENOMEM;
-	st->chunk = cfg->chunk ? cfg->chunk : CHUNK_DEFAULT;
+	st->chunk = cfg->chunk ? cfg->chunk : TPB_WORK_CHUNK;
 	st->send_size = cfg->send_size ? cfg->send_size : SEND_SIZE_DEFAULT;
 	snprintf(st->name, sizeof(st->name), "%s", cfg->name ? cfg->name : "stripe");
 	st->on_error = cfg->on_error;
 	st->arg = cfg->arg;
-	tpu_list_init(&st->sendq);
 	tpu_hmap_init(&st->recvs);
 	pthread_mutex_init(&st->lock, NULL);
 	r = tpb_cq_init(&st->cq);
+	if (r == 0) {
+		struct tpb_work_config wc = { .chunk = st->chunk, .rows = true, .cq = &st->cq };
+
+		r = tpb_work_new(&wc, &st->work);
+	}
 	if (r < 0) {
 		tpb_stripe_free(st);
 		return r;
@@ -413,6 +406,7 @@ int tpb_stripe_add_conn_tls(struct tpb_stripe *st, int fd, SSL *ssl)
 	pthread_cond_init(&c->wake, NULL);
 	pthread_mutex_init(&c->ssl_lock, NULL);
 	__atomic_store_n(&st->n_live, st->n_live + 1, __ATOMIC_RELAXED);
+	tpb_work_set_workers(st->work, st->n_live);
 	pthread_mutex_unlock(&st->lock);
 	r = conn_start(c);
 	if (r < 0) {
@@ -454,14 +448,11 @@ static int xfer_start(struct tpb_stripe_xfer *x, bool recv)
 	x->bytes = x->ns = 0;
 	x->total = x->expect = total;
 	x->start_ns = tpu_now_ns();
-	x->next_seg = 0;
-	x->next_off = 0;
-	x->turn = 0;
 	x->expect_status = x->busy = 0;
 	x->canceled = x->queued_done = x->broken = false;
 	x->is_recv = recv;
 	x->expect_why[0] = '\0';
-	tpu_list_init(&x->node);
+	tpu_list_init(&x->work.node);
 	return 0;
 }
 
@@ -474,11 +465,12 @@ static int xfer_start(struct tpb_stripe_xfer *x, bool recv)
  */
 static void send_hand_out(struct tpb_stripe *st)
 {
-	for (unsigned i = 0; i < st->n_conns && !tpu_list_empty(&st->sendq); i++) {
+	for (unsigned i = 0; i < st->n_conns; i++) {
 		struct conn *c = &st->conns[(st->hand_next + i) % st->n_conns];
 
 		if (c->idle && !c->failed && !c->handed) {
-			tpb_stripe_claim(st, &c->handoff);
+			if (tpb_stripe_claim(st, &c->handoff) < 0)
+				return; /* nothing left to hand out */
 			c->handed = true;
 			st->hand_next = c->index + 1;
 			pthread_cond_signal(&c->wake);
@@ -486,21 +478,10 @@ static void send_hand_out(struct tpb_stripe *st)
 	}
 }
 
-/*
- * Chunk size for @x: a tensor smaller than a row of full chunks is cut into one piece per live
- * connection (at least SEND_CHUNK_MIN, a multiple of 64 KiB), so that it too moves over every
- * connection at once; larger ones use the configured chunk. Lock held.
- */
-static uint32_t send_chunk_size(const struct tpb_stripe *st, const struct tpb_stripe_xfer *x)
+/* The length of segment @seg of the send whose job is @w (engine lock, under the stripe's). */
+static uint64_t send_seg_len(const struct tpb_work_job *w, size_t seg)
 {
-	uint64_t total = 0, per;
-
-	for (size_t i = 0; i < x->n_segs; i++)
-		total += x->segs[i].len;
-	per = (total + st->n_live - 1) / st->n_live;
-	per = (per + (64u << 10) - 1) & ~(uint64_t)((64u << 10) - 1);
-	return (uint32_t)TPU_MAX(TPU_MIN(per, (uint64_t)st->chunk),
-				 TPU_MIN((uint64_t)SEND_CHUNK_MIN, (uint64_t)st->chunk));
+	return tpu_container_of(w, struct tpb_stripe_xfer, work)->segs[seg].len;
 }
 
 int tpb_stripe_send(struct tpb_stripe *st, struct tpb_stripe_xfer *x)
@@ -511,14 +492,13 @@ int tpb_stripe_send(struct tpb_stripe *st, struct tpb_stripe_xfer *x)
 	if (!st->stopping && st->n_live)
 		r = xfer_start(x, false);
 	if (r == 0) {
-		x->chunk = send_chunk_size(st, x);
-		send_settle(x);
-		if (x->next_seg == x->n_segs) {
-			xfer_complete(st, x); /* nothing to send */
-		} else {
-			tpu_list_insert_tail(&st->sendq, &x->node);
-			send_hand_out(st);
-		}
+		/* Cut by the engine's rule: a tensor smaller than a row of full chunks goes out in one
+		 * piece per live connection, so that it too moves over every connection at once. */
+		x->work.n_segs = x->n_segs;
+		x->work.seg_len = send_seg_len;
+		x->work.done = NULL; /* delivered by deliver(), from st->cq */
+		tpb_work_submit(st->work, &x->work); /* nothing to send: queued done at once */
+		send_hand_out(st);
 	}
 	pthread_mutex_unlock(&st->lock);
 	return r;
@@ -527,10 +507,7 @@ int tpb_stripe_send(struct tpb_stripe *st, struct tpb_stripe_xfer *x)
 void tpb_stripe_send_cancel(struct tpb_stripe *st, struct tpb_stripe_xfer *x)
 {
 	pthread_mutex_lock(&st->lock);
-	if (!x->queued_done && !x->canceled) {
-		x->canceled = true;
-		tpb_stripe_send_check(st, x);
-	}
+	tpb_work_cancel(st->work, &x->work, "send canceled");
 	pthread_mutex_unlock(&st->lock);
 }
 
@@ -619,6 +596,7 @@ void tpb_stripe_free(struct tpb_stripe *st)
 	pthread_mutex_unlock(&st->lock);
 	if (st->cq.efd >= 0)
 		deliver(st); /* callbacks see st->stopping: new sends and receives get -ENOTCONN */
+	tpb_work_free(st->work, "peer link closed"); /* nothing left: every send was delivered */
 	tpb_cq_done(&st->cq);
 	tpu_hmap_done(&st->recvs);
 	pthread_mutex_destroy(&st->lock);

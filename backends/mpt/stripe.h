@@ -24,6 +24,7 @@
 #include <stdint.h>
 #include "tpb.h"
 #include "tpu.h"
+#include "../base/work.h"
 
 #define TPB_STRIPE_MAGIC 0x31435054u /* "TPC1" */
 #define TPB_STRIPE_HDR 32
@@ -64,14 +65,11 @@ struct tpb_stripe_xfer {
 	uint64_t ns;			/* time from start to done */
 
 	/* Private to the stripe (guarded by its lock while the transfer is active). */
-	struct tpu_list node;		/* send: in the send queue; then in the done queue */
+	struct tpb_work_job work;	/* send: the job its senders claim chunks of (work.h);
+					 * both: work.node is its place in the done queue */
 	uint64_t total, start_ns, expect;
-	size_t next_seg;		/* send: the next chunk to claim starts at */
-	uint64_t next_off;		/* (next_seg, next_off) */
-	uint32_t chunk;			/* send: bytes per chunk for this transfer */
-	unsigned turn;			/* send: chunks claimed in its turn at the queue head */
-	int expect_status, busy;	/* busy: chunks a thread is moving right now */
-	bool canceled, is_recv, queued_done;
+	int expect_status, busy;	/* receive: busy: chunks a thread is writing right now */
+	bool canceled, is_recv, queued_done; /* receive */
 	bool broken;			/* receive: a chunk was cut short by a failed connection */
 	char expect_why[160];
 };

@@ -17,6 +17,7 @@
 
 /* One chunk a sender claimed. */
 struct claim {
+	struct tpb_work_chunk w; /* from the stripe's engine */
 	struct tpb_stripe_xfer *x;
 	struct tpb_mem mem; /* of its segment */
 	uint32_t seg;
@@ -57,7 +58,7 @@ struct tpb_stripe {
 	unsigned hand_next;    /* loop thread: the connection send_hand_out() tries first */
 	unsigned n_live;       /* added and not failed: lock, read atomically */
 	bool stopping;	       /* lock */
-	struct tpu_list sendq; /* sends with chunks left to claim */
+	struct tpb_work *work; /* sends with chunks left to claim (called with the lock held) */
 	struct tpu_hmap recvs; /* xfer_id -> registered receive not yet complete */
 	struct tpb_cq cq;      /* complete, not yet delivered (pushed with the lock held) */
 	bool *alive; /* loop thread: cleared when a done callback frees the stripe */
@@ -78,9 +79,6 @@ struct tpb_stripe {
 void tpb_stripe_set_status(struct tpb_stripe_xfer *x, int status, const char *fmt, ...)
 	_printf_(3, 4);
 
-/* Completes send @x once nothing is left to claim (or it stopped) and no thread reads it. */
-void tpb_stripe_send_check(struct tpb_stripe *st, struct tpb_stripe_xfer *x);
-
 /* Completes receive @x once what is expected arrived (or it ended) and no thread writes it. */
 void tpb_stripe_recv_check(struct tpb_stripe *st, struct tpb_stripe_xfer *x);
 
@@ -88,8 +86,12 @@ void tpb_stripe_recv_check(struct tpb_stripe *st, struct tpb_stripe_xfer *x);
  * (its sender exits, its receiver wakes up). */
 void tpb_stripe_conn_fail(struct conn *c, int err, const char *fmt, ...) _printf_(3, 4);
 
-/* Send queue not empty: claims the next chunk of the send at its head into @k (see stripe.c). */
-void tpb_stripe_claim(struct tpb_stripe *st, struct claim *k);
+/* Claims the next chunk of the queued sends into @k. Return: 0, or -EAGAIN with none. */
+int tpb_stripe_claim(struct tpb_stripe *st, struct claim *k);
+
+/* Chunk @k of a send ended: sent (@status 0), or not (@status < 0, @why says why). */
+void tpb_stripe_send_account(struct tpb_stripe *st, const struct claim *k, int status,
+			     const char *why);
 
 /* ---- stripe_io.c ---- */
 

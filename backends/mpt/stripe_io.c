@@ -299,20 +299,21 @@ static int send_chunk(struct conn *c, struct claim *k, struct tpb_scratch *sc)
 /* Lock held: chunk @k was sent (@r == 0) or not. */
 static void send_account(struct conn *c, struct claim *k, int r)
 {
-	struct tpb_stripe_xfer *x = k->x;
+	char why[160] = "";
+	int status = 0;
 
-	x->busy--;
-	if (r < 0)
-		tpb_stripe_set_status(x, -ECONNRESET, "peer link failed: connection %u: send: %s", c->index,
-			   strerror(-r));
-	else if (k->src_err < 0)
-		tpb_stripe_set_status(x, k->src_err, "cannot read the source: %s",
-			   k->src_why[0] ? k->src_why : strerror(-k->src_err));
-	else
-		x->bytes += k->len;
-	if (r == 0 && k->src_err == 0)
+	if (r < 0) {
+		status = -ECONNRESET;
+		snprintf(why, sizeof(why), "peer link failed: connection %u: send: %s", c->index,
+			 strerror(-r));
+	} else if (k->src_err < 0) {
+		status = k->src_err;
+		snprintf(why, sizeof(why), "cannot read the source: %s",
+			 k->src_why[0] ? k->src_why : strerror(-k->src_err));
+	} else {
 		__atomic_fetch_add(&c->st->sent, k->len, __ATOMIC_RELAXED);
-	tpb_stripe_send_check(c->st, x);
+	}
+	tpb_stripe_send_account(c->st, k, status, why);
 	if (r < 0)
 		tpb_stripe_conn_fail(c, r, "send failed: %s", strerror(-r));
 }
@@ -329,22 +330,26 @@ void *tpb_stripe_io_tx_main(void *arg)
 	pthread_mutex_lock(&st->lock);
 	for (;;) {
 		c->idle = true;
-		while (!st->stopping && !c->failed && !c->handed && tpu_list_empty(&st->sendq))
+		for (;;) {
+			if (c->handed) { /* sent even when stopping: the send fails, the claim is settled */
+				k = c->handoff;
+				c->handed = false;
+				break;
+			}
+			if (st->stopping || c->failed)
+				goto out;
+			if (tpb_stripe_claim(st, &k) == 0)
+				break;
 			pthread_cond_wait(&c->wake, &st->lock);
-		c->idle = false;
-		if (c->handed) { /* sent even when stopping: the send fails, the claim is settled */
-			k = c->handoff;
-			c->handed = false;
-		} else if (st->stopping || c->failed) {
-			break;
-		} else {
-			tpb_stripe_claim(st, &k);
 		}
+		c->idle = false;
 		pthread_mutex_unlock(&st->lock);
 		r = send_chunk(c, &k, &sc);
 		pthread_mutex_lock(&st->lock);
 		send_account(c, &k, r);
 	}
+out:
+	c->idle = false;
 	pthread_mutex_unlock(&st->lock);
 	scratch_end(&sc);
 	return NULL;

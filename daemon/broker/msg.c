@@ -260,37 +260,11 @@ int tpd_msg_resolve_dst(struct tpd_session *s, const Tpw__V1__Segment *seg,
 	return 0;
 }
 
-/*
- * Segments above CHUNK_SPLIT bytes are copied as CHUNK-byte transfers, so that every copy
- * thread can work on one large tensor at once.
- */
-#define CHUNK (2u << 20)
-#define CHUNK_SPLIT (4u << 20)
-
-static size_t chunks_of(uint64_t len)
-{
-	return len <= CHUNK_SPLIT ? (len ? 1 : 0) : (size_t)((len + CHUNK - 1) / CHUNK);
-}
-
-static struct tpb_mem mem_at(struct tpb_mem m, uint64_t off)
-{
-	m.addr += off;
-	return m;
-}
-
-/* Appends @x to @job as transfers of at most CHUNK bytes (one if it is small). */
+/* Appends @x to @job as one transfer; the copier's engine cuts it into chunks (work.h). */
 static void job_add(struct tpb_copy_job *job, const struct tpb_xfer *x, int channel)
 {
-	uint64_t step = x->len <= CHUNK_SPLIT ? x->len : CHUNK;
-
-	for (uint64_t off = 0; off < x->len; off += step) {
-		struct tpb_xfer *c = &job->xfers[job->n];
-
-		c->src = mem_at(x->src, off);
-		c->dst = mem_at(x->dst, off);
-		c->len = TPU_MIN(step, x->len - off);
-		job->channels[job->n++] = channel;
-	}
+	job->xfers[job->n] = *x;
+	job->channels[job->n++] = channel;
 	job->bytes += x->len;
 }
 
@@ -309,15 +283,13 @@ int tpd_msg_build_job(struct tpd_msg *m, struct tpd_session *s, const Tpw__V1__R
 		      tpb_copy_done_fn done, struct tpb_copy_job **ret, char *why, size_t wl)
 {
 	struct tpb_copy_job *job;
-	size_t n = rd->n_payloads + rd->n_tensors, n_xfers = 0;
+	size_t n = rd->n_payloads + rd->n_tensors;
 
 	if (n != m->n_src) {
 		snprintf(why, wl, "allocation has %zu segments, message has %zu", n, m->n_src);
 		return -EINVAL;
 	}
-	for (size_t i = 0; i < n; i++)
-		n_xfers += chunks_of(m->src[i].len);
-	job = tpb_copier_job_new(n_xfers, 2 * n);
+	job = tpb_copier_job_new(n, 2 * n);
 	if (!job)
 		return -ENOMEM;
 	for (size_t i = 0; i < n; i++) {

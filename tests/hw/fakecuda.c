@@ -26,7 +26,8 @@
  * that touches a stale mapping, or closing one, raises the sticky CUDA_ERROR_ILLEGAL_ADDRESS
  * on that context, as a real GPU does on a stale access; every later call in the context then
  * fails with it until cuDevicePrimaryCtxReset(), which also ends the context's streams, events
- * and IPC mappings (their handles then fail with CUDA_ERROR_INVALID_HANDLE). Other devices are
+ * and IPC mappings (their handles then fail with CUDA_ERROR_INVALID_HANDLE; work queued before it
+ * never runs, and it waits for the copy in flight before unmapping). Other devices are
  * unaffected. $FAKECUDA_FAULT_DIR forces the sticky error: a copy on device N finding the file
  * sticky-N there removes it and raises the error (one shot, across processes).
  * $FAKECUDA_DELAY ("cuIpcOpenMemHandle:3000,cuIpcCloseMemHandle:500", milliseconds) makes
@@ -342,8 +343,13 @@ struct job {
 	struct fevent *ev;
 	unsigned long long seq;
 	struct fctx *ctx; /* on the legacy stream: the context current when queued */
+	unsigned gen;	  /* @ctx's generation when queued: a reset since drops the work */
 	struct job *next;
 };
+
+/* Held shared while a job touches memory, exclusively while a reset unmaps: like the driver,
+ * a reset never frees memory under work in flight, and work queued before it never runs. */
+static pthread_rwlock_t run_lock = PTHREAD_RWLOCK_INITIALIZER;
 
 struct fstream {
 	pthread_t th;
@@ -374,18 +380,28 @@ static bool job_faults(const struct job *j, struct fctx *ctx)
 	return bad || ctx_sticky(ctx) != CUDA_SUCCESS;
 }
 
+/* The job's context was reset since it was queued: the work went with it. */
+static bool job_dropped(const struct job *j, struct fctx *ctx)
+{
+	return ctx && atomic_load(&ctx->gen) != j->gen;
+}
+
 static void job_run(struct job *j, struct fctx *ctx)
 {
 	unsigned long long c;
 
 	switch (j->kind) {
 	case JOB_COPY:
-		if (!job_faults(j, ctx))
+		pthread_rwlock_rdlock(&run_lock);
+		if (!job_dropped(j, ctx) && !job_faults(j, ctx))
 			memmove(j->dst, j->src, j->n);
+		pthread_rwlock_unlock(&run_lock);
 		break;
 	case JOB_SET:
-		if (!job_faults(j, ctx))
+		pthread_rwlock_rdlock(&run_lock);
+		if (!job_dropped(j, ctx) && !job_faults(j, ctx))
 			memset(j->dst, j->value, j->n);
+		pthread_rwlock_unlock(&run_lock);
 		break;
 	case JOB_HOST: j->fn(j->arg); break;
 	case JOB_RECORD:
@@ -492,6 +508,7 @@ static CUresult stream_push(CUstream h, const struct job *tmpl)
 	}
 	*j = *tmpl;
 	j->ctx = stream_ctx(h);
+	j->gen = j->ctx ? atomic_load(&j->ctx->gen) : 0;
 	j->next = NULL;
 	pthread_mutex_lock(&s->mu);
 	if (s->tail)
@@ -718,6 +735,7 @@ CUresult CUDAAPI cuDevicePrimaryCtxReset(CUdevice dev)
 
 	if (!dev_ok(dev))
 		return CUDA_ERROR_INVALID_DEVICE;
+	pthread_rwlock_wrlock(&run_lock);
 	pthread_mutex_lock(&lock);
 	for (pp = &allocs; *pp;) {
 		struct falloc *a = *pp;
@@ -740,6 +758,7 @@ CUresult CUDAAPI cuDevicePrimaryCtxReset(CUdevice dev)
 		close(a->fd);
 		free(a);
 	}
+	pthread_rwlock_unlock(&run_lock);
 	return CUDA_SUCCESS;
 }
 
