@@ -79,7 +79,9 @@ struct tpb_rdma_config {
 	bool disabled;	      /* --no-rdma / [backends] rdma = no */
 	uint64_t cache_bytes; /* rdma-cache: shared-buffer bytes kept registered (0: none) */
 	uint32_t ports_max;   /* ports a daemon may announce (the wire's bound) */
-	const struct tpb_rdma_link_ops *link_ops; /* static, or alive until tpb_rdma_ctx_free() */
+	/* tpb_rdma_link_new()'s callbacks (static, or alive until tpb_rdma_ctx_free()), or NULL:
+	 * links made by tpb_ep_open() take theirs from tpb_peer.link_ops */
+	const struct tpb_rdma_link_ops *link_ops;
 };
 
 /*
@@ -282,14 +284,36 @@ int tpb_rdma_offer_decode(const void *buf, size_t len, struct tpb_rdma_region **
  */
 struct tpb_ep *tpb_rdma_link_ep(struct tpb_rdma_link *l);
 
-/* The op table's endpoint entries (rdma.c puts them in tpb_rdma_ops); callers use the tpb_*()
- * wrappers, whose contracts these follow, as above. */
+/*
+ * The op table's endpoint entries (rdma.c puts them in tpb_rdma_ops); callers use the tpb_*()
+ * wrappers, whose contracts these follow, as above, and:
+ * - ep_open: @peer->link with a link made already returns its endpoint (tpb_rdma_link_new()'s
+ *   caller keeps owning that link); else, with @peer->link_ops (struct tpb_rdma_link_ops) and
+ *   rdma or cuda_gdr among @peer->offers, makes the link and sends its first set-up step
+ *   (tpb_rdma_link_open()): the link is then the endpoint's, freed (tpb_rdma_link_free()) by
+ *   the last tpb_ep_close() of it; -EOPNOTSUPP for a NULL @peer, or nothing in common.
+ * - start with no offer and every source TPB_LOC_REMOTE: a receive. It only waits for the
+ *   sender's word, tpb_recv_expect() (the bytes land by the sender's RDMA writes into what
+ *   tpb_prepare() registered): status 0 with every byte of its xfers counts them as received
+ *   (tpb_ep_query()), 0 with any other count is -EPROTO; tpb_cancel() ends it with
+ *   -ECANCELED; the link's end with -ECONNRESET, inside tpb_rdma_link_free().
+ * - start and prepare set @op->channel: cuda_gdr's index with CUDA memory on either side (see
+ *   tpb_rdma_channel()), else rdma's.
+ * - ep_query: ready (tpb_rdma_link_ready()), state (tpb_rdma_link_state()), bytes each way
+ *   (tpb_rdma_link_bytes()); ep_msg: @msg is a struct tpb_rdma_setup (tpb_rdma_link_on_msg()).
+ * - offer_max: tpb_rdma_offer_size(@n_xfers).
+ */
 int tpb_rdma_ep_open(struct tpb_ctx *ctx, const struct tpb_peer *peer, struct tpb_ep **ret);
 void tpb_rdma_ep_close(struct tpb_ep *ep);
 int tpb_rdma_ep_start(struct tpb_ep *ep, struct tpb_op *op);
 int tpb_rdma_ep_cancel(struct tpb_ep *ep, struct tpb_op *op);
 int tpb_rdma_ep_prepare(struct tpb_ep *ep, struct tpb_op *op, void *offer, size_t *offer_len);
 void tpb_rdma_op_release(struct tpb_op *op);
+int tpb_rdma_ep_recv_expect(struct tpb_ep *ep, struct tpb_op *op, uint64_t bytes, int status,
+			    const char *why);
+int tpb_rdma_ep_query(struct tpb_ep *ep, struct tpb_ep_info *ret);
+int tpb_rdma_ep_msg(struct tpb_ep *ep, const void *msg);
+size_t tpb_rdma_offer_max(size_t n_xfers);
 
 struct tpb_rdma_xfer;
 

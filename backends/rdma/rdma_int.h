@@ -17,6 +17,14 @@
 /* The first CUDA segment of @segs (for locality), or NULL. */
 const struct tpb_mem *tpb_rdma_reg_first_cuda(const struct tpb_rdma_seg *segs, size_t n);
 
+/*
+ * tpb_rdma_link_open() - tpb_rdma_link_new() with @ops as @link's callbacks (the ones of the
+ * context's configuration there). Borrows @g, @link and @ops until tpb_rdma_link_free().
+ * Return: as tpb_rdma_link_new().
+ */
+struct tpb_rdma_link *tpb_rdma_link_open(struct tpb_rdma *g, void *link,
+					 const struct tpb_rdma_link_ops *ops, unsigned peer_offers);
+
 #if HAVE_RDMA
 #include "tpv.h"
 
@@ -62,8 +70,12 @@ struct tpb_rdma_link {
 	struct tpb_peer peer;
 	struct tpu_list node; /* in g->links */
 	struct tpu_list op_sends; /* struct op_send: sends started through the op table */
+	struct tpu_list op_recvs; /* struct op_wait: receives started through the op table */
 	struct tpb_rdma *g;
 	void *link; /* the daemon's */
+	const struct tpb_rdma_link_ops *ops; /* @link's callbacks */
+	bool ep_owned;	 /* made by tpb_ep_open(): freed by the last tpb_ep_close() */
+	unsigned ep_refs; /* tpb_ep_open()s not closed yet (@ep_owned) */
 	enum link_state state;
 	unsigned common; /* TPB_RDMA_* both daemons offer */
 	unsigned n_remote;
@@ -73,6 +85,10 @@ struct tpb_rdma_link {
 	uint64_t sent, received; /* bytes RDMA-written each way */
 	bool closing;		  /* tpb_rdma_link_free() is flushing the queue pairs */
 };
+
+/* The link goes (tpb_rdma_link_free()): receives started on its endpoint complete now, inside
+ * the call, with -ECONNRESET unless they ended already (ep.c). */
+void tpb_rdma_ep_flush(struct tpb_rdma_link *l);
 
 /* Runs @t's work from tpb_rdma_progress() in @us microseconds (0: on the next one); an armed
  * @t is re-armed (ctx.c). */
