@@ -718,6 +718,10 @@ int tpb_index(const char *name);
  */
 int tpb_copy(int idx, const struct tpb_xfer *x, struct tpb_scratch *s);
 
+/* Does registry channel @idx move bytes into memory the receiving side prepared and offered
+ * (it has a prepare op: rdma, cuda_gdr)? False for an index out of range. */
+bool tpb_takes_offer(int idx);
+
 /* Name of registry channel @idx ("?" if out of range). Return: a static string. */
 const char *tpb_name(int idx);
 

@@ -38,7 +38,15 @@ struct tpb_ep *tpb_rdma_link_ep(struct tpb_rdma_link *l)
 
 static struct tpb_rdma_link *link_of(struct tpb_ep *ep)
 {
+	if (ep->ctx->ops == &tpb_cuda_gdr_ops)
+		return tpu_container_of(ep, struct tpb_rdma_link, gdr_ep);
 	return tpu_container_of(ep, struct tpb_rdma_link, ep);
+}
+
+/* @l's endpoint on @ctx: rdma's or cuda_gdr's head of the same context. */
+static struct tpb_ep *ep_on(struct tpb_rdma_link *l, const struct tpb_ctx *ctx)
+{
+	return ctx == &l->g->gdr_base ? &l->gdr_ep : &l->ep;
 }
 
 /* The TPB_RDMA_* bits of the channel names @peer offers. */
@@ -65,7 +73,7 @@ int tpb_rdma_ep_open(struct tpb_ctx *ctx, const struct tpb_peer *peer, struct tp
 	tpu_list_for_each(l, &g->links, node) {
 		if (l->link == peer->link) {
 			l->ep_refs += l->ep_owned;
-			*ret = &l->ep;
+			*ret = ep_on(l, ctx);
 			return 0;
 		}
 	}
@@ -76,7 +84,7 @@ int tpb_rdma_ep_open(struct tpb_ctx *ctx, const struct tpb_peer *peer, struct tp
 		return -EOPNOTSUPP; /* nothing offered in common (or out of memory) */
 	l->ep_owned = true;
 	l->ep_refs = 1;
-	*ret = &l->ep;
+	*ret = ep_on(l, ctx);
 	return 0;
 }
 
@@ -138,7 +146,7 @@ static void op_wait_end(struct tpb_rdma_link *l, struct op_wait *ow, int status,
 	tpb_rdma_timer_in_us(l->g, &ow->timer, 0);
 }
 
-static int recv_start(struct tpb_rdma_link *l, struct tpb_op *op)
+static int recv_start(struct tpb_rdma_link *l, struct tpb_ep *ep, struct tpb_op *op)
 {
 	struct op_wait *ow = calloc(1, sizeof(*ow));
 
@@ -148,7 +156,7 @@ static int recv_start(struct tpb_rdma_link *l, struct tpb_op *op)
 	ow->timer.fn = op_wait_deliver;
 	for (size_t i = 0; i < op->n_xfers; i++)
 		ow->total += op->xfers[i].len;
-	op->ep = &l->ep;
+	op->ep = ep;
 	op->status = 0;
 	op->bytes = 0;
 	op->canceled = false;
@@ -247,7 +255,7 @@ int tpb_rdma_ep_start(struct tpb_ep *ep, struct tpb_op *op)
 	for (size_t i = 0; i < op->n_xfers; i++)
 		recv &= op->xfers[i].src.loc == TPB_LOC_REMOTE;
 	if (recv)
-		return recv_start(l, op);
+		return recv_start(l, ep, op);
 	os = calloc(1, sizeof(*os));
 	if (!os)
 		return -ENOMEM;

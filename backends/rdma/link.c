@@ -101,6 +101,7 @@ struct tpb_rdma_link *tpb_rdma_link_open(struct tpb_rdma *g, void *link,
 	l->link = link;
 	l->ops = ops;
 	l->ep = (struct tpb_ep){ .ctx = &g->base, .peer = &l->peer };
+	l->gdr_ep = (struct tpb_ep){ .ctx = &g->gdr_base, .peer = &l->peer };
 	l->peer = (struct tpb_peer){ .name = ops->name(link), .link = link };
 	tpu_list_init(&l->op_sends);
 	tpu_list_init(&l->op_recvs);

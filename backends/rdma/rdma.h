@@ -99,12 +99,18 @@ void tpb_rdma_ctx_free(struct tpb_rdma *g);
 /*
  * The same context through the channel op table (tpb.h): rdma's ctx_new (tpb_ctx_new() with
  * tpb_config.rdma set) makes it, and tpb_ctx_free(), tpb_event_fd(), tpb_progress() and
- * tpb_forget() reach it; cuda_gdr is served by it too (one set of ports for both).
+ * tpb_forget() reach it; cuda_gdr is served by it too (one set of ports for both): its own
+ * op-table row (backends/cuda_gdr) names the same endpoint entries, on a second head of this
+ * context, so a link has an endpoint for each channel over one set of queue pairs.
  * tpb_rdma_of() - the context behind @ctx (borrowed, valid until tpb_ctx_free()), or NULL if
  * @ctx (may be NULL) is not rdma's. tpb_rdma_ctx() - @g's op-table head (borrowed, likewise).
  */
 struct tpb_rdma *tpb_rdma_of(struct tpb_ctx *ctx);
 struct tpb_ctx *tpb_rdma_ctx(struct tpb_rdma *g);
+/* tpb_rdma_gdr_ctx() - @g's second head, cuda_gdr's (its ops: tpb_cuda_gdr_ops, the same
+ * endpoint entries; tpb_rdma_of() knows it too): tpb_ep_open() on it gives a link's cuda_gdr
+ * endpoint. Borrowed, valid until tpb_ctx_free() of rdma's head; NULL for a NULL @g. */
+struct tpb_ctx *tpb_rdma_gdr_ctx(struct tpb_rdma *g);
 
 /* rdma-cache changed (SIGHUP): the new budget applies from the next release on. */
 void tpb_rdma_set_cache(struct tpb_rdma *g, uint64_t cache_bytes);

@@ -46,6 +46,7 @@ struct rdma_timer {
 
 struct tpb_rdma {
 	struct tpb_ctx base; /* first: the op table's head */
+	struct tpb_ctx gdr_base; /* cuda_gdr's head: its endpoints run on this context too */
 	struct tpb_rdma_config cfg;
 	int epfd; /* the event fd: the ports' completion channels and @tfd */
 	int tfd;  /* timerfd, armed for the first of @timers */
@@ -67,6 +68,7 @@ enum link_state { LINK_PORTS, LINK_CONNECTING, LINK_READY, LINK_OFF };
 /* A peer link's RDMA state (link.c), its endpoint (ep.c). */
 struct tpb_rdma_link {
 	struct tpb_ep ep; /* its endpoint in the op table */
+	struct tpb_ep gdr_ep; /* the same link as cuda_gdr's endpoint */
 	struct tpb_peer peer;
 	struct tpu_list node; /* in g->links */
 	struct tpu_list op_sends; /* struct op_send: sends started through the op table */
