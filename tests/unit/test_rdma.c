@@ -571,6 +571,23 @@ START_TEST(test_rdma_link_and_receive_through_the_op_table)
 	ck_assert_int_eq(tpb_ep_open(tpb_rdma_ctx(b.g), &pa, &again), 0);
 	ck_assert_ptr_eq(again, bep);
 	tpb_ep_close(again); /* one of two: the link stays */
+	/* cuda_gdr's row: the same link, its own endpoint on the context's second head. */
+	ck_assert_int_eq(tpb_ep_open(tpb_rdma_gdr_ctx(b.g), &pa, &again), 0);
+	ck_assert_ptr_ne(again, bep);
+	ck_assert_ptr_eq(again->ctx->ops, &tpb_cuda_gdr_ops);
+	ck_assert_int_eq(again->ctx->idx, tpb_index("cuda_gdr"));
+	ck_assert_ptr_eq(tpb_rdma_of(again->ctx), b.g);
+	ck_assert_int_eq(tpb_ep_query(again, &info), 0);
+	ck_assert(info.ready);
+	op.arg = &done;
+	ck_assert_int_eq(tpb_start(again, &op), 0);
+	ck_assert_int_eq(op.channel, tpb_index("cuda_gdr"));
+	ck_assert_int_eq(tpb_cancel(bep, &op), 0); /* one link: either endpoint finds it */
+	op_finished = false;
+	run_until(&a, &b, &op_finished);
+	ck_assert_int_eq(op.status, -ECANCELED);
+	tpb_ep_close(again);
+	done = 0;
 	ck_assert_int_eq(tpb_ep_query(bep, &info), 0);
 	ck_assert(info.ready);
 	ck_assert_uint_eq(tpb_offer_max(bep, 3), tpb_rdma_offer_size(3));
