@@ -459,9 +459,9 @@ START_TEST(test_op_wrappers_turn_missing_ops_into_eopnotsupp)
 	tpb_ctx_free(NULL);
 	tpb_ep_close(NULL);
 	ck_assert_ptr_null(ret_ep);
-	/* Registry channels without the table yet (basic; between hosts, cuda_basic: mpt has
-	 * it now, tests/unit/test_mpt.c), an index out of range, and a same-host channel turned
-	 * off. */
+	/* Registry channels without a context of their own (basic; between hosts, cuda_basic:
+	 * its endpoints ride mpt's context, tests/unit/test_mpt.c), an index out of range, and a
+	 * same-host channel turned off. */
 	ck_assert_int_eq(tpb_ctx_new(tpb_index("basic"), NULL, NULL, &ret), -EOPNOTSUPP);
 	ck_assert_int_eq(tpb_ctx_new(tpb_index("cuda_basic"), NULL, NULL, &ret), -EOPNOTSUPP);
 	ck_assert_int_eq(tpb_ctx_new(-1, NULL, NULL, &ret), -EOPNOTSUPP);
