@@ -5,8 +5,8 @@
  * entry, its probe (a CUDA driver and an active RDMA port), its op-table row and the CUDA side
  * of a registration (tpb_cuda_gdr_range()); its endpoints are the peer links' RDMA states on
  * the rdma context's second head (tpb_rdma_gdr_ctx()), whose transfers run in backends/rdma
- * (link.c, reg.c, ep.c) over the verbs layer (backends/verbs/). Mappings and device contexts are the CUDA layer's
- * (backends/cuda/).
+ * (link.c, reg.c, ep.c) over the verbs layer (backends/verbs/). Mappings and device contexts
+ * are the CUDA layer's (backends/cuda/).
  */
 #include <errno.h>
 #include <stdio.h>

@@ -18,8 +18,9 @@
  * least recently used regions first; 0 registers every transfer anew).
  *
  * It knows nothing of the daemon, its event loop or the wire: the daemon gives it a
- * configuration (limits, the link's send of a set-up message, how to hold a shared buffer),
- * watches tpb_rdma_event_fd() and calls tpb_rdma_progress(), which runs every callback here,
+ * configuration (limits, the cache budget), each link its callbacks (the send of a set-up
+ * message, its name) when it opens its endpoint (tpb_peer.link_ops), watches
+ * tpb_rdma_event_fd() and calls tpb_rdma_progress(), which runs every callback here,
  * on the loop thread; nothing here is thread safe. Without rdma-core in the build, or without
  * a port at run time, nothing here is ever ready and transfers use the data connections.
  */

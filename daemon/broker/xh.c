@@ -6,8 +6,9 @@
  * where the selection picks a channel that writes into memory the reader prepared and offered
  * (rdma, cuda_gdr), that channel's, with the offer as opaque bytes (the peer part translates
  * them to and from PeerReadReq). It starts them, turns their completion into the message's
- * outcome (PeerXferEnd, ReadDone, the write's status) and cancels them. Which message goes next and the pipe's
- * lifetime are pipe.c's; the peer messages that drive a cross-host pipe are xpipe.c's.
+ * outcome (PeerXferEnd, ReadDone, the write's status) and cancels them. Which message goes
+ * next and the pipe's lifetime are pipe.c's; the peer messages that drive a cross-host pipe
+ * are xpipe.c's.
  */
 #include <errno.h>
 #include <stdio.h>
