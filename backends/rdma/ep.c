@@ -190,7 +190,7 @@ int tpb_rdma_ep_recv_expect(struct tpb_ep *ep, struct tpb_op *op, uint64_t bytes
 		why = msg;
 	}
 	if (status == 0)
-		l->received += bytes;
+		tpb_rdma_link_received(l, bytes);
 	op_wait_end(l, ow, status, bytes, why);
 	return 0;
 }

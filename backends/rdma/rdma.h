@@ -195,7 +195,8 @@ bool tpb_rdma_link_ready(const struct tpb_rdma_link *l);
 const char *tpb_rdma_link_state(const struct tpb_rdma_link *l);
 
 /* Bytes this daemon RDMA-wrote to the peer, and that the peer said it RDMA-wrote here (counted
- * with tpb_rdma_link_received()). Accepts NULL (zeros). */
+ * with tpb_rdma_link_received(), which the endpoint's receives call when the sender's word
+ * says every byte arrived). Accepts NULL (zeros). */
 void tpb_rdma_link_bytes(const struct tpb_rdma_link *l, uint64_t *sent, uint64_t *received);
 void tpb_rdma_link_received(struct tpb_rdma_link *l, uint64_t bytes);
 
