@@ -79,7 +79,13 @@ int tpb_rdma_ep_open(struct tpb_ctx *ctx, const struct tpb_peer *peer, struct tp
 	}
 	if (!peer->link_ops)
 		return -EOPNOTSUPP; /* the two daemons set up no RDMA on this link */
-	l = tpb_rdma_link_open(g, peer->link, peer->link_ops, peer_offers(peer));
+	/* The links of one context share their callbacks: the first endpoint's become the
+	 * context's (unless its configuration brought some). */
+	if (!g->cfg.link_ops)
+		g->cfg.link_ops = peer->link_ops;
+	else if (g->cfg.link_ops != peer->link_ops)
+		return -EINVAL;
+	l = tpb_rdma_link_new(g, peer->link, peer_offers(peer));
 	if (!l)
 		return -EOPNOTSUPP; /* nothing offered in common (or out of memory) */
 	l->ep_owned = true;

@@ -59,14 +59,14 @@ struct rdma_send {
 
 static const char *link_text(const struct tpb_rdma_link *l)
 {
-	return l->ops->name(l->link);
+	return l->g->cfg.link_ops->name(l->link);
 }
 
 /* ---- link set-up --------------------------------------------------------------------------- */
 
 static void link_send(struct tpb_rdma_link *l, const struct tpb_rdma_setup *m)
 {
-	l->ops->send(l->link, m);
+	l->g->cfg.link_ops->send(l->link, m);
 }
 
 /* This side gives up RDMA on @l (tells the peer unless @quiet); the link carries on without. */
@@ -85,26 +85,19 @@ static void link_off(struct tpb_rdma_link *l, bool quiet, const char *why)
 
 struct tpb_rdma_link *tpb_rdma_link_new(struct tpb_rdma *g, void *link, unsigned peer_offers)
 {
-	return g ? tpb_rdma_link_open(g, link, g->cfg.link_ops, peer_offers) : NULL;
-}
-
-struct tpb_rdma_link *tpb_rdma_link_open(struct tpb_rdma *g, void *link,
-					 const struct tpb_rdma_link_ops *ops, unsigned peer_offers)
-{
 	struct tpb_rdma_setup rm = { 0 };
 	unsigned common = tpb_rdma_offers(g) & peer_offers;
 	struct tpb_rdma_link *l;
 
-	if (!common || !ops || !(l = calloc(1, sizeof(*l))))
+	if (!common || !(l = calloc(1, sizeof(*l))))
 		return NULL;
 	l->g = g;
 	l->link = link;
-	l->ops = ops;
 	l->ep = (struct tpb_ep){ .ctx = &g->base, .peer = &l->peer };
-	l->gdr_ep = (struct tpb_ep){ .ctx = &g->gdr_base, .peer = &l->peer };
-	l->peer = (struct tpb_peer){ .name = ops->name(link), .link = link };
+	l->peer = (struct tpb_peer){ .name = g->cfg.link_ops->name(link), .link = link };
 	tpu_list_init(&l->op_sends);
 	tpu_list_init(&l->op_recvs);
+	l->gdr_ep = (struct tpb_ep){ .ctx = &g->gdr_base, .peer = &l->peer };
 	tpu_list_insert_tail(&g->links, &l->node);
 	l->common = common;
 	l->state = LINK_PORTS;
@@ -563,7 +556,6 @@ void tpb_rdma_link_free(struct tpb_rdma_link *l)
 	if (!l)
 		return;
 	l->closing = true;
-	tpb_rdma_ep_flush(l);
 	tpu_list_for_each(s, &l->sends, node)
 		send_fail(s, -ECONNRESET, "peer link closed");
 	/* Closing flushes the writes still pending through tpb_rdma_write_done(). */
@@ -578,6 +570,9 @@ void tpb_rdma_link_free(struct tpb_rdma_link *l)
 		s->pending = 0;
 		send_finish(s);
 	}
+	/* Receives started through the op table end too (ep.c). */
+	tpb_rdma_ep_flush(l);
+
 	tpu_list_remove(&l->node);
 	free(l->qps);
 	free(l);
@@ -585,12 +580,6 @@ void tpb_rdma_link_free(struct tpb_rdma_link *l)
 
 #else /* !HAVE_RDMA */
 struct tpb_rdma_link *tpb_rdma_link_new(struct tpb_rdma *g, void *link, unsigned peer_offers)
-{
-	return NULL;
-}
-
-struct tpb_rdma_link *tpb_rdma_link_open(struct tpb_rdma *g, void *link,
-					 const struct tpb_rdma_link_ops *ops, unsigned peer_offers)
 {
 	return NULL;
 }

@@ -18,8 +18,8 @@
  * least recently used regions first; 0 registers every transfer anew).
  *
  * It knows nothing of the daemon, its event loop or the wire: the daemon gives it a
- * configuration (limits, the cache budget), each link its callbacks (the send of a set-up
- * message, its name) when it opens its endpoint (tpb_peer.link_ops), watches
+ * configuration (limits, the cache budget, the links' callbacks: the send of a set-up message,
+ * a link's name; or they come with the first endpoint, tpb_peer.link_ops), watches
  * tpb_rdma_event_fd() and calls tpb_rdma_progress(), which runs every callback here,
  * on the loop thread; nothing here is thread safe. Without rdma-core in the build, or without
  * a port at run time, nothing here is ever ready and transfers use the data connections.
@@ -80,9 +80,7 @@ struct tpb_rdma_config {
 	bool disabled;	      /* --no-rdma / [backends] rdma = no */
 	uint64_t cache_bytes; /* rdma-cache: shared-buffer bytes kept registered (0: none) */
 	uint32_t ports_max;   /* ports a daemon may announce (the wire's bound) */
-	/* tpb_rdma_link_new()'s callbacks (static, or alive until tpb_rdma_ctx_free()), or NULL:
-	 * links made by tpb_ep_open() take theirs from tpb_peer.link_ops */
-	const struct tpb_rdma_link_ops *link_ops;
+	const struct tpb_rdma_link_ops *link_ops; /* static, or alive until tpb_rdma_ctx_free() */
 };
 
 /*
@@ -296,10 +294,12 @@ struct tpb_ep *tpb_rdma_link_ep(struct tpb_rdma_link *l);
  * The op table's endpoint entries (rdma.c puts them in tpb_rdma_ops); callers use the tpb_*()
  * wrappers, whose contracts these follow, as above, and:
  * - ep_open: @peer->link with a link made already returns its endpoint (tpb_rdma_link_new()'s
- *   caller keeps owning that link); else, with @peer->link_ops (struct tpb_rdma_link_ops) and
- *   rdma or cuda_gdr among @peer->offers, makes the link and sends its first set-up step
- *   (tpb_rdma_link_open()): the link is then the endpoint's, freed (tpb_rdma_link_free()) by
- *   the last tpb_ep_close() of it; -EOPNOTSUPP for a NULL @peer, or nothing in common.
+ *   caller keeps owning that link); else, with @peer->link_ops (struct tpb_rdma_link_ops: the
+ *   links of one context share them, so a context configured without link_ops takes the
+ *   first endpoint's; others are -EINVAL) and rdma or cuda_gdr among @peer->offers, makes the
+ *   link and sends its first set-up step (tpb_rdma_link_new()): the link is then the
+ *   endpoint's, freed (tpb_rdma_link_free()) by the last tpb_ep_close() of it; -EOPNOTSUPP
+ *   for a NULL @peer, or nothing in common.
  * - start with no offer and every source TPB_LOC_REMOTE: a receive. It only waits for the
  *   sender's word, tpb_recv_expect() (the bytes land by the sender's RDMA writes into what
  *   tpb_prepare() registered): status 0 with every byte of its xfers counts them as received

@@ -17,14 +17,6 @@
 /* The first CUDA segment of @segs (for locality), or NULL. */
 const struct tpb_mem *tpb_rdma_reg_first_cuda(const struct tpb_rdma_seg *segs, size_t n);
 
-/*
- * tpb_rdma_link_open() - tpb_rdma_link_new() with @ops as @link's callbacks (the ones of the
- * context's configuration there). Borrows @g, @link and @ops until tpb_rdma_link_free().
- * Return: as tpb_rdma_link_new().
- */
-struct tpb_rdma_link *tpb_rdma_link_open(struct tpb_rdma *g, void *link,
-					 const struct tpb_rdma_link_ops *ops, unsigned peer_offers);
-
 #if HAVE_RDMA
 #include "tpv.h"
 
@@ -75,7 +67,6 @@ struct tpb_rdma_link {
 	struct tpu_list op_recvs; /* struct op_wait: receives started through the op table */
 	struct tpb_rdma *g;
 	void *link; /* the daemon's */
-	const struct tpb_rdma_link_ops *ops; /* @link's callbacks */
 	bool ep_owned;	 /* made by tpb_ep_open(): freed by the last tpb_ep_close() */
 	unsigned ep_refs; /* tpb_ep_open()s not closed yet (@ep_owned) */
 	enum link_state state;

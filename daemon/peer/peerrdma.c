@@ -48,13 +48,19 @@ const struct tpb_rdma_link_ops tpd_peer_rdma_ops = {
 	.name = rdma_name,
 };
 
+/* The link's rdma endpoint, which takes the set-up steps (cuda_gdr's shares its link), or
+ * NULL where the two daemons set up no RDMA. */
+static struct tpb_ep *rdma_ep(struct tpd_peer *pr)
+{
+	return tpd_peer_ep(pr, tpb_index("rdma"));
+}
+
 void tpd_peer_rdma_on_msg(struct tpd_peer *pr, const Tpw__V1__PeerRdma *m)
 {
 	_cleanup_free_ struct tpb_rdma_record *qps = NULL;
 	struct tpb_rdma_setup st = { .ports = m->ports, .n_qps = m->n_qps, .error = m->error };
-	struct tpb_ep *ep = tpd_peer_ep(pr, tpb_index("rdma"));
 
-	if (!ep)
+	if (!rdma_ep(pr))
 		return;
 	if (m->n_qps && !(qps = calloc(m->n_qps, sizeof(*qps)))) {
 		tpd_peer_log(pr, TPU_LOG_WARNING, "RDMA set-up step dropped: out of memory");
@@ -63,7 +69,7 @@ void tpd_peer_rdma_on_msg(struct tpd_peer *pr, const Tpw__V1__PeerRdma *m)
 	for (size_t i = 0; i < m->n_qps; i++)
 		qps[i] = (struct tpb_rdma_record){ m->qps[i].data, m->qps[i].len };
 	st.qps = qps;
-	(void)tpb_ep_msg(ep, &st);
+	(void)tpb_ep_msg(rdma_ep(pr), &st);
 }
 
 int tpd_peer_rdma_offer_in(const Tpw__V1__PeerReadReq *rr, struct tpd_peer_offer *ret)

@@ -521,6 +521,8 @@ static void deliver_ep(struct side *s, struct tpb_ep *ep)
 	s->n_inbox = 0;
 }
 
+static const struct tpb_rdma_link_ops other_ops = { .send = side_send, .name = side_name };
+
 /*
  * The link made through the table: tpb_ep_open() with the link's callbacks and the peer's
  * offers sets it up (tpb_ep_msg() takes the steps, tpb_ep_query() says how far), a second open
@@ -557,6 +559,11 @@ START_TEST(test_rdma_link_and_receive_through_the_op_table)
 	ck_assert_ptr_null(nep);
 	ck_assert_int_eq(tpb_ep_open(tpb_rdma_ctx(a.g), &pb, &aep), 0);
 	ck_assert_int_eq(tpb_ep_open(tpb_rdma_ctx(b.g), &pa, &bep), 0);
+	/* The links of a context share their callbacks: another table is refused. */
+	pn.link_ops = &other_ops;
+	pn.offers = offers;
+	ck_assert_int_eq(tpb_ep_open(tpb_rdma_ctx(a.g), &pn, &nep), -EINVAL);
+	ck_assert_ptr_null(nep);
 	ck_assert_int_eq(tpb_ep_query(aep, &info), 0);
 	ck_assert(!info.ready);
 	ck_assert_str_eq(info.state, "connecting");
