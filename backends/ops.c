@@ -6,6 +6,7 @@
  */
 #include <errno.h>
 #include <stddef.h>
+#include <stdio.h>
 #include "tpb.h"
 
 int tpb_ctx_new(int idx, const struct tpb_config *cfg, const struct tpb_engine *engine,
@@ -42,7 +43,31 @@ int tpb_prepare(struct tpb_ep *ep, struct tpb_op *op, void *offer, size_t *offer
 {
 	const struct tpb_channel_ops *o = ep->ctx->ops;
 
-	return o->prepare ? o->prepare(ep, op, offer, offer_len) : -EOPNOTSUPP;
+	if (!o->prepare)
+		return -EOPNOTSUPP;
+	op->channel = ep->ctx->idx;
+	return o->prepare(ep, op, offer, offer_len);
+}
+
+size_t tpb_offer_max(struct tpb_ep *ep, size_t n_xfers)
+{
+	const struct tpb_channel_ops *o = ep->ctx->ops;
+
+	return o->offer_max ? o->offer_max(n_xfers) : 0;
+}
+
+int tpb_ep_query(struct tpb_ep *ep, struct tpb_ep_info *ret)
+{
+	const struct tpb_channel_ops *o = ep->ctx->ops;
+
+	return o->ep_query ? o->ep_query(ep, ret) : -EOPNOTSUPP;
+}
+
+int tpb_ep_msg(struct tpb_ep *ep, const void *msg)
+{
+	const struct tpb_channel_ops *o = ep->ctx->ops;
+
+	return o->ep_msg ? o->ep_msg(ep, msg) : -EOPNOTSUPP;
 }
 
 void tpb_release(struct tpb_op *op)
@@ -63,6 +88,13 @@ int tpb_start(struct tpb_ep *ep, struct tpb_op *op)
 		return -EOPNOTSUPP;
 	if (!op->done)
 		return -EINVAL;
+	if (op->offer && op->offer_len > tpb_offer_max(ep, op->n_xfers)) {
+		snprintf(op->why, sizeof(op->why), "offer of %zu bytes, more than %s takes for %zu "
+			 "transfers (%zu)", op->offer_len, o->name, op->n_xfers,
+			 tpb_offer_max(ep, op->n_xfers));
+		return -EPROTO;
+	}
+	op->channel = ep->ctx->idx;
 	return o->start(ep, op);
 }
 

@@ -28,6 +28,7 @@ static const struct tpb_channel_ops *const builtin[] = {
 };
 
 #define N_CHANNELS (sizeof(builtin) / sizeof(builtin[0]))
+_Static_assert(N_CHANNELS <= TPB_CHANNELS_MAX, "TPB_CHANNELS_MAX");
 
 /*
  * Built-in preference between hosts, for the channels the priority list does not name: RDMA
@@ -267,6 +268,11 @@ int tpb_copy(int idx, const struct tpb_xfer *x, struct tpb_scratch *s)
 	if (idx < 0 || (size_t)idx >= N_CHANNELS || !channels[idx].ops->copy)
 		return -EOPNOTSUPP;
 	return channels[idx].ops->copy(x, s);
+}
+
+bool tpb_takes_offer(int idx)
+{
+	return idx >= 0 && (size_t)idx < N_CHANNELS && channels[idx].ops->prepare;
 }
 
 const char *tpb_name(int idx)

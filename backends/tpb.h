@@ -140,6 +140,9 @@ struct tpb_config {
 struct tpb_channel_ops;
 struct tpb_op;
 
+/* Registry rows at most (a link keeps one endpoint per row: tpd_peer_ep()). */
+#define TPB_CHANNELS_MAX 16
+
 /* The head of every channel context: channels embed it first and dispatch through @ops. */
 struct tpb_ctx {
 	const struct tpb_channel_ops *ops;
@@ -153,6 +156,17 @@ struct tpb_peer {
 	size_t n_offers;
 	void *link;			/* the daemon's link, opaque here */
 	struct tpb_stripe *stripe;	/* mpt: the link's data connections (mpt/stripe.h) */
+	/* The channel's calls up into @link (rdma: struct tpb_rdma_link_ops, to send its set-up
+	 * steps and name the link), static; NULL: ep_open() only finds an endpoint made already. */
+	const void *link_ops;
+};
+
+/* What an endpoint says about itself (tpb_ep_query()), for tpipctl peers and the daemon. */
+struct tpb_ep_info {
+	bool ready;	   /* transfers may start (e.g. rdma: every queue pair connected) */
+	const char *state; /* "ready: 1x1 queue pairs", "connecting", "off: <why>", or "" */
+	uint64_t sent;	   /* bytes this side moved to the peer over it, and the peer to us */
+	uint64_t received;
 };
 
 /* The head of every endpoint: channels embed it first. */
@@ -186,6 +200,13 @@ struct tpb_op {
 	const void *offer; /* start, between hosts: the other side's offer (prepare()), or NULL */
 	size_t offer_len;
 	uint64_t xfer_id;  /* between hosts: the receiver's id for the transfer on the link */
+	/* A receive between hosts: the op tpb_prepare()d for the same destination (its offer is
+	 * where the bytes land; the channel finishes them there before the receive ends), or NULL. */
+	struct tpb_op *prepared;
+	/* Set by tpb_start() / tpb_prepare() to the registry index of @ep's channel; a channel
+	 * whose endpoint serves several rows (rdma, cuda_gdr) may set the one the bytes count
+	 * under (tpb_name()). */
+	int channel;
 	tpb_op_done_fn done;
 	void *arg;
 	/* Set by the channel before @done runs. */
@@ -227,6 +248,11 @@ struct tpb_channel_ops {
 	int (*forget)(struct tpb_ctx *ctx, const struct tpb_mem *m, uint64_t len);
 	int (*event_fd)(struct tpb_ctx *ctx);
 	int (*progress)(struct tpb_ctx *ctx);
+	/* Between hosts: the endpoint's state, a set-up step from the peer's side of the channel,
+	 * and the largest offer prepare() writes and start() takes for @n_xfers xfers. */
+	int (*ep_query)(struct tpb_ep *ep, struct tpb_ep_info *ret);
+	int (*ep_msg)(struct tpb_ep *ep, const void *msg);
+	size_t (*offer_max)(size_t n_xfers);
 };
 
 /*
@@ -294,15 +320,38 @@ void tpb_release(struct tpb_op *op);
  * @op->done has run.
  * Return: 0 (@op->done runs exactly once, later, from tpb_progress() on @ep's context, never
  * inside this call), or -errno with no callback (-EOPNOTSUPP: no such op; -EINVAL: no done
- * callback; -ESHUTDOWN: @ep is closing; the engine's -errno).
+ * callback; -EPROTO: an offer longer than tpb_offer_max() (reason in @op->why); -ESHUTDOWN:
+ * @ep is closing; the engine's -errno).
  */
 int tpb_start(struct tpb_ep *ep, struct tpb_op *op);
+
+/*
+ * tpb_offer_max() - the largest offer the channel of @ep writes (tpb_prepare()) and takes
+ * (tpb_start()) for an op of @n_xfers xfers: the size of the caller's offer buffer. Borrows @ep.
+ * Return: the bytes; 0 when the channel takes no offer (no such op).
+ */
+size_t tpb_offer_max(struct tpb_ep *ep, size_t n_xfers);
+
+/*
+ * tpb_ep_query() - @ep's state (ready, its text for tpipctl, bytes each way) into @ret (the
+ * caller's; @ret->state borrowed, valid until the endpoint changes state or closes). Borrows @ep.
+ * Return: 0, or -EOPNOTSUPP (no such op; @ret untouched).
+ */
+int tpb_ep_query(struct tpb_ep *ep, struct tpb_ep_info *ret);
+
+/*
+ * tpb_ep_msg() - a set-up step @msg (the channel's own form, e.g. struct tpb_rdma_setup) that
+ * the peer's side of @ep's channel sent over the link. Borrows @ep and @msg for the call.
+ * Return: 0, or -EOPNOTSUPP (no such op: the channel needs no set-up).
+ */
+int tpb_ep_msg(struct tpb_ep *ep, const void *msg);
 
 /*
  * tpb_recv_expect() - the sender ended receive @op (started on @ep, between hosts) after @bytes
  * with @status (0 or -errno; @why: its message, or NULL), as its daemon said (PeerXferEnd):
  * the receive completes once @bytes have arrived, with @status (a status of 0 with fewer bytes
- * than the receive's total: -EIO). A status of 0 with every byte, or a receive that has ended
+ * than the receive's total: -EIO; rdma, whose receive only waits for this word: -EPROTO for
+ * any other count). A status of 0 with every byte, or a receive that has ended
  * already, changes nothing. Borrows @ep, @op and @why for the call.
  * Return: 0, -EOPNOTSUPP (no such op: this channel learns the end itself), -ENOENT (@op is not
  * a receive pending on @ep).
@@ -693,6 +742,10 @@ int tpb_index(const char *name);
  * Return: 0, -EOPNOTSUPP for a channel without a copy op, or the channel's -errno.
  */
 int tpb_copy(int idx, const struct tpb_xfer *x, struct tpb_scratch *s);
+
+/* Does registry channel @idx move bytes into memory the receiving side prepared and offered
+ * (it has a prepare op: rdma, cuda_gdr)? False for an index out of range. */
+bool tpb_takes_offer(int idx);
 
 /* Name of registry channel @idx ("?" if out of range). Return: a static string. */
 const char *tpb_name(int idx);

@@ -4,13 +4,15 @@
  * threads (backends/mpt/stripe_io.c) stage each chunk through their (pinned) bounce buffers with
  * tpb_cuda_basic_stage(), which serves host memory too (memcpy, CMA); a CUDA copy runs on the
  * calling thread's own stream (the CUDA layer, backends/cuda/) and is synchronized before it
- * returns. Its registry entry has no copy op: the data connections move the bytes.
+ * returns. Its registry entry has no copy op: the data connections move the bytes; its
+ * endpoint entries are mpt's, on the mpt context's second head (tpb_mpt_cuda_basic_ctx()).
  */
 #include <errno.h>
 #include <stdbool.h>
 #include <stdint.h>
 #include <string.h>
 #include "../cuda/cuda_int.h"
+#include "../mpt/mpt.h"
 
 #if HAVE_CUDA
 
@@ -103,4 +105,12 @@ const struct tpb_channel_ops tpb_cuda_basic_ops = {
 		TPB_CAP_DST_LOCAL | TPB_CAP_DST_PROCESS | TPB_CAP_DST_CUDA | TPB_CAP_NEEDS_CUDA,
 	.probe = tpb_cuda_probe,
 	.copy = NULL,
+	/* Its endpoints: stripe transfers over a link's data connections, on mpt's context (its
+	 * second head, tpb_mpt_cuda_basic_ctx(): made, polled and freed as mpt's, so no ctx_new
+	 * here); the stripe threads stage the CUDA segments with tpb_cuda_basic_stage(). */
+	.ep_open = tpb_mpt_ep_open,
+	.ep_close = tpb_mpt_ep_close,
+	.start = tpb_mpt_start,
+	.cancel = tpb_mpt_cancel,
+	.recv_expect = tpb_mpt_recv_expect,
 };

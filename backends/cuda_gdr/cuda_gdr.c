@@ -2,15 +2,17 @@
 /*
  * The cuda_gdr channel: CUDA memory between hosts by RDMA writes straight from and into the
  * daemon's mappings of client allocations (GPUDirect RDMA). This folder holds its registry
- * entry, its probe (a CUDA driver and an active RDMA port) and the CUDA side of a registration
- * (tpb_cuda_gdr_range()); its transfers run in the rdma context (backends/rdma/link.c, reg.c) over
- * the verbs layer (backends/verbs/). Mappings and device contexts are the CUDA layer's
- * (backends/cuda/).
+ * entry, its probe (a CUDA driver and an active RDMA port), its op-table row and the CUDA side
+ * of a registration (tpb_cuda_gdr_range()); its endpoints are the peer links' RDMA states on
+ * the rdma context's second head (tpb_rdma_gdr_ctx()), whose transfers run in backends/rdma
+ * (link.c, reg.c, ep.c) over the verbs layer (backends/verbs/). Mappings and device contexts
+ * are the CUDA layer's (backends/cuda/).
  */
 #include <errno.h>
 #include <stdio.h>
 #include <unistd.h>
 #include "../cuda/cuda_int.h"
+#include "../rdma/rdma.h"
 
 #if HAVE_CUDA
 
@@ -71,4 +73,16 @@ const struct tpb_channel_ops tpb_cuda_gdr_ops = {
 		TPB_CAP_DST_CUDA | TPB_CAP_NEEDS_CUDA,
 	.probe = gdr_probe,
 	.copy = NULL,
+	/* Its endpoints: a peer link's RDMA state, on rdma's context (its second head,
+	 * tpb_rdma_gdr_ctx(): made, polled and freed as rdma's, so no ctx_new here). */
+	.ep_open = tpb_rdma_ep_open,
+	.ep_close = tpb_rdma_ep_close,
+	.prepare = tpb_rdma_ep_prepare,
+	.release = tpb_rdma_op_release,
+	.recv_expect = tpb_rdma_ep_recv_expect,
+	.start = tpb_rdma_ep_start,
+	.cancel = tpb_rdma_ep_cancel,
+	.ep_query = tpb_rdma_ep_query,
+	.ep_msg = tpb_rdma_ep_msg,
+	.offer_max = tpb_rdma_offer_max,
 };

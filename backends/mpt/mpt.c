@@ -10,7 +10,10 @@
  * op's xfer_id, cancel, and the event fd and progress call that deliver completions. A stripe
  * transfer ends on the loop thread (tpb_stripe_progress(), polled by the link's owner); its op
  * is then queued here and its done callback runs from this context's tpb_progress(). It does
- * not choose channels (registry.c) nor run threads (the stripe's).
+ * not choose channels (registry.c) nor run threads (the stripe's). cuda_basic's row
+ * (backends/cuda_basic/) names the same endpoint entries on a second head of this context
+ * (tpb_mpt_cuda_basic_ctx()): its transfers are stripe transfers whose CUDA segments the stripe
+ * threads stage.
  */
 #include <errno.h>
 #include <stdio.h>
@@ -21,6 +24,7 @@
 
 struct mpt_ctx {
 	struct tpb_ctx base;
+	struct tpb_ctx cb_base; /* cuda_basic's head: its endpoints ride the same stripes */
 	struct tpb_cq cq; /* ended ops waiting for progress (struct mpt_op.cq_node) */
 	unsigned pending; /* started ops not yet delivered */
 };
@@ -52,7 +56,14 @@ static int mpt_probe(const struct tpb_config *cfg, char *why, size_t why_len)
 
 static struct mpt_ctx *ctx_of(struct tpb_ctx *c)
 {
+	if (c->ops == &tpb_cuda_basic_ops)
+		return tpu_container_of(c, struct mpt_ctx, cb_base);
 	return (struct mpt_ctx *)c;
+}
+
+struct tpb_ctx *tpb_mpt_cuda_basic_ctx(struct tpb_ctx *mpt)
+{
+	return mpt && mpt->ops == &tpb_mpt_ops ? &ctx_of(mpt)->cb_base : NULL;
 }
 
 static int mpt_ctx_new(const struct tpb_channel_ops *self, const struct tpb_config *cfg,
@@ -65,6 +76,8 @@ static int mpt_ctx_new(const struct tpb_channel_ops *self, const struct tpb_conf
 		return -ENOMEM;
 	c->base.ops = self;
 	c->base.idx = tpb_index(self->name);
+	c->cb_base.ops = &tpb_cuda_basic_ops;
+	c->cb_base.idx = tpb_index(tpb_cuda_basic_ops.name);
 	r = tpb_cq_init(&c->cq);
 	if (r < 0) {
 		free(c);
@@ -88,7 +101,7 @@ static void mpt_ctx_free(struct tpb_ctx *ctx)
 	free(c);
 }
 
-static int mpt_ep_open(struct tpb_ctx *ctx, const struct tpb_peer *peer, struct tpb_ep **ret)
+int tpb_mpt_ep_open(struct tpb_ctx *ctx, const struct tpb_peer *peer, struct tpb_ep **ret)
 {
 	struct mpt_ep *e;
 
@@ -116,7 +129,7 @@ static void op_stop(struct mpt_op *mo)
 		tpb_stripe_send_cancel(mo->ep->st, &mo->x);
 }
 
-static void mpt_ep_close(struct tpb_ep *ep)
+void tpb_mpt_ep_close(struct tpb_ep *ep)
 {
 	struct mpt_ep *e = (struct mpt_ep *)ep;
 	struct mpt_op *mo;
@@ -160,7 +173,7 @@ static int op_direction(const struct tpb_op *op)
 	return dir < 0 ? 0 : dir; /* nothing to move: ends at once, later, either way */
 }
 
-static int mpt_start(struct tpb_ep *ep, struct tpb_op *op)
+int tpb_mpt_start(struct tpb_ep *ep, struct tpb_op *op)
 {
 	struct mpt_ep *e = (struct mpt_ep *)ep;
 	int dir = op_direction(op), r;
@@ -214,7 +227,7 @@ static struct mpt_op *op_find(struct mpt_ep *e, const struct tpb_op *op)
 	return NULL;
 }
 
-static int mpt_cancel(struct tpb_ep *ep, struct tpb_op *op)
+int tpb_mpt_cancel(struct tpb_ep *ep, struct tpb_op *op)
 {
 	struct mpt_op *mo = op_find((struct mpt_ep *)ep, op);
 
@@ -230,7 +243,7 @@ int tpb_mpt_recv_expect(struct tpb_ep *ep, struct tpb_op *op, uint64_t bytes, in
 {
 	struct mpt_op *mo;
 
-	if (ep->ctx->ops != &tpb_mpt_ops)
+	if (ep->ctx->ops != &tpb_mpt_ops && ep->ctx->ops != &tpb_cuda_basic_ops)
 		return -EOPNOTSUPP;
 	mo = op_find((struct mpt_ep *)ep, op);
 	if (!mo || !mo->recv)
@@ -278,10 +291,10 @@ const struct tpb_channel_ops tpb_mpt_ops = {
 	.copy = NULL,
 	.ctx_new = mpt_ctx_new,
 	.ctx_free = mpt_ctx_free,
-	.ep_open = mpt_ep_open,
-	.ep_close = mpt_ep_close,
-	.start = mpt_start,
-	.cancel = mpt_cancel,
+	.ep_open = tpb_mpt_ep_open,
+	.ep_close = tpb_mpt_ep_close,
+	.start = tpb_mpt_start,
+	.cancel = tpb_mpt_cancel,
 	.recv_expect = tpb_mpt_recv_expect,
 	.event_fd = mpt_event_fd,
 	.progress = mpt_progress,

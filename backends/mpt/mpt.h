@@ -1,8 +1,9 @@
 /* SPDX-License-Identifier: BSD-3-Clause */
 /*
- * The mpt channel's receive end (the sender's word on how its send ended, PeerXferEnd), the op
- * table's recv_expect: callers use tpb_recv_expect(). The op table itself (tpb_mpt_ops) is
- * reached through the registry and the tpb_*() wrappers.
+ * The mpt channel's endpoint entries and its receive end (the sender's word on how its send
+ * ended, PeerXferEnd), the op table's recv_expect: callers use the tpb_*() wrappers; the entries
+ * are here for cuda_basic's row, which rides the same context. The op table itself
+ * (tpb_mpt_ops) is reached through the registry and the wrappers.
  */
 #ifndef TPB_MPT_H
 #define TPB_MPT_H
@@ -21,5 +22,23 @@
  */
 int tpb_mpt_recv_expect(struct tpb_ep *ep, struct tpb_op *op, uint64_t bytes, int status,
 			const char *why);
+
+/*
+ * The endpoint entries of the table (tpb_mpt_ops; cuda_basic's row names them too): callers use
+ * the tpb_*() wrappers, whose contracts these follow. ep_open needs @peer->stripe (-EOPNOTSUPP
+ * without); start is a send (every destination remote) or a receive (every source remote).
+ */
+int tpb_mpt_ep_open(struct tpb_ctx *ctx, const struct tpb_peer *peer, struct tpb_ep **ret);
+void tpb_mpt_ep_close(struct tpb_ep *ep);
+int tpb_mpt_start(struct tpb_ep *ep, struct tpb_op *op);
+int tpb_mpt_cancel(struct tpb_ep *ep, struct tpb_op *op);
+
+/*
+ * tpb_mpt_cuda_basic_ctx() - cuda_basic's head of the mpt context @mpt: tpb_ep_open() on it
+ * gives an endpoint over a link's stripe that runs as cuda_basic (its completions come from
+ * tpb_progress() on @mpt, which makes and frees it). Borrows @mpt.
+ * Return: borrowed, valid until tpb_ctx_free(@mpt); NULL if @mpt (may be NULL) is not mpt's.
+ */
+struct tpb_ctx *tpb_mpt_cuda_basic_ctx(struct tpb_ctx *mpt);
 
 #endif

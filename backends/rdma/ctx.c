@@ -221,6 +221,8 @@ int tpb_rdma_ctx_new(const struct tpb_rdma_config *cfg, struct tpb_rdma **ret)
 		return -ENOMEM;
 	g->base.ops = &tpb_rdma_ops;
 	g->base.idx = tpb_index("rdma");
+	g->gdr_base.ops = &tpb_cuda_gdr_ops;
+	g->gdr_base.idx = tpb_index("cuda_gdr");
 	g->cfg = *cfg;
 	g->epfd = g->tfd = -EBADF;
 	tpu_list_init(&g->mrs);
@@ -293,6 +295,7 @@ unsigned tpb_rdma_offers(const struct tpb_rdma *g)
 
 struct tpb_rdma {
 	struct tpb_ctx base; /* first: the op table's head */
+	struct tpb_ctx gdr_base;
 };
 
 int tpb_rdma_ctx_new(const struct tpb_rdma_config *cfg, struct tpb_rdma **ret)
@@ -303,6 +306,8 @@ int tpb_rdma_ctx_new(const struct tpb_rdma_config *cfg, struct tpb_rdma **ret)
 		return -ENOMEM;
 	g->base.ops = &tpb_rdma_ops;
 	g->base.idx = tpb_index("rdma");
+	g->gdr_base.ops = &tpb_cuda_gdr_ops;
+	g->gdr_base.idx = tpb_index("cuda_gdr");
 	*ret = g;
 	return 0;
 }
@@ -335,10 +340,17 @@ unsigned tpb_rdma_offers(const struct tpb_rdma *g)
 
 struct tpb_rdma *tpb_rdma_of(struct tpb_ctx *ctx)
 {
+	if (ctx && ctx->ops == &tpb_cuda_gdr_ops)
+		return tpu_container_of(ctx, struct tpb_rdma, gdr_base);
 	return ctx && ctx->ops == &tpb_rdma_ops ? (struct tpb_rdma *)ctx : NULL;
 }
 
 struct tpb_ctx *tpb_rdma_ctx(struct tpb_rdma *g)
 {
 	return g ? &g->base : NULL;
+}
+
+struct tpb_ctx *tpb_rdma_gdr_ctx(struct tpb_rdma *g)
+{
+	return g ? &g->gdr_base : NULL;
 }

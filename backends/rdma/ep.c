@@ -5,8 +5,11 @@
  * (tpb_rdma_offer_encode() writes them), through tpb_rdma_send(); tpb_cancel() stops it; the
  * completion comes back as the op's done callback from tpb_progress(). On the reading side
  * tpb_prepare() registers an op's destination (tpb_rdma_recv_new()) and completes, once the
- * reader's CUDA events fired, with the encoded offer; tpb_release() deregisters it. The link
- * set-up and the writes themselves are link.c's.
+ * reader's CUDA events fired, with the encoded offer; tpb_release() deregisters it; a receive
+ * started on it (every source remote) waits for the sender's word (tpb_recv_expect()), counts
+ * the bytes received, and completes. tpb_ep_open() with the link's callbacks starts the link's
+ * set-up (tpb_ep_msg() takes the peer's steps, tpb_ep_query() says how far it got) and
+ * tpb_ep_close() ends it. The set-up and the writes themselves are link.c's.
  */
 #include <errno.h>
 #include <stdio.h>
@@ -33,6 +36,33 @@ struct tpb_ep *tpb_rdma_link_ep(struct tpb_rdma_link *l)
 	return l ? &l->ep : NULL;
 }
 
+static struct tpb_rdma_link *link_of(struct tpb_ep *ep)
+{
+	if (ep->ctx->ops == &tpb_cuda_gdr_ops)
+		return tpu_container_of(ep, struct tpb_rdma_link, gdr_ep);
+	return tpu_container_of(ep, struct tpb_rdma_link, ep);
+}
+
+/* @l's endpoint on @ctx: rdma's or cuda_gdr's head of the same context. */
+static struct tpb_ep *ep_on(struct tpb_rdma_link *l, const struct tpb_ctx *ctx)
+{
+	return ctx == &l->g->gdr_base ? &l->gdr_ep : &l->ep;
+}
+
+/* The TPB_RDMA_* bits of the channel names @peer offers. */
+static unsigned peer_offers(const struct tpb_peer *peer)
+{
+	unsigned bits = 0;
+
+	for (size_t i = 0; i < peer->n_offers; i++) {
+		if (strcmp(peer->offers[i], "rdma") == 0)
+			bits |= TPB_RDMA_HOST;
+		else if (strcmp(peer->offers[i], "cuda_gdr") == 0)
+			bits |= TPB_RDMA_CUDA;
+	}
+	return bits;
+}
+
 int tpb_rdma_ep_open(struct tpb_ctx *ctx, const struct tpb_peer *peer, struct tpb_ep **ret)
 {
 	struct tpb_rdma *g = tpb_rdma_of(ctx);
@@ -42,16 +72,172 @@ int tpb_rdma_ep_open(struct tpb_ctx *ctx, const struct tpb_peer *peer, struct tp
 		return -EOPNOTSUPP; /* between hosts only */
 	tpu_list_for_each(l, &g->links, node) {
 		if (l->link == peer->link) {
-			*ret = &l->ep;
+			l->ep_refs += l->ep_owned;
+			*ret = ep_on(l, ctx);
 			return 0;
 		}
 	}
-	return -EOPNOTSUPP; /* the two daemons set up no RDMA on this link */
+	if (!peer->link_ops)
+		return -EOPNOTSUPP; /* the two daemons set up no RDMA on this link */
+	/* The links of one context share their callbacks: the first endpoint's become the
+	 * context's (unless its configuration brought some). */
+	if (!g->cfg.link_ops)
+		g->cfg.link_ops = peer->link_ops;
+	else if (g->cfg.link_ops != peer->link_ops)
+		return -EINVAL;
+	l = tpb_rdma_link_new(g, peer->link, peer_offers(peer));
+	if (!l)
+		return -EOPNOTSUPP; /* nothing offered in common (or out of memory) */
+	l->ep_owned = true;
+	l->ep_refs = 1;
+	*ret = ep_on(l, ctx);
+	return 0;
 }
 
 void tpb_rdma_ep_close(struct tpb_ep *ep)
 {
-	/* the link owns its endpoint: tpb_rdma_link_free() */
+	struct tpb_rdma_link *l = link_of(ep);
+
+	/* A link tpb_rdma_link_new() made is its caller's: tpb_rdma_link_free(). */
+	if (l->ep_owned && --l->ep_refs == 0)
+		tpb_rdma_link_free(l);
+}
+
+int tpb_rdma_ep_query(struct tpb_ep *ep, struct tpb_ep_info *ret)
+{
+	struct tpb_rdma_link *l = link_of(ep);
+
+	ret->ready = tpb_rdma_link_ready(l);
+	ret->state = tpb_rdma_link_state(l);
+	tpb_rdma_link_bytes(l, &ret->sent, &ret->received);
+	return 0;
+}
+
+int tpb_rdma_ep_msg(struct tpb_ep *ep, const void *msg)
+{
+	tpb_rdma_link_on_msg(link_of(ep), msg);
+	return 0;
+}
+
+/* A receive started by tpb_start() (every source remote): it waits for the sender's word
+ * (tpb_recv_expect()), a cancel or the link's end, then completes from tpb_progress(). */
+struct op_wait {
+	struct tpu_list node; /* in the link's op_recvs */
+	struct tpb_op *op;
+	struct rdma_timer timer; /* armed once it ended: delivers the completion */
+	uint64_t total;		 /* the bytes of its xfers */
+	bool ended;
+};
+
+static void op_wait_deliver(struct rdma_timer *t)
+{
+	struct op_wait *ow = tpu_container_of(t, struct op_wait, timer);
+	struct tpb_op *op = ow->op;
+
+	tpu_list_remove(&ow->node);
+	free(ow);
+	op->done(op); /* @op is its owner's again */
+}
+
+/* @ow ends with @status (@why: NULL or its reason), delivered from the next progress. */
+static void op_wait_end(struct tpb_rdma_link *l, struct op_wait *ow, int status, uint64_t bytes,
+			const char *why)
+{
+	struct tpb_op *op = ow->op;
+
+	ow->ended = true;
+	op->status = status;
+	op->bytes = status == 0 ? bytes : 0;
+	snprintf(op->why, sizeof(op->why), "%s", status < 0 && why ? why : "");
+	tpb_rdma_timer_in_us(l->g, &ow->timer, 0);
+}
+
+static int recv_start(struct tpb_rdma_link *l, struct tpb_ep *ep, struct tpb_op *op)
+{
+	struct op_wait *ow = calloc(1, sizeof(*ow));
+
+	if (!ow)
+		return -ENOMEM;
+	ow->op = op;
+	ow->timer.fn = op_wait_deliver;
+	for (size_t i = 0; i < op->n_xfers; i++)
+		ow->total += op->xfers[i].len;
+	op->ep = ep;
+	op->status = 0;
+	op->bytes = 0;
+	op->canceled = false;
+	tpu_list_insert_tail(&l->op_recvs, &ow->node);
+	return 0;
+}
+
+/* The writes into the offer of @op->prepared completed: GPU-bound ones made visible to the
+ * reader's GPU work before the receive ends (tpb_rdma_recv_flush()). */
+static int prepared_flush(const struct tpb_op *op, char *why, size_t wl);
+
+static struct op_wait *recv_find(struct tpb_rdma_link *l, const struct tpb_op *op)
+{
+	struct op_wait *ow;
+
+	tpu_list_for_each(ow, &l->op_recvs, node)
+		if (ow->op == op && !ow->ended)
+			return ow;
+	return NULL;
+}
+
+int tpb_rdma_ep_recv_expect(struct tpb_ep *ep, struct tpb_op *op, uint64_t bytes, int status,
+			    const char *why)
+{
+	struct tpb_rdma_link *l = link_of(ep);
+	struct op_wait *ow = recv_find(l, op);
+	char msg[160];
+
+	if (!ow)
+		return -ENOENT;
+	if (status == 0 && bytes != ow->total) {
+		snprintf(msg, sizeof(msg), "peer RDMA-wrote %llu of %llu bytes",
+			 (unsigned long long)bytes, (unsigned long long)ow->total);
+		status = -EPROTO;
+		why = msg;
+	}
+	if (status == 0) {
+		int r = prepared_flush(op, msg, sizeof(msg));
+
+		if (r < 0) {
+			status = r;
+			why = msg;
+		}
+	}
+	if (status == 0)
+		tpb_rdma_link_received(l, bytes);
+	op_wait_end(l, ow, status, bytes, why);
+	return 0;
+}
+
+void tpb_rdma_ep_flush(struct tpb_rdma_link *l)
+{
+	while (!tpu_list_empty(&l->op_recvs)) {
+		struct op_wait *ow = tpu_container_of(l->op_recvs.next, struct op_wait, node);
+
+		if (!ow->ended)
+			op_wait_end(l, ow, -ECONNRESET, 0, "peer link closed");
+		tpb_rdma_timer_stop(&ow->timer);
+		op_wait_deliver(&ow->timer);
+	}
+}
+
+size_t tpb_rdma_offer_max(size_t n_xfers)
+{
+	return tpb_rdma_offer_size(n_xfers);
+}
+
+/* Was CUDA memory, with bytes, on this side of @op (the sources, or the destinations)? */
+static bool op_local_cuda(const struct tpb_op *op, bool dst)
+{
+	for (size_t i = 0; i < op->n_xfers; i++)
+		if (op->xfers[i].len && (dst ? op->xfers[i].dst : op->xfers[i].src).loc ==
+						TPB_LOC_CUDA)
+			return true;
+	return false;
 }
 
 static void op_send_free(struct op_send *os)
@@ -77,12 +263,18 @@ static void op_send_done(struct tpb_rdma_xfer *x)
 
 int tpb_rdma_ep_start(struct tpb_ep *ep, struct tpb_op *op)
 {
-	struct tpb_rdma_link *l = tpu_container_of(ep, struct tpb_rdma_link, ep);
-	struct op_send *os = calloc(1, sizeof(*os));
+	struct tpb_rdma_link *l = link_of(ep);
+	struct op_send *os;
 	struct tpb_rdma_offer of;
+	bool recv = !op->offer && op->n_xfers;
 	int r;
 
 	op->why[0] = '\0';
+	for (size_t i = 0; i < op->n_xfers; i++)
+		recv &= op->xfers[i].src.loc == TPB_LOC_REMOTE;
+	if (recv)
+		return recv_start(l, ep, op);
+	os = calloc(1, sizeof(*os));
 	if (!os)
 		return -ENOMEM;
 	os->op = op;
@@ -105,6 +297,7 @@ int tpb_rdma_ep_start(struct tpb_ep *ep, struct tpb_op *op)
 	op->ep = ep;
 	op->status = 0;
 	op->bytes = 0;
+	op->channel = tpb_index(tpb_rdma_channel(op_local_cuda(op, false), &of, false));
 	tpu_list_insert_tail(&l->op_sends, &os->node);
 	return 0;
 }
@@ -155,7 +348,7 @@ static void op_recv_ready(void *arg, int err, const char *why)
 
 int tpb_rdma_ep_prepare(struct tpb_ep *ep, struct tpb_op *op, void *offer, size_t *offer_len)
 {
-	struct tpb_rdma_link *l = tpu_container_of(ep, struct tpb_rdma_link, ep);
+	struct tpb_rdma_link *l = link_of(ep);
 	struct op_recv *orv;
 	bool src_cuda = false;
 	int r;
@@ -189,6 +382,7 @@ int tpb_rdma_ep_prepare(struct tpb_ep *ep, struct tpb_op *op, void *offer, size_
 	op->ep = ep;
 	op->prep_ops = ep->ctx->ops;
 	op->prep = orv;
+	op->channel = tpb_index(tpb_rdma_channel(op_local_cuda(op, true), NULL, src_cuda));
 	return -EINPROGRESS; /* op_recv_ready() follows, from tpb_progress() */
 }
 
@@ -197,18 +391,26 @@ void tpb_rdma_op_release(struct tpb_op *op)
 	op_recv_free(op->prep);
 }
 
-int tpb_rdma_op_flush(struct tpb_op *op, char *why, size_t wl)
+static int prepared_flush(const struct tpb_op *op, char *why, size_t wl)
 {
-	struct op_recv *orv = op->prep_ops == &tpb_rdma_ops ? op->prep : NULL;
+	const struct tpb_op *p = op->prepared;
+	struct op_recv *orv = p && (p->prep_ops == &tpb_rdma_ops ||
+				    p->prep_ops == &tpb_cuda_gdr_ops) ? p->prep : NULL;
 
 	return orv ? tpb_rdma_recv_flush(orv->rv, why, wl) : 0;
 }
 
 int tpb_rdma_ep_cancel(struct tpb_ep *ep, struct tpb_op *op)
 {
-	struct tpb_rdma_link *l = tpu_container_of(ep, struct tpb_rdma_link, ep);
+	struct tpb_rdma_link *l = link_of(ep);
+	struct op_wait *ow = recv_find(l, op);
 	struct op_send *os;
 
+	if (ow) {
+		op->canceled = true;
+		op_wait_end(l, ow, -ECANCELED, 0, "canceled");
+		return 0;
+	}
 	tpu_list_for_each(os, &l->op_sends, node) {
 		if (os->op == op) {
 			op->canceled = true;
@@ -235,6 +437,27 @@ void tpb_rdma_ep_close(struct tpb_ep *ep)
 {
 }
 
+int tpb_rdma_ep_query(struct tpb_ep *ep, struct tpb_ep_info *ret)
+{
+	return -EOPNOTSUPP;
+}
+
+int tpb_rdma_ep_msg(struct tpb_ep *ep, const void *msg)
+{
+	return -EOPNOTSUPP;
+}
+
+int tpb_rdma_ep_recv_expect(struct tpb_ep *ep, struct tpb_op *op, uint64_t bytes, int status,
+			    const char *why)
+{
+	return -ENOENT;
+}
+
+size_t tpb_rdma_offer_max(size_t n_xfers)
+{
+	return tpb_rdma_offer_size(n_xfers);
+}
+
 int tpb_rdma_ep_start(struct tpb_ep *ep, struct tpb_op *op)
 {
 	snprintf(op->why, sizeof(op->why), "tpipd was built without RDMA or CUDA support");
@@ -254,11 +477,6 @@ int tpb_rdma_ep_prepare(struct tpb_ep *ep, struct tpb_op *op, void *offer, size_
 
 void tpb_rdma_op_release(struct tpb_op *op)
 {
-}
-
-int tpb_rdma_op_flush(struct tpb_op *op, char *why, size_t wl)
-{
-	return 0;
 }
 
 #endif

@@ -211,6 +211,8 @@ struct tpb_rdma_link *tpb_rdma_link_new(struct tpb_rdma *g, void *link, unsigned
 	l->ep = (struct tpb_ep){ .ctx = &g->base, .peer = &l->peer };
 	l->peer = (struct tpb_peer){ .name = g->cfg.link_ops->name(link), .link = link };
 	tpu_list_init(&l->op_sends);
+	tpu_list_init(&l->op_recvs);
+	l->gdr_ep = (struct tpb_ep){ .ctx = &g->gdr_base, .peer = &l->peer };
 	tpu_list_insert_tail(&g->links, &l->node);
 	l->common = common;
 	l->state = LINK_PORTS;
@@ -780,6 +782,9 @@ void tpb_rdma_link_free(struct tpb_rdma_link *l)
 		s->pending = 0;
 		send_finish(s);
 	}
+	/* Receives started through the op table end too (ep.c). */
+	tpb_rdma_ep_flush(l);
+
 	tpu_list_remove(&l->node);
 	free(l->qps);
 	free(l->pairs);

@@ -6,8 +6,10 @@
  * active RDMA port at run time; no CUDA driver needed. Private memory cannot be registered by
  * the daemon, so such tensors keep to mpt. It has no copy op; its context in the op table is
  * the daemon's RDMA context (rdma.h: ports, event fd, progress, forget), which serves
- * cuda_gdr too, and its endpoints are the peer links' RDMA states (start, cancel: the
- * sender's RDMA writes); link set-up and the receive's offer go through rdma.h.
+ * cuda_gdr too, and its endpoints are the peer links' RDMA states: opened with the link's
+ * callbacks they set the link up (ep_msg, ep_query), start and cancel the sender's RDMA writes,
+ * prepare and release the receiver's registration and offer, and a started receive learns its
+ * end from recv_expect.
  */
 #include <errno.h>
 #include <stdio.h>
@@ -104,6 +106,10 @@ const struct tpb_channel_ops tpb_rdma_ops = {
 	.cancel = tpb_rdma_ep_cancel,
 	.prepare = tpb_rdma_ep_prepare,
 	.release = tpb_rdma_op_release,
+	.recv_expect = tpb_rdma_ep_recv_expect,
+	.ep_query = tpb_rdma_ep_query,
+	.ep_msg = tpb_rdma_ep_msg,
+	.offer_max = tpb_rdma_offer_max,
 	.event_fd = rdma_event_fd,
 	.progress = rdma_progress,
 	.forget = rdma_forget,

@@ -24,8 +24,9 @@
  * least recently used regions first; 0 registers every transfer anew).
  *
  * It knows nothing of the daemon, its event loop or the wire: the daemon gives it a
- * configuration (limits, the link's send of a set-up message, how to hold a shared buffer),
- * watches tpb_rdma_event_fd() and calls tpb_rdma_progress(), which runs every callback here,
+ * configuration (limits, the cache budget, the links' callbacks: the send of a set-up message,
+ * a link's name; or they come with the first endpoint, tpb_peer.link_ops), watches
+ * tpb_rdma_event_fd() and calls tpb_rdma_progress(), which runs every callback here,
  * on the loop thread; nothing here is thread safe. Without rdma-core in the build, or without
  * a port at run time, nothing here is ever ready and transfers use the data connections.
  */
@@ -117,12 +118,18 @@ void tpb_rdma_ctx_free(struct tpb_rdma *g);
 /*
  * The same context through the channel op table (tpb.h): rdma's ctx_new (tpb_ctx_new() with
  * tpb_config.rdma set) makes it, and tpb_ctx_free(), tpb_event_fd(), tpb_progress() and
- * tpb_forget() reach it; cuda_gdr is served by it too (one set of ports for both).
+ * tpb_forget() reach it; cuda_gdr is served by it too (one set of ports for both): its own
+ * op-table row (backends/cuda_gdr) names the same endpoint entries, on a second head of this
+ * context, so a link has an endpoint for each channel over one set of queue pairs.
  * tpb_rdma_of() - the context behind @ctx (borrowed, valid until tpb_ctx_free()), or NULL if
  * @ctx (may be NULL) is not rdma's. tpb_rdma_ctx() - @g's op-table head (borrowed, likewise).
  */
 struct tpb_rdma *tpb_rdma_of(struct tpb_ctx *ctx);
 struct tpb_ctx *tpb_rdma_ctx(struct tpb_rdma *g);
+/* tpb_rdma_gdr_ctx() - @g's second head, cuda_gdr's (its ops: tpb_cuda_gdr_ops, the same
+ * endpoint entries; tpb_rdma_of() knows it too): tpb_ep_open() on it gives a link's cuda_gdr
+ * endpoint. Borrowed, valid until tpb_ctx_free() of rdma's head; NULL for a NULL @g. */
+struct tpb_ctx *tpb_rdma_gdr_ctx(struct tpb_rdma *g);
 
 /* rdma-cache changed (SIGHUP): the new budget applies from the next release on. */
 void tpb_rdma_set_cache(struct tpb_rdma *g, uint64_t cache_bytes);
@@ -208,7 +215,8 @@ bool tpb_rdma_link_ready(const struct tpb_rdma_link *l);
 const char *tpb_rdma_link_state(const struct tpb_rdma_link *l);
 
 /* Bytes this daemon RDMA-wrote to the peer, and that the peer said it RDMA-wrote here (counted
- * with tpb_rdma_link_received()). Accepts NULL (zeros). */
+ * with tpb_rdma_link_received(), which the endpoint's receives call when the sender's word
+ * says every byte arrived). Accepts NULL (zeros). */
 void tpb_rdma_link_bytes(const struct tpb_rdma_link *l, uint64_t *sent, uint64_t *received);
 void tpb_rdma_link_received(struct tpb_rdma_link *l, uint64_t bytes);
 
@@ -272,10 +280,6 @@ void tpb_rdma_recv_free(struct tpb_rdma_recv *rv);
  */
 int tpb_rdma_recv_flush(struct tpb_rdma_recv *rv, char *why, size_t why_len);
 
-/* tpb_rdma_recv_flush() for the receive tpb_prepare() made on @op (the rdma endpoint's); 0 for
- * an op with none. Borrows @op. */
-int tpb_rdma_op_flush(struct tpb_op *op, char *why, size_t why_len);
-
 /* An offer as bytes (tpb_op.offer for tpb_start()): u32 port, u32 n, then per region u64 addr,
  * u64 length, u32 rkey, u32 flags (bit 0: cuda); little endian. */
 #define TPB_RDMA_OFFER_HDR 8u
@@ -317,14 +321,38 @@ int tpb_rdma_offer_decode(const void *buf, size_t len, struct tpb_rdma_region **
  */
 struct tpb_ep *tpb_rdma_link_ep(struct tpb_rdma_link *l);
 
-/* The op table's endpoint entries (rdma.c puts them in tpb_rdma_ops); callers use the tpb_*()
- * wrappers, whose contracts these follow, as above. */
+/*
+ * The op table's endpoint entries (rdma.c puts them in tpb_rdma_ops); callers use the tpb_*()
+ * wrappers, whose contracts these follow, as above, and:
+ * - ep_open: @peer->link with a link made already returns its endpoint (tpb_rdma_link_new()'s
+ *   caller keeps owning that link); else, with @peer->link_ops (struct tpb_rdma_link_ops: the
+ *   links of one context share them, so a context configured without link_ops takes the
+ *   first endpoint's; others are -EINVAL) and rdma or cuda_gdr among @peer->offers, makes the
+ *   link and sends its first set-up step (tpb_rdma_link_new()): the link is then the
+ *   endpoint's, freed (tpb_rdma_link_free()) by the last tpb_ep_close() of it; -EOPNOTSUPP
+ *   for a NULL @peer, or nothing in common.
+ * - start with no offer and every source TPB_LOC_REMOTE: a receive. It only waits for the
+ *   sender's word, tpb_recv_expect() (the bytes land by the sender's RDMA writes into what
+ *   tpb_prepare() registered): status 0 with every byte of its xfers counts them as received
+ *   (tpb_ep_query()), 0 with any other count is -EPROTO; tpb_cancel() ends it with
+ *   -ECANCELED; the link's end with -ECONNRESET, inside tpb_rdma_link_free().
+ * - start and prepare set @op->channel: cuda_gdr's index with CUDA memory on either side (see
+ *   tpb_rdma_channel()), else rdma's.
+ * - ep_query: ready (tpb_rdma_link_ready()), state (tpb_rdma_link_state()), bytes each way
+ *   (tpb_rdma_link_bytes()); ep_msg: @msg is a struct tpb_rdma_setup (tpb_rdma_link_on_msg()).
+ * - offer_max: tpb_rdma_offer_size(@n_xfers).
+ */
 int tpb_rdma_ep_open(struct tpb_ctx *ctx, const struct tpb_peer *peer, struct tpb_ep **ret);
 void tpb_rdma_ep_close(struct tpb_ep *ep);
 int tpb_rdma_ep_start(struct tpb_ep *ep, struct tpb_op *op);
 int tpb_rdma_ep_cancel(struct tpb_ep *ep, struct tpb_op *op);
 int tpb_rdma_ep_prepare(struct tpb_ep *ep, struct tpb_op *op, void *offer, size_t *offer_len);
 void tpb_rdma_op_release(struct tpb_op *op);
+int tpb_rdma_ep_recv_expect(struct tpb_ep *ep, struct tpb_op *op, uint64_t bytes, int status,
+			    const char *why);
+int tpb_rdma_ep_query(struct tpb_ep *ep, struct tpb_ep_info *ret);
+int tpb_rdma_ep_msg(struct tpb_ep *ep, const void *msg);
+size_t tpb_rdma_offer_max(size_t n_xfers);
 
 struct tpb_rdma_xfer;
 

@@ -38,6 +38,7 @@ struct rdma_timer {
 
 struct tpb_rdma {
 	struct tpb_ctx base; /* first: the op table's head */
+	struct tpb_ctx gdr_base; /* cuda_gdr's head: its endpoints run on this context too */
 	struct tpb_rdma_config cfg;
 	int epfd; /* the event fd: the ports' completion channels and @tfd */
 	int tfd;  /* timerfd, armed for the first of @timers */
@@ -59,11 +60,15 @@ enum link_state { LINK_PORTS, LINK_CONNECTING, LINK_READY, LINK_OFF };
 /* A peer link's RDMA state (link.c), its endpoint (ep.c). */
 struct tpb_rdma_link {
 	struct tpb_ep ep; /* its endpoint in the op table */
+	struct tpb_ep gdr_ep; /* the same link as cuda_gdr's endpoint */
 	struct tpb_peer peer;
 	struct tpu_list node; /* in g->links */
 	struct tpu_list op_sends; /* struct op_send: sends started through the op table */
+	struct tpu_list op_recvs; /* struct op_wait: receives started through the op table */
 	struct tpb_rdma *g;
 	void *link; /* the daemon's */
+	bool ep_owned;	 /* made by tpb_ep_open(): freed by the last tpb_ep_close() */
+	unsigned ep_refs; /* tpb_ep_open()s not closed yet (@ep_owned) */
 	enum link_state state;
 	unsigned common; /* TPB_RDMA_* both daemons offer */
 	unsigned n_remote;
@@ -77,6 +82,10 @@ struct tpb_rdma_link {
 	struct rdma_timer rebuild; /* armed while off after a failed write */
 	uint32_t rebuilds;	   /* since a write last completed */
 };
+
+/* The link goes (tpb_rdma_link_free()): receives started on its endpoint complete now, inside
+ * the call, with -ECONNRESET unless they ended already (ep.c). */
+void tpb_rdma_ep_flush(struct tpb_rdma_link *l);
 
 /* Runs @t's work from tpb_rdma_progress() in @us microseconds (0: on the next one); an armed
  * @t is re-armed (ctx.c). */

@@ -2,10 +2,13 @@
 /*
  * Cross-host transfers of single messages, on the loop thread: the send (writer's daemon) or
  * receive (reader's daemon) of one rendezvous message over a peer link, through the link's
- * stripe or, with an RDMA offer, by rdma (shared buffers) or cuda_gdr (CUDA memory on either
- * side). It starts them, turns their completion into the message's outcome (PeerXferEnd,
- * ReadDone, the write's status) and cancels them. Which message goes next and the pipe's
- * lifetime are pipe.c's; the peer messages that drive a cross-host pipe are xpipe.c's.
+ * endpoints in the channel op table (tpb.h, tpd_peer_ep()): the data connections' (mpt), or,
+ * where the selection picks a channel that writes into memory the reader prepared and offered
+ * (rdma, cuda_gdr), that channel's, with the offer as opaque bytes (the peer part translates
+ * them to and from PeerReadReq). It starts them, turns their completion into the message's
+ * outcome (PeerXferEnd, ReadDone, the write's status) and cancels them. Which message goes
+ * next and the pipe's lifetime are pipe.c's; the peer messages that drive a cross-host pipe
+ * are xpipe.c's.
  */
 #include <errno.h>
 #include <stdio.h>
@@ -13,7 +16,6 @@
 #include <string.h>
 #include "copier.h"
 #include "core.h"
-#include "rdma/rdma.h"
 #include "log.h"
 #include "peer.h"
 #include "pipe_int.h"
@@ -38,12 +40,14 @@ struct tpd_xh {
 	bool started;
 	Tpw__V1__Status early; /* send: the reader finished (failed) before the send ended */
 	char early_why[160];
-	/* rdma / cuda_gdr. Send: the reader's RDMA offer (copied from its PeerReadReq) and the op
-	 * started with it on the link's rdma endpoint; gdr once the writes run. Receive: the op
-	 * tpb_prepare() registered on that endpoint (its offer in @offer_bytes), @prepared while
-	 * the registration holds; gdr once the sender said it wrote. */
-	struct tpb_rdma_offer offer;
-	struct tpb_rdma_region *offer_regions; /* owned: offer.regions */
+	/* Into an offer (rdma, cuda_gdr), on the link's endpoint of channel @ch. Send: the
+	 * reader's offer (from its PeerReadReq) and @rop started with it; gdr once the writes run.
+	 * Receive: the op tpb_prepare() registered (its offer in @offer_bytes), @prepared while the
+	 * registration holds, and @rop, the receive into it, which the sender's word ends
+	 * (@expected: its outcome is the transfer's); gdr once the sender said it wrote. A receive
+	 * completes once neither @op nor @rop is running. */
+	struct tpd_peer_offer offer;
+	int ch;
 	struct tpb_op rop;
 	struct tpb_xfer *rxfers;
 	uint8_t *offer_bytes;
@@ -51,6 +55,9 @@ struct tpd_xh {
 	struct tpb_op prep;
 	bool prepared;
 	bool gdr;
+	bool expected;
+	bool mpt_running;
+	bool rop_running;
 	int gdr_status;
 	uint64_t gdr_bytes;
 	char gdr_why[160];
@@ -63,12 +70,18 @@ void tpd_xh_free(struct tpd_xh *xh)
 		return;
 	tpb_copier_job_free(xh->holder);
 	tpb_release(&xh->prep);
-	free(xh->offer_regions);
+	tpd_peer_rdma_offer_done(&xh->offer);
 	free(xh->rxfers);
 	free(xh->offer_bytes);
 	free(xh->xfers);
 	free(xh->segs);
 	free(xh);
+}
+
+/* The channel of the link's data connections (mpt): every transfer runs an op there. */
+static int xh_mpt(void)
+{
+	return tpb_index("mpt");
 }
 
 void tpd_xh_cancel(struct tpd_xh *xh)
@@ -78,47 +91,31 @@ void tpd_xh_cancel(struct tpd_xh *xh)
 	if (!xh->started || !xh->link)
 		return;
 	if (xh->send && xh->gdr) {
-		if (tpd_peer_gdr(xh->link))
-			tpb_cancel(tpb_rdma_link_ep(tpd_peer_gdr(xh->link)), &xh->rop);
+		ep = tpd_peer_ep(xh->link, xh->ch);
+		if (ep)
+			(void)tpb_cancel(ep, &xh->rop);
 		return;
 	}
-	ep = tpd_peer_mpt_ep(xh->link);
+	/* A receive into an offer ends its @rop once this one has ended (xh_op_done()). */
+	ep = tpd_peer_ep(xh->link, xh_mpt());
 	if (ep)
 		(void)tpb_cancel(ep, &xh->op); /* -ENOENT: it ended already */
 }
 
-/* Written on another host with a tensor in CUDA memory there. */
-static bool msg_remote_cuda(const struct tpd_msg *m)
+/* The channel @xh counts under: mpt, or the offer's channel once the bytes went into the
+ * offer (the one the channel named: rdma, or cuda_gdr with CUDA memory on a side). */
+static int xh_channel(const struct tpd_xh *xh)
 {
-	for (size_t i = 0; i < m->n_src; i++)
-		if (m->src[i].remote_cuda)
-			return true;
-	return false;
-}
+	int ch = xh->send ? xh->rop.channel : xh->prep.channel;
 
-/* CUDA memory among this side's segments of @xh. */
-static bool xh_local_cuda(const struct tpd_xh *xh)
-{
-	for (size_t i = 0; i < xh->x.n_segs; i++)
-		if (xh->segs[i].len && xh->segs[i].mem.loc == TPB_LOC_CUDA)
-			return true;
-	return false;
-}
-
-/* The channel @xh counts under: mpt, or rdma / cuda_gdr once the bytes went by RDMA. */
-static const char *xh_channel(const struct tpd_msg *m, const struct tpd_xh *xh)
-{
-	if (!xh->gdr)
-		return "mpt";
-	return tpb_rdma_channel(xh_local_cuda(xh), xh->send ? &xh->offer : NULL,
-				!xh->send && msg_remote_cuda(m));
+	return xh->gdr && ch >= 0 ? ch : xh_mpt();
 }
 
 /* Common end of a send or receive: flags, statistics, next message. */
 static void xh_finish(struct tpd_msg *m, struct tpd_xh *xh)
 {
 	struct tpd_pipe *p = m->from->pipe;
-	int ch = tpb_index(xh_channel(m, xh));
+	int ch = xh_channel(xh);
 
 	m->xh = NULL;
 	m->copying = false;
@@ -143,8 +140,7 @@ static void xh_finish(struct tpd_msg *m, struct tpd_xh *xh)
 		bool cuda = src == TPB_LOC_CUDA || dst == TPB_LOC_CUDA;
 
 		if (cuda && xh->segs[i].len)
-			tpd_pipe_pair_record(p, src, dst,
-					     tpb_index(xh->gdr ? "cuda_gdr" : "cuda_basic"));
+			tpd_pipe_pair_record(p, src, dst, xh->gdr ? ch : tpb_index("cuda_basic"));
 	}
 	tpd_xh_free(xh);
 }
@@ -244,8 +240,6 @@ static void xh_recv_done(struct tpb_stripe_xfer *x)
 		/* The sender RDMA-wrote the bytes; the stripe's registration was only dropped. */
 		status = x->status = xh->gdr_status;
 		x->bytes = status == 0 ? xh->gdr_bytes : 0;
-		if (xh->link)
-			tpb_rdma_link_received(tpd_peer_gdr(xh->link), x->bytes);
 		snprintf(why, sizeof(why), "%s", xh->gdr_why);
 	}
 	if (xh->link)
@@ -280,7 +274,32 @@ static void xh_op_done(struct tpb_op *op)
 	xh->x.bytes = op->bytes;
 	xh->x.ns = tpu_now_ns() - xh->start_ns;
 	snprintf(xh->x.why, sizeof(xh->x.why), "%s", op->status < 0 ? op->why : "");
+	xh->mpt_running = false;
+	if (xh->rop_running) { /* the receive into the offer ends first */
+		struct tpb_ep *ep = xh->link ? tpd_peer_ep(xh->link, xh->ch) : NULL;
+
+		if (ep) /* else the link is going: closing its endpoint ends @rop */
+			(void)tpb_cancel(ep, &xh->rop);
+		return;
+	}
 	xh->x.done(&xh->x);
+}
+
+/* The receive into the offer ended (from tpb_progress() on the offer channel's context, or
+ * inside the close of its endpoint): with the sender's word, its outcome is the transfer's;
+ * the transfer completes once the data connections' op has ended too. */
+static void xh_rop_done(struct tpb_op *op)
+{
+	struct tpd_xh *xh = op->arg;
+
+	xh->rop_running = false;
+	if (xh->expected) {
+		xh->gdr_status = op->status;
+		xh->gdr_bytes = op->bytes;
+		snprintf(xh->gdr_why, sizeof(xh->gdr_why), "%s", op->why);
+	}
+	if (!xh->mpt_running)
+		xh->x.done(&xh->x);
 }
 
 /* Starts @xh's segments on the link's mpt endpoint: a send to, or a receive from, the other
@@ -288,8 +307,9 @@ static void xh_op_done(struct tpb_op *op)
  * going). */
 static int xh_mpt_start(struct tpd_xh *xh)
 {
-	struct tpb_ep *ep = tpd_peer_mpt_ep(xh->link);
+	struct tpb_ep *ep = tpd_peer_ep(xh->link, xh_mpt());
 	struct tpb_mem other = { .loc = TPB_LOC_REMOTE, .remote = TPB_LOC_LOCAL };
+	int r;
 
 	if (!ep)
 		return -ENOTCONN;
@@ -303,47 +323,43 @@ static int xh_mpt_start(struct tpd_xh *xh)
 	xh->op = (struct tpb_op){ .xfers = xh->xfers, .n_xfers = xh->x.n_segs,
 				  .xfer_id = xh->x.xfer_id, .done = xh_op_done, .arg = xh };
 	xh->start_ns = tpu_now_ns();
-	return tpb_start(ep, &xh->op);
+	r = tpb_start(ep, &xh->op);
+	xh->mpt_running = r == 0;
+	return r;
+}
+
+/* Receive: no offer after all (the registration goes; the receive into it ends). */
+static void xh_unoffer(struct tpd_xh *xh)
+{
+	struct tpb_ep *ep = tpd_peer_ep(xh->link, xh->ch);
+
+	tpb_release(&xh->prep);
+	xh->prepared = false;
+	if (xh->rop_running && ep)
+		(void)tpb_cancel(ep, &xh->rop);
 }
 
 /*
- * Receive: asks the writer's daemon for the bytes, with the RDMA offer @of if there is one
- * (NULL: none). Runs at once without an offer, or once the offer is ready (xh_prep_done()).
+ * Receive: asks the writer's daemon for the bytes, with the offer @offer (@len bytes, as the
+ * channel wrote it; NULL: none). Runs at once without an offer, or once the offer is ready
+ * (xh_prep_done()).
  */
-static void xh_ask(struct tpd_xh *xh, const struct tpb_rdma_offer *of)
+static void xh_ask(struct tpd_xh *xh, const void *offer, size_t len)
 {
 	Tpw__V1__PeerReadReq rr = TPW__V1__PEER_READ_REQ__INIT;
 	Tpw__V1__PeerMsg pm = TPW__V1__PEER_MSG__INIT;
-	_cleanup_free_ Tpw__V1__PeerRdmaRegion *regions = NULL;
-	_cleanup_free_ Tpw__V1__PeerRdmaRegion **ptrs = NULL;
+	_cleanup_free_ void *store = NULL;
 	struct tpd_pipe *p = xh->m->from->pipe;
+	char why[160];
 
-	if (of) {
-		regions = calloc(of->n ? of->n : 1, sizeof(*regions));
-		ptrs = calloc(of->n ? of->n : 1, sizeof(*ptrs));
-		if (!regions || !ptrs) {
-			tpd_pipe_log(p, NULL, TPU_LOG_INFO, "message %llu: not over RDMA: %s",
-				     (unsigned long long)xh->m->msg_id, "out of memory");
-			tpb_release(&xh->prep);
-			xh->prepared = false;
-			of = NULL;
-		}
-	}
 	rr.pipe_id = p->remote_id;
 	rr.msg_id = xh->m->msg_id;
 	rr.xfer_id = xh->x.xfer_id;
-	if (of) { /* the offer, as the wire carries it */
-		for (size_t i = 0; i < of->n; i++) {
-			tpw__v1__peer_rdma_region__init(&regions[i]);
-			regions[i].addr = of->regions[i].addr;
-			regions[i].rkey = of->regions[i].rkey;
-			regions[i].length = of->regions[i].length;
-			regions[i].cuda = of->regions[i].cuda;
-			ptrs[i] = &regions[i];
-		}
-		rr.rdma_port = of->port;
-		rr.n_rdma = of->n;
-		rr.rdma = ptrs;
+	/* the offer, as the wire carries it */
+	if (offer && tpd_peer_rdma_offer_out(offer, len, &rr, &store, why, sizeof(why)) < 0) {
+		tpd_pipe_log(p, NULL, TPU_LOG_INFO, "message %llu: not over RDMA: %s",
+			     (unsigned long long)xh->m->msg_id, why);
+		xh_unoffer(xh);
 	}
 	pm.body_case = TPW__V1__PEER_MSG__BODY_READ_REQ;
 	pm.read_req = &rr;
@@ -355,40 +371,31 @@ static void xh_ask(struct tpd_xh *xh, const struct tpb_rdma_offer *of)
 static void xh_prep_done(struct tpb_op *op)
 {
 	struct tpd_xh *xh = op->arg;
-	_cleanup_free_ struct tpb_rdma_region *regions = NULL;
-	struct tpb_rdma_offer of;
-	char why[160];
-	int r = op->status;
 
-	snprintf(why, sizeof(why), "%s", op->why);
-	if (r == 0)
-		r = tpb_rdma_offer_decode(op->offer, op->offer_len, &regions, &of, why,
-					  sizeof(why));
-	if (r < 0) {
+	if (op->status < 0) {
 		tpd_pipe_log(xh->m->from->pipe, NULL, TPU_LOG_INFO,
 			     "message %llu: not over RDMA: %s", (unsigned long long)xh->m->msg_id,
-			     why);
-		tpb_release(&xh->prep);
-		xh->prepared = false;
+			     op->why);
+		xh_unoffer(xh);
+		xh_ask(xh, NULL, 0);
+		return;
 	}
-	xh_ask(xh, r == 0 ? &of : NULL);
+	xh_ask(xh, op->offer, op->offer_len);
 }
 
 /*
- * Receive: registers @xh's destination for the link's RDMA endpoint and builds its offer
- * (tpb_prepare()), against the writer's kind of memory; the offer follows from xh_prep_done().
+ * Receive: registers @xh's destination on @ep (tpb_prepare()), against the writer's kind of
+ * memory, and starts the receive into it (@rop, which the sender's word ends); the offer
+ * follows from xh_prep_done().
  * Return: 0 (xh_prep_done() follows, or ran already), or -errno (no offer: ask without).
  */
-static int xh_prepare(struct tpd_xh *xh)
+static int xh_prepare(struct tpd_xh *xh, struct tpb_ep *ep)
 {
-	struct tpb_ep *ep = tpb_rdma_link_ep(tpd_peer_gdr(xh->link));
-	size_t n = xh->x.n_segs, len = tpb_rdma_offer_size(n);
+	size_t n = xh->x.n_segs, len = tpb_offer_max(ep, n);
 	int r;
 
-	if (!ep)
-		return -EOPNOTSUPP;
 	xh->rxfers = calloc(n ? n : 1, sizeof(*xh->rxfers));
-	xh->offer_bytes = malloc(len);
+	xh->offer_bytes = malloc(len ? len : 1);
 	if (!xh->rxfers || !xh->offer_bytes)
 		return -ENOMEM;
 	for (size_t i = 0; i < n; i++) {
@@ -402,29 +409,51 @@ static int xh_prepare(struct tpd_xh *xh)
 	xh->prep = (struct tpb_op){ .xfers = xh->rxfers, .n_xfers = n, .xfer_id = xh->x.xfer_id,
 				    .done = xh_prep_done, .arg = xh };
 	r = tpb_prepare(ep, &xh->prep, xh->offer_bytes, &len);
+	if (r < 0 && r != -EINPROGRESS)
+		return r;
+	xh->rop = (struct tpb_op){ .xfers = xh->rxfers, .n_xfers = n, .xfer_id = xh->x.xfer_id,
+				   .prepared = &xh->prep, .done = xh_rop_done, .arg = xh };
+	if (tpb_start(ep, &xh->rop) < 0) {
+		tpb_release(&xh->prep); /* a completion still owed never runs */
+		return -EOPNOTSUPP;
+	}
+	xh->rop_running = true;
+	xh->prepared = true;
 	if (r == 0) { /* the offer at once */
-		xh->prepared = true;
 		xh->prep.offer = xh->offer_bytes;
 		xh->prep.offer_len = len;
 		xh_prep_done(&xh->prep);
-		return 0;
 	}
-	xh->prepared = r == -EINPROGRESS;
-	return xh->prepared ? 0 : r;
+	return 0;
+}
+
+/* The first endpoint of @link, of a channel that takes offers, that is ready; or NULL. */
+static struct tpb_ep *xh_offer_ep(struct tpd_peer *link)
+{
+	for (int i = 0; i < TPB_CHANNELS_MAX; i++) {
+		struct tpb_ep *ep = tpb_takes_offer(i) ? tpd_peer_ep(link, i) : NULL;
+		struct tpb_ep_info info = { 0 };
+
+		if (ep && tpb_ep_query(ep, &info) == 0 && info.ready)
+			return ep;
+	}
+	return NULL;
 }
 
 /*
- * Does the channel selection (tpb_select_pair(), honouring [backends] priority) pick an RDMA
- * channel (rdma, cuda_gdr) for every segment of @xh, this side's memory against the other
- * host's? The other side's kind: on a send, what the reader's offer registered; on a receive,
- * the writer's tensor kind (a shared buffer is assumed for CPU memory: the writer's daemon
- * declines the offer for private memory). Else @xh->chan_why says which channel won and why.
+ * Does the channel selection (tpb_select_pair(), honouring [backends] priority) pick a channel
+ * that moves the bytes into an offer (rdma, cuda_gdr: tpb_takes_offer()) for every segment of
+ * @xh, this side's memory against the other host's? The other side's kind: on a send, what the
+ * reader's offer registered; on a receive, the writer's tensor kind (a shared buffer is assumed
+ * for CPU memory: the writer's daemon declines the offer for private memory). If so, @ret_ep
+ * becomes the link's endpoint of the first segment's channel (NULL: none on this link; kept
+ * for a message without segments) and @xh->ch its index; else @xh->chan_why says which
+ * channel won and why.
  */
-static bool xh_select_rdma(struct tpd_xh *xh)
+static bool xh_select_offered(struct tpd_xh *xh, struct tpb_ep **ret_ep)
 {
 	for (size_t i = 0; i < xh->x.n_segs; i++) {
-		const struct tpb_rdma_offer *of = &xh->offer;
-		bool cuda = xh->send ? i < of->n && of->regions[i].cuda
+		bool cuda = xh->send ? i < xh->offer.n && xh->offer.kinds[i] == TPB_LOC_CUDA
 				     : xh->m->src[i].remote_cuda;
 		struct tpb_mem other = { .loc = TPB_LOC_REMOTE,
 					 .remote = cuda ? TPB_LOC_CUDA : TPB_LOC_LOCAL };
@@ -432,15 +461,18 @@ static bool xh_select_rdma(struct tpd_xh *xh)
 		char why[160];
 		int ch = xh->send ? tpb_select_pair(mine, &other, why, sizeof(why))
 				  : tpb_select_pair(&other, mine, why, sizeof(why));
-		const char *name = tpb_name(ch);
 
-		if (ch >= 0 && (strcmp(name, "rdma") == 0 || strcmp(name, "cuda_gdr") == 0))
+		if (ch >= 0 && tpb_takes_offer(ch)) {
+			if (i == 0)
+				*ret_ep = tpd_peer_ep(xh->link, ch);
 			continue;
+		}
 		snprintf(xh->chan_why, sizeof(xh->chan_why), "striped over the peer link's data "
-			 "connections: %.12s for segment %zu: %.100s", ch >= 0 ? name : "none", i,
-			 why);
+			 "connections: %.12s for segment %zu: %.100s",
+			 ch >= 0 ? tpb_name(ch) : "none", i, why);
 		return false;
 	}
+	xh->ch = *ret_ep ? (*ret_ep)->ctx->idx : -1;
 	return true;
 }
 
@@ -456,28 +488,25 @@ static void xh_rdma_op_done(struct tpb_op *op)
 	xh_send_done(&xh->x);
 }
 
-/* The send's op for the rdma endpoint: the sources, and the reader's offer as bytes.
+/* The send's op for the offer's endpoint: the sources, and the reader's offer as its bytes.
  * Return: 0 or -ENOMEM. */
-static int xh_rdma_op(struct tpd_xh *xh)
+static int xh_offer_op(struct tpd_xh *xh)
 {
-	size_t n = xh->x.n_segs, len = tpb_rdma_offer_size(xh->offer.n);
+	size_t n = xh->x.n_segs;
 
 	xh->rxfers = calloc(n ? n : 1, sizeof(*xh->rxfers));
-	xh->offer_bytes = malloc(len);
-	if (!xh->rxfers || !xh->offer_bytes ||
-	    tpb_rdma_offer_encode(&xh->offer, xh->offer_bytes, len) < 0)
+	if (!xh->rxfers)
 		return -ENOMEM;
 	for (size_t i = 0; i < n; i++) {
-		bool cuda = i < xh->offer.n && xh->offer.regions[i].cuda;
-
 		xh->rxfers[i].src = xh->segs[i].mem;
 		xh->rxfers[i].src.buf = xh->segs[i].buf;
 		xh->rxfers[i].dst.loc = TPB_LOC_REMOTE;
-		xh->rxfers[i].dst.remote = cuda ? TPB_LOC_CUDA : TPB_LOC_LOCAL;
+		xh->rxfers[i].dst.remote = i < xh->offer.n ? (enum tpb_loc)xh->offer.kinds[i]
+							   : TPB_LOC_LOCAL;
 		xh->rxfers[i].len = xh->segs[i].len;
 	}
-	xh->rop = (struct tpb_op){ .xfers = xh->rxfers, .n_xfers = n, .offer = xh->offer_bytes,
-				   .offer_len = len, .done = xh_rdma_op_done, .arg = xh };
+	xh->rop = (struct tpb_op){ .xfers = xh->rxfers, .n_xfers = n, .offer = xh->offer.bytes,
+				   .offer_len = xh->offer.len, .done = xh_rdma_op_done, .arg = xh };
 	return 0;
 }
 
@@ -485,7 +514,7 @@ static int xh_rdma_op(struct tpd_xh *xh)
 static int xh_send_gdr(struct tpd_xh *xh)
 {
 	struct tpd_pipe *p = xh->m->from->pipe;
-	struct tpb_ep *ep;
+	struct tpb_ep *ep = NULL;
 	char why[160] = "";
 	int r;
 
@@ -494,13 +523,12 @@ static int xh_send_gdr(struct tpd_xh *xh)
 			 "connections: the reader offered no RDMA target");
 		return -EOPNOTSUPP;
 	}
-	if (!xh_select_rdma(xh))
+	if (!xh_select_offered(xh, &ep))
 		return -EOPNOTSUPP; /* this daemon's priority puts the data connections first */
-	ep = tpb_rdma_link_ep(tpd_peer_gdr(xh->link));
 	if (!ep) {
 		snprintf(why, sizeof(why), "RDMA is not set up on this link");
 		r = -EOPNOTSUPP;
-	} else if ((r = xh_rdma_op(xh)) < 0) {
+	} else if ((r = xh_offer_op(xh)) < 0) {
 		snprintf(why, sizeof(why), "out of memory");
 	} else {
 		xh->rdma_start_ns = tpu_now_ns();
@@ -516,6 +544,15 @@ static int xh_send_gdr(struct tpd_xh *xh)
 			     why);
 	xh->gdr = r == 0;
 	return r;
+}
+
+/* Receive: offers @xh's destination where the link and the selection allow. Return: true
+ * (the ask follows from xh_prep_done()), false (ask without an offer). */
+static bool xh_offer_recv(struct tpd_xh *xh)
+{
+	struct tpb_ep *ep = xh_offer_ep(xh->link);
+
+	return ep && xh_select_offered(xh, &ep) && ep && xh_prepare(xh, ep) == 0;
 }
 
 /* Starts @m's send or receive. Return: 0, or -errno when it failed at once and has completed. */
@@ -543,11 +580,11 @@ int tpd_xh_start(struct tpd_msg *m)
 		for (size_t i = 0; i < xh->x.n_segs; i++)
 			xh->x.total += xh->segs[i].len;
 		r = xh->x.xfer_id ? xh_mpt_start(xh) : -ENOMEM;
-		/* An RDMA offer only where the selection picks rdma or cuda_gdr for every segment
-		 * and the link can carry it; else the bytes come over the data connections. */
-		if (r == 0 && (!tpb_rdma_link_ready(tpd_peer_gdr(xh->link)) ||
-			       !xh_select_rdma(xh) || xh_prepare(xh) < 0)) {
-			xh_ask(xh, NULL); /* no offer: ask for the bytes at once */
+		/* An offer only where the selection picks a channel that takes one for every
+		 * segment and the link can carry it; else the bytes come over the data
+		 * connections. */
+		if (r == 0 && !xh_offer_recv(xh)) {
+			xh_ask(xh, NULL, 0); /* no offer: ask for the bytes at once */
 		} else if (r < 0 && xh->x.xfer_id) {
 			tpd_peer_xfer_drop(xh->link, xh->x.xfer_id);
 		}
@@ -581,6 +618,8 @@ static struct tpd_xh *xh_new(struct tpd_msg *m, bool send)
 	}
 	xh->m = m;
 	xh->send = send;
+	xh->ch = -1;
+	xh->prep.channel = -1;
 	xh->x.segs = xh->segs;
 	xh->x.n_segs = m->n_src;
 	return xh;
@@ -622,22 +661,6 @@ int tpd_xh_build_recv(struct tpd_msg *m, struct tpd_session *s, const Tpw__V1__R
 	return 0;
 }
 
-/* A copy of the reader's RDMA offer in @rr, kept in @xh until the send starts; none without
- * memory (the send then uses the stripe). */
-static void offer_copy(struct tpd_xh *xh, const Tpw__V1__PeerReadReq *rr)
-{
-	xh->offer_regions = calloc(rr->n_rdma, sizeof(*xh->offer_regions));
-	if (!xh->offer_regions)
-		return;
-	for (size_t i = 0; i < rr->n_rdma; i++)
-		xh->offer_regions[i] = (struct tpb_rdma_region){ .addr = rr->rdma[i]->addr,
-								 .rkey = rr->rdma[i]->rkey,
-								 .length = rr->rdma[i]->length,
-								 .cuda = rr->rdma[i]->cuda };
-	xh->offer = (struct tpb_rdma_offer){ .port = rr->rdma_port, .n = rr->n_rdma,
-					     .regions = xh->offer_regions };
-}
-
 int tpd_xh_build_send(struct tpd_msg *m, const Tpw__V1__PeerReadReq *rr)
 {
 	struct tpd_xh *xh = xh_new(m, true);
@@ -650,8 +673,10 @@ int tpd_xh_build_send(struct tpd_msg *m, const Tpw__V1__PeerReadReq *rr)
 		xh->segs[i].buf = m->src[i].mem.loc == TPB_LOC_LOCAL ? m->src[i].buf : NULL;
 	}
 	xh->x.xfer_id = rr->xfer_id;
-	if (rr->n_rdma)
-		offer_copy(xh, rr);
+	/* The reader's offer, kept until the send starts; none without memory (the send then
+	 * uses the stripe). */
+	if (tpd_peer_rdma_offer_in(rr, &xh->offer) < 0)
+		xh->offer = (struct tpd_peer_offer){ 0 };
 	m->xh = xh;
 	return 0;
 }
@@ -666,31 +691,27 @@ void tpd_xh_stop_early(struct tpd_xh *xh, Tpw__V1__Status st, const char *why)
 void tpd_xh_peer_xfer_end(struct tpd_peer *pr, void *arg, const Tpw__V1__PeerXferEnd *xe)
 {
 	struct tpd_xh *xh = arg;
-	struct tpb_ep *ep = tpd_peer_mpt_ep(pr);
+	struct tpb_ep *ep = tpd_peer_ep(pr, xh_mpt()), *oep;
+	int status = tpw_status_to_errno(xe->status);
+	const char *why = xe->message ? xe->message : tpw_status_name(xe->status);
 
-	if (!ep || !xh->started)
+	if (!ep || !xh->started || !xh->mpt_running)
 		return;
 	if (xe->rdma) {
-		/* The bytes went by RDMA (only ever into an offer): drop the stripe's receive. */
+		/* The bytes went into the offer (only ever there): its receive ends on the word,
+		 * and the stripe's is dropped. */
 		xh->gdr = true;
-		xh->gdr_status = xh->prepared ? tpw_status_to_errno(xe->status) : -EPROTO;
-		xh->gdr_bytes = xe->bytes;
-		snprintf(xh->gdr_why, sizeof(xh->gdr_why), "%s",
-			 !xh->prepared ? "peer says it RDMA-wrote without an offer"
-			 : xe->status  ? (xe->message ? xe->message : tpw_status_name(xe->status))
-				       : "");
-		if (xh->gdr_status == 0 && xe->bytes != xh->x.total) {
+		oep = tpd_peer_ep(pr, xh->ch);
+		xh->expected = xh->prepared && xh->rop_running && oep &&
+			       tpb_recv_expect(oep, &xh->rop, xe->bytes, status,
+					       xe->status ? why : NULL) == 0;
+		if (!xh->expected) {
 			xh->gdr_status = -EPROTO;
 			snprintf(xh->gdr_why, sizeof(xh->gdr_why),
-				 "peer RDMA-wrote %llu of %llu bytes",
-				 (unsigned long long)xe->bytes, (unsigned long long)xh->x.total);
+				 "peer says it RDMA-wrote without an offer");
 		}
-		if (xh->gdr_status == 0) /* GPU-bound writes visible before ReadDone */
-			xh->gdr_status = tpb_rdma_op_flush(&xh->prep, xh->gdr_why,
-							   sizeof(xh->gdr_why));
 		(void)tpb_cancel(ep, &xh->op);
 		return;
 	}
-	(void)tpb_recv_expect(ep, &xh->op, xe->bytes, tpw_status_to_errno(xe->status),
-			      xe->message ? xe->message : tpw_status_name(xe->status));
+	(void)tpb_recv_expect(ep, &xh->op, xe->bytes, status, why);
 }

@@ -427,7 +427,7 @@ static int rdma_start(struct tpd_daemon *d)
 		.rebuild_ms = d->cfg.rdma_rebuild_ms,
 		.rebuild_max = d->cfg.rdma_rebuild_max,
 		.ports_max = TPW_RDMA_PORTS_MAX,
-		.link_ops = &tpd_peer_rdma_ops,
+		/* no link_ops: each link brings its own when it opens its endpoints (peerhs.c) */
 	};
 	struct tpb_config bc = { .rdma_disabled = d->cfg.no_rdma, .rdma = &rc };
 	struct tpb_ctx *ctx;

@@ -130,14 +130,9 @@ bool tpd_peer_is_failed(const struct tpd_peer *pr)
 	return pr->state == PEER_FAILED;
 }
 
-struct tpb_rdma_link *tpd_peer_gdr(struct tpd_peer *pr)
+struct tpb_ep *tpd_peer_ep(struct tpd_peer *pr, int channel)
 {
-	return pr->gdr;
-}
-
-struct tpb_ep *tpd_peer_mpt_ep(struct tpd_peer *pr)
-{
-	return pr->mpt_ep;
+	return channel >= 0 && channel < TPB_CHANNELS_MAX ? pr->eps[channel] : NULL;
 }
 
 struct tpb_stripe *tpd_peer_stripe(struct tpd_peer *pr)
@@ -311,23 +306,27 @@ void tpd_peer_teardown(struct tpd_peer *pr)
 	struct tpd_peers *ps = pr->peers;
 	size_t n = pr->pipes.len, i = 0, k = 0;
 	struct tpd_pipe **v = calloc(n + 1, sizeof(*v));
-	struct tpb_ep *mpt_ep;
+	struct tpb_ep *eps[TPB_CHANNELS_MAX];
+	int mpt = tpd_daemon_mpt(ps->d)->idx;
 	uint64_t key;
 	void *val;
 
 	pr->state = PEER_FAILED;
 	/* Transfers first: their completions see the link failed and fail their messages. */
-	mpt_ep = pr->mpt_ep;
-	pr->mpt_ep = NULL; /* new ones are refused: -ENOTCONN */
+	memcpy(eps, pr->eps, sizeof(eps));
+	memset(pr->eps, 0, sizeof(pr->eps)); /* new ones are refused: -ENOTCONN */
 	if (pr->ev_stripe)
 		event_free(pr->ev_stripe);
 	pr->ev_stripe = NULL;
 	tpb_stripe_free(pr->stripe);
 	pr->stripe = NULL;
-	tpb_ep_close(mpt_ep);
+	tpb_ep_close(eps[mpt]);
 	tpb_progress(tpd_daemon_mpt(ps->d));
-	tpb_rdma_link_free(pr->gdr);
-	pr->gdr = NULL;
+	/* Then the RDMA ones: their sends and receives still running complete inside the close,
+	 * with -ECONNRESET. */
+	for (int c = 0; c < TPB_CHANNELS_MAX; c++)
+		if (c != mpt)
+			tpb_ep_close(eps[c]);
 	pipe_ops->waits_drop(ps->d, pr);
 	while (v && tpu_hmap_next(&pr->pipes, &i, &key, &val))
 		v[k++] = val;
@@ -398,6 +397,7 @@ static int peer_make_stripe(struct tpd_peer *pr)
 {
 	const struct tpd_config *cfg = pr->peers->cfg;
 	struct tpb_stripe_config sc = { 0 };
+	struct tpb_ctx *mpt;
 	char name[32];
 	int r;
 
@@ -414,8 +414,10 @@ static int peer_make_stripe(struct tpd_peer *pr)
 				  EV_READ | EV_PERSIST, peer_on_stripe, pr);
 	if (!pr->ev_stripe || event_add(pr->ev_stripe, NULL) < 0)
 		return -ENOMEM;
-	pr->mpt_peer = (struct tpb_peer){ .name = pr->key, .link = pr, .stripe = pr->stripe };
-	return tpb_ep_open(tpd_daemon_mpt(pr->peers->d), &pr->mpt_peer, &pr->mpt_ep);
+	pr->tpeer = (struct tpb_peer){ .name = pr->key, .link = pr, .stripe = pr->stripe,
+				       .offers = pr->offers, .link_ops = &tpd_peer_rdma_ops };
+	mpt = tpd_daemon_mpt(pr->peers->d);
+	return tpb_ep_open(mpt, &pr->tpeer, &pr->eps[mpt->idx]);
 }
 
 static void peer_on_timer(evutil_socket_t fd, short what, void *arg);
@@ -436,7 +438,7 @@ struct tpd_peer *tpd_peer_new(struct tpd_peers *ps, bool outgoing, const char *k
 	pr->ev_timer = evtimer_new(ps->base, peer_on_timer, pr);
 	pr->ev_close = event_new(ps->base, -1, 0, peer_on_close, pr);
 	if (!pr->ev_timer || !pr->ev_close || peer_make_stripe(pr) < 0) {
-		tpb_ep_close(pr->mpt_ep);
+		tpb_ep_close(tpd_peer_ep(pr, tpd_daemon_mpt(ps->d)->idx));
 		if (pr->ev_stripe)
 			event_free(pr->ev_stripe);
 		tpb_stripe_free(pr->stripe);

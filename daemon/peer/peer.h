@@ -25,7 +25,7 @@ struct tpd_peer;
 struct tpd_peers;
 struct tpd_pipe;
 struct tpb_stripe;
-struct tpb_rdma_link;
+struct tpb_ep;
 struct tpb_rdma_link_ops;
 
 /*
@@ -107,15 +107,48 @@ bool tpd_peer_identity_matches(const char *entry, const void *pr);
  */
 char *tpd_peer_dial_text(const struct tpd_peer *pr, char *buf, size_t len);
 
-/* The link's cuda_gdr state, or NULL when the two daemons do not both offer it. */
-struct tpb_rdma_link *tpd_peer_gdr(struct tpd_peer *pr);
-
 /* The link's data connections. */
 struct tpb_stripe *tpd_peer_stripe(struct tpd_peer *pr);
 
-/* The link's mpt endpoint (tpb.h op table, over its data connections): borrowed, valid until
- * the link is torn down; NULL once it is. */
-struct tpb_ep *tpd_peer_mpt_ep(struct tpd_peer *pr);
+/*
+ * tpd_peer_ep() - the link's endpoint of registry channel @channel (tpb.h op table): mpt's over
+ * its data connections from the start, those of the RDMA channels (rdma, cuda_gdr) once the
+ * link is up where both daemons offer them. Borrows @pr.
+ * Return: borrowed, valid until the link is torn down; NULL for a channel without one on this
+ * link, an index out of range, or once the link is being torn down.
+ */
+struct tpb_ep *tpd_peer_ep(struct tpd_peer *pr, int channel);
+
+/*
+ * struct tpd_peer_offer - a reader's offer as the writer's daemon keeps it: the bytes the
+ * channel's tpb_start() takes (opaque to the broker) and, per segment, the kind of memory the
+ * reader offered (TPB_LOC_LOCAL or TPB_LOC_CUDA).
+ */
+struct tpd_peer_offer {
+	uint8_t *bytes;
+	size_t len;
+	int *kinds; /* enum tpb_loc */
+	size_t n;   /* segments offered; 0: no offer */
+};
+
+/*
+ * tpd_peer_rdma_offer_in() - the RDMA offer of the reader's @rr (its rdma_port and rdma fields)
+ * as a struct tpd_peer_offer (@ret: the caller's, filled only on success: n 0 when @rr offers
+ * nothing; release with tpd_peer_rdma_offer_done()). Borrows @rr.
+ * Return: 0 or -ENOMEM.
+ */
+int tpd_peer_rdma_offer_in(const Tpw__V1__PeerReadReq *rr, struct tpd_peer_offer *ret);
+/* Frees what @o holds and zeroes it; accepts a zeroed one. Borrows @o. */
+void tpd_peer_rdma_offer_done(struct tpd_peer_offer *o);
+
+/*
+ * tpd_peer_rdma_offer_out() - the offer bytes @offer (@len), as a tpb_prepare() on the link's
+ * RDMA endpoint wrote them, into @rr's rdma_port and rdma fields. Borrows @offer and @rr;
+ * @ret_store: returns owned memory @rr's fields point into, free with free() once @rr is sent.
+ * Return: 0, or -errno (-EPROTO: not an offer of the form; -ENOMEM) with the reason in @why.
+ */
+int tpd_peer_rdma_offer_out(const void *offer, size_t len, Tpw__V1__PeerReadReq *rr,
+			    void **ret_store, char *why, size_t wl);
 
 /*
  * struct tpd_peer_pipe_ops - what the part above (the broker's cross-host pipes) does with a
@@ -209,8 +242,8 @@ const char *tpd_peers_hostname(const struct tpd_daemon *d);
 /* This host's boot id in hex (tpipctl status "host id"): daemons with the same one share a host. */
 const char *tpd_peers_host_id(const struct tpd_daemon *d);
 
-/* What a link's RDMA state (backends/rdma) calls up into (peerrdma.c): the daemon hands it to
- * tpb_rdma_ctx_new(); its @link is the struct tpd_peer. */
+/* What a link's RDMA state (backends/rdma) calls up into (peerrdma.c): every link hands it to
+ * the RDMA endpoints it opens (tpb_peer.link_ops); its @link is the struct tpd_peer. */
 extern const struct tpb_rdma_link_ops tpd_peer_rdma_ops;
 
 #endif

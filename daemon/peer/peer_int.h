@@ -20,6 +20,7 @@
 #include "peerauth.h"
 #include "quota.h"
 #include "stripe.h"
+#include "tpb.h"
 #include "tpu.h"
 #include "tpw.pb-c.h"
 
@@ -94,8 +95,13 @@ struct tpd_peer {
 	struct event *ev_close;
 	struct tpb_stripe *stripe;
 	struct event *ev_stripe; /* the stripe's event fd: its completions run from the loop */
-	struct tpb_peer mpt_peer; /* what the mpt endpoint borrows: this link and its stripe */
-	struct tpb_ep *mpt_ep;	  /* the mpt endpoint over @stripe; NULL once closing */
+	/* What every endpoint borrows: this link, its stripe, the callbacks of the RDMA set-up
+	 * (tpd_peer_rdma_ops) and @offers. */
+	struct tpb_peer tpeer;
+	/* One endpoint per cross-host channel, by registry index (tpd_peer_ep()); all NULL once
+	 * the link is being torn down. */
+	struct tpb_ep *eps[TPB_CHANNELS_MAX];
+	const char *offers[TPB_CHANNELS_MAX]; /* channels of the peer's Hello known here */
 	uint64_t link_id;
 	unsigned data_expected, data_attached;
 	bool data_seen[TPB_STRIPE_CONNS_MAX];
@@ -107,9 +113,7 @@ struct tpd_peer {
 	uint64_t ctl_in, ctl_out;
 	int fail_err;
 	char last_error[200];
-	unsigned peer_rdma;	    /* TPB_RDMA_*: the peer offered rdma, cuda_gdr in its Hello */
 	uint32_t peer_minor;	    /* the peer protocol minor version of its Hello */
-	struct tpb_rdma_link *gdr;  /* RDMA set-up and sends (NULL: not on this link) */
 	/* Dialling (peerdial.c), while PEER_CONNECTING: */
 	struct evdns_getaddrinfo_request *dns_req; /* resolving the host */
 	struct evutil_addrinfo *addrs, *addr;	    /* what it resolved to; the one tried */

@@ -102,6 +102,21 @@ static void refuse(struct tpd_peer *pr, bool as_hello, int err, const char *why)
 	tpd_peer_fail(pr, err, "%s", why);
 }
 
+/* The link is up: opens its endpoints of the RDMA channels (rdma, cuda_gdr) through the op
+ * table where both daemons offer them, which starts their set-up (PeerRdma). */
+static void peerhs_open_eps(struct tpd_peer *pr)
+{
+	struct tpb_rdma *g = tpd_daemon_rdma(pr->peers->d);
+	struct tpb_ctx *ctxs[] = { tpb_rdma_ctx(g), tpb_rdma_gdr_ctx(g) };
+
+	for (size_t i = 0; i < TPU_ARRAY_SIZE(ctxs); i++) {
+		struct tpb_ep *ep;
+
+		if (ctxs[i] && !pr->eps[ctxs[i]->idx] && tpb_ep_open(ctxs[i], &pr->tpeer, &ep) == 0)
+			pr->eps[ctxs[i]->idx] = ep;
+	}
+}
+
 void tpd_peerhs_link_up(struct tpd_peer *pr)
 {
 	size_t n = pr->pipes.len, i = 0, k = 0;
@@ -126,8 +141,7 @@ void tpd_peerhs_link_up(struct tpd_peer *pr)
 	tpd_peer_log(pr, TPU_LOG_DEBUG, "data connections protected by %s",
 		     pr->data_prot ? pr->data_prot : "nothing");
 	tpd_peer_timer_arm_ms(pr->ev_timer, TPU_MAX(pr->peers->cfg->peer_timeout_ms / 3, 100u));
-	if (pr->peer_rdma)
-		pr->gdr = tpb_rdma_link_new(tpd_daemon_rdma(pr->peers->d), pr, pr->peer_rdma);
+	peerhs_open_eps(pr);
 	while (v && tpu_hmap_next(&pr->pipes, &i, &key, &val))
 		v[k++] = val;
 	for (i = 0; i < k; i++)
@@ -143,11 +157,11 @@ static int check_hello(struct tpd_peer *pr, const Tpw__V1__PeerHello *h, char *w
 
 	snprintf(pr->host, sizeof(pr->host), "%s", h->host ? h->host : "");
 	pr->peer_minor = h->minor;
-	for (size_t i = 0; i < h->n_backends; i++) {
-		if (strcmp(h->backends[i], "rdma") == 0)
-			pr->peer_rdma |= TPB_RDMA_HOST;
-		else if (strcmp(h->backends[i], "cuda_gdr") == 0)
-			pr->peer_rdma |= TPB_RDMA_CUDA;
+	for (size_t i = 0; i < h->n_backends && pr->tpeer.n_offers < TPB_CHANNELS_MAX; i++) {
+		int idx = tpb_index(h->backends[i]); /* the endpoints see the names they know */
+
+		if (idx >= 0)
+			pr->offers[pr->tpeer.n_offers++] = tpb_name(idx);
 	}
 	if (h->major != TPW_PEER_PROTO_MAJOR) {
 		snprintf(why, wl, "peer speaks peer protocol %u.%u, this daemon %u.%u: run the same "

@@ -12,7 +12,6 @@
 #include <string.h>
 #include <unistd.h>
 #include "core.h"
-#include "rdma/rdma.h"
 #include "hmap.h"
 #include "log.h"
 #include "peer.h"
@@ -258,6 +257,20 @@ const char *tpd_peers_auth(const struct tpd_daemon *d)
 }
 
 /* How @pr is protected, for tpipctl (see CtlPeer.security). */
+/* The link's RDMA state and bytes, from its rdma endpoint (tpb_ep_query()): "" and zeros
+ * without one. */
+static void peer_rdma_info(struct tpd_peer *pr, Tpw__V1__CtlPeer *e)
+{
+	struct tpb_ep_info info = { .state = "" };
+	struct tpb_ep *ep = tpd_peer_ep(pr, tpb_index("rdma"));
+
+	if (ep)
+		(void)tpb_ep_query(ep, &info);
+	e->rdma = (char *)info.state;
+	e->rdma_bytes_sent = info.sent;
+	e->rdma_bytes_received = info.received;
+}
+
 static const char *peer_security(const struct tpd_peer *pr)
 {
 	if (!pr->ssl)
@@ -296,8 +309,7 @@ int tpd_peers_ctl(struct tpd_daemon *d, Tpw__V1__CtlPeer ***ret, size_t *n)
 		e->bytes_sent = pr->ctl_out + (pr->stripe ? tpb_stripe_bytes_sent(pr->stripe) : 0);
 		e->bytes_received = pr->ctl_in +
 				    (pr->stripe ? tpb_stripe_bytes_received(pr->stripe) : 0);
-		e->rdma = (char *)tpb_rdma_link_state(pr->gdr);
-		tpb_rdma_link_bytes(pr->gdr, &e->rdma_bytes_sent, &e->rdma_bytes_received);
+		peer_rdma_info(pr, e);
 		e->bytes_sent += e->rdma_bytes_sent;
 		e->bytes_received += e->rdma_bytes_received;
 		e->pipes = (uint32_t)pr->pipes.len;

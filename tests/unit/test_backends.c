@@ -450,14 +450,18 @@ START_TEST(test_op_wrappers_turn_missing_ops_into_eopnotsupp)
 	ck_assert_int_eq(tpb_forget(&ctx, &m, 1), -EOPNOTSUPP);
 	ck_assert_int_eq(tpb_event_fd(&ctx), -EOPNOTSUPP);
 	ck_assert_int_eq(tpb_progress(&ctx), -EOPNOTSUPP);
+	ck_assert_int_eq(tpb_recv_expect(&ep, &op, 1, 0, NULL), -EOPNOTSUPP);
+	ck_assert_int_eq(tpb_ep_query(&ep, &(struct tpb_ep_info){ 0 }), -EOPNOTSUPP);
+	ck_assert_int_eq(tpb_ep_msg(&ep, offer), -EOPNOTSUPP);
+	ck_assert_uint_eq(tpb_offer_max(&ep, 4), 0);
 	tpb_ep_close(&ep); /* no op: nothing happens */
 	tpb_ctx_free(&ctx);
 	tpb_ctx_free(NULL);
 	tpb_ep_close(NULL);
 	ck_assert_ptr_null(ret_ep);
-	/* Registry channels without the table yet (basic; between hosts, cuda_basic: mpt has
-	 * it now, tests/unit/test_mpt.c), an index out of range, and a same-host channel turned
-	 * off. */
+	/* Registry channels without a context of their own (basic; between hosts, cuda_basic:
+	 * its endpoints ride mpt's context, tests/unit/test_mpt.c), an index out of range, and a
+	 * same-host channel turned off. */
 	ck_assert_int_eq(tpb_ctx_new(tpb_index("basic"), NULL, NULL, &ret), -EOPNOTSUPP);
 	ck_assert_int_eq(tpb_ctx_new(tpb_index("cuda_basic"), NULL, NULL, &ret), -EOPNOTSUPP);
 	ck_assert_int_eq(tpb_ctx_new(-1, NULL, NULL, &ret), -EOPNOTSUPP);
@@ -465,6 +469,58 @@ START_TEST(test_op_wrappers_turn_missing_ops_into_eopnotsupp)
 	ck_assert_int_eq(tpb_registry_init(&(struct tpb_config){ .shm_disabled = true }), 0);
 	ck_assert_int_eq(tpb_ctx_new(tpb_index("shm"), NULL, NULL, &ret), -ENODEV);
 	ck_assert_ptr_null(ret);
+}
+END_TEST
+
+static unsigned bound_starts;
+
+static int bound_start(struct tpb_ep *ep, struct tpb_op *op)
+{
+	bound_starts++;
+	return 0;
+}
+
+static size_t bound_offer_max(size_t n_xfers)
+{
+	return 8 + 4 * n_xfers;
+}
+
+/*
+ * tpb_start() holds an offer to the channel's bound (offer_max for the op's xfers): one byte
+ * over is -EPROTO with a reason and never reaches the channel; the bound itself does, and the
+ * op learns the endpoint's registry index. A channel with no offer_max takes no offer at all.
+ */
+START_TEST(test_start_refuses_an_offer_over_the_channels_bound)
+{
+	static const struct tpb_channel_ops bounded = { .name = "bounded", .start = bound_start,
+							.offer_max = bound_offer_max };
+	static const struct tpb_channel_ops plain = { .name = "plain", .start = bound_start };
+	struct tpb_ctx ctx = { .ops = &bounded, .idx = 5 }, pctx = { .ops = &plain, .idx = 6 };
+	struct tpb_ep ep = { .ctx = &ctx }, pep = { .ctx = &pctx };
+	struct tpb_xfer x[2] = { { .len = 1 }, { .len = 1 } };
+	uint8_t offer[32] = { 0 };
+	struct tpb_op op = { .xfers = x, .n_xfers = 2, .offer = offer, .done = op_done,
+			     .channel = -1 };
+
+	ck_assert_uint_eq(tpb_offer_max(&ep, 2), 16);
+	op.offer_len = 17;
+	ck_assert_int_eq(tpb_start(&ep, &op), -EPROTO);
+	ck_assert_ptr_nonnull(strstr(op.why, "17 bytes"));
+	ck_assert_uint_eq(bound_starts, 0);
+	ck_assert_int_eq(op.channel, -1);
+	op.offer_len = 16;
+	ck_assert_int_eq(tpb_start(&ep, &op), 0);
+	ck_assert_uint_eq(bound_starts, 1);
+	ck_assert_int_eq(op.channel, 5);
+	/* No offer_max: no offer, however short; no offer at all is fine. */
+	op.offer_len = 1;
+	ck_assert_int_eq(tpb_start(&pep, &op), -EPROTO);
+	ck_assert_uint_eq(bound_starts, 1);
+	op.offer = NULL;
+	op.offer_len = 0;
+	ck_assert_int_eq(tpb_start(&pep, &op), 0);
+	ck_assert_uint_eq(bound_starts, 2);
+	ck_assert_int_eq(op.channel, 6);
 }
 END_TEST
 
@@ -996,6 +1052,7 @@ static Suite *backends_suite(void)
 	tcase_add_test(tc, test_peer_offers_follow_the_registry);
 	tcase_add_test(tc, test_rdma_probed_once_per_round);
 	tcase_add_test(tc, test_op_wrappers_turn_missing_ops_into_eopnotsupp);
+	tcase_add_test(tc, test_start_refuses_an_offer_over_the_channels_bound);
 	tcase_add_test(tc, test_shm_life_cycle_through_the_op_table);
 	tcase_add_test(tc, test_cma_through_the_op_table);
 	tcase_add_test(tc, test_cuda_channels_listed_with_reason);

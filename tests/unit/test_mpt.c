@@ -308,6 +308,52 @@ START_TEST(test_mpt_refuses_bad_calls_without_a_callback)
 }
 END_TEST
 
+/*
+ * cuda_basic's row: endpoints on the mpt context's second head, over the same stripes. A send
+ * and a receive through them complete from the mpt context's progress, count under cuda_basic,
+ * and the receive takes the sender's word; the row has no context of its own.
+ */
+START_TEST(test_cuda_basic_endpoints_ride_the_mpt_context)
+{
+	enum { LEN = 200000 };
+	uint8_t *src = malloc(LEN), *dst = calloc(1, LEN);
+	struct tpb_xfer sx = out(src, LEN), rx = in(dst, LEN);
+	struct rec rs = { 0 }, rr = { 0 };
+	struct tpb_op s = { .xfers = &sx, .n_xfers = 1, .xfer_id = 9, .done = op_done, .arg = &rs };
+	struct tpb_op r = { .xfers = &rx, .n_xfers = 1, .xfer_id = 9, .done = op_done, .arg = &rr };
+	struct tpb_ctx *cb, *none = NULL;
+	struct tpb_ep *ca, *cbe;
+	struct fx f;
+
+	for (size_t i = 0; i < LEN; i++)
+		src[i] = (uint8_t)(i * 13 + 1);
+	fx_setup(&f, 2);
+	cb = tpb_mpt_cuda_basic_ctx(f.ctx);
+	ck_assert_ptr_nonnull(cb);
+	ck_assert_ptr_null(tpb_mpt_cuda_basic_ctx(NULL));
+	ck_assert_ptr_null(tpb_mpt_cuda_basic_ctx(cb)); /* a head of mpt's, not mpt's own */
+	ck_assert_int_eq(cb->idx, tpb_index("cuda_basic"));
+	ck_assert_int_eq(tpb_ctx_new(tpb_index("cuda_basic"), NULL, NULL, &none), -EOPNOTSUPP);
+	ck_assert_int_eq(tpb_ep_open(cb, &f.pa, &ca), 0);
+	ck_assert_int_eq(tpb_ep_open(cb, &f.pb, &cbe), 0);
+	ck_assert_int_eq(tpb_start(cbe, &r), 0);
+	ck_assert_int_eq(tpb_start(ca, &s), 0);
+	ck_assert_int_eq(r.channel, tpb_index("cuda_basic"));
+	ck_assert_int_eq(tpb_recv_expect(cbe, &r, LEN, 0, NULL), 0); /* every byte: no change */
+	ck_assert(run_until(&f, &rs.calls, &rr.calls));
+	ck_assert_int_eq(rs.status, 0);
+	ck_assert_int_eq(rr.status, 0);
+	ck_assert_uint_eq(rr.bytes, LEN);
+	ck_assert_int_eq(memcmp(src, dst, LEN), 0);
+	ck_assert_int_eq(tpb_recv_expect(cbe, &r, LEN, 0, NULL), -ENOENT); /* delivered */
+	tpb_ep_close(ca);
+	tpb_ep_close(cbe);
+	fx_teardown(&f);
+	free(src);
+	free(dst);
+}
+END_TEST
+
 int main(void)
 {
 	Suite *s = suite_create("mpt");
@@ -321,6 +367,7 @@ int main(void)
 	tcase_add_test(tc, test_mpt_closed_endpoint_and_freed_stripe_end_their_ops_once);
 	tcase_add_test(tc, test_mpt_endpoint_closed_inside_a_callback_outlives_nested_progress);
 	tcase_add_test(tc, test_mpt_refuses_bad_calls_without_a_callback);
+	tcase_add_test(tc, test_cuda_basic_endpoints_ride_the_mpt_context);
 	suite_add_tcase(s, tc);
 	sr = srunner_create(s);
 	srunner_run_all(sr, CK_NORMAL);

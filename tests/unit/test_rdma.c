@@ -519,7 +519,8 @@ START_TEST(test_rdma_receive_through_the_op_table)
 	ck_assert_uint_eq(((uint8_t *)dst->map)[4096 + 8192], 0x3c);
 	ck_assert_uint_eq(((uint8_t *)dst->map)[4096 + 8193], 0);
 	/* Release deregisters; again, it does nothing. */
-	ck_assert_int_eq(tpb_recv_expect(bep, &rop, 8193, 0, NULL), -EOPNOTSUPP); /* mpt's */
+	/* rdma's receive is an op of its own now: @rop was prepared, never started as one. */
+	ck_assert_int_eq(tpb_recv_expect(bep, &rop, 8193, 0, NULL), -ENOENT);
 	tpb_release(&rop);
 	ck_assert_ptr_null(rop.prep);
 	ck_assert_uint_eq(dst->refs, 1);
@@ -543,6 +544,147 @@ START_TEST(test_rdma_receive_through_the_op_table)
 	free(dst->map);
 	free(src);
 	free(dst);
+}
+END_TEST
+
+/* Steps for an endpoint-made link: the same back-to-back delivery, through tpb_ep_msg(). */
+static void deliver_ep(struct side *s, struct tpb_ep *ep)
+{
+	for (size_t k = 0; k < s->n_inbox; k++) {
+		ck_assert_int_eq(tpb_ep_msg(ep, &s->inbox[k]), 0);
+		free(s->qps[k]);
+		free(s->recs[k]);
+	}
+	s->n_inbox = 0;
+}
+
+static const struct tpb_rdma_link_ops other_ops = { .send = side_send, .name = side_name };
+
+/*
+ * The link made through the table: tpb_ep_open() with the link's callbacks and the peer's
+ * offers sets it up (tpb_ep_msg() takes the steps, tpb_ep_query() says how far), a second open
+ * finds it, and the last close frees it. A receive started on the endpoint waits for the
+ * sender's word: every byte completes it from progress (never inside the call) and counts them
+ * received; any other count is -EPROTO; a cancel is -ECANCELED; the link's end -ECONNRESET.
+ */
+START_TEST(test_rdma_link_and_receive_through_the_op_table)
+{
+	static const char *const offers[] = { "mpt", "rdma" }, *const none[] = { "mpt" };
+	struct tpb_rdma_config cfg = config(false, 0);
+	struct side a = { 0 }, b = { 0 };
+	struct tpb_peer pa = { .name = "a", .link = &a, .offers = offers, .n_offers = 2,
+			       .link_ops = &link_ops };
+	struct tpb_peer pb = { .name = "b", .link = &b, .offers = offers, .n_offers = 2,
+			       .link_ops = &link_ops };
+	struct tpb_peer pn = { .name = "n", .link = &pn, .offers = none, .n_offers = 1,
+			       .link_ops = &link_ops };
+	struct tpb_ep *aep, *bep, *again, *nep = NULL;
+	struct tpb_ep_info info;
+	struct tpb_xfer rx = { .src = { .loc = TPB_LOC_REMOTE, .remote = TPB_LOC_LOCAL },
+			       .len = 100 };
+	struct tpb_op op = { .xfers = &rx, .n_xfers = 1, .done = on_op_count };
+	unsigned done = 0;
+
+	if (!rdma_here())
+		return;
+	cfg.link_ops = NULL; /* the endpoints bring their own */
+	a.peer = &b;
+	b.peer = &a;
+	ck_assert_int_eq(tpb_rdma_ctx_new(&cfg, &a.g), 0);
+	ck_assert_int_eq(tpb_rdma_ctx_new(&cfg, &b.g), 0);
+	ck_assert_int_eq(tpb_ep_open(tpb_rdma_ctx(a.g), &pn, &nep), -EOPNOTSUPP);
+	ck_assert_ptr_null(nep);
+	ck_assert_int_eq(tpb_ep_open(tpb_rdma_ctx(a.g), &pb, &aep), 0);
+	ck_assert_int_eq(tpb_ep_open(tpb_rdma_ctx(b.g), &pa, &bep), 0);
+	/* The links of a context share their callbacks: another table is refused. */
+	pn.link_ops = &other_ops;
+	pn.offers = offers;
+	ck_assert_int_eq(tpb_ep_open(tpb_rdma_ctx(a.g), &pn, &nep), -EINVAL);
+	ck_assert_ptr_null(nep);
+	ck_assert_int_eq(tpb_ep_query(aep, &info), 0);
+	ck_assert(!info.ready);
+	ck_assert_str_eq(info.state, "connecting");
+	while (a.n_inbox || b.n_inbox) {
+		deliver_ep(&a, aep);
+		deliver_ep(&b, bep);
+	}
+	ck_assert_int_eq(tpb_ep_query(bep, &info), 0);
+	ck_assert_msg(info.ready, "b: %s", info.state);
+	ck_assert_ptr_nonnull(strstr(info.state, "ready"));
+	ck_assert_uint_eq(info.received, 0);
+	ck_assert_int_eq(tpb_ep_open(tpb_rdma_ctx(b.g), &pa, &again), 0);
+	ck_assert_ptr_eq(again, bep);
+	tpb_ep_close(again); /* one of two: the link stays */
+	/* cuda_gdr's row: the same link, its own endpoint on the context's second head. */
+	ck_assert_int_eq(tpb_ep_open(tpb_rdma_gdr_ctx(b.g), &pa, &again), 0);
+	ck_assert_ptr_ne(again, bep);
+	ck_assert_ptr_eq(again->ctx->ops, &tpb_cuda_gdr_ops);
+	ck_assert_int_eq(again->ctx->idx, tpb_index("cuda_gdr"));
+	ck_assert_ptr_eq(tpb_rdma_of(again->ctx), b.g);
+	ck_assert_int_eq(tpb_ep_query(again, &info), 0);
+	ck_assert(info.ready);
+	op.arg = &done;
+	ck_assert_int_eq(tpb_start(again, &op), 0);
+	ck_assert_int_eq(op.channel, tpb_index("cuda_gdr"));
+	ck_assert_int_eq(tpb_cancel(bep, &op), 0); /* one link: either endpoint finds it */
+	op_finished = false;
+	run_until(&a, &b, &op_finished);
+	ck_assert_int_eq(op.status, -ECANCELED);
+	tpb_ep_close(again);
+	done = 0;
+	ck_assert_int_eq(tpb_ep_query(bep, &info), 0);
+	ck_assert(info.ready);
+	ck_assert_uint_eq(tpb_offer_max(bep, 3), tpb_rdma_offer_size(3));
+
+	/* Every byte: completes from progress, counted. */
+	op.arg = &done;
+	ck_assert_int_eq(tpb_recv_expect(bep, &op, 100, 0, NULL), -ENOENT); /* not started */
+	ck_assert_int_eq(tpb_start(bep, &op), 0);
+	ck_assert_int_eq(op.channel, tpb_index("rdma"));
+	ck_assert_int_eq(tpb_recv_expect(bep, &op, 100, 0, NULL), 0);
+	ck_assert_uint_eq(done, 0);
+	ck_assert_int_eq(tpb_cancel(bep, &op), -ENOENT); /* ended: waits for progress only */
+	op_finished = false;
+	run_until(&a, &b, &op_finished);
+	ck_assert_uint_eq(done, 1);
+	ck_assert_int_eq(op.status, 0);
+	ck_assert_uint_eq(op.bytes, 100);
+	ck_assert_int_eq(tpb_ep_query(bep, &info), 0);
+	ck_assert_uint_eq(info.received, 100);
+	/* One byte short, and one over: -EPROTO, nothing counted. */
+	for (uint64_t n = 99; n <= 101; n += 2) {
+		ck_assert_int_eq(tpb_start(bep, &op), 0);
+		ck_assert_int_eq(tpb_recv_expect(bep, &op, n, 0, NULL), 0);
+		op_finished = false;
+		run_until(&a, &b, &op_finished);
+		ck_assert_int_eq(op.status, -EPROTO);
+		ck_assert_ptr_nonnull(strstr(op.why, "of 100 bytes"));
+	}
+	/* The sender's failure, with its reason. */
+	ck_assert_int_eq(tpb_start(bep, &op), 0);
+	ck_assert_int_eq(tpb_recv_expect(bep, &op, 0, -EIO, "disk on fire"), 0);
+	op_finished = false;
+	run_until(&a, &b, &op_finished);
+	ck_assert_int_eq(op.status, -EIO);
+	ck_assert_str_eq(op.why, "disk on fire");
+	ck_assert_int_eq(tpb_ep_query(bep, &info), 0);
+	ck_assert_uint_eq(info.received, 100);
+	/* Canceled. */
+	ck_assert_int_eq(tpb_start(bep, &op), 0);
+	ck_assert_int_eq(tpb_cancel(bep, &op), 0);
+	ck_assert_int_eq(tpb_recv_expect(bep, &op, 100, 0, NULL), -ENOENT);
+	op_finished = false;
+	run_until(&a, &b, &op_finished);
+	ck_assert_int_eq(op.status, -ECANCELED);
+	ck_assert_uint_eq(done, 5);
+	/* Still waiting when the link goes: -ECONNRESET, inside the last close. */
+	ck_assert_int_eq(tpb_start(bep, &op), 0);
+	tpb_ep_close(bep);
+	ck_assert_uint_eq(done, 6);
+	ck_assert_int_eq(op.status, -ECONNRESET);
+	tpb_ep_close(aep);
+	tpb_rdma_ctx_free(a.g);
+	tpb_rdma_ctx_free(b.g);
 }
 END_TEST
 
@@ -1009,6 +1151,7 @@ static Suite *rdma_suite(void)
 	tcase_add_test(tc, test_rdma_peer_rebuild_fails_running_sends_and_sets_up_again);
 	tcase_add_test(tc, test_rdma_roce_settings_reach_the_queue_pairs);
 	tcase_add_test(tc, test_rdma_gid_index_is_configurable);
+	tcase_add_test(tc, test_rdma_link_and_receive_through_the_op_table);
 	suite_add_tcase(s, tc);
 	return s;
 }
