@@ -554,6 +554,8 @@ static void deliver_ep(struct side *s, struct tpb_ep *ep)
 		ck_assert_int_eq(tpb_ep_msg(ep, &s->inbox[k]), 0);
 		free(s->qps[k]);
 		free(s->recs[k]);
+		free(s->rails[k]);
+		free(s->rail_recs[k]);
 	}
 	s->n_inbox = 0;
 }
