@@ -5,9 +5,11 @@
 # otherwise), start a private tpipd on a socket in a temporary directory, run bench_latency,
 # bench_throughput, bench_idle (the daemon's CPU while its clients are idle) and bench_scale
 # (many open pipes) against it, then tp_baseline (the same cases with TensorPipe, if it was built),
-# bench_cuda (CUDA tensors against cuMemcpy in the same run, if built with CUDA; it says why it
-# skips without a GPU) and wakeup (the machine's blocking wake-up cost), and print one table:
-# case, size, result, baseline, ratio, vs TensorPipe. Every baseline is measured in the same run
+# UCX's ucx_perftest between two heap buffers over its shared-memory transport (ucx_baseline.sh,
+# if ucx-utils is installed), bench_cuda (CUDA tensors against cuMemcpy in the same run, if built
+# with CUDA; it says why it skips without a GPU) and wakeup (the machine's blocking wake-up cost),
+# and print one table: case, size, result, baseline, ratio, vs TensorPipe, vs UCX (private->private
+# GB/s against UCX tag_bw of the same size). Every baseline is measured in the same run
 # as the figure it is compared with. Numbers only: the script never passes or fails a figure; its
 # exit status says whether everything ran.
 #
@@ -24,7 +26,9 @@
 #   BENCH_CUDA_ARGS="..." extra bench_cuda flags (e.g. "-K ipc -d 1")
 #   BENCH_WAKEUP_ARGS="..." extra wakeup flags (e.g. "-n 500000")
 #   BENCH_TIMEOUT=SECS   wall-clock limit per benchmark program (default 900)
-#   BENCH_NO_INSTALL=1   do not install the optional baseline packages (g++, libtensorpipe-dev)
+#   BENCH_NO_INSTALL=1   do not install the optional baseline packages (g++, libtensorpipe-dev,
+#                        ucx-utils)
+#   BENCH_UCX_SIZES="..." sizes in bytes for the UCX baseline (default: those of the tput rows)
 set -euo pipefail
 
 root=$(cd "$(dirname "$0")/.." && pwd)
@@ -104,6 +108,7 @@ if [[ $quick == 1 ]]; then
 	scale_args=(-n 500)
 	wakeup_args=(-n 20000)
 	cuda_args=(-s '1M,16M,64M' -T 0.2)
+	ucx_sizes=(4096 65536 1048576 16777216 67108864)
 else
 	lat_args=()
 	tput_args=()
@@ -111,7 +116,10 @@ else
 	scale_args=()
 	wakeup_args=()
 	cuda_args=()
+	ucx_sizes=(4096 65536 1048576 16777216 67108864 268435456)
 fi
+# shellcheck disable=SC2206 # a list of sizes
+[[ -n ${BENCH_UCX_SIZES:-} ]] && ucx_sizes=(${BENCH_UCX_SIZES})
 tpb_args=("${lat_args[@]}" "${tput_args[@]}")
 
 rows=$tmp/rows.tsv
@@ -160,6 +168,28 @@ vs_tensorpipe() {
 			vs = sprintf("%.2f", lead($3, "msg/s") / rate[key])
 		print $0, vs
 	}' "$1" "$1"
+}
+# vs_ucx ROWS: prints ROWS with one more column, a private->private throughput row's GB/s
+# against UCX tag_bw's for the same size from the same run (> 1: tpipd better), else "-".
+vs_ucx() {
+	awk -F '\t' -v OFS='\t' '
+	function lead(s, a) {
+		if (index(s, "GB/s") == 0)
+			return 0
+		split(s, a, " ")
+		return a[1] + 0
+	}
+	NR == FNR {
+		if ($1 == "ucx posix tag_bw")
+			bw[$2] = lead($3)
+		next
+	}
+	{
+		vs = "-"
+		if ($1 ~ /^tput private->private k=/ && bw[$2] > 0 && lead($3) > 0)
+			vs = sprintf("%.2f", lead($3) / bw[$2])
+		print $0, vs
+	}' "$1" -
 }
 status=0
 run_one() {
@@ -210,6 +240,15 @@ else
 		"apt-get install libtensorpipe-dev, then meson setup --wipe $build);" \
 		"TensorPipe rows skipped" >&2
 fi
+echo "run.sh: running ucx_baseline.sh ${ucx_sizes[*]}" >&2
+ucx_rc=0
+BENCH_QUICK=$quick BENCH_TIMEOUT=$limit bash "$root/bench/ucx_baseline.sh" "${ucx_sizes[@]}" \
+	>>"$rows" || ucx_rc=$?
+case $ucx_rc in
+0) have_ucx=1 ;;
+77) have_ucx=0 ;;
+*) have_ucx=1 status=1 ;;
+esac
 if [[ $have_cuda == 1 ]]; then
 	# shellcheck disable=SC2086
 	run_one bench_cuda "${cuda_args[@]}" ${BENCH_CUDA_ARGS:-}
@@ -241,12 +280,16 @@ echo "scale: latency on one pipe while N are open (ratio = against the first N) 
 echo "VmRSS growth since before the first pipe, divided by N;"
 echo "(socket): the same case with clients on the Unix socket, never spinning (TPIPD_RING_BYTES=0"
 echo "TPIPD_SPIN_US=0), i.e. the control path without the shared-memory ring"
+echo "vs UCX (> 1: tpipd better) = tpipd private->private GB/s / UCX tag_bw GB/s of the same size"
+echo "(ucx_perftest, UCX_TLS=posix,self, heap buffers, its default window); ucx rows: UCX's own"
 [[ $have_tpb == 1 ]] ||
 	echo "(TensorPipe baseline not built: no TensorPipe rows; the vs TensorPipe column says -)"
+[[ $have_ucx == 1 ]] ||
+	echo "(UCX baseline skipped: ucx_perftest missing; the vs UCX column says -)"
 echo
 {
-	printf 'case\tsize\tresult\tbaseline\tratio\tvs TensorPipe\n'
-	vs_tensorpipe "$rows"
+	printf 'case\tsize\tresult\tbaseline\tratio\tvs TensorPipe\tvs UCX\n'
+	vs_tensorpipe "$rows" | vs_ucx "$rows"
 } | column -t -s $'\t'
 
 if [[ $daemon_alive == 1 && -s $tmp/tpipd.log ]]; then

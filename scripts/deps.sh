@@ -20,7 +20,7 @@ TP_DEB_PACKAGES=(
 # Optional, for the benchmarks' baselines only (bench/run.sh, bench/run_allreduce.sh): a C++
 # compiler and Debian's TensorPipe; PyTorch (torch.distributed, gloo) and Open MPI for the
 # all-reduce baselines. The project builds and tests without them.
-TP_DEB_BENCH_PACKAGES=(g++ libtensorpipe-dev python3-torch openmpi-bin libopenmpi-dev)
+TP_DEB_BENCH_PACKAGES=(g++ libtensorpipe-dev python3-torch openmpi-bin libopenmpi-dev ucx-utils)
 
 # Prints the names among "$@" that dpkg does not list as installed.
 tp_deps_missing() {
