@@ -26,8 +26,6 @@ typedef struct {
 	Py_buffer views[2];
 } tpy_collreq;
 
-#define TPY_CONTAINER(ptr, type, member) ((type *)((char *)(ptr)-offsetof(type, member)))
-
 enum coll_kind { COLL_ALLREDUCE, COLL_BROADCAST, COLL_BARRIER, COLL_ALLGATHER, COLL_SCATTER };
 
 /* Ends @r's collective (blocking without the GIL), frees its buffers. Return: its result. */

@@ -3,7 +3,7 @@
  * _tpipd module: its initialisation, the exception hierarchy that maps libtpclient's negative
  * errno codes to Python exceptions (tpipd.Error and its subclasses, each also a built-in
  * OSError subclass where one fits), and the Context type (one session with the local tpipd).
- * Pipes and listeners are in pipe.c, shared buffers and tensor memory in buffer.c, groups in
+ * Pipes are in pipe.c, listeners in listener.c, shared buffers and tensor memory in buffer.c, groups in
  * group.c.
  */
 #include <errno.h>
@@ -239,7 +239,7 @@ static PyObject *context_get_closed(tpy_context *self, void *unused)
 
 static PyObject *context_listen(tpy_context *self, PyObject *args, PyObject *kw)
 {
-	return tpy_pipe_listen(self, args, kw);
+	return tpy_listener_new(self, args, kw);
 }
 
 static PyObject *context_connect(tpy_context *self, PyObject *args, PyObject *kw)
@@ -331,7 +331,7 @@ PyMODINIT_FUNC PyInit__tpipd(void)
 		return NULL;
 	if (errors_init(m) < 0 || PyType_Ready(&tpy_context_type) < 0 ||
 	    PyModule_AddObjectRef(m, "Context", (PyObject *)&tpy_context_type) < 0 ||
-	    tpy_pipe_add_types(m) < 0 || tpy_buffer_add_types(m) < 0 ||
+	    tpy_pipe_add_types(m) < 0 || tpy_listener_add_types(m) < 0 || tpy_buffer_add_types(m) < 0 ||
 	    tpy_group_add_types(m) < 0 ||
 	    PyModule_AddIntConstant(m, "API_VERSION_MINOR", TP_API_VERSION_MINOR) < 0) {
 		Py_DECREF(m);

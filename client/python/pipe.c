@@ -1,6 +1,6 @@
 /* SPDX-License-Identifier: BSD-3-Clause */
 /*
- * _tpipd pipes: the Listener, Pipe and Descriptor types, and the wait that makes one
+ * _tpipd pipes: the Pipe and Descriptor types, and the wait that makes one
  * asynchronous libtpclient call a blocking Python call. Every call is started with the GIL
  * held (libtpclient's start calls return at once) and waited for without it, on a condition
  * the library's callback signals; closing a pipe or listener from another thread therefore
@@ -11,13 +11,6 @@
 #include <errno.h>
 #include <time.h>
 #include "tpy.h"
-
-typedef struct {
-	PyObject_HEAD
-	struct tpy_child child;
-	tpy_context *ctx;
-	struct tp_listener *l;
-} tpy_listener;
 
 typedef struct {
 	PyObject_HEAD
@@ -34,8 +27,6 @@ typedef struct {
 	struct tp_descriptor *d;
 } tpy_descriptor;
 
-#define TPY_CONTAINER(ptr, type, member) ((type *)((char *)(ptr)-offsetof(type, member)))
-
 /* ---- waiting ----------------------------------------------------------------------------- */
 
 void tpy_pipe_wait_init(struct tpy_wait *w)
@@ -50,13 +41,13 @@ void tpy_pipe_wait_init(struct tpy_wait *w)
 	pthread_condattr_destroy(&a);
 }
 
-static void wait_done(struct tpy_wait *w)
+void tpy_pipe_wait_done(struct tpy_wait *w)
 {
 	pthread_mutex_destroy(&w->lock);
 	pthread_cond_destroy(&w->cond);
 }
 
-static void wait_signal(struct tpy_wait *w, int status, const char *errmsg)
+void tpy_pipe_wait_signal(struct tpy_wait *w, int status, const char *errmsg)
 {
 	pthread_mutex_lock(&w->lock);
 	w->status = status;
@@ -69,16 +60,7 @@ static void wait_signal(struct tpy_wait *w, int status, const char *errmsg)
 
 void tpy_pipe_on_done(void *arg, struct tp_pipe *p, int status, const char *errmsg)
 {
-	wait_signal(arg, status, errmsg);
-}
-
-static void pipe_on_accept(void *arg, struct tp_listener *l, int status, const char *errmsg,
-			   struct tp_pipe *pipe)
-{
-	struct tpy_wait *w = arg;
-
-	w->pipe = pipe;
-	wait_signal(w, status, errmsg);
+	tpy_pipe_wait_signal(arg, status, errmsg);
 }
 
 static void pipe_on_descriptor(void *arg, struct tp_pipe *p, int status, const char *errmsg,
@@ -87,7 +69,7 @@ static void pipe_on_descriptor(void *arg, struct tp_pipe *p, int status, const c
 	struct tpy_wait *w = arg;
 
 	w->desc = d;
-	wait_signal(w, status, errmsg);
+	tpy_pipe_wait_signal(w, status, errmsg);
 }
 
 static int64_t now_ms(void)
@@ -151,7 +133,7 @@ int tpy_pipe_wait(tpy_context *ctx, struct tpy_wait *w, uint64_t op, int timeout
 	return w->status;
 }
 
-static int timeout_arg(PyObject *o, int *ret)
+int tpy_pipe_timeout(PyObject *o, int *ret)
 {
 	double s;
 
@@ -205,7 +187,7 @@ static void pipe_on_context_close(struct tpy_child *c)
 	pipe_close_now(TPY_CONTAINER(c, tpy_pipe, child));
 }
 
-static PyObject *pipe_wrap(tpy_context *ctx, struct tp_pipe *p)
+PyObject *tpy_pipe_wrap(tpy_context *ctx, struct tp_pipe *p)
 {
 	tpy_pipe *self = PyObject_New(tpy_pipe, &tpy_pipe_type);
 
@@ -244,7 +226,7 @@ PyObject *tpy_pipe_connect(tpy_context *self, PyObject *args, PyObject *kw)
 	r = tp_connect_ex(self->ctx, addr, &o, &p);
 	if (r < 0)
 		return tpy_module_raise(r, NULL);
-	return pipe_wrap(self, p);
+	return tpy_pipe_wrap(self, p);
 }
 
 static PyObject *pipe_close(tpy_pipe *self, PyObject *unused)
@@ -370,7 +352,7 @@ static PyObject *pipe_write(tpy_pipe *self, PyObject *args, PyObject *kw)
 	if (!PyArg_ParseTupleAndKeywords(args, kw, "y*|OOO:write", kwlist, &meta, &pay, &ten, &tmo))
 		return NULL;
 	tpy_pipe_wait_init(&w);
-	if (timeout_arg(tmo, &timeout_ms) < 0 ||
+	if (tpy_pipe_timeout(tmo, &timeout_ms) < 0 ||
 	    parts_alloc(&m, pay, ten, false) < 0)
 		goto fail;
 	for (Py_ssize_t i = 0; i < m.np; i++) {
@@ -399,14 +381,14 @@ static PyObject *pipe_write(tpy_pipe *self, PyObject *args, PyObject *kw)
 		tpy_module_raise(r, w.msg);
 	parts_free(&m);
 	PyBuffer_Release(&meta);
-	wait_done(&w);
+	tpy_pipe_wait_done(&w);
 	if (r < 0)
 		return NULL;
 	Py_RETURN_NONE;
 fail:
 	parts_free(&m);
 	PyBuffer_Release(&meta);
-	wait_done(&w);
+	tpy_pipe_wait_done(&w);
 	return NULL;
 }
 
@@ -437,14 +419,14 @@ static PyObject *pipe_read_descriptor(tpy_pipe *self, PyObject *args, PyObject *
 	int timeout_ms, r;
 
 	if (!PyArg_ParseTupleAndKeywords(args, kw, "|O:read_descriptor", kwlist, &tmo) ||
-	    timeout_arg(tmo, &timeout_ms) < 0)
+	    tpy_pipe_timeout(tmo, &timeout_ms) < 0)
 		return NULL;
 	if (!self->p)
 		return tpy_module_closed("Pipe");
 	tpy_pipe_wait_init(&w);
 	r = tp_pipe_read_descriptor_ex(self->p, pipe_on_descriptor, &w, &op);
 	if (r < 0) {
-		wait_done(&w);
+		tpy_pipe_wait_done(&w);
 		return tpy_module_raise(r, NULL);
 	}
 	r = tpy_pipe_wait(self->ctx, &w, op, timeout_ms);
@@ -458,7 +440,7 @@ static PyObject *pipe_read_descriptor(tpy_pipe *self, PyObject *args, PyObject *
 		tp_descriptor_free(w.desc);
 	if (r < 0 && r != -EINTR)
 		tpy_module_raise(r, w.msg);
-	wait_done(&w);
+	tpy_pipe_wait_done(&w);
 	return ret;
 }
 
@@ -504,7 +486,7 @@ static PyObject *pipe_read(tpy_pipe *self, PyObject *args, PyObject *kw)
 					 &desc, &pay, &ten, &tmo))
 		return NULL;
 	tpy_pipe_wait_init(&w);
-	if (timeout_arg(tmo, &timeout_ms) < 0 || parts_alloc(&m, pay, ten, true) < 0)
+	if (tpy_pipe_timeout(tmo, &timeout_ms) < 0 || parts_alloc(&m, pay, ten, true) < 0)
 		goto fail;
 	if (!desc->d || desc->pipe != self) {
 		PyErr_SetString(PyExc_ValueError, "descriptor already read, or of another pipe");
@@ -530,13 +512,13 @@ static PyObject *pipe_read(tpy_pipe *self, PyObject *args, PyObject *kw)
 	if (r < 0 && r != -EINTR)
 		tpy_module_raise(r, w.msg);
 	parts_free(&m);
-	wait_done(&w);
+	tpy_pipe_wait_done(&w);
 	if (r < 0)
 		return NULL;
 	Py_RETURN_NONE;
 fail:
 	parts_free(&m);
-	wait_done(&w);
+	tpy_pipe_wait_done(&w);
 	return NULL;
 }
 
@@ -704,144 +686,12 @@ PyTypeObject tpy_descriptor_type = {
 	.tp_getset = descriptor_getset,
 };
 
-/* ---- Listener ----------------------------------------------------------------------------- */
-
-static void listener_close_now(tpy_listener *self)
-{
-	struct tp_listener *l = self->l;
-
-	tpy_module_unlink(&self->child);
-	self->l = NULL;
-	if (l)
-		tp_listener_close(l);
-}
-
-static void listener_on_context_close(struct tpy_child *c)
-{
-	listener_close_now(TPY_CONTAINER(c, tpy_listener, child));
-}
-
-PyObject *tpy_pipe_listen(tpy_context *self, PyObject *args, PyObject *kw)
-{
-	static char *kwlist[] = { "name", "access", "gid", NULL };
-	struct tp_listen_options o = { .size = sizeof(o) };
-	const char *name;
-	int access = 0;
-	long long gid = -1;
-	struct tp_listener *l;
-	tpy_listener *ret;
-	int r;
-
-	if (!PyArg_ParseTupleAndKeywords(args, kw, "s|iL:listen", kwlist, &name, &access, &gid))
-		return NULL;
-	if (!self->ctx || self->closed)
-		return tpy_module_closed("Context");
-	o.access = (enum tp_access)access;
-	o.gid = gid < 0 ? 0 : (gid_t)gid;
-	Py_BEGIN_ALLOW_THREADS
-	r = tp_listen(self->ctx, name, &o, &l);
-	Py_END_ALLOW_THREADS
-	if (r < 0)
-		return tpy_module_raise(r, NULL);
-	ret = PyObject_New(tpy_listener, &tpy_listener_type);
-	if (!ret) {
-		tp_listener_close(l);
-		return NULL;
-	}
-	ret->ctx = (tpy_context *)Py_NewRef(self);
-	ret->l = l;
-	ret->child.close = listener_on_context_close;
-	tpy_module_link(self, &ret->child);
-	return (PyObject *)ret;
-}
-
-static PyObject *listener_accept(tpy_listener *self, PyObject *args, PyObject *kw)
-{
-	static char *kwlist[] = { "timeout", NULL };
-	PyObject *tmo = Py_None, *ret = NULL;
-	struct tpy_wait w;
-	uint64_t op = 0;
-	int timeout_ms, r;
-
-	if (!PyArg_ParseTupleAndKeywords(args, kw, "|O:accept", kwlist, &tmo) ||
-	    timeout_arg(tmo, &timeout_ms) < 0)
-		return NULL;
-	if (!self->l)
-		return tpy_module_closed("Listener");
-	tpy_pipe_wait_init(&w);
-	r = tp_listener_accept_ex(self->l, pipe_on_accept, &w, &op);
-	if (r < 0) {
-		wait_done(&w);
-		return tpy_module_raise(r, NULL);
-	}
-	r = tpy_pipe_wait(self->ctx, &w, op, timeout_ms);
-	if (r == 0 && w.pipe)
-		ret = pipe_wrap(self->ctx, w.pipe);
-	else if (r == -EINTR && w.pipe)
-		tp_pipe_close(w.pipe);
-	if (r < 0 && r != -EINTR)
-		tpy_module_raise(r, w.msg);
-	wait_done(&w);
-	return ret;
-}
-
-static PyObject *listener_close(tpy_listener *self, PyObject *unused)
-{
-	listener_close_now(self);
-	Py_RETURN_NONE;
-}
-
-static void listener_dealloc(tpy_listener *self)
-{
-	listener_close_now(self);
-	Py_XDECREF(self->ctx);
-	PyObject_Free(self);
-}
-
-static PyObject *listener_exit(tpy_listener *self, PyObject *args)
-{
-	return listener_close(self, NULL);
-}
-
-static PyObject *listener_get_name(tpy_listener *self, void *unused)
-{
-	if (!self->l)
-		return tpy_module_closed("Listener");
-	return PyUnicode_FromString(tp_listener_name(self->l));
-}
-
-static PyMethodDef listener_methods[] = {
-	{ "accept", (PyCFunction)(void (*)(void))listener_accept, METH_VARARGS | METH_KEYWORDS,
-	  "accept(timeout=None) -> Pipe\n--\n\nWait for the next incoming pipe." },
-	{ "close", (PyCFunction)listener_close, METH_NOARGS,
-	  "close()\n--\n\nUnregister the name; pending accepts fail with Cancelled." },
-	{ "__enter__", pipe_enter, METH_NOARGS, NULL },
-	{ "__exit__", (PyCFunction)listener_exit, METH_VARARGS, NULL },
-	{ NULL }
-};
-
-static PyGetSetDef listener_getset[] = {
-	{ "name", (getter)listener_get_name, NULL, "the listener's name", NULL },
-	{ NULL }
-};
-
-PyTypeObject tpy_listener_type = {
-	PyVarObject_HEAD_INIT(NULL, 0)
-	.tp_name = "_tpipd.Listener",
-	.tp_basicsize = sizeof(tpy_listener),
-	.tp_flags = Py_TPFLAGS_DEFAULT,
-	.tp_doc = "A registered listener name (from Context.listen()).",
-	.tp_dealloc = (destructor)listener_dealloc,
-	.tp_methods = listener_methods,
-	.tp_getset = listener_getset,
-};
-
 int tpy_pipe_add_types(PyObject *m)
 {
-	PyTypeObject *types[] = { &tpy_listener_type, &tpy_pipe_type, &tpy_descriptor_type };
-	const char *names[] = { "Listener", "Pipe", "Descriptor" };
+	PyTypeObject *types[] = { &tpy_pipe_type, &tpy_descriptor_type };
+	const char *names[] = { "Pipe", "Descriptor" };
 
-	for (size_t i = 0; i < 3; i++)
+	for (size_t i = 0; i < 2; i++)
 		if (PyType_Ready(types[i]) < 0 ||
 		    PyModule_AddObjectRef(m, names[i], (PyObject *)types[i]) < 0)
 			return -1;

@@ -15,6 +15,8 @@
 #include <stdbool.h>
 #include <tpclient.h>
 
+#define TPY_CONTAINER(ptr, type, member) ((type *)((char *)(ptr)-offsetof(type, member)))
+
 /* Something of a context that Context.close() must close first (a pipe, listener or group). */
 struct tpy_child {
 	struct tpy_child *next, *prev;
@@ -67,10 +69,20 @@ void tpy_pipe_on_done(void *arg, struct tp_pipe *p, int status, const char *errm
  * signal handler raised (the exception is set).
  */
 int tpy_pipe_wait(tpy_context *ctx, struct tpy_wait *w, uint64_t op, int timeout_ms);
-/* Context.listen() and Context.connect(): borrow @self, return new references. */
-PyObject *tpy_pipe_listen(tpy_context *self, PyObject *args, PyObject *kw);
+void tpy_pipe_wait_signal(struct tpy_wait *w, int status, const char *errmsg);
+void tpy_pipe_wait_done(struct tpy_wait *w);
+/* A timeout in seconds (None: -1) as milliseconds. Return: 0, or -1 with an exception set. */
+int tpy_pipe_timeout(PyObject *o, int *ret);
+/* A new Pipe of @ctx; takes @p (closed on failure). */
+PyObject *tpy_pipe_wrap(tpy_context *ctx, struct tp_pipe *p);
+/* Context.connect(): borrows @self, returns a new reference. */
 PyObject *tpy_pipe_connect(tpy_context *self, PyObject *args, PyObject *kw);
 int tpy_pipe_add_types(PyObject *m);
+
+/* listener.c */
+/* Context.listen(): borrows @self, returns a new Listener keeping @self. */
+PyObject *tpy_listener_new(tpy_context *self, PyObject *args, PyObject *kw);
+int tpy_listener_add_types(PyObject *m);
 
 /* buffer.c */
 /*
