@@ -154,7 +154,7 @@ static PySequenceMethods buffer_as_sequence = {
 
 static PyGetSetDef buffer_getset[] = {
 	{ "address", (getter)buffer_get_address, NULL, "the mapping's address", NULL },
-	{ NULL }
+	{ 0 }
 };
 
 PyTypeObject tpy_buffer_type = {

@@ -412,7 +412,7 @@ static PyMethodDef group_methods[] = {
 	  "abort()\n--\n\nFail the group for every member (PipeClosed naming this rank)." },
 	{ "__enter__", group_enter, METH_NOARGS, NULL },
 	{ "__exit__", (PyCFunction)group_exit, METH_VARARGS, NULL },
-	{ NULL }
+	{ 0 }
 };
 
 static PyGetSetDef group_getset[] = {
@@ -421,7 +421,7 @@ static PyGetSetDef group_getset[] = {
 	{ "local_rank", (getter)group_get, NULL, "rank on this host", (void *)tp_group_local_rank },
 	{ "local_size", (getter)group_get, NULL, "members on this host",
 	  (void *)tp_group_local_size },
-	{ NULL }
+	{ 0 }
 };
 
 PyTypeObject tpy_group_type = {
@@ -464,7 +464,7 @@ static PyMethodDef collreq_methods[] = {
 	  "are borrowed until then." },
 	{ "is_completed", (PyCFunction)collreq_test, METH_NOARGS,
 	  "is_completed() -> bool\n--\n\nWhether wait() would return at once." },
-	{ NULL }
+	{ 0 }
 };
 
 PyTypeObject tpy_collreq_type = {

@@ -140,12 +140,12 @@ static PyMethodDef listener_methods[] = {
 	  "close()\n--\n\nUnregister the name; pending accepts fail with Cancelled." },
 	{ "__enter__", listener_enter, METH_NOARGS, NULL },
 	{ "__exit__", (PyCFunction)listener_exit, METH_VARARGS, NULL },
-	{ NULL }
+	{ 0 }
 };
 
 static PyGetSetDef listener_getset[] = {
 	{ "name", (getter)listener_get_name, NULL, "the listener's name", NULL },
-	{ NULL }
+	{ 0 }
 };
 
 PyTypeObject tpy_listener_type = {

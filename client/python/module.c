@@ -276,14 +276,14 @@ static PyMethodDef context_methods[] = {
 	  METH_VARARGS | METH_KEYWORDS,
 	  "join_group(name, nranks, rank=-1, bootstrap=0, join_timeout_ms=0, op_timeout_ms=0, "
 	  "coordinator=None) -> Group\n--\n\nJoin a group (blocks until every member joined)." },
-	{ NULL }
+	{ 0 }
 };
 
 static PyGetSetDef context_getset[] = {
 	{ "name", (getter)context_get_name, NULL, "the context's name", NULL },
 	{ "transport", (getter)context_get_transport, NULL, "'ring' or 'unix'", NULL },
 	{ "closed", (getter)context_get_closed, NULL, "whether close() ran", NULL },
-	{ NULL }
+	{ 0 }
 };
 
 PyTypeObject tpy_context_type = {
@@ -311,7 +311,7 @@ static PyObject *module_strerror(PyObject *m, PyObject *arg)
 
 static PyMethodDef module_methods[] = {
 	{ "strerror", module_strerror, METH_O, "strerror(errno) -> str: libtpclient's text" },
-	{ NULL }
+	{ 0 }
 };
 
 static struct PyModuleDef module_def = {

@@ -587,14 +587,14 @@ static PyMethodDef pipe_methods[] = {
 	  "descriptors are dropped." },
 	{ "__enter__", pipe_enter, METH_NOARGS, NULL },
 	{ "__exit__", (PyCFunction)pipe_exit, METH_VARARGS, NULL },
-	{ NULL }
+	{ 0 }
 };
 
 static PyGetSetDef pipe_getset[] = {
 	{ "remote_name", (getter)pipe_get_remote_name, NULL, "who is on the other end", NULL },
 	{ "remote_uid", (getter)pipe_get_remote_uid, NULL, "the other end's uid", NULL },
 	{ "closed", (getter)pipe_get_closed, NULL, "whether close() ran", NULL },
-	{ NULL }
+	{ 0 }
 };
 
 PyTypeObject tpy_pipe_type = {
@@ -672,7 +672,7 @@ static PyGetSetDef descriptor_getset[] = {
 	{ "payloads", (getter)descriptor_get_payloads, NULL, "[(length, metadata)]", NULL },
 	{ "tensors", (getter)descriptor_get_tensors, NULL,
 	  "[(length, metadata, device_type, device_index)] (device_type 0 CPU, 1 CUDA)", NULL },
-	{ NULL }
+	{ 0 }
 };
 
 PyTypeObject tpy_descriptor_type = {
