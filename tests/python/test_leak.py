@@ -22,6 +22,11 @@ def rss_kib():
     return 0
 
 
+def under_asan():
+    with open("/proc/self/maps") as f:
+        return "libasan" in f.read()
+
+
 def exchange(w, r, x, t, n):
     for i in range(n):
         tensors = [x] if t is None else [x, t]
@@ -48,7 +53,8 @@ def test_no_leak_over_10k_messages(pair):
     grown_rss = rss_kib() - before_rss
     assert (sys.getrefcount(x), sys.getrefcount(t)) == refs
     assert grown_py < 64 * 1024, f"Python allocations grew by {grown_py} bytes over {N} messages"
-    assert grown_rss < 8 * 1024, f"RSS grew by {grown_rss} KiB over {N} messages"
+    if not under_asan():  # ASan's quarantine holds freed memory: RSS says nothing there
+        assert grown_rss < 8 * 1024, f"RSS grew by {grown_rss} KiB over {N} messages"
 
 
 def test_no_leak_with_futures_and_errors(pair):
