@@ -88,9 +88,10 @@ static int errors_init(PyObject *m)
 {
 	PyObject *builtins[] = { PyExc_ConnectionResetError, PyExc_BrokenPipeError,
 				 PyExc_FileNotFoundError, PyExc_ConnectionRefusedError,
-				 PyExc_TimeoutError, PyExc_PermissionError };
+				 PyExc_TimeoutError, PyExc_PermissionError,
+				 PyExc_ConnectionAbortedError };
 	const char *with_builtin[] = { "PeerDied", "PipeClosed", "NoListener", "NoDaemon",
-				       "Timeout", "AccessDenied" };
+				       "Timeout", "AccessDenied", "Aborted" };
 	char qual[64];
 
 	error_base = PyErr_NewExceptionWithDoc("tpipd.Error",

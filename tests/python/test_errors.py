@@ -3,7 +3,8 @@
 fits (NoListener is a FileNotFoundError, PeerDied a ConnectionResetError, ...), carrying the
 library's or daemon's message: no listener, timeouts (accept, connect waiting for a listener,
 read), name in use, the other end closed, the other end's process died, access refused (a
-process of another uid), cancelled by a close from another thread, use after close, no daemon."""
+process of another uid), cancelled by a close from another thread, use after close, no daemon,
+an administrator closing the session (tpipctl close-session)."""
 import os
 import subprocess
 import sys
@@ -179,3 +180,29 @@ def test_every_error_class_is_an_oserror_with_the_code():
         e = getattr(tpipd, name)(err, "m")
         assert isinstance(e, tpipd.Error) and isinstance(e, OSError) and e.errno == err
     assert tpipd.strerror(104) == "peer died"
+
+
+def test_admin_closing_the_session_raises_aborted(daemon, pair):
+    ctl = os.environ.get("TPIPCTL_BIN")
+    if not ctl:
+        pytest.skip("TPIPCTL_BIN not set (run through meson test)")
+    import json
+    w, r, a, b = pair
+    victim = tpipd.Context(daemon, name=f"victim.{os.getpid()}")
+    lst = victim.listen(f"victim.{os.getpid()}")
+    got = {}
+    t = threading.Thread(target=lambda: got.update(p=lst.accept(10)))
+    t.start()
+    p = a.connect(f"victim.{os.getpid()}", timeout=10)
+    t.join(10)
+    sessions = json.loads(subprocess.run([ctl, "--socket", daemon, "--json", "sessions"],
+                                         capture_output=True, text=True, check=True).stdout)
+    sid = [s["id"] for s in sessions["sessions"] if s["name"] == f"victim.{os.getpid()}"][0]
+    subprocess.run([ctl, "--socket", daemon, "close-session", str(sid)], check=True,
+                   capture_output=True)
+    with pytest.raises(tpipd.Aborted) as e:
+        got["p"].read(timeout=10)
+    assert isinstance(e.value, ConnectionAbortedError) and e.value.errno == 103
+    with pytest.raises((tpipd.Aborted, tpipd.PipeClosed, tpipd.PeerDied)):
+        p.read(timeout=10)  # the other end learns that its peer went
+    victim.close()
