@@ -47,18 +47,14 @@ def daemon():
 @pytest.fixture
 def pair(daemon, request):
     """(writer pipe, reader pipe, writer context, reader context) over a fresh listener."""
-    import threading
     import tpipd
     a = tpipd.Context(daemon)
     b = tpipd.Context(daemon)
     name = f"t.{request.node.name[:60]}.{os.getpid()}".replace("[", ".").replace("]", "")
     name = "".join(c if c.isalnum() or c in "._-" else "_" for c in name)
     lst = b.listen(name)
-    got = {}
-    t = threading.Thread(target=lambda: got.update(p=lst.accept(10)))
-    t.start()
+    fut = lst.accept_async(10)
     w = a.connect(name, timeout=10)
-    t.join()
-    yield w, got["p"], a, b
+    yield w, fut.result(10), a, b
     a.close()
     b.close()

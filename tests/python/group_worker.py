@@ -36,7 +36,9 @@ def main():
         h = torch.ones(1 << 16, dtype=torch.bfloat16)
         w = g.all_reduce(h, async_op=True)
         w.wait()
-        out["async_ok"] = bool((h == n).all())
+        f = torch.ones(8, dtype=torch.float64)
+        fut = g.all_reduce(f, async_op=True).get_future()
+        out["async_ok"] = bool((h == n).all()) and fut.result(30) and bool((f == n).all())
         g.barrier()
     elif scenario == "mismatch":
         t = torch.ones(4)

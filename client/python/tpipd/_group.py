@@ -64,6 +64,22 @@ class Work:
     def is_completed(self):
         return self._req.is_completed()
 
+    def get_future(self):
+        """A concurrent.futures.Future completed (with True, or the error) when the collective
+        ends; wait() runs on a helper thread."""
+        import concurrent.futures
+        global _waiters
+        if _waiters is None:
+            _waiters = concurrent.futures.ThreadPoolExecutor(4, thread_name_prefix="tpipd-coll")
+        return _waiters.submit(self.wait)
+
+    def __await__(self):
+        import asyncio
+        return asyncio.wrap_future(self.get_future()).__await__()
+
+
+_waiters = None
+
 
 def _run(req, after=None):
     if isinstance(req, _tpipd.CollReq):

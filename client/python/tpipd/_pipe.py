@@ -117,6 +117,8 @@ class Listener:
 
     def __init__(self, raw):
         self._raw = raw
+        self._lock = threading.Lock()
+        self._acceptor = None
 
     @property
     def name(self):
@@ -126,8 +128,23 @@ class Listener:
         """The next incoming Pipe; Timeout after ``timeout`` seconds (None: wait)."""
         return Pipe(self._raw.accept(timeout))
 
+    def accept_async(self, timeout=None):
+        """accept() on a listener-owned thread: a Future of the Pipe, in call order."""
+        with self._lock:
+            if self._acceptor is None:
+                self._acceptor = concurrent.futures.ThreadPoolExecutor(
+                    1, thread_name_prefix="tpipd-accept")
+        return self._acceptor.submit(self.accept, timeout)
+
+    async def aaccept(self, timeout=None):
+        """accept() as an asyncio awaitable."""
+        return await asyncio.wrap_future(self.accept_async(timeout))
+
     def close(self):
+        """Unregister the name; pending accepts fail with Cancelled."""
         self._raw.close()
+        if self._acceptor is not None:
+            self._acceptor.shutdown(wait=False)
 
     def __enter__(self):
         return self
