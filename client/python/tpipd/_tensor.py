@@ -156,9 +156,9 @@ def cpu_buffer(obj):
 def cuda_range(obj):
     """(ptr, nbytes, device, stream) of a CUDA tensor from __cuda_array_interface__."""
     cai = obj.__cuda_array_interface__
+    # 1 and 2 (legacy and per-thread default streams) are the driver's own handles for them
+    # (CU_STREAM_LEGACY, CU_STREAM_PER_THREAD): passed on as they are.
     stream = cai.get("stream") or 0
-    if stream in (1, 2):  # legacy / per-thread default stream
-        stream = 0
     return (cai["data"][0], obj.numel() * obj.element_size(), obj.device.index or 0, stream)
 
 
