@@ -19,8 +19,11 @@ TP_DEB_PACKAGES=(
 
 # Optional, for the benchmarks' baselines only (bench/run.sh, bench/run_allreduce.sh): a C++
 # compiler and Debian's TensorPipe; PyTorch (torch.distributed, gloo) and Open MPI for the
-# all-reduce baselines. The project builds and tests without them.
-TP_DEB_BENCH_PACKAGES=(g++ libtensorpipe-dev python3-torch openmpi-bin libopenmpi-dev ucx-utils)
+# all-reduce baselines; UCX's ucx_perftest for bench/run.sh; python3-dev, python3-numpy and
+# python3-pytest for the tpipd Python module and its suite (client/python, tests/python). The
+# project builds and tests without them.
+TP_DEB_BENCH_PACKAGES=(g++ libtensorpipe-dev python3-torch openmpi-bin libopenmpi-dev ucx-utils
+	python3-dev python3-numpy python3-pytest)
 
 # Prints the names among "$@" that dpkg does not list as installed.
 tp_deps_missing() {

@@ -1,0 +1,84 @@
+#!/usr/bin/env bash
+# SPDX-License-Identifier: BSD-3-Clause
+#
+# bench/python/run.sh: the tpipd Python module against what a PyTorch user has, in one run on
+# this host, against a private tpipd started here:
+#   pipe       round trip and 1/16/64 MiB tensor throughput: tpipd (bench_tpipd.py pipe) vs
+#              torch.distributed.rpc rpc_sync over TensorPipe (bench_rpc.py), the latter once
+#              as is (rpc) and once with GLIBC_TUNABLES=glibc.malloc.mmap_max=0:
+#              glibc.malloc.arena_max=1 (rpc-nommap)
+#   allreduce  float32 sum for 2 and 4 processes: tpipd.all_reduce (bench_tpipd.py allreduce)
+#              vs torch.distributed gloo (bench/allreduce_gloo.py) vs the C bench_allreduce
+# then a table with ratios (round trip: ours / the better rpc; throughput: ours / the better
+# rpc; all-reduce: ours / C and gloo / ours). Numbers only; the exit status says whether it ran.
+#
+# Environment: BUILD_DIR (default <repo>/build), PYBENCH_SECS (time per figure, default 1),
+# PYBENCH_SIZES (default 1M,16M,64M), PYBENCH_N (default "2 4"). Uses /usr/bin/python3.
+set -uo pipefail
+root=$(cd "$(dirname "$0")/../.." && pwd)
+build=${BUILD_DIR:-$root/build}
+secs=${PYBENCH_SECS:-1}
+sizes=${PYBENCH_SIZES:-1M,16M,64M}
+ns=${PYBENCH_N:-2 4}
+py=/usr/bin/python3
+here=$root/bench/python
+nommap='glibc.malloc.mmap_max=0:glibc.malloc.arena_max=1'
+
+[ -x "$build/daemon/tpipd" ] || { echo "run.sh: build first ($build/daemon/tpipd)" >&2; exit 1; }
+ext=$(ls "$build"/client/python/_tpipd*.so 2>/dev/null | head -1)
+[ -n "$ext" ] || { echo "run.sh: no _tpipd in $build (python3-dev missing?)" >&2; exit 1; }
+export PYTHONPATH=$build/client/python:$root/client/python
+tmp=$(mktemp -d)
+"$build/daemon/tpipd" --socket "$tmp/s" --peer-listen off --log-level warning 2>"$tmp/log" &
+dpid=$!
+trap 'kill $dpid 2>/dev/null; wait $dpid 2>/dev/null; rm -rf "$tmp"' EXIT
+for _ in $(seq 200); do [ -S "$tmp/s" ] && break; sleep 0.05; done
+export TPIPD_SOCKET=$tmp/s
+out=$tmp/lines
+
+echo "# pipe: tpipd"
+$py "$here/bench_tpipd.py" pipe -s "$sizes" -t "$secs" | tee -a "$out"
+echo "# pipe: rpc_sync (TensorPipe)"
+$py "$here/bench_rpc.py" -s "$sizes" -t "$secs" --label rpc 2>/dev/null | tee -a "$out"
+echo "# pipe: rpc_sync with GLIBC_TUNABLES=$nommap"
+GLIBC_TUNABLES=$nommap $py "$here/bench_rpc.py" -s "$sizes" -t "$secs" --label rpc-nommap \
+	2>/dev/null | tee -a "$out"
+for n in $ns; do
+	echo "# allreduce n=$n"
+	$py "$here/bench_tpipd.py" allreduce -n "$n" -s "$sizes" -t "$secs" | tee -a "$out"
+	$py "$root/bench/allreduce_gloo.py" -n "$n" -s "$sizes" -t "$secs" 2>/dev/null |
+		tee -a "$out"
+	if [ -x "$build/bench/bench_allreduce" ]; then
+		"$build/bench/bench_allreduce" --socket "$tmp/s" --ranks "$n" --sizes "$sizes" \
+			2>/dev/null | sed 's/^allreduce /allreduce impl=c /' | tee -a "$out"
+	fi
+done
+
+$py - "$out" <<'PY'
+import re, sys
+rows = [dict(kv.split("=", 1) for kv in l.split()[1:]) | {"kind": l.split()[0]}
+        for l in open(sys.argv[1]) if "=" in l]
+def get(kind, impl, **k):
+    for r in rows:
+        if r["kind"] == kind and r.get("impl") == impl and all(r.get(a) == str(b) for a, b in k.items()):
+            return float(r["median_us"])
+print()
+print(f"{'figure':<28}{'tpipd-py':>12}{'rpc':>12}{'rpc-nommap':>12}{'ratio':>10}")
+o, a, b = get("rtt", "tpipd-py"), get("rtt", "rpc"), get("rtt", "rpc-nommap")
+best = min(x for x in (a, b) if x) if (a or b) else None
+print(f"{'round trip (us)':<28}{o or 0:>12.1f}{a or 0:>12.1f}{b or 0:>12.1f}"
+      f"{(o / best) if o and best else 0:>9.2f}x  (ours / better rpc, goal <= 0.25)")
+for s in sorted({int(r["size"]) for r in rows if r["kind"] == "tput"}):
+    g = lambda i: (s / get("tput", i, size=s) / 1e3) if get("tput", i, size=s) else 0
+    o, a, b = g("tpipd-py"), g("rpc"), g("rpc-nommap")
+    print(f"{'tput ' + str(s >> 20) + ' MiB (GB/s)':<28}{o:>12.2f}{a:>12.2f}{b:>12.2f}"
+          f"{(o / max(a, b)) if max(a, b) else 0:>9.2f}x  (ours / better rpc, goal >= 2)")
+print()
+print(f"{'allreduce (us)':<28}{'tpipd-py':>12}{'C':>12}{'gloo':>12}{'py/C':>8}{'gloo/py':>9}")
+for r in rows:
+    if r["kind"] == "allreduce" and r.get("impl") == "tpipd-py":
+        n, s = r["n"], r["size"]
+        o, c, gl = float(r["median_us"]), get("allreduce", "c", n=n, size=s), get("allreduce", "gloo", n=n, size=s)
+        print(f"{'n=' + n + ' ' + str(int(s) >> 20) + ' MiB':<28}{o:>12.1f}{c or 0:>12.1f}{gl or 0:>12.1f}"
+              f"{(o / c) if c else 0:>8.2f}{(gl / o) if gl else 0:>9.2f}")
+PY

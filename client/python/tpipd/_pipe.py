@@ -1,0 +1,270 @@
+# SPDX-License-Identifier: BSD-3-Clause
+"""Contexts, listeners and pipes in Python's idiom over _tpipd: messages of metadata, payloads
+and tensors; blocking calls (the GIL is released while they wait), futures and awaitables;
+shared-buffer arrays (empty/zeros). Not here: groups (_group.py), framing (_tensor.py)."""
+import asyncio
+import collections
+import concurrent.futures
+import math
+import threading
+
+from . import _tensor, _tpipd
+
+Message = collections.namedtuple("Message", "metadata payloads tensors")
+Message.__doc__ = """A received message: metadata (bytes), payloads (list of bytearray) and
+tensors (list of numpy arrays / torch tensors, the kind the writer sent). The caller owns all."""
+
+
+class Context:
+    """One session with the local tpipd daemon.
+
+    Context(socket_path=None, name=None, *, no_cma=False, no_ring=False). socket_path None
+    follows libtpclient's rules ($TPIPD_SOCKET, ...). close() (or leaving a ``with`` block)
+    closes every pipe, listener and group of the context; arrays from empty()/zeros() stay
+    valid until they are garbage, and the session ends after the last of them.
+    Raises NoListener/NoDaemon when no daemon listens at the socket."""
+
+    def __init__(self, socket_path=None, name=None, *, no_cma=False, no_ring=False):
+        self._raw = _tpipd.Context(socket_path, name, no_cma, no_ring)
+
+    @property
+    def name(self):
+        return self._raw.name
+
+    @property
+    def transport(self):
+        return self._raw.transport
+
+    @property
+    def closed(self):
+        return self._raw.closed
+
+    def listen(self, name, *, access="owner", gid=None):
+        """Register listener ``name``; access "owner", "group" (with gid) or "anyone"."""
+        codes = {"owner": 0, "group": 1, "anyone": 2}
+        if access not in codes:
+            raise ValueError(f"access must be one of {sorted(codes)}")
+        return Listener(self._raw.listen(name, codes[access], -1 if gid is None else gid))
+
+    def connect(self, address, *, timeout=None, expect_uid=None):
+        """Open a pipe to ``address`` (a listener NAME or tpip://HOST[:PORT]/NAME).
+
+        With ``timeout`` (seconds) the daemon waits that long for a listener that is not
+        registered yet, and connect() returns once the pipe is connected (Timeout, NoListener,
+        AccessDenied otherwise). Without it, a missing listener raises NoListener."""
+        wait_ms = 0 if timeout is None else max(1, int(timeout * 1000))
+        raw = self._raw.connect(address, wait_ms, -1 if expect_uid is None else expect_uid)
+        try:
+            raw.wait_connected(10.0 if timeout is None else timeout + 10.0)
+        except BaseException:
+            raw.close()
+            raise
+        return Pipe(raw)
+
+    def empty(self, shape, dtype="float32", *, like="numpy"):
+        """An uninitialised array (like="numpy") or tensor (like="torch") in a shared buffer:
+        writes from it and reads into it move with one copy. The mapping lives as long as the
+        returned object (and any view of it)."""
+        if isinstance(shape, int):
+            shape = (shape,)
+        shape = tuple(int(d) for d in shape)
+        if any(d < 0 for d in shape) or len(shape) > _tensor.MAX_NDIM:
+            raise ValueError(f"bad shape {shape}")
+        name = _tensor.dtype_name(dtype) if not isinstance(dtype, str) else dtype
+        code = _tensor._CODE_OF.get(name)
+        if code is None:
+            raise ValueError(f"dtype {dtype} is not supported")
+        nbytes = math.prod(shape) * _tensor.DTYPES[code][1]
+        buf = self._raw.alloc_buffer(nbytes)
+        np = _tensor._np()
+        raw_name = "int16" if name == "bfloat16" else name
+        arr = np.frombuffer(buf, dtype=raw_name, count=math.prod(shape)).reshape(shape)
+        if like == "numpy":
+            if name == "bfloat16":
+                raise ValueError("numpy has no bfloat16: use like='torch'")
+            return arr
+        torch = _tensor.torch_module()
+        if like != "torch" or torch is None:
+            raise ValueError("like must be 'numpy' or 'torch' (and torch installed)")
+        t = torch.from_numpy(arr)
+        return t.view(torch.bfloat16) if name == "bfloat16" else t
+
+    def zeros(self, shape, dtype="float32", *, like="numpy"):
+        """empty() filled with zeros."""
+        a = self.empty(shape, dtype, like=like)
+        if like == "torch":
+            a.zero_()
+        else:
+            a.fill(0)
+        return a
+
+    def join_group(self, name, world_size, rank=None, **kw):
+        from ._group import init_group
+        return init_group(name, world_size, rank, context=self, **kw)
+
+    def close(self):
+        self._raw.close()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+
+class Listener:
+    """A registered listener name. accept() waits for the next pipe; close() unregisters."""
+
+    def __init__(self, raw):
+        self._raw = raw
+        self._lock = threading.Lock()
+        self._acceptor = None
+
+    @property
+    def name(self):
+        return self._raw.name
+
+    def accept(self, timeout=None):
+        """The next incoming Pipe; Timeout after ``timeout`` seconds (None: wait)."""
+        return Pipe(self._raw.accept(timeout))
+
+    def accept_async(self, timeout=None):
+        """accept() on a listener-owned thread: a Future of the Pipe, in call order."""
+        with self._lock:
+            if self._acceptor is None:
+                self._acceptor = concurrent.futures.ThreadPoolExecutor(
+                    1, thread_name_prefix="tpipd-accept")
+        return self._acceptor.submit(self.accept, timeout)
+
+    async def aaccept(self, timeout=None):
+        """accept() as an asyncio awaitable."""
+        return await asyncio.wrap_future(self.accept_async(timeout))
+
+    def close(self):
+        """Unregister the name; pending accepts fail with Cancelled."""
+        self._raw.close()
+        if self._acceptor is not None:
+            self._acceptor.shutdown(wait=False)
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+
+class Pipe:
+    """A pipe to one other process.
+
+    Ownership: write() borrows every payload and tensor until it returns (or, for
+    write_async(), until its future is done): do not modify them meanwhile. read() returns
+    objects the caller owns; destination tensors passed to read() are borrowed until it
+    returns or its future is done. Writes are delivered in order; so are reads."""
+
+    def __init__(self, raw):
+        self._raw = raw
+        self._lock = threading.Lock()
+        self._writer = None
+        self._reader = None
+
+    @property
+    def remote_name(self):
+        return self._raw.remote_name
+
+    @property
+    def closed(self):
+        return self._raw.closed
+
+    def write(self, metadata=b"", payloads=(), tensors=(), *, timeout=None, contiguous=False):
+        """Send a message and wait until it is delivered (a small one: queued at the daemon).
+
+        metadata: bytes-like. payloads: bytes-like objects (C-contiguous). tensors: numpy
+        arrays and torch tensors (CPU, or CUDA where the library supports it); dtype and shape
+        travel in each tensor's metadata. A non-contiguous tensor raises InvalidArgument unless
+        contiguous=True (then a contiguous copy is sent). Everything is borrowed until write()
+        returns. Raises PeerDied, PipeClosed, Cancelled, Timeout (the write was cancelled),
+        LimitExceeded."""
+        wire = [_tensor.to_wire(t, contiguous, f"tensor {i}") for i, t in enumerate(tensors)]
+        self._raw.write(metadata, list(payloads), [(b, h) for b, h, _ in wire], timeout)
+        del wire  # the keep-alives lived until here
+
+    def read(self, tensors=None, payloads=None, *, timeout=None, shared=None):
+        """Receive the next message as a Message(metadata, payloads, tensors).
+
+        tensors: None (allocate every tensor), or a list with, per tensor, a destination of
+        the same dtype and shape (filled in place and returned) or None (allocated).
+        payloads: None or a list of writable buffers / None likewise. shared: a Context whose
+        shared buffers hold allocated tensors (one copy; None: ordinary memory). Timeout
+        covers the wait for the message and its transfer (the read is cancelled then)."""
+        desc = self._raw.read_descriptor(timeout)
+        try:
+            return self._read_desc(desc, tensors, payloads, timeout, shared)
+        finally:
+            del desc
+
+    def _read_desc(self, desc, tensors, payloads, timeout, shared):
+        tds = desc.tensors
+        pds = desc.payloads
+        if tensors is not None and len(tensors) != len(tds):
+            raise _tpipd.InvalidArgument(22, f"the message has {len(tds)} tensors, "
+                                         f"{len(tensors)} destinations given")
+        if payloads is not None and len(payloads) != len(pds):
+            raise _tpipd.InvalidArgument(22, f"the message has {len(pds)} payloads, "
+                                         f"{len(payloads)} destinations given")
+        alloc = None if shared is None else (
+            lambda shape, name, like: shared.empty(shape, name, like=like))
+        outs, bufs = [], []
+        for i, (length, meta, dev_type, dev_index) in enumerate(tds):
+            kind, code, shape = _tensor.unpack_header(meta, length)
+            dst = tensors[i] if tensors is not None else None
+            if dst is None:
+                dst = _tensor.empty_like_header(kind, code, shape, dev_type, dev_index, alloc)
+            outs.append(dst)
+            bufs.append(_tensor.check_destination(dst, code, shape, f"tensor {i}"))
+        pays = []
+        for i, (length, _) in enumerate(pds):
+            p = payloads[i] if payloads is not None else None
+            pays.append(bytearray(length) if p is None else p)
+        metadata = desc.metadata
+        self._raw.read(desc, pays, bufs, timeout)
+        return Message(metadata, pays, outs)
+
+    def _executor(self, which):
+        with self._lock:
+            ex = getattr(self, which)
+            if ex is None:
+                ex = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="tpipd-pipe")
+                setattr(self, which, ex)
+            return ex
+
+    def write_async(self, *args, **kw):
+        """write() on a pipe-owned thread: a concurrent.futures.Future (result None). Writes
+        issued this way go out in call order; the buffers are borrowed until it is done."""
+        return self._executor("_writer").submit(self.write, *args, **kw)
+
+    def read_async(self, *args, **kw):
+        """read() on a pipe-owned thread: a Future of the Message, in call order."""
+        return self._executor("_reader").submit(self.read, *args, **kw)
+
+    async def awrite(self, *args, **kw):
+        """write() as an asyncio awaitable."""
+        return await asyncio.wrap_future(self.write_async(*args, **kw))
+
+    async def aread(self, *args, **kw):
+        """read() as an asyncio awaitable."""
+        return await asyncio.wrap_future(self.read_async(*args, **kw))
+
+    def close(self):
+        """Close the pipe: pending reads and writes fail with Cancelled, the other end gets
+        PipeClosed after what was already written."""
+        self._raw.close()
+        for ex in (self._writer, self._reader):
+            if ex is not None:
+                ex.shutdown(wait=False)
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+

@@ -1,0 +1,219 @@
+# SPDX-License-Identifier: BSD-3-Clause
+"""Tensor framing for tpipd: which objects can travel as tensors (numpy arrays, torch tensors on
+the CPU through the buffer protocol, torch CUDA tensors through __cuda_array_interface__), the
+versioned header that carries their dtype and shape in each tensor's metadata, its validation on
+read (the bytes come from another process: every field is bounded), and allocation of the
+reader's objects. Moving bytes is the C extension's job (_tpipd), not this module's.
+
+Header, version 1 (little endian, 8 + 8 * ndim bytes, nothing after it):
+
+    offset 0  4 bytes  magic b"TPT" followed by the version byte 0x01
+    offset 4  u8       kind: 0 numpy.ndarray, 1 torch.Tensor
+    offset 5  u8       dtype code (DTYPES below)
+    offset 6  u8       ndim, 0..32 (0: a scalar array)
+    offset 7  u8       flags, 0 (a reader refuses other values)
+    offset 8  u64[ndim] shape, each at most 2**48
+
+The tensor's byte length (in the descriptor) must equal prod(shape) * itemsize.
+"""
+import struct
+
+from . import _tpipd
+
+MAGIC = b"TPT\x01"
+VERSION = 1
+MAX_NDIM = 32
+MAX_DIM = 1 << 48
+KIND_NUMPY = 0
+KIND_TORCH = 1
+
+# code: (name, itemsize, collective dtype code of libtpclient or 0)
+DTYPES = {
+    1: ("bool", 1, 0),
+    2: ("int8", 1, 5),
+    3: ("uint8", 1, 6),
+    4: ("int16", 2, 0),
+    5: ("uint16", 2, 0),
+    6: ("int32", 4, 7),
+    7: ("uint32", 4, 0),
+    8: ("int64", 8, 8),
+    9: ("uint64", 8, 0),
+    10: ("float16", 2, 1),
+    11: ("bfloat16", 2, 2),
+    12: ("float32", 4, 3),
+    13: ("float64", 8, 4),
+    14: ("complex64", 8, 0),
+    15: ("complex128", 16, 0),
+}
+_CODE_OF = {name: code for code, (name, _, _) in DTYPES.items()}
+
+_torch = None
+
+
+def torch_module():
+    """torch if it is installed (imported on first need), else None."""
+    global _torch
+    if _torch is None:
+        try:
+            import torch
+            _torch = torch
+        except ImportError:
+            _torch = False
+    return _torch or None
+
+
+def _np():
+    import numpy
+    return numpy
+
+
+def is_torch(obj):
+    t = torch_module() if "torch" in type(obj).__module__ else None
+    return t is not None and isinstance(obj, t.Tensor)
+
+
+def dtype_name(obj_dtype):
+    """Our name for a numpy or torch dtype (str), or None when it cannot travel."""
+    s = str(obj_dtype)
+    if s.startswith("torch."):
+        s = s[6:]
+    else:
+        np = _np()
+        d = np.dtype(obj_dtype)
+        if d.byteorder == ">" or (d.byteorder == "=" and not np.little_endian):
+            return None
+        s = d.name
+    return s if s in _CODE_OF else None
+
+
+def _dtype_code(obj):
+    name = dtype_name(obj.dtype)
+    if name is None:
+        raise _tpipd.InvalidArgument(22, f"dtype {obj.dtype} cannot travel through tpipd "
+                                     f"(supported: {', '.join(_CODE_OF)})")
+    return _CODE_OF[name]
+
+
+def pack_header(kind, code, shape):
+    if len(shape) > MAX_NDIM:
+        raise _tpipd.InvalidArgument(22, f"{len(shape)} dimensions, at most {MAX_NDIM}")
+    return MAGIC + bytes((kind, code, len(shape), 0)) + struct.pack(f"<{len(shape)}Q", *shape)
+
+
+def unpack_header(meta, length):
+    """(kind, dtype code, shape) of a received tensor; ProtocolError for anything malformed."""
+    def bad(why):
+        return _tpipd.ProtocolError(74, f"malformed tensor header: {why}")
+    if len(meta) < 8:
+        raise bad(f"{len(meta)} bytes, at least 8")
+    if meta[:3] != MAGIC[:3]:
+        raise bad("bad magic (not sent by tpipd's Python module?)")
+    if meta[3] != VERSION:
+        raise bad(f"version {meta[3]}, this module reads {VERSION}")
+    kind, code, ndim, flags = meta[4], meta[5], meta[6], meta[7]
+    if kind not in (KIND_NUMPY, KIND_TORCH):
+        raise bad(f"kind {kind}")
+    if code not in DTYPES:
+        raise bad(f"dtype code {code}")
+    if ndim > MAX_NDIM:
+        raise bad(f"{ndim} dimensions, at most {MAX_NDIM}")
+    if flags:
+        raise bad(f"flags {flags:#x}")
+    if len(meta) != 8 + 8 * ndim:
+        raise bad(f"{len(meta)} bytes for {ndim} dimensions")
+    shape = struct.unpack_from(f"<{ndim}Q", meta, 8)
+    n = DTYPES[code][1]
+    for d in shape:
+        if d > MAX_DIM:
+            raise bad(f"dimension {d} over {MAX_DIM}")
+        n *= d
+        if n > length:  # also bounds the product: Python ints do not overflow, but stay small
+            n = length + 1
+    if n != length:
+        raise bad(f"shape {tuple(shape)} of {DTYPES[code][0]} is not {length} bytes")
+    return kind, code, tuple(shape)
+
+
+def _contiguous(obj, contiguous, what):
+    if contiguous:
+        return obj.contiguous() if is_torch(obj) else _np().ascontiguousarray(obj)
+    raise _tpipd.InvalidArgument(
+        22, f"{what} is not contiguous (strides {tuple(obj.stride()) if is_torch(obj) else obj.strides}): "
+        "pass contiguous=True to send a contiguous copy, or call .contiguous() / "
+        "numpy.ascontiguousarray() yourself")
+
+
+def cpu_buffer(obj):
+    """A buffer-protocol object over the bytes of a contiguous CPU tensor or array (a view)."""
+    if is_torch(obj):
+        t = obj.detach()
+        if t.dtype == torch_module().bfloat16:
+            t = t.view(torch_module().int16)
+        return t.numpy()
+    return obj
+
+
+def cuda_range(obj):
+    """(ptr, nbytes, device, stream) of a CUDA tensor from __cuda_array_interface__."""
+    cai = obj.__cuda_array_interface__
+    # 1 and 2 (legacy and per-thread default streams) are the driver's own handles for them
+    # (CU_STREAM_LEGACY, CU_STREAM_PER_THREAD): passed on as they are.
+    stream = cai.get("stream") or 0
+    return (cai["data"][0], obj.numel() * obj.element_size(), obj.device.index or 0, stream)
+
+
+def to_wire(obj, contiguous=False, what="tensor"):
+    """(buffer or CUDA range, header, keep-alive) for a tensor to write."""
+    if is_torch(obj):
+        if not obj.is_contiguous():
+            obj = _contiguous(obj, contiguous, what)
+        code = _dtype_code(obj)
+        hdr = pack_header(KIND_TORCH, code, tuple(obj.shape))
+        if obj.is_cuda:
+            return cuda_range(obj), hdr, obj
+        return cpu_buffer(obj), hdr, obj
+    np = _np()
+    if isinstance(obj, np.generic):
+        obj = np.asarray(obj)  # a numpy scalar: sent as a 0-d array
+    if not isinstance(obj, np.ndarray):
+        raise TypeError(f"{what}: a numpy.ndarray or torch.Tensor is needed, not "
+                        f"{type(obj).__name__} (send bytes-like objects as payloads)")
+    if not obj.flags.c_contiguous:
+        obj = _contiguous(obj, contiguous, what)
+    code = _dtype_code(obj)
+    return obj, pack_header(KIND_NUMPY, code, obj.shape), obj
+
+
+def empty_like_header(kind, code, shape, device_type=0, device_index=0, alloc=None):
+    """A new array (kind 0, or torch absent and the dtype numpy's) or tensor for a header."""
+    name = DTYPES[code][0]
+    torch = torch_module() if kind == KIND_TORCH or name == "bfloat16" else None
+    if kind == KIND_TORCH and torch is not None:
+        dt = getattr(torch, name, None)
+        if dt is None:
+            raise _tpipd.NotSupported(95, f"this torch has no dtype {name}")
+        if device_type == 1 and torch.cuda.is_available():
+            return torch.empty(shape, dtype=dt, device=f"cuda:{device_index}")
+        if alloc is not None:
+            return alloc(shape, name, "torch")
+        return torch.empty(shape, dtype=dt)
+    if name == "bfloat16":
+        raise _tpipd.NotSupported(95, "a bfloat16 tensor needs torch to be received")
+    if alloc is not None:
+        return alloc(shape, name, "numpy")
+    return _np().empty(shape, dtype=name)
+
+
+def check_destination(obj, code, shape, what):
+    """The buffer (or CUDA range) of a destination the caller passed; it must match exactly."""
+    name = DTYPES[code][0]
+    if dtype_name(obj.dtype) != name or tuple(obj.shape) != tuple(shape):
+        raise _tpipd.InvalidArgument(22, f"{what}: the message holds {name}{list(shape)}, the "
+                                     f"destination is {obj.dtype}{list(obj.shape)}")
+    if is_torch(obj):
+        if not obj.is_contiguous():
+            raise _tpipd.InvalidArgument(22, f"{what}: destination is not contiguous")
+        return cuda_range(obj) if obj.is_cuda else cpu_buffer(obj)
+    if not obj.flags.c_contiguous or not obj.flags.writeable:
+        raise _tpipd.InvalidArgument(22, f"{what}: destination is not contiguous and writable")
+    return obj

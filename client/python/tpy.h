@@ -1,0 +1,112 @@
+/* SPDX-License-Identifier: BSD-3-Clause */
+/*
+ * The internal interface of _tpipd, the CPython extension over libtpclient: the object types,
+ * the error mapping (module.c), the wait that turns one asynchronous libtpclient call into a
+ * blocking Python call with the GIL released (pipe.c), and the tracking that lets
+ * Context.close() close every pipe, listener and group first. Tensor headers, dtypes, futures
+ * and numpy/torch live in the pure-Python package (tpipd/), not here.
+ */
+#ifndef TPY_H
+#define TPY_H
+
+#define PY_SSIZE_T_CLEAN
+#include <Python.h>
+#include <pthread.h>
+#include <stdbool.h>
+#include <tpclient.h>
+
+#define TPY_CONTAINER(ptr, type, member) ((type *)((char *)(ptr)-offsetof(type, member)))
+
+/* Something of a context that Context.close() must close first (a pipe, listener or group). */
+struct tpy_child {
+	struct tpy_child *next, *prev;
+	void (*close)(struct tpy_child *c);
+};
+
+typedef struct {
+	PyObject_HEAD
+	struct tp_context *ctx; /* NULL once freed */
+	bool closed;		/* close() ran: no new operation; free once no buffer is left */
+	Py_ssize_t n_buffers;	/* SharedBuffer objects alive */
+	struct tpy_child children;
+} tpy_context;
+
+/* One asynchronous call waited for by a Python thread (lives on that thread's stack). */
+struct tpy_wait {
+	pthread_mutex_t lock;
+	pthread_cond_t cond;
+	bool done;
+	int status;
+	char msg[1100];
+	struct tp_pipe *pipe;	      /* accept result */
+	struct tp_descriptor *desc; /* descriptor result */
+};
+
+extern PyTypeObject tpy_context_type, tpy_listener_type, tpy_pipe_type, tpy_descriptor_type;
+extern PyTypeObject tpy_buffer_type, tpy_group_type, tpy_collreq_type;
+
+/* module.c */
+/*
+ * tpy_module_raise() - set the exception for -errno @err with @msg (NULL: tp_last_error()).
+ * Return: NULL, for `return tpy_module_raise(...)`.
+ */
+PyObject *tpy_module_raise(int err, const char *msg);
+/* Raise tpipd.Closed for an object used after close(). Return: NULL. */
+PyObject *tpy_module_closed(const char *what);
+/* Link @c into @ctx's children (borrows both; @c unlinks itself with tpy_module_unlink()). */
+void tpy_module_link(tpy_context *ctx, struct tpy_child *c);
+void tpy_module_unlink(struct tpy_child *c);
+int tpy_module_add_types(PyObject *m);
+
+/* pipe.c */
+void tpy_pipe_wait_init(struct tpy_wait *w);
+void tpy_pipe_on_done(void *arg, struct tp_pipe *p, int status, const char *errmsg);
+/*
+ * tpy_pipe_wait() - wait, without the GIL, for the callback of the operation @op of @ctx to
+ * fire into @w. After @timeout_ms (< 0: never) or on a pending signal it cancels @op and still
+ * waits for the callback, so the operation's memory is free when it returns.
+ * Return: the operation's status; -ETIMEDOUT when cancelled by the timeout; -EINTR when a
+ * signal handler raised (the exception is set).
+ */
+int tpy_pipe_wait(tpy_context *ctx, struct tpy_wait *w, uint64_t op, int timeout_ms);
+void tpy_pipe_wait_signal(struct tpy_wait *w, int status, const char *errmsg);
+void tpy_pipe_wait_done(struct tpy_wait *w);
+/* A timeout in seconds (None: -1) as milliseconds. Return: 0, or -1 with an exception set. */
+int tpy_pipe_timeout(PyObject *o, int *ret);
+/* A new Pipe of @ctx; takes @p (closed on failure). */
+PyObject *tpy_pipe_wrap(tpy_context *ctx, struct tp_pipe *p);
+/* Context.connect(): borrows @self, returns a new reference. */
+PyObject *tpy_pipe_connect(tpy_context *self, PyObject *args, PyObject *kw);
+int tpy_pipe_add_types(PyObject *m);
+
+/* listener.c */
+/* Context.listen(): borrows @self, returns a new Listener keeping @self. */
+PyObject *tpy_listener_new(tpy_context *self, PyObject *args, PyObject *kw);
+int tpy_listener_add_types(PyObject *m);
+
+/* buffer.c */
+/*
+ * tpy_buffer_get() - the buffer of @obj (C-contiguous; writable if @writable).
+ * Return: 0, or -1 with a Python exception set naming @what.
+ */
+int tpy_buffer_get(PyObject *obj, Py_buffer *view, bool writable, const char *what);
+/*
+ * tpy_buffer_tensor() - fill @t (a tensor to write) or @s (a read slot), whichever is not NULL,
+ * from @obj: a buffer-protocol object (CPU) or a tuple (ptr, nbytes, device, stream) for CUDA
+ * memory. A CPU buffer is acquired into @view (release it with PyBuffer_Release when view->obj
+ * is set). Return: 0, or -1 with an exception set.
+ */
+int tpy_buffer_tensor(PyObject *obj, Py_buffer *view, bool writable, struct tp_tensor *t,
+		      struct tp_slot *s, size_t *ret_len);
+/* Context.alloc_buffer(size): a new SharedBuffer keeping @self. */
+PyObject *tpy_buffer_alloc(tpy_context *self, PyObject *args);
+/* A SharedBuffer went away: free @self's context if it is closed and this was its last one. */
+void tpy_buffer_released(tpy_context *self);
+int tpy_buffer_add_types(PyObject *m);
+
+/* group.c */
+/* Context.join_group(): a new Group keeping @self. */
+PyObject *tpy_group_join(tpy_context *self, PyObject *args, PyObject *kw);
+int tpy_group_add_types(PyObject *m);
+
+#endif

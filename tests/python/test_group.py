@@ -1,0 +1,83 @@
+# SPDX-License-Identifier: BSD-3-Clause
+"""Groups from Python: 4 processes all-reduce torch tensors (the sum), and run max, broadcast,
+all_gather, reduce_scatter, an async bfloat16 all-reduce and a barrier; members calling
+different collectives get Mismatch; a member that dies fails the others with PeerDied; the
+Slurm and coordinator bootstraps pass through to libtpclient (NotSupported today)."""
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+import tpipd
+from tpipd import _tensor
+
+if _tensor.torch_module() is None:
+    pytest.skip("torch is not installed", allow_module_level=True)
+
+WORKER = os.path.join(os.path.dirname(__file__), "group_worker.py")
+
+
+def run_members(daemon, scenario, n, name):
+    procs = [subprocess.Popen([sys.executable, WORKER, scenario, name, str(n), str(r)],
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+             for r in range(n)]
+    outs = []
+    for p in procs:
+        o, e = p.communicate(timeout=120)
+        outs.append((p.returncode, o, e))
+    return outs
+
+
+def results(outs, expect_rc=0):
+    res = []
+    for rc, o, e in outs:
+        if rc == expect_rc and o.strip():
+            res.append(json.loads(o.strip().splitlines()[-1]))
+        else:
+            assert rc == 5, f"member exited {rc}: {e[-2000:]}"
+    return res
+
+
+def test_four_processes_all_reduce_torch_tensors_to_the_sum(daemon):
+    res = results(run_members(daemon, "collectives", 4, f"g.sum.{os.getpid()}"))
+    assert sorted(r["rank"] for r in res) == [0, 1, 2, 3]
+    for r in res:
+        assert r == {"rank": r["rank"], "sum_ok": True, "max_ok": True, "bcast_ok": True,
+                     "gather_ok": True, "rs_ok": True, "async_ok": True}, r
+
+
+def test_different_collectives_raise_mismatch(daemon):
+    res = results(run_members(daemon, "mismatch", 2, f"g.mis.{os.getpid()}"))
+    assert [r["error"] for r in res] == ["Mismatch", "Mismatch"]
+
+
+def test_a_member_that_dies_fails_the_others_with_peer_died(daemon):
+    res = results(run_members(daemon, "die", 3, f"g.die.{os.getpid()}"))
+    assert len(res) == 2
+    assert all(r["error"] == "PeerDied" and r["is_reset"] for r in res), res
+
+
+@pytest.mark.parametrize("boot", ["slurm", "coordinator"])
+def test_other_bootstraps_pass_through(daemon, boot):
+    with pytest.raises(tpipd.Error) as e:
+        tpipd.init_group(f"g.boot.{boot}", 2, 0, bootstrap=boot,
+                         coordinator="tpip://127.0.0.1:1" if boot == "coordinator" else None)
+    assert isinstance(e.value, (tpipd.NotSupported, tpipd.InvalidArgument)), e.value
+
+
+def test_single_member_group_and_module_functions(daemon):
+    import torch
+    g = tpipd.init_group(f"g.one.{os.getpid()}", 1, 0)
+    t = torch.arange(4, dtype=torch.int64)
+    tpipd.all_reduce(t)
+    assert t.tolist() == [0, 1, 2, 3]
+    with pytest.raises(tpipd.InvalidArgument, match="no reduction"):
+        tpipd.all_reduce(torch.ones(2, dtype=torch.int16))
+    tpipd.barrier()
+    tpipd.destroy_group()
+    with pytest.raises(RuntimeError):
+        tpipd.barrier()
+    with pytest.raises(tpipd.Closed):
+        g.barrier()
