@@ -480,19 +480,20 @@ static void group_on_session_end(struct tpd_session *s)
 	tpu_list_for_each_safe(grp, tmp, &gs->list, node) {
 		for (uint32_t i = 0; i < grp->size; i++) {
 			struct member *mb = &grp->m[i];
-			bool last = grp->formed ? grp->live == 1 : grp->joined == 1;
+			bool formed = grp->formed;
+			bool last = formed ? grp->live == 1 : grp->joined == 1;
 
 			if (mb->s != s)
 				continue;
-			if (grp->formed)
-				member_gone(mb, TPU_GRPARENA_DIED);
-			else
+			if (formed) {
+				member_gone(mb, TPU_GRPARENA_DIED); /* frees grp after the last */
+			} else {
 				member_clear(mb);
-			if (last) {
-				if (!grp->formed)
+				if (last)
 					group_free(grp);
-				break; /* grp is freed */
 			}
+			if (last)
+				break; /* grp is freed: read nothing of it */
 		}
 	}
 }

@@ -791,6 +791,29 @@ START_TEST(test_member_leaving_fails_the_others_next_call)
 }
 END_TEST
 
+/* Every member exits without leaving: the last session's end frees the group (reading none of
+ * it afterwards: a use after free here took the daemon down under AddressSanitizer), and the
+ * name serves a new group. */
+static int body_exit_unleft(struct gt_member *m)
+{
+	if (tp_barrier(m->g) < 0)
+		return 1;
+	_exit(0);
+}
+
+static int body_barrier(struct gt_member *m)
+{
+	return tp_barrier(m->g) < 0;
+}
+
+START_TEST(test_members_exiting_without_leaving_free_the_group)
+{
+	ck_assert(gt_run(&tpt_fixture_daemon, "unleft", 3, false, body_exit_unleft, NULL, sh, T_MS));
+	ck_assert(gt_run(&tpt_fixture_daemon, "unleft", 2, false, body_barrier, NULL, sh, T_MS));
+	ck_assert_msg(tpt_daemon_alive(&tpt_fixture_daemon), "tpipd died");
+}
+END_TEST
+
 START_TEST(test_join_times_out_naming_missing_ranks)
 {
 	struct tp_group_options o = { .size = sizeof(o), .rank = 1, .nranks = 3,
@@ -1083,6 +1106,7 @@ static Suite *groups_suite(void)
 	tcase_add_test(tc, test_mismatched_calls_fail_on_every_rank);
 	tcase_add_test(tc, test_member_killed_mid_collective_fails_survivors);
 	tcase_add_test(tc, test_member_leaving_fails_the_others_next_call);
+	tcase_add_test(tc, test_members_exiting_without_leaving_free_the_group);
 	tcase_add_test(tc, test_join_times_out_naming_missing_ranks);
 	tcase_add_test(tc, test_join_refusals);
 	tcase_add_test(tc, test_limits_below_and_above);
