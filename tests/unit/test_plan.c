@@ -1,0 +1,300 @@
+/* SPDX-License-Identifier: BSD-3-Clause */
+/*
+ * Unit tests of the cross-host plan (client/lib/plan.c), without processes: members group by
+ * host identity whatever the rank order (200 ranks over 25 hosts), leaders and local ranks
+ * follow, the algorithm follows size and the override, and both schedules (ring and recursive
+ * doubling, 1 to 40 hosts) are simulated on symbolic values: every leader ends with every
+ * segment folded from every host exactly once, in the same order as every other leader, sends
+ * and receives pair up, and the ring moves 2(H-1)/H of the tensor per leader. Limits are tried
+ * just below and above.
+ */
+#include <check.h>
+#include <errno.h>
+#include <stdlib.h>
+#include <string.h>
+#include "plan.h"
+
+#define SIM_HOSTS 64
+
+/* One leader's value of one segment: the hosts folded into it, in fold order. */
+struct sym {
+	uint32_t n;
+	uint8_t who[SIM_HOSTS];
+};
+
+static uint64_t host_id_of(uint32_t rank, uint32_t hosts)
+{
+	/* interleaved (rank 0 on host A, rank 1 on host B, ...) and far-apart identities */
+	return 0x5eed000000000000ull + ((rank * 7u) % hosts) * 0x9e3779b97f4a7c15ull;
+}
+
+START_TEST(test_plan_200_ranks_over_25_hosts_group_by_host_identity)
+{
+	uint64_t ids[200];
+	struct tpc_plan *p = NULL;
+
+	for (uint32_t r = 0; r < 200; r++)
+		ids[r] = host_id_of(r, 25);
+	ck_assert_int_eq(tpc_plan_build(ids, 200, &p), 0);
+	ck_assert_uint_eq(p->nranks, 200);
+	ck_assert_uint_eq(p->nhosts, 25);
+	ck_assert_uint_eq(p->host_of[0], 0);
+	for (uint32_t h = 0; h < 25; h++) {
+		uint32_t lead = tpc_plan_leader(p, h);
+
+		ck_assert_uint_eq(tpc_plan_local_size(p, h), 8);
+		ck_assert_uint_eq(p->host_of[lead], h);
+		ck_assert_uint_eq(p->local_rank[lead], 0);
+		if (h > 0) /* hosts are numbered by their lowest rank */
+			ck_assert_uint_lt(tpc_plan_leader(p, h - 1), lead);
+		for (uint32_t j = 0; j < 8; j++) {
+			uint32_t r = p->by_host[p->host_first[h] + j];
+
+			ck_assert_uint_eq(p->host_of[r], h);
+			ck_assert_uint_eq(p->local_rank[r], j);
+			ck_assert(ids[r] == ids[lead]);
+			if (j > 0)
+				ck_assert_uint_lt(p->by_host[p->host_first[h] + j - 1], r);
+		}
+	}
+	for (uint32_t r = 0; r < 200; r++)
+		for (uint32_t s = 0; s < 200; s++)
+			ck_assert((p->host_of[r] == p->host_of[s]) == (ids[r] == ids[s]));
+	tpc_plan_free(p);
+}
+END_TEST
+
+START_TEST(test_plan_uneven_hosts_and_one_host)
+{
+	uint64_t ids[7] = { 9, 3, 3, 9, 1, 3, 3 };
+	struct tpc_plan *p = NULL;
+
+	ck_assert_int_eq(tpc_plan_build(ids, 7, &p), 0);
+	ck_assert_uint_eq(p->nhosts, 3);
+	ck_assert_uint_eq(tpc_plan_leader(p, 0), 0);
+	ck_assert_uint_eq(tpc_plan_leader(p, 1), 1);
+	ck_assert_uint_eq(tpc_plan_leader(p, 2), 4);
+	ck_assert_uint_eq(tpc_plan_local_size(p, 0), 2);
+	ck_assert_uint_eq(tpc_plan_local_size(p, 1), 4);
+	ck_assert_uint_eq(tpc_plan_local_size(p, 2), 1);
+	ck_assert_uint_eq(p->local_rank[6], 3);
+	ck_assert_uint_eq(p->local_rank[3], 1);
+	tpc_plan_free(p);
+	memset(ids, 0, sizeof(ids));
+	ck_assert_int_eq(tpc_plan_build(ids, 7, &p), 0);
+	ck_assert_uint_eq(p->nhosts, 1);
+	ck_assert_uint_eq(tpc_plan_local_size(p, 0), 7);
+	ck_assert_uint_eq(tpc_plan_nsteps(1, tpc_plan_choose(1, 1u << 30, TPC_PLAN_RING)), 0);
+	tpc_plan_free(p);
+}
+END_TEST
+
+START_TEST(test_plan_member_limits)
+{
+	uint64_t *ids = calloc(TPC_PLAN_RANKS_MAX + 1, sizeof(*ids));
+	struct tpc_plan *p = NULL;
+
+	ck_assert_ptr_nonnull(ids);
+	for (uint32_t r = 0; r <= TPC_PLAN_RANKS_MAX; r++)
+		ids[r] = r / 8;
+	ck_assert_int_eq(tpc_plan_build(ids, 0, &p), -EINVAL);
+	ck_assert_int_eq(tpc_plan_build(ids, TPC_PLAN_RANKS_MAX + 1, &p), -EINVAL);
+	ck_assert_ptr_null(p);
+	ck_assert_int_eq(tpc_plan_build(ids, TPC_PLAN_RANKS_MAX, &p), 0);
+	ck_assert_uint_eq(p->nhosts, TPC_PLAN_RANKS_MAX / 8);
+	ck_assert_uint_eq(tpc_plan_leader(p, p->nhosts - 1), TPC_PLAN_RANKS_MAX - 8);
+	tpc_plan_free(p);
+	free(ids);
+}
+END_TEST
+
+START_TEST(test_plan_algorithm_by_size_and_override)
+{
+	enum tpc_plan_algo a;
+
+	ck_assert_int_eq(tpc_plan_choose(1, 1u << 30, TPC_PLAN_AUTO), TPC_PLAN_NONE);
+	ck_assert_int_eq(tpc_plan_choose(1, 4, TPC_PLAN_RD), TPC_PLAN_NONE);
+	ck_assert_int_eq(tpc_plan_choose(2, TPC_PLAN_RING_MIN - 1, TPC_PLAN_AUTO), TPC_PLAN_RD);
+	ck_assert_int_eq(tpc_plan_choose(2, TPC_PLAN_RING_MIN, TPC_PLAN_AUTO), TPC_PLAN_RING);
+	ck_assert_int_eq(tpc_plan_choose(25, 0, TPC_PLAN_AUTO), TPC_PLAN_RD);
+	ck_assert_int_eq(tpc_plan_choose(25, 4, TPC_PLAN_RING), TPC_PLAN_RING);
+	ck_assert_int_eq(tpc_plan_choose(25, 1u << 30, TPC_PLAN_RD), TPC_PLAN_RD);
+	ck_assert_int_eq(tpc_plan_algo_parse("ring", &a), 0);
+	ck_assert_int_eq(a, TPC_PLAN_RING);
+	ck_assert_int_eq(tpc_plan_algo_parse("rd", &a), 0);
+	ck_assert_int_eq(a, TPC_PLAN_RD);
+	ck_assert_int_eq(tpc_plan_algo_parse("tree", &a), 0);
+	ck_assert_int_eq(a, TPC_PLAN_RD);
+	ck_assert_int_eq(tpc_plan_algo_parse("auto", &a), 0);
+	ck_assert_int_eq(a, TPC_PLAN_AUTO);
+	ck_assert_int_eq(tpc_plan_algo_parse("Ring", &a), -EINVAL);
+	ck_assert_int_eq(tpc_plan_algo_parse("", &a), -EINVAL);
+	ck_assert_int_eq(tpc_plan_algo_parse(NULL, &a), -EINVAL);
+	ck_assert_str_eq(tpc_plan_algo_name(TPC_PLAN_RD), "recursive-doubling");
+	ck_assert_str_eq(tpc_plan_algo_name(TPC_PLAN_RING), "ring");
+}
+END_TEST
+
+/* Applies what @st says leader @i receives, taken from @old (the values before the step). */
+static void sim_recv(uint32_t n, struct sym *old, struct sym *cur, uint32_t i,
+		     const struct tpc_plan_step *st)
+{
+	for (uint32_t k = 0; k < st->recv_nseg; k++) {
+		uint32_t seg = st->recv_seg + k;
+		const struct sym *in = &old[(size_t)st->recv_from * n + seg];
+		struct sym *me = &cur[(size_t)i * n + seg], out = { 0 };
+
+		if (st->recv == TPC_PLAN_COPY) {
+			*me = *in;
+			continue;
+		}
+		ck_assert(st->recv == TPC_PLAN_FOLD_LEFT || st->recv == TPC_PLAN_FOLD_RIGHT);
+		ck_assert_uint_le(in->n + me->n, SIM_HOSTS);
+		const struct sym *a = st->recv == TPC_PLAN_FOLD_LEFT ? in : me;
+		const struct sym *b = st->recv == TPC_PLAN_FOLD_LEFT ? me : in;
+
+		memcpy(out.who, a->who, a->n);
+		memcpy(out.who + a->n, b->who, b->n);
+		out.n = a->n + b->n;
+		*me = out;
+	}
+}
+
+/* Checks that @st[i] pairs with what its peers expect in the same step. */
+static void sim_check_pairs(uint32_t n, struct tpc_plan_step *st, uint32_t i)
+{
+	const struct tpc_plan_step *s = &st[i];
+
+	if (s->send_to >= 0) {
+		const struct tpc_plan_step *t = &st[s->send_to];
+
+		ck_assert_int_eq(t->recv_from, (int32_t)i);
+		ck_assert_uint_eq(t->recv_seg, s->send_seg);
+		ck_assert_uint_eq(t->recv_nseg, s->send_nseg);
+		ck_assert_uint_le(s->send_seg + s->send_nseg, n);
+	}
+	if (s->recv_from >= 0) {
+		ck_assert_int_eq(st[s->recv_from].send_to, (int32_t)i);
+		ck_assert_int_ne(s->recv, TPC_PLAN_RECV_NONE);
+	} else {
+		ck_assert_int_eq(s->recv, TPC_PLAN_RECV_NONE);
+	}
+}
+
+/* Runs @algo among @n leaders on symbolic values; returns the segments each leader sent. */
+static void simulate(uint32_t n, enum tpc_plan_algo algo, uint32_t *sent)
+{
+	uint32_t steps = tpc_plan_nsteps(n, algo);
+	struct tpc_plan_step *all = calloc((size_t)n * (steps + 1), sizeof(*all));
+	struct tpc_plan_step *row = calloc(n, sizeof(*row));
+	struct sym *cur = calloc((size_t)n * n, sizeof(*cur)), *old = calloc((size_t)n * n, sizeof(*old));
+
+	ck_assert(all && row && cur && old);
+	for (uint32_t i = 0; i < n; i++) {
+		ck_assert_int_eq(tpc_plan_steps(n, algo, i, all + (size_t)i * (steps + 1)), (int)steps);
+		for (uint32_t s = 0; s < n; s++)
+			cur[(size_t)i * n + s] = (struct sym){ .n = 1, .who = { (uint8_t)i } };
+		sent[i] = 0;
+	}
+	for (uint32_t k = 0; k < steps; k++) {
+		for (uint32_t i = 0; i < n; i++)
+			row[i] = all[(size_t)i * (steps + 1) + k];
+		memcpy(old, cur, (size_t)n * n * sizeof(*cur));
+		for (uint32_t i = 0; i < n; i++) {
+			sim_check_pairs(n, row, i);
+			sent[i] += row[i].send_to >= 0 ? row[i].send_nseg : 0;
+			if (row[i].recv_from >= 0)
+				sim_recv(n, old, cur, i, &row[i]);
+		}
+	}
+	for (uint32_t s = 0; s < n; s++) {
+		const struct sym *ref = &cur[s];
+		uint64_t seen[SIM_HOSTS / 64] = { 0 };
+
+		ck_assert_uint_eq(ref->n, n); /* every host folded in, once */
+		for (uint32_t j = 0; j < n; j++) {
+			ck_assert(!(seen[ref->who[j] / 64] & (1ull << (ref->who[j] % 64))));
+			seen[ref->who[j] / 64] |= 1ull << (ref->who[j] % 64);
+		}
+		for (uint32_t i = 1; i < n; i++) /* the same order on every leader */
+			ck_assert_mem_eq(&cur[(size_t)i * n + s], ref, sizeof(*ref));
+	}
+	free(old), free(cur), free(row), free(all);
+}
+
+START_TEST(test_plan_schedules_fold_every_host_once_in_one_order)
+{
+	uint32_t sent[SIM_HOSTS];
+
+	for (uint32_t n = 2; n <= 40; n++) {
+		uint32_t l = 0;
+
+		simulate(n, TPC_PLAN_RING, sent);
+		for (uint32_t i = 0; i < n; i++) /* 2(H-1) segments of 1/H each */
+			ck_assert_uint_eq(sent[i], 2 * (n - 1));
+		simulate(n, TPC_PLAN_RD, sent);
+		while ((2u << l) <= n)
+			l++;
+		ck_assert_uint_eq(tpc_plan_nsteps(n, TPC_PLAN_RD), l + ((1u << l) < n ? 2 : 0));
+		for (uint32_t i = 0; i < n; i++) /* at most log2 H + 1 whole tensors */
+			ck_assert_uint_le(sent[i], (l + 1) * n);
+	}
+}
+END_TEST
+
+START_TEST(test_plan_steps_refuse_bad_arguments)
+{
+	struct tpc_plan_step st[8];
+
+	ck_assert_int_eq(tpc_plan_steps(4, TPC_PLAN_RING, 4, st), -EINVAL);
+	ck_assert_int_eq(tpc_plan_steps(4, TPC_PLAN_RING, 3, st), 6);
+	ck_assert_int_eq(tpc_plan_steps(4, TPC_PLAN_AUTO, 0, st), -EINVAL);
+	ck_assert_int_eq(tpc_plan_steps(4, TPC_PLAN_NONE, 0, st), -EINVAL);
+	ck_assert_int_eq(tpc_plan_steps(1, TPC_PLAN_RING, 0, st), 0);
+	ck_assert_int_eq(tpc_plan_steps(0, TPC_PLAN_RING, 0, st), -EINVAL);
+}
+END_TEST
+
+START_TEST(test_plan_segments_cover_the_tensor_aligned)
+{
+	static const size_t counts[] = { 0, 1, 2, 15, 16, 17, 97, 1021, 65537, 1000003 };
+	static const size_t sizes[] = { 1, 2, 4, 8 };
+
+	for (size_t c = 0; c < sizeof(counts) / sizeof(counts[0]); c++)
+		for (size_t e = 0; e < 4; e++)
+			for (uint32_t nseg = 1; nseg <= 25; nseg++) {
+				size_t at = 0, off, n;
+
+				for (uint32_t s = 0; s < nseg; s++) {
+					tpc_plan_segment(counts[c], sizes[e], nseg, s, &off, &n);
+					ck_assert_uint_eq(off, at);
+					if (n && off < counts[c])
+						ck_assert_uint_eq(off * sizes[e] % 64, 0);
+					at += n;
+				}
+				ck_assert_uint_eq(at, counts[c]);
+			}
+}
+END_TEST
+
+int main(void)
+{
+	Suite *s = suite_create("plan");
+	TCase *tc = tcase_create("plan");
+	SRunner *sr;
+	int failed;
+
+	tcase_add_test(tc, test_plan_200_ranks_over_25_hosts_group_by_host_identity);
+	tcase_add_test(tc, test_plan_uneven_hosts_and_one_host);
+	tcase_add_test(tc, test_plan_member_limits);
+	tcase_add_test(tc, test_plan_algorithm_by_size_and_override);
+	tcase_add_test(tc, test_plan_schedules_fold_every_host_once_in_one_order);
+	tcase_add_test(tc, test_plan_steps_refuse_bad_arguments);
+	tcase_add_test(tc, test_plan_segments_cover_the_tensor_aligned);
+	suite_add_tcase(s, tc);
+	sr = srunner_create(s);
+	srunner_run_all(sr, CK_NORMAL);
+	failed = srunner_ntests_failed(sr);
+	srunner_free(sr);
+	return failed ? 1 : 0;
+}
