@@ -107,4 +107,44 @@ int tpc_plan_steps(uint32_t nhosts, enum tpc_plan_algo algo, uint32_t host,
 void tpc_plan_segment(size_t count, size_t es, uint32_t nseg, uint32_t seg, size_t *ret_off,
 		      size_t *ret_n);
 
+/*
+ * Running one leader's schedule (planrun.c) over a transport the caller supplies: the peer
+ * links between daemons in a group, threads with queues in the unit suite.
+ */
+struct tpc_plan_xport_ops {
+	/*
+	 * Sends @slen bytes of @sbuf to leader @to and receives @rlen bytes from leader @from into
+	 * @rbuf, both at once (either may be -1: none); returns when both are done. Borrows the
+	 * buffers for the call. Return: 0 or -errno (the run stops with it).
+	 */
+	int (*xchg)(void *t, int32_t to, const void *sbuf, size_t slen, int32_t from, void *rbuf,
+		    size_t rlen);
+};
+
+/* A built-in reduction (op 1..4 of enum tp_reduce_op) or a user one (fn, user). */
+typedef void (*tpc_plan_fold_fn)(void *inout, const void *in, size_t count, int dtype,
+				 void *user);
+
+struct tpc_plan_run_args {
+	uint32_t nhosts, host;
+	enum tpc_plan_algo algo; /* RING or RD (NONE: nothing to do) */
+	void *buf;		 /* this host's partial result in, the group's result out */
+	size_t count, es;	 /* elements of es bytes */
+	size_t chunk;		 /* bytes per exchange (pipelining); 0: whole segments */
+	void *scratch;		 /* count * es bytes the run receives into */
+	tpc_plan_fold_fn fold;	 /* inout = inout op in */
+	int dtype;
+	void *user;
+	const struct tpc_plan_xport_ops *ops;
+	void *t;
+};
+
+/*
+ * tpc_plan_run() - run leader @a->host's schedule: every exchange, in chunks of @a->chunk
+ * bytes (whole elements), folding or copying as each step says. Borrows everything in @a for
+ * the call. Return: 0 (@a->buf holds the result, bitwise the same on every leader), -EINVAL
+ * (bad arguments), or the transport's -errno.
+ */
+int tpc_plan_run(const struct tpc_plan_run_args *a);
+
 #endif

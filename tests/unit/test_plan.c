@@ -6,13 +6,19 @@
  * doubling, 1 to 40 hosts) are simulated on symbolic values: every leader ends with every
  * segment folded from every host exactly once, in the same order as every other leader, sends
  * and receives pair up, and the ring moves 2(H-1)/H of the tensor per leader. Limits are tried
- * just below and above.
+ * just below and above. The executor (planrun.c) runs the schedules with one thread per
+ * leader over in-memory queues: results are bitwise identical on every leader and right, in
+ * any chunking, and a leader whose transport fails makes every leader return an error.
  */
 #include <check.h>
 #include <errno.h>
+#include <math.h>
+#include <pthread.h>
+#include <time.h>
 #include <stdlib.h>
 #include <string.h>
 #include "plan.h"
+#include "reduce.h"
 
 #define SIM_HOSTS 64
 
@@ -277,6 +283,252 @@ START_TEST(test_plan_segments_cover_the_tensor_aligned)
 }
 END_TEST
 
+/* ---- the executor over threads and queues ------------------------------------------------ */
+
+#define RUN_HOSTS 9
+
+struct msg {
+	struct msg *next;
+	size_t len;
+	uint8_t data[];
+};
+
+struct world {
+	uint32_t n;
+	pthread_mutex_t lk;
+	pthread_cond_t cv;
+	struct msg *head[RUN_HOSTS][RUN_HOSTS], **tail[RUN_HOSTS][RUN_HOSTS]; /* [from][to] */
+	int dead;	    /* a leader failed: -ECONNRESET to whoever waits */
+	int fail_host;	    /* this leader's transport fails ... */
+	unsigned fail_after; /* ... after this many exchanges (-1: never) */
+};
+
+struct leader {
+	struct world *w;
+	uint32_t me;
+	unsigned calls;
+	struct tpc_plan_run_args a;
+	int ret;
+};
+
+static int q_xchg(void *t, int32_t to, const void *sbuf, size_t slen, int32_t from, void *rbuf,
+		  size_t rlen)
+{
+	struct leader *l = t;
+	struct world *w = l->w;
+	struct msg *m;
+	int r = 0;
+
+	if ((int)l->me == w->fail_host && l->calls++ >= w->fail_after) {
+		pthread_mutex_lock(&w->lk);
+		w->dead = 1;
+		pthread_cond_broadcast(&w->cv);
+		pthread_mutex_unlock(&w->lk);
+		return -EHOSTUNREACH;
+	}
+	ck_assert(to >= 0 || from >= 0);
+	pthread_mutex_lock(&w->lk);
+	if (to >= 0) {
+		m = malloc(sizeof(*m) + slen);
+		ck_assert_ptr_nonnull(m);
+		m->next = NULL, m->len = slen;
+		memcpy(m->data, sbuf, slen);
+		*w->tail[l->me][to] = m;
+		w->tail[l->me][to] = &m->next;
+		pthread_cond_broadcast(&w->cv);
+	}
+	if (from >= 0) {
+		while (!w->head[from][l->me] && !w->dead)
+			pthread_cond_wait(&w->cv, &w->lk);
+		m = w->head[from][l->me];
+		if (!m) {
+			r = -ECONNRESET;
+		} else {
+			w->head[from][l->me] = m->next;
+			if (!m->next)
+				w->tail[from][l->me] = &w->head[from][l->me];
+			r = m->len == rlen ? 0 : -EPROTO;
+			memcpy(rbuf, m->data, m->len < rlen ? m->len : rlen);
+			free(m);
+		}
+	}
+	pthread_mutex_unlock(&w->lk);
+	return r;
+}
+
+static const struct tpc_plan_xport_ops q_ops = { .xchg = q_xchg };
+
+static void q_fold(void *inout, const void *in, size_t count, int dtype, void *user)
+{
+	tpc_reduce(inout, in, count, (enum tp_dtype)dtype, *(enum tp_reduce_op *)user);
+}
+
+static void *leader_main(void *arg)
+{
+	struct leader *l = arg;
+
+	l->ret = tpc_plan_run(&l->a);
+	return NULL;
+}
+
+static void world_init(struct world *w, uint32_t n)
+{
+	memset(w, 0, sizeof(*w));
+	w->n = n;
+	w->fail_host = -1;
+	pthread_mutex_init(&w->lk, NULL);
+	pthread_cond_init(&w->cv, NULL);
+	for (uint32_t i = 0; i < RUN_HOSTS; i++)
+		for (uint32_t j = 0; j < RUN_HOSTS; j++)
+			w->tail[i][j] = &w->head[i][j];
+}
+
+/* Frees what is left queued; returns how many messages were. */
+static unsigned world_done(struct world *w)
+{
+	unsigned left = 0;
+
+	for (uint32_t i = 0; i < RUN_HOSTS; i++)
+		for (uint32_t j = 0; j < RUN_HOSTS; j++)
+			while (w->head[i][j]) {
+				struct msg *m = w->head[i][j];
+
+				w->head[i][j] = m->next;
+				free(m);
+				left++;
+			}
+	pthread_mutex_destroy(&w->lk);
+	pthread_cond_destroy(&w->cv);
+	return left;
+}
+
+/* Runs @algo among @n leaders over @bufs (n x count elements of @es bytes); returns errors. */
+static void run_all(struct world *w, enum tpc_plan_algo algo, uint8_t *bufs, size_t count,
+		    size_t es, enum tp_dtype dt, enum tp_reduce_op *op, size_t chunk, int *rets)
+{
+	struct leader l[RUN_HOSTS];
+	pthread_t th[RUN_HOSTS];
+	uint8_t *scratch = calloc(w->n, count * es + 1);
+
+	ck_assert_ptr_nonnull(scratch);
+	for (uint32_t i = 0; i < w->n; i++) {
+		l[i] = (struct leader){ .w = w, .me = i };
+		l[i].a = (struct tpc_plan_run_args){
+			.nhosts = w->n, .host = i, .algo = algo, .buf = bufs + i * count * es,
+			.count = count, .es = es, .chunk = chunk,
+			.scratch = scratch + i * (count * es + 1), .fold = q_fold, .dtype = dt,
+			.user = op, .ops = &q_ops, .t = &l[i],
+		};
+		ck_assert_int_eq(pthread_create(&th[i], NULL, leader_main, &l[i]), 0);
+	}
+	for (uint32_t i = 0; i < w->n; i++) {
+		pthread_join(th[i], NULL);
+		rets[i] = l[i].ret;
+	}
+	free(scratch);
+}
+
+START_TEST(test_plan_run_results_identical_and_right)
+{
+	static const size_t counts[] = { 0, 1, 17, 1021, 4099 };
+	static const size_t chunks[] = { 0, 4, 64, 1000 };
+	enum tp_reduce_op op = TP_OP_SUM;
+	int rets[RUN_HOSTS];
+
+	for (uint32_t n = 2; n <= RUN_HOSTS; n++)
+		for (int algo = TPC_PLAN_RING; algo <= TPC_PLAN_RD; algo++)
+			for (size_t c = 0; c < 5; c++)
+				for (size_t k = 0; k < 4; k++) {
+					size_t cnt = counts[c];
+
+					if (chunks[k] && chunks[k] < 64 && cnt > 17)
+						continue; /* tiny chunks: small tensors only */
+					float *f = calloc(n * cnt + 1, sizeof(float));
+					int64_t *q = calloc(n * cnt + 1, sizeof(int64_t));
+					struct world w;
+
+					for (uint32_t h = 0; h < n; h++)
+						for (size_t i = 0; i < cnt; i++) {
+							f[h * cnt + i] = (float)(h + 1) * 0.1f + (float)i * 1e-3f;
+							q[h * cnt + i] = (int64_t)(h * 1000003 + i) << 33;
+						}
+					world_init(&w, n);
+					run_all(&w, algo, (uint8_t *)f, cnt, 4, TP_DTYPE_F32, &op, chunks[k],
+						rets);
+					ck_assert_uint_eq(world_done(&w), 0);
+					world_init(&w, n);
+					run_all(&w, algo, (uint8_t *)q, cnt, 8, TP_DTYPE_I64, &op, chunks[k],
+						rets + 0);
+					ck_assert_uint_eq(world_done(&w), 0);
+					for (uint32_t h = 0; h < n; h++) {
+						ck_assert_int_eq(rets[h], 0);
+						ck_assert_mem_eq(f + h * cnt, f, cnt * sizeof(float));
+						ck_assert_mem_eq(q + h * cnt, q, cnt * sizeof(int64_t));
+					}
+					for (size_t i = 0; i < cnt; i++) {
+						double want = 0;
+						uint64_t iw = 0;
+
+						for (uint32_t h = 0; h < n; h++) {
+							want += (float)(h + 1) * 0.1f + (float)i * 1e-3f;
+							iw += (uint64_t)(h * 1000003 + i) << 33;
+						}
+						ck_assert(fabs(f[i] - want) <= 1e-5 * fabs(want) + 1e-6);
+						ck_assert_uint_eq((uint64_t)q[i], iw);
+					}
+					free(f), free(q);
+				}
+}
+END_TEST
+
+START_TEST(test_plan_run_transport_failure_ends_every_leader)
+{
+	enum tp_reduce_op op = TP_OP_SUM;
+	size_t cnt = 1000;
+
+	for (int algo = TPC_PLAN_RING; algo <= TPC_PLAN_RD; algo++)
+		for (unsigned after = 0; after < 3; after++) {
+			float *f = calloc(5 * cnt, sizeof(float));
+			int rets[RUN_HOSTS];
+			struct world w;
+
+			world_init(&w, 5);
+			w.fail_host = 2;
+			w.fail_after = after;
+			run_all(&w, algo, (uint8_t *)f, cnt, 4, TP_DTYPE_F32, &op, 256, rets);
+			world_done(&w);
+			ck_assert_int_eq(rets[2], -EHOSTUNREACH);
+			for (uint32_t h = 0; h < 5; h++)
+				ck_assert_int_lt(rets[h], 0);
+			free(f);
+		}
+}
+END_TEST
+
+START_TEST(test_plan_run_refuses_bad_arguments)
+{
+	enum tp_reduce_op op = TP_OP_SUM;
+	float x[4] = { 0 }, s[4];
+	struct tpc_plan_run_args a = {
+		.nhosts = 2, .host = 0, .algo = TPC_PLAN_RING, .buf = x, .count = 4, .es = 4,
+		.scratch = s, .fold = q_fold, .dtype = TP_DTYPE_F32, .user = &op, .ops = &q_ops,
+	};
+
+	a.es = 0;
+	ck_assert_int_eq(tpc_plan_run(&a), -EINVAL);
+	a.es = 4, a.host = 2;
+	ck_assert_int_eq(tpc_plan_run(&a), -EINVAL);
+	a.host = 0, a.algo = TPC_PLAN_AUTO;
+	ck_assert_int_eq(tpc_plan_run(&a), -EINVAL);
+	a.algo = TPC_PLAN_RING, a.scratch = NULL;
+	ck_assert_int_eq(tpc_plan_run(&a), -EINVAL);
+	a.scratch = s, a.fold = NULL;
+	ck_assert_int_eq(tpc_plan_run(&a), -EINVAL);
+	a.nhosts = 1, a.algo = TPC_PLAN_NONE; /* one host: nothing crosses */
+	ck_assert_int_eq(tpc_plan_run(&a), 0);
+}
+END_TEST
+
 int main(void)
 {
 	Suite *s = suite_create("plan");
@@ -291,6 +543,10 @@ int main(void)
 	tcase_add_test(tc, test_plan_schedules_fold_every_host_once_in_one_order);
 	tcase_add_test(tc, test_plan_steps_refuse_bad_arguments);
 	tcase_add_test(tc, test_plan_segments_cover_the_tensor_aligned);
+	tcase_add_test(tc, test_plan_run_results_identical_and_right);
+	tcase_add_test(tc, test_plan_run_transport_failure_ends_every_leader);
+	tcase_add_test(tc, test_plan_run_refuses_bad_arguments);
+	tcase_set_timeout(tc, 60);
 	suite_add_tcase(s, tc);
 	sr = srunner_create(s);
 	srunner_run_all(sr, CK_NORMAL);
