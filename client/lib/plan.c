@@ -7,6 +7,7 @@
  * Pure computation; the transfers that follow a schedule are elsewhere.
  */
 #include <errno.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include "plan.h"
@@ -272,4 +273,43 @@ void tpc_plan_segment(size_t count, size_t es, uint32_t nseg, uint32_t seg, size
 	hi = hi < count ? hi : count;
 	*ret_off = lo;
 	*ret_n = hi - lo;
+}
+
+/* snprintf() at offset @o of @buf (@len bytes), counting on past the end as snprintf does. */
+#define PUT_AT(o, ...) ((o) += (size_t)snprintf(buf + ((o) < len ? (o) : len), \
+						(o) < len ? len - (o) : 0, __VA_ARGS__))
+#define PUT(...) PUT_AT(o, __VA_ARGS__)
+
+/* Appends the values @at(p, h) of the first 8 hosts to @buf at *@ro, comma-separated. */
+static void list_put(const struct tpc_plan *p, uint32_t (*at)(const struct tpc_plan *, uint32_t),
+		     char *buf, size_t len, size_t *ro)
+{
+	size_t o = *ro;
+
+	for (uint32_t h = 0; h < p->nhosts && h < 8; h++)
+		PUT("%s%u", h ? "," : "", at(p, h));
+	if (p->nhosts > 8)
+		PUT(",...");
+	*ro = o;
+}
+
+int tpc_plan_describe(const struct tpc_plan *p, enum tpc_plan_algo force, char *buf, size_t len)
+{
+	uint32_t n = p->nhosts;
+	size_t o = 0;
+
+	PUT("%u host%s (members ", n, n == 1 ? "" : "s");
+	list_put(p, tpc_plan_local_size, buf, len, &o);
+	PUT("; leaders ");
+	list_put(p, tpc_plan_leader, buf, len, &o);
+	if (n == 1)
+		PUT("); nothing crosses hosts");
+	else if (force == TPC_PLAN_RING || force == TPC_PLAN_RD)
+		PUT("); across hosts: %s at every size (%u steps)", tpc_plan_algo_name(force),
+		    tpc_plan_nsteps(n, force));
+	else
+		PUT("); across hosts: recursive-doubling below %u bytes (%u steps), ring from "
+		    "there (%u steps)", TPC_PLAN_RING_MIN, tpc_plan_nsteps(n, TPC_PLAN_RD),
+		    tpc_plan_nsteps(n, TPC_PLAN_RING));
+	return o > INT32_MAX ? INT32_MAX : (int)o;
 }

@@ -50,7 +50,7 @@ struct tpc_plan {
 	uint32_t nranks, nhosts;
 	uint32_t *host_of;    /* [nranks]: host index of each rank */
 	uint32_t *local_rank; /* [nranks]: rank among the members of its host */
-	uint32_t *host_first; /* [nhosts + 1]: the host's members are by_host[first[h] .. first[h+1]) */
+	uint32_t *host_first; /* [nhosts + 1]: host h's members are by_host[first[h]..first[h+1]) */
 	uint32_t *by_host;    /* [nranks]: ranks by host, ascending within a host */
 };
 
@@ -106,6 +106,15 @@ int tpc_plan_steps(uint32_t nhosts, enum tpc_plan_algo algo, uint32_t host,
  */
 void tpc_plan_segment(size_t count, size_t es, uint32_t nseg, uint32_t seg, size_t *ret_off,
 		      size_t *ret_n);
+
+/*
+ * tpc_plan_describe() - one line for tpipctl and logs: hosts, members per host, leaders, and
+ * the algorithm by size ("3 hosts (members 4,4,2; leaders 0,1,5); across hosts:
+ * recursive-doubling below 262144 bytes (3 steps), ring from there (4 steps)"), or what
+ * @force fixes. Lists of more than 8 hosts end in ",...". Borrows @p and @buf.
+ * Return: the length snprintf() reports (>= @len: truncated).
+ */
+int tpc_plan_describe(const struct tpc_plan *p, enum tpc_plan_algo force, char *buf, size_t len);
 
 /*
  * Running one leader's schedule (planrun.c) over a transport the caller supplies: the peer

@@ -141,6 +141,40 @@ START_TEST(test_plan_algorithm_by_size_and_override)
 }
 END_TEST
 
+START_TEST(test_plan_describe_shows_hosts_leaders_and_algorithm_by_size)
+{
+	uint64_t ids[10] = { 1, 2, 2, 1, 3, 3, 1, 2, 1, 2 };
+	struct tpc_plan *p = NULL;
+	char buf[256], small[16];
+
+	ck_assert_int_eq(tpc_plan_build(ids, 10, &p), 0);
+	tpc_plan_describe(p, TPC_PLAN_AUTO, buf, sizeof(buf));
+	ck_assert_str_eq(buf, "3 hosts (members 4,4,2; leaders 0,1,4); across hosts: "
+			      "recursive-doubling below 262144 bytes (3 steps), ring from there "
+			      "(4 steps)");
+	tpc_plan_describe(p, TPC_PLAN_RING, buf, sizeof(buf));
+	ck_assert_str_eq(buf, "3 hosts (members 4,4,2; leaders 0,1,4); across hosts: ring at "
+			      "every size (4 steps)");
+	ck_assert_int_eq(tpc_plan_describe(p, TPC_PLAN_RD, small, sizeof(small)),
+			 (int)strlen("3 hosts (members 4,4,2; leaders 0,1,4); across hosts: "
+				     "recursive-doubling at every size (3 steps)"));
+	ck_assert_str_eq(small, "3 hosts (member");
+	tpc_plan_free(p);
+	for (uint32_t r = 0; r < 10; r++)
+		ids[r] = r;
+	ck_assert_int_eq(tpc_plan_build(ids, 10, &p), 0);
+	tpc_plan_describe(p, TPC_PLAN_AUTO, buf, sizeof(buf));
+	ck_assert_ptr_nonnull(strstr(buf, "(members 1,1,1,1,1,1,1,1,...; "
+					  "leaders 0,1,2,3,4,5,6,7,...)"));
+	tpc_plan_free(p);
+	memset(ids, 0, sizeof(ids));
+	ck_assert_int_eq(tpc_plan_build(ids, 10, &p), 0);
+	tpc_plan_describe(p, TPC_PLAN_AUTO, buf, sizeof(buf));
+	ck_assert_str_eq(buf, "1 host (members 10; leaders 0); nothing crosses hosts");
+	tpc_plan_free(p);
+}
+END_TEST
+
 /* Applies what @st says leader @i receives, taken from @old (the values before the step). */
 static void sim_recv(uint32_t n, struct sym *old, struct sym *cur, uint32_t i,
 		     const struct tpc_plan_step *st)
@@ -193,11 +227,14 @@ static void simulate(uint32_t n, enum tpc_plan_algo algo, uint32_t *sent)
 	uint32_t steps = tpc_plan_nsteps(n, algo);
 	struct tpc_plan_step *all = calloc((size_t)n * (steps + 1), sizeof(*all));
 	struct tpc_plan_step *row = calloc(n, sizeof(*row));
-	struct sym *cur = calloc((size_t)n * n, sizeof(*cur)), *old = calloc((size_t)n * n, sizeof(*old));
+	struct sym *cur = calloc((size_t)n * n, sizeof(*cur));
+	struct sym *old = calloc((size_t)n * n, sizeof(*old));
 
 	ck_assert(all && row && cur && old);
 	for (uint32_t i = 0; i < n; i++) {
-		ck_assert_int_eq(tpc_plan_steps(n, algo, i, all + (size_t)i * (steps + 1)), (int)steps);
+		struct tpc_plan_step *mine = all + (size_t)i * (steps + 1);
+
+		ck_assert_int_eq(tpc_plan_steps(n, algo, i, mine), (int)steps);
 		for (uint32_t s = 0; s < n; s++)
 			cur[(size_t)i * n + s] = (struct sym){ .n = 1, .who = { (uint8_t)i } };
 		sent[i] = 0;
@@ -428,56 +465,65 @@ static void run_all(struct world *w, enum tpc_plan_algo algo, uint8_t *bufs, siz
 	free(scratch);
 }
 
+static float f_in(uint32_t h, size_t i)
+{
+	return (float)(h + 1) * 0.1f + (float)i * 1e-3f;
+}
+
+static uint64_t q_in(uint32_t h, size_t i)
+{
+	return (uint64_t)(h * 1000003u + i) << 33; /* the sum wraps */
+}
+
+/* Runs @algo among @n leaders in @cnt elements of f32 then i64, chunks of @chunk bytes, and
+ * checks every leader's result against the others' bits and against the sum. */
+static void check_run(uint32_t n, enum tpc_plan_algo algo, size_t cnt, size_t chunk)
+{
+	float *f = calloc(n * cnt + 1, sizeof(float));
+	uint64_t *q = calloc(n * cnt + 1, sizeof(uint64_t));
+	enum tp_reduce_op op = TP_OP_SUM;
+	int rf[RUN_HOSTS], rq[RUN_HOSTS];
+	struct world w;
+
+	ck_assert(f && q);
+	for (uint32_t h = 0; h < n; h++)
+		for (size_t i = 0; i < cnt; i++)
+			f[h * cnt + i] = f_in(h, i), q[h * cnt + i] = q_in(h, i);
+	world_init(&w, n);
+	run_all(&w, algo, (uint8_t *)f, cnt, 4, TP_DTYPE_F32, &op, chunk, rf);
+	ck_assert_uint_eq(world_done(&w), 0);
+	world_init(&w, n);
+	run_all(&w, algo, (uint8_t *)q, cnt, 8, TP_DTYPE_I64, &op, chunk, rq);
+	ck_assert_uint_eq(world_done(&w), 0);
+	for (uint32_t h = 0; h < n; h++) {
+		ck_assert_int_eq(rf[h], 0);
+		ck_assert_int_eq(rq[h], 0);
+		ck_assert_mem_eq(f + h * cnt, f, cnt * sizeof(float));
+		ck_assert_mem_eq(q + h * cnt, q, cnt * sizeof(uint64_t));
+	}
+	for (size_t i = 0; i < cnt; i++) {
+		double want = 0;
+		uint64_t iw = 0;
+
+		for (uint32_t h = 0; h < n; h++)
+			want += f_in(h, i), iw += q_in(h, i);
+		ck_assert(fabs(f[i] - want) <= 1e-5 * fabs(want) + 1e-6);
+		ck_assert_uint_eq(q[i], iw);
+	}
+	free(f), free(q);
+}
+
 START_TEST(test_plan_run_results_identical_and_right)
 {
 	static const size_t counts[] = { 0, 1, 17, 1021, 4099 };
 	static const size_t chunks[] = { 0, 4, 64, 1000 };
-	enum tp_reduce_op op = TP_OP_SUM;
-	int rets[RUN_HOSTS];
 
 	for (uint32_t n = 2; n <= RUN_HOSTS; n++)
 		for (int algo = TPC_PLAN_RING; algo <= TPC_PLAN_RD; algo++)
 			for (size_t c = 0; c < 5; c++)
-				for (size_t k = 0; k < 4; k++) {
-					size_t cnt = counts[c];
-
-					if (chunks[k] && chunks[k] < 64 && cnt > 17)
-						continue; /* tiny chunks: small tensors only */
-					float *f = calloc(n * cnt + 1, sizeof(float));
-					int64_t *q = calloc(n * cnt + 1, sizeof(int64_t));
-					struct world w;
-
-					for (uint32_t h = 0; h < n; h++)
-						for (size_t i = 0; i < cnt; i++) {
-							f[h * cnt + i] = (float)(h + 1) * 0.1f + (float)i * 1e-3f;
-							q[h * cnt + i] = (int64_t)(h * 1000003 + i) << 33;
-						}
-					world_init(&w, n);
-					run_all(&w, algo, (uint8_t *)f, cnt, 4, TP_DTYPE_F32, &op, chunks[k],
-						rets);
-					ck_assert_uint_eq(world_done(&w), 0);
-					world_init(&w, n);
-					run_all(&w, algo, (uint8_t *)q, cnt, 8, TP_DTYPE_I64, &op, chunks[k],
-						rets + 0);
-					ck_assert_uint_eq(world_done(&w), 0);
-					for (uint32_t h = 0; h < n; h++) {
-						ck_assert_int_eq(rets[h], 0);
-						ck_assert_mem_eq(f + h * cnt, f, cnt * sizeof(float));
-						ck_assert_mem_eq(q + h * cnt, q, cnt * sizeof(int64_t));
-					}
-					for (size_t i = 0; i < cnt; i++) {
-						double want = 0;
-						uint64_t iw = 0;
-
-						for (uint32_t h = 0; h < n; h++) {
-							want += (float)(h + 1) * 0.1f + (float)i * 1e-3f;
-							iw += (uint64_t)(h * 1000003 + i) << 33;
-						}
-						ck_assert(fabs(f[i] - want) <= 1e-5 * fabs(want) + 1e-6);
-						ck_assert_uint_eq((uint64_t)q[i], iw);
-					}
-					free(f), free(q);
-				}
+				for (size_t k = 0; k < 4; k++)
+					if (chunks[k] == 0 || chunks[k] >= 64 || counts[c] <= 17)
+						check_run(n, algo, counts[c], chunks[k]);
 }
 END_TEST
 
@@ -540,6 +586,7 @@ int main(void)
 	tcase_add_test(tc, test_plan_uneven_hosts_and_one_host);
 	tcase_add_test(tc, test_plan_member_limits);
 	tcase_add_test(tc, test_plan_algorithm_by_size_and_override);
+	tcase_add_test(tc, test_plan_describe_shows_hosts_leaders_and_algorithm_by_size);
 	tcase_add_test(tc, test_plan_schedules_fold_every_host_once_in_one_order);
 	tcase_add_test(tc, test_plan_steps_refuse_bad_arguments);
 	tcase_add_test(tc, test_plan_segments_cover_the_tensor_aligned);
