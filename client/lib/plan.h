@@ -150,7 +150,8 @@ struct tpc_plan_run_args {
 
 /*
  * tpc_plan_run() - run leader @a->host's schedule: every exchange, in chunks of @a->chunk
- * bytes (whole elements), folding or copying as each step says. Borrows everything in @a for
+ * bytes (whole elements), folding or copying as each step says; @a->buf and @a->scratch are
+ * aligned to @a->es (the kernels load whole elements). Borrows everything in @a for
  * the call. Return: 0 (@a->buf holds the result, bitwise the same on every leader), -EINVAL
  * (bad arguments), or the transport's -errno.
  */

@@ -445,7 +445,8 @@ static void run_all(struct world *w, enum tpc_plan_algo algo, uint8_t *bufs, siz
 {
 	struct leader l[RUN_HOSTS];
 	pthread_t th[RUN_HOSTS];
-	uint8_t *scratch = calloc(w->n, count * es + 1);
+	size_t stride = (count * es + 64) / 64 * 64; /* aligned, never 0 */
+	uint8_t *scratch = aligned_alloc(64, w->n * stride);
 
 	ck_assert_ptr_nonnull(scratch);
 	for (uint32_t i = 0; i < w->n; i++) {
@@ -453,7 +454,7 @@ static void run_all(struct world *w, enum tpc_plan_algo algo, uint8_t *bufs, siz
 		l[i].a = (struct tpc_plan_run_args){
 			.nhosts = w->n, .host = i, .algo = algo, .buf = bufs + i * count * es,
 			.count = count, .es = es, .chunk = chunk,
-			.scratch = scratch + i * (count * es + 1), .fold = q_fold, .dtype = dt,
+			.scratch = scratch + i * stride, .fold = q_fold, .dtype = dt,
 			.user = op, .ops = &q_ops, .t = &l[i],
 		};
 		ck_assert_int_eq(pthread_create(&th[i], NULL, leader_main, &l[i]), 0);
