@@ -8,7 +8,8 @@
  * and receives pair up, and the ring moves 2(H-1)/H of the tensor per leader. Limits are tried
  * just below and above. The executor (planrun.c) runs the schedules with one thread per
  * leader over in-memory queues: results are bitwise identical on every leader and right, in
- * any chunking, and a leader whose transport fails makes every leader return an error.
+ * any chunking; a 200-rank all-reduce over 25 hosts (local folds, leaders, copy-out) is exact
+ * and identical on every rank; a leader whose transport fails makes every leader return an error.
  */
 #include <check.h>
 #include <errno.h>
@@ -322,7 +323,8 @@ END_TEST
 
 /* ---- the executor over threads and queues ------------------------------------------------ */
 
-#define RUN_HOSTS 9
+#define RUN_HOSTS 25 /* leaders the queue world holds */
+#define RUN_SWEEP 9  /* leaders the sweep of sizes and chunkings goes up to */
 
 struct msg {
 	struct msg *next;
@@ -519,12 +521,68 @@ START_TEST(test_plan_run_results_identical_and_right)
 	static const size_t counts[] = { 0, 1, 17, 1021, 4099 };
 	static const size_t chunks[] = { 0, 4, 64, 1000 };
 
-	for (uint32_t n = 2; n <= RUN_HOSTS; n++)
+	for (uint32_t n = 2; n <= RUN_SWEEP; n++)
 		for (int algo = TPC_PLAN_RING; algo <= TPC_PLAN_RD; algo++)
 			for (size_t c = 0; c < 5; c++)
 				for (size_t k = 0; k < 4; k++)
 					if (chunks[k] == 0 || chunks[k] >= 64 || counts[c] <= 17)
 						check_run(n, algo, counts[c], chunks[k]);
+}
+END_TEST
+
+/*
+ * A whole all-reduce of 200 ranks over 25 hosts, as the group will run it: each host folds its
+ * members in local rank order (the arena's part), the 25 leaders run the schedule, every member
+ * copies its leader's result. Every rank ends with the same bits and the exact (wrapping) sum.
+ */
+START_TEST(test_plan_200_ranks_all_reduce_composes)
+{
+	enum { RANKS = 200, HOSTS = 25, CNT = 3001 };
+	uint64_t ids[RANKS], *in = calloc((size_t)RANKS * CNT, 8), *part = calloc(HOSTS * CNT, 8);
+	enum tp_reduce_op op = TP_OP_SUM;
+	struct tpc_plan *p = NULL;
+	int rets[RUN_HOSTS];
+
+	ck_assert(in && part);
+	for (uint32_t r = 0; r < RANKS; r++) {
+		ids[r] = host_id_of(r, HOSTS);
+		for (size_t i = 0; i < CNT; i++)
+			in[(size_t)r * CNT + i] = q_in(r, i) ^ (i * 0x9e3779b97f4a7c15ull);
+	}
+	ck_assert_int_eq(tpc_plan_build(ids, RANKS, &p), 0);
+	ck_assert_uint_eq(p->nhosts, HOSTS);
+	for (int algo = TPC_PLAN_RING; algo <= TPC_PLAN_RD; algo++) {
+		struct world w;
+
+		for (uint32_t h = 0; h < HOSTS; h++) {
+			uint64_t *acc = part + (size_t)h * CNT;
+
+			memcpy(acc, in + (size_t)tpc_plan_leader(p, h) * CNT, CNT * 8);
+			for (uint32_t j = 1; j < tpc_plan_local_size(p, h); j++) {
+				uint32_t r = p->by_host[p->host_first[h] + j];
+
+				tpc_reduce(acc, in + (size_t)r * CNT, CNT, TP_DTYPE_I64, TP_OP_SUM);
+			}
+		}
+		world_init(&w, HOSTS);
+		run_all(&w, algo, (uint8_t *)part, CNT, 8, TP_DTYPE_I64, &op, 4096, rets);
+		ck_assert_uint_eq(world_done(&w), 0);
+		for (uint32_t r = 0; r < RANKS; r++) {
+			const uint64_t *got = part + (size_t)p->host_of[r] * CNT;
+
+			ck_assert_int_eq(rets[p->host_of[r]], 0);
+			ck_assert_mem_eq(got, part, CNT * 8);
+		}
+		for (size_t i = 0; i < CNT; i++) {
+			uint64_t want = 0;
+
+			for (uint32_t r = 0; r < RANKS; r++)
+				want += in[(size_t)r * CNT + i];
+			ck_assert_uint_eq(part[i], want);
+		}
+	}
+	tpc_plan_free(p);
+	free(part), free(in);
 }
 END_TEST
 
@@ -592,6 +650,7 @@ int main(void)
 	tcase_add_test(tc, test_plan_steps_refuse_bad_arguments);
 	tcase_add_test(tc, test_plan_segments_cover_the_tensor_aligned);
 	tcase_add_test(tc, test_plan_run_results_identical_and_right);
+	tcase_add_test(tc, test_plan_200_ranks_all_reduce_composes);
 	tcase_add_test(tc, test_plan_run_transport_failure_ends_every_leader);
 	tcase_add_test(tc, test_plan_run_refuses_bad_arguments);
 	tcase_set_timeout(tc, 60);
