@@ -120,14 +120,19 @@ int tpc_plan_describe(const struct tpc_plan *p, enum tpc_plan_algo force, char *
  * Running one leader's schedule (planrun.c) over a transport the caller supplies: the peer
  * links between daemons in a group, threads with queues in the unit suite.
  */
+#define TPC_PLAN_DEPTH 2 /* exchanges a run keeps started at once */
+
 struct tpc_plan_xport_ops {
 	/*
-	 * Sends @slen bytes of @sbuf to leader @to and receives @rlen bytes from leader @from into
-	 * @rbuf, both at once (either may be -1: none); returns when both are done. Borrows the
-	 * buffers for the call. Return: 0 or -errno (the run stops with it).
+	 * Starts sending @slen bytes of @sbuf to leader @to and receiving @rlen bytes from
+	 * leader @from into @rbuf (either may be -1: none). Keeps the buffers until the wait that
+	 * ends this exchange. At most TPC_PLAN_DEPTH are started and not yet waited for.
+	 * Return: 0 (started: wait() will end it) or -errno (not started; the run stops).
 	 */
-	int (*xchg)(void *t, int32_t to, const void *sbuf, size_t slen, int32_t from, void *rbuf,
-		    size_t rlen);
+	int (*start)(void *t, int32_t to, const void *sbuf, size_t slen, int32_t from, void *rbuf,
+		     size_t rlen);
+	/* Waits for the oldest started exchange to end. Return: 0 or -errno (the run stops). */
+	int (*wait)(void *t);
 };
 
 /* A built-in reduction (op 1..4 of enum tp_reduce_op) or a user one (fn, user). */
@@ -150,7 +155,10 @@ struct tpc_plan_run_args {
 
 /*
  * tpc_plan_run() - run leader @a->host's schedule: every exchange, in chunks of @a->chunk
- * bytes (whole elements), folding or copying as each step says; @a->buf and @a->scratch are
+ * bytes (whole elements), folding or copying as each step says. Chunk k + 1 of a step is on
+ * the wire while chunk k is folded (TPC_PLAN_DEPTH exchanges started at once); a step starts
+ * once the previous one is folded. On an error every started exchange is waited for before the
+ * return. @a->buf and @a->scratch are
  * aligned to @a->es (the kernels load whole elements). Borrows everything in @a for
  * the call. Return: 0 (@a->buf holds the result, bitwise the same on every leader), -EINVAL
  * (bad arguments), or the transport's -errno.

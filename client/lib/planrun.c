@@ -2,8 +2,8 @@
 /*
  * Runs one leader's cross-host schedule (plan.h): for each step of tpc_plan_steps(), exchanges
  * the step's segments with the step's peers in chunks through a caller-supplied transport and
- * folds or copies what arrives as the step says. Knows nothing of sockets, daemons or threads;
- * each exchange returns before the chunk it received is folded (no overlap inside one leader).
+ * folds or copies what arrives as the step says, keeping the next chunk on the wire while one
+ * is folded. Knows nothing of sockets, daemons or threads.
  */
 #include <errno.h>
 #include <stdlib.h>
@@ -42,26 +42,57 @@ static void land(const struct tpc_plan_run_args *a, enum tpc_plan_recv how, size
 	memcpy(mine, in, n * a->es);
 }
 
-/* One step: chunk k of the send range goes out while chunk k of the receive range comes in. */
+/* A step's progress: what is left to start of each range, and where the next chunk lands. */
+struct step_run {
+	size_t so, sn, ro, rn;	       /* next chunk to start: send and receive ranges left */
+	size_t land_off[TPC_PLAN_DEPTH]; /* started, not yet landed: receive offset and length */
+	size_t land_n[TPC_PLAN_DEPTH];
+	unsigned started, landed;
+};
+
+static int chunk_start(const struct tpc_plan_run_args *a, const struct tpc_plan_step *st,
+		       struct step_run *sr, size_t per)
+{
+	size_t s = sr->sn < per ? sr->sn : per, r = sr->rn < per ? sr->rn : per;
+	uint8_t *sp = (uint8_t *)a->buf + sr->so * a->es;
+	uint8_t *rp = (uint8_t *)a->scratch + sr->ro * a->es;
+	int e = a->ops->start(a->t, s ? st->send_to : -1, sp, s * a->es, r ? st->recv_from : -1, rp,
+			      r * a->es);
+
+	if (e < 0)
+		return e;
+	sr->land_off[sr->started % TPC_PLAN_DEPTH] = sr->ro;
+	sr->land_n[sr->started % TPC_PLAN_DEPTH] = r;
+	sr->started++;
+	sr->so += s, sr->sn -= s, sr->ro += r, sr->rn -= r;
+	return 0;
+}
+
+/* One step: chunk k + 1 is started before chunk k is folded (different ranges of @a->buf and
+ * @a->scratch, so neither touches what the other is using). */
 static int run_step(const struct tpc_plan_run_args *a, const struct tpc_plan_step *st,
 		    size_t per)
 {
-	size_t so, sn, ro, rn;
+	struct step_run sr = { 0 };
+	int r = 0;
 
-	seg_range(a, st->send_seg, st->send_to >= 0 ? st->send_nseg : 0, &so, &sn);
-	seg_range(a, st->recv_seg, st->recv_from >= 0 ? st->recv_nseg : 0, &ro, &rn);
-	while (sn > 0 || rn > 0) {
-		size_t s = sn < per ? sn : per, r = rn < per ? rn : per;
-		int e = a->ops->xchg(a->t, s ? st->send_to : -1, (uint8_t *)a->buf + so * a->es,
-				     s * a->es, r ? st->recv_from : -1,
-				     (uint8_t *)a->scratch + ro * a->es, r * a->es);
+	seg_range(a, st->send_seg, st->send_to >= 0 ? st->send_nseg : 0, &sr.so, &sr.sn);
+	seg_range(a, st->recv_seg, st->recv_from >= 0 ? st->recv_nseg : 0, &sr.ro, &sr.rn);
+	while (r == 0 && (sr.sn > 0 || sr.rn > 0 || sr.landed < sr.started)) {
+		while (r == 0 && (sr.sn > 0 || sr.rn > 0) &&
+		       sr.started - sr.landed < TPC_PLAN_DEPTH)
+			r = chunk_start(a, st, &sr, per);
+		if (r == 0 && sr.landed < sr.started) {
+			unsigned k = sr.landed++ % TPC_PLAN_DEPTH;
 
-		if (e < 0)
-			return e;
-		land(a, st->recv, ro, r);
-		so += s, sn -= s, ro += r, rn -= r;
+			r = a->ops->wait(a->t);
+			if (r == 0)
+				land(a, st->recv, sr.land_off[k], sr.land_n[k]);
+		}
 	}
-	return 0;
+	while (sr.landed < sr.started) /* give the buffers back before failing */
+		sr.landed++, a->ops->wait(a->t);
+	return r;
 }
 
 int tpc_plan_run(const struct tpc_plan_run_args *a)
@@ -73,8 +104,8 @@ int tpc_plan_run(const struct tpc_plan_run_args *a)
 
 	if (a->algo == TPC_PLAN_NONE || a->nhosts <= 1)
 		return a->host < (a->nhosts ? a->nhosts : 1) ? 0 : -EINVAL;
-	if (a->es == 0 || !a->fold || !a->ops || !a->ops->xchg || (a->count && (!a->buf ||
-	    !a->scratch)) || a->count > SIZE_MAX / a->es)
+	if (a->es == 0 || !a->fold || !a->ops || !a->ops->start || !a->ops->wait ||
+	    (a->count && (!a->buf || !a->scratch)) || a->count > SIZE_MAX / a->es)
 		return -EINVAL;
 	n = tpc_plan_nsteps(a->nhosts, a->algo);
 	if (n == 0)

@@ -340,23 +340,32 @@ struct world {
 	int dead;	    /* a leader failed: -ECONNRESET to whoever waits */
 	int fail_host;	    /* this leader's transport fails ... */
 	unsigned fail_after; /* ... after this many exchanges (-1: never) */
+	unsigned max_pend;   /* the most exchanges a leader had started at once */
+};
+
+struct pending {
+	int32_t from;
+	void *rbuf;
+	size_t rlen;
 };
 
 struct leader {
 	struct world *w;
 	uint32_t me;
 	unsigned calls;
+	struct pending pend[TPC_PLAN_DEPTH]; /* started exchanges' receives, oldest first */
+	unsigned first, npend, max_pend;
 	struct tpc_plan_run_args a;
 	int ret;
 };
 
-static int q_xchg(void *t, int32_t to, const void *sbuf, size_t slen, int32_t from, void *rbuf,
-		  size_t rlen)
+/* Sends now; the receive waits for q_wait(), in start order. */
+static int q_start(void *t, int32_t to, const void *sbuf, size_t slen, int32_t from, void *rbuf,
+		   size_t rlen)
 {
 	struct leader *l = t;
 	struct world *w = l->w;
-	struct msg *m;
-	int r = 0;
+	struct pending *pd;
 
 	if ((int)l->me == w->fail_host && l->calls++ >= w->fail_after) {
 		pthread_mutex_lock(&w->lk);
@@ -366,36 +375,57 @@ static int q_xchg(void *t, int32_t to, const void *sbuf, size_t slen, int32_t fr
 		return -EHOSTUNREACH;
 	}
 	ck_assert(to >= 0 || from >= 0);
-	pthread_mutex_lock(&w->lk);
+	ck_assert_uint_lt(l->npend, TPC_PLAN_DEPTH); /* the run keeps to the depth */
+	pd = &l->pend[(l->first + l->npend++) % TPC_PLAN_DEPTH];
+	l->max_pend = l->npend > l->max_pend ? l->npend : l->max_pend;
+	*pd = (struct pending){ .from = from, .rbuf = rbuf, .rlen = rlen };
 	if (to >= 0) {
-		m = malloc(sizeof(*m) + slen);
+		struct msg *m = malloc(sizeof(*m) + slen);
+
 		ck_assert_ptr_nonnull(m);
 		m->next = NULL, m->len = slen;
 		memcpy(m->data, sbuf, slen);
+		pthread_mutex_lock(&w->lk);
 		*w->tail[l->me][to] = m;
 		w->tail[l->me][to] = &m->next;
 		pthread_cond_broadcast(&w->cv);
+		pthread_mutex_unlock(&w->lk);
 	}
-	if (from >= 0) {
-		while (!w->head[from][l->me] && !w->dead)
-			pthread_cond_wait(&w->cv, &w->lk);
-		m = w->head[from][l->me];
-		if (!m) {
-			r = -ECONNRESET;
-		} else {
-			w->head[from][l->me] = m->next;
-			if (!m->next)
-				w->tail[from][l->me] = &w->head[from][l->me];
-			r = m->len == rlen ? 0 : -EPROTO;
-			memcpy(rbuf, m->data, m->len < rlen ? m->len : rlen);
-			free(m);
-		}
+	return 0;
+}
+
+static int q_wait(void *t)
+{
+	struct leader *l = t;
+	struct world *w = l->w;
+	struct pending pd;
+	struct msg *m;
+	int r;
+
+	ck_assert_uint_gt(l->npend, 0);
+	pd = l->pend[l->first];
+	l->first = (l->first + 1) % TPC_PLAN_DEPTH, l->npend--;
+	if (pd.from < 0)
+		return 0;
+	pthread_mutex_lock(&w->lk);
+	while (!w->head[pd.from][l->me] && !w->dead)
+		pthread_cond_wait(&w->cv, &w->lk);
+	m = w->head[pd.from][l->me];
+	if (!m) {
+		r = -ECONNRESET;
+	} else {
+		w->head[pd.from][l->me] = m->next;
+		if (!m->next)
+			w->tail[pd.from][l->me] = &w->head[pd.from][l->me];
+		r = m->len == pd.rlen ? 0 : -EPROTO;
+		memcpy(pd.rbuf, m->data, m->len < pd.rlen ? m->len : pd.rlen);
+		free(m);
 	}
 	pthread_mutex_unlock(&w->lk);
 	return r;
 }
 
-static const struct tpc_plan_xport_ops q_ops = { .xchg = q_xchg };
+static const struct tpc_plan_xport_ops q_ops = { .start = q_start, .wait = q_wait };
 
 static void q_fold(void *inout, const void *in, size_t count, int dtype, void *user)
 {
@@ -407,6 +437,7 @@ static void *leader_main(void *arg)
 	struct leader *l = arg;
 
 	l->ret = tpc_plan_run(&l->a);
+	ck_assert_uint_eq(l->npend, 0); /* every started exchange waited for, error or not */
 	return NULL;
 }
 
@@ -464,6 +495,7 @@ static void run_all(struct world *w, enum tpc_plan_algo algo, uint8_t *bufs, siz
 	for (uint32_t i = 0; i < w->n; i++) {
 		pthread_join(th[i], NULL);
 		rets[i] = l[i].ret;
+		w->max_pend = l[i].max_pend > w->max_pend ? l[i].max_pend : w->max_pend;
 	}
 	free(scratch);
 }
@@ -566,6 +598,10 @@ START_TEST(test_plan_200_ranks_all_reduce_composes)
 		}
 		world_init(&w, HOSTS);
 		run_all(&w, algo, (uint8_t *)part, CNT, 8, TP_DTYPE_I64, &op, 4096, rets);
+		/* recursive doubling's whole-tensor steps span 6 chunks: the next is on the wire
+		 * while one is folded */
+		if (algo == TPC_PLAN_RD)
+			ck_assert_uint_eq(w.max_pend, TPC_PLAN_DEPTH);
 		ck_assert_uint_eq(world_done(&w), 0);
 		for (uint32_t r = 0; r < RANKS; r++) {
 			const uint64_t *got = part + (size_t)p->host_of[r] * CNT;
