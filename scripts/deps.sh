@@ -9,21 +9,22 @@
 # Build and test dependencies, as Debian package names. munge, slurmd, slurmctld and slurm-client
 # (Debian's slurm-wlm without its metapackage) serve the real-Slurm service test only
 # (tests/service/slurm.sh), which starts its own daemons and skips where they cannot run.
+# python3-dev, python3-numpy, python3-pytest and python3-torch build the Python module and run
+# its suite (client/python, tests/python) with Debian's /usr/bin/python3.
 TP_DEB_PACKAGES=(
 	meson ninja-build pkg-config gcc libc6-dev
 	libevent-dev libprotobuf-c-dev protobuf-c-compiler libsystemd-dev libibverbs-dev
 	check libjson-c-dev libssl-dev libinih-dev
 	valgrind iproute2 scdoc jq curl openssl
 	munge slurmd slurmctld slurm-client
+	python3-dev python3-numpy python3-pytest python3-torch
 )
 
 # Optional, for the benchmarks' baselines only (bench/run.sh, bench/run_allreduce.sh): a C++
 # compiler and Debian's TensorPipe; PyTorch (torch.distributed, gloo) and Open MPI for the
-# all-reduce baselines; UCX's ucx_perftest for bench/run.sh; python3-dev, python3-numpy and
-# python3-pytest for the tpipd Python module and its suite (client/python, tests/python). The
-# project builds and tests without them.
-TP_DEB_BENCH_PACKAGES=(g++ libtensorpipe-dev python3-torch openmpi-bin libopenmpi-dev ucx-utils
-	python3-dev python3-numpy python3-pytest)
+# all-reduce baselines; UCX's ucx_perftest for bench/run.sh. The project builds and tests without
+# them.
+TP_DEB_BENCH_PACKAGES=(g++ libtensorpipe-dev python3-torch openmpi-bin libopenmpi-dev ucx-utils)
 
 # Prints the names among "$@" that dpkg does not list as installed.
 tp_deps_missing() {
