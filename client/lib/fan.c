@@ -32,6 +32,8 @@ struct tp_pipe_set {
 	unsigned n, max, next; /* next: where the round-robin scan starts */
 	unsigned pending;      /* descriptor requests not yet completed */
 	int last_status;
+	void *stage; /* broadcast staging buffer, kept for the next broadcast */
+	size_t stage_len;
 };
 
 static int deadline_left(const struct timespec *start, int timeout_ms)
@@ -160,6 +162,8 @@ TP_EXPORT void tp_set_free(struct tp_pipe_set *s)
 	while (s->pending > 0)
 		pthread_cond_wait(&s->cond, &s->lock);
 	pthread_mutex_unlock(&s->lock);
+	if (s->stage)
+		tp_buffer_free(s->ctx, s->stage);
 	pthread_cond_destroy(&s->cond);
 	pthread_mutex_destroy(&s->lock);
 	free(s->slots);
@@ -358,14 +362,33 @@ static bool bcast_private(struct tp_context *ctx, const void *data, size_t len)
 
 #define STAGE_ALIGN 64
 
-/*
- * Copies @msg into @copy (borrowing its arrays from @pl/@tn), moving private CPU data into one
- * staging buffer. @ret_stage: returns owned buffer or NULL, free with tp_buffer_free().
- */
-static int bcast_stage(struct tp_context *ctx, const struct tp_message *msg,
-		       struct tp_payload *pl, struct tp_tensor *tn, struct tp_message *copy,
-		       void **ret_stage)
+/* The set's staging buffer, grown to at least @len bytes (it is reused: no page faults). */
+static int bcast_stage_get(struct tp_pipe_set *s, size_t len, char **ret)
 {
+	void *b = NULL;
+	int r;
+
+	if (s->stage_len < len) {
+		r = tp_buffer_alloc(s->ctx, len, &b);
+		if (r < 0)
+			return r;
+		if (s->stage)
+			tp_buffer_free(s->ctx, s->stage);
+		s->stage = b;
+		s->stage_len = len;
+	}
+	*ret = s->stage;
+	return 0;
+}
+
+/*
+ * Copies @msg into @copy (borrowing its arrays from @pl/@tn), moving private CPU data into the
+ * set's staging buffer (kept for the next broadcast; freed with the set).
+ */
+static int bcast_stage(struct tp_pipe_set *s, const struct tp_message *msg,
+		       struct tp_payload *pl, struct tp_tensor *tn, struct tp_message *copy)
+{
+	struct tp_context *ctx = s->ctx;
 	size_t total = 0, off = 0;
 	char *stage = NULL;
 	int r;
@@ -384,13 +407,12 @@ static int bcast_stage(struct tp_context *ctx, const struct tp_message *msg,
 		    bcast_private(ctx, tn[i].data, tn[i].length))
 			total += (tn[i].length + STAGE_ALIGN - 1) & ~(size_t)(STAGE_ALIGN - 1);
 	}
-	*ret_stage = NULL;
 	if (total == 0)
 		return 0;
 	if (total > TP_SET_STAGE_MAX)
 		return tpc_error(-E2BIG, "broadcast of %zu private bytes exceeds %zu", total,
 				 TP_SET_STAGE_MAX);
-	r = tp_buffer_alloc(ctx, total, (void **)&stage);
+	r = bcast_stage_get(s, total, &stage);
 	if (r < 0)
 		return r;
 	for (size_t i = 0; i < msg->n_payloads; i++) {
@@ -408,7 +430,6 @@ static int bcast_stage(struct tp_context *ctx, const struct tp_message *msg,
 		tn[i].data = stage + off;
 		off += (tn[i].length + STAGE_ALIGN - 1) & ~(size_t)(STAGE_ALIGN - 1);
 	}
-	*ret_stage = stage;
 	return 0;
 }
 
@@ -476,7 +497,6 @@ TP_EXPORT int tp_set_broadcast(struct tp_pipe_set *s, const struct tp_message *m
 	struct tp_message copy;
 	pthread_condattr_t ca;
 	struct bcast b = { .left = 0 };
-	void *stage = NULL;
 	int r, ok = 0;
 
 	if (!s || !msg || (n_status && !ret_status))
@@ -492,7 +512,7 @@ TP_EXPORT int tp_set_broadcast(struct tp_pipe_set *s, const struct tp_message *m
 	status = calloc(s->n, sizeof(*status));
 	if (!pl || !tn || !ones || !ops || !status)
 		return tpc_error(-ENOMEM, "out of memory for a broadcast");
-	r = bcast_stage(s->ctx, msg, pl, tn, &copy, &stage);
+	r = bcast_stage(s, msg, pl, tn, &copy);
 	if (r < 0)
 		return r;
 	pthread_mutex_init(&b.lock, NULL);
@@ -505,8 +525,6 @@ TP_EXPORT int tp_set_broadcast(struct tp_pipe_set *s, const struct tp_message *m
 	bcast_run(s, &copy, timeout_ms, &b, ones, ops);
 	pthread_cond_destroy(&b.cond);
 	pthread_mutex_destroy(&b.lock);
-	if (stage)
-		tp_buffer_free(s->ctx, stage);
 	for (unsigned i = 0; i < s->n; i++) {
 		if (status[i] == 0)
 			ok++;
