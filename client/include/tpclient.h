@@ -791,8 +791,9 @@ int tp_set_wait_pipes(struct tp_pipe_set *s, struct tp_listener *l, unsigned n, 
 /*
  * tp_set_read_any() - the next message of whichever pipe has one, fairly: among the pipes that
  * have a message (or have ended), round-robin from the one after the pipe served last, so a busy
- * pipe never starves the others. Read the message with tp_pipe_read*() on *@ret_pipe before the
- * next tp_set_read_any() for that pipe's messages to stay in order.
+ * pipe never starves the others. The set reads a few descriptors ahead on each pipe. Read the
+ * message with tp_pipe_read*() on *@ret_pipe (or tp_descriptor_free() it) before the next
+ * tp_set_read_any(): a pipe's reads must follow its descriptor order.
  * @ret_pipe: returns borrowed pipe, valid while in the set; when the call returns the pipe's end,
  * owned by the caller (close it with tp_pipe_close()).
  * @ret_desc: returns owned descriptor (as tp_pipe_read_descriptor()), NULL at a pipe's end.

@@ -1,7 +1,7 @@
 /* SPDX-License-Identifier: BSD-3-Clause */
 /*
  * Pipe sets: a server's fan-in and fan-out over the pipes it accepted (torch-ipc's recvAny and
- * broadcast). The set keeps one descriptor request posted on each of its pipes, collects what
+ * broadcast). The set keeps a few descriptor requests posted on each of its pipes, collects what
  * arrives, and hands it out round-robin among the pipes that have something, reporting a pipe's
  * end once and dropping it from the set. Broadcast stages private memory once into one shared
  * buffer and writes the message to every pipe from there, waiting for each delivery with its own
@@ -15,13 +15,18 @@
 #include <time.h>
 #include "internal.h"
 
+/* Descriptor requests kept posted per pipe: a pipe that was just served still has its next
+ * message ready, so the round-robin, not the round trip of a new request, decides the order. */
+#define SET_AHEAD 4
+
 struct set_slot {
 	struct tp_pipe_set *set;
 	struct tp_pipe *pipe;
-	struct tp_descriptor *desc; /* arrived, not handed out */
-	int status;		    /* < 0: ended with this error */
-	bool posted;		    /* a descriptor request is pending */
-	bool detached;		    /* left the set: the callback only counts down */
+	struct tp_descriptor *q[SET_AHEAD]; /* arrived, not handed out, in pipe order */
+	unsigned qhead, qlen;
+	unsigned posted; /* descriptor requests pending */
+	int status;	 /* < 0: ended with this error */
+	bool detached;	 /* left the set: callbacks only count down, the last frees it */
 };
 
 struct tp_pipe_set {
@@ -77,37 +82,45 @@ static void slot_on_desc(void *arg, struct tp_pipe *p, int status, const char *e
 	(void)errmsg;
 	pthread_mutex_lock(&s->lock);
 	s->pending--;
+	sl->posted--;
 	if (sl->detached) {
 		tp_descriptor_free(d);
-		free(sl);
-	} else {
-		sl->posted = false;
-		if (status == 0)
-			sl->desc = d;
-		else
-			sl->status = status;
+		if (sl->posted == 0)
+			free(sl);
+	} else if (status == 0) {
+		sl->q[(sl->qhead + sl->qlen++) % SET_AHEAD] = d;
+	} else if (sl->status == 0) {
+		sl->status = status;
 	}
 	pthread_cond_broadcast(&s->cond);
 	pthread_mutex_unlock(&s->lock);
 }
 
-/* Posts @sl's next descriptor request; lock not held (the library may take its own). */
+/* Posts descriptor requests on @sl up to SET_AHEAD; lock not held (the library takes its own). */
 static void slot_post(struct tp_pipe_set *s, struct set_slot *sl)
 {
-	int r;
+	for (;;) {
+		int r;
 
-	pthread_mutex_lock(&s->lock);
-	sl->posted = true;
-	s->pending++;
-	pthread_mutex_unlock(&s->lock);
-	r = tp_pipe_read_descriptor(sl->pipe, slot_on_desc, sl);
-	if (r < 0) {
 		pthread_mutex_lock(&s->lock);
-		s->pending--;
-		sl->posted = false;
-		sl->status = r;
-		pthread_cond_broadcast(&s->cond);
+		if (sl->status < 0 || sl->posted + sl->qlen >= SET_AHEAD) {
+			pthread_mutex_unlock(&s->lock);
+			return;
+		}
+		sl->posted++;
+		s->pending++;
 		pthread_mutex_unlock(&s->lock);
+		r = tp_pipe_read_descriptor(sl->pipe, slot_on_desc, sl);
+		if (r < 0) {
+			pthread_mutex_lock(&s->lock);
+			s->pending--;
+			sl->posted--;
+			if (sl->status == 0)
+				sl->status = r;
+			pthread_cond_broadcast(&s->cond);
+			pthread_mutex_unlock(&s->lock);
+			return;
+		}
 	}
 }
 
@@ -148,10 +161,11 @@ TP_EXPORT void tp_set_free(struct tp_pipe_set *s)
 		struct tp_pipe *p = sl->pipe;
 		bool posted;
 
-		/* a posted slot is freed by its callback, which may run as soon as we unlock */
+		/* a posted slot is freed by its last callback, which may run as soon as we unlock */
 		pthread_mutex_lock(&s->lock);
-		tp_descriptor_free(TAKE_PTR(sl->desc));
-		posted = sl->posted;
+		for (; sl->qlen > 0; sl->qlen--, sl->qhead = (sl->qhead + 1) % SET_AHEAD)
+			tp_descriptor_free(sl->q[sl->qhead]);
+		posted = sl->posted > 0;
 		sl->detached = true;
 		pthread_mutex_unlock(&s->lock);
 		if (!posted)
@@ -252,7 +266,7 @@ static int set_pick(struct tp_pipe_set *s)
 		unsigned i = (s->next + k) % s->n;
 		struct set_slot *sl = s->slots[i];
 
-		if (sl->desc || (sl->status < 0 && !sl->posted))
+		if (sl->qlen > 0 || (sl->status < 0 && sl->posted == 0))
 			return (int)i;
 	}
 	return -1;
@@ -303,7 +317,7 @@ TP_EXPORT int tp_set_read_any(struct tp_pipe_set *s, int timeout_ms, struct tp_p
 		set_cond_wait(s, left);
 	}
 	sl = s->slots[i];
-	if (!sl->desc) {
+	if (sl->qlen == 0) {
 		status = sl->status;
 		set_take_end(s, (unsigned)i, ret_pipe);
 		*ret_desc = NULL;
@@ -312,7 +326,9 @@ TP_EXPORT int tp_set_read_any(struct tp_pipe_set *s, int timeout_ms, struct tp_p
 		return 1;
 	}
 	*ret_pipe = sl->pipe;
-	*ret_desc = TAKE_PTR(sl->desc);
+	*ret_desc = sl->q[sl->qhead];
+	sl->qhead = (sl->qhead + 1) % SET_AHEAD;
+	sl->qlen--;
 	s->next = ((unsigned)i + 1) % s->n;
 	pthread_mutex_unlock(&s->lock);
 	slot_post(s, sl);

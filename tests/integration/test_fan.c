@@ -171,9 +171,10 @@ static int fair_writer(void *arg)
 		r = tp_pipe_write(p, &m[i], tpt_done_cb, &args[i]);
 		TPT_REQUIRE(r == 0, 1, "write %u: %d %s", i, r, tp_last_error());
 	}
-	tpt_sync_post(&go, 0);
+	/* small writes complete once the daemon holds them: all are there before the reads */
 	r = tpt_done_wait(&done, n, T_MS);
 	TPT_REQUIRE(r == 0 && done.order_errors == 0, 1, "writes: %d", r);
+	tpt_sync_post(&go, 0);
 	tp_pipe_close(p);
 	tp_context_free(ctx);
 	return 0;
@@ -204,6 +205,17 @@ static int fair_read(struct tp_pipe *p, struct tp_descriptor *d, unsigned *next)
 			return -1;
 	next[w]++;
 	return (int)w;
+}
+
+/* One request answered by the daemon (a shared buffer registered and dropped). */
+static int settle(struct tp_context *ctx)
+{
+	void *b = NULL;
+	int r = tp_buffer_alloc(ctx, 4096, &b);
+
+	if (r == 0)
+		r = tp_buffer_free(ctx, b);
+	return r;
 }
 
 static int fair_server(void *arg)
@@ -239,16 +251,22 @@ static int fair_server(void *arg)
 		}
 		w = fair_read(p, d, next);
 		TPT_REQUIRE(w >= 0, 1, "bad message");
+		/* a round trip to the daemon: the refilled descriptor requests have been answered,
+		 * so every writer with messages left is ready at the next call and the choice is the
+		 * set's alone */
+		r = settle(ctx);
+		TPT_REQUIRE(r == 0, 1, "round trip: %d", r);
 		if (reads++ < WRITERS * FEW * 3 / 4)
 			seen_first[w]++;
 	}
 	TPT_REQUIRE(ends == WRITERS, 1, "%u ends reported, wanted %u", ends, WRITERS);
 	for (unsigned w = 0; w < WRITERS; w++)
 		TPT_REQUIRE(next[w] == writer_count(w), 1, "writer %u: %u messages", w, next[w]);
-	/* round-robin: in the first 60 reads the busy writer cannot take more than its share */
-	for (unsigned w = 1; w < WRITERS; w++)
-		TPT_REQUIRE(seen_first[w] >= FEW / 2, 1, "writer %u starved: %u of the first reads",
-			    w, seen_first[w]);
+	/* round-robin: in the first 60 reads, while every writer has messages waiting, each gets
+	 * about a quarter (15); the busy writer takes no more than its share */
+	for (unsigned w = 0; w < WRITERS; w++)
+		TPT_REQUIRE(seen_first[w] >= 12 && seen_first[w] <= 18, 1,
+			    "writer %u: %u of the first 60 reads", w, seen_first[w]);
 	tp_set_free(s);
 	tp_listener_close(l);
 	tp_context_free(ctx);
