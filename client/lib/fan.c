@@ -378,6 +378,17 @@ static bool bcast_private(struct tp_context *ctx, const void *data, size_t len)
 
 #define STAGE_ALIGN 64
 
+/* Adds @len staged bytes (aligned) to *@total; -E2BIG past TP_SET_STAGE_MAX (no overflow: every
+ * step is checked against the limit first). */
+static int stage_add(size_t *total, size_t len)
+{
+	if (len > TP_SET_STAGE_MAX || *total + len > TP_SET_STAGE_MAX)
+		return tpc_error(-E2BIG, "broadcast of more than %zu private bytes",
+				 TP_SET_STAGE_MAX);
+	*total += (len + STAGE_ALIGN - 1) & ~(size_t)(STAGE_ALIGN - 1);
+	return 0;
+}
+
 /* The set's staging buffer, grown to at least @len bytes (it is reused: no page faults). */
 static int bcast_stage_get(struct tp_pipe_set *s, size_t len, char **ret)
 {
@@ -414,20 +425,19 @@ static int bcast_stage(struct tp_pipe_set *s, const struct tp_message *msg,
 	copy->tensors = msg->n_tensors ? tn : NULL;
 	for (size_t i = 0; i < msg->n_payloads; i++) {
 		pl[i] = msg->payloads[i];
-		if (bcast_private(ctx, pl[i].data, pl[i].length))
-			total += (pl[i].length + STAGE_ALIGN - 1) & ~(size_t)(STAGE_ALIGN - 1);
+		if (bcast_private(ctx, pl[i].data, pl[i].length) &&
+		    (r = stage_add(&total, pl[i].length)) < 0)
+			return r;
 	}
 	for (size_t i = 0; i < msg->n_tensors; i++) {
 		tn[i] = msg->tensors[i];
 		if (tn[i].device.type == TP_DEVICE_CPU &&
-		    bcast_private(ctx, tn[i].data, tn[i].length))
-			total += (tn[i].length + STAGE_ALIGN - 1) & ~(size_t)(STAGE_ALIGN - 1);
+		    bcast_private(ctx, tn[i].data, tn[i].length) &&
+		    (r = stage_add(&total, tn[i].length)) < 0)
+			return r;
 	}
 	if (total == 0)
 		return 0;
-	if (total > TP_SET_STAGE_MAX)
-		return tpc_error(-E2BIG, "broadcast of %zu private bytes exceeds %zu", total,
-				 TP_SET_STAGE_MAX);
 	r = bcast_stage_get(s, total, &stage);
 	if (r < 0)
 		return r;

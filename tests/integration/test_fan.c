@@ -491,6 +491,14 @@ START_TEST(test_fan_set_limits_and_pipes_of_another_context)
 	ck_assert_int_eq(tp_set_new(a, TP_SET_MAX_PIPES, &s), 0);
 	tp_set_free(s);
 	ck_assert_int_eq(tp_set_new(a, 1, &s), 0);
+	{
+		struct tp_message empty = { 0 };
+		struct tp_pipe *rp = NULL;
+		struct tp_descriptor *rd = NULL;
+
+		ck_assert_int_eq(tp_set_broadcast(s, &empty, 0, NULL, 0), -ENOENT);
+		ck_assert_int_eq(tp_set_read_any(s, 0, &rp, &rd), -ENOENT);
+	}
 	ck_assert_int_eq(tp_listen(a, NAME, NULL, &l), 0);
 	ck_assert_int_eq(tp_connect(b, NAME, &pb), 0);
 	ck_assert_int_eq(tp_listener_accept_sync(l, T_MS, &acc), 0);
@@ -502,6 +510,24 @@ START_TEST(test_fan_set_limits_and_pipes_of_another_context)
 	ck_assert_int_eq(tp_set_add(s, pa), -E2BIG); /* just above */
 	ck_assert_int_eq(tp_set_size(s), 1);
 	ck_assert_ptr_eq(tp_set_pipe(s, 0), acc);
+	/* staging: private bytes just above TP_SET_STAGE_MAX, in one payload or two, are refused
+	 * before any memory is read or mapped (only the pointers are compared) */
+	{
+		static char one;
+		struct tp_payload pl[2] = { { .data = &one, .length = TP_SET_STAGE_MAX + 1 },
+					    { .data = &one, .length = 1 } };
+		struct tp_message m = { .payloads = pl, .n_payloads = 1 };
+		int st = 1;
+
+		ck_assert_int_eq(tp_set_broadcast(s, &m, T_MS, &st, 1), -E2BIG);
+		pl[0].length = TP_SET_STAGE_MAX;
+		m.n_payloads = 2;
+		ck_assert_int_eq(tp_set_broadcast(s, &m, T_MS, &st, 1), -E2BIG);
+		ck_assert_int_eq(st, 1); /* nothing was delivered, no result written */
+		pl[0].length = 1;
+		ck_assert_int_eq(tp_set_broadcast(s, &m, T_MS, &st, 1), 1); /* just below */
+		ck_assert_int_eq(st, 0);
+	}
 	ck_assert_ptr_null(tp_set_pipe(s, 1));
 	tp_set_free(s);
 	tp_pipe_close(pa);
