@@ -736,6 +736,95 @@ int tp_coll_wait(struct tp_coll_req *req);
  * and its buffers stay in use until it does (tp_group_leave() waits for it). */
 void tp_coll_free(struct tp_coll_req *req);
 
+/* ---- server fan-in and fan-out over accepted pipes --------------------------------------- */
+
+/*
+ * A pipe set: the pipes a server accepted, read as one (torch-ipc's recvAny) and written as one
+ * (its broadcast). A set belongs to one context and owns the pipes in it; it is used from one
+ * thread at a time and never from a callback (-EDEADLK).
+ */
+struct tp_pipe_set;
+
+/* The most pipes one set holds (its @max_pipes). */
+#define TP_SET_MAX_PIPES 1024
+/* The most bytes of private memory one tp_set_broadcast() stages (see there). */
+#define TP_SET_STAGE_MAX ((size_t)1 << 30)
+
+/*
+ * tp_set_new() - an empty set of at most @max_pipes pipes of @ctx.
+ * @ret: returns owned set, free with tp_set_free().
+ * Return: 0; -EINVAL for @max_pipes 0 or above TP_SET_MAX_PIPES; -ENOMEM.
+ */
+int tp_set_new(struct tp_context *ctx, unsigned max_pipes, struct tp_pipe_set **ret);
+
+/*
+ * tp_set_free() - closes every pipe still in @s (descriptors it read ahead are dropped) and
+ * frees it once their requests have completed. Takes @s. Accepts NULL.
+ */
+void tp_set_free(struct tp_pipe_set *s);
+
+/*
+ * tp_set_add() - adds @p; from now on the set reads @p's descriptors ahead, so read @p only
+ * through tp_set_read_any().
+ * @p: takes @p on success (the set closes it); on failure the caller keeps it.
+ * Return: 0; -E2BIG when the set is full; -EXDEV when @p belongs to another context; -EEXIST
+ * when @p is already in the set; -EDEADLK from a callback; -EINVAL for NULL.
+ */
+int tp_set_add(struct tp_pipe_set *s, struct tp_pipe *p);
+
+/* Number of pipes in @s (ended ones leave it once reported). */
+unsigned tp_set_size(const struct tp_pipe_set *s);
+
+/* Returns borrowed pipe number @i (0 <= @i < tp_set_size()), valid while it stays in the set;
+ * NULL out of range. The order is the order of tp_set_add() (and of broadcast results). */
+struct tp_pipe *tp_set_pipe(const struct tp_pipe_set *s, unsigned i);
+
+/*
+ * tp_set_wait_pipes() - accepts pipes on @l into @s until it holds @n pipes.
+ * Borrows @l. @timeout_ms < 0 waits forever.
+ * Return: 0 once the set holds @n (at once if it already does); -ETIMEDOUT when fewer arrived in
+ * time (those that did stay in the set); -E2BIG when @n is above the set's @max_pipes; the
+ * accept's error otherwise.
+ */
+int tp_set_wait_pipes(struct tp_pipe_set *s, struct tp_listener *l, unsigned n, int timeout_ms);
+
+/*
+ * tp_set_read_any() - the next message of whichever pipe has one, fairly: among the pipes that
+ * have a message (or have ended), round-robin from the one after the pipe served last, so a busy
+ * pipe never starves the others. The set reads a few descriptors ahead on each pipe. Read the
+ * message with tp_pipe_read*() on *@ret_pipe (or tp_descriptor_free() it) before the next
+ * tp_set_read_any(): a pipe's reads must follow its descriptor order.
+ * @ret_pipe: returns borrowed pipe, valid while in the set; when the call returns the pipe's end,
+ * owned by the caller (close it with tp_pipe_close()).
+ * @ret_desc: returns owned descriptor (as tp_pipe_read_descriptor()), NULL at a pipe's end.
+ * Return: 0 with a descriptor; 1 with *@ret_desc NULL and *@ret_pipe the pipe that ended (its
+ * error, e.g. -EPIPE, as tp_last_error() text and through tp_set_last_status()): reported once,
+ * and the pipe has left the set; -ENOENT when the set is empty; -ETIMEDOUT (@timeout_ms < 0
+ * waits forever, 0 tries once); -EDEADLK from a callback.
+ */
+int tp_set_read_any(struct tp_pipe_set *s, int timeout_ms, struct tp_pipe **ret_pipe,
+		    struct tp_descriptor **ret_desc);
+
+/* The error with which the pipe last reported by tp_set_read_any() ended (0 if none did). */
+int tp_set_last_status(const struct tp_pipe_set *s);
+
+/*
+ * tp_set_broadcast() - writes @msg to every pipe of @s, reading the writer's memory once: data
+ * in shared buffers (tp_buffer_alloc()) is copied by the daemon from that one source into each
+ * reader's allocation; private CPU memory is first copied once into one staging shared buffer
+ * (at most TP_SET_STAGE_MAX bytes, and within the daemon's shared-buffer limits) from which all
+ * deliveries copy; CUDA tensors are read by each delivery. A reader that is slow (not done after
+ * @timeout_ms: that delivery is cancelled) or gone fails only its own delivery.
+ * Borrows @msg and its memory until the call returns.
+ * @ret_status: @n_status entries, written for pipes 0..n_status-1 in tp_set_pipe() order: 0
+ * delivered, else that pipe's -errno. May be NULL when @n_status is 0.
+ * Return: the number of pipes delivered to (>= 0); -ENOENT for an empty set; -E2BIG when the
+ * private bytes exceed TP_SET_STAGE_MAX; -EINVAL, -EMSGSIZE as tp_pipe_write(); the staging
+ * allocation's error; -EDEADLK from a callback.
+ */
+int tp_set_broadcast(struct tp_pipe_set *s, const struct tp_message *msg, int timeout_ms,
+		     int *ret_status, size_t n_status);
+
 #ifdef __cplusplus
 }
 #endif
