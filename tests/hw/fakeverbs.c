@@ -44,7 +44,8 @@
  * device memory completes at once but its bytes are spooled in /dev/shm/tpfakeverbs.<pid>.lag of
  * the target process and land only when that process flushes: fakeverbs_flush(), which fakecuda
  * calls from cuFlushGPUDirectRDMAWrites() and cuMemcpyDtoH(): a reader told "done" without a flush
- * sees stale bytes). Not emulated: sends, reads, atomics, receive queues, timing, async events. It
+ * sees stale bytes), FAKEVERBS_DMABUF_ERRNO=N (every ibv_reg_dmabuf_mr fails with errno N, as a
+ * driver refusing the dma-buf). Not emulated: sends, reads, atomics, receive queues, timing, async events. It
  * proves the plumbing and the completion logic, and says nothing about real RDMA hardware.
  */
 #include <dirent.h>
@@ -1285,6 +1286,8 @@ static struct ibv_mr *fv_reg_dmabuf_mr(struct ibv_pd *pd, uint64_t offset, size_
 
 	if (e || !len || __builtin_add_overflow(iova, len, &end))
 		return fv_fail(EINVAL);
+	if (env_ulong("FAKEVERBS_DMABUF_ERRNO"))
+		return fv_fail((int)env_ulong("FAKEVERBS_DMABUF_ERRNO"));
 	if (fstat(fd, &st) < 0)
 		return fv_fail(EBADF);
 	pos = lseek(fd, 0, SEEK_CUR); /* where the dma-buf starts in its file (see top) */
