@@ -122,27 +122,67 @@ void tpb_rdma_link_off_rebuild(struct tpb_rdma_link *l, const char *why)
 	tpb_rdma_timer_in_us(l->g, &l->rebuild, (long)ms * 1000);
 }
 
-/* The first set-up step: this side's ports and their rails (none if memory is short). */
+/*
+ * The rail a port that cannot be opened announces: kind 0, which no port's rail has (see
+ * port_rail() in verbs/nic.c), so that no pair is made with it on either side.
+ */
+static const uint8_t rail_unusable[TPV_RAIL_BYTES];
+
+/* True if local port @i opens (or is open); a port that failed once stays skipped. */
+static bool link_port_usable(struct tpb_rdma_link *l, size_t i)
+{
+	struct rdma_port *pt = &l->g->ports[i];
+	char why[8];
+
+	if (pt->ctx)
+		return true;
+	if (tpb_rdma_port_open(pt, why, sizeof(why)) < 0)
+		return false; /* logged once by tpb_rdma_port_open() */
+	tpb_rdma_port_put(pt);
+	return true;
+}
+
+/* Is the peer's rail @r one it can use (its port opened)? */
+static bool rail_usable(const struct tpb_rdma_record *r)
+{
+	return r->len == TPV_RAIL_BYTES && memcmp(r->data, rail_unusable, TPV_RAIL_BYTES);
+}
+
+/* The first set-up step: this side's ports and their rails (none if memory is short); a port
+ * that does not open announces rail_unusable. */
 static void link_announce(struct tpb_rdma_link *l)
 {
 	struct tpb_rdma_record *rails = calloc(l->g->n ? l->g->n : 1, sizeof(*rails));
 	struct tpb_rdma_setup rm = { .ports = (uint32_t)l->g->n };
 
 	for (size_t i = 0; rails && i < l->g->n; i++)
-		rails[i] = (struct tpb_rdma_record){ l->g->nics[i].rail, TPV_RAIL_BYTES };
+		rails[i] = (struct tpb_rdma_record){
+			link_port_usable(l, i) ? l->g->nics[i].rail : rail_unusable,
+			TPV_RAIL_BYTES };
 	rm.n_rails = rails ? l->g->n : 0;
 	rm.rails = rails;
 	link_send(l, &rm);
 	free(rails);
 }
 
+/* Can (local port @i, remote port @j) get a queue pair: neither side failed to open its port. */
+static bool pair_usable(const struct tpb_rdma_link *l, const struct tpb_rdma_setup *m, size_t i,
+			size_t j)
+{
+	if (l->g->ports[i].why[0])
+		return false;
+	return m->n_rails != l->n_remote || rail_usable(&m->rails[j]);
+}
+
 /*
  * Which (local port, remote port) pairs get a queue pair: those on the same rail, if the peer
  * sent its rails and some pair shares one; else every pair (a peer that does not say, or
- * networks routed to each other: as before rails). The peer decides alike from the same keys.
- * Return: 0 or -ENOMEM.
+ * networks routed to each other: as before rails). Never a port either side could not open.
+ * The peer decides alike from the same keys. Return: 0 or -ENOMEM; -ENODEV (@why) when no
+ * pair is left.
  */
-static int link_pairs(struct tpb_rdma_link *l, const struct tpb_rdma_setup *m)
+static int link_pairs(struct tpb_rdma_link *l, const struct tpb_rdma_setup *m, char *why,
+		      size_t wl)
 {
 	size_t n = l->g->n * l->n_remote;
 
@@ -152,9 +192,8 @@ static int link_pairs(struct tpb_rdma_link *l, const struct tpb_rdma_setup *m)
 	l->n_pairs = 0;
 	for (size_t i = 0; m->n_rails == l->n_remote && i < l->g->n; i++) {
 		for (size_t j = 0; j < l->n_remote; j++) {
-			const struct tpb_rdma_record *rj = &m->rails[j];
-			bool same = rj->len == TPV_RAIL_BYTES &&
-				    !memcmp(rj->data, l->g->nics[i].rail, TPV_RAIL_BYTES);
+			bool same = pair_usable(l, m, i, j) &&
+				    !memcmp(m->rails[j].data, l->g->nics[i].rail, TPV_RAIL_BYTES);
 
 			l->pairs[i * l->n_remote + j] = same;
 			l->n_pairs += same;
@@ -162,10 +201,14 @@ static int link_pairs(struct tpb_rdma_link *l, const struct tpb_rdma_setup *m)
 	}
 	if (l->n_pairs)
 		return 0;
-	for (size_t k = 0; k < n; k++)
-		l->pairs[k] = true;
-	l->n_pairs = n;
-	return 0;
+	for (size_t k = 0; k < n; k++) {
+		l->pairs[k] = pair_usable(l, m, k / l->n_remote, k % l->n_remote);
+		l->n_pairs += l->pairs[k];
+	}
+	if (l->n_pairs)
+		return 0;
+	snprintf(why, wl, "no RDMA port opens on one side or the other");
+	return -ENODEV;
 }
 
 struct tpb_rdma_link *tpb_rdma_link_new(struct tpb_rdma *g, void *link, unsigned peer_offers)
@@ -298,7 +341,7 @@ void tpb_rdma_link_on_msg(struct tpb_rdma_link *l, const struct tpb_rdma_setup *
 		}
 		l->n_remote = m->ports;
 		l->state = LINK_CONNECTING;
-		r = link_pairs(l, m);
+		r = link_pairs(l, m, why, sizeof(why));
 		if (r == 0)
 			r = link_make_qps(l, why, sizeof(why));
 		if (r < 0)
