@@ -134,6 +134,9 @@ int tpb_rdma_port_open(struct rdma_port *pt, char *why, size_t wl)
 	if (r < 0) {
 		tpv_ctx_close(pt->ctx);
 		pt->ctx = NULL;
+		/* once: the failure is sticky, links and registrations use the other ports */
+		tpu_log(TPU_LOG_WARNING, "rdma: %s port %u unusable, skipped: %s", pt->nic->dev,
+			pt->nic->port, pt->why);
 		snprintf(why, wl, "%s", pt->why);
 		return r;
 	}

@@ -1,7 +1,7 @@
 /* SPDX-License-Identifier: BSD-3-Clause */
 /*
- * Internals shared by link.c (ports, links, transfers, the context's event fd) and reg.c
- * (registration and its cache). Everything here runs on the loop thread.
+ * Internals shared by ctx.c (ports, the context's event fd), link.c (links), xfer.c
+ * (transfers) and reg.c (registration and its cache). Everything here runs on the loop thread.
  */
 #ifndef TPB_RDMA_INT_H
 #define TPB_RDMA_INT_H
@@ -112,6 +112,34 @@ struct rdma_regs {
 	struct rdma_reg *r;
 	size_t n;
 };
+
+/* A send on a link (xfer.c); the link fails and finishes it when it goes (link.c). */
+struct rdma_send {
+	struct tpu_list node; /* in the link's sends */
+	struct tpb_rdma_link *l;
+	struct tpb_rdma_xfer *x;
+	struct rdma_regs regs;
+	struct tpv_qp *qp;
+	uint64_t *raddr;
+	uint32_t *rkey;
+	struct rdma_timer timer; /* event polling, and completions decided outside a call */
+	size_t next;		 /* next segment to post */
+	unsigned pending;	 /* writes posted, not completed */
+	bool canceled, posting;
+	bool events_ok; /* the writer's CUDA events fired */
+	const char *channel; /* "rdma" or "cuda_gdr", for errors */
+	int status;
+	char why[160];
+};
+
+/* @s fails with @err (the first failure is kept; @why is prefixed with the channel). */
+void tpb_rdma_send_fail(struct rdma_send *s, int err, const char *why);
+/* Ends @s now: removed from its link's sends, registrations released, its transfer's done()
+ * called with the outcome; frees @s. */
+void tpb_rdma_send_finish(struct rdma_send *s);
+/* A write failed on @l: RDMA off (the peer is told), and rebuilt later unless that was tried
+ * too often (link.c). */
+void tpb_rdma_link_off_rebuild(struct tpb_rdma_link *l, const char *why);
 
 /* Opens @pt if it is not open (a device context, protection domain and completion queue) and
  * takes a reference. Return: 0, or -errno (sticky: a port that failed once stays unusable). */

@@ -249,10 +249,10 @@ int tpv_mr_reg(struct tpv_ctx *ctx, const struct tpv_mr_args *a, struct tpv_mr *
 		mr = ctx->ops->reg_dmabuf_mr(ctx->pd, a->dmabuf_offset, a->len,
 					     (uint64_t)(uintptr_t)a->addr, a->dmabuf_fd, access);
 		r = mr ? 0 : tpv_verbs_errno(-EIO);
-		if (r < 0 && r != -EOPNOTSUPP && r != -EPROTONOSUPPORT && r != -ENOSYS)
-			return tpu_why(r, why, why_len, "ibv_reg_dmabuf_mr(%zu bytes): %s", a->len,
-				       tpu_strerror(r, eb, sizeof(eb)));
-		if (r < 0) /* no dma-buf in this library or kernel: try peer memory */
+		/* Any failure (no dma-buf in this library or kernel, a driver refusing this
+		 * dma-buf): try ibv_reg_mr, which takes host memory and, with peer memory,
+		 * GPU memory; its error says why dma-buf was not used. */
+		if (r < 0)
 			snprintf(dmabuf_err, sizeof(dmabuf_err), "ibv_reg_dmabuf_mr: %s",
 				 tpu_strerror(r, eb, sizeof(eb)));
 		method = mr ? TPV_MR_DMABUF : TPV_MR_HOST;

@@ -226,13 +226,14 @@ struct tpv_mr {
 
 /*
  * tpv_mr_reg() - register memory for local access and remote writes. With a dma-buf fd,
- * ibv_reg_dmabuf_mr (IOVA = @addr, so the peer writes to the same addresses); if the library
- * or kernel lacks dma-buf support, or there is no fd, ibv_reg_mr on @addr.
+ * ibv_reg_dmabuf_mr (IOVA = @addr, so the peer writes to the same addresses); if that fails for
+ * any reason (no dma-buf in the library or kernel, a driver refusing this dma-buf), or there is
+ * no fd, ibv_reg_mr on @addr (@ret's method says which).
  *
  * Ownership: borrows @ctx (which must outlive the region) and @a->dmabuf_fd (the caller may
  * close it once this returns); returns owned @ret, free with tpv_mr_dereg().
- * Return: 0, or -errno with the reason in @why (for GPU memory without dma-buf: a note that
- * ibv_reg_mr needs the nvidia-peermem module).
+ * Return: 0, or -errno of ibv_reg_mr with the reason in @why (for GPU memory: a note that
+ * ibv_reg_mr needs the nvidia-peermem module, and why dma-buf failed if it was tried).
  */
 int tpv_mr_reg(struct tpv_ctx *ctx, const struct tpv_mr_args *a, struct tpv_mr **ret,
 	       char *why, size_t why_len);

@@ -44,7 +44,9 @@
  * device memory completes at once but its bytes are spooled in /dev/shm/tpfakeverbs.<pid>.lag of
  * the target process and land only when that process flushes: fakeverbs_flush(), which fakecuda
  * calls from cuFlushGPUDirectRDMAWrites() and cuMemcpyDtoH(): a reader told "done" without a flush
- * sees stale bytes). Not emulated: sends, reads, atomics, receive queues, timing, async events. It
+ * sees stale bytes), FAKEVERBS_FAIL_PD=N (the N-th ibv_alloc_pd of the process fails with
+ * ENOMEM: opening that port's context fails), FAKEVERBS_DMABUF_ERRNO=N (every ibv_reg_dmabuf_mr fails with errno N, as a
+ * driver refusing the dma-buf). Not emulated: sends, reads, atomics, receive queues, timing, async events. It
  * proves the plumbing and the completion logic, and says nothing about real RDMA hardware.
  */
 #include <dirent.h>
@@ -240,6 +242,7 @@ static struct {
 	struct shm_table *tab;
 	char path[64];
 	uint32_t key_gen, next_qpn, next_pd, host;
+	uint32_t pd_allocs; /* ibv_alloc_pd calls, for FAKEVERBS_FAIL_PD */
 	int cqs;
 	unsigned long writes;
 	struct fv_mr *mrs[FV_MRS];
@@ -258,6 +261,7 @@ static void fv_own(void)
 	fv.tab = NULL;
 	fv.opens = 0;
 	fv.writes = 0;
+	fv.pd_allocs = 0;
 	fv.cqs = 0;
 	fv.host = 0;
 	fv.pid = getpid();
@@ -681,8 +685,16 @@ static int fv_query_gid_ex(struct ibv_context *c, uint32_t port, uint32_t index,
 
 static struct ibv_pd *fv_alloc_pd(struct ibv_context *c)
 {
-	struct fv_pd *pd = fv_new(sizeof(*pd));
+	unsigned long fail = env_ulong("FAKEVERBS_FAIL_PD");
+	struct fv_pd *pd;
+	uint32_t nth;
 
+	pthread_mutex_lock(&fv_lock);
+	nth = ++fv.pd_allocs;
+	pthread_mutex_unlock(&fv_lock);
+	if (fail && nth == fail)
+		return fv_fail(ENOMEM);
+	pd = fv_new(sizeof(*pd));
 	if (!pd)
 		return NULL;
 	pd->ibv.context = c;
@@ -1285,6 +1297,8 @@ static struct ibv_mr *fv_reg_dmabuf_mr(struct ibv_pd *pd, uint64_t offset, size_
 
 	if (e || !len || __builtin_add_overflow(iova, len, &end))
 		return fv_fail(EINVAL);
+	if (env_ulong("FAKEVERBS_DMABUF_ERRNO"))
+		return fv_fail((int)env_ulong("FAKEVERBS_DMABUF_ERRNO"));
 	if (fstat(fd, &st) < 0)
 		return fv_fail(EBADF);
 	pos = lseek(fd, 0, SEEK_CUR); /* where the dma-buf starts in its file (see top) */

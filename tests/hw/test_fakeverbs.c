@@ -261,18 +261,39 @@ static void dev_free(struct side *s, struct tpv_mr *mr)
 }
 #endif
 
-/* A dma-buf offset that does not match the address is refused (the fake checks the mapping). */
-static void check_dmabuf_mismatch(struct side *s, uint8_t *map, int fd)
+/*
+ * A dma-buf the device refuses, for any reason, falls back to ibv_reg_mr: an offset that does
+ * not match the address (the fake checks the mapping), and a driver error other than "not
+ * supported" (FAKEVERBS_DMABUF_ERRNO). Both used to fail the registration.
+ */
+static void check_dmabuf_fallback(struct side *s, uint8_t *map, int fd)
 {
+	static const int errs[] = { EINVAL, EIO, ENOMEM, EOPNOTSUPP };
+	struct tpv_mr_args a = { .addr = map + PAGE, .len = LEN, .dmabuf_fd = fd,
+				 .dmabuf_offset = 0 };
 	struct tpv_mr *mr = NULL;
-	char why[256];
+	char why[256] = "";
 	int r;
 
-	r = tpv_mr_reg(s->ctx,
-		       &(struct tpv_mr_args){ .addr = map + PAGE, .len = LEN, .dmabuf_fd = fd,
-					      .dmabuf_offset = 0 },
-		       &mr, why, sizeof(why));
-	CHECK(r == -EINVAL, "a mismatched dma-buf offset registered (%d)", r);
+	r = tpv_mr_reg(s->ctx, &a, &mr, why, sizeof(why));
+	CHECK(r == 0 && mr->method == TPV_MR_HOST,
+	      "a mismatched dma-buf offset: %d, %s (%s)", r, mr ? tpv_mr_method_name(mr->method) :
+	      "-", why);
+	CHECK(tpv_mr_dereg(s->ctx, mr) == 0, "dereg");
+	a.dmabuf_offset = PAGE;
+	for (size_t i = 0; i < sizeof(errs) / sizeof(errs[0]); i++) {
+		char e[16];
+
+		snprintf(e, sizeof(e), "%d", errs[i]);
+		setenv("FAKEVERBS_DMABUF_ERRNO", e, 1);
+		mr = NULL;
+		r = tpv_mr_reg(s->ctx, &a, &mr, why, sizeof(why));
+		CHECK(r == 0 && mr->method == TPV_MR_HOST, "ibv_reg_dmabuf_mr failing with %d: %d "
+		      "(%s)", errs[i], r, why);
+		CHECK(tpv_mr_dereg(s->ctx, mr) == 0, "dereg");
+	}
+	unsetenv("FAKEVERBS_DMABUF_ERRNO");
+	printf("ok: any ibv_reg_dmabuf_mr error falls back to ibv_reg_mr\n");
 }
 
 static int receiver(int sock)
@@ -297,7 +318,7 @@ static int receiver(int sock)
 			 &mr, why, sizeof(why)) == 0,
 	      "tpv_mr_reg: %s", why);
 	CHECK(mr->method == TPV_MR_DMABUF, "registered as %s", tpv_mr_method_name(mr->method));
-	check_dmabuf_mismatch(&s, map, fd);
+	check_dmabuf_fallback(&s, map, fd);
 	close(fd);
 	dev = dev_region(&s);
 	msg_send(sock, &(struct msg){ .kind = MSG_REGION, .addr = mr->addr, .len = mr->len,

@@ -299,6 +299,30 @@ START_TEST(test_rdma_eight_rails_between_daemons)
 }
 END_TEST
 
+/*
+ * A port whose context does not open (FAKEVERBS_FAIL_PD=1: the first ibv_alloc_pd of each daemon
+ * fails, so port 0 on both) is skipped: the link connects the other rail and every tensor still
+ * goes by RDMA (on the old code the link went off and every byte went over mpt).
+ */
+START_TEST(test_rdma_port_that_does_not_open_is_skipped)
+{
+	static const char *const env[] = { "FAKEVERBS_PORTS=2", "FAKEVERBS_RAILS=2",
+					   "FAKEVERBS_FAIL_PD=1", NULL };
+	struct counts c0;
+
+	restart_both(env, NULL);
+	c0 = counts_now();
+	spec_lens = sizes;
+	spec_n = sizeof(sizes) / sizeof(sizes[0]);
+	ck_assert(cross("rdma-skip", TPT_MEM_SHM, TPT_MEM_SHM));
+	expect_counts(&c0, sizes_total(), 0);
+	expect_link(&tpt_peer_a, "ready: 1 queue pairs between ports on the same rail", NULL,
+		    sizes_total(), 0);
+	expect_link(&tpt_peer_b, "ready: 1 queue pairs between ports on the same rail", NULL, 0,
+		    sizes_total());
+}
+END_TEST
+
 /* Issue 28 item 6: a fabric that carries only traffic class 106 and answers after the default
  * ACK timeout: --rdma-traffic-class 106 --rdma-timeout 18 make every tensor go by RDMA. */
 START_TEST(test_rdma_roce_settings_from_the_configuration)
@@ -686,6 +710,7 @@ static Suite *rdma_suite(bool stand_in)
 		tcase_add_test(tc, test_rdma_peer_without_a_port);
 		tcase_add_test(tc, test_rdma_device_error_reaches_both_clients);
 		tcase_add_test(tc, test_rdma_eight_rails_between_daemons);
+		tcase_add_test(tc, test_rdma_port_that_does_not_open_is_skipped);
 		tcase_add_test(tc, test_rdma_roce_settings_from_the_configuration);
 	}
 	tcase_set_timeout(tc, 300);
