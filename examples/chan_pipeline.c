@@ -38,7 +38,7 @@ static int worker(void)
 			memcpy(&v, item, sizeof(v));
 		free(item);
 		v *= v;
-		if (tp_chan_write(out, &iov, 1) < 0)
+		if (tp_chan_write(out, &iov, 1, -1) < 0)
 			break;
 	}
 	tp_chan_close(out); /* the cascade: our reader sees "drained" after the last square */
@@ -74,7 +74,7 @@ int main(void)
 			iov[i].iov_base = &vals[b * 5 + i];
 			iov[i].iov_len = sizeof(long);
 		}
-		if (tp_chan_write(in, iov, 5) < 0)
+		if (tp_chan_write(in, iov, 5, -1) < 0)
 			fprintf(stderr, "write: %s\n", tp_last_error());
 	}
 	tp_chan_close(in);

@@ -777,13 +777,15 @@ int tp_chan_open(struct tp_context *ctx, const char *name, const struct tp_chan_
 
 /*
  * tp_chan_write() - append @n items atomically and contiguously: either all of them follow
- * each other in the channel, or none is written. Borrows @items.
- * Return: 0; -EPIPE (the channel is closed), -ENOBUFS (the channel is full, or its owner's
- * chan-bytes-per-uid is spent: nothing written, try later), -EMSGSIZE (the batch is larger
- * than the channel's capacity, or than the daemon's inline limit), -EINVAL (n == 0 or an
- * empty item).
+ * each other in the channel, or none is written. A batch that does not fit waits for room up
+ * to @timeout_ms (0: do not wait; -1: no deadline), behind writes already waiting. Borrows
+ * @items.
+ * Return: 0; -EPIPE (the channel is closed, also while waiting), -ENOBUFS (full and
+ * @timeout_ms 0, or the owner's chan-bytes-per-uid is spent: nothing written), -ETIMEDOUT
+ * (still full at the deadline: nothing written), -EMSGSIZE (the batch is larger than the
+ * channel's capacity, or than the daemon's inline limit), -EINVAL (n == 0 or an empty item).
  */
-int tp_chan_write(struct tp_chan *ch, const struct iovec *items, size_t n);
+int tp_chan_write(struct tp_chan *ch, const struct iovec *items, size_t n, int timeout_ms);
 
 #define TP_CHAN_CLOSED 1 /* tp_chan_read(): an item, and the channel is closed */
 

@@ -168,7 +168,8 @@ TP_EXPORT int tp_chan_open(struct tp_context *ctx, const char *name,
 	return 0;
 }
 
-TP_EXPORT int tp_chan_write(struct tp_chan *ch, const struct iovec *items, size_t n)
+TP_EXPORT int tp_chan_write(struct tp_chan *ch, const struct iovec *items, size_t n,
+			    int timeout_ms)
 {
 	Tpw__V1__ChanOp op = TPW__V1__CHAN_OP__INIT;
 	struct chan_req cr = { 0 };
@@ -197,7 +198,8 @@ TP_EXPORT int tp_chan_write(struct tp_chan *ch, const struct iovec *items, size_
 	op.chan_id = ch->id;
 	op.n_lengths = n;
 	op.lengths = lens;
-	r = chan_call(ch->ctx, &op, items, n, 0, &cr);
+	op.timeout_ms = timeout_ms < 0 ? UINT32_MAX : (uint32_t)timeout_ms;
+	r = chan_call(ch->ctx, &op, items, n, timeout_ms, &cr);
 	if (r < 0)
 		return tpc_error(r, "channel '%s': %s", ch->name, cr.req.msg);
 	return 0;

@@ -38,6 +38,7 @@ static struct json_object *chan_json(const void *item)
 	ctl_json_u64(o, "capacity_bytes", c->capacity_bytes);
 	ctl_json_u64(o, "handles", c->handles);
 	ctl_json_u64(o, "readers_waiting", c->readers_waiting);
+	ctl_json_u64(o, "writers_waiting", c->writers_waiting);
 	json_object_object_add(o, "persistent", json_object_new_boolean(c->persistent));
 	ctl_json_u64(o, "items_written", c->items_written);
 	ctl_json_u64(o, "items_read", c->items_read);

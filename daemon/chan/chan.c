@@ -21,6 +21,7 @@
 #include "validate.h"
 
 #define CHAN_WAITS_PER_HANDLE 64u /* reads one handle may have waiting at once */
+#define CHAN_HANDLES_PER_SESSION 1024u
 #define CHAN_NO_DEADLINE UINT32_MAX
 
 struct chan_item {
@@ -39,8 +40,9 @@ struct chan {
 	uint32_t cap_items;
 	uint64_t cap_bytes;
 	struct tpu_list items;	 /* chan_item, oldest first */
-	struct tpu_list waiters; /* chan_wait, oldest first */
-	uint32_t n_items, n_handles, n_waiters;
+	struct tpu_list waiters; /* chan_wait of reads, oldest first */
+	struct tpu_list writers; /* chan_wait of writes waiting for room, oldest first */
+	uint32_t n_items, n_handles, n_waiters, n_writers;
 	uint64_t bytes, written, read;
 };
 
@@ -49,7 +51,8 @@ struct chan_handle {
 	struct tpd_session *s;
 	uint64_t id;
 	struct chan *c;
-	unsigned waits;
+	unsigned waits;	 /* reads waiting */
+	bool write_waits; /* a write waiting (one at most: its batch is held here) */
 };
 
 struct chan_wait {
@@ -58,6 +61,10 @@ struct chan_wait {
 	uint64_t req_id;
 	struct event *ev;
 	struct tpd_chans *cs;
+	bool write;		/* a write waiting for room: its batch */
+	struct tpu_list batch; /* chan_item */
+	size_t n;
+	uint64_t bytes;
 };
 
 struct tpd_chans {
@@ -134,11 +141,26 @@ static void chan_maybe_free(struct chan *c)
 		chan_free(c);
 }
 
+static void batch_free(struct tpu_list *batch)
+{
+	struct chan_item *it, *tmp;
+
+	tpu_list_for_each_safe(it, tmp, batch, node)
+		free(it);
+	tpu_list_init(batch);
+}
+
 static void wait_free(struct chan_wait *w)
 {
 	tpu_list_remove(&w->node);
-	w->h->c->n_waiters--;
-	w->h->waits--;
+	if (w->write) {
+		batch_free(&w->batch);
+		w->h->c->n_writers--;
+		w->h->write_waits = false;
+	} else {
+		w->h->c->n_waiters--;
+		w->h->waits--;
+	}
 	if (w->ev)
 		event_free(w->ev);
 	free(w);
@@ -158,9 +180,70 @@ static void chan_deliver(struct chan_handle *h, uint64_t req_id)
 	free(it);
 }
 
+static bool chan_fits(const struct chan *c, size_t n, uint64_t bytes)
+{
+	return c->n_items + n <= c->cap_items && c->bytes + bytes <= c->cap_bytes;
+}
+
+/* Moves @batch (@n items, @bytes) to the end of @c, contiguous: nothing runs in between. */
+static void chan_append(struct chan *c, struct tpu_list *batch, size_t n, uint64_t bytes)
+{
+	struct chan_item *it, *tmp;
+
+	tpu_list_for_each_safe(it, tmp, batch, node) {
+		tpu_list_remove(&it->node);
+		tpu_list_insert_tail(&c->items, &it->node);
+	}
+	c->n_items += (uint32_t)n;
+	c->bytes += bytes;
+	c->written += n;
+}
+
+static void serve_readers(struct chan *c);
+
+/* Lets the oldest waiting writes in while they fit; on close fails them all. */
+static void serve_writers(struct tpd_chans *cs, struct chan *c)
+{
+	struct chan_wait *w, *tmp;
+
+	tpu_list_for_each_safe(w, tmp, &c->writers, node) {
+		if (c->closed) {
+			chan_answer(w->h->s, w->req_id, -EPIPE, "the channel was closed", w->h->id,
+				    true, NULL);
+		} else if (!chan_fits(c, w->n, w->bytes)) {
+			break;
+		} else if (uid_bytes(cs, c->uid, NULL) + w->bytes >
+			   tpd_daemon_cfg(cs->d)->chan_bytes_per_uid) {
+			chan_answer(w->h->s, w->req_id, -ENOBUFS, "the channel owner's "
+				    "chan-bytes-per-uid is spent", w->h->id, false, NULL);
+		} else {
+			chan_append(c, &w->batch, w->n, w->bytes);
+			chan_answer(w->h->s, w->req_id, 0, NULL, w->h->id, false, NULL);
+		}
+		wait_free(w);
+	}
+}
+
+/* Gives items to waiting readers and room to waiting writers, oldest first, until neither can
+ * go on. */
+static void chan_serve(struct chan *c)
+{
+	struct tpd_chans *cs = NULL;
+	uint32_t before;
+
+	if (!tpu_list_empty(&c->writers))
+		cs = tpu_list_first(&c->writers, struct chan_wait, node)->cs;
+	do { /* every pass that does something ends a wait: this ends */
+		before = c->n_waiters + c->n_writers;
+		serve_readers(c);
+		if (cs)
+			serve_writers(cs, c);
+	} while (c->n_waiters + c->n_writers != before);
+}
+
 /* Gives items to waiting readers, oldest reader first; on a closed, empty channel tells every
  * remaining reader it is drained. */
-static void chan_serve(struct chan *c)
+static void serve_readers(struct chan *c)
 {
 	struct chan_wait *w, *tmp;
 
@@ -183,8 +266,8 @@ static void wait_on_timeout(evutil_socket_t fd, short what, void *arg)
 
 	(void)fd;
 	(void)what;
-	chan_answer(w->h->s, w->req_id, -ETIMEDOUT, "no item within the timeout", w->h->id,
-		    w->h->c->closed, NULL);
+	chan_answer(w->h->s, w->req_id, -ETIMEDOUT, w->write ? "the channel stayed full: nothing "
+		    "written" : "no item within the timeout", w->h->id, w->h->c->closed, NULL);
 	wait_free(w);
 }
 
@@ -232,6 +315,14 @@ static void handle_free(struct chan_handle *h, bool answer)
 				    c->closed, NULL);
 		wait_free(w);
 	}
+	tpu_list_for_each_safe(w, tmp, &c->writers, node) {
+		if (w->h != h)
+			continue;
+		if (answer)
+			chan_answer(h->s, w->req_id, -ECANCELED, "the handle was released", h->id,
+				    c->closed, NULL);
+		wait_free(w);
+	}
 	tpu_list_remove(&h->node);
 	c->n_handles--;
 	free(h);
@@ -270,9 +361,20 @@ static int chan_create(struct tpd_chans *cs, struct tpd_session *s, const Tpw__V
 	c->cap_bytes = o->capacity_bytes ? o->capacity_bytes : cfg->chan_bytes_max;
 	tpu_list_init(&c->items);
 	tpu_list_init(&c->waiters);
+	tpu_list_init(&c->writers);
 	tpu_list_insert_tail(&cs->chans, &c->node);
 	*ret = c;
 	return 0;
+}
+
+static unsigned session_handles(const struct tpd_chans *cs, const struct tpd_session *s)
+{
+	const struct chan_handle *h;
+	unsigned n = 0;
+
+	tpu_list_for_each(h, &cs->handles, node)
+		n += h->s == s;
+	return n;
 }
 
 static void op_open(struct tpd_chans *cs, struct tpd_session *s, const Tpw__V1__ChanOp *o)
@@ -290,6 +392,9 @@ static void op_open(struct tpd_chans *cs, struct tpd_session *s, const Tpw__V1__
 				   0, false, NULL);
 	if (!c && (!o->create || owner != tpd_session_uid(s)))
 		return chan_answer(s, o->req_id, -ENOENT, "no such channel", 0, false, NULL);
+	if (session_handles(cs, s) >= CHAN_HANDLES_PER_SESSION)
+		return chan_answer(s, o->req_id, -ENOBUFS, "this session has 1024 channel handles",
+				   0, false, NULL);
 	h = calloc(1, sizeof(*h));
 	if (!h)
 		return chan_answer(s, o->req_id, -ENOMEM, "out of memory", 0, false, NULL);
@@ -308,15 +413,65 @@ static void op_open(struct tpd_chans *cs, struct tpd_session *s, const Tpw__V1__
 	chan_answer(s, o->req_id, 0, NULL, h->id, c->closed, NULL);
 }
 
-/* Appends the batch in @tail (lengths checked against it by validation) or refuses all of it. */
+/* A wait of @h for @req_id, with a timer unless @timeout_ms is CHAN_NO_DEADLINE. Return: owned
+ * (wait_free()), or NULL without memory. */
+static struct chan_wait *wait_new(struct tpd_chans *cs, struct chan_handle *h, uint64_t req_id,
+				  uint32_t timeout_ms)
+{
+	struct chan_wait *w = calloc(1, sizeof(*w));
+	struct timeval tv;
+
+	if (!w)
+		return NULL;
+	tpu_list_init(&w->node);
+	tpu_list_init(&w->batch);
+	if (timeout_ms != CHAN_NO_DEADLINE) {
+		w->ev = evtimer_new(tpd_daemon_base(cs->d), wait_on_timeout, w);
+		tv.tv_sec = timeout_ms / 1000;
+		tv.tv_usec = (suseconds_t)(timeout_ms % 1000) * 1000;
+		if (!w->ev || evtimer_add(w->ev, &tv) < 0) {
+			if (w->ev)
+				event_free(w->ev);
+			free(w);
+			return NULL;
+		}
+	}
+	w->h = h;
+	w->req_id = req_id;
+	w->cs = cs;
+	return w;
+}
+
+/* Copies the items of @tail into @batch. Return: 0 or -ENOMEM (@batch freed). */
+static int batch_copy(const Tpw__V1__ChanOp *o, const uint8_t *tail, struct tpu_list *batch)
+{
+	struct chan_item *it;
+	size_t off = 0;
+
+	for (size_t i = 0; i < o->n_lengths; i++) {
+		it = malloc(sizeof(*it) + o->lengths[i]);
+		if (!it) {
+			batch_free(batch);
+			return -ENOMEM;
+		}
+		it->len = o->lengths[i];
+		memcpy(it->data, tail + off, it->len);
+		off += it->len;
+		tpu_list_insert_tail(batch, &it->node);
+	}
+	return 0;
+}
+
+/* Appends the batch in @tail (lengths checked against it by validation) or refuses all of it;
+ * a write that does not fit waits for room up to its timeout, behind earlier waiting writes. */
 static void op_write(struct tpd_chans *cs, struct chan_handle *h, const Tpw__V1__ChanOp *o,
 		     const uint8_t *tail, size_t tail_len)
 {
 	const struct tpd_config *cfg = tpd_daemon_cfg(cs->d);
-	struct chan *c = h->c;
 	struct tpu_list batch = TPU_LIST_INIT(batch);
-	struct chan_item *it, *tmp;
-	size_t off = 0;
+	struct chan *c = h->c;
+	struct chan_wait *w;
+	bool fits;
 
 	if (c->closed)
 		return chan_answer(h->s, o->req_id, -EPIPE, "the channel is closed", h->id, true,
@@ -324,44 +479,45 @@ static void op_write(struct tpd_chans *cs, struct chan_handle *h, const Tpw__V1_
 	if (o->n_lengths > c->cap_items || tail_len > c->cap_bytes)
 		return chan_answer(h->s, o->req_id, -EMSGSIZE, "the batch exceeds the channel's "
 				   "capacity", h->id, false, NULL);
-	if (c->n_items + o->n_lengths > c->cap_items || c->bytes + tail_len > c->cap_bytes)
-		return chan_answer(h->s, o->req_id, -ENOBUFS, "the channel is full", h->id, false,
-				   NULL);
 	if (uid_bytes(cs, c->uid, NULL) + tail_len > cfg->chan_bytes_per_uid)
 		return chan_answer(h->s, o->req_id, -ENOBUFS, "the channel owner's "
 				   "chan-bytes-per-uid is spent", h->id, false, NULL);
-	for (size_t i = 0; i < o->n_lengths; i++) {
-		it = malloc(sizeof(*it) + o->lengths[i]);
-		if (!it) {
-			tpu_list_for_each_safe(it, tmp, &batch, node)
-				free(it);
-			return chan_answer(h->s, o->req_id, -ENOMEM, "out of memory", h->id, false,
-					   NULL);
-		}
-		it->len = o->lengths[i];
-		memcpy(it->data, tail + off, it->len);
-		off += it->len;
-		tpu_list_insert_tail(&batch, &it->node);
+	fits = tpu_list_empty(&c->writers) && chan_fits(c, o->n_lengths, tail_len);
+	if (!fits && (o->timeout_ms == 0 || h->write_waits))
+		return chan_answer(h->s, o->req_id, -ENOBUFS, h->write_waits ? "a write of this "
+				   "handle already waits" : "the channel is full", h->id, false,
+				   NULL);
+	if (batch_copy(o, tail, &batch) < 0)
+		return chan_answer(h->s, o->req_id, -ENOMEM, "out of memory", h->id, false, NULL);
+	if (fits) {
+		chan_append(c, &batch, o->n_lengths, tail_len);
+		chan_answer(h->s, o->req_id, 0, NULL, h->id, false, NULL);
+		return chan_serve(c);
 	}
-	tpu_list_for_each_safe(it, tmp, &batch, node) { /* contiguous: nothing runs in between */
-		tpu_list_remove(&it->node);
-		tpu_list_insert_tail(&c->items, &it->node);
+	w = wait_new(cs, h, o->req_id, o->timeout_ms);
+	if (!w) {
+		batch_free(&batch);
+		return chan_answer(h->s, o->req_id, -ENOMEM, "out of memory", h->id, false, NULL);
 	}
-	c->n_items += (uint32_t)o->n_lengths;
-	c->bytes += tail_len;
-	c->written += o->n_lengths;
-	chan_answer(h->s, o->req_id, 0, NULL, h->id, false, NULL);
-	chan_serve(c);
+	w->write = true;
+	tpu_list_insert_tail(&batch, &w->batch); /* the batch's items now hang off w->batch */
+	tpu_list_remove(&batch);
+	w->n = o->n_lengths;
+	w->bytes = tail_len;
+	h->write_waits = true;
+	c->n_writers++;
+	tpu_list_insert_tail(&c->writers, &w->node);
 }
 
 static void op_read(struct tpd_chans *cs, struct chan_handle *h, const Tpw__V1__ChanOp *o)
 {
 	struct chan *c = h->c;
 	struct chan_wait *w;
-	struct timeval tv;
 
-	if (c->n_items && tpu_list_empty(&c->waiters))
-		return chan_deliver(h, o->req_id);
+	if (c->n_items && tpu_list_empty(&c->waiters)) {
+		chan_deliver(h, o->req_id);
+		return chan_serve(c); /* room for waiting writers */
+	}
 	if (!c->n_items && c->closed)
 		return chan_answer(h->s, o->req_id, -EPIPE, "the channel is closed and drained",
 				   h->id, true, NULL);
@@ -371,23 +527,9 @@ static void op_read(struct tpd_chans *cs, struct chan_handle *h, const Tpw__V1__
 	if (h->waits >= CHAN_WAITS_PER_HANDLE)
 		return chan_answer(h->s, o->req_id, -ENOBUFS, "too many reads waiting on this "
 				   "handle", h->id, false, NULL);
-	w = calloc(1, sizeof(*w));
-	if (w && o->timeout_ms != CHAN_NO_DEADLINE) {
-		w->ev = evtimer_new(tpd_daemon_base(cs->d), wait_on_timeout, w);
-		tv.tv_sec = o->timeout_ms / 1000;
-		tv.tv_usec = (suseconds_t)(o->timeout_ms % 1000) * 1000;
-		if (!w->ev || evtimer_add(w->ev, &tv) < 0) {
-			if (w->ev)
-				event_free(w->ev);
-			free(w);
-			w = NULL;
-		}
-	}
+	w = wait_new(cs, h, o->req_id, o->timeout_ms);
 	if (!w)
 		return chan_answer(h->s, o->req_id, -ENOMEM, "out of memory", h->id, false, NULL);
-	w->h = h;
-	w->req_id = o->req_id;
-	w->cs = cs;
 	h->waits++;
 	c->n_waiters++;
 	tpu_list_insert_tail(&c->waiters, &w->node);
@@ -531,6 +673,7 @@ int tpd_chan_ctl(struct tpd_chans *cs, bool own_only, uid_t viewer, Tpw__V1__Ctl
 		x->bytes = c->bytes;
 		x->handles = c->n_handles;
 		x->readers_waiting = c->n_waiters;
+		x->writers_waiting = c->n_writers;
 		x->persistent = c->persistent;
 		x->capacity_items = c->cap_items;
 		x->capacity_bytes = c->cap_bytes;

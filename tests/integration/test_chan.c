@@ -63,7 +63,7 @@ static int write_u32(struct tp_chan *ch, const uint32_t *v, size_t n)
 		iov[i].iov_base = (void *)&v[i];
 		iov[i].iov_len = sizeof(v[i]);
 	}
-	return tp_chan_write(ch, iov, n);
+	return tp_chan_write(ch, iov, n, 0);
 }
 
 /* Reads one 4-byte item into *@ret. Return: tp_chan_read()'s result, -EPROTO for a bad size. */
@@ -112,13 +112,18 @@ static long ctl_field(const struct tpt_daemon *d, const char *name, const char *
 	return out;
 }
 
-/* Runs until `tpipctl channels` shows @want readers waiting on @name, or fails the test. */
-static void wait_readers(const char *name, long want)
+/* Runs until `tpipctl channels` shows @want in field @key of @name, or fails the test. */
+static void wait_field(const char *name, const char *key, long want)
 {
 	uint64_t end = tpt_now_ms() + T_MS;
 
-	while (ctl_field(&tpt_fixture_daemon, name, "readers_waiting") != want)
-		ck_assert_msg(tpt_now_ms() < end, "never %ld readers waiting on %s", want, name);
+	while (ctl_field(&tpt_fixture_daemon, name, key) != want)
+		ck_assert_msg(tpt_now_ms() < end, "never %s %ld on %s", key, want, name);
+}
+
+static void wait_readers(const char *name, long want)
+{
+	wait_field(name, "readers_waiting", want);
 }
 
 /* ---- one process --------------------------------------------------------------------------- */
@@ -219,8 +224,8 @@ START_TEST(test_bad_input)
 	ck_assert_int_eq(chan_open(ctx, "bad/name", TP_CHAN_CREATE, &x), -EINVAL);
 	ck_assert_int_eq(tp_chan_open(ctx, "cap", &o, &ch), 0);
 	ck_assert_int_eq(chan_open(ctx, "cap", TP_CHAN_CREATE | TP_CHAN_EXCL, &x), -EADDRINUSE);
-	ck_assert_int_eq(tp_chan_write(ch, &empty, 1), -EINVAL);
-	ck_assert_int_eq(tp_chan_write(ch, &empty, 0), -EINVAL);
+	ck_assert_int_eq(tp_chan_write(ch, &empty, 1, 0), -EINVAL);
+	ck_assert_int_eq(tp_chan_write(ch, &empty, 0, 0), -EINVAL);
 	ck_assert_int_eq(write_u32(ch, v, 5), -EMSGSIZE); /* just above the capacity */
 	ck_assert_int_eq(write_u32(ch, v, 3), 0);
 	ck_assert_int_eq(write_u32(ch, v, 2), -ENOBUFS); /* 5 > 4: nothing written */
@@ -261,11 +266,11 @@ START_TEST(test_limits_per_uid_and_channel)
 	ck_assert_int_eq(chan_open(ctx, "l3", TP_CHAN_CREATE, &c), -ENOBUFS);
 	ck_assert_int_eq(write_u32(a, v, 3), 0);			  /* at chan-items-max */
 	ck_assert_int_eq(write_u32(a, v, 1), -ENOBUFS);
-	ck_assert_int_eq(tp_chan_write(b, &iov, 1), 0); /* at chan-bytes-max */
+	ck_assert_int_eq(tp_chan_write(b, &iov, 1, 0), 0); /* at chan-bytes-max */
 	tp_chan_release(b);
 	ck_assert_int_eq(chan_open(ctx, "l2", TP_CHAN_CREATE, &b), 0);
 	iov.iov_len = 65;
-	ck_assert_int_eq(tp_chan_write(b, &iov, 1), -EMSGSIZE);
+	ck_assert_int_eq(tp_chan_write(b, &iov, 1, 0), -EMSGSIZE);
 	tp_chan_release(b);
 	o.capacity_items = 4; /* above chan-items-max */
 	ck_assert_int_eq(tp_chan_open(ctx, "l2", &o, &b), -ENOBUFS);
@@ -579,6 +584,63 @@ START_TEST(test_dead_reader_loses_nothing)
 }
 END_TEST
 
+/* A writer in its own process: one 4-byte item @arg->v into "bp", waiting without deadline;
+ * exits 0 when written, 3 on -EPIPE. */
+static int blocked_writer(void *arg)
+{
+	struct tp_context *ctx = ctx_new(&tpt_fixture_daemon);
+	uint32_t v = (uint32_t)(uintptr_t)arg;
+	struct iovec iov = { .iov_base = &v, .iov_len = sizeof(v) };
+	struct tp_chan *ch;
+	int r;
+
+	TPT_REQUIRE(ctx, 1, "context");
+	TPT_REQUIRE(chan_open(ctx, "bp", 0, &ch) == 0, 1, "open: %s", tp_last_error());
+	r = tp_chan_write(ch, &iov, 1, -1);
+	tp_chan_release(ch);
+	tp_context_free(ctx);
+	return r == 0 ? 0 : r == -EPIPE ? 3 : 2;
+}
+
+START_TEST(test_write_waits_for_room)
+{
+	struct tp_chan_options o = { .size = sizeof(o), .flags = TP_CHAN_CREATE,
+				     .capacity_items = 2, .owner_uid = -1 };
+	struct tp_context *ctx = ctx_new(&tpt_fixture_daemon);
+	const uint32_t v[2] = { 1, 2 };
+	struct iovec iov = { .iov_base = (void *)v, .iov_len = 4 };
+	struct tp_chan *ch;
+	uint32_t got;
+	uint64_t t0;
+	pid_t p;
+
+	ck_assert_int_eq(tp_chan_open(ctx, "bp", &o, &ch), 0);
+	ck_assert_int_eq(write_u32(ch, v, 2), 0);
+	t0 = tpt_now_ms();
+	ck_assert_int_eq(tp_chan_write(ch, &iov, 1, 100), -ETIMEDOUT); /* timed: nothing written */
+	ck_assert_uint_ge(tpt_now_ms() - t0, 100);
+	ck_assert_int_eq(ctl_field(&tpt_fixture_daemon, "bp", "items"), 2);
+	p = tpt_fork(blocked_writer, (void *)(uintptr_t)3);
+	wait_field("bp", "writers_waiting", 1);
+	ck_assert_int_eq(read_u32(ch, &got, 0), 0); /* room: the waiting write goes in */
+	ck_assert_uint_eq(got, 1);
+	ck_assert_int_eq(exit_code(p), 0);
+	ck_assert_int_eq(read_u32(ch, &got, 0), 0);
+	ck_assert_uint_eq(got, 2);
+	ck_assert_int_eq(read_u32(ch, &got, 0), 0);
+	ck_assert_uint_eq(got, 3);
+	/* A write waiting when the channel closes fails with -EPIPE. */
+	ck_assert_int_eq(write_u32(ch, v, 2), 0);
+	p = tpt_fork(blocked_writer, (void *)(uintptr_t)4);
+	wait_field("bp", "writers_waiting", 1);
+	ck_assert_int_eq(tp_chan_close(ch), 0);
+	ck_assert_int_eq(exit_code(p), 3);
+	ck_assert_int_eq(ctl_field(&tpt_fixture_daemon, "bp", "items"), 2);
+	tp_chan_release(ch);
+	tp_context_free(ctx);
+}
+END_TEST
+
 /* ---- another uid ----------------------------------------------------------------------------- */
 
 static int other_uid(void *arg)
@@ -648,6 +710,7 @@ static Suite *chan_suite(void)
 	tcase_add_test(tc, test_oldest_waiting_reader_first);
 	tcase_add_test(tc, test_pipeline_cascading_close);
 	tcase_add_test(tc, test_dead_reader_loses_nothing);
+	tcase_add_test(tc, test_write_waits_for_room);
 	tcase_add_test(tc, test_other_uid_access);
 	suite_add_tcase(s, tc);
 	return s;
