@@ -250,12 +250,47 @@ static int check_group_join(const Tpw__V1__GroupJoin *j, char *why, size_t wl)
 	return check_string(j->coordinator, TPW_NAME_MAX, "coordinator", why, wl);
 }
 
+/* A channel operation: a known op, a valid name where one is named, items (WRITE) within the
+ * segment limit whose lengths add up to the frame's data tail exactly, no empty item. */
+static int check_chan_op(const Tpw__V1__ChanOp *c, const struct tpw_hdr *hdr,
+			 const struct tpw_limits *lim, char *why, size_t wl)
+{
+	uint64_t total = 0;
+
+	if (c->op <= TPW__V1__CHAN_OP_KIND__CHAN_OP_UNSPECIFIED ||
+	    c->op > TPW__V1__CHAN_OP_KIND__CHAN_OP_UNLINK)
+		return tpu_why(-EBADMSG, why, wl, "unknown channel op %d", (int)c->op);
+	if ((c->op == TPW__V1__CHAN_OP_KIND__CHAN_OP_OPEN ||
+	     c->op == TPW__V1__CHAN_OP_KIND__CHAN_OP_UNLINK) && !tpw_name_valid(c->name))
+		return tpu_why(-EBADMSG, why, wl, "invalid channel name");
+	if ((unsigned)c->access > TPW__V1__ACCESS__ACCESS_ANYONE)
+		return tpu_why(-EBADMSG, why, wl, "unknown access mode %d", (int)c->access);
+	if (c->op != TPW__V1__CHAN_OP_KIND__CHAN_OP_WRITE)
+		return c->n_lengths ? tpu_why(-EBADMSG, why, wl, "item lengths on a channel op "
+					      "that takes none") : 0;
+	if (c->n_lengths == 0 || c->n_lengths > lim->segments_max)
+		return tpu_why(-E2BIG, why, wl, "channel write of %zu items (1..%u)", c->n_lengths,
+			       lim->segments_max);
+	for (size_t i = 0; i < c->n_lengths; i++) {
+		if (c->lengths[i] == 0 || c->lengths[i] > hdr->data_len)
+			return tpu_why(-EBADMSG, why, wl, "channel item %zu of %llu bytes", i,
+				       (unsigned long long)c->lengths[i]);
+		total += c->lengths[i];
+	}
+	if (total != hdr->data_len)
+		return tpu_why(-EBADMSG, why, wl, "channel items of %llu bytes in a tail of %u",
+			       (unsigned long long)total, hdr->data_len);
+	return 0;
+}
+
 int tpw_client_msg_validate(const Tpw__V1__ClientMsg *m, const struct tpw_hdr *hdr,
 			    const struct tpw_limits *lim, char *why, size_t wl)
 {
 	bool want_fd = m->body_case == TPW__V1__CLIENT_MSG__BODY_BUFFER_REGISTER ||
 		       m->body_case == TPW__V1__CLIENT_MSG__BODY_RING_SETUP;
-	bool may_have_data = m->body_case == TPW__V1__CLIENT_MSG__BODY_WRITE;
+	bool may_have_data = m->body_case == TPW__V1__CLIENT_MSG__BODY_WRITE ||
+			     (m->body_case == TPW__V1__CLIENT_MSG__BODY_CHAN_OP &&
+			      m->chan_op->op == TPW__V1__CHAN_OP_KIND__CHAN_OP_WRITE);
 
 	if (hdr->nfds != (want_fd ? 1 : 0))
 		return tpu_why(-EBADMSG, why, wl, "%u fds attached, expected %u", hdr->nfds,
@@ -325,9 +360,11 @@ int tpw_client_msg_validate(const Tpw__V1__ClientMsg *m, const struct tpw_hdr *h
 	case TPW__V1__CLIENT_MSG__BODY_GROUP_READY:
 	case TPW__V1__CLIENT_MSG__BODY_GROUP_LEAVE:
 		return 0; /* group ids are checked against the session's groups */
+	case TPW__V1__CLIENT_MSG__BODY_CHAN_OP:
+		return check_chan_op(m->chan_op, hdr, lim, why, wl);
 	case TPW__V1__CLIENT_MSG__BODY_CTL:
 		if (m->ctl->what <= TPW__V1__CTL_WHAT__CTL_UNSPECIFIED ||
-		    m->ctl->what > TPW__V1__CTL_WHAT__CTL_GROUPS)
+		    m->ctl->what > TPW__V1__CTL_WHAT__CTL_CHANNELS)
 			return tpu_why(-EBADMSG, why, wl, "unknown control request %d",
 				       (int)m->ctl->what);
 		return 0;
@@ -451,7 +488,8 @@ int tpw_daemon_msg_validate(const Tpw__V1__DaemonMsg *m, const struct tpw_hdr *h
 {
 	if (hdr->nfds != 0)
 		return tpu_why(-EBADMSG, why, wl, "unexpected fds from daemon");
-	if (hdr->data_len && m->body_case != TPW__V1__DAEMON_MSG__BODY_DESCRIPTOR)
+	if (hdr->data_len && m->body_case != TPW__V1__DAEMON_MSG__BODY_DESCRIPTOR &&
+	    m->body_case != TPW__V1__DAEMON_MSG__BODY_CHAN_REPLY)
 		return tpu_why(-EBADMSG, why, wl, "data tail on a message that takes none");
 	switch (m->body_case) {
 	case TPW__V1__DAEMON_MSG__BODY_DESCRIPTOR:
@@ -478,6 +516,12 @@ int tpw_daemon_msg_validate(const Tpw__V1__DaemonMsg *m, const struct tpw_hdr *h
 		if (m->flow_resume->pipe_id == 0)
 			return tpu_why(-EBADMSG, why, wl, "flow resume of pipe 0");
 		return 0;
+	case TPW__V1__DAEMON_MSG__BODY_CHAN_REPLY:
+		if (m->chan_reply->n_lengths > 1 ||
+		    (m->chan_reply->n_lengths ? m->chan_reply->lengths[0] : 0) != hdr->data_len)
+			return tpu_why(-EBADMSG, why, wl, "channel answer's item does not match its "
+				       "data tail");
+		return check_string(m->chan_reply->message, TPW_MESSAGE_MAX, "message", why, wl);
 	case TPW__V1__DAEMON_MSG__BODY_GROUP_JOINED:
 		if (check_string(m->group_joined->message, TPW_MESSAGE_MAX, "message", why, wl) < 0)
 			return -EBADMSG;

@@ -22,9 +22,10 @@ TP_DEB_PACKAGES=(
 
 # Optional, for the benchmarks' baselines only (bench/run.sh, bench/run_allreduce.sh): a C++
 # compiler and Debian's TensorPipe; PyTorch (torch.distributed, gloo) and Open MPI for the
-# all-reduce baselines; UCX's ucx_perftest for bench/run.sh. The project builds and tests without
+# all-reduce baselines; UCX's ucx_perftest for bench/run.sh; libzmq for bench_chan's ZeroMQ
+# PUSH/PULL baseline. The project builds and tests without
 # them.
-TP_DEB_BENCH_PACKAGES=(g++ libtensorpipe-dev python3-torch openmpi-bin libopenmpi-dev ucx-utils)
+TP_DEB_BENCH_PACKAGES=(g++ libtensorpipe-dev python3-torch openmpi-bin libopenmpi-dev ucx-utils libzmq3-dev)
 
 # Prints the names among "$@" that dpkg does not list as installed.
 tp_deps_missing() {

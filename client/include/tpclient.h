@@ -37,6 +37,7 @@
 #include <stddef.h>
 #include <stdint.h>
 #include <sys/types.h>
+#include <sys/uio.h>
 
 #ifdef __cplusplus
 extern "C" {
@@ -824,6 +825,82 @@ int tp_set_last_status(const struct tp_pipe_set *s);
  */
 int tp_set_broadcast(struct tp_pipe_set *s, const struct tp_message *msg, int timeout_ms,
 		     int *ret_status, size_t n_status);
+
+/* ---- channels (docs/channels.md) ------------------------------------------------------------
+ *
+ * A channel is a named FIFO of items hosted by the daemon: any process of the host may open it
+ * by name, write batches of items and read them one at a time. A channel is named within its
+ * creator's uid; others open it by naming that uid (tp_chan_options.owner_uid) and pass its
+ * access mode. Items are byte strings of at least 1 byte; a batch holds up to the daemon's
+ * inline limit (its --inline-max, 1 MiB by default). Items move through the daemon's socket or
+ * ring, not yet through shared buffers. All calls block and are thread safe; a handle is used by one thread at a time.
+ */
+struct tp_chan;
+
+#define TP_CHAN_CREATE 0x1u	/* create the channel if it does not exist */
+#define TP_CHAN_EXCL 0x2u	/* with TP_CHAN_CREATE: fail with -EADDRINUSE if it exists */
+#define TP_CHAN_PERSISTENT 0x4u /* with TP_CHAN_CREATE: live until tp_chan_unlink(), not only
+				 * while a handle is open */
+
+struct tp_chan_options {
+	size_t size;		 /* sizeof(struct tp_chan_options) */
+	unsigned flags;		 /* TP_CHAN_* */
+	enum tp_access access;	 /* who else may open it (creation only) */
+	gid_t gid;		 /* for TP_ACCESS_GROUP */
+	uint32_t capacity_items; /* 0: the daemon's chan-items-max */
+	uint64_t capacity_bytes; /* 0: the daemon's chan-bytes-max */
+	long owner_uid;		 /* the channel of this uid; -1 (or a zeroed field with size
+				  * smaller than this one): the caller's own */
+};
+
+/*
+ * tp_chan_open() - open (or with TP_CHAN_CREATE create) channel @name.
+ * @o: NULL for defaults (open an existing channel of the caller's uid).
+ * @ret: returns an owned handle, free with tp_chan_release().
+ * Return: 0; -ENOENT (no such channel), -EADDRINUSE (TP_CHAN_EXCL and it exists), -EACCES
+ * (its access mode refuses this uid), -ENOBUFS (chans-per-uid, or a capacity above the daemon's
+ * limits), -EINVAL (bad name or options) or the connection's error.
+ */
+int tp_chan_open(struct tp_context *ctx, const char *name, const struct tp_chan_options *o,
+		 struct tp_chan **ret);
+
+/*
+ * tp_chan_write() - append @n items atomically and contiguously: either all of them follow
+ * each other in the channel, or none is written. A batch that does not fit waits for room up
+ * to @timeout_ms (0: do not wait; -1: no deadline), behind writes already waiting. Borrows
+ * @items.
+ * Return: 0; -EPIPE (the channel is closed, also while waiting), -ENOBUFS (full and
+ * @timeout_ms 0, or the owner's chan-bytes-per-uid is spent: nothing written), -ETIMEDOUT
+ * (still full at the deadline: nothing written), -EMSGSIZE (the batch is larger than the
+ * channel's capacity, or than the daemon's inline limit), -EINVAL (n == 0 or an empty item).
+ */
+int tp_chan_write(struct tp_chan *ch, const struct iovec *items, size_t n, int timeout_ms);
+
+#define TP_CHAN_CLOSED 1 /* tp_chan_read(): an item, and the channel is closed */
+
+/*
+ * tp_chan_read() - take the oldest item; waits up to @timeout_ms (0: try once; -1: no
+ * deadline). Readers waiting on one channel get items oldest reader first.
+ * @ret_item, @ret_len: return an owned copy of the item (free with free()), only on success.
+ * Return: 0 (an item), TP_CHAN_CLOSED (an item; the channel is closed), -EPIPE (closed and
+ * drained: no item will come), -EAGAIN (@timeout_ms 0 and empty), -ETIMEDOUT, -ECANCELED (the
+ * handle was released meanwhile).
+ */
+int tp_chan_read(struct tp_chan *ch, void **ret_item, size_t *ret_len, int timeout_ms);
+
+/* tp_chan_close() - close the channel for every handle: writes fail with -EPIPE, readers get
+ * what is left and then -EPIPE, every waiting reader in every process wakes. Idempotent.
+ * Return: 0 or -errno. */
+int tp_chan_close(struct tp_chan *ch);
+
+/* tp_chan_release() - drop the handle (takes @ch; NULL accepted). Not a close: a channel
+ * without handles goes unless persistent. Return: 0 or -errno (the handle is freed anyway). */
+int tp_chan_release(struct tp_chan *ch);
+
+/* tp_chan_unlink() - remove the name of persistent channel @name of uid @owner_uid (-1: the
+ * caller's own; only its owner or root may). Open handles keep the channel until released.
+ * Return: 0, -ENOENT, -EACCES or -errno. */
+int tp_chan_unlink(struct tp_context *ctx, const char *name, long owner_uid);
 
 #ifdef __cplusplus
 }

@@ -615,6 +615,10 @@ void tpc_group_on_joined(struct tp_context *ctx, const Tpw__V1__GroupJoined *m);
 /* The daemon connection is lost: fail every group of @ctx for all its members, naming this one
  * (the daemon can no longer tell them). Lock held. */
 void tpc_group_fail_all_locked(struct tp_context *ctx);
+/* The daemon's answer to a ChanOp: completes the waiting call with the item in @tail (lock held,
+ * io thread). Borrows @m and @tail. */
+void tpc_chan_on_reply(struct tp_context *ctx, const Tpw__V1__ChanReply *m, const uint8_t *tail,
+		       size_t tail_len);
 
 /* ---- errors.c ------------------------------------------------------------------------------ */
 

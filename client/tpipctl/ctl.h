@@ -80,6 +80,9 @@ int ctl_render_sessions(const Tpw__V1__CtlReply *r, const struct ctl_view *v, FI
 int ctl_render_pipes(const Tpw__V1__CtlReply *r, const struct ctl_view *v, FILE *out);
 int ctl_render_listeners(const Tpw__V1__CtlReply *r, const struct ctl_view *v, FILE *out);
 int ctl_render_peers(const Tpw__V1__CtlReply *r, const struct ctl_view *v, FILE *out);
+/* render_chan.c */
+int ctl_render_channels(const Tpw__V1__CtlReply *r, const struct ctl_view *v, FILE *out);
+
 /* render_groups.c */
 int ctl_render_groups(const Tpw__V1__CtlReply *r, const struct ctl_view *v, FILE *out);
 int ctl_render_backends(const Tpw__V1__CtlReply *r, const struct ctl_view *v, FILE *out);

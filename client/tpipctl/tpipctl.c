@@ -52,6 +52,8 @@ static const struct command commands[] = {
 	  "links to other hosts' daemons: state, connections, RTT, traffic" },
 	{ "groups", NULL, TPW__V1__CTL_WHAT__CTL_GROUPS, ctl_render_groups,
 	  "collective groups: members, plan, arena, per-member collectives, bytes, seconds" },
+	{ "channels", NULL, TPW__V1__CTL_WHAT__CTL_CHANNELS, ctl_render_channels,
+	  "named channels: owner, access, state, items and bytes held, handles, readers waiting" },
 	{ "backends", NULL, TPW__V1__CTL_WHAT__CTL_BACKENDS, ctl_render_backends,
 	  "channels in priority order, capabilities, viable here or why not" },
 	{ "stats", NULL, TPW__V1__CTL_WHAT__CTL_STATS, ctl_render_stats,

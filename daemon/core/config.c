@@ -67,6 +67,14 @@ static const struct opt opts[] = {
 	{ "group-chunk", "limits", K_SIZE32, OFF(group_chunk), 65536, 64u << 20, true, "BYTES",
 	  "bytes of a group's shared-memory slot, up to 8 members; larger groups get\n"
 	  "                            8x this divided by their size (default 1M)" },
+	{ "chans-per-uid", "limits", K_U32, OFF(chans_per_uid), 1, 1u << 16, true, "N",
+	  "named channels one uid may create (default 64)" },
+	{ "chan-items-max", "limits", K_U32, OFF(chan_items_max), 1, 1u << 24, true, "N",
+	  "items one channel holds; its capacity may be lower (default 4096)" },
+	{ "chan-bytes-max", "limits", K_SIZE64, OFF(chan_bytes_max), 1, UINT64_MAX, true, "BYTES",
+	  "item bytes one channel holds; its capacity may be lower (default 64M)" },
+	{ "chan-bytes-per-uid", "limits", K_SIZE64, OFF(chan_bytes_per_uid), 1, UINT64_MAX, true,
+	  "BYTES", "item bytes held in the channels one uid created (default 256M)" },
 	{ "sessions-reserved", "limits", K_U32, OFF(sessions_reserved), 0, 1u << 20, true, "N",
 	  "of sessions-max, slots only root and the admin group may use (default 8)" },
 	{ "hello-timeout", "limits", K_U32, OFF(hello_timeout_ms), 100, 600000, true, "MS",
@@ -231,6 +239,10 @@ void tpd_config_defaults(struct tpd_config *c)
 	c->group_members_max = 256;
 	c->group_bytes_per_uid = 1ull << 30;
 	c->group_chunk = 1u << 20;
+	c->chans_per_uid = 64;
+	c->chan_items_max = 4096;
+	c->chan_bytes_max = 64ull << 20;
+	c->chan_bytes_per_uid = 256ull << 20;
 	c->drain_ms = 5000;
 	c->rdma_cache = 4ull << 30;
 	c->rdma_gid_index = UINT32_MAX; /* auto */

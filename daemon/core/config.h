@@ -62,6 +62,10 @@ struct tpd_config {
 	uint32_t group_members_max; /* members of one group */
 	uint64_t group_bytes_per_uid; /* arena bytes of one uid's groups */
 	uint32_t group_chunk;	    /* arena slot bytes of a group of up to 8 members */
+	uint32_t chans_per_uid;	    /* named channels one uid may create (chan/) */
+	uint32_t chan_items_max;    /* items one channel holds */
+	uint64_t chan_bytes_max;    /* item bytes one channel holds */
+	uint64_t chan_bytes_per_uid; /* item bytes held in all channels one uid created */
 	uint32_t drain_ms;	    /* graceful stop: wait this long for copies */
 	uint32_t ring_max;	    /* largest control ring per direction a client may map; 0: off */
 	uint32_t spin_us;	    /* poll busy control rings this long before sleeping; 0: never */

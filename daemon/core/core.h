@@ -19,6 +19,7 @@
 
 struct tpd_broker;
 struct tpd_groups;
+struct tpd_chans;
 struct tpd_daemon;
 struct tpd_local;
 struct tpd_peers;
@@ -73,6 +74,7 @@ struct tpd_daemon {
 	struct event *ev_rdma; /* its event fd */
 	struct tpd_peers *peers; /* the peer part's own state (tpd_peers_new()) */
 	struct tpd_groups *groups; /* collective groups' registry (group/) */
+	struct tpd_chans *chans;   /* named channels (chan/) */
 };
 
 /* Starts a graceful stop, as SIGTERM does (through @d's ops). Borrows @d and @why. */
@@ -197,6 +199,11 @@ static inline uint64_t tpd_daemon_start_ns(const struct tpd_daemon *d)
 static inline struct tpd_groups *tpd_daemon_groups(const struct tpd_daemon *d)
 {
 	return d->groups;
+}
+
+static inline struct tpd_chans *tpd_daemon_chans(const struct tpd_daemon *d)
+{
+	return d->chans;
 }
 
 #endif

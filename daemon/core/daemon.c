@@ -15,6 +15,7 @@
 #include "daemon.h"
 #include "frame.h"
 #include "group.h"
+#include "chan.h"
 #include "rdma/rdma.h"
 #include "peer.h"
 #include "local.h"
@@ -509,6 +510,10 @@ int tpd_daemon_new(const struct tpd_config *cfg, struct tpd_daemon **ret)
 	if (r < 0)
 		goto fail;
 	tpd_group_serve_local(d->local); /* and group messages through this part's */
+	r = tpd_chan_new(d, &d->chans);
+	if (r < 0)
+		goto fail;
+	tpd_chan_serve_local(d->local);
 	probe_backends(d);
 	r = tpb_copier_new(cfg->copy_threads, &d->copier);
 	if (r < 0)
@@ -613,6 +618,7 @@ void tpd_daemon_free(struct tpd_daemon *d)
 	d->peers = NULL;
 	tpd_broker_free(d->broker);
 	tpd_group_free(d->groups); /* after the sessions: they leave their groups */
+	tpd_chan_free(d->chans);
 	if (d->base)
 		event_base_free(d->base);
 	free(d);

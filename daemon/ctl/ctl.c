@@ -10,6 +10,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include "ctl.h"
+#include "chan.h"
 #include "group.h"
 #include "peer.h"
 #include "core.h"
@@ -474,6 +475,12 @@ static int ctl_groups(struct ctl_call *c)
 			     &c->rep->groups, &c->rep->n_groups);
 }
 
+static int ctl_channels(struct ctl_call *c)
+{
+	return tpd_chan_ctl(tpd_daemon_chans(c->d), c->b->own_only, c->b->viewer,
+			    &c->rep->channels, &c->rep->n_channels);
+}
+
 #define CTL_ADMIN 0x1u /* root or the admin group only; others get -EACCES */
 
 struct ctl_cmd {
@@ -493,6 +500,7 @@ static const struct ctl_cmd ctl_cmds[] = {
 	[TPW__V1__CTL_WHAT__CTL_DRAIN] = { ctl_drain, CTL_ADMIN },
 	[TPW__V1__CTL_WHAT__CTL_PEERS] = { ctl_peers, 0 },
 	[TPW__V1__CTL_WHAT__CTL_GROUPS] = { ctl_groups, 0 },
+	[TPW__V1__CTL_WHAT__CTL_CHANNELS] = { ctl_channels, 0 },
 };
 
 /* Runs @c's request through ctl_cmds. Return: the handler's result, or -errno. */
@@ -548,6 +556,7 @@ void tpd_ctl_handle(struct tpd_session *s, const Tpw__V1__CtlRequest *req)
 	tpd_session_send(s, &dm, NULL, 0);
 	tpd_peers_ctl_free(rep.peers, rep.n_peers);
 	tpd_group_ctl_free(rep.groups, rep.n_groups);
+	tpd_chan_ctl_free(rep.channels, rep.n_channels);
 	free(rep.sessions);
 	free(rep.listeners);
 	free(rep.pipes);

@@ -18,6 +18,7 @@
 #include "rdma/rdma.h"
 #include "log.h"
 #include "metrics.h"
+#include "chan.h"
 #include "group.h"
 #include "peer.h"
 #include "pipe.h"
@@ -153,6 +154,17 @@ static void put_groups(struct evbuffer *b, struct tpd_daemon *d)
 		   "Group joins refused or timed out.", refused);
 }
 
+static void put_chans(struct evbuffer *b, struct tpd_daemon *d)
+{
+	uint64_t items, bytes;
+	uint32_t chans;
+
+	tpd_chan_counts(tpd_daemon_chans(d), &chans, &items, &bytes);
+	put_metric(b, "tpipd_channels", "gauge", "Named channels (docs/channels.md).", chans);
+	put_metric(b, "tpipd_channel_items", "gauge", "Items held in those channels.", items);
+	put_metric(b, "tpipd_channel_bytes", "gauge", "Item bytes held in those channels.", bytes);
+}
+
 static void metrics_on_request(struct evhttp_request *req, void *arg)
 {
 	struct tpd_metrics *m = arg;
@@ -197,6 +209,7 @@ static void metrics_on_request(struct evhttp_request *req, void *arg)
 	put_metric(b, "tpipd_rdma_registration_misses_total", "counter",
 		   "RDMA segments that registered memory.", rc.misses);
 	put_groups(b, d);
+	put_chans(b, d);
 	put_channels(b, d);
 	put_peers(b, d);
 	evhttp_add_header(evhttp_request_get_output_headers(req), "Content-Type",

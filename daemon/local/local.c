@@ -18,6 +18,7 @@ struct tpd_local {
 	struct tpd_daemon *d;
 	const struct tpd_local_pipe_ops *pipe_ops; /* the broker's (tpd_local_set_pipe_ops()) */
 	const struct tpd_local_group_ops *group_ops; /* group/'s (tpd_local_set_group_ops()) */
+	const struct tpd_local_chan_ops *chan_ops;   /* chan/'s (tpd_local_set_chan_ops()) */
 	struct tpu_list sessions;
 	unsigned n_sessions;
 	uint64_t next_session_id;
@@ -45,6 +46,16 @@ void tpd_local_set_group_ops(struct tpd_local *l, const struct tpd_local_group_o
 const struct tpd_local_group_ops *tpd_local_group_ops(const struct tpd_local *l)
 {
 	return l->group_ops;
+}
+
+void tpd_local_set_chan_ops(struct tpd_local *l, const struct tpd_local_chan_ops *ops)
+{
+	l->chan_ops = ops;
+}
+
+const struct tpd_local_chan_ops *tpd_local_chan_ops(const struct tpd_local *l)
+{
+	return l->chan_ops;
 }
 
 const struct tpd_local_pipe_ops *tpd_local_pipe_ops(const struct tpd_local *l)

@@ -60,6 +60,15 @@ struct tpd_local_group_ops {
 	void (*session_end)(struct tpd_session *s);
 };
 
+/* What a session hands the channel registry (daemon/chan/): its channel ops and its end. */
+struct tpd_local_chan_ops {
+	/* @tail, @tail_len: the frame's data tail (WRITE's items), valid during the call. */
+	void (*op)(struct tpd_session *s, const Tpw__V1__ChanOp *c, const uint8_t *tail,
+		   size_t tail_len);
+	/* @s ends (it is dead: nothing more can be sent to it). */
+	void (*session_end)(struct tpd_session *s);
+};
+
 /*
  * tpd_local_new() - create the local part's state for @d: no session yet, the spin loop idle.
  * @d: borrowed; must outlive the result (its event base and settings are read through it).
@@ -117,9 +126,16 @@ void tpd_local_set_pipe_ops(struct tpd_local *l, const struct tpd_local_pipe_ops
  * const) until tpd_local_free(). Called once, before the first session attaches. */
 void tpd_local_set_group_ops(struct tpd_local *l, const struct tpd_local_group_ops *ops);
 
+/* tpd_local_set_chan_ops() - register the channel registry's table: @l keeps @ops (static,
+ * const) until tpd_local_free(). Called once, before the first session attaches. */
+void tpd_local_set_chan_ops(struct tpd_local *l, const struct tpd_local_chan_ops *ops);
+
 /*
  * For session.c, sessmsg.c and conn.c only.
  */
+
+/* Return: the channel registry's table registered on @l (borrowed, static), or NULL. */
+const struct tpd_local_chan_ops *tpd_local_chan_ops(const struct tpd_local *l);
 
 /* Return: the group registry's table registered on @l (borrowed, static), or NULL. */
 const struct tpd_local_group_ops *tpd_local_group_ops(const struct tpd_local *l);

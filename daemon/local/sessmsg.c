@@ -524,6 +524,17 @@ static bool on_group_leave(struct tpd_session *s, Tpw__V1__ClientMsg *m, struct 
 	return false;
 }
 
+static bool on_chan_op(struct tpd_session *s, Tpw__V1__ClientMsg *m, struct sessmsg_in *in)
+{
+	const struct tpd_local_chan_ops *ops = tpd_local_chan_ops(tpd_daemon_local(s->d));
+
+	if (ops)
+		ops->op(s, m->chan_op, in->tail, in->h->data_len);
+	else
+		tpd_session_log(s, TPU_LOG_WARNING, "channel op without a channel registry");
+	return false;
+}
+
 #define SESSMSG_HELLO 0x1u	/* the first message, and only then */
 #define SESSMSG_CONTROL 0x2u	/* allowed on a control session (tpipctl) */
 #define SESSMSG_RING 0x4u	/* leaves the session free to set up its control ring */
@@ -554,6 +565,7 @@ static const struct sessmsg_cmd sessmsg_cmds[] = {
 	[TPW__V1__CLIENT_MSG__BODY_GROUP_JOIN] = { on_group_join, 0 },
 	[TPW__V1__CLIENT_MSG__BODY_GROUP_READY] = { on_group_ready, 0 },
 	[TPW__V1__CLIENT_MSG__BODY_GROUP_LEAVE] = { on_group_leave, 0 },
+	[TPW__V1__CLIENT_MSG__BODY_CHAN_OP] = { on_chan_op, 0 },
 };
 
 /* The table entry of @m's body case, or NULL for a case it does not know. */

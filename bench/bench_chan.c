@@ -1,0 +1,198 @@
+/* SPDX-License-Identifier: BSD-3-Clause */
+/*
+ * bench_chan: items per second and GB/s through a named channel (docs/channels.md) from one
+ * writer process to 1 or 4 reader processes, for 4 KiB, 64 KiB, 1 MiB and 16 MiB items, and the
+ * same through ZeroMQ PUSH/PULL over ipc:// in the same run when built with libzmq (Debian:
+ * libzmq3-dev; otherwise its rows say "skipped"). Items are private memory on both sides (the
+ * channel moves them inline through the daemon: no shared-buffer items yet). Items larger than
+ * the daemon's inline limit cannot go through a channel and are reported as such.
+ *
+ * Usage: TPIPD_SOCKET=... bench_chan [SECONDS_PER_ROW (default 1)]. Numbers, never pass/fail.
+ */
+#include <errno.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "tpclient.h"
+#ifdef HAVE_ZMQ
+#include <zmq.h>
+#endif
+
+static double now_s(void)
+{
+	struct timespec ts;
+
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return ts.tv_sec + ts.tv_nsec / 1e9;
+}
+
+static int chan_reader(const char *name)
+{
+	struct tp_context *ctx;
+	struct tp_chan *ch;
+	void *item;
+	size_t len;
+	int r;
+
+	if (tp_context_new(NULL, &ctx) < 0 || tp_chan_open(ctx, name, NULL, &ch) < 0)
+		return 1;
+	while ((r = tp_chan_read(ch, &item, &len, -1)) >= 0)
+		free(item);
+	tp_chan_release(ch);
+	tp_context_free(ctx);
+	return r == -EPIPE ? 0 : 1;
+}
+
+/* One row through a channel: @n items of @size to @readers readers. Return: seconds, < 0 on
+ * failure. */
+static double run_chan(size_t size, unsigned n, unsigned readers)
+{
+	struct tp_chan_options o = { .size = sizeof(o), .flags = TP_CHAN_CREATE | TP_CHAN_EXCL,
+				     .owner_uid = -1, .capacity_items = 256 };
+	struct tp_context *ctx;
+	struct tp_chan *ch;
+	struct iovec iov[16];
+	unsigned batch = size <= 65536 ? 16 : 1;
+	pid_t pids[4];
+	char *buf;
+	double t0, t;
+	int ok = 1, st;
+
+	if (tp_context_new(NULL, &ctx) < 0)
+		return -1;
+	if (tp_chan_open(ctx, "bench.chan", &o, &ch) < 0) {
+		tp_context_free(ctx);
+		return -1;
+	}
+	buf = malloc(size);
+	memset(buf, 0x5a, size);
+	for (unsigned i = 0; i < batch; i++) {
+		iov[i].iov_base = buf;
+		iov[i].iov_len = size;
+	}
+	for (unsigned i = 0; i < readers; i++) {
+		pids[i] = fork();
+		if (pids[i] == 0)
+			_exit(chan_reader("bench.chan"));
+	}
+	t0 = now_s();
+	for (unsigned i = 0; i < n && ok; i += batch)
+		ok = tp_chan_write(ch, iov, batch, -1) == 0;
+	tp_chan_close(ch);
+	for (unsigned i = 0; i < readers; i++)
+		if (waitpid(pids[i], &st, 0) < 0 || !WIFEXITED(st) || WEXITSTATUS(st))
+			ok = 0;
+	t = now_s() - t0;
+	tp_chan_release(ch);
+	tp_context_free(ctx);
+	free(buf);
+	return ok ? t : -1;
+}
+
+#ifdef HAVE_ZMQ
+static int zmq_reader(const char *addr)
+{
+	void *zc = zmq_ctx_new(), *s = zmq_socket(zc, ZMQ_PULL);
+	zmq_msg_t m;
+	int r;
+
+	if (zmq_connect(s, addr) < 0)
+		return 1;
+	for (;;) {
+		zmq_msg_init(&m);
+		r = zmq_msg_recv(&m, s, 0);
+		zmq_msg_close(&m);
+		if (r <= 0)
+			break;
+	}
+	zmq_close(s);
+	zmq_ctx_term(zc);
+	return r == 0 ? 0 : 1;
+}
+
+static double run_zmq(size_t size, unsigned n, unsigned readers)
+{
+	char addr[64];
+	void *zc = zmq_ctx_new(), *s = zmq_socket(zc, ZMQ_PUSH);
+	unsigned done = 0;
+	pid_t pids[4];
+	char *buf = malloc(size);
+	double t0, t;
+	int st, linger = 0;
+
+	snprintf(addr, sizeof(addr), "ipc:///tmp/bench_chan_zmq.%d", (int)getpid());
+	memset(buf, 0x5a, size);
+	if (zmq_bind(s, addr) < 0)
+		return -1;
+	for (unsigned i = 0; i < readers; i++) {
+		pids[i] = fork();
+		if (pids[i] == 0)
+			_exit(zmq_reader(addr));
+	}
+	t0 = now_s();
+	for (unsigned i = 0; i < n; i++)
+		if (zmq_send(s, buf, size, 0) < 0)
+			return -1;
+	while (done < readers) { /* empty messages end the readers, whichever gets them */
+		zmq_send(s, "", 0, ZMQ_DONTWAIT);
+		for (unsigned i = 0; i < readers; i++)
+			if (pids[i] > 0 && waitpid(pids[i], &st, WNOHANG) == pids[i]) {
+				pids[i] = 0;
+				done++;
+			}
+	}
+	t = now_s() - t0;
+	zmq_setsockopt(s, ZMQ_LINGER, &linger, sizeof(linger));
+	zmq_close(s);
+	zmq_ctx_term(zc);
+	free(buf);
+	return t;
+}
+#endif
+
+static void row(const char *what, size_t size, unsigned readers, unsigned n, double t)
+{
+	if (t < 0) {
+		printf("%-8s %9zu %7u %10s %10s\n", what, size, readers, "failed", "-");
+		return;
+	}
+	printf("%-8s %9zu %7u %10.0f %10.3f\n", what, size, readers, n / t, n * (double)size / t / 1e9);
+}
+
+int main(int argc, char **argv)
+{
+	static const size_t sizes[] = { 4096, 65536, 1u << 20, 16u << 20 };
+	static const unsigned nreaders[] = { 1, 4 };
+	double secs = argc > 1 ? atof(argv[1]) : 1.0;
+
+	signal(SIGPIPE, SIG_IGN);
+	setvbuf(stdout, NULL, _IOLBF, 0);
+	printf("%-8s %9s %7s %10s %10s\n", "WHAT", "ITEM", "READERS", "ITEMS/S", "GB/S");
+	for (size_t i = 0; i < sizeof(sizes) / sizeof(sizes[0]); i++) {
+		/* about @secs at 2 GB/s or 500k items/s, at least 64 items */
+		double want = secs * 2e9 / sizes[i];
+		unsigned n = (unsigned)(want > 500000 * secs ? 500000 * secs : want);
+
+		n = n < 64 ? 64 : (n + 15) / 16 * 16;
+		for (size_t k = 0; k < 2; k++) {
+			if (sizes[i] > (1u << 20))
+				printf("%-8s %9zu %7u %10s %10s\n", "chan", sizes[i], nreaders[k],
+				       "n/a", "(inline)");
+			else
+				row("chan", sizes[i], nreaders[k], n,
+				    run_chan(sizes[i], n, nreaders[k]));
+#ifdef HAVE_ZMQ
+			row("zmq", sizes[i], nreaders[k], n, run_zmq(sizes[i], n, nreaders[k]));
+#else
+			printf("%-8s %9zu %7u %10s %10s\n", "zmq", sizes[i], nreaders[k], "skipped",
+			       "(no libzmq)");
+#endif
+		}
+	}
+	return 0;
+}

@@ -1,0 +1,53 @@
+/* SPDX-License-Identifier: BSD-3-Clause */
+/*
+ * tpd_chan: the daemon's registry of named channels (daemon/chan/). A channel is a FIFO of
+ * items named within its creator's uid (SO_PEERCRED), with an access mode like a listener's.
+ * This part answers ChanOp messages (open, write a batch, read with a deadline, close, release,
+ * unlink), holds the items, wakes waiting readers oldest first, drops a session's handles and
+ * waits when it ends, and bounds channels per uid, items and bytes per channel and bytes per
+ * uid. Items travel in frames' data tails: this part does not move shared-buffer or CMA items
+ * (docs/channels.md says what is not built). Work queues are not here.
+ */
+#ifndef TPD_CHAN_H
+#define TPD_CHAN_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <sys/types.h>
+
+#include "tpw.pb-c.h"
+
+struct tpd_daemon;
+struct tpd_chans;
+struct tpd_local;
+
+/*
+ * tpd_chan_new() - the part's state for @d (borrowed; must outlive it): no channel.
+ * @ret: returns owned state, free with tpd_chan_free().
+ * Return: 0 or -ENOMEM.
+ */
+int tpd_chan_new(struct tpd_daemon *d, struct tpd_chans **ret);
+
+/* Frees every channel, its items and @c. Accepts NULL. Call after the sessions are gone. */
+void tpd_chan_free(struct tpd_chans *c);
+
+/* Registers this part's ops on @l (borrowed), so that sessions hand channel ops and their end
+ * up to it. Called once, before the first session attaches. */
+void tpd_chan_serve_local(struct tpd_local *l);
+
+/*
+ * tpd_chan_ctl() - describe the channels for tpipctl channels: every one, or with @own_only
+ * only those of uid @viewer.
+ * @ret, @n: returns an owned array of owned messages, free with tpd_chan_ctl_free().
+ * Return: 0 or -ENOMEM.
+ */
+int tpd_chan_ctl(struct tpd_chans *c, bool own_only, uid_t viewer, Tpw__V1__CtlChannel ***ret,
+		 size_t *n);
+void tpd_chan_ctl_free(Tpw__V1__CtlChannel **v, size_t n);
+
+/* Counts for metrics: channels, items held, bytes held. Borrows @c. */
+void tpd_chan_counts(const struct tpd_chans *c, uint32_t *ret_chans, uint64_t *ret_items,
+		     uint64_t *ret_bytes);
+
+#endif

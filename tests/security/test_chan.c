@@ -1,0 +1,177 @@
+/* SPDX-License-Identifier: BSD-3-Clause */
+/*
+ * Security suite: named channels (docs/channels.md) against an unprivileged local user (uid
+ * 65534) speaking the raw protocol. Handle ids are the session's own: guessed ids of another
+ * session's handles are refused (not found) for read, write, close and release, and the victim's
+ * channel keeps its item and stays open; a channel op whose item lengths do not match its data
+ * tail closes the attacker's session only; the attacker cannot open a private channel, create
+ * names in the victim's uid, or spend the victim's chans-per-uid.
+ */
+#include <check.h>
+#include <errno.h>
+#include <grp.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+#include "itest.h"
+#include "tpt_wire.h"
+
+#define T_MS 30000
+#define NOBODY 65534
+
+static struct tpt_daemon d;
+
+static int drop_to_nobody(void)
+{
+	if (setgroups(0, NULL) < 0 || setresgid(NOBODY, NOBODY, NOBODY) < 0 ||
+	    setresuid(NOBODY, NOBODY, NOBODY) < 0)
+		return -errno;
+	return 0;
+}
+
+/* Sends ChanOp @op (req_id 1) and returns the answer's status, or -errno. */
+static int raw_chan(struct tpt_raw *r, Tpw__V1__ChanOp *op, const void *tail, uint32_t tail_len)
+{
+	Tpw__V1__ClientMsg m = TPW__V1__CLIENT_MSG__INIT;
+	Tpw__V1__DaemonMsg *dm;
+	int st, ret;
+
+	op->req_id = 1;
+	m.body_case = TPW__V1__CLIENT_MSG__BODY_CHAN_OP;
+	m.chan_op = op;
+	ret = tpt_raw_send(r, &m, tail, tail_len, NULL, 0, 0);
+	if (ret < 0)
+		return ret;
+	ret = tpt_raw_expect(r, TPW__V1__DAEMON_MSG__BODY_CHAN_REPLY, T_MS, &dm);
+	if (ret < 0)
+		return ret;
+	st = dm->chan_reply->status;
+	tpw__v1__daemon_msg__free_unpacked(dm, NULL);
+	return st;
+}
+
+static int attacker(void *arg)
+{
+	static const Tpw__V1__ChanOpKind kinds[] = {
+		TPW__V1__CHAN_OP_KIND__CHAN_OP_READ, TPW__V1__CHAN_OP_KIND__CHAN_OP_CLOSE,
+		TPW__V1__CHAN_OP_KIND__CHAN_OP_RELEASE,
+	};
+	uint64_t len = 4;
+	struct tpt_raw r;
+	int st;
+
+	(void)arg;
+	TPT_REQUIRE(drop_to_nobody() == 0, 1, "cannot drop to nobody");
+	TPT_REQUIRE(tpt_raw_connect(&r, d.socket) == 0, 1, "connect");
+	TPT_REQUIRE(tpt_raw_hello(&r, TPW__V1__ROLE__ROLE_CLIENT, T_MS) == 0, 1, "hello");
+	for (uint64_t id = 0; id < 64; id++) {
+		for (size_t k = 0; k < TPU_ARRAY_SIZE(kinds); k++) {
+			Tpw__V1__ChanOp op = TPW__V1__CHAN_OP__INIT;
+
+			op.op = kinds[k];
+			op.chan_id = id;
+			st = raw_chan(&r, &op, NULL, 0);
+			TPT_REQUIRE(st == TPW__V1__STATUS__STATUS_NOT_FOUND, 1, "op %d on id %llu: %d",
+				    (int)kinds[k], (unsigned long long)id, st);
+		}
+		Tpw__V1__ChanOp w = TPW__V1__CHAN_OP__INIT;
+
+		w.op = TPW__V1__CHAN_OP_KIND__CHAN_OP_WRITE;
+		w.chan_id = id;
+		w.n_lengths = 1;
+		w.lengths = &len;
+		st = raw_chan(&r, &w, "evil", 4);
+		TPT_REQUIRE(st == TPW__V1__STATUS__STATUS_NOT_FOUND, 1, "write on id %llu: %d",
+			    (unsigned long long)id, st);
+	}
+	/* Open the private channel by name, create in root's names, unlink root's channel. */
+	Tpw__V1__ChanOp o = TPW__V1__CHAN_OP__INIT;
+
+	o.op = TPW__V1__CHAN_OP_KIND__CHAN_OP_OPEN;
+	o.name = "secret";
+	o.owner_set = true;
+	o.owner_uid = 0;
+	TPT_REQUIRE(raw_chan(&r, &o, NULL, 0) == TPW__V1__STATUS__STATUS_PERMISSION, 1, "open");
+	o.name = "fresh";
+	o.create = true;
+	TPT_REQUIRE(raw_chan(&r, &o, NULL, 0) == TPW__V1__STATUS__STATUS_NOT_FOUND, 1, "squat");
+	o.op = TPW__V1__CHAN_OP_KIND__CHAN_OP_UNLINK;
+	o.name = "secret";
+	TPT_REQUIRE(raw_chan(&r, &o, NULL, 0) == TPW__V1__STATUS__STATUS_PERMISSION, 1, "unlink");
+	/* Spend its own chans-per-uid (2), not root's. */
+	o.op = TPW__V1__CHAN_OP_KIND__CHAN_OP_OPEN;
+	o.owner_set = false;
+	o.name = "a1";
+	TPT_REQUIRE(raw_chan(&r, &o, NULL, 0) == TPW__V1__STATUS__STATUS_OK, 1, "a1");
+	o.name = "a2";
+	TPT_REQUIRE(raw_chan(&r, &o, NULL, 0) == TPW__V1__STATUS__STATUS_OK, 1, "a2");
+	o.name = "a3";
+	TPT_REQUIRE(raw_chan(&r, &o, NULL, 0) == TPW__V1__STATUS__STATUS_LIMIT, 1, "a3");
+	/* Lengths that do not add up to the tail: the session is closed. */
+	Tpw__V1__ChanOp bad = TPW__V1__CHAN_OP__INIT;
+
+	len = 5;
+	bad.op = TPW__V1__CHAN_OP_KIND__CHAN_OP_WRITE;
+	bad.chan_id = 1;
+	bad.n_lengths = 1;
+	bad.lengths = &len;
+	Tpw__V1__ClientMsg m = TPW__V1__CLIENT_MSG__INIT;
+
+	m.body_case = TPW__V1__CLIENT_MSG__BODY_CHAN_OP;
+	m.chan_op = &bad;
+	TPT_REQUIRE(tpt_raw_send(&r, &m, "evil", 4, NULL, 0, 0) == 0, 1, "send");
+	TPT_REQUIRE(tpt_raw_wait_closed(&r, T_MS) == 0, 1, "the session stayed open");
+	tpt_raw_close(&r);
+	return 0;
+}
+
+START_TEST(test_attacker_cannot_touch_another_uids_channel)
+{
+	static const char *const args[] = { "--chans-per-uid", "2", NULL };
+	struct tp_chan_options o = { .size = sizeof(o), .flags = TP_CHAN_CREATE, .owner_uid = -1 };
+	const uint32_t v = 42;
+	struct iovec iov = { .iov_base = (void *)&v, .iov_len = sizeof(v) };
+	struct tp_context *ctx;
+	struct tp_chan *ch, *other;
+	void *item;
+	size_t len;
+
+	if (geteuid() != 0) {
+		printf("skipped: needs root to run a client as another uid\n");
+		return;
+	}
+	ck_assert_int_eq(tpt_daemon_start(&d, args), 0);
+	ck_assert_int_eq(tpt_daemon_open_to_all(&d), 0);
+	ck_assert_int_eq(tpt_ctx_new(&d, 0, "victim", &ctx), 0);
+	ck_assert_int_eq(tp_chan_open(ctx, "secret", &o, &ch), 0);
+	ck_assert_int_eq(tp_chan_write(ch, &iov, 1, 0), 0);
+	ck_assert(tpt_wait_ok(tpt_fork(attacker, NULL), 4 * T_MS, "attacker"));
+	ck_assert(tpt_daemon_alive(&d));
+	ck_assert_int_eq(tp_chan_read(ch, &item, &len, 0), 0); /* still open, item kept */
+	ck_assert_uint_eq(len, 4);
+	ck_assert_int_eq(memcmp(item, &v, 4), 0);
+	free(item);
+	ck_assert_int_eq(tp_chan_open(ctx, "mine", &o, &other), 0); /* root's quota untouched */
+	tp_chan_release(other);
+	tp_chan_release(ch);
+	tp_context_free(ctx);
+	ck_assert_int_eq(tpt_daemon_stop(&d), 0);
+}
+END_TEST
+
+static Suite *chan_suite(void)
+{
+	Suite *s = suite_create("sec_chan");
+	TCase *tc = tcase_create("chan");
+
+	tcase_set_timeout(tc, 120);
+	tcase_add_test(tc, test_attacker_cannot_touch_another_uids_channel);
+	suite_add_tcase(s, tc);
+	return s;
+}
+
+int main(void)
+{
+	return tpt_run_suite(chan_suite());
+}
