@@ -429,6 +429,8 @@ static struct chan_wait *wait_new(struct tpd_chans *cs, struct chan_handle *h, u
 		w->ev = evtimer_new(tpd_daemon_base(cs->d), wait_on_timeout, w);
 		tv.tv_sec = timeout_ms / 1000;
 		tv.tv_usec = (suseconds_t)(timeout_ms % 1000) * 1000;
+		/* The deadline runs from now, not from the loop pass's cached start. */
+		event_base_update_cache_time(tpd_daemon_base(cs->d));
 		if (!w->ev || evtimer_add(w->ev, &tv) < 0) {
 			if (w->ev)
 				event_free(w->ev);
