@@ -249,16 +249,18 @@ fail:
 	return NULL;
 }
 
-static PyObject *group_allreduce(tpy_group *self, PyObject *args, PyObject *kw)
+/* all-reduce and reduce-scatter: (send, recv, dtype, op[, async_op]) for @kind; @fmt names the
+ * call in argument errors. */
+static PyObject *group_reducing(tpy_group *self, PyObject *args, PyObject *kw,
+				enum coll_kind kind, const char *fmt)
 {
 	static char *kwlist[] = { "send", "recv", "dtype", "op", "async_op", NULL };
 	PyObject *so, *ro;
 	Py_buffer v[2] = { 0 };
-	struct coll_args a = { .kind = COLL_ALLREDUCE };
+	struct coll_args a = { .kind = kind };
 	int dt, op, async = 0;
 
-	if (!PyArg_ParseTupleAndKeywords(args, kw, "OOii|p:allreduce", kwlist, &so, &ro, &dt, &op,
-					 &async))
+	if (!PyArg_ParseTupleAndKeywords(args, kw, fmt, kwlist, &so, &ro, &dt, &op, &async))
 		return NULL;
 	if (tpy_buffer_get(ro, &v[1], true, "recv") < 0)
 		return NULL;
@@ -273,28 +275,14 @@ static PyObject *group_allreduce(tpy_group *self, PyObject *args, PyObject *kw)
 	return group_coll(self, &a, v, async);
 }
 
+static PyObject *group_allreduce(tpy_group *self, PyObject *args, PyObject *kw)
+{
+	return group_reducing(self, args, kw, COLL_ALLREDUCE, "OOii|p:allreduce");
+}
+
 static PyObject *group_reduce_scatter(tpy_group *self, PyObject *args, PyObject *kw)
 {
-	static char *kwlist[] = { "send", "recv", "dtype", "op", "async_op", NULL };
-	PyObject *so, *ro;
-	Py_buffer v[2] = { 0 };
-	struct coll_args a = { .kind = COLL_SCATTER };
-	int dt, op, async = 0;
-
-	if (!PyArg_ParseTupleAndKeywords(args, kw, "OOii|p:reduce_scatter", kwlist, &so, &ro, &dt,
-					 &op, &async))
-		return NULL;
-	if (tpy_buffer_get(ro, &v[1], true, "recv") < 0)
-		return NULL;
-	if (tpy_buffer_get(so, &v[0], false, "send") < 0) {
-		PyBuffer_Release(&v[1]);
-		return NULL;
-	}
-	a.send = &v[0];
-	a.recv = &v[1];
-	a.dtype = (enum tp_dtype)dt;
-	a.op = (enum tp_reduce_op)op;
-	return group_coll(self, &a, v, async);
+	return group_reducing(self, args, kw, COLL_SCATTER, "OOii|p:reduce_scatter");
 }
 
 static PyObject *group_allgather(tpy_group *self, PyObject *args, PyObject *kw)
