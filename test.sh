@@ -10,7 +10,7 @@ cd "$(dirname "$(readlink -f "$0")")"
 # shellcheck source=scripts/deps.sh
 . scripts/deps.sh
 
-tp_deps_install
+tp_deps_install test
 BUILD=${TP_BUILD_DIR:-build} # build directory (default ./build)
 tp_build "$BUILD" -Dwerror=true # warnings are errors in tests and CI
 status=0

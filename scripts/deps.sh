@@ -9,16 +9,18 @@
 # Build and test dependencies, as Debian package names. munge, slurmd, slurmctld and slurm-client
 # (Debian's slurm-wlm without its metapackage) serve the real-Slurm service test only
 # (tests/service/slurm.sh), which starts its own daemons and skips where they cannot run.
-# python3-dev, python3-numpy, python3-pytest and python3-torch build the Python module and run
-# its suite (client/python, tests/python) with Debian's /usr/bin/python3.
 TP_DEB_PACKAGES=(
 	meson ninja-build pkg-config gcc libc6-dev
 	libevent-dev libprotobuf-c-dev protobuf-c-compiler libsystemd-dev libibverbs-dev
 	check libjson-c-dev libssl-dev libinih-dev
 	valgrind iproute2 scdoc jq curl openssl
 	munge slurmd slurmctld slurm-client
-	python3-dev python3-numpy python3-pytest python3-torch
 )
+
+# For the test suite only (./test.sh, .ci/run; not ./demo.sh, so that the first command stays
+# light): python3-dev, python3-numpy, python3-pytest and python3-torch build the Python module
+# and run its suite (client/python, tests/python) with Debian's /usr/bin/python3.
+TP_DEB_TEST_PACKAGES=(python3-dev python3-numpy python3-pytest python3-torch)
 
 # Optional, for the benchmarks' baselines only (bench/run.sh, bench/run_allreduce.sh): a C++
 # compiler and Debian's TensorPipe; PyTorch (torch.distributed, gloo) and Open MPI for the
@@ -39,15 +41,17 @@ tp_deps_missing() {
 	done
 }
 
-# Installs the packages of TP_DEB_PACKAGES that are missing. Return: 0, or non-zero if that fails.
+# tp_deps_install [test]: installs the packages of TP_DEB_PACKAGES (and, with "test", of
+# TP_DEB_TEST_PACKAGES) that are missing. Return: 0, or non-zero if that fails.
 tp_deps_install() {
-	local missing sudo=()
+	local missing sudo=() want=("${TP_DEB_PACKAGES[@]}")
+	[ "${1:-}" = test ] && want+=("${TP_DEB_TEST_PACKAGES[@]}")
 	if ! command -v dpkg-query >/dev/null || ! command -v apt-get >/dev/null; then
 		echo "deps: not a Debian system; install the equivalents of:" >&2
-		echo "  ${TP_DEB_PACKAGES[*]}" >&2
+		echo "  ${want[*]}" >&2
 		return 1
 	fi
-	mapfile -t missing < <(tp_deps_missing "${TP_DEB_PACKAGES[@]}")
+	mapfile -t missing < <(tp_deps_missing "${want[@]}")
 	if [ "${#missing[@]}" -eq 0 ]; then
 		return 0
 	fi
