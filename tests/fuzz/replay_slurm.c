@@ -7,86 +7,22 @@
  * have to run without crashing.
  * Exit status: 0 if every expectation held and at least one file was read, 1 otherwise.
  */
-#include <dirent.h>
-#include <errno.h>
 #include <stdio.h>
-#include <stdlib.h>
-#include <string.h>
-#include <sys/stat.h>
 #include "fuzz_slurm.h"
+#include "replay.h"
 
-#define INPUT_MAX (1u << 20)
-
-struct tally {
-	unsigned files;
-	unsigned failures;
-};
-
-static void replay_one(const char *path, const char *name, struct tally *t)
+static bool check(const char *path, const char *name, const uint8_t *buf, size_t len)
 {
-	FILE *f = fopen(path, "rb");
-	uint8_t *buf = malloc(INPUT_MAX);
-	size_t len;
-	int ok;
+	int ok = fuzz_slurm_check(buf, len);
 
-	if (!f || !buf) {
-		fprintf(stderr, "%s: %s\n", path, strerror(errno));
-		if (f)
-			fclose(f);
-		free(buf);
-		t->failures++;
-		return;
-	}
-	len = fread(buf, 1, INPUT_MAX, f);
-	fclose(f);
-	ok = fuzz_slurm_check(buf, len);
-	free(buf);
-	t->files++;
-	if ((strncmp(name, "ok-", 3) == 0 && !ok) || (strncmp(name, "bad-", 4) == 0 && ok)) {
+	if ((replay_starts_with(name, "ok-") && !ok) || (replay_starts_with(name, "bad-") && ok)) {
 		fprintf(stderr, "%s: unexpectedly %s\n", path, ok ? "accepted" : "refused");
-		t->failures++;
+		return false;
 	}
-}
-
-static int by_name(const struct dirent **a, const struct dirent **b)
-{
-	return strcmp((*a)->d_name, (*b)->d_name);
-}
-
-static void replay_dir(const char *dir, struct tally *t)
-{
-	struct dirent **ents;
-	int n = scandir(dir, &ents, NULL, by_name);
-	char path[4096];
-
-	if (n < 0) {
-		fprintf(stderr, "%s: %s\n", dir, strerror(errno));
-		t->failures++;
-		return;
-	}
-	for (int i = 0; i < n; i++) {
-		if (ents[i]->d_name[0] != '.') {
-			snprintf(path, sizeof(path), "%s/%s", dir, ents[i]->d_name);
-			replay_one(path, ents[i]->d_name, t);
-		}
-		free(ents[i]);
-	}
-	free(ents);
+	return true;
 }
 
 int main(int argc, char **argv)
 {
-	struct tally t = { 0, 0 };
-	struct stat st;
-
-	for (int i = 1; i < argc; i++) {
-		const char *base = strrchr(argv[i], '/');
-
-		if (stat(argv[i], &st) == 0 && S_ISDIR(st.st_mode))
-			replay_dir(argv[i], &t);
-		else
-			replay_one(argv[i], base ? base + 1 : argv[i], &t);
-	}
-	printf("replayed %u files, %u failures\n", t.files, t.failures);
-	return t.files > 0 && t.failures == 0 ? 0 : 1;
+	return replay_main(argc, argv, check);
 }
