@@ -48,8 +48,10 @@ int tpb_cuda_dev_poison(CUresult r, const char *call, char *why, size_t wl)
 	for (int d = 0; cur && d < DEVS_MAX && dev < 0; d++)
 		if (tpb_cuda_devs[d].ctx == cur)
 			dev = d;
-	if (dev >= 0)
+	if (dev >= 0 && !tpb_cuda_devs[dev].broken) {
+		snprintf(tpb_cuda_devs[dev].cause, sizeof(tpb_cuda_devs[dev].cause), "%s", cause);
 		__atomic_store_n(&tpb_cuda_devs[dev].broken, true, __ATOMIC_RELAXED);
+	}
 	pthread_mutex_unlock(&devs_lock);
 	snprintf(why, wl, "CUDA device %d: %s, a sticky error: the device's context is reset and "
 		 "its mappings re-opened", dev, cause);
@@ -89,9 +91,9 @@ int tpb_cuda_dev_enter(int dev, char *why, size_t wl)
 		return -EINVAL;
 	pthread_mutex_lock(&devs_lock);
 	if (tpb_cuda_devs[dev].ctx && tpb_cuda_devs[dev].broken && (gate_held || gate_users)) {
+		snprintf(why, wl, "CUDA device %d: %s, a sticky error: its context is reset once the "
+			 "copies in progress end", dev, tpb_cuda_devs[dev].cause);
 		pthread_mutex_unlock(&devs_lock);
-		snprintf(why, wl, "CUDA device %d: a sticky error; its context is reset once the "
-			 "copies in progress end", dev);
 		return -EIO;
 	}
 	if (tpb_cuda_devs[dev].ctx && tpb_cuda_devs[dev].broken &&
@@ -335,40 +337,14 @@ static void thread_sync(struct tpb_cuda_thread *t, int dev)
 	t->gen[dev] = dev_gen(dev);
 }
 
-int tpb_cuda_copy_begin(struct tpb_cuda_thread *t, const struct tpb_cuda_side *a,
-			const struct tpb_cuda_side *b, CUstream *ret, char *why, size_t wl)
-{
-	int dev = tpb_cuda_copy_dev(a, b), r;
-	CUresult cr = CUDA_SUCCESS;
-
-	r = tpb_cuda_dev_enter(dev, why, wl);
-	if (r == 0)
-		thread_sync(t, dev);
-	if (r == 0)
-		r = thread_stream(t, dev, ret, why, wl);
-	if (r == 0 && a->wait)
-		cr = api()->cuStreamWaitEvent(*ret, a->wait, 0);
-	if (r == 0 && cr == CUDA_SUCCESS && b->wait)
-		cr = api()->cuStreamWaitEvent(*ret, b->wait, 0);
-	if (r == 0 && cr != CUDA_SUCCESS)
-		r = fail(cr, "cuStreamWaitEvent", why, wl);
-	return r;
-}
-
 static bool proc_gone(const struct tpb_proc *p)
 {
 	return p && !tpb_proc_alive(p);
 }
 
-/*
- * Waits until @ev completes: yields for a while, then sleeps in short steps. A copy waits for
- * the clients' own events first, and an event that a client recorded and then died before its
- * work ran may never complete: every millisecond or so the wait checks that both clients are
- * alive and gives up with -ESRCH. The thread's stream on @dev then still holds the stuck wait,
- * so it is abandoned (destroyed; the driver frees it once its work is gone) and the next copy
- * makes a new one.
- */
-int tpb_cuda_event_wait(struct tpb_cuda_thread *t, int dev, CUevent ev, char *why, size_t wl)
+/* Polls @ev until it completes: yields for a while, then sleeps in short steps. */
+static int event_poll(const struct tpb_cuda_thread *t, CUevent ev, bool clients, char *why,
+		      size_t wl)
 {
 	struct timespec step = { 0, 20000 };
 
@@ -378,13 +354,10 @@ int tpb_cuda_event_wait(struct tpb_cuda_thread *t, int dev, CUevent ev, char *wh
 			return 0;
 		if (r != CUDA_ERROR_NOT_READY)
 			return fail(r, "cuEventQuery", why, wl);
-		if (n % 64 == 63 && (proc_gone(t->procs[0]) || proc_gone(t->procs[1]))) {
+		if (clients && n % 64 == 63 &&
+		    (proc_gone(t->procs[0]) || proc_gone(t->procs[1]))) {
 			snprintf(why, wl, "client process %d exited before its CUDA work completed",
 				 (int)tpb_proc_pid(proc_gone(t->procs[0]) ? t->procs[0] : t->procs[1]));
-			if (t->stream[dev]) {
-				api()->cuStreamDestroy(t->stream[dev]);
-				t->stream[dev] = NULL;
-			}
 			return -ESRCH;
 		}
 		if (n < 200)
@@ -392,6 +365,47 @@ int tpb_cuda_event_wait(struct tpb_cuda_thread *t, int dev, CUevent ev, char *wh
 		else
 			nanosleep(&step, NULL);
 	}
+}
+
+/*
+ * Waits on the host for a client's event @ev (the work queued on its stream before the
+ * message), giving up with -ESRCH when a client of the copy exits. The daemon's streams never
+ * wait on a client's event on the device: an event recorded by a process that died before its
+ * work ran never completes, and the driver's cuIpcCloseMemHandle() first waits for every stream
+ * of the context, so one stuck stream would hang the close and every copy behind it.
+ */
+static int client_event_wait(const struct tpb_cuda_thread *t, CUevent ev, char *why, size_t wl)
+{
+	return event_poll(t, ev, true, why, wl);
+}
+
+/*
+ * Waits until @ev, recorded on one of the thread's own streams, completes. Only the daemon's
+ * copies are queued there (see client_event_wait()), so it always does, or fails with the
+ * device's error; it is not cut short when a client exits, as the copy may still be writing
+ * the other client's memory.
+ */
+int tpb_cuda_event_wait(struct tpb_cuda_thread *t, int dev, CUevent ev, char *why, size_t wl)
+{
+	return event_poll(t, ev, false, why, wl);
+}
+
+int tpb_cuda_copy_begin(struct tpb_cuda_thread *t, const struct tpb_cuda_side *a,
+			const struct tpb_cuda_side *b, CUstream *ret, char *why, size_t wl)
+{
+	int dev = tpb_cuda_copy_dev(a, b), r = 0;
+
+	if (a->wait)
+		r = client_event_wait(t, a->wait, why, wl);
+	if (r == 0 && b->wait)
+		r = client_event_wait(t, b->wait, why, wl);
+	if (r == 0)
+		r = tpb_cuda_dev_enter(dev, why, wl);
+	if (r == 0)
+		thread_sync(t, dev);
+	if (r == 0)
+		r = thread_stream(t, dev, ret, why, wl);
+	return r;
 }
 
 int tpb_cuda_event_make(int dev, CUevent *ev, char *why, size_t wl)

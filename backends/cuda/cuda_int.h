@@ -108,6 +108,7 @@ struct tpb_cuda_dev {
 	uint64_t peer; /* bit per device with peer access enabled from this one */
 	unsigned gen;  /* raised by each reset: what was made before is gone (atomic) */
 	bool broken;   /* a sticky error: reset at the next tpb_cuda_dev_enter() (atomic) */
+	char cause[200]; /* the call and error that broke it (the CUDA layer's lock) */
 };
 
 /* Every device the daemon has used, by ordinal (peer bits under the CUDA layer's lock). */
@@ -127,8 +128,8 @@ struct tpb_cuda_thread {
 	int pinned_dev; /* the device whose context allocated @pinned */
 	void *reg; /* the thread's bounce buffer, registered (pinned) once */
 	int reg_dev; /* the device whose context registered @reg */
-	struct tpb_proc *procs[2]; /* the clients of the current copy: a wait gives up when one
-				    * exits (borrowed for the copy) */
+	struct tpb_proc *procs[2]; /* the clients of the current copy: a wait for their events
+				    * gives up when one exits (borrowed for the copy) */
 	unsigned gen[DEVS_MAX]; /* the device's generation the handles above were made in */
 };
 
@@ -157,18 +158,21 @@ int tpb_cuda_side_open(const struct tpb_mem *m, uint64_t off, struct tpb_cuda_si
 		       size_t why_len);
 
 /*
- * tpb_cuda_copy_begin() - enter the context of the device that runs a copy from @a to @b and
- * make the thread's stream there wait for both sides' events. Borrows @t, @a, @b and @why.
+ * tpb_cuda_copy_begin() - wait on the host until both sides' client events completed (giving up
+ * when a client of the copy, t->procs, exits), then enter the context of the device that runs a
+ * copy from @a to @b. The thread's streams never wait for a client's event themselves (one
+ * recorded by a process that died first never completes, and the driver's IPC close waits for
+ * every stream of the context). Borrows @t, @a, @b and @why.
  * @ret: the stream to queue the copy on (@t's), written on success.
- * Return: 0, or the driver's -errno with the reason in @why.
+ * Return: 0, -ESRCH (a client exited first), or the driver's -errno with the reason in @why.
  */
 int tpb_cuda_copy_begin(struct tpb_cuda_thread *t, const struct tpb_cuda_side *a,
 			const struct tpb_cuda_side *b, CUstream *ret, char *why, size_t why_len);
 
 /*
  * tpb_cuda_stream_wait() - record t->done[@dev] behind everything queued on @st (on device @dev) and
- * wait for it; gives up when a client of the copy (t->procs) exits. Borrows @t and @why.
- * Return: 0, -ESRCH (a client exited), or the driver's -errno with the reason in @why.
+ * wait for it: the thread's own copies, which always end. Borrows @t and @why.
+ * Return: 0, or the driver's -errno with the reason in @why.
  */
 int tpb_cuda_stream_wait(struct tpb_cuda_thread *t, int dev, CUstream st, char *why,
 			 size_t why_len);
@@ -185,9 +189,10 @@ int tpb_cuda_event_make(int dev, CUevent *ev, char *why, size_t why_len);
 int tpb_cuda_copy_dev(const struct tpb_cuda_side *a, const struct tpb_cuda_side *b);
 
 /*
- * tpb_cuda_event_wait() - wait until @ev completes, giving up when a client of the copy
- * (t->procs) exits: the thread's stream on @dev is then abandoned. Borrows @t and @why.
- * Return: 0, -ESRCH (a client exited), or the driver's -errno with the reason in @why.
+ * tpb_cuda_event_wait() - wait until @ev, recorded on one of @t's own streams on @dev, completes;
+ * not cut short when a client exits (the copy may still be writing the other client's memory).
+ * Borrows @t and @why.
+ * Return: 0, or the driver's -errno with the reason in @why.
  */
 int tpb_cuda_event_wait(struct tpb_cuda_thread *t, int dev, CUevent ev, char *why,
 			size_t why_len);

@@ -3,8 +3,9 @@
  * The cuda_ipc channel: copies on one host between client CUDA memory (IPC handles the daemon
  * maps, backends/cuda/cudamap.c) and CUDA memory, mappings the daemon holds (shared buffers) or
  * a client's address space (CMA through pinned buffers, double buffered). Copies run on the
- * copy thread that claimed them, on that thread's own stream for the device, after the clients'
- * events, and are synchronized before the copy op returns: a completion sent afterwards means
+ * copy thread that claimed them, on that thread's own stream for the device, once the clients'
+ * events have completed (waited for on the host, never by the stream), and are synchronized
+ * before the copy op returns: a completion sent afterwards means
  * the bytes are in place. Devices, streams and the waits are the CUDA layer's (backends/cuda/).
  */
 #include <errno.h>
@@ -127,7 +128,7 @@ static int gated_copy(const struct tpb_xfer *x, struct tpb_scratch *s)
 	struct tpb_cuda_thread *t = tpb_cuda_thread_state(s);
 	struct tpb_cuda_side a, b;
 	CUstream st;
-	int r;
+	int r, w;
 
 	if (!t)
 		return -ENOMEM;
@@ -144,12 +145,8 @@ static int gated_copy(const struct tpb_xfer *x, struct tpb_scratch *s)
 		return r;
 	r = copy_issue(t, x, &a, &b, st, s);
 	/* Whatever was queued must be finished before the memory may be reused. */
-	if (r != -ESRCH || t->stream[tpb_cuda_copy_dev(&a, &b)]) {
-		int w = tpb_cuda_stream_wait(t, tpb_cuda_copy_dev(&a, &b), st, s->why,
-					     sizeof(s->why));
-		r = r < 0 ? r : w;
-	}
-	return r;
+	w = tpb_cuda_stream_wait(t, tpb_cuda_copy_dev(&a, &b), st, s->why, sizeof(s->why));
+	return r < 0 ? r : w;
 }
 
 static int cuda_ipc_copy(const struct tpb_xfer *x, struct tpb_scratch *s)

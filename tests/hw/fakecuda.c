@@ -21,7 +21,9 @@
  * stream need a current context (CUDA_ERROR_INVALID_CONTEXT); cuEventCreate() checks its flags
  * and cuIpcGetEventHandle() refuses an event made without CU_EVENT_INTERPROCESS and
  * CU_EVENT_DISABLE_TIMING; a memory handle opened again in one process returns the same
- * pointer and counts the opens, the last cuIpcCloseMemHandle() unmapping it. An exporter that
+ * pointer and counts the opens, the last cuIpcCloseMemHandle() unmapping it; a close first waits
+ * for all work queued in its context, abandoned streams included, as the driver does (so a
+ * close behind a stream stuck on a dead process's event never returns). An exporter that
  * frees its allocation (cuMemFree) or exits invalidates every importer's mapping of it: work
  * that touches a stale mapping, or closing one, raises the sticky CUDA_ERROR_ILLEGAL_ADDRESS
  * on that context, as a real GPU does on a stale access; every later call in the context then
@@ -991,6 +993,32 @@ CUresult CUDAAPI cuIpcOpenMemHandle(CUdeviceptr *dptr, CUipcMemHandle h, unsigne
 	return CUDA_SUCCESS;
 }
 
+/*
+ * Waits until every stream of @c has run the work queued on it before this call, abandoned
+ * (destroyed) streams included: the driver synchronizes the context before it unmaps an IPC
+ * mapping, so a close behind a stream stuck on an event that never completes (one recorded by
+ * a process that then died) never returns.
+ */
+static void ctx_drain(struct fctx *c)
+{
+	struct fstream *list, *s;
+
+	pthread_mutex_lock(&all_lock);
+	list = all_streams;
+	pthread_mutex_unlock(&all_lock);
+	for (s = list; s; s = s->all) { /* streams are never freed: the list is stable */
+		unsigned long long target;
+
+		if (s == legacy || s->ctx != c || s->gen != atomic_load(&c->gen))
+			continue;
+		pthread_mutex_lock(&s->mu);
+		target = s->queued;
+		while (s->done < target)
+			pthread_cond_wait(&s->cv, &s->mu);
+		pthread_mutex_unlock(&s->mu);
+	}
+}
+
 /* Closing a mapping whose exporter freed the memory first is undefined for the driver: here it
  * poisons the context, as a stale access would. */
 CUresult CUDAAPI cuIpcCloseMemHandle(CUdeviceptr dptr)
@@ -1004,6 +1032,7 @@ CUresult CUDAAPI cuIpcCloseMemHandle(CUdeviceptr dptr)
 	if (ctx_sticky(c) != CUDA_SUCCESS)
 		return ctx_sticky(c);
 	fake_delay("cuIpcCloseMemHandle");
+	ctx_drain(c);
 	pthread_mutex_lock(&lock);
 	a = alloc_find((uintptr_t)dptr);
 	stale = a && a->imported && a->refs == 1 && alloc_stale(a);
