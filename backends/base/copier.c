@@ -186,8 +186,25 @@ fail:
 	return -ENOMEM;
 }
 
+/*
+ * True when every transfer of @job is a copy the GPU runs on its own (CUDA memory on one side,
+ * none of it a client's private memory, which the copy thread reads or writes by CMA): one
+ * asynchronous copy per transfer then beats 1 MiB chunks, each waited for on the host.
+ */
+static bool job_on_gpu(const struct tpb_copy_job *job)
+{
+	for (size_t i = 0; i < job->n; i++) {
+		const struct tpb_xfer *x = &job->xfers[i];
+		if ((x->src.loc != TPB_LOC_CUDA && x->dst.loc != TPB_LOC_CUDA) ||
+		    x->src.loc == TPB_LOC_PROCESS || x->dst.loc == TPB_LOC_PROCESS)
+			return false;
+	}
+	return job->n > 0;
+}
+
 void tpb_copier_submit(struct tpb_copier *c, struct tpb_copy_job *job)
 {
+	job->work.chunk_min = job_on_gpu(job) ? UINT64_MAX : 0;
 	job->status = 0;
 	job->why[0] = '\0';
 	for (size_t i = 0; i < job->n; i++)

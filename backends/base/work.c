@@ -134,7 +134,8 @@ void tpb_work_submit(struct tpb_work *w, struct tpb_work_job *job)
 	pthread_mutex_lock(&w->lock);
 	for (size_t i = 0; i < job->n_segs; i++)
 		total += job->seg_len(job, i);
-	job->chunk = tpb_work_chunk_size(total, w->workers, w->chunk, w->spread_min);
+	job->chunk = TPU_MAX(tpb_work_chunk_size(total, w->workers, w->chunk, w->spread_min),
+			     job->chunk_min);
 	w->busy++;
 	job_settle(job);
 	if (job->next_seg == job->n_segs) {

@@ -39,6 +39,9 @@ struct tpb_work_job {
 	/* NULL, or runs once on the worker thread that ends the job's last chunk, before @done is
 	 * queued (not for a job canceled before any chunk ran): release what only the chunks used. */
 	tpb_work_done_fn last;
+	/* 0, or no chunk is cut smaller than this (UINT64_MAX: one chunk per segment): a copy the
+	 * GPU runs asynchronously gains nothing from being cut, and each cut costs a sync. */
+	uint64_t chunk_min;
 
 	/* Results, valid in @done. */
 	int status;	/* 0, or the first -errno (-ECANCELED once canceled) */

@@ -497,6 +497,7 @@ int tpb_stripe_send(struct tpb_stripe *st, struct tpb_stripe_xfer *x)
 		x->work.n_segs = x->n_segs;
 		x->work.seg_len = send_seg_len;
 		x->work.done = NULL; /* delivered by deliver(), from st->cq */
+		x->work.chunk_min = 0;
 		tpb_work_submit(st->work, &x->work); /* nothing to send: queued done at once */
 		send_hand_out(st);
 	}

@@ -137,6 +137,43 @@ START_TEST(test_work_claims_in_order_and_cuts_at_segment_boundaries)
 }
 END_TEST
 
+/* A job whose chunk_min is a segment or more is claimed one whole segment at a time (a GPU copy);
+ * a chunk_min below the rule's chunk changes nothing. */
+START_TEST(test_work_chunk_min_keeps_segments_whole)
+{
+	static const uint64_t lens[] = { 3000, 0, 5000, 1 };
+	struct tpb_work *w = work_new(1024, 2, false);
+	struct { size_t seg; uint64_t len; } want[] = { { 0, 3000 }, { 2, 5000 }, { 3, 1 } };
+	struct tpb_work_chunk k;
+	struct tjob j;
+
+	tjob_init(&j, lens, TPU_ARRAY_SIZE(lens));
+	j.work.chunk_min = UINT64_MAX;
+	tpb_work_submit(w, &j.work);
+	for (size_t i = 0; i < TPU_ARRAY_SIZE(want); i++) {
+		k = claim(w);
+		ck_assert_uint_eq(k.seg, want[i].seg);
+		ck_assert_uint_eq(k.off, 0);
+		ck_assert_uint_eq(k.len, want[i].len);
+		tpb_work_finish(w, &k, 0, NULL);
+	}
+	ck_assert_int_eq(tpb_work_try_claim(w, &k), -EAGAIN);
+	ck_assert_int_eq(tpb_work_progress(w), 1);
+	ck_assert_uint_eq(j.bytes, 8001);
+
+	tjob_init(&j, lens, 1);
+	j.work.chunk_min = 512;
+	tpb_work_submit(w, &j.work);
+	k = claim(w);
+	ck_assert_uint_eq(k.len, 1024);
+	tpb_work_finish(w, &k, 0, NULL);
+	while (tpb_work_try_claim(w, &k) == 0)
+		tpb_work_finish(w, &k, 0, NULL);
+	ck_assert_int_eq(tpb_work_progress(w), 1);
+	tpb_work_free(w, "stop");
+}
+END_TEST
+
 /* A job of nothing but empty segments (or none) completes from progress, not in submit. */
 START_TEST(test_work_empty_job_completes_from_progress)
 {
@@ -440,6 +477,7 @@ static Suite *work_suite(void)
 	tcase_set_timeout(tc, 30);
 	tcase_add_test(tc, test_work_chunk_rule_spreads_small_jobs_and_caps_large_ones);
 	tcase_add_test(tc, test_work_claims_in_order_and_cuts_at_segment_boundaries);
+	tcase_add_test(tc, test_work_chunk_min_keeps_segments_whole);
 	tcase_add_test(tc, test_work_empty_job_completes_from_progress);
 	tcase_add_test(tc, test_work_claim_order_oldest_first_or_by_rows);
 	tcase_add_test(tc, test_work_first_error_wins_and_waits_for_chunks_in_flight);
