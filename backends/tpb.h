@@ -663,6 +663,9 @@ void tpb_cuda_maps_idle(struct tpb_cuda_map *const *maps, size_t n);
 /* Mappings alive (referenced), and how many of them a copy has opened, into the caller's
  * @ret_alive and @ret_open. */
 void tpb_cuda_map_count(unsigned *ret_alive, unsigned *ret_open);
+/* Client shared buffers page-locked for GPU copies now (see tpb_cuda_buffer_pin() in
+ * backends/cuda/cuda_int.h) and their bytes, into the caller's @ret_n and @ret_bytes. */
+void tpb_cuda_pin_count(uint64_t *ret_n, uint64_t *ret_bytes);
 /* How many references @m has now (the RDMA registration cache drops a region of an allocation
  * that only it references). Borrows @m. */
 unsigned tpb_cuda_map_refs(const struct tpb_cuda_map *m);

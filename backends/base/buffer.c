@@ -51,6 +51,10 @@ void tpb_buffer_unref(struct tpb_buffer *b)
 {
 	if (!b || atomic_fetch_sub(&b->refs, 1) != 1)
 		return;
+	if (atomic_load(&b->pin) == TPB_PIN_DONE) {
+		b->unpin(b);
+		return;
+	}
 	munmap(b->map, b->size);
 	free(b);
 }

@@ -18,7 +18,16 @@ struct tpb_buffer {
 	uint64_t gen;
 	uint64_t size;
 	void *map;
+	/* Page-locking of the mapping for GPU copies (backends/cuda/cudamap.c): TPB_PIN_*. Once
+	 * pinned, @unpin (set before the state says so) replaces the last unref's unmap and free:
+	 * it unregisters the mapping with the driver off the caller's thread, then unmaps. */
+	atomic_int pin;
+	int pin_dev;	  /* the CUDA device whose context pinned it */
+	unsigned pin_gen; /* that context's generation then (a reset drops the pinning) */
+	void (*unpin)(struct tpb_buffer *b);
 };
+
+enum { TPB_PIN_NONE = 0, TPB_PIN_BUSY, TPB_PIN_DONE, TPB_PIN_REFUSED };
 
 /*
  * tpb_buffer_new() - check and map a client's memfd.
@@ -30,7 +39,8 @@ struct tpb_buffer {
 int tpb_buffer_new(int fd, uint64_t id, uint64_t gen, uint64_t size, struct tpb_buffer **ret);
 
 struct tpb_buffer *tpb_buffer_ref(struct tpb_buffer *b);
-/* Drops a reference; unmaps and frees at zero. Thread safe. Accepts NULL. */
+/* Drops a reference; unmaps and frees at zero (through @b->unpin when pinned). Thread safe.
+ * Accepts NULL. */
 void tpb_buffer_unref(struct tpb_buffer *b);
 /* True if one reference is all @b has (e.g. a cache's, once its client let go). Borrows @b. */
 bool tpb_buffer_only_ref(const struct tpb_buffer *b);

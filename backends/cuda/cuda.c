@@ -16,7 +16,9 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sched.h>
+#include <sys/mman.h>
 #include <time.h>
+#include "../base/buffer.h"
 #include "cuda_int.h"
 #include "log.h"
 
@@ -435,6 +437,58 @@ int tpb_cuda_stream_wait(struct tpb_cuda_thread *t, int dev, CUstream st, char *
 	return tpb_cuda_event_wait(t, dev, t->done[dev], why, wl);
 }
 
+static uint64_t pinned_n, pinned_bytes; /* atomic: shared buffers page-locked now */
+
+void tpb_cuda_pin_count(uint64_t *ret_n, uint64_t *ret_bytes)
+{
+	*ret_n = __atomic_load_n(&pinned_n, __ATOMIC_RELAXED);
+	*ret_bytes = __atomic_load_n(&pinned_bytes, __ATOMIC_RELAXED);
+}
+
+void tpb_cuda_buffer_pin(struct tpb_buffer *b, int dev)
+{
+	int st = atomic_load(&b->pin);
+	char why[200];
+	CUresult r;
+
+	if (st == TPB_PIN_DONE && b->pin_gen == dev_gen(b->pin_dev))
+		return;
+	if ((st != TPB_PIN_NONE && st != TPB_PIN_DONE) ||
+	    !atomic_compare_exchange_strong(&b->pin, &st, TPB_PIN_BUSY))
+		return; /* refused before, or another copy is pinning it: this one goes unpinned */
+	/* A reset of the pinning device dropped the old registration with its context. */
+	r = api()->cuMemHostRegister(b->map, b->size, CU_MEMHOSTREGISTER_PORTABLE);
+	if (r == CUDA_SUCCESS || r == CUDA_ERROR_HOST_MEMORY_ALREADY_REGISTERED) {
+		b->pin_dev = dev;
+		b->pin_gen = dev_gen(dev);
+		b->unpin = tpb_cuda_buffer_unpin;
+		if (st == TPB_PIN_NONE) {
+			__atomic_add_fetch(&pinned_n, 1, __ATOMIC_RELAXED);
+			__atomic_add_fetch(&pinned_bytes, b->size, __ATOMIC_RELAXED);
+		}
+		atomic_store(&b->pin, TPB_PIN_DONE);
+		return;
+	}
+	atomic_store(&b->pin, TPB_PIN_REFUSED);
+	tpcuda_why(api(), "cuMemHostRegister", r, why, sizeof(why));
+	tpu_log_info("shared buffer %llu (%llu bytes) stays pageable for GPU copies: %s",
+		     (unsigned long long)b->id, (unsigned long long)b->size, why);
+}
+
+void tpb_cuda_buffer_unpin_now(struct tpb_buffer *b)
+{
+	char why[200];
+
+	if (b->pin_gen == dev_gen(b->pin_dev) &&
+	    tpb_cuda_dev_enter(b->pin_dev, why, sizeof(why)) == 0 &&
+	    b->pin_gen == dev_gen(b->pin_dev))
+		api()->cuMemHostUnregister(b->map);
+	__atomic_sub_fetch(&pinned_n, 1, __ATOMIC_RELAXED);
+	__atomic_sub_fetch(&pinned_bytes, b->size, __ATOMIC_RELAXED);
+	munmap(b->map, b->size);
+	free(b);
+}
+
 void tpb_cuda_peer_enable(int dev, int peer)
 {
 	int can = 0;
@@ -543,6 +597,17 @@ int tpb_cuda_rdma_flush(const struct tpb_mem *m, uint64_t len, char *why, size_t
 }
 
 #else /* !HAVE_CUDA */
+
+void tpb_cuda_pin_count(uint64_t *ret_n, uint64_t *ret_bytes)
+{
+	*ret_n = *ret_bytes = 0;
+}
+
+void tpb_cuda_buffer_unpin_now(struct tpb_buffer *b)
+{
+	munmap(b->map, b->size);
+	free(b);
+}
 
 int tpb_cuda_event_done(const struct tpb_mem *m, char *why, size_t wl)
 {

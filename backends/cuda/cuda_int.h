@@ -53,6 +53,10 @@ int tpb_cuda_map_open(struct tpb_cuda_map *m, char *why, size_t why_len);
 void tpb_cuda_map_open_bg(struct tpb_cuda_map *m);
 /* Closes what tpb_cuda_map_open() opened (last reference gone). */
 void tpb_cuda_map_close(struct tpb_cuda_map *m);
+/* The last unref of a pinned shared buffer (tpb_buffer.unpin): hands @b to the CUDA layer's
+ * worker thread, which unregisters the mapping (tpb_cuda_buffer_unpin_now()), unmaps and frees
+ * it; does it on the caller's thread if that worker cannot start. Takes @b. */
+void tpb_cuda_buffer_unpin(struct tpb_buffer *b);
 /* 1 if the driver can be used here, else 0 with the reason in @why. */
 int tpb_cuda_available(char *why, size_t why_len);
 
@@ -196,6 +200,18 @@ int tpb_cuda_copy_dev(const struct tpb_cuda_side *a, const struct tpb_cuda_side 
  */
 int tpb_cuda_event_wait(struct tpb_cuda_thread *t, int dev, CUevent ev, char *why,
 			size_t why_len);
+
+/*
+ * tpb_cuda_buffer_pin() - page-lock client shared buffer @b with the driver (portable, so every
+ * device's copies use it) the first time a copy on device @dev (its context current) moves its
+ * bytes, so that the GPU reads and writes it by DMA instead of through the driver's staging;
+ * again after a reset of the device that pinned it. Only one thread tries at a time; a refusal
+ * (no memory to lock) is logged once per buffer and the copies go on unpinned. Borrows @b.
+ */
+void tpb_cuda_buffer_pin(struct tpb_buffer *b, int dev);
+
+/* Unregisters @b's mapping if its pinning is still alive, then unmaps and frees @b. */
+void tpb_cuda_buffer_unpin_now(struct tpb_buffer *b);
 
 /* Enables peer access from device @dev (its context current) to @peer, once, where the
  * hardware allows it. */

@@ -11,6 +11,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include "../base/buffer.h"
 #include "cuda_int.h"
 
 int tpb_cuda_viable(char *why, size_t why_len)
@@ -133,6 +134,12 @@ struct open_req { /* a tpb_cuda_map_open_bg() request */
 };
 static struct tpu_list opener_todo = { &opener_todo, &opener_todo };
 
+struct unpin_req { /* a tpb_cuda_buffer_unpin() request */
+	struct tpu_list node;
+	struct tpb_buffer *buf; /* owned: nothing else references it */
+};
+static struct tpu_list unpin_todo = { &unpin_todo, &unpin_todo };
+
 static void map_free(struct tpb_cuda_map *m)
 {
 	if (m->state == 1)
@@ -147,8 +154,19 @@ static void *closer_main(void *arg)
 	for (;;) {
 		struct tpb_cuda_map *m;
 
-		while (tpu_list_empty(&closer_todo) && tpu_list_empty(&opener_todo))
+		while (tpu_list_empty(&closer_todo) && tpu_list_empty(&opener_todo) &&
+		       tpu_list_empty(&unpin_todo))
 			pthread_cond_wait(&closer_cond, &closer_lock);
+		if (!tpu_list_empty(&unpin_todo)) {
+			struct unpin_req *q = tpu_list_first(&unpin_todo, struct unpin_req, node);
+
+			tpu_list_remove(&q->node);
+			pthread_mutex_unlock(&closer_lock);
+			tpb_cuda_buffer_unpin_now(q->buf);
+			free(q);
+			pthread_mutex_lock(&closer_lock);
+			continue;
+		}
 		if (!tpu_list_empty(&opener_todo)) {
 			struct open_req *q = tpu_list_first(&opener_todo, struct open_req, node);
 			char why[256];
@@ -204,6 +222,24 @@ void tpb_cuda_map_open_bg(struct tpb_cuda_map *m)
 		free(q);
 		__atomic_store_n(&m->open_queued, false, __ATOMIC_RELEASE);
 	}
+}
+
+void tpb_cuda_buffer_unpin(struct tpb_buffer *b)
+{
+	struct unpin_req *q = malloc(sizeof(*q));
+
+	pthread_mutex_lock(&closer_lock);
+	if (q && closer_start()) {
+		q->buf = b;
+		tpu_list_insert_tail(&unpin_todo, &q->node);
+		pthread_cond_signal(&closer_cond);
+		q = NULL;
+		b = NULL;
+	}
+	pthread_mutex_unlock(&closer_lock);
+	free(q);
+	if (b)
+		tpb_cuda_buffer_unpin_now(b);
 }
 
 /* Hands @m (open, unreferenced) to the closer thread; closes it here if none can start. */

@@ -111,11 +111,16 @@ static int copy_issue(struct tpb_cuda_thread *t, const struct tpb_xfer *x,
 		tpb_cuda_peer_enable(b->dev, a->dev);
 		cr = api()->cuMemcpyPeerAsync(b->ptr, tpb_cuda_devs[b->dev].ctx, a->ptr,
 					      tpb_cuda_devs[a->dev].ctx, x->len, st);
-	} else if (b->cuda && x->src.loc == TPB_LOC_LOCAL)
+	} else if (b->cuda && x->src.loc == TPB_LOC_LOCAL) {
+		if (x->src.buf)
+			tpb_cuda_buffer_pin(x->src.buf, b->dev);
 		cr = api()->cuMemcpyHtoDAsync(b->ptr, (const void *)(uintptr_t)x->src.addr, x->len,
 					      st);
-	else if (a->cuda && x->dst.loc == TPB_LOC_LOCAL)
+	} else if (a->cuda && x->dst.loc == TPB_LOC_LOCAL) {
+		if (x->dst.buf)
+			tpb_cuda_buffer_pin(x->dst.buf, a->dev);
 		cr = api()->cuMemcpyDtoHAsync((void *)(uintptr_t)x->dst.addr, a->ptr, x->len, st);
+	}
 	else if (b->cuda)
 		return copy_process_to_cuda(t, &x->src, b->dev, b->ptr, x->len, st, s);
 	else

@@ -108,6 +108,8 @@ struct json_object *ctl_json_status(const Tpw__V1__CtlStatus *s)
 	ctl_json_str(o, "peer_auth", s->peer_auth);
 	ctl_json_u64(o, "cuda_mappings", s->cuda_mappings);
 	ctl_json_u64(o, "cuda_mappings_open", s->cuda_mappings_open);
+	ctl_json_u64(o, "cuda_pinned_buffers", s->cuda_pinned_buffers);
+	ctl_json_u64(o, "cuda_pinned_bytes", s->cuda_pinned_bytes);
 	ctl_json_u64(o, "rdma_cache_regions", s->rdma_cache_regions);
 	ctl_json_u64(o, "rdma_cache_bytes", s->rdma_cache_bytes);
 	ctl_json_u64(o, "rdma_cache_hits", s->rdma_cache_hits);
@@ -170,6 +172,9 @@ static int status_text(const Tpw__V1__CtlStatus *s, FILE *out)
 	ctl_table_cellf(&t, "cuda mappings:");
 	ctl_table_cellf(&t, "%" PRIu32 " (%" PRIu32 " open)", s->cuda_mappings,
 			s->cuda_mappings_open);
+	ctl_table_cellf(&t, "cuda pinned buffers:");
+	ctl_table_cellf(&t, "%" PRIu64 " (%s)", s->cuda_pinned_buffers,
+			ctl_fmt_bytes(s->cuda_pinned_bytes, b1, sizeof(b1)));
 	ctl_table_cellf(&t, "rdma registrations:");
 	ctl_table_cellf(&t,
 			"%" PRIu64 " cached (%s), %" PRIu64 " hits, %" PRIu64 " misses, %" PRIu64

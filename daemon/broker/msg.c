@@ -70,6 +70,7 @@ static int resolve_src(struct tpd_session *s, const Tpw__V1__Segment *seg, const
 		}
 		tpb_buffer_ref(out->buf);
 		out->mem.addr = (uint64_t)(uintptr_t)ptr;
+		out->mem.buf = out->buf; /* a channel may keep state with it (cuda_ipc pins it) */
 		return 0;
 	case TPW__V1__SEGMENT__LOC_CMA_ADDR:
 		if (!tpd_session_cma(s)) {
@@ -256,7 +257,7 @@ int tpd_msg_resolve_dst(struct tpd_session *s, const Tpw__V1__Segment *seg,
 	}
 	job->refs[job->n_refs++] = tpb_buffer_ref(b);
 	d->buf = b;
-	x->dst = (struct tpb_mem){.loc = TPB_LOC_LOCAL, .addr = (uint64_t)(uintptr_t)ptr};
+	x->dst = (struct tpb_mem){ .loc = TPB_LOC_LOCAL, .addr = (uint64_t)(uintptr_t)ptr, .buf = b };
 	return 0;
 }
 

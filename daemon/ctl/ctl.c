@@ -138,6 +138,7 @@ static void fill_status(struct tpd_daemon *d, const struct ctl_bufs *b, Tpw__V1_
 	st->host_id = (char *)tpd_peers_host_id(d);
 	st->peer_auth = (char *)tpd_peers_auth(d);
 	tpb_cuda_map_count(&st->cuda_mappings, &st->cuda_mappings_open);
+	tpb_cuda_pin_count(&st->cuda_pinned_buffers, &st->cuda_pinned_bytes);
 	tpb_rdma_cache_stats(tpd_daemon_rdma(d), &rc);
 	st->rdma_cache_regions = rc.regions;
 	st->rdma_cache_bytes = rc.bytes;

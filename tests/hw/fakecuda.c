@@ -41,6 +41,9 @@
  * cuFlushGPUDirectRDMAWrites() (needs a current context; with $FAKECUDA_NO_RDMA_FLUSH the
  * device says it does not), which, like a synchronous read of device memory (cuMemcpyDtoH),
  * lands the writes fakeverbs holds back under FAKEVERBS_WRITE_LAG.
+ * Host memory registration (cuMemHostRegister) keeps the registered ranges as the driver does:
+ * one overlapping a registered range is refused (CUDA_ERROR_HOST_MEMORY_ALREADY_REGISTERED),
+ * unregistering anything but a registered range's start fails.
  * Not emulated: implicit synchronisation between the legacy stream and blocking streams,
  * timing, limits, and anything the hw suite, libtpclient and tpipd do not call. It proves the
  * plumbing and the ordering logic, not the hardware; tests/hw on a real GPU remains the truth.
@@ -1068,16 +1071,55 @@ CUresult CUDAAPI cuMemFreeHost(void *p)
 	return CUDA_SUCCESS;
 }
 
+/* Host ranges registered (page-locked), as the driver keeps them: a range overlapping one
+ * already registered is refused, and only the start of a registered range unregisters. */
+struct hostreg {
+	uintptr_t base;
+	size_t size;
+	struct hostreg *next;
+};
+static struct hostreg *hostregs; /* under lock */
+
 CUresult CUDAAPI cuMemHostRegister(void *p, size_t size, unsigned int flags)
 {
+	uintptr_t b = (uintptr_t)p;
+	struct hostreg *h;
+	CUresult r = CUDA_SUCCESS;
+
 	if (!ctx_current())
 		return CUDA_ERROR_INVALID_CONTEXT;
-	return p && size ? CUDA_SUCCESS : CUDA_ERROR_INVALID_VALUE;
+	if (!p || !size)
+		return CUDA_ERROR_INVALID_VALUE;
+	pthread_mutex_lock(&lock);
+	for (h = hostregs; h && r == CUDA_SUCCESS; h = h->next)
+		if (b < h->base + h->size && h->base < b + size)
+			r = CUDA_ERROR_HOST_MEMORY_ALREADY_REGISTERED;
+	if (r == CUDA_SUCCESS && !(h = malloc(sizeof(*h))))
+		r = CUDA_ERROR_OUT_OF_MEMORY;
+	if (r == CUDA_SUCCESS) {
+		*h = (struct hostreg){ .base = b, .size = size, .next = hostregs };
+		hostregs = h;
+	}
+	pthread_mutex_unlock(&lock);
+	return r;
 }
 
 CUresult CUDAAPI cuMemHostUnregister(void *p)
 {
-	return ctx_current() ? CUDA_SUCCESS : CUDA_ERROR_INVALID_CONTEXT;
+	struct hostreg **pp, *h = NULL;
+
+	if (!ctx_current())
+		return CUDA_ERROR_INVALID_CONTEXT;
+	pthread_mutex_lock(&lock);
+	for (pp = &hostregs; *pp; pp = &(*pp)->next)
+		if ((*pp)->base == (uintptr_t)p) {
+			h = *pp;
+			*pp = h->next;
+			break;
+		}
+	pthread_mutex_unlock(&lock);
+	free(h);
+	return h ? CUDA_SUCCESS : CUDA_ERROR_HOST_MEMORY_NOT_REGISTERED;
 }
 
 /* ---- events --------------------------------------------------------------------------------- */

@@ -11,7 +11,8 @@
  * stand-in with $FAKECUDA_DELAY) does not hold up other sessions: while it is still pending,
  * another pair of clients moves messages and tpipctl answers, whether the close comes at the
  * end of the transfer (default) or of the clients' sessions (cuda-cache-mappings). The forced fault and the delay
- * need the stand-in (two devices); those tests skip on a real GPU. Skips (77) without a CUDA
+ * need the stand-in (two devices); those tests skip on a real GPU. A shared buffer that copies move
+ * to or from a GPU is page-locked while it lives, and unpinned when it is freed. Skips (77) without a CUDA
  * driver or device.
  */
 #include <check.h>
@@ -144,6 +145,132 @@ START_TEST(test_cuda_life_memory_freed_after_the_transfer_is_not_mapped)
 	/* Their sessions ended with the memory gone: device 0 is still sound. */
 	ck_assert_msg(moves_on(0, "hw-life-after", 82), "device 0 no longer serves");
 	ck_assert_uint_eq(status_u64("cuda_mappings_open"), 0);
+}
+END_TEST
+
+/* ---- shared buffers page-locked for GPU copies ------------------------------------------ */
+
+/* _i: 0 the shared buffer is the source (to CUDA), 1 the destination (from CUDA). */
+static int pinned_cpu_end(void *arg)
+{
+	bool from_cuda = *(const int *)arg;
+	struct tpt_end e = { .d = D, .ctx_name = "pinned-cpu", .where = NAME, .ready = &ready,
+			     .timeout_ms = T_MS };
+	struct tp_tensor t = { .device = { TP_DEVICE_CPU, 0 }, .length = LEN };
+	struct tp_message m = { .tensors = &t, .n_tensors = 1 };
+	struct tp_slot slot = { .device = { TP_DEVICE_CPU, 0 } };
+	struct tp_allocation a = { .tensors = &slot, .n_tensors = 1 };
+	uint8_t *want = malloc(LEN);
+	struct tp_descriptor *d;
+	void *buf;
+	int r;
+
+	TPT_REQUIRE(want, 1, "malloc");
+	tpt_fill(want, LEN, 86);
+	TPT_REQUIRE((from_cuda ? tpt_end_listen(&e, true) : tpt_end_connect(&e)) == 0, 1, "end");
+	r = tp_buffer_alloc(e.ctx, LEN, &buf);
+	TPT_REQUIRE(r == 0, 1, "tp_buffer_alloc: %d %s", r, tp_last_error());
+	if (from_cuda) {
+		r = tp_pipe_read_descriptor_sync(e.p, T_MS, &d);
+		TPT_REQUIRE(r == 0, 1, "descriptor: %d %s", r, tp_last_error());
+		slot.data = buf;
+		r = tp_pipe_read_sync(e.p, d, &a);
+		TPT_REQUIRE(r == 0 && memcmp(buf, want, LEN) == 0, 1, "read: %d %s", r,
+			    tp_last_error());
+	} else {
+		memcpy(buf, want, LEN);
+		t.data = buf;
+		r = tp_pipe_write_sync(e.p, &m);
+		TPT_REQUIRE(r == 0, 1, "write: %d %s", r, tp_last_error());
+	}
+	tpt_sync_post(&to_parent, 0);
+	TPT_REQUIRE(tpt_sync_wait(&to_writer, T_MS) == 0, 1, "never told to release the buffer");
+	TPT_REQUIRE(tp_buffer_free(e.ctx, buf) == 0, 1, "tp_buffer_free");
+	tpt_sync_post(&to_parent, 0);
+	TPT_REQUIRE(tpt_sync_wait(&to_writer, T_MS) == 0, 1, "never told to end");
+	tpt_end_close(&e);
+	free(want);
+	return 0;
+}
+
+static int pinned_cuda_end(void *arg)
+{
+	bool from_cuda = *(const int *)arg;
+	struct tpt_end e = { .d = D, .ctx_name = "pinned-cuda", .where = NAME, .ready = &ready,
+			     .timeout_ms = T_MS };
+	struct tp_tensor t = { .device = { TP_DEVICE_CUDA, 0 }, .length = LEN };
+	struct tp_message m = { .tensors = &t, .n_tensors = 1 };
+	struct tp_slot slot = { .device = { TP_DEVICE_CUDA, 0 } };
+	struct tp_allocation a = { .tensors = &slot, .n_tensors = 1 };
+	uint8_t *want = malloc(LEN);
+	struct tp_descriptor *d;
+	struct hwt_cuda cu;
+	CUdeviceptr p;
+	int r;
+
+	TPT_REQUIRE(want, 1, "malloc");
+	tpt_fill(want, LEN, 86);
+	TPT_REQUIRE(hwt_cuda_open(0, &cu) == 0, 1, "CUDA");
+	TPT_REQUIRE((from_cuda ? tpt_end_connect(&e) : tpt_end_listen(&e, true)) == 0, 1, "end");
+	if (from_cuda) {
+		TPT_REQUIRE(hwt_dev_alloc_fill(&cu, LEN, 86, &p) == 0, 1, "alloc");
+		t.data = hwt_ptr(p);
+		r = tp_pipe_write_sync(e.p, &m);
+		TPT_REQUIRE(r == 0, 1, "write: %d %s", r, tp_last_error());
+	} else {
+		r = tp_pipe_read_descriptor_sync(e.p, T_MS, &d);
+		TPT_REQUIRE(r == 0, 1, "descriptor: %d %s", r, tp_last_error());
+		HWT_CU(&cu, cuMemAlloc(&p, LEN), 1);
+		slot.data = hwt_ptr(p);
+		r = tp_pipe_read_sync(e.p, d, &a);
+		TPT_REQUIRE(r == 0, 1, "read: %d %s", r, tp_last_error());
+		TPT_REQUIRE(hwt_dev_expect(&cu, p, want, LEN, "slot") == 0, 1, "contents");
+	}
+	TPT_REQUIRE(tpt_sync_wait(&to_reader, T_MS) == 0, 1, "never told to end");
+	tpt_end_close(&e);
+	cu.api->cuMemFree(p);
+	hwt_cuda_close(&cu);
+	free(want);
+	return 0;
+}
+
+/* Polls the daemon until it pins @n buffers (it unpins on another thread). */
+static bool pinned_becomes(uint64_t n)
+{
+	for (int i = 0; i < T_MS / 10; i++) {
+		struct timespec ts = { 0, 10 * 1000000L };
+
+		if (status_u64("cuda_pinned_buffers") == n)
+			return true;
+		nanosleep(&ts, NULL);
+	}
+	return false;
+}
+
+/*
+ * A shared buffer that a copy moves to or from CUDA memory is page-locked once, so the GPU
+ * reaches it by DMA, and stays so while the buffer lives; freeing the buffer unpins it (on the
+ * stand-in, pinning it again, or a new buffer at the same address, would be refused otherwise).
+ */
+START_TEST(test_cuda_life_shared_buffers_are_pinned_while_they_live)
+{
+	pid_t cpu = tpt_fork(pinned_cpu_end, &_i), gpu = tpt_fork(pinned_cuda_end, &_i);
+
+	ck_assert_int_gt(cpu, 0);
+	ck_assert_int_gt(gpu, 0);
+	ck_assert_int_eq(tpt_sync_wait(&to_parent, T_MS), 0); /* the transfer is done */
+	ck_assert_uint_eq(status_u64("cuda_pinned_buffers"), 1);
+	ck_assert_uint_eq(status_u64("cuda_pinned_bytes"), LEN);
+	ck_assert_int_eq(tpt_sync_post(&to_writer, 0), 0);
+	ck_assert_int_eq(tpt_sync_wait(&to_parent, T_MS), 0); /* the buffer is freed */
+	ck_assert_msg(pinned_becomes(0), "a freed buffer stays pinned");
+	ck_assert_uint_eq(status_u64("cuda_pinned_bytes"), 0);
+	ck_assert_int_eq(tpt_sync_post(&to_writer, 0), 0);
+	ck_assert_int_eq(tpt_sync_post(&to_reader, 0), 0);
+	ck_assert(tpt_wait_ok(cpu, T_MS, "cpu end"));
+	ck_assert(tpt_wait_ok(gpu, T_MS, "cuda end"));
+	/* Again, on buffers the daemon may map where the freed one was. */
+	ck_assert_msg(moves_on(0, "hw-life-pin-after", 87), "device 0 no longer serves");
 }
 END_TEST
 
@@ -328,6 +455,7 @@ static Suite *cuda_life_suite(void)
 
 	tcase_add_checked_fixture(tc, setup, teardown);
 	tcase_add_test(tc, test_cuda_life_memory_freed_after_the_transfer_is_not_mapped);
+	tcase_add_loop_test(tc, test_cuda_life_shared_buffers_are_pinned_while_they_live, 0, 2);
 	tcase_add_test(tc, test_cuda_life_sticky_error_fails_its_device_which_recovers);
 	tcase_set_timeout(tc, 200);
 	suite_add_tcase(s, tc);
