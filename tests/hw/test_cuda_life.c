@@ -150,86 +150,84 @@ END_TEST
 
 /* ---- shared buffers page-locked for GPU copies ------------------------------------------ */
 
-/* _i: 0 the shared buffer is the source (to CUDA), 1 the destination (from CUDA). */
-static int pinned_cpu_end(void *arg)
+/* One end of a transfer between a shared buffer and CUDA memory: @from_cuda picks the
+ * direction, @cpu the end (the shared buffer's or the CUDA memory's). */
+struct pin_role {
+	bool from_cuda, cpu;
+};
+
+/* The end's memory: a shared buffer (filled when it is the source), or CUDA memory. */
+static int pinned_mem(const struct pin_role *role, struct tpt_end *e, struct hwt_cuda *cu,
+		      bool writer, const uint8_t *want, void **ret)
 {
-	bool from_cuda = *(const int *)arg;
-	struct tpt_end e = { .d = D, .ctx_name = "pinned-cpu", .where = NAME, .ready = &ready,
-			     .timeout_ms = T_MS };
-	struct tp_tensor t = { .device = { TP_DEVICE_CPU, 0 }, .length = LEN };
-	struct tp_message m = { .tensors = &t, .n_tensors = 1 };
-	struct tp_slot slot = { .device = { TP_DEVICE_CPU, 0 } };
-	struct tp_allocation a = { .tensors = &slot, .n_tensors = 1 };
-	uint8_t *want = malloc(LEN);
-	struct tp_descriptor *d;
-	void *buf;
+	CUdeviceptr p;
 	int r;
 
-	TPT_REQUIRE(want, 1, "malloc");
-	tpt_fill(want, LEN, 86);
-	TPT_REQUIRE((from_cuda ? tpt_end_listen(&e, true) : tpt_end_connect(&e)) == 0, 1, "end");
-	r = tp_buffer_alloc(e.ctx, LEN, &buf);
-	TPT_REQUIRE(r == 0, 1, "tp_buffer_alloc: %d %s", r, tp_last_error());
-	if (from_cuda) {
-		r = tp_pipe_read_descriptor_sync(e.p, T_MS, &d);
-		TPT_REQUIRE(r == 0, 1, "descriptor: %d %s", r, tp_last_error());
-		slot.data = buf;
-		r = tp_pipe_read_sync(e.p, d, &a);
-		TPT_REQUIRE(r == 0 && memcmp(buf, want, LEN) == 0, 1, "read: %d %s", r,
-			    tp_last_error());
-	} else {
-		memcpy(buf, want, LEN);
-		t.data = buf;
-		r = tp_pipe_write_sync(e.p, &m);
-		TPT_REQUIRE(r == 0, 1, "write: %d %s", r, tp_last_error());
+	if (role->cpu) {
+		r = tp_buffer_alloc(e->ctx, LEN, ret);
+		TPT_REQUIRE(r == 0, -1, "tp_buffer_alloc: %d %s", r, tp_last_error());
+		if (writer)
+			memcpy(*ret, want, LEN);
+		return 0;
 	}
-	tpt_sync_post(&to_parent, 0);
-	TPT_REQUIRE(tpt_sync_wait(&to_writer, T_MS) == 0, 1, "never told to release the buffer");
-	TPT_REQUIRE(tp_buffer_free(e.ctx, buf) == 0, 1, "tp_buffer_free");
-	tpt_sync_post(&to_parent, 0);
-	TPT_REQUIRE(tpt_sync_wait(&to_writer, T_MS) == 0, 1, "never told to end");
-	tpt_end_close(&e);
-	free(want);
+	TPT_REQUIRE(hwt_cuda_open(0, cu) == 0, -1, "CUDA");
+	if (writer)
+		TPT_REQUIRE(hwt_dev_alloc_fill(cu, LEN, 86, &p) == 0, -1, "alloc");
+	else
+		HWT_CU(cu, cuMemAlloc(&p, LEN), -1);
+	*ret = hwt_ptr(p);
 	return 0;
 }
 
-static int pinned_cuda_end(void *arg)
+static int pinned_end(void *arg)
 {
-	bool from_cuda = *(const int *)arg;
-	struct tpt_end e = { .d = D, .ctx_name = "pinned-cuda", .where = NAME, .ready = &ready,
-			     .timeout_ms = T_MS };
-	struct tp_tensor t = { .device = { TP_DEVICE_CUDA, 0 }, .length = LEN };
+	const struct pin_role *role = arg;
+	bool writer = role->cpu != role->from_cuda;
+	struct tpt_end e = { .d = D, .ctx_name = role->cpu ? "pinned-cpu" : "pinned-cuda",
+			     .where = NAME, .ready = &ready, .timeout_ms = T_MS };
+	struct tp_device dev = { role->cpu ? TP_DEVICE_CPU : TP_DEVICE_CUDA, 0 };
+	struct tp_tensor t = { .device = dev, .length = LEN };
 	struct tp_message m = { .tensors = &t, .n_tensors = 1 };
-	struct tp_slot slot = { .device = { TP_DEVICE_CUDA, 0 } };
+	struct tp_slot slot = { .device = dev };
 	struct tp_allocation a = { .tensors = &slot, .n_tensors = 1 };
 	uint8_t *want = malloc(LEN);
 	struct tp_descriptor *d;
 	struct hwt_cuda cu;
-	CUdeviceptr p;
+	void *mem;
 	int r;
 
 	TPT_REQUIRE(want, 1, "malloc");
 	tpt_fill(want, LEN, 86);
-	TPT_REQUIRE(hwt_cuda_open(0, &cu) == 0, 1, "CUDA");
-	TPT_REQUIRE((from_cuda ? tpt_end_connect(&e) : tpt_end_listen(&e, true)) == 0, 1, "end");
-	if (from_cuda) {
-		TPT_REQUIRE(hwt_dev_alloc_fill(&cu, LEN, 86, &p) == 0, 1, "alloc");
-		t.data = hwt_ptr(p);
+	TPT_REQUIRE((writer ? tpt_end_connect(&e) : tpt_end_listen(&e, true)) == 0, 1, "end");
+	TPT_REQUIRE(pinned_mem(role, &e, &cu, writer, want, &mem) == 0, 1, "memory");
+	if (writer) {
+		t.data = mem;
 		r = tp_pipe_write_sync(e.p, &m);
 		TPT_REQUIRE(r == 0, 1, "write: %d %s", r, tp_last_error());
 	} else {
 		r = tp_pipe_read_descriptor_sync(e.p, T_MS, &d);
 		TPT_REQUIRE(r == 0, 1, "descriptor: %d %s", r, tp_last_error());
-		HWT_CU(&cu, cuMemAlloc(&p, LEN), 1);
-		slot.data = hwt_ptr(p);
+		slot.data = mem;
 		r = tp_pipe_read_sync(e.p, d, &a);
 		TPT_REQUIRE(r == 0, 1, "read: %d %s", r, tp_last_error());
-		TPT_REQUIRE(hwt_dev_expect(&cu, p, want, LEN, "slot") == 0, 1, "contents");
+		TPT_REQUIRE(role->cpu ? memcmp(mem, want, LEN) == 0 :
+					hwt_dev_expect(&cu, (CUdeviceptr)(uintptr_t)mem, want, LEN,
+						       "slot") == 0,
+			    1, "contents");
 	}
-	TPT_REQUIRE(tpt_sync_wait(&to_reader, T_MS) == 0, 1, "never told to end");
+	if (role->cpu) { /* the parent looks at the daemon, then lets the buffer go */
+		tpt_sync_post(&to_parent, 0);
+		TPT_REQUIRE(tpt_sync_wait(&to_writer, T_MS) == 0, 1, "never told to free");
+		TPT_REQUIRE(tp_buffer_free(e.ctx, mem) == 0, 1, "tp_buffer_free");
+		tpt_sync_post(&to_parent, 0);
+	}
+	TPT_REQUIRE(tpt_sync_wait(role->cpu ? &to_writer : &to_reader, T_MS) == 0, 1,
+		    "never told to end");
 	tpt_end_close(&e);
-	cu.api->cuMemFree(p);
-	hwt_cuda_close(&cu);
+	if (!role->cpu) {
+		cu.api->cuMemFree((CUdeviceptr)(uintptr_t)mem);
+		hwt_cuda_close(&cu);
+	}
 	free(want);
 	return 0;
 }
@@ -254,7 +252,9 @@ static bool pinned_becomes(uint64_t n)
  */
 START_TEST(test_cuda_life_shared_buffers_are_pinned_while_they_live)
 {
-	pid_t cpu = tpt_fork(pinned_cpu_end, &_i), gpu = tpt_fork(pinned_cuda_end, &_i);
+	struct pin_role cpu_role = { .from_cuda = _i, .cpu = true };
+	struct pin_role gpu_role = { .from_cuda = _i, .cpu = false };
+	pid_t cpu = tpt_fork(pinned_end, &cpu_role), gpu = tpt_fork(pinned_end, &gpu_role);
 
 	ck_assert_int_gt(cpu, 0);
 	ck_assert_int_gt(gpu, 0);
