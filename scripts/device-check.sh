@@ -15,7 +15,8 @@
 #                                          libraries. .devlibs/ is ignored by git.
 #   scripts/device-check.sh run [--fake]   on the GPU machine, from the repository root: runs
 #                                          every hw test with TPT_HW_REQUIRE=1 (a missing GPU is a
-#                                          failure, not a skip) and then bench_cuda, each under
+#                                          failure, not a skip), then bench_cuda_calls and
+#                                          bench_cuda, each under
 #                                          a deadline so the whole run ends within
 #                                          $DEVICE_CHECK_BUDGET seconds (default 480), and prints
 #                                          one summary table. --fake runs the same on the
@@ -36,7 +37,7 @@ D=${DEVICE_CHECK_DIR:-$ROOT/.devlibs} # where pack gathers and run finds the pro
 HW_TESTS=(test_cuda_xfer test_cuda_peer test_cuda_basic test_cuda_host test_cuda_stream test_cuda_faults test_cuda_life
 	test_cuda_ctl test_cuda_rules test_fakeverbs test_rdma test_cuda_gdr)
 NEEDS_RDMA=" test_rdma test_cuda_gdr test_fakeverbs "
-PROGRAMS=(daemon/tpipd client/tpipctl/tpipctl bench/bench_cuda)
+PROGRAMS=(daemon/tpipd client/tpipctl/tpipctl bench/bench_cuda bench/bench_cuda_calls)
 
 die() {
 	echo "device-check: $*" >&2
@@ -165,6 +166,7 @@ run() {
 		run_one "$name" "$left" 240
 	done
 	bench_log=$LOGS/bench_cuda.log
+	timeout -k 5 60 "$D/bin/bench_cuda_calls" -n 200 >"$LOGS/bench_cuda_calls.log" 2>&1
 	left=$((budget - ($(now) - t0)))
 	if [ "$left" -ge 20 ]; then
 		BENCH_CUDA_MAX_SIZE=${BENCH_CUDA_MAX_SIZE:-256M} timeout -k 5 "$left" \
@@ -177,6 +179,9 @@ run() {
 	echo "== device-check summary ($(($(now) - t0)) s; logs in $LOGS)"
 	printf '%-18s %-8s %6s  %s\n' TEST RESULT TIME NOTE
 	printf '%s\n' "${rows[@]}"
+	echo
+	echo "== bench_cuda_calls (what each driver call on a message's path costs)"
+	cat "$LOGS/bench_cuda_calls.log" 2>/dev/null
 	echo
 	echo "== bench_cuda"
 	cat "$bench_log" 2>/dev/null
