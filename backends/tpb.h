@@ -660,6 +660,19 @@ void tpb_cuda_map_unref(struct tpb_cuda_map *m);
  */
 void tpb_cuda_maps_busy(struct tpb_cuda_map *const *maps, size_t n);
 void tpb_cuda_maps_idle(struct tpb_cuda_map *const *maps, size_t n);
+/*
+ * tpb_cuda_xfers_wait() - whether any of the @n transfers @x (borrowed) has a client's CUDA event
+ * to wait for before its copy may start (tpb_mem.event).
+ */
+bool tpb_cuda_xfers_wait(const struct tpb_xfer *x, size_t n);
+/*
+ * tpb_cuda_xfers_ready() - may the copies of @x start: 1 when every client event of the @n
+ * transfers completed, or when waiting is pointless (a client in @procs, borrowed, exited, or
+ * an event cannot be opened or queried: the copy then fails with the reason); 0 not yet. Opens
+ * the events' mappings with the driver if needed, so it may block in the driver: for the
+ * copier's waiter thread (backends/base/copier.c), never the event loop.
+ */
+int tpb_cuda_xfers_ready(const struct tpb_xfer *x, size_t n, struct tpb_proc *const procs[2]);
 /* Mappings alive (referenced), and how many of them a copy has opened, into the caller's
  * @ret_alive and @ret_open. */
 void tpb_cuda_map_count(unsigned *ret_alive, unsigned *ret_open);

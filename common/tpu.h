@@ -115,6 +115,22 @@ static inline bool tpu_list_linked(const struct tpu_list *n)
 {
 	return n->next != n;
 }
+/* Moves every entry of @from to the end of @to, in order; @from is left empty. */
+static inline void tpu_list_splice_tail(struct tpu_list *to, struct tpu_list *from)
+{
+	if (tpu_list_empty(from))
+		return;
+	from->next->prev = to->prev;
+	to->prev->next = from->next;
+	from->prev->next = to;
+	to->prev = from->prev;
+	tpu_list_init(from);
+}
+/* Moves every entry of @from to the front of @to, in order; @from is left empty. */
+static inline void tpu_list_splice_head(struct tpu_list *to, struct tpu_list *from)
+{
+	tpu_list_splice_tail(to->next, from);
+}
 #define tpu_list_first(head, type, member)                                                         \
 	(tpu_list_empty(head) ? NULL : tpu_container_of((head)->next, type, member))
 #define tpu_list_for_each(pos, head, member)                                                       \

@@ -6,9 +6,11 @@
  */
 #include <errno.h>
 #include <pthread.h>
+#include <sched.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 #include "copier.h"
 
 #define BOUNCE_BYTES (4u << 20)
@@ -17,6 +19,13 @@ struct tpb_copier {
 	struct tpb_work *work;
 	pthread_t *threads;
 	unsigned n_threads;
+	/* The waiter thread and the jobs waiting for their clients' CUDA work (wait_lock). */
+	pthread_mutex_t wait_lock;
+	pthread_cond_t wait_cond;
+	struct tpu_list waiting;
+	unsigned n_waiting;
+	pthread_t waiter;
+	bool waiter_started, stopping;
 };
 
 static uint64_t job_seg_len(const struct tpb_work_job *w, size_t seg)
@@ -158,6 +167,76 @@ int tpb_copier_event_fd(const struct tpb_copier *c)
 	return tpb_work_event_fd(c->work);
 }
 
+/*
+ * The waiter: polls the client events of every waiting job without blocking on any one, and
+ * submits each job whose events completed to the engine; yields while a poll found something
+ * still pending and sleeps in short steps once nothing moved for a while.
+ */
+static void *waiter_main(void *arg)
+{
+	struct tpb_copier *c = arg;
+	struct timespec step = { 0, 20000 };
+	unsigned idle = 0;
+
+	pthread_mutex_lock(&c->wait_lock);
+	while (!c->stopping) {
+		struct tpu_list batch, *n;
+		bool moved = false;
+
+		if (tpu_list_empty(&c->waiting)) {
+			idle = 0;
+			pthread_cond_wait(&c->wait_cond, &c->wait_lock);
+			continue;
+		}
+		tpu_list_init(&batch); /* poll outside the lock: submitters only append */
+		tpu_list_splice_tail(&batch, &c->waiting);
+		pthread_mutex_unlock(&c->wait_lock);
+		for (n = batch.next; n != &batch;) {
+			struct tpb_copy_job *job = tpu_container_of(n, struct tpb_copy_job, wait_node);
+
+			n = n->next;
+			if (!tpb_cuda_xfers_ready(job->xfers, job->n, job->procs))
+				continue;
+			tpu_list_remove(&job->wait_node);
+			pthread_mutex_lock(&c->wait_lock);
+			c->n_waiting--;
+			pthread_mutex_unlock(&c->wait_lock);
+			tpb_work_submit(c->work, &job->work);
+			moved = true;
+		}
+		pthread_mutex_lock(&c->wait_lock);
+		tpu_list_splice_head(&c->waiting, &batch); /* oldest first again */
+		pthread_mutex_unlock(&c->wait_lock);
+		idle = moved ? 0 : idle + 1;
+		if (idle < 200)
+			sched_yield();
+		else
+			nanosleep(&step, NULL);
+		pthread_mutex_lock(&c->wait_lock);
+	}
+	pthread_mutex_unlock(&c->wait_lock);
+	return NULL;
+}
+
+/* Hands @job to the waiter (started on first use). Return: false if it cannot run. */
+static bool waiter_push(struct tpb_copier *c, struct tpb_copy_job *job)
+{
+	bool ok;
+
+	pthread_mutex_lock(&c->wait_lock);
+	if (!c->waiter_started && !c->stopping &&
+	    pthread_create(&c->waiter, NULL, waiter_main, c) == 0)
+		c->waiter_started = true;
+	ok = c->waiter_started && !c->stopping;
+	if (ok) {
+		tpu_list_insert_tail(&c->waiting, &job->wait_node);
+		c->n_waiting++;
+		pthread_cond_signal(&c->wait_cond);
+	}
+	pthread_mutex_unlock(&c->wait_lock);
+	return ok;
+}
+
 int tpb_copier_new(unsigned threads, struct tpb_copier **ret)
 {
 	/* A copy is not cut below a chunk: memcpy and CMA threads gain nothing from splitting a
@@ -168,6 +247,9 @@ int tpb_copier_new(unsigned threads, struct tpb_copier **ret)
 
 	if (!c)
 		return -ENOMEM;
+	pthread_mutex_init(&c->wait_lock, NULL);
+	pthread_cond_init(&c->wait_cond, NULL);
+	tpu_list_init(&c->waiting);
 	r = tpb_work_new(&cfg, &c->work);
 	if (r < 0) {
 		free(c);
@@ -216,24 +298,46 @@ void tpb_copier_submit(struct tpb_copier *c, struct tpb_copy_job *job)
 	if (job->work.last && !job->maps_busy)
 		tpb_cuda_maps_busy(job->maps, job->n_maps);
 	job->maps_busy = job->work.last != NULL;
+	if (tpb_cuda_xfers_wait(job->xfers, job->n) && waiter_push(c, job))
+		return;
 	tpb_work_submit(c->work, &job->work);
 }
 
 unsigned tpb_copier_busy(const struct tpb_copier *c)
 {
-	return tpb_work_busy(c->work);
+	unsigned n;
+
+	pthread_mutex_lock(&((struct tpb_copier *)c)->wait_lock);
+	n = c->n_waiting;
+	pthread_mutex_unlock(&((struct tpb_copier *)c)->wait_lock);
+	return n + tpb_work_busy(c->work);
 }
 
 void tpb_copier_free(struct tpb_copier *c)
 {
 	if (!c)
 		return;
+	pthread_mutex_lock(&c->wait_lock);
+	c->stopping = true;
+	pthread_cond_signal(&c->wait_cond);
+	pthread_mutex_unlock(&c->wait_lock);
+	if (c->waiter_started)
+		pthread_join(c->waiter, NULL);
 	if (c->work)
 		tpb_work_stop(c->work); /* workers finish the chunk in hand, then exit */
 	for (unsigned i = 0; i < c->n_threads; i++)
 		pthread_join(c->threads[i], NULL);
+	while (!tpu_list_empty(&c->waiting)) { /* queued now, so that the engine cancels them */
+		struct tpb_copy_job *job =
+			tpu_list_first(&c->waiting, struct tpb_copy_job, wait_node);
+
+		tpu_list_remove(&job->wait_node);
+		tpb_work_submit(c->work, &job->work);
+	}
 	/* Finished jobs complete normally, queued ones are canceled. */
 	tpb_work_free(c->work, "daemon stopping");
+	pthread_mutex_destroy(&c->wait_lock);
+	pthread_cond_destroy(&c->wait_cond);
 	free(c->threads);
 	free(c);
 }

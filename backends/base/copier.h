@@ -38,6 +38,7 @@ struct tpb_copy_job {
 	char why[160];
 	tpb_copy_done_fn done;	/* runs on the loop thread (tpb_copier_progress()) */
 	void *arg;
+	struct tpu_list wait_node; /* the copier's: while its clients' CUDA work is pending */
 };
 
 struct tpb_copier;
@@ -66,11 +67,14 @@ int tpb_copier_progress(struct tpb_copier *c);
 /*
  * tpb_copier_submit() - queue @job. Takes @job: its done callback runs exactly once, later, from
  * tpb_copier_progress() (with status -ECANCELED if the copier is freed first); the callback must
- * free it with tpb_copier_job_free().
+ * free it with tpb_copier_job_free(). A job whose transfers wait for a client's CUDA event (the
+ * work the client queued on its stream first) goes to the copier's waiter thread, which polls
+ * the events of every such job and hands each to the copy threads once its events completed
+ * (or its client exited): a stream that never completes holds no copy thread.
  */
 void tpb_copier_submit(struct tpb_copier *c, struct tpb_copy_job *job);
 
-/* Jobs queued or running. */
+/* Jobs waiting for their clients' CUDA work, queued or running. */
 unsigned tpb_copier_busy(const struct tpb_copier *c);
 
 /* Stops the workers (waiting for running copies), runs the done callbacks of finished jobs and

@@ -531,6 +531,41 @@ void tpb_cuda_scratch_done(struct tpb_scratch *s)
 	s->cuda = NULL;
 }
 
+bool tpb_cuda_xfers_wait(const struct tpb_xfer *x, size_t n)
+{
+	for (size_t i = 0; i < n; i++)
+		if ((x[i].src.loc == TPB_LOC_CUDA && x[i].src.event) ||
+		    (x[i].dst.loc == TPB_LOC_CUDA && x[i].dst.event))
+			return true;
+	return false;
+}
+
+/* 1 when @m's client event completed or cannot be waited for, 0 not yet. */
+static int side_ready(const struct tpb_mem *m)
+{
+	char why[256];
+	CUresult cr;
+
+	if (m->loc != TPB_LOC_CUDA || !m->event)
+		return 1;
+	if (tpb_cuda_map_open(m->event, why, sizeof(why)) < 0 ||
+	    tpb_cuda_dev_enter(m->event->dev, why, sizeof(why)) < 0)
+		return 1; /* the copy fails with the reason */
+	cr = api()->cuEventQuery((CUevent)m->event->ev);
+	return cr != CUDA_ERROR_NOT_READY;
+}
+
+int tpb_cuda_xfers_ready(const struct tpb_xfer *x, size_t n, struct tpb_proc *const procs[2])
+{
+	for (size_t i = 0; i < n; i++) {
+		if (side_ready(&x[i].src) && side_ready(&x[i].dst))
+			continue;
+		/* A client that exited never completes its work: let the copy fail now. */
+		return proc_gone(procs[0]) || proc_gone(procs[1]);
+	}
+	return 1;
+}
+
 int tpb_cuda_event_done(const struct tpb_mem *m, char *why, size_t wl)
 {
 	CUresult cr;
@@ -597,6 +632,16 @@ int tpb_cuda_rdma_flush(const struct tpb_mem *m, uint64_t len, char *why, size_t
 }
 
 #else /* !HAVE_CUDA */
+
+bool tpb_cuda_xfers_wait(const struct tpb_xfer *x, size_t n)
+{
+	return false;
+}
+
+int tpb_cuda_xfers_ready(const struct tpb_xfer *x, size_t n, struct tpb_proc *const procs[2])
+{
+	return 1;
+}
 
 void tpb_cuda_pin_count(uint64_t *ret_n, uint64_t *ret_bytes)
 {

@@ -320,6 +320,114 @@ START_TEST(test_cuda_faults_reader_exits_mid_transfer)
 }
 END_TEST
 
+/* ---- a stream that never completes holds no copy thread ------------------------------------ */
+
+#define HELD 3 /* messages held, one more than the daemon's copy threads */
+
+static int release_fd[2]; /* the attacker's host function blocks reading [0] */
+
+static void CUDA_CB blocked_fn(void *arg)
+{
+	char c;
+
+	while (read(release_fd[0], &c, 1) < 0 && errno == EINTR)
+		;
+}
+
+/* A pipe from @e's context to its own listener: the writer's end in *@w, the reader's in *@r. */
+static int connect_accept(struct tpt_end *e, struct tp_pipe **w, struct tp_pipe **r)
+{
+	int ret = tp_connect(e->ctx, e->where, w);
+
+	if (ret == 0)
+		ret = tp_listener_accept_sync(e->l, T_MS, r);
+	if (ret == 0)
+		ret = tp_pipe_wait_connected(*w, T_MS);
+	return ret;
+}
+
+/*
+ * A client of its own listener: HELD CUDA messages whose writer's stream has a host function
+ * blocked ahead of their events, each read into CUDA memory, so the daemon has HELD copies that
+ * wait for work which does not end until the test releases it.
+ */
+static int holding_client(void *arg)
+{
+	struct tpt_end e = { .d = D, .ctx_name = "holding-client", .where = "hw-held",
+			     .timeout_ms = T_MS };
+	struct tp_tensor t = { .device = { TP_DEVICE_CUDA, 0 }, .length = 1u << 20 };
+	struct tp_message m = { .tensors = &t, .n_tensors = 1 };
+	struct tp_slot slots[HELD];
+	struct tp_allocation a[HELD];
+	static struct tpt_done wdone, rdone;
+	struct tpt_done_arg wda = { &wdone, 0 }, rda = { &rdone, 0 };
+	struct tp_pipe *wp[HELD], *rp[HELD];
+	struct tp_descriptor *d;
+	struct hwt_cuda cu;
+	CUdeviceptr src, dst[HELD];
+	CUstream s;
+	uint8_t *want = malloc(t.length);
+	int r;
+
+	TPT_REQUIRE(want, 1, "malloc");
+	tpt_fill(want, t.length, 76);
+	TPT_REQUIRE(hwt_cuda_open(0, &cu) == 0, 1, "CUDA");
+	TPT_REQUIRE(tpt_end_listen(&e, false) == 0, 1, "listen");
+	TPT_REQUIRE(hwt_dev_alloc_fill(&cu, t.length, 76, &src) == 0, 1, "alloc");
+	HWT_CU(&cu, cuStreamCreate(&s, CU_STREAM_NON_BLOCKING), 1);
+	HWT_CU(&cu, cuLaunchHostFunc(s, blocked_fn, NULL), 1);
+	t.data = hwt_ptr(src);
+	t.cuda_stream = s;
+	tpt_done_init(&wdone);
+	tpt_done_init(&rdone);
+	for (int i = 0; i < HELD; i++) {
+		r = connect_accept(&e, &wp[i], &rp[i]);
+		TPT_REQUIRE(r == 0, 1, "pipe %d: %d %s", i, r, tp_last_error());
+		r = tp_pipe_write(wp[i], &m, tpt_done_cb, &wda);
+		TPT_REQUIRE(r == 0, 1, "write %d: %d %s", i, r, tp_last_error());
+		r = tp_pipe_read_descriptor_sync(rp[i], T_MS, &d);
+		TPT_REQUIRE(r == 0, 1, "descriptor %d: %d %s", i, r, tp_last_error());
+		HWT_CU(&cu, cuMemAlloc(&dst[i], t.length), 1);
+		slots[i] = (struct tp_slot){ .device = { TP_DEVICE_CUDA, 0 }, .data = hwt_ptr(dst[i]) };
+		a[i] = (struct tp_allocation){ .tensors = &slots[i], .n_tensors = 1 };
+		r = tp_pipe_read(rp[i], d, &a[i], tpt_done_cb, &rda);
+		TPT_REQUIRE(r == 0, 1, "read %d: %d %s", i, r, tp_last_error());
+	}
+	tpt_sync_post(&to_parent, 0); /* every copy is with the daemon, waiting */
+	TPT_REQUIRE(tpt_done_wait(&rdone, HELD, 0) == -ETIMEDOUT, 1,
+		    "a read completed before the stream's work");
+	TPT_REQUIRE(tpt_done_wait(&rdone, HELD, T_MS) == 0, 1, "the held reads never completed");
+	TPT_REQUIRE(tpt_done_wait(&wdone, HELD, T_MS) == 0, 1, "the held writes never completed");
+	TPT_REQUIRE(rdone.last_status == 0 && wdone.last_status == 0, 1, "status %d %d",
+		    rdone.last_status, wdone.last_status);
+	for (int i = 0; i < HELD; i++)
+		TPT_REQUIRE(hwt_dev_expect(&cu, dst[i], want, t.length, "slot") == 0, 1, "contents");
+	tpt_end_close(&e);
+	free(want);
+	return 0;
+}
+
+/*
+ * One local user's CUDA stream that does not complete must not stall anyone else's copies: with
+ * more of its messages waiting than the daemon has copy threads, another pair of clients still
+ * moves CUDA and CPU tensors; once released, the held messages arrive intact.
+ */
+START_TEST(test_cuda_faults_stuck_stream_holds_no_copy_thread)
+{
+	pid_t pid;
+
+	ck_assert_int_eq(pipe(release_fd), 0);
+	pid = tpt_fork(holding_client, NULL);
+	ck_assert_int_gt(pid, 0);
+	ck_assert_int_eq(tpt_sync_wait(&to_parent, T_MS), 0);
+	check_daemon_serves(77);
+	ck_assert_int_eq(write(release_fd[1], "x", 1), 1);
+	ck_assert(tpt_wait_ok(pid, T_MS, "holding client"));
+	close(release_fd[0]);
+	close(release_fd[1]);
+}
+END_TEST
+
 static Suite *cuda_faults_suite(void)
 {
 	Suite *s = suite_create("cuda_faults");
@@ -329,6 +437,7 @@ static Suite *cuda_faults_suite(void)
 	tcase_add_test(tc, test_cuda_faults_exit_after_transfer);
 	tcase_add_test(tc, test_cuda_faults_writer_exits_mid_transfer);
 	tcase_add_test(tc, test_cuda_faults_reader_exits_mid_transfer);
+	tcase_add_test(tc, test_cuda_faults_stuck_stream_holds_no_copy_thread);
 	tcase_set_timeout(tc, 300);
 	suite_add_tcase(s, tc);
 	return s;

@@ -340,6 +340,40 @@ START_TEST(test_common_list_keeps_insertion_order)
 }
 END_TEST
 
+/* Splicing moves every entry, in order, to either end, and leaves the source empty; an empty
+ * source changes nothing. */
+START_TEST(test_common_list_splice_moves_all_in_order)
+{
+	struct tpu_list a = TPU_LIST_INIT(a), b = TPU_LIST_INIT(b);
+	static const int want[] = { 3, 4, 0, 1, 2, 5 };
+	struct item it[6], *pos;
+	int n = 0;
+
+	for (int i = 0; i < 6; i++) {
+		it[i].v = i;
+		tpu_list_insert_tail(i < 3 || i == 5 ? &a : &b, &it[i].link);
+	}
+	tpu_list_remove(&it[5].link);
+	tpu_list_splice_head(&a, &b); /* a: 3 4 0 1 2 */
+	ck_assert(tpu_list_empty(&b));
+	tpu_list_insert_tail(&b, &it[5].link);
+	tpu_list_splice_tail(&a, &b); /* a: 3 4 0 1 2 5 */
+	ck_assert(tpu_list_empty(&b));
+	tpu_list_splice_tail(&a, &b);
+	tpu_list_splice_head(&a, &b);
+	tpu_list_for_each(pos, &a, link)
+		ck_assert_int_eq(pos->v, want[n++]);
+	ck_assert_int_eq(n, 6);
+	tpu_list_splice_tail(&b, &a); /* into an empty list */
+	ck_assert(tpu_list_empty(&a));
+	n = 0;
+	tpu_list_for_each(pos, &b, link)
+		ck_assert_int_eq(pos->v, want[n++]);
+	ck_assert_int_eq(n, 6);
+	ck_assert_ptr_eq(b.prev, &it[5].link);
+}
+END_TEST
+
 START_TEST(test_common_list_safe_walk_allows_removal)
 {
 	struct tpu_list head;
@@ -486,6 +520,7 @@ static Suite *common_suite(void)
 	suite_add_tcase(s, f);
 
 	tcase_add_test(l, test_common_list_keeps_insertion_order);
+	tcase_add_test(l, test_common_list_splice_moves_all_in_order);
 	tcase_add_test(l, test_common_list_safe_walk_allows_removal);
 	suite_add_tcase(s, l);
 
