@@ -18,6 +18,7 @@
 
 #include "core.h"
 #include "group.h"
+#include "group_int.h"
 #include "grparena.h"
 #include "local.h"
 #include "session.h"
@@ -26,47 +27,6 @@
 
 #define GROUP_DIR "/dev/shm"
 #define GROUP_JOIN_MS_DEFAULT 30000u
-
-struct member {
-	struct tpd_group *grp;
-	struct tpd_session *s; /* NULL: free slot, or gone after forming */
-	uint64_t req_id;
-	pid_t pid;
-	bool joined;
-	bool ready;
-	bool gone; /* formed, then left or died */
-	uint32_t gone_why; /* TPU_GRPARENA_DIED or _LEFT */
-	struct event *ev_timeout;
-};
-
-struct tpd_group {
-	struct tpu_list node;
-	struct tpd_groups *gs;
-	uint64_t id;
-	uid_t uid;
-	gid_t gid;
-	char *name;
-	uint32_t size;
-	uint32_t joined;
-	uint32_t ready;
-	uint32_t live; /* formed: members not gone */
-	bool formed;
-	bool linked; /* the arena file still has its name */
-	char path[80];
-	struct tpu_grparena_hdr *arena;
-	uint64_t bytes; /* arena bytes (reserved from the first join) */
-	uint64_t chunk;
-	uint64_t created_ns;
-	char failure[96]; /* the first member gone, for tpipctl */
-	struct member m[];
-};
-
-struct tpd_groups {
-	struct tpd_daemon *d;
-	struct tpu_list list;
-	uint64_t next_id;
-	uint64_t formed, failed, refused; /* since start (metrics) */
-};
 
 int tpd_group_new(struct tpd_daemon *d, struct tpd_groups **ret)
 {
