@@ -198,6 +198,9 @@ TP_EXPORT int tp_group_join(struct tp_context *ctx, const char *name,
 	r = join_ask(ctx, name, opts, join_ms, &j);
 	if (r < 0)
 		return r;
+	if (j.local_size < 1 || j.local_size > j.size || j.local_rank >= j.local_size ||
+	    (j.hosts < 2 && j.local_size != j.size))
+		return tpc_error(-EPROTO, "group '%s': the daemon's answer does not add up", name);
 	g = calloc(1, sizeof(*g));
 	if (g && !(g->absent = calloc(j.size, sizeof(*g->absent)))) {
 		free(g);
@@ -208,8 +211,10 @@ TP_EXPORT int tp_group_join(struct tp_context *ctx, const char *name,
 	g->ctx = ctx;
 	snprintf(g->name, sizeof(g->name), "%s", name);
 	g->id = j.group_id;
-	g->rank = j.rank;
-	g->size = j.size;
+	g->world_rank = j.rank;
+	g->world_size = j.size;
+	g->rank = j.local_rank; /* the arena holds this host's members */
+	g->size = j.local_size;
 	g->local_rank = j.local_rank;
 	g->local_size = j.local_size;
 	g->host_index = j.host_index;
@@ -239,7 +244,7 @@ TP_EXPORT int tp_group_join(struct tp_context *ctx, const char *name,
 	pthread_mutex_lock(&ctx->lock);
 	tpu_list_insert_tail(&ctx->groups, &g->ctx_node);
 	if (ctx->dead) /* lost while joining: nobody else will say it */
-		tpu_grparena_fail(g->hdr, g->rank, (uint32_t)g->pid, TPU_GRPARENA_LOST);
+		tpu_grparena_fail(g->hdr, g->world_rank, (uint32_t)g->pid, TPU_GRPARENA_LOST);
 	pthread_mutex_unlock(&ctx->lock);
 	*ret = g;
 	return 0;
@@ -250,17 +255,17 @@ void tpc_group_fail_all_locked(struct tp_context *ctx)
 	struct tp_group *g;
 
 	tpu_list_for_each(g, &ctx->groups, ctx_node)
-		tpu_grparena_fail(g->hdr, g->rank, (uint32_t)g->pid, TPU_GRPARENA_LOST);
+		tpu_grparena_fail(g->hdr, g->world_rank, (uint32_t)g->pid, TPU_GRPARENA_LOST);
 }
 
 TP_EXPORT int tp_group_rank(const struct tp_group *g)
 {
-	return g ? (int)g->rank : -EINVAL;
+	return g ? (int)g->world_rank : -EINVAL;
 }
 
 TP_EXPORT int tp_group_size(const struct tp_group *g)
 {
-	return g ? (int)g->size : -EINVAL;
+	return g ? (int)g->world_size : -EINVAL;
 }
 
 TP_EXPORT int tp_group_local_rank(const struct tp_group *g)
@@ -291,7 +296,7 @@ TP_EXPORT uint64_t tp_group_arena_bytes(const struct tp_group *g)
 TP_EXPORT void tp_group_abort(struct tp_group *g)
 {
 	if (g && g->hdr)
-		tpu_grparena_fail(g->hdr, g->rank, (uint32_t)g->pid, TPU_GRPARENA_ABORTED);
+		tpu_grparena_fail(g->hdr, g->world_rank, (uint32_t)g->pid, TPU_GRPARENA_ABORTED);
 }
 
 /* ---- the order of collectives -------------------------------------------------------------- */
@@ -354,6 +359,9 @@ static int coll_check(struct tp_group *g, const struct tpc_coll *c)
 
 	if (!g)
 		return tpc_error(-EINVAL, "no group");
+	if (g->hosts > 1)
+		return tpc_error(-EOPNOTSUPP, "group '%s' spans %u hosts: collectives across hosts "
+				 "are not built yet", g->name, g->hosts);
 	if (c->kind == TPC_COLL_BARRIER)
 		return 0;
 	if (!es)
