@@ -7,7 +7,8 @@
 # the group on both hosts naming its rank; a join whose coordinator is down fails at once with
 # the refused connect, one whose coordinator does not answer fails by its timeout naming it;
 # the coordinator's bounds (group-members-max, group-peer-groups-max) hold just below and
-# above. Skips (77) where network namespaces or veth pairs cannot be made.
+# above; cutting the link between the hosts fails the group on both, naming the link. Skips
+# (77) where network namespaces or veth pairs cannot be made.
 . "$(dirname -- "$0")/lib.sh" || exit 1
 need_env TPIPD_BIN TPIPCTL_BIN GROUP_JOIN_BIN
 need_tool ip
@@ -134,4 +135,20 @@ wait_until 10 "a third group once one left" timeout 30 "$GROUP_JOIN_BIN" "$SVC_T
 	one3 0 1 "$COORD" 5000
 release g2
 wait_exit "$PID_g2" 10
+
+check "the link between the hosts cut: the group fails on both hosts naming the link's host"
+member c0 a cut 0 4
+member c1 b cut 1 4
+member c2 b cut 2 4
+member c3 a cut 3 4
+for id in c0 c1 c2 c3; do expect_joined "$id" "rank="; done
+ip -n "$nsa" link set "$vea" down || fail "$vea down"
+wait_until $((PEER_TIMEOUT_MS / 1000 + 4)) "the failure on b" \
+	group_failure_has b cut "peer link to coordinator ${net}1:7420 failed"
+wait_until $((PEER_TIMEOUT_MS / 1000 + 4)) "the failure on a" \
+	group_failure_has a cut "(rank 1) failed"
+groups_json a | jq -r '.groups[] | select(.name == "cut") | "a: " + .failure'
+groups_json b | jq -r '.groups[] | select(.name == "cut") | "b: " + .failure'
+for id in c0 c1 c2 c3; do release "$id"; done
+for id in c0 c1 c2 c3; do v="PID_$id"; wait_exit "${!v}" 10; done
 say "ok"
