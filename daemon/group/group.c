@@ -537,7 +537,7 @@ static int ctl_member(const struct tpd_group *grp, uint32_t rank, Tpw__V1__CtlGr
 	if (!c)
 		return -ENOMEM;
 	tpw__v1__ctl_group_member__init(c);
-	c->rank = rank;
+	c->rank = grp->x ? tpd_groupx_rank(grp, rank) : rank; /* in the whole group */
 	c->pid = (uint32_t)mb->pid;
 	c->session_id = mb->s ? tpd_session_id(mb->s) : 0;
 	c->state = (char *)member_state(grp, mb);

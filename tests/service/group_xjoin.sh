@@ -88,6 +88,8 @@ for h in a b; do
 		.size == 2 and (.plan | contains("4 members on 2 hosts")))] | length == 1' \
 		>/dev/null || { groups_json "$h" >&2; fail "tpipctl groups on $h"; }
 done
+groups_json b | jq -e '[.groups[] | select(.name == "four") | .members[].rank] == [1, 2]' \
+	>/dev/null || { groups_json b >&2; fail "b's members are not ranks 1 and 2"; }
 
 check "rank 2 (on b) SIGKILLed: the group fails on both hosts naming rank 2"
 kill -KILL "$PID_r2"
