@@ -182,15 +182,66 @@ static int join_check(struct tp_context *ctx, const char *name, const struct tp_
 	return 0;
 }
 
+/*
+ * The Slurm bootstrap as a join through a coordinator: rank and size from Slurm's variables
+ * (a rank or size the caller gives must agree), the group named "NAME@slurm:JOB.STEP" (keyed
+ * by job and step), the coordinator the daemon of the first host of the step's node list at
+ * the daemons' peer port. Writes @o, @gname (TPW_GROUP_NAME_MAX + 1 bytes) and @coord (what
+ * @o->coordinator points to). Return: 0 or -errno with tp_last_error() set.
+ */
+static int slurm_options(const char *name, const struct tp_group_options *in,
+			 struct tp_group_options *o, char *gname, char *coord, size_t cl)
+{
+	struct tpc_slurm sl;
+	size_t nl, kl;
+	int r;
+
+	if (!name || !in || in->size < sizeof(*in))
+		return tpc_error(-EINVAL, "missing name or options");
+	r = tpc_slurm_from_env(&sl);
+	if (r < 0)
+		return r; /* tp_last_error() names the variable */
+	if ((in->rank >= 0 && (uint32_t)in->rank != sl.rank) ||
+	    (in->nranks && in->nranks != sl.size))
+		return tpc_error(-EINVAL, "Slurm bootstrap: rank %d of %u disagrees with Slurm's "
+				 "rank %u of %u", in->rank, in->nranks, sl.rank, sl.size);
+	nl = strlen(name);
+	kl = strlen(sl.key);
+	if (nl + 1 + kl > TPW_GROUP_NAME_MAX)
+		return tpc_error(-ENAMETOOLONG, "Slurm bootstrap: '%s@%s' is over %u bytes", name,
+				 sl.key, TPW_GROUP_NAME_MAX);
+	memcpy(gname, name, nl);
+	gname[nl] = '@';
+	memcpy(gname + nl + 1, sl.key, kl + 1);
+	snprintf(coord, cl, "tpip://%s", sl.coordinator);
+	*o = *in;
+	o->size = sizeof(*o);
+	o->rank = (int)sl.rank;
+	o->nranks = sl.size;
+	o->bootstrap = TP_GROUP_BOOTSTRAP_COORDINATOR;
+	o->coordinator = coord;
+	return 0;
+}
+
 TP_EXPORT int tp_group_join(struct tp_context *ctx, const char *name,
 			    const struct tp_group_options *opts, struct tp_group **ret)
 {
-	int join_ms, r = join_check(ctx, name, opts, ret);
-	char msg[TPC_GROUP_MSG_MAX];
+	char msg[TPC_GROUP_MSG_MAX], sname[TPW_GROUP_NAME_MAX + 1];
+	char scoord[TPC_SLURM_NAME_MAX + 8];
+	struct tp_group_options so;
 	struct join_req j;
 	struct tp_group *g;
+	int join_ms, r;
 	long ncpu;
 
+	if (opts && opts->size >= sizeof(*opts) && opts->bootstrap == TP_GROUP_BOOTSTRAP_SLURM) {
+		r = slurm_options(name, opts, &so, sname, scoord, sizeof(scoord));
+		if (r < 0)
+			return r;
+		name = sname;
+		opts = &so;
+	}
+	r = join_check(ctx, name, opts, ret);
 	if (r < 0)
 		return r;
 	join_ms = opts->join_timeout_ms > 0 ? opts->join_timeout_ms : GROUP_JOIN_MS_DEFAULT;

@@ -2,7 +2,8 @@
 /*
  * A group member for the service suite's cross-host join tests (group_xjoin.sh). It joins
  * group NAME as RANK (-1: assigned) of SIZE through the daemon at SOCKET with the coordinator
- * COORD (tpip://HOST[:PORT]) and join timeout MS, prints one line "joined rank=R size=N
+ * COORD (tpip://HOST[:PORT]; "slurm": the Slurm bootstrap, from the environment) and join
+ * timeout MS, prints one line "joined rank=R size=N
  * local_rank=L local_size=M host=H hosts=K" (or "failed: ERRNO-NAME: MESSAGE" and exits 1),
  * then with --hold keeps the group until its standard input closes, and leaves.
  *
@@ -33,6 +34,10 @@ int main(int argc, char **argv)
 	o.nranks = (unsigned)atoi(argv[4]);
 	o.bootstrap = TP_GROUP_BOOTSTRAP_COORDINATOR;
 	o.coordinator = argv[5];
+	if (strcmp(argv[5], "slurm") == 0) {
+		o.bootstrap = TP_GROUP_BOOTSTRAP_SLURM;
+		o.coordinator = NULL;
+	}
 	o.join_timeout_ms = atoi(argv[6]);
 	r = tp_context_new(&co, &ctx);
 	if (r < 0) {

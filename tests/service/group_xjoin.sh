@@ -23,6 +23,7 @@ vea=tpga$$
 veb=tpgb$$
 net=10.202.$(($$ % 250)).
 COORD="tpip://${net}1:7420"
+MENV=()
 
 svc_netns "$nsa" "$nsb"
 ip link add "$vea" netns "$nsa" type veth peer name "$veb" netns "$nsb" 2>/dev/null ||
@@ -55,7 +56,8 @@ member() {
 	mkfifo "$SVC_TMP/$id.in" || fail "mkfifo"
 	(
 		for v in "${!FD_@}"; do eval "exec ${!v}>&-"; done # only the script holds them
-		exec "$GROUP_JOIN_BIN" "$SVC_TMP/$host.sock" "$name" "$rank" "$size" "$COORD" \
+		exec env "${MENV[@]}" "$GROUP_JOIN_BIN" "$SVC_TMP/$host.sock" "$name" "$rank" \
+			"$size" "${MCOORD:-$COORD}" \
 			"$ms" --hold <"$SVC_TMP/$id.in" >"$SVC_TMP/$id.out" 2>&1
 	) &
 	exec {fd}>"$SVC_TMP/$id.in"
@@ -137,6 +139,27 @@ wait_until 10 "a third group once one left" timeout 30 "$GROUP_JOIN_BIN" "$SVC_T
 	one3 0 1 "$COORD" 5000
 release g2
 wait_exit "$PID_g2" 10
+
+check "Slurm bootstrap: 2 hosts x 2 tasks from the variables srun would set (nodes ${net}[1-2])"
+slurm_member() { # ID HOST PROCID NODEID LOCALID
+	MENV=(SLURM_JOB_ID=77 SLURM_STEP_ID=3 SLURM_PROCID="$3" SLURM_STEP_NUM_TASKS=4
+		SLURM_NODEID="$4" SLURM_LOCALID="$5" SLURM_STEP_NODELIST="${net}[1-2]"
+		SLURM_STEP_TASKS_PER_NODE="2(x2)")
+	MCOORD=slurm member "$1" "$2" train -1 0
+	MENV=()
+}
+slurm_member s0 a 0 0 0
+slurm_member s1 a 1 0 1
+slurm_member s2 b 2 1 0
+slurm_member s3 b 3 1 1
+expect_joined s0 "rank=0 size=4 local_rank=0 local_size=2 host=0 hosts=2"
+expect_joined s1 "rank=1 size=4 local_rank=1 local_size=2 host=0 hosts=2"
+expect_joined s2 "rank=2 size=4 local_rank=0 local_size=2 host=1 hosts=2"
+expect_joined s3 "rank=3 size=4 local_rank=1 local_size=2 host=1 hosts=2"
+groups_json b | jq -e '[.groups[] | select(.name == "train@slurm:77.3")] | length == 1' \
+	>/dev/null || { groups_json b >&2; fail "no group train@slurm:77.3 on b"; }
+for id in s0 s1 s2 s3; do release "$id"; done
+for id in s0 s1 s2 s3; do v="PID_$id"; wait_exit "${!v}" 10; done
 
 check "the link between the hosts cut: the group fails on both hosts naming the link's host"
 member c0 a cut 0 4
