@@ -7,7 +7,7 @@
 # the group on both hosts naming its rank; a join whose coordinator is down fails at once with
 # the refused connect, one whose coordinator does not answer fails by its timeout naming it;
 # the coordinator's bounds (group-members-max, group-peer-groups-max) hold just below and
-# above; cutting the link between the hosts fails the group on both, naming the link. Skips
+# above; a join over an unauthenticated link is refused; cutting the link between the hosts fails the group on both, naming the link. Skips
 # (77) where network namespaces or veth pairs cannot be made.
 . "$(dirname -- "$0")/lib.sh" || exit 1
 need_env TPIPD_BIN TPIPCTL_BIN GROUP_JOIN_BIN
@@ -34,20 +34,21 @@ for ns in "$nsa" "$nsb"; do ip -n "$ns" link set lo up || fail "lo up in $ns"; d
 ip -n "$nsa" link set "$vea" up || fail "$vea up"
 ip -n "$nsb" link set "$veb" up || fail "$veb up"
 
-start_ns_daemon() { # NAME NS ADDR ARGS...
-	local name=$1 ns=$2 addr=$3
+start_ns_daemon() { # NAME NS ADDR:PORT ARGS... (--peer-insecure: no key)
+	local name=$1 ns=$2 addr=$3 auth
 	shift 3
+	auth=(--peer-key-file "$(svc_peer_key)")
+	[ "${1:-}" = --peer-insecure ] && auth=()
 	SVC_LOGS+=("$SVC_TMP/$name.log")
 	ip netns exec "$ns" "$TPIPD_BIN" --socket "$SVC_TMP/$name.sock" --config /dev/null \
-		--peer-listen "$addr:7420" --peer-force-cross-host --peer-timeout "$PEER_TIMEOUT_MS" \
-		--peer-connect-timeout 3000 --peer-key-file "$(svc_peer_key)" "$@" \
-		2>"$SVC_TMP/$name.log" &
+		--peer-listen "$addr" --peer-force-cross-host --peer-timeout "$PEER_TIMEOUT_MS" \
+		--peer-connect-timeout 3000 "${auth[@]}" "$@" 2>"$SVC_TMP/$name.log" &
 	local pid=$!
 	svc_track "$pid"
 	svc_wait_daemon "$SVC_TMP/$name.sock" "$pid"
 }
-start_ns_daemon a "$nsa" "${net}1" --group-members-max 4 --group-peer-groups-max 2
-start_ns_daemon b "$nsb" "${net}2"
+start_ns_daemon a "$nsa" "${net}1:7420" --group-members-max 4 --group-peer-groups-max 2
+start_ns_daemon b "$nsb" "${net}2:7420"
 
 # member ID HOST NAME RANK SIZE [MS]: a held member (stdin: a fifo the script keeps open until
 # release ID); its output in $SVC_TMP/ID.out, its pid in PID_ID.
@@ -160,6 +161,15 @@ groups_json b | jq -e '[.groups[] | select(.name == "train@slurm:77.3")] | lengt
 	>/dev/null || { groups_json b >&2; fail "no group train@slurm:77.3 on b"; }
 for id in s0 s1 s2 s3; do release "$id"; done
 for id in s0 s1 s2 s3; do v="PID_$id"; wait_exit "${!v}" 10; done
+
+check "a coordinator takes no join over an unauthenticated (--peer-insecure) link"
+start_ns_daemon ia "$nsa" "${net}1:7421" --peer-insecure
+start_ns_daemon ib "$nsb" "${net}2:7421" --peer-insecure
+out=$(timeout 30 "$GROUP_JOIN_BIN" "$SVC_TMP/ib.sock" open 0 2 "tpip://${net}1:7421" 5000) &&
+	fail "joined over an unauthenticated link"
+grep -q "EACCES" <<<"$out" && grep -q "authenticated peer links" <<<"$out" ||
+	fail "unexpected: $out"
+say "$out"
 
 check "the link between the hosts cut: the group fails on both hosts naming the link's host"
 member c0 a cut 0 4
