@@ -7,7 +7,8 @@
 # the group on both hosts naming its rank; a join whose coordinator is down fails at once with
 # the refused connect, one whose coordinator does not answer fails by its timeout naming it;
 # the coordinator's bounds (group-members-max, group-peer-groups-max) hold just below and
-# above; a join over an unauthenticated link is refused; cutting the link between the hosts fails the group on both, naming the link. Skips
+# above; a join over an unauthenticated link is refused; a daemon reached at its own address
+# through a dial coordinates itself; cutting the link between the hosts fails the group on both, naming the link. Skips
 # (77) where network namespaces or veth pairs cannot be made.
 . "$(dirname -- "$0")/lib.sh" || exit 1
 need_env TPIPD_BIN TPIPCTL_BIN GROUP_JOIN_BIN
@@ -163,13 +164,19 @@ for id in s0 s1 s2 s3; do release "$id"; done
 for id in s0 s1 s2 s3; do v="PID_$id"; wait_exit "${!v}" 10; done
 
 check "a coordinator takes no join over an unauthenticated (--peer-insecure) link"
-start_ns_daemon ia "$nsa" "${net}1:7421" --peer-insecure
+start_ns_daemon ia "$nsa" "*:7421" --peer-insecure
 start_ns_daemon ib "$nsb" "${net}2:7421" --peer-insecure
 out=$(timeout 30 "$GROUP_JOIN_BIN" "$SVC_TMP/ib.sock" open 0 2 "tpip://${net}1:7421" 5000) &&
 	fail "joined over an unauthenticated link"
 grep -q "EACCES" <<<"$out" && grep -q "authenticated peer links" <<<"$out" ||
 	fail "unexpected: $out"
 say "$out"
+
+check "a coordinator address that is the daemon's own, not as it listens (*:7421): it coordinates"
+out=$(timeout 30 "$GROUP_JOIN_BIN" "$SVC_TMP/ia.sock" self 0 1 "tpip://${net}1:7421" 5000) ||
+	fail "join through its own daemon: $out"
+grep -q "^joined rank=0 size=1 local_rank=0 local_size=1 host=0 hosts=1" <<<"$out" ||
+	fail "unexpected: $out"
 
 check "the link between the hosts cut: the group fails on both hosts naming the link's host"
 member c0 a cut 0 4
