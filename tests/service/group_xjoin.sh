@@ -8,8 +8,9 @@
 # the refused connect, one whose coordinator does not answer fails by its timeout naming it;
 # the coordinator's bounds (group-members-max, group-peer-groups-max) hold just below and
 # above; a join over an unauthenticated link is refused; a daemon reached at its own address
-# through a dial coordinates itself; cutting the link between the hosts fails the group on both, naming the link. Skips
-# (77) where network namespaces or veth pairs cannot be made.
+# through a dial coordinates itself; the Slurm bootstrap joins from Slurm's variables; cutting
+# the link between the hosts fails the group on both, naming the link. Skips (77) where network
+# namespaces or veth pairs cannot be made.
 . "$(dirname -- "$0")/lib.sh" || exit 1
 need_env TPIPD_BIN TPIPCTL_BIN GROUP_JOIN_BIN
 need_tool ip
