@@ -90,11 +90,13 @@ struct cgroup {
 	uid_t uid;
 	uint32_t size, joined, live;
 	bool formed;
+	bool answering; /* cgroup_form() is answering: a member gone waits until it is done */
 	struct event *ev_timeout;
 	struct cmember m[];
 };
 
 static void coord_msg(struct tpd_groups *gs, struct tpd_peer *pr, const Tpw__V1__PeerMsg *m);
+static void cgroup_tell_gone(struct cgroup *cg, uint32_t rank, uint32_t why, const char *text);
 static void member_msg(struct tpd_groups *gs, struct tpd_peer *pr, const Tpw__V1__PeerMsg *m);
 
 /* ---- sending both ways ---------------------------------------------------------------------- */
@@ -284,6 +286,7 @@ static void cgroup_form(struct cgroup *cg)
 	}
 	cg->formed = true;
 	cg->live = cg->size;
+	cg->answering = true; /* answers to this daemon's own members run synchronously */
 	t.group_id = cg->id;
 	t.size = cg->size;
 	t.hosts = hosts;
@@ -306,6 +309,13 @@ static void cgroup_form(struct cgroup *cg)
 		t.host_index = host[r];
 		coord_answer(cg->gs, &cg->m[r], 0, "", &t);
 	}
+	cg->answering = false;
+	for (uint32_t r = 0; r < cg->size && cg->live; r++) /* gone while answering */
+		if (cg->m[r].gone)
+			cgroup_tell_gone(cg, r, TPU_GRPARENA_DIED, "a member could not set up its "
+					 "part of the group");
+	if (cg->live == 0)
+		cgroup_free(cg);
 out:
 	free(mv);
 	free(mp);
@@ -411,6 +421,10 @@ static bool cmember_gone(struct cgroup *cg, uint32_t rank, uint32_t why, const c
 	if (cm->gone)
 		return false;
 	cm->gone = true;
+	if (cg->answering) { /* cgroup_form() tells the others and frees once it is done */
+		cg->live--;
+		return false;
+	}
 	if (--cg->live == 0) {
 		cgroup_free(cg);
 		return true;
@@ -801,14 +815,36 @@ static void groupx_on_msg(struct tpd_daemon *d, struct tpd_peer *pr, const Tpw__
 		member_msg(gs, pr, m);
 }
 
+/* The first join sent or to be sent over @pr, or NULL. */
+static struct xjoin *xjoin_on_link(struct tpd_groups *gs, const struct tpd_peer *pr)
+{
+	struct xjoin *xj;
+
+	tpu_list_for_each(xj, &gs->xjoins, node)
+		if (xj->pr == pr)
+			return xj;
+	return NULL;
+}
+
+/* The first join waiting for @pr to come up, or NULL. */
+static struct xjoin *xjoin_waiting_on(struct tpd_groups *gs, const struct tpd_peer *pr)
+{
+	struct xjoin *xj;
+
+	tpu_list_for_each(xj, &gs->xjoins, node)
+		if (xj->pr == pr && !xj->sent)
+			return xj;
+	return NULL;
+}
+
 static void groupx_on_link_up(struct tpd_daemon *d, struct tpd_peer *pr)
 {
 	struct tpd_groups *gs = tpd_daemon_groups(d);
-	struct xjoin *xj, *tmp;
+	struct xjoin *xj;
 
-	tpu_list_for_each_safe(xj, tmp, &gs->xjoins, node)
-		if (xj->pr == pr && !xj->sent)
-			xjoin_send(xj);
+	/* One at a time, from the start: a send may answer (and free) other joins at once. */
+	while ((xj = xjoin_waiting_on(gs, pr)))
+		xjoin_send(xj);
 }
 
 static void groupx_on_link_failed(struct tpd_daemon *d, struct tpd_peer *pr, int err,
@@ -816,12 +852,10 @@ static void groupx_on_link_failed(struct tpd_daemon *d, struct tpd_peer *pr, int
 {
 	struct tpd_groups *gs = tpd_daemon_groups(d);
 	struct tpd_group *grp, *gtmp;
-	struct xjoin *xj, *tmp;
+	struct xjoin *xj;
 	char text[256];
 
-	tpu_list_for_each_safe(xj, tmp, &gs->xjoins, node) {
-		if (xj->pr != pr)
-			continue;
+	while ((xj = xjoin_on_link(gs, pr))) { /* from the start each time, as in link_up */
 		if (err == -ELOOP && !xj->sent) { /* the address is this daemon's own */
 			xj->pr = NULL;
 			xjoin_send(xj);
