@@ -17,6 +17,7 @@
 
 struct tpd_session;
 struct tpd_groupx;
+struct tpd_peer;
 
 struct member {
 	struct tpd_group *grp;
@@ -122,5 +123,22 @@ void tpd_groupx_describe(const struct tpd_group *grp, char *buf, size_t len, uin
 
 /* Frees @grp's cross-host part (accepts NULL). */
 void tpd_groupx_free(struct tpd_groupx *x);
+
+/* A PeerGroupJoined or coordinator's PeerGroupGone for this daemon's members (@pr: the link it
+ * came over; NULL: from this daemon's own coordinator side). Borrows all. */
+void tpd_groupx_member_msg(struct tpd_groups *gs, struct tpd_peer *pr, const Tpw__V1__PeerMsg *m);
+
+/* ---- groupcoord.c ------------------------------------------------------------------------- */
+
+/* A PeerGroupJoin or member's PeerGroupGone for the groups this daemon coordinates (@pr: the
+ * link it came over; NULL: from this daemon's own member side). Borrows all. */
+void tpd_group_coord_msg(struct tpd_groups *gs, struct tpd_peer *pr, const Tpw__V1__PeerMsg *m);
+
+/* The link @pr failed (@why): its members leave the groups this daemon coordinates, and the
+ * other members' daemons are told. Borrows all; @pr is not used again. */
+void tpd_group_coord_link_failed(struct tpd_groups *gs, struct tpd_peer *pr, const char *why);
+
+/* Frees every group this daemon coordinates (daemon shutdown). */
+void tpd_group_coord_done(struct tpd_groups *gs);
 
 #endif

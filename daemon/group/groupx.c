@@ -1,20 +1,14 @@
 /* SPDX-License-Identifier: BSD-3-Clause */
 /*
- * Cross-host group joins through a coordinator daemon (issue 24; docs/collectives.md). Two
- * roles, both in every daemon:
- *
- * - member side: a client's GroupJoin with bootstrap COORDINATOR ("tpip://HOST[:PORT]") is
- *   forwarded as PeerGroupJoin over the peer link to that daemon (or handled here when the
- *   address is this daemon's own), with the client's SO_PEERCRED uid and pid. The answer
- *   (PeerGroupJoined: global rank, size, host index, hosts, local rank and size, every member)
- *   places the client in this host's part of the group, a struct tpd_group of local-size
- *   members with its own arena (group.c), formed once every local member has its answer.
- * - coordinator side: PeerGroupJoins (and this daemon's own members') are collected per (name,
- *   uid as the forwarding daemon attests it); when all members joined, they are grouped by the
- *   instance of the daemon they joined through (never by address or rank arithmetic), hosts
- *   numbered by their lowest rank, and every member's daemon is answered with the membership.
- *   A member gone (PeerGroupGone) or a peer link that fails is told to every other member's
- *   daemon, which fails its arena naming the rank (and tpipctl names the host).
+ * Cross-host group joins through a coordinator daemon (issue 24; docs/collectives.md): the
+ * member's side (the coordinator's is groupcoord.c) and the peer link events of both. A
+ * client's GroupJoin with bootstrap COORDINATOR ("tpip://HOST[:PORT]") is forwarded as
+ * PeerGroupJoin over the peer link to that daemon (or to this daemon's coordinator side when
+ * the address is its own), with the client's SO_PEERCRED uid and pid. The answer
+ * (PeerGroupJoined: global rank, size, host index, hosts, local rank and size, every member)
+ * places the client in this host's part of the group, a struct tpd_group of local-size members
+ * with its own arena (group.c), formed once every local member has its answer. A member gone
+ * here is told to the coordinator; one gone elsewhere, or a lost link, fails the arena.
  *
  * Trust: joins are accepted only over links whose far daemon authenticated (TLS with the
  * pre-shared key or a certificate of the cluster CA); the uid in a PeerGroupJoin is that
@@ -72,412 +66,31 @@ struct tpd_groupx {
 	uint64_t *join_id; /* per local member: its join's id here */
 };
 
-/* Coordinator side. */
-struct cmember {
-	bool joined, gone;
-	struct tpd_peer *pr; /* the link it joined over; NULL: this daemon */
-	uint64_t join_id;
-	uint64_t instance; /* the host identity: the instance of the daemon it joined through */
-	uint32_t pid;
-	char host[64];
-};
-
-struct cgroup {
-	struct tpu_list node; /* gs->cgroups */
-	struct tpd_groups *gs;
-	uint64_t id;
-	char *name;
-	uid_t uid;
-	uint32_t size, joined, live;
-	bool formed;
-	bool answering; /* cgroup_form() is answering: a member gone waits until it is done */
-	struct event *ev_timeout;
-	struct cmember m[];
-};
-
-static void coord_msg(struct tpd_groups *gs, struct tpd_peer *pr, const Tpw__V1__PeerMsg *m);
-static void cgroup_tell_gone(struct cgroup *cg, uint32_t rank, uint32_t why, const char *text);
-static void member_msg(struct tpd_groups *gs, struct tpd_peer *pr, const Tpw__V1__PeerMsg *m);
-
-/* ---- sending both ways ---------------------------------------------------------------------- */
+/* ---- sending to the coordinator ------------------------------------------------------------ */
 
 static void to_coord(struct tpd_groups *gs, struct tpd_peer *pr, Tpw__V1__PeerMsg *m)
 {
 	if (pr)
 		tpd_peer_send(pr, m, NULL, 0);
 	else
-		coord_msg(gs, NULL, m);
+		tpd_group_coord_msg(gs, NULL, m);
 }
 
-static void to_member(struct tpd_groups *gs, struct tpd_peer *pr, Tpw__V1__PeerMsg *m)
-{
-	if (pr)
-		tpd_peer_send(pr, m, NULL, 0);
-	else
-		member_msg(gs, NULL, m);
-}
-
-static void send_gone(struct tpd_groups *gs, struct tpd_peer *pr, bool to_coordinator,
-		      uint64_t join_id, uint64_t group_id, uint32_t rank, uint32_t pid,
-		      uint32_t why, const char *text)
+/* The member of join @join_id left or died (@why). */
+static void send_gone(struct tpd_groups *gs, struct tpd_peer *pr, uint64_t join_id,
+		      uint32_t rank, uint32_t pid, uint32_t why)
 {
 	Tpw__V1__PeerGroupGone g = TPW__V1__PEER_GROUP_GONE__INIT;
 	Tpw__V1__PeerMsg m = TPW__V1__PEER_MSG__INIT;
 
 	g.join_id = join_id;
-	g.group_id = group_id;
 	g.rank = rank;
 	g.pid = pid;
 	g.why = why;
-	g.message = (char *)text;
+	g.message = (char *)"";
 	m.body_case = TPW__V1__PEER_MSG__BODY_GROUP_GONE;
 	m.group_gone = &g;
-	if (to_coordinator)
-		to_coord(gs, pr, &m);
-	else
-		to_member(gs, pr, &m);
-}
-
-/* ---- coordinator side ----------------------------------------------------------------------- */
-
-static void cgroup_free(struct cgroup *cg)
-{
-	if (cg->ev_timeout)
-		event_free(cg->ev_timeout);
-	tpu_list_remove(&cg->node);
-	free(cg->name);
-	free(cg);
-}
-
-static void coord_answer(struct tpd_groups *gs, const struct cmember *cm, int err,
-			 const char *why, Tpw__V1__PeerGroupJoined *tmpl)
-{
-	Tpw__V1__PeerGroupJoined j = TPW__V1__PEER_GROUP_JOINED__INIT;
-	Tpw__V1__PeerMsg m = TPW__V1__PEER_MSG__INIT;
-
-	if (tmpl)
-		j = *tmpl;
-	j.join_id = cm->join_id;
-	j.status = err < 0 ? tpw_status_from_errno(err) : TPW__V1__STATUS__STATUS_OK;
-	j.message = (char *)(why ? why : "");
-	m.body_case = TPW__V1__PEER_MSG__BODY_GROUP_JOINED;
-	m.group_joined = &j;
-	to_member(gs, cm->pr, &m);
-}
-
-/* A refusal of a join that never got a slot. */
-static void coord_refuse(struct tpd_groups *gs, struct tpd_peer *pr, uint64_t join_id, int err,
-			 const char *fmt, ...) _printf_(5, 6);
-static void coord_refuse(struct tpd_groups *gs, struct tpd_peer *pr, uint64_t join_id, int err,
-			 const char *fmt, ...)
-{
-	struct cmember cm = { .pr = pr, .join_id = join_id };
-	char why[256];
-	va_list ap;
-
-	va_start(ap, fmt);
-	vsnprintf(why, sizeof(why), fmt, ap);
-	va_end(ap);
-	tpu_log(TPU_LOG_INFO, "group join from %s refused: %s",
-		pr ? tpd_peer_name(pr) : "this host", why);
-	gs->refused++;
-	coord_answer(gs, &cm, err, why, NULL);
-}
-
-static void cgroup_on_timeout(evutil_socket_t fd, short what, void *arg)
-{
-	struct cgroup *cg = arg;
-	char missing[128] = "", why[256];
-	size_t len = 0;
-
-	(void)fd;
-	(void)what;
-	for (uint32_t i = 0; i < cg->size && len + 12 < sizeof(missing); i++)
-		if (!cg->m[i].joined)
-			len += (size_t)snprintf(missing + len, sizeof(missing) - len, "%s%u",
-						len ? ", " : "", i);
-	snprintf(why, sizeof(why), "group '%s': %u of %u members joined the coordinator before "
-		 "the join timeout (missing ranks %s)", cg->name, cg->joined, cg->size, missing);
-	tpu_log(TPU_LOG_INFO, "%s", why);
-	cg->gs->refused += cg->joined;
-	for (uint32_t i = 0; i < cg->size; i++)
-		if (cg->m[i].joined)
-			coord_answer(cg->gs, &cg->m[i], -ETIMEDOUT, why, NULL);
-	cgroup_free(cg);
-}
-
-static struct cgroup *cgroup_find(struct tpd_groups *gs, uid_t uid, const char *name)
-{
-	struct cgroup *cg;
-
-	tpu_list_for_each(cg, &gs->cgroups, node)
-		if (cg->uid == uid && strcmp(cg->name, name) == 0)
-			return cg;
-	return NULL;
-}
-
-/* Groups this daemon coordinates that have a member (joined, not gone) over @pr. */
-static uint32_t link_groups(struct tpd_groups *gs, const struct tpd_peer *pr)
-{
-	struct cgroup *cg;
-	uint32_t n = 0;
-
-	tpu_list_for_each(cg, &gs->cgroups, node)
-		for (uint32_t i = 0; i < cg->size; i++)
-			if (cg->m[i].joined && !cg->m[i].gone && cg->m[i].pr == pr) {
-				n++;
-				break;
-			}
-	return n;
-}
-
-static int cgroup_new(struct tpd_groups *gs, const Tpw__V1__PeerGroupJoin *j,
-		      struct cgroup **ret)
-{
-	uint32_t ms = j->timeout_ms ? j->timeout_ms : 30000u;
-	struct timeval tv = { ms / 1000, (long)(ms % 1000) * 1000 };
-	struct cgroup *cg = calloc(1, sizeof(*cg) + j->size * sizeof(cg->m[0]));
-
-	if (!cg || !(cg->name = strdup(j->name)) ||
-	    !(cg->ev_timeout = evtimer_new(tpd_daemon_base(gs->d), cgroup_on_timeout, cg))) {
-		if (cg)
-			free(cg->name);
-		free(cg);
-		return -ENOMEM;
-	}
-	tpu_list_init(&cg->node);
-	cg->gs = gs;
-	cg->id = ++gs->next_cgroup_id;
-	cg->uid = j->uid;
-	cg->size = j->size;
-	evtimer_add(cg->ev_timeout, &tv);
-	tpu_list_insert_tail(&gs->cgroups, &cg->node);
-	*ret = cg;
-	return 0;
-}
-
-/* Every member joined: group them by host and answer each member's daemon. */
-static void cgroup_form(struct cgroup *cg)
-{
-	Tpw__V1__PeerGroupJoined t = TPW__V1__PEER_GROUP_JOINED__INIT;
-	Tpw__V1__PeerGroupMember *mv = calloc(cg->size, sizeof(*mv));
-	Tpw__V1__PeerGroupMember **mp = calloc(cg->size, sizeof(*mp));
-	uint32_t *host = calloc(cg->size, sizeof(*host)), hosts = 0;
-
-	event_del(cg->ev_timeout);
-	if (!mv || !mp || !host) {
-		for (uint32_t i = 0; i < cg->size; i++)
-			coord_answer(cg->gs, &cg->m[i], -ENOMEM, "out of memory", NULL);
-		cgroup_free(cg);
-		goto out;
-	}
-	for (uint32_t r = 0; r < cg->size; r++) {
-		uint32_t q = 0;
-
-		while (q < r && cg->m[q].instance != cg->m[r].instance)
-			q++;
-		host[r] = q < r ? host[q] : hosts++; /* numbered by their lowest rank */
-		tpw__v1__peer_group_member__init(&mv[r]);
-		mv[r].rank = r;
-		mv[r].host_index = host[r];
-		mv[r].pid = cg->m[r].pid;
-		mv[r].host = cg->m[r].host;
-		mp[r] = &mv[r];
-	}
-	cg->formed = true;
-	cg->live = cg->size;
-	cg->answering = true; /* answers to this daemon's own members run synchronously */
-	t.group_id = cg->id;
-	t.size = cg->size;
-	t.hosts = hosts;
-	t.n_members = cg->size;
-	t.members = mp;
-	cg->gs->formed++;
-	tpu_log(TPU_LOG_INFO, "group %llu '%s' (uid %u): coordinated, %u members on %u hosts",
-		(unsigned long long)cg->id, cg->name, (unsigned)cg->uid, cg->size, hosts);
-	for (uint32_t r = 0; r < cg->size; r++) {
-		uint32_t lr = 0, ls = 0;
-
-		for (uint32_t q = 0; q < cg->size; q++)
-			if (host[q] == host[r]) {
-				lr += q < r;
-				ls++;
-			}
-		t.rank = r;
-		t.local_rank = lr;
-		t.local_size = ls;
-		t.host_index = host[r];
-		coord_answer(cg->gs, &cg->m[r], 0, "", &t);
-	}
-	cg->answering = false;
-	for (uint32_t r = 0; r < cg->size && cg->live; r++) /* gone while answering */
-		if (cg->m[r].gone)
-			cgroup_tell_gone(cg, r, TPU_GRPARENA_DIED, "a member could not set up its "
-					 "part of the group");
-	if (cg->live == 0)
-		cgroup_free(cg);
-out:
-	free(mv);
-	free(mp);
-	free(host);
-}
-
-static void coord_on_join(struct tpd_groups *gs, struct tpd_peer *pr,
-			  const Tpw__V1__PeerGroupJoin *j)
-{
-	const struct tpd_config *cfg = tpd_daemon_cfg(gs->d);
-	struct cgroup *cg;
-	struct cmember *cm;
-	int32_t rank = j->rank;
-
-	if (pr && !tpd_peer_group_authenticated(pr)) {
-		coord_refuse(gs, pr, j->join_id, -EACCES, "group '%s': the coordinator takes joins "
-			     "only over authenticated peer links (a key or certificate)", j->name);
-		return;
-	}
-	if (j->size > cfg->group_members_max) {
-		coord_refuse(gs, pr, j->join_id, -ENOBUFS, "group '%s': %u members is over the "
-			     "coordinator's limit of %u (group-members-max)", j->name, j->size,
-			     cfg->group_members_max);
-		return;
-	}
-	cg = cgroup_find(gs, j->uid, j->name);
-	if (!cg) {
-		uint32_t n = pr ? link_groups(gs, pr) : 0;
-
-		if (pr && n >= cfg->group_peer_groups_max) {
-			coord_refuse(gs, pr, j->join_id, -ENOBUFS, "group '%s': the coordinator has "
-				     "%u groups with members over the link from %s, the limit "
-				     "(group-peer-groups-max)", j->name, n,
-				     tpd_peer_group_host(pr));
-			return;
-		}
-		if (cgroup_new(gs, j, &cg) < 0) {
-			coord_refuse(gs, pr, j->join_id, -ENOMEM, "out of memory");
-			return;
-		}
-	}
-	if (cg->formed) {
-		coord_refuse(gs, pr, j->join_id, -EBUSY, "group '%s' is formed (or still ending) "
-			     "at the coordinator: leave it on every member first", j->name);
-		return;
-	}
-	if (j->size != cg->size) {
-		coord_refuse(gs, pr, j->join_id, -EINVAL, "group '%s' has %u members, this join "
-			     "says %u", j->name, cg->size, j->size);
-		return;
-	}
-	if (rank >= 0 && cg->m[rank].joined) {
-		coord_refuse(gs, pr, j->join_id, -EADDRINUSE, "group '%s': rank %d already joined "
-			     "(pid %u on %s)", j->name, (int)rank, cg->m[rank].pid,
-			     cg->m[rank].host);
-		return;
-	}
-	for (uint32_t i = 0; rank < 0 && i < cg->size; i++)
-		if (!cg->m[i].joined)
-			rank = (int32_t)i;
-	cm = &cg->m[rank];
-	cm->joined = true;
-	cm->pr = pr;
-	cm->join_id = j->join_id;
-	cm->instance = pr ? tpd_peer_group_far_instance(pr) : tpd_peer_group_instance(gs->d);
-	cm->pid = j->pid;
-	snprintf(cm->host, sizeof(cm->host), "%s",
-		 pr ? tpd_peer_group_host(pr) : tpd_peers_hostname(gs->d));
-	if (++cg->joined == cg->size)
-		cgroup_form(cg);
-}
-
-/* Tells every member's daemon but @except's (NULL: none) that @cg lost rank @rank. */
-static void cgroup_tell_gone(struct cgroup *cg, uint32_t rank, uint32_t why, const char *text)
-{
-	for (uint32_t i = 0; i < cg->size; i++) {
-		struct cmember *cm = &cg->m[i];
-		bool told = false;
-
-		if (cm->gone)
-			continue;
-		for (uint32_t q = 0; q < i && !told; q++) /* once per daemon */
-			told = !cg->m[q].gone && cg->m[q].pr == cm->pr;
-		if (!told)
-			send_gone(cg->gs, cm->pr, false, 0, cg->id, rank, cg->m[rank].pid, why,
-				  text);
-	}
-}
-
-/* Member @rank of @cg is gone (@why); frees @cg after the last. Return: true if freed. */
-static bool cmember_gone(struct cgroup *cg, uint32_t rank, uint32_t why, const char *text)
-{
-	struct cmember *cm = &cg->m[rank];
-
-	if (!cg->formed) {
-		cm->joined = false;
-		if (--cg->joined == 0) {
-			cgroup_free(cg);
-			return true;
-		}
-		return false;
-	}
-	if (cm->gone)
-		return false;
-	cm->gone = true;
-	if (cg->answering) { /* cgroup_form() tells the others and frees once it is done */
-		cg->live--;
-		return false;
-	}
-	if (--cg->live == 0) {
-		cgroup_free(cg);
-		return true;
-	}
-	cgroup_tell_gone(cg, rank, why, text);
-	return false;
-}
-
-static void coord_on_gone(struct tpd_groups *gs, struct tpd_peer *pr,
-			  const Tpw__V1__PeerGroupGone *g)
-{
-	struct cgroup *cg, *tmp;
-	char text[256];
-
-	tpu_list_for_each_safe(cg, tmp, &gs->cgroups, node)
-		for (uint32_t i = 0; i < cg->size; i++) {
-			struct cmember *cm = &cg->m[i];
-
-			if (!cm->joined || cm->pr != pr || cm->join_id != g->join_id)
-				continue;
-			snprintf(text, sizeof(text), "rank %u (pid %u) on %s %s", i, cm->pid,
-				 cm->host, g->why == TPU_GRPARENA_LEFT ? "left" : "died");
-			cmember_gone(cg, i, g->why, text);
-			return;
-		}
-}
-
-static void coord_msg(struct tpd_groups *gs, struct tpd_peer *pr, const Tpw__V1__PeerMsg *m)
-{
-	if (m->body_case == TPW__V1__PEER_MSG__BODY_GROUP_JOIN)
-		coord_on_join(gs, pr, m->group_join);
-	else if (m->body_case == TPW__V1__PEER_MSG__BODY_GROUP_GONE)
-		coord_on_gone(gs, pr, m->group_gone);
-}
-
-/* The link @pr failed: its members leave the groups this daemon coordinates. */
-static void coord_link_failed(struct tpd_groups *gs, struct tpd_peer *pr, const char *why)
-{
-	struct cgroup *cg, *tmp;
-	char text[256];
-
-	tpu_list_for_each_safe(cg, tmp, &gs->cgroups, node)
-		for (uint32_t i = 0; i < cg->size; i++) {
-			struct cmember *cm = &cg->m[i];
-
-			if (!cm->joined || cm->gone || cm->pr != pr)
-				continue;
-			snprintf(text, sizeof(text), "the peer link to %.60s (rank %u) failed: %.80s",
-				 cm->host, i, why);
-			cm->pr = NULL; /* never used again: gone or cleared below */
-			if (cmember_gone(cg, i, TPU_GRPARENA_HOST, text))
-				break;
-		}
+	to_coord(gs, pr, &m);
 }
 
 /* ---- member side ---------------------------------------------------------------------------- */
@@ -529,8 +142,7 @@ static void xjoin_on_timeout(evutil_socket_t fd, short what, void *arg)
 	(void)fd;
 	(void)what;
 	if (xj->sent)
-		send_gone(xj->gs, xj->pr, true, xj->join_id, 0, 0, (uint32_t)xj->pid,
-			  TPU_GRPARENA_DIED, "");
+		send_gone(xj->gs, xj->pr, xj->join_id, 0, (uint32_t)xj->pid, TPU_GRPARENA_DIED);
 	if (xj->pr && !tpd_peer_is_up(xj->pr))
 		xjoin_refuse(xj, -ETIMEDOUT, "group '%s': coordinator %s not reachable within the "
 			     "join timeout (%u ms)%s%s", xj->name, xj->coord, xj->timeout_ms,
@@ -710,7 +322,7 @@ static void member_on_joined(struct tpd_groups *gs, struct tpd_peer *pr,
 		tpd_group_form(grp);
 	return;
 refuse:
-	send_gone(gs, pr, true, xj->join_id, 0, 0, (uint32_t)xj->pid, TPU_GRPARENA_DIED, why);
+	send_gone(gs, pr, xj->join_id, 0, (uint32_t)xj->pid, TPU_GRPARENA_DIED);
 	xjoin_refuse(xj, r, "group '%s': %s", xj->name, why);
 }
 
@@ -733,7 +345,7 @@ static void member_on_gone(struct tpd_groups *gs, struct tpd_peer *pr,
 	tpd_group_drop(grp);
 }
 
-static void member_msg(struct tpd_groups *gs, struct tpd_peer *pr, const Tpw__V1__PeerMsg *m)
+void tpd_groupx_member_msg(struct tpd_groups *gs, struct tpd_peer *pr, const Tpw__V1__PeerMsg *m)
 {
 	if (m->body_case == TPW__V1__PEER_MSG__BODY_GROUP_JOINED)
 		member_on_joined(gs, pr, m->group_joined);
@@ -749,8 +361,7 @@ void tpd_groupx_session_end(struct tpd_groups *gs, struct tpd_session *s)
 		if (xj->s != s)
 			continue;
 		if (xj->sent)
-			send_gone(gs, xj->pr, true, xj->join_id, 0, 0, (uint32_t)xj->pid,
-				  TPU_GRPARENA_DIED, "");
+			send_gone(gs, xj->pr, xj->join_id, 0, (uint32_t)xj->pid, TPU_GRPARENA_DIED);
 		xjoin_free(xj);
 	}
 }
@@ -761,8 +372,7 @@ void tpd_groupx_member_gone(struct tpd_group *grp, uint32_t idx, uint32_t why)
 
 	if (x->lost)
 		return;
-	send_gone(grp->gs, x->pr, true, x->join_id[idx], 0, x->rank[idx],
-		  (uint32_t)grp->m[idx].pid, why, "");
+	send_gone(grp->gs, x->pr, x->join_id[idx], x->rank[idx], (uint32_t)grp->m[idx].pid, why);
 }
 
 uint32_t tpd_groupx_rank(const struct tpd_group *grp, uint32_t idx)
@@ -810,9 +420,9 @@ static void groupx_on_msg(struct tpd_daemon *d, struct tpd_peer *pr, const Tpw__
 
 	if (m->body_case == TPW__V1__PEER_MSG__BODY_GROUP_JOIN ||
 	    (m->body_case == TPW__V1__PEER_MSG__BODY_GROUP_GONE && m->group_gone->join_id))
-		coord_msg(gs, pr, m);
+		tpd_group_coord_msg(gs, pr, m);
 	else
-		member_msg(gs, pr, m);
+		tpd_groupx_member_msg(gs, pr, m);
 }
 
 /* The first join sent or to be sent over @pr, or NULL. */
@@ -881,7 +491,7 @@ static void groupx_on_link_failed(struct tpd_daemon *d, struct tpd_peer *pr, int
 				tpd_group_refuse(grp->m[i].s, grp->m[i].req_id, err, text);
 		tpd_group_drop(grp);
 	}
-	coord_link_failed(gs, pr, why && *why ? why : strerror(-err));
+	tpd_group_coord_link_failed(gs, pr, why && *why ? why : strerror(-err));
 }
 
 static const struct tpd_peer_group_ops groupx_peer_ops = {
@@ -900,10 +510,8 @@ void tpd_groupx_init(struct tpd_groups *gs)
 void tpd_groupx_done(struct tpd_groups *gs)
 {
 	struct xjoin *xj, *tmp;
-	struct cgroup *cg, *ctmp;
 
 	tpu_list_for_each_safe(xj, tmp, &gs->xjoins, node)
 		xjoin_free(xj);
-	tpu_list_for_each_safe(cg, ctmp, &gs->cgroups, node)
-		cgroup_free(cg);
+	tpd_group_coord_done(gs);
 }
