@@ -30,7 +30,8 @@ enum tpu_grparena_why {
 	TPU_GRPARENA_ABORTED = 3, /* the member aborted the group (tp_group_abort()) */
 	TPU_GRPARENA_TIMEOUT = 4, /* the member gave up waiting (op timeout) */
 	TPU_GRPARENA_SHUTDOWN = 5, /* the daemon stopped */
-	TPU_GRPARENA_LOST = 6	   /* the member lost its daemon connection */
+	TPU_GRPARENA_LOST = 6,	   /* the member lost its daemon connection */
+	TPU_GRPARENA_HOST = 7	   /* the peer link to the member's host (or coordinator) failed */
 };
 
 struct tpu_grparena_hdr {

@@ -582,6 +582,35 @@ static int check_peer_rdma(const Tpw__V1__PeerRdma *r, char *why, size_t wl)
 	return check_string(r->error, TPW_MESSAGE_MAX, "error", why, wl);
 }
 
+/* Cross-host group joins (issue 24): names and sizes as for a client's GroupJoin. */
+static int check_peer_group_join(const Tpw__V1__PeerGroupJoin *j, char *why, size_t wl)
+{
+	if (!j->name || !*j->name || strlen(j->name) > TPW_GROUP_NAME_MAX)
+		return tpu_why(-EBADMSG, why, wl, "group name of 1..%u bytes", TPW_GROUP_NAME_MAX);
+	if (j->size < 1 || j->size > TPW_GROUP_SIZE_MAX || j->rank < -1 ||
+	    (j->rank >= 0 && (uint32_t)j->rank >= j->size))
+		return tpu_why(-EBADMSG, why, wl, "rank %d of %u members", (int)j->rank, j->size);
+	return 0;
+}
+
+static int check_peer_group_joined(const Tpw__V1__PeerGroupJoined *j, char *why, size_t wl)
+{
+	if (j->status != TPW__V1__STATUS__STATUS_OK)
+		return check_string(j->message, TPW_MESSAGE_MAX, "message", why, wl);
+	if (j->size < 1 || j->size > TPW_GROUP_SIZE_MAX || j->rank >= j->size ||
+	    j->local_size < 1 || j->local_size > j->size || j->local_rank >= j->local_size ||
+	    j->hosts < 1 || j->hosts > j->size || j->host_index >= j->hosts ||
+	    j->n_members != j->size)
+		return tpu_why(-EBADMSG, why, wl, "group membership out of range");
+	for (size_t i = 0; i < j->n_members; i++) {
+		if (j->members[i]->rank != i || j->members[i]->host_index >= j->hosts)
+			return tpu_why(-EBADMSG, why, wl, "member %zu out of range", i);
+		if (check_string(j->members[i]->host, TPW_MESSAGE_MAX, "host", why, wl) < 0)
+			return -EBADMSG;
+	}
+	return check_string(j->message, TPW_MESSAGE_MAX, "message", why, wl);
+}
+
 int tpw_peer_msg_validate(const Tpw__V1__PeerMsg *m, const struct tpw_hdr *hdr,
 			  const struct tpw_limits *lim, char *why, size_t wl)
 {
@@ -630,6 +659,12 @@ int tpw_peer_msg_validate(const Tpw__V1__PeerMsg *m, const struct tpw_hdr *hdr,
 		return check_peer_rdma(m->rdma, why, wl);
 	case TPW__V1__PEER_MSG__BODY_PING:
 		return 0;
+	case TPW__V1__PEER_MSG__BODY_GROUP_JOIN:
+		return check_peer_group_join(m->group_join, why, wl);
+	case TPW__V1__PEER_MSG__BODY_GROUP_JOINED:
+		return check_peer_group_joined(m->group_joined, why, wl);
+	case TPW__V1__PEER_MSG__BODY_GROUP_GONE:
+		return check_string(m->group_gone->message, TPW_MESSAGE_MAX, "message", why, wl);
 	default:
 		return tpu_why(-EBADMSG, why, wl, "unknown peer message type %d",
 			       (int)m->body_case);

@@ -576,8 +576,10 @@ int tp_cancel(struct tp_context *ctx, uint64_t op);
  */
 struct tp_group;
 
-/* How members find each other. AUTO is LOCAL today; COORDINATOR (an explicit tpip:// address)
- * and SLURM (from Slurm's environment) are refused with -EOPNOTSUPP until they are built. */
+/* How members find each other. AUTO is LOCAL today; COORDINATOR: through the daemon at an
+ * explicit tpip://HOST[:PORT] address (docs/collectives.md); SLURM: rank and size from Slurm's
+ * variables, the group keyed by job and step, the coordinator the daemon of the step's first
+ * host. */
 enum tp_group_bootstrap {
 	TP_GROUP_BOOTSTRAP_AUTO = 0,
 	TP_GROUP_BOOTSTRAP_LOCAL = 1,

@@ -61,6 +61,10 @@ static int group_failed(struct tp_group *g, char *msg, size_t ml)
 		snprintf(msg, ml, "group '%s': rank %u (pid %u) gave up waiting for the others "
 			 "(op timeout)", g->name, rank, pid);
 		return -ETIMEDOUT;
+	case TPU_GRPARENA_HOST:
+		snprintf(msg, ml, "group '%s': the daemons lost the peer link to rank %u's host "
+			 "(tpipctl groups names it)", g->name, rank);
+		return -ECONNRESET;
 	case TPU_GRPARENA_LOST:
 		snprintf(msg, ml, "group '%s': rank %u (pid %u) lost its daemon connection", g->name,
 			 rank, pid);

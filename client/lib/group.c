@@ -182,15 +182,66 @@ static int join_check(struct tp_context *ctx, const char *name, const struct tp_
 	return 0;
 }
 
+/*
+ * The Slurm bootstrap as a join through a coordinator: rank and size from Slurm's variables
+ * (a rank or size the caller gives must agree), the group named "NAME@slurm:JOB.STEP" (keyed
+ * by job and step), the coordinator the daemon of the first host of the step's node list at
+ * the daemons' peer port. Writes @o, @gname (TPW_GROUP_NAME_MAX + 1 bytes) and @coord (what
+ * @o->coordinator points to). Return: 0 or -errno with tp_last_error() set.
+ */
+static int slurm_options(const char *name, const struct tp_group_options *in,
+			 struct tp_group_options *o, char *gname, char *coord, size_t cl)
+{
+	struct tpc_slurm sl;
+	size_t nl, kl;
+	int r;
+
+	if (!name || !in || in->size < sizeof(*in))
+		return tpc_error(-EINVAL, "missing name or options");
+	r = tpc_slurm_from_env(&sl);
+	if (r < 0)
+		return r; /* tp_last_error() names the variable */
+	if ((in->rank >= 0 && (uint32_t)in->rank != sl.rank) ||
+	    (in->nranks && in->nranks != sl.size))
+		return tpc_error(-EINVAL, "Slurm bootstrap: rank %d of %u disagrees with Slurm's "
+				 "rank %u of %u", in->rank, in->nranks, sl.rank, sl.size);
+	nl = strlen(name);
+	kl = strlen(sl.key);
+	if (nl + 1 + kl > TPW_GROUP_NAME_MAX)
+		return tpc_error(-ENAMETOOLONG, "Slurm bootstrap: '%s@%s' is over %u bytes", name,
+				 sl.key, TPW_GROUP_NAME_MAX);
+	memcpy(gname, name, nl);
+	gname[nl] = '@';
+	memcpy(gname + nl + 1, sl.key, kl + 1);
+	snprintf(coord, cl, "tpip://%s", sl.coordinator);
+	*o = *in;
+	o->size = sizeof(*o);
+	o->rank = (int)sl.rank;
+	o->nranks = sl.size;
+	o->bootstrap = TP_GROUP_BOOTSTRAP_COORDINATOR;
+	o->coordinator = coord;
+	return 0;
+}
+
 TP_EXPORT int tp_group_join(struct tp_context *ctx, const char *name,
 			    const struct tp_group_options *opts, struct tp_group **ret)
 {
-	int join_ms, r = join_check(ctx, name, opts, ret);
-	char msg[TPC_GROUP_MSG_MAX];
+	char msg[TPC_GROUP_MSG_MAX], sname[TPW_GROUP_NAME_MAX + 1];
+	char scoord[TPC_SLURM_NAME_MAX + 8];
+	struct tp_group_options so;
 	struct join_req j;
 	struct tp_group *g;
+	int join_ms, r;
 	long ncpu;
 
+	if (opts && opts->size >= sizeof(*opts) && opts->bootstrap == TP_GROUP_BOOTSTRAP_SLURM) {
+		r = slurm_options(name, opts, &so, sname, scoord, sizeof(scoord));
+		if (r < 0)
+			return r;
+		name = sname;
+		opts = &so;
+	}
+	r = join_check(ctx, name, opts, ret);
 	if (r < 0)
 		return r;
 	join_ms = opts->join_timeout_ms > 0 ? opts->join_timeout_ms : GROUP_JOIN_MS_DEFAULT;
@@ -198,6 +249,9 @@ TP_EXPORT int tp_group_join(struct tp_context *ctx, const char *name,
 	r = join_ask(ctx, name, opts, join_ms, &j);
 	if (r < 0)
 		return r;
+	if (j.local_size < 1 || j.local_size > j.size || j.local_rank >= j.local_size ||
+	    (j.hosts < 2 && j.local_size != j.size))
+		return tpc_error(-EPROTO, "group '%s': the daemon's answer does not add up", name);
 	g = calloc(1, sizeof(*g));
 	if (g && !(g->absent = calloc(j.size, sizeof(*g->absent)))) {
 		free(g);
@@ -208,8 +262,10 @@ TP_EXPORT int tp_group_join(struct tp_context *ctx, const char *name,
 	g->ctx = ctx;
 	snprintf(g->name, sizeof(g->name), "%s", name);
 	g->id = j.group_id;
-	g->rank = j.rank;
-	g->size = j.size;
+	g->world_rank = j.rank;
+	g->world_size = j.size;
+	g->rank = j.local_rank; /* the arena holds this host's members */
+	g->size = j.local_size;
 	g->local_rank = j.local_rank;
 	g->local_size = j.local_size;
 	g->host_index = j.host_index;
@@ -239,7 +295,7 @@ TP_EXPORT int tp_group_join(struct tp_context *ctx, const char *name,
 	pthread_mutex_lock(&ctx->lock);
 	tpu_list_insert_tail(&ctx->groups, &g->ctx_node);
 	if (ctx->dead) /* lost while joining: nobody else will say it */
-		tpu_grparena_fail(g->hdr, g->rank, (uint32_t)g->pid, TPU_GRPARENA_LOST);
+		tpu_grparena_fail(g->hdr, g->world_rank, (uint32_t)g->pid, TPU_GRPARENA_LOST);
 	pthread_mutex_unlock(&ctx->lock);
 	*ret = g;
 	return 0;
@@ -250,17 +306,17 @@ void tpc_group_fail_all_locked(struct tp_context *ctx)
 	struct tp_group *g;
 
 	tpu_list_for_each(g, &ctx->groups, ctx_node)
-		tpu_grparena_fail(g->hdr, g->rank, (uint32_t)g->pid, TPU_GRPARENA_LOST);
+		tpu_grparena_fail(g->hdr, g->world_rank, (uint32_t)g->pid, TPU_GRPARENA_LOST);
 }
 
 TP_EXPORT int tp_group_rank(const struct tp_group *g)
 {
-	return g ? (int)g->rank : -EINVAL;
+	return g ? (int)g->world_rank : -EINVAL;
 }
 
 TP_EXPORT int tp_group_size(const struct tp_group *g)
 {
-	return g ? (int)g->size : -EINVAL;
+	return g ? (int)g->world_size : -EINVAL;
 }
 
 TP_EXPORT int tp_group_local_rank(const struct tp_group *g)
@@ -291,7 +347,7 @@ TP_EXPORT uint64_t tp_group_arena_bytes(const struct tp_group *g)
 TP_EXPORT void tp_group_abort(struct tp_group *g)
 {
 	if (g && g->hdr)
-		tpu_grparena_fail(g->hdr, g->rank, (uint32_t)g->pid, TPU_GRPARENA_ABORTED);
+		tpu_grparena_fail(g->hdr, g->world_rank, (uint32_t)g->pid, TPU_GRPARENA_ABORTED);
 }
 
 /* ---- the order of collectives -------------------------------------------------------------- */
@@ -354,6 +410,9 @@ static int coll_check(struct tp_group *g, const struct tpc_coll *c)
 
 	if (!g)
 		return tpc_error(-EINVAL, "no group");
+	if (g->hosts > 1)
+		return tpc_error(-EOPNOTSUPP, "group '%s' spans %u hosts: collectives across hosts "
+				 "are not built yet", g->name, g->hosts);
 	if (c->kind == TPC_COLL_BARRIER)
 		return 0;
 	if (!es)

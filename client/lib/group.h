@@ -47,7 +47,9 @@ struct tp_group {
 	struct tpu_list ctx_node; /* ctx->groups (ctx->lock) */
 	char name[TPW_GROUP_NAME_MAX + 1];
 	uint64_t id;
+	/* rank and size: in the arena, this host's members (the whole group on one host) */
 	uint32_t rank, size, local_rank, local_size, host_index, hosts;
+	uint32_t world_rank, world_size; /* in the whole group (tp_group_rank(), _size()) */
 	uint64_t arena_bytes, chunk;
 	uint8_t *base;
 	struct tpu_grparena_hdr *hdr;

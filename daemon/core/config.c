@@ -62,6 +62,8 @@ static const struct opt opts[] = {
 	  "collective groups of one uid, joining or formed (default 16)" },
 	{ "group-members-max", "limits", K_U32, OFF(group_members_max), 1, 4096, true, "N",
 	  "members of one collective group (default 256)" },
+	{ "group-peer-groups-max", "limits", K_U32, OFF(group_peer_groups_max), 1, 1u << 16, true,
+	  "N", "groups this daemon coordinates with members over one peer link (default 64)" },
 	{ "group-bytes-per-uid", "limits", K_SIZE64, OFF(group_bytes_per_uid), 0, UINT64_MAX,
 	  true, "BYTES", "shared-memory arena bytes of one uid's groups (default 1G)" },
 	{ "group-chunk", "limits", K_SIZE32, OFF(group_chunk), 65536, 64u << 20, true, "BYTES",
@@ -237,6 +239,7 @@ void tpd_config_defaults(struct tpd_config *c)
 	c->cuda_holds_max = TPD_DEVMEM_HOLDS;
 	c->groups_per_uid = 16;
 	c->group_members_max = 256;
+	c->group_peer_groups_max = 64;
 	c->group_bytes_per_uid = 1ull << 30;
 	c->group_chunk = 1u << 20;
 	c->chans_per_uid = 64;

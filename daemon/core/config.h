@@ -60,6 +60,7 @@ struct tpd_config {
 	bool cuda_cache;	    /* keep them mapped between transfers (default: no) */
 	uint32_t groups_per_uid;    /* collective groups one uid may have (group/) */
 	uint32_t group_members_max; /* members of one group */
+	uint32_t group_peer_groups_max; /* coordinated groups with members over one peer link */
 	uint64_t group_bytes_per_uid; /* arena bytes of one uid's groups */
 	uint32_t group_chunk;	    /* arena slot bytes of a group of up to 8 members */
 	uint32_t chans_per_uid;	    /* named channels one uid may create (chan/) */

@@ -18,6 +18,7 @@
 
 #include "core.h"
 #include "group.h"
+#include "group_int.h"
 #include "grparena.h"
 #include "local.h"
 #include "session.h"
@@ -27,47 +28,6 @@
 #define GROUP_DIR "/dev/shm"
 #define GROUP_JOIN_MS_DEFAULT 30000u
 
-struct member {
-	struct tpd_group *grp;
-	struct tpd_session *s; /* NULL: free slot, or gone after forming */
-	uint64_t req_id;
-	pid_t pid;
-	bool joined;
-	bool ready;
-	bool gone; /* formed, then left or died */
-	uint32_t gone_why; /* TPU_GRPARENA_DIED or _LEFT */
-	struct event *ev_timeout;
-};
-
-struct tpd_group {
-	struct tpu_list node;
-	struct tpd_groups *gs;
-	uint64_t id;
-	uid_t uid;
-	gid_t gid;
-	char *name;
-	uint32_t size;
-	uint32_t joined;
-	uint32_t ready;
-	uint32_t live; /* formed: members not gone */
-	bool formed;
-	bool linked; /* the arena file still has its name */
-	char path[80];
-	struct tpu_grparena_hdr *arena;
-	uint64_t bytes; /* arena bytes (reserved from the first join) */
-	uint64_t chunk;
-	uint64_t created_ns;
-	char failure[96]; /* the first member gone, for tpipctl */
-	struct member m[];
-};
-
-struct tpd_groups {
-	struct tpd_daemon *d;
-	struct tpu_list list;
-	uint64_t next_id;
-	uint64_t formed, failed, refused; /* since start (metrics) */
-};
-
 int tpd_group_new(struct tpd_daemon *d, struct tpd_groups **ret)
 {
 	struct tpd_groups *g = calloc(1, sizeof(*g));
@@ -76,6 +36,7 @@ int tpd_group_new(struct tpd_daemon *d, struct tpd_groups **ret)
 		return -ENOMEM;
 	g->d = d;
 	tpu_list_init(&g->list);
+	tpd_groupx_init(g);
 	*ret = g;
 	return 0;
 }
@@ -99,6 +60,7 @@ static void group_free(struct tpd_group *grp)
 		unlink(grp->path);
 	if (grp->arena)
 		munmap(grp->arena, grp->bytes);
+	tpd_groupx_free(grp->x);
 	tpu_list_remove(&grp->node);
 	free(grp->name);
 	free(grp);
@@ -110,6 +72,7 @@ void tpd_group_free(struct tpd_groups *g)
 
 	if (!g)
 		return;
+	tpd_groupx_done(g);
 	tpu_list_for_each_safe(grp, tmp, &g->list, node)
 		group_free(grp);
 	free(g);
@@ -151,6 +114,8 @@ static void joined_send(struct tpd_session *s, uint64_t req_id, int err, const c
 		j.local_size = grp->size;
 		j.host_index = 0;
 		j.hosts = 1;
+		if (grp->x)
+			tpd_groupx_joined_fill(grp, rank, &j);
 		j.arena_path = (char *)grp->path;
 		j.arena_bytes = grp->bytes;
 		j.chunk_bytes = grp->chunk;
@@ -170,6 +135,11 @@ static void join_refuse(struct tpd_session *s, uint64_t req_id, int err, const c
 	va_start(ap, fmt);
 	vsnprintf(why, sizeof(why), fmt, ap);
 	va_end(ap);
+	tpd_group_refuse(s, req_id, err, why);
+}
+
+void tpd_group_refuse(struct tpd_session *s, uint64_t req_id, int err, const char *why)
+{
 	tpd_session_log(s, TPU_LOG_INFO, "group join refused: %s", why);
 	tpd_daemon_groups(tpd_session_daemon(s))->refused++;
 	joined_send(s, req_id, err, why, NULL, 0);
@@ -213,7 +183,7 @@ static int arena_create(struct tpd_group *grp, char *why, size_t wl)
 	return 0;
 }
 
-static void group_form(struct tpd_group *grp)
+void tpd_group_form(struct tpd_group *grp)
 {
 	char why[256] = "";
 	int r = arena_create(grp, why, sizeof(why));
@@ -229,8 +199,11 @@ static void group_form(struct tpd_group *grp)
 	if (r < 0) {
 		tpu_log(TPU_LOG_WARNING, "group %llu '%s' (uid %u): %s",
 			(unsigned long long)grp->id, grp->name, (unsigned)grp->uid, why);
-		for (uint32_t i = 0; i < grp->size; i++)
+		for (uint32_t i = 0; i < grp->size; i++) {
 			grp->m[i].gone = true;
+			if (grp->x)
+				tpd_groupx_member_gone(grp, i, TPU_GRPARENA_DIED);
+		}
 		group_free(grp);
 		return;
 	}
@@ -276,7 +249,7 @@ static struct tpd_group *group_find(struct tpd_groups *gs, uid_t uid, const char
 	struct tpd_group *grp;
 
 	tpu_list_for_each(grp, &gs->list, node)
-		if (grp->uid == uid && strcmp(grp->name, name) == 0)
+		if (!grp->x && grp->uid == uid && strcmp(grp->name, name) == 0)
 			return grp;
 	return NULL;
 }
@@ -308,32 +281,32 @@ static int group_limits(struct tpd_groups *gs, uid_t uid, uint32_t size, uint64_
 	return 0;
 }
 
-static int group_create(struct tpd_groups *gs, struct tpd_session *s, const Tpw__V1__GroupJoin *j,
-			struct tpd_group **ret, char *why, size_t wl)
+int tpd_group_make(struct tpd_groups *gs, uid_t uid, gid_t gid, const char *name, uint32_t size,
+		   struct tpd_group **ret, char *why, size_t wl)
 {
-	uint64_t chunk = group_chunk(tpd_daemon_cfg(gs->d), j->size);
-	uint64_t bytes = tpu_grparena_bytes(j->size, chunk);
+	uint64_t chunk = group_chunk(tpd_daemon_cfg(gs->d), size);
+	uint64_t bytes = tpu_grparena_bytes(size, chunk);
 	struct tpd_group *grp;
 	int r;
 
-	r = group_limits(gs, tpd_session_uid(s), j->size, bytes, why, wl);
+	r = group_limits(gs, uid, size, bytes, why, wl);
 	if (r < 0)
 		return r;
-	grp = calloc(1, sizeof(*grp) + j->size * sizeof(grp->m[0]));
-	if (!grp || !(grp->name = strdup(j->name))) {
+	grp = calloc(1, sizeof(*grp) + size * sizeof(grp->m[0]));
+	if (!grp || !(grp->name = strdup(name))) {
 		free(grp);
 		return tpu_why(-ENOMEM, why, wl, "out of memory");
 	}
 	tpu_list_init(&grp->node);
 	grp->gs = gs;
 	grp->id = ++gs->next_id;
-	grp->uid = tpd_session_uid(s);
-	grp->gid = s->gid;
-	grp->size = j->size;
+	grp->uid = uid;
+	grp->gid = gid;
+	grp->size = size;
 	grp->chunk = chunk;
 	grp->bytes = bytes;
 	grp->created_ns = tpu_now_ns();
-	for (uint32_t i = 0; i < j->size; i++) {
+	for (uint32_t i = 0; i < size; i++) {
 		grp->m[i].grp = grp;
 		grp->m[i].ev_timeout = evtimer_new(tpd_daemon_base(gs->d), member_on_timeout,
 						   &grp->m[i]);
@@ -379,15 +352,20 @@ static void group_on_join(struct tpd_session *s, const Tpw__V1__GroupJoin *j)
 	char why[256];
 	int r;
 
+	if (j->bootstrap == TPW__V1__GROUP_BOOTSTRAP__GROUP_BOOTSTRAP_COORDINATOR) {
+		tpd_groupx_join(s, j);
+		return;
+	}
 	if (j->bootstrap != TPW__V1__GROUP_BOOTSTRAP__GROUP_BOOTSTRAP_UNSPECIFIED &&
 	    j->bootstrap != TPW__V1__GROUP_BOOTSTRAP__GROUP_BOOTSTRAP_LOCAL) {
-		join_refuse(s, j->req_id, -EOPNOTSUPP, "group '%s': only the local bootstrap (one "
-			    "host) is available", j->name);
+		join_refuse(s, j->req_id, -EOPNOTSUPP, "group '%s': the Slurm bootstrap is not "
+			    "built yet (use a coordinator, tpip://HOST[:PORT])", j->name);
 		return;
 	}
 	grp = group_find(gs, tpd_session_uid(s), j->name);
 	if (!grp) {
-		r = group_create(gs, s, j, &grp, why, sizeof(why));
+		r = tpd_group_make(gs, tpd_session_uid(s), s->gid, j->name, j->size, &grp, why,
+				   sizeof(why));
 		if (r < 0) {
 			join_refuse(s, j->req_id, r, "group '%s': %s", j->name, why);
 			return;
@@ -408,7 +386,7 @@ static void group_on_join(struct tpd_session *s, const Tpw__V1__GroupJoin *j)
 	grp->joined++;
 	evtimer_add(mb->ev_timeout, &tv);
 	if (grp->joined == grp->size)
-		group_form(grp);
+		tpd_group_form(grp);
 }
 
 /* ---- members leaving ----------------------------------------------------------------------- */
@@ -417,7 +395,8 @@ static void group_on_join(struct tpd_session *s, const Tpw__V1__GroupJoin *j)
 static void member_gone(struct member *mb, uint32_t why)
 {
 	struct tpd_group *grp = mb->grp;
-	uint32_t rank = (uint32_t)(mb - grp->m);
+	uint32_t idx = (uint32_t)(mb - grp->m);
+	uint32_t rank = grp->x ? tpd_groupx_rank(grp, idx) : idx; /* in the whole group */
 
 	if (mb->gone)
 		return;
@@ -435,8 +414,26 @@ static void member_gone(struct member *mb, uint32_t why)
 			"%u other members", (unsigned long long)grp->id, grp->name,
 			(unsigned)grp->uid, rank, (int)mb->pid,
 			why == TPU_GRPARENA_DIED ? "died" : "left", grp->live);
+	if (grp->x)
+		tpd_groupx_member_gone(grp, idx, why);
 	if (grp->live == 0)
 		group_free(grp);
+}
+
+void tpd_group_drop(struct tpd_group *grp)
+{
+	group_free(grp);
+}
+
+void tpd_group_fail(struct tpd_group *grp, uint32_t rank, uint32_t pid, uint32_t why,
+		    const char *text)
+{
+	if (!grp->failure[0])
+		snprintf(grp->failure, sizeof(grp->failure), "%s", text);
+	if (grp->arena && tpu_grparena_fail(grp->arena, rank, pid, why) && ++grp->gs->failed)
+		tpu_log(TPU_LOG_WARNING, "group %llu '%s' (uid %u): %s; the group fails for its "
+			"%u members here", (unsigned long long)grp->id, grp->name,
+			(unsigned)grp->uid, text, grp->live);
 }
 
 static struct member *member_of(struct tpd_groups *gs, struct tpd_session *s, uint64_t id)
@@ -477,6 +474,7 @@ static void group_on_session_end(struct tpd_session *s)
 	struct tpd_groups *gs = tpd_daemon_groups(tpd_session_daemon(s));
 	struct tpd_group *grp, *tmp;
 
+	tpd_groupx_session_end(gs, s);
 	tpu_list_for_each_safe(grp, tmp, &gs->list, node) {
 		for (uint32_t i = 0; i < grp->size; i++) {
 			struct member *mb = &grp->m[i];
@@ -539,7 +537,7 @@ static int ctl_member(const struct tpd_group *grp, uint32_t rank, Tpw__V1__CtlGr
 	if (!c)
 		return -ENOMEM;
 	tpw__v1__ctl_group_member__init(c);
-	c->rank = rank;
+	c->rank = grp->x ? tpd_groupx_rank(grp, rank) : rank; /* in the whole group */
 	c->pid = (uint32_t)mb->pid;
 	c->session_id = mb->s ? tpd_session_id(mb->s) : 0;
 	c->state = (char *)member_state(grp, mb);
@@ -584,14 +582,18 @@ static int ctl_group(const struct tpd_group *grp, Tpw__V1__CtlGroup **ret)
 	c->size = grp->size;
 	c->joined = grp->joined;
 	c->state = (char *)(!grp->formed ? "joining" : grp->failure[0] ? "failed" : "formed");
-	snprintf(plan, sizeof(plan), "one host, shared-memory arena: all-reduce = reduce-scatter "
-		 "by %u slices in rank order + all-gather, chunks of %llu KiB, 2 barriers each "
-		 "(every size)", grp->size, (unsigned long long)(grp->chunk >> 10));
+	c->hosts = 1;
+	if (grp->x)
+		tpd_groupx_describe(grp, plan, sizeof(plan), &c->hosts);
+	else
+		snprintf(plan, sizeof(plan), "one host, shared-memory arena: all-reduce = "
+			 "reduce-scatter by %u slices in rank order + all-gather, chunks of %llu "
+			 "KiB, 2 barriers each (every size)", grp->size,
+			 (unsigned long long)(grp->chunk >> 10));
 	c->plan = strdup(plan);
 	c->arena_bytes = grp->bytes;
 	c->chunk_bytes = grp->chunk;
 	c->failure = (char *)grp->failure;
-	c->hosts = 1;
 	c->age_ms = (tpu_now_ns() - grp->created_ns) / 1000000;
 	c->members = calloc(grp->size, sizeof(*c->members));
 	if (!c->plan || !c->members) {

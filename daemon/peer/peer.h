@@ -186,6 +186,35 @@ struct tpd_peer_pipe_ops {
 void tpd_peer_set_pipe_ops(const struct tpd_peer_pipe_ops *ops);
 
 /*
+ * struct tpd_peer_group_ops - what the group part (daemon/group/groupx.c) does with a link's
+ * group messages (PeerGroupJoin, PeerGroupJoined, PeerGroupGone, validated) and link events.
+ * Every op runs on the loop thread and borrows its arguments; link_failed runs while @pr is
+ * torn down (its last error in @why), after which @pr is gone.
+ */
+struct tpd_peer_group_ops {
+	void (*msg)(struct tpd_daemon *d, struct tpd_peer *pr, const Tpw__V1__PeerMsg *m);
+	void (*link_up)(struct tpd_daemon *d, struct tpd_peer *pr);
+	void (*link_failed)(struct tpd_daemon *d, struct tpd_peer *pr, int err, const char *why);
+};
+
+/* tpd_peer_group_set_ops() - register the group ops (static storage, kept for the life of the
+ * process), before tpd_peers_start(). Until then group messages are refused (the link fails). */
+void tpd_peer_group_set_ops(const struct tpd_peer_group_ops *ops);
+
+/* The far daemon's instance (random per daemon start, from its Hello): the host identity groups
+ * use (daemons in two network namespaces of one machine are two hosts). 0 before the Hello. */
+uint64_t tpd_peer_group_far_instance(const struct tpd_peer *pr);
+
+/* This daemon's own instance (what its Hello says); 0 before tpd_peers_start(). Borrows @d. */
+uint64_t tpd_peer_group_instance(const struct tpd_daemon *d);
+
+/* The far daemon's host name as its Hello says (display only). Borrowed, valid as @pr. */
+const char *tpd_peer_group_host(const struct tpd_peer *pr);
+
+/* True if the link's far daemon proved an identity (TLS with the key or a certificate). */
+bool tpd_peer_group_authenticated(const struct tpd_peer *pr);
+
+/*
  * tpd_peer_pipe_add() - @p (whose local id is the ops' id(p)) now runs over @pr: pipe messages
  * for it are dispatched through the registered struct tpd_peer_pipe_ops, whose link_up and
  * link_failed tell it about the link.

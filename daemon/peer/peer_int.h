@@ -114,6 +114,7 @@ struct tpd_peer {
 	int fail_err;
 	char last_error[200];
 	uint32_t peer_minor;	    /* the peer protocol minor version of its Hello */
+	uint64_t far_instance;	    /* the far daemon's instance, from its Hello (groups' host id) */
 	/* Dialling (peerdial.c), while PEER_CONNECTING: */
 	struct evdns_getaddrinfo_request *dns_req; /* resolving the host */
 	struct evutil_addrinfo *addrs, *addr;	    /* what it resolved to; the one tried */
@@ -384,6 +385,14 @@ bool tpd_peerlisten_admit_dial(struct tpd_peers *ps, char *why, size_t wl);
  */
 void tpd_peermsg_dispatch(struct tpd_peer *pr, const Tpw__V1__PeerMsg *m, const uint8_t *tail,
 			  uint32_t tail_len);
+
+/* peergroup.c: @pr is up, or is being torn down; the group ops hear of it. Borrows @pr. */
+void tpd_peer_group_link_up(struct tpd_peer *pr);
+void tpd_peer_group_link_failed(struct tpd_peer *pr);
+
+/* peergroup.c: a group message (validated) of an up link, to the group ops. Return: 0, or
+ * -EPROTO when no group part registered (the link fails). */
+int tpd_peer_group_on_msg(struct tpd_peer *pr, const Tpw__V1__PeerMsg *m);
 
 /* The registered pipe ops (tpd_peer_set_pipe_ops()). Return: borrowed, static. */
 const struct tpd_peer_pipe_ops *tpd_peer_pipe_ops(void);

@@ -147,6 +147,7 @@ void tpd_peerhs_link_up(struct tpd_peer *pr)
 	for (i = 0; i < k; i++)
 		tpd_peer_pipe_ops()->link_up(v[i]);
 	free(v);
+	tpd_peer_group_link_up(pr);
 }
 
 /* Checks the peer's Hello (both sides). Return: 0 or -errno with @why filled. */
@@ -157,6 +158,7 @@ static int check_hello(struct tpd_peer *pr, const Tpw__V1__PeerHello *h, char *w
 
 	snprintf(pr->host, sizeof(pr->host), "%s", h->host ? h->host : "");
 	pr->peer_minor = h->minor;
+	pr->far_instance = h->instance;
 	for (size_t i = 0; i < h->n_backends && pr->tpeer.n_offers < TPB_CHANNELS_MAX; i++) {
 		int idx = tpb_index(h->backends[i]); /* the endpoints see the names they know */
 

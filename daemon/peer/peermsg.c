@@ -174,6 +174,14 @@ static int on_msg_rdma(struct tpd_peer *pr, const Tpw__V1__PeerMsg *m, const uin
 	return 0;
 }
 
+static int on_msg_group(struct tpd_peer *pr, const Tpw__V1__PeerMsg *m, const uint8_t *tail,
+			uint32_t tail_len)
+{
+	(void)tail;
+	(void)tail_len;
+	return tpd_peer_group_on_msg(pr, m);
+}
+
 /* When a message is expected; anything else fails the link. */
 #define PEER_MSG_ANY 0x1u	/* in every state */
 #define PEER_MSG_UP 0x2u	/* on an up link */
@@ -199,6 +207,9 @@ static const struct peer_msg_cmd peer_msg_cmds[] = {
 	[TPW__V1__PEER_MSG__BODY_PIPE_CLOSE] = { on_msg_pipe_close, PEER_MSG_UP },
 	[TPW__V1__PEER_MSG__BODY_PING] = { on_msg_ping, PEER_MSG_ANY },
 	[TPW__V1__PEER_MSG__BODY_RDMA] = { on_msg_rdma, PEER_MSG_UP },
+	[TPW__V1__PEER_MSG__BODY_GROUP_JOIN] = { on_msg_group, PEER_MSG_UP },
+	[TPW__V1__PEER_MSG__BODY_GROUP_JOINED] = { on_msg_group, PEER_MSG_UP },
+	[TPW__V1__PEER_MSG__BODY_GROUP_GONE] = { on_msg_group, PEER_MSG_UP },
 };
 
 /* The table entry of @m's body case, or NULL for a case it does not know. */

@@ -845,8 +845,11 @@ START_TEST(test_join_refusals)
 	struct tp_group *g = NULL;
 
 	ck_assert_int_eq(tpt_ctx_new(&tpt_fixture_daemon, 0, NULL, &ctx), 0);
-	o.bootstrap = TP_GROUP_BOOTSTRAP_COORDINATOR;
-	ck_assert_int_eq(tp_group_join(ctx, "x", &o, &g), -EOPNOTSUPP);
+	o.bootstrap = TP_GROUP_BOOTSTRAP_COORDINATOR; /* without its address */
+	ck_assert_int_eq(tp_group_join(ctx, "x", &o, &g), -EINVAL);
+	o.bootstrap = TP_GROUP_BOOTSTRAP_SLURM; /* outside a Slurm task: no SLURM_JOB_ID */
+	if (!getenv("SLURM_JOB_ID") && !getenv("SLURM_JOBID"))
+		ck_assert_int_eq(tp_group_join(ctx, "x", &o, &g), -ENOENT);
 	memset(longname, 'a', sizeof(longname) - 1);
 	longname[sizeof(longname) - 1] = 0;
 	ck_assert_int_eq(tp_group_join(ctx, longname, &o2, &g), -ENAMETOOLONG);

@@ -1,0 +1,420 @@
+/* SPDX-License-Identifier: BSD-3-Clause */
+/*
+ * The coordinator's side of cross-host group joins (issue 24; docs/collectives.md; the member's
+ * side is groupx.c). PeerGroupJoins (and this daemon's own members' joins) are collected per
+ * (name, uid as the forwarding daemon attests it), over authenticated peer links only; when
+ * all members joined they are grouped by the instance of the daemon they joined through (never
+ * by address or rank arithmetic), hosts numbered by their lowest rank, and every member's
+ * daemon is answered with the whole membership. A member gone (PeerGroupGone) or a peer link
+ * that fails is told to every other member's daemon. Bounded by group-members-max (members of
+ * a group) and group-peer-groups-max (groups with members over one link).
+ */
+#include <errno.h>
+#include <stdarg.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <event2/event.h>
+
+#include "core.h"
+#include "group_int.h"
+#include "grparena.h"
+#include "peer.h"
+#include "tpu.h"
+#include "validate.h"
+
+struct cmember {
+	bool joined, gone;
+	struct tpd_peer *pr; /* the link it joined over; NULL: this daemon */
+	uint64_t join_id;
+	uint64_t instance; /* the host identity: the instance of the daemon it joined through */
+	uint32_t pid;
+	char host[64];
+};
+
+struct cgroup {
+	struct tpu_list node; /* gs->cgroups */
+	struct tpd_groups *gs;
+	uint64_t id;
+	char *name;
+	uid_t uid;
+	uint32_t size, joined, live;
+	bool formed;
+	bool answering; /* cgroup_form() is answering: a member gone waits until it is done */
+	struct event *ev_timeout;
+	struct cmember m[];
+};
+
+static void cgroup_tell_gone(struct cgroup *cg, uint32_t rank, uint32_t why, const char *text);
+
+/* To a member's daemon: over its link, or to this daemon's member side. */
+static void to_member(struct tpd_groups *gs, struct tpd_peer *pr, Tpw__V1__PeerMsg *m)
+{
+	if (pr)
+		tpd_peer_send(pr, m, NULL, 0);
+	else
+		tpd_groupx_member_msg(gs, NULL, m);
+}
+
+static void send_gone(struct tpd_groups *gs, struct tpd_peer *pr, uint64_t group_id,
+		      uint32_t rank, uint32_t pid, uint32_t why, const char *text)
+{
+	Tpw__V1__PeerGroupGone g = TPW__V1__PEER_GROUP_GONE__INIT;
+	Tpw__V1__PeerMsg m = TPW__V1__PEER_MSG__INIT;
+
+	g.group_id = group_id;
+	g.rank = rank;
+	g.pid = pid;
+	g.why = why;
+	g.message = (char *)text;
+	m.body_case = TPW__V1__PEER_MSG__BODY_GROUP_GONE;
+	m.group_gone = &g;
+	to_member(gs, pr, &m);
+}
+
+static void cgroup_free(struct cgroup *cg)
+{
+	if (cg->ev_timeout)
+		event_free(cg->ev_timeout);
+	tpu_list_remove(&cg->node);
+	free(cg->name);
+	free(cg);
+}
+
+static void coord_answer(struct tpd_groups *gs, const struct cmember *cm, int err,
+			 const char *why, Tpw__V1__PeerGroupJoined *tmpl)
+{
+	Tpw__V1__PeerGroupJoined j = TPW__V1__PEER_GROUP_JOINED__INIT;
+	Tpw__V1__PeerMsg m = TPW__V1__PEER_MSG__INIT;
+
+	if (tmpl)
+		j = *tmpl;
+	j.join_id = cm->join_id;
+	j.status = err < 0 ? tpw_status_from_errno(err) : TPW__V1__STATUS__STATUS_OK;
+	j.message = (char *)(why ? why : "");
+	m.body_case = TPW__V1__PEER_MSG__BODY_GROUP_JOINED;
+	m.group_joined = &j;
+	to_member(gs, cm->pr, &m);
+}
+
+/* A refusal of a join that never got a slot. */
+static void coord_refuse(struct tpd_groups *gs, struct tpd_peer *pr, uint64_t join_id, int err,
+			 const char *fmt, ...) _printf_(5, 6);
+static void coord_refuse(struct tpd_groups *gs, struct tpd_peer *pr, uint64_t join_id, int err,
+			 const char *fmt, ...)
+{
+	struct cmember cm = { .pr = pr, .join_id = join_id };
+	char why[256];
+	va_list ap;
+
+	va_start(ap, fmt);
+	vsnprintf(why, sizeof(why), fmt, ap);
+	va_end(ap);
+	tpu_log(TPU_LOG_INFO, "group join from %s refused: %s",
+		pr ? tpd_peer_name(pr) : "this host", why);
+	gs->refused++;
+	coord_answer(gs, &cm, err, why, NULL);
+}
+
+static void cgroup_on_timeout(evutil_socket_t fd, short what, void *arg)
+{
+	struct cgroup *cg = arg;
+	char missing[128] = "", why[256];
+	size_t len = 0;
+
+	(void)fd;
+	(void)what;
+	for (uint32_t i = 0; i < cg->size && len + 12 < sizeof(missing); i++)
+		if (!cg->m[i].joined)
+			len += (size_t)snprintf(missing + len, sizeof(missing) - len, "%s%u",
+						len ? ", " : "", i);
+	snprintf(why, sizeof(why), "group '%s': %u of %u members joined the coordinator before "
+		 "the join timeout (missing ranks %s)", cg->name, cg->joined, cg->size, missing);
+	tpu_log(TPU_LOG_INFO, "%s", why);
+	cg->gs->refused += cg->joined;
+	for (uint32_t i = 0; i < cg->size; i++)
+		if (cg->m[i].joined)
+			coord_answer(cg->gs, &cg->m[i], -ETIMEDOUT, why, NULL);
+	cgroup_free(cg);
+}
+
+static struct cgroup *cgroup_find(struct tpd_groups *gs, uid_t uid, const char *name)
+{
+	struct cgroup *cg;
+
+	tpu_list_for_each(cg, &gs->cgroups, node)
+		if (cg->uid == uid && strcmp(cg->name, name) == 0)
+			return cg;
+	return NULL;
+}
+
+/* Groups this daemon coordinates that have a member (joined, not gone) over @pr. */
+static uint32_t link_groups(struct tpd_groups *gs, const struct tpd_peer *pr)
+{
+	struct cgroup *cg;
+	uint32_t n = 0;
+
+	tpu_list_for_each(cg, &gs->cgroups, node)
+		for (uint32_t i = 0; i < cg->size; i++)
+			if (cg->m[i].joined && !cg->m[i].gone && cg->m[i].pr == pr) {
+				n++;
+				break;
+			}
+	return n;
+}
+
+static int cgroup_new(struct tpd_groups *gs, const Tpw__V1__PeerGroupJoin *j,
+		      struct cgroup **ret)
+{
+	uint32_t ms = j->timeout_ms ? j->timeout_ms : 30000u;
+	struct timeval tv = { ms / 1000, (long)(ms % 1000) * 1000 };
+	struct cgroup *cg = calloc(1, sizeof(*cg) + j->size * sizeof(cg->m[0]));
+
+	if (!cg || !(cg->name = strdup(j->name)) ||
+	    !(cg->ev_timeout = evtimer_new(tpd_daemon_base(gs->d), cgroup_on_timeout, cg))) {
+		if (cg)
+			free(cg->name);
+		free(cg);
+		return -ENOMEM;
+	}
+	tpu_list_init(&cg->node);
+	cg->gs = gs;
+	cg->id = ++gs->next_cgroup_id;
+	cg->uid = j->uid;
+	cg->size = j->size;
+	evtimer_add(cg->ev_timeout, &tv);
+	tpu_list_insert_tail(&gs->cgroups, &cg->node);
+	*ret = cg;
+	return 0;
+}
+
+/* Every member joined: group them by host and answer each member's daemon. */
+static void cgroup_form(struct cgroup *cg)
+{
+	Tpw__V1__PeerGroupJoined t = TPW__V1__PEER_GROUP_JOINED__INIT;
+	Tpw__V1__PeerGroupMember *mv = calloc(cg->size, sizeof(*mv));
+	Tpw__V1__PeerGroupMember **mp = calloc(cg->size, sizeof(*mp));
+	uint32_t *host = calloc(cg->size, sizeof(*host)), hosts = 0;
+
+	event_del(cg->ev_timeout);
+	if (!mv || !mp || !host) {
+		for (uint32_t i = 0; i < cg->size; i++)
+			coord_answer(cg->gs, &cg->m[i], -ENOMEM, "out of memory", NULL);
+		cgroup_free(cg);
+		goto out;
+	}
+	for (uint32_t r = 0; r < cg->size; r++) {
+		uint32_t q = 0;
+
+		while (q < r && cg->m[q].instance != cg->m[r].instance)
+			q++;
+		host[r] = q < r ? host[q] : hosts++; /* numbered by their lowest rank */
+		tpw__v1__peer_group_member__init(&mv[r]);
+		mv[r].rank = r;
+		mv[r].host_index = host[r];
+		mv[r].pid = cg->m[r].pid;
+		mv[r].host = cg->m[r].host;
+		mp[r] = &mv[r];
+	}
+	cg->formed = true;
+	cg->live = cg->size;
+	cg->answering = true; /* answers to this daemon's own members run synchronously */
+	t.group_id = cg->id;
+	t.size = cg->size;
+	t.hosts = hosts;
+	t.n_members = cg->size;
+	t.members = mp;
+	cg->gs->formed++;
+	tpu_log(TPU_LOG_INFO, "group %llu '%s' (uid %u): coordinated, %u members on %u hosts",
+		(unsigned long long)cg->id, cg->name, (unsigned)cg->uid, cg->size, hosts);
+	for (uint32_t r = 0; r < cg->size; r++) {
+		uint32_t lr = 0, ls = 0;
+
+		for (uint32_t q = 0; q < cg->size; q++)
+			if (host[q] == host[r]) {
+				lr += q < r;
+				ls++;
+			}
+		t.rank = r;
+		t.local_rank = lr;
+		t.local_size = ls;
+		t.host_index = host[r];
+		coord_answer(cg->gs, &cg->m[r], 0, "", &t);
+	}
+	cg->answering = false;
+	for (uint32_t r = 0; r < cg->size && cg->live; r++) /* gone while answering */
+		if (cg->m[r].gone)
+			cgroup_tell_gone(cg, r, TPU_GRPARENA_DIED, "a member could not set up its "
+					 "part of the group");
+	if (cg->live == 0)
+		cgroup_free(cg);
+out:
+	free(mv);
+	free(mp);
+	free(host);
+}
+
+static void coord_on_join(struct tpd_groups *gs, struct tpd_peer *pr,
+			  const Tpw__V1__PeerGroupJoin *j)
+{
+	const struct tpd_config *cfg = tpd_daemon_cfg(gs->d);
+	struct cgroup *cg;
+	struct cmember *cm;
+	int32_t rank = j->rank;
+
+	if (pr && !tpd_peer_group_authenticated(pr)) {
+		coord_refuse(gs, pr, j->join_id, -EACCES, "group '%s': the coordinator takes joins "
+			     "only over authenticated peer links (a key or certificate)", j->name);
+		return;
+	}
+	if (j->size > cfg->group_members_max) {
+		coord_refuse(gs, pr, j->join_id, -ENOBUFS, "group '%s': %u members is over the "
+			     "coordinator's limit of %u (group-members-max)", j->name, j->size,
+			     cfg->group_members_max);
+		return;
+	}
+	cg = cgroup_find(gs, j->uid, j->name);
+	if (!cg) {
+		uint32_t n = pr ? link_groups(gs, pr) : 0;
+
+		if (pr && n >= cfg->group_peer_groups_max) {
+			coord_refuse(gs, pr, j->join_id, -ENOBUFS, "group '%s': the coordinator has "
+				     "%u groups with members over the link from %s, the limit "
+				     "(group-peer-groups-max)", j->name, n,
+				     tpd_peer_group_host(pr));
+			return;
+		}
+		if (cgroup_new(gs, j, &cg) < 0) {
+			coord_refuse(gs, pr, j->join_id, -ENOMEM, "out of memory");
+			return;
+		}
+	}
+	if (cg->formed) {
+		coord_refuse(gs, pr, j->join_id, -EBUSY, "group '%s' is formed (or still ending) "
+			     "at the coordinator: leave it on every member first", j->name);
+		return;
+	}
+	if (j->size != cg->size) {
+		coord_refuse(gs, pr, j->join_id, -EINVAL, "group '%s' has %u members, this join "
+			     "says %u", j->name, cg->size, j->size);
+		return;
+	}
+	if (rank >= 0 && cg->m[rank].joined) {
+		coord_refuse(gs, pr, j->join_id, -EADDRINUSE, "group '%s': rank %d already joined "
+			     "(pid %u on %s)", j->name, (int)rank, cg->m[rank].pid,
+			     cg->m[rank].host);
+		return;
+	}
+	for (uint32_t i = 0; rank < 0 && i < cg->size; i++)
+		if (!cg->m[i].joined)
+			rank = (int32_t)i;
+	cm = &cg->m[rank];
+	cm->joined = true;
+	cm->pr = pr;
+	cm->join_id = j->join_id;
+	cm->instance = pr ? tpd_peer_group_far_instance(pr) : tpd_peer_group_instance(gs->d);
+	cm->pid = j->pid;
+	snprintf(cm->host, sizeof(cm->host), "%s",
+		 pr ? tpd_peer_group_host(pr) : tpd_peers_hostname(gs->d));
+	if (++cg->joined == cg->size)
+		cgroup_form(cg);
+}
+
+/* Tells every member's daemon but @except's (NULL: none) that @cg lost rank @rank. */
+static void cgroup_tell_gone(struct cgroup *cg, uint32_t rank, uint32_t why, const char *text)
+{
+	for (uint32_t i = 0; i < cg->size; i++) {
+		struct cmember *cm = &cg->m[i];
+		bool told = false;
+
+		if (cm->gone)
+			continue;
+		for (uint32_t q = 0; q < i && !told; q++) /* once per daemon */
+			told = !cg->m[q].gone && cg->m[q].pr == cm->pr;
+		if (!told)
+			send_gone(cg->gs, cm->pr, cg->id, rank, cg->m[rank].pid, why, text);
+	}
+}
+
+/* Member @rank of @cg is gone (@why); frees @cg after the last. Return: true if freed. */
+static bool cmember_gone(struct cgroup *cg, uint32_t rank, uint32_t why, const char *text)
+{
+	struct cmember *cm = &cg->m[rank];
+
+	if (!cg->formed) {
+		cm->joined = false;
+		if (--cg->joined == 0) {
+			cgroup_free(cg);
+			return true;
+		}
+		return false;
+	}
+	if (cm->gone)
+		return false;
+	cm->gone = true;
+	if (cg->answering) { /* cgroup_form() tells the others and frees once it is done */
+		cg->live--;
+		return false;
+	}
+	if (--cg->live == 0) {
+		cgroup_free(cg);
+		return true;
+	}
+	cgroup_tell_gone(cg, rank, why, text);
+	return false;
+}
+
+static void coord_on_gone(struct tpd_groups *gs, struct tpd_peer *pr,
+			  const Tpw__V1__PeerGroupGone *g)
+{
+	struct cgroup *cg, *tmp;
+	char text[256];
+
+	tpu_list_for_each_safe(cg, tmp, &gs->cgroups, node)
+		for (uint32_t i = 0; i < cg->size; i++) {
+			struct cmember *cm = &cg->m[i];
+
+			if (!cm->joined || cm->pr != pr || cm->join_id != g->join_id)
+				continue;
+			snprintf(text, sizeof(text), "rank %u (pid %u) on %s %s", i, cm->pid,
+				 cm->host, g->why == TPU_GRPARENA_LEFT ? "left" : "died");
+			cmember_gone(cg, i, g->why, text);
+			return;
+		}
+}
+
+void tpd_group_coord_msg(struct tpd_groups *gs, struct tpd_peer *pr, const Tpw__V1__PeerMsg *m)
+{
+	if (m->body_case == TPW__V1__PEER_MSG__BODY_GROUP_JOIN)
+		coord_on_join(gs, pr, m->group_join);
+	else if (m->body_case == TPW__V1__PEER_MSG__BODY_GROUP_GONE)
+		coord_on_gone(gs, pr, m->group_gone);
+}
+
+void tpd_group_coord_link_failed(struct tpd_groups *gs, struct tpd_peer *pr, const char *why)
+{
+	struct cgroup *cg, *tmp;
+	char text[256];
+
+	tpu_list_for_each_safe(cg, tmp, &gs->cgroups, node)
+		for (uint32_t i = 0; i < cg->size; i++) {
+			struct cmember *cm = &cg->m[i];
+
+			if (!cm->joined || cm->gone || cm->pr != pr)
+				continue;
+			snprintf(text, sizeof(text), "the peer link to %.60s (rank %u) failed: %.80s",
+				 cm->host, i, why);
+			cm->pr = NULL; /* never used again: gone or cleared below */
+			if (cmember_gone(cg, i, TPU_GRPARENA_HOST, text))
+				break;
+		}
+}
+
+void tpd_group_coord_done(struct tpd_groups *gs)
+{
+	struct cgroup *cg, *tmp;
+
+	tpu_list_for_each_safe(cg, tmp, &gs->cgroups, node)
+		cgroup_free(cg);
+}

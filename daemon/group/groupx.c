@@ -1,0 +1,517 @@
+/* SPDX-License-Identifier: BSD-3-Clause */
+/*
+ * Cross-host group joins through a coordinator daemon (issue 24; docs/collectives.md): the
+ * member's side (the coordinator's is groupcoord.c) and the peer link events of both. A
+ * client's GroupJoin with bootstrap COORDINATOR ("tpip://HOST[:PORT]") is forwarded as
+ * PeerGroupJoin over the peer link to that daemon (or to this daemon's coordinator side when
+ * the address is its own), with the client's SO_PEERCRED uid and pid. The answer
+ * (PeerGroupJoined: global rank, size, host index, hosts, local rank and size, every member)
+ * places the client in this host's part of the group, a struct tpd_group of local-size members
+ * with its own arena (group.c), formed once every local member has its answer. A member gone
+ * here is told to the coordinator; one gone elsewhere, or a lost link, fails the arena.
+ *
+ * Trust: joins are accepted only over links whose far daemon authenticated (TLS with the
+ * pre-shared key or a certificate of the cluster CA); the uid in a PeerGroupJoin is that
+ * daemon's attestation of its client's SO_PEERCRED uid. So a user can join only groups of
+ * their own uid, provided uids mean the same user on every host of the cluster (as Slurm and
+ * NFS assume), and anyone holding the peer key is trusted as a daemon is.
+ */
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include <event2/event.h>
+
+#include "core.h"
+#include "group_int.h"
+#include "grparena.h"
+#include "peer.h"
+#include "session.h"
+#include "tpu.h"
+#include "validate.h"
+
+#define XJOIN_SLACK_MS 1000u /* the coordinator's timeout answer comes first */
+#define COORD_MAX (TPW_TPIP_HOST_MAX + 8)
+
+/* Member side: one client's join sent (or to be sent) to a coordinator. */
+struct xjoin {
+	struct tpu_list node; /* gs->xjoins */
+	struct tpd_groups *gs;
+	struct tpd_session *s;
+	uint64_t req_id;
+	uint64_t join_id;
+	char name[TPW_GROUP_NAME_MAX + 1];
+	int32_t rank;
+	uint32_t size, timeout_ms;
+	uid_t uid;
+	gid_t gid;
+	pid_t pid;
+	struct tpd_peer *pr; /* NULL: this daemon coordinates */
+	char coord[COORD_MAX];
+	bool sent;
+	struct event *ev_timeout;
+};
+
+/* Member side: what a host's part of a cross-host group adds to its struct tpd_group. */
+struct tpd_groupx {
+	struct tpd_peer *pr; /* the link to the coordinator; NULL: this daemon, or @lost */
+	bool self;
+	bool lost;
+	uint64_t cid; /* the coordinator's group id */
+	char coord[COORD_MAX];
+	uint32_t size, hosts, host_index;
+	char hosts_text[200];
+	uint32_t *rank;	   /* per local member: its rank in the group */
+	uint64_t *join_id; /* per local member: its join's id here */
+};
+
+/* ---- sending to the coordinator ------------------------------------------------------------ */
+
+static void to_coord(struct tpd_groups *gs, struct tpd_peer *pr, Tpw__V1__PeerMsg *m)
+{
+	if (pr)
+		tpd_peer_send(pr, m, NULL, 0);
+	else
+		tpd_group_coord_msg(gs, NULL, m);
+}
+
+/* The member of join @join_id left or died (@why). */
+static void send_gone(struct tpd_groups *gs, struct tpd_peer *pr, uint64_t join_id,
+		      uint32_t rank, uint32_t pid, uint32_t why)
+{
+	Tpw__V1__PeerGroupGone g = TPW__V1__PEER_GROUP_GONE__INIT;
+	Tpw__V1__PeerMsg m = TPW__V1__PEER_MSG__INIT;
+
+	g.join_id = join_id;
+	g.rank = rank;
+	g.pid = pid;
+	g.why = why;
+	g.message = (char *)"";
+	m.body_case = TPW__V1__PEER_MSG__BODY_GROUP_GONE;
+	m.group_gone = &g;
+	to_coord(gs, pr, &m);
+}
+
+/* ---- member side ---------------------------------------------------------------------------- */
+
+static void xjoin_free(struct xjoin *xj)
+{
+	if (xj->ev_timeout)
+		event_free(xj->ev_timeout);
+	tpu_list_remove(&xj->node);
+	free(xj);
+}
+
+static void xjoin_refuse(struct xjoin *xj, int err, const char *fmt, ...) _printf_(3, 4);
+static void xjoin_refuse(struct xjoin *xj, int err, const char *fmt, ...)
+{
+	char why[256];
+	va_list ap;
+
+	va_start(ap, fmt);
+	vsnprintf(why, sizeof(why), fmt, ap);
+	va_end(ap);
+	tpd_group_refuse(xj->s, xj->req_id, err, why);
+	xjoin_free(xj);
+}
+
+static void xjoin_send(struct xjoin *xj)
+{
+	Tpw__V1__PeerGroupJoin j = TPW__V1__PEER_GROUP_JOIN__INIT;
+	Tpw__V1__PeerMsg m = TPW__V1__PEER_MSG__INIT;
+
+	j.join_id = xj->join_id;
+	j.name = xj->name;
+	j.rank = xj->rank;
+	j.size = xj->size;
+	j.uid = (uint32_t)xj->uid;
+	j.pid = (uint32_t)xj->pid;
+	j.timeout_ms = xj->timeout_ms;
+	m.body_case = TPW__V1__PEER_MSG__BODY_GROUP_JOIN;
+	m.group_join = &j;
+	xj->sent = true;
+	to_coord(xj->gs, xj->pr, &m); /* may answer (and free @xj) before it returns */
+}
+
+static void xjoin_on_timeout(evutil_socket_t fd, short what, void *arg)
+{
+	struct xjoin *xj = arg;
+	char dial[200] = "";
+
+	(void)fd;
+	(void)what;
+	if (xj->sent)
+		send_gone(xj->gs, xj->pr, xj->join_id, 0, (uint32_t)xj->pid, TPU_GRPARENA_DIED);
+	if (xj->pr && !tpd_peer_is_up(xj->pr))
+		xjoin_refuse(xj, -ETIMEDOUT, "group '%s': coordinator %s not reachable within the "
+			     "join timeout (%u ms)%s%s", xj->name, xj->coord, xj->timeout_ms,
+			     *tpd_peer_dial_text(xj->pr, dial, sizeof(dial)) ? ": " : "", dial);
+	else
+		xjoin_refuse(xj, -ETIMEDOUT, "group '%s': no answer from coordinator %s within "
+			     "the join timeout (%u ms)", xj->name, xj->coord, xj->timeout_ms);
+}
+
+/* Is "HOST:PORT" this daemon's own peer listener address? */
+static bool coord_is_self(struct tpd_groups *gs, const char *host, uint16_t port)
+{
+	const char *la = tpd_peers_listen_addr(gs->d);
+	char me[COORD_MAX + 4];
+
+	snprintf(me, sizeof(me), strchr(host, ':') ? "[%s]:%u" : "%s:%u", host, (unsigned)port);
+	return *la && strcmp(la, me) == 0;
+}
+
+void tpd_groupx_join(struct tpd_session *s, const Tpw__V1__GroupJoin *j)
+{
+	struct tpd_groups *gs = tpd_daemon_groups(tpd_session_daemon(s));
+	const struct tpd_config *cfg = tpd_daemon_cfg(gs->d);
+	char addr[COORD_MAX + 16], host[TPW_TPIP_HOST_MAX + 1], why[256];
+	uint32_t ms = j->timeout_ms ? j->timeout_ms : 30000u;
+	struct timeval tv = { (ms + XJOIN_SLACK_MS) / 1000,
+			      (long)((ms + XJOIN_SLACK_MS) % 1000) * 1000 };
+	const char *c = j->coordinator ? j->coordinator : "", *name;
+	struct xjoin *xj;
+	uint16_t port;
+	size_t cl = strlen(c);
+	int r;
+
+	/* "tpip://HOST[:PORT]" (a trailing '/' allowed) parsed as the address of a listener */
+	if (cl >= sizeof(addr) - 3 || strncmp(c, "tpip://", 7) != 0 || strchr(c + 7, '/') !=
+	    (cl && c[cl - 1] == '/' ? c + cl - 1 : NULL)) {
+		tpd_group_refuse(s, j->req_id, -EINVAL, "group join: the coordinator must be "
+				 "tpip://HOST[:PORT]");
+		return;
+	}
+	snprintf(addr, sizeof(addr), "%.*s/g", (int)(cl && c[cl - 1] == '/' ? cl - 1 : cl), c);
+	r = tpw_tpip_parse(addr, (uint16_t)cfg->peer_port, host, &port, &name, why, sizeof(why));
+	if (r < 0) {
+		tpd_group_refuse(s, j->req_id, -EINVAL, why);
+		return;
+	}
+	xj = calloc(1, sizeof(*xj));
+	if (!xj || !(xj->ev_timeout = evtimer_new(tpd_daemon_base(gs->d), xjoin_on_timeout, xj))) {
+		free(xj);
+		tpd_group_refuse(s, j->req_id, -ENOMEM, "out of memory");
+		return;
+	}
+	tpu_list_init(&xj->node);
+	tpu_list_insert_tail(&gs->xjoins, &xj->node);
+	xj->gs = gs;
+	xj->s = s;
+	xj->req_id = j->req_id;
+	xj->join_id = ++gs->next_join_id;
+	snprintf(xj->name, sizeof(xj->name), "%s", j->name);
+	xj->rank = j->rank;
+	xj->size = j->size;
+	xj->timeout_ms = ms;
+	xj->uid = tpd_session_uid(s);
+	xj->gid = s->gid;
+	xj->pid = tpd_session_pid(s);
+	snprintf(xj->coord, sizeof(xj->coord), strchr(host, ':') ? "[%s]:%u" : "%s:%u", host,
+		 (unsigned)port);
+	evtimer_add(xj->ev_timeout, &tv);
+	if (coord_is_self(gs, host, port)) {
+		xjoin_send(xj);
+		return;
+	}
+	r = tpd_peer_get(gs->d, host, port, &xj->pr, why, sizeof(why));
+	if (r < 0) {
+		xjoin_refuse(xj, r, "group '%s': cannot reach coordinator %s: %s", xj->name,
+			     xj->coord, why);
+		return;
+	}
+	if (tpd_peer_is_up(xj->pr))
+		xjoin_send(xj);
+}
+
+static struct tpd_group *xgroup_find(struct tpd_groups *gs, struct tpd_peer *pr, uint64_t cid)
+{
+	struct tpd_group *grp;
+
+	tpu_list_for_each(grp, &gs->list, node)
+		if (grp->x && !grp->x->lost && grp->x->pr == pr && grp->x->cid == cid)
+			return grp;
+	return NULL;
+}
+
+static int xgroup_new(struct xjoin *xj, const Tpw__V1__PeerGroupJoined *a,
+		      struct tpd_group **ret, char *why, size_t wl)
+{
+	struct tpd_groupx *x = calloc(1, sizeof(*x));
+	struct tpd_group *grp;
+	size_t len = 0;
+	int r;
+
+	if (!x || !(x->rank = calloc(a->local_size, sizeof(*x->rank))) ||
+	    !(x->join_id = calloc(a->local_size, sizeof(*x->join_id)))) {
+		tpd_groupx_free(x);
+		return tpu_why(-ENOMEM, why, wl, "out of memory");
+	}
+	r = tpd_group_make(xj->gs, xj->uid, xj->gid, xj->name, a->local_size, &grp, why, wl);
+	if (r < 0) {
+		tpd_groupx_free(x);
+		return r;
+	}
+	x->pr = xj->pr;
+	x->self = !xj->pr;
+	x->cid = a->group_id;
+	snprintf(x->coord, sizeof(x->coord), "%s", xj->coord);
+	x->size = a->size;
+	x->hosts = a->hosts;
+	x->host_index = a->host_index;
+	for (uint32_t h = 0; h < a->hosts && len + 40 < sizeof(x->hosts_text); h++) {
+		uint32_t n = 0, first = 0;
+
+		for (size_t i = 0; i < a->n_members; i++)
+			if (a->members[i]->host_index == h && !n++)
+				first = (uint32_t)i;
+		len += (size_t)snprintf(x->hosts_text + len, sizeof(x->hosts_text) - len,
+					"%s%.40s (%u)", h ? ", " : "", a->members[first]->host, n);
+	}
+	grp->x = x;
+	*ret = grp;
+	return 0;
+}
+
+static void member_on_joined(struct tpd_groups *gs, struct tpd_peer *pr,
+			     const Tpw__V1__PeerGroupJoined *a)
+{
+	struct tpd_group *grp;
+	struct xjoin *xj, *it;
+	struct member *mb;
+	char why[256];
+	int r;
+
+	xj = NULL;
+	tpu_list_for_each(it, &gs->xjoins, node)
+		if (it->join_id == a->join_id && it->pr == pr)
+			xj = it;
+	if (!xj)
+		return; /* its session ended: the coordinator was told */
+	if (a->status != TPW__V1__STATUS__STATUS_OK) {
+		xjoin_refuse(xj, tpw_status_to_errno(a->status), "%s", a->message);
+		return;
+	}
+	grp = xgroup_find(gs, pr, a->group_id);
+	if (grp && (grp->formed || grp->size != a->local_size)) {
+		r = tpu_why(-EPROTO, why, sizeof(why), "the coordinator's answer does not fit "
+			    "the group's members here");
+		goto refuse;
+	}
+	if (!grp) {
+		r = xgroup_new(xj, a, &grp, why, sizeof(why));
+		if (r < 0)
+			goto refuse;
+	}
+	mb = &grp->m[a->local_rank];
+	if (mb->joined) {
+		r = tpu_why(-EPROTO, why, sizeof(why), "the coordinator gave local rank %u twice",
+			    a->local_rank);
+		goto refuse;
+	}
+	mb->s = xj->s;
+	mb->req_id = xj->req_id;
+	mb->pid = xj->pid;
+	mb->joined = true;
+	grp->joined++;
+	grp->x->rank[a->local_rank] = a->rank;
+	grp->x->join_id[a->local_rank] = xj->join_id;
+	xjoin_free(xj);
+	if (grp->joined == grp->size)
+		tpd_group_form(grp);
+	return;
+refuse:
+	send_gone(gs, pr, xj->join_id, 0, (uint32_t)xj->pid, TPU_GRPARENA_DIED);
+	xjoin_refuse(xj, r, "group '%s': %s", xj->name, why);
+}
+
+/* The coordinator says rank @g->rank of group @g->group_id is gone. */
+static void member_on_gone(struct tpd_groups *gs, struct tpd_peer *pr,
+			   const Tpw__V1__PeerGroupGone *g)
+{
+	struct tpd_group *grp = xgroup_find(gs, pr, g->group_id);
+
+	if (!grp)
+		return;
+	if (grp->formed) {
+		tpd_group_fail(grp, g->rank, g->pid, g->why, g->message ? g->message : "");
+		return;
+	}
+	for (uint32_t i = 0; i < grp->size; i++) /* not every answer is here yet */
+		if (grp->m[i].joined)
+			tpd_group_refuse(grp->m[i].s, grp->m[i].req_id, -ECONNRESET,
+					 g->message ? g->message : "a member is gone");
+	tpd_group_drop(grp);
+}
+
+void tpd_groupx_member_msg(struct tpd_groups *gs, struct tpd_peer *pr, const Tpw__V1__PeerMsg *m)
+{
+	if (m->body_case == TPW__V1__PEER_MSG__BODY_GROUP_JOINED)
+		member_on_joined(gs, pr, m->group_joined);
+	else if (m->body_case == TPW__V1__PEER_MSG__BODY_GROUP_GONE)
+		member_on_gone(gs, pr, m->group_gone);
+}
+
+void tpd_groupx_session_end(struct tpd_groups *gs, struct tpd_session *s)
+{
+	struct xjoin *xj, *tmp;
+
+	tpu_list_for_each_safe(xj, tmp, &gs->xjoins, node) {
+		if (xj->s != s)
+			continue;
+		if (xj->sent)
+			send_gone(gs, xj->pr, xj->join_id, 0, (uint32_t)xj->pid, TPU_GRPARENA_DIED);
+		xjoin_free(xj);
+	}
+}
+
+void tpd_groupx_member_gone(struct tpd_group *grp, uint32_t idx, uint32_t why)
+{
+	struct tpd_groupx *x = grp->x;
+
+	if (x->lost)
+		return;
+	send_gone(grp->gs, x->pr, x->join_id[idx], x->rank[idx], (uint32_t)grp->m[idx].pid, why);
+}
+
+uint32_t tpd_groupx_rank(const struct tpd_group *grp, uint32_t idx)
+{
+	return grp->x->rank[idx];
+}
+
+void tpd_groupx_joined_fill(const struct tpd_group *grp, uint32_t idx, Tpw__V1__GroupJoined *j)
+{
+	const struct tpd_groupx *x = grp->x;
+
+	j->rank = x->rank[idx];
+	j->size = x->size;
+	j->local_rank = idx;
+	j->local_size = grp->size;
+	j->host_index = x->host_index;
+	j->hosts = x->hosts;
+}
+
+void tpd_groupx_describe(const struct tpd_group *grp, char *buf, size_t len, uint32_t *ret_hosts)
+{
+	const struct tpd_groupx *x = grp->x;
+
+	snprintf(buf, len, "%u members on %u hosts: %s; host %u here (%u members, ranks from "
+		 "coordinator %s%s); across hosts: not built yet", x->size, x->hosts,
+		 x->hosts_text, x->host_index, grp->size, x->coord,
+		 x->lost ? ", link lost" : x->self ? ", this daemon" : "");
+	*ret_hosts = x->hosts;
+}
+
+void tpd_groupx_free(struct tpd_groupx *x)
+{
+	if (!x)
+		return;
+	free(x->rank);
+	free(x->join_id);
+	free(x);
+}
+
+/* ---- peer link events ----------------------------------------------------------------------- */
+
+static void groupx_on_msg(struct tpd_daemon *d, struct tpd_peer *pr, const Tpw__V1__PeerMsg *m)
+{
+	struct tpd_groups *gs = tpd_daemon_groups(d);
+
+	if (m->body_case == TPW__V1__PEER_MSG__BODY_GROUP_JOIN ||
+	    (m->body_case == TPW__V1__PEER_MSG__BODY_GROUP_GONE && m->group_gone->join_id))
+		tpd_group_coord_msg(gs, pr, m);
+	else
+		tpd_groupx_member_msg(gs, pr, m);
+}
+
+/* The first join sent or to be sent over @pr, or NULL. */
+static struct xjoin *xjoin_on_link(struct tpd_groups *gs, const struct tpd_peer *pr)
+{
+	struct xjoin *xj;
+
+	tpu_list_for_each(xj, &gs->xjoins, node)
+		if (xj->pr == pr)
+			return xj;
+	return NULL;
+}
+
+/* The first join waiting for @pr to come up, or NULL. */
+static struct xjoin *xjoin_waiting_on(struct tpd_groups *gs, const struct tpd_peer *pr)
+{
+	struct xjoin *xj;
+
+	tpu_list_for_each(xj, &gs->xjoins, node)
+		if (xj->pr == pr && !xj->sent)
+			return xj;
+	return NULL;
+}
+
+static void groupx_on_link_up(struct tpd_daemon *d, struct tpd_peer *pr)
+{
+	struct tpd_groups *gs = tpd_daemon_groups(d);
+	struct xjoin *xj;
+
+	/* One at a time, from the start: a send may answer (and free) other joins at once. */
+	while ((xj = xjoin_waiting_on(gs, pr)))
+		xjoin_send(xj);
+}
+
+static void groupx_on_link_failed(struct tpd_daemon *d, struct tpd_peer *pr, int err,
+				  const char *why)
+{
+	struct tpd_groups *gs = tpd_daemon_groups(d);
+	struct tpd_group *grp, *gtmp;
+	struct xjoin *xj;
+	char text[256];
+
+	while ((xj = xjoin_on_link(gs, pr))) { /* from the start each time, as in link_up */
+		if (err == -ELOOP && !xj->sent) { /* the address is this daemon's own */
+			xj->pr = NULL;
+			xjoin_send(xj);
+			continue;
+		}
+		xj->pr = NULL;
+		xjoin_refuse(xj, err, "group '%s': the peer link to coordinator %s failed: %s",
+			     xj->name, xj->coord, why && *why ? why : strerror(-err));
+	}
+	tpu_list_for_each_safe(grp, gtmp, &gs->list, node) {
+		if (!grp->x || grp->x->lost || grp->x->self || grp->x->pr != pr)
+			continue;
+		grp->x->lost = true;
+		grp->x->pr = NULL;
+		snprintf(text, sizeof(text), "the peer link to coordinator %.60s failed: %.80s",
+			 grp->x->coord, why && *why ? why : strerror(-err));
+		if (grp->formed) {
+			tpd_group_fail(grp, grp->x->rank[0], 0, TPU_GRPARENA_HOST, text);
+			continue;
+		}
+		for (uint32_t i = 0; i < grp->size; i++)
+			if (grp->m[i].joined)
+				tpd_group_refuse(grp->m[i].s, grp->m[i].req_id, err, text);
+		tpd_group_drop(grp);
+	}
+	tpd_group_coord_link_failed(gs, pr, why && *why ? why : strerror(-err));
+}
+
+static const struct tpd_peer_group_ops groupx_peer_ops = {
+	.msg = groupx_on_msg,
+	.link_up = groupx_on_link_up,
+	.link_failed = groupx_on_link_failed,
+};
+
+void tpd_groupx_init(struct tpd_groups *gs)
+{
+	tpu_list_init(&gs->xjoins);
+	tpu_list_init(&gs->cgroups);
+	tpd_peer_group_set_ops(&groupx_peer_ops);
+}
+
+void tpd_groupx_done(struct tpd_groups *gs)
+{
+	struct xjoin *xj, *tmp;
+
+	tpu_list_for_each_safe(xj, tmp, &gs->xjoins, node)
+		xjoin_free(xj);
+	tpd_group_coord_done(gs);
+}

@@ -1,0 +1,197 @@
+#!/bin/bash
+# SPDX-License-Identifier: BSD-3-Clause
+# Cross-host group joins through a coordinator (docs/collectives.md): two daemons in two network
+# namespaces joined by a veth pair, a the coordinator. 2 hosts x 2 ranks, ranks interleaved
+# (0 and 3 on a, 1 and 2 on b): every member learns its rank, the size, its host (numbered by
+# lowest rank) and local rank, and tpipctl groups shows both hosts; a member SIGKILLed fails
+# the group on both hosts naming its rank; a join whose coordinator is down fails at once with
+# the refused connect, one whose coordinator does not answer fails by its timeout naming it;
+# the coordinator's bounds (group-members-max, group-peer-groups-max) hold just below and
+# above; a join over an unauthenticated link is refused; a daemon reached at its own address
+# through a dial coordinates itself; the Slurm bootstrap joins from Slurm's variables; cutting
+# the link between the hosts fails the group on both, naming the link. Skips (77) where network
+# namespaces or veth pairs cannot be made.
+. "$(dirname -- "$0")/lib.sh" || exit 1
+need_env TPIPD_BIN TPIPCTL_BIN GROUP_JOIN_BIN
+need_tool ip
+need_tool jq
+need_tool timeout
+svc_init
+
+PEER_TIMEOUT_MS=3000
+nsa=tpg-a-$$
+nsb=tpg-b-$$
+vea=tpga$$
+veb=tpgb$$
+net=10.202.$(($$ % 250)).
+COORD="tpip://${net}1:7420"
+MENV=()
+
+svc_netns "$nsa" "$nsb"
+ip link add "$vea" netns "$nsa" type veth peer name "$veb" netns "$nsb" 2>/dev/null ||
+	skip "cannot create a veth pair here"
+ip -n "$nsa" addr add "${net}1/24" dev "$vea" || fail "address on $vea"
+ip -n "$nsb" addr add "${net}2/24" dev "$veb" || fail "address on $veb"
+for ns in "$nsa" "$nsb"; do ip -n "$ns" link set lo up || fail "lo up in $ns"; done
+ip -n "$nsa" link set "$vea" up || fail "$vea up"
+ip -n "$nsb" link set "$veb" up || fail "$veb up"
+
+start_ns_daemon() { # NAME NS ADDR:PORT ARGS... (--peer-insecure: no key)
+	local name=$1 ns=$2 addr=$3 auth
+	shift 3
+	auth=(--peer-key-file "$(svc_peer_key)")
+	[ "${1:-}" = --peer-insecure ] && auth=()
+	SVC_LOGS+=("$SVC_TMP/$name.log")
+	ip netns exec "$ns" "$TPIPD_BIN" --socket "$SVC_TMP/$name.sock" --config /dev/null \
+		--peer-listen "$addr" --peer-force-cross-host --peer-timeout "$PEER_TIMEOUT_MS" \
+		--peer-connect-timeout 3000 "${auth[@]}" "$@" 2>"$SVC_TMP/$name.log" &
+	local pid=$!
+	svc_track "$pid"
+	svc_wait_daemon "$SVC_TMP/$name.sock" "$pid"
+}
+start_ns_daemon a "$nsa" "${net}1:7420" --group-members-max 4 --group-peer-groups-max 2
+start_ns_daemon b "$nsb" "${net}2:7420"
+
+# member ID HOST NAME RANK SIZE [MS]: a held member (stdin: a fifo the script keeps open until
+# release ID); its output in $SVC_TMP/ID.out, its pid in PID_ID.
+member() {
+	local id=$1 host=$2 name=$3 rank=$4 size=$5 ms=${6:-20000} fd
+	mkfifo "$SVC_TMP/$id.in" || fail "mkfifo"
+	(
+		for v in "${!FD_@}"; do eval "exec ${!v}>&-"; done # only the script holds them
+		exec env "${MENV[@]}" "$GROUP_JOIN_BIN" "$SVC_TMP/$host.sock" "$name" "$rank" \
+			"$size" "${MCOORD:-$COORD}" \
+			"$ms" --hold <"$SVC_TMP/$id.in" >"$SVC_TMP/$id.out" 2>&1
+	) &
+	exec {fd}>"$SVC_TMP/$id.in"
+	printf -v "FD_$id" '%s' "$fd"
+	printf -v "PID_$id" '%s' "$!"
+	svc_track "$!"
+}
+release() { local v="FD_$1"; eval "exec ${!v}>&-"; }
+joined() { grep -q "^joined $2" "$SVC_TMP/$1.out"; }
+expect_joined() { # ID "rank=... hosts=..."
+	wait_until 20 "member $1 to join" joined "$1" "$2"
+}
+groups_json() { ctl --socket "$SVC_TMP/$1.sock" --json groups; }
+group_failure_has() { # HOST NAME TEXT
+	groups_json "$1" | jq -e --arg n "$2" --arg t "$3" \
+		'[.groups[]? | select(.name == $n) | .failure | contains($t)] | any'
+}
+
+check "2 hosts x 2 ranks (0, 3 on a; 1, 2 on b) join through coordinator a"
+member r0 a four 0 4
+member r1 b four 1 4
+member r2 b four 2 4
+member r3 a four 3 4
+expect_joined r0 "rank=0 size=4 local_rank=0 local_size=2 host=0 hosts=2"
+expect_joined r1 "rank=1 size=4 local_rank=0 local_size=2 host=1 hosts=2"
+expect_joined r2 "rank=2 size=4 local_rank=1 local_size=2 host=1 hosts=2"
+expect_joined r3 "rank=3 size=4 local_rank=1 local_size=2 host=0 hosts=2"
+for h in a b; do
+	groups_json "$h" | jq -e '[.groups[]? | select(.name == "four" and .hosts == 2 and
+		.size == 2 and (.plan | contains("4 members on 2 hosts")))] | length == 1' \
+		>/dev/null || { groups_json "$h" >&2; fail "tpipctl groups on $h"; }
+done
+groups_json b | jq -e '[.groups[] | select(.name == "four") | .members[].rank] == [1, 2]' \
+	>/dev/null || { groups_json b >&2; fail "b's members are not ranks 1 and 2"; }
+
+check "rank 2 (on b) SIGKILLed: the group fails on both hosts naming rank 2"
+kill -KILL "$PID_r2"
+wait_until $((PEER_TIMEOUT_MS / 1000 + 3)) "the failure on b" group_failure_has b four "rank 2"
+wait_until $((PEER_TIMEOUT_MS / 1000 + 3)) "the failure on a" group_failure_has a four "rank 2"
+for id in r0 r1 r3; do release "$id"; done
+for id in r0 r1 r3; do v="PID_$id"; wait_exit "${!v}" 10; done
+wait_until 10 "the group to go" sh -c "! '$TPIPCTL_BIN' --socket '$SVC_TMP/a.sock' --json groups |
+	jq -e '.groups[]? | select(.name == \"four\")'"
+
+check "coordinator down: a refused connect fails the join at once with its cause"
+out=$(timeout 30 "$GROUP_JOIN_BIN" "$SVC_TMP/b.sock" down 0 2 "tpip://${net}1:7421" 20000) &&
+	fail "joined a coordinator that is not there"
+grep -q "ECONNREFUSED" <<<"$out" && grep -q "coordinator ${net}1:7421" <<<"$out" ||
+	fail "unexpected: $out"
+say "$out"
+
+check "coordinator that does not answer: the join fails by its timeout, naming it"
+start=$SECONDS
+out=$(ip netns exec "$nsb" true; timeout 30 "$GROUP_JOIN_BIN" "$SVC_TMP/b.sock" mute 0 2 \
+	"tpip://${net}9:7420" 1500) && fail "joined a coordinator that does not answer"
+grep -q "ETIMEDOUT" <<<"$out" && grep -q "coordinator ${net}9:7420 not reachable" <<<"$out" ||
+	fail "unexpected: $out"
+say "$out"
+[ $((SECONDS - start)) -le 8 ] || fail "the join took $((SECONDS - start)) s"
+
+check "group-members-max 4 at the coordinator: 5 members refused (4 joined above)"
+out=$(timeout 30 "$GROUP_JOIN_BIN" "$SVC_TMP/b.sock" five 0 5 "$COORD" 5000) &&
+	fail "a group of 5 joined"
+grep -q "ENOBUFS" <<<"$out" && grep -q "group-members-max" <<<"$out" || fail "unexpected: $out"
+
+check "group-peer-groups-max 2: a second group over b's link joins, a third is refused"
+member g1 b one1 0 1
+member g2 b one2 0 1
+expect_joined g1 "rank=0 size=1"
+expect_joined g2 "rank=0 size=1"
+out=$(timeout 30 "$GROUP_JOIN_BIN" "$SVC_TMP/b.sock" one3 0 1 "$COORD" 5000) &&
+	fail "a third group over one link joined"
+grep -q "ENOBUFS" <<<"$out" && grep -q "group-peer-groups-max" <<<"$out" ||
+	fail "unexpected: $out"
+say "$out"
+release g1
+wait_exit "$PID_g1" 10
+wait_until 10 "a third group once one left" timeout 30 "$GROUP_JOIN_BIN" "$SVC_TMP/b.sock" \
+	one3 0 1 "$COORD" 5000
+release g2
+wait_exit "$PID_g2" 10
+
+check "Slurm bootstrap: 2 hosts x 2 tasks from the variables srun would set (nodes ${net}[1-2])"
+slurm_member() { # ID HOST PROCID NODEID LOCALID
+	MENV=(SLURM_JOB_ID=77 SLURM_STEP_ID=3 SLURM_PROCID="$3" SLURM_STEP_NUM_TASKS=4
+		SLURM_NODEID="$4" SLURM_LOCALID="$5" SLURM_STEP_NODELIST="${net}[1-2]"
+		SLURM_STEP_TASKS_PER_NODE="2(x2)")
+	MCOORD=slurm member "$1" "$2" train -1 0
+	MENV=()
+}
+slurm_member s0 a 0 0 0
+slurm_member s1 a 1 0 1
+slurm_member s2 b 2 1 0
+slurm_member s3 b 3 1 1
+expect_joined s0 "rank=0 size=4 local_rank=0 local_size=2 host=0 hosts=2"
+expect_joined s1 "rank=1 size=4 local_rank=1 local_size=2 host=0 hosts=2"
+expect_joined s2 "rank=2 size=4 local_rank=0 local_size=2 host=1 hosts=2"
+expect_joined s3 "rank=3 size=4 local_rank=1 local_size=2 host=1 hosts=2"
+groups_json b | jq -e '[.groups[] | select(.name == "train@slurm:77.3")] | length == 1' \
+	>/dev/null || { groups_json b >&2; fail "no group train@slurm:77.3 on b"; }
+for id in s0 s1 s2 s3; do release "$id"; done
+for id in s0 s1 s2 s3; do v="PID_$id"; wait_exit "${!v}" 10; done
+
+check "a coordinator takes no join over an unauthenticated (--peer-insecure) link"
+start_ns_daemon ia "$nsa" "*:7421" --peer-insecure
+start_ns_daemon ib "$nsb" "${net}2:7421" --peer-insecure
+out=$(timeout 30 "$GROUP_JOIN_BIN" "$SVC_TMP/ib.sock" open 0 2 "tpip://${net}1:7421" 5000) &&
+	fail "joined over an unauthenticated link"
+grep -q "EACCES" <<<"$out" && grep -q "authenticated peer links" <<<"$out" ||
+	fail "unexpected: $out"
+say "$out"
+
+check "a coordinator address that is the daemon's own, not as it listens (*:7421): it coordinates"
+out=$(timeout 30 "$GROUP_JOIN_BIN" "$SVC_TMP/ia.sock" self 0 1 "tpip://${net}1:7421" 5000) ||
+	fail "join through its own daemon: $out"
+grep -q "^joined rank=0 size=1 local_rank=0 local_size=1 host=0 hosts=1" <<<"$out" ||
+	fail "unexpected: $out"
+
+check "the link between the hosts cut: the group fails on both hosts naming the link's host"
+member c0 a cut 0 4
+member c1 b cut 1 4
+member c2 b cut 2 4
+member c3 a cut 3 4
+for id in c0 c1 c2 c3; do expect_joined "$id" "rank="; done
+ip -n "$nsa" link set "$vea" down || fail "$vea down"
+wait_until $((PEER_TIMEOUT_MS / 1000 + 4)) "the failure on b" \
+	group_failure_has b cut "peer link to coordinator ${net}1:7420 failed"
+wait_until $((PEER_TIMEOUT_MS / 1000 + 4)) "the failure on a" \
+	group_failure_has a cut "(rank 1) failed"
+groups_json a | jq -r '.groups[] | select(.name == "cut") | "a: " + .failure'
+groups_json b | jq -r '.groups[] | select(.name == "cut") | "b: " + .failure'
+for id in c0 c1 c2 c3; do release "$id"; done
+for id in c0 c1 c2 c3; do v="PID_$id"; wait_exit "${!v}" 10; done
+say "ok"
