@@ -43,7 +43,7 @@ struct tpy_wait {
 };
 
 extern PyTypeObject tpy_context_type, tpy_listener_type, tpy_pipe_type, tpy_descriptor_type;
-extern PyTypeObject tpy_buffer_type, tpy_group_type, tpy_collreq_type;
+extern PyTypeObject tpy_buffer_type, tpy_group_type, tpy_collreq_type, tpy_chan_type;
 
 /* module.c */
 /*
@@ -108,5 +108,13 @@ int tpy_buffer_add_types(PyObject *m);
 /* Context.join_group(): a new Group keeping @self. */
 PyObject *tpy_group_join(tpy_context *self, PyObject *args, PyObject *kw);
 int tpy_group_add_types(PyObject *m);
+
+/* chan.c */
+/* Context.open_channel(): a new Channel keeping @self (released by Context.close()). */
+PyObject *tpy_chan_open(tpy_context *self, PyObject *args, PyObject *kw);
+/* Context.unlink_channel(name, owner_uid=-1): tp_chan_unlink(). */
+PyObject *tpy_chan_unlink(tpy_context *self, PyObject *args);
+/* Adds Channel and the Drained exception (after the error types: it derives PipeClosed). */
+int tpy_chan_add_types(PyObject *m);
 
 #endif
