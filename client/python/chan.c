@@ -2,8 +2,8 @@
 /*
  * _tpipd channels: the Channel type over libtpclient's daemon-hosted channels (tp_chan_*,
  * docs/channels.md) and the Drained exception. tp_chan_read() and tp_chan_write() block in the
- * calling thread, so every wait is cut into slices of at most CHAN_SLICE_MS run without the
- * GIL; between slices the thread checks for signals (Ctrl-C raises KeyboardInterrupt within a
+ * calling thread, so every wait is cut into slices of at most TPY_SLICE_MS run without the
+ * GIL (gate.c); between slices the thread checks for signals (Ctrl-C raises KeyboardInterrupt within a
  * slice) and for a release from another thread. A slice that ends unanswered has written or
  * taken nothing (the daemon answers each timed request), so slicing loses no item; a waiting
  * reader or writer only gives up its place in the daemon's queue for the next slice. Item
@@ -12,53 +12,29 @@
 #include <errno.h>
 #include <stdlib.h>
 #include <sys/uio.h>
-#include <time.h>
 #include "tpy.h"
-
-/* The longest one blocking library call runs without checking signals or a release. */
-#define CHAN_SLICE_MS 200
 
 typedef struct {
 	PyObject_HEAD
 	struct tpy_child child;
 	tpy_context *ctx;
-	struct tp_chan *ch; /* NULL once released */
-	bool releasing;	    /* release() began: calls in flight end, no new one starts */
-	int inflight;	    /* threads inside a tp_chan_* call (changed with the GIL held) */
-	pthread_mutex_t lock;
-	pthread_cond_t idle; /* signalled when inflight drops to 0 */
+	struct tp_chan *ch;	/* NULL once released */
+	struct tpy_gate gate; /* closing: release() began */
 } tpy_chan;
 
 static PyObject *drained_type;
-
-static int64_t chan_now_ms(void)
-{
-	struct timespec ts;
-
-	clock_gettime(CLOCK_MONOTONIC, &ts);
-	return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
-}
 
 /* ---- lifetime ------------------------------------------------------------------------------ */
 
 /* Enters a call: refused after a release. Return: 0, or -1 with Closed raised. */
 static int chan_enter(tpy_chan *self)
 {
-	if (!self->ch || self->releasing || !self->ctx->ctx || self->ctx->closed) {
+	if (!self->ch || self->gate.closing || !self->ctx->ctx || self->ctx->closed) {
 		tpy_module_closed("Channel");
 		return -1;
 	}
-	self->inflight++;
+	self->gate.inflight++;
 	return 0;
-}
-
-static void chan_leave(tpy_chan *self)
-{
-	if (--self->inflight > 0)
-		return;
-	pthread_mutex_lock(&self->lock);
-	pthread_cond_broadcast(&self->idle);
-	pthread_mutex_unlock(&self->lock);
 }
 
 /* Drops the handle once no other thread is inside a call (they leave within a slice). Called
@@ -68,25 +44,8 @@ static int chan_release_now(tpy_chan *self)
 	struct tp_chan *ch;
 	int r;
 
-	self->releasing = true;
 	tpy_module_unlink(&self->child);
-	while (self->inflight > 0) {
-		struct timespec ts;
-
-		/* inflight changes only with the GIL held, which this thread gives up here:
-		 * re-read after each wake-up, bounded so a missed broadcast costs a slice. */
-		Py_BEGIN_ALLOW_THREADS
-		pthread_mutex_lock(&self->lock);
-		clock_gettime(CLOCK_REALTIME, &ts);
-		ts.tv_nsec += CHAN_SLICE_MS * 1000000L;
-		if (ts.tv_nsec >= 1000000000L) {
-			ts.tv_sec++;
-			ts.tv_nsec -= 1000000000L;
-		}
-		pthread_cond_timedwait(&self->idle, &self->lock, &ts);
-		pthread_mutex_unlock(&self->lock);
-		Py_END_ALLOW_THREADS
-	}
+	tpy_gate_drain(&self->gate);
 	ch = self->ch;
 	self->ch = NULL;
 	if (!ch)
@@ -139,10 +98,7 @@ PyObject *tpy_chan_open(tpy_context *self, PyObject *args, PyObject *kw)
 	}
 	ret->ctx = (tpy_context *)Py_NewRef(self);
 	ret->ch = ch;
-	ret->releasing = false;
-	ret->inflight = 0;
-	pthread_mutex_init(&ret->lock, NULL);
-	pthread_cond_init(&ret->idle, NULL);
+	tpy_gate_init(&ret->gate);
 	ret->child.close = chan_on_context_close;
 	tpy_module_link(self, &ret->child);
 	return (PyObject *)ret;
@@ -168,33 +124,6 @@ PyObject *tpy_chan_unlink(tpy_context *self, PyObject *args)
 
 /* ---- calls ------------------------------------------------------------------------------- */
 
-/* The next slice of a wait that ends at @until (< 0: never). */
-static int chan_slice(int64_t until)
-{
-	int64_t left;
-
-	if (until < 0)
-		return CHAN_SLICE_MS;
-	left = until - chan_now_ms();
-	return left <= 0 ? 0 : left < CHAN_SLICE_MS ? (int)left : CHAN_SLICE_MS;
-}
-
-/*
- * Whether a sliced wait goes on after a slice that ended with @r: only a slice's own timeout,
- * before the deadline, with no signal pending and the handle not being released.
- * Return: 1 go on; 0 done with @r; -1 a signal handler raised (exception set).
- */
-static int chan_again(tpy_chan *self, int r, int slice, int64_t until)
-{
-	if (r != -ETIMEDOUT || slice == 0)
-		return 0;
-	if (until >= 0 && chan_now_ms() >= until)
-		return 0;
-	if (PyErr_CheckSignals() < 0)
-		return -1;
-	return self->releasing ? 0 : 1;
-}
-
 /* Raises the exception of a failed call @r (after a sliced wait of @timeout_ms). */
 static PyObject *chan_raise(tpy_chan *self, int r, int timeout_ms)
 {
@@ -202,7 +131,7 @@ static PyObject *chan_raise(tpy_chan *self, int r, int timeout_ms)
 
 	if (r == -EAGAIN || (r == -ETIMEDOUT && timeout_ms == 0))
 		return tpy_module_raise(-ETIMEDOUT, "the channel is empty");
-	if (r == -ETIMEDOUT && self->releasing)
+	if (r == -ETIMEDOUT && self->gate.closing)
 		return tpy_module_closed("Channel");
 	if (r == -ETIMEDOUT) {
 		snprintf(msg, sizeof(msg), "timed out after %d ms", timeout_ms);
@@ -257,9 +186,9 @@ static PyObject *chan_write(tpy_chan *self, PyObject *args, PyObject *kw)
 	}
 	if (chan_enter(self) < 0)
 		goto out;
-	until = timeout_ms < 0 ? -1 : chan_now_ms() + timeout_ms;
+	until = timeout_ms < 0 ? -1 : tpy_gate_now_ms() + timeout_ms;
 	do {
-		slice = chan_slice(until);
+		slice = tpy_gate_slice(until);
 		Py_BEGIN_ALLOW_THREADS
 		r = tp_chan_write(self->ch, iov, (size_t)n, slice);
 		Py_END_ALLOW_THREADS
@@ -267,9 +196,9 @@ static PyObject *chan_write(tpy_chan *self, PyObject *args, PyObject *kw)
 		 * unless the caller asked not to wait (then the daemon's -ENOBUFS stands). */
 		if (r == -ENOBUFS && slice == 0 && timeout_ms != 0)
 			r = -ETIMEDOUT;
-		again = chan_again(self, r, slice, until);
+		again = tpy_gate_again(&self->gate, r, slice, until);
 	} while (again > 0);
-	chan_leave(self);
+	tpy_gate_leave(&self->gate);
 	if (again < 0)
 		goto out;
 	if (r < 0)
@@ -289,21 +218,21 @@ out:
  * Return: 0 or TP_CHAN_CLOSED with the item, -errno, or -EINTR with an exception set. */
 static int chan_read_item(tpy_chan *self, int timeout_ms, void **ret_item, size_t *ret_len)
 {
-	int64_t until = timeout_ms < 0 ? -1 : chan_now_ms() + timeout_ms;
+	int64_t until = timeout_ms < 0 ? -1 : tpy_gate_now_ms() + timeout_ms;
 	int slice, again, r;
 
 	if (chan_enter(self) < 0)
 		return -EINTR;
 	do {
-		slice = chan_slice(until);
+		slice = tpy_gate_slice(until);
 		Py_BEGIN_ALLOW_THREADS
 		r = tp_chan_read(self->ch, ret_item, ret_len, slice);
 		Py_END_ALLOW_THREADS
 		if (r == -EAGAIN && timeout_ms != 0)
 			r = -ETIMEDOUT; /* the last slice of a longer wait */
-		again = chan_again(self, r, slice, until);
+		again = tpy_gate_again(&self->gate, r, slice, until);
 	} while (again > 0);
-	chan_leave(self);
+	tpy_gate_leave(&self->gate);
 	if (again < 0)
 		return -EINTR;
 	if (r == -EPIPE)
@@ -387,7 +316,7 @@ static PyObject *chan_close(tpy_chan *self, PyObject *unused)
 	Py_BEGIN_ALLOW_THREADS
 	r = tp_chan_close(self->ch);
 	Py_END_ALLOW_THREADS
-	chan_leave(self);
+	tpy_gate_leave(&self->gate);
 	if (r < 0)
 		return tpy_module_raise(r, NULL);
 	Py_RETURN_NONE;
@@ -406,15 +335,14 @@ static void chan_dealloc(tpy_chan *self)
 {
 	/* No thread is inside a call: each holds a reference while it is. */
 	chan_release_now(self);
-	pthread_mutex_destroy(&self->lock);
-	pthread_cond_destroy(&self->idle);
+	tpy_gate_done(&self->gate);
 	Py_XDECREF(self->ctx);
 	PyObject_Free(self);
 }
 
 static PyObject *chan_get_released(tpy_chan *self, void *unused)
 {
-	return PyBool_FromLong(self->ch == NULL || self->releasing);
+	return PyBool_FromLong(self->ch == NULL || self->gate.closing);
 }
 
 static PyMethodDef chan_methods[] = {

@@ -4,7 +4,7 @@
  * errno codes to Python exceptions (tpipd.Error and its subclasses, each also a built-in
  * OSError subclass where one fits), and the Context type (one session with the local tpipd).
  * Pipes are in pipe.c, listeners in listener.c, shared buffers and tensor memory in buffer.c, groups in
- * group.c, channels in chan.c.
+ * group.c, channels in chan.c, pipe sets in fan.c.
  */
 #include <errno.h>
 #include "tpy.h"
@@ -350,6 +350,7 @@ PyMODINIT_FUNC PyInit__tpipd(void)
 	    PyModule_AddObjectRef(m, "Context", (PyObject *)&tpy_context_type) < 0 ||
 	    tpy_pipe_add_types(m) < 0 || tpy_listener_add_types(m) < 0 || tpy_buffer_add_types(m) < 0 ||
 	    tpy_group_add_types(m) < 0 || tpy_chan_add_types(m) < 0 ||
+	    tpy_set_add_types(m) < 0 ||
 	    PyModule_AddIntConstant(m, "API_VERSION_MINOR", TP_API_VERSION_MINOR) < 0) {
 		Py_DECREF(m);
 		return NULL;

@@ -35,7 +35,12 @@ def worker(*args, **kw):
 
 
 def result(p, timeout=60):
-    out, err = p.communicate(timeout=timeout)
+    try:
+        out, err = p.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        p.kill()
+        p.communicate()
+        raise
     assert p.returncode == 0, f"worker failed ({p.returncode}): {err[-3000:]}"
     return json.loads(out.strip().splitlines()[-1])
 
