@@ -366,3 +366,41 @@ def test_no_leak_over_10k_writes_and_reads(ctx, request):
     assert len(gc.get_objects()) - objects < 100
     assert grown_py < 64 * 1024, f"Python allocations grew by {grown_py} bytes"
     assert grown_rss < 8 * 1024, f"RSS grew by {grown_rss} KiB"
+
+
+def test_pipe_set_recv_any_and_broadcast(daemon, request):
+    with tpipd.Context(daemon) as server, tpipd.Context(daemon) as client:
+        lst = server.listen(uniq(request))
+        futs = [lst.accept_async(10) for _ in range(3)]
+        clients = [client.connect(lst.name, timeout=10) for _ in range(3)]
+        s = tpipd.PipeSet(server)
+        for i, f in enumerate(futs):
+            assert s.add(f.result(10), key=f"k{i}") == f"k{i}"
+        assert len(s) == 3
+        x = np.arange(1000, dtype=np.float64)
+        res = s.broadcast(b"all", [b"p"], [x], timeout=10)
+        assert res == {"k0": None, "k1": None, "k2": None}
+        for c in clients:
+            m = c.read(timeout=10)
+            assert m.metadata == b"all" and bytes(m.payloads[0]) == b"p"
+            assert m.tensors[0].tobytes() == x.tobytes()
+        for i, c in enumerate(clients):
+            c.write(b"from %d" % i, tensors=[np.full(4, i, np.int32)])
+        got = {}
+        for _ in range(3):
+            key, m = s.recv_any(timeout=10)
+            got[key] = (m.metadata, m.tensors[0].tolist())
+        assert got == {f"k{i}": (b"from %d" % i, [i] * 4) for i in range(3)}
+        clients[1].close()
+        key, m = s.recv_any(timeout=10)
+        assert (key, m) == ("k1", None) and isinstance(s.last_error, tpipd.Error)
+        assert len(s) == 2
+        with pytest.raises(tpipd.Timeout):
+            s.recv_any(timeout=0.3)
+        timer = threading.Timer(0.3, os.kill, (os.getpid(), signal.SIGINT))
+        timer.start()
+        with pytest.raises(KeyboardInterrupt):
+            s.recv_any(timeout=30)
+        timer.join()
+        s.close()
+        assert len(s) == 0

@@ -18,6 +18,7 @@ from ._tpipd import (  # noqa: F401
     ProtocolError, SharedBuffer, strerror, Drained)
 from ._pipe import Context, Listener, Pipe, Message  # noqa: F401
 from ._channel import Channel, unlink_channel  # noqa: F401
+from ._set import PipeSet  # noqa: F401
 from ._group import (  # noqa: F401
     Group, Work, ReduceOp, init_group, all_reduce, broadcast, barrier, all_gather,
     reduce_scatter, destroy_group)
