@@ -404,3 +404,9 @@ def test_pipe_set_recv_any_and_broadcast(daemon, request):
         timer.join()
         s.close()
         assert len(s) == 0
+
+
+def test_example_pipeline_shuts_down_by_cascading_closes(daemon):
+    ex = os.path.join(os.environ.get("TPY_EXAMPLES", ""), "chan_pipeline.py")
+    p = subprocess.run([sys.executable, ex, "300"], capture_output=True, text=True, timeout=150)
+    assert p.returncode == 0 and ": OK" in p.stdout, p.stdout + p.stderr
