@@ -127,9 +127,38 @@ def allreduce_member(args, rank):
     g.leave()
 
 
+def chan_bench(args):
+    """Items per second through one channel: a writer thread and a reader on two handles of
+    this process (the GIL is released while either waits), 4 KiB and 64 KiB items."""
+    import threading
+    with tpipd.Context() as ctx:
+        for size in (4096, 65536):
+            name = f"bench.chan.{os.getpid()}.{size}"
+            w = ctx.channel(name, create=True, capacity=256)
+            r = ctx.channel(name)
+            item, n = b"x" * size, [0]
+
+            def writer():
+                end = time.perf_counter() + args.secs
+                while time.perf_counter() < end:
+                    w.write(item)
+                    n[0] += 1
+                w.close()
+            t = threading.Thread(target=writer)
+            t0 = time.perf_counter()
+            t.start()
+            got = sum(1 for _ in r)
+            dt = time.perf_counter() - t0
+            t.join()
+            print(f"chan impl=tpipd-py size={size} items_per_s={got / dt:.0f} "
+                  f"GBps={got * size / dt / 1e9:.3f} items={got}", flush=True)
+            w.release()
+            r.release()
+
+
 def main():
     ap = argparse.ArgumentParser()
-    ap.add_argument("mode", choices=["pipe", "allreduce", "echo", "member"])
+    ap.add_argument("mode", choices=["pipe", "allreduce", "echo", "member", "chan"])
     ap.add_argument("-n", type=int, default=2)
     ap.add_argument("-s", "--sizes", default="1M,16M,64M")
     ap.add_argument("-t", "--secs", type=float, default=1.0)
@@ -141,6 +170,8 @@ def main():
         echo(args.name, parse_sizes(args.sizes))
     elif args.mode == "pipe":
         pipe_bench(args)
+    elif args.mode == "chan":
+        chan_bench(args)
     elif args.mode == "member":
         allreduce_member(args, args.rank)
     else:

@@ -7,6 +7,7 @@
 #              torch.distributed.rpc rpc_sync over TensorPipe (bench_rpc.py), the latter once
 #              as is (rpc) and once with GLIBC_TUNABLES=glibc.malloc.mmap_max=0:
 #              glibc.malloc.arena_max=1 (rpc-nommap)
+#   chan       items/s of 4 and 64 KiB items through one tpipd.Channel (bench_tpipd.py chan)
 #   allreduce  float32 sum for 2 and 4 processes: tpipd.all_reduce (bench_tpipd.py allreduce)
 #              vs torch.distributed gloo (bench/allreduce_gloo.py) vs the C bench_allreduce
 # then a table with ratios (round trip: ours / the better rpc; throughput: ours / the better
@@ -43,6 +44,8 @@ $py "$here/bench_rpc.py" -s "$sizes" -t "$secs" --label rpc 2>/dev/null | tee -a
 echo "# pipe: rpc_sync with GLIBC_TUNABLES=$nommap"
 GLIBC_TUNABLES=$nommap $py "$here/bench_rpc.py" -s "$sizes" -t "$secs" --label rpc-nommap \
 	2>/dev/null | tee -a "$out"
+echo "# channel items through one channel (a writer thread, a reader; not compared)"
+$py "$here/bench_tpipd.py" chan -t "$secs" | tee -a "$out"
 for n in $ns; do
 	echo "# allreduce n=$n"
 	$py "$here/bench_tpipd.py" allreduce -n "$n" -s "$sizes" -t "$secs" | tee -a "$out"

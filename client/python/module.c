@@ -4,7 +4,7 @@
  * errno codes to Python exceptions (tpipd.Error and its subclasses, each also a built-in
  * OSError subclass where one fits), and the Context type (one session with the local tpipd).
  * Pipes are in pipe.c, listeners in listener.c, shared buffers and tensor memory in buffer.c, groups in
- * group.c.
+ * group.c, channels in chan.c, pipe sets in fan.c.
  */
 #include <errno.h>
 #include "tpy.h"
@@ -258,6 +258,16 @@ static PyObject *context_join_group(tpy_context *self, PyObject *args, PyObject 
 	return tpy_group_join(self, args, kw);
 }
 
+static PyObject *context_open_channel(tpy_context *self, PyObject *args, PyObject *kw)
+{
+	return tpy_chan_open(self, args, kw);
+}
+
+static PyObject *context_unlink_channel(tpy_context *self, PyObject *args)
+{
+	return tpy_chan_unlink(self, args);
+}
+
 static PyMethodDef context_methods[] = {
 	{ "close", (PyCFunction)context_close, METH_NOARGS,
 	  "close()\n--\n\nClose every pipe, listener and group of this context (their pending "
@@ -277,6 +287,12 @@ static PyMethodDef context_methods[] = {
 	  METH_VARARGS | METH_KEYWORDS,
 	  "join_group(name, nranks, rank=-1, bootstrap=0, join_timeout_ms=0, op_timeout_ms=0, "
 	  "coordinator=None) -> Group\n--\n\nJoin a group (blocks until every member joined)." },
+	{ "open_channel", (PyCFunction)(void (*)(void))context_open_channel,
+	  METH_VARARGS | METH_KEYWORDS,
+	  "open_channel(name, flags=0, access=0, gid=-1, capacity_items=0, capacity_bytes=0, "
+	  "owner_uid=-1) -> Channel\n--\n\nOpen (flags TP_CHAN_*: create) a named channel." },
+	{ "unlink_channel", (PyCFunction)context_unlink_channel, METH_VARARGS,
+	  "unlink_channel(name, owner_uid=-1)\n--\n\nRemove a persistent channel's name." },
 	{ 0 }
 };
 
@@ -333,7 +349,8 @@ PyMODINIT_FUNC PyInit__tpipd(void)
 	if (errors_init(m) < 0 || PyType_Ready(&tpy_context_type) < 0 ||
 	    PyModule_AddObjectRef(m, "Context", (PyObject *)&tpy_context_type) < 0 ||
 	    tpy_pipe_add_types(m) < 0 || tpy_listener_add_types(m) < 0 || tpy_buffer_add_types(m) < 0 ||
-	    tpy_group_add_types(m) < 0 ||
+	    tpy_group_add_types(m) < 0 || tpy_chan_add_types(m) < 0 ||
+	    tpy_set_add_types(m) < 0 ||
 	    PyModule_AddIntConstant(m, "API_VERSION_MINOR", TP_API_VERSION_MINOR) < 0) {
 		Py_DECREF(m);
 		return NULL;

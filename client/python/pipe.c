@@ -18,6 +18,7 @@ typedef struct {
 	tpy_context *ctx;
 	struct tp_pipe *p;
 	struct tpy_child descs; /* Descriptor objects not yet read: freed before the pipe */
+	bool in_set;		/* a pipe set (fan.c) owns p: close() forgets it, never closes it */
 } tpy_pipe;
 
 typedef struct {
@@ -178,7 +179,7 @@ static void pipe_close_now(tpy_pipe *self)
 		c->close(c);
 	}
 	self->p = NULL;
-	if (p)
+	if (p && !self->in_set)
 		tp_pipe_close(p);
 }
 
@@ -198,6 +199,7 @@ PyObject *tpy_pipe_wrap(tpy_context *ctx, struct tp_pipe *p)
 	self->ctx = (tpy_context *)Py_NewRef(ctx);
 	self->p = p;
 	self->descs.next = self->descs.prev = &self->descs;
+	self->in_set = false;
 	self->child.close = pipe_on_context_close;
 	self->child.next = self->child.prev = NULL;
 	tpy_module_link(ctx, &self->child);
@@ -338,13 +340,53 @@ static int parts_tensors(struct msg_parts *m)
 	return 0;
 }
 
+/* Fills m->payloads and m->tensors from the write arguments (see tpy_pipe_message_new()). */
+static int parts_write(struct msg_parts *m, PyObject *pay, PyObject *ten)
+{
+	if (parts_alloc(m, pay, ten, false) < 0)
+		return -1;
+	for (Py_ssize_t i = 0; i < m->np; i++) {
+		if (tpy_buffer_get(PySequence_Fast_GET_ITEM(m->pay, i), &m->views[i], false,
+				   "payload") < 0)
+			return -1;
+		m->payloads[i].data = m->views[i].buf;
+		m->payloads[i].length = (size_t)m->views[i].len;
+	}
+	return parts_tensors(m);
+}
+
+void *tpy_pipe_message_new(const Py_buffer *meta, PyObject *pay, PyObject *ten,
+			   struct tp_message *ret)
+{
+	struct msg_parts *m = PyMem_Calloc(1, sizeof(*m));
+
+	if (!m)
+		return PyErr_NoMemory();
+	if (parts_write(m, pay, ten) < 0) {
+		tpy_pipe_message_free(m);
+		return NULL;
+	}
+	*ret = (struct tp_message){ .metadata = meta->buf, .metadata_len = (size_t)meta->len,
+				    .payloads = m->payloads, .n_payloads = (size_t)m->np,
+				    .tensors = m->tensors, .n_tensors = (size_t)m->nt };
+	return m;
+}
+
+void tpy_pipe_message_free(void *parts)
+{
+	if (!parts)
+		return;
+	parts_free(parts);
+	PyMem_Free(parts);
+}
+
 static PyObject *pipe_write(tpy_pipe *self, PyObject *args, PyObject *kw)
 {
 	static char *kwlist[] = { "metadata", "payloads", "tensors", "timeout", NULL };
 	Py_buffer meta = { 0 };
 	PyObject *pay = NULL, *ten = NULL, *tmo = Py_None;
-	struct msg_parts m = { 0 };
 	struct tp_message msg = { 0 };
+	void *parts = NULL;
 	struct tpy_wait w;
 	uint64_t op = 0;
 	int timeout_ms, r;
@@ -353,24 +395,12 @@ static PyObject *pipe_write(tpy_pipe *self, PyObject *args, PyObject *kw)
 		return NULL;
 	tpy_pipe_wait_init(&w);
 	if (tpy_pipe_timeout(tmo, &timeout_ms) < 0 ||
-	    parts_alloc(&m, pay, ten, false) < 0)
-		goto fail;
-	for (Py_ssize_t i = 0; i < m.np; i++) {
-		if (tpy_buffer_get(PySequence_Fast_GET_ITEM(m.pay, i), &m.views[i], false,
-				   "payload") < 0)
-			goto fail;
-		m.payloads[i].data = m.views[i].buf;
-		m.payloads[i].length = (size_t)m.views[i].len;
-	}
-	if (parts_tensors(&m) < 0)
+	    !(parts = tpy_pipe_message_new(&meta, pay, ten, &msg)))
 		goto fail;
 	if (!self->p) {
 		tpy_module_closed("Pipe");
 		goto fail;
 	}
-	msg = (struct tp_message){ .metadata = meta.buf, .metadata_len = (size_t)meta.len,
-				   .payloads = m.payloads, .n_payloads = (size_t)m.np,
-				   .tensors = m.tensors, .n_tensors = (size_t)m.nt };
 	r = tp_pipe_write_ex(self->p, &msg, tpy_pipe_on_done, &w, &op);
 	if (r < 0) {
 		tpy_module_raise(r, NULL);
@@ -379,14 +409,14 @@ static PyObject *pipe_write(tpy_pipe *self, PyObject *args, PyObject *kw)
 	r = tpy_pipe_wait(self->ctx, &w, op, timeout_ms);
 	if (r < 0 && r != -EINTR)
 		tpy_module_raise(r, w.msg);
-	parts_free(&m);
+	tpy_pipe_message_free(parts);
 	PyBuffer_Release(&meta);
 	tpy_pipe_wait_done(&w);
 	if (r < 0)
 		return NULL;
 	Py_RETURN_NONE;
 fail:
-	parts_free(&m);
+	tpy_pipe_message_free(parts);
 	PyBuffer_Release(&meta);
 	tpy_pipe_wait_done(&w);
 	return NULL;
@@ -410,6 +440,50 @@ static PyObject *descriptor_wrap(tpy_pipe *pipe, struct tp_descriptor *d)
 	return (PyObject *)self;
 }
 
+int tpy_pipe_to_set(PyObject *o, tpy_context *ctx, struct tp_pipe_set *s)
+{
+	tpy_pipe *self = (tpy_pipe *)o;
+	int r;
+
+	if (!PyObject_TypeCheck(o, &tpy_pipe_type)) {
+		PyErr_SetString(PyExc_TypeError, "a Pipe is needed");
+		return -1;
+	}
+	if (!self->p || self->in_set) {
+		tpy_module_closed(self->p ? "Pipe (already in a set)" : "Pipe");
+		return -1;
+	}
+	if (self->ctx != ctx || self->descs.next != &self->descs) {
+		tpy_module_raise(-EINVAL, self->ctx != ctx ? "the pipe belongs to another context" :
+				 "the pipe has unread descriptors");
+		return -1;
+	}
+	r = tp_set_add(s, self->p);
+	if (r < 0) {
+		tpy_module_raise(r, NULL);
+		return -1;
+	}
+	self->in_set = true;
+	return 0;
+}
+
+void tpy_pipe_from_set(PyObject *o, bool ended)
+{
+	tpy_pipe *self = (tpy_pipe *)o;
+
+	if (ended) {
+		self->in_set = false; /* the caller's again: close() closes it */
+		return;
+	}
+	pipe_close_now(self); /* the set closed it */
+	self->in_set = false;
+}
+
+PyObject *tpy_pipe_descriptor(PyObject *o, struct tp_descriptor *d)
+{
+	return descriptor_wrap((tpy_pipe *)o, d);
+}
+
 static PyObject *pipe_read_descriptor(tpy_pipe *self, PyObject *args, PyObject *kw)
 {
 	static char *kwlist[] = { "timeout", NULL };
@@ -423,6 +497,9 @@ static PyObject *pipe_read_descriptor(tpy_pipe *self, PyObject *args, PyObject *
 		return NULL;
 	if (!self->p)
 		return tpy_module_closed("Pipe");
+	if (self->in_set)
+		return tpy_module_raise(-EINVAL, "the pipe is in a PipeSet: read it through "
+					"recv_any()");
 	tpy_pipe_wait_init(&w);
 	r = tp_pipe_read_descriptor_ex(self->p, pipe_on_descriptor, &w, &op);
 	if (r < 0) {

@@ -11,8 +11,10 @@
 
 #define PY_SSIZE_T_CLEAN
 #include <Python.h>
+#include <errno.h>
 #include <pthread.h>
 #include <stdbool.h>
+#include <stdint.h>
 #include <tpclient.h>
 
 #define TPY_CONTAINER(ptr, type, member) ((type *)((char *)(ptr)-offsetof(type, member)))
@@ -43,7 +45,8 @@ struct tpy_wait {
 };
 
 extern PyTypeObject tpy_context_type, tpy_listener_type, tpy_pipe_type, tpy_descriptor_type;
-extern PyTypeObject tpy_buffer_type, tpy_group_type, tpy_collreq_type;
+extern PyTypeObject tpy_buffer_type, tpy_group_type, tpy_collreq_type, tpy_chan_type;
+extern PyTypeObject tpy_set_type;
 
 /* module.c */
 /*
@@ -78,6 +81,23 @@ PyObject *tpy_pipe_wrap(tpy_context *ctx, struct tp_pipe *p);
 /* Context.connect(): borrows @self, returns a new reference. */
 PyObject *tpy_pipe_connect(tpy_context *self, PyObject *args, PyObject *kw);
 int tpy_pipe_add_types(PyObject *m);
+/*
+ * tpy_pipe_message_new() - the tp_message of write arguments (@meta, @pay a sequence of
+ * bytes-like objects, @ten of (buffer or CUDA tuple, metadata) pairs) into @ret, borrowing them.
+ * Return: the parts @ret points into, free with tpy_pipe_message_free() after the write; NULL
+ * with an exception set.
+ */
+void *tpy_pipe_message_new(const Py_buffer *meta, PyObject *pay, PyObject *ten,
+			   struct tp_message *ret);
+void tpy_pipe_message_free(void *parts);
+/* Pipe @o of @ctx joins set @s (tp_set_add), which owns its library pipe from then on; the
+ * object stays for reading what recv_any() returns. Return: 0, or -1 with an exception set. */
+int tpy_pipe_to_set(PyObject *o, tpy_context *ctx, struct tp_pipe_set *s);
+/* Pipe @o left its set: @ended (reported ended: the object owns its pipe again) or the set was
+ * freed (the pipe is closed: the object is closed). */
+void tpy_pipe_from_set(PyObject *o, bool ended);
+/* A new Descriptor of Pipe @o for @d (takes @d). */
+PyObject *tpy_pipe_descriptor(PyObject *o, struct tp_descriptor *d);
 
 /* listener.c */
 /* Context.listen(): borrows @self, returns a new Listener keeping @self. */
@@ -108,5 +128,44 @@ int tpy_buffer_add_types(PyObject *m);
 /* Context.join_group(): a new Group keeping @self. */
 PyObject *tpy_group_join(tpy_context *self, PyObject *args, PyObject *kw);
 int tpy_group_add_types(PyObject *m);
+
+/* gate.c */
+/* The longest one blocking library call runs without checking signals or a release. */
+#define TPY_SLICE_MS 200
+
+/* Threads inside the blocking calls of one object (fields changed with the GIL held). */
+struct tpy_gate {
+	int inflight;
+	bool closing; /* tpy_gate_drain() began: calls end at their slice, no new one starts */
+	pthread_mutex_t lock;
+	pthread_cond_t idle; /* signalled when inflight drops to 0 */
+};
+
+void tpy_gate_init(struct tpy_gate *g);
+void tpy_gate_done(struct tpy_gate *g);
+/* Enter with g->inflight++ after checking g->closing; leave with tpy_gate_leave(). */
+void tpy_gate_leave(struct tpy_gate *g);
+/* Marks @g closing and waits, without the GIL, until no thread is inside (within a slice). */
+void tpy_gate_drain(struct tpy_gate *g);
+int64_t tpy_gate_now_ms(void);
+/* The next slice (ms) of a wait that ends at @until (< 0: never). */
+int tpy_gate_slice(int64_t until);
+/*
+ * tpy_gate_again() - whether a sliced wait goes on after a slice that ended with @r: only a
+ * slice's own -ETIMEDOUT, before @until, with no signal pending and @g not closing.
+ * Return: 1 go on; 0 done with @r; -1 a signal handler raised (exception set).
+ */
+int tpy_gate_again(struct tpy_gate *g, int r, int slice, int64_t until);
+
+/* chan.c */
+/* Context.open_channel(): a new Channel keeping @self (released by Context.close()). */
+PyObject *tpy_chan_open(tpy_context *self, PyObject *args, PyObject *kw);
+/* Context.unlink_channel(name, owner_uid=-1): tp_chan_unlink(). */
+PyObject *tpy_chan_unlink(tpy_context *self, PyObject *args);
+/* Adds Channel and the Drained exception (after the error types: it derives PipeClosed). */
+int tpy_chan_add_types(PyObject *m);
+
+/* fan.c */
+int tpy_set_add_types(PyObject *m);
 
 #endif

@@ -3,7 +3,7 @@
 daemon (libtpclient), with pipes (Context, Listener, Pipe) and groups (init_group, all_reduce,
 broadcast, barrier, all_gather, reduce_scatter). See docs/python.md.
 
-Channels and work queues (issue 25) will live in tpipd/_channel.py and be exported here.
+Channels (Channel, unlink_channel) are in tpipd/_channel.py; work queues are not built yet.
 """
 try:
     from . import _tpipd  # installed: the extension inside the package
@@ -15,8 +15,10 @@ except ImportError:  # the build tree: _tpipd beside the package on sys.path
 from ._tpipd import (  # noqa: F401
     Error, PeerDied, PipeClosed, NoListener, NoDaemon, Timeout, AccessDenied, Cancelled,
     Aborted, LimitExceeded, NameInUse, Mismatch, InvalidArgument, NotSupported, Closed,
-    ProtocolError, SharedBuffer, strerror)
+    ProtocolError, SharedBuffer, strerror, Drained)
 from ._pipe import Context, Listener, Pipe, Message  # noqa: F401
+from ._channel import Channel, unlink_channel  # noqa: F401
+from ._set import PipeSet  # noqa: F401
 from ._group import (  # noqa: F401
     Group, Work, ReduceOp, init_group, all_reduce, broadcast, barrier, all_gather,
     reduce_scatter, destroy_group)

@@ -102,6 +102,11 @@ class Context:
         from ._group import init_group
         return init_group(name, world_size, rank, context=self, **kw)
 
+    def channel(self, name, **kw):
+        """tpipd.Channel(name, context=self, **kw): a named channel (see there)."""
+        from ._channel import Channel
+        return Channel(name, context=self, **kw)
+
     def close(self):
         self._raw.close()
 

@@ -1,0 +1,398 @@
+/* SPDX-License-Identifier: BSD-3-Clause */
+/*
+ * _tpipd channels: the Channel type over libtpclient's daemon-hosted channels (tp_chan_*,
+ * docs/channels.md) and the Drained exception. tp_chan_read() and tp_chan_write() block in the
+ * calling thread, so every wait is cut into slices of at most TPY_SLICE_MS run without the
+ * GIL (gate.c); between slices the thread checks for signals (Ctrl-C raises KeyboardInterrupt within a
+ * slice) and for a release from another thread. A slice that ends unanswered has written or
+ * taken nothing (the daemon answers each timed request), so slicing loses no item; a waiting
+ * reader or writer only gives up its place in the daemon's queue for the next slice. Item
+ * types (numpy, torch) and the Python-level state are the package's (tpipd/_channel.py).
+ */
+#include <errno.h>
+#include <stdlib.h>
+#include <sys/uio.h>
+#include "tpy.h"
+
+typedef struct {
+	PyObject_HEAD
+	struct tpy_child child;
+	tpy_context *ctx;
+	struct tp_chan *ch;	/* NULL once released */
+	struct tpy_gate gate; /* closing: release() began */
+} tpy_chan;
+
+static PyObject *drained_type;
+
+/* ---- lifetime ------------------------------------------------------------------------------ */
+
+/* Enters a call: refused after a release. Return: 0, or -1 with Closed raised. */
+static int chan_enter(tpy_chan *self)
+{
+	if (!self->ch || self->gate.closing || !self->ctx->ctx || self->ctx->closed) {
+		tpy_module_closed("Channel");
+		return -1;
+	}
+	self->gate.inflight++;
+	return 0;
+}
+
+/* Drops the handle once no other thread is inside a call (they leave within a slice). Called
+ * with the GIL held; releases it while waiting. Return: tp_chan_release()'s result. */
+static int chan_release_now(tpy_chan *self)
+{
+	struct tp_chan *ch;
+	int r;
+
+	tpy_module_unlink(&self->child);
+	tpy_gate_drain(&self->gate);
+	ch = self->ch;
+	self->ch = NULL;
+	if (!ch)
+		return 0;
+	Py_BEGIN_ALLOW_THREADS
+	r = tp_chan_release(ch);
+	Py_END_ALLOW_THREADS
+	return r;
+}
+
+static void chan_on_context_close(struct tpy_child *c)
+{
+	chan_release_now(TPY_CONTAINER(c, tpy_chan, child));
+}
+
+PyObject *tpy_chan_open(tpy_context *self, PyObject *args, PyObject *kw)
+{
+	static char *kwlist[] = { "name", "flags", "access", "gid", "capacity_items",
+				  "capacity_bytes", "owner_uid", NULL };
+	struct tp_chan_options o = { .size = sizeof(o), .owner_uid = -1 };
+	const char *name;
+	unsigned int flags = 0, cap_items = 0;
+	int access = 0;
+	long long gid = -1, owner = -1;
+	unsigned long long cap_bytes = 0;
+	struct tp_chan *ch;
+	tpy_chan *ret;
+	int r;
+
+	if (!PyArg_ParseTupleAndKeywords(args, kw, "s|IiLIKL:open_channel", kwlist, &name, &flags,
+					 &access, &gid, &cap_items, &cap_bytes, &owner))
+		return NULL;
+	if (!self->ctx || self->closed)
+		return tpy_module_closed("Context");
+	o.flags = flags;
+	o.access = (enum tp_access)access;
+	o.gid = gid < 0 ? 0 : (gid_t)gid;
+	o.capacity_items = cap_items;
+	o.capacity_bytes = cap_bytes;
+	o.owner_uid = owner < 0 ? -1 : (long)owner;
+	Py_BEGIN_ALLOW_THREADS
+	r = tp_chan_open(self->ctx, name, &o, &ch);
+	Py_END_ALLOW_THREADS
+	if (r < 0)
+		return tpy_module_raise(r, NULL);
+	ret = PyObject_New(tpy_chan, &tpy_chan_type);
+	if (!ret) {
+		tp_chan_release(ch);
+		return NULL;
+	}
+	ret->ctx = (tpy_context *)Py_NewRef(self);
+	ret->ch = ch;
+	tpy_gate_init(&ret->gate);
+	ret->child.close = chan_on_context_close;
+	tpy_module_link(self, &ret->child);
+	return (PyObject *)ret;
+}
+
+PyObject *tpy_chan_unlink(tpy_context *self, PyObject *args)
+{
+	const char *name;
+	long long owner = -1;
+	int r;
+
+	if (!PyArg_ParseTuple(args, "s|L:unlink_channel", &name, &owner))
+		return NULL;
+	if (!self->ctx || self->closed)
+		return tpy_module_closed("Context");
+	Py_BEGIN_ALLOW_THREADS
+	r = tp_chan_unlink(self->ctx, name, owner < 0 ? -1 : (long)owner);
+	Py_END_ALLOW_THREADS
+	if (r < 0)
+		return tpy_module_raise(r, NULL);
+	Py_RETURN_NONE;
+}
+
+/* ---- calls ------------------------------------------------------------------------------- */
+
+/* Raises the exception of a failed call @r (after a sliced wait of @timeout_ms). */
+static PyObject *chan_raise(tpy_chan *self, int r, int timeout_ms)
+{
+	char msg[160];
+
+	if (r == -EAGAIN || (r == -ETIMEDOUT && timeout_ms == 0))
+		return tpy_module_raise(-ETIMEDOUT, "the channel is empty");
+	if (r == -ETIMEDOUT && self->gate.closing)
+		return tpy_module_closed("Channel");
+	if (r == -ETIMEDOUT) {
+		snprintf(msg, sizeof(msg), "timed out after %d ms", timeout_ms);
+		return tpy_module_raise(r, msg);
+	}
+	return tpy_module_raise(r, NULL);
+}
+
+/* A read of a drained channel: Drained (a PipeClosed) with the library's message. */
+static PyObject *chan_raise_drained(void)
+{
+	const char *msg = tp_last_error();
+	PyObject *exc = PyObject_CallFunction(drained_type, "is", EPIPE,
+					      msg && *msg ? msg : "the channel is drained");
+
+	if (exc) {
+		PyErr_SetObject(drained_type, exc);
+		Py_DECREF(exc);
+	}
+	return NULL;
+}
+
+static PyObject *chan_write(tpy_chan *self, PyObject *args, PyObject *kw)
+{
+	static char *kwlist[] = { "items", "timeout", NULL };
+	PyObject *items, *seq = NULL, *tmo = Py_None, *ret = NULL;
+	Py_buffer *views = NULL;
+	struct iovec *iov = NULL;
+	Py_ssize_t n = 0, got = 0;
+	int timeout_ms, slice, again, r;
+	int64_t until;
+
+	if (!PyArg_ParseTupleAndKeywords(args, kw, "O|O:write", kwlist, &items, &tmo) ||
+	    tpy_pipe_timeout(tmo, &timeout_ms) < 0)
+		return NULL;
+	seq = PySequence_Fast(items, "items must be a sequence of bytes-like objects");
+	if (!seq)
+		return NULL;
+	n = PySequence_Fast_GET_SIZE(seq);
+	views = PyMem_Calloc((size_t)n + 1, sizeof(*views));
+	iov = PyMem_Calloc((size_t)n + 1, sizeof(*iov));
+	if (!views || !iov) {
+		PyErr_NoMemory();
+		goto out;
+	}
+	for (; got < n; got++) {
+		if (tpy_buffer_get(PySequence_Fast_GET_ITEM(seq, got), &views[got], false,
+				   "item") < 0)
+			goto out;
+		iov[got].iov_base = views[got].buf;
+		iov[got].iov_len = (size_t)views[got].len;
+	}
+	if (chan_enter(self) < 0)
+		goto out;
+	until = timeout_ms < 0 ? -1 : tpy_gate_now_ms() + timeout_ms;
+	do {
+		slice = tpy_gate_slice(until);
+		Py_BEGIN_ALLOW_THREADS
+		r = tp_chan_write(self->ch, iov, (size_t)n, slice);
+		Py_END_ALLOW_THREADS
+		/* A full channel with a zero slice answers -ENOBUFS: the wait's end, as a timeout
+		 * unless the caller asked not to wait (then the daemon's -ENOBUFS stands). */
+		if (r == -ENOBUFS && slice == 0 && timeout_ms != 0)
+			r = -ETIMEDOUT;
+		again = tpy_gate_again(&self->gate, r, slice, until);
+	} while (again > 0);
+	tpy_gate_leave(&self->gate);
+	if (again < 0)
+		goto out;
+	if (r < 0)
+		chan_raise(self, r, timeout_ms);
+	else
+		ret = Py_NewRef(Py_None);
+out:
+	for (Py_ssize_t i = 0; i < got; i++)
+		PyBuffer_Release(&views[i]);
+	PyMem_Free(views);
+	PyMem_Free(iov);
+	Py_DECREF(seq);
+	return ret;
+}
+
+/* Reads one item into *@ret_item (malloc'd) within @timeout_ms, sliced.
+ * Return: 0 or TP_CHAN_CLOSED with the item, -errno, or -EINTR with an exception set. */
+static int chan_read_item(tpy_chan *self, int timeout_ms, void **ret_item, size_t *ret_len)
+{
+	int64_t until = timeout_ms < 0 ? -1 : tpy_gate_now_ms() + timeout_ms;
+	int slice, again, r;
+
+	if (chan_enter(self) < 0)
+		return -EINTR;
+	do {
+		slice = tpy_gate_slice(until);
+		Py_BEGIN_ALLOW_THREADS
+		r = tp_chan_read(self->ch, ret_item, ret_len, slice);
+		Py_END_ALLOW_THREADS
+		if (r == -EAGAIN && timeout_ms != 0)
+			r = -ETIMEDOUT; /* the last slice of a longer wait */
+		again = tpy_gate_again(&self->gate, r, slice, until);
+	} while (again > 0);
+	tpy_gate_leave(&self->gate);
+	if (again < 0)
+		return -EINTR;
+	if (r == -EPIPE)
+		chan_raise_drained();
+	else if (r < 0)
+		chan_raise(self, r, timeout_ms);
+	return r < 0 ? -EINTR : r;
+}
+
+static PyObject *chan_read(tpy_chan *self, PyObject *args, PyObject *kw)
+{
+	static char *kwlist[] = { "timeout", NULL };
+	PyObject *tmo = Py_None, *item;
+	void *p = NULL;
+	size_t len = 0;
+	int timeout_ms, r;
+
+	if (!PyArg_ParseTupleAndKeywords(args, kw, "|O:read", kwlist, &tmo) ||
+	    tpy_pipe_timeout(tmo, &timeout_ms) < 0)
+		return NULL;
+	r = chan_read_item(self, timeout_ms, &p, &len);
+	if (r < 0)
+		return NULL;
+	item = PyBytes_FromStringAndSize(p, (Py_ssize_t)len);
+	free(p);
+	if (!item)
+		return NULL;
+	return Py_BuildValue("(NO)", item, r == TP_CHAN_CLOSED ? Py_True : Py_False);
+}
+
+/* An item longer than the destination: LimitExceeded carrying the item (it left the channel). */
+static PyObject *chan_raise_too_long(void *p, size_t len, Py_ssize_t room)
+{
+	PyObject *type, *val, *tb, *item;
+	char msg[128];
+
+	snprintf(msg, sizeof(msg), "an item of %zu bytes does not fit the destination's %zd "
+		 "(the item is the exception's .item)", len, room);
+	tpy_module_raise(-EMSGSIZE, msg);
+	PyErr_Fetch(&type, &val, &tb);
+	PyErr_NormalizeException(&type, &val, &tb);
+	item = PyBytes_FromStringAndSize(p, (Py_ssize_t)len);
+	if (item && val)
+		PyObject_SetAttrString(val, "item", item);
+	Py_XDECREF(item);
+	PyErr_Restore(type, val, tb);
+	return NULL;
+}
+
+static PyObject *chan_read_into(tpy_chan *self, PyObject *args, PyObject *kw)
+{
+	static char *kwlist[] = { "buffer", "timeout", NULL };
+	PyObject *dst, *tmo = Py_None, *ret = NULL;
+	Py_buffer view;
+	void *p = NULL;
+	size_t len = 0;
+	int timeout_ms, r;
+
+	if (!PyArg_ParseTupleAndKeywords(args, kw, "O|O:read_into", kwlist, &dst, &tmo) ||
+	    tpy_pipe_timeout(tmo, &timeout_ms) < 0 ||
+	    tpy_buffer_get(dst, &view, true, "destination") < 0)
+		return NULL;
+	r = chan_read_item(self, timeout_ms, &p, &len);
+	if (r >= 0 && len > (size_t)view.len)
+		chan_raise_too_long(p, len, view.len);
+	else if (r >= 0) {
+		memcpy(view.buf, p, len);
+		ret = Py_BuildValue("(nO)", (Py_ssize_t)len, r == TP_CHAN_CLOSED ? Py_True : Py_False);
+	}
+	free(p);
+	PyBuffer_Release(&view);
+	return ret;
+}
+
+static PyObject *chan_close(tpy_chan *self, PyObject *unused)
+{
+	int r;
+
+	if (chan_enter(self) < 0)
+		return NULL;
+	Py_BEGIN_ALLOW_THREADS
+	r = tp_chan_close(self->ch);
+	Py_END_ALLOW_THREADS
+	tpy_gate_leave(&self->gate);
+	if (r < 0)
+		return tpy_module_raise(r, NULL);
+	Py_RETURN_NONE;
+}
+
+static PyObject *chan_release(tpy_chan *self, PyObject *unused)
+{
+	int r = chan_release_now(self);
+
+	if (r < 0)
+		return tpy_module_raise(r, NULL);
+	Py_RETURN_NONE;
+}
+
+static void chan_dealloc(tpy_chan *self)
+{
+	/* No thread is inside a call: each holds a reference while it is. */
+	chan_release_now(self);
+	tpy_gate_done(&self->gate);
+	Py_XDECREF(self->ctx);
+	PyObject_Free(self);
+}
+
+static PyObject *chan_get_released(tpy_chan *self, void *unused)
+{
+	return PyBool_FromLong(self->ch == NULL || self->gate.closing);
+}
+
+static PyMethodDef chan_methods[] = {
+	{ "write", (PyCFunction)(void (*)(void))chan_write, METH_VARARGS | METH_KEYWORDS,
+	  "write(items, timeout=None)\n--\n\nAppend the bytes-like @items (each at least 1 byte) "
+	  "as one atomic batch, waiting for room up to @timeout seconds (None: no deadline, 0: "
+	  "LimitExceeded when full). Borrows @items until it returns." },
+	{ "read", (PyCFunction)(void (*)(void))chan_read, METH_VARARGS | METH_KEYWORDS,
+	  "read(timeout=None) -> (bytes, closed)\n--\n\nTake the oldest item; @closed is True "
+	  "once the channel is closed. Drained when closed and empty, Timeout when none came." },
+	{ "read_into", (PyCFunction)(void (*)(void))chan_read_into, METH_VARARGS | METH_KEYWORDS,
+	  "read_into(buffer, timeout=None) -> (nbytes, closed)\n--\n\nread() into a writable "
+	  "C-contiguous buffer (borrowed until it returns)." },
+	{ "close", (PyCFunction)chan_close, METH_NOARGS,
+	  "close()\n--\n\nClose the channel for every handle in every process." },
+	{ "release", (PyCFunction)chan_release, METH_NOARGS,
+	  "release()\n--\n\nDrop this handle (not a close); waits for calls of other threads "
+	  "on it to end (within 0.2 s)." },
+	{ 0 }
+};
+
+static PyGetSetDef chan_getset[] = {
+	{ "released", (getter)chan_get_released, NULL, "whether release() ran", NULL },
+	{ 0 }
+};
+
+PyTypeObject tpy_chan_type = {
+	PyVarObject_HEAD_INIT(NULL, 0)
+	.tp_name = "_tpipd.Channel",
+	.tp_basicsize = sizeof(tpy_chan),
+	.tp_flags = Py_TPFLAGS_DEFAULT,
+	.tp_doc = "A handle on a daemon-hosted channel (Context.open_channel()).",
+	.tp_dealloc = (destructor)chan_dealloc,
+	.tp_methods = chan_methods,
+	.tp_getset = chan_getset,
+};
+
+int tpy_chan_add_types(PyObject *m)
+{
+	PyObject *base = PyObject_GetAttrString(m, "PipeClosed");
+
+	if (!base)
+		return -1;
+	drained_type = PyErr_NewExceptionWithDoc("tpipd.Drained",
+		"A channel is closed and empty: no item will come (a PipeClosed, so also a "
+		"BrokenPipeError).", base, NULL);
+	Py_DECREF(base);
+	if (!drained_type || PyModule_AddObjectRef(m, "Drained", drained_type) < 0 ||
+	    PyType_Ready(&tpy_chan_type) < 0 ||
+	    PyModule_AddObjectRef(m, "Channel", (PyObject *)&tpy_chan_type) < 0)
+		return -1;
+	return 0;
+}

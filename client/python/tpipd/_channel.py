@@ -1,0 +1,220 @@
+# SPDX-License-Identifier: BSD-3-Clause
+"""Named channels hosted by the daemon (docs/channels.md) in Python's idiom over _tpipd.Channel:
+items as bytes-like objects, numpy arrays or CPU torch tensors; reads returning bytes, filling a
+buffer the caller owns, or (typed items) giving back the array or tensor that was written;
+iteration that ends when the channel is drained; the state this handle has seen. Moving bytes
+and waiting (sliced, GIL released, Ctrl-C) is the extension's (chan.c); framing of typed items
+reuses the tensor header of _tensor.py. Not here: pipes (_pipe.py), sets (_set.py)."""
+from . import _tensor, _tpipd
+
+CREATE = 0x1
+EXCLUSIVE = 0x2
+PERSISTENT = 0x4
+_ACCESS = {"owner": 0, "group": 1, "anyone": 2}
+
+
+def _item_buffer(obj, contiguous, what):
+    """A C-contiguous CPU buffer over the bytes of ``obj`` (borrowed: no copy unless asked)."""
+    if isinstance(obj, (bytes, bytearray, memoryview)):
+        return obj
+    if _tensor.is_torch(obj):
+        if obj.is_cuda:
+            raise _tpipd.NotSupported(95, f"{what}: channel items are CPU memory (a CUDA "
+                                      "tensor travels through a Pipe)")
+        if not obj.is_contiguous():
+            obj = _tensor._contiguous(obj, contiguous, what)
+        return _tensor.cpu_buffer(obj)
+    np = _tensor._np() if "numpy" in type(obj).__module__ else None
+    if np is not None and isinstance(obj, (np.ndarray, np.generic)):
+        obj = np.asarray(obj)
+        if not obj.flags.c_contiguous:
+            obj = _tensor._contiguous(obj, contiguous, what)
+        return obj
+    return memoryview(obj)  # any other buffer-protocol object (TypeError otherwise)
+
+
+def _typed_item(obj, contiguous):
+    """One item holding the tensor header of ``obj`` followed by its bytes (one copy)."""
+    if _tensor.is_torch(obj) and obj.is_cuda:
+        raise _tpipd.NotSupported(95, "channel items are CPU memory")
+    buf, hdr, _ = _tensor.to_wire(obj, contiguous, "item")
+    return hdr + memoryview(buf).cast("B").tobytes() if buf.nbytes else hdr
+
+
+def _untyped(item):
+    """The array or tensor of a typed item; ProtocolError for anything malformed."""
+    if len(item) < 8:
+        raise _tpipd.ProtocolError(74, f"a typed item of {len(item)} bytes, at least 8")
+    hlen = 8 + 8 * item[6]
+    if len(item) < hlen:
+        raise _tpipd.ProtocolError(74, f"a typed item of {len(item)} bytes, its header {hlen}")
+    kind, code, shape = _tensor.unpack_header(item[:hlen], len(item) - hlen)
+    dst = _tensor.empty_like_header(kind, code, shape)
+    flat = _tensor.check_destination(dst, code, shape, "item").reshape(-1)
+    np = _tensor._np()
+    flat.view(np.uint8)[:] = np.frombuffer(item, np.uint8, offset=hlen)
+    return dst
+
+
+class Channel:
+    """A handle on a named channel hosted by the local tpipd: a FIFO of items (byte strings of
+    at least 1 byte) any process of the host may open by name (docs/channels.md).
+
+    Channel(name, *, context=None, create=False, exclusive=False, persistent=False,
+    mode="owner", gid=None, capacity=0, capacity_bytes=0, owner_uid=None): open channel
+    ``name`` of the caller's uid (or of ``owner_uid``) through ``context`` (default:
+    tpipd.default_context()). create makes it if missing (exclusive: NameInUse if it exists;
+    persistent: it outlives its handles until unlink_channel()); mode ("owner", "group" with
+    gid, "anyone"), capacity (items) and capacity_bytes apply at creation (0: the daemon's
+    limits). Raises NoListener (a FileNotFoundError: no such channel), NameInUse,
+    AccessDenied (its mode refuses this uid), LimitExceeded, InvalidArgument.
+
+    States, as this handle saw them (``state``): "open"; "closed" (someone called close():
+    writes raise PipeClosed, reads return what is left); "drained" (closed and empty: read()
+    raises Drained, iteration ends); "released" (release(), the end of a ``with`` block, or
+    Context.close()). close() closes the channel for every handle in every process;
+    release() only drops this handle (a channel that is not persistent goes with its last).
+
+    Blocking calls release the GIL and wait in slices of at most 0.2 s: Ctrl-C raises
+    KeyboardInterrupt within one, and a waiting call gives up its place in the daemon's queue
+    of waiting readers (or writers) for the next slice. Calls of several threads on one
+    handle may overlap (a second write waiting for room raises LimitExceeded: one per
+    handle); release() waits for them to end."""
+
+    def __init__(self, name, *, context=None, create=False, exclusive=False, persistent=False,
+                 mode="owner", gid=None, capacity=0, capacity_bytes=0, owner_uid=None):
+        if mode not in _ACCESS:
+            raise ValueError(f"mode must be one of {sorted(_ACCESS)}")
+        if context is None:
+            from . import default_context
+            context = default_context()
+        flags = (CREATE if create else 0) | (EXCLUSIVE if exclusive else 0) | \
+            (PERSISTENT if persistent else 0)
+        raw_ctx = getattr(context, "_raw", context)
+        self._raw = raw_ctx.open_channel(name, flags, _ACCESS[mode], -1 if gid is None else gid,
+                                         capacity, capacity_bytes,
+                                         -1 if owner_uid is None else owner_uid)
+        self.name = name
+        self._state = "open"
+
+    @property
+    def state(self):
+        """"open", "closed", "drained" or "released": what this handle has seen."""
+        return "released" if self._raw.released else self._state
+
+    def write(self, item, *, timeout=None, contiguous=False):
+        """Append one item: bytes, bytearray, memoryview, a numpy array or a CPU torch tensor
+        (its raw bytes; a non-contiguous one raises InvalidArgument unless contiguous=True).
+        Waits for room up to ``timeout`` seconds (None: no deadline; 0: LimitExceeded when
+        full; Timeout at the deadline: nothing written). Borrows ``item`` until it returns.
+        Raises PipeClosed once the channel is closed, LimitExceeded (larger than the
+        channel's capacity or the daemon's inline limit), InvalidArgument (an empty item)."""
+        self.write_many((item,), timeout=timeout, contiguous=contiguous)
+
+    def write_many(self, items, *, timeout=None, contiguous=False):
+        """Append ``items`` as one atomic batch: all follow each other in the channel, or none
+        is written. Otherwise as write()."""
+        bufs = [_item_buffer(x, contiguous, f"item {i}") for i, x in enumerate(items)]
+        try:
+            self._raw.write(bufs, timeout)
+        except _tpipd.PipeClosed:
+            self._state = "closed"
+            raise
+
+    def write_tensor(self, tensor, *, timeout=None, contiguous=False):
+        """Append one typed item: a numpy array or CPU torch tensor with its dtype and shape
+        (tpipd's tensor header, then the bytes), for read_tensor(). Otherwise as write()."""
+        self._write_typed((tensor,), timeout, contiguous)
+
+    def write_tensors(self, tensors, *, timeout=None, contiguous=False):
+        """write_tensor() of several tensors as one atomic batch."""
+        self._write_typed(tensors, timeout, contiguous)
+
+    def _write_typed(self, tensors, timeout, contiguous):
+        items = [_typed_item(t, contiguous) for t in tensors]
+        try:
+            self._raw.write(items, timeout)
+        except _tpipd.PipeClosed:
+            self._state = "closed"
+            raise
+
+    def _seen(self, closed):
+        if closed and self._state == "open":
+            self._state = "closed"
+
+    def read(self, timeout=None):
+        """Take the oldest item as bytes (owned by the caller). ``timeout`` seconds (None:
+        wait; 0: try once). Raises Drained (a PipeClosed) when the channel is closed and
+        empty, Timeout when no item came, Closed after release()."""
+        try:
+            item, closed = self._raw.read(timeout)
+        except _tpipd.Drained:
+            self._state = "drained"
+            raise
+        self._seen(closed)
+        return item
+
+    def read_into(self, buffer, timeout=None):
+        """Take the oldest item into ``buffer`` (a writable C-contiguous bytearray, memoryview,
+        numpy array or CPU torch tensor, borrowed until it returns) and return its length in
+        bytes. An item longer than ``buffer`` raises LimitExceeded with the item (it has left
+        the channel) as the exception's ``item``. Otherwise as read()."""
+        dst = _item_buffer(buffer, False, "destination")
+        try:
+            n, closed = self._raw.read_into(dst, timeout)
+        except _tpipd.Drained:
+            self._state = "drained"
+            raise
+        self._seen(closed)
+        return n
+
+    def read_tensor(self, timeout=None):
+        """Take the oldest item, written by write_tensor(), as the numpy array or torch tensor
+        (same dtype and shape; a new object the caller owns). ProtocolError when the item is
+        not a typed item. Otherwise as read()."""
+        return _untyped(self.read(timeout))
+
+    def __iter__(self):
+        """Items (bytes) until the channel is drained: ``for item in chan:``."""
+        while True:
+            try:
+                yield self.read()
+            except _tpipd.Drained:
+                return
+
+    def tensors(self):
+        """Like iterating, with read_tensor(): arrays or tensors until drained."""
+        while True:
+            try:
+                yield self.read_tensor()
+            except _tpipd.Drained:
+                return
+
+    def close(self):
+        """Close the channel for every handle in every process: writes raise PipeClosed,
+        readers get what is left, then Drained; waiting readers everywhere wake. Idempotent."""
+        self._raw.close()
+        self._state = "closed" if self._state == "open" else self._state
+
+    def release(self):
+        """Drop this handle (not a close). Idempotent."""
+        self._raw.release()
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.release()
+
+    def __repr__(self):
+        return f"<tpipd.Channel {self.name!r} {self.state}>"
+
+
+def unlink_channel(name, *, owner_uid=None, context=None):
+    """Remove the name of persistent channel ``name`` (of ``owner_uid``, default the
+    caller's; only its owner or root may). Open handles keep the channel until released."""
+    if context is None:
+        from . import default_context
+        context = default_context()
+    getattr(context, "_raw", context).unlink_channel(name, -1 if owner_uid is None else owner_uid)
+
