@@ -27,14 +27,7 @@ net=10.202.$(($$ % 250)).
 COORD="tpip://${net}1:7420"
 MENV=()
 
-svc_netns "$nsa" "$nsb"
-ip link add "$vea" netns "$nsa" type veth peer name "$veb" netns "$nsb" 2>/dev/null ||
-	skip "cannot create a veth pair here"
-ip -n "$nsa" addr add "${net}1/24" dev "$vea" || fail "address on $vea"
-ip -n "$nsb" addr add "${net}2/24" dev "$veb" || fail "address on $veb"
-for ns in "$nsa" "$nsb"; do ip -n "$ns" link set lo up || fail "lo up in $ns"; done
-ip -n "$nsa" link set "$vea" up || fail "$vea up"
-ip -n "$nsb" link set "$veb" up || fail "$veb up"
+svc_two_hosts "$nsa" "$nsb" "$vea" "$veb" "$net"
 
 start_ns_daemon() { # NAME NS ADDR:PORT ARGS... (--peer-insecure: no key)
 	local name=$1 ns=$2 addr=$3 auth

@@ -110,6 +110,21 @@ svc_netns() {
 	done
 }
 
+# svc_two_hosts NSA NSB VEA VEB NET: two network namespaces as hosts, joined by a veth pair
+# VEA (in NSA, address NET1/24) - VEB (in NSB, NET2/24), loopback and both ends up; NET is a
+# prefix such as "10.201.7.". Skips the script (77) where that cannot be made.
+svc_two_hosts() {
+	local nsa=$1 nsb=$2 vea=$3 veb=$4 net=$5 ns
+	svc_netns "$nsa" "$nsb"
+	ip link add "$vea" netns "$nsa" type veth peer name "$veb" netns "$nsb" 2>/dev/null ||
+		skip "cannot create a veth pair here"
+	ip -n "$nsa" addr add "${net}1/24" dev "$vea" || fail "address on $vea"
+	ip -n "$nsb" addr add "${net}2/24" dev "$veb" || fail "address on $veb"
+	for ns in "$nsa" "$nsb"; do ip -n "$ns" link set lo up || fail "lo up in $ns"; done
+	ip -n "$nsa" link set "$vea" up || fail "$vea up"
+	ip -n "$nsb" link set "$veb" up || fail "$veb up"
+}
+
 # svc_wait_daemon SOCKET PID: waits (10 s) until the daemon PID answers tpipctl status on SOCKET.
 svc_wait_daemon() {
 	local deadline=$((SECONDS + 10))
