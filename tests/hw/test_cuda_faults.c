@@ -12,6 +12,7 @@
  */
 #include <check.h>
 #include <errno.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -396,6 +397,9 @@ static int holding_client(void *arg)
 	tpt_sync_post(&to_parent, 0); /* every copy is with the daemon, waiting */
 	TPT_REQUIRE(tpt_done_wait(&rdone, HELD, 0) == -ETIMEDOUT, 1,
 		    "a read completed before the stream's work");
+	if (arg) /* killed here by the test, its stream still blocked */
+		for (;;)
+			pause();
 	TPT_REQUIRE(tpt_done_wait(&rdone, HELD, T_MS) == 0, 1, "the held reads never completed");
 	TPT_REQUIRE(tpt_done_wait(&wdone, HELD, T_MS) == 0, 1, "the held writes never completed");
 	TPT_REQUIRE(rdone.last_status == 0 && wdone.last_status == 0, 1, "status %d %d",
@@ -428,6 +432,41 @@ START_TEST(test_cuda_faults_stuck_stream_holds_no_copy_thread)
 }
 END_TEST
 
+/* The daemon's status line "pipes: N" (tpipctl status), or -1. */
+static long daemon_pipes(void)
+{
+	char *out = hwt_ctl(D, "status", false), *at = out ? strstr(out, "pipes:") : NULL;
+	long n = at ? strtol(at + strlen("pipes:"), NULL, 10) : -1;
+
+	free(out);
+	return n;
+}
+
+/*
+ * A holder killed while its messages wait for its blocked stream: the waits end (the client
+ * exited), its pipes fail and are freed, and the daemon goes on serving everyone else.
+ */
+START_TEST(test_cuda_faults_stuck_stream_holder_killed)
+{
+	uint64_t deadline = tpt_now_ms() + T_MS;
+	pid_t pid;
+
+	ck_assert_int_eq(pipe(release_fd), 0);
+	pid = tpt_fork(holding_client, "die");
+	ck_assert_int_gt(pid, 0);
+	ck_assert_int_eq(tpt_sync_wait(&to_parent, T_MS), 0);
+	ck_assert_int_eq(daemon_pipes(), HELD);
+	ck_assert_int_eq(kill(pid, SIGKILL), 0);
+	ck_assert_int_ge(tpt_wait(pid, T_MS, NULL), 0);
+	while (daemon_pipes() != 0 && tpt_now_ms() < deadline)
+		nanosleep(&(struct timespec){ 0, 10000000 }, NULL); /* poll interval */
+	ck_assert_int_eq(daemon_pipes(), 0);
+	check_daemon_serves(79);
+	close(release_fd[0]);
+	close(release_fd[1]);
+}
+END_TEST
+
 static Suite *cuda_faults_suite(void)
 {
 	Suite *s = suite_create("cuda_faults");
@@ -438,6 +477,7 @@ static Suite *cuda_faults_suite(void)
 	tcase_add_test(tc, test_cuda_faults_writer_exits_mid_transfer);
 	tcase_add_test(tc, test_cuda_faults_reader_exits_mid_transfer);
 	tcase_add_test(tc, test_cuda_faults_stuck_stream_holds_no_copy_thread);
+	tcase_add_test(tc, test_cuda_faults_stuck_stream_holder_killed);
 	tcase_set_timeout(tc, 300);
 	suite_add_tcase(s, tc);
 	return s;
