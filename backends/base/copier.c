@@ -121,6 +121,10 @@ static int chunk_run(const struct tpb_work_chunk *k, struct tpb_scratch *s, char
 	int r;
 
 	s->why[0] = '\0';
+	if (__atomic_load_n(&job->abandoned, __ATOMIC_ACQUIRE)) {
+		snprintf(why, why_len, "cancelled: an end of its pipe left");
+		return -ECANCELED;
+	}
 	r = tpb_copy(job->channels[k->seg], &c, s);
 	__atomic_fetch_add(&job->ns[k->seg], tpu_now_ns() - t0, __ATOMIC_RELAXED);
 	if (r < 0)
@@ -168,14 +172,33 @@ int tpb_copier_event_fd(const struct tpb_copier *c)
 }
 
 /*
+ * Locked: sleeps @n steps into a wait that nothing ended, from 20 us doubling up to 1 ms (a
+ * stream held for long costs little CPU), unless a new job or an abandon signals first.
+ * Return: 0 when signalled, else ETIMEDOUT.
+ */
+static int waiter_sleep(struct tpb_copier *c, unsigned n)
+{
+	uint64_t us = TPU_MIN(20ull << TPU_MIN(n, 6u), 1000ull);
+	struct timespec ts;
+
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	ts.tv_nsec += (long)(us * 1000);
+	if (ts.tv_nsec >= 1000000000L) {
+		ts.tv_sec++;
+		ts.tv_nsec -= 1000000000L;
+	}
+	return pthread_cond_timedwait(&c->wait_cond, &c->wait_lock, &ts);
+}
+
+/*
  * The waiter: polls the client events of every waiting job without blocking on any one, and
- * submits each job whose events completed to the engine; yields while a poll found something
- * still pending and sleeps in short steps once nothing moved for a while.
+ * submits each job whose events completed (or that was abandoned) to the engine; yields while a
+ * poll found something still pending, then sleeps in growing steps once nothing moved for a
+ * while.
  */
 static void *waiter_main(void *arg)
 {
 	struct tpb_copier *c = arg;
-	struct timespec step = { 0, 20000 };
 	unsigned idle = 0;
 
 	pthread_mutex_lock(&c->wait_lock);
@@ -195,7 +218,8 @@ static void *waiter_main(void *arg)
 			struct tpb_copy_job *job = tpu_container_of(n, struct tpb_copy_job, wait_node);
 
 			n = n->next;
-			if (!tpb_cuda_xfers_ready(job->xfers, job->n, job->procs))
+			if (!__atomic_load_n(&job->abandoned, __ATOMIC_ACQUIRE) &&
+			    !tpb_cuda_xfers_ready(job->xfers, job->n, job->procs))
 				continue;
 			tpu_list_remove(&job->wait_node);
 			pthread_mutex_lock(&c->wait_lock);
@@ -206,13 +230,14 @@ static void *waiter_main(void *arg)
 		}
 		pthread_mutex_lock(&c->wait_lock);
 		tpu_list_splice_head(&c->waiting, &batch); /* oldest first again */
-		pthread_mutex_unlock(&c->wait_lock);
 		idle = moved ? 0 : idle + 1;
-		if (idle < 200)
+		if (idle < 200) {
+			pthread_mutex_unlock(&c->wait_lock);
 			sched_yield();
-		else
-			nanosleep(&step, NULL);
-		pthread_mutex_lock(&c->wait_lock);
+			pthread_mutex_lock(&c->wait_lock);
+		} else if (waiter_sleep(c, idle - 200) == 0) {
+			idle = 0; /* a new job or an abandon: poll at once */
+		}
 	}
 	pthread_mutex_unlock(&c->wait_lock);
 	return NULL;
@@ -243,12 +268,16 @@ int tpb_copier_new(unsigned threads, struct tpb_copier **ret)
 	 * tensor of a chunk or less, and measured slower for 1 MiB CMA copies on a busy host. */
 	struct tpb_work_config cfg = { .workers = threads, .spread_min = TPB_WORK_CHUNK };
 	struct tpb_copier *c = calloc(1, sizeof(*c));
+	pthread_condattr_t ca;
 	int r;
 
 	if (!c)
 		return -ENOMEM;
 	pthread_mutex_init(&c->wait_lock, NULL);
-	pthread_cond_init(&c->wait_cond, NULL);
+	pthread_condattr_init(&ca);
+	pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
+	pthread_cond_init(&c->wait_cond, &ca);
+	pthread_condattr_destroy(&ca);
 	tpu_list_init(&c->waiting);
 	r = tpb_work_new(&cfg, &c->work);
 	if (r < 0) {
@@ -301,6 +330,14 @@ void tpb_copier_submit(struct tpb_copier *c, struct tpb_copy_job *job)
 	if (tpb_cuda_xfers_wait(job->xfers, job->n) && waiter_push(c, job))
 		return;
 	tpb_work_submit(c->work, &job->work);
+}
+
+void tpb_copier_abandon(struct tpb_copier *c, struct tpb_copy_job *job)
+{
+	__atomic_store_n(&job->abandoned, true, __ATOMIC_RELEASE);
+	pthread_mutex_lock(&c->wait_lock);
+	pthread_cond_signal(&c->wait_cond);
+	pthread_mutex_unlock(&c->wait_lock);
 }
 
 unsigned tpb_copier_busy(const struct tpb_copier *c)

@@ -39,6 +39,7 @@ struct tpb_copy_job {
 	tpb_copy_done_fn done;	/* runs on the loop thread (tpb_copier_progress()) */
 	void *arg;
 	struct tpu_list wait_node; /* the copier's: while its clients' CUDA work is pending */
+	bool abandoned; /* atomic: tpb_copier_abandon() */
 };
 
 struct tpb_copier;
@@ -73,6 +74,13 @@ int tpb_copier_progress(struct tpb_copier *c);
  * (or its client exited): a stream that never completes holds no copy thread.
  */
 void tpb_copier_submit(struct tpb_copier *c, struct tpb_copy_job *job);
+
+/*
+ * tpb_copier_abandon() - nobody wants @job's result any more (an end of its pipe left): it
+ * stops waiting for its clients' CUDA work, and its chunks not yet started fail at once with
+ * -ECANCELED; its done callback still runs exactly once. Loop thread. Borrows @c and @job.
+ */
+void tpb_copier_abandon(struct tpb_copier *c, struct tpb_copy_job *job);
 
 /* Jobs waiting for their clients' CUDA work, queued or running. */
 unsigned tpb_copier_busy(const struct tpb_copier *c);

@@ -514,6 +514,16 @@ static void classify_failure(struct tpb_copy_job *job, const struct tpd_pipe_end
 			 tpd_pipe_gone_text(tpd_pipe_end_gone_status(w)));
 		return;
 	}
+	if (job->status == -ECANCELED && job->abandoned &&
+	    (tpd_pipe_end_dying(w) || tpd_pipe_end_dying(r))) {
+		/* abandoned when an end left (tpd_pipe_end_detach()): say why, as above */
+		const struct tpd_pipe_end *gone = tpd_pipe_end_dying(w) ? w : r;
+
+		job->status = tpw_status_to_errno(tpd_pipe_end_gone_status(gone));
+		snprintf(job->why, sizeof(job->why), "%s during the transfer",
+			 tpd_pipe_gone_text(tpd_pipe_end_gone_status(gone)));
+		return;
+	}
 	if (job->status == 0 || job->status == -ECANCELED)
 		return;
 	if (job->status == -ESRCH || tpd_pipe_end_dying(w) || tpd_pipe_end_dying(r)) {

@@ -150,12 +150,16 @@ static void end_detach(struct tpd_pipe_end *e, Tpw__V1__Status why)
 		} else if (m->copying && m->xh) {
 			tpd_xh_cancel(
 			    m->xh); /* completes, failed, once no thread touches the memory */
+		} else if (m->copying && m->job) {
+			/* completes, cancelled: it may be waiting for a stream that never ends */
+			tpb_copier_abandon(tpd_daemon_copier(p->d), m->job);
 		}
 	}
 	/* Messages the peer wrote to @e will never be read. */
 	tpu_list_for_each_safe(m, tmp, &peer->rq, rnode) if (!m->copying)
 	    tpd_pipe_msg_consumed(m, why, tpd_pipe_why(p, why));
 	else if (m->xh) tpd_xh_cancel(m->xh);
+	else if (m->job) tpb_copier_abandon(tpd_daemon_copier(p->d), m->job);
 	if (peer->session) {
 		peer->owed = why;
 		peer->owed_session = tpd_session_id(peer->session);

@@ -397,6 +397,17 @@ static int holding_client(void *arg)
 	tpt_sync_post(&to_parent, 0); /* every copy is with the daemon, waiting */
 	TPT_REQUIRE(tpt_done_wait(&rdone, HELD, 0) == -ETIMEDOUT, 1,
 		    "a read completed before the stream's work");
+	if (arg && strcmp(arg, "close") == 0) { /* closes every pipe, its stream still blocked */
+		for (int i = 0; i < HELD; i++) {
+			tp_pipe_close(wp[i]);
+			tp_pipe_close(rp[i]);
+		}
+		tpt_sync_post(&to_parent, 0);
+		TPT_REQUIRE(tpt_sync_wait(&to_writer, T_MS) == 0, 1, "never told to end");
+		tpt_end_close(&e);
+		free(want);
+		return 0;
+	}
 	if (arg) /* killed here by the test, its stream still blocked */
 		for (;;)
 			pause();
@@ -467,6 +478,33 @@ START_TEST(test_cuda_faults_stuck_stream_holder_killed)
 }
 END_TEST
 
+/*
+ * A holder that closes its pipes while its messages wait for its blocked stream, and stays
+ * alive: the waits are abandoned, the pipes are freed at once (they no longer count against its
+ * session, so they must not linger), and the daemon goes on serving everyone else.
+ */
+START_TEST(test_cuda_faults_stuck_stream_pipes_closed)
+{
+	uint64_t deadline = tpt_now_ms() + T_MS;
+	pid_t pid;
+
+	ck_assert_int_eq(pipe(release_fd), 0);
+	pid = tpt_fork(holding_client, "close");
+	ck_assert_int_gt(pid, 0);
+	ck_assert_int_eq(tpt_sync_wait(&to_parent, T_MS), 0); /* held */
+	ck_assert_int_eq(tpt_sync_wait(&to_parent, T_MS), 0); /* closed */
+	while (daemon_pipes() != 0 && tpt_now_ms() < deadline)
+		nanosleep(&(struct timespec){ 0, 10000000 }, NULL); /* poll interval */
+	ck_assert_msg(daemon_pipes() == 0, "closed pipes linger while their copies wait");
+	check_daemon_serves(81);
+	ck_assert_int_eq(write(release_fd[1], "x", 1), 1);
+	ck_assert_int_eq(tpt_sync_post(&to_writer, 0), 0);
+	ck_assert(tpt_wait_ok(pid, T_MS, "holding client"));
+	close(release_fd[0]);
+	close(release_fd[1]);
+}
+END_TEST
+
 static Suite *cuda_faults_suite(void)
 {
 	Suite *s = suite_create("cuda_faults");
@@ -478,6 +516,7 @@ static Suite *cuda_faults_suite(void)
 	tcase_add_test(tc, test_cuda_faults_reader_exits_mid_transfer);
 	tcase_add_test(tc, test_cuda_faults_stuck_stream_holds_no_copy_thread);
 	tcase_add_test(tc, test_cuda_faults_stuck_stream_holder_killed);
+	tcase_add_test(tc, test_cuda_faults_stuck_stream_pipes_closed);
 	tcase_set_timeout(tc, 300);
 	suite_add_tcase(s, tc);
 	return s;
