@@ -283,6 +283,25 @@ static int check_chan_op(const Tpw__V1__ChanOp *c, const struct tpw_hdr *hdr,
 	return 0;
 }
 
+/* A work-queue operation (docs/queues.md): a known op, a valid name where one is named, a data
+ * tail (the payload, not empty) on SUBMIT and REPLY only. */
+static int check_wq_op(const Tpw__V1__WqOp *q, const struct tpw_hdr *hdr, char *why, size_t wl)
+{
+	bool data = q->op == TPW__V1__WQ_OP_KIND__WQ_OP_SUBMIT ||
+		    q->op == TPW__V1__WQ_OP_KIND__WQ_OP_REPLY;
+
+	if (q->op <= TPW__V1__WQ_OP_KIND__WQ_OP_UNSPECIFIED ||
+	    q->op > TPW__V1__WQ_OP_KIND__WQ_OP_RELEASE)
+		return tpu_why(-EBADMSG, why, wl, "unknown work queue op %d", (int)q->op);
+	if (q->op == TPW__V1__WQ_OP_KIND__WQ_OP_OPEN && !tpw_name_valid(q->name))
+		return tpu_why(-EBADMSG, why, wl, "invalid work queue name");
+	if ((unsigned)q->access > TPW__V1__ACCESS__ACCESS_ANYONE)
+		return tpu_why(-EBADMSG, why, wl, "unknown access mode %d", (int)q->access);
+	if (data && hdr->data_len == 0)
+		return tpu_why(-EBADMSG, why, wl, "a work queue payload of 0 bytes");
+	return 0;
+}
+
 int tpw_client_msg_validate(const Tpw__V1__ClientMsg *m, const struct tpw_hdr *hdr,
 			    const struct tpw_limits *lim, char *why, size_t wl)
 {
@@ -290,7 +309,10 @@ int tpw_client_msg_validate(const Tpw__V1__ClientMsg *m, const struct tpw_hdr *h
 		       m->body_case == TPW__V1__CLIENT_MSG__BODY_RING_SETUP;
 	bool may_have_data = m->body_case == TPW__V1__CLIENT_MSG__BODY_WRITE ||
 			     (m->body_case == TPW__V1__CLIENT_MSG__BODY_CHAN_OP &&
-			      m->chan_op->op == TPW__V1__CHAN_OP_KIND__CHAN_OP_WRITE);
+			      m->chan_op->op == TPW__V1__CHAN_OP_KIND__CHAN_OP_WRITE) ||
+			     (m->body_case == TPW__V1__CLIENT_MSG__BODY_WQ_OP &&
+			      (m->wq_op->op == TPW__V1__WQ_OP_KIND__WQ_OP_SUBMIT ||
+			       m->wq_op->op == TPW__V1__WQ_OP_KIND__WQ_OP_REPLY));
 
 	if (hdr->nfds != (want_fd ? 1 : 0))
 		return tpu_why(-EBADMSG, why, wl, "%u fds attached, expected %u", hdr->nfds,
@@ -362,9 +384,11 @@ int tpw_client_msg_validate(const Tpw__V1__ClientMsg *m, const struct tpw_hdr *h
 		return 0; /* group ids are checked against the session's groups */
 	case TPW__V1__CLIENT_MSG__BODY_CHAN_OP:
 		return check_chan_op(m->chan_op, hdr, lim, why, wl);
+	case TPW__V1__CLIENT_MSG__BODY_WQ_OP:
+		return check_wq_op(m->wq_op, hdr, why, wl);
 	case TPW__V1__CLIENT_MSG__BODY_CTL:
 		if (m->ctl->what <= TPW__V1__CTL_WHAT__CTL_UNSPECIFIED ||
-		    m->ctl->what > TPW__V1__CTL_WHAT__CTL_CHANNELS)
+		    m->ctl->what > TPW__V1__CTL_WHAT__CTL_QUEUES)
 			return tpu_why(-EBADMSG, why, wl, "unknown control request %d",
 				       (int)m->ctl->what);
 		return 0;
@@ -489,7 +513,8 @@ int tpw_daemon_msg_validate(const Tpw__V1__DaemonMsg *m, const struct tpw_hdr *h
 	if (hdr->nfds != 0)
 		return tpu_why(-EBADMSG, why, wl, "unexpected fds from daemon");
 	if (hdr->data_len && m->body_case != TPW__V1__DAEMON_MSG__BODY_DESCRIPTOR &&
-	    m->body_case != TPW__V1__DAEMON_MSG__BODY_CHAN_REPLY)
+	    m->body_case != TPW__V1__DAEMON_MSG__BODY_CHAN_REPLY &&
+	    m->body_case != TPW__V1__DAEMON_MSG__BODY_WQ_REPLY)
 		return tpu_why(-EBADMSG, why, wl, "data tail on a message that takes none");
 	switch (m->body_case) {
 	case TPW__V1__DAEMON_MSG__BODY_DESCRIPTOR:
@@ -522,6 +547,11 @@ int tpw_daemon_msg_validate(const Tpw__V1__DaemonMsg *m, const struct tpw_hdr *h
 			return tpu_why(-EBADMSG, why, wl, "channel answer's item does not match its "
 				       "data tail");
 		return check_string(m->chan_reply->message, TPW_MESSAGE_MAX, "message", why, wl);
+	case TPW__V1__DAEMON_MSG__BODY_WQ_REPLY:
+		if (m->wq_reply->length != hdr->data_len)
+			return tpu_why(-EBADMSG, why, wl, "work queue answer's payload does not match "
+				       "its data tail");
+		return check_string(m->wq_reply->message, TPW_MESSAGE_MAX, "message", why, wl);
 	case TPW__V1__DAEMON_MSG__BODY_GROUP_JOINED:
 		if (check_string(m->group_joined->message, TPW_MESSAGE_MAX, "message", why, wl) < 0)
 			return -EBADMSG;

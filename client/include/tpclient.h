@@ -904,6 +904,97 @@ int tp_chan_release(struct tp_chan *ch);
  * Return: 0, -ENOENT, -EACCES or -errno. */
 int tp_chan_unlink(struct tp_context *ctx, const char *name, long owner_uid);
 
+/* ---- work queues (docs/queues.md) -----------------------------------------------------------
+ *
+ * A work queue is a named object hosted by the daemon, like a channel: its creator (the owner)
+ * submits questions and receives answers that carry the question's id; any other process the
+ * queue's access mode admits opens it as a worker, takes questions and replies to the ids it
+ * took. The daemon sees workers and the owner die: a question held by a worker whose session ends
+ * is queued again (at the head, once per death: at-least-once), or with TP_WQ_AT_MOST_ONCE
+ * answered with -ECONNRESET; the owner's end closes the queue and frees it (workers get -EPIPE).
+ * No call waits for room: tp_wq_submit() and tp_wq_reply() fail at once with -ENOBUFS when the
+ * queue is full, so answers always reach an owner whose submits are refused (no deadlock of two
+ * bounded directions). Payloads are 1 byte up to the daemon's inline limit. All calls block and
+ * are thread safe; a handle is used by one thread at a time.
+ */
+struct tp_wq;
+
+#define TP_WQ_CREATE 0x1u	 /* create the queue (the caller becomes its owner) */
+#define TP_WQ_EXCL 0x2u		 /* with TP_WQ_CREATE: fail with -EADDRINUSE if it exists */
+#define TP_WQ_AT_MOST_ONCE 0x4u /* with TP_WQ_CREATE: a dead worker's question is answered with
+				  * -ECONNRESET instead of queued again */
+
+struct tp_wq_options {
+	size_t size;		/* sizeof(struct tp_wq_options) */
+	unsigned flags;		/* TP_WQ_* */
+	enum tp_access access;	/* who else may open it as a worker (creation only) */
+	gid_t gid;		/* for TP_ACCESS_GROUP */
+	long owner_uid;		/* the queue of this uid; -1: the caller's own */
+};
+
+/*
+ * tp_wq_open() - open work queue @name as a worker, or with TP_WQ_CREATE create it and own it.
+ * @o: NULL for defaults (open an existing queue of the caller's uid).
+ * @ret: returns an owned handle, free with tp_wq_release().
+ * Return: 0, -ENOENT, -EADDRINUSE, -EACCES (its mode refuses the caller), -ENOBUFS
+ * (wqs-per-uid), -EINVAL or -errno.
+ */
+int tp_wq_open(struct tp_context *ctx, const char *name, const struct tp_wq_options *o,
+	       struct tp_wq **ret);
+
+/* tp_wq_is_owner() - Return: whether @q is its queue's owner's handle. */
+bool tp_wq_is_owner(const struct tp_wq *q);
+
+/*
+ * tp_wq_submit() - owner: queue a question (@len bytes at @data, copied). Never waits.
+ * @ret_id: returns the question's id (answers carry it).
+ * Return: 0, -EPIPE (closed), -ENOBUFS (wq-questions-max questions unanswered or not yet
+ * received, or wq-bytes-max question bytes), -EACCES (not the owner), -EMSGSIZE or -errno.
+ */
+int tp_wq_submit(struct tp_wq *q, const void *data, size_t len, uint64_t *ret_id);
+
+/*
+ * tp_wq_answer() - owner: receive the oldest answer; waits up to @timeout_ms (0: try once; -1:
+ * no deadline).
+ * @ret_id: returns the question's id; @ret_data, @ret_len: an owned copy of the answer (free
+ * with free(); NULL and 0 for an error answer).
+ * Return: 0 (an answer), -ECONNRESET (the question's worker died, the queue is at-most-once:
+ * *@ret_id is set), -ENOMSG (no question outstanding), -EAGAIN (@timeout_ms 0, none ready),
+ * -ETIMEDOUT or -errno.
+ */
+int tp_wq_answer(struct tp_wq *q, uint64_t *ret_id, void **ret_data, size_t *ret_len,
+		 int timeout_ms);
+
+/*
+ * tp_wq_take() - worker: take the oldest queued question; waits up to @timeout_ms (0: try
+ * once; -1: no deadline). The question stays this handle's until answered or the handle goes.
+ * @ret_id, @ret_data, @ret_len: as tp_wq_answer().
+ * Return: 0, -EPIPE (closed and no question queued, or the owner is gone), -EAGAIN, -ETIMEDOUT
+ * or -errno.
+ */
+int tp_wq_take(struct tp_wq *q, uint64_t *ret_id, void **ret_data, size_t *ret_len,
+	       int timeout_ms);
+
+/*
+ * tp_wq_reply() - worker: answer question @id, which this handle took. Never waits.
+ * Return: 0, -ENOENT (this handle did not take @id), -EPIPE (the owner is gone), -ENOBUFS
+ * (wq-answer-bytes-max: the question stays taken; try again) or -errno.
+ */
+int tp_wq_reply(struct tp_wq *q, uint64_t id, const void *data, size_t len);
+
+/* tp_wq_drain() - owner: wait up to @timeout_ms until every submitted question is answered
+ * (taken ones included). Return: 0, -EAGAIN (@timeout_ms 0), -ETIMEDOUT or -errno. */
+int tp_wq_drain(struct tp_wq *q, int timeout_ms);
+
+/* tp_wq_close() - owner: no more submits; workers get -EPIPE once no question is queued.
+ * Idempotent. Return: 0 or -errno. */
+int tp_wq_close(struct tp_wq *q);
+
+/* tp_wq_release() - drop the handle (takes @q; NULL accepted). A worker's taken questions are
+ * queued again (or answered with an error); the owner's release closes and frees the queue.
+ * Return: 0 or -errno (the handle is freed anyway). */
+int tp_wq_release(struct tp_wq *q);
+
 #ifdef __cplusplus
 }
 #endif

@@ -441,6 +441,9 @@ static int context_handle_locked(struct tp_context *ctx, const Tpw__V1__DaemonMs
 	case TPW__V1__DAEMON_MSG__BODY_CHAN_REPLY:
 		tpc_chan_on_reply(ctx, m->chan_reply, tail, tail_len);
 		return 0;
+	case TPW__V1__DAEMON_MSG__BODY_WQ_REPLY:
+		tpc_wq_on_reply(ctx, m->wq_reply, tail, tail_len);
+		return 0;
 	case TPW__V1__DAEMON_MSG__BODY_SESSION_END: {
 		/* The daemon ends this session and says why (tpipctl close-session). */
 		const Tpw__V1__SessionEnd *se = m->session_end;

@@ -619,6 +619,10 @@ void tpc_group_fail_all_locked(struct tp_context *ctx);
  * io thread). Borrows @m and @tail. */
 void tpc_chan_on_reply(struct tp_context *ctx, const Tpw__V1__ChanReply *m, const uint8_t *tail,
 		       size_t tail_len);
+/* The daemon's answer to a WqOp (wq.c): completes the waiting call with the payload in @tail
+ * (lock held, io thread). Borrows @m and @tail. */
+void tpc_wq_on_reply(struct tp_context *ctx, const Tpw__V1__WqReply *m, const uint8_t *tail,
+		     size_t tail_len);
 
 /* ---- errors.c ------------------------------------------------------------------------------ */
 

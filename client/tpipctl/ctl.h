@@ -82,6 +82,8 @@ int ctl_render_listeners(const Tpw__V1__CtlReply *r, const struct ctl_view *v, F
 int ctl_render_peers(const Tpw__V1__CtlReply *r, const struct ctl_view *v, FILE *out);
 /* render_chan.c */
 int ctl_render_channels(const Tpw__V1__CtlReply *r, const struct ctl_view *v, FILE *out);
+/* render_wq.c */
+int ctl_render_queues(const Tpw__V1__CtlReply *r, const struct ctl_view *v, FILE *out);
 
 /* render_groups.c */
 int ctl_render_groups(const Tpw__V1__CtlReply *r, const struct ctl_view *v, FILE *out);

@@ -54,6 +54,8 @@ static const struct command commands[] = {
 	  "collective groups: members, plan, arena, per-member collectives, bytes, seconds" },
 	{ "channels", NULL, TPW__V1__CTL_WHAT__CTL_CHANNELS, ctl_render_channels,
 	  "named channels: owner, access, state, items and bytes held, handles, readers waiting" },
+	{ "queues", NULL, TPW__V1__CTL_WHAT__CTL_QUEUES, ctl_render_queues,
+	  "work queues: owner, access, state, questions queued and taken, answers, workers" },
 	{ "backends", NULL, TPW__V1__CTL_WHAT__CTL_BACKENDS, ctl_render_backends,
 	  "channels in priority order, capabilities, viable here or why not" },
 	{ "stats", NULL, TPW__V1__CTL_WHAT__CTL_STATS, ctl_render_stats,

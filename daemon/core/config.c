@@ -77,6 +77,14 @@ static const struct opt opts[] = {
 	  "item bytes one channel holds; its capacity may be lower (default 64M)" },
 	{ "chan-bytes-per-uid", "limits", K_SIZE64, OFF(chan_bytes_per_uid), 1, UINT64_MAX, true,
 	  "BYTES", "item bytes held in the channels one uid created (default 256M)" },
+	{ "wqs-per-uid", "limits", K_U32, OFF(wqs_per_uid), 1, 1u << 16, true, "N",
+	  "work queues one uid may create (default 64)" },
+	{ "wq-questions-max", "limits", K_U32, OFF(wq_questions_max), 1, 1u << 24, true, "N",
+	  "questions one work queue holds, from submit until its answer is received (default 4096)" },
+	{ "wq-bytes-max", "limits", K_SIZE64, OFF(wq_bytes_max), 1, UINT64_MAX, true, "BYTES",
+	  "question bytes one work queue holds (default 64M)" },
+	{ "wq-answer-bytes-max", "limits", K_SIZE64, OFF(wq_answer_bytes_max), 1, UINT64_MAX, true,
+	  "BYTES", "answer bytes one work queue holds for its owner (default 64M)" },
 	{ "sessions-reserved", "limits", K_U32, OFF(sessions_reserved), 0, 1u << 20, true, "N",
 	  "of sessions-max, slots only root and the admin group may use (default 8)" },
 	{ "hello-timeout", "limits", K_U32, OFF(hello_timeout_ms), 100, 600000, true, "MS",
@@ -246,6 +254,10 @@ void tpd_config_defaults(struct tpd_config *c)
 	c->chan_items_max = 4096;
 	c->chan_bytes_max = 64ull << 20;
 	c->chan_bytes_per_uid = 256ull << 20;
+	c->wqs_per_uid = 64;
+	c->wq_questions_max = 4096;
+	c->wq_bytes_max = 64ull << 20;
+	c->wq_answer_bytes_max = 64ull << 20;
 	c->drain_ms = 5000;
 	c->rdma_cache = 4ull << 30;
 	c->rdma_gid_index = UINT32_MAX; /* auto */

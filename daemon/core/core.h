@@ -20,6 +20,7 @@
 struct tpd_broker;
 struct tpd_groups;
 struct tpd_chans;
+struct tpd_wqs;
 struct tpd_daemon;
 struct tpd_local;
 struct tpd_peers;
@@ -75,6 +76,7 @@ struct tpd_daemon {
 	struct tpd_peers *peers; /* the peer part's own state (tpd_peers_new()) */
 	struct tpd_groups *groups; /* collective groups' registry (group/) */
 	struct tpd_chans *chans;   /* named channels (chan/) */
+	struct tpd_wqs *wqs;	   /* work queues (chan/wq.c) */
 };
 
 /* Starts a graceful stop, as SIGTERM does (through @d's ops). Borrows @d and @why. */
@@ -204,6 +206,11 @@ static inline struct tpd_groups *tpd_daemon_groups(const struct tpd_daemon *d)
 static inline struct tpd_chans *tpd_daemon_chans(const struct tpd_daemon *d)
 {
 	return d->chans;
+}
+
+static inline struct tpd_wqs *tpd_daemon_wqs(const struct tpd_daemon *d)
+{
+	return d->wqs;
 }
 
 #endif

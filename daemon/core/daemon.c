@@ -16,6 +16,7 @@
 #include "frame.h"
 #include "group.h"
 #include "chan.h"
+#include "wq.h"
 #include "rdma/rdma.h"
 #include "peer.h"
 #include "local.h"
@@ -514,6 +515,10 @@ int tpd_daemon_new(const struct tpd_config *cfg, struct tpd_daemon **ret)
 	if (r < 0)
 		goto fail;
 	tpd_chan_serve_local(d->local);
+	r = tpd_wq_new(d, &d->wqs);
+	if (r < 0)
+		goto fail;
+	tpd_wq_serve_local(d->local);
 	probe_backends(d);
 	r = tpb_copier_new(cfg->copy_threads, &d->copier);
 	if (r < 0)
@@ -619,6 +624,7 @@ void tpd_daemon_free(struct tpd_daemon *d)
 	tpd_broker_free(d->broker);
 	tpd_group_free(d->groups); /* after the sessions: they leave their groups */
 	tpd_chan_free(d->chans);
+	tpd_wq_free(d->wqs);
 	if (d->base)
 		event_base_free(d->base);
 	free(d);

@@ -11,6 +11,7 @@
 #include <string.h>
 #include "ctl.h"
 #include "chan.h"
+#include "wq.h"
 #include "group.h"
 #include "peer.h"
 #include "core.h"
@@ -476,6 +477,12 @@ static int ctl_groups(struct ctl_call *c)
 			     &c->rep->groups, &c->rep->n_groups);
 }
 
+static int ctl_queues(struct ctl_call *c)
+{
+	return tpd_wq_ctl(tpd_daemon_wqs(c->d), c->b->own_only, c->b->viewer, &c->rep->queues,
+			  &c->rep->n_queues);
+}
+
 static int ctl_channels(struct ctl_call *c)
 {
 	return tpd_chan_ctl(tpd_daemon_chans(c->d), c->b->own_only, c->b->viewer,
@@ -502,6 +509,7 @@ static const struct ctl_cmd ctl_cmds[] = {
 	[TPW__V1__CTL_WHAT__CTL_PEERS] = { ctl_peers, 0 },
 	[TPW__V1__CTL_WHAT__CTL_GROUPS] = { ctl_groups, 0 },
 	[TPW__V1__CTL_WHAT__CTL_CHANNELS] = { ctl_channels, 0 },
+	[TPW__V1__CTL_WHAT__CTL_QUEUES] = { ctl_queues, 0 },
 };
 
 /* Runs @c's request through ctl_cmds. Return: the handler's result, or -errno. */
@@ -558,6 +566,7 @@ void tpd_ctl_handle(struct tpd_session *s, const Tpw__V1__CtlRequest *req)
 	tpd_peers_ctl_free(rep.peers, rep.n_peers);
 	tpd_group_ctl_free(rep.groups, rep.n_groups);
 	tpd_chan_ctl_free(rep.channels, rep.n_channels);
+	tpd_wq_ctl_free(rep.queues, rep.n_queues);
 	free(rep.sessions);
 	free(rep.listeners);
 	free(rep.pipes);

@@ -19,6 +19,7 @@ struct tpd_local {
 	const struct tpd_local_pipe_ops *pipe_ops; /* the broker's (tpd_local_set_pipe_ops()) */
 	const struct tpd_local_group_ops *group_ops; /* group/'s (tpd_local_set_group_ops()) */
 	const struct tpd_local_chan_ops *chan_ops;   /* chan/'s (tpd_local_set_chan_ops()) */
+	const struct tpd_local_wq_ops *wq_ops;	     /* chan/wq.c's (tpd_local_set_wq_ops()) */
 	struct tpu_list sessions;
 	unsigned n_sessions;
 	uint64_t next_session_id;
@@ -56,6 +57,16 @@ void tpd_local_set_chan_ops(struct tpd_local *l, const struct tpd_local_chan_ops
 const struct tpd_local_chan_ops *tpd_local_chan_ops(const struct tpd_local *l)
 {
 	return l->chan_ops;
+}
+
+void tpd_local_set_wq_ops(struct tpd_local *l, const struct tpd_local_wq_ops *ops)
+{
+	l->wq_ops = ops;
+}
+
+const struct tpd_local_wq_ops *tpd_local_wq_ops(const struct tpd_local *l)
+{
+	return l->wq_ops;
 }
 
 const struct tpd_local_pipe_ops *tpd_local_pipe_ops(const struct tpd_local *l)

@@ -126,9 +126,22 @@ void tpd_local_set_pipe_ops(struct tpd_local *l, const struct tpd_local_pipe_ops
  * const) until tpd_local_free(). Called once, before the first session attaches. */
 void tpd_local_set_group_ops(struct tpd_local *l, const struct tpd_local_group_ops *ops);
 
+/* What a session hands the work queues (daemon/chan/wq.c): their ops and its end. */
+struct tpd_local_wq_ops {
+	/* @tail, @tail_len: the frame's data tail (a payload), valid during the call. */
+	void (*op)(struct tpd_session *s, const Tpw__V1__WqOp *q, const uint8_t *tail,
+		   size_t tail_len);
+	/* @s ends (it is dead: nothing more can be sent to it). */
+	void (*session_end)(struct tpd_session *s);
+};
+
 /* tpd_local_set_chan_ops() - register the channel registry's table: @l keeps @ops (static,
  * const) until tpd_local_free(). Called once, before the first session attaches. */
 void tpd_local_set_chan_ops(struct tpd_local *l, const struct tpd_local_chan_ops *ops);
+
+/* tpd_local_set_wq_ops() - register the work queues' table: @l keeps @ops (static, const)
+ * until tpd_local_free(). Called once, before the first session attaches. */
+void tpd_local_set_wq_ops(struct tpd_local *l, const struct tpd_local_wq_ops *ops);
 
 /*
  * For session.c, sessmsg.c and conn.c only.
@@ -136,6 +149,9 @@ void tpd_local_set_chan_ops(struct tpd_local *l, const struct tpd_local_chan_ops
 
 /* Return: the channel registry's table registered on @l (borrowed, static), or NULL. */
 const struct tpd_local_chan_ops *tpd_local_chan_ops(const struct tpd_local *l);
+
+/* Return: the work queues' table registered on @l (borrowed, static), or NULL. */
+const struct tpd_local_wq_ops *tpd_local_wq_ops(const struct tpd_local *l);
 
 /* Return: the group registry's table registered on @l (borrowed, static), or NULL. */
 const struct tpd_local_group_ops *tpd_local_group_ops(const struct tpd_local *l);

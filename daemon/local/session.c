@@ -305,6 +305,8 @@ void tpd_session_free(struct tpd_session *s, Tpw__V1__Status why)
 		tpd_local_group_ops(tpd_daemon_local(s->d))->session_end(s);
 	if (tpd_local_chan_ops(tpd_daemon_local(s->d)))
 		tpd_local_chan_ops(tpd_daemon_local(s->d))->session_end(s);
+	if (tpd_local_wq_ops(tpd_daemon_local(s->d)))
+		tpd_local_wq_ops(tpd_daemon_local(s->d))->session_end(s);
 	tpu_list_for_each_safe(l, tmp, &s->listeners, session_node)
 		tpd_listener_registry_remove(tpd_daemon_registry(s->d), l);
 	release_buffers(s);

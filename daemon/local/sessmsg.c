@@ -535,6 +535,17 @@ static bool on_chan_op(struct tpd_session *s, Tpw__V1__ClientMsg *m, struct sess
 	return false;
 }
 
+static bool on_wq_op(struct tpd_session *s, Tpw__V1__ClientMsg *m, struct sessmsg_in *in)
+{
+	const struct tpd_local_wq_ops *ops = tpd_local_wq_ops(tpd_daemon_local(s->d));
+
+	if (ops)
+		ops->op(s, m->wq_op, in->tail, in->h->data_len);
+	else
+		tpd_session_log(s, TPU_LOG_WARNING, "work queue op without a queue registry");
+	return false;
+}
+
 #define SESSMSG_HELLO 0x1u	/* the first message, and only then */
 #define SESSMSG_CONTROL 0x2u	/* allowed on a control session (tpipctl) */
 #define SESSMSG_RING 0x4u	/* leaves the session free to set up its control ring */
@@ -566,6 +577,7 @@ static const struct sessmsg_cmd sessmsg_cmds[] = {
 	[TPW__V1__CLIENT_MSG__BODY_GROUP_READY] = { on_group_ready, 0 },
 	[TPW__V1__CLIENT_MSG__BODY_GROUP_LEAVE] = { on_group_leave, 0 },
 	[TPW__V1__CLIENT_MSG__BODY_CHAN_OP] = { on_chan_op, 0 },
+	[TPW__V1__CLIENT_MSG__BODY_WQ_OP] = { on_wq_op, 0 },
 };
 
 /* The table entry of @m's body case, or NULL for a case it does not know. */

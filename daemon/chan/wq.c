@@ -1,0 +1,683 @@
+/* SPDX-License-Identifier: BSD-3-Clause */
+/*
+ * Work queues hosted by the daemon (wq.h; docs/queues.md). Responsible for the queue registry,
+ * each queue's questions (queued, taken by a worker handle), its answers waiting for the owner,
+ * the waits of takes, answer reads and drains with their deadlines, what a worker's or the
+ * owner's end does to a queue, and the limits. Not responsible for sessions or frames (local/).
+ * Neither a submit nor a reply ever waits for room: a full queue refuses at once, so the owner
+ * can always receive answers while its submits are refused (no deadlock of two bounded
+ * directions). Everything runs on the daemon's loop thread.
+ */
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <event2/event.h>
+
+#include "config.h"
+#include "core.h"
+#include "local.h"
+#include "session.h"
+#include "tpu.h"
+#include "validate.h"
+#include "wq.h"
+
+#define WQ_WAITS_PER_HANDLE 64u
+#define WQ_HANDLES_PER_SESSION 1024u
+#define WQ_NO_DEADLINE UINT32_MAX
+
+/* A question (queued or taken) or an answer (waiting for the owner). */
+struct wq_item {
+	struct tpu_list node;
+	uint64_t id;
+	struct wq_handle *taker; /* taken: the worker's handle */
+	Tpw__V1__Status status;	 /* an answer's: STATUS_PEER_DIED when its worker died */
+	size_t len;
+	uint8_t data[];
+};
+
+enum wq_wait_kind { WAIT_TAKE, WAIT_ANSWER, WAIT_DRAIN };
+
+struct wq {
+	struct tpu_list node; /* in tpd_wqs.wqs while named */
+	char *name;
+	uid_t uid;
+	Tpw__V1__Access access;
+	gid_t gid;
+	bool at_most_once, closed, gone;
+	struct wq_handle *owner; /* NULL once gone */
+	struct tpu_list queued, taken, answers; /* wq_item, oldest first */
+	struct tpu_list waits;			/* wq_wait, oldest first */
+	uint32_t n_queued, n_taken, n_answers, n_handles;
+	uint64_t bytes, answer_bytes, answered, requeued, next_qid;
+};
+
+struct wq_handle {
+	struct tpu_list node; /* in tpd_wqs.handles */
+	struct tpd_session *s;
+	uint64_t id;
+	struct wq *q;
+	unsigned waits;
+};
+
+struct wq_wait {
+	struct tpu_list node; /* in wq.waits */
+	struct wq_handle *h;
+	uint64_t req_id;
+	enum wq_wait_kind kind;
+	struct event *ev;
+};
+
+struct tpd_wqs {
+	struct tpd_daemon *d;
+	struct tpu_list wqs;
+	struct tpu_list handles;
+	uint64_t next_id;
+};
+
+struct wq_ans {
+	int err;
+	const char *why;
+	bool idle; /* -ENOENT because no question is outstanding */
+	uint64_t qid;
+	Tpw__V1__Status status;
+	const struct wq_item *it;
+};
+
+static void wq_send(struct wq_handle *h, struct tpd_session *s, uint64_t req_id,
+		    const struct wq_ans *a)
+{
+	Tpw__V1__WqReply r = TPW__V1__WQ_REPLY__INIT;
+	Tpw__V1__DaemonMsg m = TPW__V1__DAEMON_MSG__INIT;
+	struct iovec tail;
+	bool data = a->it && a->it->len;
+
+	r.req_id = req_id;
+	r.status = tpw_status_from_errno(a->err);
+	r.message = (char *)(a->why ? a->why : "");
+	r.idle = a->idle;
+	if (h) {
+		r.wq_id = h->id;
+		r.closed = h->q->closed;
+		r.owner = h->q->owner == h;
+	}
+	r.question_id = a->it ? a->it->id : a->qid;
+	r.answer_status = a->it ? a->it->status : TPW__V1__STATUS__STATUS_OK;
+	if (data) {
+		r.length = a->it->len;
+		tail.iov_base = (void *)a->it->data;
+		tail.iov_len = a->it->len;
+	}
+	m.body_case = TPW__V1__DAEMON_MSG__BODY_WQ_REPLY;
+	m.wq_reply = &r;
+	tpd_session_send(s, &m, data ? &tail : NULL, data ? 1 : 0);
+}
+
+/* Answers @h's request @req_id with @err (0 or -errno) and the reason @why. */
+static void wq_err(struct wq_handle *h, uint64_t req_id, int err, const char *why)
+{
+	struct wq_ans a = { .err = err, .why = why };
+
+	wq_send(h, h->s, req_id, &a);
+}
+
+static struct wq_item *item_new(uint64_t id, const uint8_t *data, size_t len)
+{
+	struct wq_item *it = calloc(1, sizeof(*it) + len);
+
+	if (!it)
+		return NULL;
+	it->id = id;
+	it->len = len;
+	it->status = TPW__V1__STATUS__STATUS_OK;
+	if (len)
+		memcpy(it->data, data, len);
+	return it;
+}
+
+static void items_free(struct tpu_list *l)
+{
+	struct wq_item *it, *tmp;
+
+	tpu_list_for_each_safe(it, tmp, l, node) {
+		tpu_list_remove(&it->node);
+		free(it);
+	}
+}
+
+static void wait_free(struct wq_wait *w)
+{
+	tpu_list_remove(&w->node);
+	w->h->waits--;
+	if (w->ev)
+		event_free(w->ev);
+	free(w);
+}
+
+static void wq_free(struct wq *q)
+{
+	tpu_list_remove(&q->node);
+	items_free(&q->queued);
+	items_free(&q->taken);
+	items_free(&q->answers);
+	free(q->name);
+	free(q);
+}
+
+/* Tells the owner's request @req_id that no question is outstanding. */
+static void wq_idle(struct wq_handle *h, uint64_t req_id)
+{
+	struct wq_ans a = { .err = -ENOENT, .why = "no question is outstanding", .idle = true };
+
+	wq_send(h, h->s, req_id, &a);
+}
+
+/* Hands the oldest queued question to @h's request @req_id. */
+static void deliver_question(struct wq_handle *h, uint64_t req_id)
+{
+	struct wq *q = h->q;
+	struct wq_item *it = tpu_list_first(&q->queued, struct wq_item, node);
+	struct wq_ans a = { .it = it };
+
+	tpu_list_remove(&it->node);
+	q->n_queued--;
+	it->taker = h;
+	tpu_list_insert_tail(&q->taken, &it->node);
+	q->n_taken++;
+	wq_send(h, h->s, req_id, &a);
+}
+
+/* Hands the oldest answer to the owner's request @req_id and forgets it. */
+static void deliver_answer(struct wq_handle *h, uint64_t req_id)
+{
+	struct wq *q = h->q;
+	struct wq_item *it = tpu_list_first(&q->answers, struct wq_item, node);
+	struct wq_ans a = { .it = it };
+
+	tpu_list_remove(&it->node);
+	q->n_answers--;
+	q->answer_bytes -= it->len;
+	wq_send(h, h->s, req_id, &a);
+	free(it);
+}
+
+/* Serves the waits of @q oldest first: takes while questions are queued (CLOSED once closed
+ * and none is), answer reads while answers wait, drains once nothing is queued or taken. */
+static void wq_serve(struct wq *q)
+{
+	struct wq_wait *w, *tmp;
+
+	tpu_list_for_each_safe(w, tmp, &q->waits, node) {
+		if (w->kind == WAIT_TAKE && q->n_queued)
+			deliver_question(w->h, w->req_id);
+		else if (w->kind == WAIT_TAKE && (q->closed || q->gone))
+			wq_err(w->h, w->req_id, -EPIPE, "the work queue is closed");
+		else if (w->kind == WAIT_ANSWER && q->n_answers)
+			deliver_answer(w->h, w->req_id);
+		else if (w->kind == WAIT_ANSWER && !q->n_queued && !q->n_taken)
+			wq_idle(w->h, w->req_id);
+		else if (w->kind == WAIT_DRAIN && !q->n_queued && !q->n_taken)
+			wq_err(w->h, w->req_id, 0, NULL);
+		else
+			continue;
+		wait_free(w);
+	}
+}
+
+static void wait_on_timeout(evutil_socket_t fd, short what, void *arg)
+{
+	struct wq_wait *w = arg;
+	static const char *const why[] = {
+		[WAIT_TAKE] = "no question within the timeout",
+		[WAIT_ANSWER] = "no answer within the timeout",
+		[WAIT_DRAIN] = "questions still unanswered at the timeout",
+	};
+
+	(void)fd;
+	(void)what;
+	wq_err(w->h, w->req_id, -ETIMEDOUT, why[w->kind]);
+	wait_free(w);
+}
+
+/* Queues a wait of @h for @req_id (kind @kind, deadline @timeout_ms unless WQ_NO_DEADLINE), or
+ * answers the request with the reason it cannot wait. */
+static void wait_add(struct tpd_wqs *ws, struct wq_handle *h, uint64_t req_id,
+		     enum wq_wait_kind kind, uint32_t timeout_ms)
+{
+	struct wq_wait *w;
+	struct timeval tv;
+
+	if (timeout_ms == 0)
+		return wq_err(h, req_id, -ETIMEDOUT, "nothing ready (tried once)");
+	if (h->waits >= WQ_WAITS_PER_HANDLE)
+		return wq_err(h, req_id, -ENOBUFS, "too many requests waiting on this handle");
+	w = calloc(1, sizeof(*w));
+	if (!w)
+		return wq_err(h, req_id, -ENOMEM, "out of memory");
+	if (timeout_ms != WQ_NO_DEADLINE) {
+		w->ev = evtimer_new(tpd_daemon_base(ws->d), wait_on_timeout, w);
+		tv.tv_sec = timeout_ms / 1000;
+		tv.tv_usec = (suseconds_t)(timeout_ms % 1000) * 1000;
+		event_base_update_cache_time(tpd_daemon_base(ws->d));
+		if (!w->ev || evtimer_add(w->ev, &tv) < 0) {
+			if (w->ev)
+				event_free(w->ev);
+			free(w);
+			return wq_err(h, req_id, -ENOMEM, "out of memory");
+		}
+	}
+	w->h = h;
+	w->req_id = req_id;
+	w->kind = kind;
+	h->waits++;
+	tpu_list_insert_tail(&h->q->waits, &w->node);
+}
+
+static bool wq_permits(const struct wq *q, const struct tpd_session *s)
+{
+	uid_t uid = tpd_session_uid(s);
+
+	if (uid == 0 || uid == q->uid || q->access == TPW__V1__ACCESS__ACCESS_ANYONE)
+		return true;
+	return q->access == TPW__V1__ACCESS__ACCESS_GROUP &&
+	       (tpd_session_gid(s) == q->gid || tpd_session_in_group(s, q->gid));
+}
+
+static struct wq *wq_find(struct tpd_wqs *ws, uid_t uid, const char *name, uint32_t *ret_n)
+{
+	struct wq *q, *found = NULL;
+	uint32_t n = 0;
+
+	tpu_list_for_each(q, &ws->wqs, node) {
+		if (q->uid != uid)
+			continue;
+		n++;
+		if (strcmp(q->name, name) == 0)
+			found = q;
+	}
+	*ret_n = n;
+	return found;
+}
+
+static unsigned session_handles(const struct tpd_wqs *ws, const struct tpd_session *s)
+{
+	const struct wq_handle *h;
+	unsigned n = 0;
+
+	tpu_list_for_each(h, &ws->handles, node)
+		n += h->s == s;
+	return n;
+}
+
+static struct wq *wq_create(struct tpd_wqs *ws, struct tpd_session *s, const Tpw__V1__WqOp *o)
+{
+	struct wq *q = calloc(1, sizeof(*q));
+
+	if (!q || !(q->name = strdup(o->name))) {
+		free(q);
+		return NULL;
+	}
+	q->uid = tpd_session_uid(s);
+	q->access = o->access ? o->access : TPW__V1__ACCESS__ACCESS_OWNER;
+	q->gid = o->gid;
+	q->at_most_once = o->at_most_once;
+	tpu_list_init(&q->queued);
+	tpu_list_init(&q->taken);
+	tpu_list_init(&q->answers);
+	tpu_list_init(&q->waits);
+	tpu_list_insert_tail(&ws->wqs, &q->node);
+	return q;
+}
+
+static void op_open(struct tpd_wqs *ws, struct tpd_session *s, const Tpw__V1__WqOp *o)
+{
+	uid_t owner = o->owner_set ? o->owner_uid : tpd_session_uid(s);
+	struct wq_ans a = { 0 };
+	struct wq_handle *h;
+	uint32_t n;
+	struct wq *q = wq_find(ws, owner, o->name, &n);
+
+	a.err = -ENOENT;
+	a.why = "no such work queue";
+	if (q && o->create && o->exclusive)
+		a = (struct wq_ans){ .err = -EADDRINUSE, .why = "the work queue exists" };
+	else if (q && !wq_permits(q, s))
+		a = (struct wq_ans){ .err = -EACCES, .why = "the work queue's access mode refuses "
+				     "this uid" };
+	else if (!q && (!o->create || owner != tpd_session_uid(s)))
+		;
+	else if (session_handles(ws, s) >= WQ_HANDLES_PER_SESSION)
+		a = (struct wq_ans){ .err = -ENOBUFS, .why = "this session has 1024 work queue "
+				     "handles" };
+	else if (!q && n >= tpd_daemon_cfg(ws->d)->wqs_per_uid)
+		a = (struct wq_ans){ .err = -ENOBUFS, .why = "this uid has wqs-per-uid work queues "
+				     "already" };
+	else
+		a.err = 0;
+	if (a.err < 0)
+		return wq_send(NULL, s, o->req_id, &a);
+	h = calloc(1, sizeof(*h));
+	if (!h || (!q && !(q = wq_create(ws, s, o)))) {
+		free(h);
+		a = (struct wq_ans){ .err = -ENOMEM, .why = "out of memory" };
+		return wq_send(NULL, s, o->req_id, &a);
+	}
+	h->s = s;
+	h->id = ++ws->next_id;
+	h->q = q;
+	if (!q->owner && !q->n_handles)
+		q->owner = h; /* the creator's handle */
+	q->n_handles++;
+	tpu_list_insert_tail(&ws->handles, &h->node);
+	a = (struct wq_ans){ 0 };
+	wq_send(h, s, o->req_id, &a);
+}
+
+static void op_submit(struct tpd_wqs *ws, struct wq_handle *h, const Tpw__V1__WqOp *o,
+		      const uint8_t *tail, size_t len)
+{
+	const struct tpd_config *cfg = tpd_daemon_cfg(ws->d);
+	struct wq *q = h->q;
+	struct wq_ans a = { 0 };
+	struct wq_item *it;
+
+	if (q->owner != h)
+		return wq_err(h, o->req_id, -EACCES, "only the work queue's owner submits");
+	if (q->closed)
+		return wq_err(h, o->req_id, -EPIPE, "the work queue is closed");
+	if ((uint64_t)q->n_queued + q->n_taken + q->n_answers >= cfg->wq_questions_max)
+		return wq_err(h, o->req_id, -ENOBUFS, "the work queue holds wq-questions-max "
+			      "questions: receive answers first");
+	if (q->bytes + len > cfg->wq_bytes_max)
+		return wq_err(h, o->req_id, -ENOBUFS, "the work queue holds wq-bytes-max question "
+			      "bytes");
+	it = item_new(++q->next_qid, tail, len);
+	if (!it)
+		return wq_err(h, o->req_id, -ENOMEM, "out of memory");
+	tpu_list_insert_tail(&q->queued, &it->node);
+	q->n_queued++;
+	q->bytes += len;
+	a.qid = it->id;
+	wq_send(h, h->s, o->req_id, &a);
+	wq_serve(q);
+}
+
+/* Moves question @it (taken) to the answers as @ans (an answer item of the same id). */
+static void question_answered(struct wq *q, struct wq_item *it, struct wq_item *ans)
+{
+	tpu_list_remove(&it->node);
+	q->n_taken--;
+	q->bytes -= it->len;
+	free(it);
+	tpu_list_insert_tail(&q->answers, &ans->node);
+	q->n_answers++;
+	q->answer_bytes += ans->len;
+	q->answered++;
+}
+
+static void op_reply(struct tpd_wqs *ws, struct wq_handle *h, const Tpw__V1__WqOp *o,
+		     const uint8_t *tail, size_t len)
+{
+	struct wq *q = h->q;
+	struct wq_item *it, *found = NULL, *ans;
+	char why[96];
+
+	if (q->gone)
+		return wq_err(h, o->req_id, -EPIPE, "the work queue's owner is gone");
+	tpu_list_for_each(it, &q->taken, node)
+		if (it->id == o->question_id && it->taker == h)
+			found = it;
+	if (!found) {
+		snprintf(why, sizeof(why), "this handle did not take question %llu",
+			 (unsigned long long)o->question_id);
+		return wq_err(h, o->req_id, -ENOENT, why);
+	}
+	if (q->answer_bytes + len > tpd_daemon_cfg(ws->d)->wq_answer_bytes_max)
+		return wq_err(h, o->req_id, -ENOBUFS, "the work queue holds wq-answer-bytes-max "
+			      "answer bytes: the question stays taken");
+	ans = item_new(found->id, tail, len);
+	if (!ans)
+		return wq_err(h, o->req_id, -ENOMEM, "out of memory");
+	question_answered(q, found, ans);
+	wq_err(h, o->req_id, 0, NULL);
+	wq_serve(q);
+}
+
+static void op_take(struct tpd_wqs *ws, struct wq_handle *h, const Tpw__V1__WqOp *o)
+{
+	struct wq *q = h->q;
+	const struct wq_wait *w;
+	bool earlier = false;
+
+	tpu_list_for_each(w, &q->waits, node)
+		earlier |= w->kind == WAIT_TAKE;
+	if (q->n_queued && !earlier)
+		return deliver_question(h, o->req_id);
+	if (!q->n_queued && (q->closed || q->gone))
+		return wq_err(h, o->req_id, -EPIPE, "the work queue is closed");
+	wait_add(ws, h, o->req_id, WAIT_TAKE, o->timeout_ms);
+}
+
+static void op_answer(struct tpd_wqs *ws, struct wq_handle *h, const Tpw__V1__WqOp *o)
+{
+	struct wq *q = h->q;
+	const struct wq_wait *w;
+	bool earlier = false;
+
+	if (q->owner != h)
+		return wq_err(h, o->req_id, -EACCES, "only the work queue's owner receives answers");
+	tpu_list_for_each(w, &q->waits, node)
+		earlier |= w->kind == WAIT_ANSWER;
+	if (q->n_answers && !earlier)
+		return deliver_answer(h, o->req_id);
+	if (!q->n_answers && !q->n_queued && !q->n_taken)
+		return wq_idle(h, o->req_id);
+	wait_add(ws, h, o->req_id, WAIT_ANSWER, o->timeout_ms);
+}
+
+static void op_drain(struct tpd_wqs *ws, struct wq_handle *h, const Tpw__V1__WqOp *o)
+{
+	struct wq *q = h->q;
+
+	if (q->owner != h)
+		return wq_err(h, o->req_id, -EACCES, "only the work queue's owner drains it");
+	if (!q->n_queued && !q->n_taken)
+		return wq_err(h, o->req_id, 0, NULL);
+	wait_add(ws, h, o->req_id, WAIT_DRAIN, o->timeout_ms);
+}
+
+/* @h's session ends or it releases @h: its taken questions are queued again at the head (or,
+ * at-most-once, answered with STATUS_PEER_DIED), its waits go (answered -ECANCELED when
+ * @answer), and an owner's end closes the queue, fails the workers' waits and frees what it
+ * holds. */
+static void handle_free(struct wq_handle *h, bool answer)
+{
+	struct wq *q = h->q;
+	struct wq_item *it, *tmp;
+	struct wq_wait *w, *wtmp;
+	struct tpu_list back = TPU_LIST_INIT(back);
+
+	tpu_list_for_each_safe(w, wtmp, &q->waits, node) {
+		if (w->h != h)
+			continue;
+		if (answer)
+			wq_err(h, w->req_id, -ECANCELED, "the handle was released");
+		wait_free(w);
+	}
+	tpu_list_for_each_safe(it, tmp, &q->taken, node) {
+		if (it->taker != h)
+			continue;
+		tpu_list_remove(&it->node);
+		q->n_taken--;
+		it->taker = NULL;
+		if (q->at_most_once) {
+			q->bytes -= it->len;
+			it->len = 0;
+			it->status = TPW__V1__STATUS__STATUS_PEER_DIED;
+			tpu_list_insert_tail(&q->answers, &it->node);
+			q->n_answers++;
+			q->answered++;
+		} else {
+			tpu_list_insert_tail(&back, &it->node);
+			q->n_queued++;
+			q->requeued++;
+		}
+	}
+	tpu_list_splice_head(&q->queued, &back); /* first in line again, in their order */
+	if (q->owner == h) {
+		q->owner = NULL;
+		q->gone = q->closed = true;
+		tpu_list_remove(&q->node); /* the name is free again */
+		tpu_list_init(&q->node);
+		items_free(&q->queued);
+		items_free(&q->answers);
+		q->n_queued = q->n_answers = 0;
+		q->bytes = q->answer_bytes = 0;
+	}
+	tpu_list_remove(&h->node);
+	q->n_handles--;
+	free(h);
+	wq_serve(q);
+	if (q->n_handles == 0)
+		wq_free(q);
+}
+
+static void wq_on_op(struct tpd_session *s, const Tpw__V1__WqOp *o, const uint8_t *tail,
+		     size_t tail_len)
+{
+	struct tpd_wqs *ws = tpd_daemon_wqs(tpd_session_daemon(s));
+	struct wq_handle *h = NULL, *x;
+	struct wq_ans a = { .err = -ENOENT, .why = "no such work queue handle" };
+
+	if (o->op == TPW__V1__WQ_OP_KIND__WQ_OP_OPEN)
+		return op_open(ws, s, o);
+	tpu_list_for_each(x, &ws->handles, node)
+		if (x->s == s && x->id == o->wq_id)
+			h = x;
+	if (!h)
+		return wq_send(NULL, s, o->req_id, &a);
+	switch (o->op) {
+	case TPW__V1__WQ_OP_KIND__WQ_OP_SUBMIT:
+		return op_submit(ws, h, o, tail, tail_len);
+	case TPW__V1__WQ_OP_KIND__WQ_OP_ANSWER:
+		return op_answer(ws, h, o);
+	case TPW__V1__WQ_OP_KIND__WQ_OP_TAKE:
+		return op_take(ws, h, o);
+	case TPW__V1__WQ_OP_KIND__WQ_OP_REPLY:
+		return op_reply(ws, h, o, tail, tail_len);
+	case TPW__V1__WQ_OP_KIND__WQ_OP_DRAIN:
+		return op_drain(ws, h, o);
+	case TPW__V1__WQ_OP_KIND__WQ_OP_CLOSE:
+		if (h->q->owner != h)
+			return wq_err(h, o->req_id, -EACCES, "only the work queue's owner closes it");
+		h->q->closed = true; /* idempotent */
+		wq_err(h, o->req_id, 0, NULL);
+		return wq_serve(h->q);
+	case TPW__V1__WQ_OP_KIND__WQ_OP_RELEASE:
+		wq_err(h, o->req_id, 0, NULL);
+		return handle_free(h, true);
+	default:
+		return; /* validation refuses other ops */
+	}
+}
+
+static void wq_on_session_end(struct tpd_session *s)
+{
+	struct tpd_wqs *ws = tpd_daemon_wqs(tpd_session_daemon(s));
+	struct wq_handle *h, *tmp;
+
+	tpu_list_for_each_safe(h, tmp, &ws->handles, node)
+		if (h->s == s)
+			handle_free(h, false);
+}
+
+static const struct tpd_local_wq_ops wq_local_ops = {
+	.op = wq_on_op,
+	.session_end = wq_on_session_end,
+};
+
+void tpd_wq_serve_local(struct tpd_local *l)
+{
+	tpd_local_set_wq_ops(l, &wq_local_ops);
+}
+
+int tpd_wq_new(struct tpd_daemon *d, struct tpd_wqs **ret)
+{
+	struct tpd_wqs *ws = calloc(1, sizeof(*ws));
+
+	if (!ws)
+		return -ENOMEM;
+	ws->d = d;
+	tpu_list_init(&ws->wqs);
+	tpu_list_init(&ws->handles);
+	*ret = ws;
+	return 0;
+}
+
+void tpd_wq_free(struct tpd_wqs *ws)
+{
+	struct wq_handle *h, *tmp;
+
+	if (!ws)
+		return;
+	tpu_list_for_each_safe(h, tmp, &ws->handles, node)
+		handle_free(h, false); /* the last handle of a queue frees it */
+	free(ws);
+}
+
+int tpd_wq_ctl(struct tpd_wqs *ws, bool own_only, uid_t viewer, Tpw__V1__CtlQueue ***ret,
+	       size_t *n)
+{
+	Tpw__V1__CtlQueue **v = NULL;
+	const struct wq *q;
+	const struct wq_handle *h;
+	size_t k = 0, cap = 0;
+
+	tpu_list_for_each(q, &ws->wqs, node)
+		cap++;
+	if (cap && !(v = calloc(cap, sizeof(*v))))
+		return -ENOMEM;
+	tpu_list_for_each(q, &ws->wqs, node) {
+		Tpw__V1__CtlQueue *x;
+
+		if (own_only && q->uid != viewer)
+			continue;
+		x = calloc(1, sizeof(*x));
+		if (x)
+			tpw__v1__ctl_queue__init(x);
+		if (!x || !(x->name = strdup(q->name))) {
+			free(x);
+			tpd_wq_ctl_free(v, k);
+			return -ENOMEM;
+		}
+		x->uid = q->uid;
+		x->access = q->access;
+		x->gid = q->gid;
+		x->state = (char *)(q->closed ? "closed" : "open");
+		x->queued = q->n_queued;
+		x->taken = q->n_taken;
+		x->answers = q->n_answers;
+		x->answered = q->answered;
+		x->workers = q->n_handles - (q->owner ? 1 : 0);
+		x->bytes = q->bytes;
+		x->answer_bytes = q->answer_bytes;
+		x->at_most_once = q->at_most_once;
+		x->requeued = q->requeued;
+		tpu_list_for_each(h, &ws->handles, node)
+			if (h == q->owner)
+				x->owner_pid = (uint32_t)tpd_session_pid(h->s);
+		v[k++] = x;
+	}
+	*ret = v;
+	*n = k;
+	return 0;
+}
+
+void tpd_wq_ctl_free(Tpw__V1__CtlQueue **v, size_t n)
+{
+	for (size_t i = 0; i < n; i++) {
+		free(v[i]->name);
+		free(v[i]);
+	}
+	free(v);
+}

@@ -1,0 +1,50 @@
+/* SPDX-License-Identifier: BSD-3-Clause */
+/*
+ * tpd_wq: the daemon's registry of work queues (daemon/chan/wq.c; docs/queues.md). A queue is
+ * named within its creator's uid with an access mode like a channel's; the creator's handle is
+ * its owner (submits questions, receives answers), other handles are workers (take questions,
+ * reply to the ids they took). This part answers WqOp messages, requeues (or, at-most-once,
+ * answers with an error) the questions of a worker whose session ends, closes and frees a queue
+ * whose owner goes, and bounds queues per uid and questions, question bytes and answer bytes per
+ * queue. Payloads ride in frames' data tails. Channels are in chan.h.
+ */
+#ifndef TPD_WQ_H
+#define TPD_WQ_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <sys/types.h>
+
+#include "tpw.pb-c.h"
+
+struct tpd_daemon;
+struct tpd_wqs;
+struct tpd_local;
+
+/*
+ * tpd_wq_new() - the part's state for @d (borrowed; must outlive it): no queue.
+ * @ret: returns owned state, free with tpd_wq_free().
+ * Return: 0 or -ENOMEM.
+ */
+int tpd_wq_new(struct tpd_daemon *d, struct tpd_wqs **ret);
+
+/* Frees every queue, its questions and answers, and @w. Accepts NULL. Call after the sessions
+ * are gone. */
+void tpd_wq_free(struct tpd_wqs *w);
+
+/* Registers this part's ops on @l (borrowed), so that sessions hand work queue ops and their
+ * end to it. Called once, before the first session attaches. */
+void tpd_wq_serve_local(struct tpd_local *l);
+
+/*
+ * tpd_wq_ctl() - describe the queues for tpipctl queues: every one, or with @own_only only
+ * those of uid @viewer.
+ * @ret, @n: returns an owned array of owned messages, free with tpd_wq_ctl_free().
+ * Return: 0 or -ENOMEM.
+ */
+int tpd_wq_ctl(struct tpd_wqs *w, bool own_only, uid_t viewer, Tpw__V1__CtlQueue ***ret,
+	       size_t *n);
+void tpd_wq_ctl_free(Tpw__V1__CtlQueue **v, size_t n);
+
+#endif

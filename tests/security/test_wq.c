@@ -1,0 +1,193 @@
+/* SPDX-License-Identifier: BSD-3-Clause */
+/*
+ * Security suite: work queues (docs/queues.md) against an unprivileged local user (uid 65534)
+ * speaking the raw protocol. Handle ids are the session's own: guessed ids of another session's
+ * handles are refused (not found) for submit, answer, take, reply, drain, close and release, and
+ * the victim's queue keeps its questions (taken and queued) and stays open; the attacker cannot
+ * open a private queue, create names in the victim's uid, or spend the victim's wqs-per-uid; a
+ * reply on its own worker handle to the victim's worker's question is refused; a payload-less
+ * submit closes the attacker's session only.
+ */
+#include <check.h>
+#include <errno.h>
+#include <grp.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+#include "itest.h"
+#include "tpt_wire.h"
+
+#define T_MS 30000
+#define NOBODY 65534
+
+static struct tpt_daemon d;
+
+static int drop_to_nobody(void)
+{
+	if (setgroups(0, NULL) < 0 || setresgid(NOBODY, NOBODY, NOBODY) < 0 ||
+	    setresuid(NOBODY, NOBODY, NOBODY) < 0)
+		return -errno;
+	return 0;
+}
+
+/* Sends WqOp @op (req_id 1) and returns the answer's status, or -errno; *@ret_id: wq_id. */
+static int raw_wq(struct tpt_raw *r, Tpw__V1__WqOp *op, const void *tail, uint32_t tail_len,
+		  uint64_t *ret_id)
+{
+	Tpw__V1__ClientMsg m = TPW__V1__CLIENT_MSG__INIT;
+	Tpw__V1__DaemonMsg *dm;
+	int st, ret;
+
+	op->req_id = 1;
+	m.body_case = TPW__V1__CLIENT_MSG__BODY_WQ_OP;
+	m.wq_op = op;
+	ret = tpt_raw_send(r, &m, tail, tail_len, NULL, 0, 0);
+	if (ret < 0)
+		return ret;
+	ret = tpt_raw_expect(r, TPW__V1__DAEMON_MSG__BODY_WQ_REPLY, T_MS, &dm);
+	if (ret < 0)
+		return ret;
+	st = dm->wq_reply->status;
+	if (ret_id)
+		*ret_id = dm->wq_reply->wq_id;
+	tpw__v1__daemon_msg__free_unpacked(dm, NULL);
+	return st;
+}
+
+static int attacker(void *arg)
+{
+	static const Tpw__V1__WqOpKind kinds[] = {
+		TPW__V1__WQ_OP_KIND__WQ_OP_SUBMIT, TPW__V1__WQ_OP_KIND__WQ_OP_ANSWER,
+		TPW__V1__WQ_OP_KIND__WQ_OP_TAKE,   TPW__V1__WQ_OP_KIND__WQ_OP_REPLY,
+		TPW__V1__WQ_OP_KIND__WQ_OP_DRAIN,  TPW__V1__WQ_OP_KIND__WQ_OP_CLOSE,
+		TPW__V1__WQ_OP_KIND__WQ_OP_RELEASE,
+	};
+	uint64_t qid = *(uint64_t *)arg, hid = 0;
+	Tpw__V1__WqOp o = TPW__V1__WQ_OP__INIT;
+	struct tpt_raw r;
+	int st;
+
+	TPT_REQUIRE(drop_to_nobody() == 0, 1, "cannot drop to nobody");
+	TPT_REQUIRE(tpt_raw_connect(&r, d.socket) == 0, 1, "connect");
+	TPT_REQUIRE(tpt_raw_hello(&r, TPW__V1__ROLE__ROLE_CLIENT, T_MS) == 0, 1, "hello");
+	for (uint64_t id = 0; id < 64; id++) {
+		for (size_t k = 0; k < TPU_ARRAY_SIZE(kinds); k++) {
+			Tpw__V1__WqOp op = TPW__V1__WQ_OP__INIT;
+			bool data = kinds[k] == TPW__V1__WQ_OP_KIND__WQ_OP_SUBMIT ||
+				    kinds[k] == TPW__V1__WQ_OP_KIND__WQ_OP_REPLY;
+
+			op.op = kinds[k];
+			op.wq_id = id;
+			op.question_id = qid;
+			st = raw_wq(&r, &op, data ? "evil" : NULL, data ? 4 : 0, NULL);
+			TPT_REQUIRE(st == TPW__V1__STATUS__STATUS_NOT_FOUND, 1, "op %d on id %llu: %d",
+				    (int)kinds[k], (unsigned long long)id, st);
+		}
+	}
+	o.op = TPW__V1__WQ_OP_KIND__WQ_OP_OPEN;
+	o.name = "secret";
+	o.owner_set = true;
+	o.owner_uid = 0;
+	TPT_REQUIRE(raw_wq(&r, &o, NULL, 0, NULL) == TPW__V1__STATUS__STATUS_PERMISSION, 1, "open");
+	o.name = "fresh";
+	o.create = true;
+	TPT_REQUIRE(raw_wq(&r, &o, NULL, 0, NULL) == TPW__V1__STATUS__STATUS_NOT_FOUND, 1, "squat");
+	/* A worker of the public queue: the victim's worker's question is not its own. */
+	o.create = false;
+	o.name = "public";
+	TPT_REQUIRE(raw_wq(&r, &o, NULL, 0, &hid) == TPW__V1__STATUS__STATUS_OK, 1, "public");
+	Tpw__V1__WqOp rep = TPW__V1__WQ_OP__INIT;
+
+	rep.op = TPW__V1__WQ_OP_KIND__WQ_OP_REPLY;
+	rep.wq_id = hid;
+	rep.question_id = qid;
+	TPT_REQUIRE(raw_wq(&r, &rep, "evil", 4, NULL) == TPW__V1__STATUS__STATUS_NOT_FOUND, 1,
+		    "reply to another's question");
+	rep.op = TPW__V1__WQ_OP_KIND__WQ_OP_ANSWER;
+	TPT_REQUIRE(raw_wq(&r, &rep, NULL, 0, NULL) == TPW__V1__STATUS__STATUS_PERMISSION, 1,
+		    "a worker receives answers");
+	rep.op = TPW__V1__WQ_OP_KIND__WQ_OP_CLOSE;
+	TPT_REQUIRE(raw_wq(&r, &rep, NULL, 0, NULL) == TPW__V1__STATUS__STATUS_PERMISSION, 1,
+		    "a worker closes");
+	/* Spend its own wqs-per-uid (2), not root's. */
+	o.owner_set = false;
+	o.create = true;
+	o.name = "a1";
+	TPT_REQUIRE(raw_wq(&r, &o, NULL, 0, NULL) == TPW__V1__STATUS__STATUS_OK, 1, "a1");
+	o.name = "a2";
+	TPT_REQUIRE(raw_wq(&r, &o, NULL, 0, NULL) == TPW__V1__STATUS__STATUS_OK, 1, "a2");
+	o.name = "a3";
+	TPT_REQUIRE(raw_wq(&r, &o, NULL, 0, NULL) == TPW__V1__STATUS__STATUS_LIMIT, 1, "a3");
+	/* A submit without a payload: the session is closed. */
+	Tpw__V1__WqOp bad = TPW__V1__WQ_OP__INIT;
+	Tpw__V1__ClientMsg m = TPW__V1__CLIENT_MSG__INIT;
+
+	bad.op = TPW__V1__WQ_OP_KIND__WQ_OP_SUBMIT;
+	m.body_case = TPW__V1__CLIENT_MSG__BODY_WQ_OP;
+	m.wq_op = &bad;
+	TPT_REQUIRE(tpt_raw_send(&r, &m, NULL, 0, NULL, 0, 0) == 0, 1, "send");
+	TPT_REQUIRE(tpt_raw_wait_closed(&r, T_MS) == 0, 1, "the session stayed open");
+	tpt_raw_close(&r);
+	return 0;
+}
+
+START_TEST(test_attacker_cannot_touch_another_uids_queue)
+{
+	static const char *const args[] = { "--wqs-per-uid", "2", NULL };
+	struct tp_wq_options o = { .size = sizeof(o), .flags = TP_WQ_CREATE, .owner_uid = -1 };
+	const uint32_t v = 42;
+	struct tp_context *ctx;
+	struct tp_wq *priv, *pub, *w;
+	uint64_t id, got, taken;
+	void *data;
+	size_t len;
+
+	if (geteuid() != 0) {
+		printf("skipped: needs root to run a client as another uid\n");
+		return;
+	}
+	ck_assert_int_eq(tpt_daemon_start(&d, args), 0);
+	ck_assert_int_eq(tpt_daemon_open_to_all(&d), 0);
+	ck_assert_int_eq(tpt_ctx_new(&d, 0, "victim", &ctx), 0);
+	ck_assert_int_eq(tp_wq_open(ctx, "secret", &o, &priv), 0);
+	ck_assert_int_eq(tp_wq_submit(priv, &v, sizeof(v), &id), 0);
+	o.access = TP_ACCESS_ANYONE;
+	ck_assert_int_eq(tp_wq_open(ctx, "public", &o, &pub), 0);
+	ck_assert_int_eq(tp_wq_submit(pub, &v, sizeof(v), &taken), 0);
+	o.flags = 0;
+	ck_assert_int_eq(tp_wq_open(ctx, "public", &o, &w), 0);
+	ck_assert_int_eq(tp_wq_take(w, &got, &data, &len, 0), 0);
+	free(data);
+	ck_assert_int_eq(got, taken);
+	ck_assert(tpt_wait_ok(tpt_fork(attacker, &taken), 4 * T_MS, "attacker"));
+	ck_assert(tpt_daemon_alive(&d));
+	ck_assert_int_eq(tp_wq_reply(w, taken, &v, sizeof(v)), 0); /* still the victim's */
+	ck_assert_int_eq(tp_wq_answer(pub, &got, &data, &len, 0), 0);
+	free(data);
+	ck_assert_int_eq(got, taken);
+	ck_assert_int_eq(tp_wq_submit(priv, &v, sizeof(v), &got), 0); /* still open */
+	ck_assert_int_eq(tp_wq_drain(priv, 0), -EAGAIN);		/* both questions kept */
+	tp_wq_release(w);
+	tp_wq_release(pub);
+	tp_wq_release(priv);
+	tp_context_free(ctx);
+	ck_assert_int_eq(tpt_daemon_stop(&d), 0);
+}
+END_TEST
+
+static Suite *wq_suite(void)
+{
+	Suite *s = suite_create("sec_wq");
+	TCase *tc = tcase_create("wq");
+
+	tcase_set_timeout(tc, 120);
+	tcase_add_test(tc, test_attacker_cannot_touch_another_uids_queue);
+	suite_add_tcase(s, tc);
+	return s;
+}
+
+int main(void)
+{
+	return tpt_run_suite(wq_suite());
+}
