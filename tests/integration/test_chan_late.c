@@ -5,10 +5,13 @@
  * its context has a short reply timeout and the daemon is stopped (SIGSTOP) for the whole wait,
  * then continued. A read's late item is returned by the handle's next read, or written back to
  * the channel when the handle is released first; a write that the caller gave up on reports
- * -EINPROGRESS, not a failure, and its batch is in the channel once the daemon runs.
+ * -EINPROGRESS, not a failure, and its batch is in the channel once the daemon runs. A read
+ * that waits while the given-up read is still waiting in the daemon returns the item that read
+ * gets (the oldest waiting reader's) as soon as it comes.
  */
 #include <check.h>
 #include <errno.h>
+#include <json-c/json.h>
 #include <sched.h>
 #include <signal.h>
 #include <stdio.h>
@@ -93,6 +96,34 @@ static void write_from_child(void)
 	}
 	ck_assert_int_eq(waitpid(pid, &st, 0), pid);
 	ck_assert_msg(WIFEXITED(st) && WEXITSTATUS(st) == 0, "writer failed");
+}
+
+/* `tpipctl channels --json`: readers_waiting of channel "late" (-1 if unknown). */
+static long readers_waiting(void)
+{
+	const char *bin = getenv("TPIPCTL_BIN");
+	const char *argv[] = { bin, "--socket", tpt_fixture_daemon.socket, "--json", "channels",
+			       NULL };
+	struct tpt_cmd_result res;
+	struct json_object *root, *arr, *v, *n;
+	long out = -1;
+
+	if (!bin || tpt_run(argv, T_MS, &res) < 0)
+		return -1;
+	root = json_tokener_parse(res.out);
+	if (root && json_object_object_get_ex(root, "channels", &arr)) {
+		for (size_t i = 0; i < json_object_array_length(arr); i++) {
+			struct json_object *c = json_object_array_get_idx(arr, i);
+
+			if (json_object_object_get_ex(c, "name", &n) &&
+			    strcmp(json_object_get_string(n), "late") == 0 &&
+			    json_object_object_get_ex(c, "readers_waiting", &v))
+				out = json_object_get_int64(v);
+		}
+	}
+	json_object_put(root);
+	tpt_cmd_result_free(&res);
+	return out;
 }
 
 /* The daemon's state letter in /proc/PID/stat. */
@@ -186,6 +217,48 @@ START_TEST(test_late_read_release_gives_back)
 }
 END_TEST
 
+/* A timed read given up while the daemon is stopped still waits in the daemon once it runs;
+ * the next read waits behind it. An item written then goes to the given-up read (the oldest
+ * reader), and the next read returns it at once rather than waiting for its own. */
+START_TEST(test_late_read_while_next_waits)
+{
+	struct tp_context *keeper = ctx_new(0), *ctx = ctx_new(LATE_REPLY_MS);
+	struct tp_chan *keep = chan_open(keeper, TP_CHAN_CREATE), *ch = chan_open(ctx, 0);
+	void *item = NULL;
+	size_t len = 0;
+	uint64_t t0;
+	pid_t pid;
+	int r, st;
+
+	daemon_stop();
+	r = tp_chan_read(ch, &item, &len, TPT_SCALED_MS(5000));
+	daemon_cont();
+	ck_assert_msg(r == -ETIMEDOUT, "read while stopped: %d %s", r, tp_last_error());
+	pid = fork();
+	ck_assert_int_ge(pid, 0);
+	if (pid == 0) { /* writes once both reads of @ch wait in the daemon */
+		uint64_t end = tpt_now_ms() + T_MS;
+
+		while (readers_waiting() != 2)
+			if (tpt_now_ms() > end)
+				_exit(2);
+		write_from_child();
+		_exit(0);
+	}
+	t0 = tpt_now_ms();
+	r = tp_chan_read(ch, &item, &len, T_MS);
+	check_item(r, item, len);
+	ck_assert_msg(tpt_now_ms() - t0 < T_MS, "the read waited for its own answer");
+	ck_assert_int_eq(waitpid(pid, &st, 0), pid);
+	ck_assert_msg(WIFEXITED(st) && WEXITSTATUS(st) == 0, "writer child: %d", st);
+	ck_assert_int_eq(tp_chan_release(ch), 0); /* its own read still waits: canceled */
+	ck_assert_int_eq(tp_chan_read(keep, &item, &len, 0), -EAGAIN);
+	ck_assert_int_eq(tp_chan_release(keep), 0);
+	tp_context_free(ctx);
+	tp_context_free(keeper);
+}
+END_TEST
+
 /* A write given up while the daemon is stopped reports -EINPROGRESS (it may happen yet), and
  * happens once the daemon runs: the batch is read from another handle. */
 START_TEST(test_late_write_in_progress)
@@ -219,6 +292,7 @@ static Suite *chan_late_suite(void)
 	tcase_set_timeout(tc, 60);
 	tcase_add_test(tc, test_late_read_next_read);
 	tcase_add_test(tc, test_late_read_release_gives_back);
+	tcase_add_test(tc, test_late_read_while_next_waits);
 	tcase_add_test(tc, test_late_write_in_progress);
 	suite_add_tcase(s, tc);
 	return s;
