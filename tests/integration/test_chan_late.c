@@ -73,27 +73,33 @@ static struct tp_chan *chan_open(struct tp_context *ctx, unsigned flags)
 	return ch;
 }
 
-/* Another process writes ITEM to channel "late" (kept open by the caller) and exits. */
+/* Writes ITEM to channel "late" (kept open by the caller) from a new context. Return: 0 or
+ * -errno. */
+static int write_item(void)
+{
+	struct iovec iov = { .iov_base = (void *)ITEM, .iov_len = sizeof(ITEM) };
+	struct tp_context *ctx = NULL;
+	struct tp_chan *ch = NULL;
+	int r = tpt_ctx_new(&tpt_fixture_daemon, 0, "writer", &ctx);
+
+	if (r == 0)
+		r = tp_chan_open(ctx, "late", NULL, &ch);
+	if (r == 0)
+		r = tp_chan_write(ch, &iov, 1, 0);
+	tp_chan_release(ch);
+	tp_context_free(ctx);
+	return r;
+}
+
+/* Another process writes ITEM and exits. */
 static void write_from_child(void)
 {
 	pid_t pid = fork();
 	int st;
 
 	ck_assert_int_ge(pid, 0);
-	if (pid == 0) {
-		struct tp_context *ctx = NULL;
-		struct tp_chan *ch = NULL;
-		struct iovec iov = { .iov_base = (void *)ITEM, .iov_len = sizeof(ITEM) };
-		int r = tpt_ctx_new(&tpt_fixture_daemon, 0, "writer", &ctx);
-
-		if (r == 0)
-			r = tp_chan_open(ctx, "late", NULL, &ch);
-		if (r == 0)
-			r = tp_chan_write(ch, &iov, 1, 0);
-		tp_chan_release(ch);
-		tp_context_free(ctx);
-		_exit(r == 0 ? 0 : 1);
-	}
+	if (pid == 0)
+		_exit(write_item() == 0 ? 0 : 1);
 	ck_assert_int_eq(waitpid(pid, &st, 0), pid);
 	ck_assert_msg(WIFEXITED(st) && WEXITSTATUS(st) == 0, "writer failed");
 }
@@ -242,8 +248,7 @@ START_TEST(test_late_read_while_next_waits)
 		while (readers_waiting() != 2)
 			if (tpt_now_ms() > end)
 				_exit(2);
-		write_from_child();
-		_exit(0);
+		_exit(write_item() == 0 ? 0 : 1);
 	}
 	t0 = tpt_now_ms();
 	r = tp_chan_read(ch, &item, &len, T_MS);
