@@ -873,8 +873,11 @@ int tp_chan_open(struct tp_context *ctx, const char *name, const struct tp_chan_
  * @items.
  * Return: 0; -EPIPE (the channel is closed, also while waiting), -ENOBUFS (full and
  * @timeout_ms 0, or the owner's chan-bytes-per-uid is spent: nothing written), -ETIMEDOUT
- * (still full at the deadline: nothing written), -EMSGSIZE (the batch is larger than the
- * channel's capacity, or than the daemon's inline limit), -EINVAL (n == 0 or an empty item).
+ * (the daemon answered: still full at the deadline, nothing written), -EINPROGRESS (the
+ * daemon did not answer within @timeout_ms plus tp_context_options.reply_timeout_ms and the
+ * call gave up: the batch may be written, now or later, so a retry may write it twice),
+ * -EMSGSIZE (the batch is larger than the channel's capacity, or than the daemon's inline
+ * limit), -EINVAL (n == 0 or an empty item).
  */
 int tp_chan_write(struct tp_chan *ch, const struct iovec *items, size_t n, int timeout_ms);
 
@@ -884,6 +887,10 @@ int tp_chan_write(struct tp_chan *ch, const struct iovec *items, size_t n, int t
  * tp_chan_read() - take the oldest item; waits up to @timeout_ms (0: try once; -1: no
  * deadline). Readers waiting on one channel get items oldest reader first.
  * @ret_item, @ret_len: return an owned copy of the item (free with free()), only on success.
+ * No item is lost when the call gives up waiting for the daemon (-ETIMEDOUT after @timeout_ms
+ * plus tp_context_options.reply_timeout_ms): an item the daemon hands to that read later is kept
+ * on the handle and returned, in order, by its next tp_chan_read() (which also returns as soon as
+ * such an item comes), or written back to the channel by tp_chan_release().
  * Return: 0 (an item), TP_CHAN_CLOSED (an item; the channel is closed), -EPIPE (closed and
  * drained: no item will come), -EAGAIN (@timeout_ms 0 and empty), -ETIMEDOUT, -ECANCELED (the
  * handle was released meanwhile).
@@ -896,7 +903,11 @@ int tp_chan_read(struct tp_chan *ch, void **ret_item, size_t *ret_len, int timeo
 int tp_chan_close(struct tp_chan *ch);
 
 /* tp_chan_release() - drop the handle (takes @ch; NULL accepted). Not a close: a channel
- * without handles goes unless persistent. Return: 0 or -errno (the handle is freed anyway). */
+ * without handles goes unless persistent. Items kept on the handle for reads that gave up
+ * (tp_chan_read()) are first written back to the channel, at its tail, through a second handle
+ * (waiting up to reply_timeout_ms for room); one that cannot be (the channel was closed, or the
+ * daemon does not answer the release in time) is dropped and the call fails naming how many.
+ * Return: 0 or -errno (the handle is freed anyway). */
 int tp_chan_release(struct tp_chan *ch);
 
 /* tp_chan_unlink() - remove the name of persistent channel @name of uid @owner_uid (-1: the

@@ -4,9 +4,15 @@
  * the tp_chan_* calls: each sends one ChanOp and waits for its ChanReply, whose data tail is the
  * item of a read. Not responsible for the channel's state (the daemon keeps it) nor for the
  * connection (context.c, wire.c).
+ *
+ * An item the daemon hands out is never dropped here: a read whose caller gave up waiting
+ * (tp_context_options.reply_timeout_ms past its timeout) stays filed on its handle (tp_chan.late);
+ * its late item is returned by the handle's next tp_chan_read(), or written back to the channel
+ * when the handle is released first.
  */
 #include <errno.h>
 #include <limits.h>
+#include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -18,15 +24,30 @@ struct tp_chan {
 	struct tp_context *ctx;
 	uint64_t id;
 	char *name;
+	long owner_uid;	      /* as opened: a release reopens the channel to give items back */
+	struct tpu_list late; /* chan_req of reads whose caller gave up, oldest first: waiting for
+			       * the daemon, or done with an item; under ctx->lock */
 };
 
 struct chan_req {
-	struct tpc_req req; /* first: the reply handler finds the chan_req from it */
+	struct tpc_req req;   /* first: the reply handler finds the chan_req from it */
+	struct tpu_list node; /* in ch->late */
+	struct tp_chan *ch;   /* set once the read's caller gave up: heap-allocated, on ch->late */
 	uint8_t *item;
 	size_t len;
 	bool closed;
 	uint64_t chan_id;
 };
+
+/* Drops @cr, a read whose caller gave up, once it is answered without an item; lock held. */
+static void late_forget_locked(struct chan_req *cr)
+{
+	if (!cr->ch || (cr->req.done && cr->item))
+		return; /* its caller waits for it, or it keeps an item for the next read */
+	tpu_list_remove(&cr->node);
+	free(cr->item);
+	free(cr);
+}
 
 /* The map's handler for a request answered by ChanReply: only a lost connection (@r NULL)
  * reaches it through the map; a Reply naming the id fails the call too. */
@@ -36,6 +57,7 @@ static void chan_req_on_reply(struct tp_context *ctx, struct tpc_req *req,
 	tpc_context_req_done(ctx, req, r);
 	if (r && req->status == 0)
 		req->status = -EPROTO;
+	late_forget_locked((struct chan_req *)req);
 }
 
 void tpc_chan_on_reply(struct tp_context *ctx, const Tpw__V1__ChanReply *m, const uint8_t *tail,
@@ -64,13 +86,34 @@ void tpc_chan_on_reply(struct tp_context *ctx, const Tpw__V1__ChanReply *m, cons
 		}
 	}
 	req->done = true;
+	late_forget_locked(cr);
 	pthread_cond_broadcast(&ctx->cond);
 }
 
-/* Sends @op (its req_id filled here) with @items as the data tail and waits up to @wait_ms plus
- * the reply timeout for the answer in @cr. Return: the daemon's status or -errno. */
-static int chan_call(struct tp_context *ctx, Tpw__V1__ChanOp *op, const struct iovec *items,
-		     size_t n, int wait_ms, struct chan_req *cr)
+/* True when the oldest late read of @ch holds its item; lock held. */
+static bool late_ready_locked(struct tp_chan *ch)
+{
+	return !tpu_list_empty(&ch->late) &&
+	       tpu_list_first(&ch->late, struct chan_req, node)->req.done;
+}
+
+/* Moves the late reads of @ch that hold their item to @to, oldest first; lock held. */
+static void late_take_done_locked(struct tp_chan *ch, struct tpu_list *to)
+{
+	struct chan_req *cr, *tmp;
+
+	tpu_list_for_each_safe(cr, tmp, &ch->late, node) {
+		if (!cr->req.done)
+			continue;
+		tpu_list_remove(&cr->node);
+		tpu_list_insert_tail(to, &cr->node);
+	}
+}
+
+/* Files @cr and sends @op (its req_id filled here) with @items as the data tail. Keeps @cr
+ * filed until its answer or chan_wait_locked()'s give-up. Return: 0 or -errno. */
+static int chan_send(struct tp_context *ctx, Tpw__V1__ChanOp *op, const struct iovec *items,
+		     size_t n, struct chan_req *cr)
 {
 	Tpw__V1__ClientMsg m = TPW__V1__CLIENT_MSG__INIT;
 	int r;
@@ -88,10 +131,51 @@ static int chan_call(struct tp_context *ctx, Tpw__V1__ChanOp *op, const struct i
 	pthread_mutex_lock(&ctx->send_lock);
 	tpc_wire_send(ctx, &m, items, n, -EBADF); /* failure: connection loss fails the request */
 	pthread_mutex_unlock(&ctx->send_lock);
-	pthread_mutex_lock(&ctx->lock);
+	return 0;
+}
+
+/*
+ * Waits (lock held, dropped while waiting) up to @wait_ms plus the reply timeout for the answer
+ * to @cr, or with @late (a read's handle) until the oldest late read of @late holds its item.
+ * Leaves @cr filed when it gives up. Return: the daemon's status or -errno when @cr is done;
+ * -ETIMEDOUT (the caller gave up) or 1 (a late item is ready) when it is not.
+ */
+static int chan_wait_locked(struct tp_context *ctx, struct chan_req *cr, int wait_ms,
+			    struct tp_chan *late)
+{
+	struct timespec ts;
+
 	if (wait_ms < 0 || wait_ms > INT_MAX - ctx->reply_ms)
 		wait_ms = INT_MAX - ctx->reply_ms;
-	r = tpc_context_req_wait_locked(ctx, &cr->req, wait_ms + ctx->reply_ms);
+	tpc_deadline(&ts, wait_ms + ctx->reply_ms);
+	for (;;) {
+		if (cr->req.done)
+			return cr->req.status;
+		if (late && late_ready_locked(late))
+			return 1;
+		if (pthread_cond_timedwait(&ctx->cond, &ctx->lock, &ts) == ETIMEDOUT &&
+		    !cr->req.done && !(late && late_ready_locked(late))) {
+			snprintf(cr->req.msg, sizeof(cr->req.msg), "no answer from the daemon "
+				 "within %d ms (tp_context_options.reply_timeout_ms)",
+				 wait_ms + ctx->reply_ms);
+			return -ETIMEDOUT;
+		}
+	}
+}
+
+/* chan_send() and chan_wait_locked() for a call whose late answer matters to nobody: a given
+ * up request is unfiled. Return: the daemon's status or -errno. */
+static int chan_call(struct tp_context *ctx, Tpw__V1__ChanOp *op, const struct iovec *items,
+		     size_t n, int wait_ms, struct chan_req *cr)
+{
+	int r = chan_send(ctx, op, items, n, cr);
+
+	if (r < 0)
+		return r;
+	pthread_mutex_lock(&ctx->lock);
+	r = chan_wait_locked(ctx, cr, wait_ms, NULL);
+	if (!cr->req.done && tpc_map_get(&ctx->reqs, cr->req.id) == &cr->req)
+		tpc_map_del(&ctx->reqs, cr->req.id);
 	pthread_mutex_unlock(&ctx->lock);
 	return r;
 }
@@ -164,6 +248,10 @@ TP_EXPORT int tp_chan_open(struct tp_context *ctx, const char *name,
 	}
 	ch->ctx = ctx;
 	ch->id = cr.chan_id;
+	ch->owner_uid = -1;
+	if (o && o->size >= offsetof(struct tp_chan_options, owner_uid) + sizeof(o->owner_uid))
+		ch->owner_uid = o->owner_uid;
+	tpu_list_init(&ch->late);
 	*ret = ch;
 	return 0;
 }
@@ -200,34 +288,99 @@ TP_EXPORT int tp_chan_write(struct tp_chan *ch, const struct iovec *items, size_
 	op.lengths = lens;
 	op.timeout_ms = timeout_ms < 0 ? UINT32_MAX : (uint32_t)timeout_ms;
 	r = chan_call(ch->ctx, &op, items, n, timeout_ms, &cr);
+	if (r == -ETIMEDOUT && !cr.req.done)
+		return tpc_error(-EINPROGRESS, "channel '%s': %s: the batch may be written yet",
+				 ch->name, cr.req.msg);
 	if (r < 0)
 		return tpc_error(r, "channel '%s': %s", ch->name, cr.req.msg);
 	return 0;
 }
 
+/* Takes the oldest late read of @ch if it holds its item; lock held. Return: owned, or NULL. */
+static struct chan_req *late_take_locked(struct tp_chan *ch)
+{
+	struct chan_req *cr;
+
+	if (!late_ready_locked(ch))
+		return NULL;
+	cr = tpu_list_first(&ch->late, struct chan_req, node);
+	tpu_list_remove(&cr->node);
+	return cr;
+}
+
+/* Sends a read of @ch and waits for it. Return: owned chan_req to answer the call with (its
+ * own, or an older late read's with its item), or NULL (-ENOMEM or a send error in *@ret_err). */
+static struct chan_req *chan_read_call(struct tp_chan *ch, Tpw__V1__ChanOp *op, int timeout_ms,
+				       int *ret_err)
+{
+	struct tp_context *ctx = ch->ctx;
+	struct chan_req *cr = calloc(1, sizeof(*cr)), *got;
+	int r;
+
+	*ret_err = cr ? chan_send(ctx, op, NULL, 0, cr) : tpc_error(-ENOMEM, "out of memory");
+	if (*ret_err < 0) {
+		free(cr);
+		return NULL;
+	}
+	pthread_mutex_lock(&ctx->lock);
+	r = chan_wait_locked(ctx, cr, timeout_ms, ch);
+	if (!cr->req.done || (cr->item && late_ready_locked(ch))) {
+		/* Gave up, or an older read's item came: this read's item waits on the handle. */
+		cr->ch = ch;
+		tpu_list_insert_tail(&ch->late, &cr->node);
+		got = r == -ETIMEDOUT ? NULL : late_take_locked(ch);
+		if (!got) { /* gave up: answer with a copy of the status and message */
+			got = calloc(1, sizeof(*got));
+			if (got) {
+				got->req = cr->req;
+				got->req.done = false;
+				got->req.status = -ETIMEDOUT;
+			}
+		}
+	} else if (late_ready_locked(ch)) { /* failed, but an older read's item came */
+		free(cr->item);
+		free(cr);
+		got = late_take_locked(ch);
+	} else {
+		got = cr;
+	}
+	pthread_mutex_unlock(&ctx->lock);
+	if (!got)
+		*ret_err = tpc_error(-ENOMEM, "out of memory");
+	return got;
+}
+
 TP_EXPORT int tp_chan_read(struct tp_chan *ch, void **ret_item, size_t *ret_len, int timeout_ms)
 {
 	Tpw__V1__ChanOp op = TPW__V1__CHAN_OP__INIT;
-	struct chan_req cr = { 0 };
+	_cleanup_free_ struct chan_req *cr = NULL;
 	int r;
 
 	if (!ch || !ret_item || !ret_len)
 		return tpc_error(-EINVAL, "tp_chan_read: NULL argument");
-	op.op = TPW__V1__CHAN_OP_KIND__CHAN_OP_READ;
-	op.chan_id = ch->id;
-	op.timeout_ms = timeout_ms < 0 ? UINT32_MAX : (uint32_t)timeout_ms;
-	r = chan_call(ch->ctx, &op, NULL, 0, timeout_ms, &cr);
-	if (r == -ETIMEDOUT && timeout_ms == 0 && cr.req.done)
+	pthread_mutex_lock(&ch->ctx->lock);
+	cr = late_take_locked(ch); /* an item that came after its reader gave up goes first */
+	pthread_mutex_unlock(&ch->ctx->lock);
+	if (!cr) {
+		op.op = TPW__V1__CHAN_OP_KIND__CHAN_OP_READ;
+		op.chan_id = ch->id;
+		op.timeout_ms = timeout_ms < 0 ? UINT32_MAX : (uint32_t)timeout_ms;
+		cr = chan_read_call(ch, &op, timeout_ms, &r);
+		if (!cr)
+			return r;
+	}
+	r = cr->req.status;
+	if (r == -ETIMEDOUT && timeout_ms == 0 && cr->req.done)
 		r = -EAGAIN;
 	if (r < 0) {
-		free(cr.item);
-		return tpc_error(r, "channel '%s': %s", ch->name, cr.req.msg);
+		free(cr->item);
+		return tpc_error(r, "channel '%s': %s", ch->name, cr->req.msg);
 	}
-	if (!cr.item)
+	if (!cr->item)
 		return tpc_error(-EPROTO, "channel '%s': an answer without an item", ch->name);
-	*ret_item = cr.item;
-	*ret_len = cr.len;
-	return cr.closed ? TP_CHAN_CLOSED : 0;
+	*ret_item = cr->item;
+	*ret_len = cr->len;
+	return cr->closed ? TP_CHAN_CLOSED : 0;
 }
 
 static int chan_simple(struct tp_chan *ch, Tpw__V1__ChanOpKind kind, const char *what)
@@ -251,12 +404,96 @@ TP_EXPORT int tp_chan_close(struct tp_chan *ch)
 	return chan_simple(ch, TPW__V1__CHAN_OP_KIND__CHAN_OP_CLOSE, "close");
 }
 
+static bool chan_late_any(struct tp_chan *ch)
+{
+	bool any;
+
+	pthread_mutex_lock(&ch->ctx->lock);
+	any = !tpu_list_empty(&ch->late);
+	pthread_mutex_unlock(&ch->ctx->lock);
+	return any;
+}
+
+/* Writes the items of late reads in @kept back to the channel through @via (NULL: drops them),
+ * oldest first, waiting up to the reply timeout for room; frees @kept. Return: 0 or the first
+ * error (message set), counting the items dropped. */
+static int chan_give_back(struct tp_chan *via, struct tpu_list *kept, const char *name)
+{
+	struct chan_req *cr, *tmp;
+	unsigned lost = 0;
+	int r = 0, w;
+
+	tpu_list_for_each_safe(cr, tmp, kept, node) {
+		struct iovec iov = { .iov_base = cr->item, .iov_len = cr->len };
+
+		w = via ? tp_chan_write(via, &iov, 1, via->ctx->reply_ms) : -ENOENT;
+		if (w < 0) {
+			r = r ? r : w;
+			lost++;
+		}
+		tpu_list_remove(&cr->node);
+		free(cr->item);
+		free(cr);
+	}
+	if (r < 0)
+		return tpc_error(r, "%u item(s) that came after their read gave up could not be "
+				 "given back to channel '%s': %s", lost, name, tp_strerror(r));
+	return 0;
+}
+
+/*
+ * Releases @ch, which has reads whose caller gave up: their items are written back to the
+ * channel through a second handle opened first (the daemon sends every item of @ch before it
+ * answers the release), or through @ch itself before the release if that open fails (then an
+ * item answering a read still waiting at the release is dropped). Takes @ch.
+ * Return: the release's result, else the give-back's.
+ */
+static int chan_release_late(struct tp_chan *ch)
+{
+	struct tp_chan_options o = { .size = sizeof(o), .owner_uid = ch->owner_uid };
+	struct tpu_list kept = TPU_LIST_INIT(kept);
+	struct tp_context *ctx = ch->ctx;
+	struct tp_chan *back = NULL;
+	struct chan_req *cr, *tmp;
+	int r, g = 0;
+
+	if (tp_chan_open(ctx, ch->name, &o, &back) < 0) {
+		back = NULL;
+		pthread_mutex_lock(&ctx->lock);
+		late_take_done_locked(ch, &kept);
+		pthread_mutex_unlock(&ctx->lock);
+		g = chan_give_back(ch, &kept, ch->name);
+	}
+	r = chan_simple(ch, TPW__V1__CHAN_OP_KIND__CHAN_OP_RELEASE, "release");
+	pthread_mutex_lock(&ctx->lock);
+	late_take_done_locked(ch, &kept);
+	tpu_list_for_each_safe(cr, tmp, &ch->late, node) { /* canceled by the release: unfile */
+		if (tpc_map_get(&ctx->reqs, cr->req.id) == &cr->req)
+			tpc_map_del(&ctx->reqs, cr->req.id);
+		tpu_list_remove(&cr->node);
+		free(cr);
+	}
+	pthread_mutex_unlock(&ctx->lock);
+	if (!tpu_list_empty(&kept)) {
+		int g2 = chan_give_back(back, &kept, ch->name);
+
+		g = g ? g : g2;
+	}
+	if (back)
+		tp_chan_release(back);
+	free(ch->name);
+	free(ch);
+	return r < 0 ? r : g;
+}
+
 TP_EXPORT int tp_chan_release(struct tp_chan *ch)
 {
 	int r;
 
 	if (!ch)
 		return 0;
+	if (chan_late_any(ch))
+		return chan_release_late(ch);
 	r = chan_simple(ch, TPW__V1__CHAN_OP_KIND__CHAN_OP_RELEASE, "release");
 	free(ch->name);
 	free(ch);

@@ -1,0 +1,309 @@
+/* SPDX-License-Identifier: BSD-3-Clause */
+/*
+ * Integration suite: a channel call whose caller gives up before the daemon answers loses
+ * nothing (docs/channels.md, "A caller that gives up"). The client gives up deterministically:
+ * its context has a short reply timeout and the daemon is stopped (SIGSTOP) for the whole wait,
+ * then continued. A read's late item is returned by the handle's next read, or written back to
+ * the channel when the handle is released first; a write that the caller gave up on reports
+ * -EINPROGRESS, not a failure, and its batch is in the channel once the daemon runs. A read
+ * that waits while the given-up read is still waiting in the daemon returns the item that read
+ * gets (the oldest waiting reader's) as soon as it comes.
+ */
+#include <check.h>
+#include <errno.h>
+#include <json-c/json.h>
+#include <sched.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "itest.h"
+
+#define T_MS 30000
+#define LATE_REPLY_MS TPT_SCALED_MS(500) /* the giving-up context's reply timeout */
+#define ITEM "late item"
+
+static void setup(void)
+{
+	tpt_fixture_start();
+}
+
+static void teardown(void)
+{
+	tpt_fixture_stop();
+}
+
+/* A context on the fixture daemon with reply timeout @reply_ms (0: the default). Retries a
+ * Hello that a busy machine answers later than a short timeout allows. */
+static struct tp_context *ctx_new(uint32_t reply_ms)
+{
+	struct tp_context_options o = {
+		.size = sizeof(o),
+		.socket_path = tpt_fixture_daemon.socket,
+		.name = "chan_late",
+		.reply_timeout_ms = reply_ms,
+	};
+	struct tp_context *ctx = NULL;
+	int r;
+
+	for (int i = 0; i < 20; i++) {
+		r = tp_context_new(&o, &ctx);
+		if (r != -ETIMEDOUT)
+			break;
+	}
+	ck_assert_msg(r == 0, "context: %d %s", r, tp_last_error());
+	return ctx;
+}
+
+static struct tp_chan *chan_open(struct tp_context *ctx, unsigned flags)
+{
+	struct tp_chan_options o = { .size = sizeof(o), .flags = flags, .owner_uid = -1 };
+	struct tp_chan *ch = NULL;
+	int r;
+
+	for (int i = 0; i < 20; i++) {
+		r = tp_chan_open(ctx, "late", &o, &ch);
+		if (r != -ETIMEDOUT)
+			break;
+	}
+	ck_assert_msg(r == 0, "open: %d %s", r, tp_last_error());
+	return ch;
+}
+
+/* Writes ITEM to channel "late" (kept open by the caller) from a new context. Return: 0 or
+ * -errno. */
+static int write_item(void)
+{
+	struct iovec iov = { .iov_base = (void *)ITEM, .iov_len = sizeof(ITEM) };
+	struct tp_context *ctx = NULL;
+	struct tp_chan *ch = NULL;
+	int r = tpt_ctx_new(&tpt_fixture_daemon, 0, "writer", &ctx);
+
+	if (r == 0)
+		r = tp_chan_open(ctx, "late", NULL, &ch);
+	if (r == 0)
+		r = tp_chan_write(ch, &iov, 1, 0);
+	tp_chan_release(ch);
+	tp_context_free(ctx);
+	return r;
+}
+
+/* Another process writes ITEM and exits. */
+static void write_from_child(void)
+{
+	pid_t pid = fork();
+	int st;
+
+	ck_assert_int_ge(pid, 0);
+	if (pid == 0)
+		_exit(write_item() == 0 ? 0 : 1);
+	ck_assert_int_eq(waitpid(pid, &st, 0), pid);
+	ck_assert_msg(WIFEXITED(st) && WEXITSTATUS(st) == 0, "writer failed");
+}
+
+/* `tpipctl channels --json`: readers_waiting of channel "late" (-1 if unknown). */
+static long readers_waiting(void)
+{
+	const char *bin = getenv("TPIPCTL_BIN");
+	const char *argv[] = { bin, "--socket", tpt_fixture_daemon.socket, "--json", "channels",
+			       NULL };
+	struct tpt_cmd_result res;
+	struct json_object *root, *arr, *v, *n;
+	long out = -1;
+
+	if (!bin || tpt_run(argv, T_MS, &res) < 0)
+		return -1;
+	root = json_tokener_parse(res.out);
+	if (root && json_object_object_get_ex(root, "channels", &arr)) {
+		for (size_t i = 0; i < json_object_array_length(arr); i++) {
+			struct json_object *c = json_object_array_get_idx(arr, i);
+
+			if (json_object_object_get_ex(c, "name", &n) &&
+			    strcmp(json_object_get_string(n), "late") == 0 &&
+			    json_object_object_get_ex(c, "readers_waiting", &v))
+				out = json_object_get_int64(v);
+		}
+	}
+	json_object_put(root);
+	tpt_cmd_result_free(&res);
+	return out;
+}
+
+/* The daemon's state letter in /proc/PID/stat. */
+static char daemon_state(void)
+{
+	char path[64], buf[512], *p;
+	FILE *f;
+	size_t n;
+
+	snprintf(path, sizeof(path), "/proc/%d/stat", (int)tpt_fixture_daemon.pid);
+	f = fopen(path, "r");
+	ck_assert_ptr_nonnull(f);
+	n = fread(buf, 1, sizeof(buf) - 1, f);
+	fclose(f);
+	buf[n] = '\0';
+	p = strrchr(buf, ')');
+	ck_assert_ptr_nonnull(p);
+	return p[2];
+}
+
+/* Stops the daemon and returns once the kernel shows it stopped. */
+static void daemon_stop(void)
+{
+	ck_assert_int_eq(kill(tpt_fixture_daemon.pid, SIGSTOP), 0);
+	while (daemon_state() != 'T')
+		sched_yield();
+}
+
+static void daemon_cont(void)
+{
+	ck_assert_int_eq(kill(tpt_fixture_daemon.pid, SIGCONT), 0);
+}
+
+static void check_item(int r, void *item, size_t len)
+{
+	ck_assert_msg(r == 0, "read: %d %s", r, tp_last_error());
+	ck_assert_uint_eq(len, sizeof(ITEM));
+	ck_assert_mem_eq(item, ITEM, sizeof(ITEM));
+	free(item);
+}
+
+/* A try-once read given up while the daemon is stopped: the item the daemon hands out once it
+ * runs again is the next read's, and is not handed out twice. */
+START_TEST(test_late_read_next_read)
+{
+	struct tp_context *keeper = ctx_new(0), *ctx = ctx_new(LATE_REPLY_MS);
+	struct tp_chan *keep = chan_open(keeper, TP_CHAN_CREATE), *ch = chan_open(ctx, 0);
+	void *item = NULL;
+	size_t len = 0;
+	int r;
+
+	write_from_child();
+	daemon_stop();
+	r = tp_chan_read(ch, &item, &len, 0);
+	daemon_cont();
+	ck_assert_msg(r == -ETIMEDOUT, "read while stopped: %d %s", r, tp_last_error());
+	r = tp_chan_read(ch, &item, &len, TPT_SCALED_MS(5000));
+	check_item(r, item, len);
+	ck_assert_int_eq(tp_chan_read(ch, &item, &len, 0), -EAGAIN);
+	ck_assert_int_eq(tp_chan_read(keep, &item, &len, 0), -EAGAIN);
+	ck_assert_int_eq(tp_chan_release(ch), 0);
+	ck_assert_int_eq(tp_chan_release(keep), 0);
+	tp_context_free(ctx);
+	tp_context_free(keeper);
+}
+END_TEST
+
+/* The same given-up read, then the handle is released without reading: the item goes back to
+ * the channel and another handle reads it. */
+START_TEST(test_late_read_release_gives_back)
+{
+	struct tp_context *keeper = ctx_new(0), *ctx = ctx_new(LATE_REPLY_MS);
+	struct tp_chan *keep = chan_open(keeper, TP_CHAN_CREATE), *ch = chan_open(ctx, 0);
+	void *item = NULL;
+	size_t len = 0;
+	int r;
+
+	write_from_child();
+	daemon_stop();
+	r = tp_chan_read(ch, &item, &len, 0);
+	daemon_cont();
+	ck_assert_msg(r == -ETIMEDOUT, "read while stopped: %d %s", r, tp_last_error());
+	r = tp_chan_release(ch);
+	ck_assert_msg(r == 0, "release: %d %s", r, tp_last_error());
+	r = tp_chan_read(keep, &item, &len, TPT_SCALED_MS(5000));
+	check_item(r, item, len);
+	ck_assert_int_eq(tp_chan_read(keep, &item, &len, 0), -EAGAIN);
+	ck_assert_int_eq(tp_chan_release(keep), 0);
+	tp_context_free(ctx);
+	tp_context_free(keeper);
+}
+END_TEST
+
+/* A timed read given up while the daemon is stopped still waits in the daemon once it runs;
+ * the next read waits behind it. An item written then goes to the given-up read (the oldest
+ * reader), and the next read returns it at once rather than waiting for its own. */
+START_TEST(test_late_read_while_next_waits)
+{
+	struct tp_context *keeper = ctx_new(0), *ctx = ctx_new(LATE_REPLY_MS);
+	struct tp_chan *keep = chan_open(keeper, TP_CHAN_CREATE), *ch = chan_open(ctx, 0);
+	void *item = NULL;
+	size_t len = 0;
+	uint64_t t0;
+	pid_t pid;
+	int r, st;
+
+	daemon_stop();
+	r = tp_chan_read(ch, &item, &len, TPT_SCALED_MS(5000));
+	daemon_cont();
+	ck_assert_msg(r == -ETIMEDOUT, "read while stopped: %d %s", r, tp_last_error());
+	pid = fork();
+	ck_assert_int_ge(pid, 0);
+	if (pid == 0) { /* writes once both reads of @ch wait in the daemon */
+		uint64_t end = tpt_now_ms() + T_MS;
+
+		while (readers_waiting() != 2)
+			if (tpt_now_ms() > end)
+				_exit(2);
+		_exit(write_item() == 0 ? 0 : 1);
+	}
+	t0 = tpt_now_ms();
+	r = tp_chan_read(ch, &item, &len, T_MS);
+	check_item(r, item, len);
+	ck_assert_msg(tpt_now_ms() - t0 < T_MS, "the read waited for its own answer");
+	ck_assert_int_eq(waitpid(pid, &st, 0), pid);
+	ck_assert_msg(WIFEXITED(st) && WEXITSTATUS(st) == 0, "writer child: %d", st);
+	ck_assert_int_eq(tp_chan_release(ch), 0); /* its own read still waits: canceled */
+	ck_assert_int_eq(tp_chan_read(keep, &item, &len, 0), -EAGAIN);
+	ck_assert_int_eq(tp_chan_release(keep), 0);
+	tp_context_free(ctx);
+	tp_context_free(keeper);
+}
+END_TEST
+
+/* A write given up while the daemon is stopped reports -EINPROGRESS (it may happen yet), and
+ * happens once the daemon runs: the batch is read from another handle. */
+START_TEST(test_late_write_in_progress)
+{
+	struct tp_context *keeper = ctx_new(0), *ctx = ctx_new(LATE_REPLY_MS);
+	struct tp_chan *keep = chan_open(keeper, TP_CHAN_CREATE), *ch = chan_open(ctx, 0);
+	struct iovec iov = { .iov_base = (void *)ITEM, .iov_len = sizeof(ITEM) };
+	void *item = NULL;
+	size_t len = 0;
+	int r;
+
+	daemon_stop();
+	r = tp_chan_write(ch, &iov, 1, 0);
+	daemon_cont();
+	ck_assert_msg(r == -EINPROGRESS, "write while stopped: %d %s", r, tp_last_error());
+	r = tp_chan_read(keep, &item, &len, TPT_SCALED_MS(5000));
+	check_item(r, item, len);
+	ck_assert_int_eq(tp_chan_release(ch), 0);
+	ck_assert_int_eq(tp_chan_release(keep), 0);
+	tp_context_free(ctx);
+	tp_context_free(keeper);
+}
+END_TEST
+
+static Suite *chan_late_suite(void)
+{
+	Suite *s = suite_create("chan_late");
+	TCase *tc = tcase_create("chan_late");
+
+	tcase_add_checked_fixture(tc, setup, teardown);
+	tcase_set_timeout(tc, 60);
+	tcase_add_test(tc, test_late_read_next_read);
+	tcase_add_test(tc, test_late_read_release_gives_back);
+	tcase_add_test(tc, test_late_read_while_next_waits);
+	tcase_add_test(tc, test_late_write_in_progress);
+	suite_add_tcase(s, tc);
+	return s;
+}
+
+int main(void)
+{
+	return tpt_run_suite(chan_late_suite());
+}
