@@ -431,9 +431,17 @@ void tpc_buffer_pool_expire(struct tp_context *ctx)
 {
 	struct tpc_buf *old[POOL_MAX];
 	uint64_t idle = (uint64_t)STAGE_IDLE_MS * 1000000u, now = tpu_now_ns();
+	bool due;
 	size_t n;
 
 	if (now < idle)
+		return;
+	/* Cheap test first: the io thread wakes often while messages flow, and send_lock is on
+	 * every writer's path. */
+	pthread_mutex_lock(&ctx->lock);
+	due = tpc_buffer_pool_timeout_locked(ctx) == 0;
+	pthread_mutex_unlock(&ctx->lock);
+	if (!due)
 		return;
 	pthread_mutex_lock(&ctx->send_lock);
 	pthread_mutex_lock(&ctx->lock);
