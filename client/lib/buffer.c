@@ -14,11 +14,17 @@
 #include "internal.h"
 
 #define STAGE_MIN (64u << 10)
-/* Staging buffers kept for reuse: least recently used first out. Faulting in a fresh memfd costs
- * far more than the copy through it, so sizes seen recently stay mapped, within these bounds. */
-#define POOL_MAX 4
-#define POOL_BUF_MAX (256u << 20)
-#define POOL_BYTES_MAX (512u << 20)
+/*
+ * Staging buffers kept for reuse (the free list; a buffer in use by an operation is never in
+ * it, so concurrent messages never share bytes). Faulting in a fresh memfd, here and in the
+ * daemon, costs far more than the copy through it, so free buffers stay mapped within these
+ * bounds: POOL_MAX buffers and POOL_BYTES_MAX bytes (or half the daemon's --buffer-bytes-max,
+ * if lower), least recently used out first; a buffer left unused for STAGE_IDLE_MS is released
+ * (by the io thread, which wakes for it), and all of them at tp_context_free().
+ */
+#define POOL_MAX 8
+#define POOL_BYTES_MAX (1ull << 30)
+#define STAGE_IDLE_MS 2000
 
 static int buffer_map(size_t size, struct tpc_buf *b, int *ret_fd)
 {
@@ -285,29 +291,76 @@ TP_EXPORT int tp_buffer_free(struct tp_context *ctx, void *ptr)
 
 /* ---- staging ------------------------------------------------------------------------------- */
 
-static void buffer_pool_drain(struct tp_context *ctx)
+static uint64_t pool_bytes_max(const struct tp_context *ctx)
+{
+	uint64_t max = POOL_BYTES_MAX;
+
+	if (ctx->lim.buffer_bytes_max && ctx->lim.buffer_bytes_max / 2 < max)
+		max = ctx->lim.buffer_bytes_max / 2;
+	return max;
+}
+
+static void pool_remove_locked(struct tp_context *ctx, struct tpc_buf *b)
+{
+	tpu_list_remove(&b->pool_link);
+	ctx->n_pool--;
+	ctx->pool_bytes -= b->size;
+}
+
+/* Releases @n buffers of @bufs; send_lock held, lock not held. */
+static void pool_release(struct tp_context *ctx, struct tpc_buf **bufs, size_t n)
+{
+	for (size_t i = 0; i < n; i++)
+		buffer_release(ctx, bufs[i]);
+}
+
+/* Moves up to POOL_MAX free buffers unused since @before_ns (all: UINT64_MAX) to @ret. */
+static size_t pool_take_old_locked(struct tp_context *ctx, uint64_t before_ns,
+				   struct tpc_buf **ret)
 {
 	struct tpc_buf *b;
+	size_t n = 0;
 
-	for (;;) {
-		pthread_mutex_lock(&ctx->lock);
-		b = tpu_list_first(&ctx->stage_pool, struct tpc_buf, pool_link);
-		if (b) {
-			tpu_list_remove(&b->pool_link);
-			ctx->n_pool--;
-			ctx->pool_bytes -= b->size;
-		}
-		pthread_mutex_unlock(&ctx->lock);
-		if (!b)
-			return;
-		buffer_release(ctx, b);
+	while (n < POOL_MAX && (b = tpu_list_first(&ctx->stage_pool, struct tpc_buf, pool_link)) &&
+	       b->used_ns <= before_ns) {
+		pool_remove_locked(ctx, b);
+		ret[n++] = b;
 	}
+	return n;
+}
+
+/* send_lock held, lock not held. */
+static void buffer_pool_drain(struct tp_context *ctx)
+{
+	struct tpc_buf *old[POOL_MAX];
+	size_t n;
+
+	do {
+		pthread_mutex_lock(&ctx->lock);
+		n = pool_take_old_locked(ctx, UINT64_MAX, old);
+		pthread_mutex_unlock(&ctx->lock);
+		pool_release(ctx, old, n);
+	} while (n);
+}
+
+/* The smallest free buffer of at least @size bytes, taken out of the pool, or NULL. */
+static struct tpc_buf *pool_best_fit_locked(struct tp_context *ctx, size_t size)
+{
+	struct tpc_buf *b, *best = NULL;
+
+	tpu_list_for_each(b, &ctx->stage_pool, pool_link) {
+		if (!b->failed && b->size >= size && (!best || b->size < best->size))
+			best = b;
+	}
+	if (best)
+		pool_remove_locked(ctx, best);
+	return best;
 }
 
 int tpc_buffer_stage_get(struct tp_context *ctx, size_t size, struct tpc_buf **ret)
 {
 	size_t cls = STAGE_MIN;
-	struct tpc_buf *b, *found = NULL;
+	struct tpc_buf *found;
 	int r;
 
 	while (cls < size && cls <= SIZE_MAX / 2)
@@ -315,17 +368,7 @@ int tpc_buffer_stage_get(struct tp_context *ctx, size_t size, struct tpc_buf **r
 	if (cls < size)
 		return -ENOMEM;
 	pthread_mutex_lock(&ctx->lock);
-	tpu_list_for_each(b, &ctx->stage_pool, pool_link) {
-		if (b->size == cls && !b->failed) {
-			found = b;
-			break;
-		}
-	}
-	if (found) {
-		tpu_list_remove(&found->pool_link);
-		ctx->n_pool--;
-		ctx->pool_bytes -= found->size;
-	}
+	found = pool_best_fit_locked(ctx, size);
 	pthread_mutex_unlock(&ctx->lock);
 	if (found) {
 		*ret = found;
@@ -341,23 +384,23 @@ int tpc_buffer_stage_get(struct tp_context *ctx, size_t size, struct tpc_buf **r
 
 void tpc_buffer_stage_put(struct tp_context *ctx, struct tpc_buf *b, bool reuse)
 {
-	struct tpc_buf *evict[POOL_MAX + 1];
+	struct tpc_buf *evict[POOL_MAX];
 	size_t n_evict = 0;
+	uint64_t max;
 
 	if (!b)
 		return;
 	pthread_mutex_lock(&ctx->lock);
-	if (reuse && !b->failed && !ctx->stopping && !ctx->dead && b->size <= POOL_BUF_MAX) {
+	max = pool_bytes_max(ctx);
+	if (reuse && !b->failed && !ctx->stopping && !ctx->dead && b->size <= max) {
 		/* Make room by dropping the least recently used buffers. */
-		while (ctx->n_pool && (ctx->n_pool >= POOL_MAX ||
-				       ctx->pool_bytes + b->size > POOL_BYTES_MAX)) {
+		while (ctx->n_pool && (ctx->n_pool >= POOL_MAX || ctx->pool_bytes + b->size > max)) {
 			struct tpc_buf *old =
 				tpu_list_first(&ctx->stage_pool, struct tpc_buf, pool_link);
-			tpu_list_remove(&old->pool_link);
-			ctx->n_pool--;
-			ctx->pool_bytes -= old->size;
+			pool_remove_locked(ctx, old);
 			evict[n_evict++] = old;
 		}
+		b->used_ns = tpu_now_ns();
 		tpu_list_insert_tail(&ctx->stage_pool, &b->pool_link);
 		ctx->n_pool++;
 		ctx->pool_bytes += b->size;
@@ -367,10 +410,44 @@ void tpc_buffer_stage_put(struct tp_context *ctx, struct tpc_buf *b, bool reuse)
 	if (!b && !n_evict)
 		return;
 	pthread_mutex_lock(&ctx->send_lock);
-	for (size_t i = 0; i < n_evict; i++)
-		buffer_release(ctx, evict[i]);
+	pool_release(ctx, evict, n_evict);
 	if (b)
 		buffer_release(ctx, b);
+	pthread_mutex_unlock(&ctx->send_lock);
+}
+
+int tpc_buffer_pool_timeout_locked(struct tp_context *ctx)
+{
+	struct tpc_buf *b = tpu_list_first(&ctx->stage_pool, struct tpc_buf, pool_link);
+	uint64_t now = tpu_now_ns(), due;
+
+	if (!b)
+		return -1;
+	due = b->used_ns + (uint64_t)STAGE_IDLE_MS * 1000000u;
+	return due <= now ? 0 : (int)((due - now + 999999u) / 1000000u);
+}
+
+void tpc_buffer_pool_expire(struct tp_context *ctx)
+{
+	struct tpc_buf *old[POOL_MAX];
+	uint64_t idle = (uint64_t)STAGE_IDLE_MS * 1000000u, now = tpu_now_ns();
+	bool due;
+	size_t n;
+
+	if (now < idle)
+		return;
+	/* Cheap test first: the io thread wakes often while messages flow, and send_lock is on
+	 * every writer's path. */
+	pthread_mutex_lock(&ctx->lock);
+	due = tpc_buffer_pool_timeout_locked(ctx) == 0;
+	pthread_mutex_unlock(&ctx->lock);
+	if (!due)
+		return;
+	pthread_mutex_lock(&ctx->send_lock);
+	pthread_mutex_lock(&ctx->lock);
+	n = pool_take_old_locked(ctx, now - idle, old);
+	pthread_mutex_unlock(&ctx->lock);
+	pool_release(ctx, old, n);
 	pthread_mutex_unlock(&ctx->send_lock);
 }
 

@@ -610,7 +610,7 @@ static bool io_ready(void *arg)
  * the socket (doorbells, the end of the connection).
  */
 static void context_ring_wait(struct tp_context *ctx, struct tpu_spin *spin, struct pollfd *pfd,
-			      uint64_t seq)
+			      uint64_t seq, int timeout_ms)
 {
 	struct io_poll p = { ctx, seq };
 	uint64_t t0 = tpu_now_ns(), v;
@@ -624,7 +624,8 @@ static void context_ring_wait(struct tp_context *ctx, struct tpu_spin *spin, str
 	__atomic_store_n(&ctx->io_sleeping, 1, __ATOMIC_SEQ_CST);
 	raced = tpu_ring_sleep_prepare(&ctx->ring_rx) ||
 		__atomic_load_n(&ctx->wake_seq, __ATOMIC_SEQ_CST) != p.wake_seq;
-	if (!raced && poll(pfd, 2, -1) > 0 && pfd[0].revents && read(ctx->efd, &v, sizeof(v)) < 0)
+	if (!raced && poll(pfd, 2, timeout_ms) > 0 && pfd[0].revents &&
+	    read(ctx->efd, &v, sizeof(v)) < 0)
 		v = 0;
 	__atomic_store_n(&ctx->io_sleeping, 0, __ATOMIC_SEQ_CST);
 	tpu_ring_sleep_cancel(&ctx->ring_rx);
@@ -681,21 +682,25 @@ static void *context_io_main(void *arg)
 		nfds_t n = ctx->dead ? 1 : 2;
 		/* Work queued from now on bumps wake_seq (after taking the lock we hold). */
 		uint64_t seq = __atomic_load_n(&ctx->wake_seq, __ATOMIC_SEQ_CST);
+		/* Wake up to release idle staging buffers. */
+		int tmo = tpc_buffer_pool_timeout_locked(ctx);
 
 		pthread_mutex_unlock(&ctx->lock);
 		if (ctx->ring && n == 2) {
-			context_ring_wait(ctx, &spin, pfd, seq);
-			pthread_mutex_lock(&ctx->lock);
-			continue;
+			context_ring_wait(ctx, &spin, pfd, seq, tmo);
+		} else {
+			__atomic_store_n(&ctx->io_sleeping, 1, __ATOMIC_SEQ_CST);
+			if (__atomic_load_n(&ctx->wake_seq, __ATOMIC_SEQ_CST) == seq &&
+			    poll(pfd, n, tmo) > 0) {
+				if (pfd[0].revents && read(ctx->efd, &v, sizeof(v)) < 0)
+					v = 0;
+				if (n > 1 && pfd[1].revents)
+					context_on_readable(ctx);
+			}
+			__atomic_store_n(&ctx->io_sleeping, 0, __ATOMIC_SEQ_CST);
 		}
-		__atomic_store_n(&ctx->io_sleeping, 1, __ATOMIC_SEQ_CST);
-		if (__atomic_load_n(&ctx->wake_seq, __ATOMIC_SEQ_CST) == seq && poll(pfd, n, -1) > 0) {
-			if (pfd[0].revents && read(ctx->efd, &v, sizeof(v)) < 0)
-				v = 0;
-			if (n > 1 && pfd[1].revents)
-				context_on_readable(ctx);
-		}
-		__atomic_store_n(&ctx->io_sleeping, 0, __ATOMIC_SEQ_CST);
+		if (tmo >= 0)
+			tpc_buffer_pool_expire(ctx);
 		pthread_mutex_lock(&ctx->lock);
 	}
 	pthread_mutex_unlock(&ctx->lock);

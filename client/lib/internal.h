@@ -189,6 +189,7 @@ struct tpc_buf {
 	bool failed; /* the daemon refused the registration */
 	struct tpc_req req;
 	struct tpu_list pool_link;
+	uint64_t used_ns; /* staging: when it went back to the pool (tpu_now_ns()) */
 };
 
 /* ---- context ------------------------------------------------------------------------------- */
@@ -539,6 +540,12 @@ int tpc_buffer_check_range_locked(struct tp_context *ctx, const void *ptr, size_
 int tpc_buffer_stage_get(struct tp_context *ctx, size_t size, struct tpc_buf **ret);
 /* Returns a staging buffer (to the pool if @reuse); no lock held. Takes @b. Accepts NULL. */
 void tpc_buffer_stage_put(struct tp_context *ctx, struct tpc_buf *b, bool reuse);
+/* Milliseconds until the least recently used free staging buffer has been idle long enough to
+ * be released (0: now), or -1 when none is free (poll() timeout of the io thread). Lock held. */
+int tpc_buffer_pool_timeout_locked(struct tp_context *ctx);
+/* Releases the free staging buffers that have been idle long enough (io thread, no lock held).
+ * Borrows @ctx. */
+void tpc_buffer_pool_expire(struct tp_context *ctx);
 /* Unmaps every buffer (context teardown). Borrows @ctx. */
 void tpc_buffer_free_all(struct tp_context *ctx);
 
