@@ -180,9 +180,35 @@ static int chan_call(struct tp_context *ctx, Tpw__V1__ChanOp *op, const struct i
 	return r;
 }
 
+int tpc_access_wire(int access, long gid, long owner_uid, struct tpc_access_wire *ret)
+{
+	*ret = (struct tpc_access_wire){ .gid = 0 };
+	switch (access) {
+	case TP_ACCESS_OWNER:
+		ret->access = TPW__V1__ACCESS__ACCESS_OWNER;
+		break;
+	case TP_ACCESS_GROUP:
+		ret->access = TPW__V1__ACCESS__ACCESS_GROUP;
+		ret->gid = (uint32_t)gid;
+		break;
+	case TP_ACCESS_ANYONE:
+		ret->access = TPW__V1__ACCESS__ACCESS_ANYONE;
+		break;
+	default:
+		return tpc_error(-EINVAL, "unknown access mode %d", access);
+	}
+	if (owner_uid < -1 || owner_uid > (long)UINT32_MAX - 1)
+		return tpc_error(-EINVAL, "owner uid %ld", owner_uid);
+	ret->owner_set = owner_uid >= 0;
+	ret->owner_uid = ret->owner_set ? (uint32_t)owner_uid : 0;
+	return 0;
+}
+
 static int chan_options(const struct tp_chan_options *opts, Tpw__V1__ChanOp *op)
 {
 	struct tp_chan_options o = { .size = sizeof(o), .owner_uid = -1 };
+	struct tpc_access_wire aw;
+	int r;
 
 	if (opts) {
 		if (opts->size == 0)
@@ -191,29 +217,18 @@ static int chan_options(const struct tp_chan_options *opts, Tpw__V1__ChanOp *op)
 	}
 	if (o.flags & ~(TP_CHAN_CREATE | TP_CHAN_EXCL | TP_CHAN_PERSISTENT))
 		return tpc_error(-EINVAL, "unknown channel flags 0x%x", o.flags);
-	switch (o.access) {
-	case TP_ACCESS_OWNER:
-		op->access = TPW__V1__ACCESS__ACCESS_OWNER;
-		break;
-	case TP_ACCESS_GROUP:
-		op->access = TPW__V1__ACCESS__ACCESS_GROUP;
-		op->gid = (uint32_t)o.gid;
-		break;
-	case TP_ACCESS_ANYONE:
-		op->access = TPW__V1__ACCESS__ACCESS_ANYONE;
-		break;
-	default:
-		return tpc_error(-EINVAL, "unknown access mode %d", (int)o.access);
-	}
-	if (o.owner_uid < -1 || o.owner_uid > (long)UINT32_MAX - 1)
-		return tpc_error(-EINVAL, "owner uid %ld", o.owner_uid);
+	r = tpc_access_wire((int)o.access, (long)o.gid, o.owner_uid, &aw);
+	if (r < 0)
+		return r;
+	op->access = aw.access;
+	op->gid = aw.gid;
+	op->owner_set = aw.owner_set;
+	op->owner_uid = aw.owner_uid;
 	op->create = o.flags & TP_CHAN_CREATE;
 	op->exclusive = o.flags & TP_CHAN_EXCL;
 	op->persistent = o.flags & TP_CHAN_PERSISTENT;
 	op->capacity_items = o.capacity_items;
 	op->capacity_bytes = o.capacity_bytes;
-	op->owner_set = o.owner_uid >= 0;
-	op->owner_uid = op->owner_set ? (uint32_t)o.owner_uid : 0;
 	return 0;
 }
 

@@ -52,6 +52,21 @@ struct tpc_map {
 /* Files @val under @key. Keeps @val without owning it (the map never frees a value); borrows
  * @m. Return: 0, -EEXIST, -ENOMEM. */
 int tpc_map_put(struct tpc_map *m, uint64_t key, void *val);
+
+/* Who may open a channel or work queue, as the wire says it (ChanOp, WqOp). */
+struct tpc_access_wire {
+	Tpw__V1__Access access;
+	uint32_t gid;
+	bool owner_set;
+	uint32_t owner_uid;
+};
+
+/*
+ * tpc_access_wire() - check an options struct's @access (enum tp_access), @gid and @owner_uid
+ * (-1: the caller's) and put them as the wire says them into the caller's @ret.
+ * Return: 0, or -EINVAL with the error set.
+ */
+int tpc_access_wire(int access, long gid, long owner_uid, struct tpc_access_wire *ret);
 /* Return: the value under @key (borrowed: the map does not own it), or NULL. */
 void *tpc_map_get(const struct tpc_map *m, uint64_t key);
 /* Removes @key. Return: its value (the map holds it no more), or NULL if absent. */

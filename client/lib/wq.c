@@ -105,6 +105,8 @@ static int wq_call(struct tp_context *ctx, Tpw__V1__WqOp *op, const void *data, 
 static int wq_options(const struct tp_wq_options *opts, Tpw__V1__WqOp *op)
 {
 	struct tp_wq_options o = { .size = sizeof(o), .owner_uid = -1 };
+	struct tpc_access_wire aw;
+	int r;
 
 	if (opts) {
 		if (opts->size == 0)
@@ -113,27 +115,16 @@ static int wq_options(const struct tp_wq_options *opts, Tpw__V1__WqOp *op)
 	}
 	if (o.flags & ~(TP_WQ_CREATE | TP_WQ_EXCL | TP_WQ_AT_MOST_ONCE))
 		return tpc_error(-EINVAL, "unknown work queue flags 0x%x", o.flags);
-	switch (o.access) {
-	case TP_ACCESS_OWNER:
-		op->access = TPW__V1__ACCESS__ACCESS_OWNER;
-		break;
-	case TP_ACCESS_GROUP:
-		op->access = TPW__V1__ACCESS__ACCESS_GROUP;
-		op->gid = (uint32_t)o.gid;
-		break;
-	case TP_ACCESS_ANYONE:
-		op->access = TPW__V1__ACCESS__ACCESS_ANYONE;
-		break;
-	default:
-		return tpc_error(-EINVAL, "unknown access mode %d", (int)o.access);
-	}
-	if (o.owner_uid < -1 || o.owner_uid > (long)UINT32_MAX - 1)
-		return tpc_error(-EINVAL, "owner uid %ld", o.owner_uid);
+	r = tpc_access_wire((int)o.access, (long)o.gid, o.owner_uid, &aw);
+	if (r < 0)
+		return r;
+	op->access = aw.access;
+	op->gid = aw.gid;
+	op->owner_set = aw.owner_set;
+	op->owner_uid = aw.owner_uid;
 	op->create = o.flags & TP_WQ_CREATE;
 	op->exclusive = o.flags & TP_WQ_EXCL;
 	op->at_most_once = o.flags & TP_WQ_AT_MOST_ONCE;
-	op->owner_set = o.owner_uid >= 0;
-	op->owner_uid = op->owner_set ? (uint32_t)o.owner_uid : 0;
 	return 0;
 }
 
