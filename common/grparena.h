@@ -31,7 +31,8 @@ enum tpu_grparena_why {
 	TPU_GRPARENA_TIMEOUT = 4, /* the member gave up waiting (op timeout) */
 	TPU_GRPARENA_SHUTDOWN = 5, /* the daemon stopped */
 	TPU_GRPARENA_LOST = 6,	   /* the member lost its daemon connection */
-	TPU_GRPARENA_HOST = 7	   /* the peer link to the member's host (or coordinator) failed */
+	TPU_GRPARENA_HOST = 7,	   /* the peer link to the member's host (or coordinator) failed */
+	TPU_GRPARENA_XLINK = 8	   /* the member, its host's leader, lost a pipe to another's */
 };
 
 struct tpu_grparena_hdr {
@@ -50,7 +51,11 @@ struct tpu_grparena_hdr {
 	uint32_t fail_rank;
 	uint32_t fail_pid;
 	uint32_t fail_why; /* enum tpu_grparena_why */
-	uint8_t pad3[52];
+	uint32_t pad3;
+	/* A member of a group over several hosts that left after its call number fail_after
+	 * (LEFT only; 0: none): the others' calls up to that number still complete. */
+	uint64_t fail_after;
+	uint8_t pad4[40];
 };
 
 /* A member's counters, written by that member after each collective (tpipctl groups reads
@@ -101,11 +106,42 @@ static inline long tpu_grparena_wake(uint32_t *word)
 static inline int tpu_grparena_fail(struct tpu_grparena_hdr *h, uint32_t rank, uint32_t pid,
 				    uint32_t why)
 {
-	uint32_t zero = 0;
-	int first = __atomic_compare_exchange_n(&h->fail_why, &zero, why, 0, __ATOMIC_SEQ_CST,
+	uint32_t old = 0;
+	int first = __atomic_compare_exchange_n(&h->fail_why, &old, why, 0, __ATOMIC_SEQ_CST,
 						__ATOMIC_SEQ_CST);
 
+	/* A departure that spares the calls in progress gives way to any other failure. */
+	if (!first && old == TPU_GRPARENA_LEFT && __atomic_load_n(&h->fail_after,
+								  __ATOMIC_SEQ_CST)) {
+		__atomic_store_n(&h->fail_after, 0, __ATOMIC_SEQ_CST);
+		first = __atomic_compare_exchange_n(&h->fail_why, &old, why, 0, __ATOMIC_SEQ_CST,
+						    __ATOMIC_SEQ_CST);
+	}
 	if (first) {
+		__atomic_store_n(&h->fail_rank, rank, __ATOMIC_RELAXED);
+		__atomic_store_n(&h->fail_pid, pid, __ATOMIC_RELAXED);
+	}
+	__atomic_fetch_or(&h->word, TPU_GRPARENA_FAILED, __ATOMIC_SEQ_CST);
+	tpu_grparena_wake(&h->word);
+	return first;
+}
+
+/*
+ * tpu_grparena_leave_after() - record that @rank (@pid) left a group over several hosts after
+ * its cross-host call @after (> 0): the members' calls up to that number still complete, later
+ * ones fail (the members compare it; a waiter on such a failure sleeps in slices, since a
+ * later failure replaces it without a new generation). Unless a failure was recorded first.
+ * Borrows @h. Return: true if this call recorded it.
+ */
+static inline int tpu_grparena_leave_after(struct tpu_grparena_hdr *h, uint32_t rank,
+					   uint32_t pid, uint64_t after)
+{
+	uint32_t zero = 0;
+	int first = __atomic_compare_exchange_n(&h->fail_why, &zero, TPU_GRPARENA_LEFT, 0,
+						__ATOMIC_SEQ_CST, __ATOMIC_SEQ_CST);
+
+	if (first) {
+		__atomic_store_n(&h->fail_after, after, __ATOMIC_SEQ_CST);
 		__atomic_store_n(&h->fail_rank, rank, __ATOMIC_RELAXED);
 		__atomic_store_n(&h->fail_pid, pid, __ATOMIC_RELAXED);
 	}

@@ -507,6 +507,23 @@ int tpw_tpip_parse(const char *a, uint16_t def_port, char *host, uint16_t *ret_p
 	return 0;
 }
 
+/* A group over several hosts: the member hosts, host addresses and token (issue 24). */
+static int check_group_hosts(const Tpw__V1__GroupJoined *j, char *why, size_t wl)
+{
+	if ((j->n_member_hosts && j->n_member_hosts != j->size) ||
+	    (j->n_host_addrs && j->n_host_addrs != j->hosts) ||
+	    (j->token.len && j->token.len != TPW_GROUP_TOKEN_BYTES))
+		return tpu_why(-EBADMSG, why, wl, "group hosts out of range");
+	for (size_t i = 0; i < j->n_member_hosts; i++)
+		if (j->member_hosts[i] >= j->hosts)
+			return tpu_why(-EBADMSG, why, wl, "member %zu on host %u of %u", i,
+				       j->member_hosts[i], j->hosts);
+	for (size_t i = 0; i < j->n_host_addrs; i++)
+		if (check_string(j->host_addrs[i], TPW_GROUP_ADDR_MAX, "host address", why, wl) < 0)
+			return -EBADMSG;
+	return 0;
+}
+
 int tpw_daemon_msg_validate(const Tpw__V1__DaemonMsg *m, const struct tpw_hdr *hdr,
 			    const struct tpw_limits *lim, char *why, size_t wl)
 {
@@ -554,6 +571,8 @@ int tpw_daemon_msg_validate(const Tpw__V1__DaemonMsg *m, const struct tpw_hdr *h
 		return check_string(m->wq_reply->message, TPW_MESSAGE_MAX, "message", why, wl);
 	case TPW__V1__DAEMON_MSG__BODY_GROUP_JOINED:
 		if (check_string(m->group_joined->message, TPW_MESSAGE_MAX, "message", why, wl) < 0)
+			return -EBADMSG;
+		if (check_group_hosts(m->group_joined, why, wl) < 0)
 			return -EBADMSG;
 		return check_string(m->group_joined->arena_path, TPW_NAME_MAX, "arena path", why,
 				    wl);
@@ -638,6 +657,12 @@ static int check_peer_group_joined(const Tpw__V1__PeerGroupJoined *j, char *why,
 		if (check_string(j->members[i]->host, TPW_MESSAGE_MAX, "host", why, wl) < 0)
 			return -EBADMSG;
 	}
+	if ((j->n_host_addrs && j->n_host_addrs != j->hosts) ||
+	    (j->token.len && j->token.len != TPW_GROUP_TOKEN_BYTES))
+		return tpu_why(-EBADMSG, why, wl, "group host addresses or token out of range");
+	for (size_t i = 0; i < j->n_host_addrs; i++)
+		if (check_string(j->host_addrs[i], TPW_GROUP_ADDR_MAX, "host address", why, wl) < 0)
+			return -EBADMSG;
 	return check_string(j->message, TPW_MESSAGE_MAX, "message", why, wl);
 }
 

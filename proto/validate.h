@@ -35,6 +35,8 @@ struct tpw_limits {
 #define TPW_REMOTE_PEERS_MAX 32u
 #define TPW_GROUP_NAME_MAX 128u  /* GroupJoin.name */
 #define TPW_GROUP_SIZE_MAX 4096u /* GroupJoin.size, before the daemon's group-members-max */
+#define TPW_GROUP_TOKEN_BYTES 16u /* GroupJoined.token: what the hosts' leaders prove */
+#define TPW_GROUP_ADDR_MAX (TPW_TPIP_HOST_MAX + 8u) /* a host's peer address, "[HOST]:PORT" */
 
 void tpw_limits_default(struct tpw_limits *lim);
 

@@ -27,7 +27,13 @@ struct coll_desc {
 	uint32_t pid;
 	uint32_t valid;
 	uint32_t absent; /* uneven steps: this member contributes nothing (not compared) */
+	/* across hosts, local rank 0's (the host's leader) only: the verdict on the whole group's
+	 * call that it hands the host's members (struct tpc_xverdict; not compared) */
+	int32_t xerr;
+	uint32_t xcontrib, xfield, xnodata;
 };
+
+_Static_assert(sizeof(struct coll_desc) <= TPU_GRPARENA_CALL, "a call descriptor fits its slot");
 
 static inline void cpu_relax(void)
 {
@@ -65,6 +71,10 @@ static int group_failed(struct tp_group *g, char *msg, size_t ml)
 		snprintf(msg, ml, "group '%s': the daemons lost the peer link to rank %u's host "
 			 "(tpipctl groups names it)", g->name, rank);
 		return -ECONNRESET;
+	case TPU_GRPARENA_XLINK:
+		snprintf(msg, ml, "group '%s': rank %u (pid %u), its host's leader, lost its pipe to "
+			 "another host's leader", g->name, rank, pid);
+		return -ECONNRESET;
 	case TPU_GRPARENA_LOST:
 		snprintf(msg, ml, "group '%s': rank %u (pid %u) lost its daemon connection", g->name,
 			 rank, pid);
@@ -73,6 +83,11 @@ static int group_failed(struct tp_group *g, char *msg, size_t ml)
 		snprintf(msg, ml, "group '%s' failed", g->name);
 		return -EPIPE;
 	}
+}
+
+int tpc_coll_failed(struct tp_group *g, char *msg, size_t ml)
+{
+	return group_failed(g, msg, ml);
 }
 
 static int futex_wait(uint32_t *word, uint32_t val, const struct timespec *rel)
@@ -101,30 +116,35 @@ static int barrier_wait(struct tp_group *g, uint32_t gen, int timeout_ms, char *
 		v = __atomic_load_n(w, __ATOMIC_ACQUIRE);
 		if ((v & TPU_GRPARENA_GEN) != gen)
 			return 0;
-		if (v & TPU_GRPARENA_FAILED)
+		if ((v & TPU_GRPARENA_FAILED) && !tpc_group_spared(g))
 			return group_failed(g, msg, ml);
 		cpu_relax();
 	}
 	for (;;) {
 		struct timespec rel = { 0, 0 };
 		int64_t left = 0;
+		bool spared = false;
 
 		v = __atomic_load_n(w, __ATOMIC_ACQUIRE);
 		if ((v & TPU_GRPARENA_GEN) != gen)
 			return 0;
-		if (v & TPU_GRPARENA_FAILED)
+		if ((v & TPU_GRPARENA_FAILED) && !(spared = tpc_group_spared(g)))
 			return group_failed(g, msg, ml);
 		if (end) {
 			left = end - now_ms();
 			if (left <= 0) {
-				tpu_grparena_fail(g->hdr, g->rank, (uint32_t)g->pid,
+				tpu_grparena_fail(g->hdr, g->world_rank, (uint32_t)g->pid,
 						  TPU_GRPARENA_TIMEOUT);
 				return group_failed(g, msg, ml);
 			}
 			rel.tv_sec = left / 1000;
 			rel.tv_nsec = (left % 1000) * 1000000;
 		}
-		futex_wait(w, v, end ? &rel : NULL);
+		if (spared && (!end || left > 50)) { /* a later failure may replace it unseen */
+			rel.tv_sec = 0;
+			rel.tv_nsec = 50 * 1000000L;
+		}
+		futex_wait(w, v, end || spared ? &rel : NULL);
 	}
 }
 
@@ -141,7 +161,7 @@ int tpc_coll_barrier(struct tp_group *g, int timeout_ms, char *msg, size_t ml)
 	struct tpu_grparena_hdr *h = g->hdr;
 	uint32_t v = __atomic_load_n(&h->word, __ATOMIC_ACQUIRE), old, nv;
 
-	if (v & TPU_GRPARENA_FAILED)
+	if ((v & TPU_GRPARENA_FAILED) && !tpc_group_spared(g))
 		return group_failed(g, msg, ml);
 	if (__atomic_fetch_add(&h->count, 1, __ATOMIC_ACQ_REL) != g->size - 1) {
 		uint64_t t0 = now_ns();
@@ -216,8 +236,9 @@ static int desc_check(struct tp_group *g, uint64_t seq, char *msg, size_t ml)
 			continue;
 		desc_str(&d0, a, sizeof(a));
 		desc_str(&dr, b, sizeof(b));
-		snprintf(msg, ml, "group '%s': mismatched collective: rank 0 called %s, rank %u "
-			 "called %s", g->name, a, r, b);
+		snprintf(msg, ml, "group '%s': mismatched collective: rank %u called %s, rank %u "
+			 "called %s", g->name, tpc_group_world_rank(g, 0), a,
+			 tpc_group_world_rank(g, r), b);
 		return -EPROTO;
 	}
 	g->contrib = 0;
@@ -370,18 +391,28 @@ static void stats_add(struct tp_group *g, const struct tpc_coll *c, uint64_t bus
 	__atomic_store_n(&st->wait_ns, g->wait_ns, __ATOMIC_RELAXED);
 }
 
-static int coll_run(struct tp_group *g, const struct tpc_coll *c, char *msg, size_t ml);
-
 int tpc_coll_run(struct tp_group *g, const struct tpc_coll *c, char *msg, size_t ml)
 {
 	uint64_t t0 = now_ns();
-	int r = coll_run(g, c, msg, ml);
+	int r = g->x ? tpc_collx_run(g, c, msg, ml) : tpc_coll_local(g, c, NULL, msg, ml);
 
 	stats_add(g, c, now_ns() - t0);
 	return r;
 }
 
-static int coll_run(struct tp_group *g, const struct tpc_coll *c, char *msg, size_t ml)
+/* After the first barrier of call @seq with a verdict: local rank 0's verdict into @v. */
+static void verdict_read(struct tp_group *g, uint64_t seq, struct tpc_xverdict *v)
+{
+	const struct coll_desc *d0 = desc_of(g, seq, 0);
+
+	v->err = d0->xerr;
+	v->contrib = d0->xcontrib;
+	v->field = d0->xfield;
+	v->nodata = d0->xnodata;
+}
+
+int tpc_coll_local(struct tp_group *g, const struct tpc_coll *c, struct tpc_xverdict *v,
+		   char *msg, size_t ml)
 {
 	uint64_t seq = g->seq++;
 	struct coll_desc *d = desc_of(g, seq, g->rank);
@@ -392,11 +423,24 @@ static int coll_run(struct tp_group *g, const struct tpc_coll *c, char *msg, siz
 	*d = (struct coll_desc){ .seq = seq, .kind = c->kind, .dtype = c->dtype, .op = c->op,
 				 .root = (uint32_t)c->root, .count = c->count,
 				 .pid = (uint32_t)g->pid, .valid = 1, .absent = c->absent };
+	if (v && g->rank == 0) {
+		d->xerr = v->err;
+		d->xcontrib = v->contrib;
+		d->xfield = v->field;
+		d->xnodata = v->nodata;
+	}
 	if (n)
 		chunk_in(g, c, 0, n, g->bank);
 	r = tpc_coll_barrier(g, g->op_timeout_ms, msg, ml);
 	if (r == 0)
 		r = desc_check(g, seq, msg, ml);
+	if (r == 0 && v) {
+		verdict_read(g, seq, v);
+		if (v->err < 0)
+			return v->err; /* the caller says why */
+		if (v->nodata)
+			n = 0;
+	}
 	if (r == 0 && c->ret_contrib)
 		*c->ret_contrib = g->contrib;
 	if (g->contrib == 0) /* every member has finished (uneven steps): nothing to reduce */

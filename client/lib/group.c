@@ -28,7 +28,49 @@ struct join_req {
 	uint32_t rank, size, local_rank, local_size, host_index, hosts;
 	uint64_t arena_bytes, chunk;
 	char path[128];
+	/* across hosts (hosts > 1): owned copies of the answer's lists, join_req_free() */
+	uint32_t *member_hosts;
+	size_t n_member_hosts;
+	char **addrs;
+	size_t naddrs;
+	uint8_t token[TPW_GROUP_TOKEN_BYTES];
+	size_t tlen;
 };
+
+static void join_req_free(struct join_req *j)
+{
+	free(j->member_hosts);
+	for (size_t i = 0; i < j->naddrs; i++)
+		free(j->addrs[i]);
+	free(j->addrs);
+}
+
+/* Copies the answer's lists for a group over several hosts. Return: 0 or -ENOMEM. */
+static int join_copy_hosts(struct join_req *j, const Tpw__V1__GroupJoined *m)
+{
+	if (m->n_member_hosts) {
+		j->member_hosts = calloc(m->n_member_hosts, sizeof(*j->member_hosts));
+		if (!j->member_hosts)
+			return -ENOMEM;
+		memcpy(j->member_hosts, m->member_hosts, m->n_member_hosts *
+		       sizeof(*j->member_hosts));
+		j->n_member_hosts = m->n_member_hosts;
+	}
+	if (m->n_host_addrs) {
+		j->addrs = calloc(m->n_host_addrs, sizeof(*j->addrs));
+		if (!j->addrs)
+			return -ENOMEM;
+		j->naddrs = m->n_host_addrs;
+		for (size_t i = 0; i < m->n_host_addrs; i++)
+			if (!(j->addrs[i] = strdup(m->host_addrs[i])))
+				return -ENOMEM;
+	}
+	if (m->token.len == sizeof(j->token)) {
+		memcpy(j->token, m->token.data, sizeof(j->token));
+		j->tlen = sizeof(j->token);
+	}
+	return 0;
+}
 
 /* Connection lost before the answer (@r NULL); a Reply is never the answer to a join. */
 static void join_on_reply(struct tp_context *ctx, struct tpc_req *req, const Tpw__V1__Reply *r)
@@ -58,6 +100,10 @@ void tpc_group_on_joined(struct tp_context *ctx, const Tpw__V1__GroupJoined *m)
 		j->arena_bytes = m->arena_bytes;
 		j->chunk = m->chunk_bytes;
 		snprintf(j->path, sizeof(j->path), "%s", m->arena_path ? m->arena_path : "");
+		if (m->hosts > 1 && join_copy_hosts(j, m) < 0) {
+			req->status = -ENOMEM;
+			snprintf(req->msg, sizeof(req->msg), "out of memory");
+		}
 	}
 	req->done = true;
 	pthread_cond_broadcast(&ctx->cond);
@@ -143,6 +189,7 @@ static void group_send_id(struct tp_group *g, bool leave)
 
 	if (leave) {
 		lv.group_id = g->id;
+		lv.calls = g->xcall; /* the others' calls up to it still complete */
 		m.body_case = TPW__V1__CLIENT_MSG__BODY_GROUP_LEAVE;
 		m.group_leave = &lv;
 	} else {
@@ -157,6 +204,7 @@ static void group_send_id(struct tp_group *g, bool leave)
 
 static void group_free(struct tp_group *g)
 {
+	tpc_collx_free(g->x);
 	if (g->base)
 		munmap(g->base, g->arena_bytes);
 	free(g->absent);
@@ -247,18 +295,24 @@ TP_EXPORT int tp_group_join(struct tp_context *ctx, const char *name,
 	join_ms = opts->join_timeout_ms > 0 ? opts->join_timeout_ms : GROUP_JOIN_MS_DEFAULT;
 	memset(&j, 0, sizeof(j));
 	r = join_ask(ctx, name, opts, join_ms, &j);
-	if (r < 0)
+	if (r < 0) {
+		join_req_free(&j);
 		return r;
+	}
 	if (j.local_size < 1 || j.local_size > j.size || j.local_rank >= j.local_size ||
-	    (j.hosts < 2 && j.local_size != j.size))
+	    (j.hosts < 2 && j.local_size != j.size)) {
+		join_req_free(&j);
 		return tpc_error(-EPROTO, "group '%s': the daemon's answer does not add up", name);
+	}
 	g = calloc(1, sizeof(*g));
 	if (g && !(g->absent = calloc(j.size, sizeof(*g->absent)))) {
 		free(g);
 		g = NULL;
 	}
-	if (!g)
+	if (!g) {
+		join_req_free(&j);
 		return tpc_error(-ENOMEM, "out of memory");
+	}
 	g->ctx = ctx;
 	snprintf(g->name, sizeof(g->name), "%s", name);
 	g->id = j.group_id;
@@ -281,8 +335,26 @@ TP_EXPORT int tp_group_join(struct tp_context *ctx, const char *name,
 	tpu_list_init(&g->queue);
 	tpu_list_init(&g->ctx_node);
 	r = arena_open(g, j.path);
+	if (r == 0 && j.hosts > 1) {
+		r = tpc_collx_new(g, j.member_hosts, j.n_member_hosts, j.addrs, j.naddrs, j.token,
+				  j.tlen, &g->x);
+		if (r < 0)
+			tpc_error(r, "group '%s': the daemon's answer for its hosts does not add "
+				  "up", name);
+	}
+	join_req_free(&j);
 	if (r == 0) {
 		group_send_id(g, false);
+		if (g->x) {
+			r = tpc_collx_connect(g, join_ms, msg, sizeof(msg));
+			if (r < 0) {
+				tpu_grparena_fail(g->hdr, g->world_rank, (uint32_t)g->pid,
+						  TPU_GRPARENA_XLINK);
+				tpc_error(r, "group '%s': %s", name, msg);
+			}
+		}
+	}
+	if (r == 0) {
 		r = tpc_coll_barrier(g, join_ms, msg, sizeof(msg)); /* the start barrier */
 		if (r < 0)
 			tpc_error(r, "group '%s': start barrier: %s", name, msg);
@@ -410,9 +482,6 @@ static int coll_check(struct tp_group *g, const struct tpc_coll *c)
 
 	if (!g)
 		return tpc_error(-EINVAL, "no group");
-	if (g->hosts > 1)
-		return tpc_error(-EOPNOTSUPP, "group '%s' spans %u hosts: collectives across hosts "
-				 "are not built yet", g->name, g->hosts);
 	if (c->kind == TPC_COLL_BARRIER)
 		return 0;
 	if (!es)
@@ -420,11 +489,11 @@ static int coll_check(struct tp_group *g, const struct tpc_coll *c)
 	if ((c->kind == TPC_COLL_ALLREDUCE || c->kind == TPC_COLL_REDUCE_SCATTER) &&
 	    !(c->op == TPC_OP_USER ? c->fn != NULL : tpc_reduce_op_valid((int)c->op)))
 		return tpc_error(-EINVAL, "unknown reduction %u (or no function)", c->op);
-	if (c->kind == TPC_COLL_BROADCAST && (c->root < 0 || (uint32_t)c->root >= g->size))
-		return tpc_error(-EINVAL, "root %d of a group of %u", c->root, g->size);
+	if (c->kind == TPC_COLL_BROADCAST && (c->root < 0 || (uint32_t)c->root >= g->world_size))
+		return tpc_error(-EINVAL, "root %d of a group of %u", c->root, g->world_size);
 	if (c->count && (!c->recv || (c->kind != TPC_COLL_BROADCAST && !c->send && !c->absent)))
 		return tpc_error(-EINVAL, "NULL buffer for %zu elements", c->count);
-	if (c->count > SIZE_MAX / es / g->size)
+	if (c->count > SIZE_MAX / es / g->world_size)
 		return tpc_error(-EOVERFLOW, "%zu elements overflow", c->count);
 	return 0;
 }

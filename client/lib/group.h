@@ -42,6 +42,16 @@ struct tpc_coll {
 	unsigned *ret_contrib; /* tp_allreduce_uneven(): members that contributed */
 };
 
+/* What a host's leader tells its members of a call across hosts (in its call descriptor). */
+struct tpc_xverdict {
+	int32_t err;	  /* 0, or the call's -errno on every rank */
+	uint32_t contrib; /* members of the whole group that contributed (uneven steps) */
+	uint32_t field;	  /* -EPROTO: the first argument the hosts disagree on (collx.c) */
+	uint32_t nodata;  /* nothing to hand out (every member has finished: uneven steps) */
+};
+
+struct tpc_collx; /* collx.c: the part of a group that spans several hosts */
+
 struct tp_group {
 	struct tp_context *ctx;
 	struct tpu_list ctx_node; /* ctx->groups (ctx->lock) */
@@ -71,7 +81,27 @@ struct tp_group {
 	bool thread_up;
 	pthread_t thread;
 	int lost_err; /* a request freed unwaited failed */
+	struct tpc_collx *x; /* hosts > 1 (set at join, fixed afterwards) */
+	uint64_t xcall;	     /* the executor's: the number of the last call across hosts */
 };
+
+/* tpc_group_world_rank() - the rank in the whole group of this host's member @local. */
+uint32_t tpc_group_world_rank(const struct tp_group *g, uint32_t local);
+
+/*
+ * tpc_group_spared() - @g's arena failed only by a member that left after the cross-host call
+ * now running (tpu_grparena_leave_after()): that call still completes. Borrows @g.
+ */
+static inline bool tpc_group_spared(const struct tp_group *g)
+{
+	const struct tpu_grparena_hdr *h = g->hdr;
+	uint64_t after;
+
+	if (!g->x || __atomic_load_n(&h->fail_why, __ATOMIC_ACQUIRE) != TPU_GRPARENA_LEFT)
+		return false;
+	after = __atomic_load_n(&h->fail_after, __ATOMIC_ACQUIRE);
+	return after && g->xcall && g->xcall <= after;
+}
 
 struct tp_coll_req {
 	struct tpu_list node;
@@ -88,6 +118,49 @@ struct tp_coll_req {
  * one executor of @g at a time. Borrows everything. Return: 0 or -errno with @msg filled.
  */
 int tpc_coll_run(struct tp_group *g, const struct tpc_coll *c, char *msg, size_t ml);
+
+/*
+ * tpc_coll_local() - run @c among this host's members over the arena. With @v, local rank 0's
+ * verdict @v (its input) reaches every member (@v, output) after the first barrier; a verdict
+ * with an error ends the call there with that error and @msg untouched. Called by the one
+ * executor of @g at a time. Borrows everything. Return: 0 or -errno (@msg filled but for a
+ * verdict's error).
+ */
+int tpc_coll_local(struct tp_group *g, const struct tpc_coll *c, struct tpc_xverdict *v,
+		   char *msg, size_t ml);
+
+/*
+ * tpc_collx_new() - the cross-host part of @g from the daemon's answer: each rank's host
+ * (@member_hosts, @n = the group's size), each host's daemon address (@addrs, @naddrs = hosts;
+ * none from an older coordinator: collectives then fail with -EOPNOTSUPP) and the token the
+ * leaders prove to each other. Borrows everything; @ret: returns owned, free with
+ * tpc_collx_free(). Return: 0, -EPROTO (an answer that does not add up), -ENOMEM.
+ */
+int tpc_collx_new(struct tp_group *g, const uint32_t *member_hosts, size_t n,
+		  char *const *addrs, size_t naddrs, const uint8_t *token, size_t tlen,
+		  struct tpc_collx **ret);
+
+/*
+ * tpc_collx_connect() - on a host's leader (local rank 0): open the pipes to the other hosts'
+ * leaders that the schedules use (the lower host index dials, through the daemons), each end
+ * proving the group's token, within @timeout_ms. Others: nothing. Return: 0 or -errno with
+ * @msg filled.
+ */
+int tpc_collx_connect(struct tp_group *g, int timeout_ms, char *msg, size_t ml);
+
+/* tpc_collx_free() - closes the leader's pipes and frees @x (takes it; NULL accepted). */
+void tpc_collx_free(struct tpc_collx *x);
+
+/*
+ * tpc_collx_run() - run @c over every host: this host's part over the arena, the leaders'
+ * exchange over their pipes (a check that every host makes the same call, then the data),
+ * then the result to this host's members over the arena. Borrows everything. Return: 0 or
+ * -errno with @msg filled.
+ */
+int tpc_collx_run(struct tp_group *g, const struct tpc_coll *c, char *msg, size_t ml);
+
+/* tpc_coll_failed() - @g's arena failed: the error and, in @msg, who broke it and how. */
+int tpc_coll_failed(struct tp_group *g, char *msg, size_t ml);
 
 /*
  * tpc_coll_barrier() - the arena barrier of @g, waiting at most @timeout_ms (<= 0: no limit);

@@ -202,7 +202,7 @@ void tpd_group_form(struct tpd_group *grp)
 		for (uint32_t i = 0; i < grp->size; i++) {
 			grp->m[i].gone = true;
 			if (grp->x)
-				tpd_groupx_member_gone(grp, i, TPU_GRPARENA_DIED);
+				tpd_groupx_member_gone(grp, i, TPU_GRPARENA_DIED, 0);
 		}
 		group_free(grp);
 		return;
@@ -391,8 +391,9 @@ static void group_on_join(struct tpd_session *s, const Tpw__V1__GroupJoin *j)
 
 /* ---- members leaving ----------------------------------------------------------------------- */
 
-/* Member @mb of a formed group goes (@why: DIED or LEFT): the others' collectives fail. */
-static void member_gone(struct member *mb, uint32_t why)
+/* Member @mb of a formed group goes (@why: DIED or LEFT, after @calls calls across hosts):
+ * the others' collectives fail (from call @calls + 1 on, when it left after @calls > 0). */
+static void member_gone(struct member *mb, uint32_t why, uint64_t calls)
 {
 	struct tpd_group *grp = mb->grp;
 	uint32_t idx = (uint32_t)(mb - grp->m);
@@ -408,14 +409,17 @@ static void member_gone(struct member *mb, uint32_t why)
 		snprintf(grp->failure, sizeof(grp->failure), "rank %u (pid %d) %s", rank,
 			 (int)mb->pid, why == TPU_GRPARENA_DIED ? "died" : "left");
 	if (grp->live > 0 && grp->arena &&
-	    tpu_grparena_fail(grp->arena, rank, (uint32_t)mb->pid, why) && ++grp->gs->failed)
+	    (why == TPU_GRPARENA_LEFT && calls && grp->x
+		     ? tpu_grparena_leave_after(grp->arena, rank, (uint32_t)mb->pid, calls)
+		     : tpu_grparena_fail(grp->arena, rank, (uint32_t)mb->pid, why)) &&
+	    ++grp->gs->failed)
 		tpu_log(why == TPU_GRPARENA_DIED ? TPU_LOG_WARNING : TPU_LOG_INFO,
 			"group %llu '%s' (uid %u): rank %u (pid %d) %s; the group fails for the "
 			"%u other members", (unsigned long long)grp->id, grp->name,
 			(unsigned)grp->uid, rank, (int)mb->pid,
 			why == TPU_GRPARENA_DIED ? "died" : "left", grp->live);
 	if (grp->x)
-		tpd_groupx_member_gone(grp, idx, why);
+		tpd_groupx_member_gone(grp, idx, why, calls);
 	if (grp->live == 0)
 		group_free(grp);
 }
@@ -426,11 +430,15 @@ void tpd_group_drop(struct tpd_group *grp)
 }
 
 void tpd_group_fail(struct tpd_group *grp, uint32_t rank, uint32_t pid, uint32_t why,
-		    const char *text)
+		    uint64_t calls, const char *text)
 {
 	if (!grp->failure[0])
 		snprintf(grp->failure, sizeof(grp->failure), "%s", text);
-	if (grp->arena && tpu_grparena_fail(grp->arena, rank, pid, why) && ++grp->gs->failed)
+	if (grp->arena &&
+	    (why == TPU_GRPARENA_LEFT && calls ? tpu_grparena_leave_after(grp->arena, rank, pid,
+									  calls)
+					       : tpu_grparena_fail(grp->arena, rank, pid, why)) &&
+	    ++grp->gs->failed)
 		tpu_log(TPU_LOG_WARNING, "group %llu '%s' (uid %u): %s; the group fails for its "
 			"%u members here", (unsigned long long)grp->id, grp->name,
 			(unsigned)grp->uid, text, grp->live);
@@ -466,7 +474,7 @@ static void group_on_leave(struct tpd_session *s, const Tpw__V1__GroupLeave *lv)
 	struct member *mb = member_of(tpd_daemon_groups(tpd_session_daemon(s)), s, lv->group_id);
 
 	if (mb)
-		member_gone(mb, TPU_GRPARENA_LEFT);
+		member_gone(mb, TPU_GRPARENA_LEFT, lv->calls);
 }
 
 static void group_on_session_end(struct tpd_session *s)
@@ -484,7 +492,7 @@ static void group_on_session_end(struct tpd_session *s)
 			if (mb->s != s)
 				continue;
 			if (formed) {
-				member_gone(mb, TPU_GRPARENA_DIED); /* frees grp after the last */
+				member_gone(mb, TPU_GRPARENA_DIED, 0); /* frees grp after the last */
 			} else {
 				member_clear(mb);
 				if (last)
@@ -571,7 +579,7 @@ static void ctl_group_free(Tpw__V1__CtlGroup *c)
 static int ctl_group(const struct tpd_group *grp, Tpw__V1__CtlGroup **ret)
 {
 	Tpw__V1__CtlGroup *c = calloc(1, sizeof(*c));
-	char plan[256];
+	char plan[512];
 
 	if (!c)
 		return -ENOMEM;

@@ -89,7 +89,7 @@ void tpd_group_drop(struct tpd_group *grp);
  * naming rank @rank and @pid (@why: TPU_GRPARENA_*), and record @text for tpipctl. Borrows all.
  */
 void tpd_group_fail(struct tpd_group *grp, uint32_t rank, uint32_t pid, uint32_t why,
-		    const char *text);
+		    uint64_t calls, const char *text);
 
 /*
  * tpd_group_refuse() - answer @s's join @req_id with @err and @why (logged at info), counted
@@ -110,7 +110,7 @@ void tpd_groupx_join(struct tpd_session *s, const Tpw__V1__GroupJoin *j);
 void tpd_groupx_session_end(struct tpd_groups *gs, struct tpd_session *s);
 
 /* Member @idx of cross-host @grp (its local index) is gone (@why): tell the coordinator. */
-void tpd_groupx_member_gone(struct tpd_group *grp, uint32_t idx, uint32_t why);
+void tpd_groupx_member_gone(struct tpd_group *grp, uint32_t idx, uint32_t why, uint64_t calls);
 
 /* The rank in the whole group of local member @idx of cross-host @grp. */
 uint32_t tpd_groupx_rank(const struct tpd_group *grp, uint32_t idx);

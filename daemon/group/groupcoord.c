@@ -14,6 +14,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/random.h>
 
 #include <event2/event.h>
 
@@ -40,13 +41,15 @@ struct cgroup {
 	char *name;
 	uid_t uid;
 	uint32_t size, joined, live;
+	uint8_t token[TPW_GROUP_TOKEN_BYTES]; /* what the hosts' leaders prove to each other */
 	bool formed;
 	bool answering; /* cgroup_form() is answering: a member gone waits until it is done */
 	struct event *ev_timeout;
 	struct cmember m[];
 };
 
-static void cgroup_tell_gone(struct cgroup *cg, uint32_t rank, uint32_t why, const char *text);
+static void cgroup_tell_gone(struct cgroup *cg, uint32_t rank, uint32_t why, uint64_t calls,
+			     const char *text);
 
 /* To a member's daemon: over its link, or to this daemon's member side. */
 static void to_member(struct tpd_groups *gs, struct tpd_peer *pr, Tpw__V1__PeerMsg *m)
@@ -58,7 +61,7 @@ static void to_member(struct tpd_groups *gs, struct tpd_peer *pr, Tpw__V1__PeerM
 }
 
 static void send_gone(struct tpd_groups *gs, struct tpd_peer *pr, uint64_t group_id,
-		      uint32_t rank, uint32_t pid, uint32_t why, const char *text)
+		      uint32_t rank, uint32_t pid, uint32_t why, uint64_t calls, const char *text)
 {
 	Tpw__V1__PeerGroupGone g = TPW__V1__PEER_GROUP_GONE__INIT;
 	Tpw__V1__PeerMsg m = TPW__V1__PEER_MSG__INIT;
@@ -67,6 +70,7 @@ static void send_gone(struct tpd_groups *gs, struct tpd_peer *pr, uint64_t group
 	g.rank = rank;
 	g.pid = pid;
 	g.why = why;
+	g.calls = calls;
 	g.message = (char *)text;
 	m.body_case = TPW__V1__PEER_MSG__BODY_GROUP_GONE;
 	m.group_gone = &g;
@@ -180,6 +184,12 @@ static int cgroup_new(struct tpd_groups *gs, const Tpw__V1__PeerGroupJoin *j,
 	}
 	tpu_list_init(&cg->node);
 	cg->gs = gs;
+	if (getrandom(cg->token, sizeof(cg->token), 0) != (ssize_t)sizeof(cg->token)) {
+		event_free(cg->ev_timeout);
+		free(cg->name);
+		free(cg);
+		return -EIO;
+	}
 	cg->id = ++gs->next_cgroup_id;
 	cg->uid = j->uid;
 	cg->size = j->size;
@@ -196,9 +206,11 @@ static void cgroup_form(struct cgroup *cg)
 	Tpw__V1__PeerGroupMember *mv = calloc(cg->size, sizeof(*mv));
 	Tpw__V1__PeerGroupMember **mp = calloc(cg->size, sizeof(*mp));
 	uint32_t *host = calloc(cg->size, sizeof(*host)), hosts = 0;
+	char (*addr)[TPW_GROUP_ADDR_MAX + 1] = calloc(cg->size, sizeof(*addr));
+	char **ap = calloc(cg->size, sizeof(*ap));
 
 	event_del(cg->ev_timeout);
-	if (!mv || !mp || !host) {
+	if (!mv || !mp || !host || !addr || !ap) {
 		for (uint32_t i = 0; i < cg->size; i++)
 			coord_answer(cg->gs, &cg->m[i], -ENOMEM, "out of memory", NULL);
 		cgroup_free(cg);
@@ -210,6 +222,12 @@ static void cgroup_form(struct cgroup *cg)
 		while (q < r && cg->m[q].instance != cg->m[r].instance)
 			q++;
 		host[r] = q < r ? host[q] : hosts++; /* numbered by their lowest rank */
+		if (q == r) { /* the host's first member: where its daemon is reached from here */
+			if (cg->m[r].pr)
+				tpd_peer_group_far_addr(cg->m[r].pr, addr[host[r]],
+							sizeof(addr[0]));
+			ap[host[r]] = addr[host[r]];
+		}
 		tpw__v1__peer_group_member__init(&mv[r]);
 		mv[r].rank = r;
 		mv[r].host_index = host[r];
@@ -225,6 +243,10 @@ static void cgroup_form(struct cgroup *cg)
 	t.hosts = hosts;
 	t.n_members = cg->size;
 	t.members = mp;
+	t.n_host_addrs = hosts;
+	t.host_addrs = ap;
+	t.token.data = cg->token;
+	t.token.len = sizeof(cg->token);
 	cg->gs->formed++;
 	tpu_log(TPU_LOG_INFO, "group %llu '%s' (uid %u): coordinated, %u members on %u hosts",
 		(unsigned long long)cg->id, cg->name, (unsigned)cg->uid, cg->size, hosts);
@@ -245,7 +267,7 @@ static void cgroup_form(struct cgroup *cg)
 	cg->answering = false;
 	for (uint32_t r = 0; r < cg->size && cg->live; r++) /* gone while answering */
 		if (cg->m[r].gone)
-			cgroup_tell_gone(cg, r, TPU_GRPARENA_DIED, "a member could not set up its "
+			cgroup_tell_gone(cg, r, TPU_GRPARENA_DIED, 0, "a member could not set up its "
 					 "part of the group");
 	if (cg->live == 0)
 		cgroup_free(cg);
@@ -253,6 +275,8 @@ out:
 	free(mv);
 	free(mp);
 	free(host);
+	free(addr);
+	free(ap);
 }
 
 static void coord_on_join(struct tpd_groups *gs, struct tpd_peer *pr,
@@ -277,6 +301,7 @@ static void coord_on_join(struct tpd_groups *gs, struct tpd_peer *pr,
 	cg = cgroup_find(gs, j->uid, j->name);
 	if (!cg) {
 		uint32_t n = pr ? link_groups(gs, pr) : 0;
+		int r;
 
 		if (pr && n >= cfg->group_peer_groups_max) {
 			coord_refuse(gs, pr, j->join_id, -ENOBUFS, "group '%s': the coordinator has "
@@ -285,8 +310,10 @@ static void coord_on_join(struct tpd_groups *gs, struct tpd_peer *pr,
 				     tpd_peer_group_host(pr));
 			return;
 		}
-		if (cgroup_new(gs, j, &cg) < 0) {
-			coord_refuse(gs, pr, j->join_id, -ENOMEM, "out of memory");
+		r = cgroup_new(gs, j, &cg);
+		if (r < 0) {
+			coord_refuse(gs, pr, j->join_id, r, r == -EIO ? "no random bytes for the "
+				     "group's token" : "out of memory");
 			return;
 		}
 	}
@@ -322,7 +349,8 @@ static void coord_on_join(struct tpd_groups *gs, struct tpd_peer *pr,
 }
 
 /* Tells every member's daemon but @except's (NULL: none) that @cg lost rank @rank. */
-static void cgroup_tell_gone(struct cgroup *cg, uint32_t rank, uint32_t why, const char *text)
+static void cgroup_tell_gone(struct cgroup *cg, uint32_t rank, uint32_t why, uint64_t calls,
+			     const char *text)
 {
 	for (uint32_t i = 0; i < cg->size; i++) {
 		struct cmember *cm = &cg->m[i];
@@ -333,12 +361,14 @@ static void cgroup_tell_gone(struct cgroup *cg, uint32_t rank, uint32_t why, con
 		for (uint32_t q = 0; q < i && !told; q++) /* once per daemon */
 			told = !cg->m[q].gone && cg->m[q].pr == cm->pr;
 		if (!told)
-			send_gone(cg->gs, cm->pr, cg->id, rank, cg->m[rank].pid, why, text);
+			send_gone(cg->gs, cm->pr, cg->id, rank, cg->m[rank].pid, why, calls, text);
 	}
 }
 
-/* Member @rank of @cg is gone (@why); frees @cg after the last. Return: true if freed. */
-static bool cmember_gone(struct cgroup *cg, uint32_t rank, uint32_t why, const char *text)
+/* Member @rank of @cg is gone (@why; LEFT after @calls calls across hosts); frees @cg after
+ * the last. Return: true if freed. */
+static bool cmember_gone(struct cgroup *cg, uint32_t rank, uint32_t why, uint64_t calls,
+			 const char *text)
 {
 	struct cmember *cm = &cg->m[rank];
 
@@ -361,7 +391,7 @@ static bool cmember_gone(struct cgroup *cg, uint32_t rank, uint32_t why, const c
 		cgroup_free(cg);
 		return true;
 	}
-	cgroup_tell_gone(cg, rank, why, text);
+	cgroup_tell_gone(cg, rank, why, calls, text);
 	return false;
 }
 
@@ -379,7 +409,7 @@ static void coord_on_gone(struct tpd_groups *gs, struct tpd_peer *pr,
 				continue;
 			snprintf(text, sizeof(text), "rank %u (pid %u) on %s %s", i, cm->pid,
 				 cm->host, g->why == TPU_GRPARENA_LEFT ? "left" : "died");
-			cmember_gone(cg, i, g->why, text);
+			cmember_gone(cg, i, g->why, g->why == TPU_GRPARENA_LEFT ? g->calls : 0, text);
 			return;
 		}
 }
@@ -406,7 +436,7 @@ void tpd_group_coord_link_failed(struct tpd_groups *gs, struct tpd_peer *pr, con
 			snprintf(text, sizeof(text), "the peer link to %.60s (rank %u) failed: %.80s",
 				 cm->host, i, why);
 			cm->pr = NULL; /* never used again: gone or cleared below */
-			if (cmember_gone(cg, i, TPU_GRPARENA_HOST, text))
+			if (cmember_gone(cg, i, TPU_GRPARENA_HOST, 0, text))
 				break;
 		}
 }

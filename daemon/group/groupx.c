@@ -64,6 +64,11 @@ struct tpd_groupx {
 	char hosts_text[200];
 	uint32_t *rank;	   /* per local member: its rank in the group */
 	uint64_t *join_id; /* per local member: its join's id here */
+	/* what the members need to move data across hosts (GroupJoined): */
+	uint32_t *member_hosts; /* [size]: each rank's host index */
+	char **host_addrs;	/* [hosts]: "HOST:PORT" of each host's daemon, "" for this one */
+	uint8_t token[TPW_GROUP_TOKEN_BYTES];
+	bool has_token;
 };
 
 /* ---- sending to the coordinator ------------------------------------------------------------ */
@@ -78,7 +83,7 @@ static void to_coord(struct tpd_groups *gs, struct tpd_peer *pr, Tpw__V1__PeerMs
 
 /* The member of join @join_id left or died (@why). */
 static void send_gone(struct tpd_groups *gs, struct tpd_peer *pr, uint64_t join_id,
-		      uint32_t rank, uint32_t pid, uint32_t why)
+		      uint32_t rank, uint32_t pid, uint32_t why, uint64_t calls)
 {
 	Tpw__V1__PeerGroupGone g = TPW__V1__PEER_GROUP_GONE__INIT;
 	Tpw__V1__PeerMsg m = TPW__V1__PEER_MSG__INIT;
@@ -87,6 +92,7 @@ static void send_gone(struct tpd_groups *gs, struct tpd_peer *pr, uint64_t join_
 	g.rank = rank;
 	g.pid = pid;
 	g.why = why;
+	g.calls = calls;
 	g.message = (char *)"";
 	m.body_case = TPW__V1__PEER_MSG__BODY_GROUP_GONE;
 	m.group_gone = &g;
@@ -142,7 +148,7 @@ static void xjoin_on_timeout(evutil_socket_t fd, short what, void *arg)
 	(void)fd;
 	(void)what;
 	if (xj->sent)
-		send_gone(xj->gs, xj->pr, xj->join_id, 0, (uint32_t)xj->pid, TPU_GRPARENA_DIED);
+		send_gone(xj->gs, xj->pr, xj->join_id, 0, (uint32_t)xj->pid, TPU_GRPARENA_DIED, 0);
 	if (xj->pr && !tpd_peer_is_up(xj->pr))
 		xjoin_refuse(xj, -ETIMEDOUT, "group '%s': coordinator %s not reachable within the "
 			     "join timeout (%u ms)%s%s", xj->name, xj->coord, xj->timeout_ms,
@@ -235,6 +241,40 @@ static struct tpd_group *xgroup_find(struct tpd_groups *gs, struct tpd_peer *pr,
 	return NULL;
 }
 
+/*
+ * Copies what the members need across hosts from the coordinator's answer: each rank's host,
+ * each host's daemon address (the coordinator's own host, "" in the answer, is the address this
+ * daemon reached the coordinator at; this host's is "": nobody here dials it) and the token.
+ * A coordinator that sent no addresses leaves them unset (collectives then say so).
+ */
+static int hosts_copy(struct tpd_groupx *x, const struct xjoin *xj,
+		      const Tpw__V1__PeerGroupJoined *a)
+{
+	x->size = a->size;
+	x->hosts = a->hosts; /* tpd_groupx_free() frees that many addresses */
+	if (!(x->member_hosts = calloc(a->size, sizeof(*x->member_hosts))))
+		return -ENOMEM;
+	for (size_t i = 0; i < a->n_members; i++)
+		x->member_hosts[i] = a->members[i]->host_index;
+	if (a->n_host_addrs != a->hosts || a->token.len != sizeof(x->token))
+		return 0;
+	if (!(x->host_addrs = calloc(a->hosts, sizeof(*x->host_addrs))))
+		return -ENOMEM;
+	for (uint32_t h = 0; h < a->hosts; h++) {
+		const char *v = a->host_addrs[h];
+
+		if (h == a->host_index)
+			v = "";
+		else if (!*v && xj->pr)
+			v = xj->coord;
+		if (!(x->host_addrs[h] = strdup(v)))
+			return -ENOMEM;
+	}
+	memcpy(x->token, a->token.data, sizeof(x->token));
+	x->has_token = true;
+	return 0;
+}
+
 static int xgroup_new(struct xjoin *xj, const Tpw__V1__PeerGroupJoined *a,
 		      struct tpd_group **ret, char *why, size_t wl)
 {
@@ -244,7 +284,8 @@ static int xgroup_new(struct xjoin *xj, const Tpw__V1__PeerGroupJoined *a,
 	int r;
 
 	if (!x || !(x->rank = calloc(a->local_size, sizeof(*x->rank))) ||
-	    !(x->join_id = calloc(a->local_size, sizeof(*x->join_id)))) {
+	    !(x->join_id = calloc(a->local_size, sizeof(*x->join_id))) ||
+	    hosts_copy(x, xj, a) < 0) {
 		tpd_groupx_free(x);
 		return tpu_why(-ENOMEM, why, wl, "out of memory");
 	}
@@ -322,7 +363,7 @@ static void member_on_joined(struct tpd_groups *gs, struct tpd_peer *pr,
 		tpd_group_form(grp);
 	return;
 refuse:
-	send_gone(gs, pr, xj->join_id, 0, (uint32_t)xj->pid, TPU_GRPARENA_DIED);
+	send_gone(gs, pr, xj->join_id, 0, (uint32_t)xj->pid, TPU_GRPARENA_DIED, 0);
 	xjoin_refuse(xj, r, "group '%s': %s", xj->name, why);
 }
 
@@ -335,7 +376,8 @@ static void member_on_gone(struct tpd_groups *gs, struct tpd_peer *pr,
 	if (!grp)
 		return;
 	if (grp->formed) {
-		tpd_group_fail(grp, g->rank, g->pid, g->why, g->message ? g->message : "");
+		tpd_group_fail(grp, g->rank, g->pid, g->why, g->calls,
+			       g->message ? g->message : "");
 		return;
 	}
 	for (uint32_t i = 0; i < grp->size; i++) /* not every answer is here yet */
@@ -361,18 +403,19 @@ void tpd_groupx_session_end(struct tpd_groups *gs, struct tpd_session *s)
 		if (xj->s != s)
 			continue;
 		if (xj->sent)
-			send_gone(gs, xj->pr, xj->join_id, 0, (uint32_t)xj->pid, TPU_GRPARENA_DIED);
+			send_gone(gs, xj->pr, xj->join_id, 0, (uint32_t)xj->pid, TPU_GRPARENA_DIED, 0);
 		xjoin_free(xj);
 	}
 }
 
-void tpd_groupx_member_gone(struct tpd_group *grp, uint32_t idx, uint32_t why)
+void tpd_groupx_member_gone(struct tpd_group *grp, uint32_t idx, uint32_t why, uint64_t calls)
 {
 	struct tpd_groupx *x = grp->x;
 
 	if (x->lost)
 		return;
-	send_gone(grp->gs, x->pr, x->join_id[idx], x->rank[idx], (uint32_t)grp->m[idx].pid, why);
+	send_gone(grp->gs, x->pr, x->join_id[idx], x->rank[idx], (uint32_t)grp->m[idx].pid, why,
+		  calls);
 }
 
 uint32_t tpd_groupx_rank(const struct tpd_group *grp, uint32_t idx)
@@ -390,6 +433,14 @@ void tpd_groupx_joined_fill(const struct tpd_group *grp, uint32_t idx, Tpw__V1__
 	j->local_size = grp->size;
 	j->host_index = x->host_index;
 	j->hosts = x->hosts;
+	j->n_member_hosts = x->size;
+	j->member_hosts = x->member_hosts;
+	if (x->has_token) {
+		j->n_host_addrs = x->hosts;
+		j->host_addrs = x->host_addrs;
+		j->token.data = (uint8_t *)x->token;
+		j->token.len = sizeof(x->token);
+	}
 }
 
 void tpd_groupx_describe(const struct tpd_group *grp, char *buf, size_t len, uint32_t *ret_hosts)
@@ -397,9 +448,12 @@ void tpd_groupx_describe(const struct tpd_group *grp, char *buf, size_t len, uin
 	const struct tpd_groupx *x = grp->x;
 
 	snprintf(buf, len, "%u members on %u hosts: %s; host %u here (%u members, ranks from "
-		 "coordinator %s%s); across hosts: not built yet", x->size, x->hosts,
-		 x->hosts_text, x->host_index, grp->size, x->coord,
-		 x->lost ? ", link lost" : x->self ? ", this daemon" : "");
+		 "coordinator %s%s); across hosts: %s", x->size, x->hosts, x->hosts_text,
+		 x->host_index, grp->size, x->coord,
+		 x->lost ? ", link lost" : x->self ? ", this daemon" : "",
+		 x->has_token ? "the hosts' leaders over pipes, recursive doubling below 256 KiB, "
+				"a ring from there" : "no host addresses from the coordinator "
+				"(an older tpipd): collectives refused");
 	*ret_hosts = x->hosts;
 }
 
@@ -409,6 +463,10 @@ void tpd_groupx_free(struct tpd_groupx *x)
 		return;
 	free(x->rank);
 	free(x->join_id);
+	free(x->member_hosts);
+	for (uint32_t h = 0; x->host_addrs && h < x->hosts; h++)
+		free(x->host_addrs[h]);
+	free(x->host_addrs);
 	free(x);
 }
 
@@ -483,7 +541,7 @@ static void groupx_on_link_failed(struct tpd_daemon *d, struct tpd_peer *pr, int
 		snprintf(text, sizeof(text), "the peer link to coordinator %.60s failed: %.80s",
 			 grp->x->coord, why && *why ? why : strerror(-err));
 		if (grp->formed) {
-			tpd_group_fail(grp, grp->x->rank[0], 0, TPU_GRPARENA_HOST, text);
+			tpd_group_fail(grp, grp->x->rank[0], 0, TPU_GRPARENA_HOST, 0, text);
 			continue;
 		}
 		for (uint32_t i = 0; i < grp->size; i++)

@@ -215,6 +215,14 @@ const char *tpd_peer_group_host(const struct tpd_peer *pr);
 bool tpd_peer_group_authenticated(const struct tpd_peer *pr);
 
 /*
+ * tpd_peer_group_far_addr() - the address at which the far daemon's peer listener can be dialled
+ * from here, "HOST:PORT" ("[IPV6]:PORT"): the address dialled for a link this daemon opened; the
+ * link's remote IP and the listener port its Hello claims for one it accepted. Writes "" when the
+ * far daemon has no listener. Borrows @pr and @buf. Return: @buf.
+ */
+char *tpd_peer_group_far_addr(const struct tpd_peer *pr, char *buf, size_t len);
+
+/*
  * tpd_peer_pipe_add() - @p (whose local id is the ops' id(p)) now runs over @pr: pipe messages
  * for it are dispatched through the registered struct tpd_peer_pipe_ops, whose link_up and
  * link_failed tell it about the link.

@@ -6,6 +6,8 @@
  * far daemon's instance, whether it authenticated). Groups never reach into a link otherwise.
  */
 #include <errno.h>
+#include <stdio.h>
+#include <string.h>
 #include "core.h"
 #include "peer.h"
 #include "peer_int.h"
@@ -37,6 +39,20 @@ const char *tpd_peer_group_host(const struct tpd_peer *pr)
 bool tpd_peer_group_authenticated(const struct tpd_peer *pr)
 {
 	return pr->authenticated;
+}
+
+char *tpd_peer_group_far_addr(const struct tpd_peer *pr, char *buf, size_t len)
+{
+	const char *colon = strrchr(pr->key, ':');
+
+	if (pr->outgoing)
+		snprintf(buf, len, "%s", pr->key);
+	else if (colon && pr->claimed_port)
+		snprintf(buf, len, "%.*s:%u", (int)(colon - pr->key), pr->key,
+			 (unsigned)pr->claimed_port);
+	else if (len)
+		*buf = '\0';
+	return buf;
 }
 
 int tpd_peer_group_on_msg(struct tpd_peer *pr, const Tpw__V1__PeerMsg *m)

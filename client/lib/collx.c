@@ -1,0 +1,947 @@
+/* SPDX-License-Identifier: BSD-3-Clause */
+/*
+ * Collectives of a group that spans several hosts (group.h, docs/collectives.md). Each host's
+ * members work through their arena as on one host (coll.c); its leader (local rank 0) talks to
+ * the other hosts' leaders over ordinary pipes that the daemons carry (the peer links), opened
+ * once at join: the lower host index listens on a name only the group's uid may register, the
+ * higher dials it, and both ends prove the group's token, a random value that only the
+ * coordinator and the members' daemons know. A call runs in three parts:
+ *
+ *   A. this host's part over the arena (all-reduce: the host's partial result; broadcast: the
+ *      root's host only; all-gather: the host's blocks; barrier: a barrier);
+ *   B. on the leaders: a check that every host makes the same call (a fixed-size all-reduce of
+ *      each argument's minimum and maximum and of the contributions, by recursive doubling),
+ *      then the data (the plan's ring or recursive doubling for all-reduce, a ring for
+ *      all-gather, a chain from the root's host for broadcast), chunked and pipelined;
+ *   C. the verdict and the result to the host's members over the arena (a broadcast from the
+ *      leader, whose call descriptor carries the verdict: so a mismatch, or an error found on
+ *      one host, fails the call on every rank and nobody waits for a call that never comes).
+ *
+ * A leader's transport runs TPC_PLAN_DEPTH exchanges at once; every wait also watches the
+ * arena, so a member that dies anywhere (the daemons fail every host's arena) or an op timeout
+ * ends it; the leader then closes its pipes, waits for their buffers, and the group is failed.
+ */
+#include <errno.h>
+#include <inttypes.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <syslog.h>
+#include <time.h>
+#include <unistd.h>
+
+#include "group.h"
+#include "internal.h"
+#include "plan.h"
+#include "reduce.h"
+
+#define XMAGIC 0x58475054u	 /* "TPGX" */
+#define XCHUNK (1u << 20)	 /* bytes per exchange of the data (pipelining) */
+#define XPOLL_MS 20		 /* a leader's wait looks at the arena this often */
+#define XNAME_FMT "@%u:tpgroup.%s.%u" /* the leader of host %u's listener */
+#define XFAIL_GRACE_MS 2000	 /* a lost pipe: time for the daemons to name the member */
+#define XINTRUDERS_MAX 16	 /* pipes without the token a leader drops before giving up */
+
+enum xkind { XK_HELLO = 1, XK_CHECK = 2, XK_DATA = 3 };
+
+/* The metadata of every message between leaders. */
+struct xhdr {
+	uint32_t magic;
+	uint32_t kind;
+	uint64_t xseq; /* the call (XK_DATA), or the hello's sender host index */
+	uint64_t len;  /* payload bytes */
+	uint8_t token[TPW_GROUP_TOKEN_BYTES]; /* XK_HELLO only */
+};
+
+/* One started exchange: a send and/or a receive, ended by tpc_plan_xport_ops.wait. */
+struct xex {
+	struct tpc_collx *x;
+	int pending; /* completions to come (x->lock) */
+	int status;  /* the first error */
+	char msg[160];
+	void *rbuf;
+	size_t rlen;
+	uint32_t rkind;
+	uint64_t rseq;
+};
+
+struct tpc_collx {
+	struct tp_group *g;
+	struct tpc_plan *plan;
+	uint32_t nhosts, host;
+	bool leader;
+	char **addrs; /* [nhosts]; NULL: the coordinator sent none */
+	uint8_t token[TPW_GROUP_TOKEN_BYTES];
+	enum tpc_plan_algo force; /* TP_GROUP_ALGO */
+	struct tp_pipe **pipe;	  /* [nhosts], leader: the pipes to the partners */
+	uint64_t xseq;		  /* calls across hosts */
+	uint32_t kind;		  /* of the messages exchanged now: enum xkind */
+	pthread_mutex_t lock;
+	pthread_cond_t cond;
+	struct xex ex[TPC_PLAN_DEPTH];
+	unsigned head, started;
+	bool closed;   /* pipes closed after a failure */
+	int64_t end_ms; /* the running call's op timeout, 0: none */
+	uint64_t bytes_out, bytes_in, ns; /* counters */
+};
+
+static int64_t mono_ms(void)
+{
+	struct timespec ts;
+
+	clock_gettime(CLOCK_MONOTONIC, &ts);
+	return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+}
+
+static void tohex(const uint8_t *b, size_t n, char *out)
+{
+	static const char hx[] = "0123456789abcdef";
+
+	for (size_t i = 0; i < n; i++) {
+		out[2 * i] = hx[b[i] >> 4];
+		out[2 * i + 1] = hx[b[i] & 15];
+	}
+	out[2 * n] = '\0';
+}
+
+/* ---- set-up ----------------------------------------------------------------------------------- */
+
+int tpc_collx_new(struct tp_group *g, const uint32_t *member_hosts, size_t n,
+		  char *const *addrs, size_t naddrs, const uint8_t *token, size_t tlen,
+		  struct tpc_collx **ret)
+{
+	struct tpc_collx *x;
+	uint64_t *ids;
+	const char *algo = getenv("TP_GROUP_ALGO");
+	int r;
+
+	if (n != g->world_size || !member_hosts)
+		return -EPROTO;
+	for (size_t i = 0; i < n; i++)
+		if (member_hosts[i] >= g->hosts)
+			return -EPROTO;
+	x = calloc(1, sizeof(*x));
+	ids = calloc(n, sizeof(*ids));
+	if (!x || !ids) {
+		free(x);
+		free(ids);
+		return -ENOMEM;
+	}
+	for (size_t i = 0; i < n; i++)
+		ids[i] = member_hosts[i];
+	r = tpc_plan_build(ids, (uint32_t)n, &x->plan);
+	free(ids);
+	if (r < 0) {
+		free(x);
+		return r;
+	}
+	/* The daemons number hosts by their lowest rank, as the plan does: they must agree. */
+	if (x->plan->nhosts != g->hosts || x->plan->host_of[g->world_rank] != g->host_index ||
+	    x->plan->local_rank[g->world_rank] != g->local_rank ||
+	    tpc_plan_local_size(x->plan, g->host_index) != g->local_size) {
+		tpc_plan_free(x->plan);
+		free(x);
+		return -EPROTO;
+	}
+	x->g = g;
+	x->nhosts = g->hosts;
+	x->host = g->host_index;
+	x->leader = g->local_rank == 0;
+	if (!algo || tpc_plan_algo_parse(algo, &x->force) < 0)
+		x->force = TPC_PLAN_AUTO;
+	pthread_mutex_init(&x->lock, NULL);
+	pthread_cond_init(&x->cond, NULL);
+	if (naddrs == g->hosts && tlen == sizeof(x->token)) {
+		memcpy(x->token, token, sizeof(x->token));
+		x->addrs = calloc(naddrs, sizeof(*x->addrs));
+		for (size_t i = 0; x->addrs && i < naddrs; i++)
+			if (!(x->addrs[i] = strdup(addrs[i] ? addrs[i] : "")))
+				break;
+		x->pipe = calloc(x->nhosts, sizeof(*x->pipe));
+		if (!x->addrs || !x->pipe || !x->addrs[naddrs - 1]) {
+			tpc_collx_free(x);
+			return -ENOMEM;
+		}
+	}
+	*ret = x;
+	return 0;
+}
+
+uint32_t tpc_group_world_rank(const struct tp_group *g, uint32_t local)
+{
+	const struct tpc_plan *p = g->x ? g->x->plan : NULL;
+
+	return p ? p->by_host[p->host_first[g->host_index] + local] : local;
+}
+
+static void pipes_close(struct tpc_collx *x)
+{
+	for (uint32_t h = 0; x->pipe && h < x->nhosts; h++) {
+		tp_pipe_close(x->pipe[h]);
+		x->pipe[h] = NULL;
+	}
+}
+
+void tpc_collx_free(struct tpc_collx *x)
+{
+	if (!x)
+		return;
+	pipes_close(x);
+	for (uint32_t h = 0; x->addrs && h < x->nhosts; h++)
+		free(x->addrs[h]);
+	free(x->addrs);
+	free(x->pipe);
+	tpc_plan_free(x->plan);
+	pthread_cond_destroy(&x->cond);
+	pthread_mutex_destroy(&x->lock);
+	free(x);
+}
+
+/* The hosts whose leaders this leader exchanges with under any schedule: ring neighbours (the
+ * ring all-reduce, all-gather and the broadcast chain) and recursive doubling's partners. */
+static int partners(struct tpc_collx *x, bool *is)
+{
+	uint32_t n = tpc_plan_nsteps(x->nhosts, TPC_PLAN_RD);
+	struct tpc_plan_step *st = calloc(n ? n : 1, sizeof(*st));
+
+	if (!st)
+		return -ENOMEM;
+	memset(is, 0, x->nhosts * sizeof(*is));
+	is[(x->host + 1) % x->nhosts] = true;
+	is[(x->host + x->nhosts - 1) % x->nhosts] = true;
+	if (tpc_plan_steps(x->nhosts, TPC_PLAN_RD, x->host, st) == (int)n)
+		for (uint32_t k = 0; k < n; k++) {
+			if (st[k].send_to >= 0)
+				is[st[k].send_to] = true;
+			if (st[k].recv_from >= 0)
+				is[st[k].recv_from] = true;
+		}
+	is[x->host] = false;
+	free(st);
+	return 0;
+}
+
+struct hello_wait {
+	pthread_mutex_t *lock;
+	pthread_cond_t *cond;
+	int pending, err;
+};
+
+static void hello_done(void *arg, struct tp_pipe *p, int status, const char *errmsg)
+{
+	struct hello_wait *w = arg;
+
+	(void)p;
+	(void)errmsg;
+	pthread_mutex_lock(w->lock);
+	if (status < 0 && !w->err)
+		w->err = status;
+	w->pending--;
+	pthread_cond_broadcast(w->cond);
+	pthread_mutex_unlock(w->lock);
+}
+
+/* Reads and checks the hello on a pipe accepted from another host: the group's token and a
+ * partner host above this one not yet connected. Return: its host index, or -errno. */
+static int hello_read(struct tpc_collx *x, struct tp_pipe *p, const bool *is, int ms)
+{
+	struct tp_descriptor *d = NULL;
+	struct xhdr h;
+	struct tp_allocation a = { 0 };
+	uid_t uid;
+	int r;
+
+	r = tp_pipe_remote_uid(p, &uid);
+	if (r != TP_UID_CLAIMED || uid != geteuid())
+		return -EACCES; /* not a process of this uid on another host */
+	r = tp_pipe_read_descriptor_sync(p, ms, &d);
+	if (r < 0)
+		return r;
+	if (d->metadata_len != sizeof(h) || d->n_payloads || d->n_tensors) {
+		tp_descriptor_free(d);
+		return -EPROTO;
+	}
+	memcpy(&h, d->metadata, sizeof(h));
+	r = tp_pipe_read_sync_timeout(p, d, &a, ms);
+	if (r < 0)
+		return r;
+	if (h.magic != XMAGIC || h.kind != XK_HELLO || h.len ||
+	    memcmp(h.token, x->token, sizeof(h.token)) != 0 || h.xseq >= x->nhosts ||
+	    h.xseq <= x->host || !is[h.xseq] || x->pipe[h.xseq])
+		return -EACCES;
+	return (int)h.xseq;
+}
+
+int tpc_collx_connect(struct tp_group *g, int timeout_ms, char *msg, size_t ml)
+{
+	struct tpc_collx *x = g->x;
+	struct tp_listen_options lo = { .size = sizeof(lo), .remote = TP_REMOTE_ANY_PEER };
+	struct hello_wait w = { .lock = &x->lock, .cond = &x->cond };
+	struct tp_listener *l = NULL;
+	char hex[2 * TPW_GROUP_TOKEN_BYTES + 1], name[96], addr[TPW_GROUP_ADDR_MAX + 128];
+	int64_t end = mono_ms() + (timeout_ms > 0 ? timeout_ms : 30000);
+	uint32_t above = 0, bad = 0;
+	bool *is;
+	int r;
+
+	if (!x->leader || !x->addrs)
+		return 0;
+	is = calloc(x->nhosts, sizeof(*is));
+	if (!is || partners(x, is) < 0) {
+		free(is);
+		return tpu_why(-ENOMEM, msg, ml, "out of memory");
+	}
+	tohex(x->token, sizeof(x->token), hex);
+	for (uint32_t h = x->host + 1; h < x->nhosts; h++)
+		above += is[h];
+	if (above) {
+		snprintf(name, sizeof(name), XNAME_FMT, (unsigned)geteuid(), hex, x->host);
+		r = tp_listen(g->ctx, name, &lo, &l);
+		if (r < 0) {
+			free(is);
+			return tpu_why(r, msg, ml, "cannot listen for the other hosts' leaders: %s",
+				       tp_last_error());
+		}
+	}
+	/* Dial every partner below (without waiting: theirs dial us meanwhile), hello first. */
+	for (uint32_t h = 0; h < x->host; h++) {
+		struct tp_connect_options co = { .size = sizeof(co),
+						 .flags = TP_CONNECT_EXPECT_UID,
+						 .expect_uid = geteuid() };
+		struct xhdr hh = { .magic = XMAGIC, .kind = XK_HELLO, .xseq = x->host };
+		struct tp_message m = { .metadata = &hh, .metadata_len = sizeof(hh) };
+		int64_t left = end - mono_ms();
+
+		if (!is[h])
+			continue;
+		if (!*x->addrs[h]) {
+			r = tpu_why(-EHOSTUNREACH, msg, ml, "no address for host %u's daemon", h);
+			goto out;
+		}
+		co.wait_ms = left > 0 ? (unsigned)left : 1;
+		memcpy(hh.token, x->token, sizeof(hh.token));
+		snprintf(addr, sizeof(addr), "tpip://%s/" XNAME_FMT, x->addrs[h],
+			 (unsigned)geteuid(), hex, h);
+		r = tp_connect_ex(g->ctx, addr, &co, &x->pipe[h]);
+		if (r < 0) {
+			tpu_why(r, msg, ml, "cannot open a pipe to host %u's leader (%s): %s", h,
+				x->addrs[h], tp_last_error());
+			goto out;
+		}
+		pthread_mutex_lock(&x->lock);
+		w.pending++;
+		pthread_mutex_unlock(&x->lock);
+		r = tp_pipe_write(x->pipe[h], &m, hello_done, &w);
+		if (r < 0) {
+			hello_done(&w, NULL, r, NULL);
+			tpu_why(r, msg, ml, "cannot greet host %u's leader: %s", h, tp_last_error());
+			goto out;
+		}
+	}
+	/* Take the partners above, in any order; a pipe without the token is dropped. */
+	while (above) {
+		struct tp_pipe *p = NULL;
+		int64_t left = end - mono_ms();
+
+		r = left > 0 ? tp_listener_accept_sync(l, (int)left, &p) : -ETIMEDOUT;
+		if (r == 0)
+			r = hello_read(x, p, is, (int)(left > 0 ? left : 1));
+		if (r >= 0) {
+			x->pipe[r] = p;
+			above--;
+			continue;
+		}
+		tp_pipe_close(p);
+		if (r == -ETIMEDOUT || !p || ++bad > XINTRUDERS_MAX) {
+			tpu_why(r, msg, ml, "%u of the other hosts' leaders did not connect in time "
+				"(%s)", above, tp_strerror(r));
+			goto out;
+		}
+		tpc_context_log(g->ctx, LOG_WARNING, "group '%s': dropped a pipe to the leaders' "
+			"listener that did not prove the group's token (%s)", g->name,
+			tp_strerror(r));
+	}
+	r = 0;
+out:
+	tp_listener_close(l);
+	pthread_mutex_lock(&x->lock);
+	while (w.pending) { /* hellos of the pipes below */
+		struct timespec ts;
+		int64_t left = end - mono_ms();
+
+		if (left <= 0 && r == 0) {
+			r = tpu_why(-ETIMEDOUT, msg, ml, "the other hosts' leaders did not take "
+				    "this leader's pipes in time");
+			pthread_mutex_unlock(&x->lock);
+			pipes_close(x); /* cancels the hellos */
+			pthread_mutex_lock(&x->lock);
+			continue;
+		}
+		clock_gettime(CLOCK_REALTIME, &ts);
+		ts.tv_nsec += XPOLL_MS * 1000000L;
+		if (ts.tv_nsec >= 1000000000L) {
+			ts.tv_sec++;
+			ts.tv_nsec -= 1000000000L;
+		}
+		pthread_cond_timedwait(&x->cond, &x->lock, &ts);
+	}
+	if (r == 0 && w.err)
+		r = tpu_why(w.err, msg, ml, "a pipe to another host's leader failed: %s",
+			    tp_strerror(w.err));
+	pthread_mutex_unlock(&x->lock);
+	if (r < 0)
+		pipes_close(x);
+	free(is);
+	return r;
+}
+
+/* ---- the leaders' transport (struct tpc_plan_xport_ops over the pipes) ----------------------- */
+
+static void ex_done(struct xex *e, int status, const char *errmsg)
+{
+	struct tpc_collx *x = e->x;
+
+	pthread_mutex_lock(&x->lock);
+	if (status < 0 && !e->status) {
+		e->status = status;
+		snprintf(e->msg, sizeof(e->msg), "%s", errmsg ? errmsg : tp_strerror(status));
+	}
+	e->pending--;
+	pthread_cond_broadcast(&x->cond);
+	pthread_mutex_unlock(&x->lock);
+}
+
+static void ex_sent(void *arg, struct tp_pipe *p, int status, const char *errmsg)
+{
+	(void)p;
+	ex_done(arg, status, errmsg);
+}
+
+static void ex_desc(void *arg, struct tp_pipe *p, int status, const char *errmsg,
+		    struct tp_descriptor *d)
+{
+	struct xex *e = arg;
+	struct tp_slot slot = { .data = e->rbuf };
+	struct tp_allocation a = { .payloads = &slot, .n_payloads = e->rlen ? 1 : 0 };
+	struct xhdr h;
+	int r;
+
+	if (status < 0) {
+		ex_done(e, status, errmsg);
+		return;
+	}
+	if (d->metadata_len != sizeof(h) || d->n_tensors || d->n_payloads != a.n_payloads ||
+	    (e->rlen && d->payloads[0].length != e->rlen)) {
+		tp_descriptor_free(d);
+		ex_done(e, -EPROTO, "another host's leader sent a message of another shape");
+		return;
+	}
+	memcpy(&h, d->metadata, sizeof(h));
+	if (h.magic != XMAGIC || h.kind != e->rkind || h.len != e->rlen ||
+	    (h.kind == XK_DATA && h.xseq != e->rseq)) {
+		tp_descriptor_free(d);
+		ex_done(e, -EPROTO, "another host's leader sent a message out of step");
+		return;
+	}
+	r = tp_pipe_read(p, d, &a, ex_sent, e);
+	if (r < 0)
+		ex_done(e, r, "cannot read from another host's leader");
+}
+
+static int xport_start(void *t, int32_t to, const void *sbuf, size_t slen, int32_t from,
+		       void *rbuf, size_t rlen)
+{
+	struct tpc_collx *x = t;
+	struct xex *e = &x->ex[x->started % TPC_PLAN_DEPTH];
+	struct xhdr h = { .magic = XMAGIC, .kind = x->kind, .xseq = x->xseq, .len = slen };
+	struct tp_payload pl = { .data = (void *)sbuf, .length = slen };
+	struct tp_message m = { .metadata = &h, .metadata_len = sizeof(h), .payloads = &pl,
+				.n_payloads = slen ? 1 : 0 };
+	uint32_t kind = h.kind;
+	int r;
+
+	if ((to >= 0 && ((uint32_t)to >= x->nhosts || !x->pipe[to])) ||
+	    (from >= 0 && ((uint32_t)from >= x->nhosts || !x->pipe[from])))
+		return x->closed ? -ECANCELED : -EPROTO;
+	pthread_mutex_lock(&x->lock);
+	*e = (struct xex){ .x = x, .pending = (to >= 0) + (from >= 0), .rbuf = rbuf,
+			   .rlen = rlen, .rkind = kind, .rseq = x->xseq };
+	pthread_mutex_unlock(&x->lock);
+	x->started++;
+	if (from >= 0) {
+		r = tp_pipe_read_descriptor(x->pipe[from], ex_desc, e);
+		if (r < 0)
+			ex_done(e, r, "cannot read from another host's leader");
+		x->bytes_in += rlen;
+	}
+	if (to >= 0) {
+		r = tp_pipe_write(x->pipe[to], &m, ex_sent, e);
+		if (r < 0)
+			ex_done(e, r, "cannot write to another host's leader");
+		x->bytes_out += slen;
+	}
+	return 0;
+}
+
+/* The arena failed, or the call's op timeout passed (which fails it): close the pipes, so that
+ * every pending exchange ends. Called without x->lock. */
+static void xport_stop(struct tpc_collx *x)
+{
+	if (x->closed)
+		return;
+	x->closed = true;
+	pipes_close(x);
+}
+
+/* Failed, other than by a member that left after the call now running. */
+static bool arena_failed(const struct tp_group *g)
+{
+	return (__atomic_load_n(&g->hdr->word, __ATOMIC_ACQUIRE) & TPU_GRPARENA_FAILED) &&
+	       !tpc_group_spared(g);
+}
+
+static int xport_wait(void *t)
+{
+	struct tpc_collx *x = t;
+	struct xex *e = &x->ex[x->head % TPC_PLAN_DEPTH];
+	int r;
+
+	pthread_mutex_lock(&x->lock);
+	while (e->pending > 0) {
+		struct timespec ts;
+
+		if (!x->closed && (arena_failed(x->g) || (x->end_ms && mono_ms() >= x->end_ms))) {
+			if (!arena_failed(x->g))
+				tpu_grparena_fail(x->g->hdr, x->g->world_rank, (uint32_t)x->g->pid,
+						  TPU_GRPARENA_TIMEOUT);
+			pthread_mutex_unlock(&x->lock);
+			xport_stop(x);
+			pthread_mutex_lock(&x->lock);
+			continue;
+		}
+		clock_gettime(CLOCK_REALTIME, &ts);
+		ts.tv_nsec += XPOLL_MS * 1000000L;
+		if (ts.tv_nsec >= 1000000000L) {
+			ts.tv_sec++;
+			ts.tv_nsec -= 1000000000L;
+		}
+		pthread_cond_timedwait(&x->cond, &x->lock, &ts);
+	}
+	r = e->status;
+	if (r == 0 && x->closed)
+		r = -ECANCELED;
+	x->head++;
+	pthread_mutex_unlock(&x->lock);
+	return r;
+}
+
+static const struct tpc_plan_xport_ops xport_ops = {
+	.start = xport_start,
+	.wait = xport_wait,
+};
+
+/* Starts (or finishes, @w) exchanges with depth: waits for the oldest when TPC_PLAN_DEPTH are
+ * out. Return: 0 or the first error (every started exchange is waited for on error). */
+static int xport_drain(struct tpc_collx *x, unsigned keep)
+{
+	int r = 0, e;
+
+	while (x->started - x->head > keep) {
+		e = xport_wait(x);
+		if (e < 0 && r == 0)
+			r = e;
+	}
+	return r;
+}
+
+/*
+ * One step between two leaders: send @slen bytes of @sbuf to @to and receive @rlen bytes into
+ * @rbuf from @from (either -1 or 0 bytes: none), in XCHUNK pieces, TPC_PLAN_DEPTH at once.
+ */
+static int xport_step(struct tpc_collx *x, int32_t to, const uint8_t *sbuf, size_t slen,
+		      int32_t from, uint8_t *rbuf, size_t rlen)
+{
+	size_t so = 0, ro = 0;
+	int r = 0, e;
+
+	if (to < 0)
+		slen = 0;
+	if (from < 0)
+		rlen = 0;
+	while (r == 0 && (so < slen || ro < rlen)) {
+		size_t s = slen - so < XCHUNK ? slen - so : XCHUNK;
+		size_t n = rlen - ro < XCHUNK ? rlen - ro : XCHUNK;
+
+		r = xport_drain(x, TPC_PLAN_DEPTH - 1);
+		if (r == 0)
+			r = xport_start(x, s ? to : -1, sbuf + so, s, n ? from : -1, rbuf + ro, n);
+		so += s;
+		ro += n;
+	}
+	e = xport_drain(x, 0);
+	return r ? r : e;
+}
+
+/* ---- the check: every host makes the same call ------------------------------------------------ */
+
+enum { CK_SEQ, CK_KIND, CK_DTYPE, CK_OP, CK_COUNT, CK_ROOT, CK_LOCALERR, CK_N };
+#define CK_CONTRIB (2 * CK_N)	/* sum: members that contribute (uneven all-reduce) */
+#define CK_ABSENT (2 * CK_N + 1) /* sum: hosts none of whose members contributes */
+#define CK_LEN (2 * CK_N + 2)
+
+static const char *const ck_name[CK_N] = { "call number", "collective", "dtype", "reduction",
+					   "count", "root", "members of one host" };
+
+/* Elements [0, 2 CK_N): maximum (the second half holds complements: their maximum is the
+ * complement of the minimum); the rest: sums. Recursive doubling with whole segments hands
+ * every fold the whole vector. */
+static void check_fold(void *inout, const void *in, size_t n, int dtype, void *user)
+{
+	uint64_t *a = inout;
+	const uint64_t *b = in;
+
+	(void)dtype;
+	(void)user;
+	for (size_t i = 0; i < n && i < CK_LEN; i++)
+		a[i] = i < 2 * CK_N ? (a[i] > b[i] ? a[i] : b[i]) : a[i] + b[i];
+}
+
+/*
+ * The leaders' check of call @c: @localerr when this host's members disagreed among
+ * themselves, @contrib this host's contributing members. Fills @v (err -EPROTO with the field,
+ * or the whole group's contributions) and @msg for a mismatch. Return: 0 (see @v) or the
+ * transport's -errno.
+ */
+static int run_check(struct tpc_collx *x, const struct tpc_coll *c, bool localerr,
+		     uint32_t contrib, struct tpc_xverdict *v, char *msg, size_t ml)
+{
+	uint64_t vec[CK_LEN] = { 0 }, tmp[CK_LEN];
+	struct tpc_plan_run_args a = { .nhosts = x->nhosts, .host = x->host, .algo = TPC_PLAN_RD,
+				       .buf = vec, .count = CK_LEN, .es = sizeof(vec[0]),
+				       .scratch = tmp, .fold = check_fold, .ops = &xport_ops,
+				       .t = x };
+	int r;
+
+	vec[CK_SEQ] = x->xseq;
+	vec[CK_KIND] = c->kind;
+	vec[CK_DTYPE] = c->kind == TPC_COLL_BARRIER ? 0 : c->dtype;
+	vec[CK_OP] = c->kind == TPC_COLL_ALLREDUCE || c->kind == TPC_COLL_REDUCE_SCATTER ? c->op
+											 : 0;
+	vec[CK_COUNT] = c->kind == TPC_COLL_BARRIER ? 0 : c->count;
+	vec[CK_ROOT] = c->kind == TPC_COLL_BROADCAST ? (uint64_t)c->root : 0;
+	vec[CK_LOCALERR] = localerr;
+	for (int i = 0; i < CK_N; i++)
+		vec[CK_N + i] = ~vec[i];
+	vec[CK_CONTRIB] = contrib;
+	vec[CK_ABSENT] = contrib == 0;
+	x->kind = XK_CHECK;
+	r = tpc_plan_run(&a);
+	if (r < 0)
+		return r;
+	*v = (struct tpc_xverdict){ .contrib = (uint32_t)vec[CK_CONTRIB] };
+	for (int i = 0; i < CK_N; i++) {
+		uint64_t hi = vec[i], lo = ~vec[CK_N + i];
+
+		if (hi == lo)
+			continue;
+		v->err = -EPROTO;
+		v->field = (uint32_t)i + 1;
+		if (i == CK_LOCALERR)
+			snprintf(msg, ml, "group '%s': the members of another host made mismatched "
+				 "calls", x->g->name);
+		else
+			snprintf(msg, ml, "group '%s': mismatched collective across hosts: the "
+				 "hosts' calls differ in the %s (%" PRIu64 " to %" PRIu64 ")",
+				 x->g->name, ck_name[i], lo, hi);
+		return 0;
+	}
+	if (c->kind == TPC_COLL_ALLREDUCE && c->op == TPC_OP_USER && vec[CK_ABSENT] &&
+	    v->contrib) {
+		v->err = -EOPNOTSUPP;
+		snprintf(msg, ml, "group '%s': an uneven all-reduce with a user reduction in which "
+			 "every member of a host has finished is not supported across hosts",
+			 x->g->name);
+	}
+	return 0;
+}
+
+/* What a member that is not its host's leader says of verdict @v. */
+static void verdict_msg(const struct tp_group *g, const struct tpc_xverdict *v, char *msg,
+			size_t ml)
+{
+	if (v->err == -EPROTO && v->field == CK_LOCALERR + 1)
+		snprintf(msg, ml, "group '%s': the members of another host made mismatched calls",
+			 g->name);
+	else if (v->err == -EPROTO && v->field >= 1 && v->field <= CK_N)
+		snprintf(msg, ml, "group '%s': mismatched collective across hosts: the hosts' "
+			 "calls differ in the %s (this host's leader has the values)", g->name,
+			 ck_name[v->field - 1]);
+	else if (v->err == -EOPNOTSUPP)
+		snprintf(msg, ml, "group '%s': an uneven all-reduce with a user reduction in which "
+			 "every member of a host has finished is not supported across hosts",
+			 g->name);
+	else
+		snprintf(msg, ml, "group '%s': %s", g->name, tp_strerror(v->err));
+}
+
+/* ---- the data among the leaders ------------------------------------------------------------- */
+
+/* The identity of a built-in reduction, @n elements into @buf: what a host whose members all
+ * finished contributes (sum: -0.0 for floats, so that x + it is x bit for bit). */
+static void fill_identity(void *buf, size_t n, enum tp_dtype dt, unsigned op)
+{
+	static const uint16_t f16[] = { 0, 0x8000, 0x3c00, 0x7c00, 0xfc00 };
+	static const uint16_t bf16[] = { 0, 0x8000, 0x3f80, 0x7f80, 0xff80 };
+	static const float f32[] = { 0, -0.0f, 1.0f, INFINITY, -INFINITY };
+	static const double f64[] = { 0, -0.0, 1.0, INFINITY, -INFINITY };
+	static const int8_t i8[] = { 0, 0, 1, INT8_MAX, INT8_MIN };
+	static const uint8_t u8[] = { 0, 0, 1, UINT8_MAX, 0 };
+	static const int32_t i32[] = { 0, 0, 1, INT32_MAX, INT32_MIN };
+	static const int64_t i64[] = { 0, 0, 1, INT64_MAX, INT64_MIN };
+
+	for (size_t i = 0; i < n && op >= 1 && op <= 4; i++)
+		switch (dt) {
+		case TP_DTYPE_F16: ((uint16_t *)buf)[i] = f16[op]; break;
+		case TP_DTYPE_BF16: ((uint16_t *)buf)[i] = bf16[op]; break;
+		case TP_DTYPE_F32: ((float *)buf)[i] = f32[op]; break;
+		case TP_DTYPE_F64: ((double *)buf)[i] = f64[op]; break;
+		case TP_DTYPE_I8: ((int8_t *)buf)[i] = i8[op]; break;
+		case TP_DTYPE_U8: ((uint8_t *)buf)[i] = u8[op]; break;
+		case TP_DTYPE_I32: ((int32_t *)buf)[i] = i32[op]; break;
+		case TP_DTYPE_I64: ((int64_t *)buf)[i] = i64[op]; break;
+		}
+}
+
+static void coll_fold(void *inout, const void *in, size_t n, int dtype, void *user)
+{
+	const struct tpc_coll *c = user;
+
+	if (c->op == TPC_OP_USER)
+		c->fn(inout, in, n, c->dtype, c->user);
+	else
+		tpc_reduce(inout, in, n, (enum tp_dtype)dtype, (enum tp_reduce_op)c->op);
+}
+
+/* All-reduce among the leaders of @count elements at @buf (the hosts' partial results). */
+static int run_allreduce(struct tpc_collx *x, const struct tpc_coll *c, void *buf, size_t count)
+{
+	size_t es = tp_dtype_size(c->dtype);
+	struct tpc_plan_run_args a = { .nhosts = x->nhosts, .host = x->host,
+				       .algo = tpc_plan_choose(x->nhosts, count * es, x->force),
+				       .buf = buf, .count = count, .es = es, .chunk = XCHUNK,
+				       .fold = coll_fold, .dtype = (int)c->dtype,
+				       .user = (void *)c, .ops = &xport_ops, .t = x };
+	int r;
+
+	if (count == 0)
+		return 0;
+	a.scratch = malloc(count * es);
+	if (!a.scratch)
+		return -ENOMEM;
+	x->kind = XK_DATA;
+	r = tpc_plan_run(&a);
+	free(a.scratch);
+	return r;
+}
+
+/* Broadcast among the leaders from host @root_host: a chain in host order from it, chunked, so
+ * each leader forwards chunk k - 1 while chunk k arrives. */
+static int run_chain(struct tpc_collx *x, uint8_t *buf, size_t bytes, uint32_t root_host)
+{
+	uint32_t pos = (x->host + x->nhosts - root_host) % x->nhosts;
+	int32_t prev = pos ? (int32_t)((x->host + x->nhosts - 1) % x->nhosts) : -1;
+	int32_t next = pos + 1 < x->nhosts ? (int32_t)((x->host + 1) % x->nhosts) : -1;
+	size_t nch = (bytes + XCHUNK - 1) / XCHUNK;
+	int r = 0, e;
+
+	x->kind = XK_DATA;
+	for (size_t k = 0; r == 0 && k < nch + (prev >= 0); k++) {
+		/* the root sends chunk k; the others receive chunk k and pass on chunk k - 1 */
+		size_t sk = prev < 0 ? k : k - 1, so = sk * XCHUNK, ro = k * XCHUNK;
+		bool send = next >= 0 && (prev < 0 || k >= 1), recv = prev >= 0 && k < nch;
+		size_t sl = send ? (bytes - so < XCHUNK ? bytes - so : XCHUNK) : 0;
+		size_t rl = recv ? (bytes - ro < XCHUNK ? bytes - ro : XCHUNK) : 0;
+
+		if (!sl && !rl)
+			continue;
+		r = xport_drain(x, prev < 0 ? TPC_PLAN_DEPTH - 1 : 0); /* chunk k - 1 is in */
+		if (r == 0)
+			r = xport_start(x, sl ? next : -1, buf + so, sl, rl ? prev : -1, buf + ro, rl);
+	}
+	e = xport_drain(x, 0);
+	return r ? r : e;
+}
+
+/* All-gather among the leaders: a ring over the hosts' blocks of @g_buf (host h's members'
+ * @count elements each, in host order), each step passing on the block received last. */
+static int run_gather(struct tpc_collx *x, uint8_t *gbuf, size_t count, size_t es)
+{
+	const struct tpc_plan *p = x->plan;
+	int32_t next = (int32_t)((x->host + 1) % x->nhosts);
+	int32_t prev = (int32_t)((x->host + x->nhosts - 1) % x->nhosts);
+	int r = 0;
+
+	x->kind = XK_DATA;
+	for (uint32_t t = 0; r == 0 && t + 1 < x->nhosts; t++) {
+		uint32_t sb = (x->host + x->nhosts - t) % x->nhosts;
+		uint32_t rb = (x->host + 2 * x->nhosts - t - 1) % x->nhosts;
+		size_t so = (size_t)p->host_first[sb] * count * es;
+		size_t sl = (size_t)(p->host_first[sb + 1] - p->host_first[sb]) * count * es;
+		size_t ro = (size_t)p->host_first[rb] * count * es;
+		size_t rl = (size_t)(p->host_first[rb + 1] - p->host_first[rb]) * count * es;
+
+		r = xport_step(x, next, gbuf + so, sl, prev, gbuf + ro, rl);
+	}
+	return r;
+}
+
+/* ---- one call ---------------------------------------------------------------------------------- */
+
+/*
+ * The leaders' exchange failed with @r: a member died or a host was cut (the daemons fail every
+ * arena, naming the member: give them a moment to), the op timeout passed, or the pipe broke
+ * for another reason (this leader then fails the group itself). Return: the group's error.
+ */
+static int xfail(struct tpc_collx *x, int r, char *msg, size_t ml)
+{
+	struct tp_group *g = x->g;
+	int64_t end = mono_ms() + XFAIL_GRACE_MS;
+
+	xport_stop(x);
+	while (!arena_failed(g) && mono_ms() < end && r != -ENOMEM) {
+		struct timespec ts = { 0, 10 * 1000000L };
+
+		nanosleep(&ts, NULL);
+	}
+	if (!arena_failed(g)) {
+		tpu_grparena_fail(g->hdr, g->world_rank, (uint32_t)g->pid, TPU_GRPARENA_XLINK);
+		tpc_context_log(g->ctx, LOG_WARNING, "group '%s': this host's leader lost its pipes "
+				"to the other hosts' leaders: %s", g->name, tp_strerror(r));
+	}
+	return tpc_coll_failed(g, msg, ml);
+}
+
+/* Part B on the leader: the check, then the data. @v: the verdict for this host's members. */
+static int leader_part(struct tpc_collx *x, const struct tpc_coll *c, bool localerr,
+		       uint32_t contrib, void *buf, size_t count, struct tpc_xverdict *v,
+		       char *msg, size_t ml)
+{
+	const struct tpc_plan *p = x->plan;
+	size_t es = c->kind == TPC_COLL_BARRIER ? 0 : tp_dtype_size(c->dtype);
+	uint8_t *gb;
+	int r;
+
+	x->end_ms = x->g->op_timeout_ms > 0 ? mono_ms() + x->g->op_timeout_ms : 0;
+	r = run_check(x, c, localerr, contrib, v, msg, ml);
+	if (r < 0 || v->err < 0 || localerr)
+		return r;
+	switch (c->kind) {
+	case TPC_COLL_ALLREDUCE:
+	case TPC_COLL_REDUCE_SCATTER:
+		if (v->contrib == 0)
+			return 0; /* every member has finished: nothing moves */
+		if (contrib == 0)
+			fill_identity(buf, count, c->dtype, c->op);
+		return run_allreduce(x, c, buf, count);
+	case TPC_COLL_BROADCAST:
+		return run_chain(x, buf, count * es, p->host_of[c->root]);
+	case TPC_COLL_ALLGATHER:
+		/* the hosts' blocks in host order, then each member's block at its rank */
+		gb = malloc(x->g->world_size * count * es + 1);
+		if (!gb)
+			return -ENOMEM;
+		memcpy(gb + (size_t)p->host_first[x->host] * count * es, buf,
+		       x->g->local_size * count * es);
+		r = run_gather(x, gb, count, es);
+		for (uint32_t i = 0; r == 0 && i < p->nranks; i++)
+			memcpy((uint8_t *)buf + (size_t)p->by_host[i] * count * es,
+			       gb + (size_t)i * count * es, count * es);
+		free(gb);
+		return r;
+	case TPC_COLL_BARRIER:
+		return 0; /* the check is the barrier among the hosts */
+	}
+	return 0;
+}
+
+int tpc_collx_run(struct tp_group *g, const struct tpc_coll *c, char *msg, size_t ml)
+{
+	struct tpc_collx *x = g->x;
+	const struct tpc_plan *p = x->plan;
+	size_t es = c->kind == TPC_COLL_BARRIER ? 0 : tp_dtype_size(c->dtype);
+	struct tpc_coll a = *c, b = { .kind = TPC_COLL_BROADCAST, .dtype = TP_DTYPE_U8 };
+	struct tpc_xverdict v = { 0 };
+	uint8_t *tmp = NULL;
+	void *buf = c->recv;
+	size_t count = c->count;
+	bool mine = true;
+	int r, rb;
+
+	if (!x->addrs)
+		return tpu_why(-EOPNOTSUPP, msg, ml, "group '%s' spans %u hosts, but its "
+			       "coordinator daemon sent no host addresses (an older tpipd): "
+			       "collectives across hosts need it upgraded", g->name, g->hosts);
+	g->xcall = ++x->xseq;
+	a.ret_contrib = NULL;
+	/* A: this host's part */
+	switch (c->kind) {
+	case TPC_COLL_REDUCE_SCATTER: /* an all-reduce of the whole input, each keeps its part */
+		count = c->count * g->world_size;
+		tmp = malloc(count * es + 1);
+		if (!tmp)
+			return tpu_why(-ENOMEM, msg, ml, "out of memory");
+		buf = tmp;
+		a.kind = TPC_COLL_ALLREDUCE;
+		a.recv = tmp;
+		a.count = count;
+		break;
+	case TPC_COLL_BROADCAST:
+		mine = p->host_of[c->root] == x->host;
+		a.root = (int)p->local_rank[c->root];
+		break;
+	case TPC_COLL_ALLGATHER:
+		count = c->count * g->world_size;
+		break;
+	default:
+		break;
+	}
+	r = mine ? tpc_coll_local(g, &a, NULL, msg, ml) : 0;
+	if (r < 0 && (r != -EPROTO || !x->leader))
+		goto out; /* the group failed, or this host's members disagree: they all say so */
+	/* B: the leaders */
+	if (x->leader) {
+		char lmsg[TPC_GROUP_MSG_MAX];
+
+		rb = leader_part(x, c, r == -EPROTO, c->kind == TPC_COLL_ALLREDUCE ? g->contrib :
+				 g->local_size, buf, c->kind == TPC_COLL_ALLGATHER ? c->count :
+				 count, &v, lmsg, sizeof(lmsg));
+		if (rb < 0) {
+			r = xfail(x, rb, msg, ml);
+			goto out;
+		}
+		if (r < 0)
+			goto out; /* -EPROTO here: this host's members have returned it too */
+		if (v.err < 0)
+			snprintf(msg, ml, "%s", lmsg);
+		v.nodata = c->kind == TPC_COLL_ALLREDUCE && v.contrib == 0;
+	}
+	/* C: the verdict and the result to this host's members */
+	b.recv = buf;
+	b.count = c->kind == TPC_COLL_BARRIER || (c->kind == TPC_COLL_BROADCAST && mine) ? 0
+										      : count;
+	if (b.count) {
+		b.dtype = c->dtype;
+		b.root = 0;
+	}
+	r = tpc_coll_local(g, &b, &v, msg, ml);
+	if (r < 0 && r == v.err && !x->leader)
+		verdict_msg(g, &v, msg, ml);
+	if (r == 0 && c->ret_contrib)
+		*c->ret_contrib = v.contrib;
+	if (r == 0 && tmp)
+		memcpy(c->recv, tmp + (size_t)g->world_rank * c->count * es, c->count * es);
+out:
+	free(tmp);
+	return r;
+}

@@ -1,0 +1,359 @@
+/* SPDX-License-Identifier: BSD-3-Clause */
+/*
+ * A group member for the service suite's collectives across hosts (group_xcoll.sh). It joins
+ * group NAME as RANK of SIZE through the daemon at SOCKET and coordinator COORD, then:
+ *
+ *   battery  runs every collective against references computed here: all-reduce for every
+ *            dtype and built-in op and a user reduction (0, 1, 7, 1031 and 300007 elements,
+ *            whose values make every result exact, so equal to the reference bit for bit),
+ *            float sums of pseudo-random values (printed as a hash: the script checks every
+ *            rank has the same bits), broadcast from every root, all-gather, reduce-scatter,
+ *            barrier, uneven steps (rank r contributes r + 1 steps), three asynchronous calls
+ *            at once, and a mismatched call (rank 1 passes another count: -EPROTO on every
+ *            rank, then the group goes on). Prints "ok battery" or "FAIL ..." lines.
+ *   loop     all-reduces 4 MiB until a call fails, then prints "failed: ERRNO: MESSAGE".
+ *
+ * Usage: group_coll SOCKET NAME RANK SIZE COORD MS MODE. Exit 0 ok, 1 failure, 2 usage.
+ */
+#include <errno.h>
+#include <inttypes.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <tpclient.h>
+
+static int rank, size, fails;
+static const char *gname;
+
+#define FAIL(...)                                                                            \
+	do {                                                                                 \
+		printf("FAIL rank %d: ", rank);                                              \
+		printf(__VA_ARGS__);                                                         \
+		printf("\n");                                                                \
+		fflush(stdout);                                                              \
+		fails++;                                                                     \
+	} while (0)
+
+static uint64_t fnv(const void *p, size_t n)
+{
+	const uint8_t *b = p;
+	uint64_t h = 1469598103934665603ull;
+
+	for (size_t i = 0; i < n; i++)
+		h = (h ^ b[i]) * 1099511628211ull;
+	return h;
+}
+
+/* The value rank @r contributes at element @i for @op: small integers, so every result is
+ * exact in every dtype (products stay within i8 for up to 6 ranks). */
+static long val(int op, int r, size_t i)
+{
+	switch (op) {
+	case TP_OP_SUM: return (long)((r + i) % 5);
+	case TP_OP_PROD: return (long)((r * 3 + i) % 7 == 0 ? 2 : 1);
+	default: return (long)((r * 7 + i) % 11) - 5;
+	}
+}
+
+static long ref(int op, size_t i, int dt, int n)
+{
+	long a = val(op, 0, i);
+
+	for (int r = 1; r < n; r++) {
+		long b = val(op, r, i);
+
+		a = op == TP_OP_SUM ? a + b : op == TP_OP_PROD ? a * b : op == TP_OP_MIN ?
+			(b < a ? b : a) : (b > a ? b : a);
+	}
+	if (dt == TP_DTYPE_U8 && op >= TP_OP_MIN) /* u8: values shifted by 5 */
+		a += 5;
+	return a;
+}
+
+static uint16_t to_half(long v, int bf)
+{
+	float f = (float)v;
+	uint32_t u;
+
+	memcpy(&u, &f, 4);
+	if (bf)
+		return (uint16_t)(u >> 16); /* small integers: exact */
+	/* binary16 of a small integer: sign, exponent, mantissa (exact for |v| < 2048) */
+	if (v == 0)
+		return 0;
+	{
+		uint16_t s = v < 0 ? 0x8000 : 0;
+		long a = v < 0 ? -v : v;
+		int e = 0;
+
+		while ((a >> e) > 1)
+			e++;
+		return (uint16_t)(s | ((e + 15) << 10) | ((a << (10 - e)) & 0x3ff));
+	}
+}
+
+static void put(void *buf, int dt, size_t i, long v)
+{
+	switch (dt) {
+	case TP_DTYPE_F16: ((uint16_t *)buf)[i] = to_half(v, 0); break;
+	case TP_DTYPE_BF16: ((uint16_t *)buf)[i] = to_half(v, 1); break;
+	case TP_DTYPE_F32: ((float *)buf)[i] = (float)v; break;
+	case TP_DTYPE_F64: ((double *)buf)[i] = (double)v; break;
+	case TP_DTYPE_I8: ((int8_t *)buf)[i] = (int8_t)v; break;
+	case TP_DTYPE_U8: ((uint8_t *)buf)[i] = (uint8_t)v; break;
+	case TP_DTYPE_I32: ((int32_t *)buf)[i] = (int32_t)v; break;
+	case TP_DTYPE_I64: ((int64_t *)buf)[i] = (int64_t)v; break;
+	}
+}
+
+static void user_sum_i32(void *inout, const void *in, size_t n, enum tp_dtype dt, void *u)
+{
+	int32_t *a = inout;
+	const int32_t *b = in;
+
+	(void)dt;
+	(void)u;
+	for (size_t i = 0; i < n; i++)
+		a[i] += b[i];
+}
+
+static void allreduce_exact(struct tp_group *g)
+{
+	static const size_t counts[] = { 0, 1, 7, 1031, 300007 };
+
+	for (int dt = TP_DTYPE_F16; dt <= TP_DTYPE_I64; dt++)
+		for (int op = TP_OP_SUM; op <= TP_OP_MAX; op++)
+			for (size_t k = 0; k < sizeof(counts) / sizeof(counts[0]); k++) {
+				size_t n = counts[k], es = tp_dtype_size((enum tp_dtype)dt);
+				uint8_t *in, *out, *want;
+				int r;
+
+				if (k == 4 && dt != TP_DTYPE_F32 && dt != TP_DTYPE_I8)
+					continue; /* the big size: two dtypes are enough */
+				in = malloc(n * es + 1);
+				out = malloc(n * es + 1);
+				want = malloc(n * es + 1);
+				for (size_t i = 0; i < n; i++) {
+					long s = dt == TP_DTYPE_U8 && op >= TP_OP_MIN ? 5 : 0;
+
+					put(in, dt, i, val(op, rank, i) + s);
+					put(want, dt, i, ref(op, i, dt, size));
+				}
+				r = tp_allreduce(g, in, out, n, (enum tp_dtype)dt,
+						 (enum tp_reduce_op)op);
+				if (r < 0)
+					FAIL("allreduce dt %d op %d n %zu: %s", dt, op, n,
+					     tp_last_error());
+				else if (n && memcmp(out, want, n * es) != 0)
+					FAIL("allreduce dt %d op %d n %zu: wrong result", dt, op, n);
+				free(in);
+				free(out);
+				free(want);
+			}
+}
+
+static void allreduce_misc(struct tp_group *g)
+{
+	size_t n = 200003;
+	float *f = malloc(n * sizeof(*f));
+	int32_t *a = malloc(n * 4), *b = malloc(n * 4);
+	uint64_t seed = 0x9e3779b97f4a7c15ull * (uint64_t)(rank + 1);
+	int r;
+
+	for (size_t i = 0; i < n; i++) {
+		seed = seed * 6364136223846793005ull + 1442695040888963407ull;
+		f[i] = (float)((double)(seed >> 11) / 9007199254740992.0 - 0.5) * 1e3f;
+		a[i] = (int32_t)(i % 1000) * (rank + 1);
+	}
+	r = tp_allreduce(g, f, f, n, TP_DTYPE_F32, TP_OP_SUM);
+	if (r < 0)
+		FAIL("float sum: %s", tp_last_error());
+	else
+		printf("hash float-sum %016" PRIx64 "\n", fnv(f, n * sizeof(*f)));
+	r = tp_allreduce_fn(g, a, b, n, TP_DTYPE_I32, user_sum_i32, NULL);
+	for (size_t i = 0; r == 0 && i < n; i++)
+		if (b[i] != (int32_t)(i % 1000) * size * (size + 1) / 2) {
+			FAIL("user reduction: element %zu is %d", i, b[i]);
+			break;
+		}
+	if (r < 0)
+		FAIL("user reduction: %s", tp_last_error());
+	free(f);
+	free(a);
+	free(b);
+}
+
+static void broadcast_gather_scatter(struct tp_group *g)
+{
+	static const size_t counts[] = { 0, 1, 13, 300001 };
+
+	for (size_t k = 0; k < sizeof(counts) / sizeof(counts[0]); k++) {
+		size_t n = counts[k];
+		int32_t *v = malloc(n * 4 + 4), *all = malloc(n * 4 * (size_t)size + 4);
+		int32_t *rs = malloc(n * 4 * (size_t)size + 4), *part = malloc(n * 4 + 4);
+
+		for (int root = 0; root < size; root++) {
+			for (size_t i = 0; i < n; i++)
+				v[i] = rank == root ? (int32_t)(i * 31 + (size_t)root) : -1;
+			if (tp_broadcast(g, v, n, TP_DTYPE_I32, root) < 0)
+				FAIL("broadcast root %d n %zu: %s", root, n, tp_last_error());
+			for (size_t i = 0; i < n; i++)
+				if (v[i] != (int32_t)(i * 31 + (size_t)root)) {
+					FAIL("broadcast root %d n %zu: element %zu", root, n, i);
+					break;
+				}
+		}
+		for (size_t i = 0; i < n; i++)
+			v[i] = (int32_t)(i + 1000000 * (size_t)rank);
+		if (tp_allgather(g, v, all, n, TP_DTYPE_I32) < 0)
+			FAIL("allgather n %zu: %s", n, tp_last_error());
+		for (size_t i = 0; i < n * (size_t)size; i++)
+			if (all[i] != (int32_t)(i % n + 1000000 * (i / n))) {
+				FAIL("allgather n %zu: element %zu", n, i);
+				break;
+			}
+		for (size_t i = 0; i < n * (size_t)size; i++)
+			rs[i] = (int32_t)(i + (size_t)rank);
+		if (tp_reduce_scatter(g, rs, part, n, TP_DTYPE_I32, TP_OP_SUM) < 0)
+			FAIL("reduce_scatter n %zu: %s", n, tp_last_error());
+		for (size_t i = 0; i < n; i++) {
+			size_t at = (size_t)rank * n + i;
+
+			if (part[i] != (int32_t)(at * (size_t)size) + size * (size - 1) / 2) {
+				FAIL("reduce_scatter n %zu: element %zu", n, i);
+				break;
+			}
+		}
+		free(v);
+		free(all);
+		free(rs);
+		free(part);
+	}
+}
+
+static void uneven(struct tp_group *g)
+{
+	int64_t x[3], out[3];
+	unsigned n = 0;
+
+	for (int step = 0;; step++) {
+		for (int i = 0; i < 3; i++)
+			x[i] = (int64_t)(rank + 1) * (i + 1);
+		if (tp_allreduce_uneven(g, step <= rank ? x : NULL, out, 3, TP_DTYPE_I64,
+					TP_OP_SUM, &n) < 0) {
+			FAIL("uneven step %d: %s", step, tp_last_error());
+			return;
+		}
+		if (n == 0) {
+			if (step != size)
+				FAIL("uneven: all finished at step %d, not %d", step, size);
+			return;
+		}
+		if (n != (unsigned)(size - step)) {
+			FAIL("uneven step %d: %u contributed", step, n);
+			return;
+		}
+		/* ranks step..size-1 contribute (r + 1)(i + 1) */
+		for (int i = 0; i < 3; i++) {
+			int64_t want = 0;
+
+			for (int r = step; r < size; r++)
+				want += (int64_t)(r + 1) * (i + 1);
+			if (out[i] != want)
+				FAIL("uneven step %d: element %d is %" PRId64 ", not %" PRId64, step,
+				     i, out[i], want);
+		}
+	}
+}
+
+static void async_and_mismatch(struct tp_group *g)
+{
+	struct tp_coll_req *q[3];
+	int32_t a[3][100];
+	int r;
+
+	for (int k = 0; k < 3; k++) {
+		for (int i = 0; i < 100; i++)
+			a[k][i] = k + i + rank;
+		if (tp_allreduce_start(g, a[k], a[k], 100, TP_DTYPE_I32, TP_OP_SUM, &q[k]) < 0)
+			FAIL("allreduce_start: %s", tp_last_error());
+	}
+	for (int k = 0; k < 3; k++) {
+		if (tp_coll_wait(q[k]) < 0) /* frees the request */
+			FAIL("async %d: %s", k, tp_last_error());
+		for (int i = 0; i < 100; i++)
+			if (a[k][i] != (k + i) * size + size * (size - 1) / 2) {
+				FAIL("async %d: element %d", k, i);
+				break;
+			}
+	}
+	r = tp_allreduce(g, a[0], a[1], rank == 1 ? 99 : 100, TP_DTYPE_I32, TP_OP_SUM);
+	if (r != -EPROTO)
+		FAIL("mismatched count: %d (%s), not -EPROTO", r, r < 0 ? tp_last_error() : "ok");
+	else
+		printf("mismatch: %s\n", tp_last_error());
+	if (tp_barrier(g) < 0)
+		FAIL("barrier after the mismatch: %s", tp_last_error());
+}
+
+int main(int argc, char **argv)
+{
+	struct tp_context_options co = { .size = sizeof(co) };
+	struct tp_group_options o = { .size = sizeof(o) };
+	struct tp_context *ctx;
+	struct tp_group *g;
+	int r;
+
+	if (argc < 8) {
+		fprintf(stderr, "usage: group_coll SOCKET NAME RANK SIZE COORD MS MODE\n");
+		return 2;
+	}
+	co.socket_path = argv[1];
+	gname = argv[2];
+	o.rank = atoi(argv[3]);
+	o.nranks = (unsigned)atoi(argv[4]);
+	o.bootstrap = TP_GROUP_BOOTSTRAP_COORDINATOR;
+	o.coordinator = argv[5];
+	o.join_timeout_ms = atoi(argv[6]);
+	o.op_timeout_ms = 60000;
+	if (tp_context_new(&co, &ctx) < 0) {
+		printf("failed: context: %s\n", tp_last_error());
+		return 1;
+	}
+	r = tp_group_join(ctx, gname, &o, &g);
+	if (r < 0) {
+		printf("failed: %s: %s\n", strerrorname_np(-r), tp_last_error());
+		tp_context_free(ctx);
+		return 1;
+	}
+	rank = tp_group_rank(g);
+	size = tp_group_size(g);
+	printf("joined rank=%d size=%d host=%d hosts=%d\n", rank, size, tp_group_host_index(g),
+	       tp_group_hosts(g));
+	fflush(stdout);
+	if (strcmp(argv[7], "loop") == 0) {
+		size_t n = 1u << 20;
+		float *f = calloc(n, sizeof(*f));
+
+		do
+			r = tp_allreduce(g, f, f, n, TP_DTYPE_F32, TP_OP_SUM);
+		while (r == 0);
+		printf("failed: %s: %s\n", strerrorname_np(-r), tp_last_error());
+		free(f);
+	} else {
+		if (tp_barrier(g) < 0)
+			FAIL("barrier: %s", tp_last_error());
+		allreduce_exact(g);
+		allreduce_misc(g);
+		broadcast_gather_scatter(g);
+		uneven(g);
+		async_and_mismatch(g);
+		if (!fails)
+			printf("ok battery\n");
+	}
+	fflush(stdout);
+	tp_group_leave(g);
+	tp_context_free(ctx);
+	return fails || r < 0 ? 1 : 0;
+}

@@ -1,0 +1,105 @@
+#!/bin/bash
+# SPDX-License-Identifier: BSD-3-Clause
+# Collectives across hosts (docs/collectives.md): daemons in two network namespaces joined by a
+# veth pair (three daemons, so three hosts, in the second part: two of them in one namespace
+# are two hosts, as two machines would be). Every member runs the battery of group_coll.c
+# (every collective, dtype and op against references computed there, uneven steps, async
+# calls, a mismatched call that fails on every rank) with ranks interleaved across hosts, and
+# every rank must hold the same bits of a float sum; then a member SIGKILLed in the middle of
+# 4 MiB all-reduces fails every survivor on every host, naming its rank, within the peer
+# timeout. Skips (77) where network namespaces or veth pairs cannot be made.
+. "$(dirname -- "$0")/lib.sh" || exit 1
+need_env TPIPD_BIN TPIPCTL_BIN GROUP_COLL_BIN
+need_tool ip
+need_tool jq
+need_tool timeout
+svc_init
+
+PEER_TIMEOUT_MS=3000
+nsa=tpc-a-$$
+nsb=tpc-b-$$
+vea=tpca$$
+veb=tpcb$$
+net=10.203.$(($$ % 250)).
+COORD="tpip://${net}1:7420"
+
+svc_two_hosts "$nsa" "$nsb" "$vea" "$veb" "$net"
+
+start_ns_daemon() { # NAME NS ADDR:PORT
+	local name=$1 ns=$2 addr=$3
+	SVC_LOGS+=("$SVC_TMP/$name.log")
+	ip netns exec "$ns" "$TPIPD_BIN" --socket "$SVC_TMP/$name.sock" --config /dev/null \
+		--peer-listen "$addr" --peer-force-cross-host --peer-timeout "$PEER_TIMEOUT_MS" \
+		--peer-connect-timeout 3000 --peer-key-file "$(svc_peer_key)" \
+		2>"$SVC_TMP/$name.log" &
+	local pid=$!
+	svc_track "$pid"
+	svc_wait_daemon "$SVC_TMP/$name.sock" "$pid"
+}
+start_ns_daemon a "$nsa" "${net}1:7420"
+start_ns_daemon b "$nsb" "${net}2:7420"
+
+battery() { # NAME RANK:HOST...
+	local name=$1 n=$(($# - 1)) id ok=0 h
+	shift
+	for spec in "$@"; do
+		member "$name-${spec%%:*}" "${spec#*:}" "$name" "${spec%%:*}" "$n" battery
+	done
+	for spec in "$@"; do
+		id="$name-${spec%%:*}"
+		v="PID_${id//-/_}"
+		wait_exit "${!v}" 200
+		if ! grep -q "^ok battery" "$SVC_TMP/$id.out"; then
+			cat "$SVC_TMP/$id.out" >&2
+			ok=1
+		fi
+	done
+	[ "$ok" = 0 ] || fail "the battery failed (above)"
+	h=$(cat "$SVC_TMP/$name"-*.out | grep "^hash float-sum" | sort -u | wc -l)
+	[ "$h" = 1 ] || { grep -h "^hash" "$SVC_TMP/$name"-*.out >&2; fail "ranks disagree on bits"; }
+	grep -h "^mismatch" "$SVC_TMP/$name-0.out"
+	grep -h "^mismatch" "$SVC_TMP/$name-1.out"
+}
+# member ID HOST NAME RANK SIZE MODE: runs in the background, output in $SVC_TMP/ID.out.
+member() {
+	local id=$1 host=$2 v
+	shift 2
+	env "${MENV[@]}" "$GROUP_COLL_BIN" "$SVC_TMP/$host.sock" "$1" "$2" "$3" \
+		"$COORD" 20000 "$4" >"$SVC_TMP/$id.out" 2>&1 &
+	v="PID_${id//-/_}"
+	printf -v "$v" '%s' "$!"
+	svc_track "$!"
+}
+MENV=()
+
+check "2 hosts x 2 ranks (0, 3 on a; 1, 2 on b): every collective, bit-identical on every rank"
+battery two 0:a 1:b 2:b 3:a
+
+check "3 hosts (a: 0, 4; a2: 1; b: 2, 3): every collective (recursive doubling folds a host in)"
+start_ns_daemon a2 "$nsa" "${net}1:7421"
+battery three 0:a 1:a2 2:b 3:b 4:a
+
+check "3 hosts, the ring for every size (TP_GROUP_ALGO=ring)"
+MENV=(TP_GROUP_ALGO=ring)
+battery ring 0:a 1:a2 2:b 3:b 4:a
+MENV=()
+
+check "rank 2 (on b) SIGKILLed mid all-reduce: every survivor fails naming rank 2"
+for r in 0 1 2 3; do
+	case $r in 0 | 3) h=a ;; *) h=b ;; esac
+	member "kill-$r" "$h" kill "$r" 4 loop
+done
+wait_until 20 "the members to join" sh -c "grep -q '^joined' '$SVC_TMP/kill-0.out' &&
+	grep -q '^joined' '$SVC_TMP/kill-2.out'"
+kill -KILL "$PID_kill_2"
+start=$SECONDS
+for r in 0 1 3; do
+	v="PID_kill_$r"
+	wait_exit "${!v}" $((PEER_TIMEOUT_MS / 1000 + 10))
+	grep -q "^failed: ECONNRESET: .*rank 2" "$SVC_TMP/kill-$r.out" ||
+		{ cat "$SVC_TMP/kill-$r.out" >&2; fail "rank $r did not fail naming rank 2"; }
+	grep "^failed" "$SVC_TMP/kill-$r.out"
+done
+[ $((SECONDS - start)) -le $((PEER_TIMEOUT_MS / 1000 + 5)) ] ||
+	fail "the survivors took $((SECONDS - start)) s"
+say "ok"
