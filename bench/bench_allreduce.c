@@ -1,13 +1,18 @@
 /* SPDX-License-Identifier: BSD-3-Clause */
 /*
- * bench_allreduce: float32 sum all-reduce among N processes of one host through tpipd (a group
- * per N). For each N and size it forks N ranks, each with its own context; every iteration
- * starts after a barrier, and its time is the slowest rank's. Prints one line per (N, size):
- *   allreduce n=N size=S median_us=T busbw_GBps=B
+ * bench_allreduce: float32 sum all-reduce among N processes through tpipd (a group per N).
+ * For each N and size it forks N ranks, each with its own context; every iteration starts
+ * after a barrier, and its time is the slowest rank's. Prints one line per (N, size):
+ *   allreduce impl=tpipd n=N size=S median_us=T busbw_GBps=B iters=I
  * with T the median over iterations of the slowest rank's time and B = 2(N-1)/N x S / T (bus
  * bandwidth, as nccl-tests and the issue define it). Needs a running tpipd (--socket or the
- * library's rules). Figures only; nothing here passes or fails.
+ * library's rules); with --xhost SOCKA,SOCKB,tpip://HOST[:PORT] the first half of the ranks
+ * use the daemon at SOCKA and the second half the one at SOCKB (two hosts, e.g. daemons in two
+ * network namespaces: a Unix socket path reaches across them), joined through that
+ * coordinator. Figures only; nothing here passes or fails.
  *   bench_allreduce [--socket PATH] [--ranks 2,4] [--sizes 4K,64K,1M,16M,64M] [--iters K]
+ *                   [--secs S] [--xhost SOCKA,SOCKB,COORD]
+ * (-n, -s, -t: --ranks, --sizes, --secs, as bench/run_allreduce.sh calls it.)
  */
 #include <errno.h>
 #include <stdio.h>
@@ -33,6 +38,9 @@ struct opts {
 	unsigned ranks[16], n_ranks;
 	size_t sizes[32], n_sizes;
 	unsigned iters; /* 0: by size */
+	double secs;	/* scales the iterations by size (1: about 256 MiB of input per rank) */
+	char *xsock[2]; /* --xhost: the two hosts' daemons */
+	const char *coord;
 };
 
 static unsigned iters_for(const struct opts *o, size_t size)
@@ -41,7 +49,7 @@ static unsigned iters_for(const struct opts *o, size_t size)
 
 	if (o->iters)
 		return o->iters < MAX_ITERS ? o->iters : MAX_ITERS;
-	n = (256u << 20) / size; /* about 256 MiB of input per rank */
+	n = (size_t)((double)(256u << 20) / (double)size * (o->secs > 0 ? o->secs : 1));
 	return n < 5 ? 5 : n > 100 ? 100 : (unsigned)n;
 }
 
@@ -54,7 +62,11 @@ static int rank_main(const struct opts *o, unsigned n, unsigned rank, struct sha
 	char name[64];
 	int r;
 
-	if (bench_context_open(o->socket, 0, &ctx) < 0)
+	if (o->coord) {
+		go.bootstrap = TP_GROUP_BOOTSTRAP_COORDINATOR;
+		go.coordinator = o->coord;
+	}
+	if (bench_context_open(o->coord ? o->xsock[rank >= n / 2] : o->socket, 0, &ctx) < 0)
 		return 1;
 	snprintf(name, sizeof(name), "bench-allreduce-%d-%u", (int)getppid(), n);
 	r = tp_group_join(ctx, name, &go, &g);
@@ -102,9 +114,9 @@ static int rank_main(const struct opts *o, unsigned n, unsigned rank, struct sha
 					slow[k] = sh->t_us[q][k] > slow[k] ? sh->t_us[q][k] : slow[k];
 			}
 			bench_stats_compute(slow, it, &st);
-			printf("allreduce n=%u size=%zu median_us=%.1f busbw_GBps=%.3f\n", n,
-			       o->sizes[s], st.median,
-			       2.0 * (n - 1) / n * (double)o->sizes[s] / (st.median * 1e3));
+			printf("allreduce impl=tpipd n=%u size=%zu median_us=%.1f busbw_GBps=%.3f "
+			       "iters=%u\n", n, o->sizes[s], st.median,
+			       2.0 * (n - 1) / n * (double)o->sizes[s] / (st.median * 1e3), it);
 			fflush(stdout);
 		}
 		if (r == 0)
@@ -170,17 +182,36 @@ int main(int argc, char **argv)
 	for (int i = 1; i < argc; i++) {
 		const char *v = i + 1 < argc ? argv[i + 1] : NULL;
 
-		if (!strcmp(argv[i], "--socket") && v)
+		const char *a = argv[i];
+
+		if (!strcmp(a, "--socket") && v)
 			o.socket = argv[++i];
-		else if (!strcmp(argv[i], "--ranks") && v && parse_list(argv[++i], false, &o) == 0)
+		else if ((!strcmp(a, "--ranks") || !strcmp(a, "-n")) && v &&
+			 parse_list(argv[++i], false, &o) == 0)
 			;
-		else if (!strcmp(argv[i], "--sizes") && v && parse_list(argv[++i], true, &o) == 0)
+		else if ((!strcmp(a, "--sizes") || !strcmp(a, "-s")) && v &&
+			 parse_list(argv[++i], true, &o) == 0)
 			;
-		else if (!strcmp(argv[i], "--iters") && v)
+		else if (!strcmp(a, "--iters") && v)
 			o.iters = (unsigned)atoi(argv[++i]);
-		else {
+		else if ((!strcmp(a, "--secs") || !strcmp(a, "-t")) && v)
+			o.secs = atof(argv[++i]);
+		else if (!strcmp(a, "--xhost") && v && !o.coord) {
+			char *c1, *c2;
+
+			o.xsock[0] = strdup(argv[++i]);
+			c1 = strchr(o.xsock[0], ',');
+			c2 = c1 ? strchr(c1 + 1, ',') : NULL;
+			if (!c2)
+				goto usage;
+			*c1 = *c2 = '\0';
+			o.xsock[1] = c1 + 1;
+			o.coord = c2 + 1;
+		} else {
+usage:
 			fprintf(stderr, "usage: %s [--socket PATH] [--ranks 2,4] "
-				"[--sizes 4K,64K,1M,16M,64M] [--iters K]\n", argv[0]);
+				"[--sizes 4K,64K,1M,16M,64M] [--iters K] [--secs S] "
+				"[--xhost SOCKA,SOCKB,tpip://HOST[:PORT]]\n", argv[0]);
 			return 2;
 		}
 	}
@@ -196,5 +227,6 @@ int main(int argc, char **argv)
 		bad |= run_n(&o, o.ranks[i], sh);
 	}
 	munmap(sh, sizeof(*sh));
+	free(o.xsock[0]);
 	return bad;
 }

@@ -249,17 +249,47 @@ xhost_mpi() { # BTL LABEL MMAP [options]
 		"$@" "$build/bench/allreduce_mpi" -l "$label" -s "$sizes" -t "$secs"
 }
 
+# Ours: a tpipd in each namespace, peered over the veth (a pre-shared key; --peer-force-cross-host
+# since both namespaces share this machine's boot id); bench_allreduce forks the 4 ranks here
+# and gives ranks 0, 1 the daemon of A and 2, 3 that of B (a socket path reaches across network
+# namespaces), joined through A's daemon.
+xhost_ours_daemons() {
+	local h i
+	[[ -S $tmp/xb.sock ]] && return 0
+	(umask 077 && head -c 32 /dev/urandom | base64 >"$tmp/peer.key")
+	for h in a:1 b:2; do
+		ns=ns_${h%%:*}
+		ip netns exec "${!ns}" "$build/daemon/tpipd" --socket "$tmp/x${h%%:*}.sock" \
+			--config /dev/null --peer-listen "10.78.0.${h#*:}:7420" \
+			--peer-key-file "$tmp/peer.key" --peer-force-cross-host --log-level warning \
+			2>"$tmp/x${h%%:*}.log" &
+		pids+=($!)
+	done
+	for ((i = 0; i < 200; i++)); do
+		[[ -S $tmp/xa.sock && -S $tmp/xb.sock ]] && return 0
+		sleep 0.05
+	done
+	echo "run_allreduce.sh: the two tpipd did not start: $(tail -n 3 "$tmp"/x?.log)" >&2
+	return 1
+}
+xhost_ours() { # MMAP
+	[[ -x $ours_bin ]] || return 0
+	xhost_ours_daemons || { echo "tpipd 2x2" >>"$tmp/failed"; return 0; }
+	run_or_note "tpipd 2x2" "$1" "$ours_bin" -n 4 -s "$sizes" -t "$secs" \
+		--xhost "$tmp/xa.sock,$tmp/xb.sock,tpip://10.78.0.1:7420" | emit 2 "$1"
+}
+
 two_hosts() {
 	local m
 	xhost_setup || return 0
 	for m in $mmaps; do
+		have tpipd && xhost_ours "$m"
 		[[ $have_gloo == 1 ]] && xhost_gloo "$m"
 		if [[ $have_mpi == 1 ]]; then
 			# Between hosts MPI has TCP only; inside a host shared memory where enabled.
 			have mpi-shm && xhost_mpi self,vader,tcp mpi-shm "$m" | emit 2 "$m"
 			have mpi-tcp && xhost_mpi self,tcp mpi-tcp "$m" | emit 2 "$m"
 		fi
-		# Ours across two hosts needs a tpipd per namespace, peered: not hooked up yet.
 	done
 }
 

@@ -424,7 +424,7 @@ static int tasks_walk(const char *s, uint32_t *counts, uint32_t *ret_nodes, uint
 int tpc_slurm_tasks_parse(const char *s, uint32_t nodes, uint32_t **ret, uint32_t *ret_total)
 {
 	_cleanup_free_ uint32_t *counts = NULL;
-	uint32_t n, total;
+	uint32_t n = 0, total = 0;
 	int r;
 
 	if (strnlen(s, TPC_SLURM_LIST_MAX + 1) > TPC_SLURM_LIST_MAX)

@@ -1074,6 +1074,76 @@ START_TEST(test_validate_peer_read_req_offer_bounded)
 END_TEST
 
 /* A peer's connect wait is bounded: TPW_PEER_WAIT_MS_MAX passes, one more closes the link. */
+/* A group over several hosts: member hosts, host addresses and token are bounded (issue 24). */
+START_TEST(test_validate_group_hosts)
+{
+	Tpw__V1__GroupJoined j = TPW__V1__GROUP_JOINED__INIT;
+	Tpw__V1__DaemonMsg m = TPW__V1__DAEMON_MSG__INIT;
+	Tpw__V1__PeerGroupJoined pj = TPW__V1__PEER_GROUP_JOINED__INIT;
+	Tpw__V1__PeerGroupMember mv[2] = { TPW__V1__PEER_GROUP_MEMBER__INIT,
+					   TPW__V1__PEER_GROUP_MEMBER__INIT };
+	Tpw__V1__PeerGroupMember *mp[2] = { &mv[0], &mv[1] };
+	Tpw__V1__PeerMsg pm = TPW__V1__PEER_MSG__INIT;
+	uint32_t hosts[2] = { 0, 1 };
+	uint8_t token[TPW_GROUP_TOKEN_BYTES + 1] = { 0 };
+	char longaddr[TPW_GROUP_ADDR_MAX + 2];
+	char *addrs[2] = { "", "10.0.0.2:7420" };
+
+	m.body_case = TPW__V1__DAEMON_MSG__BODY_GROUP_JOINED;
+	m.group_joined = &j;
+	j.size = 2;
+	j.hosts = 2;
+	j.n_member_hosts = 2;
+	j.member_hosts = hosts;
+	j.n_host_addrs = 2;
+	j.host_addrs = addrs;
+	j.token.data = token;
+	j.token.len = TPW_GROUP_TOKEN_BYTES;
+	ck_assert_int_eq(vd(&m, 0, 0), 0);
+	j.token.len = TPW_GROUP_TOKEN_BYTES + 1;
+	ck_assert_int_eq(vd(&m, 0, 0), -EBADMSG);
+	j.token.len = TPW_GROUP_TOKEN_BYTES;
+	hosts[1] = 2; /* no host 2 of 2 */
+	ck_assert_int_eq(vd(&m, 0, 0), -EBADMSG);
+	hosts[1] = 1;
+	j.n_member_hosts = 1;
+	ck_assert_int_eq(vd(&m, 0, 0), -EBADMSG);
+	j.n_member_hosts = 2;
+	j.n_host_addrs = 1;
+	ck_assert_int_eq(vd(&m, 0, 0), -EBADMSG);
+	j.n_host_addrs = 2;
+	memset(longaddr, 'a', sizeof(longaddr) - 1);
+	longaddr[sizeof(longaddr) - 1] = '\0';
+	addrs[1] = longaddr;
+	ck_assert_int_eq(vd(&m, 0, 0), -EBADMSG);
+	longaddr[TPW_GROUP_ADDR_MAX] = '\0';
+	ck_assert_int_eq(vd(&m, 0, 0), 0);
+
+	pm.body_case = TPW__V1__PEER_MSG__BODY_GROUP_JOINED;
+	pm.group_joined = &pj;
+	pj.status = TPW__V1__STATUS__STATUS_OK;
+	pj.message = "";
+	pj.size = 2;
+	pj.local_size = 1;
+	pj.hosts = 2;
+	pj.n_members = 2;
+	pj.members = mp;
+	mv[1].rank = 1;
+	mv[1].host_index = 1;
+	mv[0].host = mv[1].host = "h";
+	pj.n_host_addrs = 2;
+	pj.host_addrs = addrs;
+	pj.token.data = token;
+	pj.token.len = TPW_GROUP_TOKEN_BYTES;
+	ck_assert_int_eq(vp(&pm), 0);
+	pj.n_host_addrs = 3;
+	ck_assert_int_eq(vp(&pm), -EBADMSG);
+	pj.n_host_addrs = 2;
+	pj.token.len = 3;
+	ck_assert_int_eq(vp(&pm), -EBADMSG);
+}
+END_TEST
+
 START_TEST(test_validate_peer_connect_wait_bounded)
 {
 	Tpw__V1__PeerConnect c = TPW__V1__PEER_CONNECT__INIT;
@@ -1144,6 +1214,7 @@ static Suite *validate_suite(void)
 	tcase_add_test(d, test_validate_peer_rdma_rails);
 	tcase_add_test(d, test_validate_peer_read_req_offer_bounded);
 	tcase_add_test(d, test_validate_peer_connect_wait_bounded);
+	tcase_add_test(d, test_validate_group_hosts);
 	suite_add_tcase(s, d);
 	return s;
 }
