@@ -7,8 +7,14 @@
  *     tp-allreduce 0 2 & tp-allreduce 1 2
  * (rank "auto" lets the daemon assign ranks), or let it start the N processes itself:
  *     tp-allreduce --spawn 4
+ * Across hosts, every process names the same coordinator, the peer address of one daemon
+ * (usually the first host's), and the daemons need a peer key or certificates:
+ *     tp-allreduce 0 4 --coordinator tpip://gn01   (and ranks 1..3, on any hosts)
+ * Under Slurm, rank and size come from srun:
+ *     srun -n 4 tp-allreduce --slurm
  * The daemon socket follows the library's rules ($TPIPD_SOCKET, ...).
  */
+#include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -31,6 +37,9 @@ static void keep_max(void *inout, const void *in, size_t n, enum tp_dtype dtype,
 		a[i] = b[i] > a[i] ? b[i] : a[i];
 }
 
+static const char *coordinator; /* --coordinator */
+static bool slurm;		/* --slurm */
+
 static int run(int rank, unsigned n, const char *name)
 {
 	struct tp_group_options o = { .size = sizeof(o), .rank = rank, .nranks = n };
@@ -39,6 +48,12 @@ static int run(int rank, unsigned n, const char *name)
 	float *t = malloc(COUNT * sizeof(float)), v;
 	int r, me;
 
+	if (coordinator) {
+		o.bootstrap = TP_GROUP_BOOTSTRAP_COORDINATOR;
+		o.coordinator = coordinator;
+	} else if (slurm) {
+		o.bootstrap = TP_GROUP_BOOTSTRAP_SLURM;
+	}
 	r = tp_context_new(NULL, &ctx);
 	if (r < 0) {
 		fprintf(stderr, "cannot reach tpipd: %s\n", tp_last_error());
@@ -51,6 +66,7 @@ static int run(int rank, unsigned n, const char *name)
 		return 1;
 	}
 	me = tp_group_rank(g);
+	n = (unsigned)tp_group_size(g);
 	for (size_t i = 0; i < COUNT; i++)
 		t[i] = (float)me;
 	r = tp_allreduce(g, t, t, COUNT, TP_DTYPE_F32, TP_OP_SUM);
@@ -81,6 +97,25 @@ int main(int argc, char **argv)
 	const char *name = "tp-allreduce";
 	int bad = 0;
 
+	/* the options that may follow: --coordinator ADDR, --slurm */
+	for (int i = 1; i < argc; i++) {
+		int k = 0;
+
+		if (!strcmp(argv[i], "--coordinator") && i + 1 < argc) {
+			coordinator = argv[i + 1];
+			k = 2;
+		} else if (!strcmp(argv[i], "--slurm")) {
+			slurm = true;
+			k = 1;
+		}
+		if (k) {
+			memmove(&argv[i], &argv[i + k], (size_t)(argc - i - k + 1) * sizeof(*argv));
+			argc -= k;
+			i--;
+		}
+	}
+	if (slurm)
+		return run(-1, 0, argc > 1 ? argv[1] : name);
 	if (argc >= 3 && !strcmp(argv[1], "--spawn")) {
 		unsigned n = (unsigned)atoi(argv[2]);
 
@@ -98,8 +133,9 @@ int main(int argc, char **argv)
 		return bad;
 	}
 	if (argc < 3 || atoi(argv[2]) < 1) {
-		fprintf(stderr, "usage: %s RANK|auto NRANKS [NAME]\n       %s --spawn N [NAME]\n",
-			argv[0], argv[0]);
+		fprintf(stderr, "usage: %s RANK|auto NRANKS [NAME] [--coordinator tpip://HOST[:PORT]]\n"
+			"       %s --spawn N [NAME]\n       %s --slurm [NAME]\n", argv[0], argv[0],
+			argv[0]);
 		return 2;
 	}
 	if (argc > 3)

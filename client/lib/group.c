@@ -181,7 +181,7 @@ static int arena_open(struct tp_group *g, const char *path)
 	return 0;
 }
 
-static void group_send_id(struct tp_group *g, bool leave)
+static void group_send_id(struct tp_group *g, bool leave, bool abort)
 {
 	Tpw__V1__GroupReady rd = TPW__V1__GROUP_READY__INIT;
 	Tpw__V1__GroupLeave lv = TPW__V1__GROUP_LEAVE__INIT;
@@ -190,6 +190,7 @@ static void group_send_id(struct tp_group *g, bool leave)
 	if (leave) {
 		lv.group_id = g->id;
 		lv.calls = g->xcall; /* the others' calls up to it still complete */
+		lv.abort = abort;
 		m.body_case = TPW__V1__CLIENT_MSG__BODY_GROUP_LEAVE;
 		m.group_leave = &lv;
 	} else {
@@ -344,7 +345,7 @@ TP_EXPORT int tp_group_join(struct tp_context *ctx, const char *name,
 	}
 	join_req_free(&j);
 	if (r == 0) {
-		group_send_id(g, false);
+		group_send_id(g, false, false);
 		if (g->x) {
 			r = tpc_collx_connect(g, join_ms, msg, sizeof(msg));
 			if (r < 0) {
@@ -360,7 +361,7 @@ TP_EXPORT int tp_group_join(struct tp_context *ctx, const char *name,
 			tpc_error(r, "group '%s': start barrier: %s", name, msg);
 	}
 	if (r < 0) {
-		group_send_id(g, true);
+		group_send_id(g, true, false);
 		group_free(g);
 		return r;
 	}
@@ -418,8 +419,11 @@ TP_EXPORT uint64_t tp_group_arena_bytes(const struct tp_group *g)
 
 TP_EXPORT void tp_group_abort(struct tp_group *g)
 {
-	if (g && g->hdr)
-		tpu_grparena_fail(g->hdr, g->world_rank, (uint32_t)g->pid, TPU_GRPARENA_ABORTED);
+	if (!g || !g->hdr)
+		return;
+	tpu_grparena_fail(g->hdr, g->world_rank, (uint32_t)g->pid, TPU_GRPARENA_ABORTED);
+	if (g->x) /* the other hosts learn it through the daemons */
+		group_send_id(g, true, true);
 }
 
 /* ---- the order of collectives -------------------------------------------------------------- */
@@ -612,7 +616,7 @@ TP_EXPORT int tp_group_leave(struct tp_group *g)
 	pthread_mutex_lock(&g->ctx->lock);
 	tpu_list_remove(&g->ctx_node);
 	pthread_mutex_unlock(&g->ctx->lock);
-	group_send_id(g, true);
+	group_send_id(g, true, false);
 	group_free(g);
 	return r < 0 ? tpc_error(r, "a collective of the group failed unwaited") : 0;
 }

@@ -393,6 +393,12 @@ static void group_on_join(struct tpd_session *s, const Tpw__V1__GroupJoin *j)
 
 /* Member @mb of a formed group goes (@why: DIED or LEFT, after @calls calls across hosts):
  * the others' collectives fail (from call @calls + 1 on, when it left after @calls > 0). */
+static const char *why_word(uint32_t why)
+{
+	return why == TPU_GRPARENA_DIED ? "died" : why == TPU_GRPARENA_ABORTED ? "aborted the group"
+									      : "left";
+}
+
 static void member_gone(struct member *mb, uint32_t why, uint64_t calls)
 {
 	struct tpd_group *grp = mb->grp;
@@ -407,7 +413,7 @@ static void member_gone(struct member *mb, uint32_t why, uint64_t calls)
 	grp->live--;
 	if (!grp->failure[0])
 		snprintf(grp->failure, sizeof(grp->failure), "rank %u (pid %d) %s", rank,
-			 (int)mb->pid, why == TPU_GRPARENA_DIED ? "died" : "left");
+			 (int)mb->pid, why_word(why));
 	if (grp->live > 0 && grp->arena &&
 	    (why == TPU_GRPARENA_LEFT && calls && grp->x
 		     ? tpu_grparena_leave_after(grp->arena, rank, (uint32_t)mb->pid, calls)
@@ -417,7 +423,7 @@ static void member_gone(struct member *mb, uint32_t why, uint64_t calls)
 			"group %llu '%s' (uid %u): rank %u (pid %d) %s; the group fails for the "
 			"%u other members", (unsigned long long)grp->id, grp->name,
 			(unsigned)grp->uid, rank, (int)mb->pid,
-			why == TPU_GRPARENA_DIED ? "died" : "left", grp->live);
+			why_word(why), grp->live);
 	if (grp->x)
 		tpd_groupx_member_gone(grp, idx, why, calls);
 	if (grp->live == 0)
@@ -473,7 +479,9 @@ static void group_on_leave(struct tpd_session *s, const Tpw__V1__GroupLeave *lv)
 {
 	struct member *mb = member_of(tpd_daemon_groups(tpd_session_daemon(s)), s, lv->group_id);
 
-	if (mb)
+	if (mb && lv->abort && mb->grp->x)
+		member_gone(mb, TPU_GRPARENA_ABORTED, 0);
+	else if (mb)
 		member_gone(mb, TPU_GRPARENA_LEFT, lv->calls);
 }
 
@@ -529,7 +537,8 @@ void tpd_group_totals(const struct tpd_groups *g, uint64_t *ret_formed, uint64_t
 static const char *member_state(const struct tpd_group *grp, const struct member *mb)
 {
 	if (mb->gone)
-		return mb->gone_why == TPU_GRPARENA_DIED ? "died" : "left";
+		return mb->gone_why == TPU_GRPARENA_DIED ? "died" : mb->gone_why ==
+			TPU_GRPARENA_ABORTED ? "aborted" : "left";
 	if (!mb->joined)
 		return "missing";
 	if (!grp->formed)

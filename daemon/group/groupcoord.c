@@ -408,7 +408,8 @@ static void coord_on_gone(struct tpd_groups *gs, struct tpd_peer *pr,
 			if (!cm->joined || cm->pr != pr || cm->join_id != g->join_id)
 				continue;
 			snprintf(text, sizeof(text), "rank %u (pid %u) on %s %s", i, cm->pid,
-				 cm->host, g->why == TPU_GRPARENA_LEFT ? "left" : "died");
+				 cm->host, g->why == TPU_GRPARENA_LEFT ? "left" : g->why ==
+				 TPU_GRPARENA_ABORTED ? "aborted the group" : "died");
 			cmember_gone(cg, i, g->why, g->why == TPU_GRPARENA_LEFT ? g->calls : 0, text);
 			return;
 		}

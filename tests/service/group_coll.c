@@ -12,6 +12,8 @@
  *            at once, and a mismatched call (rank 1 passes another count: -EPROTO on every
  *            rank, then the group goes on). Prints "ok battery" or "FAIL ..." lines.
  *   loop     all-reduces 4 MiB until a call fails, then prints "failed: ERRNO: MESSAGE".
+ *   leave    all-reduces 4 MiB three times, leaves, prints "left".
+ *   abort    all-reduces 4 MiB three times, aborts the group, prints "aborted".
  *
  * Usage: group_coll SOCKET NAME RANK SIZE COORD MS MODE. Exit 0 ok, 1 failure, 2 usage.
  */
@@ -332,14 +334,19 @@ int main(int argc, char **argv)
 	printf("joined rank=%d size=%d host=%d hosts=%d\n", rank, size, tp_group_host_index(g),
 	       tp_group_hosts(g));
 	fflush(stdout);
-	if (strcmp(argv[7], "loop") == 0) {
+	if (!strcmp(argv[7], "loop") || !strcmp(argv[7], "leave") || !strcmp(argv[7], "abort")) {
 		size_t n = 1u << 20;
 		float *f = calloc(n, sizeof(*f));
+		int k = strcmp(argv[7], "loop") ? 3 : -1;
 
 		do
 			r = tp_allreduce(g, f, f, n, TP_DTYPE_F32, TP_OP_SUM);
-		while (r == 0);
-		printf("failed: %s: %s\n", strerrorname_np(-r), tp_last_error());
+		while (r == 0 && --k != 0);
+		if (r < 0)
+			printf("failed: %s: %s\n", strerrorname_np(-r), tp_last_error());
+		else if (!strcmp(argv[7], "abort"))
+			tp_group_abort(g);
+		printf("%s\n", r < 0 ? "" : !strcmp(argv[7], "abort") ? "aborted" : "left");
 		free(f);
 	} else {
 		if (tp_barrier(g) < 0)

@@ -7,7 +7,9 @@
 # calls, a mismatched call that fails on every rank) with ranks interleaved across hosts, and
 # every rank must hold the same bits of a float sum; then a member SIGKILLed in the middle of
 # 4 MiB all-reduces fails every survivor on every host, naming its rank, within the peer
-# timeout. Skips (77) where network namespaces or veth pairs cannot be made.
+# timeout; a member that leaves or aborts fails the others' next call on every host, naming it;
+# cutting the link between the hosts fails every rank within the peer timeout. Skips (77) where
+# network namespaces or veth pairs cannot be made.
 . "$(dirname -- "$0")/lib.sh" || exit 1
 need_env TPIPD_BIN TPIPCTL_BIN GROUP_COLL_BIN
 need_tool ip
@@ -102,4 +104,52 @@ for r in 0 1 3; do
 done
 [ $((SECONDS - start)) -le $((PEER_TIMEOUT_MS / 1000 + 5)) ] ||
 	fail "the survivors took $((SECONDS - start)) s"
+
+# run4 NAME MODE3: ranks 0, 3 on a and 1, 2 on b all-reduce in a loop, but rank 3 runs MODE3;
+# then every other rank must fail naming rank 3 with TEXT (expect_rank3 NAME ERRNO TEXT).
+run4() {
+	for r in 0 1 2 3; do
+		case $r in 0 | 3) h=a ;; *) h=b ;; esac
+		m=loop
+		[ "$r" = 3 ] && m=$2
+		member "$1-$r" "$h" "$1" "$r" 4 "$m"
+	done
+}
+expect_rank3() {
+	local v
+	for r in 0 1 2; do
+		v="PID_${1}_$r"
+		wait_exit "${!v}" $((PEER_TIMEOUT_MS / 1000 + 10))
+		grep -q "^failed: $2: .*rank 3 .*$3" "$SVC_TMP/$1-$r.out" ||
+			{ cat "$SVC_TMP/$1-$r.out" >&2; fail "rank $r did not fail naming rank 3"; }
+		grep "^failed" "$SVC_TMP/$1-$r.out"
+	done
+}
+
+check "rank 3 (on a) leaves after 3 calls: the others' next call fails on both hosts, naming it"
+run4 leave leave
+expect_rank3 leave EPIPE "left"
+
+check "rank 3 (on a) aborts after 3 calls: every other rank on both hosts fails, naming it"
+run4 abort abort
+expect_rank3 abort EPIPE "abort"
+
+check "the link between the hosts cut mid all-reduce: every rank fails within the peer timeout"
+for r in 0 1 2 3; do
+	case $r in 0 | 3) h=a ;; *) h=b ;; esac
+	member "cut-$r" "$h" cut "$r" 4 loop
+done
+wait_until 20 "the members to join" sh -c "grep -q '^joined' '$SVC_TMP/cut-0.out' &&
+	grep -q '^joined' '$SVC_TMP/cut-2.out'"
+ip -n "$nsa" link set "$vea" down || fail "$vea down"
+start=$SECONDS
+for r in 0 1 2 3; do
+	v="PID_cut_$r"
+	wait_exit "${!v}" $((PEER_TIMEOUT_MS / 1000 + 10))
+	grep -q "^failed: ECONNRESET: " "$SVC_TMP/cut-$r.out" ||
+		{ cat "$SVC_TMP/cut-$r.out" >&2; fail "rank $r did not fail with ECONNRESET"; }
+	grep "^failed" "$SVC_TMP/cut-$r.out"
+done
+[ $((SECONDS - start)) -le $((PEER_TIMEOUT_MS / 1000 + 5)) ] ||
+	fail "the ranks took $((SECONDS - start)) s"
 say "ok"
