@@ -341,7 +341,7 @@ static int chunk_out(struct tp_group *g, const struct tpc_coll *c, size_t done, 
 		my_slice(g, n, es, &off, &k);
 		reduce_range(g, c, bank, done, off, k, result_of(g, bank) + off * es);
 		r = tpc_coll_barrier(g, g->op_timeout_ms, msg, ml);
-		if (r == 0)
+		if (r == 0 && (!c->leader_only || g->rank == 0))
 			memcpy((uint8_t *)c->recv + done * es, result_of(g, bank), n * es);
 		break;
 	case TPC_COLL_BROADCAST:

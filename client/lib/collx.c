@@ -884,6 +884,7 @@ int tpc_collx_run(struct tp_group *g, const struct tpc_coll *c, char *msg, size_
 			       "collectives across hosts need it upgraded", g->name, g->hosts);
 	g->xcall = ++x->xseq;
 	a.ret_contrib = NULL;
+	a.leader_only = true; /* all-reduce: the others get the whole group's result in part C */
 	/* A: this host's part */
 	switch (c->kind) {
 	case TPC_COLL_REDUCE_SCATTER: /* an all-reduce of the whole input, each keeps its part */

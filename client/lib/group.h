@@ -39,6 +39,7 @@ struct tpc_coll {
 	void *user;
 	int root;
 	bool absent;		 /* tp_allreduce_uneven() with send NULL: contributes nothing */
+	bool leader_only;	 /* all-reduce: only local rank 0 takes the result (across hosts) */
 	unsigned *ret_contrib; /* tp_allreduce_uneven(): members that contributed */
 };
 

@@ -120,7 +120,7 @@ int tpc_plan_describe(const struct tpc_plan *p, enum tpc_plan_algo force, char *
  * Running one leader's schedule (planrun.c) over a transport the caller supplies: the peer
  * links between daemons in a group, threads with queues in the unit suite.
  */
-#define TPC_PLAN_DEPTH 2 /* exchanges a run keeps started at once */
+#define TPC_PLAN_DEPTH 4 /* exchanges a run keeps started at once */
 
 struct tpc_plan_xport_ops {
 	/*
