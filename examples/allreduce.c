@@ -10,7 +10,7 @@
  * Across hosts, every process names the same coordinator, the peer address of one daemon
  * (usually the first host's), and the daemons need a peer key or certificates:
  *     tp-allreduce 0 4 --coordinator tpip://gn01   (and ranks 1..3, on any hosts)
- * Under Slurm, rank and size come from srun:
+ * Under Slurm, rank and size come from srun (or "auto 0": the AUTO bootstrap picks Slurm):
  *     srun -n 4 tp-allreduce --slurm
  * The daemon socket follows the library's rules ($TPIPD_SOCKET, ...).
  */
@@ -132,7 +132,7 @@ int main(int argc, char **argv)
 		}
 		return bad;
 	}
-	if (argc < 3 || atoi(argv[2]) < 1) {
+	if (argc < 3 || atoi(argv[2]) < 0) { /* NRANKS 0: Slurm's, in a Slurm task (AUTO) */
 		fprintf(stderr, "usage: %s RANK|auto NRANKS [NAME] [--coordinator tpip://HOST[:PORT]]\n"
 			"       %s --spawn N [NAME]\n       %s --slurm [NAME]\n", argv[0], argv[0],
 			argv[0]);

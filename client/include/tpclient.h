@@ -576,10 +576,12 @@ int tp_cancel(struct tp_context *ctx, uint64_t op);
  */
 struct tp_group;
 
-/* How members find each other. AUTO is LOCAL today; COORDINATOR: through the daemon at an
- * explicit tpip://HOST[:PORT] address (docs/collectives.md); SLURM: rank and size from Slurm's
+/* How members find each other. COORDINATOR: through the daemon at an explicit
+ * tpip://HOST[:PORT] address (docs/collectives.md); SLURM: rank and size from Slurm's
  * variables, the group keyed by job and step, the coordinator the daemon of the step's first
- * host. */
+ * host (a step on one node: the local daemon alone); AUTO: SLURM in a Slurm task
+ * (SLURM_JOB_ID and SLURM_PROCID set) when nranks is 0 or the step's task count and rank -1 or
+ * SLURM_PROCID, else LOCAL. */
 enum tp_group_bootstrap {
 	TP_GROUP_BOOTSTRAP_AUTO = 0,
 	TP_GROUP_BOOTSTRAP_LOCAL = 1,

@@ -235,7 +235,8 @@ static int join_check(struct tp_context *ctx, const char *name, const struct tp_
  * The Slurm bootstrap as a join through a coordinator: rank and size from Slurm's variables
  * (a rank or size the caller gives must agree), the group named "NAME@slurm:JOB.STEP" (keyed
  * by job and step), the coordinator the daemon of the first host of the step's node list at
- * the daemons' peer port. Writes @o, @gname (TPW_GROUP_NAME_MAX + 1 bytes) and @coord (what
+ * the daemons' peer port; a step on one node joins through the local daemon alone (no peer
+ * listener or key needed). Writes @o, @gname (TPW_GROUP_NAME_MAX + 1 bytes) and @coord (what
  * @o->coordinator points to). Return: 0 or -errno with tp_last_error() set.
  */
 static int slurm_options(const char *name, const struct tp_group_options *in,
@@ -267,9 +268,28 @@ static int slurm_options(const char *name, const struct tp_group_options *in,
 	o->size = sizeof(*o);
 	o->rank = (int)sl.rank;
 	o->nranks = sl.size;
-	o->bootstrap = TP_GROUP_BOOTSTRAP_COORDINATOR;
-	o->coordinator = coord;
+	o->bootstrap = sl.nodes > 1 ? TP_GROUP_BOOTSTRAP_COORDINATOR : TP_GROUP_BOOTSTRAP_LOCAL;
+	o->coordinator = sl.nodes > 1 ? coord : NULL;
 	return 0;
+}
+
+/*
+ * Does AUTO mean Slurm for @in? In a Slurm task (SLURM_JOB_ID and SLURM_PROCID set) when the
+ * caller's size is 0 or the step's task count and its rank -1 or SLURM_PROCID: the group of the
+ * whole step. Any other group (a subset of the tasks) stays on the local daemon.
+ */
+static bool auto_is_slurm(const struct tp_group_options *in)
+{
+	struct tpc_slurm_vars v;
+	struct tpc_slurm sl;
+
+	if (!in || in->size < sizeof(*in) || in->bootstrap != TP_GROUP_BOOTSTRAP_AUTO)
+		return false;
+	tpc_slurm_vars_from_env(&v);
+	if (!tpc_slurm_detected(&v) || tpc_slurm_from_env(&sl) < 0)
+		return false;
+	return (in->nranks == 0 || in->nranks == sl.size) &&
+	       (in->rank < 0 || (uint32_t)in->rank == sl.rank);
 }
 
 TP_EXPORT int tp_group_join(struct tp_context *ctx, const char *name,
@@ -283,7 +303,8 @@ TP_EXPORT int tp_group_join(struct tp_context *ctx, const char *name,
 	int join_ms, r;
 	long ncpu;
 
-	if (opts && opts->size >= sizeof(*opts) && opts->bootstrap == TP_GROUP_BOOTSTRAP_SLURM) {
+	if (opts && opts->size >= sizeof(*opts) &&
+	    (opts->bootstrap == TP_GROUP_BOOTSTRAP_SLURM || auto_is_slurm(opts))) {
 		r = slurm_options(name, opts, &so, sname, scoord, sizeof(scoord));
 		if (r < 0)
 			return r;

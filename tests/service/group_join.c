@@ -2,7 +2,8 @@
 /*
  * A group member for the service suite's cross-host join tests (group_xjoin.sh). It joins
  * group NAME as RANK (-1: assigned) of SIZE through the daemon at SOCKET with the coordinator
- * COORD (tpip://HOST[:PORT]; "slurm": the Slurm bootstrap, from the environment) and join
+ * COORD (tpip://HOST[:PORT]; "slurm": the Slurm bootstrap, from the environment; "auto": the
+ * AUTO bootstrap, which is Slurm's in a Slurm task) and join
  * timeout MS, prints one line "joined rank=R size=N
  * local_rank=L local_size=M host=H hosts=K" (or "failed: ERRNO-NAME: MESSAGE" and exits 1),
  * then with --hold keeps the group until its standard input closes, and leaves.
@@ -34,8 +35,9 @@ int main(int argc, char **argv)
 	o.nranks = (unsigned)atoi(argv[4]);
 	o.bootstrap = TP_GROUP_BOOTSTRAP_COORDINATOR;
 	o.coordinator = argv[5];
-	if (strcmp(argv[5], "slurm") == 0) {
-		o.bootstrap = TP_GROUP_BOOTSTRAP_SLURM;
+	if (strcmp(argv[5], "slurm") == 0 || strcmp(argv[5], "auto") == 0) {
+		o.bootstrap = strcmp(argv[5], "auto") ? TP_GROUP_BOOTSTRAP_SLURM
+						      : TP_GROUP_BOOTSTRAP_AUTO;
 		o.coordinator = NULL;
 	}
 	o.join_timeout_ms = atoi(argv[6]);

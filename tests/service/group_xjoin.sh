@@ -137,17 +137,17 @@ release g2
 wait_exit "$PID_g2" 10
 
 check "Slurm bootstrap: 2 hosts x 2 tasks from the variables srun would set (nodes ${net}[1-2])"
-slurm_member() { # ID HOST PROCID NODEID LOCALID
+slurm_member() { # ID HOST PROCID NODEID LOCALID [BOOTSTRAP: slurm or auto]
 	MENV=(SLURM_JOB_ID=77 SLURM_STEP_ID=3 SLURM_PROCID="$3" SLURM_STEP_NUM_TASKS=4
 		SLURM_NODEID="$4" SLURM_LOCALID="$5" SLURM_STEP_NODELIST="${net}[1-2]"
 		SLURM_STEP_TASKS_PER_NODE="2(x2)")
-	MCOORD=slurm member "$1" "$2" train -1 0
+	MCOORD=${6:-slurm} member "$1" "$2" train -1 0
 	MENV=()
 }
 slurm_member s0 a 0 0 0
-slurm_member s1 a 1 0 1
+slurm_member s1 a 1 0 1 auto # AUTO in a Slurm task is the Slurm bootstrap
 slurm_member s2 b 2 1 0
-slurm_member s3 b 3 1 1
+slurm_member s3 b 3 1 1 auto
 expect_joined s0 "rank=0 size=4 local_rank=0 local_size=2 host=0 hosts=2"
 expect_joined s1 "rank=1 size=4 local_rank=1 local_size=2 host=0 hosts=2"
 expect_joined s2 "rank=2 size=4 local_rank=0 local_size=2 host=1 hosts=2"

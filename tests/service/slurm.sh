@@ -6,10 +6,13 @@
 # ranks 0..3 and local ranks 0..3, each once; size and local size 4; node 0 of 1; one key,
 # "slurm:<job>.<step>" of the job srun made; one coordinator, this node. A second srun (-n 2)
 # is another job, so another key. A task whose node list is broken fails and says which variable.
+# Then `srun -n 4` of tp-allreduce (the example) against a tpipd in the cluster's namespace: the
+# Slurm bootstrap (explicit, then AUTO) joins the step's group on the one node, and every task
+# prints the right sum, maximum and broadcast value.
 # Skips (77) with the reason where the packages are missing or the daemons cannot start here.
 . "$(dirname -- "$0")/lib.sh" || exit 1
 . "$(dirname -- "$0")/slurm_lib.sh" || exit 1
-need_env SLURM_ENV_BIN
+need_env SLURM_ENV_BIN TPIPD_BIN
 svc_init
 slurm_start
 
@@ -64,5 +67,30 @@ if slurm_srun 1 "$SVC_TMP/bad.out" env 'SLURM_STEP_NODELIST=gn[01-03' "$SLURM_EN
 fi
 grep -q "error: slurm: SLURM_STEP_NODELIST: host list: '\[' at character 3 is never closed" \
 	"$SLURM_DIR/srun.err" || fail "no reason naming SLURM_STEP_NODELIST: $(cat "$SLURM_DIR/srun.err")"
+
+# run_allreduce OUT ARGS...: srun -n 4 of tp-allreduce ARGS against the tpipd started below.
+run_allreduce() {
+	local out=$1
+	shift
+	slurm_srun 4 "$out" env TPIPD_SOCKET="$SVC_TMP/tpipd.sock" "$TP_ALLREDUCE_BIN" "$@" ||
+		fail "srun -n 4 tp-allreduce $* exited with status $?: $(cat "$out")"
+	cat "$out"
+	[ "$(grep -c "sum of ranks 6 (expected 6)" "$out")" = 4 ] || fail "not 4 right sums"
+	[ "$(grep -c "max of element 0 919" "$out")" = 4 ] || fail "not 4 right maxima"
+	[ "$(grep -c "broadcast from rank 3: 30" "$out")" = 4 ] || fail "not 4 broadcasts"
+}
+if [ -n "${TP_ALLREDUCE_BIN:-}" ]; then
+	check "srun -n 4 tp-allreduce --slurm: an all-reduce among the step's tasks"
+	SVC_LOGS+=("$SVC_TMP/tpipd.log")
+	slurm_exec "$TPIPD_BIN" --socket "$SVC_TMP/tpipd.sock" --config /dev/null \
+		--peer-listen off 2>"$SVC_TMP/tpipd.log" &
+	svc_track "$!"
+	svc_wait_daemon "$SVC_TMP/tpipd.sock" "$!"
+	run_allreduce "$SVC_TMP/ar.out" --slurm
+	check "srun -n 4 tp-allreduce auto 0: AUTO takes Slurm's rank and size"
+	run_allreduce "$SVC_TMP/ar_auto.out" auto 0
+else
+	say "tp-allreduce not built: the all-reduce under srun is skipped"
+fi
 
 say "ok"
