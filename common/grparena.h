@@ -65,7 +65,10 @@ struct tpu_grparena_stats {
 	uint64_t bytes;	  /* bytes of its input they covered */
 	uint64_t busy_ns; /* time inside collectives */
 	uint64_t wait_ns; /* of that, time waiting for the others */
-	uint8_t pad[32];
+	/* a host's leader across hosts: bytes to and from the other hosts' leaders, and the time
+	 * spent on that exchange */
+	uint64_t xbytes_out, xbytes_in, xbusy_ns;
+	uint8_t pad[8];
 };
 
 /* Offsets: the header page, 2 x size call descriptors (by sequence parity), size members'

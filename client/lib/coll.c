@@ -389,6 +389,8 @@ static void stats_add(struct tp_group *g, const struct tpc_coll *c, uint64_t bus
 	__atomic_store_n(&st->bytes, st->bytes + n * es, __ATOMIC_RELAXED);
 	__atomic_store_n(&st->busy_ns, st->busy_ns + busy, __ATOMIC_RELAXED);
 	__atomic_store_n(&st->wait_ns, g->wait_ns, __ATOMIC_RELAXED);
+	if (g->x)
+		tpc_collx_stats(g->x, &st->xbytes_out, &st->xbytes_in, &st->xbusy_ns);
 }
 
 int tpc_coll_run(struct tp_group *g, const struct tpc_coll *c, char *msg, size_t ml)

@@ -822,6 +822,13 @@ static int xfail(struct tpc_collx *x, int r, char *msg, size_t ml)
 	return tpc_coll_failed(g, msg, ml);
 }
 
+void tpc_collx_stats(const struct tpc_collx *x, uint64_t *out, uint64_t *in, uint64_t *ns)
+{
+	__atomic_store_n(out, x->bytes_out, __ATOMIC_RELAXED);
+	__atomic_store_n(in, x->bytes_in, __ATOMIC_RELAXED);
+	__atomic_store_n(ns, x->ns, __ATOMIC_RELAXED);
+}
+
 /* Part B on the leader: the check, then the data. @v: the verdict for this host's members. */
 static int leader_part(struct tpc_collx *x, const struct tpc_coll *c, bool localerr,
 		       uint32_t contrib, void *buf, size_t count, struct tpc_xverdict *v,
@@ -914,9 +921,15 @@ int tpc_collx_run(struct tp_group *g, const struct tpc_coll *c, char *msg, size_
 	if (x->leader) {
 		char lmsg[TPC_GROUP_MSG_MAX];
 
+		struct timespec t0, t1;
+
+		clock_gettime(CLOCK_MONOTONIC, &t0);
 		rb = leader_part(x, c, r == -EPROTO, c->kind == TPC_COLL_ALLREDUCE ? g->contrib :
 				 g->local_size, buf, c->kind == TPC_COLL_ALLGATHER ? c->count :
 				 count, &v, lmsg, sizeof(lmsg));
+		clock_gettime(CLOCK_MONOTONIC, &t1);
+		x->ns += (uint64_t)((t1.tv_sec - t0.tv_sec) * 1000000000ll +
+				    (t1.tv_nsec - t0.tv_nsec));
 		if (rb < 0) {
 			r = xfail(x, rb, msg, ml);
 			goto out;

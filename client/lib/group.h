@@ -149,6 +149,10 @@ int tpc_collx_new(struct tp_group *g, const uint32_t *member_hosts, size_t n,
  */
 int tpc_collx_connect(struct tp_group *g, int timeout_ms, char *msg, size_t ml);
 
+/* tpc_collx_stats() - stores @x's counters (bytes to and from the other leaders, ns spent on
+ * the exchange) into the member's stats in the arena. */
+void tpc_collx_stats(const struct tpc_collx *x, uint64_t *out, uint64_t *in, uint64_t *ns);
+
 /* tpc_collx_free() - closes the leader's pipes and frees @x (takes it; NULL accepted). */
 void tpc_collx_free(struct tpc_collx *x);
 

@@ -2,7 +2,8 @@
 /*
  * tpipctl groups: collective groups as a line per group (name, uid, state, plan, arena, the
  * first failure) followed by its members' table (rank, pid, session, state, collectives, bytes,
- * seconds busy and waiting: torch-ipc's netStats per member), or with --json one array
+ * seconds busy and waiting, and for a host's leader the bytes to and from the other hosts'
+ * leaders and the seconds that took: torch-ipc's netStats per member), or with --json one array
  * "groups" of objects with a "members" array. Other requests' renderers are render.c's.
  */
 #include <inttypes.h>
@@ -30,6 +31,9 @@ static struct json_object *member_json(const Tpw__V1__CtlGroupMember *m)
 	ctl_json_u64(o, "bytes", m->bytes);
 	ctl_json_u64(o, "busy_us", m->busy_us);
 	ctl_json_u64(o, "wait_us", m->wait_us);
+	ctl_json_u64(o, "xbytes_out", m->xbytes_out);
+	ctl_json_u64(o, "xbytes_in", m->xbytes_in);
+	ctl_json_u64(o, "xbusy_us", m->xbusy_us);
 	return o;
 }
 
@@ -63,6 +67,7 @@ static struct json_object *group_json(const Tpw__V1__CtlGroup *g)
 static const struct ctl_col member_cols[] = {
 	{ "RANK", true },  { "PID", true },   { "SESSION", true }, { "STATE", false },
 	{ "CALLS", true }, { "BYTES", true }, { "BUSY_S", true },  { "WAIT_S", true },
+	{ "X_OUT", true }, { "X_IN", true },  { "X_S", true },
 };
 
 static int group_text(const Tpw__V1__CtlGroup *g, FILE *out)
@@ -89,6 +94,9 @@ static int group_text(const Tpw__V1__CtlGroup *g, FILE *out)
 		ctl_table_cellf(&t, "%s", ctl_fmt_bytes(m->bytes, mb, sizeof(mb)));
 		ctl_table_cellf(&t, "%.3f", (double)m->busy_us / 1e6);
 		ctl_table_cellf(&t, "%.3f", (double)m->wait_us / 1e6);
+		ctl_table_cellf(&t, "%s", ctl_fmt_bytes(m->xbytes_out, mb, sizeof(mb)));
+		ctl_table_cellf(&t, "%s", ctl_fmt_bytes(m->xbytes_in, mb, sizeof(mb)));
+		ctl_table_cellf(&t, "%.3f", (double)m->xbusy_us / 1e6);
 	}
 	r = ctl_table_print(&t, out);
 	ctl_table_done(&t);

@@ -569,6 +569,9 @@ static int ctl_member(const struct tpd_group *grp, uint32_t rank, Tpw__V1__CtlGr
 		c->bytes = __atomic_load_n(&st->bytes, __ATOMIC_RELAXED);
 		c->busy_us = __atomic_load_n(&st->busy_ns, __ATOMIC_RELAXED) / 1000;
 		c->wait_us = __atomic_load_n(&st->wait_ns, __ATOMIC_RELAXED) / 1000;
+		c->xbytes_out = __atomic_load_n(&st->xbytes_out, __ATOMIC_RELAXED);
+		c->xbytes_in = __atomic_load_n(&st->xbytes_in, __ATOMIC_RELAXED);
+		c->xbusy_us = __atomic_load_n(&st->xbusy_ns, __ATOMIC_RELAXED) / 1000;
 	}
 	*ret = c;
 	return 0;

@@ -93,6 +93,14 @@ for r in 0 1 2 3; do
 done
 wait_until 20 "the members to join" sh -c "grep -q '^joined' '$SVC_TMP/kill-0.out' &&
 	grep -q '^joined' '$SVC_TMP/kill-2.out'"
+leader_moved() { # HOST: its leader's bytes to the other host show in tpipctl groups
+	"$TPIPCTL_BIN" --socket "$SVC_TMP/$1.sock" --json groups | jq -e '[.groups[] |
+		select(.name == "kill") | .members[] | select(.xbytes_out > 0 and .xbytes_in > 0 and
+		.xbusy_us > 0)] | length == 1'
+}
+wait_until 20 "a's leader counters" leader_moved a
+wait_until 20 "b's leader counters" leader_moved b
+"$TPIPCTL_BIN" --socket "$SVC_TMP/a.sock" groups
 kill -KILL "$PID_kill_2"
 start=$SECONDS
 for r in 0 1 3; do
