@@ -61,7 +61,8 @@ struct xex {
 	int status;  /* the first error */
 	char msg[160];
 	void *rbuf;
-	size_t rlen;
+	size_t rlen; /* XK_CHECK: the most it takes (at least CK_BYTES) */
+	size_t rgot; /* bytes received */
 	uint32_t rkind;
 	uint64_t rseq;
 };
@@ -81,6 +82,7 @@ struct tpc_collx {
 	pthread_cond_t cond;
 	struct xex ex[TPC_PLAN_DEPTH];
 	unsigned head, started;
+	size_t last_got; /* bytes the exchange xport_wait() ended last received */
 	bool closed;   /* pipes closed after a failure */
 	int64_t end_ms; /* the running call's op timeout, 0: none */
 	uint64_t bytes_out, bytes_in, ns; /* counters */
@@ -396,6 +398,14 @@ out:
 	return r;
 }
 
+/* The check's vector (run_check()). */
+enum { CK_SEQ, CK_KIND, CK_DTYPE, CK_OP, CK_COUNT, CK_ROOT, CK_ALGO, CK_LOCALERR, CK_N };
+#define CK_CONTRIB (2 * CK_N)	/* sum: members that contribute (uneven all-reduce) */
+#define CK_ABSENT (2 * CK_N + 1) /* sum: hosts none of whose members contributes */
+#define CK_LEN (2 * CK_N + 2)
+#define CK_BYTES (CK_LEN * sizeof(uint64_t))
+#define XFUSE (64u * 1024u) /* an all-reduce up to this many bytes rides with its check */
+
 /* ---- the leaders' transport (struct tpc_plan_xport_ops over the pipes) ----------------------- */
 
 static void ex_done(struct xex *e, int status, const char *errmsg)
@@ -424,6 +434,7 @@ static void ex_desc(void *arg, struct tp_pipe *p, int status, const char *errmsg
 	struct xex *e = arg;
 	struct tp_slot slot = { .data = e->rbuf };
 	struct tp_allocation a = { .payloads = &slot, .n_payloads = e->rlen ? 1 : 0 };
+	size_t got = d && d->n_payloads == 1 ? d->payloads[0].length : 0;
 	struct xhdr h;
 	int r;
 
@@ -431,14 +442,16 @@ static void ex_desc(void *arg, struct tp_pipe *p, int status, const char *errmsg
 		ex_done(e, status, errmsg);
 		return;
 	}
+	/* a check's length varies (a call's data may ride with it); the data's is exact */
 	if (d->metadata_len != sizeof(h) || d->n_tensors || d->n_payloads != a.n_payloads ||
-	    (e->rlen && d->payloads[0].length != e->rlen)) {
+	    (e->rkind == XK_CHECK ? got < CK_BYTES || got > e->rlen : got != e->rlen)) {
 		tp_descriptor_free(d);
 		ex_done(e, -EPROTO, "another host's leader sent a message of another shape");
 		return;
 	}
 	memcpy(&h, d->metadata, sizeof(h));
-	if (h.magic != XMAGIC || h.kind != e->rkind || h.len != e->rlen ||
+	e->rgot = got;
+	if (h.magic != XMAGIC || h.kind != e->rkind || h.len != got ||
 	    (h.kind == XK_DATA && h.xseq != e->rseq)) {
 		tp_descriptor_free(d);
 		ex_done(e, -EPROTO, "another host's leader sent a message out of step");
@@ -531,6 +544,7 @@ static int xport_wait(void *t)
 	r = e->status;
 	if (r == 0 && x->closed)
 		r = -ECANCELED;
+	x->last_got = e->rgot;
 	x->head++;
 	pthread_mutex_unlock(&x->lock);
 	return r;
@@ -585,58 +599,117 @@ static int xport_step(struct tpc_collx *x, int32_t to, const uint8_t *sbuf, size
 
 /* ---- the check: every host makes the same call ------------------------------------------------ */
 
-enum { CK_SEQ, CK_KIND, CK_DTYPE, CK_OP, CK_COUNT, CK_ROOT, CK_LOCALERR, CK_N };
-#define CK_CONTRIB (2 * CK_N)	/* sum: members that contribute (uneven all-reduce) */
-#define CK_ABSENT (2 * CK_N + 1) /* sum: hosts none of whose members contributes */
-#define CK_LEN (2 * CK_N + 2)
-
 static const char *const ck_name[CK_N] = { "call number", "collective", "dtype", "reduction",
-					   "count", "root", "members of one host" };
+					   "count", "root", "algorithm among hosts (TP_GROUP_ALGO)",
+					   "members of one host" };
 
 /* Elements [0, 2 CK_N): maximum (the second half holds complements: their maximum is the
- * complement of the minimum); the rest: sums. Recursive doubling with whole segments hands
- * every fold the whole vector. */
-static void check_fold(void *inout, const void *in, size_t n, int dtype, void *user)
+ * complement of the minimum); the rest: sums. */
+static void check_fold(uint64_t *a, const uint64_t *b)
 {
-	uint64_t *a = inout;
-	const uint64_t *b = in;
-
-	(void)dtype;
-	(void)user;
-	for (size_t i = 0; i < n && i < CK_LEN; i++)
+	for (size_t i = 0; i < CK_LEN; i++)
 		a[i] = i < 2 * CK_N ? (a[i] > b[i] ? a[i] : b[i]) : a[i] + b[i];
+}
+
+static void coll_fold(void *inout, const void *in, size_t n, int dtype, void *user);
+
+/*
+ * The check's exchange: recursive doubling of [vector | @dbytes of data] (the data only when
+ * fused), each step folding or copying as the plan says: the vector by check_fold() (its order
+ * does not matter), the data by the call's reduction in the plan's order (the order of
+ * tpc_plan_run(), so the result is the same bits as unfused). A partner may send more or less
+ * data than this leader (another count): its data is then left alone and the check finds the
+ * mismatch. Return: 0 (*@ret_full: every message carried data of this leader's length) or the
+ * transport's -errno.
+ */
+static int check_rd(struct tpc_collx *x, const struct tpc_coll *c, uint8_t *mine, size_t dbytes,
+		    uint8_t *in, bool *ret_full)
+{
+	uint32_t n = tpc_plan_nsteps(x->nhosts, TPC_PLAN_RD);
+	struct tpc_plan_step *st = calloc(n ? n : 1, sizeof(*st));
+	size_t len = CK_BYTES + dbytes, es = dbytes ? tp_dtype_size(c->dtype) : 1;
+	int r = 0;
+
+	if (!st)
+		return -ENOMEM;
+	*ret_full = true;
+	if (tpc_plan_steps(x->nhosts, TPC_PLAN_RD, x->host, st) != (int)n)
+		r = -EINVAL;
+	x->kind = XK_CHECK;
+	for (uint32_t k = 0; r == 0 && k < n; k++) {
+		r = xport_start(x, st[k].send_to, mine, len, st[k].recv_from, in, CK_BYTES + XFUSE);
+		if (r == 0)
+			r = xport_wait(x);
+		if (r < 0 || st[k].recv_from < 0)
+			continue;
+		if (st[k].recv == TPC_PLAN_COPY)
+			memcpy(mine, in, CK_BYTES);
+		else
+			check_fold((uint64_t *)mine, (const uint64_t *)in);
+		if (x->last_got != len) {
+			*ret_full = false;
+			continue;
+		}
+		if (st[k].recv == TPC_PLAN_FOLD_RIGHT)
+			coll_fold(mine + CK_BYTES, in + CK_BYTES, dbytes / es, (int)c->dtype,
+				  (void *)c);
+		else if (st[k].recv == TPC_PLAN_FOLD_LEFT)
+			coll_fold(in + CK_BYTES, mine + CK_BYTES, dbytes / es, (int)c->dtype,
+				  (void *)c);
+		if (st[k].recv != TPC_PLAN_FOLD_RIGHT)
+			memcpy(mine + CK_BYTES, in + CK_BYTES, dbytes);
+	}
+	free(st);
+	return r;
 }
 
 /*
  * The leaders' check of call @c: @localerr when this host's members disagreed among
- * themselves, @contrib this host's contributing members. Fills @v (err -EPROTO with the field,
- * or the whole group's contributions) and @msg for a mismatch. Return: 0 (see @v) or the
- * transport's -errno.
+ * themselves, @contrib this host's contributing members. An all-reduce of at most XFUSE bytes
+ * (@buf, @count elements) that recursive doubling would move anyway rides with the check
+ * (*@ret_done). Fills @v (err -EPROTO with the field, or the whole group's contributions) and
+ * @msg for a mismatch. Return: 0 (see @v) or the transport's -errno.
  */
 static int run_check(struct tpc_collx *x, const struct tpc_coll *c, bool localerr,
-		     uint32_t contrib, struct tpc_xverdict *v, char *msg, size_t ml)
+		     uint32_t contrib, void *buf, size_t count, bool *ret_done,
+		     struct tpc_xverdict *v, char *msg, size_t ml)
 {
-	uint64_t vec[CK_LEN] = { 0 }, tmp[CK_LEN];
-	struct tpc_plan_run_args a = { .nhosts = x->nhosts, .host = x->host, .algo = TPC_PLAN_RD,
-				       .buf = vec, .count = CK_LEN, .es = sizeof(vec[0]),
-				       .scratch = tmp, .fold = check_fold, .ops = &xport_ops,
-				       .t = x };
+	bool reduce = c->kind == TPC_COLL_ALLREDUCE || c->kind == TPC_COLL_REDUCE_SCATTER;
+	size_t bytes = reduce ? count * tp_dtype_size(c->dtype) : 0;
+	enum tpc_plan_algo algo = tpc_plan_choose(x->nhosts, bytes, x->force);
+	bool fuse = reduce && bytes && bytes <= XFUSE && algo == TPC_PLAN_RD && !localerr;
+	uint8_t *mine = malloc(CK_BYTES + (fuse ? bytes : 0)), *in = malloc(CK_BYTES + XFUSE);
+	uint64_t vec[CK_LEN] = { 0 };
+	bool full;
 	int r;
 
+	*ret_done = false;
+	if (!mine || !in) {
+		free(mine);
+		free(in);
+		return -ENOMEM;
+	}
 	vec[CK_SEQ] = x->xseq;
 	vec[CK_KIND] = c->kind;
 	vec[CK_DTYPE] = c->kind == TPC_COLL_BARRIER ? 0 : c->dtype;
-	vec[CK_OP] = c->kind == TPC_COLL_ALLREDUCE || c->kind == TPC_COLL_REDUCE_SCATTER ? c->op
-											 : 0;
+	vec[CK_OP] = reduce ? c->op : 0;
 	vec[CK_COUNT] = c->kind == TPC_COLL_BARRIER ? 0 : c->count;
 	vec[CK_ROOT] = c->kind == TPC_COLL_BROADCAST ? (uint64_t)c->root : 0;
+	vec[CK_ALGO] = reduce ? (uint64_t)algo * 2 + fuse : 0;
 	vec[CK_LOCALERR] = localerr;
 	for (int i = 0; i < CK_N; i++)
 		vec[CK_N + i] = ~vec[i];
 	vec[CK_CONTRIB] = contrib;
 	vec[CK_ABSENT] = contrib == 0;
-	x->kind = XK_CHECK;
-	r = tpc_plan_run(&a);
+	memcpy(mine, vec, CK_BYTES);
+	if (fuse)
+		memcpy(mine + CK_BYTES, buf, bytes);
+	r = check_rd(x, c, mine, fuse ? bytes : 0, in, &full);
+	memcpy(vec, mine, CK_BYTES);
+	if (r == 0 && fuse && full)
+		memcpy(buf, mine + CK_BYTES, bytes);
+	free(mine);
+	free(in);
 	if (r < 0)
 		return r;
 	*v = (struct tpc_xverdict){ .contrib = (uint32_t)vec[CK_CONTRIB] };
@@ -656,6 +729,9 @@ static int run_check(struct tpc_collx *x, const struct tpc_coll *c, bool localer
 				 x->g->name, ck_name[i], lo, hi);
 		return 0;
 	}
+	if (fuse && !full)
+		return -EPROTO; /* the same call everywhere, yet a message without its data */
+	*ret_done = fuse;
 	if (c->kind == TPC_COLL_ALLREDUCE && c->op == TPC_OP_USER && vec[CK_ABSENT] &&
 	    v->contrib) {
 		v->err = -EOPNOTSUPP;
@@ -836,20 +912,21 @@ static int leader_part(struct tpc_collx *x, const struct tpc_coll *c, bool local
 {
 	const struct tpc_plan *p = x->plan;
 	size_t es = c->kind == TPC_COLL_BARRIER ? 0 : tp_dtype_size(c->dtype);
+	bool done;
 	uint8_t *gb;
 	int r;
 
 	x->end_ms = x->g->op_timeout_ms > 0 ? mono_ms() + x->g->op_timeout_ms : 0;
-	r = run_check(x, c, localerr, contrib, v, msg, ml);
-	if (r < 0 || v->err < 0 || localerr)
+	if (contrib == 0 && c->kind == TPC_COLL_ALLREDUCE)
+		fill_identity(buf, count, c->dtype, c->op); /* this host has finished its steps */
+	r = run_check(x, c, localerr, contrib, buf, count, &done, v, msg, ml);
+	if (r < 0 || v->err < 0 || localerr || done)
 		return r;
 	switch (c->kind) {
 	case TPC_COLL_ALLREDUCE:
 	case TPC_COLL_REDUCE_SCATTER:
 		if (v->contrib == 0)
 			return 0; /* every member has finished: nothing moves */
-		if (contrib == 0)
-			fill_identity(buf, count, c->dtype, c->op);
 		return run_allreduce(x, c, buf, count);
 	case TPC_COLL_BROADCAST:
 		return run_chain(x, buf, count * es, p->host_of[c->root]);
