@@ -4,7 +4,7 @@
  * errno codes to Python exceptions (tpipd.Error and its subclasses, each also a built-in
  * OSError subclass where one fits), and the Context type (one session with the local tpipd).
  * Pipes are in pipe.c, listeners in listener.c, shared buffers and tensor memory in buffer.c, groups in
- * group.c, channels in chan.c, pipe sets in fan.c.
+ * group.c, channels in chan.c, pipe sets in fan.c, work queues in wq.c, DLPack in dlpack.c.
  */
 #include <errno.h>
 #include "tpy.h"
@@ -36,6 +36,9 @@ static struct {
 	{ EOPNOTSUPP, "NotSupported", NULL, NULL, "not supported here" },
 	{ ESHUTDOWN, "Closed", NULL, NULL, "used after close(), or the daemon is stopping" },
 	{ EBADMSG, "ProtocolError", NULL, NULL, "a malformed tensor header or message" },
+	{ EINPROGRESS, "InDoubt", NULL, NULL,
+	  "no answer came in time and the operation may still happen (a channel write: the "
+	  "daemon holds the batch and may append it): do not assume it failed" },
 };
 
 PyObject *tpy_module_raise(int err, const char *msg)
@@ -268,6 +271,11 @@ static PyObject *context_unlink_channel(tpy_context *self, PyObject *args)
 	return tpy_chan_unlink(self, args);
 }
 
+static PyObject *context_open_queue(tpy_context *self, PyObject *args, PyObject *kw)
+{
+	return tpy_wq_open(self, args, kw);
+}
+
 static PyMethodDef context_methods[] = {
 	{ "close", (PyCFunction)context_close, METH_NOARGS,
 	  "close()\n--\n\nClose every pipe, listener and group of this context (their pending "
@@ -293,6 +301,10 @@ static PyMethodDef context_methods[] = {
 	  "owner_uid=-1) -> Channel\n--\n\nOpen (flags TP_CHAN_*: create) a named channel." },
 	{ "unlink_channel", (PyCFunction)context_unlink_channel, METH_VARARGS,
 	  "unlink_channel(name, owner_uid=-1)\n--\n\nRemove a persistent channel's name." },
+	{ "open_queue", (PyCFunction)(void (*)(void))context_open_queue,
+	  METH_VARARGS | METH_KEYWORDS,
+	  "open_queue(name, flags=0, access=0, gid=-1, owner_uid=-1) -> WorkQueue\n--\n\n"
+	  "Open (flags TP_WQ_*: create and own) a named work queue." },
 	{ 0 }
 };
 
@@ -328,6 +340,9 @@ static PyObject *module_strerror(PyObject *m, PyObject *arg)
 
 static PyMethodDef module_methods[] = {
 	{ "strerror", module_strerror, METH_O, "strerror(errno) -> str: libtpclient's text" },
+	{ "dlpack_view", tpy_dlpack_view, METH_VARARGS,
+	  "dlpack_view(buffer, offset, dtype_code, shape) -> DLView\n--\n\nA DLPack exporter "
+	  "over a writable buffer (no copy)." },
 	{ 0 }
 };
 
@@ -350,7 +365,7 @@ PyMODINIT_FUNC PyInit__tpipd(void)
 	    PyModule_AddObjectRef(m, "Context", (PyObject *)&tpy_context_type) < 0 ||
 	    tpy_pipe_add_types(m) < 0 || tpy_listener_add_types(m) < 0 || tpy_buffer_add_types(m) < 0 ||
 	    tpy_group_add_types(m) < 0 || tpy_chan_add_types(m) < 0 ||
-	    tpy_set_add_types(m) < 0 ||
+	    tpy_set_add_types(m) < 0 || tpy_wq_add_types(m) < 0 || tpy_dlpack_add_types(m) < 0 ||
 	    PyModule_AddIntConstant(m, "API_VERSION_MINOR", TP_API_VERSION_MINOR) < 0) {
 		Py_DECREF(m);
 		return NULL;

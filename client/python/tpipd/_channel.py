@@ -23,14 +23,19 @@ def _item_buffer(obj, contiguous, what):
                                       "tensor travels through a Pipe)")
         if not obj.is_contiguous():
             obj = _tensor._contiguous(obj, contiguous, what)
-        return _tensor.cpu_buffer(obj)
+        return _tensor.wire_buffer(obj)
     np = _tensor._np() if "numpy" in type(obj).__module__ else None
     if np is not None and isinstance(obj, (np.ndarray, np.generic)):
         obj = np.asarray(obj)
         if not obj.flags.c_contiguous:
             obj = _tensor._contiguous(obj, contiguous, what)
         return obj
-    return memoryview(obj)  # any other buffer-protocol object (TypeError otherwise)
+    try:
+        return memoryview(obj)  # any other buffer-protocol object
+    except TypeError:
+        if hasattr(obj, "__dlpack__"):  # a DLPack producer: the extension reads it
+            return obj
+        raise
 
 
 def _typed_item(obj, contiguous):
@@ -38,7 +43,7 @@ def _typed_item(obj, contiguous):
     if _tensor.is_torch(obj) and obj.is_cuda:
         raise _tpipd.NotSupported(95, "channel items are CPU memory")
     buf, hdr, _ = _tensor.to_wire(obj, contiguous, "item")
-    return hdr + memoryview(buf).cast("B").tobytes() if buf.nbytes else hdr
+    return hdr + _tensor.raw_bytes(buf)
 
 
 def _untyped(item):
@@ -49,11 +54,8 @@ def _untyped(item):
     if len(item) < hlen:
         raise _tpipd.ProtocolError(74, f"a typed item of {len(item)} bytes, its header {hlen}")
     kind, code, shape = _tensor.unpack_header(item[:hlen], len(item) - hlen)
-    dst = _tensor.empty_like_header(kind, code, shape)
-    flat = _tensor.check_destination(dst, code, shape, "item").reshape(-1)
-    np = _tensor._np()
-    flat.view(np.uint8)[:] = np.frombuffer(item, np.uint8, offset=hlen)
-    return dst
+    # one copy into memory of the result's own, which it then lives over (DLPack)
+    return _tensor.from_memory(bytearray(item), hlen, kind, code, shape)
 
 
 class Channel:

@@ -76,18 +76,15 @@ class Context:
             raise ValueError(f"dtype {dtype} is not supported")
         nbytes = math.prod(shape) * _tensor.DTYPES[code][1]
         buf = self._raw.alloc_buffer(nbytes)
-        np = _tensor._np()
-        raw_name = "int16" if name == "bfloat16" else name
-        arr = np.frombuffer(buf, dtype=raw_name, count=math.prod(shape)).reshape(shape)
         if like == "numpy":
             if name == "bfloat16":
                 raise ValueError("numpy has no bfloat16: use like='torch'")
-            return arr
-        torch = _tensor.torch_module()
-        if like != "torch" or torch is None:
+            np = _tensor._np()
+            return np.frombuffer(buf, dtype=name, count=math.prod(shape)).reshape(shape)
+        if like != "torch" or _tensor.torch_module() is None:
             raise ValueError("like must be 'numpy' or 'torch' (and torch installed)")
-        t = torch.from_numpy(arr)
-        return t.view(torch.bfloat16) if name == "bfloat16" else t
+        # torch.from_dlpack over the buffer: no numpy in between (bfloat16 and bool as such)
+        return _tensor.from_memory(buf, 0, _tensor.KIND_TORCH, code, shape)
 
     def zeros(self, shape, dtype="float32", *, like="numpy"):
         """empty() filled with zeros."""
