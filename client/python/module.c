@@ -133,9 +133,11 @@ static int errors_init(PyObject *m)
 
 static int context_init(tpy_context *self, PyObject *args, PyObject *kw)
 {
-	static char *kwlist[] = { "socket_path", "name", "no_cma", "no_ring", NULL };
+	static char *kwlist[] = { "socket_path", "name", "no_cma", "no_ring", "reply_timeout_ms",
+				  NULL };
 	const char *path = NULL, *name = NULL;
 	int no_cma = 0, no_ring = 0, r;
+	unsigned int reply_ms = 0;
 	struct tp_context_options o = { .size = sizeof(o) };
 	struct tp_context *ctx = NULL;
 
@@ -143,9 +145,10 @@ static int context_init(tpy_context *self, PyObject *args, PyObject *kw)
 		PyErr_SetString(PyExc_RuntimeError, "Context already initialised");
 		return -1;
 	}
-	if (!PyArg_ParseTupleAndKeywords(args, kw, "|zzpp:Context", kwlist, &path, &name, &no_cma,
-					 &no_ring))
+	if (!PyArg_ParseTupleAndKeywords(args, kw, "|zzppI:Context", kwlist, &path, &name, &no_cma,
+					 &no_ring, &reply_ms))
 		return -1;
+	o.reply_timeout_ms = reply_ms;
 	o.socket_path = path;
 	o.name = name;
 	o.flags = (no_cma ? TP_CONTEXT_NO_CMA : 0) | (no_ring ? TP_CONTEXT_NO_RING : 0);
@@ -320,7 +323,8 @@ PyTypeObject tpy_context_type = {
 	.tp_name = "_tpipd.Context",
 	.tp_basicsize = sizeof(tpy_context),
 	.tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_BASETYPE,
-	.tp_doc = "Context(socket_path=None, name=None, no_cma=False, no_ring=False)\n--\n\n"
+	.tp_doc = "Context(socket_path=None, name=None, no_cma=False, no_ring=False, "
+		  "reply_timeout_ms=0)\n--\n\n"
 		  "One session with the local tpipd (libtpclient's tp_context).",
 	.tp_new = context_new,
 	.tp_init = (initproc)context_init,

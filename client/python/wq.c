@@ -151,6 +151,14 @@ static int wq_send(tpy_wq *self, PyObject *item, const uint64_t *id, uint64_t *r
 	Py_END_ALLOW_THREADS
 	tpy_gate_leave(&self->gate);
 	PyBuffer_Release(&view);
+	if (r == -ETIMEDOUT) {
+		/* The call itself never waits: no answer within the context's reply timeout, and
+		 * the daemon may still act on it (libtpclient returns -ETIMEDOUT for both). */
+		tpy_module_raise(-EINPROGRESS, id ? "no answer from the daemon in time: the reply "
+				 "may be delivered yet" : "no answer from the daemon in time: the "
+				 "question may be queued yet (its id is unknown)");
+		return -1;
+	}
 	if (r < 0) {
 		wq_raise(self, r, -1, NULL);
 		return -1;

@@ -33,9 +33,12 @@ def _item_buffer(obj, contiguous, what):
     try:
         return memoryview(obj)  # any other buffer-protocol object
     except TypeError:
-        if hasattr(obj, "__dlpack__"):  # a DLPack producer: the extension reads it
-            return obj
-        raise
+        if not hasattr(obj, "__dlpack__"):
+            raise
+    obj = _tensor.from_dlpack_object(obj, what)  # another DLPack producer, as numpy (no copy)
+    if not obj.flags.c_contiguous:
+        obj = _tensor._contiguous(obj, contiguous, what)
+    return obj
 
 
 def _typed_item(obj, contiguous):

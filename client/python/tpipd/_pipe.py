@@ -18,14 +18,19 @@ tensors (list of numpy arrays / torch tensors, the kind the writer sent). The ca
 class Context:
     """One session with the local tpipd daemon.
 
-    Context(socket_path=None, name=None, *, no_cma=False, no_ring=False). socket_path None
-    follows libtpclient's rules ($TPIPD_SOCKET, ...). close() (or leaving a ``with`` block)
+    Context(socket_path=None, name=None, *, no_cma=False, no_ring=False, reply_timeout=None).
+    socket_path None follows libtpclient's rules ($TPIPD_SOCKET, ...). reply_timeout: seconds
+    to wait for the daemon's answer to a request beyond the request's own wait (None:
+    libtpclient's default); a request left unanswered past it raises Timeout, or InDoubt
+    where it may still take effect (a channel write, a work queue submit or reply). close() (or leaving a ``with`` block)
     closes every pipe, listener and group of the context; arrays from empty()/zeros() stay
     valid until they are garbage, and the session ends after the last of them.
     Raises NoListener/NoDaemon when no daemon listens at the socket."""
 
-    def __init__(self, socket_path=None, name=None, *, no_cma=False, no_ring=False):
-        self._raw = _tpipd.Context(socket_path, name, no_cma, no_ring)
+    def __init__(self, socket_path=None, name=None, *, no_cma=False, no_ring=False,
+                 reply_timeout=None):
+        ms = 0 if reply_timeout is None else max(1, int(reply_timeout * 1000))
+        self._raw = _tpipd.Context(socket_path, name, no_cma, no_ring, ms)
 
     @property
     def name(self):
