@@ -367,8 +367,8 @@ def cycle(q, w, items, n):
 def test_no_leak_over_many_submits(qpair):
     q, w = qpair
     torch = _tensor.torch_module()
-    x = np.arange(256, dtype=np.float32)
-    items = [b"payload" * 10, x] + ([torch.arange(64, dtype=torch.int32)] if torch else [])
+    x = np.arange(1024, dtype=np.float32)  # 4 KiB items: a lost Block shows in RSS
+    items = [b"p" * 4096, x] + ([torch.arange(64, dtype=torch.int32)] if torch else [])
     cycle(q, w, items, 300)  # warm up caches, lazy imports, the ring
     gc.collect()
     refs = [sys.getrefcount(i) for i in items]
