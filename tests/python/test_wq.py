@@ -351,7 +351,7 @@ def under_asan():
 def cycle(q, w, items, n):
     for _ in range(n):
         for it in items:
-            if isinstance(it, bytes):
+            if isinstance(it, bytes) or _tensor.is_torch(it) and it.numel() > 64:
                 qid = q.submit(it)
                 tid, x = w.take(timeout=10)
                 w.reply(tid, x)
@@ -368,7 +368,9 @@ def test_no_leak_over_many_submits(qpair):
     q, w = qpair
     torch = _tensor.torch_module()
     x = np.arange(1024, dtype=np.float32)  # 4 KiB items: a lost Block shows in RSS
-    items = [b"p" * 4096, x] + ([torch.arange(64, dtype=torch.int32)] if torch else [])
+    items = [b"p" * 4096, x]
+    if torch is not None:  # typed, and raw (read by the extension through __dlpack__)
+        items += [torch.arange(64, dtype=torch.int32), torch.arange(1024, dtype=torch.int32)]
     cycle(q, w, items, 300)  # warm up caches, lazy imports, the ring
     gc.collect()
     refs = [sys.getrefcount(i) for i in items]
