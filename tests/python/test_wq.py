@@ -67,7 +67,7 @@ def ctx(daemon):
 def qpair(ctx, request):
     """(owner, worker) handles on a fresh queue of this process."""
     q = tpipd.WorkQueue(uniq(request), context=ctx, create=True, exclusive=True)
-    w = tpipd.WorkQueue(q.name, context=ctx)
+    w = ctx.work_queue(q.name)
     yield q, w
     w.release()
     q.release()
@@ -180,6 +180,18 @@ def test_the_owners_death_ends_the_workers(daemon, request):
         assert done == [[]]
         with pytest.raises(tpipd.PipeClosed):
             w.reply(1, b"x")
+
+
+def test_ctrl_c_ends_a_blocked_take_and_the_handle_goes_on(qpair):
+    q, _ = qpair
+    p = worker("block", q.name)
+    assert json.loads(p.stdout.readline()) == {"ready": True}
+    p.send_signal(signal.SIGINT)  # in take() or just before: KeyboardInterrupt either way
+    assert json.loads(p.stdout.readline()) == {"ended": "interrupted"}
+    qid = q.submit(b"after")
+    out, err = lines(p)
+    assert p.returncode == 0 and out == [{"after": "after"}], err
+    assert q.answer(timeout=10) == (qid, b"after answered")
 
 
 # ---- errors ------------------------------------------------------------------------------

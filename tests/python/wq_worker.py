@@ -7,6 +7,8 @@ itself.
     iterate NAME         answer every question (typed: x + 1) until the iteration ends; print
                          the count and how it ended
     own NAME             create NAME (the owner), print "ready", wait on stdin (killed there)
+    block NAME           print "ready", block in take(): print what ended it (a SIGINT:
+                         interrupted, and whether the handle still takes a question after it)
     open_as UID NAME     drop to UID (and its gid), open root's queue NAME: print the error
 """
 import json
@@ -48,6 +50,19 @@ def own(name):
     sys.stdin.readline()
 
 
+def block(name):
+    wq = tpipd.WorkQueue(name)
+    try:
+        say({"ready": True})
+        wq.take()
+        say({"ended": "item"})
+    except KeyboardInterrupt:
+        say({"ended": "interrupted"})
+        qid, item = wq.take(timeout=30)  # the parent submits after it saw the line above
+        wq.reply(qid, item + b" answered")
+        say({"after": item.decode()})
+
+
 def open_as(uid, name):
     os.setgroups([])
     os.setresgid(uid, uid, uid)
@@ -67,6 +82,8 @@ def main():
         iterate(args[0])
     elif what == "own":
         own(args[0])
+    elif what == "block":
+        block(args[0])
     elif what == "open_as":
         open_as(int(args[0]), args[1])
     else:

@@ -46,7 +46,11 @@ def _typed_item(obj, contiguous):
     if _tensor.is_torch(obj) and obj.is_cuda:
         raise _tpipd.NotSupported(95, "channel items are CPU memory")
     buf, hdr, _ = _tensor.to_wire(obj, contiguous, "item")
-    return hdr + _tensor.raw_bytes(buf)
+    src = _tensor.cpu_buffer(buf).reshape(-1).view("uint8")  # a view: no copy yet
+    item = bytearray(len(hdr) + src.nbytes)
+    item[:len(hdr)] = hdr
+    _tensor._np().frombuffer(item, "uint8", offset=len(hdr))[:] = src  # the one copy
+    return item
 
 
 def _untyped(item):

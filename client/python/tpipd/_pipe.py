@@ -109,7 +109,14 @@ class Context:
         from ._channel import Channel
         return Channel(name, context=self, **kw)
 
+    def work_queue(self, name, **kw):
+        """tpipd.WorkQueue(name, context=self, **kw): a named work queue (see there)."""
+        from ._wq import WorkQueue
+        return WorkQueue(name, context=self, **kw)
+
     def close(self):
+        """Close every pipe, listener, group, channel and work queue handle of the context;
+        arrays from empty()/zeros() keep the session until they are garbage."""
         self._raw.close()
 
     def __enter__(self):
