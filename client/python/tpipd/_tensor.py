@@ -1,11 +1,11 @@
 # SPDX-License-Identifier: BSD-3-Clause
-"""Tensor framing for tpipd: which objects can travel as tensors (numpy arrays, torch tensors on
-the CPU through the buffer protocol, torch CUDA tensors through __cuda_array_interface__), the
-versioned header that carries their dtype and shape in each tensor's metadata, its validation on
-read (the bytes come from another process: every field is bounded), allocation of the
-reader's objects, and arrays and tensors over memory the module holds (DLPack: from_memory).
-CPU torch tensors reach the extension through DLPack, numpy arrays through the buffer protocol,
-other DLPack producers as numpy arrays (numpy.from_dlpack). Moving bytes is the C extension's job (_tpipd), not this module's.
+"""Tensor framing for tpipd: which objects can travel as tensors (numpy arrays through the
+buffer protocol, torch tensors on the CPU through DLPack, other DLPack producers as numpy arrays
+(numpy.from_dlpack), torch CUDA tensors through __cuda_array_interface__), the versioned header
+that carries their dtype and shape in each tensor's metadata, its validation on read (the bytes
+come from another process: every field is bounded), allocation of the reader's objects, and
+arrays and tensors over memory the module holds (from_memory(), through DLPack: no copy).
+Moving bytes is the C extension's job (_tpipd), not this module's.
 
 Header, version 1 (little endian, 8 + 8 * ndim bytes, nothing after it):
 
