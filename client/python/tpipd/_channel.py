@@ -117,7 +117,9 @@ class Channel:
         Waits for room up to ``timeout`` seconds (None: no deadline; 0: LimitExceeded when
         full; Timeout at the deadline: nothing written). Borrows ``item`` until it returns.
         Raises PipeClosed once the channel is closed, LimitExceeded (larger than the
-        channel's capacity or the daemon's inline limit), InvalidArgument (an empty item)."""
+        channel's capacity or the daemon's inline limit), InvalidArgument (an empty item),
+        InDoubt (the daemon did not answer within the context's reply timeout: it holds the
+        batch and may still append it, so writing it again may duplicate it)."""
         self.write_many((item,), timeout=timeout, contiguous=contiguous)
 
     def write_many(self, items, *, timeout=None, contiguous=False):

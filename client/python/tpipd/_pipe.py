@@ -22,9 +22,10 @@ class Context:
     socket_path None follows libtpclient's rules ($TPIPD_SOCKET, ...). reply_timeout: seconds
     to wait for the daemon's answer to a request beyond the request's own wait (None:
     libtpclient's default); a request left unanswered past it raises Timeout, or InDoubt
-    where it may still take effect (a channel write, a work queue submit or reply). close() (or leaving a ``with`` block)
-    closes every pipe, listener and group of the context; arrays from empty()/zeros() stay
-    valid until they are garbage, and the session ends after the last of them.
+    where it may still take effect (a channel write, a work queue submit or reply). close()
+    (or leaving a ``with`` block) closes every pipe, listener, group, channel and work queue
+    handle of the context; arrays from empty()/zeros() stay valid until they are garbage, and
+    the session ends after the last of them.
     Raises NoListener/NoDaemon when no daemon listens at the socket."""
 
     def __init__(self, socket_path=None, name=None, *, no_cma=False, no_ring=False,

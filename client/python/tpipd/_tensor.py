@@ -18,6 +18,7 @@ Header, version 1 (little endian, 8 + 8 * ndim bytes, nothing after it):
 
 The tensor's byte length (in the descriptor) must equal prod(shape) * itemsize.
 """
+import math
 import struct
 
 from . import _tpipd
@@ -192,20 +193,25 @@ def from_memory(buf, offset, kind, code, shape):
     name = DTYPES[code][0]
     torch = torch_module() if kind == KIND_TORCH or name == "bfloat16" else None
     dl_code = _CODE_OF["uint8"] if name == "bool" else code
-    view = _tpipd.dlpack_view(buf, offset, dl_code, shape)
     if kind == KIND_TORCH and torch is not None:
         if getattr(torch, name, None) is None:
             raise _tpipd.NotSupported(95, f"this torch has no dtype {name}")
-        t = torch.from_dlpack(view)
+        t = torch.from_dlpack(_tpipd.dlpack_view(buf, offset, dl_code, shape))
         return t.view(torch.bool) if name == "bool" else t
     if name == "bfloat16":
         raise _tpipd.NotSupported(95, "a bfloat16 tensor needs torch to be received")
     np = _np()
-    a = np.from_dlpack(view)
-    if not a.flags.writeable:  # numpy before 1.25 marks DLPack arrays read-only
-        a = np.frombuffer(buf, np.dtype(name if name != "bool" else "uint8"),
-                          count=a.size, offset=offset).reshape(shape)
+    global _np_dlpack_writable
+    if _np_dlpack_writable:
+        a = np.from_dlpack(_tpipd.dlpack_view(buf, offset, dl_code, shape))
+        _np_dlpack_writable = a.flags.writeable
+    if not _np_dlpack_writable:  # numpy before 1.25 makes DLPack arrays read-only
+        dt = np.dtype("uint8" if name == "bool" else name)
+        a = np.frombuffer(buf, dt, count=math.prod(shape), offset=offset).reshape(shape)
     return a.view(np.bool_) if name == "bool" else a
+
+
+_np_dlpack_writable = True  # until numpy.from_dlpack() is seen to return a read-only array
 
 
 def cuda_range(obj):
