@@ -254,6 +254,11 @@ def test_another_uid_is_refused_unless_the_mode_lets_it(daemon, ctx, request):
         assert out[0]["error"] is None, out
 
 
+def stopped_state(pid):
+    with open(f"/proc/{pid}/stat") as f:
+        return f.read().rsplit(")", 1)[1].split()[0]
+
+
 def test_requests_the_daemon_leaves_unanswered_raise_in_doubt(tmp_path, request):
     binary = os.environ.get("TPIPD_BIN")
     if not binary:
@@ -275,6 +280,10 @@ def test_requests_the_daemon_leaves_unanswered_raise_in_doubt(tmp_path, request)
         ch.write(b"full")
         d.send_signal(signal.SIGSTOP)
         try:
+            deadline = time.monotonic() + 10
+            while stopped_state(d.pid) != "T":  # stopped for sure before the requests go out
+                assert time.monotonic() < deadline
+                time.sleep(0.005)
             with pytest.raises(tpipd.InDoubt, match="may be queued yet") as e:
                 q.submit(b"q")
             assert e.value.errno == 115 and not isinstance(e.value, tpipd.Timeout)
@@ -515,5 +524,7 @@ def test_dlpack_other_producers_are_accepted_and_non_contiguous_refused(qpair, p
             ch._raw.write([torch.arange(12.0).reshape(3, 4).t()], None)
         ch._raw.write([torch.arange(12.0).reshape(3, 4)], None)
         assert ch.read(timeout=5) == np.arange(12, dtype=np.float32).tobytes()
+        ch._raw.write([torch.arange(12.0)[5:]], None)  # a view at an offset of its storage
+        assert ch.read(timeout=5) == np.arange(5, 12, dtype=np.float32).tobytes()
         ch.release()
     w.reply(qid, b"ok")
