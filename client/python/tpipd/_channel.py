@@ -54,15 +54,17 @@ def _typed_item(obj, contiguous):
 
 
 def _untyped(item):
-    """The array or tensor of a typed item; ProtocolError for anything malformed."""
+    """The array or tensor of a typed item (a writable buffer: a Block, which the result then
+    lives over without a copy; or bytes, copied once); ProtocolError for anything malformed."""
     if len(item) < 8:
         raise _tpipd.ProtocolError(74, f"a typed item of {len(item)} bytes, at least 8")
     hlen = 8 + 8 * item[6]
     if len(item) < hlen:
         raise _tpipd.ProtocolError(74, f"a typed item of {len(item)} bytes, its header {hlen}")
-    kind, code, shape = _tensor.unpack_header(item[:hlen], len(item) - hlen)
-    # one copy into memory of the result's own, which it then lives over (DLPack)
-    return _tensor.from_memory(bytearray(item), hlen, kind, code, shape)
+    kind, code, shape = _tensor.unpack_header(bytes(item[:hlen]), len(item) - hlen)
+    if isinstance(item, bytes):
+        item = bytearray(item)  # memory of the result's own
+    return _tensor.from_memory(item, hlen, kind, code, shape)
 
 
 class Channel:
@@ -182,8 +184,15 @@ class Channel:
     def read_tensor(self, timeout=None):
         """Take the oldest item, written by write_tensor(), as the numpy array or torch tensor
         (same dtype and shape; a new object the caller owns). ProtocolError when the item is
-        not a typed item. Otherwise as read()."""
-        return _untyped(self.read(timeout))
+        not a typed item. Otherwise as read(). The result lives in the memory the item was
+        received in (no copy on our side)."""
+        try:
+            block, closed = self._raw.read_block(timeout)
+        except _tpipd.Drained:
+            self._state = "drained"
+            raise
+        self._seen(closed)
+        return _untyped(memoryview(block))
 
     def __iter__(self):
         """Items (bytes) until the channel is drained: ``for item in chan:``."""

@@ -11,8 +11,8 @@ import asyncio
 import concurrent.futures
 import threading
 
-from . import _tensor, _tpipd
-from ._channel import _ACCESS, _item_buffer, _typed_item
+from . import _tpipd
+from ._channel import _ACCESS, _item_buffer, _typed_item, _untyped
 
 CREATE = 0x1
 EXCLUSIVE = 0x2
@@ -20,17 +20,9 @@ AT_MOST_ONCE = 0x4
 
 
 def _typed(block):
-    """The array or tensor of a typed item held in ``block`` (a Block: writable, ours), made
-    over the block's memory without a copy; ProtocolError for anything malformed."""
-    mv = memoryview(block)
-    if len(mv) < 8:
-        raise _tpipd.ProtocolError(74, f"a typed item of {len(mv)} bytes, at least 8")
-    hlen = 8 + 8 * mv[6]
-    if len(mv) < hlen:
-        raise _tpipd.ProtocolError(74, f"a typed item of {len(mv)} bytes, its header {hlen}")
-    kind, code, shape = _tensor.unpack_header(bytes(mv[:hlen]), len(mv) - hlen)
-    del mv
-    return _tensor.from_memory(block, hlen, kind, code, shape)
+    """The array or tensor of a typed item held in ``block`` (a Block), made over the block's
+    memory without a copy; ProtocolError for anything malformed."""
+    return _untyped(memoryview(block))
 
 
 class WorkQueue:
