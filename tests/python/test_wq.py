@@ -165,6 +165,21 @@ def test_close_wakes_a_take_blocked_in_another_thread(qpair):
         q.submit(b"late")
 
 
+def test_drain_waits_for_taken_questions(qpair):
+    q, w = qpair
+    q.drain(timeout=0)  # nothing submitted
+    qid = q.submit(b"q")
+    qid_taken, _ = w.take(timeout=5)
+    with pytest.raises(tpipd.Timeout):
+        q.drain(timeout=0)
+    with pytest.raises(tpipd.Timeout):
+        q.drain(timeout=0.3)  # sliced: still taken at the deadline
+    fut = q.drain_async(10)
+    w.reply(qid_taken, b"a")
+    fut.result(10)  # answered: drained, though the answer still waits to be received
+    assert q.answer(timeout=5) == (qid, b"a")
+
+
 def test_the_owners_death_ends_the_workers(daemon, request):
     name = uniq(request)
     own = worker("own", name, stdin=subprocess.PIPE)

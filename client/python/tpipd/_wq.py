@@ -50,7 +50,10 @@ class WorkQueue:
 
     Blocking calls (take, answer, drain) release the GIL and wait in slices of at most 0.2 s:
     Ctrl-C raises KeyboardInterrupt within one, release() from another thread ends the wait
-    (Closed). submit() and reply() never wait: a full queue raises LimitExceeded at once."""
+    (Closed). submit() and reply() never wait: a full queue raises LimitExceeded at once.
+    Calls of several threads on one handle may overlap (the library's handle holds no
+    per-call state; the daemon takes up to 64 waiting calls per handle), so an owner may
+    submit while answer_async() waits."""
 
     def __init__(self, name, *, context=None, create=False, exclusive=False,
                  at_most_once=False, mode="owner", gid=None, owner_uid=None):
