@@ -3,8 +3,9 @@
  * _tpipd memory: the SharedBuffer type (memory from tp_buffer_alloc(), exported through the
  * buffer protocol so numpy arrays and torch tensors can live in it, the mapping alive as long
  * as any of them is), and the conversion of Python objects into libtpclient tensors and read
- * slots: CPU memory through the buffer protocol, CUDA memory as a (ptr, nbytes, device,
- * stream) tuple built by the Python package from __cuda_array_interface__.
+ * slots: CPU memory through the buffer protocol or, for objects without it (torch tensors),
+ * DLPack (dlpack.c); CUDA memory as a (ptr, nbytes, device, stream) tuple built by the Python
+ * package from __cuda_array_interface__.
  */
 #include <errno.h>
 #include "tpy.h"
@@ -20,6 +21,9 @@ int tpy_buffer_get(PyObject *obj, Py_buffer *view, bool writable, const char *wh
 {
 	int flags = PyBUF_C_CONTIGUOUS | (writable ? PyBUF_WRITABLE : 0);
 
+	/* torch tensors (and other DLPack producers without the buffer protocol) */
+	if (!PyObject_CheckBuffer(obj) && PyObject_HasAttrString(obj, "__dlpack__"))
+		return tpy_dlpack_get(obj, view, what);
 	if (PyObject_GetBuffer(obj, view, flags) == 0)
 		return 0;
 	view->obj = NULL;

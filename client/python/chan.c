@@ -7,7 +7,9 @@
  * slice) and for a release from another thread. A slice that ends unanswered has written or
  * taken nothing (the daemon answers each timed request), so slicing loses no item; a waiting
  * reader or writer only gives up its place in the daemon's queue for the next slice. Item
- * types (numpy, torch) and the Python-level state are the package's (tpipd/_channel.py).
+ * types (numpy, torch) and the Python-level state are the package's (tpipd/_channel.py);
+ * read_block() hands the library's copy of an item to Python as a Block (dlpack.c), which a
+ * typed item's array or tensor then lives over.
  */
 #include <errno.h>
 #include <stdlib.h>
@@ -242,7 +244,8 @@ static int chan_read_item(tpy_chan *self, int timeout_ms, void **ret_item, size_
 	return r < 0 ? -EINTR : r;
 }
 
-static PyObject *chan_read(tpy_chan *self, PyObject *args, PyObject *kw)
+/* read() (bytes, a copy) or read_block() (a Block owning the library's memory, no copy). */
+static PyObject *chan_read_as(tpy_chan *self, PyObject *args, PyObject *kw, bool block)
 {
 	static char *kwlist[] = { "timeout", NULL };
 	PyObject *tmo = Py_None, *item;
@@ -256,11 +259,25 @@ static PyObject *chan_read(tpy_chan *self, PyObject *args, PyObject *kw)
 	r = chan_read_item(self, timeout_ms, &p, &len);
 	if (r < 0)
 		return NULL;
-	item = PyBytes_FromStringAndSize(p, (Py_ssize_t)len);
-	free(p);
+	if (block) {
+		item = tpy_dlpack_block(p, len); /* takes p */
+	} else {
+		item = PyBytes_FromStringAndSize(p, (Py_ssize_t)len);
+		free(p);
+	}
 	if (!item)
 		return NULL;
 	return Py_BuildValue("(NO)", item, r == TP_CHAN_CLOSED ? Py_True : Py_False);
+}
+
+static PyObject *chan_read(tpy_chan *self, PyObject *args, PyObject *kw)
+{
+	return chan_read_as(self, args, kw, false);
+}
+
+static PyObject *chan_read_block(tpy_chan *self, PyObject *args, PyObject *kw)
+{
+	return chan_read_as(self, args, kw, true);
 }
 
 /* An item longer than the destination: LimitExceeded carrying the item (it left the channel). */
@@ -353,6 +370,9 @@ static PyMethodDef chan_methods[] = {
 	{ "read", (PyCFunction)(void (*)(void))chan_read, METH_VARARGS | METH_KEYWORDS,
 	  "read(timeout=None) -> (bytes, closed)\n--\n\nTake the oldest item; @closed is True "
 	  "once the channel is closed. Drained when closed and empty, Timeout when none came." },
+	{ "read_block", (PyCFunction)(void (*)(void))chan_read_block, METH_VARARGS | METH_KEYWORDS,
+	  "read_block(timeout=None) -> (Block, closed)\n--\n\nread() without the copy into "
+	  "bytes: the Block owns the memory the library received the item in." },
 	{ "read_into", (PyCFunction)(void (*)(void))chan_read_into, METH_VARARGS | METH_KEYWORDS,
 	  "read_into(buffer, timeout=None) -> (nbytes, closed)\n--\n\nread() into a writable "
 	  "C-contiguous buffer (borrowed until it returns)." },

@@ -4,7 +4,7 @@
  * errno codes to Python exceptions (tpipd.Error and its subclasses, each also a built-in
  * OSError subclass where one fits), and the Context type (one session with the local tpipd).
  * Pipes are in pipe.c, listeners in listener.c, shared buffers and tensor memory in buffer.c, groups in
- * group.c, channels in chan.c, pipe sets in fan.c.
+ * group.c, channels in chan.c, pipe sets in fan.c, work queues in wq.c, DLPack in dlpack.c.
  */
 #include <errno.h>
 #include "tpy.h"
@@ -36,6 +36,9 @@ static struct {
 	{ EOPNOTSUPP, "NotSupported", NULL, NULL, "not supported here" },
 	{ ESHUTDOWN, "Closed", NULL, NULL, "used after close(), or the daemon is stopping" },
 	{ EBADMSG, "ProtocolError", NULL, NULL, "a malformed tensor header or message" },
+	{ EINPROGRESS, "InDoubt", NULL, NULL,
+	  "no answer came in time and the operation may still happen (a channel write: the "
+	  "daemon holds the batch and may append it): do not assume it failed" },
 };
 
 PyObject *tpy_module_raise(int err, const char *msg)
@@ -130,9 +133,11 @@ static int errors_init(PyObject *m)
 
 static int context_init(tpy_context *self, PyObject *args, PyObject *kw)
 {
-	static char *kwlist[] = { "socket_path", "name", "no_cma", "no_ring", NULL };
+	static char *kwlist[] = { "socket_path", "name", "no_cma", "no_ring", "reply_timeout_ms",
+				  NULL };
 	const char *path = NULL, *name = NULL;
 	int no_cma = 0, no_ring = 0, r;
+	unsigned int reply_ms = 0;
 	struct tp_context_options o = { .size = sizeof(o) };
 	struct tp_context *ctx = NULL;
 
@@ -140,9 +145,10 @@ static int context_init(tpy_context *self, PyObject *args, PyObject *kw)
 		PyErr_SetString(PyExc_RuntimeError, "Context already initialised");
 		return -1;
 	}
-	if (!PyArg_ParseTupleAndKeywords(args, kw, "|zzpp:Context", kwlist, &path, &name, &no_cma,
-					 &no_ring))
+	if (!PyArg_ParseTupleAndKeywords(args, kw, "|zzppI:Context", kwlist, &path, &name, &no_cma,
+					 &no_ring, &reply_ms))
 		return -1;
+	o.reply_timeout_ms = reply_ms;
 	o.socket_path = path;
 	o.name = name;
 	o.flags = (no_cma ? TP_CONTEXT_NO_CMA : 0) | (no_ring ? TP_CONTEXT_NO_RING : 0);
@@ -268,6 +274,11 @@ static PyObject *context_unlink_channel(tpy_context *self, PyObject *args)
 	return tpy_chan_unlink(self, args);
 }
 
+static PyObject *context_open_queue(tpy_context *self, PyObject *args, PyObject *kw)
+{
+	return tpy_wq_open(self, args, kw);
+}
+
 static PyMethodDef context_methods[] = {
 	{ "close", (PyCFunction)context_close, METH_NOARGS,
 	  "close()\n--\n\nClose every pipe, listener and group of this context (their pending "
@@ -293,6 +304,10 @@ static PyMethodDef context_methods[] = {
 	  "owner_uid=-1) -> Channel\n--\n\nOpen (flags TP_CHAN_*: create) a named channel." },
 	{ "unlink_channel", (PyCFunction)context_unlink_channel, METH_VARARGS,
 	  "unlink_channel(name, owner_uid=-1)\n--\n\nRemove a persistent channel's name." },
+	{ "open_queue", (PyCFunction)(void (*)(void))context_open_queue,
+	  METH_VARARGS | METH_KEYWORDS,
+	  "open_queue(name, flags=0, access=0, gid=-1, owner_uid=-1) -> WorkQueue\n--\n\n"
+	  "Open (flags TP_WQ_*: create and own) a named work queue." },
 	{ 0 }
 };
 
@@ -308,7 +323,8 @@ PyTypeObject tpy_context_type = {
 	.tp_name = "_tpipd.Context",
 	.tp_basicsize = sizeof(tpy_context),
 	.tp_flags = Py_TPFLAGS_DEFAULT | Py_TPFLAGS_BASETYPE,
-	.tp_doc = "Context(socket_path=None, name=None, no_cma=False, no_ring=False)\n--\n\n"
+	.tp_doc = "Context(socket_path=None, name=None, no_cma=False, no_ring=False, "
+		  "reply_timeout_ms=0)\n--\n\n"
 		  "One session with the local tpipd (libtpclient's tp_context).",
 	.tp_new = context_new,
 	.tp_init = (initproc)context_init,
@@ -328,6 +344,9 @@ static PyObject *module_strerror(PyObject *m, PyObject *arg)
 
 static PyMethodDef module_methods[] = {
 	{ "strerror", module_strerror, METH_O, "strerror(errno) -> str: libtpclient's text" },
+	{ "dlpack_view", tpy_dlpack_view, METH_VARARGS,
+	  "dlpack_view(buffer, offset, dtype_code, shape) -> DLView\n--\n\nA DLPack exporter "
+	  "over a writable buffer (no copy)." },
 	{ 0 }
 };
 
@@ -350,7 +369,7 @@ PyMODINIT_FUNC PyInit__tpipd(void)
 	    PyModule_AddObjectRef(m, "Context", (PyObject *)&tpy_context_type) < 0 ||
 	    tpy_pipe_add_types(m) < 0 || tpy_listener_add_types(m) < 0 || tpy_buffer_add_types(m) < 0 ||
 	    tpy_group_add_types(m) < 0 || tpy_chan_add_types(m) < 0 ||
-	    tpy_set_add_types(m) < 0 ||
+	    tpy_set_add_types(m) < 0 || tpy_wq_add_types(m) < 0 || tpy_dlpack_add_types(m) < 0 ||
 	    PyModule_AddIntConstant(m, "API_VERSION_MINOR", TP_API_VERSION_MINOR) < 0) {
 		Py_DECREF(m);
 		return NULL;

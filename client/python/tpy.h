@@ -46,7 +46,7 @@ struct tpy_wait {
 
 extern PyTypeObject tpy_context_type, tpy_listener_type, tpy_pipe_type, tpy_descriptor_type;
 extern PyTypeObject tpy_buffer_type, tpy_group_type, tpy_collreq_type, tpy_chan_type;
-extern PyTypeObject tpy_set_type;
+extern PyTypeObject tpy_set_type, tpy_wq_type, tpy_dlview_type, tpy_block_type;
 
 /* module.c */
 /*
@@ -167,5 +167,24 @@ int tpy_chan_add_types(PyObject *m);
 
 /* fan.c */
 int tpy_set_add_types(PyObject *m);
+
+/* wq.c */
+/* Context.open_queue(): a new WorkQueue keeping @self (released by Context.close()). */
+PyObject *tpy_wq_open(tpy_context *self, PyObject *args, PyObject *kw);
+/* Adds WorkQueue and the NothingOutstanding exception (after the error types). */
+int tpy_wq_add_types(PyObject *m);
+
+/* dlpack.c */
+/*
+ * tpy_dlpack_get() - a C-contiguous CPU buffer over @obj's __dlpack__() capsule into @view
+ * (view->obj holds the capsule: PyBuffer_Release() calls the producer's deleter).
+ * Return: 0, or -1 with an exception set naming @what (InvalidArgument: not contiguous).
+ */
+int tpy_dlpack_get(PyObject *obj, Py_buffer *view, const char *what);
+/* _tpipd.dlpack_view(buffer, offset, dtype_code, shape): a new DLView keeping @buffer. */
+PyObject *tpy_dlpack_view(PyObject *mod, PyObject *args);
+/* A new Block owning @p (malloc'd, @len bytes; takes @p, also on failure). */
+PyObject *tpy_dlpack_block(void *p, size_t len);
+int tpy_dlpack_add_types(PyObject *m);
 
 #endif

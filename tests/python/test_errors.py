@@ -176,7 +176,8 @@ def test_oversized_message_is_refused(pair):
 def test_every_error_class_is_an_oserror_with_the_code():
     for name, err in [("PeerDied", 104), ("PipeClosed", 32), ("NoListener", 2),
                       ("Timeout", 110), ("AccessDenied", 13), ("Cancelled", 125),
-                      ("Mismatch", 71), ("LimitExceeded", 105)]:
+                      ("Mismatch", 71), ("LimitExceeded", 105), ("InDoubt", 115),
+                      ("NothingOutstanding", 42)]:
         e = getattr(tpipd, name)(err, "m")
         assert isinstance(e, tpipd.Error) and isinstance(e, OSError) and e.errno == err
     assert tpipd.strerror(104) == "peer died"

@@ -3,7 +3,8 @@
 daemon (libtpclient), with pipes (Context, Listener, Pipe) and groups (init_group, all_reduce,
 broadcast, barrier, all_gather, reduce_scatter). See docs/python.md.
 
-Channels (Channel, unlink_channel) are in tpipd/_channel.py; work queues are not built yet.
+Channels (Channel, unlink_channel) are in tpipd/_channel.py, work queues (WorkQueue) in
+tpipd/_wq.py. CPU torch tensors go in and come out through DLPack (no copy on our side).
 """
 try:
     from . import _tpipd  # installed: the extension inside the package
@@ -15,10 +16,11 @@ except ImportError:  # the build tree: _tpipd beside the package on sys.path
 from ._tpipd import (  # noqa: F401
     Error, PeerDied, PipeClosed, NoListener, NoDaemon, Timeout, AccessDenied, Cancelled,
     Aborted, LimitExceeded, NameInUse, Mismatch, InvalidArgument, NotSupported, Closed,
-    ProtocolError, SharedBuffer, strerror, Drained)
+    ProtocolError, SharedBuffer, strerror, Drained, InDoubt, NothingOutstanding)
 from ._pipe import Context, Listener, Pipe, Message  # noqa: F401
 from ._channel import Channel, unlink_channel  # noqa: F401
 from ._set import PipeSet  # noqa: F401
+from ._wq import WorkQueue  # noqa: F401
 from ._group import (  # noqa: F401
     Group, Work, ReduceOp, init_group, all_reduce, broadcast, barrier, all_gather,
     reduce_scatter, destroy_group)

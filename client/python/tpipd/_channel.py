@@ -23,14 +23,22 @@ def _item_buffer(obj, contiguous, what):
                                       "tensor travels through a Pipe)")
         if not obj.is_contiguous():
             obj = _tensor._contiguous(obj, contiguous, what)
-        return _tensor.cpu_buffer(obj)
+        return _tensor.wire_buffer(obj)
     np = _tensor._np() if "numpy" in type(obj).__module__ else None
     if np is not None and isinstance(obj, (np.ndarray, np.generic)):
         obj = np.asarray(obj)
         if not obj.flags.c_contiguous:
             obj = _tensor._contiguous(obj, contiguous, what)
         return obj
-    return memoryview(obj)  # any other buffer-protocol object (TypeError otherwise)
+    try:
+        return memoryview(obj)  # any other buffer-protocol object
+    except TypeError:
+        if not hasattr(obj, "__dlpack__"):
+            raise
+    obj = _tensor.from_dlpack_object(obj, what)  # another DLPack producer, as numpy (no copy)
+    if not obj.flags.c_contiguous:
+        obj = _tensor._contiguous(obj, contiguous, what)
+    return obj
 
 
 def _typed_item(obj, contiguous):
@@ -38,22 +46,25 @@ def _typed_item(obj, contiguous):
     if _tensor.is_torch(obj) and obj.is_cuda:
         raise _tpipd.NotSupported(95, "channel items are CPU memory")
     buf, hdr, _ = _tensor.to_wire(obj, contiguous, "item")
-    return hdr + memoryview(buf).cast("B").tobytes() if buf.nbytes else hdr
+    src = _tensor.cpu_buffer(buf).reshape(-1).view("uint8")  # a view: no copy yet
+    item = bytearray(len(hdr) + src.nbytes)
+    item[:len(hdr)] = hdr
+    _tensor._np().frombuffer(item, "uint8", offset=len(hdr))[:] = src  # the one copy
+    return item
 
 
 def _untyped(item):
-    """The array or tensor of a typed item; ProtocolError for anything malformed."""
+    """The array or tensor of a typed item (a writable buffer: a Block, which the result then
+    lives over without a copy; or bytes, copied once); ProtocolError for anything malformed."""
     if len(item) < 8:
         raise _tpipd.ProtocolError(74, f"a typed item of {len(item)} bytes, at least 8")
     hlen = 8 + 8 * item[6]
     if len(item) < hlen:
         raise _tpipd.ProtocolError(74, f"a typed item of {len(item)} bytes, its header {hlen}")
-    kind, code, shape = _tensor.unpack_header(item[:hlen], len(item) - hlen)
-    dst = _tensor.empty_like_header(kind, code, shape)
-    flat = _tensor.check_destination(dst, code, shape, "item").reshape(-1)
-    np = _tensor._np()
-    flat.view(np.uint8)[:] = np.frombuffer(item, np.uint8, offset=hlen)
-    return dst
+    kind, code, shape = _tensor.unpack_header(bytes(item[:hlen]), len(item) - hlen)
+    if isinstance(item, bytes):
+        item = bytearray(item)  # memory of the result's own
+    return _tensor.from_memory(item, hlen, kind, code, shape)
 
 
 class Channel:
@@ -108,7 +119,9 @@ class Channel:
         Waits for room up to ``timeout`` seconds (None: no deadline; 0: LimitExceeded when
         full; Timeout at the deadline: nothing written). Borrows ``item`` until it returns.
         Raises PipeClosed once the channel is closed, LimitExceeded (larger than the
-        channel's capacity or the daemon's inline limit), InvalidArgument (an empty item)."""
+        channel's capacity or the daemon's inline limit), InvalidArgument (an empty item),
+        InDoubt (the daemon did not answer within the context's reply timeout: it holds the
+        batch and may still append it, so writing it again may duplicate it)."""
         self.write_many((item,), timeout=timeout, contiguous=contiguous)
 
     def write_many(self, items, *, timeout=None, contiguous=False):
@@ -171,8 +184,15 @@ class Channel:
     def read_tensor(self, timeout=None):
         """Take the oldest item, written by write_tensor(), as the numpy array or torch tensor
         (same dtype and shape; a new object the caller owns). ProtocolError when the item is
-        not a typed item. Otherwise as read()."""
-        return _untyped(self.read(timeout))
+        not a typed item. Otherwise as read(). The result lives in the memory the item was
+        received in (no copy on our side)."""
+        try:
+            block, closed = self._raw.read_block(timeout)
+        except _tpipd.Drained:
+            self._state = "drained"
+            raise
+        self._seen(closed)
+        return _untyped(memoryview(block))
 
     def __iter__(self):
         """Items (bytes) until the channel is drained: ``for item in chan:``."""

@@ -43,7 +43,7 @@ def _buf(t, what):
     if not code:
         raise _tpipd.InvalidArgument(22, f"{what}: dtype {t.dtype} has no reduction (float16, "
                                      "bfloat16, float32, float64, int8, uint8, int32, int64)")
-    return _tensor.cpu_buffer(t), code
+    return _tensor.wire_buffer(t), code
 
 
 class Work:

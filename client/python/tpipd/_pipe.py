@@ -18,14 +18,20 @@ tensors (list of numpy arrays / torch tensors, the kind the writer sent). The ca
 class Context:
     """One session with the local tpipd daemon.
 
-    Context(socket_path=None, name=None, *, no_cma=False, no_ring=False). socket_path None
-    follows libtpclient's rules ($TPIPD_SOCKET, ...). close() (or leaving a ``with`` block)
-    closes every pipe, listener and group of the context; arrays from empty()/zeros() stay
-    valid until they are garbage, and the session ends after the last of them.
+    Context(socket_path=None, name=None, *, no_cma=False, no_ring=False, reply_timeout=None).
+    socket_path None follows libtpclient's rules ($TPIPD_SOCKET, ...). reply_timeout: seconds
+    to wait for the daemon's answer to a request beyond the request's own wait (None:
+    libtpclient's default); a request left unanswered past it raises Timeout, or InDoubt
+    where it may still take effect (a channel write, a work queue submit or reply). close()
+    (or leaving a ``with`` block) closes every pipe, listener, group, channel and work queue
+    handle of the context; arrays from empty()/zeros() stay valid until they are garbage, and
+    the session ends after the last of them.
     Raises NoListener/NoDaemon when no daemon listens at the socket."""
 
-    def __init__(self, socket_path=None, name=None, *, no_cma=False, no_ring=False):
-        self._raw = _tpipd.Context(socket_path, name, no_cma, no_ring)
+    def __init__(self, socket_path=None, name=None, *, no_cma=False, no_ring=False,
+                 reply_timeout=None):
+        ms = 0 if reply_timeout is None else max(1, int(reply_timeout * 1000))
+        self._raw = _tpipd.Context(socket_path, name, no_cma, no_ring, ms)
 
     @property
     def name(self):
@@ -76,18 +82,15 @@ class Context:
             raise ValueError(f"dtype {dtype} is not supported")
         nbytes = math.prod(shape) * _tensor.DTYPES[code][1]
         buf = self._raw.alloc_buffer(nbytes)
-        np = _tensor._np()
-        raw_name = "int16" if name == "bfloat16" else name
-        arr = np.frombuffer(buf, dtype=raw_name, count=math.prod(shape)).reshape(shape)
         if like == "numpy":
             if name == "bfloat16":
                 raise ValueError("numpy has no bfloat16: use like='torch'")
-            return arr
-        torch = _tensor.torch_module()
-        if like != "torch" or torch is None:
+            np = _tensor._np()
+            return np.frombuffer(buf, dtype=name, count=math.prod(shape)).reshape(shape)
+        if like != "torch" or _tensor.torch_module() is None:
             raise ValueError("like must be 'numpy' or 'torch' (and torch installed)")
-        t = torch.from_numpy(arr)
-        return t.view(torch.bfloat16) if name == "bfloat16" else t
+        # torch.from_dlpack over the buffer: no numpy in between (bfloat16 and bool as such)
+        return _tensor.from_memory(buf, 0, _tensor.KIND_TORCH, code, shape)
 
     def zeros(self, shape, dtype="float32", *, like="numpy"):
         """empty() filled with zeros."""
@@ -107,7 +110,14 @@ class Context:
         from ._channel import Channel
         return Channel(name, context=self, **kw)
 
+    def work_queue(self, name, **kw):
+        """tpipd.WorkQueue(name, context=self, **kw): a named work queue (see there)."""
+        from ._wq import WorkQueue
+        return WorkQueue(name, context=self, **kw)
+
     def close(self):
+        """Close every pipe, listener, group, channel and work queue handle of the context;
+        arrays from empty()/zeros() keep the session until they are garbage."""
         self._raw.close()
 
     def __enter__(self):

@@ -1,9 +1,11 @@
 # SPDX-License-Identifier: BSD-3-Clause
-"""Tensor framing for tpipd: which objects can travel as tensors (numpy arrays, torch tensors on
-the CPU through the buffer protocol, torch CUDA tensors through __cuda_array_interface__), the
-versioned header that carries their dtype and shape in each tensor's metadata, its validation on
-read (the bytes come from another process: every field is bounded), and allocation of the
-reader's objects. Moving bytes is the C extension's job (_tpipd), not this module's.
+"""Tensor framing for tpipd: which objects can travel as tensors (numpy arrays through the
+buffer protocol, torch tensors on the CPU through DLPack, other DLPack producers as numpy arrays
+(numpy.from_dlpack), torch CUDA tensors through __cuda_array_interface__), the versioned header
+that carries their dtype and shape in each tensor's metadata, its validation on read (the bytes
+come from another process: every field is bounded), allocation of the reader's objects, and
+arrays and tensors over memory the module holds (from_memory(), through DLPack: no copy).
+Moving bytes is the C extension's job (_tpipd), not this module's.
 
 Header, version 1 (little endian, 8 + 8 * ndim bytes, nothing after it):
 
@@ -16,6 +18,7 @@ Header, version 1 (little endian, 8 + 8 * ndim bytes, nothing after it):
 
 The tensor's byte length (in the descriptor) must equal prod(shape) * itemsize.
 """
+import math
 import struct
 
 from . import _tpipd
@@ -144,13 +147,71 @@ def _contiguous(obj, contiguous, what):
 
 
 def cpu_buffer(obj):
-    """A buffer-protocol object over the bytes of a contiguous CPU tensor or array (a view)."""
+    """A buffer-protocol object over the bytes of a contiguous CPU tensor or array (a numpy
+    view; a copy of nothing). The module itself passes wire_buffer() to the extension."""
     if is_torch(obj):
         t = obj.detach()
         if t.dtype == torch_module().bfloat16:
             t = t.view(torch_module().int16)
         return t.numpy()
     return obj
+
+
+def wire_buffer(obj):
+    """What the extension reads as the bytes of a contiguous CPU tensor or array, without a
+    copy: a numpy array (buffer protocol) as it is, a torch tensor as itself (the extension
+    takes its memory through __dlpack__, so numpy is not needed; bool, which DLPack cannot
+    carry, as a uint8 view)."""
+    if is_torch(obj):
+        t = obj.detach()
+        if t.dtype == torch_module().bool:
+            t = t.view(torch_module().uint8)
+        return t
+    return obj
+
+
+def raw_bytes(buf):
+    """A copy of the bytes of what wire_buffer() returned (bytes)."""
+    return cpu_buffer(buf).tobytes()
+
+
+def from_dlpack_object(obj, what):
+    """A numpy array over the memory of a DLPack producer that is neither numpy nor torch (no
+    copy; numpy.from_dlpack). InvalidArgument when it cannot be read as one."""
+    try:
+        return _np().from_dlpack(obj)
+    except (BufferError, RuntimeError, TypeError, ValueError) as e:
+        raise _tpipd.InvalidArgument(22, f"{what}: its __dlpack__ cannot be read as a CPU "
+                                     f"array: {e}") from None
+
+
+def from_memory(buf, offset, kind, code, shape):
+    """The array (kind 0, or torch absent) or tensor of dtype ``code`` and ``shape`` over the
+    writable buffer ``buf`` from byte ``offset``, without a copy: torch.from_dlpack() /
+    numpy.from_dlpack() of a _tpipd.DLView, which keeps ``buf`` alive as long as the result
+    (or a view of it) lives. bool travels as uint8 and is viewed back."""
+    name = DTYPES[code][0]
+    torch = torch_module() if kind == KIND_TORCH or name == "bfloat16" else None
+    dl_code = _CODE_OF["uint8"] if name == "bool" else code
+    if kind == KIND_TORCH and torch is not None:
+        if getattr(torch, name, None) is None:
+            raise _tpipd.NotSupported(95, f"this torch has no dtype {name}")
+        t = torch.from_dlpack(_tpipd.dlpack_view(buf, offset, dl_code, shape))
+        return t.view(torch.bool) if name == "bool" else t
+    if name == "bfloat16":
+        raise _tpipd.NotSupported(95, "a bfloat16 tensor needs torch to be received")
+    np = _np()
+    global _np_dlpack_writable
+    if _np_dlpack_writable:
+        a = np.from_dlpack(_tpipd.dlpack_view(buf, offset, dl_code, shape))
+        _np_dlpack_writable = a.flags.writeable
+    if not _np_dlpack_writable:  # numpy before 1.25 makes DLPack arrays read-only
+        dt = np.dtype("uint8" if name == "bool" else name)
+        a = np.frombuffer(buf, dt, count=math.prod(shape), offset=offset).reshape(shape)
+    return a.view(np.bool_) if name == "bool" else a
+
+
+_np_dlpack_writable = True  # until numpy.from_dlpack() is seen to return a read-only array
 
 
 def cuda_range(obj):
@@ -171,10 +232,12 @@ def to_wire(obj, contiguous=False, what="tensor"):
         hdr = pack_header(KIND_TORCH, code, tuple(obj.shape))
         if obj.is_cuda:
             return cuda_range(obj), hdr, obj
-        return cpu_buffer(obj), hdr, obj
+        return wire_buffer(obj), hdr, obj
     np = _np()
     if isinstance(obj, np.generic):
         obj = np.asarray(obj)  # a numpy scalar: sent as a 0-d array
+    if not isinstance(obj, np.ndarray) and hasattr(obj, "__dlpack__"):
+        obj = from_dlpack_object(obj, what)  # another DLPack producer: read as numpy
     if not isinstance(obj, np.ndarray):
         raise TypeError(f"{what}: a numpy.ndarray or torch.Tensor is needed, not "
                         f"{type(obj).__name__} (send bytes-like objects as payloads)")
@@ -213,7 +276,7 @@ def check_destination(obj, code, shape, what):
     if is_torch(obj):
         if not obj.is_contiguous():
             raise _tpipd.InvalidArgument(22, f"{what}: destination is not contiguous")
-        return cuda_range(obj) if obj.is_cuda else cpu_buffer(obj)
+        return cuda_range(obj) if obj.is_cuda else wire_buffer(obj)
     if not obj.flags.c_contiguous or not obj.flags.writeable:
         raise _tpipd.InvalidArgument(22, f"{what}: destination is not contiguous and writable")
     return obj

@@ -1,0 +1,363 @@
+/* SPDX-License-Identifier: BSD-3-Clause */
+/*
+ * _tpipd DLPack: tensors in and out of the module without numpy's buffer protocol in between.
+ * In: tpy_dlpack_get() fills a Py_buffer from an object's __dlpack__() capsule (CPU memory,
+ * C-contiguous), holding the capsule (so the producer's memory) until PyBuffer_Release();
+ * tpy_buffer_get() uses it for objects without the buffer protocol (torch tensors). Out: the
+ * DLView type exports any writable buffer (a SharedBuffer, a Block) as a DLPack tensor of a
+ * dtype and shape for numpy.from_dlpack() / torch.from_dlpack(), keeping the buffer until the
+ * consumer's tensor is freed; and the Block type, memory received from libtpclient (a work
+ * queue's item) owned by Python without a copy. The dtype table and header are the package's
+ * (tpipd/_tensor.py); no copy is made here.
+ *
+ * The structures are DLPack's stable ABI (dlpack.h, versions 0.5 to 0.8), declared here because
+ * Debian ships no dlpack header.
+ */
+#include <errno.h>
+#include <stdlib.h>
+#include "tpy.h"
+
+/* ---- DLPack ABI -------------------------------------------------------------------------- */
+
+enum { DL_CPU = 1, DL_CUDA_HOST = 3 };
+enum { DL_INT = 0, DL_UINT = 1, DL_FLOAT = 2, DL_BFLOAT = 4, DL_COMPLEX = 5 };
+
+typedef struct {
+	int32_t device_type;
+	int32_t device_id;
+} DLDevice;
+
+typedef struct {
+	uint8_t code;
+	uint8_t bits;
+	uint16_t lanes;
+} DLDataType;
+
+typedef struct {
+	void *data;
+	DLDevice device;
+	int32_t ndim;
+	DLDataType dtype;
+	int64_t *shape;
+	int64_t *strides;
+	uint64_t byte_offset;
+} DLTensor;
+
+typedef struct DLManagedTensor {
+	DLTensor dl_tensor;
+	void *manager_ctx;
+	void (*deleter)(struct DLManagedTensor *self);
+} DLManagedTensor;
+
+#define DL_MAX_NDIM 32
+
+/* Our dtype codes (tpipd/_tensor.py DTYPES) as DLPack types; bool travels as uint8 (neither
+ * numpy 1.24 nor torch 1.13 exports or imports a DLPack bool): the package views it back. */
+static const DLDataType dl_types[] = {
+	[1] = { DL_UINT, 8, 1 },     [2] = { DL_INT, 8, 1 },	   [3] = { DL_UINT, 8, 1 },
+	[4] = { DL_INT, 16, 1 },     [5] = { DL_UINT, 16, 1 },	   [6] = { DL_INT, 32, 1 },
+	[7] = { DL_UINT, 32, 1 },    [8] = { DL_INT, 64, 1 },	   [9] = { DL_UINT, 64, 1 },
+	[10] = { DL_FLOAT, 16, 1 },  [11] = { DL_BFLOAT, 16, 1 },  [12] = { DL_FLOAT, 32, 1 },
+	[13] = { DL_FLOAT, 64, 1 },  [14] = { DL_COMPLEX, 64, 1 }, [15] = { DL_COMPLEX, 128, 1 },
+};
+
+/* ---- in: a Py_buffer over a __dlpack__ capsule ---------------------------------------------- */
+
+static PyObject *dl_raise(const char *what, const char *why, PyObject *cap)
+{
+	char msg[256];
+
+	Py_XDECREF(cap);
+	snprintf(msg, sizeof(msg), "%s: %s", what, why);
+	return tpy_module_raise(-EINVAL, msg);
+}
+
+/* Whether @t is C-contiguous (strides NULL or matching its shape; size-1 dims ignored; an
+ * empty tensor has no bytes to be out of order, and torch gives it made-up strides). */
+static bool dl_compact(const DLTensor *t)
+{
+	int64_t want = 1;
+
+	if (!t->strides)
+		return true;
+	for (int i = 0; i < t->ndim; i++)
+		if (t->shape[i] == 0)
+			return true;
+	for (int i = t->ndim - 1; i >= 0; i--) {
+		if (t->shape[i] != 1 && t->strides[i] != want)
+			return false;
+		want *= t->shape[i];
+	}
+	return true;
+}
+
+int tpy_dlpack_get(PyObject *obj, Py_buffer *view, const char *what)
+{
+	PyObject *cap = PyObject_CallMethod(obj, "__dlpack__", NULL);
+	DLManagedTensor *m;
+	const DLTensor *t;
+	size_t n;
+
+	view->obj = NULL;
+	if (!cap)
+		return -1;
+	m = PyCapsule_GetPointer(cap, "dltensor");
+	if (!m) {
+		Py_DECREF(cap);
+		return -1;
+	}
+	t = &m->dl_tensor;
+	if (t->device.device_type != DL_CPU && t->device.device_type != DL_CUDA_HOST) {
+		dl_raise(what, "DLPack tensor not in CPU memory (CUDA tensors travel through "
+			 "__cuda_array_interface__)", cap);
+		return -1;
+	}
+	if (t->ndim < 0 || t->ndim > DL_MAX_NDIM || t->dtype.lanes != 1 || t->dtype.bits % 8) {
+		dl_raise(what, "unsupported DLPack dimensions or dtype", cap);
+		return -1;
+	}
+	if (!dl_compact(t)) {
+		dl_raise(what, "is not contiguous: pass contiguous=True to send a contiguous copy, "
+			 "or make it contiguous yourself", cap);
+		return -1;
+	}
+	n = t->dtype.bits / 8;
+	for (int i = 0; i < t->ndim; i++) {
+		if (t->shape[i] < 0 || (t->shape[i] && n > PY_SSIZE_T_MAX / (size_t)t->shape[i])) {
+			dl_raise(what, "bad DLPack shape", cap);
+			return -1;
+		}
+		n *= (size_t)t->shape[i];
+	}
+	memset(view, 0, sizeof(*view));
+	view->buf = t->data ? (char *)t->data + t->byte_offset : NULL;
+	view->len = (Py_ssize_t)n;
+	view->itemsize = 1;
+	view->ndim = 1;
+	view->obj = cap; /* its destructor calls the producer's deleter */
+	return 0;
+}
+
+/* ---- out: DLView ------------------------------------------------------------------------- */
+
+typedef struct {
+	PyObject_HEAD
+	Py_buffer view; /* of the source, writable */
+	Py_ssize_t offset;
+	DLDataType dtype;
+	int ndim;
+	int64_t shape[DL_MAX_NDIM];
+} tpy_dlview;
+
+struct dl_managed {
+	DLManagedTensor m;
+	int64_t shape[DL_MAX_NDIM], strides[DL_MAX_NDIM];
+};
+
+static void dl_deleter(DLManagedTensor *m)
+{
+	PyGILState_STATE g = PyGILState_Ensure();
+
+	Py_XDECREF((PyObject *)m->manager_ctx);
+	PyMem_RawFree(m);
+	PyGILState_Release(g);
+}
+
+static void dl_capsule_destructor(PyObject *cap)
+{
+	DLManagedTensor *m;
+
+	if (!PyCapsule_IsValid(cap, "dltensor"))
+		return; /* consumed: the consumer calls the deleter */
+	m = PyCapsule_GetPointer(cap, "dltensor");
+	if (m && m->deleter)
+		m->deleter(m);
+}
+
+static PyObject *dlview_dlpack(tpy_dlview *self, PyObject *args, PyObject *kw)
+{
+	struct dl_managed *d;
+	PyObject *cap;
+	int64_t stride = 1;
+
+	/* stream (and later keywords) mean nothing for CPU memory. */
+	d = PyMem_RawCalloc(1, sizeof(*d));
+	if (!d)
+		return PyErr_NoMemory();
+	for (int i = self->ndim - 1; i >= 0; i--) {
+		d->shape[i] = self->shape[i];
+		d->strides[i] = stride;
+		stride *= self->shape[i] ? self->shape[i] : 1;
+	}
+	d->m.dl_tensor.data = (char *)self->view.buf + self->offset;
+	d->m.dl_tensor.device = (DLDevice){ DL_CPU, 0 };
+	d->m.dl_tensor.ndim = self->ndim;
+	d->m.dl_tensor.dtype = self->dtype;
+	d->m.dl_tensor.shape = d->shape;
+	d->m.dl_tensor.strides = d->strides;
+	d->m.manager_ctx = Py_NewRef(self);
+	d->m.deleter = dl_deleter;
+	cap = PyCapsule_New(&d->m, "dltensor", dl_capsule_destructor);
+	if (!cap)
+		dl_deleter(&d->m);
+	return cap;
+}
+
+static PyObject *dlview_device(PyObject *self, PyObject *unused)
+{
+	return Py_BuildValue("(ii)", DL_CPU, 0);
+}
+
+static void dlview_dealloc(tpy_dlview *self)
+{
+	PyBuffer_Release(&self->view);
+	PyObject_Free(self);
+}
+
+static PyMethodDef dlview_methods[] = {
+	{ "__dlpack__", (PyCFunction)(void (*)(void))dlview_dlpack, METH_VARARGS | METH_KEYWORDS,
+	  "__dlpack__(stream=None) -> capsule\n--\n\nA DLPack capsule over the memory (no copy); "
+	  "the memory lives until the consumer's tensor is freed." },
+	{ "__dlpack_device__", dlview_device, METH_NOARGS,
+	  "__dlpack_device__() -> (1, 0): CPU memory" },
+	{ 0 }
+};
+
+PyTypeObject tpy_dlview_type = {
+	PyVarObject_HEAD_INIT(NULL, 0)
+	.tp_name = "_tpipd.DLView",
+	.tp_basicsize = sizeof(tpy_dlview),
+	.tp_flags = Py_TPFLAGS_DEFAULT,
+	.tp_doc = "dlpack_view(buffer, offset, dtype_code, shape): a typed view of a writable "
+		  "buffer for numpy.from_dlpack() and torch.from_dlpack() (no copy; the buffer "
+		  "stays alive while any tensor made from it is).",
+	.tp_dealloc = (destructor)dlview_dealloc,
+	.tp_methods = dlview_methods,
+};
+
+PyObject *tpy_dlpack_view(PyObject *mod, PyObject *args)
+{
+	PyObject *obj, *shape, *seq;
+	Py_ssize_t offset, nd;
+	int code;
+	size_t n;
+	tpy_dlview *v;
+
+	if (!PyArg_ParseTuple(args, "OniO:dlpack_view", &obj, &offset, &code, &shape))
+		return NULL;
+	if (code < 1 || code >= (int)(sizeof(dl_types) / sizeof(dl_types[0])) || offset < 0) {
+		PyErr_SetString(PyExc_ValueError, "dlpack_view: bad dtype code or offset");
+		return NULL;
+	}
+	seq = PySequence_Fast(shape, "dlpack_view: shape must be a sequence of ints");
+	if (!seq)
+		return NULL;
+	nd = PySequence_Fast_GET_SIZE(seq);
+	v = nd > DL_MAX_NDIM ? NULL : PyObject_New(tpy_dlview, &tpy_dlview_type);
+	if (!v) {
+		Py_DECREF(seq);
+		if (!PyErr_Occurred())
+			PyErr_SetString(PyExc_ValueError, "dlpack_view: more than 32 dimensions");
+		return NULL;
+	}
+	v->view.obj = NULL;
+	v->offset = offset;
+	v->dtype = dl_types[code];
+	v->ndim = (int)nd;
+	n = v->dtype.bits / 8;
+	for (Py_ssize_t i = 0; i < nd; i++) {
+		long long d = PyLong_AsLongLong(PySequence_Fast_GET_ITEM(seq, i));
+
+		if (d < 0 || d > (1LL << 48)) {
+			if (!PyErr_Occurred())
+				PyErr_SetString(PyExc_ValueError, "dlpack_view: bad dimension");
+			goto fail;
+		}
+		v->shape[i] = d;
+		n = d && n > PY_SSIZE_T_MAX / (size_t)d ? (size_t)PY_SSIZE_T_MAX : n * (size_t)d;
+	}
+	if (tpy_buffer_get(obj, &v->view, true, "dlpack_view") < 0)
+		goto fail;
+	if (n > (size_t)v->view.len || (size_t)offset > (size_t)v->view.len - n) {
+		PyErr_Format(PyExc_ValueError, "dlpack_view: %zu bytes at offset %zd overrun a "
+			     "buffer of %zd", n, offset, v->view.len);
+		goto fail;
+	}
+	Py_DECREF(seq);
+	return (PyObject *)v;
+fail:
+	Py_DECREF(seq);
+	Py_DECREF(v);
+	return NULL;
+}
+
+/* ---- Block ------------------------------------------------------------------------------- */
+
+typedef struct {
+	PyObject_HEAD
+	void *p; /* malloc'd (libtpclient's), freed with the block */
+	Py_ssize_t len;
+} tpy_block;
+
+PyObject *tpy_dlpack_block(void *p, size_t len)
+{
+	tpy_block *b;
+
+	if (len > PY_SSIZE_T_MAX) {
+		free(p);
+		return PyErr_NoMemory();
+	}
+	b = PyObject_New(tpy_block, &tpy_block_type);
+	if (!b) {
+		free(p);
+		return NULL;
+	}
+	b->p = p;
+	b->len = (Py_ssize_t)len;
+	return (PyObject *)b;
+}
+
+static void block_dealloc(tpy_block *self)
+{
+	free(self->p); /* no export is alive: each holds a reference */
+	PyObject_Free(self);
+}
+
+static int block_getbuffer(tpy_block *self, Py_buffer *view, int flags)
+{
+	return PyBuffer_FillInfo(view, (PyObject *)self, self->p, self->len, 0, flags);
+}
+
+static PyBufferProcs block_as_buffer = {
+	.bf_getbuffer = (getbufferproc)block_getbuffer,
+};
+
+static Py_ssize_t block_len(tpy_block *self)
+{
+	return self->len;
+}
+
+static PySequenceMethods block_as_sequence = {
+	.sq_length = (lenfunc)block_len,
+};
+
+PyTypeObject tpy_block_type = {
+	PyVarObject_HEAD_INIT(NULL, 0)
+	.tp_name = "_tpipd.Block",
+	.tp_basicsize = sizeof(tpy_block),
+	.tp_flags = Py_TPFLAGS_DEFAULT,
+	.tp_doc = "Bytes received from the daemon, owned by this object (writable through the "
+		  "buffer protocol; freed when the last view of it is gone).",
+	.tp_dealloc = (destructor)block_dealloc,
+	.tp_as_buffer = &block_as_buffer,
+	.tp_as_sequence = &block_as_sequence,
+};
+
+int tpy_dlpack_add_types(PyObject *m)
+{
+	if (PyType_Ready(&tpy_dlview_type) < 0 || PyType_Ready(&tpy_block_type) < 0 ||
+	    PyModule_AddObjectRef(m, "DLView", (PyObject *)&tpy_dlview_type) < 0 ||
+	    PyModule_AddObjectRef(m, "Block", (PyObject *)&tpy_block_type) < 0)
+		return -1;
+	return 0;
+}

@@ -1,0 +1,393 @@
+/* SPDX-License-Identifier: BSD-3-Clause */
+/*
+ * _tpipd work queues: the WorkQueue type over libtpclient's daemon-hosted work queues (tp_wq_*,
+ * docs/queues.md) and the NothingOutstanding exception. tp_wq_take(), tp_wq_answer() and
+ * tp_wq_drain() block in the calling thread, so their waits are cut into slices of at most
+ * TPY_SLICE_MS run without the GIL (gate.c), as chan.c does: between slices the thread checks
+ * for signals and for a release from another thread. The daemon answers each timed request, so
+ * a slice that ends unanswered has taken nothing. tp_wq_submit() and tp_wq_reply() never wait
+ * for room (a full queue refuses at once) and run in one call without the GIL. Items come back
+ * as Blocks (dlpack.c) that own the library's copy, so a typed item becomes a tensor without a
+ * further copy. Item types and iteration are the package's (tpipd/_wq.py).
+ */
+#include <errno.h>
+#include <stdlib.h>
+#include "tpy.h"
+
+typedef struct {
+	PyObject_HEAD
+	struct tpy_child child;
+	tpy_context *ctx;
+	struct tp_wq *q;      /* NULL once released */
+	bool owner;
+	struct tpy_gate gate; /* closing: release() began */
+} tpy_wq;
+
+static PyObject *idle_type;
+
+/* ---- lifetime ------------------------------------------------------------------------------ */
+
+/* Enters a call: refused after a release. Return: 0, or -1 with Closed raised. */
+static int wq_enter(tpy_wq *self)
+{
+	if (!self->q || self->gate.closing || !self->ctx->ctx || self->ctx->closed) {
+		tpy_module_closed("WorkQueue");
+		return -1;
+	}
+	self->gate.inflight++;
+	return 0;
+}
+
+/* Drops the handle once no other thread is inside a call (they leave within a slice). Called
+ * with the GIL held; releases it while waiting. Return: tp_wq_release()'s result. */
+static int wq_release_now(tpy_wq *self)
+{
+	struct tp_wq *q;
+	int r;
+
+	tpy_module_unlink(&self->child);
+	tpy_gate_drain(&self->gate);
+	q = self->q;
+	self->q = NULL;
+	if (!q)
+		return 0;
+	Py_BEGIN_ALLOW_THREADS
+	r = tp_wq_release(q);
+	Py_END_ALLOW_THREADS
+	return r;
+}
+
+static void wq_on_context_close(struct tpy_child *c)
+{
+	wq_release_now(TPY_CONTAINER(c, tpy_wq, child));
+}
+
+PyObject *tpy_wq_open(tpy_context *self, PyObject *args, PyObject *kw)
+{
+	static char *kwlist[] = { "name", "flags", "access", "gid", "owner_uid", NULL };
+	struct tp_wq_options o = { .size = sizeof(o), .owner_uid = -1 };
+	const char *name;
+	unsigned int flags = 0;
+	int access = 0;
+	long long gid = -1, owner = -1;
+	struct tp_wq *q;
+	tpy_wq *ret;
+	int r;
+
+	if (!PyArg_ParseTupleAndKeywords(args, kw, "s|IiLL:open_queue", kwlist, &name, &flags,
+					 &access, &gid, &owner))
+		return NULL;
+	if (!self->ctx || self->closed)
+		return tpy_module_closed("Context");
+	o.flags = flags;
+	o.access = (enum tp_access)access;
+	o.gid = gid < 0 ? 0 : (gid_t)gid;
+	o.owner_uid = owner < 0 ? -1 : (long)owner;
+	Py_BEGIN_ALLOW_THREADS
+	r = tp_wq_open(self->ctx, name, &o, &q);
+	Py_END_ALLOW_THREADS
+	if (r < 0)
+		return tpy_module_raise(r, NULL);
+	ret = PyObject_New(tpy_wq, &tpy_wq_type);
+	if (!ret) {
+		tp_wq_release(q);
+		return NULL;
+	}
+	ret->ctx = (tpy_context *)Py_NewRef(self);
+	ret->q = q;
+	ret->owner = tp_wq_is_owner(q);
+	tpy_gate_init(&ret->gate);
+	ret->child.close = wq_on_context_close;
+	tpy_module_link(self, &ret->child);
+	return (PyObject *)ret;
+}
+
+/* ---- calls ------------------------------------------------------------------------------- */
+
+/* Raises the exception of a failed call @r (after a sliced wait of @timeout_ms). */
+static PyObject *wq_raise(tpy_wq *self, int r, int timeout_ms, const char *empty)
+{
+	char msg[160];
+
+	if (r == -EAGAIN || (r == -ETIMEDOUT && timeout_ms == 0))
+		return tpy_module_raise(-ETIMEDOUT, empty);
+	if (r == -ETIMEDOUT && self->gate.closing)
+		return tpy_module_closed("WorkQueue");
+	if (r == -ETIMEDOUT) {
+		snprintf(msg, sizeof(msg), "timed out after %d ms", timeout_ms);
+		return tpy_module_raise(r, msg);
+	}
+	if (r == -ENOMSG) {
+		const char *m = tp_last_error();
+		PyObject *exc = PyObject_CallFunction(idle_type, "is", ENOMSG, m && *m ? m :
+			"no question is outstanding: every one was answered and received");
+
+		if (exc) {
+			PyErr_SetObject(idle_type, exc);
+			Py_DECREF(exc);
+		}
+		return NULL;
+	}
+	return tpy_module_raise(r, NULL);
+}
+
+/* SUBMIT (@id NULL) or REPLY to @id: one bytes-like @item, in one call (never waits). */
+static int wq_send(tpy_wq *self, PyObject *item, const uint64_t *id, uint64_t *ret_id)
+{
+	Py_buffer view;
+	int r;
+
+	if (tpy_buffer_get(item, &view, false, "item") < 0)
+		return -1;
+	if (wq_enter(self) < 0) {
+		PyBuffer_Release(&view);
+		return -1;
+	}
+	Py_BEGIN_ALLOW_THREADS
+	if (id)
+		r = tp_wq_reply(self->q, *id, view.buf, (size_t)view.len);
+	else
+		r = tp_wq_submit(self->q, view.buf, (size_t)view.len, ret_id);
+	Py_END_ALLOW_THREADS
+	tpy_gate_leave(&self->gate);
+	PyBuffer_Release(&view);
+	if (r == -ETIMEDOUT) {
+		/* The call itself never waits: no answer within the context's reply timeout, and
+		 * the daemon may still act on it (libtpclient returns -ETIMEDOUT for both). */
+		tpy_module_raise(-EINPROGRESS, id ? "no answer from the daemon in time: the reply "
+				 "may be delivered yet" : "no answer from the daemon in time: the "
+				 "question may be queued yet (its id is unknown)");
+		return -1;
+	}
+	if (r < 0) {
+		wq_raise(self, r, -1, NULL);
+		return -1;
+	}
+	return 0;
+}
+
+static PyObject *wq_submit(tpy_wq *self, PyObject *item)
+{
+	uint64_t id = 0;
+
+	if (wq_send(self, item, NULL, &id) < 0)
+		return NULL;
+	return PyLong_FromUnsignedLongLong(id);
+}
+
+static PyObject *wq_reply(tpy_wq *self, PyObject *args)
+{
+	unsigned long long id;
+	PyObject *item;
+	uint64_t qid;
+
+	if (!PyArg_ParseTuple(args, "KO:reply", &id, &item))
+		return NULL;
+	qid = id;
+	if (wq_send(self, item, &qid, NULL) < 0)
+		return NULL;
+	Py_RETURN_NONE;
+}
+
+/* TAKE (@take) or ANSWER within @timeout_ms, sliced. Return: (id, Block); NULL with an
+ * exception set (an error answer: PeerDied with the question's id as .question_id). */
+static PyObject *wq_get(tpy_wq *self, bool take, int timeout_ms)
+{
+	int64_t until = timeout_ms < 0 ? -1 : tpy_gate_now_ms() + timeout_ms;
+	void *p = NULL;
+	size_t len = 0;
+	uint64_t id = 0;
+	int slice, again, r;
+	PyObject *blk;
+
+	if (wq_enter(self) < 0)
+		return NULL;
+	do {
+		slice = tpy_gate_slice(until);
+		Py_BEGIN_ALLOW_THREADS
+		r = take ? tp_wq_take(self->q, &id, &p, &len, slice) :
+			   tp_wq_answer(self->q, &id, &p, &len, slice);
+		Py_END_ALLOW_THREADS
+		if (r == -EAGAIN && timeout_ms != 0)
+			r = -ETIMEDOUT; /* the last slice of a longer wait */
+		again = tpy_gate_again(&self->gate, r, slice, until);
+	} while (again > 0);
+	tpy_gate_leave(&self->gate);
+	if (again < 0)
+		return NULL;
+	if (r < 0) {
+		free(p);
+		wq_raise(self, r, timeout_ms, take ? "no question is queued" :
+			 "no answer is waiting");
+		if (!take && r == -ECONNRESET) {
+			PyObject *type, *val, *tb, *n = PyLong_FromUnsignedLongLong(id);
+
+			PyErr_Fetch(&type, &val, &tb);
+			PyErr_NormalizeException(&type, &val, &tb);
+			if (n && val)
+				PyObject_SetAttrString(val, "question_id", n);
+			Py_XDECREF(n);
+			PyErr_Restore(type, val, tb);
+		}
+		return NULL;
+	}
+	blk = tpy_dlpack_block(p, len); /* takes p */
+	if (!blk)
+		return NULL;
+	return Py_BuildValue("(KN)", (unsigned long long)id, blk);
+}
+
+static PyObject *wq_take(tpy_wq *self, PyObject *args, PyObject *kw)
+{
+	static char *kwlist[] = { "timeout", NULL };
+	PyObject *tmo = Py_None;
+	int timeout_ms;
+
+	if (!PyArg_ParseTupleAndKeywords(args, kw, "|O:take", kwlist, &tmo) ||
+	    tpy_pipe_timeout(tmo, &timeout_ms) < 0)
+		return NULL;
+	return wq_get(self, true, timeout_ms);
+}
+
+static PyObject *wq_answer(tpy_wq *self, PyObject *args, PyObject *kw)
+{
+	static char *kwlist[] = { "timeout", NULL };
+	PyObject *tmo = Py_None;
+	int timeout_ms;
+
+	if (!PyArg_ParseTupleAndKeywords(args, kw, "|O:answer", kwlist, &tmo) ||
+	    tpy_pipe_timeout(tmo, &timeout_ms) < 0)
+		return NULL;
+	return wq_get(self, false, timeout_ms);
+}
+
+static PyObject *wq_drain(tpy_wq *self, PyObject *args, PyObject *kw)
+{
+	static char *kwlist[] = { "timeout", NULL };
+	PyObject *tmo = Py_None;
+	int timeout_ms, slice, again, r;
+	int64_t until;
+
+	if (!PyArg_ParseTupleAndKeywords(args, kw, "|O:drain", kwlist, &tmo) ||
+	    tpy_pipe_timeout(tmo, &timeout_ms) < 0 || wq_enter(self) < 0)
+		return NULL;
+	until = timeout_ms < 0 ? -1 : tpy_gate_now_ms() + timeout_ms;
+	do {
+		slice = tpy_gate_slice(until);
+		Py_BEGIN_ALLOW_THREADS
+		r = tp_wq_drain(self->q, slice);
+		Py_END_ALLOW_THREADS
+		if (r == -EAGAIN && timeout_ms != 0)
+			r = -ETIMEDOUT;
+		again = tpy_gate_again(&self->gate, r, slice, until);
+	} while (again > 0);
+	tpy_gate_leave(&self->gate);
+	if (again < 0)
+		return NULL;
+	if (r < 0)
+		return wq_raise(self, r, timeout_ms, "questions are still queued or taken");
+	Py_RETURN_NONE;
+}
+
+static PyObject *wq_close(tpy_wq *self, PyObject *unused)
+{
+	int r;
+
+	if (wq_enter(self) < 0)
+		return NULL;
+	Py_BEGIN_ALLOW_THREADS
+	r = tp_wq_close(self->q);
+	Py_END_ALLOW_THREADS
+	tpy_gate_leave(&self->gate);
+	if (r < 0)
+		return tpy_module_raise(r, NULL);
+	Py_RETURN_NONE;
+}
+
+static PyObject *wq_release(tpy_wq *self, PyObject *unused)
+{
+	int r = wq_release_now(self);
+
+	if (r < 0)
+		return tpy_module_raise(r, NULL);
+	Py_RETURN_NONE;
+}
+
+static void wq_dealloc(tpy_wq *self)
+{
+	/* No thread is inside a call: each holds a reference while it is. */
+	wq_release_now(self);
+	tpy_gate_done(&self->gate);
+	Py_XDECREF(self->ctx);
+	PyObject_Free(self);
+}
+
+static PyObject *wq_get_released(tpy_wq *self, void *unused)
+{
+	return PyBool_FromLong(self->q == NULL || self->gate.closing);
+}
+
+static PyObject *wq_get_owner(tpy_wq *self, void *unused)
+{
+	return PyBool_FromLong(self->owner);
+}
+
+static PyMethodDef wq_methods[] = {
+	{ "submit", (PyCFunction)wq_submit, METH_O,
+	  "submit(item) -> id\n--\n\nOwner: queue a copy of the bytes-like @item (borrowed until "
+	  "it returns). Never waits: LimitExceeded when the queue is full." },
+	{ "answer", (PyCFunction)(void (*)(void))wq_answer, METH_VARARGS | METH_KEYWORDS,
+	  "answer(timeout=None) -> (id, Block)\n--\n\nOwner: the oldest answer. PeerDied (with "
+	  ".question_id) for a question whose worker died on an at-most-once queue; "
+	  "NothingOutstanding when no question waits for an answer." },
+	{ "take", (PyCFunction)(void (*)(void))wq_take, METH_VARARGS | METH_KEYWORDS,
+	  "take(timeout=None) -> (id, Block)\n--\n\nWorker: the oldest queued question, this "
+	  "handle's until replied to. PipeClosed once closed and empty or the owner is gone." },
+	{ "reply", (PyCFunction)wq_reply, METH_VARARGS,
+	  "reply(id, item)\n--\n\nWorker: answer question @id, which this handle took (borrows "
+	  "@item until it returns). Never waits." },
+	{ "drain", (PyCFunction)(void (*)(void))wq_drain, METH_VARARGS | METH_KEYWORDS,
+	  "drain(timeout=None)\n--\n\nOwner: wait until no question is queued or taken." },
+	{ "close", (PyCFunction)wq_close, METH_NOARGS,
+	  "close()\n--\n\nOwner: no more submits; workers see PipeClosed once the queue is "
+	  "empty. Idempotent." },
+	{ "release", (PyCFunction)wq_release, METH_NOARGS,
+	  "release()\n--\n\nDrop this handle (a worker's taken questions are queued again; the "
+	  "owner's release closes and frees the queue); waits for other threads' calls on it "
+	  "to end (within 0.2 s)." },
+	{ 0 }
+};
+
+static PyGetSetDef wq_getset[] = {
+	{ "released", (getter)wq_get_released, NULL, "whether release() ran", NULL },
+	{ "owner", (getter)wq_get_owner, NULL, "whether this handle owns the queue", NULL },
+	{ 0 }
+};
+
+PyTypeObject tpy_wq_type = {
+	PyVarObject_HEAD_INIT(NULL, 0)
+	.tp_name = "_tpipd.WorkQueue",
+	.tp_basicsize = sizeof(tpy_wq),
+	.tp_flags = Py_TPFLAGS_DEFAULT,
+	.tp_doc = "A handle on a daemon-hosted work queue (Context.open_queue()).",
+	.tp_dealloc = (destructor)wq_dealloc,
+	.tp_methods = wq_methods,
+	.tp_getset = wq_getset,
+};
+
+int tpy_wq_add_types(PyObject *m)
+{
+	PyObject *base = PyObject_GetAttrString(m, "Error");
+
+	if (!base)
+		return -1;
+	idle_type = PyErr_NewExceptionWithDoc("tpipd.NothingOutstanding",
+		"A work queue's owner asked for an answer while no question was outstanding (every "
+		"one submitted was answered and received): waiting could never end.", base, NULL);
+	Py_DECREF(base);
+	if (!idle_type || PyModule_AddObjectRef(m, "NothingOutstanding", idle_type) < 0 ||
+	    PyType_Ready(&tpy_wq_type) < 0 ||
+	    PyModule_AddObjectRef(m, "WorkQueue", (PyObject *)&tpy_wq_type) < 0)
+		return -1;
+	return 0;
+}
