@@ -37,7 +37,12 @@
 #include "reduce.h"
 
 #define XMAGIC 0x58475054u	 /* "TPGX" */
-#define XCHUNK (1u << 20)	 /* bytes per exchange of the data (pipelining) */
+/* Bytes per exchange of the data: a collective of up to XSMALL bytes moves in pieces that fit
+ * the pipes' inline size (64 KiB by default: the daemons take them at once), a larger one in
+ * XCHUNK pieces (by rendezvous, written straight into the reader's memory). */
+#define XSMALL (2u << 20)
+#define XCHUNK_SMALL (60u * 1024u)
+#define XCHUNK (1u << 20)
 #define XPOLL_MS 20		 /* a leader's wait looks at the arena this often */
 #define XNAME_FMT "@%u:tpgroup.%s.%u" /* the leader of host %u's listener */
 #define XFAIL_GRACE_MS 2000	 /* a lost pipe: time for the daemons to name the member */
@@ -77,6 +82,7 @@ struct tpc_collx {
 	enum tpc_plan_algo force; /* TP_GROUP_ALGO */
 	struct tp_pipe **pipe;	  /* [nhosts], leader: the pipes to the partners */
 	uint64_t xseq;		  /* calls across hosts */
+	size_t chunk;		  /* the running call's bytes per exchange */
 	uint32_t kind;		  /* of the messages exchanged now: enum xkind */
 	pthread_mutex_t lock;
 	pthread_cond_t cond;
@@ -404,7 +410,8 @@ enum { CK_SEQ, CK_KIND, CK_DTYPE, CK_OP, CK_COUNT, CK_ROOT, CK_ALGO, CK_LOCALERR
 #define CK_ABSENT (2 * CK_N + 1) /* sum: hosts none of whose members contributes */
 #define CK_LEN (2 * CK_N + 2)
 #define CK_BYTES (CK_LEN * sizeof(uint64_t))
-#define XFUSE (64u * 1024u) /* an all-reduce up to this many bytes rides with its check */
+#define XFUSE (32u * 1024u) /* an all-reduce up to this many bytes rides with its check (and
+				    * stays within the pipes' inline size: 64 KiB by default) */
 
 /* ---- the leaders' transport (struct tpc_plan_xport_ops over the pipes) ----------------------- */
 
@@ -571,7 +578,7 @@ static int xport_drain(struct tpc_collx *x, unsigned keep)
 
 /*
  * One step between two leaders: send @slen bytes of @sbuf to @to and receive @rlen bytes into
- * @rbuf from @from (either -1 or 0 bytes: none), in XCHUNK pieces, TPC_PLAN_DEPTH at once.
+ * @rbuf from @from (either -1 or 0 bytes: none), in x->chunk pieces, TPC_PLAN_DEPTH at once.
  */
 static int xport_step(struct tpc_collx *x, int32_t to, const uint8_t *sbuf, size_t slen,
 		      int32_t from, uint8_t *rbuf, size_t rlen)
@@ -584,8 +591,8 @@ static int xport_step(struct tpc_collx *x, int32_t to, const uint8_t *sbuf, size
 	if (from < 0)
 		rlen = 0;
 	while (r == 0 && (so < slen || ro < rlen)) {
-		size_t s = slen - so < XCHUNK ? slen - so : XCHUNK;
-		size_t n = rlen - ro < XCHUNK ? rlen - ro : XCHUNK;
+		size_t s = slen - so < x->chunk ? slen - so : x->chunk;
+		size_t n = rlen - ro < x->chunk ? rlen - ro : x->chunk;
 
 		r = xport_drain(x, TPC_PLAN_DEPTH - 1);
 		if (r == 0)
@@ -805,7 +812,7 @@ static int run_allreduce(struct tpc_collx *x, const struct tpc_coll *c, void *bu
 	size_t es = tp_dtype_size(c->dtype);
 	struct tpc_plan_run_args a = { .nhosts = x->nhosts, .host = x->host,
 				       .algo = tpc_plan_choose(x->nhosts, count * es, x->force),
-				       .buf = buf, .count = count, .es = es, .chunk = XCHUNK,
+				       .buf = buf, .count = count, .es = es, .chunk = x->chunk,
 				       .fold = coll_fold, .dtype = (int)c->dtype,
 				       .user = (void *)c, .ops = &xport_ops, .t = x };
 	int r;
@@ -828,16 +835,16 @@ static int run_chain(struct tpc_collx *x, uint8_t *buf, size_t bytes, uint32_t r
 	uint32_t pos = (x->host + x->nhosts - root_host) % x->nhosts;
 	int32_t prev = pos ? (int32_t)((x->host + x->nhosts - 1) % x->nhosts) : -1;
 	int32_t next = pos + 1 < x->nhosts ? (int32_t)((x->host + 1) % x->nhosts) : -1;
-	size_t nch = (bytes + XCHUNK - 1) / XCHUNK;
+	size_t ck = x->chunk, nch = (bytes + ck - 1) / ck;
 	int r = 0, e;
 
 	x->kind = XK_DATA;
 	for (size_t k = 0; r == 0 && k < nch + (prev >= 0); k++) {
 		/* the root sends chunk k; the others receive chunk k and pass on chunk k - 1 */
-		size_t sk = prev < 0 ? k : k - 1, so = sk * XCHUNK, ro = k * XCHUNK;
+		size_t sk = prev < 0 ? k : k - 1, so = sk * ck, ro = k * ck;
 		bool send = next >= 0 && (prev < 0 || k >= 1), recv = prev >= 0 && k < nch;
-		size_t sl = send ? (bytes - so < XCHUNK ? bytes - so : XCHUNK) : 0;
-		size_t rl = recv ? (bytes - ro < XCHUNK ? bytes - ro : XCHUNK) : 0;
+		size_t sl = send ? (bytes - so < ck ? bytes - so : ck) : 0;
+		size_t rl = recv ? (bytes - ro < ck ? bytes - ro : ck) : 0;
 
 		if (!sl && !rl)
 			continue;
@@ -917,6 +924,7 @@ static int leader_part(struct tpc_collx *x, const struct tpc_coll *c, bool local
 	int r;
 
 	x->end_ms = x->g->op_timeout_ms > 0 ? mono_ms() + x->g->op_timeout_ms : 0;
+	x->chunk = count * es <= XSMALL ? XCHUNK_SMALL : XCHUNK;
 	if (contrib == 0 && c->kind == TPC_COLL_ALLREDUCE)
 		fill_identity(buf, count, c->dtype, c->op); /* this host has finished its steps */
 	r = run_check(x, c, localerr, contrib, buf, count, &done, v, msg, ml);
