@@ -77,6 +77,9 @@ MENV=()
 check "2 hosts x 2 ranks (0, 3 on a; 1, 2 on b): every collective, bit-identical on every rank"
 battery two 0:a 1:b 2:b 3:a
 
+check "2 hosts x 3 ranks (0, 2, 4 on a; 1, 3, 5 on b): every collective"
+battery six 0:a 1:b 2:a 3:b 4:a 5:b
+
 check "3 hosts (a: 0, 4; a2: 1; b: 2, 3): every collective (recursive doubling folds a host in)"
 start_ns_daemon a2 "$nsa" "${net}1:7421"
 battery three 0:a 1:a2 2:b 3:b 4:a
