@@ -737,6 +737,31 @@ int tp_coll_test(struct tp_coll_req *req);
  */
 int tp_coll_wait(struct tp_coll_req *req);
 
+/*
+ * Where a group's collectives find their buffers: CPU memory by default. With a CUDA device,
+ * the send and receive buffers of the collectives started afterwards are device memory of that
+ * device: the library copies the input to host memory after the work queued on @cuda_stream
+ * (NULL: the legacy default stream), runs the collective on host memory, and copies the result
+ * back on that stream, waiting for it before the call returns (a _start form: before its
+ * request ends). A user reduction (tp_allreduce_fn()) is called on those host copies. A member
+ * whose input cannot be copied out aborts the group (tp_group_abort()): the others would
+ * otherwise reduce what it never gave.
+ */
+struct tp_coll_options {
+	size_t size;		 /* sizeof(struct tp_coll_options) */
+	struct tp_device device; /* TP_DEVICE_CPU (index 0) or TP_DEVICE_CUDA and its ordinal */
+	void *cuda_stream;	 /* CUDA: CUstream / cudaStream_t, or NULL */
+};
+
+/*
+ * tp_group_set_coll_options() - use @opts for the collectives @g starts from now on (calls
+ * already started keep the options they were made with). Not for use while another thread
+ * starts a collective on @g. Borrows @opts.
+ * Return: 0; -EINVAL (bad options); -EOPNOTSUPP (CUDA: this build has no CUDA support or no
+ * CUDA driver can be loaded; tp_last_error() says which).
+ */
+int tp_group_set_coll_options(struct tp_group *g, const struct tp_coll_options *opts);
+
 /* Frees @req without its result (takes @req; NULL accepted); if it has not ended, it still runs
  * and its buffers stay in use until it does (tp_group_leave() waits for it). */
 void tp_coll_free(struct tp_coll_req *req);

@@ -614,6 +614,7 @@ struct copy_job {
 	const struct tpcuda_api *api;
 	const struct tpc_cuda_mem *m;
 	const void *src;
+	void *dst; /* copy out: host memory */
 	int status;
 };
 
@@ -630,8 +631,14 @@ static int copy_in_context(void *arg)
 	r = cuda_range(api, j->m, &a);
 	if (r < 0)
 		return r;
-	res = api->cuMemcpyHtoDAsync((CUdeviceptr)(uintptr_t)j->m->data, j->src, j->m->length,
-				     stream);
+	if (j->dst) {
+		call = "cuMemcpyDtoHAsync";
+		res = api->cuMemcpyDtoHAsync(j->dst, (CUdeviceptr)(uintptr_t)j->m->data,
+					     j->m->length, stream);
+	} else {
+		res = api->cuMemcpyHtoDAsync((CUdeviceptr)(uintptr_t)j->m->data, j->src,
+					     j->m->length, stream);
+	}
 	if (res == CUDA_SUCCESS) {
 		call = "cuStreamSynchronize";
 		res = api->cuStreamSynchronize(stream);
@@ -645,6 +652,24 @@ int tpc_cuda_copy_in(struct tp_context *ctx, const struct tpc_cuda_mem *m, const
 		     int *ret_status)
 {
 	struct copy_job j = { .api = tpcuda_api(NULL, 0), .m = m, .src = src };
+	struct cuda_alloc a = { 0 };
+	int r;
+
+	*ret_status = 0;
+	if (!j.api)
+		return tpc_cuda_check(ctx, false);
+	r = cuda_describe(j.api, m, false, &a);
+	if (r == 0)
+		r = cuda_in_context(j.api, m->what, a.cuctx, copy_in_context, &j);
+	if (r == 0)
+		*ret_status = j.status;
+	return r;
+}
+
+int tpc_cuda_copy_out(struct tp_context *ctx, const struct tpc_cuda_mem *m, void *dst,
+		      int *ret_status)
+{
+	struct copy_job j = { .api = tpcuda_api(NULL, 0), .m = m, .dst = dst };
 	struct cuda_alloc a = { 0 };
 	int r;
 
@@ -820,6 +845,13 @@ int tpc_cuda_export(struct tp_context *ctx, const struct tpc_cuda_mem *m, struct
 
 int tpc_cuda_copy_in(struct tp_context *ctx, const struct tpc_cuda_mem *m, const void *src,
 		     int *ret_status)
+{
+	*ret_status = 0;
+	return tpc_error(-EOPNOTSUPP, NO_CUDA_BUILD);
+}
+
+int tpc_cuda_copy_out(struct tp_context *ctx, const struct tpc_cuda_mem *m, void *dst,
+		      int *ret_status)
 {
 	*ret_status = 0;
 	return tpc_error(-EOPNOTSUPP, NO_CUDA_BUILD);

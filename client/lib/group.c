@@ -206,6 +206,7 @@ static void group_send_id(struct tp_group *g, bool leave, bool abort)
 static void group_free(struct tp_group *g)
 {
 	tpc_collx_free(g->x);
+	free(g->stage);
 	if (g->base)
 		munmap(g->base, g->arena_bytes);
 	free(g->absent);
@@ -461,6 +462,90 @@ static void req_finish_locked(struct tp_group *g, struct tp_coll_req *q, int r)
 	pthread_cond_broadcast(&g->cond);
 }
 
+/* ---- CUDA buffers, staged through host memory ---------------------------------------------- */
+
+/* Bytes of @c's input and of its output (elements of the call's dtype). */
+static void coll_sizes(const struct tp_group *g, const struct tpc_coll *c, size_t *ret_in,
+		       size_t *ret_out)
+{
+	size_t es = c->kind == TPC_COLL_BARRIER ? 0 : tp_dtype_size(c->dtype), n = c->count * es;
+
+	*ret_in = *ret_out = n;
+	if (c->kind == TPC_COLL_ALLGATHER)
+		*ret_out = n * g->world_size;
+	else if (c->kind == TPC_COLL_REDUCE_SCATTER)
+		*ret_in = n * g->world_size;
+	else if (c->kind == TPC_COLL_BROADCAST)
+		*ret_in = (uint32_t)c->root == g->world_rank ? n : 0; /* the root's data goes in */
+	if (!c->send && c->kind != TPC_COLL_BROADCAST)
+		*ret_in = 0; /* uneven steps: this member contributes nothing */
+}
+
+static int cuda_copy(struct tp_group *g, const struct tpc_coll *c, bool out, void *host,
+		     void *dev, size_t len, char *msg, size_t ml)
+{
+	struct tpc_cuda_mem m = { .data = dev, .length = len, .device = c->cuda_device,
+				  .stream = c->cuda_stream };
+	int status = 0, r;
+
+	snprintf(m.what, sizeof(m.what), out ? "collective output" : "collective input");
+	r = out ? tpc_cuda_copy_in(g->ctx, &m, host, &status)
+		: tpc_cuda_copy_out(g->ctx, &m, host, &status);
+	r = r < 0 ? r : status;
+	if (r < 0)
+		snprintf(msg, ml, "group '%s': %s", g->name, tp_last_error());
+	return r;
+}
+
+/*
+ * Runs @c with its CUDA buffers staged through host memory: the input copied out after the
+ * work queued on the call's stream, the collective on host memory, the result copied back on
+ * that stream (and waited for). An input that cannot be copied out aborts the group for every
+ * member (they would otherwise reduce what this member never gave); an output that cannot be
+ * copied back fails this member's call only.
+ */
+static int coll_staged(struct tp_group *g, const struct tpc_coll *c, char *msg, size_t ml)
+{
+	bool in_place = c->kind == TPC_COLL_BROADCAST ||
+			(c->kind == TPC_COLL_ALLREDUCE && c->send && c->send == c->recv);
+	const void *dev_in = c->kind == TPC_COLL_BROADCAST ? c->recv : c->send;
+	struct tpc_coll h = *c;
+	size_t in, out, need;
+	uint8_t *host_in;
+	int r;
+
+	coll_sizes(g, c, &in, &out);
+	need = (in + 63) / 64 * 64 + out;
+	if (need > g->stage_len) {
+		uint8_t *p = realloc(g->stage, need);
+
+		if (!p)
+			return tpu_why(-ENOMEM, msg, ml, "out of memory for %zu staged bytes", need);
+		g->stage = p;
+		g->stage_len = need;
+	}
+	h.cuda = false;
+	h.recv = g->stage + (in + 63) / 64 * 64;
+	host_in = in_place ? h.recv : g->stage;
+	if (c->kind != TPC_COLL_BROADCAST)
+		h.send = c->send ? host_in : NULL;
+	if (in && (r = cuda_copy(g, c, false, host_in, (void *)dev_in, in, msg, ml)) < 0) {
+		tp_group_abort(g);
+		return r;
+	}
+	r = tpc_coll_run(g, &h, msg, ml);
+	if (r == 0 && out && !(c->kind == TPC_COLL_ALLREDUCE && c->ret_contrib &&
+			       *c->ret_contrib == 0))
+		r = cuda_copy(g, c, true, h.recv, c->recv, out, msg, ml);
+	return r;
+}
+
+static int coll_exec(struct tp_group *g, const struct tpc_coll *c, char *msg, size_t ml)
+{
+	return c->cuda && c->kind != TPC_COLL_BARRIER ? coll_staged(g, c, msg, ml)
+						     : tpc_coll_run(g, c, msg, ml);
+}
+
 static void *group_thread(void *arg)
 {
 	struct tp_group *g = arg;
@@ -479,7 +564,7 @@ static void *group_thread(void *arg)
 		tpu_list_remove(&q->node);
 		g->busy = true;
 		pthread_mutex_unlock(&g->lock);
-		r = tpc_coll_run(g, &q->c, q->msg, sizeof(q->msg));
+		r = coll_exec(g, &q->c, q->msg, sizeof(q->msg));
 		pthread_mutex_lock(&g->lock);
 		g->busy = false;
 		req_finish_locked(g, q, r);
@@ -523,9 +608,21 @@ static int coll_check(struct tp_group *g, const struct tpc_coll *c)
 	return 0;
 }
 
-static int coll_blocking(struct tp_group *g, const struct tpc_coll *c)
+/* The call @c with the group's collective options as they are now. */
+static struct tpc_coll coll_capture(const struct tp_group *g, const struct tpc_coll *c)
 {
-	struct tp_coll_req q = { .g = g, .c = *c };
+	struct tpc_coll cc = *c;
+
+	cc.cuda = g->cdev.type == TP_DEVICE_CUDA;
+	cc.cuda_device = g->cdev.index;
+	cc.cuda_stream = g->cstream;
+	return cc;
+}
+
+static int coll_blocking(struct tp_group *g, const struct tpc_coll *c0)
+{
+	struct tpc_coll cc = coll_capture(g, c0), *c = &cc;
+	struct tp_coll_req q = { .g = g, .c = cc };
 	int r = coll_check(g, c);
 
 	if (r < 0)
@@ -534,7 +631,7 @@ static int coll_blocking(struct tp_group *g, const struct tpc_coll *c)
 	if (!g->busy && tpu_list_empty(&g->queue)) {
 		g->busy = true;
 		pthread_mutex_unlock(&g->lock);
-		r = tpc_coll_run(g, c, q.msg, sizeof(q.msg));
+		r = coll_exec(g, c, q.msg, sizeof(q.msg));
 		pthread_mutex_lock(&g->lock);
 		g->busy = false;
 		pthread_cond_broadcast(&g->cond);
@@ -563,7 +660,7 @@ static int coll_start(struct tp_group *g, const struct tpc_coll *c, struct tp_co
 	if (!q)
 		return tpc_error(-ENOMEM, "out of memory");
 	q->g = g;
-	q->c = *c;
+	q->c = coll_capture(g, c);
 	pthread_mutex_lock(&g->lock);
 	r = queue_locked(g, q);
 	pthread_mutex_unlock(&g->lock);
@@ -640,6 +737,29 @@ TP_EXPORT int tp_group_leave(struct tp_group *g)
 	group_send_id(g, true, false);
 	group_free(g);
 	return r < 0 ? tpc_error(r, "a collective of the group failed unwaited") : 0;
+}
+
+TP_EXPORT int tp_group_set_coll_options(struct tp_group *g, const struct tp_coll_options *o)
+{
+	int r;
+
+	if (!g || !o || o->size < sizeof(*o))
+		return tpc_error(-EINVAL, "missing group or options");
+	if (o->device.type == TP_DEVICE_CPU) {
+		if (o->device.index != 0 || o->cuda_stream)
+			return tpc_error(-EINVAL, "CPU memory takes device index 0 and no stream");
+	} else if (o->device.type == TP_DEVICE_CUDA) {
+		if (o->device.index < 0)
+			return tpc_error(-EINVAL, "CUDA device %d", o->device.index);
+		r = tpc_cuda_check(g->ctx, false);
+		if (r < 0)
+			return r;
+	} else {
+		return tpc_error(-EINVAL, "unknown device type %d", (int)o->device.type);
+	}
+	g->cdev = o->device;
+	g->cstream = o->cuda_stream;
+	return 0;
 }
 
 /* ---- the collectives ----------------------------------------------------------------------- */

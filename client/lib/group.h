@@ -41,6 +41,11 @@ struct tpc_coll {
 	bool absent;		 /* tp_allreduce_uneven() with send NULL: contributes nothing */
 	bool leader_only;	 /* all-reduce: only local rank 0 takes the result (across hosts) */
 	unsigned *ret_contrib; /* tp_allreduce_uneven(): members that contributed */
+	/* the group's collective options when the call was made (tp_group_set_coll_options()):
+	 * CUDA buffers are staged through host memory (group.c) */
+	bool cuda;
+	int cuda_device;
+	void *cuda_stream;
 };
 
 /* What a host's leader tells its members of a call across hosts (in its call descriptor). */
@@ -83,6 +88,12 @@ struct tp_group {
 	pthread_t thread;
 	int lost_err; /* a request freed unwaited failed */
 	struct tpc_collx *x; /* hosts > 1 (set at join, fixed afterwards) */
+	/* the caller's (tp_group_set_coll_options()): where later calls' buffers live */
+	struct tp_device cdev;
+	void *cstream;
+	/* the executor's: host memory CUDA buffers are staged through, kept for the next call */
+	uint8_t *stage;
+	size_t stage_len;
 	uint64_t xcall;	     /* the executor's: the number of the last call across hosts */
 };
 

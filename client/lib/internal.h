@@ -621,6 +621,14 @@ int tpc_cuda_export(struct tp_context *ctx, const struct tpc_cuda_mem *m, struct
 int tpc_cuda_copy_in(struct tp_context *ctx, const struct tpc_cuda_mem *m, const void *src,
 		     int *ret_status);
 
+/*
+ * tpc_cuda_copy_out() - copy @m->length bytes of the device memory @m to host memory @dst on
+ * @m->stream, after the work queued on it, and wait for that stream. As tpc_cuda_copy_in(),
+ * the other way. Borrows @dst.
+ */
+int tpc_cuda_copy_out(struct tp_context *ctx, const struct tpc_cuda_mem *m, void *dst,
+		      int *ret_status);
+
 /* Gives the events of an operation back to their pools. Takes @list. Any lock may be held. */
 void tpc_cuda_events_put(struct tpc_cuda_event *list);
 
