@@ -164,10 +164,35 @@ struct tpb_rdma_cache_stats {
 	uint64_t evictions; /* regions dropped for the budget or to make room */
 	uint64_t reg_dmabuf; /* CUDA regions registered from a dma-buf (ibv_reg_dmabuf_mr) */
 	uint64_t reg_addr;   /* CUDA regions registered by device address (ibv_reg_mr, peermem) */
+	uint64_t reg_client_dmabuf; /* CUDA regions registered from their client's dma-buf */
+	uint64_t dmabufs;	    /* client-exported dma-bufs held now (tpb_rdma_dmabuf_add()) */
+	uint64_t dmabufs_refused;   /* refused by tpb_rdma_dmabuf_add() */
+	uint64_t dmabufs_evicted;   /* dropped as their client's least recent beyond the bound */
 };
 
 /* Fills @ret (zeros without RDMA). Accepts a NULL @g. */
 void tpb_rdma_cache_stats(const struct tpb_rdma *g, struct tpb_rdma_cache_stats *ret);
+
+/*
+ * tpb_rdma_dmabuf_add() - client process @owner hands over @fd, a dma-buf it exported of its
+ * whole CUDA allocation @handle (TPB_CUDA_HANDLE_BYTES), said to hold @size bytes from the
+ * allocation's first byte. Nothing of the claim is trusted: @fd must be a dma-buf for the verbs
+ * provider (tpv_dmabuf_size()) of at least @size bytes, @size whole pages. Kept until
+ * tpb_rdma_dmabuf_drop() of the same handle, tpb_rdma_dmabuf_drop_owner(), another one for the
+ * same handle, or @owner holding @max (the least recently handed over goes first); the fd is
+ * closed once that happened and no registration made from it remains (backends/rdma/reg.c
+ * registers @owner's segments of that allocation from it, and any other way when that fails).
+ * Takes @fd (also on failure); borrows @handle; takes a reference on @owner. Accepts a NULL @g.
+ * Return: 0; -EOPNOTSUPP (no RDMA port or no CUDA here, no @owner), -EINVAL (not a dma-buf,
+ * smaller than claimed), -ENOBUFS (@max is 0), -ENOMEM; the reason in @why.
+ */
+int tpb_rdma_dmabuf_add(struct tpb_rdma *g, struct tpb_proc *owner, const uint8_t *handle,
+			uint64_t size, int fd, unsigned max, char *why, size_t why_len);
+/* Drops @owner's dma-buf of @handle (the client released the allocation). Borrows both.
+ * Accepts a NULL @g. Return: 1 dropped, 0 there was none. */
+int tpb_rdma_dmabuf_drop(struct tpb_rdma *g, const struct tpb_proc *owner, const uint8_t *handle);
+/* Drops every dma-buf of @owner (its session ends). Borrows @owner. Accepts NULLs. */
+void tpb_rdma_dmabuf_drop_owner(struct tpb_rdma *g, const struct tpb_proc *owner);
 
 /*
  * tpb_rdma_forget_buffer() - shared buffer @b leaves its session (released, or the client
