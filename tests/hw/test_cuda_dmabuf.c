@@ -12,7 +12,8 @@
  * a dma-buf smaller than claimed, a size of odd pages) are refused with STATUS_INVALID and only
  * that message fails; a frame without its fd closes the session; and the dma-bufs a session can
  * make the daemon hold are bounded by cuda-dmabufs-max (just below and just above: held, fds
- * open in the daemon, evicted), released by CudaRelease and at the session's end.
+ * open in the daemon, evicted), released by CudaRelease and at the session's end; a dma-buf a
+ * session hands over under another client's IPC handle is never used for that client's memory.
  * Needs a CUDA device and an RDMA port (or the stand-ins of `--setup fakecuda`); skips (77)
  * otherwise. On real hardware the fallback case, which needs the stand-ins' knobs, is left out.
  */
@@ -464,6 +465,144 @@ START_TEST(test_dmabuf_held_per_session_are_bounded)
 }
 END_TEST
 
+/* ---- another session's dma-buf is never used for a client's memory ---------------------- */
+
+static struct tpt_sync iso_ready, iso_given, iso_done;
+static int iso_handle[2]; /* the victim's IPC handle, to the attacker */
+
+/* The victim: a client of A that exports no dma-buf; writes one 1 MiB tensor to B. */
+static int iso_victim(void *arg)
+{
+	char addr[128];
+	struct tpt_end e = { .d = &tpt_peer_a, .ctx_name = "iso-w",
+			     .where = tpt_peer_address(&tpt_peer_b, "iso", addr, sizeof(addr)),
+			     .ready = &iso_ready, .timeout_ms = HWT_T_MS };
+	struct tp_tensor t = { .device = { TP_DEVICE_CUDA, 0 }, .length = MIB };
+	struct tp_message m = { .tensors = &t, .n_tensors = 1 };
+	struct hwt_cuda cu;
+	CUipcMemHandle h;
+	CUdeviceptr p;
+	int r;
+
+	(void)arg;
+	setenv("FAKECUDA_NO_DMABUF", "1", 1);
+	RAW_CHECK(hwt_cuda_open(0, &cu) == 0, "CUDA");
+	HWT_CU(&cu, cuMemAlloc(&p, MIB), 1);
+	RAW_CHECK(hwt_dev_set(&cu, p, 0x5a, MIB) == 0, "memset");
+	HWT_CU(&cu, cuIpcGetMemHandle(&h, p), 1);
+	RAW_CHECK(write(iso_handle[1], &h, sizeof(h)) == sizeof(h), "handle: %m");
+	RAW_CHECK(tpt_sync_wait(&iso_given, HWT_T_MS) == 0, "the attacker did not hand over");
+	RAW_CHECK(tpt_end_connect(&e) == 0, "connect");
+	t.data = hwt_ptr(p);
+	r = tp_pipe_write_sync(e.p, &m);
+	RAW_CHECK(r == 0, "write: %d %s", r, tp_last_error());
+	tpt_sync_wait(&iso_done, HWT_T_MS);
+	tpt_end_close(&e);
+	hwt_cuda_close(&cu);
+	return 0;
+}
+
+/* The attacker: a raw session on A hands over a dma-buf of its own memory for the victim's
+ * handle, and stays until the transfer is over. */
+static int iso_attacker(void *arg)
+{
+	struct tpt_raw r = { .fd = -1 };
+	struct raw_mem m = { 0 };
+	CUipcMemHandle h;
+
+	(void)arg;
+	RAW_CHECK(raw_mem_open(&m, MIB) == 0, "CUDA");
+	RAW_CHECK(hwt_dev_set(&m.cu, m.p[0], 0xee, MIB) == 0, "memset");
+	RAW_CHECK(read(iso_handle[0], &h, sizeof(h)) == sizeof(h), "handle: %m");
+	RAW_CHECK(tpt_raw_connect(&r, tpt_peer_a.socket) == 0, "connect");
+	RAW_CHECK(tpt_raw_hello(&r, TPW__V1__ROLE__ROLE_CLIENT, HWT_T_MS) == 0, "hello");
+	RAW_CHECK(raw_dmabuf(&r, 1, &h, MIB, m.fd[0], 1) == RAW_OK, "hand over");
+	RAW_CHECK(tpt_sync_post(&iso_given, 0) == 0, "post");
+	tpt_sync_wait(&iso_done, HWT_T_MS);
+	tpt_raw_close(&r);
+	raw_mem_close(&m);
+	return 0;
+}
+
+/* The reader on B: the victim's bytes, never the attacker's. */
+static int iso_reader(void *arg)
+{
+	struct tpt_end e = { .d = &tpt_peer_b, .ctx_name = "iso-r", .where = "iso",
+			     .ready = &iso_ready, .timeout_ms = HWT_T_MS };
+	struct tp_slot slot = { .device = { TP_DEVICE_CUDA, 0 } };
+	struct tp_allocation a = { .tensors = &slot, .n_tensors = 1 };
+	struct tp_descriptor *d;
+	struct hwt_cuda cu;
+	CUdeviceptr p;
+	int r, ok;
+
+	(void)arg;
+	setenv("FAKECUDA_NO_DMABUF", "1", 1);
+	RAW_CHECK(hwt_cuda_open(0, &cu) == 0, "CUDA");
+	RAW_CHECK(tpt_end_listen(&e, true) == 0, "listen");
+	HWT_CU(&cu, cuMemAlloc(&p, MIB), 1);
+	slot.data = hwt_ptr(p);
+	r = tp_pipe_read_descriptor_sync(e.p, HWT_T_MS, &d);
+	RAW_CHECK(r == 0, "descriptor: %d %s", r, tp_last_error());
+	r = tp_pipe_read_sync(e.p, d, &a);
+	RAW_CHECK(r == 0, "read: %d %s", r, tp_last_error());
+	ok = hwt_dev_expect_byte(&cu, p, 0x5a, MIB, "the victim's tensor") == 0;
+	tpt_sync_post(&iso_done, 0);
+	tpt_sync_post(&iso_done, 0);
+	tpt_end_close(&e);
+	hwt_cuda_close(&cu);
+	return ok ? 0 : 1;
+}
+
+/* Whether @d's log holds @text. */
+static bool log_has(const struct tpt_daemon *d, const char *text)
+{
+	FILE *f = fopen(d->log, "re");
+	char line[1024];
+	bool found = false;
+
+	ck_assert_ptr_nonnull(f);
+	while (!found && fgets(line, sizeof(line), f))
+		found = strstr(line, text) != NULL;
+	fclose(f);
+	return found;
+}
+
+/*
+ * A session that hands over a dma-buf of its own memory under another client's IPC handle
+ * (handles are not secrets) gets it accepted for itself only: the other client's tensor is
+ * registered without it (by address here: the victim exports none, peer memory is on) and
+ * arrives intact, and daemon A never even tried the attacker's dma-buf for it.
+ */
+START_TEST(test_dmabuf_of_another_session_is_never_used)
+{
+	pid_t pids[3];
+	struct regs a;
+
+	restart_pair("FAKEVERBS_PEER_MEMORY", "1", NULL);
+	ck_assert_int_eq(tpt_sync_init(&iso_ready), 0);
+	ck_assert_int_eq(tpt_sync_init(&iso_given), 0);
+	ck_assert_int_eq(tpt_sync_init(&iso_done), 0);
+	ck_assert_int_eq(pipe(iso_handle), 0);
+	a = regs_of(&tpt_peer_a);
+	pids[0] = tpt_fork(iso_reader, NULL);
+	pids[1] = tpt_fork(iso_victim, NULL);
+	pids[2] = tpt_fork(iso_attacker, NULL);
+	ck_assert(tpt_wait_ok(pids[0], TPT_SCALED_MS(60000), "reader"));
+	ck_assert(tpt_wait_ok(pids[1], TPT_SCALED_MS(60000), "victim"));
+	ck_assert(tpt_wait_ok(pids[2], TPT_SCALED_MS(60000), "attacker"));
+	expect_regs("A", &tpt_peer_a, a, (struct regs){ 0, 0, 1, MIB });
+	ck_assert_msg(!log_has(&tpt_peer_a, "dma-buf of its CUDA memory is not usable"),
+		      "daemon A tried the attacker's dma-buf for the victim's memory");
+	expect_nothing_held(&tpt_peer_a);
+	close(iso_handle[0]);
+	close(iso_handle[1]);
+	tpt_sync_done(&iso_ready);
+	tpt_sync_done(&iso_given);
+	tpt_sync_done(&iso_done);
+}
+END_TEST
+
 static Suite *dmabuf_suite(bool stand_in)
 {
 	Suite *s = suite_create("cuda_dmabuf");
@@ -475,6 +614,8 @@ static Suite *dmabuf_suite(bool stand_in)
 		tcase_add_test(tc, test_dmabuf_fallback_when_the_client_cannot_export);
 	tcase_add_test(tc, test_dmabuf_bad_fds_are_refused_alone);
 	tcase_add_test(tc, test_dmabuf_held_per_session_are_bounded);
+	if (stand_in)
+		tcase_add_test(tc, test_dmabuf_of_another_session_is_never_used);
 	tcase_set_timeout(tc, 300);
 	suite_add_tcase(s, tc);
 	return s;
