@@ -9,7 +9,10 @@
  *   - a shared buffer: the segment's range rounded out to REG_STEP boundaries of the buffer,
  *     widened to take in cached regions of that buffer it overlaps or touches (they go once
  *     unused), so a buffer reused at shifting offsets converges on one region;
- *   - a CUDA allocation: the whole allocation, as it was registered before the cache.
+ *   - a CUDA allocation: the whole allocation, as it was registered before the cache: from the
+ *     dma-buf its client exported and handed over (dmabuf.c) where there is one, else from one
+ *     the daemon exports of its mapping, else by address; a region made from a client's
+ *     dma-buf serves that client's segments only.
  * A cached region holds a reference to its buffer or allocation, so neither the mapping nor the
  * address it was registered at can go away under it. It goes when its client releases the
  * buffer or ends (tpb_rdma_forget_buffer()), when nothing but the cache references its CUDA
