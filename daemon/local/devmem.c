@@ -95,10 +95,11 @@ void tpd_devmem_dmabuf(struct tpd_session *s, const Tpw__V1__CudaDmabuf *m, int 
 
 	r = tpb_rdma_dmabuf_add(tpd_daemon_rdma(s->d), s->proc, m->mem_handle.data, m->size, fd,
 				tpd_daemon_cfg(s->d)->cuda_dmabufs_max, why, sizeof(why));
+	/* no RDMA here is the host's state, not the client's doing: said at debug level only */
 	if (r < 0)
-		tpd_session_log(s, TPU_LOG_INFO, "dma-buf of a CUDA allocation (%llu bytes) "
-				"refused, registering it another way: %s",
-				(unsigned long long)m->size, why);
+		tpd_session_log(s, r == -EOPNOTSUPP ? TPU_LOG_DEBUG : TPU_LOG_INFO,
+				"dma-buf of a CUDA allocation (%llu bytes) refused, registering it "
+				"another way: %s", (unsigned long long)m->size, why);
 	if (m->req_id)
 		tpd_session_reply(s, m->req_id, r, r < 0 ? why : NULL, 0, NULL);
 }
