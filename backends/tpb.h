@@ -727,6 +727,14 @@ struct tpb_cuda_range {
 int tpb_cuda_gdr_range(const struct tpb_mem *m, bool export, struct tpb_cuda_range *ret,
 		       char *why, size_t why_len);
 
+/*
+ * tpb_cuda_gdr_poll_open() - is the mapping of CUDA memory @m open (polled, never blocks in the
+ * driver: a mapping not opened yet is opened by the CUDA layer's worker thread meanwhile, and
+ * this answers 0 until it is)? For registrations made on the event loop. Borrows @m and @why.
+ * Return: 1 open (or @m is not CUDA memory), 0 not yet, -errno (reason in @why).
+ */
+int tpb_cuda_gdr_poll_open(const struct tpb_mem *m, char *why, size_t why_len);
+
 /* The IPC handle (TPB_CUDA_HANDLE_BYTES) of CUDA memory @m's allocation; NULL for memory that
  * is not CUDA, or a build without CUDA. Return: borrowed, valid while @m's mapping is held. */
 const uint8_t *tpb_cuda_gdr_handle(const struct tpb_mem *m);

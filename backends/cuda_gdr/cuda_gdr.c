@@ -51,6 +51,21 @@ const uint8_t *tpb_cuda_gdr_handle(const struct tpb_mem *m)
 	return m && m->loc == TPB_LOC_CUDA && m->cuda ? m->cuda->handle : NULL;
 }
 
+int tpb_cuda_gdr_poll_open(const struct tpb_mem *m, char *why, size_t wl)
+{
+	int r;
+
+	if (m->loc != TPB_LOC_CUDA || !m->cuda)
+		return 1;
+	if (__atomic_load_n(&m->cuda->state, __ATOMIC_ACQUIRE) == 0) {
+		/* cuIpcOpenMemHandle may block: never on the loop, poll again later */
+		tpb_cuda_map_open_bg(m->cuda);
+		return 0;
+	}
+	r = tpb_cuda_map_open(m->cuda, why, wl);
+	return r < 0 ? r : 1;
+}
+
 #else /* !HAVE_CUDA */
 
 int tpb_cuda_gdr_range(const struct tpb_mem *m, bool export, struct tpb_cuda_range *ret,
@@ -63,6 +78,11 @@ int tpb_cuda_gdr_range(const struct tpb_mem *m, bool export, struct tpb_cuda_ran
 const uint8_t *tpb_cuda_gdr_handle(const struct tpb_mem *m)
 {
 	return NULL;
+}
+
+int tpb_cuda_gdr_poll_open(const struct tpb_mem *m, char *why, size_t wl)
+{
+	return 1;
 }
 
 #endif

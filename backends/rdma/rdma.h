@@ -266,7 +266,9 @@ typedef void (*tpb_rdma_ready_fn)(void *arg, int err, const char *why);
 /*
  * tpb_rdma_recv_new() - register the destination @segs of a receive over @l for RDMA writes and
  * wait, off the call, for the reader's CUDA events (its stream's earlier work on that memory);
- * then @ready runs (never inside this call, from tpb_rdma_progress()). With CUDA memory on
+ * then @ready runs (never inside this call, from tpb_rdma_progress()). CUDA memory whose mapping
+ * is not open yet is opened on the CUDA layer's worker (cuIpcOpenMemHandle can block for long)
+ * and registered once it is, off the call too; a failure then reaches @ready. With CUDA memory on
  * either side (among @segs, or, @src_cuda, among the writer's tensors) RDMA applies if both
  * daemons offer cuda_gdr; with host memory only, if both offer rdma. The writer's daemon may
  * still decline the offer (a source in private memory): the bytes then come over the data
@@ -274,7 +276,7 @@ typedef void (*tpb_rdma_ready_fn)(void *arg, int err, const char *why);
  * Ownership: borrows @segs and @l until tpb_rdma_recv_free(); returns owned @ret.
  * Return: 0; -EOPNOTSUPP when RDMA does not apply (link not ready, a kind of memory the two
  * daemons do not both offer, memory of a client's private address space) or registration failed
- * (reason in @why): use the stripe.
+ * (reason in @why), here or later through @ready: use the stripe.
  */
 int tpb_rdma_recv_new(struct tpb_rdma_link *l, const struct tpb_rdma_seg *segs, size_t n,
 		      bool src_cuda, tpb_rdma_ready_fn ready, void *arg, struct tpb_rdma_recv **ret,
