@@ -9,7 +9,10 @@
  * cuda_gdr(cuda>cuda) for an open pipe. Private memory cannot be registered: such a
  * tensor still arrives, staged over the data connections (cuda_basic). A write the RDMA device
  * fails reaches both clients as an error; both daemons stay up, turn RDMA off on that link
- * (`tpipctl peers` says why) and move the next message over the data connections.
+ * (`tpipctl peers` says why) and move the next message over the data connections. Slow IPC
+ * opens (an event's on both daemons, the reader's memory on its daemon) hold up no other
+ * session. On the stand-ins peer memory is on, for the allocations that are not whole pages
+ * (they have no dma-buf; test_cuda_dmabuf runs without peer memory).
  * Needs a CUDA device and an active RDMA port (or the stand-ins of `--setup fakecuda`); skips
  * (77) with the reason otherwise.
  */
