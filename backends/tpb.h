@@ -717,13 +717,27 @@ struct tpb_cuda_range {
 
 /*
  * tpb_cuda_gdr_range() - open @m's mapping if no copy has yet (a driver call: slow the first
- * time) and describe it for RDMA registration (cuda_gdr), with a dma-buf fd where the driver
- * exports one. Borrows @m and @why. @ret: the caller's, written only on success; its
- * @dmabuf_fd is then owned by the caller, who closes it.
+ * time) and describe it for RDMA registration (cuda_gdr), with (@export) a dma-buf fd of the
+ * mapping where the driver exports one for the range the daemon imported (undocumented by the
+ * driver, and tried only for a mapping of whole pages: never rounded past its end). Borrows @m
+ * and @why. @ret: the caller's, written only on success; its @dmabuf_fd is then owned by the
+ * caller, who closes it.
  * Return: 0, or -errno with the reason in @why.
  */
-int tpb_cuda_gdr_range(const struct tpb_mem *m, struct tpb_cuda_range *ret, char *why,
-		       size_t why_len);
+int tpb_cuda_gdr_range(const struct tpb_mem *m, bool export, struct tpb_cuda_range *ret,
+		       char *why, size_t why_len);
+
+/*
+ * tpb_cuda_gdr_poll_open() - is the mapping of CUDA memory @m open (polled, never blocks in the
+ * driver: a mapping not opened yet is opened by the CUDA layer's worker thread meanwhile, and
+ * this answers 0 until it is)? For registrations made on the event loop. Borrows @m and @why.
+ * Return: 1 open (or @m is not CUDA memory), 0 not yet, -errno (reason in @why).
+ */
+int tpb_cuda_gdr_poll_open(const struct tpb_mem *m, char *why, size_t why_len);
+
+/* The IPC handle (TPB_CUDA_HANDLE_BYTES) of CUDA memory @m's allocation; NULL for memory that
+ * is not CUDA, or a build without CUDA. Return: borrowed, valid while @m's mapping is held. */
+const uint8_t *tpb_cuda_gdr_handle(const struct tpb_mem *m);
 
 /* The PCI bus id of the device holding CUDA memory @m, as its client named it (no driver
  * call); NULL for NULL, memory that is not CUDA, or an unknown device. Borrows @m.

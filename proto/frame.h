@@ -44,9 +44,10 @@
  *   4  SessionEnd both ways: a clean tp_context_free(), a session closed by an administrator
  *   5  flow control: the pipe write window (Limits.pipe_queue_bytes) and FlowCredit
  *   5  Cancel: give up on one pending write or read (tp_cancel())
+ *   6  CudaDmabuf: a client hands over the dma-buf of its CUDA allocation for RDMA
  */
 #define TPW_PROTO_MAJOR 1
-#define TPW_PROTO_MINOR 5
+#define TPW_PROTO_MINOR 6
 /* Daemon-to-daemon protocol, versioned apart from the client one. 2: frames inside TLS 1.3, no
  * PeerAuth; a daemon speaking 1 (plaintext PeerHello) is refused with a clear log line. Minor
  * versions of peer protocol 2:
@@ -69,6 +70,7 @@
 #define TPW_MINOR_CUDA 3
 #define TPW_MINOR_FLOW 5
 #define TPW_MINOR_CANCEL 5
+#define TPW_MINOR_CUDA_DMABUF 6
 
 struct tpw_hdr {
 	uint32_t magic;

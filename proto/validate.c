@@ -306,7 +306,8 @@ int tpw_client_msg_validate(const Tpw__V1__ClientMsg *m, const struct tpw_hdr *h
 			    const struct tpw_limits *lim, char *why, size_t wl)
 {
 	bool want_fd = m->body_case == TPW__V1__CLIENT_MSG__BODY_BUFFER_REGISTER ||
-		       m->body_case == TPW__V1__CLIENT_MSG__BODY_RING_SETUP;
+		       m->body_case == TPW__V1__CLIENT_MSG__BODY_RING_SETUP ||
+		       m->body_case == TPW__V1__CLIENT_MSG__BODY_CUDA_DMABUF;
 	bool may_have_data = m->body_case == TPW__V1__CLIENT_MSG__BODY_WRITE ||
 			     (m->body_case == TPW__V1__CLIENT_MSG__BODY_CHAN_OP &&
 			      m->chan_op->op == TPW__V1__CHAN_OP_KIND__CHAN_OP_WRITE) ||
@@ -342,6 +343,13 @@ int tpw_client_msg_validate(const Tpw__V1__ClientMsg *m, const struct tpw_hdr *h
 		if (m->cuda_release->mem_handle.len != TPW_CUDA_HANDLE_BYTES)
 			return tpu_why(-EBADMSG, why, wl, "CUDA memory handle of %zu bytes",
 				       m->cuda_release->mem_handle.len);
+		return 0;
+	case TPW__V1__CLIENT_MSG__BODY_CUDA_DMABUF:
+		if (m->cuda_dmabuf->mem_handle.len != TPW_CUDA_HANDLE_BYTES)
+			return tpu_why(-EBADMSG, why, wl, "CUDA memory handle of %zu bytes",
+				       m->cuda_dmabuf->mem_handle.len);
+		if (m->cuda_dmabuf->size == 0)
+			return tpu_why(-EBADMSG, why, wl, "dma-buf of size 0");
 		return 0;
 	case TPW__V1__CLIENT_MSG__BODY_LISTENER_CLOSE:
 	case TPW__V1__CLIENT_MSG__BODY_BUFFER_RELEASE:

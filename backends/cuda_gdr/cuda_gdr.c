@@ -18,8 +18,8 @@
 
 /* ---- for RDMA (cuda_gdr): the daemon's mapping as registrable memory ---- */
 
-int tpb_cuda_gdr_range(const struct tpb_mem *m, struct tpb_cuda_range *ret, char *why,
-		       size_t wl)
+int tpb_cuda_gdr_range(const struct tpb_mem *m, bool export, struct tpb_cuda_range *ret,
+		       char *why, size_t wl)
 {
 	uint64_t page = (uint64_t)sysconf(_SC_PAGESIZE), end;
 	int fd = -EBADF, r;
@@ -35,7 +35,9 @@ int tpb_cuda_gdr_range(const struct tpb_mem *m, struct tpb_cuda_range *ret, char
 	ret->base = m->cuda->ptr & ~(page - 1);
 	end = (m->cuda->ptr + m->cuda->size + page - 1) & ~(page - 1);
 	ret->len = end - ret->base;
-	if (api()->cuMemGetHandleForAddressRange &&
+	/* Only the mapping itself, never rounded past its end: a range of whole pages. */
+	if (export && ret->base == m->cuda->ptr && ret->len == m->cuda->size &&
+	    api()->cuMemGetHandleForAddressRange &&
 	    api()->cuMemGetHandleForAddressRange(&fd, ret->base, ret->len,
 						 CU_MEM_RANGE_HANDLE_TYPE_DMA_BUF_FD, 0) !=
 		    CUDA_SUCCESS)
@@ -44,13 +46,43 @@ int tpb_cuda_gdr_range(const struct tpb_mem *m, struct tpb_cuda_range *ret, char
 	return 0;
 }
 
+const uint8_t *tpb_cuda_gdr_handle(const struct tpb_mem *m)
+{
+	return m && m->loc == TPB_LOC_CUDA && m->cuda ? m->cuda->handle : NULL;
+}
+
+int tpb_cuda_gdr_poll_open(const struct tpb_mem *m, char *why, size_t wl)
+{
+	int r;
+
+	if (m->loc != TPB_LOC_CUDA || !m->cuda)
+		return 1;
+	if (__atomic_load_n(&m->cuda->state, __ATOMIC_ACQUIRE) == 0) {
+		/* cuIpcOpenMemHandle may block: never on the loop, poll again later */
+		tpb_cuda_map_open_bg(m->cuda);
+		return 0;
+	}
+	r = tpb_cuda_map_open(m->cuda, why, wl);
+	return r < 0 ? r : 1;
+}
+
 #else /* !HAVE_CUDA */
 
-int tpb_cuda_gdr_range(const struct tpb_mem *m, struct tpb_cuda_range *ret, char *why,
-		       size_t wl)
+int tpb_cuda_gdr_range(const struct tpb_mem *m, bool export, struct tpb_cuda_range *ret,
+		       char *why, size_t wl)
 {
 	snprintf(why, wl, "tpipd was built without CUDA support");
 	return -EOPNOTSUPP;
+}
+
+const uint8_t *tpb_cuda_gdr_handle(const struct tpb_mem *m)
+{
+	return NULL;
+}
+
+int tpb_cuda_gdr_poll_open(const struct tpb_mem *m, char *why, size_t wl)
+{
+	return 1;
 }
 
 #endif

@@ -229,6 +229,7 @@ int tpb_rdma_ctx_new(const struct tpb_rdma_config *cfg, struct tpb_rdma **ret)
 	g->cfg = *cfg;
 	g->epfd = g->tfd = -EBADF;
 	tpu_list_init(&g->mrs);
+	tpu_list_init(&g->dmabufs);
 	tpu_list_init(&g->timers);
 	tpu_list_init(&g->links);
 	g->epfd = epoll_create1(EPOLL_CLOEXEC);
@@ -251,6 +252,7 @@ void tpb_rdma_ctx_free(struct tpb_rdma *g)
 	if (!g)
 		return;
 	tpb_rdma_cache_stop(g);
+	tpb_rdma_dmabuf_stop(g);
 	for (size_t i = 0; i < g->n; i++)
 		port_close(&g->ports[i]);
 	if (g->tfd >= 0)

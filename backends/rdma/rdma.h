@@ -164,10 +164,35 @@ struct tpb_rdma_cache_stats {
 	uint64_t evictions; /* regions dropped for the budget or to make room */
 	uint64_t reg_dmabuf; /* CUDA regions registered from a dma-buf (ibv_reg_dmabuf_mr) */
 	uint64_t reg_addr;   /* CUDA regions registered by device address (ibv_reg_mr, peermem) */
+	uint64_t reg_client_dmabuf; /* CUDA regions registered from their client's dma-buf */
+	uint64_t dmabufs;	    /* client-exported dma-bufs held now (tpb_rdma_dmabuf_add()) */
+	uint64_t dmabufs_refused;   /* refused by tpb_rdma_dmabuf_add() */
+	uint64_t dmabufs_evicted;   /* dropped as their client's least recent beyond the bound */
 };
 
 /* Fills @ret (zeros without RDMA). Accepts a NULL @g. */
 void tpb_rdma_cache_stats(const struct tpb_rdma *g, struct tpb_rdma_cache_stats *ret);
+
+/*
+ * tpb_rdma_dmabuf_add() - client process @owner hands over @fd, a dma-buf it exported of its
+ * whole CUDA allocation @handle (TPB_CUDA_HANDLE_BYTES), said to hold @size bytes from the
+ * allocation's first byte. Nothing of the claim is trusted: @fd must be a dma-buf for the verbs
+ * provider (tpv_dmabuf_size()) of at least @size bytes, @size whole pages. Kept until
+ * tpb_rdma_dmabuf_drop() of the same handle, tpb_rdma_dmabuf_drop_owner(), another one for the
+ * same handle, or @owner holding @max (the least recently handed over goes first); the fd is
+ * closed once that happened and no registration made from it remains (backends/rdma/reg.c
+ * registers @owner's segments of that allocation from it, and any other way when that fails).
+ * Takes @fd (also on failure); borrows @handle; takes a reference on @owner. Accepts a NULL @g.
+ * Return: 0; -EOPNOTSUPP (no RDMA port or no CUDA here, no @owner), -EINVAL (not a dma-buf,
+ * smaller than claimed), -ENOBUFS (@max is 0), -ENOMEM; the reason in @why.
+ */
+int tpb_rdma_dmabuf_add(struct tpb_rdma *g, struct tpb_proc *owner, const uint8_t *handle,
+			uint64_t size, int fd, unsigned max, char *why, size_t why_len);
+/* Drops @owner's dma-buf of @handle (the client released the allocation). Borrows both.
+ * Accepts a NULL @g. Return: 1 dropped, 0 there was none. */
+int tpb_rdma_dmabuf_drop(struct tpb_rdma *g, const struct tpb_proc *owner, const uint8_t *handle);
+/* Drops every dma-buf of @owner (its session ends). Borrows @owner. Accepts NULLs. */
+void tpb_rdma_dmabuf_drop_owner(struct tpb_rdma *g, const struct tpb_proc *owner);
 
 /*
  * tpb_rdma_forget_buffer() - shared buffer @b leaves its session (released, or the client
@@ -241,7 +266,9 @@ typedef void (*tpb_rdma_ready_fn)(void *arg, int err, const char *why);
 /*
  * tpb_rdma_recv_new() - register the destination @segs of a receive over @l for RDMA writes and
  * wait, off the call, for the reader's CUDA events (its stream's earlier work on that memory);
- * then @ready runs (never inside this call, from tpb_rdma_progress()). With CUDA memory on
+ * then @ready runs (never inside this call, from tpb_rdma_progress()). CUDA memory whose mapping
+ * is not open yet is opened on the CUDA layer's worker (cuIpcOpenMemHandle can block for long)
+ * and registered once it is, off the call too; a failure then reaches @ready. With CUDA memory on
  * either side (among @segs, or, @src_cuda, among the writer's tensors) RDMA applies if both
  * daemons offer cuda_gdr; with host memory only, if both offer rdma. The writer's daemon may
  * still decline the offer (a source in private memory): the bytes then come over the data
@@ -249,7 +276,7 @@ typedef void (*tpb_rdma_ready_fn)(void *arg, int err, const char *why);
  * Ownership: borrows @segs and @l until tpb_rdma_recv_free(); returns owned @ret.
  * Return: 0; -EOPNOTSUPP when RDMA does not apply (link not ready, a kind of memory the two
  * daemons do not both offer, memory of a client's private address space) or registration failed
- * (reason in @why): use the stripe.
+ * (reason in @why), here or later through @ready: use the stripe.
  */
 int tpb_rdma_recv_new(struct tpb_rdma_link *l, const struct tpb_rdma_seg *segs, size_t n,
 		      bool src_cuda, tpb_rdma_ready_fn ready, void *arg, struct tpb_rdma_recv **ret,

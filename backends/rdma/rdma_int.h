@@ -53,7 +53,28 @@ struct tpb_rdma {
 	struct tpu_list mrs; /* cached registrations (struct rdma_mr), least recently used first */
 	struct tpb_rdma_cache_stats cache;
 	uint64_t host_bytes; /* of cache.bytes, in shared buffers (what the rdma-cache budget caps) */
+	struct tpu_list dmabufs; /* client-exported dma-bufs (dmabuf.c), in hand-over order */
 };
+
+/* A dma-buf a client exported of its own CUDA allocation (dmabuf.c). */
+struct rdma_dmabuf {
+	struct tpu_list node;	  /* in g->dmabufs while the client has it handed over */
+	struct tpb_proc *owner;	  /* the client's process: a reference */
+	uint8_t handle[TPB_CUDA_HANDLE_BYTES]; /* its allocation's IPC handle */
+	uint64_t size;		  /* bytes from the allocation's first byte (checked) */
+	int fd;
+	unsigned refs; /* the registry's while listed, one per registration made from it */
+};
+
+/* The dma-buf @owner handed over for allocation @handle (borrowed), or NULL. */
+struct rdma_dmabuf *tpb_rdma_dmabuf_find(struct tpb_rdma *g, const struct tpb_proc *owner,
+					 const uint8_t *handle);
+/* A reference on @d (for a registration). Return: @d. */
+struct rdma_dmabuf *tpb_rdma_dmabuf_ref(struct rdma_dmabuf *d);
+/* Drops a reference; the last closes the fd. Accepts NULL. */
+void tpb_rdma_dmabuf_unref(struct rdma_dmabuf *d);
+/* Drops every listed dma-buf (the context ends). */
+void tpb_rdma_dmabuf_stop(struct tpb_rdma *g);
 
 enum link_state { LINK_PORTS, LINK_CONNECTING, LINK_READY, LINK_OFF };
 

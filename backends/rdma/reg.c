@@ -9,7 +9,10 @@
  *   - a shared buffer: the segment's range rounded out to REG_STEP boundaries of the buffer,
  *     widened to take in cached regions of that buffer it overlaps or touches (they go once
  *     unused), so a buffer reused at shifting offsets converges on one region;
- *   - a CUDA allocation: the whole allocation, as it was registered before the cache.
+ *   - a CUDA allocation: the whole allocation, as it was registered before the cache: from the
+ *     dma-buf its client exported and handed over (dmabuf.c) where there is one, else from one
+ *     the daemon exports of its mapping, else by address; a region made from a client's
+ *     dma-buf serves that client's segments only.
  * A cached region holds a reference to its buffer or allocation, so neither the mapping nor the
  * address it was registered at can go away under it. It goes when its client releases the
  * buffer or ends (tpb_rdma_forget_buffer()), when nothing but the cache references its CUDA
@@ -52,7 +55,11 @@ struct rdma_mr {
 	struct tpb_cuda_map *cuda; /* CUDA allocation: a reference, else NULL */
 	uint64_t base, len;	   /* the region: daemon addresses, device addresses for CUDA */
 	uint64_t cuda_ptr;	   /* CUDA: device address of the allocation's first byte */
+	struct rdma_dmabuf *dmabuf; /* CUDA: its client's dma-buf it was made from (a
+				     * reference), else NULL */
 	unsigned users;		   /* transfers using it */
+	int how;		   /* enum reg_how */
+	bool exported;		   /* CUDA: the daemon exported a dma-buf for it */
 	bool cached;
 };
 
@@ -62,6 +69,7 @@ static void mr_free(struct rdma_mr *e)
 	tpb_rdma_port_put(e->port);
 	tpb_buffer_unref(e->buf);
 	tpb_cuda_map_unref(e->cuda);
+	tpb_rdma_dmabuf_unref(e->dmabuf);
 	free(e);
 }
 
@@ -119,12 +127,13 @@ static uint64_t cache_cap(const struct tpb_rdma *g)
 /* A cached region of @pt holding [@addr, @addr + @len) of @buf / all of @cuda, or NULL. */
 static struct rdma_mr *cache_find(struct tpb_rdma *g, const struct rdma_port *pt,
 				 const struct tpb_buffer *buf, const struct tpb_cuda_map *cuda,
-				 uint64_t addr, uint64_t len)
+				 const struct rdma_dmabuf *d, uint64_t addr, uint64_t len)
 {
 	struct rdma_mr *e;
 
 	tpu_list_for_each(e, &g->mrs, node) {
-		if (e->port != pt || e->buf != buf || e->cuda != cuda)
+		/* a region made from one client's dma-buf serves that client's segments only */
+		if (e->port != pt || e->buf != buf || e->cuda != cuda || e->dmabuf != d)
 			continue;
 		if (cuda || (addr >= e->base && addr - e->base <= e->len &&
 			     len <= e->len - (addr - e->base)))
@@ -160,70 +169,149 @@ static void host_span(struct tpb_rdma *g, const struct rdma_port *pt,
 	e->len = hi - lo;
 }
 
-/* Counts how a CUDA region was registered (tpipctl status); says once why not by dma-buf. */
-static void reg_method_count(struct tpb_rdma *g, const struct tpv_mr *mr, bool exported)
-{
-	static bool told;
+/* How a region was registered (tpipctl status counts the CUDA ones). */
+enum reg_how {
+	REG_HOST,	   /* host memory: ibv_reg_mr */
+	REG_CLIENT_DMABUF, /* CUDA: the dma-buf its client exported (CudaDmabuf) */
+	REG_DMABUF,	   /* CUDA: a dma-buf the daemon exported of its IPC mapping */
+	REG_ADDR,	   /* CUDA: ibv_reg_mr on the device address (nvidia-peermem) */
+};
 
-	if (mr->method == TPV_MR_DMABUF) {
+/* Counts how a CUDA region was registered (tpipctl status) and says once per method. */
+static void reg_method_count(struct tpb_rdma *g, enum reg_how how, bool exported)
+{
+	static bool told[REG_ADDR + 1];
+
+	if (how == REG_CLIENT_DMABUF)
+		g->cache.reg_client_dmabuf++;
+	else if (how == REG_DMABUF)
 		g->cache.reg_dmabuf++;
+	else if (how == REG_ADDR)
+		g->cache.reg_addr++;
+	if (how == REG_HOST || (unsigned)how >= TPU_ARRAY_SIZE(told) || told[how])
 		return;
-	}
-	g->cache.reg_addr++;
-	if (!told)
+	told[how] = true;
+	if (how == REG_CLIENT_DMABUF)
+		tpu_log_info("rdma: CUDA memory registered from the dma-buf its client exported");
+	else if (how == REG_DMABUF)
+		tpu_log_notice("rdma: CUDA memory registered from a dma-buf of the daemon's IPC "
+			       "mapping (its client exported none)");
+	else
 		tpu_log_notice("rdma: CUDA memory registered by its device address (needs "
 			       "nvidia-peermem), not by dma-buf: %s",
 			       exported ? "ibv_reg_dmabuf_mr refused the export"
 					: "the CUDA driver exported no dma-buf for it");
-	told = true;
 }
 
-/* Registers a region for segment @s on @pt (a reference on @pt is taken for it). */
+/* tpv_mr_reg(), again after dropping every unused cached region if it fails (the device or
+ * RLIMIT_MEMLOCK may be full of them). */
+static int mr_reg_retry(struct tpb_rdma *g, struct rdma_port *pt, const struct tpv_mr_args *a,
+			struct tpv_mr **ret, char *why, size_t wl)
+{
+	int r = tpv_mr_reg(pt->ctx, a, ret, why, wl);
+
+	if (r < 0 && cache_trim(g, 0, true) > 0)
+		r = tpv_mr_reg(pt->ctx, a, ret, why, wl);
+	return r;
+}
+
+/* Registers the region @a of @e from the client's dma-buf @d, where it holds that region. */
+static int client_dmabuf_reg(struct tpb_rdma *g, struct rdma_port *pt, struct rdma_dmabuf *d,
+			     struct rdma_mr *e, struct tpv_mr_args *a, char *why, size_t wl)
+{
+	/* byte 0 of the dma-buf is the allocation's first byte, which the mapping's is */
+	if (e->base != e->cuda_ptr || e->len > d->size)
+		return tpu_why(-ERANGE, why, wl, "its dma-buf of %llu bytes does not hold the "
+			       "%llu bytes at offset %llu", (unsigned long long)d->size,
+			       (unsigned long long)e->len,
+			       (unsigned long long)(e->base - e->cuda_ptr));
+	a->dmabuf_fd = d->fd;
+	a->dmabuf_offset = 0;
+	a->dmabuf_only = true;
+	return mr_reg_retry(g, pt, a, &e->mr, why, wl);
+}
+
+/* Registers CUDA segment @s's whole allocation into @e: from its client's dma-buf @d if any,
+ * else (or if that fails) from the daemon's own export, else by address. */
+static int cuda_reg(struct tpb_rdma *g, struct rdma_port *pt, const struct tpb_rdma_seg *s,
+		    struct rdma_dmabuf *d, struct rdma_mr *e, char *why, size_t wl)
+{
+	static bool told;
+	struct tpv_mr_args a = { .dmabuf_fd = -EBADF, .device_mem = true };
+	struct tpb_cuda_range cr;
+	char dwhy[192];
+	int r;
+
+	r = tpb_cuda_gdr_range(&s->mem, !d, &cr, why, wl);
+	if (r < 0)
+		return r;
+	e->base = cr.base;
+	e->len = cr.len;
+	e->cuda_ptr = cr.ptr - s->mem.addr;
+	a.addr = (void *)(uintptr_t)e->base;
+	a.len = e->len;
+	if (d) {
+		r = client_dmabuf_reg(g, pt, d, e, &a, dwhy, sizeof(dwhy));
+		if (r == 0) {
+			e->dmabuf = tpb_rdma_dmabuf_ref(d);
+			e->how = REG_CLIENT_DMABUF;
+			return 0;
+		}
+		if (!told)
+			tpu_log_notice("rdma: a client's dma-buf of its CUDA memory is not usable, "
+				       "registering it another way: %s", dwhy);
+		told = true;
+		r = tpb_cuda_gdr_range(&s->mem, true, &cr, why, wl);
+		if (r < 0)
+			return r;
+		a = (struct tpv_mr_args){ .addr = a.addr, .len = a.len, .device_mem = true };
+	}
+	a.dmabuf_fd = cr.dmabuf_fd;
+	r = mr_reg_retry(g, pt, &a, &e->mr, why, wl);
+	if (cr.dmabuf_fd >= 0)
+		close(cr.dmabuf_fd);
+	if (r == 0)
+		e->how = e->mr->method == TPV_MR_DMABUF ? REG_DMABUF : REG_ADDR;
+	e->exported = cr.dmabuf_fd >= 0;
+	return r;
+}
+
+/* Registers a region for segment @s on @pt (a reference on @pt is taken for it); CUDA memory
+ * from its client's dma-buf @d where there is one. */
 static int mr_new(struct tpb_rdma *g, struct rdma_port *pt, const struct tpb_rdma_seg *s,
-		  bool cache, struct rdma_mr **ret, char *why, size_t wl)
+		  struct rdma_dmabuf *d, bool cache, struct rdma_mr **ret, char *why, size_t wl)
 {
 	struct tpv_mr_args a = { .dmabuf_fd = -EBADF };
 	struct rdma_mr *e = calloc(1, sizeof(*e));
-	struct tpb_cuda_range cr;
 	int r = e ? 0 : -ENOMEM;
 
 	if (r == 0 && s->mem.loc == TPB_LOC_CUDA) {
-		r = tpb_cuda_gdr_range(&s->mem, &cr, why, wl);
-		if (r == 0) {
-			e->base = cr.base;
-			e->len = cr.len;
-			e->cuda_ptr = cr.ptr - s->mem.addr;
-			a.dmabuf_fd = cr.dmabuf_fd;
-			a.device_mem = true;
-		}
-	} else if (r == 0 && cache && s->buf) {
-		host_span(g, pt, s, e);
+		r = cuda_reg(g, pt, s, d, e, why, wl);
 	} else if (r == 0) {
-		e->base = s->mem.addr;
-		e->len = s->len;
-	}
-	if (r == 0) {
+		if (cache && s->buf) {
+			host_span(g, pt, s, e);
+		} else {
+			e->base = s->mem.addr;
+			e->len = s->len;
+		}
 		a.addr = (void *)(uintptr_t)e->base;
 		a.len = e->len;
-		r = tpv_mr_reg(pt->ctx, &a, &e->mr, why, wl);
-		/* the device or RLIMIT_MEMLOCK may be full of unused cached regions */
-		if (r < 0 && cache_trim(g, 0, true) > 0)
-			r = tpv_mr_reg(pt->ctx, &a, &e->mr, why, wl);
+		r = mr_reg_retry(g, pt, &a, &e->mr, why, wl);
 	}
-	if (a.dmabuf_fd >= 0)
-		close(a.dmabuf_fd);
 	if (r == 0)
 		r = tpb_rdma_port_open(pt, why, wl); /* already open: only counts the region */
 	if (r < 0) {
 		if (e && e->mr)
 			tpv_mr_dereg(pt->ctx, e->mr);
+		if (e)
+			tpb_rdma_dmabuf_unref(e->dmabuf);
 		free(e);
 		return r;
 	}
 	e->port = pt;
 	g->cache.misses++;
 	if (s->mem.loc == TPB_LOC_CUDA)
-		reg_method_count(g, e->mr, a.dmabuf_fd >= 0);
+		reg_method_count(g, e->how, e->exported);
 	if (cache && (s->buf || s->mem.loc == TPB_LOC_CUDA)) {
 		e->buf = s->buf ? tpb_buffer_ref(s->buf) : NULL;
 		e->cuda = s->mem.loc == TPB_LOC_CUDA ? tpb_cuda_map_ref(s->mem.cuda) : NULL;
@@ -243,16 +331,19 @@ static int reg_one(struct tpb_rdma *g, struct rdma_port *pt, const struct tpb_rd
 {
 	bool cache = cache_cap(g) > 0;
 	struct tpb_cuda_map *cuda = s->mem.loc == TPB_LOC_CUDA ? s->mem.cuda : NULL;
+	struct rdma_dmabuf *d = NULL;
 	struct rdma_mr *e = NULL;
 	int r;
 
+	if (cuda)
+		d = tpb_rdma_dmabuf_find(g, s->mem.proc, tpb_cuda_gdr_handle(&s->mem));
 	if (cache && (s->buf || cuda))
-		e = cache_find(g, pt, s->buf, cuda, s->mem.addr, s->len);
+		e = cache_find(g, pt, s->buf, cuda, d, s->mem.addr, s->len);
 	if (e) {
 		g->cache.hits++;
 		tpu_list_remove(&e->node); /* now the most recently used */
 		tpu_list_insert_tail(&g->mrs, &e->node);
-	} else if ((r = mr_new(g, pt, s, cache, &e, why, wl)) < 0) {
+	} else if ((r = mr_new(g, pt, s, d, cache, &e, why, wl)) < 0) {
 		return r;
 	}
 	e->users++;

@@ -21,10 +21,11 @@ struct tpb_rdma_recv {
 	struct rdma_regs regs;
 	const struct tpb_rdma_seg *segs;
 	struct tpb_rdma *g;
-	struct rdma_timer timer; /* polls the reader's CUDA events */
+	struct rdma_timer timer; /* polls the mappings to open, then the reader's CUDA events */
 	tpb_rdma_ready_fn ready;
 	void *arg;
 	struct tpb_rdma_region *regions;
+	bool registered; /* @regs made: the mappings were open */
 };
 
 /* ---- transfers ---------------------------------------------------------------------------- */
@@ -97,12 +98,54 @@ static int recv_offered(const struct tpb_rdma_link *l, const struct tpb_rdma_seg
 	return 0;
 }
 
+/* 1 when the mapping of every CUDA segment is open, 0 while some are opening (on the CUDA
+ * layer's worker: cuIpcOpenMemHandle may block for long), -errno. */
+static int maps_open(const struct tpb_rdma_seg *segs, size_t n, char *why, size_t wl)
+{
+	int all = 1;
+
+	for (size_t i = 0; i < n; i++) {
+		int r = segs[i].len ? tpb_cuda_gdr_poll_open(&segs[i].mem, why, wl) : 1;
+
+		if (r < 0)
+			return r;
+		all &= r;
+	}
+	return all;
+}
+
+/* Registers @rv's destination (its mappings open: no driver call that may block) and fills
+ * its regions for the offer. */
+static int recv_register(struct tpb_rdma_recv *rv, char *why, size_t wl)
+{
+	int r = tpb_rdma_reg_make(rv->g, rv->segs, rv->regs.n, &rv->regs, why, wl);
+
+	if (r < 0)
+		return r;
+	for (size_t i = 0; i < rv->regs.n; i++) {
+		const struct rdma_reg *g = &rv->regs.r[i];
+
+		rv->regions[i] = (struct tpb_rdma_region){
+			.addr = g->addr,
+			.rkey = g->rkey,
+			.length = g->len,
+			.cuda = rv->segs[i].mem.loc == TPB_LOC_CUDA,
+		};
+	}
+	rv->registered = true;
+	return 0;
+}
+
 static void recv_on_timer(struct rdma_timer *t)
 {
 	struct tpb_rdma_recv *rv = tpu_container_of(t, struct tpb_rdma_recv, timer);
 	char why[160] = "";
-	int r = events_done(rv->segs, rv->regs.n, why, sizeof(why));
+	int r = rv->registered ? 1 : maps_open(rv->segs, rv->regs.n, why, sizeof(why));
 
+	if (r > 0 && !rv->registered)
+		r = recv_register(rv, why, sizeof(why));
+	if (r > 0 || (r == 0 && rv->registered))
+		r = events_done(rv->segs, rv->regs.n, why, sizeof(why));
 	if (r == 0) {
 		tpb_rdma_timer_in_us(rv->g, &rv->timer, RDMA_POLL_US);
 		return;
@@ -130,6 +173,7 @@ int tpb_rdma_recv_new(struct tpb_rdma_link *l, const struct tpb_rdma_seg *segs, 
 	if (!rv)
 		return -ENOMEM;
 	rv->segs = segs;
+	rv->regs.n = n;
 	rv->g = l->g;
 	rv->timer.fn = recv_on_timer;
 	rv->ready = ready;
@@ -139,21 +183,13 @@ int tpb_rdma_recv_new(struct tpb_rdma_link *l, const struct tpb_rdma_seg *segs, 
 	if (r == 0)
 		r = link_port(l, tpb_cuda_bus_id(tpb_rdma_reg_first_cuda(segs, n)), -1,
 			      &rv->regs.port, why, wl);
-	if (r == 0)
-		r = tpb_rdma_reg_make(l->g, segs, n, &rv->regs, why, wl);
+	/* Mappings not open yet are opened off the loop; the timer registers once they are
+	 * (a failure then reaches @ready, and the reader goes without RDMA). */
+	if (r == 0 && (r = maps_open(segs, n, why, wl)) > 0)
+		r = recv_register(rv, why, wl);
 	if (r < 0) {
 		tpb_rdma_recv_free(rv);
 		return r == -ENOMEM ? r : -EOPNOTSUPP;
-	}
-	for (size_t i = 0; i < n; i++) {
-		const struct rdma_reg *g = &rv->regs.r[i];
-
-		rv->regions[i] = (struct tpb_rdma_region){
-			.addr = g->addr,
-			.rkey = g->rkey,
-			.length = g->len,
-			.cuda = segs[i].mem.loc == TPB_LOC_CUDA,
-		};
 	}
 	tpb_rdma_timer_in_us(rv->g, &rv->timer, 0);
 	*ret = rv;

@@ -10,6 +10,8 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/stat.h>
+#include <sys/vfs.h>
 #include "tpv-int.h"
 
 /* Opens the device called @name. Return: 0 or -errno (reason in @why). */
@@ -256,6 +258,8 @@ int tpv_mr_reg(struct tpv_ctx *ctx, const struct tpv_mr_args *a, struct tpv_mr *
 			snprintf(dmabuf_err, sizeof(dmabuf_err), "ibv_reg_dmabuf_mr: %s",
 				 tpu_strerror(r, eb, sizeof(eb)));
 		method = mr ? TPV_MR_DMABUF : TPV_MR_HOST;
+		if (!mr && a->dmabuf_only)
+			return tpu_why(r, why, why_len, "%s", dmabuf_err);
 	}
 	if (!mr) {
 		r = mr_reg_host(ctx, a, dmabuf_err[0] ? dmabuf_err : NULL, &mr, why, why_len);
@@ -270,6 +274,34 @@ int tpv_mr_reg(struct tpv_ctx *ctx, const struct tpv_mr_args *a, struct tpv_mr *
 	*m = (struct tpv_mr){ .mr = mr, .method = method, .addr = (uint64_t)(uintptr_t)a->addr,
 			      .len = a->len, .lkey = mr->lkey, .rkey = mr->rkey };
 	*ret = m;
+	return 0;
+}
+
+#ifndef DMA_BUF_MAGIC
+#define DMA_BUF_MAGIC 0x444d4142 /* linux/magic.h */
+#endif
+
+int tpv_dmabuf_size(const struct tpv_ops *ops, int fd, uint64_t *ret_size)
+{
+	struct statfs sfs;
+	struct stat st;
+	uint64_t size = 0;
+	int r;
+
+	if (fd < 0)
+		return -EBADF;
+	if (ops && ops->dmabuf_size) {
+		r = ops->dmabuf_size(fd, &size);
+		if (r)
+			return -abs(r);
+	} else {
+		if (fstatfs(fd, &sfs) < 0 || fstat(fd, &st) < 0)
+			return -errno;
+		if ((unsigned long)sfs.f_type != DMA_BUF_MAGIC || st.st_size <= 0)
+			return -ENOTTY;
+		size = (uint64_t)st.st_size;
+	}
+	*ret_size = size;
 	return 0;
 }
 

@@ -54,6 +54,10 @@ struct tpv_ops {
 					uint64_t iova, int fd, int access);
 	int (*dereg_mr)(struct ibv_mr *mr);
 	int (*post_send)(struct ibv_qp *qp, struct ibv_send_wr *wr, struct ibv_send_wr **bad_wr);
+	/* Not a verbs call: what the provider takes as a dma-buf. 0 and its size in bytes, or
+	 * a positive errno for an fd that is none. NULL (libibverbs): the kernel's dma-buf, an
+	 * fd on the dma-buf file system (tpv_dmabuf_size()). A stand-in names its own. */
+	int (*dmabuf_size)(int fd, uint64_t *ret_size);
 };
 
 /* The library tpv_ops_load() binds at run time; tpipd is never linked to libibverbs. */
@@ -213,6 +217,7 @@ struct tpv_mr_args {
 	int dmabuf_fd;		/* from cuMemGetHandleForAddressRange(DMA_BUF_FD), or -EBADF */
 	uint64_t dmabuf_offset; /* where @addr lies inside the dma-buf */
 	bool device_mem;	/* @addr is GPU memory (only improves the error message) */
+	bool dmabuf_only;	/* with a dma-buf fd: no ibv_reg_mr if ibv_reg_dmabuf_mr fails */
 };
 
 struct tpv_mr {
@@ -237,6 +242,15 @@ struct tpv_mr {
  */
 int tpv_mr_reg(struct tpv_ctx *ctx, const struct tpv_mr_args *a, struct tpv_mr **ret,
 	       char *why, size_t why_len);
+
+/*
+ * tpv_dmabuf_size() - whether @fd is a dma-buf for @ops's provider, and its size: the
+ * provider's dmabuf_size op where it has one, else the kernel's (an fd on the dma-buf file
+ * system, fstatfs() DMA_BUF_MAGIC, whose size fstat() gives). Regular files, pipes, sockets,
+ * memfds are none. Borrows @ops and @fd.
+ * Return: 0 and *@ret_size; -EBADF (not an open fd), -ENOTTY (open, but no dma-buf), -errno.
+ */
+int tpv_dmabuf_size(const struct tpv_ops *ops, int fd, uint64_t *ret_size);
 
 /*
  * tpv_mr_dereg() - deregister and free @mr (NULL is fine).

@@ -43,6 +43,7 @@ struct cuda_alloc {
 	int ordinal;
 	uint64_t used; /* clock of the last use: the least recently used is evicted */
 	CUipcMemHandle handle;
+	bool dmabuf_tried; /* its dma-buf was handed to the daemon, or could not be */
 };
 
 struct cuda_pool;
@@ -369,6 +370,20 @@ static bool cache_take(struct tpc_cuda *st, unsigned long long id, CUipcMemHandl
 	return a != NULL;
 }
 
+/* True once per cached allocation @id: the caller is the one to hand over its dma-buf. */
+static bool cache_claim_dmabuf(struct tpc_cuda *st, unsigned long long id)
+{
+	struct cuda_alloc *a;
+	bool claim = false;
+
+	pthread_mutex_lock(st->lock);
+	a = cache_find_locked(st, id);
+	if (a && !a->dmabuf_tried)
+		claim = a->dmabuf_tried = true;
+	pthread_mutex_unlock(st->lock);
+	return claim;
+}
+
 /* ---- event pools --------------------------------------------------------------------------- */
 
 static struct cuda_pool *pool_get_locked(struct tpc_cuda *st, CUcontext cuctx)
@@ -564,6 +579,83 @@ static int export_lookup(struct export_job *j)
 	return cuda_check_range(m, &j->alloc);
 }
 
+/* ---- dma-buf for the daemon's RDMA registration ------------------------------------------- */
+
+struct dmabuf_job {
+	const struct tpcuda_api *api;
+	const struct cuda_alloc *alloc;
+	int fd;
+};
+
+/* Exports the dma-buf of the whole allocation where the driver documents it: memory of
+ * cuMemAlloc in this process, whole pages, a device with DMA_BUF_SUPPORTED. Context pushed. */
+static int dmabuf_in_context(void *arg)
+{
+	struct dmabuf_job *j = arg;
+	const struct tpcuda_api *api = j->api;
+	uint64_t page = (uint64_t)sysconf(_SC_PAGESIZE);
+	int supported = 0, fd = -1;
+	CUdevice dev;
+
+	if (!api->cuMemGetHandleForAddressRange || j->alloc->base % page ||
+	    j->alloc->size % page)
+		return -EOPNOTSUPP;
+	if (api->cuDeviceGet(&dev, j->alloc->ordinal) != CUDA_SUCCESS ||
+	    api->cuDeviceGetAttribute(&supported, CU_DEVICE_ATTRIBUTE_DMA_BUF_SUPPORTED, dev) !=
+		    CUDA_SUCCESS || !supported)
+		return -EOPNOTSUPP;
+	if (api->cuMemGetHandleForAddressRange(&fd, j->alloc->base, j->alloc->size,
+					       CU_MEM_RANGE_HANDLE_TYPE_DMA_BUF_FD, 0) !=
+		    CUDA_SUCCESS || fd < 0)
+		return -EOPNOTSUPP;
+	j->fd = fd;
+	return 0;
+}
+
+/* Sends CudaDmabuf{@a} with @fd (borrowed): fire and forget, ahead of the caller's frame. */
+static void dmabuf_send(struct tp_context *ctx, const struct cuda_alloc *a, int fd)
+{
+	Tpw__V1__CudaDmabuf db = TPW__V1__CUDA_DMABUF__INIT;
+	Tpw__V1__ClientMsg msg = TPW__V1__CLIENT_MSG__INIT;
+	uint8_t bytes[TPW_CUDA_HANDLE_BYTES];
+	bool tell;
+
+	memcpy(bytes, &a->handle, sizeof(bytes));
+	db.mem_handle = (ProtobufCBinaryData){ sizeof(bytes), bytes };
+	db.size = a->size;
+	msg.body_case = TPW__V1__CLIENT_MSG__BODY_CUDA_DMABUF;
+	msg.cuda_dmabuf = &db;
+	pthread_mutex_lock(&ctx->send_lock);
+	pthread_mutex_lock(&ctx->lock);
+	tell = !ctx->dead;
+	pthread_mutex_unlock(&ctx->lock);
+	if (tell)
+		tpc_wire_send(ctx, &msg, NULL, 0, fd); /* failure: connection loss */
+	pthread_mutex_unlock(&ctx->send_lock);
+}
+
+/*
+ * Hands the daemon the dma-buf of @j's allocation, once per cached allocation, for a pipe to
+ * another host (the daemon registers that memory for RDMA from it). Best effort: where the
+ * allocation cannot be exported the daemon registers it its own way, so nothing is reported.
+ */
+static void export_dmabuf(struct tp_context *ctx, struct export_job *j)
+{
+	struct dmabuf_job dj = { .api = j->st->api, .alloc = &j->alloc, .fd = -EBADF };
+	char what[sizeof(j->m->what)];
+	int r;
+
+	if (!j->m->remote || ctx->daemon_minor < TPW_MINOR_CUDA_DMABUF ||
+	    !cache_claim_dmabuf(j->st, j->alloc.buffer_id))
+		return;
+	memcpy(what, j->m->what, sizeof(what));
+	r = cuda_in_context(dj.api, what, j->alloc.cuctx, dmabuf_in_context, &dj);
+	if (r == 0 && dj.fd >= 0)
+		dmabuf_send(ctx, &j->alloc, dj.fd);
+	if (dj.fd >= 0)
+		close(dj.fd);
+}
+
 static void export_fill(const struct export_job *j, struct tpc_cuda_seg *cs, Tpw__V1__Segment *s)
 {
 	Tpw__V1__CudaRef *ref = &cs->ref;
@@ -604,6 +696,7 @@ int tpc_cuda_export(struct tp_context *ctx, const struct tpc_cuda_mem *m, struct
 		return r;
 	if (!j.cached)
 		cache_put(j.st, &j.alloc);
+	export_dmabuf(ctx, &j);
 	export_fill(&j, cs, s);
 	return 0;
 }

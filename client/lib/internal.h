@@ -301,6 +301,9 @@ struct tp_context {
 
 /* ---- pipes, descriptors, listeners --------------------------------------------------------- */
 
+/* The pipe's other end is on another host (its uid is only claimed). */
+#define TPC_PIPE_REMOTE(p) ((p)->remote_uid_status == TP_UID_CLAIMED)
+
 enum tpc_pipe_state {
 	TPC_PIPE_CONNECTING,
 	TPC_PIPE_OPEN,
@@ -573,6 +576,7 @@ struct tpc_cuda_mem {
 	int device;    /* the ordinal the memory must be on; -1: any */
 	void *stream;  /* CUstream; NULL: the legacy default stream */
 	char what[32]; /* "tensor 3", for messages */
+	bool remote;   /* for a pipe to another host: hand the daemon a dma-buf of it (RDMA) */
 };
 
 /* The CudaRef of one segment and the bytes it points to. */
@@ -598,7 +602,11 @@ int tpc_cuda_check(struct tp_context *ctx, bool daemon);
  * contains it (cached per context), its offset, its device's PCI bus id, and an interprocess
  * event recorded on @m->stream now (one per CUDA context and stream in @ret_events; if the
  * context already holds the most events it may, the stream is synchronized instead and the
- * segment names no event). No lock held; call tpc_cuda_check() first. Borrows @ctx and @m.
+ * segment names no event). With @m->remote, the first time for an allocation of whole pages
+ * on a device that exports dma-bufs and a daemon of minor >= TPW_MINOR_CUDA_DMABUF, it also
+ * exports the dma-buf of the whole allocation and hands it to the daemon (CudaDmabuf, sent
+ * ahead of the caller's frame) for RDMA registration; a failure there only leaves the daemon
+ * its other ways. No lock held; call tpc_cuda_check() first. Borrows @ctx and @m.
  * @cs: filled; @s points into it afterwards, so it must outlive the frame's sending.
  * @s: becomes a Segment{length, cuda}.
  * @ret_events: the operation's events; the new one is added (owned by the operation, given

@@ -371,7 +371,7 @@ static void read_copy_eager(const struct tpc_desc *d, const struct tp_allocation
 
 static struct tpc_cuda_mem read_cuda_mem(const struct tp_slot *s, size_t len, size_t i)
 {
-	struct tpc_cuda_mem m = { s->data, len, s->device.index, s->cuda_stream, "" };
+	struct tpc_cuda_mem m = { s->data, len, s->device.index, s->cuda_stream, "", false };
 
 	snprintf(m.what, sizeof(m.what), "slot %zu", i);
 	return m;
@@ -607,6 +607,7 @@ static int read_cuda_export(struct tp_context *ctx, struct read_plan *pl,
 		if (!read_on_cuda(s, len))
 			continue;
 		m = read_cuda_mem(s, len, i);
+		m.remote = TPC_PIPE_REMOTE(d->pipe);
 		r = tpc_cuda_export(ctx, &m, &pl->cuda[pl->n_cuda++], &pl->seg[i],
 				    &op->cuda_events);
 	}

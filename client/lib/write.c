@@ -178,7 +178,7 @@ static bool write_on_cuda(const struct tp_tensor *t)
  * stream, held by @op. An empty CUDA tensor needs no memory and travels like an empty CPU one.
  */
 static int write_cuda(struct tp_context *ctx, struct write_plan *pl, const struct tp_message *msg,
-		      struct tpc_op *op)
+		      struct tpc_op *op, bool remote)
 {
 	size_t np = msg->n_payloads, n = 0;
 	int r;
@@ -195,11 +195,13 @@ static int write_cuda(struct tp_context *ctx, struct write_plan *pl, const struc
 		return tpc_error(-ENOMEM, "out of memory");
 	for (size_t i = 0; r == 0 && i < msg->n_tensors; i++) {
 		const struct tp_tensor *t = &msg->tensors[i];
-		struct tpc_cuda_mem m = { t->data, t->length, t->device.index, t->cuda_stream, "" };
+		struct tpc_cuda_mem m = { t->data, t->length, t->device.index, t->cuda_stream, "",
+					  false };
 
 		if (!write_on_cuda(t))
 			continue;
 		snprintf(m.what, sizeof(m.what), "tensor %zu", i);
+		m.remote = remote;
 		r = tpc_cuda_export(ctx, &m, &pl->cuda[pl->n_cuda++], &pl->seg[np + i],
 				    &op->cuda_events);
 	}
@@ -496,7 +498,7 @@ int tpc_pipe_write(struct tp_pipe *p, const struct tp_message *msg, tp_done_fn c
 		op->cb.done = cb;
 		op->arg = arg;
 		write_build(pl, msg, p->id);
-		r = write_cuda(p->ctx, pl, msg, op);
+		r = write_cuda(p->ctx, pl, msg, op, TPC_PIPE_REMOTE(p));
 		if (r == 0)
 			r = write_send(p, pl, msg, total, op, &id);
 	}

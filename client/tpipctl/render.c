@@ -117,6 +117,10 @@ struct json_object *ctl_json_status(const Tpw__V1__CtlStatus *s)
 	ctl_json_u64(o, "rdma_cache_evictions", s->rdma_cache_evictions);
 	ctl_json_u64(o, "rdma_reg_dmabuf", s->rdma_reg_dmabuf);
 	ctl_json_u64(o, "rdma_reg_addr", s->rdma_reg_addr);
+	ctl_json_u64(o, "rdma_reg_client_dmabuf", s->rdma_reg_client_dmabuf);
+	ctl_json_u64(o, "cuda_dmabufs", s->cuda_dmabufs);
+	ctl_json_u64(o, "cuda_dmabufs_refused", s->cuda_dmabufs_refused);
+	ctl_json_u64(o, "cuda_dmabufs_evicted", s->cuda_dmabufs_evicted);
 	ctl_json_u64(o, "client_input_bytes", s->client_input_bytes);
 	ctl_json_u64(o, "client_queued_bytes", s->client_queued_bytes);
 	ctl_json_u64(o, "sessions_refused", s->sessions_refused);
@@ -182,8 +186,12 @@ static int status_text(const Tpw__V1__CtlStatus *s, FILE *out)
 			s->rdma_cache_regions, ctl_fmt_bytes(s->rdma_cache_bytes, b1, sizeof(b1)),
 			s->rdma_cache_hits, s->rdma_cache_misses, s->rdma_cache_evictions);
 	ctl_table_cellf(&t, "gpu registrations:");
-	ctl_table_cellf(&t, "%" PRIu64 " by dma-buf, %" PRIu64 " by address", s->rdma_reg_dmabuf,
+	ctl_table_cellf(&t, "%" PRIu64 " by client dma-buf, %" PRIu64 " by dma-buf, %" PRIu64
+			" by address", s->rdma_reg_client_dmabuf, s->rdma_reg_dmabuf,
 			s->rdma_reg_addr);
+	ctl_table_cellf(&t, "client dma-bufs:");
+	ctl_table_cellf(&t, "%" PRIu64 " held, %" PRIu64 " refused, %" PRIu64 " evicted",
+			s->cuda_dmabufs, s->cuda_dmabufs_refused, s->cuda_dmabufs_evicted);
 	ctl_table_cellf(&t, "session limits:");
 	ctl_table_cellf(&t, "%" PRIu32 " (%" PRIu32 " kept for admins), %" PRIu32 " per uid, %" PRIu64
 			" refused", s->sessions_max, s->sessions_reserved, s->sessions_per_uid,

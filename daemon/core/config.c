@@ -129,6 +129,9 @@ static const struct opt opts[] = {
 	  "listeners per client (default 256)" },
 	{ "cuda-mappings-max", "limits", K_U32, OFF(cuda_holds_max), 1, 1u << 20, true, "N",
 	  "CUDA allocations a client keeps mapped, least recently used unmapped (default 256)" },
+	{ "cuda-dmabufs-max", "limits", K_U32, OFF(cuda_dmabufs_max), 0, 1u << 16, true, "N",
+	  "dma-bufs of CUDA allocations a client hands over for RDMA, least recently\n"
+	  "                            handed over closed beyond it; 0 refuses them (default 64)" },
 	{ "cuda-cache-mappings", "limits", K_BOOL, OFF(cuda_cache), 0, 0, true, "yes|no",
 	  "keep clients' CUDA memory mapped between transfers\n"
 	  "                            (default no: mapped for each transfer only)" },
@@ -245,6 +248,7 @@ void tpd_config_defaults(struct tpd_config *c)
 	c->outq_max = 256ull << 20;
 	c->listeners_max = 256;
 	c->cuda_holds_max = TPD_DEVMEM_HOLDS;
+	c->cuda_dmabufs_max = TPD_DEVMEM_DMABUFS;
 	c->groups_per_uid = 16;
 	c->group_members_max = 256;
 	c->group_peer_groups_max = 64;

@@ -20,6 +20,9 @@
 /* Default of --cuda-mappings-max: CUDA allocations and events a session keeps mapped
  * (local/devmem.c drops the least recently used beyond it). */
 #define TPD_DEVMEM_HOLDS 256
+/* Default of --cuda-dmabufs-max: dma-bufs of CUDA allocations a session may hand over (fds the
+ * daemon holds for it; local/devmem.c, backends/rdma/dmabuf.c). */
+#define TPD_DEVMEM_DMABUFS 64
 
 struct tpd_config {
 	char socket_path[108];
@@ -57,6 +60,7 @@ struct tpd_config {
 	uint64_t outq_max;	    /* bytes queued towards one session before it is dropped */
 	uint32_t listeners_max;	    /* per session */
 	uint32_t cuda_holds_max;    /* CUDA allocations and events a session keeps mapped */
+	uint32_t cuda_dmabufs_max;  /* dma-bufs of CUDA allocations a session may hand over */
 	bool cuda_cache;	    /* keep them mapped between transfers (default: no) */
 	uint32_t groups_per_uid;    /* collective groups one uid may have (group/) */
 	uint32_t group_members_max; /* members of one group */

@@ -148,6 +148,10 @@ static void fill_status(struct tpd_daemon *d, const struct ctl_bufs *b, Tpw__V1_
 	st->rdma_cache_evictions = rc.evictions;
 	st->rdma_reg_dmabuf = rc.reg_dmabuf;
 	st->rdma_reg_addr = rc.reg_addr;
+	st->rdma_reg_client_dmabuf = rc.reg_client_dmabuf;
+	st->cuda_dmabufs = rc.dmabufs;
+	st->cuda_dmabufs_refused = rc.dmabufs_refused;
+	st->cuda_dmabufs_evicted = rc.dmabufs_evicted;
 	count_visible(d, b, st);
 	fill_status_limits(d, b, st);
 }

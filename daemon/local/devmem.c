@@ -4,7 +4,9 @@
  * lives as long as the transfers that use it (the copy thread closes it at the end of the
  * last one, before the writer learns that its write is done), so a client may free its memory
  * once its write completes; with cuda-cache-mappings the session also holds it (bounded by
- * cuda-mappings-max) until CudaRelease or the session's end.
+ * cuda-mappings-max) until CudaRelease or the session's end. A dma-buf the client exported
+ * of its allocation (CudaDmabuf) is held for the session by backends/rdma/dmabuf.c, bounded by
+ * cuda-dmabufs-max, until CudaRelease of that allocation or the session's end.
  */
 #include <errno.h>
 #include <stdio.h>
@@ -86,8 +88,25 @@ void tpd_devmem_put(struct tpb_mem *m)
 	m->cuda = m->event = NULL;
 }
 
+void tpd_devmem_dmabuf(struct tpd_session *s, const Tpw__V1__CudaDmabuf *m, int fd)
+{
+	char why[192] = "";
+	int r;
+
+	r = tpb_rdma_dmabuf_add(tpd_daemon_rdma(s->d), s->proc, m->mem_handle.data, m->size, fd,
+				tpd_daemon_cfg(s->d)->cuda_dmabufs_max, why, sizeof(why));
+	/* no RDMA here is the host's state, not the client's doing: said at debug level only */
+	if (r < 0)
+		tpd_session_log(s, r == -EOPNOTSUPP ? TPU_LOG_DEBUG : TPU_LOG_INFO,
+				"dma-buf of a CUDA allocation (%llu bytes) refused, registering it "
+				"another way: %s", (unsigned long long)m->size, why);
+	if (m->req_id)
+		tpd_session_reply(s, m->req_id, r, r < 0 ? why : NULL, 0, NULL);
+}
+
 void tpd_devmem_release(struct tpd_session *s, const Tpw__V1__CudaRelease *m)
 {
+	tpb_rdma_dmabuf_drop(tpd_daemon_rdma(s->d), s->proc, m->mem_handle.data);
 	if (s->cuda && tpb_cuda_unhold(s->cuda, m->mem_handle.data)) {
 		tpu_log_debug("session %llu: CUDA allocation released",
 			      (unsigned long long)s->id);
@@ -99,5 +118,6 @@ void tpd_devmem_session_end(struct tpd_session *s)
 {
 	tpb_cuda_holds_free(s->cuda);
 	s->cuda = NULL;
+	tpb_rdma_dmabuf_drop_owner(tpd_daemon_rdma(s->d), s->proc);
 	tpb_rdma_forget_cuda(tpd_daemon_rdma(s->d));
 }

@@ -25,7 +25,11 @@ int tpd_devmem_resolve(struct tpd_session *s, const Tpw__V1__CudaRef *c, struct 
 /* Drops the references of a memory reference from tpd_devmem_resolve() (others: no-op). */
 void tpd_devmem_put(struct tpb_mem *m);
 
-/* Handles CudaRelease from @s. */
+/* Handles CudaDmabuf from @s: the dma-buf @fd (taken, also on failure) is held for @s's RDMA
+ * registrations of that allocation, or refused (Reply when m->req_id is set; logged). */
+void tpd_devmem_dmabuf(struct tpd_session *s, const Tpw__V1__CudaDmabuf *m, int fd);
+
+/* Handles CudaRelease from @s (its dma-buf of that allocation goes too). */
 void tpd_devmem_release(struct tpd_session *s, const Tpw__V1__CudaRelease *m);
 
 /* Drops everything @s holds (the session ends). */

@@ -418,6 +418,12 @@ static bool on_cuda_release(struct tpd_session *s, Tpw__V1__ClientMsg *m, struct
 	return false;
 }
 
+static bool on_cuda_dmabuf(struct tpd_session *s, Tpw__V1__ClientMsg *m, struct sessmsg_in *in)
+{
+	tpd_devmem_dmabuf(s, m->cuda_dmabuf, TAKE_FD(*in->fd));
+	return false;
+}
+
 static bool on_write(struct tpd_session *s, Tpw__V1__ClientMsg *m, struct sessmsg_in *in)
 {
 	struct tpd_pipe_end *e = find_end(s, m->write->pipe_id);
@@ -578,6 +584,7 @@ static const struct sessmsg_cmd sessmsg_cmds[] = {
 	[TPW__V1__CLIENT_MSG__BODY_GROUP_LEAVE] = { on_group_leave, 0 },
 	[TPW__V1__CLIENT_MSG__BODY_CHAN_OP] = { on_chan_op, 0 },
 	[TPW__V1__CLIENT_MSG__BODY_WQ_OP] = { on_wq_op, 0 },
+	[TPW__V1__CLIENT_MSG__BODY_CUDA_DMABUF] = { on_cuda_dmabuf, 0 },
 };
 
 /* The table entry of @m's body case, or NULL for a case it does not know. */

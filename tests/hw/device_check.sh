@@ -22,7 +22,7 @@ rc=$?
 cat "$tmp/run.log"
 [ "$rc" = 0 ] || { echo "FAIL: run --fake exited $rc"; exit 1; }
 for t in test_cuda_xfer test_cuda_peer test_cuda_host test_cuda_stream test_cuda_faults \
-	test_cuda_ctl test_fakeverbs test_rdma test_cuda_gdr; do
+	test_cuda_ctl test_fakeverbs test_rdma test_cuda_gdr test_cuda_dmabuf; do
 	grep -qE "^$t +ok " "$tmp/run.log" || { echo "FAIL: $t is not ok in the summary"; exit 1; }
 	[ -s "$OUT/device-check/$t.log" ] || { echo "FAIL: no log for $t in \$OUT"; exit 1; }
 done

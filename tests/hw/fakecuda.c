@@ -12,7 +12,9 @@
  * stream is one more such queue, and the synchronous copies run on it and wait. Devices
  * ($FAKECUDA_DEVICES, default 2) are contexts with an ordinal, a made-up PCI bus id and a UUID
  * that $FAKECUDA_UUID_SALT changes (another MIG instance behind the same bus id). A
- * dma-buf for a device range is the memfd reopened at the range's start (for fakeverbs).
+ * dma-buf for a device range is the memfd reopened read-only at the range's start (for
+ * fakeverbs), exported only for whole pages of an allocation of this process, never for a range
+ * imported by IPC; $FAKECUDA_NO_DMABUF=1 makes the device say it exports none.
  * It is as strict as the driver where our code could go wrong on a real GPU: events and streams
  * belong to the context current when they were made (an IPC event to the one it was opened
  * in), and cuEventRecord() of an event on a stream of another context fails with
@@ -633,6 +635,13 @@ CUresult CUDAAPI cuDeviceGetCount(int *count)
 	return inited ? CUDA_SUCCESS : CUDA_ERROR_NOT_INITIALIZED;
 }
 
+/* Does the device export dma-bufs (CU_DEVICE_ATTRIBUTE_DMA_BUF_SUPPORTED)? Not with
+ * $FAKECUDA_NO_DMABUF set, as on a driver or kernel without them. */
+static bool dmabuf_supported(void)
+{
+	return !getenv("FAKECUDA_NO_DMABUF") || !*getenv("FAKECUDA_NO_DMABUF");
+}
+
 static bool dev_ok(CUdevice d)
 {
 	return inited && d >= 0 && d < n_devs;
@@ -702,6 +711,7 @@ CUresult CUDAAPI cuDeviceGetAttribute(int *pi, CUdevice_attribute attrib, CUdevi
 	case CU_DEVICE_ATTRIBUTE_GPU_DIRECT_RDMA_WRITES_ORDERING:
 		*pi = getenv("FAKECUDA_RDMA_ORDERING") ? atoi(getenv("FAKECUDA_RDMA_ORDERING")) : 0;
 		break;
+	case CU_DEVICE_ATTRIBUTE_DMA_BUF_SUPPORTED: *pi = dmabuf_supported(); break;
 	case CU_DEVICE_ATTRIBUTE_GPU_DIRECT_RDMA_FLUSH_WRITES_OPTIONS:
 		*pi = getenv("FAKECUDA_NO_RDMA_FLUSH") ? 0 : CU_FLUSH_GPU_DIRECT_RDMA_WRITES_OPTION_HOST;
 		break;
@@ -888,22 +898,26 @@ CUresult CUDAAPI cuPointerGetAttribute(void *data, CUpointer_attribute attr, CUd
 }
 
 /*
- * A dma-buf for [dptr, dptr + size): the allocation's memfd opened anew (its own file position)
- * and positioned at the range's start, so that offset 0 of the "dma-buf" is @dptr as with the
- * real driver; fakeverbs' reg_dmabuf_mr reads that position back. Like the driver, both ends
- * must be aligned to the host page size and lie in one allocation (whose size, as mapped, is
- * rounded up to a page).
+ * A dma-buf for [dptr, dptr + size): the allocation's memfd opened anew, read-only (which is how
+ * fakeverbs tells an export from any other fd: see its fv_dmabuf_size()), and positioned at the
+ * range's start, so that offset 0 of the "dma-buf" is @dptr as with the real driver; fakeverbs'
+ * reg_dmabuf_mr reads that position back. As strict as the driver documents it: both ends
+ * aligned to the host page size, inside one allocation of this process made by cuMemAlloc
+ * (never rounded past its end), on a device with CU_DEVICE_ATTRIBUTE_DMA_BUF_SUPPORTED; a range
+ * this process imported by cuIpcOpenMemHandle is refused (CUDA_ERROR_NOT_SUPPORTED), as its
+ * export is not documented.
  */
 CUresult CUDAAPI cuMemGetHandleForAddressRange(void *handle, CUdeviceptr dptr, size_t size,
 					       CUmemRangeHandleType type, unsigned long long flags)
 {
 	uintptr_t page = (uintptr_t)sysconf(_SC_PAGESIZE), p = (uintptr_t)dptr;
+	CUresult res = CUDA_ERROR_INVALID_VALUE;
 	struct falloc *a;
 	off_t start = 0;
 	int src = -1, fd;
 
 	fake_delay("cuMemGetHandleForAddressRange");
-	if (type != CU_MEM_RANGE_HANDLE_TYPE_DMA_BUF_FD)
+	if (type != CU_MEM_RANGE_HANDLE_TYPE_DMA_BUF_FD || !dmabuf_supported())
 		return CUDA_ERROR_NOT_SUPPORTED;
 	if (flags == 1) /* CU_MEM_RANGE_FLAG_DMA_BUF_MAPPING_TYPE_PCIE (CUDA 12.8+ headers) */
 		return CUDA_ERROR_NOT_SUPPORTED; /* no BAR1 mapping on this platform */
@@ -911,14 +925,22 @@ CUresult CUDAAPI cuMemGetHandleForAddressRange(void *handle, CUdeviceptr dptr, s
 		return CUDA_ERROR_INVALID_VALUE;
 	pthread_mutex_lock(&lock);
 	a = alloc_find(p);
-	if (a && size <= (a->size + page - 1) / page * page - (p - a->base)) {
+	if (a && a->imported)
+		res = CUDA_ERROR_NOT_SUPPORTED;
+	else if (a && size <= a->size - (p - a->base)) {
 		src = a->fd;
 		start = (off_t)(p - a->base);
 	}
-	fd = src >= 0 ? open_remote_fd(getpid(), src) : -1;
+	fd = -1;
+	if (src >= 0) {
+		char path[64];
+
+		snprintf(path, sizeof(path), "/proc/self/fd/%d", src);
+		fd = open(path, O_RDONLY | O_CLOEXEC);
+	}
 	pthread_mutex_unlock(&lock);
 	if (src < 0)
-		return CUDA_ERROR_INVALID_VALUE;
+		return res;
 	if (fd < 0 || lseek(fd, start, SEEK_SET) < 0) {
 		if (fd >= 0)
 			close(fd);

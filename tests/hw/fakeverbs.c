@@ -22,10 +22,12 @@
  * (with the errors and flushes hardware gives) go to an in-memory CQ and wake its completion
  * channel, an eventfd. Posting before RTS is EINVAL; a failed write puts the QP in ERROR, which
  * flushes every later work request. The objects it returns have no libibverbs insides: use them
- * only through this table. For dma-buf regions the IOVA must be where the dma-buf's bytes are
- * mapped in this process (fakecuda's device memory is), and the fd's file position is taken as the
- * start of the dma-buf in its file (as fakecuda's cuMemGetHandleForAddressRange() leaves it). A
- * failed write's vendor_err says why: 0xf1 no peer table, 0xf2 peer QP missing or not connected to
+ * only through this table. ibv_reg_dmabuf_mr takes only fds that fakecuda's
+ * cuMemGetHandleForAddressRange() exported (fv_dmabuf_size(), also the table's dmabuf_size: a
+ * regular file, a pipe or a memfd of anything else is no dma-buf); the IOVA must be where the
+ * dma-buf's bytes are mapped in this process (fakecuda's device memory is), and the fd's file
+ * position is taken as the start of the dma-buf in its file (as fakecuda's
+ * cuMemGetHandleForAddressRange() leaves it). A failed write's vendor_err says why: 0xf1 no peer table, 0xf2 peer QP missing or not connected to
  * us, 0xf3 PSN mismatch, 0xf4 peer QP lacks remote write, 0xf5 bad rkey, 0xf6 out of the region,
  * 0xf7 injected, 0xf8 bad lkey, 0x100 + errno a failed process_vm_writev, 0xf9 unreachable (another
  * rail, or GID kinds that do not route), 0xfa the fabric is down, 0xfb a traffic class or service
@@ -1287,10 +1289,42 @@ static struct ibv_mr *fv_reg_mr(struct ibv_pd *pd, void *addr, size_t len, int a
 	return mr_add(pd, a, len, access, maps_device(a, len));
 }
 
+/*
+ * What this provider takes as a dma-buf: only what fakecuda's cuMemGetHandleForAddressRange()
+ * returns, a device allocation's memfd ("fakecuda") opened again read-only, whose "dma-buf"
+ * starts at the fd's file position (fakecuda opens device memory and IPC handles read-write).
+ * Regular files, pipes, sockets and other memfds are none, as for the kernel. Its size: from
+ * that position to the allocation's end. Return: 0, or a positive errno.
+ */
+static int fv_dmabuf_size(int fd, uint64_t *ret_size)
+{
+	char path[64], target[96];
+	struct stat st;
+	ssize_t n;
+	off_t pos;
+	int fl;
+
+	if (fd < 0 || fstat(fd, &st) < 0 || (fl = fcntl(fd, F_GETFL)) < 0)
+		return EBADF;
+	snprintf(path, sizeof(path), "/proc/self/fd/%d", fd);
+	n = readlink(path, target, sizeof(target) - 1);
+	if (n < 0)
+		return EBADF;
+	target[n] = '\0';
+	if (!S_ISREG(st.st_mode) || (fl & O_ACCMODE) != O_RDONLY ||
+	    (strcmp(target, "/memfd:fakecuda") && strcmp(target, "/memfd:fakecuda (deleted)")))
+		return ENOTTY;
+	pos = lseek(fd, 0, SEEK_CUR);
+	if (pos < 0 || pos >= st.st_size)
+		return ENOTTY; /* an emptied allocation (freed by its exporter) */
+	*ret_size = (uint64_t)(st.st_size - pos);
+	return 0;
+}
+
 static struct ibv_mr *fv_reg_dmabuf_mr(struct ibv_pd *pd, uint64_t offset, size_t len,
 				       uint64_t iova, int fd, int access)
 {
-	uint64_t end, size;
+	uint64_t end, size = 0;
 	struct stat st;
 	off_t pos;
 	int e = access_check(access);
@@ -1301,12 +1335,10 @@ static struct ibv_mr *fv_reg_dmabuf_mr(struct ibv_pd *pd, uint64_t offset, size_
 		return fv_fail((int)env_ulong("FAKEVERBS_DMABUF_ERRNO"));
 	if (fstat(fd, &st) < 0)
 		return fv_fail(EBADF);
+	if (fv_dmabuf_size(fd, &size))
+		return fv_fail(EINVAL); /* not a dma-buf: only fakecuda's exports are */
 	pos = lseek(fd, 0, SEEK_CUR); /* where the dma-buf starts in its file (see top) */
-	if (!S_ISREG(st.st_mode) || pos < 0)
-		return fv_fail(EINVAL);
-	size = ((uint64_t)st.st_size + 4095) / 4096 * 4096;
-	if ((uint64_t)pos > size || offset > size - (uint64_t)pos ||
-	    len > size - (uint64_t)pos - offset)
+	if (offset > size || len > size - offset)
 		return fv_fail(EINVAL); /* past the end of the dma-buf */
 	if (!maps_cover(iova, len, access & IBV_ACCESS_LOCAL_WRITE, &st, (uint64_t)pos + offset))
 		return fv_fail(EINVAL); /* the fake needs the IOVA to be where those bytes are */
@@ -1630,6 +1662,7 @@ __attribute__((visibility("default"))) const struct tpv_ops tpv_ops_table = {
 	.modify_qp = fv_modify_qp,
 	.reg_mr = fv_reg_mr,
 	.reg_dmabuf_mr = fv_reg_dmabuf_mr,
+	.dmabuf_size = fv_dmabuf_size,
 	.dereg_mr = fv_dereg_mr,
 	.post_send = fv_post_send,
 };

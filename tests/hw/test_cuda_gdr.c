@@ -9,7 +9,10 @@
  * cuda_gdr(cuda>cuda) for an open pipe. Private memory cannot be registered: such a
  * tensor still arrives, staged over the data connections (cuda_basic). A write the RDMA device
  * fails reaches both clients as an error; both daemons stay up, turn RDMA off on that link
- * (`tpipctl peers` says why) and move the next message over the data connections.
+ * (`tpipctl peers` says why) and move the next message over the data connections. Slow IPC
+ * opens (an event's on both daemons, the reader's memory on its daemon) hold up no other
+ * session. On the stand-ins peer memory is on, for the allocations that are not whole pages
+ * (they have no dma-buf; test_cuda_dmabuf runs without peer memory).
  * Needs a CUDA device and an active RDMA port (or the stand-ins of `--setup fakecuda`); skips
  * (77) with the reason otherwise.
  */
@@ -68,10 +71,11 @@ static uint64_t status_u64(const struct tpt_daemon *d, const char *key)
 	return v;
 }
 
-/* CUDA regions @d registered, by dma-buf or by address. */
+/* CUDA regions @d registered: from their client's dma-buf, the daemon's own, or by address. */
 static uint64_t reg_methods(const struct tpt_daemon *d)
 {
-	return status_u64(d, "rdma_reg_dmabuf") + status_u64(d, "rdma_reg_addr");
+	return status_u64(d, "rdma_reg_client_dmabuf") + status_u64(d, "rdma_reg_dmabuf") +
+	       status_u64(d, "rdma_reg_addr");
 }
 
 /* Once the clients have gone, @d keeps no registration and no mapping of their CUDA memory
@@ -391,6 +395,59 @@ START_TEST(test_cuda_gdr_slow_event_open_blocks_no_other_session)
 END_TEST
 
 /*
+ * Issue 28 item 10 (its receive side): the reader's daemon registers the reader's CUDA memory
+ * for RDMA once its mapping is open, and opens it (cuIpcOpenMemHandle, SLOW_MS here, on daemon
+ * B only) on the CUDA layer's worker, never on its event loop: meanwhile daemon B serves other
+ * sessions and answers tpipctl, and the tensor then crosses by cuda_gdr.
+ */
+static bool map_pending(void)
+{
+	char path[128];
+
+	snprintf(path, sizeof(path), "%s/pending-cuIpcOpenMemHandle", slow_dir);
+	return access(path, F_OK) == 0;
+}
+
+START_TEST(test_cuda_gdr_slow_map_open_blocks_no_other_session)
+{
+	struct tpt_xfer xb = { .d = &tpt_peer_b, .name = "slow-map-cpu", .n_msgs = 8,
+			       .spec = slow_cpu_spec };
+	struct timespec step = { 0, 5 * 1000000L };
+	uint64_t b0;
+	char delay[64], *out;
+	pid_t gpu;
+
+	if (!getenv("TPIPD_CUDA_LIBRARY") || !strstr(getenv("TPIPD_CUDA_LIBRARY"), "fakecuda")) {
+		printf("SKIP: a slow driver call needs the fakecuda stand-in\n");
+		return;
+	}
+	ck_assert_ptr_nonnull(mkdtemp(slow_dir));
+	snprintf(delay, sizeof(delay), "cuIpcOpenMemHandle:%d", SLOW_MS);
+	ck_assert_int_eq(tpt_daemon_stop(&tpt_peer_b), 0);
+	setenv("FAKECUDA_FAULT_DIR", slow_dir, 1);
+	setenv("FAKECUDA_DELAY", delay, 1);
+	ck_assert_int_eq(tpt_daemon_start_peer(&tpt_peer_b, tpt_peer_args()), 0);
+	unsetenv("FAKECUDA_DELAY");
+	unsetenv("FAKECUDA_FAULT_DIR");
+	b0 = tpt_channel_bytes(&tpt_peer_b, "cuda_gdr");
+	gpu = tpt_fork(slow_gpu_pair, NULL);
+	ck_assert_int_gt(gpu, 0);
+	for (int i = 0; i < TPT_SCALED_MS(30000) / 5 && !map_pending(); i++)
+		nanosleep(&step, NULL); /* a condition with a deadline */
+	ck_assert_msg(map_pending(), "daemon B opened no mapping of the reader's memory");
+	ck_assert_msg(tpt_xfer_run(&xb), "daemon B held other sessions up");
+	out = hwt_ctl(&tpt_peer_b, "status", false);
+	ck_assert_msg(out, "tpipctl status on B did not answer");
+	free(out);
+	ck_assert_msg(map_pending(), "the slow open ended before the other sessions were served: "
+				     "it held them up (or SLOW_MS is too short here)");
+	ck_assert(tpt_wait_ok(gpu, TPT_SCALED_MS(60000), "GPU pair"));
+	ck_assert_uint_eq(tpt_channel_bytes(&tpt_peer_b, "cuda_gdr") - b0, MIB);
+	rmdir(slow_dir);
+}
+END_TEST
+
+/*
  * Issue 28 item 3: RDMA writes into GPU memory can still be in flight when the writer's
  * completion arrives (the stand-in's FAKEVERBS_WRITE_LAG holds their bytes back until the
  * reader's daemon flushes, on a device that does not order them, FAKECUDA_RDMA_ORDERING=0):
@@ -442,6 +499,7 @@ static Suite *cuda_gdr_suite(bool stand_in)
 	if (stand_in) { /* failures are injected through the stand-in verbs provider */
 		tcase_add_test(tc, test_cuda_gdr_device_error_reaches_both_clients);
 		tcase_add_test(tc, test_cuda_gdr_writes_are_flushed_before_read_done);
+		tcase_add_test(tc, test_cuda_gdr_slow_map_open_blocks_no_other_session);
 	}
 	tcase_set_timeout(tc, 300);
 	suite_add_tcase(s, tc);
@@ -467,5 +525,10 @@ int main(void)
 		printf("SKIP: cuda_gdr needs an active RDMA port: %s\n", why);
 		return getenv("TPT_HW_REQUIRE") ? 1 : HWT_EXIT_SKIP;
 	}
+	/* Allocations that are not whole pages have no dma-buf (fakecuda is as strict as the
+	 * driver): these cases register them by address, as with nvidia-peermem loaded.
+	 * test_cuda_dmabuf runs without it. */
+	if (lib && strstr(lib, "fakeverbs"))
+		setenv("FAKEVERBS_PEER_MEMORY", "1", 1);
 	return hwt_main(cuda_gdr_suite(lib && strstr(lib, "fakeverbs")), 1);
 }

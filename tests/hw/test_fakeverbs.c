@@ -215,9 +215,19 @@ static struct tpv_mr *dev_region(struct side *s)
 	CHECK(cu->cuMemGetHandleForAddressRange(&fd, dev_base + 100, PAGE,
 						CU_MEM_RANGE_HANDLE_TYPE_DMA_BUF_FD, 0) ==
 		      CUDA_ERROR_INVALID_VALUE, "a range not page aligned got a handle");
+	CHECK(cu->cuMemGetHandleForAddressRange(&fd, dev_base + PAGE, DEV_SIZE,
+						CU_MEM_RANGE_HANDLE_TYPE_DMA_BUF_FD, 0) ==
+		      CUDA_ERROR_INVALID_VALUE, "a range past the allocation's end got a handle");
 	CHECK(cu->cuMemGetHandleForAddressRange(&fd, dev_base + PAGE, range,
 						CU_MEM_RANGE_HANDLE_TYPE_DMA_BUF_FD, 0) == 0,
 	      "cuMemGetHandleForAddressRange");
+	{
+		uint64_t size = 0;
+
+		CHECK(tpv_dmabuf_size(s->ops, fd, &size) == 0 && size >= range,
+		      "fakecuda's export is no dma-buf of %zu bytes for fakeverbs (%llu)", range,
+		      (unsigned long long)size);
+	}
 	CHECK(tpv_mr_reg(s->ctx, &(struct tpv_mr_args){ .addr = (void *)(uintptr_t)(dev_base +
 										      DEV_AT),
 							.len = LEN, .dmabuf_fd = fd,
@@ -296,6 +306,29 @@ static void check_dmabuf_fallback(struct side *s, uint8_t *map, int fd)
 	printf("ok: any ibv_reg_dmabuf_mr error falls back to ibv_reg_mr\n");
 }
 
+/* tpv_dmabuf_size() through the stand-in: a memfd, a pipe and a regular file are no dma-bufs. */
+static void check_not_dmabufs(struct side *s, int memfd)
+{
+	char path[] = "/tmp/tpfv-file-XXXXXX";
+	int p[2], f = mkstemp(path);
+	uint64_t size = 0;
+
+	CHECK(f >= 0 && pipe(p) == 0, "mkstemp, pipe: %m");
+	unlink(path);
+	CHECK(write(f, "x", 1) == 1, "write: %m");
+	CHECK(tpv_dmabuf_size(s->ops, memfd, &size) == -ENOTTY, "a memfd taken as a dma-buf");
+	CHECK(tpv_dmabuf_size(s->ops, p[0], &size) == -ENOTTY, "a pipe taken as a dma-buf");
+	CHECK(tpv_dmabuf_size(s->ops, f, &size) == -ENOTTY, "a file taken as a dma-buf");
+	CHECK(tpv_dmabuf_size(s->ops, -1, &size) == -EBADF, "no fd taken as a dma-buf");
+	/* the kernel's own test (no provider op) refuses them too */
+	CHECK(tpv_dmabuf_size(NULL, memfd, &size) == -ENOTTY, "kernel: a memfd is a dma-buf");
+	CHECK(tpv_dmabuf_size(NULL, p[0], &size) == -ENOTTY, "kernel: a pipe is a dma-buf");
+	close(p[0]);
+	close(p[1]);
+	close(f);
+	printf("ok: memfds, pipes and files are no dma-bufs\n");
+}
+
 static int receiver(int sock)
 {
 	size_t size = 2 * PAGE + LEN;
@@ -317,7 +350,11 @@ static int receiver(int sock)
 						.dmabuf_offset = PAGE },
 			 &mr, why, sizeof(why)) == 0,
 	      "tpv_mr_reg: %s", why);
-	CHECK(mr->method == TPV_MR_DMABUF, "registered as %s", tpv_mr_method_name(mr->method));
+	/* a memfd of host memory is no dma-buf: the stand-in, as the kernel, refuses it and the
+	 * layer falls back to ibv_reg_mr */
+	CHECK(mr->method == TPV_MR_HOST, "a memfd registered as %s (only fakecuda's exports are "
+	      "dma-bufs)", tpv_mr_method_name(mr->method));
+	check_not_dmabufs(&s, fd);
 	check_dmabuf_fallback(&s, map, fd);
 	close(fd);
 	dev = dev_region(&s);

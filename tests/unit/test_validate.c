@@ -988,6 +988,28 @@ START_TEST(test_validate_cuda_release)
 }
 END_TEST
 
+/* CudaDmabuf (issue 28, item 4): exactly one fd, a 64-byte handle, a size; no data tail. */
+START_TEST(test_validate_cuda_dmabuf)
+{
+	Tpw__V1__ClientMsg m = TPW__V1__CLIENT_MSG__INIT;
+	Tpw__V1__CudaDmabuf db = TPW__V1__CUDA_DMABUF__INIT;
+
+	m.body_case = TPW__V1__CLIENT_MSG__BODY_CUDA_DMABUF;
+	m.cuda_dmabuf = &db;
+	db.mem_handle = (ProtobufCBinaryData){ 64, handle_bytes };
+	db.size = 4096;
+	ck_assert_int_eq(vc(&m, 1, 0), 0);
+	ck_assert_int_eq(vc(&m, 0, 0), -EBADMSG); /* its fd is missing */
+	ck_assert_int_eq(vc(&m, 2, 0), -EBADMSG);
+	ck_assert_int_eq(vc(&m, 1, 1), -EBADMSG); /* a data tail */
+	db.size = 0;
+	ck_assert_int_eq(vc(&m, 1, 0), -EBADMSG);
+	db.size = 4096;
+	db.mem_handle.len = 63;
+	ck_assert_int_eq(vc(&m, 1, 0), -EBADMSG);
+}
+END_TEST
+
 /* ---- peer messages of cuda_gdr --------------------------------------------------------------- */
 
 static int vp(const Tpw__V1__PeerMsg *m)
@@ -1184,6 +1206,7 @@ static Suite *validate_suite(void)
 	tcase_add_test(w, test_validate_cuda_uuid_is_empty_or_16_bytes);
 	tcase_add_test(w, test_validate_cuda_memory_matches_device);
 	tcase_add_test(o, test_validate_cuda_release);
+	tcase_add_test(o, test_validate_cuda_dmabuf);
 	suite_add_tcase(s, w);
 
 	tcase_add_test(r, test_validate_read_rejects_inline_destination);
