@@ -35,7 +35,7 @@ ROOT=$PWD
 D=${DEVICE_CHECK_DIR:-$ROOT/.devlibs} # where pack gathers and run finds the programs
 
 HW_TESTS=(test_cuda_xfer test_cuda_peer test_cuda_basic test_cuda_host test_cuda_stream test_cuda_faults test_cuda_life
-	test_cuda_ctl test_cuda_rules test_fakeverbs test_rdma test_cuda_gdr test_cuda_dmabuf)
+	test_cuda_ctl test_cuda_rules test_cuda_coll test_fakeverbs test_rdma test_cuda_gdr test_cuda_dmabuf)
 NEEDS_RDMA=" test_rdma test_cuda_gdr test_fakeverbs test_cuda_dmabuf "
 PROGRAMS=(daemon/tpipd client/tpipctl/tpipctl bench/bench_cuda bench/bench_cuda_calls)
 
