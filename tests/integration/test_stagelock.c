@@ -1,0 +1,428 @@
+/* SPDX-License-Identifier: BSD-3-Clause */
+/*
+ * Integration suite: a staged write's copy (private memory, CMA off: tpipd --no-cma and
+ * TP_CONTEXT_NO_CMA) holds up no other send of its context. One process holds a writer and a
+ * reader context joined by two pipes, A and B. The copy into pipe A's staging buffer is held
+ * still deterministically: the message lies in private memory one page of which is missing and
+ * registered with userfaultfd, so the library's copy blocks in that page fault until the test
+ * fills the page; the test sees the fault arrive (the copy has started and cannot end). While
+ * it is held: an eager and a staged message on pipe B are written, read byte-exact and
+ * completed; writes on pipe A itself are accepted at once and go out after the held one, in
+ * order. A pipe closed while its write is being copied completes that write and the one queued
+ * behind it with -ECANCELED once the copy ends, in order, and the staging buffer under the copy
+ * serves no other message meanwhile (a message on pipe B written then is read intact after the
+ * held copy resumed).
+ */
+#include <check.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <linux/userfaultfd.h>
+#include <poll.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/ioctl.h>
+#include <sys/mman.h>
+#include <sys/syscall.h>
+#include <time.h>
+#include <unistd.h>
+#include "itest.h"
+
+#define T_MS TPT_SCALED_MS(30000)
+#define LISTENER "stagelock"
+#define BIG (256u << 20)	    /* the held message */
+#define STAGED ((1u << 20) + 1) /* staged: above the 64 KiB eager limit, private memory */
+#define EAGER 1000u		    /* travels inline with its descriptor */
+
+static struct tpt_daemon daemon_nocma;
+static unsigned cb_seq; /* callbacks seen, in the order they ran (atomic) */
+
+/* ---- callbacks counted -------------------------------------------------------------------- */
+
+struct seen {
+	pthread_mutex_t m;
+	pthread_cond_t c;
+	int count;
+	int status;
+	unsigned seq; /* cb_seq when it ran */
+};
+
+static void seen_init(struct seen *s)
+{
+	memset(s, 0, sizeof(*s));
+	pthread_mutex_init(&s->m, NULL);
+	pthread_cond_init(&s->c, NULL);
+}
+
+static void on_done(void *arg, struct tp_pipe *p, int status, const char *errmsg)
+{
+	struct seen *s = arg;
+
+	(void)p;
+	(void)errmsg;
+	pthread_mutex_lock(&s->m);
+	s->count++;
+	s->status = status;
+	s->seq = __atomic_add_fetch(&cb_seq, 1, __ATOMIC_SEQ_CST);
+	pthread_cond_broadcast(&s->c);
+	pthread_mutex_unlock(&s->m);
+}
+
+/* Waits for the callback; returns its status. */
+static int seen_wait(struct seen *s)
+{
+	struct timespec ts;
+
+	clock_gettime(CLOCK_REALTIME, &ts);
+	ts.tv_sec += T_MS / 1000;
+	pthread_mutex_lock(&s->m);
+	while (!s->count)
+		if (pthread_cond_timedwait(&s->c, &s->m, &ts))
+			break;
+	pthread_mutex_unlock(&s->m);
+	ck_assert_msg(s->count == 1, "callback ran %d times", s->count);
+	return s->status;
+}
+
+static int seen_count(struct seen *s)
+{
+	int n;
+
+	pthread_mutex_lock(&s->m);
+	n = s->count;
+	pthread_mutex_unlock(&s->m);
+	return n;
+}
+
+/* ---- a writer and a reader context, two pipes --------------------------------------------- */
+
+struct ends {
+	struct tp_context *wctx, *rctx;
+	struct tp_listener *l;
+	struct tp_pipe *w[2], *r[2];
+};
+
+static void ends_open(struct ends *e)
+{
+	ck_assert_int_eq(tpt_ctx_new(&daemon_nocma, TP_CONTEXT_NO_CMA, "sl-writer", &e->wctx), 0);
+	ck_assert_int_eq(tpt_ctx_new(&daemon_nocma, TP_CONTEXT_NO_CMA, "sl-reader", &e->rctx), 0);
+	ck_assert(!tp_context_cma_ok(e->wctx) && !tp_context_cma_ok(e->rctx));
+	ck_assert_int_eq(tp_listen(e->rctx, LISTENER, NULL, &e->l), 0);
+	for (int i = 0; i < 2; i++) {
+		ck_assert_int_eq(tp_connect(e->wctx, LISTENER, &e->w[i]), 0);
+		ck_assert_int_eq(tp_listener_accept_sync(e->l, T_MS, &e->r[i]), 0);
+		ck_assert_int_eq(tp_pipe_wait_connected(e->w[i], T_MS), 0);
+	}
+}
+
+static void ends_close(struct ends *e)
+{
+	for (int i = 0; i < 2; i++) {
+		tp_pipe_close(e->w[i]);
+		tp_pipe_close(e->r[i]);
+	}
+	tp_listener_close(e->l);
+	tp_context_free(e->wctx);
+	tp_context_free(e->rctx);
+}
+
+static struct tp_message one_payload(struct tp_payload *pl, void *data, size_t len)
+{
+	*pl = (struct tp_payload){ .data = data, .length = len };
+	return (struct tp_message){ .payloads = pl, .n_payloads = 1 };
+}
+
+/* Reads the next message on @p (one payload of @len bytes) and checks it holds @seed's bytes. */
+static void read_expect(struct tp_pipe *p, size_t len, uint64_t seed)
+{
+	struct tp_descriptor *d;
+	struct tp_allocation a;
+	struct tp_slot s;
+	void *buf = malloc(len);
+	size_t bad = 0;
+
+	ck_assert(buf);
+	ck_assert_int_eq(tp_pipe_read_descriptor_sync(p, T_MS, &d), 0);
+	ck_assert_uint_eq(d->n_payloads, 1);
+	ck_assert_uint_eq(d->payloads[0].length, len);
+	s = (struct tp_slot){ .device = { TP_DEVICE_CPU, 0 }, .data = buf };
+	a = (struct tp_allocation){ .payloads = &s, .n_payloads = 1 };
+	ck_assert_int_eq(tp_pipe_read_sync_timeout(p, d, &a, T_MS), 0);
+	ck_assert_msg(tpt_verify(buf, len, seed, &bad), "%zu bytes of seed %llu: wrong at %zu",
+		      len, (unsigned long long)seed, bad);
+	free(buf);
+}
+
+/* A message of @len private bytes filled from @seed, written on @p. */
+struct msg {
+	struct tp_payload pl;
+	struct tp_message m;
+	void *buf;
+	struct seen done;
+};
+
+static void msg_write(struct msg *m, struct tp_pipe *p, size_t len, uint64_t seed)
+{
+	m->buf = malloc(len);
+	ck_assert(m->buf);
+	tpt_fill(m->buf, len, seed);
+	m->m = one_payload(&m->pl, m->buf, len);
+	seen_init(&m->done);
+	ck_assert_msg(tp_pipe_write(p, &m->m, on_done, &m->done) == 0, "write: %s",
+		      tp_last_error());
+}
+
+/* ---- private memory whose copy is held in a page fault ------------------------------------ */
+
+struct held {
+	int uffd;
+	uint8_t *mem;
+	size_t len;
+	uint8_t *hole; /* the missing page */
+	uint8_t *page; /* its bytes, put in place by held_release() */
+	size_t page_len;
+};
+
+/* Maps @len bytes of @seed's pattern, the page at @len / 2 missing and held by userfaultfd. */
+static void held_new(struct held *h, size_t len, uint64_t seed)
+{
+	struct uffdio_api api = { .api = UFFD_API };
+	struct uffdio_register reg = { .mode = UFFDIO_REGISTER_MODE_MISSING };
+
+	h->len = len;
+	h->page_len = (size_t)sysconf(_SC_PAGESIZE);
+	h->mem = mmap(NULL, len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+	ck_assert(h->mem != MAP_FAILED);
+	tpt_fill(h->mem, len, seed);
+	h->hole = h->mem + len / 2;
+	h->page = malloc(h->page_len);
+	ck_assert(h->page);
+	memcpy(h->page, h->hole, h->page_len);
+	ck_assert_int_eq(madvise(h->hole, h->page_len, MADV_DONTNEED), 0);
+	h->uffd = (int)syscall(SYS_userfaultfd, O_CLOEXEC | O_NONBLOCK);
+	ck_assert_msg(h->uffd >= 0, "userfaultfd: %s", strerror(errno));
+	ck_assert_int_eq(ioctl(h->uffd, UFFDIO_API, &api), 0);
+	reg.range.start = (uintptr_t)h->hole;
+	reg.range.len = h->page_len;
+	ck_assert_int_eq(ioctl(h->uffd, UFFDIO_REGISTER, &reg), 0);
+}
+
+/* Waits until a copy touches the missing page: it is copying then, and stays so. */
+static void held_wait_touched(struct held *h)
+{
+	struct pollfd pfd = { .fd = h->uffd, .events = POLLIN };
+	struct uffd_msg msg;
+
+	ck_assert_msg(poll(&pfd, 1, T_MS) == 1, "the staging copy never reached the held page");
+	ck_assert_int_eq(read(h->uffd, &msg, sizeof(msg)), (ssize_t)sizeof(msg));
+	ck_assert_int_eq(msg.event, UFFD_EVENT_PAGEFAULT);
+	ck_assert(msg.arg.pagefault.address >= (uintptr_t)h->hole &&
+		  msg.arg.pagefault.address < (uintptr_t)h->hole + h->page_len);
+}
+
+/* Puts the page in place: the copy goes on. */
+static void held_release(struct held *h)
+{
+	struct uffdio_copy cp = { .dst = (uintptr_t)h->hole, .src = (uintptr_t)h->page,
+				  .len = h->page_len };
+
+	ck_assert_int_eq(ioctl(h->uffd, UFFDIO_COPY, &cp), 0);
+}
+
+static void held_free(struct held *h)
+{
+	close(h->uffd);
+	munmap(h->mem, h->len);
+	free(h->page);
+}
+
+/* A write of the held memory from its own thread (the copy happens in tp_pipe_write()). */
+struct held_writer {
+	pthread_t t;
+	struct tp_pipe *p;
+	struct tp_payload pl;
+	struct tp_message m;
+	struct seen done;
+	int r;
+	bool returned; /* atomic */
+};
+
+static void *held_writer_main(void *arg)
+{
+	struct held_writer *w = arg;
+
+	w->r = tp_pipe_write(w->p, &w->m, on_done, &w->done);
+	__atomic_store_n(&w->returned, true, __ATOMIC_SEQ_CST);
+	return NULL;
+}
+
+static void held_writer_start(struct held_writer *w, struct tp_pipe *p, struct held *h)
+{
+	w->p = p;
+	w->m = one_payload(&w->pl, h->mem, h->len);
+	seen_init(&w->done);
+	ck_assert_int_eq(pthread_create(&w->t, NULL, held_writer_main, w), 0);
+}
+
+/* Pipe B's messages, written from a thread: with a copy that held send_lock, the write itself
+ * would block, and the test would see that as the reads below failing, not as a hang. */
+struct b_writer {
+	pthread_t t;
+	struct tp_pipe *p;
+	struct msg eager, staged;
+};
+
+static void *b_writer_main(void *arg)
+{
+	struct b_writer *w = arg;
+
+	msg_write(&w->eager, w->p, EAGER, 21);
+	msg_write(&w->staged, w->p, STAGED, 22);
+	return NULL;
+}
+
+/* ---- cases -------------------------------------------------------------------------------- */
+
+START_TEST(test_staged_copy_on_one_pipe_holds_up_no_other_pipe)
+{
+	struct ends e;
+	struct held h;
+	struct held_writer a1 = { 0 };
+	struct b_writer b = { 0 };
+	struct msg a2, a3, a4;
+
+	ends_open(&e);
+	held_new(&h, BIG, 11);
+	held_writer_start(&a1, e.w[0], &h);
+	held_wait_touched(&h); /* A's staging copy is under way, and cannot end */
+
+	b.p = e.w[1];
+	ck_assert_int_eq(pthread_create(&b.t, NULL, b_writer_main, &b), 0);
+	read_expect(e.r[1], EAGER, 21);
+	read_expect(e.r[1], STAGED, 22);
+	ck_assert_int_eq(seen_wait(&b.eager.done), 0);
+	ck_assert_int_eq(seen_wait(&b.staged.done), 0);
+	ck_assert_int_eq(pthread_join(b.t, NULL), 0);
+	/* All of that while A's copy stayed where it was. */
+	ck_assert(!__atomic_load_n(&a1.returned, __ATOMIC_SEQ_CST));
+	ck_assert_int_eq(seen_count(&a1.done), 0);
+
+	/* Pipe A takes more writes at once; they go out after the held one. */
+	msg_write(&a2, e.w[0], STAGED, 12);
+	msg_write(&a3, e.w[0], EAGER, 13);
+	ck_assert(!__atomic_load_n(&a1.returned, __ATOMIC_SEQ_CST));
+
+	held_release(&h);
+	ck_assert_int_eq(pthread_join(a1.t, NULL), 0);
+	ck_assert_int_eq(a1.r, 0);
+	read_expect(e.r[0], BIG, 11);
+	read_expect(e.r[0], STAGED, 12);
+	read_expect(e.r[0], EAGER, 13);
+	ck_assert_int_eq(seen_wait(&a1.done), 0);
+	ck_assert_int_eq(seen_wait(&a2.done), 0);
+	ck_assert_int_eq(seen_wait(&a3.done), 0);
+	ck_assert(a1.done.seq < a2.done.seq && a2.done.seq < a3.done.seq);
+
+	/* The pipes carry on. */
+	msg_write(&a4, e.w[0], STAGED, 14);
+	read_expect(e.r[0], STAGED, 14);
+	ck_assert_int_eq(seen_wait(&a4.done), 0);
+	ends_close(&e);
+	held_free(&h);
+	free(a2.buf);
+	free(a3.buf);
+	free(a4.buf);
+	free(b.eager.buf);
+	free(b.staged.buf);
+}
+END_TEST
+
+START_TEST(test_pipe_closed_during_a_staged_copy_fails_its_writes_after_the_copy)
+{
+	struct ends e;
+	struct held h;
+	struct held_writer a1 = { 0 };
+	struct b_writer b = { 0 };
+	struct msg a2, b1;
+	void *sync;
+
+	ends_open(&e);
+	held_new(&h, 16u << 20, 31);
+	held_writer_start(&a1, e.w[0], &h);
+	held_wait_touched(&h);
+	/* As above: pipe B goes on (and a library whose copy blocked every send fails here
+	 * instead of hanging on the calls below). */
+	b.p = e.w[1];
+	ck_assert_int_eq(pthread_create(&b.t, NULL, b_writer_main, &b), 0);
+	read_expect(e.r[1], EAGER, 21);
+	read_expect(e.r[1], STAGED, 22);
+	ck_assert_int_eq(pthread_join(b.t, NULL), 0);
+	msg_write(&a2, e.w[0], STAGED, 32); /* queued behind the copy */
+
+	tp_pipe_close(e.w[0]);
+	e.w[0] = NULL; /* the handle is gone */
+	/* The daemon answers this after it acknowledged the close, so the library has failed
+	 * pipe A's writes by the time it returns: their callbacks wait for the copy. */
+	ck_assert_int_eq(tp_buffer_alloc(e.wctx, 4096, &sync), 0);
+	ck_assert_int_eq(tp_buffer_free(e.wctx, sync), 0);
+	ck_assert_int_eq(seen_count(&a1.done), 0);
+	ck_assert_int_eq(seen_count(&a2.done), 0);
+
+	/* A message of the held one's size: were the held write's staging buffer back in the
+	 * pool, this one would take it, and the copy resumed below would overwrite it. */
+	msg_write(&b1, e.w[1], 16u << 20, 33);
+	held_release(&h);
+	ck_assert_int_eq(pthread_join(a1.t, NULL), 0);
+	ck_assert_int_eq(a1.r, 0); /* accepted: it ends by its callback */
+	ck_assert_int_eq(seen_wait(&a1.done), -ECANCELED);
+	ck_assert_int_eq(seen_wait(&a2.done), -ECANCELED);
+	ck_assert(a1.done.seq < a2.done.seq);
+	read_expect(e.r[1], 16u << 20, 33);
+	ck_assert_int_eq(seen_wait(&b1.done), 0);
+
+	/* The reader's end of pipe A learns the writer closed it; nothing was sent on it. */
+	{
+		struct tp_descriptor *d = NULL;
+
+		ck_assert_int_lt(tp_pipe_read_descriptor_sync(e.r[0], T_MS, &d), 0);
+	}
+	ck_assert_int_eq(seen_wait(&b.eager.done), 0);
+	ck_assert_int_eq(seen_wait(&b.staged.done), 0);
+	ends_close(&e);
+	held_free(&h);
+	free(a2.buf);
+	free(b1.buf);
+	free(b.eager.buf);
+	free(b.staged.buf);
+}
+END_TEST
+
+static void setup(void)
+{
+	const char *args[] = { "--no-cma", NULL };
+
+	ck_assert_int_eq(tpt_daemon_start(&daemon_nocma, args), 0);
+}
+
+static void teardown(void)
+{
+	ck_assert_int_eq(tpt_daemon_stop(&daemon_nocma), 0);
+}
+
+static Suite *stagelock_suite(void)
+{
+	Suite *s = suite_create("stagelock");
+	TCase *tc = tcase_create("staging");
+
+	tcase_add_checked_fixture(tc, setup, teardown);
+	tcase_set_timeout(tc, 200);
+	tcase_add_test(tc, test_staged_copy_on_one_pipe_holds_up_no_other_pipe);
+	tcase_add_test(tc, test_pipe_closed_during_a_staged_copy_fails_its_writes_after_the_copy);
+	suite_add_tcase(s, tc);
+	return s;
+}
+
+int main(void)
+{
+	return tpt_run_suite(stagelock_suite());
+}
