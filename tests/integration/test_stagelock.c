@@ -11,10 +11,12 @@
  * order. A pipe closed while its write is being copied completes that write and the one queued
  * behind it with -ECANCELED once the copy ends, in order, and the staging buffer under the copy
  * serves no other message meanwhile (a message on pipe B written then is read intact after the
- * held copy resumed).
+ * held copy resumed). `tpipctl status` and `sessions` show the staging buffers apart from the
+ * other shared buffers.
  */
 #include <check.h>
 #include <errno.h>
+#include <json-c/json.h>
 #include <fcntl.h>
 #include <linux/userfaultfd.h>
 #include <poll.h>
@@ -281,6 +283,49 @@ static void *b_writer_main(void *arg)
 	return NULL;
 }
 
+/* ---- tpipctl --json ----------------------------------------------------------------------- */
+
+/* `tpipctl --json @what`, parsed (owned: json_object_put()). */
+static struct json_object *ctl_json(const char *what)
+{
+	const char *bin = getenv("TPIPCTL_BIN");
+	const char *argv[] = { bin, "--socket", daemon_nocma.socket, "--json", what, NULL };
+	struct tpt_cmd_result res;
+	struct json_object *o;
+
+	ck_assert_msg(bin, "TPIPCTL_BIN is not set");
+	ck_assert_int_eq(tpt_run(argv, T_MS, &res), 0);
+	o = json_tokener_parse(res.out);
+	ck_assert_msg(o, "tpipctl %s: %s", what, res.out);
+	tpt_cmd_result_free(&res);
+	return o;
+}
+
+static int64_t json_int(struct json_object *o, const char *key)
+{
+	struct json_object *v;
+
+	ck_assert_msg(json_object_object_get_ex(o, key, &v), "no member %s", key);
+	return json_object_get_int64(v);
+}
+
+/* The session named @name in `tpipctl --json sessions` @o (borrowed from @o). */
+static struct json_object *json_session(struct json_object *o, const char *name)
+{
+	struct json_object *arr, *v;
+
+	ck_assert(json_object_object_get_ex(o, "sessions", &arr));
+	for (size_t i = 0; i < json_object_array_length(arr); i++) {
+		struct json_object *s = json_object_array_get_idx(arr, i);
+
+		if (json_object_object_get_ex(s, "name", &v) &&
+		    strcmp(json_object_get_string(v), name) == 0)
+			return s;
+	}
+	ck_abort_msg("no session named %s", name);
+	return NULL;
+}
+
 /* ---- cases -------------------------------------------------------------------------------- */
 
 START_TEST(test_staged_copy_on_one_pipe_holds_up_no_other_pipe)
@@ -397,6 +442,46 @@ START_TEST(test_pipe_closed_during_a_staged_copy_fails_its_writes_after_the_copy
 }
 END_TEST
 
+/* While a staged copy is held, its 16 MiB buffer is the writer's, shown as a staging buffer
+ * next to a tp_buffer_alloc() buffer that is not one. */
+START_TEST(test_staging_buffers_shown_apart_in_status_and_sessions)
+{
+	struct ends e;
+	struct held h;
+	struct held_writer a1 = { 0 };
+	struct json_object *o, *w;
+	void *shared;
+
+	ends_open(&e);
+	ck_assert_int_eq(tp_buffer_alloc(e.wctx, 1u << 20, &shared), 0);
+	held_new(&h, 16u << 20, 41);
+	held_writer_start(&a1, e.w[0], &h);
+	held_wait_touched(&h);
+
+	o = ctl_json("sessions");
+	w = json_session(o, "sl-writer");
+	ck_assert_int_ge(json_int(w, "staging_buffers"), 1);
+	ck_assert_int_ge(json_int(w, "staging_bytes"), 16 << 20);
+	/* Every buffer but the tp_buffer_alloc() one is the library's. */
+	ck_assert_int_eq(json_int(w, "buffers") - json_int(w, "staging_buffers"), 1);
+	ck_assert_int_eq(json_int(w, "buffer_bytes") - json_int(w, "staging_bytes"), 1 << 20);
+	json_object_put(o);
+	o = ctl_json("status");
+	ck_assert_int_ge(json_int(o, "staging_buffers"), 1);
+	ck_assert_int_ge(json_int(o, "staging_bytes"), 16 << 20);
+	json_object_put(o);
+
+	held_release(&h);
+	ck_assert_int_eq(pthread_join(a1.t, NULL), 0);
+	ck_assert_int_eq(a1.r, 0);
+	read_expect(e.r[0], 16u << 20, 41);
+	ck_assert_int_eq(seen_wait(&a1.done), 0);
+	ck_assert_int_eq(tp_buffer_free(e.wctx, shared), 0);
+	ends_close(&e);
+	held_free(&h);
+}
+END_TEST
+
 static void setup(void)
 {
 	const char *args[] = { "--no-cma", NULL };
@@ -418,6 +503,7 @@ static Suite *stagelock_suite(void)
 	tcase_set_timeout(tc, 200);
 	tcase_add_test(tc, test_staged_copy_on_one_pipe_holds_up_no_other_pipe);
 	tcase_add_test(tc, test_pipe_closed_during_a_staged_copy_fails_its_writes_after_the_copy);
+	tcase_add_test(tc, test_staging_buffers_shown_apart_in_status_and_sessions);
 	suite_add_tcase(s, tc);
 	return s;
 }
