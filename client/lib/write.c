@@ -470,6 +470,7 @@ static int write_queue_locked(struct tp_pipe *p, struct write_plan *pl, struct t
  * @op->copying is cleared, @op, its staging buffer and its pipe stay valid whatever happens
  * meanwhile: the op's callback (which frees the op and returns the buffer) and the pipe's
  * free op behind it wait for the copy. Afterwards @op is not touched: it may complete at once.
+ * @ctx must outlive the call (the caller's context: as for any call on it).
  */
 static void write_copied(struct tp_context *ctx, const struct write_plan *pl,
 			 const struct tp_message *msg, struct tpc_op *op, uint64_t pipe_id)
@@ -480,11 +481,11 @@ static void write_copied(struct tp_context *ctx, const struct write_plan *pl,
 	pthread_mutex_lock(&ctx->lock);
 	op->copying = false;
 	completed = !op->pending; /* failed, closed or cancelled meanwhile: never sent */
+	if (completed) /* its callback, and those behind it, may run now */
+		tpc_context_wake(ctx);
 	pthread_mutex_unlock(&ctx->lock);
-	if (completed)
-		tpc_context_wake(ctx); /* its callback, and those behind it, may run now */
-	else
-		tpc_write_pump(ctx, pipe_id); /* it, and the writes held behind it, in order */
+	/* It, and the writes held behind it, in order; or, if it was cancelled, those alone. */
+	tpc_write_pump(ctx, pipe_id);
 }
 
 /*

@@ -11,7 +11,8 @@
  * order. A pipe closed while its write is being copied completes that write and the one queued
  * behind it with -ECANCELED once the copy ends, in order, and the staging buffer under the copy
  * serves no other message meanwhile (a message on pipe B written then is read intact after the
- * held copy resumed). `tpipctl status` and `sessions` show the staging buffers apart from the
+ * held copy resumed). A write cancelled during its copy ends -ECANCELED after it, and the next
+ * write goes. `tpipctl status` and `sessions` show the staging buffers apart from the
  * other shared buffers.
  */
 #include <check.h>
@@ -442,6 +443,41 @@ START_TEST(test_pipe_closed_during_a_staged_copy_fails_its_writes_after_the_copy
 }
 END_TEST
 
+/* tp_cancel() of a write whose copy is held: it ends with -ECANCELED once the copy ended (it
+ * never reached the daemon), and the write queued behind it goes out then. */
+START_TEST(test_staged_write_cancelled_during_its_copy_lets_the_next_go)
+{
+	struct ends e;
+	struct held h;
+	struct held_writer a1 = { 0 };
+	struct msg a2;
+	int found = 0;
+
+	ends_open(&e);
+	held_new(&h, 16u << 20, 51);
+	held_writer_start(&a1, e.w[0], &h);
+	held_wait_touched(&h);
+	msg_write(&a2, e.w[0], STAGED, 52);
+	/* Its id is not out yet (tp_pipe_write_ex() returns it after the copy): the held write
+	 * and the one behind it are the context's only pending operations, and ids count up. */
+	for (uint64_t id = 1; id < 64 && !found; id++)
+		found = tp_cancel(e.wctx, id) == 0;
+	ck_assert_msg(found, "no pending operation to cancel");
+	ck_assert_int_eq(seen_count(&a1.done), 0);
+
+	held_release(&h);
+	ck_assert_int_eq(pthread_join(a1.t, NULL), 0);
+	ck_assert_int_eq(a1.r, 0);
+	ck_assert_int_eq(seen_wait(&a1.done), -ECANCELED);
+	read_expect(e.r[0], STAGED, 52); /* the first message pipe A carries */
+	ck_assert_int_eq(seen_wait(&a2.done), 0);
+	ck_assert(a1.done.seq < a2.done.seq);
+	ends_close(&e);
+	held_free(&h);
+	free(a2.buf);
+}
+END_TEST
+
 /* While a staged copy is held, its 16 MiB buffer is the writer's, shown as a staging buffer
  * next to a tp_buffer_alloc() buffer that is not one. */
 START_TEST(test_staging_buffers_shown_apart_in_status_and_sessions)
@@ -503,6 +539,7 @@ static Suite *stagelock_suite(void)
 	tcase_set_timeout(tc, 200);
 	tcase_add_test(tc, test_staged_copy_on_one_pipe_holds_up_no_other_pipe);
 	tcase_add_test(tc, test_pipe_closed_during_a_staged_copy_fails_its_writes_after_the_copy);
+	tcase_add_test(tc, test_staged_write_cancelled_during_its_copy_lets_the_next_go);
 	tcase_add_test(tc, test_staging_buffers_shown_apart_in_status_and_sessions);
 	suite_add_tcase(s, tc);
 	return s;
