@@ -12,7 +12,8 @@
  * behind it with -ECANCELED once the copy ends, in order, and the staging buffer under the copy
  * serves no other message meanwhile (a message on pipe B written then is read intact after the
  * held copy resumed). A write cancelled during its copy ends -ECANCELED after it, and the next
- * write goes. `tpipctl status` and `sessions` show the staging buffers apart from the
+ * write goes. The same holds for a daemon without flow control (protocol 1.4, through a proxy
+ * that rewrites the HelloReply). `tpipctl status` and `sessions` show the staging buffers apart from the
  * other shared buffers.
  */
 #include <check.h>
@@ -26,10 +27,13 @@
 #include <string.h>
 #include <sys/ioctl.h>
 #include <sys/mman.h>
+#include <sys/socket.h>
 #include <sys/syscall.h>
+#include <sys/un.h>
 #include <time.h>
 #include <unistd.h>
 #include "itest.h"
+#include "tpt_wire.h"
 
 #define T_MS TPT_SCALED_MS(30000)
 #define LISTENER "stagelock"
@@ -105,9 +109,18 @@ struct ends {
 	struct tp_pipe *w[2], *r[2];
 };
 
-static void ends_open(struct ends *e)
+/* Both ends; the writer's context on @writer_socket (NULL: the daemon's). */
+static void ends_open_at(struct ends *e, const char *writer_socket)
 {
-	ck_assert_int_eq(tpt_ctx_new(&daemon_nocma, TP_CONTEXT_NO_CMA, "sl-writer", &e->wctx), 0);
+	struct tp_context_options o = { .size = sizeof(o), .socket_path = writer_socket,
+					.name = "sl-writer",
+					.flags = TP_CONTEXT_NO_CMA | TP_CONTEXT_NO_RING };
+
+	if (writer_socket)
+		ck_assert_int_eq(tp_context_new(&o, &e->wctx), 0);
+	else
+		ck_assert_int_eq(tpt_ctx_new(&daemon_nocma, TP_CONTEXT_NO_CMA, "sl-writer",
+					     &e->wctx), 0);
 	ck_assert_int_eq(tpt_ctx_new(&daemon_nocma, TP_CONTEXT_NO_CMA, "sl-reader", &e->rctx), 0);
 	ck_assert(!tp_context_cma_ok(e->wctx) && !tp_context_cma_ok(e->rctx));
 	ck_assert_int_eq(tp_listen(e->rctx, LISTENER, NULL, &e->l), 0);
@@ -116,6 +129,11 @@ static void ends_open(struct ends *e)
 		ck_assert_int_eq(tp_listener_accept_sync(e->l, T_MS, &e->r[i]), 0);
 		ck_assert_int_eq(tp_pipe_wait_connected(e->w[i], T_MS), 0);
 	}
+}
+
+static void ends_open(struct ends *e)
+{
+	ends_open_at(e, NULL);
 }
 
 static void ends_close(struct ends *e)
@@ -284,6 +302,150 @@ static void *b_writer_main(void *arg)
 	return NULL;
 }
 
+/* ---- a daemon without flow control ------------------------------------------------------- */
+
+/*
+ * A proxy between one client (no ring) and the daemon that rewrites the HelloReply to say
+ * protocol 1.4 (before flow control) and forwards every other byte, and the fds that come with
+ * the client's bytes (BufferRegister), as they are.
+ */
+struct proxy {
+	int lfd;
+	char path[108];
+	pthread_t th;
+};
+
+/* Sends @len bytes of @buf and, with the first of them, the @n_fds fds of @fds. */
+static int proxy_send(int fd, const uint8_t *buf, size_t len, const int *fds, size_t n_fds)
+{
+	union {
+		struct cmsghdr h;
+		char b[CMSG_SPACE(sizeof(int) * 16)];
+	} cm;
+
+	while (len) {
+		struct iovec iov = { (void *)buf, len };
+		struct msghdr mh = { .msg_iov = &iov, .msg_iovlen = 1 };
+		ssize_t k;
+
+		if (n_fds) {
+			mh.msg_control = cm.b;
+			mh.msg_controllen = CMSG_SPACE(sizeof(int) * n_fds);
+			cm.h.cmsg_level = SOL_SOCKET;
+			cm.h.cmsg_type = SCM_RIGHTS;
+			cm.h.cmsg_len = CMSG_LEN(sizeof(int) * n_fds);
+			memcpy(CMSG_DATA(&cm.h), fds, sizeof(int) * n_fds);
+		}
+		k = sendmsg(fd, &mh, MSG_NOSIGNAL);
+		if (k <= 0)
+			return -1;
+		n_fds = 0;
+		buf += k;
+		len -= (size_t)k;
+	}
+	return 0;
+}
+
+/* Rewrites the first daemon frame (HelloReply) in @buf[0..*len) once it is whole. */
+static bool proxy_rewrite_hello(uint8_t *buf, size_t *len, size_t cap)
+{
+	Tpw__V1__DaemonMsg *dm = NULL;
+	struct tpw_hdr h;
+	size_t n, rest;
+	uint8_t out[8192];
+
+	if (*len < TPW_HDR_SIZE || tpw_hdr_parse(buf, 1u << 20, &h) < 0)
+		return false;
+	if (*len < TPW_HDR_SIZE + h.msg_len + h.data_len ||
+	    tpw_daemon_msg_unpack(buf + TPW_HDR_SIZE, h.msg_len, &dm) < 0)
+		return false;
+	if (dm->body_case == TPW__V1__DAEMON_MSG__BODY_HELLO_REPLY)
+		dm->hello_reply->minor = TPW_MINOR_FLOW - 1;
+	n = tpw_frame_pack(&dm->base, h.data_len, h.nfds, h.seq, out);
+	tpw_daemon_msg_free(dm);
+	rest = *len - TPW_HDR_SIZE - h.msg_len;
+	ck_assert(n + rest <= cap && n <= sizeof(out));
+	memmove(buf + n, buf + TPW_HDR_SIZE + h.msg_len, rest);
+	memcpy(buf, out, n);
+	*len = n + rest;
+	return true;
+}
+
+static void *proxy_main(void *arg)
+{
+	struct proxy *px = arg;
+	struct sockaddr_un sa = { .sun_family = AF_UNIX };
+	int c = accept4(px->lfd, NULL, NULL, SOCK_CLOEXEC);
+	int d = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+	static uint8_t buf[1 << 16], up[1 << 16];
+	size_t pending = 0;
+	bool hello_done = false;
+
+	snprintf(sa.sun_path, sizeof(sa.sun_path), "%s", daemon_nocma.socket);
+	if (c < 0 || connect(d, (struct sockaddr *)&sa, sizeof(sa)) < 0)
+		return NULL;
+	for (;;) {
+		struct pollfd pfd[2] = { { c, POLLIN, 0 }, { d, POLLIN, 0 } };
+		ssize_t k;
+
+		if (poll(pfd, 2, -1) < 0)
+			break;
+		if (pfd[0].revents) {
+			union {
+				struct cmsghdr h;
+				char b[CMSG_SPACE(sizeof(int) * 16)];
+			} cm;
+			struct iovec iov = { up, sizeof(up) };
+			struct msghdr mh = { .msg_iov = &iov, .msg_iovlen = 1,
+					     .msg_control = cm.b, .msg_controllen = sizeof(cm.b) };
+			int fds[16];
+			size_t n_fds = 0;
+
+			k = recvmsg(c, &mh, MSG_CMSG_CLOEXEC);
+			for (struct cmsghdr *ch = CMSG_FIRSTHDR(&mh); k > 0 && ch;
+			     ch = CMSG_NXTHDR(&mh, ch)) {
+				size_t n = (ch->cmsg_len - CMSG_LEN(0)) / sizeof(int);
+
+				if (ch->cmsg_level != SOL_SOCKET || ch->cmsg_type != SCM_RIGHTS)
+					continue;
+				memcpy(fds + n_fds, CMSG_DATA(ch), n * sizeof(int));
+				n_fds += n;
+			}
+			if (k <= 0 || proxy_send(d, up, (size_t)k, fds, n_fds) < 0)
+				break;
+			for (size_t i = 0; i < n_fds; i++)
+				close(fds[i]);
+		}
+		if (pfd[1].revents) {
+			k = recv(d, buf + pending, sizeof(buf) - pending, 0);
+			if (k <= 0)
+				break;
+			pending += (size_t)k;
+			if (!hello_done && !(hello_done = proxy_rewrite_hello(buf, &pending,
+									      sizeof(buf))))
+				continue;
+			if (proxy_send(c, buf, pending, NULL, 0) < 0)
+				break;
+			pending = 0;
+		}
+	}
+	close(c);
+	close(d);
+	return NULL;
+}
+
+static void proxy_start(struct proxy *px)
+{
+	struct sockaddr_un sa = { .sun_family = AF_UNIX };
+
+	snprintf(px->path, sizeof(px->path), "%s/old.sock", daemon_nocma.dir);
+	snprintf(sa.sun_path, sizeof(sa.sun_path), "%s", px->path);
+	px->lfd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+	ck_assert_int_eq(bind(px->lfd, (struct sockaddr *)&sa, sizeof(sa)), 0);
+	ck_assert_int_eq(listen(px->lfd, 1), 0);
+	ck_assert_int_eq(pthread_create(&px->th, NULL, proxy_main, px), 0);
+}
+
 /* ---- tpipctl --json ----------------------------------------------------------------------- */
 
 /* `tpipctl --json @what`, parsed (owned: json_object_put()). */
@@ -443,6 +605,55 @@ START_TEST(test_pipe_closed_during_a_staged_copy_fails_its_writes_after_the_copy
 }
 END_TEST
 
+/* As the first case, with a daemon that has no flow control: the library holds the writes
+ * of the pipe whose write is being copied all the same, and sends them in order. */
+START_TEST(test_staged_copy_holds_up_no_other_pipe_without_flow_control)
+{
+	struct ends e;
+	struct proxy px;
+	struct held h;
+	struct held_writer a1 = { 0 };
+	struct b_writer b = { 0 };
+	struct msg a2, a3;
+
+	proxy_start(&px);
+	ends_open_at(&e, px.path);
+	held_new(&h, 16u << 20, 61);
+	held_writer_start(&a1, e.w[0], &h);
+	held_wait_touched(&h);
+
+	b.p = e.w[1];
+	ck_assert_int_eq(pthread_create(&b.t, NULL, b_writer_main, &b), 0);
+	read_expect(e.r[1], EAGER, 21);
+	read_expect(e.r[1], STAGED, 22);
+	ck_assert_int_eq(seen_wait(&b.eager.done), 0);
+	ck_assert_int_eq(seen_wait(&b.staged.done), 0);
+	ck_assert_int_eq(pthread_join(b.t, NULL), 0);
+	ck_assert(!__atomic_load_n(&a1.returned, __ATOMIC_SEQ_CST));
+	msg_write(&a2, e.w[0], STAGED, 62);
+	msg_write(&a3, e.w[0], EAGER, 63);
+
+	held_release(&h);
+	ck_assert_int_eq(pthread_join(a1.t, NULL), 0);
+	ck_assert_int_eq(a1.r, 0);
+	read_expect(e.r[0], 16u << 20, 61);
+	read_expect(e.r[0], STAGED, 62);
+	read_expect(e.r[0], EAGER, 63);
+	ck_assert_int_eq(seen_wait(&a1.done), 0);
+	ck_assert_int_eq(seen_wait(&a2.done), 0);
+	ck_assert_int_eq(seen_wait(&a3.done), 0);
+	ck_assert(a1.done.seq < a2.done.seq && a2.done.seq < a3.done.seq);
+	ends_close(&e);
+	pthread_join(px.th, NULL);
+	close(px.lfd);
+	held_free(&h);
+	free(a2.buf);
+	free(a3.buf);
+	free(b.eager.buf);
+	free(b.staged.buf);
+}
+END_TEST
+
 /* tp_cancel() of a write whose copy is held: it ends with -ECANCELED once the copy ended (it
  * never reached the daemon), and the write queued behind it goes out then. */
 START_TEST(test_staged_write_cancelled_during_its_copy_lets_the_next_go)
@@ -540,6 +751,7 @@ static Suite *stagelock_suite(void)
 	tcase_add_test(tc, test_staged_copy_on_one_pipe_holds_up_no_other_pipe);
 	tcase_add_test(tc, test_pipe_closed_during_a_staged_copy_fails_its_writes_after_the_copy);
 	tcase_add_test(tc, test_staged_write_cancelled_during_its_copy_lets_the_next_go);
+	tcase_add_test(tc, test_staged_copy_holds_up_no_other_pipe_without_flow_control);
 	tcase_add_test(tc, test_staging_buffers_shown_apart_in_status_and_sessions);
 	suite_add_tcase(s, tc);
 	return s;
