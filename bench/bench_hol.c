@@ -41,7 +41,8 @@ struct hol {
 static void usage(void)
 {
 	fprintf(stderr, "usage: bench_hol [-S SOCKET] [-s A_SIZE] [-b B_SIZE] [-T SECONDS] [-c] "
-			"[-t]\n  -c  allow CMA (default: TP_CONTEXT_NO_CMA, private memory staged)\n");
+			"[-t]\n"
+			"  -c  allow CMA (default: TP_CONTEXT_NO_CMA, private memory staged)\n");
 }
 
 static int one_payload_write(struct tp_pipe *p, void *buf, size_t len)

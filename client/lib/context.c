@@ -669,7 +669,8 @@ static void *context_io_main(void *arg)
 	pthread_mutex_lock(&ctx->lock);
 	for (;;) {
 		/* A write completed while its thread still copies into its staging buffer waits
-		 * for the copy, and the callbacks behind it wait too (order); that thread wakes us. */
+		 * for the copy, and the callbacks behind it wait too (order); that thread wakes
+		 * us. */
 		while ((op = tpu_list_first(&ctx->done, struct tpc_op, node)) && !op->copying) {
 			tpu_list_remove(&op->node);
 			ctx->running_op = true;

@@ -13,8 +13,8 @@
  * serves no other message meanwhile (a message on pipe B written then is read intact after the
  * held copy resumed). A write cancelled during its copy ends -ECANCELED after it, and the next
  * write goes. The same holds for a daemon without flow control (protocol 1.4, through a proxy
- * that rewrites the HelloReply). `tpipctl status` and `sessions` show the staging buffers apart from the
- * other shared buffers.
+ * that rewrites the HelloReply). `tpipctl status` and `sessions` show the staging buffers apart
+ * from the other shared buffers.
  */
 #include <check.h>
 #include <errno.h>
