@@ -12,9 +12,10 @@
  * behind it with -ECANCELED once the copy ends, in order, and the staging buffer under the copy
  * serves no other message meanwhile (a message on pipe B written then is read intact after the
  * held copy resumed). A write cancelled during its copy ends -ECANCELED after it, and the next
- * write goes. The same holds for a daemon without flow control (protocol 1.4, through a proxy
- * that rewrites the HelloReply). `tpipctl status` and `sessions` show the staging buffers apart
- * from the other shared buffers.
+ * write goes; a daemon lost during the copy fails the pipe's writes after it. The first case
+ * holds for a daemon without flow control too (protocol 1.4, through a proxy that rewrites the
+ * HelloReply). `tpipctl status` and `sessions` show the staging buffers apart from the other
+ * shared buffers.
  */
 #include <check.h>
 #include <errno.h>
@@ -654,6 +655,44 @@ START_TEST(test_staged_copy_holds_up_no_other_pipe_without_flow_control)
 }
 END_TEST
 
+/* The daemon dies during a staged copy: the writes of the copying pipe fail after the copy
+ * ended, in order, and the context frees cleanly. */
+START_TEST(test_daemon_lost_during_a_staged_copy_fails_its_writes_after_the_copy)
+{
+	const char *args[] = { "--no-cma", NULL };
+	struct ends e;
+	struct held h;
+	struct held_writer a1 = { 0 };
+	struct msg a2;
+	void *sync = NULL;
+
+	ends_open(&e);
+	held_new(&h, 16u << 20, 71);
+	held_writer_start(&a1, e.w[0], &h);
+	held_wait_touched(&h);
+	msg_write(&a2, e.w[0], STAGED, 72);
+
+	ck_assert_int_eq(tpt_daemon_kill(&daemon_nocma), 0);
+	/* Fails once the library has seen the connection go (its request fails with it): the
+	 * pipe's writes have failed by then, their callbacks waiting for the copy. */
+	ck_assert_int_lt(tp_buffer_alloc(e.wctx, 4096, &sync), 0);
+	ck_assert_int_eq(seen_count(&a1.done), 0);
+	ck_assert_int_eq(seen_count(&a2.done), 0);
+
+	held_release(&h);
+	ck_assert_int_eq(pthread_join(a1.t, NULL), 0);
+	ck_assert_int_eq(a1.r, 0);
+	ck_assert_int_lt(seen_wait(&a1.done), 0);
+	ck_assert_int_lt(seen_wait(&a2.done), 0);
+	ck_assert(a1.done.seq < a2.done.seq);
+	ends_close(&e);
+	held_free(&h);
+	free(a2.buf);
+	/* For the fixture's teardown. */
+	ck_assert_int_eq(tpt_daemon_start(&daemon_nocma, args), 0);
+}
+END_TEST
+
 /* tp_cancel() of a write whose copy is held: it ends with -ECANCELED once the copy ended (it
  * never reached the daemon), and the write queued behind it goes out then. */
 START_TEST(test_staged_write_cancelled_during_its_copy_lets_the_next_go)
@@ -751,6 +790,7 @@ static Suite *stagelock_suite(void)
 	tcase_add_test(tc, test_staged_copy_on_one_pipe_holds_up_no_other_pipe);
 	tcase_add_test(tc, test_pipe_closed_during_a_staged_copy_fails_its_writes_after_the_copy);
 	tcase_add_test(tc, test_staged_write_cancelled_during_its_copy_lets_the_next_go);
+	tcase_add_test(tc, test_daemon_lost_during_a_staged_copy_fails_its_writes_after_the_copy);
 	tcase_add_test(tc, test_staged_copy_holds_up_no_other_pipe_without_flow_control);
 	tcase_add_test(tc, test_staging_buffers_shown_apart_in_status_and_sessions);
 	suite_add_tcase(s, tc);
