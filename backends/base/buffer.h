@@ -25,6 +25,7 @@ struct tpb_buffer {
 	int pin_dev;	  /* the CUDA device whose context pinned it */
 	unsigned pin_gen; /* that context's generation then (a reset drops the pinning) */
 	void (*unpin)(struct tpb_buffer *b);
+	bool staging; /* the client's library stages private memory through it (counts only) */
 };
 
 enum { TPB_PIN_NONE = 0, TPB_PIN_BUSY, TPB_PIN_DONE, TPB_PIN_REFUSED };

@@ -205,6 +205,7 @@ static int buffer_new(struct tp_context *ctx, size_t size, bool staging, struct 
 	br.buf_id = b->id;
 	br.gen = b->gen;
 	br.size = b->size;
+	br.staging = staging;
 	m.body_case = TPW__V1__CLIENT_MSG__BODY_BUFFER_REGISTER;
 	m.buffer_register = &br;
 	tpc_wire_send(ctx, &m, NULL, 0, fd); /* failure: connection loss fails the request */

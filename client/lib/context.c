@@ -565,7 +565,7 @@ bool tpc_context_help(struct tp_context *ctx, const void *arg)
 	 * waiting for the io thread to hand it over. */
 	pthread_mutex_lock(&ctx->lock);
 	op = tpu_list_first(&ctx->done, struct tpc_op, node);
-	if (op && op->arg == arg && !ctx->running_op)
+	if (op && op->arg == arg && !ctx->running_op && !op->copying)
 		tpu_list_remove(&op->node);
 	else
 		op = NULL;
@@ -668,7 +668,10 @@ static void *context_io_main(void *arg)
 			(unsigned long long)ctx->session_id, ctx->ring ? "shared-memory ring" : "socket");
 	pthread_mutex_lock(&ctx->lock);
 	for (;;) {
-		while ((op = tpu_list_first(&ctx->done, struct tpc_op, node))) {
+		/* A write completed while its thread still copies into its staging buffer waits
+		 * for the copy, and the callbacks behind it wait too (order); that thread wakes
+		 * us. */
+		while ((op = tpu_list_first(&ctx->done, struct tpc_op, node)) && !op->copying) {
 			tpu_list_remove(&op->node);
 			ctx->running_op = true;
 			pthread_mutex_unlock(&ctx->lock);
@@ -676,7 +679,7 @@ static void *context_io_main(void *arg)
 			pthread_mutex_lock(&ctx->lock);
 			ctx->running_op = false;
 		}
-		if (ctx->stop)
+		if (ctx->stop && !op)
 			break;
 		/* While stopping, keep reading: the shutdown waits for close acknowledgements. */
 		nfds_t n = ctx->dead ? 1 : 2;

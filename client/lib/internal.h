@@ -178,6 +178,12 @@ struct tpc_op {
 	bool sent;
 	bool cancel_sent;
 	struct tpc_buf *stage;	  /* staging buffer, released after the callback */
+	/* A write whose thread is still copying the caller's bytes into @stage, with no lock
+	 * held (write.c): it waits in pipe->wheld, and if it completes meanwhile (its pipe fails
+	 * or closes, tp_cancel()) its callback, and every callback behind it in ctx->done, waits
+	 * until the copy ends, so neither @stage nor the caller's memory is reused under it.
+	 * Lock. */
+	bool copying;
 	size_t n_copies;
 	struct tpc_copy *copies; /* allocated with the op */
 	/* Events recorded on the streams of the op's CUDA segments: the daemon waits for them
@@ -185,8 +191,9 @@ struct tpc_op {
 	struct tpc_cuda_event *cuda_events;
 	/* With flow control, a write's packed frame (a reference; its data pieces still point
 	 * into the caller's memory), kept while the write is pending so that it can be resent
-	 * when the daemon-wide budget turns it back (WriteDone{resend}). In pipe->wheld (hnode)
-	 * while held by the library: beyond the window, or turned back. @stale: refusals still
+	 * when the daemon-wide budget turns it back (WriteDone{resend}); without, kept for a
+	 * write held. In pipe->wheld (hnode) while held by the library: beyond the window,
+	 * turned back, being staged (@copying) or behind one that is. @stale: refusals still
 	 * due for copies of it sent before the daemon turned back an earlier write; ignored. */
 	struct tpc_held_write *held;
 	struct tpu_list hnode;

@@ -13,13 +13,19 @@
  * -> shm reference; up to 4 KiB -> inline; CMA allowed -> cma_addr; else -> one staging buffer
  * per message, released after WriteDone.
  *
+ * Staging: the buffer, the write id and the write's place in its pipe are decided under
+ * send_lock, the bytes are copied after it is released (write_copied()), and meanwhile the
+ * write waits in the pipe's held FIFO (below), marked copying, with the pipe's later writes
+ * behind it: a large copy delays no other pipe of the context, and its own pipe's order holds.
+ *
  * Flow control (daemon minor >= 5): per pipe, the Writes sent that the daemon still queues (it
  * returns each one's room with FlowCredit) stay within the write window it announced
  * (Limits.pipe_queue_max messages, pipe_queue_bytes inline bytes). A write beyond it, and every
  * write behind one, is held here as its packed frame, its data pieces still pointing into the
  * caller's memory (which the caller keeps until the callback anyway), and goes out in order as
  * room returns (tpc_write_pump()). A write that alone exceeds the window goes once nothing else
- * is outstanding: the daemon then decides (-ENOBUFS over its hard limit).
+ * is outstanding: the daemon then decides (-ENOBUFS over its hard limit). Without flow control
+ * the FIFO only ever holds a staged write being copied and the writes behind it.
  *
  * The daemon-wide budget (pipe-queue-bytes-max) can turn a write back (WriteDone{resend}): it
  * and every write of the pipe sent after it (the daemon turns those back too) go back to the head
@@ -333,9 +339,13 @@ static int write_place_locked(struct tp_context *ctx, struct write_plan *pl,
 	return 0;
 }
 
-/* Copies staged segments into a staging buffer; send_lock held. */
-static int write_stage(struct tp_context *ctx, struct write_plan *pl, const struct tp_message *msg,
-		       struct tpc_buf **ret)
+/*
+ * Takes a staging buffer for the staged segments and names it in their references, so that the
+ * frame can be packed before the bytes are there; send_lock held (a new buffer is registered),
+ * lock not held. The copy is write_stage_copy()'s, with no lock held.
+ */
+static int write_stage_reserve(struct tp_context *ctx, struct write_plan *pl,
+			       const struct tp_message *msg, struct tpc_buf **ret)
 {
 	struct tpc_buf *b;
 	int r;
@@ -348,17 +358,33 @@ static int write_stage(struct tp_context *ctx, struct write_plan *pl, const stru
 				 tp_strerror(r));
 	for (size_t i = 0; i < msg->n_payloads + msg->n_tensors; i++) {
 		Tpw__V1__Segment *s = &pl->seg[i];
-		size_t len;
-		const void *data = write_seg(msg, i, &len);
 
 		if (s->loc_case != TPW__V1__SEGMENT__LOC_SHM || s->shm->buf_id != 0)
 			continue;
 		s->shm->buf_id = b->id;
 		s->shm->gen = b->gen;
-		memcpy((char *)b->addr + s->shm->offset, data, len);
 	}
 	*ret = b;
 	return 0;
+}
+
+/*
+ * Copies the staged segments into @b (write_stage_reserve()'s); no lock held. A shared
+ * reference never names a staging buffer (tpc_buffer_lookup_locked() skips them), so the
+ * segments that do are exactly the staged ones.
+ */
+static void write_stage_copy(const struct write_plan *pl, const struct tp_message *msg,
+			     const struct tpc_buf *b)
+{
+	for (size_t i = 0; i < msg->n_payloads + msg->n_tensors; i++) {
+		const Tpw__V1__Segment *s = &pl->seg[i];
+		size_t len;
+		const void *data = write_seg(msg, i, &len);
+
+		if (s->loc_case == TPW__V1__SEGMENT__LOC_SHM && s->shm->buf_id == b->id &&
+		    s->shm->gen == b->gen)
+			memcpy((char *)b->addr + s->shm->offset, data, len);
+	}
 }
 
 /* Whether a Write of @inline_len data-tail bytes fits @p's window now; lock held. */
@@ -400,11 +426,14 @@ static struct tpc_held_write *write_held_ref(struct tpc_held_write *h)
 /*
  * Files the op and gives the write its ids (@ret_id: for tp_cancel()); lock held. With flow
  * control the write either takes room in the window (*@ret_send: send it now) or is held behind
- * the writes already held.
+ * the writes already held. A staged write (@op->stage) is held, marked copying, until its
+ * thread has copied the bytes (write_copied()); with or without flow control, the writes of
+ * the pipe behind it are held behind it, so the pipe's order is the order of this call.
  */
 static int write_queue_locked(struct tp_pipe *p, struct write_plan *pl, struct tpc_op *op,
 			      bool *ret_send, uint64_t *ret_id)
 {
+	bool flow = p->ctx->flow, staged = op->stage != NULL, hold;
 	int r = tpc_pipe_check_locked(p);
 
 	if (r == 0)
@@ -412,18 +441,20 @@ static int write_queue_locked(struct tp_pipe *p, struct write_plan *pl, struct t
 	if (r < 0)
 		return r;
 	pl->w.write_id = p->next_write_id + 1;
-	if (p->ctx->flow) {
+	hold = staged || !tpu_list_empty(&p->wheld) ||
+	       (flow && (p->wait_resume || !write_fits_locked(p, pl->inline_len)));
+	if (flow || hold) {
 		r = write_keep_locked(pl, op);
 		if (r < 0) {
 			tpc_map_del(&p->ctx->ops, op->op_id);
 			return r;
 		}
 	}
-	if (p->ctx->flow && (p->wait_resume || !tpu_list_empty(&p->wheld) ||
-			     !write_fits_locked(p, pl->inline_len))) {
+	if (hold) {
 		tpu_list_insert_tail(&p->wheld, &op->hnode);
+		op->copying = staged;
 		*ret_send = false;
-	} else if (p->ctx->flow) {
+	} else if (flow) {
 		p->win_msgs++;
 		p->win_bytes += pl->inline_len;
 	}
@@ -436,11 +467,42 @@ static int write_queue_locked(struct tp_pipe *p, struct write_plan *pl, struct t
 	return 0;
 }
 
+/*
+ * Copies a staged write's bytes with no lock held, then lets it go (no lock held). Until
+ * @op->copying is cleared, @op, its staging buffer and its pipe stay valid whatever happens
+ * meanwhile: the op's callback (which frees the op and returns the buffer) and the pipe's
+ * free op behind it wait for the copy. Afterwards @op is not touched: it may complete at once.
+ * @ctx must outlive the call (the caller's context: as for any call on it).
+ */
+static void write_copied(struct tp_context *ctx, const struct write_plan *pl,
+			 const struct tp_message *msg, struct tpc_op *op, uint64_t pipe_id)
+{
+	bool completed;
+
+	write_stage_copy(pl, msg, op->stage);
+	pthread_mutex_lock(&ctx->lock);
+	op->copying = false;
+	completed = !op->pending; /* failed, closed or cancelled meanwhile: never sent */
+	if (completed) /* its callback, and those behind it, may run now */
+		tpc_context_wake(ctx);
+	pthread_mutex_unlock(&ctx->lock);
+	/* It, and the writes held behind it, in order; or, if it was cancelled, those alone. */
+	tpc_write_pump(ctx, pipe_id);
+}
+
+/*
+ * Places, files and sends a write. Everything that decides the pipe's order happens under
+ * send_lock: placement, the staging buffer (registered before the Write that names it), the
+ * write id and the op's place in the pipe's FIFO. A staged write's copy happens after
+ * send_lock is released (write_copied()), so a large copy holds up no other send of the
+ * context, only the writes of its own pipe queued behind it.
+ */
 static int write_send(struct tp_pipe *p, struct write_plan *pl, const struct tp_message *msg,
 		      uint64_t total, struct tpc_op *op, uint64_t *ret_id)
 {
 	struct tp_context *ctx = p->ctx;
 	struct tpc_held_write *h = NULL;
+	uint64_t pipe_id = p->id;
 	bool send = true;
 	int r;
 
@@ -456,7 +518,7 @@ static int write_send(struct tp_pipe *p, struct write_plan *pl, const struct tp_
 			      "--frame-max)",
 			      tpw_frame_size(&pl->m.base) + pl->inline_len, ctx->lim.frame_max);
 	if (r == 0)
-		r = write_stage(ctx, pl, msg, &op->stage);
+		r = write_stage_reserve(ctx, pl, msg, &op->stage);
 	if (r == 0) {
 		pthread_mutex_lock(&ctx->lock);
 		r = write_queue_locked(p, pl, op, &send, ret_id);
@@ -474,6 +536,9 @@ static int write_send(struct tp_pipe *p, struct write_plan *pl, const struct tp_
 		tpc_wire_send(ctx, &pl->m, pl->iov, pl->n_iov, -EBADF);
 	}
 	pthread_mutex_unlock(&ctx->send_lock);
+	/* Not op->stage: an op that went at once may be complete and freed by now. */
+	if (r == 0 && pl->stage_len)
+		write_copied(ctx, pl, msg, op, pipe_id);
 	return r;
 }
 
@@ -615,12 +680,14 @@ static struct tpc_held_write *write_unhold(struct tp_context *ctx, uint64_t pipe
 	p = tpc_map_get(&ctx->pipes, pipe_id);
 	if (p && !ctx->dead && (p->state == TPC_PIPE_OPEN || p->state == TPC_PIPE_CONNECTING) &&
 	    !p->wait_resume && (op = tpu_list_first(&p->wheld, struct tpc_op, hnode)) &&
-	    write_fits_locked(p, op->held->inline_len)) {
+	    !op->copying && (!ctx->flow || write_fits_locked(p, op->held->inline_len))) {
 		tpu_list_remove(&op->hnode);
 		h = write_held_ref(op->held); /* the op keeps its own, for a resend */
 		op->sent = true; /* send_lock is held until it is: tp_cancel() waits for it */
-		p->win_msgs++;
-		p->win_bytes += h->inline_len;
+		if (ctx->flow) {
+			p->win_msgs++;
+			p->win_bytes += h->inline_len;
+		}
 	}
 	pthread_mutex_unlock(&ctx->lock);
 	return h;

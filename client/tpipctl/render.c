@@ -121,6 +121,8 @@ struct json_object *ctl_json_status(const Tpw__V1__CtlStatus *s)
 	ctl_json_u64(o, "cuda_dmabufs", s->cuda_dmabufs);
 	ctl_json_u64(o, "cuda_dmabufs_refused", s->cuda_dmabufs_refused);
 	ctl_json_u64(o, "cuda_dmabufs_evicted", s->cuda_dmabufs_evicted);
+	ctl_json_u64(o, "staging_buffers", s->staging_buffers);
+	ctl_json_u64(o, "staging_bytes", s->staging_bytes);
 	ctl_json_u64(o, "client_input_bytes", s->client_input_bytes);
 	ctl_json_u64(o, "client_queued_bytes", s->client_queued_bytes);
 	ctl_json_u64(o, "sessions_refused", s->sessions_refused);
@@ -192,6 +194,9 @@ static int status_text(const Tpw__V1__CtlStatus *s, FILE *out)
 	ctl_table_cellf(&t, "client dma-bufs:");
 	ctl_table_cellf(&t, "%" PRIu64 " held, %" PRIu64 " refused, %" PRIu64 " evicted",
 			s->cuda_dmabufs, s->cuda_dmabufs_refused, s->cuda_dmabufs_evicted);
+	ctl_table_cellf(&t, "staging buffers:");
+	ctl_table_cellf(&t, "%" PRIu64 " (%s) registered by clients' libraries", s->staging_buffers,
+			ctl_fmt_bytes(s->staging_bytes, b1, sizeof(b1)));
 	ctl_table_cellf(&t, "session limits:");
 	ctl_table_cellf(&t, "%" PRIu32 " (%" PRIu32 " kept for admins), %" PRIu32 " per uid, %" PRIu64
 			" refused", s->sessions_max, s->sessions_reserved, s->sessions_per_uid,
@@ -260,6 +265,8 @@ static struct json_object *session_json(const void *item)
 	ctl_json_u64(o, "listeners", s->listeners);
 	ctl_json_u64(o, "buffers", s->buffers);
 	ctl_json_u64(o, "buffer_bytes", s->buffer_bytes);
+	ctl_json_u64(o, "staging_buffers", s->staging_buffers);
+	ctl_json_u64(o, "staging_bytes", s->staging_bytes);
 	ctl_json_u64(o, "bytes_in", s->bytes_in);
 	ctl_json_u64(o, "bytes_out", s->bytes_out);
 	ctl_json_bool(o, "cma_ok", s->cma_ok);
@@ -271,8 +278,8 @@ static struct json_object *session_json(const void *item)
 static const struct ctl_col session_cols[] = {
 	{ "ID", true },        { "PID", true },     { "UID", true },        { "COMMAND", false },
 	{ "NAME", false },     { "ROLE", false },   { "TRANSPORT", false }, { "PIPES", true },
-	{ "LISTENERS", true }, { "BUFFERS", true }, { "BUF_BYTES", true },  { "BYTES_IN", true },
-	{ "BYTES_OUT", true },
+	{ "LISTENERS", true }, { "BUFFERS", true }, { "BUF_BYTES", true },  { "STAGING", true },
+	{ "BYTES_IN", true },  { "BYTES_OUT", true },
 };
 
 /* The TRANSPORT cell: "unix", or "ring" with its size per direction ("ring 256K"). */
@@ -293,7 +300,7 @@ static void session_transport_cell(struct ctl_table *t, const Tpw__V1__CtlSessio
 static void session_row(struct ctl_table *t, const void *item)
 {
 	const Tpw__V1__CtlSession *s = item;
-	char b1[32], b2[32], b3[32];
+	char b1[32], b2[32], b3[32], b4[32];
 
 	ctl_table_cellf(t, "%" PRIu64, s->id);
 	ctl_table_cellf(t, "%" PRIu32, s->pid);
@@ -306,6 +313,9 @@ static void session_row(struct ctl_table *t, const void *item)
 	ctl_table_cellf(t, "%" PRIu32, s->listeners);
 	ctl_table_cellf(t, "%" PRIu32, s->buffers);
 	ctl_table_cellf(t, "%s", ctl_fmt_bytes(s->buffer_bytes, b1, sizeof(b1)));
+	/* Of BUFFERS and BUF_BYTES, the library's staging buffers: "COUNT (BYTES)". */
+	ctl_table_cellf(t, "%" PRIu32 " (%s)", s->staging_buffers,
+			ctl_fmt_bytes(s->staging_bytes, b4, sizeof(b4)));
 	ctl_table_cellf(t, "%s", ctl_fmt_bytes(s->bytes_in, b2, sizeof(b2)));
 	ctl_table_cellf(t, "%s", ctl_fmt_bytes(s->bytes_out, b3, sizeof(b3)));
 }

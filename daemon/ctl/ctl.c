@@ -120,6 +120,19 @@ static void fill_status_limits(struct tpd_daemon *d, const struct ctl_bufs *b,
 	st->sessions_reserved = cfg->sessions_reserved;
 }
 
+/* The staging buffers clients' libraries registered (those of the sessions the caller sees). */
+static void count_staging(struct tpd_daemon *d, const struct ctl_bufs *b, Tpw__V1__CtlStatus *st)
+{
+	struct tpd_session *s;
+
+	tpd_local_for_each_session(s, tpd_daemon_local(d)) {
+		if (!sees_uid(b, tpd_session_uid(s)))
+			continue;
+		st->staging_buffers += tpd_session_staging_count(s);
+		st->staging_bytes += tpd_session_staging_bytes(s);
+	}
+}
+
 static void fill_status(struct tpd_daemon *d, const struct ctl_bufs *b, Tpw__V1__CtlStatus *st)
 {
 	struct tpb_rdma_cache_stats rc;
@@ -153,6 +166,7 @@ static void fill_status(struct tpd_daemon *d, const struct ctl_bufs *b, Tpw__V1_
 	st->cuda_dmabufs_refused = rc.dmabufs_refused;
 	st->cuda_dmabufs_evicted = rc.dmabufs_evicted;
 	count_visible(d, b, st);
+	count_staging(d, b, st);
 	fill_status_limits(d, b, st);
 }
 
@@ -184,6 +198,8 @@ static int fill_sessions(struct tpd_daemon *d, Tpw__V1__CtlReply *rep, struct ct
 		c->listeners = tpd_session_listener_count(s);
 		c->buffers = tpd_session_buffer_count(s);
 		c->buffer_bytes = tpd_session_buffer_bytes(s);
+		c->staging_buffers = tpd_session_staging_count(s);
+		c->staging_bytes = tpd_session_staging_bytes(s);
 		tpd_conn_bytes(tpd_session_conn(s), &c->bytes_in, &c->bytes_out);
 		c->cma_ok = tpd_session_cma(s);
 		c->transport = tpd_conn_is_ring(tpd_session_conn(s)) ? "ring" : "unix";

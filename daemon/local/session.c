@@ -288,6 +288,8 @@ static void release_buffers(struct tpd_session *s)
 	if (s->acct)
 		s->acct->buffer_bytes -= s->buffer_bytes;
 	s->buffer_bytes = 0;
+	s->n_staging = 0;
+	s->staging_bytes = 0;
 }
 
 void tpd_session_free(struct tpd_session *s, Tpw__V1__Status why)
@@ -461,6 +463,16 @@ unsigned tpd_session_buffer_count(const struct tpd_session *s)
 uint64_t tpd_session_buffer_bytes(const struct tpd_session *s)
 {
 	return s->buffer_bytes;
+}
+
+unsigned tpd_session_staging_count(const struct tpd_session *s)
+{
+	return s->n_staging;
+}
+
+uint64_t tpd_session_staging_bytes(const struct tpd_session *s)
+{
+	return s->staging_bytes;
 }
 
 const struct tpd_conn *tpd_session_conn(const struct tpd_session *s)

@@ -54,6 +54,8 @@ struct tpd_session {
 	struct tpu_hmap pipes;	 /* local pipe id -> struct tpd_pipe_end */
 	struct tpu_hmap buffers; /* buf_id -> struct tpb_buffer */
 	uint64_t buffer_bytes;
+	unsigned n_staging;	/* of @buffers, registered as staging buffers */
+	uint64_t staging_bytes; /* their bytes (of @buffer_bytes) */
 	struct tpu_list listeners;
 	unsigned n_listeners;
 	uint64_t next_accept_id;
@@ -170,6 +172,9 @@ unsigned tpd_session_listener_count(const struct tpd_session *s);
 /* Number of shared buffers @s registered, and their bytes in all. */
 unsigned tpd_session_buffer_count(const struct tpd_session *s);
 uint64_t tpd_session_buffer_bytes(const struct tpd_session *s);
+/* Of those, the ones its library registered as staging buffers, and their bytes. */
+unsigned tpd_session_staging_count(const struct tpd_session *s);
+uint64_t tpd_session_staging_bytes(const struct tpd_session *s);
 
 /*
  * tpd_session_conn() - @s's connection (conn.h: its transport and byte counts).

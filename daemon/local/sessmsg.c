@@ -290,6 +290,11 @@ static void handle_buffer_register(struct tpd_session *s, const Tpw__V1__BufferR
 	}
 	s->buffer_bytes += m->size;
 	s->acct->buffer_bytes += m->size;
+	b->staging = m->staging;
+	if (b->staging) {
+		s->n_staging++;
+		s->staging_bytes += m->size;
+	}
 	tpd_session_reply(s, m->req_id, 0, NULL, m->buf_id, NULL);
 }
 
@@ -302,6 +307,10 @@ static void handle_buffer_release(struct tpd_session *s, const Tpw__V1__BufferRe
 	tpu_hmap_del(&s->buffers, m->buf_id);
 	s->buffer_bytes -= b->size;
 	s->acct->buffer_bytes -= b->size;
+	if (b->staging) {
+		s->n_staging--;
+		s->staging_bytes -= b->size;
+	}
 	tpb_rdma_forget_buffer(tpd_daemon_rdma(s->d), b);
 	tpb_buffer_unref(b);
 }
