@@ -9,7 +9,8 @@
 # did not allow other hosts (or named another peer identity), with the text of a missing name;
 # chan-peer-ops-max (4 on a) just below and above, on the hosting side (a channel on a, readers
 # on b) and on the forwarding side (a channel on b, readers on a), with a local reader not
-# refused; the link cut fails blocked remote reads with -ECONNRESET naming the host within the
+# refused; over an unauthenticated link any-peer admits and peers does not, as for listeners;
+# the link cut fails blocked remote reads with -ECONNRESET naming the host within the
 # peer timeout while a's local channel still works. Skips (77) where network namespaces or veth
 # pairs cannot be made.
 . "$(dirname -- "$0")/lib.sh" || exit 1
@@ -31,14 +32,15 @@ B="tpip://${net}2:7420"
 
 svc_two_hosts "$nsa" "$nsb" "$vea" "$veb" "$net"
 
-start_ns_daemon() { # NAME NS ADDR:PORT ARGS...
-	local name=$1 ns=$2 addr=$3
+start_ns_daemon() { # NAME NS ADDR:PORT ARGS... (--peer-insecure: no key)
+	local name=$1 ns=$2 addr=$3 auth
 	shift 3
+	auth=(--peer-key-file "$(svc_peer_key)")
+	[ "${1:-}" = --peer-insecure ] && auth=()
 	SVC_LOGS+=("$SVC_TMP/$name.log")
 	ip netns exec "$ns" "$TPIPD_BIN" --socket "$SVC_TMP/$name.sock" --config /dev/null \
 		--peer-listen "$addr" --peer-force-cross-host --peer-timeout "$PEER_TIMEOUT_MS" \
-		--peer-connect-timeout 3000 --peer-key-file "$(svc_peer_key)" "$@" \
-		2>"$SVC_TMP/$name.log" &
+		--peer-connect-timeout 3000 "${auth[@]}" "$@" 2>"$SVC_TMP/$name.log" &
 	local pid=$!
 	svc_track "$pid"
 	svc_wait_daemon "$SVC_TMP/$name.sock" "$pid"
@@ -216,6 +218,16 @@ expect_out "$(x b close flim)" "^closed$"
 done_pid f1 10
 done_pid f2 10
 [ "$(out_count f1 "^error EPIPE")" = $((OPS_MAX - 1)) ] || fail "f1: $(cat "$SVC_TMP/f1.out")"
+
+check "over an unauthenticated (--peer-insecure) link, as for listeners: any-peer admits it, peers:psk does not"
+start_ns_daemon ia "$nsa" "${net}1:7421" --peer-insecure
+start_ns_daemon ib "$nsb" "${net}2:7421" --peer-insecure
+expect_out "$(x ib create anyi any)" "^created$"
+expect_out "$(x ib create pski peers:psk)" "^created$"
+expect_out "$(x ia write "tpip://${net}2:7421/anyi" hi)" "^wrote 1$"
+out=$(x ia open "tpip://${net}2:7421/pski") && fail "opened over an insecure link: $out"
+expect_out "$out" "^error ENOENT: open: .*no channel 'pski' of uid 0 on .* accepts handles from other hosts"
+expect_out "$(x ib read anyi 1 1000)" "^item hi$"
 
 check "the link cut: blocked reads on b's channel fail with -ECONNRESET naming b within the peer timeout"
 expect_out "$(x b create cut any)" "^created$"
