@@ -12,7 +12,8 @@
  *   write ADDR ITEM...             one write per item
  *   read ADDR N MS                 up to N reads of MS each (-1: no deadline); stops at an error
  *   close ADDR
- *   readers ADDR K MS              K threads, each with its own handle, one read of MS each
+ *   readers ADDR K MS              K handles opened one after the other, then one read of MS
+ *                                  on each, from a thread each
  *   wq-own NAME REMOTE N           a queue: submit N questions, receive their N answers (each
  *                                  "a:" + its question), then wait until stdin closes, release
  *   wq-work ADDR [N]               a worker: take and answer until closed (or N questions)
@@ -162,47 +163,47 @@ static int cmd_close(const char *addr)
 
 struct reader {
 	pthread_t t;
-	const char *addr;
+	struct tp_chan *ch;
 	int ms, rc;
 };
 
 static void *reader_run(void *arg)
 {
 	struct reader *rd = arg;
-	struct tp_chan *ch;
 
-	rd->rc = open_chan(rd->addr, &ch);
-	if (rd->rc)
-		return NULL;
-	rd->rc = read_some(ch, 1, rd->ms);
+	rd->rc = read_some(rd->ch, 1, rd->ms);
 	/* After a failed link the handle stays failed: a second call fails the same way. */
 	if (rd->rc) {
 		void *item;
 		size_t len;
-		int r = tp_chan_read(ch, &item, &len, 0);
+		int r = tp_chan_read(rd->ch, &item, &len, 0);
 
 		if (r < 0)
 			fail("again", r);
 		else
 			free(item);
 	}
-	tp_chan_release(ch);
 	return NULL;
 }
 
+/* Opens @k handles one after the other, then reads one item on each from its own thread. */
 static int cmd_readers(const char *addr, int k, int ms)
 {
 	struct reader *rd = calloc((size_t)k, sizeof(*rd));
-	int rc = 0;
+	int rc = 0, n;
 
-	for (int i = 0; i < k; i++) {
-		rd[i].addr = addr;
+	for (n = 0; n < k && !rc; n++)
+		rc = open_chan(addr, &rd[n].ch);
+	if (rc)
+		n--;
+	for (int i = 0; i < n; i++) {
 		rd[i].ms = ms;
 		pthread_create(&rd[i].t, NULL, reader_run, &rd[i]);
 	}
-	for (int i = 0; i < k; i++) {
+	for (int i = 0; i < n; i++) {
 		pthread_join(rd[i].t, NULL);
 		rc |= rd[i].rc;
+		tp_chan_release(rd[i].ch);
 	}
 	free(rd);
 	return rc;
