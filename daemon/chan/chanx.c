@@ -387,6 +387,7 @@ bool tpd_chanx_op(struct tpd_chanx *x, struct tpd_session *s, const Tpw__V1__Cha
 	if (!xh)
 		return false;
 	c = *o;
+	c.base.n_unknown_fields = 0;
 	c.base.unknown_fields = NULL;
 	c.n_remote_peers = 0; /* creation only, never forwarded */
 	c.remote_peers = NULL;
@@ -404,6 +405,7 @@ bool tpd_chanx_wq_op(struct tpd_chanx *x, struct tpd_session *s, const Tpw__V1__
 	if (!xh)
 		return false;
 	q = *o;
+	q.base.n_unknown_fields = 0;
 	q.base.unknown_fields = NULL;
 	q.n_remote_peers = 0;
 	q.remote_peers = NULL;
@@ -481,6 +483,7 @@ static void on_chan_reply(struct tpd_chanx *x, struct tpd_peer *pr, const Tpw__V
 	if (!xo)
 		return; /* the session ended, or not an op of this link: dropped */
 	a = *r;
+	a.base.n_unknown_fields = 0;
 	a.base.unknown_fields = NULL;
 	a.req_id = xo->req_id;
 	a.chan_id = xo->local_id;
@@ -518,6 +521,7 @@ static void on_wq_reply(struct tpd_chanx *x, struct tpd_peer *pr, const Tpw__V1_
 	if (!xo)
 		return;
 	a = *r;
+	a.base.n_unknown_fields = 0;
 	a.base.unknown_fields = NULL;
 	a.req_id = xo->req_id;
 	a.wq_id = xo->local_id;
