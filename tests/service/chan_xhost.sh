@@ -11,7 +11,8 @@
 # on b) and on the forwarding side (a channel on b, readers on a), with a local reader not
 # refused; over an unauthenticated link any-peer admits and peers does not, as for listeners;
 # the link cut fails blocked remote reads with -ECONNRESET naming the host within the
-# peer timeout while a's local channel still works. Skips (77) where network namespaces or veth
+# peer timeout while a's local channel still works, and b queues the question a worker on a
+# held again. Skips (77) where network namespaces or veth
 # pairs cannot be made.
 . "$(dirname -- "$0")/lib.sh" || exit 1
 need_env TPIPD_BIN TPIPCTL_BIN CHAN_XHOST_BIN
@@ -233,11 +234,15 @@ out=$(x ia open "tpip://${net}2:7421/pski") && fail "opened over an insecure lin
 expect_out "$out" "^error ENOENT: open: .*no channel 'pski' of uid 0 on .* accepts handles from other hosts"
 expect_out "$(x ib read anyi 1 1000)" "^item hi$"
 
-check "the link cut: blocked reads on b's channel fail with -ECONNRESET naming b within the peer timeout"
+check "the link cut: blocked reads on b's channel fail with -ECONNRESET naming b within the peer timeout; b queues the question of a's worker again"
 expect_out "$(x b create cut any)" "^created$"
 expect_out "$(x a create local any)" "^created$"
 bg c1 a readers "$B/cut" 2 -1
 bg c2 a readers local 1 -1
+held own4 b wq-own cutq any 1
+wait_until 10 "the owner's question" out_has own4 "^submitted 1$"
+bg w2 a wq-hold "$B/cutq"
+wait_until 10 "the worker on a to take the question" out_has w2 "^took 1$"
 wait_until 10 "2 reads from a to wait on b" chan_is b cut '.readers_waiting == 2'
 wait_until 10 "a local read to wait on a" chan_is a local '.readers_waiting == 1'
 start=$SECONDS
@@ -251,6 +256,10 @@ cat "$SVC_TMP/c1.out"
 [ "$(out_count c1 "^error ECONNRESET: again: .*channel host ${net}2:7420")" = 2 ] ||
 	fail "c1 (second call): $(cat "$SVC_TMP/c1.out")"
 chan_is a local '.readers_waiting == 1' >/dev/null || fail "a's local reader is gone"
+wait_until 10 "b to queue the cut worker's question again" queue_is b cutq \
+	'.requeued == 1 and .queued == 1 and .taken == 0 and .workers == 0'
+kill -TERM "$PID_own4" # it waits for an answer that no worker will give
+done_pid own4 10
 expect_out "$(x a write local still)" "^wrote 1$"
 done_pid c2 10
 [ "$(cat "$SVC_TMP/c2.out")" = "item still" ] || fail "c2: $(cat "$SVC_TMP/c2.out")"
