@@ -8,6 +8,12 @@
  * The user's handle ids are its own: a victim's handle of the same remote channel, guessed by
  * id, is not found for read, write, close and release; the victim's remote handle, its channel
  * and its item stay as they were.
+ *
+ * And a hostile peer daemon (a raw dialler over an insecure link, as --peer-insecure allows):
+ * its reads wait up to chan-peer-ops-max (3) and one more is refused with STATUS_LIMIT while a
+ * try-once read is still answered; a guessed handle id is not found; an answer to an op the
+ * daemon never forwarded is dropped; an UNLINK fails its link, which drops its handles and
+ * waits, while the channel, its items and a local reader are untouched.
  */
 #include <check.h>
 #include <errno.h>
@@ -16,6 +22,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
+#include "ipeer.h"
 #include "itest.h"
 #include "tpt_wire.h"
 
@@ -23,6 +30,7 @@
 #define NOBODY 65534
 
 static char addr[256];
+static struct tpt_sync go;
 
 static int drop_to_nobody(void)
 {
@@ -149,6 +157,242 @@ START_TEST(test_attacker_cannot_crash_or_touch_remote_handles)
 }
 END_TEST
 
+/* ---- a hostile peer daemon ---------------------------------------------------------------- */
+
+#define OPS_MAX 3
+
+static struct tpt_daemon host;
+
+static int peer_send(struct tpt_raw *r, Tpw__V1__PeerMsg *m, const void *tail, uint32_t len)
+{
+	size_t n = tpw_frame_size(&m->base);
+	uint8_t *buf = malloc(n + len);
+	int e;
+
+	if (!buf)
+		return -ENOMEM;
+	n = tpw_frame_pack(&m->base, len, 0, ++r->seq, buf);
+	memcpy(buf + n, tail, len);
+	e = tpt_raw_send_bytes(r, buf, n + len, NULL, 0);
+	free(buf);
+	return e;
+}
+
+static int peer_chan(struct tpt_raw *r, Tpw__V1__ChanOp *op, uint64_t req_id, const void *tail,
+		     uint32_t len)
+{
+	Tpw__V1__PeerChanOp po = TPW__V1__PEER_CHAN_OP__INIT;
+	Tpw__V1__PeerMsg m = TPW__V1__PEER_MSG__INIT;
+
+	op->req_id = req_id;
+	po.op = op;
+	po.uid = 0;
+	m.body_case = TPW__V1__PEER_MSG__BODY_CHAN_OP;
+	m.chan_op = &po;
+	return peer_send(r, &m, tail, len);
+}
+
+/* The next PeerChanReply (pings are skipped): its status, req_id into *@ret_req, chan_id into
+ * *@ret_id. Return: the status, or -errno. */
+static int peer_reply(struct tpt_raw *r, uint64_t *ret_req, uint64_t *ret_id)
+{
+	Tpw__V1__PeerMsg *m = NULL;
+	int e, st;
+
+	for (;;) {
+		e = tpt_raw_recv_peer(r, T_MS, &m);
+		if (e < 0)
+			return e;
+		if (m->body_case == TPW__V1__PEER_MSG__BODY_CHAN_REPLY)
+			break;
+		tpw_peer_msg_free(m);
+	}
+	st = m->chan_reply->reply->status;
+	*ret_req = m->chan_reply->reply->req_id;
+	if (ret_id)
+		*ret_id = m->chan_reply->reply->chan_id;
+	tpw_peer_msg_free(m);
+	return st;
+}
+
+/* Dials @host's peer port as a daemon would (insecure: plain frames), up to the link being up. */
+static int peer_dial(struct tpt_raw *c, struct tpt_raw *data)
+{
+	Tpw__V1__PeerHello h = TPW__V1__PEER_HELLO__INIT;
+	Tpw__V1__PeerDataHello dh = TPW__V1__PEER_DATA_HELLO__INIT;
+	Tpw__V1__PeerMsg m = TPW__V1__PEER_MSG__INIT, *in = NULL;
+	uint8_t boot[16];
+	uint64_t link_id;
+
+	for (unsigned i = 0; i < 16; i++)
+		boot[i] = (uint8_t)(0xa0 + i); /* another "host" */
+	TPT_REQUIRE(tpt_raw_connect_tcp(c, "127.0.0.1", host.peer_port) == 0, -1, "dial");
+	h.major = TPW_PEER_PROTO_MAJOR;
+	h.minor = TPW_PEER_PROTO_MINOR;
+	h.host = "hostile";
+	h.boot_id.data = boot;
+	h.boot_id.len = 16;
+	h.instance = 0x5eed;
+	h.data_conns = 1;
+	m.body_case = TPW__V1__PEER_MSG__BODY_HELLO;
+	m.hello = &h;
+	TPT_REQUIRE(tpt_raw_send_peer(c, &m) == 0, -1, "hello");
+	TPT_REQUIRE(tpt_raw_recv_peer(c, T_MS, &in) == 0 &&
+			    in->body_case == TPW__V1__PEER_MSG__BODY_HELLO &&
+			    (!in->hello->status || in->hello->status == TPW__V1__STATUS__STATUS_OK),
+		    -1, "no hello back");
+	tpw_peer_msg_free(in);
+	TPT_REQUIRE(tpt_raw_recv_peer(c, T_MS, &in) == 0 &&
+			    in->body_case == TPW__V1__PEER_MSG__BODY_READY, -1, "no ready");
+	link_id = in->ready->link_id;
+	tpw_peer_msg_free(in);
+	TPT_REQUIRE(tpt_raw_connect_tcp(data, "127.0.0.1", host.peer_port) == 0, -1, "data dial");
+	dh.link_id = link_id;
+	dh.index = 0;
+	m.body_case = TPW__V1__PEER_MSG__BODY_DATA_HELLO;
+	m.data_hello = &dh;
+	TPT_REQUIRE(tpt_raw_send_peer(data, &m) == 0, -1, "data hello");
+	TPT_REQUIRE(tpt_raw_recv_peer(data, T_MS, &in) == 0 &&
+			    in->body_case == TPW__V1__PEER_MSG__BODY_DATA_HELLO, -1,
+		    "no data hello back");
+	tpw_peer_msg_free(in);
+	TPT_REQUIRE(tpt_raw_recv_peer(c, T_MS, &in) == 0 &&
+			    in->body_case == TPW__V1__PEER_MSG__BODY_READY && in->ready->data_up,
+		    -1, "the link did not come up");
+	tpw_peer_msg_free(in);
+	return 0;
+}
+
+static int hostile_peer(void *arg)
+{
+	Tpw__V1__ChanOp o = TPW__V1__CHAN_OP__INIT;
+	Tpw__V1__ChanReply fr = TPW__V1__CHAN_REPLY__INIT;
+	Tpw__V1__PeerChanReply pfr = TPW__V1__PEER_CHAN_REPLY__INIT;
+	Tpw__V1__PeerMsg m = TPW__V1__PEER_MSG__INIT, *in = NULL;
+	struct tpt_raw c = { .fd = -1 }, data = { .fd = -1 };
+	uint64_t id = 0, req = 0;
+	int st;
+
+	(void)arg;
+	TPT_REQUIRE(peer_dial(&c, &data) == 0, 1, "dial");
+	o.op = TPW__V1__CHAN_OP_KIND__CHAN_OP_OPEN;
+	o.name = "hosted";
+	TPT_REQUIRE(peer_chan(&c, &o, 1, NULL, 0) == 0, 1, "open");
+	st = peer_reply(&c, &req, &id);
+	TPT_REQUIRE(st == TPW__V1__STATUS__STATUS_OK && req == 1 && id, 1, "open: %d", st);
+	/* OPS_MAX reads wait (no answer), one more is refused, a try-once read is answered. */
+	for (uint64_t i = 0; i <= OPS_MAX; i++) {
+		Tpw__V1__ChanOp rd = TPW__V1__CHAN_OP__INIT;
+
+		rd.op = TPW__V1__CHAN_OP_KIND__CHAN_OP_READ;
+		rd.chan_id = id;
+		rd.timeout_ms = UINT32_MAX;
+		TPT_REQUIRE(peer_chan(&c, &rd, 10 + i, NULL, 0) == 0, 1, "read %llu",
+			    (unsigned long long)i);
+	}
+	st = peer_reply(&c, &req, NULL);
+	TPT_REQUIRE(st == TPW__V1__STATUS__STATUS_LIMIT && req == 10 + OPS_MAX, 1,
+		    "the read above chan-peer-ops-max: status %d for req %llu", st,
+		    (unsigned long long)req);
+	Tpw__V1__ChanOp once = TPW__V1__CHAN_OP__INIT;
+
+	once.op = TPW__V1__CHAN_OP_KIND__CHAN_OP_READ;
+	once.chan_id = id;
+	TPT_REQUIRE(peer_chan(&c, &once, 20, NULL, 0) == 0, 1, "try-once read");
+	st = peer_reply(&c, &req, NULL);
+	TPT_REQUIRE(st == TPW__V1__STATUS__STATUS_TIMEOUT && req == 20, 1, "try-once read: %d", st);
+	/* A guessed handle. */
+	once.chan_id = id + 1000;
+	TPT_REQUIRE(peer_chan(&c, &once, 21, NULL, 0) == 0, 1, "guessed read");
+	st = peer_reply(&c, &req, NULL);
+	TPT_REQUIRE(st == TPW__V1__STATUS__STATUS_NOT_FOUND && req == 21, 1, "guessed: %d", st);
+	/* An answer to nothing this daemon forwarded: dropped, the link stays. */
+	fr.req_id = 777;
+	fr.chan_id = 1;
+	pfr.reply = &fr;
+	m.body_case = TPW__V1__PEER_MSG__BODY_CHAN_REPLY;
+	m.chan_reply = &pfr;
+	TPT_REQUIRE(peer_send(&c, &m, NULL, 0) == 0, 1, "forged answer");
+	once.chan_id = id;
+	TPT_REQUIRE(peer_chan(&c, &once, 22, NULL, 0) == 0, 1, "read after the forged answer");
+	st = peer_reply(&c, &req, NULL);
+	TPT_REQUIRE(st == TPW__V1__STATUS__STATUS_TIMEOUT && req == 22, 1, "after forged: %d", st);
+	/* Once the parent saw the reads wait, break the protocol: the link fails. */
+	TPT_REQUIRE(tpt_sync_wait(&go, T_MS) == 1, 1, "parent");
+	Tpw__V1__ChanOp un = TPW__V1__CHAN_OP__INIT;
+
+	un.op = TPW__V1__CHAN_OP_KIND__CHAN_OP_UNLINK;
+	un.name = "hosted";
+	TPT_REQUIRE(peer_chan(&c, &un, 30, NULL, 0) == 0, 1, "unlink");
+	for (;;) {
+		st = tpt_raw_recv_peer(&c, T_MS, &in);
+		if (st < 0)
+			break;
+		TPT_REQUIRE(in->body_case == TPW__V1__PEER_MSG__BODY_PING, 1,
+			    "message %d after an unlink", (int)in->body_case);
+		tpw_peer_msg_free(in);
+	}
+	TPT_REQUIRE(st == -ECONNRESET, 1, "the link stayed: %d", st);
+	tpt_raw_close(&data);
+	tpt_raw_close(&c);
+	return 0;
+}
+
+static bool chan_waiting(unsigned n)
+{
+	char want[64], *out = tpt_ctl(&host, "channels", true);
+	bool ok;
+
+	snprintf(want, sizeof(want), "\"readers_waiting\": %u", n);
+	ok = strstr(out, want) != NULL;
+	free(out);
+	return ok;
+}
+
+START_TEST(test_hostile_peer_fails_its_link_only)
+{
+	static const char *const args[] = { "--peer-insecure", "--chan-peer-ops-max", "3", NULL };
+	struct tp_chan_options o = { .size = sizeof(o), .owner_uid = -1 };
+	const char item[] = "kept";
+	struct iovec iov = { .iov_base = (void *)item, .iov_len = 4 };
+	struct tp_context *ctx;
+	struct tp_chan *ch;
+	void *got;
+	size_t len;
+	pid_t pid;
+	int i;
+
+	ck_assert_int_eq(tpt_sync_init(&go), 0);
+	ck_assert_int_eq(tpt_daemon_start_peer(&host, args), 0);
+	ck_assert_int_eq(tpt_ctx_new(&host, 0, "host", &ctx), 0);
+	o.flags = TP_CHAN_CREATE;
+	o.remote = TP_REMOTE_ANY_PEER;
+	ck_assert_int_eq(tp_chan_open(ctx, "hosted", &o, &ch), 0);
+	ck_assert_int_eq(tp_chan_write(ch, &iov, 1, 0), 0);
+	ck_assert_int_eq(tp_chan_read(ch, &got, &len, 0), 0); /* empty again */
+	free(got);
+	pid = tpt_fork(hostile_peer, NULL);
+	ck_assert_int_gt(pid, 0);
+	for (i = 0; i < 200 && !chan_waiting(OPS_MAX); i++)
+		usleep(50000); /* polling what tpipctl shows, not a synchronisation */
+	ck_assert_msg(chan_waiting(OPS_MAX), "the hostile peer's reads do not wait");
+	ck_assert_int_eq(tpt_sync_post(&go, 1), 0);
+	ck_assert(tpt_wait_ok(pid, 4 * T_MS, "hostile peer"));
+	ck_assert(tpt_daemon_alive(&host));
+	for (i = 0; i < 200 && !chan_waiting(0); i++)
+		usleep(50000);
+	ck_assert_msg(chan_waiting(0), "the failed link's reads still wait");
+	ck_assert_int_eq(tp_chan_write(ch, &iov, 1, 0), 0); /* the channel is untouched */
+	ck_assert_int_eq(tp_chan_read(ch, &got, &len, 1000), 0);
+	ck_assert_uint_eq(len, 4);
+	free(got);
+	tp_chan_release(ch);
+	tp_context_free(ctx);
+	ck_assert_int_eq(tpt_daemon_stop(&host), 0);
+	tpt_sync_done(&go);
+}
+END_TEST
+
 static Suite *chanx_suite(void)
 {
 	Suite *s = suite_create("sec_chanx");
@@ -156,6 +400,7 @@ static Suite *chanx_suite(void)
 
 	tcase_set_timeout(tc, 120);
 	tcase_add_test(tc, test_attacker_cannot_crash_or_touch_remote_handles);
+	tcase_add_test(tc, test_hostile_peer_fails_its_link_only);
 	suite_add_tcase(s, tc);
 	return s;
 }
