@@ -240,6 +240,8 @@ struct xopen {
 	uint32_t owner_uid;
 };
 
+static bool xop_open_or_refuse(struct tpd_chanx *x, struct xop *xo);
+
 static void xopen(struct tpd_chanx *x, enum xkind k, struct tpd_session *s,
 		  const struct xopen *o)
 {
@@ -299,7 +301,27 @@ static void xopen(struct tpd_chanx *x, enum xkind k, struct tpd_session *s,
 	tpu_list_insert_tail(&x->xhs, &xh->node);
 	tpu_list_insert_tail(&x->xops, &xo->node);
 	if (tpd_peer_is_up(xo->pr))
+		xop_open_or_refuse(x, xo);
+}
+
+/*
+ * Sends the OPEN @xo holds over its link, now up, or refuses it when the far daemon is too old
+ * to know channel messages (sending one would fail the whole link, and its pipes with it).
+ * Return: false when @xo was refused and freed.
+ */
+static bool xop_open_or_refuse(struct tpd_chanx *x, struct xop *xo)
+{
+	if (tpd_peer_chan_supported(xo->pr)) {
 		xop_send_open(x, xo);
+		return true;
+	}
+	refuse(xo->kind, xo->s, xo->req_id, 0, -EOPNOTSUPP, "%s host %s: its daemon speaks peer "
+	       "protocol 2.%u, which has no channels or queues across hosts (2.%u and later)",
+	       noun(xo->kind), tpd_peer_name(xo->pr), tpd_peer_chan_far_minor(xo->pr),
+	       TPW_PEER_MINOR_CHAN);
+	xh_free(xo->xh);
+	xop_free(xo);
+	return false;
 }
 
 void tpd_chanx_open(struct tpd_chanx *x, struct tpd_session *s, const Tpw__V1__ChanOp *o)
@@ -599,8 +621,8 @@ static void chanx_on_link_up(struct tpd_daemon *d, struct tpd_peer *pr)
 	struct xop *xo, *tmp;
 
 	tpu_list_for_each_safe(xo, tmp, &x->xops, node)
-		if (xo->pr == pr && !xo->sent)
-			xop_send_open(x, xo);
+		if (xo->pr == pr && !xo->sent && xo->s)
+			xop_open_or_refuse(x, xo);
 }
 
 static void chanx_on_link_failed(struct tpd_daemon *d, struct tpd_peer *pr, int err,

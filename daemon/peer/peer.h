@@ -220,6 +220,13 @@ struct tpd_peer_chan_ops {
  * fails). */
 void tpd_peer_chan_set_ops(const struct tpd_peer_chan_ops *ops);
 
+/* True if the far daemon of @pr (up) knows channel and queue messages (peer protocol 2.3 and
+ * later): none is sent to one that does not, as it would fail the whole link. */
+bool tpd_peer_chan_supported(const struct tpd_peer *pr);
+
+/* The far daemon's peer protocol minor version (its Hello), for messages. */
+unsigned tpd_peer_chan_far_minor(const struct tpd_peer *pr);
+
 /* The far daemon's instance (random per daemon start, from its Hello): the host identity groups
  * use (daemons in two network namespaces of one machine are two hosts). 0 before the Hello. */
 uint64_t tpd_peer_group_far_instance(const struct tpd_peer *pr);

@@ -27,6 +27,16 @@ int tpd_peer_chan_on_msg(struct tpd_peer *pr, const Tpw__V1__PeerMsg *m, const u
 	return 0;
 }
 
+bool tpd_peer_chan_supported(const struct tpd_peer *pr)
+{
+	return pr->peer_minor >= TPW_PEER_MINOR_CHAN;
+}
+
+unsigned tpd_peer_chan_far_minor(const struct tpd_peer *pr)
+{
+	return pr->peer_minor;
+}
+
 void tpd_peer_chan_link_up(struct tpd_peer *pr)
 {
 	if (chan_ops)
