@@ -14,9 +14,19 @@
  * try-once read is still answered; a guessed handle id is not found; an answer to an op the
  * daemon never forwarded is dropped; an UNLINK fails its link, which drops its handles and
  * waits, while the channel, its items and a local reader are untouched.
+ *
+ * And a hostile hosting daemon (a raw answerer the daemon dials): one that speaks peer protocol
+ * 2.2 gets no channel message (the open fails with -EOPNOTSUPP naming its version, the link
+ * stays up); one of 2.3 that answers a read without an item, answers ops it was never sent, and
+ * answers a close with an item: the client gets an error for the first and a plain success for
+ * the close, the others are dropped, and a later item arrives intact; its protocol violation
+ * then fails the client's waiting read with -ECONNRESET naming the host.
  */
+#include <arpa/inet.h>
 #include <check.h>
 #include <errno.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
 #include <grp.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -393,6 +403,224 @@ START_TEST(test_hostile_peer_fails_its_link_only)
 }
 END_TEST
 
+/* ---- a hostile hosting daemon -------------------------------------------------------------- */
+
+struct fake_host {
+	int lfd;
+	unsigned minor;
+};
+
+static int loopback_listen(int *ret_port)
+{
+	struct sockaddr_in sin = { .sin_family = AF_INET,
+				   .sin_addr.s_addr = htonl(INADDR_LOOPBACK) };
+	socklen_t sl = sizeof(sin);
+	int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+
+	ck_assert_int_ge(fd, 0);
+	ck_assert_int_eq(bind(fd, (struct sockaddr *)&sin, sizeof(sin)), 0);
+	ck_assert_int_eq(listen(fd, 8), 0);
+	ck_assert_int_eq(getsockname(fd, (struct sockaddr *)&sin, &sl), 0);
+	*ret_port = ntohs(sin.sin_port);
+	return fd;
+}
+
+/* The next message of @r other than a ping (answered), or NULL on an error. */
+static Tpw__V1__PeerMsg *recv_no_ping(struct tpt_raw *r)
+{
+	Tpw__V1__PeerMsg *m = NULL;
+
+	for (;;) {
+		if (tpt_raw_recv_peer(r, T_MS, &m) < 0)
+			return NULL;
+		if (m->body_case != TPW__V1__PEER_MSG__BODY_PING)
+			return m;
+		if (!m->ping->reply) {
+			Tpw__V1__PeerPing pong = TPW__V1__PEER_PING__INIT;
+			Tpw__V1__PeerMsg pm = TPW__V1__PEER_MSG__INIT;
+
+			pong.t_ns = m->ping->t_ns;
+			pong.reply = true;
+			pm.body_case = TPW__V1__PEER_MSG__BODY_PING;
+			pm.ping = &pong;
+			tpt_raw_send_peer(r, &pm);
+		}
+		tpw_peer_msg_free(m);
+	}
+}
+
+/* Answers the dial of the daemon on @fh->lfd up to the link being up (control in @c). */
+static int fake_accept(const struct fake_host *fh, struct tpt_raw *c, struct tpt_raw *data)
+{
+	Tpw__V1__PeerHello h = TPW__V1__PEER_HELLO__INIT;
+	Tpw__V1__PeerReady rd = TPW__V1__PEER_READY__INIT;
+	Tpw__V1__PeerDataHello dh = TPW__V1__PEER_DATA_HELLO__INIT;
+	Tpw__V1__PeerMsg m = TPW__V1__PEER_MSG__INIT, *in;
+	uint8_t boot[16];
+
+	for (unsigned i = 0; i < 16; i++)
+		boot[i] = (uint8_t)(0xb0 + i);
+	c->fd = accept4(fh->lfd, NULL, NULL, SOCK_CLOEXEC);
+	TPT_REQUIRE(c->fd >= 0, -1, "accept");
+	in = recv_no_ping(c);
+	TPT_REQUIRE(in && in->body_case == TPW__V1__PEER_MSG__BODY_HELLO, -1, "no hello");
+	tpw_peer_msg_free(in);
+	h.major = TPW_PEER_PROTO_MAJOR;
+	h.minor = fh->minor;
+	h.host = "fakehost";
+	h.boot_id.data = boot;
+	h.boot_id.len = 16;
+	h.instance = 0xfa6e;
+	h.data_conns = 1;
+	m.body_case = TPW__V1__PEER_MSG__BODY_HELLO;
+	m.hello = &h;
+	TPT_REQUIRE(tpt_raw_send_peer(c, &m) == 0, -1, "hello");
+	rd.link_id = 77;
+	m.body_case = TPW__V1__PEER_MSG__BODY_READY;
+	m.ready = &rd;
+	TPT_REQUIRE(tpt_raw_send_peer(c, &m) == 0, -1, "ready");
+	data->fd = accept4(fh->lfd, NULL, NULL, SOCK_CLOEXEC);
+	TPT_REQUIRE(data->fd >= 0, -1, "accept data");
+	TPT_REQUIRE(tpt_raw_recv_peer(data, T_MS, &in) == 0 &&
+			    in->body_case == TPW__V1__PEER_MSG__BODY_DATA_HELLO, -1, "data hello");
+	tpw_peer_msg_free(in);
+	dh.link_id = 77;
+	m.body_case = TPW__V1__PEER_MSG__BODY_DATA_HELLO;
+	m.data_hello = &dh;
+	TPT_REQUIRE(tpt_raw_send_peer(data, &m) == 0, -1, "data hello back");
+	rd.data_up = true;
+	m.body_case = TPW__V1__PEER_MSG__BODY_READY;
+	m.ready = &rd;
+	TPT_REQUIRE(tpt_raw_send_peer(c, &m) == 0, -1, "ready, data up");
+	return 0;
+}
+
+/* Receives the next PeerChanOp (its kind must be @want). Return: its req_id, 0 on an error. */
+static uint64_t fake_op(struct tpt_raw *c, Tpw__V1__ChanOpKind want)
+{
+	Tpw__V1__PeerMsg *in = recv_no_ping(c);
+	uint64_t req = 0;
+
+	if (in && in->body_case == TPW__V1__PEER_MSG__BODY_CHAN_OP && in->chan_op->op->op == want)
+		req = in->chan_op->op->req_id;
+	else
+		fprintf(stderr, "fake host: expected op %d, got message %d\n", (int)want,
+			in ? (int)in->body_case : -1);
+	tpw_peer_msg_free(in);
+	return req;
+}
+
+static int fake_reply(struct tpt_raw *c, uint64_t req, const char *item, uint64_t claimed)
+{
+	Tpw__V1__ChanReply r = TPW__V1__CHAN_REPLY__INIT;
+	Tpw__V1__PeerChanReply pr = TPW__V1__PEER_CHAN_REPLY__INIT;
+	Tpw__V1__PeerMsg m = TPW__V1__PEER_MSG__INIT;
+	uint64_t len = claimed;
+
+	r.req_id = req;
+	r.status = TPW__V1__STATUS__STATUS_OK;
+	r.chan_id = 5;
+	r.n_lengths = item ? 1 : 0;
+	r.lengths = &len;
+	pr.reply = &r;
+	m.body_case = TPW__V1__PEER_MSG__BODY_CHAN_REPLY;
+	m.chan_reply = &pr;
+	return peer_send(c, &m, item, item ? (uint32_t)strlen(item) : 0);
+}
+
+static int fake_host_run(void *arg)
+{
+	const struct fake_host *fh = arg;
+	struct tpt_raw c = { .fd = -1 }, data = { .fd = -1 };
+	Tpw__V1__PeerPing ping = TPW__V1__PEER_PING__INIT;
+	Tpw__V1__PeerMsg m = TPW__V1__PEER_MSG__INIT, *in;
+	uint64_t open, rd, cl;
+
+	TPT_REQUIRE(fake_accept(fh, &c, &data) == 0, 1, "handshake");
+	if (fh->minor < TPW_PEER_MINOR_CHAN) {
+		/* The client was refused; a ping answered next proves nothing came before it. */
+		TPT_REQUIRE(tpt_sync_wait(&go, T_MS) == 1, 1, "parent");
+		ping.t_ns = 1;
+		m.body_case = TPW__V1__PEER_MSG__BODY_PING;
+		m.ping = &ping;
+		TPT_REQUIRE(tpt_raw_send_peer(&c, &m) == 0, 1, "ping");
+		TPT_REQUIRE(tpt_raw_recv_peer(&c, T_MS, &in) == 0, 1, "pong");
+		TPT_REQUIRE(in->body_case == TPW__V1__PEER_MSG__BODY_PING && in->ping->reply &&
+				    in->ping->t_ns == 1, 1, "message %d to a 2.2 daemon",
+			    (int)in->body_case);
+		tpw_peer_msg_free(in);
+		TPT_REQUIRE(tpt_sync_wait(&go, T_MS) == 2, 1, "parent, done");
+		return 0;
+	}
+	open = fake_op(&c, TPW__V1__CHAN_OP_KIND__CHAN_OP_OPEN);
+	TPT_REQUIRE(open && fake_reply(&c, open, NULL, 0) == 0, 1, "open");
+	rd = fake_op(&c, TPW__V1__CHAN_OP_KIND__CHAN_OP_READ);
+	TPT_REQUIRE(rd && fake_reply(&c, rd, NULL, 0) == 0, 1, "a read without its item");
+	cl = fake_op(&c, TPW__V1__CHAN_OP_KIND__CHAN_OP_CLOSE);
+	TPT_REQUIRE(cl, 1, "close");
+	TPT_REQUIRE(fake_reply(&c, cl + 1000, "none", 4) == 0, 1, "an answer to nothing");
+	TPT_REQUIRE(fake_reply(&c, open, NULL, 0) == 0, 1, "the open answered again");
+	TPT_REQUIRE(fake_reply(&c, cl, "junk", 4) == 0, 1, "a close answered with an item");
+	rd = fake_op(&c, TPW__V1__CHAN_OP_KIND__CHAN_OP_READ);
+	TPT_REQUIRE(rd && fake_reply(&c, rd, "good", 4) == 0, 1, "an item");
+	rd = fake_op(&c, TPW__V1__CHAN_OP_KIND__CHAN_OP_READ);
+	TPT_REQUIRE(rd && fake_reply(&c, rd, "bad", 9) == 0, 1, "a violation");
+	TPT_REQUIRE(tpt_sync_wait(&go, T_MS) == 2, 1, "parent, done");
+	tpt_raw_close(&data);
+	tpt_raw_close(&c);
+	return 0;
+}
+
+/* _i 0: the far daemon speaks peer protocol 2.2; 1: 2.3, and lies. */
+START_TEST(test_hostile_host_fails_its_link_only)
+{
+	static const char *const args[] = { "--peer-insecure", "--peer-data-conns", "1", NULL };
+	struct fake_host fh = { .minor = _i ? TPW_PEER_MINOR_CHAN : TPW_PEER_MINOR_CHAN - 1 };
+	struct tp_context *ctx;
+	struct tpt_link link;
+	struct tp_chan *ch;
+	char a[128];
+	void *got;
+	size_t len;
+	pid_t pid;
+	int port;
+
+	ck_assert_int_eq(tpt_sync_init(&go), 0);
+	ck_assert_int_eq(tpt_daemon_start_peer(&host, args), 0);
+	fh.lfd = loopback_listen(&port);
+	pid = tpt_fork(fake_host_run, &fh);
+	ck_assert_int_gt(pid, 0);
+	ck_assert_int_eq(tpt_ctx_new(&host, 0, "client", &ctx), 0);
+	snprintf(a, sizeof(a), "tpip://127.0.0.1:%d/x", port);
+	if (!_i) {
+		ck_assert_int_eq(tp_chan_open(ctx, a, NULL, &ch), -EOPNOTSUPP);
+		ck_assert_ptr_nonnull(strstr(tp_last_error(), "peer protocol 2.2"));
+		/* the link to the old daemon is still up */
+		ck_assert_msg(tpt_peer_links(&host, &link) == 1 && strcmp(link.state, "up") == 0,
+			      "the link is %s: %s", link.state, link.last_error);
+		ck_assert_int_eq(tpt_sync_post(&go, 1), 0);
+	} else {
+		ck_assert_int_eq(tp_chan_open(ctx, a, NULL, &ch), 0);
+		ck_assert_int_eq(tp_chan_read(ch, &got, &len, 5000), -EINVAL);
+		ck_assert_int_eq(tp_chan_close(ch), 0);
+		ck_assert_int_eq(tp_chan_read(ch, &got, &len, 5000), 0);
+		ck_assert_uint_eq(len, 4);
+		ck_assert_int_eq(memcmp(got, "good", 4), 0);
+		free(got);
+		ck_assert_int_eq(tp_chan_read(ch, &got, &len, 5000), -ECONNRESET);
+		ck_assert_ptr_nonnull(strstr(tp_last_error(), "channel host 127.0.0.1:"));
+		tp_chan_release(ch);
+	}
+	ck_assert_int_eq(tpt_sync_post(&go, 2), 0);
+	ck_assert(tpt_wait_ok(pid, 4 * T_MS, "fake host"));
+	ck_assert(tpt_daemon_alive(&host));
+	close(fh.lfd);
+	tp_context_free(ctx);
+	ck_assert_int_eq(tpt_daemon_stop(&host), 0);
+	tpt_sync_done(&go);
+}
+END_TEST
+
 static Suite *chanx_suite(void)
 {
 	Suite *s = suite_create("sec_chanx");
@@ -401,6 +629,7 @@ static Suite *chanx_suite(void)
 	tcase_set_timeout(tc, 120);
 	tcase_add_test(tc, test_attacker_cannot_crash_or_touch_remote_handles);
 	tcase_add_test(tc, test_hostile_peer_fails_its_link_only);
+	tcase_add_loop_test(tc, test_hostile_host_fails_its_link_only, 0, 2);
 	suite_add_tcase(s, tc);
 	return s;
 }
