@@ -713,15 +713,16 @@ static int check_peer_xobj(const Tpw__V1__PeerMsg *m, const struct tpw_hdr *hdr,
 		return r;
 	case TPW__V1__PEER_MSG__BODY_CHAN_REPLY:
 		cr = m->chan_reply->reply;
-		if (!cr || cr->n_lengths > 1 || (cr->n_lengths ? cr->lengths[0] : 0) != hdr->data_len)
-			return tpu_why(-EBADMSG, why, wl, "peer channel answer's item does not match "
-				       "its data tail");
+		if (!cr || cr->n_lengths > 1 ||
+		    (cr->n_lengths ? cr->lengths[0] : 0) != hdr->data_len)
+			return tpu_why(-EBADMSG, why, wl, "peer channel answer's item does not "
+				       "match its data tail");
 		return check_string(cr->message, TPW_MESSAGE_MAX, "message", why, wl);
 	case TPW__V1__PEER_MSG__BODY_WQ_REPLY:
 		wr = m->wq_reply->reply;
 		if (!wr || wr->length != hdr->data_len)
-			return tpu_why(-EBADMSG, why, wl, "peer work queue answer's payload does not "
-				       "match its data tail");
+			return tpu_why(-EBADMSG, why, wl, "peer work queue answer's payload does "
+				       "not match its data tail");
 		return check_string(wr->message, TPW_MESSAGE_MAX, "message", why, wl);
 	default:
 		return tpu_why(-EBADMSG, why, wl, "not a channel or queue message");

@@ -2,7 +2,8 @@
 /*
  * tpipctl channels: the daemon's named channels as a table (name, owner uid, access, state,
  * items and bytes held, capacity, handles, readers waiting, items written and read; who on other
- * hosts may open it and their handles in JSON), or with --json one array "channels". Other requests' renderers are render.c's and render_groups.c's.
+ * hosts may open it and their handles in JSON), or with --json one array "channels". Other
+ * requests' renderers are render.c's and render_groups.c's.
  */
 #include <inttypes.h>
 #include <json-c/json.h>

@@ -227,8 +227,8 @@ static void serve_writers(struct tpd_chans *cs, struct chan *c)
 
 	tpu_list_for_each_safe(w, tmp, &c->writers, node) {
 		if (c->closed) {
-			chan_answer(&w->h->who, w->req_id, -EPIPE, "the channel was closed", w->h->id,
-				    true, NULL);
+			chan_answer(&w->h->who, w->req_id, -EPIPE, "the channel was closed",
+				    w->h->id, true, NULL);
 		} else if (!chan_fits(c, w->n, w->bytes)) {
 			break;
 		} else if (uid_bytes(cs, c->uid, NULL) + w->bytes >
@@ -270,8 +270,8 @@ static void serve_readers(struct chan *c)
 		if (c->n_items) {
 			chan_deliver(w->h, w->req_id);
 		} else if (c->closed) {
-			chan_answer(&w->h->who, w->req_id, -EPIPE, "the channel is closed and drained",
-				    w->h->id, true, NULL);
+			chan_answer(&w->h->who, w->req_id, -EPIPE,
+				    "the channel is closed and drained", w->h->id, true, NULL);
 		} else {
 			break;
 		}

@@ -518,8 +518,8 @@ static void on_chan_reply(struct tpd_chanx *x, struct tpd_peer *pr, const Tpw__V
 		tell = xop_opened(x, xo, a.status == TPW__V1__STATUS__STATUS_OK, r->chan_id);
 	else if (xo->op == TPW__V1__CHAN_OP_KIND__CHAN_OP_READ)
 		item = r->status == TPW__V1__STATUS__STATUS_OK && r->n_lengths == 1 && tail_len;
-	if (xo->op == TPW__V1__CHAN_OP_KIND__CHAN_OP_READ && r->status == TPW__V1__STATUS__STATUS_OK &&
-	    !item) {
+	if (xo->op == TPW__V1__CHAN_OP_KIND__CHAN_OP_READ &&
+	    r->status == TPW__V1__STATUS__STATUS_OK && !item) {
 		a.status = TPW__V1__STATUS__STATUS_INVALID; /* never an empty item */
 		a.message = (char *)"the channel's host answered a read without an item";
 	}

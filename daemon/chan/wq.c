@@ -718,7 +718,8 @@ void tpd_wq_peer_op(struct tpd_wqs *ws, struct tpd_peer *pr, const Tpw__V1__Peer
 	h = handle_find(ws, &who, o->wq_id);
 	if (!h)
 		return wq_send(NULL, &who, o->req_id, &a);
-	if ((o->op == TPW__V1__WQ_OP_KIND__WQ_OP_TAKE || o->op == TPW__V1__WQ_OP_KIND__WQ_OP_ANSWER ||
+	if ((o->op == TPW__V1__WQ_OP_KIND__WQ_OP_TAKE ||
+	     o->op == TPW__V1__WQ_OP_KIND__WQ_OP_ANSWER ||
 	     o->op == TPW__V1__WQ_OP_KIND__WQ_OP_DRAIN) && o->timeout_ms &&
 	    link_waits(ws, pr) >= max) {
 		snprintf(why, sizeof(why), "%u work queue ops of this peer link wait on %.60s "

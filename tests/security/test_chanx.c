@@ -120,7 +120,8 @@ static int attacker(void *arg)
 			op.lengths = w ? &len : NULL;
 			st = raw_chan(&r, &op, w ? "evil" : NULL, w ? 4 : 0, NULL);
 			TPT_REQUIRE(st == TPW__V1__STATUS__STATUS_NOT_FOUND, 1,
-				    "op %d on id %llu: %d", (int)kinds[k], (unsigned long long)g, st);
+				    "op %d on id %llu: %d", (int)kinds[k],
+				    (unsigned long long)g, st);
 		}
 	}
 	tpt_raw_close(&r);
