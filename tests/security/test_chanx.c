@@ -183,7 +183,8 @@ static int peer_send(struct tpt_raw *r, Tpw__V1__PeerMsg *m, const void *tail, u
 	if (!buf)
 		return -ENOMEM;
 	n = tpw_frame_pack(&m->base, len, 0, ++r->seq, buf);
-	memcpy(buf + n, tail, len);
+	if (len)
+		memcpy(buf + n, tail, len);
 	e = tpt_raw_send_bytes(r, buf, n + len, NULL, 0);
 	free(buf);
 	return e;
