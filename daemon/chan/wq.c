@@ -853,6 +853,9 @@ int tpd_wq_ctl(struct tpd_wqs *ws, bool own_only, uid_t viewer, Tpw__V1__CtlQueu
 		x->answer_bytes = q->answer_bytes;
 		x->at_most_once = q->at_most_once;
 		x->requeued = q->requeued;
+		x->remote = q->remote;
+		tpu_list_for_each(h, &ws->handles, node)
+			x->remote_workers += h->q == q && h->who.pr;
 		tpu_list_for_each(h, &ws->handles, node)
 			if (h == q->owner && h->who.s)
 				x->owner_pid = (uint32_t)tpd_session_pid(h->who.s);

@@ -172,7 +172,8 @@ held own2 b wq-own jobs2 any 2
 wait_until 10 "the owner's questions" out_has own2 "^submitted 2$"
 bg w1 a wq-hold "$B/jobs2"
 wait_until 10 "the worker to take a question" out_has w1 "^took 1$"
-queue_is b jobs2 '.taken == 1 and .workers == 1' >/dev/null || fail "taken on b"
+queue_is b jobs2 '.taken == 1 and .workers == 1 and .remote == "any-peer" and
+	.remote_workers == 1' >/dev/null || fail "taken on b"
 kill -KILL "$PID_w1"
 wait_until 10 "the question queued again" queue_is b jobs2 '.requeued == 1 and .taken == 0'
 out=$(x a wq-work "$B/jobs2" 2) || fail "second worker on a: $out"
