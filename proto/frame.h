@@ -57,11 +57,14 @@
  *   2  PeerConnect and PeerConnectReply carry the sender's per-pipe queue limits (queue_max,
  *      queue_bytes): each daemon keeps what its end writes within the far daemon's limits too;
  *      older daemons send neither (0: unknown, own limits only)
+ *   3  channels and work queues across hosts (PeerMsg 50-53, issue 25 part xhost): a daemon
+ *      forwards none to a daemon of an older minor (that would fail the whole link)
  */
 #define TPW_PEER_PROTO_MAJOR 2
-#define TPW_PEER_PROTO_MINOR 2
+#define TPW_PEER_PROTO_MINOR 3
 #define TPW_PEER_MINOR_CONNECT_WAIT 1
 #define TPW_PEER_MINOR_QUEUE_LIMITS 2
+#define TPW_PEER_MINOR_CHAN 3
 /* The longest PeerConnect.wait_ms a daemon accepts (one hour); a dialler clamps to it. */
 #define TPW_PEER_WAIT_MS_MAX 3600000u
 #define TPW_MINOR_CLOSE_ACK 1

@@ -215,23 +215,43 @@ static int check_string(const char *s, size_t max, const char *what, char *why, 
 	return 0;
 }
 
-/* Listen.remote in range; remote_peers only with REMOTE_PEERS, 1..TPW_REMOTE_PEERS_MAX names. */
-static int check_remote_access(const Tpw__V1__Listen *l, char *why, size_t wl)
+/* A remote access mode in range; @peers only with REMOTE_PEERS, 1..TPW_REMOTE_PEERS_MAX names. */
+static int check_remote(Tpw__V1__RemoteAccess remote, char *const *peers, size_t n, char *why,
+			size_t wl)
 {
-	if ((unsigned)l->remote > TPW__V1__REMOTE_ACCESS__REMOTE_PEERS)
-		return tpu_why(-EBADMSG, why, wl, "unknown remote access %d", (int)l->remote);
-	if ((l->remote == TPW__V1__REMOTE_ACCESS__REMOTE_PEERS) != (l->n_remote_peers > 0))
+	if ((unsigned)remote > TPW__V1__REMOTE_ACCESS__REMOTE_PEERS)
+		return tpu_why(-EBADMSG, why, wl, "unknown remote access %d", (int)remote);
+	if ((remote == TPW__V1__REMOTE_ACCESS__REMOTE_PEERS) != (n > 0))
 		return tpu_why(-EBADMSG, why, wl,
 			       "remote peers go with REMOTE_PEERS, and only with it");
-	if (l->n_remote_peers > TPW_REMOTE_PEERS_MAX)
-		return tpu_why(-EBADMSG, why, wl, "%zu remote peers (at most %u)",
-			       l->n_remote_peers, TPW_REMOTE_PEERS_MAX);
-	for (size_t i = 0; i < l->n_remote_peers; i++)
-		if (!l->remote_peers[i] || !*l->remote_peers[i] ||
-		    strnlen(l->remote_peers[i], TPW_NAME_MAX + 1) > TPW_NAME_MAX)
+	if (n > TPW_REMOTE_PEERS_MAX)
+		return tpu_why(-EBADMSG, why, wl, "%zu remote peers (at most %u)", n,
+			       TPW_REMOTE_PEERS_MAX);
+	for (size_t i = 0; i < n; i++)
+		if (!peers[i] || !*peers[i] || strnlen(peers[i], TPW_NAME_MAX + 1) > TPW_NAME_MAX)
 			return tpu_why(-EBADMSG, why, wl, "remote peer %zu: 1..%u bytes", i,
 				       TPW_NAME_MAX);
 	return 0;
+}
+
+/* Listen.remote (check_remote()). */
+static int check_remote_access(const Tpw__V1__Listen *l, char *why, size_t wl)
+{
+	return check_remote(l->remote, l->remote_peers, l->n_remote_peers, why, wl);
+}
+
+/* A channel's or queue's name in an OPEN: a name, or from a client (@tpip) also an address
+ * tpip://HOST[:PORT]/NAME of one on another host (issue 25 part xhost). */
+static bool object_name_valid(const char *name, bool tpip)
+{
+	char host[TPW_TPIP_HOST_MAX + 1];
+	const char *n;
+	uint16_t port;
+
+	if (tpw_name_valid(name))
+		return true;
+	return tpip && name && strnlen(name, TPW_TPIP_ADDR_MAX + 1) <= TPW_TPIP_ADDR_MAX &&
+	       tpw_tpip_parse(name, 1, host, &port, &n, NULL, 0) == 0;
 }
 
 /* GroupJoin: a name of 1..TPW_GROUP_NAME_MAX bytes, 1..TPW_GROUP_SIZE_MAX members, a rank
@@ -253,18 +273,23 @@ static int check_group_join(const Tpw__V1__GroupJoin *j, char *why, size_t wl)
 /* A channel operation: a known op, a valid name where one is named, items (WRITE) within the
  * segment limit whose lengths add up to the frame's data tail exactly, no empty item. */
 static int check_chan_op(const Tpw__V1__ChanOp *c, const struct tpw_hdr *hdr,
-			 const struct tpw_limits *lim, char *why, size_t wl)
+			 const struct tpw_limits *lim, bool tpip, char *why, size_t wl)
 {
 	uint64_t total = 0;
+	int r;
 
 	if (c->op <= TPW__V1__CHAN_OP_KIND__CHAN_OP_UNSPECIFIED ||
 	    c->op > TPW__V1__CHAN_OP_KIND__CHAN_OP_UNLINK)
 		return tpu_why(-EBADMSG, why, wl, "unknown channel op %d", (int)c->op);
-	if ((c->op == TPW__V1__CHAN_OP_KIND__CHAN_OP_OPEN ||
-	     c->op == TPW__V1__CHAN_OP_KIND__CHAN_OP_UNLINK) && !tpw_name_valid(c->name))
+	if ((c->op == TPW__V1__CHAN_OP_KIND__CHAN_OP_OPEN &&
+	     !object_name_valid(c->name, tpip)) ||
+	    (c->op == TPW__V1__CHAN_OP_KIND__CHAN_OP_UNLINK && !tpw_name_valid(c->name)))
 		return tpu_why(-EBADMSG, why, wl, "invalid channel name");
 	if ((unsigned)c->access > TPW__V1__ACCESS__ACCESS_ANYONE)
 		return tpu_why(-EBADMSG, why, wl, "unknown access mode %d", (int)c->access);
+	r = check_remote(c->remote, c->remote_peers, c->n_remote_peers, why, wl);
+	if (r < 0)
+		return r;
 	if (c->op != TPW__V1__CHAN_OP_KIND__CHAN_OP_WRITE)
 		return c->n_lengths ? tpu_why(-EBADMSG, why, wl, "item lengths on a channel op "
 					      "that takes none") : 0;
@@ -285,7 +310,8 @@ static int check_chan_op(const Tpw__V1__ChanOp *c, const struct tpw_hdr *hdr,
 
 /* A work-queue operation (docs/queues.md): a known op, a valid name where one is named, a data
  * tail (the payload, not empty) on SUBMIT and REPLY only. */
-static int check_wq_op(const Tpw__V1__WqOp *q, const struct tpw_hdr *hdr, char *why, size_t wl)
+static int check_wq_op(const Tpw__V1__WqOp *q, const struct tpw_hdr *hdr, bool tpip, char *why,
+		       size_t wl)
 {
 	bool data = q->op == TPW__V1__WQ_OP_KIND__WQ_OP_SUBMIT ||
 		    q->op == TPW__V1__WQ_OP_KIND__WQ_OP_REPLY;
@@ -293,10 +319,12 @@ static int check_wq_op(const Tpw__V1__WqOp *q, const struct tpw_hdr *hdr, char *
 	if (q->op <= TPW__V1__WQ_OP_KIND__WQ_OP_UNSPECIFIED ||
 	    q->op > TPW__V1__WQ_OP_KIND__WQ_OP_RELEASE)
 		return tpu_why(-EBADMSG, why, wl, "unknown work queue op %d", (int)q->op);
-	if (q->op == TPW__V1__WQ_OP_KIND__WQ_OP_OPEN && !tpw_name_valid(q->name))
+	if (q->op == TPW__V1__WQ_OP_KIND__WQ_OP_OPEN && !object_name_valid(q->name, tpip))
 		return tpu_why(-EBADMSG, why, wl, "invalid work queue name");
 	if ((unsigned)q->access > TPW__V1__ACCESS__ACCESS_ANYONE)
 		return tpu_why(-EBADMSG, why, wl, "unknown access mode %d", (int)q->access);
+	if (check_remote(q->remote, q->remote_peers, q->n_remote_peers, why, wl) < 0)
+		return -EBADMSG;
 	if (data && hdr->data_len == 0)
 		return tpu_why(-EBADMSG, why, wl, "a work queue payload of 0 bytes");
 	return 0;
@@ -391,9 +419,9 @@ int tpw_client_msg_validate(const Tpw__V1__ClientMsg *m, const struct tpw_hdr *h
 	case TPW__V1__CLIENT_MSG__BODY_GROUP_LEAVE:
 		return 0; /* group ids are checked against the session's groups */
 	case TPW__V1__CLIENT_MSG__BODY_CHAN_OP:
-		return check_chan_op(m->chan_op, hdr, lim, why, wl);
+		return check_chan_op(m->chan_op, hdr, lim, true, why, wl);
 	case TPW__V1__CLIENT_MSG__BODY_WQ_OP:
-		return check_wq_op(m->wq_op, hdr, why, wl);
+		return check_wq_op(m->wq_op, hdr, true, why, wl);
 	case TPW__V1__CLIENT_MSG__BODY_CTL:
 		if (m->ctl->what <= TPW__V1__CTL_WHAT__CTL_UNSPECIFIED ||
 		    m->ctl->what > TPW__V1__CTL_WHAT__CTL_QUEUES)
@@ -674,14 +702,79 @@ static int check_peer_group_joined(const Tpw__V1__PeerGroupJoined *j, char *why,
 	return check_string(j->message, TPW_MESSAGE_MAX, "message", why, wl);
 }
 
+/* May @m carry a data tail? Descriptors, and channel and queue ops and answers with items. */
+static bool peer_msg_has_data(const Tpw__V1__PeerMsg *m)
+{
+	switch (m->body_case) {
+	case TPW__V1__PEER_MSG__BODY_DESCRIPTOR:
+	case TPW__V1__PEER_MSG__BODY_CHAN_REPLY:
+	case TPW__V1__PEER_MSG__BODY_WQ_REPLY:
+		return true;
+	case TPW__V1__PEER_MSG__BODY_CHAN_OP:
+		return m->chan_op->op && m->chan_op->op->op == TPW__V1__CHAN_OP_KIND__CHAN_OP_WRITE;
+	case TPW__V1__PEER_MSG__BODY_WQ_OP:
+		return m->wq_op->op && (m->wq_op->op->op == TPW__V1__WQ_OP_KIND__WQ_OP_SUBMIT ||
+					m->wq_op->op->op == TPW__V1__WQ_OP_KIND__WQ_OP_REPLY);
+	default:
+		return false;
+	}
+}
+
+/* Channel and work-queue ops and answers across hosts (issue 25 part xhost): the op or answer
+ * present and valid as from a client, except that an OPEN names a plain name (never an address
+ * nor a creation) and no UNLINK crosses a link; answers' items match the data tail. */
+static int check_peer_xobj(const Tpw__V1__PeerMsg *m, const struct tpw_hdr *hdr,
+			   const struct tpw_limits *lim, char *why, size_t wl)
+{
+	const Tpw__V1__ChanReply *cr;
+	const Tpw__V1__WqReply *wr;
+	int r;
+
+	switch (m->body_case) {
+	case TPW__V1__PEER_MSG__BODY_CHAN_OP:
+		if (!m->chan_op->op)
+			return tpu_why(-EBADMSG, why, wl, "peer channel op without op");
+		if (m->chan_op->op->op == TPW__V1__CHAN_OP_KIND__CHAN_OP_UNLINK)
+			return tpu_why(-EBADMSG, why, wl, "channel unlink over a peer link");
+		return check_chan_op(m->chan_op->op, hdr, lim, false, why, wl);
+	case TPW__V1__PEER_MSG__BODY_WQ_OP:
+		if (!m->wq_op->op)
+			return tpu_why(-EBADMSG, why, wl, "peer work queue op without op");
+		r = check_wq_op(m->wq_op->op, hdr, false, why, wl);
+		if (r == 0 && m->wq_op->op->n_remote_peers)
+			r = tpu_why(-EBADMSG, why, wl, "remote peers on a peer work queue op");
+		return r;
+	case TPW__V1__PEER_MSG__BODY_CHAN_REPLY:
+		cr = m->chan_reply->reply;
+		if (!cr || cr->n_lengths > 1 ||
+		    (cr->n_lengths ? cr->lengths[0] : 0) != hdr->data_len)
+			return tpu_why(-EBADMSG, why, wl, "peer channel answer's item does not "
+				       "match its data tail");
+		return check_string(cr->message, TPW_MESSAGE_MAX, "message", why, wl);
+	case TPW__V1__PEER_MSG__BODY_WQ_REPLY:
+		wr = m->wq_reply->reply;
+		if (!wr || wr->length != hdr->data_len)
+			return tpu_why(-EBADMSG, why, wl, "peer work queue answer's payload does "
+				       "not match its data tail");
+		return check_string(wr->message, TPW_MESSAGE_MAX, "message", why, wl);
+	default:
+		return tpu_why(-EBADMSG, why, wl, "not a channel or queue message");
+	}
+}
+
 int tpw_peer_msg_validate(const Tpw__V1__PeerMsg *m, const struct tpw_hdr *hdr,
 			  const struct tpw_limits *lim, char *why, size_t wl)
 {
 	if (hdr->nfds != 0)
 		return tpu_why(-EBADMSG, why, wl, "fds on a peer connection");
-	if (hdr->data_len && m->body_case != TPW__V1__PEER_MSG__BODY_DESCRIPTOR)
+	if (hdr->data_len && !peer_msg_has_data(m))
 		return tpu_why(-EBADMSG, why, wl, "data tail on a message that takes none");
 	switch (m->body_case) {
+	case TPW__V1__PEER_MSG__BODY_CHAN_OP:
+	case TPW__V1__PEER_MSG__BODY_CHAN_REPLY:
+	case TPW__V1__PEER_MSG__BODY_WQ_OP:
+	case TPW__V1__PEER_MSG__BODY_WQ_REPLY:
+		return check_peer_xobj(m, hdr, lim, why, wl);
 	case TPW__V1__PEER_MSG__BODY_HELLO:
 		return check_peer_hello(m->hello, why, wl);
 	case TPW__V1__PEER_MSG__BODY_AUTH:

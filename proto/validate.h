@@ -63,6 +63,8 @@ bool tpw_name_valid(const char *name);
 
 /* Longest HOST of a tpip:// address (a DNS name is at most 253 bytes). */
 #define TPW_TPIP_HOST_MAX 255u
+/* Longest tpip://HOST[:PORT]/NAME: "tpip://[" HOST "]:65535/" NAME. */
+#define TPW_TPIP_ADDR_MAX (7u + TPW_TPIP_HOST_MAX + 9u + TPW_NAME_MAX)
 
 /*
  * tpw_tpip_parse() - split tpip://HOST[:PORT]/NAME. HOST is a DNS name ([A-Za-z0-9._-], not

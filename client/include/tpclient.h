@@ -880,15 +880,29 @@ struct tp_chan_options {
 	uint64_t capacity_bytes; /* 0: the daemon's chan-bytes-max */
 	long owner_uid;		 /* the channel of this uid; -1 (or a zeroed field with size
 				  * smaller than this one): the caller's own */
+	/* Added with channels across hosts (a caller built before, with a smaller @size, gets
+	 * these defaults): who on other hosts may open the channel (creation only), decided on
+	 * the peer link's authenticated identity as for tp_listen_options. */
+	enum tp_remote_access remote;	 /* default TP_REMOTE_NONE */
+	const char *const *remote_peers; /* TP_REMOTE_PEERS: 1..32 peer identities (borrowed) */
+	size_t n_remote_peers;
 };
 
 /*
  * tp_chan_open() - open (or with TP_CHAN_CREATE create) channel @name.
+ * @name: a channel name, or "tpip://HOST[:PORT]/NAME" for channel NAME hosted by the daemon of
+ * HOST: this daemon forwards every call over its peer link, with the same semantics and errors.
+ * Such a channel is only opened, never created there (TP_CHAN_CREATE opens it if it exists),
+ * of uid @o->owner_uid (-1: a channel of the caller's uid number on HOST), and only if its
+ * creator allowed the link (tp_chan_options.remote); otherwise it does not exist, to this
+ * caller. Once the link fails (the far daemon died, the network was cut: within its
+ * --peer-timeout), every call on the handle fails with -ECONNRESET naming HOST.
  * @o: NULL for defaults (open an existing channel of the caller's uid).
  * @ret: returns an owned handle, free with tp_chan_release().
  * Return: 0; -ENOENT (no such channel), -EADDRINUSE (TP_CHAN_EXCL and it exists), -EACCES
  * (its access mode refuses this uid), -ENOBUFS (chans-per-uid, or a capacity above the daemon's
- * limits), -EINVAL (bad name or options) or the connection's error.
+ * limits, or chan-peer-ops-max), -EINVAL (bad name or options), -ECONNRESET,
+ * -ECONNREFUSED or -ETIMEDOUT (the far daemon cannot be reached) or the connection's error.
  */
 int tp_chan_open(struct tp_context *ctx, const char *name, const struct tp_chan_options *o,
 		 struct tp_chan **ret);
@@ -968,10 +982,19 @@ struct tp_wq_options {
 	enum tp_access access;	/* who else may open it as a worker (creation only) */
 	gid_t gid;		/* for TP_ACCESS_GROUP */
 	long owner_uid;		/* the queue of this uid; -1: the caller's own */
+	/* Added with queues across hosts (a caller built before, with a smaller @size, gets
+	 * these defaults): who on other hosts may open the queue as a worker (creation only). */
+	enum tp_remote_access remote;	 /* default TP_REMOTE_NONE */
+	const char *const *remote_peers; /* TP_REMOTE_PEERS: 1..32 peer identities (borrowed) */
+	size_t n_remote_peers;
 };
 
 /*
  * tp_wq_open() - open work queue @name as a worker, or with TP_WQ_CREATE create it and own it.
+ * @name: a queue name, or "tpip://HOST[:PORT]/NAME" for queue NAME hosted by the daemon of HOST,
+ * opened as a worker (never created nor owned from another host), as tp_chan_open() says for
+ * channels: only if its creator allowed the link (tp_wq_options.remote), -ECONNRESET naming HOST
+ * once the link fails (a worker whose link fails is a dead worker there).
  * @o: NULL for defaults (open an existing queue of the caller's uid).
  * @ret: returns an owned handle, free with tp_wq_release().
  * Return: 0, -ENOENT, -EADDRINUSE, -EACCES (its mode refuses the caller), -ENOBUFS

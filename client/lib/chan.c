@@ -204,6 +204,47 @@ int tpc_access_wire(int access, long gid, long owner_uid, struct tpc_access_wire
 	return 0;
 }
 
+int tpc_remote_wire(int remote, const char *const *peers, size_t n,
+		    Tpw__V1__RemoteAccess *ret_remote, char ***ret_peers, size_t *ret_n)
+{
+	*ret_peers = NULL;
+	*ret_n = 0;
+	switch (remote) {
+	case TP_REMOTE_NONE:
+		*ret_remote = TPW__V1__REMOTE_ACCESS__REMOTE_NONE;
+		return 0;
+	case TP_REMOTE_ANY_PEER:
+		*ret_remote = TPW__V1__REMOTE_ACCESS__REMOTE_ANY_PEER;
+		return 0;
+	case TP_REMOTE_PEERS:
+		break;
+	default:
+		return tpc_error(-EINVAL, "unknown remote access %d", remote);
+	}
+	if (!peers || n == 0 || n > TPW_REMOTE_PEERS_MAX)
+		return tpc_error(-EINVAL, "TP_REMOTE_PEERS takes 1..%u peer identities",
+				 TPW_REMOTE_PEERS_MAX);
+	for (size_t i = 0; i < n; i++)
+		if (!peers[i] || !*peers[i] || strnlen(peers[i], TPW_NAME_MAX + 1) > TPW_NAME_MAX)
+			return tpc_error(-EINVAL, "remote peer %zu: 1..%d bytes", i, TPW_NAME_MAX);
+	*ret_remote = TPW__V1__REMOTE_ACCESS__REMOTE_PEERS;
+	*ret_peers = (char **)peers;
+	*ret_n = n;
+	return 0;
+}
+
+bool tpc_object_name_ok(const char *name)
+{
+	char host[TPW_TPIP_HOST_MAX + 1];
+	const char *n;
+	uint16_t port;
+
+	if (tpw_name_valid(name))
+		return true;
+	return strnlen(name, TPW_TPIP_ADDR_MAX + 1) <= TPW_TPIP_ADDR_MAX &&
+	       tpw_tpip_parse(name, 1, host, &port, &n, NULL, 0) == 0;
+}
+
 static int chan_options(const struct tp_chan_options *opts, Tpw__V1__ChanOp *op)
 {
 	struct tp_chan_options o = { .size = sizeof(o), .owner_uid = -1 };
@@ -218,6 +259,10 @@ static int chan_options(const struct tp_chan_options *opts, Tpw__V1__ChanOp *op)
 	if (o.flags & ~(TP_CHAN_CREATE | TP_CHAN_EXCL | TP_CHAN_PERSISTENT))
 		return tpc_error(-EINVAL, "unknown channel flags 0x%x", o.flags);
 	r = tpc_access_wire((int)o.access, (long)o.gid, o.owner_uid, &aw);
+	if (r < 0)
+		return r;
+	r = tpc_remote_wire((int)o.remote, o.remote_peers, o.n_remote_peers, &op->remote,
+			    &op->remote_peers, &op->n_remote_peers);
 	if (r < 0)
 		return r;
 	op->access = aw.access;
@@ -242,9 +287,9 @@ TP_EXPORT int tp_chan_open(struct tp_context *ctx, const char *name,
 
 	if (!ctx || !name || !ret)
 		return tpc_error(-EINVAL, "tp_chan_open: NULL argument");
-	if (!tpw_name_valid(name))
+	if (!tpc_object_name_ok(name))
 		return tpc_error(-EINVAL, "'%.64s' is not a channel name (1 to 255 bytes of "
-				 "[A-Za-z0-9._@:+-])", name);
+				 "[A-Za-z0-9._@:+-]) nor tpip://HOST[:PORT]/NAME", name);
 	r = chan_options(o, &op);
 	if (r < 0)
 		return r;

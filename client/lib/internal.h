@@ -67,6 +67,17 @@ struct tpc_access_wire {
  * Return: 0, or -EINVAL with the error set.
  */
 int tpc_access_wire(int access, long gid, long owner_uid, struct tpc_access_wire *ret);
+/*
+ * tpc_remote_wire() - check an options struct's @remote (enum tp_remote_access) and its @peers
+ * (@n; TP_REMOTE_PEERS only) and say them as the wire does into @ret_remote, @ret_peers (which
+ * borrows @peers) and @ret_n.
+ * Return: 0, or -EINVAL with the error set.
+ */
+int tpc_remote_wire(int remote, const char *const *peers, size_t n,
+		    Tpw__V1__RemoteAccess *ret_remote, char ***ret_peers, size_t *ret_n);
+/* Is @name a channel or queue name, or an address tpip://HOST[:PORT]/NAME of one on another
+ * host? */
+bool tpc_object_name_ok(const char *name);
 /* Return: the value under @key (borrowed: the map does not own it), or NULL. */
 void *tpc_map_get(const struct tpc_map *m, uint64_t key);
 /* Removes @key. Return: its value (the map holds it no more), or NULL if absent. */

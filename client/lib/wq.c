@@ -118,6 +118,10 @@ static int wq_options(const struct tp_wq_options *opts, Tpw__V1__WqOp *op)
 	r = tpc_access_wire((int)o.access, (long)o.gid, o.owner_uid, &aw);
 	if (r < 0)
 		return r;
+	r = tpc_remote_wire((int)o.remote, o.remote_peers, o.n_remote_peers, &op->remote,
+			    &op->remote_peers, &op->n_remote_peers);
+	if (r < 0)
+		return r;
 	op->access = aw.access;
 	op->gid = aw.gid;
 	op->owner_set = aw.owner_set;
@@ -138,9 +142,9 @@ TP_EXPORT int tp_wq_open(struct tp_context *ctx, const char *name, const struct 
 
 	if (!ctx || !name || !ret)
 		return tpc_error(-EINVAL, "tp_wq_open: NULL argument");
-	if (!tpw_name_valid(name))
+	if (!tpc_object_name_ok(name))
 		return tpc_error(-EINVAL, "'%.64s' is not a work queue name (1 to 255 bytes of "
-				 "[A-Za-z0-9._@:+-])", name);
+				 "[A-Za-z0-9._@:+-]) nor tpip://HOST[:PORT]/NAME", name);
 	r = wq_options(o, &op);
 	if (r < 0)
 		return r;

@@ -1,8 +1,9 @@
 /* SPDX-License-Identifier: BSD-3-Clause */
 /*
  * tpipctl channels: the daemon's named channels as a table (name, owner uid, access, state,
- * items and bytes held, capacity, handles, readers waiting, items written and read), or with
- * --json one array "channels". Other requests' renderers are render.c's and render_groups.c's.
+ * items and bytes held, capacity, handles, readers waiting, items written and read; who on other
+ * hosts may open it and their handles in JSON), or with --json one array "channels". Other
+ * requests' renderers are render.c's and render_groups.c's.
  */
 #include <inttypes.h>
 #include <json-c/json.h>
@@ -17,6 +18,16 @@ static const char *chan_access(const Tpw__V1__CtlChannel *c)
 	case TPW__V1__ACCESS__ACCESS_GROUP: return "group";
 	case TPW__V1__ACCESS__ACCESS_ANYONE: return "anyone";
 	default: return "owner";
+	}
+}
+
+/* Who on other hosts may open the channel (issue 25 part xhost). */
+static const char *chan_remote(const Tpw__V1__CtlChannel *c)
+{
+	switch (c->remote) {
+	case TPW__V1__REMOTE_ACCESS__REMOTE_ANY_PEER: return "any-peer";
+	case TPW__V1__REMOTE_ACCESS__REMOTE_PEERS: return "peers";
+	default: return "none";
 	}
 }
 
@@ -42,6 +53,8 @@ static struct json_object *chan_json(const void *item)
 	json_object_object_add(o, "persistent", json_object_new_boolean(c->persistent));
 	ctl_json_u64(o, "items_written", c->items_written);
 	ctl_json_u64(o, "items_read", c->items_read);
+	ctl_json_str(o, "remote", chan_remote(c));
+	ctl_json_u64(o, "remote_handles", c->remote_handles);
 	return o;
 }
 
@@ -57,7 +70,15 @@ static void chan_row(struct ctl_table *t, const void *item)
 
 	ctl_table_cellf(t, "%s", c->name ? c->name : "");
 	ctl_table_cellf(t, "%" PRIu32, c->uid);
-	ctl_table_cellf(t, "%s%s", chan_access(c), c->persistent ? ",persistent" : "");
+	ctl_table_cellf(t, "%s%s%s%s", chan_access(c), c->persistent ? ",persistent" : "",
+			c->remote == TPW__V1__REMOTE_ACCESS__REMOTE_NONE ||
+					c->remote == TPW__V1__REMOTE_ACCESS__REMOTE_UNSPECIFIED
+				? ""
+				: ",remote:",
+			c->remote == TPW__V1__REMOTE_ACCESS__REMOTE_NONE ||
+					c->remote == TPW__V1__REMOTE_ACCESS__REMOTE_UNSPECIFIED
+				? ""
+				: chan_remote(c));
 	ctl_table_cellf(t, "%s", c->state ? c->state : "");
 	ctl_table_cellf(t, "%" PRIu32, c->items);
 	ctl_table_cellf(t, "%" PRIu64, c->bytes);

@@ -20,6 +20,16 @@ static const char *wq_access(const Tpw__V1__CtlQueue *q)
 	}
 }
 
+/* Who on other hosts may open the queue as a worker (issue 25 part xhost). */
+static const char *wq_remote(const Tpw__V1__CtlQueue *q)
+{
+	switch (q->remote) {
+	case TPW__V1__REMOTE_ACCESS__REMOTE_ANY_PEER: return "any-peer";
+	case TPW__V1__REMOTE_ACCESS__REMOTE_PEERS: return "peers";
+	default: return "none";
+	}
+}
+
 static struct json_object *wq_json(const void *item)
 {
 	const Tpw__V1__CtlQueue *q = item;
@@ -42,6 +52,8 @@ static struct json_object *wq_json(const void *item)
 	ctl_json_u64(o, "bytes", q->bytes);
 	ctl_json_u64(o, "answer_bytes", q->answer_bytes);
 	ctl_json_u64(o, "requeued", q->requeued);
+	ctl_json_str(o, "remote", wq_remote(q));
+	ctl_json_u64(o, "remote_workers", q->remote_workers);
 	return o;
 }
 
@@ -58,7 +70,15 @@ static void wq_row(struct ctl_table *t, const void *item)
 	ctl_table_cellf(t, "%s", q->name ? q->name : "");
 	ctl_table_cellf(t, "%" PRIu32, q->uid);
 	ctl_table_cellf(t, "%" PRIu32, q->owner_pid);
-	ctl_table_cellf(t, "%s%s", wq_access(q), q->at_most_once ? ",at-most-once" : "");
+	ctl_table_cellf(t, "%s%s%s%s", wq_access(q), q->at_most_once ? ",at-most-once" : "",
+			q->remote == TPW__V1__REMOTE_ACCESS__REMOTE_ANY_PEER ||
+					q->remote == TPW__V1__REMOTE_ACCESS__REMOTE_PEERS
+				? ",remote:"
+				: "",
+			q->remote == TPW__V1__REMOTE_ACCESS__REMOTE_ANY_PEER ||
+					q->remote == TPW__V1__REMOTE_ACCESS__REMOTE_PEERS
+				? wq_remote(q)
+				: "");
 	ctl_table_cellf(t, "%s", q->state ? q->state : "");
 	ctl_table_cellf(t, "%" PRIu32, q->queued);
 	ctl_table_cellf(t, "%" PRIu32, q->taken);

@@ -13,9 +13,11 @@
 #include <event2/event.h>
 
 #include "chan.h"
+#include "chanx.h"
 #include "config.h"
 #include "core.h"
 #include "local.h"
+#include "peer.h"
 #include "session.h"
 #include "tpu.h"
 #include "validate.h"
@@ -36,19 +38,30 @@ struct chan {
 	uid_t uid;
 	Tpw__V1__Access access;
 	gid_t gid;
+	Tpw__V1__RemoteAccess remote; /* who on other hosts may open it (NONE, ANY_PEER, PEERS) */
+	char **remote_peers;	      /* REMOTE_PEERS: the identities allowed */
+	size_t n_remote_peers;
 	bool persistent, closed, named;
 	uint32_t cap_items;
 	uint64_t cap_bytes;
 	struct tpu_list items;	 /* chan_item, oldest first */
 	struct tpu_list waiters; /* chan_wait of reads, oldest first */
 	struct tpu_list writers; /* chan_wait of writes waiting for room, oldest first */
-	uint32_t n_items, n_handles, n_waiters, n_writers;
+	uint32_t n_items, n_handles, n_waiters, n_writers, n_remote;
 	uint64_t bytes, written, read;
+};
+
+/* Whom a handle answers: a local session, or a peer link (the handle another host's daemon
+ * opened for its client, whose uid there is @uid: a claim, never a permission). */
+struct chan_who {
+	struct tpd_session *s; /* NULL for a peer link's */
+	struct tpd_peer *pr;
+	uint32_t uid;
 };
 
 struct chan_handle {
 	struct tpu_list node; /* in tpd_chans.handles */
-	struct tpd_session *s;
+	struct chan_who who;
 	uint64_t id;
 	struct chan *c;
 	unsigned waits;	 /* reads waiting */
@@ -72,6 +85,7 @@ struct tpd_chans {
 	struct tpu_list chans;
 	struct tpu_list handles;
 	uint64_t next_id;
+	struct tpd_chanx *x; /* channels and queues of other hosts (chanx.c) */
 };
 
 static struct tpd_chans *chans_of(struct tpd_session *s)
@@ -79,7 +93,7 @@ static struct tpd_chans *chans_of(struct tpd_session *s)
 	return tpd_daemon_chans(tpd_session_daemon(s));
 }
 
-static void chan_answer(struct tpd_session *s, uint64_t req_id, int err, const char *why,
+static void chan_answer(const struct chan_who *who, uint64_t req_id, int err, const char *why,
 			uint64_t id, bool closed, const struct chan_item *it)
 {
 	Tpw__V1__ChanReply r = TPW__V1__CHAN_REPLY__INIT;
@@ -99,9 +113,11 @@ static void chan_answer(struct tpd_session *s, uint64_t req_id, int err, const c
 		tail.iov_base = (void *)it->data;
 		tail.iov_len = it->len;
 	}
+	if (who->pr)
+		return tpd_chanx_reply(who->pr, &r, it ? &tail : NULL);
 	m.body_case = TPW__V1__DAEMON_MSG__BODY_CHAN_REPLY;
 	m.chan_reply = &r;
-	tpd_session_send(s, &m, it ? &tail : NULL, it ? 1 : 0);
+	tpd_session_send(who->s, &m, it ? &tail : NULL, it ? 1 : 0);
 }
 
 /* Bytes the channels created by @uid hold. */
@@ -130,6 +146,9 @@ static void chan_free(struct chan *c)
 	tpu_list_remove(&c->node);
 	tpu_list_for_each_safe(it, tmp, &c->items, node)
 		free(it);
+	for (size_t i = 0; i < c->n_remote_peers; i++)
+		free(c->remote_peers[i]);
+	free(c->remote_peers);
 	free(c->name);
 	free(c);
 }
@@ -176,7 +195,7 @@ static void chan_deliver(struct chan_handle *h, uint64_t req_id)
 	c->n_items--;
 	c->bytes -= it->len;
 	c->read++;
-	chan_answer(h->s, req_id, 0, NULL, h->id, c->closed, it);
+	chan_answer(&h->who, req_id, 0, NULL, h->id, c->closed, it);
 	free(it);
 }
 
@@ -208,17 +227,17 @@ static void serve_writers(struct tpd_chans *cs, struct chan *c)
 
 	tpu_list_for_each_safe(w, tmp, &c->writers, node) {
 		if (c->closed) {
-			chan_answer(w->h->s, w->req_id, -EPIPE, "the channel was closed", w->h->id,
-				    true, NULL);
+			chan_answer(&w->h->who, w->req_id, -EPIPE, "the channel was closed",
+				    w->h->id, true, NULL);
 		} else if (!chan_fits(c, w->n, w->bytes)) {
 			break;
 		} else if (uid_bytes(cs, c->uid, NULL) + w->bytes >
 			   tpd_daemon_cfg(cs->d)->chan_bytes_per_uid) {
-			chan_answer(w->h->s, w->req_id, -ENOBUFS, "the channel owner's "
+			chan_answer(&w->h->who, w->req_id, -ENOBUFS, "the channel owner's "
 				    "chan-bytes-per-uid is spent", w->h->id, false, NULL);
 		} else {
 			chan_append(c, &w->batch, w->n, w->bytes);
-			chan_answer(w->h->s, w->req_id, 0, NULL, w->h->id, false, NULL);
+			chan_answer(&w->h->who, w->req_id, 0, NULL, w->h->id, false, NULL);
 		}
 		wait_free(w);
 	}
@@ -251,8 +270,8 @@ static void serve_readers(struct chan *c)
 		if (c->n_items) {
 			chan_deliver(w->h, w->req_id);
 		} else if (c->closed) {
-			chan_answer(w->h->s, w->req_id, -EPIPE, "the channel is closed and drained",
-				    w->h->id, true, NULL);
+			chan_answer(&w->h->who, w->req_id, -EPIPE,
+				    "the channel is closed and drained", w->h->id, true, NULL);
 		} else {
 			break;
 		}
@@ -266,9 +285,26 @@ static void wait_on_timeout(evutil_socket_t fd, short what, void *arg)
 
 	(void)fd;
 	(void)what;
-	chan_answer(w->h->s, w->req_id, -ETIMEDOUT, w->write ? "the channel stayed full: nothing "
+	chan_answer(&w->h->who, w->req_id, -ETIMEDOUT, w->write ? "the channel stayed full: nothing "
 		    "written" : "no item within the timeout", w->h->id, w->h->c->closed, NULL);
 	wait_free(w);
+}
+
+/* May the far daemon of @pr open @c for its client? Decided on the channel's remote access and
+ * the link's authenticated identity only, as for a listener (tpd_listener_permits_remote()). */
+static bool chan_permits_remote(const struct chan *c, const struct tpd_peer *pr)
+{
+	switch (c->remote) {
+	case TPW__V1__REMOTE_ACCESS__REMOTE_ANY_PEER:
+		return true;
+	case TPW__V1__REMOTE_ACCESS__REMOTE_PEERS:
+		for (size_t i = 0; tpd_peer_identity(pr) && i < c->n_remote_peers; i++)
+			if (tpd_peer_identity_matches(c->remote_peers[i], pr))
+				return true;
+		return false;
+	default:
+		return false;
+	}
 }
 
 static bool chan_permits(const struct chan *c, const struct tpd_session *s)
@@ -291,13 +327,18 @@ static struct chan *chan_find(struct tpd_chans *cs, uid_t uid, const char *name)
 	return NULL;
 }
 
-static struct chan_handle *handle_find(struct tpd_chans *cs, const struct tpd_session *s,
+static bool who_same(const struct chan_who *a, const struct chan_who *b)
+{
+	return a->s == b->s && a->pr == b->pr;
+}
+
+static struct chan_handle *handle_find(struct tpd_chans *cs, const struct chan_who *who,
 				       uint64_t id)
 {
 	struct chan_handle *h;
 
 	tpu_list_for_each(h, &cs->handles, node)
-		if (h->s == s && h->id == id)
+		if (who_same(&h->who, who) && h->id == id)
 			return h;
 	return NULL;
 }
@@ -311,7 +352,7 @@ static void handle_free(struct chan_handle *h, bool answer)
 		if (w->h != h)
 			continue;
 		if (answer)
-			chan_answer(h->s, w->req_id, -ECANCELED, "the handle was released", h->id,
+			chan_answer(&h->who, w->req_id, -ECANCELED, "the handle was released", h->id,
 				    c->closed, NULL);
 		wait_free(w);
 	}
@@ -319,14 +360,33 @@ static void handle_free(struct chan_handle *h, bool answer)
 		if (w->h != h)
 			continue;
 		if (answer)
-			chan_answer(h->s, w->req_id, -ECANCELED, "the handle was released", h->id,
+			chan_answer(&h->who, w->req_id, -ECANCELED, "the handle was released", h->id,
 				    c->closed, NULL);
 		wait_free(w);
 	}
 	tpu_list_remove(&h->node);
 	c->n_handles--;
+	c->n_remote -= h->who.pr != NULL;
 	free(h);
 	chan_maybe_free(c);
+}
+
+/* @o's remote access into @c (validated: peers only with REMOTE_PEERS). Return: 0 or -ENOMEM. */
+static int chan_set_remote(struct chan *c, const Tpw__V1__ChanOp *o)
+{
+	c->remote = o->remote ? o->remote : TPW__V1__REMOTE_ACCESS__REMOTE_NONE;
+	if (!o->n_remote_peers)
+		return 0;
+	c->remote_peers = calloc(o->n_remote_peers, sizeof(*c->remote_peers));
+	if (!c->remote_peers)
+		return -ENOMEM;
+	for (size_t i = 0; i < o->n_remote_peers; i++) {
+		c->remote_peers[i] = strdup(o->remote_peers[i]);
+		if (!c->remote_peers[i])
+			return -ENOMEM;
+		c->n_remote_peers++;
+	}
+	return 0;
 }
 
 /* Creates channel @o->name of @s's uid. Return: 0 or -errno with a reason in *why. */
@@ -352,6 +412,13 @@ static int chan_create(struct tpd_chans *cs, struct tpd_session *s, const Tpw__V
 		*why = "out of memory";
 		return -ENOMEM;
 	}
+	tpu_list_init(&c->node);
+	tpu_list_init(&c->items);
+	if (chan_set_remote(c, o) < 0) {
+		chan_free(c);
+		*why = "out of memory";
+		return -ENOMEM;
+	}
 	c->uid = tpd_session_uid(s);
 	c->access = o->access ? o->access : TPW__V1__ACCESS__ACCESS_OWNER;
 	c->gid = o->gid;
@@ -367,18 +434,66 @@ static int chan_create(struct tpd_chans *cs, struct tpd_session *s, const Tpw__V
 	return 0;
 }
 
-static unsigned session_handles(const struct tpd_chans *cs, const struct tpd_session *s)
+static unsigned who_handles(const struct tpd_chans *cs, const struct chan_who *who)
 {
 	const struct chan_handle *h;
 	unsigned n = 0;
 
 	tpu_list_for_each(h, &cs->handles, node)
-		n += h->s == s;
+		n += who_same(&h->who, who);
 	return n;
 }
 
-static void op_open(struct tpd_chans *cs, struct tpd_session *s, const Tpw__V1__ChanOp *o)
+/* A new handle of @who on @c. Return: owned by @cs (handle_free()), or NULL without memory. */
+static struct chan_handle *handle_new(struct tpd_chans *cs, const struct chan_who *who,
+				      struct chan *c)
 {
+	struct chan_handle *h = calloc(1, sizeof(*h));
+
+	if (!h)
+		return NULL;
+	h->who = *who;
+	h->id = ++cs->next_id;
+	h->c = c;
+	c->n_handles++;
+	c->n_remote += who->pr != NULL;
+	tpu_list_insert_tail(&cs->handles, &h->node);
+	return h;
+}
+
+/*
+ * OPEN from another host's daemon: an existing channel whose remote access admits the link,
+ * never a creation. A channel that does not admit it is, to the far daemon, no channel at all
+ * (the same status and text), so that names cannot be probed from other hosts.
+ */
+static void op_open_remote(struct tpd_chans *cs, const struct chan_who *who,
+			   const Tpw__V1__ChanOp *o)
+{
+	uid_t owner = o->owner_set ? o->owner_uid : who->uid;
+	struct chan *c = chan_find(cs, owner, o->name);
+	struct chan_handle *h;
+	char why[200];
+
+	if (!c || !chan_permits_remote(c, who->pr)) {
+		snprintf(why, sizeof(why), "no channel '%.64s' of uid %u on %.60s accepts handles "
+			 "from other hosts", o->name, (unsigned)owner, tpd_peers_hostname(cs->d));
+		return chan_answer(who, o->req_id, -ENOENT, why, 0, false, NULL);
+	}
+	if (o->create && o->exclusive)
+		return chan_answer(who, o->req_id, -EADDRINUSE, "the channel exists", 0, false,
+				   NULL);
+	if (who_handles(cs, who) >= CHAN_HANDLES_PER_SESSION)
+		return chan_answer(who, o->req_id, -ENOBUFS, "this peer link has 1024 channel "
+				   "handles here", 0, false, NULL);
+	h = handle_new(cs, who, c);
+	if (!h)
+		return chan_answer(who, o->req_id, -ENOMEM, "out of memory", 0, false, NULL);
+	chan_answer(who, o->req_id, 0, NULL, h->id, c->closed, NULL);
+}
+
+static void op_open(struct tpd_chans *cs, const struct chan_who *who, const Tpw__V1__ChanOp *o)
+{
+	struct tpd_session *s = who->s;
 	uid_t owner = o->owner_set ? o->owner_uid : tpd_session_uid(s);
 	struct chan *c = chan_find(cs, owner, o->name);
 	const char *why = NULL;
@@ -386,31 +501,27 @@ static void op_open(struct tpd_chans *cs, struct tpd_session *s, const Tpw__V1__
 	int r;
 
 	if (c && o->create && o->exclusive)
-		return chan_answer(s, o->req_id, -EADDRINUSE, "the channel exists", 0, false, NULL);
+		return chan_answer(who, o->req_id, -EADDRINUSE, "the channel exists", 0, false,
+				   NULL);
 	if (c && !chan_permits(c, s))
-		return chan_answer(s, o->req_id, -EACCES, "the channel's access mode refuses this uid",
-				   0, false, NULL);
+		return chan_answer(who, o->req_id, -EACCES, "the channel's access mode refuses "
+				   "this uid", 0, false, NULL);
 	if (!c && (!o->create || owner != tpd_session_uid(s)))
-		return chan_answer(s, o->req_id, -ENOENT, "no such channel", 0, false, NULL);
-	if (session_handles(cs, s) >= CHAN_HANDLES_PER_SESSION)
-		return chan_answer(s, o->req_id, -ENOBUFS, "this session has 1024 channel handles",
-				   0, false, NULL);
-	h = calloc(1, sizeof(*h));
-	if (!h)
-		return chan_answer(s, o->req_id, -ENOMEM, "out of memory", 0, false, NULL);
+		return chan_answer(who, o->req_id, -ENOENT, "no such channel", 0, false, NULL);
+	if (who_handles(cs, who) >= CHAN_HANDLES_PER_SESSION)
+		return chan_answer(who, o->req_id, -ENOBUFS, "this session has 1024 channel "
+				   "handles", 0, false, NULL);
 	if (!c) {
 		r = chan_create(cs, s, o, &c, &why);
-		if (r < 0) {
-			free(h);
-			return chan_answer(s, o->req_id, r, why, 0, false, NULL);
-		}
+		if (r < 0)
+			return chan_answer(who, o->req_id, r, why, 0, false, NULL);
 	}
-	h->s = s;
-	h->id = ++cs->next_id;
-	h->c = c;
-	c->n_handles++;
-	tpu_list_insert_tail(&cs->handles, &h->node);
-	chan_answer(s, o->req_id, 0, NULL, h->id, c->closed, NULL);
+	h = handle_new(cs, who, c);
+	if (!h) {
+		chan_maybe_free(c);
+		return chan_answer(who, o->req_id, -ENOMEM, "out of memory", 0, false, NULL);
+	}
+	chan_answer(who, o->req_id, 0, NULL, h->id, c->closed, NULL);
 }
 
 /* A wait of @h for @req_id, with a timer unless @timeout_ms is CHAN_NO_DEADLINE. Return: owned
@@ -476,30 +587,30 @@ static void op_write(struct tpd_chans *cs, struct chan_handle *h, const Tpw__V1_
 	bool fits;
 
 	if (c->closed)
-		return chan_answer(h->s, o->req_id, -EPIPE, "the channel is closed", h->id, true,
+		return chan_answer(&h->who, o->req_id, -EPIPE, "the channel is closed", h->id, true,
 				   NULL);
 	if (o->n_lengths > c->cap_items || tail_len > c->cap_bytes)
-		return chan_answer(h->s, o->req_id, -EMSGSIZE, "the batch exceeds the channel's "
+		return chan_answer(&h->who, o->req_id, -EMSGSIZE, "the batch exceeds the channel's "
 				   "capacity", h->id, false, NULL);
 	if (uid_bytes(cs, c->uid, NULL) + tail_len > cfg->chan_bytes_per_uid)
-		return chan_answer(h->s, o->req_id, -ENOBUFS, "the channel owner's "
+		return chan_answer(&h->who, o->req_id, -ENOBUFS, "the channel owner's "
 				   "chan-bytes-per-uid is spent", h->id, false, NULL);
 	fits = tpu_list_empty(&c->writers) && chan_fits(c, o->n_lengths, tail_len);
 	if (!fits && (o->timeout_ms == 0 || h->write_waits))
-		return chan_answer(h->s, o->req_id, -ENOBUFS, h->write_waits ? "a write of this "
+		return chan_answer(&h->who, o->req_id, -ENOBUFS, h->write_waits ? "a write of this "
 				   "handle already waits" : "the channel is full", h->id, false,
 				   NULL);
 	if (batch_copy(o, tail, &batch) < 0)
-		return chan_answer(h->s, o->req_id, -ENOMEM, "out of memory", h->id, false, NULL);
+		return chan_answer(&h->who, o->req_id, -ENOMEM, "out of memory", h->id, false, NULL);
 	if (fits) {
 		chan_append(c, &batch, o->n_lengths, tail_len);
-		chan_answer(h->s, o->req_id, 0, NULL, h->id, false, NULL);
+		chan_answer(&h->who, o->req_id, 0, NULL, h->id, false, NULL);
 		return chan_serve(c);
 	}
 	w = wait_new(cs, h, o->req_id, o->timeout_ms);
 	if (!w) {
 		batch_free(&batch);
-		return chan_answer(h->s, o->req_id, -ENOMEM, "out of memory", h->id, false, NULL);
+		return chan_answer(&h->who, o->req_id, -ENOMEM, "out of memory", h->id, false, NULL);
 	}
 	w->write = true;
 	tpu_list_insert_tail(&batch, &w->batch); /* the batch's items now hang off w->batch */
@@ -521,53 +632,126 @@ static void op_read(struct tpd_chans *cs, struct chan_handle *h, const Tpw__V1__
 		return chan_serve(c); /* room for waiting writers */
 	}
 	if (!c->n_items && c->closed)
-		return chan_answer(h->s, o->req_id, -EPIPE, "the channel is closed and drained",
+		return chan_answer(&h->who, o->req_id, -EPIPE, "the channel is closed and drained",
 				   h->id, true, NULL);
 	if (o->timeout_ms == 0)
-		return chan_answer(h->s, o->req_id, -ETIMEDOUT, "the channel is empty", h->id,
+		return chan_answer(&h->who, o->req_id, -ETIMEDOUT, "the channel is empty", h->id,
 				   false, NULL);
 	if (h->waits >= CHAN_WAITS_PER_HANDLE)
-		return chan_answer(h->s, o->req_id, -ENOBUFS, "too many reads waiting on this "
+		return chan_answer(&h->who, o->req_id, -ENOBUFS, "too many reads waiting on this "
 				   "handle", h->id, false, NULL);
 	w = wait_new(cs, h, o->req_id, o->timeout_ms);
 	if (!w)
-		return chan_answer(h->s, o->req_id, -ENOMEM, "out of memory", h->id, false, NULL);
+		return chan_answer(&h->who, o->req_id, -ENOMEM, "out of memory", h->id, false, NULL);
 	h->waits++;
 	c->n_waiters++;
 	tpu_list_insert_tail(&c->waiters, &w->node);
 	chan_serve(c);
 }
 
-static void op_unlink(struct tpd_chans *cs, struct tpd_session *s, const Tpw__V1__ChanOp *o)
+static void op_unlink(struct tpd_chans *cs, const struct chan_who *who,
+		      const Tpw__V1__ChanOp *o)
 {
+	struct tpd_session *s = who->s;
 	uid_t owner = o->owner_set ? o->owner_uid : tpd_session_uid(s);
 	struct chan *c = chan_find(cs, owner, o->name);
 
 	if (!c)
-		return chan_answer(s, o->req_id, -ENOENT, "no such channel", 0, false, NULL);
+		return chan_answer(who, o->req_id, -ENOENT, "no such channel", 0, false, NULL);
 	if (tpd_session_uid(s) != 0 && tpd_session_uid(s) != c->uid)
-		return chan_answer(s, o->req_id, -EACCES, "only the channel's owner unlinks it", 0,
-				   false, NULL);
+		return chan_answer(who, o->req_id, -EACCES, "only the channel's owner unlinks it",
+				   0, false, NULL);
 	c->named = false;
 	tpu_list_remove(&c->node); /* a later open of the name makes a new channel */
-	chan_answer(s, o->req_id, 0, NULL, 0, c->closed, NULL);
+	tpu_list_init(&c->node);
+	chan_answer(who, o->req_id, 0, NULL, 0, c->closed, NULL);
 	chan_maybe_free(c);
 }
+
+static void handle_op(struct tpd_chans *cs, struct chan_handle *h, const Tpw__V1__ChanOp *o,
+		      const uint8_t *tail, size_t tail_len);
 
 static void chan_on_op(struct tpd_session *s, const Tpw__V1__ChanOp *o, const uint8_t *tail,
 		       size_t tail_len)
 {
 	struct tpd_chans *cs = chans_of(s);
+	const struct chan_who who = { .s = s };
 	struct chan_handle *h;
 
+	if (o->op == TPW__V1__CHAN_OP_KIND__CHAN_OP_OPEN && tpd_chanx_is_address(o->name))
+		return tpd_chanx_open(cs->x, s, o);
 	if (o->op == TPW__V1__CHAN_OP_KIND__CHAN_OP_OPEN)
-		return op_open(cs, s, o);
+		return op_open(cs, &who, o);
 	if (o->op == TPW__V1__CHAN_OP_KIND__CHAN_OP_UNLINK)
-		return op_unlink(cs, s, o);
-	h = handle_find(cs, s, o->chan_id);
+		return op_unlink(cs, &who, o);
+	h = handle_find(cs, &who, o->chan_id);
+	if (!h && tpd_chanx_op(cs->x, s, o, tail, tail_len))
+		return; /* a handle of a channel on another host: forwarded */
 	if (!h)
-		return chan_answer(s, o->req_id, -ENOENT, "no such channel handle", o->chan_id,
+		return chan_answer(&who, o->req_id, -ENOENT, "no such channel handle", o->chan_id,
 				   false, NULL);
+	handle_op(cs, h, o, tail, tail_len);
+}
+
+/* Waits (reads and writes waiting for an item or room) the handles of link @pr hold here. */
+static uint32_t link_waits(const struct tpd_chans *cs, const struct tpd_peer *pr)
+{
+	const struct chan_handle *h;
+	uint32_t n = 0;
+
+	tpu_list_for_each(h, &cs->handles, node)
+		if (h->who.pr == pr)
+			n += h->waits + h->write_waits;
+	return n;
+}
+
+void tpd_chan_peer_op(struct tpd_chans *cs, struct tpd_peer *pr, const Tpw__V1__PeerChanOp *po,
+		      const uint8_t *tail, size_t tail_len)
+{
+	const struct chan_who who = { .pr = pr, .uid = po->uid };
+	const Tpw__V1__ChanOp *o = po->op;
+	uint32_t max = tpd_daemon_cfg(cs->d)->chan_peer_ops_max;
+	struct chan_handle *h;
+	char why[160];
+
+	if (o->op == TPW__V1__CHAN_OP_KIND__CHAN_OP_OPEN)
+		return op_open_remote(cs, &who, o);
+	h = handle_find(cs, &who, o->chan_id);
+	if (!h)
+		return chan_answer(&who, o->req_id, -ENOENT, "no such channel handle", o->chan_id,
+				   false, NULL);
+	if ((o->op == TPW__V1__CHAN_OP_KIND__CHAN_OP_READ ||
+	     o->op == TPW__V1__CHAN_OP_KIND__CHAN_OP_WRITE) && o->timeout_ms &&
+	    link_waits(cs, pr) >= max) {
+		snprintf(why, sizeof(why), "%u channel ops of this peer link wait on %.60s "
+			 "(chan-peer-ops-max)", max, tpd_peers_hostname(cs->d));
+		return chan_answer(&who, o->req_id, -ENOBUFS, why, h->id, h->c->closed, NULL);
+	}
+	handle_op(cs, h, o, tail, tail_len);
+}
+
+void tpd_chan_peer_gone(struct tpd_chans *cs, struct tpd_peer *pr)
+{
+	struct chan_handle *h, *tmp;
+
+	tpu_list_for_each_safe(h, tmp, &cs->handles, node)
+		if (h->who.pr == pr)
+			handle_free(h, false);
+}
+
+uint64_t tpd_chan_new_id(struct tpd_chans *cs)
+{
+	return ++cs->next_id;
+}
+
+struct tpd_chanx *tpd_chan_x(struct tpd_chans *cs)
+{
+	return cs->x;
+}
+
+static void handle_op(struct tpd_chans *cs, struct chan_handle *h, const Tpw__V1__ChanOp *o,
+		      const uint8_t *tail, size_t tail_len)
+{
 	switch (o->op) {
 	case TPW__V1__CHAN_OP_KIND__CHAN_OP_WRITE:
 		return op_write(cs, h, o, tail, tail_len);
@@ -575,10 +759,10 @@ static void chan_on_op(struct tpd_session *s, const Tpw__V1__ChanOp *o, const ui
 		return op_read(cs, h, o);
 	case TPW__V1__CHAN_OP_KIND__CHAN_OP_CLOSE:
 		h->c->closed = true; /* idempotent */
-		chan_answer(s, o->req_id, 0, NULL, h->id, true, NULL);
+		chan_answer(&h->who, o->req_id, 0, NULL, h->id, true, NULL);
 		return chan_serve(h->c);
 	case TPW__V1__CHAN_OP_KIND__CHAN_OP_RELEASE:
-		chan_answer(s, o->req_id, 0, NULL, h->id, h->c->closed, NULL);
+		chan_answer(&h->who, o->req_id, 0, NULL, h->id, h->c->closed, NULL);
 		return handle_free(h, true);
 	default:
 		return; /* validation refuses other ops */
@@ -590,8 +774,9 @@ static void chan_on_session_end(struct tpd_session *s)
 	struct tpd_chans *cs = chans_of(s);
 	struct chan_handle *h, *tmp;
 
+	tpd_chanx_session_end(cs->x, s);
 	tpu_list_for_each_safe(h, tmp, &cs->handles, node)
-		if (h->s == s)
+		if (h->who.s == s)
 			handle_free(h, false);
 }
 
@@ -614,6 +799,10 @@ int tpd_chan_new(struct tpd_daemon *d, struct tpd_chans **ret)
 	cs->d = d;
 	tpu_list_init(&cs->chans);
 	tpu_list_init(&cs->handles);
+	if (tpd_chanx_new(d, cs, &cs->x) < 0) {
+		free(cs);
+		return -ENOMEM;
+	}
 	*ret = cs;
 	return 0;
 }
@@ -625,6 +814,7 @@ void tpd_chan_free(struct tpd_chans *cs)
 
 	if (!cs)
 		return;
+	tpd_chanx_free(cs->x);
 	tpu_list_for_each_safe(h, htmp, &cs->handles, node)
 		handle_free(h, false); /* frees unnamed channels */
 	tpu_list_for_each_safe(c, ctmp, &cs->chans, node)
@@ -681,6 +871,8 @@ int tpd_chan_ctl(struct tpd_chans *cs, bool own_only, uid_t viewer, Tpw__V1__Ctl
 		x->capacity_bytes = c->cap_bytes;
 		x->items_written = c->written;
 		x->items_read = c->read;
+		x->remote = c->remote;
+		x->remote_handles = c->n_remote;
 		v[k++] = x;
 	}
 	*ret = v;

@@ -20,7 +20,9 @@
 
 struct tpd_daemon;
 struct tpd_chans;
+struct tpd_chanx;
 struct tpd_local;
+struct tpd_peer;
 
 /*
  * tpd_chan_new() - the part's state for @d (borrowed; must outlive it): no channel.
@@ -45,6 +47,26 @@ void tpd_chan_serve_local(struct tpd_local *l);
 int tpd_chan_ctl(struct tpd_chans *c, bool own_only, uid_t viewer, Tpw__V1__CtlChannel ***ret,
 		 size_t *n);
 void tpd_chan_ctl_free(Tpw__V1__CtlChannel **v, size_t n);
+
+/*
+ * tpd_chan_peer_op() - PeerChanOp @po (validated) from the far daemon of link @pr: OPEN of an
+ * existing channel whose remote access admits @pr, or an op on a handle @pr opened; answered over
+ * @pr (PeerChanReply). @tail (@tail_len bytes): WRITE's items. Borrows everything for the call.
+ * Reads and writes that would wait are refused with -ENOBUFS once the handles of @pr hold
+ * chan-peer-ops-max of them.
+ */
+void tpd_chan_peer_op(struct tpd_chans *c, struct tpd_peer *pr, const Tpw__V1__PeerChanOp *po,
+		      const uint8_t *tail, size_t tail_len);
+
+/* Drops every handle link @pr opened here (the link failed), with their waits. Borrows both. */
+void tpd_chan_peer_gone(struct tpd_chans *c, struct tpd_peer *pr);
+
+/* A new handle id of @c, unique among its handles (chanx.c's handles of remote channels take
+ * theirs here too). */
+uint64_t tpd_chan_new_id(struct tpd_chans *c);
+
+/* The cross-host part of @c (chanx.c). Return: borrowed, valid as long as @c. */
+struct tpd_chanx *tpd_chan_x(struct tpd_chans *c);
 
 /* Counts for metrics: channels, items held, bytes held. Borrows @c. */
 void tpd_chan_counts(const struct tpd_chans *c, uint32_t *ret_chans, uint64_t *ret_items,

@@ -14,9 +14,12 @@
 #include <string.h>
 #include <event2/event.h>
 
+#include "chan.h"
+#include "chanx.h"
 #include "config.h"
 #include "core.h"
 #include "local.h"
+#include "peer.h"
 #include "session.h"
 #include "tpu.h"
 #include "validate.h"
@@ -44,6 +47,9 @@ struct wq {
 	uid_t uid;
 	Tpw__V1__Access access;
 	gid_t gid;
+	Tpw__V1__RemoteAccess remote; /* who on other hosts may open it as a worker */
+	char **remote_peers;	      /* REMOTE_PEERS: the identities allowed */
+	size_t n_remote_peers;
 	bool at_most_once, closed, gone;
 	struct wq_handle *owner; /* NULL once gone */
 	struct tpu_list queued, taken, answers; /* wq_item, oldest first */
@@ -52,9 +58,17 @@ struct wq {
 	uint64_t bytes, answer_bytes, answered, requeued, next_qid;
 };
 
+/* Whom a handle answers: a local session, or a peer link (a worker's handle another host's
+ * daemon opened for its client, whose uid there is @uid: a claim, never a permission). */
+struct wq_who {
+	struct tpd_session *s; /* NULL for a peer link's */
+	struct tpd_peer *pr;
+	uint32_t uid;
+};
+
 struct wq_handle {
 	struct tpu_list node; /* in tpd_wqs.handles */
-	struct tpd_session *s;
+	struct wq_who who;
 	uint64_t id;
 	struct wq *q;
 	unsigned waits;
@@ -84,7 +98,7 @@ struct wq_ans {
 	const struct wq_item *it;
 };
 
-static void wq_send(struct wq_handle *h, struct tpd_session *s, uint64_t req_id,
+static void wq_send(struct wq_handle *h, const struct wq_who *who, uint64_t req_id,
 		    const struct wq_ans *a)
 {
 	Tpw__V1__WqReply r = TPW__V1__WQ_REPLY__INIT;
@@ -108,9 +122,11 @@ static void wq_send(struct wq_handle *h, struct tpd_session *s, uint64_t req_id,
 		tail.iov_base = (void *)a->it->data;
 		tail.iov_len = a->it->len;
 	}
+	if (who->pr)
+		return tpd_chanx_wq_reply(who->pr, &r, data ? &tail : NULL);
 	m.body_case = TPW__V1__DAEMON_MSG__BODY_WQ_REPLY;
 	m.wq_reply = &r;
-	tpd_session_send(s, &m, data ? &tail : NULL, data ? 1 : 0);
+	tpd_session_send(who->s, &m, data ? &tail : NULL, data ? 1 : 0);
 }
 
 /* Answers @h's request @req_id with @err (0 or -errno) and the reason @why. */
@@ -118,7 +134,7 @@ static void wq_err(struct wq_handle *h, uint64_t req_id, int err, const char *wh
 {
 	struct wq_ans a = { .err = err, .why = why };
 
-	wq_send(h, h->s, req_id, &a);
+	wq_send(h, &h->who, req_id, &a);
 }
 
 static struct wq_item *item_new(uint64_t id, const uint8_t *data, size_t len)
@@ -160,6 +176,9 @@ static void wq_free(struct wq *q)
 	items_free(&q->queued);
 	items_free(&q->taken);
 	items_free(&q->answers);
+	for (size_t i = 0; i < q->n_remote_peers; i++)
+		free(q->remote_peers[i]);
+	free(q->remote_peers);
 	free(q->name);
 	free(q);
 }
@@ -169,7 +188,7 @@ static void wq_idle(struct wq_handle *h, uint64_t req_id)
 {
 	struct wq_ans a = { .err = -ENOENT, .why = "no question is outstanding", .idle = true };
 
-	wq_send(h, h->s, req_id, &a);
+	wq_send(h, &h->who, req_id, &a);
 }
 
 /* Hands the oldest queued question to @h's request @req_id. */
@@ -184,7 +203,7 @@ static void deliver_question(struct wq_handle *h, uint64_t req_id)
 	it->taker = h;
 	tpu_list_insert_tail(&q->taken, &it->node);
 	q->n_taken++;
-	wq_send(h, h->s, req_id, &a);
+	wq_send(h, &h->who, req_id, &a);
 }
 
 /* Hands the oldest answer to the owner's request @req_id and forgets it. */
@@ -197,7 +216,7 @@ static void deliver_answer(struct wq_handle *h, uint64_t req_id)
 	tpu_list_remove(&it->node);
 	q->n_answers--;
 	q->answer_bytes -= it->len;
-	wq_send(h, h->s, req_id, &a);
+	wq_send(h, &h->who, req_id, &a);
 	free(it);
 }
 
@@ -299,14 +318,54 @@ static struct wq *wq_find(struct tpd_wqs *ws, uid_t uid, const char *name, uint3
 	return found;
 }
 
-static unsigned session_handles(const struct tpd_wqs *ws, const struct tpd_session *s)
+/* May the far daemon of @pr open @q as a worker? On the queue's remote access and the link's
+ * authenticated identity only, as for a listener (tpd_listener_permits_remote()). */
+static bool wq_permits_remote(const struct wq *q, const struct tpd_peer *pr)
+{
+	switch (q->remote) {
+	case TPW__V1__REMOTE_ACCESS__REMOTE_ANY_PEER:
+		return true;
+	case TPW__V1__REMOTE_ACCESS__REMOTE_PEERS:
+		for (size_t i = 0; tpd_peer_identity(pr) && i < q->n_remote_peers; i++)
+			if (tpd_peer_identity_matches(q->remote_peers[i], pr))
+				return true;
+		return false;
+	default:
+		return false;
+	}
+}
+
+static bool who_same(const struct wq_who *a, const struct wq_who *b)
+{
+	return a->s == b->s && a->pr == b->pr;
+}
+
+static unsigned who_handles(const struct tpd_wqs *ws, const struct wq_who *who)
 {
 	const struct wq_handle *h;
 	unsigned n = 0;
 
 	tpu_list_for_each(h, &ws->handles, node)
-		n += h->s == s;
+		n += who_same(&h->who, who);
 	return n;
+}
+
+/* @o's remote access into @q (validated). Return: 0 or -ENOMEM. */
+static int wq_set_remote(struct wq *q, const Tpw__V1__WqOp *o)
+{
+	q->remote = o->remote ? o->remote : TPW__V1__REMOTE_ACCESS__REMOTE_NONE;
+	if (!o->n_remote_peers)
+		return 0;
+	q->remote_peers = calloc(o->n_remote_peers, sizeof(*q->remote_peers));
+	if (!q->remote_peers)
+		return -ENOMEM;
+	for (size_t i = 0; i < o->n_remote_peers; i++) {
+		q->remote_peers[i] = strdup(o->remote_peers[i]);
+		if (!q->remote_peers[i])
+			return -ENOMEM;
+		q->n_remote_peers++;
+	}
+	return 0;
 }
 
 static struct wq *wq_create(struct tpd_wqs *ws, struct tpd_session *s, const Tpw__V1__WqOp *o)
@@ -317,20 +376,78 @@ static struct wq *wq_create(struct tpd_wqs *ws, struct tpd_session *s, const Tpw
 		free(q);
 		return NULL;
 	}
+	tpu_list_init(&q->node);
+	tpu_list_init(&q->queued);
+	tpu_list_init(&q->taken);
+	tpu_list_init(&q->answers);
+	if (wq_set_remote(q, o) < 0) {
+		wq_free(q);
+		return NULL;
+	}
 	q->uid = tpd_session_uid(s);
 	q->access = o->access ? o->access : TPW__V1__ACCESS__ACCESS_OWNER;
 	q->gid = o->gid;
 	q->at_most_once = o->at_most_once;
-	tpu_list_init(&q->queued);
-	tpu_list_init(&q->taken);
-	tpu_list_init(&q->answers);
 	tpu_list_init(&q->waits);
 	tpu_list_insert_tail(&ws->wqs, &q->node);
 	return q;
 }
 
-static void op_open(struct tpd_wqs *ws, struct tpd_session *s, const Tpw__V1__WqOp *o)
+/* A new handle of @who on @q. Return: owned by @ws (handle_free()), or NULL without memory. */
+static struct wq_handle *handle_new(struct tpd_wqs *ws, const struct wq_who *who, struct wq *q)
 {
+	struct wq_handle *h = calloc(1, sizeof(*h));
+
+	if (!h)
+		return NULL;
+	h->who = *who;
+	h->id = ++ws->next_id;
+	h->q = q;
+	if (!q->owner && !q->n_handles)
+		q->owner = h; /* the creator's handle */
+	q->n_handles++;
+	tpu_list_insert_tail(&ws->handles, &h->node);
+	return h;
+}
+
+/*
+ * OPEN from another host's daemon: a worker's handle of an existing queue whose remote access
+ * admits the link, never a creation. A queue that does not admit it is, to the far daemon, no
+ * queue at all (the same status and text), so that names cannot be probed from other hosts.
+ */
+static void op_open_remote(struct tpd_wqs *ws, const struct wq_who *who, const Tpw__V1__WqOp *o)
+{
+	uid_t owner = o->owner_set ? o->owner_uid : who->uid;
+	struct wq_ans a = { 0 };
+	struct wq_handle *h;
+	char why[200];
+	uint32_t n;
+	struct wq *q = wq_find(ws, owner, o->name, &n);
+
+	if (!q || q->gone || !wq_permits_remote(q, who->pr)) {
+		snprintf(why, sizeof(why), "no work queue '%.64s' of uid %u on %.60s accepts "
+			 "handles from other hosts", o->name, (unsigned)owner,
+			 tpd_peers_hostname(ws->d));
+		a = (struct wq_ans){ .err = -ENOENT, .why = why };
+	} else if (o->create && o->exclusive) {
+		a = (struct wq_ans){ .err = -EADDRINUSE, .why = "the work queue exists" };
+	} else if (who_handles(ws, who) >= WQ_HANDLES_PER_SESSION) {
+		a = (struct wq_ans){ .err = -ENOBUFS, .why = "this peer link has 1024 work queue "
+				     "handles here" };
+	}
+	if (a.err < 0)
+		return wq_send(NULL, who, o->req_id, &a);
+	h = handle_new(ws, who, q);
+	if (!h) {
+		a = (struct wq_ans){ .err = -ENOMEM, .why = "out of memory" };
+		return wq_send(NULL, who, o->req_id, &a);
+	}
+	wq_send(h, who, o->req_id, &a);
+}
+
+static void op_open(struct tpd_wqs *ws, const struct wq_who *who, const Tpw__V1__WqOp *o)
+{
+	struct tpd_session *s = who->s;
 	uid_t owner = o->owner_set ? o->owner_uid : tpd_session_uid(s);
 	struct wq_ans a = { 0 };
 	struct wq_handle *h;
@@ -346,7 +463,7 @@ static void op_open(struct tpd_wqs *ws, struct tpd_session *s, const Tpw__V1__Wq
 				     "this uid" };
 	else if (!q && (!o->create || owner != tpd_session_uid(s)))
 		;
-	else if (session_handles(ws, s) >= WQ_HANDLES_PER_SESSION)
+	else if (who_handles(ws, who) >= WQ_HANDLES_PER_SESSION)
 		a = (struct wq_ans){ .err = -ENOBUFS, .why = "this session has 1024 work queue "
 				     "handles" };
 	else if (!q && n >= tpd_daemon_cfg(ws->d)->wqs_per_uid)
@@ -355,22 +472,20 @@ static void op_open(struct tpd_wqs *ws, struct tpd_session *s, const Tpw__V1__Wq
 	else
 		a.err = 0;
 	if (a.err < 0)
-		return wq_send(NULL, s, o->req_id, &a);
-	h = calloc(1, sizeof(*h));
-	if (!h || (!q && !(q = wq_create(ws, s, o)))) {
-		free(h);
+		return wq_send(NULL, who, o->req_id, &a);
+	if (!q && !(q = wq_create(ws, s, o))) {
 		a = (struct wq_ans){ .err = -ENOMEM, .why = "out of memory" };
-		return wq_send(NULL, s, o->req_id, &a);
+		return wq_send(NULL, who, o->req_id, &a);
 	}
-	h->s = s;
-	h->id = ++ws->next_id;
-	h->q = q;
-	if (!q->owner && !q->n_handles)
-		q->owner = h; /* the creator's handle */
-	q->n_handles++;
-	tpu_list_insert_tail(&ws->handles, &h->node);
+	h = handle_new(ws, who, q);
+	if (!h) {
+		if (!q->n_handles)
+			wq_free(q);
+		a = (struct wq_ans){ .err = -ENOMEM, .why = "out of memory" };
+		return wq_send(NULL, who, o->req_id, &a);
+	}
 	a = (struct wq_ans){ 0 };
-	wq_send(h, s, o->req_id, &a);
+	wq_send(h, who, o->req_id, &a);
 }
 
 static void op_submit(struct tpd_wqs *ws, struct wq_handle *h, const Tpw__V1__WqOp *o,
@@ -398,7 +513,7 @@ static void op_submit(struct tpd_wqs *ws, struct wq_handle *h, const Tpw__V1__Wq
 	q->n_queued++;
 	q->bytes += len;
 	a.qid = it->id;
-	wq_send(h, h->s, o->req_id, &a);
+	wq_send(h, &h->who, o->req_id, &a);
 	wq_serve(q);
 }
 
@@ -542,20 +657,95 @@ static void handle_free(struct wq_handle *h, bool answer)
 		wq_free(q);
 }
 
+static void handle_op(struct tpd_wqs *ws, struct wq_handle *h, const Tpw__V1__WqOp *o,
+		      const uint8_t *tail, size_t tail_len);
+
+static struct wq_handle *handle_find(struct tpd_wqs *ws, const struct wq_who *who, uint64_t id)
+{
+	struct wq_handle *x;
+
+	tpu_list_for_each(x, &ws->handles, node)
+		if (who_same(&x->who, who) && x->id == id)
+			return x;
+	return NULL;
+}
+
 static void wq_on_op(struct tpd_session *s, const Tpw__V1__WqOp *o, const uint8_t *tail,
 		     size_t tail_len)
 {
-	struct tpd_wqs *ws = tpd_daemon_wqs(tpd_session_daemon(s));
-	struct wq_handle *h = NULL, *x;
+	struct tpd_daemon *d = tpd_session_daemon(s);
+	struct tpd_wqs *ws = tpd_daemon_wqs(d);
+	const struct wq_who who = { .s = s };
 	struct wq_ans a = { .err = -ENOENT, .why = "no such work queue handle" };
+	struct wq_handle *h;
+
+	if (o->op == TPW__V1__WQ_OP_KIND__WQ_OP_OPEN && tpd_chanx_is_address(o->name))
+		return tpd_chanx_wq_open(tpd_chan_x(tpd_daemon_chans(d)), s, o);
+	if (o->op == TPW__V1__WQ_OP_KIND__WQ_OP_OPEN)
+		return op_open(ws, &who, o);
+	h = handle_find(ws, &who, o->wq_id);
+	if (!h && tpd_chanx_wq_op(tpd_chan_x(tpd_daemon_chans(d)), s, o, tail, tail_len))
+		return; /* a handle of a queue on another host: forwarded */
+	if (!h)
+		return wq_send(NULL, &who, o->req_id, &a);
+	handle_op(ws, h, o, tail, tail_len);
+}
+
+/* Waits (takes, answer reads, drains) the handles of link @pr hold here. */
+static uint32_t link_waits(const struct tpd_wqs *ws, const struct tpd_peer *pr)
+{
+	const struct wq_handle *h;
+	uint32_t n = 0;
+
+	tpu_list_for_each(h, &ws->handles, node)
+		if (h->who.pr == pr)
+			n += h->waits;
+	return n;
+}
+
+void tpd_wq_peer_op(struct tpd_wqs *ws, struct tpd_peer *pr, const Tpw__V1__PeerWqOp *po,
+		    const uint8_t *tail, size_t tail_len)
+{
+	const struct wq_who who = { .pr = pr, .uid = po->uid };
+	const Tpw__V1__WqOp *o = po->op;
+	uint32_t max = tpd_daemon_cfg(ws->d)->chan_peer_ops_max;
+	struct wq_ans a = { .err = -ENOENT, .why = "no such work queue handle" };
+	struct wq_handle *h;
+	char why[160];
 
 	if (o->op == TPW__V1__WQ_OP_KIND__WQ_OP_OPEN)
-		return op_open(ws, s, o);
-	tpu_list_for_each(x, &ws->handles, node)
-		if (x->s == s && x->id == o->wq_id)
-			h = x;
+		return op_open_remote(ws, &who, o);
+	h = handle_find(ws, &who, o->wq_id);
 	if (!h)
-		return wq_send(NULL, s, o->req_id, &a);
+		return wq_send(NULL, &who, o->req_id, &a);
+	if ((o->op == TPW__V1__WQ_OP_KIND__WQ_OP_TAKE ||
+	     o->op == TPW__V1__WQ_OP_KIND__WQ_OP_ANSWER ||
+	     o->op == TPW__V1__WQ_OP_KIND__WQ_OP_DRAIN) && o->timeout_ms &&
+	    link_waits(ws, pr) >= max) {
+		snprintf(why, sizeof(why), "%u work queue ops of this peer link wait on %.60s "
+			 "(chan-peer-ops-max)", max, tpd_peers_hostname(ws->d));
+		return wq_err(h, o->req_id, -ENOBUFS, why);
+	}
+	handle_op(ws, h, o, tail, tail_len);
+}
+
+void tpd_wq_peer_gone(struct tpd_wqs *ws, struct tpd_peer *pr)
+{
+	struct wq_handle *h, *tmp;
+
+	tpu_list_for_each_safe(h, tmp, &ws->handles, node)
+		if (h->who.pr == pr)
+			handle_free(h, false);
+}
+
+uint64_t tpd_wq_new_id(struct tpd_wqs *ws)
+{
+	return ++ws->next_id;
+}
+
+static void handle_op(struct tpd_wqs *ws, struct wq_handle *h, const Tpw__V1__WqOp *o,
+		      const uint8_t *tail, size_t tail_len)
+{
 	switch (o->op) {
 	case TPW__V1__WQ_OP_KIND__WQ_OP_SUBMIT:
 		return op_submit(ws, h, o, tail, tail_len);
@@ -587,7 +777,7 @@ static void wq_on_session_end(struct tpd_session *s)
 	struct wq_handle *h, *tmp;
 
 	tpu_list_for_each_safe(h, tmp, &ws->handles, node)
-		if (h->s == s)
+		if (h->who.s == s)
 			handle_free(h, false);
 }
 
@@ -663,9 +853,12 @@ int tpd_wq_ctl(struct tpd_wqs *ws, bool own_only, uid_t viewer, Tpw__V1__CtlQueu
 		x->answer_bytes = q->answer_bytes;
 		x->at_most_once = q->at_most_once;
 		x->requeued = q->requeued;
+		x->remote = q->remote;
 		tpu_list_for_each(h, &ws->handles, node)
-			if (h == q->owner)
-				x->owner_pid = (uint32_t)tpd_session_pid(h->s);
+			x->remote_workers += h->q == q && h->who.pr;
+		tpu_list_for_each(h, &ws->handles, node)
+			if (h == q->owner && h->who.s)
+				x->owner_pid = (uint32_t)tpd_session_pid(h->who.s);
 		v[k++] = x;
 	}
 	*ret = v;

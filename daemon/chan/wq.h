@@ -21,6 +21,7 @@
 struct tpd_daemon;
 struct tpd_wqs;
 struct tpd_local;
+struct tpd_peer;
 
 /*
  * tpd_wq_new() - the part's state for @d (borrowed; must outlive it): no queue.
@@ -46,5 +47,23 @@ void tpd_wq_serve_local(struct tpd_local *l);
 int tpd_wq_ctl(struct tpd_wqs *w, bool own_only, uid_t viewer, Tpw__V1__CtlQueue ***ret,
 	       size_t *n);
 void tpd_wq_ctl_free(Tpw__V1__CtlQueue **v, size_t n);
+
+/*
+ * tpd_wq_peer_op() - PeerWqOp @po (validated) from the far daemon of link @pr: OPEN of an
+ * existing queue whose remote access admits @pr (a worker's handle, never a creation), or an op
+ * on a handle @pr opened; answered over @pr (PeerWqReply). @tail (@tail_len bytes): a payload.
+ * Borrows everything for the call. Takes, answer reads and drains that would wait are refused
+ * with -ENOBUFS once the handles of @pr hold chan-peer-ops-max of them.
+ */
+void tpd_wq_peer_op(struct tpd_wqs *w, struct tpd_peer *pr, const Tpw__V1__PeerWqOp *po,
+		    const uint8_t *tail, size_t tail_len);
+
+/* Drops every handle link @pr opened here (the link failed): a worker's taken questions are
+ * queued again as for a dead worker. Borrows both. */
+void tpd_wq_peer_gone(struct tpd_wqs *w, struct tpd_peer *pr);
+
+/* A new handle id of @w, unique among its handles (chanx.c's handles of remote queues take
+ * theirs here too). */
+uint64_t tpd_wq_new_id(struct tpd_wqs *w);
 
 #endif

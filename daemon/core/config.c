@@ -85,6 +85,9 @@ static const struct opt opts[] = {
 	  "question bytes one work queue holds (default 64M)" },
 	{ "wq-answer-bytes-max", "limits", K_SIZE64, OFF(wq_answer_bytes_max), 1, UINT64_MAX, true,
 	  "BYTES", "answer bytes one work queue holds for its owner (default 64M)" },
+	{ "chan-peer-ops-max", "limits", K_U32, OFF(chan_peer_ops_max), 1, 1u << 20, true, "N",
+	  "channel and queue ops over one peer link waiting: forwarded and not answered yet,\n"
+	  "                            or hosted and waiting for items or room (default 1024)" },
 	{ "sessions-reserved", "limits", K_U32, OFF(sessions_reserved), 0, 1u << 20, true, "N",
 	  "of sessions-max, slots only root and the admin group may use (default 8)" },
 	{ "hello-timeout", "limits", K_U32, OFF(hello_timeout_ms), 100, 600000, true, "MS",
@@ -262,6 +265,7 @@ void tpd_config_defaults(struct tpd_config *c)
 	c->wq_questions_max = 4096;
 	c->wq_bytes_max = 64ull << 20;
 	c->wq_answer_bytes_max = 64ull << 20;
+	c->chan_peer_ops_max = 1024;
 	c->drain_ms = 5000;
 	c->rdma_cache = 4ull << 30;
 	c->rdma_gid_index = UINT32_MAX; /* auto */

@@ -329,6 +329,7 @@ void tpd_peer_teardown(struct tpd_peer *pr)
 			tpb_ep_close(eps[c]);
 	pipe_ops->waits_drop(ps->d, pr);
 	tpd_peer_group_link_failed(pr);
+	tpd_peer_chan_link_failed(pr);
 	while (v && tpu_hmap_next(&pr->pipes, &i, &key, &val))
 		v[k++] = val;
 	for (i = 0; i < k; i++)

@@ -201,6 +201,32 @@ struct tpd_peer_group_ops {
  * process), before tpd_peers_start(). Until then group messages are refused (the link fails). */
 void tpd_peer_group_set_ops(const struct tpd_peer_group_ops *ops);
 
+/*
+ * struct tpd_peer_chan_ops - what the channel part (daemon/chan/chanx.c) does with a link's
+ * channel and queue messages (PeerChanOp, PeerChanReply, PeerWqOp, PeerWqReply, validated; @tail
+ * their data tail, valid during the call) and link events. Every op runs on the loop thread and
+ * borrows its arguments; link_failed runs while @pr is torn down (its last error in @why), after
+ * which @pr is gone.
+ */
+struct tpd_peer_chan_ops {
+	void (*msg)(struct tpd_daemon *d, struct tpd_peer *pr, const Tpw__V1__PeerMsg *m,
+		    const uint8_t *tail, uint32_t tail_len);
+	void (*link_up)(struct tpd_daemon *d, struct tpd_peer *pr);
+	void (*link_failed)(struct tpd_daemon *d, struct tpd_peer *pr, int err, const char *why);
+};
+
+/* tpd_peer_chan_set_ops() - register the channel ops (static storage, kept for the life of the
+ * process), before tpd_peers_start(). Until then channel messages are refused (the link
+ * fails). */
+void tpd_peer_chan_set_ops(const struct tpd_peer_chan_ops *ops);
+
+/* True if the far daemon of @pr (up) knows channel and queue messages (peer protocol 2.3 and
+ * later): none is sent to one that does not, as it would fail the whole link. */
+bool tpd_peer_chan_supported(const struct tpd_peer *pr);
+
+/* The far daemon's peer protocol minor version (its Hello), for messages. */
+unsigned tpd_peer_chan_far_minor(const struct tpd_peer *pr);
+
 /* The far daemon's instance (random per daemon start, from its Hello): the host identity groups
  * use (daemons in two network namespaces of one machine are two hosts). 0 before the Hello. */
 uint64_t tpd_peer_group_far_instance(const struct tpd_peer *pr);

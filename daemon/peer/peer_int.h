@@ -394,6 +394,15 @@ void tpd_peer_group_link_failed(struct tpd_peer *pr);
  * -EPROTO when no group part registered (the link fails). */
 int tpd_peer_group_on_msg(struct tpd_peer *pr, const Tpw__V1__PeerMsg *m);
 
+/* peerchan.c: @pr is up, or is being torn down; the channel ops hear of it. Borrows @pr. */
+void tpd_peer_chan_link_up(struct tpd_peer *pr);
+void tpd_peer_chan_link_failed(struct tpd_peer *pr);
+
+/* peerchan.c: a channel or queue message (validated) of an up link and its data tail, to the
+ * channel ops. Return: 0, or -EPROTO when no channel part registered (the link fails). */
+int tpd_peer_chan_on_msg(struct tpd_peer *pr, const Tpw__V1__PeerMsg *m, const uint8_t *tail,
+			 uint32_t tail_len);
+
 /* The registered pipe ops (tpd_peer_set_pipe_ops()). Return: borrowed, static. */
 const struct tpd_peer_pipe_ops *tpd_peer_pipe_ops(void);
 

@@ -148,6 +148,7 @@ void tpd_peerhs_link_up(struct tpd_peer *pr)
 		tpd_peer_pipe_ops()->link_up(v[i]);
 	free(v);
 	tpd_peer_group_link_up(pr);
+	tpd_peer_chan_link_up(pr);
 }
 
 /* Checks the peer's Hello (both sides). Return: 0 or -errno with @why filled. */

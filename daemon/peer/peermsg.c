@@ -182,6 +182,12 @@ static int on_msg_group(struct tpd_peer *pr, const Tpw__V1__PeerMsg *m, const ui
 	return tpd_peer_group_on_msg(pr, m);
 }
 
+static int on_msg_chan(struct tpd_peer *pr, const Tpw__V1__PeerMsg *m, const uint8_t *tail,
+		       uint32_t tail_len)
+{
+	return tpd_peer_chan_on_msg(pr, m, tail, tail_len);
+}
+
 /* When a message is expected; anything else fails the link. */
 #define PEER_MSG_ANY 0x1u	/* in every state */
 #define PEER_MSG_UP 0x2u	/* on an up link */
@@ -210,6 +216,10 @@ static const struct peer_msg_cmd peer_msg_cmds[] = {
 	[TPW__V1__PEER_MSG__BODY_GROUP_JOIN] = { on_msg_group, PEER_MSG_UP },
 	[TPW__V1__PEER_MSG__BODY_GROUP_JOINED] = { on_msg_group, PEER_MSG_UP },
 	[TPW__V1__PEER_MSG__BODY_GROUP_GONE] = { on_msg_group, PEER_MSG_UP },
+	[TPW__V1__PEER_MSG__BODY_CHAN_OP] = { on_msg_chan, PEER_MSG_UP },
+	[TPW__V1__PEER_MSG__BODY_CHAN_REPLY] = { on_msg_chan, PEER_MSG_UP },
+	[TPW__V1__PEER_MSG__BODY_WQ_OP] = { on_msg_chan, PEER_MSG_UP },
+	[TPW__V1__PEER_MSG__BODY_WQ_REPLY] = { on_msg_chan, PEER_MSG_UP },
 };
 
 /* The table entry of @m's body case, or NULL for a case it does not know. */

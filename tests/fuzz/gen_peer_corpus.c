@@ -357,6 +357,110 @@ static void local_pipe_close(void)
 	rec(OP_LOCAL, &m.base, 0);
 }
 
+/* Channels across hosts (issue 25 part xhost): the local session creates channel "fuzzchan" that
+ * other hosts may open (its handle: id 1). */
+static void local_chan_create(void)
+{
+	Tpw__V1__ClientMsg m = TPW__V1__CLIENT_MSG__INIT;
+	Tpw__V1__ChanOp o = TPW__V1__CHAN_OP__INIT;
+
+	o.req_id = 9;
+	o.op = TPW__V1__CHAN_OP_KIND__CHAN_OP_OPEN;
+	o.name = "fuzzchan";
+	o.create = true;
+	o.remote = TPW__V1__REMOTE_ACCESS__REMOTE_ANY_PEER;
+	m.body_case = TPW__V1__CLIENT_MSG__BODY_CHAN_OP;
+	m.chan_op = &o;
+	rec(OP_LOCAL, &m.base, 0);
+}
+
+/* The local session writes one item of @len bytes into its handle 1. */
+static void local_chan_write(uint64_t len)
+{
+	Tpw__V1__ClientMsg m = TPW__V1__CLIENT_MSG__INIT;
+	Tpw__V1__ChanOp o = TPW__V1__CHAN_OP__INIT;
+
+	o.req_id = 10;
+	o.op = TPW__V1__CHAN_OP_KIND__CHAN_OP_WRITE;
+	o.chan_id = 1;
+	o.n_lengths = 1;
+	o.lengths = &len;
+	m.body_case = TPW__V1__CLIENT_MSG__BODY_CHAN_OP;
+	m.chan_op = &o;
+	rec(OP_LOCAL, &m.base, (uint32_t)len);
+}
+
+/* The far daemon's PeerChanOp @kind on handle @id (OPEN: of "fuzzchan"); a WRITE carries two
+ * items of 4 bytes. */
+static void peer_chan(uint64_t req, Tpw__V1__ChanOpKind kind, uint64_t id, uint32_t timeout_ms)
+{
+	Tpw__V1__PeerMsg m = TPW__V1__PEER_MSG__INIT;
+	Tpw__V1__PeerChanOp po = TPW__V1__PEER_CHAN_OP__INIT;
+	Tpw__V1__ChanOp o = TPW__V1__CHAN_OP__INIT;
+	uint64_t lens[2] = { 4, 4 };
+	bool w = kind == TPW__V1__CHAN_OP_KIND__CHAN_OP_WRITE;
+
+	o.req_id = req;
+	o.op = kind;
+	o.chan_id = id;
+	o.timeout_ms = timeout_ms;
+	if (kind == TPW__V1__CHAN_OP_KIND__CHAN_OP_OPEN || kind == TPW__V1__CHAN_OP_KIND__CHAN_OP_UNLINK)
+		o.name = "fuzzchan";
+	o.n_lengths = w ? 2 : 0;
+	o.lengths = lens;
+	po.op = &o;
+	po.uid = 0;
+	m.body_case = TPW__V1__PEER_MSG__BODY_CHAN_OP;
+	m.chan_op = &po;
+	peer_rec(0, &m, w ? 8 : 0);
+}
+
+/* The far daemon's PeerWqOp @kind on handle @id (OPEN: of "fuzzq"). */
+static void peer_wq(uint64_t req, Tpw__V1__WqOpKind kind, uint64_t id)
+{
+	Tpw__V1__PeerMsg m = TPW__V1__PEER_MSG__INIT;
+	Tpw__V1__PeerWqOp po = TPW__V1__PEER_WQ_OP__INIT;
+	Tpw__V1__WqOp o = TPW__V1__WQ_OP__INIT;
+	bool data = kind == TPW__V1__WQ_OP_KIND__WQ_OP_REPLY;
+
+	o.req_id = req;
+	o.op = kind;
+	o.wq_id = id;
+	o.name = kind == TPW__V1__WQ_OP_KIND__WQ_OP_OPEN ? "fuzzq" : NULL;
+	o.question_id = 1;
+	po.op = &o;
+	m.body_case = TPW__V1__PEER_MSG__BODY_WQ_OP;
+	m.wq_op = &po;
+	peer_rec(0, &m, data ? 4 : 0);
+}
+
+/* Answers the far daemon sends to ops this daemon never forwarded. */
+static void peer_answers(void)
+{
+	Tpw__V1__PeerMsg m = TPW__V1__PEER_MSG__INIT;
+	Tpw__V1__PeerChanReply pc = TPW__V1__PEER_CHAN_REPLY__INIT;
+	Tpw__V1__ChanReply c = TPW__V1__CHAN_REPLY__INIT;
+	Tpw__V1__PeerWqReply pw = TPW__V1__PEER_WQ_REPLY__INIT;
+	Tpw__V1__WqReply w = TPW__V1__WQ_REPLY__INIT;
+	uint64_t len = 4;
+
+	c.req_id = 1;
+	c.status = TPW__V1__STATUS__STATUS_OK;
+	c.n_lengths = 1;
+	c.lengths = &len;
+	pc.reply = &c;
+	m.body_case = TPW__V1__PEER_MSG__BODY_CHAN_REPLY;
+	m.chan_reply = &pc;
+	peer_rec(0, &m, 4);
+	w.req_id = 2;
+	w.status = TPW__V1__STATUS__STATUS_OK;
+	w.length = 4;
+	pw.reply = &w;
+	m.body_case = TPW__V1__PEER_MSG__BODY_WQ_REPLY;
+	m.wq_reply = &pw;
+	peer_rec(0, &m, 4);
+}
+
 int main(int argc, char **argv)
 {
 	static const uint8_t garbage[] = "GET / HTTP/1.1\r\nHost: x\r\n\r\n";
@@ -447,6 +551,38 @@ int main(int argc, char **argv)
 	local_write(16, false);
 	rec_raw(0 | OP_HANGUP, NULL, 0);
 	save("control-hangs-up-with-pipe");
+
+	/* Channels across hosts: the far daemon opens the local session's channel (its handle 2),
+	 * waits in a read the local write answers, writes a batch, reads it back, closes and
+	 * releases; ops on handles it does not have; a queue that does not exist; answers to ops
+	 * never forwarded. */
+	/* (The far handle's id depends on what the daemon served before: ids 2..5 are tried.) */
+	link_up(1);
+	local_chan_create();
+	peer_chan(1, TPW__V1__CHAN_OP_KIND__CHAN_OP_OPEN, 0, 0);
+	for (uint64_t id = 2; id <= 5; id++)
+		peer_chan(10 + id, TPW__V1__CHAN_OP_KIND__CHAN_OP_READ, id, UINT32_MAX);
+	local_chan_write(16);
+	for (uint64_t id = 2; id <= 5; id++) {
+		peer_chan(20 + id, TPW__V1__CHAN_OP_KIND__CHAN_OP_WRITE, id, 0);
+		peer_chan(30 + id, TPW__V1__CHAN_OP_KIND__CHAN_OP_READ, id, 0);
+		peer_chan(40 + id, TPW__V1__CHAN_OP_KIND__CHAN_OP_READ, id, 1000);
+		peer_chan(50 + id, TPW__V1__CHAN_OP_KIND__CHAN_OP_CLOSE, id, 0);
+		peer_chan(60 + id, TPW__V1__CHAN_OP_KIND__CHAN_OP_RELEASE, id, 0);
+	}
+	peer_wq(9, TPW__V1__WQ_OP_KIND__WQ_OP_OPEN, 0);
+	peer_wq(10, TPW__V1__WQ_OP_KIND__WQ_OP_TAKE, 1);
+	peer_wq(11, TPW__V1__WQ_OP_KIND__WQ_OP_REPLY, 1);
+	peer_answers();
+	save("chan-remote-a");
+
+	/* A read left waiting when the link goes; then a channel UNLINK, which no link may send. */
+	link_up(1);
+	local_chan_create();
+	peer_chan(1, TPW__V1__CHAN_OP_KIND__CHAN_OP_OPEN, 0, 0);
+	peer_chan(2, TPW__V1__CHAN_OP_KIND__CHAN_OP_READ, 2, UINT32_MAX);
+	peer_chan(3, TPW__V1__CHAN_OP_KIND__CHAN_OP_UNLINK, 0, 0);
+	save("chan-remote-b-unlink");
 
 	link_up(2);
 	connect_(FUZZ_PEER_LISTENER, false);

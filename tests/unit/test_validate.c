@@ -1182,6 +1182,130 @@ START_TEST(test_validate_peer_connect_wait_bounded)
 }
 END_TEST
 
+/* ---- channels and work queues across hosts (issue 25 part xhost) ----------------------------- */
+
+static int vpt(const Tpw__V1__PeerMsg *m, uint32_t data_len)
+{
+	struct tpw_hdr h = hdr(0, data_len);
+
+	return tpw_peer_msg_validate(m, &h, &lim, why, sizeof(why));
+}
+
+/* A client may open "tpip://HOST[:PORT]/NAME"; a peer names a plain name, never an address,
+ * never unlinks, and its write's items add up to the tail as a client's do. */
+START_TEST(test_validate_peer_chan_op)
+{
+	Tpw__V1__ChanOp o = TPW__V1__CHAN_OP__INIT;
+	Tpw__V1__PeerChanOp po = TPW__V1__PEER_CHAN_OP__INIT;
+	Tpw__V1__PeerMsg m = TPW__V1__PEER_MSG__INIT;
+	Tpw__V1__ClientMsg cm = TPW__V1__CLIENT_MSG__INIT;
+	uint64_t lens[2] = { 3, 4 };
+
+	cm.body_case = TPW__V1__CLIENT_MSG__BODY_CHAN_OP;
+	cm.chan_op = &o;
+	o.op = TPW__V1__CHAN_OP_KIND__CHAN_OP_OPEN;
+	o.name = "tpip://hostb:7420/work";
+	ck_assert_int_eq(vc(&cm, 0, 0), 0);
+	o.name = "tpip://hostb:7420/";
+	ck_assert_int_eq(vc(&cm, 0, 0), -EBADMSG);
+	m.body_case = TPW__V1__PEER_MSG__BODY_CHAN_OP;
+	m.chan_op = &po;
+	ck_assert_int_eq(vpt(&m, 0), -EBADMSG); /* no op */
+	po.op = &o;
+	o.name = "tpip://hostb:7420/work";
+	ck_assert_int_eq(vpt(&m, 0), -EBADMSG);
+	o.name = "work";
+	ck_assert_int_eq(vpt(&m, 0), 0);
+	o.op = TPW__V1__CHAN_OP_KIND__CHAN_OP_UNLINK;
+	ck_assert_int_eq(vpt(&m, 0), -EBADMSG);
+	ck_assert_str_eq(why, "channel unlink over a peer link");
+	o.op = TPW__V1__CHAN_OP_KIND__CHAN_OP_READ;
+	ck_assert_int_eq(vpt(&m, 0), 0);
+	ck_assert_int_eq(vpt(&m, 1), -EBADMSG); /* a tail on a read */
+	o.op = TPW__V1__CHAN_OP_KIND__CHAN_OP_WRITE;
+	o.n_lengths = 2;
+	o.lengths = lens;
+	ck_assert_int_eq(vpt(&m, 7), 0);
+	ck_assert_int_eq(vpt(&m, 8), -EBADMSG);
+	ck_assert_int_eq(vpt(&m, 6), -EBADMSG);
+	o.n_lengths = lim.segments_max + 1;
+	ck_assert_int_eq(vpt(&m, 7), -E2BIG);
+}
+END_TEST
+
+/* A peer's answer: its item matches the tail; no tail without an item. */
+START_TEST(test_validate_peer_chan_reply)
+{
+	Tpw__V1__ChanReply r = TPW__V1__CHAN_REPLY__INIT;
+	Tpw__V1__PeerChanReply pr = TPW__V1__PEER_CHAN_REPLY__INIT;
+	Tpw__V1__PeerMsg m = TPW__V1__PEER_MSG__INIT;
+	uint64_t lens[2] = { 5, 5 };
+
+	m.body_case = TPW__V1__PEER_MSG__BODY_CHAN_REPLY;
+	m.chan_reply = &pr;
+	ck_assert_int_eq(vpt(&m, 0), -EBADMSG); /* no reply */
+	pr.reply = &r;
+	ck_assert_int_eq(vpt(&m, 0), 0);
+	ck_assert_int_eq(vpt(&m, 5), -EBADMSG);
+	r.n_lengths = 1;
+	r.lengths = lens;
+	ck_assert_int_eq(vpt(&m, 5), 0);
+	ck_assert_int_eq(vpt(&m, 4), -EBADMSG);
+	r.n_lengths = 2;
+	ck_assert_int_eq(vpt(&m, 10), -EBADMSG);
+}
+END_TEST
+
+/* Work queue ops from a peer: plain names, payloads only on submit and reply, no remote peers;
+ * answers' payloads match the tail. Remote access options are checked as a listener's. */
+START_TEST(test_validate_peer_wq_msgs)
+{
+	Tpw__V1__WqOp o = TPW__V1__WQ_OP__INIT;
+	Tpw__V1__PeerWqOp po = TPW__V1__PEER_WQ_OP__INIT;
+	Tpw__V1__WqReply r = TPW__V1__WQ_REPLY__INIT;
+	Tpw__V1__PeerWqReply pr = TPW__V1__PEER_WQ_REPLY__INIT;
+	Tpw__V1__PeerMsg m = TPW__V1__PEER_MSG__INIT;
+	Tpw__V1__ClientMsg cm = TPW__V1__CLIENT_MSG__INIT;
+	char *peers[TPW_REMOTE_PEERS_MAX + 1];
+
+	for (size_t i = 0; i <= TPW_REMOTE_PEERS_MAX; i++)
+		peers[i] = "psk";
+	cm.body_case = TPW__V1__CLIENT_MSG__BODY_WQ_OP;
+	cm.wq_op = &o;
+	o.op = TPW__V1__WQ_OP_KIND__WQ_OP_OPEN;
+	o.name = "jobs";
+	o.remote = TPW__V1__REMOTE_ACCESS__REMOTE_PEERS;
+	o.remote_peers = peers;
+	o.n_remote_peers = TPW_REMOTE_PEERS_MAX;
+	ck_assert_int_eq(vc(&cm, 0, 0), 0);
+	o.n_remote_peers = TPW_REMOTE_PEERS_MAX + 1;
+	ck_assert_int_eq(vc(&cm, 0, 0), -EBADMSG);
+	o.n_remote_peers = 0;
+	ck_assert_int_eq(vc(&cm, 0, 0), -EBADMSG); /* PEERS without peers */
+	o.remote = TPW__V1__REMOTE_ACCESS__REMOTE_PEERS + 1;
+	ck_assert_int_eq(vc(&cm, 0, 0), -EBADMSG);
+	o.remote = TPW__V1__REMOTE_ACCESS__REMOTE_ANY_PEER;
+	m.body_case = TPW__V1__PEER_MSG__BODY_WQ_OP;
+	m.wq_op = &po;
+	po.op = &o;
+	ck_assert_int_eq(vpt(&m, 0), 0);
+	o.name = "tpip://hostb/jobs";
+	ck_assert_int_eq(vpt(&m, 0), -EBADMSG);
+	o.op = TPW__V1__WQ_OP_KIND__WQ_OP_REPLY;
+	ck_assert_int_eq(vpt(&m, 4), 0);
+	ck_assert_int_eq(vpt(&m, 0), -EBADMSG); /* an empty payload */
+	o.op = TPW__V1__WQ_OP_KIND__WQ_OP_TAKE;
+	ck_assert_int_eq(vpt(&m, 4), -EBADMSG);
+	m.body_case = TPW__V1__PEER_MSG__BODY_WQ_REPLY;
+	m.wq_reply = &pr;
+	ck_assert_int_eq(vpt(&m, 0), -EBADMSG);
+	pr.reply = &r;
+	r.length = 4;
+	ck_assert_int_eq(vpt(&m, 4), 0);
+	ck_assert_int_eq(vpt(&m, 3), -EBADMSG);
+}
+END_TEST
+
 static Suite *validate_suite(void)
 {
 	Suite *s = suite_create("validate");
@@ -1238,6 +1362,9 @@ static Suite *validate_suite(void)
 	tcase_add_test(d, test_validate_peer_read_req_offer_bounded);
 	tcase_add_test(d, test_validate_peer_connect_wait_bounded);
 	tcase_add_test(d, test_validate_group_hosts);
+	tcase_add_test(d, test_validate_peer_chan_op);
+	tcase_add_test(d, test_validate_peer_chan_reply);
+	tcase_add_test(d, test_validate_peer_wq_msgs);
 	suite_add_tcase(s, d);
 	return s;
 }

@@ -1,0 +1,702 @@
+/* SPDX-License-Identifier: BSD-3-Clause */
+/*
+ * Channels and work queues of other hosts (chanx.h; issue 25 part xhost). The forwarding side:
+ * a client's handle of "tpip://HOST[:PORT]/NAME" (struct xh) and the ops forwarded for it and
+ * not answered yet (struct xop), per link; the answers relayed to the client under the ids it
+ * knows. The hosting side is chan.c's and wq.c's (tpd_chan_peer_op(), tpd_wq_peer_op()): this
+ * file only takes their messages off the link and sends their answers. Everything the far daemon
+ * says is checked by validation before it comes here; an answer to an op this side did not
+ * forward on that very link is dropped, so a link can only answer its own ops. Not responsible
+ * for the link itself (daemon/peer/) nor for the objects' state.
+ */
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "chan.h"
+#include "chanx.h"
+#include "config.h"
+#include "core.h"
+#include "peer.h"
+#include "session.h"
+#include "tpu.h"
+#include "validate.h"
+#include "wq.h"
+
+#define XH_HANDLES_PER_SESSION 1024u /* handles of remote objects one session may hold */
+#define XH_HOST_MAX (TPW_TPIP_HOST_MAX + 10)
+
+enum xkind { X_CHAN, X_WQ };
+
+/* A client's handle of a channel or queue on another host. */
+struct xh {
+	struct tpu_list node; /* in tpd_chanx.xhs */
+	enum xkind kind;
+	struct tpd_session *s;
+	uint64_t id;	     /* the id the client knows (chan.c's or wq.c's id space) */
+	uint64_t far_id;     /* the hosting daemon's handle id; 0 until the OPEN is answered */
+	struct tpd_peer *pr; /* NULL once the link failed */
+	char host[XH_HOST_MAX]; /* "HOST:PORT" as the address named it */
+	char why[200];		/* the link's failure, once it failed */
+};
+
+/* An op forwarded (or, an OPEN, waiting for its link to come up) and not answered yet. */
+struct xop {
+	struct tpu_list node; /* in tpd_chanx.xops */
+	enum xkind kind;
+	struct tpd_peer *pr;
+	uint64_t op_id;		/* the PeerChanOp's / PeerWqOp's req_id */
+	struct tpd_session *s;	/* NULL: the session ended (an OPEN's handle goes when answered) */
+	uint64_t req_id;	/* the client's */
+	uint64_t local_id;	/* the client's handle id */
+	int op;			/* ChanOpKind or WqOpKind */
+	struct xh *xh;		/* OPEN: the handle it opens */
+	bool sent;
+	/* OPEN while the link comes up: what to send */
+	char name[TPW_NAME_MAX + 1];
+	bool create, exclusive, owner_set;
+	uint32_t owner_uid, uid, pid;
+};
+
+struct tpd_chanx {
+	struct tpd_daemon *d;
+	struct tpd_chans *cs;
+	struct tpu_list xhs;
+	struct tpu_list xops;
+	uint64_t next_op;
+};
+
+static const char *noun(enum xkind k)
+{
+	return k == X_CHAN ? "channel" : "work queue";
+}
+
+bool tpd_chanx_is_address(const char *name)
+{
+	return name && strncmp(name, "tpip://", 7) == 0;
+}
+
+/* ---- answers to the client ----------------------------------------------------------------- */
+
+/* Sends @r (req_id and the handle id already the client's) with @tail to @s. */
+static void to_client_chan(struct tpd_session *s, Tpw__V1__ChanReply *r, const struct iovec *tail)
+{
+	Tpw__V1__DaemonMsg m = TPW__V1__DAEMON_MSG__INIT;
+
+	m.body_case = TPW__V1__DAEMON_MSG__BODY_CHAN_REPLY;
+	m.chan_reply = r;
+	tpd_session_send(s, &m, tail, tail ? 1 : 0);
+}
+
+static void to_client_wq(struct tpd_session *s, Tpw__V1__WqReply *r, const struct iovec *tail)
+{
+	Tpw__V1__DaemonMsg m = TPW__V1__DAEMON_MSG__INIT;
+
+	m.body_case = TPW__V1__DAEMON_MSG__BODY_WQ_REPLY;
+	m.wq_reply = r;
+	tpd_session_send(s, &m, tail, tail ? 1 : 0);
+}
+
+/* Answers @s's request @req_id on handle @id (0: none) with @err and a reason. */
+static void refuse(enum xkind k, struct tpd_session *s, uint64_t req_id, uint64_t id, int err,
+		   const char *fmt, ...) _printf_(6, 7);
+static void refuse(enum xkind k, struct tpd_session *s, uint64_t req_id, uint64_t id, int err,
+		   const char *fmt, ...)
+{
+	Tpw__V1__ChanReply cr = TPW__V1__CHAN_REPLY__INIT;
+	Tpw__V1__WqReply wr = TPW__V1__WQ_REPLY__INIT;
+	char why[TPW_MESSAGE_MAX < 400 ? TPW_MESSAGE_MAX : 400];
+	va_list ap;
+
+	va_start(ap, fmt);
+	vsnprintf(why, sizeof(why), fmt, ap);
+	va_end(ap);
+	if (k == X_CHAN) {
+		cr.req_id = req_id;
+		cr.status = tpw_status_from_errno(err);
+		cr.message = why;
+		cr.chan_id = id;
+		return to_client_chan(s, &cr, NULL);
+	}
+	wr.req_id = req_id;
+	wr.status = tpw_status_from_errno(err);
+	wr.message = why;
+	wr.wq_id = id;
+	to_client_wq(s, &wr, NULL);
+}
+
+/* ---- forwarding ---------------------------------------------------------------------------- */
+
+static void xop_free(struct xop *xo)
+{
+	tpu_list_remove(&xo->node);
+	free(xo);
+}
+
+static void xh_free(struct xh *xh)
+{
+	tpu_list_remove(&xh->node);
+	free(xh);
+}
+
+/* Ops forwarded over @pr and not answered yet. */
+static uint32_t link_ops(const struct tpd_chanx *x, const struct tpd_peer *pr)
+{
+	const struct xop *xo;
+	uint32_t n = 0;
+
+	tpu_list_for_each(xo, &x->xops, node)
+		n += xo->pr == pr;
+	return n;
+}
+
+/* Sends @xo's op @chan or @wq (its req_id and handle id set here) with @tail over its link. */
+static void xop_send(struct tpd_chanx *x, struct xop *xo, Tpw__V1__ChanOp *chan,
+		     Tpw__V1__WqOp *wq, const struct iovec *tail)
+{
+	Tpw__V1__PeerChanOp pc = TPW__V1__PEER_CHAN_OP__INIT;
+	Tpw__V1__PeerWqOp pw = TPW__V1__PEER_WQ_OP__INIT;
+	Tpw__V1__PeerMsg m = TPW__V1__PEER_MSG__INIT;
+	uint32_t uid = xo->s ? (uint32_t)tpd_session_uid(xo->s) : xo->uid;
+	uint32_t pid = xo->s ? (uint32_t)tpd_session_pid(xo->s) : xo->pid;
+
+	(void)x;
+	xo->sent = true;
+	if (chan) {
+		chan->req_id = xo->op_id;
+		pc.op = chan;
+		pc.uid = uid;
+		pc.pid = pid;
+		m.body_case = TPW__V1__PEER_MSG__BODY_CHAN_OP;
+		m.chan_op = &pc;
+	} else {
+		wq->req_id = xo->op_id;
+		pw.op = wq;
+		pw.uid = uid;
+		pw.pid = pid;
+		m.body_case = TPW__V1__PEER_MSG__BODY_WQ_OP;
+		m.wq_op = &pw;
+	}
+	tpd_peer_send(xo->pr, &m, tail, tail ? 1 : 0);
+}
+
+/* Sends the OPEN @xo holds. */
+static void xop_send_open(struct tpd_chanx *x, struct xop *xo)
+{
+	Tpw__V1__ChanOp c = TPW__V1__CHAN_OP__INIT;
+	Tpw__V1__WqOp q = TPW__V1__WQ_OP__INIT;
+
+	if (xo->kind == X_CHAN) {
+		c.op = TPW__V1__CHAN_OP_KIND__CHAN_OP_OPEN;
+		c.name = xo->name;
+		c.create = xo->create;
+		c.exclusive = xo->exclusive;
+		c.owner_set = xo->owner_set;
+		c.owner_uid = xo->owner_uid;
+		return xop_send(x, xo, &c, NULL, NULL);
+	}
+	q.op = TPW__V1__WQ_OP_KIND__WQ_OP_OPEN;
+	q.name = xo->name;
+	q.create = xo->create;
+	q.exclusive = xo->exclusive;
+	q.owner_set = xo->owner_set;
+	q.owner_uid = xo->owner_uid;
+	xop_send(x, xo, NULL, &q, NULL);
+}
+
+/* Tells the hosting daemon that handle @far_id of @pr is released; nobody waits for it. */
+static void release_far(struct tpd_chanx *x, enum xkind k, struct tpd_peer *pr, uint64_t far_id)
+{
+	struct xop xo = { .kind = k, .pr = pr, .op_id = 0 };
+	Tpw__V1__ChanOp c = TPW__V1__CHAN_OP__INIT;
+	Tpw__V1__WqOp q = TPW__V1__WQ_OP__INIT;
+
+	if (k == X_CHAN) {
+		c.op = TPW__V1__CHAN_OP_KIND__CHAN_OP_RELEASE;
+		c.chan_id = far_id;
+		return xop_send(x, &xo, &c, NULL, NULL);
+	}
+	q.op = TPW__V1__WQ_OP_KIND__WQ_OP_RELEASE;
+	q.wq_id = far_id;
+	xop_send(x, &xo, NULL, &q, NULL);
+}
+
+static unsigned session_xhs(const struct tpd_chanx *x, const struct tpd_session *s)
+{
+	const struct xh *xh;
+	unsigned n = 0;
+
+	tpu_list_for_each(xh, &x->xhs, node)
+		n += xh->s == s;
+	return n;
+}
+
+/* The fields of an OPEN both kinds share. */
+struct xopen {
+	uint64_t req_id;
+	const char *name;
+	bool create, exclusive, owner_set;
+	uint32_t owner_uid;
+};
+
+static bool xop_open_or_refuse(struct tpd_chanx *x, struct xop *xo);
+
+static void xopen(struct tpd_chanx *x, enum xkind k, struct tpd_session *s,
+		  const struct xopen *o)
+{
+	const struct tpd_config *cfg = tpd_daemon_cfg(x->d);
+	char host[TPW_TPIP_HOST_MAX + 1], why[200], xh_host[XH_HOST_MAX];
+	const char *name;
+	struct xh *xh;
+	struct xop *xo;
+	uint16_t port;
+	int r;
+
+	r = tpw_tpip_parse(o->name, (uint16_t)cfg->peer_port, host, &port, &name, why,
+			   sizeof(why));
+	if (r < 0)
+		return refuse(k, s, o->req_id, 0, -EINVAL, "%s address '%.64s': %s", noun(k),
+			      o->name, why);
+	if (session_xhs(x, s) >= XH_HANDLES_PER_SESSION)
+		return refuse(k, s, o->req_id, 0, -ENOBUFS, "this session has %u handles of "
+			      "channels and queues on other hosts", XH_HANDLES_PER_SESSION);
+	xh = calloc(1, sizeof(*xh));
+	xo = calloc(1, sizeof(*xo));
+	if (!xh || !xo) {
+		free(xh);
+		free(xo);
+		return refuse(k, s, o->req_id, 0, -ENOMEM, "out of memory");
+	}
+	tpu_list_init(&xh->node);
+	tpu_list_init(&xo->node);
+	snprintf(xh->host, sizeof(xh->host), strchr(host, ':') ? "[%s]:%u" : "%s:%u", host,
+		 (unsigned)port);
+	snprintf(xh_host, sizeof(xh_host), "%s", xh->host);
+	r = tpd_peer_get(x->d, host, port, &xh->pr, why, sizeof(why));
+	if (r == 0 && link_ops(x, xh->pr) >= cfg->chan_peer_ops_max)
+		r = tpu_why(-ENOBUFS, why, sizeof(why), "%u ops forwarded over this link wait "
+			    "for answers (chan-peer-ops-max)", cfg->chan_peer_ops_max);
+	if (r < 0) {
+		free(xh);
+		free(xo);
+		return refuse(k, s, o->req_id, 0, r, "%s host %s: %s", noun(k), xh_host, why);
+	}
+	xh->kind = xo->kind = k;
+	xh->s = xo->s = s;
+	xh->id = k == X_CHAN ? tpd_chan_new_id(x->cs) : tpd_wq_new_id(tpd_daemon_wqs(x->d));
+	xo->pr = xh->pr;
+	xo->op_id = ++x->next_op;
+	xo->req_id = o->req_id;
+	xo->local_id = xh->id;
+	xo->op = TPW__V1__CHAN_OP_KIND__CHAN_OP_OPEN; /* WQ_OP_OPEN is 1 too */
+	xo->xh = xh;
+	snprintf(xo->name, sizeof(xo->name), "%s", name);
+	xo->create = o->create;
+	xo->exclusive = o->exclusive;
+	xo->owner_set = o->owner_set;
+	xo->owner_uid = o->owner_uid;
+	xo->uid = (uint32_t)tpd_session_uid(s);
+	xo->pid = (uint32_t)tpd_session_pid(s);
+	tpu_list_insert_tail(&x->xhs, &xh->node);
+	tpu_list_insert_tail(&x->xops, &xo->node);
+	if (tpd_peer_is_up(xo->pr))
+		xop_open_or_refuse(x, xo);
+}
+
+/*
+ * Sends the OPEN @xo holds over its link, now up, or refuses it when the far daemon is too old
+ * to know channel messages (sending one would fail the whole link, and its pipes with it).
+ * Return: false when @xo was refused and freed.
+ */
+static bool xop_open_or_refuse(struct tpd_chanx *x, struct xop *xo)
+{
+	if (tpd_peer_chan_supported(xo->pr)) {
+		xop_send_open(x, xo);
+		return true;
+	}
+	refuse(xo->kind, xo->s, xo->req_id, 0, -EOPNOTSUPP, "%s host %s: its daemon speaks peer "
+	       "protocol 2.%u, which has no channels or queues across hosts (2.%u and later)",
+	       noun(xo->kind), tpd_peer_name(xo->pr), tpd_peer_chan_far_minor(xo->pr),
+	       TPW_PEER_MINOR_CHAN);
+	xh_free(xo->xh);
+	xop_free(xo);
+	return false;
+}
+
+void tpd_chanx_open(struct tpd_chanx *x, struct tpd_session *s, const Tpw__V1__ChanOp *o)
+{
+	const struct xopen xo = { o->req_id, o->name, o->create, o->exclusive, o->owner_set,
+				  o->owner_uid };
+
+	xopen(x, X_CHAN, s, &xo);
+}
+
+void tpd_chanx_wq_open(struct tpd_chanx *x, struct tpd_session *s, const Tpw__V1__WqOp *o)
+{
+	const struct xopen xo = { o->req_id, o->name, o->create, o->exclusive, o->owner_set,
+				  o->owner_uid };
+
+	xopen(x, X_WQ, s, &xo);
+}
+
+static struct xh *xh_find(struct tpd_chanx *x, enum xkind k, const struct tpd_session *s,
+			  uint64_t id)
+{
+	struct xh *xh;
+
+	tpu_list_for_each(xh, &x->xhs, node)
+		if (xh->kind == k && xh->s == s && xh->id == id && xh->far_id)
+			return xh;
+	return NULL;
+}
+
+/*
+ * Forwards op @op (kind @k, @chan or @wq, the client's @req_id) of handle @xh with @tail, or
+ * answers it: a failed link's handle answers -ECONNRESET naming the host (its RELEASE: 0 and the
+ * handle goes); a link with chan-peer-ops-max ops unanswered refuses it.
+ */
+static void xforward(struct tpd_chanx *x, struct xh *xh, int op, uint64_t req_id,
+		     Tpw__V1__ChanOp *chan, Tpw__V1__WqOp *wq, const struct iovec *tail)
+{
+	uint32_t max = tpd_daemon_cfg(x->d)->chan_peer_ops_max;
+	bool release = op == (xh->kind == X_CHAN ? TPW__V1__CHAN_OP_KIND__CHAN_OP_RELEASE
+						 : TPW__V1__WQ_OP_KIND__WQ_OP_RELEASE);
+	struct tpd_session *s = xh->s;
+	uint64_t id = xh->id;
+	struct xop *xo;
+
+	if (!xh->pr && release) {
+		enum xkind k = xh->kind;
+
+		xh_free(xh);
+		return refuse(k, s, req_id, id, 0, "%s", "");
+	}
+	if (!xh->pr)
+		return refuse(xh->kind, s, req_id, id, -ECONNRESET, "%s host %s: %s", noun(xh->kind),
+			      xh->host, xh->why);
+	if (link_ops(x, xh->pr) >= max)
+		return refuse(xh->kind, s, req_id, id, -ENOBUFS, "%s host %s: %u ops forwarded over "
+			      "this link wait for answers (chan-peer-ops-max)", noun(xh->kind),
+			      xh->host, max);
+	xo = calloc(1, sizeof(*xo));
+	if (!xo)
+		return refuse(xh->kind, s, req_id, id, -ENOMEM, "out of memory");
+	xo->kind = xh->kind;
+	xo->pr = xh->pr;
+	xo->op_id = ++x->next_op;
+	xo->s = s;
+	xo->req_id = req_id;
+	xo->local_id = id;
+	xo->op = op;
+	tpu_list_insert_tail(&x->xops, &xo->node);
+	if (chan)
+		chan->chan_id = xh->far_id;
+	else
+		wq->wq_id = xh->far_id;
+	xop_send(x, xo, chan, wq, tail);
+	if (release)
+		xh_free(xh); /* its answer (and those of its waits) still come, to @xo */
+}
+
+bool tpd_chanx_op(struct tpd_chanx *x, struct tpd_session *s, const Tpw__V1__ChanOp *o,
+		  const uint8_t *tail, size_t tail_len)
+{
+	struct xh *xh = xh_find(x, X_CHAN, s, o->chan_id);
+	struct iovec iov = { (void *)tail, tail_len };
+	Tpw__V1__ChanOp c;
+
+	if (!xh)
+		return false;
+	c = *o;
+	c.base.n_unknown_fields = 0;
+	c.base.unknown_fields = NULL;
+	c.n_remote_peers = 0; /* creation only, never forwarded */
+	c.remote_peers = NULL;
+	xforward(x, xh, o->op, o->req_id, &c, NULL, tail_len ? &iov : NULL);
+	return true;
+}
+
+bool tpd_chanx_wq_op(struct tpd_chanx *x, struct tpd_session *s, const Tpw__V1__WqOp *o,
+		     const uint8_t *tail, size_t tail_len)
+{
+	struct xh *xh = xh_find(x, X_WQ, s, o->wq_id);
+	struct iovec iov = { (void *)tail, tail_len };
+	Tpw__V1__WqOp q;
+
+	if (!xh)
+		return false;
+	q = *o;
+	q.base.n_unknown_fields = 0;
+	q.base.unknown_fields = NULL;
+	q.n_remote_peers = 0;
+	q.remote_peers = NULL;
+	xforward(x, xh, o->op, o->req_id, NULL, &q, tail_len ? &iov : NULL);
+	return true;
+}
+
+void tpd_chanx_session_end(struct tpd_chanx *x, struct tpd_session *s)
+{
+	struct xop *xo, *otmp;
+	struct xh *xh, *htmp;
+
+	tpu_list_for_each_safe(xo, otmp, &x->xops, node) {
+		if (xo->s != s)
+			continue;
+		if (xo->xh) { /* an OPEN: its handle goes with the session, released once open */
+			xh_free(xo->xh);
+			xo->xh = NULL;
+			xo->s = NULL;
+			if (!xo->sent)
+				xop_free(xo);
+			continue;
+		}
+		xop_free(xo);
+	}
+	tpu_list_for_each_safe(xh, htmp, &x->xhs, node) {
+		if (xh->s != s)
+			continue;
+		if (xh->pr)
+			release_far(x, xh->kind, xh->pr, xh->far_id);
+		xh_free(xh);
+	}
+}
+
+/* ---- answers from the hosting daemon ------------------------------------------------------- */
+
+static struct xop *xop_find(struct tpd_chanx *x, enum xkind k, const struct tpd_peer *pr,
+			    uint64_t op_id)
+{
+	struct xop *xo;
+
+	if (!op_id)
+		return NULL;
+	tpu_list_for_each(xo, &x->xops, node)
+		if (xo->kind == k && xo->pr == pr && xo->op_id == op_id && xo->sent)
+			return xo;
+	return NULL;
+}
+
+/* The answer to OPEN @xo came with status @ok: the handle is open (its far id @far_id), or goes.
+ * Return: false when nobody is left to tell (the session ended: the far handle is released). */
+static bool xop_opened(struct tpd_chanx *x, struct xop *xo, bool ok, uint64_t far_id)
+{
+	if (!xo->s) {
+		if (ok)
+			release_far(x, xo->kind, xo->pr, far_id);
+		return false;
+	}
+	if (ok)
+		xo->xh->far_id = far_id;
+	else
+		xh_free(xo->xh);
+	xo->xh = NULL;
+	return true;
+}
+
+static void on_chan_reply(struct tpd_chanx *x, struct tpd_peer *pr, const Tpw__V1__ChanReply *r,
+			  const uint8_t *tail, uint32_t tail_len)
+{
+	struct xop *xo = xop_find(x, X_CHAN, pr, r->req_id);
+	Tpw__V1__ChanReply a;
+	struct iovec iov = { (void *)tail, tail_len };
+	bool item = false, tell = true;
+
+	if (!xo)
+		return; /* the session ended, or not an op of this link: dropped */
+	a = *r;
+	a.base.n_unknown_fields = 0;
+	a.base.unknown_fields = NULL;
+	a.req_id = xo->req_id;
+	a.chan_id = xo->local_id;
+	if (xo->op == TPW__V1__CHAN_OP_KIND__CHAN_OP_OPEN && !r->chan_id &&
+	    r->status == TPW__V1__STATUS__STATUS_OK) {
+		a.status = TPW__V1__STATUS__STATUS_INVALID;
+		a.message = (char *)"the channel's host answered an open without a handle";
+	}
+	if (xo->op == TPW__V1__CHAN_OP_KIND__CHAN_OP_OPEN)
+		tell = xop_opened(x, xo, a.status == TPW__V1__STATUS__STATUS_OK, r->chan_id);
+	else if (xo->op == TPW__V1__CHAN_OP_KIND__CHAN_OP_READ)
+		item = r->status == TPW__V1__STATUS__STATUS_OK && r->n_lengths == 1 && tail_len;
+	if (xo->op == TPW__V1__CHAN_OP_KIND__CHAN_OP_READ &&
+	    r->status == TPW__V1__STATUS__STATUS_OK && !item) {
+		a.status = TPW__V1__STATUS__STATUS_INVALID; /* never an empty item */
+		a.message = (char *)"the channel's host answered a read without an item";
+	}
+	if (!item) {
+		a.n_lengths = 0;
+		a.lengths = NULL;
+	}
+	if (tell)
+		to_client_chan(xo->s, &a, item ? &iov : NULL);
+	xop_free(xo);
+}
+
+static void on_wq_reply(struct tpd_chanx *x, struct tpd_peer *pr, const Tpw__V1__WqReply *r,
+			const uint8_t *tail, uint32_t tail_len)
+{
+	struct xop *xo = xop_find(x, X_WQ, pr, r->req_id);
+	Tpw__V1__WqReply a;
+	struct iovec iov = { (void *)tail, tail_len };
+	bool data, tell = true;
+
+	if (!xo)
+		return;
+	a = *r;
+	a.base.n_unknown_fields = 0;
+	a.base.unknown_fields = NULL;
+	a.req_id = xo->req_id;
+	a.wq_id = xo->local_id;
+	a.owner = false; /* a handle from another host is never the owner's */
+	data = tail_len && r->status == TPW__V1__STATUS__STATUS_OK &&
+	       (xo->op == TPW__V1__WQ_OP_KIND__WQ_OP_TAKE ||
+		xo->op == TPW__V1__WQ_OP_KIND__WQ_OP_ANSWER);
+	if (xo->op == TPW__V1__WQ_OP_KIND__WQ_OP_OPEN && !r->wq_id &&
+	    r->status == TPW__V1__STATUS__STATUS_OK) {
+		a.status = TPW__V1__STATUS__STATUS_INVALID;
+		a.message = (char *)"the work queue's host answered an open without a handle";
+	}
+	if (xo->op == TPW__V1__WQ_OP_KIND__WQ_OP_OPEN)
+		tell = xop_opened(x, xo, a.status == TPW__V1__STATUS__STATUS_OK, r->wq_id);
+	if (!data)
+		a.length = 0;
+	if (tell)
+		to_client_wq(xo->s, &a, data ? &iov : NULL);
+	xop_free(xo);
+}
+
+/* ---- the hosting side's answers ------------------------------------------------------------ */
+
+void tpd_chanx_reply(struct tpd_peer *pr, Tpw__V1__ChanReply *r, const struct iovec *tail)
+{
+	Tpw__V1__PeerChanReply pc = TPW__V1__PEER_CHAN_REPLY__INIT;
+	Tpw__V1__PeerMsg m = TPW__V1__PEER_MSG__INIT;
+
+	if (!r->req_id)
+		return; /* nobody waits for it (a release the far daemon sent on its own) */
+	pc.reply = r;
+	m.body_case = TPW__V1__PEER_MSG__BODY_CHAN_REPLY;
+	m.chan_reply = &pc;
+	tpd_peer_send(pr, &m, tail, tail ? 1 : 0);
+}
+
+void tpd_chanx_wq_reply(struct tpd_peer *pr, Tpw__V1__WqReply *r, const struct iovec *tail)
+{
+	Tpw__V1__PeerWqReply pw = TPW__V1__PEER_WQ_REPLY__INIT;
+	Tpw__V1__PeerMsg m = TPW__V1__PEER_MSG__INIT;
+
+	if (!r->req_id)
+		return;
+	pw.reply = r;
+	m.body_case = TPW__V1__PEER_MSG__BODY_WQ_REPLY;
+	m.wq_reply = &pw;
+	tpd_peer_send(pr, &m, tail, tail ? 1 : 0);
+}
+
+/* ---- the link's events ---------------------------------------------------------------------- */
+
+static void chanx_on_msg(struct tpd_daemon *d, struct tpd_peer *pr, const Tpw__V1__PeerMsg *m,
+			 const uint8_t *tail, uint32_t tail_len)
+{
+	struct tpd_chans *cs = tpd_daemon_chans(d);
+	struct tpd_chanx *x = tpd_chan_x(cs);
+
+	switch (m->body_case) {
+	case TPW__V1__PEER_MSG__BODY_CHAN_OP:
+		return tpd_chan_peer_op(cs, pr, m->chan_op, tail, tail_len);
+	case TPW__V1__PEER_MSG__BODY_WQ_OP:
+		return tpd_wq_peer_op(tpd_daemon_wqs(d), pr, m->wq_op, tail, tail_len);
+	case TPW__V1__PEER_MSG__BODY_CHAN_REPLY:
+		return on_chan_reply(x, pr, m->chan_reply->reply, tail, tail_len);
+	case TPW__V1__PEER_MSG__BODY_WQ_REPLY:
+		return on_wq_reply(x, pr, m->wq_reply->reply, tail, tail_len);
+	default:
+		return;
+	}
+}
+
+static void chanx_on_link_up(struct tpd_daemon *d, struct tpd_peer *pr)
+{
+	struct tpd_chanx *x = tpd_chan_x(tpd_daemon_chans(d));
+	struct xop *xo, *tmp;
+
+	tpu_list_for_each_safe(xo, tmp, &x->xops, node)
+		if (xo->pr == pr && !xo->sent && xo->s)
+			xop_open_or_refuse(x, xo);
+}
+
+static void chanx_on_link_failed(struct tpd_daemon *d, struct tpd_peer *pr, int err,
+				 const char *why)
+{
+	struct tpd_chanx *x = tpd_chan_x(tpd_daemon_chans(d));
+	struct xop *xo, *otmp;
+	struct xh *xh, *htmp;
+	unsigned n_ops = 0, n_xh = 0;
+
+	/* Hosting side: the handles the far daemon opened here go, with their waits. */
+	tpd_chan_peer_gone(tpd_daemon_chans(d), pr);
+	tpd_wq_peer_gone(tpd_daemon_wqs(d), pr);
+	/* Forwarding side: every op waiting for an answer over @pr fails, naming the host. */
+	tpu_list_for_each_safe(xo, otmp, &x->xops, node) {
+		if (xo->pr != pr)
+			continue;
+		if (xo->s && !xo->sent) /* an OPEN: the link never came up */
+			refuse(xo->kind, xo->s, xo->req_id, 0, err < 0 ? err : -ECONNRESET,
+			       "%s host %s: cannot reach its daemon: %s", noun(xo->kind),
+			       tpd_peer_name(pr), why && *why ? why : "connection reset");
+		else if (xo->s)
+			refuse(xo->kind, xo->s, xo->req_id, xo->xh ? 0 : xo->local_id, -ECONNRESET,
+			       "%s host %s: peer link failed: %s", noun(xo->kind),
+			       tpd_peer_name(pr), why && *why ? why : "connection reset");
+		if (xo->xh)
+			xh_free(xo->xh);
+		xop_free(xo);
+		n_ops++;
+	}
+	tpu_list_for_each_safe(xh, htmp, &x->xhs, node) {
+		if (xh->pr != pr)
+			continue;
+		xh->pr = NULL;
+		snprintf(xh->why, sizeof(xh->why), "peer link failed: %s",
+			 why && *why ? why : "connection reset");
+		n_xh++;
+	}
+	if (n_ops || n_xh)
+		tpu_log_info("peer %s: link failed: %u handles of channels and queues there fail, "
+			     "%u ops waiting for answers failed", tpd_peer_name(pr), n_xh, n_ops);
+}
+
+static const struct tpd_peer_chan_ops chanx_peer_ops = {
+	.msg = chanx_on_msg,
+	.link_up = chanx_on_link_up,
+	.link_failed = chanx_on_link_failed,
+};
+
+int tpd_chanx_new(struct tpd_daemon *d, struct tpd_chans *cs, struct tpd_chanx **ret)
+{
+	struct tpd_chanx *x = calloc(1, sizeof(*x));
+
+	if (!x)
+		return -ENOMEM;
+	x->d = d;
+	x->cs = cs;
+	tpu_list_init(&x->xhs);
+	tpu_list_init(&x->xops);
+	tpd_peer_chan_set_ops(&chanx_peer_ops);
+	*ret = x;
+	return 0;
+}
+
+void tpd_chanx_free(struct tpd_chanx *x)
+{
+	struct xop *xo, *otmp;
+	struct xh *xh, *htmp;
+
+	if (!x)
+		return;
+	tpu_list_for_each_safe(xo, otmp, &x->xops, node)
+		xop_free(xo);
+	tpu_list_for_each_safe(xh, htmp, &x->xhs, node)
+		xh_free(xh);
+	free(x);
+}

@@ -1,0 +1,71 @@
+/* SPDX-License-Identifier: BSD-3-Clause */
+/*
+ * tpd_chanx: channels and work queues of other hosts (issue 25 part xhost; docs/channels.md,
+ * docs/queues.md). A client's OPEN of "tpip://HOST[:PORT]/NAME" makes this daemon (the
+ * forwarding one) keep a handle of its own and forward every op of that handle over the peer
+ * link to HOST's daemon (the hosting one) as PeerChanOp or PeerWqOp; the answers come back as
+ * PeerChanReply or PeerWqReply and go to the client as its daemon's own answers. This part also
+ * takes the hosting side's messages off the link and hands them to chan.c and wq.c, and tells
+ * them when a link goes. It bounds the ops it has forwarded and not seen answered, per link
+ * (chan-peer-ops-max), and fails every forwarded op and remote handle of a failed link with
+ * -ECONNRESET naming the host. Not responsible for channels' or queues' state (chan.c, wq.c) nor
+ * for links (daemon/peer/). Everything runs on the daemon's loop thread.
+ */
+#ifndef TPD_CHANX_H
+#define TPD_CHANX_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <sys/uio.h>
+
+#include "tpw.pb-c.h"
+
+struct tpd_daemon;
+struct tpd_chans;
+struct tpd_chanx;
+struct tpd_peer;
+struct tpd_session;
+
+/*
+ * tpd_chanx_new() - the part's state for @d and its channels @cs (both borrowed; they outlive
+ * it), and registers its peer ops (tpd_peer_chan_set_ops()).
+ * @ret: returns owned state, free with tpd_chanx_free().
+ * Return: 0 or -ENOMEM.
+ */
+int tpd_chanx_new(struct tpd_daemon *d, struct tpd_chans *cs, struct tpd_chanx **ret);
+
+/* Frees @x and what it holds (accepts NULL); its sessions' ends were told first. */
+void tpd_chanx_free(struct tpd_chanx *x);
+
+/* True if @name is an address tpip://... (of a channel or queue on another host). */
+bool tpd_chanx_is_address(const char *name);
+
+/* tpd_chanx_open() - @s's ChanOp OPEN @o of address @o->name (validated): forward it to the
+ * daemon of its host, dialling a link if none is up; the answer comes later. Borrows all. */
+void tpd_chanx_open(struct tpd_chanx *x, struct tpd_session *s, const Tpw__V1__ChanOp *o);
+
+/*
+ * tpd_chanx_op() - @s's ChanOp @o (not OPEN nor UNLINK) with data tail @tail: if @o->chan_id is
+ * one of @s's handles of a channel on another host, forward it (or answer it, once the link
+ * failed). Borrows all.
+ * Return: true if it was such a handle (@o is answered or forwarded), false otherwise.
+ */
+bool tpd_chanx_op(struct tpd_chanx *x, struct tpd_session *s, const Tpw__V1__ChanOp *o,
+		  const uint8_t *tail, size_t tail_len);
+
+/* As tpd_chanx_open() and tpd_chanx_op(), for work queues (WqOp). */
+void tpd_chanx_wq_open(struct tpd_chanx *x, struct tpd_session *s, const Tpw__V1__WqOp *o);
+bool tpd_chanx_wq_op(struct tpd_chanx *x, struct tpd_session *s, const Tpw__V1__WqOp *o,
+		     const uint8_t *tail, size_t tail_len);
+
+/* @s ends: release its handles on other hosts (told to their daemons) and forget its forwarded
+ * ops. Borrows both. */
+void tpd_chanx_session_end(struct tpd_chanx *x, struct tpd_session *s);
+
+/* Hosting side: answer @r (and @tail, an item or payload, or NULL) to the far daemon of @pr as
+ * PeerChanReply or PeerWqReply. Borrows all; a failed link drops it. */
+void tpd_chanx_reply(struct tpd_peer *pr, Tpw__V1__ChanReply *r, const struct iovec *tail);
+void tpd_chanx_wq_reply(struct tpd_peer *pr, Tpw__V1__WqReply *r, const struct iovec *tail);
+
+#endif

@@ -1,0 +1,642 @@
+/* SPDX-License-Identifier: BSD-3-Clause */
+/*
+ * Security suite: channels across hosts (docs/channels.md, "Across hosts") against an
+ * unprivileged local user (uid 65534) speaking the raw protocol to its own daemon (a) about a
+ * channel hosted by the other daemon (b) that admits other hosts. A forwarded op whose ChanOp
+ * carries fields the daemon does not know is forwarded without them: the daemon survives and
+ * answers (it used to pass on their count without their bytes, and died packing the frame).
+ * The user's handle ids are its own: a victim's handle of the same remote channel, guessed by
+ * id, is not found for read, write, close and release; the victim's remote handle, its channel
+ * and its item stay as they were.
+ *
+ * And a hostile peer daemon (a raw dialler over an insecure link, as --peer-insecure allows):
+ * its reads wait up to chan-peer-ops-max (3) and one more is refused with STATUS_LIMIT while a
+ * try-once read is still answered; a guessed handle id is not found; an answer to an op the
+ * daemon never forwarded is dropped; an UNLINK fails its link, which drops its handles and
+ * waits, while the channel, its items and a local reader are untouched.
+ *
+ * And a hostile hosting daemon (a raw answerer the daemon dials): one that speaks peer protocol
+ * 2.2 gets no channel message (the open fails with -EOPNOTSUPP naming its version, the link
+ * stays up); one of 2.3 that answers a read without an item, answers ops it was never sent, and
+ * answers a close with an item: the client gets an error for the first and a plain success for
+ * the close, the others are dropped, and a later item arrives intact; its protocol violation
+ * then fails the client's waiting read with -ECONNRESET naming the host.
+ */
+#include <arpa/inet.h>
+#include <check.h>
+#include <errno.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <grp.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+#include "ipeer.h"
+#include "itest.h"
+#include "tpt_wire.h"
+
+#define T_MS TPT_SCALED_MS(30000)
+#define NOBODY 65534
+
+static char addr[256];
+static struct tpt_sync go;
+
+static int drop_to_nobody(void)
+{
+	if (setgroups(0, NULL) < 0 || setresgid(NOBODY, NOBODY, NOBODY) < 0 ||
+	    setresuid(NOBODY, NOBODY, NOBODY) < 0)
+		return -errno;
+	return 0;
+}
+
+/* Sends ChanOp @op (req_id 1) and returns the answer's status (its handle in *@ret_id), or
+ * -errno. */
+static int raw_chan(struct tpt_raw *r, Tpw__V1__ChanOp *op, const void *tail, uint32_t tail_len,
+		    uint64_t *ret_id)
+{
+	Tpw__V1__ClientMsg m = TPW__V1__CLIENT_MSG__INIT;
+	Tpw__V1__DaemonMsg *dm;
+	int st, ret;
+
+	op->req_id = 1;
+	m.body_case = TPW__V1__CLIENT_MSG__BODY_CHAN_OP;
+	m.chan_op = op;
+	ret = tpt_raw_send(r, &m, tail, tail_len, NULL, 0, 0);
+	if (ret < 0)
+		return ret;
+	ret = tpt_raw_expect(r, TPW__V1__DAEMON_MSG__BODY_CHAN_REPLY, T_MS, &dm);
+	if (ret < 0)
+		return ret;
+	st = dm->chan_reply->status;
+	if (ret_id)
+		*ret_id = dm->chan_reply->chan_id;
+	tpw__v1__daemon_msg__free_unpacked(dm, NULL);
+	return st;
+}
+
+static int attacker(void *arg)
+{
+	static const Tpw__V1__ChanOpKind kinds[] = {
+		TPW__V1__CHAN_OP_KIND__CHAN_OP_READ, TPW__V1__CHAN_OP_KIND__CHAN_OP_WRITE,
+		TPW__V1__CHAN_OP_KIND__CHAN_OP_CLOSE, TPW__V1__CHAN_OP_KIND__CHAN_OP_RELEASE,
+	};
+	uint8_t junk[1] = { 7 };
+	ProtobufCMessageUnknownField uf = { .tag = 999, .wire_type = PROTOBUF_C_WIRE_TYPE_VARINT,
+					    .len = 1, .data = junk };
+	Tpw__V1__ChanOp o = TPW__V1__CHAN_OP__INIT;
+	uint64_t id = 0, len = 4;
+	struct tpt_raw r;
+	int st;
+
+	(void)arg;
+	TPT_REQUIRE(drop_to_nobody() == 0, 1, "cannot drop to nobody");
+	TPT_REQUIRE(tpt_raw_connect(&r, tpt_peer_a.socket) == 0, 1, "connect");
+	TPT_REQUIRE(tpt_raw_hello(&r, TPW__V1__ROLE__ROLE_CLIENT, T_MS) == 0, 1, "hello");
+	o.op = TPW__V1__CHAN_OP_KIND__CHAN_OP_OPEN;
+	o.name = addr;
+	o.owner_set = true;
+	o.owner_uid = 0;
+	st = raw_chan(&r, &o, NULL, 0, &id);
+	TPT_REQUIRE(st == TPW__V1__STATUS__STATUS_OK && id, 1, "open %s: %d", addr, st);
+	/* A read carrying a field the daemon does not know: forwarded without it, answered. */
+	Tpw__V1__ChanOp rd = TPW__V1__CHAN_OP__INIT;
+
+	rd.op = TPW__V1__CHAN_OP_KIND__CHAN_OP_READ;
+	rd.chan_id = id;
+	rd.base.n_unknown_fields = 1;
+	rd.base.unknown_fields = &uf;
+	st = raw_chan(&r, &rd, NULL, 0, NULL);
+	TPT_REQUIRE(st == TPW__V1__STATUS__STATUS_TIMEOUT, 1, "read with an unknown field: %d", st);
+	/* The victim's handles (local ids below ours) are not ours. */
+	for (uint64_t g = 0; g < id; g++) {
+		for (size_t k = 0; k < TPU_ARRAY_SIZE(kinds); k++) {
+			Tpw__V1__ChanOp op = TPW__V1__CHAN_OP__INIT;
+			bool w = kinds[k] == TPW__V1__CHAN_OP_KIND__CHAN_OP_WRITE;
+
+			op.op = kinds[k];
+			op.chan_id = g;
+			op.n_lengths = w;
+			op.lengths = w ? &len : NULL;
+			st = raw_chan(&r, &op, w ? "evil" : NULL, w ? 4 : 0, NULL);
+			TPT_REQUIRE(st == TPW__V1__STATUS__STATUS_NOT_FOUND, 1,
+				    "op %d on id %llu: %d", (int)kinds[k],
+				    (unsigned long long)g, st);
+		}
+	}
+	tpt_raw_close(&r);
+	return 0;
+}
+
+START_TEST(test_attacker_cannot_crash_or_touch_remote_handles)
+{
+	struct tp_chan_options o = { .size = sizeof(o), .owner_uid = -1 };
+	const char item[] = "kept";
+	struct iovec iov = { .iov_base = (void *)item, .iov_len = 4 };
+	struct tp_context *ca, *cb;
+	struct tp_chan *hb, *ha;
+	void *got;
+	size_t len;
+
+	if (geteuid() != 0) {
+		printf("skipped: needs root to run a client as another uid\n");
+		return;
+	}
+	tpt_peer_fixture_start();
+	ck_assert_int_eq(tpt_daemon_open_to_all(&tpt_peer_a), 0);
+	ck_assert_int_eq(tpt_ctx_new(&tpt_peer_b, 0, "host", &cb), 0);
+	o.flags = TP_CHAN_CREATE;
+	o.access = TP_ACCESS_ANYONE;
+	o.remote = TP_REMOTE_ANY_PEER;
+	ck_assert_int_eq(tp_chan_open(cb, "shared", &o, &hb), 0);
+	tpt_peer_address(&tpt_peer_b, "shared", addr, sizeof(addr));
+	ck_assert_int_eq(tpt_ctx_new(&tpt_peer_a, 0, "victim", &ca), 0);
+	ck_assert_int_eq(tp_chan_open(ca, addr, NULL, &ha), 0);
+	ck_assert(tpt_wait_ok(tpt_fork(attacker, NULL), 4 * T_MS, "attacker"));
+	ck_assert(tpt_daemon_alive(&tpt_peer_a));
+	ck_assert(tpt_daemon_alive(&tpt_peer_b));
+	ck_assert_int_eq(tp_chan_write(ha, &iov, 1, 0), 0); /* the victim's handle still works */
+	ck_assert_int_eq(tp_chan_read(hb, &got, &len, 5000), 0); /* the channel is still open */
+	ck_assert_uint_eq(len, 4);
+	ck_assert_int_eq(memcmp(got, item, 4), 0);
+	free(got);
+	tp_chan_release(ha);
+	tp_chan_release(hb);
+	tp_context_free(ca);
+	tp_context_free(cb);
+	tpt_peer_fixture_stop();
+}
+END_TEST
+
+/* ---- a hostile peer daemon ---------------------------------------------------------------- */
+
+#define OPS_MAX 3
+
+static struct tpt_daemon host;
+
+static int peer_send(struct tpt_raw *r, Tpw__V1__PeerMsg *m, const void *tail, uint32_t len)
+{
+	size_t n = tpw_frame_size(&m->base);
+	uint8_t *buf = malloc(n + len);
+	int e;
+
+	if (!buf)
+		return -ENOMEM;
+	n = tpw_frame_pack(&m->base, len, 0, ++r->seq, buf);
+	if (len)
+		memcpy(buf + n, tail, len);
+	e = tpt_raw_send_bytes(r, buf, n + len, NULL, 0);
+	free(buf);
+	return e;
+}
+
+static int peer_chan(struct tpt_raw *r, Tpw__V1__ChanOp *op, uint64_t req_id, const void *tail,
+		     uint32_t len)
+{
+	Tpw__V1__PeerChanOp po = TPW__V1__PEER_CHAN_OP__INIT;
+	Tpw__V1__PeerMsg m = TPW__V1__PEER_MSG__INIT;
+
+	op->req_id = req_id;
+	po.op = op;
+	po.uid = 0;
+	m.body_case = TPW__V1__PEER_MSG__BODY_CHAN_OP;
+	m.chan_op = &po;
+	return peer_send(r, &m, tail, len);
+}
+
+/* The next PeerChanReply (pings are skipped): its status, req_id into *@ret_req, chan_id into
+ * *@ret_id. Return: the status, or -errno. */
+static int peer_reply(struct tpt_raw *r, uint64_t *ret_req, uint64_t *ret_id)
+{
+	Tpw__V1__PeerMsg *m = NULL;
+	int e, st;
+
+	for (;;) {
+		e = tpt_raw_recv_peer(r, T_MS, &m);
+		if (e < 0)
+			return e;
+		if (m->body_case == TPW__V1__PEER_MSG__BODY_CHAN_REPLY)
+			break;
+		tpw_peer_msg_free(m);
+	}
+	st = m->chan_reply->reply->status;
+	*ret_req = m->chan_reply->reply->req_id;
+	if (ret_id)
+		*ret_id = m->chan_reply->reply->chan_id;
+	tpw_peer_msg_free(m);
+	return st;
+}
+
+/* Dials @host's peer port as a daemon would (insecure: plain frames), up to the link being up. */
+static int peer_dial(struct tpt_raw *c, struct tpt_raw *data)
+{
+	Tpw__V1__PeerHello h = TPW__V1__PEER_HELLO__INIT;
+	Tpw__V1__PeerDataHello dh = TPW__V1__PEER_DATA_HELLO__INIT;
+	Tpw__V1__PeerMsg m = TPW__V1__PEER_MSG__INIT, *in = NULL;
+	uint8_t boot[16];
+	uint64_t link_id;
+
+	for (unsigned i = 0; i < 16; i++)
+		boot[i] = (uint8_t)(0xa0 + i); /* another "host" */
+	TPT_REQUIRE(tpt_raw_connect_tcp(c, "127.0.0.1", host.peer_port) == 0, -1, "dial");
+	h.major = TPW_PEER_PROTO_MAJOR;
+	h.minor = TPW_PEER_PROTO_MINOR;
+	h.host = "hostile";
+	h.boot_id.data = boot;
+	h.boot_id.len = 16;
+	h.instance = 0x5eed;
+	h.data_conns = 1;
+	m.body_case = TPW__V1__PEER_MSG__BODY_HELLO;
+	m.hello = &h;
+	TPT_REQUIRE(tpt_raw_send_peer(c, &m) == 0, -1, "hello");
+	TPT_REQUIRE(tpt_raw_recv_peer(c, T_MS, &in) == 0 &&
+			    in->body_case == TPW__V1__PEER_MSG__BODY_HELLO &&
+			    (!in->hello->status || in->hello->status == TPW__V1__STATUS__STATUS_OK),
+		    -1, "no hello back");
+	tpw_peer_msg_free(in);
+	TPT_REQUIRE(tpt_raw_recv_peer(c, T_MS, &in) == 0 &&
+			    in->body_case == TPW__V1__PEER_MSG__BODY_READY, -1, "no ready");
+	link_id = in->ready->link_id;
+	tpw_peer_msg_free(in);
+	TPT_REQUIRE(tpt_raw_connect_tcp(data, "127.0.0.1", host.peer_port) == 0, -1, "data dial");
+	dh.link_id = link_id;
+	dh.index = 0;
+	m.body_case = TPW__V1__PEER_MSG__BODY_DATA_HELLO;
+	m.data_hello = &dh;
+	TPT_REQUIRE(tpt_raw_send_peer(data, &m) == 0, -1, "data hello");
+	TPT_REQUIRE(tpt_raw_recv_peer(data, T_MS, &in) == 0 &&
+			    in->body_case == TPW__V1__PEER_MSG__BODY_DATA_HELLO, -1,
+		    "no data hello back");
+	tpw_peer_msg_free(in);
+	TPT_REQUIRE(tpt_raw_recv_peer(c, T_MS, &in) == 0 &&
+			    in->body_case == TPW__V1__PEER_MSG__BODY_READY && in->ready->data_up,
+		    -1, "the link did not come up");
+	tpw_peer_msg_free(in);
+	return 0;
+}
+
+static int hostile_peer(void *arg)
+{
+	Tpw__V1__ChanOp o = TPW__V1__CHAN_OP__INIT;
+	Tpw__V1__ChanReply fr = TPW__V1__CHAN_REPLY__INIT;
+	Tpw__V1__PeerChanReply pfr = TPW__V1__PEER_CHAN_REPLY__INIT;
+	Tpw__V1__PeerMsg m = TPW__V1__PEER_MSG__INIT, *in = NULL;
+	struct tpt_raw c = { .fd = -1 }, data = { .fd = -1 };
+	uint64_t id = 0, req = 0;
+	int st;
+
+	(void)arg;
+	TPT_REQUIRE(peer_dial(&c, &data) == 0, 1, "dial");
+	o.op = TPW__V1__CHAN_OP_KIND__CHAN_OP_OPEN;
+	o.name = "hosted";
+	TPT_REQUIRE(peer_chan(&c, &o, 1, NULL, 0) == 0, 1, "open");
+	st = peer_reply(&c, &req, &id);
+	TPT_REQUIRE(st == TPW__V1__STATUS__STATUS_OK && req == 1 && id, 1, "open: %d", st);
+	/* OPS_MAX reads wait (no answer), one more is refused, a try-once read is answered. */
+	for (uint64_t i = 0; i <= OPS_MAX; i++) {
+		Tpw__V1__ChanOp rd = TPW__V1__CHAN_OP__INIT;
+
+		rd.op = TPW__V1__CHAN_OP_KIND__CHAN_OP_READ;
+		rd.chan_id = id;
+		rd.timeout_ms = UINT32_MAX;
+		TPT_REQUIRE(peer_chan(&c, &rd, 10 + i, NULL, 0) == 0, 1, "read %llu",
+			    (unsigned long long)i);
+	}
+	st = peer_reply(&c, &req, NULL);
+	TPT_REQUIRE(st == TPW__V1__STATUS__STATUS_LIMIT && req == 10 + OPS_MAX, 1,
+		    "the read above chan-peer-ops-max: status %d for req %llu", st,
+		    (unsigned long long)req);
+	Tpw__V1__ChanOp once = TPW__V1__CHAN_OP__INIT;
+
+	once.op = TPW__V1__CHAN_OP_KIND__CHAN_OP_READ;
+	once.chan_id = id;
+	TPT_REQUIRE(peer_chan(&c, &once, 20, NULL, 0) == 0, 1, "try-once read");
+	st = peer_reply(&c, &req, NULL);
+	TPT_REQUIRE(st == TPW__V1__STATUS__STATUS_TIMEOUT && req == 20, 1, "try-once read: %d", st);
+	/* A guessed handle. */
+	once.chan_id = id + 1000;
+	TPT_REQUIRE(peer_chan(&c, &once, 21, NULL, 0) == 0, 1, "guessed read");
+	st = peer_reply(&c, &req, NULL);
+	TPT_REQUIRE(st == TPW__V1__STATUS__STATUS_NOT_FOUND && req == 21, 1, "guessed: %d", st);
+	/* An answer to nothing this daemon forwarded: dropped, the link stays. */
+	fr.req_id = 777;
+	fr.chan_id = 1;
+	pfr.reply = &fr;
+	m.body_case = TPW__V1__PEER_MSG__BODY_CHAN_REPLY;
+	m.chan_reply = &pfr;
+	TPT_REQUIRE(peer_send(&c, &m, NULL, 0) == 0, 1, "forged answer");
+	once.chan_id = id;
+	TPT_REQUIRE(peer_chan(&c, &once, 22, NULL, 0) == 0, 1, "read after the forged answer");
+	st = peer_reply(&c, &req, NULL);
+	TPT_REQUIRE(st == TPW__V1__STATUS__STATUS_TIMEOUT && req == 22, 1, "after forged: %d", st);
+	/* Once the parent saw the reads wait, break the protocol: the link fails. */
+	TPT_REQUIRE(tpt_sync_wait(&go, T_MS) == 1, 1, "parent");
+	Tpw__V1__ChanOp un = TPW__V1__CHAN_OP__INIT;
+
+	un.op = TPW__V1__CHAN_OP_KIND__CHAN_OP_UNLINK;
+	un.name = "hosted";
+	TPT_REQUIRE(peer_chan(&c, &un, 30, NULL, 0) == 0, 1, "unlink");
+	for (;;) {
+		st = tpt_raw_recv_peer(&c, T_MS, &in);
+		if (st < 0)
+			break;
+		TPT_REQUIRE(in->body_case == TPW__V1__PEER_MSG__BODY_PING, 1,
+			    "message %d after an unlink", (int)in->body_case);
+		tpw_peer_msg_free(in);
+	}
+	TPT_REQUIRE(st == -ECONNRESET, 1, "the link stayed: %d", st);
+	tpt_raw_close(&data);
+	tpt_raw_close(&c);
+	return 0;
+}
+
+static bool chan_waiting(unsigned n)
+{
+	char want[64], *out = tpt_ctl(&host, "channels", true);
+	bool ok;
+
+	snprintf(want, sizeof(want), "\"readers_waiting\": %u", n);
+	ok = strstr(out, want) != NULL;
+	free(out);
+	return ok;
+}
+
+START_TEST(test_hostile_peer_fails_its_link_only)
+{
+	static const char *const args[] = { "--peer-insecure", "--chan-peer-ops-max", "3", NULL };
+	struct tp_chan_options o = { .size = sizeof(o), .owner_uid = -1 };
+	const char item[] = "kept";
+	struct iovec iov = { .iov_base = (void *)item, .iov_len = 4 };
+	struct tp_context *ctx;
+	struct tp_chan *ch;
+	void *got;
+	size_t len;
+	pid_t pid;
+	int i;
+
+	ck_assert_int_eq(tpt_sync_init(&go), 0);
+	ck_assert_int_eq(tpt_daemon_start_peer(&host, args), 0);
+	ck_assert_int_eq(tpt_ctx_new(&host, 0, "host", &ctx), 0);
+	o.flags = TP_CHAN_CREATE;
+	o.remote = TP_REMOTE_ANY_PEER;
+	ck_assert_int_eq(tp_chan_open(ctx, "hosted", &o, &ch), 0);
+	ck_assert_int_eq(tp_chan_write(ch, &iov, 1, 0), 0);
+	ck_assert_int_eq(tp_chan_read(ch, &got, &len, 0), 0); /* empty again */
+	free(got);
+	pid = tpt_fork(hostile_peer, NULL);
+	ck_assert_int_gt(pid, 0);
+	for (i = 0; i < 200 && !chan_waiting(OPS_MAX); i++)
+		usleep(50000); /* polling what tpipctl shows, not a synchronisation */
+	ck_assert_msg(chan_waiting(OPS_MAX), "the hostile peer's reads do not wait");
+	ck_assert_int_eq(tpt_sync_post(&go, 1), 0);
+	ck_assert(tpt_wait_ok(pid, 4 * T_MS, "hostile peer"));
+	ck_assert(tpt_daemon_alive(&host));
+	for (i = 0; i < 200 && !chan_waiting(0); i++)
+		usleep(50000);
+	ck_assert_msg(chan_waiting(0), "the failed link's reads still wait");
+	ck_assert_int_eq(tp_chan_write(ch, &iov, 1, 0), 0); /* the channel is untouched */
+	ck_assert_int_eq(tp_chan_read(ch, &got, &len, 1000), 0);
+	ck_assert_uint_eq(len, 4);
+	free(got);
+	tp_chan_release(ch);
+	tp_context_free(ctx);
+	ck_assert_int_eq(tpt_daemon_stop(&host), 0);
+	tpt_sync_done(&go);
+}
+END_TEST
+
+/* ---- a hostile hosting daemon -------------------------------------------------------------- */
+
+struct fake_host {
+	int lfd;
+	unsigned minor;
+};
+
+static int loopback_listen(int *ret_port)
+{
+	struct sockaddr_in sin = { .sin_family = AF_INET,
+				   .sin_addr.s_addr = htonl(INADDR_LOOPBACK) };
+	socklen_t sl = sizeof(sin);
+	int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+
+	ck_assert_int_ge(fd, 0);
+	ck_assert_int_eq(bind(fd, (struct sockaddr *)&sin, sizeof(sin)), 0);
+	ck_assert_int_eq(listen(fd, 8), 0);
+	ck_assert_int_eq(getsockname(fd, (struct sockaddr *)&sin, &sl), 0);
+	*ret_port = ntohs(sin.sin_port);
+	return fd;
+}
+
+/* The next message of @r other than a ping (answered), or NULL on an error. */
+static Tpw__V1__PeerMsg *recv_no_ping(struct tpt_raw *r)
+{
+	Tpw__V1__PeerMsg *m = NULL;
+
+	for (;;) {
+		if (tpt_raw_recv_peer(r, T_MS, &m) < 0)
+			return NULL;
+		if (m->body_case != TPW__V1__PEER_MSG__BODY_PING)
+			return m;
+		if (!m->ping->reply) {
+			Tpw__V1__PeerPing pong = TPW__V1__PEER_PING__INIT;
+			Tpw__V1__PeerMsg pm = TPW__V1__PEER_MSG__INIT;
+
+			pong.t_ns = m->ping->t_ns;
+			pong.reply = true;
+			pm.body_case = TPW__V1__PEER_MSG__BODY_PING;
+			pm.ping = &pong;
+			tpt_raw_send_peer(r, &pm);
+		}
+		tpw_peer_msg_free(m);
+	}
+}
+
+/* Answers the dial of the daemon on @fh->lfd up to the link being up (control in @c). */
+static int fake_accept(const struct fake_host *fh, struct tpt_raw *c, struct tpt_raw *data)
+{
+	Tpw__V1__PeerHello h = TPW__V1__PEER_HELLO__INIT;
+	Tpw__V1__PeerReady rd = TPW__V1__PEER_READY__INIT;
+	Tpw__V1__PeerDataHello dh = TPW__V1__PEER_DATA_HELLO__INIT;
+	Tpw__V1__PeerMsg m = TPW__V1__PEER_MSG__INIT, *in;
+	uint8_t boot[16];
+
+	for (unsigned i = 0; i < 16; i++)
+		boot[i] = (uint8_t)(0xb0 + i);
+	c->fd = accept4(fh->lfd, NULL, NULL, SOCK_CLOEXEC);
+	TPT_REQUIRE(c->fd >= 0, -1, "accept");
+	in = recv_no_ping(c);
+	TPT_REQUIRE(in && in->body_case == TPW__V1__PEER_MSG__BODY_HELLO, -1, "no hello");
+	tpw_peer_msg_free(in);
+	h.major = TPW_PEER_PROTO_MAJOR;
+	h.minor = fh->minor;
+	h.host = "fakehost";
+	h.boot_id.data = boot;
+	h.boot_id.len = 16;
+	h.instance = 0xfa6e;
+	h.data_conns = 1;
+	m.body_case = TPW__V1__PEER_MSG__BODY_HELLO;
+	m.hello = &h;
+	TPT_REQUIRE(tpt_raw_send_peer(c, &m) == 0, -1, "hello");
+	rd.link_id = 77;
+	m.body_case = TPW__V1__PEER_MSG__BODY_READY;
+	m.ready = &rd;
+	TPT_REQUIRE(tpt_raw_send_peer(c, &m) == 0, -1, "ready");
+	data->fd = accept4(fh->lfd, NULL, NULL, SOCK_CLOEXEC);
+	TPT_REQUIRE(data->fd >= 0, -1, "accept data");
+	TPT_REQUIRE(tpt_raw_recv_peer(data, T_MS, &in) == 0 &&
+			    in->body_case == TPW__V1__PEER_MSG__BODY_DATA_HELLO, -1, "data hello");
+	tpw_peer_msg_free(in);
+	dh.link_id = 77;
+	m.body_case = TPW__V1__PEER_MSG__BODY_DATA_HELLO;
+	m.data_hello = &dh;
+	TPT_REQUIRE(tpt_raw_send_peer(data, &m) == 0, -1, "data hello back");
+	rd.data_up = true;
+	m.body_case = TPW__V1__PEER_MSG__BODY_READY;
+	m.ready = &rd;
+	TPT_REQUIRE(tpt_raw_send_peer(c, &m) == 0, -1, "ready, data up");
+	return 0;
+}
+
+/* Receives the next PeerChanOp (its kind must be @want). Return: its req_id, 0 on an error. */
+static uint64_t fake_op(struct tpt_raw *c, Tpw__V1__ChanOpKind want)
+{
+	Tpw__V1__PeerMsg *in = recv_no_ping(c);
+	uint64_t req = 0;
+
+	if (in && in->body_case == TPW__V1__PEER_MSG__BODY_CHAN_OP && in->chan_op->op->op == want)
+		req = in->chan_op->op->req_id;
+	else
+		fprintf(stderr, "fake host: expected op %d, got message %d\n", (int)want,
+			in ? (int)in->body_case : -1);
+	tpw_peer_msg_free(in);
+	return req;
+}
+
+static int fake_reply(struct tpt_raw *c, uint64_t req, const char *item, uint64_t claimed)
+{
+	Tpw__V1__ChanReply r = TPW__V1__CHAN_REPLY__INIT;
+	Tpw__V1__PeerChanReply pr = TPW__V1__PEER_CHAN_REPLY__INIT;
+	Tpw__V1__PeerMsg m = TPW__V1__PEER_MSG__INIT;
+	uint64_t len = claimed;
+
+	r.req_id = req;
+	r.status = TPW__V1__STATUS__STATUS_OK;
+	r.chan_id = 5;
+	r.n_lengths = item ? 1 : 0;
+	r.lengths = &len;
+	pr.reply = &r;
+	m.body_case = TPW__V1__PEER_MSG__BODY_CHAN_REPLY;
+	m.chan_reply = &pr;
+	return peer_send(c, &m, item, item ? (uint32_t)strlen(item) : 0);
+}
+
+static int fake_host_run(void *arg)
+{
+	const struct fake_host *fh = arg;
+	struct tpt_raw c = { .fd = -1 }, data = { .fd = -1 };
+	Tpw__V1__PeerPing ping = TPW__V1__PEER_PING__INIT;
+	Tpw__V1__PeerMsg m = TPW__V1__PEER_MSG__INIT, *in;
+	uint64_t open, rd, cl;
+
+	TPT_REQUIRE(fake_accept(fh, &c, &data) == 0, 1, "handshake");
+	if (fh->minor < TPW_PEER_MINOR_CHAN) {
+		/* The client was refused; a ping answered next proves nothing came before it. */
+		TPT_REQUIRE(tpt_sync_wait(&go, T_MS) == 1, 1, "parent");
+		ping.t_ns = 1;
+		m.body_case = TPW__V1__PEER_MSG__BODY_PING;
+		m.ping = &ping;
+		TPT_REQUIRE(tpt_raw_send_peer(&c, &m) == 0, 1, "ping");
+		TPT_REQUIRE(tpt_raw_recv_peer(&c, T_MS, &in) == 0, 1, "pong");
+		TPT_REQUIRE(in->body_case == TPW__V1__PEER_MSG__BODY_PING && in->ping->reply &&
+				    in->ping->t_ns == 1, 1, "message %d to a 2.2 daemon",
+			    (int)in->body_case);
+		tpw_peer_msg_free(in);
+		TPT_REQUIRE(tpt_sync_wait(&go, T_MS) == 2, 1, "parent, done");
+		return 0;
+	}
+	open = fake_op(&c, TPW__V1__CHAN_OP_KIND__CHAN_OP_OPEN);
+	TPT_REQUIRE(open && fake_reply(&c, open, NULL, 0) == 0, 1, "open");
+	rd = fake_op(&c, TPW__V1__CHAN_OP_KIND__CHAN_OP_READ);
+	TPT_REQUIRE(rd && fake_reply(&c, rd, NULL, 0) == 0, 1, "a read without its item");
+	cl = fake_op(&c, TPW__V1__CHAN_OP_KIND__CHAN_OP_CLOSE);
+	TPT_REQUIRE(cl, 1, "close");
+	TPT_REQUIRE(fake_reply(&c, cl + 1000, "none", 4) == 0, 1, "an answer to nothing");
+	TPT_REQUIRE(fake_reply(&c, open, NULL, 0) == 0, 1, "the open answered again");
+	TPT_REQUIRE(fake_reply(&c, cl, "junk", 4) == 0, 1, "a close answered with an item");
+	rd = fake_op(&c, TPW__V1__CHAN_OP_KIND__CHAN_OP_READ);
+	TPT_REQUIRE(rd && fake_reply(&c, rd, "good", 4) == 0, 1, "an item");
+	rd = fake_op(&c, TPW__V1__CHAN_OP_KIND__CHAN_OP_READ);
+	TPT_REQUIRE(rd && fake_reply(&c, rd, "bad", 9) == 0, 1, "a violation");
+	TPT_REQUIRE(tpt_sync_wait(&go, T_MS) == 2, 1, "parent, done");
+	tpt_raw_close(&data);
+	tpt_raw_close(&c);
+	return 0;
+}
+
+/* _i 0: the far daemon speaks peer protocol 2.2; 1: 2.3, and lies. */
+START_TEST(test_hostile_host_fails_its_link_only)
+{
+	static const char *const args[] = { "--peer-insecure", "--peer-data-conns", "1", NULL };
+	struct fake_host fh = { .minor = _i ? TPW_PEER_MINOR_CHAN : TPW_PEER_MINOR_CHAN - 1 };
+	struct tp_context *ctx;
+	struct tpt_link link;
+	struct tp_chan *ch;
+	char a[128];
+	void *got;
+	size_t len;
+	pid_t pid;
+	int port;
+
+	ck_assert_int_eq(tpt_sync_init(&go), 0);
+	ck_assert_int_eq(tpt_daemon_start_peer(&host, args), 0);
+	fh.lfd = loopback_listen(&port);
+	pid = tpt_fork(fake_host_run, &fh);
+	ck_assert_int_gt(pid, 0);
+	ck_assert_int_eq(tpt_ctx_new(&host, 0, "client", &ctx), 0);
+	snprintf(a, sizeof(a), "tpip://127.0.0.1:%d/x", port);
+	if (!_i) {
+		ck_assert_int_eq(tp_chan_open(ctx, a, NULL, &ch), -EOPNOTSUPP);
+		ck_assert_ptr_nonnull(strstr(tp_last_error(), "peer protocol 2.2"));
+		/* the link to the old daemon is still up */
+		ck_assert_msg(tpt_peer_links(&host, &link) == 1 && strcmp(link.state, "up") == 0,
+			      "the link is %s: %s", link.state, link.last_error);
+		ck_assert_int_eq(tpt_sync_post(&go, 1), 0);
+	} else {
+		ck_assert_int_eq(tp_chan_open(ctx, a, NULL, &ch), 0);
+		ck_assert_int_eq(tp_chan_read(ch, &got, &len, 5000), -EINVAL);
+		ck_assert_int_eq(tp_chan_close(ch), 0);
+		ck_assert_int_eq(tp_chan_read(ch, &got, &len, 5000), 0);
+		ck_assert_uint_eq(len, 4);
+		ck_assert_int_eq(memcmp(got, "good", 4), 0);
+		free(got);
+		ck_assert_int_eq(tp_chan_read(ch, &got, &len, 5000), -ECONNRESET);
+		ck_assert_ptr_nonnull(strstr(tp_last_error(), "channel host 127.0.0.1:"));
+		tp_chan_release(ch);
+	}
+	ck_assert_int_eq(tpt_sync_post(&go, 2), 0);
+	ck_assert(tpt_wait_ok(pid, 4 * T_MS, "fake host"));
+	ck_assert(tpt_daemon_alive(&host));
+	close(fh.lfd);
+	tp_context_free(ctx);
+	ck_assert_int_eq(tpt_daemon_stop(&host), 0);
+	tpt_sync_done(&go);
+}
+END_TEST
+
+static Suite *chanx_suite(void)
+{
+	Suite *s = suite_create("sec_chanx");
+	TCase *tc = tcase_create("chanx");
+
+	tcase_set_timeout(tc, 120);
+	tcase_add_test(tc, test_attacker_cannot_crash_or_touch_remote_handles);
+	tcase_add_test(tc, test_hostile_peer_fails_its_link_only);
+	tcase_add_loop_test(tc, test_hostile_host_fails_its_link_only, 0, 2);
+	suite_add_tcase(s, tc);
+	return s;
+}
+
+int main(void)
+{
+	return tpt_run_suite(chanx_suite());
+}

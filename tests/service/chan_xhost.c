@@ -1,0 +1,369 @@
+/* SPDX-License-Identifier: BSD-3-Clause */
+/*
+ * Channels and work queues across hosts for the service suite (chan_xhost.sh): one command per
+ * run against the daemon at SOCKET, printing one line per result ("item TEXT", "closed TEXT",
+ * "error ERRNO-NAME: MESSAGE", ...) so that the script checks what each host saw. A name is a
+ * channel or queue name, an address tpip://HOST[:PORT]/NAME of one on another host.
+ *
+ * Usage: chan_xhost SOCKET COMMAND ARGS...
+ *   create NAME REMOTE             a persistent channel (REMOTE: none, any or peers:ID)
+ *   unlink NAME
+ *   open ADDR                      open and release
+ *   write ADDR ITEM...             one write per item
+ *   read ADDR N MS                 up to N reads of MS each (-1: no deadline); stops at an error
+ *   close ADDR
+ *   readers ADDR K MS              K handles opened one after the other, then one read of MS
+ *                                  on each, from a thread each
+ *   wq-own NAME REMOTE N           a queue: submit N questions, receive their N answers (each
+ *                                  "a:" + its question), then wait until stdin closes, release
+ *   wq-work ADDR [N]               a worker: take and answer until closed (or N questions)
+ *   wq-hold ADDR                   a worker: take one question and hold it until killed
+ *   wq-open ADDR                   open a queue as a worker and release
+ * Exit: 0 when every call succeeded (a read that ends with -EPIPE, drained, included), 1 on an
+ * error, 2 usage.
+ */
+#include <errno.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+#include <tpclient.h>
+
+static struct tp_context *ctx;
+static pthread_mutex_t out_lock = PTHREAD_MUTEX_INITIALIZER;
+
+static int fail(const char *what, int r)
+{
+	pthread_mutex_lock(&out_lock);
+	printf("error %s: %s: %s\n", strerrorname_np(-r), what, tp_last_error());
+	fflush(stdout);
+	pthread_mutex_unlock(&out_lock);
+	return 1;
+}
+
+static void say(const char *what, const char *a, size_t len)
+{
+	pthread_mutex_lock(&out_lock);
+	printf("%s %.*s\n", what, (int)len, a);
+	fflush(stdout);
+	pthread_mutex_unlock(&out_lock);
+}
+
+/* "none", "any", "peers:ID" into @remote and @peer. Return: 0 or -1. */
+static int parse_remote(const char *s, enum tp_remote_access *remote, const char **peer)
+{
+	*peer = NULL;
+	if (strcmp(s, "none") == 0)
+		*remote = TP_REMOTE_NONE;
+	else if (strcmp(s, "any") == 0)
+		*remote = TP_REMOTE_ANY_PEER;
+	else if (strncmp(s, "peers:", 6) == 0) {
+		*remote = TP_REMOTE_PEERS;
+		*peer = s + 6;
+	} else
+		return -1;
+	return 0;
+}
+
+static int cmd_create(const char *name, const char *remote)
+{
+	struct tp_chan_options o = { .size = sizeof(o), .owner_uid = -1 };
+	const char *peer;
+	struct tp_chan *ch;
+	int r;
+
+	if (parse_remote(remote, &o.remote, &peer) < 0)
+		return 2;
+	o.flags = TP_CHAN_CREATE | TP_CHAN_EXCL | TP_CHAN_PERSISTENT;
+	o.access = TP_ACCESS_ANYONE;
+	o.remote_peers = peer ? &peer : NULL;
+	o.n_remote_peers = peer ? 1 : 0;
+	r = tp_chan_open(ctx, name, &o, &ch);
+	if (r < 0)
+		return fail("create", r);
+	tp_chan_release(ch);
+	printf("created\n");
+	return 0;
+}
+
+static int open_chan(const char *addr, struct tp_chan **ch)
+{
+	int r = tp_chan_open(ctx, addr, NULL, ch);
+
+	return r < 0 ? fail("open", r) : 0;
+}
+
+static int cmd_write(const char *addr, int n, char **items)
+{
+	struct tp_chan *ch;
+	int r;
+
+	if (open_chan(addr, &ch))
+		return 1;
+	for (int i = 0; i < n; i++) {
+		struct iovec iov = { items[i], strlen(items[i]) };
+
+		r = tp_chan_write(ch, &iov, 1, 5000);
+		if (r < 0) {
+			fail("write", r);
+			tp_chan_release(ch);
+			return 1;
+		}
+	}
+	printf("wrote %d\n", n);
+	tp_chan_release(ch);
+	return 0;
+}
+
+/* Reads up to @n items from @ch, @ms each; prints each. Return: 0, or 1 on an error other
+ * than -EPIPE. */
+static int read_some(struct tp_chan *ch, int n, int ms)
+{
+	void *item;
+	size_t len;
+	int r;
+
+	for (int i = 0; i < n; i++) {
+		r = tp_chan_read(ch, &item, &len, ms);
+		if (r < 0)
+			return fail("read", r) && r != -EPIPE;
+		say(r == TP_CHAN_CLOSED ? "closed" : "item", item, len);
+		free(item);
+	}
+	return 0;
+}
+
+static int cmd_read(const char *addr, int n, int ms)
+{
+	struct tp_chan *ch;
+	int r;
+
+	if (open_chan(addr, &ch))
+		return 1;
+	r = read_some(ch, n, ms);
+	tp_chan_release(ch);
+	return r;
+}
+
+static int cmd_close(const char *addr)
+{
+	struct tp_chan *ch;
+	int r;
+
+	if (open_chan(addr, &ch))
+		return 1;
+	r = tp_chan_close(ch);
+	tp_chan_release(ch);
+	if (r < 0)
+		return fail("close", r);
+	printf("closed\n");
+	return 0;
+}
+
+struct reader {
+	pthread_t t;
+	struct tp_chan *ch;
+	int ms, rc;
+};
+
+static void *reader_run(void *arg)
+{
+	struct reader *rd = arg;
+
+	rd->rc = read_some(rd->ch, 1, rd->ms);
+	/* After a failed link the handle stays failed: a second call fails the same way. */
+	if (rd->rc) {
+		void *item;
+		size_t len;
+		int r = tp_chan_read(rd->ch, &item, &len, 0);
+
+		if (r < 0)
+			fail("again", r);
+		else
+			free(item);
+	}
+	return NULL;
+}
+
+/* Opens @k handles one after the other, then reads one item on each from its own thread. */
+static int cmd_readers(const char *addr, int k, int ms)
+{
+	struct reader *rd = calloc((size_t)k, sizeof(*rd));
+	int rc = 0, n;
+
+	for (n = 0; n < k && !rc; n++)
+		rc = open_chan(addr, &rd[n].ch);
+	if (rc)
+		n--;
+	for (int i = 0; i < n; i++) {
+		rd[i].ms = ms;
+		pthread_create(&rd[i].t, NULL, reader_run, &rd[i]);
+	}
+	for (int i = 0; i < n; i++) {
+		pthread_join(rd[i].t, NULL);
+		rc |= rd[i].rc;
+		tp_chan_release(rd[i].ch);
+	}
+	free(rd);
+	return rc;
+}
+
+static int cmd_wq_own(const char *name, const char *remote, int n)
+{
+	struct tp_wq_options o = { .size = sizeof(o), .owner_uid = -1 };
+	const char *peer;
+	struct tp_wq *q;
+	char buf[64], want[64];
+	void *data;
+	size_t len;
+	uint64_t id;
+	int r;
+
+	if (parse_remote(remote, &o.remote, &peer) < 0)
+		return 2;
+	o.flags = TP_WQ_CREATE | TP_WQ_EXCL;
+	o.access = TP_ACCESS_ANYONE;
+	o.remote_peers = peer ? &peer : NULL;
+	o.n_remote_peers = peer ? 1 : 0;
+	r = tp_wq_open(ctx, name, &o, &q);
+	if (r < 0)
+		return fail("wq create", r);
+	for (int i = 0; i < n; i++) {
+		snprintf(buf, sizeof(buf), "q%d", i);
+		r = tp_wq_submit(q, buf, strlen(buf), &id);
+		if (r < 0)
+			return fail("submit", r);
+	}
+	printf("submitted %d\n", n);
+	fflush(stdout);
+	for (int i = 0; i < n; i++) {
+		r = tp_wq_answer(q, &id, &data, &len, 30000);
+		if (r < 0)
+			return fail("answer", r);
+		snprintf(want, sizeof(want), "a:q%llu", (unsigned long long)id - 1);
+		if (len != strlen(want) || memcmp(data, want, len) != 0) {
+			printf("error EBADMSG: answer %llu is '%.*s', not '%s'\n",
+			       (unsigned long long)id, (int)len, (char *)data, want);
+			return 1;
+		}
+		free(data);
+	}
+	r = tp_wq_drain(q, 0);
+	printf("answered %d%s\n", n, r == 0 ? " drained" : "");
+	fflush(stdout);
+	while (fgets(buf, sizeof(buf), stdin))
+		;
+	tp_wq_release(q);
+	return 0;
+}
+
+static int cmd_wq_work(const char *addr, int max, bool hold)
+{
+	struct tp_wq *q;
+	char buf[96];
+	void *data;
+	size_t len;
+	uint64_t id;
+	int r, n = 0;
+
+	r = tp_wq_open(ctx, addr, NULL, &q);
+	if (r < 0)
+		return fail("wq open", r);
+	if (tp_wq_is_owner(q)) {
+		printf("error EPROTO: a worker's handle from another host is the owner's\n");
+		return 1;
+	}
+	while (max < 0 || n < max) {
+		r = tp_wq_take(q, &id, &data, &len, 30000);
+		if (r == -EPIPE)
+			break;
+		if (r < 0)
+			return fail("take", r);
+		if (hold) {
+			printf("took %llu\n", (unsigned long long)id);
+			fflush(stdout);
+			pause();
+		}
+		snprintf(buf, sizeof(buf), "a:%.*s", (int)len, (char *)data);
+		free(data);
+		r = tp_wq_reply(q, id, buf, strlen(buf));
+		if (r < 0)
+			return fail("reply", r);
+		n++;
+	}
+	printf("worked %d%s\n", n, r == -EPIPE ? " closed" : "");
+	tp_wq_release(q);
+	return 0;
+}
+
+static int cmd_wq_open(const char *addr)
+{
+	struct tp_wq *q;
+	int r = tp_wq_open(ctx, addr, NULL, &q);
+
+	if (r < 0)
+		return fail("wq open", r);
+	printf("opened\n");
+	tp_wq_release(q);
+	return 0;
+}
+
+static int run(int argc, char **argv)
+{
+	const char *c = argv[2];
+	struct tp_chan *ch;
+
+	if (strcmp(c, "create") == 0 && argc == 5)
+		return cmd_create(argv[3], argv[4]);
+	if (strcmp(c, "unlink") == 0 && argc == 4) {
+		int r = tp_chan_unlink(ctx, argv[3], -1);
+
+		return r < 0 ? fail("unlink", r) : 0;
+	}
+	if (strcmp(c, "open") == 0 && argc == 4) {
+		if (open_chan(argv[3], &ch))
+			return 1;
+		printf("opened\n");
+		return tp_chan_release(ch) < 0;
+	}
+	if (strcmp(c, "write") == 0 && argc >= 5)
+		return cmd_write(argv[3], argc - 4, argv + 4);
+	if (strcmp(c, "read") == 0 && argc == 6)
+		return cmd_read(argv[3], atoi(argv[4]), atoi(argv[5]));
+	if (strcmp(c, "close") == 0 && argc == 4)
+		return cmd_close(argv[3]);
+	if (strcmp(c, "readers") == 0 && argc == 6)
+		return cmd_readers(argv[3], atoi(argv[4]), atoi(argv[5]));
+	if (strcmp(c, "wq-own") == 0 && argc == 6)
+		return cmd_wq_own(argv[3], argv[4], atoi(argv[5]));
+	if (strcmp(c, "wq-work") == 0 && (argc == 4 || argc == 5))
+		return cmd_wq_work(argv[3], argc == 5 ? atoi(argv[4]) : -1, false);
+	if (strcmp(c, "wq-hold") == 0 && argc == 4)
+		return cmd_wq_work(argv[3], 1, true);
+	if (strcmp(c, "wq-open") == 0 && argc == 4)
+		return cmd_wq_open(argv[3]);
+	return 2;
+}
+
+int main(int argc, char **argv)
+{
+	struct tp_context_options co = { .size = sizeof(co) };
+	int r;
+
+	if (argc < 3) {
+		fprintf(stderr, "usage: chan_xhost SOCKET COMMAND ARGS...\n");
+		return 2;
+	}
+	co.socket_path = argv[1];
+	r = tp_context_new(&co, &ctx);
+	if (r < 0) {
+		printf("error context: %s\n", tp_last_error());
+		return 1;
+	}
+	r = run(argc, argv);
+	if (r == 2)
+		fprintf(stderr, "chan_xhost: bad command or arguments\n");
+	tp_context_free(ctx);
+	return r;
+}
