@@ -45,6 +45,7 @@
 #define XCHUNK (1u << 20)
 #define XPOLL_MS 20		 /* a leader's wait looks at the arena this often */
 #define XNAME_FMT "@%u:tpgroup.%s.%u" /* the leader of host %u's listener */
+#define XNAME_TOKEN_BYTES (TPW_GROUP_TOKEN_BYTES / 2) /* of the token, in the name */
 #define XFAIL_GRACE_MS 2000	 /* a lost pipe: time for the daemons to name the member */
 #define XINTRUDERS_MAX 16	 /* pipes without the token a leader drops before giving up */
 
@@ -300,7 +301,8 @@ int tpc_collx_connect(struct tp_group *g, int timeout_ms, char *msg, size_t ml)
 		free(is);
 		return tpu_why(-ENOMEM, msg, ml, "out of memory");
 	}
-	tohex(x->token, sizeof(x->token), hex);
+	/* the name shows half of the token; the hello proves all of it */
+	tohex(x->token, XNAME_TOKEN_BYTES, hex);
 	for (uint32_t h = x->host + 1; h < x->nhosts; h++)
 		above += is[h];
 	if (above) {
