@@ -103,6 +103,20 @@ static int64_t mono_ms(void)
 	return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
 }
 
+/* Waits on x->cond (x->lock held) for a completion, at most XPOLL_MS. */
+static void poll_wait(struct tpc_collx *x)
+{
+	struct timespec ts;
+
+	clock_gettime(CLOCK_REALTIME, &ts);
+	ts.tv_nsec += XPOLL_MS * 1000000L;
+	if (ts.tv_nsec >= 1000000000L) {
+		ts.tv_sec++;
+		ts.tv_nsec -= 1000000000L;
+	}
+	pthread_cond_timedwait(&x->cond, &x->lock, &ts);
+}
+
 static void tohex(const uint8_t *b, size_t n, char *out)
 {
 	static const char hx[] = "0123456789abcdef";
@@ -377,7 +391,6 @@ out:
 	tp_listener_close(l);
 	pthread_mutex_lock(&x->lock);
 	while (w.pending) { /* hellos of the pipes below */
-		struct timespec ts;
 		int64_t left = end - mono_ms();
 
 		if (left <= 0 && r == 0) {
@@ -388,13 +401,7 @@ out:
 			pthread_mutex_lock(&x->lock);
 			continue;
 		}
-		clock_gettime(CLOCK_REALTIME, &ts);
-		ts.tv_nsec += XPOLL_MS * 1000000L;
-		if (ts.tv_nsec >= 1000000000L) {
-			ts.tv_sec++;
-			ts.tv_nsec -= 1000000000L;
-		}
-		pthread_cond_timedwait(&x->cond, &x->lock, &ts);
+		poll_wait(x);
 	}
 	if (r == 0 && w.err)
 		r = tpu_why(w.err, msg, ml, "a pipe to another host's leader failed: %s",
@@ -531,8 +538,6 @@ static int xport_wait(void *t)
 
 	pthread_mutex_lock(&x->lock);
 	while (e->pending > 0) {
-		struct timespec ts;
-
 		if (!x->closed && (arena_failed(x->g) || (x->end_ms && mono_ms() >= x->end_ms))) {
 			if (!arena_failed(x->g))
 				tpu_grparena_fail(x->g->hdr, x->g->world_rank, (uint32_t)x->g->pid,
@@ -542,13 +547,7 @@ static int xport_wait(void *t)
 			pthread_mutex_lock(&x->lock);
 			continue;
 		}
-		clock_gettime(CLOCK_REALTIME, &ts);
-		ts.tv_nsec += XPOLL_MS * 1000000L;
-		if (ts.tv_nsec >= 1000000000L) {
-			ts.tv_sec++;
-			ts.tv_nsec -= 1000000000L;
-		}
-		pthread_cond_timedwait(&x->cond, &x->lock, &ts);
+		poll_wait(x);
 	}
 	r = e->status;
 	if (r == 0 && x->closed)

@@ -701,7 +701,7 @@ int tpc_cuda_export(struct tp_context *ctx, const struct tpc_cuda_mem *m, struct
 	return 0;
 }
 
-/* ---- eager bytes into device memory -------------------------------------------------------- */
+/* ---- copies between host and device memory (eager bytes, staged collectives) -------------- */
 
 struct copy_job {
 	const struct tpcuda_api *api;
@@ -711,7 +711,8 @@ struct copy_job {
 	int status;
 };
 
-static int copy_in_context(void *arg)
+/* The copy of @arg (struct copy_job), in its context: host to device, or device to host. */
+static int copy_in_ctx(void *arg)
 {
 	struct copy_job *j = arg;
 	const struct tpcuda_api *api = j->api;
@@ -741,40 +742,37 @@ static int copy_in_context(void *arg)
 	return 0;
 }
 
-int tpc_cuda_copy_in(struct tp_context *ctx, const struct tpc_cuda_mem *m, const void *src,
-		     int *ret_status)
+/* Runs @j (a copy in, or out with j->dst) in @j->m's context: tpc_cuda_copy_in()/_out(). */
+static int copy_run(struct tp_context *ctx, struct copy_job *j, int *ret_status)
 {
-	struct copy_job j = { .api = tpcuda_api(NULL, 0), .m = m, .src = src };
 	struct cuda_alloc a = { 0 };
 	int r;
 
 	*ret_status = 0;
-	if (!j.api)
+	if (!j->api)
 		return tpc_cuda_check(ctx, false);
-	r = cuda_describe(j.api, m, false, &a);
+	r = cuda_describe(j->api, j->m, false, &a);
 	if (r == 0)
-		r = cuda_in_context(j.api, m->what, a.cuctx, copy_in_context, &j);
+		r = cuda_in_context(j->api, j->m->what, a.cuctx, copy_in_ctx, j);
 	if (r == 0)
-		*ret_status = j.status;
+		*ret_status = j->status;
 	return r;
+}
+
+int tpc_cuda_copy_in(struct tp_context *ctx, const struct tpc_cuda_mem *m, const void *src,
+		     int *ret_status)
+{
+	struct copy_job j = { .api = tpcuda_api(NULL, 0), .m = m, .src = src };
+
+	return copy_run(ctx, &j, ret_status);
 }
 
 int tpc_cuda_copy_out(struct tp_context *ctx, const struct tpc_cuda_mem *m, void *dst,
 		      int *ret_status)
 {
 	struct copy_job j = { .api = tpcuda_api(NULL, 0), .m = m, .dst = dst };
-	struct cuda_alloc a = { 0 };
-	int r;
 
-	*ret_status = 0;
-	if (!j.api)
-		return tpc_cuda_check(ctx, false);
-	r = cuda_describe(j.api, m, false, &a);
-	if (r == 0)
-		r = cuda_in_context(j.api, m->what, a.cuctx, copy_in_context, &j);
-	if (r == 0)
-		*ret_status = j.status;
-	return r;
+	return copy_run(ctx, &j, ret_status);
 }
 
 /* ---- release ------------------------------------------------------------------------------- */
