@@ -28,6 +28,9 @@
 #   ALLREDUCE_MMAP="..."   default and/or off (default both)
 #   ALLREDUCE_XHOST=1      also 2 namespaced hosts x 2 ranks (root and iproute2)
 #   ALLREDUCE_XHOST_ONLY=1 only those
+#   ALLREDUCE_TPIPD_ARGS=".." extra flags for ours' two daemons across hosts (e.g.
+#                          "--peer-data-encryption no": tensor bytes unencrypted, as gloo's and
+#                          MPI's are; the default encrypts them with TLS)
 #   BENCH_TIMEOUT=SECS     wall-clock limit per program run (default 300)
 #   BENCH_NO_INSTALL=1     do not install the optional baseline packages
 set -uo pipefail
@@ -262,6 +265,7 @@ xhost_ours_daemons() {
 		ip netns exec "${!ns}" "$build/daemon/tpipd" --socket "$tmp/x${h%%:*}.sock" \
 			--config /dev/null --peer-listen "10.78.0.${h#*:}:7420" \
 			--peer-key-file "$tmp/peer.key" --peer-force-cross-host --log-level warning \
+			${ALLREDUCE_TPIPD_ARGS:-} \
 			2>"$tmp/x${h%%:*}.log" &
 		pids+=($!)
 	done
