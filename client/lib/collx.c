@@ -93,6 +93,11 @@ struct tpc_collx {
 	bool closed;   /* pipes closed after a failure */
 	int64_t end_ms; /* the running call's op timeout, 0: none */
 	uint64_t bytes_out, bytes_in, ns; /* counters */
+	/* the leader's shared buffer (tp_buffer_alloc()) for large all-reduces: the host's
+	 * result and the scratch the other leaders' bytes land in, so that the daemons read and
+	 * write them directly (no CMA); NULL until one is needed or when the daemon refuses it */
+	uint8_t *work;
+	size_t work_len;
 };
 
 static int64_t mono_ms(void)
@@ -211,6 +216,8 @@ void tpc_collx_free(struct tpc_collx *x)
 	if (!x)
 		return;
 	pipes_close(x);
+	if (x->work)
+		tp_buffer_free(x->g->ctx, x->work);
 	for (uint32_t h = 0; x->addrs && h < x->nhosts; h++)
 		free(x->addrs[h]);
 	free(x->addrs);
@@ -807,7 +814,30 @@ static void coll_fold(void *inout, const void *in, size_t n, int dtype, void *us
 		tpc_reduce(inout, in, n, (enum tp_dtype)dtype, (enum tp_reduce_op)c->op);
 }
 
-/* All-reduce among the leaders of @count elements at @buf (the hosts' partial results). */
+/*
+ * The leader's shared buffer of at least 2 x @bytes (the result, then the scratch), grown in
+ * MiB; NULL (the caller uses private memory) when the daemon refuses one (its buffer limits).
+ */
+static uint8_t *work_get(struct tpc_collx *x, size_t bytes)
+{
+	size_t want = (2 * bytes + (1u << 20) - 1) & ~(size_t)((1u << 20) - 1);
+	void *p;
+
+	if (x->work_len >= want)
+		return x->work;
+	if (x->work)
+		tp_buffer_free(x->g->ctx, x->work);
+	x->work = NULL;
+	x->work_len = 0;
+	if (tp_buffer_alloc(x->g->ctx, want, &p) < 0)
+		return NULL;
+	x->work = p;
+	x->work_len = want;
+	return x->work;
+}
+
+/* All-reduce among the leaders of @count elements at @buf (the hosts' partial results); the
+ * scratch is the second half of the shared buffer when @buf is its first. */
 static int run_allreduce(struct tpc_collx *x, const struct tpc_coll *c, void *buf, size_t count)
 {
 	size_t es = tp_dtype_size(c->dtype);
@@ -820,12 +850,14 @@ static int run_allreduce(struct tpc_collx *x, const struct tpc_coll *c, void *bu
 
 	if (count == 0)
 		return 0;
-	a.scratch = malloc(count * es);
-	if (!a.scratch)
+	if (buf == x->work)
+		a.scratch = x->work + count * es;
+	else if (!(a.scratch = malloc(count * es)))
 		return -ENOMEM;
 	x->kind = XK_DATA;
 	r = tpc_plan_run(&a);
-	free(a.scratch);
+	if (a.scratch != x->work + count * es)
+		free(a.scratch);
 	return r;
 }
 
@@ -1000,6 +1032,12 @@ int tpc_collx_run(struct tp_group *g, const struct tpc_coll *c, char *msg, size_
 	default:
 		break;
 	}
+	/* a large all-reduce: the leader's host result goes straight into its shared buffer */
+	if (x->leader && (c->kind == TPC_COLL_ALLREDUCE || c->kind == TPC_COLL_REDUCE_SCATTER) &&
+	    count * es > XSMALL && work_get(x, count * es)) {
+		buf = x->work;
+		a.recv = buf;
+	}
 	r = mine ? tpc_coll_local(g, &a, NULL, msg, ml) : 0;
 	if (r < 0 && (r != -EPROTO || !x->leader))
 		goto out; /* the group failed, or this host's members disagree: they all say so */
@@ -1039,7 +1077,11 @@ int tpc_collx_run(struct tp_group *g, const struct tpc_coll *c, char *msg, size_
 		verdict_msg(g, &v, msg, ml);
 	if (r == 0 && c->ret_contrib)
 		*c->ret_contrib = v.contrib;
-	if (r == 0 && tmp)
+	if (r == 0 && buf == x->work && x->work && !v.nodata) /* the leader's, from its buffer */
+		memcpy(c->recv, x->work + (c->kind == TPC_COLL_REDUCE_SCATTER ?
+					   (size_t)g->world_rank * c->count * es : 0),
+		       c->count * es);
+	else if (r == 0 && tmp)
 		memcpy(c->recv, tmp + (size_t)g->world_rank * c->count * es, c->count * es);
 out:
 	free(tmp);
