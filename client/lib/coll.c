@@ -11,6 +11,7 @@
  * are group.c's.
  */
 #include <errno.h>
+#include <sched.h>
 #include <inttypes.h>
 #include <stdio.h>
 #include <string.h>
@@ -34,6 +35,8 @@ struct coll_desc {
 };
 
 _Static_assert(sizeof(struct coll_desc) <= TPU_GRPARENA_CALL, "a call descriptor fits its slot");
+
+#define BARRIER_YIELDS 16 /* sched_yield()s before a barrier sleeps, members over the CPUs */
 
 static inline void cpu_relax(void)
 {
@@ -112,13 +115,18 @@ static int barrier_wait(struct tp_group *g, uint32_t gen, int timeout_ms, char *
 	int64_t end = timeout_ms > 0 ? now_ms() + timeout_ms : 0;
 	uint32_t v;
 
-	for (int i = g->spin ? 200 : 0; i > 0; i--) {
+	/* members that fit the CPUs spin; more members than CPUs yield a few times (the one that
+	 * has not arrived may be waiting for this CPU) before they sleep */
+	for (int i = g->spin ? 200 : BARRIER_YIELDS; i > 0; i--) {
 		v = __atomic_load_n(w, __ATOMIC_ACQUIRE);
 		if ((v & TPU_GRPARENA_GEN) != gen)
 			return 0;
 		if ((v & TPU_GRPARENA_FAILED) && !tpc_group_spared(g))
 			return group_failed(g, msg, ml);
-		cpu_relax();
+		if (g->spin)
+			cpu_relax();
+		else
+			sched_yield();
 	}
 	for (;;) {
 		struct timespec rel = { 0, 0 };
