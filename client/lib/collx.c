@@ -1044,7 +1044,6 @@ int tpc_collx_run(struct tp_group *g, const struct tpc_coll *c, char *msg, size_
 	/* B: the leaders */
 	if (x->leader) {
 		char lmsg[TPC_GROUP_MSG_MAX];
-
 		struct timespec t0, t1;
 
 		clock_gettime(CLOCK_MONOTONIC, &t0);
