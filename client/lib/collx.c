@@ -1014,12 +1014,7 @@ int tpc_collx_run(struct tp_group *g, const struct tpc_coll *c, char *msg, size_
 	switch (c->kind) {
 	case TPC_COLL_REDUCE_SCATTER: /* an all-reduce of the whole input, each keeps its part */
 		count = c->count * g->world_size;
-		tmp = malloc(count * es + 1);
-		if (!tmp)
-			return tpu_why(-ENOMEM, msg, ml, "out of memory");
-		buf = tmp;
 		a.kind = TPC_COLL_ALLREDUCE;
-		a.recv = tmp;
 		a.count = count;
 		break;
 	case TPC_COLL_BROADCAST:
@@ -1032,11 +1027,18 @@ int tpc_collx_run(struct tp_group *g, const struct tpc_coll *c, char *msg, size_
 	default:
 		break;
 	}
-	/* a large all-reduce: the leader's host result goes straight into its shared buffer */
+	/* a large all-reduce: the leader's host result goes straight into its shared buffer; a
+	 * reduce-scatter's whole result needs memory of its own otherwise */
 	if (x->leader && (c->kind == TPC_COLL_ALLREDUCE || c->kind == TPC_COLL_REDUCE_SCATTER) &&
 	    count * es > XSMALL && work_get(x, count * es)) {
 		buf = x->work;
 		a.recv = buf;
+	} else if (c->kind == TPC_COLL_REDUCE_SCATTER) {
+		tmp = malloc(count * es + 1);
+		if (!tmp)
+			return tpu_why(-ENOMEM, msg, ml, "out of memory");
+		buf = tmp;
+		a.recv = tmp;
 	}
 	r = mine ? tpc_coll_local(g, &a, NULL, msg, ml) : 0;
 	if (r < 0 && (r != -EPROTO || !x->leader))

@@ -31,12 +31,7 @@ static PyObject *drained_type;
 /* Enters a call: refused after a release. Return: 0, or -1 with Closed raised. */
 static int chan_enter(tpy_chan *self)
 {
-	if (!self->ch || self->gate.closing || !self->ctx->ctx || self->ctx->closed) {
-		tpy_module_closed("Channel");
-		return -1;
-	}
-	self->gate.inflight++;
-	return 0;
+	return tpy_gate_enter(&self->gate, self->ch, self->ctx, "Channel");
 }
 
 /* Drops the handle once no other thread is inside a call (they leave within a slice). Called

@@ -22,6 +22,17 @@ void tpy_gate_done(struct tpy_gate *g)
 	pthread_cond_destroy(&g->idle);
 }
 
+int tpy_gate_enter(struct tpy_gate *g, const void *handle, const tpy_context *ctx,
+		   const char *what)
+{
+	if (!handle || g->closing || !ctx->ctx || ctx->closed) {
+		tpy_module_closed(what);
+		return -1;
+	}
+	g->inflight++;
+	return 0;
+}
+
 void tpy_gate_leave(struct tpy_gate *g)
 {
 	if (--g->inflight > 0)

@@ -143,7 +143,15 @@ struct tpy_gate {
 
 void tpy_gate_init(struct tpy_gate *g);
 void tpy_gate_done(struct tpy_gate *g);
-/* Enter with g->inflight++ after checking g->closing; leave with tpy_gate_leave(). */
+/*
+ * tpy_gate_enter() - enter a call on an object whose library handle is @handle (NULL once
+ * released) in context @ctx: refused once released, closing, or the context closed.
+ * @what: the Python type, for the Closed error. Return: 0 (leave with tpy_gate_leave()), or
+ * -1 with Closed raised.
+ */
+int tpy_gate_enter(struct tpy_gate *g, const void *handle, const tpy_context *ctx,
+		   const char *what);
+/* Leaves a call entered with tpy_gate_enter() (or g->inflight++ after checking g->closing). */
 void tpy_gate_leave(struct tpy_gate *g);
 /* Marks @g closing and waits, without the GIL, until no thread is inside (within a slice). */
 void tpy_gate_drain(struct tpy_gate *g);

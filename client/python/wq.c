@@ -30,12 +30,7 @@ static PyObject *idle_type;
 /* Enters a call: refused after a release. Return: 0, or -1 with Closed raised. */
 static int wq_enter(tpy_wq *self)
 {
-	if (!self->q || self->gate.closing || !self->ctx->ctx || self->ctx->closed) {
-		tpy_module_closed("WorkQueue");
-		return -1;
-	}
-	self->gate.inflight++;
-	return 0;
+	return tpy_gate_enter(&self->gate, self->q, self->ctx, "WorkQueue");
 }
 
 /* Drops the handle once no other thread is inside a call (they leave within a slice). Called

@@ -89,13 +89,35 @@ MENV=(TP_GROUP_ALGO=ring)
 battery ring 0:a 1:a2 2:b 3:b 4:a
 MENV=()
 
+# run4 NAME MODE3: ranks 0, 3 on a and 1, 2 on b all-reduce 4 MiB in a loop (rank 3 runs MODE3:
+# loop, leave or abort); returns once ranks 0 and 2 (one on each host) have joined.
+run4() {
+	for r in 0 1 2 3; do
+		case $r in 0 | 3) h=a ;; *) h=b ;; esac
+		m=loop
+		[ "$r" = 3 ] && m=$2
+		member "$1-$r" "$h" "$1" "$r" 4 "$m"
+	done
+	wait_until 20 "the members to join" sh -c "grep -q '^joined' '$SVC_TMP/$1-0.out' &&
+		grep -q '^joined' '$SVC_TMP/$1-2.out'"
+}
+# expect_failed NAME "RANKS" PATTERN: each of RANKS exits, within the peer timeout and a margin
+# from now, having printed "failed: PATTERN" (grep -E).
+expect_failed() {
+	local v r start=$SECONDS
+	for r in $2; do
+		v="PID_${1}_$r"
+		wait_exit "${!v}" $((PEER_TIMEOUT_MS / 1000 + 10))
+		grep -Eq "^failed: $3" "$SVC_TMP/$1-$r.out" ||
+			{ cat "$SVC_TMP/$1-$r.out" >&2; fail "rank $r did not fail with $3"; }
+		grep "^failed" "$SVC_TMP/$1-$r.out"
+	done
+	[ $((SECONDS - start)) -le $((PEER_TIMEOUT_MS / 1000 + 5)) ] ||
+		fail "the ranks took $((SECONDS - start)) s"
+}
+
 check "rank 2 (on b) SIGKILLed mid all-reduce: every survivor fails naming rank 2"
-for r in 0 1 2 3; do
-	case $r in 0 | 3) h=a ;; *) h=b ;; esac
-	member "kill-$r" "$h" kill "$r" 4 loop
-done
-wait_until 20 "the members to join" sh -c "grep -q '^joined' '$SVC_TMP/kill-0.out' &&
-	grep -q '^joined' '$SVC_TMP/kill-2.out'"
+run4 kill loop
 leader_moved() { # HOST: its leader's bytes to the other host show in tpipctl groups
 	"$TPIPCTL_BIN" --socket "$SVC_TMP/$1.sock" --json groups | jq -e '[.groups[] |
 		select(.name == "kill") | .members[] | select(.xbytes_out > 0 and .xbytes_in > 0 and
@@ -105,62 +127,18 @@ wait_until 20 "a's leader counters" leader_moved a
 wait_until 20 "b's leader counters" leader_moved b
 "$TPIPCTL_BIN" --socket "$SVC_TMP/a.sock" groups
 kill -KILL "$PID_kill_2"
-start=$SECONDS
-for r in 0 1 3; do
-	v="PID_kill_$r"
-	wait_exit "${!v}" $((PEER_TIMEOUT_MS / 1000 + 10))
-	grep -q "^failed: ECONNRESET: .*rank 2" "$SVC_TMP/kill-$r.out" ||
-		{ cat "$SVC_TMP/kill-$r.out" >&2; fail "rank $r did not fail naming rank 2"; }
-	grep "^failed" "$SVC_TMP/kill-$r.out"
-done
-[ $((SECONDS - start)) -le $((PEER_TIMEOUT_MS / 1000 + 5)) ] ||
-	fail "the survivors took $((SECONDS - start)) s"
-
-# run4 NAME MODE3: ranks 0, 3 on a and 1, 2 on b all-reduce in a loop, but rank 3 runs MODE3;
-# then every other rank must fail naming rank 3 with TEXT (expect_rank3 NAME ERRNO TEXT).
-run4() {
-	for r in 0 1 2 3; do
-		case $r in 0 | 3) h=a ;; *) h=b ;; esac
-		m=loop
-		[ "$r" = 3 ] && m=$2
-		member "$1-$r" "$h" "$1" "$r" 4 "$m"
-	done
-}
-expect_rank3() {
-	local v
-	for r in 0 1 2; do
-		v="PID_${1}_$r"
-		wait_exit "${!v}" $((PEER_TIMEOUT_MS / 1000 + 10))
-		grep -q "^failed: $2: .*rank 3 .*$3" "$SVC_TMP/$1-$r.out" ||
-			{ cat "$SVC_TMP/$1-$r.out" >&2; fail "rank $r did not fail naming rank 3"; }
-		grep "^failed" "$SVC_TMP/$1-$r.out"
-	done
-}
+expect_failed kill "0 1 3" "ECONNRESET: .*rank 2"
 
 check "rank 3 (on a) leaves after 3 calls: the others' next call fails on both hosts, naming it"
 run4 leave leave
-expect_rank3 leave EPIPE "left"
+expect_failed leave "0 1 2" "EPIPE: .*rank 3 .*left"
 
 check "rank 3 (on a) aborts after 3 calls: every other rank on both hosts fails, naming it"
 run4 abort abort
-expect_rank3 abort EPIPE "abort"
+expect_failed abort "0 1 2" "EPIPE: .*rank 3 .*abort"
 
 check "the link between the hosts cut mid all-reduce: every rank fails within the peer timeout"
-for r in 0 1 2 3; do
-	case $r in 0 | 3) h=a ;; *) h=b ;; esac
-	member "cut-$r" "$h" cut "$r" 4 loop
-done
-wait_until 20 "the members to join" sh -c "grep -q '^joined' '$SVC_TMP/cut-0.out' &&
-	grep -q '^joined' '$SVC_TMP/cut-2.out'"
+run4 cut loop
 ip -n "$nsa" link set "$vea" down || fail "$vea down"
-start=$SECONDS
-for r in 0 1 2 3; do
-	v="PID_cut_$r"
-	wait_exit "${!v}" $((PEER_TIMEOUT_MS / 1000 + 10))
-	grep -q "^failed: ECONNRESET: " "$SVC_TMP/cut-$r.out" ||
-		{ cat "$SVC_TMP/cut-$r.out" >&2; fail "rank $r did not fail with ECONNRESET"; }
-	grep "^failed" "$SVC_TMP/cut-$r.out"
-done
-[ $((SECONDS - start)) -le $((PEER_TIMEOUT_MS / 1000 + 5)) ] ||
-	fail "the ranks took $((SECONDS - start)) s"
+expect_failed cut "0 1 2 3" "ECONNRESET: "
 say "ok"
