@@ -9,9 +9,10 @@
  * library's rules); with --xhost SOCKA,SOCKB,tpip://HOST[:PORT] the first half of the ranks
  * use the daemon at SOCKA and the second half the one at SOCKB (two hosts, e.g. daemons in two
  * network namespaces: a Unix socket path reaches across them), joined through that
- * coordinator. Figures only; nothing here passes or fails.
+ * coordinator. With --reduce-scatter it times tp_reduce_scatter() instead, S being each rank's
+ * input (its output S/N) and B = (N-1)/N x S / T. Figures only; nothing here passes or fails.
  *   bench_allreduce [--socket PATH] [--ranks 2,4] [--sizes 4K,64K,1M,16M,64M] [--iters K]
- *                   [--secs S] [--xhost SOCKA,SOCKB,COORD]
+ *                   [--secs S] [--xhost SOCKA,SOCKB,COORD] [--reduce-scatter]
  * (-n, -s, -t: --ranks, --sizes, --secs, as bench/run_allreduce.sh calls it.)
  */
 #include <errno.h>
@@ -41,6 +42,7 @@ struct opts {
 	double secs;	/* scales the iterations by size (1: about 256 MiB of input per rank) */
 	char *xsock[2]; /* --xhost: the two hosts' daemons */
 	const char *coord;
+	bool rs; /* --reduce-scatter */
 };
 
 static unsigned iters_for(const struct opts *o, size_t size)
@@ -78,7 +80,8 @@ static int rank_main(const struct opts *o, unsigned n, unsigned rank, struct sha
 	}
 	for (size_t s = 0; s < o->n_sizes && r == 0; s++) {
 		size_t count = o->sizes[s] / 4;
-		float *in = malloc(count * 4), *out = malloc(count * 4);
+		size_t part = count / n; /* --reduce-scatter: the output of each rank */
+		float *in = malloc(count * 4 + 4), *out = malloc(count * 4 + 4);
 		unsigned it = iters_for(o, o->sizes[s]);
 
 		for (size_t i = 0; i < count; i++)
@@ -89,12 +92,17 @@ static int rank_main(const struct opts *o, unsigned n, unsigned rank, struct sha
 
 			r = tp_barrier(g);
 			t0 = bench_now_ns();
-			if (r == 0)
+			if (r == 0 && o->rs)
+				r = tp_reduce_scatter(g, in, out, part, TP_DTYPE_F32, TP_OP_SUM);
+			else if (r == 0)
 				r = tp_allreduce(g, in, out, count, TP_DTYPE_F32, TP_OP_SUM);
 			if (k >= 2)
 				sh->t_us[rank][k - 2] = (double)(bench_now_ns() - t0) / 1e3;
 		}
-		if (r == 0 && count && out[count - 1] != (float)n * (float)((count - 1) % 100) +
+		if (o->rs)
+			count = part; /* its last element is element rank x part + part - 1 */
+		if (r == 0 && count && out[count - 1] != (float)n * (float)(((o->rs ? rank * part : 0) +
+									 count - 1) % 100) +
 							     (float)(n * (n - 1) / 2)) {
 			snprintf(sh->why, sizeof(sh->why), "wrong result at size %zu", o->sizes[s]);
 			r = -EIO;
@@ -114,9 +122,10 @@ static int rank_main(const struct opts *o, unsigned n, unsigned rank, struct sha
 					slow[k] = sh->t_us[q][k] > slow[k] ? sh->t_us[q][k] : slow[k];
 			}
 			bench_stats_compute(slow, it, &st);
-			printf("allreduce impl=tpipd n=%u size=%zu median_us=%.1f busbw_GBps=%.3f "
-			       "iters=%u\n", n, o->sizes[s], st.median,
-			       2.0 * (n - 1) / n * (double)o->sizes[s] / (st.median * 1e3), it);
+			printf("%s impl=tpipd n=%u size=%zu median_us=%.1f busbw_GBps=%.3f "
+			       "iters=%u\n", o->rs ? "reduce_scatter" : "allreduce", n, o->sizes[s],
+			       st.median, (o->rs ? 1.0 : 2.0) * (n - 1) / n * (double)o->sizes[s] /
+			       (st.median * 1e3), it);
 			fflush(stdout);
 		}
 		if (r == 0)
@@ -192,6 +201,8 @@ int main(int argc, char **argv)
 		else if ((!strcmp(a, "--sizes") || !strcmp(a, "-s")) && v &&
 			 parse_list(argv[++i], true, &o) == 0)
 			;
+		else if (!strcmp(a, "--reduce-scatter"))
+			o.rs = true;
 		else if (!strcmp(a, "--iters") && v)
 			o.iters = (unsigned)atoi(argv[++i]);
 		else if ((!strcmp(a, "--secs") || !strcmp(a, "-t")) && v)
@@ -211,7 +222,8 @@ int main(int argc, char **argv)
 usage:
 			fprintf(stderr, "usage: %s [--socket PATH] [--ranks 2,4] "
 				"[--sizes 4K,64K,1M,16M,64M] [--iters K] [--secs S] "
-				"[--xhost SOCKA,SOCKB,tpip://HOST[:PORT]]\n", argv[0]);
+				"[--xhost SOCKA,SOCKB,tpip://HOST[:PORT]] [--reduce-scatter]\n",
+				argv[0]);
 			return 2;
 		}
 	}

@@ -7,12 +7,14 @@
  * higher dials it, and both ends prove the group's token, a random value that only the
  * coordinator and the members' daemons know. A call runs in three parts:
  *
- *   A. this host's part over the arena (all-reduce: the host's partial result; broadcast: the
- *      root's host only; all-gather: the host's blocks; barrier: a barrier);
+ *   A. this host's part over the arena (all-reduce and reduce-scatter: the host's partial
+ *      result; broadcast: the root's host only; all-gather: the host's blocks; barrier: a
+ *      barrier);
  *   B. on the leaders: a check that every host makes the same call (a fixed-size all-reduce of
  *      each argument's minimum and maximum and of the contributions, by recursive doubling),
- *      then the data (the plan's ring or recursive doubling for all-reduce, a ring for
- *      all-gather, a chain from the root's host for broadcast), chunked and pipelined;
+ *      then the data (the plan's ring or recursive doubling for all-reduce, a ring over the
+ *      hosts' blocks for all-gather and reduce-scatter, a chain from the root's host for
+ *      broadcast), chunked and pipelined;
  *   C. the verdict and the result to the host's members over the arena (a broadcast from the
  *      leader, whose call descriptor carries the verdict: so a mismatch, or an error found on
  *      one host, fails the call on every rank and nobody waits for a call that never comes).
@@ -98,6 +100,10 @@ struct tpc_collx {
 	 * write them directly (no CMA); NULL until one is needed or when the daemon refuses it */
 	uint8_t *work;
 	size_t work_len;
+	/* the running reduce-scatter (leader): the host's result in host order (the whole input's
+	 * length; the call's buffer itself when the ranks are in host order) and room for the
+	 * largest host block that arrives */
+	uint8_t *rs_host, *rs_in;
 };
 
 static int64_t mono_ms(void)
@@ -426,6 +432,7 @@ enum { CK_SEQ, CK_KIND, CK_DTYPE, CK_OP, CK_COUNT, CK_ROOT, CK_ALGO, CK_LOCALERR
 #define CK_ABSENT (2 * CK_N + 1) /* sum: hosts none of whose members contributes */
 #define CK_LEN (2 * CK_N + 2)
 #define CK_BYTES (CK_LEN * sizeof(uint64_t))
+#define XALGO_RS_BLOCKS 0x100 /* the check's CK_ALGO of a reduce-scatter by run_rs() */
 #define XFUSE (32u * 1024u) /* an all-reduce up to this many bytes rides with its check (and
 				    * stays within the pipes' inline size: 64 KiB by default) */
 
@@ -710,7 +717,11 @@ static int run_check(struct tpc_collx *x, const struct tpc_coll *c, bool localer
 	vec[CK_OP] = reduce ? c->op : 0;
 	vec[CK_COUNT] = c->kind == TPC_COLL_BARRIER ? 0 : c->count;
 	vec[CK_ROOT] = c->kind == TPC_COLL_BROADCAST ? (uint64_t)c->root : 0;
+	/* how the data moves: a reduce-scatter that does not ride with the check runs its own
+	 * ring over the hosts' blocks (run_rs()) */
 	vec[CK_ALGO] = reduce ? (uint64_t)algo * 2 + fuse : 0;
+	if (c->kind == TPC_COLL_REDUCE_SCATTER && !fuse)
+		vec[CK_ALGO] = XALGO_RS_BLOCKS;
 	vec[CK_LOCALERR] = localerr;
 	for (int i = 0; i < CK_N; i++)
 		vec[CK_N + i] = ~vec[i];
@@ -912,6 +923,63 @@ static int run_gather(struct tpc_collx *x, uint8_t *gbuf, size_t count, size_t e
 	return r;
 }
 
+/* Offset and length in bytes of host @h's block of a reduce-scatter (its members' parts of
+ * @cc elements, in host order). */
+static void rs_block(const struct tpc_plan *p, uint32_t h, size_t cc, size_t es, size_t *ret_off,
+		     size_t *ret_len)
+{
+	*ret_off = (size_t)p->host_first[h] * cc * es;
+	*ret_len = (size_t)(p->host_first[h + 1] - p->host_first[h]) * cc * es;
+}
+
+/*
+ * Reduce-scatter among the leaders: a ring over the hosts' blocks of @buf (the host's result of
+ * the whole input, in host order), each step passing on the partial result of the block folded
+ * last, so that after H - 1 steps each host holds its own block reduced over every host and
+ * each byte crosses a link once. Each element is reduced on one host only, so every rank gets
+ * the same bits. @in: room for the largest block.
+ */
+static int run_rs(struct tpc_collx *x, const struct tpc_coll *c, uint8_t *buf, uint8_t *in,
+		  size_t cc, size_t es)
+{
+	uint32_t nh = x->nhosts, h = x->host;
+	int32_t next = (int32_t)((h + 1) % nh), prev = (int32_t)((h + nh - 1) % nh);
+	int r = 0;
+
+	x->kind = XK_DATA;
+	for (uint32_t t = 0; r == 0 && t + 1 < nh; t++) {
+		size_t so, sl, ro, rl;
+
+		/* send the block folded at step t - 1 (at step 0: the host's own partial result of
+		 * the previous host's block); the last block to arrive is this host's own */
+		rs_block(x->plan, (h + 2 * nh - t - 1) % nh, cc, es, &so, &sl);
+		rs_block(x->plan, (h + 2 * nh - t - 2) % nh, cc, es, &ro, &rl);
+		r = xport_step(x, next, buf + so, sl, prev, in, rl);
+		if (r == 0 && rl)
+			coll_fold(buf + ro, in, rl / es, (int)c->dtype, (void *)c);
+	}
+	return r;
+}
+
+/* @buf (a rank-order tensor of @cc elements per rank) in host order at @out; nothing when the
+ * ranks are in host order already (@out is @buf then). */
+static void rs_to_host_order(const struct tpc_plan *p, const uint8_t *buf, uint8_t *out,
+			     size_t cc, size_t es)
+{
+	if (out == buf)
+		return;
+	for (uint32_t i = 0; i < p->nranks; i++)
+		memcpy(out + (size_t)i * cc * es, buf + (size_t)p->by_host[i] * cc * es, cc * es);
+}
+
+static bool ranks_in_host_order(const struct tpc_plan *p)
+{
+	for (uint32_t i = 0; i < p->nranks; i++)
+		if (p->by_host[i] != i)
+			return false;
+	return true;
+}
+
 /* ---- one call ---------------------------------------------------------------------------------- */
 
 /*
@@ -961,11 +1029,17 @@ static int leader_part(struct tpc_collx *x, const struct tpc_coll *c, bool local
 	if (contrib == 0 && c->kind == TPC_COLL_ALLREDUCE)
 		fill_identity(buf, count, c->dtype, c->op); /* this host has finished its steps */
 	r = run_check(x, c, localerr, contrib, buf, count, &done, v, msg, ml);
-	if (r < 0 || v->err < 0 || localerr || done)
+	if (r < 0 || v->err < 0 || localerr)
 		return r;
+	if (c->kind == TPC_COLL_REDUCE_SCATTER) {
+		/* this host's block, from the whole result when it rode with the check */
+		rs_to_host_order(p, buf, x->rs_host, c->count, es);
+		return done ? 0 : run_rs(x, c, x->rs_host, x->rs_in, c->count, es);
+	}
+	if (done)
+		return 0;
 	switch (c->kind) {
 	case TPC_COLL_ALLREDUCE:
-	case TPC_COLL_REDUCE_SCATTER:
 		if (v->contrib == 0)
 			return 0; /* every member has finished: nothing moves */
 		return run_allreduce(x, c, buf, count);
@@ -985,9 +1059,42 @@ static int leader_part(struct tpc_collx *x, const struct tpc_coll *c, bool local
 		free(gb);
 		return r;
 	case TPC_COLL_BARRIER:
-		return 0; /* the check is the barrier among the hosts */
+	case TPC_COLL_REDUCE_SCATTER:
+		return 0; /* barrier: the check is the barrier among the hosts */
 	}
 	return 0;
+}
+
+/*
+ * Memory for a reduce-scatter of @cc elements per rank (@total bytes in all): the leader's holds
+ * the host's result of the whole input, the same in host order when the ranks are not, and room
+ * for the largest block that arrives (in its shared buffer when over XSMALL, so that the daemons
+ * need no CMA); the others' holds this host's block. Return: where part A's result goes, with
+ * *@ret_tmp what the caller frees; NULL when out of memory.
+ */
+static uint8_t *rs_buffers(struct tpc_collx *x, size_t cc, size_t total, size_t es,
+			   uint8_t **ret_tmp)
+{
+	const struct tpc_plan *p = x->plan;
+	bool perm = !ranks_in_host_order(p);
+	size_t off, len, blk = 0, need;
+	uint8_t *m;
+
+	for (uint32_t h = 0; h < x->nhosts; h++) {
+		rs_block(p, h, cc, es, &off, &len);
+		blk = len > blk ? len : blk;
+	}
+	if (!x->leader) {
+		rs_block(p, x->host, cc, es, &off, &len);
+		return *ret_tmp = malloc(len + 1);
+	}
+	need = total * (perm ? 2 : 1) + blk;
+	m = total > XSMALL ? work_get(x, (need + 1) / 2) : NULL;
+	if (!m && !(m = *ret_tmp = malloc(need + 1)))
+		return NULL;
+	x->rs_host = perm ? m + total : m;
+	x->rs_in = m + total * (perm ? 2 : 1);
+	return m;
 }
 
 int tpc_collx_run(struct tp_group *g, const struct tpc_coll *c, char *msg, size_t ml)
@@ -1012,7 +1119,7 @@ int tpc_collx_run(struct tp_group *g, const struct tpc_coll *c, char *msg, size_
 	a.leader_only = true; /* all-reduce: the others get the whole group's result in part C */
 	/* A: this host's part */
 	switch (c->kind) {
-	case TPC_COLL_REDUCE_SCATTER: /* an all-reduce of the whole input, each keeps its part */
+	case TPC_COLL_REDUCE_SCATTER: /* the host's sum of the whole input, to the leader */
 		count = c->count * g->world_size;
 		a.kind = TPC_COLL_ALLREDUCE;
 		a.count = count;
@@ -1027,18 +1134,15 @@ int tpc_collx_run(struct tp_group *g, const struct tpc_coll *c, char *msg, size_
 	default:
 		break;
 	}
-	/* a large all-reduce: the leader's host result goes straight into its shared buffer; a
-	 * reduce-scatter's whole result needs memory of its own otherwise */
-	if (x->leader && (c->kind == TPC_COLL_ALLREDUCE || c->kind == TPC_COLL_REDUCE_SCATTER) &&
-	    count * es > XSMALL && work_get(x, count * es)) {
+	/* a large all-reduce: the leader's host result goes straight into its shared buffer */
+	if (c->kind == TPC_COLL_REDUCE_SCATTER) {
+		if (!(buf = rs_buffers(x, c->count, count * es, es, &tmp)))
+			return tpu_why(-ENOMEM, msg, ml, "out of memory");
+		a.recv = buf;
+	} else if (x->leader && c->kind == TPC_COLL_ALLREDUCE && count * es > XSMALL &&
+		   work_get(x, count * es)) {
 		buf = x->work;
 		a.recv = buf;
-	} else if (c->kind == TPC_COLL_REDUCE_SCATTER) {
-		tmp = malloc(count * es + 1);
-		if (!tmp)
-			return tpu_why(-ENOMEM, msg, ml, "out of memory");
-		buf = tmp;
-		a.recv = tmp;
 	}
 	r = mine ? tpc_coll_local(g, &a, NULL, msg, ml) : 0;
 	if (r < 0 && (r != -EPROTO || !x->leader))
@@ -1065,10 +1169,17 @@ int tpc_collx_run(struct tp_group *g, const struct tpc_coll *c, char *msg, size_
 			snprintf(msg, ml, "%s", lmsg);
 		v.nodata = c->kind == TPC_COLL_ALLREDUCE && v.contrib == 0;
 	}
-	/* C: the verdict and the result to this host's members */
+	/* C: the verdict and the result to this host's members (reduce-scatter: its block) */
 	b.recv = buf;
 	b.count = c->kind == TPC_COLL_BARRIER || (c->kind == TPC_COLL_BROADCAST && mine) ? 0
 										      : count;
+	if (c->kind == TPC_COLL_REDUCE_SCATTER) {
+		size_t bo, bl;
+
+		rs_block(p, x->host, c->count, es, &bo, &bl);
+		b.recv = x->leader ? x->rs_host + bo : buf;
+		b.count = bl / es;
+	}
 	if (b.count) {
 		b.dtype = c->dtype;
 		b.root = 0;
@@ -1078,12 +1189,11 @@ int tpc_collx_run(struct tp_group *g, const struct tpc_coll *c, char *msg, size_
 		verdict_msg(g, &v, msg, ml);
 	if (r == 0 && c->ret_contrib)
 		*c->ret_contrib = v.contrib;
-	if (r == 0 && buf == x->work && x->work && !v.nodata) /* the leader's, from its buffer */
-		memcpy(c->recv, x->work + (c->kind == TPC_COLL_REDUCE_SCATTER ?
-					   (size_t)g->world_rank * c->count * es : 0),
-		       c->count * es);
-	else if (r == 0 && tmp)
-		memcpy(c->recv, tmp + (size_t)g->world_rank * c->count * es, c->count * es);
+	if (r == 0 && c->kind == TPC_COLL_REDUCE_SCATTER) /* this member's part of the block */
+		memcpy(c->recv, (uint8_t *)b.recv + (size_t)p->local_rank[g->world_rank] *
+		       c->count * es, c->count * es);
+	else if (r == 0 && buf == x->work && x->work && !v.nodata) /* the leader's, from its buffer */
+		memcpy(c->recv, x->work, c->count * es);
 out:
 	free(tmp);
 	return r;

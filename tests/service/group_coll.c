@@ -15,6 +15,9 @@
  *   loop     all-reduces 4 MiB until a call fails, then prints "failed: ERRNO: MESSAGE".
  *   leave    all-reduces 4 MiB three times, leaves, prints "left".
  *   abort    all-reduces 4 MiB three times, aborts the group, prints "aborted".
+ *   rs       one reduce-scatter of 1 MiB parts (i32) checked against the reference, prints
+ *            "rs ok", then stays in the group (so that tpipctl shows its counters) until the
+ *            file named by GROUP_COLL_HOLD exists.
  *
  * Usage: group_coll SOCKET NAME RANK SIZE COORD MS MODE. Exit 0 ok, 1 failure, 2 usage.
  */
@@ -24,7 +27,9 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 #include <tpclient.h>
+#include <unistd.h>
 
 static int rank, size, fails;
 static const char *gname;
@@ -352,6 +357,32 @@ int main(int argc, char **argv)
 			tp_group_abort(g);
 		printf("%s\n", r < 0 ? "" : !strcmp(argv[7], "abort") ? "aborted" : "left");
 		free(f);
+	} else if (!strcmp(argv[7], "rs")) {
+		size_t n = 1u << 18;
+		int32_t *in = malloc(n * 4 * (size_t)size), *out = malloc(n * 4);
+		const char *hold = getenv("GROUP_COLL_HOLD");
+
+		for (size_t i = 0; i < n * (size_t)size; i++)
+			in[i] = (int32_t)(i * 7 + (size_t)rank);
+		r = tp_reduce_scatter(g, in, out, n, TP_DTYPE_I32, TP_OP_SUM);
+		if (r < 0)
+			FAIL("reduce_scatter: %s", tp_last_error());
+		for (size_t i = 0; r == 0 && i < n; i++)
+			if (out[i] != (int32_t)(((size_t)rank * n + i) * 7 * (size_t)size) +
+					      size * (size - 1) / 2) {
+				FAIL("reduce_scatter: element %zu", i);
+				break;
+			}
+		if (!fails)
+			printf("rs ok\n");
+		fflush(stdout);
+		while (hold && access(hold, F_OK) != 0) { /* the script reads the counters */
+			struct timespec ts = { 0, 10 * 1000000L };
+
+			nanosleep(&ts, NULL);
+		}
+		free(in);
+		free(out);
 	} else {
 		if (tp_barrier(g) < 0)
 			FAIL("barrier: %s", tp_last_error());

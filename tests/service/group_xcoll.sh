@@ -116,6 +116,31 @@ expect_failed() {
 		fail "the ranks took $((SECONDS - start)) s"
 }
 
+check "reduce-scatter of 4 x 1 MiB parts, ranks interleaved: each leader sends only the other host's block (2 MiB, not the 4 MiB of an all-reduce)"
+MENV=(GROUP_COLL_HOLD="$SVC_TMP/rs.go")
+for r in 0 1 2 3; do
+	case $r in 0 | 3) h=a ;; *) h=b ;; esac
+	member "rs-$r" "$h" rs "$r" 4 rs
+done
+MENV=()
+wait_until 30 "the reduce-scatter" sh -c "for r in 0 1 2 3; do grep -q '^rs ok' \
+	\"$SVC_TMP/rs-\$r.out\" || exit 1; done"
+rs_bytes() { # HOST: its leader's bytes out, within [2 MiB, 3 MiB)
+	"$TPIPCTL_BIN" --socket "$SVC_TMP/$1.sock" --json groups | jq -e '[.groups[] |
+		select(.name == "rs") | .members[] | select(.xbytes_out > 0)] |
+		length == 1 and .[0].xbytes_out >= 2097152 and .[0].xbytes_out < 3145728'
+}
+for h in a b; do
+	rs_bytes "$h" || { "$TPIPCTL_BIN" --socket "$SVC_TMP/$h.sock" groups >&2
+		fail "host $h's leader sent other than one block"; }
+done
+touch "$SVC_TMP/rs.go"
+for r in 0 1 2 3; do
+	v="PID_rs_$r"
+	wait_exit "${!v}" 20
+done
+grep -h "^FAIL" "$SVC_TMP"/rs-*.out && fail "reduce-scatter"
+
 check "rank 2 (on b) SIGKILLed mid all-reduce: every survivor fails naming rank 2"
 run4 kill loop
 leader_moved() { # HOST: its leader's bytes to the other host show in tpipctl groups
