@@ -155,10 +155,11 @@ struct tpc_plan_run_args {
 
 /*
  * tpc_plan_run() - run leader @a->host's schedule: every exchange, in chunks of @a->chunk
- * bytes (whole elements), folding or copying as each step says. Chunk k + 1 of a step is on
- * the wire while chunk k is folded (TPC_PLAN_DEPTH exchanges started at once); a step starts
- * once the previous one is folded. On an error every started exchange is waited for before the
- * return. @a->buf and @a->scratch are
+ * bytes (whole elements), folding or copying as each step says, TPC_PLAN_DEPTH exchanges
+ * started at once, across steps too: an exchange starts once nothing in flight would still
+ * land where it sends from or receives into (a ring's step t + 1 sends chunk k once step t's
+ * chunk k is folded; a recursive-doubling step, which sends what the last one received, waits
+ * for all of it). On an error every started exchange is waited for before the return. @a->buf and @a->scratch are
  * aligned to @a->es (the kernels load whole elements). Borrows everything in @a for
  * the call. Return: 0 (@a->buf holds the result, bitwise the same on every leader), -EINVAL
  * (bad arguments), or the transport's -errno.

@@ -2,8 +2,9 @@
 /*
  * Runs one leader's cross-host schedule (plan.h): for each step of tpc_plan_steps(), exchanges
  * the step's segments with the step's peers in chunks through a caller-supplied transport and
- * folds or copies what arrives as the step says, keeping the next chunk on the wire while one
- * is folded. Knows nothing of sockets, daemons or threads.
+ * folds or copies what arrives as the step says, keeping TPC_PLAN_DEPTH chunks on the wire
+ * across the steps' boundaries while they are folded. Knows nothing of sockets, daemons or
+ * threads.
  */
 #include <errno.h>
 #include <stdlib.h>
@@ -42,62 +43,92 @@ static void land(const struct tpc_plan_run_args *a, enum tpc_plan_recv how, size
 	memcpy(mine, in, n * a->es);
 }
 
-/* A step's progress: what is left to start of each range, and where the next chunk lands. */
-struct step_run {
-	size_t so, sn, ro, rn;	       /* next chunk to start: send and receive ranges left */
-	size_t land_off[TPC_PLAN_DEPTH]; /* started, not yet landed: receive offset and length */
-	size_t land_n[TPC_PLAN_DEPTH];
-	unsigned started, landed;
+/* An exchange started and not yet landed: what it sends and where what it receives lands. */
+struct inflight {
+	size_t so, sn, ro, rn; /* elements sent from @a->buf and received into @a->scratch */
+	enum tpc_plan_recv how;
 };
 
-static int chunk_start(const struct tpc_plan_run_args *a, const struct tpc_plan_step *st,
-		       struct step_run *sr, size_t per)
-{
-	size_t s = sr->sn < per ? sr->sn : per, r = sr->rn < per ? sr->rn : per;
-	uint8_t *sp = (uint8_t *)a->buf + sr->so * a->es;
-	uint8_t *rp = (uint8_t *)a->scratch + sr->ro * a->es;
-	int e = a->ops->start(a->t, s ? st->send_to : -1, sp, s * a->es, r ? st->recv_from : -1, rp,
-			      r * a->es);
+/* The exchanges in flight, oldest first (the transport ends them in that order). */
+struct run {
+	struct inflight q[TPC_PLAN_DEPTH];
+	unsigned head, n;
+};
 
-	if (e < 0)
-		return e;
-	sr->land_off[sr->started % TPC_PLAN_DEPTH] = sr->ro;
-	sr->land_n[sr->started % TPC_PLAN_DEPTH] = r;
-	sr->started++;
-	sr->so += s, sr->sn -= s, sr->ro += r, sr->rn -= r;
-	return 0;
+static bool overlap(size_t a, size_t an, size_t b, size_t bn)
+{
+	return an && bn && a < b + bn && b < a + an;
 }
 
-/* One step: chunk k + 1 is started before chunk k is folded (different ranges of @a->buf and
- * @a->scratch, so neither touches what the other is using). */
-static int run_step(const struct tpc_plan_run_args *a, const struct tpc_plan_step *st,
-		    size_t per)
+/* Ends the oldest exchange and folds or copies what it received. */
+static int land_oldest(const struct tpc_plan_run_args *a, struct run *run)
 {
-	struct step_run sr = { 0 };
+	struct inflight *f = &run->q[run->head % TPC_PLAN_DEPTH];
+	int r = a->ops->wait(a->t);
+
+	run->head++;
+	run->n--;
+	if (r == 0)
+		land(a, f->how, f->ro, f->rn);
+	return r;
+}
+
+/*
+ * Starts exchange @x once nothing in flight would land where it sends from or receives into
+ * (so a ring's step t + 1 sends chunk k as soon as step t's chunk k has landed, with no drain
+ * between steps; recursive doubling, whose step sends what the last one received, waits for
+ * all of it), and a slot is free.
+ */
+static int start_one(const struct tpc_plan_run_args *a, const struct tpc_plan_step *st,
+		     struct run *run, const struct inflight *x)
+{
 	int r = 0;
 
-	seg_range(a, st->send_seg, st->send_to >= 0 ? st->send_nseg : 0, &sr.so, &sr.sn);
-	seg_range(a, st->recv_seg, st->recv_from >= 0 ? st->recv_nseg : 0, &sr.ro, &sr.rn);
-	while (r == 0 && (sr.sn > 0 || sr.rn > 0 || sr.landed < sr.started)) {
-		while (r == 0 && (sr.sn > 0 || sr.rn > 0) &&
-		       sr.started - sr.landed < TPC_PLAN_DEPTH)
-			r = chunk_start(a, st, &sr, per);
-		if (r == 0 && sr.landed < sr.started) {
-			unsigned k = sr.landed++ % TPC_PLAN_DEPTH;
+	for (unsigned i = 0; r == 0 && i < run->n; i++) {
+		const struct inflight *y = &run->q[(run->head + i) % TPC_PLAN_DEPTH];
 
-			r = a->ops->wait(a->t);
-			if (r == 0)
-				land(a, st->recv, sr.land_off[k], sr.land_n[k]);
-		}
+		if (!overlap(y->ro, y->rn, x->so, x->sn) && !overlap(y->ro, y->rn, x->ro, x->rn))
+			continue;
+		/* land everything up to and including y; the queue moved: look again */
+		for (unsigned k = 0; r == 0 && k <= i; k++)
+			r = land_oldest(a, run);
+		i = (unsigned)-1;
 	}
-	while (sr.landed < sr.started) /* give the buffers back before failing */
-		sr.landed++, a->ops->wait(a->t);
+	while (r == 0 && run->n >= TPC_PLAN_DEPTH)
+		r = land_oldest(a, run);
+	if (r < 0)
+		return r;
+	r = a->ops->start(a->t, x->sn ? st->send_to : -1, (uint8_t *)a->buf + x->so * a->es,
+			  x->sn * a->es, x->rn ? st->recv_from : -1,
+			  (uint8_t *)a->scratch + x->ro * a->es, x->rn * a->es);
+	if (r == 0)
+		run->q[(run->head + run->n++) % TPC_PLAN_DEPTH] = *x;
+	return r;
+}
+
+/* One step, chunk by chunk, each chunk started as start_one() allows. */
+static int run_step(const struct tpc_plan_run_args *a, const struct tpc_plan_step *st,
+		    size_t per, struct run *run)
+{
+	size_t so, sn, ro, rn;
+	int r = 0;
+
+	seg_range(a, st->send_seg, st->send_to >= 0 ? st->send_nseg : 0, &so, &sn);
+	seg_range(a, st->recv_seg, st->recv_from >= 0 ? st->recv_nseg : 0, &ro, &rn);
+	while (r == 0 && (sn > 0 || rn > 0)) {
+		struct inflight x = { .so = so, .sn = sn < per ? sn : per, .ro = ro,
+				      .rn = rn < per ? rn : per, .how = st->recv };
+
+		r = start_one(a, st, run, &x);
+		so += x.sn, sn -= x.sn, ro += x.rn, rn -= x.rn;
+	}
 	return r;
 }
 
 int tpc_plan_run(const struct tpc_plan_run_args *a)
 {
 	struct tpc_plan_step *steps;
+	struct run run = { .head = 0 };
 	uint32_t n;
 	size_t per;
 	int r = 0;
@@ -117,7 +148,12 @@ int tpc_plan_run(const struct tpc_plan_run_args *a)
 		r = -EINVAL;
 	per = a->chunk / a->es ? a->chunk / a->es : (a->chunk ? 1 : SIZE_MAX);
 	for (uint32_t k = 0; r == 0 && k < n; k++)
-		r = run_step(a, &steps[k], per);
+		r = run_step(a, &steps[k], per, &run);
+	while (run.n > 0) { /* the last chunks; on an error, the buffers back before failing */
+		int e = land_oldest(a, &run);
+
+		r = r ? r : e;
+	}
 	free(steps);
 	return r;
 }

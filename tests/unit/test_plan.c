@@ -13,6 +13,7 @@
  */
 #include <check.h>
 #include <errno.h>
+#include <limits.h>
 #include <math.h>
 #include <pthread.h>
 #include <time.h>
@@ -341,6 +342,8 @@ struct world {
 	int fail_host;	    /* this leader's transport fails ... */
 	unsigned fail_after; /* ... after this many exchanges (-1: never) */
 	unsigned max_pend;   /* the most exchanges a leader had started at once */
+	unsigned min_late;   /* the fewest in flight when a leader started one, past its first
+			      * TPC_PLAN_DEPTH (a drain between steps shows as 0) */
 };
 
 struct pending {
@@ -354,7 +357,7 @@ struct leader {
 	uint32_t me;
 	unsigned calls;
 	struct pending pend[TPC_PLAN_DEPTH]; /* started exchanges' receives, oldest first */
-	unsigned first, npend, max_pend;
+	unsigned first, npend, max_pend, starts, min_late;
 	struct tpc_plan_run_args a;
 	int ret;
 };
@@ -376,6 +379,8 @@ static int q_start(void *t, int32_t to, const void *sbuf, size_t slen, int32_t f
 	}
 	ck_assert(to >= 0 || from >= 0);
 	ck_assert_uint_lt(l->npend, TPC_PLAN_DEPTH); /* the run keeps to the depth */
+	if (l->starts++ >= TPC_PLAN_DEPTH && l->npend < l->min_late)
+		l->min_late = l->npend;
 	pd = &l->pend[(l->first + l->npend++) % TPC_PLAN_DEPTH];
 	l->max_pend = l->npend > l->max_pend ? l->npend : l->max_pend;
 	*pd = (struct pending){ .from = from, .rbuf = rbuf, .rlen = rlen };
@@ -446,6 +451,7 @@ static void world_init(struct world *w, uint32_t n)
 	memset(w, 0, sizeof(*w));
 	w->n = n;
 	w->fail_host = -1;
+	w->min_late = UINT_MAX;
 	pthread_mutex_init(&w->lk, NULL);
 	pthread_cond_init(&w->cv, NULL);
 	for (uint32_t i = 0; i < RUN_HOSTS; i++)
@@ -483,7 +489,7 @@ static void run_all(struct world *w, enum tpc_plan_algo algo, uint8_t *bufs, siz
 
 	ck_assert_ptr_nonnull(scratch);
 	for (uint32_t i = 0; i < w->n; i++) {
-		l[i] = (struct leader){ .w = w, .me = i };
+		l[i] = (struct leader){ .w = w, .me = i, .min_late = UINT_MAX };
 		l[i].a = (struct tpc_plan_run_args){
 			.nhosts = w->n, .host = i, .algo = algo, .buf = bufs + i * count * es,
 			.count = count, .es = es, .chunk = chunk,
@@ -496,6 +502,7 @@ static void run_all(struct world *w, enum tpc_plan_algo algo, uint8_t *bufs, siz
 		pthread_join(th[i], NULL);
 		rets[i] = l[i].ret;
 		w->max_pend = l[i].max_pend > w->max_pend ? l[i].max_pend : w->max_pend;
+		w->min_late = l[i].min_late < w->min_late ? l[i].min_late : w->min_late;
 	}
 	free(scratch);
 }
@@ -622,6 +629,45 @@ START_TEST(test_plan_200_ranks_all_reduce_composes)
 }
 END_TEST
 
+/*
+ * The ring's steps follow one another without a drain: step t + 1 sends chunk k once step t's
+ * chunk k has landed, so every exchange after the first few starts with TPC_PLAN_DEPTH - 1
+ * others in flight, at every step boundary too (results still right and identical).
+ */
+START_TEST(test_plan_ring_keeps_exchanges_in_flight_across_steps)
+{
+	enum { CNT = 4096 };
+
+	for (uint32_t n = 2; n <= 4; n++) {
+		uint64_t *q = calloc((size_t)n * CNT, 8);
+		enum tp_reduce_op op = TP_OP_SUM;
+		int rets[RUN_HOSTS];
+		struct world w;
+
+		ck_assert_ptr_nonnull(q);
+		for (uint32_t h = 0; h < n; h++)
+			for (size_t i = 0; i < CNT; i++)
+				q[(size_t)h * CNT + i] = q_in(h, i);
+		world_init(&w, n);
+		run_all(&w, TPC_PLAN_RING, (uint8_t *)q, CNT, 8, TP_DTYPE_I64, &op, 16 * 8, rets);
+		ck_assert_uint_eq(w.min_late, TPC_PLAN_DEPTH - 1);
+		ck_assert_uint_eq(world_done(&w), 0);
+		for (uint32_t h = 0; h < n; h++) {
+			ck_assert_int_eq(rets[h], 0);
+			ck_assert_mem_eq(q + (size_t)h * CNT, q, CNT * 8);
+		}
+		for (size_t i = 0; i < CNT; i++) {
+			uint64_t want = 0;
+
+			for (uint32_t h = 0; h < n; h++)
+				want += q_in(h, i);
+			ck_assert_uint_eq(q[i], want);
+		}
+		free(q);
+	}
+}
+END_TEST
+
 START_TEST(test_plan_run_transport_failure_ends_every_leader)
 {
 	enum tp_reduce_op op = TP_OP_SUM;
@@ -687,6 +733,7 @@ int main(void)
 	tcase_add_test(tc, test_plan_segments_cover_the_tensor_aligned);
 	tcase_add_test(tc, test_plan_run_results_identical_and_right);
 	tcase_add_test(tc, test_plan_200_ranks_all_reduce_composes);
+	tcase_add_test(tc, test_plan_ring_keeps_exchanges_in_flight_across_steps);
 	tcase_add_test(tc, test_plan_run_transport_failure_ends_every_leader);
 	tcase_add_test(tc, test_plan_run_refuses_bad_arguments);
 	tcase_set_timeout(tc, 60);
