@@ -138,7 +138,7 @@ static void put_peers(struct evbuffer *b, struct tpd_daemon *d)
 
 static void put_groups(struct evbuffer *b, struct tpd_daemon *d)
 {
-	uint64_t bytes, formed, failed, refused;
+	uint64_t bytes, formed, failed, refused, act[TPD_GROUP_ACTIVITY_N];
 	uint32_t groups, members;
 
 	tpd_group_counts(tpd_daemon_groups(d), &groups, &members, &bytes);
@@ -152,6 +152,18 @@ static void put_groups(struct evbuffer *b, struct tpd_daemon *d)
 		   "Groups failed by a member that died or left while others remained.", failed);
 	put_metric(b, "tpipd_group_joins_refused_total", "counter",
 		   "Group joins refused or timed out.", refused);
+	tpd_group_activity(tpd_daemon_groups(d), act);
+	put_metric(b, "tpipd_group_collectives_total", "counter",
+		   "Collectives the members of this host's groups finished (as their libraries "
+		   "count them).", act[TPD_GROUP_CALLS]);
+	put_metric(b, "tpipd_group_bytes_total", "counter",
+		   "Bytes of those collectives' inputs.", act[TPD_GROUP_BYTES]);
+	put_metric(b, "tpipd_group_xhost_bytes_sent_total", "counter",
+		   "Bytes this host's group leaders sent to other hosts' leaders.",
+		   act[TPD_GROUP_XBYTES_OUT]);
+	put_metric(b, "tpipd_group_xhost_bytes_received_total", "counter",
+		   "Bytes this host's group leaders received from other hosts' leaders.",
+		   act[TPD_GROUP_XBYTES_IN]);
 }
 
 static void put_chans(struct evbuffer *b, struct tpd_daemon *d)

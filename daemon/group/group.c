@@ -51,8 +51,40 @@ static uint64_t group_chunk(const struct tpd_config *cfg, uint32_t size)
 	return c < 65536 ? 65536 : c;
 }
 
+/* Adds @grp's members' counters (struct tpu_grparena_stats, what they wrote) to @sum. */
+static void activity_add(const struct tpd_group *grp, uint64_t *sum)
+{
+	const struct tpu_grparena_stats *st;
+
+	if (!grp->arena)
+		return;
+	st = (const struct tpu_grparena_stats *)((const uint8_t *)grp->arena +
+						 tpu_grparena_stats_off(grp->size));
+	for (uint32_t i = 0; i < grp->size; i++) {
+		uint64_t v[TPD_GROUP_ACTIVITY_N] = {
+			[TPD_GROUP_CALLS] = __atomic_load_n(&st[i].calls, __ATOMIC_RELAXED),
+			[TPD_GROUP_BYTES] = __atomic_load_n(&st[i].bytes, __ATOMIC_RELAXED),
+			[TPD_GROUP_XBYTES_OUT] = __atomic_load_n(&st[i].xbytes_out, __ATOMIC_RELAXED),
+			[TPD_GROUP_XBYTES_IN] = __atomic_load_n(&st[i].xbytes_in, __ATOMIC_RELAXED),
+		};
+
+		for (int k = 0; k < TPD_GROUP_ACTIVITY_N; k++)
+			sum[k] = sum[k] > UINT64_MAX - v[k] ? UINT64_MAX : sum[k] + v[k];
+	}
+}
+
+void tpd_group_activity(const struct tpd_groups *g, uint64_t *ret)
+{
+	const struct tpd_group *grp;
+
+	memcpy(ret, g->gone_activity, sizeof(g->gone_activity));
+	tpu_list_for_each(grp, &g->list, node)
+		activity_add(grp, ret);
+}
+
 static void group_free(struct tpd_group *grp)
 {
+	activity_add(grp, grp->gs->gone_activity);
 	for (uint32_t i = 0; i < grp->size; i++)
 		if (grp->m[i].ev_timeout)
 			event_free(grp->m[i].ev_timeout);

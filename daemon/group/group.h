@@ -56,4 +56,18 @@ void tpd_group_ctl_free(Tpw__V1__CtlGroup **v, size_t n);
 void tpd_group_totals(const struct tpd_groups *g, uint64_t *ret_formed, uint64_t *ret_failed,
 		      uint64_t *ret_refused);
 
+/* What the members' libraries counted in their arenas (struct tpu_grparena_stats), summed over
+ * every member of every group since start, the groups already freed included. */
+enum {
+	TPD_GROUP_CALLS,	/* collectives finished */
+	TPD_GROUP_BYTES,	/* bytes of their inputs */
+	TPD_GROUP_XBYTES_OUT,	/* a host's leader: bytes to the other hosts' leaders */
+	TPD_GROUP_XBYTES_IN,	/* and from them */
+	TPD_GROUP_ACTIVITY_N
+};
+
+/* tpd_group_activity() - the sums above into @ret (TPD_GROUP_ACTIVITY_N values; numbers as the
+ * members wrote them, saturating). Borrows @g. */
+void tpd_group_activity(const struct tpd_groups *g, uint64_t *ret);
+
 #endif

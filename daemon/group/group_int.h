@@ -59,6 +59,7 @@ struct tpd_groups {
 	struct tpu_list list;
 	uint64_t next_id;
 	uint64_t formed, failed, refused; /* since start (metrics) */
+	uint64_t gone_activity[TPD_GROUP_ACTIVITY_N]; /* of groups freed since start (metrics) */
 	/* groupx.c: joins sent to a coordinator, and the groups this daemon coordinates */
 	struct tpu_list xjoins;
 	struct tpu_list cgroups;

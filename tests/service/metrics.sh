@@ -5,8 +5,9 @@
 # message) by Prometheus conventions (tpipd_build_info with the version, process_start_time_seconds
 # as unix time, no tpipd_up or integer uptime, exact increasing bucket bounds ending in +Inf,
 # per-peer link series labelled by the peer's address, up with bytes both ways after a cross-host
-# transfer to a second daemon), other paths are 404; a non-loopback address is refused before
-# anything is bound.
+# transfer to a second daemon, the groups' activity after a group across the two daemons has
+# come and gone), other paths are 404; a non-loopback address is refused before anything is
+# bound.
 . "$(dirname -- "$0")/lib.sh" || exit 1
 need_env TPIPD_BIN TPIPCTL_BIN EXAMPLE_CLIENT_BIN TP_DEMO_BIN
 need_tool curl "fetches the metrics page"
@@ -115,6 +116,26 @@ for m in tpipd_peer_bytes_sent_total tpipd_peer_bytes_received_total; do
 	v=$(awk -v k="$m{peer=\"$b_addr\"}" '$1 == k { print $2 }' <<<"$page")
 	[ "${v:-0}" -gt 0 ] || fail "$m{peer=\"$b_addr\"} is '$v' after a transfer"
 done
+if [ -n "${TP_ALLREDUCE_BIN:-}" ]; then
+	check "a group across the two daemons: collectives, their bytes and the leaders' bytes between hosts"
+	TPIPD_SOCKET=$sock timeout 60 "$TP_ALLREDUCE_BIN" 0 2 xmetrics --coordinator "tpip://$b_addr" \
+		>"$SVC_TMP/ar0.out" 2>&1 &
+	apid=$!
+	svc_track "$apid"
+	TPIPD_SOCKET=$SVC_TMP/b.sock timeout 60 "$TP_ALLREDUCE_BIN" 1 2 xmetrics \
+		--coordinator "tpip://$b_addr" >"$SVC_TMP/ar1.out" 2>&1 ||
+		{ cat "$SVC_TMP/ar0.out" "$SVC_TMP/ar1.out"; fail "tp-allreduce across the daemons failed"; }
+	wait "$apid" || { cat "$SVC_TMP/ar0.out"; fail "tp-allreduce rank 0 failed"; }
+	page=$(curl -fsS --max-time 5 "$url/metrics") || fail "GET /metrics failed"
+	for m in tpipd_group_collectives_total tpipd_group_bytes_total \
+		tpipd_group_xhost_bytes_sent_total tpipd_group_xhost_bytes_received_total; do
+		v=$(awk -v k="$m" '$1 == k { print $2 }' <<<"$page")
+		say "  $m $v"
+		[ "${v:-0}" -gt 0 ] || fail "$m is '$v' after the group's collectives (freed since)"
+	done
+else
+	say "skip: the group metrics need the tp-allreduce example (not built)"
+fi
 svc_stop_daemon "$b_pid"
 
 check "other paths are 404"
