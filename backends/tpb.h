@@ -321,7 +321,9 @@ void tpb_release(struct tpb_op *op);
  * Return: 0 (@op->done runs exactly once, later, from tpb_progress() on @ep's context, never
  * inside this call), or -errno with no callback (-EOPNOTSUPP: no such op; -EINVAL: no done
  * callback; -EPROTO: an offer longer than tpb_offer_max() (reason in @op->why); -ESHUTDOWN:
- * @ep is closing; the engine's -errno).
+ * @ep is closing; the engine's -errno). A send into an offer (rdma, cuda_gdr) that completes
+ * with @op->status -EOPNOTSUPP wrote nothing (its sources could not be registered once their
+ * mappings opened, reason in @op->why): the caller may send the op's bytes another way.
  */
 int tpb_start(struct tpb_ep *ep, struct tpb_op *op);
 

@@ -405,8 +405,12 @@ struct tpb_rdma_xfer {
 
 /*
  * tpb_rdma_send() - RDMA-write the sources @x->segs into the regions @offer offers. Registers
- * the sources at once; waits for the writer's CUDA events, then posts the writes; @x->done runs
- * once every write completed or one failed (@x->bytes is the total on success, else 0).
+ * the sources at once, or, for CUDA sources whose mappings are not open yet, once the CUDA
+ * layer's worker opened them (cuIpcOpenMemHandle can block for long: never on the loop); waits
+ * for the writer's CUDA events, then posts the writes; @x->done runs once every write completed
+ * or one failed (@x->bytes is the total on success, else 0). A registration that fails after
+ * this call returned completes @x with -EOPNOTSUPP, nothing written: the caller may send over
+ * the stripe, as on a -EOPNOTSUPP return.
  * Ownership: keeps @x until @x->done; copies what it needs of @offer.
  * Return: 0; -EOPNOTSUPP (no offer, link not ready, a source in private memory, registration
  * failed; reason in @why) or -EPROTO (an offer that does not match the message): no @done, the

@@ -140,7 +140,9 @@ struct rdma_send {
 	struct tpb_rdma_link *l;
 	struct tpb_rdma_xfer *x;
 	struct rdma_regs regs;
-	struct tpv_qp *qp;
+	struct tpv_qp *qp;	 /* set with @regs */
+	uint32_t rport;		 /* the reader's port (its offer's) */
+	bool registered;	 /* @regs and @qp made: the sources' mappings were open */
 	uint64_t *raddr;
 	uint32_t *rkey;
 	struct rdma_timer timer; /* event polling, and completions decided outside a call */

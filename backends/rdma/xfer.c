@@ -319,6 +319,54 @@ void tpb_rdma_write_done(void *arg, uint64_t cookie, int status, const char *why
 	tpb_rdma_timer_in_us(s->l->g, &s->timer, send_more(s) ? RDMA_POLL_US : 0);
 }
 
+/*
+ * Registers @s's sources (their mappings open: no driver call that may block) on the port
+ * link_port() chose, and finds the queue pair to the reader's port. Return: 1, or -errno
+ * (reason in @why) with nothing held.
+ */
+static int send_register(struct rdma_send *s, char *why, size_t wl)
+{
+	struct tpb_rdma_link *l = s->l;
+	int r;
+
+	if (!tpb_rdma_link_ready(l)) /* it went off while the mappings opened */
+		return tpu_why(-EOPNOTSUPP, why, wl, "RDMA is not set up on this link");
+	r = tpb_rdma_reg_make(l->g, s->x->segs, s->x->n_segs, &s->regs, why, wl);
+	if (r < 0)
+		return r;
+	s->qp = l->qps[(size_t)(s->regs.port - l->g->ports) * l->n_remote + s->rport];
+	if (!s->qp) { /* link_port() chose a port with one: cannot happen */
+		tpb_rdma_reg_free(&s->regs);
+		return tpu_why(-EOPNOTSUPP, why, wl, "no queue pair to the reader's RDMA port %u",
+			       s->rport);
+	}
+	s->registered = true;
+	return 1;
+}
+
+/*
+ * A send whose sources' mappings were still opening: registers them once open. Return: 1
+ * registered, 0 not yet (the timer polls again), -1 the send failed (-EOPNOTSUPP, nothing
+ * written: its caller may use the stripe).
+ */
+static int send_poll_register(struct rdma_send *s)
+{
+	char why[160] = "";
+	int r = maps_open(s->x->segs, s->x->n_segs, why, sizeof(why));
+
+	if (r > 0)
+		r = send_register(s, why, sizeof(why));
+	if (r == 0) {
+		tpb_rdma_timer_in_us(s->l->g, &s->timer, RDMA_POLL_US);
+		return 0;
+	}
+	if (r < 0) {
+		tpb_rdma_send_fail(s, -EOPNOTSUPP, why);
+		return -1;
+	}
+	return 1;
+}
+
 static void send_on_timer(struct rdma_timer *t)
 {
 	struct rdma_send *s = tpu_container_of(t, struct rdma_send, timer);
@@ -327,6 +375,8 @@ static void send_on_timer(struct rdma_timer *t)
 
 	if (s->pending)
 		return; /* a completion re-arms */
+	if (!s->registered && !s->status && !s->canceled && send_poll_register(s) == 0)
+		return;
 	if (!s->status && !s->canceled && !s->events_ok) {
 		r = events_done(s->x->segs, s->x->n_segs, why, sizeof(why));
 		if (r == 0) {
@@ -373,6 +423,14 @@ static int offer_check(const struct tpb_rdma_link *l, const struct tpb_rdma_xfer
 	return 0;
 }
 
+/* Frees @s, never started (no registration held, not in its link's sends). */
+static void send_free_unstarted(struct rdma_send *s)
+{
+	free(s->raddr);
+	free(s->rkey);
+	free(s);
+}
+
 int tpb_rdma_send(struct tpb_rdma_link *l, struct tpb_rdma_xfer *x,
 		  const struct tpb_rdma_offer *rr, char *why, size_t wl)
 {
@@ -393,6 +451,7 @@ int tpb_rdma_send(struct tpb_rdma_link *l, struct tpb_rdma_xfer *x,
 		return -ENOMEM;
 	s->l = l;
 	s->x = x;
+	s->rport = rr->port;
 	s->channel = tpb_rdma_channel(tpb_rdma_reg_first_cuda(x->segs, x->n_segs), rr, false);
 	s->raddr = calloc(x->n_segs ? x->n_segs : 1, sizeof(*s->raddr));
 	s->rkey = calloc(x->n_segs ? x->n_segs : 1, sizeof(*s->rkey));
@@ -401,26 +460,18 @@ int tpb_rdma_send(struct tpb_rdma_link *l, struct tpb_rdma_xfer *x,
 	if (r == 0)
 		r = link_port(l, tpb_cuda_bus_id(tpb_rdma_reg_first_cuda(x->segs, x->n_segs)),
 			      rr->port, &s->regs.port, why, wl);
-	if (r == 0)
-		r = tpb_rdma_reg_make(l->g, x->segs, x->n_segs, &s->regs, why, wl);
+	/* Sources whose mappings are not open yet are opened off the loop (the CUDA layer's
+	 * worker); the timer registers them once they are, and a failure then completes the
+	 * send with -EOPNOTSUPP, nothing written (the caller sends over the stripe). */
+	if (r == 0 && (r = maps_open(x->segs, x->n_segs, why, wl)) > 0)
+		r = send_register(s, why, wl);
 	if (r < 0) {
-		free(s->raddr);
-		free(s->rkey);
-		free(s);
+		send_free_unstarted(s);
 		return r == -ENOMEM ? r : -EOPNOTSUPP;
 	}
 	for (size_t i = 0; i < x->n_segs; i++) {
 		s->raddr[i] = rr->regions[i].addr;
 		s->rkey[i] = rr->regions[i].rkey;
-	}
-	s->qp = l->qps[(size_t)(s->regs.port - l->g->ports) * l->n_remote + rr->port];
-	if (!s->qp) { /* link_port() chose a port with one: cannot happen */
-		tpb_rdma_reg_free(&s->regs);
-		free(s->raddr);
-		free(s->rkey);
-		free(s);
-		snprintf(why, wl, "no queue pair to the reader's RDMA port %u", rr->port);
-		return -EOPNOTSUPP;
 	}
 	x->total = 0;
 	for (size_t i = 0; i < x->n_segs; i++)
