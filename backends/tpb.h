@@ -167,6 +167,9 @@ struct tpb_ep_info {
 	const char *state; /* "ready: 1x1 queue pairs", "connecting", "off: <why>", or "" */
 	uint64_t sent;	   /* bytes this side moved to the peer over it, and the peer to us */
 	uint64_t received;
+	/* rdma, cuda_gdr: CUDA segments of transfers over it (either way) by how the region
+	 * serving them was registered: the client's dma-buf, the daemon's export, by address */
+	uint64_t reg_client_dmabuf, reg_dmabuf, reg_addr;
 };
 
 /* The head of every endpoint: channels embed it first. */

@@ -110,6 +110,9 @@ int tpb_rdma_ep_query(struct tpb_ep *ep, struct tpb_ep_info *ret)
 	ret->ready = tpb_rdma_link_ready(l);
 	ret->state = tpb_rdma_link_state(l);
 	tpb_rdma_link_bytes(l, &ret->sent, &ret->received);
+	ret->reg_client_dmabuf = l->reg_by[RDMA_REG_CLIENT_DMABUF];
+	ret->reg_dmabuf = l->reg_by[RDMA_REG_DMABUF];
+	ret->reg_addr = l->reg_by[RDMA_REG_ADDR];
 	return 0;
 }
 

@@ -375,6 +375,17 @@ int tpb_rdma_reg_applicable(const struct tpb_rdma_seg *segs, size_t n, char *why
 	return 0;
 }
 
+int tpb_rdma_reg_method(const struct rdma_regs *rg, size_t i)
+{
+	const struct rdma_mr *e = rg->r && i < rg->n ? rg->r[i].e : NULL;
+
+	if (!e || e->how == REG_HOST)
+		return -1;
+	return e->how == REG_CLIENT_DMABUF ? RDMA_REG_CLIENT_DMABUF
+	       : e->how == REG_DMABUF	   ? RDMA_REG_DMABUF
+					   : RDMA_REG_ADDR;
+}
+
 void tpb_rdma_reg_free(struct rdma_regs *rg)
 {
 	struct tpb_rdma *g = rg->port ? rg->port->g : NULL;

@@ -25,7 +25,8 @@ struct tpb_rdma_recv {
 	tpb_rdma_ready_fn ready;
 	void *arg;
 	struct tpb_rdma_region *regions;
-	bool registered; /* @regs made: the mappings were open */
+	uint64_t link_id; /* its link's tpb_rdma_link.id (the receive may outlive the link) */
+	bool registered;  /* @regs made: the mappings were open */
 };
 
 /* ---- transfers ---------------------------------------------------------------------------- */
@@ -114,14 +115,29 @@ static int maps_open(const struct tpb_rdma_seg *segs, size_t n, char *why, size_
 	return all;
 }
 
+/* The link of @g whose id is @id, or NULL (it went). */
+static struct tpb_rdma_link *link_by_id(struct tpb_rdma *g, uint64_t id)
+{
+	struct tpb_rdma_link *l;
+
+	tpu_list_for_each(l, &g->links, node)
+		if (l->id == id)
+			return l;
+	return NULL;
+}
+
 /* Registers @rv's destination (its mappings open: no driver call that may block) and fills
  * its regions for the offer. */
 static int recv_register(struct tpb_rdma_recv *rv, char *why, size_t wl)
 {
+	struct tpb_rdma_link *l;
 	int r = tpb_rdma_reg_make(rv->g, rv->segs, rv->regs.n, &rv->regs, why, wl);
 
 	if (r < 0)
 		return r;
+	l = link_by_id(rv->g, rv->link_id);
+	if (l)
+		tpb_rdma_link_note_regs(l, &rv->regs);
 	for (size_t i = 0; i < rv->regs.n; i++) {
 		const struct rdma_reg *g = &rv->regs.r[i];
 
@@ -175,6 +191,7 @@ int tpb_rdma_recv_new(struct tpb_rdma_link *l, const struct tpb_rdma_seg *segs, 
 	rv->segs = segs;
 	rv->regs.n = n;
 	rv->g = l->g;
+	rv->link_id = l->id;
 	rv->timer.fn = recv_on_timer;
 	rv->ready = ready;
 	rv->arg = arg;
@@ -341,6 +358,7 @@ static int send_register(struct rdma_send *s, char *why, size_t wl)
 			       s->rport);
 	}
 	s->registered = true;
+	tpb_rdma_link_note_regs(l, &s->regs);
 	return 1;
 }
 
