@@ -307,6 +307,15 @@ void tpb_rdma_recv_free(struct tpb_rdma_recv *rv);
  */
 int tpb_rdma_recv_flush(struct tpb_rdma_recv *rv, char *why, size_t why_len);
 
+/*
+ * tpb_rdma_recv_end() - the receive into @rv ended (the writer's daemon wrote, or never will):
+ * its registration goes now, and its CUDA mappings go idle on the CUDA layer's worker (closed
+ * there unless a session holds them), which the reader must not be told the end before.
+ * Borrows @rv; accepts NULL. Return: owned request to poll (tpb_cuda_idle_done()) and drop
+ * (tpb_cuda_idle_put()), or NULL (nothing to wait for).
+ */
+struct tpb_cuda_idle *tpb_rdma_recv_end(struct tpb_rdma_recv *rv);
+
 /* An offer as bytes (tpb_op.offer for tpb_start()): u32 port, u32 n, then per region u64 addr,
  * u64 length, u32 rkey, u32 flags (bit 0: cuda); little endian. */
 #define TPB_RDMA_OFFER_HDR 8u

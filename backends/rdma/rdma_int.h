@@ -144,6 +144,28 @@ struct rdma_regs {
 	size_t n;
 };
 
+/*
+ * The CUDA mappings of a transfer's segments, marked busy (tpb_cuda_maps_busy()) once open,
+ * before their registration, until the transfer's end, then idle on the CUDA layer's worker
+ * (tpb_cuda_maps_idle_bg()), which closes those no session holds: under the default lifetime
+ * contract the daemon holds no mapping of the memory once the client is told the transfer
+ * ended (xfer.c).
+ */
+struct rdma_busy {
+	struct tpb_cuda_map **maps; /* references, while @on */
+	size_t n;
+	bool on;		  /* busy now */
+	struct tpb_cuda_idle *idle; /* the idle request, until done */
+};
+
+/* Marks the CUDA mappings of @segs busy (once). Return: 0 or -ENOMEM. */
+int tpb_rdma_busy_on(struct rdma_busy *b, const struct tpb_rdma_seg *segs, size_t n);
+/* Hands @b's mappings to the worker to go idle (if busy). Return: true once that ran (or there
+ * was nothing to do), false while it runs (poll again). */
+bool tpb_rdma_busy_off(struct rdma_busy *b);
+/* Frees @b: mappings still busy go idle on the worker, unwaited. */
+void tpb_rdma_busy_free(struct rdma_busy *b);
+
 /* A send on a link (xfer.c); the link fails and finishes it when it goes (link.c). */
 struct rdma_send {
 	struct tpu_list node; /* in the link's sends */
@@ -153,6 +175,7 @@ struct rdma_send {
 	struct tpv_qp *qp;	 /* set with @regs */
 	uint32_t rport;		 /* the reader's port (its offer's) */
 	bool registered;	 /* @regs and @qp made: the sources' mappings were open */
+	bool ending;		 /* its mappings going idle before it finishes (send_end()) */
 	uint64_t *raddr;
 	uint32_t *rkey;
 	struct rdma_timer timer; /* event polling, and completions decided outside a call */
@@ -160,6 +183,7 @@ struct rdma_send {
 	unsigned pending;	 /* writes posted, not completed */
 	bool canceled, posting;
 	bool events_ok; /* the writer's CUDA events fired */
+	struct rdma_busy busy;	 /* its sources' CUDA mappings, busy from open to end */
 	const char *channel; /* "rdma" or "cuda_gdr", for errors */
 	int status;
 	char why[160];

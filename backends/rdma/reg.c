@@ -329,8 +329,11 @@ static int mr_new(struct tpb_rdma *g, struct rdma_port *pt, const struct tpb_rdm
 static int reg_one(struct tpb_rdma *g, struct rdma_port *pt, const struct tpb_rdma_seg *s,
 		   struct rdma_reg *out, char *why, size_t wl)
 {
-	bool cache = cache_cap(g) > 0;
 	struct tpb_cuda_map *cuda = s->mem.loc == TPB_LOC_CUDA ? s->mem.cuda : NULL;
+	/* A CUDA allocation only while a session holds its mapping (cuda-cache-mappings): under
+	 * the default contract the mapping goes with the transfer, and a region kept past it
+	 * would keep the mapping open after the client was told it may free the memory. */
+	bool cache = cache_cap(g) > 0 && (!cuda || tpb_cuda_map_held(cuda));
 	struct rdma_dmabuf *d = NULL;
 	struct rdma_mr *e = NULL;
 	int r;

@@ -94,6 +94,21 @@ static void expect_nothing_kept(const struct tpt_daemon *d, uint64_t misses0, ui
 	ck_assert_uint_eq(status_u64(d, "rdma_cache_misses") - misses0, misses);
 }
 
+/*
+ * The lifetime contract across hosts: each client frees its memory as soon as its WriteDone or
+ * ReadDone arrives (after tp_cuda_release()), so a daemon still mapping it then would close a
+ * stale mapping later, which the strict stand-in answers with a sticky error, and the context
+ * reset that follows unmaps every transfer in flight on the device (an RDMA write from or into
+ * it then fails with EFAULT). Neither daemon may have met one.
+ */
+static void expect_no_stale_close(const struct tpt_daemon *d)
+{
+	int n = tpt_daemon_log_count(d, "primary context reset after a sticky error");
+
+	ck_assert_msg(n == 0, "%s: %d context resets: a mapping outlived its transfer", d->socket,
+		      n);
+}
+
 START_TEST(test_cuda_gdr_cuda_to_cuda_across_daemons)
 {
 	struct hwt_side gpu = { .mem = HWT_CUDA, .device = 0, .stream = true };
@@ -119,6 +134,8 @@ START_TEST(test_cuda_gdr_cuda_to_cuda_across_daemons)
 	expect_gdr_bytes(a0, b0, 1 + 4096 + MIB + 7 + 64 * MIB);
 	expect_nothing_kept(&tpt_peer_a, ma, 4);
 	expect_nothing_kept(&tpt_peer_b, mb, 4);
+	expect_no_stale_close(&tpt_peer_a);
+	expect_no_stale_close(&tpt_peer_b);
 	expect_link_rdma(&tpt_peer_a, 1 + 4096 + MIB + 7 + 64 * MIB, 0);
 	expect_link_rdma(&tpt_peer_b, 0, 1 + 4096 + MIB + 7 + 64 * MIB);
 	ck_assert(tpt_daemon_alive(&tpt_peer_a) && tpt_daemon_alive(&tpt_peer_b));
@@ -127,7 +144,8 @@ END_TEST
 
 /*
  * The rdma-cache budget caps pinned host memory only: with a 1 MiB budget, a 4 MiB CUDA
- * allocation stays registered until its client leaves (not evicted), and then goes.
+ * allocation is never evicted for it (under the default lifetime contract its registration goes
+ * with the transfer, as its mapping does).
  */
 START_TEST(test_cuda_gdr_budget_leaves_gpu_memory)
 {
