@@ -57,6 +57,7 @@ enum tpb_loc {
 };
 
 struct tpb_cuda_map;
+struct tpb_cuda_idle;
 struct tpb_stripe;
 struct tpb_proc;
 struct tpb_buffer;
@@ -167,6 +168,9 @@ struct tpb_ep_info {
 	const char *state; /* "ready: 1x1 queue pairs", "connecting", "off: <why>", or "" */
 	uint64_t sent;	   /* bytes this side moved to the peer over it, and the peer to us */
 	uint64_t received;
+	/* rdma, cuda_gdr: CUDA segments of transfers over it (either way) by how the region
+	 * serving them was registered: the client's dma-buf, the daemon's export, by address */
+	uint64_t reg_client_dmabuf, reg_dmabuf, reg_addr;
 };
 
 /* The head of every endpoint: channels embed it first. */
@@ -321,7 +325,9 @@ void tpb_release(struct tpb_op *op);
  * Return: 0 (@op->done runs exactly once, later, from tpb_progress() on @ep's context, never
  * inside this call), or -errno with no callback (-EOPNOTSUPP: no such op; -EINVAL: no done
  * callback; -EPROTO: an offer longer than tpb_offer_max() (reason in @op->why); -ESHUTDOWN:
- * @ep is closing; the engine's -errno).
+ * @ep is closing; the engine's -errno). A send into an offer (rdma, cuda_gdr) that completes
+ * with @op->status -EOPNOTSUPP wrote nothing (its sources could not be registered once their
+ * mappings opened, reason in @op->why): the caller may send the op's bytes another way.
  */
 int tpb_start(struct tpb_ep *ep, struct tpb_op *op);
 
@@ -659,6 +665,20 @@ void tpb_cuda_map_unref(struct tpb_cuda_map *m);
  * the client may free its memory as soon as it learns that the transfer ended.
  */
 void tpb_cuda_maps_busy(struct tpb_cuda_map *const *maps, size_t n);
+/*
+ * tpb_cuda_maps_idle_bg() - tpb_cuda_maps_idle() of @maps, for a caller on the event loop (the
+ * close may block): run by the CUDA layer's worker, which holds references to @maps meanwhile.
+ * cuda_gdr marks the mappings of a transfer busy once registered and idle this way once its
+ * writes ended, and tells the daemon the transfer ended only once tpb_cuda_idle_done().
+ * Borrows @maps (NULL entries skipped).
+ * Return: owned request, drop with tpb_cuda_idle_put() (also before it is done: the close still
+ * happens); NULL when it already ran on the caller's thread (no memory, no worker).
+ */
+struct tpb_cuda_idle *tpb_cuda_maps_idle_bg(struct tpb_cuda_map *const *maps, size_t n);
+/* True once @q ran (or @q is NULL). Borrows @q. */
+bool tpb_cuda_idle_done(const struct tpb_cuda_idle *q);
+/* Drops the caller's reference to @q. Takes @q; accepts NULL. */
+void tpb_cuda_idle_put(struct tpb_cuda_idle *q);
 void tpb_cuda_maps_idle(struct tpb_cuda_map *const *maps, size_t n);
 /*
  * tpb_cuda_xfers_wait() - whether any of the @n transfers @x (borrowed) has a client's CUDA event
@@ -682,6 +702,9 @@ void tpb_cuda_pin_count(uint64_t *ret_n, uint64_t *ret_bytes);
 /* How many references @m has now (the RDMA registration cache drops a region of an allocation
  * that only it references). Borrows @m. */
 unsigned tpb_cuda_map_refs(const struct tpb_cuda_map *m);
+/* True while a session holds @m (cuda-cache-mappings = yes: tpb_cuda_hold()), so that it may
+ * stay open after its transfers; false under the default contract. Borrows @m. */
+bool tpb_cuda_map_held(const struct tpb_cuda_map *m);
 
 /* A session's held mappings: the ones its recent messages used, least recently used dropped
  * beyond a bound, all dropped when the session ends. Not thread safe (loop thread). */

@@ -140,6 +140,22 @@ struct unpin_req { /* a tpb_cuda_buffer_unpin() request */
 };
 static struct tpu_list unpin_todo = { &unpin_todo, &unpin_todo };
 
+struct tpb_cuda_idle { /* a tpb_cuda_maps_idle_bg() request */
+	struct tpu_list node;
+	unsigned refs; /* closer_lock: the worker's until it ran, the caller's until put */
+	bool done;     /* atomic */
+	size_t n;
+	struct tpb_cuda_map *maps[]; /* references */
+};
+static struct tpu_list idle_todo = { &idle_todo, &idle_todo };
+
+/* Drops a reference to @q (closer_lock held); the last frees it. */
+static void idle_unref_locked(struct tpb_cuda_idle *q)
+{
+	if (--q->refs == 0)
+		free(q);
+}
+
 static void map_free(struct tpb_cuda_map *m)
 {
 	if (m->state == 1)
@@ -155,8 +171,22 @@ static void *closer_main(void *arg)
 		struct tpb_cuda_map *m;
 
 		while (tpu_list_empty(&closer_todo) && tpu_list_empty(&opener_todo) &&
-		       tpu_list_empty(&unpin_todo))
+		       tpu_list_empty(&unpin_todo) && tpu_list_empty(&idle_todo))
 			pthread_cond_wait(&closer_cond, &closer_lock);
+		if (!tpu_list_empty(&idle_todo)) {
+			struct tpb_cuda_idle *q = tpu_list_first(&idle_todo, struct tpb_cuda_idle,
+								 node);
+
+			tpu_list_remove(&q->node);
+			pthread_mutex_unlock(&closer_lock);
+			tpb_cuda_maps_idle(q->maps, q->n);
+			for (size_t i = 0; i < q->n; i++)
+				tpb_cuda_map_unref(q->maps[i]);
+			__atomic_store_n(&q->done, true, __ATOMIC_RELEASE);
+			pthread_mutex_lock(&closer_lock);
+			idle_unref_locked(q);
+			continue;
+		}
 		if (!tpu_list_empty(&unpin_todo)) {
 			struct unpin_req *q = tpu_list_first(&unpin_todo, struct unpin_req, node);
 
@@ -224,6 +254,49 @@ void tpb_cuda_map_open_bg(struct tpb_cuda_map *m)
 	}
 }
 
+struct tpb_cuda_idle *tpb_cuda_maps_idle_bg(struct tpb_cuda_map *const *maps, size_t n)
+{
+	struct tpb_cuda_idle *q = calloc(1, sizeof(*q) + (n ? n : 1) * sizeof(q->maps[0]));
+	bool queued = false;
+
+	if (!q) { /* no memory: here, then (the close may block) */
+		tpb_cuda_maps_idle(maps, n);
+		return NULL;
+	}
+	for (size_t i = 0; i < n; i++)
+		q->maps[q->n++] = maps[i] ? tpb_cuda_map_ref(maps[i]) : NULL;
+	q->refs = 2; /* the worker's and the caller's */
+	pthread_mutex_lock(&closer_lock);
+	if (closer_start()) {
+		tpu_list_insert_tail(&idle_todo, &q->node);
+		pthread_cond_signal(&closer_cond);
+		queued = true;
+	}
+	pthread_mutex_unlock(&closer_lock);
+	if (!queued) { /* no worker thread: here */
+		tpb_cuda_maps_idle(q->maps, q->n);
+		for (size_t i = 0; i < q->n; i++)
+			tpb_cuda_map_unref(q->maps[i]);
+		free(q);
+		return NULL;
+	}
+	return q;
+}
+
+bool tpb_cuda_idle_done(const struct tpb_cuda_idle *q)
+{
+	return !q || __atomic_load_n(&q->done, __ATOMIC_ACQUIRE);
+}
+
+void tpb_cuda_idle_put(struct tpb_cuda_idle *q)
+{
+	if (!q)
+		return;
+	pthread_mutex_lock(&closer_lock);
+	idle_unref_locked(q);
+	pthread_mutex_unlock(&closer_lock);
+}
+
 void tpb_cuda_buffer_unpin(struct tpb_buffer *b)
 {
 	struct unpin_req *q = malloc(sizeof(*q));
@@ -287,6 +360,16 @@ unsigned tpb_cuda_map_refs(const struct tpb_cuda_map *m)
 	refs = m->refs;
 	pthread_mutex_unlock(&table_lock);
 	return refs;
+}
+
+bool tpb_cuda_map_held(const struct tpb_cuda_map *m)
+{
+	unsigned holds;
+
+	pthread_mutex_lock(&table_lock);
+	holds = m->holds;
+	pthread_mutex_unlock(&table_lock);
+	return holds > 0;
 }
 
 void tpb_cuda_map_count(unsigned *ret_alive, unsigned *ret_open)

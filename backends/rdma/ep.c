@@ -110,6 +110,9 @@ int tpb_rdma_ep_query(struct tpb_ep *ep, struct tpb_ep_info *ret)
 	ret->ready = tpb_rdma_link_ready(l);
 	ret->state = tpb_rdma_link_state(l);
 	tpb_rdma_link_bytes(l, &ret->sent, &ret->received);
+	ret->reg_client_dmabuf = l->reg_by[RDMA_REG_CLIENT_DMABUF];
+	ret->reg_dmabuf = l->reg_by[RDMA_REG_DMABUF];
+	ret->reg_addr = l->reg_by[RDMA_REG_ADDR];
 	return 0;
 }
 
@@ -127,6 +130,8 @@ struct op_wait {
 	struct rdma_timer timer; /* armed once it ended: delivers the completion */
 	uint64_t total;		 /* the bytes of its xfers */
 	bool ended;
+	struct tpb_cuda_idle *idle; /* the reader's mappings going idle: delivered after */
+	struct tpb_rdma *g;
 };
 
 static void op_wait_deliver(struct rdma_timer *t)
@@ -134,9 +139,22 @@ static void op_wait_deliver(struct rdma_timer *t)
 	struct op_wait *ow = tpu_container_of(t, struct op_wait, timer);
 	struct tpb_op *op = ow->op;
 
+	tpb_cuda_idle_put(ow->idle);
 	tpu_list_remove(&ow->node);
 	free(ow);
 	op->done(op); /* @op is its owner's again */
+}
+
+/* Delivers @ow once the reader's mappings went idle (polled). */
+static void op_wait_on_timer(struct rdma_timer *t)
+{
+	struct op_wait *ow = tpu_container_of(t, struct op_wait, timer);
+
+	if (!tpb_cuda_idle_done(ow->idle)) {
+		tpb_rdma_timer_in_us(ow->g, &ow->timer, 50);
+		return;
+	}
+	op_wait_deliver(t);
 }
 
 /* @ow ends with @status (@why: NULL or its reason), delivered from the next progress. */
@@ -159,7 +177,8 @@ static int recv_start(struct tpb_rdma_link *l, struct tpb_ep *ep, struct tpb_op 
 	if (!ow)
 		return -ENOMEM;
 	ow->op = op;
-	ow->timer.fn = op_wait_deliver;
+	ow->g = l->g;
+	ow->timer.fn = op_wait_on_timer;
 	for (size_t i = 0; i < op->n_xfers; i++)
 		ow->total += op->xfers[i].len;
 	op->ep = ep;
@@ -173,6 +192,9 @@ static int recv_start(struct tpb_rdma_link *l, struct tpb_ep *ep, struct tpb_op 
 /* The writes into the offer of @op->prepared completed: GPU-bound ones made visible to the
  * reader's GPU work before the receive ends (tpb_rdma_recv_flush()). */
 static int prepared_flush(const struct tpb_op *op, char *why, size_t wl);
+
+/* The receive into @op->prepared ended: tpb_rdma_recv_end() of its registration. */
+static struct tpb_cuda_idle *prepared_end(const struct tpb_op *op);
 
 static struct op_wait *recv_find(struct tpb_rdma_link *l, const struct tpb_op *op)
 {
@@ -209,6 +231,8 @@ int tpb_rdma_ep_recv_expect(struct tpb_ep *ep, struct tpb_op *op, uint64_t bytes
 	}
 	if (status == 0)
 		tpb_rdma_link_received(l, bytes);
+	/* its registration goes, and the reader's mappings go idle before the reader is told */
+	ow->idle = prepared_end(op);
 	op_wait_end(l, ow, status, bytes, why);
 	return 0;
 }
@@ -398,6 +422,15 @@ static int prepared_flush(const struct tpb_op *op, char *why, size_t wl)
 				    p->prep_ops == &tpb_cuda_gdr_ops) ? p->prep : NULL;
 
 	return orv ? tpb_rdma_recv_flush(orv->rv, why, wl) : 0;
+}
+
+static struct tpb_cuda_idle *prepared_end(const struct tpb_op *op)
+{
+	const struct tpb_op *p = op->prepared;
+	struct op_recv *orv = p && (p->prep_ops == &tpb_rdma_ops ||
+				    p->prep_ops == &tpb_cuda_gdr_ops) ? p->prep : NULL;
+
+	return orv ? tpb_rdma_recv_end(orv->rv) : NULL;
 }
 
 int tpb_rdma_ep_cancel(struct tpb_ep *ep, struct tpb_op *op)

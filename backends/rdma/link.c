@@ -220,6 +220,7 @@ struct tpb_rdma_link *tpb_rdma_link_new(struct tpb_rdma *g, void *link, unsigned
 		return NULL;
 	l->g = g;
 	l->link = link;
+	l->id = ++g->link_ids;
 	l->ep = (struct tpb_ep){ .ctx = &g->base, .peer = &l->peer };
 	l->peer = (struct tpb_peer){ .name = g->cfg.link_ops->name(link), .link = link };
 	tpu_list_init(&l->op_sends);
@@ -419,6 +420,25 @@ void tpb_rdma_link_free(struct tpb_rdma_link *l)
 	free(l->qps);
 	free(l->pairs);
 	free(l);
+}
+
+void tpb_rdma_link_note_regs(struct tpb_rdma_link *l, const struct rdma_regs *rg)
+{
+	static const char *const says[RDMA_REG_METHODS] = {
+		[RDMA_REG_CLIENT_DMABUF] = "from the dma-buf its client exported",
+		[RDMA_REG_DMABUF] = "from a dma-buf the daemon exported of its IPC mapping",
+		[RDMA_REG_ADDR] = "by its device address (peer memory)",
+	};
+
+	for (size_t i = 0; i < rg->n; i++) {
+		int m = tpb_rdma_reg_method(rg, i);
+
+		if (m < 0)
+			continue;
+		if (!l->reg_by[m]++)
+			tpu_log(TPU_LOG_INFO, "peer %s: RDMA registers CUDA memory %s",
+				link_text(l), says[m]);
+	}
 }
 
 #else /* !HAVE_RDMA */

@@ -307,6 +307,15 @@ void tpb_rdma_recv_free(struct tpb_rdma_recv *rv);
  */
 int tpb_rdma_recv_flush(struct tpb_rdma_recv *rv, char *why, size_t why_len);
 
+/*
+ * tpb_rdma_recv_end() - the receive into @rv ended (the writer's daemon wrote, or never will):
+ * its registration goes now, and its CUDA mappings go idle on the CUDA layer's worker (closed
+ * there unless a session holds them), which the reader must not be told the end before.
+ * Borrows @rv; accepts NULL. Return: owned request to poll (tpb_cuda_idle_done()) and drop
+ * (tpb_cuda_idle_put()), or NULL (nothing to wait for).
+ */
+struct tpb_cuda_idle *tpb_rdma_recv_end(struct tpb_rdma_recv *rv);
+
 /* An offer as bytes (tpb_op.offer for tpb_start()): u32 port, u32 n, then per region u64 addr,
  * u64 length, u32 rkey, u32 flags (bit 0: cuda); little endian. */
 #define TPB_RDMA_OFFER_HDR 8u
@@ -405,8 +414,12 @@ struct tpb_rdma_xfer {
 
 /*
  * tpb_rdma_send() - RDMA-write the sources @x->segs into the regions @offer offers. Registers
- * the sources at once; waits for the writer's CUDA events, then posts the writes; @x->done runs
- * once every write completed or one failed (@x->bytes is the total on success, else 0).
+ * the sources at once, or, for CUDA sources whose mappings are not open yet, once the CUDA
+ * layer's worker opened them (cuIpcOpenMemHandle can block for long: never on the loop); waits
+ * for the writer's CUDA events, then posts the writes; @x->done runs once every write completed
+ * or one failed (@x->bytes is the total on success, else 0). A registration that fails after
+ * this call returned completes @x with -EOPNOTSUPP, nothing written: the caller may send over
+ * the stripe, as on a -EOPNOTSUPP return.
  * Ownership: keeps @x until @x->done; copies what it needs of @offer.
  * Return: 0; -EOPNOTSUPP (no offer, link not ready, a source in private memory, registration
  * failed; reason in @why) or -EPROTO (an offer that does not match the message): no @done, the

@@ -54,6 +54,7 @@ struct tpb_rdma {
 	struct tpb_rdma_cache_stats cache;
 	uint64_t host_bytes; /* of cache.bytes, in shared buffers (what the rdma-cache budget caps) */
 	struct tpu_list dmabufs; /* client-exported dma-bufs (dmabuf.c), in hand-over order */
+	uint64_t link_ids;	 /* the last tpb_rdma_link.id given */
 };
 
 /* A dma-buf a client exported of its own CUDA allocation (dmabuf.c). */
@@ -76,6 +77,13 @@ void tpb_rdma_dmabuf_unref(struct rdma_dmabuf *d);
 /* Drops every listed dma-buf (the context ends). */
 void tpb_rdma_dmabuf_stop(struct tpb_rdma *g);
 
+/* How the CUDA region serving a segment was registered (counted per link, tpipctl peers). */
+enum rdma_reg_method {
+	RDMA_REG_CLIENT_DMABUF, /* from the dma-buf its client exported (CudaDmabuf) */
+	RDMA_REG_DMABUF,	/* from a dma-buf the daemon exported of its IPC mapping */
+	RDMA_REG_ADDR,		/* ibv_reg_mr on the device address (peer memory) */
+	RDMA_REG_METHODS
+};
 enum link_state { LINK_PORTS, LINK_CONNECTING, LINK_READY, LINK_OFF };
 
 /* A peer link's RDMA state (link.c), its endpoint (ep.c). */
@@ -102,6 +110,8 @@ struct tpb_rdma_link {
 	bool closing;		  /* tpb_rdma_link_free() is flushing the queue pairs */
 	struct rdma_timer rebuild; /* armed while off after a failed write */
 	uint32_t rebuilds;	   /* since a write last completed */
+	uint64_t id;		   /* unique in @g, for receives that outlive the link */
+	uint64_t reg_by[RDMA_REG_METHODS]; /* CUDA segments of its transfers, by method */
 };
 
 /* The link goes (tpb_rdma_link_free()): receives started on its endpoint complete now, inside
@@ -134,13 +144,38 @@ struct rdma_regs {
 	size_t n;
 };
 
+/*
+ * The CUDA mappings of a transfer's segments, marked busy (tpb_cuda_maps_busy()) once open,
+ * before their registration, until the transfer's end, then idle on the CUDA layer's worker
+ * (tpb_cuda_maps_idle_bg()), which closes those no session holds: under the default lifetime
+ * contract the daemon holds no mapping of the memory once the client is told the transfer
+ * ended (xfer.c).
+ */
+struct rdma_busy {
+	struct tpb_cuda_map **maps; /* references, while @on */
+	size_t n;
+	bool on;		  /* busy now */
+	struct tpb_cuda_idle *idle; /* the idle request, until done */
+};
+
+/* Marks the CUDA mappings of @segs busy (once). Return: 0 or -ENOMEM. */
+int tpb_rdma_busy_on(struct rdma_busy *b, const struct tpb_rdma_seg *segs, size_t n);
+/* Hands @b's mappings to the worker to go idle (if busy). Return: true once that ran (or there
+ * was nothing to do), false while it runs (poll again). */
+bool tpb_rdma_busy_off(struct rdma_busy *b);
+/* Frees @b: mappings still busy go idle on the worker, unwaited. */
+void tpb_rdma_busy_free(struct rdma_busy *b);
+
 /* A send on a link (xfer.c); the link fails and finishes it when it goes (link.c). */
 struct rdma_send {
 	struct tpu_list node; /* in the link's sends */
 	struct tpb_rdma_link *l;
 	struct tpb_rdma_xfer *x;
 	struct rdma_regs regs;
-	struct tpv_qp *qp;
+	struct tpv_qp *qp;	 /* set with @regs */
+	uint32_t rport;		 /* the reader's port (its offer's) */
+	bool registered;	 /* @regs and @qp made: the sources' mappings were open */
+	bool ending;		 /* its mappings going idle before it finishes (send_end()) */
 	uint64_t *raddr;
 	uint32_t *rkey;
 	struct rdma_timer timer; /* event polling, and completions decided outside a call */
@@ -148,6 +183,7 @@ struct rdma_send {
 	unsigned pending;	 /* writes posted, not completed */
 	bool canceled, posting;
 	bool events_ok; /* the writer's CUDA events fired */
+	struct rdma_busy busy;	 /* its sources' CUDA mappings, busy from open to end */
 	const char *channel; /* "rdma" or "cuda_gdr", for errors */
 	int status;
 	char why[160];
@@ -180,6 +216,12 @@ int tpb_rdma_reg_applicable(const struct tpb_rdma_seg *segs, size_t n, char *why
  */
 int tpb_rdma_reg_make(struct tpb_rdma *g, const struct tpb_rdma_seg *segs, size_t n,
 		    struct rdma_regs *rg, char *why, size_t wl);
+/* The method of the region serving segment @i of @rg (made by tpb_rdma_reg_make()), or -1
+ * (host memory, an empty segment). */
+int tpb_rdma_reg_method(const struct rdma_regs *rg, size_t i);
+/* Counts on @l the method of each CUDA segment of @rg (a transfer over @l registered it, or
+ * found it cached) and logs the first use of each method on @l (link.c). */
+void tpb_rdma_link_note_regs(struct tpb_rdma_link *l, const struct rdma_regs *rg);
 /* Releases what tpb_rdma_reg_make() took (if it ran): regions leave or stay in the cache. */
 void tpb_rdma_reg_free(struct rdma_regs *rg);
 /* Drops every cached region (the daemon stops; no transfer may be running). */

@@ -329,8 +329,11 @@ static int mr_new(struct tpb_rdma *g, struct rdma_port *pt, const struct tpb_rdm
 static int reg_one(struct tpb_rdma *g, struct rdma_port *pt, const struct tpb_rdma_seg *s,
 		   struct rdma_reg *out, char *why, size_t wl)
 {
-	bool cache = cache_cap(g) > 0;
 	struct tpb_cuda_map *cuda = s->mem.loc == TPB_LOC_CUDA ? s->mem.cuda : NULL;
+	/* A CUDA allocation only while a session holds its mapping (cuda-cache-mappings): under
+	 * the default contract the mapping goes with the transfer, and a region kept past it
+	 * would keep the mapping open after the client was told it may free the memory. */
+	bool cache = cache_cap(g) > 0 && (!cuda || tpb_cuda_map_held(cuda));
 	struct rdma_dmabuf *d = NULL;
 	struct rdma_mr *e = NULL;
 	int r;
@@ -373,6 +376,17 @@ int tpb_rdma_reg_applicable(const struct tpb_rdma_seg *segs, size_t n, char *why
 		}
 	}
 	return 0;
+}
+
+int tpb_rdma_reg_method(const struct rdma_regs *rg, size_t i)
+{
+	const struct rdma_mr *e = rg->r && i < rg->n ? rg->r[i].e : NULL;
+
+	if (!e || e->how == REG_HOST)
+		return -1;
+	return e->how == REG_CLIENT_DMABUF ? RDMA_REG_CLIENT_DMABUF
+	       : e->how == REG_DMABUF	   ? RDMA_REG_DMABUF
+					   : RDMA_REG_ADDR;
 }
 
 void tpb_rdma_reg_free(struct rdma_regs *rg)

@@ -25,7 +25,9 @@ struct tpb_rdma_recv {
 	tpb_rdma_ready_fn ready;
 	void *arg;
 	struct tpb_rdma_region *regions;
-	bool registered; /* @regs made: the mappings were open */
+	uint64_t link_id; /* its link's tpb_rdma_link.id (the receive may outlive the link) */
+	bool registered;  /* @regs made: the mappings were open */
+	struct rdma_busy busy; /* the reader's CUDA mappings, busy from open to end */
 };
 
 /* ---- transfers ---------------------------------------------------------------------------- */
@@ -79,6 +81,65 @@ static int events_done(const struct tpb_rdma_seg *segs, size_t n, char *why, siz
 	return 1;
 }
 
+/* ---- the CUDA mappings a transfer keeps busy ----------------------------------------------- */
+
+int tpb_rdma_busy_on(struct rdma_busy *b, const struct tpb_rdma_seg *segs, size_t n)
+{
+	if (b->on)
+		return 0;
+	free(b->maps);
+	b->n = 0;
+	b->maps = calloc(2 * n + 1, sizeof(*b->maps));
+	if (!b->maps)
+		return -ENOMEM;
+	for (size_t i = 0; i < n; i++) {
+		if (!segs[i].len || segs[i].mem.loc != TPB_LOC_CUDA)
+			continue;
+		b->maps[b->n++] = tpb_cuda_map_ref(segs[i].mem.cuda);
+		if (segs[i].mem.event)
+			b->maps[b->n++] = tpb_cuda_map_ref(segs[i].mem.event);
+	}
+	tpb_cuda_maps_busy(b->maps, b->n);
+	b->on = true;
+	return 0;
+}
+
+/* Hands @b's busy mappings to the worker to go idle, and drops @b's references to them (the
+ * request holds its own). Return: the request (owned), or NULL. */
+static struct tpb_cuda_idle *busy_release(struct rdma_busy *b)
+{
+	struct tpb_cuda_idle *q;
+
+	if (!b->on)
+		return NULL;
+	q = tpb_cuda_maps_idle_bg(b->maps, b->n);
+	for (size_t i = 0; i < b->n; i++)
+		tpb_cuda_map_unref(b->maps[i]);
+	b->n = 0;
+	b->on = false;
+	return q;
+}
+
+bool tpb_rdma_busy_off(struct rdma_busy *b)
+{
+	if (b->on)
+		b->idle = busy_release(b);
+	if (!tpb_cuda_idle_done(b->idle))
+		return false;
+	tpb_cuda_idle_put(b->idle);
+	b->idle = NULL;
+	return true;
+}
+
+void tpb_rdma_busy_free(struct rdma_busy *b)
+{
+	if (b->on)
+		b->idle = busy_release(b);
+	tpb_cuda_idle_put(b->idle);
+	free(b->maps);
+	*b = (struct rdma_busy){ 0 };
+}
+
 /* ---- receive ------------------------------------------------------------------------------- */
 
 /* -EOPNOTSUPP unless both daemons of @l offer the channel a receive of @segs needs. */
@@ -114,14 +175,45 @@ static int maps_open(const struct tpb_rdma_seg *segs, size_t n, char *why, size_
 	return all;
 }
 
+/*
+ * maps_open() of @segs, and once they are open, @b marks them busy, so that a transfer ending
+ * on the same memory (tpb_rdma_busy_off()) cannot close them before this one ends; then asked
+ * again (one closed meanwhile: not open yet, opened again). Never waits for an open.
+ */
+static int busy_open(struct rdma_busy *b, const struct tpb_rdma_seg *segs, size_t n, char *why,
+		     size_t wl)
+{
+	int r = maps_open(segs, n, why, wl);
+
+	if (r <= 0 || b->on)
+		return r;
+	r = tpb_rdma_busy_on(b, segs, n);
+	return r < 0 ? r : maps_open(segs, n, why, wl);
+}
+
+/* The link of @g whose id is @id, or NULL (it went). */
+static struct tpb_rdma_link *link_by_id(struct tpb_rdma *g, uint64_t id)
+{
+	struct tpb_rdma_link *l;
+
+	tpu_list_for_each(l, &g->links, node)
+		if (l->id == id)
+			return l;
+	return NULL;
+}
+
 /* Registers @rv's destination (its mappings open: no driver call that may block) and fills
  * its regions for the offer. */
 static int recv_register(struct tpb_rdma_recv *rv, char *why, size_t wl)
 {
+	struct tpb_rdma_link *l;
 	int r = tpb_rdma_reg_make(rv->g, rv->segs, rv->regs.n, &rv->regs, why, wl);
 
 	if (r < 0)
 		return r;
+	l = link_by_id(rv->g, rv->link_id);
+	if (l)
+		tpb_rdma_link_note_regs(l, &rv->regs);
 	for (size_t i = 0; i < rv->regs.n; i++) {
 		const struct rdma_reg *g = &rv->regs.r[i];
 
@@ -140,7 +232,7 @@ static void recv_on_timer(struct rdma_timer *t)
 {
 	struct tpb_rdma_recv *rv = tpu_container_of(t, struct tpb_rdma_recv, timer);
 	char why[160] = "";
-	int r = rv->registered ? 1 : maps_open(rv->segs, rv->regs.n, why, sizeof(why));
+	int r = rv->registered ? 1 : busy_open(&rv->busy, rv->segs, rv->regs.n, why, sizeof(why));
 
 	if (r > 0 && !rv->registered)
 		r = recv_register(rv, why, sizeof(why));
@@ -175,6 +267,7 @@ int tpb_rdma_recv_new(struct tpb_rdma_link *l, const struct tpb_rdma_seg *segs, 
 	rv->segs = segs;
 	rv->regs.n = n;
 	rv->g = l->g;
+	rv->link_id = l->id;
 	rv->timer.fn = recv_on_timer;
 	rv->ready = ready;
 	rv->arg = arg;
@@ -185,7 +278,7 @@ int tpb_rdma_recv_new(struct tpb_rdma_link *l, const struct tpb_rdma_seg *segs, 
 			      &rv->regs.port, why, wl);
 	/* Mappings not open yet are opened off the loop; the timer registers once they are
 	 * (a failure then reaches @ready, and the reader goes without RDMA). */
-	if (r == 0 && (r = maps_open(segs, n, why, wl)) > 0)
+	if (r == 0 && (r = busy_open(&rv->busy, segs, n, why, wl)) > 0)
 		r = recv_register(rv, why, wl);
 	if (r < 0) {
 		tpb_rdma_recv_free(rv);
@@ -216,12 +309,25 @@ int tpb_rdma_recv_flush(struct tpb_rdma_recv *rv, char *why, size_t wl)
 	return 0;
 }
 
+struct tpb_cuda_idle *tpb_rdma_recv_end(struct tpb_rdma_recv *rv)
+{
+	struct tpb_cuda_idle *q;
+
+	if (!rv)
+		return NULL;
+	tpb_rdma_timer_stop(&rv->timer);
+	tpb_rdma_reg_free(&rv->regs);
+	q = busy_release(&rv->busy);
+	return q;
+}
+
 void tpb_rdma_recv_free(struct tpb_rdma_recv *rv)
 {
 	if (!rv)
 		return;
 	tpb_rdma_timer_stop(&rv->timer);
 	tpb_rdma_reg_free(&rv->regs);
+	tpb_rdma_busy_free(&rv->busy);
 	free(rv->regions);
 	free(rv);
 }
@@ -234,6 +340,7 @@ void tpb_rdma_send_finish(struct rdma_send *s)
 
 	tpu_list_remove(&s->node);
 	tpb_rdma_reg_free(&s->regs);
+	tpb_rdma_busy_free(&s->busy); /* a link going: idle on the worker, unwaited */
 	tpb_rdma_timer_stop(&s->timer);
 	x->status = s->status ? s->status : s->canceled ? -ECANCELED : 0;
 	snprintf(x->why, sizeof(x->why), "%s",
@@ -249,7 +356,7 @@ void tpb_rdma_send_finish(struct rdma_send *s)
 
 void tpb_rdma_send_fail(struct rdma_send *s, int err, const char *why)
 {
-	if (s->status)
+	if (s->status || s->ending) /* ending: every write completed already */
 		return;
 	s->status = err;
 	snprintf(s->why, sizeof(s->why), "%s: %s", s->channel, why);
@@ -319,6 +426,71 @@ void tpb_rdma_write_done(void *arg, uint64_t cookie, int status, const char *why
 	tpb_rdma_timer_in_us(s->l->g, &s->timer, send_more(s) ? RDMA_POLL_US : 0);
 }
 
+/*
+ * Registers @s's sources (their mappings open: no driver call that may block) on the port
+ * link_port() chose, and finds the queue pair to the reader's port. Return: 1, or -errno
+ * (reason in @why) with nothing held.
+ */
+static int send_register(struct rdma_send *s, char *why, size_t wl)
+{
+	struct tpb_rdma_link *l = s->l;
+	int r;
+
+	if (!tpb_rdma_link_ready(l)) /* it went off while the mappings opened */
+		return tpu_why(-EOPNOTSUPP, why, wl, "RDMA is not set up on this link");
+	r = tpb_rdma_reg_make(l->g, s->x->segs, s->x->n_segs, &s->regs, why, wl);
+	if (r < 0)
+		return r;
+	s->qp = l->qps[(size_t)(s->regs.port - l->g->ports) * l->n_remote + s->rport];
+	if (!s->qp) { /* link_port() chose a port with one: cannot happen */
+		tpb_rdma_reg_free(&s->regs);
+		return tpu_why(-EOPNOTSUPP, why, wl, "no queue pair to the reader's RDMA port %u",
+			       s->rport);
+	}
+	s->registered = true;
+	tpb_rdma_link_note_regs(l, &s->regs);
+	return 1;
+}
+
+/*
+ * A send whose sources' mappings were still opening: registers them once open. Return: 1
+ * registered, 0 not yet (the timer polls again), -1 the send failed (-EOPNOTSUPP, nothing
+ * written: its caller may use the stripe).
+ */
+static int send_poll_register(struct rdma_send *s)
+{
+	char why[160] = "";
+	int r = busy_open(&s->busy, s->x->segs, s->x->n_segs, why, sizeof(why));
+
+	if (r > 0)
+		r = send_register(s, why, sizeof(why));
+	if (r == 0) {
+		tpb_rdma_timer_in_us(s->l->g, &s->timer, RDMA_POLL_US);
+		return 0;
+	}
+	if (r < 0) {
+		tpb_rdma_send_fail(s, -EOPNOTSUPP, why);
+		return -1;
+	}
+	return 1;
+}
+
+/*
+ * @s wrote all it will: its registrations go, then its CUDA mappings go idle on the worker
+ * (closed there if no session holds them), and only then does it finish, so that its writer is
+ * never told its write ended while the daemon still maps the memory (polled by the timer).
+ */
+static void send_end(struct rdma_send *s)
+{
+	s->ending = true;
+	tpb_rdma_reg_free(&s->regs);
+	if (!tpb_rdma_busy_off(&s->busy)) {
+		tpb_rdma_timer_in_us(s->l->g, &s->timer, RDMA_POLL_US);
+		return;
+	}
+	tpb_rdma_send_finish(s);
+}
+
 static void send_on_timer(struct rdma_timer *t)
 {
 	struct rdma_send *s = tpu_container_of(t, struct rdma_send, timer);
@@ -327,6 +499,12 @@ static void send_on_timer(struct rdma_timer *t)
 
 	if (s->pending)
 		return; /* a completion re-arms */
+	if (s->ending) {
+		send_end(s);
+		return;
+	}
+	if (!s->registered && !s->status && !s->canceled && send_poll_register(s) == 0)
+		return;
 	if (!s->status && !s->canceled && !s->events_ok) {
 		r = events_done(s->x->segs, s->x->n_segs, why, sizeof(why));
 		if (r == 0) {
@@ -346,7 +524,7 @@ static void send_on_timer(struct rdma_timer *t)
 			return;
 		}
 	}
-	tpb_rdma_send_finish(s);
+	send_end(s);
 }
 
 /* Checks @rr's offer against @x. Return: 0, -EOPNOTSUPP (no offer), -EPROTO. */
@@ -373,6 +551,15 @@ static int offer_check(const struct tpb_rdma_link *l, const struct tpb_rdma_xfer
 	return 0;
 }
 
+/* Frees @s, never started (no registration held, not in its link's sends). */
+static void send_free_unstarted(struct rdma_send *s)
+{
+	tpb_rdma_busy_free(&s->busy);
+	free(s->raddr);
+	free(s->rkey);
+	free(s);
+}
+
 int tpb_rdma_send(struct tpb_rdma_link *l, struct tpb_rdma_xfer *x,
 		  const struct tpb_rdma_offer *rr, char *why, size_t wl)
 {
@@ -393,6 +580,7 @@ int tpb_rdma_send(struct tpb_rdma_link *l, struct tpb_rdma_xfer *x,
 		return -ENOMEM;
 	s->l = l;
 	s->x = x;
+	s->rport = rr->port;
 	s->channel = tpb_rdma_channel(tpb_rdma_reg_first_cuda(x->segs, x->n_segs), rr, false);
 	s->raddr = calloc(x->n_segs ? x->n_segs : 1, sizeof(*s->raddr));
 	s->rkey = calloc(x->n_segs ? x->n_segs : 1, sizeof(*s->rkey));
@@ -401,26 +589,18 @@ int tpb_rdma_send(struct tpb_rdma_link *l, struct tpb_rdma_xfer *x,
 	if (r == 0)
 		r = link_port(l, tpb_cuda_bus_id(tpb_rdma_reg_first_cuda(x->segs, x->n_segs)),
 			      rr->port, &s->regs.port, why, wl);
-	if (r == 0)
-		r = tpb_rdma_reg_make(l->g, x->segs, x->n_segs, &s->regs, why, wl);
+	/* Sources whose mappings are not open yet are opened off the loop (the CUDA layer's
+	 * worker); the timer registers them once they are, and a failure then completes the
+	 * send with -EOPNOTSUPP, nothing written (the caller sends over the stripe). */
+	if (r == 0 && (r = busy_open(&s->busy, x->segs, x->n_segs, why, wl)) > 0)
+		r = send_register(s, why, wl);
 	if (r < 0) {
-		free(s->raddr);
-		free(s->rkey);
-		free(s);
+		send_free_unstarted(s);
 		return r == -ENOMEM ? r : -EOPNOTSUPP;
 	}
 	for (size_t i = 0; i < x->n_segs; i++) {
 		s->raddr[i] = rr->regions[i].addr;
 		s->rkey[i] = rr->regions[i].rkey;
-	}
-	s->qp = l->qps[(size_t)(s->regs.port - l->g->ports) * l->n_remote + rr->port];
-	if (!s->qp) { /* link_port() chose a port with one: cannot happen */
-		tpb_rdma_reg_free(&s->regs);
-		free(s->raddr);
-		free(s->rkey);
-		free(s);
-		snprintf(why, wl, "no queue pair to the reader's RDMA port %u", rr->port);
-		return -EOPNOTSUPP;
 	}
 	x->total = 0;
 	for (size_t i = 0; i < x->n_segs; i++)

@@ -556,6 +556,9 @@ static struct json_object *peer_json(const void *item)
 	ctl_json_str(o, "rdma", p->rdma);
 	ctl_json_u64(o, "rdma_bytes_sent", p->rdma_bytes_sent);
 	ctl_json_u64(o, "rdma_bytes_received", p->rdma_bytes_received);
+	ctl_json_u64(o, "rdma_reg_client_dmabuf", p->rdma_reg_client_dmabuf);
+	ctl_json_u64(o, "rdma_reg_dmabuf", p->rdma_reg_dmabuf);
+	ctl_json_u64(o, "rdma_reg_addr", p->rdma_reg_addr);
 	return o;
 }
 
@@ -564,8 +567,32 @@ static const struct ctl_col peer_cols[] = {
 	{ "ID", true },	       { "ADDRESS", false }, { "HOST", false },	   { "STATE", false },
 	{ "DIR", false },      { "CONNS", true },    { "RTT", true },	   { "BYTES_OUT", true },
 	{ "BYTES_IN", true },  { "PIPES", true },    { "AUTH", false },	   { "RDMA", false },
-	{ "LAST_ERROR", false },
+	{ "RDMA_REG", false }, { "LAST_ERROR", false },
 };
+
+/* How the link's RDMA transfers registered CUDA memory: "-" (never), else the methods used,
+ * with their counts of segments, e.g. "client-dmabuf:4,address:1". */
+static const char *fmt_reg(const Tpw__V1__CtlPeer *p, char *buf, size_t len)
+{
+	const struct {
+		const char *name;
+		uint64_t n;
+	} by[] = { { "client-dmabuf", p->rdma_reg_client_dmabuf },
+		   { "export", p->rdma_reg_dmabuf },
+		   { "address", p->rdma_reg_addr } };
+	size_t k = 0;
+
+	snprintf(buf, len, "-");
+	for (size_t i = 0; i < TPU_ARRAY_SIZE(by); i++) {
+		int w;
+
+		if (!by[i].n || k >= len)
+			continue;
+		w = snprintf(buf + k, len - k, "%s%s:%" PRIu64, k ? "," : "", by[i].name, by[i].n);
+		k += w > 0 ? (size_t)w : 0;
+	}
+	return buf;
+}
 
 /* The cuda_gdr state in a word: "-" (not offered by both), "ready", "off", "connecting". */
 static const char *rdma_word(const char *rdma, char *buf, size_t len)
@@ -593,7 +620,7 @@ static const char *fmt_rtt(uint64_t us, char *buf, size_t len)
 static void peer_row(struct ctl_table *t, const void *item)
 {
 	const Tpw__V1__CtlPeer *p = item;
-	char b1[32], b2[32], rtt[32], rdma[16];
+	char b1[32], b2[32], rtt[32], rdma[16], reg[96];
 
 	ctl_table_cellf(t, "%" PRIu64, p->id);
 	ctl_table_cellf(t, "%s", str_or_empty(p->address));
@@ -611,6 +638,7 @@ static void peer_row(struct ctl_table *t, const void *item)
 		ctl_table_cellf(t, "%s", p->security && strcmp(p->security, "insecure") == 0
 						 ? "INSECURE" : "no");
 	ctl_table_cellf(t, "%s", rdma_word(p->rdma, rdma, sizeof(rdma)));
+	ctl_table_cellf(t, "%s", fmt_reg(p, reg, sizeof(reg)));
 	ctl_table_cellf(t, "%s", str_or_empty(p->last_error));
 }
 

@@ -476,11 +476,34 @@ static bool xh_select_offered(struct tpd_xh *xh, struct tpb_ep **ret_ep)
 	return true;
 }
 
+/*
+ * An RDMA send that wrote nothing (its sources' registration failed once their mappings had
+ * opened, off the loop): the message goes over the data connections instead, as when the
+ * registration fails at once; the reader's daemon takes the bytes there (its receive into the
+ * offer ends with them). Return: true (xh_op_done() follows), false (the send fails).
+ */
+static bool xh_gdr_fallback(struct tpd_xh *xh, const struct tpb_op *op)
+{
+	struct tpd_pipe_end *w = xh->m->from;
+
+	if (op->status != -EOPNOTSUPP || xh->early || tpd_pipe_end_dying(w) ||
+	    tpd_pipe_end_dying(tpd_pipe_end_peer(w)))
+		return false;
+	tpd_pipe_log(w->pipe, NULL, TPU_LOG_INFO, "message %llu: not over RDMA: %s",
+		     (unsigned long long)xh->m->msg_id, op->why);
+	snprintf(xh->chan_why, sizeof(xh->chan_why), "striped over the peer link's data "
+		 "connections: not over RDMA: %.120s", op->why);
+	xh->gdr = false;
+	return xh_mpt_start(xh) == 0;
+}
+
 /* An RDMA send ended (from tpb_progress(), or inside the link's free): the transfer's outcome. */
 static void xh_rdma_op_done(struct tpb_op *op)
 {
 	struct tpd_xh *xh = op->arg;
 
+	if (xh_gdr_fallback(xh, op))
+		return;
 	xh->x.status = op->status;
 	snprintf(xh->x.why, sizeof(xh->x.why), "%s", op->why);
 	xh->x.bytes = op->bytes;

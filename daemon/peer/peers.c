@@ -269,6 +269,9 @@ static void peer_rdma_info(struct tpd_peer *pr, Tpw__V1__CtlPeer *e)
 	e->rdma = (char *)info.state;
 	e->rdma_bytes_sent = info.sent;
 	e->rdma_bytes_received = info.received;
+	e->rdma_reg_client_dmabuf = info.reg_client_dmabuf;
+	e->rdma_reg_dmabuf = info.reg_dmabuf;
+	e->rdma_reg_addr = info.reg_addr;
 }
 
 static const char *peer_security(const struct tpd_peer *pr)

@@ -19,6 +19,7 @@
  */
 #include <check.h>
 #include <dirent.h>
+#include <json-c/json.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <stdio.h>
@@ -54,27 +55,69 @@ static bool cross(const char *name, const struct hwt_case *cases, size_t n, unsi
 	return hwt_xfer_run(&x);
 }
 
-/* The registration counters of one daemon. */
+/* The registration counters of one daemon (tpipctl status), and of its one peer link
+ * (tpipctl peers: segments by method, link_*). */
 struct regs {
+	uint64_t client, daemon, addr, gdr_bytes;
+	uint64_t link_client, link_daemon, link_addr;
+};
+
+/* What a test wants the daemon's counters to move by (the link's by the same). */
+struct want {
 	uint64_t client, daemon, addr, gdr_bytes;
 };
 
+static const char *const reg_keys[] = { "rdma_reg_client_dmabuf", "rdma_reg_dmabuf",
+					"rdma_reg_addr" };
+
+/* @ret: the reg_keys of @d's one peer link in `tpipctl --json peers` (zeros before the
+ * link is made). */
+static void link_regs(const struct tpt_daemon *d, uint64_t ret[3])
+{
+	char *out = hwt_ctl(d, "peers", true);
+	struct json_object *root = out ? json_tokener_parse(out) : NULL, *arr, *o, *v;
+
+	ck_assert_msg(root && json_object_object_get_ex(root, "peers", &arr) &&
+			      json_object_array_length(arr) <= 1,
+		      "tpipctl --json peers: more than one link: %s", out ? out : "(no answer)");
+	memset(ret, 0, 3 * sizeof(*ret));
+	o = json_object_array_length(arr) ? json_object_array_get_idx(arr, 0) : NULL;
+	for (int i = 0; o && i < 3; i++) {
+		ck_assert_msg(json_object_object_get_ex(o, reg_keys[i], &v), "no %s: %s",
+			      reg_keys[i], out);
+		ret[i] = (uint64_t)json_object_get_int64(v);
+	}
+	json_object_put(root);
+	free(out);
+}
+
 static struct regs regs_of(const struct tpt_daemon *d)
 {
-	static const char *const keys[] = { "rdma_reg_client_dmabuf", "rdma_reg_dmabuf",
-					    "rdma_reg_addr" };
-	uint64_t v[3];
+	uint64_t v[3], l[3];
 
-	tpt_status_u64s(d, keys, 3, v);
-	return (struct regs){ v[0], v[1], v[2], tpt_channel_bytes(d, "cuda_gdr") };
+	tpt_status_u64s(d, reg_keys, 3, v);
+	link_regs(d, l);
+	return (struct regs){ v[0], v[1], v[2], tpt_channel_bytes(d, "cuda_gdr"), l[0], l[1],
+			      l[2] };
 }
 
 /* @d's counters moved by exactly @want since @was (client, daemon, addr, bytes). */
 static void expect_regs(const char *who, const struct tpt_daemon *d, struct regs was,
-			struct regs want)
+			struct want want)
 {
 	struct regs now = regs_of(d);
 
+	/* each segment here is a new allocation: the link counts what the daemon registered */
+	ck_assert_msg(now.link_client - was.link_client == want.client &&
+			      now.link_daemon - was.link_daemon == want.daemon &&
+			      now.link_addr - was.link_addr == want.addr,
+		      "daemon %s's link counts %llu segments registered from client dma-bufs, %llu "
+		      "from its own, %llu by address; want %llu, %llu, %llu", who,
+		      (unsigned long long)(now.link_client - was.link_client),
+		      (unsigned long long)(now.link_daemon - was.link_daemon),
+		      (unsigned long long)(now.link_addr - was.link_addr),
+		      (unsigned long long)want.client, (unsigned long long)want.daemon,
+		      (unsigned long long)want.addr);
 	ck_assert_msg(now.client - was.client == want.client &&
 			      now.daemon - was.daemon == want.daemon &&
 			      now.addr - was.addr == want.addr &&
@@ -100,6 +143,30 @@ static void expect_nothing_held(const struct tpt_daemon *d)
 	ck_assert_uint_eq(status_u64(d, "cuda_dmabufs"), 0);
 	ck_assert_uint_eq(status_u64(d, "rdma_cache_regions"), 0);
 	ck_assert_uint_eq(status_u64(d, "cuda_mappings"), 0);
+}
+
+/*
+ * `tpipctl peers` on @d (fresh daemons: one link) shows @want in its RDMA_REG column, and @d
+ * logged the first use of each method on that link once.
+ */
+static void expect_link_methods(const struct tpt_daemon *d, const char *want)
+{
+	static const struct {
+		const char *col, *line;
+	} says[] = {
+		{ "client-dmabuf:", "RDMA registers CUDA memory from the dma-buf its client exported" },
+		{ "export:", "RDMA registers CUDA memory from a dma-buf the daemon exported" },
+		{ "address:", "RDMA registers CUDA memory by its device address" },
+	};
+	char *out = hwt_ctl(d, "peers", false);
+
+	ck_assert_msg(out && strstr(out, "RDMA_REG") && strstr(out, want),
+		      "tpipctl peers does not show %s: %s", want, out ? out : "(no answer)");
+	printf("%s", out);
+	free(out);
+	for (size_t i = 0; i < sizeof(says) / sizeof(says[0]); i++)
+		ck_assert_int_eq(tpt_daemon_log_count(d, says[i].line),
+				 strstr(want, says[i].col) ? 1 : 0);
 }
 
 /* Restarts both fixture daemons with @env=@val in their environment (NULL: as the fixture). */
@@ -141,8 +208,10 @@ START_TEST(test_dmabuf_client_exported_regions_cross_by_rdma)
 	struct regs a = regs_of(&tpt_peer_a), b = regs_of(&tpt_peer_b);
 
 	ck_assert(cross("dmabuf-dd", cases, 3, 81));
-	expect_regs("A", &tpt_peer_a, a, (struct regs){ 3, 0, 0, bytes });
-	expect_regs("B", &tpt_peer_b, b, (struct regs){ 3, 0, 0, bytes });
+	expect_regs("A", &tpt_peer_a, a, (struct want){ 3, 0, 0, bytes });
+	expect_regs("B", &tpt_peer_b, b, (struct want){ 3, 0, 0, bytes });
+	expect_link_methods(&tpt_peer_a, "client-dmabuf:3");
+	expect_link_methods(&tpt_peer_b, "client-dmabuf:3");
 	expect_nothing_held(&tpt_peer_a);
 	expect_nothing_held(&tpt_peer_b);
 }
@@ -152,7 +221,8 @@ END_TEST
  * A client that cannot export (its device has no dma-buf: FAKECUDA_NO_DMABUF in the clients'
  * environment; an allocation that is not whole pages) hands nothing over and its tensor still
  * crosses by cuda_gdr, registered by address (peer memory on, FAKEVERBS_PEER_MEMORY); with peer
- * memory on, a client that can export is still registered from its dma-buf.
+ * memory on, a client that can export is still registered from its dma-buf. Each daemon's
+ * link shows how its segments were registered (tpipctl peers) and says so once per method.
  */
 START_TEST(test_dmabuf_fallback_when_the_client_cannot_export)
 {
@@ -169,21 +239,23 @@ START_TEST(test_dmabuf_fallback_when_the_client_cannot_export)
 	b = regs_of(&tpt_peer_b);
 	ck_assert(cross("dmabuf-none", aligned, 1, 82));
 	unsetenv("FAKECUDA_NO_DMABUF");
-	expect_regs("A", &tpt_peer_a, a, (struct regs){ 0, 0, 1, MIB });
-	expect_regs("B", &tpt_peer_b, b, (struct regs){ 0, 0, 1, MIB });
+	expect_regs("A", &tpt_peer_a, a, (struct want){ 0, 0, 1, MIB });
+	expect_regs("B", &tpt_peer_b, b, (struct want){ 0, 0, 1, MIB });
 	ck_assert_uint_eq(status_u64(&tpt_peer_a, "cuda_dmabufs_refused"), 0);
 
 	a = regs_of(&tpt_peer_a);
 	b = regs_of(&tpt_peer_b);
 	ck_assert(cross("dmabuf-odd", odd_case, 1, 83));
-	expect_regs("A", &tpt_peer_a, a, (struct regs){ 0, 0, 1, MIB });
-	expect_regs("B", &tpt_peer_b, b, (struct regs){ 0, 0, 1, MIB });
+	expect_regs("A", &tpt_peer_a, a, (struct want){ 0, 0, 1, MIB });
+	expect_regs("B", &tpt_peer_b, b, (struct want){ 0, 0, 1, MIB });
 
 	a = regs_of(&tpt_peer_a);
 	b = regs_of(&tpt_peer_b);
 	ck_assert(cross("dmabuf-pm", aligned, 1, 84));
-	expect_regs("A", &tpt_peer_a, a, (struct regs){ 1, 0, 0, MIB });
-	expect_regs("B", &tpt_peer_b, b, (struct regs){ 1, 0, 0, MIB });
+	expect_regs("A", &tpt_peer_a, a, (struct want){ 1, 0, 0, MIB });
+	expect_regs("B", &tpt_peer_b, b, (struct want){ 1, 0, 0, MIB });
+	expect_link_methods(&tpt_peer_a, "client-dmabuf:1,address:2");
+	expect_link_methods(&tpt_peer_b, "client-dmabuf:1,address:2");
 	expect_nothing_held(&tpt_peer_a);
 	expect_nothing_held(&tpt_peer_b);
 }
@@ -591,7 +663,7 @@ START_TEST(test_dmabuf_of_another_session_is_never_used)
 	ck_assert(tpt_wait_ok(pids[0], TPT_SCALED_MS(60000), "reader"));
 	ck_assert(tpt_wait_ok(pids[1], TPT_SCALED_MS(60000), "victim"));
 	ck_assert(tpt_wait_ok(pids[2], TPT_SCALED_MS(60000), "attacker"));
-	expect_regs("A", &tpt_peer_a, a, (struct regs){ 0, 0, 1, MIB });
+	expect_regs("A", &tpt_peer_a, a, (struct want){ 0, 0, 1, MIB });
 	ck_assert_msg(!log_has(&tpt_peer_a, "dma-buf of its CUDA memory is not usable"),
 		      "daemon A tried the attacker's dma-buf for the victim's memory");
 	expect_nothing_held(&tpt_peer_a);

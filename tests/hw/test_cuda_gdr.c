@@ -10,9 +10,11 @@
  * tensor still arrives, staged over the data connections (cuda_basic). A write the RDMA device
  * fails reaches both clients as an error; both daemons stay up, turn RDMA off on that link
  * (`tpipctl peers` says why) and move the next message over the data connections. Slow IPC
- * opens (an event's on both daemons, the reader's memory on its daemon) hold up no other
- * session. On the stand-ins peer memory is on, for the allocations that are not whole pages
- * (they have no dma-buf; test_cuda_dmabuf runs without peer memory).
+ * opens (an event's on both daemons, the reader's memory on its daemon, the writer's on its
+ * daemon) hold up no other session, and a writer's registration that fails once its mapping
+ * opened sends the message over the data connections. On the stand-ins peer memory is on, for
+ * the allocations that are not whole pages (they have no dma-buf; test_cuda_dmabuf runs
+ * without peer memory).
  * Needs a CUDA device and an active RDMA port (or the stand-ins of `--setup fakecuda`); skips
  * (77) with the reason otherwise.
  */
@@ -92,6 +94,21 @@ static void expect_nothing_kept(const struct tpt_daemon *d, uint64_t misses0, ui
 	ck_assert_uint_eq(status_u64(d, "rdma_cache_misses") - misses0, misses);
 }
 
+/*
+ * The lifetime contract across hosts: each client frees its memory as soon as its WriteDone or
+ * ReadDone arrives (after tp_cuda_release()), so a daemon still mapping it then would close a
+ * stale mapping later, which the strict stand-in answers with a sticky error, and the context
+ * reset that follows unmaps every transfer in flight on the device (an RDMA write from or into
+ * it then fails with EFAULT). Neither daemon may have met one.
+ */
+static void expect_no_stale_close(const struct tpt_daemon *d)
+{
+	int n = tpt_daemon_log_count(d, "primary context reset after a sticky error");
+
+	ck_assert_msg(n == 0, "%s: %d context resets: a mapping outlived its transfer", d->socket,
+		      n);
+}
+
 START_TEST(test_cuda_gdr_cuda_to_cuda_across_daemons)
 {
 	struct hwt_side gpu = { .mem = HWT_CUDA, .device = 0, .stream = true };
@@ -117,6 +134,8 @@ START_TEST(test_cuda_gdr_cuda_to_cuda_across_daemons)
 	expect_gdr_bytes(a0, b0, 1 + 4096 + MIB + 7 + 64 * MIB);
 	expect_nothing_kept(&tpt_peer_a, ma, 4);
 	expect_nothing_kept(&tpt_peer_b, mb, 4);
+	expect_no_stale_close(&tpt_peer_a);
+	expect_no_stale_close(&tpt_peer_b);
 	expect_link_rdma(&tpt_peer_a, 1 + 4096 + MIB + 7 + 64 * MIB, 0);
 	expect_link_rdma(&tpt_peer_b, 0, 1 + 4096 + MIB + 7 + 64 * MIB);
 	ck_assert(tpt_daemon_alive(&tpt_peer_a) && tpt_daemon_alive(&tpt_peer_b));
@@ -125,7 +144,8 @@ END_TEST
 
 /*
  * The rdma-cache budget caps pinned host memory only: with a 1 MiB budget, a 4 MiB CUDA
- * allocation stays registered until its client leaves (not evicted), and then goes.
+ * allocation is never evicted for it (under the default lifetime contract its registration goes
+ * with the transfer, as its mapping does).
  */
 START_TEST(test_cuda_gdr_budget_leaves_gpu_memory)
 {
@@ -448,6 +468,105 @@ START_TEST(test_cuda_gdr_slow_map_open_blocks_no_other_session)
 END_TEST
 
 /*
+ * Restarts daemon A (the writer's) with its IPC memory opens taking @ms (pending marker in
+ * slow_dir, made here) and @env ("NAME=VALUE" pairs, NULL-terminated) in its environment.
+ */
+static void writer_daemon_slow(int ms, const char *const *env)
+{
+	char delay[64];
+
+	ck_assert_ptr_nonnull(mkdtemp(slow_dir));
+	snprintf(delay, sizeof(delay), "cuIpcOpenMemHandle:%d", ms);
+	ck_assert_int_eq(tpt_daemon_stop(&tpt_peer_a), 0);
+	setenv("FAKECUDA_FAULT_DIR", slow_dir, 1);
+	setenv("FAKECUDA_DELAY", delay, 1);
+	for (size_t i = 0; env && env[i]; i++)
+		ck_assert_int_eq(putenv((char *)env[i]), 0);
+	ck_assert_int_eq(tpt_daemon_start_peer(&tpt_peer_a, tpt_peer_args()), 0);
+	unsetenv("FAKECUDA_DELAY");
+	unsetenv("FAKECUDA_FAULT_DIR");
+}
+
+/* Waits (a condition with a deadline) for a daemon to be inside a slow IPC memory open. */
+static bool map_pending_wait(void)
+{
+	struct timespec step = { 0, 5 * 1000000L };
+
+	for (int i = 0; i < TPT_SCALED_MS(30000) / 5 && !map_pending(); i++)
+		nanosleep(&step, NULL);
+	return map_pending();
+}
+
+/*
+ * Issue 28 item 10 (its send side): the writer's daemon registers the writer's CUDA memory for
+ * RDMA once its mapping is open, and opens it (cuIpcOpenMemHandle, SLOW_MS here, on daemon A
+ * only) on the CUDA layer's worker when the reader's offer arrives, never on its event loop:
+ * meanwhile daemon A serves other sessions and answers tpipctl, and the tensor then crosses by
+ * cuda_gdr. Fails with the open and registration back in tpb_rdma_send() on the loop.
+ */
+START_TEST(test_cuda_gdr_slow_writer_map_open_blocks_no_other_session)
+{
+	struct tpt_xfer xa = { .d = &tpt_peer_a, .name = "slow-wmap-cpu", .n_msgs = 8,
+			       .spec = slow_cpu_spec };
+	uint64_t a0;
+	char *out;
+	pid_t gpu;
+
+	if (!getenv("TPIPD_CUDA_LIBRARY") || !strstr(getenv("TPIPD_CUDA_LIBRARY"), "fakecuda")) {
+		printf("SKIP: a slow driver call needs the fakecuda stand-in\n");
+		return;
+	}
+	writer_daemon_slow(SLOW_MS, NULL);
+	a0 = tpt_channel_bytes(&tpt_peer_a, "cuda_gdr");
+	gpu = tpt_fork(slow_gpu_pair, NULL);
+	ck_assert_int_gt(gpu, 0);
+	ck_assert_msg(map_pending_wait(), "daemon A opened no mapping of the writer's memory");
+	ck_assert_msg(tpt_xfer_run(&xa), "daemon A held other sessions up");
+	out = hwt_ctl(&tpt_peer_a, "status", false);
+	ck_assert_msg(out, "tpipctl status on A did not answer");
+	free(out);
+	ck_assert_msg(map_pending(), "the slow open ended before the other sessions were served: "
+				     "it held them up (or SLOW_MS is too short here)");
+	ck_assert(tpt_wait_ok(gpu, TPT_SCALED_MS(60000), "GPU pair"));
+	ck_assert_uint_eq(tpt_channel_bytes(&tpt_peer_a, "cuda_gdr") - a0, MIB);
+	rmdir(slow_dir);
+}
+END_TEST
+
+/*
+ * The send side's registration fails after the transfer was set up for RDMA (daemon A's
+ * mapping opened off the loop, then no way to register it: the stand-in refuses every dma-buf
+ * and has no peer memory): the message goes over the data connections instead, intact, and
+ * counts under mpt, not cuda_gdr; the link keeps RDMA (nothing was written).
+ */
+START_TEST(test_cuda_gdr_writer_registration_failure_uses_the_stripe)
+{
+	static const char *const env[] = { "FAKEVERBS_PEER_MEMORY=0", "FAKEVERBS_DMABUF_ERRNO=22",
+					   NULL };
+	uint64_t a0, m0;
+	pid_t gpu;
+
+	if (!getenv("TPIPD_CUDA_LIBRARY") || !strstr(getenv("TPIPD_CUDA_LIBRARY"), "fakecuda")) {
+		printf("SKIP: a slow driver call needs the fakecuda stand-in\n");
+		return;
+	}
+	writer_daemon_slow(TPT_SCALED_MS(300), env);
+	setenv("FAKEVERBS_PEER_MEMORY", "1", 1);
+	unsetenv("FAKEVERBS_DMABUF_ERRNO");
+	a0 = tpt_channel_bytes(&tpt_peer_a, "cuda_gdr");
+	m0 = tpt_channel_bytes(&tpt_peer_a, "mpt");
+	gpu = tpt_fork(slow_gpu_pair, NULL);
+	ck_assert_int_gt(gpu, 0);
+	ck_assert_msg(map_pending_wait(), "daemon A opened no mapping of the writer's memory");
+	ck_assert(tpt_wait_ok(gpu, TPT_SCALED_MS(60000), "GPU pair"));
+	ck_assert_uint_eq(tpt_channel_bytes(&tpt_peer_a, "cuda_gdr") - a0, 0);
+	ck_assert_uint_eq(tpt_channel_bytes(&tpt_peer_a, "mpt") - m0, MIB);
+	expect_link_rdma(&tpt_peer_a, 0, 0);
+	rmdir(slow_dir);
+}
+END_TEST
+
+/*
  * Issue 28 item 3: RDMA writes into GPU memory can still be in flight when the writer's
  * completion arrives (the stand-in's FAKEVERBS_WRITE_LAG holds their bytes back until the
  * reader's daemon flushes, on a device that does not order them, FAKECUDA_RDMA_ORDERING=0):
@@ -500,6 +619,8 @@ static Suite *cuda_gdr_suite(bool stand_in)
 		tcase_add_test(tc, test_cuda_gdr_device_error_reaches_both_clients);
 		tcase_add_test(tc, test_cuda_gdr_writes_are_flushed_before_read_done);
 		tcase_add_test(tc, test_cuda_gdr_slow_map_open_blocks_no_other_session);
+		tcase_add_test(tc, test_cuda_gdr_slow_writer_map_open_blocks_no_other_session);
+		tcase_add_test(tc, test_cuda_gdr_writer_registration_failure_uses_the_stripe);
 	}
 	tcase_set_timeout(tc, 300);
 	suite_add_tcase(s, tc);
