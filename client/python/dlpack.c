@@ -19,7 +19,7 @@
 
 /* ---- DLPack ABI -------------------------------------------------------------------------- */
 
-enum { DL_CPU = 1, DL_CUDA_HOST = 3 };
+enum { DL_CPU = 1, DL_CUDA = 2, DL_CUDA_HOST = 3 };
 enum { DL_INT = 0, DL_UINT = 1, DL_FLOAT = 2, DL_BFLOAT = 4, DL_COMPLEX = 5 };
 
 typedef struct {
@@ -91,6 +91,34 @@ static bool dl_compact(const DLTensor *t)
 	return true;
 }
 
+/* Checks what a consumer needs of @t (a dtype of whole bytes, at most 32 C-contiguous
+ * dimensions) and its byte size into *@ret_len. Return: 0, or -1 with InvalidArgument set. */
+static int dl_check(const DLTensor *t, const char *what, size_t *ret_len)
+{
+	size_t n;
+
+	if (t->ndim < 0 || t->ndim > DL_MAX_NDIM || t->dtype.lanes != 1 || t->dtype.bits % 8 ||
+	    !t->dtype.bits) {
+		dl_raise(what, "unsupported DLPack dimensions or dtype", NULL);
+		return -1;
+	}
+	if (!dl_compact(t)) {
+		dl_raise(what, "is not contiguous: pass contiguous=True to send a contiguous copy, "
+			 "or make it contiguous yourself", NULL);
+		return -1;
+	}
+	n = t->dtype.bits / 8;
+	for (int i = 0; i < t->ndim; i++) {
+		if (t->shape[i] < 0 || (t->shape[i] && n > PY_SSIZE_T_MAX / (size_t)t->shape[i])) {
+			dl_raise(what, "bad DLPack shape", NULL);
+			return -1;
+		}
+		n *= (size_t)t->shape[i];
+	}
+	*ret_len = n;
+	return 0;
+}
+
 int tpy_dlpack_get(PyObject *obj, Py_buffer *view, const char *what)
 {
 	PyObject *cap = PyObject_CallMethod(obj, "__dlpack__", NULL);
@@ -108,26 +136,13 @@ int tpy_dlpack_get(PyObject *obj, Py_buffer *view, const char *what)
 	}
 	t = &m->dl_tensor;
 	if (t->device.device_type != DL_CPU && t->device.device_type != DL_CUDA_HOST) {
-		dl_raise(what, "DLPack tensor not in CPU memory (CUDA tensors travel through "
-			 "__cuda_array_interface__)", cap);
+		dl_raise(what, "DLPack tensor not in CPU memory (the package sends CUDA DLPack "
+			 "tensors as CUDA ranges: tpipd/_tensor.py)", cap);
 		return -1;
 	}
-	if (t->ndim < 0 || t->ndim > DL_MAX_NDIM || t->dtype.lanes != 1 || t->dtype.bits % 8) {
-		dl_raise(what, "unsupported DLPack dimensions or dtype", cap);
+	if (dl_check(t, what, &n) < 0) {
+		Py_DECREF(cap);
 		return -1;
-	}
-	if (!dl_compact(t)) {
-		dl_raise(what, "is not contiguous: pass contiguous=True to send a contiguous copy, "
-			 "or make it contiguous yourself", cap);
-		return -1;
-	}
-	n = t->dtype.bits / 8;
-	for (int i = 0; i < t->ndim; i++) {
-		if (t->shape[i] < 0 || (t->shape[i] && n > PY_SSIZE_T_MAX / (size_t)t->shape[i])) {
-			dl_raise(what, "bad DLPack shape", cap);
-			return -1;
-		}
-		n *= (size_t)t->shape[i];
 	}
 	memset(view, 0, sizeof(*view));
 	view->buf = t->data ? (char *)t->data + t->byte_offset : NULL;
@@ -136,6 +151,76 @@ int tpy_dlpack_get(PyObject *obj, Py_buffer *view, const char *what)
 	view->ndim = 1;
 	view->obj = cap; /* its destructor calls the producer's deleter */
 	return 0;
+}
+
+/* ---- in: CUDA memory of a __dlpack__ capsule --------------------------------------------- */
+
+/* CU_STREAM_LEGACY: DLPack's stream 1, the stream a consumer passing stream=1 works on. */
+#define DL_STREAM_LEGACY 1
+
+/* The (ptr, nbytes, device, stream) range, DLPack dtype and shape of @t, kept by @cap. */
+static PyObject *dl_cuda_tuple(PyObject *cap, const DLTensor *t, size_t n)
+{
+	PyObject *shape = PyTuple_New(t->ndim), *r;
+
+	if (!shape)
+		return NULL;
+	for (int i = 0; i < t->ndim; i++) {
+		PyObject *d = PyLong_FromLongLong(t->shape[i]);
+
+		if (!d) {
+			Py_DECREF(shape);
+			return NULL;
+		}
+		PyTuple_SET_ITEM(shape, i, d);
+	}
+	r = Py_BuildValue("(O(KKiK)(ii)N)", cap,
+			  (unsigned long long)(uintptr_t)((char *)t->data + t->byte_offset),
+			  (unsigned long long)n, (int)t->device.device_id,
+			  (unsigned long long)DL_STREAM_LEGACY, (int)t->dtype.code,
+			  (int)t->dtype.bits, shape);
+	return r;
+}
+
+PyObject *tpy_dlpack_cuda(PyObject *mod, PyObject *obj)
+{
+	PyObject *fn, *kw, *noargs, *cap = NULL;
+	DLManagedTensor *m;
+	const DLTensor *t;
+	PyObject *ret;
+	size_t n;
+
+	/* stream=1: the producer orders its pending work before the legacy default stream,
+	 * which libtpclient then waits for (DLPack's stream semantics for CUDA). */
+	fn = PyObject_GetAttrString(obj, "__dlpack__");
+	if (!fn)
+		return NULL;
+	kw = Py_BuildValue("{si}", "stream", DL_STREAM_LEGACY);
+	noargs = PyTuple_New(0);
+	if (kw && noargs)
+		cap = PyObject_Call(fn, noargs, kw);
+	Py_DECREF(fn);
+	Py_XDECREF(kw);
+	Py_XDECREF(noargs);
+	if (!cap)
+		return NULL;
+	m = PyCapsule_GetPointer(cap, "dltensor");
+	if (!m) {
+		Py_DECREF(cap);
+		return NULL;
+	}
+	t = &m->dl_tensor;
+	if (t->device.device_type != DL_CUDA || t->device.device_id < 0)
+		return dl_raise("dlpack_cuda", "DLPack tensor not in CUDA device memory", cap);
+	if (dl_check(t, "CUDA tensor", &n) < 0) {
+		Py_DECREF(cap);
+		return NULL;
+	}
+	if (!t->data && n)
+		return dl_raise("dlpack_cuda", "DLPack tensor with a NULL pointer", cap);
+	ret = dl_cuda_tuple(cap, t, n);
+	Py_DECREF(cap);
+	return ret;
 }
 
 /* ---- out: DLView ------------------------------------------------------------------------- */

@@ -5,7 +5,7 @@ buffer the caller owns, or (typed items) giving back the array or tensor that wa
 iteration that ends when the channel is drained; the state this handle has seen. Moving bytes
 and waiting (sliced, GIL released, Ctrl-C) is the extension's (chan.c); framing of typed items
 reuses the tensor header of _tensor.py. Not here: pipes (_pipe.py), sets (_set.py)."""
-from . import _tensor, _tpipd
+from . import _cuda, _tensor, _tpipd
 
 CREATE = 0x1
 EXCLUSIVE = 0x2
@@ -30,6 +30,9 @@ def _item_buffer(obj, contiguous, what):
         if not obj.flags.c_contiguous:
             obj = _tensor._contiguous(obj, contiguous, what)
         return obj
+    if _cuda.is_cuda(obj):
+        raise _tpipd.NotSupported(95, f"{what}: channel items are CPU memory (a CUDA "
+                                  "tensor travels through a Pipe)")
     try:
         return memoryview(obj)  # any other buffer-protocol object
     except TypeError:
@@ -46,6 +49,8 @@ def _typed_item(obj, contiguous):
     if _tensor.is_torch(obj) and obj.is_cuda:
         raise _tpipd.NotSupported(95, "channel items are CPU memory")
     buf, hdr, _ = _tensor.to_wire(obj, contiguous, "item")
+    if type(buf) is tuple:  # a CUDA range
+        raise _tpipd.NotSupported(95, "channel items are CPU memory")
     src = _tensor.cpu_buffer(buf).reshape(-1).view("uint8")  # a view: no copy yet
     item = bytearray(len(hdr) + src.nbytes)
     item[:len(hdr)] = hdr
