@@ -21,8 +21,10 @@ int tpy_buffer_get(PyObject *obj, Py_buffer *view, bool writable, const char *wh
 {
 	int flags = PyBUF_C_CONTIGUOUS | (writable ? PyBUF_WRITABLE : 0);
 
-	/* torch tensors (and other DLPack producers without the buffer protocol) */
-	if (!PyObject_CheckBuffer(obj) && PyObject_HasAttrString(obj, "__dlpack__"))
+	/* DLPack capsules, torch tensors (and other DLPack producers without the buffer
+	 * protocol) */
+	if (PyCapsule_CheckExact(obj) ||
+	    (!PyObject_CheckBuffer(obj) && PyObject_HasAttrString(obj, "__dlpack__")))
 		return tpy_dlpack_get(obj, view, what);
 	if (PyObject_GetBuffer(obj, view, flags) == 0)
 		return 0;

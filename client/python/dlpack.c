@@ -121,12 +121,16 @@ static int dl_check(const DLTensor *t, const char *what, size_t *ret_len)
 
 int tpy_dlpack_get(PyObject *obj, Py_buffer *view, const char *what)
 {
-	PyObject *cap = PyObject_CallMethod(obj, "__dlpack__", NULL);
+	PyObject *cap;
 	DLManagedTensor *m;
 	const DLTensor *t;
 	size_t n;
 
 	view->obj = NULL;
+	/* A capsule itself (the package's torch.utils.dlpack.to_dlpack(), cheaper than the
+	 * tensor's __dlpack__ wrapper), or the object's __dlpack__(). */
+	cap = PyCapsule_CheckExact(obj) ? Py_NewRef(obj) : PyObject_CallMethod(obj, "__dlpack__",
+									   NULL);
 	if (!cap)
 		return -1;
 	m = PyCapsule_GetPointer(cap, "dltensor");
@@ -137,7 +141,7 @@ int tpy_dlpack_get(PyObject *obj, Py_buffer *view, const char *what)
 	t = &m->dl_tensor;
 	if (t->device.device_type != DL_CPU && t->device.device_type != DL_CUDA_HOST) {
 		dl_raise(what, "DLPack tensor not in CPU memory (the package sends CUDA DLPack "
-			 "tensors as CUDA ranges: tpipd/_tensor.py)", cap);
+			 "tensors as CUDA ranges: tpipd/_cuda.py)", cap);
 		return -1;
 	}
 	if (dl_check(t, what, &n) < 0) {
@@ -149,7 +153,7 @@ int tpy_dlpack_get(PyObject *obj, Py_buffer *view, const char *what)
 	view->len = (Py_ssize_t)n;
 	view->itemsize = 1;
 	view->ndim = 1;
-	view->obj = cap; /* its destructor calls the producer's deleter */
+	view->obj = cap; /* its destructor calls the producer's deleter (we never consume it) */
 	return 0;
 }
 

@@ -249,6 +249,25 @@ fail:
 	return NULL;
 }
 
+/* The buffers of @so and @ro into @v and @a: an in-place call (@so is @ro) acquires one, the
+ * recv view, which serves as both (one __dlpack__ or buffer export per call, not two).
+ * Return: 0, or -1 with an exception set and nothing held. */
+static int group_views(PyObject *so, PyObject *ro, Py_buffer v[2], struct coll_args *a)
+{
+	if (tpy_buffer_get(ro, &v[1], true, "recv") < 0)
+		return -1;
+	a->recv = &v[1];
+	a->send = &v[1];
+	if (so == ro)
+		return 0;
+	if (tpy_buffer_get(so, &v[0], false, "send") < 0) {
+		PyBuffer_Release(&v[1]);
+		return -1;
+	}
+	a->send = &v[0];
+	return 0;
+}
+
 /* all-reduce and reduce-scatter: (send, recv, dtype, op[, async_op]) for @kind; @fmt names the
  * call in argument errors. */
 static PyObject *group_reducing(tpy_group *self, PyObject *args, PyObject *kw,
@@ -262,14 +281,8 @@ static PyObject *group_reducing(tpy_group *self, PyObject *args, PyObject *kw,
 
 	if (!PyArg_ParseTupleAndKeywords(args, kw, fmt, kwlist, &so, &ro, &dt, &op, &async))
 		return NULL;
-	if (tpy_buffer_get(ro, &v[1], true, "recv") < 0)
+	if (group_views(so, ro, v, &a) < 0)
 		return NULL;
-	if (tpy_buffer_get(so, &v[0], false, "send") < 0) {
-		PyBuffer_Release(&v[1]);
-		return NULL;
-	}
-	a.send = &v[0];
-	a.recv = &v[1];
 	a.dtype = (enum tp_dtype)dt;
 	a.op = (enum tp_reduce_op)op;
 	return group_coll(self, &a, v, async);
@@ -296,14 +309,8 @@ static PyObject *group_allgather(tpy_group *self, PyObject *args, PyObject *kw)
 	if (!PyArg_ParseTupleAndKeywords(args, kw, "OOi|p:allgather", kwlist, &so, &ro, &dt,
 					 &async))
 		return NULL;
-	if (tpy_buffer_get(ro, &v[1], true, "recv") < 0)
+	if (group_views(so, ro, v, &a) < 0)
 		return NULL;
-	if (tpy_buffer_get(so, &v[0], false, "send") < 0) {
-		PyBuffer_Release(&v[1]);
-		return NULL;
-	}
-	a.send = &v[0];
-	a.recv = &v[1];
 	a.dtype = (enum tp_dtype)dt;
 	return group_coll(self, &a, v, async);
 }

@@ -185,8 +185,9 @@ int tpy_wq_add_types(PyObject *m);
 
 /* dlpack.c */
 /*
- * tpy_dlpack_get() - a C-contiguous CPU buffer over @obj's __dlpack__() capsule into @view
- * (view->obj holds the capsule: PyBuffer_Release() calls the producer's deleter).
+ * tpy_dlpack_get() - a C-contiguous CPU buffer over @obj's __dlpack__() capsule (or over @obj,
+ * a DLPack capsule itself, borrowed and never consumed) into @view (view->obj holds the
+ * capsule: PyBuffer_Release() drops it; the producer's deleter runs with the capsule).
  * Return: 0, or -1 with an exception set naming @what (InvalidArgument: not contiguous).
  */
 int tpy_dlpack_get(PyObject *obj, Py_buffer *view, const char *what);

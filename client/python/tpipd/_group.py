@@ -20,6 +20,9 @@ class ReduceOp:
 
 
 def _op(op):
+    code = _OPS.get(op) if type(op) is str else None  # the common case: a name
+    if code is not None:
+        return code
     name = getattr(op, "name", op)
     name = str(name).lower()
     if name == "product":
@@ -29,21 +32,40 @@ def _op(op):
     return _OPS[name]
 
 
+def _to_dlpack(t):
+    global _to_dlpack
+    from torch.utils.dlpack import to_dlpack
+    _to_dlpack = to_dlpack  # from now on, directly
+    return to_dlpack(t)
+
+
+_CODES = {}  # numpy or torch dtype -> collective dtype code (0: none), filled on first use
+
+
+def _code(t, what):
+    code = _CODES.get(t.dtype)
+    if code is None:
+        name = _tensor.dtype_name(t.dtype)
+        code = _CODES[t.dtype] = _tensor.DTYPES[_tensor._CODE_OF[name]][2] if name else 0
+    if not code:
+        raise _tpipd.InvalidArgument(22, f"{what}: dtype {t.dtype} has no reduction (float16, "
+                                     "bfloat16, float32, float64, int8, uint8, int32, int64)")
+    return code
+
+
 def _buf(t, what):
-    """(buffer, collective dtype code) of a contiguous CPU tensor or array."""
+    """(buffer, collective dtype code) of a contiguous CPU tensor or array: a numpy array as
+    itself (buffer protocol), a torch tensor as its DLPack capsule (to_dlpack: no copy, no
+    detach() needed, cheaper than Tensor.__dlpack__). Called once per collective: kept short."""
     if _tensor.is_torch(t):
         if t.is_cuda:
             raise _tpipd.NotSupported(95, f"{what}: collectives take CPU tensors")
         if not t.is_contiguous():
             raise _tpipd.InvalidArgument(22, f"{what} is not contiguous")
-    elif not t.flags.c_contiguous:
+        return _to_dlpack(t), _code(t, what)
+    if not t.flags.c_contiguous:
         raise _tpipd.InvalidArgument(22, f"{what} is not contiguous")
-    name = _tensor.dtype_name(t.dtype)
-    code = _tensor.DTYPES[_tensor._CODE_OF[name]][2] if name else 0
-    if not code:
-        raise _tpipd.InvalidArgument(22, f"{what}: dtype {t.dtype} has no reduction (float16, "
-                                     "bfloat16, float32, float64, int8, uint8, int32, int64)")
-    return _tensor.wire_buffer(t), code
+    return t, _code(t, what)
 
 
 class Work:
@@ -108,7 +130,8 @@ class Group:
     def all_reduce(self, tensor, op="sum", async_op=False):
         """Reduce ``tensor`` over the members, in place (rank order: identical everywhere)."""
         b, code = _buf(tensor, "tensor")
-        return _run(self._raw.allreduce(b, b, code, _op(op), async_op))
+        r = self._raw.allreduce(b, b, code, _op(op), async_op)
+        return None if r is None else _run(r)
 
     def broadcast(self, tensor, src=0, async_op=False):
         """Copy ``tensor`` of rank ``src`` into ``tensor`` of every member."""
