@@ -218,19 +218,25 @@ def init_group(name=None, world_size=None, rank=None, *, context=None, bootstrap
 
     Missing arguments come from the environment: TPIPD_GROUP (default "default"), WORLD_SIZE
     (or TPIPD_WORLD_SIZE), RANK (or TPIPD_RANK; absent: the daemon assigns ranks in join
-    order). bootstrap: "auto" / "local" (members on this host, through its daemon), and
-    "coordinator" / "slurm", passed to libtpclient (NotSupported until it builds them).
+    order). bootstrap (libtpclient's): "local" (members on this host, through its daemon);
+    "coordinator" (members on several hosts, joined through the daemon at ``coordinator``,
+    tpip://HOST[:PORT], over authenticated peer links); "slurm" (rank and size from Slurm's
+    variables, world_size then optional; the group NAME@slurm:JOB.STEP, joined locally for a
+    one-node step, else through the daemon of the step's first node); "auto": "slurm" in a
+    Slurm task whose size and rank are the step's (or not given), else "local".
     Blocks until every member joined (Timeout after join_timeout seconds, 30 by default).
     context: a Context to use (kept open); None opens one that leave() closes."""
     global _default
     from ._pipe import Context
     env = os.environ
     name = name or env.get("TPIPD_GROUP", "default")
+    slurm = bootstrap == "slurm" or (bootstrap == "auto" and "SLURM_JOB_ID" in env and
+                                     "SLURM_PROCID" in env)
     if world_size is None:
         ws = env.get("WORLD_SIZE") or env.get("TPIPD_WORLD_SIZE")
-        if ws is None:
+        if ws is None and not slurm:
             raise ValueError("world_size not given and WORLD_SIZE not set")
-        world_size = int(ws)
+        world_size = 0 if ws is None else int(ws)  # 0 in a Slurm task: libtpclient's count
     if rank is None:
         r = env.get("RANK") or env.get("TPIPD_RANK")
         rank = int(r) if r is not None else -1
