@@ -66,7 +66,10 @@ def torch_module():
 
 
 def _np():
-    import numpy
+    try:
+        import numpy
+    except ImportError as e:
+        raise ImportError(f"tpipd: tensors need numpy (Debian: python3-numpy): {e}") from None
     return numpy
 
 
