@@ -7,7 +7,8 @@ on a CUDA device are written and read back byte-exact by another process, into o
 cuda_alloc= makes, into destinations it passes (DLPack and CAI), and into host memory; the
 writer's stream is waited for; a non-contiguous device array is refused; and the daemon's
 mapping of an allocation (tpipd --cuda-cache-mappings yes) is released once the Python object
-that was written from, or read into, is garbage, and at once by Context.cuda_release()."""
+that was written from, or read into, is garbage, and at once by Context.cuda_release().
+Collectives take the same device arrays (staged by libtpclient on their stream)."""
 import gc
 import json
 import os
@@ -186,3 +187,79 @@ def test_destination_is_released_when_garbage(reader, drv, cdaemon):
     assert pipe.read(timeout=T).metadata == b"dropped"
     assert wait_mappings(cdaemon, base) == base, \
         "the daemon still maps a destination that is garbage"
+
+
+# ---- collectives on device memory ---------------------------------------------------------------
+
+def test_collectives_on_device_arrays(cdaemon, drv):
+    """Two members (threads of this process, each with its own Context) all-reduce, broadcast
+    and all-gather CUDA arrays (CAI and DLPack), blocking and async; a CPU call after a CUDA
+    one runs on the CPU again. libtpclient stages through host memory on the arrays' stream."""
+    name = f"cuda.coll.{os.getpid()}"
+    out, errs = {}, []
+
+    def member(rank):
+        try:
+            drv.current()
+            with tpipd.Context(cdaemon) as ctx:
+                g = tpipd.init_group(name, 2, rank, context=ctx, join_timeout=T, op_timeout=T)
+                a = cudev.CaiArray(drv, (1000,), "float32")
+                drv.htod(a.mem.ptr, (np.arange(1000, dtype=np.float32) * (rank + 1)).tobytes())
+                g.all_reduce(a)
+                b = cudev.DLArray(drv, (64,), "int64")
+                drv.htod(b.mem.ptr, np.full(64, 10 + rank, dtype=np.int64).tobytes())
+                g.all_reduce(b, op="max", async_op=True).wait()
+                c = cudev.CaiArray(drv, (8,), "float64")
+                drv.htod(c.mem.ptr, np.full(8, rank + 0.5).tobytes())
+                g.broadcast(c, src=1)
+                gat = cudev.CaiArray(drv, (2, 4), "float32")
+                mine = cudev.CaiArray(drv, (4,), "float32")
+                drv.htod(mine.mem.ptr, np.full(4, rank, dtype=np.float32).tobytes())
+                g.all_gather(gat, mine)
+                cpu = np.ones(4)
+                g.all_reduce(cpu)
+                out[rank] = (np.frombuffer(a.to_host(), np.float32),
+                             np.frombuffer(b.to_host(), np.int64),
+                             np.frombuffer(c.to_host(), np.float64),
+                             np.frombuffer(gat.to_host(), np.float32), cpu)
+                g.leave()
+        except BaseException as e:  # noqa: BLE001 - reported by the test
+            errs.append(e)
+    ts = [threading.Thread(target=member, args=(r,)) for r in range(2)]
+    for t in ts:
+        t.start()
+    for t in ts:
+        t.join(2 * T)
+    assert not errs, errs
+    for rank in range(2):
+        a, b, c, gat, cpu = out[rank]
+        assert (a == np.arange(1000, dtype=np.float32) * 3).all()
+        assert (b == 11).all()
+        assert (c == 1.5).all()
+        assert gat.tolist() == [0.0] * 4 + [1.0] * 4
+        assert (cpu == 2).all()
+
+
+def test_collective_waits_for_the_arrays_stream(cdaemon, drv):
+    """A CUDA array goes to libtpclient as device memory with its stream: the all-reduce
+    copies the input out after the work queued on that stream (here held behind a host
+    function until the gate opens) and returns only after it. Read as CPU memory, it would
+    return at once, with the gate still closed."""
+    with tpipd.Context(cdaemon) as ctx:
+        g = tpipd.init_group(f"cuda.one.{os.getpid()}", 1, 0, context=ctx, join_timeout=T)
+        s = drv.stream()
+        a = cudev.CaiArray(drv, (4096,), "uint8", stream=s)
+        drv.htod(a.mem.ptr, bytes(4096))
+        gate = threading.Event()
+        cb = drv.host_func(s, lambda: gate.wait(T))
+        drv.memset_async(a.mem.ptr, 7, 4096, s)
+        opener = threading.Timer(0.3, gate.set)
+        opener.start()
+        g.all_reduce(a)
+        returned_after_gate = gate.is_set()
+        opener.join()
+        drv.sync(s)
+        del cb
+        assert returned_after_gate, "the all-reduce did not wait for the array's stream"
+        assert a.to_host() == b"\x07" * 4096
+        g.leave()

@@ -5,7 +5,7 @@ Work handles for async_op=True. The reductions run in libtpclient; this module m
 dtypes and op names. Not here: pipes (_pipe.py)."""
 import os
 
-from . import _tensor, _tpipd
+from . import _cuda, _tensor, _tpipd
 
 _BOOTSTRAP = {"auto": 0, "local": 1, "coordinator": 2, "slurm": 3}
 _OPS = {"sum": 1, "prod": 2, "min": 3, "max": 4}
@@ -54,18 +54,33 @@ def _code(t, what):
 
 
 def _buf(t, what):
-    """(buffer, collective dtype code) of a contiguous CPU tensor or array: a numpy array as
-    itself (buffer protocol), a torch tensor as its DLPack capsule (to_dlpack: no copy, no
-    detach() needed, cheaper than Tensor.__dlpack__). Called once per collective: kept short."""
+    """(buffer, collective dtype code) of a contiguous tensor or array: a numpy array as
+    itself (buffer protocol), a CPU torch tensor as its DLPack capsule (to_dlpack: no copy, no
+    detach() needed, cheaper than Tensor.__dlpack__), a CUDA tensor (torch, or an object with
+    __cuda_array_interface__ or a CUDA __dlpack__) as a range (ptr, nbytes, device, stream,
+    keep-alive) that the extension hands libtpclient with its device and stream. Called once
+    per collective: kept short."""
     if _tensor.is_torch(t):
-        if t.is_cuda:
-            raise _tpipd.NotSupported(95, f"{what}: collectives take CPU tensors")
         if not t.is_contiguous():
             raise _tpipd.InvalidArgument(22, f"{what} is not contiguous")
+        if t.is_cuda:
+            return _cuda.torch_range(t) + (t,), _code(t, what)
         return _to_dlpack(t), _code(t, what)
-    if not t.flags.c_contiguous:
-        raise _tpipd.InvalidArgument(22, f"{what} is not contiguous")
-    return t, _code(t, what)
+    np = _tensor._np()
+    if isinstance(t, np.ndarray):
+        if not t.flags.c_contiguous:
+            raise _tpipd.InvalidArgument(22, f"{what} is not contiguous")
+        return t, _code(t, what)
+    cuda = _cuda.describe(t, what, writable=True)
+    if cuda is None:
+        raise TypeError(f"{what}: a numpy.ndarray, a torch.Tensor or a CUDA array is needed, "
+                        f"not {type(t).__name__}")
+    rng, code, _, cap = cuda
+    coll = _tensor.DTYPES[code][2]
+    if not coll:
+        raise _tpipd.InvalidArgument(22, f"{what}: dtype {_tensor.DTYPES[code][0]} has no "
+                                     "reduction")
+    return rng + (cap,), coll
 
 
 class Work:
@@ -115,7 +130,12 @@ class Group:
     """Members running collectives together. Every member calls the same collectives in the
     same order with matching arguments (Mismatch otherwise); a member that dies fails the
     others' collectives with PeerDied, one that leaves or aborts with PipeClosed. Tensors are
-    borrowed for the call (async: until Work.wait()). One thread at a time per member."""
+    borrowed for the call (async: until Work.wait()). One thread at a time per member.
+
+    Tensors are CPU (numpy, torch) or CUDA (torch CUDA tensors, __cuda_array_interface__
+    objects, CUDA DLPack producers): libtpclient copies a CUDA input to host memory after the
+    work queued on its stream, reduces there, and copies the result back on that stream,
+    waiting for it before the call returns (async: before wait() returns)."""
 
     def __init__(self, raw, context, own_context):
         self._raw = raw
@@ -192,11 +212,18 @@ class Group:
 
 def _flat_like(t, n):
     if _tensor.is_torch(t):
-        return _tensor.torch_module().empty((n,) + tuple(t.shape), dtype=t.dtype)
+        return _tensor.torch_module().empty((n,) + tuple(t.shape), dtype=t.dtype,
+                                            device=t.device)
+    if not isinstance(t, _tensor._np().ndarray):
+        raise _tpipd.NotSupported(95, "the list form needs torch tensors or numpy arrays (the "
+                                  "module cannot allocate device memory): pass one tensor")
     return _tensor._np().empty((n,) + t.shape, dtype=t.dtype)
 
 
 def _stack(ts):
+    if not _tensor.is_torch(ts[0]) and not isinstance(ts[0], _tensor._np().ndarray):
+        raise _tpipd.NotSupported(95, "the list form needs torch tensors or numpy arrays (the "
+                                  "module cannot allocate device memory): pass one tensor")
     if _tensor.is_torch(ts[0]):
         return _tensor.torch_module().stack(list(ts)).contiguous()
     return _tensor._np().ascontiguousarray(_tensor._np().stack(ts))
