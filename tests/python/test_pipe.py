@@ -298,3 +298,14 @@ def test_module_works_without_numpy_and_torch(daemon):
     out = subprocess.run([sys.executable, "-c", NO_NUMPY_NO_TORCH, f"nonp.{os.getpid()}"],
                          capture_output=True, text=True, timeout=60)
     assert out.returncode == 0 and out.stdout.strip() == "ok", out.stderr[-3000:]
+
+
+def test_cuda_release_follows_a_torch_views_base():
+    """The daemon's mapping of a CUDA allocation is released when the tensor that owns the
+    memory is garbage: for a view (a temporary slice written once), its base tensor."""
+    torch = torch_or_skip()
+    from tpipd import _cuda
+    x = torch.zeros(10)
+    assert _cuda.owner(x[2:5]) is x and _cuda.owner(x[2:5][1:]) is x and _cuda.owner(x) is x
+    a = np.zeros(3)
+    assert _cuda.owner(a) is a

@@ -132,11 +132,22 @@ def _release(ctx_ref, key, ptrs):
             pass  # not CUDA memory any more (freed before its object died), or no daemon
 
 
+def owner(obj):
+    """What holds the memory of ``obj`` for as long as it matters: a torch view's base tensor
+    (so that writing a temporary view, ``t[:n]``, does not drop the mapping of ``t`` when the
+    view dies right after the write), else ``obj``."""
+    if _tensor.is_torch(obj):
+        while obj._base is not None:
+            obj = obj._base
+    return obj
+
+
 def track(ctx, obj, ptr):
     """Release the daemon's mapping of the allocation holding ``ptr`` (through context
-    ``ctx``, a _tpipd.Context) when ``obj`` is garbage. Return: False if ``obj`` cannot be
-    tracked (no weak references): the mapping then lives until released by hand or the
-    context closes."""
+    ``ctx``, a _tpipd.Context) when ``obj`` (its owner(): a torch view's base) is garbage.
+    Return: False if it cannot be tracked (no weak references): the mapping then lives until
+    released by hand or the context closes."""
+    obj = owner(obj)
     with _lock:
         reg = _sent.setdefault(ctx, {})
         f = reg.get(id(obj))
@@ -166,7 +177,7 @@ def release(ctx, obj):
         ctx.cuda_release(obj)
         return
     with _lock:
-        f = _sent.get(ctx, {}).pop(id(obj), None)
+        f = _sent.get(ctx, {}).pop(id(owner(obj)), None)
     ptrs = set()
     if f is not None:
         info = f.detach()
