@@ -263,6 +263,9 @@ def empty_like_header(kind, code, shape, device_type=0, device_index=0, alloc=No
         if dt is None:
             raise _tpipd.NotSupported(95, f"this torch has no dtype {name}")
         if device_type == 1 and torch.cuda.is_available():
+            # the writer's device number; a reader with fewer GPUs (another host) uses its own
+            if device_index >= torch.cuda.device_count():
+                device_index = torch.cuda.current_device()
             return torch.empty(shape, dtype=dt, device=f"cuda:{device_index}")
         if alloc is not None:
             return alloc(shape, name, "torch")
