@@ -231,7 +231,9 @@ PyObject *tpy_dlpack_cuda(PyObject *mod, PyObject *obj)
 
 typedef struct {
 	PyObject_HEAD
-	Py_buffer view; /* of the source, writable */
+	Py_buffer view; /* of the source, writable (CUDA: only view.buf, the device pointer) */
+	PyObject *owner; /* CUDA: what keeps the device memory, or NULL */
+	DLDevice device;
 	Py_ssize_t offset;
 	DLDataType dtype;
 	int ndim;
@@ -269,7 +271,8 @@ static PyObject *dlview_dlpack(tpy_dlview *self, PyObject *args, PyObject *kw)
 	PyObject *cap;
 	int64_t stride = 1;
 
-	/* stream (and later keywords) mean nothing for CPU memory. */
+	/* stream (and later keywords): nothing to order, CPU memory or CUDA memory a completed
+	 * read filled (its bytes are in place before the read returns). */
 	d = PyMem_RawCalloc(1, sizeof(*d));
 	if (!d)
 		return PyErr_NoMemory();
@@ -279,7 +282,7 @@ static PyObject *dlview_dlpack(tpy_dlview *self, PyObject *args, PyObject *kw)
 		stride *= self->shape[i] ? self->shape[i] : 1;
 	}
 	d->m.dl_tensor.data = (char *)self->view.buf + self->offset;
-	d->m.dl_tensor.device = (DLDevice){ DL_CPU, 0 };
+	d->m.dl_tensor.device = self->device;
 	d->m.dl_tensor.ndim = self->ndim;
 	d->m.dl_tensor.dtype = self->dtype;
 	d->m.dl_tensor.shape = d->shape;
@@ -292,14 +295,16 @@ static PyObject *dlview_dlpack(tpy_dlview *self, PyObject *args, PyObject *kw)
 	return cap;
 }
 
-static PyObject *dlview_device(PyObject *self, PyObject *unused)
+static PyObject *dlview_device(tpy_dlview *self, PyObject *unused)
 {
-	return Py_BuildValue("(ii)", DL_CPU, 0);
+	return Py_BuildValue("(ii)", (int)self->device.device_type, (int)self->device.device_id);
 }
 
 static void dlview_dealloc(tpy_dlview *self)
 {
-	PyBuffer_Release(&self->view);
+	if (self->view.obj)
+		PyBuffer_Release(&self->view);
+	Py_XDECREF(self->owner);
 	PyObject_Free(self);
 }
 
@@ -307,8 +312,8 @@ static PyMethodDef dlview_methods[] = {
 	{ "__dlpack__", (PyCFunction)(void (*)(void))dlview_dlpack, METH_VARARGS | METH_KEYWORDS,
 	  "__dlpack__(stream=None) -> capsule\n--\n\nA DLPack capsule over the memory (no copy); "
 	  "the memory lives until the consumer's tensor is freed." },
-	{ "__dlpack_device__", dlview_device, METH_NOARGS,
-	  "__dlpack_device__() -> (1, 0): CPU memory" },
+	{ "__dlpack_device__", (PyCFunction)dlview_device, METH_NOARGS,
+	  "__dlpack_device__() -> (1, 0) for CPU memory, (2, device) for CUDA memory" },
 	{ 0 }
 };
 
@@ -319,23 +324,22 @@ PyTypeObject tpy_dlview_type = {
 	.tp_flags = Py_TPFLAGS_DEFAULT,
 	.tp_doc = "dlpack_view(buffer, offset, dtype_code, shape): a typed view of a writable "
 		  "buffer for numpy.from_dlpack() and torch.from_dlpack() (no copy; the buffer "
-		  "stays alive while any tensor made from it is).",
+		  "stays alive while any tensor made from it is); dlpack_cuda_view(ptr, device, "
+		  "dtype_code, shape, owner): the same over CUDA memory that @owner keeps.",
 	.tp_dealloc = (destructor)dlview_dealloc,
 	.tp_methods = dlview_methods,
 };
 
-PyObject *tpy_dlpack_view(PyObject *mod, PyObject *args)
+/* A new DLView of dtype @code and @shape (borrowed); its byte size into *@ret_len. */
+static tpy_dlview *dlview_new(int code, PyObject *shape, size_t *ret_len)
 {
-	PyObject *obj, *shape, *seq;
-	Py_ssize_t offset, nd;
-	int code;
+	PyObject *seq;
+	Py_ssize_t nd;
 	size_t n;
 	tpy_dlview *v;
 
-	if (!PyArg_ParseTuple(args, "OniO:dlpack_view", &obj, &offset, &code, &shape))
-		return NULL;
-	if (code < 1 || code >= (int)(sizeof(dl_types) / sizeof(dl_types[0])) || offset < 0) {
-		PyErr_SetString(PyExc_ValueError, "dlpack_view: bad dtype code or offset");
+	if (code < 1 || code >= (int)(sizeof(dl_types) / sizeof(dl_types[0]))) {
+		PyErr_SetString(PyExc_ValueError, "dlpack_view: bad dtype code");
 		return NULL;
 	}
 	seq = PySequence_Fast(shape, "dlpack_view: shape must be a sequence of ints");
@@ -349,8 +353,10 @@ PyObject *tpy_dlpack_view(PyObject *mod, PyObject *args)
 			PyErr_SetString(PyExc_ValueError, "dlpack_view: more than 32 dimensions");
 		return NULL;
 	}
-	v->view.obj = NULL;
-	v->offset = offset;
+	memset(&v->view, 0, sizeof(v->view));
+	v->owner = NULL;
+	v->device = (DLDevice){ DL_CPU, 0 };
+	v->offset = 0;
 	v->dtype = dl_types[code];
 	v->ndim = (int)nd;
 	n = v->dtype.bits / 8;
@@ -360,11 +366,36 @@ PyObject *tpy_dlpack_view(PyObject *mod, PyObject *args)
 		if (d < 0 || d > (1LL << 48)) {
 			if (!PyErr_Occurred())
 				PyErr_SetString(PyExc_ValueError, "dlpack_view: bad dimension");
-			goto fail;
+			Py_DECREF(seq);
+			Py_DECREF(v);
+			return NULL;
 		}
 		v->shape[i] = d;
 		n = d && n > PY_SSIZE_T_MAX / (size_t)d ? (size_t)PY_SSIZE_T_MAX : n * (size_t)d;
 	}
+	Py_DECREF(seq);
+	*ret_len = n;
+	return v;
+}
+
+PyObject *tpy_dlpack_view(PyObject *mod, PyObject *args)
+{
+	PyObject *obj, *shape;
+	Py_ssize_t offset;
+	int code;
+	size_t n;
+	tpy_dlview *v;
+
+	if (!PyArg_ParseTuple(args, "OniO:dlpack_view", &obj, &offset, &code, &shape))
+		return NULL;
+	if (offset < 0) {
+		PyErr_SetString(PyExc_ValueError, "dlpack_view: bad offset");
+		return NULL;
+	}
+	v = dlview_new(code, shape, &n);
+	if (!v)
+		return NULL;
+	v->offset = offset;
 	if (tpy_buffer_get(obj, &v->view, true, "dlpack_view") < 0)
 		goto fail;
 	if (n > (size_t)v->view.len || (size_t)offset > (size_t)v->view.len - n) {
@@ -372,12 +403,39 @@ PyObject *tpy_dlpack_view(PyObject *mod, PyObject *args)
 			     "buffer of %zd", n, offset, v->view.len);
 		goto fail;
 	}
-	Py_DECREF(seq);
 	return (PyObject *)v;
 fail:
-	Py_DECREF(seq);
 	Py_DECREF(v);
 	return NULL;
+}
+
+PyObject *tpy_dlpack_cuda_view(PyObject *mod, PyObject *args)
+{
+	unsigned long long ptr;
+	PyObject *shape, *owner = Py_None;
+	int device, code;
+	size_t n;
+	tpy_dlview *v;
+
+	if (!PyArg_ParseTuple(args, "KiiO|O:dlpack_cuda_view", &ptr, &device, &code, &shape,
+			      &owner))
+		return NULL;
+	if (device < 0) {
+		PyErr_SetString(PyExc_ValueError, "dlpack_cuda_view: bad device");
+		return NULL;
+	}
+	v = dlview_new(code, shape, &n);
+	if (!v)
+		return NULL;
+	if (!ptr && n) {
+		PyErr_SetString(PyExc_ValueError, "dlpack_cuda_view: NULL pointer");
+		Py_DECREF(v);
+		return NULL;
+	}
+	v->view.buf = (void *)(uintptr_t)ptr;
+	v->device = (DLDevice){ DL_CUDA, device };
+	v->owner = Py_NewRef(owner);
+	return (PyObject *)v;
 }
 
 /* ---- Block ------------------------------------------------------------------------------- */

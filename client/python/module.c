@@ -374,6 +374,9 @@ static PyMethodDef module_methods[] = {
 	{ "dlpack_cuda", tpy_dlpack_cuda, METH_O,
 	  "dlpack_cuda(obj) -> (capsule, (ptr, nbytes, device, stream), (dl_code, bits), "
 	  "shape)\n--\n\nThe CUDA memory of obj.__dlpack__(stream=1), held by the capsule." },
+	{ "dlpack_cuda_view", tpy_dlpack_cuda_view, METH_VARARGS,
+	  "dlpack_cuda_view(ptr, device, dtype_code, shape, owner=None) -> DLView\n--\n\nA "
+	  "DLPack exporter over CUDA memory (no copy) that keeps @owner." },
 	{ "dlpack_view", tpy_dlpack_view, METH_VARARGS,
 	  "dlpack_view(buffer, offset, dtype_code, shape) -> DLView\n--\n\nA DLPack exporter "
 	  "over a writable buffer (no copy)." },

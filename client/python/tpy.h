@@ -202,6 +202,9 @@ int tpy_dlpack_get(PyObject *obj, Py_buffer *view, const char *what);
 PyObject *tpy_dlpack_cuda(PyObject *mod, PyObject *obj);
 /* _tpipd.dlpack_view(buffer, offset, dtype_code, shape): a new DLView keeping @buffer. */
 PyObject *tpy_dlpack_view(PyObject *mod, PyObject *args);
+/* _tpipd.dlpack_cuda_view(ptr, device, dtype_code, shape, owner=None): a new DLView of CUDA
+ * memory at @ptr on @device, keeping @owner (whatever keeps that memory allocated). */
+PyObject *tpy_dlpack_cuda_view(PyObject *mod, PyObject *args);
 /* A new Block owning @p (malloc'd, @len bytes; takes @p, also on failure). */
 PyObject *tpy_dlpack_block(void *p, size_t len);
 int tpy_dlpack_add_types(PyObject *m);

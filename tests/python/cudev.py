@@ -184,3 +184,18 @@ class DLArray:
 
     def to_host(self):
         return self.drv.dtoh(self.mem.ptr, self.nbytes)
+
+
+def dlpack_info(obj):
+    """(data pointer, (device type, id), shape, (code, bits)) of obj.__dlpack__()'s capsule,
+    read as a consumer would (the capsule is not consumed)."""
+    get = ctypes.pythonapi.PyCapsule_GetPointer
+    get.restype = ctypes.c_void_p
+    get.argtypes = [ctypes.py_object, ctypes.c_char_p]
+    cap = obj.__dlpack__()
+    m = _DLManaged.from_address(get(cap, b"dltensor"))
+    shape = tuple(m.shape[i] for i in range(m.ndim))
+    info = (m.data + m.byte_offset, (m.device.device_type, m.device.device_id), shape,
+            (m.dtype.code, m.dtype.bits))
+    del m, cap
+    return info

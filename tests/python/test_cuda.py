@@ -16,6 +16,7 @@ import subprocess
 import sys
 import threading
 import time
+import weakref
 
 import numpy as np
 import pytest
@@ -84,6 +85,7 @@ def sources(drv):
     ("alloc", ["CaiArray", "CaiArray", "ndarray"]),
     ("dest", ["DLArray", "CaiArray", "ndarray"]),
     ("host", ["ndarray", "ndarray", "ndarray"]),
+    ("raw", ["CudaArray", "CudaArray", "ndarray"]),
 ])
 def test_cuda_arrays_travel_byte_exact(reader, drv, mode, kinds):
     ctx, pipe = reader
@@ -263,3 +265,24 @@ def test_collective_waits_for_the_arrays_stream(cdaemon, drv):
         assert returned_after_gate, "the all-reduce did not wait for the array's stream"
         assert a.to_host() == b"\x07" * 4096
         g.leave()
+
+
+def test_cuda_array_wraps_device_memory_for_consumers(drv, cdaemon, reader):
+    """tpipd.CudaArray over memory from any allocator: its CAI and DLPack views name the same
+    device memory, it travels as a CUDA tensor, and its DLPack capsule keeps its owner."""
+    ctx, pipe = reader
+    mem = cudev.DevAlloc(drv, 4 * 256)
+    drv.htod(mem.ptr, np.arange(256, dtype=np.float32).tobytes())
+    a = tpipd.CudaArray(mem.ptr, (16, 16), "float32", owner=mem)
+    assert a.__cuda_array_interface__["typestr"] == "<f4"
+    assert cudev.dlpack_info(a) == (mem.ptr, (2, 0), (16, 16), (2, 32))
+    kinds, got = ask(pipe, "host", [a])
+    assert kinds == ["ndarray"] and got == [np.arange(256, dtype=np.float32).tobytes()]
+    cap = a.__dlpack__()
+    alive = weakref.ref(mem)
+    del a, mem
+    gc.collect()
+    assert alive() is not None, "the capsule does not keep the memory's owner"
+    del cap
+    gc.collect()
+    assert alive() is None, "the owner outlives every view of it"

@@ -105,6 +105,21 @@ class Pipe:
     def __enter__(self) -> Pipe: ...
     def __exit__(self, *exc: Any) -> None: ...
 
+class CudaArray:
+    ptr: int
+    shape: Tuple[int, ...]
+    dtype: str
+    device: int
+    owner: Any
+    stream: Optional[int]
+    nbytes: int
+    def __init__(self, ptr: int, shape: Shape, dtype: str, device: int = ...,
+                 owner: Any = ..., stream: Optional[int] = ...) -> None: ...
+    @property
+    def __cuda_array_interface__(self) -> Dict[str, Any]: ...
+    def __dlpack__(self, stream: Optional[int] = ...) -> Any: ...
+    def __dlpack_device__(self) -> Tuple[int, int]: ...
+
 class ReduceOp:
     SUM: str
     PRODUCT: str

@@ -29,6 +29,9 @@ _CAI_CODES = {("b", 1): 1, ("i", 1): 2, ("u", 1): 3, ("i", 2): 4, ("u", 2): 5, (
               ("u", 4): 7, ("i", 8): 8, ("u", 8): 9, ("f", 2): 10, ("f", 4): 12, ("f", 8): 13,
               ("c", 8): 14, ("c", 16): 15}
 
+_CAI_TYPESTR = {code: ("|" if size == 1 else "<") + kind + str(size)
+                for (kind, size), code in _CAI_CODES.items()}
+
 
 def _dlpack_device(obj):
     f = getattr(obj, "__dlpack_device__", None)
@@ -105,6 +108,50 @@ def describe(obj, what, writable=False):
         raise _tpipd.InvalidArgument(22, f"{what}: DLPack dtype {dl} cannot travel through "
                                      "tpipd")
     return rng, code, tuple(shape), cap
+
+
+class CudaArray:
+    """A C-contiguous array over CUDA memory the caller allocated, for frameworks to consume:
+    ``__cuda_array_interface__`` (version 3) and ``__dlpack__`` / ``__dlpack_device__`` (CUDA,
+    no copy; the capsule keeps this array's ``owner``). Pipes write from it and read into it;
+    a ``cuda_alloc`` of Pipe.read() can return one over raw device memory (from any allocator)
+    so that the received tensor is an object torch.from_dlpack(), CuPy or Numba take as it is.
+
+    CudaArray(ptr, shape, dtype, device=0, owner=None, stream=None): ``ptr`` a device pointer
+    (int), ``dtype`` one of tpipd's dtype names ("float32", ...), ``owner`` whatever keeps the
+    memory allocated (held as long as this array or a tensor made from it lives), ``stream``
+    the CUstream (int) whose queued work produces the bytes (None: nothing pending)."""
+
+    def __init__(self, ptr, shape, dtype, device=0, owner=None, stream=None):
+        if isinstance(shape, int):
+            shape = (shape,)
+        code = _tensor._CODE_OF.get(dtype)
+        if code is None:
+            raise ValueError(f"dtype {dtype!r} is not one of {', '.join(_tensor._CODE_OF)}")
+        self.ptr, self.shape, self.dtype = int(ptr), tuple(int(d) for d in shape), dtype
+        self.device, self.owner, self.stream = int(device), owner, stream
+        self.nbytes = math.prod(self.shape) * _tensor.DTYPES[code][1]
+        # bool travels in DLPack as uint8 (see _tensor.from_memory)
+        dl_code = _tensor._CODE_OF["uint8"] if dtype == "bool" else code
+        self._view = _tpipd.dlpack_cuda_view(self.ptr, self.device, dl_code, self.shape, owner)
+
+    @property
+    def __cuda_array_interface__(self):
+        ts = _CAI_TYPESTR.get(_tensor._CODE_OF[self.dtype])
+        if ts is None:
+            raise TypeError(f"{self.dtype} has no __cuda_array_interface__ typestr")
+        return {"shape": self.shape, "typestr": ts, "strides": None,
+                "data": (self.ptr, False), "version": 3, "stream": self.stream}
+
+    def __dlpack__(self, stream=None):
+        return self._view.__dlpack__()
+
+    def __dlpack_device__(self):
+        return (DL_CUDA, self.device)
+
+    def __repr__(self):
+        return (f"<tpipd.CudaArray {self.dtype}{list(self.shape)} cuda:{self.device} "
+                f"at {self.ptr:#x}>")
 
 
 # ---- release of the daemon's mappings ---------------------------------------------------------
