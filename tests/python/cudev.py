@@ -98,20 +98,28 @@ class Driver:
         self._ok(self.lib.cuStreamSynchronize(stream), "cuStreamSynchronize")
 
 
+_pool = {}  # bytes -> device pointers of dead DevAllocs, for the next of that size
+
+
 class DevAlloc:
-    """``n`` bytes of device memory, freed when this object is garbage."""
+    """``n`` bytes of device memory from a pool, as frameworks allocate (torch's caching
+    allocator): a DevAlloc that is garbage returns its memory to the pool, never to the
+    driver, so the daemon never holds a mapping of freed memory (closing one is undefined
+    behaviour in CUDA, and poisons the daemon's context on the stand-in; tp_cuda_release() is
+    not acknowledged, so a client cannot know when a freed allocation is safe)."""
 
     def __init__(self, drv, n):
-        self.drv, self.n, self.ptr = drv, n, drv.alloc(n)
+        free = _pool.get(n)
+        self.drv, self.n = drv, n
+        self.ptr = free.pop() if free else drv.alloc(n)
 
     def __del__(self):
-        self.drv.free(self.ptr)
+        _pool.setdefault(self.n, []).append(self.ptr)
 
 
 class CaiArray:
     """A C-contiguous device array exposing __cuda_array_interface__ (version 3, with a stream)
-    and __dlpack_device__ (its device). Its memory (a DevAlloc) is freed after the array's
-    weak references are called, as frameworks that pool memory do."""
+    and __dlpack_device__ (its device), over a DevAlloc."""
 
     def __init__(self, drv, shape, dtype, stream=None, strides=None, alloc=None):
         self.shape, self.dtype, self.drv = tuple(shape), dtype, drv

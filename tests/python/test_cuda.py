@@ -34,6 +34,13 @@ if cudev.why_not():
 
 @pytest.fixture(scope="module")
 def cdaemon():
+    """A daemon as configured by default: a mapping lives for its transfer only."""
+    yield from start_daemon()
+
+
+@pytest.fixture(scope="module")
+def cached():
+    """A daemon that keeps mappings for the session until released (tp_cuda_release())."""
     yield from start_daemon("--cuda-cache-mappings", "yes")
 
 
@@ -42,16 +49,17 @@ def drv():
     return cudev.Driver(0)
 
 
-@pytest.fixture
-def reader(cdaemon, request):
-    """(writer Context, Pipe to a cuda_worker.py process)."""
+def start_reader(sock, request):
+    """(writer Context, Pipe to a cuda_worker.py process, the process) on daemon ``sock``."""
     name = "".join(c if c.isalnum() else "." for c in f"{request.node.name}.{os.getpid()}")
-    proc = subprocess.Popen([sys.executable, WORKER, cdaemon, name], stdout=subprocess.PIPE,
+    proc = subprocess.Popen([sys.executable, WORKER, sock, name], stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True)
     assert proc.stdout.readline().strip() == "ready", proc.stderr.read()
-    ctx = tpipd.Context(cdaemon)
-    pipe = ctx.connect(name, timeout=T)
-    yield ctx, pipe
+    ctx = tpipd.Context(sock)
+    return ctx, ctx.connect(name, timeout=T), proc
+
+
+def stop_reader(ctx, pipe, proc):
     try:
         pipe.write(b"end")
         assert proc.wait(T) == 0, proc.stderr.read()
@@ -60,6 +68,25 @@ def reader(cdaemon, request):
             proc.kill()
             proc.wait()
         ctx.close()
+
+
+@pytest.fixture
+def reader(cdaemon, request):
+    """(writer Context, Pipe to a cuda_worker.py process) on the default daemon."""
+    ctx, pipe, proc = start_reader(cdaemon, request)
+    yield ctx, pipe
+    stop_reader(ctx, pipe, proc)
+
+
+@pytest.fixture
+def creader(cached, request):
+    """The same on the daemon that caches mappings; the reader releases what it holds (its
+    releases reach the daemon before its answer) before it exits."""
+    ctx, pipe, proc = start_reader(cached, request)
+    yield ctx, pipe
+    pipe.write(b"drop")
+    assert pipe.read(timeout=T).metadata == b"dropped"
+    stop_reader(ctx, pipe, proc)
 
 
 def ask(pipe, mode, tensors):
@@ -156,8 +183,9 @@ def wait_mappings(sock, want):
     return n
 
 
-def test_written_array_is_released_when_garbage(reader, drv, cdaemon):
-    ctx, pipe = reader
+def test_written_array_is_released_when_garbage(creader, drv, cached):
+    ctx, pipe = creader
+    cdaemon = cached
     a = cudev.CaiArray(drv, (1 << 16,), "float32")
     before = mappings(cdaemon)
     ask(pipe, "host", [a])  # warms the writer's event pool: its mappings stay
@@ -175,9 +203,10 @@ def test_written_array_is_released_when_garbage(reader, drv, cdaemon):
     assert tpipd._cuda.tracked(ctx._raw) == 0
 
 
-def test_destination_is_released_when_garbage(reader, drv, cdaemon):
+def test_destination_is_released_when_garbage(creader, drv, cached):
     """The reader's cuda_alloc= arrays (the writer's array stays alive and mapped)."""
-    ctx, pipe = reader
+    ctx, pipe = creader
+    cdaemon = cached
     a = cudev.CaiArray(drv, (1 << 16,), "float32")
     ask(pipe, "alloc", [a])  # the first mapping of each side, and their events
     pipe.write(b"drop")
@@ -286,3 +315,30 @@ def test_cuda_array_wraps_device_memory_for_consumers(drv, cdaemon, reader):
     del cap
     gc.collect()
     assert alive() is None, "the owner outlives every view of it"
+
+
+def test_no_leak_over_1000_fresh_device_arrays(creader, drv, cached):
+    """A fresh device array object per message (as a training loop makes them): each is
+    released when it dies, so neither the daemon's mappings nor the module's finalizers nor
+    Python's memory grow."""
+    import tracemalloc
+    ctx, pipe = creader
+    cdaemon = cached
+
+    def one():
+        a = cudev.CaiArray(drv, (1024,), "float32")
+        ask(pipe, "host", [a])
+    for _ in range(20):
+        one()
+    gc.collect()
+    base = wait_mappings(cdaemon, mappings(cdaemon))
+    tracemalloc.start()
+    before = tracemalloc.get_traced_memory()[0]
+    for _ in range(1000):
+        one()
+    gc.collect()
+    grown = tracemalloc.get_traced_memory()[0] - before
+    tracemalloc.stop()
+    assert tpipd._cuda.tracked(ctx._raw) == 0
+    assert wait_mappings(cdaemon, base) == base
+    assert grown < 64 * 1024, f"Python allocations grew by {grown} bytes"

@@ -159,7 +159,7 @@ class CudaArray:
 # raw context -> {id(obj): weakref.finalize}: the CUDA objects that context wrote from or read
 # into and that are still alive. Each finalizer releases its object's allocations once.
 _sent = weakref.WeakKeyDictionary()
-_lock = threading.Lock()
+_lock = threading.RLock()  # reentrant: a finalizer may run (GC) while this thread holds it
 
 
 def _release(ctx_ref, key, ptrs):
