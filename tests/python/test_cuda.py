@@ -5,7 +5,8 @@ skips with the reason where no driver answers). Device memory comes from cudev.p
 the tests only): arrays exposing __cuda_array_interface__ (with a stream) and DLPack producers
 on a CUDA device are written and read back byte-exact by another process, into objects its
 cuda_alloc= makes, into destinations it passes (DLPack and CAI), and into host memory; the
-writer's stream is waited for; a non-contiguous device array is refused; and the daemon's
+writer's stream is waited for; 0-d and empty device arrays travel; a non-contiguous device
+array is refused; tpipd.CudaArray wraps raw device memory for consumers; and the daemon's
 mapping of an allocation (tpipd --cuda-cache-mappings yes) is released once the Python object
 that was written from, or read into, is garbage, and at once by Context.cuda_release().
 Collectives take the same device arrays (staged by libtpclient on their stream)."""
@@ -342,3 +343,13 @@ def test_no_leak_over_1000_fresh_device_arrays(creader, drv, cached):
     assert tpipd._cuda.tracked(ctx._raw) == 0
     assert wait_mappings(cdaemon, base) == base
     assert grown < 64 * 1024, f"Python allocations grew by {grown} bytes"
+
+
+def test_zero_d_and_empty_device_arrays(reader, drv):
+    ctx, pipe = reader
+    src = [cudev.CaiArray(drv, (0,), "float32"), cudev.CaiArray(drv, (), "float32"),
+           cudev.CaiArray(drv, (3, 0), "int16")]
+    drv.htod(src[1].mem.ptr, np.float32(2.5).tobytes())
+    kinds, got = ask(pipe, "alloc", src)
+    assert kinds == ["CaiArray"] * 3
+    assert got == [b"", np.float32(2.5).tobytes(), b""]
