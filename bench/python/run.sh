@@ -14,7 +14,9 @@
 # rpc; all-reduce: ours / C and gloo / ours). Numbers only; the exit status says whether it ran.
 #
 # Environment: BUILD_DIR (default <repo>/build), PYBENCH_SECS (time per figure, default 1),
-# PYBENCH_SIZES (default 1M,16M,64M), PYBENCH_N (default "2 4"). Uses /usr/bin/python3.
+# PYBENCH_SIZES (default 1M,16M,64M), PYBENCH_N (default "2 4"), PYBENCH_PYTHONPATH (where
+# tpipd is imported from; default the build's: another build's package and _tpipd, with its
+# libtpclient on LD_LIBRARY_PATH, to compare two versions). Uses /usr/bin/python3.
 set -uo pipefail
 root=$(cd "$(dirname "$0")/../.." && pwd)
 build=${BUILD_DIR:-$root/build}
@@ -28,7 +30,7 @@ nommap='glibc.malloc.mmap_max=0:glibc.malloc.arena_max=1'
 [ -x "$build/daemon/tpipd" ] || { echo "run.sh: build first ($build/daemon/tpipd)" >&2; exit 1; }
 ext=$(ls "$build"/client/python/_tpipd*.so 2>/dev/null | head -1)
 [ -n "$ext" ] || { echo "run.sh: no _tpipd in $build (python3-dev missing?)" >&2; exit 1; }
-export PYTHONPATH=$build/client/python:$root/client/python
+export PYTHONPATH=${PYBENCH_PYTHONPATH:-$build/client/python:$root/client/python}
 tmp=$(mktemp -d)
 "$build/daemon/tpipd" --socket "$tmp/s" --peer-listen off --log-level warning 2>"$tmp/log" &
 dpid=$!
@@ -53,7 +55,8 @@ for n in $ns; do
 		tee -a "$out"
 	if [ -x "$build/bench/bench_allreduce" ]; then
 		"$build/bench/bench_allreduce" --socket "$tmp/s" --ranks "$n" --sizes "$sizes" \
-			2>/dev/null | sed 's/^allreduce /allreduce impl=c /' | tee -a "$out"
+			2>/dev/null | sed -E 's/^allreduce (impl=[^ ]+ )?/allreduce impl=c /' |
+			tee -a "$out"
 	fi
 done
 

@@ -21,8 +21,10 @@ int tpy_buffer_get(PyObject *obj, Py_buffer *view, bool writable, const char *wh
 {
 	int flags = PyBUF_C_CONTIGUOUS | (writable ? PyBUF_WRITABLE : 0);
 
-	/* torch tensors (and other DLPack producers without the buffer protocol) */
-	if (!PyObject_CheckBuffer(obj) && PyObject_HasAttrString(obj, "__dlpack__"))
+	/* DLPack capsules, torch tensors (and other DLPack producers without the buffer
+	 * protocol) */
+	if (PyCapsule_CheckExact(obj) ||
+	    (!PyObject_CheckBuffer(obj) && PyObject_HasAttrString(obj, "__dlpack__")))
 		return tpy_dlpack_get(obj, view, what);
 	if (PyObject_GetBuffer(obj, view, flags) == 0)
 		return 0;
@@ -35,15 +37,17 @@ int tpy_buffer_get(PyObject *obj, Py_buffer *view, bool writable, const char *wh
 	return -1;
 }
 
-/* A CUDA range: (ptr, nbytes, device, stream) with ints. */
+/* A CUDA range: (ptr, nbytes, device, stream) with ints, and optionally a keep-alive object
+ * (whatever holds the memory: the tuple holds it for as long as the call holds the tuple). */
 static int buffer_cuda(PyObject *obj, void **ret_ptr, size_t *ret_len, int *ret_dev,
 		       void **ret_stream)
 {
 	unsigned long long ptr, len, stream;
+	PyObject *keep;
 	int dev;
 
-	if (!PyArg_ParseTuple(obj, "KKiK;a CUDA range is (ptr, nbytes, device, stream)", &ptr,
-			      &len, &dev, &stream))
+	if (!PyArg_ParseTuple(obj, "KKiK|O;a CUDA range is (ptr, nbytes, device, stream[, keep])",
+			      &ptr, &len, &dev, &stream, &keep))
 		return -1;
 	if (dev < 0 || (ptr == 0 && len > 0)) {
 		PyErr_SetString(PyExc_ValueError, "CUDA range: bad device or NULL pointer");

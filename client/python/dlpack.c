@@ -19,7 +19,7 @@
 
 /* ---- DLPack ABI -------------------------------------------------------------------------- */
 
-enum { DL_CPU = 1, DL_CUDA_HOST = 3 };
+enum { DL_CPU = 1, DL_CUDA = 2, DL_CUDA_HOST = 3 };
 enum { DL_INT = 0, DL_UINT = 1, DL_FLOAT = 2, DL_BFLOAT = 4, DL_COMPLEX = 5 };
 
 typedef struct {
@@ -91,14 +91,46 @@ static bool dl_compact(const DLTensor *t)
 	return true;
 }
 
+/* Checks what a consumer needs of @t (a dtype of whole bytes, at most 32 C-contiguous
+ * dimensions) and its byte size into *@ret_len. Return: 0, or -1 with InvalidArgument set. */
+static int dl_check(const DLTensor *t, const char *what, size_t *ret_len)
+{
+	size_t n;
+
+	if (t->ndim < 0 || t->ndim > DL_MAX_NDIM || t->dtype.lanes != 1 || t->dtype.bits % 8 ||
+	    !t->dtype.bits) {
+		dl_raise(what, "unsupported DLPack dimensions or dtype", NULL);
+		return -1;
+	}
+	if (!dl_compact(t)) {
+		dl_raise(what, "is not contiguous: pass contiguous=True to send a contiguous copy, "
+			 "or make it contiguous yourself", NULL);
+		return -1;
+	}
+	n = t->dtype.bits / 8;
+	for (int i = 0; i < t->ndim; i++) {
+		if (t->shape[i] < 0 || (t->shape[i] && n > PY_SSIZE_T_MAX / (size_t)t->shape[i])) {
+			dl_raise(what, "bad DLPack shape", NULL);
+			return -1;
+		}
+		n *= (size_t)t->shape[i];
+	}
+	*ret_len = n;
+	return 0;
+}
+
 int tpy_dlpack_get(PyObject *obj, Py_buffer *view, const char *what)
 {
-	PyObject *cap = PyObject_CallMethod(obj, "__dlpack__", NULL);
+	PyObject *cap;
 	DLManagedTensor *m;
 	const DLTensor *t;
 	size_t n;
 
 	view->obj = NULL;
+	/* A capsule itself (the package's torch.utils.dlpack.to_dlpack(), cheaper than the
+	 * tensor's __dlpack__ wrapper), or the object's __dlpack__(). */
+	cap = PyCapsule_CheckExact(obj) ? Py_NewRef(obj) : PyObject_CallMethod(obj, "__dlpack__",
+									   NULL);
 	if (!cap)
 		return -1;
 	m = PyCapsule_GetPointer(cap, "dltensor");
@@ -108,41 +140,100 @@ int tpy_dlpack_get(PyObject *obj, Py_buffer *view, const char *what)
 	}
 	t = &m->dl_tensor;
 	if (t->device.device_type != DL_CPU && t->device.device_type != DL_CUDA_HOST) {
-		dl_raise(what, "DLPack tensor not in CPU memory (CUDA tensors travel through "
-			 "__cuda_array_interface__)", cap);
+		dl_raise(what, "DLPack tensor not in CPU memory (the package sends CUDA DLPack "
+			 "tensors as CUDA ranges: tpipd/_cuda.py)", cap);
 		return -1;
 	}
-	if (t->ndim < 0 || t->ndim > DL_MAX_NDIM || t->dtype.lanes != 1 || t->dtype.bits % 8) {
-		dl_raise(what, "unsupported DLPack dimensions or dtype", cap);
+	if (dl_check(t, what, &n) < 0) {
+		Py_DECREF(cap);
 		return -1;
-	}
-	if (!dl_compact(t)) {
-		dl_raise(what, "is not contiguous: pass contiguous=True to send a contiguous copy, "
-			 "or make it contiguous yourself", cap);
-		return -1;
-	}
-	n = t->dtype.bits / 8;
-	for (int i = 0; i < t->ndim; i++) {
-		if (t->shape[i] < 0 || (t->shape[i] && n > PY_SSIZE_T_MAX / (size_t)t->shape[i])) {
-			dl_raise(what, "bad DLPack shape", cap);
-			return -1;
-		}
-		n *= (size_t)t->shape[i];
 	}
 	memset(view, 0, sizeof(*view));
 	view->buf = t->data ? (char *)t->data + t->byte_offset : NULL;
 	view->len = (Py_ssize_t)n;
 	view->itemsize = 1;
 	view->ndim = 1;
-	view->obj = cap; /* its destructor calls the producer's deleter */
+	view->obj = cap; /* its destructor calls the producer's deleter (we never consume it) */
 	return 0;
+}
+
+/* ---- in: CUDA memory of a __dlpack__ capsule --------------------------------------------- */
+
+/* CU_STREAM_LEGACY: DLPack's stream 1, the stream a consumer passing stream=1 works on. */
+#define DL_STREAM_LEGACY 1
+
+/* The (ptr, nbytes, device, stream) range, DLPack dtype and shape of @t, kept by @cap. */
+static PyObject *dl_cuda_tuple(PyObject *cap, const DLTensor *t, size_t n)
+{
+	PyObject *shape = PyTuple_New(t->ndim), *r;
+
+	if (!shape)
+		return NULL;
+	for (int i = 0; i < t->ndim; i++) {
+		PyObject *d = PyLong_FromLongLong(t->shape[i]);
+
+		if (!d) {
+			Py_DECREF(shape);
+			return NULL;
+		}
+		PyTuple_SET_ITEM(shape, i, d);
+	}
+	r = Py_BuildValue("(O(KKiK)(ii)N)", cap,
+			  (unsigned long long)(uintptr_t)((char *)t->data + t->byte_offset),
+			  (unsigned long long)n, (int)t->device.device_id,
+			  (unsigned long long)DL_STREAM_LEGACY, (int)t->dtype.code,
+			  (int)t->dtype.bits, shape);
+	return r;
+}
+
+PyObject *tpy_dlpack_cuda(PyObject *mod, PyObject *obj)
+{
+	PyObject *fn, *kw, *noargs, *cap = NULL;
+	DLManagedTensor *m;
+	const DLTensor *t;
+	PyObject *ret;
+	size_t n;
+
+	/* stream=1: the producer orders its pending work before the legacy default stream,
+	 * which libtpclient then waits for (DLPack's stream semantics for CUDA). */
+	fn = PyObject_GetAttrString(obj, "__dlpack__");
+	if (!fn)
+		return NULL;
+	kw = Py_BuildValue("{si}", "stream", DL_STREAM_LEGACY);
+	noargs = PyTuple_New(0);
+	if (kw && noargs)
+		cap = PyObject_Call(fn, noargs, kw);
+	Py_DECREF(fn);
+	Py_XDECREF(kw);
+	Py_XDECREF(noargs);
+	if (!cap)
+		return NULL;
+	m = PyCapsule_GetPointer(cap, "dltensor");
+	if (!m) {
+		Py_DECREF(cap);
+		return NULL;
+	}
+	t = &m->dl_tensor;
+	if (t->device.device_type != DL_CUDA || t->device.device_id < 0)
+		return dl_raise("dlpack_cuda", "DLPack tensor not in CUDA device memory", cap);
+	if (dl_check(t, "CUDA tensor", &n) < 0) {
+		Py_DECREF(cap);
+		return NULL;
+	}
+	if (!t->data && n)
+		return dl_raise("dlpack_cuda", "DLPack tensor with a NULL pointer", cap);
+	ret = dl_cuda_tuple(cap, t, n);
+	Py_DECREF(cap);
+	return ret;
 }
 
 /* ---- out: DLView ------------------------------------------------------------------------- */
 
 typedef struct {
 	PyObject_HEAD
-	Py_buffer view; /* of the source, writable */
+	Py_buffer view; /* of the source, writable (CUDA: only view.buf, the device pointer) */
+	PyObject *owner; /* CUDA: what keeps the device memory, or NULL */
+	DLDevice device;
 	Py_ssize_t offset;
 	DLDataType dtype;
 	int ndim;
@@ -180,7 +271,8 @@ static PyObject *dlview_dlpack(tpy_dlview *self, PyObject *args, PyObject *kw)
 	PyObject *cap;
 	int64_t stride = 1;
 
-	/* stream (and later keywords) mean nothing for CPU memory. */
+	/* stream (and later keywords): nothing to order, CPU memory or CUDA memory a completed
+	 * read filled (its bytes are in place before the read returns). */
 	d = PyMem_RawCalloc(1, sizeof(*d));
 	if (!d)
 		return PyErr_NoMemory();
@@ -190,7 +282,7 @@ static PyObject *dlview_dlpack(tpy_dlview *self, PyObject *args, PyObject *kw)
 		stride *= self->shape[i] ? self->shape[i] : 1;
 	}
 	d->m.dl_tensor.data = (char *)self->view.buf + self->offset;
-	d->m.dl_tensor.device = (DLDevice){ DL_CPU, 0 };
+	d->m.dl_tensor.device = self->device;
 	d->m.dl_tensor.ndim = self->ndim;
 	d->m.dl_tensor.dtype = self->dtype;
 	d->m.dl_tensor.shape = d->shape;
@@ -203,14 +295,16 @@ static PyObject *dlview_dlpack(tpy_dlview *self, PyObject *args, PyObject *kw)
 	return cap;
 }
 
-static PyObject *dlview_device(PyObject *self, PyObject *unused)
+static PyObject *dlview_device(tpy_dlview *self, PyObject *unused)
 {
-	return Py_BuildValue("(ii)", DL_CPU, 0);
+	return Py_BuildValue("(ii)", (int)self->device.device_type, (int)self->device.device_id);
 }
 
 static void dlview_dealloc(tpy_dlview *self)
 {
-	PyBuffer_Release(&self->view);
+	if (self->view.obj)
+		PyBuffer_Release(&self->view);
+	Py_XDECREF(self->owner);
 	PyObject_Free(self);
 }
 
@@ -218,8 +312,8 @@ static PyMethodDef dlview_methods[] = {
 	{ "__dlpack__", (PyCFunction)(void (*)(void))dlview_dlpack, METH_VARARGS | METH_KEYWORDS,
 	  "__dlpack__(stream=None) -> capsule\n--\n\nA DLPack capsule over the memory (no copy); "
 	  "the memory lives until the consumer's tensor is freed." },
-	{ "__dlpack_device__", dlview_device, METH_NOARGS,
-	  "__dlpack_device__() -> (1, 0): CPU memory" },
+	{ "__dlpack_device__", (PyCFunction)dlview_device, METH_NOARGS,
+	  "__dlpack_device__() -> (1, 0) for CPU memory, (2, device) for CUDA memory" },
 	{ 0 }
 };
 
@@ -230,23 +324,22 @@ PyTypeObject tpy_dlview_type = {
 	.tp_flags = Py_TPFLAGS_DEFAULT,
 	.tp_doc = "dlpack_view(buffer, offset, dtype_code, shape): a typed view of a writable "
 		  "buffer for numpy.from_dlpack() and torch.from_dlpack() (no copy; the buffer "
-		  "stays alive while any tensor made from it is).",
+		  "stays alive while any tensor made from it is); dlpack_cuda_view(ptr, device, "
+		  "dtype_code, shape, owner): the same over CUDA memory that @owner keeps.",
 	.tp_dealloc = (destructor)dlview_dealloc,
 	.tp_methods = dlview_methods,
 };
 
-PyObject *tpy_dlpack_view(PyObject *mod, PyObject *args)
+/* A new DLView of dtype @code and @shape (borrowed); its byte size into *@ret_len. */
+static tpy_dlview *dlview_new(int code, PyObject *shape, size_t *ret_len)
 {
-	PyObject *obj, *shape, *seq;
-	Py_ssize_t offset, nd;
-	int code;
+	PyObject *seq;
+	Py_ssize_t nd;
 	size_t n;
 	tpy_dlview *v;
 
-	if (!PyArg_ParseTuple(args, "OniO:dlpack_view", &obj, &offset, &code, &shape))
-		return NULL;
-	if (code < 1 || code >= (int)(sizeof(dl_types) / sizeof(dl_types[0])) || offset < 0) {
-		PyErr_SetString(PyExc_ValueError, "dlpack_view: bad dtype code or offset");
+	if (code < 1 || code >= (int)(sizeof(dl_types) / sizeof(dl_types[0]))) {
+		PyErr_SetString(PyExc_ValueError, "dlpack_view: bad dtype code");
 		return NULL;
 	}
 	seq = PySequence_Fast(shape, "dlpack_view: shape must be a sequence of ints");
@@ -260,8 +353,10 @@ PyObject *tpy_dlpack_view(PyObject *mod, PyObject *args)
 			PyErr_SetString(PyExc_ValueError, "dlpack_view: more than 32 dimensions");
 		return NULL;
 	}
-	v->view.obj = NULL;
-	v->offset = offset;
+	memset(&v->view, 0, sizeof(v->view));
+	v->owner = NULL;
+	v->device = (DLDevice){ DL_CPU, 0 };
+	v->offset = 0;
 	v->dtype = dl_types[code];
 	v->ndim = (int)nd;
 	n = v->dtype.bits / 8;
@@ -271,11 +366,36 @@ PyObject *tpy_dlpack_view(PyObject *mod, PyObject *args)
 		if (d < 0 || d > (1LL << 48)) {
 			if (!PyErr_Occurred())
 				PyErr_SetString(PyExc_ValueError, "dlpack_view: bad dimension");
-			goto fail;
+			Py_DECREF(seq);
+			Py_DECREF(v);
+			return NULL;
 		}
 		v->shape[i] = d;
 		n = d && n > PY_SSIZE_T_MAX / (size_t)d ? (size_t)PY_SSIZE_T_MAX : n * (size_t)d;
 	}
+	Py_DECREF(seq);
+	*ret_len = n;
+	return v;
+}
+
+PyObject *tpy_dlpack_view(PyObject *mod, PyObject *args)
+{
+	PyObject *obj, *shape;
+	Py_ssize_t offset;
+	int code;
+	size_t n;
+	tpy_dlview *v;
+
+	if (!PyArg_ParseTuple(args, "OniO:dlpack_view", &obj, &offset, &code, &shape))
+		return NULL;
+	if (offset < 0) {
+		PyErr_SetString(PyExc_ValueError, "dlpack_view: bad offset");
+		return NULL;
+	}
+	v = dlview_new(code, shape, &n);
+	if (!v)
+		return NULL;
+	v->offset = offset;
 	if (tpy_buffer_get(obj, &v->view, true, "dlpack_view") < 0)
 		goto fail;
 	if (n > (size_t)v->view.len || (size_t)offset > (size_t)v->view.len - n) {
@@ -283,12 +403,39 @@ PyObject *tpy_dlpack_view(PyObject *mod, PyObject *args)
 			     "buffer of %zd", n, offset, v->view.len);
 		goto fail;
 	}
-	Py_DECREF(seq);
 	return (PyObject *)v;
 fail:
-	Py_DECREF(seq);
 	Py_DECREF(v);
 	return NULL;
+}
+
+PyObject *tpy_dlpack_cuda_view(PyObject *mod, PyObject *args)
+{
+	unsigned long long ptr;
+	PyObject *shape, *owner = Py_None;
+	int device, code;
+	size_t n;
+	tpy_dlview *v;
+
+	if (!PyArg_ParseTuple(args, "KiiO|O:dlpack_cuda_view", &ptr, &device, &code, &shape,
+			      &owner))
+		return NULL;
+	if (device < 0) {
+		PyErr_SetString(PyExc_ValueError, "dlpack_cuda_view: bad device");
+		return NULL;
+	}
+	v = dlview_new(code, shape, &n);
+	if (!v)
+		return NULL;
+	if (!ptr && n) {
+		PyErr_SetString(PyExc_ValueError, "dlpack_cuda_view: NULL pointer");
+		Py_DECREF(v);
+		return NULL;
+	}
+	v->view.buf = (void *)(uintptr_t)ptr;
+	v->device = (DLDevice){ DL_CUDA, device };
+	v->owner = Py_NewRef(owner);
+	return (PyObject *)v;
 }
 
 /* ---- Block ------------------------------------------------------------------------------- */

@@ -2,20 +2,29 @@
 /*
  * _tpipd groups: the Group type (tp_group_join() and the collectives, blocking with the GIL
  * released, or started asynchronously) and the CollReq type (an asynchronous collective that
- * holds its buffers until it is waited for). Dtype and op names, tensors and torch.distributed's
- * shape are the Python package's (tpipd/_group.py); here counts come from buffer lengths.
+ * holds its buffers until it is waited for). Buffers are CPU memory or CUDA ranges (the group's
+ * collective options follow the buffers of each call: tp_group_set_coll_options()). Dtype and
+ * op names, tensors and torch.distributed's shape are the Python package's (tpipd/_group.py);
+ * here counts come from buffer lengths.
  */
 #include <errno.h>
 #include <unistd.h>
 #include "tpy.h"
+
+/* Where a collective's buffers are: the CPU, or a CUDA device and the stream to order on. */
+struct coll_where {
+	struct tp_device dev;
+	void *stream;
+};
 
 typedef struct {
 	PyObject_HEAD
 	struct tpy_child child;
 	tpy_context *ctx;
 	struct tp_group *g;
-	int busy;	       /* threads inside a blocking call on @g */
-	struct tpy_child reqs; /* CollReq objects not yet waited for */
+	int busy;		 /* threads inside a blocking call on @g */
+	struct tpy_child reqs;	 /* CollReq objects not yet waited for */
+	struct coll_where where; /* @g's collective options now (tp_group_set_coll_options) */
 } tpy_group;
 
 typedef struct {
@@ -114,6 +123,7 @@ PyObject *tpy_group_join(tpy_context *self, PyObject *args, PyObject *kw)
 	ret->ctx = (tpy_context *)Py_NewRef(self);
 	ret->g = g;
 	ret->busy = 0;
+	ret->where = (struct coll_where){ .dev = { TP_DEVICE_CPU, 0 } };
 	ret->reqs.next = ret->reqs.prev = &ret->reqs;
 	ret->child.close = group_on_context_close;
 	tpy_module_link(self, &ret->child);
@@ -127,7 +137,29 @@ struct coll_args {
 	enum tp_dtype dtype;
 	enum tp_reduce_op op;
 	int root;
+	bool has_where; /* not for a barrier */
+	struct coll_where where;
 };
+
+/* Makes @w the options of @self's collectives from now on, if they are not already. Return:
+ * 0, or -1 with an exception set (NotSupported: no CUDA driver). */
+static int group_where(tpy_group *self, const struct coll_where *w)
+{
+	struct tp_coll_options o = { .size = sizeof(o), .device = w->dev,
+				     .cuda_stream = w->stream };
+	int r;
+
+	if (self->where.dev.type == w->dev.type && self->where.dev.index == w->dev.index &&
+	    self->where.stream == w->stream)
+		return 0;
+	r = tp_group_set_coll_options(self->g, &o);
+	if (r < 0) {
+		tpy_module_raise(r, NULL);
+		return -1;
+	}
+	self->where = *w;
+	return 0;
+}
 
 /* Element count of @a from the buffer lengths, checked against the group size. */
 static int coll_count(tpy_group *self, struct coll_args *a)
@@ -205,7 +237,7 @@ static PyObject *group_coll(tpy_group *self, struct coll_args *a, Py_buffer v[2]
 		tpy_module_closed("Group");
 		goto fail;
 	}
-	if (coll_count(self, a) < 0)
+	if (coll_count(self, a) < 0 || (a->has_where && group_where(self, &a->where) < 0))
 		goto fail;
 	if (!async) {
 		struct tp_group *g = self->g;
@@ -249,6 +281,65 @@ fail:
 	return NULL;
 }
 
+/*
+ * The buffer of @o into @v and where it is into @ret: a CPU buffer (buffer protocol or DLPack),
+ * or a CUDA range tuple (ptr, nbytes, device, stream[, keep-alive]) from the package, which
+ * @v then holds (view->obj: the tuple, released as any view). Return: 0, or -1 with an
+ * exception set and nothing held.
+ */
+static int group_view(PyObject *o, Py_buffer *v, bool writable, const char *what,
+		      struct coll_where *ret)
+{
+	struct tp_tensor t = { 0 };
+	size_t len;
+
+	*ret = (struct coll_where){ .dev = { TP_DEVICE_CPU, 0 } };
+	if (!PyTuple_Check(o))
+		return tpy_buffer_get(o, v, writable, what);
+	if (tpy_buffer_tensor(o, v, writable, &t, NULL, &len) < 0)
+		return -1;
+	if (len > PY_SSIZE_T_MAX) {
+		PyErr_Format(PyExc_ValueError, "%s: %zu bytes", what, len);
+		return -1;
+	}
+	memset(v, 0, sizeof(*v));
+	v->buf = t.data;
+	v->len = (Py_ssize_t)len;
+	v->obj = Py_NewRef(o);
+	ret->dev = t.device;
+	ret->stream = t.cuda_stream;
+	return 0;
+}
+
+/* The buffers of @so and @ro into @v and @a: an in-place call (@so is @ro) acquires one, the
+ * recv view, which serves as both (one __dlpack__ or buffer export per call, not two); both
+ * must be on one device. Return: 0, or -1 with an exception set and nothing held. */
+static int group_views(PyObject *so, PyObject *ro, Py_buffer v[2], struct coll_args *a)
+{
+	struct coll_where sw;
+
+	if (group_view(ro, &v[1], true, "recv", &a->where) < 0)
+		return -1;
+	a->has_where = true;
+	a->recv = &v[1];
+	a->send = &v[1];
+	if (so == ro)
+		return 0;
+	if (group_view(so, &v[0], false, "send", &sw) < 0) {
+		PyBuffer_Release(&v[1]);
+		return -1;
+	}
+	a->send = &v[0];
+	if (sw.dev.type != a->where.dev.type || sw.dev.index != a->where.dev.index) {
+		PyErr_SetString(PyExc_ValueError, "send and receive buffers are on different "
+				"devices");
+		PyBuffer_Release(&v[0]);
+		PyBuffer_Release(&v[1]);
+		return -1;
+	}
+	return 0;
+}
+
 /* all-reduce and reduce-scatter: (send, recv, dtype, op[, async_op]) for @kind; @fmt names the
  * call in argument errors. */
 static PyObject *group_reducing(tpy_group *self, PyObject *args, PyObject *kw,
@@ -262,14 +353,8 @@ static PyObject *group_reducing(tpy_group *self, PyObject *args, PyObject *kw,
 
 	if (!PyArg_ParseTupleAndKeywords(args, kw, fmt, kwlist, &so, &ro, &dt, &op, &async))
 		return NULL;
-	if (tpy_buffer_get(ro, &v[1], true, "recv") < 0)
+	if (group_views(so, ro, v, &a) < 0)
 		return NULL;
-	if (tpy_buffer_get(so, &v[0], false, "send") < 0) {
-		PyBuffer_Release(&v[1]);
-		return NULL;
-	}
-	a.send = &v[0];
-	a.recv = &v[1];
 	a.dtype = (enum tp_dtype)dt;
 	a.op = (enum tp_reduce_op)op;
 	return group_coll(self, &a, v, async);
@@ -296,14 +381,8 @@ static PyObject *group_allgather(tpy_group *self, PyObject *args, PyObject *kw)
 	if (!PyArg_ParseTupleAndKeywords(args, kw, "OOi|p:allgather", kwlist, &so, &ro, &dt,
 					 &async))
 		return NULL;
-	if (tpy_buffer_get(ro, &v[1], true, "recv") < 0)
+	if (group_views(so, ro, v, &a) < 0)
 		return NULL;
-	if (tpy_buffer_get(so, &v[0], false, "send") < 0) {
-		PyBuffer_Release(&v[1]);
-		return NULL;
-	}
-	a.send = &v[0];
-	a.recv = &v[1];
 	a.dtype = (enum tp_dtype)dt;
 	return group_coll(self, &a, v, async);
 }
@@ -319,8 +398,9 @@ static PyObject *group_broadcast(tpy_group *self, PyObject *args, PyObject *kw)
 	if (!PyArg_ParseTupleAndKeywords(args, kw, "Oii|p:broadcast", kwlist, &bo, &dt, &root,
 					 &async))
 		return NULL;
-	if (tpy_buffer_get(bo, &v[1], true, "buf") < 0)
+	if (group_view(bo, &v[1], true, "buf", &a.where) < 0)
 		return NULL;
+	a.has_where = true;
 	a.recv = &v[1];
 	a.dtype = (enum tp_dtype)dt;
 	a.root = root;

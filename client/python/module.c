@@ -209,7 +209,11 @@ static PyObject *context_close(tpy_context *self, PyObject *unused)
 
 static void context_dealloc(tpy_context *self)
 {
-	PyObject *r = context_close(self, NULL);
+	PyObject *r;
+
+	if (self->weakrefs)
+		PyObject_ClearWeakRefs((PyObject *)self);
+	r = context_close(self, NULL);
 
 	Py_XDECREF(r);
 	Py_TYPE(self)->tp_free((PyObject *)self);
@@ -279,6 +283,24 @@ static PyObject *context_open_queue(tpy_context *self, PyObject *args, PyObject 
 	return tpy_wq_open(self, args, kw);
 }
 
+/* Context.cuda_release(ptr): tp_cuda_release() of the CUDA allocation containing @ptr. */
+static PyObject *context_cuda_release(tpy_context *self, PyObject *arg)
+{
+	void *ptr = PyLong_AsVoidPtr(arg);
+	int r;
+
+	if (!ptr && PyErr_Occurred())
+		return NULL;
+	if (!self->ctx || self->closed)
+		return tpy_module_closed("Context");
+	Py_BEGIN_ALLOW_THREADS
+	r = tp_cuda_release(self->ctx, ptr);
+	Py_END_ALLOW_THREADS
+	if (r < 0)
+		return tpy_module_raise(r, NULL);
+	Py_RETURN_NONE;
+}
+
 static PyMethodDef context_methods[] = {
 	{ "close", (PyCFunction)context_close, METH_NOARGS,
 	  "close()\n--\n\nClose every pipe, listener and group of this context (their pending "
@@ -291,6 +313,10 @@ static PyMethodDef context_methods[] = {
 	{ "connect", (PyCFunction)(void (*)(void))context_connect, METH_VARARGS | METH_KEYWORDS,
 	  "connect(address, wait_ms=0, expect_uid=-1) -> Pipe\n--\n\nOpen a pipe; with wait_ms "
 	  "the daemon waits that long for the listener to appear." },
+	{ "cuda_release", (PyCFunction)context_cuda_release, METH_O,
+	  "cuda_release(ptr)\n--\n\nTell the daemon to drop its mapping of the CUDA allocation "
+	  "containing device pointer @ptr (tp_cuda_release()); the memory must still be "
+	  "allocated. InvalidArgument: not CUDA memory; NotSupported: no CUDA driver." },
 	{ "alloc_buffer", (PyCFunction)context_alloc_buffer, METH_VARARGS,
 	  "alloc_buffer(size) -> SharedBuffer\n--\n\nShared memory registered with the daemon; "
 	  "it stays mapped while the SharedBuffer (or a view of it) is alive." },
@@ -329,6 +355,7 @@ PyTypeObject tpy_context_type = {
 	.tp_new = context_new,
 	.tp_init = (initproc)context_init,
 	.tp_dealloc = (destructor)context_dealloc,
+	.tp_weaklistoffset = offsetof(tpy_context, weakrefs),
 	.tp_methods = context_methods,
 	.tp_getset = context_getset,
 };
@@ -344,6 +371,12 @@ static PyObject *module_strerror(PyObject *m, PyObject *arg)
 
 static PyMethodDef module_methods[] = {
 	{ "strerror", module_strerror, METH_O, "strerror(errno) -> str: libtpclient's text" },
+	{ "dlpack_cuda", tpy_dlpack_cuda, METH_O,
+	  "dlpack_cuda(obj) -> (capsule, (ptr, nbytes, device, stream), (dl_code, bits), "
+	  "shape)\n--\n\nThe CUDA memory of obj.__dlpack__(stream=1), held by the capsule." },
+	{ "dlpack_cuda_view", tpy_dlpack_cuda_view, METH_VARARGS,
+	  "dlpack_cuda_view(ptr, device, dtype_code, shape, owner=None) -> DLView\n--\n\nA "
+	  "DLPack exporter over CUDA memory (no copy) that keeps @owner." },
 	{ "dlpack_view", tpy_dlpack_view, METH_VARARGS,
 	  "dlpack_view(buffer, offset, dtype_code, shape) -> DLView\n--\n\nA DLPack exporter "
 	  "over a writable buffer (no copy)." },

@@ -642,6 +642,11 @@ static PyObject *pipe_get_closed(tpy_pipe *self, void *unused)
 	return PyBool_FromLong(self->p == NULL);
 }
 
+static PyObject *pipe_get_context(tpy_pipe *self, void *unused)
+{
+	return Py_NewRef((PyObject *)self->ctx);
+}
+
 static PyMethodDef pipe_methods[] = {
 	{ "write", (PyCFunction)(void (*)(void))pipe_write, METH_VARARGS | METH_KEYWORDS,
 	  "write(metadata, payloads=(), tensors=(), timeout=None)\n--\n\nSend a message and wait "
@@ -671,6 +676,7 @@ static PyGetSetDef pipe_getset[] = {
 	{ "remote_name", (getter)pipe_get_remote_name, NULL, "who is on the other end", NULL },
 	{ "remote_uid", (getter)pipe_get_remote_uid, NULL, "the other end's uid", NULL },
 	{ "closed", (getter)pipe_get_closed, NULL, "whether close() ran", NULL },
+	{ "context", (getter)pipe_get_context, NULL, "the Context the pipe belongs to", NULL },
 	{ 0 }
 };
 

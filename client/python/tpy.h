@@ -31,6 +31,7 @@ typedef struct {
 	bool closed;		/* close() ran: no new operation; free once no buffer is left */
 	Py_ssize_t n_buffers;	/* SharedBuffer objects alive */
 	struct tpy_child children;
+	PyObject *weakrefs; /* the package's CUDA release tracking keys on the context */
 } tpy_context;
 
 /* One asynchronous call waited for by a Python thread (lives on that thread's stack). */
@@ -184,13 +185,26 @@ int tpy_wq_add_types(PyObject *m);
 
 /* dlpack.c */
 /*
- * tpy_dlpack_get() - a C-contiguous CPU buffer over @obj's __dlpack__() capsule into @view
- * (view->obj holds the capsule: PyBuffer_Release() calls the producer's deleter).
+ * tpy_dlpack_get() - a C-contiguous CPU buffer over @obj's __dlpack__() capsule (or over @obj,
+ * a DLPack capsule itself, borrowed and never consumed) into @view (view->obj holds the
+ * capsule: PyBuffer_Release() drops it; the producer's deleter runs with the capsule).
  * Return: 0, or -1 with an exception set naming @what (InvalidArgument: not contiguous).
  */
 int tpy_dlpack_get(PyObject *obj, Py_buffer *view, const char *what);
+/*
+ * tpy_dlpack_cuda() - _tpipd.dlpack_cuda(obj): @obj's __dlpack__(stream=1) capsule of CUDA
+ * device memory as (capsule, (ptr, nbytes, device, stream), (dl_code, bits), shape). The
+ * capsule keeps the memory: hold it until libtpclient is done with the range (the stream is
+ * 1, the legacy default stream, on which the producer ordered its pending work).
+ * Return: a new tuple, or NULL with an exception set (InvalidArgument: not CUDA memory, not
+ * contiguous, an unsupported dtype).
+ */
+PyObject *tpy_dlpack_cuda(PyObject *mod, PyObject *obj);
 /* _tpipd.dlpack_view(buffer, offset, dtype_code, shape): a new DLView keeping @buffer. */
 PyObject *tpy_dlpack_view(PyObject *mod, PyObject *args);
+/* _tpipd.dlpack_cuda_view(ptr, device, dtype_code, shape, owner=None): a new DLView of CUDA
+ * memory at @ptr on @device, keeping @owner (whatever keeps that memory allocated). */
+PyObject *tpy_dlpack_cuda_view(PyObject *mod, PyObject *args);
 /* A new Block owning @p (malloc'd, @len bytes; takes @p, also on failure). */
 PyObject *tpy_dlpack_block(void *p, size_t len);
 int tpy_dlpack_add_types(PyObject *m);

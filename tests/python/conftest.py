@@ -11,15 +11,17 @@ import time
 import pytest
 
 
-@pytest.fixture(scope="session")
-def daemon():
+def start_daemon(*args):
+    """A private tpipd with ``args`` added to its command line: a generator yielding its
+    socket path, then stopping it (use with a fixture's ``yield from``)."""
     binary = os.environ.get("TPIPD_BIN")
     if not binary:
         pytest.skip("TPIPD_BIN not set (run through meson test)")
     tmp = tempfile.mkdtemp(prefix="tpy.")
     sock = os.path.join(tmp, "tpipd.sock")
     log = open(os.path.join(tmp, "tpipd.log"), "w")
-    proc = subprocess.Popen([binary, "--socket", sock, "--peer-listen", "off"], stderr=log)
+    proc = subprocess.Popen([binary, "--socket", sock, "--peer-listen", "off", *args],
+                            stderr=log)
     import tpipd
     deadline = time.monotonic() + 10
     while True:  # bounded wait for the daemon to answer
@@ -30,7 +32,6 @@ def daemon():
             if proc.poll() is not None or time.monotonic() > deadline:
                 raise RuntimeError(f"tpipd did not start: {open(log.name).read()[-2000:]}")
             time.sleep(0.02)
-    os.environ["TPIPD_SOCKET"] = sock
     yield sock
     proc.terminate()
     try:
@@ -42,6 +43,15 @@ def daemon():
     if proc.returncode != 0:
         print(open(log.name).read()[-4000:])
     shutil.rmtree(tmp, ignore_errors=True)
+
+
+@pytest.fixture(scope="session")
+def daemon():
+    gen = start_daemon()
+    sock = next(gen)
+    os.environ["TPIPD_SOCKET"] = sock
+    yield sock
+    next(gen, None)
 
 
 @pytest.fixture

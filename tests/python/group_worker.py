@@ -13,7 +13,10 @@ import tpipd
 def main():
     scenario, name, n, rank = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4])
     out = {}
-    g = tpipd.init_group(name, n, rank, join_timeout=30, op_timeout=30)
+    if scenario.startswith("slurm-"):  # rank and size from Slurm's variables (the test's)
+        g = tpipd.init_group(name, bootstrap=scenario[6:], join_timeout=30, op_timeout=30)
+    else:
+        g = tpipd.init_group(name, n, rank, join_timeout=30, op_timeout=30)
     r = g.rank
     if scenario == "collectives":
         t = torch.arange(1000, dtype=torch.float32) * (r + 1)
@@ -40,6 +43,11 @@ def main():
         fut = g.all_reduce(f, async_op=True).get_future()
         out["async_ok"] = bool((h == n).all()) and fut.result(30) and bool((f == n).all())
         g.barrier()
+    elif scenario.startswith("slurm-"):
+        t = torch.ones(16) * (r + 1)
+        tpipd.all_reduce(t)
+        out["size"] = g.size
+        out["sum_ok"] = bool((t == n * (n + 1) / 2).all())
     elif scenario == "mismatch":
         t = torch.ones(4)
         try:

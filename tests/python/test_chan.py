@@ -268,6 +268,41 @@ def test_iteration_ends_when_drained(ctx, request):
     assert ch.state == "drained"
 
 
+def test_futures_and_asyncio_forms(ctx, request):
+    """write_async/read_async futures in call order; awrite/aread; ``async for`` ends when
+    the channel is drained; a read future waiting on an empty channel ends with Closed when
+    the handle is released."""
+    import asyncio
+    ch = ctx.channel(uniq(request), create=True)
+    futs = [ch.write_async(b"%d" % i) for i in range(20)]
+    futs.append(ch.write_async(np.arange(3.0), typed=True))
+    assert [f.result(10) for f in futs] == [None] * 21
+    assert [int(ch.read_async().result(10)) for _ in range(20)] == list(range(20))
+    assert ch.read_async(typed=True).result(10).tolist() == [0.0, 1.0, 2.0]
+
+    async def main():
+        await ch.awrite(b"a")
+        await ch.awrite(torch_or_np_ones(), typed=True)
+        got = [await ch.aread(), (await ch.aread(typed=True)).tolist()]
+        for i in range(5):
+            await ch.awrite(b"%d" % i)
+        ch.close()
+        return got, [x async for x in ch]
+    got, rest = asyncio.run(main())
+    assert got == [b"a", [1.0, 1.0]] and rest == [b"%d" % i for i in range(5)]
+    assert ch.state == "drained"
+    other = ctx.channel(uniq(request, "b"), create=True)
+    fut = other.read_async(timeout=30)
+    other.release()
+    with pytest.raises(tpipd.Closed):
+        fut.result(10)
+
+
+def torch_or_np_ones():
+    torch = _tensor.torch_module()
+    return torch.ones(2) if torch is not None else np.ones(2)
+
+
 def test_a_blocked_read_leaves_other_threads_running(ctx, request):
     ch = ctx.channel(uniq(request), create=True)
     ticks = []

@@ -2,7 +2,8 @@
 """Groups from Python: 4 processes all-reduce torch tensors (the sum), and run max, broadcast,
 all_gather, reduce_scatter, an async bfloat16 all-reduce and a barrier; members calling
 different collectives get Mismatch; a member that dies fails the others with PeerDied; the
-Slurm and coordinator bootstraps pass through to libtpclient (NotSupported today)."""
+Slurm bootstrap takes rank and size from Slurm's variables (a one-node step); without them, or
+without peer authentication for a coordinator, libtpclient's refusal comes through."""
 import json
 import os
 import subprocess
@@ -19,9 +20,10 @@ if _tensor.torch_module() is None:
 WORKER = os.path.join(os.path.dirname(__file__), "group_worker.py")
 
 
-def run_members(daemon, scenario, n, name):
+def run_members(daemon, scenario, n, name, env=None):
     procs = [subprocess.Popen([sys.executable, WORKER, scenario, name, str(n), str(r)],
-                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                              env=None if env is None else dict(os.environ, **env(r)))
              for r in range(n)]
     outs = []
     for p in procs:
@@ -68,6 +70,24 @@ def test_other_bootstraps_pass_through(daemon, boot):
     # no peer authentication (AccessDenied)
     assert isinstance(e.value, (tpipd.NotSupported, tpipd.InvalidArgument,
                                 tpipd.AccessDenied, tpipd.NoListener)), e.value
+
+
+@pytest.mark.parametrize("boot", ["slurm", "auto"])
+def test_slurm_bootstrap_takes_rank_and_size_from_slurms_variables(daemon, boot):
+    """A one-node step of 3 tasks, as srun describes it: init_group(name) without world_size
+    or rank joins NAME@slurm:JOB.STEP on the local daemon (bootstrap "slurm", or "auto" in a
+    Slurm task), each task at its SLURM_PROCID."""
+    job = str(os.getpid())
+
+    def env(r):
+        return {"SLURM_JOB_ID": job, "SLURM_STEP_ID": "1" if boot == "auto" else "0",
+                "SLURM_PROCID": str(2 - r), "SLURM_NTASKS": "3", "SLURM_LOCALID": str(2 - r),
+                "SLURM_NODEID": "0", "SLURM_STEP_NODELIST": "node1",
+                "SLURM_STEP_TASKS_PER_NODE": "3", "WORLD_SIZE": "", "RANK": ""}
+    outs = run_members(daemon, "slurm-" + boot, 3, "g.slurm", env)
+    res = results(outs)
+    assert sorted(r["rank"] for r in res) == [0, 1, 2]
+    assert all(r["size"] == 3 and r["sum_ok"] for r in res), res
 
 
 def test_single_member_group_and_module_functions(daemon):

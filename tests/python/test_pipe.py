@@ -2,7 +2,8 @@
 """Pipes from Python: every dtype of numpy and torch arrives with its dtype, shape and kind;
 non-contiguous input is refused unless made contiguous on request; 0-d and empty tensors;
 destinations passed by the reader; shared-buffer arrays; futures and asyncio; the GIL is
-released while a read blocks; the tensor header refuses hostile input."""
+released while a read blocks; the tensor header refuses hostile input; without numpy and torch
+the module still moves bytes."""
 import asyncio
 import os
 import struct
@@ -257,3 +258,54 @@ def test_cuda_tensors(pair):
     w.write(b"", (), [x])
     y = r.read().tensors[0]
     assert y.is_cuda and torch.equal(x, y)
+
+
+NO_NUMPY_NO_TORCH = r'''
+import sys
+class Refuse:  # numpy and torch are not installed, as far as this process can tell
+    def find_spec(self, name, path=None, target=None):
+        if name.split(".")[0] in ("numpy", "torch"):
+            raise ImportError(f"No module named {name!r} (refused by the test)")
+sys.meta_path.insert(0, Refuse())
+import threading, tpipd
+with tpipd.Context() as a, tpipd.Context() as b:
+    lst = b.listen(sys.argv[1])
+    fut = lst.accept_async(10)
+    w = a.connect(sys.argv[1], timeout=10)
+    r = fut.result(10)
+    w.write(b"meta", payloads=[b"bytes", bytearray(3)])
+    m = r.read(timeout=10)
+    assert m.metadata == b"meta" and [bytes(p) for p in m.payloads] == [b"bytes", bytes(3)]
+    ch = a.channel(sys.argv[1], create=True)
+    ch.write(b"item")
+    assert ch.read(timeout=10) == b"item"
+    try:
+        w.write(b"", tensors=[memoryview(b"x")])
+    except ImportError as e:
+        assert "tensors need numpy" in str(e), e
+    else:
+        raise AssertionError("a tensor without numpy was accepted")
+assert "numpy" not in sys.modules and "torch" not in sys.modules
+print("ok")
+'''
+
+
+def test_module_works_without_numpy_and_torch(daemon):
+    """numpy and torch are optional at import time: pipes and channels move bytes without
+    them; a tensor then raises an ImportError naming numpy."""
+    import subprocess
+    import sys
+    out = subprocess.run([sys.executable, "-c", NO_NUMPY_NO_TORCH, f"nonp.{os.getpid()}"],
+                         capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0 and out.stdout.strip() == "ok", out.stderr[-3000:]
+
+
+def test_cuda_release_follows_a_torch_views_base():
+    """The daemon's mapping of a CUDA allocation is released when the tensor that owns the
+    memory is garbage: for a view (a temporary slice written once), its base tensor."""
+    torch = torch_or_skip()
+    from tpipd import _cuda
+    x = torch.zeros(10)
+    assert _cuda.owner(x[2:5]) is x and _cuda.owner(x[2:5][1:]) is x and _cuda.owner(x) is x
+    a = np.zeros(3)
+    assert _cuda.owner(a) is a

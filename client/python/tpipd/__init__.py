@@ -21,6 +21,7 @@ from ._pipe import Context, Listener, Pipe, Message  # noqa: F401
 from ._channel import Channel, unlink_channel  # noqa: F401
 from ._set import PipeSet  # noqa: F401
 from ._wq import WorkQueue  # noqa: F401
+from ._cuda import CudaArray  # noqa: F401
 from ._group import (  # noqa: F401
     Group, Work, ReduceOp, init_group, all_reduce, broadcast, barrier, all_gather,
     reduce_scatter, destroy_group)

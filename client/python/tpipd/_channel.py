@@ -5,7 +5,11 @@ buffer the caller owns, or (typed items) giving back the array or tensor that wa
 iteration that ends when the channel is drained; the state this handle has seen. Moving bytes
 and waiting (sliced, GIL released, Ctrl-C) is the extension's (chan.c); framing of typed items
 reuses the tensor header of _tensor.py. Not here: pipes (_pipe.py), sets (_set.py)."""
-from . import _tensor, _tpipd
+import asyncio
+import concurrent.futures
+import threading
+
+from . import _cuda, _tensor, _tpipd
 
 CREATE = 0x1
 EXCLUSIVE = 0x2
@@ -30,6 +34,9 @@ def _item_buffer(obj, contiguous, what):
         if not obj.flags.c_contiguous:
             obj = _tensor._contiguous(obj, contiguous, what)
         return obj
+    if _cuda.is_cuda(obj):
+        raise _tpipd.NotSupported(95, f"{what}: channel items are CPU memory (a CUDA "
+                                  "tensor travels through a Pipe)")
     try:
         return memoryview(obj)  # any other buffer-protocol object
     except TypeError:
@@ -46,6 +53,8 @@ def _typed_item(obj, contiguous):
     if _tensor.is_torch(obj) and obj.is_cuda:
         raise _tpipd.NotSupported(95, "channel items are CPU memory")
     buf, hdr, _ = _tensor.to_wire(obj, contiguous, "item")
+    if type(buf) is tuple:  # a CUDA range
+        raise _tpipd.NotSupported(95, "channel items are CPU memory")
     src = _tensor.cpu_buffer(buf).reshape(-1).view("uint8")  # a view: no copy yet
     item = bytearray(len(hdr) + src.nbytes)
     item[:len(hdr)] = hdr
@@ -94,6 +103,8 @@ class Channel:
 
     def __init__(self, name, *, context=None, create=False, exclusive=False, persistent=False,
                  mode="owner", gid=None, capacity=0, capacity_bytes=0, owner_uid=None):
+        self._lock = threading.Lock()
+        self._executors = {}
         if mode not in _ACCESS:
             raise ValueError(f"mode must be one of {sorted(_ACCESS)}")
         if context is None:
@@ -210,6 +221,48 @@ class Channel:
             except _tpipd.Drained:
                 return
 
+    # ---- futures and asyncio -------------------------------------------------------------
+
+    def _submit_to(self, which, fn, *args, **kw):
+        with self._lock:
+            ex = self._executors.get(which)
+            if ex is None:
+                ex = concurrent.futures.ThreadPoolExecutor(
+                    1, thread_name_prefix=f"tpipd-chan-{which}")
+                self._executors[which] = ex
+        return ex.submit(fn, *args, **kw)
+
+    def write_async(self, item, *, timeout=None, contiguous=False, typed=False):
+        """write() (write_tensor() when typed) on a handle-owned thread: a
+        concurrent.futures.Future of None, in call order; ``item`` is borrowed until it is
+        done."""
+        fn = self.write_tensor if typed else self.write
+        return self._submit_to("write", fn, item, timeout=timeout, contiguous=contiguous)
+
+    def read_async(self, timeout=None, *, typed=False):
+        """read() (read_tensor() when typed) on a handle-owned thread: a Future of the item,
+        in call order (Drained once the channel is drained)."""
+        return self._submit_to("read", self.read_tensor if typed else self.read, timeout)
+
+    async def awrite(self, item, *, timeout=None, contiguous=False, typed=False):
+        """write() as an asyncio awaitable."""
+        return await asyncio.wrap_future(self.write_async(item, timeout=timeout,
+                                                          contiguous=contiguous, typed=typed))
+
+    async def aread(self, timeout=None, *, typed=False):
+        """read() as an asyncio awaitable."""
+        return await asyncio.wrap_future(self.read_async(timeout, typed=typed))
+
+    async def __aiter__(self):
+        """Items (bytes) until the channel is drained: ``async for item in chan:``."""
+        while True:
+            try:
+                yield await self.aread()
+            except _tpipd.Drained:
+                return
+
+    # ---- lifetime ------------------------------------------------------------------------
+
     def close(self):
         """Close the channel for every handle in every process: writes raise PipeClosed,
         readers get what is left, then Drained; waiting readers everywhere wake. Idempotent."""
@@ -217,8 +270,10 @@ class Channel:
         self._state = "closed" if self._state == "open" else self._state
 
     def release(self):
-        """Drop this handle (not a close). Idempotent."""
+        """Drop this handle (not a close); pending futures end with Closed. Idempotent."""
         self._raw.release()
+        for ex in self._executors.values():
+            ex.shutdown(wait=False)
 
     def __enter__(self):
         return self

@@ -5,7 +5,7 @@ Work handles for async_op=True. The reductions run in libtpclient; this module m
 dtypes and op names. Not here: pipes (_pipe.py)."""
 import os
 
-from . import _tensor, _tpipd
+from . import _cuda, _tensor, _tpipd
 
 _BOOTSTRAP = {"auto": 0, "local": 1, "coordinator": 2, "slurm": 3}
 _OPS = {"sum": 1, "prod": 2, "min": 3, "max": 4}
@@ -20,6 +20,9 @@ class ReduceOp:
 
 
 def _op(op):
+    code = _OPS.get(op) if type(op) is str else None  # the common case: a name
+    if code is not None:
+        return code
     name = getattr(op, "name", op)
     name = str(name).lower()
     if name == "product":
@@ -29,21 +32,55 @@ def _op(op):
     return _OPS[name]
 
 
-def _buf(t, what):
-    """(buffer, collective dtype code) of a contiguous CPU tensor or array."""
-    if _tensor.is_torch(t):
-        if t.is_cuda:
-            raise _tpipd.NotSupported(95, f"{what}: collectives take CPU tensors")
-        if not t.is_contiguous():
-            raise _tpipd.InvalidArgument(22, f"{what} is not contiguous")
-    elif not t.flags.c_contiguous:
-        raise _tpipd.InvalidArgument(22, f"{what} is not contiguous")
-    name = _tensor.dtype_name(t.dtype)
-    code = _tensor.DTYPES[_tensor._CODE_OF[name]][2] if name else 0
+def _to_dlpack(t):
+    global _to_dlpack
+    from torch.utils.dlpack import to_dlpack
+    _to_dlpack = to_dlpack  # from now on, directly
+    return to_dlpack(t)
+
+
+_CODES = {}  # numpy or torch dtype -> collective dtype code (0: none), filled on first use
+
+
+def _code(t, what):
+    code = _CODES.get(t.dtype)
+    if code is None:
+        name = _tensor.dtype_name(t.dtype)
+        code = _CODES[t.dtype] = _tensor.DTYPES[_tensor._CODE_OF[name]][2] if name else 0
     if not code:
         raise _tpipd.InvalidArgument(22, f"{what}: dtype {t.dtype} has no reduction (float16, "
                                      "bfloat16, float32, float64, int8, uint8, int32, int64)")
-    return _tensor.wire_buffer(t), code
+    return code
+
+
+def _buf(t, what):
+    """(buffer, collective dtype code) of a contiguous tensor or array: a numpy array as
+    itself (buffer protocol), a CPU torch tensor as its DLPack capsule (to_dlpack: no copy, no
+    detach() needed, cheaper than Tensor.__dlpack__), a CUDA tensor (torch, or an object with
+    __cuda_array_interface__ or a CUDA __dlpack__) as a range (ptr, nbytes, device, stream,
+    keep-alive) that the extension hands libtpclient with its device and stream. Called once
+    per collective: kept short."""
+    if _tensor.is_torch(t):
+        if not t.is_contiguous():
+            raise _tpipd.InvalidArgument(22, f"{what} is not contiguous")
+        if t.is_cuda:
+            return _cuda.torch_range(t) + (t,), _code(t, what)
+        return _to_dlpack(t), _code(t, what)
+    np = _tensor._np()
+    if isinstance(t, np.ndarray):
+        if not t.flags.c_contiguous:
+            raise _tpipd.InvalidArgument(22, f"{what} is not contiguous")
+        return t, _code(t, what)
+    cuda = _cuda.describe(t, what, writable=True)
+    if cuda is None:
+        raise TypeError(f"{what}: a numpy.ndarray, a torch.Tensor or a CUDA array is needed, "
+                        f"not {type(t).__name__}")
+    rng, code, _, cap = cuda
+    coll = _tensor.DTYPES[code][2]
+    if not coll:
+        raise _tpipd.InvalidArgument(22, f"{what}: dtype {_tensor.DTYPES[code][0]} has no "
+                                     "reduction")
+    return rng + (cap,), coll
 
 
 class Work:
@@ -93,7 +130,12 @@ class Group:
     """Members running collectives together. Every member calls the same collectives in the
     same order with matching arguments (Mismatch otherwise); a member that dies fails the
     others' collectives with PeerDied, one that leaves or aborts with PipeClosed. Tensors are
-    borrowed for the call (async: until Work.wait()). One thread at a time per member."""
+    borrowed for the call (async: until Work.wait()). One thread at a time per member.
+
+    Tensors are CPU (numpy, torch) or CUDA (torch CUDA tensors, __cuda_array_interface__
+    objects, CUDA DLPack producers): libtpclient copies a CUDA input to host memory after the
+    work queued on its stream, reduces there, and copies the result back on that stream,
+    waiting for it before the call returns (async: before wait() returns)."""
 
     def __init__(self, raw, context, own_context):
         self._raw = raw
@@ -108,7 +150,8 @@ class Group:
     def all_reduce(self, tensor, op="sum", async_op=False):
         """Reduce ``tensor`` over the members, in place (rank order: identical everywhere)."""
         b, code = _buf(tensor, "tensor")
-        return _run(self._raw.allreduce(b, b, code, _op(op), async_op))
+        r = self._raw.allreduce(b, b, code, _op(op), async_op)
+        return None if r is None else _run(r)
 
     def broadcast(self, tensor, src=0, async_op=False):
         """Copy ``tensor`` of rank ``src`` into ``tensor`` of every member."""
@@ -169,11 +212,18 @@ class Group:
 
 def _flat_like(t, n):
     if _tensor.is_torch(t):
-        return _tensor.torch_module().empty((n,) + tuple(t.shape), dtype=t.dtype)
+        return _tensor.torch_module().empty((n,) + tuple(t.shape), dtype=t.dtype,
+                                            device=t.device)
+    if not isinstance(t, _tensor._np().ndarray):
+        raise _tpipd.NotSupported(95, "the list form needs torch tensors or numpy arrays (the "
+                                  "module cannot allocate device memory): pass one tensor")
     return _tensor._np().empty((n,) + t.shape, dtype=t.dtype)
 
 
 def _stack(ts):
+    if not _tensor.is_torch(ts[0]) and not isinstance(ts[0], _tensor._np().ndarray):
+        raise _tpipd.NotSupported(95, "the list form needs torch tensors or numpy arrays (the "
+                                  "module cannot allocate device memory): pass one tensor")
     if _tensor.is_torch(ts[0]):
         return _tensor.torch_module().stack(list(ts)).contiguous()
     return _tensor._np().ascontiguousarray(_tensor._np().stack(ts))
@@ -195,19 +245,25 @@ def init_group(name=None, world_size=None, rank=None, *, context=None, bootstrap
 
     Missing arguments come from the environment: TPIPD_GROUP (default "default"), WORLD_SIZE
     (or TPIPD_WORLD_SIZE), RANK (or TPIPD_RANK; absent: the daemon assigns ranks in join
-    order). bootstrap: "auto" / "local" (members on this host, through its daemon), and
-    "coordinator" / "slurm", passed to libtpclient (NotSupported until it builds them).
+    order). bootstrap (libtpclient's): "local" (members on this host, through its daemon);
+    "coordinator" (members on several hosts, joined through the daemon at ``coordinator``,
+    tpip://HOST[:PORT], over authenticated peer links); "slurm" (rank and size from Slurm's
+    variables, world_size then optional; the group NAME@slurm:JOB.STEP, joined locally for a
+    one-node step, else through the daemon of the step's first node); "auto": "slurm" in a
+    Slurm task whose size and rank are the step's (or not given), else "local".
     Blocks until every member joined (Timeout after join_timeout seconds, 30 by default).
     context: a Context to use (kept open); None opens one that leave() closes."""
     global _default
     from ._pipe import Context
     env = os.environ
     name = name or env.get("TPIPD_GROUP", "default")
+    slurm = bootstrap == "slurm" or (bootstrap == "auto" and "SLURM_JOB_ID" in env and
+                                     "SLURM_PROCID" in env)
     if world_size is None:
         ws = env.get("WORLD_SIZE") or env.get("TPIPD_WORLD_SIZE")
-        if ws is None:
+        if ws is None and not slurm:
             raise ValueError("world_size not given and WORLD_SIZE not set")
-        world_size = int(ws)
+        world_size = 0 if ws is None else int(ws)  # 0 in a Slurm task: libtpclient's count
     if rank is None:
         r = env.get("RANK") or env.get("TPIPD_RANK")
         rank = int(r) if r is not None else -1

@@ -8,7 +8,7 @@ import concurrent.futures
 import math
 import threading
 
-from . import _tensor, _tpipd
+from . import _cuda, _tensor, _tpipd
 
 Message = collections.namedtuple("Message", "metadata payloads tensors")
 Message.__doc__ = """A received message: metadata (bytes), payloads (list of bytearray) and
@@ -115,9 +115,18 @@ class Context:
         from ._wq import WorkQueue
         return WorkQueue(name, context=self, **kw)
 
+    def cuda_release(self, obj):
+        """Tell the daemon to drop its mapping of the CUDA allocation holding ``obj`` (a CUDA
+        tensor or array this context wrote from or read into, or a device pointer): call it
+        before freeing device memory yourself. The module does it by itself when such an
+        object is garbage; this is for memory freed while its object lives (or objects
+        without weak references). The memory must still be allocated."""
+        _cuda.release(self._raw, obj)
+
     def close(self):
         """Close every pipe, listener, group, channel and work queue handle of the context;
         arrays from empty()/zeros() keep the session until they are garbage."""
+        _cuda.forget(self._raw)
         self._raw.close()
 
     def __enter__(self):
@@ -194,30 +203,47 @@ class Pipe:
         """Send a message and wait until it is delivered (a small one: queued at the daemon).
 
         metadata: bytes-like. payloads: bytes-like objects (C-contiguous). tensors: numpy
-        arrays and torch tensors (CPU, or CUDA where the library supports it); dtype and shape
-        travel in each tensor's metadata. A non-contiguous tensor raises InvalidArgument unless
-        contiguous=True (then a contiguous copy is sent). Everything is borrowed until write()
-        returns. Raises PeerDied, PipeClosed, Cancelled, Timeout (the write was cancelled),
-        LimitExceeded."""
+        arrays and torch tensors; CUDA tensors too (torch CUDA tensors, objects with
+        __cuda_array_interface__, DLPack producers on a CUDA device), read by the daemon
+        straight from device memory after the work queued on their stream. dtype and shape
+        travel in each tensor's metadata. A non-contiguous tensor raises InvalidArgument
+        unless contiguous=True (then a contiguous copy is sent).
+
+        Ownership: everything is borrowed until write() returns (write_async(): until its
+        future is done), whatever it raises; do not modify or free it meanwhile. The daemon
+        may keep a CUDA allocation mapped after that (tpipd --cuda-cache-mappings): the
+        module releases the mapping when the CUDA object is garbage (Context.cuda_release()
+        does it at once). Raises PeerDied, PipeClosed, Cancelled, Timeout (the write was
+        cancelled), LimitExceeded, InvalidArgument."""
         wire = [_tensor.to_wire(t, contiguous, f"tensor {i}") for i, t in enumerate(tensors)]
+        _cuda.track_wire(self._raw.context, wire)
         self._raw.write(metadata, list(payloads), [(b, h) for b, h, _ in wire], timeout)
         del wire  # the keep-alives lived until here
 
-    def read(self, tensors=None, payloads=None, *, timeout=None, shared=None):
+    def read(self, tensors=None, payloads=None, *, timeout=None, shared=None, cuda_alloc=None):
         """Receive the next message as a Message(metadata, payloads, tensors).
 
         tensors: None (allocate every tensor), or a list with, per tensor, a destination of
-        the same dtype and shape (filled in place and returned) or None (allocated).
-        payloads: None or a list of writable buffers / None likewise. shared: a Context whose
-        shared buffers hold allocated tensors (one copy; None: ordinary memory). Timeout
-        covers the wait for the message and its transfer (the read is cancelled then)."""
+        the same dtype and shape (filled in place and returned) or None (allocated). A
+        destination may be a numpy array, a torch tensor (CPU or CUDA) or a CUDA object
+        (__cuda_array_interface__, or a CUDA __dlpack__). payloads: None or a list of
+        writable buffers / None likewise. shared: a Context whose shared buffers hold
+        allocated CPU tensors (one copy; None: ordinary memory). cuda_alloc: for a tensor the
+        writer sent from CUDA memory, cuda_alloc(shape, dtype_name, device_index) returns the
+        CUDA object to fill (any of the destination kinds); without it such a tensor arrives
+        as a torch CUDA tensor where torch sees a GPU and the writer sent torch, else in host
+        memory. Timeout covers the wait for the message and its transfer (the read is
+        cancelled then).
+
+        Ownership: destinations are borrowed until read() returns (read_async(): until its
+        future is done); the Message and what it holds are the caller's."""
         desc = self._raw.read_descriptor(timeout)
         try:
-            return self._read_desc(desc, tensors, payloads, timeout, shared)
+            return self._read_desc(desc, tensors, payloads, timeout, shared, cuda_alloc)
         finally:
             del desc
 
-    def _read_desc(self, desc, tensors, payloads, timeout, shared):
+    def _read_desc(self, desc, tensors, payloads, timeout, shared, cuda_alloc=None):
         tds = desc.tensors
         pds = desc.payloads
         if tensors is not None and len(tensors) != len(tds):
@@ -228,20 +254,27 @@ class Pipe:
                                          f"{len(payloads)} destinations given")
         alloc = None if shared is None else (
             lambda shape, name, like: shared.empty(shape, name, like=like))
-        outs, bufs = [], []
+        outs, bufs, keep = [], [], []
         for i, (length, meta, dev_type, dev_index) in enumerate(tds):
             kind, code, shape = _tensor.unpack_header(meta, length)
             dst = tensors[i] if tensors is not None else None
             if dst is None:
-                dst = _tensor.empty_like_header(kind, code, shape, dev_type, dev_index, alloc)
+                dst = _tensor.empty_like_header(kind, code, shape, dev_type, dev_index, alloc,
+                                                cuda_alloc)
             outs.append(dst)
-            bufs.append(_tensor.check_destination(dst, code, shape, f"tensor {i}"))
+            buf, cap = _tensor.check_destination(dst, code, shape, f"tensor {i}")
+            bufs.append(buf)
+            keep.append(cap)
         pays = []
         for i, (length, _) in enumerate(pds):
             p = payloads[i] if payloads is not None else None
             pays.append(bytearray(length) if p is None else p)
         metadata = desc.metadata
+        for b, dst in zip(bufs, outs):
+            if type(b) is tuple:  # a CUDA destination: the daemon may keep it mapped
+                _cuda.track(self._raw.context, dst, b[0])
         self._raw.read(desc, pays, bufs, timeout)
+        del keep  # DLPack capsules of CUDA destinations lived until here
         return Message(metadata, pays, outs)
 
     def _executor(self, which):

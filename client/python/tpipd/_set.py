@@ -4,7 +4,7 @@ read as one (recv_any, torch-ipc's recvAny) and written as one (broadcast), each
 key the caller chooses. Messages and tensors are read as Pipe.read() does (_pipe.py)."""
 import time
 
-from . import _tensor, _tpipd
+from . import _cuda, _tensor, _tpipd
 
 
 class PipeSet:
@@ -17,7 +17,8 @@ class PipeSet:
         if context is None:
             from . import default_context
             context = default_context()
-        self._raw = _tpipd.PipeSet(getattr(context, "_raw", context), max_pipes)
+        self._ctx = getattr(context, "_raw", context)
+        self._raw = _tpipd.PipeSet(self._ctx, max_pipes)
         self._keys = {}  # raw Pipe -> (key, Pipe)
 
     def __len__(self):
@@ -40,11 +41,12 @@ class PipeSet:
             keys.append(self.add(listener.accept(left)))
         return keys
 
-    def recv_any(self, timeout=None, *, tensors=None, payloads=None, shared=None):
+    def recv_any(self, timeout=None, *, tensors=None, payloads=None, shared=None,
+                 cuda_alloc=None):
         """The next message of whichever pipe has one, fairly (round-robin among the ready):
         (key, Message). When a pipe ended, (key, None) once: it left the set, and
-        ``last_error`` holds its exception (PipeClosed, PeerDied, ...). tensors, payloads and
-        shared as Pipe.read(). Raises Timeout, NoListener when no pipe is left."""
+        ``last_error`` holds its exception (PipeClosed, PeerDied, ...). tensors, payloads,
+        shared and cuda_alloc as Pipe.read(). Raises Timeout, NoListener when no pipe is left."""
         got = self._raw.read_any(timeout)
         key, pipe = self._keys[got[0]]
         if got[1] is None:
@@ -52,7 +54,7 @@ class PipeSet:
             self.last_error = _error(-got[2], got[3])
             pipe.close()
             return key, None
-        return key, pipe._read_desc(got[1], tensors, payloads, timeout, shared)
+        return key, pipe._read_desc(got[1], tensors, payloads, timeout, shared, cuda_alloc)
 
     def __iter__(self):
         """(key, Message) until no pipe is left; ended pipes are skipped."""
@@ -68,6 +70,7 @@ class PipeSet:
         pipe's delivery}; a slow (not done after ``timeout``) or gone reader fails only its
         own. Borrows everything until it returns."""
         wire = [_tensor.to_wire(t, contiguous, f"tensor {i}") for i, t in enumerate(tensors)]
+        _cuda.track_wire(self._ctx, wire)
         res = self._raw.broadcast(metadata, list(payloads), [(b, h) for b, h, _ in wire],
                                   timeout)
         return {self._keys[raw][0]: (None if st == 0 else _error(-st, _tpipd.strerror(st)))

@@ -1,7 +1,7 @@
 # SPDX-License-Identifier: BSD-3-Clause
 """Tensor framing for tpipd: which objects can travel as tensors (numpy arrays through the
 buffer protocol, torch tensors on the CPU through DLPack, other DLPack producers as numpy arrays
-(numpy.from_dlpack), torch CUDA tensors through __cuda_array_interface__), the versioned header
+(numpy.from_dlpack), CUDA tensors as ranges (_cuda.py)), the versioned header
 that carries their dtype and shape in each tensor's metadata, its validation on read (the bytes
 come from another process: every field is bounded), allocation of the reader's objects, and
 arrays and tensors over memory the module holds (from_memory(), through DLPack: no copy).
@@ -66,7 +66,10 @@ def torch_module():
 
 
 def _np():
-    import numpy
+    try:
+        import numpy
+    except ImportError as e:
+        raise ImportError(f"tpipd: tensors need numpy (Debian: python3-numpy): {e}") from None
     return numpy
 
 
@@ -214,28 +217,26 @@ def from_memory(buf, offset, kind, code, shape):
 _np_dlpack_writable = True  # until numpy.from_dlpack() is seen to return a read-only array
 
 
-def cuda_range(obj):
-    """(ptr, nbytes, device, stream) of a CUDA tensor from __cuda_array_interface__."""
-    cai = obj.__cuda_array_interface__
-    # 1 and 2 (legacy and per-thread default streams) are the driver's own handles for them
-    # (CU_STREAM_LEGACY, CU_STREAM_PER_THREAD): passed on as they are.
-    stream = cai.get("stream") or 0
-    return (cai["data"][0], obj.numel() * obj.element_size(), obj.device.index or 0, stream)
-
-
 def to_wire(obj, contiguous=False, what="tensor"):
-    """(buffer or CUDA range, header, keep-alive) for a tensor to write."""
+    """(buffer or CUDA range, header, keep-alive) for a tensor to write. A CUDA range is a
+    tuple (ptr, nbytes, device, stream); keep-alive is the object itself, or (object, DLPack
+    capsule) for a CUDA DLPack producer."""
     if is_torch(obj):
         if not obj.is_contiguous():
             obj = _contiguous(obj, contiguous, what)
         code = _dtype_code(obj)
         hdr = pack_header(KIND_TORCH, code, tuple(obj.shape))
         if obj.is_cuda:
-            return cuda_range(obj), hdr, obj
+            return _cuda.torch_range(obj), hdr, obj
         return wire_buffer(obj), hdr, obj
     np = _np()
     if isinstance(obj, np.generic):
         obj = np.asarray(obj)  # a numpy scalar: sent as a 0-d array
+    if not isinstance(obj, np.ndarray):
+        cuda = _cuda.describe(obj, what)  # __cuda_array_interface__ or a CUDA __dlpack__
+        if cuda is not None:
+            rng, code, shape, cap = cuda
+            return rng, pack_header(KIND_NUMPY, code, shape), (obj, cap)
     if not isinstance(obj, np.ndarray) and hasattr(obj, "__dlpack__"):
         obj = from_dlpack_object(obj, what)  # another DLPack producer: read as numpy
     if not isinstance(obj, np.ndarray):
@@ -247,15 +248,24 @@ def to_wire(obj, contiguous=False, what="tensor"):
     return obj, pack_header(KIND_NUMPY, code, obj.shape), obj
 
 
-def empty_like_header(kind, code, shape, device_type=0, device_index=0, alloc=None):
-    """A new array (kind 0, or torch absent and the dtype numpy's) or tensor for a header."""
+def empty_like_header(kind, code, shape, device_type=0, device_index=0, alloc=None,
+                      cuda_alloc=None):
+    """A new array (kind 0, or torch absent and the dtype numpy's) or tensor for a header;
+    for a tensor the writer sent from CUDA memory (device_type 1): cuda_alloc(shape, dtype
+    name, device index) where given, a torch CUDA tensor where kind is torch and torch sees
+    a GPU, else host memory."""
     name = DTYPES[code][0]
+    if device_type == 1 and cuda_alloc is not None:
+        return cuda_alloc(shape, name, device_index)
     torch = torch_module() if kind == KIND_TORCH or name == "bfloat16" else None
     if kind == KIND_TORCH and torch is not None:
         dt = getattr(torch, name, None)
         if dt is None:
             raise _tpipd.NotSupported(95, f"this torch has no dtype {name}")
         if device_type == 1 and torch.cuda.is_available():
+            # the writer's device number; a reader with fewer GPUs (another host) uses its own
+            if device_index >= torch.cuda.device_count():
+                device_index = torch.cuda.current_device()
             return torch.empty(shape, dtype=dt, device=f"cuda:{device_index}")
         if alloc is not None:
             return alloc(shape, name, "torch")
@@ -268,15 +278,33 @@ def empty_like_header(kind, code, shape, device_type=0, device_index=0, alloc=No
 
 
 def check_destination(obj, code, shape, what):
-    """The buffer (or CUDA range) of a destination the caller passed; it must match exactly."""
+    """(buffer or CUDA range, keep-alive) of a destination the caller passed: a numpy array,
+    a torch tensor, or a CUDA object (__cuda_array_interface__ or a CUDA __dlpack__); it must
+    match exactly. keep-alive (a DLPack capsule or None) must live until the read is done."""
     name = DTYPES[code][0]
-    if dtype_name(obj.dtype) != name or tuple(obj.shape) != tuple(shape):
-        raise _tpipd.InvalidArgument(22, f"{what}: the message holds {name}{list(shape)}, the "
-                                     f"destination is {obj.dtype}{list(obj.shape)}")
+
+    def mismatch(got_name, got_shape):
+        return _tpipd.InvalidArgument(22, f"{what}: the message holds {name}{list(shape)}, "
+                                      f"the destination is {got_name}{list(got_shape)}")
+    if is_torch(obj) or isinstance(obj, _np().ndarray):
+        if dtype_name(obj.dtype) != name or tuple(obj.shape) != tuple(shape):
+            raise mismatch(obj.dtype, obj.shape)
     if is_torch(obj):
         if not obj.is_contiguous():
             raise _tpipd.InvalidArgument(22, f"{what}: destination is not contiguous")
-        return cuda_range(obj) if obj.is_cuda else wire_buffer(obj)
-    if not obj.flags.c_contiguous or not obj.flags.writeable:
-        raise _tpipd.InvalidArgument(22, f"{what}: destination is not contiguous and writable")
-    return obj
+        return (_cuda.torch_range(obj) if obj.is_cuda else wire_buffer(obj)), None
+    if isinstance(obj, _np().ndarray):
+        if not obj.flags.c_contiguous or not obj.flags.writeable:
+            raise _tpipd.InvalidArgument(22, f"{what}: destination is not contiguous and "
+                                         "writable")
+        return obj, None
+    cuda = _cuda.describe(obj, what, writable=True)
+    if cuda is None:
+        raise TypeError(f"{what}: a destination is a numpy.ndarray, a torch.Tensor or a CUDA "
+                        f"array, not {type(obj).__name__}")
+    rng, got, got_shape, cap = cuda
+    if got != code or got_shape != tuple(shape):
+        raise mismatch(DTYPES[got][0], got_shape)
+    return rng, cap
+
+from . import _cuda  # noqa: E402 - it uses this module's names
