@@ -31,6 +31,7 @@ void tpd_msg_release_src(struct tpd_msg *m)
 
 void tpd_msg_free(struct tpd_msg *m)
 {
+	tpd_bcast_detach(m);
 	tpd_xh_free(m->xh);
 	tpd_msg_release_src(m);
 	tpb_copier_job_free(m->job);

@@ -20,6 +20,7 @@
 
 struct tpb_buffer;
 struct tpb_copy_job;
+struct tpd_bcast;
 struct tpd_listener;
 struct tpd_peer;
 struct tpd_xh;
@@ -145,6 +146,10 @@ struct tpd_msg {
 	Tpw__V1__Status write_status;
 	char write_why[160];
 	uint64_t cost; /* charged to the daemon-wide pipe budget while on rq (tpd_msg_cost()) */
+	/* A broadcast's delivery that reads the daemon's staging copy (bcast.c): its copy waits
+	 * until the staging read is done, and fails with it. Referenced; NULL otherwise. */
+	struct tpd_bcast *bcast;
+	size_t bcast_slot;
 };
 
 /* What a queued message of @n_src segments and @tail_len inline bytes costs the daemon-wide
@@ -165,6 +170,8 @@ struct tpd_broker {
 	unsigned xh_running;	     /* cross-host transfers on the stripe threads */
 	uint64_t bytes_moved;
 	uint64_t messages_moved;
+	struct tpd_bcast_stats bcast; /* daemon fan-out (bcast.c) */
+	struct tpu_list bcast_uids;   /* staging bytes held per uid (bcast.c) */
 };
 
 /* ---- broker.c ---- */
@@ -205,6 +212,14 @@ void tpd_pipe_pair_record(struct tpd_pipe *p, enum tpb_loc src, enum tpb_loc dst
  * logged.
  */
 void tpd_pipe_channel_note(struct tpd_pipe *p, const char *what, int channel, const char *why);
+/*
+ * tpd_pipe_write_one() - write @w on end @e as write @write_id (Write, or one target of a
+ * Broadcast @bc, NULL for a Write): queue limits, message, descriptor, eager completion; a
+ * refusal is answered with WriteDone. The pipe must not be connecting. Borrows @e, @w, @tail
+ * (copied where kept) and @bc.
+ */
+void tpd_pipe_write_one(struct tpd_pipe_end *e, const Tpw__V1__Write *w, uint64_t write_id,
+			const uint8_t *tail, uint32_t tail_len, struct tpd_bcast *bc);
 /* Completes write @write_id of @e with @err, behind the writes of @e still pending. Borrows @e
  * and @why (copied when the WriteDone must wait). */
 void tpd_pipe_write_reject(struct tpd_pipe_end *e, uint64_t write_id, int err, const char *why);
@@ -454,6 +469,26 @@ void tpd_xh_peer_xfer_end(struct tpd_peer *pr, void *arg, const Tpw__V1__PeerXfe
 void tpd_xpipe_peer_consumed(struct tpd_pipe *p, const Tpw__V1__PeerConsumed *c);
 /* The remote end went away. Borrows @p and @why (copied into p->why). */
 void tpd_xpipe_peer_close(struct tpd_pipe *p, Tpw__V1__Status st, const char *why);
+
+/* ---- bcast.c: the daemon's fan-out ---- */
+
+/*
+ * tpd_bcast_handle() - Broadcast @b from @s: write @b->write to each target pipe of @s as its
+ * own message (tpd_pipe_write_one()), reading private memory once into daemon staging for the
+ * targets whose reader is on this host. Borrows @s, @b and @tail (copied where kept).
+ */
+void tpd_bcast_handle(struct tpd_session *s, const Tpw__V1__Broadcast *b, const uint8_t *tail,
+		      uint32_t tail_len);
+/* Re-points @m's private-memory sources at @bc's staging copy and makes @m wait for it, when
+ * @bc staged and reader end @r is on this host; else nothing. Borrows @bc (@m takes a reference),
+ * @m and @r. */
+void tpd_bcast_attach(struct tpd_bcast *bc, struct tpd_msg *m, const struct tpd_pipe_end *r);
+/* @m, being freed, drops its staging reference (NULL: nothing). Borrows @m. */
+void tpd_bcast_detach(struct tpd_msg *m);
+/* Whether @m's copy must still wait for its staging read. Borrows @m. */
+bool tpd_bcast_waiting(const struct tpd_msg *m);
+/* The error of @m's staging read (0: none, or no staging), with its reason in @why. Borrows @m. */
+int tpd_bcast_error(const struct tpd_msg *m, const char **why);
 
 /* ---- cancel.c ---- */
 
