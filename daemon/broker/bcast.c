@@ -313,7 +313,7 @@ void tpd_bcast_handle(struct tpd_session *s, const Tpw__V1__Broadcast *b, const 
 			 "--bcast-pipes-max)", b->n_targets, cfg->bcast_pipes_max);
 		tpd_session_log(s, TPU_LOG_INFO, "%s", why);
 		for (size_t i = 0; i < b->n_targets; i++)
-			target_refuse(s, b->targets[i], -E2BIG, why, tail_len);
+			target_refuse(s, b->targets[i], -ENOBUFS, why, tail_len);
 		return;
 	}
 	bc = calloc(1, sizeof(*bc));
