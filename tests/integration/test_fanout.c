@@ -41,13 +41,15 @@ static struct {
 	struct step steps[8];
 	unsigned n_steps;
 	unsigned readers;
+	unsigned remote;     /* of the readers, the last this many connect from a second daemon */
 	enum tp_fanout mode; /* tp_set_set_fanout() */
 	int victim;	     /* reader killed after its first descriptor, -1: none */
 	/* expected daemon counters after the script (UINT64_MAX: not checked) */
 	uint64_t staged_bytes, unstaged, requests;
 } sc;
 
-static struct tpt_daemon dmn;
+static struct tpt_daemon dmn, dmn_b; /* dmn_b: the remote readers' daemon (sc.remote) */
+static bool with_b;
 static struct tpt_sync ready;
 
 static void fanout_setup(void)
@@ -61,6 +63,9 @@ static void fanout_teardown(void)
 {
 	tpt_sync_done(&ready);
 	ck_assert_int_eq(tpt_daemon_stop(&dmn), 0);
+	if (with_b)
+		ck_assert_int_eq(tpt_daemon_stop(&dmn_b), 0);
+	with_b = false;
 }
 
 static uint8_t byte_of(unsigned step, size_t i)
@@ -81,9 +86,17 @@ static int reader(void *arg)
 	int last = -1, r = tpt_sync_wait(&ready, T_MS);
 
 	TPT_REQUIRE(r == 0 && buf, 1, "listener not ready: %d", r);
-	r = tpt_ctx_new(&dmn, 0, "reader", &ctx);
-	if (r == 0)
-		r = tp_connect(ctx, NAME, &p);
+	if (who + sc.remote >= sc.readers) {
+		char addr[128];
+
+		r = tpt_ctx_new(&dmn_b, 0, "remote-reader", &ctx);
+		if (r == 0)
+			r = tp_connect(ctx, tpt_peer_address(&dmn, NAME, addr, sizeof(addr)), &p);
+	} else {
+		r = tpt_ctx_new(&dmn, 0, "reader", &ctx);
+		if (r == 0)
+			r = tp_connect(ctx, NAME, &p);
+	}
 	if (r == 0)
 		r = tp_pipe_wait_connected(p, T_MS);
 	TPT_REQUIRE(r == 0, 1, "connect: %d %s", r, tp_last_error());
@@ -240,13 +253,14 @@ static int server(void *arg)
 	struct tp_listener *l = NULL;
 	struct tp_pipe_set *s = NULL;
 	void *shm = NULL;
+	struct tp_listen_options lo = { .size = sizeof(lo), .remote = TP_REMOTE_ANY_PEER };
 	uint8_t *priv = calloc(sc.n_steps, BIG);
 	int r;
 
 	(void)arg;
 	r = tpt_ctx_new(&dmn, 0, "server", &ctx);
 	if (r == 0)
-		r = tp_listen(ctx, NAME, NULL, &l);
+		r = tp_listen(ctx, NAME, sc.remote ? &lo : NULL, &l);
 	for (unsigned i = 0; i < sc.readers; i++)
 		tpt_sync_post(&ready, (int8_t)(r ? -1 : 0));
 	TPT_REQUIRE(r == 0 && priv, 1, "listen: %d %s", r, tp_last_error());
@@ -284,7 +298,20 @@ static bool run_case(const char *const *args)
 	pid_t pids[MAXR];
 	bool ok;
 
-	ck_assert_int_eq(tpt_daemon_start(&dmn, args), 0);
+	if (sc.remote) {
+		const char *a[16];
+		size_t n = 0;
+
+		for (const char *const *x = tpt_peer_args(); *x && n < 8; x++)
+			a[n++] = *x;
+		for (const char *const *x = args; x && *x && n < 15; x++)
+			a[n++] = *x;
+		a[n] = NULL;
+		ck_assert_int_eq(tpt_daemon_pair_start(&dmn, a, &dmn_b, tpt_peer_args()), 0);
+		with_b = true;
+	} else {
+		ck_assert_int_eq(tpt_daemon_start(&dmn, args), 0);
+	}
 	for (unsigned i = 0; i < sc.readers; i++)
 		pids[i] = tpt_fork(reader, (void *)(uintptr_t)i);
 	ok = tpt_wait_ok(tpt_fork(server, NULL), T_MS * 2, "server");
@@ -300,6 +327,8 @@ static bool run_case(const char *const *args)
 	}
 	if (!ok)
 		tpt_daemon_dump_log(&dmn);
+	if (!ok && with_b)
+		tpt_daemon_dump_log(&dmn_b);
 	return ok;
 }
 
@@ -437,6 +466,24 @@ START_TEST(test_fanout_reader_killed_in_staged_broadcast_fails_only_its_pipe)
 }
 END_TEST
 
+/* Two readers here and two behind a second daemon: one request; the private bytes are read once
+ * into staging for the local readers, and each remote reader's message crosses the peer link
+ * as any cross-host message (read from the writer's memory). */
+START_TEST(test_fanout_mixes_local_and_remote_readers)
+{
+	sc.readers = 4;
+	sc.remote = 2;
+	add_step(STEP_BCAST_PRIV, BIG, TP_FANOUT_DAEMON, 0);
+	add_step(STEP_WRITE_EACH, 1 << 20, 0, 0);
+	add_step(STEP_BCAST_SHM, 2 << 20, TP_FANOUT_DAEMON, 0);
+	add_step(STEP_BCAST_PRIV, 100, TP_FANOUT_DAEMON, 0);
+	sc.requests = 3;
+	sc.staged_bytes = BIG;
+	sc.unstaged = 0;
+	ck_assert(run_case(NULL));
+}
+END_TEST
+
 static Suite *fanout_suite(void)
 {
 	Suite *s = suite_create("fanout");
@@ -451,6 +498,7 @@ static Suite *fanout_suite(void)
 	tcase_add_test(tc, test_fanout_falls_back_to_the_library_without_daemon_fanout);
 	tcase_add_test(tc, test_fanout_daemon_mode_refused_where_the_daemon_cannot);
 	tcase_add_test(tc, test_fanout_reader_killed_in_staged_broadcast_fails_only_its_pipe);
+	tcase_add_test(tc, test_fanout_mixes_local_and_remote_readers);
 	suite_add_tcase(s, tc);
 	return s;
 }
