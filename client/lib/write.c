@@ -591,14 +591,16 @@ TP_EXPORT int tp_pipe_write_ex(struct tp_pipe *p, const struct tp_message *msg, 
 
 /* ---- daemon fan-out (Broadcast) ------------------------------------------------------------ */
 
-/* Whether every pipe of a broadcast may take its write now, unheld; lock held. */
+/* Whether every pipe of a broadcast may take its write now, unheld; lock held. A pipe that has
+ * failed or closed does not count: its write is refused with its error (bcast_file_locked()). */
 static bool bcast_all_fit_locked(struct tp_pipe *const *pipes, unsigned n, uint64_t inline_len)
 {
 	for (unsigned i = 0; i < n; i++) {
 		struct tp_pipe *p = pipes[i];
 
-		if (tpc_pipe_check_locked(p) < 0 || p->state != TPC_PIPE_OPEN ||
-		    !tpu_list_empty(&p->wheld) ||
+		if (tpc_pipe_check_locked(p) < 0)
+			continue;
+		if (p->state != TPC_PIPE_OPEN || !tpu_list_empty(&p->wheld) ||
 		    (p->ctx->flow && (p->wait_resume || !write_fits_locked(p, inline_len))))
 			return false;
 	}
