@@ -17,6 +17,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 #include <sys/wait.h>
 #include <unistd.h>
 #include "itest.h"
@@ -26,7 +27,9 @@
 #define MAXR 8
 #define BIG ((size_t)16 << 20)
 
-enum step_kind { STEP_BCAST_SHM, STEP_BCAST_PRIV, STEP_WRITE_EACH };
+/* STEP_BCAST_GONE: private memory unmapped before the broadcast: the daemon's one read of it
+ * fails, and so does every delivery. */
+enum step_kind { STEP_BCAST_SHM, STEP_BCAST_PRIV, STEP_WRITE_EACH, STEP_BCAST_GONE };
 
 /* One step of the server's script; step i's message carries i in its metadata. */
 struct step {
@@ -119,6 +122,11 @@ static int reader(void *arg)
 		TPT_REQUIRE((int)step > last && step < sc.n_steps && len == sc.steps[step].len, 1,
 			    "reader %u: step %u (len %zu) after %d", who, step, len, last);
 		r = tp_pipe_read_sync(p, d, &a);
+		if (sc.steps[step].kind == STEP_BCAST_GONE) {
+			TPT_REQUIRE(r < 0, 1, "reader %u: read of unmapped memory: %d", who, r);
+			last = (int)step;
+			continue;
+		}
 		TPT_REQUIRE(r == 0, 1, "reader %u: read: %d %s", who, r, tp_last_error());
 		for (size_t k = 0; k < len; k++)
 			TPT_REQUIRE(buf[k] == byte_of(step, k), 1, "reader %u step %u byte %zu", who,
@@ -178,7 +186,13 @@ static void step_msg(unsigned i, void *shm, uint8_t *priv, struct tp_payload *pl
 	const struct step *st = &sc.steps[i];
 	uint8_t *mem = st->kind == STEP_BCAST_SHM ? (uint8_t *)shm + i * BIG : priv + i * BIG;
 
-	for (size_t k = 0; k < st->len; k++)
+	if (st->kind == STEP_BCAST_GONE) {
+		mem = mmap(NULL, st->len, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1,
+			   0);
+		if (mem != MAP_FAILED)
+			munmap(mem, st->len); /* the address stays, the memory is gone */
+	}
+	for (size_t k = 0; st->kind != STEP_BCAST_GONE && k < st->len; k++)
 		mem[k] = byte_of(i, k);
 	*md = (uint8_t)i;
 	*pl = (struct tp_payload){ .data = mem, .length = st->len };
@@ -190,14 +204,15 @@ static void step_msg(unsigned i, void *shm, uint8_t *priv, struct tp_payload *pl
 static int step_bcast(struct tp_pipe_set *s, unsigned i, const struct tp_message *m)
 {
 	int st[MAXR], r;
-	unsigned n = tp_set_size(s), want = n - (sc.victim >= 0);
+	bool gone = sc.steps[i].kind == STEP_BCAST_GONE;
+	unsigned n = tp_set_size(s), want = gone ? 0 : n - (sc.victim >= 0);
 
 	r = tp_set_broadcast(s, m, T_MS, st, n);
 	TPT_REQUIRE(r == (int)want, 1, "step %u: %d of %u delivered: %s", i, r, n,
 		    tp_last_error());
 	for (unsigned k = 0; k < n; k++)
-		TPT_REQUIRE(st[k] == 0 || (sc.victim >= 0 && st[k] < 0), 1, "pipe %u: %d", k,
-			    st[k]);
+		TPT_REQUIRE(gone ? st[k] < 0 : st[k] == 0 || (sc.victim >= 0 && st[k] < 0), 1,
+			    "pipe %u: %d", k, st[k]);
 	TPT_REQUIRE(tp_set_last_fanout(s) == sc.steps[i].want, 1, "step %u: fan-out %d, want %d",
 		    i, (int)tp_set_last_fanout(s), (int)sc.steps[i].want);
 	return 0;
@@ -487,6 +502,22 @@ START_TEST(test_fanout_mixes_local_and_remote_readers)
 }
 END_TEST
 
+/* The daemon's one read of the private source fails (the memory is gone): every delivery fails
+ * with it, in its place in its pipe's order, the staging is given back, and the pipes and the
+ * next broadcast go on. */
+START_TEST(test_fanout_failed_staging_read_fails_every_delivery_only)
+{
+	sc.readers = 3;
+	add_step(STEP_BCAST_PRIV, 1 << 20, TP_FANOUT_DAEMON, 0);
+	add_step(STEP_BCAST_GONE, 2 << 20, TP_FANOUT_DAEMON, 0);
+	add_step(STEP_BCAST_PRIV, 3 << 20, TP_FANOUT_DAEMON, 0);
+	sc.requests = 3;
+	sc.staged_bytes = 4 << 20; /* the failed read counts nothing */
+	sc.unstaged = 0;
+	ck_assert(run_case(NULL));
+}
+END_TEST
+
 static Suite *fanout_suite(void)
 {
 	Suite *s = suite_create("fanout");
@@ -502,6 +533,7 @@ static Suite *fanout_suite(void)
 	tcase_add_test(tc, test_fanout_daemon_mode_refused_where_the_daemon_cannot);
 	tcase_add_test(tc, test_fanout_reader_killed_in_staged_broadcast_fails_only_its_pipe);
 	tcase_add_test(tc, test_fanout_mixes_local_and_remote_readers);
+	tcase_add_test(tc, test_fanout_failed_staging_read_fails_every_delivery_only);
 	suite_add_tcase(s, tc);
 	return s;
 }
