@@ -808,6 +808,17 @@ int tpw_peer_msg_validate(const Tpw__V1__PeerMsg *m, const struct tpw_hdr *hdr,
 		if (m->descriptor->descriptor->metadata.len > lim->metadata_max)
 			return tpu_why(-EMSGSIZE, why, wl, "descriptor metadata too large");
 		return check_descriptor(m->descriptor->descriptor, hdr, lim, why, wl);
+	case TPW__V1__PEER_MSG__BODY_BCAST:
+		if (!m->bcast->descriptor)
+			return tpu_why(-EBADMSG, why, wl, "peer broadcast without descriptor");
+		if (m->bcast->descriptor->eager || hdr->data_len)
+			return tpu_why(-EBADMSG, why, wl, "eager peer broadcast");
+		if (m->bcast->n_targets == 0 || m->bcast->n_targets > TPW_BCAST_TARGETS_MAX)
+			return tpu_why(-E2BIG, why, wl, "peer broadcast to %zu pipes (1..%u)",
+				       m->bcast->n_targets, TPW_BCAST_TARGETS_MAX);
+		if (m->bcast->descriptor->metadata.len > lim->metadata_max)
+			return tpu_why(-EMSGSIZE, why, wl, "descriptor metadata too large");
+		return check_descriptor(m->bcast->descriptor, hdr, lim, why, wl);
 	case TPW__V1__PEER_MSG__BODY_XFER_END:
 		return check_string(m->xfer_end->message, TPW_MESSAGE_MAX, "message", why, wl);
 	case TPW__V1__PEER_MSG__BODY_CONSUMED:
