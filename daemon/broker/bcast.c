@@ -17,23 +17,27 @@
 #include "copier.h"
 #include "core.h"
 #include "log.h"
+#include "peer.h"
 #include "pipe_int.h"
 #include "session.h"
 #include "validate.h"
 
 #define STAGE_ALIGN 64u
 
-/* One uid's staging bytes held now. */
+/* One principal's staging bytes held now: a local uid, or a peer link (BCAST_LINK_KEY) for the
+ * fan-out of its daemon's broadcasts. */
 struct bcast_uid {
 	struct tpu_list node;
-	uid_t uid;
+	uint64_t key;
 	uint64_t bytes;
 };
+
+#define BCAST_LINK_KEY(pr) ((1ull << 63) | (uint64_t)(uintptr_t)(pr))
 
 struct tpd_bcast {
 	unsigned refs;
 	struct tpd_broker *broker;
-	uid_t uid;
+	uint64_t key;	  /* whose staging (struct bcast_uid) */
 	uint8_t *stage;	  /* the staging copy of the writer's private segments */
 	uint64_t stage_len;
 	uint64_t *off;	  /* per segment: its offset in @stage, UINT64_MAX when not staged */
@@ -43,6 +47,9 @@ struct tpd_bcast {
 	char why[160];
 	struct tpd_msg **msgs; /* deliveries reading @stage (NULL once freed), @n_msgs slots */
 	size_t n_msgs;
+	struct tpd_msg **xmsgs; /* writer's side: targets to announce in a PeerBcast */
+	size_t n_xmsgs;
+	bool no_xbcast;	  /* a pipe named twice: every target gets its own PeerDescriptor */
 };
 
 const struct tpd_bcast_stats *tpd_bcast_stats(const struct tpd_broker *b)
@@ -50,18 +57,18 @@ const struct tpd_bcast_stats *tpd_bcast_stats(const struct tpd_broker *b)
 	return &b->bcast;
 }
 
-static struct bcast_uid *uid_find(struct tpd_broker *b, uid_t uid)
+static struct bcast_uid *uid_find(struct tpd_broker *b, uint64_t key)
 {
 	struct bcast_uid *u;
 
-	tpu_list_for_each(u, &b->bcast_uids, node) if (u->uid == uid) return u;
+	tpu_list_for_each(u, &b->bcast_uids, node) if (u->key == key) return u;
 	return NULL;
 }
 
-/* Charges @len staging bytes to @uid within @limit. Return: 0, -EDQUOT or -ENOMEM. */
-static int uid_charge(struct tpd_broker *b, uid_t uid, uint64_t len, uint64_t limit)
+/* Charges @len staging bytes to @key within @limit. Return: 0, -EDQUOT or -ENOMEM. */
+static int uid_charge(struct tpd_broker *b, uint64_t key, uint64_t len, uint64_t limit)
 {
-	struct bcast_uid *u = uid_find(b, uid);
+	struct bcast_uid *u = uid_find(b, key);
 	uint64_t held = u ? u->bytes : 0;
 
 	if (len > limit || held > limit - len)
@@ -70,7 +77,7 @@ static int uid_charge(struct tpd_broker *b, uid_t uid, uint64_t len, uint64_t li
 		u = calloc(1, sizeof(*u));
 		if (!u)
 			return -ENOMEM;
-		u->uid = uid;
+		u->key = key;
 		tpu_list_insert_tail(&b->bcast_uids, &u->node);
 	}
 	u->bytes += len;
@@ -78,9 +85,9 @@ static int uid_charge(struct tpd_broker *b, uid_t uid, uint64_t len, uint64_t li
 	return 0;
 }
 
-static void uid_release(struct tpd_broker *b, uid_t uid, uint64_t len)
+static void uid_release(struct tpd_broker *b, uint64_t key, uint64_t len)
 {
-	struct bcast_uid *u = uid_find(b, uid);
+	struct bcast_uid *u = uid_find(b, key);
 
 	if (!u)
 		return;
@@ -103,10 +110,11 @@ static void bcast_unref(struct tpd_bcast *bc)
 	if (!bc || --bc->refs > 0)
 		return;
 	if (bc->stage)
-		uid_release(bc->broker, bc->uid, bc->stage_len);
+		uid_release(bc->broker, bc->key, bc->stage_len);
 	free(bc->stage);
 	free(bc->off);
 	free(bc->msgs);
+	free(bc->xmsgs);
 	free(bc);
 }
 
@@ -253,13 +261,13 @@ static void stage_maybe(struct tpd_session *s, struct tpd_bcast *bc, const Tpw__
 
 	if (need == 0 || !local_reader || !tpd_session_cma(s))
 		return;
-	r = uid_charge(bc->broker, bc->uid, need, tpd_daemon_cfg(d)->bcast_stage_bytes_per_uid);
+	r = uid_charge(bc->broker, bc->key, need, tpd_daemon_cfg(d)->bcast_stage_bytes_per_uid);
 	if (r == -EDQUOT) {
 		bc->broker->bcast.unstaged++;
 		tpd_session_log(s, TPU_LOG_DEBUG,
 				"broadcast of %llu private bytes over the staging limit of uid %u "
 				"(tpipd --bcast-stage-bytes-per-uid): each reader reads the writer",
-				(unsigned long long)need, (unsigned)bc->uid);
+				(unsigned long long)need, (unsigned)bc->key);
 		return;
 	}
 	if (r < 0)
@@ -268,7 +276,7 @@ static void stage_maybe(struct tpd_session *s, struct tpd_bcast *bc, const Tpw__
 	bc->stage_len = need;
 	if (bc->stage && stage_start(s, bc, w) == 0)
 		return;
-	uid_release(bc->broker, bc->uid, need);
+	uid_release(bc->broker, bc->key, need);
 	free(bc->stage);
 	bc->stage = NULL;
 }
@@ -295,6 +303,311 @@ static void target_refuse(struct tpd_session *s, const Tpw__V1__BroadcastTarget 
 	tpd_session_send(s, &dm, NULL, 0);
 }
 
+/* A new fan-out of @n_seg segments to at most @n pipes, charged to @key; NULL without memory. */
+static struct tpd_bcast *bcast_new(struct tpd_broker *br, size_t n_seg, size_t n, uint64_t key)
+{
+	struct tpd_bcast *bc = calloc(1, sizeof(*bc));
+
+	if (!bc)
+		return NULL;
+	bc->n_seg = n_seg;
+	bc->off = calloc(n_seg + 1, sizeof(*bc->off));
+	bc->msgs = calloc(n + 1, sizeof(*bc->msgs));
+	bc->xmsgs = calloc(n + 1, sizeof(*bc->xmsgs));
+	if (!bc->off || !bc->msgs || !bc->xmsgs) {
+		free(bc->off);
+		free(bc->msgs);
+		free(bc->xmsgs);
+		free(bc);
+		return NULL;
+	}
+	bc->refs = 1;
+	bc->broker = br;
+	bc->key = key;
+	return bc;
+}
+
+/* ---- across hosts: the writer's daemon ------------------------------------------------------ */
+
+bool tpd_bcast_defer(struct tpd_bcast *bc, struct tpd_msg *m, const struct tpd_pipe_end *r)
+{
+	struct tpd_pipe *p = r->pipe;
+
+	if (!bc || bc->no_xbcast || !r->remote || m->eager || !p->link || !p->remote_id ||
+	    p->connecting || tpd_peer_chan_far_minor(p->link) < TPW_PEER_MINOR_BCAST)
+		return false;
+	for (size_t i = 0; i < m->n_src; i++)
+		if (m->src[i].mem.loc == TPB_LOC_CUDA)
+			return false; /* each delivery reads device memory, as a Write's would */
+	m->xbcast = true;
+	bc->xmsgs[bc->n_xmsgs++] = m;
+	return true;
+}
+
+/* Announces the deferred targets of @bc, one PeerBcast per link (a link with a single target
+ * gets its PeerDescriptor). A target whose announcement cannot go fails. */
+static void bcast_announce(struct tpd_bcast *bc, const Tpw__V1__Write *w)
+{
+	_cleanup_free_ struct tpd_msg **grp = calloc(bc->n_xmsgs + 1, sizeof(*grp));
+
+	for (size_t i = 0; i < bc->n_xmsgs; i++) {
+		struct tpd_peer *link;
+		size_t n = 0;
+		int r;
+
+		if (!bc->xmsgs[i])
+			continue;
+		link = bc->xmsgs[i]->from->pipe->link;
+		for (size_t k = i; k < bc->n_xmsgs; k++) {
+			if (!bc->xmsgs[k] || bc->xmsgs[k]->from->pipe->link != link)
+				continue;
+			if (grp)
+				grp[n++] = bc->xmsgs[k];
+			else
+				tpd_msg_send_descriptor(tpd_pipe_end_peer(bc->xmsgs[k]->from),
+							bc->xmsgs[k], w);
+			bc->xmsgs[k] = NULL;
+		}
+		if (n == 1) {
+			grp[0]->xbcast = false;
+			r = tpd_msg_send_descriptor(tpd_pipe_end_peer(grp[0]->from), grp[0], w);
+		} else {
+			r = n ? tpd_msg_send_peer_bcast(link, grp, n, w) : 0;
+		}
+		for (size_t k = 0; r < 0 && k < n; k++)
+			tpd_pipe_msg_consumed(grp[k], TPW__V1__STATUS__STATUS_PEER_DIED,
+					      "the peer link failed");
+	}
+	bc->n_xmsgs = 0;
+}
+
+/* Whether a target pipe is named twice (then each gets its own descriptor: a PeerBcast names
+ * each pipe once). */
+static int u64_cmp(const void *a, const void *b)
+{
+	uint64_t x = *(const uint64_t *)a, y = *(const uint64_t *)b;
+
+	return x < y ? -1 : x > y;
+}
+
+static bool targets_repeat(const Tpw__V1__Broadcast *b)
+{
+	_cleanup_free_ uint64_t *ids = calloc(b->n_targets + 1, sizeof(*ids));
+
+	if (!ids)
+		return true;
+	for (size_t i = 0; i < b->n_targets; i++)
+		ids[i] = b->targets[i]->pipe_id;
+	qsort(ids, b->n_targets, sizeof(*ids), u64_cmp);
+	for (size_t i = 1; i < b->n_targets; i++)
+		if (ids[i] == ids[i - 1])
+			return true;
+	return false;
+}
+
+void tpd_bcast_peer_read(struct tpd_pipe *p, const Tpw__V1__PeerReadReq *rr)
+{
+	struct tpd_pipe_end *w = tpd_xpipe_local_end(p);
+	struct tpd_msg *m;
+
+	tpu_list_for_each(m, &w->rq, rnode) {
+		if (m->msg_id != rr->msg_id)
+			continue;
+		if (!m->xbcast || m->read_requested || m->copying || m->xh || m->eager)
+			break;
+		if (m->canceled) {
+			tpd_cancel_peer_read_canceled(w, m, rr->xfer_id);
+			return;
+		}
+		if (tpd_xh_build_send(m, rr) < 0) {
+			tpd_xh_tell_end(p, rr->xfer_id, TPW__V1__STATUS__STATUS_IO, "out of memory",
+					0, false);
+			return;
+		}
+		m->read_requested = true;
+		m->xcarrier = true;
+		(void)tpd_xh_start(m); /* a failure completed it */
+		return;
+	}
+	tpd_pipe_log(p, NULL, TPU_LOG_WARNING, "peer asked for broadcast message %llu, not one "
+		     "announced and waiting", (unsigned long long)rr->msg_id);
+	tpd_xh_tell_end(p, rr->xfer_id, TPW__V1__STATUS__STATUS_INVALID, "no such message", 0,
+			false);
+}
+
+/* ---- across hosts: the readers' daemon ------------------------------------------------------ */
+
+/* Refuses @pr's PeerBcast @b: PeerConsumed{INVALID} for each target on a pipe of this link. */
+static void peer_refuse(struct tpd_peer *pr, const Tpw__V1__PeerBcast *b, struct tpd_pipe **pipes,
+			const char *why)
+{
+	static struct tpd_ratelog log;
+	unsigned suppressed;
+
+	if (tpd_quota_ratelog_ok(&log, 1000, &suppressed))
+		tpu_log(TPU_LOG_WARNING, "peer %s: broadcast to %zu pipes refused: %s (%u more "
+			"since the last such line)", tpd_peer_name(pr), b->n_targets, why,
+			suppressed);
+	for (size_t i = 0; i < b->n_targets; i++) {
+		Tpw__V1__PeerConsumed c = TPW__V1__PEER_CONSUMED__INIT;
+		Tpw__V1__PeerMsg pm = TPW__V1__PEER_MSG__INIT;
+
+		if (!pipes[i] || !pipes[i]->remote_id)
+			continue;
+		c.pipe_id = pipes[i]->remote_id;
+		c.msg_id = b->targets[i]->msg_id;
+		c.status = TPW__V1__STATUS__STATUS_INVALID;
+		c.message = (char *)why;
+		pm.body_case = TPW__V1__PEER_MSG__BODY_CONSUMED;
+		pm.consumed = &c;
+		tpd_peer_send(pr, &pm, NULL, 0);
+	}
+}
+
+/* Checks that every target names a distinct open pipe of @pr whose writer is on the far host.
+ * Return: NULL, or why not. */
+static const char *peer_check(const Tpw__V1__PeerBcast *b, struct tpd_pipe **pipes)
+{
+	_cleanup_free_ uint64_t *ids = calloc(b->n_targets + 1, sizeof(*ids));
+
+	if (!ids)
+		return "out of memory";
+	for (size_t i = 0; i < b->n_targets; i++) {
+		if (!pipes[i])
+			return "a pipe id that is not a pipe of this link";
+		if (pipes[i]->connecting || !tpd_xpipe_remote_end(pipes[i])->remote)
+			return "a pipe that is not open";
+		ids[i] = pipes[i]->id;
+	}
+	qsort(ids, b->n_targets, sizeof(*ids), u64_cmp);
+	for (size_t i = 1; i < b->n_targets; i++)
+		if (ids[i] == ids[i - 1])
+			return "a pipe named twice";
+	return NULL;
+}
+
+/* The message just queued on @p for target @msg_id, or NULL (refused by the queue limits, or
+ * the reader left). */
+static struct tpd_msg *peer_queued(struct tpd_pipe *p, uint64_t msg_id)
+{
+	struct tpd_pipe_end *w = tpd_xpipe_remote_end(p);
+	struct tpd_msg *m;
+
+	if (tpu_list_empty(&w->rq))
+		return NULL;
+	m = tpu_container_of(w->rq.prev, struct tpd_msg, rnode);
+	return m->msg_id == msg_id && !m->read_requested && !m->eager ? m : NULL;
+}
+
+/* Stages the far daemon's broadcast @bc (its messages in bc->msgs) with one receive carried by
+ * the first. Return: 0, or -errno (no staging: each message is read on its own). */
+static int peer_stage(struct tpd_peer *pr, struct tpd_bcast *bc, const Tpw__V1__Descriptor *dd)
+{
+	struct tpd_daemon *d = bc->msgs[0]->from->pipe->d;
+	uint64_t need = 0;
+	int r;
+
+	for (size_t i = 0; i < bc->n_seg; i++) {
+		uint64_t len = i < dd->n_payloads ? dd->payloads[i]->length
+						  : dd->tensors[i - dd->n_payloads]->length;
+
+		if (i >= dd->n_payloads && dd->tensors[i - dd->n_payloads]->device &&
+		    dd->tensors[i - dd->n_payloads]->device->type ==
+			    TPW__V1__DEVICE_TYPE__DEVICE_CUDA)
+			return -EOPNOTSUPP;
+		bc->off[i] = need;
+		if (len > UINT64_MAX / 2 - need)
+			return -EOVERFLOW;
+		need += (len + STAGE_ALIGN - 1) & ~(uint64_t)(STAGE_ALIGN - 1);
+	}
+	if (need == 0)
+		return -ENODATA;
+	r = uid_charge(bc->broker, BCAST_LINK_KEY(pr), need,
+		       tpd_daemon_cfg(d)->bcast_stage_bytes_per_uid);
+	if (r == -EDQUOT)
+		bc->broker->bcast.unstaged++;
+	if (r < 0)
+		return r;
+	bc->stage = aligned_alloc(STAGE_ALIGN, need);
+	bc->stage_len = need;
+	if (!bc->stage) {
+		uid_release(bc->broker, BCAST_LINK_KEY(pr), need);
+		return -ENOMEM;
+	}
+	for (size_t k = 0; k < bc->n_msgs; k++) {
+		struct tpd_msg *m = bc->msgs[k];
+
+		for (size_t i = 0; i < m->n_src; i++)
+			m->src[i].mem = (struct tpb_mem){
+				.loc = TPB_LOC_LOCAL,
+				.addr = (uint64_t)(uintptr_t)(bc->stage + bc->off[i]) };
+		m->bcast = bcast_ref(bc);
+		m->bcast_slot = k;
+	}
+	r = tpd_xh_build_recv_stage(bc->msgs[0], bc->stage, bc->off);
+	if (r < 0)
+		return r; /* the messages keep the staging: their copies fail with bc->err */
+	bc->reading = true;
+	(void)tpd_xh_start(bc->msgs[0]); /* a failure ends in tpd_bcast_staged() */
+	return 0;
+}
+
+void tpd_bcast_peer(struct tpd_peer *pr, const Tpw__V1__PeerBcast *b, struct tpd_pipe **pipes)
+{
+	const char *bad = peer_check(b, pipes);
+	struct tpd_bcast *bc;
+	size_t n_seg = b->descriptor->n_payloads + b->descriptor->n_tensors;
+	int r;
+
+	if (bad) {
+		peer_refuse(pr, b, pipes, bad);
+		return;
+	}
+	bc = bcast_new(tpd_daemon_broker(pipes[0]->d), n_seg, b->n_targets, BCAST_LINK_KEY(pr));
+	for (size_t i = 0; i < b->n_targets; i++) {
+		Tpw__V1__Descriptor dd = *b->descriptor;
+		struct tpd_msg *m;
+
+		dd.msg_id = b->targets[i]->msg_id;
+		tpd_xpipe_peer_descriptor(pipes[i], &dd, NULL, 0);
+		m = peer_queued(pipes[i], dd.msg_id);
+		if (m && bc)
+			bc->msgs[bc->n_msgs++] = m;
+	}
+	if (!bc)
+		return; /* each message is read on its own */
+	r = bc->n_msgs ? peer_stage(pr, bc, b->descriptor) : -ENODATA;
+	if (r < 0 && !bc->stage)
+		bc->n_msgs = 0; /* not staged: nothing refers to @bc */
+	else if (r < 0) {
+		bc->err = r;
+		snprintf(bc->why, sizeof(bc->why), "no receive for the broadcast: %s",
+			 strerror(-r));
+	}
+	bcast_unref(bc);
+}
+
+void tpd_bcast_staged(struct tpd_msg *m, int status, const char *why)
+{
+	struct tpd_bcast *bc = m->bcast;
+
+	if (!bc)
+		return;
+	bcast_ref(bc);
+	bc->reading = false;
+	if (status < 0) {
+		bc->err = status;
+		snprintf(bc->why, sizeof(bc->why), "receiving the broadcast failed: %.120s",
+			 why && *why ? why : strerror(-status));
+	} else {
+		bc->broker->bcast.staged_bytes += bc->stage_len;
+	}
+	for (size_t i = 0; i < bc->n_msgs; i++)
+		if (bc->msgs[i])
+			tpd_pipe_start_next_copy(bc->msgs[i]->from);
+	bcast_unref(bc);
+}
+
 void tpd_bcast_handle(struct tpd_session *s, const Tpw__V1__Broadcast *b, const uint8_t *tail,
 		      uint32_t tail_len)
 {
@@ -316,21 +629,10 @@ void tpd_bcast_handle(struct tpd_session *s, const Tpw__V1__Broadcast *b, const 
 			target_refuse(s, b->targets[i], -ENOBUFS, why, tail_len);
 		return;
 	}
-	bc = calloc(1, sizeof(*bc));
-	if (bc) {
-		bc->n_seg = w->n_payloads + w->n_tensors;
-		bc->off = calloc(bc->n_seg + 1, sizeof(*bc->off));
-		bc->msgs = calloc(b->n_targets, sizeof(*bc->msgs));
-	}
-	if (!bc || !bc->off || !bc->msgs) {
-		free(bc ? bc->off : NULL);
-		free(bc);
-		bc = NULL; /* no staging: each delivery reads the writer's memory */
-	} else {
-		bc->refs = 1;
-		bc->broker = br;
-		bc->uid = tpd_session_uid(s);
-	}
+	/* NULL without memory: each delivery then reads the writer's memory, as a Write's */
+	bc = bcast_new(br, w->n_payloads + w->n_tensors, b->n_targets, tpd_session_uid(s));
+	if (bc)
+		bc->no_xbcast = targets_repeat(b);
 	for (size_t i = 0; i < b->n_targets; i++) {
 		struct tpd_pipe_end *e = tpd_session_pipe_find(s, b->targets[i]->pipe_id);
 
@@ -348,5 +650,7 @@ void tpd_bcast_handle(struct tpd_session *s, const Tpw__V1__Broadcast *b, const 
 		else
 			tpd_pipe_write_one(e, w, t->write_id, tail, tail_len, bc);
 	}
+	if (bc)
+		bcast_announce(bc, w);
 	bcast_unref(bc);
 }

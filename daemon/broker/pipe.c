@@ -464,7 +464,7 @@ void tpd_pipe_write_one(struct tpd_pipe_end *e, const Tpw__V1__Write *w, uint64_
 	tpd_bcast_attach(bc, m, r);
 	m->msg_id = ++e->next_msg_id;
 	m->tail_len = tail_len;
-	err = tpd_msg_send_descriptor(r, m, w);
+	err = tpd_bcast_defer(bc, m, r) ? 0 : tpd_msg_send_descriptor(r, m, w);
 	if (err < 0)
 		goto reject;
 	tpu_list_insert_tail(&e->wq, &m->wnode);
@@ -684,7 +684,7 @@ void tpd_pipe_read(struct tpd_pipe_end *r, const Tpw__V1__Read *rd)
 		tpd_pipe_msg_consumed(m, w->gone, tpd_pipe_why(r->pipe, w->gone));
 		return;
 	}
-	if (w->remote)
+	if (w->remote && !m->bcast)
 		err = tpd_xh_build_recv(m, r->session, rd, why, sizeof(why));
 	else
 		err = tpd_msg_build_job(m, r->session, rd, copy_on_done, &m->job, why, sizeof(why));
