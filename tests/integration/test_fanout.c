@@ -49,6 +49,8 @@ static struct {
 	int victim;	     /* reader killed after its first descriptor, -1: none */
 	/* expected daemon counters after the script (UINT64_MAX: not checked) */
 	uint64_t staged_bytes, unstaged, requests;
+	uint64_t b_staged_bytes; /* the far daemon's (sc.remote), 0: not checked */
+	uint64_t link_bytes_max; /* bytes the server's daemon may send its peers, 0: not checked */
 } sc;
 
 static struct tpt_daemon dmn, dmn_b; /* dmn_b: the remote readers' daemon (sc.remote) */
@@ -141,11 +143,12 @@ static int reader(void *arg)
 
 /* ---- the server ------------------------------------------------------------------------------ */
 
-/* `tpipctl --json status` field @key of the case's daemon, or UINT64_MAX. */
-static uint64_t status_u64(const char *key)
+/* `tpipctl --json WHAT` of daemon @d: member @key of the object, or (@key NULL) the sum of
+ * bytes_sent over the peers array; UINT64_MAX if none. */
+static uint64_t ctl_u64(const struct tpt_daemon *d, const char *what, const char *key)
 {
 	const char *bin = getenv("TPIPCTL_BIN");
-	const char *argv[] = { bin, "--socket", dmn.socket, "--json", "status", NULL };
+	const char *argv[] = { bin, "--socket", d->socket, "--json", what, NULL };
 	struct tpt_cmd_result res;
 	struct json_object *o, *v;
 	uint64_t val = UINT64_MAX;
@@ -153,11 +156,26 @@ static uint64_t status_u64(const char *key)
 	if (!bin || tpt_run(argv, T_MS, &res) < 0)
 		return UINT64_MAX;
 	o = json_tokener_parse(res.out);
-	if (o && json_object_object_get_ex(o, key, &v))
+	if (o && key && json_object_object_get_ex(o, key, &v))
 		val = (uint64_t)json_object_get_int64(v);
+	if (o && !key && json_object_object_get_ex(o, "peers", &v)) {
+		val = 0;
+		for (size_t i = 0; i < json_object_array_length(v); i++) {
+			struct json_object *b;
+
+			if (json_object_object_get_ex(json_object_array_get_idx(v, i), "bytes_sent",
+						      &b))
+				val += (uint64_t)json_object_get_int64(b);
+		}
+	}
 	json_object_put(o);
 	tpt_cmd_result_free(&res);
 	return val;
+}
+
+static uint64_t status_u64(const char *key)
+{
+	return ctl_u64(&dmn, "status", key);
 }
 
 struct wcount {
@@ -298,6 +316,16 @@ static int server(void *arg)
 		uint64_t v = status_u64("bcast_unstaged");
 		TPT_REQUIRE(v == sc.unstaged, 1, "bcast_unstaged %llu, want %llu",
 			    (unsigned long long)v, (unsigned long long)sc.unstaged);
+	}
+	if (r == 0 && sc.b_staged_bytes) {
+		uint64_t v = ctl_u64(&dmn_b, "status", "bcast_staged_bytes");
+		TPT_REQUIRE(v == sc.b_staged_bytes, 1, "far bcast_staged_bytes %llu, want %llu",
+			    (unsigned long long)v, (unsigned long long)sc.b_staged_bytes);
+	}
+	if (r == 0 && sc.link_bytes_max) {
+		uint64_t v = ctl_u64(&dmn, "peers", NULL);
+		TPT_REQUIRE(v <= sc.link_bytes_max, 1, "%llu bytes over the link, at most %llu",
+			    (unsigned long long)v, (unsigned long long)sc.link_bytes_max);
 	}
 	tp_set_free(s); /* closes the pipes: the readers see their end */
 	tp_buffer_free(ctx, shm);
@@ -485,8 +513,8 @@ START_TEST(test_fanout_reader_killed_in_staged_broadcast_fails_only_its_pipe)
 END_TEST
 
 /* Two readers here and two behind a second daemon: one request; the private bytes are read once
- * into staging for the local readers, and each remote reader's message crosses the peer link
- * as any cross-host message (read from the writer's memory). */
+ * into staging for the local readers, and once more for the link (PeerBcast), which the far
+ * daemon stages for its two readers. */
 START_TEST(test_fanout_mixes_local_and_remote_readers)
 {
 	sc.readers = 4;
@@ -518,6 +546,27 @@ START_TEST(test_fanout_failed_staging_read_fails_every_delivery_only)
 }
 END_TEST
 
+/* Three readers behind a second daemon: each broadcast crosses the peer link once (PeerBcast)
+ * and the far daemon reads it into its staging once, for its three readers; an ordinary write
+ * between them keeps each pipe's order. */
+START_TEST(test_fanout_crosses_the_peer_link_once)
+{
+	sc.readers = 3;
+	sc.remote = 3;
+	add_step(STEP_BCAST_PRIV, BIG, TP_FANOUT_DAEMON, 0);
+	add_step(STEP_WRITE_EACH, 1 << 20, 0, 0);
+	add_step(STEP_BCAST_SHM, BIG, TP_FANOUT_DAEMON, 0);
+	add_step(STEP_BCAST_PRIV, 100, TP_FANOUT_DAEMON, 0); /* eager: a descriptor per pipe */
+	sc.requests = 3;
+	sc.staged_bytes = 0; /* no reader on this host */
+	sc.unstaged = 0;
+	sc.b_staged_bytes = 2 * BIG;
+	/* 2 x 16 MiB once, 3 x 1 MiB of writes, framing: well below 3 x 2 x 16 MiB */
+	sc.link_bytes_max = 2 * BIG + 3 * (1 << 20) + (4 << 20);
+	ck_assert(run_case(NULL));
+}
+END_TEST
+
 static Suite *fanout_suite(void)
 {
 	Suite *s = suite_create("fanout");
@@ -534,6 +583,7 @@ static Suite *fanout_suite(void)
 	tcase_add_test(tc, test_fanout_reader_killed_in_staged_broadcast_fails_only_its_pipe);
 	tcase_add_test(tc, test_fanout_mixes_local_and_remote_readers);
 	tcase_add_test(tc, test_fanout_failed_staging_read_fails_every_delivery_only);
+	tcase_add_test(tc, test_fanout_crosses_the_peer_link_once);
 	suite_add_tcase(s, tc);
 	return s;
 }

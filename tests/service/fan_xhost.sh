@@ -4,7 +4,8 @@
 # by a veth pair. A server on a broadcasts to 4 readers, 2 on a and 2 on b (tpip://a/fan), each
 # broadcast one request to a's daemon: private memory (read once into a's staging for the local
 # readers), a shared buffer and a small private message; every reader gets each message's bytes,
-# in order, and a's counters show one staging read. Then a reader on b SIGKILLed on its first
+# in order, and a's counters show one staging read; the link carries each large broadcast once
+# (PeerBcast: b stages it once for its 2 readers). Then a reader on b SIGKILLed on its first
 # descriptor fails only its own pipe: the other 3 get every message. Skips (77) where network
 # namespaces or veth pairs cannot be made.
 . "$(dirname -- "$0")/lib.sh" || exit 1
@@ -81,6 +82,9 @@ done
 [ "$(status_a bcast_staged_bytes)" = "$SIZE" ] ||
 	fail "bcast_staged_bytes $(status_a bcast_staged_bytes), want $SIZE"
 [ "$(status_a bcast_stage_held)" = 0 ] || fail "staging still held"
+# b read the private and the shared 4 MiB once each for its 2 readers
+staged_b=$(ctl --socket "$SVC_TMP/b.sock" --json status | jq -r .bcast_staged_bytes)
+[ "$staged_b" = $((2 * SIZE)) ] || fail "b's bcast_staged_bytes $staged_b, want $((2 * SIZE))"
 
 check "a reader on b killed on its first descriptor fails only its own pipe"
 run 2 die
