@@ -1067,7 +1067,9 @@ int tp_wq_release(struct tp_wq *q);
  * one read into its own staging, within --bcast-stage-bytes-per-uid) and delivers it on each
  * pipe as an ordinary message, in that pipe's order. Readers see no difference. Otherwise (an
  * older daemon, more pipes than it takes, CUDA tensors, private memory without CMA, or a pipe
- * with writes held back by flow control) the set writes each pipe itself, as before.
+ * with writes held back by flow control) the set writes each pipe itself, as before. Across
+ * hosts the daemon's fan-out crosses each peer link once and the far daemon fans it out to its
+ * readers (both daemons of this version; otherwise each delivery crosses the link).
  */
 enum tp_fanout {
 	TP_FANOUT_AUTO = 0,	/* the daemon's fan-out where it can, else the set's (default) */
