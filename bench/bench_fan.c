@@ -5,7 +5,9 @@
  * the library (TP_FANOUT_LIBRARY: a write per pipe, private memory staged once by the library),
  * against writing the same message to the 4 pipes one by one (tp_pipe_write_sync() per pipe),
  * for 64 KiB, 1 MiB and 16 MiB, from a shared buffer and from private memory, in alternating
- * rounds of the same run. Prints messages per second of the whole
+ * rounds of the same run. With -r SOCKET -a tpip://HOST:PORT/bench-fan the readers are clients of
+ * a second daemon (SOCKET) behind a peer link: the daemon's fan-out crosses it once per
+ * broadcast, the others once per reader. Prints messages per second of the whole
  * fan-out and the GB/s delivered (size x readers). The daemon is the one of $TPIPD_SOCKET (or
  * the library's default); bench/run.sh is not needed: start a tpipd and run
  * `bench_fan [-n ITERS]`. Numbers only, never pass/fail.
@@ -23,6 +25,9 @@
 
 static const size_t sizes[] = { (size_t)64 << 10, (size_t)1 << 20, BIG };
 static unsigned iters = 50;
+/* -r SOCKET -a ADDRESS: the readers are clients of another daemon and connect to ADDRESS
+ * (tpip://HOST:PORT/bench-fan): every delivery crosses a peer link. */
+static const char *reader_sock, *reader_addr;
 
 static const char *sock_path(void)
 {
@@ -38,9 +43,9 @@ static int reader_main(void *arg, int ready_fd)
 	int r;
 
 	(void)arg;
-	r = bench_context_open(sock_path(), 0, &ctx);
+	r = bench_context_open(reader_sock ? reader_sock : sock_path(), 0, &ctx);
 	if (r == 0)
-		r = tp_connect(ctx, "bench-fan", &p);
+		r = tp_connect(ctx, reader_addr ? reader_addr : "bench-fan", &p);
 	if (r == 0)
 		r = tp_pipe_wait_connected(p, 10000);
 	bench_ready_send(ready_fd, r);
@@ -136,9 +141,11 @@ static int server_main(void *arg, int ready_fd)
 	int r;
 
 	(void)arg;
+	struct tp_listen_options lo = { .size = sizeof(lo), .remote = TP_REMOTE_ANY_PEER };
+
 	r = bench_context_open(sock_path(), 0, &ctx);
 	if (r == 0)
-		r = tp_listen(ctx, "bench-fan", NULL, &l);
+		r = tp_listen(ctx, "bench-fan", reader_addr ? &lo : NULL, &l);
 	bench_ready_send(ready_fd, r);
 	if (r == 0)
 		r = tp_set_new(ctx, READERS, &s);
@@ -171,12 +178,17 @@ int main(int argc, char **argv)
 	pid_t srv, pids[READERS] = { 0 };
 	int opt, fd, r;
 
-	while ((opt = getopt(argc, argv, "n:")) != -1) {
-		if (opt != 'n' || atoi(optarg) <= 0) {
-			fprintf(stderr, "usage: bench_fan [-n ITERS]\n");
+	while ((opt = getopt(argc, argv, "n:r:a:")) != -1) {
+		if (opt == 'r') {
+			reader_sock = optarg;
+		} else if (opt == 'a') {
+			reader_addr = optarg;
+		} else if (opt != 'n' || atoi(optarg) <= 0) {
+			fprintf(stderr, "usage: bench_fan [-n ITERS] [-r READER_SOCKET -a ADDRESS]\n");
 			return 2;
+		} else {
+			iters = (unsigned)atoi(optarg);
 		}
-		iters = (unsigned)atoi(optarg);
 	}
 	/* this process opens no context: every side is a child */
 	if (bench_spawn(server_main, NULL, &srv, &fd) < 0)
