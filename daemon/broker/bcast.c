@@ -486,17 +486,21 @@ static const char *peer_check(const Tpw__V1__PeerBcast *b, struct tpd_pipe **pip
 	return NULL;
 }
 
-/* The message just queued on @p for target @msg_id, or NULL (refused by the queue limits, or
- * the reader left). */
-static struct tpd_msg *peer_queued(struct tpd_pipe *p, uint64_t msg_id)
+/* The message tpd_xpipe_peer_descriptor() just queued on @p (the last of its remote writer's
+ * queue, which was @before), or NULL: refused by the queue limits, or the reader left. A message
+ * queued before, even of the same id, is never taken for it. */
+static struct tpd_msg *peer_queued(struct tpd_pipe *p, const struct tpu_list *before,
+				   uint64_t msg_id, size_t n_seg)
 {
 	struct tpd_pipe_end *w = tpd_xpipe_remote_end(p);
 	struct tpd_msg *m;
 
-	if (tpu_list_empty(&w->rq))
+	if (w->rq.prev == before || tpu_list_empty(&w->rq))
 		return NULL;
 	m = tpu_container_of(w->rq.prev, struct tpd_msg, rnode);
-	return m->msg_id == msg_id && !m->read_requested && !m->eager ? m : NULL;
+	if (m->msg_id != msg_id || m->n_src != n_seg || m->read_requested || m->eager)
+		return NULL;
+	return m;
 }
 
 /* Stages the far daemon's broadcast @bc (its messages in bc->msgs) with one receive carried by
@@ -566,11 +570,12 @@ void tpd_bcast_peer(struct tpd_peer *pr, const Tpw__V1__PeerBcast *b, struct tpd
 	bc = bcast_new(tpd_daemon_broker(pipes[0]->d), n_seg, b->n_targets, BCAST_LINK_KEY(pr));
 	for (size_t i = 0; i < b->n_targets; i++) {
 		Tpw__V1__Descriptor dd = *b->descriptor;
+		const struct tpu_list *before = tpd_xpipe_remote_end(pipes[i])->rq.prev;
 		struct tpd_msg *m;
 
 		dd.msg_id = b->targets[i]->msg_id;
 		tpd_xpipe_peer_descriptor(pipes[i], &dd, NULL, 0);
-		m = peer_queued(pipes[i], dd.msg_id);
+		m = peer_queued(pipes[i], before, dd.msg_id, n_seg);
 		if (m && bc)
 			bc->msgs[bc->n_msgs++] = m;
 	}
