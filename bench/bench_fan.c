@@ -184,7 +184,8 @@ int main(int argc, char **argv)
 		} else if (opt == 'a') {
 			reader_addr = optarg;
 		} else if (opt != 'n' || atoi(optarg) <= 0) {
-			fprintf(stderr, "usage: bench_fan [-n ITERS] [-r READER_SOCKET -a ADDRESS]\n");
+			fprintf(stderr,
+				"usage: bench_fan [-n ITERS] [-r READER_SOCKET -a ADDRESS]\n");
 			return 2;
 		} else {
 			iters = (unsigned)atoi(optarg);

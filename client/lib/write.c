@@ -658,7 +658,8 @@ static int bcast_send(struct tp_pipe *const *pipes, unsigned n, struct write_pla
 	/* staging and holding are per pipe: the library's fan-out does them */
 	if (r == 0 && (pl->stage_len || !bcast_all_fit_locked(pipes, n, pl->inline_len)))
 		r = -EOPNOTSUPP;
-	/* every target: at most 2 * 11 bytes of ids + 4 of framing; + 48: the Write's ids, nesting */
+	/* every target: at most 2 * 11 bytes of ids + 4 of framing; + 48: the Write's ids and
+	 * its nesting */
 	if (r == 0 && tpw_frame_size(&pl->m.base) + pl->inline_len + 48 + (size_t)n * 26 >
 			      ctx->lim.frame_max)
 		r = -EOPNOTSUPP;

@@ -128,8 +128,8 @@ void tpd_bcast_attach(struct tpd_bcast *bc, struct tpd_msg *m, const struct tpd_
 		if (bc->off[i] == UINT64_MAX || src->mem.loc != TPB_LOC_PROCESS)
 			continue;
 		tpb_proc_unref(src->mem.proc);
-		src->mem = (struct tpb_mem){ .loc = TPB_LOC_LOCAL,
-					     .addr = (uint64_t)(uintptr_t)(bc->stage + bc->off[i]) };
+		src->mem = (struct tpb_mem){ .loc = TPB_LOC_LOCAL };
+		src->mem.addr = (uint64_t)(uintptr_t)(bc->stage + bc->off[i]);
 	}
 	m->bcast = bcast_ref(bc);
 	m->bcast_slot = bc->n_msgs;
@@ -167,14 +167,12 @@ static void stage_on_done(struct tpb_copy_job *job)
 	struct tpd_bcast *bc = job->arg;
 
 	bc->reading = false;
-	if (job->status == -ESRCH || job->status == -EFAULT || job->status == -EPERM) {
+	if (job->status < 0) {
 		bc->err = job->status == -ESRCH ? -ECONNRESET : job->status;
 		snprintf(bc->why, sizeof(bc->why), "reading the broadcast's source failed: %.100s",
-			 job->status == -ESRCH ? "its writer died" : job->why);
-	} else if (job->status < 0) {
-		bc->err = job->status;
-		snprintf(bc->why, sizeof(bc->why), "reading the broadcast's source failed: %.100s",
-			 job->why[0] ? job->why : strerror(-job->status));
+			 job->status == -ESRCH ? "its writer died"
+			 : job->why[0]	       ? job->why
+						 : strerror(-job->status));
 	} else {
 		bc->broker->bcast.staged_bytes += job->bytes;
 	}
@@ -333,8 +331,10 @@ bool tpd_bcast_defer(struct tpd_bcast *bc, struct tpd_msg *m, const struct tpd_p
 {
 	struct tpd_pipe *p = r->pipe;
 
-	if (!bc || bc->no_xbcast || !r->remote || m->eager || !p->link || !p->remote_id ||
-	    p->connecting || tpd_peer_chan_far_minor(p->link) < TPW_PEER_MINOR_BCAST)
+	/* inline parts (m->tail_len) are copied after this: such a message goes on its own */
+	if (!bc || bc->no_xbcast || !r->remote || m->eager || m->tail_len || !p->link ||
+	    !p->remote_id || p->connecting ||
+	    tpd_peer_chan_far_minor(p->link) < TPW_PEER_MINOR_BCAST)
 		return false;
 	for (size_t i = 0; i < m->n_src; i++)
 		if (m->src[i].mem.loc == TPB_LOC_CUDA)

@@ -139,7 +139,7 @@ struct tpd_bcast_stats {
 	uint64_t requests;	/* Broadcast frames */
 	uint64_t targets;	/* pipes they named */
 	uint64_t staged_bytes;	/* private bytes read once into staging */
-	uint64_t unstaged;	/* broadcasts over the staging limit (each reader reads the writer) */
+	uint64_t unstaged;	/* broadcasts over the staging limit (readers read the writer) */
 	uint64_t stage_held;	/* staging bytes held now */
 };
 

@@ -153,7 +153,7 @@ struct tpd_msg {
 	/* Announced to the reader's daemon in a PeerBcast (bcast.c): it may ask for the bytes of
 	 * this message out of the pipe's order (PeerReadReq.bcast). */
 	bool xbcast;
-	bool xcarrier; /* ... and its bytes are the ones that daemon asked for (PeerReadReq.bcast) */
+	bool xcarrier; /* ... and the one that daemon asked the bytes of (PeerReadReq.bcast) */
 };
 
 /* What a queued message of @n_src segments and @tail_len inline bytes costs the daemon-wide

@@ -133,7 +133,7 @@ static const struct opt opts[] = {
 	  "                            write to each pipe (default 1024)" },
 	{ "bcast-stage-bytes-per-uid", "limits", K_SIZE64, OFF(bcast_stage_bytes_per_uid), 0,
 	  UINT64_MAX, true, "BYTES", "private memory of one uid's broadcasts held in daemon\n"
-	  "                            staging; above it each reader reads the writer (default 1G)" },
+	  "                            staging; above it readers read the writer (default 1G)" },
 	{ "listeners-max", "limits", K_U32, OFF(listeners_max), 1, 1u << 20, true, "N",
 	  "listeners per client (default 256)" },
 	{ "cuda-mappings-max", "limits", K_U32, OFF(cuda_holds_max), 1, 1u << 20, true, "N",

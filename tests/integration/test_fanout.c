@@ -131,8 +131,8 @@ static int reader(void *arg)
 		}
 		TPT_REQUIRE(r == 0, 1, "reader %u: read: %d %s", who, r, tp_last_error());
 		for (size_t k = 0; k < len; k++)
-			TPT_REQUIRE(buf[k] == byte_of(step, k), 1, "reader %u step %u byte %zu", who,
-				    step, k);
+			TPT_REQUIRE(buf[k] == byte_of(step, k), 1, "reader %u step %u byte %zu",
+				    who, step, k);
 		last = (int)step;
 	}
 	free(buf);
