@@ -50,6 +50,8 @@ static struct {
 	/* expected daemon counters after the script (UINT64_MAX: not checked) */
 	uint64_t staged_bytes, unstaged, requests;
 	uint64_t b_staged_bytes; /* the far daemon's (sc.remote), 0: not checked */
+	uint64_t b_unstaged;	 /* the far daemon's broadcasts over its staging limit */
+	const char *b_stage_limit; /* the far daemon's --bcast-stage-bytes-per-uid, NULL: default */
 	uint64_t link_bytes_max; /* bytes the server's daemon may send its peers, 0: not checked */
 } sc;
 
@@ -322,6 +324,11 @@ static int server(void *arg)
 		TPT_REQUIRE(v == sc.b_staged_bytes, 1, "far bcast_staged_bytes %llu, want %llu",
 			    (unsigned long long)v, (unsigned long long)sc.b_staged_bytes);
 	}
+	if (r == 0 && sc.b_stage_limit) {
+		uint64_t v = ctl_u64(&dmn_b, "status", "bcast_unstaged");
+		TPT_REQUIRE(v == sc.b_unstaged, 1, "far bcast_unstaged %llu, want %llu",
+			    (unsigned long long)v, (unsigned long long)sc.b_unstaged);
+	}
 	if (r == 0 && sc.link_bytes_max) {
 		uint64_t v = ctl_u64(&dmn, "peers", NULL);
 		TPT_REQUIRE(v <= sc.link_bytes_max, 1, "%llu bytes over the link, at most %llu",
@@ -350,7 +357,17 @@ static bool run_case(const char *const *args)
 		for (const char *const *x = args; x && *x && n < 15; x++)
 			a[n++] = *x;
 		a[n] = NULL;
-		ck_assert_int_eq(tpt_daemon_pair_start(&dmn, a, &dmn_b, tpt_peer_args()), 0);
+		const char *bargs[16];
+		size_t nb = 0;
+
+		for (const char *const *x = tpt_peer_args(); *x && nb < 8; x++)
+			bargs[nb++] = *x;
+		if (sc.b_stage_limit) {
+			bargs[nb++] = "--bcast-stage-bytes-per-uid";
+			bargs[nb++] = sc.b_stage_limit;
+		}
+		bargs[nb] = NULL;
+		ck_assert_int_eq(tpt_daemon_pair_start(&dmn, a, &dmn_b, bargs), 0);
 		with_b = true;
 	} else {
 		ck_assert_int_eq(tpt_daemon_start(&dmn, args), 0);
@@ -567,6 +584,27 @@ START_TEST(test_fanout_crosses_the_peer_link_once)
 }
 END_TEST
 
+/* The far daemon's staging limit (1 MiB for the link): a 1 MiB broadcast is staged there once,
+ * a 4 MiB one is not: each of its readers reads its copy over the link on its own, in order
+ * with the pipe's other messages. */
+START_TEST(test_fanout_far_daemon_over_its_staging_limit_reads_each_target)
+{
+	sc.readers = 3;
+	sc.remote = 3;
+	sc.b_stage_limit = "1M";
+	add_step(STEP_BCAST_PRIV, 1 << 20, TP_FANOUT_DAEMON, 0);
+	add_step(STEP_BCAST_PRIV, 4 << 20, TP_FANOUT_DAEMON, 0);
+	add_step(STEP_WRITE_EACH, 1 << 20, 0, 0);
+	add_step(STEP_BCAST_SHM, 1 << 20, TP_FANOUT_DAEMON, 0);
+	sc.requests = 3;
+	sc.staged_bytes = 0;
+	sc.unstaged = 0;
+	sc.b_staged_bytes = 2 << 20;
+	sc.b_unstaged = 1;
+	ck_assert(run_case(NULL));
+}
+END_TEST
+
 static Suite *fanout_suite(void)
 {
 	Suite *s = suite_create("fanout");
@@ -584,6 +622,7 @@ static Suite *fanout_suite(void)
 	tcase_add_test(tc, test_fanout_mixes_local_and_remote_readers);
 	tcase_add_test(tc, test_fanout_failed_staging_read_fails_every_delivery_only);
 	tcase_add_test(tc, test_fanout_crosses_the_peer_link_once);
+	tcase_add_test(tc, test_fanout_far_daemon_over_its_staging_limit_reads_each_target);
 	suite_add_tcase(s, tc);
 	return s;
 }
