@@ -59,12 +59,15 @@
  *      older daemons send neither (0: unknown, own limits only)
  *   3  channels and work queues across hosts (PeerMsg 50-53, issue 25 part xhost): a daemon
  *      forwards none to a daemon of an older minor (that would fail the whole link)
+ *   5  the daemon's fan-out across hosts (issue 25 part fanout): PeerBcast (PeerMsg 530) and
+ *      PeerReadReq.bcast; a daemon sends neither to a daemon of an older minor
  */
 #define TPW_PEER_PROTO_MAJOR 2
-#define TPW_PEER_PROTO_MINOR 3
+#define TPW_PEER_PROTO_MINOR 5
 #define TPW_PEER_MINOR_CONNECT_WAIT 1
 #define TPW_PEER_MINOR_QUEUE_LIMITS 2
 #define TPW_PEER_MINOR_CHAN 3
+#define TPW_PEER_MINOR_BCAST 5 /* PeerBcast, PeerReadReq.bcast (issue 25, fan-out) */
 /* The longest PeerConnect.wait_ms a daemon accepts (one hour); a dialler clamps to it. */
 #define TPW_PEER_WAIT_MS_MAX 3600000u
 #define TPW_MINOR_CLOSE_ACK 1

@@ -337,6 +337,7 @@ int tpw_client_msg_validate(const Tpw__V1__ClientMsg *m, const struct tpw_hdr *h
 		       m->body_case == TPW__V1__CLIENT_MSG__BODY_RING_SETUP ||
 		       m->body_case == TPW__V1__CLIENT_MSG__BODY_CUDA_DMABUF;
 	bool may_have_data = m->body_case == TPW__V1__CLIENT_MSG__BODY_WRITE ||
+			     m->body_case == TPW__V1__CLIENT_MSG__BODY_BROADCAST ||
 			     (m->body_case == TPW__V1__CLIENT_MSG__BODY_CHAN_OP &&
 			      m->chan_op->op == TPW__V1__CHAN_OP_KIND__CHAN_OP_WRITE) ||
 			     (m->body_case == TPW__V1__CLIENT_MSG__BODY_WQ_OP &&
@@ -399,6 +400,13 @@ int tpw_client_msg_validate(const Tpw__V1__ClientMsg *m, const struct tpw_hdr *h
 		return check_write(m->write, hdr, lim, why, wl);
 	case TPW__V1__CLIENT_MSG__BODY_READ:
 		return check_read(m->read, hdr, lim, why, wl);
+	case TPW__V1__CLIENT_MSG__BODY_BROADCAST:
+		if (!m->broadcast->write)
+			return tpu_why(-EBADMSG, why, wl, "broadcast without a message");
+		if (m->broadcast->n_targets == 0 || m->broadcast->n_targets > TPW_BCAST_TARGETS_MAX)
+			return tpu_why(-E2BIG, why, wl, "broadcast to %zu pipes (1..%u)",
+				       m->broadcast->n_targets, TPW_BCAST_TARGETS_MAX);
+		return check_write(m->broadcast->write, hdr, lim, why, wl);
 	case TPW__V1__CLIENT_MSG__BODY_CANCEL:
 		if (m->cancel->kind != TPW__V1__CANCEL_KIND__CANCEL_WRITE &&
 		    m->cancel->kind != TPW__V1__CANCEL_KIND__CANCEL_READ)
@@ -800,6 +808,17 @@ int tpw_peer_msg_validate(const Tpw__V1__PeerMsg *m, const struct tpw_hdr *hdr,
 		if (m->descriptor->descriptor->metadata.len > lim->metadata_max)
 			return tpu_why(-EMSGSIZE, why, wl, "descriptor metadata too large");
 		return check_descriptor(m->descriptor->descriptor, hdr, lim, why, wl);
+	case TPW__V1__PEER_MSG__BODY_BCAST:
+		if (!m->bcast->descriptor)
+			return tpu_why(-EBADMSG, why, wl, "peer broadcast without descriptor");
+		if (m->bcast->descriptor->eager || hdr->data_len)
+			return tpu_why(-EBADMSG, why, wl, "eager peer broadcast");
+		if (m->bcast->n_targets == 0 || m->bcast->n_targets > TPW_BCAST_TARGETS_MAX)
+			return tpu_why(-E2BIG, why, wl, "peer broadcast to %zu pipes (1..%u)",
+				       m->bcast->n_targets, TPW_BCAST_TARGETS_MAX);
+		if (m->bcast->descriptor->metadata.len > lim->metadata_max)
+			return tpu_why(-EMSGSIZE, why, wl, "descriptor metadata too large");
+		return check_descriptor(m->bcast->descriptor, hdr, lim, why, wl);
 	case TPW__V1__PEER_MSG__BODY_XFER_END:
 		return check_string(m->xfer_end->message, TPW_MESSAGE_MAX, "message", why, wl);
 	case TPW__V1__PEER_MSG__BODY_CONSUMED:

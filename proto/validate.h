@@ -31,6 +31,10 @@ struct tpw_limits {
 #define TPW_DEFAULT_MESSAGE_BYTES_MAX (16ull << 30)
 #define TPW_DEFAULT_METADATA_MAX (1u << 20)
 
+/* Most targets of one Broadcast on the wire (the daemon's own limit, bcast-pipes-max, is at
+ * most this); more close the session. */
+#define TPW_BCAST_TARGETS_MAX 4096u
+
 /* Peer identities a listener may name in Listen.remote_peers. */
 #define TPW_REMOTE_PEERS_MAX 32u
 #define TPW_GROUP_NAME_MAX 128u  /* GroupJoin.name */

@@ -843,14 +843,17 @@ int tp_set_last_status(const struct tp_pipe_set *s);
  * in shared buffers (tp_buffer_alloc()) is copied by the daemon from that one source into each
  * reader's allocation; private CPU memory is first copied once into one staging shared buffer
  * (at most TP_SET_STAGE_MAX bytes, and within the daemon's shared-buffer limits) from which all
- * deliveries copy; CUDA tensors are read by each delivery. A reader that is slow (not done after
- * @timeout_ms: that delivery is cancelled) or gone fails only its own delivery.
+ * deliveries copy; CUDA tensors are read by each delivery. Where the daemon offers it, one
+ * request names every pipe and the daemon fans out, reading private memory once itself (see
+ * "daemon fan-out" at the end of this header, tp_set_set_fanout()). A reader that is slow (not
+ * done after @timeout_ms: that delivery is cancelled) or gone fails only its own delivery.
  * Borrows @msg and its memory until the call returns.
  * @ret_status: @n_status entries, written for pipes 0..n_status-1 in tp_set_pipe() order: 0
  * delivered, else that pipe's -errno. May be NULL when @n_status is 0.
  * Return: the number of pipes delivered to (>= 0); -ENOENT for an empty set; -E2BIG when the
  * private bytes exceed TP_SET_STAGE_MAX; -EINVAL, -EMSGSIZE as tp_pipe_write(); the staging
- * allocation's error; -EDEADLK from a callback.
+ * allocation's error; -EOPNOTSUPP with TP_FANOUT_DAEMON where the daemon cannot fan out;
+ * -EDEADLK from a callback.
  */
 int tp_set_broadcast(struct tp_pipe_set *s, const struct tp_message *msg, int timeout_ms,
 		     int *ret_status, size_t n_status);
@@ -1055,6 +1058,33 @@ int tp_wq_close(struct tp_wq *q);
  * queued again (or answered with an error); the owner's release closes and frees the queue.
  * Return: 0 or -errno (the handle is freed anyway). */
 int tp_wq_release(struct tp_wq *q);
+
+/* ---- daemon fan-out of pipe-set broadcasts (docs/fanout.md) ---------------------------------
+ *
+ * Where the daemon offers it (its bcast-pipes-max at least the set's size; 1024 by default),
+ * tp_set_broadcast() sends one request naming every pipe of the set and the daemon fans the
+ * message out: it reads the writer's memory once (a shared buffer in place; private memory by
+ * one read into its own staging, within --bcast-stage-bytes-per-uid) and delivers it on each
+ * pipe as an ordinary message, in that pipe's order. Readers see no difference. Otherwise (an
+ * older daemon, more pipes than it takes, CUDA tensors, private memory without CMA, or a pipe
+ * with writes held back by flow control) the set writes each pipe itself, as before. Across
+ * hosts the daemon's fan-out crosses each peer link once and the far daemon fans it out to its
+ * readers (both daemons of this version; otherwise each delivery crosses the link).
+ */
+enum tp_fanout {
+	TP_FANOUT_AUTO = 0,	/* the daemon's fan-out where it can, else the set's (default) */
+	TP_FANOUT_LIBRARY = 1,	/* always the set's own: one write per pipe */
+	TP_FANOUT_DAEMON = 2,	/* only the daemon's: tp_set_broadcast() fails with -EOPNOTSUPP
+				 * where the daemon cannot fan this broadcast out */
+};
+
+/* tp_set_set_fanout() - how @s's broadcasts fan out from now on. Return: 0; -EINVAL for NULL or
+ * an unknown value. */
+int tp_set_set_fanout(struct tp_pipe_set *s, enum tp_fanout how);
+
+/* tp_set_last_fanout() - how @s's last tp_set_broadcast() fanned out: TP_FANOUT_DAEMON or
+ * TP_FANOUT_LIBRARY; TP_FANOUT_AUTO before the first (and for NULL). */
+enum tp_fanout tp_set_last_fanout(const struct tp_pipe_set *s);
 
 #ifdef __cplusplus
 }

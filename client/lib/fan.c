@@ -5,8 +5,10 @@
  * arrives, and hands it out round-robin among the pipes that have something, reporting a pipe's
  * end once and dropping it from the set. Broadcast stages private memory once into one shared
  * buffer and writes the message to every pipe from there, waiting for each delivery with its own
- * result. It is built on the public pipe calls only: the daemon sees ordinary pipe writes (it
- * does not fan out itself, and across hosts each delivery crosses the peer link).
+ * result. Where the daemon takes Broadcast (Limits.bcast_pipes_max), one frame names every
+ * pipe and the daemon fans out itself, reading the writer's memory once (write.c files each
+ * pipe's write: tpc_pipes_broadcast()); otherwise, and for what the daemon's fan-out does not
+ * take (CUDA tensors, staging without CMA, pipes with writes held), the set writes each pipe.
  */
 #include <errno.h>
 #include <pthread.h>
@@ -39,6 +41,8 @@ struct tp_pipe_set {
 	int last_status;
 	void *stage; /* broadcast staging buffer, kept for the next broadcast */
 	size_t stage_len;
+	enum tp_fanout fanout;	    /* tp_set_set_fanout() */
+	enum tp_fanout last_fanout; /* what the last broadcast used */
 };
 
 static int deadline_left(const struct timespec *start, int timeout_ms)
@@ -389,6 +393,23 @@ static int stage_add(size_t *total, size_t len)
 	return 0;
 }
 
+/* -E2BIG when @msg has more than TP_SET_STAGE_MAX private bytes, whoever would stage them (the
+ * set, or the daemon's fan-out: the same bound on what one broadcast reads). */
+static int bcast_private_check(struct tp_context *ctx, const struct tp_message *msg)
+{
+	size_t total = 0;
+	int r = 0;
+
+	for (size_t i = 0; r == 0 && i < msg->n_payloads; i++)
+		if (bcast_private(ctx, msg->payloads[i].data, msg->payloads[i].length))
+			r = stage_add(&total, msg->payloads[i].length);
+	for (size_t i = 0; r == 0 && i < msg->n_tensors; i++)
+		if (msg->tensors[i].device.type == TP_DEVICE_CPU &&
+		    bcast_private(ctx, msg->tensors[i].data, msg->tensors[i].length))
+			r = stage_add(&total, msg->tensors[i].length);
+	return r;
+}
+
 /* The set's staging buffer, grown to at least @len bytes (it is reused: no page faults). */
 static int bcast_stage_get(struct tp_pipe_set *s, size_t len, char **ret)
 {
@@ -459,28 +480,57 @@ static int bcast_stage(struct tp_pipe_set *s, const struct tp_message *msg,
 	return 0;
 }
 
-/* Starts every delivery, then waits for all of them; a delivery late past @timeout_ms is
- * cancelled and still waited for (its callback frees its memory). */
+/* A delivery refused at once (@r < 0: no callback comes). */
+static void bcast_refused(struct bcast *b, unsigned i, int r, uint64_t *ops)
+{
+	pthread_mutex_lock(&b->lock);
+	b->status[i] = r;
+	b->left--;
+	ops[i] = 0;
+	pthread_mutex_unlock(&b->lock);
+}
+
+/*
+ * The daemon's fan-out: one Broadcast for every pipe (tpc_pipes_broadcast()). Return: 0 (the
+ * deliveries are filed or refused), -EOPNOTSUPP (nothing filed: write each pipe instead), or
+ * -errno (nothing filed).
+ */
+static int bcast_daemon(struct tp_pipe_set *s, const struct tp_message *m, struct bcast *b,
+			struct bcast_one *ones, uint64_t *ops)
+{
+	_cleanup_free_ struct tp_pipe **pipes = calloc(s->n, sizeof(*pipes));
+	_cleanup_free_ void **args = calloc(s->n, sizeof(*args));
+	_cleanup_free_ int *st = calloc(s->n, sizeof(*st));
+	int r;
+
+	if (!pipes || !args || !st)
+		return tpc_error(-ENOMEM, "out of memory for a broadcast");
+	for (unsigned i = 0; i < s->n; i++) {
+		pipes[i] = s->slots[i]->pipe;
+		args[i] = &ones[i];
+	}
+	r = tpc_pipes_broadcast(pipes, s->n, m, bcast_on_done, args, ops, st);
+	for (unsigned i = 0; r == 0 && i < s->n; i++)
+		if (st[i] < 0)
+			bcast_refused(b, i, st[i], ops);
+	return r;
+}
+
+/* Starts every delivery as a write of its own (unless @filed: the daemon's fan-out filed them),
+ * then waits for all of them; a delivery late past @timeout_ms is cancelled and still waited for
+ * (its callback frees its memory). */
 static void bcast_run(struct tp_pipe_set *s, const struct tp_message *m, int timeout_ms,
-		      struct bcast *b, struct bcast_one *ones, uint64_t *ops)
+		      struct bcast *b, struct bcast_one *ones, uint64_t *ops, bool filed)
 {
 	struct timespec start;
 	bool cancelled = false;
 
 	clock_gettime(CLOCK_MONOTONIC, &start);
-	for (unsigned i = 0; i < s->n; i++) {
-		int r;
+	for (unsigned i = 0; !filed && i < s->n; i++) {
+		int w = tp_pipe_write_ex(s->slots[i]->pipe, m, bcast_on_done, &ones[i], &ops[i]);
 
-		ones[i].b = b;
-		ones[i].i = i;
-		r = tp_pipe_write_ex(s->slots[i]->pipe, m, bcast_on_done, &ones[i], &ops[i]);
-		if (r < 0) {
-			pthread_mutex_lock(&b->lock);
-			b->status[i] = r;
-			b->left--;
-			ops[i] = 0;
-			pthread_mutex_unlock(&b->lock);
-		}
+		if (w < 0)
+			bcast_refused(b, i, w, ops);
 	}
 	pthread_mutex_lock(&b->lock);
 	while (b->left > 0) {
@@ -512,6 +562,37 @@ static void bcast_run(struct tp_pipe_set *s, const struct tp_message *m, int tim
 	pthread_mutex_unlock(&b->lock);
 }
 
+/* Files the deliveries of @msg: the daemon's fan-out where it takes them (*@ret_filed), else
+ * stages private memory into @copy for the set's own. Return: 0 or -errno (nothing filed). */
+static int bcast_start(struct tp_pipe_set *s, const struct tp_message *msg, struct bcast *b,
+		       struct bcast_one *ones, uint64_t *ops, struct tp_payload *pl,
+		       struct tp_tensor *tn, struct tp_message *copy, bool *ret_filed)
+{
+	int r = -EOPNOTSUPP;
+
+	*copy = *msg;
+	for (unsigned i = 0; i < s->n; i++) {
+		ones[i].b = b;
+		ones[i].i = i;
+	}
+	r = bcast_private_check(s->ctx, msg);
+	if (r < 0)
+		return r;
+	r = -EOPNOTSUPP;
+	if (s->fanout != TP_FANOUT_LIBRARY)
+		r = bcast_daemon(s, msg, b, ones, ops);
+	if (r == -EOPNOTSUPP && s->fanout == TP_FANOUT_DAEMON)
+		return tpc_error(-EOPNOTSUPP, "the daemon cannot fan this broadcast out (an older "
+				 "daemon, bcast-pipes-max, CUDA tensors, staging, or writes held)");
+	*ret_filed = r == 0;
+	if (r == 0)
+		s->last_fanout = TP_FANOUT_DAEMON;
+	if (r != -EOPNOTSUPP)
+		return r;
+	s->last_fanout = TP_FANOUT_LIBRARY;
+	return bcast_stage(s, msg, pl, tn, copy);
+}
+
 TP_EXPORT int tp_set_broadcast(struct tp_pipe_set *s, const struct tp_message *msg,
 			       int timeout_ms, int *ret_status, size_t n_status)
 {
@@ -523,6 +604,7 @@ TP_EXPORT int tp_set_broadcast(struct tp_pipe_set *s, const struct tp_message *m
 	struct tp_message copy;
 	pthread_condattr_t ca;
 	struct bcast b = { .left = 0 };
+	bool filed = false;
 	int r, ok = 0;
 
 	if (!s || !msg || (n_status && !ret_status))
@@ -538,9 +620,6 @@ TP_EXPORT int tp_set_broadcast(struct tp_pipe_set *s, const struct tp_message *m
 	status = calloc(s->n, sizeof(*status));
 	if (!pl || !tn || !ones || !ops || !status)
 		return tpc_error(-ENOMEM, "out of memory for a broadcast");
-	r = bcast_stage(s, msg, pl, tn, &copy);
-	if (r < 0)
-		return r;
 	pthread_mutex_init(&b.lock, NULL);
 	pthread_condattr_init(&ca);
 	pthread_condattr_setclock(&ca, CLOCK_MONOTONIC);
@@ -548,9 +627,13 @@ TP_EXPORT int tp_set_broadcast(struct tp_pipe_set *s, const struct tp_message *m
 	pthread_condattr_destroy(&ca);
 	b.left = s->n;
 	b.status = status;
-	bcast_run(s, &copy, timeout_ms, &b, ones, ops);
+	r = bcast_start(s, msg, &b, ones, ops, pl, tn, &copy, &filed);
+	if (r == 0)
+		bcast_run(s, &copy, timeout_ms, &b, ones, ops, filed);
 	pthread_cond_destroy(&b.cond);
 	pthread_mutex_destroy(&b.lock);
+	if (r < 0)
+		return r;
 	for (unsigned i = 0; i < s->n; i++) {
 		if (status[i] == 0)
 			ok++;
@@ -558,4 +641,19 @@ TP_EXPORT int tp_set_broadcast(struct tp_pipe_set *s, const struct tp_message *m
 			ret_status[i] = status[i];
 	}
 	return ok;
+}
+
+TP_EXPORT int tp_set_set_fanout(struct tp_pipe_set *s, enum tp_fanout how)
+{
+	if (!s)
+		return tpc_error(-EINVAL, "missing set");
+	if (how != TP_FANOUT_AUTO && how != TP_FANOUT_LIBRARY && how != TP_FANOUT_DAEMON)
+		return tpc_error(-EINVAL, "unknown fan-out %d", (int)how);
+	s->fanout = how;
+	return 0;
+}
+
+TP_EXPORT enum tp_fanout tp_set_last_fanout(const struct tp_pipe_set *s)
+{
+	return s ? s->last_fanout : TP_FANOUT_AUTO;
 }

@@ -95,6 +95,21 @@ int tpc_pipe_write(struct tp_pipe *p, const struct tp_message *msg, tp_done_fn c
 		   uint64_t *ret_id);
 
 /*
+ * tpc_pipes_broadcast() - writes @msg to the @n pipes @pipes (distinct, of one context) with one
+ * Broadcast frame (daemon fan-out): each pipe gets its own write, completed by its own
+ * WriteDone through @cb with @args[i] (and resent alone if the daemon-wide budget turns it
+ * back). Used only when it can go at once: every pipe open with room in its window and nothing
+ * held, no CUDA tensor, nothing to stage, the daemon taking Broadcasts of @n pipes.
+ * Ownership as tpc_pipe_write() for each pipe.
+ * @ret_ops: the op id of pipe i's write (for tp_cancel()), 0 where it was refused here.
+ * @ret_status: 0 where the write was filed (@cb will run), else its -errno (no callback).
+ * Return: 0 (filed and sent); -EOPNOTSUPP (nothing filed: write each pipe instead); or -errno
+ * as tpc_pipe_write() (nothing filed).
+ */
+int tpc_pipes_broadcast(struct tp_pipe *const *pipes, unsigned n, const struct tp_message *msg,
+			tp_done_fn cb, void *const *args, uint64_t *ret_ops, int *ret_status);
+
+/*
  * tpc_pipe_read() - tp_pipe_read(), and for a blocking read (@ret_inline not NULL, starts false)
  * an eager message with no read before it completes in the call: *@ret_inline is set and @cb
  * is never called. Ownership as tp_pipe_read(): takes @dp (also on failure), copies @alloc and
@@ -238,6 +253,7 @@ struct tpc_limits {
 	uint32_t pipes_max;
 	uint32_t win_msgs;  /* write window per pipe (flow control), messages */
 	uint64_t win_bytes; /* ... and inline bytes */
+	uint32_t bcast_pipes_max; /* targets of one Broadcast; 0: the daemon takes none */
 };
 
 struct tp_context {

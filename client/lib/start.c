@@ -158,6 +158,7 @@ static void context_set_limits(struct tp_context *ctx, const Tpw__V1__Limits *l,
 		 * gets writes refused, as without flow control. */
 		lim->win_msgs = TPU_MIN(l->pipe_queue_max, TPC_WIN_MSGS_MAX);
 		lim->win_bytes = l->pipe_queue_bytes;
+		lim->bcast_pipes_max = TPU_MIN(l->bcast_pipes_max, TPW_BCAST_TARGETS_MAX);
 	}
 	lim->inline_max = TPU_MIN(lim->inline_max, lim->frame_max);
 	ctx->eager_max = TPU_MIN(eager ? eager : TPC_EAGER_DEFAULT, (size_t)lim->inline_max);

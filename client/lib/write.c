@@ -589,6 +589,143 @@ TP_EXPORT int tp_pipe_write_ex(struct tp_pipe *p, const struct tp_message *msg, 
 	return tpc_pipe_write(p, msg, cb, arg, ret_op);
 }
 
+/* ---- daemon fan-out (Broadcast) ------------------------------------------------------------ */
+
+/* Whether every pipe of a broadcast may take its write now, unheld; lock held. A pipe that has
+ * failed or closed does not count: its write is refused with its error (bcast_file_locked()). */
+static bool bcast_all_fit_locked(struct tp_pipe *const *pipes, unsigned n, uint64_t inline_len)
+{
+	for (unsigned i = 0; i < n; i++) {
+		struct tp_pipe *p = pipes[i];
+
+		if (tpc_pipe_check_locked(p) < 0)
+			continue;
+		if (p->state != TPC_PIPE_OPEN || !tpu_list_empty(&p->wheld) ||
+		    (p->ctx->flow && (p->wait_resume || !write_fits_locked(p, inline_len))))
+			return false;
+	}
+	return true;
+}
+
+/* Files one write per pipe (op @ops[i], taken when filed), the Broadcast's targets in @tg;
+ * send_lock and lock held. Return: the number of targets. */
+static size_t bcast_file_locked(struct tp_pipe *const *pipes, unsigned n, struct write_plan *pl,
+				struct tpc_op **ops, Tpw__V1__BroadcastTarget *tg,
+				Tpw__V1__BroadcastTarget **tgp, uint64_t *ret_ops, int *ret_status)
+{
+	size_t k = 0;
+
+	for (unsigned i = 0; i < n; i++) {
+		bool send = true;
+		uint64_t id = 0;
+		int r;
+
+		pl->w.pipe_id = pipes[i]->id;
+		r = write_queue_locked(pipes[i], pl, ops[i], &send, &id);
+		ret_status[i] = r;
+		ret_ops[i] = 0;
+		if (r < 0)
+			continue;
+		ops[i] = NULL; /* filed: completes through its callback */
+		ret_ops[i] = id;
+		tpw__v1__broadcast_target__init(&tg[k]);
+		tg[k].pipe_id = pipes[i]->id;
+		tg[k].write_id = pl->w.write_id;
+		tgp[k] = &tg[k];
+		k++;
+	}
+	return k;
+}
+
+/* Places @msg and files its writes on @pipes, then sends one Broadcast for them. */
+static int bcast_send(struct tp_pipe *const *pipes, unsigned n, struct write_plan *pl,
+		      const struct tp_message *msg, uint64_t total, struct tpc_op **ops,
+		      uint64_t *ret_ops, int *ret_status)
+{
+	struct tp_context *ctx = pipes[0]->ctx;
+	Tpw__V1__BroadcastTarget *tg = calloc(n, sizeof(*tg));
+	Tpw__V1__BroadcastTarget **tgp = calloc(n, sizeof(*tgp));
+	Tpw__V1__ClientMsg m = TPW__V1__CLIENT_MSG__INIT;
+	Tpw__V1__Broadcast b = TPW__V1__BROADCAST__INIT;
+	size_t k = 0;
+	int r = -ENOMEM;
+
+	if (!tg || !tgp)
+		goto out;
+	pthread_mutex_lock(&ctx->send_lock);
+	pthread_mutex_lock(&ctx->lock);
+	r = write_place_locked(ctx, pl, msg, total);
+	/* staging and holding are per pipe: the library's fan-out does them */
+	if (r == 0 && (pl->stage_len || !bcast_all_fit_locked(pipes, n, pl->inline_len)))
+		r = -EOPNOTSUPP;
+	/* every target: at most 2 * 11 bytes of ids + 4 of framing; + 48: the Write's ids and
+	 * its nesting */
+	if (r == 0 && tpw_frame_size(&pl->m.base) + pl->inline_len + 48 + (size_t)n * 26 >
+			      ctx->lim.frame_max)
+		r = -EOPNOTSUPP;
+	if (r == 0)
+		k = bcast_file_locked(pipes, n, pl, ops, tg, tgp, ret_ops, ret_status);
+	pthread_mutex_unlock(&ctx->lock);
+	if (k > 0) {
+		pl->w.pipe_id = 0;
+		pl->w.write_id = 0;
+		b.write = &pl->w;
+		b.n_targets = k;
+		b.targets = tgp;
+		m.body_case = TPW__V1__CLIENT_MSG__BODY_BROADCAST;
+		m.broadcast = &b;
+		/* A failed send surfaces as connection loss, which completes the ops. */
+		tpc_wire_send(ctx, &m, pl->iov, pl->n_iov, -EBADF);
+	}
+	pthread_mutex_unlock(&ctx->send_lock);
+out:
+	free(tg);
+	free(tgp);
+	return r;
+}
+
+int tpc_pipes_broadcast(struct tp_pipe *const *pipes, unsigned n, const struct tp_message *msg,
+			tp_done_fn cb, void *const *args, uint64_t *ret_ops, int *ret_status)
+{
+	struct tp_context *ctx = n ? pipes[0]->ctx : NULL;
+	struct write_plan *pl = NULL;
+	struct tpc_op **ops = NULL;
+	uint64_t total = 0;
+	int r;
+
+	if (!ctx || !msg || !cb)
+		return tpc_error(-EINVAL, "missing pipes, message or callback");
+	if (!ctx->lim.bcast_pipes_max || n > ctx->lim.bcast_pipes_max)
+		return -EOPNOTSUPP;
+	for (size_t i = 0; i < msg->n_tensors && msg->tensors; i++)
+		if (write_on_cuda(&msg->tensors[i]))
+			return -EOPNOTSUPP; /* each delivery exports and reads it */
+	r = write_check(ctx, msg, &total);
+	if (r < 0)
+		return r;
+	pl = write_plan_new(msg);
+	ops = calloc(n, sizeof(*ops));
+	r = pl && ops ? 0 : tpc_error(-ENOMEM, "out of memory");
+	for (unsigned i = 0; r == 0 && i < n; i++) {
+		ops[i] = tpc_op_new(TPC_OP_WRITE, 0);
+		if (!ops[i])
+			r = tpc_error(-ENOMEM, "out of memory");
+		else {
+			ops[i]->cb.done = cb;
+			ops[i]->arg = args[i];
+		}
+	}
+	if (r == 0) {
+		write_build(pl, msg, 0);
+		r = bcast_send(pipes, n, pl, msg, total, ops, ret_ops, ret_status);
+	}
+	for (unsigned i = 0; ops && i < n; i++)
+		tpc_op_free(ops[i]); /* those not filed */
+	free(ops);
+	write_plan_free(pl);
+	return r;
+}
+
 /*
  * The daemon-wide budget turned write @op back (WriteDone{resend}); lock held. Unless it is
  * the refusal of a copy sent before an earlier write was turned back (@op->stale), @op and every

@@ -132,6 +132,11 @@ struct json_object *ctl_json_status(const Tpw__V1__CtlStatus *s)
 	ctl_json_u64(o, "pipe_held_bytes", s->pipe_held_bytes);
 	ctl_json_u64(o, "pipe_held_bytes_peak", s->pipe_held_bytes_peak);
 	ctl_json_u64(o, "budget_waits", s->budget_waits);
+	ctl_json_u64(o, "bcast_requests", s->bcast_requests);
+	ctl_json_u64(o, "bcast_targets", s->bcast_targets);
+	ctl_json_u64(o, "bcast_staged_bytes", s->bcast_staged_bytes);
+	ctl_json_u64(o, "bcast_unstaged", s->bcast_unstaged);
+	ctl_json_u64(o, "bcast_stage_held", s->bcast_stage_held);
 	ctl_json_u64(o, "sessions_max", s->sessions_max);
 	ctl_json_u64(o, "sessions_per_uid", s->sessions_per_uid);
 	ctl_json_u64(o, "sessions_reserved", s->sessions_reserved);
@@ -210,6 +215,11 @@ static int status_text(const Tpw__V1__CtlStatus *s, FILE *out)
 			" remote messages refused", s->pipe_queued_messages,
 			ctl_fmt_bytes(s->pipe_queued_bytes, b1, sizeof(b1)),
 			ctl_fmt_bytes(s->pipe_held_bytes, b2, sizeof(b2)), s->remote_refused);
+	ctl_table_cellf(&t, "broadcasts:");
+	ctl_table_cellf(&t, "%" PRIu64 " to %" PRIu64 " pipes, %s read once (%s held now), %" PRIu64
+			" over the staging limit", s->bcast_requests, s->bcast_targets,
+			ctl_fmt_bytes(s->bcast_staged_bytes, b1, sizeof(b1)),
+			ctl_fmt_bytes(s->bcast_stage_held, b2, sizeof(b2)), s->bcast_unstaged);
 	t.no_header = true; /* key: value lines */
 	r = ctl_table_print(&t, out);
 	ctl_table_done(&t);

@@ -22,6 +22,7 @@ static const struct tpd_local_pipe_ops local_pipe_ops = {
 	.end_close = tpd_pipe_end_close,
 	.end_detach = tpd_pipe_end_detach,
 	.listener_added = tpd_xpipe_listener_added,
+	.broadcast = tpd_bcast_handle,
 };
 
 void tpd_broker_serve_local(struct tpd_local *l)
@@ -40,6 +41,7 @@ int tpd_broker_new(struct tpd_broker **ret)
 	tpu_list_init(&b->xwaits);
 	tpu_list_init(&b->flow_dirty);
 	tpu_list_init(&b->budget_wait);
+	tpu_list_init(&b->bcast_uids);
 	*ret = b;
 	return 0;
 }

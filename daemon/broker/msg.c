@@ -31,6 +31,7 @@ void tpd_msg_release_src(struct tpd_msg *m)
 
 void tpd_msg_free(struct tpd_msg *m)
 {
+	tpd_bcast_detach(m);
 	tpd_xh_free(m->xh);
 	tpd_msg_release_src(m);
 	tpb_copier_job_free(m->job);
@@ -194,6 +195,36 @@ out:
 	free(tdp);
 	free(iov);
 	return r_;
+}
+
+int tpd_msg_send_peer_bcast(struct tpd_peer *link, struct tpd_msg *const *ms, size_t n,
+			    const Tpw__V1__Write *w)
+{
+	Tpw__V1__Descriptor dd = TPW__V1__DESCRIPTOR__INIT;
+	Tpw__V1__PeerBcast pb = TPW__V1__PEER_BCAST__INIT;
+	Tpw__V1__PeerMsg pm = TPW__V1__PEER_MSG__INIT;
+	_cleanup_free_ Tpw__V1__PayloadDesc *pd = calloc(w->n_payloads + 1, sizeof(*pd));
+	_cleanup_free_ Tpw__V1__PayloadDesc **pdp = calloc(w->n_payloads + 1, sizeof(*pdp));
+	_cleanup_free_ Tpw__V1__TensorDesc *td = calloc(w->n_tensors + 1, sizeof(*td));
+	_cleanup_free_ Tpw__V1__TensorDesc **tdp = calloc(w->n_tensors + 1, sizeof(*tdp));
+	_cleanup_free_ Tpw__V1__PeerBcastTarget *t = calloc(n, sizeof(*t));
+	_cleanup_free_ Tpw__V1__PeerBcastTarget **tp = calloc(n, sizeof(*tp));
+
+	if (!pd || !pdp || !td || !tdp || !t || !tp)
+		return -ENOMEM;
+	fill_desc(&dd, w, pd, pdp, td, tdp);
+	for (size_t i = 0; i < n; i++) {
+		tpw__v1__peer_bcast_target__init(&t[i]);
+		t[i].pipe_id = ms[i]->from->pipe->remote_id;
+		t[i].msg_id = ms[i]->msg_id;
+		tp[i] = &t[i];
+	}
+	pb.descriptor = &dd;
+	pb.n_targets = n;
+	pb.targets = tp;
+	pm.body_case = TPW__V1__PEER_MSG__BODY_BCAST;
+	pm.bcast = &pb;
+	return tpd_peer_send(link, &pm, NULL, 0);
 }
 
 const Tpw__V1__Segment *tpd_msg_read_segment(const Tpw__V1__Read *rd, size_t i)

@@ -414,7 +414,17 @@ static int queue_check(struct tpd_pipe_end *e, uint32_t tail_len, size_t n_seg, 
 void tpd_pipe_write(struct tpd_pipe_end *e, Tpw__V1__ClientMsg *cm, const uint8_t *tail,
 		    uint32_t tail_len)
 {
-	const Tpw__V1__Write *w = cm->write;
+	if (e->pipe->connecting && !tpd_pipe_end_dying(tpd_pipe_end_peer(e))) {
+		tpd_xconnect_hold(e, cm, tail, tail_len);
+		return;
+	}
+	tpd_pipe_write_one(e, cm->write, cm->write->write_id, tail, tail_len, NULL);
+	tpw_client_msg_free(cm);
+}
+
+void tpd_pipe_write_one(struct tpd_pipe_end *e, const Tpw__V1__Write *w, uint64_t write_id,
+			const uint8_t *tail, uint32_t tail_len, struct tpd_bcast *bc)
+{
 	struct tpd_pipe_end *r = tpd_pipe_end_peer(e);
 	struct tpd_msg *m = NULL;
 	char why[192] = "";
@@ -422,19 +432,21 @@ void tpd_pipe_write(struct tpd_pipe_end *e, Tpw__V1__ClientMsg *cm, const uint8_
 
 	if (tpd_pipe_end_dying(r)) {
 		Tpw__V1__Status g = tpd_pipe_end_gone_status(r);
-		tpd_pipe_write_reject(e, w->write_id, tpw_status_to_errno(g),
+		tpd_pipe_write_reject(e, write_id, tpw_status_to_errno(g),
 				      tpd_pipe_why(e->pipe, g));
 		tpd_pipe_credit(e, tail_len);
-		goto out;
+		return;
 	}
 	if (e->pipe->connecting) {
-		tpd_xconnect_hold(e, cm, tail, tail_len);
-		return;
+		/* not reached with a Write; a Broadcast names pipes that are open */
+		snprintf(why, sizeof(why), "broadcast to a pipe still connecting");
+		err = -ENOTCONN;
+		goto reject;
 	}
 	err = queue_check(e, tail_len, w->n_payloads + w->n_tensors, why, sizeof(why));
 	if (err == -EAGAIN) {
-		tpd_budget_refuse(e, w->write_id, tail_len);
-		goto out;
+		tpd_budget_refuse(e, write_id, tail_len);
+		return;
 	}
 	if (err < 0)
 		goto reject;
@@ -445,13 +457,14 @@ void tpd_pipe_write(struct tpd_pipe_end *e, Tpw__V1__ClientMsg *cm, const uint8_
 	tpu_list_init(&m->wnode);
 	tpu_list_init(&m->rnode);
 	m->from = e;
-	m->write_id = w->write_id;
+	m->write_id = write_id;
 	err = tpd_msg_resolve(m, e->session, w, tail, why, sizeof(why));
 	if (err < 0)
 		goto reject;
+	tpd_bcast_attach(bc, m, r);
 	m->msg_id = ++e->next_msg_id;
 	m->tail_len = tail_len;
-	err = tpd_msg_send_descriptor(r, m, w);
+	err = tpd_bcast_defer(bc, m, r) ? 0 : tpd_msg_send_descriptor(r, m, w);
 	if (err < 0)
 		goto reject;
 	tpu_list_insert_tail(&e->wq, &m->wnode);
@@ -475,7 +488,7 @@ void tpd_pipe_write(struct tpd_pipe_end *e, Tpw__V1__ClientMsg *cm, const uint8_
 		m->tail = malloc(tail_len);
 		if (!m->tail) {
 			tpd_pipe_msg_consumed(m, TPW__V1__STATUS__STATUS_IO, "out of memory");
-			goto out;
+			return;
 		}
 		memcpy(m->tail, tail, tail_len);
 		for (size_t i = 0; i < m->n_src; i++) {
@@ -485,16 +498,14 @@ void tpd_pipe_write(struct tpd_pipe_end *e, Tpw__V1__ClientMsg *cm, const uint8_
 				m->src[i].mem.addr = (uint64_t)(uintptr_t)m->tail + (a - t);
 		}
 	}
-	goto out;
+	return;
 reject:
 	tpd_pipe_log(e->pipe, e->session, TPU_LOG_INFO, "write rejected: %s",
 		     why[0] ? why : strerror(-err));
 	if (m)
 		tpd_msg_free(m);
-	tpd_pipe_write_reject(e, w->write_id, err, why[0] ? why : strerror(-err));
+	tpd_pipe_write_reject(e, write_id, err, why[0] ? why : strerror(-err));
 	tpd_pipe_credit(e, tail_len);
-out:
-	tpw_client_msg_free(cm);
 }
 
 /* ---- reads --------------------------------------------------------------------------------- */
@@ -577,6 +588,22 @@ static void copy_on_done(struct tpb_copy_job *job)
  */
 #define XH_INFLIGHT 8
 
+/* The staging read of broadcast message @m failed: its copy (built, never submitted) fails the
+ * same way, in its place in the pipe's order. May free @m. */
+static void bcast_copy_fail(struct tpd_pipe_end *w, struct tpd_msg *m)
+{
+	struct tpb_copy_job *job = TAKE_PTR(m->job);
+	const char *why = "";
+	int err = tpd_bcast_error(m, &why);
+	Tpw__V1__Status st = tpw_status_from_errno(err);
+
+	tpd_pipe_log(w->pipe, NULL, TPU_LOG_INFO, "message %llu: %s",
+		     (unsigned long long)m->msg_id, why);
+	tpd_pipe_send_read_done(tpd_pipe_end_peer(w), m->msg_id, st, why);
+	tpd_pipe_msg_consumed(m, st, why);
+	tpb_copier_job_free(job);
+}
+
 void tpd_pipe_start_next_copy(struct tpd_pipe_end *w)
 {
 	struct tpd_msg *m, *tmp;
@@ -593,12 +620,16 @@ void tpd_pipe_start_next_copy(struct tpd_pipe_end *w)
 			continue;
 		}
 		if (m->job) {
-			if (!w->copying) {
-				m->copying = true;
-				w->copying++;
-				w->pipe->jobs++;
-				tpb_copier_submit(tpd_daemon_copier(w->pipe->d), m->job);
+			if (w->copying || tpd_bcast_waiting(m))
+				return;
+			if (tpd_bcast_error(m, NULL) < 0) {
+				bcast_copy_fail(w, m);
+				continue;
 			}
+			m->copying = true;
+			w->copying++;
+			w->pipe->jobs++;
+			tpb_copier_submit(tpd_daemon_copier(w->pipe->d), m->job);
 			return;
 		}
 	}
@@ -653,7 +684,7 @@ void tpd_pipe_read(struct tpd_pipe_end *r, const Tpw__V1__Read *rd)
 		tpd_pipe_msg_consumed(m, w->gone, tpd_pipe_why(r->pipe, w->gone));
 		return;
 	}
-	if (w->remote)
+	if (w->remote && !m->bcast)
 		err = tpd_xh_build_recv(m, r->session, rd, why, sizeof(why));
 	else
 		err = tpd_msg_build_job(m, r->session, rd, copy_on_done, &m->job, why, sizeof(why));

@@ -134,6 +134,18 @@ struct tpd_pipe *tpd_broker_pipe_next(const struct tpd_broker *b, const struct t
 uint64_t tpd_broker_messages_moved(const struct tpd_broker *b);
 /* Payload and tensor bytes of the messages delivered since the daemon started. Borrows @b. */
 uint64_t tpd_broker_bytes_moved(const struct tpd_broker *b);
+/* The daemon's fan-out (Broadcast, bcast.c) since start, for tpipctl status. */
+struct tpd_bcast_stats {
+	uint64_t requests;	/* Broadcast frames */
+	uint64_t targets;	/* pipes they named */
+	uint64_t staged_bytes;	/* private bytes read once into staging */
+	uint64_t unstaged;	/* broadcasts over the staging limit (readers read the writer) */
+	uint64_t stage_held;	/* staging bytes held now */
+};
+
+/* The fan-out counters of @b (borrowed). Return: borrowed, valid while @b lives. */
+const struct tpd_bcast_stats *tpd_bcast_stats(const struct tpd_broker *b);
+
 /* True while cross-host transfers run on the stripe threads. Borrows @b. */
 bool tpd_broker_busy(const struct tpd_broker *b);
 

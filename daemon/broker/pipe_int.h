@@ -20,6 +20,7 @@
 
 struct tpb_buffer;
 struct tpb_copy_job;
+struct tpd_bcast;
 struct tpd_listener;
 struct tpd_peer;
 struct tpd_xh;
@@ -145,6 +146,14 @@ struct tpd_msg {
 	Tpw__V1__Status write_status;
 	char write_why[160];
 	uint64_t cost; /* charged to the daemon-wide pipe budget while on rq (tpd_msg_cost()) */
+	/* A broadcast's delivery that reads the daemon's staging copy (bcast.c): its copy waits
+	 * until the staging read is done, and fails with it. Referenced; NULL otherwise. */
+	struct tpd_bcast *bcast;
+	size_t bcast_slot;
+	/* Announced to the reader's daemon in a PeerBcast (bcast.c): it may ask for the bytes of
+	 * this message out of the pipe's order (PeerReadReq.bcast). */
+	bool xbcast;
+	bool xcarrier; /* ... and the one that daemon asked the bytes of (PeerReadReq.bcast) */
 };
 
 /* What a queued message of @n_src segments and @tail_len inline bytes costs the daemon-wide
@@ -165,6 +174,8 @@ struct tpd_broker {
 	unsigned xh_running;	     /* cross-host transfers on the stripe threads */
 	uint64_t bytes_moved;
 	uint64_t messages_moved;
+	struct tpd_bcast_stats bcast; /* daemon fan-out (bcast.c) */
+	struct tpu_list bcast_uids;   /* staging bytes held per uid (bcast.c) */
 };
 
 /* ---- broker.c ---- */
@@ -205,6 +216,14 @@ void tpd_pipe_pair_record(struct tpd_pipe *p, enum tpb_loc src, enum tpb_loc dst
  * logged.
  */
 void tpd_pipe_channel_note(struct tpd_pipe *p, const char *what, int channel, const char *why);
+/*
+ * tpd_pipe_write_one() - write @w on end @e as write @write_id (Write, or one target of a
+ * Broadcast @bc, NULL for a Write): queue limits, message, descriptor, eager completion; a
+ * refusal is answered with WriteDone. The pipe must not be connecting. Borrows @e, @w, @tail
+ * (copied where kept) and @bc.
+ */
+void tpd_pipe_write_one(struct tpd_pipe_end *e, const Tpw__V1__Write *w, uint64_t write_id,
+			const uint8_t *tail, uint32_t tail_len, struct tpd_bcast *bc);
 /* Completes write @write_id of @e with @err, behind the writes of @e still pending. Borrows @e
  * and @why (copied when the WriteDone must wait). */
 void tpd_pipe_write_reject(struct tpd_pipe_end *e, uint64_t write_id, int err, const char *why);
@@ -294,6 +313,11 @@ int tpd_msg_resolve(struct tpd_msg *m, struct tpd_session *s, const Tpw__V1__Wri
  * session, or through the peer link. Borrows @r, @m and @w (sent or copied within the call).
  * Return: 0 or -errno. */
 int tpd_msg_send_descriptor(struct tpd_pipe_end *r, struct tpd_msg *m, const Tpw__V1__Write *w);
+/* Announces the rendezvous messages @ms (@n, written as @w, each on a pipe of @link whose
+ * reader is on the far host) with one PeerBcast instead of a PeerDescriptor each. Borrows all.
+ * Return: 0 or -errno. */
+int tpd_msg_send_peer_bcast(struct tpd_peer *link, struct tpd_msg *const *ms, size_t n,
+			    const Tpw__V1__Write *w);
 /* Segment @i of allocation @rd (payloads then tensors). Return: borrowed from @rd. */
 const Tpw__V1__Segment *tpd_msg_read_segment(const Tpw__V1__Read *rd, size_t i);
 /* Where one segment of a reader's allocation lands. */
@@ -330,6 +354,11 @@ int tpd_xh_start(struct tpd_msg *m);
  * Return: 0, or -errno with the reason in @why. */
 int tpd_xh_build_recv(struct tpd_msg *m, struct tpd_session *s, const Tpw__V1__Read *rd, char *why,
 		      size_t wl);
+/* The receive of remote message @m into daemon memory (@base + @off[i] for segment i, NULL
+ * offsets: none) for the fan-out of a far daemon's broadcast: kept in m->xh; it asks with
+ * PeerReadReq.bcast and without an RDMA offer, and ends in tpd_bcast_staged(). Borrows @m.
+ * Return: 0 or -ENOMEM. */
+int tpd_xh_build_recv_stage(struct tpd_msg *m, uint8_t *base, const uint64_t *off);
 /* The remote reader asked for message @m (@rr): a send, kept in m->xh and started in turn (@m
  * owns it). Borrows @rr (its RDMA offer is copied). Return: 0 or -ENOMEM. */
 int tpd_xh_build_send(struct tpd_msg *m, const Tpw__V1__PeerReadReq *rr);
@@ -454,6 +483,40 @@ void tpd_xh_peer_xfer_end(struct tpd_peer *pr, void *arg, const Tpw__V1__PeerXfe
 void tpd_xpipe_peer_consumed(struct tpd_pipe *p, const Tpw__V1__PeerConsumed *c);
 /* The remote end went away. Borrows @p and @why (copied into p->why). */
 void tpd_xpipe_peer_close(struct tpd_pipe *p, Tpw__V1__Status st, const char *why);
+
+/* ---- bcast.c: the daemon's fan-out ---- */
+
+/*
+ * tpd_bcast_handle() - Broadcast @b from @s: write @b->write to each target pipe of @s as its
+ * own message (tpd_pipe_write_one()), reading private memory once into daemon staging for the
+ * targets whose reader is on this host. Borrows @s, @b and @tail (copied where kept).
+ */
+void tpd_bcast_handle(struct tpd_session *s, const Tpw__V1__Broadcast *b, const uint8_t *tail,
+		      uint32_t tail_len);
+/* Re-points @m's private-memory sources at @bc's staging copy and makes @m wait for it, when
+ * @bc staged and reader end @r is on this host; else nothing. Borrows @bc (@m takes a reference),
+ * @m and @r. */
+void tpd_bcast_attach(struct tpd_bcast *bc, struct tpd_msg *m, const struct tpd_pipe_end *r);
+/* @m, being freed, drops its staging reference (NULL: nothing). Borrows @m. */
+void tpd_bcast_detach(struct tpd_msg *m);
+/* Write @m of a Broadcast to remote reader end @r: instead of its PeerDescriptor now, announce it
+ * with the other targets on the same link in one PeerBcast (tpd_bcast_handle() sends it).
+ * Return: true if deferred so; false: send its descriptor as usual. Borrows all. */
+bool tpd_bcast_defer(struct tpd_bcast *bc, struct tpd_msg *m, const struct tpd_pipe_end *r);
+/* PeerBcast from @pr (the link's pipes each target names in @pipes, NULL: not of this link):
+ * each target becomes a message of its pipe as a PeerDescriptor would make it, read once from
+ * the writer's daemon into staging where it can be. Borrows all. */
+void tpd_bcast_peer(struct tpd_peer *pr, const Tpw__V1__PeerBcast *b, struct tpd_pipe **pipes);
+/* PeerReadReq.bcast for @p: send message @rr->msg_id (announced in a PeerBcast) at once, out of
+ * the pipe's order. Borrows @p and @rr. */
+void tpd_bcast_peer_read(struct tpd_pipe *p, const Tpw__V1__PeerReadReq *rr);
+/* The receive into the staging of a far daemon's broadcast (carried by @m) ended with @status
+ * (@why when < 0): its deliveries go on (or fail). Borrows @m and @why. */
+void tpd_bcast_staged(struct tpd_msg *m, int status, const char *why);
+/* Whether @m's copy must still wait for its staging read. Borrows @m. */
+bool tpd_bcast_waiting(const struct tpd_msg *m);
+/* The error of @m's staging read (0: none, or no staging), with its reason in @why. Borrows @m. */
+int tpd_bcast_error(const struct tpd_msg *m, const char **why);
 
 /* ---- cancel.c ---- */
 

@@ -58,6 +58,7 @@ struct tpd_xh {
 	bool expected;
 	bool mpt_running;
 	bool rop_running;
+	bool to_stage; /* receive into the staging of a far daemon's broadcast (bcast.c) */
 	int gdr_status;
 	uint64_t gdr_bytes;
 	char gdr_why[160];
@@ -89,6 +90,11 @@ void tpd_xh_cancel(struct tpd_xh *xh)
 	struct tpb_ep *ep;
 
 	if (!xh->started || !xh->link)
+		return;
+	/* A broadcast's one transfer over the link (PeerBcast) serves the other pipes' readers
+	 * too: an end of its own pipe leaving does not stop it; it ends on its own, or with the
+	 * link (the writer's close is acknowledged only once it no longer reads its memory). */
+	if (xh->to_stage || (xh->send && xh->m->xcarrier))
 		return;
 	if (xh->send && xh->gdr) {
 		ep = tpd_peer_ep(xh->link, xh->ch);
@@ -257,6 +263,13 @@ static void xh_recv_done(struct tpb_stripe_xfer *x)
 	if (status < 0)
 		tpd_pipe_log(w->pipe, NULL, TPU_LOG_INFO, "message %llu: receive failed: %s",
 			     (unsigned long long)m->msg_id, why);
+	if (xh->to_stage) {
+		/* the broadcast's one receive: its deliveries (this message's too) go on */
+		xh_finish(m, xh);
+		tpd_bcast_staged(m, status, why);
+		xh_after(w);
+		return;
+	}
 	xh_finish(m, xh);
 	tpd_pipe_send_read_done(r, m->msg_id, tpw_status_from_errno(status),
 				status < 0 ? why : NULL);
@@ -355,6 +368,7 @@ static void xh_ask(struct tpd_xh *xh, const void *offer, size_t len)
 	rr.pipe_id = p->remote_id;
 	rr.msg_id = xh->m->msg_id;
 	rr.xfer_id = xh->x.xfer_id;
+	rr.bcast = xh->to_stage;
 	/* the offer, as the wire carries it */
 	if (offer && tpd_peer_rdma_offer_out(offer, len, &rr, &store, why, sizeof(why)) < 0) {
 		tpd_pipe_log(p, NULL, TPU_LOG_INFO, "message %llu: not over RDMA: %s",
@@ -606,7 +620,7 @@ int tpd_xh_start(struct tpd_msg *m)
 		/* An offer only where the selection picks a channel that takes one for every
 		 * segment and the link can carry it; else the bytes come over the data
 		 * connections. */
-		if (r == 0 && !xh_offer_recv(xh)) {
+		if (r == 0 && (xh->to_stage || !xh_offer_recv(xh))) {
 			xh_ask(xh, NULL, 0); /* no offer: ask for the bytes at once */
 		} else if (r < 0 && xh->x.xfer_id) {
 			tpd_peer_xfer_drop(xh->link, xh->x.xfer_id);
@@ -680,6 +694,22 @@ int tpd_xh_build_recv(struct tpd_msg *m, struct tpd_session *s, const Tpw__V1__R
 		xh->segs[i].len = d.x.len;
 		xh->segs[i].buf = d.buf; /* the holder keeps it */
 	}
+	m->xh = xh;
+	return 0;
+}
+
+int tpd_xh_build_recv_stage(struct tpd_msg *m, uint8_t *base, const uint64_t *off)
+{
+	struct tpd_xh *xh = xh_new(m, false);
+
+	if (!xh)
+		return -ENOMEM;
+	for (size_t i = 0; i < m->n_src; i++) {
+		xh->segs[i].mem = (struct tpb_mem){ .loc = TPB_LOC_LOCAL,
+						    .addr = (uint64_t)(uintptr_t)(base + off[i]) };
+		xh->segs[i].len = m->src[i].len;
+	}
+	xh->to_stage = true;
 	m->xh = xh;
 	return 0;
 }

@@ -186,6 +186,10 @@ void tpd_xpipe_peer_read_req(struct tpd_pipe *p, const Tpw__V1__PeerReadReq *rr)
 				"writer closed the pipe", 0, false);
 		return;
 	}
+	if (rr->bcast) {
+		tpd_bcast_peer_read(p, rr); /* a broadcast's one read, out of the pipe's order */
+		return;
+	}
 	m = tpd_pipe_next_unread(w);
 	if (!m || m->msg_id != rr->msg_id || m->eager) {
 		tpd_pipe_log(p, NULL, TPU_LOG_WARNING, "peer asked for message %llu, next is %llu",
@@ -294,6 +298,7 @@ static const struct tpd_peer_pipe_ops xpipe_peer_ops = {
 	.consumed = tpd_xpipe_peer_consumed,
 	.close = tpd_xpipe_peer_close,
 	.xfer_end = tpd_xh_peer_xfer_end,
+	.bcast = tpd_bcast_peer,
 };
 
 void tpd_xpipe_start(void)

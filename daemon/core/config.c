@@ -128,6 +128,12 @@ static const struct opt opts[] = {
 	{ "buffer-bytes-per-uid", "limits", K_SIZE64, OFF(buffer_bytes_per_uid), 0, UINT64_MAX,
 	  true, "BYTES", "shared buffer bytes of all clients of one uid; root is exempt (default "
 	  "256G)" },
+	{ "bcast-pipes-max", "limits", K_U32, OFF(bcast_pipes_max), 0, TPW_BCAST_TARGETS_MAX, false,
+	  "N", "pipes one daemon broadcast may name; 0: no daemon fan-out, clients\n"
+	  "                            write to each pipe (default 1024)" },
+	{ "bcast-stage-bytes-per-uid", "limits", K_SIZE64, OFF(bcast_stage_bytes_per_uid), 0,
+	  UINT64_MAX, true, "BYTES", "private memory of one uid's broadcasts held in daemon\n"
+	  "                            staging; above it readers read the writer (default 1G)" },
 	{ "listeners-max", "limits", K_U32, OFF(listeners_max), 1, 1u << 20, true, "N",
 	  "listeners per client (default 256)" },
 	{ "cuda-mappings-max", "limits", K_U32, OFF(cuda_holds_max), 1, 1u << 20, true, "N",
@@ -248,6 +254,8 @@ void tpd_config_defaults(struct tpd_config *c)
 	c->buffers_max = 1024;
 	c->buffer_bytes_max = 64ull << 30;
 	c->buffer_bytes_per_uid = 256ull << 30;
+	c->bcast_pipes_max = 1024;
+	c->bcast_stage_bytes_per_uid = 1ull << 30;
 	c->outq_max = 256ull << 20;
 	c->listeners_max = 256;
 	c->cuda_holds_max = TPD_DEVMEM_HOLDS;

@@ -57,6 +57,8 @@ struct tpd_config {
 	uint32_t buffers_max;	    /* shared buffers per session */
 	uint64_t buffer_bytes_max;  /* shared buffer bytes per session */
 	uint64_t buffer_bytes_per_uid; /* shared buffer bytes of all sessions of one uid */
+	uint32_t bcast_pipes_max;   /* targets of one Broadcast (0: none taken) */
+	uint64_t bcast_stage_bytes_per_uid; /* daemon staging of one uid's broadcasts */
 	uint64_t outq_max;	    /* bytes queued towards one session before it is dropped */
 	uint32_t listeners_max;	    /* per session */
 	uint32_t cuda_holds_max;    /* CUDA allocations and events a session keeps mapped */

@@ -107,6 +107,11 @@ static void fill_status_limits(struct tpd_daemon *d, const struct ctl_bufs *b,
 		st->pipe_held_bytes = q->pipe_bytes;
 		st->pipe_held_bytes_peak = q->pipe_bytes_peak;
 		st->budget_waits = q->budget_waits;
+		st->bcast_requests = tpd_bcast_stats(br)->requests;
+		st->bcast_targets = tpd_bcast_stats(br)->targets;
+		st->bcast_staged_bytes = tpd_bcast_stats(br)->staged_bytes;
+		st->bcast_unstaged = tpd_bcast_stats(br)->unstaged;
+		st->bcast_stage_held = tpd_bcast_stats(br)->stage_held;
 	}
 	for (p = tpd_broker_pipe_next(br, NULL); p; p = tpd_broker_pipe_next(br, p)) {
 		tpd_pipe_info(p, &pi);

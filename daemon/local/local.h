@@ -45,6 +45,9 @@ struct tpd_local_pipe_ops {
 	void (*end_detach)(struct tpd_pipe_end *e, Tpw__V1__Status why);
 	/* Listener @name was registered (tpd_xpipe_listener_added()). */
 	void (*listener_added)(struct tpd_daemon *d, const char *name);
+	/* Broadcast from @s (tpd_bcast_handle()); borrows @m and @tail. */
+	void (*broadcast)(struct tpd_session *s, const Tpw__V1__Broadcast *m, const uint8_t *tail,
+			  uint32_t tail_len);
 };
 
 /*

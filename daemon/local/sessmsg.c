@@ -168,6 +168,7 @@ static void handle_hello(struct tpd_session *s, const Tpw__V1__Hello *h)
 	lim.pipes_max = cfg->pipes_max;
 	lim.pipe_queue_max = cfg->pipe_queue_max;
 	lim.pipe_queue_bytes = cfg->pipe_queue_bytes;
+	lim.bcast_pipes_max = cfg->bcast_pipes_max;
 	hr.limits = &lim;
 	tpd_session_send(s, &dm, NULL, 0);
 	tpd_session_log(s, TPU_LOG_DEBUG, "hello from '%s', cma %s", s->name,
@@ -445,6 +446,12 @@ static bool on_write(struct tpd_session *s, Tpw__V1__ClientMsg *m, struct sessms
 	return true;
 }
 
+static bool on_broadcast(struct tpd_session *s, Tpw__V1__ClientMsg *m, struct sessmsg_in *in)
+{
+	pipe_ops(s)->broadcast(s, m->broadcast, in->tail, in->h->data_len);
+	return false;
+}
+
 static bool on_read(struct tpd_session *s, Tpw__V1__ClientMsg *m, struct sessmsg_in *in)
 {
 	struct tpd_pipe_end *e = find_end(s, m->read->pipe_id);
@@ -594,6 +601,7 @@ static const struct sessmsg_cmd sessmsg_cmds[] = {
 	[TPW__V1__CLIENT_MSG__BODY_CHAN_OP] = { on_chan_op, 0 },
 	[TPW__V1__CLIENT_MSG__BODY_WQ_OP] = { on_wq_op, 0 },
 	[TPW__V1__CLIENT_MSG__BODY_CUDA_DMABUF] = { on_cuda_dmabuf, 0 },
+	[TPW__V1__CLIENT_MSG__BODY_BROADCAST] = { on_broadcast, 0 },
 };
 
 /* The table entry of @m's body case, or NULL for a case it does not know. */

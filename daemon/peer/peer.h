@@ -177,6 +177,9 @@ struct tpd_peer_pipe_ops {
 	void (*close)(struct tpd_pipe *p, Tpw__V1__Status st, const char *why);
 	/* The sender of receive @arg (from tpd_peer_xfer_add()) stopped sending. */
 	void (*xfer_end)(struct tpd_peer *pr, void *arg, const Tpw__V1__PeerXferEnd *xe);
+	/* PeerBcast: @pipes[i] is the pipe of this link that target i names, NULL if none (the
+	 * broker refuses the request then). */
+	void (*bcast)(struct tpd_peer *pr, const Tpw__V1__PeerBcast *b, struct tpd_pipe **pipes);
 };
 
 /*

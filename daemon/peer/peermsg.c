@@ -9,6 +9,7 @@
  * It neither reads nor writes the connection; everything here runs on the loop thread.
  */
 #include <errno.h>
+#include <stdlib.h>
 #include "rdma/rdma.h"
 #include "hmap.h"
 #include "peer.h"
@@ -141,6 +142,23 @@ static int on_msg_consumed(struct tpd_peer *pr, const Tpw__V1__PeerMsg *m, const
 	return 0;
 }
 
+/* The pipes a PeerBcast names, looked up in this link's table only (validation bounded the
+ * count); the broker refuses the request if one is not there. */
+static int on_msg_bcast(struct tpd_peer *pr, const Tpw__V1__PeerMsg *m, const uint8_t *tail,
+			uint32_t tail_len)
+{
+	_cleanup_free_ struct tpd_pipe **pipes = calloc(m->bcast->n_targets, sizeof(*pipes));
+
+	(void)tail;
+	(void)tail_len;
+	if (!pipes)
+		return -ENOMEM;
+	for (size_t i = 0; i < m->bcast->n_targets; i++)
+		pipes[i] = find_pipe(pr, m->bcast->targets[i]->pipe_id);
+	tpd_peer_pipe_ops()->bcast(pr, m->bcast, pipes);
+	return 0;
+}
+
 static int on_msg_pipe_close(struct tpd_peer *pr, const Tpw__V1__PeerMsg *m, const uint8_t *tail,
 			     uint32_t tail_len)
 {
@@ -210,6 +228,7 @@ static const struct peer_msg_cmd peer_msg_cmds[] = {
 	[TPW__V1__PEER_MSG__BODY_READ_REQ] = { on_msg_read_req, PEER_MSG_UP },
 	[TPW__V1__PEER_MSG__BODY_XFER_END] = { on_msg_xfer_end, PEER_MSG_UP },
 	[TPW__V1__PEER_MSG__BODY_CONSUMED] = { on_msg_consumed, PEER_MSG_UP },
+	[TPW__V1__PEER_MSG__BODY_BCAST] = { on_msg_bcast, PEER_MSG_UP },
 	[TPW__V1__PEER_MSG__BODY_PIPE_CLOSE] = { on_msg_pipe_close, PEER_MSG_UP },
 	[TPW__V1__PEER_MSG__BODY_PING] = { on_msg_ping, PEER_MSG_ANY },
 	[TPW__V1__PEER_MSG__BODY_RDMA] = { on_msg_rdma, PEER_MSG_UP },

@@ -179,6 +179,42 @@ static void gen_write(void)
 	client("client-bad-write-cma-wraps", &m, 16, 0);
 }
 
+/* Broadcast (issue 25): a valid one, one without targets, one without a message. */
+static void gen_broadcast(void)
+{
+	Tpw__V1__ClientMsg m = TPW__V1__CLIENT_MSG__INIT;
+	Tpw__V1__Broadcast b = TPW__V1__BROADCAST__INIT;
+	Tpw__V1__Write w = TPW__V1__WRITE__INIT;
+	Tpw__V1__Segment s = TPW__V1__SEGMENT__INIT;
+	Tpw__V1__Payload p = TPW__V1__PAYLOAD__INIT;
+	Tpw__V1__Payload *ps[] = { &p };
+	Tpw__V1__BroadcastTarget t[2] = { TPW__V1__BROADCAST_TARGET__INIT,
+					  TPW__V1__BROADCAST_TARGET__INIT };
+	Tpw__V1__BroadcastTarget *tp[] = { &t[0], &t[1] };
+
+	s.length = 16;
+	s.loc_case = TPW__V1__SEGMENT__LOC_INLINE_OFF;
+	p.data = &s;
+	w.n_payloads = 1;
+	w.payloads = ps;
+	t[0].pipe_id = 1;
+	t[0].write_id = 1;
+	t[1].pipe_id = 1ull << 63;
+	t[1].write_id = 2;
+	b.write = &w;
+	b.n_targets = 2;
+	b.targets = tp;
+	m.body_case = TPW__V1__CLIENT_MSG__BODY_BROADCAST;
+	m.broadcast = &b;
+	client("client-ok-broadcast-inline", &m, 16, 0);
+	client("client-bad-broadcast-inline-outside-tail", &m, 15, 0);
+	b.n_targets = 0;
+	client("client-bad-broadcast-no-targets", &m, 16, 0);
+	b.n_targets = 2;
+	b.write = NULL;
+	client("client-bad-broadcast-no-message", &m, 0, 0);
+}
+
 static void gen_read(void)
 {
 	Tpw__V1__ClientMsg m = TPW__V1__CLIENT_MSG__INIT;
@@ -461,6 +497,7 @@ int main(int argc, char **argv)
 	gen_session();
 	gen_buffers();
 	gen_write();
+	gen_broadcast();
 	gen_read();
 	gen_cancel();
 	gen_daemon();

@@ -203,6 +203,33 @@ static void descriptor(uint64_t msg_id, uint64_t len, bool eager)
 	peer_rec(OP_SUBST, &m, eager ? (uint32_t)len : 0);
 }
 
+/* A PeerBcast (peer minor 5) of one rendezvous payload of @len bytes to @n targets, each the
+ * harness's pipe (n > 1: a pipe named twice), message ids from @msg_id. */
+static void bcast(uint64_t msg_id, uint64_t len, size_t n)
+{
+	Tpw__V1__PeerMsg m = TPW__V1__PEER_MSG__INIT;
+	Tpw__V1__PeerBcast b = TPW__V1__PEER_BCAST__INIT;
+	Tpw__V1__Descriptor d = TPW__V1__DESCRIPTOR__INIT;
+	Tpw__V1__PayloadDesc p = TPW__V1__PAYLOAD_DESC__INIT, *pp = &p;
+	Tpw__V1__PeerBcastTarget t[4], *tp[4];
+
+	p.length = len;
+	d.n_payloads = 1;
+	d.payloads = &pp;
+	for (size_t i = 0; i < n && i < 4; i++) {
+		tpw__v1__peer_bcast_target__init(&t[i]);
+		t[i].pipe_id = FUZZ_PEER_PIPE_ID;
+		t[i].msg_id = msg_id + i;
+		tp[i] = &t[i];
+	}
+	b.descriptor = &d;
+	b.n_targets = n < 4 ? n : 4;
+	b.targets = tp;
+	m.body_case = TPW__V1__PEER_MSG__BODY_BCAST;
+	m.bcast = &b;
+	peer_rec(OP_SUBST, &m, 0);
+}
+
 static void read_req(uint64_t msg_id, uint64_t xfer_id)
 {
 	Tpw__V1__PeerMsg m = TPW__V1__PEER_MSG__INIT;
@@ -529,6 +556,21 @@ int main(int argc, char **argv)
 	local_read(4, 0, true, false);
 	peer_pipe_close();
 	save("far-writes");
+
+	/* The far side broadcasts (one target: the harness has one pipe): the daemon reads the
+	 * bytes once into its staging (transfer 1, the link's first) and the reader copies them
+	 * from there; then a PeerBcast naming the pipe twice, refused. */
+	link_up(1);
+	connect_(FUZZ_PEER_LISTENER, false);
+	local_buffer();
+	bcast(1, 64, 1);
+	local_read(1, 64, false, false);
+	chunk(1, 1, 0, 64, STRIPE_MAGIC);
+	bcast(2, 64, 2);
+	descriptor(2, 32, false);
+	local_read(2, 0, true, false);
+	peer_pipe_close();
+	save("far-bcast");
 
 	/* The local session writes: the daemon sends a descriptor, the far side asks for the bytes
 	 * (over the data connection), then says it consumed them. */

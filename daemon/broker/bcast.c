@@ -1,0 +1,661 @@
+/* SPDX-License-Identifier: BSD-3-Clause */
+/*
+ * The daemon's fan-out (Broadcast, issue 25): one message from a writer to several of its pipes,
+ * with the writer's memory read once. Each target becomes an ordinary message of its pipe
+ * (tpd_pipe_write_one(): its own descriptor, its place in the pipe's order, its own WriteDone),
+ * so readers read it as any message. Shared-buffer sources are read in place by every reader's
+ * copy; private memory (cma_addr) is read once, by a copy job on the copier, into daemon staging
+ * that the local readers' copies then read, each waiting for that one read (and failing with
+ * it). Staging is charged to the writer's uid (bcast-stage-bytes-per-uid); above the limit, and
+ * for readers on another host, each delivery reads the writer's memory as a Write would. It
+ * does not decide what a message is or how it is copied (msg.c, pipe.c).
+ */
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include "copier.h"
+#include "core.h"
+#include "log.h"
+#include "peer.h"
+#include "pipe_int.h"
+#include "session.h"
+#include "validate.h"
+
+#define STAGE_ALIGN 64u
+
+/* One principal's staging bytes held now: a local uid, or a peer link (BCAST_LINK_KEY) for the
+ * fan-out of its daemon's broadcasts. */
+struct bcast_uid {
+	struct tpu_list node;
+	uint64_t key;
+	uint64_t bytes;
+};
+
+#define BCAST_LINK_KEY(pr) ((1ull << 63) | (uint64_t)(uintptr_t)(pr))
+
+struct tpd_bcast {
+	unsigned refs;
+	struct tpd_broker *broker;
+	uint64_t key;	  /* whose staging (struct bcast_uid) */
+	uint8_t *stage;	  /* the staging copy of the writer's private segments */
+	uint64_t stage_len;
+	uint64_t *off;	  /* per segment: its offset in @stage, UINT64_MAX when not staged */
+	size_t n_seg;
+	bool reading;	  /* the staging read runs */
+	int err;	  /* < 0: it failed */
+	char why[160];
+	struct tpd_msg **msgs; /* deliveries reading @stage (NULL once freed), @n_msgs slots */
+	size_t n_msgs;
+	struct tpd_msg **xmsgs; /* writer's side: targets to announce in a PeerBcast */
+	size_t n_xmsgs;
+	bool no_xbcast;	  /* a pipe named twice: every target gets its own PeerDescriptor */
+};
+
+const struct tpd_bcast_stats *tpd_bcast_stats(const struct tpd_broker *b)
+{
+	return &b->bcast;
+}
+
+static struct bcast_uid *uid_find(struct tpd_broker *b, uint64_t key)
+{
+	struct bcast_uid *u;
+
+	tpu_list_for_each(u, &b->bcast_uids, node) if (u->key == key) return u;
+	return NULL;
+}
+
+/* Charges @len staging bytes to @key within @limit. Return: 0, -EDQUOT or -ENOMEM. */
+static int uid_charge(struct tpd_broker *b, uint64_t key, uint64_t len, uint64_t limit)
+{
+	struct bcast_uid *u = uid_find(b, key);
+	uint64_t held = u ? u->bytes : 0;
+
+	if (len > limit || held > limit - len)
+		return -EDQUOT;
+	if (!u) {
+		u = calloc(1, sizeof(*u));
+		if (!u)
+			return -ENOMEM;
+		u->key = key;
+		tpu_list_insert_tail(&b->bcast_uids, &u->node);
+	}
+	u->bytes += len;
+	b->bcast.stage_held += len;
+	return 0;
+}
+
+static void uid_release(struct tpd_broker *b, uint64_t key, uint64_t len)
+{
+	struct bcast_uid *u = uid_find(b, key);
+
+	if (!u)
+		return;
+	u->bytes -= TPU_MIN(len, u->bytes);
+	b->bcast.stage_held -= TPU_MIN(len, b->bcast.stage_held);
+	if (u->bytes == 0) {
+		tpu_list_remove(&u->node);
+		free(u);
+	}
+}
+
+static struct tpd_bcast *bcast_ref(struct tpd_bcast *bc)
+{
+	bc->refs++;
+	return bc;
+}
+
+static void bcast_unref(struct tpd_bcast *bc)
+{
+	if (!bc || --bc->refs > 0)
+		return;
+	if (bc->stage)
+		uid_release(bc->broker, bc->key, bc->stage_len);
+	free(bc->stage);
+	free(bc->off);
+	free(bc->msgs);
+	free(bc->xmsgs);
+	free(bc);
+}
+
+void tpd_bcast_attach(struct tpd_bcast *bc, struct tpd_msg *m, const struct tpd_pipe_end *r)
+{
+	if (!bc || !bc->stage || r->remote || bc->n_seg != m->n_src)
+		return;
+	for (size_t i = 0; i < m->n_src; i++) {
+		struct tpd_msg_src *src = &m->src[i];
+
+		if (bc->off[i] == UINT64_MAX || src->mem.loc != TPB_LOC_PROCESS)
+			continue;
+		tpb_proc_unref(src->mem.proc);
+		src->mem = (struct tpb_mem){ .loc = TPB_LOC_LOCAL };
+		src->mem.addr = (uint64_t)(uintptr_t)(bc->stage + bc->off[i]);
+	}
+	m->bcast = bcast_ref(bc);
+	m->bcast_slot = bc->n_msgs;
+	bc->msgs[bc->n_msgs++] = m;
+}
+
+void tpd_bcast_detach(struct tpd_msg *m)
+{
+	struct tpd_bcast *bc = m->bcast;
+
+	if (!bc)
+		return;
+	bc->msgs[m->bcast_slot] = NULL;
+	m->bcast = NULL;
+	bcast_unref(bc);
+}
+
+bool tpd_bcast_waiting(const struct tpd_msg *m)
+{
+	return m->bcast && m->bcast->reading;
+}
+
+int tpd_bcast_error(const struct tpd_msg *m, const char **why)
+{
+	if (!m->bcast || m->bcast->err == 0)
+		return 0;
+	if (why)
+		*why = m->bcast->why;
+	return m->bcast->err;
+}
+
+/* The staging read is done: let the deliveries that wait for it go (or fail). */
+static void stage_on_done(struct tpb_copy_job *job)
+{
+	struct tpd_bcast *bc = job->arg;
+
+	bc->reading = false;
+	if (job->status < 0) {
+		bc->err = job->status == -ESRCH ? -ECONNRESET : job->status;
+		snprintf(bc->why, sizeof(bc->why), "reading the broadcast's source failed: %.100s",
+			 job->status == -ESRCH ? "its writer died"
+			 : job->why[0]	       ? job->why
+						 : strerror(-job->status));
+	} else {
+		bc->broker->bcast.staged_bytes += job->bytes;
+	}
+	tpb_copier_job_free(job);
+	for (size_t i = 0; i < bc->n_msgs; i++)
+		if (bc->msgs[i])
+			tpd_pipe_start_next_copy(bc->msgs[i]->from);
+	bcast_unref(bc); /* the job's */
+}
+
+static const Tpw__V1__Segment *bcast_segment(const Tpw__V1__Write *w, size_t i)
+{
+	return i < w->n_payloads ? w->payloads[i]->data : w->tensors[i - w->n_payloads]->data;
+}
+
+/* The bytes @w's private segments need in staging (each aligned), 0 without any. */
+static uint64_t stage_need(const Tpw__V1__Write *w, uint64_t *off)
+{
+	uint64_t total = 0;
+
+	for (size_t i = 0; i < w->n_payloads + w->n_tensors; i++) {
+		const Tpw__V1__Segment *seg = bcast_segment(w, i);
+
+		off[i] = UINT64_MAX;
+		if (seg->loc_case != TPW__V1__SEGMENT__LOC_CMA_ADDR || seg->length == 0)
+			continue;
+		off[i] = total;
+		/* no overflow: message-bytes-max bounds the lengths, validated before */
+		total += (seg->length + STAGE_ALIGN - 1) & ~(uint64_t)(STAGE_ALIGN - 1);
+	}
+	return total;
+}
+
+/* Submits the staging read of @bc's private segments of @w from @s's process. */
+static int stage_start(struct tpd_session *s, struct tpd_bcast *bc, const Tpw__V1__Write *w)
+{
+	size_t n = 0;
+	struct tpb_copy_job *job;
+	char reason[256];
+	int channel = tpb_select_why(TPB_LOC_PROCESS, TPB_LOC_LOCAL, reason, sizeof(reason));
+
+	if (channel < 0 || !tpd_session_cma(s))
+		return -EOPNOTSUPP;
+	for (size_t i = 0; i < bc->n_seg; i++)
+		n += bc->off[i] != UINT64_MAX;
+	job = tpb_copier_job_new(n, 2 * n);
+	if (!job)
+		return -ENOMEM;
+	if (tpb_copier_job_hold_proc(job, tpd_session_proc(s)) < 0) {
+		tpb_copier_job_free(job);
+		return -ENOMEM;
+	}
+	for (size_t i = 0; i < bc->n_seg; i++) {
+		const Tpw__V1__Segment *seg = bcast_segment(w, i);
+		struct tpb_xfer *x = &job->xfers[job->n];
+
+		if (bc->off[i] == UINT64_MAX)
+			continue;
+		x->src = (struct tpb_mem){ .loc = TPB_LOC_PROCESS, .proc = tpd_session_proc(s),
+					   .addr = seg->cma_addr };
+		x->dst = (struct tpb_mem){ .loc = TPB_LOC_LOCAL,
+					   .addr = (uint64_t)(uintptr_t)(bc->stage + bc->off[i]) };
+		x->len = seg->length;
+		job->channels[job->n++] = channel;
+		job->bytes += seg->length;
+	}
+	job->done = stage_on_done;
+	job->arg = bcast_ref(bc);
+	bc->reading = true;
+	tpb_copier_submit(tpd_daemon_copier(tpd_session_daemon(s)), job);
+	return 0;
+}
+
+/*
+ * Makes @bc's staging for @w from @s when a local reader needs it and the writer's uid has room;
+ * else leaves @bc without (each delivery then reads the writer's memory, as a Write's would).
+ */
+static void stage_maybe(struct tpd_session *s, struct tpd_bcast *bc, const Tpw__V1__Write *w,
+			bool local_reader)
+{
+	struct tpd_daemon *d = tpd_session_daemon(s);
+	uint64_t need = stage_need(w, bc->off);
+	int r;
+
+	if (need == 0 || !local_reader || !tpd_session_cma(s))
+		return;
+	r = uid_charge(bc->broker, bc->key, need, tpd_daemon_cfg(d)->bcast_stage_bytes_per_uid);
+	if (r == -EDQUOT) {
+		bc->broker->bcast.unstaged++;
+		tpd_session_log(s, TPU_LOG_DEBUG,
+				"broadcast of %llu private bytes over the staging limit of uid %u "
+				"(tpipd --bcast-stage-bytes-per-uid): each reader reads the writer",
+				(unsigned long long)need, (unsigned)bc->key);
+		return;
+	}
+	if (r < 0)
+		return;
+	bc->stage = aligned_alloc(STAGE_ALIGN, need);
+	bc->stage_len = need;
+	if (bc->stage && stage_start(s, bc, w) == 0)
+		return;
+	uid_release(bc->broker, bc->key, need);
+	free(bc->stage);
+	bc->stage = NULL;
+}
+
+/* Answers target @t of @s's broadcast that names no pipe of @s (or over the limit, @err). */
+static void target_refuse(struct tpd_session *s, const Tpw__V1__BroadcastTarget *t, int err,
+			  const char *why, uint32_t tail_len)
+{
+	Tpw__V1__WriteDone wd = TPW__V1__WRITE_DONE__INIT;
+	Tpw__V1__DaemonMsg dm = TPW__V1__DAEMON_MSG__INIT;
+	struct tpd_pipe_end *e = tpd_session_pipe_find(s, t->pipe_id);
+
+	if (e) {
+		tpd_pipe_write_reject(e, t->write_id, err, why); /* behind its pending writes */
+		tpd_pipe_credit(e, tail_len); /* its room in the client's write window */
+		return;
+	}
+	wd.pipe_id = t->pipe_id;
+	wd.write_id = t->write_id;
+	wd.status = tpw_status_from_errno(err);
+	wd.message = (char *)why;
+	dm.body_case = TPW__V1__DAEMON_MSG__BODY_WRITE_DONE;
+	dm.write_done = &wd;
+	tpd_session_send(s, &dm, NULL, 0);
+}
+
+/* A new fan-out of @n_seg segments to at most @n pipes, charged to @key; NULL without memory. */
+static struct tpd_bcast *bcast_new(struct tpd_broker *br, size_t n_seg, size_t n, uint64_t key)
+{
+	struct tpd_bcast *bc = calloc(1, sizeof(*bc));
+
+	if (!bc)
+		return NULL;
+	bc->n_seg = n_seg;
+	bc->off = calloc(n_seg + 1, sizeof(*bc->off));
+	bc->msgs = calloc(n + 1, sizeof(*bc->msgs));
+	bc->xmsgs = calloc(n + 1, sizeof(*bc->xmsgs));
+	if (!bc->off || !bc->msgs || !bc->xmsgs) {
+		free(bc->off);
+		free(bc->msgs);
+		free(bc->xmsgs);
+		free(bc);
+		return NULL;
+	}
+	bc->refs = 1;
+	bc->broker = br;
+	bc->key = key;
+	return bc;
+}
+
+/* ---- across hosts: the writer's daemon ------------------------------------------------------ */
+
+bool tpd_bcast_defer(struct tpd_bcast *bc, struct tpd_msg *m, const struct tpd_pipe_end *r)
+{
+	struct tpd_pipe *p = r->pipe;
+
+	/* inline parts (m->tail_len) are copied after this: such a message goes on its own */
+	if (!bc || bc->no_xbcast || !r->remote || m->eager || m->tail_len || !p->link ||
+	    !p->remote_id || p->connecting ||
+	    tpd_peer_chan_far_minor(p->link) < TPW_PEER_MINOR_BCAST)
+		return false;
+	for (size_t i = 0; i < m->n_src; i++)
+		if (m->src[i].mem.loc == TPB_LOC_CUDA)
+			return false; /* each delivery reads device memory, as a Write's would */
+	m->xbcast = true;
+	bc->xmsgs[bc->n_xmsgs++] = m;
+	return true;
+}
+
+/* Announces the deferred targets of @bc, one PeerBcast per link (a link with a single target
+ * gets its PeerDescriptor). A target whose announcement cannot go fails. */
+static void bcast_announce(struct tpd_bcast *bc, const Tpw__V1__Write *w)
+{
+	_cleanup_free_ struct tpd_msg **grp = calloc(bc->n_xmsgs + 1, sizeof(*grp));
+
+	for (size_t i = 0; i < bc->n_xmsgs; i++) {
+		struct tpd_peer *link;
+		size_t n = 0;
+		int r;
+
+		if (!bc->xmsgs[i])
+			continue;
+		link = bc->xmsgs[i]->from->pipe->link;
+		for (size_t k = i; k < bc->n_xmsgs; k++) {
+			if (!bc->xmsgs[k] || bc->xmsgs[k]->from->pipe->link != link)
+				continue;
+			if (grp)
+				grp[n++] = bc->xmsgs[k];
+			else
+				tpd_msg_send_descriptor(tpd_pipe_end_peer(bc->xmsgs[k]->from),
+							bc->xmsgs[k], w);
+			bc->xmsgs[k] = NULL;
+		}
+		if (n == 1) {
+			grp[0]->xbcast = false;
+			r = tpd_msg_send_descriptor(tpd_pipe_end_peer(grp[0]->from), grp[0], w);
+		} else {
+			r = n ? tpd_msg_send_peer_bcast(link, grp, n, w) : 0;
+		}
+		for (size_t k = 0; r < 0 && k < n; k++)
+			tpd_pipe_msg_consumed(grp[k], TPW__V1__STATUS__STATUS_PEER_DIED,
+					      "the peer link failed");
+	}
+	bc->n_xmsgs = 0;
+}
+
+/* Whether a target pipe is named twice (then each gets its own descriptor: a PeerBcast names
+ * each pipe once). */
+static int u64_cmp(const void *a, const void *b)
+{
+	uint64_t x = *(const uint64_t *)a, y = *(const uint64_t *)b;
+
+	return x < y ? -1 : x > y;
+}
+
+static bool targets_repeat(const Tpw__V1__Broadcast *b)
+{
+	_cleanup_free_ uint64_t *ids = calloc(b->n_targets + 1, sizeof(*ids));
+
+	if (!ids)
+		return true;
+	for (size_t i = 0; i < b->n_targets; i++)
+		ids[i] = b->targets[i]->pipe_id;
+	qsort(ids, b->n_targets, sizeof(*ids), u64_cmp);
+	for (size_t i = 1; i < b->n_targets; i++)
+		if (ids[i] == ids[i - 1])
+			return true;
+	return false;
+}
+
+void tpd_bcast_peer_read(struct tpd_pipe *p, const Tpw__V1__PeerReadReq *rr)
+{
+	struct tpd_pipe_end *w = tpd_xpipe_local_end(p);
+	struct tpd_msg *m;
+
+	tpu_list_for_each(m, &w->rq, rnode) {
+		if (m->msg_id != rr->msg_id)
+			continue;
+		if (!m->xbcast || m->read_requested || m->copying || m->xh || m->eager)
+			break;
+		if (m->canceled) {
+			tpd_cancel_peer_read_canceled(w, m, rr->xfer_id);
+			return;
+		}
+		if (tpd_xh_build_send(m, rr) < 0) {
+			tpd_xh_tell_end(p, rr->xfer_id, TPW__V1__STATUS__STATUS_IO, "out of memory",
+					0, false);
+			return;
+		}
+		m->read_requested = true;
+		m->xcarrier = true;
+		(void)tpd_xh_start(m); /* a failure completed it */
+		return;
+	}
+	tpd_pipe_log(p, NULL, TPU_LOG_WARNING, "peer asked for broadcast message %llu, not one "
+		     "announced and waiting", (unsigned long long)rr->msg_id);
+	tpd_xh_tell_end(p, rr->xfer_id, TPW__V1__STATUS__STATUS_INVALID, "no such message", 0,
+			false);
+}
+
+/* ---- across hosts: the readers' daemon ------------------------------------------------------ */
+
+/* Refuses @pr's PeerBcast @b: PeerConsumed{INVALID} for each target on a pipe of this link. */
+static void peer_refuse(struct tpd_peer *pr, const Tpw__V1__PeerBcast *b, struct tpd_pipe **pipes,
+			const char *why)
+{
+	static struct tpd_ratelog log;
+	unsigned suppressed;
+
+	if (tpd_quota_ratelog_ok(&log, 1000, &suppressed))
+		tpu_log(TPU_LOG_WARNING, "peer %s: broadcast to %zu pipes refused: %s (%u more "
+			"since the last such line)", tpd_peer_name(pr), b->n_targets, why,
+			suppressed);
+	for (size_t i = 0; i < b->n_targets; i++) {
+		Tpw__V1__PeerConsumed c = TPW__V1__PEER_CONSUMED__INIT;
+		Tpw__V1__PeerMsg pm = TPW__V1__PEER_MSG__INIT;
+
+		if (!pipes[i] || !pipes[i]->remote_id)
+			continue;
+		c.pipe_id = pipes[i]->remote_id;
+		c.msg_id = b->targets[i]->msg_id;
+		c.status = TPW__V1__STATUS__STATUS_INVALID;
+		c.message = (char *)why;
+		pm.body_case = TPW__V1__PEER_MSG__BODY_CONSUMED;
+		pm.consumed = &c;
+		tpd_peer_send(pr, &pm, NULL, 0);
+	}
+}
+
+/* Checks that every target names a distinct open pipe of @pr whose writer is on the far host.
+ * Return: NULL, or why not. */
+static const char *peer_check(const Tpw__V1__PeerBcast *b, struct tpd_pipe **pipes)
+{
+	_cleanup_free_ uint64_t *ids = calloc(b->n_targets + 1, sizeof(*ids));
+
+	if (!ids)
+		return "out of memory";
+	for (size_t i = 0; i < b->n_targets; i++) {
+		if (!pipes[i])
+			return "a pipe id that is not a pipe of this link";
+		if (pipes[i]->connecting || !tpd_xpipe_remote_end(pipes[i])->remote)
+			return "a pipe that is not open";
+		ids[i] = pipes[i]->id;
+	}
+	qsort(ids, b->n_targets, sizeof(*ids), u64_cmp);
+	for (size_t i = 1; i < b->n_targets; i++)
+		if (ids[i] == ids[i - 1])
+			return "a pipe named twice";
+	return NULL;
+}
+
+/* The message tpd_xpipe_peer_descriptor() just queued on @p (the last of its remote writer's
+ * queue, which was @before), or NULL: refused by the queue limits, or the reader left. A message
+ * queued before, even of the same id, is never taken for it. */
+static struct tpd_msg *peer_queued(struct tpd_pipe *p, const struct tpu_list *before,
+				   uint64_t msg_id, size_t n_seg)
+{
+	struct tpd_pipe_end *w = tpd_xpipe_remote_end(p);
+	struct tpd_msg *m;
+
+	if (w->rq.prev == before || tpu_list_empty(&w->rq))
+		return NULL;
+	m = tpu_container_of(w->rq.prev, struct tpd_msg, rnode);
+	if (m->msg_id != msg_id || m->n_src != n_seg || m->read_requested || m->eager)
+		return NULL;
+	return m;
+}
+
+/* Stages the far daemon's broadcast @bc (its messages in bc->msgs) with one receive carried by
+ * the first. Return: 0, or -errno (no staging: each message is read on its own). */
+static int peer_stage(struct tpd_peer *pr, struct tpd_bcast *bc, const Tpw__V1__Descriptor *dd)
+{
+	struct tpd_daemon *d = bc->msgs[0]->from->pipe->d;
+	uint64_t need = 0;
+	int r;
+
+	for (size_t i = 0; i < bc->n_seg; i++) {
+		uint64_t len = i < dd->n_payloads ? dd->payloads[i]->length
+						  : dd->tensors[i - dd->n_payloads]->length;
+
+		if (i >= dd->n_payloads && dd->tensors[i - dd->n_payloads]->device &&
+		    dd->tensors[i - dd->n_payloads]->device->type ==
+			    TPW__V1__DEVICE_TYPE__DEVICE_CUDA)
+			return -EOPNOTSUPP;
+		bc->off[i] = need;
+		if (len > UINT64_MAX / 2 - need)
+			return -EOVERFLOW;
+		need += (len + STAGE_ALIGN - 1) & ~(uint64_t)(STAGE_ALIGN - 1);
+	}
+	if (need == 0)
+		return -ENODATA;
+	r = uid_charge(bc->broker, BCAST_LINK_KEY(pr), need,
+		       tpd_daemon_cfg(d)->bcast_stage_bytes_per_uid);
+	if (r == -EDQUOT)
+		bc->broker->bcast.unstaged++;
+	if (r < 0)
+		return r;
+	bc->stage = aligned_alloc(STAGE_ALIGN, need);
+	bc->stage_len = need;
+	if (!bc->stage) {
+		uid_release(bc->broker, BCAST_LINK_KEY(pr), need);
+		return -ENOMEM;
+	}
+	for (size_t k = 0; k < bc->n_msgs; k++) {
+		struct tpd_msg *m = bc->msgs[k];
+
+		for (size_t i = 0; i < m->n_src; i++)
+			m->src[i].mem = (struct tpb_mem){
+				.loc = TPB_LOC_LOCAL,
+				.addr = (uint64_t)(uintptr_t)(bc->stage + bc->off[i]) };
+		m->bcast = bcast_ref(bc);
+		m->bcast_slot = k;
+	}
+	r = tpd_xh_build_recv_stage(bc->msgs[0], bc->stage, bc->off);
+	if (r < 0)
+		return r; /* the messages keep the staging: their copies fail with bc->err */
+	bc->reading = true;
+	(void)tpd_xh_start(bc->msgs[0]); /* a failure ends in tpd_bcast_staged() */
+	return 0;
+}
+
+void tpd_bcast_peer(struct tpd_peer *pr, const Tpw__V1__PeerBcast *b, struct tpd_pipe **pipes)
+{
+	const char *bad = peer_check(b, pipes);
+	struct tpd_bcast *bc;
+	size_t n_seg = b->descriptor->n_payloads + b->descriptor->n_tensors;
+	int r;
+
+	if (bad) {
+		peer_refuse(pr, b, pipes, bad);
+		return;
+	}
+	bc = bcast_new(tpd_daemon_broker(pipes[0]->d), n_seg, b->n_targets, BCAST_LINK_KEY(pr));
+	for (size_t i = 0; i < b->n_targets; i++) {
+		Tpw__V1__Descriptor dd = *b->descriptor;
+		const struct tpu_list *before = tpd_xpipe_remote_end(pipes[i])->rq.prev;
+		struct tpd_msg *m;
+
+		dd.msg_id = b->targets[i]->msg_id;
+		tpd_xpipe_peer_descriptor(pipes[i], &dd, NULL, 0);
+		m = peer_queued(pipes[i], before, dd.msg_id, n_seg);
+		if (m && bc)
+			bc->msgs[bc->n_msgs++] = m;
+	}
+	if (!bc)
+		return; /* each message is read on its own */
+	r = bc->n_msgs ? peer_stage(pr, bc, b->descriptor) : -ENODATA;
+	if (r < 0 && !bc->stage)
+		bc->n_msgs = 0; /* not staged: nothing refers to @bc */
+	else if (r < 0) {
+		bc->err = r;
+		snprintf(bc->why, sizeof(bc->why), "no receive for the broadcast: %s",
+			 strerror(-r));
+	}
+	bcast_unref(bc);
+}
+
+void tpd_bcast_staged(struct tpd_msg *m, int status, const char *why)
+{
+	struct tpd_bcast *bc = m->bcast;
+
+	if (!bc)
+		return;
+	bcast_ref(bc);
+	bc->reading = false;
+	if (status < 0) {
+		bc->err = status;
+		snprintf(bc->why, sizeof(bc->why), "receiving the broadcast failed: %.120s",
+			 why && *why ? why : strerror(-status));
+	} else {
+		bc->broker->bcast.staged_bytes += bc->stage_len;
+	}
+	for (size_t i = 0; i < bc->n_msgs; i++)
+		if (bc->msgs[i])
+			tpd_pipe_start_next_copy(bc->msgs[i]->from);
+	bcast_unref(bc);
+}
+
+void tpd_bcast_handle(struct tpd_session *s, const Tpw__V1__Broadcast *b, const uint8_t *tail,
+		      uint32_t tail_len)
+{
+	struct tpd_daemon *d = tpd_session_daemon(s);
+	struct tpd_broker *br = tpd_daemon_broker(d);
+	const struct tpd_config *cfg = tpd_daemon_cfg(d);
+	const Tpw__V1__Write *w = b->write;
+	struct tpd_bcast *bc;
+	bool local_reader = false;
+	char why[160];
+
+	br->bcast.requests++;
+	br->bcast.targets += b->n_targets;
+	if (b->n_targets > cfg->bcast_pipes_max) {
+		snprintf(why, sizeof(why), "broadcast to %zu pipes exceeds the limit of %u (tpipd "
+			 "--bcast-pipes-max)", b->n_targets, cfg->bcast_pipes_max);
+		tpd_session_log(s, TPU_LOG_INFO, "%s", why);
+		for (size_t i = 0; i < b->n_targets; i++)
+			target_refuse(s, b->targets[i], -ENOBUFS, why, tail_len);
+		return;
+	}
+	/* NULL without memory: each delivery then reads the writer's memory, as a Write's */
+	bc = bcast_new(br, w->n_payloads + w->n_tensors, b->n_targets, tpd_session_uid(s));
+	if (bc)
+		bc->no_xbcast = targets_repeat(b);
+	for (size_t i = 0; i < b->n_targets; i++) {
+		struct tpd_pipe_end *e = tpd_session_pipe_find(s, b->targets[i]->pipe_id);
+
+		if (e && !tpd_pipe_end_peer(e)->remote)
+			local_reader = true;
+	}
+	if (bc)
+		stage_maybe(s, bc, w, local_reader);
+	for (size_t i = 0; i < b->n_targets; i++) {
+		const Tpw__V1__BroadcastTarget *t = b->targets[i];
+		struct tpd_pipe_end *e = tpd_session_pipe_find(s, t->pipe_id);
+
+		if (!e)
+			target_refuse(s, t, -ENOENT, "no such pipe", tail_len);
+		else
+			tpd_pipe_write_one(e, w, t->write_id, tail, tail_len, bc);
+	}
+	if (bc)
+		bcast_announce(bc, w);
+	bcast_unref(bc);
+}

@@ -1,0 +1,521 @@
+/* SPDX-License-Identifier: BSD-3-Clause */
+/*
+ * Security suite: the daemon's fan-out (Broadcast, docs/fanout.md) against an unprivileged local
+ * user (uid 65534) speaking the raw protocol. A Broadcast names pipes by the sender's own ids
+ * only: guessed ids of a victim's pipes (uid 4242: its connector ids and its accepted ids) each
+ * get WriteDone{NOT_FOUND}, nothing reaches the victim's readers and its pipes keep working;
+ * more targets than bcast-pipes-max are refused per target (STATUS_LIMIT), just below are looked
+ * up; a Broadcast with no targets, more than the wire's 4096 or no message closes the attacker's
+ * session only.
+ *
+ * And a hostile peer daemon (a raw dialler over an insecure link): a PeerBcast naming pipe ids
+ * that are not its link's (the host's local pipe among the guesses) or a pipe twice is refused
+ * (PeerConsumed{INVALID} for the targets on its pipes) and the link stays; a valid one whose
+ * bytes it then refuses to send fails both deliveries only; 4097 targets fail its link; the
+ * host's local pipe gets nothing and the daemon lives.
+ */
+#include <check.h>
+#include <errno.h>
+#include <grp.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <unistd.h>
+#include "frame.h"
+#include "itest.h"
+#include "tpt_wire.h"
+
+#define T_MS 30000
+#define NOBODY 65534
+#define VICTIM_UID 4242
+#define GUESSES 64
+#define ACCEPT_BASE (1ull << 63)
+
+static struct tpt_daemon d;
+static struct tpt_sync ready, done;
+
+static int drop_to(uid_t uid)
+{
+	if (setgroups(0, NULL) < 0 || setresgid(uid, uid, uid) < 0 ||
+	    setresuid(uid, uid, uid) < 0)
+		return -errno;
+	return 0;
+}
+
+/*
+ * Sends Broadcast of a 4-byte inline payload to @n targets: pipe ids from @ids, write ids 1..n.
+ * Return: 0, or -errno.
+ */
+static int raw_bcast(struct tpt_raw *r, const uint64_t *ids, size_t n, bool with_write)
+{
+	Tpw__V1__ClientMsg m = TPW__V1__CLIENT_MSG__INIT;
+	Tpw__V1__Broadcast b = TPW__V1__BROADCAST__INIT;
+	Tpw__V1__Write w = TPW__V1__WRITE__INIT;
+	Tpw__V1__Payload pl = TPW__V1__PAYLOAD__INIT;
+	Tpw__V1__Payload *plp = &pl;
+	Tpw__V1__Segment seg = TPW__V1__SEGMENT__INIT;
+	Tpw__V1__BroadcastTarget *tg = calloc(n + 1, sizeof(*tg));
+	Tpw__V1__BroadcastTarget **tgp = calloc(n + 1, sizeof(*tgp));
+	int ret = -ENOMEM;
+
+	if (!tg || !tgp)
+		goto out;
+	seg.length = 4;
+	seg.loc_case = TPW__V1__SEGMENT__LOC_INLINE_OFF;
+	seg.inline_off = 0;
+	pl.data = &seg;
+	w.n_payloads = 1;
+	w.payloads = &plp;
+	for (size_t i = 0; i < n; i++) {
+		tpw__v1__broadcast_target__init(&tg[i]);
+		tg[i].pipe_id = ids[i];
+		tg[i].write_id = i + 1;
+		tgp[i] = &tg[i];
+	}
+	b.write = with_write ? &w : NULL;
+	b.n_targets = n;
+	b.targets = tgp;
+	m.body_case = TPW__V1__CLIENT_MSG__BODY_BROADCAST;
+	m.broadcast = &b;
+	ret = tpt_raw_send(r, &m, with_write ? "evil" : NULL, with_write ? 4 : 0, NULL, 0, 0);
+out:
+	free(tg);
+	free(tgp);
+	return ret;
+}
+
+/* Receives @n WriteDone, one per write id 1..n, each with @status. Return: 0 or 1. */
+static int expect_write_dones(struct tpt_raw *r, size_t n, Tpw__V1__Status status)
+{
+	uint8_t seen[8192] = { 0 };
+
+	for (size_t i = 0; i < n; i++) {
+		Tpw__V1__DaemonMsg *dm = NULL;
+		int ret = tpt_raw_expect(r, TPW__V1__DAEMON_MSG__BODY_WRITE_DONE, T_MS, &dm);
+		uint64_t id;
+
+		TPT_REQUIRE(ret == 0, 1, "WriteDone %zu of %zu: %d", i, n, ret);
+		id = dm->write_done->write_id;
+		ret = dm->write_done->status == status && id >= 1 && id <= n && !seen[id];
+		seen[id < n + 1 ? id : 0] = 1;
+		tpw__v1__daemon_msg__free_unpacked(dm, NULL);
+		TPT_REQUIRE(ret, 1, "write %llu: wrong status or repeated",
+			    (unsigned long long)id);
+	}
+	return 0;
+}
+
+/* A fresh raw session of the attacker. */
+static int attacker_session(struct tpt_raw *r)
+{
+	TPT_REQUIRE(tpt_raw_connect(r, d.socket) == 0, 1, "connect");
+	TPT_REQUIRE(tpt_raw_hello(r, TPW__V1__ROLE__ROLE_CLIENT, T_MS) == 0, 1, "hello");
+	return 0;
+}
+
+static int attacker_run(void)
+{
+	uint64_t ids[2 * GUESSES + 1];
+	uint64_t *many = NULL;
+	struct tpt_raw r;
+
+	TPT_REQUIRE(tpt_sync_wait(&ready, T_MS) == 0, 1, "victim not ready");
+	TPT_REQUIRE(drop_to(NOBODY) == 0, 1, "cannot drop to nobody");
+	if (attacker_session(&r))
+		return 1;
+	/* the victim's connector ids (chosen by its library from 1) and accepted ids */
+	for (uint64_t i = 0; i < GUESSES; i++) {
+		ids[i] = i + 1;
+		ids[GUESSES + i] = ACCEPT_BASE + i;
+	}
+	ids[2 * GUESSES] = 0;
+	TPT_REQUIRE(raw_bcast(&r, ids, 2 * GUESSES + 1, true) == 0, 1, "send");
+	if (expect_write_dones(&r, 2 * GUESSES + 1, TPW__V1__STATUS__STATUS_NOT_FOUND))
+		return 1;
+	/* bcast-pipes-max is 130: 131 targets are refused as a limit, before any lookup */
+	ids[0] = ACCEPT_BASE + GUESSES;
+	many = calloc(4097, sizeof(*many));
+	TPT_REQUIRE(many != NULL, 1, "memory");
+	for (size_t i = 0; i < 4097; i++)
+		many[i] = ACCEPT_BASE + i;
+	TPT_REQUIRE(raw_bcast(&r, many, 131, true) == 0, 1, "send");
+	if (expect_write_dones(&r, 131, TPW__V1__STATUS__STATUS_LIMIT))
+		return 1;
+	TPT_REQUIRE(raw_bcast(&r, many, 130, true) == 0, 1, "send");
+	if (expect_write_dones(&r, 130, TPW__V1__STATUS__STATUS_NOT_FOUND))
+		return 1;
+	/* malformed: each closes the attacker's own session */
+	TPT_REQUIRE(raw_bcast(&r, many, 0, true) == 0, 1, "send");
+	TPT_REQUIRE(tpt_raw_wait_closed(&r, T_MS) == 0, 1, "0 targets: the session stayed open");
+	tpt_raw_close(&r);
+	if (attacker_session(&r))
+		return 1;
+	TPT_REQUIRE(raw_bcast(&r, many, 4097, true) == 0, 1, "send");
+	TPT_REQUIRE(tpt_raw_wait_closed(&r, T_MS) == 0, 1, "4097 targets: the session stayed open");
+	tpt_raw_close(&r);
+	if (attacker_session(&r))
+		return 1;
+	TPT_REQUIRE(raw_bcast(&r, many, 1, false) == 0, 1, "send");
+	TPT_REQUIRE(tpt_raw_wait_closed(&r, T_MS) == 0, 1, "no message: the session stayed open");
+	tpt_raw_close(&r);
+	free(many);
+	return 0;
+}
+
+static int attacker(void *arg)
+{
+	int r = attacker_run();
+
+	(void)arg;
+	tpt_sync_post(&done, (int8_t)(r ? -1 : 0)); /* the victim checks its pipes either way */
+	return r;
+}
+
+/* The victim (uid 4242): a listener, a pipe to itself, broadcasts through its own set; after the
+ * attack nothing arrived on its pipe and both directions still work. */
+static int victim(void *arg)
+{
+	struct tp_context *ctx = NULL;
+	struct tp_listener *l = NULL;
+	struct tp_pipe *conn = NULL, *acc = NULL;
+	struct tp_pipe_set *s = NULL;
+	struct tp_descriptor *desc = NULL;
+	struct tp_pipe *rp = NULL;
+	char buf[8] = "", ok[8] = "ok";
+	struct tp_payload pl = { .data = ok, .length = 3 };
+	struct tp_message m = { .payloads = &pl, .n_payloads = 1 };
+	struct tp_slot slot = { .data = buf };
+	struct tp_allocation a = { .payloads = &slot, .n_payloads = 1 };
+	int st = 1, r;
+
+	(void)arg;
+	TPT_REQUIRE(drop_to(VICTIM_UID) == 0, 1, "cannot drop to %d", VICTIM_UID);
+	r = tpt_ctx_new(&d, 0, "victim", &ctx);
+	if (r == 0)
+		r = tp_listen(ctx, "victim", NULL, &l);
+	if (r == 0)
+		r = tp_connect(ctx, "victim", &conn);
+	if (r == 0)
+		r = tp_listener_accept_sync(l, T_MS, &acc);
+	if (r == 0)
+		r = tp_set_new(ctx, 1, &s);
+	if (r == 0)
+		r = tp_set_add(s, acc);
+	TPT_REQUIRE(r == 0, 1, "set up: %d %s", r, tp_last_error());
+	tpt_sync_post(&ready, 0);
+	TPT_REQUIRE(tpt_sync_wait(&done, 4 * T_MS) == 0, 1, "attacker did not finish");
+	/* nothing of the attacker's arrived on either end */
+	r = tp_pipe_read_descriptor_sync(conn, 200, &desc);
+	TPT_REQUIRE(r == -ETIMEDOUT, 1, "the victim's connector got a message: %d", r);
+	r = tp_set_read_any(s, 200, &rp, &desc);
+	TPT_REQUIRE(r == -ETIMEDOUT, 1, "the victim's accepted pipe got a message: %d", r);
+	/* its own broadcast, fanned out by the daemon (eager: done once queued), still works */
+	TPT_REQUIRE(tp_set_set_fanout(s, TP_FANOUT_DAEMON) == 0, 1, "mode");
+	r = tp_set_broadcast(s, &m, T_MS, &st, 1);
+	TPT_REQUIRE(r == 1 && st == 0, 1, "own broadcast: %d %d %s", r, st, tp_last_error());
+	r = tp_pipe_read_descriptor_sync(conn, T_MS, &desc);
+	if (r == 0)
+		r = tp_pipe_read_sync(conn, desc, &a);
+	TPT_REQUIRE(r == 0 && strcmp(buf, "ok") == 0, 1, "own read: %d %s", r, tp_last_error());
+	tp_set_free(s);
+	tp_pipe_close(conn);
+	tp_listener_close(l);
+	tp_context_free(ctx);
+	return 0;
+}
+
+START_TEST(test_bcast_names_no_pipe_of_another_session_or_uid)
+{
+	static const char *const args[] = { "--bcast-pipes-max", "130", NULL };
+
+	if (geteuid() != 0) {
+		printf("skipped: needs root to run clients as other uids\n");
+		return;
+	}
+	ck_assert_int_eq(tpt_sync_init(&ready), 0);
+	ck_assert_int_eq(tpt_sync_init(&done), 0);
+	ck_assert_int_eq(tpt_daemon_start(&d, args), 0);
+	ck_assert_int_eq(tpt_daemon_open_to_all(&d), 0);
+	{
+		pid_t v = tpt_fork(victim, NULL);
+		bool ok = tpt_wait_ok(tpt_fork(attacker, NULL), 4 * T_MS, "attacker");
+
+		ok = tpt_wait_ok(v, 4 * T_MS, "victim") && ok;
+		ck_assert(ok);
+	}
+	ck_assert(tpt_daemon_alive(&d));
+	ck_assert_int_eq(tpt_daemon_stop(&d), 0);
+	tpt_sync_done(&ready);
+	tpt_sync_done(&done);
+}
+END_TEST
+
+/* ---- a hostile peer daemon ----------------------------------------------------------------- */
+
+static struct tpt_daemon host;
+static struct tpt_sync peer_ready, local_ready;
+
+/* Dials @host's peer port as a daemon would (insecure: plain frames), up to the link being up. */
+static int peer_dial(struct tpt_raw *c, struct tpt_raw *data)
+{
+	Tpw__V1__PeerHello h = TPW__V1__PEER_HELLO__INIT;
+	Tpw__V1__PeerDataHello dh = TPW__V1__PEER_DATA_HELLO__INIT;
+	Tpw__V1__PeerMsg m = TPW__V1__PEER_MSG__INIT, *in = NULL;
+	uint8_t boot[16];
+	uint64_t link_id;
+
+	for (unsigned i = 0; i < 16; i++)
+		boot[i] = (uint8_t)(0xb0 + i); /* another "host" */
+	TPT_REQUIRE(tpt_raw_connect_tcp(c, "127.0.0.1", host.peer_port) == 0, -1, "dial");
+	h.major = TPW_PEER_PROTO_MAJOR;
+	h.minor = TPW_PEER_PROTO_MINOR;
+	h.host = "hostile";
+	h.boot_id.data = boot;
+	h.boot_id.len = 16;
+	h.instance = 0xbca5;
+	h.data_conns = 1;
+	m.body_case = TPW__V1__PEER_MSG__BODY_HELLO;
+	m.hello = &h;
+	TPT_REQUIRE(tpt_raw_send_peer(c, &m) == 0, -1, "hello");
+	TPT_REQUIRE(tpt_raw_recv_peer(c, T_MS, &in) == 0 &&
+			    in->body_case == TPW__V1__PEER_MSG__BODY_HELLO, -1, "no hello back");
+	tpw_peer_msg_free(in);
+	TPT_REQUIRE(tpt_raw_recv_peer(c, T_MS, &in) == 0 &&
+			    in->body_case == TPW__V1__PEER_MSG__BODY_READY, -1, "no ready");
+	link_id = in->ready->link_id;
+	tpw_peer_msg_free(in);
+	TPT_REQUIRE(tpt_raw_connect_tcp(data, "127.0.0.1", host.peer_port) == 0, -1, "data dial");
+	dh.link_id = link_id;
+	m.body_case = TPW__V1__PEER_MSG__BODY_DATA_HELLO;
+	m.data_hello = &dh;
+	TPT_REQUIRE(tpt_raw_send_peer(data, &m) == 0, -1, "data hello");
+	TPT_REQUIRE(tpt_raw_recv_peer(data, T_MS, &in) == 0 &&
+			    in->body_case == TPW__V1__PEER_MSG__BODY_DATA_HELLO, -1,
+		    "no data hello back");
+	tpw_peer_msg_free(in);
+	TPT_REQUIRE(tpt_raw_recv_peer(c, T_MS, &in) == 0 &&
+			    in->body_case == TPW__V1__PEER_MSG__BODY_READY && in->ready->data_up,
+		    -1, "the link did not come up");
+	tpw_peer_msg_free(in);
+	return 0;
+}
+
+/* The next peer message of kind @body (others, pings included, are dropped). */
+static int peer_expect(struct tpt_raw *c, int body, Tpw__V1__PeerMsg **ret)
+{
+	for (;;) {
+		int e = tpt_raw_recv_peer(c, T_MS, ret);
+
+		if (e < 0)
+			return e;
+		if ((int)(*ret)->body_case == body)
+			return 0;
+		tpw_peer_msg_free(*ret);
+	}
+}
+
+/* Opens pipe @id to the host's listener "fan". Return: the host's pipe id, or 0. */
+static uint64_t peer_connect(struct tpt_raw *c, uint64_t id)
+{
+	Tpw__V1__PeerConnect pc = TPW__V1__PEER_CONNECT__INIT;
+	Tpw__V1__PeerMsg m = TPW__V1__PEER_MSG__INIT, *in = NULL;
+	uint64_t host_id = 0;
+
+	pc.pipe_id = id;
+	pc.name = "fan";
+	pc.remote_name = "hostile";
+	m.body_case = TPW__V1__PEER_MSG__BODY_CONNECT;
+	m.connect = &pc;
+	if (tpt_raw_send_peer(c, &m) < 0 ||
+	    peer_expect(c, TPW__V1__PEER_MSG__BODY_CONNECT_REPLY, &in) < 0)
+		return 0;
+	if (in->connect_reply->pipe_id == id &&
+	    in->connect_reply->status == TPW__V1__STATUS__STATUS_OK)
+		host_id = in->connect_reply->peer_pipe_id;
+	tpw_peer_msg_free(in);
+	return host_id;
+}
+
+/* Sends PeerBcast of one 4 KiB payload (rendezvous) to @n pipes @ids, message ids 1..n. */
+static int peer_bcast(struct tpt_raw *c, const uint64_t *ids, size_t n)
+{
+	Tpw__V1__PeerMsg m = TPW__V1__PEER_MSG__INIT;
+	Tpw__V1__PeerBcast b = TPW__V1__PEER_BCAST__INIT;
+	Tpw__V1__Descriptor dd = TPW__V1__DESCRIPTOR__INIT;
+	Tpw__V1__PayloadDesc pd = TPW__V1__PAYLOAD_DESC__INIT, *pdp = &pd;
+	Tpw__V1__PeerBcastTarget *t = calloc(n + 1, sizeof(*t));
+	Tpw__V1__PeerBcastTarget **tp = calloc(n + 1, sizeof(*tp));
+	int r = -ENOMEM;
+
+	if (t && tp) {
+		pd.length = 4096;
+		dd.n_payloads = 1;
+		dd.payloads = &pdp;
+		for (size_t i = 0; i < n; i++) {
+			tpw__v1__peer_bcast_target__init(&t[i]);
+			t[i].pipe_id = ids[i];
+			t[i].msg_id = i + 1;
+			tp[i] = &t[i];
+		}
+		b.descriptor = &dd;
+		b.n_targets = n;
+		b.targets = tp;
+		m.body_case = TPW__V1__PEER_MSG__BODY_BCAST;
+		m.bcast = &b;
+		r = tpt_raw_send_peer(c, &m);
+	}
+	free(t);
+	free(tp);
+	return r;
+}
+
+/* The next PeerConsumed: 0 if it is for pipe @pipe (the hostile side's id) with @status. */
+static int peer_consumed(struct tpt_raw *c, uint64_t pipe, Tpw__V1__Status status)
+{
+	Tpw__V1__PeerMsg *in = NULL;
+	int ok;
+
+	if (peer_expect(c, TPW__V1__PEER_MSG__BODY_CONSUMED, &in) < 0)
+		return -1;
+	ok = in->consumed->pipe_id == pipe && in->consumed->status == status;
+	tpw_peer_msg_free(in);
+	return ok ? 0 : -1;
+}
+
+static int hostile_bcast_peer(void *arg)
+{
+	struct tpt_raw c = { .fd = -1 }, data = { .fd = -1 };
+	Tpw__V1__PeerMsg m = TPW__V1__PEER_MSG__INIT, *in = NULL;
+	Tpw__V1__PeerXferEnd xe = TPW__V1__PEER_XFER_END__INIT;
+	uint64_t a, b, ids[10], *many;
+	int st;
+
+	(void)arg;
+	TPT_REQUIRE(peer_dial(&c, &data) == 0, 1, "dial");
+	a = peer_connect(&c, 1);
+	b = peer_connect(&c, 2);
+	TPT_REQUIRE(a && b, 1, "connects refused");
+	tpt_sync_post(&peer_ready, 0);
+	TPT_REQUIRE(tpt_sync_wait(&local_ready, T_MS) == 0, 1, "no local pipe");
+	/* pipe ids that are not this link's (the host's own local pipe among them) */
+	ids[0] = a;
+	for (uint64_t i = 1; i < 10; i++)
+		ids[i] = b + i;
+	TPT_REQUIRE(peer_bcast(&c, ids, 10) == 0, 1, "send");
+	TPT_REQUIRE(peer_consumed(&c, 1, TPW__V1__STATUS__STATUS_INVALID) == 0, 1,
+		    "pipe a not refused");
+	/* a pipe named twice */
+	ids[1] = a;
+	TPT_REQUIRE(peer_bcast(&c, ids, 2) == 0, 1, "send");
+	TPT_REQUIRE(peer_consumed(&c, 1, TPW__V1__STATUS__STATUS_INVALID) == 0 &&
+			    peer_consumed(&c, 1, TPW__V1__STATUS__STATUS_INVALID) == 0, 1,
+		    "a twice not refused");
+	/* a valid one: the host reads it once (PeerReadReq.bcast); refusing to send the bytes
+	 * fails both deliveries, and the link stays */
+	ids[0] = a;
+	ids[1] = b;
+	TPT_REQUIRE(peer_bcast(&c, ids, 2) == 0, 1, "send");
+	TPT_REQUIRE(peer_expect(&c, TPW__V1__PEER_MSG__BODY_READ_REQ, &in) == 0, 1, "no read");
+	TPT_REQUIRE(in->read_req->bcast && (in->read_req->pipe_id == 1 ||
+					    in->read_req->pipe_id == 2), 1, "not a broadcast read");
+	xe.xfer_id = in->read_req->xfer_id;
+	xe.status = TPW__V1__STATUS__STATUS_IO;
+	xe.message = "not sending";
+	tpw_peer_msg_free(in);
+	m.body_case = TPW__V1__PEER_MSG__BODY_XFER_END;
+	m.xfer_end = &xe;
+	TPT_REQUIRE(tpt_raw_send_peer(&c, &m) == 0, 1, "xfer end");
+	for (int k = 0; k < 2; k++) {
+		TPT_REQUIRE(peer_expect(&c, TPW__V1__PEER_MSG__BODY_CONSUMED, &in) == 0, 1,
+			    "no consumed");
+		st = in->consumed->status;
+		tpw_peer_msg_free(in);
+		TPT_REQUIRE(st != TPW__V1__STATUS__STATUS_OK, 1, "a delivery without bytes");
+	}
+	/* over the wire's bound: a malformed frame, the link fails */
+	many = calloc(4097, sizeof(*many));
+	TPT_REQUIRE(many != NULL, 1, "memory");
+	for (size_t i = 0; i < 4097; i++)
+		many[i] = a;
+	TPT_REQUIRE(peer_bcast(&c, many, 4097) == 0, 1, "send");
+	free(many);
+	for (;;) {
+		st = tpt_raw_recv_peer(&c, T_MS, &in);
+		if (st < 0)
+			break;
+		tpw_peer_msg_free(in);
+	}
+	TPT_REQUIRE(st == -ECONNRESET, 1, "the link stayed after 4097 targets: %d", st);
+	tpt_raw_close(&data);
+	tpt_raw_close(&c);
+	return 0;
+}
+
+START_TEST(test_bcast_hostile_peer_fails_its_request_then_its_link_only)
+{
+	static const char *const args[] = { "--peer-insecure", NULL };
+	struct tp_listen_options lo = { .size = sizeof(lo), .remote = TP_REMOTE_ANY_PEER };
+	struct tp_context *ctx, *v;
+	struct tp_listener *l, *lv;
+	struct tp_pipe *pa, *pb, *vc, *va;
+	struct tp_descriptor *dsc = NULL;
+	char buf[4096];
+	struct tp_slot slot = { .data = buf };
+	struct tp_allocation al = { .payloads = &slot, .n_payloads = 1 };
+	pid_t pid;
+
+	ck_assert_int_eq(tpt_sync_init(&peer_ready), 0);
+	ck_assert_int_eq(tpt_sync_init(&local_ready), 0);
+	ck_assert_int_eq(tpt_daemon_start_peer(&host, args), 0);
+	ck_assert_int_eq(tpt_ctx_new(&host, 0, "readers", &ctx), 0);
+	ck_assert_int_eq(tp_listen(ctx, "fan", &lo, &l), 0);
+	pid = tpt_fork(hostile_bcast_peer, NULL);
+	ck_assert_int_eq(tpt_sync_wait(&peer_ready, T_MS), 0);
+	ck_assert_int_eq(tp_listener_accept_sync(l, T_MS, &pa), 0);
+	ck_assert_int_eq(tp_listener_accept_sync(l, T_MS, &pb), 0);
+	/* a local pipe, whose id follows the link's */
+	ck_assert_int_eq(tpt_ctx_new(&host, 0, "victim", &v), 0);
+	ck_assert_int_eq(tp_listen(v, "local", NULL, &lv), 0);
+	ck_assert_int_eq(tp_connect(v, "local", &vc), 0);
+	ck_assert_int_eq(tp_listener_accept_sync(lv, T_MS, &va), 0);
+	ck_assert_int_eq(tpt_sync_post(&local_ready, 0), 0);
+	/* the valid broadcast's two deliveries: a descriptor each, and a failed read */
+	ck_assert_int_eq(tp_pipe_read_descriptor_sync(pa, T_MS, &dsc), 0);
+	ck_assert_int_lt(tp_pipe_read_sync(pa, dsc, &al), 0);
+	ck_assert_int_eq(tp_pipe_read_descriptor_sync(pb, T_MS, &dsc), 0);
+	ck_assert_int_lt(tp_pipe_read_sync(pb, dsc, &al), 0);
+	ck_assert(tpt_wait_ok(pid, 4 * T_MS, "hostile peer"));
+	ck_assert(tpt_daemon_alive(&host));
+	/* nothing reached the local pipe, which still works */
+	ck_assert_int_eq(tp_pipe_read_descriptor_sync(va, 200, &dsc), -ETIMEDOUT);
+	ck_assert_int_eq(tp_pipe_read_descriptor_sync(vc, 200, &dsc), -ETIMEDOUT);
+	tp_pipe_close(vc);
+	tp_pipe_close(va);
+	tp_listener_close(lv);
+	tp_context_free(v);
+	tp_pipe_close(pa);
+	tp_pipe_close(pb);
+	tp_listener_close(l);
+	tp_context_free(ctx);
+	ck_assert_int_eq(tpt_daemon_stop(&host), 0);
+	tpt_sync_done(&peer_ready);
+	tpt_sync_done(&local_ready);
+}
+END_TEST
+
+static Suite *bcast_suite(void)
+{
+	Suite *s = suite_create("sec_bcast");
+	TCase *tc = tcase_create("bcast");
+
+	tcase_set_timeout(tc, 120);
+	tcase_add_test(tc, test_bcast_names_no_pipe_of_another_session_or_uid);
+	tcase_add_test(tc, test_bcast_hostile_peer_fails_its_request_then_its_link_only);
+	suite_add_tcase(s, tc);
+	return s;
+}
+
+int main(void)
+{
+	return tpt_run_suite(bcast_suite());
+}
