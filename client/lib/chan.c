@@ -1,9 +1,13 @@
 /* SPDX-License-Identifier: BSD-3-Clause */
 /*
  * Channels hosted by the daemon (tpclient.h, "channels"; docs/channels.md). Responsible for
- * the tp_chan_* calls: each sends one ChanOp and waits for its ChanReply, whose data tail is the
- * item of a read. Not responsible for the channel's state (the daemon keeps it) nor for the
- * connection (context.c, wire.c).
+ * the tp_chan_* calls: each sends one ChanOp and waits for its ChanReply, whose data tail holds
+ * the items of a read (one, or a batch: tp_chan_read_many()). Items larger than
+ * TPW_CHAN_INLINE_ITEM go by reference to a daemon of minor >= 7 (a shared buffer's range, or
+ * the caller's memory by CMA), and a read gets such an item copied into its allocation: a
+ * read naming none first learns the item's length (ChanReply.held_len: the daemon holds it for
+ * the handle), allocates, and names it (ChanOp.take_held). Not responsible for the channel's
+ * state (the daemon keeps it) nor for the connection (context.c, wire.c).
  *
  * An item the daemon hands out is never dropped here: a read whose caller gave up waiting
  * (tp_context_options.reply_timeout_ms past its timeout) stays filed on its handle (tp_chan.late);
@@ -25,6 +29,7 @@ struct tp_chan {
 	uint64_t id;
 	char *name;
 	long owner_uid;	      /* as opened: a release reopens the channel to give items back */
+	bool remote;	      /* hosted by another host's daemon: items ride inline */
 	struct tpu_list late; /* chan_req of reads whose caller gave up, oldest first: waiting for
 			       * the daemon, or done with an item; under ctx->lock */
 };
@@ -33,20 +38,75 @@ struct chan_req {
 	struct tpc_req req;   /* first: the reply handler finds the chan_req from it */
 	struct tpu_list node; /* in ch->late */
 	struct tp_chan *ch;   /* set once the read's caller gave up: heap-allocated, on ch->late */
-	uint8_t *item;
-	size_t len;
+	struct iovec *items;  /* the answer's items, each malloc()ed (but see @into), @next first */
+	size_t n, next;
 	bool closed;
 	uint64_t chan_id;
+	uint64_t held_len; /* the daemon holds an item of this length for the handle (or, with
+			    * -EMSGSIZE, the item that did not fit the read's allocation) */
+	/* A read naming where its item goes (ChanOp.segments): @dst, @dst_len bytes; the caller's
+	 * memory (@into) or a buffer this library allocated for the item. Never freed while the
+	 * daemon may still copy into it: a read released unanswered leaves it allocated. */
+	void *dst;
+	size_t dst_len;
+	bool into;
 };
+
+static void chan_req_free(struct chan_req *cr)
+{
+	for (size_t i = cr->next; i < cr->n; i++)
+		free(cr->items[i].iov_base);
+	if (cr->dst && !cr->into && !cr->n && cr->req.done)
+		free(cr->dst); /* answered without an item: nobody copies into it any more */
+	free(cr->items);
+	free(cr);
+}
 
 /* Drops @cr, a read whose caller gave up, once it is answered without an item; lock held. */
 static void late_forget_locked(struct chan_req *cr)
 {
-	if (!cr->ch || (cr->req.done && cr->item))
+	if (!cr->ch || (cr->req.done && cr->n))
 		return; /* its caller waits for it, or it keeps an item for the next read */
 	tpu_list_remove(&cr->node);
-	free(cr->item);
-	free(cr);
+	chan_req_free(cr);
+}
+
+/* The items of answer @m into @cr (@tail: the inline ones back to back; lock held): copies of
+ * them, or the one the daemon copied into @cr->dst. Return: 0 or -ENOMEM. */
+static int chan_req_take_items(struct chan_req *cr, const Tpw__V1__ChanReply *m,
+			       const uint8_t *tail)
+{
+	size_t off = 0;
+
+	cr->items = calloc(m->n_lengths, sizeof(*cr->items));
+	if (!cr->items)
+		return -ENOMEM;
+	if (m->copied) { /* validated: one item, no tail */
+		void *c = cr->dst;
+
+		if (!cr->dst || m->lengths[0] > cr->dst_len)
+			return -EPROTO;
+		if (cr->into && cr->ch) { /* its caller gave up: keep a copy, not its memory */
+			c = malloc(m->lengths[0] ? m->lengths[0] : 1);
+			if (!c)
+				return -ENOMEM;
+			memcpy(c, cr->dst, m->lengths[0]);
+			cr->into = false;
+		}
+		cr->items[0] = (struct iovec){ .iov_base = c, .iov_len = m->lengths[0] };
+		cr->n = 1;
+		return 0;
+	}
+	for (size_t i = 0; i < m->n_lengths; i++) { /* validated: they add up to the tail */
+		void *c = malloc(m->lengths[i] ? m->lengths[i] : 1);
+
+		if (!c)
+			return -ENOMEM;
+		memcpy(c, tail + off, m->lengths[i]);
+		off += m->lengths[i];
+		cr->items[cr->n++] = (struct iovec){ .iov_base = c, .iov_len = m->lengths[i] };
+	}
+	return 0;
 }
 
 /* The map's handler for a request answered by ChanReply: only a lost connection (@r NULL)
@@ -75,15 +135,18 @@ void tpc_chan_on_reply(struct tp_context *ctx, const Tpw__V1__ChanReply *m, cons
 		 m->message && *m->message ? m->message : tp_strerror(req->status));
 	cr->closed = m->closed;
 	cr->chan_id = m->chan_id;
-	if (req->status == 0 && m->n_lengths == 1) {
-		cr->item = malloc(tail_len ? tail_len : 1);
-		if (cr->item) {
-			memcpy(cr->item, tail, tail_len);
-			cr->len = tail_len;
-		} else {
-			req->status = -ENOMEM;
-			snprintf(req->msg, sizeof(req->msg), "out of memory for an item");
-		}
+	cr->held_len = m->held_len;
+	(void)tail_len; /* validated: the items add up to it */
+	if (req->status == 0 && m->n_lengths) {
+		req->status = chan_req_take_items(cr, m, tail);
+		for (size_t i = 0; req->status < 0 && i < cr->n; i++)
+			if (cr->items[i].iov_base != cr->dst)
+				free(cr->items[i].iov_base);
+		if (req->status < 0)
+			cr->n = 0;
+		if (req->status < 0)
+			snprintf(req->msg, sizeof(req->msg), "%s", req->status == -ENOMEM ?
+				 "out of memory for an item" : "an item copied to nowhere");
 	}
 	req->done = true;
 	late_forget_locked(cr);
@@ -308,6 +371,7 @@ TP_EXPORT int tp_chan_open(struct tp_context *ctx, const char *name,
 	}
 	ch->ctx = ctx;
 	ch->id = cr.chan_id;
+	ch->remote = strncmp(name, "tpip://", 7) == 0;
 	ch->owner_uid = -1;
 	if (o && o->size >= offsetof(struct tp_chan_options, owner_uid) + sizeof(o->owner_uid))
 		ch->owner_uid = o->owner_uid;
@@ -316,13 +380,104 @@ TP_EXPORT int tp_chan_open(struct tp_context *ctx, const char *name,
 	return 0;
 }
 
+/* Does @ch take items by reference and batch reads? A channel of this host's daemon, minor 7. */
+static bool chan_fast(const struct tp_chan *ch)
+{
+	return !ch->remote && ch->ctx->daemon_minor >= TPW_MINOR_CHAN_FAST;
+}
+
+/* @g: [@p, @p + @len) by reference: a range of one of the context's shared buffers, else the
+ * caller's memory by CMA. Return: 0, or -EOPNOTSUPP (neither: no CMA). */
+static int chan_ref(struct tp_context *ctx, const void *p, size_t len, Tpw__V1__Segment *g,
+		    Tpw__V1__ShmRef *ref)
+{
+	struct tpc_buf *b;
+
+	tpw__v1__segment__init(g);
+	tpw__v1__shm_ref__init(ref);
+	g->length = len;
+	pthread_mutex_lock(&ctx->lock);
+	b = tpc_buffer_lookup_locked(ctx, p, len);
+	if (b && !b->failed) {
+		ref->buf_id = b->id;
+		ref->gen = b->gen;
+		ref->offset = (uint64_t)((uintptr_t)p - (uintptr_t)b->addr);
+		g->loc_case = TPW__V1__SEGMENT__LOC_SHM;
+		g->shm = ref;
+	}
+	pthread_mutex_unlock(&ctx->lock);
+	if (g->loc_case == TPW__V1__SEGMENT__LOC_SHM)
+		return 0;
+	if (!__atomic_load_n(&ctx->cma_ok, __ATOMIC_RELAXED))
+		return -EOPNOTSUPP;
+	g->loc_case = TPW__V1__SEGMENT__LOC_CMA_ADDR;
+	g->cma_addr = (uint64_t)(uintptr_t)p;
+	return 0;
+}
+
+/* The arrays of a write whose items go by segment. */
+struct chan_segs {
+	Tpw__V1__Segment *seg;
+	Tpw__V1__Segment **segp;
+	Tpw__V1__ShmRef *ref;
+	struct iovec *iov; /* the inline items */
+	size_t n_iov;
+};
+
+static void chan_segs_free(struct chan_segs *w)
+{
+	free(w->seg);
+	free(w->segp);
+	free(w->ref);
+	free(w->iov);
+}
+
+/* Fills @op's segments for @items: those above TPW_CHAN_INLINE_ITEM by reference where they
+ * can be, the others inline (their bytes in @w->iov). Return: 0 or -errno (message set). */
+static int chan_write_segs(struct tp_chan *ch, const struct iovec *items, size_t n,
+			   Tpw__V1__ChanOp *op, struct chan_segs *w)
+{
+	uint64_t off = 0;
+
+	w->seg = calloc(n, sizeof(*w->seg));
+	w->segp = calloc(n, sizeof(*w->segp));
+	w->ref = calloc(n, sizeof(*w->ref));
+	w->iov = calloc(n, sizeof(*w->iov));
+	if (!w->seg || !w->segp || !w->ref || !w->iov)
+		return tpc_error(-ENOMEM, "out of memory");
+	for (size_t i = 0; i < n; i++) {
+		Tpw__V1__Segment *g = &w->seg[i];
+
+		w->segp[i] = g;
+		if (items[i].iov_len > TPW_CHAN_INLINE_ITEM &&
+		    chan_ref(ch->ctx, items[i].iov_base, items[i].iov_len, g, &w->ref[i]) == 0)
+			continue;
+		tpw__v1__segment__init(g);
+		g->length = items[i].iov_len;
+		g->loc_case = TPW__V1__SEGMENT__LOC_INLINE_OFF;
+		g->inline_off = off;
+		off += items[i].iov_len;
+		if (off > ch->ctx->lim.inline_max)
+			return tpc_error(-EMSGSIZE, "items of more than %u bytes inline (the "
+					 "daemon's inline limit): without CMA, a large item must "
+					 "be in a shared buffer (tp_buffer_alloc())",
+					 ch->ctx->lim.inline_max);
+		w->iov[w->n_iov++] = items[i];
+	}
+	op->n_segments = n;
+	op->segments = w->segp;
+	return 0;
+}
+
 TP_EXPORT int tp_chan_write(struct tp_chan *ch, const struct iovec *items, size_t n,
 			    int timeout_ms)
 {
 	Tpw__V1__ChanOp op = TPW__V1__CHAN_OP__INIT;
 	struct chan_req cr = { 0 };
+	struct chan_segs w = { 0 };
 	_cleanup_free_ uint64_t *lens = NULL;
 	uint64_t total = 0;
+	bool refs = false;
 	int r;
 
 	if (!ch || !items || n == 0)
@@ -338,22 +493,28 @@ TP_EXPORT int tp_chan_write(struct tp_chan *ch, const struct iovec *items, size_
 			return tpc_error(-EINVAL, "item %zu is empty", i);
 		lens[i] = items[i].iov_len;
 		total += lens[i];
-		if (total > ch->ctx->lim.inline_max)
-			return tpc_error(-EMSGSIZE, "a batch of more than %u bytes (the daemon's "
-					 "inline limit)", ch->ctx->lim.inline_max);
+		refs |= lens[i] > TPW_CHAN_INLINE_ITEM;
 	}
+	refs &= chan_fast(ch);
+	if (!refs && total > ch->ctx->lim.inline_max)
+		return tpc_error(-EMSGSIZE, "a batch of more than %u bytes (the daemon's inline "
+				 "limit)", ch->ctx->lim.inline_max);
 	op.op = TPW__V1__CHAN_OP_KIND__CHAN_OP_WRITE;
 	op.chan_id = ch->id;
 	op.n_lengths = n;
 	op.lengths = lens;
 	op.timeout_ms = timeout_ms < 0 ? UINT32_MAX : (uint32_t)timeout_ms;
-	r = chan_call(ch->ctx, &op, items, n, timeout_ms, &cr);
+	r = refs ? chan_write_segs(ch, items, n, &op, &w) : 0;
+	if (r == 0)
+		r = chan_call(ch->ctx, &op, refs ? w.iov : items, refs ? w.n_iov : n, timeout_ms,
+			      &cr);
+	chan_segs_free(&w);
 	if (r == -ETIMEDOUT && !cr.req.done)
 		return tpc_error(-EINPROGRESS, "channel '%s': %s: the batch may be written yet",
 				 ch->name, cr.req.msg);
-	if (r < 0)
+	if (r < 0 && cr.req.msg[0])
 		return tpc_error(r, "channel '%s': %s", ch->name, cr.req.msg);
-	return 0;
+	return r;
 }
 
 /* Takes the oldest late read of @ch if it holds its item; lock held. Return: owned, or NULL. */
@@ -368,23 +529,26 @@ static struct chan_req *late_take_locked(struct tp_chan *ch)
 	return cr;
 }
 
-/* Sends a read of @ch and waits for it. Return: owned chan_req to answer the call with (its
- * own, or an older late read's with its item), or NULL (-ENOMEM or a send error in *@ret_err). */
-static struct chan_req *chan_read_call(struct tp_chan *ch, Tpw__V1__ChanOp *op, int timeout_ms,
-				       int *ret_err)
+/* Sends READ @op of @ch for @cr (owned; its destination set) and waits for it. Return: owned
+ * chan_req to answer the call with (@cr, or an older late read's with its items), or NULL
+ * (-ENOMEM or a send error in *@ret_err). */
+static struct chan_req *chan_read_call(struct tp_chan *ch, Tpw__V1__ChanOp *op,
+				       struct chan_req *cr, int timeout_ms, int *ret_err)
 {
 	struct tp_context *ctx = ch->ctx;
-	struct chan_req *cr = calloc(1, sizeof(*cr)), *got;
+	struct chan_req *got;
 	int r;
 
-	*ret_err = cr ? chan_send(ctx, op, NULL, 0, cr) : tpc_error(-ENOMEM, "out of memory");
+	*ret_err = chan_send(ctx, op, NULL, 0, cr);
 	if (*ret_err < 0) {
+		if (!cr->into)
+			free(cr->dst); /* never sent: nobody copies into it */
 		free(cr);
 		return NULL;
 	}
 	pthread_mutex_lock(&ctx->lock);
 	r = chan_wait_locked(ctx, cr, timeout_ms, ch);
-	if (!cr->req.done || (cr->item && late_ready_locked(ch))) {
+	if (!cr->req.done || (cr->n && late_ready_locked(ch))) {
 		/* Gave up, or an older read's item came: this read's item waits on the handle. */
 		cr->ch = ch;
 		tpu_list_insert_tail(&ch->late, &cr->node);
@@ -398,8 +562,7 @@ static struct chan_req *chan_read_call(struct tp_chan *ch, Tpw__V1__ChanOp *op, 
 			}
 		}
 	} else if (late_ready_locked(ch)) { /* failed, but an older read's item came */
-		free(cr->item);
-		free(cr);
+		chan_req_free(cr);
 		got = late_take_locked(ch);
 	} else {
 		got = cr;
@@ -410,37 +573,215 @@ static struct chan_req *chan_read_call(struct tp_chan *ch, Tpw__V1__ChanOp *op, 
 	return got;
 }
 
-TP_EXPORT int tp_chan_read(struct tp_chan *ch, void **ret_item, size_t *ret_len, int timeout_ms)
+/* A new read request of @ch with destination @dst (@len bytes; @into: the caller's memory) or
+ * none. Return: owned, or NULL. */
+static struct chan_req *read_req_new(void *dst, size_t len, bool into)
+{
+	struct chan_req *cr = calloc(1, sizeof(*cr));
+
+	if (cr) {
+		cr->dst = dst;
+		cr->dst_len = len;
+		cr->into = into;
+	}
+	return cr;
+}
+
+/* The READ of @ch that takes the item the daemon holds for it (@len bytes) into a new
+ * allocation, by CMA. Return: as chan_read_call(). */
+static struct chan_req *read_held_call(struct tp_chan *ch, uint64_t len, int timeout_ms,
+				       int *ret_err)
 {
 	Tpw__V1__ChanOp op = TPW__V1__CHAN_OP__INIT;
-	_cleanup_free_ struct chan_req *cr = NULL;
+	Tpw__V1__Segment g = TPW__V1__SEGMENT__INIT;
+	void *buf = len <= SIZE_MAX ? malloc(len) : NULL;
+	struct chan_req *cr = buf ? read_req_new(buf, len, false) : NULL;
+
+	if (!cr) {
+		free(buf);
+		*ret_err = tpc_error(-ENOMEM, "out of memory for an item of %llu bytes",
+				     (unsigned long long)len);
+		return NULL;
+	}
+	/* A private allocation, by CMA (the daemon held the item because this context had CMA;
+	 * it answers with an error if that changed). */
+	g.length = len;
+	g.loc_case = TPW__V1__SEGMENT__LOC_CMA_ADDR;
+	g.cma_addr = (uint64_t)(uintptr_t)buf;
+	op.op = TPW__V1__CHAN_OP_KIND__CHAN_OP_READ;
+	op.chan_id = ch->id;
+	op.take_held = true;
+	op.n_segments = 1;
+	op.segments = (Tpw__V1__Segment *[]){ &g };
+	return chan_read_call(ch, &op, cr, timeout_ms, ret_err);
+}
+
+/*
+ * One read of up to @max items of @ch (@into: the caller's allocation for one item, or NULL):
+ * items a late read holds first, else one READ (and, for an item the daemon holds, the READ
+ * that takes it). Return: owned chan_req whose items from @next on answer the call (status 0),
+ * or NULL with *@ret_err (message set).
+ */
+static struct chan_req *chan_read_one(struct tp_chan *ch, size_t max, const struct iovec *into,
+				      int timeout_ms, int *ret_err)
+{
+	Tpw__V1__ChanOp op = TPW__V1__CHAN_OP__INIT;
+	Tpw__V1__Segment g, *gp[1] = { &g };
+	Tpw__V1__ShmRef ref;
+	struct chan_req *cr;
+
+	pthread_mutex_lock(&ch->ctx->lock);
+	cr = late_take_locked(ch); /* an item that came after its reader gave up goes first */
+	pthread_mutex_unlock(&ch->ctx->lock);
+	if (cr)
+		return cr;
+	op.op = TPW__V1__CHAN_OP_KIND__CHAN_OP_READ;
+	op.chan_id = ch->id;
+	op.timeout_ms = timeout_ms < 0 ? UINT32_MAX : (uint32_t)timeout_ms;
+	if (chan_fast(ch)) {
+		op.max_items = max > 1 ? (uint32_t)TPU_MIN(max, ch->ctx->lim.segments_max) : 0;
+		op.inline_only = !__atomic_load_n(&ch->ctx->cma_ok, __ATOMIC_RELAXED);
+	}
+	if (into) {
+		if (chan_ref(ch->ctx, into->iov_base, into->iov_len, &g, &ref) < 0) {
+			*ret_err = tpc_error(-EOPNOTSUPP, "tp_chan_read_into: without CMA, the "
+					     "allocation must be in a shared buffer");
+			return NULL;
+		}
+		op.n_segments = 1;
+		op.segments = gp;
+	}
+	cr = into ? read_req_new(into->iov_base, into->iov_len, true) : read_req_new(NULL, 0, 0);
+	if (!cr) {
+		*ret_err = tpc_error(-ENOMEM, "out of memory");
+		return NULL;
+	}
+	cr = chan_read_call(ch, &op, cr, timeout_ms, ret_err);
+	if (cr && cr->req.status == 0 && !cr->n && cr->held_len && !into) {
+		uint64_t len = cr->held_len;
+
+		chan_req_free(cr);
+		cr = read_held_call(ch, len, timeout_ms, ret_err);
+	}
+	return cr;
+}
+
+/* The status of @cr's read of @ch as the call returns it; frees @cr on failure. @timeout_ms:
+ * the call's (0: an empty channel is -EAGAIN). */
+static int chan_read_status(struct tp_chan *ch, struct chan_req *cr, int timeout_ms)
+{
+	int r = cr->req.status;
+
+	if (r == -ETIMEDOUT && timeout_ms == 0 && cr->req.done)
+		r = -EAGAIN;
+	if (r == 0 && cr->next >= cr->n)
+		r = -EPROTO;
+	if (r < 0) {
+		r = tpc_error(r, "channel '%s': %s", ch->name,
+			      r == -EPROTO && !cr->req.status ? "an answer without an item"
+							       : cr->req.msg);
+		chan_req_free(cr);
+	}
+	return r;
+}
+
+/* Files what is left of @cr (items not taken) first on @ch's late reads, or frees it. */
+static void chan_req_keep(struct tp_chan *ch, struct chan_req *cr)
+{
+	if (cr->next >= cr->n)
+		return chan_req_free(cr);
+	pthread_mutex_lock(&ch->ctx->lock);
+	cr->ch = ch;
+	tpu_list_insert_head(&ch->late, &cr->node);
+	pthread_mutex_unlock(&ch->ctx->lock);
+}
+
+TP_EXPORT int tp_chan_read(struct tp_chan *ch, void **ret_item, size_t *ret_len, int timeout_ms)
+{
+	struct chan_req *cr;
+	bool closed;
 	int r;
 
 	if (!ch || !ret_item || !ret_len)
 		return tpc_error(-EINVAL, "tp_chan_read: NULL argument");
-	pthread_mutex_lock(&ch->ctx->lock);
-	cr = late_take_locked(ch); /* an item that came after its reader gave up goes first */
-	pthread_mutex_unlock(&ch->ctx->lock);
-	if (!cr) {
-		op.op = TPW__V1__CHAN_OP_KIND__CHAN_OP_READ;
-		op.chan_id = ch->id;
-		op.timeout_ms = timeout_ms < 0 ? UINT32_MAX : (uint32_t)timeout_ms;
-		cr = chan_read_call(ch, &op, timeout_ms, &r);
-		if (!cr)
-			return r;
+	cr = chan_read_one(ch, 1, NULL, timeout_ms, &r);
+	if (!cr)
+		return r;
+	r = chan_read_status(ch, cr, timeout_ms);
+	if (r < 0)
+		return r;
+	*ret_item = cr->items[cr->next].iov_base;
+	*ret_len = cr->items[cr->next++].iov_len;
+	closed = cr->closed;
+	chan_req_keep(ch, cr);
+	return closed ? TP_CHAN_CLOSED : 0;
+}
+
+TP_EXPORT int tp_chan_read_into(struct tp_chan *ch, void *buf, size_t size, size_t *ret_len,
+				int timeout_ms)
+{
+	struct iovec into = { .iov_base = buf, .iov_len = size };
+	struct chan_req *cr;
+	struct iovec *it;
+	bool closed;
+	int r;
+
+	if (!ch || !buf || !size || !ret_len)
+		return tpc_error(-EINVAL, "tp_chan_read_into: NULL argument or no room");
+	if (!chan_fast(ch))
+		return tpc_error(-EOPNOTSUPP, "tp_chan_read_into: channel '%s' %s", ch->name,
+				 ch->remote ? "is on another host" : "is on a daemon before "
+				 "protocol minor 7");
+	cr = chan_read_one(ch, 1, &into, timeout_ms, &r);
+	if (!cr)
+		return r;
+	if (cr->req.status == -EMSGSIZE && cr->held_len)
+		*ret_len = cr->held_len; /* the item stays first in the channel */
+	r = chan_read_status(ch, cr, timeout_ms);
+	if (r < 0)
+		return r;
+	it = &cr->items[cr->next];
+	if (it->iov_base != buf) { /* inline, or a late read's */
+		if (it->iov_len > size) {
+			*ret_len = it->iov_len;
+			chan_req_keep(ch, cr);
+			return tpc_error(-EMSGSIZE, "channel '%s': an item of %zu bytes kept by this "
+					 "handle does not fit %zu", ch->name, it->iov_len, size);
+		}
+		memcpy(buf, it->iov_base, it->iov_len);
+		free(it->iov_base);
 	}
-	r = cr->req.status;
-	if (r == -ETIMEDOUT && timeout_ms == 0 && cr->req.done)
-		r = -EAGAIN;
-	if (r < 0) {
-		free(cr->item);
-		return tpc_error(r, "channel '%s': %s", ch->name, cr->req.msg);
+	*ret_len = it->iov_len;
+	cr->next++;
+	closed = cr->closed;
+	chan_req_keep(ch, cr);
+	return closed ? TP_CHAN_CLOSED : 0;
+}
+
+TP_EXPORT int tp_chan_read_many(struct tp_chan *ch, struct tp_chan_item *items, size_t max,
+				size_t *ret_n, int timeout_ms)
+{
+	struct chan_req *cr;
+	bool closed;
+	size_t k = 0;
+	int r;
+
+	if (!ch || !items || !max || !ret_n)
+		return tpc_error(-EINVAL, "tp_chan_read_many: NULL argument or no room");
+	cr = chan_read_one(ch, max, NULL, timeout_ms, &r);
+	if (!cr)
+		return r;
+	r = chan_read_status(ch, cr, timeout_ms);
+	if (r < 0)
+		return r;
+	while (k < max && cr->next < cr->n) {
+		items[k].data = cr->items[cr->next].iov_base;
+		items[k++].len = cr->items[cr->next++].iov_len;
 	}
-	if (!cr->item)
-		return tpc_error(-EPROTO, "channel '%s': an answer without an item", ch->name);
-	*ret_item = cr->item;
-	*ret_len = cr->len;
-	return cr->closed ? TP_CHAN_CLOSED : 0;
+	closed = cr->closed;
+	chan_req_keep(ch, cr);
+	*ret_n = k;
+	return closed ? TP_CHAN_CLOSED : 0;
 }
 
 static int chan_simple(struct tp_chan *ch, Tpw__V1__ChanOpKind kind, const char *what)
@@ -484,16 +825,15 @@ static int chan_give_back(struct tp_chan *via, struct tpu_list *kept, const char
 	int r = 0, w;
 
 	tpu_list_for_each_safe(cr, tmp, kept, node) {
-		struct iovec iov = { .iov_base = cr->item, .iov_len = cr->len };
-
-		w = via ? tp_chan_write(via, &iov, 1, via->ctx->reply_ms) : -ENOENT;
-		if (w < 0) {
-			r = r ? r : w;
-			lost++;
+		for (size_t i = cr->next; i < cr->n; i++) {
+			w = via ? tp_chan_write(via, &cr->items[i], 1, via->ctx->reply_ms) : -ENOENT;
+			if (w < 0) {
+				r = r ? r : w;
+				lost++;
+			}
 		}
 		tpu_list_remove(&cr->node);
-		free(cr->item);
-		free(cr);
+		chan_req_free(cr);
 	}
 	if (r < 0)
 		return tpc_error(r, "%u item(s) that came after their read gave up could not be "
@@ -531,7 +871,7 @@ static int chan_release_late(struct tp_chan *ch)
 		if (tpc_map_get(&ctx->reqs, cr->req.id) == &cr->req)
 			tpc_map_del(&ctx->reqs, cr->req.id);
 		tpu_list_remove(&cr->node);
-		free(cr);
+		chan_req_free(cr); /* keeps a destination a copy may still reach */
 	}
 	pthread_mutex_unlock(&ctx->lock);
 	if (!tpu_list_empty(&kept)) {
