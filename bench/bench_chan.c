@@ -7,8 +7,9 @@
  * writer's items and the readers' allocations in private memory (the daemon copies items above
  * 64 KiB in and out by CMA), "chan-shm" with both in shared buffers (tp_buffer_alloc(): memcpy).
  * Readers take items of up to 64 KiB with tp_chan_read_many() (64 per call at most) and larger
- * ones with tp_chan_read_into() into one reused allocation; the writer writes batches of 16
- * items up to 64 KiB, one item above. With a daemon or library before protocol minor 7 (or
+ * ones with tp_chan_read_into() into one reused allocation; the writer writes batches
+ * (bench_batch(): up to 64 small items within the daemon's 1 MiB inline limit, 4 MiB of larger
+ * ones). With a daemon or library before protocol minor 7 (or
  * BENCH_CHAN_OLD=1) the readers use tp_chan_read() and items above the inline limit are
  * reported as n/a, as this program did before.
  *
@@ -99,6 +100,17 @@ static int chan_reader(const char *name, size_t size, bool shm)
 	return r;
 }
 
+/* Items per write: up to 64 of 4 KiB or 16 of 64 KiB (the daemon's 1 MiB inline limit), 4 of
+ * 1 MiB, 1 of 16 MiB (before minor 7: 16 up to 64 KiB, else 1, as this program did). */
+static unsigned bench_batch(size_t size)
+{
+	if (old_api)
+		return size <= 65536 ? 16 : 1;
+	if (size <= 65536)
+		return (1u << 20) / size < 64 ? (unsigned)((1u << 20) / size) : 64;
+	return size < (4u << 20) ? (unsigned)((4u << 20) / size) : 1;
+}
+
 /* One row through a channel: @n items of @size to @readers readers, from and into shared
  * buffers (@shm) or private memory. Return: seconds, < 0 on failure. */
 static double run_chan(size_t size, unsigned n, unsigned readers, bool shm)
@@ -107,8 +119,8 @@ static double run_chan(size_t size, unsigned n, unsigned readers, bool shm)
 				     .owner_uid = -1, .capacity_items = 256 };
 	struct tp_context *ctx;
 	struct tp_chan *ch;
-	struct iovec iov[16];
-	unsigned batch = size <= 65536 ? 16 : 1;
+	struct iovec iov[64];
+	unsigned batch = bench_batch(size);
 	pid_t pids[4];
 	char *buf;
 	double t0, t;
@@ -235,7 +247,7 @@ int main(int argc, char **argv)
 		double want = secs * 2e9 / sizes[i];
 		unsigned n = (unsigned)(want > 500000 * secs ? 500000 * secs : want);
 
-		n = n < 64 ? 64 : (n + 15) / 16 * 16;
+		n = n < 64 ? 64 : (n + 63) / 64 * 64; /* a multiple of every batch */
 		for (size_t k = 0; k < 2; k++) {
 			for (int shm = 0; shm < 2; shm++) {
 				const char *what = shm ? "chan-shm" : "chan-priv";
