@@ -5,9 +5,10 @@
  * same through ZeroMQ PUSH/PULL over ipc:// in the same run when built with libzmq (Debian:
  * libzmq3-dev; otherwise its rows say "skipped"). Channel rows run twice: "chan-priv" with the
  * writer's items and the readers' allocations in private memory (the daemon copies items above
- * 64 KiB in and out by CMA), "chan-shm" with both in shared buffers (tp_buffer_alloc(): memcpy).
- * Readers take items of up to 64 KiB with tp_chan_read_many() (64 per call at most) and larger
- * ones with tp_chan_read_into() into one reused allocation; the writer writes batches
+ * 256 KiB in and out by CMA), "chan-shm" with both in shared buffers (tp_buffer_alloc(): the
+ * daemon copies items above 16 KiB with memcpy). Readers take the items that ride inline with
+ * tp_chan_read_many() (64 per call at most) and the others with tp_chan_read_into() into one
+ * reused allocation; the writer writes batches
  * (bench_batch(): up to 64 small items within the daemon's 1 MiB inline limit, 4 MiB of larger
  * ones). With a daemon or library before protocol minor 7 (or
  * BENCH_CHAN_OLD=1) the readers use tp_chan_read() and items above the inline limit are
@@ -38,6 +39,7 @@ static double now_s(void)
 }
 
 static bool old_api; /* BENCH_CHAN_OLD=1: one tp_chan_read() per item, as before minor 7 */
+static size_t read_max = 64; /* BENCH_CHAN_MANY: items per tp_chan_read_many() (1: read_into) */
 
 /* Memory of @size bytes: shared (tp_buffer_alloc()) or private. NULL on failure. */
 static void *mem_alloc(struct tp_context *ctx, size_t size, bool shm)
@@ -58,7 +60,7 @@ static void mem_free(struct tp_context *ctx, void *p, bool shm)
 }
 
 /* Reads until the channel is drained. Return: 0, or 1 on a failure. */
-static int chan_read_all(struct tp_chan *ch, size_t size, void *buf)
+static int chan_read_all(struct tp_chan *ch, size_t size, void *buf, bool shm)
 {
 	struct tp_chan_item it[64];
 	size_t n, len;
@@ -70,8 +72,8 @@ static int chan_read_all(struct tp_chan *ch, size_t size, void *buf)
 			r = tp_chan_read(ch, &item, &len, -1);
 			if (r >= 0)
 				free(item);
-		} else if (size <= 65536) {
-			r = tp_chan_read_many(ch, it, 64, &n, -1);
+		} else if (size <= (shm ? 16384u : 262144u) && read_max > 1) {
+			r = tp_chan_read_many(ch, it, read_max, &n, -1);
 			for (size_t k = 0; r >= 0 && k < n; k++)
 				free(it[k].data);
 		} else {
@@ -92,7 +94,7 @@ static int chan_reader(const char *name, size_t size, bool shm)
 	if (tp_context_new(NULL, &ctx) < 0 || tp_chan_open(ctx, name, NULL, &ch) < 0)
 		return 1;
 	buf = mem_alloc(ctx, size, shm);
-	r = buf ? chan_read_all(ch, size, buf) : 1;
+	r = buf ? chan_read_all(ch, size, buf, shm) : 1;
 	if (buf)
 		mem_free(ctx, buf, shm);
 	tp_chan_release(ch);
@@ -241,8 +243,14 @@ int main(int argc, char **argv)
 	signal(SIGPIPE, SIG_IGN);
 	setvbuf(stdout, NULL, _IOLBF, 0);
 	old_api = getenv("BENCH_CHAN_OLD") && atoi(getenv("BENCH_CHAN_OLD"));
+	if (getenv("BENCH_CHAN_MANY"))
+		read_max = (size_t)atoi(getenv("BENCH_CHAN_MANY"));
+	if (read_max < 1 || read_max > 64)
+		read_max = 64;
 	printf("%-9s %9s %7s %10s %10s\n", "WHAT", "ITEM", "READERS", "ITEMS/S", "GB/S");
 	for (size_t i = 0; i < sizeof(sizes) / sizeof(sizes[0]); i++) {
+		if (getenv("BENCH_CHAN_SIZE") && (size_t)atol(getenv("BENCH_CHAN_SIZE")) != sizes[i])
+			continue;
 		/* about @secs at 2 GB/s or 500k items/s, at least 64 items */
 		double want = secs * 2e9 / sizes[i];
 		unsigned n = (unsigned)(want > 500000 * secs ? 500000 * secs : want);

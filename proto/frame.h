@@ -78,9 +78,12 @@
 #define TPW_MINOR_CANCEL 5
 #define TPW_MINOR_CUDA_DMABUF 6
 #define TPW_MINOR_CHAN_FAST 7
-/* Channel items up to this size ride inline in frames (writes and answers); larger ones are
- * copied between the clients' memory and the daemon (protocol minor 7, docs/channels.md). */
-#define TPW_CHAN_INLINE_ITEM (64u << 10)
+/* Channel items up to TPW_CHAN_INLINE_ITEM ride inline in frames (writes and answers), except
+ * that items above TPW_CHAN_SHM_ITEM in (or read into) a shared buffer are copied with memcpy;
+ * other items are copied between the clients' memory and the daemon by CMA (protocol minor 7,
+ * docs/channels.md: a CMA access costs more than a frame for smaller items, a memcpy less). */
+#define TPW_CHAN_INLINE_ITEM (256u << 10)
+#define TPW_CHAN_SHM_ITEM (16u << 10)
 
 struct tpw_hdr {
 	uint32_t magic;

@@ -919,10 +919,11 @@ int tp_chan_open(struct tp_context *ctx, const char *name, const struct tp_chan_
  * call gave up: the batch may be written, now or later, so a retry may write it twice),
  * -EMSGSIZE (the batch is larger than the channel's capacity, or than the daemon's inline
  * limit), -EINVAL (n == 0 or an empty item).
- * Items above 64 KiB on a channel of this host's daemon (protocol minor 7) do not ride inline:
- * the daemon copies each once, from the shared buffer it lies in (tp_buffer_alloc()) or else
- * from the caller's memory by CMA, before it answers; any size up to the channel's capacity.
- * Without CMA such an item outside a shared buffer rides inline (the inline limit applies).
+ * On a channel of this host's daemon (protocol minor 7) items above 16 KiB in a shared buffer
+ * (tp_buffer_alloc()) and items above 256 KiB in other memory do not ride inline: the daemon
+ * copies each once, with memcpy from the shared buffer or by CMA from the caller's memory,
+ * before it answers; any size up to the channel's capacity. Without CMA such an item outside a
+ * shared buffer rides inline (the inline limit applies).
  * When the call returns (any result but -EINPROGRESS) the daemon no longer reads the items.
  */
 int tp_chan_write(struct tp_chan *ch, const struct iovec *items, size_t n, int timeout_ms);
@@ -1063,8 +1064,8 @@ int tp_wq_release(struct tp_wq *q);
 
 /* ---- channel items at any size, batch reads (docs/channels.md; daemon protocol minor 7) -----
  *
- * tp_chan_read() takes an item of any size up to the channel's capacity (an item above 64 KiB is
- * copied once by the daemon into the new allocation, by CMA: without CMA such an item larger
+ * tp_chan_read() takes an item of any size up to the channel's capacity (an item above 256 KiB
+ * is copied once by the daemon into the new allocation, by CMA: without CMA such an item larger
  * than the daemon's inline limit fails the read with -EMSGSIZE and stays first in the channel;
  * read it with tp_chan_read_into() into a shared buffer). The calls below need a channel of this
  * host's daemon of protocol minor 7 (-EOPNOTSUPP otherwise, or: tp_chan_read_many() takes one
@@ -1074,7 +1075,8 @@ int tp_wq_release(struct tp_wq *q);
 /*
  * tp_chan_read_into() - tp_chan_read() into the caller's allocation @buf of @size bytes: the
  * daemon copies the item straight there (one copy from the daemon; @buf in a shared buffer of
- * the context, tp_buffer_alloc(), is written with memcpy, any other memory by CMA).
+ * the context, tp_buffer_alloc(), is written with memcpy for items above 16 KiB, any other
+ * memory by CMA for items above 256 KiB; smaller items come inline and the library copies them).
  * @ret_len: the item's length; with -EMSGSIZE, the length of the item that does not fit (it
  * stays first in the channel, for this or another reader).
  * A call that gives up waiting for the daemon (-ETIMEDOUT past reply_timeout_ms) may still have
@@ -1095,7 +1097,7 @@ struct tp_chan_item {
 /*
  * tp_chan_read_many() - take up to @max items in one answer: the oldest item, waiting as
  * tp_chan_read() does, and the items that follow it in the channel, as long as each is at most
- * 64 KiB and they add up to the daemon's inline limit (a larger item comes alone, as
+ * 256 KiB and they add up to the daemon's inline limit (a larger item comes alone, as
  * tp_chan_read() gets it). The reader whose turn it is (the oldest waiting) takes them all.
  * @items: filled with @ret_n owned items (1..@max) on success.
  * Return: as tp_chan_read() (TP_CHAN_CLOSED: the channel is closed), -EINVAL.

@@ -386,10 +386,10 @@ static bool chan_fast(const struct tp_chan *ch)
 	return !ch->remote && ch->ctx->daemon_minor >= TPW_MINOR_CHAN_FAST;
 }
 
-/* @g: [@p, @p + @len) by reference: a range of one of the context's shared buffers, else the
- * caller's memory by CMA. Return: 0, or -EOPNOTSUPP (neither: no CMA). */
-static int chan_ref(struct tp_context *ctx, const void *p, size_t len, Tpw__V1__Segment *g,
-		    Tpw__V1__ShmRef *ref)
+/* @g: [@p, @p + @len) by reference: a range of one of the context's shared buffers, else (with
+ * @cma) the caller's memory by CMA. Return: 0, or -EOPNOTSUPP (neither). */
+static int chan_ref(struct tp_context *ctx, const void *p, size_t len, bool cma,
+		    Tpw__V1__Segment *g, Tpw__V1__ShmRef *ref)
 {
 	struct tpc_buf *b;
 
@@ -408,7 +408,7 @@ static int chan_ref(struct tp_context *ctx, const void *p, size_t len, Tpw__V1__
 	pthread_mutex_unlock(&ctx->lock);
 	if (g->loc_case == TPW__V1__SEGMENT__LOC_SHM)
 		return 0;
-	if (!__atomic_load_n(&ctx->cma_ok, __ATOMIC_RELAXED))
+	if (!cma || !__atomic_load_n(&ctx->cma_ok, __ATOMIC_RELAXED))
 		return -EOPNOTSUPP;
 	g->loc_case = TPW__V1__SEGMENT__LOC_CMA_ADDR;
 	g->cma_addr = (uint64_t)(uintptr_t)p;
@@ -432,8 +432,9 @@ static void chan_segs_free(struct chan_segs *w)
 	free(w->iov);
 }
 
-/* Fills @op's segments for @items: those above TPW_CHAN_INLINE_ITEM by reference where they
- * can be, the others inline (their bytes in @w->iov). Return: 0 or -errno (message set). */
+/* Fills @op's segments for @items: by reference where they can be, those above
+ * TPW_CHAN_SHM_ITEM in a shared buffer and those above TPW_CHAN_INLINE_ITEM in private memory
+ * (CMA); the others inline (their bytes in @w->iov). Return: 0 or -errno (message set). */
 static int chan_write_segs(struct tp_chan *ch, const struct iovec *items, size_t n,
 			   Tpw__V1__ChanOp *op, struct chan_segs *w)
 {
@@ -449,8 +450,9 @@ static int chan_write_segs(struct tp_chan *ch, const struct iovec *items, size_t
 		Tpw__V1__Segment *g = &w->seg[i];
 
 		w->segp[i] = g;
-		if (items[i].iov_len > TPW_CHAN_INLINE_ITEM &&
-		    chan_ref(ch->ctx, items[i].iov_base, items[i].iov_len, g, &w->ref[i]) == 0)
+		if (items[i].iov_len > TPW_CHAN_SHM_ITEM &&
+		    chan_ref(ch->ctx, items[i].iov_base, items[i].iov_len,
+			     items[i].iov_len > TPW_CHAN_INLINE_ITEM, g, &w->ref[i]) == 0)
 			continue;
 		tpw__v1__segment__init(g);
 		g->length = items[i].iov_len;
@@ -493,7 +495,7 @@ TP_EXPORT int tp_chan_write(struct tp_chan *ch, const struct iovec *items, size_
 			return tpc_error(-EINVAL, "item %zu is empty", i);
 		lens[i] = items[i].iov_len;
 		total += lens[i];
-		refs |= lens[i] > TPW_CHAN_INLINE_ITEM;
+		refs |= lens[i] > TPW_CHAN_SHM_ITEM;
 	}
 	refs &= chan_fast(ch);
 	if (!refs && total > ch->ctx->lim.inline_max)
@@ -643,7 +645,7 @@ static struct chan_req *chan_read_one(struct tp_chan *ch, size_t max, const stru
 		op.inline_only = !__atomic_load_n(&ch->ctx->cma_ok, __ATOMIC_RELAXED);
 	}
 	if (into) {
-		if (chan_ref(ch->ctx, into->iov_base, into->iov_len, &g, &ref) < 0) {
+		if (chan_ref(ch->ctx, into->iov_base, into->iov_len, true, &g, &ref) < 0) {
 			*ret_err = tpc_error(-EOPNOTSUPP, "tp_chan_read_into: without CMA, the "
 					     "allocation must be in a shared buffer");
 			return NULL;

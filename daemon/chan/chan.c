@@ -339,10 +339,11 @@ static void chan_deliver(struct chan_handle *h, const struct chan_read *rd)
 			 it->len, (unsigned long long)rd->room);
 		return chan_answer_len(h, rd->req_id, -EMSGSIZE, why, it->len);
 	}
+	if (rd->dst_set && (it->len > TPW_CHAN_INLINE_ITEM ||
+			    (rd->dst.buf && it->len > TPW_CHAN_SHM_ITEM)))
+		return copy_out(h, rd->req_id, item_take(c), &rd->dst);
 	if (it->len <= TPW_CHAN_INLINE_ITEM)
 		return deliver_inline(h, rd);
-	if (rd->dst_set)
-		return copy_out(h, rd->req_id, item_take(c), &rd->dst);
 	if (rd->fast) {
 		h->held = item_take(c);
 		return chan_answer_len(h, rd->req_id, 0, NULL, it->len);

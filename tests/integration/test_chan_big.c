@@ -1,7 +1,7 @@
 /* SPDX-License-Identifier: BSD-3-Clause */
 /*
  * Integration suite: channel items that do not ride inline and batch reads (issue 25 part
- * chanfast; docs/channels.md "Items at any size"). Items from 64 KiB + 1 to 16 MiB written from
+ * chanfast; docs/channels.md "Items at any size"). Items from 16 KiB + 1 to 16 MiB written from
  * shared buffers and from private memory arrive byte-exact, each exactly once, in 1 and 4
  * reader processes reading into private memory (tp_chan_read(), tp_chan_read_into()) and into
  * shared buffers; the channel's byte capacity just at and just above an item; a read's
@@ -41,7 +41,8 @@ static void teardown(void)
 /* Item @i: its length, and its bytes derived from (i, offset). */
 static size_t item_len(unsigned i)
 {
-	static const size_t lens[] = { 65537, MIB, 16 * MIB - 3, 3 * MIB + 1, 100000, 16 * MIB };
+	static const size_t lens[] = { TPW_CHAN_SHM_ITEM + 1, MIB, 16 * MIB - 3, 3 * MIB + 1,
+					 TPW_CHAN_INLINE_ITEM + 1, 16 * MIB };
 
 	return lens[i % TPU_ARRAY_SIZE(lens)];
 }
