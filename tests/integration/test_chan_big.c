@@ -6,7 +6,8 @@
  * reader processes reading into private memory (tp_chan_read(), tp_chan_read_into()) and into
  * shared buffers; the channel's byte capacity just at and just above an item; a read's
  * allocation just below and at the item's length; batch reads take up to their maximum and the
- * daemon's inline limit, in order, and stop before a large item; a reader that dies while the
+ * daemon's inline limit, in order, and stop before a large item; the owner's chan-bytes-per-uid
+ * counts items by reference just at and just above; a reader that dies while the
  * daemon holds an item for it, and a reader whose allocation the daemon cannot write, lose the
  * item to nobody: the next reader gets it.
  */
@@ -408,6 +409,43 @@ START_TEST(test_failed_or_dead_reader_loses_nothing)
 }
 END_TEST
 
+/* The owner's chan-bytes-per-uid counts items copied in by reference, just at and just above,
+ * in two channels; a read gives the bytes back. */
+START_TEST(test_uid_bytes_by_reference)
+{
+	static const char *const args[] = { "--chan-bytes-per-uid", "3M", NULL };
+	struct tp_chan_options o = { .size = sizeof(o), .flags = TP_CHAN_CREATE, .owner_uid = -1 };
+	struct tpt_daemon d;
+	struct tp_context *ctx;
+	struct tp_chan *a, *b;
+	uint8_t *p = malloc(2 * MIB);
+	struct iovec iov = { .iov_base = p, .iov_len = 2 * MIB };
+	void *item;
+	size_t len;
+
+	ck_assert_int_eq(tpt_daemon_start(&d, args), 0);
+	ck_assert_int_eq(tpt_ctx_new(&d, 0, "uidbytes", &ctx), 0);
+	ck_assert_int_eq(tp_chan_open(ctx, "a", &o, &a), 0);
+	ck_assert_int_eq(tp_chan_open(ctx, "b", &o, &b), 0);
+	memset(p, 7, 2 * MIB);
+	ck_assert_int_eq(tp_chan_write(a, &iov, 1, 0), 0); /* 2 MiB */
+	iov.iov_len = MIB + 1;
+	ck_assert_int_eq(tp_chan_write(b, &iov, 1, 0), -ENOBUFS); /* 3 MiB + 1: just above */
+	iov.iov_len = MIB;
+	ck_assert_int_eq(tp_chan_write(b, &iov, 1, 0), 0); /* 3 MiB: just at */
+	ck_assert_int_eq(tp_chan_read(a, &item, &len, 0), 0);
+	ck_assert_uint_eq(len, 2 * MIB);
+	free(item);
+	iov.iov_len = 2 * MIB;
+	ck_assert_int_eq(tp_chan_write(b, &iov, 1, 0), 0); /* room again */
+	free(p);
+	tp_chan_release(a);
+	tp_chan_release(b);
+	tp_context_free(ctx);
+	ck_assert_int_eq(tpt_daemon_stop(&d), 0);
+}
+END_TEST
+
 static Suite *suite(void)
 {
 	Suite *s = suite_create("chan_big");
@@ -422,6 +460,7 @@ static Suite *suite(void)
 	tcase_add_test(tc, test_limits_around_16mib);
 	tcase_add_test(tc, test_read_many);
 	tcase_add_test(tc, test_failed_or_dead_reader_loses_nothing);
+	tcase_add_test(tc, test_uid_bytes_by_reference);
 	suite_add_tcase(s, tc);
 	return s;
 }
