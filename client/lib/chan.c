@@ -612,6 +612,7 @@ static struct chan_req *read_held_call(struct tp_chan *ch, uint64_t len, int tim
 	g.cma_addr = (uint64_t)(uintptr_t)buf;
 	op.op = TPW__V1__CHAN_OP_KIND__CHAN_OP_READ;
 	op.chan_id = ch->id;
+	op.timeout_ms = timeout_ms < 0 ? UINT32_MAX : (uint32_t)timeout_ms;
 	op.take_held = true;
 	op.n_segments = 1;
 	op.segments = (Tpw__V1__Segment *[]){ &g };
@@ -659,11 +660,21 @@ static struct chan_req *chan_read_one(struct tp_chan *ch, size_t max, const stru
 		return NULL;
 	}
 	cr = chan_read_call(ch, &op, cr, timeout_ms, ret_err);
-	if (cr && cr->req.status == 0 && !cr->n && cr->held_len && !into) {
+	/* An item held for the handle: take it into a new allocation. Another thread reading the
+	 * handle may take it first (-ENOENT): then read again. */
+	for (unsigned tries = 0; cr && cr->req.status == 0 && !cr->n && cr->held_len && !into;) {
 		uint64_t len = cr->held_len;
 
 		chan_req_free(cr);
 		cr = read_held_call(ch, len, timeout_ms, ret_err);
+		if (!cr || cr->req.status != -ENOENT || ++tries == 16)
+			break;
+		chan_req_free(cr);
+		if (!(cr = read_req_new(NULL, 0, false))) {
+			*ret_err = tpc_error(-ENOMEM, "out of memory");
+			break;
+		}
+		cr = chan_read_call(ch, &op, cr, timeout_ms, ret_err);
 	}
 	return cr;
 }

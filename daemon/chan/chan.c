@@ -344,9 +344,10 @@ static void chan_deliver(struct chan_handle *h, const struct chan_read *rd)
 		return copy_out(h, rd->req_id, item_take(c), &rd->dst);
 	if (it->len <= TPW_CHAN_INLINE_ITEM)
 		return deliver_inline(h, rd);
-	if (rd->fast) {
-		h->held = item_take(c);
-		return chan_answer_len(h, rd->req_id, 0, NULL, it->len);
+	if (rd->fast) { /* another read of @h (another thread) may have been answered first */
+		if (!h->held)
+			h->held = item_take(c);
+		return chan_answer_len(h, rd->req_id, 0, NULL, h->held->len);
 	}
 	if (it->len <= tpd_daemon_limits(c->cs->d)->inline_max)
 		return deliver_inline(h, rd);

@@ -7,12 +7,14 @@
  * shared buffers; the channel's byte capacity just at and just above an item; a read's
  * allocation just below and at the item's length; batch reads take up to their maximum and the
  * daemon's inline limit, in order, and stop before a large item; the owner's chan-bytes-per-uid
- * counts items by reference just at and just above; a reader that dies while the
+ * counts items by reference just at and just above; two threads reading through one handle
+ * get each large item once; a reader that dies while the
  * daemon holds an item for it, and a reader whose allocation the daemon cannot write, lose the
  * item to nobody: the next reader gets it.
  */
 #include <check.h>
 #include <errno.h>
+#include <pthread.h>
 #include <signal.h>
 #include <stdatomic.h>
 #include <stdio.h>
@@ -62,7 +64,7 @@ static void item_fill(uint8_t *p, unsigned i, size_t len)
 /* Checks that @p (@len bytes) is one item; its index into *@ret. Return: 0 or -1. */
 static int item_check(const uint8_t *p, size_t len, unsigned *ret)
 {
-	static uint8_t *want;
+	static __thread uint8_t *want; /* per thread: two threads check items at once */
 	unsigned i;
 
 	if (len < sizeof(i))
@@ -446,6 +448,67 @@ START_TEST(test_uid_bytes_by_reference)
 }
 END_TEST
 
+struct thread_reader {
+	struct tp_chan *ch;
+	atomic_uint *got;
+	int r;
+};
+
+static void *thread_read(void *arg)
+{
+	struct thread_reader *t = arg;
+	void *item;
+	size_t len;
+	unsigned i;
+
+	while ((t->r = tp_chan_read(t->ch, &item, &len, T_MS)) >= 0) {
+		if (item_check(item, len, &i) < 0)
+			t->r = -EBADMSG;
+		else
+			atomic_fetch_add(&t->got[i], 1);
+		free(item);
+		if (t->r < 0)
+			break;
+	}
+	return NULL;
+}
+
+/* Two threads reading large items through one handle: each item once (the daemon holds one
+ * item per handle; the thread that finds it taken by the other reads again). */
+START_TEST(test_two_threads_one_handle)
+{
+	struct tp_chan_options o = { .size = sizeof(o), .flags = TP_CHAN_CREATE, .owner_uid = -1 };
+	struct tp_context *ctx = ctx_new();
+	static atomic_uint got[N_ITEMS];
+	struct thread_reader t[2];
+	pthread_t tid[2];
+	struct tp_chan *ch;
+	uint8_t *p = malloc(16 * MIB);
+
+	ck_assert_int_eq(tp_chan_open(ctx, "big.threads", &o, &ch), 0);
+	for (unsigned k = 0; k < 2; k++) {
+		t[k] = (struct thread_reader){ .ch = ch, .got = got };
+		ck_assert_int_eq(pthread_create(&tid[k], NULL, thread_read, &t[k]), 0);
+	}
+	for (unsigned i = 0; i < N_ITEMS; i++) {
+		struct iovec iov = { .iov_base = p, .iov_len = item_len(i) };
+
+		item_fill(p, i, item_len(i));
+		ck_assert_int_eq(tp_chan_write(ch, &iov, 1, T_MS), 0);
+	}
+	ck_assert_int_eq(tp_chan_close(ch), 0);
+	for (unsigned k = 0; k < 2; k++) {
+		pthread_join(tid[k], NULL);
+		ck_assert_int_eq(t[k].r, -EPIPE);
+	}
+	for (unsigned i = 0; i < N_ITEMS; i++)
+		ck_assert_uint_eq(got[i], 1);
+	free(p);
+	tp_chan_release(ch);
+	tp_context_free(ctx);
+}
+END_TEST
+
 static Suite *suite(void)
 {
 	Suite *s = suite_create("chan_big");
@@ -461,6 +524,7 @@ static Suite *suite(void)
 	tcase_add_test(tc, test_read_many);
 	tcase_add_test(tc, test_failed_or_dead_reader_loses_nothing);
 	tcase_add_test(tc, test_uid_bytes_by_reference);
+	tcase_add_test(tc, test_two_threads_one_handle);
 	suite_add_tcase(s, tc);
 	return s;
 }
