@@ -26,6 +26,11 @@
 #define CHAN_WAITS_PER_HANDLE 64u /* reads one handle may have waiting at once */
 #define CHAN_HANDLES_PER_SESSION 1024u
 #define CHAN_NO_DEADLINE UINT32_MAX
+/* Freed buffers of items copied in by reference kept for the next ones (malloc() would map and
+ * unmap, and the kernel zero, every large item's pages): at most this many, this many bytes,
+ * daemon-wide. */
+#define CHAN_SPARE_MAX 8u
+#define CHAN_SPARE_BYTES (64ull << 20)
 
 struct chan_item {
 	struct tpu_list node;
@@ -34,6 +39,7 @@ struct chan_item {
 	 * (tpd_chan_copy_put()). Never in a channel's list. */
 	bool ref;
 	struct tpb_mem src;
+	size_t cap; /* an item copied in: @data's bytes, reusable (tpd_chans.spare); else 0 */
 	uint8_t data[];
 };
 
@@ -122,6 +128,9 @@ struct tpd_chans {
 	struct tpu_list handles;
 	uint64_t next_id;
 	struct tpd_chanx *x; /* channels and queues of other hosts (chanx.c) */
+	struct tpu_list spare; /* chan_item buffers to reuse, oldest first (CHAN_SPARE_*) */
+	unsigned n_spare;
+	uint64_t spare_bytes;
 };
 
 static struct tpd_chans *chans_of(struct tpd_session *s)
@@ -197,6 +206,8 @@ static uint64_t uid_bytes(const struct tpd_chans *cs, uid_t uid, uint32_t *ret_c
 	return b;
 }
 
+static void item_free(struct tpd_chans *cs, struct chan_item *it);
+
 static void chan_free(struct chan *c)
 {
 	struct chan_item *it, *tmp;
@@ -205,7 +216,7 @@ static void chan_free(struct chan *c)
 		return;
 	tpu_list_remove(&c->node);
 	tpu_list_for_each_safe(it, tmp, &c->items, node)
-		free(it);
+		item_free(c->cs, it);
 	for (size_t i = 0; i < c->n_remote_peers; i++)
 		free(c->remote_peers[i]);
 	free(c->remote_peers);
@@ -220,19 +231,59 @@ static void chan_maybe_free(struct chan *c)
 		chan_free(c);
 }
 
-static void item_free(struct chan_item *it)
+/* Frees @it, or keeps its buffer in @cs (may be NULL) for a later item copied in. */
+static void item_free(struct tpd_chans *cs, struct chan_item *it)
 {
+	struct chan_item *old;
+
 	if (it && it->ref)
 		tpd_chan_copy_put(&it->src);
-	free(it);
+	if (!it || !cs || !it->cap || it->cap > CHAN_SPARE_BYTES)
+		return free(it);
+	while (cs->n_spare && (cs->n_spare == CHAN_SPARE_MAX ||
+			       cs->spare_bytes + it->cap > CHAN_SPARE_BYTES)) {
+		old = tpu_list_first(&cs->spare, struct chan_item, node);
+		tpu_list_remove(&old->node);
+		cs->n_spare--;
+		cs->spare_bytes -= old->cap;
+		free(old);
+	}
+	tpu_list_remove(&it->node);
+	tpu_list_insert_tail(&cs->spare, &it->node);
+	cs->n_spare++;
+	cs->spare_bytes += it->cap;
 }
 
-static void batch_free(struct tpu_list *batch)
+/* A buffer for an item of @len bytes copied in: a spare one of @cs not much larger, or a new
+ * one. Return: owned (item_free()), or NULL. */
+static struct chan_item *item_new_copied(struct tpd_chans *cs, size_t len)
+{
+	struct chan_item *it;
+
+	tpu_list_for_each(it, &cs->spare, node) {
+		if (it->cap < len || it->cap - len > len / 4)
+			continue;
+		tpu_list_remove(&it->node);
+		cs->n_spare--;
+		cs->spare_bytes -= it->cap;
+		*it = (struct chan_item){ .len = len, .cap = it->cap };
+		tpu_list_init(&it->node);
+		return it;
+	}
+	it = malloc(sizeof(*it) + len);
+	if (!it)
+		return NULL;
+	*it = (struct chan_item){ .len = len, .cap = len };
+	tpu_list_init(&it->node);
+	return it;
+}
+
+static void batch_free(struct tpd_chans *cs, struct tpu_list *batch)
 {
 	struct chan_item *it, *tmp;
 
 	tpu_list_for_each_safe(it, tmp, batch, node)
-		item_free(it);
+		item_free(cs, it);
 	tpu_list_init(batch);
 }
 
@@ -240,7 +291,7 @@ static void wait_free(struct chan_wait *w)
 {
 	tpu_list_remove(&w->node);
 	if (w->write) {
-		batch_free(&w->batch);
+		batch_free(w->cs, &w->batch);
 		w->h->c->n_writers--;
 		w->h->write_waits = false;
 	} else {
@@ -278,7 +329,7 @@ static void item_done(struct chan *c, struct chan_item *it)
 	c->n_outs--;
 	c->bytes -= it->len;
 	c->read++;
-	free(it);
+	item_free(c->cs, it);
 }
 
 /* Answers @rd with the oldest items of @c, inline: the first, and while @rd takes more, the
@@ -770,7 +821,7 @@ static int batch_build(struct tpd_session *s, const Tpw__V1__ChanOp *o, const ui
 			if (r == -ENOMEM)
 				snprintf(why, wl, "out of memory");
 			free(it);
-			batch_free(batch);
+			batch_free(NULL, batch);
 			return r;
 		}
 		tpu_list_insert_tail(batch, &it->node);
@@ -783,7 +834,7 @@ static void chan_copy_free(struct chan_copy *cp)
 	struct chan *c = cp->c;
 
 	tpu_list_remove(&cp->node);
-	batch_free(&cp->batch);
+	batch_free(c->cs, &cp->batch);
 	free(cp);
 	chan_maybe_free(c);
 }
@@ -821,7 +872,7 @@ static int copy_in_start(struct chan_copy *cp, struct tpu_list *batch)
 	if (!x)
 		return -ENOMEM;
 	tpu_list_for_each(it, batch, node) {
-		dup = it->ref ? item_new(it->len, NULL) : NULL;
+		dup = it->ref ? item_new_copied(cp->c->cs, it->len) : NULL;
 		if (it->ref && !dup)
 			goto fail;
 		if (!dup)
@@ -843,13 +894,13 @@ static int copy_in_start(struct chan_copy *cp, struct tpu_list *batch)
 		tpu_list_remove(&dup->node);
 		tpu_list_insert_tail(&it->node, &dup->node); /* before @it */
 		tpu_list_remove(&it->node);
-		item_free(it);
+		item_free(NULL, it);
 	}
 	tpu_list_splice_tail(&cp->batch, batch);
 	free(x);
 	return 0;
 fail:
-	batch_free(&cp->batch);
+	batch_free(cp->c->cs, &cp->batch);
 	free(x);
 	return r;
 }
@@ -894,7 +945,7 @@ static void chan_admit(struct chan_handle *h, uint64_t req_id, struct tpu_list *
 		r = copy_in_start(cp, batch);
 	}
 	if (r < 0) {
-		batch_free(batch);
+		batch_free(c->cs, batch);
 		if (cp)
 			chan_copy_free(cp);
 		return chan_answer(&h->who, req_id, r, r == -ENOMEM ? "out of memory" :
@@ -995,7 +1046,7 @@ static void op_write(struct tpd_chans *cs, struct chan_handle *h, const Tpw__V1_
 	}
 	w = wait_new(cs, h, o->req_id, o->timeout_ms);
 	if (!w) {
-		batch_free(&batch);
+		batch_free(cs, &batch);
 		return chan_answer(&h->who, o->req_id, -ENOMEM, "out of memory", h->id, false, NULL);
 	}
 	w->write = true;
@@ -1233,6 +1284,7 @@ int tpd_chan_new(struct tpd_daemon *d, struct tpd_chans **ret)
 	cs->d = d;
 	tpu_list_init(&cs->chans);
 	tpu_list_init(&cs->handles);
+	tpu_list_init(&cs->spare);
 	if (tpd_chanx_new(d, cs, &cs->x) < 0) {
 		free(cs);
 		return -ENOMEM;
@@ -1244,6 +1296,7 @@ int tpd_chan_new(struct tpd_daemon *d, struct tpd_chans **ret)
 void tpd_chan_free(struct tpd_chans *cs)
 {
 	struct chan_handle *h, *htmp;
+	struct chan_item *it, *itmp;
 	struct chan *c, *ctmp;
 
 	if (!cs)
@@ -1253,6 +1306,8 @@ void tpd_chan_free(struct tpd_chans *cs)
 		handle_free(h, false); /* frees unnamed channels */
 	tpu_list_for_each_safe(c, ctmp, &cs->chans, node)
 		chan_free(c);
+	tpu_list_for_each_safe(it, itmp, &cs->spare, node)
+		free(it);
 	free(cs);
 }
 
