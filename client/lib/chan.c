@@ -50,6 +50,10 @@ struct chan_req {
 	void *dst;
 	size_t dst_len;
 	bool into;
+	/* A staging buffer of the context the daemon copies the item into (then copied to @dst by
+	 * read_unstage()), or NULL. One whose read is never answered stays registered until the
+	 * context goes (the daemon may still copy into it). */
+	struct tpc_buf *stage;
 };
 
 static void chan_req_free(struct chan_req *cr)
@@ -82,16 +86,22 @@ static int chan_req_take_items(struct chan_req *cr, const Tpw__V1__ChanReply *m,
 	if (!cr->items)
 		return -ENOMEM;
 	if (m->copied) { /* validated: one item, no tail */
-		void *c = cr->dst;
+		void *c = cr->stage ? cr->stage->addr : cr->dst;
 
 		if (!cr->dst || m->lengths[0] > cr->dst_len)
 			return -EPROTO;
-		if (cr->into && cr->ch) { /* its caller gave up: keep a copy, not its memory */
+		if (cr->ch && (cr->into || cr->stage)) { /* its caller gave up: a copy of its own */
+			void *from = c;
+
 			c = malloc(m->lengths[0] ? m->lengths[0] : 1);
 			if (!c)
 				return -ENOMEM;
-			memcpy(c, cr->dst, m->lengths[0]);
+			memcpy(c, from, m->lengths[0]);
+			if (!cr->into)
+				free(cr->dst); /* this library's, unused: the item went to the stage */
+			cr->dst = c;
 			cr->into = false;
+			cr->stage = NULL; /* registered until the context goes: nobody to give it back */
 		}
 		cr->items[0] = (struct iovec){ .iov_base = c, .iov_len = m->lengths[0] };
 		cr->n = 1;
@@ -422,19 +432,69 @@ struct chan_segs {
 	Tpw__V1__ShmRef *ref;
 	struct iovec *iov; /* the inline items */
 	size_t n_iov;
+	struct tpc_buf *stage; /* the staging buffer of items copied by the library, or NULL */
 };
 
-static void chan_segs_free(struct chan_segs *w)
+static void chan_segs_free(struct tp_context *ctx, struct chan_segs *w, bool reuse)
 {
+	tpc_buffer_stage_put(ctx, w->stage, reuse);
 	free(w->seg);
 	free(w->segp);
 	free(w->ref);
 	free(w->iov);
 }
 
+/* Does item @it (not in a shared buffer) go through a staging buffer? */
+static bool chan_staged(const struct iovec *it)
+{
+	return it->iov_len > TPW_CHAN_SHM_ITEM;
+}
+
+/* Staged items start at multiples of 64 bytes. */
+#define CHAN_STAGE_ALIGN(x) (((uint64_t)(x) + 63) & ~(uint64_t)63)
+
+/*
+ * Copies the items of @items above TPW_CHAN_SHM_ITEM that are not in a shared buffer (their
+ * segments still inline, @w->seg) into one staging buffer of the context and names them there:
+ * a memcpy here and one in the daemon cost less than a CMA access each (backends/cma runs every
+ * access in a task of its own). Without a staging buffer they stay as they are.
+ */
+static void chan_write_stage(struct tp_context *ctx, const struct iovec *items, size_t n,
+			     struct chan_segs *w)
+{
+	uint64_t total = 0, off = 0;
+
+	for (size_t i = 0; i < n; i++)
+		if (w->seg[i].loc_case != TPW__V1__SEGMENT__LOC_SHM && chan_staged(&items[i]))
+			total += CHAN_STAGE_ALIGN(items[i].iov_len);
+	if (!total || total > SIZE_MAX)
+		return;
+	pthread_mutex_lock(&ctx->send_lock);
+	if (tpc_buffer_stage_get(ctx, (size_t)total, &w->stage) < 0)
+		w->stage = NULL;
+	pthread_mutex_unlock(&ctx->send_lock);
+	for (size_t i = 0; w->stage && i < n; i++) {
+		Tpw__V1__Segment *g = &w->seg[i];
+
+		if (g->loc_case == TPW__V1__SEGMENT__LOC_SHM || !chan_staged(&items[i]))
+			continue;
+		memcpy((uint8_t *)w->stage->addr + off, items[i].iov_base, items[i].iov_len);
+		tpw__v1__segment__init(g);
+		tpw__v1__shm_ref__init(&w->ref[i]);
+		g->length = items[i].iov_len;
+		g->loc_case = TPW__V1__SEGMENT__LOC_SHM;
+		g->shm = &w->ref[i];
+		w->ref[i].buf_id = w->stage->id;
+		w->ref[i].gen = w->stage->gen;
+		w->ref[i].offset = off;
+		off += CHAN_STAGE_ALIGN(items[i].iov_len);
+	}
+}
+
 /* Fills @op's segments for @items: by reference where they can be, those above
- * TPW_CHAN_SHM_ITEM in a shared buffer and those above TPW_CHAN_INLINE_ITEM in private memory
- * (CMA); the others inline (their bytes in @w->iov). Return: 0 or -errno (message set). */
+ * TPW_CHAN_SHM_ITEM in a shared buffer (the caller's, or a staging one they are copied into)
+ * and, without a staging buffer, those above TPW_CHAN_INLINE_ITEM in private memory (CMA); the
+ * others inline (their bytes in @w->iov). Return: 0 or -errno (message set). */
 static int chan_write_segs(struct tp_chan *ch, const struct iovec *items, size_t n,
 			   Tpw__V1__ChanOp *op, struct chan_segs *w)
 {
@@ -446,13 +506,20 @@ static int chan_write_segs(struct tp_chan *ch, const struct iovec *items, size_t
 	w->iov = calloc(n, sizeof(*w->iov));
 	if (!w->seg || !w->segp || !w->ref || !w->iov)
 		return tpc_error(-ENOMEM, "out of memory");
+	for (size_t i = 0; i < n; i++) { /* the items in the caller's shared buffers first */
+		w->segp[i] = &w->seg[i];
+		if (items[i].iov_len > TPW_CHAN_SHM_ITEM)
+			chan_ref(ch->ctx, items[i].iov_base, items[i].iov_len, false, &w->seg[i],
+				 &w->ref[i]);
+	}
+	chan_write_stage(ch->ctx, items, n, w);
 	for (size_t i = 0; i < n; i++) {
 		Tpw__V1__Segment *g = &w->seg[i];
 
-		w->segp[i] = g;
-		if (items[i].iov_len > TPW_CHAN_SHM_ITEM &&
-		    chan_ref(ch->ctx, items[i].iov_base, items[i].iov_len,
-			     items[i].iov_len > TPW_CHAN_INLINE_ITEM, g, &w->ref[i]) == 0)
+		if (g->loc_case == TPW__V1__SEGMENT__LOC_SHM ||
+		    (items[i].iov_len > TPW_CHAN_INLINE_ITEM &&
+		     chan_ref(ch->ctx, items[i].iov_base, items[i].iov_len, true, g,
+			      &w->ref[i]) == 0))
 			continue;
 		tpw__v1__segment__init(g);
 		g->length = items[i].iov_len;
@@ -510,7 +577,8 @@ TP_EXPORT int tp_chan_write(struct tp_chan *ch, const struct iovec *items, size_
 	if (r == 0)
 		r = chan_call(ch->ctx, &op, refs ? w.iov : items, refs ? w.n_iov : n, timeout_ms,
 			      &cr);
-	chan_segs_free(&w);
+	/* A write given up may still be copied from its staging buffer: never reuse that one. */
+	chan_segs_free(ch->ctx, &w, !(r == -ETIMEDOUT && !cr.req.done));
 	if (r == -ETIMEDOUT && !cr.req.done)
 		return tpc_error(-EINPROGRESS, "channel '%s': %s: the batch may be written yet",
 				 ch->name, cr.req.msg);
@@ -534,10 +602,55 @@ static struct chan_req *late_take_locked(struct tp_chan *ch)
 /* Sends READ @op of @ch for @cr (owned; its destination set) and waits for it. Return: owned
  * chan_req to answer the call with (@cr, or an older late read's with its items), or NULL
  * (-ENOMEM or a send error in *@ret_err). */
+/*
+ * An answered read's item out of its staging buffer (lock held): copied to the read's
+ * allocation, or, for the caller's allocation (@into), to one of its own (the caller gets
+ * another item there). Return: the staging buffer, to give back once the lock is dropped, or
+ * NULL.
+ */
+static struct tpc_buf *read_unstage_locked(struct chan_req *cr)
+{
+	struct tpc_buf *b = cr->stage;
+	void *to = cr->dst;
+
+	if (!b || !cr->req.done)
+		return NULL;
+	cr->stage = NULL;
+	if (!cr->n || cr->items[0].iov_base != b->addr)
+		return b;
+	if (cr->into && !(to = malloc(cr->items[0].iov_len ? cr->items[0].iov_len : 1))) {
+		cr->n = 0; /* no memory: the item is lost */
+		return b;
+	}
+	memcpy(to, b->addr, cr->items[0].iov_len);
+	cr->items[0].iov_base = to;
+	cr->dst = to;
+	cr->into = false;
+	return b;
+}
+
+/* read_unstage_locked() for the read a call returns (no lock held). */
+static void read_unstage(struct tp_context *ctx, struct chan_req *cr)
+{
+	struct tpc_buf *b;
+
+	if (!cr || !cr->stage)
+		return;
+	if (cr->n && cr->into && cr->items[0].iov_base == cr->stage->addr) {
+		memcpy(cr->dst, cr->stage->addr, cr->items[0].iov_len); /* the caller's, at once */
+		cr->items[0].iov_base = cr->dst;
+	}
+	pthread_mutex_lock(&ctx->lock);
+	b = read_unstage_locked(cr);
+	pthread_mutex_unlock(&ctx->lock);
+	tpc_buffer_stage_put(ctx, b, true);
+}
+
 static struct chan_req *chan_read_call(struct tp_chan *ch, Tpw__V1__ChanOp *op,
 				       struct chan_req *cr, int timeout_ms, int *ret_err)
 {
 	struct tp_context *ctx = ch->ctx;
+	struct tpc_buf *stage = NULL;
 	struct chan_req *got;
 	int r;
 
@@ -545,11 +658,14 @@ static struct chan_req *chan_read_call(struct tp_chan *ch, Tpw__V1__ChanOp *op,
 	if (*ret_err < 0) {
 		if (!cr->into)
 			free(cr->dst); /* never sent: nobody copies into it */
+		tpc_buffer_stage_put(ctx, cr->stage, true);
 		free(cr);
 		return NULL;
 	}
 	pthread_mutex_lock(&ctx->lock);
 	r = chan_wait_locked(ctx, cr, timeout_ms, ch);
+	if (cr->req.done && late_ready_locked(ch))
+		stage = read_unstage_locked(cr); /* not returned: its items must be its own */
 	if (!cr->req.done || (cr->n && late_ready_locked(ch))) {
 		/* Gave up, or an older read's item came: this read's item waits on the handle. */
 		cr->ch = ch;
@@ -570,9 +686,39 @@ static struct chan_req *chan_read_call(struct tp_chan *ch, Tpw__V1__ChanOp *op,
 		got = cr;
 	}
 	pthread_mutex_unlock(&ctx->lock);
+	tpc_buffer_stage_put(ctx, stage, true);
 	if (!got)
 		*ret_err = tpc_error(-ENOMEM, "out of memory");
 	return got;
+}
+
+/*
+ * @g: where the daemon copies a read's item of up to @len bytes bound for @dst: @dst itself when
+ * it lies in one of the context's shared buffers, else a staging buffer (*@ret_stage; the item
+ * is copied on to @dst here), else @dst by CMA. Return: 0, or -EOPNOTSUPP (none of them).
+ */
+static int read_dst(struct tp_context *ctx, void *dst, size_t len, Tpw__V1__Segment *g,
+		    Tpw__V1__ShmRef *ref, struct tpc_buf **ret_stage)
+{
+	struct tpc_buf *b = NULL;
+
+	*ret_stage = NULL;
+	if (chan_ref(ctx, dst, len, false, g, ref) == 0)
+		return 0;
+	pthread_mutex_lock(&ctx->send_lock);
+	if (tpc_buffer_stage_get(ctx, len, &b) < 0)
+		b = NULL;
+	pthread_mutex_unlock(&ctx->send_lock);
+	if (!b)
+		return chan_ref(ctx, dst, len, true, g, ref);
+	g->length = len;
+	g->loc_case = TPW__V1__SEGMENT__LOC_SHM;
+	g->shm = ref;
+	ref->buf_id = b->id;
+	ref->gen = b->gen;
+	ref->offset = 0;
+	*ret_stage = b;
+	return 0;
 }
 
 /* A new read request of @ch with destination @dst (@len bytes; @into: the caller's memory) or
@@ -596,6 +742,7 @@ static struct chan_req *read_held_call(struct tp_chan *ch, uint64_t len, int tim
 {
 	Tpw__V1__ChanOp op = TPW__V1__CHAN_OP__INIT;
 	Tpw__V1__Segment g = TPW__V1__SEGMENT__INIT;
+	Tpw__V1__ShmRef ref = TPW__V1__SHM_REF__INIT;
 	void *buf = len <= SIZE_MAX ? malloc(len) : NULL;
 	struct chan_req *cr = buf ? read_req_new(buf, len, false) : NULL;
 
@@ -605,18 +752,22 @@ static struct chan_req *read_held_call(struct tp_chan *ch, uint64_t len, int tim
 				     (unsigned long long)len);
 		return NULL;
 	}
-	/* A private allocation, by CMA (the daemon held the item because this context had CMA;
-	 * it answers with an error if that changed). */
-	g.length = len;
-	g.loc_case = TPW__V1__SEGMENT__LOC_CMA_ADDR;
-	g.cma_addr = (uint64_t)(uintptr_t)buf;
+	/* A private allocation: through a staging buffer, else by CMA (the daemon held the item
+	 * because this context had CMA; it answers with an error if that changed). */
+	if (read_dst(ch->ctx, buf, len, &g, &ref, &cr->stage) < 0) {
+		g.length = len;
+		g.loc_case = TPW__V1__SEGMENT__LOC_CMA_ADDR;
+		g.cma_addr = (uint64_t)(uintptr_t)buf;
+	}
 	op.op = TPW__V1__CHAN_OP_KIND__CHAN_OP_READ;
 	op.chan_id = ch->id;
 	op.timeout_ms = timeout_ms < 0 ? UINT32_MAX : (uint32_t)timeout_ms;
 	op.take_held = true;
 	op.n_segments = 1;
 	op.segments = (Tpw__V1__Segment *[]){ &g };
-	return chan_read_call(ch, &op, cr, timeout_ms, ret_err);
+	cr = chan_read_call(ch, &op, cr, timeout_ms, ret_err);
+	read_unstage(ch->ctx, cr);
+	return cr;
 }
 
 /*
@@ -631,6 +782,7 @@ static struct chan_req *chan_read_one(struct tp_chan *ch, size_t max, const stru
 	Tpw__V1__ChanOp op = TPW__V1__CHAN_OP__INIT;
 	Tpw__V1__Segment g, *gp[1] = { &g };
 	Tpw__V1__ShmRef ref;
+	struct tpc_buf *stage = NULL;
 	struct chan_req *cr;
 
 	pthread_mutex_lock(&ch->ctx->lock);
@@ -646,9 +798,10 @@ static struct chan_req *chan_read_one(struct tp_chan *ch, size_t max, const stru
 		op.inline_only = !__atomic_load_n(&ch->ctx->cma_ok, __ATOMIC_RELAXED);
 	}
 	if (into) {
-		if (chan_ref(ch->ctx, into->iov_base, into->iov_len, true, &g, &ref) < 0) {
-			*ret_err = tpc_error(-EOPNOTSUPP, "tp_chan_read_into: without CMA, the "
-					     "allocation must be in a shared buffer");
+		if (read_dst(ch->ctx, into->iov_base, into->iov_len, &g, &ref, &stage) < 0) {
+			*ret_err = tpc_error(-EOPNOTSUPP, "tp_chan_read_into: the allocation is "
+					     "not in a shared buffer, and neither a staging buffer "
+					     "nor CMA is available");
 			return NULL;
 		}
 		op.n_segments = 1;
@@ -656,10 +809,13 @@ static struct chan_req *chan_read_one(struct tp_chan *ch, size_t max, const stru
 	}
 	cr = into ? read_req_new(into->iov_base, into->iov_len, true) : read_req_new(NULL, 0, 0);
 	if (!cr) {
+		tpc_buffer_stage_put(ch->ctx, stage, true);
 		*ret_err = tpc_error(-ENOMEM, "out of memory");
 		return NULL;
 	}
+	cr->stage = stage;
 	cr = chan_read_call(ch, &op, cr, timeout_ms, ret_err);
+	read_unstage(ch->ctx, cr);
 	/* An item held for the handle: take it into a new allocation. Another thread reading the
 	 * handle may take it first (-ENOENT): then read again. */
 	for (unsigned tries = 0; cr && cr->req.status == 0 && !cr->n && cr->held_len && !into;) {

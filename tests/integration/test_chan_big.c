@@ -2,9 +2,9 @@
 /*
  * Integration suite: channel items that do not ride inline and batch reads (issue 25 part
  * chanfast; docs/channels.md "Items at any size"). Items from 16 KiB + 1 to 16 MiB written from
- * shared buffers and from private memory arrive byte-exact, each exactly once, in 1 and 4
- * reader processes reading into private memory (tp_chan_read(), tp_chan_read_into()) and into
- * shared buffers; the channel's byte capacity just at and just above an item; a read's
+ * shared buffers and from private memory (through staging buffers, or by CMA where the daemon
+ * leaves no room for them) arrive byte-exact, each exactly once, in 1 and 4 reader processes
+ * reading into private memory (tp_chan_read(), tp_chan_read_into()) and into shared buffers; the channel's byte capacity just at and just above an item; a read's
  * allocation just below and at the item's length; batch reads take up to their maximum and the
  * daemon's inline limit, in order, and stop before a large item; the owner's chan-bytes-per-uid
  * counts items by reference just at and just above; two threads reading through one handle
@@ -89,11 +89,14 @@ struct big_run {
 	atomic_uint *got; /* per item: times read (MAP_SHARED) */
 };
 
+/* The daemon of the running case: the fixture's, or one of its own (test_failed_...). */
+static struct tpt_daemon *cur = &tpt_fixture_daemon;
+
 static struct tp_context *ctx_new(void)
 {
 	struct tp_context *ctx = NULL;
 
-	if (tpt_ctx_new(&tpt_fixture_daemon, 0, "chanbig", &ctx) < 0)
+	if (tpt_ctx_new(cur, 0, "chanbig", &ctx) < 0)
 		return NULL;
 	return ctx;
 }
@@ -222,6 +225,23 @@ START_TEST(test_large_shared_to_private_into_1_reader)
 }
 END_TEST
 
+/* Private memory by CMA both ways: a daemon that leaves no room for staging buffers. */
+START_TEST(test_large_private_by_cma)
+{
+	static const char *const args[] = { "--buffer-bytes-max", "4K", NULL };
+	struct big_run a = { .name = "big.cma4", .rmode = R_READ, .readers = 4 };
+	struct big_run b = { .name = "big.cma1", .rmode = R_INTO_PRIVATE, .readers = 1 };
+	static struct tpt_daemon d;
+
+	ck_assert_int_eq(tpt_daemon_start(&d, args), 0);
+	cur = &d;
+	big_run(&a);
+	big_run(&b);
+	ck_assert_int_eq(tpt_daemon_stop(&d), 0);
+	cur = &tpt_fixture_daemon;
+}
+END_TEST
+
 /* Capacity just at and just above a 16 MiB item; a read's allocation just below and at it. */
 START_TEST(test_limits_around_16mib)
 {
@@ -332,7 +352,7 @@ static int held_then_die(void *arg)
 	struct tpt_raw r;
 	uint64_t id;
 
-	TPT_REQUIRE(tpt_raw_connect(&r, tpt_fixture_daemon.socket) == 0, 1, "connect");
+	TPT_REQUIRE(tpt_raw_connect(&r, cur->socket) == 0, 1, "connect");
 	TPT_REQUIRE(tpt_raw_hello(&r, TPW__V1__ROLE__ROLE_CLIENT, T_MS) == 0, 1, "hello");
 	op.op = TPW__V1__CHAN_OP_KIND__CHAN_OP_OPEN;
 	op.name = arg;
@@ -360,8 +380,8 @@ static int held_then_die(void *arg)
 	_exit(0); /* dies holding it */
 }
 
-/* A reader whose allocation the daemon cannot write (an address CMA refuses): its read fails,
- * the item stays first. */
+/* A reader whose allocation the daemon cannot write (an address CMA refuses; its daemon allows
+ * no staging buffer): its read fails, the item stays first. */
 static int bad_allocation(void *arg)
 {
 	struct tp_chan_options o = { .size = sizeof(o), .flags = TP_CHAN_CREATE, .owner_uid = -1 };
@@ -382,9 +402,10 @@ static int bad_allocation(void *arg)
 
 START_TEST(test_failed_or_dead_reader_loses_nothing)
 {
+	static const char *const args[] = { "--buffer-bytes-max", "4K", NULL };
 	struct tp_chan_options o = { .size = sizeof(o), .flags = TP_CHAN_CREATE, .owner_uid = -1 };
-	pid_t dead = tpt_fork(held_then_die, "big.dead");
-	pid_t bad;
+	static struct tpt_daemon d;
+	pid_t dead, bad;
 	struct tp_context *ctx;
 	struct tp_chan *ch;
 	uint8_t *p = malloc(MIB);
@@ -393,7 +414,9 @@ START_TEST(test_failed_or_dead_reader_loses_nothing)
 	size_t len;
 	unsigned i;
 
-	(void)dead;
+	ck_assert_int_eq(tpt_daemon_start(&d, args), 0);
+	cur = &d;
+	dead = tpt_fork(held_then_die, "big.dead");
 	bad = tpt_fork(bad_allocation, "big.dead");
 	ctx = ctx_new();
 	ck_assert_int_eq(tp_chan_open(ctx, "big.dead", &o, &ch), 0);
@@ -408,6 +431,8 @@ START_TEST(test_failed_or_dead_reader_loses_nothing)
 	free(p);
 	tp_chan_release(ch);
 	tp_context_free(ctx);
+	ck_assert_int_eq(tpt_daemon_stop(&d), 0);
+	cur = &tpt_fixture_daemon;
 }
 END_TEST
 
@@ -520,6 +545,7 @@ static Suite *suite(void)
 	tcase_add_test(tc, test_large_private_to_read_1_reader);
 	tcase_add_test(tc, test_large_private_to_read_4_readers);
 	tcase_add_test(tc, test_large_shared_to_private_into_1_reader);
+	tcase_add_test(tc, test_large_private_by_cma);
 	tcase_add_test(tc, test_limits_around_16mib);
 	tcase_add_test(tc, test_read_many);
 	tcase_add_test(tc, test_failed_or_dead_reader_loses_nothing);
