@@ -4,9 +4,9 @@
  * writer process to 1 or 4 reader processes, for 4 KiB, 64 KiB, 1 MiB and 16 MiB items, and the
  * same through ZeroMQ PUSH/PULL over ipc:// in the same run when built with libzmq (Debian:
  * libzmq3-dev; otherwise its rows say "skipped"). Channel rows run twice: "chan-priv" with the
- * writer's items and the readers' allocations in private memory (the daemon copies items above
- * 256 KiB in and out by CMA), "chan-shm" with both in shared buffers (tp_buffer_alloc(): the
- * daemon copies items above 16 KiB with memcpy). Readers take the items that ride inline with
+ * writer's items and the readers' allocations in private memory (items above 16 KiB go through
+ * the library's staging buffers, or by CMA without them), "chan-shm" with both in shared buffers
+ * (tp_buffer_alloc(): the daemon copies items above 16 KiB with memcpy). Readers take the items that ride inline with
  * tp_chan_read_many() (64 per call at most) and the others with tp_chan_read_into() into one
  * reused allocation; the writer writes batches
  * (bench_batch(): up to 64 small items within the daemon's 1 MiB inline limit, 4 MiB of larger
@@ -15,6 +15,8 @@
  * reported as n/a, as this program did before.
  *
  * Usage: TPIPD_SOCKET=... bench_chan [SECONDS_PER_ROW (default 1)]. Numbers, never pass/fail.
+ * BENCH_CHAN_SIZE=N runs the rows of one item size only; BENCH_CHAN_MANY=N (1..64) sets the
+ * items per tp_chan_read_many() (1: tp_chan_read_into() for every item).
  */
 #include <errno.h>
 #include <signal.h>
