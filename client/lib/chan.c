@@ -636,8 +636,8 @@ static void read_unstage(struct tp_context *ctx, struct chan_req *cr)
 
 	if (!cr || !cr->stage)
 		return;
-	if (cr->n && cr->into && cr->items[0].iov_base == cr->stage->addr) {
-		memcpy(cr->dst, cr->stage->addr, cr->items[0].iov_len); /* the caller's, at once */
+	if (cr->n && cr->items[0].iov_base == cr->stage->addr) { /* unlocked: the caller's own */
+		memcpy(cr->dst, cr->stage->addr, cr->items[0].iov_len);
 		cr->items[0].iov_base = cr->dst;
 	}
 	pthread_mutex_lock(&ctx->lock);

@@ -419,6 +419,7 @@ bool tpd_chanx_op(struct tpd_chanx *x, struct tpd_session *s, const Tpw__V1__Cha
 	c.n_remote_peers = 0; /* creation only, never forwarded */
 	c.remote_peers = NULL;
 	c.max_items = 0; /* one item per answer across hosts */
+	c.inline_only = false; /* the hosting daemon never holds an item for a link */
 	xforward(x, xh, o->op, o->req_id, &c, NULL, tail_len ? &iov : NULL);
 	return true;
 }
