@@ -444,6 +444,19 @@ static void chan_segs_free(struct tp_context *ctx, struct chan_segs *w, bool reu
 	free(w->iov);
 }
 
+/* Did the daemon refuse staging buffer @b (NULL: none) of @ctx? */
+static bool chan_stage_refused(struct tp_context *ctx, const struct tpc_buf *b)
+{
+	bool failed;
+
+	if (!b)
+		return false;
+	pthread_mutex_lock(&ctx->lock);
+	failed = b->failed;
+	pthread_mutex_unlock(&ctx->lock);
+	return failed;
+}
+
 /* Does item @it (not in a shared buffer) go through a staging buffer? */
 static bool chan_staged(const struct iovec *it)
 {
@@ -496,7 +509,7 @@ static void chan_write_stage(struct tp_context *ctx, const struct iovec *items, 
  * and, without a staging buffer, those above TPW_CHAN_INLINE_ITEM in private memory (CMA); the
  * others inline (their bytes in @w->iov). Return: 0 or -errno (message set). */
 static int chan_write_segs(struct tp_chan *ch, const struct iovec *items, size_t n,
-			   Tpw__V1__ChanOp *op, struct chan_segs *w)
+			   bool stage, Tpw__V1__ChanOp *op, struct chan_segs *w)
 {
 	uint64_t off = 0;
 
@@ -512,7 +525,8 @@ static int chan_write_segs(struct tp_chan *ch, const struct iovec *items, size_t
 			chan_ref(ch->ctx, items[i].iov_base, items[i].iov_len, false, &w->seg[i],
 				 &w->ref[i]);
 	}
-	chan_write_stage(ch->ctx, items, n, w);
+	if (stage)
+		chan_write_stage(ch->ctx, items, n, w);
 	for (size_t i = 0; i < n; i++) {
 		Tpw__V1__Segment *g = &w->seg[i];
 
@@ -573,10 +587,20 @@ TP_EXPORT int tp_chan_write(struct tp_chan *ch, const struct iovec *items, size_
 	op.n_lengths = n;
 	op.lengths = lens;
 	op.timeout_ms = timeout_ms < 0 ? UINT32_MAX : (uint32_t)timeout_ms;
-	r = refs ? chan_write_segs(ch, items, n, &op, &w) : 0;
+	r = refs ? chan_write_segs(ch, items, n, true, &op, &w) : 0;
 	if (r == 0)
 		r = chan_call(ch->ctx, &op, refs ? w.iov : items, refs ? w.n_iov : n, timeout_ms,
 			      &cr);
+	if (r == -ENOENT && chan_stage_refused(ch->ctx, w.stage)) {
+		/* The daemon refused the staging buffer (its quota): nothing was written; again
+		 * without it. */
+		chan_segs_free(ch->ctx, &w, false);
+		w = (struct chan_segs){ 0 };
+		cr = (struct chan_req){ 0 };
+		r = chan_write_segs(ch, items, n, false, &op, &w);
+		if (r == 0)
+			r = chan_call(ch->ctx, &op, w.iov, w.n_iov, timeout_ms, &cr);
+	}
 	/* A write given up may still be copied from its staging buffer: never reuse that one. */
 	chan_segs_free(ch->ctx, &w, !(r == -ETIMEDOUT && !cr.req.done));
 	if (r == -ETIMEDOUT && !cr.req.done)
@@ -697,8 +721,8 @@ static struct chan_req *chan_read_call(struct tp_chan *ch, Tpw__V1__ChanOp *op,
  * it lies in one of the context's shared buffers, else a staging buffer (*@ret_stage; the item
  * is copied on to @dst here), else @dst by CMA. Return: 0, or -EOPNOTSUPP (none of them).
  */
-static int read_dst(struct tp_context *ctx, void *dst, size_t len, Tpw__V1__Segment *g,
-		    Tpw__V1__ShmRef *ref, struct tpc_buf **ret_stage)
+static int read_dst(struct tp_context *ctx, void *dst, size_t len, bool stage,
+		    Tpw__V1__Segment *g, Tpw__V1__ShmRef *ref, struct tpc_buf **ret_stage)
 {
 	struct tpc_buf *b = NULL;
 
@@ -706,7 +730,7 @@ static int read_dst(struct tp_context *ctx, void *dst, size_t len, Tpw__V1__Segm
 	if (chan_ref(ctx, dst, len, false, g, ref) == 0)
 		return 0;
 	pthread_mutex_lock(&ctx->send_lock);
-	if (tpc_buffer_stage_get(ctx, len, &b) < 0)
+	if (!stage || tpc_buffer_stage_get(ctx, len, &b) < 0)
 		b = NULL;
 	pthread_mutex_unlock(&ctx->send_lock);
 	if (!b)
@@ -737,8 +761,8 @@ static struct chan_req *read_req_new(void *dst, size_t len, bool into)
 
 /* The READ of @ch that takes the item the daemon holds for it (@len bytes) into a new
  * allocation, by CMA. Return: as chan_read_call(). */
-static struct chan_req *read_held_call(struct tp_chan *ch, uint64_t len, int timeout_ms,
-				       int *ret_err)
+static struct chan_req *read_held_call(struct tp_chan *ch, uint64_t len, bool stage,
+				       int timeout_ms, int *ret_err)
 {
 	Tpw__V1__ChanOp op = TPW__V1__CHAN_OP__INIT;
 	Tpw__V1__Segment g = TPW__V1__SEGMENT__INIT;
@@ -754,7 +778,7 @@ static struct chan_req *read_held_call(struct tp_chan *ch, uint64_t len, int tim
 	}
 	/* A private allocation: through a staging buffer, else by CMA (the daemon held the item
 	 * because this context had CMA; it answers with an error if that changed). */
-	if (read_dst(ch->ctx, buf, len, &g, &ref, &cr->stage) < 0) {
+	if (read_dst(ch->ctx, buf, len, stage, &g, &ref, &cr->stage) < 0) {
 		g.length = len;
 		g.loc_case = TPW__V1__SEGMENT__LOC_CMA_ADDR;
 		g.cma_addr = (uint64_t)(uintptr_t)buf;
@@ -766,6 +790,8 @@ static struct chan_req *read_held_call(struct tp_chan *ch, uint64_t len, int tim
 	op.n_segments = 1;
 	op.segments = (Tpw__V1__Segment *[]){ &g };
 	cr = chan_read_call(ch, &op, cr, timeout_ms, ret_err);
+	if (cr && cr->req.status == -ENOENT && chan_stage_refused(ch->ctx, cr->stage))
+		cr->req.status = -EAGAIN; /* the daemon refused the staging buffer: again without */
 	read_unstage(ch->ctx, cr);
 	return cr;
 }
@@ -777,12 +803,13 @@ static struct chan_req *read_held_call(struct tp_chan *ch, uint64_t len, int tim
  * or NULL with *@ret_err (message set).
  */
 static struct chan_req *chan_read_one(struct tp_chan *ch, size_t max, const struct iovec *into,
-				      int timeout_ms, int *ret_err)
+				      bool stage, int timeout_ms, int *ret_err)
 {
 	Tpw__V1__ChanOp op = TPW__V1__CHAN_OP__INIT;
 	Tpw__V1__Segment g, *gp[1] = { &g };
 	Tpw__V1__ShmRef ref;
-	struct tpc_buf *stage = NULL;
+	struct tpc_buf *buf = NULL;
+	bool held_stage = true;
 	struct chan_req *cr;
 
 	pthread_mutex_lock(&ch->ctx->lock);
@@ -798,7 +825,7 @@ static struct chan_req *chan_read_one(struct tp_chan *ch, size_t max, const stru
 		op.inline_only = !__atomic_load_n(&ch->ctx->cma_ok, __ATOMIC_RELAXED);
 	}
 	if (into) {
-		if (read_dst(ch->ctx, into->iov_base, into->iov_len, &g, &ref, &stage) < 0) {
+		if (read_dst(ch->ctx, into->iov_base, into->iov_len, stage, &g, &ref, &buf) < 0) {
 			*ret_err = tpc_error(-EOPNOTSUPP, "tp_chan_read_into: the allocation is "
 					     "not in a shared buffer, and neither a staging buffer "
 					     "nor CMA is available");
@@ -809,12 +836,18 @@ static struct chan_req *chan_read_one(struct tp_chan *ch, size_t max, const stru
 	}
 	cr = into ? read_req_new(into->iov_base, into->iov_len, true) : read_req_new(NULL, 0, 0);
 	if (!cr) {
-		tpc_buffer_stage_put(ch->ctx, stage, true);
+		tpc_buffer_stage_put(ch->ctx, buf, true);
 		*ret_err = tpc_error(-ENOMEM, "out of memory");
 		return NULL;
 	}
-	cr->stage = stage;
+	cr->stage = buf;
 	cr = chan_read_call(ch, &op, cr, timeout_ms, ret_err);
+	if (into && stage && cr && cr->req.status == -ENOENT &&
+	    chan_stage_refused(ch->ctx, cr->stage)) { /* refused before any item was taken */
+		read_unstage(ch->ctx, cr);
+		chan_req_free(cr);
+		return chan_read_one(ch, max, into, false, timeout_ms, ret_err);
+	}
 	read_unstage(ch->ctx, cr);
 	/* An item held for the handle: take it into a new allocation. Another thread reading the
 	 * handle may take it first (-ENOENT): then read again. */
@@ -822,8 +855,10 @@ static struct chan_req *chan_read_one(struct tp_chan *ch, size_t max, const stru
 		uint64_t len = cr->held_len;
 
 		chan_req_free(cr);
-		cr = read_held_call(ch, len, timeout_ms, ret_err);
-		if (!cr || cr->req.status != -ENOENT || ++tries == 16)
+		cr = read_held_call(ch, len, held_stage, timeout_ms, ret_err);
+		if (cr && cr->req.status == -EAGAIN)
+			held_stage = false; /* its staging buffer was refused: the item is still held */
+		else if (!cr || cr->req.status != -ENOENT || ++tries == 16)
 			break;
 		chan_req_free(cr);
 		if (!(cr = read_req_new(NULL, 0, false))) {
@@ -873,7 +908,7 @@ TP_EXPORT int tp_chan_read(struct tp_chan *ch, void **ret_item, size_t *ret_len,
 
 	if (!ch || !ret_item || !ret_len)
 		return tpc_error(-EINVAL, "tp_chan_read: NULL argument");
-	cr = chan_read_one(ch, 1, NULL, timeout_ms, &r);
+	cr = chan_read_one(ch, 1, NULL, true, timeout_ms, &r);
 	if (!cr)
 		return r;
 	r = chan_read_status(ch, cr, timeout_ms);
@@ -901,7 +936,7 @@ TP_EXPORT int tp_chan_read_into(struct tp_chan *ch, void *buf, size_t size, size
 		return tpc_error(-EOPNOTSUPP, "tp_chan_read_into: channel '%s' %s", ch->name,
 				 ch->remote ? "is on another host" : "is on a daemon before "
 				 "protocol minor 7");
-	cr = chan_read_one(ch, 1, &into, timeout_ms, &r);
+	cr = chan_read_one(ch, 1, &into, true, timeout_ms, &r);
 	if (!cr)
 		return r;
 	if (cr->req.status == -EMSGSIZE && cr->held_len)
@@ -937,7 +972,7 @@ TP_EXPORT int tp_chan_read_many(struct tp_chan *ch, struct tp_chan_item *items, 
 
 	if (!ch || !items || !max || !ret_n)
 		return tpc_error(-EINVAL, "tp_chan_read_many: NULL argument or no room");
-	cr = chan_read_one(ch, max, NULL, timeout_ms, &r);
+	cr = chan_read_one(ch, max, NULL, true, timeout_ms, &r);
 	if (!cr)
 		return r;
 	r = chan_read_status(ch, cr, timeout_ms);

@@ -14,6 +14,7 @@
  */
 #include <check.h>
 #include <errno.h>
+#include <grp.h>
 #include <pthread.h>
 #include <signal.h>
 #include <stdatomic.h>
@@ -21,6 +22,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <sys/prctl.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -87,6 +89,8 @@ struct big_run {
 	enum rmode rmode;
 	unsigned readers;
 	atomic_uint *got; /* per item: times read (MAP_SHARED) */
+	uid_t reader_uid;  /* readers run as this uid (0: as the test), opening root's channel */
+	struct tpt_sync created; /* with @reader_uid: the channel exists */
 };
 
 /* The daemon of the running case: the fixture's, or one of its own (test_failed_...). */
@@ -106,13 +110,25 @@ static int big_reader(void *arg)
 {
 	struct tp_chan_options o = { .size = sizeof(o), .flags = TP_CHAN_CREATE, .owner_uid = -1 };
 	const struct big_run *br = arg;
-	struct tp_context *ctx = ctx_new();
+	struct tp_context *ctx;
 	struct tp_chan *ch;
 	void *buf = NULL, *item;
 	size_t len;
 	unsigned i;
 	int r;
 
+	if (br->reader_uid)
+		TPT_REQUIRE(setgroups(0, NULL) == 0 && setresgid(br->reader_uid, br->reader_uid,
+								 br->reader_uid) == 0 &&
+			    setresuid(br->reader_uid, br->reader_uid, br->reader_uid) == 0 &&
+			    prctl(PR_SET_DUMPABLE, 1, 0, 0, 0) == 0, 1, /* CMA: ptrace-able again */
+			    "cannot run as uid %u", (unsigned)br->reader_uid);
+	ctx = ctx_new();
+	if (br->reader_uid) {
+		o.flags = 0; /* root's channel, created by the writer */
+		o.owner_uid = 0;
+		TPT_REQUIRE(tpt_sync_wait((struct tpt_sync *)&br->created, T_MS) == 1, 1, "created");
+	}
 	TPT_REQUIRE(ctx, 1, "context");
 	TPT_REQUIRE(tp_chan_open(ctx, br->name, &o, &ch) == 0, 1, "open: %s", tp_last_error());
 	if (br->rmode == R_INTO_SHARED)
@@ -155,11 +171,17 @@ static void big_run(struct big_run *br)
 
 	br->got = mmap(NULL, 4096, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
 	ck_assert(br->got != MAP_FAILED);
+	if (br->reader_uid) {
+		ck_assert_int_eq(tpt_sync_init(&br->created), 0);
+		o.access = TP_ACCESS_ANYONE;
+	}
 	for (unsigned k = 0; k < br->readers; k++)
 		pids[k] = tpt_fork(big_reader, br);
 	ctx = ctx_new();
 	ck_assert_ptr_nonnull(ctx);
 	ck_assert_int_eq(tp_chan_open(ctx, br->name, &o, &ch), 0);
+	for (unsigned k = 0; br->reader_uid && k < br->readers; k++)
+		ck_assert_int_eq(tpt_sync_post(&br->created, 1), 0);
 	for (unsigned k = 0; k < 2; k++) {
 		if (br->shared_writer)
 			ck_assert_int_eq(tp_buffer_alloc(ctx, 16 * MIB, (void **)&src[k]), 0);
@@ -189,6 +211,8 @@ static void big_run(struct big_run *br)
 	tp_chan_release(ch);
 	tp_context_free(ctx);
 	munmap(br->got, 4096);
+	if (br->reader_uid)
+		tpt_sync_done(&br->created);
 }
 
 START_TEST(test_large_shared_to_shared_4_readers)
@@ -234,6 +258,32 @@ START_TEST(test_large_private_by_cma)
 	static struct tpt_daemon d;
 
 	ck_assert_int_eq(tpt_daemon_start(&d, args), 0);
+	cur = &d;
+	big_run(&a);
+	big_run(&b);
+	ck_assert_int_eq(tpt_daemon_stop(&d), 0);
+	cur = &tpt_fixture_daemon;
+}
+END_TEST
+
+/* Readers of another uid whose staging buffers the daemon refuses (buffer-bytes-per-uid, which
+ * the library does not know; root, the writer, is exempt): their reads go by CMA instead,
+ * nothing lost. */
+START_TEST(test_refused_staging_falls_back)
+{
+	static const char *const args[] = { "--buffer-bytes-per-uid", "64K", NULL };
+	struct big_run a = { .name = "big.ref1", .rmode = R_READ, .readers = 1,
+			     .reader_uid = 4242 };
+	struct big_run b = { .name = "big.ref2", .rmode = R_INTO_PRIVATE, .readers = 1,
+			     .reader_uid = 4242 };
+	static struct tpt_daemon d;
+
+	if (geteuid() != 0) {
+		printf("skipped: needs root to run readers as another uid\n");
+		return;
+	}
+	ck_assert_int_eq(tpt_daemon_start(&d, args), 0);
+	ck_assert_int_eq(tpt_daemon_open_to_all(&d), 0);
 	cur = &d;
 	big_run(&a);
 	big_run(&b);
@@ -546,6 +596,7 @@ static Suite *suite(void)
 	tcase_add_test(tc, test_large_private_to_read_4_readers);
 	tcase_add_test(tc, test_large_shared_to_private_into_1_reader);
 	tcase_add_test(tc, test_large_private_by_cma);
+	tcase_add_test(tc, test_refused_staging_falls_back);
 	tcase_add_test(tc, test_limits_around_16mib);
 	tcase_add_test(tc, test_read_many);
 	tcase_add_test(tc, test_failed_or_dead_reader_loses_nothing);
