@@ -3,11 +3,21 @@
  * bench_chan: items per second and GB/s through a named channel (docs/channels.md) from one
  * writer process to 1 or 4 reader processes, for 4 KiB, 64 KiB, 1 MiB and 16 MiB items, and the
  * same through ZeroMQ PUSH/PULL over ipc:// in the same run when built with libzmq (Debian:
- * libzmq3-dev; otherwise its rows say "skipped"). Items are private memory on both sides (the
- * channel moves them inline through the daemon: no shared-buffer items yet). Items larger than
- * the daemon's inline limit cannot go through a channel and are reported as such.
+ * libzmq3-dev; otherwise its rows say "skipped"). Channel rows run twice: "chan-priv" with the
+ * writer's items and the readers' allocations in private memory (items above 16 KiB go through
+ * the library's staging buffers, or by CMA without them), "chan-shm" with both in shared buffers
+ * (tp_buffer_alloc(): the daemon copies items above 16 KiB with memcpy). Readers take the items that ride inline with
+ * tp_chan_read_many() (64 per call at most) and the others with tp_chan_read_into() into one
+ * reused allocation; the writer writes batches
+ * (bench_batch(): up to 64 small items within the daemon's 1 MiB inline limit, 4 MiB of larger
+ * ones). With a daemon or library before protocol minor 7 (or
+ * BENCH_CHAN_OLD=1) the readers use tp_chan_read() and items above the inline limit are
+ * reported as n/a, as this program did before.
  *
  * Usage: TPIPD_SOCKET=... bench_chan [SECONDS_PER_ROW (default 1)]. Numbers, never pass/fail.
+ * A short warm-up run through a channel comes first, not reported.
+ * BENCH_CHAN_SIZE=N runs the rows of one item size only; BENCH_CHAN_MANY=N (1..64) sets the
+ * items per tp_chan_read_many() (1: tp_chan_read_into() for every item).
  */
 #include <errno.h>
 #include <signal.h>
@@ -31,33 +41,91 @@ static double now_s(void)
 	return ts.tv_sec + ts.tv_nsec / 1e9;
 }
 
-static int chan_reader(const char *name)
+static bool old_api; /* BENCH_CHAN_OLD=1: one tp_chan_read() per item, as before minor 7 */
+static size_t read_max = 64; /* BENCH_CHAN_MANY: items per tp_chan_read_many() (1: read_into) */
+
+/* Memory of @size bytes: shared (tp_buffer_alloc()) or private. NULL on failure. */
+static void *mem_alloc(struct tp_context *ctx, size_t size, bool shm)
+{
+	void *p = NULL;
+
+	if (shm)
+		return tp_buffer_alloc(ctx, size, &p) == 0 ? p : NULL;
+	return malloc(size);
+}
+
+static void mem_free(struct tp_context *ctx, void *p, bool shm)
+{
+	if (shm)
+		tp_buffer_free(ctx, p);
+	else
+		free(p);
+}
+
+/* Reads until the channel is drained. Return: 0, or 1 on a failure. */
+static int chan_read_all(struct tp_chan *ch, size_t size, void *buf, bool shm)
+{
+	struct tp_chan_item it[64];
+	size_t n, len;
+	void *item;
+	int r;
+
+	for (;;) {
+		if (old_api) {
+			r = tp_chan_read(ch, &item, &len, -1);
+			if (r >= 0)
+				free(item);
+		} else if (size <= (shm ? 16384u : 262144u) && read_max > 1) {
+			r = tp_chan_read_many(ch, it, read_max, &n, -1);
+			for (size_t k = 0; r >= 0 && k < n; k++)
+				free(it[k].data);
+		} else {
+			r = tp_chan_read_into(ch, buf, size, &len, -1);
+		}
+		if (r < 0)
+			return r == -EPIPE ? 0 : 1;
+	}
+}
+
+static int chan_reader(const char *name, size_t size, bool shm)
 {
 	struct tp_context *ctx;
 	struct tp_chan *ch;
-	void *item;
-	size_t len;
+	void *buf;
 	int r;
 
 	if (tp_context_new(NULL, &ctx) < 0 || tp_chan_open(ctx, name, NULL, &ch) < 0)
 		return 1;
-	while ((r = tp_chan_read(ch, &item, &len, -1)) >= 0)
-		free(item);
+	buf = mem_alloc(ctx, size, shm);
+	r = buf ? chan_read_all(ch, size, buf, shm) : 1;
+	if (buf)
+		mem_free(ctx, buf, shm);
 	tp_chan_release(ch);
 	tp_context_free(ctx);
-	return r == -EPIPE ? 0 : 1;
+	return r;
 }
 
-/* One row through a channel: @n items of @size to @readers readers. Return: seconds, < 0 on
- * failure. */
-static double run_chan(size_t size, unsigned n, unsigned readers)
+/* Items per write: up to 64 of 4 KiB or 16 of 64 KiB (the daemon's 1 MiB inline limit), 4 of
+ * 1 MiB, 1 of 16 MiB (before minor 7: 16 up to 64 KiB, else 1, as this program did). */
+static unsigned bench_batch(size_t size)
+{
+	if (old_api)
+		return size <= 65536 ? 16 : 1;
+	if (size <= 65536)
+		return (1u << 20) / size < 64 ? (unsigned)((1u << 20) / size) : 64;
+	return size < (4u << 20) ? (unsigned)((4u << 20) / size) : 1;
+}
+
+/* One row through a channel: @n items of @size to @readers readers, from and into shared
+ * buffers (@shm) or private memory. Return: seconds, < 0 on failure. */
+static double run_chan(size_t size, unsigned n, unsigned readers, bool shm)
 {
 	struct tp_chan_options o = { .size = sizeof(o), .flags = TP_CHAN_CREATE | TP_CHAN_EXCL,
 				     .owner_uid = -1, .capacity_items = 256 };
 	struct tp_context *ctx;
 	struct tp_chan *ch;
-	struct iovec iov[16];
-	unsigned batch = size <= 65536 ? 16 : 1;
+	struct iovec iov[64];
+	unsigned batch = bench_batch(size);
 	pid_t pids[4];
 	char *buf;
 	double t0, t;
@@ -69,7 +137,12 @@ static double run_chan(size_t size, unsigned n, unsigned readers)
 		tp_context_free(ctx);
 		return -1;
 	}
-	buf = malloc(size);
+	buf = mem_alloc(ctx, size, shm);
+	if (!buf) {
+		tp_chan_release(ch);
+		tp_context_free(ctx);
+		return -1;
+	}
 	memset(buf, 0x5a, size);
 	for (unsigned i = 0; i < batch; i++) {
 		iov[i].iov_base = buf;
@@ -78,7 +151,7 @@ static double run_chan(size_t size, unsigned n, unsigned readers)
 	for (unsigned i = 0; i < readers; i++) {
 		pids[i] = fork();
 		if (pids[i] == 0)
-			_exit(chan_reader("bench.chan"));
+			_exit(chan_reader("bench.chan", size, shm));
 	}
 	t0 = now_s();
 	for (unsigned i = 0; i < n && ok; i += batch)
@@ -88,9 +161,9 @@ static double run_chan(size_t size, unsigned n, unsigned readers)
 		if (waitpid(pids[i], &st, 0) < 0 || !WIFEXITED(st) || WEXITSTATUS(st))
 			ok = 0;
 	t = now_s() - t0;
+	mem_free(ctx, buf, shm);
 	tp_chan_release(ch);
 	tp_context_free(ctx);
-	free(buf);
 	return ok ? t : -1;
 }
 
@@ -158,10 +231,10 @@ static double run_zmq(size_t size, unsigned n, unsigned readers)
 static void row(const char *what, size_t size, unsigned readers, unsigned n, double t)
 {
 	if (t < 0) {
-		printf("%-8s %9zu %7u %10s %10s\n", what, size, readers, "failed", "-");
+		printf("%-9s %9zu %7u %10s %10s\n", what, size, readers, "failed", "-");
 		return;
 	}
-	printf("%-8s %9zu %7u %10.0f %10.3f\n", what, size, readers, n / t, n * (double)size / t / 1e9);
+	printf("%-9s %9zu %7u %10.0f %10.3f\n", what, size, readers, n / t, n * (double)size / t / 1e9);
 }
 
 int main(int argc, char **argv)
@@ -172,24 +245,38 @@ int main(int argc, char **argv)
 
 	signal(SIGPIPE, SIG_IGN);
 	setvbuf(stdout, NULL, _IOLBF, 0);
-	printf("%-8s %9s %7s %10s %10s\n", "WHAT", "ITEM", "READERS", "ITEMS/S", "GB/S");
+	old_api = getenv("BENCH_CHAN_OLD") && atoi(getenv("BENCH_CHAN_OLD"));
+	if (getenv("BENCH_CHAN_MANY"))
+		read_max = (size_t)atoi(getenv("BENCH_CHAN_MANY"));
+	if (read_max < 1 || read_max > 64)
+		read_max = 64;
+	/* A warm-up run, not reported: whichever row came first in a process ran about half as fast
+	 * as the same row later (the first contexts, forks and page faults of the process). */
+	run_chan(4096, 4096, 1, false);
+	printf("%-9s %9s %7s %10s %10s\n", "WHAT", "ITEM", "READERS", "ITEMS/S", "GB/S");
 	for (size_t i = 0; i < sizeof(sizes) / sizeof(sizes[0]); i++) {
+		if (getenv("BENCH_CHAN_SIZE") && (size_t)atol(getenv("BENCH_CHAN_SIZE")) != sizes[i])
+			continue;
 		/* about @secs at 2 GB/s or 500k items/s, at least 64 items */
 		double want = secs * 2e9 / sizes[i];
 		unsigned n = (unsigned)(want > 500000 * secs ? 500000 * secs : want);
 
-		n = n < 64 ? 64 : (n + 15) / 16 * 16;
+		n = n < 64 ? 64 : (n + 63) / 64 * 64; /* a multiple of every batch */
 		for (size_t k = 0; k < 2; k++) {
-			if (sizes[i] > (1u << 20))
-				printf("%-8s %9zu %7u %10s %10s\n", "chan", sizes[i], nreaders[k],
-				       "n/a", "(inline)");
-			else
-				row("chan", sizes[i], nreaders[k], n,
-				    run_chan(sizes[i], n, nreaders[k]));
+			for (int shm = 0; shm < 2; shm++) {
+				const char *what = shm ? "chan-shm" : "chan-priv";
+
+				if (old_api && sizes[i] > (1u << 20))
+					printf("%-9s %9zu %7u %10s %10s\n", what, sizes[i],
+					       nreaders[k], "n/a", "(inline)");
+				else
+					row(what, sizes[i], nreaders[k], n,
+					    run_chan(sizes[i], n, nreaders[k], shm));
+			}
 #ifdef HAVE_ZMQ
 			row("zmq", sizes[i], nreaders[k], n, run_zmq(sizes[i], n, nreaders[k]));
 #else
-			printf("%-8s %9zu %7u %10s %10s\n", "zmq", sizes[i], nreaders[k], "skipped",
+			printf("%-9s %9zu %7u %10s %10s\n", "zmq", sizes[i], nreaders[k], "skipped",
 			       "(no libzmq)");
 #endif
 		}

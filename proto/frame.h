@@ -45,9 +45,12 @@
  *   5  flow control: the pipe write window (Limits.pipe_queue_bytes) and FlowCredit
  *   5  Cancel: give up on one pending write or read (tp_cancel())
  *   6  CudaDmabuf: a client hands over the dma-buf of its CUDA allocation for RDMA
+ *   7  channel items by reference and batch reads (ChanOp.segments, max_items, take_held;
+ *      ChanReply.held_len, copied): a client sends them only to a daemon of minor >= 7, and
+ *      a daemon holds a large item for (ChanReply.held_len) only a client of minor >= 7
  */
 #define TPW_PROTO_MAJOR 1
-#define TPW_PROTO_MINOR 6
+#define TPW_PROTO_MINOR 7
 /* Daemon-to-daemon protocol, versioned apart from the client one. 2: frames inside TLS 1.3, no
  * PeerAuth; a daemon speaking 1 (plaintext PeerHello) is refused with a clear log line. Minor
  * versions of peer protocol 2:
@@ -77,6 +80,13 @@
 #define TPW_MINOR_FLOW 5
 #define TPW_MINOR_CANCEL 5
 #define TPW_MINOR_CUDA_DMABUF 6
+#define TPW_MINOR_CHAN_FAST 7
+/* Channel items up to TPW_CHAN_INLINE_ITEM ride inline in frames (writes and answers), except
+ * that items above TPW_CHAN_SHM_ITEM in (or read into) a shared buffer are copied with memcpy;
+ * other items are copied between the clients' memory and the daemon by CMA (protocol minor 7,
+ * docs/channels.md: a CMA access costs more than a frame for smaller items, a memcpy less). */
+#define TPW_CHAN_INLINE_ITEM (256u << 10)
+#define TPW_CHAN_SHM_ITEM (16u << 10)
 
 struct tpw_hdr {
 	uint32_t magic;

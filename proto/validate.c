@@ -270,6 +270,86 @@ static int check_group_join(const Tpw__V1__GroupJoin *j, char *why, size_t wl)
 	return check_string(j->coordinator, TPW_NAME_MAX, "coordinator", why, wl);
 }
 
+/* The largest item a channel segment may name (1 TiB): with at most segments_max items their
+ * sum cannot overflow; the daemon's channel capacity bounds them further. */
+#define CHAN_ITEM_MAX (1ull << 40)
+
+/* A segment naming memory by reference: a shared buffer's range with its reference, or an
+ * address range of the client's that does not wrap. */
+static bool chan_ref_ok(const Tpw__V1__Segment *g)
+{
+	uint64_t end;
+
+	if (g->loc_case == TPW__V1__SEGMENT__LOC_SHM)
+		return g->shm != NULL;
+	return g->loc_case == TPW__V1__SEGMENT__LOC_CMA_ADDR &&
+	       tpu_add_u64(g->cma_addr, g->length, &end);
+}
+
+/* A WRITE's items by segment (client minor >= 7): one per length and of that length, each
+ * inline (the inline ones back to back in order, adding up to the data tail exactly), a shared
+ * buffer's range or an address in the writer's process; no CUDA memory. */
+static int check_chan_segments(const Tpw__V1__ChanOp *c, const struct tpw_hdr *hdr, char *why,
+			       size_t wl)
+{
+	uint64_t inl = 0;
+
+	if (c->n_segments != c->n_lengths)
+		return tpu_why(-EBADMSG, why, wl, "%zu channel item segments for %zu items",
+			       c->n_segments, c->n_lengths);
+	for (size_t i = 0; i < c->n_segments; i++) {
+		const Tpw__V1__Segment *g = c->segments[i];
+
+		if (c->lengths[i] == 0 || c->lengths[i] > CHAN_ITEM_MAX ||
+		    g->length != c->lengths[i])
+			return tpu_why(-EBADMSG, why, wl, "channel item %zu of %llu bytes", i,
+				       (unsigned long long)c->lengths[i]);
+		switch (g->loc_case) {
+		case TPW__V1__SEGMENT__LOC_INLINE_OFF:
+			if (g->inline_off != inl || g->length > hdr->data_len - inl)
+				return tpu_why(-EBADMSG, why, wl, "channel item %zu outside the "
+					       "data tail", i);
+			inl += g->length;
+			break;
+		case TPW__V1__SEGMENT__LOC_SHM:
+		case TPW__V1__SEGMENT__LOC_CMA_ADDR:
+			if (!chan_ref_ok(g))
+				return tpu_why(-EBADMSG, why, wl, "channel item %zu: an empty shared "
+					       "buffer reference or a wrapping address", i);
+			break;
+		default:
+			return tpu_why(-EBADMSG, why, wl, "channel item %zu is neither inline, a "
+				       "shared buffer nor the writer's memory", i);
+		}
+	}
+	if (inl != hdr->data_len)
+		return tpu_why(-EBADMSG, why, wl, "inline channel items of %llu bytes in a tail of "
+			       "%u", (unsigned long long)inl, hdr->data_len);
+	return 0;
+}
+
+/* A READ: no items; at most one destination (a shared buffer's range or the reader's memory,
+ * not empty), required by take_held; a batch of at most segments_max items. */
+static int check_chan_read(const Tpw__V1__ChanOp *c, const struct tpw_limits *lim, char *why,
+			   size_t wl)
+{
+	const Tpw__V1__Segment *g = c->n_segments ? c->segments[0] : NULL;
+
+	if (c->n_lengths || c->n_segments > 1)
+		return tpu_why(-EBADMSG, why, wl, "a channel read with items");
+	if (c->max_items > lim->segments_max)
+		return tpu_why(-E2BIG, why, wl, "a channel read of %u items (at most %u)",
+			       c->max_items, lim->segments_max);
+	if (c->take_held && !g)
+		return tpu_why(-EBADMSG, why, wl, "a held channel item without a destination");
+	if (g && c->max_items > 1)
+		return tpu_why(-EBADMSG, why, wl, "a batch read into one destination");
+	if (g && (g->length == 0 || g->length > CHAN_ITEM_MAX || !chan_ref_ok(g)))
+		return tpu_why(-EBADMSG, why, wl, "a channel read's destination is neither a "
+			       "shared buffer nor the reader's memory, or empty");
+	return 0;
+}
+
 /* A channel operation: a known op, a valid name where one is named, items (WRITE) within the
  * segment limit whose lengths add up to the frame's data tail exactly, no empty item. */
 static int check_chan_op(const Tpw__V1__ChanOp *c, const struct tpw_hdr *hdr,
@@ -290,12 +370,21 @@ static int check_chan_op(const Tpw__V1__ChanOp *c, const struct tpw_hdr *hdr,
 	r = check_remote(c->remote, c->remote_peers, c->n_remote_peers, why, wl);
 	if (r < 0)
 		return r;
+	if ((c->n_segments || c->max_items > 1 || c->take_held) && !tpip)
+		return tpu_why(-EBADMSG, why, wl, "channel item segments, batch reads or held "
+			       "items over a peer link");
+	if (c->op == TPW__V1__CHAN_OP_KIND__CHAN_OP_READ)
+		return check_chan_read(c, lim, why, wl);
+	if (c->max_items || c->take_held || c->inline_only)
+		return tpu_why(-EBADMSG, why, wl, "read fields on a channel op that is no read");
 	if (c->op != TPW__V1__CHAN_OP_KIND__CHAN_OP_WRITE)
-		return c->n_lengths ? tpu_why(-EBADMSG, why, wl, "item lengths on a channel op "
-					      "that takes none") : 0;
+		return c->n_lengths || c->n_segments ? tpu_why(-EBADMSG, why, wl, "items on a "
+							       "channel op that takes none") : 0;
 	if (c->n_lengths == 0 || c->n_lengths > lim->segments_max)
 		return tpu_why(-E2BIG, why, wl, "channel write of %zu items (1..%u)", c->n_lengths,
 			       lim->segments_max);
+	if (c->n_segments)
+		return check_chan_segments(c, hdr, why, wl);
 	for (size_t i = 0; i < c->n_lengths; i++) {
 		if (c->lengths[i] == 0 || c->lengths[i] > hdr->data_len)
 			return tpu_why(-EBADMSG, why, wl, "channel item %zu of %llu bytes", i,
@@ -328,6 +417,29 @@ static int check_wq_op(const Tpw__V1__WqOp *q, const struct tpw_hdr *hdr, bool t
 	if (data && hdr->data_len == 0)
 		return tpu_why(-EBADMSG, why, wl, "a work queue payload of 0 bytes");
 	return 0;
+}
+
+/* A channel answer from the daemon: its items add up to the data tail exactly (a batch read:
+ * up to segments_max items, none empty), or one item copied into the read's destination (no
+ * tail), or an item held (no length, no tail). */
+static int check_chan_reply(const Tpw__V1__ChanReply *r, const struct tpw_hdr *hdr,
+			    const struct tpw_limits *lim)
+{
+	uint64_t total = 0;
+
+	if (r->copied || r->held_len)
+		return r->n_lengths == (r->copied ? 1u : 0u) && !(r->copied && r->held_len) &&
+		       hdr->data_len == 0 ? 0 : -EBADMSG;
+	if (r->n_lengths > TPU_MAX(lim->segments_max, 1u))
+		return -EBADMSG;
+	for (size_t i = 0; i < r->n_lengths; i++) {
+		if (r->n_lengths > 1 && r->lengths[i] == 0)
+			return -EBADMSG;
+		if (r->lengths[i] > hdr->data_len)
+			return -EBADMSG;
+		total += r->lengths[i];
+	}
+	return total == hdr->data_len ? 0 : -EBADMSG;
 }
 
 int tpw_client_msg_validate(const Tpw__V1__ClientMsg *m, const struct tpw_hdr *hdr,
@@ -603,9 +715,8 @@ int tpw_daemon_msg_validate(const Tpw__V1__DaemonMsg *m, const struct tpw_hdr *h
 			return tpu_why(-EBADMSG, why, wl, "flow resume of pipe 0");
 		return 0;
 	case TPW__V1__DAEMON_MSG__BODY_CHAN_REPLY:
-		if (m->chan_reply->n_lengths > 1 ||
-		    (m->chan_reply->n_lengths ? m->chan_reply->lengths[0] : 0) != hdr->data_len)
-			return tpu_why(-EBADMSG, why, wl, "channel answer's item does not match its "
+		if (check_chan_reply(m->chan_reply, hdr, lim) < 0)
+			return tpu_why(-EBADMSG, why, wl, "channel answer's items do not match its "
 				       "data tail");
 		return check_string(m->chan_reply->message, TPW_MESSAGE_MAX, "message", why, wl);
 	case TPW__V1__DAEMON_MSG__BODY_WQ_REPLY:

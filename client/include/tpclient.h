@@ -922,6 +922,13 @@ int tp_chan_open(struct tp_context *ctx, const char *name, const struct tp_chan_
  * call gave up: the batch may be written, now or later, so a retry may write it twice),
  * -EMSGSIZE (the batch is larger than the channel's capacity, or than the daemon's inline
  * limit), -EINVAL (n == 0 or an empty item).
+ * On a channel of this host's daemon (protocol minor 7) items above 16 KiB do not ride inline:
+ * the daemon copies each once (memcpy) from the shared buffer it lies in (tp_buffer_alloc()),
+ * or, for other memory, from a staging buffer the library copies it into first (by CMA from the
+ * caller's memory, for items above 256 KiB, when no staging buffer can be had), before it
+ * answers; any size up to the channel's capacity. Without either, such an item rides inline
+ * (the inline limit applies).
+ * When the call returns (any result but -EINPROGRESS) the daemon no longer reads the items.
  */
 int tp_chan_write(struct tp_chan *ch, const struct iovec *items, size_t n, int timeout_ms);
 
@@ -1085,6 +1092,51 @@ int tp_set_set_fanout(struct tp_pipe_set *s, enum tp_fanout how);
 /* tp_set_last_fanout() - how @s's last tp_set_broadcast() fanned out: TP_FANOUT_DAEMON or
  * TP_FANOUT_LIBRARY; TP_FANOUT_AUTO before the first (and for NULL). */
 enum tp_fanout tp_set_last_fanout(const struct tp_pipe_set *s);
+
+/* ---- channel items at any size, batch reads (docs/channels.md; daemon protocol minor 7) -----
+ *
+ * tp_chan_read() takes an item of any size up to the channel's capacity (an item above 256 KiB
+ * is copied by the daemon into a staging buffer, then by the library into the new allocation,
+ * or by CMA straight into it: without CMA such an item larger than the daemon's inline limit
+ * fails the read with -EMSGSIZE and stays first in the channel; read it with
+ * tp_chan_read_into()). The calls below need a channel of this
+ * host's daemon of protocol minor 7 (-EOPNOTSUPP otherwise, or: tp_chan_read_many() takes one
+ * item per call from a channel on another host or an older daemon).
+ */
+
+/*
+ * tp_chan_read_into() - tp_chan_read() into the caller's allocation @buf of @size bytes: the
+ * daemon copies the item straight there with memcpy when @buf lies in a shared buffer of the
+ * context (tp_buffer_alloc(); items above 16 KiB: one copy from the daemon), else into a
+ * staging buffer the library copies it from (or, without one, by CMA for items above 256 KiB);
+ * smaller items come inline and the library copies them.
+ * @ret_len: the item's length; with -EMSGSIZE, the length of the item that does not fit (it
+ * stays first in the channel, for this or another reader).
+ * A call that gives up waiting for the daemon (-ETIMEDOUT past reply_timeout_ms) may still have
+ * its item copied into @buf later; that item is then returned by the handle's next read, from a
+ * copy taken when the answer came.
+ * Return: as tp_chan_read(), and -EMSGSIZE, -EOPNOTSUPP (another host's channel, an older
+ * daemon, or @buf outside a shared buffer with neither a staging buffer nor CMA), -EINVAL.
+ */
+int tp_chan_read_into(struct tp_chan *ch, void *buf, size_t size, size_t *ret_len,
+		      int timeout_ms);
+
+/* An item of tp_chan_read_many(): owned, free @data with free(). */
+struct tp_chan_item {
+	void *data;
+	size_t len;
+};
+
+/*
+ * tp_chan_read_many() - take up to @max items in one answer: the oldest item, waiting as
+ * tp_chan_read() does, and the items that follow it in the channel, as long as each is at most
+ * 256 KiB and they add up to the daemon's inline limit (a larger item comes alone, as
+ * tp_chan_read() gets it). The reader whose turn it is (the oldest waiting) takes them all.
+ * @items: filled with @ret_n owned items (1..@max) on success.
+ * Return: as tp_chan_read() (TP_CHAN_CLOSED: the channel is closed), -EINVAL.
+ */
+int tp_chan_read_many(struct tp_chan *ch, struct tp_chan_item *items, size_t max,
+		      size_t *ret_n, int timeout_ms);
 
 #ifdef __cplusplus
 }

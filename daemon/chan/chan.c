@@ -2,9 +2,9 @@
 /*
  * Named channels hosted by the daemon (chan.h). Responsible for the channel registry, each
  * channel's items and waiting readers, handles per session, deadlines of waiting reads and the
- * limits per uid and per channel. Not responsible for sessions or frames (local/) nor for
- * moving shared-buffer items (not built: items ride in data tails). Everything runs on the
- * daemon's loop thread.
+ * limits per uid and per channel, and which item goes inline, into a reader's allocation or
+ * held for a reader (items that do not ride inline are copied by chancopy.c). Not responsible
+ * for sessions or frames (local/). Everything runs on the daemon's loop thread.
  */
 #include <errno.h>
 #include <stdio.h>
@@ -13,6 +13,7 @@
 #include <event2/event.h>
 
 #include "chan.h"
+#include "chancopy.h"
 #include "chanx.h"
 #include "config.h"
 #include "core.h"
@@ -25,11 +26,31 @@
 #define CHAN_WAITS_PER_HANDLE 64u /* reads one handle may have waiting at once */
 #define CHAN_HANDLES_PER_SESSION 1024u
 #define CHAN_NO_DEADLINE UINT32_MAX
+/* Freed buffers of items copied in by reference kept for the next ones (malloc() would map and
+ * unmap, and the kernel zero, every large item's pages): at most this many, this many bytes,
+ * daemon-wide. */
+#define CHAN_SPARE_MAX 8u
+#define CHAN_SPARE_BYTES (64ull << 20)
 
 struct chan_item {
 	struct tpu_list node;
 	size_t len;
+	/* A write's item still in the writer's memory (no @data yet): where, with a reference
+	 * (tpd_chan_copy_put()). Never in a channel's list. */
+	bool ref;
+	struct tpb_mem src;
+	size_t cap; /* an item copied in: @data's bytes, reusable (tpd_chans.spare); else 0 */
 	uint8_t data[];
+};
+
+/* What a read asks for. */
+struct chan_read {
+	uint64_t req_id;
+	uint32_t max;	    /* items one answer may carry (>= 1) */
+	bool fast;	    /* the reader takes held items (client minor >= 7) */
+	bool dst_set;	    /* the read names where a large item goes: */
+	struct tpb_mem dst; /* with a reference (tpd_chan_copy_put()) */
+	uint64_t room;
 };
 
 struct chan {
@@ -48,7 +69,12 @@ struct chan {
 	struct tpu_list waiters; /* chan_wait of reads, oldest first */
 	struct tpu_list writers; /* chan_wait of writes waiting for room, oldest first */
 	uint32_t n_items, n_handles, n_waiters, n_writers, n_remote;
+	/* @bytes counts the items in @items, those held for a handle or being copied to a reader
+	 * (@n_outs of them) and the batches being copied in (@res_items items). */
 	uint64_t bytes, written, read;
+	uint32_t res_items, n_outs;
+	struct tpu_list copies; /* chan_copy running; the channel stays while there are some */
+	struct tpd_chans *cs;
 };
 
 /* Whom a handle answers: a local session, or a peer link (the handle another host's daemon
@@ -66,6 +92,8 @@ struct chan_handle {
 	struct chan *c;
 	unsigned waits;	 /* reads waiting */
 	bool write_waits; /* a write waiting (one at most: its batch is held here) */
+	struct chan_item *held; /* an item too large to answer inline, out of @c for this handle's
+				 * next READ with take_held (ChanReply.held_len) */
 };
 
 struct chan_wait {
@@ -78,6 +106,20 @@ struct chan_wait {
 	struct tpu_list batch; /* chan_item */
 	size_t n;
 	uint64_t bytes;
+	struct chan_read rd; /* a read's */
+};
+
+/* A copy running between a client's memory and the daemon (chancopy.c): a batch of items
+ * coming in (its room reserved in the channel), or an item going out to a reader. */
+struct chan_copy {
+	struct tpu_list node; /* in chan.copies */
+	struct chan *c;
+	struct chan_handle *h; /* NULL once the handle is gone: nobody is answered */
+	uint64_t req_id;
+	struct tpu_list batch; /* in: the items being filled */
+	size_t n;
+	uint64_t bytes;
+	struct chan_item *item; /* out: the item */
 };
 
 struct tpd_chans {
@@ -86,6 +128,9 @@ struct tpd_chans {
 	struct tpu_list handles;
 	uint64_t next_id;
 	struct tpd_chanx *x; /* channels and queues of other hosts (chanx.c) */
+	struct tpu_list spare; /* chan_item buffers to reuse, oldest first (CHAN_SPARE_*) */
+	unsigned n_spare;
+	uint64_t spare_bytes;
 };
 
 static struct tpd_chans *chans_of(struct tpd_session *s)
@@ -93,11 +138,23 @@ static struct tpd_chans *chans_of(struct tpd_session *s)
 	return tpd_daemon_chans(tpd_session_daemon(s));
 }
 
+/* Sends @r (its @n_lengths items in @tail, @n_tail pieces: one at most to a peer link). */
+static void chan_reply_send(const struct chan_who *who, Tpw__V1__ChanReply *r,
+			    const struct iovec *tail, size_t n_tail)
+{
+	Tpw__V1__DaemonMsg m = TPW__V1__DAEMON_MSG__INIT;
+
+	if (who->pr)
+		return tpd_chanx_reply(who->pr, r, n_tail ? tail : NULL);
+	m.body_case = TPW__V1__DAEMON_MSG__BODY_CHAN_REPLY;
+	m.chan_reply = r;
+	tpd_session_send(who->s, &m, n_tail ? tail : NULL, (int)n_tail);
+}
+
 static void chan_answer(const struct chan_who *who, uint64_t req_id, int err, const char *why,
 			uint64_t id, bool closed, const struct chan_item *it)
 {
 	Tpw__V1__ChanReply r = TPW__V1__CHAN_REPLY__INIT;
-	Tpw__V1__DaemonMsg m = TPW__V1__DAEMON_MSG__INIT;
 	struct iovec tail;
 	uint64_t len;
 
@@ -113,11 +170,23 @@ static void chan_answer(const struct chan_who *who, uint64_t req_id, int err, co
 		tail.iov_base = (void *)it->data;
 		tail.iov_len = it->len;
 	}
-	if (who->pr)
-		return tpd_chanx_reply(who->pr, &r, it ? &tail : NULL);
-	m.body_case = TPW__V1__DAEMON_MSG__BODY_CHAN_REPLY;
-	m.chan_reply = &r;
-	tpd_session_send(who->s, &m, it ? &tail : NULL, it ? 1 : 0);
+	chan_reply_send(who, &r, &tail, it ? 1 : 0);
+}
+
+/* Answers a read with the length of an item it did not get: held for it (@err 0), or too large
+ * for its allocation (@err -EMSGSIZE). */
+static void chan_answer_len(const struct chan_handle *h, uint64_t req_id, int err,
+			    const char *why, uint64_t len)
+{
+	Tpw__V1__ChanReply r = TPW__V1__CHAN_REPLY__INIT;
+
+	r.req_id = req_id;
+	r.status = tpw_status_from_errno(err);
+	r.message = (char *)(why ? why : "");
+	r.chan_id = h->id;
+	r.closed = h->c->closed;
+	r.held_len = len;
+	chan_reply_send(&h->who, &r, NULL, 0);
 }
 
 /* Bytes the channels created by @uid hold. */
@@ -137,6 +206,8 @@ static uint64_t uid_bytes(const struct tpd_chans *cs, uid_t uid, uint32_t *ret_c
 	return b;
 }
 
+static void item_free(struct tpd_chans *cs, struct chan_item *it);
+
 static void chan_free(struct chan *c)
 {
 	struct chan_item *it, *tmp;
@@ -145,7 +216,7 @@ static void chan_free(struct chan *c)
 		return;
 	tpu_list_remove(&c->node);
 	tpu_list_for_each_safe(it, tmp, &c->items, node)
-		free(it);
+		item_free(c->cs, it);
 	for (size_t i = 0; i < c->n_remote_peers; i++)
 		free(c->remote_peers[i]);
 	free(c->remote_peers);
@@ -153,19 +224,66 @@ static void chan_free(struct chan *c)
 	free(c);
 }
 
-/* Frees @c once nothing keeps it: no handle and neither persistent nor named. */
+/* Frees @c once nothing keeps it: no handle, no copy, and neither persistent nor named. */
 static void chan_maybe_free(struct chan *c)
 {
-	if (c->n_handles == 0 && (!c->persistent || !c->named))
+	if (c->n_handles == 0 && tpu_list_empty(&c->copies) && (!c->persistent || !c->named))
 		chan_free(c);
 }
 
-static void batch_free(struct tpu_list *batch)
+/* Frees @it, or keeps its buffer in @cs (may be NULL) for a later item copied in. */
+static void item_free(struct tpd_chans *cs, struct chan_item *it)
+{
+	struct chan_item *old;
+
+	if (it && it->ref)
+		tpd_chan_copy_put(&it->src);
+	if (!it || !cs || !it->cap || it->cap > CHAN_SPARE_BYTES)
+		return free(it);
+	while (cs->n_spare && (cs->n_spare == CHAN_SPARE_MAX ||
+			       cs->spare_bytes + it->cap > CHAN_SPARE_BYTES)) {
+		old = tpu_list_first(&cs->spare, struct chan_item, node);
+		tpu_list_remove(&old->node);
+		cs->n_spare--;
+		cs->spare_bytes -= old->cap;
+		free(old);
+	}
+	tpu_list_remove(&it->node);
+	tpu_list_insert_tail(&cs->spare, &it->node);
+	cs->n_spare++;
+	cs->spare_bytes += it->cap;
+}
+
+/* A buffer for an item of @len bytes copied in: a spare one of @cs not much larger, or a new
+ * one. Return: owned (item_free()), or NULL. */
+static struct chan_item *item_new_copied(struct tpd_chans *cs, size_t len)
+{
+	struct chan_item *it;
+
+	tpu_list_for_each(it, &cs->spare, node) {
+		if (it->cap < len || it->cap - len > len / 4)
+			continue;
+		tpu_list_remove(&it->node);
+		cs->n_spare--;
+		cs->spare_bytes -= it->cap;
+		*it = (struct chan_item){ .len = len, .cap = it->cap };
+		tpu_list_init(&it->node);
+		return it;
+	}
+	it = malloc(sizeof(*it) + len);
+	if (!it)
+		return NULL;
+	*it = (struct chan_item){ .len = len, .cap = len };
+	tpu_list_init(&it->node);
+	return it;
+}
+
+static void batch_free(struct tpd_chans *cs, struct tpu_list *batch)
 {
 	struct chan_item *it, *tmp;
 
 	tpu_list_for_each_safe(it, tmp, batch, node)
-		free(it);
+		item_free(cs, it);
 	tpu_list_init(batch);
 }
 
@@ -173,10 +291,11 @@ static void wait_free(struct chan_wait *w)
 {
 	tpu_list_remove(&w->node);
 	if (w->write) {
-		batch_free(&w->batch);
+		batch_free(w->cs, &w->batch);
 		w->h->c->n_writers--;
 		w->h->write_waits = false;
 	} else {
+		tpd_chan_copy_put(&w->rd.dst);
 		w->h->c->n_waiters--;
 		w->h->waits--;
 	}
@@ -185,23 +304,119 @@ static void wait_free(struct chan_wait *w)
 	free(w);
 }
 
-/* Hands the oldest item of @c to @h's request @req_id (which must be there). */
-static void chan_deliver(struct chan_handle *h, uint64_t req_id)
+/* Takes the oldest item out of @c's list; it stays charged to @c (@n_outs) until delivered. */
+static struct chan_item *item_take(struct chan *c)
 {
-	struct chan *c = h->c;
 	struct chan_item *it = tpu_list_first(&c->items, struct chan_item, node);
 
 	tpu_list_remove(&it->node);
 	c->n_items--;
+	c->n_outs++;
+	return it;
+}
+
+/* An item taken out goes back to the head of @c: its read failed or its reader went. */
+static void item_give_back(struct chan *c, struct chan_item *it)
+{
+	tpu_list_insert_head(&c->items, &it->node);
+	c->n_items++;
+	c->n_outs--;
+}
+
+/* An item taken out was delivered: it leaves @c. */
+static void item_done(struct chan *c, struct chan_item *it)
+{
+	c->n_outs--;
 	c->bytes -= it->len;
 	c->read++;
-	chan_answer(&h->who, req_id, 0, NULL, h->id, c->closed, it);
-	free(it);
+	item_free(c->cs, it);
+}
+
+/* Answers @rd with the oldest items of @c, inline: the first, and while @rd takes more, the
+ * following ones that ride inline too, up to the daemon's inline limit in all. */
+static void deliver_inline(struct chan_handle *h, const struct chan_read *rd)
+{
+	uint32_t inline_max = tpd_daemon_limits(h->c->cs->d)->inline_max;
+	Tpw__V1__ChanReply r = TPW__V1__CHAN_REPLY__INIT;
+	struct chan *c = h->c;
+	uint64_t one_len, total = 0;
+	struct iovec one_iov, *iov = &one_iov;
+	uint64_t *lens = &one_len;
+	struct chan_item *it;
+	size_t n = 0, max = rd->max;
+
+	if (max > 1 && (!(iov = calloc(max, sizeof(*iov))) || !(lens = calloc(max, sizeof(*lens))))) {
+		free(iov);
+		iov = &one_iov;
+		lens = &one_len;
+		max = 1; /* without memory for a batch, one item */
+	}
+	tpu_list_for_each(it, &c->items, node) {
+		if (n && (n == max || it->len > TPW_CHAN_INLINE_ITEM || total + it->len > inline_max))
+			break;
+		iov[n] = (struct iovec){ .iov_base = it->data, .iov_len = it->len };
+		lens[n++] = it->len;
+		total += it->len;
+	}
+	r.req_id = rd->req_id;
+	r.status = tpw_status_from_errno(0);
+	r.chan_id = h->id;
+	r.closed = c->closed;
+	r.n_lengths = n;
+	r.lengths = lens;
+	chan_reply_send(&h->who, &r, iov, n);
+	for (size_t i = 0; i < n; i++)
+		item_done(c, item_take(c));
+	if (iov != &one_iov)
+		free(iov);
+	if (lens != &one_len)
+		free(lens);
+}
+
+static void copy_out(struct chan_handle *h, uint64_t req_id, struct chan_item *it,
+		     const struct tpb_mem *dst);
+
+/* Hands the oldest item of @c to @h's read @rd (which must be there): inline, into the read's
+ * allocation, or held for @h (a large item and a reader that takes held items); a read that
+ * cannot take it fails and leaves it first in @c. */
+static void chan_deliver(struct chan_handle *h, const struct chan_read *rd)
+{
+	struct chan *c = h->c;
+	struct chan_item *it = tpu_list_first(&c->items, struct chan_item, node);
+	char why[160];
+
+	if (rd->dst_set && it->len > rd->room) {
+		snprintf(why, sizeof(why), "an item of %zu bytes does not fit the read's %llu",
+			 it->len, (unsigned long long)rd->room);
+		return chan_answer_len(h, rd->req_id, -EMSGSIZE, why, it->len);
+	}
+	if (rd->dst_set && (it->len > TPW_CHAN_INLINE_ITEM ||
+			    (rd->dst.buf && it->len > TPW_CHAN_SHM_ITEM)))
+		return copy_out(h, rd->req_id, item_take(c), &rd->dst);
+	if (it->len <= TPW_CHAN_INLINE_ITEM)
+		return deliver_inline(h, rd);
+	if (rd->fast) { /* another read of @h (another thread) may have been answered first */
+		if (!h->held)
+			h->held = item_take(c);
+		return chan_answer_len(h, rd->req_id, 0, NULL, h->held->len);
+	}
+	if (it->len <= tpd_daemon_limits(c->cs->d)->inline_max)
+		return deliver_inline(h, rd);
+	snprintf(why, sizeof(why), "an item of %zu bytes is above the inline limit %u%s", it->len,
+		 tpd_daemon_limits(c->cs->d)->inline_max, h->who.pr ? " (items cross hosts "
+		 "inline)" : ": this client library reads no larger item");
+	chan_answer(&h->who, rd->req_id, -EMSGSIZE, why, h->id, c->closed, NULL);
 }
 
 static bool chan_fits(const struct chan *c, size_t n, uint64_t bytes)
 {
-	return c->n_items + n <= c->cap_items && c->bytes + bytes <= c->cap_bytes;
+	return c->n_items + c->res_items + n <= c->cap_items && c->bytes + bytes <= c->cap_bytes;
+}
+
+/* Is @c closed with nothing left to read: no item in it, none out for a reader? */
+static bool chan_drained(const struct chan *c)
+{
+	return c->closed && !c->n_items && !c->n_outs;
 }
 
 /* Moves @batch (@n items, @bytes) to the end of @c, contiguous: nothing runs in between. */
@@ -219,6 +434,8 @@ static void chan_append(struct chan *c, struct tpu_list *batch, size_t n, uint64
 }
 
 static void serve_readers(struct chan *c);
+static void chan_admit(struct chan_handle *h, uint64_t req_id, struct tpu_list *batch, size_t n,
+		       uint64_t bytes);
 
 /* Lets the oldest waiting writes in while they fit; on close fails them all. */
 static void serve_writers(struct tpd_chans *cs, struct chan *c)
@@ -236,8 +453,7 @@ static void serve_writers(struct tpd_chans *cs, struct chan *c)
 			chan_answer(&w->h->who, w->req_id, -ENOBUFS, "the channel owner's "
 				    "chan-bytes-per-uid is spent", w->h->id, false, NULL);
 		} else {
-			chan_append(c, &w->batch, w->n, w->bytes);
-			chan_answer(&w->h->who, w->req_id, 0, NULL, w->h->id, false, NULL);
+			chan_admit(w->h, w->req_id, &w->batch, w->n, w->bytes);
 		}
 		wait_free(w);
 	}
@@ -247,16 +463,12 @@ static void serve_writers(struct tpd_chans *cs, struct chan *c)
  * go on. */
 static void chan_serve(struct chan *c)
 {
-	struct tpd_chans *cs = NULL;
 	uint32_t before;
 
-	if (!tpu_list_empty(&c->writers))
-		cs = tpu_list_first(&c->writers, struct chan_wait, node)->cs;
 	do { /* every pass that does something ends a wait: this ends */
 		before = c->n_waiters + c->n_writers;
 		serve_readers(c);
-		if (cs)
-			serve_writers(cs, c);
+		serve_writers(c->cs, c);
 	} while (c->n_waiters + c->n_writers != before);
 }
 
@@ -268,8 +480,8 @@ static void serve_readers(struct chan *c)
 
 	tpu_list_for_each_safe(w, tmp, &c->waiters, node) {
 		if (c->n_items) {
-			chan_deliver(w->h, w->req_id);
-		} else if (c->closed) {
+			chan_deliver(w->h, &w->rd);
+		} else if (chan_drained(c)) {
 			chan_answer(&w->h->who, w->req_id, -EPIPE,
 				    "the channel is closed and drained", w->h->id, true, NULL);
 		} else {
@@ -347,6 +559,7 @@ static void handle_free(struct chan_handle *h, bool answer)
 {
 	struct chan_wait *w, *tmp;
 	struct chan *c = h->c;
+	struct chan_copy *cp;
 
 	tpu_list_for_each_safe(w, tmp, &c->waiters, node) {
 		if (w->h != h)
@@ -364,9 +577,16 @@ static void handle_free(struct chan_handle *h, bool answer)
 				    c->closed, NULL);
 		wait_free(w);
 	}
+	tpu_list_for_each(cp, &c->copies, node)
+		if (cp->h == h)
+			cp->h = NULL; /* the copy ends, answering nobody */
 	tpu_list_remove(&h->node);
 	c->n_handles--;
 	c->n_remote -= h->who.pr != NULL;
+	if (h->held) { /* never read: back to the head, for the oldest waiting reader */
+		item_give_back(c, h->held);
+		chan_serve(c);
+	}
 	free(h);
 	chan_maybe_free(c);
 }
@@ -414,6 +634,8 @@ static int chan_create(struct tpd_chans *cs, struct tpd_session *s, const Tpw__V
 	}
 	tpu_list_init(&c->node);
 	tpu_list_init(&c->items);
+	tpu_list_init(&c->copies);
+	c->cs = cs;
 	if (chan_set_remote(c, o) < 0) {
 		chan_free(c);
 		*why = "out of memory";
@@ -555,94 +777,357 @@ static struct chan_wait *wait_new(struct tpd_chans *cs, struct chan_handle *h, u
 	return w;
 }
 
-/* Copies the items of @tail into @batch. Return: 0 or -ENOMEM (@batch freed). */
-static int batch_copy(const Tpw__V1__ChanOp *o, const uint8_t *tail, struct tpu_list *batch)
+/* A new item of @len bytes, its data copied from @from if not NULL. Return: owned
+ * (item_free()), or NULL. */
+static struct chan_item *item_new(size_t len, const void *from)
 {
+	struct chan_item *it = malloc(sizeof(*it) + len);
+
+	if (!it)
+		return NULL;
+	*it = (struct chan_item){ .len = len };
+	tpu_list_init(&it->node);
+	if (from)
+		memcpy(it->data, from, len);
+	return it;
+}
+
+/* Builds @batch from @o's items: inline ones copied from @tail now; with segments (a client's
+ * write, validated), an item by reference resolved in the writer's memory (an item with @ref,
+ * copied once admitted). Return: 0 or -errno with the reason in @why (@batch freed). */
+static int batch_build(struct tpd_session *s, const Tpw__V1__ChanOp *o, const uint8_t *tail,
+		       struct tpu_list *batch, char *why, size_t wl)
+{
+	const Tpw__V1__Segment *g;
 	struct chan_item *it;
 	size_t off = 0;
+	int r;
 
 	for (size_t i = 0; i < o->n_lengths; i++) {
-		it = malloc(sizeof(*it) + o->lengths[i]);
-		if (!it) {
-			batch_free(batch);
-			return -ENOMEM;
+		g = o->n_segments ? o->segments[i] : NULL;
+		if (g && g->loc_case != TPW__V1__SEGMENT__LOC_INLINE_OFF) {
+			it = item_new(0, NULL);
+			r = it ? tpd_chan_copy_resolve(s, g, &it->src, why, wl) : -ENOMEM;
+			if (r == 0) {
+				it->ref = true;
+				it->len = o->lengths[i];
+			}
+		} else {
+			it = item_new(o->lengths[i], tail + off);
+			off += o->lengths[i];
+			r = it ? 0 : -ENOMEM;
 		}
-		it->len = o->lengths[i];
-		memcpy(it->data, tail + off, it->len);
-		off += it->len;
+		if (r < 0) {
+			if (r == -ENOMEM)
+				snprintf(why, wl, "out of memory");
+			free(it);
+			batch_free(NULL, batch);
+			return r;
+		}
 		tpu_list_insert_tail(batch, &it->node);
 	}
 	return 0;
 }
 
-/* Appends the batch in @tail (lengths checked against it by validation) or refuses all of it;
- * a write that does not fit waits for room up to its timeout, behind earlier waiting writes. */
+static void chan_copy_free(struct chan_copy *cp)
+{
+	struct chan *c = cp->c;
+
+	tpu_list_remove(&cp->node);
+	batch_free(c->cs, &cp->batch);
+	free(cp);
+	chan_maybe_free(c);
+}
+
+/* A batch copied in (@status 0) goes to the end of its channel, unless the channel was closed
+ * meanwhile; its writer, if still there, is answered. */
+static void copy_in_on_done(void *arg, int status, const char *why)
+{
+	struct chan_copy *cp = arg;
+	struct chan *c = cp->c;
+
+	c->res_items -= (uint32_t)cp->n;
+	c->bytes -= cp->bytes;
+	if (status == 0 && c->closed) {
+		status = -EPIPE;
+		why = "the channel was closed while the batch was copied";
+	}
+	if (status == 0)
+		chan_append(c, &cp->batch, cp->n, cp->bytes);
+	if (cp->h)
+		chan_answer(&cp->h->who, cp->req_id, status, why, cp->h->id, c->closed, NULL);
+	chan_serve(c);
+	chan_copy_free(cp);
+}
+
+/* Starts copying the items by reference of @batch into items of the daemon; they take the
+ * place of the references in @cp->batch. Return: 0 or -errno (@batch unchanged). */
+static int copy_in_start(struct chan_copy *cp, struct tpu_list *batch)
+{
+	struct tpb_xfer *x = calloc(cp->n, sizeof(*x));
+	struct chan_item *it, *tmp, *dup;
+	size_t k = 0;
+	int r = -ENOMEM;
+
+	if (!x)
+		return -ENOMEM;
+	tpu_list_for_each(it, batch, node) {
+		dup = it->ref ? item_new_copied(cp->c->cs, it->len) : NULL;
+		if (it->ref && !dup)
+			goto fail;
+		if (!dup)
+			continue;
+		x[k++] = (struct tpb_xfer){ .src = it->src, .len = it->len,
+					    .dst = { .loc = TPB_LOC_LOCAL,
+						     .addr = (uint64_t)(uintptr_t)dup->data } };
+		tpu_list_insert_tail(&cp->batch, &dup->node);
+	}
+	r = tpd_chan_copy_start(cp->c->cs->d, x, k, copy_in_on_done, cp);
+	if (r < 0)
+		goto fail;
+	/* The copy holds its own references: the batch's items by reference give way to theirs,
+	 * in order, and the inline ones stay. */
+	tpu_list_for_each_safe(it, tmp, batch, node) {
+		if (!it->ref)
+			continue;
+		dup = tpu_list_first(&cp->batch, struct chan_item, node);
+		tpu_list_remove(&dup->node);
+		tpu_list_insert_tail(&it->node, &dup->node); /* before @it */
+		tpu_list_remove(&it->node);
+		item_free(NULL, it);
+	}
+	tpu_list_splice_tail(&cp->batch, batch);
+	free(x);
+	return 0;
+fail:
+	batch_free(cp->c->cs, &cp->batch);
+	free(x);
+	return r;
+}
+/* A new copy of @h's request @req_id on its channel. Return: owned (chan_copy_free()), or
+ * NULL. */
+static struct chan_copy *copy_new(struct chan_handle *h, uint64_t req_id)
+{
+	struct chan_copy *cp = calloc(1, sizeof(*cp));
+
+	if (!cp)
+		return NULL;
+	cp->c = h->c;
+	cp->h = h;
+	cp->req_id = req_id;
+	tpu_list_init(&cp->batch);
+	tpu_list_insert_tail(&h->c->copies, &cp->node);
+	return cp;
+}
+
+/* Puts @batch (@n items, @bytes, room checked) into @h's channel and answers @req_id: at once
+ * when every item is in the daemon already, else once its items by reference are copied in
+ * (their room reserved meanwhile). Takes @batch's items. */
+static void chan_admit(struct chan_handle *h, uint64_t req_id, struct tpu_list *batch, size_t n,
+		       uint64_t bytes)
+{
+	struct chan *c = h->c;
+	struct chan_copy *cp = NULL;
+	struct chan_item *it;
+	bool refs = false;
+	int r = -ENOMEM;
+
+	tpu_list_for_each(it, batch, node)
+		refs |= it->ref;
+	if (!refs) {
+		chan_append(c, batch, n, bytes);
+		return chan_answer(&h->who, req_id, 0, NULL, h->id, false, NULL);
+	}
+	cp = copy_new(h, req_id);
+	if (cp) {
+		cp->n = n;
+		cp->bytes = bytes;
+		r = copy_in_start(cp, batch);
+	}
+	if (r < 0) {
+		batch_free(c->cs, batch);
+		if (cp)
+			chan_copy_free(cp);
+		return chan_answer(&h->who, req_id, r, r == -ENOMEM ? "out of memory" :
+				   "no channel copies the writer's memory", h->id, false, NULL);
+	}
+	c->res_items += (uint32_t)n;
+	c->bytes += bytes;
+}
+
+/* A copy of an item to a reader ended: delivered (@status 0, the reader still there), or the
+ * item goes back to the head of its channel for the next reader. */
+static void copy_out_on_done(void *arg, int status, const char *why)
+{
+	struct chan_copy *cp = arg;
+	struct chan *c = cp->c;
+	Tpw__V1__ChanReply r = TPW__V1__CHAN_REPLY__INIT;
+	uint64_t len = cp->item->len;
+
+	if (status == 0 && cp->h) {
+		item_done(c, cp->item);
+		r.req_id = cp->req_id;
+		r.status = tpw_status_from_errno(0);
+		r.chan_id = cp->h->id;
+		r.closed = c->closed;
+		r.n_lengths = 1;
+		r.lengths = &len;
+		r.copied = true;
+		chan_reply_send(&cp->h->who, &r, NULL, 0);
+	} else {
+		item_give_back(c, cp->item);
+		if (cp->h)
+			chan_answer(&cp->h->who, cp->req_id, status, why, cp->h->id, c->closed,
+				    NULL);
+	}
+	chan_serve(c);
+	chan_copy_free(cp);
+}
+
+/* Copies @it (taken out of @h's channel) into the reader's allocation @dst and answers
+ * @req_id once done; on failure the item goes back to the head. Borrows @dst. */
+static void copy_out(struct chan_handle *h, uint64_t req_id, struct chan_item *it,
+		     const struct tpb_mem *dst)
+{
+	struct tpb_xfer x = { .src = { .loc = TPB_LOC_LOCAL, .addr = (uint64_t)(uintptr_t)it->data },
+			      .dst = *dst, .len = it->len };
+	struct chan_copy *cp = copy_new(h, req_id);
+	int r = cp ? tpd_chan_copy_start(h->c->cs->d, &x, 1, copy_out_on_done, cp) : -ENOMEM;
+
+	if (r == 0) {
+		cp->item = it;
+		return;
+	}
+	if (cp)
+		chan_copy_free(cp);
+	item_give_back(h->c, it);
+	chan_answer(&h->who, req_id, r, "cannot copy the item into the read's allocation", h->id,
+		    h->c->closed, NULL);
+}
+
+/* Appends @o's batch (validated: lengths add up to the inline items in @tail) or refuses all
+ * of it; a write that does not fit waits for room up to its timeout, behind earlier waiting
+ * writes. Items by reference are copied in once the batch is admitted. */
 static void op_write(struct tpd_chans *cs, struct chan_handle *h, const Tpw__V1__ChanOp *o,
 		     const uint8_t *tail, size_t tail_len)
 {
 	const struct tpd_config *cfg = tpd_daemon_cfg(cs->d);
 	struct tpu_list batch = TPU_LIST_INIT(batch);
 	struct chan *c = h->c;
+	uint64_t bytes = tail_len;
 	struct chan_wait *w;
+	char why[200];
 	bool fits;
+	int r;
 
+	for (size_t i = 0; o->n_segments && i < o->n_lengths; i++)
+		bytes += o->segments[i]->loc_case == TPW__V1__SEGMENT__LOC_INLINE_OFF ?
+			 0 : o->lengths[i]; /* validated: no overflow */
 	if (c->closed)
 		return chan_answer(&h->who, o->req_id, -EPIPE, "the channel is closed", h->id, true,
 				   NULL);
-	if (o->n_lengths > c->cap_items || tail_len > c->cap_bytes)
+	if (o->n_lengths > c->cap_items || bytes > c->cap_bytes)
 		return chan_answer(&h->who, o->req_id, -EMSGSIZE, "the batch exceeds the channel's "
 				   "capacity", h->id, false, NULL);
-	if (uid_bytes(cs, c->uid, NULL) + tail_len > cfg->chan_bytes_per_uid)
+	if (uid_bytes(cs, c->uid, NULL) + bytes > cfg->chan_bytes_per_uid)
 		return chan_answer(&h->who, o->req_id, -ENOBUFS, "the channel owner's "
 				   "chan-bytes-per-uid is spent", h->id, false, NULL);
-	fits = tpu_list_empty(&c->writers) && chan_fits(c, o->n_lengths, tail_len);
+	fits = tpu_list_empty(&c->writers) && chan_fits(c, o->n_lengths, bytes);
 	if (!fits && (o->timeout_ms == 0 || h->write_waits))
 		return chan_answer(&h->who, o->req_id, -ENOBUFS, h->write_waits ? "a write of this "
 				   "handle already waits" : "the channel is full", h->id, false,
 				   NULL);
-	if (batch_copy(o, tail, &batch) < 0)
-		return chan_answer(&h->who, o->req_id, -ENOMEM, "out of memory", h->id, false, NULL);
+	r = batch_build(h->who.s, o, tail, &batch, why, sizeof(why));
+	if (r < 0)
+		return chan_answer(&h->who, o->req_id, r, why, h->id, false, NULL);
 	if (fits) {
-		chan_append(c, &batch, o->n_lengths, tail_len);
-		chan_answer(&h->who, o->req_id, 0, NULL, h->id, false, NULL);
+		chan_admit(h, o->req_id, &batch, o->n_lengths, bytes);
 		return chan_serve(c);
 	}
 	w = wait_new(cs, h, o->req_id, o->timeout_ms);
 	if (!w) {
-		batch_free(&batch);
+		batch_free(cs, &batch);
 		return chan_answer(&h->who, o->req_id, -ENOMEM, "out of memory", h->id, false, NULL);
 	}
 	w->write = true;
 	tpu_list_insert_tail(&batch, &w->batch); /* the batch's items now hang off w->batch */
 	tpu_list_remove(&batch);
 	w->n = o->n_lengths;
-	w->bytes = tail_len;
+	w->bytes = bytes;
 	h->write_waits = true;
 	c->n_writers++;
 	tpu_list_insert_tail(&c->writers, &w->node);
 }
 
+/* A READ of @h while it holds an item (or one naming it, take_held): the held item into the
+ * read's allocation, or its length again. */
+static void read_held(struct chan_handle *h, const struct chan_read *rd)
+{
+	struct chan_item *it = h->held;
+	char why[120];
+
+	if (!it)
+		return chan_answer(&h->who, rd->req_id, -ENOENT, "this handle holds no item", h->id,
+				   h->c->closed, NULL);
+	if (!rd->dst_set)
+		return chan_answer_len(h, rd->req_id, 0, NULL, it->len);
+	if (it->len > rd->room) {
+		snprintf(why, sizeof(why), "the held item of %zu bytes does not fit the read's %llu",
+			 it->len, (unsigned long long)rd->room);
+		return chan_answer_len(h, rd->req_id, -EMSGSIZE, why, it->len);
+	}
+	h->held = NULL;
+	copy_out(h, rd->req_id, it, &rd->dst);
+}
+
+/* @o's READ as a struct chan_read, its destination resolved in @h's session. Return: 0 or
+ * -errno (the reason in @why). */
+static int read_params(struct chan_handle *h, const Tpw__V1__ChanOp *o, struct chan_read *rd,
+		       char *why, size_t wl)
+{
+	*rd = (struct chan_read){ .req_id = o->req_id, .max = o->max_items ? o->max_items : 1 };
+	rd->fast = h->who.s && tpd_session_client_minor(h->who.s) >= TPW_MINOR_CHAN_FAST &&
+		   !o->inline_only;
+	if (!o->n_segments)
+		return 0;
+	rd->room = o->segments[0]->length;
+	rd->dst_set = true;
+	return tpd_chan_copy_resolve(h->who.s, o->segments[0], &rd->dst, why, wl);
+}
+
 static void op_read(struct tpd_chans *cs, struct chan_handle *h, const Tpw__V1__ChanOp *o)
 {
 	struct chan *c = h->c;
-	struct chan_wait *w;
+	struct chan_wait *w = NULL;
+	struct chan_read rd;
+	char why[200];
+	int r = read_params(h, o, &rd, why, sizeof(why));
 
+	if (r < 0)
+		return chan_answer(&h->who, o->req_id, r, why, h->id, c->closed, NULL);
+	if (h->held || o->take_held) {
+		read_held(h, &rd);
+		return tpd_chan_copy_put(&rd.dst);
+	}
 	if (c->n_items && tpu_list_empty(&c->waiters)) {
-		chan_deliver(h, o->req_id);
+		chan_deliver(h, &rd);
+		tpd_chan_copy_put(&rd.dst);
 		return chan_serve(c); /* room for waiting writers */
 	}
-	if (!c->n_items && c->closed)
-		return chan_answer(&h->who, o->req_id, -EPIPE, "the channel is closed and drained",
-				   h->id, true, NULL);
-	if (o->timeout_ms == 0)
-		return chan_answer(&h->who, o->req_id, -ETIMEDOUT, "the channel is empty", h->id,
-				   false, NULL);
-	if (h->waits >= CHAN_WAITS_PER_HANDLE)
-		return chan_answer(&h->who, o->req_id, -ENOBUFS, "too many reads waiting on this "
-				   "handle", h->id, false, NULL);
-	w = wait_new(cs, h, o->req_id, o->timeout_ms);
+	if (chan_drained(c))
+		chan_answer(&h->who, o->req_id, -EPIPE, "the channel is closed and drained",
+			    h->id, true, NULL);
+	else if (o->timeout_ms == 0)
+		chan_answer(&h->who, o->req_id, -ETIMEDOUT, "the channel is empty", h->id,
+			    c->closed, NULL);
+	else if (h->waits >= CHAN_WAITS_PER_HANDLE)
+		chan_answer(&h->who, o->req_id, -ENOBUFS, "too many reads waiting on this "
+			    "handle", h->id, false, NULL);
+	else if (!(w = wait_new(cs, h, o->req_id, o->timeout_ms)))
+		chan_answer(&h->who, o->req_id, -ENOMEM, "out of memory", h->id, false, NULL);
 	if (!w)
-		return chan_answer(&h->who, o->req_id, -ENOMEM, "out of memory", h->id, false, NULL);
+		return tpd_chan_copy_put(&rd.dst);
+	w->rd = rd; /* the wait keeps the destination's reference */
 	h->waits++;
 	c->n_waiters++;
 	tpu_list_insert_tail(&c->waiters, &w->node);
@@ -799,6 +1284,7 @@ int tpd_chan_new(struct tpd_daemon *d, struct tpd_chans **ret)
 	cs->d = d;
 	tpu_list_init(&cs->chans);
 	tpu_list_init(&cs->handles);
+	tpu_list_init(&cs->spare);
 	if (tpd_chanx_new(d, cs, &cs->x) < 0) {
 		free(cs);
 		return -ENOMEM;
@@ -810,6 +1296,7 @@ int tpd_chan_new(struct tpd_daemon *d, struct tpd_chans **ret)
 void tpd_chan_free(struct tpd_chans *cs)
 {
 	struct chan_handle *h, *htmp;
+	struct chan_item *it, *itmp;
 	struct chan *c, *ctmp;
 
 	if (!cs)
@@ -819,6 +1306,8 @@ void tpd_chan_free(struct tpd_chans *cs)
 		handle_free(h, false); /* frees unnamed channels */
 	tpu_list_for_each_safe(c, ctmp, &cs->chans, node)
 		chan_free(c);
+	tpu_list_for_each_safe(it, itmp, &cs->spare, node)
+		free(it);
 	free(cs);
 }
 

@@ -408,11 +408,18 @@ bool tpd_chanx_op(struct tpd_chanx *x, struct tpd_session *s, const Tpw__V1__Cha
 
 	if (!xh)
 		return false;
+	if (o->n_segments || o->take_held) { /* the client's memory stays on this host */
+		refuse(X_CHAN, s, o->req_id, o->chan_id, -EOPNOTSUPP, "items of channels on "
+		       "other hosts ride inline");
+		return true;
+	}
 	c = *o;
 	c.base.n_unknown_fields = 0;
 	c.base.unknown_fields = NULL;
 	c.n_remote_peers = 0; /* creation only, never forwarded */
 	c.remote_peers = NULL;
+	c.max_items = 0; /* one item per answer across hosts */
+	c.inline_only = false; /* the hosting daemon never holds an item for a link */
 	xforward(x, xh, o->op, o->req_id, &c, NULL, tail_len ? &iov : NULL);
 	return true;
 }

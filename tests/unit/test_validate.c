@@ -1256,6 +1256,165 @@ START_TEST(test_validate_peer_chan_reply)
 }
 END_TEST
 
+/* A channel write by segment (client minor 7): one segment per item and of its length; inline
+ * ones back to back in order covering the tail exactly; shared-buffer ranges with a reference
+ * and addresses that do not wrap; no CUDA memory; never from a peer daemon. */
+START_TEST(test_validate_chan_segments)
+{
+	Tpw__V1__ClientMsg m = TPW__V1__CLIENT_MSG__INIT;
+	Tpw__V1__ChanOp o = TPW__V1__CHAN_OP__INIT;
+	Tpw__V1__ShmRef ref = TPW__V1__SHM_REF__INIT;
+	Tpw__V1__Segment g[3], *gp[3] = { &g[0], &g[1], &g[2] };
+	Tpw__V1__PeerChanOp po = TPW__V1__PEER_CHAN_OP__INIT;
+	Tpw__V1__PeerMsg pm = TPW__V1__PEER_MSG__INIT;
+	uint64_t lens[3] = { 3, 1u << 30, 4 };
+
+	for (size_t i = 0; i < 3; i++)
+		tpw__v1__segment__init(&g[i]);
+	m.body_case = TPW__V1__CLIENT_MSG__BODY_CHAN_OP;
+	m.chan_op = &o;
+	o.op = TPW__V1__CHAN_OP_KIND__CHAN_OP_WRITE;
+	o.n_lengths = 3;
+	o.lengths = lens;
+	o.n_segments = 3;
+	o.segments = gp;
+	g[0] = (Tpw__V1__Segment)TPW__V1__SEGMENT__INIT;
+	g[0].length = 3;
+	g[0].loc_case = TPW__V1__SEGMENT__LOC_INLINE_OFF;
+	g[1].length = 1u << 30; /* far above the inline limit: by reference */
+	g[1].loc_case = TPW__V1__SEGMENT__LOC_SHM;
+	g[1].shm = &ref;
+	g[2].length = 4;
+	g[2].loc_case = TPW__V1__SEGMENT__LOC_INLINE_OFF;
+	g[2].inline_off = 3;
+	ck_assert_int_eq(vc(&m, 0, 7), 0);
+	ck_assert_int_eq(vc(&m, 0, 8), -EBADMSG); /* the tail is more than the inline items */
+	ck_assert_int_eq(vc(&m, 0, 6), -EBADMSG);
+	g[2].inline_off = 4; /* not back to back */
+	ck_assert_int_eq(vc(&m, 0, 8), -EBADMSG);
+	g[2].inline_off = 3;
+	g[1].shm = NULL;
+	ck_assert_int_eq(vc(&m, 0, 7), -EBADMSG);
+	g[1].loc_case = TPW__V1__SEGMENT__LOC_CMA_ADDR;
+	g[1].cma_addr = UINT64_MAX - (1u << 30) + 1; /* just wraps */
+	ck_assert_int_eq(vc(&m, 0, 7), -EBADMSG);
+	g[1].cma_addr = UINT64_MAX - (1u << 30); /* just does not */
+	ck_assert_int_eq(vc(&m, 0, 7), 0);
+	g[1].loc_case = TPW__V1__SEGMENT__LOC_CUDA;
+	ck_assert_int_eq(vc(&m, 0, 7), -EBADMSG);
+	g[1].loc_case = TPW__V1__SEGMENT__LOC_CMA_ADDR;
+	g[1].length = lens[1] - 1; /* not the item's length */
+	ck_assert_int_eq(vc(&m, 0, 7), -EBADMSG);
+	g[1].length = lens[1];
+	o.n_segments = 2; /* not one per item */
+	ck_assert_int_eq(vc(&m, 0, 7), -EBADMSG);
+	o.n_segments = 3;
+	lens[1] = g[1].length = (1ull << 40) + 1; /* above the item bound */
+	ck_assert_int_eq(vc(&m, 0, 7), -EBADMSG);
+	lens[1] = g[1].length = 1ull << 40; /* at it */
+	g[1].cma_addr = 0;
+	ck_assert_int_eq(vc(&m, 0, 7), 0);
+	pm.body_case = TPW__V1__PEER_MSG__BODY_CHAN_OP;
+	pm.chan_op = &po;
+	po.op = &o;
+	ck_assert_int_eq(vpt(&pm, 7), -EBADMSG); /* never from a peer */
+	o.op = TPW__V1__CHAN_OP_KIND__CHAN_OP_CLOSE; /* segments on an op without items */
+	o.n_lengths = 0;
+	ck_assert_int_eq(vc(&m, 0, 0), -EBADMSG);
+}
+END_TEST
+
+/* A channel read (client minor 7): at most one destination, a shared-buffer range or an
+ * address, not empty, required by take_held, never with a batch; max_items up to segments_max;
+ * read fields on other ops refused; none of it from a peer. */
+START_TEST(test_validate_chan_read_fields)
+{
+	Tpw__V1__ClientMsg m = TPW__V1__CLIENT_MSG__INIT;
+	Tpw__V1__ChanOp o = TPW__V1__CHAN_OP__INIT;
+	Tpw__V1__Segment g = TPW__V1__SEGMENT__INIT, *gp[2] = { &g, &g };
+	Tpw__V1__PeerChanOp po = TPW__V1__PEER_CHAN_OP__INIT;
+	Tpw__V1__PeerMsg pm = TPW__V1__PEER_MSG__INIT;
+
+	m.body_case = TPW__V1__CLIENT_MSG__BODY_CHAN_OP;
+	m.chan_op = &o;
+	o.op = TPW__V1__CHAN_OP_KIND__CHAN_OP_READ;
+	o.max_items = lim.segments_max; /* just at */
+	ck_assert_int_eq(vc(&m, 0, 0), 0);
+	o.max_items = lim.segments_max + 1; /* just above */
+	ck_assert_int_eq(vc(&m, 0, 0), -E2BIG);
+	o.max_items = 0;
+	o.take_held = true; /* without a destination */
+	ck_assert_int_eq(vc(&m, 0, 0), -EBADMSG);
+	o.n_segments = 1;
+	o.segments = gp;
+	g.loc_case = TPW__V1__SEGMENT__LOC_CMA_ADDR;
+	g.cma_addr = 4096;
+	ck_assert_int_eq(vc(&m, 0, 0), -EBADMSG); /* empty */
+	g.length = 1;
+	ck_assert_int_eq(vc(&m, 0, 0), 0);
+	g.loc_case = TPW__V1__SEGMENT__LOC_INLINE_OFF;
+	ck_assert_int_eq(vc(&m, 0, 0), -EBADMSG);
+	g.loc_case = TPW__V1__SEGMENT__LOC_CMA_ADDR;
+	o.max_items = 2; /* a batch into one destination */
+	ck_assert_int_eq(vc(&m, 0, 0), -EBADMSG);
+	o.max_items = 0;
+	o.n_segments = 2;
+	ck_assert_int_eq(vc(&m, 0, 0), -EBADMSG);
+	o.n_segments = 1;
+	pm.body_case = TPW__V1__PEER_MSG__BODY_CHAN_OP;
+	pm.chan_op = &po;
+	po.op = &o;
+	ck_assert_int_eq(vpt(&pm, 0), -EBADMSG);
+	o.n_segments = 0;
+	o.take_held = false;
+	o.max_items = 2;
+	ck_assert_int_eq(vpt(&pm, 0), -EBADMSG);
+	o.max_items = 0;
+	o.inline_only = true;
+	ck_assert_int_eq(vc(&m, 0, 0), 0);
+	o.op = TPW__V1__CHAN_OP_KIND__CHAN_OP_CLOSE;
+	ck_assert_int_eq(vc(&m, 0, 0), -EBADMSG);
+}
+END_TEST
+
+/* A channel answer from the daemon: a batch's items add up to the tail, none empty, at most
+ * segments_max; an item copied into the read's allocation has no tail; a held item has no
+ * length and no tail. */
+START_TEST(test_validate_chan_reply_batch)
+{
+	Tpw__V1__DaemonMsg m = TPW__V1__DAEMON_MSG__INIT;
+	Tpw__V1__ChanReply r = TPW__V1__CHAN_REPLY__INIT;
+	uint64_t lens[5] = { 3, 4, 1, 1, 1 };
+
+	m.body_case = TPW__V1__DAEMON_MSG__BODY_CHAN_REPLY;
+	m.chan_reply = &r;
+	r.n_lengths = 2;
+	r.lengths = lens;
+	ck_assert_int_eq(vd(&m, 0, 7), 0);
+	ck_assert_int_eq(vd(&m, 0, 8), -EBADMSG);
+	r.n_lengths = lim.segments_max; /* just at */
+	ck_assert_int_eq(vd(&m, 0, 9), 0);
+	r.n_lengths = lim.segments_max + 1; /* just above */
+	ck_assert_int_eq(vd(&m, 0, 10), -EBADMSG);
+	lens[1] = 0; /* an empty item in a batch */
+	r.n_lengths = 2;
+	ck_assert_int_eq(vd(&m, 0, 3), -EBADMSG);
+	r.n_lengths = 1;
+	r.copied = true;
+	ck_assert_int_eq(vd(&m, 0, 0), 0);
+	ck_assert_int_eq(vd(&m, 0, 3), -EBADMSG); /* a tail with it */
+	r.n_lengths = 2;
+	ck_assert_int_eq(vd(&m, 0, 0), -EBADMSG);
+	r.copied = false;
+	r.n_lengths = 0;
+	r.held_len = 1 << 20;
+	ck_assert_int_eq(vd(&m, 0, 0), 0);
+	ck_assert_int_eq(vd(&m, 0, 1), -EBADMSG);
+	r.n_lengths = 1;
+	ck_assert_int_eq(vd(&m, 0, 0), -EBADMSG);
+}
+END_TEST
+
 /* Work queue ops from a peer: plain names, payloads only on submit and reply, no remote peers;
  * answers' payloads match the tail. Remote access options are checked as a listener's. */
 START_TEST(test_validate_peer_wq_msgs)
@@ -1363,6 +1522,9 @@ static Suite *validate_suite(void)
 	tcase_add_test(d, test_validate_peer_connect_wait_bounded);
 	tcase_add_test(d, test_validate_group_hosts);
 	tcase_add_test(d, test_validate_peer_chan_op);
+	tcase_add_test(d, test_validate_chan_segments);
+	tcase_add_test(d, test_validate_chan_read_fields);
+	tcase_add_test(d, test_validate_chan_reply_batch);
 	tcase_add_test(d, test_validate_peer_chan_reply);
 	tcase_add_test(d, test_validate_peer_wq_msgs);
 	suite_add_tcase(s, d);

@@ -1,0 +1,249 @@
+/* SPDX-License-Identifier: BSD-3-Clause */
+/*
+ * Security suite: channel items by reference and batch reads (issue 25 part chanfast;
+ * docs/channels.md "Items at any size") against an unprivileged local user (uid 65534)
+ * speaking the raw protocol of minor 7 on a channel it may use ("anyone"). A segment can only
+ * name the attacker's own memory: guessed shared-buffer ids (the victim's among them) are not
+ * found, a range just past the end of its own buffer is refused while one ending at it is
+ * written, an address is refused to a session without CMA, a read's destination in a buffer it
+ * does not own or past its own is refused before any item is taken, a held item it never got
+ * is not found; each refusal fails that request only (the session stays, the victim's item
+ * stays first, byte-exact); a batch read above segments_max closes the attacker's session
+ * only.
+ */
+#include <check.h>
+#include <errno.h>
+#include <fcntl.h>
+#include <grp.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <unistd.h>
+#include "itest.h"
+#include "tpt_wire.h"
+
+#define T_MS 30000
+#define NOBODY 65534
+#define BUF (1u << 20)
+#define ITEM (128u << 10)
+
+static struct tpt_daemon d;
+
+static int drop_to_nobody(void)
+{
+	if (setgroups(0, NULL) < 0 || setresgid(NOBODY, NOBODY, NOBODY) < 0 ||
+	    setresuid(NOBODY, NOBODY, NOBODY) < 0)
+		return -errno;
+	return 0;
+}
+
+/* Sends ChanOp @op (req_id 1) and returns the answer's status, or -errno. */
+static int raw_chan(struct tpt_raw *r, Tpw__V1__ChanOp *op, uint64_t *ret_id)
+{
+	Tpw__V1__ClientMsg m = TPW__V1__CLIENT_MSG__INIT;
+	Tpw__V1__DaemonMsg *dm;
+	int st, ret;
+
+	op->req_id = 1;
+	m.body_case = TPW__V1__CLIENT_MSG__BODY_CHAN_OP;
+	m.chan_op = op;
+	ret = tpt_raw_send(r, &m, NULL, 0, NULL, 0, 0);
+	if (ret < 0)
+		return ret;
+	ret = tpt_raw_expect(r, TPW__V1__DAEMON_MSG__BODY_CHAN_REPLY, T_MS, &dm);
+	if (ret < 0)
+		return ret;
+	st = dm->chan_reply->status;
+	if (ret_id)
+		*ret_id = dm->chan_reply->chan_id;
+	tpw__v1__daemon_msg__free_unpacked(dm, NULL);
+	return st;
+}
+
+/* Registers a memfd of BUF bytes as the session's buffer 1/1. Return: 0 or 1 (logged). */
+static int raw_buffer(struct tpt_raw *r)
+{
+	Tpw__V1__ClientMsg m = TPW__V1__CLIENT_MSG__INIT;
+	Tpw__V1__BufferRegister b = TPW__V1__BUFFER_REGISTER__INIT;
+	Tpw__V1__DaemonMsg *dm;
+	int fd = memfd_create("attacker", MFD_CLOEXEC | MFD_ALLOW_SEALING), st;
+
+	TPT_REQUIRE(fd >= 0 && ftruncate(fd, BUF) == 0 &&
+		    fcntl(fd, F_ADD_SEALS, F_SEAL_SHRINK) == 0, 1, "memfd");
+	b.req_id = 9;
+	b.buf_id = 1;
+	b.gen = 1;
+	b.size = BUF;
+	m.body_case = TPW__V1__CLIENT_MSG__BODY_BUFFER_REGISTER;
+	m.buffer_register = &b;
+	TPT_REQUIRE(tpt_raw_send(r, &m, NULL, 0, &fd, 1, 1) == 0, 1, "send BufferRegister");
+	close(fd);
+	TPT_REQUIRE(tpt_raw_expect(r, TPW__V1__DAEMON_MSG__BODY_REPLY, T_MS, &dm) == 0, 1,
+		    "register answer");
+	st = dm->reply->status;
+	tpw__v1__daemon_msg__free_unpacked(dm, NULL);
+	TPT_REQUIRE(st == TPW__V1__STATUS__STATUS_OK, 1, "register refused: %d", st);
+	return 0;
+}
+
+/* A WRITE of one ITEM-byte item at @g on handle @id. Return: the answer's status. */
+static int write_seg(struct tpt_raw *r, uint64_t id, Tpw__V1__Segment *g)
+{
+	Tpw__V1__ChanOp op = TPW__V1__CHAN_OP__INIT;
+	uint64_t len = g->length;
+
+	op.op = TPW__V1__CHAN_OP_KIND__CHAN_OP_WRITE;
+	op.chan_id = id;
+	op.n_lengths = 1;
+	op.lengths = &len;
+	op.n_segments = 1;
+	op.segments = &g;
+	return raw_chan(r, &op, NULL);
+}
+
+/* A READ into @g (NULL: none) on handle @id. Return: the answer's status. */
+static int read_seg(struct tpt_raw *r, uint64_t id, Tpw__V1__Segment *g, bool take_held)
+{
+	Tpw__V1__ChanOp op = TPW__V1__CHAN_OP__INIT;
+
+	op.op = TPW__V1__CHAN_OP_KIND__CHAN_OP_READ;
+	op.chan_id = id;
+	op.n_segments = g ? 1 : 0;
+	op.segments = &g;
+	op.take_held = take_held;
+	return raw_chan(r, &op, NULL);
+}
+
+static int attacker(void *arg)
+{
+	Tpw__V1__ChanOp op = TPW__V1__CHAN_OP__INIT;
+	Tpw__V1__ClientMsg m = TPW__V1__CLIENT_MSG__INIT;
+	Tpw__V1__ShmRef ref = TPW__V1__SHM_REF__INIT;
+	Tpw__V1__Segment g = TPW__V1__SEGMENT__INIT;
+	struct tpt_raw r;
+	uint64_t id = 0;
+	int st;
+
+	(void)arg;
+	TPT_REQUIRE(drop_to_nobody() == 0, 1, "cannot drop to nobody");
+	TPT_REQUIRE(tpt_raw_connect(&r, d.socket) == 0, 1, "connect");
+	TPT_REQUIRE(tpt_raw_hello(&r, TPW__V1__ROLE__ROLE_CLIENT, T_MS) == 0, 1, "hello");
+	TPT_REQUIRE(raw_buffer(&r) == 0, 1, "buffer");
+	op.op = TPW__V1__CHAN_OP_KIND__CHAN_OP_OPEN;
+	op.name = "open";
+	op.owner_set = true;
+	op.owner_uid = 0;
+	st = raw_chan(&r, &op, &id);
+	TPT_REQUIRE(st == TPW__V1__STATUS__STATUS_OK, 1, "open: %d", st);
+	g.length = ITEM;
+	g.loc_case = TPW__V1__SEGMENT__LOC_SHM;
+	g.shm = &ref;
+	for (uint64_t b = 0; b < 16; b++) /* guessed buffer ids: the victim's too */
+		for (uint64_t gen = 0; gen < 4; gen++) {
+			if (b == 1 && gen == 1)
+				continue;
+			ref.buf_id = b;
+			ref.gen = gen;
+			st = write_seg(&r, id, &g);
+			TPT_REQUIRE(st == TPW__V1__STATUS__STATUS_NOT_FOUND, 1,
+				    "write from buffer %llu/%llu: %d", (unsigned long long)b,
+				    (unsigned long long)gen, st);
+			st = read_seg(&r, id, &g, false);
+			TPT_REQUIRE(st == TPW__V1__STATUS__STATUS_NOT_FOUND, 1,
+				    "read into buffer %llu/%llu: %d", (unsigned long long)b,
+				    (unsigned long long)gen, st);
+		}
+	ref.buf_id = 1;
+	ref.gen = 1;
+	ref.offset = BUF - ITEM + 1; /* just past the end of its own buffer */
+	st = write_seg(&r, id, &g);
+	TPT_REQUIRE(st != TPW__V1__STATUS__STATUS_OK, 1, "a write past its buffer went");
+	st = read_seg(&r, id, &g, false);
+	TPT_REQUIRE(st != TPW__V1__STATUS__STATUS_OK, 1, "a read past its buffer went");
+	ref.offset = UINT64_MAX - ITEM + 2; /* offset + length wraps */
+	st = write_seg(&r, id, &g);
+	TPT_REQUIRE(st != TPW__V1__STATUS__STATUS_OK, 1, "a wrapping range went");
+	g.loc_case = TPW__V1__SEGMENT__LOC_CMA_ADDR; /* no CMA for a session without the probe */
+	g.cma_addr = 4096;
+	st = write_seg(&r, id, &g);
+	TPT_REQUIRE(st != TPW__V1__STATUS__STATUS_OK, 1, "a CMA write went without CMA");
+	st = read_seg(&r, id, &g, false);
+	TPT_REQUIRE(st != TPW__V1__STATUS__STATUS_OK, 1, "a CMA read went without CMA");
+	g.loc_case = TPW__V1__SEGMENT__LOC_SHM;
+	g.shm = &ref; /* a oneof: the address overwrote it */
+	ref.offset = 0;
+	st = read_seg(&r, id, &g, true);
+	TPT_REQUIRE(st == TPW__V1__STATUS__STATUS_NOT_FOUND, 1, "a held item nobody held: %d", st);
+	ref.offset = BUF - ITEM; /* ends at its buffer's end: its own bytes, written */
+	st = write_seg(&r, id, &g);
+	TPT_REQUIRE(st == TPW__V1__STATUS__STATUS_OK, 1, "a write inside its buffer: %d", st);
+	op = (Tpw__V1__ChanOp)TPW__V1__CHAN_OP__INIT; /* a batch read above segments_max */
+	op.op = TPW__V1__CHAN_OP_KIND__CHAN_OP_READ;
+	op.chan_id = id;
+	op.max_items = TPW_DEFAULT_SEGMENTS_MAX + 1;
+	m.body_case = TPW__V1__CLIENT_MSG__BODY_CHAN_OP;
+	m.chan_op = &op;
+	TPT_REQUIRE(tpt_raw_send(&r, &m, NULL, 0, NULL, 0, 0) == 0, 1, "send");
+	TPT_REQUIRE(tpt_raw_wait_closed(&r, T_MS) == 0, 1, "the session stayed open");
+	tpt_raw_close(&r);
+	return 0;
+}
+
+START_TEST(test_attacker_segments_touch_only_its_own_memory)
+{
+	struct tp_chan_options o = { .size = sizeof(o), .flags = TP_CHAN_CREATE, .owner_uid = -1,
+				     .access = TP_ACCESS_ANYONE };
+	struct tp_context *ctx;
+	struct tp_chan *ch;
+	uint8_t *secret;
+	void *item;
+	size_t len;
+
+	if (geteuid() != 0) {
+		printf("skipped: needs root to run a client as another uid\n");
+		return;
+	}
+	ck_assert_int_eq(tpt_daemon_start(&d, NULL), 0);
+	ck_assert_int_eq(tpt_daemon_open_to_all(&d), 0);
+	ck_assert_int_eq(tpt_ctx_new(&d, 0, "victim", &ctx), 0);
+	ck_assert_int_eq(tp_buffer_alloc(ctx, BUF, (void **)&secret), 0);
+	memset(secret, 0x5e, BUF);
+	ck_assert_int_eq(tp_chan_open(ctx, "open", &o, &ch), 0);
+	ck_assert_int_eq(tp_chan_write(ch, &(struct iovec){ secret, ITEM }, 1, 0), 0);
+	memset(secret, 0, BUF); /* the item is the daemon's copy */
+	ck_assert(tpt_wait_ok(tpt_fork(attacker, NULL), 4 * T_MS, "attacker"));
+	ck_assert(tpt_daemon_alive(&d));
+	ck_assert_int_eq(tp_chan_read(ch, &item, &len, 0), 0); /* the victim's item, first */
+	ck_assert_uint_eq(len, ITEM);
+	for (size_t i = 0; i < ITEM; i++)
+		ck_assert_uint_eq(((uint8_t *)item)[i], 0x5e);
+	free(item);
+	ck_assert_int_eq(tp_chan_read(ch, &item, &len, 0), 0); /* the attacker's own zeros */
+	ck_assert_uint_eq(len, ITEM);
+	for (size_t i = 0; i < ITEM; i++)
+		ck_assert_uint_eq(((uint8_t *)item)[i], 0);
+	free(item);
+	ck_assert_int_eq(tp_chan_read(ch, &item, &len, 0), -EAGAIN);
+	tp_buffer_free(ctx, secret);
+	tp_chan_release(ch);
+	tp_context_free(ctx);
+	ck_assert_int_eq(tpt_daemon_stop(&d), 0);
+}
+END_TEST
+
+static Suite *chanfast_suite(void)
+{
+	Suite *s = suite_create("sec_chanfast");
+	TCase *tc = tcase_create("chanfast");
+
+	tcase_set_timeout(tc, 120);
+	tcase_add_test(tc, test_attacker_segments_touch_only_its_own_memory);
+	suite_add_tcase(s, tc);
+	return s;
+}
+
+int main(void)
+{
+	return tpt_run_suite(chanfast_suite());
+}
