@@ -45,6 +45,8 @@ struct tpd_local_pipe_ops {
 	void (*end_detach)(struct tpd_pipe_end *e, Tpw__V1__Status why);
 	/* Listener @name was registered (tpd_xpipe_listener_added()). */
 	void (*listener_added)(struct tpd_daemon *d, const char *name);
+	/* RingDone on @e (tpd_pring_on_done(), issue 27); may free @e. */
+	void (*ring_done)(struct tpd_pipe_end *e, const Tpw__V1__RingDone *rd);
 };
 
 /*
