@@ -265,8 +265,12 @@ static int ring_take_fd(struct tp_context *ctx)
 {
 	int fd;
 
-	if (ctx->n_pring_fds == 0) /* sent before the frame: on the socket by now */
+	if (ctx->n_pring_fds == 0) { /* sent before the frame: on the socket by now */
 		tpc_context_drain_bells(ctx);
+		/* The doorbells taken may announce frames behind this one, which the io thread
+		 * now sleeps through: make it look at the ring again. */
+		tpc_context_wake(ctx);
+	}
 	if (ctx->n_pring_fds == 0)
 		return -ENOENT;
 	fd = ctx->pring_fds[0];

@@ -8,7 +8,8 @@
  * the daemon-wide and per-uid ring byte limits at exactly one ring's bytes and one byte under it
  * (a pipe without a ring falls back to cma, byte-exact); a writer SIGKILLed in the middle of a
  * ring transfer fails its reader's read and nothing else (the reader's other pipe still moves a
- * ring message) and its ring is freed; every ring is freed once the pipes close.
+ * ring message) and its ring is freed; every ring is freed once the pipes close; forty pairs of
+ * fresh processes in a row each get their ring and finish (no doorbell lost to the fd's read).
  */
 #include <check.h>
 #include <json-c/json.h>
@@ -250,10 +251,32 @@ static int child_big(void *arg)
 	return 0;
 }
 
+/* As test_transfer's: a tensor, then a payload with metadata, each of 256 MiB. */
+static void big_spec(unsigned index, struct tpt_msg_spec *s)
+{
+	s->pipe = 1;
+	s->index = index;
+	if (index == 0) {
+		s->n_tensors = 1;
+	} else {
+		s->n_payloads = 1;
+		s->meta_len = 8;
+		s->seg_meta_len = 16;
+	}
+	s->lens[0] = 256u << 20;
+}
+
 START_TEST(test_ring_moves_256m)
 {
+	struct tpt_xfer x = {
+		.d = &dmn, .name = "xfer", .n_msgs = 2, .spec = big_spec,
+		.writer_mem = TPT_MEM_PRIVATE, .reader_mem = TPT_MEM_PRIVATE, .timeout_ms = T_MS,
+	};
+
 	daemon_up(NULL);
 	ck_assert(tpt_wait_ok(tpt_fork(child_big, NULL), T_MS, "big"));
+	ck_assert(tpt_xfer_run(&x));
+	ck_assert_int_eq(status_field("pipe_ring_msgs"), 3);
 	daemon_down();
 }
 END_TEST
@@ -407,6 +430,33 @@ START_TEST(test_killed_writer_fails_only_its_pipe)
 }
 END_TEST
 
+/*
+ * Fresh processes each time, so that each pipe hands out its ring's fd anew: the library that
+ * takes the fd also takes doorbells of frames behind it, and must not sleep through those
+ * (a writer's WriteDone was lost that way).
+ */
+static void mid_spec(unsigned index, struct tpt_msg_spec *s)
+{
+	big_spec(index, s);
+	s->lens[0] = 1u << 20;
+}
+
+START_TEST(test_ring_handed_out_to_fresh_processes)
+{
+	struct tpt_xfer x = {
+		.d = &dmn, .name = "xfer", .n_msgs = 2, .spec = mid_spec,
+		.writer_mem = TPT_MEM_PRIVATE, .reader_mem = TPT_MEM_PRIVATE,
+		.timeout_ms = TPT_SCALED_MS(10000),
+	};
+
+	daemon_up(NULL);
+	for (int i = 0; i < 40; i++)
+		ck_assert_msg(tpt_xfer_run(&x), "iteration %d", i);
+	ck_assert_int_eq(status_field("pipe_ring_msgs"), 80);
+	daemon_down();
+}
+END_TEST
+
 static Suite *pring_suite(void)
 {
 	Suite *s = suite_create("pring");
@@ -415,6 +465,7 @@ static Suite *pring_suite(void)
 	tcase_set_timeout(tc, 240);
 	tcase_add_test(tc, test_ring_moves_messages_byte_exact);
 	tcase_add_test(tc, test_ring_moves_256m);
+	tcase_add_test(tc, test_ring_handed_out_to_fresh_processes);
 	tcase_add_test(tc, test_ring_bytes_max_at_one_ring);
 	tcase_add_test(tc, test_ring_bytes_max_under_one_ring);
 	tcase_add_test(tc, test_ring_bytes_per_uid_at_one_ring);
