@@ -253,17 +253,17 @@ static void ring_complete(struct tpd_pipe_end *w, struct tpd_pring *ring)
 
 	ring->cur = NULL;
 	ring->ending = false;
-	if (ok) {
-		ring->b->ring_msgs++;
-		w->pipe->ring_used = true;
-	} else {
-		ring_retire(w);
-	}
-	job->status = ok ? 0 : ring->status;
+	job->status = ring->status;
 	job->abandoned = ring->status == -ECANCELED;
 	if (!ok)
 		snprintf(job->why, sizeof(job->why), "%s", ring->why);
 	job->n = 0; /* nothing went through a copy channel */
+	if (ok) {
+		ring->b->ring_msgs++;
+		w->pipe->ring_used = true;
+	} else {
+		ring_retire(w); /* frees it: the next message gets a new one */
+	}
 	job->done(job);
 }
 
