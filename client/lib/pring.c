@@ -11,6 +11,7 @@
  * (the daemon's broker), the layout (proto/pring.h).
  */
 #include <errno.h>
+#include <sched.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -101,8 +102,11 @@ static uint32_t ring_wait(struct tpc_pring *r, uint32_t *word, uint32_t *wait, u
 			return v;
 		if ((n & 63) == 63 && tpu_now_ns() - t0 > PRING_SPIN_NS)
 			break;
+		if (n >= 256) /* the other side may be waiting for this CPU */
+			sched_yield();
 #if defined(__x86_64__) || defined(__i386__)
-		__builtin_ia32_pause();
+		else
+			__builtin_ia32_pause();
 #endif
 	}
 	for (;;) {
