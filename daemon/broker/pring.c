@@ -144,11 +144,8 @@ bool tpd_pring_choose(const struct tpd_msg *m, const struct tpd_session *rs,
 		if (job->xfers[i].src.loc != TPB_LOC_PROCESS ||
 		    job->xfers[i].dst.loc != TPB_LOC_PROCESS)
 			return false;
-	if (job->bytes < cfg->pipe_ring_min) {
-		snprintf(why, wl, "message of %llu bytes under pipe-ring-min %llu: cma",
-			 (unsigned long long)job->bytes, (unsigned long long)cfg->pipe_ring_min);
-		return false;
-	}
+	if (job->bytes < cfg->pipe_ring_min)
+		return false; /* the usual case below the threshold: not worth a note */
 	if (!tpd_session_pipe_ring(ws) || !tpd_session_pipe_ring(rs)) {
 		snprintf(why, wl, "the %s's library takes no pipe ring (older, or on the socket "
 			 "without control rings): cma",

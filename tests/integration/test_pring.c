@@ -9,7 +9,9 @@
  * (a pipe without a ring falls back to cma, byte-exact); a writer SIGKILLed in the middle of a
  * ring transfer fails its reader's read and nothing else (the reader's other pipe still moves a
  * ring message) and its ring is freed; every ring is freed once the pipes close; forty pairs of
- * fresh processes in a row each get their ring and finish (no doorbell lost to the fd's read).
+ * fresh processes in a row each get their ring and finish (no doorbell lost to the fd's read);
+ * clients on the plain socket (no control ring, like a library before pipe rings) keep cma, and
+ * `tpipctl -v pipes` says why.
  */
 #include <check.h>
 #include <json-c/json.h>
@@ -87,7 +89,8 @@ struct ends {
 	struct tp_pipe *pr[NPIPES], *pw[NPIPES];
 };
 
-static int ends_open(struct ends *e, unsigned npipes)
+/* Both contexts, a listener and @npipes pipes, on whatever transport the library takes. */
+static int ends_open_any(struct ends *e, unsigned npipes)
 {
 	int r = tpt_ctx_new(&dmn, 0, "pr-reader", &e->cr);
 
@@ -95,7 +98,6 @@ static int ends_open(struct ends *e, unsigned npipes)
 	r = tpt_ctx_new(&dmn, 0, "pr-writer", &e->cw);
 	TPT_REQUIRE(r == 0, 1, "writer context: %d", r);
 	TPT_REQUIRE(tp_context_cma_ok(e->cr) && tp_context_cma_ok(e->cw), 1, "no CMA");
-	TPT_REQUIRE(strcmp(tp_context_transport(e->cw), "ring") == 0, 1, "no control ring");
 	r = tp_listen(e->cr, LISTENER, NULL, &e->l);
 	TPT_REQUIRE(r == 0, 1, "listen: %d", r);
 	for (unsigned i = 0; i < npipes; i++) {
@@ -106,6 +108,15 @@ static int ends_open(struct ends *e, unsigned npipes)
 		r = tp_pipe_wait_connected(e->pw[i], T_MS);
 		TPT_REQUIRE(r == 0, 1, "connected: %d", r);
 	}
+	return 0;
+}
+
+/* ends_open_any() on control rings (pipe rings need them). */
+static int ends_open(struct ends *e, unsigned npipes)
+{
+	TPT_REQUIRE(ends_open_any(e, npipes) == 0, 1, "ends");
+	TPT_REQUIRE(strcmp(tp_context_transport(e->cw), "ring") == 0 &&
+			    strcmp(tp_context_transport(e->cr), "ring") == 0, 1, "no control ring");
 	return 0;
 }
 
@@ -430,6 +441,59 @@ START_TEST(test_killed_writer_fails_only_its_pipe)
 }
 END_TEST
 
+/* ---- a library on the plain socket keeps cma ------------------------------------------------ */
+
+/* `tpipctl -v pipes` output (the channel notes of every pipe), or NULL. Return: owned. */
+static char *pipes_verbose(void)
+{
+	const char *bin = getenv("TPIPCTL_BIN");
+	const char *argv[] = { bin, "--socket", dmn.socket, "-v", "pipes", NULL };
+	struct tpt_cmd_result res;
+	char *out;
+
+	if (!bin || tpt_run(argv, T_MS, &res) < 0)
+		return NULL;
+	out = res.out;
+	res.out = NULL;
+	tpt_cmd_result_free(&res);
+	return out;
+}
+
+static int child_socket(void *arg)
+{
+	struct ends e = { 0 };
+	unsigned ring = 0;
+	char *notes;
+	bool said;
+
+	(void)arg;
+	setenv("TPIPD_RING_BYTES", "0", 1); /* no control ring: no fds beside it, no pipe ring */
+	TPT_REQUIRE(tpt_ctx_new(&dmn, 0, "pr-reader", &e.cr) == 0, 1, "reader context");
+	TPT_REQUIRE(strcmp(tp_context_transport(e.cr), "unix") == 0, 1, "on a control ring");
+	tp_context_free(e.cr);
+	TPT_REQUIRE(ends_open_any(&e, 1) == 0, 1, "ends");
+	TPT_REQUIRE(pipes_run(&e, 1, 3, &ring) == 0, 1, "run");
+	TPT_REQUIRE(ring > 0, 1, "no message at pipe-ring-min");
+	TPT_REQUIRE(status_field("pipe_ring_msgs") == 0 && status_field("pipe_rings") == 0, 1,
+		    "a pipe ring for a socket client");
+	notes = pipes_verbose();
+	said = notes && strstr(notes, "cma (no ring)") && strstr(notes, "takes no pipe ring");
+	if (!said)
+		tpt_log("tpipctl -v pipes: %s", notes ? notes : "(none)");
+	free(notes);
+	TPT_REQUIRE(said, 1, "the fallback is not explained");
+	ends_close(&e, 1);
+	return 0;
+}
+
+START_TEST(test_socket_client_keeps_cma_and_says_why)
+{
+	daemon_up(NULL);
+	ck_assert(tpt_wait_ok(tpt_fork(child_socket, NULL), T_MS, "socket"));
+	daemon_down();
+}
+END_TEST
+
 /*
  * Fresh processes each time, so that each pipe hands out its ring's fd anew: the library that
  * takes the fd also takes doorbells of frames behind it, and must not sleep through those
@@ -471,6 +535,7 @@ static Suite *pring_suite(void)
 	tcase_add_test(tc, test_ring_bytes_per_uid_at_one_ring);
 	tcase_add_test(tc, test_ring_bytes_per_uid_under_one_ring);
 	tcase_add_test(tc, test_killed_writer_fails_only_its_pipe);
+	tcase_add_test(tc, test_socket_client_keeps_cma_and_says_why);
 	suite_add_tcase(s, tc);
 	return s;
 }
