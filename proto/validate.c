@@ -8,6 +8,7 @@
 #include <string.h>
 #include "ring.h"
 #include "validate.h"
+#include "pring.h"
 
 #define PIPE_ID_CLIENT_MAX (1ull << 63)
 #define ADDRESS_MAX 1024
@@ -533,6 +534,12 @@ int tpw_client_msg_validate(const Tpw__V1__ClientMsg *m, const struct tpw_hdr *h
 		if (m->flow_resume->pipe_id == 0)
 			return tpu_why(-EBADMSG, why, wl, "flow resume of pipe 0");
 		return 0;
+	case TPW__V1__CLIENT_MSG__BODY_RING_DONE:
+		if (m->ring_done->pipe_id == 0 || m->ring_done->id == 0)
+			return tpu_why(-EBADMSG, why, wl, "ring done of pipe %llu id %llu",
+				       (unsigned long long)m->ring_done->pipe_id,
+				       (unsigned long long)m->ring_done->id);
+		return check_string(m->ring_done->message, TPW_MESSAGE_MAX, "message", why, wl);
 	case TPW__V1__CLIENT_MSG__BODY_GROUP_JOIN:
 		return check_group_join(m->group_join, why, wl);
 	case TPW__V1__CLIENT_MSG__BODY_GROUP_READY:
@@ -724,6 +731,8 @@ int tpw_daemon_msg_validate(const Tpw__V1__DaemonMsg *m, const struct tpw_hdr *h
 			return tpu_why(-EBADMSG, why, wl, "work queue answer's payload does not match "
 				       "its data tail");
 		return check_string(m->wq_reply->message, TPW_MESSAGE_MAX, "message", why, wl);
+	case TPW__V1__DAEMON_MSG__BODY_RING_XFER:
+		return tpw_pring_xfer_check(m->ring_xfer, lim, why, wl);
 	case TPW__V1__DAEMON_MSG__BODY_GROUP_JOINED:
 		if (check_string(m->group_joined->message, TPW_MESSAGE_MAX, "message", why, wl) < 0)
 			return -EBADMSG;

@@ -435,6 +435,8 @@ static int context_handle_locked(struct tp_context *ctx, const Tpw__V1__DaemonMs
 		return 0;
 	case TPW__V1__DAEMON_MSG__BODY_FLOW_RESUME:
 		return ctx->flow ? 0 : -EPROTO; /* answered after the lock is dropped */
+	case TPW__V1__DAEMON_MSG__BODY_RING_XFER:
+		return ctx->ring ? 0 : -EPROTO; /* taken after the lock is dropped */
 	case TPW__V1__DAEMON_MSG__BODY_GROUP_JOINED:
 		tpc_group_on_joined(ctx, m->group_joined);
 		return 0;
@@ -483,6 +485,8 @@ static int context_dispatch(struct tp_context *ctx, const struct tpw_hdr *h, cha
 		tpc_write_pump(ctx, m->flow_credit->pipe_id);
 	if (r == 0 && m->body_case == TPW__V1__DAEMON_MSG__BODY_FLOW_RESUME)
 		tpc_write_resume(ctx, m->flow_resume->pipe_id);
+	if (r == 0 && m->body_case == TPW__V1__DAEMON_MSG__BODY_RING_XFER)
+		tpc_pring_on_xfer(ctx, m->ring_xfer);
 	tpw_daemon_msg_free(m);
 	if (reject) {
 		/* An Accepted for a listener closed meanwhile: refuse the pipe. */
@@ -575,16 +579,43 @@ bool tpc_context_help(struct tp_context *ctx, const void *arg)
 	return op != NULL;
 }
 
-/* Reads the doorbell bytes on a ring context's socket. Return: 0, or -ECONNRESET at its end. */
-static int context_drain_bells(struct tp_context *ctx)
+/* Keeps the fds of @mh for the RingXfer frames that announce them (closed past
+ * TPC_PRING_FDS_MAX: the daemon sends one per frame). */
+static void context_keep_fds(struct tp_context *ctx, struct msghdr *mh)
+{
+	for (struct cmsghdr *c = CMSG_FIRSTHDR(mh); c; c = CMSG_NXTHDR(mh, c)) {
+		size_t n = (c->cmsg_len - CMSG_LEN(0)) / sizeof(int);
+		int *fds = (int *)CMSG_DATA(c);
+
+		if (c->cmsg_level != SOL_SOCKET || c->cmsg_type != SCM_RIGHTS)
+			continue;
+		for (size_t i = 0; i < n; i++) {
+			if (ctx->n_pring_fds < TPC_PRING_FDS_MAX)
+				ctx->pring_fds[ctx->n_pring_fds++] = fds[i];
+			else
+				close(fds[i]);
+		}
+	}
+}
+
+int tpc_context_drain_bells(struct tp_context *ctx)
 {
 	uint8_t bells[64];
+	union {
+		struct cmsghdr h;
+		char b[CMSG_SPACE(TPC_PRING_FDS_MAX * sizeof(int))];
+	} cm;
 
 	for (;;) {
-		ssize_t k = recv(ctx->fd, bells, sizeof(bells), MSG_DONTWAIT);
+		struct iovec iov = { .iov_base = bells, .iov_len = sizeof(bells) };
+		struct msghdr mh = { .msg_iov = &iov, .msg_iovlen = 1, .msg_control = cm.b,
+				     .msg_controllen = sizeof(cm.b) };
+		ssize_t k = recvmsg(ctx->fd, &mh, MSG_DONTWAIT | MSG_CMSG_CLOEXEC);
 
-		if (k > 0)
+		if (k > 0) {
+			context_keep_fds(ctx, &mh);
 			continue;
+		}
 		if (k < 0 && errno == EINTR)
 			continue;
 		return k == 0 || (errno != EAGAIN && errno != EWOULDBLOCK) ? -ECONNRESET : 0;
@@ -614,7 +645,7 @@ static void context_ring_wait(struct tp_context *ctx, struct tpu_spin *spin, str
 {
 	struct io_poll p = { ctx, seq };
 	uint64_t t0 = tpu_now_ns(), v;
-	bool raced;
+	bool raced, lost = false;
 
 	if (tpu_spin_wait(spin, io_ready, &p)) {
 		if (tpu_ring_peek(&ctx->ring_rx) != 0)
@@ -631,7 +662,12 @@ static void context_ring_wait(struct tp_context *ctx, struct tpu_spin *spin, str
 	tpu_ring_sleep_cancel(&ctx->ring_rx);
 	if (!raced)
 		tpu_spin_slept(spin, tpu_now_ns() - t0);
-	if (!raced && pfd[1].revents && context_drain_bells(ctx) < 0) {
+	if (!raced && pfd[1].revents) {
+		pthread_mutex_lock(&ctx->rx_lock); /* the fd queue is the frame readers' */
+		lost = tpc_context_drain_bells(ctx) < 0;
+		pthread_mutex_unlock(&ctx->rx_lock);
+	}
+	if (lost) {
 		/* Frames the daemon wrote before it went away still count. */
 		while (tpu_ring_peek(&ctx->ring_rx) != 0) {
 			char why[200] = "";
@@ -866,6 +902,7 @@ TP_EXPORT void tp_context_free(struct tp_context *ctx)
 	tpc_context_log(ctx, LOG_DEBUG, "closing the context");
 	if (ctx->thread_started) {
 		context_shutdown(ctx);
+		tpc_pring_free_all(ctx); /* their copies end, their ops may complete */
 		pthread_mutex_lock(&ctx->lock);
 		ctx->stop = true;
 		pthread_mutex_unlock(&ctx->lock);

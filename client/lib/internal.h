@@ -331,7 +331,15 @@ struct tp_context {
 	 * guards it and is a leaf: nothing else is locked while it is held. */
 	pthread_mutex_t cuda_lock;
 	struct tpc_cuda *cuda;
+
+	/* Pipe rings (pring.c, issue 27): the rings mapped, one thread each (lock); the fds the
+	 * daemon sent on the socket for RingXfer frames not yet read (rx_lock). */
+	struct tpu_list prings;
+	unsigned n_prings;
+	int pring_fds[8];
+	unsigned n_pring_fds;
 };
+#define TPC_PRING_FDS_MAX 8
 
 /* ---- pipes, descriptors, listeners --------------------------------------------------------- */
 
@@ -404,6 +412,10 @@ struct tp_listener {
 };
 
 /* ---- context.c ----------------------------------------------------------------------------- */
+
+/* Reads the doorbell bytes on a ring context's socket, keeping the fds that come with them for
+ * RingXfer (ctx->pring_fds); rx_lock held. Return: 0, or -ECONNRESET at its end. */
+int tpc_context_drain_bells(struct tp_context *ctx);
 
 /* True when called on @ctx's library thread (inside a callback or a frame handler). Borrows
  * @ctx. */
@@ -799,5 +811,19 @@ bool tpc_slurm_detected(const struct tpc_slurm_vars *v);
 int tpc_slurm_from_vars(const struct tpc_slurm_vars *v, struct tpc_slurm *ret);
 /* tpc_slurm_from_vars() over this process's environment. Return: as that. */
 int tpc_slurm_from_env(struct tpc_slurm *ret);
+
+/* ---- pring.c (pipe rings, issue 27) -------------------------------------------------------- */
+
+/*
+ * tpc_pring_on_xfer() - RingXfer @x from the daemon (the frame's reader, rx_lock held, lock not
+ * held): queue its copy on the pipe direction's ring thread (mapping the ring from the fd that
+ * came before it when new); the op it names waits (copying) until the copy ended. A transfer it
+ * cannot take is answered RingDone with the error. Borrows @ctx and @x.
+ */
+void tpc_pring_on_xfer(struct tp_context *ctx, const Tpw__V1__RingXfer *x);
+/* Pipe @pipe_id is gone (PipeClosed): its rings' threads give up and free them; lock held. */
+void tpc_pring_pipe_gone_locked(struct tp_context *ctx, uint64_t pipe_id);
+/* Stops every ring thread and waits until they freed their rings; no lock held. Borrows @ctx. */
+void tpc_pring_free_all(struct tp_context *ctx);
 
 #endif

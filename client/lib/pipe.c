@@ -182,6 +182,7 @@ void tpc_pipe_on_closed(struct tp_context *ctx, const Tpw__V1__PipeClosed *m)
 	int err = tpw_status_to_errno(m->status);
 	const char *msg = m->message;
 
+	tpc_pring_pipe_gone_locked(ctx, m->pipe_id);
 	if (!p)
 		return;
 	if (p->state == TPC_PIPE_CLOSING) {

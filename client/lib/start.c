@@ -102,6 +102,7 @@ static int context_send_hello(struct tp_context *ctx, const struct tp_context_op
 	h.name = ctx->name;
 	h.cma_probe_addr = no_cma ? 0 : (uint64_t)(uintptr_t)&ctx->probe;
 	h.cma_probe_value = ctx->probe;
+	h.pipe_ring = true; /* used only on control rings, which carry its fd beside them */
 	m.body_case = TPW__V1__CLIENT_MSG__BODY_HELLO;
 	m.hello = &h;
 	pthread_mutex_lock(&ctx->send_lock);
@@ -291,6 +292,7 @@ static struct tp_context *context_alloc(void)
 	tpu_list_init(&ctx->groups);
 	tpu_list_init(&ctx->done);
 	tpu_list_init(&ctx->stage_pool);
+	tpu_list_init(&ctx->prings);
 	return ctx;
 }
 

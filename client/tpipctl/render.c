@@ -123,6 +123,9 @@ struct json_object *ctl_json_status(const Tpw__V1__CtlStatus *s)
 	ctl_json_u64(o, "cuda_dmabufs_evicted", s->cuda_dmabufs_evicted);
 	ctl_json_u64(o, "staging_buffers", s->staging_buffers);
 	ctl_json_u64(o, "staging_bytes", s->staging_bytes);
+	ctl_json_u64(o, "pipe_rings", s->pipe_rings);
+	ctl_json_u64(o, "pipe_ring_bytes", s->pipe_ring_bytes);
+	ctl_json_u64(o, "pipe_ring_msgs", s->pipe_ring_msgs);
 	ctl_json_u64(o, "client_input_bytes", s->client_input_bytes);
 	ctl_json_u64(o, "client_queued_bytes", s->client_queued_bytes);
 	ctl_json_u64(o, "sessions_refused", s->sessions_refused);
@@ -202,6 +205,10 @@ static int status_text(const Tpw__V1__CtlStatus *s, FILE *out)
 	ctl_table_cellf(&t, "staging buffers:");
 	ctl_table_cellf(&t, "%" PRIu64 " (%s) registered by clients' libraries", s->staging_buffers,
 			ctl_fmt_bytes(s->staging_bytes, b1, sizeof(b1)));
+	ctl_table_cellf(&t, "pipe rings:");
+	ctl_table_cellf(&t, "%" PRIu64 " (%s), %" PRIu64 " messages moved through one",
+			s->pipe_rings, ctl_fmt_bytes(s->pipe_ring_bytes, b1, sizeof(b1)),
+			s->pipe_ring_msgs);
 	ctl_table_cellf(&t, "session limits:");
 	ctl_table_cellf(&t, "%" PRIu32 " (%" PRIu32 " kept for admins), %" PRIu32 " per uid, %" PRIu64
 			" refused", s->sessions_max, s->sessions_reserved, s->sessions_per_uid,

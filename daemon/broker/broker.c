@@ -23,6 +23,7 @@ static const struct tpd_local_pipe_ops local_pipe_ops = {
 	.end_detach = tpd_pipe_end_detach,
 	.listener_added = tpd_xpipe_listener_added,
 	.broadcast = tpd_bcast_handle,
+	.ring_done = tpd_pring_on_done,
 };
 
 void tpd_broker_serve_local(struct tpd_local *l)

@@ -244,6 +244,8 @@ void tpd_pipe_maybe_free(struct tpd_pipe *p)
 	tpd_budget_leave(&p->end[0]);
 	tpd_budget_leave(&p->end[1]);
 	tpd_xconnect_done(p);
+	tpd_pring_free(p->end[0].ring);
+	tpd_pring_free(p->end[1].ring);
 	tpd_broker_pipe_remove(tpd_daemon_broker(p->d), p);
 	tpd_pipe_log(p, NULL, TPU_LOG_DEBUG, "freed");
 	for (unsigned i = 0; i < p->n_channel_notes; i++)
@@ -255,17 +257,22 @@ void tpd_pipe_maybe_free(struct tpd_pipe *p)
 
 void tpd_pipe_channel_note(struct tpd_pipe *p, const char *what, int channel, const char *why)
 {
+	if (channel >= 0)
+		tpd_pipe_channel_note_name(p, what, tpb_name(channel), why);
+}
+
+void tpd_pipe_channel_note_name(struct tpd_pipe *p, const char *what, const char *name,
+				const char *why)
+{
 	char key[96], *note = NULL;
 	size_t kl;
 	char **v;
 
-	if (channel < 0)
-		return;
-	kl = (size_t)snprintf(key, sizeof(key), "%s: %s: ", what, tpb_name(channel));
+	kl = (size_t)snprintf(key, sizeof(key), "%s: %s: ", what, name);
 	for (unsigned i = 0; i < p->n_channel_notes; i++)
 		if (strncmp(p->channel_notes[i], key, kl) == 0)
 			return;
-	tpd_pipe_log(p, NULL, TPU_LOG_DEBUG, "channel %s for %s: %s", tpb_name(channel), what, why);
+	tpd_pipe_log(p, NULL, TPU_LOG_DEBUG, "channel %s for %s: %s", name, what, why);
 	if (p->n_channel_notes >= TPD_PIPE_CHANNEL_NOTES || asprintf(&note, "%s%.300s", key, why) < 0)
 		return;
 	v = realloc(p->channel_notes, (p->n_channel_notes + 1) * sizeof(*v));
@@ -310,6 +317,8 @@ void tpd_pipe_channels(const struct tpd_pipe *p, char *buf, size_t len)
 			if (p->pair_channels[k] & (1u << i))
 				off += snprintf(buf + off, len - off, "%s%s(%s)", n++ ? "," : "",
 						tpb_name(i), pair_names[k]);
+	if (p->ring_used && off < len)
+		snprintf(buf + off, len - off, "%sring", n ? "," : "");
 }
 
 void tpd_pipe_info(const struct tpd_pipe *p, struct tpd_pipe_info *ret)
@@ -629,6 +638,11 @@ void tpd_pipe_start_next_copy(struct tpd_pipe_end *w)
 			m->copying = true;
 			w->copying++;
 			w->pipe->jobs++;
+			/* a pipe ring carries a message of this pipe's two clients only, never one
+			 * target of a daemon fan-out */
+			if (m->ring && !m->bcast && tpd_pring_start(m) == 0)
+				return;
+			m->ring = false; /* not handed out: copied as usual */
 			tpb_copier_submit(tpd_daemon_copier(w->pipe->d), m->job);
 			return;
 		}
@@ -688,6 +702,12 @@ void tpd_pipe_read(struct tpd_pipe_end *r, const Tpw__V1__Read *rd)
 		err = tpd_xh_build_recv(m, r->session, rd, why, sizeof(why));
 	else
 		err = tpd_msg_build_job(m, r->session, rd, copy_on_done, &m->job, why, sizeof(why));
+	if (err == 0 && m->job) {
+		m->ring = tpd_pring_choose(m, r->session, m->job, why, sizeof(why));
+		if (m->ring || *why)
+			tpd_pipe_channel_note_name(r->pipe, "cpu>cpu", m->ring ? "ring" : "cma (no ring)",
+						   why);
+	}
 	if (err < 0) {
 		tpd_pipe_log(r->pipe, r->session, TPU_LOG_INFO, "read rejected: %s", why);
 		tpd_pipe_send_read_done(r, m->msg_id, tpw_status_from_errno(err), why);

@@ -69,6 +69,17 @@ void tpd_pipe_read(struct tpd_pipe_end *e, const Tpw__V1__Read *rd);
 void tpd_cancel_handle(struct tpd_pipe_end *e, const Tpw__V1__Cancel *c);
 
 /*
+ * tpd_pring_on_done() - handle RingDone from @e's session (pring.c): its side of the pipe ring
+ * transfer it names ended. Answers that name no running transfer of @e are ignored. Borrows @e
+ * and @rd; may complete the message (and free the pipe once both ends left).
+ */
+void tpd_pring_on_done(struct tpd_pipe_end *e, const Tpw__V1__RingDone *rd);
+/* Pipe rings of @d now, their bytes, and messages moved through one (tpipctl status).
+ * Borrows @d. */
+void tpd_pring_totals(struct tpd_daemon *d, uint64_t *ret_rings, uint64_t *ret_bytes,
+		      uint64_t *ret_msgs);
+
+/*
  * tpd_pipe_end_detach() - end @e leaves (PipeClose, session end). The other end learns @why
  * (STATUS_CLOSED, STATUS_PEER_DIED, STATUS_SHUTDOWN). The caller removes @e from its session's
  * table. Borrows @e, but may free the pipe, and with it @e: the caller must not touch @e

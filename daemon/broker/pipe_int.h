@@ -65,6 +65,7 @@ struct tpd_pipe_end {
 	uint64_t budget_need;
 	uint64_t reserved;
 	struct tpu_list budget_node;
+	struct tpd_pring *ring; /* pring.c: the ring this end's messages use, once one did */
 };
 
 struct tpd_pipe {
@@ -81,6 +82,7 @@ struct tpd_pipe {
 	 * owned, at most TPD_PIPE_CHANNEL_NOTES; logged at debug when first noted. */
 	char **channel_notes;
 	unsigned n_channel_notes;
+	bool ring_used;		    /* a message went through a pipe ring (pring.c) */
 	uint64_t created_ns;
 	unsigned jobs;		    /* copy jobs and peer transfers in flight */
 
@@ -143,6 +145,8 @@ struct tpd_msg {
 	bool copying;
 	bool write_ready;
 	bool canceled; /* its writer cancelled it before anyone asked for it (cancel.c) */
+	bool ring;     /* its clients move it through the pipe ring (pring.c); @job holds its
+			* processes and transfers but is not submitted */
 	Tpw__V1__Status write_status;
 	char write_why[160];
 	uint64_t cost; /* charged to the daemon-wide pipe budget while on rq (tpd_msg_cost()) */
@@ -176,6 +180,11 @@ struct tpd_broker {
 	uint64_t messages_moved;
 	struct tpd_bcast_stats bcast; /* daemon fan-out (bcast.c) */
 	struct tpu_list bcast_uids;   /* staging bytes held per uid (bcast.c) */
+	/* pipe rings (pring.c): live rings, their bytes, the last ring id, messages moved */
+	uint64_t rings;
+	uint64_t ring_bytes;
+	uint64_t ring_next_id;
+	uint64_t ring_msgs;
 };
 
 /* ---- broker.c ---- */
@@ -224,6 +233,10 @@ void tpd_pipe_channel_note(struct tpd_pipe *p, const char *what, int channel, co
  */
 void tpd_pipe_write_one(struct tpd_pipe_end *e, const Tpw__V1__Write *w, uint64_t write_id,
 			const uint8_t *tail, uint32_t tail_len, struct tpd_bcast *bc);
+
+/* tpd_pipe_channel_note() for a path that is not a registry channel (@name: "ring"). */
+void tpd_pipe_channel_note_name(struct tpd_pipe *p, const char *what, const char *name,
+				const char *why);
 /* Completes write @write_id of @e with @err, behind the writes of @e still pending. Borrows @e
  * and @why (copied when the WriteDone must wait). */
 void tpd_pipe_write_reject(struct tpd_pipe_end *e, uint64_t write_id, int err, const char *why);
@@ -338,6 +351,29 @@ int tpd_msg_resolve_dst(struct tpd_session *s, const Tpw__V1__Segment *seg,
  * tpb_copier_job_free()), or -errno with the reason in @why. */
 int tpd_msg_build_job(struct tpd_msg *m, struct tpd_session *s, const Tpw__V1__Read *rd,
 		      tpb_copy_done_fn done, struct tpb_copy_job **ret, char *why, size_t wl);
+
+/* ---- pring.c ---- */
+
+/*
+ * tpd_pring_choose() - should @m, whose copy job @job (into reader session @rs) is built, move
+ * through a pipe ring? Yes when pipe rings are on, every transfer is private to private, the
+ * message is at least pipe-ring-min bytes and both libraries take rings. Borrows all.
+ * Return: true, with why in @why; false, with why in @why when it is worth saying (else "").
+ */
+bool tpd_pring_choose(const struct tpd_msg *m, const struct tpd_session *rs,
+		      const struct tpb_copy_job *job, char *why, size_t wl);
+/*
+ * tpd_pring_start() - hand @m (m->ring, its job built, counted as copying) to both ends through
+ * its writer end's ring, created within the limits on first use. It completes through
+ * m->job->done once both ends said RingDone, or failed. Borrows @m.
+ * Return: 0, or -errno: nothing started, the caller copies it as usual.
+ */
+int tpd_pring_start(struct tpd_msg *m);
+/* Abandons @m's running ring transfer (an end left): the ring dies for both clients, @m
+ * completes cancelled from the event loop. Borrows @m. */
+void tpd_pring_abort(struct tpd_msg *m);
+/* Frees ring @r (NULL is fine), killing it for the clients that map it. Takes @r. */
+void tpd_pring_free(struct tpd_pring *r);
 
 /* ---- xh.c ---- */
 

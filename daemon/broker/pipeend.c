@@ -150,6 +150,8 @@ static void end_detach(struct tpd_pipe_end *e, Tpw__V1__Status why)
 		} else if (m->copying && m->xh) {
 			tpd_xh_cancel(
 			    m->xh); /* completes, failed, once no thread touches the memory */
+		} else if (m->copying && m->ring) {
+			tpd_pring_abort(m); /* completes, cancelled, from the loop */
 		} else if (m->copying && m->job) {
 			/* completes, cancelled: it may be waiting for a stream that never ends */
 			tpb_copier_abandon(tpd_daemon_copier(p->d), m->job);
@@ -159,6 +161,7 @@ static void end_detach(struct tpd_pipe_end *e, Tpw__V1__Status why)
 	tpu_list_for_each_safe(m, tmp, &peer->rq, rnode) if (!m->copying)
 	    tpd_pipe_msg_consumed(m, why, tpd_pipe_why(p, why));
 	else if (m->xh) tpd_xh_cancel(m->xh);
+	else if (m->ring) tpd_pring_abort(m);
 	else if (m->job) tpb_copier_abandon(tpd_daemon_copier(p->d), m->job);
 	if (peer->session) {
 		peer->owed = why;

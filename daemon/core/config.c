@@ -172,6 +172,15 @@ static const struct opt opts[] = {
 	{ "rdma-rebuild-max", "backends", K_U32, OFF(rdma_rebuild_max), 0, 1000, false, "N",
 	  "rebuilds in a row without a write completing, then RDMA stays off on\n"
 	  "                            that link; 0 never rebuilds (default 5)" },
+	{ "pipe-ring", "backends", K_BOOL, OFF(pipe_ring), 0, 0, true, "yes|no",
+	  "move private->private messages through a staging ring both clients map,\n"
+	  "                            the bytes never through the daemon (default no)" },
+	{ "pipe-ring-min", "backends", K_SIZE64, OFF(pipe_ring_min), 0, UINT64_MAX, true, "BYTES",
+	  "smallest message that goes through a pipe ring (default 256K)" },
+	{ "pipe-ring-bytes-max", "backends", K_SIZE64, OFF(pipe_ring_bytes_max), 0, UINT64_MAX,
+	  true, "BYTES", "pipe ring bytes of all pipes together (default 256M)" },
+	{ "pipe-ring-bytes-per-uid", "backends", K_SIZE64, OFF(pipe_ring_bytes_per_uid), 0,
+	  UINT64_MAX, true, "BYTES", "pipe ring bytes of the pipes one uid writes to (default 64M)" },
 	{ "backend-priority", "backends", K_STR, OFF(backend_priority), 0,
 	  sizeof(((struct tpd_config *)0)->backend_priority), false, "NAMES",
 	  "channels to try first, in order, e.g. cma,shm (default: shm,cma,basic)" },
@@ -256,6 +265,9 @@ void tpd_config_defaults(struct tpd_config *c)
 	c->buffer_bytes_per_uid = 256ull << 30;
 	c->bcast_pipes_max = 1024;
 	c->bcast_stage_bytes_per_uid = 1ull << 30;
+	c->pipe_ring_min = 256u << 10;
+	c->pipe_ring_bytes_max = 256ull << 20;
+	c->pipe_ring_bytes_per_uid = 64ull << 20;
 	c->outq_max = 256ull << 20;
 	c->listeners_max = 256;
 	c->cuda_holds_max = TPD_DEVMEM_HOLDS;

@@ -64,6 +64,10 @@ struct tpd_config {
 	uint32_t cuda_holds_max;    /* CUDA allocations and events a session keeps mapped */
 	uint32_t cuda_dmabufs_max;  /* dma-bufs of CUDA allocations a session may hand over */
 	bool cuda_cache;	    /* keep them mapped between transfers (default: no) */
+	bool pipe_ring;		    /* private->private through pipe rings (issue 27) */
+	uint64_t pipe_ring_min;	    /* smallest message that uses one */
+	uint64_t pipe_ring_bytes_max;	  /* ring bytes of every pipe together */
+	uint64_t pipe_ring_bytes_per_uid; /* ... of the pipes one uid writes to */
 	uint32_t groups_per_uid;    /* collective groups one uid may have (group/) */
 	uint32_t group_members_max; /* members of one group */
 	uint32_t group_peer_groups_max; /* coordinated groups with members over one peer link */

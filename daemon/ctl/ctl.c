@@ -150,6 +150,7 @@ static void fill_status(struct tpd_daemon *d, const struct ctl_bufs *b, Tpw__V1_
 	st->listeners = tpd_daemon_registry(d)->count;
 	st->bytes_moved = tpd_broker_bytes_moved(tpd_daemon_broker(d));
 	st->messages_moved = tpd_broker_messages_moved(tpd_daemon_broker(d));
+	tpd_pring_totals(d, &st->pipe_rings, &st->pipe_ring_bytes, &st->pipe_ring_msgs);
 	st->socket_path = (char *)tpd_daemon_socket_path(d);
 	st->cma_available = tpd_daemon_cma_viable(d);
 	st->peer_listen = (char *)tpd_peers_listen_addr(d);

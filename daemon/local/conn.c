@@ -757,6 +757,28 @@ int tpd_conn_ring_switch(struct tpd_conn *c)
 	return 0;
 }
 
+int tpd_conn_send_fd(struct tpd_conn *c, int fd)
+{
+	static const uint8_t bell;
+	union {
+		struct cmsghdr h;
+		char b[CMSG_SPACE(sizeof(int))];
+	} cm = { 0 };
+	struct iovec iov = { .iov_base = (void *)&bell, .iov_len = 1 };
+	struct msghdr mh = { .msg_iov = &iov, .msg_iovlen = 1, .msg_control = cm.b,
+			     .msg_controllen = sizeof(cm.b) };
+
+	if (!c->ring || c->stopped)
+		return -EOPNOTSUPP;
+	cm.h.cmsg_level = SOL_SOCKET;
+	cm.h.cmsg_type = SCM_RIGHTS;
+	cm.h.cmsg_len = CMSG_LEN(sizeof(int));
+	memcpy(CMSG_DATA(&cm.h), &fd, sizeof(int));
+	if (sendmsg(c->fd, &mh, MSG_DONTWAIT | MSG_NOSIGNAL) < 0)
+		return -errno;
+	return 0;
+}
+
 bool tpd_conn_is_ring(const struct tpd_conn *c)
 {
 	return c->ring;

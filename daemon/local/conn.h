@@ -148,6 +148,14 @@ int tpd_conn_ring_switch(struct tpd_conn *c);
 /* Do @c's frames travel in control rings? */
 bool tpd_conn_is_ring(const struct tpd_conn *c);
 
+/*
+ * tpd_conn_send_fd() - sends @fd to @c's client now, on one doorbell byte (SCM_RIGHTS), ahead
+ * of every frame queued after this call (pipe rings, issue 27). Only for a ring session, whose
+ * socket carries nothing but doorbells. Borrows @fd (the kernel duplicates it).
+ * Return: 0, -EOPNOTSUPP (not a ring session), -EAGAIN (socket full) or -errno.
+ */
+int tpd_conn_send_fd(struct tpd_conn *c, int fd);
+
 /* Data bytes per direction of @c's control rings, 0 on the socket. */
 uint32_t tpd_conn_ring_bytes(const struct tpd_conn *c);
 

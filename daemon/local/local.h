@@ -48,6 +48,8 @@ struct tpd_local_pipe_ops {
 	/* Broadcast from @s (tpd_bcast_handle()); borrows @m and @tail. */
 	void (*broadcast)(struct tpd_session *s, const Tpw__V1__Broadcast *m, const uint8_t *tail,
 			  uint32_t tail_len);
+	/* RingDone on @e (tpd_pring_on_done(), issue 27); may free @e. */
+	void (*ring_done)(struct tpd_pipe_end *e, const Tpw__V1__RingDone *rd);
 };
 
 /*

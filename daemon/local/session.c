@@ -405,6 +405,16 @@ uint32_t tpd_session_client_minor(const struct tpd_session *s)
 	return s->client_minor;
 }
 
+bool tpd_session_pipe_ring(const struct tpd_session *s)
+{
+	return s->pipe_ring && !s->dead && tpd_conn_is_ring(&s->conn);
+}
+
+int tpd_session_send_fd(struct tpd_session *s, int fd)
+{
+	return tpd_conn_send_fd(&s->conn, fd);
+}
+
 struct tpb_proc *tpd_session_proc(const struct tpd_session *s)
 {
 	return s->proc;

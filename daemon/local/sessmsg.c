@@ -147,6 +147,7 @@ static void handle_hello(struct tpd_session *s, const Tpw__V1__Hello *h)
 	}
 	s->role = h->role;
 	s->client_minor = h->minor;
+	s->pipe_ring = h->pipe_ring;
 	if (h->name && *h->name)
 		snprintf(name, sizeof(name), "%s", h->name);
 	else
@@ -482,6 +483,17 @@ static bool on_cancel(struct tpd_session *s, Tpw__V1__ClientMsg *m, struct sessm
 	return false;
 }
 
+static bool on_ring_done(struct tpd_session *s, Tpw__V1__ClientMsg *m, struct sessmsg_in *in)
+{
+	/* Only this session's pipes: another session's transfers cannot be named. */
+	struct tpd_pipe_end *e = find_end(s, m->ring_done->pipe_id);
+
+	(void)in;
+	if (e)
+		pipe_ops(s)->ring_done(e, m->ring_done);
+	return false;
+}
+
 static bool on_flow_resume(struct tpd_session *s, Tpw__V1__ClientMsg *m, struct sessmsg_in *in)
 {
 	struct tpd_pipe_end *e = find_end(s, m->flow_resume->pipe_id);
@@ -602,6 +614,7 @@ static const struct sessmsg_cmd sessmsg_cmds[] = {
 	[TPW__V1__CLIENT_MSG__BODY_WQ_OP] = { on_wq_op, 0 },
 	[TPW__V1__CLIENT_MSG__BODY_CUDA_DMABUF] = { on_cuda_dmabuf, 0 },
 	[TPW__V1__CLIENT_MSG__BODY_BROADCAST] = { on_broadcast, 0 },
+	[TPW__V1__CLIENT_MSG__BODY_RING_DONE] = { on_ring_done, 0 },
 };
 
 /* The table entry of @m's body case, or NULL for a case it does not know. */

@@ -1,0 +1,441 @@
+/* SPDX-License-Identifier: BSD-3-Clause */
+/*
+ * Pipe rings (issue 27), the library's side: when the daemon hands a private->private message
+ * to both ends of a same-host pipe (RingXfer), the writer's library copies the caller's bytes
+ * into the ring chunk by chunk while the reader's copies them out into its allocation, each on
+ * a thread of its own per ring, so both cores work and the chunks stay in cache; each then says
+ * RingDone. One ring per pipe direction, mapped from the memfd the daemon sends once (beside the
+ * control ring, on the socket), kept until the daemon names another or the pipe closes.
+ * Everything the other process writes in the ring header is checked before use: an index out of
+ * bounds fails this message (and its pipe's ring), nothing else. Not here: choosing the ring
+ * (the daemon's broker), the layout (proto/pring.h).
+ */
+#include <errno.h>
+#include <sched.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/socket.h>
+#include <sys/stat.h>
+#include <syslog.h>
+#include <unistd.h>
+#include "internal.h"
+#include "pring.h"
+
+#define PRING_SPIN_NS 50000u /* spin this long for the other side before sleeping */
+#define PRING_SLEEP_MS 100   /* futex waits, between checks that the pipe still lives */
+
+struct tpc_pring {
+	struct tpu_list link; /* ctx->prings */
+	struct tp_context *ctx;
+	uint64_t pipe_id;
+	bool reader;
+	uint64_t ring_id;
+	uint8_t *map;
+	size_t map_len;
+	uint32_t chunk;
+	uint32_t nchunks;
+	pthread_cond_t cond; /* with ctx->lock: jobs queued, stop */
+	struct tpu_list jobs;
+	bool stop;  /* the thread exits once its jobs are done */
+	bool abort; /* atomic: give up the job running (the pipe is gone) */
+};
+
+struct pring_job {
+	struct tpu_list node;
+	struct tpc_op *op; /* marked copying until the job ends */
+	uint64_t id;
+	uint32_t start;
+	size_t n;
+	uint64_t *addrs;
+	uint64_t *lens;
+};
+
+/* Copies @len bytes between the message's segments at byte @off and @buf (@in: into the
+ * ring). */
+static void seg_copy(const struct pring_job *j, uint64_t off, uint8_t *buf, size_t len, bool in)
+{
+	size_t i = 0;
+
+	while (i < j->n && off >= j->lens[i]) {
+		off -= j->lens[i];
+		i++;
+	}
+	while (len && i < j->n) {
+		uint8_t *mem = (uint8_t *)(uintptr_t)j->addrs[i] + off;
+		size_t k = j->lens[i] - off < len ? (size_t)(j->lens[i] - off) : len;
+
+		if (in)
+			memcpy(buf, mem, k);
+		else
+			memcpy(mem, buf, k);
+		buf += k;
+		len -= k;
+		off = 0;
+		i++;
+	}
+}
+
+static bool ring_gone(const struct tpc_pring *r)
+{
+	const struct tpw_pring_hdr *h = (const void *)r->map;
+
+	return __atomic_load_n(&h->dead, __ATOMIC_ACQUIRE) ||
+	       __atomic_load_n(&r->abort, __ATOMIC_ACQUIRE) ||
+	       __atomic_load_n(&r->ctx->dead, __ATOMIC_ACQUIRE);
+}
+
+/*
+ * Waits until the other side moved @word away from @seen (spinning a while, then on the futex
+ * with the @wait flag set for the other side to wake us). Return: the new value, or @seen when
+ * the ring died, the pipe went or the context did (the caller checks ring_gone()).
+ */
+static uint32_t ring_wait(struct tpc_pring *r, uint32_t *word, uint32_t *wait, uint32_t seen)
+{
+	uint64_t t0 = tpu_now_ns();
+	uint32_t v;
+
+	for (unsigned n = 0;; n++) {
+		v = __atomic_load_n(word, __ATOMIC_ACQUIRE);
+		if (v != seen || ring_gone(r))
+			return v;
+		if ((n & 63) == 63 && tpu_now_ns() - t0 > PRING_SPIN_NS)
+			break;
+		if (n >= 256) /* the other side may be waiting for this CPU */
+			sched_yield();
+#if defined(__x86_64__) || defined(__i386__)
+		else
+			__builtin_ia32_pause();
+#endif
+	}
+	for (;;) {
+		__atomic_store_n(wait, 1, __ATOMIC_SEQ_CST);
+		v = __atomic_load_n(word, __ATOMIC_SEQ_CST);
+		if (v != seen || ring_gone(r))
+			return v;
+		tpw_pring_wait(word, seen, PRING_SLEEP_MS);
+	}
+}
+
+/* Publishes @v in @word and wakes the other side if it sleeps on it. */
+static void ring_publish(uint32_t *word, uint32_t *wait, uint32_t v)
+{
+	__atomic_store_n(word, v, __ATOMIC_SEQ_CST);
+	if (__atomic_load_n(wait, __ATOMIC_SEQ_CST) && __atomic_exchange_n(wait, 0, __ATOMIC_SEQ_CST))
+		tpw_pring_wake(word);
+}
+
+static uint64_t job_bytes(const struct pring_job *j)
+{
+	uint64_t t = 0;
+
+	for (size_t i = 0; i < j->n; i++)
+		t += j->lens[i];
+	return t;
+}
+
+/*
+ * Moves job @j through @r: the writer copies in, the reader out. head and tail are the other
+ * process's to write as much as ours: every value read is checked against what this message
+ * allows. Return: 0, or -errno with the reason in @why.
+ */
+static int ring_run(struct tpc_pring *r, const struct pring_job *j, char *why, size_t wl)
+{
+	struct tpw_pring_hdr *h = (void *)r->map;
+	uint8_t *data = r->map + TPW_PRING_HDR_BYTES;
+	uint64_t total = job_bytes(j), nk = (total + r->chunk - 1) / r->chunk;
+	uint32_t *mine = r->reader ? &h->tail : &h->head;
+	uint32_t *theirs = r->reader ? &h->head : &h->tail;
+	uint32_t *their_wait = r->reader ? &h->wr_wait : &h->rd_wait;
+	uint32_t *my_wait = r->reader ? &h->rd_wait : &h->wr_wait;
+	uint32_t seen = __atomic_load_n(theirs, __ATOMIC_ACQUIRE);
+
+	if (nk > UINT32_MAX / 2 || __atomic_load_n(mine, __ATOMIC_ACQUIRE) != j->start)
+		return tpu_why(-EPROTO, why, wl, "pipe ring out of step at the start");
+	for (uint64_t k = 0; k < nk; k++) {
+		uint64_t off = k * r->chunk;
+		size_t len = total - off < r->chunk ? (size_t)(total - off) : r->chunk;
+		uint32_t ahead;
+
+		for (;;) {
+			ahead = seen - j->start; /* chunks the other side is at, from the start */
+			/* The writer may be at most nchunks ahead of the reader; neither past the
+			 * message's end, the reader never ahead of the writer. */
+			if (r->reader ? ahead > nk || ahead - k > r->nchunks : ahead > k)
+				return tpu_why(-EPROTO, why, wl, "pipe ring index %u out of bounds "
+					       "(chunk %llu of %llu)", ahead,
+					       (unsigned long long)k, (unsigned long long)nk);
+			if (r->reader ? ahead > k : k - ahead < r->nchunks)
+				break;
+			seen = ring_wait(r, theirs, my_wait, seen);
+			if (ring_gone(r))
+				return tpu_why(-ECONNRESET, why, wl, "pipe ring transfer abandoned");
+		}
+		seg_copy(j, off, data + (size_t)((j->start + k) % r->nchunks) * r->chunk, len,
+			 !r->reader);
+		ring_publish(mine, their_wait, j->start + (uint32_t)k + 1);
+	}
+	return 0;
+}
+
+static void ring_done_send(struct tp_context *ctx, const struct tpc_pring *r,
+			   const struct pring_job *j, int err, const char *why)
+{
+	Tpw__V1__RingDone d = TPW__V1__RING_DONE__INIT;
+	Tpw__V1__ClientMsg m = TPW__V1__CLIENT_MSG__INIT;
+
+	d.pipe_id = r->pipe_id;
+	d.id = j->id;
+	d.reader = r->reader;
+	d.status = tpw_status_from_errno(err);
+	d.message = err < 0 ? (char *)why : "";
+	m.body_case = TPW__V1__CLIENT_MSG__BODY_RING_DONE;
+	m.ring_done = &d;
+	pthread_mutex_lock(&ctx->send_lock);
+	if (!__atomic_load_n(&ctx->dead, __ATOMIC_ACQUIRE))
+		tpc_wire_send(ctx, &m, NULL, 0, -EBADF); /* a failed send is connection loss */
+	pthread_mutex_unlock(&ctx->send_lock);
+}
+
+/* Lets @j's op complete (its callback waited for the copy); lock held. */
+static void job_end_locked(struct tp_context *ctx, struct pring_job *j)
+{
+	if (j->op) {
+		j->op->copying = false;
+		if (!j->op->pending) /* completed meanwhile: its callback may run now */
+			tpc_context_wake(ctx);
+	}
+	free(j);
+}
+
+static void *ring_main(void *arg)
+{
+	struct tpc_pring *r = arg;
+	struct tp_context *ctx = r->ctx;
+	struct pring_job *j;
+
+	pthread_mutex_lock(&ctx->lock);
+	for (;;) {
+		char why[200] = "";
+		int err;
+
+		while (tpu_list_empty(&r->jobs) && !r->stop)
+			pthread_cond_wait(&r->cond, &ctx->lock);
+		j = tpu_list_first(&r->jobs, struct pring_job, node);
+		if (!j)
+			break;
+		tpu_list_remove(&j->node);
+		pthread_mutex_unlock(&ctx->lock);
+		err = ring_run(r, j, why, sizeof(why));
+		if (err < 0) /* the other side, or the daemon, learns it through the dead word */
+			tpw_pring_kill((void *)r->map);
+		ring_done_send(ctx, r, j, err, why);
+		pthread_mutex_lock(&ctx->lock);
+		job_end_locked(ctx, j);
+	}
+	tpu_list_remove(&r->link);
+	ctx->n_prings--;
+	pthread_cond_broadcast(&ctx->cond);
+	pthread_mutex_unlock(&ctx->lock);
+	munmap(r->map, r->map_len);
+	pthread_cond_destroy(&r->cond);
+	free(r);
+	return NULL;
+}
+
+/* Stops @r: its thread ends its jobs (@abort: gives them up) and frees it; lock held. */
+static void ring_stop_locked(struct tpc_pring *r, bool abort)
+{
+	r->stop = true;
+	if (abort)
+		__atomic_store_n(&r->abort, true, __ATOMIC_RELEASE);
+	pthread_cond_signal(&r->cond);
+}
+
+static struct tpc_pring *ring_find_locked(struct tp_context *ctx, uint64_t pipe_id, bool reader)
+{
+	struct tpc_pring *r;
+
+	tpu_list_for_each(r, &ctx->prings, link)
+		if (r->pipe_id == pipe_id && r->reader == reader && !r->stop)
+			return r;
+	return NULL;
+}
+
+/* The fd the daemon sent before its RingXfer; rx_lock held (the frame's reader). Return: fd
+ * or -errno. */
+static int ring_take_fd(struct tp_context *ctx)
+{
+	int fd;
+
+	if (ctx->n_pring_fds == 0) { /* sent before the frame: on the socket by now */
+		tpc_context_drain_bells(ctx);
+		/* The doorbells taken may announce frames behind this one, which the io thread
+		 * now sleeps through: make it look at the ring again. */
+		tpc_context_wake(ctx);
+	}
+	if (ctx->n_pring_fds == 0)
+		return -ENOENT;
+	fd = ctx->pring_fds[0];
+	memmove(ctx->pring_fds, ctx->pring_fds + 1, --ctx->n_pring_fds * sizeof(int));
+	return fd;
+}
+
+/* Maps the ring of @x from @fd (taken) into a new ring object with its thread; lock held. */
+static int ring_new_locked(struct tp_context *ctx, const Tpw__V1__RingXfer *x, int fd,
+			   struct tpc_pring **ret)
+{
+	size_t len = tpw_pring_file_bytes(x->chunk_bytes, x->nchunks);
+	struct tpc_pring *r;
+	pthread_attr_t at;
+	struct stat st;
+	pthread_t t;
+	int err;
+
+	if (fstat(fd, &st) < 0 || (uint64_t)st.st_size < len) { /* else SIGBUS */
+		close(fd);
+		return -EPROTO;
+	}
+	r = calloc(1, sizeof(*r));
+	if (!r) {
+		close(fd);
+		return -ENOMEM;
+	}
+	r->map = mmap(NULL, len, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+	close(fd);
+	if (r->map == MAP_FAILED) {
+		free(r);
+		return -ENOMEM;
+	}
+	r->ctx = ctx;
+	r->map_len = len;
+	r->pipe_id = x->pipe_id;
+	r->reader = x->reader;
+	r->ring_id = x->ring_id;
+	r->chunk = x->chunk_bytes;
+	r->nchunks = x->nchunks;
+	tpu_list_init(&r->jobs);
+	pthread_cond_init(&r->cond, NULL);
+	pthread_attr_init(&at);
+	pthread_attr_setdetachstate(&at, PTHREAD_CREATE_DETACHED);
+	err = -pthread_create(&t, &at, ring_main, r);
+	pthread_attr_destroy(&at);
+	if (err < 0) {
+		munmap(r->map, len);
+		pthread_cond_destroy(&r->cond);
+		free(r);
+		return err;
+	}
+	tpu_list_insert_tail(&ctx->prings, &r->link);
+	ctx->n_prings++;
+	*ret = r;
+	return 0;
+}
+
+/* The pending write (@reader false) or read @id of @p; lock held. */
+static struct tpc_op *ring_op_locked(struct tp_pipe *p, uint64_t id, bool reader)
+{
+	struct tpc_op *op;
+
+	tpu_list_for_each(op, reader ? &p->reads : &p->writes, node)
+		if (op->id == id && op->pending && !op->copying)
+			return op;
+	return NULL;
+}
+
+/* A job for @x: its op marked copying, its segments copied; lock held. */
+static int ring_job_locked(struct tp_context *ctx, const Tpw__V1__RingXfer *x,
+			   struct pring_job **ret)
+{
+	struct tp_pipe *p = tpc_map_get(&ctx->pipes, x->pipe_id);
+	struct pring_job *j = calloc(1, sizeof(*j) + 2 * x->n_lens * sizeof(uint64_t));
+
+	if (!j)
+		return -ENOMEM;
+	j->addrs = (uint64_t *)(j + 1);
+	j->lens = j->addrs + x->n_lens;
+	j->n = x->n_lens;
+	memcpy(j->addrs, x->addrs, x->n_lens * sizeof(uint64_t));
+	memcpy(j->lens, x->lens, x->n_lens * sizeof(uint64_t));
+	j->id = x->id;
+	j->start = x->start;
+	j->op = p ? ring_op_locked(p, x->id, x->reader) : NULL;
+	if (j->op)
+		j->op->copying = true;
+	*ret = j;
+	return j->op ? 0 : -ENOENT;
+}
+
+void tpc_pring_on_xfer(struct tp_context *ctx, const Tpw__V1__RingXfer *x)
+{
+	Tpw__V1__RingDone d = TPW__V1__RING_DONE__INIT;
+	Tpw__V1__ClientMsg m = TPW__V1__CLIENT_MSG__INIT;
+	struct tpc_pring *r;
+	struct pring_job *j = NULL;
+	int fd = -EBADF, err;
+
+	pthread_mutex_lock(&ctx->lock);
+	r = ring_find_locked(ctx, x->pipe_id, x->reader);
+	if (x->fd_follows) {
+		fd = ring_take_fd(ctx);
+		if (r) /* the daemon gave up the old one */
+			ring_stop_locked(r, true);
+		r = NULL;
+	}
+	err = ring_job_locked(ctx, x, &j);
+	if (err == 0 && !r && fd < 0)
+		err = -EPROTO; /* no fd, or a ring we do not have */
+	if (err == 0 && !r)
+		err = ring_new_locked(ctx, x, TAKE_FD(fd), &r);
+	else if (fd >= 0)
+		close(fd);
+	if (err == 0 && (r->chunk != x->chunk_bytes || r->nchunks != x->nchunks))
+		err = -EPROTO;
+	if (err == 0) {
+		tpu_list_insert_tail(&r->jobs, &j->node);
+		pthread_cond_signal(&r->cond);
+		pthread_mutex_unlock(&ctx->lock);
+		return;
+	}
+	if (j)
+		job_end_locked(ctx, j);
+	pthread_mutex_unlock(&ctx->lock);
+	/* This message fails (the daemon learns it from RingDone); the pipe goes on. */
+	tpc_context_log(ctx, LOG_INFO, "pipe %llu: pipe ring transfer %llu refused: %s",
+			(unsigned long long)x->pipe_id, (unsigned long long)x->id, strerror(-err));
+	d.pipe_id = x->pipe_id;
+	d.id = x->id;
+	d.reader = x->reader;
+	d.status = tpw_status_from_errno(err);
+	d.message = "the library could not take the pipe ring";
+	m.body_case = TPW__V1__CLIENT_MSG__BODY_RING_DONE;
+	m.ring_done = &d;
+	pthread_mutex_lock(&ctx->send_lock);
+	tpc_wire_send(ctx, &m, NULL, 0, -EBADF);
+	pthread_mutex_unlock(&ctx->send_lock);
+}
+
+void tpc_pring_pipe_gone_locked(struct tp_context *ctx, uint64_t pipe_id)
+{
+	struct tpc_pring *r;
+
+	tpu_list_for_each(r, &ctx->prings, link)
+		if (r->pipe_id == pipe_id)
+			ring_stop_locked(r, true);
+}
+
+void tpc_pring_free_all(struct tp_context *ctx)
+{
+	struct tpc_pring *r;
+
+	pthread_mutex_lock(&ctx->lock);
+	tpu_list_for_each(r, &ctx->prings, link)
+		ring_stop_locked(r, true);
+	while (ctx->n_prings)
+		pthread_cond_wait(&ctx->cond, &ctx->lock);
+	for (unsigned i = 0; i < ctx->n_pring_fds; i++)
+		close(ctx->pring_fds[i]);
+	ctx->n_pring_fds = 0;
+	pthread_mutex_unlock(&ctx->lock);
+}

@@ -1,0 +1,327 @@
+/* SPDX-License-Identifier: BSD-3-Clause */
+/*
+ * Pipe rings (issue 27): a private->private message between two clients of this host moves
+ * through a staging ring both clients map, the writer's library copying chunks in while the
+ * reader's copies them out; the daemon stays the broker. This file decides which messages use a
+ * ring (tpd_pring_choose()), creates one ring per pipe direction (a sealed memfd, bounded in
+ * bytes daemon-wide and per uid), hands it to both ends with RingXfer, completes the message
+ * when both ends said RingDone, and kills the ring (its dead word, a futex wake) when an end
+ * leaves, fails or breaks it. It never reads or writes the ring's chunks; the layout and the
+ * rules of the header words are proto/pring.h's, the copy loops client/lib/pring.c's.
+ */
+#include <errno.h>
+#include <fcntl.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <unistd.h>
+#include <event2/event.h>
+#include "config.h"
+#include "core.h"
+#include "local.h"
+#include "pipe_int.h"
+#include "pring.h"
+#include "session.h"
+
+#define PRING_CHUNK (64u << 10)
+#define PRING_NCHUNKS 8u
+
+struct tpd_pring {
+	int fd;
+	struct tpw_pring_hdr *hdr; /* the header page, mapped by the daemon */
+	uint64_t id;
+	uint32_t next_start;	   /* chunk counter where the next message begins */
+	uint64_t bytes;		   /* the memfd's size, charged while the ring lives */
+	uid_t uid;		   /* the writer's, charged */
+	bool sent[2];		   /* fd sent to the writer's, the reader's session */
+	bool dead;
+	struct tpd_broker *b;	   /* counts it */
+	struct tpd_msg *cur;	   /* the message moving through it */
+	unsigned done;		   /* bit 0: the writer's RingDone, bit 1: the reader's */
+	bool ending;		   /* its completion is scheduled (tpd_pring_abort()) */
+	int status;
+	char why[160];
+};
+
+
+static uint32_t ring_chunks_of(uint64_t bytes)
+{
+	return (uint32_t)((bytes + PRING_CHUNK - 1) / PRING_CHUNK);
+}
+
+void tpd_pring_free(struct tpd_pring *r)
+{
+	if (!r)
+		return;
+	if (r->hdr) {
+		tpw_pring_kill(r->hdr);
+		munmap(r->hdr, TPW_PRING_HDR_BYTES);
+	}
+	if (r->fd >= 0)
+		close(r->fd);
+	if (r->b) {
+		r->b->rings--;
+		r->b->ring_bytes -= r->bytes;
+	}
+	free(r);
+}
+
+/* Ring bytes charged to @uid now (live rings of every pipe). */
+static uint64_t uid_bytes(struct tpd_daemon *d, uid_t uid)
+{
+	struct tpd_broker *b = tpd_daemon_broker(d);
+	struct tpd_pipe *p;
+	uint64_t n = 0;
+
+	tpu_list_for_each(p, &b->pipes, node)
+		for (int i = 0; i < 2; i++)
+			if (p->end[i].ring && p->end[i].ring->uid == uid)
+				n += p->end[i].ring->bytes;
+	return n;
+}
+
+/* A new ring for writer end @w, within the limits. Return: 0 or -errno with @why. */
+static int ring_new(struct tpd_pipe_end *w, struct tpd_pring **ret, char *why, size_t wl)
+{
+	const struct tpd_config *cfg = tpd_daemon_cfg(w->pipe->d);
+	uint64_t bytes = tpw_pring_file_bytes(PRING_CHUNK, PRING_NCHUNKS);
+	uid_t uid = tpd_session_uid(w->session);
+	struct tpd_broker *b = tpd_daemon_broker(w->pipe->d);
+	struct tpd_pring *r;
+
+	if (b->ring_bytes + bytes > cfg->pipe_ring_bytes_max) {
+		snprintf(why, wl, "pipe rings hold %llu bytes of pipe-ring-bytes-max %llu",
+			 (unsigned long long)b->ring_bytes,
+			 (unsigned long long)cfg->pipe_ring_bytes_max);
+		return -ENOSPC;
+	}
+	if (uid != 0 && uid_bytes(w->pipe->d, uid) + bytes > cfg->pipe_ring_bytes_per_uid) {
+		snprintf(why, wl, "uid %u's pipe rings are at pipe-ring-bytes-per-uid %llu",
+			 (unsigned)uid, (unsigned long long)cfg->pipe_ring_bytes_per_uid);
+		return -ENOSPC;
+	}
+	r = calloc(1, sizeof(*r));
+	if (!r)
+		return -ENOMEM;
+	r->fd = memfd_create("tpipd-pipe-ring", MFD_CLOEXEC | MFD_ALLOW_SEALING);
+	r->b = b;
+	b->rings++;
+	if (r->fd < 0 || ftruncate(r->fd, (off_t)bytes) < 0 ||
+	    fcntl(r->fd, F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL) < 0) {
+		snprintf(why, wl, "pipe ring memfd: %s", strerror(errno));
+		tpd_pring_free(r);
+		return -ENOMEM;
+	}
+	r->hdr = mmap(NULL, TPW_PRING_HDR_BYTES, PROT_READ | PROT_WRITE, MAP_SHARED, r->fd, 0);
+	if (r->hdr == MAP_FAILED) {
+		r->hdr = NULL;
+		snprintf(why, wl, "pipe ring map: %s", strerror(errno));
+		tpd_pring_free(r);
+		return -ENOMEM;
+	}
+	r->bytes = bytes;
+	b->ring_bytes += bytes;
+	r->uid = uid;
+	r->id = ++b->ring_next_id;
+	r->hdr->magic = TPW_PRING_MAGIC;
+	r->hdr->version = TPW_PRING_VERSION;
+	r->hdr->chunk_bytes = PRING_CHUNK;
+	r->hdr->nchunks = PRING_NCHUNKS;
+	*ret = r;
+	return 0;
+}
+
+bool tpd_pring_choose(const struct tpd_msg *m, const struct tpd_session *rs,
+		      const struct tpb_copy_job *job, char *why, size_t wl)
+{
+	const struct tpd_config *cfg = tpd_daemon_cfg(m->from->pipe->d);
+	const struct tpd_session *ws = m->from->session;
+
+	if (!cfg->pipe_ring || !ws || job->n == 0)
+		return false;
+	for (size_t i = 0; i < job->n; i++)
+		if (job->xfers[i].src.loc != TPB_LOC_PROCESS ||
+		    job->xfers[i].dst.loc != TPB_LOC_PROCESS)
+			return false;
+	if (job->bytes < cfg->pipe_ring_min)
+		return false; /* the usual case below the threshold: not worth a note */
+	if (!tpd_session_pipe_ring(ws) || !tpd_session_pipe_ring(rs)) {
+		snprintf(why, wl, "the %s's library takes no pipe ring (older, or on the socket "
+			 "without control rings): cma",
+			 !tpd_session_pipe_ring(ws) ? "writer" : "reader");
+		return false;
+	}
+	snprintf(why, wl, "both ends private memory, %llu bytes >= pipe-ring-min: the clients "
+		 "copy through a %u x %u KiB ring",
+		 (unsigned long long)job->bytes, PRING_NCHUNKS, PRING_CHUNK >> 10);
+	return true;
+}
+
+/* Sends end @e's RingXfer for @m (its fd first if its session has none). */
+static int ring_send(struct tpd_pring *r, struct tpd_msg *m, struct tpd_pipe_end *e, bool reader)
+{
+	Tpw__V1__RingXfer x = TPW__V1__RING_XFER__INIT;
+	Tpw__V1__DaemonMsg dm = TPW__V1__DAEMON_MSG__INIT;
+	const struct tpb_copy_job *job = m->job;
+	uint64_t *v = calloc(2 * job->n + 1, sizeof(*v));
+	int err;
+
+	if (!v)
+		return -ENOMEM;
+	x.pipe_id = e->local_id;
+	x.id = reader ? m->msg_id : m->write_id;
+	x.reader = reader;
+	x.ring_id = r->id;
+	x.chunk_bytes = PRING_CHUNK;
+	x.nchunks = PRING_NCHUNKS;
+	x.start = r->next_start;
+	x.n_addrs = x.n_lens = job->n;
+	x.addrs = v;
+	x.lens = v + job->n;
+	for (size_t i = 0; i < job->n; i++) {
+		v[i] = reader ? job->xfers[i].dst.addr : job->xfers[i].src.addr;
+		v[job->n + i] = job->xfers[i].len;
+	}
+	if (!r->sent[reader]) {
+		err = tpd_session_send_fd(e->session, r->fd);
+		if (err < 0) {
+			free(v);
+			return err;
+		}
+		r->sent[reader] = true;
+		x.fd_follows = true;
+	}
+	dm.body_case = TPW__V1__DAEMON_MSG__BODY_RING_XFER;
+	dm.ring_xfer = &x;
+	err = tpd_session_send(e->session, &dm, NULL, 0);
+	free(v);
+	return err < 0 ? err : 0;
+}
+
+/* Retires @w's ring: dead for both clients, freed here (their mappings are their own). */
+static void ring_retire(struct tpd_pipe_end *w)
+{
+	tpd_pring_free(w->ring);
+	w->ring = NULL;
+}
+
+int tpd_pring_start(struct tpd_msg *m)
+{
+	struct tpd_pipe_end *w = m->from, *r = tpd_pipe_end_peer(w);
+	struct tpd_pring *ring = w->ring;
+	char why[160];
+	int err;
+
+	if (!w->session || !r->session)
+		return -EPIPE;
+	if (!ring) {
+		err = ring_new(w, &ring, why, sizeof(why));
+		if (err < 0) {
+			tpd_pipe_channel_note_name(w->pipe, "cpu>cpu", "cma (no ring)", why);
+			return err;
+		}
+		w->ring = ring;
+	}
+	ring->cur = m;
+	ring->done = 0;
+	ring->status = 0;
+	ring->why[0] = '\0';
+	err = ring_send(ring, m, w, false);
+	if (err == 0)
+		err = ring_send(ring, m, r, true);
+	if (err < 0) {
+		/* One end may have it already: the dead ring fails its side, which is ignored. */
+		tpd_pipe_log(w->pipe, NULL, TPU_LOG_INFO, "message %llu: pipe ring not handed out "
+			     "(%s), cma", (unsigned long long)m->msg_id, strerror(-err));
+		ring_retire(w);
+		return err;
+	}
+	ring->next_start += ring_chunks_of(m->job->bytes);
+	return 0;
+}
+
+/* Completes @m's ring transfer with @ring's result: as a copy job would (copy_on_done()). */
+static void ring_complete(struct tpd_pipe_end *w, struct tpd_pring *ring)
+{
+	struct tpd_msg *m = ring->cur;
+	struct tpb_copy_job *job = m->job;
+	bool ok = ring->status == 0;
+
+	ring->cur = NULL;
+	ring->ending = false;
+	job->status = ring->status;
+	job->abandoned = ring->status == -ECANCELED;
+	if (!ok)
+		snprintf(job->why, sizeof(job->why), "%s", ring->why);
+	job->n = 0; /* nothing went through a copy channel */
+	if (ok) {
+		ring->b->ring_msgs++;
+		w->pipe->ring_used = true;
+	} else {
+		ring_retire(w); /* frees it: the next message gets a new one */
+	}
+	job->done(job);
+}
+
+static void ring_on_abort(evutil_socket_t fd, short what, void *arg)
+{
+	struct tpd_msg *m = arg; /* lives: its pipe counts the transfer until it completes */
+	struct tpd_pring *ring = m->from->ring;
+
+	(void)fd;
+	(void)what;
+	if (ring && ring->cur == m && ring->ending)
+		ring_complete(m->from, ring);
+}
+
+void tpd_pring_abort(struct tpd_msg *m)
+{
+	static const struct timeval now;
+	struct tpd_pring *ring = m->from->ring;
+
+	if (!ring || ring->cur != m || ring->ending)
+		return;
+	tpw_pring_kill(ring->hdr);
+	ring->status = -ECANCELED;
+	snprintf(ring->why, sizeof(ring->why), "pipe ring transfer abandoned");
+	ring->ending = true;
+	if (event_base_once(tpd_daemon_base(m->from->pipe->d), -1, EV_TIMEOUT, ring_on_abort, m,
+			    &now) < 0)
+		ring_complete(m->from, ring); /* without memory: at once */
+}
+
+void tpd_pring_on_done(struct tpd_pipe_end *e, const Tpw__V1__RingDone *rd)
+{
+	struct tpd_pipe_end *w = rd->reader ? tpd_pipe_end_peer(e) : e;
+	struct tpd_pring *ring = w->ring;
+	struct tpd_msg *m = ring ? ring->cur : NULL;
+	unsigned bit = rd->reader ? 2u : 1u;
+
+	/* Late answers of a ring that failed and was retired, and lies about other messages,
+	 * are not this message's: ignored. */
+	if (!m || ring->ending || w->remote || rd->id != (rd->reader ? m->msg_id : m->write_id) ||
+	    ring->done & bit)
+		return;
+	ring->done |= bit;
+	if (rd->status != TPW__V1__STATUS__STATUS_OK && ring->status == 0) {
+		tpw_pring_kill(ring->hdr);
+		ring->status = tpw_status_to_errno(rd->status);
+		if (ring->status == 0)
+			ring->status = -EIO;
+		snprintf(ring->why, sizeof(ring->why), "pipe ring: the %s failed: %.100s",
+			 rd->reader ? "reader" : "writer", rd->message ? rd->message : "");
+	}
+	if (ring->status < 0 || ring->done == 3u)
+		ring_complete(w, ring);
+}
+
+void tpd_pring_totals(struct tpd_daemon *d, uint64_t *ret_rings, uint64_t *ret_bytes,
+		      uint64_t *ret_msgs)
+{
+	const struct tpd_broker *b = tpd_daemon_broker(d);
+
+	*ret_rings = b->rings;
+	*ret_bytes = b->ring_bytes;
+	*ret_msgs = b->ring_msgs;
+}

@@ -1,0 +1,349 @@
+/* SPDX-License-Identifier: BSD-3-Clause */
+/*
+ * Security suite: pipe rings (issue 27, tpipd --pipe-ring yes). The ring header a victim shares
+ * with the other end of its pipe is that end's to write too. An attacker (uid 65534) speaking
+ * the raw protocol opens a pipe to a victim (uid 4242, the library), takes the ring the daemon
+ * hands it for a 1 MiB private->private message and writes an impossible index into the header:
+ * (a) as the writer, a head far ahead of what the ring holds; (b) as the reader, a tail ahead of
+ * what the victim wrote. The victim's side of that message fails with an error within the
+ * deadline (no hang, no crash, nothing read out of bounds), the attacker's own side fails too,
+ * and the victim's other pipe (from a friendly context of its own uid) still moves a 1 MiB
+ * message through a ring, byte-exact; the daemon stays up and stops cleanly. Needs root (to
+ * take the other uids); prints why it skips otherwise.
+ */
+#include <check.h>
+#include <errno.h>
+#include <grp.h>
+#include <poll.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/prctl.h>
+#include <sys/socket.h>
+#include <sys/wait.h>
+#include <unistd.h>
+#include "itest.h"
+#include "frame.h"
+#include "pring.h"
+#include "tpt_wire.h"
+
+#define T_MS TPT_SCALED_MS(20000)
+#define NOBODY 65534
+#define VICTIM 4242
+#define LEN (1u << 20)
+#define NAME "pring-victim"
+
+static struct tpt_daemon dmn;
+static struct tpt_sync listening, attacked;
+static uint64_t probe_word = 0x5eed5eed5eedull;
+
+static int become(uid_t id)
+{
+	if (setgroups(0, NULL) < 0 || setresgid(id, id, id) < 0 || setresuid(id, id, id) < 0)
+		return -errno;
+	return prctl(PR_SET_DUMPABLE, 1) < 0 ? -errno : 0; /* CMA to us, as before the change */
+}
+
+/* ---- the attacker: raw protocol, control ring, pipe ring by hand ---------------------------- */
+
+struct raw_end {
+	struct tpt_raw r;
+	struct tpt_raw_ring g;
+};
+
+static int raw_send(struct raw_end *a, Tpw__V1__ClientMsg *m)
+{
+	return tpt_raw_ring_send(&a->r, &a->g, m, NULL, 0, NULL, 0, 0, T_MS);
+}
+
+/* Attaches with pipe rings and a control ring, and connects pipe 1 to the victim. */
+static int raw_attach(struct raw_end *a)
+{
+	Tpw__V1__ClientMsg m = TPW__V1__CLIENT_MSG__INIT;
+	Tpw__V1__Hello h = TPW__V1__HELLO__INIT;
+	Tpw__V1__Connect c = TPW__V1__CONNECT__INIT;
+	Tpw__V1__DaemonMsg *rep = NULL;
+	int e;
+
+	TPT_REQUIRE(tpt_raw_connect(&a->r, dmn.socket) == 0, -1, "connect");
+	h.major = TPW_PROTO_MAJOR;
+	h.minor = TPW_PROTO_MINOR;
+	h.role = TPW__V1__ROLE__ROLE_CLIENT;
+	h.name = "attacker";
+	h.cma_probe_addr = (uint64_t)(uintptr_t)&probe_word;
+	h.cma_probe_value = probe_word;
+	h.pipe_ring = true;
+	m.body_case = TPW__V1__CLIENT_MSG__BODY_HELLO;
+	m.hello = &h;
+	TPT_REQUIRE(tpt_raw_send(&a->r, &m, NULL, 0, NULL, 0, 0) == 0, -1, "hello");
+	TPT_REQUIRE(tpt_raw_recv(&a->r, T_MS, &rep, NULL, NULL) == 0 &&
+			    rep->body_case == TPW__V1__DAEMON_MSG__BODY_HELLO_REPLY &&
+			    rep->hello_reply->cma_ok, -1, "hello reply with CMA");
+	tpw_daemon_msg_free(rep);
+	TPT_REQUIRE(tpt_raw_ring_new(&a->g, 1u << 16) == 0, -1, "ring");
+	e = tpt_raw_ring_setup(&a->r, 1, 1u << 16, a->g.fd, T_MS, &rep);
+	TPT_REQUIRE(e == 0 && rep->reply->status == TPW__V1__STATUS__STATUS_OK, -1, "ring setup");
+	tpw_daemon_msg_free(rep);
+	c.req_id = 2;
+	c.pipe_id = 1;
+	c.address = NAME;
+	m = (Tpw__V1__ClientMsg)TPW__V1__CLIENT_MSG__INIT;
+	m.body_case = TPW__V1__CLIENT_MSG__BODY_CONNECT;
+	m.connect = &c;
+	TPT_REQUIRE(raw_send(a, &m) == 0, -1, "send connect");
+	TPT_REQUIRE(tpt_raw_ring_expect(&a->r, &a->g, TPW__V1__DAEMON_MSG__BODY_REPLY, T_MS,
+					&rep) == 0 &&
+			    rep->reply->status == TPW__V1__STATUS__STATUS_OK, -1, "connected");
+	tpw_daemon_msg_free(rep);
+	return 0;
+}
+
+/* The ring fd the daemon sends on the socket (one byte + SCM_RIGHTS) ahead of RingXfer. */
+static int raw_take_fd(struct raw_end *a)
+{
+	uint64_t end = tpt_now_ms() + (uint64_t)T_MS;
+
+	while (tpt_now_ms() < end) {
+		union {
+			struct cmsghdr h;
+			char b[CMSG_SPACE(sizeof(int))];
+		} cm;
+		uint8_t byte;
+		struct iovec iov = { &byte, 1 };
+		struct msghdr mh = { .msg_iov = &iov, .msg_iovlen = 1, .msg_control = cm.b,
+				     .msg_controllen = sizeof(cm.b) };
+		struct pollfd pf = { .fd = a->r.fd, .events = POLLIN };
+		struct cmsghdr *c;
+
+		if (poll(&pf, 1, 100) <= 0)
+			continue;
+		if (recvmsg(a->r.fd, &mh, MSG_CMSG_CLOEXEC) <= 0)
+			return -ECONNRESET;
+		c = CMSG_FIRSTHDR(&mh);
+		if (c && c->cmsg_type == SCM_RIGHTS) {
+			int fd;
+
+			memcpy(&fd, CMSG_DATA(c), sizeof(fd));
+			return fd;
+		}
+	}
+	return -ETIMEDOUT;
+}
+
+/* Takes the ring of this message and writes an impossible index into the other side's word. */
+static int raw_corrupt(struct raw_end *a, bool reader)
+{
+	Tpw__V1__DaemonMsg *x = NULL;
+	struct tpw_pring_hdr *h;
+	int fd = raw_take_fd(a);
+
+	TPT_REQUIRE(fd >= 0, 1, "ring fd: %d", fd);
+	TPT_REQUIRE(tpt_raw_ring_expect(&a->r, &a->g, TPW__V1__DAEMON_MSG__BODY_RING_XFER, T_MS,
+					&x) == 0, 1, "RingXfer");
+	TPT_REQUIRE(x->ring_xfer->fd_follows && x->ring_xfer->reader == reader, 1, "RingXfer");
+	h = mmap(NULL, TPW_PRING_HDR_BYTES, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+	TPT_REQUIRE(h != MAP_FAILED, 1, "map the ring");
+	if (reader)
+		__atomic_store_n(&h->tail, x->ring_xfer->start + 5000u, __ATOMIC_SEQ_CST);
+	else
+		__atomic_store_n(&h->head, x->ring_xfer->start + 1000u, __ATOMIC_SEQ_CST);
+	tpw_pring_wake(&h->head);
+	tpw_pring_wake(&h->tail);
+	tpw_daemon_msg_free(x);
+	return 0;
+}
+
+static uint8_t attacker_buf[LEN];
+
+/* (a): writes 1 MiB of its private memory, then corrupts head. */
+static int attacker_writer(void *arg)
+{
+	struct raw_end a;
+	Tpw__V1__ClientMsg m = TPW__V1__CLIENT_MSG__INIT;
+	Tpw__V1__Write w = TPW__V1__WRITE__INIT;
+	Tpw__V1__Payload pl = TPW__V1__PAYLOAD__INIT, *pls[1] = { &pl };
+	Tpw__V1__Segment seg = TPW__V1__SEGMENT__INIT;
+	Tpw__V1__DaemonMsg *d = NULL;
+
+	(void)arg;
+	TPT_REQUIRE(become(NOBODY) == 0, 1, "drop to nobody");
+	TPT_REQUIRE(tpt_sync_wait(&listening, T_MS) == 0, 1, "victim listening");
+	TPT_REQUIRE(raw_attach(&a) == 0, 1, "attach");
+	memset(attacker_buf, 0x66, LEN);
+	seg.length = LEN;
+	seg.loc_case = TPW__V1__SEGMENT__LOC_CMA_ADDR;
+	seg.cma_addr = (uint64_t)(uintptr_t)attacker_buf;
+	pl.data = &seg;
+	w.pipe_id = 1;
+	w.write_id = 1;
+	w.n_payloads = 1;
+	w.payloads = pls;
+	m.body_case = TPW__V1__CLIENT_MSG__BODY_WRITE;
+	m.write = &w;
+	TPT_REQUIRE(raw_send(&a, &m) == 0, 1, "write");
+	TPT_REQUIRE(raw_corrupt(&a, false) == 0, 1, "corrupt");
+	/* Its own write fails too: the daemon has the victim's RingDone error. */
+	TPT_REQUIRE(tpt_raw_ring_expect(&a.r, &a.g, TPW__V1__DAEMON_MSG__BODY_WRITE_DONE, T_MS,
+					&d) == 0, 1, "WriteDone");
+	TPT_REQUIRE(d->write_done->status != TPW__V1__STATUS__STATUS_OK, 1, "write succeeded");
+	tpw_daemon_msg_free(d);
+	tpt_sync_post(&attacked, 0);
+	return 0;
+}
+
+/* (b): reads the victim's 1 MiB message into its private memory, then corrupts tail. */
+static int attacker_reader(void *arg)
+{
+	struct raw_end a;
+	Tpw__V1__ClientMsg m = TPW__V1__CLIENT_MSG__INIT;
+	Tpw__V1__Read rd = TPW__V1__READ__INIT;
+	Tpw__V1__Segment seg = TPW__V1__SEGMENT__INIT, *segs[1] = { &seg };
+	Tpw__V1__DaemonMsg *d = NULL;
+
+	(void)arg;
+	TPT_REQUIRE(become(NOBODY) == 0, 1, "drop to nobody");
+	TPT_REQUIRE(tpt_sync_wait(&listening, T_MS) == 0, 1, "victim listening");
+	TPT_REQUIRE(raw_attach(&a) == 0, 1, "attach");
+	TPT_REQUIRE(tpt_raw_ring_expect(&a.r, &a.g, TPW__V1__DAEMON_MSG__BODY_DESCRIPTOR, T_MS,
+					&d) == 0, 1, "descriptor");
+	seg.length = LEN;
+	seg.loc_case = TPW__V1__SEGMENT__LOC_CMA_ADDR;
+	seg.cma_addr = (uint64_t)(uintptr_t)attacker_buf;
+	rd.pipe_id = 1;
+	rd.msg_id = d->descriptor->msg_id;
+	rd.n_payloads = 1;
+	rd.payloads = segs;
+	tpw_daemon_msg_free(d);
+	m.body_case = TPW__V1__CLIENT_MSG__BODY_READ;
+	m.read = &rd;
+	TPT_REQUIRE(raw_send(&a, &m) == 0, 1, "read");
+	TPT_REQUIRE(raw_corrupt(&a, true) == 0, 1, "corrupt");
+	TPT_REQUIRE(tpt_raw_ring_expect(&a.r, &a.g, TPW__V1__DAEMON_MSG__BODY_READ_DONE, T_MS,
+					&d) == 0, 1, "ReadDone");
+	TPT_REQUIRE(d->read_done->status != TPW__V1__STATUS__STATUS_OK, 1, "read succeeded");
+	tpw_daemon_msg_free(d);
+	tpt_sync_post(&attacked, 0);
+	return 0;
+}
+
+/* ---- the victim: the library, and a friendly pipe of its own -------------------------------- */
+
+static int friendly_message(struct tp_context *cv, struct tp_listener *l)
+{
+	struct tp_context *cf;
+	struct tp_pipe *pf, *pv;
+	struct tpt_msg msg;
+	struct tpt_msg_spec spec = { .pipe = 3, .n_tensors = 1, .lens = { LEN + 7 } };
+	int r = tpt_ctx_new(&dmn, 0, "friend", &cf);
+
+	TPT_REQUIRE(r == 0, 1, "friend context");
+	TPT_REQUIRE(tp_connect(cf, NAME, &pf) == 0, 1, "friend connect");
+	TPT_REQUIRE(tp_listener_accept_sync(l, T_MS, &pv) == 0, 1, "accept friend");
+	TPT_REQUIRE(tpt_msg_build(cf, &spec, TPT_MEM_PRIVATE, &msg) == 0, 1, "build");
+	struct tpt_done done;
+	struct tpt_done_arg arg = { &done, 0 };
+
+	tpt_done_init(&done);
+	TPT_REQUIRE(tp_pipe_write(pf, &msg.m, tpt_done_cb, &arg) == 0, 1, "friend write");
+	r = tpt_msg_read_check(cv, pv, &spec, TPT_MEM_PRIVATE, T_MS);
+	TPT_REQUIRE(r == 0, 1, "friendly message: %d", r);
+	TPT_REQUIRE(tpt_done_wait(&done, 1, T_MS) == 0 && done.last_status == 0, 1, "write");
+	tpt_msg_free(cf, &msg);
+	tp_pipe_close(pf);
+	tp_pipe_close(pv);
+	tp_context_free(cf);
+	return 0;
+}
+
+static int victim(void *arg)
+{
+	bool victim_reads = *(bool *)arg;
+	struct tp_listen_options o = { .size = sizeof(o), .access = TP_ACCESS_ANYONE };
+	struct tp_context *cv;
+	struct tp_listener *l;
+	struct tp_pipe *p;
+	uint8_t *buf = malloc(LEN);
+	int r;
+
+	TPT_REQUIRE(buf && become(VICTIM) == 0, 1, "drop to the victim");
+	TPT_REQUIRE(tpt_ctx_new(&dmn, 0, "victim", &cv) == 0, 1, "context");
+	TPT_REQUIRE(tp_listen(cv, NAME, &o, &l) == 0, 1, "listen");
+	tpt_sync_post(&listening, 0);
+	TPT_REQUIRE(tp_listener_accept_sync(l, T_MS, &p) == 0, 1, "accept the attacker");
+	if (victim_reads) {
+		struct tp_descriptor *d;
+		struct tp_slot s = { .data = buf };
+		struct tp_allocation a = { .payloads = &s, .n_payloads = 1 };
+
+		TPT_REQUIRE(tp_pipe_read_descriptor_sync(p, T_MS, &d) == 0, 1, "descriptor");
+		r = tp_pipe_read_sync_timeout(p, d, &a, T_MS);
+	} else {
+		struct tp_payload pl = { .data = buf, .length = LEN };
+		struct tp_message m = { .payloads = &pl, .n_payloads = 1 };
+
+		memset(buf, 0x77, LEN);
+		r = tp_pipe_write_sync_timeout(p, &m, T_MS);
+	}
+	tpt_log("victim's %s through the corrupt ring: %d (%s)", victim_reads ? "read" : "write",
+		r, r < 0 ? tp_last_error() : "");
+	TPT_REQUIRE(r < 0 && r != -ETIMEDOUT, 1, "the corrupt ring did not fail the transfer");
+	TPT_REQUIRE(tpt_sync_wait(&attacked, T_MS) == 0, 1, "attacker done");
+	TPT_REQUIRE(friendly_message(cv, l) == 0, 1, "the other pipe");
+	tp_pipe_close(p);
+	tp_listener_close(l);
+	tp_context_free(cv);
+	free(buf);
+	return 0;
+}
+
+static void run_case(bool victim_reads)
+{
+	const char *args[] = { "--pipe-ring", "yes", NULL };
+	pid_t v, a;
+
+	if (geteuid() != 0) {
+		printf("pring: not root, cannot act as uids %d and %d: skipped\n", NOBODY, VICTIM);
+		return;
+	}
+	ck_assert_int_eq(tpt_daemon_start(&dmn, args), 0);
+	ck_assert_int_eq(tpt_daemon_open_to_all(&dmn), 0);
+	ck_assert_int_eq(tpt_sync_init(&listening), 0);
+	ck_assert_int_eq(tpt_sync_init(&attacked), 0);
+	v = tpt_fork(victim, &victim_reads);
+	a = tpt_fork(victim_reads ? attacker_writer : attacker_reader, NULL);
+	ck_assert(tpt_wait_ok(a, 3 * T_MS, "attacker"));
+	ck_assert(tpt_wait_ok(v, 3 * T_MS, "victim"));
+	tpt_sync_done(&listening);
+	tpt_sync_done(&attacked);
+	ck_assert_int_eq(tpt_daemon_stop(&dmn), 0);
+}
+
+START_TEST(test_writer_corrupting_head_fails_only_its_message)
+{
+	run_case(true);
+}
+END_TEST
+
+START_TEST(test_reader_corrupting_tail_fails_only_its_message)
+{
+	run_case(false);
+}
+END_TEST
+
+static Suite *pring_suite(void)
+{
+	Suite *s = suite_create("sec_pring");
+	TCase *tc = tcase_create("pring");
+
+	tcase_set_timeout(tc, 120);
+	tcase_add_test(tc, test_writer_corrupting_head_fails_only_its_message);
+	tcase_add_test(tc, test_reader_corrupting_tail_fails_only_its_message);
+	suite_add_tcase(s, tc);
+	return s;
+}
+
+int main(void)
+{
+	return tpt_run_suite(pring_suite());
+}
