@@ -181,6 +181,9 @@ static void cpu_and_cuda(const char *name, enum hwt_mem cpu, size_t len, unsigne
 
 	ck_assert(cross(name, cases, 2, seed));
 	expect_gdr_bytes(a0, b0, 2 * rdma_each);
+	/* over the data connections too (private memory), the mappings go before completion */
+	expect_no_stale_close(&tpt_peer_a);
+	expect_no_stale_close(&tpt_peer_b);
 }
 
 START_TEST(test_cuda_gdr_shared_buffers_and_cuda)
@@ -629,6 +632,8 @@ START_TEST(test_cuda_gdr_writer_registration_failure_uses_the_stripe)
 	ck_assert_uint_eq(tpt_channel_bytes(&tpt_peer_a, "cuda_gdr") - a0, 0);
 	ck_assert_uint_eq(tpt_channel_bytes(&tpt_peer_a, "mpt") - m0, MIB);
 	expect_link_rdma(&tpt_peer_a, 0, 0);
+	expect_no_stale_close(&tpt_peer_a); /* the stripe's mappings went before completion */
+	expect_no_stale_close(&tpt_peer_b);
 	rmdir(slow_dir);
 }
 END_TEST
