@@ -23,7 +23,9 @@
  * included (the device, its BAR or RLIMIT_MEMLOCK may be full of them). Memory that is neither
  * (data the daemon holds itself) is registered for its transfer only. A cached region stays
  * writable by the peer daemon it was offered to until it goes; rdma-cache = 0 deregisters every
- * region when its transfer ends.
+ * region when its transfer ends. New regions are made on the context's registration worker,
+ * never on the loop (the export and the registration may block for long): tpb_rdma_reg_make()
+ * says "not yet" meanwhile, and the cache is touched only on the loop.
  */
 #include <errno.h>
 #include <stdio.h>
