@@ -23,8 +23,11 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include "../base/cq.h"
+#include "log.h"
 #include "mpt.h"
 #include "stripe.h"
+
+#define MPT_IDLE_WAIT_MS 10000 /* at exit, for the CUDA layer's worker to idle the ops' mappings */
 
 struct mpt_ctx {
 	struct tpb_ctx base;
@@ -104,14 +107,20 @@ static void mpt_ctx_free(struct tpb_ctx *ctx)
 
 	/* Every endpoint is closed and every stripe it ran on is freed or done with its ops:
 	 * whatever is still owed is queued here, or will be by the CUDA layer's worker once
-	 * their mappings are idle (waited for: the worker pushes onto @c->cq). */
+	 * their mappings are idle (waited for, up to MPT_IDLE_WAIT_MS: the worker pushes onto
+	 * @c->cq, so a context it still owes is left allocated rather than freed under it). */
 	while (c->pending) {
 		struct pollfd p = { .fd = tpb_cq_event_fd(&c->cq), .events = POLLIN };
 
 		if (mpt_progress(ctx) > 0)
 			continue;
-		if (!c->idling || poll(&p, 1, -1) < 0)
+		if (!c->idling || poll(&p, 1, MPT_IDLE_WAIT_MS) <= 0)
 			break;
+	}
+	if (c->idling) {
+		tpu_log_warn("mpt: %u transfers' CUDA mappings still closing at exit, "
+			     "their context is left allocated", c->idling);
+		return;
 	}
 	tpb_cq_done(&c->cq);
 	free(c);
