@@ -675,6 +675,14 @@ void tpb_cuda_maps_busy(struct tpb_cuda_map *const *maps, size_t n);
  * happens); NULL when it already ran on the caller's thread (no memory, no worker).
  */
 struct tpb_cuda_idle *tpb_cuda_maps_idle_bg(struct tpb_cuda_map *const *maps, size_t n);
+/*
+ * tpb_cuda_maps_idle_then() - tpb_cuda_maps_idle_bg() without a request to poll: the worker
+ * runs @then(@arg) once @maps went idle (on the caller's thread, before this returns, when it
+ * ran there). mpt and cuda_basic push the transfer's completion onto their queue from @then.
+ * Borrows @maps; keeps @arg until @then.
+ */
+void tpb_cuda_maps_idle_then(struct tpb_cuda_map *const *maps, size_t n,
+			     void (*then)(void *arg), void *arg);
 /* True once @q ran (or @q is NULL). Borrows @q. */
 bool tpb_cuda_idle_done(const struct tpb_cuda_idle *q);
 /* Drops the caller's reference to @q. Takes @q; accepts NULL. */

@@ -140,10 +140,12 @@ struct unpin_req { /* a tpb_cuda_buffer_unpin() request */
 };
 static struct tpu_list unpin_todo = { &unpin_todo, &unpin_todo };
 
-struct tpb_cuda_idle { /* a tpb_cuda_maps_idle_bg() request */
+struct tpb_cuda_idle { /* a tpb_cuda_maps_idle_bg() or _then() request */
 	struct tpu_list node;
 	unsigned refs; /* closer_lock: the worker's until it ran, the caller's until put */
 	bool done;     /* atomic */
+	void (*then)(void *arg); /* run by the worker once idle (tpb_cuda_maps_idle_then()) */
+	void *arg;
 	size_t n;
 	struct tpb_cuda_map *maps[]; /* references */
 };
@@ -183,6 +185,8 @@ static void *closer_main(void *arg)
 			for (size_t i = 0; i < q->n; i++)
 				tpb_cuda_map_unref(q->maps[i]);
 			__atomic_store_n(&q->done, true, __ATOMIC_RELEASE);
+			if (q->then)
+				q->then(q->arg);
 			pthread_mutex_lock(&closer_lock);
 			idle_unref_locked(q);
 			continue;
@@ -254,18 +258,26 @@ void tpb_cuda_map_open_bg(struct tpb_cuda_map *m)
 	}
 }
 
-struct tpb_cuda_idle *tpb_cuda_maps_idle_bg(struct tpb_cuda_map *const *maps, size_t n)
+/* Queues tpb_cuda_maps_idle() of @maps for the worker, then @then(@arg) there; @refs: 2 for a
+ * request the caller keeps, 1 for one it does not. Return: the request, or NULL when it ran
+ * here (no memory, no worker). */
+static struct tpb_cuda_idle *idle_submit(struct tpb_cuda_map *const *maps, size_t n,
+					 void (*then)(void *arg), void *arg, unsigned refs)
 {
 	struct tpb_cuda_idle *q = calloc(1, sizeof(*q) + (n ? n : 1) * sizeof(q->maps[0]));
 	bool queued = false;
 
 	if (!q) { /* no memory: here, then (the close may block) */
 		tpb_cuda_maps_idle(maps, n);
+		if (then)
+			then(arg);
 		return NULL;
 	}
 	for (size_t i = 0; i < n; i++)
 		q->maps[q->n++] = maps[i] ? tpb_cuda_map_ref(maps[i]) : NULL;
-	q->refs = 2; /* the worker's and the caller's */
+	q->refs = refs;
+	q->then = then;
+	q->arg = arg;
 	pthread_mutex_lock(&closer_lock);
 	if (closer_start()) {
 		tpu_list_insert_tail(&idle_todo, &q->node);
@@ -278,9 +290,22 @@ struct tpb_cuda_idle *tpb_cuda_maps_idle_bg(struct tpb_cuda_map *const *maps, si
 		for (size_t i = 0; i < q->n; i++)
 			tpb_cuda_map_unref(q->maps[i]);
 		free(q);
+		if (then)
+			then(arg);
 		return NULL;
 	}
 	return q;
+}
+
+struct tpb_cuda_idle *tpb_cuda_maps_idle_bg(struct tpb_cuda_map *const *maps, size_t n)
+{
+	return idle_submit(maps, n, NULL, NULL, 2);
+}
+
+void tpb_cuda_maps_idle_then(struct tpb_cuda_map *const *maps, size_t n,
+			     void (*then)(void *arg), void *arg)
+{
+	idle_submit(maps, n, then, arg, 1);
 }
 
 bool tpb_cuda_idle_done(const struct tpb_cuda_idle *q)

@@ -13,20 +13,28 @@
  * not choose channels (registry.c) nor run threads (the stripe's). cuda_basic's row
  * (backends/cuda_basic/) names the same endpoint entries on a second head of this context
  * (tpb_mpt_cuda_basic_ctx()): its transfers are stripe transfers whose CUDA segments the stripe
- * threads stage.
+ * threads stage. The client CUDA mappings of an op are busy from its start and go idle on the
+ * CUDA layer's worker (closed there unless a session holds them) when the stripe ended it,
+ * before its completion is delivered: the client is never told its transfer ended while the
+ * daemon still maps the memory (it may free it at once; a close after that is a stale one).
  */
 #include <errno.h>
+#include <poll.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include "../base/cq.h"
+#include "log.h"
 #include "mpt.h"
 #include "stripe.h"
+
+#define MPT_IDLE_WAIT_MS 10000 /* at exit, for the CUDA layer's worker to idle the ops' mappings */
 
 struct mpt_ctx {
 	struct tpb_ctx base;
 	struct tpb_ctx cb_base; /* cuda_basic's head: its endpoints ride the same stripes */
 	struct tpb_cq cq; /* ended ops waiting for progress (struct mpt_op.cq_node) */
 	unsigned pending; /* started ops not yet delivered */
+	unsigned idling;  /* of them, ended and waiting for their CUDA mappings to go idle */
 };
 
 struct mpt_ep {
@@ -46,6 +54,10 @@ struct mpt_op {
 	struct tpu_list cq_node;
 	bool recv;
 	bool ended; /* the stripe is done with it (its memory is no longer touched) */
+	bool idling; /* its CUDA mappings are going idle: the worker pushes it onto @cq */
+	struct tpb_cq *cq; /* its context's */
+	struct tpb_cuda_map **maps; /* its client CUDA mappings (references), busy until ended */
+	size_t n_maps;
 	struct tpb_stripe_seg segs[];
 };
 
@@ -94,9 +106,22 @@ static void mpt_ctx_free(struct tpb_ctx *ctx)
 	struct mpt_ctx *c = ctx_of(ctx);
 
 	/* Every endpoint is closed and every stripe it ran on is freed or done with its ops:
-	 * whatever is still owed is queued here. */
-	while (c->pending && mpt_progress(ctx) > 0)
-		;
+	 * whatever is still owed is queued here, or will be by the CUDA layer's worker once
+	 * their mappings are idle (waited for, up to MPT_IDLE_WAIT_MS: the worker pushes onto
+	 * @c->cq, so a context it still owes is left allocated rather than freed under it). */
+	while (c->pending) {
+		struct pollfd p = { .fd = tpb_cq_event_fd(&c->cq), .events = POLLIN };
+
+		if (mpt_progress(ctx) > 0)
+			continue;
+		if (!c->idling || poll(&p, 1, MPT_IDLE_WAIT_MS) <= 0)
+			break;
+	}
+	if (c->idling) {
+		tpu_log_warn("mpt: %u transfers' CUDA mappings still closing at exit, "
+			     "their context is left allocated", c->idling);
+		return;
+	}
 	tpb_cq_done(&c->cq);
 	free(c);
 }
@@ -143,8 +168,16 @@ void tpb_mpt_ep_close(struct tpb_ep *ep)
 		op_stop(mo);
 }
 
+/* The CUDA layer's worker made @arg's mappings idle: its op goes to its context's queue. */
+static void op_on_idle(void *arg)
+{
+	struct mpt_op *mo = arg;
+
+	tpb_cq_push(mo->cq, &mo->cq_node);
+}
+
 /* The stripe ended @x (loop thread, from tpb_stripe_progress() or tpb_stripe_free()): queue
- * its op for this context's progress. */
+ * its op for this context's progress, once its CUDA mappings are idle. */
 static void op_on_stripe_done(struct tpb_stripe_xfer *x)
 {
 	struct mpt_op *mo = x->arg;
@@ -154,7 +187,48 @@ static void op_on_stripe_done(struct tpb_stripe_xfer *x)
 	op->status = x->status;
 	op->bytes = x->bytes;
 	snprintf(op->why, sizeof(op->why), "%s", x->status < 0 ? x->why : "");
-	tpb_cq_push(&ctx_of(mo->ep->base.ctx)->cq, &mo->cq_node);
+	if (!mo->n_maps) {
+		tpb_cq_push(mo->cq, &mo->cq_node);
+		return;
+	}
+	mo->idling = true;
+	ctx_of(mo->ep->base.ctx)->idling++;
+	tpb_cuda_maps_idle_then(mo->maps, mo->n_maps, op_on_idle, mo); /* the close may block */
+}
+
+/* Marks the client CUDA mappings of @mo's segments busy (taking references). Return: 0, -ENOMEM. */
+static int op_busy(struct mpt_op *mo)
+{
+	size_t n = 0;
+
+	for (size_t i = 0; i < mo->x.n_segs; i++)
+		n += mo->segs[i].mem.loc == TPB_LOC_CUDA ? 2 : 0;
+	if (!n)
+		return 0;
+	mo->maps = calloc(n, sizeof(*mo->maps));
+	if (!mo->maps)
+		return -ENOMEM;
+	for (size_t i = 0; i < mo->x.n_segs; i++) {
+		const struct tpb_mem *m = &mo->segs[i].mem;
+
+		if (m->loc != TPB_LOC_CUDA || !mo->segs[i].len)
+			continue;
+		if (m->cuda)
+			mo->maps[mo->n_maps++] = tpb_cuda_map_ref(m->cuda);
+		if (m->event)
+			mo->maps[mo->n_maps++] = tpb_cuda_map_ref(m->event);
+	}
+	tpb_cuda_maps_busy(mo->maps, mo->n_maps);
+	return 0;
+}
+
+/* Drops @mo's references to its mappings (idle already, or never busy) and frees @mo. */
+static void op_free(struct mpt_op *mo)
+{
+	for (size_t i = 0; i < mo->n_maps; i++)
+		tpb_cuda_map_unref(mo->maps[i]);
+	free(mo->maps);
+	free(mo);
 }
 
 /* @op's direction: 1 receive, 0 send, -EINVAL for a mix or an xfer without a remote side. */
@@ -200,10 +274,15 @@ int tpb_mpt_start(struct tpb_ep *ep, struct tpb_op *op)
 	mo->x.n_segs = op->n_xfers;
 	mo->x.done = op_on_stripe_done;
 	mo->x.arg = mo;
+	mo->cq = &ctx_of(ep->ctx)->cq;
 	tpu_list_init(&mo->cq_node);
-	r = dir ? tpb_stripe_recv(e->st, &mo->x) : tpb_stripe_send(e->st, &mo->x);
+	r = op_busy(mo);
+	if (r == 0)
+		r = dir ? tpb_stripe_recv(e->st, &mo->x) : tpb_stripe_send(e->st, &mo->x);
 	if (r < 0) {
-		free(mo);
+		if (mo->n_maps) /* on the worker: one may be open, and the close may block */
+			tpb_cuda_idle_put(tpb_cuda_maps_idle_bg(mo->maps, mo->n_maps));
+		op_free(mo);
 		return r;
 	}
 	op->ep = ep;
@@ -271,7 +350,8 @@ static int mpt_progress(struct tpb_ctx *ctx)
 		struct tpb_op *op = mo->op;
 
 		tpu_list_remove(&mo->ep_node);
-		free(mo);
+		c->idling -= mo->idling;
+		op_free(mo);
 		c->pending--;
 		e->delivering++;
 		op->done(op); /* may start, cancel or close: @op is the caller's again */

@@ -285,6 +285,7 @@ int tpb_rdma_progress(struct tpb_rdma *g)
 	for (size_t i = 0; i < g->n; i++)
 		if (g->ports[i].ctx)
 			port_on_cq(&g->ports[i]);
+	tpb_rdma_reg_progress(g);
 	timers_run(g, tpu_now_ns());
 	return 0;
 }

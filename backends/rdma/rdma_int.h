@@ -1,7 +1,8 @@
 /* SPDX-License-Identifier: BSD-3-Clause */
 /*
  * Internals shared by ctx.c (ports, the context's event fd), link.c (links), xfer.c
- * (transfers) and reg.c (registration and its cache). Everything here runs on the loop thread.
+ * (transfers) and reg.c (registration and its cache). Everything here runs on the loop thread,
+ * but for reg.c's registration worker (which makes new regions, see there).
  */
 #ifndef TPB_RDMA_INT_H
 #define TPB_RDMA_INT_H
@@ -55,6 +56,7 @@ struct tpb_rdma {
 	uint64_t host_bytes; /* of cache.bytes, in shared buffers (what the rdma-cache budget caps) */
 	struct tpu_list dmabufs; /* client-exported dma-bufs (dmabuf.c), in hand-over order */
 	uint64_t link_ids;	 /* the last tpb_rdma_link.id given */
+	struct rdma_regw *regw;	 /* reg.c's registration worker, started on first use */
 };
 
 /* A dma-buf a client exported of its own CUDA allocation (dmabuf.c). */
@@ -142,6 +144,8 @@ struct rdma_regs {
 	bool opened; /* holds a reference on @port */
 	struct rdma_reg *r;
 	size_t n;
+	size_t next;	     /* the first segment not registered yet */
+	struct reg_job *job; /* the worker registers segment @next (reg.c), else NULL */
 };
 
 /*
@@ -210,9 +214,12 @@ int tpb_rdma_reg_applicable(const struct tpb_rdma_seg *segs, size_t n, char *why
 /*
  * tpb_rdma_reg_make() - registrations for every non-empty segment of @segs, on @rg->port if set,
  * else on the port nearest their GPU (host memory: round-robin): from the cache where a cached
- * region holds the segment, else registered now (and cached, for shared buffers and CUDA
- * allocations, within the rdma-cache budget). Return: 0, or -errno (reason in @why) with nothing
- * held.
+ * region holds the segment, else registered by the registration worker (and cached, for shared
+ * buffers and CUDA allocations, within the rdma-cache budget), never on the calling thread: the
+ * export of a CUDA mapping's dma-buf and ibv_reg_(dmabuf_)mr may block for long. Call again
+ * (a timer) with the same @segs and @rg while it returns 0. Keeps @segs' memory (its buffers,
+ * mappings) referenced while it registers. Return: 1 all registered; 0 the worker is
+ * registering one; -errno (reason in @why) with nothing held.
  */
 int tpb_rdma_reg_make(struct tpb_rdma *g, const struct tpb_rdma_seg *segs, size_t n,
 		    struct rdma_regs *rg, char *why, size_t wl);
@@ -222,10 +229,15 @@ int tpb_rdma_reg_method(const struct rdma_regs *rg, size_t i);
 /* Counts on @l the method of each CUDA segment of @rg (a transfer over @l registered it, or
  * found it cached) and logs the first use of each method on @l (link.c). */
 void tpb_rdma_link_note_regs(struct tpb_rdma_link *l, const struct rdma_regs *rg);
-/* Releases what tpb_rdma_reg_make() took (if it ran): regions leave or stay in the cache. */
+/* Releases what tpb_rdma_reg_make() took (if it ran): regions leave or stay in the cache; a
+ * registration still running on the worker goes once it ends (tpb_rdma_reg_progress()). */
 void tpb_rdma_reg_free(struct rdma_regs *rg);
-/* Drops every cached region (the daemon stops; no transfer may be running). */
+/* Drops every cached region and stops the registration worker, after the registration it
+ * runs (the daemon stops; no transfer may be running). */
 void tpb_rdma_cache_stop(struct tpb_rdma *g);
+/* From tpb_rdma_progress(): frees the registrations the worker finished for transfers that
+ * went meanwhile. */
+void tpb_rdma_reg_progress(struct tpb_rdma *g);
 
 #endif /* HAVE_RDMA */
 #endif

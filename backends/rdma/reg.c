@@ -23,12 +23,17 @@
  * included (the device, its BAR or RLIMIT_MEMLOCK may be full of them). Memory that is neither
  * (data the daemon holds itself) is registered for its transfer only. A cached region stays
  * writable by the peer daemon it was offered to until it goes; rdma-cache = 0 deregisters every
- * region when its transfer ends.
+ * region when its transfer ends. New regions are made on the context's registration worker,
+ * never on the loop (the export and the registration may block for long): tpb_rdma_reg_make()
+ * says "not yet" meanwhile, and the cache is touched only on the loop.
  */
 #include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <pthread.h>
+#include <sys/epoll.h>
+#include <sys/eventfd.h>
 #include <unistd.h>
 #include "base/buffer.h"
 #include "log.h"
@@ -203,20 +208,16 @@ static void reg_method_count(struct tpb_rdma *g, enum reg_how how, bool exported
 					: "the CUDA driver exported no dma-buf for it");
 }
 
-/* tpv_mr_reg(), again after dropping every unused cached region if it fails (the device or
- * RLIMIT_MEMLOCK may be full of them). */
-static int mr_reg_retry(struct tpb_rdma *g, struct rdma_port *pt, const struct tpv_mr_args *a,
-			struct tpv_mr **ret, char *why, size_t wl)
+/* tpv_mr_reg() on @pt: runs on the registration worker (the loop trims the cache and asks
+ * again if it fails, reg_job_end()). */
+static int mr_reg(struct rdma_port *pt, const struct tpv_mr_args *a, struct tpv_mr **ret,
+		  char *why, size_t wl)
 {
-	int r = tpv_mr_reg(pt->ctx, a, ret, why, wl);
-
-	if (r < 0 && cache_trim(g, 0, true) > 0)
-		r = tpv_mr_reg(pt->ctx, a, ret, why, wl);
-	return r;
+	return tpv_mr_reg(pt->ctx, a, ret, why, wl);
 }
 
 /* Registers the region @a of @e from the client's dma-buf @d, where it holds that region. */
-static int client_dmabuf_reg(struct tpb_rdma *g, struct rdma_port *pt, struct rdma_dmabuf *d,
+static int client_dmabuf_reg(struct rdma_port *pt, struct rdma_dmabuf *d,
 			     struct rdma_mr *e, struct tpv_mr_args *a, char *why, size_t wl)
 {
 	/* byte 0 of the dma-buf is the allocation's first byte, which the mapping's is */
@@ -228,12 +229,13 @@ static int client_dmabuf_reg(struct tpb_rdma *g, struct rdma_port *pt, struct rd
 	a->dmabuf_fd = d->fd;
 	a->dmabuf_offset = 0;
 	a->dmabuf_only = true;
-	return mr_reg_retry(g, pt, a, &e->mr, why, wl);
+	return mr_reg(pt, a, &e->mr, why, wl);
 }
 
 /* Registers CUDA segment @s's whole allocation into @e: from its client's dma-buf @d if any,
- * else (or if that fails) from the daemon's own export, else by address. */
-static int cuda_reg(struct tpb_rdma *g, struct rdma_port *pt, const struct tpb_rdma_seg *s,
+ * else (or if that fails) from the daemon's own export, else by address. Runs on the
+ * registration worker (the export and the registration may block for long). */
+static int cuda_reg(struct rdma_port *pt, const struct tpb_rdma_seg *s,
 		    struct rdma_dmabuf *d, struct rdma_mr *e, char *why, size_t wl)
 {
 	static bool told;
@@ -251,10 +253,9 @@ static int cuda_reg(struct tpb_rdma *g, struct rdma_port *pt, const struct tpb_r
 	a.addr = (void *)(uintptr_t)e->base;
 	a.len = e->len;
 	if (d) {
-		r = client_dmabuf_reg(g, pt, d, e, &a, dwhy, sizeof(dwhy));
+		r = client_dmabuf_reg(pt, d, e, &a, dwhy, sizeof(dwhy));
 		if (r == 0) {
-			e->dmabuf = tpb_rdma_dmabuf_ref(d);
-			e->how = REG_CLIENT_DMABUF;
+			e->how = REG_CLIENT_DMABUF; /* e->dmabuf: its reference, on the loop */
 			return 0;
 		}
 		if (!told)
@@ -267,7 +268,7 @@ static int cuda_reg(struct tpb_rdma *g, struct rdma_port *pt, const struct tpb_r
 		a = (struct tpv_mr_args){ .addr = a.addr, .len = a.len, .device_mem = true };
 	}
 	a.dmabuf_fd = cr.dmabuf_fd;
-	r = mr_reg_retry(g, pt, &a, &e->mr, why, wl);
+	r = mr_reg(pt, &a, &e->mr, why, wl);
 	if (cr.dmabuf_fd >= 0)
 		close(cr.dmabuf_fd);
 	if (r == 0)
@@ -276,57 +277,301 @@ static int cuda_reg(struct tpb_rdma *g, struct rdma_port *pt, const struct tpb_r
 	return r;
 }
 
-/* Registers a region for segment @s on @pt (a reference on @pt is taken for it); CUDA memory
- * from its client's dma-buf @d where there is one. */
-static int mr_new(struct tpb_rdma *g, struct rdma_port *pt, const struct tpb_rdma_seg *s,
-		  struct rdma_dmabuf *d, bool cache, struct rdma_mr **ret, char *why, size_t wl)
+/* ---- the registration worker ---------------------------------------------------------------- */
+
+/*
+ * Registering (ibv_reg_dmabuf_mr, ibv_reg_mr) and the daemon's dma-buf export of a CUDA mapping
+ * (cuMemGetHandleForAddressRange) are driver calls that may block for long: a worker thread of
+ * @g makes every new region, and the loop asks again (the transfers' timers) until it is done.
+ * A job belongs to the loop: the worker only runs it between taking it off @todo and setting
+ * @done, then wakes the loop through @efd (in @g's event fd). A job whose transfer went first
+ * waits in @orphans until it ran, then goes (tpb_rdma_reg_progress()).
+ */
+struct rdma_regw {
+	pthread_t th;
+	pthread_mutex_t lock;
+	pthread_cond_t cond;
+	struct tpu_list todo;	 /* struct reg_job by @qnode, under @lock */
+	bool stop;		 /* under @lock */
+	int efd;		 /* eventfd: a job ran */
+	struct tpu_list orphans; /* struct reg_job by @node, loop only */
+};
+
+struct reg_job {
+	struct tpu_list qnode;	 /* in the worker's todo until it takes it */
+	struct tpu_list node;	 /* in the worker's orphans once its transfer went */
+	struct rdma_port *pt;	 /* a reference (passed to the region) */
+	struct rdma_mr *e;	 /* being made */
+	struct tpb_rdma_seg seg; /* the segment; its CUDA mapping held by @cuda */
+	struct tpb_cuda_map *cuda; /* a reference, busy until the job goes, or NULL */
+	/* The segment's shared buffer, borrowed: for the cache once the job ran, while its
+	 * transfer still holds it (an orphan's buffer may go meanwhile: the kernel pins what is
+	 * mapped while it registers, and the orphan's region is never offered, only dropped). */
+	struct tpb_buffer *buf;
+	struct rdma_dmabuf *d;	 /* its client's dma-buf: a reference, or NULL */
+	bool cache;		 /* the region goes into the cache */
+	bool retried;		 /* asked again after trimming the cache */
+	bool done;		 /* atomic: the worker ran it */
+	int r;
+	char why[160];
+};
+
+/* On the worker: makes @j's region. */
+static void reg_job_run(struct reg_job *j)
 {
 	struct tpv_mr_args a = { .dmabuf_fd = -EBADF };
-	struct rdma_mr *e = calloc(1, sizeof(*e));
-	int r = e ? 0 : -ENOMEM;
 
-	if (r == 0 && s->mem.loc == TPB_LOC_CUDA) {
-		r = cuda_reg(g, pt, s, d, e, why, wl);
-	} else if (r == 0) {
-		if (cache && s->buf) {
-			host_span(g, pt, s, e);
-		} else {
-			e->base = s->mem.addr;
-			e->len = s->len;
-		}
-		a.addr = (void *)(uintptr_t)e->base;
-		a.len = e->len;
-		r = mr_reg_retry(g, pt, &a, &e->mr, why, wl);
+	if (j->seg.mem.loc == TPB_LOC_CUDA) {
+		j->r = cuda_reg(j->pt, &j->seg, j->d, j->e, j->why, sizeof(j->why));
+		return;
 	}
-	if (r == 0)
-		r = tpb_rdma_port_open(pt, why, wl); /* already open: only counts the region */
+	a.addr = (void *)(uintptr_t)j->e->base;
+	a.len = j->e->len;
+	j->r = mr_reg(j->pt, &a, &j->e->mr, j->why, sizeof(j->why));
+}
+
+static void *regw_main(void *arg)
+{
+	struct rdma_regw *w = arg;
+	uint64_t one = 1;
+
+	pthread_mutex_lock(&w->lock);
+	for (;;) {
+		struct reg_job *j;
+
+		while (!w->stop && tpu_list_empty(&w->todo))
+			pthread_cond_wait(&w->cond, &w->lock);
+		if (w->stop)
+			break;
+		j = tpu_list_first(&w->todo, struct reg_job, qnode);
+		tpu_list_remove(&j->qnode);
+		pthread_mutex_unlock(&w->lock);
+		reg_job_run(j);
+		__atomic_store_n(&j->done, true, __ATOMIC_RELEASE);
+		if (write(w->efd, &one, sizeof(one)) < 0) {
+			/* the counter is full: the loop is awake already */
+		}
+		pthread_mutex_lock(&w->lock);
+	}
+	pthread_mutex_unlock(&w->lock);
+	return NULL;
+}
+
+/* @g's worker, started on first use. Return: it, or NULL (no thread: jobs run on the loop). */
+static struct rdma_regw *regw_get(struct tpb_rdma *g)
+{
+	struct epoll_event ev = { .events = EPOLLIN };
+	struct rdma_regw *w = g->regw;
+
+	if (w)
+		return w;
+	w = calloc(1, sizeof(*w));
+	if (!w)
+		return NULL;
+	tpu_list_init(&w->todo);
+	tpu_list_init(&w->orphans);
+	pthread_mutex_init(&w->lock, NULL);
+	pthread_cond_init(&w->cond, NULL);
+	w->efd = eventfd(0, EFD_CLOEXEC | EFD_NONBLOCK);
+	if (w->efd < 0 || epoll_ctl(g->epfd, EPOLL_CTL_ADD, w->efd, &ev) < 0 ||
+	    pthread_create(&w->th, NULL, regw_main, w) != 0) {
+		if (w->efd >= 0)
+			close(w->efd);
+		pthread_cond_destroy(&w->cond);
+		pthread_mutex_destroy(&w->lock);
+		free(w);
+		return NULL;
+	}
+	g->regw = w;
+	return w;
+}
+
+/* Hands @j to the worker (on the loop if there can be none). */
+static void reg_job_queue(struct tpb_rdma *g, struct reg_job *j)
+{
+	struct rdma_regw *w = regw_get(g);
+
+	__atomic_store_n(&j->done, false, __ATOMIC_RELAXED);
+	if (!w) {
+		reg_job_run(j);
+		__atomic_store_n(&j->done, true, __ATOMIC_RELEASE);
+		return;
+	}
+	pthread_mutex_lock(&w->lock);
+	tpu_list_insert_tail(&w->todo, &j->qnode);
+	pthread_cond_signal(&w->cond);
+	pthread_mutex_unlock(&w->lock);
+}
+
+/* Frees @j (not running) and what it holds, its region if it made one. */
+static void reg_job_free(struct reg_job *j)
+{
+	if (j->e && j->e->mr)
+		tpv_mr_dereg(j->pt->ctx, j->e->mr);
+	free(j->e);
+	if (j->cuda) /* idle on the CUDA layer's worker (where it may close) */
+		tpb_cuda_idle_put(tpb_cuda_maps_idle_bg(&j->cuda, 1));
+	tpb_cuda_map_unref(j->cuda);
+	tpb_rdma_dmabuf_unref(j->d);
+	if (j->pt)
+		tpb_rdma_port_put(j->pt);
+	free(j);
+}
+
+/* Starts making a region for segment @s on @rg's port (@rg->job), CUDA memory from its client's
+ * dma-buf @d where there is one. Return: 0, or -errno. */
+static int reg_job_start(struct tpb_rdma *g, struct rdma_regs *rg, const struct tpb_rdma_seg *s,
+			 struct rdma_dmabuf *d, bool cache, char *why, size_t wl)
+{
+	struct reg_job *j = calloc(1, sizeof(*j));
+	int r;
+
+	if (j)
+		j->e = calloc(1, sizeof(*j->e));
+	if (!j || !j->e) {
+		free(j);
+		return -ENOMEM;
+	}
+	r = tpb_rdma_port_open(rg->port, why, wl); /* already open: a reference for the region */
 	if (r < 0) {
-		if (e && e->mr)
-			tpv_mr_dereg(pt->ctx, e->mr);
-		if (e)
-			tpb_rdma_dmabuf_unref(e->dmabuf);
-		free(e);
+		free(j->e);
+		free(j);
 		return r;
 	}
-	e->port = pt;
+	j->pt = rg->port;
+	j->seg = *s;
+	j->cache = cache;
+	j->cuda = s->mem.loc == TPB_LOC_CUDA ? tpb_cuda_map_ref(s->mem.cuda) : NULL;
+	if (j->cuda) /* open until the job goes, even if its transfer goes first */
+		tpb_cuda_maps_busy(&j->cuda, 1);
+	j->buf = s->buf;
+	j->d = d ? tpb_rdma_dmabuf_ref(d) : NULL;
+	if (s->mem.loc != TPB_LOC_CUDA && cache && s->buf) {
+		host_span(g, rg->port, s, j->e);
+	} else if (s->mem.loc != TPB_LOC_CUDA) {
+		j->e->base = s->mem.addr;
+		j->e->len = s->len;
+	}
+	rg->job = j;
+	reg_job_queue(g, j);
+	return 0;
+}
+
+/* The region @j made (it ran, successfully): counted, cached if it is to be; frees @j. */
+static struct rdma_mr *reg_job_take(struct tpb_rdma *g, struct reg_job *j)
+{
+	struct rdma_mr *e = TAKE_PTR(j->e);
+
+	e->port = TAKE_PTR(j->pt);
+	if (e->how == REG_CLIENT_DMABUF)
+		e->dmabuf = TAKE_PTR(j->d);
 	g->cache.misses++;
-	if (s->mem.loc == TPB_LOC_CUDA)
+	if (j->cuda)
 		reg_method_count(g, e->how, e->exported);
-	if (cache && (s->buf || s->mem.loc == TPB_LOC_CUDA)) {
-		e->buf = s->buf ? tpb_buffer_ref(s->buf) : NULL;
-		e->cuda = s->mem.loc == TPB_LOC_CUDA ? tpb_cuda_map_ref(s->mem.cuda) : NULL;
+	if (j->cache && (j->buf || j->cuda)) {
+		e->buf = j->buf ? tpb_buffer_ref(j->buf) : NULL;
+		e->cuda = j->cuda ? tpb_cuda_map_ref(j->cuda) : NULL;
 		e->cached = true;
 		tpu_list_insert_tail(&g->mrs, &e->node);
 		g->cache.regions++;
 		g->cache.bytes += e->len;
 		g->host_bytes += e->cuda ? 0 : e->len;
 	}
-	*ret = e;
-	return 0;
+	reg_job_free(j);
+	return e;
 }
 
-/* The registration of segment @s on @pt: a cached region holding it, else a new one. */
-static int reg_one(struct tpb_rdma *g, struct rdma_port *pt, const struct tpb_rdma_seg *s,
+/*
+ * @rg's job, if it ran: its region in @ret (1); failed (-errno, @why), after asking once more
+ * if dropping every unused cached region freed some (the device, its BAR or RLIMIT_MEMLOCK may
+ * be full of them). Return: 0 while it runs.
+ */
+static int reg_job_end(struct tpb_rdma *g, struct rdma_regs *rg, struct rdma_mr **ret,
+		       char *why, size_t wl)
+{
+	struct reg_job *j = rg->job;
+	int r;
+
+	if (!__atomic_load_n(&j->done, __ATOMIC_ACQUIRE))
+		return 0;
+	if (j->r < 0 && !j->retried && cache_trim(g, 0, true) > 0) {
+		j->retried = true;
+		reg_job_queue(g, j);
+		return 0;
+	}
+	rg->job = NULL;
+	if (j->r < 0) {
+		r = j->r;
+		snprintf(why, wl, "%s", j->why);
+		reg_job_free(j);
+		return r;
+	}
+	*ret = reg_job_take(g, j);
+	return 1;
+}
+
+/* @rg goes with its job unfinished: freed now if it ran, else once it has. */
+static void reg_job_abandon(struct tpb_rdma *g, struct rdma_regs *rg)
+{
+	struct reg_job *j = TAKE_PTR(rg->job);
+
+	if (!j)
+		return;
+	if (__atomic_load_n(&j->done, __ATOMIC_ACQUIRE) || !g->regw)
+		reg_job_free(j);
+	else
+		tpu_list_insert_tail(&g->regw->orphans, &j->node);
+}
+
+void tpb_rdma_reg_progress(struct tpb_rdma *g)
+{
+	struct reg_job *j, *tmp;
+	uint64_t n;
+
+	if (!g->regw)
+		return;
+	if (read(g->regw->efd, &n, sizeof(n)) < 0) {
+		/* EAGAIN: no job ran since */
+	}
+	tpu_list_for_each_safe(j, tmp, &g->regw->orphans, node) {
+		if (!__atomic_load_n(&j->done, __ATOMIC_ACQUIRE))
+			continue;
+		tpu_list_remove(&j->node);
+		reg_job_free(j);
+	}
+}
+
+/* Stops @g's worker (after the job it runs) and frees every job left. */
+static void regw_stop(struct tpb_rdma *g)
+{
+	struct rdma_regw *w = TAKE_PTR(g->regw);
+	struct reg_job *j, *tmp;
+
+	if (!w)
+		return;
+	pthread_mutex_lock(&w->lock);
+	w->stop = true;
+	pthread_cond_signal(&w->cond);
+	pthread_mutex_unlock(&w->lock);
+	pthread_join(w->th, NULL);
+	tpu_list_for_each_safe(j, tmp, &w->orphans, node) {
+		tpu_list_remove(&j->node);
+		reg_job_free(j);
+	}
+	(void)epoll_ctl(g->epfd, EPOLL_CTL_DEL, w->efd, NULL);
+	close(w->efd);
+	pthread_cond_destroy(&w->cond);
+	pthread_mutex_destroy(&w->lock);
+	free(w);
+}
+
+/* ---- a transfer's registrations --------------------------------------------------------------- */
+
+/*
+ * The registration of segment @s on @rg's port into @out: a cached region holding it, else a
+ * new one the worker makes (@rg->job). Return: 1 done, 0 registering (ask again), -errno.
+ */
+static int reg_one(struct tpb_rdma *g, struct rdma_regs *rg, const struct tpb_rdma_seg *s,
 		   struct rdma_reg *out, char *why, size_t wl)
 {
 	struct tpb_cuda_map *cuda = s->mem.loc == TPB_LOC_CUDA ? s->mem.cuda : NULL;
@@ -338,16 +583,20 @@ static int reg_one(struct tpb_rdma *g, struct rdma_port *pt, const struct tpb_rd
 	struct rdma_mr *e = NULL;
 	int r;
 
-	if (cuda)
-		d = tpb_rdma_dmabuf_find(g, s->mem.proc, tpb_cuda_gdr_handle(&s->mem));
-	if (cache && (s->buf || cuda))
-		e = cache_find(g, pt, s->buf, cuda, d, s->mem.addr, s->len);
-	if (e) {
+	if (rg->job) {
+		r = reg_job_end(g, rg, &e, why, wl);
+		if (r <= 0)
+			return r;
+	} else {
+		if (cuda)
+			d = tpb_rdma_dmabuf_find(g, s->mem.proc, tpb_cuda_gdr_handle(&s->mem));
+		if (cache && (s->buf || cuda))
+			e = cache_find(g, rg->port, s->buf, cuda, d, s->mem.addr, s->len);
+		if (!e)
+			return reg_job_start(g, rg, s, d, cache, why, wl);
 		g->cache.hits++;
 		tpu_list_remove(&e->node); /* now the most recently used */
 		tpu_list_insert_tail(&g->mrs, &e->node);
-	} else if ((r = mr_new(g, pt, s, d, cache, &e, why, wl)) < 0) {
-		return r;
 	}
 	e->users++;
 	out->e = e;
@@ -355,7 +604,7 @@ static int reg_one(struct tpb_rdma *g, struct rdma_port *pt, const struct tpb_rd
 	out->len = s->len;
 	out->lkey = e->mr->lkey;
 	out->rkey = e->mr->rkey;
-	return 0;
+	return 1;
 }
 
 /* The port for memory on the GPU @bus_id (NULL: host memory): nearest by topology, else next. */
@@ -393,6 +642,8 @@ void tpb_rdma_reg_free(struct rdma_regs *rg)
 {
 	struct tpb_rdma *g = rg->port ? rg->port->g : NULL;
 
+	if (g)
+		reg_job_abandon(g, rg);
 	for (size_t i = 0; rg->r && i < rg->n; i++) {
 		struct rdma_mr *e = rg->r[i].e;
 
@@ -401,6 +652,7 @@ void tpb_rdma_reg_free(struct rdma_regs *rg)
 	}
 	free(rg->r);
 	rg->r = NULL;
+	rg->next = 0;
 	if (rg->opened)
 		tpb_rdma_port_put(rg->port);
 	rg->opened = false;
@@ -411,28 +663,39 @@ void tpb_rdma_reg_free(struct rdma_regs *rg)
 int tpb_rdma_reg_make(struct tpb_rdma *g, const struct tpb_rdma_seg *segs, size_t n,
 		    struct rdma_regs *rg, char *why, size_t wl)
 {
-	int r;
+	int r = 0;
 
-	if (!rg->port) /* else the caller's choice */
-		rg->port = port_for(g, tpb_cuda_bus_id(tpb_rdma_reg_first_cuda(segs, n)));
-	rg->n = n;
-	rg->r = calloc(n ? n : 1, sizeof(*rg->r));
-	if (!rg->r)
-		return -ENOMEM;
-	r = tpb_rdma_port_open(rg->port, why, wl);
-	rg->opened = r == 0;
-	for (size_t i = 0; i < n && r == 0; i++)
-		if (segs[i].len)
-			r = reg_one(g, rg->port, &segs[i], &rg->r[i], why, wl);
-	if (r < 0)
+	if (!rg->r) { /* the first call */
+		if (!rg->port) /* else the caller's choice */
+			rg->port = port_for(g, tpb_cuda_bus_id(tpb_rdma_reg_first_cuda(segs, n)));
+		rg->n = n;
+		rg->next = 0;
+		rg->r = calloc(n ? n : 1, sizeof(*rg->r));
+		if (!rg->r)
+			return -ENOMEM;
+		r = tpb_rdma_port_open(rg->port, why, wl);
+		rg->opened = r == 0;
+	}
+	for (; r == 0 && rg->next < n; rg->next++) {
+		if (!segs[rg->next].len)
+			continue;
+		r = reg_one(g, rg, &segs[rg->next], &rg->r[rg->next], why, wl);
+		if (r == 0)
+			return 0; /* the worker registers it: asked again */
+		r = r > 0 ? 0 : r;
+	}
+	if (r < 0) {
 		tpb_rdma_reg_free(rg);
-	return r;
+		return r;
+	}
+	return 1;
 }
 
 void tpb_rdma_cache_stop(struct tpb_rdma *g)
 {
 	struct rdma_mr *e, *tmp;
 
+	regw_stop(g);
 	tpu_list_for_each_safe(e, tmp, &g->mrs, node)
 		mr_uncache(g, e);
 }

@@ -202,14 +202,14 @@ static struct tpb_rdma_link *link_by_id(struct tpb_rdma *g, uint64_t id)
 	return NULL;
 }
 
-/* Registers @rv's destination (its mappings open: no driver call that may block) and fills
- * its regions for the offer. */
+/* Registers @rv's destination (its mappings open; the registration worker makes new regions)
+ * and fills its regions for the offer. Return: 1 done, 0 registering (ask again), -errno. */
 static int recv_register(struct tpb_rdma_recv *rv, char *why, size_t wl)
 {
 	struct tpb_rdma_link *l;
 	int r = tpb_rdma_reg_make(rv->g, rv->segs, rv->regs.n, &rv->regs, why, wl);
 
-	if (r < 0)
+	if (r <= 0)
 		return r;
 	l = link_by_id(rv->g, rv->link_id);
 	if (l)
@@ -225,7 +225,7 @@ static int recv_register(struct tpb_rdma_recv *rv, char *why, size_t wl)
 		};
 	}
 	rv->registered = true;
-	return 0;
+	return 1;
 }
 
 static void recv_on_timer(struct rdma_timer *t)
@@ -276,8 +276,9 @@ int tpb_rdma_recv_new(struct tpb_rdma_link *l, const struct tpb_rdma_seg *segs, 
 	if (r == 0)
 		r = link_port(l, tpb_cuda_bus_id(tpb_rdma_reg_first_cuda(segs, n)), -1,
 			      &rv->regs.port, why, wl);
-	/* Mappings not open yet are opened off the loop; the timer registers once they are
-	 * (a failure then reaches @ready, and the reader goes without RDMA). */
+	/* Mappings not open yet are opened off the loop, and new regions are registered off it:
+	 * the timer goes on once they are (a failure then reaches @ready, and the reader goes
+	 * without RDMA). */
 	if (r == 0 && (r = busy_open(&rv->busy, segs, n, why, wl)) > 0)
 		r = recv_register(rv, why, wl);
 	if (r < 0) {
@@ -427,9 +428,9 @@ void tpb_rdma_write_done(void *arg, uint64_t cookie, int status, const char *why
 }
 
 /*
- * Registers @s's sources (their mappings open: no driver call that may block) on the port
- * link_port() chose, and finds the queue pair to the reader's port. Return: 1, or -errno
- * (reason in @why) with nothing held.
+ * Registers @s's sources (their mappings open; the registration worker makes new regions) on
+ * the port link_port() chose, and finds the queue pair to the reader's port. Return: 1, 0 while
+ * registering (ask again), or -errno (reason in @why) with nothing held.
  */
 static int send_register(struct rdma_send *s, char *why, size_t wl)
 {
@@ -439,7 +440,7 @@ static int send_register(struct rdma_send *s, char *why, size_t wl)
 	if (!tpb_rdma_link_ready(l)) /* it went off while the mappings opened */
 		return tpu_why(-EOPNOTSUPP, why, wl, "RDMA is not set up on this link");
 	r = tpb_rdma_reg_make(l->g, s->x->segs, s->x->n_segs, &s->regs, why, wl);
-	if (r < 0)
+	if (r <= 0)
 		return r;
 	s->qp = l->qps[(size_t)(s->regs.port - l->g->ports) * l->n_remote + s->rport];
 	if (!s->qp) { /* link_port() chose a port with one: cannot happen */
@@ -453,7 +454,8 @@ static int send_register(struct rdma_send *s, char *why, size_t wl)
 }
 
 /*
- * A send whose sources' mappings were still opening: registers them once open. Return: 1
+ * A send whose sources' mappings were still opening, or whose registration runs on the
+ * worker: registers them once open, polls the registration. Return: 1
  * registered, 0 not yet (the timer polls again), -1 the send failed (-EOPNOTSUPP, nothing
  * written: its caller may use the stripe).
  */
@@ -590,8 +592,9 @@ int tpb_rdma_send(struct tpb_rdma_link *l, struct tpb_rdma_xfer *x,
 		r = link_port(l, tpb_cuda_bus_id(tpb_rdma_reg_first_cuda(x->segs, x->n_segs)),
 			      rr->port, &s->regs.port, why, wl);
 	/* Sources whose mappings are not open yet are opened off the loop (the CUDA layer's
-	 * worker); the timer registers them once they are, and a failure then completes the
-	 * send with -EOPNOTSUPP, nothing written (the caller sends over the stripe). */
+	 * worker), and registered off it (the registration worker); the timer goes on once they
+	 * are, and a failure then completes the send with -EOPNOTSUPP, nothing written (the
+	 * caller sends over the stripe). */
 	if (r == 0 && (r = busy_open(&s->busy, x->segs, x->n_segs, why, wl)) > 0)
 		r = send_register(s, why, wl);
 	if (r < 0) {

@@ -48,7 +48,8 @@
  * calls from cuFlushGPUDirectRDMAWrites() and cuMemcpyDtoH(): a reader told "done" without a flush
  * sees stale bytes), FAKEVERBS_FAIL_PD=N (the N-th ibv_alloc_pd of the process fails with
  * ENOMEM: opening that port's context fails), FAKEVERBS_DMABUF_ERRNO=N (every ibv_reg_dmabuf_mr fails with errno N, as a
- * driver refusing the dma-buf). Not emulated: sends, reads, atomics, receive queues, timing, async events. It
+ * driver refusing the dma-buf), FAKEVERBS_DELAY="ibv_reg_mr:MS,ibv_reg_dmabuf_mr:MS" (those calls
+ * take MS milliseconds; $FAKEVERBS_DELAY_DIR/pending-CALL exists meanwhile). Not emulated: sends, reads, atomics, receive queues, timing, async events. It
  * proves the plumbing and the completion logic, and says nothing about real RDMA hardware.
  */
 #include <dirent.h>
@@ -69,6 +70,7 @@
 #include <sys/stat.h>
 #include <sys/sysmacros.h>
 #include <sys/uio.h>
+#include <time.h>
 #include <unistd.h>
 #include <infiniband/verbs.h>
 #include "tpv.h"
@@ -284,6 +286,37 @@ static unsigned long env_in(const char *name, unsigned long lo, unsigned long hi
 	unsigned long v = env_ulong(name);
 
 	return v >= lo && v <= hi ? v : def;
+}
+
+/*
+ * Sleeps as long as $FAKEVERBS_DELAY ("ibv_reg_mr:3000,ibv_reg_dmabuf_mr:3000", milliseconds)
+ * says for @call, as a registration pinning much memory can take; meanwhile the file
+ * $FAKEVERBS_DELAY_DIR/pending-@call exists, so that a test sees it is still pending.
+ */
+static void fv_delay(const char *call)
+{
+	const char *e = getenv("FAKEVERBS_DELAY"), *dir = getenv("FAKEVERBS_DELAY_DIR");
+	size_t n = strlen(call);
+	char path[512] = "";
+	long ms = 0;
+	int fd;
+
+	for (const char *p = e; p && *p; p = strchr(p, ',') ? strchr(p, ',') + 1 : NULL)
+		if (strncmp(p, call, n) == 0 && p[n] == ':')
+			ms = strtol(p + n + 1, NULL, 10);
+	if (ms <= 0)
+		return;
+	if (dir && *dir) {
+		snprintf(path, sizeof(path), "%s/pending-%s", dir, call);
+		fd = open(path, O_WRONLY | O_CREAT | O_CLOEXEC, 0600);
+		if (fd >= 0)
+			close(fd);
+	}
+	struct timespec ts = { ms / 1000, (ms % 1000) * 1000000L };
+	while (nanosleep(&ts, &ts) < 0 && errno == EINTR)
+		;
+	if (path[0])
+		unlink(path);
 }
 
 static unsigned int fv_ports(void)
@@ -1280,6 +1313,7 @@ static struct ibv_mr *fv_reg_mr(struct ibv_pd *pd, void *addr, size_t len, int a
 	uint64_t a = (uint64_t)(uintptr_t)addr, end;
 	int e = access_check(access);
 
+	fv_delay("ibv_reg_mr");
 	if (e || !len || __builtin_add_overflow(a, len, &end))
 		return fv_fail(EINVAL);
 	if (!maps_cover(a, len, access & IBV_ACCESS_LOCAL_WRITE, NULL, 0))
@@ -1329,6 +1363,7 @@ static struct ibv_mr *fv_reg_dmabuf_mr(struct ibv_pd *pd, uint64_t offset, size_
 	off_t pos;
 	int e = access_check(access);
 
+	fv_delay("ibv_reg_dmabuf_mr");
 	if (e || !len || __builtin_add_overflow(iova, len, &end))
 		return fv_fail(EINVAL);
 	if (env_ulong("FAKEVERBS_DMABUF_ERRNO"))

@@ -6,7 +6,8 @@
  * stripe thread on each daemon downloads or uploads every chunk: tensors on device 0 and then
  * on device 1, device to device, from and into private memory and across the devices, all
  * arrive intact. A driver refuses to record an event made in one device's context on another
- * device's stream, so this fails unless each thread keeps its events per device. Needs two
+ * device's stream, so this fails unless each thread keeps its events per device. The daemons
+ * close the clients' mappings before they say the transfer ended (no context reset). Needs two
  * CUDA devices (or the stand-in of `--setup fakecuda`); skips (77) with the reason otherwise.
  */
 #include <check.h>
@@ -43,6 +44,16 @@ START_TEST(test_cuda_basic_one_stripe_thread_serves_both_devices)
 	ck_assert(hwt_xfer_run(&x));
 	ck_assert_msg(tpt_daemon_alive(&tpt_peer_a) && tpt_daemon_alive(&tpt_peer_b),
 		      "a tpipd died");
+	/* Each client frees its memory as soon as its WriteDone or ReadDone arrives: a daemon
+	 * still mapping it then closes a stale mapping, which the strict stand-in answers with
+	 * a sticky error and the daemon with a context reset. Neither may have met one. */
+	for (int i = 0; i < 2; i++) {
+		const struct tpt_daemon *d = i ? &tpt_peer_b : &tpt_peer_a;
+		int n = tpt_daemon_log_count(d, "primary context reset after a sticky error");
+
+		ck_assert_msg(n == 0, "%s: %d context resets: a mapping outlived its transfer",
+			      d->socket, n);
+	}
 }
 END_TEST
 

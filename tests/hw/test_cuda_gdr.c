@@ -181,6 +181,9 @@ static void cpu_and_cuda(const char *name, enum hwt_mem cpu, size_t len, unsigne
 
 	ck_assert(cross(name, cases, 2, seed));
 	expect_gdr_bytes(a0, b0, 2 * rdma_each);
+	/* over the data connections too (private memory), the mappings go before completion */
+	expect_no_stale_close(&tpt_peer_a);
+	expect_no_stale_close(&tpt_peer_b);
 }
 
 START_TEST(test_cuda_gdr_shared_buffers_and_cuda)
@@ -534,6 +537,73 @@ START_TEST(test_cuda_gdr_slow_writer_map_open_blocks_no_other_session)
 END_TEST
 
 /*
+ * Issue 28 item 10 (registration): registering a client's CUDA memory for RDMA (the dma-buf
+ * export, ibv_reg_dmabuf_mr, ibv_reg_mr: each SLOW_MS here, on daemon @d only) runs on the
+ * registration worker, never on the event loop: meanwhile @d serves other sessions and answers
+ * tpipctl, and the tensor then crosses by cuda_gdr. Fails with the registration back on the
+ * loop (tpb_rdma_reg_make() making the region in place).
+ */
+static bool reg_pending(void)
+{
+	char a[128], b[128];
+
+	snprintf(a, sizeof(a), "%s/pending-ibv_reg_mr", slow_dir);
+	snprintf(b, sizeof(b), "%s/pending-ibv_reg_dmabuf_mr", slow_dir);
+	return access(a, F_OK) == 0 || access(b, F_OK) == 0;
+}
+
+static void slow_registration(struct tpt_daemon *d, const char *name)
+{
+	struct tpt_xfer x = { .d = d, .name = name, .n_msgs = 8, .spec = slow_cpu_spec };
+	struct timespec step = { 0, 5 * 1000000L };
+	char delay[96], *out;
+	uint64_t c0;
+	pid_t gpu;
+
+	if (!getenv("TPIPD_VERBS_LIBRARY") || !strstr(getenv("TPIPD_VERBS_LIBRARY"), "fakeverbs")) {
+		printf("SKIP: a slow registration needs the fakeverbs stand-in\n");
+		return;
+	}
+	ck_assert_ptr_nonnull(mkdtemp(slow_dir));
+	snprintf(delay, sizeof(delay), "ibv_reg_mr:%d,ibv_reg_dmabuf_mr:%d", SLOW_MS, SLOW_MS);
+	ck_assert_int_eq(tpt_daemon_stop(d), 0);
+	setenv("FAKEVERBS_DELAY_DIR", slow_dir, 1);
+	setenv("FAKEVERBS_DELAY", delay, 1);
+	ck_assert_int_eq(tpt_daemon_start_peer(d, tpt_peer_args()), 0);
+	unsetenv("FAKEVERBS_DELAY");
+	unsetenv("FAKEVERBS_DELAY_DIR");
+	c0 = tpt_channel_bytes(d, "cuda_gdr");
+	gpu = tpt_fork(slow_gpu_pair, NULL);
+	ck_assert_int_gt(gpu, 0);
+	for (int i = 0; i < TPT_SCALED_MS(30000) / 5 && !reg_pending(); i++)
+		nanosleep(&step, NULL); /* a condition with a deadline */
+	ck_assert_msg(reg_pending(), "the daemon registered no CUDA memory");
+	ck_assert_msg(tpt_xfer_run(&x), "the daemon held other sessions up");
+	out = hwt_ctl(d, "status", false);
+	ck_assert_msg(out, "tpipctl status did not answer");
+	free(out);
+	ck_assert_msg(reg_pending(), "the slow registration ended before the other sessions were "
+				     "served: it held them up (or SLOW_MS is too short here)");
+	ck_assert(tpt_wait_ok(gpu, TPT_SCALED_MS(60000), "GPU pair"));
+	ck_assert_uint_eq(tpt_channel_bytes(d, "cuda_gdr") - c0, MIB);
+	rmdir(slow_dir);
+}
+
+/* The writer's daemon (its sources). */
+START_TEST(test_cuda_gdr_slow_writer_registration_blocks_no_other_session)
+{
+	slow_registration(&tpt_peer_a, "slow-wreg-cpu");
+}
+END_TEST
+
+/* The reader's daemon (its destination, before its offer). */
+START_TEST(test_cuda_gdr_slow_reader_registration_blocks_no_other_session)
+{
+	slow_registration(&tpt_peer_b, "slow-rreg-cpu");
+}
+END_TEST
+
+/*
  * The send side's registration fails after the transfer was set up for RDMA (daemon A's
  * mapping opened off the loop, then no way to register it: the stand-in refuses every dma-buf
  * and has no peer memory): the message goes over the data connections instead, intact, and
@@ -562,6 +632,8 @@ START_TEST(test_cuda_gdr_writer_registration_failure_uses_the_stripe)
 	ck_assert_uint_eq(tpt_channel_bytes(&tpt_peer_a, "cuda_gdr") - a0, 0);
 	ck_assert_uint_eq(tpt_channel_bytes(&tpt_peer_a, "mpt") - m0, MIB);
 	expect_link_rdma(&tpt_peer_a, 0, 0);
+	expect_no_stale_close(&tpt_peer_a); /* the stripe's mappings went before completion */
+	expect_no_stale_close(&tpt_peer_b);
 	rmdir(slow_dir);
 }
 END_TEST
@@ -621,6 +693,8 @@ static Suite *cuda_gdr_suite(bool stand_in)
 		tcase_add_test(tc, test_cuda_gdr_slow_map_open_blocks_no_other_session);
 		tcase_add_test(tc, test_cuda_gdr_slow_writer_map_open_blocks_no_other_session);
 		tcase_add_test(tc, test_cuda_gdr_writer_registration_failure_uses_the_stripe);
+		tcase_add_test(tc, test_cuda_gdr_slow_writer_registration_blocks_no_other_session);
+		tcase_add_test(tc, test_cuda_gdr_slow_reader_registration_blocks_no_other_session);
 	}
 	tcase_set_timeout(tc, 300);
 	suite_add_tcase(s, tc);
