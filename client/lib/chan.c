@@ -885,6 +885,7 @@ static int chan_read_status(struct tp_chan *ch, struct chan_req *cr, int timeout
 			      r == -EPROTO && !cr->req.status ? "an answer without an item"
 							       : cr->req.msg);
 		chan_req_free(cr);
+		return r < 0 ? r : -EPROTO; /* negative, so that no caller uses @cr (gcc -O3) */
 	}
 	return r;
 }
