@@ -485,6 +485,7 @@ static const struct tpd_daemon_ops daemon_ops = {
 int tpd_daemon_new(const struct tpd_config *cfg, struct tpd_daemon **ret)
 {
 	struct tpd_daemon *d = calloc(1, sizeof(*d));
+	struct event_config *ecfg;
 	int r;
 
 	if (!d)
@@ -499,10 +500,17 @@ int tpd_daemon_new(const struct tpd_config *cfg, struct tpd_daemon **ret)
 	r = tpd_broker_new(&d->broker);
 	if (r < 0)
 		goto fail;
-	d->base = event_base_new();
 	r = -ENOMEM;
-	if (!d->base)
+	/* no cached time: a timer armed late in a busy loop turn (a channel write's or read's
+	 * timeout, the peer timeout) would otherwise count from that turn's start and fire early */
+	ecfg = event_config_new();
+	if (!ecfg || event_config_set_flag(ecfg, EVENT_BASE_FLAG_NO_CACHE_TIME) < 0 ||
+	    !(d->base = event_base_new_with_config(ecfg))) {
+		if (ecfg)
+			event_config_free(ecfg);
 		goto fail;
+	}
+	event_config_free(ecfg);
 	r = tpd_local_new(d, &d->local);
 	if (r < 0)
 		goto fail;
