@@ -501,10 +501,11 @@ int tpd_daemon_new(const struct tpd_config *cfg, struct tpd_daemon **ret)
 	if (r < 0)
 		goto fail;
 	r = -ENOMEM;
-	/* no cached time: a timer armed late in a busy loop turn (a channel write's or read's
-	 * timeout, the peer timeout) would otherwise count from that turn's start and fire early */
+	/* a precise clock: libevent otherwise reads CLOCK_MONOTONIC_COARSE (a tick of up to 4 ms),
+	 * and a timer (a channel write's or read's timeout, the peer timeout) fired up to a tick
+	 * early */
 	ecfg = event_config_new();
-	if (!ecfg || event_config_set_flag(ecfg, EVENT_BASE_FLAG_NO_CACHE_TIME) < 0 ||
+	if (!ecfg || event_config_set_flag(ecfg, EVENT_BASE_FLAG_PRECISE_TIMER) < 0 ||
 	    !(d->base = event_base_new_with_config(ecfg))) {
 		if (ecfg)
 			event_config_free(ecfg);
