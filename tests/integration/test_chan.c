@@ -602,6 +602,38 @@ static int blocked_writer(void *arg)
 	return r == 0 ? 0 : r == -EPIPE ? 3 : 2;
 }
 
+/*
+ * A timed write on a full channel fails no earlier than its timeout, every time: the daemon's
+ * timers read a precise clock (libevent's default, CLOCK_MONOTONIC_COARSE, ticks every 4 ms
+ * here, and a 10 ms timeout then ended after as little as 6 ms).
+ */
+START_TEST(test_timed_write_never_ends_early)
+{
+	struct tp_chan_options o = { .size = sizeof(o), .flags = TP_CHAN_CREATE,
+				     .capacity_items = 1, .owner_uid = -1 };
+	struct tp_context *ctx = ctx_new(&tpt_fixture_daemon);
+	const uint32_t v = 7;
+	struct iovec iov = { .iov_base = (void *)&v, .iov_len = 4 };
+	struct tp_chan *ch;
+
+	ck_assert_int_eq(tp_chan_open(ctx, "early", &o, &ch), 0);
+	ck_assert_int_eq(write_u32(ch, &v, 1), 0);
+	for (int i = 0; i < 30; i++) {
+		struct timespec a, b;
+		int64_t us;
+
+		clock_gettime(CLOCK_MONOTONIC, &a);
+		ck_assert_int_eq(tp_chan_write(ch, &iov, 1, 10), -ETIMEDOUT);
+		clock_gettime(CLOCK_MONOTONIC, &b);
+		us = (b.tv_sec - a.tv_sec) * 1000000 + (b.tv_nsec - a.tv_nsec) / 1000;
+		ck_assert_msg(us >= 10000, "try %d: a 10 ms timeout ended after %lld us", i,
+			      (long long)us);
+	}
+	tp_chan_release(ch);
+	tp_context_free(ctx);
+}
+END_TEST
+
 START_TEST(test_write_waits_for_room)
 {
 	struct tp_chan_options o = { .size = sizeof(o), .flags = TP_CHAN_CREATE,
@@ -700,6 +732,7 @@ static Suite *chan_suite(void)
 	tcase_set_timeout(tc, 60);
 	tcase_add_test(tc, test_close_then_drain);
 	tcase_add_test(tc, test_try_once_and_timeout);
+	tcase_add_test(tc, test_timed_write_never_ends_early);
 	tcase_add_test(tc, test_release_is_not_close_and_persistence);
 	tcase_add_test(tc, test_bad_input);
 	tcase_add_test(tc, test_limits_per_uid_and_channel);
