@@ -63,10 +63,18 @@ static void item_fill(uint8_t *p, unsigned i, size_t len)
 	memcpy(p, &i, sizeof(i)); /* the index first */
 }
 
+static __thread uint8_t *want; /* item_check()'s, per thread: two threads check items at once */
+
+/* Frees this thread's item_check() buffer (a thread that ends calls it). */
+static void item_check_done(void)
+{
+	free(want);
+	want = NULL;
+}
+
 /* Checks that @p (@len bytes) is one item; its index into *@ret. Return: 0 or -1. */
 static int item_check(const uint8_t *p, size_t len, unsigned *ret)
 {
-	static __thread uint8_t *want; /* per thread: two threads check items at once */
 	unsigned i;
 
 	if (len < sizeof(i))
@@ -545,6 +553,7 @@ static void *thread_read(void *arg)
 		if (t->r < 0)
 			break;
 	}
+	item_check_done();
 	return NULL;
 }
 
