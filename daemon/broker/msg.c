@@ -240,6 +240,7 @@ int tpd_msg_resolve_dst(struct tpd_session *s, const Tpw__V1__Segment *seg,
 	struct tpb_xfer *x = &d->x;
 	struct tpb_buffer *b;
 	void *ptr;
+	int r;
 
 	if (seg->length != src->len) {
 		snprintf(why, wl, "allocation of %llu bytes for a segment of %llu",
@@ -261,7 +262,7 @@ int tpd_msg_resolve_dst(struct tpd_session *s, const Tpw__V1__Segment *seg,
 		return tpb_copier_job_hold_proc(job, tpd_session_proc(s));
 	}
 	if (seg->loc_case == TPW__V1__SEGMENT__LOC_CUDA) {
-		int r = tpd_devmem_resolve(s, seg->cuda, &x->dst, why, wl);
+		r = tpd_devmem_resolve(s, seg->cuda, &x->dst, why, wl);
 		if (r < 0)
 			return r;
 		job->maps[job->n_maps++] = x->dst.cuda; /* the job owns these references */
@@ -274,18 +275,9 @@ int tpd_msg_resolve_dst(struct tpd_session *s, const Tpw__V1__Segment *seg,
 			 (unsigned long long)seg->length);
 		return -EINVAL;
 	}
-	b = tpd_session_buffer(s, seg->shm->buf_id, seg->shm->gen);
-	if (!b) {
-		snprintf(why, wl, "no shared buffer %llu/%llu",
-			 (unsigned long long)seg->shm->buf_id, (unsigned long long)seg->shm->gen);
-		return -ENOENT;
-	}
-	if (tpb_buffer_resolve(b, seg->shm->offset, seg->length, &ptr) < 0) {
-		snprintf(why, wl, "range %llu+%llu outside shared buffer %llu of %llu bytes",
-			 (unsigned long long)seg->shm->offset, (unsigned long long)seg->length,
-			 (unsigned long long)seg->shm->buf_id, (unsigned long long)b->size);
-		return -ERANGE;
-	}
+	r = tpd_session_buffer_range(s, seg->shm, seg->length, &b, &ptr, why, wl);
+	if (r < 0)
+		return r;
 	job->refs[job->n_refs++] = tpb_buffer_ref(b);
 	d->buf = b;
 	x->dst = (struct tpb_mem){ .loc = TPB_LOC_LOCAL, .addr = (uint64_t)(uintptr_t)ptr, .buf = b };

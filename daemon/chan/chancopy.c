@@ -25,6 +25,7 @@ int tpd_chan_copy_resolve(struct tpd_session *s, const Tpw__V1__Segment *g, stru
 {
 	struct tpb_buffer *b;
 	void *ptr;
+	int r;
 
 	*ret = (struct tpb_mem){ .loc = TPB_LOC_LOCAL };
 	if (g->loc_case == TPW__V1__SEGMENT__LOC_CMA_ADDR) {
@@ -40,18 +41,9 @@ int tpd_chan_copy_resolve(struct tpd_session *s, const Tpw__V1__Segment *g, stru
 		snprintf(why, wl, "neither a shared buffer nor an address");
 		return -EINVAL;
 	}
-	b = tpd_session_buffer(s, g->shm->buf_id, g->shm->gen);
-	if (!b) {
-		snprintf(why, wl, "no shared buffer %llu/%llu", (unsigned long long)g->shm->buf_id,
-			 (unsigned long long)g->shm->gen);
-		return -ENOENT;
-	}
-	if (tpb_buffer_resolve(b, g->shm->offset, g->length, &ptr) < 0) {
-		snprintf(why, wl, "range %llu+%llu outside shared buffer %llu of %llu bytes",
-			 (unsigned long long)g->shm->offset, (unsigned long long)g->length,
-			 (unsigned long long)g->shm->buf_id, (unsigned long long)b->size);
-		return -ERANGE;
-	}
+	r = tpd_session_buffer_range(s, g->shm, g->length, &b, &ptr, why, wl);
+	if (r < 0)
+		return r;
 	ret->addr = (uint64_t)(uintptr_t)ptr;
 	ret->buf = tpb_buffer_ref(b);
 	return 0;

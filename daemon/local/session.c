@@ -543,3 +543,23 @@ struct tpb_buffer *tpd_session_buffer(struct tpd_session *s, uint64_t id, uint64
 
 	return b && b->gen == gen ? b : NULL;
 }
+
+int tpd_session_buffer_range(struct tpd_session *s, const Tpw__V1__ShmRef *ref, uint64_t len,
+			     struct tpb_buffer **ret_b, void **ret_ptr, char *why, size_t wl)
+{
+	struct tpb_buffer *b = tpd_session_buffer(s, ref->buf_id, ref->gen);
+
+	if (!b) {
+		snprintf(why, wl, "no shared buffer %llu/%llu", (unsigned long long)ref->buf_id,
+			 (unsigned long long)ref->gen);
+		return -ENOENT;
+	}
+	if (tpb_buffer_resolve(b, ref->offset, len, ret_ptr) < 0) {
+		snprintf(why, wl, "range %llu+%llu outside shared buffer %llu of %llu bytes",
+			 (unsigned long long)ref->offset, (unsigned long long)len,
+			 (unsigned long long)ref->buf_id, (unsigned long long)b->size);
+		return -ERANGE;
+	}
+	*ret_b = b;
+	return 0;
+}

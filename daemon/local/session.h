@@ -105,6 +105,15 @@ void tpd_session_log(const struct tpd_session *s, int level, const char *fmt, ..
 /* Returns borrowed buffer (@id, @gen) of @s, or NULL. */
 struct tpb_buffer *tpd_session_buffer(struct tpd_session *s, uint64_t id, uint64_t gen);
 
+/*
+ * tpd_session_buffer_range() - [@ref->offset, + @len) of @s's shared buffer @ref (what a
+ * client's segment names: hostile, checked here once for every user).
+ * @ret_b: the buffer (borrowed); @ret_ptr: the range's first byte in the daemon's mapping.
+ * Return: 0, -ENOENT (no such buffer of this session) or -ERANGE (outside it), with @why.
+ */
+int tpd_session_buffer_range(struct tpd_session *s, const Tpw__V1__ShmRef *ref, uint64_t len,
+			     struct tpb_buffer **ret_b, void **ret_ptr, char *why, size_t wl);
+
 /* Sends Reply{req_id, status from @err, @why, id, remote_name}. */
 void tpd_session_reply(struct tpd_session *s, uint64_t req_id, int err, const char *why, uint64_t id,
 		       const char *remote_name);
