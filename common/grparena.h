@@ -21,6 +21,9 @@
 #define TPU_GRPARENA_CALL 64u	       /* one call descriptor (a cache line) */
 #define TPU_GRPARENA_FAILED 0x80000000u /* in word: the group failed (fail_* say why) */
 #define TPU_GRPARENA_GEN 0x7fffffffu	/* in word: the barrier's generation */
+/* An all-reduce whose N slots hold at most this many bytes in all takes one barrier: every member
+ * folds every slot (client/lib/coll.c, direct_call(); tpipctl groups says so) */
+#define TPU_GRPARENA_DIRECT_MAX (64u * 1024u)
 
 /* Why a group failed (fail_why). */
 enum tpu_grparena_why {

@@ -7,8 +7,9 @@
  * All-reduce: each member copies its chunk into its slot; after a barrier member r reduces
  * slice r of the chunk over every slot in rank order into the bank's result; after a second
  * barrier each member copies the result out. Every element is reduced in rank order 0..N-1 by
- * exactly one member, so results are bitwise identical everywhere. Queuing calls and threads
- * are group.c's.
+ * exactly one member, so results are bitwise identical everywhere. A small all-reduce takes
+ * one barrier: every member folds every slot in that order itself (direct_call()). Queuing
+ * calls and threads are group.c's.
  */
 #include <errno.h>
 #include <sched.h>
@@ -32,7 +33,12 @@ struct coll_desc {
 	 * call that it hands the host's members (struct tpc_xverdict; not compared) */
 	int32_t xerr;
 	uint32_t xcontrib, xfield, xnodata;
+	/* what this member's library can do (COLL_CAP_*; not compared: a library without a
+	 * capability leaves it 0, and the others do without it) */
+	uint32_t caps;
 };
+
+#define COLL_CAP_DIRECT 1u /* the one-barrier small all-reduce (direct_call()) */
 
 _Static_assert(sizeof(struct coll_desc) <= TPU_GRPARENA_CALL, "a call descriptor fits its slot");
 
@@ -288,6 +294,46 @@ static void reduce_range(struct tp_group *g, const struct tpc_coll *c, unsigned 
 			fold(c, dst, r == g->rank ? mine : slot_of(g, bank, r) + off * es, n);
 }
 
+/*
+ * A small all-reduce (one chunk, at most TPU_GRPARENA_DIRECT_MAX bytes over all the slots): each
+ * member copies its whole input into its slot, and after the one barrier every member that
+ * takes the result folds all the slots in rank order straight into its output. Each member
+ * reads N times the input instead of sharing the work, which below this size costs less than
+ * the second barrier and the copy out that it saves. The fold order is the sliced path's, so
+ * the bits are too.
+ */
+static bool direct_call(const struct tp_group *g, const struct tpc_coll *c)
+{
+	size_t es = tp_dtype_size(c->dtype);
+
+	return c->kind == TPC_COLL_ALLREDUCE && c->count &&
+	       c->count <= TPU_GRPARENA_DIRECT_MAX / es / g->size && c->count * es <= g->chunk;
+}
+
+/* After the first barrier of call @seq: whether every member's library has @cap (a member
+ * whose library lacks one takes the path without it, so the others must too). */
+static bool all_can(struct tp_group *g, uint64_t seq, uint32_t cap)
+{
+	for (uint32_t r = 0; r < g->size; r++)
+		if (!(__atomic_load_n(&desc_of(g, seq, r)->caps, __ATOMIC_RELAXED) & cap))
+			return false;
+	return true;
+}
+
+/* The direct path's fold (direct_call()) of @n elements from the slots of @bank into @dst. */
+static void reduce_all(struct tp_group *g, const struct tpc_coll *c, unsigned bank, size_t n,
+		       uint8_t *dst)
+{
+	uint32_t first = 0;
+
+	while (g->absent[first]) /* some member contributes (coll_run() checked) */
+		first++;
+	memmove(dst, slot_of(g, bank, first), n * tp_dtype_size(c->dtype));
+	for (uint32_t r = first + 1; r < g->size; r++)
+		if (!g->absent[r])
+			fold(c, dst, slot_of(g, bank, r), n);
+}
+
 /* Elements of this member's slice of a chunk of @n elements (slices start on 64 bytes). */
 static void my_slice(struct tp_group *g, size_t n, size_t es, size_t *ret_off, size_t *ret_n)
 {
@@ -305,7 +351,7 @@ static void my_slice(struct tp_group *g, size_t n, size_t es, size_t *ret_off, s
 /* One chunk's data goes in before the first barrier of a call (with the descriptor), so each
  * path below starts after its first chunk's input is in place: @first is that chunk. */
 static void chunk_in(struct tp_group *g, const struct tpc_coll *c, size_t done, size_t n,
-		     unsigned bank)
+		     unsigned bank, bool direct)
 {
 	size_t es = tp_dtype_size(c->dtype);
 
@@ -315,6 +361,11 @@ static void chunk_in(struct tp_group *g, const struct tpc_coll *c, size_t done, 
 	case TPC_COLL_ALLREDUCE: /* all but this member's own slice (reduce_range()) */
 		if (c->absent)
 			break;
+		if (direct) { /* all of it: every member reads every slot (or, with a member
+			       * whose library cannot, the sliced path reads what it needs) */
+			memcpy(slot_of(g, bank, g->rank), c->send, n * es);
+			break;
+		}
 		my_slice(g, n, es, &off, &k);
 		memcpy(slot_of(g, bank, g->rank), (const uint8_t *)c->send + done * es, off * es);
 		memcpy(slot_of(g, bank, g->rank) + (off + k) * es,
@@ -428,11 +479,13 @@ int tpc_coll_local(struct tp_group *g, const struct tpc_coll *c, struct tpc_xver
 	struct coll_desc *d = desc_of(g, seq, g->rank);
 	size_t per = c->kind == TPC_COLL_BARRIER ? 1 : chunk_elems(g, c);
 	size_t n = c->count < per ? c->count : per, done = 0;
+	bool direct = direct_call(g, c);
 	int r;
 
 	*d = (struct coll_desc){ .seq = seq, .kind = c->kind, .dtype = c->dtype, .op = c->op,
 				 .root = (uint32_t)c->root, .count = c->count,
-				 .pid = (uint32_t)g->pid, .valid = 1, .absent = c->absent };
+				 .pid = (uint32_t)g->pid, .valid = 1, .absent = c->absent,
+				 .caps = COLL_CAP_DIRECT };
 	if (v && g->rank == 0) {
 		d->xerr = v->err;
 		d->xcontrib = v->contrib;
@@ -440,7 +493,7 @@ int tpc_coll_local(struct tp_group *g, const struct tpc_coll *c, struct tpc_xver
 		d->xnodata = v->nodata;
 	}
 	if (n)
-		chunk_in(g, c, 0, n, g->bank);
+		chunk_in(g, c, 0, n, g->bank, direct);
 	r = tpc_coll_barrier(g, g->op_timeout_ms, msg, ml);
 	if (r == 0)
 		r = desc_check(g, seq, msg, ml);
@@ -455,6 +508,14 @@ int tpc_coll_local(struct tp_group *g, const struct tpc_coll *c, struct tpc_xver
 		*c->ret_contrib = g->contrib;
 	if (g->contrib == 0) /* every member has finished (uneven steps): nothing to reduce */
 		n = 0;
+	if (r == 0 && n && direct && all_can(g, seq, COLL_CAP_DIRECT)) {
+		unsigned bank = g->bank;
+
+		g->bank ^= 1;
+		if (!c->leader_only || g->rank == 0)
+			reduce_all(g, c, bank, n, c->recv);
+		return 0;
+	}
 	while (r == 0 && n) {
 		unsigned bank = g->bank;
 
@@ -464,7 +525,7 @@ int tpc_coll_local(struct tp_group *g, const struct tpc_coll *c, struct tpc_xver
 		n = c->count - done < per ? c->count - done : per;
 		if (r < 0 || n == 0)
 			break;
-		chunk_in(g, c, done, n, g->bank);
+		chunk_in(g, c, done, n, g->bank, false);
 		r = tpc_coll_barrier(g, g->op_timeout_ms, msg, ml);
 	}
 	return r;

@@ -396,9 +396,8 @@ static void user_fold(void *inout, const void *in, size_t count, enum tp_dtype d
 		a[i] = 2 * a[i] + b[i];
 }
 
-static int body_user(struct gt_member *m)
+static int user_once(struct gt_member *m, size_t count)
 {
-	size_t count = 100003;
 	int64_t *in = malloc(count * 8), *out = malloc(count * 8);
 	int calls = 0, r, bad = 0;
 
@@ -419,12 +418,24 @@ static int body_user(struct gt_member *m)
 		}
 	}
 	if (m->n > 1 && calls == 0) {
-		fprintf(stderr, "the user function was never called on rank %d\n",
-			tp_group_rank(m->g));
+		fprintf(stderr, "the user function was never called on rank %d (%zu elements)\n",
+			tp_group_rank(m->g), count);
 		bad = 1;
 	}
 	free(in);
 	free(out);
+	return bad;
+}
+
+/* Over a chunk, and on both sides of the one-barrier path's size (TPC_COLL_DIRECT_MAX over all
+ * slots: 2048 i64 elements for 4 members) */
+static int body_user(struct gt_member *m)
+{
+	static const size_t uc[] = { 100003, 1, 1000, 2047, 2048, 2049, 4099 };
+	int bad = 0;
+
+	for (size_t i = 0; i < GT_ARRAY_SIZE(uc); i++)
+		bad |= user_once(m, uc[i]);
 	return bad;
 }
 
@@ -438,9 +449,8 @@ END_TEST
 
 /* Rank r takes r + 1 steps; each step all-reduces (sum) a vector of r + 1 + step; a rank that
  * has finished calls with send NULL until every rank has (0 contributors). */
-static int body_uneven(struct gt_member *m)
+static int uneven_once(struct gt_member *m, size_t count)
 {
-	size_t count = 300007; /* over a chunk */
 	int me = tp_group_rank(m->g), step = 0, bad = 0;
 	float *in = malloc(count * 4), *out = malloc(count * 4);
 
@@ -464,8 +474,8 @@ static int body_uneven(struct gt_member *m)
 			return mfail(m, r, "allreduce_uneven");
 		if (contrib != want || (want && (out[0] != sum || out[count - 1] != sum)) ||
 		    (!want && out[0] != -1)) {
-			fprintf(stderr, "rank %d step %d: %u contributors (want %u), %g (want %g)\n",
-				me, step, contrib, want, out[0], sum);
+			fprintf(stderr, "rank %d step %d (%zu elements): %u contributors (want %u), "
+				"%g (want %g)\n", me, step, count, contrib, want, out[0], sum);
 			bad = 1;
 		}
 		if (contrib == 0)
@@ -477,6 +487,17 @@ static int body_uneven(struct gt_member *m)
 	}
 	free(in);
 	free(out);
+	return bad;
+}
+
+/* Over a chunk, and on both sides of the one-barrier path's size (4096 f32 elements for 4) */
+static int body_uneven(struct gt_member *m)
+{
+	static const size_t uc[] = { 300007, 1, 4095, 4096, 4097 };
+	int bad = 0;
+
+	for (size_t i = 0; i < GT_ARRAY_SIZE(uc); i++)
+		bad |= uneven_once(m, uc[i]);
 	return bad;
 }
 
@@ -1059,6 +1080,8 @@ START_TEST(test_tpipctl_groups_shows_members_plan_and_counters)
 	ck_assert_str_eq(json_object_get_string(v), "formed");
 	ck_assert(json_object_object_get_ex(g, "plan", &v));
 	ck_assert_msg(strstr(json_object_get_string(v), "reduce-scatter"), "%s", out);
+	ck_assert_msg(strstr(json_object_get_string(v), "all-reduce up to 32768 bytes = every "
+			     "member folds the 2 slots in rank order, 1 barrier"), "%s", out);
 	ck_assert_uint_eq(jget(g, "size"), 2);
 	ck_assert(json_object_object_get_ex(g, "members", &members));
 	ck_assert_int_eq(json_object_array_length(members), 2);
