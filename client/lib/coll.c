@@ -388,6 +388,17 @@ static void chunk_in(struct tp_group *g, const struct tpc_coll *c, size_t done, 
 	}
 }
 
+/* A chunk of the result to this member's output: past the last-level cache's share, with
+ * non-temporal stores (group.h, stream_min). */
+static void copy_out(struct tp_group *g, const struct tpc_coll *c, uint8_t *dst, const uint8_t *src,
+		     size_t n)
+{
+	if (c->count * tp_dtype_size(c->dtype) >= g->stream_min)
+		tpc_copy_stream(dst, src, n);
+	else
+		memcpy(dst, src, n);
+}
+
 /* The rest of a chunk once its input is in (and the first barrier passed). */
 static int chunk_out(struct tp_group *g, const struct tpc_coll *c, size_t done, size_t n,
 		     unsigned bank, char *msg, size_t ml)
@@ -401,11 +412,11 @@ static int chunk_out(struct tp_group *g, const struct tpc_coll *c, size_t done, 
 		reduce_range(g, c, bank, done, off, k, result_of(g, bank) + off * es);
 		r = tpc_coll_barrier(g, g->op_timeout_ms, msg, ml);
 		if (r == 0 && (!c->leader_only || g->rank == 0))
-			memcpy((uint8_t *)c->recv + done * es, result_of(g, bank), n * es);
+			copy_out(g, c, (uint8_t *)c->recv + done * es, result_of(g, bank), n * es);
 		break;
 	case TPC_COLL_BROADCAST:
 		if ((uint32_t)c->root != g->rank)
-			memcpy((uint8_t *)c->recv + done * es, result_of(g, bank), n * es);
+			copy_out(g, c, (uint8_t *)c->recv + done * es, result_of(g, bank), n * es);
 		break;
 	case TPC_COLL_ALLGATHER:
 		for (uint32_t q = 0; q < g->size; q++)

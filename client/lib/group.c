@@ -274,6 +274,25 @@ static int slurm_options(const char *name, const struct tp_group_options *in,
 	return 0;
 }
 
+/* Bytes of this CPU's last-level cache as the kernel reports it (sysfs: cpuid inside a virtual
+ * machine may describe the host's), else glibc's figure; 0 when neither knows. */
+static long llc_bytes(void)
+{
+	FILE *f = fopen("/sys/devices/system/cpu/cpu0/cache/index3/size", "re");
+	char unit = 0;
+	long v = 0;
+
+	if (f) {
+		int n = fscanf(f, "%ld%c", &v, &unit);
+
+		fclose(f);
+		if (n >= 1 && v > 0)
+			return unit == 'K' ? v << 10 : unit == 'M' ? v << 20 : v;
+	}
+	v = sysconf(_SC_LEVEL3_CACHE_SIZE);
+	return v > 0 ? v : 0;
+}
+
 /*
  * Does AUTO mean Slurm for @in? In a Slurm task (SLURM_JOB_ID and SLURM_PROCID set) when the
  * caller's size is 0 or the step's task count and its rank -1 or SLURM_PROCID: the group of the
@@ -302,7 +321,7 @@ TP_EXPORT int tp_group_join(struct tp_context *ctx, const char *name,
 	struct join_req j;
 	struct tp_group *g;
 	int join_ms, r;
-	long ncpu;
+	long ncpu, llc;
 
 	if (opts && opts->size >= sizeof(*opts) &&
 	    (opts->bootstrap == TP_GROUP_BOOTSTRAP_SLURM || auto_is_slurm(opts))) {
@@ -353,6 +372,8 @@ TP_EXPORT int tp_group_join(struct tp_context *ctx, const char *name,
 	g->pid = getpid();
 	ncpu = sysconf(_SC_NPROCESSORS_ONLN);
 	g->spin = ncpu > 0 && (long)g->size <= ncpu;
+	llc = llc_bytes();
+	g->stream_min = (llc > 0 ? (size_t)llc : (size_t)32 << 20) / (2 * g->size);
 	pthread_mutex_init(&g->lock, NULL);
 	pthread_cond_init(&g->cond, NULL);
 	tpu_list_init(&g->queue);

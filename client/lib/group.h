@@ -71,6 +71,10 @@ struct tp_group {
 	struct tpu_grparena_hdr *hdr;
 	int op_timeout_ms;
 	bool spin; /* members fit the CPUs: spin briefly before sleeping in a barrier */
+	/* an all-reduce or broadcast result of at least this many bytes is copied out with
+	 * non-temporal stores (the members' inputs and outputs together outgrow the last-level
+	 * cache, so each output line would be read from memory only to be overwritten) */
+	size_t stream_min;
 	pid_t pid;
 	/* the executor's (one collective runs at a time: busy) */
 	uint64_t seq;  /* calls made */

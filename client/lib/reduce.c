@@ -6,8 +6,42 @@
  * fold in which order is coll.c's.
  */
 #include <string.h>
+#if defined(__x86_64__)
+#include <emmintrin.h>
+#endif
 
 #include "reduce.h"
+
+void tpc_copy_stream(void *dst, const void *src, size_t n)
+{
+#if defined(__x86_64__)
+	uint8_t *d = dst;
+	const uint8_t *s = src;
+	size_t head = (16 - ((uintptr_t)d & 15)) & 15;
+
+	if (n < 256) {
+		memcpy(d, s, n);
+		return;
+	}
+	memcpy(d, s, head); /* @d on 16 bytes from here */
+	d += head, s += head, n -= head;
+	for (; n >= 64; d += 64, s += 64, n -= 64) {
+		__m128i a = _mm_loadu_si128((const __m128i *)s);
+		__m128i b = _mm_loadu_si128((const __m128i *)(s + 16));
+		__m128i c = _mm_loadu_si128((const __m128i *)(s + 32));
+		__m128i e = _mm_loadu_si128((const __m128i *)(s + 48));
+
+		_mm_stream_si128((__m128i *)d, a);
+		_mm_stream_si128((__m128i *)(d + 16), b);
+		_mm_stream_si128((__m128i *)(d + 32), c);
+		_mm_stream_si128((__m128i *)(d + 48), e);
+	}
+	memcpy(d, s, n);
+	_mm_sfence(); /* the stores are seen (by a barrier's release, by other members) in order */
+#else
+	memcpy(dst, src, n);
+#endif
+}
 
 size_t tp_dtype_size(enum tp_dtype dtype) __attribute__((visibility("default")));
 

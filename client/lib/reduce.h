@@ -26,6 +26,14 @@ static inline int tpc_reduce_op_valid(int op)
  */
 void tpc_reduce(void *acc, const void *in, size_t n, enum tp_dtype dt, enum tp_reduce_op op);
 
+/*
+ * tpc_copy_stream() - copies @n bytes from @src to @dst with non-temporal stores where the CPU
+ * has them (x86-64), so that a large result written once goes to memory without first reading
+ * every destination line into the cache; plain memcpy elsewhere. For destinations that will
+ * not be read again soon. Borrows both (may not overlap).
+ */
+void tpc_copy_stream(void *dst, const void *src, size_t n);
+
 /* binary16 <-> float (exact widening; narrowing rounds to nearest even, NaN stays NaN). */
 float tpc_f16_to_float(uint16_t h);
 uint16_t tpc_float_to_f16(float f);
