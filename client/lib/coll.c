@@ -403,16 +403,11 @@ static void copy_out(struct tp_group *g, const struct tpc_coll *c, uint8_t *dst,
 static int chunk_out(struct tp_group *g, const struct tpc_coll *c, size_t done, size_t n,
 		     unsigned bank, char *msg, size_t ml)
 {
-	size_t es = tp_dtype_size(c->dtype), off, k;
+	size_t es = tp_dtype_size(c->dtype);
 	int r = 0;
 
 	switch (c->kind) {
-	case TPC_COLL_ALLREDUCE:
-		my_slice(g, n, es, &off, &k);
-		reduce_range(g, c, bank, done, off, k, result_of(g, bank) + off * es);
-		r = tpc_coll_barrier(g, g->op_timeout_ms, msg, ml);
-		if (r == 0 && (!c->leader_only || g->rank == 0))
-			copy_out(g, c, (uint8_t *)c->recv + done * es, result_of(g, bank), n * es);
+	case TPC_COLL_ALLREDUCE: /* allreduce_chunks() */
 		break;
 	case TPC_COLL_BROADCAST:
 		if ((uint32_t)c->root != g->rank)
@@ -433,6 +428,38 @@ static int chunk_out(struct tp_group *g, const struct tpc_coll *c, size_t done, 
 	}
 	case TPC_COLL_BARRIER:
 		break;
+	}
+	return r;
+}
+
+/*
+ * The sliced all-reduce of @n elements a chunk (the first chunk's input in), one barrier a
+ * chunk: a member folds its slice of chunk k into the result and copies chunk k + 1 in (the
+ * other bank) before the barrier, and copies chunk k's result out after it. What it writes
+ * before a barrier was last read before the barrier ahead of it (the other bank's slots by
+ * chunk k - 1's folds, this bank's result by chunk k - 2's copy out), so no member overwrites
+ * what a slower one still reads.
+ */
+static int allreduce_chunks(struct tp_group *g, const struct tpc_coll *c, size_t per, size_t n,
+			    char *msg, size_t ml)
+{
+	size_t es = tp_dtype_size(c->dtype), done = 0, off, k, next;
+	int r = 0;
+
+	while (r == 0 && n) {
+		unsigned bank = g->bank;
+
+		g->bank ^= 1;
+		my_slice(g, n, es, &off, &k);
+		reduce_range(g, c, bank, done, off, k, result_of(g, bank) + off * es);
+		next = c->count - done - n < per ? c->count - done - n : per;
+		if (next)
+			chunk_in(g, c, done + n, next, g->bank, false);
+		r = tpc_coll_barrier(g, g->op_timeout_ms, msg, ml);
+		if (r == 0 && (!c->leader_only || g->rank == 0))
+			copy_out(g, c, (uint8_t *)c->recv + done * es, result_of(g, bank), n * es);
+		done += n;
+		n = next;
 	}
 	return r;
 }
@@ -527,6 +554,8 @@ int tpc_coll_local(struct tp_group *g, const struct tpc_coll *c, struct tpc_xver
 			reduce_all(g, c, bank, n, c->recv);
 		return 0;
 	}
+	if (r == 0 && c->kind == TPC_COLL_ALLREDUCE)
+		return allreduce_chunks(g, c, per, n, msg, ml);
 	while (r == 0 && n) {
 		unsigned bank = g->bank;
 

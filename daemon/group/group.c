@@ -641,7 +641,7 @@ static int ctl_group(const struct tpd_group *grp, Tpw__V1__CtlGroup **ret)
 		snprintf(plan, sizeof(plan), "one host, shared-memory arena: all-reduce up to "
 			 "%u bytes = every member folds the %u slots in rank order, 1 barrier; "
 			 "above = reduce-scatter by %u slices in rank order + all-gather, chunks of "
-			 "%llu KiB, 2 barriers each", TPU_GRPARENA_DIRECT_MAX / grp->size,
+			 "%llu KiB, 1 barrier each + 1", TPU_GRPARENA_DIRECT_MAX / grp->size,
 			 grp->size, grp->size, (unsigned long long)(grp->chunk >> 10));
 	c->plan = strdup(plan);
 	c->arena_bytes = grp->bytes;
