@@ -1138,6 +1138,35 @@ struct tp_chan_item {
 int tp_chan_read_many(struct tp_chan *ch, struct tp_chan_item *items, size_t max,
 		      size_t *ret_n, int timeout_ms);
 
+/* ---- a user reduction on CUDA memory ------------------------------------------------------- */
+
+/*
+ * A user reduction on the device (torch-ipc's reduce function on GPU tensors): fold @in into
+ * @inout, @count elements of @dtype each, both device memory of the group's CUDA device, by work
+ * queued on @cuda_stream (CUstream / cudaStream_t: the stream of the group's collective options,
+ * NULL the legacy default stream). It may return before that work ends: the library waits for
+ * the stream before it uses @inout. Called on a library or caller thread with the device's
+ * context current, possibly on several members at once for different slices; it must be
+ * deterministic for results to be identical everywhere. Borrows @inout and @in until the work
+ * it queued has run.
+ */
+typedef void (*tp_reduce_cuda_fn)(void *inout, const void *in, size_t count, enum tp_dtype dtype,
+				  void *cuda_stream, void *user);
+
+/*
+ * tp_allreduce_cuda_fn() - all-reduce of @count elements of CUDA memory with @fn, for a group
+ * whose collective options name a CUDA device (tp_group_set_coll_options()). The collective
+ * runs on host copies as for every CUDA call; each fold copies its two operands to the device
+ * (scratch memory the library allocates for the call and frees), calls @fn on the options'
+ * stream, and copies the result back after that stream. A fold that fails (a CUDA error) aborts
+ * the group: the other members would otherwise take a result this member never computed.
+ * Borrows @send, @recv (device memory; equal for in place) and @user for the call.
+ * Return: 0; -EINVAL (no @fn, or the group's options are not CUDA), -EOPNOTSUPP (no CUDA),
+ * the errors of tp_allreduce_fn(); a CUDA error of a fold as its -errno.
+ */
+int tp_allreduce_cuda_fn(struct tp_group *g, const void *send, void *recv, size_t count,
+			 enum tp_dtype dtype, tp_reduce_cuda_fn fn, void *user);
+
 #ifdef __cplusplus
 }
 #endif

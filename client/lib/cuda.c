@@ -775,6 +775,72 @@ int tpc_cuda_copy_out(struct tp_context *ctx, const struct tpc_cuda_mem *m, void
 	return copy_run(ctx, &j, ret_status);
 }
 
+/* ---- a user reduction on the device (tp_allreduce_cuda_fn()) ------------------------------- */
+
+struct fold_job {
+	const struct tpcuda_api *api;
+	const struct tpc_cuda_mem *m;
+	void *acc;
+	const void *in;
+	size_t n, bytes;
+	enum tp_dtype dt;
+	tp_reduce_cuda_fn fn;
+	void *user;
+};
+
+/* The fold of @arg (struct fold_job) in the call's context: scratch in, @fn, result out. */
+static int fold_in_ctx(void *arg)
+{
+	struct fold_job *j = arg;
+	const struct tpcuda_api *api = j->api;
+	CUstream stream = (CUstream)j->m->stream;
+	const char *call = "cuMemAlloc";
+	CUdeviceptr d = 0;
+	CUresult res;
+
+	res = api->cuMemAlloc(&d, 2 * j->bytes);
+	if (res == CUDA_SUCCESS) {
+		call = "cuMemcpyHtoDAsync";
+		res = api->cuMemcpyHtoDAsync(d, j->acc, j->bytes, stream);
+	}
+	if (res == CUDA_SUCCESS)
+		res = api->cuMemcpyHtoDAsync(d + j->bytes, j->in, j->bytes, stream);
+	if (res == CUDA_SUCCESS) {
+		j->fn((void *)(uintptr_t)d, (const void *)(uintptr_t)(d + j->bytes), j->n, j->dt,
+		      j->m->stream, j->user);
+		call = "cuMemcpyDtoHAsync";
+		res = api->cuMemcpyDtoHAsync(j->acc, d, j->bytes, stream);
+	}
+	if (res == CUDA_SUCCESS) {
+		call = "cuStreamSynchronize";
+		res = api->cuStreamSynchronize(stream);
+	}
+	if (d) {
+		/* after the stream (a failed wait: the driver defers the free to the work) */
+		CUresult fr = api->cuMemFree(d);
+
+		if (res == CUDA_SUCCESS && fr != CUDA_SUCCESS)
+			call = "cuMemFree", res = fr;
+	}
+	return res == CUDA_SUCCESS ? 0 : cuda_fail(api, j->m->what, call, res);
+}
+
+int tpc_cuda_fold(struct tp_context *ctx, const struct tpc_cuda_mem *m, void *acc, const void *in,
+		  size_t n, enum tp_dtype dt, tp_reduce_cuda_fn fn, void *user)
+{
+	struct fold_job j = { .api = tpcuda_api(NULL, 0), .m = m, .acc = acc, .in = in, .n = n,
+			      .bytes = n * tp_dtype_size(dt), .dt = dt, .fn = fn, .user = user };
+	struct cuda_alloc a = { 0 };
+	int r;
+
+	if (!j.api)
+		return tpc_cuda_check(ctx, false);
+	if (j.bytes == 0)
+		return 0;
+	r = cuda_describe(j.api, m, false, &a);
+	return r < 0 ? r : cuda_in_context(j.api, m->what, a.cuctx, fold_in_ctx, &j);
+}
+
 /* ---- release ------------------------------------------------------------------------------- */
 
 static int release_in_context(void *arg)
@@ -945,6 +1011,12 @@ int tpc_cuda_copy_out(struct tp_context *ctx, const struct tpc_cuda_mem *m, void
 		      int *ret_status)
 {
 	*ret_status = 0;
+	return tpc_error(-EOPNOTSUPP, NO_CUDA_BUILD);
+}
+
+int tpc_cuda_fold(struct tp_context *ctx, const struct tpc_cuda_mem *m, void *acc, const void *in,
+		  size_t n, enum tp_dtype dt, tp_reduce_cuda_fn fn, void *user)
+{
 	return tpc_error(-EOPNOTSUPP, NO_CUDA_BUILD);
 }
 

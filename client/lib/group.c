@@ -518,6 +518,34 @@ static int cuda_copy(struct tp_group *g, const struct tpc_coll *c, bool out, voi
 	return r;
 }
 
+/* A fold of tp_allreduce_cuda_fn() on the staged host copies (tpc_cuda_fold()). */
+struct cuda_fold {
+	struct tp_group *g;
+	const struct tpc_coll *c;
+	int err;
+	char msg[TPC_GROUP_MSG_MAX];
+};
+
+/* A tp_reduce_fn over struct cuda_fold: a failed fold aborts the group (every member's result
+ * would hold this member's unfinished slice) and the later folds of the call do nothing. */
+static void cuda_fold(void *inout, const void *in, size_t n, enum tp_dtype dt, void *user)
+{
+	struct cuda_fold *f = user;
+	struct tpc_cuda_mem m = { .data = f->c->recv, .length = n * tp_dtype_size(dt),
+				  .device = f->c->cuda_device, .stream = f->c->cuda_stream };
+	int r;
+
+	if (f->err < 0 || n == 0)
+		return;
+	snprintf(m.what, sizeof(m.what), "user reduction");
+	r = tpc_cuda_fold(f->g->ctx, &m, inout, in, n, dt, f->c->cuda_fn, f->c->user);
+	if (r < 0) {
+		f->err = r;
+		snprintf(f->msg, sizeof(f->msg), "group '%s': %s", f->g->name, tp_last_error());
+		tp_group_abort(f->g);
+	}
+}
+
 /*
  * Runs @c with its CUDA buffers staged through host memory: the input copied out after the
  * work queued on the call's stream, the collective on host memory, the result copied back on
@@ -530,6 +558,7 @@ static int coll_staged(struct tp_group *g, const struct tpc_coll *c, char *msg, 
 	bool in_place = c->kind == TPC_COLL_BROADCAST ||
 			(c->kind == TPC_COLL_ALLREDUCE && c->send && c->send == c->recv);
 	const void *dev_in = c->kind == TPC_COLL_BROADCAST ? c->recv : c->send;
+	struct cuda_fold cf = { .g = g, .c = c };
 	struct tpc_coll h = *c;
 	size_t in, out, need;
 	uint8_t *host_in;
@@ -554,7 +583,13 @@ static int coll_staged(struct tp_group *g, const struct tpc_coll *c, char *msg, 
 		tp_group_abort(g);
 		return r;
 	}
+	if (c->cuda_fn) { /* each fold on the device */
+		h.fn = cuda_fold;
+		h.user = &cf;
+	}
 	r = tpc_coll_run(g, &h, msg, ml);
+	if (cf.err < 0) /* this member's own failure, not the abort it made */
+		return tpu_why(cf.err, msg, ml, "%s", cf.msg);
 	if (r == 0 && out && !(c->kind == TPC_COLL_ALLREDUCE && c->ret_contrib &&
 			       *c->ret_contrib == 0))
 		r = cuda_copy(g, c, true, h.recv, c->recv, out, msg, ml);
@@ -618,8 +653,11 @@ static int coll_check(struct tp_group *g, const struct tpc_coll *c)
 	if (!es)
 		return tpc_error(-EINVAL, "unknown dtype %d", (int)c->dtype);
 	if ((c->kind == TPC_COLL_ALLREDUCE || c->kind == TPC_COLL_REDUCE_SCATTER) &&
-	    !(c->op == TPC_OP_USER ? c->fn != NULL : tpc_reduce_op_valid((int)c->op)))
+	    !(c->op == TPC_OP_USER ? c->fn || c->cuda_fn : tpc_reduce_op_valid((int)c->op)))
 		return tpc_error(-EINVAL, "unknown reduction %u (or no function)", c->op);
+	if (c->cuda_fn && !c->cuda)
+		return tpc_error(-EINVAL, "a reduction on CUDA memory needs the group's collective "
+				 "options to name a CUDA device (tp_group_set_coll_options())");
 	if (c->kind == TPC_COLL_BROADCAST && (c->root < 0 || (uint32_t)c->root >= g->world_size))
 		return tpc_error(-EINVAL, "root %d of a group of %u", c->root, g->world_size);
 	if (c->count && (!c->recv || (c->kind != TPC_COLL_BROADCAST && !c->send && !c->absent)))
@@ -814,6 +852,15 @@ TP_EXPORT int tp_allreduce_fn(struct tp_group *g, const void *send, void *recv, 
 	return coll_blocking(g, &(struct tpc_coll){ .kind = TPC_COLL_ALLREDUCE, .send = send,
 						    .recv = recv, .count = count, .dtype = dtype,
 						    .op = TPC_OP_USER, .fn = fn, .user = user });
+}
+
+TP_EXPORT int tp_allreduce_cuda_fn(struct tp_group *g, const void *send, void *recv, size_t count,
+				   enum tp_dtype dtype, tp_reduce_cuda_fn fn, void *user)
+{
+	return coll_blocking(g, &(struct tpc_coll){ .kind = TPC_COLL_ALLREDUCE, .send = send,
+						    .recv = recv, .count = count, .dtype = dtype,
+						    .op = TPC_OP_USER, .cuda_fn = fn,
+						    .user = user });
 }
 
 TP_EXPORT int tp_broadcast(struct tp_group *g, void *buf, size_t count, enum tp_dtype dtype,

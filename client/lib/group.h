@@ -37,6 +37,7 @@ struct tpc_coll {
 	unsigned op; /* enum tp_reduce_op, or TPC_OP_USER */
 	tp_reduce_fn fn;
 	void *user;
+	tp_reduce_cuda_fn cuda_fn; /* tp_allreduce_cuda_fn() (op TPC_OP_USER, @fn NULL) */
 	int root;
 	bool absent;		 /* tp_allreduce_uneven() with send NULL: contributes nothing */
 	bool leader_only;	 /* all-reduce: only local rank 0 takes the result (across hosts) */

@@ -683,6 +683,16 @@ int tpc_cuda_copy_in(struct tp_context *ctx, const struct tpc_cuda_mem *m, const
 int tpc_cuda_copy_out(struct tp_context *ctx, const struct tpc_cuda_mem *m, void *dst,
 		      int *ret_status);
 
+/*
+ * tpc_cuda_fold() - @fn(device copy of @acc, device copy of @in, @n, @dt, @m->stream, @user),
+ * then the result back into @acc: in @m's context (@m names the call's device memory, its
+ * device and stream), scratch device memory of 2 x @m->length bytes allocated and freed here,
+ * the copies and @fn's work on @m->stream, waited for. Borrows everything.
+ * Return: 0 or -errno (message set: the failed call).
+ */
+int tpc_cuda_fold(struct tp_context *ctx, const struct tpc_cuda_mem *m, void *acc, const void *in,
+		  size_t n, enum tp_dtype dt, tp_reduce_cuda_fn fn, void *user);
+
 /* Gives the events of an operation back to their pools. Takes @list. Any lock may be held. */
 void tpc_cuda_events_put(struct tpc_cuda_event *list);
 

@@ -3,7 +3,8 @@
  * hw suite: collectives on CUDA buffers (tp_group_set_coll_options(), docs/collectives.md).
  * Three processes join a group, each with its buffers in device memory: all-reduce (on a
  * stream of its own, its input written on that stream and not waited for), a user reduction in
- * place on the legacy default stream, uneven steps, broadcast from every root, all-gather and
+ * place on the legacy default stream, a user reduction on the device queued on the call's stream
+ * (tp_allreduce_cuda_fn()), uneven steps, broadcast from every root, all-gather and
  * reduce-scatter, all read back from the device and compared with references computed here;
  * options for CPU memory switch back; bad options are refused. Skips (77) without a CUDA driver
  * or device.
@@ -110,6 +111,70 @@ static float val_root(int rank, size_t i)
 	return val(rank, i) + 1000.0f;
 }
 
+/* A user reduction on the device (tp_allreduce_cuda_fn()): queues on the stream it is given the
+ * copies of both operands to host memory, a host function that adds them, and the copy of the
+ * sum back into @inout, and returns before any of it runs (fakecuda runs each stream on a
+ * thread of its own), so the result is right only if the library waits for that stream. */
+struct dev_op {
+	struct dev_op *next;
+	float *a, *b;
+	size_t n;
+};
+
+struct dev_fold {
+	const struct hwt_cuda *cu;
+	CUstream want;
+	unsigned calls, other_stream, failed;
+	struct dev_op *ops; /* freed once the call returned */
+};
+
+static void CUDA_CB host_add(void *arg)
+{
+	struct dev_op *op = arg;
+
+	for (size_t i = 0; i < op->n; i++)
+		op->a[i] += op->b[i];
+}
+
+static void dev_fold_fn(void *inout, const void *in, size_t n, enum tp_dtype dt, void *stream,
+			void *user)
+{
+	struct dev_fold *f = user;
+	const struct tpcuda_api *api = f->cu->api;
+	struct dev_op *op = calloc(1, sizeof(*op));
+	CUstream s = (CUstream)stream;
+
+	f->calls++;
+	f->other_stream += s != f->want || dt != TP_DTYPE_F32;
+	if (!op || !(op->a = malloc(n * 4)) || !(op->b = malloc(n * 4))) {
+		f->failed++;
+		if (op)
+			free(op->a);
+		free(op);
+		return;
+	}
+	op->n = n;
+	op->next = f->ops;
+	f->ops = op;
+	if (api->cuMemcpyDtoHAsync(op->a, (CUdeviceptr)(uintptr_t)inout, n * 4, s) ||
+	    api->cuMemcpyDtoHAsync(op->b, (CUdeviceptr)(uintptr_t)in, n * 4, s) ||
+	    api->cuLaunchHostFunc(s, host_add, op) ||
+	    api->cuMemcpyHtoDAsync((CUdeviceptr)(uintptr_t)inout, op->a, n * 4, s))
+		f->failed++;
+}
+
+static void dev_fold_free(struct dev_fold *f)
+{
+	while (f->ops) {
+		struct dev_op *op = f->ops;
+
+		f->ops = op->next;
+		free(op->a);
+		free(op->b);
+		free(op);
+	}
+}
+
 static int member(void *arg)
 {
 	struct tp_group_options go = { .size = sizeof(go), .rank = (int)(intptr_t)arg,
@@ -159,6 +224,25 @@ static int member(void *arg)
 	r = tp_allreduce_fn(g, hwt_ptr(a), hwt_ptr(a), N, TP_DTYPE_F32, sum_fn, NULL);
 	TPT_REQUIRE(r == 0, 1, "allreduce_fn: %s", tp_last_error());
 	TPT_REQUIRE(expect(&cu, a, N, want_sum, 0, "allreduce_fn") == 0, 1, "in place");
+	/* a user reduction on the device, on our stream, into another buffer */
+	{
+		struct dev_fold f = { .cu = &cu, .want = s };
+
+		co.cuda_stream = (void *)s;
+		TPT_REQUIRE(tp_group_set_coll_options(g, &co) == 0, 1, "options");
+		TPT_REQUIRE(fill(&cu, a, N, val, rank, NULL, NULL) == 0, 1, "fill");
+		TPT_REQUIRE(hwt_dev_set(&cu, b, 0, N * sizeof(float)) == 0, 1, "clear");
+		r = tp_allreduce_cuda_fn(g, hwt_ptr(a), hwt_ptr(b), N, TP_DTYPE_F32, dev_fold_fn,
+					 &f);
+		dev_fold_free(&f);
+		TPT_REQUIRE(r == 0, 1, "allreduce_cuda_fn: %s", tp_last_error());
+		TPT_REQUIRE(f.calls > 0 && !f.other_stream && !f.failed, 1, "%u folds, %u on "
+			    "another stream, %u failed", f.calls, f.other_stream, f.failed);
+		TPT_REQUIRE(expect(&cu, b, N, want_sum, 0, "allreduce_cuda_fn") == 0, 1,
+			    "device reduction");
+		co.cuda_stream = NULL;
+		TPT_REQUIRE(tp_group_set_coll_options(g, &co) == 0, 1, "options");
+	}
 	/* uneven: rank r takes part in steps 0..r */
 	for (int step = 0;; step++) {
 		TPT_REQUIRE(fill(&cu, a, 3, val, rank, NULL, NULL) == 0, 1, "fill");
@@ -191,8 +275,11 @@ static int member(void *arg)
 	TPT_REQUIRE(r == 0, 1, "reduce_scatter: %s", tp_last_error());
 	TPT_REQUIRE(expect(&cu, b, 1000, want_scatter, rank, "reduce_scatter") == 0, 1,
 		    "reduce_scatter result");
-	/* back to CPU memory */
+	/* back to CPU memory: a reduction on the device is refused there */
 	TPT_REQUIRE(tp_group_set_coll_options(g, &cpu) == 0, 1, "CPU options");
+	r = tp_allreduce_cuda_fn(g, one, out, 3, TP_DTYPE_F32, dev_fold_fn, NULL);
+	TPT_REQUIRE(r == -EINVAL && strstr(tp_last_error(), "tp_group_set_coll_options"), 1,
+		    "a device reduction on CPU options: %d %s", r, tp_last_error());
 	for (int i = 0; i < 3; i++)
 		one[i] = (float)(rank + i);
 	r = tp_allreduce(g, one, out, 3, TP_DTYPE_F32, TP_OP_SUM);
