@@ -17,7 +17,8 @@
  * Usage: TPIPD_SOCKET=... bench_chan [SECONDS_PER_ROW (default 1)]. Numbers, never pass/fail.
  * A short warm-up run through a channel comes first, not reported.
  * BENCH_CHAN_SIZE=N runs the rows of one item size only; BENCH_CHAN_MANY=N (1..64) sets the
- * items per tp_chan_read_many() (1: tp_chan_read_into() for every item).
+ * items per tp_chan_read_many() (1: tp_chan_read_into() for every item). BENCH_CHAN_ROWS=LIST
+ * runs only the rows named in LIST (any of "priv", "shm", "zmq"; e.g. "priv,zmq" to profile).
  */
 #include <errno.h>
 #include <signal.h>
@@ -43,6 +44,14 @@ static double now_s(void)
 
 static bool old_api; /* BENCH_CHAN_OLD=1: one tp_chan_read() per item, as before minor 7 */
 static size_t read_max = 64; /* BENCH_CHAN_MANY: items per tp_chan_read_many() (1: read_into) */
+
+/* Does BENCH_CHAN_ROWS (unset: every row) name rows of kind @what? */
+static bool rows_want(const char *what)
+{
+	const char *l = getenv("BENCH_CHAN_ROWS");
+
+	return !l || strstr(l, what);
+}
 
 /* Memory of @size bytes: shared (tp_buffer_alloc()) or private. NULL on failure. */
 static void *mem_alloc(struct tp_context *ctx, size_t size, bool shm)
@@ -266,6 +275,8 @@ int main(int argc, char **argv)
 			for (int shm = 0; shm < 2; shm++) {
 				const char *what = shm ? "chan-shm" : "chan-priv";
 
+				if (!rows_want(shm ? "shm" : "priv"))
+					continue;
 				if (old_api && sizes[i] > (1u << 20))
 					printf("%-9s %9zu %7u %10s %10s\n", what, sizes[i],
 					       nreaders[k], "n/a", "(inline)");
@@ -273,6 +284,8 @@ int main(int argc, char **argv)
 					row(what, sizes[i], nreaders[k], n,
 					    run_chan(sizes[i], n, nreaders[k], shm));
 			}
+			if (!rows_want("zmq"))
+				continue;
 #ifdef HAVE_ZMQ
 			row("zmq", sizes[i], nreaders[k], n, run_zmq(sizes[i], n, nreaders[k]));
 #else
