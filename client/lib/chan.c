@@ -459,6 +459,7 @@ struct chan_segs {
 	struct iovec *iov; /* the inline items */
 	size_t n_iov;
 	struct tpc_buf *stage; /* the staging buffer of items copied by the library, or NULL */
+	uint64_t staged;       /* bytes of it the items take */
 };
 
 static void chan_segs_free(struct tp_context *ctx, struct chan_segs *w, bool reuse)
@@ -512,6 +513,7 @@ static void chan_write_stage(struct tp_context *ctx, const struct iovec *items, 
 	if (tpc_buffer_stage_get(ctx, (size_t)total, &w->stage) < 0)
 		w->stage = NULL;
 	pthread_mutex_unlock(&ctx->send_lock);
+	w->staged = total;
 	for (size_t i = 0; w->stage && i < n; i++) {
 		Tpw__V1__Segment *g = &w->seg[i];
 
@@ -578,12 +580,14 @@ static int chan_write_segs(struct tp_chan *ch, const struct iovec *items, size_t
 	return 0;
 }
 
-/* May @ch lend staging buffer @b (NULL: none) to its channel? */
-static bool chan_may_lend(struct tp_chan *ch, const struct tpc_buf *b)
+/* May @ch lend staging buffer @b (NULL: none), @staged bytes of it used, to its channel? Not
+ * one of more than twice that: the daemon charges the owner's quota the whole buffer. Buffer
+ * ids are never reused in a context (tp_context.next_buf_id), so a released id is this one. */
+static bool chan_may_lend(struct tp_chan *ch, const struct tpc_buf *b, uint64_t staged)
 {
 	bool ok;
 
-	if (!b)
+	if (!b || b->size / 2 > staged)
 		return false;
 	pthread_mutex_lock(&ch->ctx->lock);
 	ok = ch->n_lent < CHAN_LENT_MAX && ch->lent_bytes + b->size <= CHAN_LENT_BYTES;
@@ -673,7 +677,7 @@ TP_EXPORT int tp_chan_write(struct tp_chan *ch, const struct iovec *items, size_
 	op.lengths = lens;
 	op.timeout_ms = timeout_ms < 0 ? UINT32_MAX : (uint32_t)timeout_ms;
 	r = refs ? chan_write_segs(ch, items, n, true, &op, &w) : 0;
-	op.lend = r == 0 && refs && chan_may_lend(ch, w.stage);
+	op.lend = r == 0 && refs && chan_may_lend(ch, w.stage, w.staged);
 	cr.write = true;
 	if (r == 0)
 		r = chan_call(ch->ctx, &op, refs ? w.iov : items, refs ? w.n_iov : n, timeout_ms,
