@@ -30,7 +30,7 @@
 #include "internal.h"
 
 #define CHAN_LENT_MAX 8u		   /* staging buffers one handle lends at once, at most */
-#define CHAN_LENT_BYTES (32ull << 20) /* and their bytes */
+#define CHAN_LENT_BYTES (64ull << 20) /* and their bytes */
 
 struct tp_chan {
 	struct tp_context *ctx;
