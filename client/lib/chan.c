@@ -165,7 +165,8 @@ void tpc_chan_on_reply(struct tp_context *ctx, const Tpw__V1__ChanReply *m, cons
 	cr->chan_id = m->chan_id;
 	cr->held_len = m->held_len;
 	cr->lent = m->lent;
-	if (cr->write && m->n_released && !cr->released) { /* validated: at most TPW_CHAN_RELEASED_MAX */
+	/* validated: at most TPW_CHAN_RELEASED_MAX */
+	if (cr->write && m->n_released && !cr->released) {
 		cr->released = malloc(m->n_released * sizeof(*cr->released));
 		if (cr->released) {
 			memcpy(cr->released, m->released, m->n_released * sizeof(*cr->released));

@@ -616,7 +616,8 @@ static void handle_free(struct chan_handle *h, bool answer)
 	struct chan_lend *l, *ltmp;
 	struct chan_copy *cp;
 
-	tpu_list_for_each_safe(l, ltmp, &h->lends, node) { /* its lent buffers stay with the items */
+	/* Its lent buffers stay with their items, and nobody is told when they leave. */
+	tpu_list_for_each_safe(l, ltmp, &h->lends, node) {
 		tpu_list_remove(&l->node);
 		l->h = NULL;
 	}
