@@ -34,7 +34,7 @@
 
 /* A staging buffer a writer lent to a channel (ChanOp.lend): items of the channel lie in it. The
  * daemon keeps it mapped until the last of them leaves, and charges the channel owner's
- * chan-bytes-per-uid the whole buffer meanwhile (chan.lent_extra). */
+ * chan-bytes-per-uid the whole buffer meanwhile, besides the items (tpd_chans.lent). */
 struct chan_lend {
 	struct tpu_list node;	/* in chan_handle.lends; unlinked once the handle is gone */
 	struct chan_handle *h;	/* the lender, told when the last item leaves; NULL once gone */
@@ -84,9 +84,6 @@ struct chan {
 	/* @bytes counts the items in @items, those held for a handle or being copied to a reader
 	 * (@n_outs of them) and the batches being copied in (@res_items items). */
 	uint64_t bytes, written, read;
-	/* Lent buffers' bytes beyond those of their items counted in @bytes (negative for
-	 * items that overlap): @bytes + @lent_extra is what the owner is charged. */
-	int64_t lent_extra;
 	uint32_t res_items, n_outs;
 	struct tpu_list copies; /* chan_copy running; the channel stays while there are some */
 	struct tpd_chans *cs;
@@ -150,6 +147,12 @@ struct tpd_chans {
 	struct tpu_list spare; /* chan_item buffers to reuse, oldest first (CHAN_SPARE_*) */
 	unsigned n_spare;
 	uint64_t spare_bytes;
+	/* Bytes of lent buffers per channel owner, whether the channel is named or not. */
+	struct chan_lent_uid {
+		uid_t uid;
+		uint64_t bytes;
+	} *lent;
+	size_t n_lent, cap_lent;
 };
 
 /* Where @it's bytes lie: in the daemon, or in the buffer its writer lent. */
@@ -214,16 +217,39 @@ static void chan_answer_len(const struct chan_handle *h, uint64_t req_id, int er
 	chan_reply_send(&h->who, &r, NULL, 0);
 }
 
-/* Bytes the channels created by @uid hold. */
+/* The bytes of buffers lent to channels of @uid: its entry in @cs (@add: made if missing), or
+ * NULL. */
+static uint64_t *lent_of(struct tpd_chans *cs, uid_t uid, bool add)
+{
+	struct chan_lent_uid *v;
+
+	for (size_t i = 0; i < cs->n_lent; i++)
+		if (cs->lent[i].uid == uid)
+			return &cs->lent[i].bytes;
+	if (!add)
+		return NULL;
+	if (cs->n_lent == cs->cap_lent) {
+		v = realloc(cs->lent, (cs->cap_lent * 2 + 4) * sizeof(*v));
+		if (!v)
+			return NULL;
+		cs->lent = v;
+		cs->cap_lent = cs->cap_lent * 2 + 4;
+	}
+	cs->lent[cs->n_lent] = (struct chan_lent_uid){ .uid = uid };
+	return &cs->lent[cs->n_lent++].bytes;
+}
+
+/* Bytes the channels created by @uid hold, and the buffers lent to any of them (whole). */
 static uint64_t uid_bytes(const struct tpd_chans *cs, uid_t uid, uint32_t *ret_count)
 {
+	const uint64_t *lent = lent_of((struct tpd_chans *)cs, uid, false);
 	const struct chan *c;
-	uint64_t b = 0;
+	uint64_t b = lent ? *lent : 0;
 	uint32_t n = 0;
 
 	tpu_list_for_each(c, &cs->chans, node)
 		if (c->uid == uid) {
-			b += c->bytes + (uint64_t)c->lent_extra; /* wraps back: >= 0 in all */
+			b += c->bytes;
 			n++;
 		}
 	if (ret_count)
@@ -234,15 +260,25 @@ static uint64_t uid_bytes(const struct tpd_chans *cs, uid_t uid, uint32_t *ret_c
 static void item_free(struct tpd_chans *cs, struct chan_item *it);
 
 /* One item of lent buffer @l left its channel; the last one gives the buffer back to its lender
- * (the id in its handle's next write answer) and the channel the buffer's extra charge. */
+ * (the id in its handle's next write answer) and the channel owner the buffer's charge. */
 static void lend_put(struct chan_lend *l)
 {
 	struct chan_handle *h = l->h;
 	uint64_t *v;
 
+	uint64_t *lent;
+
 	if (--l->items)
 		return;
-	l->c->lent_extra -= (int64_t)l->buf->size;
+	lent = lent_of(l->c->cs, l->c->uid, false);
+	if (lent) /* there since lend_batch() */
+		*lent -= l->buf->size;
+	if (lent && !*lent) { /* the owner lends nothing more: its entry goes */
+		struct tpd_chans *cs = l->c->cs;
+		struct chan_lent_uid *e = tpu_container_of(lent, struct chan_lent_uid, bytes);
+
+		*e = cs->lent[--cs->n_lent];
+	}
 	if (h && h->n_released == h->cap_released) {
 		v = realloc(h->released, (h->cap_released * 2 + 8) * sizeof(*v));
 		if (v) { /* else the lender keeps the buffer until it releases the handle */
@@ -379,8 +415,6 @@ static void item_done(struct chan *c, struct chan_item *it)
 {
 	c->n_outs--;
 	c->bytes -= it->len;
-	if (it->lend) /* its buffer stays mapped, and charged, until the last item goes */
-		c->lent_extra += (int64_t)it->len;
 	c->read++;
 	item_free(c->cs, it);
 }
@@ -987,14 +1021,15 @@ static struct chan_copy *copy_new(struct chan_handle *h, uint64_t req_id)
 /* Keeps the items by reference of @batch (@bytes in all, room checked) where they lie, when all
  * lie in one shared buffer of the writer (ChanOp.lend: a staging buffer it lends) and the
  * owner's chan-bytes-per-uid takes the whole buffer besides the batch: the daemon never keeps
- * more of a writer's memory mapped than it charges. Return: true if they stay there. */
+ * more of anyone's memory mapped than it charges, whether the channel stays named or not.
+ * Return: true if they stay there. */
 static bool lend_batch(struct chan_handle *h, struct tpu_list *batch, uint64_t bytes)
 {
 	struct chan *c = h->c;
 	struct tpb_buffer *buf = NULL;
 	struct chan_item *it;
 	struct chan_lend *l;
-	uint64_t lent = 0, extra;
+	uint64_t *lent;
 
 	tpu_list_for_each(it, batch, node) {
 		if (!it->ref)
@@ -1002,15 +1037,12 @@ static bool lend_batch(struct chan_handle *h, struct tpu_list *batch, uint64_t b
 		if (!it->src.buf || (buf && it->src.buf != buf))
 			return false; /* CMA, or items in several buffers: copied in */
 		buf = it->src.buf;
-		lent += it->len;
 	}
-	if (!buf)
-		return false;
-	extra = buf->size > lent ? buf->size - lent : 0;
-	if (uid_bytes(c->cs, c->uid, NULL) + bytes + extra >
-	    tpd_daemon_cfg(c->cs->d)->chan_bytes_per_uid)
+	if (!buf || uid_bytes(c->cs, c->uid, NULL) + bytes + buf->size >
+		    tpd_daemon_cfg(c->cs->d)->chan_bytes_per_uid)
 		return false; /* copied in: charged its bytes only */
-	l = calloc(1, sizeof(*l));
+	lent = lent_of(c->cs, c->uid, true);
+	l = lent ? calloc(1, sizeof(*l)) : NULL;
 	if (!l)
 		return false;
 	*l = (struct chan_lend){ .h = h, .c = c, .buf = tpb_buffer_ref(buf) };
@@ -1021,7 +1053,7 @@ static bool lend_batch(struct chan_handle *h, struct tpu_list *batch, uint64_t b
 			l->items++;
 		}
 	}
-	c->lent_extra += (int64_t)buf->size - (int64_t)lent;
+	*lent += buf->size;
 	return true;
 }
 
@@ -1438,6 +1470,7 @@ void tpd_chan_free(struct tpd_chans *cs)
 		chan_free(c);
 	tpu_list_for_each_safe(it, itmp, &cs->spare, node)
 		free(it);
+	free(cs->lent);
 	free(cs);
 }
 

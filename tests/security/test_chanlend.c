@@ -2,12 +2,13 @@
 /*
  * Security suite: items lent, not copied (issue 25 part private; docs/channels.md "Private
  * items: staging buffers lent"), against a client speaking the raw protocol as an unprivileged
- * user (uid 65534) with chan-bytes-per-uid of 1 MiB + 128 KiB. A lent buffer keeps the daemon's
+ * user (uid 65534) with chan-bytes-per-uid of 1 MiB + 256 KiB. A lent buffer keeps the daemon's
  * mapping of the writer's memory alive after the writer unregisters it or dies, so the daemon
- * charges the channel owner the whole buffer while any of its items is in the channel: a lend
- * that would take the owner past chan-bytes-per-uid is copied instead (just at: lent; just above:
- * copied, charged its bytes only), and the charge goes once the last item has left (its buffer
- * id comes back in a later write's answer). A lend names only the writer's own buffers (a
+ * charges the channel owner the whole buffer (besides its items) while any of its items is in
+ * the channel, named or unlinked: a lend that would take the owner past chan-bytes-per-uid is
+ * copied instead, charged its bytes only (the limit then just at: a byte more is refused), and
+ * the charge goes once the last item has left (its buffer id comes back in a later write's
+ * answer); a channel unlinked with a lent item keeps it charged. A lend names only the writer's own buffers (a
  * guessed id is not found), only on a write by segment (on a read it closes the session: a
  * protocol violation); the items stay byte-exact after the writer unregistered the buffer.
  */
@@ -192,7 +193,7 @@ static int lender(void *arg)
 	struct answer a;
 	struct tpt_raw r;
 	uint8_t *mem;
-	uint64_t id = 0;
+	uint64_t id = 0, id2 = 0;
 
 	(void)arg;
 	TPT_REQUIRE(setgroups(0, NULL) == 0 && setresgid(NOBODY, NOBODY, NOBODY) == 0 &&
@@ -210,7 +211,7 @@ static int lender(void *arg)
 	/* A guessed buffer: not found, nothing written. */
 	TPT_REQUIRE(lend_write(&r, id, 2, 0, &a) == 0 &&
 		    a.status == TPW__V1__STATUS__STATUS_NOT_FOUND, 1, "guessed id: %d", a.status);
-	/* A: the whole buffer (1 MiB) charged: within 1 MiB + 128 KiB, lent. */
+	/* A: the item and the whole buffer (1 MiB + 128 KiB) charged: within the limit, lent. */
 	TPT_REQUIRE(lend_write(&r, id, 1, 0, &a) == 0 && a.status == OK && a.lent, 1,
 		    "A: status %d lent %d", a.status, a.lent);
 	/* B: 1 MiB more would pass the limit: copied, charged 128 KiB: just at the limit. */
@@ -234,6 +235,19 @@ static int lender(void *arg)
 	TPT_REQUIRE(lend_write(&r, id, 3, 0, &a) == 0 && a.status == OK && a.lent &&
 		    a.n_released == 1 && a.released0 == 1, 1, "C: status %d lent %d, %zu back",
 		    a.status, a.lent, a.n_released);
+	/* The channel unlinked with C in it: C's buffer stays charged (1 MiB + 128 KiB), so a lend
+	 * to another channel is copied. */
+	op = (Tpw__V1__ChanOp)TPW__V1__CHAN_OP__INIT;
+	op.op = TPW__V1__CHAN_OP_KIND__CHAN_OP_UNLINK;
+	op.name = "lend";
+	TPT_REQUIRE(raw_chan(&r, &op, &a, NULL) == 0 && a.status == OK, 1, "unlink: %d", a.status);
+	op = (Tpw__V1__ChanOp)TPW__V1__CHAN_OP__INIT;
+	op.op = TPW__V1__CHAN_OP_KIND__CHAN_OP_OPEN;
+	op.name = "lend2";
+	op.create = true;
+	TPT_REQUIRE(raw_chan(&r, &op, &a, &id2) == 0 && a.status == OK, 1, "open 2: %d", a.status);
+	TPT_REQUIRE(lend_write(&r, id2, 3, ITEM, &a) == 0 && a.status == OK && !a.lent, 1,
+		    "E: status %d lent %d", a.status, a.lent);
 	/* A lend on a read is a protocol violation: the session closes. */
 	op = (Tpw__V1__ChanOp)TPW__V1__CHAN_OP__INIT;
 	op.op = TPW__V1__CHAN_OP_KIND__CHAN_OP_READ;
@@ -249,7 +263,7 @@ static int lender(void *arg)
 
 START_TEST(test_lent_buffers_are_charged_whole_and_own_only)
 {
-	static const char *const args[] = { "--chan-bytes-per-uid", "1179648", NULL };
+	static const char *const args[] = { "--chan-bytes-per-uid", "1310720", NULL };
 
 	if (geteuid() != 0) {
 		printf("skipped: needs root to run a client as another uid\n");
