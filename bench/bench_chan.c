@@ -17,7 +17,10 @@
  * Usage: TPIPD_SOCKET=... bench_chan [SECONDS_PER_ROW (default 1)]. Numbers, never pass/fail.
  * A short warm-up run through a channel comes first, not reported.
  * BENCH_CHAN_SIZE=N runs the rows of one item size only; BENCH_CHAN_MANY=N (1..64) sets the
- * items per tp_chan_read_many() (1: tp_chan_read_into() for every item).
+ * items per tp_chan_read_many() (1: tp_chan_read_into() for every item). BENCH_CHAN_ROWS=LIST
+ * runs only the rows named in LIST (any of "priv", "shm", "zmq"; e.g. "priv,zmq" to profile).
+ * BENCH_CHAN_WLAT=1 prints instead, per item size, the median time of a write of 4 private items
+ * into a channel with room (no reader waiting; each batch read back untimed): the writer's cost.
  */
 #include <errno.h>
 #include <signal.h>
@@ -43,6 +46,14 @@ static double now_s(void)
 
 static bool old_api; /* BENCH_CHAN_OLD=1: one tp_chan_read() per item, as before minor 7 */
 static size_t read_max = 64; /* BENCH_CHAN_MANY: items per tp_chan_read_many() (1: read_into) */
+
+/* Does BENCH_CHAN_ROWS (unset: every row) name rows of kind @what? */
+static bool rows_want(const char *what)
+{
+	const char *l = getenv("BENCH_CHAN_ROWS");
+
+	return !l || strstr(l, what);
+}
 
 /* Memory of @size bytes: shared (tp_buffer_alloc()) or private. NULL on failure. */
 static void *mem_alloc(struct tp_context *ctx, size_t size, bool shm)
@@ -228,6 +239,53 @@ static double run_zmq(size_t size, unsigned n, unsigned readers)
 }
 #endif
 
+static int dbl_cmp(const void *a, const void *b)
+{
+	double x = *(const double *)a, y = *(const double *)b;
+
+	return x < y ? -1 : x > y;
+}
+
+/* BENCH_CHAN_WLAT: median seconds of 40 writes of 4 private items of @size, < 0 on failure. */
+static double run_wlat(size_t size)
+{
+	struct tp_chan_options o = { .size = sizeof(o), .flags = TP_CHAN_CREATE | TP_CHAN_EXCL,
+				     .owner_uid = -1 };
+	struct tp_context *ctx;
+	struct tp_chan *ch;
+	struct iovec iov[4];
+	char *src = malloc(size), *dst = malloc(size);
+	double t[40], t0 = -1;
+	size_t len;
+	int ok = src && dst && tp_context_new(NULL, &ctx) == 0;
+
+	if (ok && tp_chan_open(ctx, "bench.wlat", &o, &ch) < 0) {
+		tp_context_free(ctx);
+		ok = 0;
+	}
+	for (unsigned i = 0; ok && i < 4; i++)
+		iov[i] = (struct iovec){ .iov_base = src, .iov_len = size };
+	if (ok)
+		memset(src, 0x5a, size);
+	for (unsigned k = 0; ok && k < 40; k++) {
+		t0 = now_s();
+		ok = tp_chan_write(ch, iov, 4, -1) == 0;
+		t[k] = now_s() - t0;
+		for (unsigned i = 0; ok && i < 4; i++)
+			ok = tp_chan_read_into(ch, dst, size, &len, -1) >= 0;
+	}
+	if (ok || t0 >= 0) {
+		tp_chan_release(ch);
+		tp_context_free(ctx);
+	}
+	free(src);
+	free(dst);
+	if (!ok)
+		return -1;
+	qsort(t, 40, sizeof(t[0]), dbl_cmp);
+	return t[20];
+}
+
 static void row(const char *what, size_t size, unsigned readers, unsigned n, double t)
 {
 	if (t < 0) {
@@ -253,6 +311,15 @@ int main(int argc, char **argv)
 	/* A warm-up run, not reported: whichever row came first in a process ran about half as fast
 	 * as the same row later (the first contexts, forks and page faults of the process). */
 	run_chan(4096, 4096, 1, false);
+	if (getenv("BENCH_CHAN_WLAT") && atoi(getenv("BENCH_CHAN_WLAT"))) {
+		printf("%-9s %9s %12s\n", "WHAT", "ITEM", "WRITE_US");
+		for (size_t i = 0; i < sizeof(sizes) / sizeof(sizes[0]); i++) {
+			double t = run_wlat(sizes[i]);
+
+			printf("%-9s %9zu %12.0f\n", "chan-wlat", sizes[i], t < 0 ? -1 : t * 1e6);
+		}
+		return 0;
+	}
 	printf("%-9s %9s %7s %10s %10s\n", "WHAT", "ITEM", "READERS", "ITEMS/S", "GB/S");
 	for (size_t i = 0; i < sizeof(sizes) / sizeof(sizes[0]); i++) {
 		if (getenv("BENCH_CHAN_SIZE") && (size_t)atol(getenv("BENCH_CHAN_SIZE")) != sizes[i])
@@ -266,6 +333,8 @@ int main(int argc, char **argv)
 			for (int shm = 0; shm < 2; shm++) {
 				const char *what = shm ? "chan-shm" : "chan-priv";
 
+				if (!rows_want(shm ? "shm" : "priv"))
+					continue;
 				if (old_api && sizes[i] > (1u << 20))
 					printf("%-9s %9zu %7u %10s %10s\n", what, sizes[i],
 					       nreaders[k], "n/a", "(inline)");
@@ -273,6 +342,8 @@ int main(int argc, char **argv)
 					row(what, sizes[i], nreaders[k], n,
 					    run_chan(sizes[i], n, nreaders[k], shm));
 			}
+			if (!rows_want("zmq"))
+				continue;
 #ifdef HAVE_ZMQ
 			row("zmq", sizes[i], nreaders[k], n, run_zmq(sizes[i], n, nreaders[k]));
 #else

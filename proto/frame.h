@@ -87,6 +87,8 @@
  * docs/channels.md: a CMA access costs more than a frame for smaller items, a memcpy less). */
 #define TPW_CHAN_INLINE_ITEM (256u << 10)
 #define TPW_CHAN_SHM_ITEM (16u << 10)
+/* Buffer ids one ChanReply.released carries at most (issue 25 part private). */
+#define TPW_CHAN_RELEASED_MAX 1024u
 
 struct tpw_hdr {
 	uint32_t magic;

@@ -371,9 +371,11 @@ static int check_chan_op(const Tpw__V1__ChanOp *c, const struct tpw_hdr *hdr,
 	r = check_remote(c->remote, c->remote_peers, c->n_remote_peers, why, wl);
 	if (r < 0)
 		return r;
-	if ((c->n_segments || c->max_items > 1 || c->take_held) && !tpip)
+	if ((c->n_segments || c->max_items > 1 || c->take_held || c->lend) && !tpip)
 		return tpu_why(-EBADMSG, why, wl, "channel item segments, batch reads or held "
 			       "items over a peer link");
+	if (c->lend && (c->op != TPW__V1__CHAN_OP_KIND__CHAN_OP_WRITE || !c->n_segments))
+		return tpu_why(-EBADMSG, why, wl, "lend on a channel op that is no write by segment");
 	if (c->op == TPW__V1__CHAN_OP_KIND__CHAN_OP_READ)
 		return check_chan_read(c, lim, why, wl);
 	if (c->max_items || c->take_held || c->inline_only)
@@ -428,6 +430,8 @@ static int check_chan_reply(const Tpw__V1__ChanReply *r, const struct tpw_hdr *h
 {
 	uint64_t total = 0;
 
+	if (r->n_released > TPW_CHAN_RELEASED_MAX || (r->lent && r->n_lengths))
+		return -EBADMSG;
 	if (r->copied || r->held_len)
 		return r->n_lengths == (r->copied ? 1u : 0u) && !(r->copied && r->held_len) &&
 		       hdr->data_len == 0 ? 0 : -EBADMSG;

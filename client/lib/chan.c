@@ -13,6 +13,11 @@
  * (tp_context_options.reply_timeout_ms past its timeout) stays filed on its handle (tp_chan.late);
  * its late item is returned by the handle's next tp_chan_read(), or written back to the channel
  * when the handle is released first.
+ *
+ * A write's private items go through a staging buffer, which the library lends to the channel
+ * (ChanOp.lend) while it has fewer than CHAN_LENT_MAX lent: the daemon keeps the items there
+ * instead of copying them in, and names the buffer in a later write's answer once they have
+ * all left the channel (ChanReply.released); only then does it go back to the staging pool.
  */
 #include <errno.h>
 #include <limits.h>
@@ -24,6 +29,9 @@
 
 #include "internal.h"
 
+#define CHAN_LENT_MAX 8u		   /* staging buffers one handle lends at once, at most */
+#define CHAN_LENT_BYTES (64ull << 20) /* and their bytes */
+
 struct tp_chan {
 	struct tp_context *ctx;
 	uint64_t id;
@@ -32,6 +40,11 @@ struct tp_chan {
 	bool remote;	      /* hosted by another host's daemon: items ride inline */
 	struct tpu_list late; /* chan_req of reads whose caller gave up, oldest first: waiting for
 			       * the daemon, or done with an item; under ctx->lock */
+	/* Staging buffers lent to the channel (ChanReply.lent), not yet given back; under
+	 * ctx->lock. */
+	struct tpc_buf *lent[CHAN_LENT_MAX];
+	unsigned n_lent;
+	uint64_t lent_bytes;
 };
 
 struct chan_req {
@@ -54,6 +67,11 @@ struct chan_req {
 	 * read_unstage()), or NULL. One whose read is never answered stays registered until the
 	 * context goes (the daemon may still copy into it). */
 	struct tpc_buf *stage;
+	/* A write (@write) and its answer: its staging buffer was lent; ids of buffers given back
+	 * (malloc()ed). */
+	bool write, lent;
+	uint64_t *released;
+	size_t n_released;
 };
 
 static void chan_req_free(struct chan_req *cr)
@@ -146,6 +164,15 @@ void tpc_chan_on_reply(struct tp_context *ctx, const Tpw__V1__ChanReply *m, cons
 	cr->closed = m->closed;
 	cr->chan_id = m->chan_id;
 	cr->held_len = m->held_len;
+	cr->lent = m->lent;
+	/* validated: at most TPW_CHAN_RELEASED_MAX */
+	if (cr->write && m->n_released && !cr->released) {
+		cr->released = malloc(m->n_released * sizeof(*cr->released));
+		if (cr->released) {
+			memcpy(cr->released, m->released, m->n_released * sizeof(*cr->released));
+			cr->n_released = m->n_released;
+		}
+	}
 	(void)tail_len; /* validated: the items add up to it */
 	if (req->status == 0 && m->n_lengths) {
 		req->status = chan_req_take_items(cr, m, tail);
@@ -433,6 +460,7 @@ struct chan_segs {
 	struct iovec *iov; /* the inline items */
 	size_t n_iov;
 	struct tpc_buf *stage; /* the staging buffer of items copied by the library, or NULL */
+	uint64_t staged;       /* bytes of it the items take */
 };
 
 static void chan_segs_free(struct tp_context *ctx, struct chan_segs *w, bool reuse)
@@ -486,6 +514,7 @@ static void chan_write_stage(struct tp_context *ctx, const struct iovec *items, 
 	if (tpc_buffer_stage_get(ctx, (size_t)total, &w->stage) < 0)
 		w->stage = NULL;
 	pthread_mutex_unlock(&ctx->send_lock);
+	w->staged = total;
 	for (size_t i = 0; w->stage && i < n; i++) {
 		Tpw__V1__Segment *g = &w->seg[i];
 
@@ -552,6 +581,67 @@ static int chan_write_segs(struct tp_chan *ch, const struct iovec *items, size_t
 	return 0;
 }
 
+/* May @ch lend staging buffer @b (NULL: none), @staged bytes of it used, to its channel? Not
+ * one of more than twice that: the daemon charges the owner's quota the whole buffer. Buffer
+ * ids are never reused in a context (tp_context.next_buf_id), so a released id is this one. */
+static bool chan_may_lend(struct tp_chan *ch, const struct tpc_buf *b, uint64_t staged)
+{
+	bool ok;
+
+	if (!b || b->size / 2 > staged)
+		return false;
+	pthread_mutex_lock(&ch->ctx->lock);
+	ok = ch->n_lent < CHAN_LENT_MAX && ch->lent_bytes + b->size <= CHAN_LENT_BYTES;
+	pthread_mutex_unlock(&ch->ctx->lock);
+	return ok;
+}
+
+/* After a write's answer @cr: keeps its staging buffer @w->stage if the daemon kept it (lent),
+ * and puts the buffers the daemon gave back into the staging pool. */
+static void chan_lent_update(struct tp_chan *ch, struct chan_req *cr, struct chan_segs *w)
+{
+	struct tp_context *ctx = ch->ctx;
+	struct tpc_buf *back[CHAN_LENT_MAX], *drop = NULL;
+	unsigned n_back = 0;
+
+	pthread_mutex_lock(&ctx->lock);
+	if (cr->lent && w->stage && ch->n_lent < CHAN_LENT_MAX) {
+		ch->lent[ch->n_lent++] = w->stage;
+		ch->lent_bytes += w->stage->size;
+	} else if (cr->lent) { /* another thread's lent buffers took the room: never reused */
+		drop = w->stage;
+	}
+	if (cr->lent)
+		w->stage = NULL;
+	for (size_t i = 0; i < cr->n_released; i++) {
+		for (unsigned k = 0; k < ch->n_lent; k++) {
+			if (ch->lent[k]->id != cr->released[i])
+				continue; /* not ours: ignored */
+			back[n_back++] = ch->lent[k];
+			ch->lent_bytes -= ch->lent[k]->size;
+			ch->lent[k] = ch->lent[--ch->n_lent];
+			break;
+		}
+	}
+	pthread_mutex_unlock(&ctx->lock);
+	free(cr->released);
+	cr->released = NULL;
+	cr->n_released = 0;
+	for (unsigned k = 0; k < n_back; k++)
+		tpc_buffer_stage_put(ctx, back[k], true);
+	tpc_buffer_stage_put(ctx, drop, false);
+}
+
+/* At release: the buffers still lent are never reused (the daemon may still hold items in
+ * them, and keeps its mapping until they leave); they are unregistered. */
+static void chan_lent_drop(struct tp_chan *ch)
+{
+	for (unsigned k = 0; k < ch->n_lent; k++)
+		tpc_buffer_stage_put(ch->ctx, ch->lent[k], false);
+	ch->n_lent = 0;
+	ch->lent_bytes = 0;
+}
+
 TP_EXPORT int tp_chan_write(struct tp_chan *ch, const struct iovec *items, size_t n,
 			    int timeout_ms)
 {
@@ -588,18 +678,25 @@ TP_EXPORT int tp_chan_write(struct tp_chan *ch, const struct iovec *items, size_
 	op.lengths = lens;
 	op.timeout_ms = timeout_ms < 0 ? UINT32_MAX : (uint32_t)timeout_ms;
 	r = refs ? chan_write_segs(ch, items, n, true, &op, &w) : 0;
+	op.lend = r == 0 && refs && chan_may_lend(ch, w.stage, w.staged);
+	cr.write = true;
 	if (r == 0)
 		r = chan_call(ch->ctx, &op, refs ? w.iov : items, refs ? w.n_iov : n, timeout_ms,
 			      &cr);
+	if (cr.req.done)
+		chan_lent_update(ch, &cr, &w);
 	if (r == -ENOENT && chan_stage_refused(ch->ctx, w.stage)) {
 		/* The daemon refused the staging buffer (its quota): nothing was written; again
 		 * without it. */
 		chan_segs_free(ch->ctx, &w, false);
 		w = (struct chan_segs){ 0 };
-		cr = (struct chan_req){ 0 };
+		cr = (struct chan_req){ .write = true };
 		r = chan_write_segs(ch, items, n, false, &op, &w);
+		op.lend = false;
 		if (r == 0)
 			r = chan_call(ch->ctx, &op, w.iov, w.n_iov, timeout_ms, &cr);
+		if (cr.req.done)
+			chan_lent_update(ch, &cr, &w);
 	}
 	/* A write given up may still be copied from its staging buffer: never reuse that one. */
 	chan_segs_free(ch->ctx, &w, !(r == -ETIMEDOUT && !cr.req.done));
@@ -1086,6 +1183,7 @@ static int chan_release_late(struct tp_chan *ch)
 	}
 	if (back)
 		tp_chan_release(back);
+	chan_lent_drop(ch);
 	free(ch->name);
 	free(ch);
 	return r < 0 ? r : g;
@@ -1100,6 +1198,7 @@ TP_EXPORT int tp_chan_release(struct tp_chan *ch)
 	if (chan_late_any(ch))
 		return chan_release_late(ch);
 	r = chan_simple(ch, TPW__V1__CHAN_OP_KIND__CHAN_OP_RELEASE, "release");
+	chan_lent_drop(ch);
 	free(ch->name);
 	free(ch);
 	return r;

@@ -32,13 +32,25 @@
 #define CHAN_SPARE_MAX 8u
 #define CHAN_SPARE_BYTES (64ull << 20)
 
+/* A staging buffer a writer lent to a channel (ChanOp.lend): items of the channel lie in it. The
+ * daemon keeps it mapped until the last of them leaves, and charges the channel owner's
+ * chan-bytes-per-uid the whole buffer meanwhile, besides the items (tpd_chans.lent). */
+struct chan_lend {
+	struct tpu_list node;	/* in chan_handle.lends; unlinked once the handle is gone */
+	struct chan_handle *h;	/* the lender, told when the last item leaves; NULL once gone */
+	struct chan *c;
+	struct tpb_buffer *buf; /* with a reference */
+	uint32_t items;
+};
+
 struct chan_item {
 	struct tpu_list node;
 	size_t len;
 	/* A write's item still in the writer's memory (no @data yet): where, with a reference
-	 * (tpd_chan_copy_put()). Never in a channel's list. */
+	 * (tpd_chan_copy_put()). In a channel's list only when @lend: its bytes stay there. */
 	bool ref;
 	struct tpb_mem src;
+	struct chan_lend *lend;
 	size_t cap; /* an item copied in: @data's bytes, reusable (tpd_chans.spare); else 0 */
 	uint8_t data[];
 };
@@ -94,6 +106,9 @@ struct chan_handle {
 	bool write_waits; /* a write waiting (one at most: its batch is held here) */
 	struct chan_item *held; /* an item too large to answer inline, out of @c for this handle's
 				 * next READ with take_held (ChanReply.held_len) */
+	struct tpu_list lends;	/* chan_lend of buffers this handle lent */
+	uint64_t *released;	/* ids of its lent buffers given up, for its next write's answer */
+	uint32_t n_released, cap_released;
 };
 
 struct chan_wait {
@@ -103,6 +118,7 @@ struct chan_wait {
 	struct event *ev;
 	struct tpd_chans *cs;
 	bool write;		/* a write waiting for room: its batch */
+	bool lend;		/* its items may stay in the buffer the writer lends */
 	struct tpu_list batch; /* chan_item */
 	size_t n;
 	uint64_t bytes;
@@ -131,7 +147,19 @@ struct tpd_chans {
 	struct tpu_list spare; /* chan_item buffers to reuse, oldest first (CHAN_SPARE_*) */
 	unsigned n_spare;
 	uint64_t spare_bytes;
+	/* Bytes of lent buffers per channel owner, whether the channel is named or not. */
+	struct chan_lent_uid {
+		uid_t uid;
+		uint64_t bytes;
+	} *lent;
+	size_t n_lent, cap_lent;
 };
+
+/* Where @it's bytes lie: in the daemon, or in the buffer its writer lent. */
+static const uint8_t *item_bytes(const struct chan_item *it)
+{
+	return it->lend ? (const uint8_t *)(uintptr_t)it->src.addr : it->data;
+}
 
 static struct tpd_chans *chans_of(struct tpd_session *s)
 {
@@ -167,7 +195,7 @@ static void chan_answer(const struct chan_who *who, uint64_t req_id, int err, co
 		len = it->len;
 		r.n_lengths = 1;
 		r.lengths = &len;
-		tail.iov_base = (void *)it->data;
+		tail.iov_base = (void *)item_bytes(it);
 		tail.iov_len = it->len;
 	}
 	chan_reply_send(who, &r, &tail, it ? 1 : 0);
@@ -189,11 +217,34 @@ static void chan_answer_len(const struct chan_handle *h, uint64_t req_id, int er
 	chan_reply_send(&h->who, &r, NULL, 0);
 }
 
-/* Bytes the channels created by @uid hold. */
+/* The bytes of buffers lent to channels of @uid: its entry in @cs (@add: made if missing), or
+ * NULL. */
+static uint64_t *lent_of(struct tpd_chans *cs, uid_t uid, bool add)
+{
+	struct chan_lent_uid *v;
+
+	for (size_t i = 0; i < cs->n_lent; i++)
+		if (cs->lent[i].uid == uid)
+			return &cs->lent[i].bytes;
+	if (!add)
+		return NULL;
+	if (cs->n_lent == cs->cap_lent) {
+		v = realloc(cs->lent, (cs->cap_lent * 2 + 4) * sizeof(*v));
+		if (!v)
+			return NULL;
+		cs->lent = v;
+		cs->cap_lent = cs->cap_lent * 2 + 4;
+	}
+	cs->lent[cs->n_lent] = (struct chan_lent_uid){ .uid = uid };
+	return &cs->lent[cs->n_lent++].bytes;
+}
+
+/* Bytes the channels created by @uid hold, and the buffers lent to any of them (whole). */
 static uint64_t uid_bytes(const struct tpd_chans *cs, uid_t uid, uint32_t *ret_count)
 {
+	const uint64_t *lent = lent_of((struct tpd_chans *)cs, uid, false);
 	const struct chan *c;
-	uint64_t b = 0;
+	uint64_t b = lent ? *lent : 0;
 	uint32_t n = 0;
 
 	tpu_list_for_each(c, &cs->chans, node)
@@ -207,6 +258,40 @@ static uint64_t uid_bytes(const struct tpd_chans *cs, uid_t uid, uint32_t *ret_c
 }
 
 static void item_free(struct tpd_chans *cs, struct chan_item *it);
+
+/* One item of lent buffer @l left its channel; the last one gives the buffer back to its lender
+ * (the id in its handle's next write answer) and the channel owner the buffer's charge. */
+static void lend_put(struct chan_lend *l)
+{
+	struct chan_handle *h = l->h;
+	uint64_t *v;
+
+	uint64_t *lent;
+
+	if (--l->items)
+		return;
+	lent = lent_of(l->c->cs, l->c->uid, false);
+	if (lent) /* there since lend_batch() */
+		*lent -= l->buf->size;
+	if (lent && !*lent) { /* the owner lends nothing more: its entry goes */
+		struct tpd_chans *cs = l->c->cs;
+		struct chan_lent_uid *e = tpu_container_of(lent, struct chan_lent_uid, bytes);
+
+		*e = cs->lent[--cs->n_lent];
+	}
+	if (h && h->n_released == h->cap_released) {
+		v = realloc(h->released, (h->cap_released * 2 + 8) * sizeof(*v));
+		if (v) { /* else the lender keeps the buffer until it releases the handle */
+			h->released = v;
+			h->cap_released = h->cap_released * 2 + 8;
+		}
+	}
+	if (h && h->n_released < h->cap_released)
+		h->released[h->n_released++] = l->buf->id;
+	tpu_list_remove(&l->node);
+	tpb_buffer_unref(l->buf);
+	free(l);
+}
 
 static void chan_free(struct chan *c)
 {
@@ -236,6 +321,8 @@ static void item_free(struct tpd_chans *cs, struct chan_item *it)
 {
 	struct chan_item *old;
 
+	if (it && it->lend)
+		lend_put(it->lend);
 	if (it && it->ref)
 		tpd_chan_copy_put(&it->src);
 	if (!it || !cs || !it->cap || it->cap > CHAN_SPARE_BYTES)
@@ -354,7 +441,7 @@ static void deliver_inline(struct chan_handle *h, const struct chan_read *rd)
 	tpu_list_for_each(it, &c->items, node) {
 		if (n && (n == max || it->len > TPW_CHAN_INLINE_ITEM || total + it->len > inline_max))
 			break;
-		iov[n] = (struct iovec){ .iov_base = it->data, .iov_len = it->len };
+		iov[n] = (struct iovec){ .iov_base = (void *)item_bytes(it), .iov_len = it->len };
 		lens[n++] = it->len;
 		total += it->len;
 	}
@@ -435,7 +522,8 @@ static void chan_append(struct chan *c, struct tpu_list *batch, size_t n, uint64
 
 static void serve_readers(struct chan *c);
 static void chan_admit(struct chan_handle *h, uint64_t req_id, struct tpu_list *batch, size_t n,
-		       uint64_t bytes);
+		       uint64_t bytes, bool lend);
+static void write_answer(struct chan_handle *h, uint64_t req_id, bool lent);
 
 /* Lets the oldest waiting writes in while they fit; on close fails them all. */
 static void serve_writers(struct tpd_chans *cs, struct chan *c)
@@ -453,7 +541,7 @@ static void serve_writers(struct tpd_chans *cs, struct chan *c)
 			chan_answer(&w->h->who, w->req_id, -ENOBUFS, "the channel owner's "
 				    "chan-bytes-per-uid is spent", w->h->id, false, NULL);
 		} else {
-			chan_admit(w->h, w->req_id, &w->batch, w->n, w->bytes);
+			chan_admit(w->h, w->req_id, &w->batch, w->n, w->bytes, w->lend);
 		}
 		wait_free(w);
 	}
@@ -559,8 +647,15 @@ static void handle_free(struct chan_handle *h, bool answer)
 {
 	struct chan_wait *w, *tmp;
 	struct chan *c = h->c;
+	struct chan_lend *l, *ltmp;
 	struct chan_copy *cp;
 
+	/* Its lent buffers stay with their items, and nobody is told when they leave. */
+	tpu_list_for_each_safe(l, ltmp, &h->lends, node) {
+		tpu_list_remove(&l->node);
+		l->h = NULL;
+	}
+	free(h->released);
 	tpu_list_for_each_safe(w, tmp, &c->waiters, node) {
 		if (w->h != h)
 			continue;
@@ -677,6 +772,7 @@ static struct chan_handle *handle_new(struct tpd_chans *cs, const struct chan_wh
 	h->who = *who;
 	h->id = ++cs->next_id;
 	h->c = c;
+	tpu_list_init(&h->lends);
 	c->n_handles++;
 	c->n_remote += who->pr != NULL;
 	tpu_list_insert_tail(&cs->handles, &h->node);
@@ -854,7 +950,9 @@ static void copy_in_on_done(void *arg, int status, const char *why)
 	}
 	if (status == 0)
 		chan_append(c, &cp->batch, cp->n, cp->bytes);
-	if (cp->h)
+	if (cp->h && status == 0)
+		write_answer(cp->h, cp->req_id, false);
+	else if (cp->h)
 		chan_answer(&cp->h->who, cp->req_id, status, why, cp->h->id, c->closed, NULL);
 	chan_serve(c);
 	chan_copy_free(cp);
@@ -920,23 +1018,83 @@ static struct chan_copy *copy_new(struct chan_handle *h, uint64_t req_id)
 	return cp;
 }
 
+/* Keeps the items by reference of @batch (@bytes in all, room checked) where they lie, when all
+ * lie in one shared buffer of the writer (ChanOp.lend: a staging buffer it lends) and the
+ * owner's chan-bytes-per-uid takes the whole buffer besides the batch: the daemon never keeps
+ * more of anyone's memory mapped than it charges, whether the channel stays named or not.
+ * Return: true if they stay there. */
+static bool lend_batch(struct chan_handle *h, struct tpu_list *batch, uint64_t bytes)
+{
+	struct chan *c = h->c;
+	struct tpb_buffer *buf = NULL;
+	struct chan_item *it;
+	struct chan_lend *l;
+	uint64_t *lent;
+
+	tpu_list_for_each(it, batch, node) {
+		if (!it->ref)
+			continue;
+		if (!it->src.buf || (buf && it->src.buf != buf))
+			return false; /* CMA, or items in several buffers: copied in */
+		buf = it->src.buf;
+	}
+	if (!buf || uid_bytes(c->cs, c->uid, NULL) + bytes + buf->size >
+		    tpd_daemon_cfg(c->cs->d)->chan_bytes_per_uid)
+		return false; /* copied in: charged its bytes only */
+	lent = lent_of(c->cs, c->uid, true);
+	l = lent ? calloc(1, sizeof(*l)) : NULL;
+	if (!l)
+		return false;
+	*l = (struct chan_lend){ .h = h, .c = c, .buf = tpb_buffer_ref(buf) };
+	tpu_list_insert_tail(&h->lends, &l->node);
+	tpu_list_for_each(it, batch, node) {
+		if (it->ref) {
+			it->lend = l;
+			l->items++;
+		}
+	}
+	*lent += buf->size;
+	return true;
+}
+
+/* Answers @h's write @req_id: done, its items lent (@lent) or copied, with the ids of the
+ * buffers @h lent that the channel gave up since its last answer. */
+static void write_answer(struct chan_handle *h, uint64_t req_id, bool lent)
+{
+	Tpw__V1__ChanReply r = TPW__V1__CHAN_REPLY__INIT;
+	uint32_t n = TPU_MIN(h->n_released, TPW_CHAN_RELEASED_MAX);
+
+	r.req_id = req_id;
+	r.status = tpw_status_from_errno(0);
+	r.message = (char *)"";
+	r.chan_id = h->id;
+	r.closed = h->c->closed;
+	r.lent = lent;
+	r.n_released = n;
+	r.released = h->released;
+	chan_reply_send(&h->who, &r, NULL, 0);
+	h->n_released -= n;
+	memmove(h->released, h->released + n, h->n_released * sizeof(*h->released));
+}
+
 /* Puts @batch (@n items, @bytes, room checked) into @h's channel and answers @req_id: at once
- * when every item is in the daemon already, else once its items by reference are copied in
- * (their room reserved meanwhile). Takes @batch's items. */
+ * when every item is in the daemon already or stays in the buffer the writer lends (@lend),
+ * else once its items by reference are copied in (their room reserved meanwhile). Takes
+ * @batch's items. */
 static void chan_admit(struct chan_handle *h, uint64_t req_id, struct tpu_list *batch, size_t n,
-		       uint64_t bytes)
+		       uint64_t bytes, bool lend)
 {
 	struct chan *c = h->c;
 	struct chan_copy *cp = NULL;
 	struct chan_item *it;
-	bool refs = false;
+	bool refs = false, lent = lend && lend_batch(h, batch, bytes);
 	int r = -ENOMEM;
 
 	tpu_list_for_each(it, batch, node)
-		refs |= it->ref;
+		refs |= it->ref && !it->lend;
 	if (!refs) {
 		chan_append(c, batch, n, bytes);
-		return chan_answer(&h->who, req_id, 0, NULL, h->id, false, NULL);
+		return write_answer(h, req_id, lent);
 	}
 	cp = copy_new(h, req_id);
 	if (cp) {
@@ -991,6 +1149,9 @@ static void copy_out(struct chan_handle *h, uint64_t req_id, struct chan_item *i
 {
 	struct tpb_xfer x = { .src = { .loc = TPB_LOC_LOCAL, .addr = (uint64_t)(uintptr_t)it->data },
 			      .dst = *dst, .len = it->len };
+
+	if (it->lend)
+		x.src = it->src; /* the copy holds the lent buffer too */
 	struct chan_copy *cp = copy_new(h, req_id);
 	int r = cp ? tpd_chan_copy_start(h->c->cs->d, &x, 1, copy_out_on_done, cp) : -ENOMEM;
 
@@ -1041,7 +1202,7 @@ static void op_write(struct tpd_chans *cs, struct chan_handle *h, const Tpw__V1_
 	if (r < 0)
 		return chan_answer(&h->who, o->req_id, r, why, h->id, false, NULL);
 	if (fits) {
-		chan_admit(h, o->req_id, &batch, o->n_lengths, bytes);
+		chan_admit(h, o->req_id, &batch, o->n_lengths, bytes, o->lend);
 		return chan_serve(c);
 	}
 	w = wait_new(cs, h, o->req_id, o->timeout_ms);
@@ -1050,6 +1211,7 @@ static void op_write(struct tpd_chans *cs, struct chan_handle *h, const Tpw__V1_
 		return chan_answer(&h->who, o->req_id, -ENOMEM, "out of memory", h->id, false, NULL);
 	}
 	w->write = true;
+	w->lend = o->lend;
 	tpu_list_insert_tail(&batch, &w->batch); /* the batch's items now hang off w->batch */
 	tpu_list_remove(&batch);
 	w->n = o->n_lengths;
@@ -1308,6 +1470,7 @@ void tpd_chan_free(struct tpd_chans *cs)
 		chan_free(c);
 	tpu_list_for_each_safe(it, itmp, &cs->spare, node)
 		free(it);
+	free(cs->lent);
 	free(cs);
 }
 

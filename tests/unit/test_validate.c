@@ -1415,6 +1415,66 @@ START_TEST(test_validate_chan_reply_batch)
 }
 END_TEST
 
+/* Lent items (issue 25 part private): ChanOp.lend only on a write by segment, never from a
+ * peer; an answer carries at most TPW_CHAN_RELEASED_MAX released buffer ids (just at and just
+ * above), and lent only on an answer without items. */
+START_TEST(test_validate_chan_lend)
+{
+	Tpw__V1__ClientMsg m = TPW__V1__CLIENT_MSG__INIT;
+	Tpw__V1__ChanOp o = TPW__V1__CHAN_OP__INIT;
+	Tpw__V1__ShmRef ref = TPW__V1__SHM_REF__INIT;
+	Tpw__V1__Segment g = TPW__V1__SEGMENT__INIT, *gp[1] = { &g };
+	Tpw__V1__PeerChanOp po = TPW__V1__PEER_CHAN_OP__INIT;
+	Tpw__V1__PeerMsg pm = TPW__V1__PEER_MSG__INIT;
+	Tpw__V1__DaemonMsg dm = TPW__V1__DAEMON_MSG__INIT;
+	Tpw__V1__ChanReply r = TPW__V1__CHAN_REPLY__INIT;
+	static uint64_t ids[TPW_CHAN_RELEASED_MAX + 1];
+	uint64_t len = 1 << 20;
+
+	m.body_case = TPW__V1__CLIENT_MSG__BODY_CHAN_OP;
+	m.chan_op = &o;
+	o.op = TPW__V1__CHAN_OP_KIND__CHAN_OP_WRITE;
+	o.n_lengths = 1;
+	o.lengths = &len;
+	o.n_segments = 1;
+	o.segments = gp;
+	g.length = len;
+	g.loc_case = TPW__V1__SEGMENT__LOC_SHM;
+	g.shm = &ref;
+	o.lend = true;
+	ck_assert_int_eq(vc(&m, 0, 0), 0);
+	pm.body_case = TPW__V1__PEER_MSG__BODY_CHAN_OP;
+	pm.chan_op = &po;
+	po.op = &o;
+	ck_assert_int_eq(vpt(&pm, 0), -EBADMSG); /* never from a peer */
+	o.n_segments = 0; /* a write of inline items */
+	o.segments = NULL;
+	ck_assert_int_eq(vc(&m, 0, 1 << 20), -EBADMSG);
+	o.n_lengths = 0;
+	o.op = TPW__V1__CHAN_OP_KIND__CHAN_OP_READ;
+	ck_assert_int_eq(vc(&m, 0, 0), -EBADMSG);
+	o.op = TPW__V1__CHAN_OP_KIND__CHAN_OP_CLOSE;
+	ck_assert_int_eq(vc(&m, 0, 0), -EBADMSG);
+	o.lend = false;
+	ck_assert_int_eq(vc(&m, 0, 0), 0);
+
+	dm.body_case = TPW__V1__DAEMON_MSG__BODY_CHAN_REPLY;
+	dm.chan_reply = &r;
+	r.released = ids;
+	r.n_released = TPW_CHAN_RELEASED_MAX; /* just at */
+	r.lent = true;
+	ck_assert_int_eq(vd(&dm, 0, 0), 0);
+	r.n_released = TPW_CHAN_RELEASED_MAX + 1; /* just above */
+	ck_assert_int_eq(vd(&dm, 0, 0), -EBADMSG);
+	r.n_released = 0;
+	r.n_lengths = 1; /* lent with an item */
+	r.lengths = &len;
+	ck_assert_int_eq(vd(&dm, 0, 1 << 20), -EBADMSG);
+	r.lent = false;
+	ck_assert_int_eq(vd(&dm, 0, 1 << 20), 0);
+}
+END_TEST
+
 /* Work queue ops from a peer: plain names, payloads only on submit and reply, no remote peers;
  * answers' payloads match the tail. Remote access options are checked as a listener's. */
 START_TEST(test_validate_peer_wq_msgs)
@@ -1525,6 +1585,7 @@ static Suite *validate_suite(void)
 	tcase_add_test(d, test_validate_chan_segments);
 	tcase_add_test(d, test_validate_chan_read_fields);
 	tcase_add_test(d, test_validate_chan_reply_batch);
+	tcase_add_test(d, test_validate_chan_lend);
 	tcase_add_test(d, test_validate_peer_chan_reply);
 	tcase_add_test(d, test_validate_peer_wq_msgs);
 	suite_add_tcase(s, d);
