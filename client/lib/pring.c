@@ -367,6 +367,27 @@ static int ring_job_locked(struct tp_context *ctx, const Tpw__V1__RingXfer *x,
 	return j->op ? 0 : -ENOENT;
 }
 
+/* RingXfer.offer: the writing end of pipe @x->pipe_id has a ring for good; its later messages
+ * of at least @x->min_bytes name their memory by ring_addr (write.c). Lock held. */
+static void ring_offer_locked(struct tp_context *ctx, const Tpw__V1__RingXfer *x)
+{
+	struct tp_pipe *p = tpc_map_get(&ctx->pipes, x->pipe_id);
+	struct tpc_pring *r = ring_find_locked(ctx, x->pipe_id, false);
+	int fd = ring_take_fd(ctx), err;
+
+	if (r)
+		ring_stop_locked(r, true);
+	err = fd < 0 ? fd : !p ? -ENOENT : ring_new_locked(ctx, x, TAKE_FD(fd), &r);
+	if (fd >= 0)
+		close(fd);
+	if (err < 0) { /* the writes stay staged */
+		tpc_context_log(ctx, LOG_INFO, "pipe %llu: pipe ring offer not taken: %s",
+				(unsigned long long)x->pipe_id, strerror(-err));
+		return;
+	}
+	p->ring_min = x->min_bytes ? x->min_bytes : 1;
+}
+
 void tpc_pring_on_xfer(struct tp_context *ctx, const Tpw__V1__RingXfer *x)
 {
 	Tpw__V1__RingDone d = TPW__V1__RING_DONE__INIT;
@@ -376,6 +397,11 @@ void tpc_pring_on_xfer(struct tp_context *ctx, const Tpw__V1__RingXfer *x)
 	int fd = -EBADF, err;
 
 	pthread_mutex_lock(&ctx->lock);
+	if (x->offer) {
+		ring_offer_locked(ctx, x);
+		pthread_mutex_unlock(&ctx->lock);
+		return;
+	}
 	r = ring_find_locked(ctx, x->pipe_id, x->reader);
 	if (x->fd_follows) {
 		fd = ring_take_fd(ctx);

@@ -138,13 +138,14 @@ bool tpd_pring_choose(const struct tpd_msg *m, const struct tpd_session *rs,
 	const struct tpd_config *cfg = tpd_daemon_cfg(m->from->pipe->d);
 	const struct tpd_session *ws = m->from->session;
 
-	if (!cfg->pipe_ring || !ws || job->n == 0)
+	/* A ring-only message was offered its ring: it takes it whatever the settings now. */
+	if ((!cfg->pipe_ring && !m->ring_only) || !ws || job->n == 0)
 		return false;
 	for (size_t i = 0; i < job->n; i++)
 		if (job->xfers[i].src.loc != TPB_LOC_PROCESS ||
 		    job->xfers[i].dst.loc != TPB_LOC_PROCESS)
 			return false;
-	if (job->bytes < cfg->pipe_ring_min)
+	if (job->bytes < cfg->pipe_ring_min && !m->ring_only)
 		return false; /* the usual case below the threshold: not worth a note */
 	if (!tpd_session_pipe_ring(ws) || !tpd_session_pipe_ring(rs)) {
 		snprintf(why, wl, "the %s's library takes no pipe ring (older, or on the socket "
@@ -152,10 +153,63 @@ bool tpd_pring_choose(const struct tpd_msg *m, const struct tpd_session *rs,
 			 !tpd_session_pipe_ring(ws) ? "writer" : "reader");
 		return false;
 	}
-	snprintf(why, wl, "both ends private memory, %llu bytes >= pipe-ring-min: the clients "
-		 "copy through a %u x %u KiB ring",
-		 (unsigned long long)job->bytes, PRING_NCHUNKS, PRING_CHUNK >> 10);
+	if (m->ring_only)
+		snprintf(why, wl, "the writer has no CMA and was offered the ring: the clients "
+			 "copy through a %u x %u KiB ring", PRING_NCHUNKS, PRING_CHUNK >> 10);
+	else
+		snprintf(why, wl, "both ends private memory, %llu bytes >= pipe-ring-min: the "
+			 "clients copy through a %u x %u KiB ring",
+			 (unsigned long long)job->bytes, PRING_NCHUNKS, PRING_CHUNK >> 10);
 	return true;
+}
+
+void tpd_pring_offer(struct tpd_pipe_end *w, const struct tpd_msg *m)
+{
+	const struct tpd_config *cfg = tpd_daemon_cfg(w->pipe->d);
+	struct tpd_pipe_end *r = tpd_pipe_end_peer(w);
+	Tpw__V1__RingXfer x = TPW__V1__RING_XFER__INIT;
+	Tpw__V1__DaemonMsg dm = TPW__V1__DAEMON_MSG__INIT;
+	struct tpd_pring *ring;
+	char why[160];
+	int err;
+
+	if (w->ring_offered || w->ring || !cfg->pipe_ring || m->eager || m->bcast || m->ring_only ||
+	    m->bytes < cfg->pipe_ring_min || w->remote || r->remote || !w->session || !r->session ||
+	    tpd_session_cma(w->session) || !tpd_session_pipe_ring_addr(w->session) ||
+	    !tpd_session_pipe_ring_addr(r->session))
+		return;
+	for (size_t i = 0; i < m->n_src; i++)
+		if (m->src[i].mem.loc == TPB_LOC_CUDA)
+			return;
+	err = ring_new(w, &ring, why, sizeof(why));
+	if (err < 0) {
+		tpd_pipe_channel_note_name(w->pipe, "cpu>cpu", "staging (no ring)", why);
+		return;
+	}
+	w->ring = ring;
+	x.pipe_id = w->local_id;
+	x.offer = true;
+	x.ring_id = ring->id;
+	x.chunk_bytes = PRING_CHUNK;
+	x.nchunks = PRING_NCHUNKS;
+	x.fd_follows = true;
+	x.min_bytes = cfg->pipe_ring_min;
+	dm.body_case = TPW__V1__DAEMON_MSG__BODY_RING_XFER;
+	dm.ring_xfer = &x;
+	err = tpd_session_send_fd(w->session, ring->fd);
+	if (err == 0)
+		err = tpd_session_send(w->session, &dm, NULL, 0);
+	if (err < 0) {
+		tpd_pipe_log(w->pipe, NULL, TPU_LOG_INFO, "pipe ring not offered: %s",
+			     strerror(-err));
+		tpd_pring_free(TAKE_PTR(w->ring));
+		return;
+	}
+	ring->sent[0] = true;
+	w->ring_offered = true;
+	tpd_pipe_log(w->pipe, NULL, TPU_LOG_DEBUG, "writer without CMA offered pipe ring %llu: "
+		     "its messages of at least %llu bytes go through it, unstaged",
+		     (unsigned long long)ring->id, (unsigned long long)cfg->pipe_ring_min);
 }
 
 /* Sends end @e's RingXfer for @m (its fd first if its session has none). */
@@ -199,11 +253,41 @@ static int ring_send(struct tpd_pring *r, struct tpd_msg *m, struct tpd_pipe_end
 	return err < 0 ? err : 0;
 }
 
-/* Retires @w's ring: dead for both clients, freed here (their mappings are their own). */
+/* Retires @w's ring: dead for both clients, freed here (their mappings are their own). An end
+ * offered its ring for good gets a new one at once, in the bytes the old one gave back (so that
+ * its ring-only messages never meet the limits); the next RingXfer hands it out. */
 static void ring_retire(struct tpd_pipe_end *w)
 {
+	char why[160];
+
 	tpd_pring_free(w->ring);
 	w->ring = NULL;
+	if (w->ring_offered && ring_new(w, &w->ring, why, sizeof(why)) < 0)
+		tpd_pipe_log(w->pipe, NULL, TPU_LOG_INFO, "pipe ring not replaced: %s", why);
+}
+
+static void ring_on_fail(evutil_socket_t fd, short what, void *arg)
+{
+	struct tpb_copy_job *job = arg; /* its message lives: it counts as copying */
+
+	(void)fd;
+	(void)what;
+	job->done(job);
+}
+
+/* Fails ring-only message @m (its job counted as copying) with @err, from the loop (never
+ * inside tpd_pipe_start_next_copy()): nothing else can reach the writer's memory. */
+static void ring_only_fail(struct tpd_msg *m, int err, const char *why)
+{
+	static const struct timeval now;
+	struct tpb_copy_job *job = m->job;
+
+	job->status = err;
+	snprintf(job->why, sizeof(job->why), "pipe ring for a writer without CMA: %s", why);
+	job->n = 0;
+	if (event_base_once(tpd_daemon_base(m->from->pipe->d), -1, EV_TIMEOUT, ring_on_fail, job,
+			    &now) < 0)
+		job->done(job); /* without memory: at once */
 }
 
 int tpd_pring_start(struct tpd_msg *m)
@@ -213,10 +297,18 @@ int tpd_pring_start(struct tpd_msg *m)
 	char why[160];
 	int err;
 
-	if (!w->session || !r->session)
-		return -EPIPE;
+	if (!w->session || !r->session) {
+		if (!m->ring_only)
+			return -EPIPE;
+		ring_only_fail(m, -EPIPE, "an end left");
+		return 0;
+	}
 	if (!ring) {
 		err = ring_new(w, &ring, why, sizeof(why));
+		if (err < 0 && m->ring_only) {
+			ring_only_fail(m, err, why);
+			return 0;
+		}
 		if (err < 0) {
 			tpd_pipe_channel_note_name(w->pipe, "cpu>cpu", "cma (no ring)", why);
 			return err;
@@ -233,9 +325,14 @@ int tpd_pring_start(struct tpd_msg *m)
 	if (err < 0) {
 		/* One end may have it already: the dead ring fails its side, which is ignored. */
 		tpd_pipe_log(w->pipe, NULL, TPU_LOG_INFO, "message %llu: pipe ring not handed out "
-			     "(%s), cma", (unsigned long long)m->msg_id, strerror(-err));
+			     "(%s)%s", (unsigned long long)m->msg_id, strerror(-err),
+			     m->ring_only ? "" : ", cma");
+		ring->cur = NULL;
 		ring_retire(w);
-		return err;
+		if (!m->ring_only)
+			return err;
+		ring_only_fail(m, err, "not handed out");
+		return 0;
 	}
 	ring->next_start += ring_chunks_of(m->job->bytes);
 	return 0;
