@@ -35,7 +35,7 @@
 #define NOBODY 65534
 #define VICTIM 4242
 #define LEN (1u << 20)
-#define SMALL 100000u /* under pipe-ring-min */
+#define SMALL 60000u /* under pipe-ring-min (64K), by rendezvous from private memory */
 #define NAME "pring-victim"
 
 static struct tpt_daemon dmn;
