@@ -637,7 +637,11 @@ void tpd_pipe_start_next_copy(struct tpd_pipe_end *w)
 			continue;
 		}
 		if (m->job) {
-			if (w->copying || tpd_bcast_waiting(m))
+			/* a pipe ring carries a message of this pipe's two clients only, never one
+			 * target of a daemon fan-out; it may carry several of them at once */
+			bool ring = m->ring && !m->bcast;
+
+			if ((w->copying && !(ring && tpd_pring_can_add(w))) || tpd_bcast_waiting(m))
 				return;
 			if (tpd_bcast_error(m, NULL) < 0) {
 				bcast_copy_fail(w, m);
@@ -646,10 +650,8 @@ void tpd_pipe_start_next_copy(struct tpd_pipe_end *w)
 			m->copying = true;
 			w->copying++;
 			w->pipe->jobs++;
-			/* a pipe ring carries a message of this pipe's two clients only, never one
-			 * target of a daemon fan-out */
-			if (m->ring && !m->bcast && tpd_pring_start(m) == 0)
-				return;
+			if (ring && tpd_pring_start(m) == 0)
+				continue;
 			m->ring = false; /* not handed out: copied as usual */
 			tpb_copier_submit(tpd_daemon_copier(w->pipe->d), m->job);
 			return;

@@ -374,6 +374,10 @@ bool tpd_pring_choose(const struct tpd_msg *m, const struct tpd_session *rs,
  * Return: 0, or -errno: nothing started, the caller copies it as usual.
  */
 int tpd_pring_start(struct tpd_msg *m);
+/* May another message of writer end @w go on its ring now, while those before it still move
+ * (every transfer of @w running is on that ring, which has room, and the writer has put the
+ * last of them all in)? Borrows @w. */
+bool tpd_pring_can_add(const struct tpd_pipe_end *w);
 /* Abandons @m's running ring transfer (an end left): the ring dies for both clients, @m
  * completes cancelled from the event loop. Borrows @m. */
 void tpd_pring_abort(struct tpd_msg *m);
