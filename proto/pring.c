@@ -17,9 +17,11 @@ int tpw_pring_xfer_check(const Tpw__V1__RingXfer *x, const struct tpw_limits *li
 {
 	uint64_t total = 0;
 
-	if (x->pipe_id == 0 || x->id == 0)
-		return tpu_why(-EBADMSG, why, wl, "ring transfer of pipe %llu id %llu",
-			       (unsigned long long)x->pipe_id, (unsigned long long)x->id);
+	if (x->pipe_id == 0 || (x->id == 0) != x->offer || (x->offer && x->reader) ||
+	    (x->offer && (!x->fd_follows || x->n_lens)))
+		return tpu_why(-EBADMSG, why, wl, "ring %s of pipe %llu id %llu",
+			       x->offer ? "offer" : "transfer", (unsigned long long)x->pipe_id,
+			       (unsigned long long)x->id);
 	if (x->chunk_bytes < TPW_PRING_CHUNK_MIN || x->chunk_bytes > TPW_PRING_CHUNK_MAX ||
 	    x->chunk_bytes % 64 || x->nchunks < TPW_PRING_NCHUNKS_MIN ||
 	    x->nchunks > TPW_PRING_NCHUNKS_MAX)

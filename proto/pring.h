@@ -48,7 +48,8 @@ struct tpw_pring_hdr {
 };
 
 /*
- * tpw_pring_xfer_check() - bounds of a RingXfer: ids not 0, as many addresses as lengths, at
+ * tpw_pring_xfer_check() - bounds of a RingXfer: ids not 0 (an offer: id 0, the writer's, its
+ * fd following, no segments), as many addresses as lengths, at
  * most @lim->segments_max of them, each length > 0, their sum within @lim->message_bytes_max,
  * chunk size and count within TPW_PRING_* bounds. Borrows @x and @lim.
  * Return: 0, or -EBADMSG with the reason in @why.

@@ -135,6 +135,12 @@ static int check_segment(const Tpw__V1__Segment *s, const struct tpw_hdr *hdr, b
 			return tpu_why(-EBADMSG, why, wl, "cma range wraps");
 		return 0;
 	}
+	case TPW__V1__SEGMENT__LOC_RING_ADDR: {
+		uint64_t end;
+		if (!tpu_add_u64(s->ring_addr, s->length, &end))
+			return tpu_why(-EBADMSG, why, wl, "ring address range wraps");
+		return 0;
+	}
 	case TPW__V1__SEGMENT__LOC_CUDA:
 		return check_cuda_ref(s->cuda, s->length, why, wl);
 	default:

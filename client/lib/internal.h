@@ -384,6 +384,9 @@ struct tp_pipe {
 	struct tpu_list ctx_link;
 	struct tpu_list backlog_link; /* in a listener's backlog until accepted */
 	struct tpc_op free_op;
+	/* The daemon offered this pipe's writing end a ring (RingXfer.offer; this library has no
+	 * CMA): writes of at least this many bytes name their memory by ring_addr. 0: none. */
+	uint64_t ring_min;
 };
 
 struct tpc_desc {
@@ -391,6 +394,7 @@ struct tpc_desc {
 	struct tp_pipe *pipe;
 	uint64_t msg_id;
 	bool eager;
+	bool ring_only; /* the writer's memory goes only through the pipe ring: answer ring_addr */
 	bool dropped; /* freed by the user out of order: discard when its turn comes */
 	struct tpu_list node;
 	const uint8_t *data; /* eager bytes: payloads then tensors */

@@ -156,17 +156,22 @@ static int ring_run(struct tpc_pring *r, const struct pring_job *j, char *why, s
 	for (uint64_t k = 0; k < nk; k++) {
 		uint64_t off = k * r->chunk;
 		size_t len = total - off < r->chunk ? (size_t)(total - off) : r->chunk;
-		uint32_t ahead;
 
 		for (;;) {
-			ahead = seen - j->start; /* chunks the other side is at, from the start */
-			/* The writer may be at most nchunks ahead of the reader; neither past the
-			 * message's end, the reader never ahead of the writer. */
-			if (r->reader ? ahead > nk || ahead - k > r->nchunks : ahead > k)
-				return tpu_why(-EPROTO, why, wl, "pipe ring index %u out of bounds "
-					       "(chunk %llu of %llu)", ahead,
+			/* chunks the other side is at, from this message's start; the daemon hands
+			 * out the next messages of the ring before this one ends, so the writer may
+			 * already be in a later message and the reader still in an earlier one */
+			int64_t ahead = (int32_t)(seen - j->start);
+
+			/* The writer may be at most nchunks ahead of the reader, the reader never
+			 * ahead of the writer: for the reader the writer is past this message's
+			 * start, for the writer the reader is at most nchunks before it. */
+			if (r->reader ? ahead < 0 || ahead - (int64_t)k > r->nchunks
+				      : ahead > (int64_t)k || ahead < -(int64_t)r->nchunks)
+				return tpu_why(-EPROTO, why, wl, "pipe ring index %d out of bounds "
+					       "(chunk %llu of %llu)", (int)ahead,
 					       (unsigned long long)k, (unsigned long long)nk);
-			if (r->reader ? ahead > k : k - ahead < r->nchunks)
+			if (r->reader ? ahead > (int64_t)k : (int64_t)k - ahead < r->nchunks)
 				break;
 			seen = ring_wait(r, theirs, my_wait, seen);
 			if (ring_gone(r))
@@ -367,6 +372,27 @@ static int ring_job_locked(struct tp_context *ctx, const Tpw__V1__RingXfer *x,
 	return j->op ? 0 : -ENOENT;
 }
 
+/* RingXfer.offer: the writing end of pipe @x->pipe_id has a ring for good; its later messages
+ * of at least @x->min_bytes name their memory by ring_addr (write.c). Lock held. */
+static void ring_offer_locked(struct tp_context *ctx, const Tpw__V1__RingXfer *x)
+{
+	struct tp_pipe *p = tpc_map_get(&ctx->pipes, x->pipe_id);
+	struct tpc_pring *r = ring_find_locked(ctx, x->pipe_id, false);
+	int fd = ring_take_fd(ctx), err;
+
+	if (r)
+		ring_stop_locked(r, true);
+	err = fd < 0 ? fd : !p ? -ENOENT : ring_new_locked(ctx, x, TAKE_FD(fd), &r);
+	if (fd >= 0)
+		close(fd);
+	if (err < 0) { /* the writes stay staged */
+		tpc_context_log(ctx, LOG_INFO, "pipe %llu: pipe ring offer not taken: %s",
+				(unsigned long long)x->pipe_id, strerror(-err));
+		return;
+	}
+	p->ring_min = x->min_bytes ? x->min_bytes : 1;
+}
+
 void tpc_pring_on_xfer(struct tp_context *ctx, const Tpw__V1__RingXfer *x)
 {
 	Tpw__V1__RingDone d = TPW__V1__RING_DONE__INIT;
@@ -376,6 +402,11 @@ void tpc_pring_on_xfer(struct tp_context *ctx, const Tpw__V1__RingXfer *x)
 	int fd = -EBADF, err;
 
 	pthread_mutex_lock(&ctx->lock);
+	if (x->offer) {
+		ring_offer_locked(ctx, x);
+		pthread_mutex_unlock(&ctx->lock);
+		return;
+	}
 	r = ring_find_locked(ctx, x->pipe_id, x->reader);
 	if (x->fd_follows) {
 		fd = ring_take_fd(ctx);

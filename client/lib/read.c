@@ -73,7 +73,8 @@ static struct tpc_desc *read_desc_new(struct tp_pipe *p, const Tpw__V1__Descript
 	pd = (struct tp_payload_desc *)(d + 1);
 	td = (struct tp_tensor_desc *)(pd + np);
 	cur = (char *)(td + nt);
-	*d = (struct tpc_desc){ .pipe = p, .msg_id = m->msg_id, .eager = m->eager };
+	*d = (struct tpc_desc){ .pipe = p, .msg_id = m->msg_id, .eager = m->eager,
+				 .ring_only = m->ring_only };
 	d->pub = (struct tp_descriptor){ .n_payloads = np, .payloads = pd, .n_tensors = nt,
 					 .tensors = td, .metadata_len = m->metadata.len };
 	d->pub.metadata = read_take_bytes(&cur, m->metadata.data, m->metadata.len);
@@ -459,7 +460,11 @@ static void read_place_locked(struct tp_context *ctx, struct read_plan *pl,
 		s->length = len;
 		if (!len)
 			continue;
-		if ((b = tpc_buffer_lookup_locked(ctx, data, len))) {
+		if (d->ring_only) {
+			/* the reader's library copies it out of the pipe ring itself */
+			s->loc_case = TPW__V1__SEGMENT__LOC_RING_ADDR;
+			s->ring_addr = (uint64_t)(uintptr_t)data;
+		} else if ((b = tpc_buffer_lookup_locked(ctx, data, len))) {
 			pl->shm[i] = (Tpw__V1__ShmRef)TPW__V1__SHM_REF__INIT;
 			pl->shm[i].buf_id = b->id;
 			pl->shm[i].gen = b->gen;

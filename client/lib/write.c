@@ -302,11 +302,28 @@ static int write_check_ranges_locked(struct tp_context *ctx, const struct write_
 	return 0;
 }
 
-/* Decides each segment's location; lock held (buffer lookups). Return: 0 or -ERANGE. */
-static int write_place_locked(struct tp_context *ctx, struct write_plan *pl,
-			      const struct tp_message *msg, uint64_t total)
+/* Does a tensor of @msg ask the reader for CUDA memory (its target)? Such a message stays
+ * staged: a ring-only message must land in the reader's CPU memory. */
+static bool write_wants_cuda(const struct tp_message *msg)
+{
+	for (size_t i = 0; i < msg->n_tensors; i++)
+		if (msg->tensors[i].has_target && msg->tensors[i].target.type == TP_DEVICE_CUDA)
+			return true;
+	return false;
+}
+
+/*
+ * Decides each segment's location; lock held (buffer lookups). @p: the pipe written to, NULL
+ * for a broadcast. With no CMA, a message of at least the pipe's ring_min (the daemon offered
+ * its writing end a ring) names every segment by ring_addr: the library copies it into the
+ * pipe ring when the daemon asks, so nothing is staged. Return: 0 or -ERANGE.
+ */
+static int write_place_locked(struct tp_context *ctx, const struct tp_pipe *p,
+			      struct write_plan *pl, const struct tp_message *msg, uint64_t total)
 {
 	bool eager = total <= ctx->eager_max && !pl->n_cuda; /* CUDA memory goes by rendezvous */
+	bool ring = p && p->ring_min && total >= p->ring_min && !ctx->cma_ok && !pl->n_cuda &&
+		    !eager && !write_wants_cuda(msg);
 	int r = write_check_ranges_locked(ctx, pl, msg);
 
 	if (r < 0)
@@ -322,6 +339,9 @@ static int write_place_locked(struct tp_context *ctx, struct write_plan *pl,
 		s->length = len;
 		if (len == 0 || eager) {
 			write_inline(pl, s, data, len);
+		} else if (ring) {
+			s->loc_case = TPW__V1__SEGMENT__LOC_RING_ADDR;
+			s->ring_addr = (uint64_t)(uintptr_t)data;
 		} else if ((b = tpc_buffer_lookup_locked(ctx, data, len))) {
 			write_shm(s, &pl->shm[i], b->id, b->gen,
 				  (uint64_t)((const char *)data - (const char *)b->addr));
@@ -510,7 +530,7 @@ static int write_send(struct tp_pipe *p, struct write_plan *pl, const struct tp_
 	pthread_mutex_lock(&ctx->lock);
 	r = tpc_pipe_check_locked(p);
 	if (r == 0)
-		r = write_place_locked(ctx, pl, msg, total);
+		r = write_place_locked(ctx, p, pl, msg, total);
 	pthread_mutex_unlock(&ctx->lock);
 	/* + 16: room for the write_id, still 0 here */
 	if (r == 0 && tpw_frame_size(&pl->m.base) + pl->inline_len + 16 > ctx->lim.frame_max)
@@ -654,7 +674,7 @@ static int bcast_send(struct tp_pipe *const *pipes, unsigned n, struct write_pla
 		goto out;
 	pthread_mutex_lock(&ctx->send_lock);
 	pthread_mutex_lock(&ctx->lock);
-	r = write_place_locked(ctx, pl, msg, total);
+	r = write_place_locked(ctx, NULL, pl, msg, total);
 	/* staging and holding are per pipe: the library's fan-out does them */
 	if (r == 0 && (pl->stage_len || !bcast_all_fit_locked(pipes, n, pl->inline_len)))
 		r = -EOPNOTSUPP;

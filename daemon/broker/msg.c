@@ -84,6 +84,14 @@ static int resolve_src(struct tpd_session *s, const Tpw__V1__Segment *seg, const
 		out->mem.proc = tpb_proc_ref(tpd_session_proc(s)); /* the message's reference */
 		out->mem.addr = seg->cma_addr;
 		return 0;
+	case TPW__V1__SEGMENT__LOC_RING_ADDR:
+		/* Only the writer's library reaches it, through the pipe ring; whether this pipe
+		 * direction may send one is the broker's check (tpd_pipe_write_one()). */
+		out->mem.loc = TPB_LOC_PROCESS;
+		out->mem.proc = tpb_proc_ref(tpd_session_proc(s)); /* the message's reference */
+		out->mem.addr = seg->ring_addr;
+		out->ring_only = true;
+		return 0;
 	case TPW__V1__SEGMENT__LOC_CUDA:
 		r = tpd_devmem_resolve(s, seg->cuda, &out->mem, why, wl);
 		if (r == 0)
@@ -117,6 +125,7 @@ int tpd_msg_resolve(struct tpd_msg *m, struct tpd_session *s, const Tpw__V1__Wri
 		m->bytes += seg->length;
 		if (seg->length && seg->loc_case != TPW__V1__SEGMENT__LOC_INLINE_OFF)
 			m->eager = false;
+		m->ring_only |= m->src[i].ring_only;
 	}
 	return 0;
 }
@@ -171,6 +180,7 @@ int tpd_msg_send_descriptor(struct tpd_pipe_end *r, struct tpd_msg *m, const Tpw
 	dd.pipe_id = r->local_id;
 	dd.msg_id = m->msg_id;
 	dd.eager = m->eager;
+	dd.ring_only = m->ring_only;
 	for (size_t i = 0; m->eager && i < n; i++) {
 		iov[i].iov_base = (void *)(uintptr_t)m->src[i].mem.addr;
 		iov[i].iov_len = m->src[i].len;
@@ -250,6 +260,23 @@ int tpd_msg_resolve_dst(struct tpd_session *s, const Tpw__V1__Segment *seg,
 	x->src = src->mem;
 	x->len = src->len;
 	d->buf = NULL;
+	if (seg->loc_case == TPW__V1__SEGMENT__LOC_RING_ADDR) {
+		/* The reader's library copies out of the ring itself: only where the writer's
+		 * memory is reachable no other way (the Descriptor said ring_only). */
+		if (!src->ring_only) {
+			snprintf(why, wl, "ring address for a segment that is not the writer's "
+				 "ring-only memory");
+			return -EINVAL;
+		}
+		x->dst = (struct tpb_mem){ .loc = TPB_LOC_PROCESS, .proc = tpd_session_proc(s),
+					   .addr = seg->ring_addr };
+		return tpb_copier_job_hold_proc(job, tpd_session_proc(s));
+	}
+	if (src->ring_only) {
+		snprintf(why, wl, "the writer's memory is reachable only through the pipe ring (it "
+			 "has no CMA): the allocation must be CPU memory named by its address");
+		return -EINVAL;
+	}
 	if (seg->loc_case == TPW__V1__SEGMENT__LOC_CMA_ADDR) {
 		if (!tpd_session_cma(s)) {
 			snprintf(why, wl, "cross-memory attach is not available for this client%s",
@@ -338,6 +365,11 @@ int tpd_msg_build_job(struct tpd_msg *m, struct tpd_session *s, const Tpw__V1__R
 			snprintf(why, wl, "a copy job spans more than two client processes");
 			tpb_copier_job_free(job);
 			return r;
+		}
+		if (src->ring_only) {
+			/* never submitted to a channel: the pipe ring or nothing (pipe.c) */
+			job_add(job, x, tpb_index("cma"));
+			continue;
 		}
 		channel = tpb_select_why(x->src.loc, x->dst.loc, reason, sizeof(reason));
 		if (channel < 0) {

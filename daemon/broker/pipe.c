@@ -470,6 +470,11 @@ void tpd_pipe_write_one(struct tpd_pipe_end *e, const Tpw__V1__Write *w, uint64_
 	err = tpd_msg_resolve(m, e->session, w, tail, why, sizeof(why));
 	if (err < 0)
 		goto reject;
+	if (m->ring_only && (bc || !e->ring_offered || r->remote)) {
+		snprintf(why, sizeof(why), "ring address without a pipe ring offered to this end");
+		err = -EINVAL;
+		goto reject;
+	}
 	tpd_bcast_attach(bc, m, r);
 	m->msg_id = ++e->next_msg_id;
 	m->tail_len = tail_len;
@@ -492,7 +497,10 @@ void tpd_pipe_write_one(struct tpd_pipe_end *e, const Tpw__V1__Write *w, uint64_
 		tpd_stats_record(tpd_daemon_stats(e->pipe->d), tpb_index("basic"), m->bytes, 0,
 				 false);
 		write_done_flush(e);
-	} else if (tail_len) {
+		return;
+	}
+	tpd_pring_offer(e, m);
+	if (tail_len) {
 		/* Rendezvous with some inline parts: keep a copy of the tail, re-point sources. */
 		m->tail = malloc(tail_len);
 		if (!m->tail) {
@@ -629,7 +637,11 @@ void tpd_pipe_start_next_copy(struct tpd_pipe_end *w)
 			continue;
 		}
 		if (m->job) {
-			if (w->copying || tpd_bcast_waiting(m))
+			/* a pipe ring carries a message of this pipe's two clients only, never one
+			 * target of a daemon fan-out; it may carry several of them at once */
+			bool ring = m->ring && !m->bcast;
+
+			if ((w->copying && !(ring && tpd_pring_can_add(w))) || tpd_bcast_waiting(m))
 				return;
 			if (tpd_bcast_error(m, NULL) < 0) {
 				bcast_copy_fail(w, m);
@@ -638,10 +650,8 @@ void tpd_pipe_start_next_copy(struct tpd_pipe_end *w)
 			m->copying = true;
 			w->copying++;
 			w->pipe->jobs++;
-			/* a pipe ring carries a message of this pipe's two clients only, never one
-			 * target of a daemon fan-out */
-			if (m->ring && !m->bcast && tpd_pring_start(m) == 0)
-				return;
+			if (ring && tpd_pring_start(m) == 0)
+				continue;
 			m->ring = false; /* not handed out: copied as usual */
 			tpb_copier_submit(tpd_daemon_copier(w->pipe->d), m->job);
 			return;
@@ -704,9 +714,16 @@ void tpd_pipe_read(struct tpd_pipe_end *r, const Tpw__V1__Read *rd)
 		err = tpd_msg_build_job(m, r->session, rd, copy_on_done, &m->job, why, sizeof(why));
 	if (err == 0 && m->job) {
 		m->ring = tpd_pring_choose(m, r->session, m->job, why, sizeof(why));
-		if (m->ring || *why)
+		if (m->ring || (*why && !m->ring_only))
 			tpd_pipe_channel_note_name(r->pipe, "cpu>cpu", m->ring ? "ring" : "cma (no ring)",
 						   why);
+		if (!m->ring && m->ring_only) {
+			/* nothing else reaches the writer's memory */
+			snprintf(why, sizeof(why), "the writer's memory is reachable only "
+				 "through the pipe ring, which this message cannot take");
+			tpb_copier_job_free(TAKE_PTR(m->job));
+			err = -EOPNOTSUPP;
+		}
 	}
 	if (err < 0) {
 		tpd_pipe_log(r->pipe, r->session, TPU_LOG_INFO, "read rejected: %s", why);

@@ -66,6 +66,9 @@ struct tpd_pipe_end {
 	uint64_t reserved;
 	struct tpu_list budget_node;
 	struct tpd_pring *ring; /* pring.c: the ring this end's messages use, once one did */
+	/* pring.c: its writer (without CMA) was offered @ring for good and may name its memory
+	 * by ring_addr; a retired ring is replaced at once */
+	bool ring_offered;
 };
 
 struct tpd_pipe {
@@ -120,6 +123,7 @@ struct tpd_msg_src {
 	struct tpb_buffer *buf; /* reference held for shm sources */
 	uint64_t len;
 	bool remote_cuda; /* written on another host from CUDA memory */
+	bool ring_only;	  /* a ring_addr: reached only through the writer's pipe ring */
 };
 
 /*
@@ -147,6 +151,7 @@ struct tpd_msg {
 	bool canceled; /* its writer cancelled it before anyone asked for it (cancel.c) */
 	bool ring;     /* its clients move it through the pipe ring (pring.c); @job holds its
 			* processes and transfers but is not submitted */
+	bool ring_only; /* some source is a ring_addr (a writer without CMA): the ring or nothing */
 	Tpw__V1__Status write_status;
 	char write_why[160];
 	uint64_t cost; /* charged to the daemon-wide pipe budget while on rq (tpd_msg_cost()) */
@@ -369,11 +374,22 @@ bool tpd_pring_choose(const struct tpd_msg *m, const struct tpd_session *rs,
  * Return: 0, or -errno: nothing started, the caller copies it as usual.
  */
 int tpd_pring_start(struct tpd_msg *m);
+/* May another message of writer end @w go on its ring now, while those before it still move
+ * (every transfer of @w running is on that ring, which has room, and the writer has put the
+ * last of them all in)? Borrows @w. */
+bool tpd_pring_can_add(const struct tpd_pipe_end *w);
 /* Abandons @m's running ring transfer (an end left): the ring dies for both clients, @m
  * completes cancelled from the event loop. Borrows @m. */
 void tpd_pring_abort(struct tpd_msg *m);
 /* Frees ring @r (NULL is fine), killing it for the clients that map it. Takes @r. */
 void tpd_pring_free(struct tpd_pring *r);
+/*
+ * tpd_pring_offer() - after writer end @w queued @m: if its session has no CMA, both ends take
+ * pipe rings and @m is a large rendezvous message that had to be staged, create @w's ring
+ * within the limits and offer it to the writer (RingXfer.offer), so that its library names its
+ * later messages' memory by ring_addr instead of staging them. Once per end. Borrows both.
+ */
+void tpd_pring_offer(struct tpd_pipe_end *w, const struct tpd_msg *m);
 
 /* ---- xh.c ---- */
 

@@ -4,11 +4,14 @@
  * through a staging ring both clients map, the writer's library copying chunks in while the
  * reader's copies them out; the daemon stays the broker. This file decides which messages use a
  * ring (tpd_pring_choose()), creates one ring per pipe direction (a sealed memfd, bounded in
- * bytes daemon-wide and per uid), hands it to both ends with RingXfer, completes the message
- * when both ends said RingDone, and kills the ring (its dead word, a futex wake) when an end
- * leaves, fails or breaks it. It never reads or writes the ring's chunks; the layout and the
+ * bytes daemon-wide and per uid), offers it to a writer without CMA (which then names its
+ * memory by ring_addr), hands each message to both ends with RingXfer (up to PRING_DEPTH
+ * messages of a pipe direction at once, one after the other in the ring), completes each
+ * when both ends said RingDone, and kills the ring (its dead word, a futex wake) with every
+ * message on it when an end leaves, fails or breaks it. It never reads or writes the ring's chunks; the layout and the
  * rules of the header words are proto/pring.h's, the copy loops client/lib/pring.c's.
  */
+#include <assert.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <stdio.h>
@@ -26,6 +29,11 @@
 
 #define PRING_CHUNK (64u << 10)
 #define PRING_NCHUNKS 8u
+/* Messages of one pipe direction on its ring at once: the next one's RingXfer goes once the
+ * writer has put the one before all in (its RingDone), while the reader still takes it out, so
+ * the writer's thread goes on without waiting for the reader and the daemon's round trip. A
+ * message waiting behind one the writer has not put in yet stays waiting (cancellable). */
+#define PRING_DEPTH 4u
 
 struct tpd_pring {
 	int fd;
@@ -37,9 +45,13 @@ struct tpd_pring {
 	bool sent[2];		   /* fd sent to the writer's, the reader's session */
 	bool dead;
 	struct tpd_broker *b;	   /* counts it */
-	struct tpd_msg *cur;	   /* the message moving through it */
-	unsigned done;		   /* bit 0: the writer's RingDone, bit 1: the reader's */
-	bool ending;		   /* its completion is scheduled (tpd_pring_abort()) */
+	/* The messages moving through it, oldest first, and for each the RingDones received
+	 * (bit 0: the writer's, bit 1: the reader's). Each client answers its messages in order,
+	 * so they complete in order: a RingDone completes the oldest or none. */
+	struct tpd_msg *q[PRING_DEPTH];
+	uint8_t qdone[PRING_DEPTH];
+	unsigned qn;
+	bool ending; /* it failed: the completion of every message in @q is scheduled */
 	int status;
 	char why[160];
 };
@@ -138,13 +150,14 @@ bool tpd_pring_choose(const struct tpd_msg *m, const struct tpd_session *rs,
 	const struct tpd_config *cfg = tpd_daemon_cfg(m->from->pipe->d);
 	const struct tpd_session *ws = m->from->session;
 
-	if (!cfg->pipe_ring || !ws || job->n == 0)
+	/* A ring-only message was offered its ring: it takes it whatever the settings now. */
+	if ((!cfg->pipe_ring && !m->ring_only) || !ws || job->n == 0)
 		return false;
 	for (size_t i = 0; i < job->n; i++)
 		if (job->xfers[i].src.loc != TPB_LOC_PROCESS ||
 		    job->xfers[i].dst.loc != TPB_LOC_PROCESS)
 			return false;
-	if (job->bytes < cfg->pipe_ring_min)
+	if (job->bytes < cfg->pipe_ring_min && !m->ring_only)
 		return false; /* the usual case below the threshold: not worth a note */
 	if (!tpd_session_pipe_ring(ws) || !tpd_session_pipe_ring(rs)) {
 		snprintf(why, wl, "the %s's library takes no pipe ring (older, or on the socket "
@@ -152,10 +165,63 @@ bool tpd_pring_choose(const struct tpd_msg *m, const struct tpd_session *rs,
 			 !tpd_session_pipe_ring(ws) ? "writer" : "reader");
 		return false;
 	}
-	snprintf(why, wl, "both ends private memory, %llu bytes >= pipe-ring-min: the clients "
-		 "copy through a %u x %u KiB ring",
-		 (unsigned long long)job->bytes, PRING_NCHUNKS, PRING_CHUNK >> 10);
+	if (m->ring_only)
+		snprintf(why, wl, "the writer has no CMA and was offered the ring: the clients "
+			 "copy through a %u x %u KiB ring", PRING_NCHUNKS, PRING_CHUNK >> 10);
+	else
+		snprintf(why, wl, "both ends private memory, %llu bytes >= pipe-ring-min: the "
+			 "clients copy through a %u x %u KiB ring",
+			 (unsigned long long)job->bytes, PRING_NCHUNKS, PRING_CHUNK >> 10);
 	return true;
+}
+
+void tpd_pring_offer(struct tpd_pipe_end *w, const struct tpd_msg *m)
+{
+	const struct tpd_config *cfg = tpd_daemon_cfg(w->pipe->d);
+	struct tpd_pipe_end *r = tpd_pipe_end_peer(w);
+	Tpw__V1__RingXfer x = TPW__V1__RING_XFER__INIT;
+	Tpw__V1__DaemonMsg dm = TPW__V1__DAEMON_MSG__INIT;
+	struct tpd_pring *ring;
+	char why[160];
+	int err;
+
+	if (w->ring_offered || w->ring || !cfg->pipe_ring || m->eager || m->bcast || m->ring_only ||
+	    m->bytes < cfg->pipe_ring_min || w->remote || r->remote || !w->session || !r->session ||
+	    tpd_session_cma(w->session) || !tpd_session_pipe_ring_addr(w->session) ||
+	    !tpd_session_pipe_ring_addr(r->session))
+		return;
+	for (size_t i = 0; i < m->n_src; i++)
+		if (m->src[i].mem.loc == TPB_LOC_CUDA)
+			return;
+	err = ring_new(w, &ring, why, sizeof(why));
+	if (err < 0) {
+		tpd_pipe_channel_note_name(w->pipe, "cpu>cpu", "staging (no ring)", why);
+		return;
+	}
+	w->ring = ring;
+	x.pipe_id = w->local_id;
+	x.offer = true;
+	x.ring_id = ring->id;
+	x.chunk_bytes = PRING_CHUNK;
+	x.nchunks = PRING_NCHUNKS;
+	x.fd_follows = true;
+	x.min_bytes = cfg->pipe_ring_min;
+	dm.body_case = TPW__V1__DAEMON_MSG__BODY_RING_XFER;
+	dm.ring_xfer = &x;
+	err = tpd_session_send_fd(w->session, ring->fd);
+	if (err == 0)
+		err = tpd_session_send(w->session, &dm, NULL, 0);
+	if (err < 0) {
+		tpd_pipe_log(w->pipe, NULL, TPU_LOG_INFO, "pipe ring not offered: %s",
+			     strerror(-err));
+		tpd_pring_free(TAKE_PTR(w->ring));
+		return;
+	}
+	ring->sent[0] = true;
+	w->ring_offered = true;
+	tpd_pipe_log(w->pipe, NULL, TPU_LOG_DEBUG, "writer without CMA offered pipe ring %llu: "
+		     "its messages of at least %llu bytes go through it, unstaged",
+		     (unsigned long long)ring->id, (unsigned long long)cfg->pipe_ring_min);
 }
 
 /* Sends end @e's RingXfer for @m (its fd first if its session has none). */
@@ -199,11 +265,43 @@ static int ring_send(struct tpd_pring *r, struct tpd_msg *m, struct tpd_pipe_end
 	return err < 0 ? err : 0;
 }
 
-/* Retires @w's ring: dead for both clients, freed here (their mappings are their own). */
+static const struct timeval ring_now;
+static void ring_fail(struct tpd_pring *ring, int status, const char *why);
+
+/* Retires @w's ring: dead for both clients, freed here (their mappings are their own). An end
+ * offered its ring for good gets a new one at once, in the bytes the old one gave back (so that
+ * its ring-only messages never meet the limits); the next RingXfer hands it out. */
 static void ring_retire(struct tpd_pipe_end *w)
 {
+	char why[160];
+
 	tpd_pring_free(w->ring);
 	w->ring = NULL;
+	if (w->ring_offered && ring_new(w, &w->ring, why, sizeof(why)) < 0)
+		tpd_pipe_log(w->pipe, NULL, TPU_LOG_INFO, "pipe ring not replaced: %s", why);
+}
+
+static void ring_on_fail(evutil_socket_t fd, short what, void *arg)
+{
+	struct tpb_copy_job *job = arg; /* its message lives: it counts as copying */
+
+	(void)fd;
+	(void)what;
+	job->done(job);
+}
+
+/* Fails ring-only message @m (its job counted as copying) with @err, from the loop (never
+ * inside tpd_pipe_start_next_copy()): nothing else can reach the writer's memory. */
+static void ring_only_fail(struct tpd_msg *m, int err, const char *why)
+{
+	struct tpb_copy_job *job = m->job;
+
+	job->status = err;
+	snprintf(job->why, sizeof(job->why), "pipe ring for a writer without CMA: %s", why);
+	job->n = 0;
+	if (event_base_once(tpd_daemon_base(m->from->pipe->d), -1, EV_TIMEOUT, ring_on_fail, job,
+			    &ring_now) < 0)
+		job->done(job); /* without memory: at once */
 }
 
 int tpd_pring_start(struct tpd_msg *m)
@@ -213,107 +311,200 @@ int tpd_pring_start(struct tpd_msg *m)
 	char why[160];
 	int err;
 
-	if (!w->session || !r->session)
-		return -EPIPE;
+	if (!w->session || !r->session) {
+		if (!m->ring_only)
+			return -EPIPE;
+		ring_only_fail(m, -EPIPE, "an end left");
+		return 0;
+	}
 	if (!ring) {
 		err = ring_new(w, &ring, why, sizeof(why));
+		if (err < 0 && m->ring_only) {
+			ring_only_fail(m, err, why);
+			return 0;
+		}
 		if (err < 0) {
 			tpd_pipe_channel_note_name(w->pipe, "cpu>cpu", "cma (no ring)", why);
 			return err;
 		}
 		w->ring = ring;
 	}
-	ring->cur = m;
-	ring->done = 0;
-	ring->status = 0;
-	ring->why[0] = '\0';
+	assert(!ring->ending && ring->qn < PRING_DEPTH);
+	if (ring->qn == 0) {
+		ring->status = 0;
+		ring->why[0] = '\0';
+	}
+	ring->q[ring->qn] = m;
+	ring->qdone[ring->qn++] = 0;
 	err = ring_send(ring, m, w, false);
 	if (err == 0)
 		err = ring_send(ring, m, r, true);
+	if (err < 0 && ring->qn > 1) {
+		/* messages before it are on the ring: they fail with it, from the loop */
+		ring_fail(ring, err, "pipe ring transfer not handed out");
+		return 0;
+	}
 	if (err < 0) {
 		/* One end may have it already: the dead ring fails its side, which is ignored. */
 		tpd_pipe_log(w->pipe, NULL, TPU_LOG_INFO, "message %llu: pipe ring not handed out "
-			     "(%s), cma", (unsigned long long)m->msg_id, strerror(-err));
+			     "(%s)%s", (unsigned long long)m->msg_id, strerror(-err),
+			     m->ring_only ? "" : ", cma");
+		ring->qn = 0;
 		ring_retire(w);
-		return err;
+		if (!m->ring_only)
+			return err;
+		ring_only_fail(m, err, "not handed out");
+		return 0;
 	}
 	ring->next_start += ring_chunks_of(m->job->bytes);
 	return 0;
 }
 
-/* Completes @m's ring transfer with @ring's result: as a copy job would (copy_on_done()). */
-static void ring_complete(struct tpd_pipe_end *w, struct tpd_pring *ring)
+/* Completes @job of a message that went through a ring with @status: as a copy job would
+ * (copy_on_done()). May free the pipe once it was the last job: touch nothing after. */
+static void ring_job_done(struct tpb_copy_job *job, int status, const char *why)
 {
-	struct tpd_msg *m = ring->cur;
-	struct tpb_copy_job *job = m->job;
-	bool ok = ring->status == 0;
-
-	ring->cur = NULL;
-	ring->ending = false;
-	job->status = ring->status;
-	job->abandoned = ring->status == -ECANCELED;
-	if (!ok)
-		snprintf(job->why, sizeof(job->why), "%s", ring->why);
+	job->status = status;
+	job->abandoned = status == -ECANCELED;
+	if (status < 0)
+		snprintf(job->why, sizeof(job->why), "%s", why);
 	job->n = 0; /* nothing went through a copy channel */
-	if (ok) {
-		ring->b->ring_msgs++;
-		w->pipe->ring_used = true;
-	} else {
-		ring_retire(w); /* frees it: the next message gets a new one */
-	}
 	job->done(job);
+}
+
+/* Completes the oldest message of @w's ring, which both clients moved. */
+static void ring_complete_one(struct tpd_pipe_end *w, struct tpd_pring *ring)
+{
+	struct tpb_copy_job *job = ring->q[0]->job;
+
+	ring->qn--;
+	memmove(ring->q, ring->q + 1, ring->qn * sizeof(ring->q[0]));
+	memmove(ring->qdone, ring->qdone + 1, ring->qn);
+	ring->b->ring_msgs++;
+	w->pipe->ring_used = true;
+	ring_job_done(job, 0, NULL);
+}
+
+/* Fails every message on @w's failed ring (ring->status, ring->why), oldest first, and
+ * retires the ring: the next message gets a new one. */
+static void ring_fail_all(struct tpd_pipe_end *w, struct tpd_pring *ring)
+{
+	struct tpb_copy_job *jobs[PRING_DEPTH];
+	unsigned n = ring->qn;
+	int status = ring->status;
+	char why[sizeof(ring->why)];
+
+	for (unsigned i = 0; i < n; i++)
+		jobs[i] = ring->q[i]->job;
+	memcpy(why, ring->why, sizeof(why));
+	ring->qn = 0;
+	ring_retire(w); /* frees it */
+	/* each job holds its pipe (p->jobs) until its own completion */
+	for (unsigned i = 0; i < n; i++)
+		ring_job_done(jobs[i], status, why);
 }
 
 static void ring_on_abort(evutil_socket_t fd, short what, void *arg)
 {
-	struct tpd_msg *m = arg; /* lives: its pipe counts the transfer until it completes */
-	struct tpd_pring *ring = m->from->ring;
+	struct tpd_pipe_end *w = arg; /* lives: its pipe counts the ring's transfers */
+	struct tpd_pring *ring = w->ring;
 
 	(void)fd;
 	(void)what;
-	if (ring && ring->cur == m && ring->ending)
-		ring_complete(m->from, ring);
+	if (ring && ring->ending)
+		ring_fail_all(w, ring);
+}
+
+/* Kills @ring (its writer end's) with @status unless it failed already, and schedules the
+ * completion of every message on it from the loop. */
+static void ring_fail(struct tpd_pring *ring, int status, const char *why)
+{
+	struct tpd_pipe_end *w = ring->q[0]->from;
+
+	if (ring->ending)
+		return;
+	tpw_pring_kill(ring->hdr);
+	ring->status = status;
+	snprintf(ring->why, sizeof(ring->why), "%s", why);
+	ring->ending = true;
+	if (event_base_once(tpd_daemon_base(w->pipe->d), -1, EV_TIMEOUT, ring_on_abort, w,
+			    &ring_now) < 0)
+		ring_fail_all(w, ring); /* without memory: at once */
+}
+
+/* Is @m on @ring now? */
+static bool ring_holds(const struct tpd_pring *ring, const struct tpd_msg *m)
+{
+	for (unsigned i = 0; ring && i < ring->qn; i++)
+		if (ring->q[i] == m)
+			return true;
+	return false;
 }
 
 void tpd_pring_abort(struct tpd_msg *m)
 {
-	static const struct timeval now;
 	struct tpd_pring *ring = m->from->ring;
 
-	if (!ring || ring->cur != m || ring->ending)
-		return;
-	tpw_pring_kill(ring->hdr);
-	ring->status = -ECANCELED;
-	snprintf(ring->why, sizeof(ring->why), "pipe ring transfer abandoned");
-	ring->ending = true;
-	if (event_base_once(tpd_daemon_base(m->from->pipe->d), -1, EV_TIMEOUT, ring_on_abort, m,
-			    &now) < 0)
-		ring_complete(m->from, ring); /* without memory: at once */
+	if (ring_holds(ring, m))
+		ring_fail(ring, -ECANCELED, "pipe ring transfer abandoned");
+}
+
+bool tpd_pring_can_add(const struct tpd_pipe_end *w)
+{
+	const struct tpd_pring *ring = w->ring;
+
+	/* every transfer of @w running is on its ring, which has room and works, and the writer
+	 * has put the last of them all in */
+	return ring && !ring->ending && ring->qn > 0 && ring->qn < PRING_DEPTH &&
+	       ring->qn == w->copying && ring->qdone[ring->qn - 1] & 1u;
+}
+
+/* The id a RingDone of the reader (@reader) or the writer names @m by. */
+static uint64_t ring_id_of(const struct tpd_msg *m, bool reader)
+{
+	return reader ? m->msg_id : m->write_id;
 }
 
 void tpd_pring_on_done(struct tpd_pipe_end *e, const Tpw__V1__RingDone *rd)
 {
 	struct tpd_pipe_end *w = rd->reader ? tpd_pipe_end_peer(e) : e;
 	struct tpd_pring *ring = w->ring;
-	struct tpd_msg *m = ring ? ring->cur : NULL;
-	unsigned bit = rd->reader ? 2u : 1u;
+	unsigned bit = rd->reader ? 2u : 1u, i = 0;
+	char why[160];
 
-	/* Late answers of a ring that failed and was retired, and lies about other messages,
-	 * are not this message's: ignored. */
-	if (!m || ring->ending || w->remote || rd->id != (rd->reader ? m->msg_id : m->write_id) ||
-	    ring->done & bit)
+	if (!ring || ring->ending || w->remote)
 		return;
-	ring->done |= bit;
-	if (rd->status != TPW__V1__STATUS__STATUS_OK && ring->status == 0) {
-		tpw_pring_kill(ring->hdr);
-		ring->status = tpw_status_to_errno(rd->status);
-		if (ring->status == 0)
-			ring->status = -EIO;
-		snprintf(ring->why, sizeof(ring->why), "pipe ring: the %s failed: %.100s",
-			 rd->reader ? "reader" : "writer", rd->message ? rd->message : "");
+	/* Its client answers in order: this must be its first message without an answer. */
+	while (i < ring->qn && ring->qdone[i] & bit)
+		i++;
+	/* Late answers of a ring that failed and was retired, and lies about other messages,
+	 * are not this ring's: ignored. An answer out of order fails the ring. */
+	if (i == ring->qn || rd->id != ring_id_of(ring->q[i], rd->reader)) {
+		unsigned k = i + 1;
+
+		while (k < ring->qn && rd->id != ring_id_of(ring->q[k], rd->reader))
+			k++;
+		if (k >= ring->qn)
+			return;
+		if (rd->status == TPW__V1__STATUS__STATUS_OK) {
+			ring_fail(ring, -EPROTO, "pipe ring: answers out of order");
+			return;
+		}
+		i = k; /* a refusal (the library's io thread) comes early: it fails the ring */
 	}
-	if (ring->status < 0 || ring->done == 3u)
-		ring_complete(w, ring);
+	ring->qdone[i] |= bit;
+	if (rd->status != TPW__V1__STATUS__STATUS_OK) {
+		int err = tpw_status_to_errno(rd->status);
+
+		snprintf(why, sizeof(why), "pipe ring: the %s failed: %.100s",
+			 rd->reader ? "reader" : "writer", rd->message ? rd->message : "");
+		ring_fail(ring, err < 0 ? err : -EIO, why);
+		return;
+	}
+	if (i == 0 && ring->qdone[0] == 3u)
+		ring_complete_one(w, ring); /* and starts the next copies */
+	else if (bit == 1u && i == ring->qn - 1)
+		tpd_pipe_start_next_copy(w); /* the writer is free for the next message */
 }
 
 void tpd_pring_totals(struct tpd_daemon *d, uint64_t *ret_rings, uint64_t *ret_bytes,

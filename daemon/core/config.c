@@ -174,9 +174,9 @@ static const struct opt opts[] = {
 	  "                            that link; 0 never rebuilds (default 5)" },
 	{ "pipe-ring", "backends", K_BOOL, OFF(pipe_ring), 0, 0, true, "yes|no",
 	  "move private->private messages through a staging ring both clients map,\n"
-	  "                            the bytes never through the daemon (default no)" },
+	  "                            the bytes never through the daemon (default yes)" },
 	{ "pipe-ring-min", "backends", K_SIZE64, OFF(pipe_ring_min), 0, UINT64_MAX, true, "BYTES",
-	  "smallest message that goes through a pipe ring (default 256K)" },
+	  "smallest message that goes through a pipe ring (default 64K)" },
 	{ "pipe-ring-bytes-max", "backends", K_SIZE64, OFF(pipe_ring_bytes_max), 0, UINT64_MAX,
 	  true, "BYTES", "pipe ring bytes of all pipes together (default 256M)" },
 	{ "pipe-ring-bytes-per-uid", "backends", K_SIZE64, OFF(pipe_ring_bytes_per_uid), 0,
@@ -265,7 +265,8 @@ void tpd_config_defaults(struct tpd_config *c)
 	c->buffer_bytes_per_uid = 256ull << 30;
 	c->bcast_pipes_max = 1024;
 	c->bcast_stage_bytes_per_uid = 1ull << 30;
-	c->pipe_ring_min = 256u << 10;
+	c->pipe_ring = true;
+	c->pipe_ring_min = 64u << 10; /* every rendezvous message (eager ends at 64 KiB) */
 	c->pipe_ring_bytes_max = 256ull << 20;
 	c->pipe_ring_bytes_per_uid = 64ull << 20;
 	c->outq_max = 256ull << 20;

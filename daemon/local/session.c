@@ -410,6 +410,11 @@ bool tpd_session_pipe_ring(const struct tpd_session *s)
 	return s->pipe_ring && !s->dead && tpd_conn_is_ring(&s->conn);
 }
 
+bool tpd_session_pipe_ring_addr(const struct tpd_session *s)
+{
+	return s->pipe_ring_addr && tpd_session_pipe_ring(s);
+}
+
 int tpd_session_send_fd(struct tpd_session *s, int fd)
 {
 	return tpd_conn_send_fd(&s->conn, fd);

@@ -48,6 +48,7 @@ struct tpd_session {
 	Tpw__V1__Status dead_status;
 	uint32_t client_minor; /* Hello.minor: what the client understands */
 	bool pipe_ring;	       /* Hello.pipe_ring (issue 27) */
+	bool pipe_ring_addr;   /* Hello.pipe_ring_addr (issue 27, clients without CMA) */
 	bool ended_clean;      /* the client said SessionEnd: its disconnect is a clean close */
 	struct event *ev_close;
 	struct tpd_uid_acct *acct; /* the uid's quota account (quota.c), NULL until admitted */
@@ -149,6 +150,9 @@ uint32_t tpd_session_client_minor(const struct tpd_session *s);
 /* Can @s's library serve pipe rings (Hello.pipe_ring, a client on control rings, which can
  * take fds beside them)? */
 bool tpd_session_pipe_ring(const struct tpd_session *s);
+/* ... and take a ring offered to a writer without CMA, answering ring-only messages by
+ * ring_addr (Hello.pipe_ring_addr)? Borrows @s. */
+bool tpd_session_pipe_ring_addr(const struct tpd_session *s);
 
 /* tpd_conn_send_fd() on @s's connection. Borrows @s and @fd. Return: as that. */
 int tpd_session_send_fd(struct tpd_session *s, int fd);

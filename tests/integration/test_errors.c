@@ -7,7 +7,8 @@
  * pipes; a clean tp_context_free() is logged as a clean close, not as a dead peer; limit
  * errors name the option that sets the limit; TPIPD_LOG sends the library's log to stderr, and
  * the library is silent without it; the daemon says, at debug level and in `tpipctl pipes -v`,
- * which channel serves a pipe and why the channels before it could not.
+ * which channel serves a pipe and why the channels before it could not (cma with pipe rings
+ * off, the pipe ring by default).
  */
 #include <check.h>
 #include <errno.h>
@@ -405,12 +406,13 @@ static int channel_pair(void *arg)
 	return 0;
 }
 
-/* --json pipes: "channels" is an array of names, as a backend's "caps" is: here cma (the 1 MiB
- * message) and basic (the eager one), each its own string. */
-static void expect_channels_array(const char *out)
+/* --json pipes: "channels" is an array of names, as a backend's "caps" is: here @big (the 1 MiB
+ * message: "cma", or "ring" with pipe rings on) and basic (the eager one), each its own string;
+ * @other ("ring", or "cma") is not among them. */
+static void expect_channels_array(const char *out, const char *big, const char *other)
 {
 	struct json_object *o = json_tokener_parse(out), *arr, *p, *ch;
-	bool cma = false, basic = false;
+	bool cma = false, basic = false, wrong = false;
 
 	ck_assert_msg(o && json_object_object_get_ex(o, "pipes", &arr) &&
 			      json_object_array_length(arr) == 1,
@@ -423,16 +425,19 @@ static void expect_channels_array(const char *out)
 		const char *n = json_object_get_string(json_object_array_get_idx(ch, i));
 
 		ck_assert_msg(n && !strchr(n, ','), "channel name \"%s\": %s", n ? n : "", out);
-		cma |= strcmp(n, "cma") == 0;
+		cma |= strcmp(n, big) == 0;
+		wrong |= strcmp(n, other) == 0;
 		basic |= strcmp(n, "basic") == 0;
 	}
-	ck_assert_msg(cma && basic, "channels lack cma or basic: %s", out);
+	ck_assert_msg(cma && basic, "channels lack %s or basic: %s", big, out);
+	ck_assert_msg(!wrong, "channels name %s: %s", other, out);
 	json_object_put(o);
 }
 
+/* With pipe rings off (they are on by default): the registry's choice, cma. */
 START_TEST(test_errors_channel_choice_is_logged_and_shown)
 {
-	static const char *const args[] = { "--log-level", "debug", NULL };
+	static const char *const args[] = { "--log-level", "debug", "--pipe-ring", "no", NULL };
 	static const char reason[] = "process>process: cma: first viable for process>process memory "
 				     "in priority order; passed over: shm: ";
 	char *out;
@@ -460,7 +465,40 @@ START_TEST(test_errors_channel_choice_is_logged_and_shown)
 	out = ctl("--json", "pipes", "-v");
 	ck_assert_msg(strstr(out, "\"channel_reasons\"") && strstr(out, "passed over: shm: "),
 		      "pipes --json -v: %s", out);
-	expect_channels_array(out);
+	expect_channels_array(out, "cma", "ring");
+	free(out);
+	tpt_sync_post(&to_child, 0);
+	ck_assert(tpt_wait_ok(pid, T_MS, "client"));
+}
+END_TEST
+
+/* By default the 1 MiB private->private message goes through the pipe ring, and the daemon says
+ * so and why, in its log and in `tpipctl pipes -v`; the pipe's channels are ring and basic. */
+START_TEST(test_errors_ring_choice_is_logged_and_shown)
+{
+	static const char *const args[] = { "--log-level", "debug", NULL };
+	static const char reason[] = "cpu>cpu: ring: both ends private memory, 1048576 bytes >= "
+				     "pipe-ring-min: the clients copy through a 8 x 64 KiB ring";
+	char *out;
+	pid_t pid;
+
+	ck_assert_int_eq(tpt_daemon_stop(&tpt_fixture_daemon), 0);
+	ck_assert_int_eq(tpt_daemon_start(&tpt_fixture_daemon, args), 0);
+	pid = tpt_fork(channel_pair, NULL);
+	ck_assert_int_gt(pid, 0);
+	ck_assert_int_eq(tpt_sync_wait(&to_parent, T_MS), 0);
+	ck_assert_int_eq(tpt_daemon_wait_log(&tpt_fixture_daemon, "channel ring for cpu>cpu: both "
+					     "ends private memory", T_MS, NULL, 0), 0);
+	ck_assert(tpt_daemon_log_has(&tpt_fixture_daemon, "channel basic for eager: small message"));
+	out = ctl("pipes", "-v", NULL);
+	tpt_log("tpipctl pipes -v:\n%s", out);
+	ck_assert_msg(strstr(out, " channels:\n") && strstr(out, reason) &&
+		      strstr(out, "  eager: basic: small message"), "pipes -v: %s", out);
+	free(out);
+	out = ctl("--json", "pipes", "-v");
+	ck_assert_msg(strstr(out, "\"channel_reasons\"") && strstr(out, reason),
+		      "pipes --json -v: %s", out);
+	expect_channels_array(out, "ring", "cma");
 	free(out);
 	tpt_sync_post(&to_child, 0);
 	ck_assert(tpt_wait_ok(pid, T_MS, "client"));
@@ -480,6 +518,7 @@ static Suite *errors_suite(void)
 	tcase_add_test(t, test_errors_tpipd_log_sends_the_library_log_to_stderr);
 	tcase_add_test(t, test_errors_library_is_silent_without_tpipd_log);
 	tcase_add_test(t, test_errors_channel_choice_is_logged_and_shown);
+	tcase_add_test(t, test_errors_ring_choice_is_logged_and_shown);
 	tcase_set_timeout(t, 60);
 	suite_add_tcase(s, t);
 	return s;

@@ -11,7 +11,9 @@
  * ring message) and its ring is freed; every ring is freed once the pipes close; forty pairs of
  * fresh processes in a row each get their ring and finish (no doorbell lost to the fd's read);
  * clients on the plain socket (no control ring, like a library before pipe rings) keep cma, and
- * `tpipctl -v pipes` says why.
+ * `tpipctl -v pipes` says why; clients without CMA use the ring too once their first large
+ * message brought the offer (a 256 MiB message, a reader into shared buffers), and stage as
+ * before over the ring limits (at one ring's bytes and one byte under).
  */
 #include <check.h>
 #include <json-c/json.h>
@@ -521,6 +523,140 @@ START_TEST(test_ring_handed_out_to_fresh_processes)
 }
 END_TEST
 
+/* ---- clients without CMA (i27-default) -------------------------------------------------- */
+
+/*
+ * A writer without CMA (TP_CONTEXT_NO_CMA, as where ptrace or YAMA refuses it) stages its first
+ * large message; that message brings the offer of its pipe direction's ring, and from then on
+ * its library names its memory by address and copies it into the ring itself, while the reader
+ * copies out into whatever it allocated (private memory without CMA, or a shared buffer): no
+ * staging buffer on either side. Over the ring limits there is no offer and every message is
+ * staged as before, byte-exact.
+ */
+struct nocma_case {
+	bool reader_cma;	/* the reader keeps CMA */
+	enum tpt_mem reader_mem;
+	size_t big;		/* the large message */
+	long long ring_msgs;	/* expected: 3 with a ring, 0 without */
+	const char *note;	/* in `tpipctl -v pipes` */
+};
+
+/* Message @i of the no-CMA run: staged (offer), big, two segments, under and at the minimum. */
+static void nocma_spec(const struct nocma_case *c, unsigned i, struct tpt_msg_spec *s)
+{
+	static const size_t lens[] = { 1u << 20, 0, (16u << 20) + 3, (64u << 10) + 1, RING_MIN };
+
+	*s = (struct tpt_msg_spec){ .pipe = 5, .index = i, .meta_len = 8, .n_tensors = 1 };
+	s->lens[0] = i == 1 ? c->big : lens[i];
+	if (i == 2) {
+		s->n_payloads = 1;
+		s->lens[1] = s->lens[0] - s->lens[0] / 3;
+		s->lens[0] /= 3;
+	}
+}
+
+static int child_nocma(void *arg)
+{
+	const struct nocma_case *c = arg;
+	struct ends e = { 0 };
+	struct tpt_msg_spec spec;
+	struct tpt_msg m;
+	struct tpt_done done;
+	struct tpt_done_arg a[5];
+	char *notes;
+	bool said;
+	int r;
+
+	r = tpt_ctx_new(&dmn, c->reader_cma ? 0 : TP_CONTEXT_NO_CMA, "pr-reader", &e.cr);
+	TPT_REQUIRE(r == 0, 1, "reader context: %d", r);
+	r = tpt_ctx_new(&dmn, TP_CONTEXT_NO_CMA, "pr-writer", &e.cw);
+	TPT_REQUIRE(r == 0, 1, "writer context: %d", r);
+	TPT_REQUIRE(!tp_context_cma_ok(e.cw) && tp_context_cma_ok(e.cr) == c->reader_cma, 1,
+		    "CMA");
+	TPT_REQUIRE(tp_listen(e.cr, LISTENER, NULL, &e.l) == 0, 1, "listen");
+	TPT_REQUIRE(tp_connect(e.cw, LISTENER, &e.pw[0]) == 0, 1, "connect");
+	TPT_REQUIRE(tp_listener_accept_sync(e.l, T_MS, &e.pr[0]) == 0, 1, "accept");
+	TPT_REQUIRE(strcmp(tp_context_transport(e.cw), "ring") == 0 &&
+			    strcmp(tp_context_transport(e.cr), "ring") == 0, 1, "no control ring");
+	tpt_done_init(&done);
+	for (unsigned i = 0; i < 5; i++) {
+		nocma_spec(c, i, &spec);
+		r = tpt_msg_build(e.cw, &spec, TPT_MEM_PRIVATE, &m);
+		TPT_REQUIRE(r == 0, 1, "build %u: %d", i, r);
+		a[i] = (struct tpt_done_arg){ &done, i };
+		r = tp_pipe_write(e.pw[0], &m.m, tpt_done_cb, &a[i]);
+		TPT_REQUIRE(r == 0, 1, "write %u: %s", i, tp_last_error());
+		r = tpt_msg_read_check(e.cr, e.pr[0], &spec, c->reader_mem, T_MS);
+		TPT_REQUIRE(r == 0, 1, "read %u: %d %s", i, r, tp_last_error());
+		r = tpt_done_wait(&done, i + 1, T_MS);
+		TPT_REQUIRE(r == 0 && done.last_status == 0, 1, "write %u: %d", i,
+			    done.last_status);
+		tpt_msg_free(e.cw, &m);
+		if (i == 0) /* staged, whatever the limits */
+			TPT_REQUIRE(status_field("pipe_ring_msgs") == 0, 1, "first by ring");
+	}
+	TPT_REQUIRE(status_field("pipe_ring_msgs") == c->ring_msgs, 1,
+		    "%lld ring messages, expected %lld", status_field("pipe_ring_msgs"),
+		    c->ring_msgs);
+	notes = pipes_verbose();
+	said = notes && strstr(notes, c->note);
+	if (!said)
+		tpt_log("tpipctl -v pipes: %s", notes ? notes : "(none)");
+	free(notes);
+	TPT_REQUIRE(said, 1, "the choice is not explained (\"%s\")", c->note);
+	ends_close(&e, 1);
+	return 0;
+}
+
+static void nocma_run(const struct nocma_case *c, const char *const *extra)
+{
+	daemon_up(extra);
+	ck_assert(tpt_wait_ok(tpt_fork(child_nocma, (void *)c), T_MS, "no-cma"));
+	ck_assert_int_eq(status_wait("pipe_rings", 0), 0);
+	daemon_down();
+}
+
+#define NOCMA_NOTE "ring: the writer has no CMA and was offered the ring"
+
+START_TEST(test_ring_serves_writer_and_reader_without_cma)
+{
+	static const struct nocma_case c = { false, TPT_MEM_PRIVATE, 256u << 20, 3, NOCMA_NOTE };
+
+	nocma_run(&c, NULL);
+}
+END_TEST
+
+START_TEST(test_ring_serves_writer_without_cma_into_shared_buffers)
+{
+	static const struct nocma_case c = { true, TPT_MEM_SHM, 32u << 20, 3, NOCMA_NOTE };
+
+	nocma_run(&c, NULL);
+}
+END_TEST
+
+START_TEST(test_ring_for_no_cma_writer_at_one_ring)
+{
+	static const struct nocma_case c = { false, TPT_MEM_PRIVATE, 32u << 20, 3, NOCMA_NOTE };
+	char v[32];
+	const char *extra[] = { "--pipe-ring-bytes-max", v, NULL };
+
+	snprintf(v, sizeof(v), "%u", RING_BYTES);
+	nocma_run(&c, extra);
+}
+END_TEST
+
+START_TEST(test_no_cma_writer_stages_under_one_ring)
+{
+	static const struct nocma_case c = { false, TPT_MEM_PRIVATE, 32u << 20, 0,
+					     "staging (no ring): pipe rings hold 0 bytes" };
+	char v[32];
+	const char *extra[] = { "--pipe-ring-bytes-max", v, NULL };
+
+	snprintf(v, sizeof(v), "%u", RING_BYTES - 1);
+	nocma_run(&c, extra);
+}
+END_TEST
+
 static Suite *pring_suite(void)
 {
 	Suite *s = suite_create("pring");
@@ -536,6 +672,10 @@ static Suite *pring_suite(void)
 	tcase_add_test(tc, test_ring_bytes_per_uid_under_one_ring);
 	tcase_add_test(tc, test_killed_writer_fails_only_its_pipe);
 	tcase_add_test(tc, test_socket_client_keeps_cma_and_says_why);
+	tcase_add_test(tc, test_ring_serves_writer_and_reader_without_cma);
+	tcase_add_test(tc, test_ring_serves_writer_without_cma_into_shared_buffers);
+	tcase_add_test(tc, test_ring_for_no_cma_writer_at_one_ring);
+	tcase_add_test(tc, test_no_cma_writer_stages_under_one_ring);
 	suite_add_tcase(s, tc);
 	return s;
 }

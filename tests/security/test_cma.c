@@ -8,7 +8,9 @@
  * and read from memory of that new occupant at an address valid there, with raw frames: both
  * transfers must fail, the reader must get none of the occupant's bytes and the occupant's
  * memory must be unchanged. (c) Processes of two different users still exchange private memory
- * correctly through CMA, as do processes of one user, and `tpipctl stats` counts it as cma.
+ * correctly through CMA, as do processes of one user, and `tpipctl stats` counts it as cma;
+ * with pipe rings on (the default) the large message goes through the ring instead. (a) to (e)
+ * run a daemon with pipe rings off, so that the private memory goes by CMA.
  * (d) A client that drops to another uid after attaching: the transfer in flight fails, the
  * daemon says so (cma_off), and the library stages the next ones, which arrive intact.
  * (e) While a client's memory is copied, that client's user cannot signal any daemon thread
@@ -60,7 +62,18 @@ static bool skip_unless_root(void)
 	return true;
 }
 
+/* The CMA path: a daemon with pipe rings off (they are on by default and would carry the large
+ * private->private messages instead). */
 static void setup(void)
+{
+	static const char *const args[] = { "--pipe-ring", "no", NULL };
+
+	ck_assert_int_eq(tpt_daemon_start(&tpt_fixture_daemon, args), 0);
+	ck_assert_int_eq(tpt_daemon_open_to_all(&tpt_fixture_daemon), 0);
+}
+
+/* The default daemon: pipe rings on. */
+static void setup_ring(void)
 {
 	tpt_fixture_start();
 	ck_assert_int_eq(tpt_daemon_open_to_all(&tpt_fixture_daemon), 0);
@@ -717,6 +730,28 @@ static int pair_writer(void *arg)
 	return r;
 }
 
+/* `tpipctl --json status`'s field @key (an unsigned number). */
+static uint64_t status_u64(const char *key)
+{
+	const char *bin = getenv("TPIPCTL_BIN");
+	const char *argv[] = { bin, "--socket", tpt_fixture_daemon.socket, "--json", "status", NULL };
+	struct tpt_cmd_result res;
+	struct json_object *o, *v;
+	uint64_t n;
+
+	ck_assert_msg(bin && *bin, "TPIPCTL_BIN is not set");
+	ck_assert_int_eq(tpt_run(argv, T_MS, &res), 0);
+	ck_assert_msg(WIFEXITED(res.status) && WEXITSTATUS(res.status) == 0, "tpipctl: %s",
+		      res.err);
+	o = json_tokener_parse(res.out);
+	ck_assert_msg(o && json_object_object_get_ex(o, key, &v), "status has no %s: %s", key,
+		      res.out);
+	n = json_object_get_uint64(v);
+	json_object_put(o);
+	tpt_cmd_result_free(&res);
+	return n;
+}
+
 /* Bytes and errors the cma channel has counted (`tpipctl --json stats`). */
 static void cma_stats(uint64_t *ret_bytes, uint64_t *ret_errors)
 {
@@ -765,6 +800,28 @@ START_TEST(test_cma_between_users_moves_private_memory_as_each_user)
 	cma_stats(&b1, &e1);
 	ck_assert_uint_eq(e1, e0);
 	ck_assert_uint_eq(b1 - b0, total);
+	tpt_sync_done(&x.ready);
+}
+END_TEST
+
+/* With pipe rings on (the default), the same pairs: both messages (at least pipe-ring-min, 64K)
+ * move through the ring the two clients map, none by CMA. */
+START_TEST(test_cma_between_users_moves_large_private_memory_by_ring)
+{
+	struct pair x = { .writer_uid = pairs[_i][0], .reader_uid = pairs[_i][1] };
+	uint64_t b0, e0, b1, e1, m0;
+
+	if (skip_unless_root())
+		return;
+	ck_assert_int_eq(tpt_sync_init(&x.ready), 0);
+	cma_stats(&b0, &e0);
+	m0 = status_u64("pipe_ring_msgs");
+	ck_assert_msg(tpt_run_pair(pair_reader, pair_writer, &x, 3 * T_MS),
+		      "uid %u -> uid %u failed", (unsigned)x.writer_uid, (unsigned)x.reader_uid);
+	cma_stats(&b1, &e1);
+	ck_assert_uint_eq(e1, e0);
+	ck_assert_uint_eq(b1 - b0, 0);
+	ck_assert_uint_eq(status_u64("pipe_ring_msgs") - m0, N_OF(sizes));
 	tpt_sync_done(&x.ready);
 }
 END_TEST
@@ -921,6 +978,12 @@ static Suite *cma_suite(void)
 			    N_OF(pairs));
 	tcase_add_test(tc, test_cma_refused_midway_fails_that_transfer_then_stages);
 	tcase_add_test(tc, test_cma_copies_never_make_the_daemon_signalable_by_the_client);
+	suite_add_tcase(s, tc);
+	tc = tcase_create("ring");
+	tcase_add_checked_fixture(tc, setup_ring, teardown);
+	tcase_set_timeout(tc, 120);
+	tcase_add_loop_test(tc, test_cma_between_users_moves_large_private_memory_by_ring, 0,
+			    N_OF(pairs));
 	suite_add_tcase(s, tc);
 	return s;
 }

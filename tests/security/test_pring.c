@@ -8,8 +8,13 @@
  * what the victim wrote. The victim's side of that message fails with an error within the
  * deadline (no hang, no crash, nothing read out of bounds), the attacker's own side fails too,
  * and the victim's other pipe (from a friendly context of its own uid) still moves a 1 MiB
- * message through a ring, byte-exact; the daemon stays up and stops cleanly. Needs root (to
- * take the other uids); prints why it skips otherwise.
+ * message through a ring, byte-exact; the daemon stays up and stops cleanly. (c) The attacker
+ * names memory by ring_addr (the no-CMA writer's path) where the daemon offered no ring: as a
+ * writer its Write is refused (STATUS_INVALID) and a CMA write after it reaches the victim
+ * intact; as a reader of the victim's CMA message its Read is refused, and the victim's other
+ * pipe still works. (d) The daemon hands a ring two messages at once; the attacker, reading
+ * both, answers the second first: the ring fails with both (the victim's writes fail, none
+ * hangs) and its other pipe still works. Needs root (to take the other uids); prints why it skips otherwise.
  */
 #include <check.h>
 #include <errno.h>
@@ -32,6 +37,8 @@
 #define NOBODY 65534
 #define VICTIM 4242
 #define LEN (1u << 20)
+#define QUARTER (256u << 10) /* 4 chunks: two messages fill the ring */
+#define SMALL 60000u /* under pipe-ring-min (64K), by rendezvous from private memory */
 #define NAME "pring-victim"
 
 static struct tpt_daemon dmn;
@@ -331,6 +338,302 @@ START_TEST(test_reader_corrupting_tail_fails_only_its_message)
 }
 END_TEST
 
+/* ---- ring addresses where the daemon offered no ring (i27-default) -------------------------- */
+
+/* A Write of @len bytes at @addr, one payload, its segment a ring_addr (@ring) or a cma_addr. */
+static int raw_write(struct raw_end *a, uint64_t id, void *addr, size_t len, bool ring)
+{
+	Tpw__V1__ClientMsg m = TPW__V1__CLIENT_MSG__INIT;
+	Tpw__V1__Write w = TPW__V1__WRITE__INIT;
+	Tpw__V1__Payload pl = TPW__V1__PAYLOAD__INIT, *pls[1] = { &pl };
+	Tpw__V1__Segment seg = TPW__V1__SEGMENT__INIT;
+
+	seg.length = len;
+	seg.loc_case = ring ? TPW__V1__SEGMENT__LOC_RING_ADDR : TPW__V1__SEGMENT__LOC_CMA_ADDR;
+	if (ring)
+		seg.ring_addr = (uint64_t)(uintptr_t)addr;
+	else
+		seg.cma_addr = (uint64_t)(uintptr_t)addr;
+	pl.data = &seg;
+	w.pipe_id = 1;
+	w.write_id = id;
+	w.n_payloads = 1;
+	w.payloads = pls;
+	m.body_case = TPW__V1__CLIENT_MSG__BODY_WRITE;
+	m.write = &w;
+	return raw_send(a, &m);
+}
+
+/* Names its own memory by ring_addr, with no ring offered (it has CMA): the Write is refused,
+ * its session and pipe live on, and a CMA write after it arrives. */
+static int attacker_ring_addr_writer(void *arg)
+{
+	struct raw_end a;
+	Tpw__V1__DaemonMsg *d = NULL;
+
+	(void)arg;
+	TPT_REQUIRE(become(NOBODY) == 0, 1, "drop to nobody");
+	TPT_REQUIRE(tpt_sync_wait(&listening, T_MS) == 0, 1, "victim listening");
+	TPT_REQUIRE(raw_attach(&a) == 0, 1, "attach");
+	memset(attacker_buf, 0x66, LEN);
+	TPT_REQUIRE(raw_write(&a, 1, attacker_buf, LEN, true) == 0, 1, "ring_addr write");
+	TPT_REQUIRE(tpt_raw_ring_expect(&a.r, &a.g, TPW__V1__DAEMON_MSG__BODY_WRITE_DONE, T_MS,
+					&d) == 0, 1, "WriteDone (the session was closed)");
+	TPT_REQUIRE(d->write_done->write_id == 1 &&
+			    d->write_done->status == TPW__V1__STATUS__STATUS_INVALID, 1,
+		    "ring_addr write without an offer: status %d", d->write_done->status);
+	tpw_daemon_msg_free(d);
+	/* under pipe-ring-min: copied by cma, no ring for this raw client to serve */
+	TPT_REQUIRE(raw_write(&a, 2, attacker_buf, SMALL, false) == 0, 1, "cma write");
+	TPT_REQUIRE(tpt_raw_ring_expect(&a.r, &a.g, TPW__V1__DAEMON_MSG__BODY_WRITE_DONE, T_MS,
+					&d) == 0 && d->write_done->write_id == 2 &&
+			    d->write_done->status == TPW__V1__STATUS__STATUS_OK, 1, "cma write");
+	tpw_daemon_msg_free(d);
+	tpt_sync_post(&attacked, 0);
+	return 0;
+}
+
+/* Answers the victim's message (not ring-only) with a ring_addr: the Read is refused. */
+static int attacker_ring_addr_reader(void *arg)
+{
+	struct raw_end a;
+	Tpw__V1__ClientMsg m = TPW__V1__CLIENT_MSG__INIT;
+	Tpw__V1__Read rd = TPW__V1__READ__INIT;
+	Tpw__V1__Segment seg = TPW__V1__SEGMENT__INIT, *segs[1] = { &seg };
+	Tpw__V1__DaemonMsg *d = NULL;
+
+	(void)arg;
+	TPT_REQUIRE(become(NOBODY) == 0, 1, "drop to nobody");
+	TPT_REQUIRE(tpt_sync_wait(&listening, T_MS) == 0, 1, "victim listening");
+	TPT_REQUIRE(raw_attach(&a) == 0, 1, "attach");
+	TPT_REQUIRE(tpt_raw_ring_expect(&a.r, &a.g, TPW__V1__DAEMON_MSG__BODY_DESCRIPTOR, T_MS,
+					&d) == 0 && !d->descriptor->ring_only, 1, "descriptor");
+	seg.length = LEN;
+	seg.loc_case = TPW__V1__SEGMENT__LOC_RING_ADDR;
+	seg.ring_addr = (uint64_t)(uintptr_t)attacker_buf;
+	rd.pipe_id = 1;
+	rd.msg_id = d->descriptor->msg_id;
+	rd.n_payloads = 1;
+	rd.payloads = segs;
+	tpw_daemon_msg_free(d);
+	m.body_case = TPW__V1__CLIENT_MSG__BODY_READ;
+	m.read = &rd;
+	TPT_REQUIRE(raw_send(&a, &m) == 0, 1, "read");
+	TPT_REQUIRE(tpt_raw_ring_expect(&a.r, &a.g, TPW__V1__DAEMON_MSG__BODY_READ_DONE, T_MS,
+					&d) == 0, 1, "ReadDone (the session was closed)");
+	TPT_REQUIRE(d->read_done->status == TPW__V1__STATUS__STATUS_INVALID, 1,
+		    "ring_addr read of a message that is not ring-only: status %d",
+		    d->read_done->status);
+	tpw_daemon_msg_free(d);
+	tpt_sync_post(&attacked, 0);
+	return 0;
+}
+
+/* The victim of the two above: reads the attacker's CMA write intact, or sees its own write
+ * fail (its reader refused); either way its other pipe still moves a ring message. */
+static int victim_ring_addr(void *arg)
+{
+	bool victim_reads = *(bool *)arg;
+	struct tp_listen_options o = { .size = sizeof(o), .access = TP_ACCESS_ANYONE };
+	struct tp_context *cv;
+	struct tp_listener *l;
+	struct tp_pipe *p;
+	uint8_t *buf = calloc(1, LEN);
+	int r;
+
+	TPT_REQUIRE(buf && become(VICTIM) == 0, 1, "drop to the victim");
+	TPT_REQUIRE(tpt_ctx_new(&dmn, 0, "victim", &cv) == 0, 1, "context");
+	TPT_REQUIRE(tp_listen(cv, NAME, &o, &l) == 0, 1, "listen");
+	tpt_sync_post(&listening, 0);
+	TPT_REQUIRE(tp_listener_accept_sync(l, T_MS, &p) == 0, 1, "accept the attacker");
+	if (victim_reads) {
+		struct tp_descriptor *d;
+		struct tp_slot s = { .data = buf };
+		struct tp_allocation a = { .payloads = &s, .n_payloads = 1 };
+
+		TPT_REQUIRE(tp_pipe_read_descriptor_sync(p, T_MS, &d) == 0, 1, "descriptor");
+		r = tp_pipe_read_sync_timeout(p, d, &a, T_MS);
+		TPT_REQUIRE(r == 0, 1, "read: %d %s", r, tp_last_error());
+		for (size_t i = 0; i < SMALL; i++)
+			TPT_REQUIRE(buf[i] == 0x66, 1, "byte %zu: %#x", i, buf[i]);
+	} else {
+		struct tp_payload pl = { .data = buf, .length = LEN };
+		struct tp_message m = { .payloads = &pl, .n_payloads = 1 };
+
+		r = tp_pipe_write_sync_timeout(p, &m, T_MS);
+		TPT_REQUIRE(r < 0 && r != -ETIMEDOUT, 1, "write: %d", r);
+	}
+	TPT_REQUIRE(tpt_sync_wait(&attacked, T_MS) == 0, 1, "attacker done");
+	TPT_REQUIRE(friendly_message(cv, l) == 0, 1, "the other pipe");
+	tp_pipe_close(p);
+	tp_listener_close(l);
+	tp_context_free(cv);
+	free(buf);
+	return 0;
+}
+
+static void run_ring_addr_case(bool victim_reads)
+{
+	pid_t v, a;
+
+	if (geteuid() != 0) {
+		printf("pring: not root, cannot act as uids %d and %d: skipped\n", NOBODY, VICTIM);
+		return;
+	}
+	ck_assert_int_eq(tpt_daemon_start(&dmn, NULL), 0);
+	ck_assert_int_eq(tpt_daemon_open_to_all(&dmn), 0);
+	ck_assert_int_eq(tpt_sync_init(&listening), 0);
+	ck_assert_int_eq(tpt_sync_init(&attacked), 0);
+	v = tpt_fork(victim_ring_addr, &victim_reads);
+	a = tpt_fork(victim_reads ? attacker_ring_addr_writer : attacker_ring_addr_reader, NULL);
+	ck_assert(tpt_wait_ok(a, 3 * T_MS, "attacker"));
+	ck_assert(tpt_wait_ok(v, 3 * T_MS, "victim"));
+	tpt_sync_done(&listening);
+	tpt_sync_done(&attacked);
+	ck_assert_int_eq(tpt_daemon_stop(&dmn), 0);
+}
+
+START_TEST(test_ring_addr_write_without_offer_is_refused)
+{
+	run_ring_addr_case(true);
+}
+END_TEST
+
+START_TEST(test_ring_addr_read_of_a_cma_message_is_refused)
+{
+	run_ring_addr_case(false);
+}
+END_TEST
+
+/* ---- answers out of order on a ring carrying two messages ----------------------------------- */
+
+/* Asks for both of the victim's messages (of QUARTER bytes: both fit in the ring at once),
+ * takes their two RingXfers (the daemon hands out the second once the victim has put the first
+ * in, while it is still on the ring) and answers the second first: the ring fails, with both
+ * messages, instead of the first waiting forever. */
+static int attacker_out_of_order(void *arg)
+{
+	struct raw_end a;
+	Tpw__V1__ClientMsg m = TPW__V1__CLIENT_MSG__INIT;
+	Tpw__V1__Read rd = TPW__V1__READ__INIT;
+	Tpw__V1__RingDone done = TPW__V1__RING_DONE__INIT;
+	Tpw__V1__Segment seg = TPW__V1__SEGMENT__INIT, *segs[1] = { &seg };
+	Tpw__V1__DaemonMsg *d = NULL;
+	uint64_t ids[2];
+	int fd;
+
+	(void)arg;
+	TPT_REQUIRE(become(NOBODY) == 0, 1, "drop to nobody");
+	TPT_REQUIRE(tpt_sync_wait(&listening, T_MS) == 0, 1, "victim listening");
+	TPT_REQUIRE(raw_attach(&a) == 0, 1, "attach");
+	for (int i = 0; i < 2; i++) {
+		TPT_REQUIRE(tpt_raw_ring_expect(&a.r, &a.g, TPW__V1__DAEMON_MSG__BODY_DESCRIPTOR,
+						T_MS, &d) == 0, 1, "descriptor %d", i);
+		ids[i] = d->descriptor->msg_id;
+		tpw_daemon_msg_free(d);
+	}
+	seg.length = QUARTER;
+	seg.loc_case = TPW__V1__SEGMENT__LOC_CMA_ADDR;
+	seg.cma_addr = (uint64_t)(uintptr_t)attacker_buf;
+	rd.pipe_id = 1;
+	rd.n_payloads = 1;
+	rd.payloads = segs;
+	m.body_case = TPW__V1__CLIENT_MSG__BODY_READ;
+	m.read = &rd;
+	for (int i = 0; i < 2; i++) {
+		rd.msg_id = ids[i];
+		TPT_REQUIRE(raw_send(&a, &m) == 0, 1, "read %d", i);
+	}
+	fd = raw_take_fd(&a);
+	TPT_REQUIRE(fd >= 0, 1, "ring fd: %d", fd);
+	close(fd);
+	for (int i = 0; i < 2; i++) {
+		TPT_REQUIRE(tpt_raw_ring_expect(&a.r, &a.g, TPW__V1__DAEMON_MSG__BODY_RING_XFER,
+						T_MS, &d) == 0 &&
+				    d->ring_xfer->reader && d->ring_xfer->id == ids[i], 1,
+			    "RingXfer %d of two on the ring at once", i);
+		tpw_daemon_msg_free(d);
+	}
+	done.pipe_id = 1;
+	done.id = ids[1];
+	done.reader = true;
+	done.status = TPW__V1__STATUS__STATUS_OK;
+	m = (Tpw__V1__ClientMsg)TPW__V1__CLIENT_MSG__INIT;
+	m.body_case = TPW__V1__CLIENT_MSG__BODY_RING_DONE;
+	m.ring_done = &done;
+	TPT_REQUIRE(raw_send(&a, &m) == 0, 1, "RingDone of the second");
+	for (int i = 0; i < 2; i++) {
+		TPT_REQUIRE(tpt_raw_ring_expect(&a.r, &a.g, TPW__V1__DAEMON_MSG__BODY_READ_DONE,
+						T_MS, &d) == 0, 1, "ReadDone %d", i);
+		TPT_REQUIRE(d->read_done->status != TPW__V1__STATUS__STATUS_OK, 1,
+			    "read %d succeeded", i);
+		tpw_daemon_msg_free(d);
+	}
+	tpt_sync_post(&attacked, 0);
+	return 0;
+}
+
+/* Writes two messages of QUARTER bytes at once to the attacker: both fail within the deadline, and its
+ * other pipe still moves a ring message. */
+static int victim_two_writes(void *arg)
+{
+	struct tp_listen_options o = { .size = sizeof(o), .access = TP_ACCESS_ANYONE };
+	struct tp_context *cv;
+	struct tp_listener *l;
+	struct tp_pipe *p;
+	uint8_t *buf = malloc(2 * QUARTER);
+	struct tp_payload pl[2] = { { .data = buf, .length = QUARTER },
+				    { .data = buf + QUARTER, .length = QUARTER } };
+	struct tp_message m[2] = { { .payloads = &pl[0], .n_payloads = 1 },
+				   { .payloads = &pl[1], .n_payloads = 1 } };
+	struct tpt_done done;
+	struct tpt_done_arg da[2] = { { &done, 0 }, { &done, 1 } };
+
+	(void)arg;
+	TPT_REQUIRE(buf && become(VICTIM) == 0, 1, "drop to the victim");
+	memset(buf, 0x77, 2 * QUARTER);
+	TPT_REQUIRE(tpt_ctx_new(&dmn, 0, "victim", &cv) == 0, 1, "context");
+	TPT_REQUIRE(tp_listen(cv, NAME, &o, &l) == 0, 1, "listen");
+	tpt_sync_post(&listening, 0);
+	TPT_REQUIRE(tp_listener_accept_sync(l, T_MS, &p) == 0, 1, "accept the attacker");
+	tpt_done_init(&done);
+	for (int i = 0; i < 2; i++)
+		TPT_REQUIRE(tp_pipe_write(p, &m[i], tpt_done_cb, &da[i]) == 0, 1, "write %d", i);
+	TPT_REQUIRE(tpt_done_wait(&done, 2, T_MS) == 0, 1, "the writes never completed");
+	tpt_log("victim's writes on the ring answered out of order: %d, %d", done.status[0],
+		done.status[1]);
+	TPT_REQUIRE(done.status[0] < 0 && done.status[1] < 0, 1, "a write succeeded");
+	TPT_REQUIRE(tpt_sync_wait(&attacked, T_MS) == 0, 1, "attacker done");
+	TPT_REQUIRE(friendly_message(cv, l) == 0, 1, "the other pipe");
+	tp_pipe_close(p);
+	tp_listener_close(l);
+	tp_context_free(cv);
+	free(buf);
+	return 0;
+}
+
+START_TEST(test_ring_answers_out_of_order_fail_the_ring)
+{
+	pid_t v, a;
+
+	if (geteuid() != 0) {
+		printf("pring: not root, cannot act as uids %d and %d: skipped\n", NOBODY, VICTIM);
+		return;
+	}
+	ck_assert_int_eq(tpt_daemon_start(&dmn, NULL), 0);
+	ck_assert_int_eq(tpt_daemon_open_to_all(&dmn), 0);
+	ck_assert_int_eq(tpt_sync_init(&listening), 0);
+	ck_assert_int_eq(tpt_sync_init(&attacked), 0);
+	v = tpt_fork(victim_two_writes, NULL);
+	a = tpt_fork(attacker_out_of_order, NULL);
+	ck_assert(tpt_wait_ok(a, 3 * T_MS, "attacker"));
+	ck_assert(tpt_wait_ok(v, 3 * T_MS, "victim"));
+	tpt_sync_done(&listening);
+	tpt_sync_done(&attacked);
+	ck_assert_int_eq(tpt_daemon_stop(&dmn), 0);
+}
+END_TEST
+
 static Suite *pring_suite(void)
 {
 	Suite *s = suite_create("sec_pring");
@@ -339,6 +642,9 @@ static Suite *pring_suite(void)
 	tcase_set_timeout(tc, 120);
 	tcase_add_test(tc, test_writer_corrupting_head_fails_only_its_message);
 	tcase_add_test(tc, test_reader_corrupting_tail_fails_only_its_message);
+	tcase_add_test(tc, test_ring_addr_write_without_offer_is_refused);
+	tcase_add_test(tc, test_ring_addr_read_of_a_cma_message_is_refused);
+	tcase_add_test(tc, test_ring_answers_out_of_order_fail_the_ring);
 	suite_add_tcase(s, tc);
 	return s;
 }

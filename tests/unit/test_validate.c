@@ -9,6 +9,7 @@
 #include <errno.h>
 #include <stdlib.h>
 #include <string.h>
+#include "pring.h"
 #include "validate.h"
 
 /* Small limits so that "just above" cases stay cheap. */
@@ -272,6 +273,54 @@ START_TEST(test_validate_cma_range_does_not_wrap)
 	ck_assert_int_eq(vc(&x.m, 0, 0), 0);
 	x.seg[0].length = 11;
 	ck_assert_int_eq(vc(&x.m, 0, 0), -EBADMSG);
+}
+END_TEST
+
+START_TEST(test_validate_ring_addr_range_does_not_wrap)
+{
+	struct wmsg x;
+
+	wmsg_init(&x, 1, 0);
+	x.seg[0].loc_case = TPW__V1__SEGMENT__LOC_RING_ADDR;
+	x.seg[0].ring_addr = UINT64_MAX - 10;
+	x.seg[0].length = 10; /* ends at UINT64_MAX: representable */
+	ck_assert_int_eq(vc(&x.m, 0, 0), 0);
+	x.seg[0].length = 11;
+	ck_assert_int_eq(vc(&x.m, 0, 0), -EBADMSG);
+}
+END_TEST
+
+/* A RingXfer offer: id 0, the writer's, its fd following, no segments; a transfer: id not 0. */
+START_TEST(test_validate_ring_offer)
+{
+	Tpw__V1__RingXfer x = TPW__V1__RING_XFER__INIT;
+	uint64_t v[2] = { 4096, 100 };
+	char msg[128];
+
+	x.pipe_id = 1;
+	x.chunk_bytes = 65536;
+	x.nchunks = 8;
+	x.offer = true;
+	x.fd_follows = true;
+	ck_assert_int_eq(tpw_pring_xfer_check(&x, &lim, msg, sizeof(msg)), 0);
+	x.fd_follows = false;
+	ck_assert_int_eq(tpw_pring_xfer_check(&x, &lim, msg, sizeof(msg)), -EBADMSG);
+	x.fd_follows = true;
+	x.reader = true;
+	ck_assert_int_eq(tpw_pring_xfer_check(&x, &lim, msg, sizeof(msg)), -EBADMSG);
+	x.reader = false;
+	x.id = 3;
+	ck_assert_int_eq(tpw_pring_xfer_check(&x, &lim, msg, sizeof(msg)), -EBADMSG);
+	x.id = 0;
+	x.n_addrs = x.n_lens = 1;
+	x.addrs = &v[0];
+	x.lens = &v[1];
+	ck_assert_int_eq(tpw_pring_xfer_check(&x, &lim, msg, sizeof(msg)), -EBADMSG);
+	/* the same segment in a transfer, which needs an id */
+	x.offer = false;
+	ck_assert_int_eq(tpw_pring_xfer_check(&x, &lim, msg, sizeof(msg)), -EBADMSG);
+	x.id = 3;
+	ck_assert_int_eq(tpw_pring_xfer_check(&x, &lim, msg, sizeof(msg)), 0);
 }
 END_TEST
 
@@ -1542,6 +1591,8 @@ static Suite *validate_suite(void)
 	tcase_add_test(w, test_validate_inline_range_edges);
 	tcase_add_test(w, test_validate_inline_range_does_not_wrap);
 	tcase_add_test(w, test_validate_cma_range_does_not_wrap);
+	tcase_add_test(w, test_validate_ring_addr_range_does_not_wrap);
+	tcase_add_test(w, test_validate_ring_offer);
 	tcase_add_test(w, test_validate_segment_without_location);
 	tcase_add_test(w, test_validate_rejects_empty_shm_reference);
 	tcase_add_test(w, test_validate_checks_tensor_devices);
