@@ -3,14 +3,17 @@
  * bench_allreduce: float32 sum all-reduce among N processes through tpipd (a group per N).
  * For each N and size it forks N ranks, each with its own context; every iteration starts
  * after a barrier, and its time is the slowest rank's. Prints one line per (N, size):
- *   allreduce impl=tpipd n=N size=S median_us=T busbw_GBps=B iters=I
+ *   allreduce impl=tpipd n=N size=S median_us=T busbw_GBps=B iters=I cpu_us=C
  * with T the median over iterations of the slowest rank's time and B = 2(N-1)/N x S / T (bus
- * bandwidth, as nccl-tests and the issue define it). Needs a running tpipd (--socket or the
- * library's rules); with --xhost SOCKA,SOCKB,tpip://HOST[:PORT] the first half of the ranks
- * use the daemon at SOCKA and the second half the one at SOCKB (two hosts, e.g. daemons in two
- * network namespaces: a Unix socket path reaches across them), joined through that
- * coordinator. With --reduce-scatter it times tp_reduce_scatter() instead, S being each rank's
- * input (its output S/N) and B = (N-1)/N x S / T. Figures only; nothing here passes or fails.
+ * bandwidth, as nccl-tests and the issue define it), and C the CPU time per iteration
+ * (barrier and call) of the rank that used the most (the same work costing several times the
+ * usual CPU time marks a run disturbed by other work; bench/python/run.sh). Needs a running
+ * tpipd (--socket or the library's rules); with --xhost SOCKA,SOCKB,tpip://HOST[:PORT] the
+ * first half of the ranks use the daemon at SOCKA and the second half the one at SOCKB (two
+ * hosts, e.g. daemons in two network namespaces: a Unix socket path reaches across them),
+ * joined through that coordinator. With --reduce-scatter it times tp_reduce_scatter() instead,
+ * S being each rank's input (its output S/N) and B = (N-1)/N x S / T. Figures only; nothing
+ * here passes or fails.
  *   bench_allreduce [--socket PATH] [--ranks 2,4] [--sizes 4K,64K,1M,16M,64M] [--iters K]
  *                   [--secs S] [--xhost SOCKA,SOCKB,COORD] [--reduce-scatter]
  * (-n, -s, -t: --ranks, --sizes, --secs, as bench/run_allreduce.sh calls it.)
@@ -20,6 +23,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <sys/resource.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -30,6 +34,7 @@
 
 struct shared {
 	double t_us[MAX_RANKS][MAX_ITERS];
+	double cpu_us[MAX_RANKS]; /* per timed iteration */
 	int failed;
 	char why[256];
 };
@@ -53,6 +58,15 @@ static unsigned iters_for(const struct opts *o, size_t size)
 		return o->iters < MAX_ITERS ? o->iters : MAX_ITERS;
 	n = (size_t)((double)(256u << 20) / (double)size * (o->secs > 0 ? o->secs : 1));
 	return n < 5 ? 5 : n > 100 ? 100 : (unsigned)n;
+}
+
+static double cpu_now_us(void)
+{
+	struct rusage ru;
+
+	getrusage(RUSAGE_SELF, &ru);
+	return (double)(ru.ru_utime.tv_sec + ru.ru_stime.tv_sec) * 1e6 +
+	       (double)(ru.ru_utime.tv_usec + ru.ru_stime.tv_usec);
 }
 
 static int rank_main(const struct opts *o, unsigned n, unsigned rank, struct shared *sh)
@@ -83,6 +97,7 @@ static int rank_main(const struct opts *o, unsigned n, unsigned rank, struct sha
 		size_t part = count / n; /* --reduce-scatter: the output of each rank */
 		float *in = malloc(count * 4 + 4), *out = malloc(count * 4 + 4);
 		unsigned it = iters_for(o, o->sizes[s]);
+		double cpu0 = 0;
 
 		for (size_t i = 0; i < count; i++)
 			in[i] = (float)(i % 100) + (float)rank;
@@ -90,6 +105,8 @@ static int rank_main(const struct opts *o, unsigned n, unsigned rank, struct sha
 		for (unsigned k = 0; k < it + 2 && r == 0; k++) {
 			uint64_t t0;
 
+			if (k == 2)
+				cpu0 = cpu_now_us();
 			r = tp_barrier(g);
 			t0 = bench_now_ns();
 			if (r == 0 && o->rs)
@@ -99,6 +116,7 @@ static int rank_main(const struct opts *o, unsigned n, unsigned rank, struct sha
 			if (k >= 2)
 				sh->t_us[rank][k - 2] = (double)(bench_now_ns() - t0) / 1e3;
 		}
+		sh->cpu_us[rank] = (cpu_now_us() - cpu0) / it;
 		if (o->rs)
 			count = part; /* its last element is element rank x part + part - 1 */
 		if (r == 0 && count && out[count - 1] != (float)n * (float)(((o->rs ? rank * part : 0) +
@@ -113,7 +131,7 @@ static int rank_main(const struct opts *o, unsigned n, unsigned rank, struct sha
 		if (r == 0)
 			r = tp_barrier(g);
 		if (rank == 0 && r == 0) {
-			double slow[MAX_ITERS];
+			double slow[MAX_ITERS], cpu = 0;
 			struct bench_stats st;
 
 			for (unsigned k = 0; k < it; k++) {
@@ -121,11 +139,13 @@ static int rank_main(const struct opts *o, unsigned n, unsigned rank, struct sha
 				for (unsigned q = 0; q < n; q++)
 					slow[k] = sh->t_us[q][k] > slow[k] ? sh->t_us[q][k] : slow[k];
 			}
+			for (unsigned q = 0; q < n; q++)
+				cpu = sh->cpu_us[q] > cpu ? sh->cpu_us[q] : cpu;
 			bench_stats_compute(slow, it, &st);
 			printf("%s impl=tpipd n=%u size=%zu median_us=%.1f busbw_GBps=%.3f "
-			       "iters=%u\n", o->rs ? "reduce_scatter" : "allreduce", n, o->sizes[s],
-			       st.median, (o->rs ? 1.0 : 2.0) * (n - 1) / n * (double)o->sizes[s] /
-			       (st.median * 1e3), it);
+			       "iters=%u cpu_us=%.1f\n", o->rs ? "reduce_scatter" : "allreduce", n,
+			       o->sizes[s], st.median, (o->rs ? 1.0 : 2.0) * (n - 1) / n *
+			       (double)o->sizes[s] / (st.median * 1e3), it, cpu);
 			fflush(stdout);
 		}
 		if (r == 0)

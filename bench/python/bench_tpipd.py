@@ -8,12 +8,15 @@
                 rtt impl=tpipd-py median_us=T iters=I
                 tput impl=tpipd-py size=S median_us=T GBps=G iters=I
   allreduce:  N processes all-reduce float32 (sum) through tpipd.all_reduce; the time of an
-              iteration is the slowest rank's (after a barrier). Line as bench/allreduce_gloo.py:
-                allreduce impl=tpipd-py n=N size=S median_us=T busbw_GBps=B iters=I
+              iteration is the slowest rank's (after a barrier). Line as bench/allreduce_gloo.py,
+              with C the CPU time per iteration (barrier and call) of the rank that used the
+              most, as bench_allreduce prints it:
+                allreduce impl=tpipd-py n=N size=S median_us=T busbw_GBps=B iters=I cpu_us=C
 Needs a running tpipd ($TPIPD_SOCKET). Usage: bench_tpipd.py pipe|allreduce [-n N]
 [-s SIZES] [-t SECONDS]"""
 import argparse
 import os
+import resource
 import statistics
 import subprocess
 import sys
@@ -101,6 +104,11 @@ def pipe_bench(args):
     child.wait(30)
 
 
+def _cpu_s():
+    ru = resource.getrusage(resource.RUSAGE_SELF)
+    return ru.ru_utime + ru.ru_stime
+
+
 def allreduce_member(args, rank):
     torch.set_num_threads(1)
     g = tpipd.init_group(args.group, args.n, rank)
@@ -116,14 +124,17 @@ def allreduce_member(args, rank):
         first = torch.tensor([one()], dtype=torch.float64)
         g.all_reduce(first, op="max")
         iters = max(5, min(200, int(args.secs / max(first.item(), 1e-9))))
+        cpu0 = _cpu_s()
         times = torch.tensor([one() for _ in range(iters)], dtype=torch.float64)
+        cpu = torch.tensor([(_cpu_s() - cpu0) / iters], dtype=torch.float64)
         g.all_reduce(times, op="max")
+        g.all_reduce(cpu, op="max")
         if g.rank == 0:
             med = statistics.median(times.tolist())
             n = args.n
             print(f"allreduce impl=tpipd-py n={n} size={size} median_us={med * 1e6:.1f} "
-                  f"busbw_GBps={2 * (n - 1) / n * size / med / 1e9:.3f} iters={iters}",
-                  flush=True)
+                  f"busbw_GBps={2 * (n - 1) / n * size / med / 1e9:.3f} iters={iters} "
+                  f"cpu_us={cpu.item() * 1e6:.1f}", flush=True)
     g.leave()
 
 

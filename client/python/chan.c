@@ -18,44 +18,27 @@
 
 typedef struct {
 	PyObject_HEAD
-	struct tpy_child child;
-	tpy_context *ctx;
-	struct tp_chan *ch;	/* NULL once released */
-	struct tpy_gate gate; /* closing: release() began */
+	struct tpy_handle h; /* the library's struct tp_chan (gate.c) */
 } tpy_chan;
 
 static PyObject *drained_type;
 
 /* ---- lifetime ------------------------------------------------------------------------------ */
 
+static struct tp_chan *chan_lib(tpy_chan *self)
+{
+	return self->h.lib;
+}
+
+static int chan_lib_release(void *lib)
+{
+	return tp_chan_release(lib);
+}
+
 /* Enters a call: refused after a release. Return: 0, or -1 with Closed raised. */
 static int chan_enter(tpy_chan *self)
 {
-	return tpy_gate_enter(&self->gate, self->ch, self->ctx, "Channel");
-}
-
-/* Drops the handle once no other thread is inside a call (they leave within a slice). Called
- * with the GIL held; releases it while waiting. Return: tp_chan_release()'s result. */
-static int chan_release_now(tpy_chan *self)
-{
-	struct tp_chan *ch;
-	int r;
-
-	tpy_module_unlink(&self->child);
-	tpy_gate_drain(&self->gate);
-	ch = self->ch;
-	self->ch = NULL;
-	if (!ch)
-		return 0;
-	Py_BEGIN_ALLOW_THREADS
-	r = tp_chan_release(ch);
-	Py_END_ALLOW_THREADS
-	return r;
-}
-
-static void chan_on_context_close(struct tpy_child *c)
-{
-	chan_release_now(TPY_CONTAINER(c, tpy_chan, child));
+	return tpy_handle_enter(&self->h);
 }
 
 PyObject *tpy_chan_open(tpy_context *self, PyObject *args, PyObject *kw)
@@ -93,11 +76,7 @@ PyObject *tpy_chan_open(tpy_context *self, PyObject *args, PyObject *kw)
 		tp_chan_release(ch);
 		return NULL;
 	}
-	ret->ctx = (tpy_context *)Py_NewRef(self);
-	ret->ch = ch;
-	tpy_gate_init(&ret->gate);
-	ret->child.close = chan_on_context_close;
-	tpy_module_link(self, &ret->child);
+	tpy_handle_init(&ret->h, self, ch, chan_lib_release, "Channel");
 	return (PyObject *)ret;
 }
 
@@ -128,7 +107,7 @@ static PyObject *chan_raise(tpy_chan *self, int r, int timeout_ms)
 
 	if (r == -EAGAIN || (r == -ETIMEDOUT && timeout_ms == 0))
 		return tpy_module_raise(-ETIMEDOUT, "the channel is empty");
-	if (r == -ETIMEDOUT && self->gate.closing)
+	if (r == -ETIMEDOUT && self->h.gate.closing)
 		return tpy_module_closed("Channel");
 	if (r == -ETIMEDOUT) {
 		snprintf(msg, sizeof(msg), "timed out after %d ms", timeout_ms);
@@ -187,15 +166,15 @@ static PyObject *chan_write(tpy_chan *self, PyObject *args, PyObject *kw)
 	do {
 		slice = tpy_gate_slice(until);
 		Py_BEGIN_ALLOW_THREADS
-		r = tp_chan_write(self->ch, iov, (size_t)n, slice);
+		r = tp_chan_write(chan_lib(self), iov, (size_t)n, slice);
 		Py_END_ALLOW_THREADS
 		/* A full channel with a zero slice answers -ENOBUFS: the wait's end, as a timeout
 		 * unless the caller asked not to wait (then the daemon's -ENOBUFS stands). */
 		if (r == -ENOBUFS && slice == 0 && timeout_ms != 0)
 			r = -ETIMEDOUT;
-		again = tpy_gate_again(&self->gate, r, slice, until);
+		again = tpy_gate_again(&self->h.gate, r, slice, until);
 	} while (again > 0);
-	tpy_gate_leave(&self->gate);
+	tpy_gate_leave(&self->h.gate);
 	if (again < 0)
 		goto out;
 	if (r < 0)
@@ -223,13 +202,13 @@ static int chan_read_item(tpy_chan *self, int timeout_ms, void **ret_item, size_
 	do {
 		slice = tpy_gate_slice(until);
 		Py_BEGIN_ALLOW_THREADS
-		r = tp_chan_read(self->ch, ret_item, ret_len, slice);
+		r = tp_chan_read(chan_lib(self), ret_item, ret_len, slice);
 		Py_END_ALLOW_THREADS
 		if (r == -EAGAIN && timeout_ms != 0)
 			r = -ETIMEDOUT; /* the last slice of a longer wait */
-		again = tpy_gate_again(&self->gate, r, slice, until);
+		again = tpy_gate_again(&self->h.gate, r, slice, until);
 	} while (again > 0);
-	tpy_gate_leave(&self->gate);
+	tpy_gate_leave(&self->h.gate);
 	if (again < 0)
 		return -EINTR;
 	if (r == -EPIPE)
@@ -326,9 +305,9 @@ static PyObject *chan_close(tpy_chan *self, PyObject *unused)
 	if (chan_enter(self) < 0)
 		return NULL;
 	Py_BEGIN_ALLOW_THREADS
-	r = tp_chan_close(self->ch);
+	r = tp_chan_close(chan_lib(self));
 	Py_END_ALLOW_THREADS
-	tpy_gate_leave(&self->gate);
+	tpy_gate_leave(&self->h.gate);
 	if (r < 0)
 		return tpy_module_raise(r, NULL);
 	Py_RETURN_NONE;
@@ -336,7 +315,7 @@ static PyObject *chan_close(tpy_chan *self, PyObject *unused)
 
 static PyObject *chan_release(tpy_chan *self, PyObject *unused)
 {
-	int r = chan_release_now(self);
+	int r = tpy_handle_release(&self->h);
 
 	if (r < 0)
 		return tpy_module_raise(r, NULL);
@@ -346,15 +325,13 @@ static PyObject *chan_release(tpy_chan *self, PyObject *unused)
 static void chan_dealloc(tpy_chan *self)
 {
 	/* No thread is inside a call: each holds a reference while it is. */
-	chan_release_now(self);
-	tpy_gate_done(&self->gate);
-	Py_XDECREF(self->ctx);
+	tpy_handle_done(&self->h);
 	PyObject_Free(self);
 }
 
 static PyObject *chan_get_released(tpy_chan *self, void *unused)
 {
-	return PyBool_FromLong(self->ch == NULL || self->gate.closing);
+	return PyBool_FromLong(tpy_handle_released(&self->h));
 }
 
 static PyMethodDef chan_methods[] = {

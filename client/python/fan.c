@@ -5,9 +5,12 @@
  * one (broadcast: the writer's memory read once). The set owns the library pipes added to it;
  * their Pipe objects stay, to read the messages read_any() announces (pipe.c). read_any()
  * waits in slices without the GIL (gate.c), so Ctrl-C interrupts it; broadcast() is bounded by
- * its timeout instead. Keys, Messages and tensors are the package's (tpipd/_set.py).
+ * its timeout instead. The fan-out mode (tp_set_set_fanout(): the daemon's or the set's own
+ * writes) is a property; last_fanout says which the last broadcast used. Keys, Messages and
+ * tensors are the package's (tpipd/_set.py).
  */
 #include <errno.h>
+#include <limits.h>
 #include <stdlib.h>
 #include "tpy.h"
 
@@ -18,6 +21,7 @@ typedef struct {
 	struct tp_pipe_set *s; /* NULL once closed */
 	struct tpy_gate gate;
 	PyObject *members; /* dict: the library pipe's address -> its Pipe object */
+	enum tp_fanout fanout; /* the last tp_set_set_fanout() value (TP_FANOUT_AUTO at first) */
 } tpy_set;
 
 /* Frees the set (closing its pipes) once no thread is inside a call. */
@@ -279,8 +283,50 @@ static PyMethodDef set_methods[] = {
 	{ 0 }
 };
 
+static PyObject *set_get_fanout(tpy_set *self, void *unused)
+{
+	return PyLong_FromLong(self->fanout);
+}
+
+/* tp_set_set_fanout() with an int (TP_FANOUT_*); refused once the set is closed. */
+static int set_set_fanout(tpy_set *self, PyObject *v, void *unused)
+{
+	long how;
+	int r;
+
+	if (!v) {
+		PyErr_SetString(PyExc_AttributeError, "fanout cannot be deleted");
+		return -1;
+	}
+	how = PyLong_AsLong(v);
+	if (how == -1 && PyErr_Occurred())
+		return -1;
+	if (set_enter(self) < 0)
+		return -1;
+	r = how < 0 || how > INT_MAX ? -EINVAL : tp_set_set_fanout(self->s, (enum tp_fanout)how);
+	tpy_gate_leave(&self->gate);
+	if (r < 0) {
+		tpy_module_raise(r, "fanout: 0 (auto), 1 (library) or 2 (daemon)");
+		return -1;
+	}
+	self->fanout = (enum tp_fanout)how;
+	return 0;
+}
+
+static PyObject *set_get_last_fanout(tpy_set *self, void *unused)
+{
+	return PyLong_FromLong(self->s ? tp_set_last_fanout(self->s) : TP_FANOUT_AUTO);
+}
+
 static PyGetSetDef set_getset[] = {
 	{ "size", (getter)set_get_size, NULL, "pipes in the set", NULL },
+	{ "fanout", (getter)set_get_fanout, (setter)set_set_fanout,
+	  "how broadcasts fan out from now on (tp_set_set_fanout()): 0 auto (the daemon's where "
+	  "it can, else one write per pipe), 1 library (one write per pipe), 2 daemon (only the "
+	  "daemon's: broadcast() raises NotSupported where it cannot)", NULL },
+	{ "last_fanout", (getter)set_get_last_fanout, NULL,
+	  "how the last broadcast fanned out (tp_set_last_fanout()): 2 daemon, 1 library; 0 before "
+	  "the first", NULL },
 	{ 0 }
 };
 

@@ -3,7 +3,9 @@
  * _tpipd gates: for objects whose library calls block in the calling thread (channels,
  * pipe sets), the count of threads inside a call, so that release or free waits for them to
  * leave instead of freeing what they use. Those calls wait in slices (tpy_gate_slice()) and
- * leave within one once tpy_gate_drain() began. Not the waiting itself (chan.c, fan.c).
+ * leave within one once tpy_gate_drain() began; and the lifetime of a library handle that one
+ * object owns around such a gate (tpy_handle: channels, work queues). Not the waiting itself
+ * (chan.c, wq.c, fan.c).
  */
 #include <time.h>
 #include "tpy.h"
@@ -91,4 +93,57 @@ int tpy_gate_again(struct tpy_gate *g, int r, int slice, int64_t until)
 	if (PyErr_CheckSignals() < 0)
 		return -1;
 	return g->closing ? 0 : 1;
+}
+
+/* ---- handles ------------------------------------------------------------------------------ */
+
+static void handle_on_context_close(struct tpy_child *c)
+{
+	tpy_handle_release(TPY_CONTAINER(c, struct tpy_handle, child));
+}
+
+void tpy_handle_init(struct tpy_handle *h, tpy_context *ctx, void *lib, int (*release)(void *),
+		     const char *what)
+{
+	h->ctx = (tpy_context *)Py_NewRef(ctx);
+	h->lib = lib;
+	h->release = release;
+	h->what = what;
+	tpy_gate_init(&h->gate);
+	h->child.close = handle_on_context_close;
+	tpy_module_link(ctx, &h->child);
+}
+
+int tpy_handle_enter(struct tpy_handle *h)
+{
+	return tpy_gate_enter(&h->gate, h->lib, h->ctx, h->what);
+}
+
+int tpy_handle_release(struct tpy_handle *h)
+{
+	void *lib;
+	int r;
+
+	tpy_module_unlink(&h->child);
+	tpy_gate_drain(&h->gate);
+	lib = h->lib;
+	h->lib = NULL;
+	if (!lib)
+		return 0;
+	Py_BEGIN_ALLOW_THREADS
+	r = h->release(lib);
+	Py_END_ALLOW_THREADS
+	return r;
+}
+
+bool tpy_handle_released(const struct tpy_handle *h)
+{
+	return h->lib == NULL || h->gate.closing;
+}
+
+void tpy_handle_done(struct tpy_handle *h)
+{
+	tpy_handle_release(h);
+	tpy_gate_done(&h->gate);
+	Py_CLEAR(h->ctx);
 }

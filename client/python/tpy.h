@@ -166,6 +166,40 @@ int tpy_gate_slice(int64_t until);
  */
 int tpy_gate_again(struct tpy_gate *g, int r, int slice, int64_t until);
 
+/*
+ * A library handle that one Python object owns (a channel's, a work queue's): its calls enter
+ * through the gate, and releasing it (release(), Context.close(), garbage collection) waits for
+ * them to leave, then frees the handle once. Embedded in the object (chan.c, wq.c).
+ */
+struct tpy_handle {
+	struct tpy_child child; /* in the context's children: Context.close() releases it */
+	tpy_context *ctx;	/* a reference */
+	void *lib;		/* the library's handle; NULL once released */
+	int (*release)(void *lib);
+	const char *what;	/* the Python type, for the Closed error */
+	struct tpy_gate gate;	/* closing: the release began */
+};
+
+/*
+ * tpy_handle_init() - set up @h over @lib, freed by @release, in @ctx: takes @lib, takes a
+ * reference to @ctx and links @h to it (Context.close() releases it).
+ */
+void tpy_handle_init(struct tpy_handle *h, tpy_context *ctx, void *lib, int (*release)(void *),
+		     const char *what);
+/* Enters a call (tpy_gate_enter()): refused after a release. Return: 0 (leave with
+ * tpy_gate_leave(&h->gate)), or -1 with Closed raised. */
+int tpy_handle_enter(struct tpy_handle *h);
+/*
+ * tpy_handle_release() - unlink @h and free its library handle once no other thread is inside a
+ * call (they leave within a slice). Called with the GIL held; releases it while waiting.
+ * Idempotent. Return: the release function's result (0 when released already).
+ */
+int tpy_handle_release(struct tpy_handle *h);
+/* Whether @h is released or being released. */
+bool tpy_handle_released(const struct tpy_handle *h);
+/* Releases @h and drops its context (the object's dealloc: no thread is inside a call). */
+void tpy_handle_done(struct tpy_handle *h);
+
 /* chan.c */
 /* Context.open_channel(): a new Channel keeping @self (released by Context.close()). */
 PyObject *tpy_chan_open(tpy_context *self, PyObject *args, PyObject *kw);

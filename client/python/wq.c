@@ -16,45 +16,28 @@
 
 typedef struct {
 	PyObject_HEAD
-	struct tpy_child child;
-	tpy_context *ctx;
-	struct tp_wq *q;      /* NULL once released */
+	struct tpy_handle h; /* the library's struct tp_wq (gate.c) */
 	bool owner;
-	struct tpy_gate gate; /* closing: release() began */
 } tpy_wq;
 
 static PyObject *idle_type;
 
 /* ---- lifetime ------------------------------------------------------------------------------ */
 
+static struct tp_wq *wq_lib(tpy_wq *self)
+{
+	return self->h.lib;
+}
+
+static int wq_lib_release(void *lib)
+{
+	return tp_wq_release(lib);
+}
+
 /* Enters a call: refused after a release. Return: 0, or -1 with Closed raised. */
 static int wq_enter(tpy_wq *self)
 {
-	return tpy_gate_enter(&self->gate, self->q, self->ctx, "WorkQueue");
-}
-
-/* Drops the handle once no other thread is inside a call (they leave within a slice). Called
- * with the GIL held; releases it while waiting. Return: tp_wq_release()'s result. */
-static int wq_release_now(tpy_wq *self)
-{
-	struct tp_wq *q;
-	int r;
-
-	tpy_module_unlink(&self->child);
-	tpy_gate_drain(&self->gate);
-	q = self->q;
-	self->q = NULL;
-	if (!q)
-		return 0;
-	Py_BEGIN_ALLOW_THREADS
-	r = tp_wq_release(q);
-	Py_END_ALLOW_THREADS
-	return r;
-}
-
-static void wq_on_context_close(struct tpy_child *c)
-{
-	wq_release_now(TPY_CONTAINER(c, tpy_wq, child));
+	return tpy_handle_enter(&self->h);
 }
 
 PyObject *tpy_wq_open(tpy_context *self, PyObject *args, PyObject *kw)
@@ -88,12 +71,8 @@ PyObject *tpy_wq_open(tpy_context *self, PyObject *args, PyObject *kw)
 		tp_wq_release(q);
 		return NULL;
 	}
-	ret->ctx = (tpy_context *)Py_NewRef(self);
-	ret->q = q;
 	ret->owner = tp_wq_is_owner(q);
-	tpy_gate_init(&ret->gate);
-	ret->child.close = wq_on_context_close;
-	tpy_module_link(self, &ret->child);
+	tpy_handle_init(&ret->h, self, q, wq_lib_release, "WorkQueue");
 	return (PyObject *)ret;
 }
 
@@ -106,7 +85,7 @@ static PyObject *wq_raise(tpy_wq *self, int r, int timeout_ms, const char *empty
 
 	if (r == -EAGAIN || (r == -ETIMEDOUT && timeout_ms == 0))
 		return tpy_module_raise(-ETIMEDOUT, empty);
-	if (r == -ETIMEDOUT && self->gate.closing)
+	if (r == -ETIMEDOUT && self->h.gate.closing)
 		return tpy_module_closed("WorkQueue");
 	if (r == -ETIMEDOUT) {
 		snprintf(msg, sizeof(msg), "timed out after %d ms", timeout_ms);
@@ -140,11 +119,11 @@ static int wq_send(tpy_wq *self, PyObject *item, const uint64_t *id, uint64_t *r
 	}
 	Py_BEGIN_ALLOW_THREADS
 	if (id)
-		r = tp_wq_reply(self->q, *id, view.buf, (size_t)view.len);
+		r = tp_wq_reply(wq_lib(self), *id, view.buf, (size_t)view.len);
 	else
-		r = tp_wq_submit(self->q, view.buf, (size_t)view.len, ret_id);
+		r = tp_wq_submit(wq_lib(self), view.buf, (size_t)view.len, ret_id);
 	Py_END_ALLOW_THREADS
-	tpy_gate_leave(&self->gate);
+	tpy_gate_leave(&self->h.gate);
 	PyBuffer_Release(&view);
 	if (r == -ETIMEDOUT) {
 		/* The call itself never waits: no answer within the context's reply timeout, and
@@ -200,14 +179,14 @@ static PyObject *wq_get(tpy_wq *self, bool take, int timeout_ms)
 	do {
 		slice = tpy_gate_slice(until);
 		Py_BEGIN_ALLOW_THREADS
-		r = take ? tp_wq_take(self->q, &id, &p, &len, slice) :
-			   tp_wq_answer(self->q, &id, &p, &len, slice);
+		r = take ? tp_wq_take(wq_lib(self), &id, &p, &len, slice) :
+			   tp_wq_answer(wq_lib(self), &id, &p, &len, slice);
 		Py_END_ALLOW_THREADS
 		if (r == -EAGAIN && timeout_ms != 0)
 			r = -ETIMEDOUT; /* the last slice of a longer wait */
-		again = tpy_gate_again(&self->gate, r, slice, until);
+		again = tpy_gate_again(&self->h.gate, r, slice, until);
 	} while (again > 0);
-	tpy_gate_leave(&self->gate);
+	tpy_gate_leave(&self->h.gate);
 	if (again < 0)
 		return NULL;
 	if (r < 0) {
@@ -270,13 +249,13 @@ static PyObject *wq_drain(tpy_wq *self, PyObject *args, PyObject *kw)
 	do {
 		slice = tpy_gate_slice(until);
 		Py_BEGIN_ALLOW_THREADS
-		r = tp_wq_drain(self->q, slice);
+		r = tp_wq_drain(wq_lib(self), slice);
 		Py_END_ALLOW_THREADS
 		if (r == -EAGAIN && timeout_ms != 0)
 			r = -ETIMEDOUT;
-		again = tpy_gate_again(&self->gate, r, slice, until);
+		again = tpy_gate_again(&self->h.gate, r, slice, until);
 	} while (again > 0);
-	tpy_gate_leave(&self->gate);
+	tpy_gate_leave(&self->h.gate);
 	if (again < 0)
 		return NULL;
 	if (r < 0)
@@ -291,9 +270,9 @@ static PyObject *wq_close(tpy_wq *self, PyObject *unused)
 	if (wq_enter(self) < 0)
 		return NULL;
 	Py_BEGIN_ALLOW_THREADS
-	r = tp_wq_close(self->q);
+	r = tp_wq_close(wq_lib(self));
 	Py_END_ALLOW_THREADS
-	tpy_gate_leave(&self->gate);
+	tpy_gate_leave(&self->h.gate);
 	if (r < 0)
 		return tpy_module_raise(r, NULL);
 	Py_RETURN_NONE;
@@ -301,7 +280,7 @@ static PyObject *wq_close(tpy_wq *self, PyObject *unused)
 
 static PyObject *wq_release(tpy_wq *self, PyObject *unused)
 {
-	int r = wq_release_now(self);
+	int r = tpy_handle_release(&self->h);
 
 	if (r < 0)
 		return tpy_module_raise(r, NULL);
@@ -311,15 +290,13 @@ static PyObject *wq_release(tpy_wq *self, PyObject *unused)
 static void wq_dealloc(tpy_wq *self)
 {
 	/* No thread is inside a call: each holds a reference while it is. */
-	wq_release_now(self);
-	tpy_gate_done(&self->gate);
-	Py_XDECREF(self->ctx);
+	tpy_handle_done(&self->h);
 	PyObject_Free(self);
 }
 
 static PyObject *wq_get_released(tpy_wq *self, void *unused)
 {
-	return PyBool_FromLong(self->q == NULL || self->gate.closing);
+	return PyBool_FromLong(tpy_handle_released(&self->h));
 }
 
 static PyObject *wq_get_owner(tpy_wq *self, void *unused)

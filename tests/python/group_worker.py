@@ -15,6 +15,9 @@ def main():
     out = {}
     if scenario.startswith("slurm-"):  # rank and size from Slurm's variables (the test's)
         g = tpipd.init_group(name, bootstrap=scenario[6:], join_timeout=30, op_timeout=30)
+    elif scenario == "xhost":  # through the coordinator daemon the test names
+        g = tpipd.init_group(name, n, rank, bootstrap="coordinator", join_timeout=30,
+                             op_timeout=30, coordinator=os.environ["TPY_COORD"])
     else:
         g = tpipd.init_group(name, n, rank, join_timeout=30, op_timeout=30)
     r = g.rank
@@ -48,6 +51,22 @@ def main():
         tpipd.all_reduce(t)
         out["size"] = g.size
         out["sum_ok"] = bool((t == n * (n + 1) / 2).all())
+    elif scenario == "xhost":
+        out.update(size=g.size, local_rank=g.local_rank, local_size=g.local_size)
+        ok = []
+        for count in (1000, 300000):  # with the call's check; chunked between the leaders
+            t = torch.arange(count, dtype=torch.float32) * (r + 1)
+            tpipd.all_reduce(t)
+            ok.append(bool(torch.equal(t, torch.arange(count, dtype=torch.float32) *
+                                       (n * (n + 1) / 2))))
+        m = torch.full((5,), float(r), dtype=torch.float64)
+        g.all_reduce(m, op="max")
+        ok.append(bool((m == n - 1).all()))
+        b = torch.full((9,), r, dtype=torch.int64)
+        g.broadcast(b, src=n - 1)
+        ok.append(bool((b == n - 1).all()))
+        g.barrier()
+        out["sum_ok"] = all(ok)
     elif scenario == "mismatch":
         t = torch.ones(4)
         try:

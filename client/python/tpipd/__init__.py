@@ -19,7 +19,7 @@ from ._tpipd import (  # noqa: F401
     ProtocolError, SharedBuffer, strerror, Drained, InDoubt, NothingOutstanding)
 from ._pipe import Context, Listener, Pipe, Message  # noqa: F401
 from ._channel import Channel, unlink_channel  # noqa: F401
-from ._set import PipeSet  # noqa: F401
+from ._set import PipeSet, Fanout  # noqa: F401
 from ._wq import WorkQueue  # noqa: F401
 from ._cuda import CudaArray  # noqa: F401
 from ._group import (  # noqa: F401

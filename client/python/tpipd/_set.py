@@ -7,19 +7,55 @@ import time
 from . import _cuda, _tensor, _tpipd
 
 
-class PipeSet:
-    """PipeSet(context=None, max_pipes=64): pipes of ``context`` (default_context()) that are
-    read and written as one. A pipe added to the set belongs to it: the set closes it, and its
-    messages come only through recv_any(). Used from one thread at a time (RuntimeError
-    otherwise); close() (or a ``with`` block, or Context.close()) closes every pipe still in."""
+class Fanout:
+    """How a PipeSet's broadcasts fan out (libtpclient's TP_FANOUT_*, docs/fanout.md)."""
+    AUTO = "auto"        # the daemon's fan-out where it can, else one write per pipe
+    LIBRARY = "library"  # always one write per pipe, by the set
+    DAEMON = "daemon"    # only the daemon's: broadcast() raises NotSupported where it cannot
 
-    def __init__(self, context=None, max_pipes=64):
+
+_FANOUT = ("auto", "library", "daemon")  # index: the TP_FANOUT_* value
+
+
+class PipeSet:
+    """PipeSet(context=None, max_pipes=64, fanout="auto"): pipes of ``context``
+    (default_context()) that are read and written as one. A pipe added to the set belongs to
+    it: the set closes it, and its messages come only through recv_any(). Used from one thread
+    at a time (RuntimeError otherwise); close() (or a ``with`` block, or Context.close())
+    closes every pipe still in. ``fanout``: see the property."""
+
+    def __init__(self, context=None, max_pipes=64, fanout="auto"):
         if context is None:
             from . import default_context
             context = default_context()
         self._ctx = getattr(context, "_raw", context)
         self._raw = _tpipd.PipeSet(self._ctx, max_pipes)
         self._keys = {}  # raw Pipe -> (key, Pipe)
+        if fanout != "auto":
+            self.fanout = fanout
+
+    @property
+    def fanout(self):
+        """How broadcast() fans out from now on (tp_set_set_fanout()): "auto" (default: the
+        daemon sends the message on every pipe, reading the writer's memory once, where it can:
+        its bcast-pipes-max at least the set's size, CPU memory, a shared buffer or CMA; else
+        the set writes each pipe itself), "library" (always one write per pipe) or "daemon"
+        (only the daemon's: broadcast() raises NotSupported, sending nothing, where it cannot).
+        Set it to one of those names (Fanout.*); ValueError otherwise."""
+        return _FANOUT[self._raw.fanout]
+
+    @fanout.setter
+    def fanout(self, how):
+        if how not in _FANOUT:
+            raise ValueError(f"fanout must be one of {list(_FANOUT)}, not {how!r}")
+        self._raw.fanout = _FANOUT.index(how)
+
+    @property
+    def last_fanout(self):
+        """How the last broadcast() fanned out (tp_set_last_fanout()): "daemon" or "library";
+        None before the first (and after close())."""
+        v = self._raw.last_fanout
+        return _FANOUT[v] if v else None
 
     def __len__(self):
         return self._raw.size
