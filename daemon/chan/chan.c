@@ -66,7 +66,7 @@ struct chan_read {
 };
 
 struct chan {
-	struct tpu_list node; /* in tpd_chans.chans while named */
+	struct tpu_list node; /* in tpd_chans.chans while named, then tpd_chans.unlinked */
 	char *name;
 	uid_t uid;
 	Tpw__V1__Access access;
@@ -141,6 +141,9 @@ struct chan_copy {
 struct tpd_chans {
 	struct tpd_daemon *d;
 	struct tpu_list chans;
+	/* Channels unlinked while something keeps them (a handle, a copy): no longer found by
+	 * name, still charged to their owner's chans-per-uid and chan-bytes-per-uid. */
+	struct tpu_list unlinked;
 	struct tpu_list handles;
 	uint64_t next_id;
 	struct tpd_chanx *x; /* channels and queues of other hosts (chanx.c) */
@@ -239,7 +242,8 @@ static uint64_t *lent_of(struct tpd_chans *cs, uid_t uid, bool add)
 	return &cs->lent[cs->n_lent++].bytes;
 }
 
-/* Bytes the channels created by @uid hold, and the buffers lent to any of them (whole). */
+/* Bytes the channels created by @uid hold, named or unlinked and still alive, and the buffers
+ * lent to any of them (whole); their number in *@ret_count. */
 static uint64_t uid_bytes(const struct tpd_chans *cs, uid_t uid, uint32_t *ret_count)
 {
 	const uint64_t *lent = lent_of((struct tpd_chans *)cs, uid, false);
@@ -248,6 +252,11 @@ static uint64_t uid_bytes(const struct tpd_chans *cs, uid_t uid, uint32_t *ret_c
 	uint32_t n = 0;
 
 	tpu_list_for_each(c, &cs->chans, node)
+		if (c->uid == uid) {
+			b += c->bytes;
+			n++;
+		}
+	tpu_list_for_each(c, &cs->unlinked, node)
 		if (c->uid == uid) {
 			b += c->bytes;
 			n++;
@@ -1309,8 +1318,9 @@ static void op_unlink(struct tpd_chans *cs, const struct chan_who *who,
 		return chan_answer(who, o->req_id, -EACCES, "only the channel's owner unlinks it",
 				   0, false, NULL);
 	c->named = false;
-	tpu_list_remove(&c->node); /* a later open of the name makes a new channel */
-	tpu_list_init(&c->node);
+	/* A later open of the name makes a new channel; this one stays charged until freed. */
+	tpu_list_remove(&c->node);
+	tpu_list_insert_tail(&cs->unlinked, &c->node);
 	chan_answer(who, o->req_id, 0, NULL, 0, c->closed, NULL);
 	chan_maybe_free(c);
 }
@@ -1445,6 +1455,7 @@ int tpd_chan_new(struct tpd_daemon *d, struct tpd_chans **ret)
 		return -ENOMEM;
 	cs->d = d;
 	tpu_list_init(&cs->chans);
+	tpu_list_init(&cs->unlinked);
 	tpu_list_init(&cs->handles);
 	tpu_list_init(&cs->spare);
 	if (tpd_chanx_new(d, cs, &cs->x) < 0) {
@@ -1468,6 +1479,8 @@ void tpd_chan_free(struct tpd_chans *cs)
 		handle_free(h, false); /* frees unnamed channels */
 	tpu_list_for_each_safe(c, ctmp, &cs->chans, node)
 		chan_free(c);
+	tpu_list_for_each_safe(c, ctmp, &cs->unlinked, node)
+		chan_free(c); /* kept by a copy the daemon's end cut short */
 	tpu_list_for_each_safe(it, itmp, &cs->spare, node)
 		free(it);
 	free(cs->lent);

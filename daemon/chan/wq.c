@@ -42,7 +42,7 @@ struct wq_item {
 enum wq_wait_kind { WAIT_TAKE, WAIT_ANSWER, WAIT_DRAIN };
 
 struct wq {
-	struct tpu_list node; /* in tpd_wqs.wqs while named */
+	struct tpu_list node; /* in tpd_wqs.wqs while named, then tpd_wqs.gone */
 	char *name;
 	uid_t uid;
 	Tpw__V1__Access access;
@@ -52,6 +52,7 @@ struct wq {
 	size_t n_remote_peers;
 	bool at_most_once, closed, gone;
 	struct wq_handle *owner; /* NULL once gone */
+	struct tpd_wqs *ws;	 /* its registry */
 	struct tpu_list queued, taken, answers; /* wq_item, oldest first */
 	struct tpu_list waits;			/* wq_wait, oldest first */
 	uint32_t n_queued, n_taken, n_answers, n_handles;
@@ -85,6 +86,9 @@ struct wq_wait {
 struct tpd_wqs {
 	struct tpd_daemon *d;
 	struct tpu_list wqs;
+	/* Queues whose owner is gone while workers' handles keep them (with the questions they
+	 * took): no longer found by name, still counted in their uid's wqs-per-uid. */
+	struct tpu_list gone;
 	struct tpu_list handles;
 	uint64_t next_id;
 };
@@ -302,6 +306,7 @@ static bool wq_permits(const struct wq *q, const struct tpd_session *s)
 	       (tpd_session_gid(s) == q->gid || tpd_session_in_group(s, q->gid));
 }
 
+/* The named queue @name of @uid, or NULL; *@ret_n: the queues of @uid alive, named or gone. */
 static struct wq *wq_find(struct tpd_wqs *ws, uid_t uid, const char *name, uint32_t *ret_n)
 {
 	struct wq *q, *found = NULL;
@@ -314,6 +319,8 @@ static struct wq *wq_find(struct tpd_wqs *ws, uid_t uid, const char *name, uint3
 		if (strcmp(q->name, name) == 0)
 			found = q;
 	}
+	tpu_list_for_each(q, &ws->gone, node)
+		n += q->uid == uid;
 	*ret_n = n;
 	return found;
 }
@@ -388,6 +395,7 @@ static struct wq *wq_create(struct tpd_wqs *ws, struct tpd_session *s, const Tpw
 	q->access = o->access ? o->access : TPW__V1__ACCESS__ACCESS_OWNER;
 	q->gid = o->gid;
 	q->at_most_once = o->at_most_once;
+	q->ws = ws;
 	tpu_list_init(&q->waits);
 	tpu_list_insert_tail(&ws->wqs, &q->node);
 	return q;
@@ -642,8 +650,8 @@ static void handle_free(struct wq_handle *h, bool answer)
 	if (q->owner == h) {
 		q->owner = NULL;
 		q->gone = q->closed = true;
-		tpu_list_remove(&q->node); /* the name is free again */
-		tpu_list_init(&q->node);
+		tpu_list_remove(&q->node); /* the name is free again, the count not yet */
+		tpu_list_insert_tail(&q->ws->gone, &q->node);
 		items_free(&q->queued);
 		items_free(&q->answers);
 		q->n_queued = q->n_answers = 0;
@@ -799,6 +807,7 @@ int tpd_wq_new(struct tpd_daemon *d, struct tpd_wqs **ret)
 		return -ENOMEM;
 	ws->d = d;
 	tpu_list_init(&ws->wqs);
+	tpu_list_init(&ws->gone);
 	tpu_list_init(&ws->handles);
 	*ret = ws;
 	return 0;
