@@ -297,7 +297,7 @@ static void ring_only_fail(struct tpd_msg *m, int err, const char *why)
 	struct tpb_copy_job *job = m->job;
 
 	job->status = err;
-	snprintf(job->why, sizeof(job->why), "pipe ring for a writer without CMA: %s", why);
+	snprintf(job->why, sizeof(job->why), "pipe ring for a writer without CMA: %.120s", why);
 	job->n = 0;
 	if (event_base_once(tpd_daemon_base(m->from->pipe->d), -1, EV_TIMEOUT, ring_on_fail, job,
 			    &ring_now) < 0)
