@@ -805,7 +805,15 @@ static int batch_build(struct tpd_session *s, const Tpw__V1__ChanOp *o, const ui
 
 	for (size_t i = 0; i < o->n_lengths; i++) {
 		g = o->n_segments ? o->segments[i] : NULL;
-		if (g && g->loc_case != TPW__V1__SEGMENT__LOC_INLINE_OFF) {
+		if (o->n_streamed && o->streamed[i]) { /* a peer's: comes over the link once admitted */
+			it = item_new(0, NULL);
+			r = it ? 0 : -ENOMEM;
+			if (it) {
+				it->ref = true;
+				it->len = o->lengths[i];
+				it->src.loc = TPB_LOC_REMOTE;
+			}
+		} else if (g && g->loc_case != TPW__V1__SEGMENT__LOC_INLINE_OFF) {
 			it = item_new(0, NULL);
 			r = it ? tpd_chan_copy_resolve(s, g, &it->src, why, wl) : -ENOMEM;
 			if (r == 0) {
@@ -882,7 +890,9 @@ static int copy_in_start(struct chan_copy *cp, struct tpu_list *batch)
 						     .addr = (uint64_t)(uintptr_t)dup->data } };
 		tpu_list_insert_tail(&cp->batch, &dup->node);
 	}
-	r = tpd_chan_copy_start(cp->c->cs->d, x, k, copy_in_on_done, cp);
+	r = cp->h && cp->h->who.pr ? tpd_chanx_copy_in(cp->h->who.pr, cp->req_id, cp->h->id, x, k,
+						       copy_in_on_done, cp)
+				  : tpd_chan_copy_start(cp->c->cs->d, x, k, copy_in_on_done, cp);
 	if (r < 0)
 		goto fail;
 	/* The copy holds its own references: the batch's items by reference give way to theirs,
@@ -992,7 +1002,9 @@ static void copy_out(struct chan_handle *h, uint64_t req_id, struct chan_item *i
 	struct tpb_xfer x = { .src = { .loc = TPB_LOC_LOCAL, .addr = (uint64_t)(uintptr_t)it->data },
 			      .dst = *dst, .len = it->len };
 	struct chan_copy *cp = copy_new(h, req_id);
-	int r = cp ? tpd_chan_copy_start(h->c->cs->d, &x, 1, copy_out_on_done, cp) : -ENOMEM;
+	int r = !cp ? -ENOMEM : dst->loc == TPB_LOC_REMOTE ?
+		tpd_chanx_copy_out(h->who.pr, &x, copy_out_on_done, cp) :
+		tpd_chan_copy_start(h->c->cs->d, &x, 1, copy_out_on_done, cp);
 
 	if (r == 0) {
 		cp->item = it;
@@ -1023,6 +1035,8 @@ static void op_write(struct tpd_chans *cs, struct chan_handle *h, const Tpw__V1_
 	for (size_t i = 0; o->n_segments && i < o->n_lengths; i++)
 		bytes += o->segments[i]->loc_case == TPW__V1__SEGMENT__LOC_INLINE_OFF ?
 			 0 : o->lengths[i]; /* validated: no overflow */
+	for (size_t i = 0; i < o->n_streamed; i++)
+		bytes += o->streamed[i] ? o->lengths[i] : 0;
 	if (c->closed)
 		return chan_answer(&h->who, o->req_id, -EPIPE, "the channel is closed", h->id, true,
 				   NULL);
@@ -1086,8 +1100,15 @@ static int read_params(struct chan_handle *h, const Tpw__V1__ChanOp *o, struct c
 		       char *why, size_t wl)
 {
 	*rd = (struct chan_read){ .req_id = o->req_id, .max = o->max_items ? o->max_items : 1 };
-	rd->fast = h->who.s && tpd_session_client_minor(h->who.s) >= TPW_MINOR_CHAN_FAST &&
+	rd->fast = (h->who.s ? tpd_session_client_minor(h->who.s) >= TPW_MINOR_CHAN_FAST
+			     : tpd_peer_chan_far_minor(h->who.pr) >= TPW_PEER_MINOR_CHAN_STREAM) &&
 		   !o->inline_only;
+	if (h->who.pr && o->xfer_id) { /* the forwarding daemon's receive (chanx.c) */
+		rd->room = o->room;
+		rd->dst_set = true;
+		rd->dst = (struct tpb_mem){ .loc = TPB_LOC_REMOTE, .addr = o->xfer_id };
+		return 0;
+	}
 	if (!o->n_segments)
 		return 0;
 	rd->room = o->segments[0]->length;

@@ -15,6 +15,7 @@
 #include <string.h>
 
 #include "chan.h"
+#include "chanstream.h"
 #include "chanx.h"
 #include "config.h"
 #include "core.h"
@@ -41,6 +42,23 @@ struct xh {
 	char why[200];		/* the link's failure, once it failed */
 };
 
+struct xop;
+
+/*
+ * A large item's transfer over the link's data connections (chanstream.h) for op @xo: a WRITE's
+ * items by reference going out, or a READ's item coming into the client's allocation. It
+ * outlives its op (the transfer keeps the client's memory referenced until it ends), so that a
+ * send that stops early can still tell the hosting daemon (PeerMsg.chan_xfer_end).
+ */
+struct xstream {
+	struct xop *xo; /* NULL once the op is gone */
+	struct tpd_chanx *x;
+	struct tpd_peer *pr;
+	uint64_t xfer_id;
+	struct tpd_chan_stream *cs;
+	bool send;
+};
+
 /* An op forwarded (or, an OPEN, waiting for its link to come up) and not answered yet. */
 struct xop {
 	struct tpu_list node; /* in tpd_chanx.xops */
@@ -57,6 +75,19 @@ struct xop {
 	char name[TPW_NAME_MAX + 1];
 	bool create, exclusive, owner_set;
 	uint32_t owner_uid, uid, pid;
+	/* Large items (peer minor >= 6): a WRITE's items by reference (their memory, referenced,
+	 * until the hosting daemon says where to send them), or a READ's transfer into the
+	 * client's allocation and its answer if that came first (@got). */
+	struct tpb_mem *out_mem;
+	uint64_t *out_len;
+	size_t n_out;
+	struct xstream *xs; /* running, or NULL */
+	uint64_t room;	      /* READ: its allocation's bytes */
+	bool got, got_closed; /* READ: the answer (an item of @got_len bytes copied) came */
+	uint64_t got_len;
+	bool recvd;	    /* READ: the transfer ended, with: */
+	int recv_err;
+	char recv_why[160];
 };
 
 struct tpd_chanx {
@@ -130,6 +161,12 @@ static void refuse(enum xkind k, struct tpd_session *s, uint64_t req_id, uint64_
 
 static void xop_free(struct xop *xo)
 {
+	for (size_t i = 0; i < xo->n_out; i++)
+		tpd_chan_copy_put(&xo->out_mem[i]);
+	free(xo->out_mem);
+	free(xo->out_len);
+	if (xo->xs)
+		xo->xs->xo = NULL; /* the transfer ends on its own and frees @xo->xs */
 	tpu_list_remove(&xo->node);
 	free(xo);
 }
@@ -351,13 +388,67 @@ static struct xh *xh_find(struct tpd_chanx *x, enum xkind k, const struct tpd_se
 	return NULL;
 }
 
+/* The client's memory of a channel op with large items: a WRITE's items by reference (@n of
+ * them, in order), or a READ's allocation (one, @len[0] bytes of room). */
+struct xlarge {
+	struct tpb_mem *mem; /* with references (tpd_chan_copy_put()) */
+	uint64_t *len;
+	size_t n;
+	bool read;
+};
+
+static void xlarge_put(struct xlarge *lg)
+{
+	for (size_t i = 0; lg && i < lg->n; i++)
+		tpd_chan_copy_put(&lg->mem[i]);
+	if (lg) {
+		free(lg->mem);
+		free(lg->len);
+		*lg = (struct xlarge){ 0 };
+	}
+}
+
+static void to_client_chan(struct tpd_session *s, Tpw__V1__ChanReply *r, const struct iovec *tail);
+static void xs_on_done(void *arg, int status, const char *why);
+
+/* Starts the receive of READ @xo's item into the client's allocation @lg (taken) and names it
+ * in @chan. Return: 0 or -errno (@lg put). */
+static int xlarge_read_start(struct tpd_chanx *x, struct xop *xo, struct xlarge *lg,
+			     Tpw__V1__ChanOp *chan)
+{
+	struct xstream *xs = calloc(1, sizeof(*xs));
+	int r;
+
+	if (!xs) {
+		xlarge_put(lg);
+		return -ENOMEM;
+	}
+	*xs = (struct xstream){ .xo = xo, .x = x, .pr = xo->pr };
+	r = tpd_chan_stream_recv(xo->pr, lg->mem, lg->len, 1, xs_on_done, xs, &xs->xfer_id,
+				 &xs->cs);
+	chan->room = lg->len[0];
+	xo->room = lg->len[0];
+	free(lg->mem); /* the references are the transfer's now (also on failure) */
+	free(lg->len);
+	*lg = (struct xlarge){ 0 };
+	if (r < 0) {
+		free(xs);
+		return r;
+	}
+	xo->xs = xs;
+	chan->xfer_id = xs->xfer_id;
+	return 0;
+}
+
 /*
- * Forwards op @op (kind @k, @chan or @wq, the client's @req_id) of handle @xh with @tail, or
- * answers it: a failed link's handle answers -ECONNRESET naming the host (its RELEASE: 0 and the
- * handle goes); a link with chan-peer-ops-max ops unanswered refuses it.
+ * Forwards op @op (kind @k, @chan or @wq, the client's @req_id) of handle @xh with @tail and
+ * the large items @lg (taken; NULL: none), or answers it: a failed link's handle answers
+ * -ECONNRESET naming the host (its RELEASE: 0 and the handle goes); a link with
+ * chan-peer-ops-max ops unanswered refuses it.
  */
 static void xforward(struct tpd_chanx *x, struct xh *xh, int op, uint64_t req_id,
-		     Tpw__V1__ChanOp *chan, Tpw__V1__WqOp *wq, const struct iovec *tail)
+		     Tpw__V1__ChanOp *chan, Tpw__V1__WqOp *wq, const struct iovec *tail,
+		     struct xlarge *lg)
 {
 	uint32_t max = tpd_daemon_cfg(x->d)->chan_peer_ops_max;
 	bool release = op == (xh->kind == X_CHAN ? TPW__V1__CHAN_OP_KIND__CHAN_OP_RELEASE
@@ -365,7 +456,10 @@ static void xforward(struct tpd_chanx *x, struct xh *xh, int op, uint64_t req_id
 	struct tpd_session *s = xh->s;
 	uint64_t id = xh->id;
 	struct xop *xo;
+	int r;
 
+	if (lg && lg->n && (!xh->pr || link_ops(x, xh->pr) >= max))
+		xlarge_put(lg);
 	if (!xh->pr && release) {
 		enum xkind k = xh->kind;
 
@@ -380,8 +474,10 @@ static void xforward(struct tpd_chanx *x, struct xh *xh, int op, uint64_t req_id
 			      "this link wait for answers (chan-peer-ops-max)", noun(xh->kind),
 			      xh->host, max);
 	xo = calloc(1, sizeof(*xo));
-	if (!xo)
+	if (!xo) {
+		xlarge_put(lg);
 		return refuse(xh->kind, s, req_id, id, -ENOMEM, "out of memory");
+	}
 	xo->kind = xh->kind;
 	xo->pr = xh->pr;
 	xo->op_id = ++x->next_op;
@@ -390,6 +486,19 @@ static void xforward(struct tpd_chanx *x, struct xh *xh, int op, uint64_t req_id
 	xo->local_id = id;
 	xo->op = op;
 	tpu_list_insert_tail(&x->xops, &xo->node);
+	if (lg && lg->n && !lg->read) { /* sent once the hosting daemon has room for them */
+		xo->out_mem = lg->mem;
+		xo->out_len = lg->len;
+		xo->n_out = lg->n;
+		*lg = (struct xlarge){ 0 };
+	}
+	r = lg && lg->n ? xlarge_read_start(x, xo, lg, chan) : 0;
+	if (r < 0) {
+		xop_free(xo);
+		return refuse(xh->kind, s, req_id, id, r, "%s host %s: cannot receive the item "
+			      "over the link's data connections: %s", noun(xh->kind), xh->host,
+			      strerror(-r));
+	}
 	if (chan)
 		chan->chan_id = xh->far_id;
 	else
@@ -399,18 +508,71 @@ static void xforward(struct tpd_chanx *x, struct xh *xh, int op, uint64_t req_id
 		xh_free(xh); /* its answer (and those of its waits) still come, to @xo */
 }
 
+/*
+ * The client's memory of @s's op @o with segments (validated): a WRITE's items by reference
+ * (@ret_streamed: which of its items they are) or a READ's allocation, resolved in @s's own
+ * memory. Return: 0 or -errno with the reason in @why (nothing held then).
+ */
+static int xlarge_get(struct tpd_session *s, const Tpw__V1__ChanOp *o, struct xlarge *lg,
+		      protobuf_c_boolean **ret_streamed, char *why, size_t wl)
+{
+	bool read = o->op == TPW__V1__CHAN_OP_KIND__CHAN_OP_READ;
+	size_t n = read ? 1 : o->n_segments;
+	protobuf_c_boolean *streamed = read ? NULL : calloc(n, sizeof(*streamed));
+	int r = 0;
+
+	*lg = (struct xlarge){ .read = read, .mem = calloc(n, sizeof(*lg->mem)),
+			       .len = calloc(n, sizeof(*lg->len)) };
+	if (!lg->mem || !lg->len || (!read && !streamed)) {
+		free(streamed);
+		xlarge_put(lg);
+		snprintf(why, wl, "out of memory");
+		return -ENOMEM;
+	}
+	for (size_t i = 0; r == 0 && i < o->n_segments; i++) {
+		const Tpw__V1__Segment *g = o->segments[i];
+
+		if (g->loc_case == TPW__V1__SEGMENT__LOC_INLINE_OFF)
+			continue;
+		r = tpd_chan_copy_resolve(s, g, &lg->mem[lg->n], why, wl);
+		if (r == 0) {
+			lg->len[lg->n++] = g->length;
+			if (streamed)
+				streamed[i] = true;
+		}
+	}
+	if (r < 0) {
+		free(streamed);
+		xlarge_put(lg);
+		return r;
+	}
+	*ret_streamed = streamed;
+	return 0;
+}
+
 bool tpd_chanx_op(struct tpd_chanx *x, struct tpd_session *s, const Tpw__V1__ChanOp *o,
 		  const uint8_t *tail, size_t tail_len)
 {
 	struct xh *xh = xh_find(x, X_CHAN, s, o->chan_id);
 	struct iovec iov = { (void *)tail, tail_len };
+	struct xlarge lg = { 0 };
+	_cleanup_free_ protobuf_c_boolean *streamed = NULL;
+	char why[200];
 	Tpw__V1__ChanOp c;
+	int r;
 
 	if (!xh)
 		return false;
-	if (o->n_segments || o->take_held) { /* the client's memory stays on this host */
-		refuse(X_CHAN, s, o->req_id, o->chan_id, -EOPNOTSUPP, "items of channels on "
-		       "other hosts ride inline");
+	if ((o->n_segments || o->take_held) && xh->pr &&
+	    tpd_peer_chan_far_minor(xh->pr) < TPW_PEER_MINOR_CHAN_STREAM) {
+		refuse(X_CHAN, s, o->req_id, o->chan_id, -EOPNOTSUPP, "channel host %s: its "
+		       "daemon speaks peer protocol 2.%u: items ride inline (2.%u streams them)",
+		       xh->host, tpd_peer_chan_far_minor(xh->pr), TPW_PEER_MINOR_CHAN_STREAM);
+		return true;
+	}
+	r = o->n_segments && xh->pr ? xlarge_get(s, o, &lg, &streamed, why, sizeof(why)) : 0;
+	if (r < 0) {
+		refuse(X_CHAN, s, o->req_id, o->chan_id, r, "%s", why);
 		return true;
 	}
 	c = *o;
@@ -419,8 +581,17 @@ bool tpd_chanx_op(struct tpd_chanx *x, struct tpd_session *s, const Tpw__V1__Cha
 	c.n_remote_peers = 0; /* creation only, never forwarded */
 	c.remote_peers = NULL;
 	c.max_items = 0; /* one item per answer across hosts */
-	c.inline_only = false; /* the hosting daemon never holds an item for a link */
-	xforward(x, xh, o->op, o->req_id, &c, NULL, tail_len ? &iov : NULL);
+	/* The hosting daemon holds a large item for this handle only for a client that takes it
+	 * (client minor >= 7 and CMA, as here). */
+	c.inline_only = o->inline_only || tpd_session_client_minor(s) < TPW_MINOR_CHAN_FAST;
+	c.n_segments = 0;
+	c.segments = NULL;
+	if (lg.n && !lg.read) {
+		c.n_streamed = o->n_lengths;
+		c.streamed = streamed;
+	}
+	xforward(x, xh, o->op, o->req_id, &c, NULL, tail_len ? &iov : NULL, &lg);
+	xlarge_put(&lg); /* what xforward() did not take: no item by reference */
 	return true;
 }
 
@@ -438,7 +609,7 @@ bool tpd_chanx_wq_op(struct tpd_chanx *x, struct tpd_session *s, const Tpw__V1__
 	q.base.unknown_fields = NULL;
 	q.n_remote_peers = 0;
 	q.remote_peers = NULL;
-	xforward(x, xh, o->op, o->req_id, NULL, &q, tail_len ? &iov : NULL);
+	xforward(x, xh, o->op, o->req_id, NULL, &q, tail_len ? &iov : NULL, NULL);
 	return true;
 }
 
@@ -501,6 +672,94 @@ static bool xop_opened(struct tpd_chanx *x, struct xop *xo, bool ok, uint64_t fa
 	return true;
 }
 
+/* READ @xo's item was copied into the client's allocation and its answer came: tell the client
+ * (an error if the transfer failed: the item is lost then) and forget @xo. */
+static void xop_read_copied(struct xop *xo)
+{
+	Tpw__V1__ChanReply a = TPW__V1__CHAN_REPLY__INIT;
+	uint64_t len = xo->got_len;
+
+	a.req_id = xo->req_id;
+	a.chan_id = xo->local_id;
+	a.closed = xo->got_closed;
+	a.status = tpw_status_from_errno(xo->recv_err);
+	if (xo->recv_err < 0) {
+		a.message = xo->recv_why;
+	} else {
+		a.n_lengths = 1;
+		a.lengths = &len;
+		a.copied = true;
+	}
+	if (xo->s)
+		to_client_chan(xo->s, &a, NULL);
+	xop_free(xo);
+}
+
+/* Tells the hosting daemon of @pr that the items of its receive @xfer_id do not come (@err, @why):
+ * that receive ends, and the WRITE it belongs to fails there, leaving no item. */
+static void send_xfer_end(struct tpd_peer *pr, uint64_t xfer_id, int err, const char *why)
+{
+	Tpw__V1__PeerXferEnd xe = TPW__V1__PEER_XFER_END__INIT;
+	Tpw__V1__PeerMsg m = TPW__V1__PEER_MSG__INIT;
+
+	if (!tpd_peer_is_up(pr))
+		return; /* its receive ends with the link */
+	xe.xfer_id = xfer_id;
+	xe.status = tpw_status_from_errno(err);
+	xe.message = (char *)(why ? why : "");
+	m.body_case = TPW__V1__PEER_MSG__BODY_CHAN_XFER_END;
+	m.chan_xfer_end = &xe;
+	tpd_peer_send(pr, &m, NULL, 0);
+}
+
+/* A large item's transfer ended (@arg: its struct xstream). A send that stopped early tells the
+ * hosting daemon, whose receive then ends with its status; a READ's receive waits for its answer
+ * (or answers with it, if it came first). */
+static void xs_on_done(void *arg, int status, const char *why)
+{
+	struct xstream *xs = arg;
+	struct xop *xo = xs->xo;
+
+	if (xo)
+		xo->xs = NULL;
+	if (xs->send && status < 0)
+		send_xfer_end(xs->pr, xs->xfer_id, status, why);
+	if (xo && !xs->send) {
+		xo->recvd = true;
+		xo->recv_err = status;
+		snprintf(xo->recv_why, sizeof(xo->recv_why), "channel host %s: the item did not "
+			 "arrive whole: %s", tpd_peer_name(xs->pr), why ? why : "");
+		if (xo->got)
+			xop_read_copied(xo);
+	}
+	free(xs);
+}
+
+/* The hosting daemon admitted WRITE @xo's batch: send its items by reference under @xfer_id.
+ * Return: 0, or -errno (the client is answered with it). */
+static int xop_write_go(struct tpd_chanx *x, struct xop *xo, uint64_t xfer_id)
+{
+	struct xstream *xs = calloc(1, sizeof(*xs));
+	int r;
+
+	if (!xs)
+		return -ENOMEM;
+	*xs = (struct xstream){ .xo = xo, .x = x, .pr = xo->pr, .xfer_id = xfer_id, .send = true };
+	r = tpd_chan_stream_send(xo->pr, xfer_id, xo->out_mem, xo->out_len, xo->n_out, xs_on_done,
+				 xs, &xs->cs);
+	free(xo->out_mem); /* the references are the transfer's now (also on failure) */
+	free(xo->out_len);
+	xo->out_mem = NULL;
+	xo->out_len = NULL;
+	xo->n_out = 0;
+	if (r < 0) {
+		free(xs);
+		return r;
+	}
+	xo->xs = xs;
+	return 0;
+}
+
 static void on_chan_reply(struct tpd_chanx *x, struct tpd_peer *pr, const Tpw__V1__ChanReply *r,
 			  const uint8_t *tail, uint32_t tail_len)
 {
@@ -508,9 +767,49 @@ static void on_chan_reply(struct tpd_chanx *x, struct tpd_peer *pr, const Tpw__V
 	Tpw__V1__ChanReply a;
 	struct iovec iov = { (void *)tail, tail_len };
 	bool item = false, tell = true;
+	int err;
 
+	if (!xo && r->xfer_id) /* its writer is gone: the hosting daemon waits for nothing */
+		send_xfer_end(pr, r->xfer_id, -ECANCELED, "the writer is gone");
 	if (!xo)
 		return; /* the session ended, or not an op of this link: dropped */
+	if (r->xfer_id) { /* validated: no item */
+		err = xo->op == TPW__V1__CHAN_OP_KIND__CHAN_OP_WRITE && xo->n_out &&
+		      r->status == TPW__V1__STATUS__STATUS_OK ? xop_write_go(x, xo, r->xfer_id)
+							       : -EPROTO;
+		if (err == 0)
+			return; /* the WRITE's answer follows once the items arrived */
+		/* The hosting daemon waits for bytes that never come: its receive ends now. */
+		send_xfer_end(pr, r->xfer_id, err, strerror(-err));
+		refuse(X_CHAN, xo->s, xo->req_id, xo->local_id, err, "channel host %s: cannot "
+		       "send the items: %s", tpd_peer_name(pr), strerror(-err));
+		return xop_free(xo);
+	}
+	if (xo->op == TPW__V1__CHAN_OP_KIND__CHAN_OP_READ && r->copied) {
+		if (!xo->xs && !xo->recvd) { /* no receive of ours: a lie */
+			refuse(X_CHAN, xo->s, xo->req_id, xo->local_id, -EPROTO, "channel host %s "
+			       "answered with an item it had nowhere to copy", tpd_peer_name(pr));
+			return xop_free(xo);
+		}
+		if (r->lengths[0] > xo->room) {
+			refuse(X_CHAN, xo->s, xo->req_id, xo->local_id, -EPROTO, "channel host %s "
+			       "answered with an item larger than the read's room", tpd_peer_name(pr));
+			return xop_free(xo);
+		}
+		if (xo->xs)
+			tpd_chan_stream_shorten(xo->xs->cs, r->lengths[0]);
+		xo->got = true;
+		xo->got_len = r->lengths[0];
+		xo->got_closed = r->closed;
+		if (xo->recvd)
+			xop_read_copied(xo);
+		return; /* else once the bytes are in */
+	}
+	if (xo->xs && !xo->xs->send) { /* a READ answered otherwise: nothing comes in */
+		tpd_chan_stream_cancel(xo->xs->cs);
+		xo->xs->xo = NULL;
+		xo->xs = NULL;
+	}
 	a = *r;
 	a.base.n_unknown_fields = 0;
 	a.base.unknown_fields = NULL;
@@ -525,8 +824,11 @@ static void on_chan_reply(struct tpd_chanx *x, struct tpd_peer *pr, const Tpw__V
 		tell = xop_opened(x, xo, a.status == TPW__V1__STATUS__STATUS_OK, r->chan_id);
 	else if (xo->op == TPW__V1__CHAN_OP_KIND__CHAN_OP_READ)
 		item = r->status == TPW__V1__STATUS__STATUS_OK && r->n_lengths == 1 && tail_len;
+	if (xo->op == TPW__V1__CHAN_OP_KIND__CHAN_OP_OPEN &&
+	    a.status == TPW__V1__STATUS__STATUS_OK)
+		a.remote_refs = tpd_peer_chan_far_minor(pr) >= TPW_PEER_MINOR_CHAN_STREAM;
 	if (xo->op == TPW__V1__CHAN_OP_KIND__CHAN_OP_READ &&
-	    r->status == TPW__V1__STATUS__STATUS_OK && !item) {
+	    r->status == TPW__V1__STATUS__STATUS_OK && !item && !r->held_len) {
 		a.status = TPW__V1__STATUS__STATUS_INVALID; /* never an empty item */
 		a.message = (char *)"the channel's host answered a read without an item";
 	}
@@ -534,6 +836,10 @@ static void on_chan_reply(struct tpd_chanx *x, struct tpd_peer *pr, const Tpw__V
 		a.n_lengths = 0;
 		a.lengths = NULL;
 	}
+	if (xo->op != TPW__V1__CHAN_OP_KIND__CHAN_OP_READ || item)
+		a.held_len = 0;
+	a.copied = false;
+	a.xfer_id = 0;
 	if (tell)
 		to_client_chan(xo->s, &a, item ? &iov : NULL);
 	xop_free(xo);
@@ -600,6 +906,38 @@ void tpd_chanx_wq_reply(struct tpd_peer *pr, Tpw__V1__WqReply *r, const struct i
 	tpd_peer_send(pr, &m, tail, tail ? 1 : 0);
 }
 
+int tpd_chanx_copy_in(struct tpd_peer *pr, uint64_t req_id, uint64_t chan_id,
+		      const struct tpb_xfer *x, size_t n, tpd_chan_copy_done_fn done, void *arg)
+{
+	Tpw__V1__ChanReply r = TPW__V1__CHAN_REPLY__INIT;
+	_cleanup_free_ struct tpb_mem *mem = calloc(n ? n : 1, sizeof(*mem));
+	_cleanup_free_ uint64_t *len = calloc(n ? n : 1, sizeof(*len));
+	uint64_t id;
+	int rc;
+
+	if (!mem || !len)
+		return -ENOMEM;
+	for (size_t i = 0; i < n; i++) { /* the daemon's own memory: no reference to take */
+		mem[i] = x[i].dst;
+		len[i] = x[i].len;
+	}
+	rc = tpd_chan_stream_recv(pr, mem, len, n, done, arg, &id, NULL);
+	if (rc < 0)
+		return rc;
+	r.req_id = req_id;
+	r.status = tpw_status_from_errno(0);
+	r.chan_id = chan_id;
+	r.xfer_id = id;
+	tpd_chanx_reply(pr, &r, NULL);
+	return 0;
+}
+
+int tpd_chanx_copy_out(struct tpd_peer *pr, const struct tpb_xfer *x, tpd_chan_copy_done_fn done,
+		       void *arg)
+{
+	return tpd_chan_stream_send(pr, x->dst.addr, &x->src, &x->len, 1, done, arg, NULL);
+}
+
 /* ---- the link's events ---------------------------------------------------------------------- */
 
 static void chanx_on_msg(struct tpd_daemon *d, struct tpd_peer *pr, const Tpw__V1__PeerMsg *m,
@@ -617,6 +955,10 @@ static void chanx_on_msg(struct tpd_daemon *d, struct tpd_peer *pr, const Tpw__V
 		return on_chan_reply(x, pr, m->chan_reply->reply, tail, tail_len);
 	case TPW__V1__PEER_MSG__BODY_WQ_REPLY:
 		return on_wq_reply(x, pr, m->wq_reply->reply, tail, tail_len);
+	case TPW__V1__PEER_MSG__BODY_CHAN_XFER_END:
+		return tpd_chan_stream_end(pr, m->chan_xfer_end->xfer_id, m->chan_xfer_end->bytes,
+					   tpw_status_to_errno(m->chan_xfer_end->status) ?: -EIO,
+					   m->chan_xfer_end->message);
 	default:
 		return;
 	}
