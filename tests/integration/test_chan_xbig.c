@@ -209,6 +209,123 @@ START_TEST(test_capacity_holds_on_the_hosting_daemon)
 }
 END_TEST
 
+#define DIE_ITEM (16 * MIB)
+
+/* A client of a writing 16 MiB items to NAME on b (private memory) until a call fails. */
+static int die_writer(void *arg)
+{
+	struct tp_chan_options oa = { .size = sizeof(oa), .owner_uid = 0 };
+	struct tp_context *ca = NULL;
+	struct tp_chan *xa = NULL;
+	uint8_t *p = malloc(DIE_ITEM);
+
+	(void)arg;
+	TPT_REQUIRE(p && tpt_ctx_new(&da, 0, "xbig-w", &ca) == 0, 1, "context");
+	TPT_REQUIRE(tp_chan_open(ca, addr, &oa, &xa) == 0, 1, "open: %s", tp_last_error());
+	for (unsigned i = 0;; i++) {
+		struct iovec it = { p, DIE_ITEM };
+
+		item_fill(p, i, DIE_ITEM);
+		if (tp_chan_write(xa, &it, 1, T_MS) < 0)
+			return 0;
+	}
+}
+
+/* Polls @d's first link until it received more than @bytes. */
+static bool link_received(const struct tpt_daemon *d, uint64_t bytes)
+{
+	struct tpt_link l;
+
+	for (unsigned tries = 0; tries < 5000; tries++)
+		if (tpt_peer_links(d, &l) && l.bytes_received > bytes)
+			return true;
+	return false;
+}
+
+/* The forwarding daemon a is killed while its client's items stream to b: b fails what was
+ * arriving, and what b's channel holds afterwards is whole items only, each byte-exact, with no
+ * room left reserved. */
+START_TEST(test_forwarding_daemon_killed_mid_item_leaves_whole_items)
+{
+	static const char *const bargs[] = { "--chan-bytes-max", "1G", "--chan-bytes-per-uid",
+					     "2G", NULL };
+	struct tp_chan_options ob = { .size = sizeof(ob), .flags = TP_CHAN_CREATE,
+				      .owner_uid = -1, .remote = TP_REMOTE_ANY_PEER };
+	struct tp_context *cb;
+	struct tp_chan *xb;
+	unsigned n = 0;
+	void *item;
+	size_t len;
+	pid_t w;
+	int r;
+
+	ck_assert_int_eq(tpt_daemon_pair_start(&da, NULL, &db, bargs), 0);
+	cb = ctx_of(&db);
+	ck_assert_int_eq(tp_chan_open(cb, NAME, &ob, &xb), 0);
+	tpt_peer_address(&db, NAME, addr, sizeof(addr));
+	w = tpt_fork(die_writer, NULL);
+	ck_assert_msg(link_received(&db, 5 * DIE_ITEM / 2), "the items never streamed");
+	kill(da.pid, SIGKILL);
+	ck_assert(tpt_peer_links_gone(&db, T_MS));
+	while ((r = tp_chan_read(xb, &item, &len, 0)) == 0) {
+		ck_assert_msg(item_ok(item, len, n, DIE_ITEM), "item %u is not whole", n);
+		free(item);
+		n++;
+	}
+	ck_assert_int_eq(r, -EAGAIN);
+	ck_assert_msg(n >= 2, "%u items", n);
+	ck_assert_uint_eq(tpt_channel_bytes(&db, NAME), 0);
+	tpt_wait_ok(w, T_MS, "writer");
+	tp_chan_release(xb);
+	tp_context_free(cb);
+	tpt_daemon_stop(&da);
+	tpt_daemon_stop(&db);
+}
+END_TEST
+
+/* The hosting daemon b is killed while a's client reads its items: the read fails with
+ * -ECONNRESET naming the host, in bounded time; every item it got before is byte-exact. */
+START_TEST(test_hosting_daemon_killed_fails_the_read)
+{
+	struct tp_context *ca, *cb;
+	struct tp_chan *xa, *xb;
+	uint8_t *p = malloc(DIE_ITEM), *into = malloc(DIE_ITEM);
+	struct timespec t0, t1;
+	unsigned n = 0;
+	size_t len;
+	int r;
+
+	ck_assert(p && into);
+	start_pair();
+	ca = ctx_of(&da);
+	cb = ctx_of(&db);
+	open_pair(ca, cb, 0, &xa, &xb);
+	for (unsigned i = 0; i < 3; i++) {
+		struct iovec it = { p, DIE_ITEM };
+
+		item_fill(p, i, DIE_ITEM);
+		ck_assert_int_eq(tp_chan_write(xb, &it, 1, T_MS), 0);
+	}
+	ck_assert_int_eq(tp_chan_read_into(xa, into, DIE_ITEM, &len, T_MS), 0);
+	ck_assert(item_ok(into, len, n++, DIE_ITEM));
+	kill(db.pid, SIGKILL);
+	clock_gettime(CLOCK_MONOTONIC, &t0);
+	while ((r = tp_chan_read_into(xa, into, DIE_ITEM, &len, T_MS)) == 0)
+		ck_assert(item_ok(into, len, n++, DIE_ITEM));
+	clock_gettime(CLOCK_MONOTONIC, &t1);
+	ck_assert_msg(r == -ECONNRESET, "read after the host died: %d %s", r, tp_last_error());
+	ck_assert_msg(strstr(tp_last_error(), "127.0.0.1"), "%s", tp_last_error());
+	ck_assert_msg(t1.tv_sec - t0.tv_sec < 20, "failed after %ld s", (long)(t1.tv_sec - t0.tv_sec));
+	tp_chan_release(xa);
+	tp_context_free(ca);
+	tp_context_free(cb);
+	free(p);
+	free(into);
+	tpt_daemon_stop(&da);
+	tpt_daemon_stop(&db);
+}
+END_TEST
+
 static Suite *xbig_suite(void)
 {
 	Suite *s = suite_create("chan_xbig");
@@ -217,6 +334,8 @@ static Suite *xbig_suite(void)
 	tcase_set_timeout(tc, 240);
 	tcase_add_test(tc, test_large_items_cross_byte_exact);
 	tcase_add_test(tc, test_capacity_holds_on_the_hosting_daemon);
+	tcase_add_test(tc, test_forwarding_daemon_killed_mid_item_leaves_whole_items);
+	tcase_add_test(tc, test_hosting_daemon_killed_fails_the_read);
 	suite_add_tcase(s, tc);
 	return s;
 }
