@@ -17,6 +17,7 @@
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <sys/types.h>
 #include <sys/uio.h>
 
 #include "chancopy.h"
@@ -82,5 +83,17 @@ int tpd_chanx_copy_in(struct tpd_peer *pr, uint64_t req_id, uint64_t chan_id,
 		      const struct tpb_xfer *x, size_t n, tpd_chan_copy_done_fn done, void *arg);
 int tpd_chanx_copy_out(struct tpd_peer *pr, const struct tpb_xfer *x, tpd_chan_copy_done_fn done,
 		       void *arg);
+
+/*
+ * tpd_chanx_ctl_channels() - appends to @v (@n entries) one entry per handle of a channel on
+ * another host that this daemon's clients hold (all, or @viewer's with @own_only), named
+ * tpip://HOST:PORT/NAME (CtlChannel.remote_handle); tpd_chanx_ctl_queues() the same for queues.
+ * @v, @n: an array from tpd_chan_ctl() (tpd_wq_ctl()), grown here; free it as before.
+ * Return: 0 or -ENOMEM (@v, @n still valid).
+ */
+int tpd_chanx_ctl_channels(struct tpd_chanx *x, bool own_only, uid_t viewer,
+			   Tpw__V1__CtlChannel ***v, size_t *n);
+int tpd_chanx_ctl_queues(struct tpd_chanx *x, bool own_only, uid_t viewer, Tpw__V1__CtlQueue ***v,
+			 size_t *n);
 
 #endif

@@ -326,6 +326,69 @@ START_TEST(test_hosting_daemon_killed_fails_the_read)
 }
 END_TEST
 
+/* Does @out hold @needle? */
+static bool has(const char *out, const char *needle)
+{
+	return out && strstr(out, needle);
+}
+
+/* tpipctl channels and queues of the forwarding daemon list its clients' handles of a channel
+ * and a queue of another host (tpip://HOST:PORT/NAME, state "remote"; JSON remote_handle), then
+ * "remote, link failed" once that host's daemon is gone, and nothing once released. */
+START_TEST(test_tpipctl_lists_remote_handles)
+{
+	struct tp_wq_options qb = { .size = sizeof(qb), .flags = TP_WQ_CREATE, .owner_uid = -1,
+				    .remote = TP_REMOTE_ANY_PEER };
+	struct tp_wq_options qa = { .size = sizeof(qa), .owner_uid = 0 };
+	struct tp_context *ca, *cb;
+	struct tp_chan *xa, *xb;
+	struct tp_wq *wa, *wb;
+	char qaddr[256], want[300];
+	char *out;
+
+	start_pair();
+	ca = ctx_of(&da);
+	cb = ctx_of(&db);
+	open_pair(ca, cb, 0, &xa, &xb);
+	ck_assert_int_eq(tp_wq_open(cb, "xq", &qb, &wb), 0);
+	tpt_peer_address(&db, "xq", qaddr, sizeof(qaddr));
+	ck_assert_msg(tp_wq_open(ca, qaddr, &qa, &wa) == 0, "%s", tp_last_error());
+	out = tpt_ctl(&da, "channels", true);
+	snprintf(want, sizeof(want), "\"name\": \"%s\"", addr);
+	ck_assert_msg(has(out, want) && has(out, "\"remote_handle\": true") &&
+		      has(out, "\"state\": \"remote\""), "%s", out);
+	free(out);
+	out = tpt_ctl(&da, "channels", false);
+	ck_assert_msg(has(out, addr) && has(out, "remote"), "%s", out);
+	free(out);
+	out = tpt_ctl(&da, "queues", true);
+	snprintf(want, sizeof(want), "\"name\": \"%s\"", qaddr);
+	ck_assert_msg(has(out, want) && has(out, "\"remote_handle\": true"), "%s", out);
+	free(out);
+	out = tpt_ctl(&db, "channels", true); /* the hosting daemon: its channel, no such row */
+	ck_assert_msg(!has(out, "tpip://") && has(out, "\"remote_handles\": 1"), "%s", out);
+	free(out);
+	tp_chan_release(xb);
+	tp_wq_release(wb);
+	tp_context_free(cb);
+	tpt_daemon_stop(&db);
+	ck_assert(tpt_peer_links_gone(&da, T_MS));
+	out = tpt_ctl(&da, "channels", true);
+	ck_assert_msg(has(out, "\"state\": \"remote, link failed\""), "%s", out);
+	free(out);
+	tp_chan_release(xa);
+	tp_wq_release(wa);
+	out = tpt_ctl(&da, "channels", true);
+	ck_assert_msg(!has(out, "tpip://"), "%s", out);
+	free(out);
+	out = tpt_ctl(&da, "queues", true);
+	ck_assert_msg(!has(out, "tpip://"), "%s", out);
+	free(out);
+	tp_context_free(ca);
+	tpt_daemon_stop(&da);
+}
+END_TEST
+
 static Suite *xbig_suite(void)
 {
 	Suite *s = suite_create("chan_xbig");
@@ -336,6 +399,7 @@ static Suite *xbig_suite(void)
 	tcase_add_test(tc, test_capacity_holds_on_the_hosting_daemon);
 	tcase_add_test(tc, test_forwarding_daemon_killed_mid_item_leaves_whole_items);
 	tcase_add_test(tc, test_hosting_daemon_killed_fails_the_read);
+	tcase_add_test(tc, test_tpipctl_lists_remote_handles);
 	suite_add_tcase(s, tc);
 	return s;
 }
