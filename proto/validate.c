@@ -364,7 +364,7 @@ static int check_chan_op(const Tpw__V1__ChanOp *c, const struct tpw_hdr *hdr,
 		return tpu_why(-EBADMSG, why, wl, "unknown channel op %d", (int)c->op);
 	if ((c->op == TPW__V1__CHAN_OP_KIND__CHAN_OP_OPEN &&
 	     !object_name_valid(c->name, tpip)) ||
-	    (c->op == TPW__V1__CHAN_OP_KIND__CHAN_OP_UNLINK && !tpw_name_valid(c->name)))
+	    (c->op == TPW__V1__CHAN_OP_KIND__CHAN_OP_UNLINK && !object_name_valid(c->name, tpip)))
 		return tpu_why(-EBADMSG, why, wl, "invalid channel name");
 	if ((unsigned)c->access > TPW__V1__ACCESS__ACCESS_ANYONE)
 		return tpu_why(-EBADMSG, why, wl, "unknown access mode %d", (int)c->access);
@@ -862,8 +862,9 @@ static bool peer_msg_has_data(const Tpw__V1__PeerMsg *m)
 }
 
 /* Channel and work-queue ops and answers across hosts (issue 25 part xhost): the op or answer
- * present and valid as from a client, except that an OPEN names a plain name (never an address
- * nor a creation) and no UNLINK crosses a link; answers' items match the data tail. */
+ * present and valid as from a client, except that an OPEN or UNLINK names a plain name (never
+ * an address; the hosting daemon decides on creation and unlink, chan.c) and no client-only
+ * field is set; answers' items match the data tail. */
 static int check_peer_xobj(const Tpw__V1__PeerMsg *m, const struct tpw_hdr *hdr,
 			   const struct tpw_limits *lim, char *why, size_t wl)
 {
@@ -875,8 +876,6 @@ static int check_peer_xobj(const Tpw__V1__PeerMsg *m, const struct tpw_hdr *hdr,
 	case TPW__V1__PEER_MSG__BODY_CHAN_OP:
 		if (!m->chan_op->op)
 			return tpu_why(-EBADMSG, why, wl, "peer channel op without op");
-		if (m->chan_op->op->op == TPW__V1__CHAN_OP_KIND__CHAN_OP_UNLINK)
-			return tpu_why(-EBADMSG, why, wl, "channel unlink over a peer link");
 		return check_chan_op(m->chan_op->op, hdr, lim, false, why, wl);
 	case TPW__V1__PEER_MSG__BODY_WQ_OP:
 		if (!m->wq_op->op)

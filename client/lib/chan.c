@@ -1117,8 +1117,9 @@ TP_EXPORT int tp_chan_unlink(struct tp_context *ctx, const char *name, long owne
 	struct chan_req cr = { 0 };
 	int r;
 
-	if (!ctx || !name || !tpw_name_valid(name))
-		return tpc_error(-EINVAL, "tp_chan_unlink: not a channel name");
+	if (!ctx || !name || !tpc_object_name_ok(name))
+		return tpc_error(-EINVAL, "tp_chan_unlink: neither a channel name nor "
+				 "tpip://HOST[:PORT]/NAME");
 	if (owner_uid < -1 || owner_uid > (long)UINT32_MAX - 1)
 		return tpc_error(-EINVAL, "owner uid %ld", owner_uid);
 	op.op = TPW__V1__CHAN_OP_KIND__CHAN_OP_UNLINK;

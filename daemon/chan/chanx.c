@@ -76,6 +76,15 @@ struct xop {
 	char name[TPW_NAME_MAX + 1];
 	bool create, exclusive, owner_set;
 	uint32_t owner_uid, uid, pid;
+	/* A channel's OPEN with create: the rest of the creation, as the client asked (peer minor
+	 * >= 6 creates; an older hosting daemon only opens) */
+	bool persistent;
+	Tpw__V1__Access access;
+	uint32_t gid, capacity_items;
+	uint64_t capacity_bytes;
+	Tpw__V1__RemoteAccess remote;
+	char **remote_peers;
+	size_t n_remote_peers;
 	/* Large items (peer minor >= 6): a WRITE's items by reference (their memory, referenced,
 	 * until the hosting daemon says where to send them), or a READ's transfer into the
 	 * client's allocation and its answer if that came first (@got). */
@@ -162,6 +171,9 @@ static void refuse(enum xkind k, struct tpd_session *s, uint64_t req_id, uint64_
 
 static void xop_free(struct xop *xo)
 {
+	for (size_t i = 0; i < xo->n_remote_peers; i++)
+		free(xo->remote_peers[i]);
+	free(xo->remote_peers);
 	for (size_t i = 0; i < xo->n_out; i++)
 		tpd_chan_copy_put(&xo->out_mem[i]);
 	free(xo->out_mem);
@@ -226,12 +238,22 @@ static void xop_send_open(struct tpd_chanx *x, struct xop *xo)
 	Tpw__V1__WqOp q = TPW__V1__WQ_OP__INIT;
 
 	if (xo->kind == X_CHAN) {
-		c.op = TPW__V1__CHAN_OP_KIND__CHAN_OP_OPEN;
+		c.op = xo->op;
 		c.name = xo->name;
 		c.create = xo->create;
 		c.exclusive = xo->exclusive;
 		c.owner_set = xo->owner_set;
 		c.owner_uid = xo->owner_uid;
+		if (xo->create && tpd_peer_chan_far_minor(xo->pr) >= TPW_PEER_MINOR_CHAN_STREAM) {
+			c.persistent = xo->persistent;
+			c.access = xo->access;
+			c.gid = xo->gid;
+			c.capacity_items = xo->capacity_items;
+			c.capacity_bytes = xo->capacity_bytes;
+			c.remote = xo->remote;
+			c.remote_peers = xo->remote_peers;
+			c.n_remote_peers = xo->n_remote_peers;
+		}
 		return xop_send(x, xo, &c, NULL, NULL);
 	}
 	q.op = TPW__V1__WQ_OP_KIND__WQ_OP_OPEN;
@@ -270,13 +292,37 @@ static unsigned session_xhs(const struct tpd_chanx *x, const struct tpd_session 
 	return n;
 }
 
-/* The fields of an OPEN both kinds share. */
+/* The fields of an OPEN both kinds share (@chan: a channel's OPEN or UNLINK, else NULL). */
 struct xopen {
 	uint64_t req_id;
 	const char *name;
 	bool create, exclusive, owner_set;
 	uint32_t owner_uid;
+	const Tpw__V1__ChanOp *chan;
 };
+
+/* Keeps the creation fields of @o (a channel's OPEN with create) in @xo. Return: 0 or -ENOMEM. */
+static int xop_keep_create(struct xop *xo, const Tpw__V1__ChanOp *o)
+{
+	xo->persistent = o->persistent;
+	xo->access = o->access;
+	xo->gid = o->gid;
+	xo->capacity_items = o->capacity_items;
+	xo->capacity_bytes = o->capacity_bytes;
+	xo->remote = o->remote;
+	if (!o->n_remote_peers)
+		return 0;
+	xo->remote_peers = calloc(o->n_remote_peers, sizeof(*xo->remote_peers));
+	if (!xo->remote_peers)
+		return -ENOMEM;
+	for (size_t i = 0; i < o->n_remote_peers; i++) {
+		xo->remote_peers[i] = strdup(o->remote_peers[i]);
+		if (!xo->remote_peers[i])
+			return -ENOMEM;
+		xo->n_remote_peers++;
+	}
+	return 0;
+}
 
 static bool xop_open_or_refuse(struct tpd_chanx *x, struct xop *xo);
 
@@ -301,6 +347,12 @@ static void xopen(struct tpd_chanx *x, enum xkind k, struct tpd_session *s,
 			      "channels and queues on other hosts", XH_HANDLES_PER_SESSION);
 	xh = calloc(1, sizeof(*xh));
 	xo = calloc(1, sizeof(*xo));
+	if (xo)
+		tpu_list_init(&xo->node);
+	if (xo && o->chan && o->chan->create && xop_keep_create(xo, o->chan) < 0) {
+		xop_free(xo);
+		xo = NULL;
+	}
 	if (!xh || !xo) {
 		free(xh);
 		free(xo);
@@ -327,8 +379,8 @@ static void xopen(struct tpd_chanx *x, enum xkind k, struct tpd_session *s,
 	xo->op_id = ++x->next_op;
 	xo->req_id = o->req_id;
 	xo->local_id = xh->id;
-	xo->op = TPW__V1__CHAN_OP_KIND__CHAN_OP_OPEN; /* WQ_OP_OPEN is 1 too */
-	xo->xh = xh;
+	xo->op = o->chan ? (int)o->chan->op : TPW__V1__CHAN_OP_KIND__CHAN_OP_OPEN;
+	xo->xh = xh; /* WQ_OP_OPEN is 1 too */
 	snprintf(xo->name, sizeof(xo->name), "%s", name);
 	snprintf(xh->name, sizeof(xh->name), "%s", name);
 	xo->create = o->create;
@@ -337,7 +389,13 @@ static void xopen(struct tpd_chanx *x, enum xkind k, struct tpd_session *s,
 	xo->owner_uid = o->owner_uid;
 	xo->uid = (uint32_t)tpd_session_uid(s);
 	xo->pid = (uint32_t)tpd_session_pid(s);
-	tpu_list_insert_tail(&x->xhs, &xh->node);
+	if (xo->op == TPW__V1__CHAN_OP_KIND__CHAN_OP_UNLINK) { /* no handle */
+		free(xh);
+		xo->xh = NULL;
+		xo->local_id = 0;
+	} else {
+		tpu_list_insert_tail(&x->xhs, &xh->node);
+	}
 	tpu_list_insert_tail(&x->xops, &xo->node);
 	if (tpd_peer_is_up(xo->pr))
 		xop_open_or_refuse(x, xo);
@@ -350,6 +408,15 @@ static void xopen(struct tpd_chanx *x, enum xkind k, struct tpd_session *s,
  */
 static bool xop_open_or_refuse(struct tpd_chanx *x, struct xop *xo)
 {
+	if (xo->op == TPW__V1__CHAN_OP_KIND__CHAN_OP_UNLINK && xo->kind == X_CHAN &&
+	    tpd_peer_chan_far_minor(xo->pr) < TPW_PEER_MINOR_CHAN_STREAM) {
+		refuse(xo->kind, xo->s, xo->req_id, 0, -EOPNOTSUPP, "channel host %s: its daemon "
+		       "speaks peer protocol 2.%u, which unlinks no channel for other hosts (2.%u "
+		       "and later)", tpd_peer_name(xo->pr), tpd_peer_chan_far_minor(xo->pr),
+		       TPW_PEER_MINOR_CHAN_STREAM);
+		xop_free(xo);
+		return false;
+	}
 	if (tpd_peer_chan_supported(xo->pr)) {
 		xop_send_open(x, xo);
 		return true;
@@ -358,7 +425,8 @@ static bool xop_open_or_refuse(struct tpd_chanx *x, struct xop *xo)
 	       "protocol 2.%u, which has no channels or queues across hosts (2.%u and later)",
 	       noun(xo->kind), tpd_peer_name(xo->pr), tpd_peer_chan_far_minor(xo->pr),
 	       TPW_PEER_MINOR_CHAN);
-	xh_free(xo->xh);
+	if (xo->xh)
+		xh_free(xo->xh);
 	xop_free(xo);
 	return false;
 }
@@ -366,7 +434,15 @@ static bool xop_open_or_refuse(struct tpd_chanx *x, struct xop *xo)
 void tpd_chanx_open(struct tpd_chanx *x, struct tpd_session *s, const Tpw__V1__ChanOp *o)
 {
 	const struct xopen xo = { o->req_id, o->name, o->create, o->exclusive, o->owner_set,
-				  o->owner_uid };
+				  o->owner_uid, o };
+
+	xopen(x, X_CHAN, s, &xo);
+}
+
+void tpd_chanx_unlink(struct tpd_chanx *x, struct tpd_session *s, const Tpw__V1__ChanOp *o)
+{
+	const struct xopen xo = { o->req_id, o->name, false, false, o->owner_set, o->owner_uid,
+				  o };
 
 	xopen(x, X_CHAN, s, &xo);
 }
@@ -374,7 +450,7 @@ void tpd_chanx_open(struct tpd_chanx *x, struct tpd_session *s, const Tpw__V1__C
 void tpd_chanx_wq_open(struct tpd_chanx *x, struct tpd_session *s, const Tpw__V1__WqOp *o)
 {
 	const struct xopen xo = { o->req_id, o->name, o->create, o->exclusive, o->owner_set,
-				  o->owner_uid };
+				  o->owner_uid, NULL };
 
 	xopen(x, X_WQ, s, &xo);
 }

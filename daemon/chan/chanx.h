@@ -56,6 +56,10 @@ void tpd_chanx_open(struct tpd_chanx *x, struct tpd_session *s, const Tpw__V1__C
 bool tpd_chanx_op(struct tpd_chanx *x, struct tpd_session *s, const Tpw__V1__ChanOp *o,
 		  const uint8_t *tail, size_t tail_len);
 
+/* tpd_chanx_unlink() - @s's ChanOp UNLINK @o of address @o->name (validated): forwarded as
+ * tpd_chanx_open() is, to a hosting daemon of peer minor >= 6 (older: -EOPNOTSUPP). */
+void tpd_chanx_unlink(struct tpd_chanx *x, struct tpd_session *s, const Tpw__V1__ChanOp *o);
+
 /* As tpd_chanx_open() and tpd_chanx_op(), for work queues (WqOp). */
 void tpd_chanx_wq_open(struct tpd_chanx *x, struct tpd_session *s, const Tpw__V1__WqOp *o);
 bool tpd_chanx_wq_op(struct tpd_chanx *x, struct tpd_session *s, const Tpw__V1__WqOp *o,

@@ -88,6 +88,10 @@ static const struct opt opts[] = {
 	{ "chan-peer-ops-max", "limits", K_U32, OFF(chan_peer_ops_max), 1, 1u << 20, true, "N",
 	  "channel and queue ops over one peer link waiting: forwarded and not answered yet,\n"
 	  "                            or hosted and waiting for items or room (default 1024)" },
+	{ "chan-remote-create-uid", "limits", K_U32, OFF(chan_remote_create_uid), 0,
+	  UINT32_MAX - 1, true, "UID",
+	  "local uid that owns the channels authenticated peer daemons create and may unlink\n"
+	  "                            here (tp_chan_open of tpip://...); 0, the default: none" },
 	{ "sessions-reserved", "limits", K_U32, OFF(sessions_reserved), 0, 1u << 20, true, "N",
 	  "of sessions-max, slots only root and the admin group may use (default 8)" },
 	{ "hello-timeout", "limits", K_U32, OFF(hello_timeout_ms), 100, 600000, true, "MS",
