@@ -400,7 +400,8 @@ static int check_chan_op(const Tpw__V1__ChanOp *c, const struct tpw_hdr *hdr,
 	for (size_t i = 0; i < c->n_lengths; i++) {
 		bool streamed = c->n_streamed && c->streamed[i];
 
-		if (c->lengths[i] == 0 || c->lengths[i] > (streamed ? CHAN_ITEM_MAX : hdr->data_len))
+		if (c->lengths[i] == 0 ||
+		    c->lengths[i] > (streamed ? CHAN_ITEM_MAX : hdr->data_len))
 			return tpu_why(-EBADMSG, why, wl, "channel item %zu of %llu bytes", i,
 				       (unsigned long long)c->lengths[i]);
 		total += streamed ? 0 : c->lengths[i];

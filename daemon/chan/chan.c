@@ -740,7 +740,8 @@ static void op_open_remote(struct tpd_chans *cs, const struct chan_who *who,
 		h = handle_new(cs, who, c);
 		if (!h) {
 			chan_maybe_free(c);
-			return chan_answer(who, o->req_id, -ENOMEM, "out of memory", 0, false, NULL);
+			return chan_answer(who, o->req_id, -ENOMEM, "out of memory", 0, false,
+					   NULL);
 		}
 		tpu_log_info("peer %s: created channel '%s' of uid %u", tpd_peer_name(who->pr),
 			     c->name, (unsigned)c->uid);
@@ -857,7 +858,7 @@ static int batch_build(struct tpd_session *s, const Tpw__V1__ChanOp *o, const ui
 
 	for (size_t i = 0; i < o->n_lengths; i++) {
 		g = o->n_segments ? o->segments[i] : NULL;
-		if (o->n_streamed && o->streamed[i]) { /* a peer's: comes over the link once admitted */
+		if (o->n_streamed && o->streamed[i]) { /* a peer's: over the link once admitted */
 			it = item_new(0, NULL);
 			r = it ? 0 : -ENOMEM;
 			if (it) {
@@ -942,9 +943,11 @@ static int copy_in_start(struct chan_copy *cp, struct tpu_list *batch)
 						     .addr = (uint64_t)(uintptr_t)dup->data } };
 		tpu_list_insert_tail(&cp->batch, &dup->node);
 	}
-	r = cp->h && cp->h->who.pr ? tpd_chanx_copy_in(cp->h->who.pr, cp->req_id, cp->h->id, x, k,
-						       copy_in_on_done, cp)
-				  : tpd_chan_copy_start(cp->c->cs->d, x, k, copy_in_on_done, cp);
+	if (cp->h && cp->h->who.pr) /* a peer's write: its items come over the link */
+		r = tpd_chanx_big_copy_in(cp->h->who.pr, cp->req_id, cp->h->id, x, k,
+					  copy_in_on_done, cp);
+	else
+		r = tpd_chan_copy_start(cp->c->cs->d, x, k, copy_in_on_done, cp);
 	if (r < 0)
 		goto fail;
 	/* The copy holds its own references: the batch's items by reference give way to theirs,
@@ -1055,7 +1058,7 @@ static void copy_out(struct chan_handle *h, uint64_t req_id, struct chan_item *i
 			      .dst = *dst, .len = it->len };
 	struct chan_copy *cp = copy_new(h, req_id);
 	int r = !cp ? -ENOMEM : dst->loc == TPB_LOC_REMOTE ?
-		tpd_chanx_copy_out(h->who.pr, &x, copy_out_on_done, cp) :
+		tpd_chanx_big_copy_out(h->who.pr, &x, copy_out_on_done, cp) :
 		tpd_chan_copy_start(h->c->cs->d, &x, 1, copy_out_on_done, cp);
 
 	if (r == 0) {

@@ -17,6 +17,7 @@
 #include "chan.h"
 #include "chanstream.h"
 #include "chanx.h"
+#include "chanx_int.h"
 #include "config.h"
 #include "core.h"
 #include "peer.h"
@@ -24,89 +25,6 @@
 #include "tpu.h"
 #include "validate.h"
 #include "wq.h"
-
-#define XH_HANDLES_PER_SESSION 1024u /* handles of remote objects one session may hold */
-#define XH_HOST_MAX (TPW_TPIP_HOST_MAX + 10)
-
-enum xkind { X_CHAN, X_WQ };
-
-/* A client's handle of a channel or queue on another host. */
-struct xh {
-	struct tpu_list node; /* in tpd_chanx.xhs */
-	enum xkind kind;
-	struct tpd_session *s;
-	uint64_t id;	     /* the id the client knows (chan.c's or wq.c's id space) */
-	uint64_t far_id;     /* the hosting daemon's handle id; 0 until the OPEN is answered */
-	struct tpd_peer *pr; /* NULL once the link failed */
-	char host[XH_HOST_MAX]; /* "HOST:PORT" as the address named it */
-	char name[TPW_NAME_MAX + 1]; /* the object's name on that host */
-	char why[200];		/* the link's failure, once it failed */
-};
-
-struct xop;
-
-/*
- * A large item's transfer over the link's data connections (chanstream.h) for op @xo: a WRITE's
- * items by reference going out, or a READ's item coming into the client's allocation. It
- * outlives its op (the transfer keeps the client's memory referenced until it ends), so that a
- * send that stops early can still tell the hosting daemon (PeerMsg.chan_xfer_end).
- */
-struct xstream {
-	struct xop *xo; /* NULL once the op is gone */
-	struct tpd_chanx *x;
-	struct tpd_peer *pr;
-	uint64_t xfer_id;
-	struct tpd_chan_stream *cs;
-	bool send;
-};
-
-/* An op forwarded (or, an OPEN, waiting for its link to come up) and not answered yet. */
-struct xop {
-	struct tpu_list node; /* in tpd_chanx.xops */
-	enum xkind kind;
-	struct tpd_peer *pr;
-	uint64_t op_id;		/* the PeerChanOp's / PeerWqOp's req_id */
-	struct tpd_session *s;	/* NULL: the session ended (an OPEN's handle goes when answered) */
-	uint64_t req_id;	/* the client's */
-	uint64_t local_id;	/* the client's handle id */
-	int op;			/* ChanOpKind or WqOpKind */
-	struct xh *xh;		/* OPEN: the handle it opens */
-	bool sent;
-	/* OPEN while the link comes up: what to send */
-	char name[TPW_NAME_MAX + 1];
-	bool create, exclusive, owner_set;
-	uint32_t owner_uid, uid, pid;
-	/* A channel's OPEN with create: the rest of the creation, as the client asked (peer minor
-	 * >= 6 creates; an older hosting daemon only opens) */
-	bool persistent;
-	Tpw__V1__Access access;
-	uint32_t gid, capacity_items;
-	uint64_t capacity_bytes;
-	Tpw__V1__RemoteAccess remote;
-	char **remote_peers;
-	size_t n_remote_peers;
-	/* Large items (peer minor >= 6): a WRITE's items by reference (their memory, referenced,
-	 * until the hosting daemon says where to send them), or a READ's transfer into the
-	 * client's allocation and its answer if that came first (@got). */
-	struct tpb_mem *out_mem;
-	uint64_t *out_len;
-	size_t n_out;
-	struct xstream *xs; /* running, or NULL */
-	uint64_t room;	      /* READ: its allocation's bytes */
-	bool got, got_closed; /* READ: the answer (an item of @got_len bytes copied) came */
-	uint64_t got_len;
-	bool recvd;	    /* READ: the transfer ended, with: */
-	int recv_err;
-	char recv_why[160];
-};
-
-struct tpd_chanx {
-	struct tpd_daemon *d;
-	struct tpd_chans *cs;
-	struct tpu_list xhs;
-	struct tpu_list xops;
-	uint64_t next_op;
-};
 
 static const char *noun(enum xkind k)
 {
@@ -121,7 +39,7 @@ bool tpd_chanx_is_address(const char *name)
 /* ---- answers to the client ----------------------------------------------------------------- */
 
 /* Sends @r (req_id and the handle id already the client's) with @tail to @s. */
-static void to_client_chan(struct tpd_session *s, Tpw__V1__ChanReply *r, const struct iovec *tail)
+void tpd_chanx_to_client(struct tpd_session *s, Tpw__V1__ChanReply *r, const struct iovec *tail)
 {
 	Tpw__V1__DaemonMsg m = TPW__V1__DAEMON_MSG__INIT;
 
@@ -140,25 +58,23 @@ static void to_client_wq(struct tpd_session *s, Tpw__V1__WqReply *r, const struc
 }
 
 /* Answers @s's request @req_id on handle @id (0: none) with @err and a reason. */
-static void refuse(enum xkind k, struct tpd_session *s, uint64_t req_id, uint64_t id, int err,
-		   const char *fmt, ...) _printf_(6, 7);
-static void refuse(enum xkind k, struct tpd_session *s, uint64_t req_id, uint64_t id, int err,
-		   const char *fmt, ...)
+/* Answers @s's request @req_id on handle @id (0: none) with @err and the reason @fmt, @ap. */
+static void vrefuse(enum xkind k, struct tpd_session *s, uint64_t req_id, uint64_t id, int err,
+		    const char *fmt, va_list ap) _printf_(6, 0);
+static void vrefuse(enum xkind k, struct tpd_session *s, uint64_t req_id, uint64_t id, int err,
+		    const char *fmt, va_list ap)
 {
 	Tpw__V1__ChanReply cr = TPW__V1__CHAN_REPLY__INIT;
 	Tpw__V1__WqReply wr = TPW__V1__WQ_REPLY__INIT;
 	char why[TPW_MESSAGE_MAX < 400 ? TPW_MESSAGE_MAX : 400];
-	va_list ap;
 
-	va_start(ap, fmt);
 	vsnprintf(why, sizeof(why), fmt, ap);
-	va_end(ap);
 	if (k == X_CHAN) {
 		cr.req_id = req_id;
 		cr.status = tpw_status_from_errno(err);
 		cr.message = why;
 		cr.chan_id = id;
-		return to_client_chan(s, &cr, NULL);
+		return tpd_chanx_to_client(s, &cr, NULL);
 	}
 	wr.req_id = req_id;
 	wr.status = tpw_status_from_errno(err);
@@ -167,9 +83,31 @@ static void refuse(enum xkind k, struct tpd_session *s, uint64_t req_id, uint64_
 	to_client_wq(s, &wr, NULL);
 }
 
+static void refuse(enum xkind k, struct tpd_session *s, uint64_t req_id, uint64_t id, int err,
+		   const char *fmt, ...) _printf_(6, 7);
+static void refuse(enum xkind k, struct tpd_session *s, uint64_t req_id, uint64_t id, int err,
+		   const char *fmt, ...)
+{
+	va_list ap;
+
+	va_start(ap, fmt);
+	vrefuse(k, s, req_id, id, err, fmt, ap);
+	va_end(ap);
+}
+
+void tpd_chanx_refuse(enum xkind k, struct tpd_session *s, uint64_t req_id, uint64_t id, int err,
+		      const char *fmt, ...)
+{
+	va_list ap;
+
+	va_start(ap, fmt);
+	vrefuse(k, s, req_id, id, err, fmt, ap);
+	va_end(ap);
+}
+
 /* ---- forwarding ---------------------------------------------------------------------------- */
 
-static void xop_free(struct xop *xo)
+void tpd_chanx_xop_free(struct xop *xo)
 {
 	for (size_t i = 0; i < xo->n_remote_peers; i++)
 		free(xo->remote_peers[i]);
@@ -350,7 +288,7 @@ static void xopen(struct tpd_chanx *x, enum xkind k, struct tpd_session *s,
 	if (xo)
 		tpu_list_init(&xo->node);
 	if (xo && o->chan && o->chan->create && xop_keep_create(xo, o->chan) < 0) {
-		xop_free(xo);
+		tpd_chanx_xop_free(xo);
 		xo = NULL;
 	}
 	if (!xh || !xo) {
@@ -414,7 +352,7 @@ static bool xop_open_or_refuse(struct tpd_chanx *x, struct xop *xo)
 		       "speaks peer protocol 2.%u, which unlinks no channel for other hosts (2.%u "
 		       "and later)", tpd_peer_name(xo->pr), tpd_peer_chan_far_minor(xo->pr),
 		       TPW_PEER_MINOR_CHAN_STREAM);
-		xop_free(xo);
+		tpd_chanx_xop_free(xo);
 		return false;
 	}
 	if (tpd_peer_chan_supported(xo->pr)) {
@@ -427,7 +365,7 @@ static bool xop_open_or_refuse(struct tpd_chanx *x, struct xop *xo)
 	       TPW_PEER_MINOR_CHAN);
 	if (xo->xh)
 		xh_free(xo->xh);
-	xop_free(xo);
+	tpd_chanx_xop_free(xo);
 	return false;
 }
 
@@ -466,58 +404,6 @@ static struct xh *xh_find(struct tpd_chanx *x, enum xkind k, const struct tpd_se
 	return NULL;
 }
 
-/* The client's memory of a channel op with large items: a WRITE's items by reference (@n of
- * them, in order), or a READ's allocation (one, @len[0] bytes of room). */
-struct xlarge {
-	struct tpb_mem *mem; /* with references (tpd_chan_copy_put()) */
-	uint64_t *len;
-	size_t n;
-	bool read;
-};
-
-static void xlarge_put(struct xlarge *lg)
-{
-	for (size_t i = 0; lg && i < lg->n; i++)
-		tpd_chan_copy_put(&lg->mem[i]);
-	if (lg) {
-		free(lg->mem);
-		free(lg->len);
-		*lg = (struct xlarge){ 0 };
-	}
-}
-
-static void to_client_chan(struct tpd_session *s, Tpw__V1__ChanReply *r, const struct iovec *tail);
-static void xs_on_done(void *arg, int status, const char *why);
-
-/* Starts the receive of READ @xo's item into the client's allocation @lg (taken) and names it
- * in @chan. Return: 0 or -errno (@lg put). */
-static int xlarge_read_start(struct tpd_chanx *x, struct xop *xo, struct xlarge *lg,
-			     Tpw__V1__ChanOp *chan)
-{
-	struct xstream *xs = calloc(1, sizeof(*xs));
-	int r;
-
-	if (!xs) {
-		xlarge_put(lg);
-		return -ENOMEM;
-	}
-	*xs = (struct xstream){ .xo = xo, .x = x, .pr = xo->pr };
-	r = tpd_chan_stream_recv(xo->pr, lg->mem, lg->len, 1, xs_on_done, xs, &xs->xfer_id,
-				 &xs->cs);
-	chan->room = lg->len[0];
-	xo->room = lg->len[0];
-	free(lg->mem); /* the references are the transfer's now (also on failure) */
-	free(lg->len);
-	*lg = (struct xlarge){ 0 };
-	if (r < 0) {
-		free(xs);
-		return r;
-	}
-	xo->xs = xs;
-	chan->xfer_id = xs->xfer_id;
-	return 0;
-}
-
 /*
  * Forwards op @op (kind @k, @chan or @wq, the client's @req_id) of handle @xh with @tail and
  * the large items @lg (taken; NULL: none), or answers it: a failed link's handle answers
@@ -537,7 +423,7 @@ static void xforward(struct tpd_chanx *x, struct xh *xh, int op, uint64_t req_id
 	int r;
 
 	if (lg && lg->n && (!xh->pr || link_ops(x, xh->pr) >= max))
-		xlarge_put(lg);
+		tpd_chanx_big_put(lg);
 	if (!xh->pr && release) {
 		enum xkind k = xh->kind;
 
@@ -553,7 +439,7 @@ static void xforward(struct tpd_chanx *x, struct xh *xh, int op, uint64_t req_id
 			      xh->host, max);
 	xo = calloc(1, sizeof(*xo));
 	if (!xo) {
-		xlarge_put(lg);
+		tpd_chanx_big_put(lg);
 		return refuse(xh->kind, s, req_id, id, -ENOMEM, "out of memory");
 	}
 	xo->kind = xh->kind;
@@ -570,9 +456,9 @@ static void xforward(struct tpd_chanx *x, struct xh *xh, int op, uint64_t req_id
 		xo->n_out = lg->n;
 		*lg = (struct xlarge){ 0 };
 	}
-	r = lg && lg->n ? xlarge_read_start(x, xo, lg, chan) : 0;
+	r = lg && lg->n ? tpd_chanx_big_read_start(x, xo, lg, chan) : 0;
 	if (r < 0) {
-		xop_free(xo);
+		tpd_chanx_xop_free(xo);
 		return refuse(xh->kind, s, req_id, id, r, "%s host %s: cannot receive the item "
 			      "over the link's data connections: %s", noun(xh->kind), xh->host,
 			      strerror(-r));
@@ -584,48 +470,6 @@ static void xforward(struct tpd_chanx *x, struct xh *xh, int op, uint64_t req_id
 	xop_send(x, xo, chan, wq, tail);
 	if (release)
 		xh_free(xh); /* its answer (and those of its waits) still come, to @xo */
-}
-
-/*
- * The client's memory of @s's op @o with segments (validated): a WRITE's items by reference
- * (@ret_streamed: which of its items they are) or a READ's allocation, resolved in @s's own
- * memory. Return: 0 or -errno with the reason in @why (nothing held then).
- */
-static int xlarge_get(struct tpd_session *s, const Tpw__V1__ChanOp *o, struct xlarge *lg,
-		      protobuf_c_boolean **ret_streamed, char *why, size_t wl)
-{
-	bool read = o->op == TPW__V1__CHAN_OP_KIND__CHAN_OP_READ;
-	size_t n = read ? 1 : o->n_segments;
-	protobuf_c_boolean *streamed = read ? NULL : calloc(n, sizeof(*streamed));
-	int r = 0;
-
-	*lg = (struct xlarge){ .read = read, .mem = calloc(n, sizeof(*lg->mem)),
-			       .len = calloc(n, sizeof(*lg->len)) };
-	if (!lg->mem || !lg->len || (!read && !streamed)) {
-		free(streamed);
-		xlarge_put(lg);
-		snprintf(why, wl, "out of memory");
-		return -ENOMEM;
-	}
-	for (size_t i = 0; r == 0 && i < o->n_segments; i++) {
-		const Tpw__V1__Segment *g = o->segments[i];
-
-		if (g->loc_case == TPW__V1__SEGMENT__LOC_INLINE_OFF)
-			continue;
-		r = tpd_chan_copy_resolve(s, g, &lg->mem[lg->n], why, wl);
-		if (r == 0) {
-			lg->len[lg->n++] = g->length;
-			if (streamed)
-				streamed[i] = true;
-		}
-	}
-	if (r < 0) {
-		free(streamed);
-		xlarge_put(lg);
-		return r;
-	}
-	*ret_streamed = streamed;
-	return 0;
 }
 
 bool tpd_chanx_op(struct tpd_chanx *x, struct tpd_session *s, const Tpw__V1__ChanOp *o,
@@ -648,7 +492,7 @@ bool tpd_chanx_op(struct tpd_chanx *x, struct tpd_session *s, const Tpw__V1__Cha
 		       xh->host, tpd_peer_chan_far_minor(xh->pr), TPW_PEER_MINOR_CHAN_STREAM);
 		return true;
 	}
-	r = o->n_segments && xh->pr ? xlarge_get(s, o, &lg, &streamed, why, sizeof(why)) : 0;
+	r = o->n_segments && xh->pr ? tpd_chanx_big_get(s, o, &lg, &streamed, why, sizeof(why)) : 0;
 	if (r < 0) {
 		refuse(X_CHAN, s, o->req_id, o->chan_id, r, "%s", why);
 		return true;
@@ -669,7 +513,7 @@ bool tpd_chanx_op(struct tpd_chanx *x, struct tpd_session *s, const Tpw__V1__Cha
 		c.streamed = streamed;
 	}
 	xforward(x, xh, o->op, o->req_id, &c, NULL, tail_len ? &iov : NULL, &lg);
-	xlarge_put(&lg); /* what xforward() did not take: no item by reference */
+	tpd_chanx_big_put(&lg); /* what xforward() did not take: no item by reference */
 	return true;
 }
 
@@ -704,10 +548,10 @@ void tpd_chanx_session_end(struct tpd_chanx *x, struct tpd_session *s)
 			xo->xh = NULL;
 			xo->s = NULL;
 			if (!xo->sent)
-				xop_free(xo);
+				tpd_chanx_xop_free(xo);
 			continue;
 		}
-		xop_free(xo);
+		tpd_chanx_xop_free(xo);
 	}
 	tpu_list_for_each_safe(xh, htmp, &x->xhs, node) {
 		if (xh->s != s)
@@ -750,94 +594,6 @@ static bool xop_opened(struct tpd_chanx *x, struct xop *xo, bool ok, uint64_t fa
 	return true;
 }
 
-/* READ @xo's item was copied into the client's allocation and its answer came: tell the client
- * (an error if the transfer failed: the item is lost then) and forget @xo. */
-static void xop_read_copied(struct xop *xo)
-{
-	Tpw__V1__ChanReply a = TPW__V1__CHAN_REPLY__INIT;
-	uint64_t len = xo->got_len;
-
-	a.req_id = xo->req_id;
-	a.chan_id = xo->local_id;
-	a.closed = xo->got_closed;
-	a.status = tpw_status_from_errno(xo->recv_err);
-	if (xo->recv_err < 0) {
-		a.message = xo->recv_why;
-	} else {
-		a.n_lengths = 1;
-		a.lengths = &len;
-		a.copied = true;
-	}
-	if (xo->s)
-		to_client_chan(xo->s, &a, NULL);
-	xop_free(xo);
-}
-
-/* Tells the hosting daemon of @pr that the items of its receive @xfer_id do not come (@err, @why):
- * that receive ends, and the WRITE it belongs to fails there, leaving no item. */
-static void send_xfer_end(struct tpd_peer *pr, uint64_t xfer_id, int err, const char *why)
-{
-	Tpw__V1__PeerXferEnd xe = TPW__V1__PEER_XFER_END__INIT;
-	Tpw__V1__PeerMsg m = TPW__V1__PEER_MSG__INIT;
-
-	if (!tpd_peer_is_up(pr))
-		return; /* its receive ends with the link */
-	xe.xfer_id = xfer_id;
-	xe.status = tpw_status_from_errno(err);
-	xe.message = (char *)(why ? why : "");
-	m.body_case = TPW__V1__PEER_MSG__BODY_CHAN_XFER_END;
-	m.chan_xfer_end = &xe;
-	tpd_peer_send(pr, &m, NULL, 0);
-}
-
-/* A large item's transfer ended (@arg: its struct xstream). A send that stopped early tells the
- * hosting daemon, whose receive then ends with its status; a READ's receive waits for its answer
- * (or answers with it, if it came first). */
-static void xs_on_done(void *arg, int status, const char *why)
-{
-	struct xstream *xs = arg;
-	struct xop *xo = xs->xo;
-
-	if (xo)
-		xo->xs = NULL;
-	if (xs->send && status < 0)
-		send_xfer_end(xs->pr, xs->xfer_id, status, why);
-	if (xo && !xs->send) {
-		xo->recvd = true;
-		xo->recv_err = status;
-		snprintf(xo->recv_why, sizeof(xo->recv_why), "channel host %s: the item did not "
-			 "arrive whole: %s", tpd_peer_name(xs->pr), why ? why : "");
-		if (xo->got)
-			xop_read_copied(xo);
-	}
-	free(xs);
-}
-
-/* The hosting daemon admitted WRITE @xo's batch: send its items by reference under @xfer_id.
- * Return: 0, or -errno (the client is answered with it). */
-static int xop_write_go(struct tpd_chanx *x, struct xop *xo, uint64_t xfer_id)
-{
-	struct xstream *xs = calloc(1, sizeof(*xs));
-	int r;
-
-	if (!xs)
-		return -ENOMEM;
-	*xs = (struct xstream){ .xo = xo, .x = x, .pr = xo->pr, .xfer_id = xfer_id, .send = true };
-	r = tpd_chan_stream_send(xo->pr, xfer_id, xo->out_mem, xo->out_len, xo->n_out, xs_on_done,
-				 xs, &xs->cs);
-	free(xo->out_mem); /* the references are the transfer's now (also on failure) */
-	free(xo->out_len);
-	xo->out_mem = NULL;
-	xo->out_len = NULL;
-	xo->n_out = 0;
-	if (r < 0) {
-		free(xs);
-		return r;
-	}
-	xo->xs = xs;
-	return 0;
-}
-
 static void on_chan_reply(struct tpd_chanx *x, struct tpd_peer *pr, const Tpw__V1__ChanReply *r,
 			  const uint8_t *tail, uint32_t tail_len)
 {
@@ -845,49 +601,11 @@ static void on_chan_reply(struct tpd_chanx *x, struct tpd_peer *pr, const Tpw__V
 	Tpw__V1__ChanReply a;
 	struct iovec iov = { (void *)tail, tail_len };
 	bool item = false, tell = true;
-	int err;
 
-	if (!xo && r->xfer_id) /* its writer is gone: the hosting daemon waits for nothing */
-		send_xfer_end(pr, r->xfer_id, -ECANCELED, "the writer is gone");
+	if (tpd_chanx_big_reply(x, xo, pr, r))
+		return; /* a large item's answer: taken, or kept until its bytes are in */
 	if (!xo)
 		return; /* the session ended, or not an op of this link: dropped */
-	if (r->xfer_id) { /* validated: no item */
-		err = xo->op == TPW__V1__CHAN_OP_KIND__CHAN_OP_WRITE && xo->n_out &&
-		      r->status == TPW__V1__STATUS__STATUS_OK ? xop_write_go(x, xo, r->xfer_id)
-							       : -EPROTO;
-		if (err == 0)
-			return; /* the WRITE's answer follows once the items arrived */
-		/* The hosting daemon waits for bytes that never come: its receive ends now. */
-		send_xfer_end(pr, r->xfer_id, err, strerror(-err));
-		refuse(X_CHAN, xo->s, xo->req_id, xo->local_id, err, "channel host %s: cannot "
-		       "send the items: %s", tpd_peer_name(pr), strerror(-err));
-		return xop_free(xo);
-	}
-	if (xo->op == TPW__V1__CHAN_OP_KIND__CHAN_OP_READ && r->copied) {
-		if (!xo->xs && !xo->recvd) { /* no receive of ours: a lie */
-			refuse(X_CHAN, xo->s, xo->req_id, xo->local_id, -EPROTO, "channel host %s "
-			       "answered with an item it had nowhere to copy", tpd_peer_name(pr));
-			return xop_free(xo);
-		}
-		if (r->lengths[0] > xo->room) {
-			refuse(X_CHAN, xo->s, xo->req_id, xo->local_id, -EPROTO, "channel host %s "
-			       "answered with an item larger than the read's room", tpd_peer_name(pr));
-			return xop_free(xo);
-		}
-		if (xo->xs)
-			tpd_chan_stream_shorten(xo->xs->cs, r->lengths[0]);
-		xo->got = true;
-		xo->got_len = r->lengths[0];
-		xo->got_closed = r->closed;
-		if (xo->recvd)
-			xop_read_copied(xo);
-		return; /* else once the bytes are in */
-	}
-	if (xo->xs && !xo->xs->send) { /* a READ answered otherwise: nothing comes in */
-		tpd_chan_stream_cancel(xo->xs->cs);
-		xo->xs->xo = NULL;
-		xo->xs = NULL;
-	}
 	a = *r;
 	a.base.n_unknown_fields = 0;
 	a.base.unknown_fields = NULL;
@@ -919,8 +637,8 @@ static void on_chan_reply(struct tpd_chanx *x, struct tpd_peer *pr, const Tpw__V
 	a.copied = false;
 	a.xfer_id = 0;
 	if (tell)
-		to_client_chan(xo->s, &a, item ? &iov : NULL);
-	xop_free(xo);
+		tpd_chanx_to_client(xo->s, &a, item ? &iov : NULL);
+	tpd_chanx_xop_free(xo);
 }
 
 static void on_wq_reply(struct tpd_chanx *x, struct tpd_peer *pr, const Tpw__V1__WqReply *r,
@@ -953,7 +671,7 @@ static void on_wq_reply(struct tpd_chanx *x, struct tpd_peer *pr, const Tpw__V1_
 		a.length = 0;
 	if (tell)
 		to_client_wq(xo->s, &a, data ? &iov : NULL);
-	xop_free(xo);
+	tpd_chanx_xop_free(xo);
 }
 
 /* ---- the hosting side's answers ------------------------------------------------------------ */
@@ -982,131 +700,6 @@ void tpd_chanx_wq_reply(struct tpd_peer *pr, Tpw__V1__WqReply *r, const struct i
 	m.body_case = TPW__V1__PEER_MSG__BODY_WQ_REPLY;
 	m.wq_reply = &pw;
 	tpd_peer_send(pr, &m, tail, tail ? 1 : 0);
-}
-
-int tpd_chanx_copy_in(struct tpd_peer *pr, uint64_t req_id, uint64_t chan_id,
-		      const struct tpb_xfer *x, size_t n, tpd_chan_copy_done_fn done, void *arg)
-{
-	Tpw__V1__ChanReply r = TPW__V1__CHAN_REPLY__INIT;
-	_cleanup_free_ struct tpb_mem *mem = calloc(n ? n : 1, sizeof(*mem));
-	_cleanup_free_ uint64_t *len = calloc(n ? n : 1, sizeof(*len));
-	uint64_t id;
-	int rc;
-
-	if (!mem || !len)
-		return -ENOMEM;
-	for (size_t i = 0; i < n; i++) { /* the daemon's own memory: no reference to take */
-		mem[i] = x[i].dst;
-		len[i] = x[i].len;
-	}
-	rc = tpd_chan_stream_recv(pr, mem, len, n, done, arg, &id, NULL);
-	if (rc < 0)
-		return rc;
-	r.req_id = req_id;
-	r.status = tpw_status_from_errno(0);
-	r.chan_id = chan_id;
-	r.xfer_id = id;
-	tpd_chanx_reply(pr, &r, NULL);
-	return 0;
-}
-
-int tpd_chanx_copy_out(struct tpd_peer *pr, const struct tpb_xfer *x, tpd_chan_copy_done_fn done,
-		       void *arg)
-{
-	return tpd_chan_stream_send(pr, x->dst.addr, &x->src, &x->len, 1, done, arg, NULL);
-}
-
-/* ---- tpipctl channels / queues -------------------------------------------------------------- */
-
-/* The handles of kind @k to list, and room for them in *@v (@n used). Return: how many, or
- * -ENOMEM. */
-static int ctl_grow(struct tpd_chanx *x, enum xkind k, bool own_only, uid_t viewer, void ***v,
-		    size_t n)
-{
-	const struct xh *xh;
-	size_t more = 0;
-	void **nv;
-
-	tpu_list_for_each(xh, &x->xhs, node)
-		more += xh->kind == k && xh->far_id &&
-			(!own_only || tpd_session_uid(xh->s) == viewer);
-	if (!more)
-		return 0;
-	nv = realloc(*v, (n + more) * sizeof(*nv));
-	if (!nv)
-		return -ENOMEM;
-	*v = nv;
-	return (int)TPU_MIN(more, (size_t)INT32_MAX);
-}
-
-/* The next handle of kind @k to list after @xh (NULL: the first), or NULL. */
-static const struct xh *ctl_next(struct tpd_chanx *x, enum xkind k, bool own_only, uid_t viewer,
-				 const struct xh *xh)
-{
-	const struct tpu_list *at = xh ? &xh->node : &x->xhs;
-
-	for (at = at->next; at != &x->xhs; at = at->next) {
-		xh = tpu_container_of(at, struct xh, node);
-		if (xh->kind == k && xh->far_id && (!own_only || tpd_session_uid(xh->s) == viewer))
-			return xh;
-	}
-	return NULL;
-}
-
-static char *ctl_name(const struct xh *xh)
-{
-	char *name = NULL;
-
-	return asprintf(&name, "tpip://%s/%s", xh->host, xh->name) < 0 ? NULL : name;
-}
-
-int tpd_chanx_ctl_channels(struct tpd_chanx *x, bool own_only, uid_t viewer,
-			   Tpw__V1__CtlChannel ***v, size_t *n)
-{
-	int more = ctl_grow(x, X_CHAN, own_only, viewer, (void ***)v, *n);
-	const struct xh *xh = NULL;
-
-	for (int i = 0; i < more && (xh = ctl_next(x, X_CHAN, own_only, viewer, xh)); i++) {
-		Tpw__V1__CtlChannel *c = calloc(1, sizeof(*c));
-
-		if (!c)
-			return -ENOMEM;
-		tpw__v1__ctl_channel__init(c);
-		if (!(c->name = ctl_name(xh))) {
-			free(c);
-			return -ENOMEM;
-		}
-		c->uid = (uint32_t)tpd_session_uid(xh->s);
-		c->state = (char *)(xh->pr ? "remote" : "remote, link failed");
-		c->handles = 1;
-		c->remote_handle = true;
-		(*v)[(*n)++] = c;
-	}
-	return more < 0 ? more : 0;
-}
-
-int tpd_chanx_ctl_queues(struct tpd_chanx *x, bool own_only, uid_t viewer, Tpw__V1__CtlQueue ***v,
-			 size_t *n)
-{
-	int more = ctl_grow(x, X_WQ, own_only, viewer, (void ***)v, *n);
-	const struct xh *xh = NULL;
-
-	for (int i = 0; i < more && (xh = ctl_next(x, X_WQ, own_only, viewer, xh)); i++) {
-		Tpw__V1__CtlQueue *q = calloc(1, sizeof(*q));
-
-		if (!q)
-			return -ENOMEM;
-		tpw__v1__ctl_queue__init(q);
-		if (!(q->name = ctl_name(xh))) {
-			free(q);
-			return -ENOMEM;
-		}
-		q->uid = (uint32_t)tpd_session_uid(xh->s);
-		q->state = (char *)(xh->pr ? "remote" : "remote, link failed");
-		q->remote_handle = true;
-		(*v)[(*n)++] = q;
-	}
-	return more < 0 ? more : 0;
 }
 
 /* ---- the link's events ---------------------------------------------------------------------- */
@@ -1170,7 +763,7 @@ static void chanx_on_link_failed(struct tpd_daemon *d, struct tpd_peer *pr, int 
 			       tpd_peer_name(pr), why && *why ? why : "connection reset");
 		if (xo->xh)
 			xh_free(xo->xh);
-		xop_free(xo);
+		tpd_chanx_xop_free(xo);
 		n_ops++;
 	}
 	tpu_list_for_each_safe(xh, htmp, &x->xhs, node) {
@@ -1215,7 +808,7 @@ void tpd_chanx_free(struct tpd_chanx *x)
 	if (!x)
 		return;
 	tpu_list_for_each_safe(xo, otmp, &x->xops, node)
-		xop_free(xo);
+		tpd_chanx_xop_free(xo);
 	tpu_list_for_each_safe(xh, htmp, &x->xhs, node)
 		xh_free(xh);
 	free(x);

@@ -315,7 +315,8 @@ START_TEST(test_hosting_daemon_killed_fails_the_read)
 	clock_gettime(CLOCK_MONOTONIC, &t1);
 	ck_assert_msg(r == -ECONNRESET, "read after the host died: %d %s", r, tp_last_error());
 	ck_assert_msg(strstr(tp_last_error(), "127.0.0.1"), "%s", tp_last_error());
-	ck_assert_msg(t1.tv_sec - t0.tv_sec < 20, "failed after %ld s", (long)(t1.tv_sec - t0.tv_sec));
+	ck_assert_msg(t1.tv_sec - t0.tv_sec < 20, "failed after %ld s",
+		      (long)(t1.tv_sec - t0.tv_sec));
 	tp_chan_release(xa);
 	tp_context_free(ca);
 	tp_context_free(cb);
