@@ -4,7 +4,8 @@
  * "Across hosts"). Two daemons on loopback (each treats the other as another host): a client of
  * daemon a opens tpip://b/NAME and writes items from 1000 bytes to 24 MiB, from shared buffers
  * and from private memory, and they arrive byte-exact on b; items written on b are read on a
- * with tp_chan_read() and tp_chan_read_into() (private and shared memory), byte-exact. Items
+ * with tp_chan_read() and tp_chan_read_into() (private and shared memory), byte-exact, and an
+ * allocation one byte short gets -EMSGSIZE with the item's length, the item staying first. Items
  * above the inline limit move over the link's data connections in chunks (the link's byte
  * counters show each once), not inline. The channel's byte capacity holds on b, the host that
  * keeps the bytes: an item of exactly the capacity is written from a, one byte more is refused
@@ -158,6 +159,18 @@ START_TEST(test_large_items_cross_byte_exact)
 	ck_assert_msg(la.bytes_received >= 56 * MIB, "a received %llu bytes over the link",
 		      (unsigned long long)la.bytes_received);
 	ck_assert_int_eq(tp_chan_read(xa, &item, &len, 0), -EAGAIN);
+	/* An allocation one byte short: -EMSGSIZE with the item's length, the item stays first. */
+	{
+		struct iovec it = { priv, 2 * MIB };
+
+		item_fill(priv, 9, 2 * MIB);
+		ck_assert_int_eq(tp_chan_write(xb, &it, 1, T_MS), 0);
+		len = 0;
+		ck_assert_int_eq(tp_chan_read_into(xa, into, 2 * MIB - 1, &len, T_MS), -EMSGSIZE);
+		ck_assert_uint_eq(len, 2 * MIB);
+		ck_assert_int_eq(tp_chan_read_into(xa, into, 2 * MIB, &len, T_MS), 0);
+		ck_assert(item_ok(into, len, 9, 2 * MIB));
+	}
 	ck_assert_int_eq(tp_chan_release(xa), 0);
 	ck_assert_int_eq(tp_chan_release(xb), 0);
 	tp_buffer_free(ca, shm);
