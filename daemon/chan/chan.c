@@ -944,8 +944,8 @@ static int copy_in_start(struct chan_copy *cp, struct tpu_list *batch)
 		tpu_list_insert_tail(&cp->batch, &dup->node);
 	}
 	if (cp->h && cp->h->who.pr) /* a peer's write: its items come over the link */
-		r = tpd_chanx_big_copy_in(cp->h->who.pr, cp->req_id, cp->h->id, x, k,
-					  copy_in_on_done, cp);
+		r = tpd_chanx_big_copy_in(cp->c->cs->d, cp->h->who.pr, cp->req_id, cp->h->id, x,
+					  k, copy_in_on_done, cp);
 	else
 		r = tpd_chan_copy_start(cp->c->cs->d, x, k, copy_in_on_done, cp);
 	if (r < 0)

@@ -11,6 +11,7 @@
 #include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <event2/event.h>
 
 #include "chanstream.h"
 #include "peer.h"
@@ -28,6 +29,9 @@ struct tpd_chan_stream {
 	bool recv, shortened;
 	tpd_chan_copy_done_fn done;
 	void *arg;
+	struct event *idle; /* tpd_chan_stream_deadline()'s check, or NULL */
+	uint64_t link_bytes; /* the link's bytes received at the last check */
+	uint32_t idle_ms;
 };
 
 /* Every transfer running (one daemon per process). */
@@ -37,6 +41,8 @@ static void stream_free(struct tpd_chan_stream *cs)
 {
 	for (size_t i = 0; i < cs->n; i++)
 		tpd_chan_copy_put(&cs->segs[i].mem);
+	if (cs->idle)
+		event_free(cs->idle);
 	tpu_list_remove(&cs->node);
 	free(cs->segs);
 	free(cs);
@@ -157,6 +163,40 @@ void tpd_chan_stream_shorten(struct tpd_chan_stream *cs, uint64_t bytes)
 	cs->shortened = true;
 	/* The stripe ends a receive early only with an error: this one, told apart above. */
 	tpb_stripe_recv_expect(cs->st, &cs->x, bytes, -ENODATA, "the item ends here");
+}
+
+static void stream_on_idle(evutil_socket_t fd, short what, void *arg)
+{
+	struct tpd_chan_stream *cs = arg;
+	uint64_t now = tpb_stripe_bytes_received(cs->st);
+	char why[120];
+
+	(void)fd;
+	(void)what;
+	if (now != cs->link_bytes) {
+		cs->link_bytes = now;
+		return;
+	}
+	snprintf(why, sizeof(why), "no byte came over the link for %u ms", cs->idle_ms);
+	event_del(cs->idle);
+	tpb_stripe_recv_expect(cs->st, &cs->x, 0, -ETIMEDOUT, why);
+}
+
+int tpd_chan_stream_deadline(struct tpd_chan_stream *cs, struct event_base *base, uint32_t idle_ms)
+{
+	struct timeval tv = { .tv_sec = idle_ms / 1000,
+			      .tv_usec = (suseconds_t)(idle_ms % 1000) * 1000 };
+
+	cs->idle = event_new(base, -1, EV_PERSIST, stream_on_idle, cs);
+	if (!cs->idle || event_add(cs->idle, &tv) < 0) {
+		if (cs->idle)
+			event_free(cs->idle);
+		cs->idle = NULL;
+		return -ENOMEM;
+	}
+	cs->idle_ms = idle_ms;
+	cs->link_bytes = tpb_stripe_bytes_received(cs->st);
+	return 0;
 }
 
 void tpd_chan_stream_detach(struct tpd_chan_stream *cs)

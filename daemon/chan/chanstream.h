@@ -17,6 +17,7 @@
 #include "chancopy.h"
 #include "tpb.h"
 
+struct event_base;
 struct tpd_peer;
 struct tpd_chan_stream;
 
@@ -51,6 +52,14 @@ void tpd_chan_stream_cancel(struct tpd_chan_stream *cs);
 /* Receive @cs ends once its first @bytes arrived (an item shorter than the room it was
  * posted with; @bytes at most that room): @done then comes with 0. */
 void tpd_chan_stream_shorten(struct tpd_chan_stream *cs, uint64_t bytes);
+
+/*
+ * tpd_chan_stream_deadline() - receive @cs ends with -ETIMEDOUT once its link has received no
+ * byte at all for @idle_ms (checked every @idle_ms on @base's loop): a sender that stopped while
+ * its link stays up cannot hold the receive's memory for ever. Borrows @base (it outlives @cs).
+ * Return: 0 or -ENOMEM (no deadline then).
+ */
+int tpd_chan_stream_deadline(struct tpd_chan_stream *cs, struct event_base *base, uint32_t idle_ms);
 
 /* Forgets @cs's @done: it ends as it would, telling nobody. */
 void tpd_chan_stream_detach(struct tpd_chan_stream *cs);

@@ -78,13 +78,15 @@ void tpd_chanx_wq_reply(struct tpd_peer *pr, Tpw__V1__WqReply *r, const struct i
  * Hosting side, large items (peer minor >= 6; chanstream.h): tpd_chanx_big_copy_in() posts the
  * receive of a peer WRITE's streamed items into the daemon memory @x[i].dst (@n of them) and
  * tells the far daemon of @pr, answering its op @req_id on handle @chan_id with the transfer's
- * id, to send them; tpd_chanx_big_copy_out() sends an item @x->src (daemon memory) to the far
+ * id, to send them (the receive fails with -ETIMEDOUT once the link brings no byte for @d's
+ * peer timeout); tpd_chanx_big_copy_out() sends an item @x->src (daemon memory) to the far
  * daemon's receive @x->dst (TPB_LOC_REMOTE, its id in @x->dst.addr). Then @done with @arg once,
  * later, on the loop thread. Ownership: borrows @x; the memory must stay until @done.
  * Return: 0, -ENOMEM or -ENOTCONN (no data connection); no @done then.
  */
-int tpd_chanx_big_copy_in(struct tpd_peer *pr, uint64_t req_id, uint64_t chan_id,
-		      const struct tpb_xfer *x, size_t n, tpd_chan_copy_done_fn done, void *arg);
+int tpd_chanx_big_copy_in(struct tpd_daemon *d, struct tpd_peer *pr, uint64_t req_id,
+			  uint64_t chan_id, const struct tpb_xfer *x, size_t n,
+			  tpd_chan_copy_done_fn done, void *arg);
 int tpd_chanx_big_copy_out(struct tpd_peer *pr, const struct tpb_xfer *x,
 			   tpd_chan_copy_done_fn done, void *arg);
 

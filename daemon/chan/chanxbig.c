@@ -15,6 +15,8 @@
 #include "chancopy.h"
 #include "chanstream.h"
 #include "chanx_int.h"
+#include "config.h"
+#include "core.h"
 #include "peer.h"
 #include "session.h"
 #include "validate.h"
@@ -241,12 +243,14 @@ bool tpd_chanx_big_reply(struct tpd_chanx *x, struct xop *xo, struct tpd_peer *p
 
 /* ---- the hosting side ---------------------------------------------------------------------- */
 
-int tpd_chanx_big_copy_in(struct tpd_peer *pr, uint64_t req_id, uint64_t chan_id,
-			  const struct tpb_xfer *x, size_t n, tpd_chan_copy_done_fn done, void *arg)
+int tpd_chanx_big_copy_in(struct tpd_daemon *d, struct tpd_peer *pr, uint64_t req_id,
+			  uint64_t chan_id, const struct tpb_xfer *x, size_t n,
+			  tpd_chan_copy_done_fn done, void *arg)
 {
 	Tpw__V1__ChanReply r = TPW__V1__CHAN_REPLY__INIT;
 	_cleanup_free_ struct tpb_mem *mem = calloc(n ? n : 1, sizeof(*mem));
 	_cleanup_free_ uint64_t *len = calloc(n ? n : 1, sizeof(*len));
+	struct tpd_chan_stream *cs;
 	uint64_t id;
 	int rc;
 
@@ -256,9 +260,11 @@ int tpd_chanx_big_copy_in(struct tpd_peer *pr, uint64_t req_id, uint64_t chan_id
 		mem[i] = x[i].dst;
 		len[i] = x[i].len;
 	}
-	rc = tpd_chan_stream_recv(pr, mem, len, n, done, arg, &id, NULL);
+	rc = tpd_chan_stream_recv(pr, mem, len, n, done, arg, &id, &cs);
 	if (rc < 0)
 		return rc;
+	/* A sender that stops while its link stays up: the reserved room comes back. */
+	tpd_chan_stream_deadline(cs, tpd_daemon_base(d), tpd_daemon_cfg(d)->peer_timeout_ms);
 	r.req_id = req_id;
 	r.status = tpw_status_from_errno(0);
 	r.chan_id = chan_id;

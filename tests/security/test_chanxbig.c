@@ -9,6 +9,8 @@
  * - a PeerMsg.chan_xfer_end for a transfer nobody posted is ignored (the link stays up);
  * - once admitted (ChanReply.xfer_id), its own chan_xfer_end fails the write with that status,
  *   and the channel holds nothing, no bytes reserved;
+ * - admitted, it sends 4 KiB and then nothing while it keeps the link alive with pings: after
+ *   the peer timeout (1 s) the write fails with STATUS_TIMEOUT;
  * - admitted again, it sends half the item over the data connection and drops the link: the
  *   write never completes, the channel holds nothing, no bytes reserved, and a local client
  *   writes and reads on as before.
@@ -19,6 +21,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/wait.h>
 #include <unistd.h>
 #include "ipeer.h"
 #include "itest.h"
@@ -94,6 +97,42 @@ static int peer_reply(struct tpt_raw *r, uint64_t *ret_req, uint64_t *ret_id,
 		*ret_xfer = m->chan_reply->reply->xfer_id;
 	tpw_peer_msg_free(m);
 	return st;
+}
+
+/* As peer_reply(), while it keeps the link alive with a ping every 200 ms (the daemon's keepalive
+ * sees a live peer). */
+static int peer_reply_pinging(struct tpt_raw *r, uint64_t *ret_req)
+{
+	Tpw__V1__PeerPing p = TPW__V1__PEER_PING__INIT;
+	Tpw__V1__PeerMsg ping = TPW__V1__PEER_MSG__INIT, *m = NULL;
+	int e, st;
+
+	ping.body_case = TPW__V1__PEER_MSG__BODY_PING;
+	ping.ping = &p;
+	for (int ticks = 0; ticks < 150; ticks++) { /* 30 s */
+		uint64_t until = tpt_now_ms() + 200;
+
+		if (peer_send(r, &ping) < 0)
+			return -EPIPE;
+		for (;;) { /* what comes within the tick: pongs are skipped */
+			uint64_t now = tpt_now_ms();
+
+			e = now < until ? tpt_raw_recv_peer(r, (int)(until - now), &m) : -ETIMEDOUT;
+			if (e == -ETIMEDOUT)
+				break;
+			if (e < 0)
+				return e;
+			if (m->body_case != TPW__V1__PEER_MSG__BODY_CHAN_REPLY) {
+				tpw_peer_msg_free(m);
+				continue;
+			}
+			st = m->chan_reply->reply->status;
+			*ret_req = m->chan_reply->reply->req_id;
+			tpw_peer_msg_free(m);
+			return st;
+		}
+	}
+	return -ETIMEDOUT;
 }
 
 /* Dials @host's peer port as a daemon would (insecure: plain frames), up to the link being up. */
@@ -213,6 +252,15 @@ static int hostile_writer(void *arg)
 	TPT_REQUIRE(xfer_end(&c, xfer, TPW__V1__STATUS__STATUS_IO) == 0, 1, "end");
 	st = peer_reply(&c, &req, NULL, NULL);
 	TPT_REQUIRE(st == TPW__V1__STATUS__STATUS_IO && req == 3, 1, "the ended write: %d", st);
+	/* Admitted, then nothing sent while the link stays up: after the peer timeout (1 s) the
+	 * write fails with STATUS_TIMEOUT and its room comes back. */
+	TPT_REQUIRE(write_streamed(&c, id, 5, ITEM) == 0, 1, "write");
+	st = peer_reply(&c, &req, NULL, &xfer);
+	TPT_REQUIRE(st == TPW__V1__STATUS__STATUS_OK && req == 5 && xfer, 1, "go: %d", st);
+	TPT_REQUIRE(send_chunk(&data, xfer, 0, 4096) == 0, 1, "chunk");
+	st = peer_reply_pinging(&c, &req);
+	TPT_REQUIRE(st == TPW__V1__STATUS__STATUS_TIMEOUT && req == 5, 1, "the stalled write: %d",
+		    st);
 	/* Admitted, half sent, then the link goes. */
 	TPT_REQUIRE(write_streamed(&c, id, 4, ITEM) == 0, 1, "write");
 	st = peer_reply(&c, &req, NULL, &xfer);
@@ -223,6 +271,20 @@ static int hostile_writer(void *arg)
 	tpt_raw_close(&data);
 	tpt_raw_close(&c);
 	return 0;
+}
+
+/* Waits for the child @pid's post on go (its value), or its end (-ECHILD: it failed first). */
+static int wait_post(pid_t pid)
+{
+	for (int i = 0; i < 4 * T_MS / 200; i++) {
+		int r = tpt_sync_wait(&go, 200);
+
+		if (r != -ETIMEDOUT)
+			return r;
+		if (waitpid(pid, NULL, WNOHANG) == pid)
+			return -ECHILD;
+	}
+	return -ETIMEDOUT;
 }
 
 /* What `tpipctl --json channels` shows of "hosted": @field (a number) or -1. */
@@ -241,7 +303,7 @@ static long chan_field(const char *field)
 
 START_TEST(test_hostile_writer_leaves_no_partial_item)
 {
-	static const char *const args[] = { "--peer-insecure", NULL };
+	static const char *const args[] = { "--peer-insecure", "--peer-timeout", "1000", NULL };
 	struct tp_chan_options o = { .size = sizeof(o), .flags = TP_CHAN_CREATE, .owner_uid = -1,
 				     .capacity_bytes = CAP, .remote = TP_REMOTE_ANY_PEER };
 	const char item[] = "kept";
@@ -260,7 +322,7 @@ START_TEST(test_hostile_writer_leaves_no_partial_item)
 	ck_assert_int_eq(tp_chan_open(ctx, "hosted", &o, &ch), 0);
 	pid = tpt_fork(hostile_writer, NULL);
 	ck_assert_int_gt(pid, 0);
-	ck_assert_int_eq(tpt_sync_wait(&go, 4 * T_MS), 1);
+	ck_assert_int_eq(wait_post(pid), 1);
 	/* Half an item in, its room reserved: nothing to read. */
 	ck_assert_int_eq(tp_chan_read(ch, &got, &len, 0), -EAGAIN);
 	ck_assert_int_eq(chan_field("items"), 0);
