@@ -699,10 +699,10 @@ static int chan_create_remote(struct tpd_chans *cs, const struct chan_who *who,
 {
 	const char *id = tpd_peer_identity(who->pr);
 	Tpw__V1__ChanOp co = *o;
-	char *peers[33];
+	char *peers[TPW_REMOTE_PEERS_MAX + 1];
 	bool in = false;
 
-	for (size_t i = 0; i < o->n_remote_peers; i++) /* validated: at most 32 */
+	for (size_t i = 0; i < o->n_remote_peers; i++) /* validated: TPW_REMOTE_PEERS_MAX */
 		in |= tpd_peer_identity_matches(o->remote_peers[i], who->pr);
 	if (co.remote != TPW__V1__REMOTE_ACCESS__REMOTE_ANY_PEER && !in) {
 		for (size_t i = 0; i < o->n_remote_peers; i++)
@@ -734,6 +734,9 @@ static void op_open_remote(struct tpd_chans *cs, const struct chan_who *who,
 	int r;
 
 	if (!c && creator && owner == creator) {
+		if (who_handles(cs, who) >= CHAN_HANDLES_PER_SESSION)
+			return chan_answer(who, o->req_id, -ENOBUFS, "this peer link has 1024 "
+					   "channel handles here", 0, false, NULL);
 		r = chan_create_remote(cs, who, o, owner, &c, &cwhy);
 		if (r < 0)
 			return chan_answer(who, o->req_id, r, cwhy, 0, false, NULL);
