@@ -1321,6 +1321,8 @@ void tpd_chan_peer_op(struct tpd_chans *cs, struct tpd_peer *pr, const Tpw__V1__
 			 "(chan-peer-ops-max)", max, tpd_peers_hostname(cs->d));
 		return chan_answer(&who, o->req_id, -ENOBUFS, why, h->id, h->c->closed, NULL);
 	}
+	if (tpd_chanx_big_admit(cs->d, pr, o, why, sizeof(why)) < 0) /* a remote daemon's bytes */
+		return chan_answer(&who, o->req_id, -ENOBUFS, why, h->id, h->c->closed, NULL);
 	handle_op(cs, h, o, tail, tail_len);
 }
 

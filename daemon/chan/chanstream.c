@@ -214,6 +214,17 @@ void tpd_chan_stream_end(struct tpd_peer *pr, uint64_t xfer_id, uint64_t bytes, 
 			return tpb_stripe_recv_expect(cs->st, &cs->x, bytes, status, why);
 }
 
+uint64_t tpd_chan_stream_recv_bytes(const struct tpd_peer *pr)
+{
+	const struct tpd_chan_stream *cs;
+	uint64_t b = 0;
+
+	tpu_list_for_each(cs, &streams, node)
+		if (cs->recv && cs->pr == pr)
+			b += cs->bytes;
+	return b;
+}
+
 void tpd_chan_stream_counts(uint32_t *ret_n, uint64_t *ret_bytes)
 {
 	const struct tpd_chan_stream *cs;

@@ -69,6 +69,9 @@ void tpd_chan_stream_detach(struct tpd_chan_stream *cs);
 void tpd_chan_stream_end(struct tpd_peer *pr, uint64_t xfer_id, uint64_t bytes, int status,
 			 const char *why);
 
+/* Bytes of the receives running over @pr's data connections. */
+uint64_t tpd_chan_stream_recv_bytes(const struct tpd_peer *pr);
+
 /* Running transfers and the bytes they move, for tpipctl and tests. */
 void tpd_chan_stream_counts(uint32_t *ret_n, uint64_t *ret_bytes);
 

@@ -84,6 +84,14 @@ void tpd_chanx_wq_reply(struct tpd_peer *pr, Tpw__V1__WqReply *r, const struct i
  * later, on the loop thread. Ownership: borrows @x; the memory must stay until @done.
  * Return: 0, -ENOMEM or -ENOTCONN (no data connection); no @done then.
  */
+/*
+ * tpd_chanx_big_admit() - may peer WRITE @o of link @pr (validated) stream its items here? Its
+ * streamed bytes and those already arriving over @pr within @d's chan-peer-bytes-max. Borrows
+ * all. Return: 0, or -ENOBUFS with the reason in @why.
+ */
+int tpd_chanx_big_admit(struct tpd_daemon *d, const struct tpd_peer *pr, const Tpw__V1__ChanOp *o,
+			char *why, size_t wl);
+
 int tpd_chanx_big_copy_in(struct tpd_daemon *d, struct tpd_peer *pr, uint64_t req_id,
 			  uint64_t chan_id, const struct tpb_xfer *x, size_t n,
 			  tpd_chan_copy_done_fn done, void *arg);

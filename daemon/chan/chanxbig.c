@@ -243,6 +243,24 @@ bool tpd_chanx_big_reply(struct tpd_chanx *x, struct xop *xo, struct tpd_peer *p
 
 /* ---- the hosting side ---------------------------------------------------------------------- */
 
+int tpd_chanx_big_admit(struct tpd_daemon *d, const struct tpd_peer *pr, const Tpw__V1__ChanOp *o,
+			char *why, size_t wl)
+{
+	uint64_t max = tpd_daemon_cfg(d)->chan_peer_bytes_max, now, bytes = 0;
+
+	for (size_t i = 0; i < o->n_streamed; i++) /* validated: no overflow */
+		bytes += o->streamed[i] ? o->lengths[i] : 0;
+	if (!bytes)
+		return 0;
+	now = tpd_chan_stream_recv_bytes(pr);
+	if (now <= max && bytes <= max - now)
+		return 0;
+	snprintf(why, wl, "%llu item bytes of this peer link would be arriving on %.60s, above "
+		 "chan-peer-bytes-max %llu", (unsigned long long)(now + bytes),
+		 tpd_peers_hostname(d), (unsigned long long)max);
+	return -ENOBUFS;
+}
+
 int tpd_chanx_big_copy_in(struct tpd_daemon *d, struct tpd_peer *pr, uint64_t req_id,
 			  uint64_t chan_id, const struct tpb_xfer *x, size_t n,
 			  tpd_chan_copy_done_fn done, void *arg)

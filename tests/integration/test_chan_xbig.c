@@ -9,7 +9,8 @@
  * above the inline limit move over the link's data connections in chunks (the link's byte
  * counters show each once), not inline. The channel's byte capacity holds on b, the host that
  * keeps the bytes: an item of exactly the capacity is written from a, one byte more is refused
- * with -EMSGSIZE, and the link and the channel are untouched. A forwarding daemon killed while
+ * with -EMSGSIZE, and the link and the channel are untouched; chan-peer-bytes-max on b (what
+ * one remote daemon may have arriving) likewise just at and above, -ENOBUFS. A forwarding daemon killed while
  * its client's items stream to b leaves only whole items on b; the hosting daemon killed fails
  * a's blocked read with -ECONNRESET naming the host, in bounded time.
  */
@@ -222,6 +223,54 @@ START_TEST(test_capacity_holds_on_the_hosting_daemon)
 }
 END_TEST
 
+/* chan-peer-bytes-max on the hosting daemon (16M): a write of a remote daemon's items of exactly
+ * that many bytes goes (one item, or a batch of two), one byte more is refused with -ENOBUFS
+ * naming the limit, whatever the channel's capacity; the channel stays empty and usable. */
+START_TEST(test_peer_bytes_max_on_the_hosting_daemon)
+{
+	static const char *const bargs[] = { "--chan-peer-bytes-max", "16M", NULL };
+	const size_t max = 16 * MIB;
+	struct tp_context *ca, *cb;
+	struct tp_chan *xa, *xb;
+	uint8_t *p = malloc(max + 1);
+	struct iovec it = { p, max }, two[2] = { { p, max / 2 }, { p + max / 2, max / 2 } };
+	void *item;
+	size_t len;
+
+	ck_assert(p);
+	ck_assert_int_eq(tpt_daemon_pair_start(&da, NULL, &db, bargs), 0);
+	ca = ctx_of(&da);
+	cb = ctx_of(&db);
+	open_pair(ca, cb, 0, &xa, &xb);
+	item_fill(p, 5, max + 1);
+	ck_assert_msg(tp_chan_write(xa, &it, 1, T_MS) == 0, "%s", tp_last_error());
+	ck_assert_int_eq(tp_chan_read(xb, &item, &len, T_MS), 0);
+	ck_assert(item_ok(item, len, 5, max));
+	free(item);
+	ck_assert_msg(tp_chan_write(xa, two, 2, T_MS) == 0, "%s", tp_last_error());
+	for (int k = 0; k < 2; k++) {
+		ck_assert_int_eq(tp_chan_read(xb, &item, &len, T_MS), 0);
+		ck_assert_uint_eq(len, max / 2);
+		free(item);
+	}
+	it.iov_len = max + 1;
+	ck_assert_int_eq(tp_chan_write(xa, &it, 1, T_MS), -ENOBUFS);
+	ck_assert_msg(strstr(tp_last_error(), "chan-peer-bytes-max"), "%s", tp_last_error());
+	ck_assert_int_eq(tp_chan_read(xb, &item, &len, 0), -EAGAIN);
+	it.iov_len = max;
+	ck_assert_int_eq(tp_chan_write(xa, &it, 1, T_MS), 0);
+	ck_assert_int_eq(tp_chan_read(xb, &item, &len, T_MS), 0);
+	ck_assert(item_ok(item, len, 5, max));
+	free(item);
+	tp_chan_release(xa);
+	tp_chan_release(xb);
+	tp_context_free(ca);
+	tp_context_free(cb);
+	free(p);
+	stop_pair();
+}
+END_TEST
+
 #define DIE_ITEM (16 * MIB)
 
 /* A client of a writing 16 MiB items to NAME on b (private memory) until a call fails. */
@@ -411,6 +460,7 @@ static Suite *xbig_suite(void)
 	tcase_set_timeout(tc, 240);
 	tcase_add_test(tc, test_large_items_cross_byte_exact);
 	tcase_add_test(tc, test_capacity_holds_on_the_hosting_daemon);
+	tcase_add_test(tc, test_peer_bytes_max_on_the_hosting_daemon);
 	tcase_add_test(tc, test_forwarding_daemon_killed_mid_item_leaves_whole_items);
 	tcase_add_test(tc, test_hosting_daemon_killed_fails_the_read);
 	tcase_add_test(tc, test_tpipctl_lists_remote_handles);
