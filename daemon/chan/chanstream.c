@@ -199,11 +199,6 @@ int tpd_chan_stream_deadline(struct tpd_chan_stream *cs, struct event_base *base
 	return 0;
 }
 
-void tpd_chan_stream_detach(struct tpd_chan_stream *cs)
-{
-	cs->done = NULL;
-}
-
 void tpd_chan_stream_end(struct tpd_peer *pr, uint64_t xfer_id, uint64_t bytes, int status,
 			 const char *why)
 {
@@ -223,18 +218,4 @@ uint64_t tpd_chan_stream_recv_bytes(const struct tpd_peer *pr)
 		if (cs->recv && cs->pr == pr)
 			b += cs->bytes;
 	return b;
-}
-
-void tpd_chan_stream_counts(uint32_t *ret_n, uint64_t *ret_bytes)
-{
-	const struct tpd_chan_stream *cs;
-	uint64_t b = 0;
-	uint32_t n = 0;
-
-	tpu_list_for_each(cs, &streams, node) {
-		n++;
-		b += cs->bytes;
-	}
-	*ret_n = n;
-	*ret_bytes = b;
 }

@@ -61,9 +61,6 @@ void tpd_chan_stream_shorten(struct tpd_chan_stream *cs, uint64_t bytes);
  */
 int tpd_chan_stream_deadline(struct tpd_chan_stream *cs, struct event_base *base, uint32_t idle_ms);
 
-/* Forgets @cs's @done: it ends as it would, telling nobody. */
-void tpd_chan_stream_detach(struct tpd_chan_stream *cs);
-
 /* The sender of @pr's receive @xfer_id stopped after @bytes with @status (@why): that receive
  * ends so, once those bytes are in; an unknown id is ignored. Borrows all. */
 void tpd_chan_stream_end(struct tpd_peer *pr, uint64_t xfer_id, uint64_t bytes, int status,
@@ -71,8 +68,5 @@ void tpd_chan_stream_end(struct tpd_peer *pr, uint64_t xfer_id, uint64_t bytes, 
 
 /* Bytes of the receives running over @pr's data connections. */
 uint64_t tpd_chan_stream_recv_bytes(const struct tpd_peer *pr);
-
-/* Running transfers and the bytes they move, for tpipctl and tests. */
-void tpd_chan_stream_counts(uint32_t *ret_n, uint64_t *ret_bytes);
 
 #endif
