@@ -64,13 +64,18 @@
  *      forwards none to a daemon of an older minor (that would fail the whole link)
  *   5  the daemon's fan-out across hosts (issue 25 part fanout): PeerBcast (PeerMsg 530) and
  *      PeerReadReq.bcast; a daemon sends neither to a daemon of an older minor
+ *   6  large channel items across hosts (issue 25 part xhost): ChanOp.streamed, xfer_id and
+ *      room, ChanReply.xfer_id, held_len and copied in PeerChanOp / PeerChanReply, and
+ *      PeerMsg.chan_xfer_end (590); a forwarding daemon offers its clients items by reference
+ *      (ChanReply.remote_refs) only for a channel whose host speaks 6 or later
  */
 #define TPW_PEER_PROTO_MAJOR 2
-#define TPW_PEER_PROTO_MINOR 5
+#define TPW_PEER_PROTO_MINOR 6
 #define TPW_PEER_MINOR_CONNECT_WAIT 1
 #define TPW_PEER_MINOR_QUEUE_LIMITS 2
 #define TPW_PEER_MINOR_CHAN 3
 #define TPW_PEER_MINOR_BCAST 5 /* PeerBcast, PeerReadReq.bcast (issue 25, fan-out) */
+#define TPW_PEER_MINOR_CHAN_STREAM 6 /* large channel items across hosts (issue 25, xhost) */
 /* The longest PeerConnect.wait_ms a daemon accepts (one hour); a dialler clamps to it. */
 #define TPW_PEER_WAIT_MS_MAX 3600000u
 #define TPW_MINOR_CLOSE_ACK 1

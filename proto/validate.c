@@ -347,7 +347,7 @@ static int check_chan_read(const Tpw__V1__ChanOp *c, const struct tpw_limits *li
 	if (c->max_items > lim->segments_max)
 		return tpu_why(-E2BIG, why, wl, "a channel read of %u items (at most %u)",
 			       c->max_items, lim->segments_max);
-	if (c->take_held && !g)
+	if (c->take_held && !g && !c->xfer_id)
 		return tpu_why(-EBADMSG, why, wl, "a held channel item without a destination");
 	if (g && c->max_items > 1)
 		return tpu_why(-EBADMSG, why, wl, "a batch read into one destination");
@@ -370,18 +370,27 @@ static int check_chan_op(const Tpw__V1__ChanOp *c, const struct tpw_hdr *hdr,
 		return tpu_why(-EBADMSG, why, wl, "unknown channel op %d", (int)c->op);
 	if ((c->op == TPW__V1__CHAN_OP_KIND__CHAN_OP_OPEN &&
 	     !object_name_valid(c->name, tpip)) ||
-	    (c->op == TPW__V1__CHAN_OP_KIND__CHAN_OP_UNLINK && !tpw_name_valid(c->name)))
+	    (c->op == TPW__V1__CHAN_OP_KIND__CHAN_OP_UNLINK && !object_name_valid(c->name, tpip)))
 		return tpu_why(-EBADMSG, why, wl, "invalid channel name");
 	if ((unsigned)c->access > TPW__V1__ACCESS__ACCESS_ANYONE)
 		return tpu_why(-EBADMSG, why, wl, "unknown access mode %d", (int)c->access);
 	r = check_remote(c->remote, c->remote_peers, c->n_remote_peers, why, wl);
 	if (r < 0)
 		return r;
-	if ((c->n_segments || c->max_items > 1 || c->take_held || c->lend) && !tpip)
+	if ((c->n_segments || c->max_items > 1 || (c->take_held && !c->xfer_id) || c->lend) &&
+	    !tpip)
 		return tpu_why(-EBADMSG, why, wl, "channel item segments, batch reads or held "
 			       "items over a peer link");
 	if (c->lend && (c->op != TPW__V1__CHAN_OP_KIND__CHAN_OP_WRITE || !c->n_segments))
 		return tpu_why(-EBADMSG, why, wl, "lend on a channel op that is no write by segment");
+	if ((c->n_streamed || c->xfer_id || c->room) && tpip)
+		return tpu_why(-EBADMSG, why, wl, "streamed channel items from a client");
+	if (c->op != TPW__V1__CHAN_OP_KIND__CHAN_OP_READ && (c->xfer_id || c->room))
+		return tpu_why(-EBADMSG, why, wl, "a channel transfer on an op that is no read");
+	if (c->op == TPW__V1__CHAN_OP_KIND__CHAN_OP_READ && (!c->xfer_id != !c->room ||
+							      c->room > CHAN_ITEM_MAX))
+		return tpu_why(-EBADMSG, why, wl, "a channel read's transfer without room, or "
+			       "room without a transfer");
 	if (c->op == TPW__V1__CHAN_OP_KIND__CHAN_OP_READ)
 		return check_chan_read(c, lim, why, wl);
 	if (c->max_items || c->take_held || c->inline_only)
@@ -394,11 +403,17 @@ static int check_chan_op(const Tpw__V1__ChanOp *c, const struct tpw_hdr *hdr,
 			       lim->segments_max);
 	if (c->n_segments)
 		return check_chan_segments(c, hdr, why, wl);
+	if (c->n_streamed && c->n_streamed != c->n_lengths)
+		return tpu_why(-EBADMSG, why, wl, "%zu streamed flags for %zu channel items",
+			       c->n_streamed, c->n_lengths);
 	for (size_t i = 0; i < c->n_lengths; i++) {
-		if (c->lengths[i] == 0 || c->lengths[i] > hdr->data_len)
+		bool streamed = c->n_streamed && c->streamed[i];
+
+		if (c->lengths[i] == 0 ||
+		    c->lengths[i] > (streamed ? CHAN_ITEM_MAX : hdr->data_len))
 			return tpu_why(-EBADMSG, why, wl, "channel item %zu of %llu bytes", i,
 				       (unsigned long long)c->lengths[i]);
-		total += c->lengths[i];
+		total += streamed ? 0 : c->lengths[i];
 	}
 	if (total != hdr->data_len)
 		return tpu_why(-EBADMSG, why, wl, "channel items of %llu bytes in a tail of %u",
@@ -859,8 +874,9 @@ static bool peer_msg_has_data(const Tpw__V1__PeerMsg *m)
 }
 
 /* Channel and work-queue ops and answers across hosts (issue 25 part xhost): the op or answer
- * present and valid as from a client, except that an OPEN names a plain name (never an address
- * nor a creation) and no UNLINK crosses a link; answers' items match the data tail. */
+ * present and valid as from a client, except that an OPEN or UNLINK names a plain name (never
+ * an address; the hosting daemon decides on creation and unlink, chan.c) and no client-only
+ * field is set; answers' items match the data tail. */
 static int check_peer_xobj(const Tpw__V1__PeerMsg *m, const struct tpw_hdr *hdr,
 			   const struct tpw_limits *lim, char *why, size_t wl)
 {
@@ -872,8 +888,6 @@ static int check_peer_xobj(const Tpw__V1__PeerMsg *m, const struct tpw_hdr *hdr,
 	case TPW__V1__PEER_MSG__BODY_CHAN_OP:
 		if (!m->chan_op->op)
 			return tpu_why(-EBADMSG, why, wl, "peer channel op without op");
-		if (m->chan_op->op->op == TPW__V1__CHAN_OP_KIND__CHAN_OP_UNLINK)
-			return tpu_why(-EBADMSG, why, wl, "channel unlink over a peer link");
 		return check_chan_op(m->chan_op->op, hdr, lim, false, why, wl);
 	case TPW__V1__PEER_MSG__BODY_WQ_OP:
 		if (!m->wq_op->op)
@@ -884,8 +898,13 @@ static int check_peer_xobj(const Tpw__V1__PeerMsg *m, const struct tpw_hdr *hdr,
 		return r;
 	case TPW__V1__PEER_MSG__BODY_CHAN_REPLY:
 		cr = m->chan_reply->reply;
-		if (!cr || cr->n_lengths > 1 ||
-		    (cr->n_lengths ? cr->lengths[0] : 0) != hdr->data_len)
+		if (!cr || cr->n_lengths > 1 || cr->remote_refs ||
+		    (cr->copied && (cr->n_lengths != 1 || cr->lengths[0] == 0 ||
+				    cr->lengths[0] > CHAN_ITEM_MAX || hdr->data_len)) ||
+		    (cr->held_len && (cr->n_lengths || cr->copied || hdr->data_len ||
+				      cr->held_len > CHAN_ITEM_MAX)) ||
+		    (cr->xfer_id && (cr->n_lengths || cr->copied || cr->held_len)) ||
+		    (!cr->copied && (cr->n_lengths ? cr->lengths[0] : 0) != hdr->data_len))
 			return tpu_why(-EBADMSG, why, wl, "peer channel answer's item does not "
 				       "match its data tail");
 		return check_string(cr->message, TPW_MESSAGE_MAX, "message", why, wl);
@@ -951,6 +970,9 @@ int tpw_peer_msg_validate(const Tpw__V1__PeerMsg *m, const struct tpw_hdr *hdr,
 		return check_descriptor(m->bcast->descriptor, hdr, lim, why, wl);
 	case TPW__V1__PEER_MSG__BODY_XFER_END:
 		return check_string(m->xfer_end->message, TPW_MESSAGE_MAX, "message", why, wl);
+	case TPW__V1__PEER_MSG__BODY_CHAN_XFER_END:
+		return check_string(m->chan_xfer_end->message, TPW_MESSAGE_MAX, "message", why,
+				    wl);
 	case TPW__V1__PEER_MSG__BODY_CONSUMED:
 		return check_string(m->consumed->message, TPW_MESSAGE_MAX, "message", why, wl);
 	case TPW__V1__PEER_MSG__BODY_PIPE_CLOSE:

@@ -37,7 +37,8 @@ struct tp_chan {
 	uint64_t id;
 	char *name;
 	long owner_uid;	      /* as opened: a release reopens the channel to give items back */
-	bool remote;	      /* hosted by another host's daemon: items ride inline */
+	bool remote;	      /* hosted by another host's daemon: items ride inline, unless */
+	bool remote_refs;     /* its daemon streams large items over the link (ChanReply 591) */
 	struct tpu_list late; /* chan_req of reads whose caller gave up, oldest first: waiting for
 			       * the daemon, or done with an item; under ctx->lock */
 	/* Staging buffers lent to the channel (ChanReply.lent), not yet given back; under
@@ -55,6 +56,7 @@ struct chan_req {
 	size_t n, next;
 	bool closed;
 	uint64_t chan_id;
+	bool remote_refs;
 	uint64_t held_len; /* the daemon holds an item of this length for the handle (or, with
 			    * -EMSGSIZE, the item that did not fit the read's allocation) */
 	/* A read naming where its item goes (ChanOp.segments): @dst, @dst_len bytes; the caller's
@@ -163,6 +165,7 @@ void tpc_chan_on_reply(struct tp_context *ctx, const Tpw__V1__ChanReply *m, cons
 		 m->message && *m->message ? m->message : tp_strerror(req->status));
 	cr->closed = m->closed;
 	cr->chan_id = m->chan_id;
+	cr->remote_refs = m->remote_refs;
 	cr->held_len = m->held_len;
 	cr->lent = m->lent;
 	/* validated: at most TPW_CHAN_RELEASED_MAX */
@@ -409,6 +412,7 @@ TP_EXPORT int tp_chan_open(struct tp_context *ctx, const char *name,
 	ch->ctx = ctx;
 	ch->id = cr.chan_id;
 	ch->remote = strncmp(name, "tpip://", 7) == 0;
+	ch->remote_refs = ch->remote && cr.remote_refs;
 	ch->owner_uid = -1;
 	if (o && o->size >= offsetof(struct tp_chan_options, owner_uid) + sizeof(o->owner_uid))
 		ch->owner_uid = o->owner_uid;
@@ -417,10 +421,11 @@ TP_EXPORT int tp_chan_open(struct tp_context *ctx, const char *name,
 	return 0;
 }
 
-/* Does @ch take items by reference and batch reads? A channel of this host's daemon, minor 7. */
+/* Does @ch take items by reference and batch reads? A channel of this host's daemon, minor 7,
+ * or of another host whose daemon streams large items (its handle says so). */
 static bool chan_fast(const struct tp_chan *ch)
 {
-	return !ch->remote && ch->ctx->daemon_minor >= TPW_MINOR_CHAN_FAST;
+	return (!ch->remote || ch->remote_refs) && ch->ctx->daemon_minor >= TPW_MINOR_CHAN_FAST;
 }
 
 /* @g: [@p, @p + @len) by reference: a range of one of the context's shared buffers, else (with
@@ -1032,7 +1037,8 @@ TP_EXPORT int tp_chan_read_into(struct tp_chan *ch, void *buf, size_t size, size
 		return tpc_error(-EINVAL, "tp_chan_read_into: NULL argument or no room");
 	if (!chan_fast(ch))
 		return tpc_error(-EOPNOTSUPP, "tp_chan_read_into: channel '%s' %s", ch->name,
-				 ch->remote ? "is on another host" : "is on a daemon before "
+				 ch->remote ? "is on a host whose daemon cannot stream large items"
+					    : "is on a daemon before "
 				 "protocol minor 7");
 	cr = chan_read_one(ch, 1, &into, true, timeout_ms, &r);
 	if (!cr)
@@ -1210,8 +1216,9 @@ TP_EXPORT int tp_chan_unlink(struct tp_context *ctx, const char *name, long owne
 	struct chan_req cr = { 0 };
 	int r;
 
-	if (!ctx || !name || !tpw_name_valid(name))
-		return tpc_error(-EINVAL, "tp_chan_unlink: not a channel name");
+	if (!ctx || !name || !tpc_object_name_ok(name))
+		return tpc_error(-EINVAL, "tp_chan_unlink: neither a channel name nor "
+				 "tpip://HOST[:PORT]/NAME");
 	if (owner_uid < -1 || owner_uid > (long)UINT32_MAX - 1)
 		return tpc_error(-EINVAL, "owner uid %ld", owner_uid);
 	op.op = TPW__V1__CHAN_OP_KIND__CHAN_OP_UNLINK;

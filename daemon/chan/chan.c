@@ -713,15 +713,15 @@ static int chan_set_remote(struct chan *c, const Tpw__V1__ChanOp *o)
 	return 0;
 }
 
-/* Creates channel @o->name of @s's uid. Return: 0 or -errno with a reason in *why. */
-static int chan_create(struct tpd_chans *cs, struct tpd_session *s, const Tpw__V1__ChanOp *o,
+/* Creates channel @o->name of @uid. Return: 0 or -errno with a reason in *why. */
+static int chan_create(struct tpd_chans *cs, uid_t uid, const Tpw__V1__ChanOp *o,
 		       struct chan **ret, const char **why)
 {
 	const struct tpd_config *cfg = tpd_daemon_cfg(cs->d);
 	uint32_t n;
 	struct chan *c;
 
-	uid_bytes(cs, tpd_session_uid(s), &n);
+	uid_bytes(cs, uid, &n);
 	if (n >= cfg->chans_per_uid) {
 		*why = "this uid has chans-per-uid channels already";
 		return -ENOBUFS;
@@ -745,7 +745,7 @@ static int chan_create(struct tpd_chans *cs, struct tpd_session *s, const Tpw__V
 		*why = "out of memory";
 		return -ENOMEM;
 	}
-	c->uid = tpd_session_uid(s);
+	c->uid = uid;
 	c->access = o->access ? o->access : TPW__V1__ACCESS__ACCESS_OWNER;
 	c->gid = o->gid;
 	c->persistent = o->persistent;
@@ -788,22 +788,78 @@ static struct chan_handle *handle_new(struct tpd_chans *cs, const struct chan_wh
 	return h;
 }
 
+/* The local uid that channels created from other hosts belong to (chan-remote-create-uid)
+ * if link @pr may create and unlink channels here (an authenticated one), else 0. */
+static uid_t remote_creator(const struct tpd_chans *cs, const struct tpd_peer *pr)
+{
+	return tpd_peer_identity(pr) ? tpd_daemon_cfg(cs->d)->chan_remote_create_uid : 0;
+}
+
+/* Creates channel @o->name of uid @owner for the far daemon of @who's link, with @o's flags and
+ * limits as a local creator of that uid gets them; its remote access admits that link always.
+ * Return: 0 or -errno with the reason in *@why. */
+static int chan_create_remote(struct tpd_chans *cs, const struct chan_who *who,
+			      const Tpw__V1__ChanOp *o, uid_t owner, struct chan **ret,
+			      const char **why)
+{
+	const char *id = tpd_peer_identity(who->pr);
+	Tpw__V1__ChanOp co = *o;
+	char *peers[TPW_REMOTE_PEERS_MAX + 1];
+	bool in = false;
+
+	for (size_t i = 0; i < o->n_remote_peers; i++) /* validated: TPW_REMOTE_PEERS_MAX */
+		in |= tpd_peer_identity_matches(o->remote_peers[i], who->pr);
+	if (co.remote != TPW__V1__REMOTE_ACCESS__REMOTE_ANY_PEER && !in) {
+		for (size_t i = 0; i < o->n_remote_peers; i++)
+			peers[i] = o->remote_peers[i];
+		peers[o->n_remote_peers] = (char *)id;
+		co.remote = TPW__V1__REMOTE_ACCESS__REMOTE_PEERS;
+		co.remote_peers = peers;
+		co.n_remote_peers = o->n_remote_peers + 1;
+	}
+	return chan_create(cs, owner, &co, ret, why);
+}
+
 /*
- * OPEN from another host's daemon: an existing channel whose remote access admits the link,
- * never a creation. A channel that does not admit it is, to the far daemon, no channel at all
- * (the same status and text), so that names cannot be probed from other hosts.
+ * OPEN from another host's daemon: an existing channel whose remote access admits the link, or,
+ * with create on a daemon whose chan-remote-create-uid names a uid and over an authenticated
+ * link, a new channel of that uid (looked up under it unless the op names its owner). A channel
+ * that does not admit the link is, to the far daemon, no channel at all (the same status and
+ * text), so that names cannot be probed from other hosts.
  */
 static void op_open_remote(struct tpd_chans *cs, const struct chan_who *who,
 			   const Tpw__V1__ChanOp *o)
 {
-	uid_t owner = o->owner_set ? o->owner_uid : who->uid;
+	uid_t creator = o->create ? remote_creator(cs, who->pr) : 0;
+	uid_t owner = o->owner_set ? o->owner_uid : creator ? creator : who->uid;
 	struct chan *c = chan_find(cs, owner, o->name);
+	const char *cwhy = NULL;
 	struct chan_handle *h;
-	char why[200];
+	char why[320];
+	int r;
 
+	if (!c && creator && owner == creator) {
+		if (who_handles(cs, who) >= CHAN_HANDLES_PER_SESSION)
+			return chan_answer(who, o->req_id, -ENOBUFS, "this peer link has 1024 "
+					   "channel handles here", 0, false, NULL);
+		r = chan_create_remote(cs, who, o, owner, &c, &cwhy);
+		if (r < 0)
+			return chan_answer(who, o->req_id, r, cwhy, 0, false, NULL);
+		h = handle_new(cs, who, c);
+		if (!h) {
+			chan_maybe_free(c);
+			return chan_answer(who, o->req_id, -ENOMEM, "out of memory", 0, false,
+					   NULL);
+		}
+		tpu_log_info("peer %s: created channel '%s' of uid %u", tpd_peer_name(who->pr),
+			     c->name, (unsigned)c->uid);
+		return chan_answer(who, o->req_id, 0, NULL, h->id, c->closed, NULL);
+	}
 	if (!c || !chan_permits_remote(c, who->pr)) {
 		snprintf(why, sizeof(why), "no channel '%.64s' of uid %u on %.60s accepts handles "
-			 "from other hosts", o->name, (unsigned)owner, tpd_peers_hostname(cs->d));
+			 "from other hosts%s", o->name, (unsigned)owner, tpd_peers_hostname(cs->d),
+			 !o->create || creator ? "" : ", and it creates none for other hosts "
+			 "(chan-remote-create-uid)");
 		return chan_answer(who, o->req_id, -ENOENT, why, 0, false, NULL);
 	}
 	if (o->create && o->exclusive)
@@ -839,7 +895,7 @@ static void op_open(struct tpd_chans *cs, const struct chan_who *who, const Tpw_
 		return chan_answer(who, o->req_id, -ENOBUFS, "this session has 1024 channel "
 				   "handles", 0, false, NULL);
 	if (!c) {
-		r = chan_create(cs, s, o, &c, &why);
+		r = chan_create(cs, tpd_session_uid(s), o, &c, &why);
 		if (r < 0)
 			return chan_answer(who, o->req_id, r, why, 0, false, NULL);
 	}
@@ -910,7 +966,15 @@ static int batch_build(struct tpd_session *s, const Tpw__V1__ChanOp *o, const ui
 
 	for (size_t i = 0; i < o->n_lengths; i++) {
 		g = o->n_segments ? o->segments[i] : NULL;
-		if (g && g->loc_case != TPW__V1__SEGMENT__LOC_INLINE_OFF) {
+		if (o->n_streamed && o->streamed[i]) { /* a peer's: over the link once admitted */
+			it = item_new(0, NULL);
+			r = it ? 0 : -ENOMEM;
+			if (it) {
+				it->ref = true;
+				it->len = o->lengths[i];
+				it->src.loc = TPB_LOC_REMOTE;
+			}
+		} else if (g && g->loc_case != TPW__V1__SEGMENT__LOC_INLINE_OFF) {
 			it = item_new(0, NULL);
 			r = it ? tpd_chan_copy_resolve(s, g, &it->src, why, wl) : -ENOMEM;
 			if (r == 0) {
@@ -989,7 +1053,11 @@ static int copy_in_start(struct chan_copy *cp, struct tpu_list *batch)
 						     .addr = (uint64_t)(uintptr_t)dup->data } };
 		tpu_list_insert_tail(&cp->batch, &dup->node);
 	}
-	r = tpd_chan_copy_start(cp->c->cs->d, x, k, copy_in_on_done, cp);
+	if (cp->h && cp->h->who.pr) /* a peer's write: its items come over the link */
+		r = tpd_chanx_big_copy_in(cp->c->cs->d, cp->h->who.pr, cp->req_id, cp->h->id, x,
+					  k, copy_in_on_done, cp);
+	else
+		r = tpd_chan_copy_start(cp->c->cs->d, x, k, copy_in_on_done, cp);
 	if (r < 0)
 		goto fail;
 	/* The copy holds its own references: the batch's items by reference give way to theirs,
@@ -1162,7 +1230,9 @@ static void copy_out(struct chan_handle *h, uint64_t req_id, struct chan_item *i
 	if (it->lend)
 		x.src = it->src; /* the copy holds the lent buffer too */
 	struct chan_copy *cp = copy_new(h, req_id);
-	int r = cp ? tpd_chan_copy_start(h->c->cs->d, &x, 1, copy_out_on_done, cp) : -ENOMEM;
+	int r = !cp ? -ENOMEM : dst->loc == TPB_LOC_REMOTE ?
+		tpd_chanx_big_copy_out(h->who.pr, &x, copy_out_on_done, cp) :
+		tpd_chan_copy_start(h->c->cs->d, &x, 1, copy_out_on_done, cp);
 
 	if (r == 0) {
 		cp->item = it;
@@ -1193,6 +1263,8 @@ static void op_write(struct tpd_chans *cs, struct chan_handle *h, const Tpw__V1_
 	for (size_t i = 0; o->n_segments && i < o->n_lengths; i++)
 		bytes += o->segments[i]->loc_case == TPW__V1__SEGMENT__LOC_INLINE_OFF ?
 			 0 : o->lengths[i]; /* validated: no overflow */
+	for (size_t i = 0; i < o->n_streamed; i++)
+		bytes += o->streamed[i] ? o->lengths[i] : 0;
 	if (c->closed)
 		return chan_answer(&h->who, o->req_id, -EPIPE, "the channel is closed", h->id, true,
 				   NULL);
@@ -1257,8 +1329,15 @@ static int read_params(struct chan_handle *h, const Tpw__V1__ChanOp *o, struct c
 		       char *why, size_t wl)
 {
 	*rd = (struct chan_read){ .req_id = o->req_id, .max = o->max_items ? o->max_items : 1 };
-	rd->fast = h->who.s && tpd_session_client_minor(h->who.s) >= TPW_MINOR_CHAN_FAST &&
+	rd->fast = (h->who.s ? tpd_session_client_minor(h->who.s) >= TPW_MINOR_CHAN_FAST
+			     : tpd_peer_chan_far_minor(h->who.pr) >= TPW_PEER_MINOR_CHAN_STREAM) &&
 		   !o->inline_only;
+	if (h->who.pr && o->xfer_id) { /* the forwarding daemon's receive (chanx.c) */
+		rd->room = o->room;
+		rd->dst_set = true;
+		rd->dst = (struct tpb_mem){ .loc = TPB_LOC_REMOTE, .addr = o->xfer_id };
+		return 0;
+	}
 	if (!o->n_segments)
 		return 0;
 	rd->room = o->segments[0]->length;
@@ -1325,6 +1404,32 @@ static void op_unlink(struct tpd_chans *cs, const struct chan_who *who,
 	chan_maybe_free(c);
 }
 
+/* UNLINK from another host's daemon: as the uid of chan-remote-create-uid, over an
+ * authenticated link, of a channel of that uid whose remote access admits the link; any other
+ * channel is, to the far daemon, no channel at all. */
+static void op_unlink_remote(struct tpd_chans *cs, const struct chan_who *who,
+			     const Tpw__V1__ChanOp *o)
+{
+	uid_t creator = remote_creator(cs, who->pr);
+	uid_t owner = o->owner_set ? o->owner_uid : creator;
+	struct chan *c = creator ? chan_find(cs, owner, o->name) : NULL;
+	char why[320];
+
+	if (!c || c->uid != creator || !chan_permits_remote(c, who->pr)) {
+		snprintf(why, sizeof(why), "no channel '%.64s' on %.60s may be unlinked from other "
+			 "hosts%s", o->name, tpd_peers_hostname(cs->d), creator ? "" :
+			 " (chan-remote-create-uid is not set)");
+		return chan_answer(who, o->req_id, -ENOENT, why, 0, false, NULL);
+	}
+	c->named = false;
+	tpu_list_remove(&c->node);
+	tpu_list_init(&c->node);
+	tpu_log_info("peer %s: unlinked channel '%s' of uid %u", tpd_peer_name(who->pr), c->name,
+		     (unsigned)c->uid);
+	chan_answer(who, o->req_id, 0, NULL, 0, c->closed, NULL);
+	chan_maybe_free(c);
+}
+
 static void handle_op(struct tpd_chans *cs, struct chan_handle *h, const Tpw__V1__ChanOp *o,
 		      const uint8_t *tail, size_t tail_len);
 
@@ -1339,6 +1444,8 @@ static void chan_on_op(struct tpd_session *s, const Tpw__V1__ChanOp *o, const ui
 		return tpd_chanx_open(cs->x, s, o);
 	if (o->op == TPW__V1__CHAN_OP_KIND__CHAN_OP_OPEN)
 		return op_open(cs, &who, o);
+	if (o->op == TPW__V1__CHAN_OP_KIND__CHAN_OP_UNLINK && tpd_chanx_is_address(o->name))
+		return tpd_chanx_unlink(cs->x, s, o);
 	if (o->op == TPW__V1__CHAN_OP_KIND__CHAN_OP_UNLINK)
 		return op_unlink(cs, &who, o);
 	h = handle_find(cs, &who, o->chan_id);
@@ -1373,6 +1480,8 @@ void tpd_chan_peer_op(struct tpd_chans *cs, struct tpd_peer *pr, const Tpw__V1__
 
 	if (o->op == TPW__V1__CHAN_OP_KIND__CHAN_OP_OPEN)
 		return op_open_remote(cs, &who, o);
+	if (o->op == TPW__V1__CHAN_OP_KIND__CHAN_OP_UNLINK)
+		return op_unlink_remote(cs, &who, o);
 	h = handle_find(cs, &who, o->chan_id);
 	if (!h)
 		return chan_answer(&who, o->req_id, -ENOENT, "no such channel handle", o->chan_id,
@@ -1384,6 +1493,8 @@ void tpd_chan_peer_op(struct tpd_chans *cs, struct tpd_peer *pr, const Tpw__V1__
 			 "(chan-peer-ops-max)", max, tpd_peers_hostname(cs->d));
 		return chan_answer(&who, o->req_id, -ENOBUFS, why, h->id, h->c->closed, NULL);
 	}
+	if (tpd_chanx_big_admit(cs->d, pr, o, why, sizeof(why)) < 0) /* a remote daemon's bytes */
+		return chan_answer(&who, o->req_id, -ENOBUFS, why, h->id, h->c->closed, NULL);
 	handle_op(cs, h, o, tail, tail_len);
 }
 

@@ -15,7 +15,9 @@
 #include <string.h>
 
 #include "chan.h"
+#include "chanstream.h"
 #include "chanx.h"
+#include "chanx_int.h"
 #include "config.h"
 #include "core.h"
 #include "peer.h"
@@ -23,49 +25,6 @@
 #include "tpu.h"
 #include "validate.h"
 #include "wq.h"
-
-#define XH_HANDLES_PER_SESSION 1024u /* handles of remote objects one session may hold */
-#define XH_HOST_MAX (TPW_TPIP_HOST_MAX + 10)
-
-enum xkind { X_CHAN, X_WQ };
-
-/* A client's handle of a channel or queue on another host. */
-struct xh {
-	struct tpu_list node; /* in tpd_chanx.xhs */
-	enum xkind kind;
-	struct tpd_session *s;
-	uint64_t id;	     /* the id the client knows (chan.c's or wq.c's id space) */
-	uint64_t far_id;     /* the hosting daemon's handle id; 0 until the OPEN is answered */
-	struct tpd_peer *pr; /* NULL once the link failed */
-	char host[XH_HOST_MAX]; /* "HOST:PORT" as the address named it */
-	char why[200];		/* the link's failure, once it failed */
-};
-
-/* An op forwarded (or, an OPEN, waiting for its link to come up) and not answered yet. */
-struct xop {
-	struct tpu_list node; /* in tpd_chanx.xops */
-	enum xkind kind;
-	struct tpd_peer *pr;
-	uint64_t op_id;		/* the PeerChanOp's / PeerWqOp's req_id */
-	struct tpd_session *s;	/* NULL: the session ended (an OPEN's handle goes when answered) */
-	uint64_t req_id;	/* the client's */
-	uint64_t local_id;	/* the client's handle id */
-	int op;			/* ChanOpKind or WqOpKind */
-	struct xh *xh;		/* OPEN: the handle it opens */
-	bool sent;
-	/* OPEN while the link comes up: what to send */
-	char name[TPW_NAME_MAX + 1];
-	bool create, exclusive, owner_set;
-	uint32_t owner_uid, uid, pid;
-};
-
-struct tpd_chanx {
-	struct tpd_daemon *d;
-	struct tpd_chans *cs;
-	struct tpu_list xhs;
-	struct tpu_list xops;
-	uint64_t next_op;
-};
 
 static const char *noun(enum xkind k)
 {
@@ -80,7 +39,7 @@ bool tpd_chanx_is_address(const char *name)
 /* ---- answers to the client ----------------------------------------------------------------- */
 
 /* Sends @r (req_id and the handle id already the client's) with @tail to @s. */
-static void to_client_chan(struct tpd_session *s, Tpw__V1__ChanReply *r, const struct iovec *tail)
+void tpd_chanx_to_client(struct tpd_session *s, Tpw__V1__ChanReply *r, const struct iovec *tail)
 {
 	Tpw__V1__DaemonMsg m = TPW__V1__DAEMON_MSG__INIT;
 
@@ -99,25 +58,23 @@ static void to_client_wq(struct tpd_session *s, Tpw__V1__WqReply *r, const struc
 }
 
 /* Answers @s's request @req_id on handle @id (0: none) with @err and a reason. */
-static void refuse(enum xkind k, struct tpd_session *s, uint64_t req_id, uint64_t id, int err,
-		   const char *fmt, ...) _printf_(6, 7);
-static void refuse(enum xkind k, struct tpd_session *s, uint64_t req_id, uint64_t id, int err,
-		   const char *fmt, ...)
+/* Answers @s's request @req_id on handle @id (0: none) with @err and the reason @fmt, @ap. */
+static void vrefuse(enum xkind k, struct tpd_session *s, uint64_t req_id, uint64_t id, int err,
+		    const char *fmt, va_list ap) _printf_(6, 0);
+static void vrefuse(enum xkind k, struct tpd_session *s, uint64_t req_id, uint64_t id, int err,
+		    const char *fmt, va_list ap)
 {
 	Tpw__V1__ChanReply cr = TPW__V1__CHAN_REPLY__INIT;
 	Tpw__V1__WqReply wr = TPW__V1__WQ_REPLY__INIT;
 	char why[TPW_MESSAGE_MAX < 400 ? TPW_MESSAGE_MAX : 400];
-	va_list ap;
 
-	va_start(ap, fmt);
 	vsnprintf(why, sizeof(why), fmt, ap);
-	va_end(ap);
 	if (k == X_CHAN) {
 		cr.req_id = req_id;
 		cr.status = tpw_status_from_errno(err);
 		cr.message = why;
 		cr.chan_id = id;
-		return to_client_chan(s, &cr, NULL);
+		return tpd_chanx_to_client(s, &cr, NULL);
 	}
 	wr.req_id = req_id;
 	wr.status = tpw_status_from_errno(err);
@@ -126,10 +83,41 @@ static void refuse(enum xkind k, struct tpd_session *s, uint64_t req_id, uint64_
 	to_client_wq(s, &wr, NULL);
 }
 
+static void refuse(enum xkind k, struct tpd_session *s, uint64_t req_id, uint64_t id, int err,
+		   const char *fmt, ...) _printf_(6, 7);
+static void refuse(enum xkind k, struct tpd_session *s, uint64_t req_id, uint64_t id, int err,
+		   const char *fmt, ...)
+{
+	va_list ap;
+
+	va_start(ap, fmt);
+	vrefuse(k, s, req_id, id, err, fmt, ap);
+	va_end(ap);
+}
+
+void tpd_chanx_refuse(enum xkind k, struct tpd_session *s, uint64_t req_id, uint64_t id, int err,
+		      const char *fmt, ...)
+{
+	va_list ap;
+
+	va_start(ap, fmt);
+	vrefuse(k, s, req_id, id, err, fmt, ap);
+	va_end(ap);
+}
+
 /* ---- forwarding ---------------------------------------------------------------------------- */
 
-static void xop_free(struct xop *xo)
+void tpd_chanx_xop_free(struct xop *xo)
 {
+	for (size_t i = 0; i < xo->n_remote_peers; i++)
+		free(xo->remote_peers[i]);
+	free(xo->remote_peers);
+	for (size_t i = 0; i < xo->n_out; i++)
+		tpd_chan_copy_put(&xo->out_mem[i]);
+	free(xo->out_mem);
+	free(xo->out_len);
+	if (xo->xs)
+		xo->xs->xo = NULL; /* the transfer ends on its own and frees @xo->xs */
 	tpu_list_remove(&xo->node);
 	free(xo);
 }
@@ -188,12 +176,22 @@ static void xop_send_open(struct tpd_chanx *x, struct xop *xo)
 	Tpw__V1__WqOp q = TPW__V1__WQ_OP__INIT;
 
 	if (xo->kind == X_CHAN) {
-		c.op = TPW__V1__CHAN_OP_KIND__CHAN_OP_OPEN;
+		c.op = xo->op;
 		c.name = xo->name;
 		c.create = xo->create;
 		c.exclusive = xo->exclusive;
 		c.owner_set = xo->owner_set;
 		c.owner_uid = xo->owner_uid;
+		if (xo->create && tpd_peer_chan_far_minor(xo->pr) >= TPW_PEER_MINOR_CHAN_STREAM) {
+			c.persistent = xo->persistent;
+			c.access = xo->access;
+			c.gid = xo->gid;
+			c.capacity_items = xo->capacity_items;
+			c.capacity_bytes = xo->capacity_bytes;
+			c.remote = xo->remote;
+			c.remote_peers = xo->remote_peers;
+			c.n_remote_peers = xo->n_remote_peers;
+		}
 		return xop_send(x, xo, &c, NULL, NULL);
 	}
 	q.op = TPW__V1__WQ_OP_KIND__WQ_OP_OPEN;
@@ -232,13 +230,37 @@ static unsigned session_xhs(const struct tpd_chanx *x, const struct tpd_session 
 	return n;
 }
 
-/* The fields of an OPEN both kinds share. */
+/* The fields of an OPEN both kinds share (@chan: a channel's OPEN or UNLINK, else NULL). */
 struct xopen {
 	uint64_t req_id;
 	const char *name;
 	bool create, exclusive, owner_set;
 	uint32_t owner_uid;
+	const Tpw__V1__ChanOp *chan;
 };
+
+/* Keeps the creation fields of @o (a channel's OPEN with create) in @xo. Return: 0 or -ENOMEM. */
+static int xop_keep_create(struct xop *xo, const Tpw__V1__ChanOp *o)
+{
+	xo->persistent = o->persistent;
+	xo->access = o->access;
+	xo->gid = o->gid;
+	xo->capacity_items = o->capacity_items;
+	xo->capacity_bytes = o->capacity_bytes;
+	xo->remote = o->remote;
+	if (!o->n_remote_peers)
+		return 0;
+	xo->remote_peers = calloc(o->n_remote_peers, sizeof(*xo->remote_peers));
+	if (!xo->remote_peers)
+		return -ENOMEM;
+	for (size_t i = 0; i < o->n_remote_peers; i++) {
+		xo->remote_peers[i] = strdup(o->remote_peers[i]);
+		if (!xo->remote_peers[i])
+			return -ENOMEM;
+		xo->n_remote_peers++;
+	}
+	return 0;
+}
 
 static bool xop_open_or_refuse(struct tpd_chanx *x, struct xop *xo);
 
@@ -263,6 +285,12 @@ static void xopen(struct tpd_chanx *x, enum xkind k, struct tpd_session *s,
 			      "channels and queues on other hosts", XH_HANDLES_PER_SESSION);
 	xh = calloc(1, sizeof(*xh));
 	xo = calloc(1, sizeof(*xo));
+	if (xo)
+		tpu_list_init(&xo->node);
+	if (xo && o->chan && o->chan->create && xop_keep_create(xo, o->chan) < 0) {
+		tpd_chanx_xop_free(xo);
+		xo = NULL;
+	}
 	if (!xh || !xo) {
 		free(xh);
 		free(xo);
@@ -289,16 +317,23 @@ static void xopen(struct tpd_chanx *x, enum xkind k, struct tpd_session *s,
 	xo->op_id = ++x->next_op;
 	xo->req_id = o->req_id;
 	xo->local_id = xh->id;
-	xo->op = TPW__V1__CHAN_OP_KIND__CHAN_OP_OPEN; /* WQ_OP_OPEN is 1 too */
-	xo->xh = xh;
+	xo->op = o->chan ? (int)o->chan->op : TPW__V1__CHAN_OP_KIND__CHAN_OP_OPEN;
+	xo->xh = xh; /* WQ_OP_OPEN is 1 too */
 	snprintf(xo->name, sizeof(xo->name), "%s", name);
+	snprintf(xh->name, sizeof(xh->name), "%s", name);
 	xo->create = o->create;
 	xo->exclusive = o->exclusive;
 	xo->owner_set = o->owner_set;
 	xo->owner_uid = o->owner_uid;
 	xo->uid = (uint32_t)tpd_session_uid(s);
 	xo->pid = (uint32_t)tpd_session_pid(s);
-	tpu_list_insert_tail(&x->xhs, &xh->node);
+	if (xo->op == TPW__V1__CHAN_OP_KIND__CHAN_OP_UNLINK) { /* no handle */
+		free(xh);
+		xo->xh = NULL;
+		xo->local_id = 0;
+	} else {
+		tpu_list_insert_tail(&x->xhs, &xh->node);
+	}
 	tpu_list_insert_tail(&x->xops, &xo->node);
 	if (tpd_peer_is_up(xo->pr))
 		xop_open_or_refuse(x, xo);
@@ -311,6 +346,15 @@ static void xopen(struct tpd_chanx *x, enum xkind k, struct tpd_session *s,
  */
 static bool xop_open_or_refuse(struct tpd_chanx *x, struct xop *xo)
 {
+	if (xo->op == TPW__V1__CHAN_OP_KIND__CHAN_OP_UNLINK && xo->kind == X_CHAN &&
+	    tpd_peer_chan_far_minor(xo->pr) < TPW_PEER_MINOR_CHAN_STREAM) {
+		refuse(xo->kind, xo->s, xo->req_id, 0, -EOPNOTSUPP, "channel host %s: its daemon "
+		       "speaks peer protocol 2.%u, which unlinks no channel for other hosts (2.%u "
+		       "and later)", tpd_peer_name(xo->pr), tpd_peer_chan_far_minor(xo->pr),
+		       TPW_PEER_MINOR_CHAN_STREAM);
+		tpd_chanx_xop_free(xo);
+		return false;
+	}
 	if (tpd_peer_chan_supported(xo->pr)) {
 		xop_send_open(x, xo);
 		return true;
@@ -319,15 +363,24 @@ static bool xop_open_or_refuse(struct tpd_chanx *x, struct xop *xo)
 	       "protocol 2.%u, which has no channels or queues across hosts (2.%u and later)",
 	       noun(xo->kind), tpd_peer_name(xo->pr), tpd_peer_chan_far_minor(xo->pr),
 	       TPW_PEER_MINOR_CHAN);
-	xh_free(xo->xh);
-	xop_free(xo);
+	if (xo->xh)
+		xh_free(xo->xh);
+	tpd_chanx_xop_free(xo);
 	return false;
 }
 
 void tpd_chanx_open(struct tpd_chanx *x, struct tpd_session *s, const Tpw__V1__ChanOp *o)
 {
 	const struct xopen xo = { o->req_id, o->name, o->create, o->exclusive, o->owner_set,
-				  o->owner_uid };
+				  o->owner_uid, o };
+
+	xopen(x, X_CHAN, s, &xo);
+}
+
+void tpd_chanx_unlink(struct tpd_chanx *x, struct tpd_session *s, const Tpw__V1__ChanOp *o)
+{
+	const struct xopen xo = { o->req_id, o->name, false, false, o->owner_set, o->owner_uid,
+				  o };
 
 	xopen(x, X_CHAN, s, &xo);
 }
@@ -335,7 +388,7 @@ void tpd_chanx_open(struct tpd_chanx *x, struct tpd_session *s, const Tpw__V1__C
 void tpd_chanx_wq_open(struct tpd_chanx *x, struct tpd_session *s, const Tpw__V1__WqOp *o)
 {
 	const struct xopen xo = { o->req_id, o->name, o->create, o->exclusive, o->owner_set,
-				  o->owner_uid };
+				  o->owner_uid, NULL };
 
 	xopen(x, X_WQ, s, &xo);
 }
@@ -352,12 +405,14 @@ static struct xh *xh_find(struct tpd_chanx *x, enum xkind k, const struct tpd_se
 }
 
 /*
- * Forwards op @op (kind @k, @chan or @wq, the client's @req_id) of handle @xh with @tail, or
- * answers it: a failed link's handle answers -ECONNRESET naming the host (its RELEASE: 0 and the
- * handle goes); a link with chan-peer-ops-max ops unanswered refuses it.
+ * Forwards op @op (kind @k, @chan or @wq, the client's @req_id) of handle @xh with @tail and
+ * the large items @lg (taken; NULL: none), or answers it: a failed link's handle answers
+ * -ECONNRESET naming the host (its RELEASE: 0 and the handle goes); a link with
+ * chan-peer-ops-max ops unanswered refuses it.
  */
 static void xforward(struct tpd_chanx *x, struct xh *xh, int op, uint64_t req_id,
-		     Tpw__V1__ChanOp *chan, Tpw__V1__WqOp *wq, const struct iovec *tail)
+		     Tpw__V1__ChanOp *chan, Tpw__V1__WqOp *wq, const struct iovec *tail,
+		     struct xlarge *lg)
 {
 	uint32_t max = tpd_daemon_cfg(x->d)->chan_peer_ops_max;
 	bool release = op == (xh->kind == X_CHAN ? TPW__V1__CHAN_OP_KIND__CHAN_OP_RELEASE
@@ -365,7 +420,10 @@ static void xforward(struct tpd_chanx *x, struct xh *xh, int op, uint64_t req_id
 	struct tpd_session *s = xh->s;
 	uint64_t id = xh->id;
 	struct xop *xo;
+	int r;
 
+	if (lg && lg->n && (!xh->pr || link_ops(x, xh->pr) >= max))
+		tpd_chanx_big_put(lg);
 	if (!xh->pr && release) {
 		enum xkind k = xh->kind;
 
@@ -380,8 +438,10 @@ static void xforward(struct tpd_chanx *x, struct xh *xh, int op, uint64_t req_id
 			      "this link wait for answers (chan-peer-ops-max)", noun(xh->kind),
 			      xh->host, max);
 	xo = calloc(1, sizeof(*xo));
-	if (!xo)
+	if (!xo) {
+		tpd_chanx_big_put(lg);
 		return refuse(xh->kind, s, req_id, id, -ENOMEM, "out of memory");
+	}
 	xo->kind = xh->kind;
 	xo->pr = xh->pr;
 	xo->op_id = ++x->next_op;
@@ -390,6 +450,19 @@ static void xforward(struct tpd_chanx *x, struct xh *xh, int op, uint64_t req_id
 	xo->local_id = id;
 	xo->op = op;
 	tpu_list_insert_tail(&x->xops, &xo->node);
+	if (lg && lg->n && !lg->read) { /* sent once the hosting daemon has room for them */
+		xo->out_mem = lg->mem;
+		xo->out_len = lg->len;
+		xo->n_out = lg->n;
+		*lg = (struct xlarge){ 0 };
+	}
+	r = lg && lg->n ? tpd_chanx_big_read_start(x, xo, lg, chan) : 0;
+	if (r < 0) {
+		tpd_chanx_xop_free(xo);
+		return refuse(xh->kind, s, req_id, id, r, "%s host %s: cannot receive the item "
+			      "over the link's data connections: %s", noun(xh->kind), xh->host,
+			      strerror(-r));
+	}
 	if (chan)
 		chan->chan_id = xh->far_id;
 	else
@@ -404,13 +477,24 @@ bool tpd_chanx_op(struct tpd_chanx *x, struct tpd_session *s, const Tpw__V1__Cha
 {
 	struct xh *xh = xh_find(x, X_CHAN, s, o->chan_id);
 	struct iovec iov = { (void *)tail, tail_len };
+	struct xlarge lg = { 0 };
+	_cleanup_free_ protobuf_c_boolean *streamed = NULL;
+	char why[200];
 	Tpw__V1__ChanOp c;
+	int r;
 
 	if (!xh)
 		return false;
-	if (o->n_segments || o->take_held) { /* the client's memory stays on this host */
-		refuse(X_CHAN, s, o->req_id, o->chan_id, -EOPNOTSUPP, "items of channels on "
-		       "other hosts ride inline");
+	if ((o->n_segments || o->take_held) && xh->pr &&
+	    tpd_peer_chan_far_minor(xh->pr) < TPW_PEER_MINOR_CHAN_STREAM) {
+		refuse(X_CHAN, s, o->req_id, o->chan_id, -EOPNOTSUPP, "channel host %s: its "
+		       "daemon speaks peer protocol 2.%u: items ride inline (2.%u streams them)",
+		       xh->host, tpd_peer_chan_far_minor(xh->pr), TPW_PEER_MINOR_CHAN_STREAM);
+		return true;
+	}
+	r = o->n_segments && xh->pr ? tpd_chanx_big_get(s, o, &lg, &streamed, why, sizeof(why)) : 0;
+	if (r < 0) {
+		refuse(X_CHAN, s, o->req_id, o->chan_id, r, "%s", why);
 		return true;
 	}
 	c = *o;
@@ -419,8 +503,18 @@ bool tpd_chanx_op(struct tpd_chanx *x, struct tpd_session *s, const Tpw__V1__Cha
 	c.n_remote_peers = 0; /* creation only, never forwarded */
 	c.remote_peers = NULL;
 	c.max_items = 0; /* one item per answer across hosts */
-	c.inline_only = false; /* the hosting daemon never holds an item for a link */
-	xforward(x, xh, o->op, o->req_id, &c, NULL, tail_len ? &iov : NULL);
+	c.lend = false;	 /* a lent staging buffer stays with this host: the far daemon copies */
+	/* The hosting daemon holds a large item for this handle only for a client that takes it
+	 * (client minor >= 7 and CMA, as here). */
+	c.inline_only = o->inline_only || tpd_session_client_minor(s) < TPW_MINOR_CHAN_FAST;
+	c.n_segments = 0;
+	c.segments = NULL;
+	if (lg.n && !lg.read) {
+		c.n_streamed = o->n_lengths;
+		c.streamed = streamed;
+	}
+	xforward(x, xh, o->op, o->req_id, &c, NULL, tail_len ? &iov : NULL, &lg);
+	tpd_chanx_big_put(&lg); /* what xforward() did not take: no item by reference */
 	return true;
 }
 
@@ -438,7 +532,7 @@ bool tpd_chanx_wq_op(struct tpd_chanx *x, struct tpd_session *s, const Tpw__V1__
 	q.base.unknown_fields = NULL;
 	q.n_remote_peers = 0;
 	q.remote_peers = NULL;
-	xforward(x, xh, o->op, o->req_id, NULL, &q, tail_len ? &iov : NULL);
+	xforward(x, xh, o->op, o->req_id, NULL, &q, tail_len ? &iov : NULL, NULL);
 	return true;
 }
 
@@ -455,10 +549,10 @@ void tpd_chanx_session_end(struct tpd_chanx *x, struct tpd_session *s)
 			xo->xh = NULL;
 			xo->s = NULL;
 			if (!xo->sent)
-				xop_free(xo);
+				tpd_chanx_xop_free(xo);
 			continue;
 		}
-		xop_free(xo);
+		tpd_chanx_xop_free(xo);
 	}
 	tpu_list_for_each_safe(xh, htmp, &x->xhs, node) {
 		if (xh->s != s)
@@ -509,6 +603,8 @@ static void on_chan_reply(struct tpd_chanx *x, struct tpd_peer *pr, const Tpw__V
 	struct iovec iov = { (void *)tail, tail_len };
 	bool item = false, tell = true;
 
+	if (tpd_chanx_big_reply(x, xo, pr, r))
+		return; /* a large item's answer: taken, or kept until its bytes are in */
 	if (!xo)
 		return; /* the session ended, or not an op of this link: dropped */
 	a = *r;
@@ -525,8 +621,11 @@ static void on_chan_reply(struct tpd_chanx *x, struct tpd_peer *pr, const Tpw__V
 		tell = xop_opened(x, xo, a.status == TPW__V1__STATUS__STATUS_OK, r->chan_id);
 	else if (xo->op == TPW__V1__CHAN_OP_KIND__CHAN_OP_READ)
 		item = r->status == TPW__V1__STATUS__STATUS_OK && r->n_lengths == 1 && tail_len;
+	if (xo->op == TPW__V1__CHAN_OP_KIND__CHAN_OP_OPEN &&
+	    a.status == TPW__V1__STATUS__STATUS_OK)
+		a.remote_refs = tpd_peer_chan_far_minor(pr) >= TPW_PEER_MINOR_CHAN_STREAM;
 	if (xo->op == TPW__V1__CHAN_OP_KIND__CHAN_OP_READ &&
-	    r->status == TPW__V1__STATUS__STATUS_OK && !item) {
+	    r->status == TPW__V1__STATUS__STATUS_OK && !item && !r->held_len) {
 		a.status = TPW__V1__STATUS__STATUS_INVALID; /* never an empty item */
 		a.message = (char *)"the channel's host answered a read without an item";
 	}
@@ -534,9 +633,13 @@ static void on_chan_reply(struct tpd_chanx *x, struct tpd_peer *pr, const Tpw__V
 		a.n_lengths = 0;
 		a.lengths = NULL;
 	}
+	if (xo->op != TPW__V1__CHAN_OP_KIND__CHAN_OP_READ || item)
+		a.held_len = 0;
+	a.copied = false;
+	a.xfer_id = 0;
 	if (tell)
-		to_client_chan(xo->s, &a, item ? &iov : NULL);
-	xop_free(xo);
+		tpd_chanx_to_client(xo->s, &a, item ? &iov : NULL);
+	tpd_chanx_xop_free(xo);
 }
 
 static void on_wq_reply(struct tpd_chanx *x, struct tpd_peer *pr, const Tpw__V1__WqReply *r,
@@ -569,7 +672,7 @@ static void on_wq_reply(struct tpd_chanx *x, struct tpd_peer *pr, const Tpw__V1_
 		a.length = 0;
 	if (tell)
 		to_client_wq(xo->s, &a, data ? &iov : NULL);
-	xop_free(xo);
+	tpd_chanx_xop_free(xo);
 }
 
 /* ---- the hosting side's answers ------------------------------------------------------------ */
@@ -617,6 +720,10 @@ static void chanx_on_msg(struct tpd_daemon *d, struct tpd_peer *pr, const Tpw__V
 		return on_chan_reply(x, pr, m->chan_reply->reply, tail, tail_len);
 	case TPW__V1__PEER_MSG__BODY_WQ_REPLY:
 		return on_wq_reply(x, pr, m->wq_reply->reply, tail, tail_len);
+	case TPW__V1__PEER_MSG__BODY_CHAN_XFER_END:
+		return tpd_chan_stream_end(pr, m->chan_xfer_end->xfer_id, m->chan_xfer_end->bytes,
+					   tpw_status_to_errno(m->chan_xfer_end->status) ?: -EIO,
+					   m->chan_xfer_end->message);
 	default:
 		return;
 	}
@@ -657,7 +764,7 @@ static void chanx_on_link_failed(struct tpd_daemon *d, struct tpd_peer *pr, int 
 			       tpd_peer_name(pr), why && *why ? why : "connection reset");
 		if (xo->xh)
 			xh_free(xo->xh);
-		xop_free(xo);
+		tpd_chanx_xop_free(xo);
 		n_ops++;
 	}
 	tpu_list_for_each_safe(xh, htmp, &x->xhs, node) {
@@ -702,7 +809,7 @@ void tpd_chanx_free(struct tpd_chanx *x)
 	if (!x)
 		return;
 	tpu_list_for_each_safe(xo, otmp, &x->xops, node)
-		xop_free(xo);
+		tpd_chanx_xop_free(xo);
 	tpu_list_for_each_safe(xh, htmp, &x->xhs, node)
 		xh_free(xh);
 	free(x);

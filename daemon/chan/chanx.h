@@ -17,8 +17,10 @@
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
+#include <sys/types.h>
 #include <sys/uio.h>
 
+#include "chancopy.h"
 #include "tpw.pb-c.h"
 
 struct tpd_daemon;
@@ -54,6 +56,10 @@ void tpd_chanx_open(struct tpd_chanx *x, struct tpd_session *s, const Tpw__V1__C
 bool tpd_chanx_op(struct tpd_chanx *x, struct tpd_session *s, const Tpw__V1__ChanOp *o,
 		  const uint8_t *tail, size_t tail_len);
 
+/* tpd_chanx_unlink() - @s's ChanOp UNLINK @o of address @o->name (validated): forwarded as
+ * tpd_chanx_open() is, to a hosting daemon of peer minor >= 6 (older: -EOPNOTSUPP). */
+void tpd_chanx_unlink(struct tpd_chanx *x, struct tpd_session *s, const Tpw__V1__ChanOp *o);
+
 /* As tpd_chanx_open() and tpd_chanx_op(), for work queues (WqOp). */
 void tpd_chanx_wq_open(struct tpd_chanx *x, struct tpd_session *s, const Tpw__V1__WqOp *o);
 bool tpd_chanx_wq_op(struct tpd_chanx *x, struct tpd_session *s, const Tpw__V1__WqOp *o,
@@ -67,5 +73,42 @@ void tpd_chanx_session_end(struct tpd_chanx *x, struct tpd_session *s);
  * PeerChanReply or PeerWqReply. Borrows all; a failed link drops it. */
 void tpd_chanx_reply(struct tpd_peer *pr, Tpw__V1__ChanReply *r, const struct iovec *tail);
 void tpd_chanx_wq_reply(struct tpd_peer *pr, Tpw__V1__WqReply *r, const struct iovec *tail);
+
+/*
+ * Hosting side, large items (peer minor >= 6; chanstream.h): tpd_chanx_big_copy_in() posts the
+ * receive of a peer WRITE's streamed items into the daemon memory @x[i].dst (@n of them) and
+ * tells the far daemon of @pr, answering its op @req_id on handle @chan_id with the transfer's
+ * id, to send them (the receive fails with -ETIMEDOUT once the link brings no byte for @d's
+ * peer timeout); tpd_chanx_big_copy_out() sends an item @x->src (daemon memory, or a lent
+ * buffer: the stream takes references of its own) to the far
+ * daemon's receive @x->dst (TPB_LOC_REMOTE, its id in @x->dst.addr). Then @done with @arg once,
+ * later, on the loop thread. Ownership: borrows @x; the memory must stay until @done.
+ * Return: 0, -ENOMEM or -ENOTCONN (no data connection); no @done then.
+ */
+/*
+ * tpd_chanx_big_admit() - may peer WRITE @o of link @pr (validated) stream its items here? Its
+ * streamed bytes and those already arriving over @pr within @d's chan-peer-bytes-max. Borrows
+ * all. Return: 0, or -ENOBUFS with the reason in @why.
+ */
+int tpd_chanx_big_admit(struct tpd_daemon *d, const struct tpd_peer *pr, const Tpw__V1__ChanOp *o,
+			char *why, size_t wl);
+
+int tpd_chanx_big_copy_in(struct tpd_daemon *d, struct tpd_peer *pr, uint64_t req_id,
+			  uint64_t chan_id, const struct tpb_xfer *x, size_t n,
+			  tpd_chan_copy_done_fn done, void *arg);
+int tpd_chanx_big_copy_out(struct tpd_peer *pr, const struct tpb_xfer *x,
+			   tpd_chan_copy_done_fn done, void *arg);
+
+/*
+ * tpd_chanx_ctl_channels() - appends to @v (@n entries) one entry per handle of a channel on
+ * another host that this daemon's clients hold (all, or @viewer's with @own_only), named
+ * tpip://HOST:PORT/NAME (CtlChannel.remote_handle); tpd_chanx_ctl_queues() the same for queues.
+ * @v, @n: an array from tpd_chan_ctl() (tpd_wq_ctl()), grown here; free it as before.
+ * Return: 0 or -ENOMEM (@v, @n still valid).
+ */
+int tpd_chanx_ctl_channels(struct tpd_chanx *x, bool own_only, uid_t viewer,
+			   Tpw__V1__CtlChannel ***v, size_t *n);
+int tpd_chanx_ctl_queues(struct tpd_chanx *x, bool own_only, uid_t viewer, Tpw__V1__CtlQueue ***v,
+			 size_t *n);
 
 #endif

@@ -88,6 +88,13 @@ static const struct opt opts[] = {
 	{ "chan-peer-ops-max", "limits", K_U32, OFF(chan_peer_ops_max), 1, 1u << 20, true, "N",
 	  "channel and queue ops over one peer link waiting: forwarded and not answered yet,\n"
 	  "                            or hosted and waiting for items or room (default 1024)" },
+	{ "chan-peer-bytes-max", "limits", K_SIZE64, OFF(chan_peer_bytes_max), 1, UINT64_MAX,
+	  true, "BYTES", "channel item bytes arriving over one peer link at once, a write's\n"
+	  "                            included (large items across hosts; default 1G)" },
+	{ "chan-remote-create-uid", "limits", K_U32, OFF(chan_remote_create_uid), 0,
+	  UINT32_MAX - 1, true, "UID",
+	  "local uid that owns the channels authenticated peer daemons create and may unlink\n"
+	  "                            here (tp_chan_open of tpip://...); 0, the default: none" },
 	{ "sessions-reserved", "limits", K_U32, OFF(sessions_reserved), 0, 1u << 20, true, "N",
 	  "of sessions-max, slots only root and the admin group may use (default 8)" },
 	{ "hello-timeout", "limits", K_U32, OFF(hello_timeout_ms), 100, 600000, true, "MS",
@@ -287,6 +294,7 @@ void tpd_config_defaults(struct tpd_config *c)
 	c->wq_bytes_max = 64ull << 20;
 	c->wq_answer_bytes_max = 64ull << 20;
 	c->chan_peer_ops_max = 1024;
+	c->chan_peer_bytes_max = 1ull << 30;
 	c->drain_ms = 5000;
 	c->rdma_cache = 4ull << 30;
 	c->rdma_gid_index = UINT32_MAX; /* auto */

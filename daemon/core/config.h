@@ -82,6 +82,8 @@ struct tpd_config {
 	uint64_t wq_bytes_max;	     /* question bytes one queue holds */
 	uint64_t wq_answer_bytes_max; /* answer bytes one queue holds for its owner */
 	uint32_t chan_peer_ops_max; /* channel/queue ops of one peer link waiting, each side */
+	uint32_t chan_remote_create_uid; /* owner of channels created from other hosts; 0: none */
+	uint64_t chan_peer_bytes_max; /* item bytes arriving over one peer link at once */
 	uint32_t drain_ms;	    /* graceful stop: wait this long for copies */
 	uint32_t ring_max;	    /* largest control ring per direction a client may map; 0: off */
 	uint32_t spin_us;	    /* poll busy control rings this long before sleeping; 0: never */

@@ -11,6 +11,7 @@
 #include <string.h>
 #include "ctl.h"
 #include "chan.h"
+#include "chanx.h"
 #include "wq.h"
 #include "group.h"
 #include "peer.h"
@@ -505,14 +506,24 @@ static int ctl_groups(struct ctl_call *c)
 
 static int ctl_queues(struct ctl_call *c)
 {
-	return tpd_wq_ctl(tpd_daemon_wqs(c->d), c->b->own_only, c->b->viewer, &c->rep->queues,
-			  &c->rep->n_queues);
+	int r = tpd_wq_ctl(tpd_daemon_wqs(c->d), c->b->own_only, c->b->viewer, &c->rep->queues,
+			   &c->rep->n_queues);
+
+	/* Then the handles this host's clients hold on queues of other hosts. */
+	return r < 0 ? r : tpd_chanx_ctl_queues(tpd_chan_x(tpd_daemon_chans(c->d)),
+						 c->b->own_only, c->b->viewer, &c->rep->queues,
+						 &c->rep->n_queues);
 }
 
 static int ctl_channels(struct ctl_call *c)
 {
-	return tpd_chan_ctl(tpd_daemon_chans(c->d), c->b->own_only, c->b->viewer,
-			    &c->rep->channels, &c->rep->n_channels);
+	int r = tpd_chan_ctl(tpd_daemon_chans(c->d), c->b->own_only, c->b->viewer,
+			     &c->rep->channels, &c->rep->n_channels);
+
+	/* Then the handles this host's clients hold on channels of other hosts. */
+	return r < 0 ? r : tpd_chanx_ctl_channels(tpd_chan_x(tpd_daemon_chans(c->d)),
+						   c->b->own_only, c->b->viewer,
+						   &c->rep->channels, &c->rep->n_channels);
 }
 
 #define CTL_ADMIN 0x1u /* root or the admin group only; others get -EACCES */

@@ -239,6 +239,7 @@ static const struct peer_msg_cmd peer_msg_cmds[] = {
 	[TPW__V1__PEER_MSG__BODY_CHAN_REPLY] = { on_msg_chan, PEER_MSG_UP },
 	[TPW__V1__PEER_MSG__BODY_WQ_OP] = { on_msg_chan, PEER_MSG_UP },
 	[TPW__V1__PEER_MSG__BODY_WQ_REPLY] = { on_msg_chan, PEER_MSG_UP },
+	[TPW__V1__PEER_MSG__BODY_CHAN_XFER_END] = { on_msg_chan, PEER_MSG_UP },
 };
 
 /* The table entry of @m's body case, or NULL for a case it does not know. */

@@ -442,6 +442,49 @@ static void peer_chan(uint64_t req, Tpw__V1__ChanOpKind kind, uint64_t id, uint3
 	peer_rec(0, &m, w ? 8 : 0);
 }
 
+/* Large items (peer minor 6): the far daemon's WRITE on handle @id of an item of 64 bytes that
+ * comes over the data connection and one of 4 inline, or its READ into its transfer @xfer_id
+ * (room 256; 0: a plain read); and its word that transfer @xfer_id stopped. */
+static void peer_chan_big(uint64_t req, Tpw__V1__ChanOpKind kind, uint64_t id, uint64_t xfer_id)
+{
+	Tpw__V1__PeerMsg m = TPW__V1__PEER_MSG__INIT;
+	Tpw__V1__PeerChanOp po = TPW__V1__PEER_CHAN_OP__INIT;
+	Tpw__V1__ChanOp o = TPW__V1__CHAN_OP__INIT;
+	uint64_t lens[2] = { 64, 4 };
+	protobuf_c_boolean streamed[2] = { true, false };
+	bool w = kind == TPW__V1__CHAN_OP_KIND__CHAN_OP_WRITE;
+
+	o.req_id = req;
+	o.op = kind;
+	o.chan_id = id;
+	if (w) {
+		o.n_lengths = 2;
+		o.lengths = lens;
+		o.n_streamed = 2;
+		o.streamed = streamed;
+	} else if (xfer_id) {
+		o.xfer_id = xfer_id;
+		o.room = 256;
+	}
+	po.op = &o;
+	m.body_case = TPW__V1__PEER_MSG__BODY_CHAN_OP;
+	m.chan_op = &po;
+	peer_rec(0, &m, w ? 4 : 0);
+}
+
+static void chan_xfer_end(uint64_t xfer_id)
+{
+	Tpw__V1__PeerMsg m = TPW__V1__PEER_MSG__INIT;
+	Tpw__V1__PeerXferEnd x = TPW__V1__PEER_XFER_END__INIT;
+
+	x.xfer_id = xfer_id;
+	x.status = TPW__V1__STATUS__STATUS_IO;
+	x.message = "writer gone";
+	m.body_case = TPW__V1__PEER_MSG__BODY_CHAN_XFER_END;
+	m.chan_xfer_end = &x;
+	peer_rec(0, &m, 0);
+}
+
 /* The far daemon's PeerWqOp @kind on handle @id (OPEN: of "fuzzq"). */
 static void peer_wq(uint64_t req, Tpw__V1__WqOpKind kind, uint64_t id)
 {
@@ -618,13 +661,34 @@ int main(int argc, char **argv)
 	peer_answers();
 	save("chan-remote-a");
 
-	/* A read left waiting when the link goes; then a channel UNLINK, which no link may send. */
+	/* A read left waiting when the link goes; then a channel UNLINK (peer minor 6: answered as
+	 * for a missing channel, the daemon has no chan-remote-create-uid). */
 	link_up(1);
 	local_chan_create();
 	peer_chan(1, TPW__V1__CHAN_OP_KIND__CHAN_OP_OPEN, 0, 0);
 	peer_chan(2, TPW__V1__CHAN_OP_KIND__CHAN_OP_READ, 2, UINT32_MAX);
 	peer_chan(3, TPW__V1__CHAN_OP_KIND__CHAN_OP_UNLINK, 0, 0);
 	save("chan-remote-b-unlink");
+
+	/* Large items (peer minor 6): a WRITE whose first item comes over the data connection
+	 * (transfer 1, the link's first receive), sent whole; another, ended by the writer's word
+	 * after part of it; one never sent when the link goes. A read into the far daemon's
+	 * transfer 5 gets the large item the local session wrote; a plain read gets held_len. */
+	link_up(1);
+	local_chan_create();
+	peer_chan(1, TPW__V1__CHAN_OP_KIND__CHAN_OP_OPEN, 0, 0);
+	peer_chan_big(2, TPW__V1__CHAN_OP_KIND__CHAN_OP_WRITE, 2, 0);
+	chunk(1, 1, 0, 64, STRIPE_MAGIC);
+	peer_chan_big(3, TPW__V1__CHAN_OP_KIND__CHAN_OP_WRITE, 2, 0);
+	chunk(1, 2, 0, 16, STRIPE_MAGIC);
+	chan_xfer_end(2);
+	chan_xfer_end(99);
+	local_chan_write(200);
+	peer_chan_big(4, TPW__V1__CHAN_OP_KIND__CHAN_OP_READ, 2, 0);
+	peer_chan_big(5, TPW__V1__CHAN_OP_KIND__CHAN_OP_READ, 2, 5);
+	peer_chan_big(6, TPW__V1__CHAN_OP_KIND__CHAN_OP_READ, 2, 6);
+	peer_chan_big(7, TPW__V1__CHAN_OP_KIND__CHAN_OP_WRITE, 2, 0);
+	save("chan-remote-streamed");
 
 	link_up(2);
 	connect_(FUZZ_PEER_LISTENER, false);

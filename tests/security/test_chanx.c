@@ -12,8 +12,9 @@
  * And a hostile peer daemon (a raw dialler over an insecure link, as --peer-insecure allows):
  * its reads wait up to chan-peer-ops-max (3) and one more is refused with STATUS_LIMIT while a
  * try-once read is still answered; a guessed handle id is not found; an answer to an op the
- * daemon never forwarded is dropped; an UNLINK fails its link, which drops its handles and
- * waits, while the channel, its items and a local reader are untouched.
+ * daemon never forwarded is dropped; an UNLINK naming an address (a protocol violation: peer
+ * minor 6 lets a plain UNLINK cross, chan-remote-create-uid decides) fails its link, which drops
+ * its handles and waits, while the channel, its items and a local reader are untouched.
  *
  * And a hostile hosting daemon (a raw answerer the daemon dials): one that speaks peer protocol
  * 2.2 gets no channel message (the open fails with -EOPNOTSUPP naming its version, the link
@@ -334,7 +335,7 @@ static int hostile_peer(void *arg)
 	Tpw__V1__ChanOp un = TPW__V1__CHAN_OP__INIT;
 
 	un.op = TPW__V1__CHAN_OP_KIND__CHAN_OP_UNLINK;
-	un.name = "hosted";
+	un.name = "tpip://127.0.0.1/hosted"; /* an address never crosses a link */
 	TPT_REQUIRE(peer_chan(&c, &un, 30, NULL, 0) == 0, 1, "unlink");
 	for (;;) {
 		st = tpt_raw_recv_peer(&c, T_MS, &in);

@@ -1240,8 +1240,8 @@ static int vpt(const Tpw__V1__PeerMsg *m, uint32_t data_len)
 	return tpw_peer_msg_validate(m, &h, &lim, why, sizeof(why));
 }
 
-/* A client may open "tpip://HOST[:PORT]/NAME"; a peer names a plain name, never an address,
- * never unlinks, and its write's items add up to the tail as a client's do. */
+/* A client may open and unlink "tpip://HOST[:PORT]/NAME"; a peer names a plain name, never an
+ * address, and its write's items add up to the tail as a client's do. */
 START_TEST(test_validate_peer_chan_op)
 {
 	Tpw__V1__ChanOp o = TPW__V1__CHAN_OP__INIT;
@@ -1265,9 +1265,12 @@ START_TEST(test_validate_peer_chan_op)
 	ck_assert_int_eq(vpt(&m, 0), -EBADMSG);
 	o.name = "work";
 	ck_assert_int_eq(vpt(&m, 0), 0);
-	o.op = TPW__V1__CHAN_OP_KIND__CHAN_OP_UNLINK;
+	o.op = TPW__V1__CHAN_OP_KIND__CHAN_OP_UNLINK; /* peer minor 6: the host decides */
+	ck_assert_int_eq(vpt(&m, 0), 0);
+	o.name = "tpip://hostb:7420/work"; /* an address never crosses a link */
 	ck_assert_int_eq(vpt(&m, 0), -EBADMSG);
-	ck_assert_str_eq(why, "channel unlink over a peer link");
+	ck_assert_int_eq(vc(&cm, 0, 0), 0); /* a client's unlink of an address is forwarded */
+	o.name = "work";
 	o.op = TPW__V1__CHAN_OP_KIND__CHAN_OP_READ;
 	ck_assert_int_eq(vpt(&m, 0), 0);
 	ck_assert_int_eq(vpt(&m, 1), -EBADMSG); /* a tail on a read */
@@ -1281,6 +1284,82 @@ START_TEST(test_validate_peer_chan_op)
 	ck_assert_int_eq(vpt(&m, 7), -E2BIG);
 }
 END_TEST
+
+/* Large items across hosts (peer minor 6): a peer's WRITE marks the streamed items, one flag per
+ * item, and its tail holds the others only; a READ's transfer comes with its room; none of it
+ * from a client; answers: an item copied (one length, no tail), held (no length), or a transfer
+ * id (no item); PeerMsg.chan_xfer_end. */
+START_TEST(test_validate_peer_chan_streamed)
+{
+	Tpw__V1__ChanOp o = TPW__V1__CHAN_OP__INIT;
+	Tpw__V1__PeerChanOp po = TPW__V1__PEER_CHAN_OP__INIT;
+	Tpw__V1__PeerMsg m = TPW__V1__PEER_MSG__INIT;
+	Tpw__V1__ClientMsg cm = TPW__V1__CLIENT_MSG__INIT;
+	Tpw__V1__ChanReply r = TPW__V1__CHAN_REPLY__INIT;
+	Tpw__V1__PeerChanReply pr = TPW__V1__PEER_CHAN_REPLY__INIT;
+	Tpw__V1__PeerXferEnd xe = TPW__V1__PEER_XFER_END__INIT;
+	uint64_t lens[2] = { 3, 16u << 20 }, one = 16u << 20;
+	protobuf_c_boolean streamed[2] = { false, true };
+
+	cm.body_case = TPW__V1__CLIENT_MSG__BODY_CHAN_OP;
+	cm.chan_op = &o;
+	m.body_case = TPW__V1__PEER_MSG__BODY_CHAN_OP;
+	m.chan_op = &po;
+	po.op = &o;
+	o.op = TPW__V1__CHAN_OP_KIND__CHAN_OP_WRITE;
+	o.n_lengths = 2;
+	o.lengths = lens;
+	o.n_streamed = 2;
+	o.streamed = streamed;
+	ck_assert_int_eq(vpt(&m, 3), 0);
+	ck_assert_int_eq(vpt(&m, 4), -EBADMSG); /* the streamed item is not in the tail */
+	ck_assert_int_eq(vc(&cm, 0, 3), -EBADMSG); /* never from a client */
+	o.n_streamed = 1;
+	ck_assert_int_eq(vpt(&m, 3), -EBADMSG); /* one flag per item */
+	o.n_streamed = 0;
+	o.n_lengths = 0;
+	o.lengths = NULL;
+	o.op = TPW__V1__CHAN_OP_KIND__CHAN_OP_READ;
+	o.xfer_id = 9;
+	ck_assert_int_eq(vpt(&m, 0), -EBADMSG); /* a transfer without room */
+	o.room = 1u << 20;
+	ck_assert_int_eq(vpt(&m, 0), 0);
+	o.take_held = true;
+	ck_assert_int_eq(vpt(&m, 0), 0);
+	ck_assert_int_eq(vc(&cm, 0, 0), -EBADMSG);
+	o.take_held = false;
+	o.xfer_id = 0;
+	ck_assert_int_eq(vpt(&m, 0), -EBADMSG); /* room without a transfer */
+	o.room = 0;
+	m.body_case = TPW__V1__PEER_MSG__BODY_CHAN_REPLY;
+	m.chan_reply = &pr;
+	pr.reply = &r;
+	r.copied = true;
+	r.n_lengths = 1;
+	r.lengths = &one;
+	ck_assert_int_eq(vpt(&m, 0), 0);
+	ck_assert_int_eq(vpt(&m, 5), -EBADMSG);
+	r.copied = false;
+	r.n_lengths = 0;
+	r.held_len = one;
+	ck_assert_int_eq(vpt(&m, 0), 0);
+	r.held_len = 0;
+	r.xfer_id = 3;
+	ck_assert_int_eq(vpt(&m, 0), 0);
+	r.n_lengths = 1;
+	ck_assert_int_eq(vpt(&m, 0), -EBADMSG); /* a transfer id with an item */
+	r.n_lengths = 0;
+	r.xfer_id = 0;
+	r.remote_refs = true;
+	ck_assert_int_eq(vpt(&m, 0), -EBADMSG); /* the client's flag, never from a peer */
+	m.body_case = TPW__V1__PEER_MSG__BODY_CHAN_XFER_END;
+	m.chan_xfer_end = &xe;
+	xe.xfer_id = 3;
+	ck_assert_int_eq(vpt(&m, 0), 0);
+	ck_assert_int_eq(vpt(&m, 1), -EBADMSG); /* no tail */
+}
+END_TEST
+
 
 /* A peer's answer: its item matches the tail; no tail without an item. */
 START_TEST(test_validate_peer_chan_reply)
@@ -1633,6 +1712,7 @@ static Suite *validate_suite(void)
 	tcase_add_test(d, test_validate_peer_connect_wait_bounded);
 	tcase_add_test(d, test_validate_group_hosts);
 	tcase_add_test(d, test_validate_peer_chan_op);
+	tcase_add_test(d, test_validate_peer_chan_streamed);
 	tcase_add_test(d, test_validate_chan_segments);
 	tcase_add_test(d, test_validate_chan_read_fields);
 	tcase_add_test(d, test_validate_chan_reply_batch);

@@ -1,0 +1,162 @@
+/* SPDX-License-Identifier: BSD-3-Clause */
+/*
+ * Integration suite: creating and unlinking channels from another host (issue 25 part xhost;
+ * docs/channels.md "Across hosts"). Two daemons on loopback: a client of a names
+ * tpip://b/NAME. Without chan-remote-create-uid on b (the default), a create of a missing
+ * channel and an unlink of b's channel are answered as for a missing channel, and b's channel
+ * stays. With chan-remote-create-uid 4242, a create makes the channel on b owned by uid 4242
+ * with the flags and capacity the client asked for (persistent, capacity in items: a third
+ * item of a capacity of 2 is refused), a second exclusive create gets -EADDRINUSE, the
+ * channel outlives the client's handle and goes with its unlink from a; a create under another
+ * owner uid and an unlink of root's channel are refused, root's channel untouched; b's
+ * chans-per-uid holds for uid 4242 just at and just above.
+ */
+#include <check.h>
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "ipeer.h"
+#include "itest.h"
+
+#define T_MS 30000
+
+static struct tpt_daemon da, db;
+
+static struct tp_context *ctx_of(const struct tpt_daemon *d)
+{
+	struct tp_context *ctx = NULL;
+
+	ck_assert_int_eq(tpt_ctx_new(d, 0, "xcreate", &ctx), 0);
+	return ctx;
+}
+
+static const char *at(const char *name)
+{
+	static char buf[4][256];
+	static unsigned k;
+
+	return tpt_peer_address(&db, name, buf[k++ % 4], sizeof(buf[0]));
+}
+
+/* Does b's `tpipctl --json channels` list @name (with @field in its row's text, if given)? */
+static bool b_lists(const char *name, const char *field)
+{
+	char *out = tpt_ctl(&db, "channels", true), want[300], *row;
+	bool ok;
+
+	snprintf(want, sizeof(want), "\"name\": \"%s\"", name);
+	row = strstr(out, want);
+	ok = row && (!field || (strstr(row, field) && (!strstr(row, "}") ||
+						       strstr(row, field) < strstr(row, "}"))));
+	free(out);
+	return ok;
+}
+
+/* b's own channel "roots" (root's; any peer may open it). */
+static struct tp_chan *roots_chan(struct tp_context *cb)
+{
+	struct tp_chan_options o = { .size = sizeof(o), .flags = TP_CHAN_CREATE |
+				     TP_CHAN_PERSISTENT, .owner_uid = -1,
+				     .remote = TP_REMOTE_ANY_PEER };
+	struct tp_chan *ch = NULL;
+
+	ck_assert_int_eq(tp_chan_open(cb, "roots", &o, &ch), 0);
+	return ch;
+}
+
+START_TEST(test_create_and_unlink_refused_by_default)
+{
+	struct tp_chan_options o = { .size = sizeof(o), .flags = TP_CHAN_CREATE, .owner_uid = -1 };
+	struct tp_context *ca, *cb;
+	struct tp_chan *ch = NULL, *rc;
+
+	ck_assert_int_eq(tpt_daemon_pair_start(&da, NULL, &db, NULL), 0);
+	ca = ctx_of(&da);
+	cb = ctx_of(&db);
+	rc = roots_chan(cb);
+	ck_assert_int_eq(tp_chan_open(ca, at("made"), &o, &ch), -ENOENT);
+	ck_assert_msg(strstr(tp_last_error(), "creates none for other hosts"), "%s",
+		      tp_last_error());
+	ck_assert(!b_lists("made", NULL));
+	ck_assert_int_eq(tp_chan_unlink(ca, at("roots"), 0), -ENOENT);
+	ck_assert_msg(strstr(tp_last_error(), "chan-remote-create-uid"), "%s", tp_last_error());
+	ck_assert(b_lists("roots", NULL));
+	o.flags = 0;
+	o.owner_uid = 0;
+	ck_assert_int_eq(tp_chan_open(ca, at("roots"), &o, &ch), 0); /* opening still works */
+	tp_chan_release(ch);
+	tp_chan_release(rc);
+	tp_context_free(ca);
+	tp_context_free(cb);
+	tpt_daemon_stop(&da);
+	tpt_daemon_stop(&db);
+}
+END_TEST
+
+START_TEST(test_create_and_unlink_as_the_configured_uid)
+{
+	static const char *const bargs[] = { "--chan-remote-create-uid", "4242", "--chans-per-uid",
+					     "2", NULL };
+	struct tp_chan_options o = { .size = sizeof(o), .flags = TP_CHAN_CREATE |
+				     TP_CHAN_PERSISTENT, .owner_uid = -1, .capacity_items = 2 };
+	struct tp_context *ca, *cb;
+	struct tp_chan *ch = NULL, *ch2 = NULL, *rc;
+	char item[8] = "item";
+	struct iovec it = { item, sizeof(item) };
+
+	ck_assert_int_eq(tpt_daemon_pair_start(&da, NULL, &db, bargs), 0);
+	ca = ctx_of(&da);
+	cb = ctx_of(&db);
+	rc = roots_chan(cb);
+	ck_assert_msg(tp_chan_open(ca, at("made"), &o, &ch) == 0, "%s", tp_last_error());
+	ck_assert(b_lists("made", "\"uid\": 4242"));
+	ck_assert(b_lists("made", "\"persistent\": true"));
+	ck_assert(b_lists("made", "\"capacity_items\": 2"));
+	ck_assert_int_eq(tp_chan_write(ch, &it, 1, 0), 0);
+	ck_assert_int_eq(tp_chan_write(ch, &it, 1, 0), 0);
+	ck_assert_int_eq(tp_chan_write(ch, &it, 1, 0), -ENOBUFS); /* its capacity, on b */
+	o.flags |= TP_CHAN_EXCL;
+	ck_assert_int_eq(tp_chan_open(ca, at("made"), &o, &ch2), -EADDRINUSE);
+	o.flags = TP_CHAN_CREATE;
+	o.owner_uid = 0; /* in another uid's names: no */
+	ck_assert_int_eq(tp_chan_open(ca, at("other"), &o, &ch2), -ENOENT);
+	ck_assert(!b_lists("other", NULL));
+	o.owner_uid = -1; /* chans-per-uid 2: a second channel of uid 4242 just fits, a third not */
+	o.flags = TP_CHAN_CREATE | TP_CHAN_PERSISTENT;
+	ck_assert_msg(tp_chan_open(ca, at("second"), &o, &ch2) == 0, "%s", tp_last_error());
+	ck_assert_int_eq(tp_chan_release(ch2), 0);
+	ck_assert_int_eq(tp_chan_open(ca, at("third"), &o, &ch2), -ENOBUFS);
+	ck_assert_int_eq(tp_chan_unlink(ca, at("roots"), 0), -ENOENT); /* root's: not ours */
+	ck_assert(b_lists("roots", NULL));
+	ck_assert_int_eq(tp_chan_release(ch), 0);
+	ck_assert(b_lists("made", NULL)); /* persistent: outlives the handle */
+	ck_assert_msg(tp_chan_unlink(ca, at("made"), -1) == 0, "%s", tp_last_error());
+	ck_assert(!b_lists("made", NULL));
+	ck_assert_int_eq(tp_chan_unlink(ca, at("made"), -1), -ENOENT);
+	ck_assert_int_eq(tp_chan_unlink(ca, at("second"), 4242), 0);
+	tp_chan_release(rc);
+	tp_context_free(ca);
+	tp_context_free(cb);
+	tpt_daemon_stop(&da);
+	tpt_daemon_stop(&db);
+}
+END_TEST
+
+static Suite *xcreate_suite(void)
+{
+	Suite *s = suite_create("chan_xcreate");
+	TCase *tc = tcase_create("xcreate");
+
+	tcase_set_timeout(tc, 120);
+	tcase_add_test(tc, test_create_and_unlink_refused_by_default);
+	tcase_add_test(tc, test_create_and_unlink_as_the_configured_uid);
+	suite_add_tcase(s, tc);
+	return s;
+}
+
+int main(void)
+{
+	return tpt_run_suite(xcreate_suite());
+}

@@ -1,0 +1,365 @@
+/* SPDX-License-Identifier: BSD-3-Clause */
+/*
+ * Security suite: large channel items from a hostile forwarding daemon (issue 25 part xhost,
+ * peer minor 6; docs/channels.md "Large items across hosts"). A raw dialler over an insecure
+ * link (--peer-insecure) opens a channel that admits any peer and writes items whose bytes it
+ * says come over the data connection (ChanOp.streamed):
+ * - one larger than the channel's capacity is refused with STATUS_TOO_BIG before any byte is
+ *   asked for;
+ * - a PeerMsg.chan_xfer_end for a transfer nobody posted is ignored (the link stays up);
+ * - once admitted (ChanReply.xfer_id), its own chan_xfer_end fails the write with that status,
+ *   and the channel holds nothing, no bytes reserved;
+ * - admitted, it sends 4 KiB and then nothing while it keeps the link alive with pings: after
+ *   the peer timeout (1 s) the write fails with STATUS_TIMEOUT;
+ * - admitted again, it sends half the item over the data connection and drops the link: the
+ *   write never completes, the channel holds nothing, no bytes reserved, and a local client
+ *   writes and reads on as before.
+ * The hosting daemon survives all of it.
+ */
+#include <check.h>
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <unistd.h>
+#include "ipeer.h"
+#include "itest.h"
+#include "tpt_wire.h"
+
+#define T_MS TPT_SCALED_MS(30000)
+#define CAP (4u << 20)
+#define ITEM (1u << 20)
+
+static struct tpt_daemon host;
+static struct tpt_sync go, back; /* child -> parent, parent -> child */
+
+static int peer_send(struct tpt_raw *r, Tpw__V1__PeerMsg *m)
+{
+	size_t n = tpw_frame_size(&m->base);
+	uint8_t *buf = malloc(n);
+	int e;
+
+	if (!buf)
+		return -ENOMEM;
+	n = tpw_frame_pack(&m->base, 0, 0, ++r->seq, buf);
+	e = tpt_raw_send_bytes(r, buf, n, NULL, 0);
+	free(buf);
+	return e;
+}
+
+static int peer_chan(struct tpt_raw *r, Tpw__V1__ChanOp *op, uint64_t req_id)
+{
+	Tpw__V1__PeerChanOp po = TPW__V1__PEER_CHAN_OP__INIT;
+	Tpw__V1__PeerMsg m = TPW__V1__PEER_MSG__INIT;
+
+	op->req_id = req_id;
+	po.op = op;
+	m.body_case = TPW__V1__PEER_MSG__BODY_CHAN_OP;
+	m.chan_op = &po;
+	return peer_send(r, &m);
+}
+
+static int xfer_end(struct tpt_raw *r, uint64_t xfer_id, Tpw__V1__Status st)
+{
+	Tpw__V1__PeerXferEnd xe = TPW__V1__PEER_XFER_END__INIT;
+	Tpw__V1__PeerMsg m = TPW__V1__PEER_MSG__INIT;
+
+	xe.xfer_id = xfer_id;
+	xe.status = st;
+	xe.message = "the writer's memory went away";
+	m.body_case = TPW__V1__PEER_MSG__BODY_CHAN_XFER_END;
+	m.chan_xfer_end = &xe;
+	return peer_send(r, &m);
+}
+
+/* The next PeerChanReply (pings skipped): its status; req_id, chan_id and xfer_id into @ret_*.
+ * Return: the status, or -errno. */
+static int peer_reply(struct tpt_raw *r, uint64_t *ret_req, uint64_t *ret_id,
+		      uint64_t *ret_xfer)
+{
+	Tpw__V1__PeerMsg *m = NULL;
+	int e, st;
+
+	for (;;) {
+		e = tpt_raw_recv_peer(r, T_MS, &m);
+		if (e < 0)
+			return e;
+		if (m->body_case == TPW__V1__PEER_MSG__BODY_CHAN_REPLY)
+			break;
+		tpw_peer_msg_free(m);
+	}
+	st = m->chan_reply->reply->status;
+	*ret_req = m->chan_reply->reply->req_id;
+	if (ret_id)
+		*ret_id = m->chan_reply->reply->chan_id;
+	if (ret_xfer)
+		*ret_xfer = m->chan_reply->reply->xfer_id;
+	tpw_peer_msg_free(m);
+	return st;
+}
+
+/* As peer_reply(), while it keeps the link alive with a ping every 200 ms (the daemon's keepalive
+ * sees a live peer). */
+static int peer_reply_pinging(struct tpt_raw *r, uint64_t *ret_req)
+{
+	Tpw__V1__PeerPing p = TPW__V1__PEER_PING__INIT;
+	Tpw__V1__PeerMsg ping = TPW__V1__PEER_MSG__INIT, *m = NULL;
+	int e, st;
+
+	ping.body_case = TPW__V1__PEER_MSG__BODY_PING;
+	ping.ping = &p;
+	for (int ticks = 0; ticks < 150; ticks++) { /* 30 s */
+		uint64_t until = tpt_now_ms() + 200;
+
+		if (peer_send(r, &ping) < 0)
+			return -EPIPE;
+		for (;;) { /* what comes within the tick: pongs are skipped */
+			uint64_t now = tpt_now_ms();
+
+			e = now < until ? tpt_raw_recv_peer(r, (int)(until - now), &m) : -ETIMEDOUT;
+			if (e == -ETIMEDOUT)
+				break;
+			if (e < 0)
+				return e;
+			if (m->body_case != TPW__V1__PEER_MSG__BODY_CHAN_REPLY) {
+				tpw_peer_msg_free(m);
+				continue;
+			}
+			st = m->chan_reply->reply->status;
+			*ret_req = m->chan_reply->reply->req_id;
+			tpw_peer_msg_free(m);
+			return st;
+		}
+	}
+	return -ETIMEDOUT;
+}
+
+/* Dials @host's peer port as a daemon would (insecure: plain frames), up to the link being up. */
+static int peer_dial(struct tpt_raw *c, struct tpt_raw *data)
+{
+	Tpw__V1__PeerHello h = TPW__V1__PEER_HELLO__INIT;
+	Tpw__V1__PeerDataHello dh = TPW__V1__PEER_DATA_HELLO__INIT;
+	Tpw__V1__PeerMsg m = TPW__V1__PEER_MSG__INIT, *in = NULL;
+	uint8_t boot[16];
+	uint64_t link_id;
+
+	for (unsigned i = 0; i < 16; i++)
+		boot[i] = (uint8_t)(0xb0 + i); /* another "host" */
+	TPT_REQUIRE(tpt_raw_connect_tcp(c, "127.0.0.1", host.peer_port) == 0, -1, "dial");
+	h.major = TPW_PEER_PROTO_MAJOR;
+	h.minor = TPW_PEER_PROTO_MINOR;
+	h.host = "hostile";
+	h.boot_id.data = boot;
+	h.boot_id.len = 16;
+	h.instance = 0x5eed;
+	h.data_conns = 1;
+	m.body_case = TPW__V1__PEER_MSG__BODY_HELLO;
+	m.hello = &h;
+	TPT_REQUIRE(tpt_raw_send_peer(c, &m) == 0, -1, "hello");
+	TPT_REQUIRE(tpt_raw_recv_peer(c, T_MS, &in) == 0 &&
+			    in->body_case == TPW__V1__PEER_MSG__BODY_HELLO, -1, "no hello back");
+	tpw_peer_msg_free(in);
+	TPT_REQUIRE(tpt_raw_recv_peer(c, T_MS, &in) == 0 &&
+			    in->body_case == TPW__V1__PEER_MSG__BODY_READY, -1, "no ready");
+	link_id = in->ready->link_id;
+	tpw_peer_msg_free(in);
+	TPT_REQUIRE(tpt_raw_connect_tcp(data, "127.0.0.1", host.peer_port) == 0, -1, "data dial");
+	dh.link_id = link_id;
+	m.body_case = TPW__V1__PEER_MSG__BODY_DATA_HELLO;
+	m.data_hello = &dh;
+	TPT_REQUIRE(tpt_raw_send_peer(data, &m) == 0, -1, "data hello");
+	TPT_REQUIRE(tpt_raw_recv_peer(data, T_MS, &in) == 0 &&
+			    in->body_case == TPW__V1__PEER_MSG__BODY_DATA_HELLO, -1,
+		    "no data hello back");
+	tpw_peer_msg_free(in);
+	TPT_REQUIRE(tpt_raw_recv_peer(c, T_MS, &in) == 0 &&
+			    in->body_case == TPW__V1__PEER_MSG__BODY_READY && in->ready->data_up,
+		    -1, "the link did not come up");
+	tpw_peer_msg_free(in);
+	return 0;
+}
+
+static void put_le(uint8_t *p, uint64_t v, int n)
+{
+	for (int i = 0; i < n; i++)
+		p[i] = (uint8_t)(v >> (8 * i));
+}
+
+/* One chunk of transfer @xfer_id, segment 0, at @off: @len bytes of 0x5a (stripe_io.c's
+ * header: magic, segment, id, offset, length, flags). */
+static int send_chunk(struct tpt_raw *data, uint64_t xfer_id, uint64_t off, uint32_t len)
+{
+	uint8_t *b = malloc(32 + len);
+	int e;
+
+	if (!b)
+		return -ENOMEM;
+	put_le(b, 0x31435054u, 4);
+	put_le(b + 4, 0, 4);
+	put_le(b + 8, xfer_id, 8);
+	put_le(b + 16, off, 8);
+	put_le(b + 24, len, 4);
+	put_le(b + 28, 0, 4);
+	memset(b + 32, 0x5a, len);
+	e = tpt_raw_send_bytes(data, b, 32 + len, NULL, 0);
+	free(b);
+	return e;
+}
+
+/* A WRITE of one streamed item of @len bytes on handle @id, as op @req. */
+static int write_streamed(struct tpt_raw *c, uint64_t id, uint64_t req, uint64_t len)
+{
+	Tpw__V1__ChanOp w = TPW__V1__CHAN_OP__INIT;
+	protobuf_c_boolean streamed = true;
+
+	w.op = TPW__V1__CHAN_OP_KIND__CHAN_OP_WRITE;
+	w.chan_id = id;
+	w.n_lengths = 1;
+	w.lengths = &len;
+	w.n_streamed = 1;
+	w.streamed = &streamed;
+	w.timeout_ms = 0;
+	return peer_chan(c, &w, req);
+}
+
+static int hostile_writer(void *arg)
+{
+	Tpw__V1__ChanOp o = TPW__V1__CHAN_OP__INIT;
+	struct tpt_raw c = { .fd = -1 }, data = { .fd = -1 };
+	uint64_t id = 0, req = 0, xfer = 0;
+	int st;
+
+	(void)arg;
+	TPT_REQUIRE(peer_dial(&c, &data) == 0, 1, "dial");
+	o.op = TPW__V1__CHAN_OP_KIND__CHAN_OP_OPEN;
+	o.name = "hosted";
+	TPT_REQUIRE(peer_chan(&c, &o, 1) == 0, 1, "open");
+	st = peer_reply(&c, &req, &id, NULL);
+	TPT_REQUIRE(st == TPW__V1__STATUS__STATUS_OK && req == 1 && id, 1, "open: %d", st);
+	/* Above the capacity: refused at once, no transfer asked for. */
+	TPT_REQUIRE(write_streamed(&c, id, 2, CAP + 1) == 0, 1, "write");
+	st = peer_reply(&c, &req, NULL, &xfer);
+	TPT_REQUIRE(st == TPW__V1__STATUS__STATUS_TOO_BIG && req == 2 && !xfer, 1,
+		    "a write above the capacity: %d, xfer %llu", st, (unsigned long long)xfer);
+	/* An end for a transfer nobody posted: ignored. */
+	TPT_REQUIRE(xfer_end(&c, 777, TPW__V1__STATUS__STATUS_IO) == 0, 1, "end");
+	/* Admitted, then ended by the writer: the write fails with its status. */
+	TPT_REQUIRE(write_streamed(&c, id, 3, ITEM) == 0, 1, "write");
+	st = peer_reply(&c, &req, NULL, &xfer);
+	TPT_REQUIRE(st == TPW__V1__STATUS__STATUS_OK && req == 3 && xfer, 1, "go: %d", st);
+	TPT_REQUIRE(send_chunk(&data, xfer, 0, 4096) == 0, 1, "chunk");
+	TPT_REQUIRE(xfer_end(&c, xfer, TPW__V1__STATUS__STATUS_IO) == 0, 1, "end");
+	st = peer_reply(&c, &req, NULL, NULL);
+	TPT_REQUIRE(st == TPW__V1__STATUS__STATUS_IO && req == 3, 1, "the ended write: %d", st);
+	/* Admitted, then nothing sent while the link stays up: after the peer timeout (1 s) the
+	 * write fails with STATUS_TIMEOUT and its room comes back. */
+	TPT_REQUIRE(write_streamed(&c, id, 5, ITEM) == 0, 1, "write");
+	st = peer_reply(&c, &req, NULL, &xfer);
+	TPT_REQUIRE(st == TPW__V1__STATUS__STATUS_OK && req == 5 && xfer, 1, "go: %d", st);
+	TPT_REQUIRE(send_chunk(&data, xfer, 0, 4096) == 0, 1, "chunk");
+	st = peer_reply_pinging(&c, &req);
+	TPT_REQUIRE(st == TPW__V1__STATUS__STATUS_TIMEOUT && req == 5, 1, "the stalled write: %d",
+		    st);
+	/* Admitted, half sent, then the link goes. */
+	TPT_REQUIRE(write_streamed(&c, id, 4, ITEM) == 0, 1, "write");
+	st = peer_reply(&c, &req, NULL, &xfer);
+	TPT_REQUIRE(st == TPW__V1__STATUS__STATUS_OK && req == 4 && xfer, 1, "go: %d", st);
+	TPT_REQUIRE(send_chunk(&data, xfer, 0, ITEM / 2) == 0, 1, "chunk");
+	TPT_REQUIRE(tpt_sync_post(&go, 1) == 0, 1, "post"); /* the parent checks the channel */
+	TPT_REQUIRE(tpt_sync_wait(&back, T_MS) == 2, 1, "parent");
+	tpt_raw_close(&data);
+	tpt_raw_close(&c);
+	return 0;
+}
+
+/* Waits for the child @pid's post on go (its value), or its end (-ECHILD: it failed first). */
+static int wait_post(pid_t pid)
+{
+	for (int i = 0; i < 4 * T_MS / 200; i++) {
+		int r = tpt_sync_wait(&go, 200);
+
+		if (r != -ETIMEDOUT)
+			return r;
+		if (waitpid(pid, NULL, WNOHANG) == pid)
+			return -ECHILD;
+	}
+	return -ETIMEDOUT;
+}
+
+/* What `tpipctl --json channels` shows of "hosted": @field (a number) or -1. */
+static long chan_field(const char *field)
+{
+	char want[64], *out = tpt_ctl(&host, "channels", true), *p;
+	long v = -1;
+
+	snprintf(want, sizeof(want), "\"%s\": ", field);
+	p = strstr(out, want);
+	if (p)
+		v = strtol(p + strlen(want), NULL, 10);
+	free(out);
+	return v;
+}
+
+START_TEST(test_hostile_writer_leaves_no_partial_item)
+{
+	static const char *const args[] = { "--peer-insecure", "--peer-timeout", "1000", NULL };
+	struct tp_chan_options o = { .size = sizeof(o), .flags = TP_CHAN_CREATE, .owner_uid = -1,
+				     .capacity_bytes = CAP, .remote = TP_REMOTE_ANY_PEER };
+	const char item[] = "kept";
+	struct iovec iov = { .iov_base = (void *)item, .iov_len = 4 };
+	struct tp_context *ctx;
+	struct tp_chan *ch;
+	void *got;
+	size_t len;
+	pid_t pid;
+	int i;
+
+	ck_assert_int_eq(tpt_sync_init(&go), 0);
+	ck_assert_int_eq(tpt_sync_init(&back), 0);
+	ck_assert_int_eq(tpt_daemon_start_peer(&host, args), 0);
+	ck_assert_int_eq(tpt_ctx_new(&host, 0, "host", &ctx), 0);
+	ck_assert_int_eq(tp_chan_open(ctx, "hosted", &o, &ch), 0);
+	pid = tpt_fork(hostile_writer, NULL);
+	ck_assert_int_gt(pid, 0);
+	ck_assert_int_eq(wait_post(pid), 1);
+	/* Half an item in, its room reserved: nothing to read. */
+	ck_assert_int_eq(tp_chan_read(ch, &got, &len, 0), -EAGAIN);
+	ck_assert_int_eq(chan_field("items"), 0);
+	ck_assert_int_eq(chan_field("bytes"), ITEM);
+	ck_assert_int_eq(tpt_sync_post(&back, 2), 0);
+	ck_assert(tpt_wait_ok(pid, 4 * T_MS, "hostile writer"));
+	for (i = 0; i < 200 && chan_field("bytes") != 0; i++)
+		usleep(50000); /* polling what tpipctl shows, not a synchronisation */
+	ck_assert_int_eq(chan_field("bytes"), 0);
+	ck_assert_int_eq(chan_field("items"), 0);
+	ck_assert_int_eq(chan_field("remote_handles"), 0);
+	ck_assert(tpt_daemon_alive(&host));
+	ck_assert_int_eq(tp_chan_read(ch, &got, &len, 0), -EAGAIN);
+	ck_assert_int_eq(tp_chan_write(ch, &iov, 1, 0), 0); /* the channel works on */
+	ck_assert_int_eq(tp_chan_read(ch, &got, &len, 1000), 0);
+	ck_assert_uint_eq(len, 4);
+	free(got);
+	tp_chan_release(ch);
+	tp_context_free(ctx);
+	ck_assert_int_eq(tpt_daemon_stop(&host), 0);
+	tpt_sync_done(&go);
+	tpt_sync_done(&back);
+}
+END_TEST
+
+static Suite *chanxbig_suite(void)
+{
+	Suite *s = suite_create("sec_chanxbig");
+	TCase *tc = tcase_create("hostile");
+
+	tcase_set_timeout(tc, 120);
+	tcase_add_test(tc, test_hostile_writer_leaves_no_partial_item);
+	suite_add_tcase(s, tc);
+	return s;
+}
+
+int main(void)
+{
+	return tpt_run_suite(chanxbig_suite());
+}
