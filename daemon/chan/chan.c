@@ -1151,7 +1151,8 @@ static void write_answer(struct chan_handle *h, uint64_t req_id, bool lent)
 	r.released = h->released;
 	chan_reply_send(&h->who, &r, NULL, 0);
 	h->n_released -= n;
-	memmove(h->released, h->released + n, h->n_released * sizeof(*h->released));
+	if (h->n_released) /* (none: @h->released may be NULL) */
+		memmove(h->released, h->released + n, h->n_released * sizeof(*h->released));
 }
 
 /* Puts @batch (@n items, @bytes, room checked) into @h's channel and answers @req_id: at once

@@ -380,6 +380,7 @@ START_TEST(test_hosting_daemon_killed_fails_the_read)
 	ck_assert_msg(t1.tv_sec - t0.tv_sec < 20, "failed after %ld s",
 		      (long)(t1.tv_sec - t0.tv_sec));
 	tp_chan_release(xa);
+	tp_chan_release(xb); /* its daemon is gone: the handle is only freed */
 	tp_context_free(ca);
 	tp_context_free(cb);
 	free(p);
