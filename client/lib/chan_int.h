@@ -1,0 +1,85 @@
+/* SPDX-License-Identifier: BSD-3-Clause */
+/*
+ * The inside of the library's channels (tpclient.h, "channels"), shared by their files: chan.c
+ * (handles opened, closed and released, the requests and their answers, late reads given back),
+ * chanwrite.c (tp_chan_write(): items by reference, staged, and the staging buffers lent) and
+ * chanread.c (tp_chan_read(), tp_chan_read_into(), tp_chan_read_many() and the late reads they
+ * return). Nothing outside client/lib/chan*.c includes it.
+ */
+#ifndef TPC_CHAN_INT_H
+#define TPC_CHAN_INT_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <sys/uio.h>
+
+#include "internal.h"
+
+#define CHAN_LENT_MAX 8u		   /* staging buffers one handle lends at once, at most */
+#define CHAN_LENT_BYTES (64ull << 20) /* and their bytes */
+
+struct tp_chan {
+	struct tp_context *ctx;
+	uint64_t id;
+	char *name;
+	long owner_uid;	      /* as opened: a release reopens the channel to give items back */
+	bool remote;	      /* hosted by another host's daemon: items ride inline, unless */
+	bool remote_refs;     /* its daemon streams large items over the link (ChanReply 591) */
+	struct tpu_list late; /* chan_req of reads whose caller gave up, oldest first: waiting for
+			       * the daemon, or done with an item; under ctx->lock */
+	/* Staging buffers lent to the channel (ChanReply.lent), not yet given back; under
+	 * ctx->lock. */
+	struct tpc_buf *lent[CHAN_LENT_MAX];
+	unsigned n_lent;
+	uint64_t lent_bytes;
+};
+
+struct chan_req {
+	struct tpc_req req;   /* first: the reply handler finds the chan_req from it */
+	struct tpu_list node; /* in ch->late */
+	struct tp_chan *ch;   /* set once the read's caller gave up: heap-allocated, on ch->late */
+	struct iovec *items;  /* the answer's items, each malloc()ed (but see @into), @next first */
+	size_t n, next;
+	bool closed;
+	uint64_t chan_id;
+	bool remote_refs;
+	uint64_t held_len; /* the daemon holds an item of this length for the handle (or, with
+			    * -EMSGSIZE, the item that did not fit the read's allocation) */
+	/* A read naming where its item goes (ChanOp.segments): @dst, @dst_len bytes; the caller's
+	 * memory (@into) or a buffer this library allocated for the item. Never freed while the
+	 * daemon may still copy into it: a read released unanswered leaves it allocated. */
+	void *dst;
+	size_t dst_len;
+	bool into;
+	/* A staging buffer of the context the daemon copies the item into (then copied to @dst by
+	 * read_unstage()), or NULL. One whose read is never answered stays registered until the
+	 * context goes (the daemon may still copy into it). */
+	struct tpc_buf *stage;
+	/* A write (@write) and its answer: its staging buffer was lent; ids of buffers given back
+	 * (malloc()ed). */
+	bool write, lent;
+	uint64_t *released;
+	size_t n_released;
+};
+
+/* chan.c: a request's end, whether @ch has a late read done, sending a ChanOp and waiting for
+ * its answer (tpc_chan_call(): both), and whether a channel takes items by reference. */
+void tpc_chan_req_free(struct chan_req *cr);
+bool tpc_chan_late_ready_locked(struct tp_chan *ch);
+int tpc_chan_send(struct tp_context *ctx, Tpw__V1__ChanOp *op, const struct iovec *items,
+		  size_t n, struct chan_req *cr);
+int tpc_chan_wait_locked(struct tp_context *ctx, struct chan_req *cr, int wait_ms,
+			 struct tp_chan *late);
+int tpc_chan_call(struct tp_context *ctx, Tpw__V1__ChanOp *op, const struct iovec *items,
+		  size_t n, int wait_ms, struct chan_req *cr);
+bool tpc_chan_fast(const struct tp_chan *ch);
+
+/* chanwrite.c: the segment of a memory range by reference, whether the daemon refused a staging
+ * buffer, and the lent buffers dropped at release. */
+int tpc_chan_ref(struct tp_context *ctx, const void *p, size_t len, bool cma,
+		 Tpw__V1__Segment *g, Tpw__V1__ShmRef *ref);
+bool tpc_chan_stage_refused(struct tp_context *ctx, const struct tpc_buf *b);
+void tpc_chan_lent_drop(struct tp_chan *ch);
+
+#endif

@@ -1,0 +1,397 @@
+/* SPDX-License-Identifier: BSD-3-Clause */
+/*
+ * The read paths of the library's channels (chan_int.h): tp_chan_read(), tp_chan_read_into()
+ * and tp_chan_read_many(), an item held by the daemon read into an allocation (ChanOp.take_held),
+ * a staged item copied out, and the late reads whose items the next read returns. Leaves the
+ * handles and the requests' sending and answers to chan.c, the segments and staging buffers to
+ * chanwrite.c.
+ */
+#include <errno.h>
+#include <limits.h>
+#include <stddef.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/uio.h>
+
+#include "chan_int.h"
+#include "internal.h"
+
+/* Takes the oldest late read of @ch if it holds its item; lock held. Return: owned, or NULL. */
+static struct chan_req *late_take_locked(struct tp_chan *ch)
+{
+	struct chan_req *cr;
+
+	if (!tpc_chan_late_ready_locked(ch))
+		return NULL;
+	cr = tpu_list_first(&ch->late, struct chan_req, node);
+	tpu_list_remove(&cr->node);
+	return cr;
+}
+
+/* Sends READ @op of @ch for @cr (owned; its destination set) and waits for it. Return: owned
+ * chan_req to answer the call with (@cr, or an older late read's with its items), or NULL
+ * (-ENOMEM or a send error in *@ret_err). */
+/*
+ * An answered read's item out of its staging buffer (lock held): copied to the read's
+ * allocation, or, for the caller's allocation (@into), to one of its own (the caller gets
+ * another item there). Return: the staging buffer, to give back once the lock is dropped, or
+ * NULL.
+ */
+static struct tpc_buf *read_unstage_locked(struct chan_req *cr)
+{
+	struct tpc_buf *b = cr->stage;
+	void *to = cr->dst;
+
+	if (!b || !cr->req.done)
+		return NULL;
+	cr->stage = NULL;
+	if (!cr->n || cr->items[0].iov_base != b->addr)
+		return b;
+	if (cr->into && !(to = malloc(cr->items[0].iov_len ? cr->items[0].iov_len : 1))) {
+		cr->n = 0; /* no memory: the item is lost */
+		return b;
+	}
+	memcpy(to, b->addr, cr->items[0].iov_len);
+	cr->items[0].iov_base = to;
+	cr->dst = to;
+	cr->into = false;
+	return b;
+}
+
+/* read_unstage_locked() for the read a call returns (no lock held). */
+static void read_unstage(struct tp_context *ctx, struct chan_req *cr)
+{
+	struct tpc_buf *b;
+
+	if (!cr || !cr->stage)
+		return;
+	if (cr->n && cr->items[0].iov_base == cr->stage->addr) { /* unlocked: the caller's own */
+		memcpy(cr->dst, cr->stage->addr, cr->items[0].iov_len);
+		cr->items[0].iov_base = cr->dst;
+	}
+	pthread_mutex_lock(&ctx->lock);
+	b = read_unstage_locked(cr);
+	pthread_mutex_unlock(&ctx->lock);
+	tpc_buffer_stage_put(ctx, b, true);
+}
+
+static struct chan_req *chan_read_call(struct tp_chan *ch, Tpw__V1__ChanOp *op,
+				       struct chan_req *cr, int timeout_ms, int *ret_err)
+{
+	struct tp_context *ctx = ch->ctx;
+	struct tpc_buf *stage = NULL;
+	struct chan_req *got;
+	int r;
+
+	*ret_err = tpc_chan_send(ctx, op, NULL, 0, cr);
+	if (*ret_err < 0) {
+		if (!cr->into)
+			free(cr->dst); /* never sent: nobody copies into it */
+		tpc_buffer_stage_put(ctx, cr->stage, true);
+		free(cr);
+		return NULL;
+	}
+	pthread_mutex_lock(&ctx->lock);
+	r = tpc_chan_wait_locked(ctx, cr, timeout_ms, ch);
+	if (cr->req.done && tpc_chan_late_ready_locked(ch))
+		stage = read_unstage_locked(cr); /* not returned: its items must be its own */
+	if (!cr->req.done || (cr->n && tpc_chan_late_ready_locked(ch))) {
+		/* Gave up, or an older read's item came: this read's item waits on the handle. */
+		cr->ch = ch;
+		tpu_list_insert_tail(&ch->late, &cr->node);
+		got = r == -ETIMEDOUT ? NULL : late_take_locked(ch);
+		if (!got) { /* gave up: answer with a copy of the status and message */
+			got = calloc(1, sizeof(*got));
+			if (got) {
+				got->req = cr->req;
+				got->req.done = false;
+				got->req.status = -ETIMEDOUT;
+			}
+		}
+	} else if (tpc_chan_late_ready_locked(ch)) { /* failed, but an older read's item came */
+		tpc_chan_req_free(cr);
+		got = late_take_locked(ch);
+	} else {
+		got = cr;
+	}
+	pthread_mutex_unlock(&ctx->lock);
+	tpc_buffer_stage_put(ctx, stage, true);
+	if (!got)
+		*ret_err = tpc_error(-ENOMEM, "out of memory");
+	return got;
+}
+
+/*
+ * @g: where the daemon copies a read's item of up to @len bytes bound for @dst: @dst itself when
+ * it lies in one of the context's shared buffers, else a staging buffer (*@ret_stage; the item
+ * is copied on to @dst here), else @dst by CMA. Return: 0, or -EOPNOTSUPP (none of them).
+ */
+static int read_dst(struct tp_context *ctx, void *dst, size_t len, bool stage,
+		    Tpw__V1__Segment *g, Tpw__V1__ShmRef *ref, struct tpc_buf **ret_stage)
+{
+	struct tpc_buf *b = NULL;
+
+	*ret_stage = NULL;
+	if (tpc_chan_ref(ctx, dst, len, false, g, ref) == 0)
+		return 0;
+	pthread_mutex_lock(&ctx->send_lock);
+	if (!stage || tpc_buffer_stage_get(ctx, len, &b) < 0)
+		b = NULL;
+	pthread_mutex_unlock(&ctx->send_lock);
+	if (!b)
+		return tpc_chan_ref(ctx, dst, len, true, g, ref);
+	g->length = len;
+	g->loc_case = TPW__V1__SEGMENT__LOC_SHM;
+	g->shm = ref;
+	ref->buf_id = b->id;
+	ref->gen = b->gen;
+	ref->offset = 0;
+	*ret_stage = b;
+	return 0;
+}
+
+/* A new read request of @ch with destination @dst (@len bytes; @into: the caller's memory) or
+ * none. Return: owned, or NULL. */
+static struct chan_req *read_req_new(void *dst, size_t len, bool into)
+{
+	struct chan_req *cr = calloc(1, sizeof(*cr));
+
+	if (cr) {
+		cr->dst = dst;
+		cr->dst_len = len;
+		cr->into = into;
+	}
+	return cr;
+}
+
+/* The READ of @ch that takes the item the daemon holds for it (@len bytes) into a new
+ * allocation, by CMA. Return: as chan_read_call(). */
+static struct chan_req *read_held_call(struct tp_chan *ch, uint64_t len, bool stage,
+				       int timeout_ms, int *ret_err)
+{
+	Tpw__V1__ChanOp op = TPW__V1__CHAN_OP__INIT;
+	Tpw__V1__Segment g = TPW__V1__SEGMENT__INIT;
+	Tpw__V1__ShmRef ref = TPW__V1__SHM_REF__INIT;
+	void *buf = len <= SIZE_MAX ? malloc(len) : NULL;
+	struct chan_req *cr = buf ? read_req_new(buf, len, false) : NULL;
+
+	if (!cr) {
+		free(buf);
+		*ret_err = tpc_error(-ENOMEM, "out of memory for an item of %llu bytes",
+				     (unsigned long long)len);
+		return NULL;
+	}
+	/* A private allocation: through a staging buffer, else by CMA (the daemon held the item
+	 * because this context had CMA; it answers with an error if that changed). */
+	if (read_dst(ch->ctx, buf, len, stage, &g, &ref, &cr->stage) < 0) {
+		g.length = len;
+		g.loc_case = TPW__V1__SEGMENT__LOC_CMA_ADDR;
+		g.cma_addr = (uint64_t)(uintptr_t)buf;
+	}
+	op.op = TPW__V1__CHAN_OP_KIND__CHAN_OP_READ;
+	op.chan_id = ch->id;
+	op.timeout_ms = timeout_ms < 0 ? UINT32_MAX : (uint32_t)timeout_ms;
+	op.take_held = true;
+	op.n_segments = 1;
+	op.segments = (Tpw__V1__Segment *[]){ &g };
+	cr = chan_read_call(ch, &op, cr, timeout_ms, ret_err);
+	if (cr && cr->req.status == -ENOENT && tpc_chan_stage_refused(ch->ctx, cr->stage))
+		cr->req.status = -EAGAIN; /* the daemon refused the staging buffer: again without */
+	read_unstage(ch->ctx, cr);
+	return cr;
+}
+
+/*
+ * One read of up to @max items of @ch (@into: the caller's allocation for one item, or NULL):
+ * items a late read holds first, else one READ (and, for an item the daemon holds, the READ
+ * that takes it). Return: owned chan_req whose items from @next on answer the call (status 0),
+ * or NULL with *@ret_err (message set).
+ */
+static struct chan_req *chan_read_one(struct tp_chan *ch, size_t max, const struct iovec *into,
+				      bool stage, int timeout_ms, int *ret_err)
+{
+	Tpw__V1__ChanOp op = TPW__V1__CHAN_OP__INIT;
+	Tpw__V1__Segment g, *gp[1] = { &g };
+	Tpw__V1__ShmRef ref;
+	struct tpc_buf *buf = NULL;
+	bool held_stage = true;
+	struct chan_req *cr;
+
+	pthread_mutex_lock(&ch->ctx->lock);
+	cr = late_take_locked(ch); /* an item that came after its reader gave up goes first */
+	pthread_mutex_unlock(&ch->ctx->lock);
+	if (cr)
+		return cr;
+	op.op = TPW__V1__CHAN_OP_KIND__CHAN_OP_READ;
+	op.chan_id = ch->id;
+	op.timeout_ms = timeout_ms < 0 ? UINT32_MAX : (uint32_t)timeout_ms;
+	if (tpc_chan_fast(ch)) {
+		op.max_items = max > 1 ? (uint32_t)TPU_MIN(max, ch->ctx->lim.segments_max) : 0;
+		op.inline_only = !__atomic_load_n(&ch->ctx->cma_ok, __ATOMIC_RELAXED);
+	}
+	if (into) {
+		if (read_dst(ch->ctx, into->iov_base, into->iov_len, stage, &g, &ref, &buf) < 0) {
+			*ret_err = tpc_error(-EOPNOTSUPP, "tp_chan_read_into: the allocation is "
+					     "not in a shared buffer, and neither a staging buffer "
+					     "nor CMA is available");
+			return NULL;
+		}
+		op.n_segments = 1;
+		op.segments = gp;
+	}
+	cr = into ? read_req_new(into->iov_base, into->iov_len, true) : read_req_new(NULL, 0, 0);
+	if (!cr) {
+		tpc_buffer_stage_put(ch->ctx, buf, true);
+		*ret_err = tpc_error(-ENOMEM, "out of memory");
+		return NULL;
+	}
+	cr->stage = buf;
+	cr = chan_read_call(ch, &op, cr, timeout_ms, ret_err);
+	if (into && stage && cr && cr->req.status == -ENOENT &&
+	    tpc_chan_stage_refused(ch->ctx, cr->stage)) { /* refused before any item was taken */
+		read_unstage(ch->ctx, cr);
+		tpc_chan_req_free(cr);
+		return chan_read_one(ch, max, into, false, timeout_ms, ret_err);
+	}
+	read_unstage(ch->ctx, cr);
+	/* An item held for the handle: take it into a new allocation. Another thread reading the
+	 * handle may take it first (-ENOENT): then read again. */
+	for (unsigned tries = 0; cr && cr->req.status == 0 && !cr->n && cr->held_len && !into;) {
+		uint64_t len = cr->held_len;
+
+		tpc_chan_req_free(cr);
+		cr = read_held_call(ch, len, held_stage, timeout_ms, ret_err);
+		if (cr && cr->req.status == -EAGAIN)
+			held_stage = false; /* its staging buffer was refused: the item is still held */
+		else if (!cr || cr->req.status != -ENOENT || ++tries == 16)
+			break;
+		tpc_chan_req_free(cr);
+		if (!(cr = read_req_new(NULL, 0, false))) {
+			*ret_err = tpc_error(-ENOMEM, "out of memory");
+			break;
+		}
+		cr = chan_read_call(ch, &op, cr, timeout_ms, ret_err);
+	}
+	return cr;
+}
+
+/* The status of @cr's read of @ch as the call returns it; frees @cr on failure. @timeout_ms:
+ * the call's (0: an empty channel is -EAGAIN). */
+static int chan_read_status(struct tp_chan *ch, struct chan_req *cr, int timeout_ms)
+{
+	int r = cr->req.status;
+
+	if (r == -ETIMEDOUT && timeout_ms == 0 && cr->req.done)
+		r = -EAGAIN;
+	if (r == 0 && cr->next >= cr->n)
+		r = -EPROTO;
+	if (r < 0) {
+		r = tpc_error(r, "channel '%s': %s", ch->name,
+			      r == -EPROTO && !cr->req.status ? "an answer without an item"
+							       : cr->req.msg);
+		tpc_chan_req_free(cr);
+		return r < 0 ? r : -EPROTO; /* negative, so that no caller uses @cr (gcc -O3) */
+	}
+	return r;
+}
+
+/* Files what is left of @cr (items not taken) first on @ch's late reads, or frees it. */
+static void chan_req_keep(struct tp_chan *ch, struct chan_req *cr)
+{
+	if (cr->next >= cr->n)
+		return tpc_chan_req_free(cr);
+	pthread_mutex_lock(&ch->ctx->lock);
+	cr->ch = ch;
+	tpu_list_insert_head(&ch->late, &cr->node);
+	pthread_mutex_unlock(&ch->ctx->lock);
+}
+
+TP_EXPORT int tp_chan_read(struct tp_chan *ch, void **ret_item, size_t *ret_len, int timeout_ms)
+{
+	struct chan_req *cr;
+	bool closed;
+	int r;
+
+	if (!ch || !ret_item || !ret_len)
+		return tpc_error(-EINVAL, "tp_chan_read: NULL argument");
+	cr = chan_read_one(ch, 1, NULL, true, timeout_ms, &r);
+	if (!cr)
+		return r;
+	r = chan_read_status(ch, cr, timeout_ms);
+	if (r < 0)
+		return r;
+	*ret_item = cr->items[cr->next].iov_base;
+	*ret_len = cr->items[cr->next++].iov_len;
+	closed = cr->closed;
+	chan_req_keep(ch, cr);
+	return closed ? TP_CHAN_CLOSED : 0;
+}
+
+TP_EXPORT int tp_chan_read_into(struct tp_chan *ch, void *buf, size_t size, size_t *ret_len,
+				int timeout_ms)
+{
+	struct iovec into = { .iov_base = buf, .iov_len = size };
+	struct chan_req *cr;
+	struct iovec *it;
+	bool closed;
+	int r;
+
+	if (!ch || !buf || !size || !ret_len)
+		return tpc_error(-EINVAL, "tp_chan_read_into: NULL argument or no room");
+	if (!tpc_chan_fast(ch))
+		return tpc_error(-EOPNOTSUPP, "tp_chan_read_into: channel '%s' %s", ch->name,
+				 ch->remote ? "is on a host whose daemon cannot stream large items"
+					    : "is on a daemon before "
+				 "protocol minor 7");
+	cr = chan_read_one(ch, 1, &into, true, timeout_ms, &r);
+	if (!cr)
+		return r;
+	if (cr->req.status == -EMSGSIZE && cr->held_len)
+		*ret_len = cr->held_len; /* the item stays first in the channel */
+	r = chan_read_status(ch, cr, timeout_ms);
+	if (r < 0)
+		return r;
+	it = &cr->items[cr->next];
+	if (it->iov_base != buf) { /* inline, or a late read's */
+		if (it->iov_len > size) {
+			*ret_len = it->iov_len;
+			chan_req_keep(ch, cr);
+			return tpc_error(-EMSGSIZE, "channel '%s': an item of %zu bytes kept by this "
+					 "handle does not fit %zu", ch->name, it->iov_len, size);
+		}
+		memcpy(buf, it->iov_base, it->iov_len);
+		free(it->iov_base);
+	}
+	*ret_len = it->iov_len;
+	cr->next++;
+	closed = cr->closed;
+	chan_req_keep(ch, cr);
+	return closed ? TP_CHAN_CLOSED : 0;
+}
+
+TP_EXPORT int tp_chan_read_many(struct tp_chan *ch, struct tp_chan_item *items, size_t max,
+				size_t *ret_n, int timeout_ms)
+{
+	struct chan_req *cr;
+	bool closed;
+	size_t k = 0;
+	int r;
+
+	if (!ch || !items || !max || !ret_n)
+		return tpc_error(-EINVAL, "tp_chan_read_many: NULL argument or no room");
+	cr = chan_read_one(ch, max, NULL, true, timeout_ms, &r);
+	if (!cr)
+		return r;
+	r = chan_read_status(ch, cr, timeout_ms);
+	if (r < 0)
+		return r;
+	while (k < max && cr->next < cr->n) {
+		items[k].data = cr->items[cr->next].iov_base;
+		items[k++].len = cr->items[cr->next++].iov_len;
+	}
+	closed = cr->closed;
+	chan_req_keep(ch, cr);
+	*ret_n = k;
+	return closed ? TP_CHAN_CLOSED : 0;
+}

@@ -1,0 +1,195 @@
+/* SPDX-License-Identifier: BSD-3-Clause */
+/*
+ * The inside of tpd_chan (chan.h), shared by its files: chan.c (the registry, channels and their
+ * limits per uid, handles, open and unlink, the ops' entry and tpipctl rows), chanitem.c (items,
+ * the daemon's spare buffers and the staging buffers writers lend) and chanio.c (writes and
+ * reads: waits, delivery to readers, copies in and out). Nothing outside daemon/chan/chan*.c
+ * includes it.
+ */
+#ifndef TPD_CHAN_INT_H
+#define TPD_CHAN_INT_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+#include <sys/types.h>
+#include <sys/uio.h>
+
+#include "chan.h"
+#include "tpb.h"
+#include "tpu.h"
+
+struct event;
+struct tpd_session;
+
+#define CHAN_WAITS_PER_HANDLE 64u /* reads one handle may have waiting at once */
+#define CHAN_HANDLES_PER_SESSION 1024u
+#define CHAN_NO_DEADLINE UINT32_MAX
+/* Freed buffers of items copied in by reference kept for the next ones (malloc() would map and
+ * unmap, and the kernel zero, every large item's pages): at most this many, this many bytes,
+ * daemon-wide. */
+#define CHAN_SPARE_MAX 8u
+#define CHAN_SPARE_BYTES (64ull << 20)
+
+/* A staging buffer a writer lent to a channel (ChanOp.lend): items of the channel lie in it. The
+ * daemon keeps it mapped until the last of them leaves, and charges the channel owner's
+ * chan-bytes-per-uid the whole buffer meanwhile, besides the items (tpd_chans.lent). */
+struct chan_lend {
+	struct tpu_list node;	/* in chan_handle.lends; unlinked once the handle is gone */
+	struct chan_handle *h;	/* the lender, told when the last item leaves; NULL once gone */
+	struct chan *c;
+	struct tpb_buffer *buf; /* with a reference */
+	uint32_t items;
+};
+
+struct chan_item {
+	struct tpu_list node;
+	size_t len;
+	/* A write's item still in the writer's memory (no @data yet): where, with a reference
+	 * (tpd_chan_copy_put()). In a channel's list only when @lend: its bytes stay there. */
+	bool ref;
+	struct tpb_mem src;
+	struct chan_lend *lend;
+	size_t cap; /* an item copied in: @data's bytes, reusable (tpd_chans.spare); else 0 */
+	uint8_t data[];
+};
+
+/* What a read asks for. */
+struct chan_read {
+	uint64_t req_id;
+	uint32_t max;	    /* items one answer may carry (>= 1) */
+	bool fast;	    /* the reader takes held items (client minor >= 7) */
+	bool dst_set;	    /* the read names where a large item goes: */
+	struct tpb_mem dst; /* with a reference (tpd_chan_copy_put()) */
+	uint64_t room;
+};
+
+struct chan {
+	struct tpu_list node; /* in tpd_chans.chans while named, then tpd_chans.unlinked */
+	char *name;
+	uid_t uid;
+	Tpw__V1__Access access;
+	gid_t gid;
+	Tpw__V1__RemoteAccess remote; /* who on other hosts may open it (NONE, ANY_PEER, PEERS) */
+	char **remote_peers;	      /* REMOTE_PEERS: the identities allowed */
+	size_t n_remote_peers;
+	bool persistent, closed, named;
+	uint32_t cap_items;
+	uint64_t cap_bytes;
+	struct tpu_list items;	 /* chan_item, oldest first */
+	struct tpu_list waiters; /* chan_wait of reads, oldest first */
+	struct tpu_list writers; /* chan_wait of writes waiting for room, oldest first */
+	uint32_t n_items, n_handles, n_waiters, n_writers, n_remote;
+	/* @bytes counts the items in @items, those held for a handle or being copied to a reader
+	 * (@n_outs of them) and the batches being copied in (@res_items items). */
+	uint64_t bytes, written, read;
+	uint32_t res_items, n_outs;
+	struct tpu_list copies; /* chan_copy running; the channel stays while there are some */
+	struct tpd_chans *cs;
+};
+
+/* Whom a handle answers: a local session, or a peer link (the handle another host's daemon
+ * opened for its client, whose uid there is @uid: a claim, never a permission). */
+struct chan_who {
+	struct tpd_session *s; /* NULL for a peer link's */
+	struct tpd_peer *pr;
+	uint32_t uid;
+};
+
+struct chan_handle {
+	struct tpu_list node; /* in tpd_chans.handles */
+	struct chan_who who;
+	uint64_t id;
+	struct chan *c;
+	unsigned waits;	 /* reads waiting */
+	bool write_waits; /* a write waiting (one at most: its batch is held here) */
+	struct chan_item *held; /* an item too large to answer inline, out of @c for this handle's
+				 * next READ with take_held (ChanReply.held_len) */
+	struct tpu_list lends;	/* chan_lend of buffers this handle lent */
+	uint64_t *released;	/* ids of its lent buffers given up, for its next write's answer */
+	uint32_t n_released, cap_released;
+};
+
+struct chan_wait {
+	struct tpu_list node; /* in chan.waiters */
+	struct chan_handle *h;
+	uint64_t req_id;
+	struct event *ev;
+	struct tpd_chans *cs;
+	bool write;		/* a write waiting for room: its batch */
+	bool lend;		/* its items may stay in the buffer the writer lends */
+	struct tpu_list batch; /* chan_item */
+	size_t n;
+	uint64_t bytes;
+	struct chan_read rd; /* a read's */
+};
+
+/* A copy running between a client's memory and the daemon (chancopy.c): a batch of items
+ * coming in (its room reserved in the channel), or an item going out to a reader. */
+struct chan_copy {
+	struct tpu_list node; /* in chan.copies */
+	struct chan *c;
+	struct chan_handle *h; /* NULL once the handle is gone: nobody is answered */
+	uint64_t req_id;
+	struct tpu_list batch; /* in: the items being filled */
+	size_t n;
+	uint64_t bytes;
+	struct chan_item *item; /* out: the item */
+};
+
+struct tpd_chans {
+	struct tpd_daemon *d;
+	struct tpu_list chans;
+	/* Channels unlinked while something keeps them (a handle, a copy): no longer found by
+	 * name, still charged to their owner's chans-per-uid and chan-bytes-per-uid. */
+	struct tpu_list unlinked;
+	struct tpu_list handles;
+	uint64_t next_id;
+	struct tpd_chanx *x; /* channels and queues of other hosts (chanx.c) */
+	struct tpu_list spare; /* chan_item buffers to reuse, oldest first (CHAN_SPARE_*) */
+	unsigned n_spare;
+	uint64_t spare_bytes;
+	/* Bytes of lent buffers per channel owner, whether the channel is named or not. */
+	struct chan_lent_uid {
+		uid_t uid;
+		uint64_t bytes;
+	} *lent;
+	size_t n_lent, cap_lent;
+};
+
+/* chan.c: answers (reply_send: @r with @tail, @n_tail pieces; answer: a status, with @it inline
+ * if not NULL; answer_len: the length of an item a read did not get), the bytes lent to channels
+ * of a uid and those its channels hold, and the freeing of a channel nothing keeps. */
+void tpd_chan_reply_send(const struct chan_who *who, Tpw__V1__ChanReply *r,
+			 const struct iovec *tail, size_t n_tail);
+void tpd_chan_answer(const struct chan_who *who, uint64_t req_id, int err, const char *why,
+		     uint64_t id, bool closed, const struct chan_item *it);
+void tpd_chan_answer_len(const struct chan_handle *h, uint64_t req_id, int err,
+			 const char *why, uint64_t len);
+uint64_t *tpd_chan_lent_of(struct tpd_chans *cs, uid_t uid, bool add);
+uint64_t tpd_chan_uid_bytes(const struct tpd_chans *cs, uid_t uid, uint32_t *ret_count);
+void tpd_chan_maybe_free(struct chan *c);
+
+/* chanitem.c: where an item's bytes lie, freeing items and batches (or keeping their buffers),
+ * taking the oldest item out of a channel and back, a write's batch built from its op, and a
+ * batch kept in the buffer its writer lends. */
+const uint8_t *tpd_chan_item_bytes(const struct chan_item *it);
+void tpd_chan_item_free(struct tpd_chans *cs, struct chan_item *it);
+struct chan_item *tpd_chan_item_new_copied(struct tpd_chans *cs, size_t len);
+void tpd_chan_item_batch_free(struct tpd_chans *cs, struct tpu_list *batch);
+struct chan_item *tpd_chan_item_take(struct chan *c);
+void tpd_chan_item_give_back(struct chan *c, struct chan_item *it);
+void tpd_chan_item_done(struct chan *c, struct chan_item *it);
+int tpd_chan_item_batch_build(struct tpd_session *s, const Tpw__V1__ChanOp *o, const uint8_t *tail,
+			      struct tpu_list *batch, char *why, size_t wl);
+bool tpd_chan_item_lend_batch(struct chan_handle *h, struct tpu_list *batch, uint64_t bytes);
+
+/* chanio.c: the end of a wait, serving a channel's waiting readers and writers, and the WRITE
+ * and READ ops of a handle. */
+void tpd_chan_io_wait_free(struct chan_wait *w);
+void tpd_chan_io_serve(struct chan *c);
+void tpd_chan_io_write(struct tpd_chans *cs, struct chan_handle *h, const Tpw__V1__ChanOp *o,
+		       const uint8_t *tail, size_t tail_len);
+void tpd_chan_io_read(struct tpd_chans *cs, struct chan_handle *h, const Tpw__V1__ChanOp *o);
+
+#endif

@@ -1,0 +1,597 @@
+/* SPDX-License-Identifier: BSD-3-Clause */
+/*
+ * WRITE and READ on the daemon's channels (chan_int.h): a batch admitted, refused or waiting
+ * for room, a read answered, refused or waiting for an item, with their deadlines; which item
+ * goes inline, into a reader's allocation or held for a reader; the copies of items by
+ * reference in and of large items out (chancopy.c, or over a peer link: chanxbig.c). Leaves
+ * channels, handles, OPEN, UNLINK, CLOSE and RELEASE to chan.c, and the items and lent buffers
+ * themselves to chanitem.c. Everything runs on the daemon's loop thread.
+ */
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <event2/event.h>
+
+#include "chan_int.h"
+#include "chancopy.h"
+#include "chanx.h"
+#include "config.h"
+#include "core.h"
+#include "peer.h"
+#include "session.h"
+#include "tpu.h"
+#include "validate.h"
+
+void tpd_chan_io_wait_free(struct chan_wait *w)
+{
+	tpu_list_remove(&w->node);
+	if (w->write) {
+		tpd_chan_item_batch_free(w->cs, &w->batch);
+		w->h->c->n_writers--;
+		w->h->write_waits = false;
+	} else {
+		tpd_chan_copy_put(&w->rd.dst);
+		w->h->c->n_waiters--;
+		w->h->waits--;
+	}
+	if (w->ev)
+		event_free(w->ev);
+	free(w);
+}
+
+/* Answers @rd with the oldest items of @c, inline: the first, and while @rd takes more, the
+ * following ones that ride inline too, up to the daemon's inline limit in all. */
+static void deliver_inline(struct chan_handle *h, const struct chan_read *rd)
+{
+	uint32_t inline_max = tpd_daemon_limits(h->c->cs->d)->inline_max;
+	Tpw__V1__ChanReply r = TPW__V1__CHAN_REPLY__INIT;
+	struct chan *c = h->c;
+	uint64_t one_len, total = 0;
+	struct iovec one_iov, *iov = &one_iov;
+	uint64_t *lens = &one_len;
+	struct chan_item *it;
+	size_t n = 0, max = rd->max;
+
+	if (max > 1 && (!(iov = calloc(max, sizeof(*iov))) || !(lens = calloc(max, sizeof(*lens))))) {
+		free(iov);
+		iov = &one_iov;
+		lens = &one_len;
+		max = 1; /* without memory for a batch, one item */
+	}
+	tpu_list_for_each(it, &c->items, node) {
+		if (n && (n == max || it->len > TPW_CHAN_INLINE_ITEM || total + it->len > inline_max))
+			break;
+		iov[n] = (struct iovec){ .iov_base = (void *)tpd_chan_item_bytes(it),
+					 .iov_len = it->len };
+		lens[n++] = it->len;
+		total += it->len;
+	}
+	r.req_id = rd->req_id;
+	r.status = tpw_status_from_errno(0);
+	r.chan_id = h->id;
+	r.closed = c->closed;
+	r.n_lengths = n;
+	r.lengths = lens;
+	tpd_chan_reply_send(&h->who, &r, iov, n);
+	for (size_t i = 0; i < n; i++)
+		tpd_chan_item_done(c, tpd_chan_item_take(c));
+	if (iov != &one_iov)
+		free(iov);
+	if (lens != &one_len)
+		free(lens);
+}
+
+static void copy_out(struct chan_handle *h, uint64_t req_id, struct chan_item *it,
+		     const struct tpb_mem *dst);
+
+/* Hands the oldest item of @c to @h's read @rd (which must be there): inline, into the read's
+ * allocation, or held for @h (a large item and a reader that takes held items); a read that
+ * cannot take it fails and leaves it first in @c. */
+static void chan_deliver(struct chan_handle *h, const struct chan_read *rd)
+{
+	struct chan *c = h->c;
+	struct chan_item *it = tpu_list_first(&c->items, struct chan_item, node);
+	char why[160];
+
+	if (rd->dst_set && it->len > rd->room) {
+		snprintf(why, sizeof(why), "an item of %zu bytes does not fit the read's %llu",
+			 it->len, (unsigned long long)rd->room);
+		return tpd_chan_answer_len(h, rd->req_id, -EMSGSIZE, why, it->len);
+	}
+	if (rd->dst_set && (it->len > TPW_CHAN_INLINE_ITEM ||
+			    (rd->dst.buf && it->len > TPW_CHAN_SHM_ITEM)))
+		return copy_out(h, rd->req_id, tpd_chan_item_take(c), &rd->dst);
+	if (it->len <= TPW_CHAN_INLINE_ITEM)
+		return deliver_inline(h, rd);
+	if (rd->fast) { /* another read of @h (another thread) may have been answered first */
+		if (!h->held)
+			h->held = tpd_chan_item_take(c);
+		return tpd_chan_answer_len(h, rd->req_id, 0, NULL, h->held->len);
+	}
+	if (it->len <= tpd_daemon_limits(c->cs->d)->inline_max)
+		return deliver_inline(h, rd);
+	snprintf(why, sizeof(why), "an item of %zu bytes is above the inline limit %u%s", it->len,
+		 tpd_daemon_limits(c->cs->d)->inline_max, h->who.pr ? " (items cross hosts "
+		 "inline)" : ": this client library reads no larger item");
+	tpd_chan_answer(&h->who, rd->req_id, -EMSGSIZE, why, h->id, c->closed, NULL);
+}
+
+static bool chan_fits(const struct chan *c, size_t n, uint64_t bytes)
+{
+	return c->n_items + c->res_items + n <= c->cap_items && c->bytes + bytes <= c->cap_bytes;
+}
+
+/* Is @c closed with nothing left to read: no item in it, none out for a reader? */
+static bool chan_drained(const struct chan *c)
+{
+	return c->closed && !c->n_items && !c->n_outs;
+}
+
+/* Moves @batch (@n items, @bytes) to the end of @c, contiguous: nothing runs in between. */
+static void chan_append(struct chan *c, struct tpu_list *batch, size_t n, uint64_t bytes)
+{
+	struct chan_item *it, *tmp;
+
+	tpu_list_for_each_safe(it, tmp, batch, node) {
+		tpu_list_remove(&it->node);
+		tpu_list_insert_tail(&c->items, &it->node);
+	}
+	c->n_items += (uint32_t)n;
+	c->bytes += bytes;
+	c->written += n;
+}
+
+static void serve_readers(struct chan *c);
+
+static void chan_admit(struct chan_handle *h, uint64_t req_id, struct tpu_list *batch, size_t n,
+		       uint64_t bytes, bool lend);
+
+static void write_answer(struct chan_handle *h, uint64_t req_id, bool lent);
+
+/* Lets the oldest waiting writes in while they fit; on close fails them all. */
+static void serve_writers(struct tpd_chans *cs, struct chan *c)
+{
+	struct chan_wait *w, *tmp;
+
+	tpu_list_for_each_safe(w, tmp, &c->writers, node) {
+		if (c->closed) {
+			tpd_chan_answer(&w->h->who, w->req_id, -EPIPE, "the channel was closed",
+					w->h->id, true, NULL);
+		} else if (!chan_fits(c, w->n, w->bytes)) {
+			break;
+		} else if (tpd_chan_uid_bytes(cs, c->uid, NULL) + w->bytes >
+			   tpd_daemon_cfg(cs->d)->chan_bytes_per_uid) {
+			tpd_chan_answer(&w->h->who, w->req_id, -ENOBUFS, "the channel owner's "
+					"chan-bytes-per-uid is spent", w->h->id, false, NULL);
+		} else {
+			chan_admit(w->h, w->req_id, &w->batch, w->n, w->bytes, w->lend);
+		}
+		tpd_chan_io_wait_free(w);
+	}
+}
+
+/* Gives items to waiting readers and room to waiting writers, oldest first, until neither can
+ * go on. */
+void tpd_chan_io_serve(struct chan *c)
+{
+	uint32_t before;
+
+	do { /* every pass that does something ends a wait: this ends */
+		before = c->n_waiters + c->n_writers;
+		serve_readers(c);
+		serve_writers(c->cs, c);
+	} while (c->n_waiters + c->n_writers != before);
+}
+
+/* Gives items to waiting readers, oldest reader first; on a closed, empty channel tells every
+ * remaining reader it is drained. */
+static void serve_readers(struct chan *c)
+{
+	struct chan_wait *w, *tmp;
+
+	tpu_list_for_each_safe(w, tmp, &c->waiters, node) {
+		if (c->n_items) {
+			chan_deliver(w->h, &w->rd);
+		} else if (chan_drained(c)) {
+			tpd_chan_answer(&w->h->who, w->req_id, -EPIPE,
+					"the channel is closed and drained", w->h->id, true, NULL);
+		} else {
+			break;
+		}
+		tpd_chan_io_wait_free(w);
+	}
+}
+
+static void wait_on_timeout(evutil_socket_t fd, short what, void *arg)
+{
+	struct chan_wait *w = arg;
+
+	(void)fd;
+	(void)what;
+	tpd_chan_answer(&w->h->who, w->req_id, -ETIMEDOUT, w->write ? "the channel stayed full: "
+			"nothing written" : "no item within the timeout", w->h->id, w->h->c->closed,
+			NULL);
+	tpd_chan_io_wait_free(w);
+}
+
+/* A wait of @h for @req_id, with a timer unless @timeout_ms is CHAN_NO_DEADLINE. Return: owned
+ * (tpd_chan_io_wait_free()), or NULL without memory. */
+static struct chan_wait *wait_new(struct tpd_chans *cs, struct chan_handle *h, uint64_t req_id,
+				  uint32_t timeout_ms)
+{
+	struct chan_wait *w = calloc(1, sizeof(*w));
+	struct timeval tv;
+
+	if (!w)
+		return NULL;
+	tpu_list_init(&w->node);
+	tpu_list_init(&w->batch);
+	if (timeout_ms != CHAN_NO_DEADLINE) {
+		w->ev = evtimer_new(tpd_daemon_base(cs->d), wait_on_timeout, w);
+		tv.tv_sec = timeout_ms / 1000;
+		tv.tv_usec = (suseconds_t)(timeout_ms % 1000) * 1000;
+		/* The deadline runs from now, not from the loop pass's cached start. */
+		event_base_update_cache_time(tpd_daemon_base(cs->d));
+		if (!w->ev || evtimer_add(w->ev, &tv) < 0) {
+			if (w->ev)
+				event_free(w->ev);
+			free(w);
+			return NULL;
+		}
+	}
+	w->h = h;
+	w->req_id = req_id;
+	w->cs = cs;
+	return w;
+}
+
+static void chan_copy_free(struct chan_copy *cp)
+{
+	struct chan *c = cp->c;
+
+	tpu_list_remove(&cp->node);
+	tpd_chan_item_batch_free(c->cs, &cp->batch);
+	free(cp);
+	tpd_chan_maybe_free(c);
+}
+
+/* A batch copied in (@status 0) goes to the end of its channel, unless the channel was closed
+ * meanwhile; its writer, if still there, is answered. */
+static void copy_in_on_done(void *arg, int status, const char *why)
+{
+	struct chan_copy *cp = arg;
+	struct chan *c = cp->c;
+
+	c->res_items -= (uint32_t)cp->n;
+	c->bytes -= cp->bytes;
+	if (status == 0 && c->closed) {
+		status = -EPIPE;
+		why = "the channel was closed while the batch was copied";
+	}
+	if (status == 0)
+		chan_append(c, &cp->batch, cp->n, cp->bytes);
+	if (cp->h && status == 0)
+		write_answer(cp->h, cp->req_id, false);
+	else if (cp->h)
+		tpd_chan_answer(&cp->h->who, cp->req_id, status, why, cp->h->id, c->closed, NULL);
+	tpd_chan_io_serve(c);
+	chan_copy_free(cp);
+}
+
+/* Starts copying the items by reference of @batch into items of the daemon; they take the
+ * place of the references in @cp->batch. Return: 0 or -errno (@batch unchanged). */
+static int copy_in_start(struct chan_copy *cp, struct tpu_list *batch)
+{
+	struct tpb_xfer *x = calloc(cp->n, sizeof(*x));
+	struct chan_item *it, *tmp, *dup;
+	size_t k = 0;
+	int r = -ENOMEM;
+
+	if (!x)
+		return -ENOMEM;
+	tpu_list_for_each(it, batch, node) {
+		dup = it->ref ? tpd_chan_item_new_copied(cp->c->cs, it->len) : NULL;
+		if (it->ref && !dup)
+			goto fail;
+		if (!dup)
+			continue;
+		x[k++] = (struct tpb_xfer){ .src = it->src, .len = it->len,
+					    .dst = { .loc = TPB_LOC_LOCAL,
+						     .addr = (uint64_t)(uintptr_t)dup->data } };
+		tpu_list_insert_tail(&cp->batch, &dup->node);
+	}
+	if (cp->h && cp->h->who.pr) /* a peer's write: its items come over the link */
+		r = tpd_chanx_big_copy_in(cp->c->cs->d, cp->h->who.pr, cp->req_id, cp->h->id, x,
+					  k, copy_in_on_done, cp);
+	else
+		r = tpd_chan_copy_start(cp->c->cs->d, x, k, copy_in_on_done, cp);
+	if (r < 0)
+		goto fail;
+	/* The copy holds its own references: the batch's items by reference give way to theirs,
+	 * in order, and the inline ones stay. */
+	tpu_list_for_each_safe(it, tmp, batch, node) {
+		if (!it->ref)
+			continue;
+		dup = tpu_list_first(&cp->batch, struct chan_item, node);
+		tpu_list_remove(&dup->node);
+		tpu_list_insert_tail(&it->node, &dup->node); /* before @it */
+		tpu_list_remove(&it->node);
+		tpd_chan_item_free(NULL, it);
+	}
+	tpu_list_splice_tail(&cp->batch, batch);
+	free(x);
+	return 0;
+fail:
+	tpd_chan_item_batch_free(cp->c->cs, &cp->batch);
+	free(x);
+	return r;
+}
+
+/* A new copy of @h's request @req_id on its channel. Return: owned (chan_copy_free()), or
+ * NULL. */
+static struct chan_copy *copy_new(struct chan_handle *h, uint64_t req_id)
+{
+	struct chan_copy *cp = calloc(1, sizeof(*cp));
+
+	if (!cp)
+		return NULL;
+	cp->c = h->c;
+	cp->h = h;
+	cp->req_id = req_id;
+	tpu_list_init(&cp->batch);
+	tpu_list_insert_tail(&h->c->copies, &cp->node);
+	return cp;
+}
+
+/* Answers @h's write @req_id: done, its items lent (@lent) or copied, with the ids of the
+ * buffers @h lent that the channel gave up since its last answer. */
+static void write_answer(struct chan_handle *h, uint64_t req_id, bool lent)
+{
+	Tpw__V1__ChanReply r = TPW__V1__CHAN_REPLY__INIT;
+	uint32_t n = TPU_MIN(h->n_released, TPW_CHAN_RELEASED_MAX);
+
+	r.req_id = req_id;
+	r.status = tpw_status_from_errno(0);
+	r.message = (char *)"";
+	r.chan_id = h->id;
+	r.closed = h->c->closed;
+	r.lent = lent;
+	r.n_released = n;
+	r.released = h->released;
+	tpd_chan_reply_send(&h->who, &r, NULL, 0);
+	h->n_released -= n;
+	if (h->n_released) /* (none: @h->released may be NULL) */
+		memmove(h->released, h->released + n, h->n_released * sizeof(*h->released));
+}
+
+/* Puts @batch (@n items, @bytes, room checked) into @h's channel and answers @req_id: at once
+ * when every item is in the daemon already or stays in the buffer the writer lends (@lend),
+ * else once its items by reference are copied in (their room reserved meanwhile). Takes
+ * @batch's items. */
+static void chan_admit(struct chan_handle *h, uint64_t req_id, struct tpu_list *batch, size_t n,
+		       uint64_t bytes, bool lend)
+{
+	struct chan *c = h->c;
+	struct chan_copy *cp = NULL;
+	struct chan_item *it;
+	bool refs = false, lent = lend && tpd_chan_item_lend_batch(h, batch, bytes);
+	int r = -ENOMEM;
+
+	tpu_list_for_each(it, batch, node)
+		refs |= it->ref && !it->lend;
+	if (!refs) {
+		chan_append(c, batch, n, bytes);
+		return write_answer(h, req_id, lent);
+	}
+	cp = copy_new(h, req_id);
+	if (cp) {
+		cp->n = n;
+		cp->bytes = bytes;
+		r = copy_in_start(cp, batch);
+	}
+	if (r < 0) {
+		tpd_chan_item_batch_free(c->cs, batch);
+		if (cp)
+			chan_copy_free(cp);
+		return tpd_chan_answer(&h->who, req_id, r, r == -ENOMEM ? "out of memory" :
+				       "no channel copies the writer's memory", h->id, false, NULL);
+	}
+	c->res_items += (uint32_t)n;
+	c->bytes += bytes;
+}
+
+/* A copy of an item to a reader ended: delivered (@status 0, the reader still there), or the
+ * item goes back to the head of its channel for the next reader. */
+static void copy_out_on_done(void *arg, int status, const char *why)
+{
+	struct chan_copy *cp = arg;
+	struct chan *c = cp->c;
+	Tpw__V1__ChanReply r = TPW__V1__CHAN_REPLY__INIT;
+	uint64_t len = cp->item->len;
+
+	if (status == 0 && cp->h) {
+		tpd_chan_item_done(c, cp->item);
+		r.req_id = cp->req_id;
+		r.status = tpw_status_from_errno(0);
+		r.chan_id = cp->h->id;
+		r.closed = c->closed;
+		r.n_lengths = 1;
+		r.lengths = &len;
+		r.copied = true;
+		tpd_chan_reply_send(&cp->h->who, &r, NULL, 0);
+	} else {
+		tpd_chan_item_give_back(c, cp->item);
+		if (cp->h)
+			tpd_chan_answer(&cp->h->who, cp->req_id, status, why, cp->h->id, c->closed,
+					NULL);
+	}
+	tpd_chan_io_serve(c);
+	chan_copy_free(cp);
+}
+
+/* Copies @it (taken out of @h's channel) into the reader's allocation @dst and answers
+ * @req_id once done; on failure the item goes back to the head. Borrows @dst. */
+static void copy_out(struct chan_handle *h, uint64_t req_id, struct chan_item *it,
+		     const struct tpb_mem *dst)
+{
+	struct tpb_xfer x = { .src = { .loc = TPB_LOC_LOCAL, .addr = (uint64_t)(uintptr_t)it->data },
+			      .dst = *dst, .len = it->len };
+
+	if (it->lend)
+		x.src = it->src; /* the copy holds the lent buffer too */
+	struct chan_copy *cp = copy_new(h, req_id);
+	int r = !cp ? -ENOMEM : dst->loc == TPB_LOC_REMOTE ?
+		tpd_chanx_big_copy_out(h->who.pr, &x, copy_out_on_done, cp) :
+		tpd_chan_copy_start(h->c->cs->d, &x, 1, copy_out_on_done, cp);
+
+	if (r == 0) {
+		cp->item = it;
+		return;
+	}
+	if (cp)
+		chan_copy_free(cp);
+	tpd_chan_item_give_back(h->c, it);
+	tpd_chan_answer(&h->who, req_id, r, "cannot copy the item into the read's allocation",
+			h->id, h->c->closed, NULL);
+}
+
+/* Appends @o's batch (validated: lengths add up to the inline items in @tail) or refuses all
+ * of it; a write that does not fit waits for room up to its timeout, behind earlier waiting
+ * writes. Items by reference are copied in once the batch is admitted. */
+void tpd_chan_io_write(struct tpd_chans *cs, struct chan_handle *h, const Tpw__V1__ChanOp *o,
+		       const uint8_t *tail, size_t tail_len)
+{
+	const struct tpd_config *cfg = tpd_daemon_cfg(cs->d);
+	struct tpu_list batch = TPU_LIST_INIT(batch);
+	struct chan *c = h->c;
+	uint64_t bytes = tail_len;
+	struct chan_wait *w;
+	char why[200];
+	bool fits;
+	int r;
+
+	for (size_t i = 0; o->n_segments && i < o->n_lengths; i++)
+		bytes += o->segments[i]->loc_case == TPW__V1__SEGMENT__LOC_INLINE_OFF ?
+			 0 : o->lengths[i]; /* validated: no overflow */
+	for (size_t i = 0; i < o->n_streamed; i++)
+		bytes += o->streamed[i] ? o->lengths[i] : 0;
+	if (c->closed)
+		return tpd_chan_answer(&h->who, o->req_id, -EPIPE, "the channel is closed", h->id,
+				       true, NULL);
+	if (o->n_lengths > c->cap_items || bytes > c->cap_bytes)
+		return tpd_chan_answer(&h->who, o->req_id, -EMSGSIZE, "the batch exceeds the "
+				       "channel's capacity", h->id, false, NULL);
+	if (tpd_chan_uid_bytes(cs, c->uid, NULL) + bytes > cfg->chan_bytes_per_uid)
+		return tpd_chan_answer(&h->who, o->req_id, -ENOBUFS, "the channel owner's "
+				       "chan-bytes-per-uid is spent", h->id, false, NULL);
+	fits = tpu_list_empty(&c->writers) && chan_fits(c, o->n_lengths, bytes);
+	if (!fits && (o->timeout_ms == 0 || h->write_waits))
+		return tpd_chan_answer(&h->who, o->req_id, -ENOBUFS, h->write_waits ? "a write of "
+				       "this handle already waits" : "the channel is full", h->id,
+				       false, NULL);
+	r = tpd_chan_item_batch_build(h->who.s, o, tail, &batch, why, sizeof(why));
+	if (r < 0)
+		return tpd_chan_answer(&h->who, o->req_id, r, why, h->id, false, NULL);
+	if (fits) {
+		chan_admit(h, o->req_id, &batch, o->n_lengths, bytes, o->lend);
+		return tpd_chan_io_serve(c);
+	}
+	w = wait_new(cs, h, o->req_id, o->timeout_ms);
+	if (!w) {
+		tpd_chan_item_batch_free(cs, &batch);
+		return tpd_chan_answer(&h->who, o->req_id, -ENOMEM, "out of memory", h->id, false,
+				       NULL);
+	}
+	w->write = true;
+	w->lend = o->lend;
+	tpu_list_insert_tail(&batch, &w->batch); /* the batch's items now hang off w->batch */
+	tpu_list_remove(&batch);
+	w->n = o->n_lengths;
+	w->bytes = bytes;
+	h->write_waits = true;
+	c->n_writers++;
+	tpu_list_insert_tail(&c->writers, &w->node);
+}
+
+/* A READ of @h while it holds an item (or one naming it, take_held): the held item into the
+ * read's allocation, or its length again. */
+static void read_held(struct chan_handle *h, const struct chan_read *rd)
+{
+	struct chan_item *it = h->held;
+	char why[120];
+
+	if (!it)
+		return tpd_chan_answer(&h->who, rd->req_id, -ENOENT, "this handle holds no item",
+				       h->id, h->c->closed, NULL);
+	if (!rd->dst_set)
+		return tpd_chan_answer_len(h, rd->req_id, 0, NULL, it->len);
+	if (it->len > rd->room) {
+		snprintf(why, sizeof(why), "the held item of %zu bytes does not fit the read's %llu",
+			 it->len, (unsigned long long)rd->room);
+		return tpd_chan_answer_len(h, rd->req_id, -EMSGSIZE, why, it->len);
+	}
+	h->held = NULL;
+	copy_out(h, rd->req_id, it, &rd->dst);
+}
+
+/* @o's READ as a struct chan_read, its destination resolved in @h's session. Return: 0 or
+ * -errno (the reason in @why). */
+static int read_params(struct chan_handle *h, const Tpw__V1__ChanOp *o, struct chan_read *rd,
+		       char *why, size_t wl)
+{
+	*rd = (struct chan_read){ .req_id = o->req_id, .max = o->max_items ? o->max_items : 1 };
+	rd->fast = (h->who.s ? tpd_session_client_minor(h->who.s) >= TPW_MINOR_CHAN_FAST
+			     : tpd_peer_chan_far_minor(h->who.pr) >= TPW_PEER_MINOR_CHAN_STREAM) &&
+		   !o->inline_only;
+	if (h->who.pr && o->xfer_id) { /* the forwarding daemon's receive (chanx.c) */
+		rd->room = o->room;
+		rd->dst_set = true;
+		rd->dst = (struct tpb_mem){ .loc = TPB_LOC_REMOTE, .addr = o->xfer_id };
+		return 0;
+	}
+	if (!o->n_segments)
+		return 0;
+	rd->room = o->segments[0]->length;
+	rd->dst_set = true;
+	return tpd_chan_copy_resolve(h->who.s, o->segments[0], &rd->dst, why, wl);
+}
+
+void tpd_chan_io_read(struct tpd_chans *cs, struct chan_handle *h, const Tpw__V1__ChanOp *o)
+{
+	struct chan *c = h->c;
+	struct chan_wait *w = NULL;
+	struct chan_read rd;
+	char why[200];
+	int r = read_params(h, o, &rd, why, sizeof(why));
+
+	if (r < 0)
+		return tpd_chan_answer(&h->who, o->req_id, r, why, h->id, c->closed, NULL);
+	if (h->held || o->take_held) {
+		read_held(h, &rd);
+		return tpd_chan_copy_put(&rd.dst);
+	}
+	if (c->n_items && tpu_list_empty(&c->waiters)) {
+		chan_deliver(h, &rd);
+		tpd_chan_copy_put(&rd.dst);
+		return tpd_chan_io_serve(c); /* room for waiting writers */
+	}
+	if (chan_drained(c))
+		tpd_chan_answer(&h->who, o->req_id, -EPIPE, "the channel is closed and drained",
+				h->id, true, NULL);
+	else if (o->timeout_ms == 0)
+		tpd_chan_answer(&h->who, o->req_id, -ETIMEDOUT, "the channel is empty", h->id,
+				c->closed, NULL);
+	else if (h->waits >= CHAN_WAITS_PER_HANDLE)
+		tpd_chan_answer(&h->who, o->req_id, -ENOBUFS, "too many reads waiting on this "
+				"handle", h->id, false, NULL);
+	else if (!(w = wait_new(cs, h, o->req_id, o->timeout_ms)))
+		tpd_chan_answer(&h->who, o->req_id, -ENOMEM, "out of memory", h->id, false, NULL);
+	if (!w)
+		return tpd_chan_copy_put(&rd.dst);
+	w->rd = rd; /* the wait keeps the destination's reference */
+	h->waits++;
+	c->n_waiters++;
+	tpu_list_insert_tail(&c->waiters, &w->node);
+	tpd_chan_io_serve(c);
+}

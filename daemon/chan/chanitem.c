@@ -1,0 +1,245 @@
+/* SPDX-License-Identifier: BSD-3-Clause */
+/*
+ * The items of the daemon's channels (chan_int.h): where an item's bytes lie, items and batches
+ * made and freed, the spare buffers of items copied in kept for the next ones, the oldest item
+ * taken out of a channel and given back, a write's batch built from its op, and the staging
+ * buffers writers lend (ChanOp.lend) with their charge to the channel owner. Leaves channels,
+ * handles and the limits per uid to chan.c, and when items move (writes, reads, copies) to
+ * chanio.c. Everything runs on the daemon's loop thread.
+ */
+#include <errno.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "chan_int.h"
+#include "chancopy.h"
+#include "config.h"
+#include "core.h"
+#include "tpu.h"
+#include "validate.h"
+
+/* Where @it's bytes lie: in the daemon, or in the buffer its writer lent. */
+const uint8_t *tpd_chan_item_bytes(const struct chan_item *it)
+{
+	return it->lend ? (const uint8_t *)(uintptr_t)it->src.addr : it->data;
+}
+
+/* One item of lent buffer @l left its channel; the last one gives the buffer back to its lender
+ * (the id in its handle's next write answer) and the channel owner the buffer's charge. */
+static void lend_put(struct chan_lend *l)
+{
+	struct chan_handle *h = l->h;
+	uint64_t *v;
+
+	uint64_t *lent;
+
+	if (--l->items)
+		return;
+	lent = tpd_chan_lent_of(l->c->cs, l->c->uid, false);
+	if (lent) /* there since tpd_chan_item_lend_batch() */
+		*lent -= l->buf->size;
+	if (lent && !*lent) { /* the owner lends nothing more: its entry goes */
+		struct tpd_chans *cs = l->c->cs;
+		struct chan_lent_uid *e = tpu_container_of(lent, struct chan_lent_uid, bytes);
+
+		*e = cs->lent[--cs->n_lent];
+	}
+	if (h && h->n_released == h->cap_released) {
+		v = realloc(h->released, (h->cap_released * 2 + 8) * sizeof(*v));
+		if (v) { /* else the lender keeps the buffer until it releases the handle */
+			h->released = v;
+			h->cap_released = h->cap_released * 2 + 8;
+		}
+	}
+	if (h && h->n_released < h->cap_released)
+		h->released[h->n_released++] = l->buf->id;
+	tpu_list_remove(&l->node);
+	tpb_buffer_unref(l->buf);
+	free(l);
+}
+
+/* Frees @it, or keeps its buffer in @cs (may be NULL) for a later item copied in. */
+void tpd_chan_item_free(struct tpd_chans *cs, struct chan_item *it)
+{
+	struct chan_item *old;
+
+	if (it && it->lend)
+		lend_put(it->lend);
+	if (it && it->ref)
+		tpd_chan_copy_put(&it->src);
+	if (!it || !cs || !it->cap || it->cap > CHAN_SPARE_BYTES)
+		return free(it);
+	while (cs->n_spare && (cs->n_spare == CHAN_SPARE_MAX ||
+			       cs->spare_bytes + it->cap > CHAN_SPARE_BYTES)) {
+		old = tpu_list_first(&cs->spare, struct chan_item, node);
+		tpu_list_remove(&old->node);
+		cs->n_spare--;
+		cs->spare_bytes -= old->cap;
+		free(old);
+	}
+	tpu_list_remove(&it->node);
+	tpu_list_insert_tail(&cs->spare, &it->node);
+	cs->n_spare++;
+	cs->spare_bytes += it->cap;
+}
+
+/* A buffer for an item of @len bytes copied in: a spare one of @cs not much larger, or a new
+ * one. Return: owned (tpd_chan_item_free()), or NULL. */
+struct chan_item *tpd_chan_item_new_copied(struct tpd_chans *cs, size_t len)
+{
+	struct chan_item *it;
+
+	tpu_list_for_each(it, &cs->spare, node) {
+		if (it->cap < len || it->cap - len > len / 4)
+			continue;
+		tpu_list_remove(&it->node);
+		cs->n_spare--;
+		cs->spare_bytes -= it->cap;
+		*it = (struct chan_item){ .len = len, .cap = it->cap };
+		tpu_list_init(&it->node);
+		return it;
+	}
+	it = malloc(sizeof(*it) + len);
+	if (!it)
+		return NULL;
+	*it = (struct chan_item){ .len = len, .cap = len };
+	tpu_list_init(&it->node);
+	return it;
+}
+
+void tpd_chan_item_batch_free(struct tpd_chans *cs, struct tpu_list *batch)
+{
+	struct chan_item *it, *tmp;
+
+	tpu_list_for_each_safe(it, tmp, batch, node)
+		tpd_chan_item_free(cs, it);
+	tpu_list_init(batch);
+}
+
+/* Takes the oldest item out of @c's list; it stays charged to @c (@n_outs) until delivered. */
+struct chan_item *tpd_chan_item_take(struct chan *c)
+{
+	struct chan_item *it = tpu_list_first(&c->items, struct chan_item, node);
+
+	tpu_list_remove(&it->node);
+	c->n_items--;
+	c->n_outs++;
+	return it;
+}
+
+/* An item taken out goes back to the head of @c: its read failed or its reader went. */
+void tpd_chan_item_give_back(struct chan *c, struct chan_item *it)
+{
+	tpu_list_insert_head(&c->items, &it->node);
+	c->n_items++;
+	c->n_outs--;
+}
+
+/* An item taken out was delivered: it leaves @c. */
+void tpd_chan_item_done(struct chan *c, struct chan_item *it)
+{
+	c->n_outs--;
+	c->bytes -= it->len;
+	c->read++;
+	tpd_chan_item_free(c->cs, it);
+}
+
+/* A new item of @len bytes, its data copied from @from if not NULL. Return: owned
+ * (tpd_chan_item_free()), or NULL. */
+static struct chan_item *item_new(size_t len, const void *from)
+{
+	struct chan_item *it = malloc(sizeof(*it) + len);
+
+	if (!it)
+		return NULL;
+	*it = (struct chan_item){ .len = len };
+	tpu_list_init(&it->node);
+	if (from)
+		memcpy(it->data, from, len);
+	return it;
+}
+
+/* Builds @batch from @o's items: inline ones copied from @tail now; with segments (a client's
+ * write, validated), an item by reference resolved in the writer's memory (an item with @ref,
+ * copied once admitted). Return: 0 or -errno with the reason in @why (@batch freed). */
+int tpd_chan_item_batch_build(struct tpd_session *s, const Tpw__V1__ChanOp *o, const uint8_t *tail,
+			      struct tpu_list *batch, char *why, size_t wl)
+{
+	const Tpw__V1__Segment *g;
+	struct chan_item *it;
+	size_t off = 0;
+	int r;
+
+	for (size_t i = 0; i < o->n_lengths; i++) {
+		g = o->n_segments ? o->segments[i] : NULL;
+		if (o->n_streamed && o->streamed[i]) { /* a peer's: over the link once admitted */
+			it = item_new(0, NULL);
+			r = it ? 0 : -ENOMEM;
+			if (it) {
+				it->ref = true;
+				it->len = o->lengths[i];
+				it->src.loc = TPB_LOC_REMOTE;
+			}
+		} else if (g && g->loc_case != TPW__V1__SEGMENT__LOC_INLINE_OFF) {
+			it = item_new(0, NULL);
+			r = it ? tpd_chan_copy_resolve(s, g, &it->src, why, wl) : -ENOMEM;
+			if (r == 0) {
+				it->ref = true;
+				it->len = o->lengths[i];
+			}
+		} else {
+			it = item_new(o->lengths[i], tail + off);
+			off += o->lengths[i];
+			r = it ? 0 : -ENOMEM;
+		}
+		if (r < 0) {
+			if (r == -ENOMEM)
+				snprintf(why, wl, "out of memory");
+			free(it);
+			tpd_chan_item_batch_free(NULL, batch);
+			return r;
+		}
+		tpu_list_insert_tail(batch, &it->node);
+	}
+	return 0;
+}
+
+/* Keeps the items by reference of @batch (@bytes in all, room checked) where they lie, when all
+ * lie in one shared buffer of the writer (ChanOp.lend: a staging buffer it lends) and the
+ * owner's chan-bytes-per-uid takes the whole buffer besides the batch: the daemon never keeps
+ * more of anyone's memory mapped than it charges, whether the channel stays named or not.
+ * Return: true if they stay there. */
+bool tpd_chan_item_lend_batch(struct chan_handle *h, struct tpu_list *batch, uint64_t bytes)
+{
+	struct chan *c = h->c;
+	struct tpb_buffer *buf = NULL;
+	struct chan_item *it;
+	struct chan_lend *l;
+	uint64_t *lent;
+
+	tpu_list_for_each(it, batch, node) {
+		if (!it->ref)
+			continue;
+		if (!it->src.buf || (buf && it->src.buf != buf))
+			return false; /* CMA, or items in several buffers: copied in */
+		buf = it->src.buf;
+	}
+	if (!buf || tpd_chan_uid_bytes(c->cs, c->uid, NULL) + bytes + buf->size >
+		    tpd_daemon_cfg(c->cs->d)->chan_bytes_per_uid)
+		return false; /* copied in: charged its bytes only */
+	lent = tpd_chan_lent_of(c->cs, c->uid, true);
+	l = lent ? calloc(1, sizeof(*l)) : NULL;
+	if (!l)
+		return false;
+	*l = (struct chan_lend){ .h = h, .c = c, .buf = tpb_buffer_ref(buf) };
+	tpu_list_insert_tail(&h->lends, &l->node);
+	tpu_list_for_each(it, batch, node) {
+		if (it->ref) {
+			it->lend = l;
+			l->items++;
+		}
+	}
+	*lent += buf->size;
+	return true;
+}
