@@ -320,7 +320,8 @@ static bool all_can(struct tp_group *g, uint64_t seq, uint32_t cap)
 	return true;
 }
 
-/* The direct path's fold (direct_call()) of @n elements from the slots of @bank into @dst. */
+/* The direct path's fold (direct_call()) of @n elements from the slots of @bank into @dst: its
+ * own contribution from its slot too, not from its input, which @dst may be (in place). */
 static void reduce_all(struct tp_group *g, const struct tpc_coll *c, unsigned bank, size_t n,
 		       uint8_t *dst)
 {
@@ -388,23 +389,28 @@ static void chunk_in(struct tp_group *g, const struct tpc_coll *c, size_t done, 
 	}
 }
 
-/* A chunk of the result to this member's output: past the last-level cache's share, with
- * non-temporal stores (group.h, stream_min). */
-static void copy_out(struct tp_group *g, const struct tpc_coll *c, uint8_t *dst, const uint8_t *src,
-		     size_t n)
+void tpc_coll_copy_result(const struct tp_group *g, size_t total, void *dst, const void *src,
+			  size_t n)
 {
-	if (c->count * tp_dtype_size(c->dtype) >= g->stream_min)
+	if (total >= g->stream_min)
 		tpc_copy_stream(dst, src, n);
 	else
 		memcpy(dst, src, n);
 }
 
-/* The rest of a chunk once its input is in (and the first barrier passed). */
-static int chunk_out(struct tp_group *g, const struct tpc_coll *c, size_t done, size_t n,
-		     unsigned bank, char *msg, size_t ml)
+/* A chunk of @c's result to this member's output (tpc_coll_copy_result()). */
+static void copy_out(struct tp_group *g, const struct tpc_coll *c, uint8_t *dst, const uint8_t *src,
+		     size_t n)
+{
+	tpc_coll_copy_result(g, c->count * tp_dtype_size(c->dtype), dst, src, n);
+}
+
+/* The rest of a chunk other than an all-reduce's (allreduce_chunks()) once its input is in
+ * and the first barrier passed. */
+static void chunk_out(struct tp_group *g, const struct tpc_coll *c, size_t done, size_t n,
+		      unsigned bank)
 {
 	size_t es = tp_dtype_size(c->dtype);
-	int r = 0;
 
 	switch (c->kind) {
 	case TPC_COLL_ALLREDUCE: /* allreduce_chunks() */
@@ -429,7 +435,6 @@ static int chunk_out(struct tp_group *g, const struct tpc_coll *c, size_t done, 
 	case TPC_COLL_BARRIER:
 		break;
 	}
-	return r;
 }
 
 /*
@@ -560,10 +565,10 @@ int tpc_coll_local(struct tp_group *g, const struct tpc_coll *c, struct tpc_xver
 		unsigned bank = g->bank;
 
 		g->bank ^= 1;
-		r = chunk_out(g, c, done, n, bank, msg, ml);
+		chunk_out(g, c, done, n, bank);
 		done += n;
 		n = c->count - done < per ? c->count - done : per;
-		if (r < 0 || n == 0)
+		if (n == 0)
 			break;
 		chunk_in(g, c, done, n, g->bank, false);
 		r = tpc_coll_barrier(g, g->op_timeout_ms, msg, ml);

@@ -1192,10 +1192,8 @@ int tpc_collx_run(struct tp_group *g, const struct tpc_coll *c, char *msg, size_
 	if (r == 0 && c->kind == TPC_COLL_REDUCE_SCATTER) /* this member's part of the block */
 		memcpy(c->recv, (uint8_t *)b.recv + (size_t)p->local_rank[g->world_rank] *
 		       c->count * es, c->count * es);
-	else if (r == 0 && buf == x->work && x->work && !v.nodata && c->count * es >= g->stream_min)
-		tpc_copy_stream(c->recv, x->work, c->count * es); /* the leader's, from its buffer */
-	else if (r == 0 && buf == x->work && x->work && !v.nodata)
-		memcpy(c->recv, x->work, c->count * es);
+	else if (r == 0 && buf == x->work && x->work && !v.nodata) /* the leader's, from its buffer */
+		tpc_coll_copy_result(g, c->count * es, c->recv, x->work, c->count * es);
 out:
 	free(tmp);
 	return r;

@@ -180,6 +180,14 @@ void tpc_collx_free(struct tpc_collx *x);
  */
 int tpc_collx_run(struct tp_group *g, const struct tpc_coll *c, char *msg, size_t ml);
 
+/*
+ * tpc_coll_copy_result() - copies @n bytes of a result of @total bytes (all of the call's) from
+ * @src to a member's output @dst: with non-temporal stores from @g->stream_min bytes on, else
+ * memcpy. Borrows everything.
+ */
+void tpc_coll_copy_result(const struct tp_group *g, size_t total, void *dst, const void *src,
+			  size_t n);
+
 /* tpc_coll_failed() - @g's arena failed: the error and, in @msg, who broke it and how. */
 int tpc_coll_failed(struct tp_group *g, char *msg, size_t ml);
 
