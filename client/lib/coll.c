@@ -39,6 +39,7 @@ struct coll_desc {
 };
 
 #define COLL_CAP_DIRECT 1u /* the one-barrier small all-reduce (direct_call()) */
+#define COLL_CAP_SEG 2u	   /* an all-reduce's first segment alone (tpc_coll.seg) */
 
 _Static_assert(sizeof(struct coll_desc) <= TPU_GRPARENA_CALL, "a call descriptor fits its slot");
 
@@ -402,7 +403,8 @@ void tpc_coll_copy_result(const struct tp_group *g, size_t total, void *dst, con
 static void copy_out(struct tp_group *g, const struct tpc_coll *c, uint8_t *dst, const uint8_t *src,
 		     size_t n)
 {
-	tpc_coll_copy_result(g, c->count * tp_dtype_size(c->dtype), dst, src, n);
+	tpc_coll_copy_result(g, c->total ? c->total : c->count * tp_dtype_size(c->dtype), dst, src,
+			     n);
 }
 
 /* The rest of a chunk other than an all-reduce's (allreduce_chunks()) once its input is in
@@ -528,7 +530,7 @@ int tpc_coll_local(struct tp_group *g, const struct tpc_coll *c, struct tpc_xver
 	*d = (struct coll_desc){ .seq = seq, .kind = c->kind, .dtype = c->dtype, .op = c->op,
 				 .root = (uint32_t)c->root, .count = c->count,
 				 .pid = (uint32_t)g->pid, .valid = 1, .absent = c->absent,
-				 .caps = COLL_CAP_DIRECT };
+				 .caps = COLL_CAP_DIRECT | COLL_CAP_SEG };
 	if (v && g->rank == 0) {
 		d->xerr = v->err;
 		d->xcontrib = v->contrib;
@@ -558,6 +560,18 @@ int tpc_coll_local(struct tp_group *g, const struct tpc_coll *c, struct tpc_xver
 		if (!c->leader_only || g->rank == 0)
 			reduce_all(g, c, bank, n, c->recv);
 		return 0;
+	}
+	if (r == 0 && c->kind == TPC_COLL_ALLREDUCE && c->seg && c->seg < c->count) {
+		/* the first segment alone when every member takes the call in segments (each
+		 * checked the whole count above); the first chunk is in its slot already */
+		struct tpc_coll s = *c;
+
+		*c->ret_seg = all_can(g, seq, COLL_CAP_SEG);
+		if (*c->ret_seg) {
+			s.count = c->seg;
+			n = n < s.count ? n : s.count;
+		}
+		return allreduce_chunks(g, &s, per, n, msg, ml);
 	}
 	if (r == 0 && c->kind == TPC_COLL_ALLREDUCE)
 		return allreduce_chunks(g, c, per, n, msg, ml);

@@ -59,8 +59,12 @@ struct xhdr {
 	uint32_t kind;
 	uint64_t xseq; /* the call (XK_DATA), or the hello's sender host index */
 	uint64_t len;  /* payload bytes */
-	uint8_t token[TPW_GROUP_TOKEN_BYTES]; /* XK_HELLO only */
+	/* XK_HELLO: the group's token; XK_CHECK: its first 4 bytes the XCAP_* bits the sender and
+	 * the leaders it heard from so far all have (a library without them sends zeros) */
+	uint8_t token[TPW_GROUP_TOKEN_BYTES];
 };
+
+#define XCAP_SEG 1u /* takes a pipelined all-reduce's data in segments (run_pipelined()) */
 
 /* One started exchange: a send and/or a receive, ended by tpc_plan_xport_ops.wait. */
 struct xex {
@@ -71,6 +75,7 @@ struct xex {
 	void *rbuf;
 	size_t rlen; /* XK_CHECK: the most it takes (at least CK_BYTES) */
 	size_t rgot; /* bytes received */
+	uint32_t rcaps; /* XK_CHECK: the sender's XCAP_* bits */
 	uint32_t rkind;
 	uint64_t rseq;
 };
@@ -92,6 +97,8 @@ struct tpc_collx {
 	struct xex ex[TPC_PLAN_DEPTH];
 	unsigned head, started;
 	size_t last_got; /* bytes the exchange xport_wait() ended last received */
+	uint32_t last_caps; /* and the XCAP_* bits its check message said */
+	uint32_t caps; /* the running check: the XCAP_* bits of this leader and those heard */
 	bool closed;   /* pipes closed after a failure */
 	int64_t end_ms; /* the running call's op timeout, 0: none */
 	uint64_t bytes_out, bytes_in, ns; /* counters */
@@ -481,6 +488,8 @@ static void ex_desc(void *arg, struct tp_pipe *p, int status, const char *errmsg
 	}
 	memcpy(&h, d->metadata, sizeof(h));
 	e->rgot = got;
+	if (h.kind == XK_CHECK)
+		memcpy(&e->rcaps, h.token, sizeof(e->rcaps));
 	if (h.magic != XMAGIC || h.kind != e->rkind || h.len != got ||
 	    (h.kind == XK_DATA && h.xseq != e->rseq)) {
 		tp_descriptor_free(d);
@@ -504,6 +513,8 @@ static int xport_start(void *t, int32_t to, const void *sbuf, size_t slen, int32
 	uint32_t kind = h.kind;
 	int r;
 
+	if (kind == XK_CHECK)
+		memcpy(h.token, &x->caps, sizeof(x->caps));
 	if ((to >= 0 && ((uint32_t)to >= x->nhosts || !x->pipe[to])) ||
 	    (from >= 0 && ((uint32_t)from >= x->nhosts || !x->pipe[from])))
 		return x->closed ? -ECANCELED : -EPROTO;
@@ -567,6 +578,7 @@ static int xport_wait(void *t)
 	if (r == 0 && x->closed)
 		r = -ECANCELED;
 	x->last_got = e->rgot;
+	x->last_caps = e->rcaps;
 	x->head++;
 	pthread_mutex_unlock(&x->lock);
 	return r;
@@ -664,10 +676,13 @@ static int check_rd(struct tpc_collx *x, const struct tpc_coll *c, uint8_t *mine
 			r = xport_wait(x);
 		if (r < 0 || st[k].recv_from < 0)
 			continue;
-		if (st[k].recv == TPC_PLAN_COPY)
+		if (st[k].recv == TPC_PLAN_COPY) {
 			memcpy(mine, in, CK_BYTES);
-		else
+			x->caps = x->last_caps;
+		} else {
 			check_fold((uint64_t *)mine, (const uint64_t *)in);
+			x->caps &= x->last_caps;
+		}
 		if (x->last_got != len) {
 			*ret_full = false;
 			continue;
@@ -847,28 +862,42 @@ static uint8_t *work_get(struct tpc_collx *x, size_t bytes)
 	return x->work;
 }
 
-/* All-reduce among the leaders of @count elements at @buf (the hosts' partial results); the
- * scratch is the second half of the shared buffer when @buf is its first. */
-static int run_allreduce(struct tpc_collx *x, const struct tpc_coll *c, void *buf, size_t count)
+/* All-reduce among the leaders of @count elements at @buf (the hosts' partial results) by
+ * @algo, with @count elements of scratch at @scratch. */
+static int run_allreduce(struct tpc_collx *x, const struct tpc_coll *c, void *buf, size_t count,
+			 void *scratch, enum tpc_plan_algo algo)
 {
 	size_t es = tp_dtype_size(c->dtype);
-	struct tpc_plan_run_args a = { .nhosts = x->nhosts, .host = x->host,
-				       .algo = tpc_plan_choose(x->nhosts, count * es, x->force),
-				       .buf = buf, .count = count, .es = es, .chunk = x->chunk,
-				       .fold = coll_fold, .dtype = (int)c->dtype,
-				       .user = (void *)c, .ops = &xport_ops, .t = x };
+	struct tpc_plan_run_args a = { .nhosts = x->nhosts, .host = x->host, .algo = algo,
+				       .buf = buf, .scratch = scratch, .count = count, .es = es,
+				       .chunk = x->chunk, .fold = coll_fold,
+				       .dtype = (int)c->dtype, .user = (void *)c,
+				       .ops = &xport_ops, .t = x };
+
+	if (count == 0)
+		return 0;
+	x->kind = XK_DATA;
+	return tpc_plan_run(&a);
+}
+
+/* run_allreduce() over the whole of @buf (@count elements), the scratch the second half of the
+ * leader's shared buffer when @buf is its first, else allocated. */
+static int run_allreduce_all(struct tpc_collx *x, const struct tpc_coll *c, void *buf,
+			     size_t count)
+{
+	size_t es = tp_dtype_size(c->dtype);
+	enum tpc_plan_algo algo = tpc_plan_choose(x->nhosts, count * es, x->force);
+	uint8_t *scratch;
 	int r;
 
 	if (count == 0)
 		return 0;
 	if (buf == x->work)
-		a.scratch = x->work + count * es;
-	else if (!(a.scratch = malloc(count * es)))
+		return run_allreduce(x, c, buf, count, x->work + count * es, algo);
+	if (!(scratch = malloc(count * es)))
 		return -ENOMEM;
-	x->kind = XK_DATA;
-	r = tpc_plan_run(&a);
-	if (a.scratch != x->work + count * es)
-		free(a.scratch);
+	r = run_allreduce(x, c, buf, count, scratch, algo);
+	free(scratch);
 	return r;
 }
 
@@ -1026,6 +1055,7 @@ static int leader_part(struct tpc_collx *x, const struct tpc_coll *c, bool local
 
 	x->end_ms = x->g->op_timeout_ms > 0 ? mono_ms() + x->g->op_timeout_ms : 0;
 	x->chunk = count * es <= XSMALL ? XCHUNK_SMALL : XCHUNK;
+	x->caps = 0;
 	if (contrib == 0 && c->kind == TPC_COLL_ALLREDUCE)
 		fill_identity(buf, count, c->dtype, c->op); /* this host has finished its steps */
 	r = run_check(x, c, localerr, contrib, buf, count, &done, v, msg, ml);
@@ -1042,7 +1072,7 @@ static int leader_part(struct tpc_collx *x, const struct tpc_coll *c, bool local
 	case TPC_COLL_ALLREDUCE:
 		if (v->contrib == 0)
 			return 0; /* every member has finished: nothing moves */
-		return run_allreduce(x, c, buf, count);
+		return run_allreduce_all(x, c, buf, count);
 	case TPC_COLL_BROADCAST:
 		return run_chain(x, buf, count * es, p->host_of[c->root]);
 	case TPC_COLL_ALLGATHER:
@@ -1097,6 +1127,247 @@ static uint8_t *rs_buffers(struct tpc_collx *x, size_t cc, size_t total, size_t 
 	return m;
 }
 
+/* ---- a large all-reduce, pipelined ----------------------------------------------------------- */
+
+/*
+ * A pipelined all-reduce's state, between the caller's thread (every member: part A, the host's
+ * reduction, then part C, the hand-out, each segment an arena call of its own) and, on the
+ * leader, the thread of part B (seg_leader(): the check, then the leaders' exchange of each
+ * segment once part A has it).
+ */
+struct xseg {
+	struct tpc_collx *x;
+	const struct tpc_coll *c;
+	uint8_t *buf;	  /* the leader's host result (its shared buffer, or its output) */
+	uint8_t *scratch; /* as long, for the leaders' exchange */
+	size_t count, seg; /* elements, elements per segment */
+	bool localerr;
+	uint32_t contrib;
+	pthread_mutex_t lock;
+	pthread_cond_t cond;
+	size_t a_done;	/* elements of @buf part A has reduced (@lock) */
+	size_t b_done;	/* elements the leaders have reduced over every host (@lock) */
+	bool ended;	/* part B is over: b_done, or @rb or the verdict says why (@lock) */
+	bool stop;	/* part A failed: part B gives up (@lock) */
+	int rb;		/* part B's transport error */
+	struct tpc_xverdict v;
+	char lmsg[TPC_GROUP_MSG_MAX];
+	uint64_t ns;	/* part B's time */
+};
+
+/* Waits until part A has @need elements in (or was stopped). Return: whether it has. */
+static bool seg_wait_a(struct xseg *s, size_t need)
+{
+	bool ok;
+
+	pthread_mutex_lock(&s->lock);
+	while (s->a_done < need && !s->stop)
+		pthread_cond_wait(&s->cond, &s->lock);
+	ok = s->a_done >= need;
+	pthread_mutex_unlock(&s->lock);
+	return ok;
+}
+
+static void seg_set(struct xseg *s, size_t *word, size_t v, bool ended)
+{
+	pthread_mutex_lock(&s->lock);
+	*word = v;
+	s->ended |= ended;
+	pthread_cond_broadcast(&s->cond);
+	pthread_mutex_unlock(&s->lock);
+}
+
+/*
+ * Part B of a pipelined all-reduce, on the leader: once part A has the first segment (and so
+ * this host's contributions), the check, which also finds out whether every leader takes the
+ * data in segments (XCAP_SEG); then the leaders' exchange segment by segment as part A hands
+ * them over (or, with a leader that cannot, of the whole once part A is done). The segments'
+ * bounds come from the count alone, so every host cuts the same.
+ */
+static void *seg_leader(void *arg)
+{
+	struct xseg *s = arg;
+	struct tpc_collx *x = s->x;
+	const struct tpc_coll *c = s->c;
+	size_t es = tp_dtype_size(c->dtype), first = s->seg < s->count ? s->seg : s->count;
+	enum tpc_plan_algo algo = tpc_plan_choose(x->nhosts, s->count * es, x->force);
+	struct timespec t0, t1;
+	bool done = false;
+	int r = 0;
+
+	clock_gettime(CLOCK_MONOTONIC, &t0);
+	if (!seg_wait_a(s, first))
+		goto out;
+	x->end_ms = x->g->op_timeout_ms > 0 ? mono_ms() + x->g->op_timeout_ms : 0;
+	x->chunk = XCHUNK;
+	x->caps = XCAP_SEG;
+	if (s->contrib == 0)
+		fill_identity(s->buf, s->count, c->dtype, c->op); /* this host has finished */
+	r = run_check(x, c, s->localerr, s->contrib, s->buf, s->count, &done, &s->v, s->lmsg,
+		      sizeof(s->lmsg));
+	if (r < 0 || s->v.err < 0 || done)
+		goto out;
+	if (s->v.contrib == 0) { /* every member has finished: nothing moves */
+		s->v.nodata = 1;
+		seg_set(s, &s->b_done, s->count, true);
+		goto out;
+	}
+	if (!(x->caps & XCAP_SEG)) {
+		if (seg_wait_a(s, s->count))
+			r = run_allreduce(x, c, s->buf, s->count, s->scratch, algo);
+		if (r == 0)
+			seg_set(s, &s->b_done, s->count, true);
+		goto out;
+	}
+	for (size_t off = 0; r == 0 && off < s->count; off += s->seg) {
+		size_t n = s->count - off < s->seg ? s->count - off : s->seg;
+
+		if (!seg_wait_a(s, off + n))
+			break;
+		r = run_allreduce(x, c, s->buf + off * es, n, s->scratch + off * es, algo);
+		if (r == 0)
+			seg_set(s, &s->b_done, off + n, off + n == s->count);
+	}
+out:
+	clock_gettime(CLOCK_MONOTONIC, &t1);
+	s->ns = (uint64_t)((t1.tv_sec - t0.tv_sec) * 1000000000ll + (t1.tv_nsec - t0.tv_nsec));
+	pthread_mutex_lock(&s->lock);
+	s->rb = r;
+	s->ended = true;
+	pthread_cond_broadcast(&s->cond);
+	pthread_mutex_unlock(&s->lock);
+	return NULL;
+}
+
+/* The leader before handing out elements up to @need: waits for part B to have them, or to
+ * end. Return: 0 (they are there), part B's transport error, or 1: the verdict says why. */
+static int seg_wait_b(struct xseg *s, size_t need)
+{
+	int r;
+
+	pthread_mutex_lock(&s->lock);
+	while (s->b_done < need && !s->ended)
+		pthread_cond_wait(&s->cond, &s->lock);
+	r = s->b_done >= need ? 0 : s->rb < 0 ? s->rb : 1;
+	pthread_mutex_unlock(&s->lock);
+	return r;
+}
+
+/*
+ * An all-reduce of at least TPC_PLAN_SEG_MIN bytes across hosts, pipelined (docs/collectives.md): part A
+ * segment by segment, each an arena call, the first carrying the whole count (so the members'
+ * check is the whole call's) and taking the call in segments only when every member's library
+ * can (else the whole, as tpc_collx_run() would); the leader's part B runs on a thread of its
+ * own behind part A; then part C segment by segment, each behind part B, the first carrying the
+ * verdict. Every member makes the same arena calls in the same order whatever part B does.
+ */
+static int run_pipelined(struct tpc_collx *x, const struct tpc_coll *c, char *msg, size_t ml)
+{
+	struct tp_group *g = x->g;
+	size_t es = tp_dtype_size(c->dtype), count = c->count, bytes = count * es;
+	struct xseg s = { .x = x, .c = c, .count = count, .seg = TPC_PLAN_SEG / es };
+	struct tpc_coll a = *c, b = { .kind = TPC_COLL_BROADCAST, .dtype = c->dtype,
+				      .total = bytes };
+	uint8_t *mine = x->leader ? NULL : c->recv, *tmp = NULL;
+	const uint8_t *in = c->send;
+	bool segs = false, thread = false;
+	pthread_t th;
+	size_t off, n;
+	int r, rb, bx = 0;
+
+	a.ret_contrib = NULL;
+	a.leader_only = true; /* the others get the whole group's result in part C */
+	a.seg = s.seg;
+	a.ret_seg = &segs;
+	if (x->leader) {
+		if ((s.buf = work_get(x, bytes))) {
+			s.scratch = s.buf + bytes;
+		} else if ((tmp = malloc(bytes))) {
+			s.buf = c->recv;
+			s.scratch = tmp;
+		} else {
+			return xfail(x, -ENOMEM, msg, ml);
+		}
+		mine = s.buf;
+	}
+	a.recv = mine;
+	r = tpc_coll_local(g, &a, NULL, msg, ml);
+	if (r < 0) {
+		/* as tpc_collx_run(): the members' -EPROTO goes to the other hosts' leaders */
+		if (r == -EPROTO && x->leader) {
+			char lmsg[TPC_GROUP_MSG_MAX];
+
+			rb = leader_part(x, c, true, g->contrib, s.buf, count, &s.v, lmsg,
+					 sizeof(lmsg));
+			if (rb < 0)
+				r = xfail(x, rb, msg, ml);
+		}
+		free(tmp);
+		return r;
+	}
+	pthread_mutex_init(&s.lock, NULL);
+	pthread_cond_init(&s.cond, NULL);
+	s.a_done = segs ? s.seg : count;
+	s.contrib = g->contrib;
+	if (x->leader)
+		thread = pthread_create(&th, NULL, seg_leader, &s) == 0;
+	/* the rest of part A; without a thread (out of resources) part B follows it */
+	a.seg = 0;
+	a.ret_seg = NULL;
+	for (off = s.seg; segs && off < count; off += s.seg) {
+		n = count - off < s.seg ? count - off : s.seg;
+		a.send = in ? in + off * es : NULL;
+		a.recv = mine + off * es;
+		a.count = n;
+		r = tpc_coll_local(g, &a, NULL, msg, ml);
+		if (r < 0)
+			break;
+		seg_set(&s, &s.a_done, off + n, false);
+	}
+	if (r < 0) { /* the group failed: part B gives up too */
+		pthread_mutex_lock(&s.lock);
+		s.stop = true;
+		pthread_cond_broadcast(&s.cond);
+		pthread_mutex_unlock(&s.lock);
+	} else if (x->leader && !thread) {
+		seg_leader(&s);
+	}
+	/* C: each segment to the members once part B has it, the first with the verdict */
+	for (off = 0; r == 0 && off < count; off += n) {
+		n = segs ? (count - off < s.seg ? count - off : s.seg) : count;
+		if (x->leader) {
+			rb = seg_wait_b(&s, off + n);
+			if (rb < 0 || (rb > 0 && !s.v.err)) {
+				/* the leaders' exchange failed (the other rb > 0: the check ended
+				 * part B without a verdict, which it never does for this size) */
+				bx = rb < 0 ? rb : -EPROTO;
+				break;
+			}
+		}
+		b.recv = mine + off * es;
+		b.count = n;
+		r = tpc_coll_local(g, &b, &s.v, msg, ml);
+		if (r < 0 && r == s.v.err)
+			snprintf(msg, ml, "%s", s.lmsg);
+		if (r < 0 && r == s.v.err && !x->leader)
+			verdict_msg(g, &s.v, msg, ml);
+		if (r == 0 && x->leader && s.buf == x->work && !s.v.nodata)
+			tpc_coll_copy_result(g, bytes, (uint8_t *)c->recv + off * es,
+					     s.buf + off * es, n * es);
+	}
+	if (thread)
+		pthread_join(th, NULL);
+	x->ns += s.ns;
+	if (x->leader && r == 0 && bx < 0)
+		r = xfail(x, bx, msg, ml);
+	if (r == 0 && c->ret_contrib)
+		*c->ret_contrib = s.v.contrib;
+	pthread_cond_destroy(&s.cond);
+	pthread_mutex_destroy(&s.lock);
+	free(tmp);
+	return r;
+}
+
 int tpc_collx_run(struct tp_group *g, const struct tpc_coll *c, char *msg, size_t ml)
 {
 	struct tpc_collx *x = g->x;
@@ -1115,6 +1386,8 @@ int tpc_collx_run(struct tp_group *g, const struct tpc_coll *c, char *msg, size_
 			       "coordinator daemon sent no host addresses (an older tpipd): "
 			       "collectives across hosts need it upgraded", g->name, g->hosts);
 	g->xcall = ++x->xseq;
+	if (c->kind == TPC_COLL_ALLREDUCE && c->count * es >= TPC_PLAN_SEG_MIN)
+		return run_pipelined(x, c, msg, ml);
 	a.ret_contrib = NULL;
 	a.leader_only = true; /* all-reduce: the others get the whole group's result in part C */
 	/* A: this host's part */

@@ -42,6 +42,13 @@ struct tpc_coll {
 	bool absent;		 /* tp_allreduce_uneven() with send NULL: contributes nothing */
 	bool leader_only;	 /* all-reduce: only local rank 0 takes the result (across hosts) */
 	unsigned *ret_contrib; /* tp_allreduce_uneven(): members that contributed */
+	/* all-reduce in segments (collx.c): when every member's library can (COLL_CAP_SEG), only
+	 * the first @seg elements of the @count the call descriptor carries are reduced, and
+	 * *@ret_seg says so (false: all @count were); 0: the whole call */
+	size_t seg;
+	bool *ret_seg;
+	size_t total; /* bytes of the whole user call, which decide non-temporal copies (0: this
+		       * call's count x dtype size) */
 	/* the group's collective options when the call was made (tp_group_set_coll_options()):
 	 * CUDA buffers are staged through host memory (group.c) */
 	bool cuda;

@@ -5,14 +5,18 @@
  *
  *   battery  runs every collective against references computed here: all-reduce for every
  *            dtype and built-in op and a user reduction (0, 1, 7, 1031, 300007 and, for a
- *            float sum, 1100003 elements,
+ *            float sum, 1100003 and 2621447 elements, and for an i64 maximum 2621447: the
+ *            last two pipelined in segments, 3 and 5 of them),
  *            whose values make every result exact, so equal to the reference bit for bit),
- *            float sums of pseudo-random values (printed as a hash: the script checks every
- *            rank has the same bits), broadcast from every root, all-gather, reduce-scatter,
- *            barrier, uneven steps (rank r contributes r + 1 steps), three asynchronous calls
+ *            float sums of pseudo-random values, 200003 elements and 2621447 in place
+ *            (printed as hashes: the script checks every rank has the same bits), broadcast
+ *            from every root, all-gather, reduce-scatter, barrier, uneven steps (rank r
+ *            contributes r + 1 steps; and a pipelined one in which only ranks 0, 3, ...
+ *            contribute, then none), three asynchronous calls
  *            at once, and a mismatched call (rank 1 passes another count: -EPROTO on every
  *            rank, then the group goes on). Prints "ok battery" or "FAIL ..." lines.
- *   loop     all-reduces 4 MiB until a call fails, then prints "failed: ERRNO: MESSAGE".
+ *   loop     all-reduces 4 MiB (GROUP_COLL_LOOP_N floats if set) until a call fails, then
+ *            prints "failed: ERRNO: MESSAGE".
  *   leave    all-reduces 4 MiB three times, leaves, prints "left".
  *   abort    all-reduces 4 MiB three times, aborts the group, prints "aborted".
  *   rs       one reduce-scatter of 1 MiB parts (i32) checked against the reference, prints
@@ -128,7 +132,7 @@ static void user_sum_i32(void *inout, const void *in, size_t n, enum tp_dtype dt
 
 static void allreduce_exact(struct tp_group *g)
 {
-	static const size_t counts[] = { 0, 1, 7, 1031, 300007, 1100003 };
+	static const size_t counts[] = { 0, 1, 7, 1031, 300007, 1100003, 2621447 };
 
 	for (int dt = TP_DTYPE_F16; dt <= TP_DTYPE_I64; dt++)
 		for (int op = TP_OP_SUM; op <= TP_OP_MAX; op++)
@@ -138,10 +142,13 @@ static void allreduce_exact(struct tp_group *g)
 				int r;
 
 				if ((k == 4 && dt != TP_DTYPE_F32 && dt != TP_DTYPE_I8) ||
-				    (k == 5 && (dt != TP_DTYPE_F32 || op != TP_OP_SUM)))
-					continue; /* the big sizes: a few cases are enough (the
-						   * largest, over 2 MiB, goes through the leaders'
-						   * shared buffers) */
+				    (k == 5 && (dt != TP_DTYPE_F32 || op != TP_OP_SUM)) ||
+				    (k == 6 && !(dt == TP_DTYPE_F32 && op == TP_OP_SUM) &&
+				     !(dt == TP_DTYPE_I64 && op == TP_OP_MAX)))
+					continue; /* the big sizes: a few cases are enough (over
+						   * 2 MiB through the leaders' shared buffers,
+						   * from 8 MiB pipelined in 4 MiB segments, the
+						   * last one shorter) */
 				in = malloc(n * es + 1);
 				out = malloc(n * es + 1);
 				want = malloc(n * es + 1);
@@ -193,6 +200,19 @@ static void allreduce_misc(struct tp_group *g)
 	free(f);
 	free(a);
 	free(b);
+	/* pipelined (over 8 MiB), in place */
+	n = 2621447;
+	f = malloc(n * sizeof(*f));
+	for (size_t i = 0; i < n; i++) {
+		seed = seed * 6364136223846793005ull + 1442695040888963407ull;
+		f[i] = (float)((double)(seed >> 11) / 9007199254740992.0 - 0.5) * 1e3f;
+	}
+	r = tp_allreduce(g, f, f, n, TP_DTYPE_F32, TP_OP_SUM);
+	if (r < 0)
+		FAIL("large float sum: %s", tp_last_error());
+	else
+		printf("hash float-sum-large %016" PRIx64 "\n", fnv(f, n * sizeof(*f)));
+	free(f);
 }
 
 static void broadcast_gather_scatter(struct tp_group *g)
@@ -278,6 +298,37 @@ static void uneven(struct tp_group *g)
 	}
 }
 
+/* A pipelined uneven all-reduce (over 8 MiB): ranks 0, 3, ... contribute (so with ranks 0 and
+ * 3 on one host, another host contributes nothing: the identity), then nobody. */
+static void uneven_large(struct tp_group *g)
+{
+	size_t n = 2621447;
+	int32_t *x = malloc(n * 4), *out = malloc(n * 4);
+	int32_t want = 0;
+	unsigned got = 0;
+
+	for (int r = 0; r < size; r += 3)
+		want += r + 1;
+	for (size_t i = 0; i < n; i++)
+		x[i] = (rank + 1) * (int32_t)(i % 1000 + 1);
+	if (tp_allreduce_uneven(g, rank % 3 == 0 ? x : NULL, out, n, TP_DTYPE_I32, TP_OP_SUM,
+				&got) < 0)
+		FAIL("uneven large: %s", tp_last_error());
+	else if (got != (unsigned)(size + 2) / 3)
+		FAIL("uneven large: %u contributed", got);
+	for (size_t i = 0; got && i < n; i++)
+		if (out[i] != want * (int32_t)(i % 1000 + 1)) {
+			FAIL("uneven large: element %zu is %d", i, out[i]);
+			break;
+		}
+	if (tp_allreduce_uneven(g, NULL, out, n, TP_DTYPE_I32, TP_OP_SUM, &got) < 0)
+		FAIL("uneven large, nobody: %s", tp_last_error());
+	else if (got != 0)
+		FAIL("uneven large, nobody: %u contributed", got);
+	free(x);
+	free(out);
+}
+
 static void async_and_mismatch(struct tp_group *g)
 {
 	struct tp_coll_req *q[3];
@@ -344,7 +395,8 @@ int main(int argc, char **argv)
 	       tp_group_hosts(g));
 	fflush(stdout);
 	if (!strcmp(argv[7], "loop") || !strcmp(argv[7], "leave") || !strcmp(argv[7], "abort")) {
-		size_t n = 1u << 20;
+		const char *ln = getenv("GROUP_COLL_LOOP_N");
+		size_t n = ln ? strtoul(ln, NULL, 10) : 1u << 20;
 		float *f = calloc(n, sizeof(*f));
 		int k = strcmp(argv[7], "loop") ? 3 : -1;
 
@@ -390,6 +442,7 @@ int main(int argc, char **argv)
 		allreduce_misc(g);
 		broadcast_gather_scatter(g);
 		uneven(g);
+		uneven_large(g);
 		async_and_mismatch(g);
 		if (!fails)
 			printf("ok battery\n");

@@ -6,8 +6,8 @@
 # (every collective, dtype and op against references computed there, uneven steps, async
 # calls, a mismatched call that fails on every rank) with ranks interleaved across hosts, and
 # every rank must hold the same bits of a float sum; then a member SIGKILLed in the middle of
-# 4 MiB all-reduces fails every survivor on every host, naming its rank, within the peer
-# timeout; a member that leaves or aborts fails the others' next call on every host, naming it;
+# 4 MiB all-reduces, and a host's leader in the middle of 16 MiB ones (pipelined), fails every
+# survivor on every host, naming its rank, within the peer timeout; a member that leaves or aborts fails the others' next call on every host, naming it;
 # cutting the link between the hosts fails every rank within the peer timeout. Skips (77) where
 # network namespaces or veth pairs cannot be made.
 . "$(dirname -- "$0")/lib.sh" || exit 1
@@ -58,7 +58,7 @@ battery() { # NAME RANK:HOST...
 	done
 	[ "$ok" = 0 ] || fail "the battery failed (above)"
 	h=$(cat "$SVC_TMP/$name"-*.out | grep "^hash float-sum" | sort -u | wc -l)
-	[ "$h" = 1 ] || { grep -h "^hash" "$SVC_TMP/$name"-*.out >&2; fail "ranks disagree on bits"; }
+	[ "$h" = 2 ] || { grep -h "^hash" "$SVC_TMP/$name"-*.out >&2; fail "ranks disagree on bits"; }
 	grep -h "^mismatch" "$SVC_TMP/$name-0.out"
 	grep -h "^mismatch" "$SVC_TMP/$name-1.out"
 }
@@ -143,9 +143,9 @@ grep -h "^FAIL" "$SVC_TMP"/rs-*.out && fail "reduce-scatter"
 
 check "rank 2 (on b) SIGKILLed mid all-reduce: every survivor fails naming rank 2"
 run4 kill loop
-leader_moved() { # HOST: its leader's bytes to the other host show in tpipctl groups
-	"$TPIPCTL_BIN" --socket "$SVC_TMP/$1.sock" --json groups | jq -e '[.groups[] |
-		select(.name == "kill") | .members[] | select(.xbytes_out > 0 and .xbytes_in > 0 and
+leader_moved() { # HOST [GROUP]: its leader's bytes to the other host show in tpipctl groups
+	"$TPIPCTL_BIN" --socket "$SVC_TMP/$1.sock" --json groups | jq -e --arg g "${2:-kill}" \
+		'[.groups[] | select(.name == $g) | .members[] | select(.xbytes_out > 0 and .xbytes_in > 0 and
 		.xbusy_us > 0)] | length == 1'
 }
 wait_until 20 "a's leader counters" leader_moved a
@@ -153,6 +153,14 @@ wait_until 20 "b's leader counters" leader_moved b
 "$TPIPCTL_BIN" --socket "$SVC_TMP/a.sock" groups
 kill -KILL "$PID_kill_2"
 expect_failed kill "0 1 3" "ECONNRESET: .*rank 2"
+
+check "rank 1 (b's leader) SIGKILLed mid 16 MiB all-reduce (pipelined in segments, its exchange on a thread of its own): every survivor fails naming rank 1"
+MENV=(GROUP_COLL_LOOP_N=4194304)
+run4 killbig loop
+MENV=()
+wait_until 20 "a's leader counters" leader_moved a killbig
+kill -KILL "$PID_killbig_1"
+expect_failed killbig "0 2 3" "ECONNRESET: .*rank 1"
 
 check "rank 3 (on a) leaves after 3 calls: the others' next call fails on both hosts, naming it"
 run4 leave leave
