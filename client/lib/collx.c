@@ -111,6 +111,7 @@ struct tpc_collx {
 	 * length; the call's buffer itself when the ranks are in host order) and room for the
 	 * largest host block that arrives */
 	uint8_t *rs_host, *rs_in;
+	struct xseg *seg; /* the running pipelined all-reduce's (run_allreduce()) */
 };
 
 static int64_t mono_ms(void)
@@ -862,21 +863,29 @@ static uint8_t *work_get(struct tpc_collx *x, size_t bytes)
 	return x->work;
 }
 
+struct xseg;
+static int seg_ready(void *t, size_t end, bool wait);
+static void seg_done(void *t, size_t end);
+
 /* All-reduce among the leaders of @count elements at @buf (the hosts' partial results) by
- * @algo, with @count elements of scratch at @scratch. */
+ * @algo, with @count elements of scratch at @scratch; in segments of @seg elements, as part A
+ * of @s hands them over, when @s (run_pipelined()). */
 static int run_allreduce(struct tpc_collx *x, const struct tpc_coll *c, void *buf, size_t count,
-			 void *scratch, enum tpc_plan_algo algo)
+			 void *scratch, enum tpc_plan_algo algo, struct xseg *s, size_t seg)
 {
 	size_t es = tp_dtype_size(c->dtype);
 	struct tpc_plan_run_args a = { .nhosts = x->nhosts, .host = x->host, .algo = algo,
 				       .buf = buf, .scratch = scratch, .count = count, .es = es,
 				       .chunk = x->chunk, .fold = coll_fold,
 				       .dtype = (int)c->dtype, .user = (void *)c,
-				       .ops = &xport_ops, .t = x };
+				       .ops = &xport_ops, .t = x, .seg = seg,
+				       .ready = s ? seg_ready : NULL,
+				       .done = s ? seg_done : NULL };
 
 	if (count == 0)
 		return 0;
 	x->kind = XK_DATA;
+	x->seg = s;
 	return tpc_plan_run(&a);
 }
 
@@ -893,10 +902,10 @@ static int run_allreduce_all(struct tpc_collx *x, const struct tpc_coll *c, void
 	if (count == 0)
 		return 0;
 	if (buf == x->work)
-		return run_allreduce(x, c, buf, count, x->work + count * es, algo);
+		return run_allreduce(x, c, buf, count, x->work + count * es, algo, NULL, 0);
 	if (!(scratch = malloc(count * es)))
 		return -ENOMEM;
-	r = run_allreduce(x, c, buf, count, scratch, algo);
+	r = run_allreduce(x, c, buf, count, scratch, algo, NULL, 0);
 	free(scratch);
 	return r;
 }
@@ -1177,6 +1186,28 @@ static void seg_set(struct xseg *s, size_t *word, size_t v, bool ended)
 	pthread_mutex_unlock(&s->lock);
 }
 
+/* tpc_plan_run_args.ready of a pipelined all-reduce: part A has the elements up to @end. */
+static int seg_ready(void *t, size_t end, bool wait)
+{
+	struct xseg *s = ((struct tpc_collx *)t)->seg;
+	bool ok;
+
+	if (wait)
+		return seg_wait_a(s, end) ? 1 : -ECANCELED;
+	pthread_mutex_lock(&s->lock);
+	ok = s->a_done >= end;
+	pthread_mutex_unlock(&s->lock);
+	return ok;
+}
+
+/* tpc_plan_run_args.done: the leaders have reduced the elements up to @end. */
+static void seg_done(void *t, size_t end)
+{
+	struct xseg *s = ((struct tpc_collx *)t)->seg;
+
+	seg_set(s, &s->b_done, end, end == s->count);
+}
+
 /*
  * Part B of a pipelined all-reduce, on the leader: once part A has the first segment (and so
  * this host's contributions), the check, which also finds out whether every leader takes the
@@ -1212,22 +1243,10 @@ static void *seg_leader(void *arg)
 		seg_set(s, &s->b_done, s->count, true);
 		goto out;
 	}
-	if (!(x->caps & XCAP_SEG)) {
-		if (seg_wait_a(s, s->count))
-			r = run_allreduce(x, c, s->buf, s->count, s->scratch, algo);
-		if (r == 0)
-			seg_set(s, &s->b_done, s->count, true);
-		goto out;
-	}
-	for (size_t off = 0; r == 0 && off < s->count; off += s->seg) {
-		size_t n = s->count - off < s->seg ? s->count - off : s->seg;
-
-		if (!seg_wait_a(s, off + n))
-			break;
-		r = run_allreduce(x, c, s->buf + off * es, n, s->scratch + off * es, algo);
-		if (r == 0)
-			seg_set(s, &s->b_done, off + n, off + n == s->count);
-	}
+	/* segment by segment as part A hands them over, or (a leader that cannot) the whole */
+	r = run_allreduce(x, c, s->buf, s->count, s->scratch, algo, s,
+			  x->caps & XCAP_SEG ? s->seg : s->count);
+	x->seg = NULL;
 out:
 	clock_gettime(CLOCK_MONOTONIC, &t1);
 	s->ns = (uint64_t)((t1.tv_sec - t0.tv_sec) * 1000000000ll + (t1.tv_nsec - t0.tv_nsec));

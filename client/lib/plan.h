@@ -155,6 +155,20 @@ struct tpc_plan_run_args {
 	void *user;
 	const struct tpc_plan_xport_ops *ops;
 	void *t;
+	/*
+	 * In segments (0: one, the whole tensor): the schedule runs over each @seg elements of the
+	 * tensor in turn (the last segment shorter), as if each were a tensor of its own, with no
+	 * drain between them: the first exchanges of segment k + 1 start while the last of k are
+	 * on the wire. Before segment k's first exchange the run calls @ready with the end of
+	 * segment k in elements (without @wait: 1 when @buf holds this host's part up to there,
+	 * else 0, and the run lands what it has in flight before it asks again with @wait, when
+	 * @ready returns 1 once @buf does; -errno stops the run), and once every exchange of
+	 * segment k has landed, @done with that end (@buf holds the result up to there). Either
+	 * may be NULL.
+	 */
+	size_t seg;
+	int (*ready)(void *t, size_t end, bool wait);
+	void (*done)(void *t, size_t end);
 };
 
 /*
@@ -169,5 +183,6 @@ struct tpc_plan_run_args {
  * (bad arguments), or the transport's -errno.
  */
 int tpc_plan_run(const struct tpc_plan_run_args *a);
+
 
 #endif

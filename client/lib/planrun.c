@@ -7,13 +7,15 @@
  * threads.
  */
 #include <errno.h>
+#include <stdbool.h>
 #include <stdlib.h>
 #include <string.h>
 #include "plan.h"
 
-/* Elements [*@ret_off, +*@ret_n) of segments [@seg, @seg + @nseg) of @a's tensor. */
-static void seg_range(const struct tpc_plan_run_args *a, uint32_t seg, uint32_t nseg,
-		      size_t *ret_off, size_t *ret_n)
+/* Elements [*@ret_off, +*@ret_n) of the schedule's segments [@seg, @seg + @nseg) of a tensor of
+ * @count elements. */
+static void seg_range(const struct tpc_plan_run_args *a, size_t count, uint32_t seg,
+		      uint32_t nseg, size_t *ret_off, size_t *ret_n)
 {
 	size_t off, n, end;
 
@@ -21,8 +23,8 @@ static void seg_range(const struct tpc_plan_run_args *a, uint32_t seg, uint32_t 
 		*ret_off = 0, *ret_n = 0;
 		return;
 	}
-	tpc_plan_segment(a->count, a->es, a->nhosts, seg, &off, &n);
-	tpc_plan_segment(a->count, a->es, a->nhosts, seg + nseg - 1, &end, &n);
+	tpc_plan_segment(count, a->es, a->nhosts, seg, &off, &n);
+	tpc_plan_segment(count, a->es, a->nhosts, seg + nseg - 1, &end, &n);
 	*ret_off = off;
 	*ret_n = end + n - off;
 }
@@ -47,13 +49,30 @@ static void land(const struct tpc_plan_run_args *a, enum tpc_plan_recv how, size
 struct inflight {
 	size_t so, sn, ro, rn; /* elements sent from @a->buf and received into @a->scratch */
 	enum tpc_plan_recv how;
+	size_t start;	       /* of the run's segment (tpc_plan_run_args.seg) it belongs to */
 };
 
 /* The exchanges in flight, oldest first (the transport ends them in that order). */
 struct run {
 	struct inflight q[TPC_PLAN_DEPTH];
 	unsigned head, n;
+	size_t started; /* elements whose every exchange has started: whole segments */
+	size_t done;	/* elements reported done (tpc_plan_run_args.done) */
 };
+
+/* Reports the segments whose every exchange has landed. */
+static void report_done(const struct tpc_plan_run_args *a, struct run *run)
+{
+	size_t to = run->started;
+
+	if (run->n && run->q[run->head % TPC_PLAN_DEPTH].start < to)
+		to = run->q[run->head % TPC_PLAN_DEPTH].start;
+	if (to > run->done) {
+		run->done = to;
+		if (a->done)
+			a->done(a->t, to);
+	}
+}
 
 static bool overlap(size_t a, size_t an, size_t b, size_t bn)
 {
@@ -68,8 +87,10 @@ static int land_oldest(const struct tpc_plan_run_args *a, struct run *run)
 
 	run->head++;
 	run->n--;
-	if (r == 0)
+	if (r == 0) {
 		land(a, f->how, f->ro, f->rn);
+		report_done(a, run);
+	}
 	return r;
 }
 
@@ -106,18 +127,22 @@ static int start_one(const struct tpc_plan_run_args *a, const struct tpc_plan_st
 	return r;
 }
 
-/* One step, chunk by chunk, each chunk started as start_one() allows. */
+/* One step over the run's segment of @count elements from element @base, chunk by chunk, each
+ * chunk started as start_one() allows. */
 static int run_step(const struct tpc_plan_run_args *a, const struct tpc_plan_step *st,
-		    size_t per, struct run *run)
+		    size_t per, struct run *run, size_t base, size_t count)
 {
 	size_t so, sn, ro, rn;
 	int r = 0;
 
-	seg_range(a, st->send_seg, st->send_to >= 0 ? st->send_nseg : 0, &so, &sn);
-	seg_range(a, st->recv_seg, st->recv_from >= 0 ? st->recv_nseg : 0, &ro, &rn);
+	seg_range(a, count, st->send_seg, st->send_to >= 0 ? st->send_nseg : 0, &so, &sn);
+	seg_range(a, count, st->recv_seg, st->recv_from >= 0 ? st->recv_nseg : 0, &ro, &rn);
+	so += base;
+	ro += base;
 	while (r == 0 && (sn > 0 || rn > 0)) {
 		struct inflight x = { .so = so, .sn = sn < per ? sn : per, .ro = ro,
-				      .rn = rn < per ? rn : per, .how = st->recv };
+				      .rn = rn < per ? rn : per, .how = st->recv,
+				      .start = base };
 
 		r = start_one(a, st, run, &x);
 		so += x.sn, sn -= x.sn, ro += x.rn, rn -= x.rn;
@@ -147,8 +172,28 @@ int tpc_plan_run(const struct tpc_plan_run_args *a)
 	if (tpc_plan_steps(a->nhosts, a->algo, a->host, steps) != (int)n)
 		r = -EINVAL;
 	per = a->chunk / a->es ? a->chunk / a->es : (a->chunk ? 1 : SIZE_MAX);
-	for (uint32_t k = 0; r == 0 && k < n; k++)
-		r = run_step(a, &steps[k], per, &run);
+	for (size_t base = 0; r == 0 && (base < a->count || base == 0); ) {
+		size_t len = a->seg && a->seg < a->count - base ? a->seg : a->count - base;
+
+		if (a->ready && (r = a->ready(a->t, base + len, false)) == 0) {
+			while (r == 0 && run.n > 0) /* land what is in flight meanwhile */
+				r = land_oldest(a, &run);
+			if (r == 0)
+				r = a->ready(a->t, base + len, true);
+		}
+		if (r < 0)
+			break;
+		r = 0;
+		for (uint32_t k = 0; r == 0 && k < n; k++)
+			r = run_step(a, &steps[k], per, &run, base, len);
+		if (r == 0) {
+			run.started = base + len;
+			report_done(a, &run);
+		}
+		base += len;
+		if (len == 0)
+			break;
+	}
 	while (run.n > 0) { /* the last chunks; on an error, the buffers back before failing */
 		int e = land_oldest(a, &run);
 

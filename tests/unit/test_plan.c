@@ -363,6 +363,11 @@ struct leader {
 	unsigned first, npend, max_pend, starts, min_late;
 	struct tpc_plan_run_args a;
 	int ret;
+	/* a run in segments: what ready() and done() saw */
+	size_t ready_end, done_end;
+	unsigned ready_calls, ready_waits, done_calls;
+	unsigned ready_fail_at; /* ready() of this segment fails (0: never) */
+	bool lazy;		/* ready() says "not yet" once a segment, then yes */
 };
 
 /* Sends now; the receive waits for q_wait(), in start order. */
@@ -671,6 +676,130 @@ START_TEST(test_plan_ring_keeps_exchanges_in_flight_across_steps)
 }
 END_TEST
 
+static int seg_ready(void *t, size_t end, bool wait)
+{
+	struct leader *l = t;
+
+	/* called once a segment, in order, before that segment's exchanges and never again */
+	ck_assert_uint_le(end, l->a.count);
+	if (wait) { /* only after a "not yet" of the same segment */
+		ck_assert(l->lazy);
+		ck_assert_uint_eq(end, l->ready_end);
+	} else {
+		ck_assert_uint_gt(end, l->ready_end);
+		l->ready_calls++;
+	}
+	ck_assert_uint_le(l->done_end, l->ready_end);
+	l->ready_end = end;
+	if (l->ready_fail_at && l->ready_calls == l->ready_fail_at)
+		return -ECANCELED;
+	if (wait) {
+		l->ready_waits++;
+		ck_assert_uint_eq(l->npend, 0); /* what was in flight landed first */
+		return 1;
+	}
+	return l->lazy ? 0 : 1;
+}
+
+static void seg_done(void *t, size_t end)
+{
+	struct leader *l = t;
+
+	ck_assert_uint_gt(end, l->done_end); /* in order, each once */
+	ck_assert_uint_le(end, l->ready_end);
+	ck_assert(end == l->a.count || end % l->a.seg == 0); /* whole segments */
+	l->done_end = end;
+	l->done_calls++;
+}
+
+/* A run of @cnt elements in segments of @seg, each leader's callbacks @lazy and failing at
+ * segment @fail_at (0: never), against the same run without segments segment by segment. */
+static void check_segments(uint32_t n, enum tpc_plan_algo algo, size_t cnt, size_t seg,
+			   bool lazy, unsigned fail_at)
+{
+	size_t nseg = (cnt + seg - 1) / seg, stride = (cnt * 4 + 64) / 64 * 64;
+	float *f = calloc(n * cnt + 1, 4), *ref = calloc(n * cnt + 1, 4);
+	uint8_t *scratch = aligned_alloc(64, n * stride);
+	enum tp_reduce_op op = TP_OP_SUM;
+	struct leader l[RUN_HOSTS];
+	pthread_t th[RUN_HOSTS];
+	int rets[RUN_HOSTS];
+	struct world w;
+
+	ck_assert(f && ref && scratch);
+	for (uint32_t h = 0; h < n; h++)
+		for (size_t i = 0; i < cnt; i++)
+			f[h * cnt + i] = ref[h * cnt + i] = f_in(h, i) * (float)(i % 7 + 1);
+	for (size_t o = 0; o < cnt; o += seg) { /* the reference: each segment a run of its own */
+		size_t k = cnt - o < seg ? cnt - o : seg;
+		float *part = calloc(n * k, 4);
+
+		for (uint32_t h = 0; h < n; h++)
+			memcpy(part + h * k, ref + h * cnt + o, k * 4);
+		world_init(&w, n);
+		run_all(&w, algo, (uint8_t *)part, k, 4, TP_DTYPE_F32, &op, 16 * 4, rets);
+		ck_assert_uint_eq(world_done(&w), 0);
+		for (uint32_t h = 0; h < n; h++)
+			memcpy(ref + h * cnt + o, part + h * k, k * 4);
+		free(part);
+	}
+	world_init(&w, n);
+	for (uint32_t i = 0; i < n; i++) {
+		l[i] = (struct leader){ .w = &w, .me = i, .min_late = UINT_MAX, .lazy = lazy,
+					.ready_fail_at = fail_at };
+		l[i].a = (struct tpc_plan_run_args){
+			.nhosts = n, .host = i, .algo = algo, .buf = f + i * cnt, .count = cnt,
+			.es = 4, .chunk = 16 * 4, .scratch = scratch + i * stride,
+			.fold = q_fold, .dtype = TP_DTYPE_F32, .user = &op, .ops = &q_ops,
+			.t = &l[i], .seg = seg, .ready = seg_ready, .done = seg_done,
+		};
+		ck_assert_int_eq(pthread_create(&th[i], NULL, leader_main, &l[i]), 0);
+	}
+	for (uint32_t i = 0; i < n; i++) {
+		pthread_join(th[i], NULL);
+		if (fail_at) {
+			/* the run stops before that segment: every segment before it is done */
+			ck_assert_int_eq(l[i].ret, -ECANCELED);
+			ck_assert_uint_eq(l[i].done_end, (fail_at - 1) * seg);
+			ck_assert_mem_eq(f + i * cnt, ref, (fail_at - 1) * seg * 4);
+			continue;
+		}
+		ck_assert_int_eq(l[i].ret, 0);
+		ck_assert_uint_eq(l[i].ready_calls, nseg);
+		ck_assert_uint_eq(l[i].ready_waits, lazy ? nseg : 0);
+		ck_assert_uint_eq(l[i].done_end, cnt);
+		ck_assert_uint_le(l[i].done_calls, nseg);
+		/* the same bits as segment by segment, on every leader */
+		ck_assert_mem_eq(f + i * cnt, ref, cnt * 4);
+		/* no drain between segments when each is ready at once (and has chunks enough
+		 * for a step to overlap the next) */
+		if (!lazy && algo == TPC_PLAN_RING && seg >= 1000 && cnt % seg == 0)
+			ck_assert_uint_eq(l[i].min_late, TPC_PLAN_DEPTH - 1);
+	}
+	ck_assert_uint_eq(world_done(&w), 0);
+	free(f), free(ref), free(scratch);
+}
+
+/*
+ * A run in segments (a pipelined all-reduce): the schedule over each segment in turn, the same
+ * bits as one run per segment; ready() before each segment, done() once each has landed, in
+ * order; the ring keeps TPC_PLAN_DEPTH exchanges on the wire across segments; a "not yet"
+ * lands what is in flight before the run waits; a failing ready() stops the run after the
+ * segments before it, every exchange waited for.
+ */
+START_TEST(test_plan_run_in_segments)
+{
+	for (uint32_t n = 2; n <= 4; n++)
+		for (int algo = TPC_PLAN_RING; algo <= TPC_PLAN_RD; algo++) {
+			check_segments(n, algo, 4099, 1000, false, 0);
+			check_segments(n, algo, 4000, 1000, false, 0);
+			check_segments(n, algo, 4000, 1000, true, 0);
+			check_segments(n, algo, 37, 1, false, 0);
+			check_segments(n, algo, 4099, 1000, false, 3);
+		}
+}
+END_TEST
+
 START_TEST(test_plan_run_transport_failure_ends_every_leader)
 {
 	enum tp_reduce_op op = TP_OP_SUM;
@@ -737,6 +866,7 @@ int main(void)
 	tcase_add_test(tc, test_plan_run_results_identical_and_right);
 	tcase_add_test(tc, test_plan_200_ranks_all_reduce_composes);
 	tcase_add_test(tc, test_plan_ring_keeps_exchanges_in_flight_across_steps);
+	tcase_add_test(tc, test_plan_run_in_segments);
 	tcase_add_test(tc, test_plan_run_transport_failure_ends_every_leader);
 	tcase_add_test(tc, test_plan_run_refuses_bad_arguments);
 	tcase_set_timeout(tc, 60);
