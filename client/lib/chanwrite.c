@@ -238,6 +238,12 @@ void tpc_chan_lent_drop(struct tp_chan *ch)
 TP_EXPORT int tp_chan_write(struct tp_chan *ch, const struct iovec *items, size_t n,
 			    int timeout_ms)
 {
+	return tpc_chan_write_items(ch, items, n, NULL, timeout_ms);
+}
+
+int tpc_chan_write_items(struct tp_chan *ch, const struct iovec *items, size_t n,
+			 Tpw__V1__Descriptor **msgs, int timeout_ms)
+{
 	Tpw__V1__ChanOp op = TPW__V1__CHAN_OP__INIT;
 	struct chan_req cr = { 0 };
 	struct chan_segs w = { 0 };
@@ -255,7 +261,7 @@ TP_EXPORT int tp_chan_write(struct tp_chan *ch, const struct iovec *items, size_
 	if (!lens)
 		return tpc_error(-ENOMEM, "out of memory");
 	for (size_t i = 0; i < n; i++) {
-		if (items[i].iov_len == 0 || (!items[i].iov_base))
+		if ((items[i].iov_len == 0 && !msgs) || (!items[i].iov_base))
 			return tpc_error(-EINVAL, "item %zu is empty", i);
 		lens[i] = items[i].iov_len;
 		total += lens[i];
@@ -270,6 +276,8 @@ TP_EXPORT int tp_chan_write(struct tp_chan *ch, const struct iovec *items, size_
 	op.n_lengths = n;
 	op.lengths = lens;
 	op.timeout_ms = timeout_ms < 0 ? UINT32_MAX : (uint32_t)timeout_ms;
+	op.n_msgs = msgs ? n : 0;
+	op.msgs = msgs;
 	r = refs ? chan_write_segs(ch, items, n, true, &op, &w) : 0;
 	op.lend = r == 0 && refs && chan_may_lend(ch, w.stage, w.staged);
 	cr.write = true;
