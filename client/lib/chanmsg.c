@@ -318,15 +318,55 @@ static int msg_item(struct tp_context *ctx, const struct tp_message *m, uint64_t
 	return r;
 }
 
+/* The wire side of a batch of messages: descriptors and their parts' arrays, the items. */
+struct msg_batch {
+	Tpw__V1__Descriptor *w, **wp;
+	Tpw__V1__PayloadDesc *pd, **pp;
+	Tpw__V1__TensorDesc *td, **tp;
+	Tpw__V1__Device *dev;
+	struct iovec *items;
+	uint8_t **gather; /* per item: the buffer its parts were gathered into, or NULL */
+};
+
+/* Frees @b; the gathered items too unless @keep (a write that gave up, -EINPROGRESS: the daemon
+ * may still read them by CMA, so they are never freed). */
+static void batch_free(struct msg_batch *b, size_t n, bool keep)
+{
+	for (size_t k = 0; b->gather && !keep && k < n; k++)
+		free(b->gather[k]);
+	free(b->gather);
+	free(b->w);
+	free(b->wp);
+	free(b->items);
+	free(b->pd);
+	free(b->pp);
+	free(b->td);
+	free(b->tp);
+	free(b->dev);
+}
+
+/* @b for @n messages of @np payloads and @nt tensors in all. Return: 0 or -ENOMEM. */
+static int batch_alloc(struct msg_batch *b, size_t n, size_t np, size_t nt)
+{
+	b->w = calloc(n, sizeof(*b->w));
+	b->wp = calloc(n, sizeof(*b->wp));
+	b->items = calloc(n, sizeof(*b->items));
+	b->gather = calloc(n, sizeof(*b->gather));
+	b->pd = calloc(np + 1, sizeof(*b->pd));
+	b->pp = calloc(np + 1, sizeof(*b->pp));
+	b->td = calloc(nt + 1, sizeof(*b->td));
+	b->tp = calloc(nt + 1, sizeof(*b->tp));
+	b->dev = calloc(2 * nt + 1, sizeof(*b->dev));
+	if (!b->w || !b->wp || !b->items || !b->gather || !b->pd || !b->pp || !b->td || !b->tp ||
+	    !b->dev)
+		return tpc_error(-ENOMEM, "out of memory");
+	return 0;
+}
+
 TP_EXPORT int tp_chan_write_msgs(struct tp_chan *ch, const struct tp_message *msgs, size_t n,
 				 int timeout_ms)
 {
-	Tpw__V1__Descriptor *w = NULL, **wp = NULL;
-	Tpw__V1__PayloadDesc *pd = NULL, **pp = NULL;
-	Tpw__V1__TensorDesc *td = NULL, **tp = NULL;
-	Tpw__V1__Device *dev = NULL;
-	struct iovec *items = NULL;
-	uint8_t **gather = NULL;
+	struct msg_batch b = { 0 };
 	size_t np = 0, nt = 0, kp = 0, kt = 0;
 	uint64_t len;
 	int r = 0;
@@ -345,43 +385,20 @@ TP_EXPORT int tp_chan_write_msgs(struct tp_chan *ch, const struct tp_message *ms
 		np += msgs[k].n_payloads;
 		nt += msgs[k].n_tensors;
 	}
-	if (r < 0)
-		return r;
-	w = calloc(n, sizeof(*w));
-	wp = calloc(n, sizeof(*wp));
-	items = calloc(n, sizeof(*items));
-	gather = calloc(n, sizeof(*gather));
-	pd = calloc(np + 1, sizeof(*pd));
-	pp = calloc(np + 1, sizeof(*pp));
-	td = calloc(nt + 1, sizeof(*td));
-	tp = calloc(nt + 1, sizeof(*tp));
-	dev = calloc(2 * nt + 1, sizeof(*dev));
-	if (!w || !wp || !items || !gather || !pd || !pp || !td || !tp || !dev)
-		r = tpc_error(-ENOMEM, "out of memory");
+	if (r == 0)
+		r = batch_alloc(&b, n, np, nt);
 	for (size_t k = 0; r == 0 && k < n; k++) {
-		msg_wire(&msgs[k], &w[k], pd + kp, pp + kp, td + kt, tp + kt, dev + 2 * kt);
-		wp[k] = &w[k];
+		msg_wire(&msgs[k], &b.w[k], b.pd + kp, b.pp + kp, b.td + kt, b.tp + kt,
+			 b.dev + 2 * kt);
+		b.wp[k] = &b.w[k];
 		kp += msgs[k].n_payloads;
 		kt += msgs[k].n_tensors;
-		msg_check(ch->ctx, &msgs[k], k, &len); /* checked above */
-		r = msg_item(ch->ctx, &msgs[k], len, &items[k], &gather[k]);
+		msg_check(ch->ctx, &msgs[k], k, &len); /* checked above: its length */
+		r = msg_item(ch->ctx, &msgs[k], len, &b.items[k], &b.gather[k]);
 	}
 	if (r == 0)
-		r = tpc_chan_write_items(ch, items, n, wp, timeout_ms);
-	/* A write that gave up (-EINPROGRESS) may still be copied from a gathered item that went
-	 * by CMA; the library stages those above 256 KiB, so the daemon reads a staging buffer. */
-	for (size_t k = 0; gather && k < n; k++)
-		if (r != -EINPROGRESS)
-			free(gather[k]);
-	free(gather);
-	free(w);
-	free(wp);
-	free(items);
-	free(pd);
-	free(pp);
-	free(td);
-	free(tp);
-	free(dev);
+		r = tpc_chan_write_items(ch, b.items, n, b.wp, timeout_ms);
+	batch_free(&b, n, r == -EINPROGRESS);
 	return r;
 }
 
