@@ -8,7 +8,8 @@
  * written well, byte-exact. A take of a held message whose destinations do not add up fails and
  * leaves the item held; a take with nothing held is not found; a byte read (plain or batch) of a
  * message item is refused and leaves it first. Nothing of this closes the session, and the
- * channel's readers get exactly the well-formed items.
+ * channel's readers get exactly the well-formed items. A client of protocol minor 7 never reads
+ * a message item as bytes, small or large: refused, the item stays first.
  */
 #include <check.h>
 #include <errno.h>
@@ -215,6 +216,85 @@ START_TEST(test_bad_message_descriptors_fail_their_op_only)
 }
 END_TEST
 
+/* A client of protocol minor 7 (before message items): its byte reads, plain, batch and of a
+ * large item, are refused with STATUS_UNSUPPORTED and the message stays first, whole. */
+static int old_client(void *arg)
+{
+	Tpw__V1__ClientMsg m = TPW__V1__CLIENT_MSG__INIT;
+	Tpw__V1__Hello h = TPW__V1__HELLO__INIT;
+	Tpw__V1__ChanOp op = TPW__V1__CHAN_OP__INIT;
+	Tpw__V1__DaemonMsg *rep = NULL;
+	struct tpt_raw r;
+	uint64_t id = 0;
+	int st;
+
+	(void)arg;
+	REQ(tpt_raw_connect(&r, d.socket) == 0, "connect");
+	h.major = TPW_PROTO_MAJOR;
+	h.minor = TPW_MINOR_CHAN_MSG - 1;
+	h.role = TPW__V1__ROLE__ROLE_CLIENT;
+	h.name = "old";
+	m.body_case = TPW__V1__CLIENT_MSG__BODY_HELLO;
+	m.hello = &h;
+	REQ(tpt_raw_send(&r, &m, NULL, 0, NULL, 0, 0) == 0, "hello");
+	REQ(tpt_raw_expect(&r, TPW__V1__DAEMON_MSG__BODY_HELLO_REPLY, T_MS, &rep) == 0 &&
+	    rep->hello_reply->status == ST_OK, "hello answer");
+	tpw__v1__daemon_msg__free_unpacked(rep, NULL);
+	op.op = TPW__V1__CHAN_OP_KIND__CHAN_OP_OPEN;
+	op.name = "victim";
+	REQ((st = raw_chan(&r, &op, NULL, 0, &id)) == ST_OK, "open: %d", st);
+	for (int k = 0; k < 2; k++) { /* the small message first, then the large one */
+		REQ((st = read_op(&r, id, false, false, NULL, 0, 0)) ==
+		    TPW__V1__STATUS__STATUS_UNSUPPORTED, "plain read %d: %d", k, st);
+		REQ((st = read_op(&r, id, false, false, NULL, 0, 8)) ==
+		    TPW__V1__STATUS__STATUS_UNSUPPORTED, "batch read %d: %d", k, st);
+		if (k == 0) {
+			op = (Tpw__V1__ChanOp)TPW__V1__CHAN_OP__INIT;
+			op.op = TPW__V1__CHAN_OP_KIND__CHAN_OP_READ;
+			op.chan_id = id;
+			op.msg = true; /* (a field it does not know: as a newer one would) */
+			REQ((st = raw_chan(&r, &op, NULL, 0, NULL)) == ST_OK, "msg read: %d", st);
+			op.take_held = true;
+			op.msg_drop = true;
+			REQ((st = raw_chan(&r, &op, NULL, 0, NULL)) == ST_OK, "drop: %d", st);
+		}
+	}
+	tpt_raw_close(&r);
+	return 0;
+}
+
+START_TEST(test_old_client_never_reads_a_message_as_bytes)
+{
+	static uint8_t big[(1u << 20) + 3];
+	struct tp_payload p = { .data = big, .length = sizeof(big) };
+	struct tp_message small = { .metadata = "s", .metadata_len = 1 };
+	struct tp_message large = { .metadata = "l", .metadata_len = 1, .payloads = &p,
+				    .n_payloads = 1 };
+	struct tp_context *ctx;
+	struct tp_descriptor *desc;
+	struct tp_chan *ch;
+
+	ck_assert_int_eq(tpt_daemon_start(&d, NULL), 0);
+	ck_assert_int_eq(tpt_ctx_new(&d, 0, "victim", &ctx), 0);
+	ck_assert_int_eq(tp_chan_open(ctx, "victim", &(struct tp_chan_options){
+		.size = sizeof(struct tp_chan_options), .flags = TP_CHAN_CREATE, .owner_uid = -1 },
+		&ch), 0);
+	memset(big, 0x6b, sizeof(big));
+	ck_assert_int_eq(tp_chan_write_msgs(ch, &small, 1, 0), 0);
+	ck_assert_int_eq(tp_chan_write_msgs(ch, &large, 1, 0), 0);
+	ck_assert(tpt_wait_ok(tpt_fork(old_client, NULL), 4 * T_MS, "old client"));
+	ck_assert(tpt_daemon_alive(&d));
+	ck_assert_int_eq(tp_chan_read_descriptor(ch, &desc, 0), 0);
+	ck_assert(desc->metadata_len == 1 && memcmp(desc->metadata, "l", 1) == 0 &&
+		  desc->n_payloads == 1 && desc->payloads[0].length == sizeof(big));
+	ck_assert_int_eq(tp_chan_descriptor_free(desc), 0);
+	ck_assert_int_eq(tp_chan_read_descriptor(ch, &desc, 0), -EAGAIN);
+	tp_chan_release(ch);
+	tp_context_free(ctx);
+	ck_assert_int_eq(tpt_daemon_stop(&d), 0);
+}
+END_TEST
+
 static Suite *chanmsg_suite(void)
 {
 	Suite *s = suite_create("sec_chanmsg");
@@ -222,6 +302,7 @@ static Suite *chanmsg_suite(void)
 
 	tcase_set_timeout(tc, 120);
 	tcase_add_test(tc, test_bad_message_descriptors_fail_their_op_only);
+	tcase_add_test(tc, test_old_client_never_reads_a_message_as_bytes);
 	suite_add_tcase(s, tc);
 	return s;
 }
