@@ -550,11 +550,12 @@ static void plan_add(struct take_plan *pl, const struct tpc_buf *b, const uint8_
 
 /*
  * Plans the take of @d's item into @a: parts whose slot lies in a shared buffer directly
- * (unless @one: across hosts, one destination, so every part is staged), the others staged.
+ * (unless @one: across hosts, one destination, so every part is staged), the others staged
+ * (in a staging buffer if @stage, else in memory of this library by CMA).
  * Return: 0, 1 (no destination for the staged parts: take it inline), or -errno.
  */
 static int plan_make(struct tp_chan *ch, const struct tp_descriptor *d,
-		     const struct tp_allocation *a, bool one, struct take_plan *pl)
+		     const struct tp_allocation *a, bool one, bool stage, struct take_plan *pl)
 {
 	struct tp_context *ctx = ch->ctx;
 	size_t parts = d->n_payloads + d->n_tensors, staged = 0, off = 0;
@@ -577,7 +578,7 @@ static int plan_make(struct tp_chan *ch, const struct tp_descriptor *d,
 	}
 	if (staged) {
 		pthread_mutex_lock(&ctx->send_lock);
-		if (tpc_buffer_stage_get(ctx, staged, &pl->stage) < 0)
+		if (!stage || tpc_buffer_stage_get(ctx, staged, &pl->stage) < 0)
 			pl->stage = NULL;
 		pthread_mutex_unlock(&ctx->send_lock);
 		if (!pl->stage && !__atomic_load_n(&ctx->cma_ok, __ATOMIC_RELAXED))
@@ -667,7 +668,9 @@ static int take_inline(struct tp_chan *ch, struct chan_desc *cd, const struct tp
 	return r;
 }
 
-/* The take into the plan's segments: shared-buffer slots by the daemon, the others staged. */
+/* The take into the plan's segments: shared-buffer slots by the daemon, the others staged.
+ * Return: 0, -EAGAIN (the daemon refused the staging buffer, as a write's: the item is still
+ * held, take it without), or -errno. */
 static int take_segs(struct tp_chan *ch, struct chan_desc *cd, const struct tp_allocation *a,
 		     struct take_plan *pl)
 {
@@ -682,17 +685,46 @@ static int take_segs(struct tp_chan *ch, struct chan_desc *cd, const struct tp_a
 		r = -EPROTO;
 	if (r == 0)
 		return take_finish(ch->ctx, &cd->pub, a, pl->direct, pl->base, false);
+	if (r == -ENOENT && tpc_chan_stage_refused(ch->ctx, pl->stage)) {
+		tpc_buffer_stage_put(ch->ctx, pl->stage, false);
+		pl->stage = NULL;
+		r = -EAGAIN;
+	}
 	plan_free(ch->ctx, pl, cr.req.done);
 	*pl = (struct take_plan){ 0 };
+	if (r == -EAGAIN)
+		return r;
 	return tpc_error(r, "channel '%s': %s", ch->name, r == -EPROTO && !cr.req.status ?
 			 "a take answered without the item" : cr.req.msg);
+}
+
+/* The take of @cd's item into @a by a plan (@stage: with a staging buffer), or inline when the
+ * plan has no destination for some part. Return: as take_segs(). */
+static int take_planned(struct tp_chan *ch, struct chan_desc *cd, const struct tp_allocation *a,
+			bool stage)
+{
+	struct take_plan pl = { 0 };
+	int r = plan_make(ch, &cd->pub, a, ch->remote, stage, &pl);
+
+	if (r == 0 && pl.n > 1 && ch->remote) /* cannot happen: all staged, merged */
+		r = tpc_error(-EOPNOTSUPP, "several destinations across hosts");
+	if (r == 1 && cd->len > ch->ctx->lim.inline_max)
+		r = tpc_error(-EOPNOTSUPP, "channel '%s': an item of %llu bytes above the inline "
+			      "limit, and neither a staging buffer nor CMA for the slots not in a "
+			      "shared buffer", ch->name, (unsigned long long)cd->len);
+	if (r == 1)
+		r = take_inline(ch, cd, a);
+	else if (r == 0)
+		r = take_segs(ch, cd, a, &pl);
+	if (pl.seg || pl.stage || pl.host)
+		plan_free(ch->ctx, &pl, true);
+	return r;
 }
 
 TP_EXPORT int tp_chan_read_msg(struct tp_chan *ch, struct tp_descriptor *d,
 			       const struct tp_allocation *alloc)
 {
 	struct chan_desc *cd = desc_of(d);
-	struct take_plan pl = { 0 };
 	bool small, shm = false;
 	int r;
 
@@ -714,19 +746,16 @@ TP_EXPORT int tp_chan_read_msg(struct tp_chan *ch, struct tp_descriptor *d,
 	 * and every item of a channel that takes no destination (another host's, inline only). */
 	small = cd->len <= TPW_CHAN_SHM_ITEM || (cd->len <= TPW_CHAN_INLINE_ITEM && !shm) ||
 		!tpc_chan_fast(ch);
-	r = small ? 1 : plan_make(ch, d, alloc, ch->remote, &pl);
-	if (r == 0 && pl.n > 1 && ch->remote) /* cannot happen: all staged, merged */
-		r = tpc_error(-EOPNOTSUPP, "several destinations across hosts");
-	if (r == 1 && cd->len > ch->ctx->lim.inline_max)
+	if (small && cd->len > ch->ctx->lim.inline_max)
 		r = tpc_error(-EOPNOTSUPP, "channel '%s': an item of %llu bytes above the inline "
-			      "limit, and neither a staging buffer nor CMA for the slots not in a "
-			      "shared buffer", ch->name, (unsigned long long)cd->len);
-	if (r == 1)
-		r = take_inline(ch, cd, alloc);
-	else if (r == 0)
-		r = take_segs(ch, cd, alloc, &pl);
-	if (pl.seg || pl.stage || pl.host)
-		plan_free(ch->ctx, &pl, true);
+			      "limit on a channel that takes items inline only", ch->name,
+			      (unsigned long long)cd->len);
+	else
+		r = small ? take_inline(ch, cd, alloc) : take_planned(ch, cd, alloc, true);
+	if (r == -EAGAIN)
+		r = take_planned(ch, cd, alloc, false);
+	if (r == -EAGAIN)
+		r = tpc_error(-EIO, "channel '%s': the daemon refused a staging buffer", ch->name);
 	desc_free(cd);
 	return r;
 }

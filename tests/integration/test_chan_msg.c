@@ -8,14 +8,17 @@
  * message; close then drain with message items (a held item keeps the channel from draining);
  * a released handle gives its held item back; a freed descriptor drops its item; byte items
  * read as messages of one payload and message items refuse the byte reads and stay first; the
- * message limits (payloads and tensors, metadata) just below and just above.
+ * message limits (payloads and tensors, metadata) just below and just above; a reader whose
+ * staging buffer the daemon refuses takes its message by CMA instead.
  */
 #include <check.h>
 #include <errno.h>
+#include <grp.h>
 #include <json-c/json.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/prctl.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -497,6 +500,55 @@ START_TEST(test_capacity_counts_message_bytes)
 }
 END_TEST
 
+/* A reader of another uid whose staging buffers the daemon refuses (buffer-bytes-per-uid;
+ * root, the writer, is exempt): its take goes by CMA instead, nothing lost. */
+static struct tpt_daemon quota_daemon;
+
+static int quota_reader(void *arg)
+{
+	const struct tpt_msg_spec *s = arg;
+	struct tp_context *ctx = NULL;
+	struct tp_chan_options o = { .size = sizeof(o), .owner_uid = 0 };
+	struct tp_chan *ch;
+	int r;
+
+	TPT_REQUIRE(setgroups(0, NULL) == 0 && setresgid(4242, 4242, 4242) == 0 &&
+		    setresuid(4242, 4242, 4242) == 0 &&
+		    prctl(PR_SET_DUMPABLE, 1, 0, 0, 0) == 0, 1, /* CMA: ptrace-able again */
+		    "cannot become uid 4242");
+	TPT_REQUIRE(tpt_ctx_new(&quota_daemon, 0, "quota", &ctx) == 0, 1, "ctx");
+	TPT_REQUIRE(tp_chan_open(ctx, "quota", &o, &ch) == 0, 1, "open: %s", tp_last_error());
+	r = tpt_chan_msg_read_check(ctx, ch, s, TPT_MEM_PRIVATE, T_MS, NULL);
+	tp_chan_release(ch);
+	tp_context_free(ctx);
+	return r == 0 ? 0 : 1;
+}
+
+START_TEST(test_refused_staging_falls_back)
+{
+	const char *args[] = { "--buffer-bytes-per-uid", "64K", NULL };
+	struct tp_chan_options o = { .size = sizeof(o), .flags = TP_CHAN_CREATE, .owner_uid = -1,
+				     .access = TP_ACCESS_ANYONE };
+	struct tpt_msg_spec s = spec(0, 3, 2, lens_multi);
+	struct tp_context *ctx;
+	struct tp_chan *ch;
+
+	if (geteuid() != 0) {
+		printf("skipped: needs root to run a reader as another uid\n");
+		return;
+	}
+	ck_assert_int_eq(tpt_daemon_start(&quota_daemon, args), 0);
+	ck_assert_int_eq(tpt_daemon_open_to_all(&quota_daemon), 0);
+	ck_assert_int_eq(tpt_ctx_new(&quota_daemon, 0, "w", &ctx), 0);
+	ck_assert_int_eq(tp_chan_open(ctx, "quota", &o, &ch), 0);
+	write_spec(ctx, ch, &s, TPT_MEM_PRIVATE);
+	ck_assert(tpt_wait_ok(tpt_fork(quota_reader, &s), T_MS, "reader"));
+	tp_chan_release(ch);
+	tp_context_free(ctx);
+	ck_assert_int_eq(tpt_daemon_stop(&quota_daemon), 0);
+}
+END_TEST
+
 static Suite *chan_msg_suite(void)
 {
 	Suite *s = suite_create("chan_msg");
@@ -517,6 +569,7 @@ static Suite *chan_msg_suite(void)
 	tcase_add_checked_fixture(lim, small_setup, small_teardown);
 	tcase_set_timeout(lim, 60);
 	tcase_add_test(lim, test_message_limits);
+	tcase_add_test(lim, test_refused_staging_falls_back);
 	suite_add_tcase(s, lim);
 	return s;
 }
