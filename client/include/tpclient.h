@@ -1189,8 +1189,11 @@ int tp_chan_read_descriptor(struct tp_chan *ch, struct tp_descriptor **ret, int 
  * for that stream. Blocks until the bytes are in @alloc.
  * @d: taken, also on failure, except -EINVAL (the caller keeps it).
  * Return: 0; -EINVAL (@alloc does not match @d, or @d is not @ch's); -EFAULT and other copy
- * errors (the item goes back to the head of the channel); -ETIMEDOUT (no answer within the
- * reply timeout: the item may be written into @alloc later, or go back on release).
+ * errors (the item goes back to the head of the channel); -EOPNOTSUPP (an item above the
+ * inline limit with neither a staging buffer nor CMA for its slots outside shared buffers, or
+ * on a channel that takes items inline only: the item stays held, and goes back on release);
+ * -ETIMEDOUT (no answer within the reply timeout: a large item may still be copied into @alloc
+ * later; a small one, answered inline later, is lost).
  */
 int tp_chan_read_msg(struct tp_chan *ch, struct tp_descriptor *d,
 		     const struct tp_allocation *alloc);
