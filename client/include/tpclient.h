@@ -1160,7 +1160,9 @@ int tp_chan_read_many(struct tp_chan *ch, struct tp_chan_item *items, size_t max
  * message of several are first gathered into one item by the library. A CUDA tensor is copied
  * to host memory by the library after the work queued on its cuda_stream (the call waits for
  * it); the reader's descriptor keeps its device and target. Borrows @msgs.
- * Return: as tp_chan_write(); -EOPNOTSUPP (an older daemon, CUDA unavailable), -EINVAL.
+ * Return: as tp_chan_write(); -EMSGSIZE also for a batch whose descriptors and inline bytes
+ * exceed the daemon's frame limit (--frame-max); -EOPNOTSUPP (an older daemon, CUDA
+ * unavailable), -EINVAL.
  */
 int tp_chan_write_msgs(struct tp_chan *ch, const struct tp_message *msgs, size_t n,
 		       int timeout_ms);

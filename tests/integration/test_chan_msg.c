@@ -549,6 +549,33 @@ START_TEST(test_refused_staging_falls_back)
 }
 END_TEST
 
+/* A batch whose descriptors make its frame larger than the daemon's frame limit (4 MiB by
+ * default: five messages of 1 MiB metadata, metadata-max each) is refused by the library
+ * (-EMSGSIZE) and the session goes on; three go. */
+START_TEST(test_batch_above_frame_limit)
+{
+	struct tp_context *ctx = ctx_new(&tpt_fixture_daemon, 0);
+	static uint8_t meta[1u << 20];
+	struct tp_message m[5];
+	struct tp_descriptor *d;
+	struct tp_chan *ch;
+
+	for (int k = 0; k < 5; k++)
+		m[k] = (struct tp_message){ .metadata = meta, .metadata_len = sizeof(meta) };
+	ck_assert_int_eq(chan_open(ctx, "frame", TP_CHAN_CREATE, &ch), 0);
+	ck_assert_int_eq(tp_chan_write_msgs(ch, m, 5, 0), -EMSGSIZE);
+	ck_assert_int_eq(tp_chan_write_msgs(ch, m, 3, 0), 0);
+	for (int k = 0; k < 3; k++) {
+		ck_assert_int_eq(tp_chan_read_descriptor(ch, &d, 0), 0);
+		ck_assert_uint_eq(d->metadata_len, sizeof(meta));
+		ck_assert_int_eq(tp_chan_descriptor_free(d), 0);
+	}
+	ck_assert_int_eq(tp_chan_read_descriptor(ch, &d, 0), -EAGAIN);
+	tp_chan_release(ch);
+	tp_context_free(ctx);
+}
+END_TEST
+
 static Suite *chan_msg_suite(void)
 {
 	Suite *s = suite_create("chan_msg");
@@ -565,6 +592,7 @@ static Suite *chan_msg_suite(void)
 	tcase_add_test(tc, test_batches_atomic_with_another_writer);
 	tcase_add_test(tc, test_oldest_waiting_reader_first);
 	tcase_add_test(tc, test_capacity_counts_message_bytes);
+	tcase_add_test(tc, test_batch_above_frame_limit);
 	suite_add_tcase(s, tc);
 	tcase_add_checked_fixture(lim, small_setup, small_teardown);
 	tcase_set_timeout(lim, 60);
