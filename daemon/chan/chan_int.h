@@ -201,8 +201,8 @@ void tpd_chan_item_move_desc(struct chan_item *to, struct chan_item *from);
 /* chanmsg.c: items as messages (ChanOp.msgs, ChanOp.msg): a write's descriptors checked and
  * their charge, a held item's descriptor answered, and a message read's take (inline, into the
  * reader's slots, or dropped). */
-int tpd_chan_msg_write_check(struct tpd_chans *cs, const struct chan_handle *h,
-			     const Tpw__V1__ChanOp *o, uint64_t *ret_bytes, char *why, size_t wl);
+int tpd_chan_msg_write_check(struct tpd_chans *cs, const Tpw__V1__ChanOp *o,
+			     uint64_t *ret_bytes, char *why, size_t wl);
 void tpd_chan_msg_answer_held(const struct chan_handle *h, uint64_t req_id,
 			      const struct chan_item *it);
 void tpd_chan_msg_take(struct tpd_chans *cs, struct chan_handle *h, const Tpw__V1__ChanOp *o);

@@ -516,7 +516,7 @@ void tpd_chan_io_write(struct tpd_chans *cs, struct chan_handle *h, const Tpw__V
 	struct chan_wait *w;
 	char why[200];
 	bool fits;
-	int r = tpd_chan_msg_write_check(cs, h, o, &bytes, why, sizeof(why));
+	int r = tpd_chan_msg_write_check(cs, o, &bytes, why, sizeof(why));
 
 	if (r < 0) /* a bad message descriptor fails this write only */
 		return tpd_chan_answer(&h->who, o->req_id, r, why, h->id, c->closed, NULL);

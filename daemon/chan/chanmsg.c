@@ -18,14 +18,13 @@
 #include "tpu.h"
 #include "validate.h"
 
-int tpd_chan_msg_write_check(struct tpd_chans *cs, const struct chan_handle *h,
-			     const Tpw__V1__ChanOp *o, uint64_t *ret_bytes, char *why, size_t wl)
+int tpd_chan_msg_write_check(struct tpd_chans *cs, const Tpw__V1__ChanOp *o,
+			     uint64_t *ret_bytes, char *why, size_t wl)
 {
 	uint64_t bytes = 0;
 	char sub[160];
 	int r;
 
-	(void)h;
 	if (!o->n_msgs)
 		return 0;
 	if (o->n_msgs != o->n_lengths)
