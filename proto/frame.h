@@ -48,9 +48,13 @@
  *   7  channel items by reference and batch reads (ChanOp.segments, max_items, take_held;
  *      ChanReply.held_len, copied): a client sends them only to a daemon of minor >= 7, and
  *      a daemon holds a large item for (ChanReply.held_len) only a client of minor >= 7
+ *   8  channel items as messages (ChanOp.msgs, msg, msg_drop; ChanReply.msg_desc, msg_held,
+ *      msg_taken): a client sends them only to a daemon of minor >= 8; a daemon refuses a
+ *      message item to a plain read (STATUS_UNSUPPORTED, the item stays first), so a client of
+ *      an older minor never misreads one
  */
 #define TPW_PROTO_MAJOR 1
-#define TPW_PROTO_MINOR 7
+#define TPW_PROTO_MINOR 8
 /* Daemon-to-daemon protocol, versioned apart from the client one. 2: frames inside TLS 1.3, no
  * PeerAuth; a daemon speaking 1 (plaintext PeerHello) is refused with a clear log line. Minor
  * versions of peer protocol 2:
@@ -68,14 +72,18 @@
  *      room, ChanReply.xfer_id, held_len and copied in PeerChanOp / PeerChanReply, and
  *      PeerMsg.chan_xfer_end (590); a forwarding daemon offers its clients items by reference
  *      (ChanReply.remote_refs) only for a channel whose host speaks 6 or later
+ *   7  channel items as messages (ChanOp.msgs, msg, msg_drop; ChanReply.msg_desc, msg_held,
+ *      msg_taken) in PeerChanOp / PeerChanReply: a forwarding daemon refuses them
+ *      (-EOPNOTSUPP) for a channel whose host speaks an older minor
  */
 #define TPW_PEER_PROTO_MAJOR 2
-#define TPW_PEER_PROTO_MINOR 6
+#define TPW_PEER_PROTO_MINOR 7
 #define TPW_PEER_MINOR_CONNECT_WAIT 1
 #define TPW_PEER_MINOR_QUEUE_LIMITS 2
 #define TPW_PEER_MINOR_CHAN 3
 #define TPW_PEER_MINOR_BCAST 5 /* PeerBcast, PeerReadReq.bcast (issue 25, fan-out) */
 #define TPW_PEER_MINOR_CHAN_STREAM 6 /* large channel items across hosts (issue 25, xhost) */
+#define TPW_PEER_MINOR_CHAN_MSG 7 /* channel items as messages (issue 25, msg) */
 /* The longest PeerConnect.wait_ms a daemon accepts (one hour); a dialler clamps to it. */
 #define TPW_PEER_WAIT_MS_MAX 3600000u
 #define TPW_MINOR_CLOSE_ACK 1
@@ -86,6 +94,7 @@
 #define TPW_MINOR_CANCEL 5
 #define TPW_MINOR_CUDA_DMABUF 6
 #define TPW_MINOR_CHAN_FAST 7
+#define TPW_MINOR_CHAN_MSG 8 /* channel items as messages (ChanOp.msgs, ChanOp.msg) */
 /* Channel items up to TPW_CHAN_INLINE_ITEM ride inline in frames (writes and answers), except
  * that items above TPW_CHAN_SHM_ITEM in (or read into) a shared buffer are copied with memcpy;
  * other items are copied between the clients' memory and the daemon by CMA (protocol minor 7,

@@ -307,7 +307,7 @@ static int check_chan_segments(const Tpw__V1__ChanOp *c, const struct tpw_hdr *h
 	for (size_t i = 0; i < c->n_segments; i++) {
 		const Tpw__V1__Segment *g = c->segments[i];
 
-		if (c->lengths[i] == 0 || c->lengths[i] > CHAN_ITEM_MAX ||
+		if ((c->lengths[i] == 0 && !c->n_msgs) || c->lengths[i] > CHAN_ITEM_MAX ||
 		    g->length != c->lengths[i])
 			return tpu_why(-EBADMSG, why, wl, "channel item %zu of %llu bytes", i,
 				       (unsigned long long)c->lengths[i]);
@@ -336,24 +336,71 @@ static int check_chan_segments(const Tpw__V1__ChanOp *c, const struct tpw_hdr *h
 }
 
 /* A READ: no items; at most one destination (a shared buffer's range or the reader's memory,
- * not empty), required by take_held; a batch of at most segments_max items. */
+ * not empty), required by take_held; a batch of at most segments_max items. A message read's
+ * take (msg, take_held) may name up to segments_max destinations, or none (the item inline, or
+ * dropped with msg_drop). */
 static int check_chan_read(const Tpw__V1__ChanOp *c, const struct tpw_limits *lim, char *why,
 			   size_t wl)
 {
-	const Tpw__V1__Segment *g = c->n_segments ? c->segments[0] : NULL;
+	bool msg_take = c->msg && c->take_held;
 
-	if (c->n_lengths || c->n_segments > 1)
+	if (c->n_lengths || c->n_msgs || (c->n_segments > 1 && !msg_take) ||
+	    c->n_segments > lim->segments_max)
 		return tpu_why(-EBADMSG, why, wl, "a channel read with items");
 	if (c->max_items > lim->segments_max)
 		return tpu_why(-E2BIG, why, wl, "a channel read of %u items (at most %u)",
 			       c->max_items, lim->segments_max);
-	if (c->take_held && !g && !c->xfer_id)
+	if (c->msg_drop && (!msg_take || c->n_segments || c->xfer_id))
+		return tpu_why(-EBADMSG, why, wl, "a channel item dropped that is no held message");
+	if (c->take_held && !c->n_segments && !c->xfer_id && !msg_take)
 		return tpu_why(-EBADMSG, why, wl, "a held channel item without a destination");
-	if (g && c->max_items > 1)
+	if (c->n_segments && (c->max_items > 1 || (c->msg && !c->take_held)))
 		return tpu_why(-EBADMSG, why, wl, "a batch read into one destination");
-	if (g && (g->length == 0 || g->length > CHAN_ITEM_MAX || !chan_ref_ok(g)))
-		return tpu_why(-EBADMSG, why, wl, "a channel read's destination is neither a "
-			       "shared buffer nor the reader's memory, or empty");
+	for (size_t i = 0; i < c->n_segments; i++) {
+		const Tpw__V1__Segment *g = c->segments[i];
+
+		if (g->length == 0 || g->length > CHAN_ITEM_MAX || !chan_ref_ok(g))
+			return tpu_why(-EBADMSG, why, wl, "a channel read's destination is neither "
+				       "a shared buffer nor the reader's memory, or empty");
+	}
+	return 0;
+}
+
+int tpw_chan_msg_check(const Tpw__V1__Descriptor *d, uint64_t item_len,
+		       const struct tpw_limits *lim, char *why, size_t wl)
+{
+	struct seg_sum sum = { 0 };
+	uint64_t total = 0;
+
+	if (d->pipe_id || d->msg_id || d->eager || d->ring_only)
+		return tpu_why(-EINVAL, why, wl, "a channel message with pipe fields");
+	if (d->n_payloads > lim->segments_max || d->n_tensors > lim->segments_max - d->n_payloads)
+		return tpu_why(-E2BIG, why, wl, "a channel message of %zu payloads and %zu tensors "
+			       "(at most %u in all)", d->n_payloads, d->n_tensors,
+			       lim->segments_max);
+	if (check_metadata(d->metadata.len, &sum, lim, why, wl) < 0)
+		return -EMSGSIZE;
+	for (size_t i = 0; i < d->n_payloads; i++) {
+		if (check_metadata(d->payloads[i]->metadata.len, &sum, lim, why, wl) < 0)
+			return -EMSGSIZE;
+		if (!tpu_add_u64(total, d->payloads[i]->length, &total))
+			return tpu_why(-EINVAL, why, wl, "channel message lengths overflow");
+	}
+	for (size_t i = 0; i < d->n_tensors; i++) {
+		const Tpw__V1__TensorDesc *t = d->tensors[i];
+
+		if (check_metadata(t->metadata.len, &sum, lim, why, wl) < 0)
+			return -EMSGSIZE;
+		if (!tpu_add_u64(total, t->length, &total))
+			return tpu_why(-EINVAL, why, wl, "channel message lengths overflow");
+		if (!device_valid(t->device, false) || !device_valid(t->target, true))
+			return tpu_why(-EINVAL, why, wl, "channel message tensor %zu: bad device",
+				       i);
+	}
+	if (total != item_len)
+		return tpu_why(-EINVAL, why, wl, "a channel message of %llu payload and tensor "
+			       "bytes in an item of %llu", (unsigned long long)total,
+			       (unsigned long long)item_len);
 	return 0;
 }
 
@@ -377,7 +424,7 @@ static int check_chan_op(const Tpw__V1__ChanOp *c, const struct tpw_hdr *hdr,
 	r = check_remote(c->remote, c->remote_peers, c->n_remote_peers, why, wl);
 	if (r < 0)
 		return r;
-	if ((c->n_segments || c->max_items > 1 || (c->take_held && !c->xfer_id) || c->lend) &&
+	if ((c->n_segments || c->max_items > 1 || (c->take_held && !c->xfer_id && !c->msg) || c->lend) &&
 	    !tpip)
 		return tpu_why(-EBADMSG, why, wl, "channel item segments, batch reads or held "
 			       "items over a peer link");
@@ -393,8 +440,10 @@ static int check_chan_op(const Tpw__V1__ChanOp *c, const struct tpw_hdr *hdr,
 			       "room without a transfer");
 	if (c->op == TPW__V1__CHAN_OP_KIND__CHAN_OP_READ)
 		return check_chan_read(c, lim, why, wl);
-	if (c->max_items || c->take_held || c->inline_only)
+	if (c->max_items || c->take_held || c->inline_only || c->msg || c->msg_drop)
 		return tpu_why(-EBADMSG, why, wl, "read fields on a channel op that is no read");
+	if (c->n_msgs && c->op != TPW__V1__CHAN_OP_KIND__CHAN_OP_WRITE)
+		return tpu_why(-EBADMSG, why, wl, "channel messages on an op that is no write");
 	if (c->op != TPW__V1__CHAN_OP_KIND__CHAN_OP_WRITE)
 		return c->n_lengths || c->n_segments ? tpu_why(-EBADMSG, why, wl, "items on a "
 							       "channel op that takes none") : 0;
@@ -409,7 +458,7 @@ static int check_chan_op(const Tpw__V1__ChanOp *c, const struct tpw_hdr *hdr,
 	for (size_t i = 0; i < c->n_lengths; i++) {
 		bool streamed = c->n_streamed && c->streamed[i];
 
-		if (c->lengths[i] == 0 ||
+		if ((c->lengths[i] == 0 && !c->n_msgs) ||
 		    c->lengths[i] > (streamed ? CHAN_ITEM_MAX : hdr->data_len))
 			return tpu_why(-EBADMSG, why, wl, "channel item %zu of %llu bytes", i,
 				       (unsigned long long)c->lengths[i]);
@@ -452,6 +501,13 @@ static int check_chan_reply(const Tpw__V1__ChanReply *r, const struct tpw_hdr *h
 	uint64_t total = 0;
 
 	if (r->n_released > TPW_CHAN_RELEASED_MAX || (r->lent && r->n_lengths))
+		return -EBADMSG;
+	if (r->msg_held) /* a message read: the item held, its descriptor here */
+		return !r->n_lengths && !r->copied && !r->msg_taken && hdr->data_len == 0 ?
+		       0 : -EBADMSG;
+	if (r->msg_desc)
+		return -EBADMSG;
+	if (r->msg_taken && (r->n_lengths > 1 || r->held_len))
 		return -EBADMSG;
 	if (r->copied || r->held_len)
 		return r->n_lengths == (r->copied ? 1u : 0u) && !(r->copied && r->held_len) &&
@@ -898,7 +954,8 @@ static int check_peer_xobj(const Tpw__V1__PeerMsg *m, const struct tpw_hdr *hdr,
 		return r;
 	case TPW__V1__PEER_MSG__BODY_CHAN_REPLY:
 		cr = m->chan_reply->reply;
-		if (!cr || cr->n_lengths > 1 || cr->remote_refs ||
+		if (!cr || cr->n_lengths > 1 || cr->remote_refs || (cr->msg_desc && !cr->msg_held) ||
+		    (cr->msg_held && (cr->n_lengths || cr->copied || cr->msg_taken)) ||
 		    (cr->copied && (cr->n_lengths != 1 || cr->lengths[0] == 0 ||
 				    cr->lengths[0] > CHAN_ITEM_MAX || hdr->data_len)) ||
 		    (cr->held_len && (cr->n_lengths || cr->copied || hdr->data_len ||

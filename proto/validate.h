@@ -62,6 +62,18 @@ int tpw_daemon_msg_validate(const Tpw__V1__DaemonMsg *m, const struct tpw_hdr *h
 int tpw_peer_msg_validate(const Tpw__V1__PeerMsg *m, const struct tpw_hdr *hdr,
 			  const struct tpw_limits *lim, char *why, size_t why_len);
 
+/*
+ * tpw_chan_msg_check() - check the descriptor @d of a channel item of @item_len bytes written as
+ * a message (ChanOp.msgs): at most @lim->segments_max payloads and tensors, at most
+ * @lim->metadata_max metadata bytes in all, known devices, no pipe fields (pipe_id, msg_id,
+ * eager, ring_only), and payload and tensor lengths adding up to @item_len exactly. The daemon
+ * fails only the write that carries a bad one. Borrows @d.
+ * Return: 0, or -EINVAL (inconsistent), -E2BIG (too many parts), -EMSGSIZE (metadata), with a
+ * one-line reason in @why.
+ */
+int tpw_chan_msg_check(const Tpw__V1__Descriptor *d, uint64_t item_len,
+		       const struct tpw_limits *lim, char *why, size_t why_len);
+
 /* True if @name is a valid listener name: 1..255 bytes of [A-Za-z0-9._@:+-]. */
 bool tpw_name_valid(const char *name);
 

@@ -863,9 +863,8 @@ int tp_set_broadcast(struct tp_pipe_set *s, const struct tp_message *msg, int ti
  * A channel is a named FIFO of items hosted by the daemon: any process of the host may open it
  * by name, write batches of items and read them one at a time. A channel is named within its
  * creator's uid; others open it by naming that uid (tp_chan_options.owner_uid) and pass its
- * access mode. Items are byte strings of at least 1 byte; a batch holds up to the daemon's
- * inline limit (its --inline-max, 1 MiB by default). Items move through the daemon's socket or
- * ring, not yet through shared buffers. All calls block and are thread safe; a handle is used by one thread at a time.
+ * access mode. Items are byte strings of at least 1 byte, or messages (tp_chan_write_msgs(),
+ * below). All calls block and are thread safe; a handle is used by one thread at a time.
  */
 struct tp_chan;
 
@@ -1137,6 +1136,76 @@ struct tp_chan_item {
  */
 int tp_chan_read_many(struct tp_chan *ch, struct tp_chan_item *items, size_t max,
 		      size_t *ret_n, int timeout_ms);
+
+/* ---- channel items as messages (docs/channels.md; daemon protocol minor 8) -----------------
+ *
+ * An item may be a message, as a pipe carries (struct tp_message: metadata, payloads, CPU and
+ * CUDA tensors), read in two steps as from a pipe: its descriptor first, then the bytes into the
+ * reader's allocation. A message item moves as a byte item of its payloads and tensors back to
+ * back, its descriptor beside it: the same capacity (its bytes and its descriptor's count),
+ * limits, backpressure, close and fairness. Mixing: a byte item read with
+ * tp_chan_read_descriptor() is a message of one payload (no metadata); a message item refuses
+ * tp_chan_read(), tp_chan_read_into() and tp_chan_read_many() with -EOPNOTSUPP and stays first
+ * in the channel (a daemon or library of minor 7 sees the same). These calls need a daemon of
+ * protocol minor 8, and across hosts a hosting daemon that takes messages (-EOPNOTSUPP
+ * otherwise).
+ */
+
+/*
+ * tp_chan_write_msgs() - append @n messages as items, atomically and contiguously, as
+ * tp_chan_write() does (the same @timeout_ms, results and limits), at most the daemon's
+ * segments_max payloads and tensors and metadata_max metadata bytes per message (-E2BIG,
+ * -EMSGSIZE). A message of one non-empty CPU payload or tensor goes exactly as a byte item
+ * (from a shared buffer by the daemon's copy, private memory staged or by CMA); the parts of a
+ * message of several are first gathered into one item by the library. A CUDA tensor is copied
+ * to host memory by the library after the work queued on its cuda_stream (the call waits for
+ * it); the reader's descriptor keeps its device and target. Borrows @msgs.
+ * Return: as tp_chan_write(); -EMSGSIZE also for a batch whose descriptors and inline bytes
+ * exceed the daemon's frame limit (--frame-max); -EOPNOTSUPP (an older daemon, CUDA
+ * unavailable), -EINVAL.
+ */
+int tp_chan_write_msgs(struct tp_chan *ch, const struct tp_message *msgs, size_t n,
+		       int timeout_ms);
+
+/*
+ * tp_chan_read_descriptor() - take the oldest item, waiting as tp_chan_read() does, and describe
+ * it. The daemon holds the item for the handle until tp_chan_read_msg() or
+ * tp_chan_descriptor_free(); meanwhile it is out of the channel (still charged to it) and a
+ * channel closed meanwhile is not drained. If the handle is released first, the item goes back
+ * to the head of the channel, for the next reader. A handle holds one item at most: another
+ * call before then describes the same item again (and a call that gave up waiting for the
+ * daemon leaves its item held, described by the next one). Items kept on the handle for byte
+ * reads that gave up (tp_chan_read()) are returned by the byte reads, not by this call.
+ * @ret: returns an owned descriptor, for tp_chan_read_msg() or tp_chan_descriptor_free().
+ * Return: 0, TP_CHAN_CLOSED (the channel is closed), -EPIPE, -EAGAIN, -ETIMEDOUT as
+ * tp_chan_read(); -EOPNOTSUPP, -EPROTO (a descriptor that does not add up).
+ */
+int tp_chan_read_descriptor(struct tp_chan *ch, struct tp_descriptor **ret, int timeout_ms);
+
+/*
+ * tp_chan_read_msg() - the item described by @d into @alloc (one slot per payload and tensor,
+ * as tp_pipe_read()): CPU slots in a shared buffer (tp_buffer_alloc()) are written by the
+ * daemon's copy, other CPU slots as tp_chan_read_into() writes private memory (a staging buffer
+ * the library copies from, else CMA), small items straight from the daemon's answer; CUDA slots
+ * are written by the library from host memory on the slot's cuda_stream, and the call waits
+ * for that stream. Blocks until the bytes are in @alloc.
+ * @d: taken, also on failure, except -EINVAL (the caller keeps it).
+ * Return: 0; -EINVAL (@alloc does not match @d, or @d is not @ch's); -EFAULT and other copy
+ * errors (the item goes back to the head of the channel); -EOPNOTSUPP (an item above the
+ * inline limit with neither a staging buffer nor CMA for its slots outside shared buffers, or
+ * on a channel that takes items inline only: the item stays held, and goes back on release);
+ * -ETIMEDOUT (no answer within the reply timeout: a large item may still be copied into @alloc
+ * later; a small one, answered inline later, is lost).
+ */
+int tp_chan_read_msg(struct tp_chan *ch, struct tp_descriptor *d,
+		     const struct tp_allocation *alloc);
+
+/*
+ * tp_chan_descriptor_free() - drop the item @d describes, unread, as a pipe drops a message
+ * whose descriptor is freed: it leaves the channel (counted as read). Takes @d; accepts NULL.
+ * Return: 0 or -errno (the item then stays held, and goes back to the channel on release).
+ */
+int tp_chan_descriptor_free(struct tp_descriptor *d);
 
 /* ---- a user reduction on CUDA memory ------------------------------------------------------- */
 

@@ -134,7 +134,18 @@ void tpc_chan_on_reply(struct tp_context *ctx, const Tpw__V1__ChanReply *m, cons
 		}
 	}
 	(void)tail_len; /* validated: the items add up to it */
-	if (req->status == 0 && m->n_lengths) {
+	cr->msg_held = m->msg_held;
+	cr->msg_taken = m->msg_taken;
+	if (req->status == 0 && (m->msg_held || m->msg_taken)) {
+		/* a message read: its descriptor, or its bytes inline into the read's slots (the
+		 * ones copied by the daemon or dropped leave nothing to do here) */
+		if (m->msg_held)
+			req->status = tpc_chan_msg_on_held(ctx, cr, m);
+		else if (!m->copied && m->n_lengths)
+			req->status = tpc_chan_msg_on_taken(cr, m, tail);
+		if (req->status < 0)
+			snprintf(req->msg, sizeof(req->msg), "%s", tp_last_error());
+	} else if (req->status == 0 && m->n_lengths) {
 		req->status = chan_req_take_items(cr, m, tail);
 		for (size_t i = 0; req->status < 0 && i < cr->n; i++)
 			if (cr->items[i].iov_base != cr->dst)
@@ -374,6 +385,7 @@ TP_EXPORT int tp_chan_open(struct tp_context *ctx, const char *name,
 	if (o && o->size >= offsetof(struct tp_chan_options, owner_uid) + sizeof(o->owner_uid))
 		ch->owner_uid = o->owner_uid;
 	tpu_list_init(&ch->late);
+	tpu_list_init(&ch->descs);
 	*ret = ch;
 	return 0;
 }
@@ -475,6 +487,7 @@ static int chan_release_late(struct tp_chan *ch)
 		tpc_chan_req_free(cr); /* keeps a destination a copy may still reach */
 	}
 	pthread_mutex_unlock(&ctx->lock);
+	tpc_chan_msg_orphan(ch);
 	if (!tpu_list_empty(&kept)) {
 		int g2 = chan_give_back(back, &kept, ch->name);
 
@@ -497,6 +510,7 @@ TP_EXPORT int tp_chan_release(struct tp_chan *ch)
 	if (chan_late_any(ch))
 		return chan_release_late(ch);
 	r = chan_simple(ch, TPW__V1__CHAN_OP_KIND__CHAN_OP_RELEASE, "release");
+	tpc_chan_msg_orphan(ch);
 	tpc_chan_lent_drop(ch);
 	free(ch->name);
 	free(ch);

@@ -33,6 +33,8 @@ struct tp_chan {
 	struct tpc_buf *lent[CHAN_LENT_MAX];
 	unsigned n_lent;
 	uint64_t lent_bytes;
+	/* Descriptors of message reads not yet read or freed (chanmsg.c); under ctx->lock. */
+	struct tpu_list descs;
 };
 
 struct chan_req {
@@ -61,6 +63,15 @@ struct chan_req {
 	bool write, lent;
 	uint64_t *released;
 	size_t n_released;
+	/* A message read (chanmsg.c): the answer's held item and its descriptor (owned, made from
+	 * ChanReply.msg_desc by the reply handler), or a take's answer (msg_taken); for a take
+	 * inline (@scatter), the CPU slots of @scatter filled from the answer by the handler and
+	 * the CUDA slots' bytes in @host, at their offsets in the item. */
+	bool msg_held, msg_taken;
+	struct tp_descriptor *desc;
+	const struct tp_allocation *scatter;
+	const struct tp_descriptor *scatter_desc;
+	uint8_t *host;
 };
 
 /* chan.c: a request's end, whether @ch has a late read done, sending a ChanOp and waiting for
@@ -75,11 +86,27 @@ int tpc_chan_call(struct tp_context *ctx, Tpw__V1__ChanOp *op, const struct iove
 		  size_t n, int wait_ms, struct chan_req *cr);
 bool tpc_chan_fast(const struct tp_chan *ch);
 
+/* chanmsg.c: the descriptor of a held item from its answer, and a take's bytes scattered into
+ * the read's slots (reply handler, lock held). Return: 0 or -errno. */
+int tpc_chan_msg_on_held(struct tp_context *ctx, struct chan_req *cr,
+			 const Tpw__V1__ChanReply *m);
+int tpc_chan_msg_on_taken(struct chan_req *cr, const Tpw__V1__ChanReply *m, const uint8_t *tail);
+/* At release: @ch's descriptors outlive it, their item given back by the daemon. */
+void tpc_chan_msg_orphan(struct tp_chan *ch);
+
 /* chanwrite.c: the segment of a memory range by reference, whether the daemon refused a staging
  * buffer, and the lent buffers dropped at release. */
 int tpc_chan_ref(struct tp_context *ctx, const void *p, size_t len, bool cma,
 		 Tpw__V1__Segment *g, Tpw__V1__ShmRef *ref);
 bool tpc_chan_stage_refused(struct tp_context *ctx, const struct tpc_buf *b);
 void tpc_chan_lent_drop(struct tp_chan *ch);
+
+/*
+ * tpc_chan_write_items() - tp_chan_write() of @n items, with @msgs (NULL: byte items) one
+ * message descriptor per item (tp_chan_write_msgs(); items may then be empty). Borrows @items
+ * and @msgs. Return: as tp_chan_write().
+ */
+int tpc_chan_write_items(struct tp_chan *ch, const struct iovec *items, size_t n,
+			 Tpw__V1__Descriptor **msgs, int timeout_ms);
 
 #endif

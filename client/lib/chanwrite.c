@@ -235,8 +235,34 @@ void tpc_chan_lent_drop(struct tp_chan *ch)
 	ch->lent_bytes = 0;
 }
 
+/* Does the frame of WRITE @op with @n_tail inline pieces @tail fit the daemon's frame limit?
+ * (Message descriptors can make it larger than the inline items alone.) Return: 0 or
+ * -EMSGSIZE (message set). */
+static int chan_frame_check(const struct tp_chan *ch, Tpw__V1__ChanOp *op,
+			    const struct iovec *tail, size_t n_tail)
+{
+	Tpw__V1__ClientMsg m = TPW__V1__CLIENT_MSG__INIT;
+	size_t len = 16; /* room for the req_id, still 0 here */
+
+	m.body_case = TPW__V1__CLIENT_MSG__BODY_CHAN_OP;
+	m.chan_op = op;
+	for (size_t i = 0; i < n_tail; i++)
+		len += tail[i].iov_len;
+	len += tpw_frame_size(&m.base);
+	if (len > ch->ctx->lim.frame_max)
+		return tpc_error(-EMSGSIZE, "a write's frame of %zu bytes exceeds the daemon's "
+				 "limit of %u (tpipd --frame-max)", len, ch->ctx->lim.frame_max);
+	return 0;
+}
+
 TP_EXPORT int tp_chan_write(struct tp_chan *ch, const struct iovec *items, size_t n,
 			    int timeout_ms)
+{
+	return tpc_chan_write_items(ch, items, n, NULL, timeout_ms);
+}
+
+int tpc_chan_write_items(struct tp_chan *ch, const struct iovec *items, size_t n,
+			 Tpw__V1__Descriptor **msgs, int timeout_ms)
 {
 	Tpw__V1__ChanOp op = TPW__V1__CHAN_OP__INIT;
 	struct chan_req cr = { 0 };
@@ -255,7 +281,7 @@ TP_EXPORT int tp_chan_write(struct tp_chan *ch, const struct iovec *items, size_
 	if (!lens)
 		return tpc_error(-ENOMEM, "out of memory");
 	for (size_t i = 0; i < n; i++) {
-		if (items[i].iov_len == 0 || (!items[i].iov_base))
+		if ((items[i].iov_len == 0 && !msgs) || (!items[i].iov_base))
 			return tpc_error(-EINVAL, "item %zu is empty", i);
 		lens[i] = items[i].iov_len;
 		total += lens[i];
@@ -270,9 +296,13 @@ TP_EXPORT int tp_chan_write(struct tp_chan *ch, const struct iovec *items, size_
 	op.n_lengths = n;
 	op.lengths = lens;
 	op.timeout_ms = timeout_ms < 0 ? UINT32_MAX : (uint32_t)timeout_ms;
+	op.n_msgs = msgs ? n : 0;
+	op.msgs = msgs;
 	r = refs ? chan_write_segs(ch, items, n, true, &op, &w) : 0;
 	op.lend = r == 0 && refs && chan_may_lend(ch, w.stage, w.staged);
 	cr.write = true;
+	if (r == 0 && msgs)
+		r = chan_frame_check(ch, &op, refs ? w.iov : items, refs ? w.n_iov : n);
 	if (r == 0)
 		r = tpc_chan_call(ch->ctx, &op, refs ? w.iov : items, refs ? w.n_iov : n,
 				  timeout_ms, &cr);

@@ -51,14 +51,26 @@ struct chan_item {
 	struct tpb_mem src;
 	struct chan_lend *lend;
 	size_t cap; /* an item copied in: @data's bytes, reusable (tpd_chans.spare); else 0 */
+	/* An item written as a message (ChanOp.msgs): its descriptor, packed (Descriptor), charged
+	 * to the channel with its bytes; NULL for a byte item. */
+	uint8_t *desc;
+	size_t desc_len;
 	uint8_t data[];
 };
+
+/* What @it costs its channel (chan.bytes, capacity_bytes, chan-bytes-per-uid): its bytes and
+ * its message descriptor. */
+static inline uint64_t tpd_chan_item_charge(const struct chan_item *it)
+{
+	return (uint64_t)it->len + it->desc_len;
+}
 
 /* What a read asks for. */
 struct chan_read {
 	uint64_t req_id;
 	uint32_t max;	    /* items one answer may carry (>= 1) */
 	bool fast;	    /* the reader takes held items (client minor >= 7) */
+	bool msg;	    /* a message read (ChanOp.msg): the item is held, its descriptor sent */
 	bool dst_set;	    /* the read names where a large item goes: */
 	struct tpb_mem dst; /* with a reference (tpd_chan_copy_put()) */
 	uint64_t room;
@@ -135,6 +147,7 @@ struct chan_copy {
 	size_t n;
 	uint64_t bytes;
 	struct chan_item *item; /* out: the item */
+	bool msg;		/* out: a message read's take (ChanReply.msg_taken) */
 };
 
 struct tpd_chans {
@@ -183,6 +196,16 @@ void tpd_chan_item_done(struct chan *c, struct chan_item *it);
 int tpd_chan_item_batch_build(struct tpd_session *s, const Tpw__V1__ChanOp *o, const uint8_t *tail,
 			      struct tpu_list *batch, char *why, size_t wl);
 bool tpd_chan_item_lend_batch(struct chan_handle *h, struct tpu_list *batch, uint64_t bytes);
+void tpd_chan_item_move_desc(struct chan_item *to, struct chan_item *from);
+
+/* chanmsg.c: items as messages (ChanOp.msgs, ChanOp.msg): a write's descriptors checked and
+ * their charge, a held item's descriptor answered, and a message read's take (inline, into the
+ * reader's slots, or dropped). */
+int tpd_chan_msg_write_check(struct tpd_chans *cs, const Tpw__V1__ChanOp *o,
+			     uint64_t *ret_bytes, char *why, size_t wl);
+void tpd_chan_msg_answer_held(const struct chan_handle *h, uint64_t req_id,
+			      const struct chan_item *it);
+void tpd_chan_msg_take(struct tpd_chans *cs, struct chan_handle *h, const Tpw__V1__ChanOp *o);
 
 /* chanio.c: the end of a wait, serving a channel's waiting readers and writers, and the WRITE
  * and READ ops of a handle. */
@@ -191,5 +214,7 @@ void tpd_chan_io_serve(struct chan *c);
 void tpd_chan_io_write(struct tpd_chans *cs, struct chan_handle *h, const Tpw__V1__ChanOp *o,
 		       const uint8_t *tail, size_t tail_len);
 void tpd_chan_io_read(struct tpd_chans *cs, struct chan_handle *h, const Tpw__V1__ChanOp *o);
+int tpd_chan_io_copy_out(struct chan_handle *h, uint64_t req_id, struct chan_item *it,
+			 const struct tpb_xfer *x, size_t n, bool msg);
 
 #endif

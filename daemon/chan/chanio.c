@@ -60,8 +60,9 @@ static void deliver_inline(struct chan_handle *h, const struct chan_read *rd)
 		max = 1; /* without memory for a batch, one item */
 	}
 	tpu_list_for_each(it, &c->items, node) {
-		if (n && (n == max || it->len > TPW_CHAN_INLINE_ITEM || total + it->len > inline_max))
-			break;
+		if (n && (n == max || it->len > TPW_CHAN_INLINE_ITEM || total + it->len > inline_max ||
+			  it->desc))
+			break; /* (a message item is for a message read: chan_deliver()) */
 		iov[n] = (struct iovec){ .iov_base = (void *)tpd_chan_item_bytes(it),
 					 .iov_len = it->len };
 		lens[n++] = it->len;
@@ -85,15 +86,32 @@ static void deliver_inline(struct chan_handle *h, const struct chan_read *rd)
 static void copy_out(struct chan_handle *h, uint64_t req_id, struct chan_item *it,
 		     const struct tpb_mem *dst);
 
+/* Refuses a byte read (@rd) a message item: it stays where it is (first in the channel, or
+ * held), and a client of an older minor is never handed one as bytes. */
+static void refuse_msg(struct chan_handle *h, const struct chan_read *rd)
+{
+	tpd_chan_answer(&h->who, rd->req_id, -EOPNOTSUPP, "the oldest item is a message "
+			"(metadata, payloads, tensors): read it with tp_chan_read_descriptor()",
+			h->id, h->c->closed, NULL);
+}
+
 /* Hands the oldest item of @c to @h's read @rd (which must be there): inline, into the read's
- * allocation, or held for @h (a large item and a reader that takes held items); a read that
- * cannot take it fails and leaves it first in @c. */
+ * allocation, or held for @h (a large item and a reader that takes held items, or any item
+ * for a message read, answered by its descriptor); a read that cannot take it fails and leaves
+ * it first in @c. */
 static void chan_deliver(struct chan_handle *h, const struct chan_read *rd)
 {
 	struct chan *c = h->c;
 	struct chan_item *it = tpu_list_first(&c->items, struct chan_item, node);
 	char why[160];
 
+	if (rd->msg) { /* another read of @h (another thread) may hold one already */
+		if (!h->held)
+			h->held = tpd_chan_item_take(c);
+		return tpd_chan_msg_answer_held(h, rd->req_id, h->held);
+	}
+	if (it->desc)
+		return refuse_msg(h, rd);
 	if (rd->dst_set && it->len > rd->room) {
 		snprintf(why, sizeof(why), "an item of %zu bytes does not fit the read's %llu",
 			 it->len, (unsigned long long)rd->room);
@@ -316,6 +334,7 @@ static int copy_in_start(struct chan_copy *cp, struct tpu_list *batch)
 		dup = tpu_list_first(&cp->batch, struct chan_item, node);
 		tpu_list_remove(&dup->node);
 		tpu_list_insert_tail(&it->node, &dup->node); /* before @it */
+		tpd_chan_item_move_desc(dup, it);
 		tpu_list_remove(&it->node);
 		tpd_chan_item_free(NULL, it);
 	}
@@ -419,6 +438,7 @@ static void copy_out_on_done(void *arg, int status, const char *why)
 		r.n_lengths = 1;
 		r.lengths = &len;
 		r.copied = true;
+		r.msg_taken = cp->msg;
 		tpd_chan_reply_send(&cp->h->who, &r, NULL, 0);
 	} else {
 		tpd_chan_item_give_back(c, cp->item);
@@ -430,30 +450,57 @@ static void copy_out_on_done(void *arg, int status, const char *why)
 	chan_copy_free(cp);
 }
 
-/* Copies @it (taken out of @h's channel) into the reader's allocation @dst and answers
- * @req_id once done; on failure the item goes back to the head. Borrows @dst. */
-static void copy_out(struct chan_handle *h, uint64_t req_id, struct chan_item *it,
-		     const struct tpb_mem *dst)
+/*
+ * tpd_chan_io_copy_out() - copies @it (taken out of @h's channel) into the reader's allocation:
+ * the @n transfers @x, whose sources this fills in (@it's bytes back to back, in order; their
+ * lengths add up to @it's), and answers @req_id once done (@msg: a message read's take); on
+ * failure the item goes back to the head. One transfer only to another host. Borrows @x.
+ * Return: 0, or -errno (answered, the item given back).
+ */
+int tpd_chan_io_copy_out(struct chan_handle *h, uint64_t req_id, struct chan_item *it,
+			 const struct tpb_xfer *x, size_t n, bool msg)
 {
-	struct tpb_xfer x = { .src = { .loc = TPB_LOC_LOCAL, .addr = (uint64_t)(uintptr_t)it->data },
-			      .dst = *dst, .len = it->len };
+	struct tpb_xfer *xs = calloc(n ? n : 1, sizeof(*xs));
+	struct chan_copy *cp = xs ? copy_new(h, req_id) : NULL;
+	uint64_t off = 0;
+	int r = -ENOMEM;
 
-	if (it->lend)
-		x.src = it->src; /* the copy holds the lent buffer too */
-	struct chan_copy *cp = copy_new(h, req_id);
-	int r = !cp ? -ENOMEM : dst->loc == TPB_LOC_REMOTE ?
-		tpd_chanx_big_copy_out(h->who.pr, &x, copy_out_on_done, cp) :
-		tpd_chan_copy_start(h->c->cs->d, &x, 1, copy_out_on_done, cp);
-
+	for (size_t i = 0; cp && i < n; i++) {
+		xs[i] = x[i];
+		xs[i].src = (struct tpb_mem){ .loc = TPB_LOC_LOCAL,
+					      .addr = (uint64_t)(uintptr_t)it->data + off };
+		if (it->lend) { /* the copy holds the lent buffer too */
+			xs[i].src = it->src;
+			xs[i].src.addr += off;
+		}
+		off += x[i].len;
+	}
+	if (cp)
+		r = n == 1 && x[0].dst.loc == TPB_LOC_REMOTE ?
+		    tpd_chanx_big_copy_out(h->who.pr, &xs[0], copy_out_on_done, cp) :
+		    tpd_chan_copy_start(h->c->cs->d, xs, n, copy_out_on_done, cp);
+	free(xs);
 	if (r == 0) {
 		cp->item = it;
-		return;
+		cp->msg = msg;
+		return 0;
 	}
 	if (cp)
 		chan_copy_free(cp);
 	tpd_chan_item_give_back(h->c, it);
 	tpd_chan_answer(&h->who, req_id, r, "cannot copy the item into the read's allocation",
 			h->id, h->c->closed, NULL);
+	return r;
+}
+
+/* Copies @it (taken out of @h's channel) into the reader's allocation @dst and answers
+ * @req_id once done; on failure the item goes back to the head. Borrows @dst. */
+static void copy_out(struct chan_handle *h, uint64_t req_id, struct chan_item *it,
+		     const struct tpb_mem *dst)
+{
+	struct tpb_xfer x = { .dst = *dst, .len = it->len };
+
+	(void)tpd_chan_io_copy_out(h, req_id, it, &x, 1, false);
 }
 
 /* Appends @o's batch (validated: lengths add up to the inline items in @tail) or refuses all
@@ -469,8 +516,10 @@ void tpd_chan_io_write(struct tpd_chans *cs, struct chan_handle *h, const Tpw__V
 	struct chan_wait *w;
 	char why[200];
 	bool fits;
-	int r;
+	int r = tpd_chan_msg_write_check(cs, o, &bytes, why, sizeof(why));
 
+	if (r < 0) /* a bad message descriptor fails this write only */
+		return tpd_chan_answer(&h->who, o->req_id, r, why, h->id, c->closed, NULL);
 	for (size_t i = 0; o->n_segments && i < o->n_lengths; i++)
 		bytes += o->segments[i]->loc_case == TPW__V1__SEGMENT__LOC_INLINE_OFF ?
 			 0 : o->lengths[i]; /* validated: no overflow */
@@ -524,6 +573,10 @@ static void read_held(struct chan_handle *h, const struct chan_read *rd)
 	if (!it)
 		return tpd_chan_answer(&h->who, rd->req_id, -ENOENT, "this handle holds no item",
 				       h->id, h->c->closed, NULL);
+	if (rd->msg)
+		return tpd_chan_msg_answer_held(h, rd->req_id, it);
+	if (it->desc)
+		return refuse_msg(h, rd);
 	if (!rd->dst_set)
 		return tpd_chan_answer_len(h, rd->req_id, 0, NULL, it->len);
 	if (it->len > rd->room) {
@@ -540,7 +593,8 @@ static void read_held(struct chan_handle *h, const struct chan_read *rd)
 static int read_params(struct chan_handle *h, const Tpw__V1__ChanOp *o, struct chan_read *rd,
 		       char *why, size_t wl)
 {
-	*rd = (struct chan_read){ .req_id = o->req_id, .max = o->max_items ? o->max_items : 1 };
+	*rd = (struct chan_read){ .req_id = o->req_id, .max = o->max_items ? o->max_items : 1,
+				 .msg = o->msg };
 	rd->fast = (h->who.s ? tpd_session_client_minor(h->who.s) >= TPW_MINOR_CHAN_FAST
 			     : tpd_peer_chan_far_minor(h->who.pr) >= TPW_PEER_MINOR_CHAN_STREAM) &&
 		   !o->inline_only;
@@ -563,8 +617,11 @@ void tpd_chan_io_read(struct tpd_chans *cs, struct chan_handle *h, const Tpw__V1
 	struct chan_wait *w = NULL;
 	struct chan_read rd;
 	char why[200];
-	int r = read_params(h, o, &rd, why, sizeof(why));
+	int r;
 
+	if (o->msg && o->take_held) /* its segments are the reader's slots */
+		return tpd_chan_msg_take(cs, h, o);
+	r = read_params(h, o, &rd, why, sizeof(why));
 	if (r < 0)
 		return tpd_chan_answer(&h->who, o->req_id, r, why, h->id, c->closed, NULL);
 	if (h->held || o->take_held) {

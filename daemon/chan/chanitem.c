@@ -68,6 +68,11 @@ void tpd_chan_item_free(struct tpd_chans *cs, struct chan_item *it)
 		lend_put(it->lend);
 	if (it && it->ref)
 		tpd_chan_copy_put(&it->src);
+	if (it) {
+		free(it->desc);
+		it->desc = NULL;
+		it->desc_len = 0;
+	}
 	if (!it || !cs || !it->cap || it->cap > CHAN_SPARE_BYTES)
 		return free(it);
 	while (cs->n_spare && (cs->n_spare == CHAN_SPARE_MAX ||
@@ -128,6 +133,16 @@ struct chan_item *tpd_chan_item_take(struct chan *c)
 	return it;
 }
 
+/* Moves @from's message descriptor (if any) to @to: the item copied in takes the place of the
+ * reference it was written as. */
+void tpd_chan_item_move_desc(struct chan_item *to, struct chan_item *from)
+{
+	to->desc = from->desc;
+	to->desc_len = from->desc_len;
+	from->desc = NULL;
+	from->desc_len = 0;
+}
+
 /* An item taken out goes back to the head of @c: its read failed or its reader went. */
 void tpd_chan_item_give_back(struct chan *c, struct chan_item *it)
 {
@@ -140,7 +155,7 @@ void tpd_chan_item_give_back(struct chan *c, struct chan_item *it)
 void tpd_chan_item_done(struct chan *c, struct chan_item *it)
 {
 	c->n_outs--;
-	c->bytes -= it->len;
+	c->bytes -= tpd_chan_item_charge(it);
 	c->read++;
 	tpd_chan_item_free(c->cs, it);
 }
@@ -193,9 +208,21 @@ int tpd_chan_item_batch_build(struct tpd_session *s, const Tpw__V1__ChanOp *o, c
 			off += o->lengths[i];
 			r = it ? 0 : -ENOMEM;
 		}
+		if (r == 0 && o->n_msgs) { /* checked: one per item (chanmsg.c) */
+			it->desc_len = protobuf_c_message_get_packed_size(&o->msgs[i]->base);
+			it->desc = malloc(it->desc_len ? it->desc_len : 1);
+			if (it->desc)
+				protobuf_c_message_pack(&o->msgs[i]->base, it->desc);
+			else
+				r = -ENOMEM;
+		}
 		if (r < 0) {
 			if (r == -ENOMEM)
 				snprintf(why, wl, "out of memory");
+			if (it && it->ref)
+				tpd_chan_copy_put(&it->src);
+			if (it)
+				free(it->desc);
 			free(it);
 			tpd_chan_item_batch_free(NULL, batch);
 			return r;

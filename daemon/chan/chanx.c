@@ -485,7 +485,20 @@ bool tpd_chanx_op(struct tpd_chanx *x, struct tpd_session *s, const Tpw__V1__Cha
 
 	if (!xh)
 		return false;
-	if ((o->n_segments || o->take_held) && xh->pr &&
+	if ((o->n_msgs || o->msg) && xh->pr &&
+	    tpd_peer_chan_far_minor(xh->pr) < TPW_PEER_MINOR_CHAN_MSG) {
+		refuse(X_CHAN, s, o->req_id, o->chan_id, -EOPNOTSUPP, "channel host %s: its "
+		       "daemon speaks peer protocol 2.%u: items are byte strings (2.%u takes "
+		       "messages)", xh->host, tpd_peer_chan_far_minor(xh->pr),
+		       TPW_PEER_MINOR_CHAN_MSG);
+		return true;
+	}
+	if (o->n_segments > 1 && o->op == TPW__V1__CHAN_OP_KIND__CHAN_OP_READ) {
+		refuse(X_CHAN, s, o->req_id, o->chan_id, -EOPNOTSUPP, "channel host %s: a read "
+		       "into several slots does not cross hosts (one destination)", xh->host);
+		return true;
+	}
+	if ((o->n_segments || (o->take_held && !o->msg)) && xh->pr &&
 	    tpd_peer_chan_far_minor(xh->pr) < TPW_PEER_MINOR_CHAN_STREAM) {
 		refuse(X_CHAN, s, o->req_id, o->chan_id, -EOPNOTSUPP, "channel host %s: its "
 		       "daemon speaks peer protocol 2.%u: items ride inline (2.%u streams them)",
@@ -620,12 +633,14 @@ static void on_chan_reply(struct tpd_chanx *x, struct tpd_peer *pr, const Tpw__V
 	if (xo->op == TPW__V1__CHAN_OP_KIND__CHAN_OP_OPEN)
 		tell = xop_opened(x, xo, a.status == TPW__V1__STATUS__STATUS_OK, r->chan_id);
 	else if (xo->op == TPW__V1__CHAN_OP_KIND__CHAN_OP_READ)
-		item = r->status == TPW__V1__STATUS__STATUS_OK && r->n_lengths == 1 && tail_len;
+		item = r->status == TPW__V1__STATUS__STATUS_OK && r->n_lengths == 1 &&
+		       (tail_len || r->msg_taken); /* a message's item may be empty */
 	if (xo->op == TPW__V1__CHAN_OP_KIND__CHAN_OP_OPEN &&
 	    a.status == TPW__V1__STATUS__STATUS_OK)
 		a.remote_refs = tpd_peer_chan_far_minor(pr) >= TPW_PEER_MINOR_CHAN_STREAM;
 	if (xo->op == TPW__V1__CHAN_OP_KIND__CHAN_OP_READ &&
-	    r->status == TPW__V1__STATUS__STATUS_OK && !item && !r->held_len) {
+	    r->status == TPW__V1__STATUS__STATUS_OK && !item && !r->held_len && !r->msg_held &&
+	    !r->msg_taken) {
 		a.status = TPW__V1__STATUS__STATUS_INVALID; /* never an empty item */
 		a.message = (char *)"the channel's host answered a read without an item";
 	}

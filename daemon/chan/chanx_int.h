@@ -89,6 +89,7 @@ struct xop {
 	struct xstream *xs; /* running, or NULL */
 	uint64_t room;	      /* READ: its allocation's bytes */
 	bool got, got_closed; /* READ: the answer (an item of @got_len bytes copied) came */
+	bool got_msg;	      /* READ: that answer was a message read's take (msg_taken) */
 	uint64_t got_len;
 	bool recvd;	    /* READ: the transfer ended, with: */
 	int recv_err;

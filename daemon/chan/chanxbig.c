@@ -115,6 +115,7 @@ static void read_copied(struct xop *xo)
 		a.n_lengths = 1;
 		a.lengths = &len;
 		a.copied = true;
+		a.msg_taken = xo->got_msg;
 	}
 	if (xo->s)
 		tpd_chanx_to_client(xo->s, &a, NULL);
@@ -229,6 +230,7 @@ bool tpd_chanx_big_reply(struct tpd_chanx *x, struct xop *xo, struct tpd_peer *p
 		xo->got = true;
 		xo->got_len = r->lengths[0];
 		xo->got_closed = r->closed;
+		xo->got_msg = r->msg_taken;
 		if (xo->recvd)
 			read_copied(xo);
 		return true; /* else once the bytes are in */

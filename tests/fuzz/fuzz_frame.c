@@ -51,6 +51,31 @@ static void use_descriptor(const Tpw__V1__Descriptor *d, uint32_t tail_len)
 		abort();
 }
 
+/* A channel write's message descriptors (checked by the daemon's handler, not by frame
+ * validation): one the check accepts adds up to its item exactly. */
+static void use_chan_msgs(const Tpw__V1__ChanOp *o, const struct tpw_limits *lim)
+{
+	char why[256];
+
+	if (o->op != TPW__V1__CHAN_OP_KIND__CHAN_OP_WRITE || o->n_msgs != o->n_lengths)
+		return;
+	for (size_t i = 0; i < o->n_msgs; i++) {
+		const Tpw__V1__Descriptor *d = o->msgs[i];
+		uint64_t total = 0;
+
+		if (tpw_chan_msg_check(d, o->lengths[i], lim, why, sizeof(why)) < 0)
+			continue;
+		if (d->n_payloads + d->n_tensors > lim->segments_max)
+			abort();
+		for (size_t k = 0; k < d->n_payloads; k++)
+			total += d->payloads[k]->length;
+		for (size_t k = 0; k < d->n_tensors; k++)
+			total += d->tensors[k]->length;
+		if (total != o->lengths[i])
+			abort();
+	}
+}
+
 static bool check_client(const struct tpw_hdr *h, const uint8_t *msg, const uint8_t *tail,
 			 const struct tpw_limits *lim)
 {
@@ -63,6 +88,8 @@ static bool check_client(const struct tpw_hdr *h, const uint8_t *msg, const uint
 	ok = tpw_client_msg_validate(m, h, lim, why, sizeof(why)) == 0;
 	if (ok && m->body_case == TPW__V1__CLIENT_MSG__BODY_WRITE)
 		use_write(m->write, tail, h->data_len);
+	if (ok && m->body_case == TPW__V1__CLIENT_MSG__BODY_CHAN_OP)
+		use_chan_msgs(m->chan_op, lim);
 	tpw_client_msg_free(m);
 	return ok;
 }

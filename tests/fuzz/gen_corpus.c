@@ -270,6 +270,76 @@ static void gen_cancel(void)
 	client("client-bad-cancel-zero-id", &m, 0, 0);
 }
 
+/* Channel items as messages (ChanOp fields 610-612): a WRITE of message items (one empty), one
+ * whose descriptor does not add up (a valid frame: the daemon fails that op), and the READs of a
+ * message read's two steps; broken: descriptors on a READ, a drop without a take. */
+static void gen_chan_msg(void)
+{
+	Tpw__V1__ClientMsg m = TPW__V1__CLIENT_MSG__INIT;
+	Tpw__V1__ChanOp op = TPW__V1__CHAN_OP__INIT;
+	Tpw__V1__Descriptor d[2] = { TPW__V1__DESCRIPTOR__INIT, TPW__V1__DESCRIPTOR__INIT };
+	Tpw__V1__Descriptor *dp[2] = { &d[0], &d[1] };
+	Tpw__V1__PayloadDesc pd = TPW__V1__PAYLOAD_DESC__INIT, *pdp = &pd;
+	Tpw__V1__TensorDesc td = TPW__V1__TENSOR_DESC__INIT, *tdp = &td;
+	Tpw__V1__Device dev = TPW__V1__DEVICE__INIT;
+	Tpw__V1__ShmRef shm[2] = { TPW__V1__SHM_REF__INIT, TPW__V1__SHM_REF__INIT };
+	Tpw__V1__Segment g[2] = { TPW__V1__SEGMENT__INIT, TPW__V1__SEGMENT__INIT };
+	Tpw__V1__Segment *gp[2] = { &g[0], &g[1] };
+	uint64_t lens[2] = { 12, 0 };
+	static uint8_t meta[] = "meta";
+
+	m.body_case = TPW__V1__CLIENT_MSG__BODY_CHAN_OP;
+	m.chan_op = &op;
+	op.req_id = 1;
+	op.chan_id = 1;
+	op.op = TPW__V1__CHAN_OP_KIND__CHAN_OP_WRITE;
+	op.n_lengths = 2;
+	op.lengths = lens;
+	op.n_msgs = 2;
+	op.msgs = dp;
+	d[0].metadata = (ProtobufCBinaryData){ 4, meta };
+	d[0].n_payloads = 1;
+	d[0].payloads = &pdp;
+	d[0].n_tensors = 1;
+	d[0].tensors = &tdp;
+	pd.length = 4;
+	pd.metadata = (ProtobufCBinaryData){ 4, meta };
+	td.length = 8;
+	dev.type = TPW__V1__DEVICE_TYPE__DEVICE_CUDA;
+	td.device = &dev;
+	td.target = &dev;
+	client("client-ok-chan-write-msg", &m, 12, 0);
+	pd.length = UINT64_MAX - 3; /* adds up to 4 by wrapping: the daemon refuses the op */
+	client("client-ok-chan-write-msg-bad-lengths", &m, 12, 0);
+	pd.length = 4;
+	op.op = TPW__V1__CHAN_OP_KIND__CHAN_OP_READ;
+	op.n_lengths = 0;
+	client("client-bad-chan-read-with-msgs", &m, 0, 0);
+	op.n_msgs = 0;
+	op.msg = true;
+	client("client-ok-chan-read-msg", &m, 0, 0);
+	op.take_held = true;
+	client("client-ok-chan-read-msg-take-inline", &m, 0, 0);
+	for (int i = 0; i < 2; i++) {
+		shm[i].buf_id = 1;
+		shm[i].gen = 1;
+		shm[i].offset = (uint64_t)i * 4096;
+		g[i].length = 6;
+		g[i].loc_case = TPW__V1__SEGMENT__LOC_SHM;
+		g[i].shm = &shm[i];
+	}
+	op.n_segments = 2;
+	op.segments = gp;
+	client("client-ok-chan-read-msg-take-slots", &m, 0, 0);
+	op.take_held = false;
+	client("client-bad-chan-read-msg-slots-without-take", &m, 0, 0);
+	op.n_segments = 0;
+	op.msg_drop = true;
+	client("client-bad-chan-drop-without-take", &m, 0, 0);
+	op.take_held = true;
+	client("client-ok-chan-drop", &m, 0, 0);
+}
+
 static void gen_daemon(void)
 {
 	Tpw__V1__DaemonMsg m = TPW__V1__DAEMON_MSG__INIT;
@@ -500,6 +570,7 @@ int main(int argc, char **argv)
 	gen_broadcast();
 	gen_read();
 	gen_cancel();
+	gen_chan_msg();
 	gen_daemon();
 	gen_peer_handshake();
 	gen_peer_pipes();

@@ -330,6 +330,44 @@ int tpt_msg_read_check(struct tp_context *ctx, struct tp_pipe *p, const struct t
 	return r;
 }
 
+int tpt_chan_msg_read_check(struct tp_context *ctx, struct tp_chan *ch,
+			    const struct tpt_msg_spec *s, enum tpt_mem mem, int timeout_ms,
+			    bool *ret_closed)
+{
+	struct tp_slot slots[TPT_SEGS_MAX];
+	struct tp_descriptor *d = NULL;
+	struct tp_allocation a;
+	size_t n = s->n_payloads + s->n_tensors;
+	struct segs g;
+	int r = tp_chan_read_descriptor(ch, &d, timeout_ms);
+
+	TPT_REQUIRE(r == 0 || r == TP_CHAN_CLOSED, r < 0 ? r : -EPROTO, "msg %u/%u: "
+		    "read_descriptor: %d %s", s->pipe, s->index, r, tp_last_error());
+	if (ret_closed)
+		*ret_closed = r == TP_CHAN_CLOSED;
+	if (!desc_ok(d, s)) {
+		tp_chan_descriptor_free(d);
+		return 1;
+	}
+	r = segs_alloc(ctx, n, s->lens, mem, &g);
+	if (r < 0) {
+		tp_chan_descriptor_free(d);
+		segs_free(ctx, g.bufs, g.shm, n);
+		return r;
+	}
+	for (size_t k = 0; k < n; k++)
+		slots[k] = (struct tp_slot){ .device = { TP_DEVICE_CPU, 0 }, .data = g.ptr[k] };
+	a = (struct tp_allocation){ .payloads = slots, .n_payloads = s->n_payloads,
+				    .tensors = slots + s->n_payloads, .n_tensors = s->n_tensors };
+	r = tp_chan_read_msg(ch, d, &a);
+	if (r != 0)
+		tpt_log("msg %u/%u: read: %d %s", s->pipe, s->index, r, tp_last_error());
+	else if (!data_ok(&g, s))
+		r = 1;
+	segs_free(ctx, g.bufs, g.shm, n);
+	return r;
+}
+
 /* ---- pipe ends ------------------------------------------------------------------------------ */
 
 int tpt_end_listen(struct tpt_end *e, bool accept)

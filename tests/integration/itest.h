@@ -63,6 +63,15 @@ void tpt_msg_free(struct tp_context *ctx, struct tpt_msg *m);
 int tpt_msg_read_check(struct tp_context *ctx, struct tp_pipe *p, const struct tpt_msg_spec *s,
 		       enum tpt_mem mem, int timeout_ms);
 
+/*
+ * tpt_chan_msg_read_check() - tpt_msg_read_check() for the next item of channel @ch, read as a
+ * message (tp_chan_read_descriptor(), tp_chan_read_msg()). @ret_closed (may be NULL): whether
+ * the read said TP_CHAN_CLOSED. Return: 0; 1 on a mismatch (printed); -errno.
+ */
+int tpt_chan_msg_read_check(struct tp_context *ctx, struct tp_chan *ch,
+			    const struct tpt_msg_spec *s, enum tpt_mem mem, int timeout_ms,
+			    bool *ret_closed);
+
 /* Opens a context on @d's socket with @flags and @name (NULL: library default). */
 int tpt_ctx_new(const struct tpt_daemon *d, uint32_t flags, const char *name,
 		struct tp_context **ret);

@@ -12,7 +12,9 @@
  * with -EMSGSIZE, and the link and the channel are untouched; chan-peer-bytes-max on b (what
  * one remote daemon may have arriving) likewise just at and above, -ENOBUFS. A forwarding daemon killed while
  * its client's items stream to b leaves only whole items on b; the hosting daemon killed fails
- * a's blocked read with -ECONNRESET naming the host, in bounded time.
+ * a's blocked read with -ECONNRESET naming the host, in bounded time. Message items (metadata,
+ * payloads, tensors) cross both ways whole, into every kind of slot, and one held by a's
+ * handle goes back on b at its release.
  */
 #include <check.h>
 #include <errno.h>
@@ -185,6 +187,94 @@ END_TEST
 
 /* The channel's byte capacity, on the hosting daemon: an item of exactly that many bytes goes
  * from a, one of a byte more is refused with -EMSGSIZE; the channel stays empty and usable. */
+/* Message items cross as byte items do (docs/channels.md, "Items as messages"): a writes
+ * messages (metadata, several parts inline, by reference and above the inline limit, from
+ * private and shared memory; one empty) into tpip://b/NAME and b reads them whole; b writes them
+ * and a reads them through its handle (inline, or staged in one destination), into private and
+ * shared slots; a's byte read of a message item is refused and leaves it first; a's handle
+ * released with an item held gives it back on b. */
+static struct tpt_msg_spec xspec(unsigned i)
+{
+	static const size_t big[] = { 100, 40000, 0, 300000, 2 * MIB }, one[] = { 3 * MIB };
+	struct tpt_msg_spec s = { .pipe = 7, .index = i, .meta_len = 9, .seg_meta_len = 3 };
+
+	if (i % 3 == 0) {
+		s.n_payloads = 3;
+		s.n_tensors = 2;
+		s.tensor_target = true;
+		memcpy(s.lens, big, sizeof(big));
+	} else if (i % 3 == 1) {
+		s.n_tensors = 1;
+		memcpy(s.lens, one, sizeof(one));
+	}
+	return s; /* i % 3 == 2: no part at all */
+}
+
+START_TEST(test_message_items_cross)
+{
+	static const enum tpt_mem mem[] = { TPT_MEM_PRIVATE, TPT_MEM_SHM, TPT_MEM_MIXED };
+	struct tp_context *ca, *cb;
+	struct tp_chan *xa, *xb, *xa2;
+	struct tp_descriptor *d;
+	struct tp_chan_options oa = { .size = sizeof(oa), .owner_uid = 0 };
+	size_t len;
+	void *item;
+
+	start_pair();
+	ca = ctx_of(&da);
+	cb = ctx_of(&db);
+	open_pair(ca, cb, 0, &xa, &xb);
+	for (unsigned i = 0; i < 6; i++) {
+		struct tpt_msg_spec s = xspec(i);
+		struct tpt_msg m;
+
+		ck_assert_int_eq(tpt_msg_build(ca, &s, mem[i % 3], &m), 0);
+		ck_assert_msg(tp_chan_write_msgs(xa, &m.m, 1, T_MS) == 0, "write %u: %s", i,
+			      tp_last_error());
+		tpt_msg_free(ca, &m);
+	}
+	for (unsigned i = 0; i < 6; i++) {
+		struct tpt_msg_spec s = xspec(i);
+
+		ck_assert_msg(tpt_chan_msg_read_check(cb, xb, &s, mem[(i + 1) % 3], T_MS, NULL) == 0,
+			      "message %u read on b", i);
+	}
+	for (unsigned i = 0; i < 6; i++) {
+		struct tpt_msg_spec s = xspec(i);
+		struct tpt_msg m;
+
+		ck_assert_int_eq(tpt_msg_build(cb, &s, mem[i % 3], &m), 0);
+		ck_assert_int_eq(tp_chan_write_msgs(xb, &m.m, 1, T_MS), 0);
+		tpt_msg_free(cb, &m);
+	}
+	ck_assert_int_eq(tp_chan_read(xa, &item, &len, 0), -EOPNOTSUPP);
+	for (unsigned i = 0; i < 6; i++) {
+		struct tpt_msg_spec s = xspec(i);
+
+		ck_assert_msg(tpt_chan_msg_read_check(ca, xa, &s, mem[(i + 2) % 3], T_MS, NULL) == 0,
+			      "message %u read on a: %s", i, tp_last_error());
+	}
+	/* An item held by a's handle goes back on b when the handle goes. */
+	ck_assert_int_eq(tp_chan_write_msgs(xb, &(struct tp_message){ .metadata = "held",
+								      .metadata_len = 4 }, 1, 0), 0);
+	tpt_peer_address(&db, NAME, addr, sizeof(addr));
+	ck_assert_int_eq(tp_chan_open(ca, addr, &oa, &xa2), 0);
+	ck_assert_int_eq(tp_chan_read_descriptor(xa2, &d, T_MS), 0);
+	ck_assert_uint_eq(d->metadata_len, 4);
+	ck_assert_int_eq(tp_chan_read_descriptor(xb, &d, 0), -EAGAIN);
+	ck_assert_int_eq(tp_chan_release(xa2), 0);
+	ck_assert_int_eq(tp_chan_descriptor_free(d), 0);
+	ck_assert_int_eq(tp_chan_read_descriptor(xb, &d, T_MS), 0);
+	ck_assert(d->metadata_len == 4 && memcmp(d->metadata, "held", 4) == 0);
+	ck_assert_int_eq(tp_chan_descriptor_free(d), 0);
+	tp_chan_release(xa);
+	tp_chan_release(xb);
+	tp_context_free(ca);
+	tp_context_free(cb);
+	stop_pair();
+}
+END_TEST
+
 START_TEST(test_capacity_holds_on_the_hosting_daemon)
 {
 	const size_t cap = 16 * MIB + 5;
@@ -460,6 +550,7 @@ static Suite *xbig_suite(void)
 
 	tcase_set_timeout(tc, 240);
 	tcase_add_test(tc, test_large_items_cross_byte_exact);
+	tcase_add_test(tc, test_message_items_cross);
 	tcase_add_test(tc, test_capacity_holds_on_the_hosting_daemon);
 	tcase_add_test(tc, test_peer_bytes_max_on_the_hosting_daemon);
 	tcase_add_test(tc, test_forwarding_daemon_killed_mid_item_leaves_whole_items);

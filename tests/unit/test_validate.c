@@ -1505,6 +1505,96 @@ START_TEST(test_validate_chan_read_fields)
 }
 END_TEST
 
+/* A channel item's message descriptor (client minor 8; the daemon's handler checks it): up to
+ * segments_max payloads and tensors and metadata_max metadata bytes in all, just at and just
+ * above; lengths adding up to the item exactly, without wrapping; known devices; no pipe
+ * fields. The frame: messages one per item on a WRITE only (empty items then allowed), a take
+ * with several destinations only for a message read, a drop only of a take. */
+START_TEST(test_validate_chan_msg)
+{
+	Tpw__V1__PayloadDesc pd[5], *pp[5];
+	Tpw__V1__TensorDesc td = TPW__V1__TENSOR_DESC__INIT, *tp = &td;
+	Tpw__V1__Device dev = TPW__V1__DEVICE__INIT;
+	Tpw__V1__Descriptor d = TPW__V1__DESCRIPTOR__INIT, *dp = &d;
+	Tpw__V1__ClientMsg m = TPW__V1__CLIENT_MSG__INIT;
+	Tpw__V1__ChanOp o = TPW__V1__CHAN_OP__INIT;
+	Tpw__V1__Segment g = TPW__V1__SEGMENT__INIT, *gp[2] = { &g, &g };
+	uint8_t *meta = meta_bytes;
+	uint64_t len0 = 0;
+
+	for (int i = 0; i < 5; i++) {
+		tpw__v1__payload_desc__init(&pd[i]);
+		pd[i].length = 1;
+		pp[i] = &pd[i];
+	}
+	d.payloads = pp;
+	d.n_payloads = lim.segments_max; /* just at */
+	ck_assert_int_eq(tpw_chan_msg_check(&d, lim.segments_max, &lim, why, sizeof(why)), 0);
+	ck_assert_int_eq(tpw_chan_msg_check(&d, lim.segments_max + 1, &lim, why, sizeof(why)),
+			 -EINVAL);
+	d.n_payloads = lim.segments_max + 1; /* just above */
+	ck_assert_int_eq(tpw_chan_msg_check(&d, lim.segments_max + 1, &lim, why, sizeof(why)),
+			 -E2BIG);
+	d.n_payloads = lim.segments_max;
+	d.n_tensors = 1;
+	d.tensors = &tp;
+	ck_assert_int_eq(tpw_chan_msg_check(&d, lim.segments_max, &lim, why, sizeof(why)), -E2BIG);
+	d.n_payloads = 1;
+	td.length = 1;
+	dev.type = TPW__V1__DEVICE_TYPE__DEVICE_CUDA;
+	td.device = &dev;
+	ck_assert_int_eq(tpw_chan_msg_check(&d, 2, &lim, why, sizeof(why)), 0);
+	dev.type = 9;
+	ck_assert_int_eq(tpw_chan_msg_check(&d, 2, &lim, why, sizeof(why)), -EINVAL);
+	dev.type = TPW__V1__DEVICE_TYPE__DEVICE_CPU;
+	pd[0].length = UINT64_MAX; /* wraps to 0 with the tensor's byte */
+	ck_assert_int_eq(tpw_chan_msg_check(&d, 0, &lim, why, sizeof(why)), -EINVAL);
+	pd[0].length = 1;
+	d.metadata = (ProtobufCBinaryData){ lim.metadata_max - 1, meta };
+	pd[0].metadata = (ProtobufCBinaryData){ 1, meta };
+	ck_assert_int_eq(tpw_chan_msg_check(&d, 2, &lim, why, sizeof(why)), 0);
+	td.metadata = (ProtobufCBinaryData){ 1, meta };
+	ck_assert_int_eq(tpw_chan_msg_check(&d, 2, &lim, why, sizeof(why)), -EMSGSIZE);
+	td.metadata = (ProtobufCBinaryData){ 0, NULL };
+	d.eager = true;
+	ck_assert_int_eq(tpw_chan_msg_check(&d, 2, &lim, why, sizeof(why)), -EINVAL);
+	d.eager = false;
+	/* The frame. */
+	m.body_case = TPW__V1__CLIENT_MSG__BODY_CHAN_OP;
+	m.chan_op = &o;
+	o.op = TPW__V1__CHAN_OP_KIND__CHAN_OP_WRITE;
+	o.n_lengths = 1;
+	o.lengths = &len0;
+	ck_assert_int_eq(vc(&m, 0, 0), -EBADMSG); /* an empty byte item */
+	o.n_msgs = 1;
+	o.msgs = &dp;
+	ck_assert_int_eq(vc(&m, 0, 0), 0); /* an empty message item */
+	o.op = TPW__V1__CHAN_OP_KIND__CHAN_OP_READ;
+	o.n_lengths = 0;
+	ck_assert_int_eq(vc(&m, 0, 0), -EBADMSG); /* messages on a read */
+	o.n_msgs = 0;
+	o.msg = true;
+	ck_assert_int_eq(vc(&m, 0, 0), 0);
+	g.length = 1;
+	g.loc_case = TPW__V1__SEGMENT__LOC_CMA_ADDR;
+	g.cma_addr = 4096;
+	o.n_segments = 2;
+	o.segments = gp;
+	ck_assert_int_eq(vc(&m, 0, 0), -EBADMSG); /* slots without a take */
+	o.take_held = true;
+	ck_assert_int_eq(vc(&m, 0, 0), 0);
+	o.msg_drop = true;
+	ck_assert_int_eq(vc(&m, 0, 0), -EBADMSG); /* a drop with slots */
+	o.n_segments = 0;
+	ck_assert_int_eq(vc(&m, 0, 0), 0);
+	o.take_held = false;
+	ck_assert_int_eq(vc(&m, 0, 0), -EBADMSG); /* a drop without a take */
+	o.op = TPW__V1__CHAN_OP_KIND__CHAN_OP_CLOSE;
+	o.msg_drop = false;
+	ck_assert_int_eq(vc(&m, 0, 0), -EBADMSG); /* read fields on a close */
+}
+END_TEST
+
 /* A channel answer from the daemon: a batch's items add up to the tail, none empty, at most
  * segments_max; an item copied into the read's allocation has no tail; a held item has no
  * length and no tail. */
@@ -1715,6 +1805,7 @@ static Suite *validate_suite(void)
 	tcase_add_test(d, test_validate_peer_chan_streamed);
 	tcase_add_test(d, test_validate_chan_segments);
 	tcase_add_test(d, test_validate_chan_read_fields);
+	tcase_add_test(d, test_validate_chan_msg);
 	tcase_add_test(d, test_validate_chan_reply_batch);
 	tcase_add_test(d, test_validate_chan_lend);
 	tcase_add_test(d, test_validate_peer_chan_reply);
