@@ -68,14 +68,19 @@
  *      room, ChanReply.xfer_id, held_len and copied in PeerChanOp / PeerChanReply, and
  *      PeerMsg.chan_xfer_end (590); a forwarding daemon offers its clients items by reference
  *      (ChanReply.remote_refs) only for a channel whose host speaks 6 or later
+ *   7  work queues created and owned from other hosts (issue 25 part xhost): PeerWqOp OPEN
+ *      with create carries the creation (access, gid, at_most_once, remote, remote_peers) and
+ *      its answer's owner says the handle is the owner's; a forwarding daemon refuses such an
+ *      open (-EOPNOTSUPP) to a daemon of an older minor, which would open the queue as a worker
  */
 #define TPW_PEER_PROTO_MAJOR 2
-#define TPW_PEER_PROTO_MINOR 6
+#define TPW_PEER_PROTO_MINOR 7
 #define TPW_PEER_MINOR_CONNECT_WAIT 1
 #define TPW_PEER_MINOR_QUEUE_LIMITS 2
 #define TPW_PEER_MINOR_CHAN 3
 #define TPW_PEER_MINOR_BCAST 5 /* PeerBcast, PeerReadReq.bcast (issue 25, fan-out) */
 #define TPW_PEER_MINOR_CHAN_STREAM 6 /* large channel items across hosts (issue 25, xhost) */
+#define TPW_PEER_MINOR_WQ_CREATE 7 /* work queues created and owned from other hosts */
 /* The longest PeerConnect.wait_ms a daemon accepts (one hour); a dialler clamps to it. */
 #define TPW_PEER_WAIT_MS_MAX 3600000u
 #define TPW_MINOR_CLOSE_ACK 1

@@ -1002,9 +1002,12 @@ struct tp_wq_options {
 /*
  * tp_wq_open() - open work queue @name as a worker, or with TP_WQ_CREATE create it and own it.
  * @name: a queue name, or "tpip://HOST[:PORT]/NAME" for queue NAME hosted by the daemon of HOST,
- * opened as a worker (never created nor owned from another host), as tp_chan_open() says for
- * channels: only if its creator allowed the link (tp_wq_options.remote), -ECONNRESET naming HOST
- * once the link fails (a worker whose link fails is a dead worker there).
+ * as tp_chan_open() says for channels: opened as a worker only if its creator allowed the link
+ * (tp_wq_options.remote), -ECONNRESET naming HOST once the link fails (a worker whose link fails
+ * is a dead worker there). With TP_WQ_CREATE, created there and owned by this handle only if
+ * HOST's daemon sets chan-remote-create-uid (the uid that owns it there; else -ENOENT) and
+ * speaks peer protocol 2.7 or later (else -EOPNOTSUPP); the owner's death, release or failed
+ * link closes it as a local owner's.
  * @o: NULL for defaults (open an existing queue of the caller's uid).
  * @ret: returns an owned handle, free with tp_wq_release().
  * Return: 0, -ENOENT, -EADDRINUSE, -EACCES (its mode refuses the caller), -ENOBUFS

@@ -91,6 +91,7 @@ struct tpd_wqs {
 	struct tpu_list gone;
 	struct tpu_list handles;
 	uint64_t next_id;
+	uint64_t answers_dropped; /* answers whose owner went before receiving them */
 };
 
 struct wq_ans {
@@ -375,7 +376,9 @@ static int wq_set_remote(struct wq *q, const Tpw__V1__WqOp *o)
 	return 0;
 }
 
-static struct wq *wq_create(struct tpd_wqs *ws, struct tpd_session *s, const Tpw__V1__WqOp *o)
+/* A new queue @o->name of @uid with @o's flags (validated). Return: owned by @ws, or NULL
+ * without memory. */
+static struct wq *wq_create(struct tpd_wqs *ws, uid_t uid, const Tpw__V1__WqOp *o)
 {
 	struct wq *q = calloc(1, sizeof(*q));
 
@@ -391,7 +394,7 @@ static struct wq *wq_create(struct tpd_wqs *ws, struct tpd_session *s, const Tpw
 		wq_free(q);
 		return NULL;
 	}
-	q->uid = tpd_session_uid(s);
+	q->uid = uid;
 	q->access = o->access ? o->access : TPW__V1__ACCESS__ACCESS_OWNER;
 	q->gid = o->gid;
 	q->at_most_once = o->at_most_once;
@@ -418,24 +421,85 @@ static struct wq_handle *handle_new(struct tpd_wqs *ws, const struct wq_who *who
 	return h;
 }
 
+/* The local uid that queues created from other hosts belong to (chan-remote-create-uid, as
+ * for channels) if link @pr may create them here (an authenticated one), else 0. */
+static uid_t remote_creator(const struct tpd_wqs *ws, const struct tpd_peer *pr)
+{
+	return tpd_peer_identity(pr) ? tpd_daemon_cfg(ws->d)->chan_remote_create_uid : 0;
+}
+
+/*
+ * Creates queue @o->name of uid @creator for the far daemon of @who's link, whose handle is its
+ * owner, with @o's flags as a local creator of that uid gets them and within that uid's
+ * wqs-per-uid (@n: its queues now); its remote access admits that link always. Answers @o.
+ */
+static void op_create_remote(struct tpd_wqs *ws, const struct wq_who *who, const Tpw__V1__WqOp *o,
+			     uid_t creator, uint32_t n)
+{
+	const char *id = tpd_peer_identity(who->pr);
+	char *peers[TPW_REMOTE_PEERS_MAX + 1];
+	Tpw__V1__WqOp co = *o;
+	struct wq_ans a = { 0 };
+	struct wq_handle *h;
+	struct wq *q;
+	bool in = false;
+
+	if (who_handles(ws, who) >= WQ_HANDLES_PER_SESSION)
+		a = (struct wq_ans){ .err = -ENOBUFS, .why = "this peer link has 1024 work queue "
+				     "handles here" };
+	else if (n >= tpd_daemon_cfg(ws->d)->wqs_per_uid)
+		a = (struct wq_ans){ .err = -ENOBUFS, .why = "the uid of chan-remote-create-uid has "
+				     "wqs-per-uid work queues already" };
+	if (a.err < 0)
+		return wq_send(NULL, who, o->req_id, &a);
+	for (size_t i = 0; i < o->n_remote_peers; i++) /* validated: TPW_REMOTE_PEERS_MAX */
+		in |= tpd_peer_identity_matches(o->remote_peers[i], who->pr);
+	if (co.remote != TPW__V1__REMOTE_ACCESS__REMOTE_ANY_PEER && !in) {
+		for (size_t i = 0; i < o->n_remote_peers; i++)
+			peers[i] = o->remote_peers[i];
+		peers[o->n_remote_peers] = (char *)id;
+		co.remote = TPW__V1__REMOTE_ACCESS__REMOTE_PEERS;
+		co.remote_peers = peers;
+		co.n_remote_peers = o->n_remote_peers + 1;
+	}
+	q = wq_create(ws, creator, &co);
+	h = q ? handle_new(ws, who, q) : NULL;
+	if (!h) {
+		if (q)
+			wq_free(q);
+		a = (struct wq_ans){ .err = -ENOMEM, .why = "out of memory" };
+		return wq_send(NULL, who, o->req_id, &a);
+	}
+	tpu_log_info("peer %s: created work queue '%s' of uid %u, owned from there",
+		     tpd_peer_name(who->pr), q->name, (unsigned)q->uid);
+	wq_send(h, who, o->req_id, &a);
+}
+
 /*
  * OPEN from another host's daemon: a worker's handle of an existing queue whose remote access
- * admits the link, never a creation. A queue that does not admit it is, to the far daemon, no
- * queue at all (the same status and text), so that names cannot be probed from other hosts.
+ * admits the link, or, with create on a daemon whose chan-remote-create-uid names a uid and over
+ * an authenticated link, a new queue of that uid (looked up under it unless the op names its
+ * owner) owned by the link's handle (peer minor >= 7). A queue that does not admit the link is,
+ * to the far daemon, no queue at all (the same status and text), so that names cannot be probed
+ * from other hosts.
  */
 static void op_open_remote(struct tpd_wqs *ws, const struct wq_who *who, const Tpw__V1__WqOp *o)
 {
-	uid_t owner = o->owner_set ? o->owner_uid : who->uid;
+	uid_t creator = o->create ? remote_creator(ws, who->pr) : 0;
+	uid_t owner = o->owner_set ? o->owner_uid : creator ? creator : who->uid;
 	struct wq_ans a = { 0 };
 	struct wq_handle *h;
-	char why[200];
+	char why[260];
 	uint32_t n;
 	struct wq *q = wq_find(ws, owner, o->name, &n);
 
+	if (!q && creator && owner == creator)
+		return op_create_remote(ws, who, o, creator, n);
 	if (!q || q->gone || !wq_permits_remote(q, who->pr)) {
 		snprintf(why, sizeof(why), "no work queue '%.64s' of uid %u on %.60s accepts "
-			 "handles from other hosts", o->name, (unsigned)owner,
-			 tpd_peers_hostname(ws->d));
+			 "handles from other hosts%s", o->name, (unsigned)owner,
+			 tpd_peers_hostname(ws->d), !o->create || creator ? "" : ", and it creates "
+			 "none for other hosts (chan-remote-create-uid)");
 		a = (struct wq_ans){ .err = -ENOENT, .why = why };
 	} else if (o->create && o->exclusive) {
 		a = (struct wq_ans){ .err = -EADDRINUSE, .why = "the work queue exists" };
@@ -481,7 +545,7 @@ static void op_open(struct tpd_wqs *ws, const struct wq_who *who, const Tpw__V1_
 		a.err = 0;
 	if (a.err < 0)
 		return wq_send(NULL, who, o->req_id, &a);
-	if (!q && !(q = wq_create(ws, s, o))) {
+	if (!q && !(q = wq_create(ws, tpd_session_uid(s), o))) {
 		a = (struct wq_ans){ .err = -ENOMEM, .why = "out of memory" };
 		return wq_send(NULL, who, o->req_id, &a);
 	}
@@ -609,6 +673,27 @@ static void op_drain(struct tpd_wqs *ws, struct wq_handle *h, const Tpw__V1__WqO
 	wait_add(ws, h, o->req_id, WAIT_DRAIN, o->timeout_ms);
 }
 
+/*
+ * The owner of @q goes (its session ended, it released its handle, or the link of a remote
+ * owner failed): @q is closed and loses its name; its queued questions and the answers nobody
+ * will receive are dropped (the answers counted).
+ */
+static void owner_gone(struct wq *q)
+{
+	if (q->n_answers)
+		tpu_log_info("work queue '%s' of uid %u: its owner is gone, %u answers for it "
+			     "dropped", q->name, (unsigned)q->uid, q->n_answers);
+	q->ws->answers_dropped += q->n_answers;
+	q->owner = NULL;
+	q->gone = q->closed = true;
+	tpu_list_remove(&q->node); /* the name is free again, the count not yet */
+	tpu_list_insert_tail(&q->ws->gone, &q->node);
+	items_free(&q->queued);
+	items_free(&q->answers);
+	q->n_queued = q->n_answers = 0;
+	q->bytes = q->answer_bytes = 0;
+}
+
 /* @h's session ends or it releases @h: its taken questions are queued again at the head (or,
  * at-most-once, answered with STATUS_PEER_DIED), its waits go (answered -ECANCELED when
  * @answer), and an owner's end closes the queue, fails the workers' waits and frees what it
@@ -647,16 +732,8 @@ static void handle_free(struct wq_handle *h, bool answer)
 		}
 	}
 	tpu_list_splice_head(&q->queued, &back); /* first in line again, in their order */
-	if (q->owner == h) {
-		q->owner = NULL;
-		q->gone = q->closed = true;
-		tpu_list_remove(&q->node); /* the name is free again, the count not yet */
-		tpu_list_insert_tail(&q->ws->gone, &q->node);
-		items_free(&q->queued);
-		items_free(&q->answers);
-		q->n_queued = q->n_answers = 0;
-		q->bytes = q->answer_bytes = 0;
-	}
+	if (q->owner == h)
+		owner_gone(q);
 	tpu_list_remove(&h->node);
 	q->n_handles--;
 	free(h);

@@ -59,7 +59,7 @@ void tpd_wq_peer_op(struct tpd_wqs *w, struct tpd_peer *pr, const Tpw__V1__PeerW
 		    const uint8_t *tail, size_t tail_len);
 
 /* Drops every handle link @pr opened here (the link failed): a worker's taken questions are
- * queued again as for a dead worker. Borrows both. */
+ * queued again as for a dead worker, an owner's queue closes as for a dead owner. Borrows both. */
 void tpd_wq_peer_gone(struct tpd_wqs *w, struct tpd_peer *pr);
 
 /* A new handle id of @w, unique among its handles (chanx.c's handles of remote queues take

@@ -21,7 +21,9 @@
  * stays up); one of 2.3 that answers a read without an item, answers ops it was never sent, and
  * answers a close with an item: the client gets an error for the first and a plain success for
  * the close, the others are dropped, and a later item arrives intact; its protocol violation
- * then fails the client's waiting read with -ECONNRESET naming the host.
+ * then fails the client's waiting read with -ECONNRESET naming the host. One of 2.6 is sent no
+ * work queue creation (it would open the queue as a worker's): the open fails with
+ * -EOPNOTSUPP naming its version, the link stays up.
  */
 #include <arpa/inet.h>
 #include <check.h>
@@ -540,7 +542,7 @@ static int fake_host_run(void *arg)
 	uint64_t open, rd, cl;
 
 	TPT_REQUIRE(fake_accept(fh, &c, &data) == 0, 1, "handshake");
-	if (fh->minor < TPW_PEER_MINOR_CHAN) {
+	if (fh->minor < TPW_PEER_MINOR_CHAN || fh->minor == TPW_PEER_MINOR_WQ_CREATE - 1) {
 		/* The client was refused; a ping answered next proves nothing came before it. */
 		TPT_REQUIRE(tpt_sync_wait(&go, T_MS) == 1, 1, "parent");
 		ping.t_ns = 1;
@@ -549,8 +551,8 @@ static int fake_host_run(void *arg)
 		TPT_REQUIRE(tpt_raw_send_peer(&c, &m) == 0, 1, "ping");
 		TPT_REQUIRE(tpt_raw_recv_peer(&c, T_MS, &in) == 0, 1, "pong");
 		TPT_REQUIRE(in->body_case == TPW__V1__PEER_MSG__BODY_PING && in->ping->reply &&
-				    in->ping->t_ns == 1, 1, "message %d to a 2.2 daemon",
-			    (int)in->body_case);
+				    in->ping->t_ns == 1, 1, "message %d to a 2.%u daemon",
+			    (int)in->body_case, fh->minor);
 		tpw_peer_msg_free(in);
 		TPT_REQUIRE(tpt_sync_wait(&go, T_MS) == 2, 1, "parent, done");
 		return 0;
@@ -574,11 +576,16 @@ static int fake_host_run(void *arg)
 	return 0;
 }
 
-/* _i 0: the far daemon speaks peer protocol 2.2; 1: 2.3, and lies. */
+/* _i 0: the far daemon speaks peer protocol 2.2; 1: 2.3, and lies; 2: 2.6, asked to create a
+ * work queue (which it would open as a worker's instead). */
 START_TEST(test_hostile_host_fails_its_link_only)
 {
 	static const char *const args[] = { "--peer-insecure", "--peer-data-conns", "1", NULL };
-	struct fake_host fh = { .minor = _i ? TPW_PEER_MINOR_CHAN : TPW_PEER_MINOR_CHAN - 1 };
+	static const unsigned minors[] = { TPW_PEER_MINOR_CHAN - 1, TPW_PEER_MINOR_CHAN,
+					   TPW_PEER_MINOR_WQ_CREATE - 1 };
+	struct fake_host fh = { .minor = minors[_i] };
+	struct tp_wq_options wo = { .size = sizeof(wo), .flags = TP_WQ_CREATE, .owner_uid = -1 };
+	struct tp_wq *wq = NULL;
 	struct tp_context *ctx;
 	struct tpt_link link;
 	struct tp_chan *ch;
@@ -595,7 +602,14 @@ START_TEST(test_hostile_host_fails_its_link_only)
 	ck_assert_int_gt(pid, 0);
 	ck_assert_int_eq(tpt_ctx_new(&host, 0, "client", &ctx), 0);
 	snprintf(a, sizeof(a), "tpip://127.0.0.1:%d/x", port);
-	if (!_i) {
+	if (_i == 2) {
+		ck_assert_int_eq(tp_wq_open(ctx, a, &wo, &wq), -EOPNOTSUPP);
+		ck_assert_msg(strstr(tp_last_error(), "peer protocol 2.6, which creates no work "
+				     "queue"), "%s", tp_last_error());
+		ck_assert_msg(tpt_peer_links(&host, &link) == 1 && strcmp(link.state, "up") == 0,
+			      "the link is %s: %s", link.state, link.last_error);
+		ck_assert_int_eq(tpt_sync_post(&go, 1), 0);
+	} else if (!_i) {
 		ck_assert_int_eq(tp_chan_open(ctx, a, NULL, &ch), -EOPNOTSUPP);
 		ck_assert_ptr_nonnull(strstr(tp_last_error(), "peer protocol 2.2"));
 		/* the link to the old daemon is still up */
@@ -632,7 +646,7 @@ static Suite *chanx_suite(void)
 	tcase_set_timeout(tc, 120);
 	tcase_add_test(tc, test_attacker_cannot_crash_or_touch_remote_handles);
 	tcase_add_test(tc, test_hostile_peer_fails_its_link_only);
-	tcase_add_loop_test(tc, test_hostile_host_fails_its_link_only, 0, 2);
+	tcase_add_loop_test(tc, test_hostile_host_fails_its_link_only, 0, 3);
 	suite_add_tcase(s, tc);
 	return s;
 }
