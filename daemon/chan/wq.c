@@ -86,8 +86,8 @@ struct wq_wait {
 struct tpd_wqs {
 	struct tpd_daemon *d;
 	struct tpu_list wqs;
-	/* Queues whose owner is gone while workers' handles keep them (with the questions they
-	 * took): no longer found by name, still counted in their uid's wqs-per-uid. */
+	/* Queues whose owner is gone while workers' handles keep them: no longer found by name,
+	 * holding no question nor answer, counted in no uid's wqs-per-uid (owner_gone()). */
 	struct tpu_list gone;
 	struct tpu_list handles;
 	uint64_t next_id;
@@ -307,7 +307,8 @@ static bool wq_permits(const struct wq *q, const struct tpd_session *s)
 	       (tpd_session_gid(s) == q->gid || tpd_session_in_group(s, q->gid));
 }
 
-/* The named queue @name of @uid, or NULL; *@ret_n: the queues of @uid alive, named or gone. */
+/* The named queue @name of @uid, or NULL; *@ret_n: the queues of @uid with their owner (a
+ * queue whose owner is gone holds nothing and counts for nobody: owner_gone()). */
 static struct wq *wq_find(struct tpd_wqs *ws, uid_t uid, const char *name, uint32_t *ret_n)
 {
 	struct wq *q, *found = NULL;
@@ -320,8 +321,6 @@ static struct wq *wq_find(struct tpd_wqs *ws, uid_t uid, const char *name, uint3
 		if (strcmp(q->name, name) == 0)
 			found = q;
 	}
-	tpu_list_for_each(q, &ws->gone, node)
-		n += q->uid == uid;
 	*ret_n = n;
 	return found;
 }
@@ -675,8 +674,10 @@ static void op_drain(struct tpd_wqs *ws, struct wq_handle *h, const Tpw__V1__WqO
 
 /*
  * The owner of @q goes (its session ended, it released its handle, or the link of a remote
- * owner failed): @q is closed and loses its name; its queued questions and the answers nobody
- * will receive are dropped (the answers counted).
+ * owner failed): @q is closed and loses its name; its queued and taken questions and the
+ * answers nobody will receive are dropped (the answers counted), so that the workers' handles
+ * that keep it hold no payload and no slot of any uid's wqs-per-uid: a queue without its owner
+ * is freed with its last handle, whoever holds it.
  */
 static void owner_gone(struct wq *q)
 {
@@ -686,11 +687,12 @@ static void owner_gone(struct wq *q)
 	q->ws->answers_dropped += q->n_answers;
 	q->owner = NULL;
 	q->gone = q->closed = true;
-	tpu_list_remove(&q->node); /* the name is free again, the count not yet */
+	tpu_list_remove(&q->node); /* the name is free again, and the uid's slot */
 	tpu_list_insert_tail(&q->ws->gone, &q->node);
 	items_free(&q->queued);
+	items_free(&q->taken); /* their replies are refused from now on (-EPIPE) */
 	items_free(&q->answers);
-	q->n_queued = q->n_answers = 0;
+	q->n_queued = q->n_taken = q->n_answers = 0;
 	q->bytes = q->answer_bytes = 0;
 }
 
