@@ -825,6 +825,23 @@ void tpd_wq_peer_gone(struct tpd_wqs *ws, struct tpd_peer *pr)
 			handle_free(h, false);
 }
 
+void tpd_wq_counts(const struct tpd_wqs *ws, struct tpd_wq_counts *ret)
+{
+	const struct tpu_list *lists[] = { &ws->wqs, &ws->gone };
+	struct tpd_wq_counts c = { .answers_dropped = ws->answers_dropped };
+	const struct wq *q;
+
+	for (size_t i = 0; i < TPU_ARRAY_SIZE(lists); i++)
+		tpu_list_for_each(q, lists[i], node) {
+			c.queues++;
+			c.ownerless += !q->owner;
+			c.questions += (uint64_t)q->n_queued + q->n_taken;
+			c.answers += q->n_answers;
+			c.bytes += q->bytes + q->answer_bytes;
+		}
+	*ret = c;
+}
+
 uint64_t tpd_wq_new_id(struct tpd_wqs *ws)
 {
 	return ++ws->next_id;

@@ -12,10 +12,17 @@
  * (the limit) and is refused a third, and so is the worker's; the worker's reply gets -EPIPE.
  * (It used to stay charged to the owner's uid while the other uid's worker held it, so that one
  * user held another's quota.)
+ *
+ * /metrics counts what those objects hold: the unlinked channel and its bytes in
+ * tpipd_channel_bytes (with tpipd_channels_unlinked), the ownerless queue in
+ * tpipd_work_queues_ownerless (the page used to count named channels only, and no queue).
  */
+#include <arpa/inet.h>
 #include <check.h>
 #include <errno.h>
 #include <fcntl.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
 #include <grp.h>
 #include <json-c/json.h>
 #include <stdio.h>
@@ -33,6 +40,52 @@
 
 static struct tpt_daemon d;
 static int to_parent[2], to_child[2]; /* the attacker holds the unlinked channel meanwhile */
+static char metrics_arg[32];
+static int metrics_port;
+
+/* "--metrics-listen" on a loopback port free a moment ago (into metrics_arg, metrics_port). */
+static const char *metrics_listen(void)
+{
+	struct sockaddr_in sin = { .sin_family = AF_INET,
+				   .sin_addr.s_addr = htonl(INADDR_LOOPBACK) };
+	socklen_t sl = sizeof(sin);
+	int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+
+	ck_assert_int_ge(fd, 0);
+	ck_assert_int_eq(bind(fd, (struct sockaddr *)&sin, sizeof(sin)), 0);
+	ck_assert_int_eq(getsockname(fd, (struct sockaddr *)&sin, &sl), 0);
+	metrics_port = ntohs(sin.sin_port);
+	close(fd);
+	snprintf(metrics_arg, sizeof(metrics_arg), "127.0.0.1:%d", metrics_port);
+	return metrics_arg;
+}
+
+/* The value of the unlabelled series @name on the daemon's /metrics page (-1 if absent). */
+static long metric(const char *name)
+{
+	static char page[1 << 16];
+	static const char req[] = "GET /metrics HTTP/1.0\r\n\r\n";
+	struct sockaddr_in sin = { .sin_family = AF_INET, .sin_port = htons(metrics_port),
+				   .sin_addr.s_addr = htonl(INADDR_LOOPBACK) };
+	int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+	size_t got = 0;
+	char want[128], *p;
+	ssize_t n;
+	long v = -1;
+
+	ck_assert_int_ge(fd, 0);
+	ck_assert_int_eq(connect(fd, (struct sockaddr *)&sin, sizeof(sin)), 0);
+	ck_assert_int_eq(write(fd, req, sizeof(req) - 1), (ssize_t)sizeof(req) - 1);
+	while (got < sizeof(page) - 1 && (n = read(fd, page + got, sizeof(page) - 1 - got)) > 0)
+		got += (size_t)n;
+	close(fd);
+	page[got] = 0;
+	snprintf(want, sizeof(want), "\n%s ", name);
+	p = strstr(page, want);
+	if (p)
+		v = strtol(p + strlen(want), NULL, 10);
+	return v;
+}
 
 static int drop_to_nobody(void)
 {
@@ -131,8 +184,8 @@ static long ctl_field(const char *name, const char *key, int *ret_rows)
 
 START_TEST(test_unlinked_channel_alive_counts_toward_its_uids_limits)
 {
-	static const char *const args[] = { "--chans-per-uid", "3", "--chan-bytes-per-uid",
-					    "8192", NULL };
+	const char *const args[] = { "--chans-per-uid", "3", "--chan-bytes-per-uid", "8192",
+				     "--metrics-listen", metrics_listen(), NULL };
 	pid_t pid;
 	int rows;
 	char c = 0;
@@ -156,6 +209,11 @@ START_TEST(test_unlinked_channel_alive_counts_toward_its_uids_limits)
 		ck_assert_int_eq(rows, 1);
 		ck_assert_int_eq(ctl_field("p3", "bytes", &rows), 0);
 		ck_assert_int_eq(rows, 1);
+		/* /metrics counts the unlinked channel and its bytes too */
+		ck_assert_int_eq(metric("tpipd_channels"), 2);
+		ck_assert_int_eq(metric("tpipd_channels_unlinked"), 1);
+		ck_assert_int_eq(metric("tpipd_channel_items"), 2);
+		ck_assert_int_eq(metric("tpipd_channel_bytes"), BYTES_PER_UID);
 		ck_assert_int_eq(write(to_child[1], &c, 1), 1);
 	}
 	ck_assert(tpt_wait_ok(pid, 4 * T_MS, "attacker"));
@@ -166,7 +224,7 @@ START_TEST(test_unlinked_channel_alive_counts_toward_its_uids_limits)
 }
 END_TEST
 
-static struct tpt_sync from_owner, from_worker;
+static struct tpt_sync from_owner, from_worker, from_parent;
 
 static int drop_to(uid_t uid)
 {
@@ -243,6 +301,8 @@ static int wq_worker(void *arg)
 	TPT_REQUIRE(tpt_sync_wait(&from_owner, T_MS) == 2, 1, "the owner did not finish");
 	if (fill_own_quota(ctx, "x1", "x2", "x3"))
 		return 1;
+	TPT_REQUIRE(tpt_sync_post(&from_worker, 2) == 0, 1, "post");
+	TPT_REQUIRE(tpt_sync_wait(&from_parent, T_MS) == 1, 1, "the parent did not look");
 	r = tp_wq_reply(worker, taken, "a", 1);
 	TPT_REQUIRE(r == -EPIPE, 1, "a reply to a gone owner: %d %s", r, tp_last_error());
 	TPT_REQUIRE(tp_wq_release(worker) == 0, 1, "release: %s", tp_last_error());
@@ -252,7 +312,8 @@ static int wq_worker(void *arg)
 
 START_TEST(test_ownerless_queue_takes_no_uids_slot)
 {
-	static const char *const args[] = { "--wqs-per-uid", "2", NULL };
+	const char *const args[] = { "--wqs-per-uid", "2", "--metrics-listen", metrics_listen(),
+				     NULL };
 	pid_t owner, worker;
 
 	if (geteuid() != 0) {
@@ -261,16 +322,26 @@ START_TEST(test_ownerless_queue_takes_no_uids_slot)
 	}
 	ck_assert_int_eq(tpt_sync_init(&from_owner), 0);
 	ck_assert_int_eq(tpt_sync_init(&from_worker), 0);
+	ck_assert_int_eq(tpt_sync_init(&from_parent), 0);
 	ck_assert_int_eq(tpt_daemon_start(&d, args), 0);
 	ck_assert_int_eq(tpt_daemon_open_to_all(&d), 0);
 	owner = tpt_fork(wq_owner, NULL);
 	worker = tpt_fork(wq_worker, NULL);
 	ck_assert(tpt_wait_ok(owner, 4 * T_MS, "owner"));
+	ck_assert_int_eq(tpt_sync_wait(&from_worker, T_MS), 2);
+	/* /metrics counts the ownerless queue the worker keeps (holding no question) */
+	ck_assert_int_eq(metric("tpipd_work_queues"), 1);
+	ck_assert_int_eq(metric("tpipd_work_queues_ownerless"), 1);
+	ck_assert_int_eq(metric("tpipd_work_queue_questions"), 0);
+	ck_assert_int_eq(metric("tpipd_work_queue_bytes"), 0);
+	ck_assert_int_eq(tpt_sync_post(&from_parent, 1), 0);
 	ck_assert(tpt_wait_ok(worker, 4 * T_MS, "worker"));
+	ck_assert_int_eq(metric("tpipd_work_queues"), 0);
 	ck_assert(tpt_daemon_alive(&d));
 	ck_assert_int_eq(tpt_daemon_stop(&d), 0);
 	tpt_sync_done(&from_owner);
 	tpt_sync_done(&from_worker);
+	tpt_sync_done(&from_parent);
 }
 END_TEST
 
