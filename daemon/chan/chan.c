@@ -495,8 +495,8 @@ static void op_unlink_remote(struct tpd_chans *cs, const struct chan_who *who,
 		return tpd_chan_answer(who, o->req_id, -ENOENT, why, 0, false, NULL);
 	}
 	c->named = false;
-	tpu_list_remove(&c->node);
-	tpu_list_init(&c->node);
+	tpu_list_remove(&c->node); /* charged to its uid, as a local unlink leaves it */
+	tpu_list_insert_tail(&cs->unlinked, &c->node);
 	tpu_log_info("peer %s: unlinked channel '%s' of uid %u", tpd_peer_name(who->pr), c->name,
 		     (unsigned)c->uid);
 	tpd_chan_answer(who, o->req_id, 0, NULL, 0, c->closed, NULL);

@@ -9,7 +9,8 @@
  * item of a capacity of 2 is refused), a second exclusive create gets -EADDRINUSE, the
  * channel outlives the client's handle and goes with its unlink from a; a create under another
  * owner uid and an unlink of root's channel are refused, root's channel untouched; b's
- * chans-per-uid holds for uid 4242 just at and just above.
+ * chans-per-uid holds for uid 4242 just at and just above, a channel unlinked from a while a
+ * handle keeps it included (it used to leave every count of b).
  */
 #include <check.h>
 #include <errno.h>
@@ -102,7 +103,7 @@ START_TEST(test_create_and_unlink_as_the_configured_uid)
 	struct tp_chan_options o = { .size = sizeof(o), .flags = TP_CHAN_CREATE |
 				     TP_CHAN_PERSISTENT, .owner_uid = -1, .capacity_items = 2 };
 	struct tp_context *ca, *cb;
-	struct tp_chan *ch = NULL, *ch2 = NULL, *rc;
+	struct tp_chan *ch = NULL, *ch2 = NULL, *third = NULL, *rc;
 	char item[8] = "item";
 	struct iovec it = { item, sizeof(item) };
 
@@ -136,6 +137,17 @@ START_TEST(test_create_and_unlink_as_the_configured_uid)
 	ck_assert(!b_lists("made", NULL));
 	ck_assert_int_eq(tp_chan_unlink(ca, at("made"), -1), -ENOENT);
 	ck_assert_int_eq(tp_chan_unlink(ca, at("second"), 4242), 0);
+	/* unlinked from a while a's handle keeps it: still one of uid 4242's two */
+	ck_assert_msg(tp_chan_open(ca, at("kept"), &o, &ch) == 0, "%s", tp_last_error());
+	ck_assert_int_eq(tp_chan_unlink(ca, at("kept"), -1), 0);
+	ck_assert_msg(tp_chan_open(ca, at("n1"), &o, &ch2) == 0, "%s", tp_last_error());
+	ck_assert_int_eq(tp_chan_open(ca, at("n2"), &o, &third), -ENOBUFS);
+	ck_assert_int_eq(tp_chan_release(ch), 0); /* freed: its slot comes back */
+	ck_assert_msg(tp_chan_open(ca, at("n2"), &o, &third) == 0, "%s", tp_last_error());
+	ck_assert_int_eq(tp_chan_unlink(ca, at("n1"), -1), 0);
+	ck_assert_int_eq(tp_chan_unlink(ca, at("n2"), -1), 0);
+	tp_chan_release(ch2);
+	tp_chan_release(third);
 	tp_chan_release(rc);
 	tp_context_free(ca);
 	tp_context_free(cb);
