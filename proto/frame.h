@@ -71,7 +71,8 @@
  *   7  work queues created and owned from other hosts (issue 25 part xhost): PeerWqOp OPEN
  *      with create carries the creation (access, gid, at_most_once, remote, remote_peers) and
  *      its answer's owner says the handle is the owner's; a forwarding daemon refuses such an
- *      open (-EOPNOTSUPP) to a daemon of an older minor, which would open the queue as a worker
+ *      open (-EOPNOTSUPP) to a daemon of an older minor, which would open the queue as a worker;
+ *      PeerHello.frame_max: work queue payloads are kept within the far daemon's frames
  */
 #define TPW_PEER_PROTO_MAJOR 2
 #define TPW_PEER_PROTO_MINOR 7

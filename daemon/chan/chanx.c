@@ -560,6 +560,13 @@ bool tpd_chanx_wq_op(struct tpd_chanx *x, struct tpd_session *s, const Tpw__V1__
 
 	if (!xh)
 		return false;
+	if (xh->pr && tail_len > tpd_peer_chan_tail_max(xh->pr)) { /* the link would fail */
+		refuse(X_WQ, s, o->req_id, o->wq_id, -EMSGSIZE, "work queue host %s: a payload of "
+		       "%zu bytes is above the %u that cross to it (its frame-max less 64 KiB: "
+		       "queue payloads cross hosts inline)", xh->host, tail_len,
+		       tpd_peer_chan_tail_max(xh->pr));
+		return true;
+	}
 	q = *o;
 	q.base.n_unknown_fields = 0;
 	q.base.unknown_fields = NULL;

@@ -196,12 +196,36 @@ static void wq_idle(struct wq_handle *h, uint64_t req_id)
 	wq_send(h, &h->who, req_id, &a);
 }
 
-/* Hands the oldest queued question to @h's request @req_id. */
+/* Does a payload of @len bytes fit a message to @h (a handle of a peer link: the far daemon's
+ * frame-max, tpd_peer_chan_tail_max())? If not, @why says so. */
+static bool fits_link(const struct wq_handle *h, size_t len, const char *what, char *why,
+		      size_t wl)
+{
+	uint32_t max;
+
+	if (!h->who.pr)
+		return true;
+	max = tpd_peer_chan_tail_max(h->who.pr);
+	if (len <= max)
+		return true;
+	snprintf(why, wl, "%s of %zu bytes is above the %u that cross to %.60s (its frame-max "
+		 "less 64 KiB: queue payloads cross hosts inline)", what, len, max,
+		 tpd_peer_name(h->who.pr));
+	return false;
+}
+
+/* Hands the oldest queued question to @h's request @req_id, or, for a handle of another host
+ * whose daemon cannot take it in one frame, refuses that request with -EMSGSIZE (the question
+ * stays queued, first in line, for a worker that can). */
 static void deliver_question(struct wq_handle *h, uint64_t req_id)
 {
 	struct wq *q = h->q;
 	struct wq_item *it = tpu_list_first(&q->queued, struct wq_item, node);
 	struct wq_ans a = { .it = it };
+	char why[240];
+
+	if (!fits_link(h, it->len, "the oldest question", why, sizeof(why)))
+		return wq_err(h, req_id, -EMSGSIZE, why);
 
 	tpu_list_remove(&it->node);
 	q->n_queued--;
@@ -606,7 +630,7 @@ static void op_reply(struct tpd_wqs *ws, struct wq_handle *h, const Tpw__V1__WqO
 {
 	struct wq *q = h->q;
 	struct wq_item *it, *found = NULL, *ans;
-	char why[96];
+	char why[240];
 
 	if (q->gone)
 		return wq_err(h, o->req_id, -EPIPE, "the work queue's owner is gone");
@@ -618,6 +642,8 @@ static void op_reply(struct tpd_wqs *ws, struct wq_handle *h, const Tpw__V1__WqO
 			 (unsigned long long)o->question_id);
 		return wq_err(h, o->req_id, -ENOENT, why);
 	}
+	if (q->owner && !fits_link(q->owner, len, "an answer", why, sizeof(why)))
+		return wq_err(h, o->req_id, -EMSGSIZE, why); /* the question stays taken */
 	if (q->answer_bytes + len > tpd_daemon_cfg(ws->d)->wq_answer_bytes_max)
 		return wq_err(h, o->req_id, -ENOBUFS, "the work queue holds wq-answer-bytes-max "
 			      "answer bytes: the question stays taken");

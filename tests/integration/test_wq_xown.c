@@ -11,6 +11,9 @@
  * SIGKILLed closes the queue on b (its worker's take gets -EPIPE, the answer nobody received is
  * dropped and logged); the hosting daemon killed fails the owner's wait with -ECONNRESET, and
  * the owner's daemon killed closes the queue for b's worker, both within the peer timeout.
+ * Payloads above what the far daemon's frames take (one daemon's inline-max raised above the
+ * other's frame-max) are refused with -EMSGSIZE naming the limit, either way, the link staying
+ * up (such a frame used to fail the whole link).
  */
 #include <check.h>
 #include <errno.h>
@@ -45,6 +48,22 @@ static void start_pair(bool allow)
 {
 	ck_assert_int_eq(tpt_daemon_pair_start(&da, tpt_peer_args(), &db,
 					       allow ? b_args() : tpt_peer_args()), 0);
+}
+
+/* As start_pair(true), with frames of 16 MiB and payloads of 8 MiB on a (@big_a) or on b. */
+static void start_pair_big(bool big_a)
+{
+	static const char *big[] = { "--frame-max", "16777216", "--inline-max", "8388608", NULL };
+	const char *bb[16];
+	size_t n = 0;
+
+	for (const char *const *a = b_args(); *a; a++)
+		bb[n++] = *a;
+	if (!big_a)
+		for (const char **a = big; *a; a++)
+			bb[n++] = *a;
+	bb[n] = NULL;
+	ck_assert_int_eq(tpt_daemon_pair_start(&da, big_a ? big : tpt_peer_args(), &db, bb), 0);
 }
 
 static struct tp_context *ctx_of(const struct tpt_daemon *d)
@@ -310,6 +329,86 @@ START_TEST(test_link_cut_fails_owner_and_workers)
 }
 END_TEST
 
+/* The link stays up between a and b. */
+static void link_up(void)
+{
+	struct tpt_link link;
+
+	ck_assert_msg(tpt_peer_links(&da, &link) == 1 && strcmp(link.state, "up") == 0,
+		      "the link is %s: %s", link.state, link.last_error);
+}
+
+/* Payloads above what the far daemon's frames take (its frame-max less 64 KiB, 4 MiB by
+ * default) while the sender's daemon takes 8 MiB: refused with -EMSGSIZE naming the limit, the
+ * link up, smaller ones pass. _i 0: a's client sends them (a question, a reply): refused by a;
+ * 1: b's clients send them to a's (an answer to a's owner, a question a's worker takes):
+ * refused by b, the question staying queued for b's own worker. */
+START_TEST(test_payload_above_the_far_frames_is_refused)
+{
+	const size_t huge = 5u << 20, fine = 1u << 20;
+	struct tp_wq_options lo = { .size = sizeof(lo), .flags = TP_WQ_CREATE, .owner_uid = -1,
+				    .remote = TP_REMOTE_ANY_PEER };
+	struct tp_wq_options lw = { .size = sizeof(lw), .owner_uid = 0 };
+	struct tp_context *ca, *cb;
+	struct tp_wq *own, *wb, *lown, *wa, *wl;
+	void *big = pattern(huge, 40), *got;
+	uint64_t id, taken;
+	size_t len;
+
+	start_pair_big(_i == 0);
+	ca = ctx_of(&da);
+	cb = ctx_of(&db);
+	own = create_on_b(ca, "big", 0);
+	wb = worker(cb, "big", false);
+	ck_assert_int_eq(tp_wq_open(cb, "lq", &lo, &lown), 0); /* b's own, root's */
+	ck_assert_msg(tp_wq_open(ca, at("lq"), &lw, &wa) == 0, "%s", tp_last_error());
+	ck_assert_int_eq(tp_wq_open(cb, "lq", &lw, &wl), 0);
+	if (_i == 0) {
+		ck_assert_int_eq(tp_wq_submit(own, big, huge, &id), -EMSGSIZE);
+		ck_assert_msg(strstr(tp_last_error(), "is above the 4128768 that cross to it"),
+			      "%s", tp_last_error());
+		ck_assert_int_eq(tp_wq_submit(lown, "q", 1, &id), 0);
+		ck_assert_int_eq(tp_wq_take(wa, &taken, &got, &len, T_MS), 0);
+		free(got);
+		ck_assert_int_eq(tp_wq_reply(wa, taken, big, huge), -EMSGSIZE);
+		ck_assert_int_eq(tp_wq_reply(wa, taken, big, fine), 0);
+		ck_assert_int_eq(tp_wq_answer(lown, &id, &got, &len, T_MS), 0);
+		ck_assert(len == fine && tpt_verify(got, len, 40, NULL));
+		free(got);
+	} else {
+		ck_assert_int_eq(tp_wq_submit(own, "q", 1, &id), 0);
+		ck_assert_int_eq(tp_wq_take(wb, &taken, &got, &len, T_MS), 0);
+		free(got);
+		ck_assert_int_eq(tp_wq_reply(wb, taken, big, huge), -EMSGSIZE);
+		ck_assert_msg(strstr(tp_last_error(), "an answer of 5242880 bytes is above the "
+				     "4128768 that cross to"), "%s", tp_last_error());
+		ck_assert_int_eq(tp_wq_reply(wb, taken, big, fine), 0); /* still taken: answered */
+		ck_assert_int_eq(tp_wq_answer(own, &id, &got, &len, T_MS), 0);
+		ck_assert(id == taken && len == fine && tpt_verify(got, len, 40, NULL));
+		free(got);
+		ck_assert_int_eq(tp_wq_submit(lown, big, huge, &id), 0);
+		ck_assert_int_eq(tp_wq_take(wa, &taken, &got, &len, T_MS), -EMSGSIZE);
+		ck_assert_msg(strstr(tp_last_error(), "the oldest question of 5242880 bytes"), "%s",
+			      tp_last_error());
+		ck_assert_int_eq(tp_wq_take(wl, &taken, &got, &len, T_MS), 0); /* b's worker can */
+		ck_assert(taken == id && len == huge && tpt_verify(got, len, 40, NULL));
+		free(got);
+	}
+	link_up();
+	round_trip(own, wb, fine, fine, 50);
+	tp_wq_release(wa);
+	tp_wq_release(wl);
+	tp_wq_release(lown);
+	tp_wq_release(wb);
+	tp_wq_release(own);
+	free(big);
+	tp_context_free(ca);
+	tp_context_free(cb);
+	tpt_daemon_stop(&da);
+	tpt_daemon_stop(&db);
+}
+END_TEST
+
 static Suite *xown_suite(void)
 {
 	Suite *s = suite_create("wq_xown");
@@ -320,6 +419,7 @@ static Suite *xown_suite(void)
 	tcase_add_test(tc, test_remote_owner_works_the_queue);
 	tcase_add_test(tc, test_remote_owner_killed_closes_the_queue);
 	tcase_add_loop_test(tc, test_link_cut_fails_owner_and_workers, 0, 2);
+	tcase_add_loop_test(tc, test_payload_above_the_far_frames_is_refused, 0, 2);
 	suite_add_tcase(s, tc);
 	return s;
 }
