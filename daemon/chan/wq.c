@@ -986,10 +986,11 @@ int tpd_wq_ctl(struct tpd_wqs *ws, bool own_only, uid_t viewer, Tpw__V1__CtlQueu
 		x->requeued = q->requeued;
 		x->remote = q->remote;
 		tpu_list_for_each(h, &ws->handles, node)
-			x->remote_workers += h->q == q && h->who.pr;
-		tpu_list_for_each(h, &ws->handles, node)
-			if (h == q->owner && h->who.s)
-				x->owner_pid = (uint32_t)tpd_session_pid(h->who.s);
+			x->remote_workers += h->q == q && h->who.pr && h != q->owner;
+		if (q->owner && q->owner->who.s)
+			x->owner_pid = (uint32_t)tpd_session_pid(q->owner->who.s);
+		else if (q->owner) /* the peer's name lives as long as its link, past this call */
+			x->owner_host = (char *)tpd_peer_name(q->owner->who.pr);
 		v[k++] = x;
 	}
 	*ret = v;

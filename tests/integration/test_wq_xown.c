@@ -196,6 +196,11 @@ START_TEST(test_remote_owner_works_the_queue)
 	ck_assert(b_lists("jobs", "\"uid\": 4242"));
 	wb = worker(cb, "jobs", false);
 	wa = worker(ca2, "jobs", true); /* the creating link may open it as a worker too */
+	ck_assert(b_lists("jobs", "\"owner_pid\": 0"));
+	ck_assert(b_lists("jobs", "\"workers\": 2"));
+	ck_assert(b_lists("jobs", "\"remote_workers\": 1")); /* a's worker, not its owner */
+	ck_assert(b_lists("jobs", "\"owner_host\": \"")); /* the link's name */
+	ck_assert(!b_lists("jobs", "\"owner_host\": \"\""));
 	round_trip(own, wb, 1000, 3000, 10);
 	round_trip(own, wa, INLINE, INLINE, 20); /* just at the inline limit, both ways */
 	round_trip(own, wb, 65536 + 7, 1, 30);
