@@ -445,9 +445,13 @@ static struct wq_handle *handle_new(struct tpd_wqs *ws, const struct wq_who *who
 }
 
 /* The local uid that queues created from other hosts belong to (chan-remote-create-uid, as
- * for channels) if link @pr may create them here (an authenticated one), else 0. */
+ * for channels) if link @pr may create them here (an authenticated one), else 0. A far daemon
+ * of peer minor 6 or older sends create with a worker's open and tells its client it is no
+ * owner: it gets what it asked for then, a worker's handle of an existing queue only. */
 static uid_t remote_creator(const struct tpd_wqs *ws, const struct tpd_peer *pr)
 {
+	if (tpd_peer_chan_far_minor(pr) < TPW_PEER_MINOR_WQ_CREATE)
+		return 0;
 	return tpd_peer_identity(pr) ? tpd_daemon_cfg(ws->d)->chan_remote_create_uid : 0;
 }
 
