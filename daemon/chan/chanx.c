@@ -518,6 +518,12 @@ bool tpd_chanx_op(struct tpd_chanx *x, struct tpd_session *s, const Tpw__V1__Cha
 
 	if (!xh)
 		return false;
+	if (xh->pr && tail_len > tpd_peer_chan_tail_max(xh->pr)) { /* the link would fail */
+		refuse(X_CHAN, s, o->req_id, o->chan_id, -EMSGSIZE, "channel host %s: %zu bytes of "
+		       "items inline are above the %u that cross to it (its frame-max less 64 KiB)",
+		       xh->host, tail_len, tpd_peer_chan_tail_max(xh->pr));
+		return true;
+	}
 	if ((o->n_segments || o->take_held) && xh->pr &&
 	    tpd_peer_chan_far_minor(xh->pr) < TPW_PEER_MINOR_CHAN_STREAM) {
 		refuse(X_CHAN, s, o->req_id, o->chan_id, -EOPNOTSUPP, "channel host %s: its "
