@@ -75,15 +75,21 @@
  *   7  channel items as messages (ChanOp.msgs, msg, msg_drop; ChanReply.msg_desc, msg_held,
  *      msg_taken) in PeerChanOp / PeerChanReply: a forwarding daemon refuses them
  *      (-EOPNOTSUPP) for a channel whose host speaks an older minor
+ *   8  work queues created and owned from other hosts (issue 25 part xhost): PeerWqOp OPEN
+ *      with create carries the creation (access, gid, at_most_once, remote, remote_peers) and
+ *      its answer's owner says the handle is the owner's; a forwarding daemon refuses such an
+ *      open (-EOPNOTSUPP) to a daemon of an older minor, which would open the queue as a worker;
+ *      PeerHello.frame_max: work queue payloads are kept within the far daemon's frames
  */
 #define TPW_PEER_PROTO_MAJOR 2
-#define TPW_PEER_PROTO_MINOR 7
+#define TPW_PEER_PROTO_MINOR 8
 #define TPW_PEER_MINOR_CONNECT_WAIT 1
 #define TPW_PEER_MINOR_QUEUE_LIMITS 2
 #define TPW_PEER_MINOR_CHAN 3
 #define TPW_PEER_MINOR_BCAST 5 /* PeerBcast, PeerReadReq.bcast (issue 25, fan-out) */
 #define TPW_PEER_MINOR_CHAN_STREAM 6 /* large channel items across hosts (issue 25, xhost) */
 #define TPW_PEER_MINOR_CHAN_MSG 7 /* channel items as messages (issue 25, msg) */
+#define TPW_PEER_MINOR_WQ_CREATE 8 /* work queues created and owned from other hosts */
 /* The longest PeerConnect.wait_ms a daemon accepts (one hour); a dialler clamps to it. */
 #define TPW_PEER_WAIT_MS_MAX 3600000u
 #define TPW_MINOR_CLOSE_ACK 1

@@ -949,8 +949,10 @@ static int check_peer_xobj(const Tpw__V1__PeerMsg *m, const struct tpw_hdr *hdr,
 		if (!m->wq_op->op)
 			return tpu_why(-EBADMSG, why, wl, "peer work queue op without op");
 		r = check_wq_op(m->wq_op->op, hdr, false, why, wl);
-		if (r == 0 && m->wq_op->op->n_remote_peers)
-			r = tpu_why(-EBADMSG, why, wl, "remote peers on a peer work queue op");
+		if (r == 0 && m->wq_op->op->n_remote_peers &&
+		    (m->wq_op->op->op != TPW__V1__WQ_OP_KIND__WQ_OP_OPEN || !m->wq_op->op->create))
+			r = tpu_why(-EBADMSG, why, wl, "remote peers on a peer work queue op other "
+				    "than a creation");
 		return r;
 	case TPW__V1__PEER_MSG__BODY_CHAN_REPLY:
 		cr = m->chan_reply->reply;

@@ -1001,9 +1001,12 @@ struct tp_wq_options {
 /*
  * tp_wq_open() - open work queue @name as a worker, or with TP_WQ_CREATE create it and own it.
  * @name: a queue name, or "tpip://HOST[:PORT]/NAME" for queue NAME hosted by the daemon of HOST,
- * opened as a worker (never created nor owned from another host), as tp_chan_open() says for
- * channels: only if its creator allowed the link (tp_wq_options.remote), -ECONNRESET naming HOST
- * once the link fails (a worker whose link fails is a dead worker there).
+ * as tp_chan_open() says for channels: opened as a worker only if its creator allowed the link
+ * (tp_wq_options.remote), -ECONNRESET naming HOST once the link fails (a worker whose link fails
+ * is a dead worker there). With TP_WQ_CREATE, created there and owned by this handle only if
+ * HOST's daemon sets chan-remote-create-uid (the uid that owns it there; else -ENOENT) and
+ * speaks peer protocol 2.8 or later (else -EOPNOTSUPP); the owner's death, release or failed
+ * link closes it as a local owner's.
  * @o: NULL for defaults (open an existing queue of the caller's uid).
  * @ret: returns an owned handle, free with tp_wq_release().
  * Return: 0, -ENOENT, -EADDRINUSE, -EACCES (its mode refuses the caller), -ENOBUFS
@@ -1019,7 +1022,9 @@ bool tp_wq_is_owner(const struct tp_wq *q);
  * tp_wq_submit() - owner: queue a question (@len bytes at @data, copied). Never waits.
  * @ret_id: returns the question's id (answers carry it).
  * Return: 0, -EPIPE (closed), -ENOBUFS (wq-questions-max questions unanswered or not yet
- * received, or wq-bytes-max question bytes), -EACCES (not the owner), -EMSGSIZE or -errno.
+ * received, or wq-bytes-max question bytes), -EACCES (not the owner), -EMSGSIZE (above the
+ * daemon's inline limit, or, for a queue of another host, above that host's frame-max less
+ * 64 KiB) or -errno.
  */
 int tp_wq_submit(struct tp_wq *q, const void *data, size_t len, uint64_t *ret_id);
 
@@ -1039,8 +1044,9 @@ int tp_wq_answer(struct tp_wq *q, uint64_t *ret_id, void **ret_data, size_t *ret
  * tp_wq_take() - worker: take the oldest queued question; waits up to @timeout_ms (0: try
  * once; -1: no deadline). The question stays this handle's until answered or the handle goes.
  * @ret_id, @ret_data, @ret_len: as tp_wq_answer().
- * Return: 0, -EPIPE (closed and no question queued, or the owner is gone), -EAGAIN, -ETIMEDOUT
- * or -errno.
+ * Return: 0, -EPIPE (closed and no question queued, or the owner is gone), -EAGAIN, -ETIMEDOUT,
+ * -EMSGSIZE (a queue of another host whose oldest question this daemon's frames cannot take;
+ * it stays queued) or -errno.
  */
 int tp_wq_take(struct tp_wq *q, uint64_t *ret_id, void **ret_data, size_t *ret_len,
 	       int timeout_ms);
@@ -1048,7 +1054,8 @@ int tp_wq_take(struct tp_wq *q, uint64_t *ret_id, void **ret_data, size_t *ret_l
 /*
  * tp_wq_reply() - worker: answer question @id, which this handle took. Never waits.
  * Return: 0, -ENOENT (this handle did not take @id), -EPIPE (the owner is gone), -ENOBUFS
- * (wq-answer-bytes-max: the question stays taken; try again) or -errno.
+ * (wq-answer-bytes-max: the question stays taken; try again), -EMSGSIZE (as tp_wq_submit(), or
+ * an owner on another host whose frames cannot take the answer: it stays taken) or -errno.
  */
 int tp_wq_reply(struct tp_wq *q, uint64_t id, const void *data, size_t len);
 

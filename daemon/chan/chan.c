@@ -495,8 +495,8 @@ static void op_unlink_remote(struct tpd_chans *cs, const struct chan_who *who,
 		return tpd_chan_answer(who, o->req_id, -ENOENT, why, 0, false, NULL);
 	}
 	c->named = false;
-	tpu_list_remove(&c->node);
-	tpu_list_init(&c->node);
+	tpu_list_remove(&c->node); /* charged to its uid, as a local unlink leaves it */
+	tpu_list_insert_tail(&cs->unlinked, &c->node);
 	tpu_log_info("peer %s: unlinked channel '%s' of uid %u", tpd_peer_name(who->pr), c->name,
 		     (unsigned)c->uid);
 	tpd_chan_answer(who, o->req_id, 0, NULL, 0, c->closed, NULL);
@@ -738,11 +738,11 @@ void tpd_chan_ctl_free(Tpw__V1__CtlChannel **v, size_t n)
 	free(v);
 }
 
-void tpd_chan_counts(const struct tpd_chans *cs, uint32_t *ret_chans, uint64_t *ret_items,
-		     uint64_t *ret_bytes)
+void tpd_chan_counts(const struct tpd_chans *cs, uint32_t *ret_chans, uint32_t *ret_unlinked,
+		     uint64_t *ret_items, uint64_t *ret_bytes)
 {
 	const struct chan *c;
-	uint32_t n = 0;
+	uint32_t n = 0, u = 0;
 	uint64_t items = 0, bytes = 0;
 
 	tpu_list_for_each(c, &cs->chans, node) {
@@ -750,7 +750,13 @@ void tpd_chan_counts(const struct tpd_chans *cs, uint32_t *ret_chans, uint64_t *
 		items += c->n_items;
 		bytes += c->bytes;
 	}
+	tpu_list_for_each(c, &cs->unlinked, node) {
+		u++;
+		items += c->n_items;
+		bytes += c->bytes;
+	}
 	*ret_chans = n;
+	*ret_unlinked = u;
 	*ret_items = items;
 	*ret_bytes = bytes;
 }

@@ -68,8 +68,9 @@ uint64_t tpd_chan_new_id(struct tpd_chans *c);
 /* The cross-host part of @c (chanx.c). Return: borrowed, valid as long as @c. */
 struct tpd_chanx *tpd_chan_x(struct tpd_chans *c);
 
-/* Counts for metrics: channels, items held, bytes held. Borrows @c. */
-void tpd_chan_counts(const struct tpd_chans *c, uint32_t *ret_chans, uint64_t *ret_items,
-		     uint64_t *ret_bytes);
+/* Counts for metrics: named channels, unlinked ones that something still keeps, and the items
+ * and item bytes both hold. Borrows @c. */
+void tpd_chan_counts(const struct tpd_chans *c, uint32_t *ret_chans, uint32_t *ret_unlinked,
+		     uint64_t *ret_items, uint64_t *ret_bytes);
 
 #endif

@@ -103,7 +103,10 @@ static void chan_deliver(struct chan_handle *h, const struct chan_read *rd)
 {
 	struct chan *c = h->c;
 	struct chan_item *it = tpu_list_first(&c->items, struct chan_item, node);
-	char why[160];
+	/* a reader on another host: an inline item within its daemon's frames (the link fails
+	 * on a larger frame) */
+	bool fits = !h->who.pr || it->len <= tpd_peer_chan_tail_max(h->who.pr);
+	char why[200];
 
 	if (rd->msg) { /* another read of @h (another thread) may hold one already */
 		if (!h->held)
@@ -120,18 +123,23 @@ static void chan_deliver(struct chan_handle *h, const struct chan_read *rd)
 	if (rd->dst_set && (it->len > TPW_CHAN_INLINE_ITEM ||
 			    (rd->dst.buf && it->len > TPW_CHAN_SHM_ITEM)))
 		return copy_out(h, rd->req_id, tpd_chan_item_take(c), &rd->dst);
-	if (it->len <= TPW_CHAN_INLINE_ITEM)
+	if (it->len <= TPW_CHAN_INLINE_ITEM && fits)
 		return deliver_inline(h, rd);
 	if (rd->fast) { /* another read of @h (another thread) may have been answered first */
 		if (!h->held)
 			h->held = tpd_chan_item_take(c);
 		return tpd_chan_answer_len(h, rd->req_id, 0, NULL, h->held->len);
 	}
-	if (it->len <= tpd_daemon_limits(c->cs->d)->inline_max)
+	if (it->len <= tpd_daemon_limits(c->cs->d)->inline_max && fits)
 		return deliver_inline(h, rd);
-	snprintf(why, sizeof(why), "an item of %zu bytes is above the inline limit %u%s", it->len,
-		 tpd_daemon_limits(c->cs->d)->inline_max, h->who.pr ? " (items cross hosts "
-		 "inline)" : ": this client library reads no larger item");
+	if (!fits)
+		snprintf(why, sizeof(why), "an item of %zu bytes is above the %u that cross to "
+			 "%.60s inline (its frame-max less 64 KiB)", it->len,
+			 tpd_peer_chan_tail_max(h->who.pr), tpd_peer_name(h->who.pr));
+	else
+		snprintf(why, sizeof(why), "an item of %zu bytes is above the inline limit %u%s",
+			 it->len, tpd_daemon_limits(c->cs->d)->inline_max, h->who.pr ?
+			 " (items cross hosts inline)" : ": this client library reads no larger item");
 	tpd_chan_answer(&h->who, rd->req_id, -EMSGSIZE, why, h->id, c->closed, NULL);
 }
 

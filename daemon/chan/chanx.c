@@ -200,6 +200,14 @@ static void xop_send_open(struct tpd_chanx *x, struct xop *xo)
 	q.exclusive = xo->exclusive;
 	q.owner_set = xo->owner_set;
 	q.owner_uid = xo->owner_uid;
+	if (xo->create) { /* the hosting daemon speaks 7 or later (xop_open_or_refuse()) */
+		q.access = xo->access;
+		q.gid = xo->gid;
+		q.at_most_once = xo->at_most_once;
+		q.remote = xo->remote;
+		q.remote_peers = xo->remote_peers;
+		q.n_remote_peers = xo->n_remote_peers;
+	}
 	xop_send(x, xo, NULL, &q, NULL);
 }
 
@@ -230,31 +238,44 @@ static unsigned session_xhs(const struct tpd_chanx *x, const struct tpd_session 
 	return n;
 }
 
-/* The fields of an OPEN both kinds share (@chan: a channel's OPEN or UNLINK, else NULL). */
+/* The fields of an OPEN both kinds share (@chan: a channel's OPEN or UNLINK, @wq: a queue's
+ * OPEN; the other NULL). */
 struct xopen {
 	uint64_t req_id;
 	const char *name;
 	bool create, exclusive, owner_set;
 	uint32_t owner_uid;
 	const Tpw__V1__ChanOp *chan;
+	const Tpw__V1__WqOp *wq;
 };
 
-/* Keeps the creation fields of @o (a channel's OPEN with create) in @xo. Return: 0 or -ENOMEM. */
-static int xop_keep_create(struct xop *xo, const Tpw__V1__ChanOp *o)
+/* Keeps the creation fields of @o (an OPEN with create, @o->chan or @o->wq) in @xo.
+ * Return: 0 or -ENOMEM. */
+static int xop_keep_create(struct xop *xo, const struct xopen *o)
 {
-	xo->persistent = o->persistent;
-	xo->access = o->access;
-	xo->gid = o->gid;
-	xo->capacity_items = o->capacity_items;
-	xo->capacity_bytes = o->capacity_bytes;
-	xo->remote = o->remote;
-	if (!o->n_remote_peers)
+	char **peers = o->chan ? o->chan->remote_peers : o->wq->remote_peers;
+	size_t n = o->chan ? o->chan->n_remote_peers : o->wq->n_remote_peers;
+
+	if (o->chan) {
+		xo->persistent = o->chan->persistent;
+		xo->access = o->chan->access;
+		xo->gid = o->chan->gid;
+		xo->capacity_items = o->chan->capacity_items;
+		xo->capacity_bytes = o->chan->capacity_bytes;
+		xo->remote = o->chan->remote;
+	} else {
+		xo->at_most_once = o->wq->at_most_once;
+		xo->access = o->wq->access;
+		xo->gid = o->wq->gid;
+		xo->remote = o->wq->remote;
+	}
+	if (!n)
 		return 0;
-	xo->remote_peers = calloc(o->n_remote_peers, sizeof(*xo->remote_peers));
+	xo->remote_peers = calloc(n, sizeof(*xo->remote_peers));
 	if (!xo->remote_peers)
 		return -ENOMEM;
-	for (size_t i = 0; i < o->n_remote_peers; i++) {
-		xo->remote_peers[i] = strdup(o->remote_peers[i]);
+	for (size_t i = 0; i < n; i++) {
+		xo->remote_peers[i] = strdup(peers[i]);
 		if (!xo->remote_peers[i])
 			return -ENOMEM;
 		xo->n_remote_peers++;
@@ -287,7 +308,7 @@ static void xopen(struct tpd_chanx *x, enum xkind k, struct tpd_session *s,
 	xo = calloc(1, sizeof(*xo));
 	if (xo)
 		tpu_list_init(&xo->node);
-	if (xo && o->chan && o->chan->create && xop_keep_create(xo, o->chan) < 0) {
+	if (xo && o->create && (o->chan || o->wq) && xop_keep_create(xo, o) < 0) {
 		tpd_chanx_xop_free(xo);
 		xo = NULL;
 	}
@@ -355,6 +376,18 @@ static bool xop_open_or_refuse(struct tpd_chanx *x, struct xop *xo)
 		tpd_chanx_xop_free(xo);
 		return false;
 	}
+	if (xo->kind == X_WQ && xo->create && tpd_peer_chan_supported(xo->pr) &&
+	    tpd_peer_chan_far_minor(xo->pr) < TPW_PEER_MINOR_WQ_CREATE) {
+		refuse(X_WQ, xo->s, xo->req_id, 0, -EOPNOTSUPP, "work queue host %s: its daemon "
+		       "speaks peer protocol 2.%u, which creates no work queue for other hosts (2.%u "
+		       "and later): open it without TP_WQ_CREATE to work for it",
+		       tpd_peer_name(xo->pr), tpd_peer_chan_far_minor(xo->pr),
+		       TPW_PEER_MINOR_WQ_CREATE);
+		if (xo->xh)
+			xh_free(xo->xh);
+		tpd_chanx_xop_free(xo);
+		return false;
+	}
 	if (tpd_peer_chan_supported(xo->pr)) {
 		xop_send_open(x, xo);
 		return true;
@@ -372,7 +405,7 @@ static bool xop_open_or_refuse(struct tpd_chanx *x, struct xop *xo)
 void tpd_chanx_open(struct tpd_chanx *x, struct tpd_session *s, const Tpw__V1__ChanOp *o)
 {
 	const struct xopen xo = { o->req_id, o->name, o->create, o->exclusive, o->owner_set,
-				  o->owner_uid, o };
+				  o->owner_uid, o, NULL };
 
 	xopen(x, X_CHAN, s, &xo);
 }
@@ -380,7 +413,7 @@ void tpd_chanx_open(struct tpd_chanx *x, struct tpd_session *s, const Tpw__V1__C
 void tpd_chanx_unlink(struct tpd_chanx *x, struct tpd_session *s, const Tpw__V1__ChanOp *o)
 {
 	const struct xopen xo = { o->req_id, o->name, false, false, o->owner_set, o->owner_uid,
-				  o };
+				  o, NULL };
 
 	xopen(x, X_CHAN, s, &xo);
 }
@@ -388,7 +421,7 @@ void tpd_chanx_unlink(struct tpd_chanx *x, struct tpd_session *s, const Tpw__V1_
 void tpd_chanx_wq_open(struct tpd_chanx *x, struct tpd_session *s, const Tpw__V1__WqOp *o)
 {
 	const struct xopen xo = { o->req_id, o->name, o->create, o->exclusive, o->owner_set,
-				  o->owner_uid, NULL };
+				  o->owner_uid, NULL, o };
 
 	xopen(x, X_WQ, s, &xo);
 }
@@ -498,6 +531,12 @@ bool tpd_chanx_op(struct tpd_chanx *x, struct tpd_session *s, const Tpw__V1__Cha
 		       "into several slots does not cross hosts (one destination)", xh->host);
 		return true;
 	}
+	if (xh->pr && tail_len > tpd_peer_chan_tail_max(xh->pr)) { /* the link would fail */
+		refuse(X_CHAN, s, o->req_id, o->chan_id, -EMSGSIZE, "channel host %s: %zu bytes of "
+		       "items inline are above the %u that cross to it (its frame-max less 64 KiB)",
+		       xh->host, tail_len, tpd_peer_chan_tail_max(xh->pr));
+		return true;
+	}
 	if ((o->n_segments || (o->take_held && !o->msg)) && xh->pr &&
 	    tpd_peer_chan_far_minor(xh->pr) < TPW_PEER_MINOR_CHAN_STREAM) {
 		refuse(X_CHAN, s, o->req_id, o->chan_id, -EOPNOTSUPP, "channel host %s: its "
@@ -540,6 +579,13 @@ bool tpd_chanx_wq_op(struct tpd_chanx *x, struct tpd_session *s, const Tpw__V1__
 
 	if (!xh)
 		return false;
+	if (xh->pr && tail_len > tpd_peer_chan_tail_max(xh->pr)) { /* the link would fail */
+		refuse(X_WQ, s, o->req_id, o->wq_id, -EMSGSIZE, "work queue host %s: a payload of "
+		       "%zu bytes is above the %u that cross to it (its frame-max less 64 KiB: "
+		       "queue payloads cross hosts inline)", xh->host, tail_len,
+		       tpd_peer_chan_tail_max(xh->pr));
+		return true;
+	}
 	q = *o;
 	q.base.n_unknown_fields = 0;
 	q.base.unknown_fields = NULL;
@@ -672,7 +718,9 @@ static void on_wq_reply(struct tpd_chanx *x, struct tpd_peer *pr, const Tpw__V1_
 	a.base.unknown_fields = NULL;
 	a.req_id = xo->req_id;
 	a.wq_id = xo->local_id;
-	a.owner = false; /* a handle from another host is never the owner's */
+	/* A handle of a queue on another host is the owner's only if its OPEN created it there
+	 * (a hosting daemon of minor >= 8; xop_open_or_refuse()); other answers tell nothing. */
+	a.owner = xo->op == TPW__V1__WQ_OP_KIND__WQ_OP_OPEN && xo->create && r->owner;
 	data = tail_len && r->status == TPW__V1__STATUS__STATUS_OK &&
 	       (xo->op == TPW__V1__WQ_OP_KIND__WQ_OP_TAKE ||
 		xo->op == TPW__V1__WQ_OP_KIND__WQ_OP_ANSWER);

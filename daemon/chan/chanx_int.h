@@ -71,9 +71,10 @@ struct xop {
 	char name[TPW_NAME_MAX + 1];
 	bool create, exclusive, owner_set;
 	uint32_t owner_uid, uid, pid;
-	/* A channel's OPEN with create: the rest of the creation, as the client asked (peer minor
-	 * >= 6 creates; an older hosting daemon only opens) */
-	bool persistent;
+	/* An OPEN with create: the rest of the creation, as the client asked (a channel's: peer
+	 * minor >= 6 creates, an older hosting daemon only opens; a queue's: minor >= 8 creates,
+	 * an older one is not asked) */
+	bool persistent, at_most_once;
 	Tpw__V1__Access access;
 	uint32_t gid, capacity_items;
 	uint64_t capacity_bytes;

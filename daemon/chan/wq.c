@@ -86,11 +86,12 @@ struct wq_wait {
 struct tpd_wqs {
 	struct tpd_daemon *d;
 	struct tpu_list wqs;
-	/* Queues whose owner is gone while workers' handles keep them (with the questions they
-	 * took): no longer found by name, still counted in their uid's wqs-per-uid. */
+	/* Queues whose owner is gone while workers' handles keep them: no longer found by name,
+	 * holding no question nor answer, counted in no uid's wqs-per-uid (owner_gone()). */
 	struct tpu_list gone;
 	struct tpu_list handles;
 	uint64_t next_id;
+	uint64_t answers_dropped; /* answers whose owner went before receiving them */
 };
 
 struct wq_ans {
@@ -195,12 +196,36 @@ static void wq_idle(struct wq_handle *h, uint64_t req_id)
 	wq_send(h, &h->who, req_id, &a);
 }
 
-/* Hands the oldest queued question to @h's request @req_id. */
+/* Does a payload of @len bytes fit a message to @h (a handle of a peer link: the far daemon's
+ * frame-max, tpd_peer_chan_tail_max())? If not, @why says so. */
+static bool fits_link(const struct wq_handle *h, size_t len, const char *what, char *why,
+		      size_t wl)
+{
+	uint32_t max;
+
+	if (!h->who.pr)
+		return true;
+	max = tpd_peer_chan_tail_max(h->who.pr);
+	if (len <= max)
+		return true;
+	snprintf(why, wl, "%s of %zu bytes is above the %u that cross to %.60s (its frame-max "
+		 "less 64 KiB: queue payloads cross hosts inline)", what, len, max,
+		 tpd_peer_name(h->who.pr));
+	return false;
+}
+
+/* Hands the oldest queued question to @h's request @req_id, or, for a handle of another host
+ * whose daemon cannot take it in one frame, refuses that request with -EMSGSIZE (the question
+ * stays queued, first in line, for a worker that can). */
 static void deliver_question(struct wq_handle *h, uint64_t req_id)
 {
 	struct wq *q = h->q;
 	struct wq_item *it = tpu_list_first(&q->queued, struct wq_item, node);
 	struct wq_ans a = { .it = it };
+	char why[240];
+
+	if (!fits_link(h, it->len, "the oldest question", why, sizeof(why)))
+		return wq_err(h, req_id, -EMSGSIZE, why);
 
 	tpu_list_remove(&it->node);
 	q->n_queued--;
@@ -306,7 +331,8 @@ static bool wq_permits(const struct wq *q, const struct tpd_session *s)
 	       (tpd_session_gid(s) == q->gid || tpd_session_in_group(s, q->gid));
 }
 
-/* The named queue @name of @uid, or NULL; *@ret_n: the queues of @uid alive, named or gone. */
+/* The named queue @name of @uid, or NULL; *@ret_n: the queues of @uid with their owner (a
+ * queue whose owner is gone holds nothing and counts for nobody: owner_gone()). */
 static struct wq *wq_find(struct tpd_wqs *ws, uid_t uid, const char *name, uint32_t *ret_n)
 {
 	struct wq *q, *found = NULL;
@@ -319,8 +345,6 @@ static struct wq *wq_find(struct tpd_wqs *ws, uid_t uid, const char *name, uint3
 		if (strcmp(q->name, name) == 0)
 			found = q;
 	}
-	tpu_list_for_each(q, &ws->gone, node)
-		n += q->uid == uid;
 	*ret_n = n;
 	return found;
 }
@@ -375,7 +399,9 @@ static int wq_set_remote(struct wq *q, const Tpw__V1__WqOp *o)
 	return 0;
 }
 
-static struct wq *wq_create(struct tpd_wqs *ws, struct tpd_session *s, const Tpw__V1__WqOp *o)
+/* A new queue @o->name of @uid with @o's flags (validated). Return: owned by @ws, or NULL
+ * without memory. */
+static struct wq *wq_create(struct tpd_wqs *ws, uid_t uid, const Tpw__V1__WqOp *o)
 {
 	struct wq *q = calloc(1, sizeof(*q));
 
@@ -391,7 +417,7 @@ static struct wq *wq_create(struct tpd_wqs *ws, struct tpd_session *s, const Tpw
 		wq_free(q);
 		return NULL;
 	}
-	q->uid = tpd_session_uid(s);
+	q->uid = uid;
 	q->access = o->access ? o->access : TPW__V1__ACCESS__ACCESS_OWNER;
 	q->gid = o->gid;
 	q->at_most_once = o->at_most_once;
@@ -418,24 +444,89 @@ static struct wq_handle *handle_new(struct tpd_wqs *ws, const struct wq_who *who
 	return h;
 }
 
+/* The local uid that queues created from other hosts belong to (chan-remote-create-uid, as
+ * for channels) if link @pr may create them here (an authenticated one), else 0. A far daemon
+ * of peer minor 6 or older sends create with a worker's open and tells its client it is no
+ * owner: it gets what it asked for then, a worker's handle of an existing queue only. */
+static uid_t remote_creator(const struct tpd_wqs *ws, const struct tpd_peer *pr)
+{
+	if (tpd_peer_chan_far_minor(pr) < TPW_PEER_MINOR_WQ_CREATE)
+		return 0;
+	return tpd_peer_identity(pr) ? tpd_daemon_cfg(ws->d)->chan_remote_create_uid : 0;
+}
+
+/*
+ * Creates queue @o->name of uid @creator for the far daemon of @who's link, whose handle is its
+ * owner, with @o's flags as a local creator of that uid gets them and within that uid's
+ * wqs-per-uid (@n: its queues now); its remote access admits that link always. Answers @o.
+ */
+static void op_create_remote(struct tpd_wqs *ws, const struct wq_who *who, const Tpw__V1__WqOp *o,
+			     uid_t creator, uint32_t n)
+{
+	const char *id = tpd_peer_identity(who->pr);
+	char *peers[TPW_REMOTE_PEERS_MAX + 1];
+	Tpw__V1__WqOp co = *o;
+	struct wq_ans a = { 0 };
+	struct wq_handle *h;
+	struct wq *q;
+	bool in = false;
+
+	if (who_handles(ws, who) >= WQ_HANDLES_PER_SESSION)
+		a = (struct wq_ans){ .err = -ENOBUFS, .why = "this peer link has 1024 work queue "
+				     "handles here" };
+	else if (n >= tpd_daemon_cfg(ws->d)->wqs_per_uid)
+		a = (struct wq_ans){ .err = -ENOBUFS, .why = "the uid of chan-remote-create-uid has "
+				     "wqs-per-uid work queues already" };
+	if (a.err < 0)
+		return wq_send(NULL, who, o->req_id, &a);
+	for (size_t i = 0; i < o->n_remote_peers; i++) /* validated: TPW_REMOTE_PEERS_MAX */
+		in |= tpd_peer_identity_matches(o->remote_peers[i], who->pr);
+	if (co.remote != TPW__V1__REMOTE_ACCESS__REMOTE_ANY_PEER && !in) {
+		for (size_t i = 0; i < o->n_remote_peers; i++)
+			peers[i] = o->remote_peers[i];
+		peers[o->n_remote_peers] = (char *)id;
+		co.remote = TPW__V1__REMOTE_ACCESS__REMOTE_PEERS;
+		co.remote_peers = peers;
+		co.n_remote_peers = o->n_remote_peers + 1;
+	}
+	q = wq_create(ws, creator, &co);
+	h = q ? handle_new(ws, who, q) : NULL;
+	if (!h) {
+		if (q)
+			wq_free(q);
+		a = (struct wq_ans){ .err = -ENOMEM, .why = "out of memory" };
+		return wq_send(NULL, who, o->req_id, &a);
+	}
+	tpu_log_info("peer %s: created work queue '%s' of uid %u, owned from there",
+		     tpd_peer_name(who->pr), q->name, (unsigned)q->uid);
+	wq_send(h, who, o->req_id, &a);
+}
+
 /*
  * OPEN from another host's daemon: a worker's handle of an existing queue whose remote access
- * admits the link, never a creation. A queue that does not admit it is, to the far daemon, no
- * queue at all (the same status and text), so that names cannot be probed from other hosts.
+ * admits the link, or, with create on a daemon whose chan-remote-create-uid names a uid and over
+ * an authenticated link, a new queue of that uid (looked up under it unless the op names its
+ * owner) owned by the link's handle (peer minor >= 8). A queue that does not admit the link is,
+ * to the far daemon, no queue at all (the same status and text), so that names cannot be probed
+ * from other hosts.
  */
 static void op_open_remote(struct tpd_wqs *ws, const struct wq_who *who, const Tpw__V1__WqOp *o)
 {
-	uid_t owner = o->owner_set ? o->owner_uid : who->uid;
+	uid_t creator = o->create ? remote_creator(ws, who->pr) : 0;
+	uid_t owner = o->owner_set ? o->owner_uid : creator ? creator : who->uid;
 	struct wq_ans a = { 0 };
 	struct wq_handle *h;
-	char why[200];
+	char why[260];
 	uint32_t n;
 	struct wq *q = wq_find(ws, owner, o->name, &n);
 
+	if (!q && creator && owner == creator)
+		return op_create_remote(ws, who, o, creator, n);
 	if (!q || q->gone || !wq_permits_remote(q, who->pr)) {
 		snprintf(why, sizeof(why), "no work queue '%.64s' of uid %u on %.60s accepts "
-			 "handles from other hosts", o->name, (unsigned)owner,
-			 tpd_peers_hostname(ws->d));
+			 "handles from other hosts%s", o->name, (unsigned)owner,
+			 tpd_peers_hostname(ws->d), !o->create || creator ? "" : ", and it creates "
+			 "none for other hosts (chan-remote-create-uid)");
 		a = (struct wq_ans){ .err = -ENOENT, .why = why };
 	} else if (o->create && o->exclusive) {
 		a = (struct wq_ans){ .err = -EADDRINUSE, .why = "the work queue exists" };
@@ -481,7 +572,7 @@ static void op_open(struct tpd_wqs *ws, const struct wq_who *who, const Tpw__V1_
 		a.err = 0;
 	if (a.err < 0)
 		return wq_send(NULL, who, o->req_id, &a);
-	if (!q && !(q = wq_create(ws, s, o))) {
+	if (!q && !(q = wq_create(ws, tpd_session_uid(s), o))) {
 		a = (struct wq_ans){ .err = -ENOMEM, .why = "out of memory" };
 		return wq_send(NULL, who, o->req_id, &a);
 	}
@@ -543,7 +634,7 @@ static void op_reply(struct tpd_wqs *ws, struct wq_handle *h, const Tpw__V1__WqO
 {
 	struct wq *q = h->q;
 	struct wq_item *it, *found = NULL, *ans;
-	char why[96];
+	char why[240];
 
 	if (q->gone)
 		return wq_err(h, o->req_id, -EPIPE, "the work queue's owner is gone");
@@ -555,6 +646,8 @@ static void op_reply(struct tpd_wqs *ws, struct wq_handle *h, const Tpw__V1__WqO
 			 (unsigned long long)o->question_id);
 		return wq_err(h, o->req_id, -ENOENT, why);
 	}
+	if (q->owner && !fits_link(q->owner, len, "an answer", why, sizeof(why)))
+		return wq_err(h, o->req_id, -EMSGSIZE, why); /* the question stays taken */
 	if (q->answer_bytes + len > tpd_daemon_cfg(ws->d)->wq_answer_bytes_max)
 		return wq_err(h, o->req_id, -ENOBUFS, "the work queue holds wq-answer-bytes-max "
 			      "answer bytes: the question stays taken");
@@ -609,6 +702,30 @@ static void op_drain(struct tpd_wqs *ws, struct wq_handle *h, const Tpw__V1__WqO
 	wait_add(ws, h, o->req_id, WAIT_DRAIN, o->timeout_ms);
 }
 
+/*
+ * The owner of @q goes (its session ended, it released its handle, or the link of a remote
+ * owner failed): @q is closed and loses its name; its queued and taken questions and the
+ * answers nobody will receive are dropped (the answers counted), so that the workers' handles
+ * that keep it hold no payload and no slot of any uid's wqs-per-uid: a queue without its owner
+ * is freed with its last handle, whoever holds it.
+ */
+static void owner_gone(struct wq *q)
+{
+	if (q->n_answers)
+		tpu_log_info("work queue '%s' of uid %u: its owner is gone, %u answers for it "
+			     "dropped", q->name, (unsigned)q->uid, q->n_answers);
+	q->ws->answers_dropped += q->n_answers;
+	q->owner = NULL;
+	q->gone = q->closed = true;
+	tpu_list_remove(&q->node); /* the name is free again, and the uid's slot */
+	tpu_list_insert_tail(&q->ws->gone, &q->node);
+	items_free(&q->queued);
+	items_free(&q->taken); /* their replies are refused from now on (-EPIPE) */
+	items_free(&q->answers);
+	q->n_queued = q->n_taken = q->n_answers = 0;
+	q->bytes = q->answer_bytes = 0;
+}
+
 /* @h's session ends or it releases @h: its taken questions are queued again at the head (or,
  * at-most-once, answered with STATUS_PEER_DIED), its waits go (answered -ECANCELED when
  * @answer), and an owner's end closes the queue, fails the workers' waits and frees what it
@@ -647,16 +764,8 @@ static void handle_free(struct wq_handle *h, bool answer)
 		}
 	}
 	tpu_list_splice_head(&q->queued, &back); /* first in line again, in their order */
-	if (q->owner == h) {
-		q->owner = NULL;
-		q->gone = q->closed = true;
-		tpu_list_remove(&q->node); /* the name is free again, the count not yet */
-		tpu_list_insert_tail(&q->ws->gone, &q->node);
-		items_free(&q->queued);
-		items_free(&q->answers);
-		q->n_queued = q->n_answers = 0;
-		q->bytes = q->answer_bytes = 0;
-	}
+	if (q->owner == h)
+		owner_gone(q);
 	tpu_list_remove(&h->node);
 	q->n_handles--;
 	free(h);
@@ -744,6 +853,23 @@ void tpd_wq_peer_gone(struct tpd_wqs *ws, struct tpd_peer *pr)
 	tpu_list_for_each_safe(h, tmp, &ws->handles, node)
 		if (h->who.pr == pr)
 			handle_free(h, false);
+}
+
+void tpd_wq_counts(const struct tpd_wqs *ws, struct tpd_wq_counts *ret)
+{
+	const struct tpu_list *lists[] = { &ws->wqs, &ws->gone };
+	struct tpd_wq_counts c = { .answers_dropped = ws->answers_dropped };
+	const struct wq *q;
+
+	for (size_t i = 0; i < TPU_ARRAY_SIZE(lists); i++)
+		tpu_list_for_each(q, lists[i], node) {
+			c.queues++;
+			c.ownerless += !q->owner;
+			c.questions += (uint64_t)q->n_queued + q->n_taken;
+			c.answers += q->n_answers;
+			c.bytes += q->bytes + q->answer_bytes;
+		}
+	*ret = c;
 }
 
 uint64_t tpd_wq_new_id(struct tpd_wqs *ws)
@@ -864,10 +990,11 @@ int tpd_wq_ctl(struct tpd_wqs *ws, bool own_only, uid_t viewer, Tpw__V1__CtlQueu
 		x->requeued = q->requeued;
 		x->remote = q->remote;
 		tpu_list_for_each(h, &ws->handles, node)
-			x->remote_workers += h->q == q && h->who.pr;
-		tpu_list_for_each(h, &ws->handles, node)
-			if (h == q->owner && h->who.s)
-				x->owner_pid = (uint32_t)tpd_session_pid(h->who.s);
+			x->remote_workers += h->q == q && h->who.pr && h != q->owner;
+		if (q->owner && q->owner->who.s)
+			x->owner_pid = (uint32_t)tpd_session_pid(q->owner->who.s);
+		else if (q->owner) /* the peer's name lives as long as its link, past this call */
+			x->owner_host = (char *)tpd_peer_name(q->owner->who.pr);
 		v[k++] = x;
 	}
 	*ret = v;

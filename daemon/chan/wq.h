@@ -59,8 +59,21 @@ void tpd_wq_peer_op(struct tpd_wqs *w, struct tpd_peer *pr, const Tpw__V1__PeerW
 		    const uint8_t *tail, size_t tail_len);
 
 /* Drops every handle link @pr opened here (the link failed): a worker's taken questions are
- * queued again as for a dead worker. Borrows both. */
+ * queued again as for a dead worker, an owner's queue closes as for a dead owner. Borrows both. */
 void tpd_wq_peer_gone(struct tpd_wqs *w, struct tpd_peer *pr);
+
+/* What the queues of a daemon hold, for the metrics page: every queue alive (with or without
+ * its owner), and answers dropped since the start because their owner went first. */
+struct tpd_wq_counts {
+	uint32_t queues, ownerless;
+	uint64_t questions; /* queued and taken */
+	uint64_t answers;
+	uint64_t bytes;	    /* question and answer bytes */
+	uint64_t answers_dropped;
+};
+
+/* tpd_wq_counts() - fills @ret (written whole) from @w (borrowed). */
+void tpd_wq_counts(const struct tpd_wqs *w, struct tpd_wq_counts *ret);
 
 /* A new handle id of @w, unique among its handles (chanx.c's handles of remote queues take
  * theirs here too). */

@@ -19,6 +19,7 @@
 #include "log.h"
 #include "metrics.h"
 #include "chan.h"
+#include "wq.h"
 #include "group.h"
 #include "peer.h"
 #include "pipe.h"
@@ -168,13 +169,32 @@ static void put_groups(struct evbuffer *b, struct tpd_daemon *d)
 
 static void put_chans(struct evbuffer *b, struct tpd_daemon *d)
 {
+	struct tpd_wq_counts w;
+	uint32_t chans, unlinked;
 	uint64_t items, bytes;
-	uint32_t chans;
 
-	tpd_chan_counts(tpd_daemon_chans(d), &chans, &items, &bytes);
+	tpd_chan_counts(tpd_daemon_chans(d), &chans, &unlinked, &items, &bytes);
 	put_metric(b, "tpipd_channels", "gauge", "Named channels (docs/channels.md).", chans);
-	put_metric(b, "tpipd_channel_items", "gauge", "Items held in those channels.", items);
-	put_metric(b, "tpipd_channel_bytes", "gauge", "Item bytes held in those channels.", bytes);
+	put_metric(b, "tpipd_channels_unlinked", "gauge",
+		   "Channels unlinked that a handle or a copy still keeps.", unlinked);
+	put_metric(b, "tpipd_channel_items", "gauge",
+		   "Items held in channels, named or unlinked.", items);
+	put_metric(b, "tpipd_channel_bytes", "gauge",
+		   "Item bytes held in channels, named or unlinked.", bytes);
+	tpd_wq_counts(tpd_daemon_wqs(d), &w);
+	put_metric(b, "tpipd_work_queues", "gauge",
+		   "Work queues alive, with or without their owner (docs/queues.md).", w.queues);
+	put_metric(b, "tpipd_work_queues_ownerless", "gauge",
+		   "Work queues whose owner is gone that workers' handles still keep.", w.ownerless);
+	put_metric(b, "tpipd_work_queue_questions", "gauge",
+		   "Questions queued or taken in work queues.", w.questions);
+	put_metric(b, "tpipd_work_queue_answers", "gauge",
+		   "Answers waiting for their owner.", w.answers);
+	put_metric(b, "tpipd_work_queue_bytes", "gauge",
+		   "Question and answer bytes work queues hold.", w.bytes);
+	put_metric(b, "tpipd_work_queue_answers_dropped_total", "counter",
+		   "Answers dropped because their queue's owner went before receiving them.",
+		   w.answers_dropped);
 }
 
 static void metrics_on_request(struct evhttp_request *req, void *arg)

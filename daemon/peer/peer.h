@@ -230,6 +230,15 @@ bool tpd_peer_chan_supported(const struct tpd_peer *pr);
 /* The far daemon's peer protocol minor version (its Hello), for messages. */
 unsigned tpd_peer_chan_far_minor(const struct tpd_peer *pr);
 
+/* What a frame holds besides its data tail, at most, as the daemon's inline-max is kept below
+ * its frame-max. */
+#define TPD_PEER_FRAME_SLACK 65536u
+
+/* The largest data tail (a work queue payload) a message to the far daemon of @pr (up) may
+ * carry: its frame-max (PeerHello.frame_max, peer minor >= 8; TPW_DEFAULT_FRAME_MAX assumed for
+ * an older daemon) less TPD_PEER_FRAME_SLACK. A larger frame would fail the whole link there. */
+uint32_t tpd_peer_chan_tail_max(const struct tpd_peer *pr);
+
 /* The far daemon's instance (random per daemon start, from its Hello): the host identity groups
  * use (daemons in two network namespaces of one machine are two hosts). 0 before the Hello. */
 uint64_t tpd_peer_group_far_instance(const struct tpd_peer *pr);

@@ -114,6 +114,7 @@ struct tpd_peer {
 	int fail_err;
 	char last_error[200];
 	uint32_t peer_minor;	    /* the peer protocol minor version of its Hello */
+	uint32_t far_frame_max;	    /* the largest frame the far daemon accepts (its Hello) */
 	uint64_t far_instance;	    /* the far daemon's instance, from its Hello (groups' host id) */
 	/* Dialling (peerdial.c), while PEER_CONNECTING: */
 	struct evdns_getaddrinfo_request *dns_req; /* resolving the host */

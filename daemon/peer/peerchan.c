@@ -37,6 +37,12 @@ unsigned tpd_peer_chan_far_minor(const struct tpd_peer *pr)
 	return pr->peer_minor;
 }
 
+uint32_t tpd_peer_chan_tail_max(const struct tpd_peer *pr)
+{
+	return pr->far_frame_max > TPD_PEER_FRAME_SLACK ? pr->far_frame_max - TPD_PEER_FRAME_SLACK
+							: 0;
+}
+
 void tpd_peer_chan_link_up(struct tpd_peer *pr)
 {
 	if (chan_ops)

@@ -62,6 +62,7 @@ void tpd_peerhs_send_hello(struct tpd_peer *pr, Tpw__V1__Status st, const char *
 	h.data_plaintext = !cfg->peer_data_encryption;
 	h.force_cross_host = cfg->peer_force_cross_host;
 	h.listen_port = ps->port_bound;
+	h.frame_max = ps->limits->frame_max;
 	h.status = st;
 	h.message = (char *)msg;
 	m.body_case = TPW__V1__PEER_MSG__BODY_HELLO;
@@ -160,6 +161,8 @@ static int check_hello(struct tpd_peer *pr, const Tpw__V1__PeerHello *h, char *w
 	snprintf(pr->host, sizeof(pr->host), "%s", h->host ? h->host : "");
 	pr->peer_minor = h->minor;
 	pr->far_instance = h->instance;
+	pr->far_frame_max = h->minor >= TPW_PEER_MINOR_WQ_CREATE && h->frame_max
+				    ? h->frame_max : TPW_DEFAULT_FRAME_MAX;
 	for (size_t i = 0; i < h->n_backends && pr->tpeer.n_offers < TPB_CHANNELS_MAX; i++) {
 		int idx = tpb_index(h->backends[i]); /* the endpoints see the names they know */
 

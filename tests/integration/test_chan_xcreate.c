@@ -9,7 +9,8 @@
  * item of a capacity of 2 is refused), a second exclusive create gets -EADDRINUSE, the
  * channel outlives the client's handle and goes with its unlink from a; a create under another
  * owner uid and an unlink of root's channel are refused, root's channel untouched; b's
- * chans-per-uid holds for uid 4242 just at and just above.
+ * chans-per-uid holds for uid 4242 just at and just above, a channel unlinked from a while a
+ * handle keeps it included (it used to leave every count of b).
  */
 #include <check.h>
 #include <errno.h>
@@ -102,7 +103,7 @@ START_TEST(test_create_and_unlink_as_the_configured_uid)
 	struct tp_chan_options o = { .size = sizeof(o), .flags = TP_CHAN_CREATE |
 				     TP_CHAN_PERSISTENT, .owner_uid = -1, .capacity_items = 2 };
 	struct tp_context *ca, *cb;
-	struct tp_chan *ch = NULL, *ch2 = NULL, *rc;
+	struct tp_chan *ch = NULL, *ch2 = NULL, *third = NULL, *rc;
 	char item[8] = "item";
 	struct iovec it = { item, sizeof(item) };
 
@@ -136,7 +137,79 @@ START_TEST(test_create_and_unlink_as_the_configured_uid)
 	ck_assert(!b_lists("made", NULL));
 	ck_assert_int_eq(tp_chan_unlink(ca, at("made"), -1), -ENOENT);
 	ck_assert_int_eq(tp_chan_unlink(ca, at("second"), 4242), 0);
+	/* unlinked from a while a's handle keeps it: still one of uid 4242's two */
+	ck_assert_msg(tp_chan_open(ca, at("kept"), &o, &ch) == 0, "%s", tp_last_error());
+	ck_assert_int_eq(tp_chan_unlink(ca, at("kept"), -1), 0);
+	ck_assert_msg(tp_chan_open(ca, at("n1"), &o, &ch2) == 0, "%s", tp_last_error());
+	ck_assert_int_eq(tp_chan_open(ca, at("n2"), &o, &third), -ENOBUFS);
+	ck_assert_int_eq(tp_chan_release(ch), 0); /* freed: its slot comes back */
+	ck_assert_msg(tp_chan_open(ca, at("n2"), &o, &third) == 0, "%s", tp_last_error());
+	ck_assert_int_eq(tp_chan_unlink(ca, at("n1"), -1), 0);
+	ck_assert_int_eq(tp_chan_unlink(ca, at("n2"), -1), 0);
+	tp_chan_release(ch2);
+	tp_chan_release(third);
 	tp_chan_release(rc);
+	tp_context_free(ca);
+	tp_context_free(cb);
+	tpt_daemon_stop(&da);
+	tpt_daemon_stop(&db);
+}
+END_TEST
+
+/* Items inline across hosts within the far daemon's frames (PeerHello.frame_max), the link
+ * staying up. _i 0: a takes 8 MiB inline, b's frames 4 MiB: a batch of 5 MiB of small items
+ * written from a is refused with -EMSGSIZE naming the limit, one of 1 MiB passes. 1: a's frames
+ * are 128 KiB: an item of 200 KiB read from a (inline up to 256 KiB otherwise) comes over the
+ * data connections, intact. Such frames used to fail the whole link. */
+START_TEST(test_items_inline_within_the_far_frames)
+{
+	static const char *const big[] = { "--frame-max", "16777216", "--inline-max", "8388608",
+					   NULL };
+	static const char *const small[] = { "--frame-max", "131072", NULL };
+	struct tp_chan_options o = { .size = sizeof(o), .flags = TP_CHAN_CREATE, .owner_uid = -1,
+				     .remote = TP_REMOTE_ANY_PEER };
+	struct tp_chan_options ro = { .size = sizeof(ro), .owner_uid = 0 };
+	enum { SMALL_ITEM = 16384, N_ITEMS = 320, ITEM = 200 << 10 };
+	static struct iovec iov[N_ITEMS];
+	struct tp_context *ca, *cb;
+	struct tp_chan *hb, *ha;
+	struct tpt_link link;
+	uint8_t *buf = malloc(N_ITEMS * SMALL_ITEM);
+	void *got;
+	size_t len;
+
+	ck_assert_ptr_nonnull(buf);
+	tpt_fill(buf, N_ITEMS * SMALL_ITEM, 7);
+	ck_assert_int_eq(tpt_daemon_pair_start(&da, _i ? small : big, &db, NULL), 0);
+	ca = ctx_of(&da);
+	cb = ctx_of(&db);
+	ck_assert_int_eq(tp_chan_open(cb, "wide", &o, &hb), 0);
+	ck_assert_msg(tp_chan_open(ca, at("wide"), &ro, &ha) == 0, "%s", tp_last_error());
+	for (size_t i = 0; i < N_ITEMS; i++)
+		iov[i] = (struct iovec){ buf + i * SMALL_ITEM, SMALL_ITEM };
+	if (_i == 0) {
+		ck_assert_int_eq(tp_chan_write(ha, iov, N_ITEMS, 0), -EMSGSIZE);
+		ck_assert_msg(strstr(tp_last_error(), "above the 4128768 that cross to it"), "%s",
+			      tp_last_error());
+		ck_assert_int_eq(tp_chan_write(ha, iov, 64, 0), 0); /* 1 MiB */
+		for (size_t i = 0; i < 64; i++) {
+			ck_assert_int_eq(tp_chan_read(hb, &got, &len, T_MS), 0);
+			ck_assert(len == SMALL_ITEM && memcmp(got, iov[i].iov_base, len) == 0);
+			free(got);
+		}
+	} else {
+		struct iovec one = { buf, ITEM };
+
+		ck_assert_int_eq(tp_chan_write(hb, &one, 1, 0), 0);
+		ck_assert_msg(tp_chan_read(ha, &got, &len, T_MS) == 0, "%s", tp_last_error());
+		ck_assert(len == ITEM && tpt_verify(got, len, 7, NULL));
+		free(got);
+	}
+	ck_assert_msg(tpt_peer_links(&da, &link) == 1 && strcmp(link.state, "up") == 0,
+		      "the link is %s: %s", link.state, link.last_error);
+	tp_chan_release(ha);
+	tp_chan_release(hb);
+	free(buf);
 	tp_context_free(ca);
 	tp_context_free(cb);
 	tpt_daemon_stop(&da);
@@ -152,6 +225,7 @@ static Suite *xcreate_suite(void)
 	tcase_set_timeout(tc, 120);
 	tcase_add_test(tc, test_create_and_unlink_refused_by_default);
 	tcase_add_test(tc, test_create_and_unlink_as_the_configured_uid);
+	tcase_add_loop_test(tc, test_items_inline_within_the_far_frames, 0, 2);
 	suite_add_tcase(s, tc);
 	return s;
 }

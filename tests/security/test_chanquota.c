@@ -5,13 +5,24 @@
  * unprivileged local user (uid 65534) fills a persistent channel, unlinks it keeping its handle
  * and creates more: chan-bytes-per-uid and chans-per-uid still count the unlinked channel (at
  * the limit passes, above it -ENOBUFS), `tpipctl channels` shows only the named channel of that
- * name, and releasing the handle gives the bytes and the slot back. Likewise a work queue whose
- * owner released it while a worker keeps it (a taken question) still counts in wqs-per-uid
- * until the worker lets go.
+ * name, and releasing the handle gives the bytes and the slot back.
+ *
+ * A work queue whose owner (uid 65534) went while a worker of another uid (65533) keeps it, a
+ * question taken, takes a slot of neither uid's wqs-per-uid: the owner's uid creates two queues
+ * (the limit) and is refused a third, and so is the worker's; the worker's reply gets -EPIPE.
+ * (It used to stay charged to the owner's uid while the other uid's worker held it, so that one
+ * user held another's quota.)
+ *
+ * /metrics counts what those objects hold: the unlinked channel and its bytes in
+ * tpipd_channel_bytes (with tpipd_channels_unlinked), the ownerless queue in
+ * tpipd_work_queues_ownerless (the page used to count named channels only, and no queue).
  */
+#include <arpa/inet.h>
 #include <check.h>
 #include <errno.h>
 #include <fcntl.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
 #include <grp.h>
 #include <json-c/json.h>
 #include <stdio.h>
@@ -23,11 +34,58 @@
 
 #define T_MS 30000
 #define NOBODY 65534
+#define WORKER 65533 /* a second unprivileged uid */
 #define BYTES_PER_UID 8192u
 #define SMALL 100u /* the second channel's item: with the first one's, the limit exactly */
 
 static struct tpt_daemon d;
 static int to_parent[2], to_child[2]; /* the attacker holds the unlinked channel meanwhile */
+static char metrics_arg[32];
+static int metrics_port;
+
+/* "--metrics-listen" on a loopback port free a moment ago (into metrics_arg, metrics_port). */
+static const char *metrics_listen(void)
+{
+	struct sockaddr_in sin = { .sin_family = AF_INET,
+				   .sin_addr.s_addr = htonl(INADDR_LOOPBACK) };
+	socklen_t sl = sizeof(sin);
+	int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+
+	ck_assert_int_ge(fd, 0);
+	ck_assert_int_eq(bind(fd, (struct sockaddr *)&sin, sizeof(sin)), 0);
+	ck_assert_int_eq(getsockname(fd, (struct sockaddr *)&sin, &sl), 0);
+	metrics_port = ntohs(sin.sin_port);
+	close(fd);
+	snprintf(metrics_arg, sizeof(metrics_arg), "127.0.0.1:%d", metrics_port);
+	return metrics_arg;
+}
+
+/* The value of the unlabelled series @name on the daemon's /metrics page (-1 if absent). */
+static long metric(const char *name)
+{
+	static char page[1 << 16];
+	static const char req[] = "GET /metrics HTTP/1.0\r\n\r\n";
+	struct sockaddr_in sin = { .sin_family = AF_INET, .sin_port = htons(metrics_port),
+				   .sin_addr.s_addr = htonl(INADDR_LOOPBACK) };
+	int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+	size_t got = 0;
+	char want[128], *p;
+	ssize_t n;
+	long v = -1;
+
+	ck_assert_int_ge(fd, 0);
+	ck_assert_int_eq(connect(fd, (struct sockaddr *)&sin, sizeof(sin)), 0);
+	ck_assert_int_eq(write(fd, req, sizeof(req) - 1), (ssize_t)sizeof(req) - 1);
+	while (got < sizeof(page) - 1 && (n = read(fd, page + got, sizeof(page) - 1 - got)) > 0)
+		got += (size_t)n;
+	close(fd);
+	page[got] = 0;
+	snprintf(want, sizeof(want), "\n%s ", name);
+	p = strstr(page, want);
+	if (p)
+		v = strtol(p + strlen(want), NULL, 10);
+	return v;
+}
 
 static int drop_to_nobody(void)
 {
@@ -126,8 +184,8 @@ static long ctl_field(const char *name, const char *key, int *ret_rows)
 
 START_TEST(test_unlinked_channel_alive_counts_toward_its_uids_limits)
 {
-	static const char *const args[] = { "--chans-per-uid", "3", "--chan-bytes-per-uid",
-					    "8192", NULL };
+	const char *const args[] = { "--chans-per-uid", "3", "--chan-bytes-per-uid", "8192",
+				     "--metrics-listen", metrics_listen(), NULL };
 	pid_t pid;
 	int rows;
 	char c = 0;
@@ -151,6 +209,11 @@ START_TEST(test_unlinked_channel_alive_counts_toward_its_uids_limits)
 		ck_assert_int_eq(rows, 1);
 		ck_assert_int_eq(ctl_field("p3", "bytes", &rows), 0);
 		ck_assert_int_eq(rows, 1);
+		/* /metrics counts the unlinked channel and its bytes too */
+		ck_assert_int_eq(metric("tpipd_channels"), 2);
+		ck_assert_int_eq(metric("tpipd_channels_unlinked"), 1);
+		ck_assert_int_eq(metric("tpipd_channel_items"), 2);
+		ck_assert_int_eq(metric("tpipd_channel_bytes"), BYTES_PER_UID);
 		ck_assert_int_eq(write(to_child[1], &c, 1), 1);
 	}
 	ck_assert(tpt_wait_ok(pid, 4 * T_MS, "attacker"));
@@ -161,56 +224,124 @@ START_TEST(test_unlinked_channel_alive_counts_toward_its_uids_limits)
 }
 END_TEST
 
-static int wq_attacker(void *arg)
+static struct tpt_sync from_owner, from_worker, from_parent;
+
+static int drop_to(uid_t uid)
 {
-	struct tp_wq_options o = { .size = sizeof(o), .owner_uid = -1 };
-	struct tp_wq *owner, *worker, *second, *third;
+	if (setgroups(0, NULL) < 0 || setresgid(uid, uid, uid) < 0 ||
+	    setresuid(uid, uid, uid) < 0)
+		return -errno;
+	return 0;
+}
+
+/* Queues @a and @b of the caller at wqs-per-uid 2 just fit; a third @c is refused. */
+static int fill_own_quota(struct tp_context *ctx, const char *a, const char *b, const char *c)
+{
+	struct tp_wq_options o = { .size = sizeof(o), .flags = TP_WQ_CREATE, .owner_uid = -1 };
+	struct tp_wq *qa, *qb, *qc;
+	int r;
+
+	TPT_REQUIRE(tp_wq_open(ctx, a, &o, &qa) == 0, 1, "%s: %s", a, tp_last_error());
+	TPT_REQUIRE(tp_wq_open(ctx, b, &o, &qb) == 0, 1, "%s at the limit: %s", b,
+		    tp_last_error());
+	r = tp_wq_open(ctx, c, &o, &qc);
+	TPT_REQUIRE(r == -ENOBUFS, 1, "%s above wqs-per-uid: %d %s", c, r, tp_last_error());
+	tp_wq_release(qb);
+	tp_wq_release(qa);
+	return 0;
+}
+
+/* uid NOBODY: owns "w1" (any uid may work for it), submits one question, and once another
+ * uid's worker took it, goes; then its own two queues fit, a third not. */
+static int wq_owner(void *arg)
+{
+	struct tp_wq_options o = { .size = sizeof(o), .flags = TP_WQ_CREATE, .owner_uid = -1,
+				   .access = TP_ACCESS_ANYONE };
 	struct tp_context *ctx;
-	uint64_t id, taken;
+	struct tp_wq *owner;
+	uint64_t id;
+
+	(void)arg;
+	TPT_REQUIRE(drop_to(NOBODY) == 0, 1, "cannot drop to nobody");
+	TPT_REQUIRE(tpt_ctx_new(&d, 0, "owner", &ctx) == 0, 1, "context: %s", tp_last_error());
+	TPT_REQUIRE(tp_wq_open(ctx, "w1", &o, &owner) == 0, 1, "w1: %s", tp_last_error());
+	TPT_REQUIRE(tp_wq_submit(owner, "q", 1, &id) == 0, 1, "submit: %s", tp_last_error());
+	TPT_REQUIRE(tpt_sync_post(&from_owner, 1) == 0, 1, "post");
+	TPT_REQUIRE(tpt_sync_wait(&from_worker, T_MS) == 1, 1, "the worker did not take");
+	/* The owner goes: the worker of another uid keeps the queue, not this uid's slot. */
+	TPT_REQUIRE(tp_wq_release(owner) == 0, 1, "release: %s", tp_last_error());
+	if (fill_own_quota(ctx, "w2", "w3", "w4"))
+		return 1;
+	TPT_REQUIRE(tpt_sync_post(&from_owner, 2) == 0, 1, "post");
+	tp_context_free(ctx);
+	return 0;
+}
+
+/* uid WORKER: takes the question of NOBODY's "w1" and keeps it past its owner's end; the
+ * ownerless queue is charged to it neither: its own two queues fit, a third not. */
+static int wq_worker(void *arg)
+{
+	struct tp_wq_options o = { .size = sizeof(o), .owner_uid = NOBODY };
+	struct tp_context *ctx;
+	struct tp_wq *worker;
+	uint64_t taken;
 	void *data;
 	size_t len;
 	int r;
 
 	(void)arg;
-	TPT_REQUIRE(drop_to_nobody() == 0, 1, "cannot drop to nobody");
-	TPT_REQUIRE(tpt_ctx_new(&d, 0, "quota", &ctx) == 0, 1, "context: %s", tp_last_error());
-	o.flags = TP_WQ_CREATE;
-	TPT_REQUIRE(tp_wq_open(ctx, "w1", &o, &owner) == 0, 1, "w1: %s", tp_last_error());
-	o.flags = 0;
+	TPT_REQUIRE(drop_to(WORKER) == 0, 1, "cannot drop to uid %u", WORKER);
+	TPT_REQUIRE(tpt_ctx_new(&d, 0, "worker", &ctx) == 0, 1, "context: %s", tp_last_error());
+	TPT_REQUIRE(tpt_sync_wait(&from_owner, T_MS) == 1, 1, "no queue");
 	TPT_REQUIRE(tp_wq_open(ctx, "w1", &o, &worker) == 0, 1, "worker: %s", tp_last_error());
-	TPT_REQUIRE(tp_wq_submit(owner, "q", 1, &id) == 0, 1, "submit: %s", tp_last_error());
 	TPT_REQUIRE(tp_wq_take(worker, &taken, &data, &len, T_MS) == 0, 1, "take: %s",
 		    tp_last_error());
 	free(data);
-	/* The owner goes: the name is free, the queue lives on with the worker's question. */
-	TPT_REQUIRE(tp_wq_release(owner) == 0, 1, "release: %s", tp_last_error());
-	o.flags = TP_WQ_CREATE;
-	TPT_REQUIRE(tp_wq_open(ctx, "w2", &o, &second) == 0, 1, "at the limit: %s",
-		    tp_last_error());
-	r = tp_wq_open(ctx, "w3", &o, &third);
-	TPT_REQUIRE(r == -ENOBUFS, 1, "a queue above wqs-per-uid: %d %s", r, tp_last_error());
-	/* The worker lets go: the queue is freed, its slot comes back. */
+	TPT_REQUIRE(tpt_sync_post(&from_worker, 1) == 0, 1, "post");
+	TPT_REQUIRE(tpt_sync_wait(&from_owner, T_MS) == 2, 1, "the owner did not finish");
+	if (fill_own_quota(ctx, "x1", "x2", "x3"))
+		return 1;
+	TPT_REQUIRE(tpt_sync_post(&from_worker, 2) == 0, 1, "post");
+	TPT_REQUIRE(tpt_sync_wait(&from_parent, T_MS) == 1, 1, "the parent did not look");
+	r = tp_wq_reply(worker, taken, "a", 1);
+	TPT_REQUIRE(r == -EPIPE, 1, "a reply to a gone owner: %d %s", r, tp_last_error());
 	TPT_REQUIRE(tp_wq_release(worker) == 0, 1, "release: %s", tp_last_error());
-	TPT_REQUIRE(tp_wq_open(ctx, "w3", &o, &third) == 0, 1, "slot back: %s", tp_last_error());
-	tp_wq_release(third);
-	tp_wq_release(second);
 	tp_context_free(ctx);
 	return 0;
 }
 
-START_TEST(test_ownerless_queue_alive_counts_toward_its_uids_limit)
+START_TEST(test_ownerless_queue_takes_no_uids_slot)
 {
-	static const char *const args[] = { "--wqs-per-uid", "2", NULL };
+	const char *const args[] = { "--wqs-per-uid", "2", "--metrics-listen", metrics_listen(),
+				     NULL };
+	pid_t owner, worker;
 
 	if (geteuid() != 0) {
-		printf("skipped: needs root to run a client as another uid\n");
+		printf("skipped: needs root to run clients as other uids\n");
 		return;
 	}
+	ck_assert_int_eq(tpt_sync_init(&from_owner), 0);
+	ck_assert_int_eq(tpt_sync_init(&from_worker), 0);
+	ck_assert_int_eq(tpt_sync_init(&from_parent), 0);
 	ck_assert_int_eq(tpt_daemon_start(&d, args), 0);
 	ck_assert_int_eq(tpt_daemon_open_to_all(&d), 0);
-	ck_assert(tpt_wait_ok(tpt_fork(wq_attacker, NULL), 4 * T_MS, "attacker"));
+	owner = tpt_fork(wq_owner, NULL);
+	worker = tpt_fork(wq_worker, NULL);
+	ck_assert(tpt_wait_ok(owner, 4 * T_MS, "owner"));
+	ck_assert_int_eq(tpt_sync_wait(&from_worker, T_MS), 2);
+	/* /metrics counts the ownerless queue the worker keeps (holding no question) */
+	ck_assert_int_eq(metric("tpipd_work_queues"), 1);
+	ck_assert_int_eq(metric("tpipd_work_queues_ownerless"), 1);
+	ck_assert_int_eq(metric("tpipd_work_queue_questions"), 0);
+	ck_assert_int_eq(metric("tpipd_work_queue_bytes"), 0);
+	ck_assert_int_eq(tpt_sync_post(&from_parent, 1), 0);
+	ck_assert(tpt_wait_ok(worker, 4 * T_MS, "worker"));
+	ck_assert_int_eq(metric("tpipd_work_queues"), 0);
 	ck_assert(tpt_daemon_alive(&d));
 	ck_assert_int_eq(tpt_daemon_stop(&d), 0);
+	tpt_sync_done(&from_owner);
+	tpt_sync_done(&from_worker);
+	tpt_sync_done(&from_parent);
 }
 END_TEST
 
@@ -221,7 +352,7 @@ static Suite *chanquota_suite(void)
 
 	tcase_set_timeout(tc, 120);
 	tcase_add_test(tc, test_unlinked_channel_alive_counts_toward_its_uids_limits);
-	tcase_add_test(tc, test_ownerless_queue_alive_counts_toward_its_uids_limit);
+	tcase_add_test(tc, test_ownerless_queue_takes_no_uids_slot);
 	suite_add_tcase(s, tc);
 	return s;
 }

@@ -21,7 +21,14 @@
  * stays up); one of 2.3 that answers a read without an item, answers ops it was never sent, and
  * answers a close with an item: the client gets an error for the first and a plain success for
  * the close, the others are dropped, and a later item arrives intact; its protocol violation
- * then fails the client's waiting read with -ECONNRESET naming the host.
+ * then fails the client's waiting read with -ECONNRESET naming the host. One of 2.6 is sent no
+ * work queue creation (it would open the queue as a worker's): the open fails with
+ * -EOPNOTSUPP naming its version, the link stays up.
+ *
+ * And a hostile peer daemon against a work queue on a daemon that lets other hosts create
+ * queues (chan-remote-create-uid): it creates none over its insecure link, is never the owner,
+ * sends bytes and an end for a transfer nobody asked for (dropped), replies to ids it never took
+ * (-ENOENT), and a plain open naming remote peers fails its link; the queue is untouched.
  */
 #include <arpa/inet.h>
 #include <check.h>
@@ -406,6 +413,201 @@ START_TEST(test_hostile_peer_fails_its_link_only)
 }
 END_TEST
 
+/* ---- a hostile peer daemon and work queues ------------------------------------------------- */
+
+static int peer_wq(struct tpt_raw *r, Tpw__V1__WqOp *op, uint64_t req_id, const void *tail,
+		   uint32_t len)
+{
+	Tpw__V1__PeerWqOp po = TPW__V1__PEER_WQ_OP__INIT;
+	Tpw__V1__PeerMsg m = TPW__V1__PEER_MSG__INIT;
+
+	op->req_id = req_id;
+	po.op = op;
+	m.body_case = TPW__V1__PEER_MSG__BODY_WQ_OP;
+	m.wq_op = &po;
+	return peer_send(r, &m, tail, len);
+}
+
+/* The next PeerWqReply (others skipped), answering @req: returned owned (free with
+ * tpw_peer_msg_free()), or NULL. */
+static Tpw__V1__PeerMsg *peer_wq_reply(struct tpt_raw *r, uint64_t req)
+{
+	Tpw__V1__PeerMsg *m = NULL;
+
+	for (;;) {
+		if (tpt_raw_recv_peer(r, T_MS, &m) < 0)
+			return NULL;
+		if (m->body_case == TPW__V1__PEER_MSG__BODY_WQ_REPLY &&
+		    m->wq_reply->reply->req_id == req)
+			return m;
+		tpw_peer_msg_free(m);
+	}
+}
+
+/* Sends @op as request @req and returns the answer's status (-1: none), its handle in
+ * *@ret_id, its question id in *@ret_q, whether it says owner in *@ret_owner. */
+static int wq_call(struct tpt_raw *c, Tpw__V1__WqOp *op, uint64_t req, const char *tail,
+		   uint64_t *ret_id, uint64_t *ret_q, bool *ret_owner)
+{
+	Tpw__V1__PeerMsg *m;
+	int st;
+
+	if (peer_wq(c, op, req, tail, tail ? (uint32_t)strlen(tail) : 0) < 0)
+		return -1;
+	m = peer_wq_reply(c, req);
+	if (!m)
+		return -1;
+	st = m->wq_reply->reply->status;
+	if (ret_id)
+		*ret_id = m->wq_reply->reply->wq_id;
+	if (ret_q)
+		*ret_q = m->wq_reply->reply->question_id;
+	if (ret_owner)
+		*ret_owner = m->wq_reply->reply->owner;
+	tpw_peer_msg_free(m);
+	return st;
+}
+
+/* One chunk of transfer @xfer_id (nobody posted it) on the data connection: 64 bytes. */
+static int stray_chunk(struct tpt_raw *data, uint64_t xfer_id)
+{
+	uint8_t b[32 + 64] = { 0 };
+
+	for (int i = 0; i < 4; i++)
+		b[i] = (uint8_t)(0x31435054u >> (8 * i)); /* stripe_io.c's chunk magic */
+	for (int i = 0; i < 8; i++)
+		b[8 + i] = (uint8_t)(xfer_id >> (8 * i));
+	b[24] = 64;
+	memset(b + 32, 0x5a, 64);
+	return tpt_raw_send_bytes(data, b, sizeof(b), NULL, 0);
+}
+
+static int hostile_wq_peer(void *arg)
+{
+	Tpw__V1__PeerXferEnd xe = TPW__V1__PEER_XFER_END__INIT;
+	Tpw__V1__PeerMsg m = TPW__V1__PEER_MSG__INIT, *in = NULL;
+	struct tpt_raw c = { .fd = -1 }, data = { .fd = -1 };
+	char *peers[] = { "psk" };
+	uint64_t id = 0, q = 0, got = 0;
+	bool owner = true;
+	int st;
+
+	(void)arg;
+	TPT_REQUIRE(peer_dial(&c, &data) == 0, 1, "dial");
+	/* Creation: never over an insecure link, chan-remote-create-uid or not. */
+	Tpw__V1__WqOp op = TPW__V1__WQ_OP__INIT;
+
+	op.op = TPW__V1__WQ_OP_KIND__WQ_OP_OPEN;
+	op.name = "made";
+	op.create = true;
+	st = wq_call(&c, &op, 1, NULL, &id, NULL, NULL);
+	TPT_REQUIRE(st == TPW__V1__STATUS__STATUS_NOT_FOUND, 1, "create over an insecure link: %d",
+		    st);
+	/* A create of an existing queue opens it as a worker: never its owner. */
+	op.name = "hq";
+	op.owner_set = true;
+	op.owner_uid = 0;
+	st = wq_call(&c, &op, 2, NULL, &id, NULL, &owner);
+	TPT_REQUIRE(st == TPW__V1__STATUS__STATUS_OK && id && !owner, 1, "open hq: %d owner %d",
+		    st, owner);
+	Tpw__V1__WqOp sub = TPW__V1__WQ_OP__INIT;
+
+	sub.op = TPW__V1__WQ_OP_KIND__WQ_OP_SUBMIT;
+	sub.wq_id = id;
+	st = wq_call(&c, &sub, 3, "forged", NULL, NULL, NULL);
+	TPT_REQUIRE(st == TPW__V1__STATUS__STATUS_PERMISSION, 1, "a worker's submit: %d", st);
+	Tpw__V1__WqOp take = TPW__V1__WQ_OP__INIT;
+
+	take.op = TPW__V1__WQ_OP_KIND__WQ_OP_TAKE;
+	take.wq_id = id;
+	st = wq_call(&c, &take, 4, NULL, NULL, &q, NULL);
+	TPT_REQUIRE(st == TPW__V1__STATUS__STATUS_OK && q, 1, "take: %d", st);
+	/* Bytes for a transfer nobody asked for, and its end: dropped, the link stays. */
+	TPT_REQUIRE(stray_chunk(&data, 99) == 0, 1, "stray chunk");
+	xe.xfer_id = 99;
+	xe.status = TPW__V1__STATUS__STATUS_OK;
+	xe.bytes = 64;
+	m.body_case = TPW__V1__PEER_MSG__BODY_CHAN_XFER_END;
+	m.chan_xfer_end = &xe;
+	TPT_REQUIRE(peer_send(&c, &m, NULL, 0) == 0, 1, "stray xfer end");
+	Tpw__V1__WqOp rep = TPW__V1__WQ_OP__INIT;
+
+	rep.op = TPW__V1__WQ_OP_KIND__WQ_OP_REPLY;
+	rep.wq_id = id;
+	rep.question_id = q + 5; /* never taken */
+	st = wq_call(&c, &rep, 5, "lie", NULL, NULL, NULL);
+	TPT_REQUIRE(st == TPW__V1__STATUS__STATUS_NOT_FOUND, 1, "a reply to %llu: %d",
+		    (unsigned long long)rep.question_id, st);
+	rep.question_id = q;
+	st = wq_call(&c, &rep, 6, "ans", NULL, &got, NULL);
+	TPT_REQUIRE(st == TPW__V1__STATUS__STATUS_OK, 1, "the reply: %d", st);
+	/* Remote peers on an open that creates nothing: a protocol violation, the link fails. */
+	op.create = false;
+	op.remote = TPW__V1__REMOTE_ACCESS__REMOTE_PEERS; /* valid as a creation's */
+	op.n_remote_peers = 1;
+	op.remote_peers = peers;
+	TPT_REQUIRE(peer_wq(&c, &op, 7, NULL, 0) == 0, 1, "open with remote peers");
+	for (;;) {
+		st = tpt_raw_recv_peer(&c, T_MS, &in);
+		if (st < 0)
+			break;
+		TPT_REQUIRE(in->body_case == TPW__V1__PEER_MSG__BODY_PING, 1,
+			    "message %d after a violation", (int)in->body_case);
+		tpw_peer_msg_free(in);
+	}
+	TPT_REQUIRE(st == -ECONNRESET, 1, "the link stayed: %d", st);
+	tpt_raw_close(&data);
+	tpt_raw_close(&c);
+	return 0;
+}
+
+/* A hostile peer daemon (a raw dialler over an insecure link) and a work queue hq of root that
+ * admits any peer, on a daemon whose chan-remote-create-uid is set: it creates no queue (never
+ * over an insecure link), is no owner for a create of hq (a worker's handle), may not submit,
+ * takes the question, sends bytes and an end for a transfer nobody asked for (dropped, the link
+ * up), replies to an id it never took (-ENOENT) and to its own (the owner gets its bytes
+ * intact), and fails its link with remote peers on a plain open; hq is untouched. */
+START_TEST(test_hostile_peer_cannot_own_or_stream_into_a_queue)
+{
+	static const char *const args[] = { "--peer-insecure", "--chan-remote-create-uid", "4242",
+					    NULL };
+	struct tp_wq_options o = { .size = sizeof(o), .flags = TP_WQ_CREATE, .owner_uid = -1,
+				   .remote = TP_REMOTE_ANY_PEER };
+	struct tp_wq_options wo = { .size = sizeof(wo), .owner_uid = -1 };
+	struct tp_context *ctx;
+	struct tp_wq *own, *w;
+	uint64_t q, a;
+	void *got;
+	size_t len;
+	char *out;
+	pid_t pid;
+
+	ck_assert_int_eq(tpt_daemon_start_peer(&host, args), 0);
+	ck_assert_int_eq(tpt_ctx_new(&host, 0, "host", &ctx), 0);
+	ck_assert_int_eq(tp_wq_open(ctx, "hq", &o, &own), 0);
+	ck_assert_int_eq(tp_wq_submit(own, "abc", 3, &q), 0);
+	pid = tpt_fork(hostile_wq_peer, NULL);
+	ck_assert_int_gt(pid, 0);
+	ck_assert(tpt_wait_ok(pid, 4 * T_MS, "hostile peer"));
+	ck_assert(tpt_daemon_alive(&host));
+	ck_assert_int_eq(tp_wq_answer(own, &a, &got, &len, T_MS), 0);
+	ck_assert(a == q && len == 3 && memcmp(got, "ans", 3) == 0);
+	free(got);
+	out = tpt_ctl(&host, "queues", true);
+	ck_assert_msg(!strstr(out, "\"made\""), "%s", out);
+	free(out);
+	ck_assert_int_eq(tp_wq_submit(own, "def", 3, &q), 0); /* hq goes on */
+	ck_assert_int_eq(tp_wq_open(ctx, "hq", &wo, &w), 0);
+	ck_assert_int_eq(tp_wq_take(w, &a, &got, &len, T_MS), 0);
+	ck_assert(a == q && len == 3 && memcmp(got, "def", 3) == 0);
+	free(got);
+	tp_wq_release(w);
+	tp_wq_release(own);
+	tp_context_free(ctx);
+	ck_assert_int_eq(tpt_daemon_stop(&host), 0);
+}
+END_TEST
+
 /* ---- a hostile hosting daemon -------------------------------------------------------------- */
 
 struct fake_host {
@@ -540,7 +742,7 @@ static int fake_host_run(void *arg)
 	uint64_t open, rd, cl;
 
 	TPT_REQUIRE(fake_accept(fh, &c, &data) == 0, 1, "handshake");
-	if (fh->minor < TPW_PEER_MINOR_CHAN) {
+	if (fh->minor < TPW_PEER_MINOR_CHAN || fh->minor == TPW_PEER_MINOR_WQ_CREATE - 1) {
 		/* The client was refused; a ping answered next proves nothing came before it. */
 		TPT_REQUIRE(tpt_sync_wait(&go, T_MS) == 1, 1, "parent");
 		ping.t_ns = 1;
@@ -549,8 +751,8 @@ static int fake_host_run(void *arg)
 		TPT_REQUIRE(tpt_raw_send_peer(&c, &m) == 0, 1, "ping");
 		TPT_REQUIRE(tpt_raw_recv_peer(&c, T_MS, &in) == 0, 1, "pong");
 		TPT_REQUIRE(in->body_case == TPW__V1__PEER_MSG__BODY_PING && in->ping->reply &&
-				    in->ping->t_ns == 1, 1, "message %d to a 2.2 daemon",
-			    (int)in->body_case);
+				    in->ping->t_ns == 1, 1, "message %d to a 2.%u daemon",
+			    (int)in->body_case, fh->minor);
 		tpw_peer_msg_free(in);
 		TPT_REQUIRE(tpt_sync_wait(&go, T_MS) == 2, 1, "parent, done");
 		return 0;
@@ -574,11 +776,16 @@ static int fake_host_run(void *arg)
 	return 0;
 }
 
-/* _i 0: the far daemon speaks peer protocol 2.2; 1: 2.3, and lies. */
+/* _i 0: the far daemon speaks peer protocol 2.2; 1: 2.3, and lies; 2: 2.6, asked to create a
+ * work queue (which it would open as a worker's instead). */
 START_TEST(test_hostile_host_fails_its_link_only)
 {
 	static const char *const args[] = { "--peer-insecure", "--peer-data-conns", "1", NULL };
-	struct fake_host fh = { .minor = _i ? TPW_PEER_MINOR_CHAN : TPW_PEER_MINOR_CHAN - 1 };
+	static const unsigned minors[] = { TPW_PEER_MINOR_CHAN - 1, TPW_PEER_MINOR_CHAN,
+					   TPW_PEER_MINOR_WQ_CREATE - 1 };
+	struct fake_host fh = { .minor = minors[_i] };
+	struct tp_wq_options wo = { .size = sizeof(wo), .flags = TP_WQ_CREATE, .owner_uid = -1 };
+	struct tp_wq *wq = NULL;
 	struct tp_context *ctx;
 	struct tpt_link link;
 	struct tp_chan *ch;
@@ -595,7 +802,14 @@ START_TEST(test_hostile_host_fails_its_link_only)
 	ck_assert_int_gt(pid, 0);
 	ck_assert_int_eq(tpt_ctx_new(&host, 0, "client", &ctx), 0);
 	snprintf(a, sizeof(a), "tpip://127.0.0.1:%d/x", port);
-	if (!_i) {
+	if (_i == 2) {
+		ck_assert_int_eq(tp_wq_open(ctx, a, &wo, &wq), -EOPNOTSUPP);
+		ck_assert_msg(strstr(tp_last_error(), "peer protocol 2.6, which creates no work "
+				     "queue"), "%s", tp_last_error());
+		ck_assert_msg(tpt_peer_links(&host, &link) == 1 && strcmp(link.state, "up") == 0,
+			      "the link is %s: %s", link.state, link.last_error);
+		ck_assert_int_eq(tpt_sync_post(&go, 1), 0);
+	} else if (!_i) {
 		ck_assert_int_eq(tp_chan_open(ctx, a, NULL, &ch), -EOPNOTSUPP);
 		ck_assert_ptr_nonnull(strstr(tp_last_error(), "peer protocol 2.2"));
 		/* the link to the old daemon is still up */
@@ -632,7 +846,8 @@ static Suite *chanx_suite(void)
 	tcase_set_timeout(tc, 120);
 	tcase_add_test(tc, test_attacker_cannot_crash_or_touch_remote_handles);
 	tcase_add_test(tc, test_hostile_peer_fails_its_link_only);
-	tcase_add_loop_test(tc, test_hostile_host_fails_its_link_only, 0, 2);
+	tcase_add_test(tc, test_hostile_peer_cannot_own_or_stream_into_a_queue);
+	tcase_add_loop_test(tc, test_hostile_host_fails_its_link_only, 0, 3);
 	suite_add_tcase(s, tc);
 	return s;
 }

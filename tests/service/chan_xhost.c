@@ -16,8 +16,10 @@
  *                                  on each, from a thread each
  *   wq-own NAME REMOTE N           a queue: submit N questions, receive their N answers (each
  *                                  "a:" + its question), then wait until stdin closes, release
- *   wq-work ADDR [N]               a worker: take and answer until closed (or N questions)
- *   wq-hold ADDR                   a worker: take one question and hold it until killed
+ *                                  (NAME an address: created on that host, owned from here)
+ *   wq-work ADDR [N [UID]]         a worker: take and answer until closed (or N questions; -1:
+ *                                  no limit) of uid UID's queue (default: the caller's)
+ *   wq-hold ADDR [UID]             a worker: take one question and hold it until killed
  *   wq-open ADDR                   open a queue as a worker and release
  * Exit: 0 when every call succeeded (a read that ends with -EPIPE, drained, included), 1 on an
  * error, 2 usage.
@@ -229,6 +231,10 @@ static int cmd_wq_own(const char *name, const char *remote, int n)
 	r = tp_wq_open(ctx, name, &o, &q);
 	if (r < 0)
 		return fail("wq create", r);
+	if (!tp_wq_is_owner(q)) {
+		printf("error EPROTO: the creator's handle is not the owner's\n");
+		return 1;
+	}
 	for (int i = 0; i < n; i++) {
 		snprintf(buf, sizeof(buf), "q%d", i);
 		r = tp_wq_submit(q, buf, strlen(buf), &id);
@@ -258,8 +264,9 @@ static int cmd_wq_own(const char *name, const char *remote, int n)
 	return 0;
 }
 
-static int cmd_wq_work(const char *addr, int max, bool hold)
+static int cmd_wq_work(const char *addr, int max, long owner_uid, bool hold)
 {
+	struct tp_wq_options o = { .size = sizeof(o), .owner_uid = owner_uid };
 	struct tp_wq *q;
 	char buf[96];
 	void *data;
@@ -267,7 +274,7 @@ static int cmd_wq_work(const char *addr, int max, bool hold)
 	uint64_t id;
 	int r, n = 0;
 
-	r = tp_wq_open(ctx, addr, NULL, &q);
+	r = tp_wq_open(ctx, addr, &o, &q);
 	if (r < 0)
 		return fail("wq open", r);
 	if (tp_wq_is_owner(q)) {
@@ -337,10 +344,11 @@ static int run(int argc, char **argv)
 		return cmd_readers(argv[3], atoi(argv[4]), atoi(argv[5]));
 	if (strcmp(c, "wq-own") == 0 && argc == 6)
 		return cmd_wq_own(argv[3], argv[4], atoi(argv[5]));
-	if (strcmp(c, "wq-work") == 0 && (argc == 4 || argc == 5))
-		return cmd_wq_work(argv[3], argc == 5 ? atoi(argv[4]) : -1, false);
-	if (strcmp(c, "wq-hold") == 0 && argc == 4)
-		return cmd_wq_work(argv[3], 1, true);
+	if (strcmp(c, "wq-work") == 0 && argc >= 4 && argc <= 6)
+		return cmd_wq_work(argv[3], argc >= 5 ? atoi(argv[4]) : -1,
+				   argc == 6 ? atol(argv[5]) : -1, false);
+	if (strcmp(c, "wq-hold") == 0 && (argc == 4 || argc == 5))
+		return cmd_wq_work(argv[3], 1, argc == 5 ? atol(argv[4]) : -1, true);
 	if (strcmp(c, "wq-open") == 0 && argc == 4)
 		return cmd_wq_open(argv[3]);
 	return 2;

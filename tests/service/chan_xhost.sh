@@ -5,14 +5,17 @@
 # a consumer on b reads it; a reader on a blocked on b's channel wakes for an item written on b
 # and for a close; close-then-drain across hosts (items read after the close carry "closed",
 # then -EPIPE); a work queue on b whose owner is on b and whose worker is on a, and a worker on a
-# SIGKILLed with a question taken (queued again exactly once); opens refused where the creator
+# SIGKILLed with a question taken (queued again exactly once); a work queue created on b from a
+# (chan-remote-create-uid on b) and owned there, worked on b, closed on b when its owner on a is
+# SIGKILLed (the waiting worker sees it closed); opens refused where the creator
 # did not allow other hosts (or named another peer identity), with the text of a missing name;
 # chan-peer-ops-max (4 on a) just below and above, on the hosting side (a channel on a, readers
 # on b) and on the forwarding side (a channel on b, readers on a), with a local reader not
 # refused; over an unauthenticated link any-peer admits and peers does not, as for listeners;
 # the link cut fails blocked remote reads with -ECONNRESET naming the host within the
-# peer timeout while a's local channel still works, and b queues the question a worker on a
-# held again. Skips (77) where network namespaces or veth
+# peer timeout while a's local channel still works, b queues the question a worker on a
+# held again and closes the queue owned from a (its waiting worker sees it closed). Skips (77)
+# where network namespaces or veth
 # pairs cannot be made.
 . "$(dirname -- "$0")/lib.sh" || exit 1
 need_env TPIPD_BIN TPIPCTL_BIN CHAN_XHOST_BIN
@@ -47,7 +50,7 @@ start_ns_daemon() { # NAME NS ADDR:PORT ARGS... (--peer-insecure: no key)
 	svc_wait_daemon "$SVC_TMP/$name.sock" "$pid"
 }
 start_ns_daemon a "$nsa" "${net}1:7420" --chan-peer-ops-max "$OPS_MAX"
-start_ns_daemon b "$nsb" "${net}2:7420"
+start_ns_daemon b "$nsb" "${net}2:7420" --chan-remote-create-uid 4242
 
 x() { local host=$1; shift; timeout 30 "$CHAN_XHOST_BIN" "$SVC_TMP/$host.sock" "$@"; }
 # bg ID HOST ARGS...: chan_xhost in the background (its own pid: killed at the end if it is
@@ -95,6 +98,10 @@ chan_is() { # HOST NAME JQ-CONDITION
 queue_is() { # HOST NAME JQ-CONDITION
 	ctl --socket "$SVC_TMP/$1.sock" --json queues |
 		jq -e --arg n "$2" "[.queues[] | select(.name == \$n) | select($3)] | length == 1"
+}
+queue_gone() { # HOST NAME
+	! ctl --socket "$SVC_TMP/$1.sock" --json queues |
+		jq -e --arg n "$2" '.queues[] | select(.name == $n)' >/dev/null
 }
 done_pid() { local v="PID_$1"; wait_exit "${!v}" "$2"; }
 
@@ -192,6 +199,27 @@ expect_out "$(x b wq-open privq)" "^opened$"
 release own3
 done_pid own3 10
 
+check "a work queue created on b from a (chan-remote-create-uid 4242 on b): owned on a, worked on b; the owner SIGKILLed closes it on b"
+held own5 a wq-own "$B/xq" any 2
+wait_until 10 "the remote owner's questions" out_has own5 "^submitted 2$"
+queue_is b xq '.uid == 4242 and .queued == 2 and .owner_pid == 0' >/dev/null ||
+	fail "b's queue made from a: $(ctl --socket "$SVC_TMP/b.sock" --json queues)"
+expect_out "$(x b wq-work xq 1 4242)" "^worked 1$"
+bg w5 b wq-work xq -1 4242 # takes the second question, answers, then waits for more
+wait_until 10 "the remote owner's answers" out_has own5 "^answered 2 drained$"
+wait_until 10 "a worker waiting" queue_is b xq '.queued == 0 and .taken == 0 and .workers == 1'
+owner=$(pgrep -P "$PID_own5") || fail "no owner process under $PID_own5"
+kill -KILL "$owner"
+start=$SECONDS
+wait_until 10 "b to close the queue of the dead owner" queue_gone b xq
+done_pid w5 10
+out_has w5 "^worked 1 closed$" || fail "w5: $(cat "$SVC_TMP/w5.out")"
+[ $((SECONDS - start)) -le 5 ] || fail "closed after $((SECONDS - start)) s"
+out=$(x b wq-work xq 1 4242) && fail "worked for the dead owner's queue: $out"
+expect_out "$out" "^error ENOENT: wq open: "
+release own5
+done_pid own5 10
+
 check "hosting side: chan-peer-ops-max $OPS_MAX on a: $OPS_MAX reads from b wait, one more is refused"
 expect_out "$(x a create lim any)" "^created$"
 bg l1 b readers "$A/lim" $((OPS_MAX - 1)) -1
@@ -235,7 +263,7 @@ out=$(x ia open "tpip://${net}2:7421/pski") && fail "opened over an insecure lin
 expect_out "$out" "^error ENOENT: open: .*no channel 'pski' of uid 0 on .* accepts handles from other hosts"
 expect_out "$(x ib read anyi 1 1000)" "^item hi$"
 
-check "the link cut: blocked reads on b's channel fail with -ECONNRESET naming b within the peer timeout; b queues the question of a's worker again"
+check "the link cut: blocked reads on b's channel fail with -ECONNRESET naming b within the peer timeout; b queues the question of a's worker again and closes the queue owned from a"
 expect_out "$(x b create cut any)" "^created$"
 expect_out "$(x a create local any)" "^created$"
 bg c1 a readers "$B/cut" 2 -1
@@ -246,6 +274,12 @@ bg w2 a wq-hold "$B/cutq"
 wait_until 10 "the worker on a to take the question" out_has w2 "^took 1$"
 wait_until 10 "2 reads from a to wait on b" chan_is b cut '.readers_waiting == 2'
 wait_until 10 "a local read to wait on a" chan_is a local '.readers_waiting == 1'
+held own6 a wq-own "$B/cutown" any 1
+wait_until 10 "the remote owner's question" out_has own6 "^submitted 1$"
+expect_out "$(x b wq-work cutown 1 4242)" "^worked 1$"
+wait_until 10 "the remote owner's answer" out_has own6 "^answered 1 drained$"
+bg w6 b wq-work cutown -1 4242
+wait_until 10 "a worker on b" queue_is b cutown '.workers == 1 and .queued == 0'
 start=$SECONDS
 ip -n "$nsa" link set "$vea" down || fail "$vea down"
 done_pid c1 $((PEER_TIMEOUT_MS / 1000 + 5))
@@ -261,6 +295,11 @@ wait_until 10 "b to queue the cut worker's question again" queue_is b cutq \
 	'.requeued == 1 and .queued == 1 and .taken == 0 and .workers == 0'
 kill -TERM "$PID_own4" # it waits for an answer that no worker will give
 done_pid own4 10
+done_pid w6 10 # the queue owned from a closed with the link
+out_has w6 "^worked 0 closed$" || fail "w6: $(cat "$SVC_TMP/w6.out")"
+queue_gone b cutown || fail "b still lists the queue owned from a"
+release own6
+done_pid own6 10
 expect_out "$(x a write local still)" "^wrote 1$"
 done_pid c2 10
 [ "$(cat "$SVC_TMP/c2.out")" = "item still" ] || fail "c2: $(cat "$SVC_TMP/c2.out")"

@@ -1693,8 +1693,8 @@ START_TEST(test_validate_chan_lend)
 }
 END_TEST
 
-/* Work queue ops from a peer: plain names, payloads only on submit and reply, no remote peers;
- * answers' payloads match the tail. Remote access options are checked as a listener's. */
+/* Work queue ops from a peer: plain names, payloads only on submit and reply, remote peers on a
+ * creating open only; answers' payloads match the tail. Remote access options are checked as a listener's. */
 START_TEST(test_validate_peer_wq_msgs)
 {
 	Tpw__V1__WqOp o = TPW__V1__WQ_OP__INIT;
@@ -1726,6 +1726,18 @@ START_TEST(test_validate_peer_wq_msgs)
 	m.wq_op = &po;
 	po.op = &o;
 	ck_assert_int_eq(vpt(&m, 0), 0);
+	/* remote peers cross with a creation only (peer minor 7) */
+	o.remote = TPW__V1__REMOTE_ACCESS__REMOTE_PEERS;
+	o.n_remote_peers = 1;
+	ck_assert_int_eq(vpt(&m, 0), -EBADMSG);
+	o.create = true;
+	ck_assert_int_eq(vpt(&m, 0), 0);
+	o.op = TPW__V1__WQ_OP_KIND__WQ_OP_TAKE;
+	ck_assert_int_eq(vpt(&m, 0), -EBADMSG);
+	o.op = TPW__V1__WQ_OP_KIND__WQ_OP_OPEN;
+	o.create = false;
+	o.remote = TPW__V1__REMOTE_ACCESS__REMOTE_ANY_PEER;
+	o.n_remote_peers = 0;
 	o.name = "tpip://hostb/jobs";
 	ck_assert_int_eq(vpt(&m, 0), -EBADMSG);
 	o.op = TPW__V1__WQ_OP_KIND__WQ_OP_REPLY;
