@@ -47,6 +47,7 @@ struct pring_job {
 	struct tpc_op *op; /* marked copying until the job ends */
 	uint64_t id;
 	uint32_t start;
+	bool quiet; /* the writer's, RingXfer.quiet: answer RingDone only on failure */
 	size_t n;
 	uint64_t *addrs;
 	uint64_t *lens;
@@ -235,7 +236,10 @@ static void *ring_main(void *arg)
 		err = ring_run(r, j, why, sizeof(why));
 		if (err < 0) /* the other side, or the daemon, learns it through the dead word */
 			tpw_pring_kill((void *)r->map);
-		ring_done_send(ctx, r, j, err, why);
+		/* A quiet writer's success goes without a word: the reader's completes the
+		 * message, one frame to the daemon per message instead of two. */
+		if (err < 0 || !j->quiet)
+			ring_done_send(ctx, r, j, err, why);
 		pthread_mutex_lock(&ctx->lock);
 		job_end_locked(ctx, j);
 	}
@@ -365,6 +369,7 @@ static int ring_job_locked(struct tp_context *ctx, const Tpw__V1__RingXfer *x,
 	memcpy(j->lens, x->lens, x->n_lens * sizeof(uint64_t));
 	j->id = x->id;
 	j->start = x->start;
+	j->quiet = x->quiet && !x->reader;
 	j->op = p ? ring_op_locked(p, x->id, x->reader) : NULL;
 	if (j->op)
 		j->op->copying = true;
