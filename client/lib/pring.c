@@ -5,7 +5,7 @@
  * into the ring chunk by chunk while the reader's copies them out into its allocation, each on
  * a thread of its own per ring, so both cores work and the chunks stay in cache (a message of
  * up to PRING_INLINE_MAX for an idle ring on the thread that read its RingXfer, sparing the
- * wake-up of the ring's); the reader then says RingDone, the writer only if it failed. One ring per pipe direction, mapped from the memfd the daemon sends once (beside the
+ * wake-up of the ring's); each then says RingDone. One ring per pipe direction, mapped from the memfd the daemon sends once (beside the
  * control ring, on the socket), kept until the daemon names another or the pipe closes.
  * Everything the other process writes in the ring header is checked before use: an index out of
  * bounds fails this message (and its pipe's ring), nothing else. Not here: choosing the ring
@@ -57,7 +57,6 @@ struct pring_job {
 	uint64_t id;
 	uint32_t start;
 	uint64_t next; /* chunks of it moved so far (by the io thread, before a hand-off) */
-	bool quiet; /* the writer's, RingXfer.quiet: answer RingDone only on failure */
 	size_t n;
 	uint64_t *addrs;
 	uint64_t *lens;
@@ -255,15 +254,13 @@ static void job_end_locked(struct tp_context *ctx, struct pring_job *j)
 	free(j);
 }
 
-/* The end of job @j of @r with @err (@why): the ring killed on failure, RingDone sent unless
- * a quiet writer succeeded (the reader's answer completes the message: one frame to the daemon
- * per message instead of two). Lock not held. */
+/* The end of job @j of @r with @err (@why): the ring killed on failure, RingDone sent. Lock
+ * not held. */
 static void job_finish(struct tpc_pring *r, const struct pring_job *j, int err, const char *why)
 {
 	if (err < 0) /* the other side, or the daemon, learns it through the dead word */
 		tpw_pring_kill((void *)r->map);
-	if (err < 0 || !j->quiet)
-		ring_done_send(r->ctx, r, j, err, why);
+	ring_done_send(r->ctx, r, j, err, why);
 }
 
 static void *ring_main(void *arg)
@@ -417,7 +414,6 @@ static int ring_job_locked(struct tp_context *ctx, const Tpw__V1__RingXfer *x,
 	memcpy(j->lens, x->lens, x->n_lens * sizeof(uint64_t));
 	j->id = x->id;
 	j->start = x->start;
-	j->quiet = x->quiet && !x->reader;
 	j->op = p ? ring_op_locked(p, x->id, x->reader) : NULL;
 	if (j->op)
 		j->op->copying = true;

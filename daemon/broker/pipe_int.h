@@ -370,13 +370,13 @@ bool tpd_pring_choose(const struct tpd_msg *m, const struct tpd_session *rs,
 /*
  * tpd_pring_start() - hand @m (m->ring, its job built, counted as copying) to both ends through
  * its writer end's ring, created within the limits on first use. It completes through
- * m->job->done once the reader said RingDone OK (the writer's library answers only
- * a failure), or the ring failed. Borrows @m.
+ * m->job->done once both ends said RingDone, or failed. Borrows @m.
  * Return: 0, or -errno: nothing started, the caller copies it as usual.
  */
 int tpd_pring_start(struct tpd_msg *m);
 /* May another message of writer end @w go on its ring now, while those before it still move
- * (every transfer of @w running is on that ring, which works and has room)? Borrows @w. */
+ * (every transfer of @w running is on that ring, which has room, and the writer has put the
+ * last of them all in)? Borrows @w. */
 bool tpd_pring_can_add(const struct tpd_pipe_end *w);
 /* Abandons @m's running ring transfer (an end left): the ring dies for both clients, @m
  * completes cancelled from the event loop. Borrows @m. */

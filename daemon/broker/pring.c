@@ -7,7 +7,7 @@
  * bytes daemon-wide and per uid), offers it to a writer without CMA (which then names its
  * memory by ring_addr), hands each message to both ends with RingXfer (up to PRING_DEPTH
  * messages of a pipe direction at once, one after the other in the ring), completes each
- * when the reader said RingDone (a quiet writer answers only a failure), and kills the ring (its dead word, a futex wake) with every
+ * when both ends said RingDone, and kills the ring (its dead word, a futex wake) with every
  * message on it when an end leaves, fails or breaks it. It never reads or writes the ring's chunks; the layout and the
  * rules of the header words are proto/pring.h's, the copy loops client/lib/pring.c's.
  */
@@ -29,11 +29,10 @@
 
 #define PRING_CHUNK (64u << 10)
 #define PRING_NCHUNKS 8u
-/* Messages of one pipe direction on its ring at once: the next one's RingXfer goes as soon as
- * the reader asked for it (its allocation), while the ones before are still going in or out,
- * so each client's thread finds its next message queued when it ends one, instead of waiting
- * for a round trip through the daemon (a sleep and a wake-up each way). A message behind
- * PRING_DEPTH others stays waiting (cancellable). */
+/* Messages of one pipe direction on its ring at once: the next one's RingXfer goes once the
+ * writer has put the one before all in (its RingDone), while the reader still takes it out, so
+ * the writer's thread goes on without waiting for the reader and the daemon's round trip. A
+ * message waiting behind one the writer has not put in yet stays waiting (cancellable). */
 #define PRING_DEPTH 4u
 
 struct tpd_pring {
@@ -243,7 +242,6 @@ static int ring_send(struct tpd_pring *r, struct tpd_msg *m, struct tpd_pipe_end
 	x.chunk_bytes = PRING_CHUNK;
 	x.nchunks = PRING_NCHUNKS;
 	x.start = r->next_start;
-	x.quiet = !reader; /* the reader's RingDone completes the message */
 	x.n_addrs = x.n_lens = job->n;
 	x.addrs = v;
 	x.lens = v + job->n;
@@ -455,9 +453,10 @@ bool tpd_pring_can_add(const struct tpd_pipe_end *w)
 {
 	const struct tpd_pring *ring = w->ring;
 
-	/* every transfer of @w running is on its ring, which has room and works */
+	/* every transfer of @w running is on its ring, which has room and works, and the writer
+	 * has put the last of them all in */
 	return ring && !ring->ending && ring->qn > 0 && ring->qn < PRING_DEPTH &&
-	       ring->qn == w->copying;
+	       ring->qn == w->copying && ring->qdone[ring->qn - 1] & 1u;
 }
 
 /* The id a RingDone of the reader (@reader) or the writer names @m by. */
@@ -502,10 +501,10 @@ void tpd_pring_on_done(struct tpd_pipe_end *e, const Tpw__V1__RingDone *rd)
 		ring_fail(ring, err < 0 ? err : -EIO, why);
 		return;
 	}
-	/* The reader took every chunk of the oldest message out, so the writer put them all in
-	 * (its answer, if its library still sends one, is not waited for: see RingXfer.quiet). */
-	if (i == 0 && ring->qdone[0] & 2u)
+	if (i == 0 && ring->qdone[0] == 3u)
 		ring_complete_one(w, ring); /* and starts the next copies */
+	else if (bit == 1u && i == ring->qn - 1)
+		tpd_pipe_start_next_copy(w); /* the writer is free for the next message */
 }
 
 void tpd_pring_totals(struct tpd_daemon *d, uint64_t *ret_rings, uint64_t *ret_bytes,

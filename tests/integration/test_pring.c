@@ -9,7 +9,7 @@
  * (a pipe without a ring falls back to cma, byte-exact); a writer SIGKILLed in the middle of a
  * ring transfer fails its reader's read and nothing else (the reader's other pipe still moves a
  * ring message) and its ring is freed; a reader SIGKILLed in the middle of one fails the write
- * (whose library answers nothing while its part goes well) and nothing else; every ring is freed once the pipes close; forty pairs of
+ * and nothing else; every ring is freed once the pipes close; forty pairs of
  * fresh processes in a row each get their ring and finish (no doorbell lost to the fd's read);
  * clients on the plain socket (no control ring, like a library before pipe rings) keep cma, and
  * `tpipctl -v pipes` says why; clients without CMA use the ring too once their first large
@@ -482,8 +482,7 @@ static int child_doomed_reader(void *arg)
 	return 1;
 }
 
-/* The writer's library answers nothing while its part goes well (RingXfer.quiet): a reader that
- * dies mid-message still fails that write, and only it. */
+/* A reader that dies mid-message fails that write, and only it; its ring is freed. */
 START_TEST(test_killed_reader_fails_the_write_and_only_its_pipe)
 {
 	struct ends e = { 0 };
