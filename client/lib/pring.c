@@ -5,8 +5,9 @@
  * into the ring chunk by chunk while the reader's copies them out into its allocation, each on
  * a thread of its own per ring, so both cores work and the chunks stay in cache (a message of
  * up to PRING_INLINE_MAX for an idle ring on the thread that read its RingXfer, sparing the
- * wake-up of the ring's); each then says RingDone. One ring per pipe direction, mapped from the memfd the daemon sends once (beside the
- * control ring, on the socket), kept until the daemon names another or the pipe closes.
+ * wake-up of the ring's); each then says RingDone. One ring per pipe direction, mapped from
+ * the memfd the daemon sends once (beside the control ring, on the socket), kept until the
+ * daemon names another or the pipe closes.
  * Everything the other process writes in the ring header is checked before use: an index out of
  * bounds fails this message (and its pipe's ring), nothing else. Not here: choosing the ring
  * (the daemon's broker), the layout (proto/pring.h).
