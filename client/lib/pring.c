@@ -3,9 +3,11 @@
  * Pipe rings (issue 27), the library's side: when the daemon hands a private->private message
  * to both ends of a same-host pipe (RingXfer), the writer's library copies the caller's bytes
  * into the ring chunk by chunk while the reader's copies them out into its allocation, each on
- * a thread of its own per ring, so both cores work and the chunks stay in cache; each then says
- * RingDone. One ring per pipe direction, mapped from the memfd the daemon sends once (beside the
- * control ring, on the socket), kept until the daemon names another or the pipe closes.
+ * a thread of its own per ring, so both cores work and the chunks stay in cache (a message of
+ * up to PRING_INLINE_MAX for an idle ring on the thread that read its RingXfer, sparing the
+ * wake-up of the ring's); each then says RingDone. One ring per pipe direction, mapped from
+ * the memfd the daemon sends once (beside the control ring, on the socket), kept until the
+ * daemon names another or the pipe closes.
  * Everything the other process writes in the ring header is checked before use: an index out of
  * bounds fails this message (and its pipe's ring), nothing else. Not here: choosing the ring
  * (the daemon's broker), the layout (proto/pring.h).
@@ -25,6 +27,13 @@
 
 #define PRING_SPIN_NS 50000u /* spin this long for the other side before sleeping */
 #define PRING_SLEEP_MS 100   /* futex waits, between checks that the pipe still lives */
+/* A message of at most PRING_INLINE_MAX bytes for an idle ring is copied by the thread that
+ * read its RingXfer (the io thread), not handed to the ring's thread: no wake-up of that thread
+ * (tens of microseconds where the other CPU sleeps). That thread spins at most PRING_INLINE_NS
+ * for the other side at each chunk, then hands the rest of the message to the ring's thread,
+ * so a peer that stalls or lies holds it no longer. */
+#define PRING_INLINE_MAX (256u << 10)
+#define PRING_INLINE_NS 20000u
 
 struct tpc_pring {
 	struct tpu_list link; /* ctx->prings */
@@ -38,6 +47,7 @@ struct tpc_pring {
 	uint32_t nchunks;
 	pthread_cond_t cond; /* with ctx->lock: jobs queued, stop */
 	struct tpu_list jobs;
+	bool busy;  /* a job of it runs (its thread's, or one the frame's reader runs inline) */
 	bool stop;  /* the thread exits once its jobs are done */
 	bool abort; /* atomic: give up the job running (the pipe is gone) */
 };
@@ -47,6 +57,7 @@ struct pring_job {
 	struct tpc_op *op; /* marked copying until the job ends */
 	uint64_t id;
 	uint32_t start;
+	uint64_t next; /* chunks of it moved so far (by the io thread, before a hand-off) */
 	size_t n;
 	uint64_t *addrs;
 	uint64_t *lens;
@@ -118,6 +129,27 @@ static uint32_t ring_wait(struct tpc_pring *r, uint32_t *word, uint32_t *wait, u
 	}
 }
 
+/* Spins at most @ns for the other side to move @word from *@seen (the new value in *@seen).
+ * Return: true when it moved or the ring went (the caller checks ring_gone()). */
+static bool ring_spin(struct tpc_pring *r, const uint32_t *word, uint32_t *seen, uint64_t ns)
+{
+	uint64_t t0 = tpu_now_ns();
+
+	for (unsigned n = 0;; n++) {
+		uint32_t v = __atomic_load_n(word, __ATOMIC_ACQUIRE);
+
+		if (v != *seen || ring_gone(r)) {
+			*seen = v;
+			return true;
+		}
+		if ((n & 63) == 63 && tpu_now_ns() - t0 > ns)
+			return false;
+#if defined(__x86_64__) || defined(__i386__)
+		__builtin_ia32_pause();
+#endif
+	}
+}
+
 /* Publishes @v in @word and wakes the other side if it sleeps on it. */
 static void ring_publish(uint32_t *word, uint32_t *wait, uint32_t v)
 {
@@ -136,11 +168,14 @@ static uint64_t job_bytes(const struct pring_job *j)
 }
 
 /*
- * Moves job @j through @r: the writer copies in, the reader out. head and tail are the other
- * process's to write as much as ours: every value read is checked against what this message
- * allows. Return: 0, or -errno with the reason in @why.
+ * Moves job @j through @r from its chunk @j->next on: the writer copies in, the reader out.
+ * head and tail are the other process's to write as much as ours: every value read is checked
+ * against what this message allows. @spin_ns: not 0 on the io thread, which waits for the
+ * other side at most that long a chunk. Return: 0; -EAGAIN when it waited that long (@j->next
+ * says where the ring's thread goes on); or -errno with the reason in @why.
  */
-static int ring_run(struct tpc_pring *r, const struct pring_job *j, char *why, size_t wl)
+static int ring_run(struct tpc_pring *r, struct pring_job *j, uint64_t spin_ns, char *why,
+		    size_t wl)
 {
 	struct tpw_pring_hdr *h = (void *)r->map;
 	uint8_t *data = r->map + TPW_PRING_HDR_BYTES;
@@ -151,9 +186,10 @@ static int ring_run(struct tpc_pring *r, const struct pring_job *j, char *why, s
 	uint32_t *my_wait = r->reader ? &h->rd_wait : &h->wr_wait;
 	uint32_t seen = __atomic_load_n(theirs, __ATOMIC_ACQUIRE);
 
-	if (nk > UINT32_MAX / 2 || __atomic_load_n(mine, __ATOMIC_ACQUIRE) != j->start)
+	if (nk > UINT32_MAX / 2 || j->next > nk ||
+	    __atomic_load_n(mine, __ATOMIC_ACQUIRE) != j->start + (uint32_t)j->next)
 		return tpu_why(-EPROTO, why, wl, "pipe ring out of step at the start");
-	for (uint64_t k = 0; k < nk; k++) {
+	for (uint64_t k = j->next; k < nk; k++) {
 		uint64_t off = k * r->chunk;
 		size_t len = total - off < r->chunk ? (size_t)(total - off) : r->chunk;
 
@@ -173,7 +209,12 @@ static int ring_run(struct tpc_pring *r, const struct pring_job *j, char *why, s
 					       (unsigned long long)k, (unsigned long long)nk);
 			if (r->reader ? ahead > (int64_t)k : (int64_t)k - ahead < r->nchunks)
 				break;
-			seen = ring_wait(r, theirs, my_wait, seen);
+			if (spin_ns && !ring_spin(r, theirs, &seen, spin_ns)) {
+				j->next = k;
+				return -EAGAIN;
+			}
+			if (!spin_ns)
+				seen = ring_wait(r, theirs, my_wait, seen);
 			if (ring_gone(r))
 				return tpu_why(-ECONNRESET, why, wl, "pipe ring transfer abandoned");
 		}
@@ -214,6 +255,15 @@ static void job_end_locked(struct tp_context *ctx, struct pring_job *j)
 	free(j);
 }
 
+/* The end of job @j of @r with @err (@why): the ring killed on failure, RingDone sent. Lock
+ * not held. */
+static void job_finish(struct tpc_pring *r, const struct pring_job *j, int err, const char *why)
+{
+	if (err < 0) /* the other side, or the daemon, learns it through the dead word */
+		tpw_pring_kill((void *)r->map);
+	ring_done_send(r->ctx, r, j, err, why);
+}
+
 static void *ring_main(void *arg)
 {
 	struct tpc_pring *r = arg;
@@ -225,18 +275,18 @@ static void *ring_main(void *arg)
 		char why[200] = "";
 		int err;
 
-		while (tpu_list_empty(&r->jobs) && !r->stop)
+		while (r->busy || (tpu_list_empty(&r->jobs) && !r->stop))
 			pthread_cond_wait(&r->cond, &ctx->lock);
 		j = tpu_list_first(&r->jobs, struct pring_job, node);
 		if (!j)
 			break;
 		tpu_list_remove(&j->node);
+		r->busy = true;
 		pthread_mutex_unlock(&ctx->lock);
-		err = ring_run(r, j, why, sizeof(why));
-		if (err < 0) /* the other side, or the daemon, learns it through the dead word */
-			tpw_pring_kill((void *)r->map);
-		ring_done_send(ctx, r, j, err, why);
+		err = ring_run(r, j, 0, why, sizeof(why));
+		job_finish(r, j, err, why);
 		pthread_mutex_lock(&ctx->lock);
+		r->busy = false;
 		job_end_locked(ctx, j);
 	}
 	tpu_list_remove(&r->link);
@@ -393,6 +443,27 @@ static void ring_offer_locked(struct tp_context *ctx, const Tpw__V1__RingXfer *x
 	p->ring_min = x->min_bytes ? x->min_bytes : 1;
 }
 
+/* Runs job @j of @r (marked busy) on the io thread, as far as it goes without waiting long
+ * for the other side, and hands the rest, if any, to the ring's thread; lock not held. */
+static void ring_run_inline(struct tpc_pring *r, struct pring_job *j)
+{
+	struct tp_context *ctx = r->ctx;
+	char why[200] = "";
+	int err = ring_run(r, j, PRING_INLINE_NS, why, sizeof(why));
+
+	if (err != -EAGAIN)
+		job_finish(r, j, err, why);
+	pthread_mutex_lock(&ctx->lock);
+	r->busy = false;
+	if (err == -EAGAIN)
+		tpu_list_insert_head(&r->jobs, &j->node); /* before any queued meanwhile */
+	else
+		job_end_locked(ctx, j);
+	if (!tpu_list_empty(&r->jobs) || r->stop)
+		pthread_cond_signal(&r->cond);
+	pthread_mutex_unlock(&ctx->lock);
+}
+
 void tpc_pring_on_xfer(struct tp_context *ctx, const Tpw__V1__RingXfer *x)
 {
 	Tpw__V1__RingDone d = TPW__V1__RING_DONE__INIT;
@@ -423,6 +494,12 @@ void tpc_pring_on_xfer(struct tp_context *ctx, const Tpw__V1__RingXfer *x)
 		close(fd);
 	if (err == 0 && (r->chunk != x->chunk_bytes || r->nchunks != x->nchunks))
 		err = -EPROTO;
+	if (err == 0 && !r->busy && tpu_list_empty(&r->jobs) && job_bytes(j) <= PRING_INLINE_MAX) {
+		r->busy = true;
+		pthread_mutex_unlock(&ctx->lock);
+		ring_run_inline(r, j);
+		return;
+	}
 	if (err == 0) {
 		tpu_list_insert_tail(&r->jobs, &j->node);
 		pthread_cond_signal(&r->cond);

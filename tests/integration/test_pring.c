@@ -8,7 +8,8 @@
  * the daemon-wide and per-uid ring byte limits at exactly one ring's bytes and one byte under it
  * (a pipe without a ring falls back to cma, byte-exact); a writer SIGKILLed in the middle of a
  * ring transfer fails its reader's read and nothing else (the reader's other pipe still moves a
- * ring message) and its ring is freed; every ring is freed once the pipes close; forty pairs of
+ * ring message) and its ring is freed; a reader SIGKILLed in the middle of one fails the write
+ * and nothing else; every ring is freed once the pipes close; forty pairs of
  * fresh processes in a row each get their ring and finish (no doorbell lost to the fd's read);
  * clients on the plain socket (no control ring, like a library before pipe rings) keep cma, and
  * `tpipctl -v pipes` says why; clients without CMA use the ring too once their first large
@@ -443,6 +444,90 @@ START_TEST(test_killed_writer_fails_only_its_pipe)
 }
 END_TEST
 
+/* ---- a reader killed in the middle of a ring transfer (i27-eager) ---------------------------- */
+
+static struct tpt_sync reading;
+
+/* Reads a KILL_BYTES message and, once its first chunk landed, says so and waits to be killed. */
+static int child_doomed_reader(void *arg)
+{
+	struct tp_context *c;
+	struct tp_pipe *p;
+	struct tp_descriptor *d;
+	struct tp_slot slot;
+	struct tp_allocation a = { .payloads = &slot, .n_payloads = 1 };
+	struct tpt_done done;
+	struct tpt_done_arg da = { &done, 0 };
+	volatile uint8_t *dst = mmap(NULL, KILL_BYTES, PROT_READ | PROT_WRITE,
+				     MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+	int r;
+
+	(void)arg;
+	TPT_REQUIRE(dst != MAP_FAILED, 1, "map");
+	memset((void *)dst, 0, KILL_BYTES);
+	slot = (struct tp_slot){ .data = (void *)dst };
+	r = tpt_ctx_new(&dmn, 0, "pr-doomed", &c);
+	TPT_REQUIRE(r == 0, 1, "context: %d", r);
+	TPT_REQUIRE(tpt_sync_wait(&killed_ready, T_MS) == 0, 1, "listener");
+	TPT_REQUIRE(tp_connect(c, LISTENER, &p) == 0, 1, "connect");
+	TPT_REQUIRE(tp_pipe_read_descriptor_sync(p, T_MS, &d) == 0, 1, "descriptor");
+	tpt_done_init(&done);
+	TPT_REQUIRE(tp_pipe_read(p, d, &a, tpt_done_cb, &da) == 0, 1, "read");
+	while (dst[0] != 0xa5)
+		;
+	tpt_sync_post(&reading, 0);
+	tpt_done_wait(&done, 1, 10 * T_MS);
+	tpt_log("the doomed reader's read ended (%d): it should have been killed first",
+		done.last_status);
+	return 1;
+}
+
+/* A reader that dies mid-message fails that write, and only it; its ring is freed. */
+START_TEST(test_killed_reader_fails_the_write_and_only_its_pipe)
+{
+	struct ends e = { 0 };
+	struct tp_pipe *pk;
+	struct tp_payload pl = { 0 };
+	struct tp_message m = { .payloads = &pl, .n_payloads = 1 };
+	struct tpt_done done;
+	struct tpt_done_arg arg = { &done, 0 };
+	uint8_t *buf = malloc(KILL_BYTES);
+	unsigned ring = 0;
+	pid_t rd;
+	int st;
+
+	ck_assert_ptr_nonnull(buf);
+	memset(buf, 0xa5, KILL_BYTES);
+	pl.data = buf;
+	pl.length = KILL_BYTES;
+	daemon_up(NULL);
+	ck_assert_int_eq(tpt_sync_init(&killed_ready), 0);
+	ck_assert_int_eq(tpt_sync_init(&reading), 0);
+	rd = tpt_fork(child_doomed_reader, NULL);
+	ck_assert_int_gt(rd, 0);
+	ck_assert_int_eq(ends_open(&e, 1), 0);
+	ck_assert_int_eq(tpt_sync_post(&killed_ready, 0), 0);
+	ck_assert_int_eq(tp_listener_accept_sync(e.l, T_MS, &pk), 0);
+	tpt_done_init(&done);
+	ck_assert_int_eq(tp_pipe_write(pk, &m, tpt_done_cb, &arg), 0);
+	ck_assert_int_eq(tpt_sync_wait(&reading, T_MS), 0);
+	ck_assert_int_eq(kill(rd, SIGKILL), 0);
+	ck_assert_int_eq(tpt_wait(rd, T_MS, &st), 0);
+	ck_assert(WIFSIGNALED(st));
+	ck_assert_int_eq(tpt_done_wait(&done, 1, T_MS), 0);
+	ck_assert_int_lt(done.last_status, 0);
+	ck_assert_int_eq(pipes_run(&e, 1, 3, &ring), 0);
+	ck_assert_uint_gt(ring, 0);
+	tp_pipe_close(pk);
+	ends_close(&e, 1);
+	ck_assert_int_eq(status_wait("pipe_rings", 0), 0);
+	tpt_sync_done(&killed_ready);
+	tpt_sync_done(&reading);
+	free(buf);
+	daemon_down();
+}
+END_TEST
+
 /* ---- a library on the plain socket keeps cma ------------------------------------------------ */
 
 /* `tpipctl -v pipes` output (the channel notes of every pipe), or NULL. Return: owned. */
@@ -671,6 +756,7 @@ static Suite *pring_suite(void)
 	tcase_add_test(tc, test_ring_bytes_per_uid_at_one_ring);
 	tcase_add_test(tc, test_ring_bytes_per_uid_under_one_ring);
 	tcase_add_test(tc, test_killed_writer_fails_only_its_pipe);
+	tcase_add_test(tc, test_killed_reader_fails_the_write_and_only_its_pipe);
 	tcase_add_test(tc, test_socket_client_keeps_cma_and_says_why);
 	tcase_add_test(tc, test_ring_serves_writer_and_reader_without_cma);
 	tcase_add_test(tc, test_ring_serves_writer_without_cma_into_shared_buffers);

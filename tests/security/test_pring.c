@@ -14,7 +14,11 @@
  * intact; as a reader of the victim's CMA message its Read is refused, and the victim's other
  * pipe still works. (d) The daemon hands a ring two messages at once; the attacker, reading
  * both, answers the second first: the ring fails with both (the victim's writes fail, none
- * hangs) and its other pipe still works. Needs root (to take the other uids); prints why it skips otherwise.
+ * hangs) and its other pipe still works. (e) A head out of bounds for a 256 KiB message, which
+ * the victim's io thread takes out itself: the same failure. (f) A writer that puts nothing in
+ * and answers RingDone OK: the victim's io thread hands the message on (its other pipe moves a
+ * message meanwhile), the read stays pending (the writer's word completes nothing) and fails
+ * once the attacker leaves. Needs root (to take the other uids); prints why it skips otherwise.
  */
 #include <check.h>
 #include <errno.h>
@@ -43,6 +47,7 @@
 
 static struct tpt_daemon dmn;
 static struct tpt_sync listening, attacked;
+static size_t msg_len = LEN; /* of the message of run_case(), set before its forks */
 static uint64_t probe_word = 0x5eed5eed5eedull;
 
 static int become(uid_t id)
@@ -178,7 +183,7 @@ static int attacker_writer(void *arg)
 	TPT_REQUIRE(tpt_sync_wait(&listening, T_MS) == 0, 1, "victim listening");
 	TPT_REQUIRE(raw_attach(&a) == 0, 1, "attach");
 	memset(attacker_buf, 0x66, LEN);
-	seg.length = LEN;
+	seg.length = msg_len;
 	seg.loc_case = TPW__V1__SEGMENT__LOC_CMA_ADDR;
 	seg.cma_addr = (uint64_t)(uintptr_t)attacker_buf;
 	pl.data = &seg;
@@ -290,6 +295,7 @@ static int victim(void *arg)
 		struct tp_message m = { .payloads = &pl, .n_payloads = 1 };
 
 		memset(buf, 0x77, LEN);
+		pl.length = msg_len;
 		r = tp_pipe_write_sync_timeout(p, &m, T_MS);
 	}
 	tpt_log("victim's %s through the corrupt ring: %d (%s)", victim_reads ? "read" : "write",
@@ -304,11 +310,12 @@ static int victim(void *arg)
 	return 0;
 }
 
-static void run_case(bool victim_reads)
+static void run_case(bool victim_reads, size_t len)
 {
 	const char *args[] = { "--pipe-ring", "yes", NULL };
 	pid_t v, a;
 
+	msg_len = len;
 	if (geteuid() != 0) {
 		printf("pring: not root, cannot act as uids %d and %d: skipped\n", NOBODY, VICTIM);
 		return;
@@ -328,13 +335,21 @@ static void run_case(bool victim_reads)
 
 START_TEST(test_writer_corrupting_head_fails_only_its_message)
 {
-	run_case(true);
+	run_case(true, LEN);
+}
+END_TEST
+
+/* A message small enough for the victim's io thread to copy it out itself (i27-eager): the
+ * same index check there, the same failure. */
+START_TEST(test_writer_corrupting_head_of_a_small_message_fails_only_it)
+{
+	run_case(true, QUARTER);
 }
 END_TEST
 
 START_TEST(test_reader_corrupting_tail_fails_only_its_message)
 {
-	run_case(false);
+	run_case(false, LEN);
 }
 END_TEST
 
@@ -634,6 +649,104 @@ START_TEST(test_ring_answers_out_of_order_fail_the_ring)
 }
 END_TEST
 
+/* ---- a writer that stalls and says it is done (i27-eager) ------------------------------------ */
+
+static struct tpt_sync released;
+
+/* Writes a QUARTER message (small enough for the victim's io thread to take it out itself),
+ * takes its ring and RingXfer, puts nothing in and still answers RingDone OK; then waits until
+ * the victim has moved a message on its other pipe, and leaves. */
+static int attacker_stalling_writer(void *arg)
+{
+	struct raw_end a;
+	Tpw__V1__ClientMsg m = TPW__V1__CLIENT_MSG__INIT;
+	Tpw__V1__RingDone done = TPW__V1__RING_DONE__INIT;
+	Tpw__V1__DaemonMsg *d = NULL;
+	int fd;
+
+	(void)arg;
+	TPT_REQUIRE(become(NOBODY) == 0, 1, "drop to nobody");
+	TPT_REQUIRE(tpt_sync_wait(&listening, T_MS) == 0, 1, "victim listening");
+	TPT_REQUIRE(raw_attach(&a) == 0, 1, "attach");
+	TPT_REQUIRE(raw_write(&a, 1, attacker_buf, QUARTER, false) == 0, 1, "write");
+	fd = raw_take_fd(&a);
+	TPT_REQUIRE(fd >= 0, 1, "ring fd: %d", fd);
+	close(fd);
+	TPT_REQUIRE(tpt_raw_ring_expect(&a.r, &a.g, TPW__V1__DAEMON_MSG__BODY_RING_XFER, T_MS,
+					&d) == 0 && !d->ring_xfer->reader, 1, "RingXfer");
+	tpw_daemon_msg_free(d);
+	done.pipe_id = 1;
+	done.id = 1;
+	done.status = TPW__V1__STATUS__STATUS_OK;
+	m.body_case = TPW__V1__CLIENT_MSG__BODY_RING_DONE;
+	m.ring_done = &done;
+	TPT_REQUIRE(raw_send(&a, &m) == 0, 1, "RingDone of nothing");
+	TPT_REQUIRE(tpt_sync_wait(&released, 2 * T_MS) == 0, 1, "victim's other pipe");
+	return 0; /* its session ends with it */
+}
+
+/* Reads the stalled message (its io thread, which would copy it out, hands it on), moves a
+ * message on another pipe meanwhile, sees the stalled read still pending (the writer's OK
+ * completes nothing), lets the attacker go and sees the read fail. */
+static int victim_stalled_reader(void *arg)
+{
+	struct tp_listen_options o = { .size = sizeof(o), .access = TP_ACCESS_ANYONE };
+	struct tp_context *cv;
+	struct tp_listener *l;
+	struct tp_pipe *p;
+	struct tp_descriptor *d;
+	uint8_t *buf = malloc(QUARTER);
+	struct tp_slot sl = { .data = buf };
+	struct tp_allocation al = { .payloads = &sl, .n_payloads = 1 };
+	struct tpt_done done;
+	struct tpt_done_arg da = { &done, 0 };
+
+	(void)arg;
+	TPT_REQUIRE(buf && become(VICTIM) == 0, 1, "drop to the victim");
+	TPT_REQUIRE(tpt_ctx_new(&dmn, 0, "victim", &cv) == 0, 1, "context");
+	TPT_REQUIRE(tp_listen(cv, NAME, &o, &l) == 0, 1, "listen");
+	tpt_sync_post(&listening, 0);
+	TPT_REQUIRE(tp_listener_accept_sync(l, T_MS, &p) == 0, 1, "accept the attacker");
+	TPT_REQUIRE(tp_pipe_read_descriptor_sync(p, T_MS, &d) == 0, 1, "descriptor");
+	tpt_done_init(&done);
+	TPT_REQUIRE(tp_pipe_read(p, d, &al, tpt_done_cb, &da) == 0, 1, "read");
+	TPT_REQUIRE(friendly_message(cv, l) == 0, 1, "the other pipe, while the read stalls");
+	TPT_REQUIRE(tpt_done_wait(&done, 1, 0) == -ETIMEDOUT, 1,
+		    "the stalled read completed (%d) on the writer's word", done.last_status);
+	tpt_sync_post(&released, 0);
+	TPT_REQUIRE(tpt_done_wait(&done, 1, T_MS) == 0, 1, "the stalled read never ended");
+	tpt_log("victim's read of the stalled message: %d", done.last_status);
+	TPT_REQUIRE(done.last_status < 0, 1, "the stalled read succeeded");
+	tp_pipe_close(p);
+	tp_listener_close(l);
+	tp_context_free(cv);
+	free(buf);
+	return 0;
+}
+
+START_TEST(test_stalling_writer_holds_no_io_thread_and_its_ok_completes_nothing)
+{
+	const char *args[] = { "--pipe-ring", "yes", NULL };
+	pid_t v, a;
+
+	if (geteuid() != 0) {
+		printf("pring: not root, cannot act as uids %d and %d: skipped\n", NOBODY, VICTIM);
+		return;
+	}
+	ck_assert_int_eq(tpt_daemon_start(&dmn, args), 0);
+	ck_assert_int_eq(tpt_daemon_open_to_all(&dmn), 0);
+	ck_assert_int_eq(tpt_sync_init(&listening), 0);
+	ck_assert_int_eq(tpt_sync_init(&released), 0);
+	v = tpt_fork(victim_stalled_reader, NULL);
+	a = tpt_fork(attacker_stalling_writer, NULL);
+	ck_assert(tpt_wait_ok(a, 3 * T_MS, "attacker"));
+	ck_assert(tpt_wait_ok(v, 3 * T_MS, "victim"));
+	tpt_sync_done(&listening);
+	tpt_sync_done(&released);
+	ck_assert_int_eq(tpt_daemon_stop(&dmn), 0);
+}
+END_TEST
+
 static Suite *pring_suite(void)
 {
 	Suite *s = suite_create("sec_pring");
@@ -641,10 +754,12 @@ static Suite *pring_suite(void)
 
 	tcase_set_timeout(tc, 120);
 	tcase_add_test(tc, test_writer_corrupting_head_fails_only_its_message);
+	tcase_add_test(tc, test_writer_corrupting_head_of_a_small_message_fails_only_it);
 	tcase_add_test(tc, test_reader_corrupting_tail_fails_only_its_message);
 	tcase_add_test(tc, test_ring_addr_write_without_offer_is_refused);
 	tcase_add_test(tc, test_ring_addr_read_of_a_cma_message_is_refused);
 	tcase_add_test(tc, test_ring_answers_out_of_order_fail_the_ring);
+	tcase_add_test(tc, test_stalling_writer_holds_no_io_thread_and_its_ok_completes_nothing);
 	suite_add_tcase(s, tc);
 	return s;
 }
