@@ -39,7 +39,7 @@ struct coll_desc {
 };
 
 #define COLL_CAP_DIRECT 1u /* the one-barrier small all-reduce (direct_call()) */
-#define COLL_CAP_SEG 2u	   /* an all-reduce's first segment alone (tpc_coll.seg) */
+#define COLL_CAP_SEG 2u	   /* asks for an all-reduce's first segment alone (tpc_coll.seg) */
 
 _Static_assert(sizeof(struct coll_desc) <= TPU_GRPARENA_CALL, "a call descriptor fits its slot");
 
@@ -530,7 +530,7 @@ int tpc_coll_local(struct tp_group *g, const struct tpc_coll *c, struct tpc_xver
 	*d = (struct coll_desc){ .seq = seq, .kind = c->kind, .dtype = c->dtype, .op = c->op,
 				 .root = (uint32_t)c->root, .count = c->count,
 				 .pid = (uint32_t)g->pid, .valid = 1, .absent = c->absent,
-				 .caps = COLL_CAP_DIRECT | COLL_CAP_SEG };
+				 .caps = COLL_CAP_DIRECT | (c->seg ? COLL_CAP_SEG : 0) };
 	if (v && g->rank == 0) {
 		d->xerr = v->err;
 		d->xcontrib = v->contrib;

@@ -112,6 +112,7 @@ struct tpc_collx {
 	 * largest host block that arrives */
 	uint8_t *rs_host, *rs_in;
 	struct xseg *seg; /* the running pipelined all-reduce's (run_allreduce()) */
+	bool pipeline;	  /* large all-reduces pipelined (run_pipelined()), TP_GROUP_PIPELINE */
 };
 
 static int64_t mono_ms(void)
@@ -155,7 +156,8 @@ int tpc_collx_new(struct tp_group *g, const uint32_t *member_hosts, size_t n,
 {
 	struct tpc_collx *x;
 	uint64_t *ids;
-	const char *algo = getenv("TP_GROUP_ALGO");
+	const char *algo = getenv("TP_GROUP_ALGO"), *pipe = getenv("TP_GROUP_PIPELINE");
+	long ncpu = sysconf(_SC_NPROCESSORS_ONLN);
 	int r;
 
 	if (n != g->world_size || !member_hosts)
@@ -192,6 +194,14 @@ int tpc_collx_new(struct tp_group *g, const uint32_t *member_hosts, size_t n,
 	x->leader = g->local_rank == 0;
 	if (!algo || tpc_plan_algo_parse(algo, &x->force) < 0)
 		x->force = TPC_PLAN_AUTO;
+	/* Pipelining overlaps the parts of a call only where they do not compete for the same
+	 * CPUs: by default where the host has one for each member, the leader's exchange and its
+	 * daemon; TP_GROUP_PIPELINE=1 or 0 decides. The members and the leaders agree on it call
+	 * by call (capability bits), so hosts and members may decide differently. */
+	if (pipe && (!strcmp(pipe, "0") || !strcmp(pipe, "1")))
+		x->pipeline = pipe[0] == '1';
+	else
+		x->pipeline = ncpu > 0 && (unsigned long)ncpu >= (unsigned long)g->local_size + 2;
 	pthread_mutex_init(&x->lock, NULL);
 	pthread_cond_init(&x->cond, NULL);
 	if (naddrs == g->hosts && tlen == sizeof(x->token)) {
@@ -1405,7 +1415,7 @@ int tpc_collx_run(struct tp_group *g, const struct tpc_coll *c, char *msg, size_
 			       "coordinator daemon sent no host addresses (an older tpipd): "
 			       "collectives across hosts need it upgraded", g->name, g->hosts);
 	g->xcall = ++x->xseq;
-	if (c->kind == TPC_COLL_ALLREDUCE && c->count * es >= TPC_PLAN_SEG_MIN)
+	if (c->kind == TPC_COLL_ALLREDUCE && c->count * es >= TPC_PLAN_SEG_MIN && x->pipeline)
 		return run_pipelined(x, c, msg, ml);
 	a.ret_contrib = NULL;
 	a.leader_only = true; /* all-reduce: the others get the whole group's result in part C */

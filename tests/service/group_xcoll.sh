@@ -6,7 +6,8 @@
 # (every collective, dtype and op against references computed there, uneven steps, async
 # calls, a mismatched call that fails on every rank) with ranks interleaved across hosts, and
 # every rank must hold the same bits of a float sum; then a member SIGKILLed in the middle of
-# 4 MiB all-reduces, and a host's leader in the middle of 16 MiB ones (pipelined), fails every
+# 4 MiB all-reduces, and a host's leader in the middle of 16 MiB ones (pipelined: every member
+# asks for it, TP_GROUP_PIPELINE=1, except where a check says otherwise), fails every
 # survivor on every host, naming its rank, within the peer timeout; a member that leaves or aborts fails the others' next call on every host, naming it;
 # cutting the link between the hosts fails every rank within the peer timeout. Skips (77) where
 # network namespaces or veth pairs cannot be made.
@@ -62,11 +63,14 @@ battery() { # NAME RANK:HOST...
 	grep -h "^mismatch" "$SVC_TMP/$name-0.out"
 	grep -h "^mismatch" "$SVC_TMP/$name-1.out"
 }
-# member ID HOST NAME RANK SIZE MODE: runs in the background, output in $SVC_TMP/ID.out.
+# member ID HOST NAME RANK SIZE MODE: runs in the background, output in $SVC_TMP/ID.out. Large
+# all-reduces are pipelined (TP_GROUP_PIPELINE=1: this machine may have too few CPUs for the
+# default to pipeline), except in the ranks listed in PIPE_OFF (TP_GROUP_PIPELINE=0).
 member() {
-	local id=$1 host=$2 v
+	local id=$1 host=$2 v pe=(TP_GROUP_PIPELINE=1)
 	shift 2
-	env "${MENV[@]}" "$GROUP_COLL_BIN" "$SVC_TMP/$host.sock" "$1" "$2" "$3" \
+	case " ${PIPE_OFF:-} " in *" $2 "*) pe=(TP_GROUP_PIPELINE=0) ;; esac
+	env "${pe[@]}" "${MENV[@]}" "$GROUP_COLL_BIN" "$SVC_TMP/$host.sock" "$1" "$2" "$3" \
 		"$COORD" 20000 "$4" >"$SVC_TMP/$id.out" 2>&1 &
 	v="PID_${id//-/_}"
 	printf -v "$v" '%s' "$!"
@@ -77,8 +81,10 @@ MENV=()
 check "2 hosts x 2 ranks (0, 3 on a; 1, 2 on b): every collective, bit-identical on every rank"
 battery two 0:a 1:b 2:b 3:a
 
-check "2 hosts x 3 ranks (0, 2, 4 on a; 1, 3, 5 on b): every collective"
+check "2 hosts x 3 ranks (0, 2, 4 on a; 1, 3, 5 on b): every collective; rank 2 does not pipeline (a's members then take large all-reduces whole), nor does rank 1 (b's leader: every leader then exchanges them whole)"
+PIPE_OFF="1 2"
 battery six 0:a 1:b 2:a 3:b 4:a 5:b
+PIPE_OFF=
 
 check "3 hosts (a: 0, 4; a2: 1; b: 2, 3): every collective (recursive doubling folds a host in)"
 start_ns_daemon a2 "$nsa" "${net}1:7421"
