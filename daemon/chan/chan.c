@@ -355,18 +355,8 @@ static int chan_create_remote(struct tpd_chans *cs, const struct chan_who *who,
 	const char *id = tpd_peer_identity(who->pr);
 	Tpw__V1__ChanOp co = *o;
 	char *peers[TPW_REMOTE_PEERS_MAX + 1];
-	bool in = false;
 
-	for (size_t i = 0; i < o->n_remote_peers; i++) /* validated: TPW_REMOTE_PEERS_MAX */
-		in |= tpd_peer_identity_matches(o->remote_peers[i], who->pr);
-	if (co.remote != TPW__V1__REMOTE_ACCESS__REMOTE_ANY_PEER && !in) {
-		for (size_t i = 0; i < o->n_remote_peers; i++)
-			peers[i] = o->remote_peers[i];
-		peers[o->n_remote_peers] = (char *)id;
-		co.remote = TPW__V1__REMOTE_ACCESS__REMOTE_PEERS;
-		co.remote_peers = peers;
-		co.n_remote_peers = o->n_remote_peers + 1;
-	}
+	tpd_chanx_admit_link(who->pr, id, &co.remote, &co.remote_peers, &co.n_remote_peers, peers);
 	return chan_create(cs, owner, &co, ret, why);
 }
 

@@ -31,6 +31,22 @@ static const char *noun(enum xkind k)
 	return k == X_CHAN ? "channel" : "work queue";
 }
 
+void tpd_chanx_admit_link(const struct tpd_peer *pr, const char *id,
+			  Tpw__V1__RemoteAccess *remote, char ***peers, size_t *n, char **room)
+{
+	bool in = false;
+
+	for (size_t i = 0; i < *n; i++)
+		in |= tpd_peer_identity_matches((*peers)[i], pr);
+	if (*remote == TPW__V1__REMOTE_ACCESS__REMOTE_ANY_PEER || in)
+		return;
+	for (size_t i = 0; i < *n; i++)
+		room[i] = (*peers)[i];
+	room[(*n)++] = (char *)id;
+	*peers = room;
+	*remote = TPW__V1__REMOTE_ACCESS__REMOTE_PEERS;
+}
+
 bool tpd_chanx_is_address(const char *name)
 {
 	return name && strncmp(name, "tpip://", 7) == 0;
@@ -200,7 +216,7 @@ static void xop_send_open(struct tpd_chanx *x, struct xop *xo)
 	q.exclusive = xo->exclusive;
 	q.owner_set = xo->owner_set;
 	q.owner_uid = xo->owner_uid;
-	if (xo->create) { /* the hosting daemon speaks 7 or later (xop_open_or_refuse()) */
+	if (xo->create) { /* the hosting daemon speaks 8 or later (xop_open_or_refuse()) */
 		q.access = xo->access;
 		q.gid = xo->gid;
 		q.at_most_once = xo->at_most_once;

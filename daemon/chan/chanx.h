@@ -43,6 +43,15 @@ void tpd_chanx_free(struct tpd_chanx *x);
 /* True if @name is an address tpip://... (of a channel or queue on another host). */
 bool tpd_chanx_is_address(const char *name);
 
+/*
+ * tpd_chanx_admit_link() - the remote access of a channel or work queue link @pr creates here
+ * (with its identity @id): when *@remote and the *@n entries of *@peers do not admit that link,
+ * they become REMOTE_PEERS over the same entries and @id, in @room (TPW_REMOTE_PEERS_MAX + 1
+ * slots; *@n is at most TPW_REMOTE_PEERS_MAX, validated), so that its creator can use it.
+ */
+void tpd_chanx_admit_link(const struct tpd_peer *pr, const char *id,
+			  Tpw__V1__RemoteAccess *remote, char ***peers, size_t *n, char **room);
+
 /* tpd_chanx_open() - @s's ChanOp OPEN @o of address @o->name (validated): forward it to the
  * daemon of its host, dialling a link if none is up; the answer comes later. Borrows all. */
 void tpd_chanx_open(struct tpd_chanx *x, struct tpd_session *s, const Tpw__V1__ChanOp *o);

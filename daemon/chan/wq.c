@@ -469,7 +469,6 @@ static void op_create_remote(struct tpd_wqs *ws, const struct wq_who *who, const
 	struct wq_ans a = { 0 };
 	struct wq_handle *h;
 	struct wq *q;
-	bool in = false;
 
 	if (who_handles(ws, who) >= WQ_HANDLES_PER_SESSION)
 		a = (struct wq_ans){ .err = -ENOBUFS, .why = "this peer link has 1024 work queue "
@@ -479,16 +478,7 @@ static void op_create_remote(struct tpd_wqs *ws, const struct wq_who *who, const
 				     "wqs-per-uid work queues already" };
 	if (a.err < 0)
 		return wq_send(NULL, who, o->req_id, &a);
-	for (size_t i = 0; i < o->n_remote_peers; i++) /* validated: TPW_REMOTE_PEERS_MAX */
-		in |= tpd_peer_identity_matches(o->remote_peers[i], who->pr);
-	if (co.remote != TPW__V1__REMOTE_ACCESS__REMOTE_ANY_PEER && !in) {
-		for (size_t i = 0; i < o->n_remote_peers; i++)
-			peers[i] = o->remote_peers[i];
-		peers[o->n_remote_peers] = (char *)id;
-		co.remote = TPW__V1__REMOTE_ACCESS__REMOTE_PEERS;
-		co.remote_peers = peers;
-		co.n_remote_peers = o->n_remote_peers + 1;
-	}
+	tpd_chanx_admit_link(who->pr, id, &co.remote, &co.remote_peers, &co.n_remote_peers, peers);
 	q = wq_create(ws, creator, &co);
 	h = q ? handle_new(ws, who, q) : NULL;
 	if (!h) {
