@@ -312,7 +312,7 @@ int tpc_plan_describe(const struct tpc_plan *p, enum tpc_plan_algo force, char *
 		    "there (%u steps)", TPC_PLAN_RING_MIN, tpc_plan_nsteps(n, TPC_PLAN_RD),
 		    tpc_plan_nsteps(n, TPC_PLAN_RING));
 	if (n > 1)
-		PUT("; all-reduces from %u bytes pipelined in %u-byte segments", TPC_PLAN_SEG_MIN,
-		    TPC_PLAN_SEG);
+		PUT("; all-reduces from %u bytes pipelined in %u-byte segments where the members "
+		    "ask", TPC_PLAN_SEG_MIN, TPC_PLAN_SEG);
 	return o > INT32_MAX ? INT32_MAX : (int)o;
 }

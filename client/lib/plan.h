@@ -115,7 +115,8 @@ void tpc_plan_segment(size_t count, size_t es, uint32_t nseg, uint32_t seg, size
  * tpc_plan_describe() - one line for tpipctl and logs: hosts, members per host, leaders, and
  * the algorithm by size ("3 hosts (members 4,4,2; leaders 0,1,5); across hosts:
  * recursive-doubling below 262144 bytes (3 steps), ring from there (4 steps); all-reduces from
- * 8388608 bytes pipelined in 4194304-byte segments"), or what @force fixes. Lists of more than 8 hosts end in ",...". Borrows @p and @buf.
+ * 8388608 bytes pipelined in 4194304-byte segments where the members ask"), or what @force
+ * fixes. Lists of more than 8 hosts end in ",...". Borrows @p and @buf.
  * Return: the length snprintf() reports (>= @len: truncated).
  */
 int tpc_plan_describe(const struct tpc_plan *p, enum tpc_plan_algo force, char *buf, size_t len);

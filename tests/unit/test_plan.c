@@ -154,15 +154,16 @@ START_TEST(test_plan_describe_shows_hosts_leaders_and_algorithm_by_size)
 	ck_assert_str_eq(buf, "3 hosts (members 4,4,2; leaders 0,1,4); across hosts: "
 			      "recursive-doubling below 262144 bytes (3 steps), ring from there "
 			      "(4 steps); all-reduces from 8388608 bytes pipelined in 4194304-byte "
-			      "segments");
+			      "segments where the members ask");
 	tpc_plan_describe(p, TPC_PLAN_RING, buf, sizeof(buf));
 	ck_assert_str_eq(buf, "3 hosts (members 4,4,2; leaders 0,1,4); across hosts: ring at "
 			      "every size (4 steps); all-reduces from 8388608 bytes pipelined in "
-			      "4194304-byte segments");
+			      "4194304-byte segments where the members ask");
 	ck_assert_int_eq(tpc_plan_describe(p, TPC_PLAN_RD, small, sizeof(small)),
 			 (int)strlen("3 hosts (members 4,4,2; leaders 0,1,4); across hosts: "
 				     "recursive-doubling at every size (3 steps); all-reduces "
-				     "from 8388608 bytes pipelined in 4194304-byte segments"));
+				     "from 8388608 bytes pipelined in 4194304-byte segments where "
+				     "the members ask"));
 	ck_assert_str_eq(small, "3 hosts (member");
 	tpc_plan_free(p);
 	for (uint32_t r = 0; r < 10; r++)
