@@ -295,25 +295,27 @@ static bool data_ok(const struct segs *g, const struct tpt_msg_spec *s)
 	return true;
 }
 
-int tpt_msg_read_check(struct tp_context *ctx, struct tp_pipe *p, const struct tpt_msg_spec *s,
-		       enum tpt_mem mem, int timeout_ms)
+/* Reads message @s, described by @d, into a fresh allocation of @mem (a pipe's or a channel's,
+ * @read on @src; @drop frees @d unread) and checks its bytes. Return: 0, 1 (wrong) or -errno. */
+static int read_into_alloc(struct tp_context *ctx, const struct tpt_msg_spec *s, enum tpt_mem mem,
+			   struct tp_descriptor *d, void *src,
+			   int (*read)(void *src, struct tp_descriptor *d,
+				       const struct tp_allocation *a),
+			   void (*drop)(struct tp_descriptor *d))
 {
 	struct tp_slot slots[TPT_SEGS_MAX];
-	struct tp_descriptor *d = NULL;
 	struct tp_allocation a;
 	size_t n = s->n_payloads + s->n_tensors;
 	struct segs g;
-	int r = tp_pipe_read_descriptor_sync(p, timeout_ms, &d);
+	int r;
 
-	TPT_REQUIRE(r == 0, r, "msg %u/%u: read_descriptor: %d %s", s->pipe, s->index, r,
-		    tp_last_error());
 	if (!desc_ok(d, s)) {
-		tp_descriptor_free(d);
+		drop(d);
 		return 1;
 	}
 	r = segs_alloc(ctx, n, s->lens, mem, &g);
 	if (r < 0) {
-		tp_descriptor_free(d);
+		drop(d);
 		segs_free(ctx, g.bufs, g.shm, n);
 		return r;
 	}
@@ -321,7 +323,7 @@ int tpt_msg_read_check(struct tp_context *ctx, struct tp_pipe *p, const struct t
 		slots[k] = (struct tp_slot){ .device = { TP_DEVICE_CPU, 0 }, .data = g.ptr[k] };
 	a = (struct tp_allocation){ .payloads = slots, .n_payloads = s->n_payloads,
 				    .tensors = slots + s->n_payloads, .n_tensors = s->n_tensors };
-	r = tp_pipe_read_sync(p, d, &a);
+	r = read(src, d, &a);
 	if (r != 0)
 		tpt_log("msg %u/%u: read: %d %s", s->pipe, s->index, r, tp_last_error());
 	else if (!data_ok(&g, s))
@@ -330,42 +332,44 @@ int tpt_msg_read_check(struct tp_context *ctx, struct tp_pipe *p, const struct t
 	return r;
 }
 
+static int pipe_read(void *src, struct tp_descriptor *d, const struct tp_allocation *a)
+{
+	return tp_pipe_read_sync(src, d, a);
+}
+
+static int chan_read(void *src, struct tp_descriptor *d, const struct tp_allocation *a)
+{
+	return tp_chan_read_msg(src, d, a);
+}
+
+static void chan_drop(struct tp_descriptor *d)
+{
+	tp_chan_descriptor_free(d);
+}
+
+int tpt_msg_read_check(struct tp_context *ctx, struct tp_pipe *p, const struct tpt_msg_spec *s,
+		       enum tpt_mem mem, int timeout_ms)
+{
+	struct tp_descriptor *d = NULL;
+	int r = tp_pipe_read_descriptor_sync(p, timeout_ms, &d);
+
+	TPT_REQUIRE(r == 0, r, "msg %u/%u: read_descriptor: %d %s", s->pipe, s->index, r,
+		    tp_last_error());
+	return read_into_alloc(ctx, s, mem, d, p, pipe_read, tp_descriptor_free);
+}
+
 int tpt_chan_msg_read_check(struct tp_context *ctx, struct tp_chan *ch,
 			    const struct tpt_msg_spec *s, enum tpt_mem mem, int timeout_ms,
 			    bool *ret_closed)
 {
-	struct tp_slot slots[TPT_SEGS_MAX];
 	struct tp_descriptor *d = NULL;
-	struct tp_allocation a;
-	size_t n = s->n_payloads + s->n_tensors;
-	struct segs g;
 	int r = tp_chan_read_descriptor(ch, &d, timeout_ms);
 
 	TPT_REQUIRE(r == 0 || r == TP_CHAN_CLOSED, r < 0 ? r : -EPROTO, "msg %u/%u: "
 		    "read_descriptor: %d %s", s->pipe, s->index, r, tp_last_error());
 	if (ret_closed)
 		*ret_closed = r == TP_CHAN_CLOSED;
-	if (!desc_ok(d, s)) {
-		tp_chan_descriptor_free(d);
-		return 1;
-	}
-	r = segs_alloc(ctx, n, s->lens, mem, &g);
-	if (r < 0) {
-		tp_chan_descriptor_free(d);
-		segs_free(ctx, g.bufs, g.shm, n);
-		return r;
-	}
-	for (size_t k = 0; k < n; k++)
-		slots[k] = (struct tp_slot){ .device = { TP_DEVICE_CPU, 0 }, .data = g.ptr[k] };
-	a = (struct tp_allocation){ .payloads = slots, .n_payloads = s->n_payloads,
-				    .tensors = slots + s->n_payloads, .n_tensors = s->n_tensors };
-	r = tp_chan_read_msg(ch, d, &a);
-	if (r != 0)
-		tpt_log("msg %u/%u: read: %d %s", s->pipe, s->index, r, tp_last_error());
-	else if (!data_ok(&g, s))
-		r = 1;
-	segs_free(ctx, g.bufs, g.shm, n);
-	return r;
+	return read_into_alloc(ctx, s, mem, d, ch, chan_read, chan_drop);
 }
 
 /* ---- pipe ends ------------------------------------------------------------------------------ */
