@@ -55,6 +55,7 @@ static struct json_object *chan_json(const void *item)
 	ctl_json_u64(o, "items_read", c->items_read);
 	ctl_json_str(o, "remote", chan_remote(c));
 	ctl_json_u64(o, "remote_handles", c->remote_handles);
+	ctl_json_str(o, "created_by", c->created_by);
 	json_object_object_add(o, "remote_handle", json_object_new_boolean(c->remote_handle));
 	return o;
 }

@@ -55,6 +55,7 @@ static struct json_object *wq_json(const void *item)
 	ctl_json_str(o, "remote", wq_remote(q));
 	ctl_json_u64(o, "remote_workers", q->remote_workers);
 	ctl_json_str(o, "owner_host", q->owner_host);
+	ctl_json_str(o, "created_by", q->created_by);
 	json_object_object_add(o, "remote_handle", json_object_new_boolean(q->remote_handle));
 	return o;
 }

@@ -126,6 +126,39 @@ uint64_t tpd_chan_uid_bytes(const struct tpd_chans *cs, uid_t uid, uint32_t *ret
 	return b;
 }
 
+uint64_t tpd_chan_creator_bytes(const struct tpd_chans *cs, const char *creator,
+				uint32_t *ret_count)
+{
+	const struct tpu_list *lists[] = { &cs->chans, &cs->unlinked };
+	const struct chan *c;
+	uint64_t b = 0;
+	uint32_t n = 0;
+
+	for (size_t i = 0; i < TPU_ARRAY_SIZE(lists); i++)
+		tpu_list_for_each(c, lists[i], node)
+			if (c->creator && strcmp(c->creator, creator) == 0) {
+				b += c->bytes;
+				n++;
+			}
+	if (ret_count)
+		*ret_count = n;
+	return b;
+}
+
+/* Why @bytes more items cannot be charged for @c (its owner's chan-bytes-per-uid, or the
+ * chan-remote-bytes-per-peer of the far daemon that created it), or NULL when they can. */
+const char *tpd_chan_over_bytes(const struct chan *c, uint64_t bytes)
+{
+	const struct tpd_config *cfg = tpd_daemon_cfg(c->cs->d);
+
+	if (tpd_chan_uid_bytes(c->cs, c->uid, NULL) + bytes > cfg->chan_bytes_per_uid)
+		return "the channel owner's chan-bytes-per-uid is spent";
+	if (c->creator && tpd_chan_creator_bytes(c->cs, c->creator, NULL) + bytes >
+			  cfg->chan_remote_bytes_per_peer)
+		return "the chan-remote-bytes-per-peer of the host that created the channel is spent";
+	return NULL;
+}
+
 static void chan_free(struct chan *c)
 {
 	struct chan_item *it, *tmp;
@@ -138,6 +171,7 @@ static void chan_free(struct chan *c)
 	for (size_t i = 0; i < c->n_remote_peers; i++)
 		free(c->remote_peers[i]);
 	free(c->remote_peers);
+	free(c->creator);
 	free(c->name);
 	free(c);
 }
@@ -354,10 +388,28 @@ static int chan_create_remote(struct tpd_chans *cs, const struct chan_who *who,
 {
 	const char *id = tpd_peer_identity(who->pr);
 	Tpw__V1__ChanOp co = *o;
-	char *peers[TPW_REMOTE_PEERS_MAX + 1];
+	char *peers[TPW_REMOTE_PEERS_MAX + 1], acct[TPD_PEER_ACCOUNT_LEN];
+	const char *creator = tpd_peer_account(who->pr, acct);
+	uint32_t n = 0;
+	int r;
 
+	if (!creator) { /* remote_creator() admits authenticated links only */
+		*why = "the link is not authenticated";
+		return -EACCES;
+	}
+	tpd_chan_creator_bytes(cs, creator, &n);
+	if (n >= tpd_daemon_cfg(cs->d)->chan_remote_create_per_peer) {
+		*why = "this host has created chan-remote-create-per-peer channels here already";
+		return -ENOBUFS;
+	}
 	tpd_chanx_admit_link(who->pr, id, &co.remote, &co.remote_peers, &co.n_remote_peers, peers);
-	return chan_create(cs, owner, &co, ret, why);
+	r = chan_create(cs, owner, &co, ret, why);
+	if (r == 0 && !((*ret)->creator = strdup(creator))) {
+		chan_free(*ret);
+		*why = "out of memory";
+		return -ENOMEM;
+	}
+	return r;
 }
 
 /*
@@ -712,6 +764,7 @@ int tpd_chan_ctl(struct tpd_chans *cs, bool own_only, uid_t viewer, Tpw__V1__Ctl
 		x->items_read = c->read;
 		x->remote = c->remote;
 		x->remote_handles = c->n_remote;
+		x->created_by = c->creator ? c->creator : (char *)"";
 		v[k++] = x;
 	}
 	*ret = v;

@@ -85,6 +85,7 @@ struct chan {
 	Tpw__V1__RemoteAccess remote; /* who on other hosts may open it (NONE, ANY_PEER, PEERS) */
 	char **remote_peers;	      /* REMOTE_PEERS: the identities allowed */
 	size_t n_remote_peers;
+	char *creator; /* made for a far daemon: its tpd_peer_account(), charged its share */
 	bool persistent, closed, named;
 	uint32_t cap_items;
 	uint64_t cap_bytes;
@@ -181,6 +182,9 @@ void tpd_chan_answer_len(const struct chan_handle *h, uint64_t req_id, int err,
 			 const char *why, uint64_t len);
 uint64_t *tpd_chan_lent_of(struct tpd_chans *cs, uid_t uid, bool add);
 uint64_t tpd_chan_uid_bytes(const struct tpd_chans *cs, uid_t uid, uint32_t *ret_count);
+uint64_t tpd_chan_creator_bytes(const struct tpd_chans *cs, const char *creator,
+				uint32_t *ret_count);
+const char *tpd_chan_over_bytes(const struct chan *c, uint64_t bytes);
 void tpd_chan_maybe_free(struct chan *c);
 
 /* chanitem.c: where an item's bytes lie, freeing items and batches (or keeping their buffers),

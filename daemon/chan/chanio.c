@@ -179,6 +179,7 @@ static void write_answer(struct chan_handle *h, uint64_t req_id, bool lent);
 static void serve_writers(struct tpd_chans *cs, struct chan *c)
 {
 	struct chan_wait *w, *tmp;
+	const char *over;
 
 	tpu_list_for_each_safe(w, tmp, &c->writers, node) {
 		if (c->closed) {
@@ -186,10 +187,9 @@ static void serve_writers(struct tpd_chans *cs, struct chan *c)
 					w->h->id, true, NULL);
 		} else if (!chan_fits(c, w->n, w->bytes)) {
 			break;
-		} else if (tpd_chan_uid_bytes(cs, c->uid, NULL) + w->bytes >
-			   tpd_daemon_cfg(cs->d)->chan_bytes_per_uid) {
-			tpd_chan_answer(&w->h->who, w->req_id, -ENOBUFS, "the channel owner's "
-					"chan-bytes-per-uid is spent", w->h->id, false, NULL);
+		} else if ((over = tpd_chan_over_bytes(c, w->bytes))) {
+			tpd_chan_answer(&w->h->who, w->req_id, -ENOBUFS, over, w->h->id, false,
+					NULL);
 		} else {
 			chan_admit(w->h, w->req_id, &w->batch, w->n, w->bytes, w->lend);
 		}
@@ -517,11 +517,11 @@ static void copy_out(struct chan_handle *h, uint64_t req_id, struct chan_item *i
 void tpd_chan_io_write(struct tpd_chans *cs, struct chan_handle *h, const Tpw__V1__ChanOp *o,
 		       const uint8_t *tail, size_t tail_len)
 {
-	const struct tpd_config *cfg = tpd_daemon_cfg(cs->d);
 	struct tpu_list batch = TPU_LIST_INIT(batch);
 	struct chan *c = h->c;
 	uint64_t bytes = tail_len;
 	struct chan_wait *w;
+	const char *over;
 	char why[200];
 	bool fits;
 	int r = tpd_chan_msg_write_check(cs, o, &bytes, why, sizeof(why));
@@ -539,9 +539,8 @@ void tpd_chan_io_write(struct tpd_chans *cs, struct chan_handle *h, const Tpw__V
 	if (o->n_lengths > c->cap_items || bytes > c->cap_bytes)
 		return tpd_chan_answer(&h->who, o->req_id, -EMSGSIZE, "the batch exceeds the "
 				       "channel's capacity", h->id, false, NULL);
-	if (tpd_chan_uid_bytes(cs, c->uid, NULL) + bytes > cfg->chan_bytes_per_uid)
-		return tpd_chan_answer(&h->who, o->req_id, -ENOBUFS, "the channel owner's "
-				       "chan-bytes-per-uid is spent", h->id, false, NULL);
+	if ((over = tpd_chan_over_bytes(c, bytes)))
+		return tpd_chan_answer(&h->who, o->req_id, -ENOBUFS, over, h->id, false, NULL);
 	fits = tpu_list_empty(&c->writers) && chan_fits(c, o->n_lengths, bytes);
 	if (!fits && (o->timeout_ms == 0 || h->write_waits))
 		return tpd_chan_answer(&h->who, o->req_id, -ENOBUFS, h->write_waits ? "a write of "

@@ -252,8 +252,7 @@ bool tpd_chan_item_lend_batch(struct chan_handle *h, struct tpu_list *batch, uin
 			return false; /* CMA, or items in several buffers: copied in */
 		buf = it->src.buf;
 	}
-	if (!buf || tpd_chan_uid_bytes(c->cs, c->uid, NULL) + bytes + buf->size >
-		    tpd_daemon_cfg(c->cs->d)->chan_bytes_per_uid)
+	if (!buf || tpd_chan_over_bytes(c, bytes + buf->size))
 		return false; /* copied in: charged its bytes only */
 	lent = tpd_chan_lent_of(c->cs, c->uid, true);
 	l = lent ? calloc(1, sizeof(*l)) : NULL;

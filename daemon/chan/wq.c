@@ -50,6 +50,7 @@ struct wq {
 	Tpw__V1__RemoteAccess remote; /* who on other hosts may open it as a worker */
 	char **remote_peers;	      /* REMOTE_PEERS: the identities allowed */
 	size_t n_remote_peers;
+	char *creator; /* made for a far daemon: its tpd_peer_account(), charged its share */
 	bool at_most_once, closed, gone;
 	struct wq_handle *owner; /* NULL once gone */
 	struct tpd_wqs *ws;	 /* its registry */
@@ -184,6 +185,7 @@ static void wq_free(struct wq *q)
 	for (size_t i = 0; i < q->n_remote_peers; i++)
 		free(q->remote_peers[i]);
 	free(q->remote_peers);
+	free(q->creator);
 	free(q->name);
 	free(q);
 }
@@ -349,6 +351,19 @@ static struct wq *wq_find(struct tpd_wqs *ws, uid_t uid, const char *name, uint3
 	return found;
 }
 
+/* Queues alive that far daemon account @creator (tpd_peer_account()) made here, named or not. */
+static uint32_t creator_count(const struct tpd_wqs *ws, const char *creator)
+{
+	const struct tpu_list *lists[] = { &ws->wqs, &ws->gone };
+	const struct wq *q;
+	uint32_t n = 0;
+
+	for (size_t i = 0; i < TPU_ARRAY_SIZE(lists); i++)
+		tpu_list_for_each(q, lists[i], node)
+			n += q->creator && strcmp(q->creator, creator) == 0;
+	return n;
+}
+
 /* May the far daemon of @pr open @q as a worker? On the queue's remote access and the link's
  * authenticated identity only, as for a listener (tpd_listener_permits_remote()). */
 static bool wq_permits_remote(const struct wq *q, const struct tpd_peer *pr)
@@ -464,7 +479,8 @@ static void op_create_remote(struct tpd_wqs *ws, const struct wq_who *who, const
 			     uid_t creator, uint32_t n)
 {
 	const char *id = tpd_peer_identity(who->pr);
-	char *peers[TPW_REMOTE_PEERS_MAX + 1];
+	char *peers[TPW_REMOTE_PEERS_MAX + 1], acct[TPD_PEER_ACCOUNT_LEN];
+	const char *account = tpd_peer_account(who->pr, acct);
 	Tpw__V1__WqOp co = *o;
 	struct wq_ans a = { 0 };
 	struct wq_handle *h;
@@ -476,10 +492,19 @@ static void op_create_remote(struct tpd_wqs *ws, const struct wq_who *who, const
 	else if (n >= tpd_daemon_cfg(ws->d)->wqs_per_uid)
 		a = (struct wq_ans){ .err = -ENOBUFS, .why = "the uid of chan-remote-create-uid has "
 				     "wqs-per-uid work queues already" };
+	else if (!account) /* remote_creator() admits authenticated links only */
+		a = (struct wq_ans){ .err = -EACCES, .why = "the link is not authenticated" };
+	else if (creator_count(ws, account) >= tpd_daemon_cfg(ws->d)->chan_remote_create_per_peer)
+		a = (struct wq_ans){ .err = -ENOBUFS, .why = "this host has created "
+				     "chan-remote-create-per-peer work queues here already" };
 	if (a.err < 0)
 		return wq_send(NULL, who, o->req_id, &a);
 	tpd_chanx_admit_link(who->pr, id, &co.remote, &co.remote_peers, &co.n_remote_peers, peers);
 	q = wq_create(ws, creator, &co);
+	if (q && !(q->creator = strdup(account))) {
+		wq_free(q);
+		q = NULL;
+	}
 	h = q ? handle_new(ws, who, q) : NULL;
 	if (!h) {
 		if (q)
@@ -979,6 +1004,7 @@ int tpd_wq_ctl(struct tpd_wqs *ws, bool own_only, uid_t viewer, Tpw__V1__CtlQueu
 		x->at_most_once = q->at_most_once;
 		x->requeued = q->requeued;
 		x->remote = q->remote;
+		x->created_by = q->creator ? q->creator : (char *)"";
 		tpu_list_for_each(h, &ws->handles, node)
 			x->remote_workers += h->q == q && h->who.pr && h != q->owner;
 		if (q->owner && q->owner->who.s)

@@ -95,6 +95,12 @@ static const struct opt opts[] = {
 	  UINT32_MAX - 1, true, "UID",
 	  "local uid that owns the channels authenticated peer daemons create and may unlink\n"
 	  "                            here (tp_chan_open of tpip://...); 0, the default: none" },
+	{ "chan-remote-create-per-peer", "limits", K_U32, OFF(chan_remote_create_per_peer), 1,
+	  1u << 16, true, "N", "channels one far daemon may have created here at once, and work\n"
+	  "                            queues as many (within chans-per-uid, wqs-per-uid; default 16)" },
+	{ "chan-remote-bytes-per-peer", "limits", K_SIZE64, OFF(chan_remote_bytes_per_peer), 1,
+	  UINT64_MAX, true, "BYTES", "item bytes held in the channels one far daemon created here\n"
+	  "                            (within chan-bytes-per-uid; default 64M)" },
 	{ "sessions-reserved", "limits", K_U32, OFF(sessions_reserved), 0, 1u << 20, true, "N",
 	  "of sessions-max, slots only root and the admin group may use (default 8)" },
 	{ "hello-timeout", "limits", K_U32, OFF(hello_timeout_ms), 100, 600000, true, "MS",
@@ -195,6 +201,9 @@ static const struct opt opts[] = {
 	{ "peer-listen", "peer", K_STR, OFF(peer_listen), 0,
 	  sizeof(((struct tpd_config *)0)->peer_listen), false, "ADDR:PORT|off",
 	  "accept peer daemons on this TCP address (default *:7420: all, IPv4 and IPv6)" },
+	{ "peer-host-name", "peer", K_STR, OFF(peer_host_name), 0,
+	  sizeof(((struct tpd_config *)0)->peer_host_name), false, "NAME",
+	  "the host name this daemon gives its peers (default: gethostname())" },
 	{ "peer-port", "peer", K_U32, OFF(peer_port), 1, 65535, true, "PORT",
 	  "port of tpip://HOST/NAME addresses without one (default 7420)" },
 	{ "peer-data-conns", "peer", K_U32, OFF(peer_data_conns), 1, 16, true, "N",
@@ -295,6 +304,8 @@ void tpd_config_defaults(struct tpd_config *c)
 	c->wq_answer_bytes_max = 64ull << 20;
 	c->chan_peer_ops_max = 1024;
 	c->chan_peer_bytes_max = 1ull << 30;
+	c->chan_remote_create_per_peer = 16;
+	c->chan_remote_bytes_per_peer = 64ull << 20;
 	c->drain_ms = 5000;
 	c->rdma_cache = 4ull << 30;
 	c->rdma_gid_index = UINT32_MAX; /* auto */
@@ -366,6 +377,18 @@ static int parse_number(const struct opt *o, const char *v, uint64_t *ret, char 
 }
 
 /* Applies value @v to option @o of @c. */
+/* A host name a peer may be told: letters, digits, '-', '.' and '_', not empty. */
+static bool host_name_ok(const char *v)
+{
+	if (!*v)
+		return false;
+	for (; *v; v++)
+		if (!((*v >= 'a' && *v <= 'z') || (*v >= 'A' && *v <= 'Z') ||
+		      (*v >= '0' && *v <= '9') || *v == '-' || *v == '.' || *v == '_'))
+			return false;
+	return true;
+}
+
 static int set_opt(struct tpd_config *c, const struct opt *o, const char *v, char *err, size_t el)
 {
 	char *field = (char *)c + o->off;
@@ -388,6 +411,11 @@ static int set_opt(struct tpd_config *c, const struct opt *o, const char *v, cha
 		if (o->off == OFF(peer_listen) && tpd_addr_peer_listen_check(v) < 0) {
 			snprintf(err, el, "%s: '%s' is not ADDR:PORT, *:PORT, [V6ADDR]:PORT or off",
 				 o->name, v);
+			return -EINVAL;
+		}
+		if (o->off == OFF(peer_host_name) && !host_name_ok(v)) {
+			snprintf(err, el, "%s: '%s' is not a host name (letters, digits, '-', '.' "
+				 "and '_')", o->name, v);
 			return -EINVAL;
 		}
 		/* loopback or not: check_metrics(), once every setting is known */

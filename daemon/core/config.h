@@ -83,6 +83,8 @@ struct tpd_config {
 	uint64_t wq_answer_bytes_max; /* answer bytes one queue holds for its owner */
 	uint32_t chan_peer_ops_max; /* channel/queue ops of one peer link waiting, each side */
 	uint32_t chan_remote_create_uid; /* owner of channels created from other hosts; 0: none */
+	uint32_t chan_remote_create_per_peer; /* channels, and queues, one far daemon created here */
+	uint64_t chan_remote_bytes_per_peer;  /* item bytes in the channels one far daemon created */
 	uint64_t chan_peer_bytes_max; /* item bytes arriving over one peer link at once */
 	uint32_t drain_ms;	    /* graceful stop: wait this long for copies */
 	uint32_t ring_max;	    /* largest control ring per direction a client may map; 0: off */
@@ -92,6 +94,7 @@ struct tpd_config {
 	bool metrics_allow_remote;  /* metrics_listen may be a non-loopback address */
 	int metrics_listen_line;    /* the config file's line that set metrics_listen, 0: none */
 	char peer_listen[80];	    /* "ADDR:PORT", "*:PORT", "[v6]:PORT" or "off" */
+	char peer_host_name[64];    /* the host name this daemon's PeerHello states; "": its own */
 	uint32_t peer_port;	    /* default port of tpip:// addresses */
 	uint32_t peer_data_conns;   /* data connections per peer link */
 	char peer_key_file[PATH_MAX]; /* "" = no key (TLS with an external PSK when set) */

@@ -104,6 +104,16 @@ const char *tpd_peer_identity(const struct tpd_peer *pr)
 	return pr->authenticated && pr->identity[0] ? pr->identity : NULL;
 }
 
+const char *tpd_peer_account(const struct tpd_peer *pr, char *buf)
+{
+	const char *id = tpd_peer_identity(pr);
+
+	if (!id)
+		return NULL;
+	snprintf(buf, TPD_PEER_ACCOUNT_LEN, "%s@%s", id, pr->host[0] ? pr->host : "?");
+	return buf;
+}
+
 bool tpd_peer_identity_matches(const char *entry, const void *arg)
 {
 	const struct tpd_peer *pr = arg;

@@ -88,6 +88,20 @@ const char *tpd_peer_name(const struct tpd_peer *pr);
  */
 const char *tpd_peer_identity(const struct tpd_peer *pr);
 
+/* Room for tpd_peer_account(): an identity, '@' and a host name. */
+#define TPD_PEER_ACCOUNT_LEN 460
+
+/*
+ * tpd_peer_account() - whom this daemon charges for the channels and queues the far daemon of
+ * @pr creates here (chan-remote-create-per-peer, chan-remote-bytes-per-peer): "IDENTITY@HOST",
+ * its tpd_peer_identity() and the host name its PeerHello states. The identity is proven, the
+ * host name only claimed: a far daemon that holds the key and states another name escapes its
+ * own share, never the owner uid's limits, which bound every far daemon together. It stays the
+ * same across the far daemon's reconnects and restarts, so what it created before still counts.
+ * @buf: TPD_PEER_ACCOUNT_LEN bytes. Return: @buf, or NULL for an unauthenticated link.
+ */
+const char *tpd_peer_account(const struct tpd_peer *pr, char *buf);
+
 /*
  * tpd_peer_identity_matches() - does @entry, one of a listener's remote peers, name the far
  * daemon of @pr? "psk" (or "psk:tpipd") names any link that proved the pre-shared key;

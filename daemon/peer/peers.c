@@ -114,7 +114,9 @@ int tpd_peers_start(struct tpd_daemon *d)
 	char why[300] = "";
 	int r;
 
-	if (gethostname(ps->hostname, sizeof(ps->hostname) - 1) < 0)
+	if (c->peer_host_name[0])
+		snprintf(ps->hostname, sizeof(ps->hostname), "%s", c->peer_host_name);
+	else if (gethostname(ps->hostname, sizeof(ps->hostname) - 1) < 0)
 		snprintf(ps->hostname, sizeof(ps->hostname), "unknown");
 	r = tpd_peerauth_boot_id(ps->boot_id);
 	if (r < 0)

@@ -23,7 +23,7 @@
 
 #define T_MS 30000
 
-static struct tpt_daemon da, db;
+static struct tpt_daemon da, db, dc;
 
 static struct tp_context *ctx_of(const struct tpt_daemon *d)
 {
@@ -217,6 +217,105 @@ START_TEST(test_items_inline_within_the_far_frames)
 }
 END_TEST
 
+/* @ctx's tp_chan_open() of channel @name of b with create, persistent. Return: its result. */
+static int xcreate(struct tp_context *ctx, const char *name, struct tp_chan **ret)
+{
+	struct tp_chan_options o = { .size = sizeof(o), .flags = TP_CHAN_CREATE |
+				     TP_CHAN_PERSISTENT, .owner_uid = -1 };
+
+	return tp_chan_open(ctx, at(name), &o, ret);
+}
+
+/* As xcreate() for a work queue (not persistent: it lives while its owner's handle does). */
+static int xcreate_wq(struct tp_context *ctx, const char *name, struct tp_wq **ret)
+{
+	struct tp_wq_options o = { .size = sizeof(o), .flags = TP_WQ_CREATE, .owner_uid = -1 };
+
+	return tp_wq_open(ctx, at(name), &o, ret);
+}
+
+/*
+ * One far daemon's share of what chan-remote-create-uid's uid may hold on b
+ * (--chan-remote-create-per-peer 2, --chan-remote-bytes-per-peer 64K; the uid's own limits far
+ * above). a (stating host name "ha") creates two channels and two queues, and its third of each
+ * is refused (-ENOBUFS, naming the limit) while c ("hc") still creates its own; items in a's
+ * channels fit up to 64 KiB together, one byte more is refused naming the limit while c's
+ * channel takes the same write; b's `tpipctl channels` and `queues` say whom each is charged
+ * to. A channel a unlinks and releases gives its slot back; a's restart keeps its account.
+ * Before, one far daemon could take every channel, queue and byte of that uid.
+ */
+START_TEST(test_each_far_daemon_gets_its_share)
+{
+	static const char *const bargs[] = { "--chan-remote-create-uid", "4242",
+					     "--chan-remote-create-per-peer", "2",
+					     "--chan-remote-bytes-per-peer", "64K", NULL };
+	static const char *const aargs[] = { "--peer-host-name", "ha", NULL };
+	static const char *const cargs[] = { "--peer-host-name", "hc", NULL };
+	static uint8_t item[32768];
+	struct iovec half = { item, sizeof(item) }, one = { item, 1 };
+	struct tp_context *ca, *cc;
+	struct tp_chan *a1, *a2, *a3 = NULL, *c1;
+	struct tp_wq *q1, *q2, *q3 = NULL, *qc;
+	char *out;
+
+	ck_assert_int_eq(tpt_daemon_pair_start(&da, aargs, &db, bargs), 0);
+	ck_assert_int_eq(tpt_daemon_start_peer(&dc, cargs), 0);
+	ca = ctx_of(&da);
+	cc = ctx_of(&dc);
+	ck_assert_msg(xcreate(ca, "a1", &a1) == 0, "%s", tp_last_error());
+	ck_assert_msg(xcreate(ca, "a2", &a2) == 0, "%s", tp_last_error());
+	ck_assert_int_eq(xcreate(ca, "a3", &a3), -ENOBUFS);
+	ck_assert_msg(strstr(tp_last_error(), "chan-remote-create-per-peer"), "%s",
+		      tp_last_error());
+	ck_assert(!b_lists("a3", NULL));
+	ck_assert_msg(xcreate_wq(ca, "qa1", &q1) == 0, "%s", tp_last_error());
+	ck_assert_msg(xcreate_wq(ca, "qa2", &q2) == 0, "%s", tp_last_error());
+	ck_assert_int_eq(xcreate_wq(ca, "qa3", &q3), -ENOBUFS);
+	ck_assert_msg(strstr(tp_last_error(), "chan-remote-create-per-peer"), "%s",
+		      tp_last_error());
+	ck_assert_msg(xcreate(cc, "c1", &c1) == 0, "%s", tp_last_error()); /* c's own share */
+	ck_assert_msg(xcreate_wq(cc, "qc", &qc) == 0, "%s", tp_last_error());
+	ck_assert(b_lists("a1", "\"created_by\": \"psk:tpipd@ha\""));
+	ck_assert(b_lists("c1", "\"created_by\": \"psk:tpipd@hc\""));
+	out = tpt_ctl(&db, "queues", true);
+	ck_assert_msg(strstr(out, "\"created_by\": \"psk:tpipd@ha\"") &&
+		      strstr(out, "\"created_by\": \"psk:tpipd@hc\""), "%s", out);
+	free(out);
+	/* bytes: 64 KiB in a's two channels, then one more byte is a's limit, not c's */
+	ck_assert_int_eq(tp_chan_write(a1, &half, 1, 0), 0);
+	ck_assert_int_eq(tp_chan_write(a2, &half, 1, 0), 0);
+	ck_assert_int_eq(tp_chan_write(a1, &one, 1, 0), -ENOBUFS);
+	ck_assert_msg(strstr(tp_last_error(), "chan-remote-bytes-per-peer"), "%s",
+		      tp_last_error());
+	ck_assert_int_eq(tp_chan_write(c1, &half, 1, 0), 0);
+	ck_assert_int_eq(tp_chan_write(c1, &half, 1, 0), 0);
+	/* a slot comes back once a's channel is gone (unlinked, its handle released) */
+	ck_assert_int_eq(tp_chan_unlink(ca, at("a2"), -1), 0);
+	ck_assert_int_eq(tp_chan_release(a2), 0);
+	ck_assert_msg(xcreate(ca, "a3", &a3) == 0, "%s", tp_last_error());
+	ck_assert_int_eq(tp_chan_write(a3, &half, 1, 0), 0); /* a2's bytes went with it */
+	/* a's daemon restarts: its persistent channels still count against it */
+	tp_chan_release(a1);
+	tp_chan_release(a3);
+	tp_wq_release(q1);
+	tp_wq_release(q2);
+	tp_context_free(ca);
+	tpt_daemon_stop(&da);
+	ck_assert_int_eq(tpt_daemon_start_peer(&da, aargs), 0);
+	ca = ctx_of(&da);
+	ck_assert_int_eq(xcreate(ca, "a4", &a3), -ENOBUFS);
+	ck_assert_msg(xcreate_wq(ca, "qa4", &q1) == 0, "%s", tp_last_error()); /* queues went */
+	tp_wq_release(q1);
+	tp_chan_release(c1);
+	tp_wq_release(qc);
+	tp_context_free(ca);
+	tp_context_free(cc);
+	tpt_daemon_stop(&da);
+	tpt_daemon_stop(&db);
+	tpt_daemon_stop(&dc);
+}
+END_TEST
+
 static Suite *xcreate_suite(void)
 {
 	Suite *s = suite_create("chan_xcreate");
@@ -225,6 +324,7 @@ static Suite *xcreate_suite(void)
 	tcase_set_timeout(tc, 120);
 	tcase_add_test(tc, test_create_and_unlink_refused_by_default);
 	tcase_add_test(tc, test_create_and_unlink_as_the_configured_uid);
+	tcase_add_test(tc, test_each_far_daemon_gets_its_share);
 	tcase_add_loop_test(tc, test_items_inline_within_the_far_frames, 0, 2);
 	suite_add_tcase(s, tc);
 	return s;

@@ -46,6 +46,9 @@ cases=(
 	"metrics on port 0|[daemon]\nmetrics-listen = 127.0.0.1:0\n|2|metrics-listen: '127.0.0.1:0' is not ADDR:PORT"
 	"metrics without a port|[daemon]\nmetrics-listen = localhost\n|2|metrics-listen: 'localhost' is not ADDR:PORT"
 	"metrics on a host name, remote access allowed|[daemon]\nmetrics-allow-remote = yes\nmetrics-listen = example.org:9470\n|3|metrics-listen: 'example.org:9470' is not ADDR:PORT"
+	"peer host name with a space|[peer]\nhost-name = a b\n|2|peer-host-name: 'a b' is not a host name"
+	"peer host name with a slash|[peer]\nhost-name = a/b\n|2|peer-host-name: 'a/b' is not a host name"
+	"no channel share for peers|[limits]\nchan-remote-create-per-peer = 0\n|2|chan-remote-create-per-peer: '0' is not a number in \\[1, 65536\\]"
 	"bad boolean for metrics-allow-remote|[daemon]\nmetrics-allow-remote = maybe\n|2|metrics-allow-remote: 'maybe' is not yes or no"
 )
 
