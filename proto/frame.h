@@ -82,7 +82,7 @@
  *      PeerHello.frame_max: work queue payloads are kept within the far daemon's frames
  */
 #define TPW_PEER_PROTO_MAJOR 2
-#define TPW_PEER_PROTO_MINOR 8
+#define TPW_PEER_PROTO_MINOR 10
 #define TPW_PEER_MINOR_CONNECT_WAIT 1
 #define TPW_PEER_MINOR_QUEUE_LIMITS 2
 #define TPW_PEER_MINOR_CHAN 3
@@ -90,6 +90,7 @@
 #define TPW_PEER_MINOR_CHAN_STREAM 6 /* large channel items across hosts (issue 25, xhost) */
 #define TPW_PEER_MINOR_CHAN_MSG 7 /* channel items as messages (issue 25, msg) */
 #define TPW_PEER_MINOR_WQ_CREATE 8 /* work queues created and owned from other hosts */
+#define TPW_PEER_MINOR_CHAN_BATCH 10 /* batch reads of channels across hosts (max_items) */
 /* The longest PeerConnect.wait_ms a daemon accepts (one hour); a dialler clamps to it. */
 #define TPW_PEER_WAIT_MS_MAX 3600000u
 #define TPW_MINOR_CLOSE_ACK 1

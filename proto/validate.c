@@ -339,17 +339,21 @@ static int check_chan_segments(const Tpw__V1__ChanOp *c, const struct tpw_hdr *h
  * not empty), required by take_held; a batch of at most segments_max items. A message read's
  * take (msg, take_held) may name up to segments_max destinations, or none (the item inline, or
  * dropped with msg_drop). */
-static int check_chan_read(const Tpw__V1__ChanOp *c, const struct tpw_limits *lim, char *why,
-			   size_t wl)
+static int check_chan_read(const Tpw__V1__ChanOp *c, const struct tpw_limits *lim, bool tpip,
+			   char *why, size_t wl)
 {
 	bool msg_take = c->msg && c->take_held;
 
 	if (c->n_lengths || c->n_msgs || (c->n_segments > 1 && !msg_take) ||
 	    c->n_segments > lim->segments_max)
 		return tpu_why(-EBADMSG, why, wl, "a channel read with items");
-	if (c->max_items > lim->segments_max)
+	/* a client's batch within this daemon's limit; a peer's (peer minor >= 10), which knows
+	 * no limit of this daemon, is cut to it when served */
+	if (tpip && c->max_items > lim->segments_max)
 		return tpu_why(-E2BIG, why, wl, "a channel read of %u items (at most %u)",
 			       c->max_items, lim->segments_max);
+	if (c->xfer_id && c->max_items > 1)
+		return tpu_why(-EBADMSG, why, wl, "a batch read into one transfer");
 	if (c->msg_drop && (!msg_take || c->n_segments || c->xfer_id))
 		return tpu_why(-EBADMSG, why, wl, "a channel item dropped that is no held message");
 	if (c->take_held && !c->n_segments && !c->xfer_id && !msg_take)
@@ -424,10 +428,9 @@ static int check_chan_op(const Tpw__V1__ChanOp *c, const struct tpw_hdr *hdr,
 	r = check_remote(c->remote, c->remote_peers, c->n_remote_peers, why, wl);
 	if (r < 0)
 		return r;
-	if ((c->n_segments || c->max_items > 1 || (c->take_held && !c->xfer_id && !c->msg) || c->lend) &&
-	    !tpip)
-		return tpu_why(-EBADMSG, why, wl, "channel item segments, batch reads or held "
-			       "items over a peer link");
+	if ((c->n_segments || (c->take_held && !c->xfer_id && !c->msg) || c->lend) && !tpip)
+		return tpu_why(-EBADMSG, why, wl, "channel item segments or held items over a peer "
+			       "link");
 	if (c->lend && (c->op != TPW__V1__CHAN_OP_KIND__CHAN_OP_WRITE || !c->n_segments))
 		return tpu_why(-EBADMSG, why, wl, "lend on a channel op that is no write by segment");
 	if ((c->n_streamed || c->xfer_id || c->room) && tpip)
@@ -439,7 +442,7 @@ static int check_chan_op(const Tpw__V1__ChanOp *c, const struct tpw_hdr *hdr,
 		return tpu_why(-EBADMSG, why, wl, "a channel read's transfer without room, or "
 			       "room without a transfer");
 	if (c->op == TPW__V1__CHAN_OP_KIND__CHAN_OP_READ)
-		return check_chan_read(c, lim, why, wl);
+		return check_chan_read(c, lim, tpip, why, wl);
 	if (c->max_items || c->take_held || c->inline_only || c->msg || c->msg_drop)
 		return tpu_why(-EBADMSG, why, wl, "read fields on a channel op that is no read");
 	if (c->n_msgs && c->op != TPW__V1__CHAN_OP_KIND__CHAN_OP_WRITE)
@@ -887,6 +890,30 @@ static int check_peer_group_join(const Tpw__V1__PeerGroupJoin *j, char *why, siz
 	return 0;
 }
 
+/* A peer's answer to a batch read: at most segments_max byte items, inline, none empty, their
+ * lengths adding up to the data tail exactly (that they are no more than the read asked for is
+ * the forwarding daemon's check, chan/chanx.c). */
+static int check_chan_batch(const Tpw__V1__ChanReply *cr, const struct tpw_hdr *hdr,
+			    const struct tpw_limits *lim, char *why, size_t wl)
+{
+	uint64_t total = 0;
+
+	if (cr->n_lengths > lim->segments_max || cr->remote_refs || cr->msg_desc ||
+	    cr->msg_held || cr->msg_taken || cr->copied || cr->held_len || cr->xfer_id)
+		return tpu_why(-EBADMSG, why, wl, "peer channel answer of %zu items that is no "
+			       "batch of inline items", cr->n_lengths);
+	for (size_t i = 0; i < cr->n_lengths; i++) {
+		if (cr->lengths[i] == 0 || cr->lengths[i] > hdr->data_len)
+			return tpu_why(-EBADMSG, why, wl, "peer channel answer with an empty or "
+				       "oversized item");
+		total += cr->lengths[i]; /* each at most data_len (< 2^32): no wrap */
+	}
+	if (total != hdr->data_len)
+		return tpu_why(-EBADMSG, why, wl, "peer channel answer's items do not match its "
+			       "data tail");
+	return check_string(cr->message, TPW_MESSAGE_MAX, "message", why, wl);
+}
+
 static int check_peer_group_joined(const Tpw__V1__PeerGroupJoined *j, char *why, size_t wl)
 {
 	if (j->status != TPW__V1__STATUS__STATUS_OK)
@@ -956,7 +983,9 @@ static int check_peer_xobj(const Tpw__V1__PeerMsg *m, const struct tpw_hdr *hdr,
 		return r;
 	case TPW__V1__PEER_MSG__BODY_CHAN_REPLY:
 		cr = m->chan_reply->reply;
-		if (!cr || cr->n_lengths > 1 || cr->remote_refs || (cr->msg_desc && !cr->msg_held) ||
+		if (cr && cr->n_lengths > 1) /* a batch read's answer (peer minor >= 10) */
+			return check_chan_batch(cr, hdr, lim, why, wl);
+		if (!cr || cr->remote_refs || (cr->msg_desc && !cr->msg_held) ||
 		    (cr->msg_held && (cr->n_lengths || cr->copied || cr->msg_taken)) ||
 		    (cr->copied && (cr->n_lengths != 1 || cr->lengths[0] == 0 ||
 				    cr->lengths[0] > CHAN_ITEM_MAX || hdr->data_len)) ||

@@ -36,7 +36,7 @@ void tpd_chan_reply_send(const struct chan_who *who, Tpw__V1__ChanReply *r,
 	Tpw__V1__DaemonMsg m = TPW__V1__DAEMON_MSG__INIT;
 
 	if (who->pr)
-		return tpd_chanx_reply(who->pr, r, n_tail ? tail : NULL);
+		return tpd_chanx_reply(who->pr, r, tail, n_tail);
 	m.body_case = TPW__V1__DAEMON_MSG__BODY_CHAN_REPLY;
 	m.chan_reply = r;
 	tpd_session_send(who->s, &m, n_tail ? tail : NULL, (int)n_tail);

@@ -45,6 +45,9 @@ void tpd_chan_io_wait_free(struct chan_wait *w)
 static void deliver_inline(struct chan_handle *h, const struct chan_read *rd)
 {
 	uint32_t inline_max = tpd_daemon_limits(h->c->cs->d)->inline_max;
+	/* a reader on another host: the batch within that daemon's frames too */
+	uint64_t room = h->who.pr ? TPU_MIN(inline_max, tpd_peer_chan_tail_max(h->who.pr))
+				  : inline_max;
 	Tpw__V1__ChanReply r = TPW__V1__CHAN_REPLY__INIT;
 	struct chan *c = h->c;
 	uint64_t one_len, total = 0;
@@ -60,7 +63,7 @@ static void deliver_inline(struct chan_handle *h, const struct chan_read *rd)
 		max = 1; /* without memory for a batch, one item */
 	}
 	tpu_list_for_each(it, &c->items, node) {
-		if (n && (n == max || it->len > TPW_CHAN_INLINE_ITEM || total + it->len > inline_max ||
+		if (n && (n == max || it->len > TPW_CHAN_INLINE_ITEM || total + it->len > room ||
 			  it->desc))
 			break; /* (a message item is for a message read: chan_deliver()) */
 		iov[n] = (struct iovec){ .iov_base = (void *)tpd_chan_item_bytes(it),
@@ -600,8 +603,12 @@ static void read_held(struct chan_handle *h, const struct chan_read *rd)
 static int read_params(struct chan_handle *h, const Tpw__V1__ChanOp *o, struct chan_read *rd,
 		       char *why, size_t wl)
 {
+	uint32_t seg_max = tpd_daemon_limits(h->c->cs->d)->segments_max;
+
 	*rd = (struct chan_read){ .req_id = o->req_id, .max = o->max_items ? o->max_items : 1,
 				 .msg = o->msg };
+	if (h->who.pr && rd->max > seg_max) /* a far daemon's batch (a client's was checked) */
+		rd->max = seg_max ? seg_max : 1;
 	rd->fast = (h->who.s ? tpd_session_client_minor(h->who.s) >= TPW_MINOR_CHAN_FAST
 			     : tpd_peer_chan_far_minor(h->who.pr) >= TPW_PEER_MINOR_CHAN_STREAM) &&
 		   !o->inline_only;

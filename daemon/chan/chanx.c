@@ -498,6 +498,7 @@ static void xforward(struct tpd_chanx *x, struct xh *xh, int op, uint64_t req_id
 	xo->req_id = req_id;
 	xo->local_id = id;
 	xo->op = op;
+	xo->max_items = chan ? chan->max_items : 0;
 	tpu_list_insert_tail(&x->xops, &xo->node);
 	if (lg && lg->n && !lg->read) { /* sent once the hosting daemon has room for them */
 		xo->out_mem = lg->mem;
@@ -570,7 +571,12 @@ bool tpd_chanx_op(struct tpd_chanx *x, struct tpd_session *s, const Tpw__V1__Cha
 	c.base.unknown_fields = NULL;
 	c.n_remote_peers = 0; /* creation only, never forwarded */
 	c.remote_peers = NULL;
-	c.max_items = 0; /* one item per answer across hosts */
+	/* A plain read takes a batch across hosts from a daemon that bounds it by this link's
+	 * frames (peer minor >= 10); an older one answers one item at a time. */
+	if (o->op != TPW__V1__CHAN_OP_KIND__CHAN_OP_READ || o->msg || o->take_held ||
+	    o->n_segments || !xh->pr ||
+	    tpd_peer_chan_far_minor(xh->pr) < TPW_PEER_MINOR_CHAN_BATCH)
+		c.max_items = 0;
 	c.lend = false;	 /* a lent staging buffer stays with this host: the far daemon copies */
 	/* The hosting daemon holds a large item for this handle only for a client that takes it
 	 * (client minor >= 7 and CMA, as here). */
@@ -670,6 +676,14 @@ static bool xop_opened(struct tpd_chanx *x, struct xop *xo, bool ok, uint64_t fa
 	return true;
 }
 
+/* Is @r (not one item) the answer of @xo's batch read: more than one item, at most those asked
+ * for? (That they are inline byte items adding up to the data tail the frame's check made
+ * sure: proto/validate.c, check_chan_batch().) */
+static bool batch_ok(const struct xop *xo, const Tpw__V1__ChanReply *r)
+{
+	return r->n_lengths > 1 && r->n_lengths <= xo->max_items;
+}
+
 static void on_chan_reply(struct tpd_chanx *x, struct tpd_peer *pr, const Tpw__V1__ChanReply *r,
 			  const uint8_t *tail, uint32_t tail_len)
 {
@@ -695,8 +709,9 @@ static void on_chan_reply(struct tpd_chanx *x, struct tpd_peer *pr, const Tpw__V
 	if (xo->op == TPW__V1__CHAN_OP_KIND__CHAN_OP_OPEN)
 		tell = xop_opened(x, xo, a.status == TPW__V1__STATUS__STATUS_OK, r->chan_id);
 	else if (xo->op == TPW__V1__CHAN_OP_KIND__CHAN_OP_READ)
-		item = r->status == TPW__V1__STATUS__STATUS_OK && r->n_lengths == 1 &&
-		       (tail_len || r->msg_taken); /* a message's item may be empty */
+		item = r->status == TPW__V1__STATUS__STATUS_OK &&
+		       (r->n_lengths == 1 ? tail_len || r->msg_taken /* a message's may be empty */
+					  : batch_ok(xo, r));
 	if (xo->op == TPW__V1__CHAN_OP_KIND__CHAN_OP_OPEN &&
 	    a.status == TPW__V1__STATUS__STATUS_OK)
 		a.remote_refs = tpd_peer_chan_far_minor(pr) >= TPW_PEER_MINOR_CHAN_STREAM;
@@ -756,7 +771,8 @@ static void on_wq_reply(struct tpd_chanx *x, struct tpd_peer *pr, const Tpw__V1_
 
 /* ---- the hosting side's answers ------------------------------------------------------------ */
 
-void tpd_chanx_reply(struct tpd_peer *pr, Tpw__V1__ChanReply *r, const struct iovec *tail)
+void tpd_chanx_reply(struct tpd_peer *pr, Tpw__V1__ChanReply *r, const struct iovec *tail,
+		     size_t n_tail)
 {
 	Tpw__V1__PeerChanReply pc = TPW__V1__PEER_CHAN_REPLY__INIT;
 	Tpw__V1__PeerMsg m = TPW__V1__PEER_MSG__INIT;
@@ -766,7 +782,7 @@ void tpd_chanx_reply(struct tpd_peer *pr, Tpw__V1__ChanReply *r, const struct io
 	pc.reply = r;
 	m.body_case = TPW__V1__PEER_MSG__BODY_CHAN_REPLY;
 	m.chan_reply = &pc;
-	tpd_peer_send(pr, &m, tail, tail ? 1 : 0);
+	tpd_peer_send(pr, &m, tail, tail ? (int)n_tail : 0);
 }
 
 void tpd_chanx_wq_reply(struct tpd_peer *pr, Tpw__V1__WqReply *r, const struct iovec *tail)

@@ -78,9 +78,10 @@ bool tpd_chanx_wq_op(struct tpd_chanx *x, struct tpd_session *s, const Tpw__V1__
  * ops. Borrows both. */
 void tpd_chanx_session_end(struct tpd_chanx *x, struct tpd_session *s);
 
-/* Hosting side: answer @r (and @tail, an item or payload, or NULL) to the far daemon of @pr as
+/* Hosting side: answer @r (and @tail, @n_tail items, or NULL) to the far daemon of @pr as
  * PeerChanReply or PeerWqReply. Borrows all; a failed link drops it. */
-void tpd_chanx_reply(struct tpd_peer *pr, Tpw__V1__ChanReply *r, const struct iovec *tail);
+void tpd_chanx_reply(struct tpd_peer *pr, Tpw__V1__ChanReply *r, const struct iovec *tail,
+		     size_t n_tail);
 void tpd_chanx_wq_reply(struct tpd_peer *pr, Tpw__V1__WqReply *r, const struct iovec *tail);
 
 /*

@@ -65,6 +65,7 @@ struct xop {
 	uint64_t req_id;	/* the client's */
 	uint64_t local_id;	/* the client's handle id */
 	int op;			/* ChanOpKind or WqOpKind */
+	uint32_t max_items;	/* a READ's items per answer as forwarded (0: one) */
 	struct xh *xh;		/* OPEN: the handle it opens */
 	bool sent;
 	/* OPEN while the link comes up: what to send */

@@ -289,7 +289,7 @@ int tpd_chanx_big_copy_in(struct tpd_daemon *d, struct tpd_peer *pr, uint64_t re
 	r.status = tpw_status_from_errno(0);
 	r.chan_id = chan_id;
 	r.xfer_id = id;
-	tpd_chanx_reply(pr, &r, NULL);
+	tpd_chanx_reply(pr, &r, NULL, 0);
 	return 0;
 }
 

@@ -316,6 +316,97 @@ START_TEST(test_each_far_daemon_gets_its_share)
 }
 END_TEST
 
+/* tp_chan_read_many() of @ch, at most @max items; each item's first 4 bytes must be @next, then
+ * @next + 1 ..., and the rest of it tpt_fill()'s bytes for that number. Return: items read. */
+static size_t read_many_check(struct tp_chan *ch, size_t max, uint32_t *next)
+{
+	static struct tp_chan_item it[300];
+	size_t n = 0;
+
+	ck_assert_msg(tp_chan_read_many(ch, it, max, &n, T_MS) == 0, "%s", tp_last_error());
+	for (size_t k = 0; k < n; k++) {
+		uint32_t v;
+
+		ck_assert_uint_ge(it[k].len, 4);
+		memcpy(&v, it[k].data, 4);
+		ck_assert_uint_eq(v, *next);
+		ck_assert(tpt_verify((uint8_t *)it[k].data + 4, it[k].len - 4, v, NULL));
+		(*next)++;
+		free(it[k].data);
+	}
+	return n;
+}
+
+/*
+ * Batch reads across hosts (peer minor 10): a's tp_chan_read_many() of b's channel takes as many
+ * items as one answer of b may carry, in order and byte-exact, where it took one a call before.
+ * _i 0: a's frames are the default: 256 items of 4 KiB (b's inline limit, 1 MiB), then the 44
+ * left; small, small, large, small: the two small ones, the large one alone (over the data
+ * connections), the last. 1: a's frames are 128 KiB, so that b keeps each answer within them
+ * (64 KiB of data: 15 items of 4 KiB and their headers... 16 of exactly 4 KiB), the link up.
+ */
+START_TEST(test_read_many_across_hosts)
+{
+	static const char *const small[] = { "--frame-max", "131072", NULL };
+	struct tp_chan_options o = { .size = sizeof(o), .flags = TP_CHAN_CREATE, .owner_uid = -1,
+				     .remote = TP_REMOTE_ANY_PEER };
+	struct tp_chan_options ro = { .size = sizeof(ro), .owner_uid = 0 };
+	enum { N = 300, ITEM = 4096, BIG = (1 << 20) + 3 };
+	static uint8_t items[N][ITEM];
+	static struct iovec iov[N];
+	uint8_t *big = malloc(BIG);
+	struct tp_context *ca, *cb;
+	struct tp_chan *hb, *ha;
+	struct tpt_link link;
+	uint32_t next = 0;
+	size_t got = 0, calls = 0, per = _i ? 16 : 256;
+
+	ck_assert_ptr_nonnull(big);
+	ck_assert_int_eq(tpt_daemon_pair_start(&da, _i ? small : NULL, &db, NULL), 0);
+	ca = ctx_of(&da);
+	cb = ctx_of(&db);
+	ck_assert_int_eq(tp_chan_open(cb, "many", &o, &hb), 0);
+	ck_assert_msg(tp_chan_open(ca, at("many"), &ro, &ha) == 0, "%s", tp_last_error());
+	for (uint32_t i = 0; i < N; i++) {
+		memcpy(items[i], &i, 4);
+		tpt_fill(items[i] + 4, ITEM - 4, i);
+		iov[i] = (struct iovec){ items[i], ITEM };
+	}
+	ck_assert_int_eq(tp_chan_write(hb, iov, 200, 0), 0); /* a write's bytes inline: 1 MiB */
+	ck_assert_int_eq(tp_chan_write(hb, iov + 200, N - 200, 0), 0);
+	while (got < N) {
+		size_t n = read_many_check(ha, N, &next);
+
+		ck_assert_uint_eq(n, per < N - got ? per : N - got);
+		got += n;
+		calls++;
+	}
+	ck_assert_uint_eq(calls, (N + per - 1) / per);
+	/* small, small, large, small: a batch stops before the large one, which comes alone */
+	memcpy(big, &(uint32_t){ N + 2 }, 4);
+	tpt_fill(big + 4, BIG - 4, N + 2);
+	for (uint32_t i = 0; i < 4; i++) {
+		memcpy(items[i], &(uint32_t){ N + i }, 4);
+		tpt_fill(items[i] + 4, ITEM - 4, N + i);
+	}
+	iov[2] = (struct iovec){ big, BIG };
+	ck_assert_int_eq(tp_chan_write(hb, iov, 4, 0), 0);
+	ck_assert_uint_eq(read_many_check(ha, N, &next), 2);
+	ck_assert_uint_eq(read_many_check(ha, N, &next), 1);
+	ck_assert_uint_eq(read_many_check(ha, N, &next), 1);
+	ck_assert_uint_eq(next, N + 4);
+	ck_assert_msg(tpt_peer_links(&da, &link) == 1 && strcmp(link.state, "up") == 0,
+		      "the link is %s: %s", link.state, link.last_error);
+	tp_chan_release(ha);
+	tp_chan_release(hb);
+	free(big);
+	tp_context_free(ca);
+	tp_context_free(cb);
+	tpt_daemon_stop(&da);
+	tpt_daemon_stop(&db);
+}
+END_TEST
+
 static Suite *xcreate_suite(void)
 {
 	Suite *s = suite_create("chan_xcreate");
@@ -326,6 +417,7 @@ static Suite *xcreate_suite(void)
 	tcase_add_test(tc, test_create_and_unlink_as_the_configured_uid);
 	tcase_add_test(tc, test_each_far_daemon_gets_its_share);
 	tcase_add_loop_test(tc, test_items_inline_within_the_far_frames, 0, 2);
+	tcase_add_loop_test(tc, test_read_many_across_hosts, 0, 2);
 	suite_add_tcase(s, tc);
 	return s;
 }

@@ -23,7 +23,9 @@
  * the close, the others are dropped, and a later item arrives intact; its protocol violation
  * then fails the client's waiting read with -ECONNRESET naming the host. One of 2.7 is sent no
  * work queue creation (it would open the queue as a worker's): the open fails with
- * -EOPNOTSUPP naming its version, the link stays up.
+ * -EOPNOTSUPP naming its version, the link stays up. One of 2.9 is asked for one item per
+ * batch read; one of 2.10 for the batch, and its answer of more items than asked is refused to
+ * the client with the link up, one whose lengths miss its tail fails the link.
  *
  * And a hostile peer daemon against a work queue on a daemon that lets other hosts create
  * queues (chan-remote-create-uid): it creates none over its insecure link, is never the owner,
@@ -842,6 +844,125 @@ START_TEST(test_hostile_host_fails_its_link_only)
 }
 END_TEST
 
+/* The next READ forwarded to the fake host: its req_id (0 on an error) and max_items. */
+static uint64_t fake_read(struct tpt_raw *c, uint32_t *ret_max)
+{
+	Tpw__V1__PeerMsg *in = recv_no_ping(c);
+	uint64_t req = 0;
+
+	if (in && in->body_case == TPW__V1__PEER_MSG__BODY_CHAN_OP &&
+	    in->chan_op->op->op == TPW__V1__CHAN_OP_KIND__CHAN_OP_READ) {
+		req = in->chan_op->op->req_id;
+		*ret_max = in->chan_op->op->max_items;
+	}
+	tpw_peer_msg_free(in);
+	return req;
+}
+
+/* Answers @req with the items @lens[0..@n) of @tail (their lengths as claimed). */
+static int fake_batch(struct tpt_raw *c, uint64_t req, uint64_t *lens, size_t n, const char *tail)
+{
+	Tpw__V1__ChanReply r = TPW__V1__CHAN_REPLY__INIT;
+	Tpw__V1__PeerChanReply pr = TPW__V1__PEER_CHAN_REPLY__INIT;
+	Tpw__V1__PeerMsg m = TPW__V1__PEER_MSG__INIT;
+
+	r.req_id = req;
+	r.status = TPW__V1__STATUS__STATUS_OK;
+	r.chan_id = 5;
+	r.n_lengths = n;
+	r.lengths = lens;
+	pr.reply = &r;
+	m.body_case = TPW__V1__PEER_MSG__BODY_CHAN_REPLY;
+	m.chan_reply = &pr;
+	return peer_send(c, &m, tail, (uint32_t)strlen(tail));
+}
+
+/* A hosting daemon of @fh->minor answering batch reads of 3 items: before peer minor 10 it is
+ * asked for one item a read; from 10 for 3, and it answers 4 (more than asked), then 2, then 2
+ * whose lengths miss the tail (a protocol violation). */
+static int fake_batch_host_run(void *arg)
+{
+	const struct fake_host *fh = arg;
+	struct tpt_raw c = { .fd = -1 }, data = { .fd = -1 };
+	uint64_t open, rd, four[4] = { 1, 1, 1, 1 }, two[2] = { 2, 3 }, lie[2] = { 2, 9 };
+	uint32_t max = 99;
+
+	TPT_REQUIRE(fake_accept(fh, &c, &data) == 0, 1, "handshake");
+	open = fake_op(&c, TPW__V1__CHAN_OP_KIND__CHAN_OP_OPEN);
+	TPT_REQUIRE(open && fake_reply(&c, open, NULL, 0) == 0, 1, "open");
+	rd = fake_read(&c, &max);
+	if (fh->minor < TPW_PEER_MINOR_CHAN_BATCH) {
+		TPT_REQUIRE(rd && max == 0, 1, "a 2.%u daemon asked for %u items", fh->minor, max);
+		TPT_REQUIRE(fake_reply(&c, rd, "one", 3) == 0, 1, "one item");
+	} else {
+		TPT_REQUIRE(rd && max == 3, 1, "asked for %u items, not 3", max);
+		TPT_REQUIRE(fake_batch(&c, rd, four, 4, "wxyz") == 0, 1, "four items");
+		rd = fake_read(&c, &max);
+		TPT_REQUIRE(rd && fake_batch(&c, rd, two, 2, "abcde") == 0, 1, "two items");
+		rd = fake_read(&c, &max);
+		TPT_REQUIRE(rd && fake_batch(&c, rd, lie, 2, "abcde") == 0, 1, "a violation");
+	}
+	TPT_REQUIRE(tpt_sync_wait(&go, T_MS) == 2, 1, "parent, done");
+	tpt_raw_close(&data);
+	tpt_raw_close(&c);
+	return 0;
+}
+
+/*
+ * Batch reads against a hostile hosting daemon. _i 0: it speaks peer protocol 2.9, so the read
+ * is forwarded for one item (a larger batch would have failed that daemon's check and the link).
+ * 1: 2.10: an answer of more items than asked is refused to the client (-EINVAL) with the link
+ * up; a batch of 2 arrives intact; lengths that miss the tail fail the link, and the client's
+ * read with -ECONNRESET; the daemon stays up.
+ */
+START_TEST(test_hostile_host_batch_reads)
+{
+	static const char *const args[] = { "--peer-insecure", "--peer-data-conns", "1", NULL };
+	struct fake_host fh = { .minor = _i ? TPW_PEER_MINOR_CHAN_BATCH
+					    : TPW_PEER_MINOR_CHAN_BATCH - 1 };
+	struct tp_chan_item it[3];
+	struct tp_context *ctx;
+	struct tpt_link link;
+	struct tp_chan *ch;
+	size_t n = 0;
+	char a[128];
+	pid_t pid;
+	int port;
+
+	ck_assert_int_eq(tpt_sync_init(&go), 0);
+	ck_assert_int_eq(tpt_daemon_start_peer(&host, args), 0);
+	fh.lfd = loopback_listen(&port);
+	pid = tpt_fork(fake_batch_host_run, &fh);
+	ck_assert_int_gt(pid, 0);
+	ck_assert_int_eq(tpt_ctx_new(&host, 0, "client", &ctx), 0);
+	snprintf(a, sizeof(a), "tpip://127.0.0.1:%d/x", port);
+	ck_assert_int_eq(tp_chan_open(ctx, a, NULL, &ch), 0);
+	if (_i == 0) {
+		ck_assert_msg(tp_chan_read_many(ch, it, 3, &n, 5000) == 0, "%s", tp_last_error());
+		ck_assert(n == 1 && it[0].len == 3 && memcmp(it[0].data, "one", 3) == 0);
+		free(it[0].data);
+	} else {
+		ck_assert_int_eq(tp_chan_read_many(ch, it, 3, &n, 5000), -EINVAL);
+		ck_assert_msg(tpt_peer_links(&host, &link) == 1 && strcmp(link.state, "up") == 0,
+			      "the link is %s: %s", link.state, link.last_error);
+		ck_assert_msg(tp_chan_read_many(ch, it, 3, &n, 5000) == 0, "%s", tp_last_error());
+		ck_assert(n == 2 && it[0].len == 2 && it[1].len == 3);
+		ck_assert(memcmp(it[0].data, "ab", 2) == 0 && memcmp(it[1].data, "cde", 3) == 0);
+		free(it[0].data);
+		free(it[1].data);
+		ck_assert_int_eq(tp_chan_read_many(ch, it, 3, &n, 5000), -ECONNRESET);
+	}
+	tp_chan_release(ch);
+	ck_assert_int_eq(tpt_sync_post(&go, 2), 0);
+	ck_assert(tpt_wait_ok(pid, 4 * T_MS, "fake host"));
+	ck_assert(tpt_daemon_alive(&host));
+	close(fh.lfd);
+	tp_context_free(ctx);
+	ck_assert_int_eq(tpt_daemon_stop(&host), 0);
+	tpt_sync_done(&go);
+}
+END_TEST
+
 static Suite *chanx_suite(void)
 {
 	Suite *s = suite_create("sec_chanx");
@@ -852,6 +973,7 @@ static Suite *chanx_suite(void)
 	tcase_add_test(tc, test_hostile_peer_fails_its_link_only);
 	tcase_add_test(tc, test_hostile_peer_cannot_own_or_stream_into_a_queue);
 	tcase_add_loop_test(tc, test_hostile_host_fails_its_link_only, 0, 3);
+	tcase_add_loop_test(tc, test_hostile_host_batch_reads, 0, 2);
 	suite_add_tcase(s, tc);
 	return s;
 }

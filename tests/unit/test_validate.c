@@ -1361,13 +1361,15 @@ START_TEST(test_validate_peer_chan_streamed)
 END_TEST
 
 
-/* A peer's answer: its item matches the tail; no tail without an item. */
+/* A peer's answer: its item matches the tail; no tail without an item. A batch (peer minor
+ * 10): inline byte items only, none empty, adding up to the tail exactly, at most segments_max
+ * of them (just at and just above). */
 START_TEST(test_validate_peer_chan_reply)
 {
 	Tpw__V1__ChanReply r = TPW__V1__CHAN_REPLY__INIT;
 	Tpw__V1__PeerChanReply pr = TPW__V1__PEER_CHAN_REPLY__INIT;
 	Tpw__V1__PeerMsg m = TPW__V1__PEER_MSG__INIT;
-	uint64_t lens[2] = { 5, 5 };
+	uint64_t lens[2] = { 5, 5 }, *many = calloc(lim.segments_max + 1, sizeof(*many));
 
 	m.body_case = TPW__V1__PEER_MSG__BODY_CHAN_REPLY;
 	m.chan_reply = &pr;
@@ -1380,7 +1382,32 @@ START_TEST(test_validate_peer_chan_reply)
 	ck_assert_int_eq(vpt(&m, 5), 0);
 	ck_assert_int_eq(vpt(&m, 4), -EBADMSG);
 	r.n_lengths = 2;
+	ck_assert_int_eq(vpt(&m, 10), 0);
+	ck_assert_int_eq(vpt(&m, 9), -EBADMSG);
+	ck_assert_int_eq(vpt(&m, 11), -EBADMSG);
+	lens[0] = 0; /* an empty item */
+	ck_assert_int_eq(vpt(&m, 5), -EBADMSG);
+	lens[0] = UINT64_MAX - 2; /* wrapping to the tail */
+	ck_assert_int_eq(vpt(&m, 2), -EBADMSG);
+	lens[0] = 5;
+	r.held_len = 7; /* a batch is inline items only */
 	ck_assert_int_eq(vpt(&m, 10), -EBADMSG);
+	r.held_len = 0;
+	r.msg_taken = true;
+	ck_assert_int_eq(vpt(&m, 10), -EBADMSG);
+	r.msg_taken = false;
+	r.copied = true;
+	ck_assert_int_eq(vpt(&m, 10), -EBADMSG);
+	r.copied = false;
+	ck_assert_ptr_nonnull(many);
+	for (size_t i = 0; i <= lim.segments_max; i++)
+		many[i] = 1;
+	r.lengths = many;
+	r.n_lengths = lim.segments_max;
+	ck_assert_int_eq(vpt(&m, lim.segments_max), 0);
+	r.n_lengths = lim.segments_max + 1;
+	ck_assert_int_eq(vpt(&m, lim.segments_max + 1), -EBADMSG);
+	free(many);
 }
 END_TEST
 
@@ -1454,7 +1481,8 @@ END_TEST
 
 /* A channel read (client minor 7): at most one destination, a shared-buffer range or an
  * address, not empty, required by take_held, never with a batch; max_items up to segments_max;
- * read fields on other ops refused; none of it from a peer. */
+ * read fields on other ops refused; none of it from a peer but a batch read (peer minor 10),
+ * whose size this daemon cuts to its own limit when it serves it, never into one transfer. */
 START_TEST(test_validate_chan_read_fields)
 {
 	Tpw__V1__ClientMsg m = TPW__V1__CLIENT_MSG__INIT;
@@ -1496,7 +1524,14 @@ START_TEST(test_validate_chan_read_fields)
 	o.n_segments = 0;
 	o.take_held = false;
 	o.max_items = 2;
-	ck_assert_int_eq(vpt(&pm, 0), -EBADMSG);
+	ck_assert_int_eq(vpt(&pm, 0), 0);
+	o.max_items = lim.segments_max + 1; /* served as segments_max */
+	ck_assert_int_eq(vpt(&pm, 0), 0);
+	o.xfer_id = 9;
+	o.room = 4096;
+	ck_assert_int_eq(vpt(&pm, 0), -EBADMSG); /* a batch into one transfer */
+	o.xfer_id = 0;
+	o.room = 0;
 	o.max_items = 0;
 	o.inline_only = true;
 	ck_assert_int_eq(vc(&m, 0, 0), 0);
