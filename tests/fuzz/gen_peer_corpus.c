@@ -512,7 +512,7 @@ static void peer_answers(void)
 	Tpw__V1__ChanReply c = TPW__V1__CHAN_REPLY__INIT;
 	Tpw__V1__PeerWqReply pw = TPW__V1__PEER_WQ_REPLY__INIT;
 	Tpw__V1__WqReply w = TPW__V1__WQ_REPLY__INIT;
-	uint64_t len = 4;
+	uint64_t len = 4, two[2] = { 1, 3 };
 
 	c.req_id = 1;
 	c.status = TPW__V1__STATUS__STATUS_OK;
@@ -521,6 +521,10 @@ static void peer_answers(void)
 	pc.reply = &c;
 	m.body_case = TPW__V1__PEER_MSG__BODY_CHAN_REPLY;
 	m.chan_reply = &pc;
+	peer_rec(0, &m, 4);
+	/* a batch read's answer (peer minor 10): two items back to back in the tail */
+	c.n_lengths = 2;
+	c.lengths = two;
 	peer_rec(0, &m, 4);
 	w.req_id = 2;
 	w.status = TPW__V1__STATUS__STATUS_OK;
