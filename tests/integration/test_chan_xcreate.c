@@ -55,6 +55,15 @@ static bool b_lists(const char *name, const char *field)
 	return ok;
 }
 
+/* @d's one peer link must be up. */
+static void link_up(const struct tpt_daemon *d)
+{
+	struct tpt_link link;
+
+	ck_assert_msg(tpt_peer_links(d, &link) == 1 && strcmp(link.state, "up") == 0,
+		      "the link is %s: %s", link.state, link.last_error);
+}
+
 /* b's own channel "roots" (root's; any peer may open it). */
 static struct tp_chan *roots_chan(struct tp_context *cb)
 {
@@ -173,7 +182,6 @@ START_TEST(test_items_inline_within_the_far_frames)
 	static struct iovec iov[N_ITEMS];
 	struct tp_context *ca, *cb;
 	struct tp_chan *hb, *ha;
-	struct tpt_link link;
 	uint8_t *buf = malloc(N_ITEMS * SMALL_ITEM);
 	void *got;
 	size_t len;
@@ -205,8 +213,7 @@ START_TEST(test_items_inline_within_the_far_frames)
 		ck_assert(len == ITEM && tpt_verify(got, len, 7, NULL));
 		free(got);
 	}
-	ck_assert_msg(tpt_peer_links(&da, &link) == 1 && strcmp(link.state, "up") == 0,
-		      "the link is %s: %s", link.state, link.last_error);
+	link_up(&da);
 	tp_chan_release(ha);
 	tp_chan_release(hb);
 	free(buf);
@@ -357,7 +364,6 @@ START_TEST(test_read_many_across_hosts)
 	uint8_t *big = malloc(BIG);
 	struct tp_context *ca, *cb;
 	struct tp_chan *hb, *ha;
-	struct tpt_link link;
 	uint32_t next = 0;
 	size_t got = 0, calls = 0, per = _i ? 16 : 256;
 
@@ -395,8 +401,7 @@ START_TEST(test_read_many_across_hosts)
 	ck_assert_uint_eq(read_many_check(ha, N, &next), 1);
 	ck_assert_uint_eq(read_many_check(ha, N, &next), 1);
 	ck_assert_uint_eq(next, N + 4);
-	ck_assert_msg(tpt_peer_links(&da, &link) == 1 && strcmp(link.state, "up") == 0,
-		      "the link is %s: %s", link.state, link.last_error);
+	link_up(&da);
 	tp_chan_release(ha);
 	tp_chan_release(hb);
 	free(big);

@@ -717,22 +717,27 @@ static uint64_t fake_op(struct tpt_raw *c, Tpw__V1__ChanOpKind want)
 	return req;
 }
 
-static int fake_reply(struct tpt_raw *c, uint64_t req, const char *item, uint64_t claimed)
+/* Answers @req with the items @lens[0..@n) of @tail (their lengths as claimed). */
+static int fake_batch(struct tpt_raw *c, uint64_t req, uint64_t *lens, size_t n, const char *tail)
 {
 	Tpw__V1__ChanReply r = TPW__V1__CHAN_REPLY__INIT;
 	Tpw__V1__PeerChanReply pr = TPW__V1__PEER_CHAN_REPLY__INIT;
 	Tpw__V1__PeerMsg m = TPW__V1__PEER_MSG__INIT;
-	uint64_t len = claimed;
 
 	r.req_id = req;
 	r.status = TPW__V1__STATUS__STATUS_OK;
 	r.chan_id = 5;
-	r.n_lengths = item ? 1 : 0;
-	r.lengths = &len;
+	r.n_lengths = n;
+	r.lengths = lens;
 	pr.reply = &r;
 	m.body_case = TPW__V1__PEER_MSG__BODY_CHAN_REPLY;
 	m.chan_reply = &pr;
-	return peer_send(c, &m, item, item ? (uint32_t)strlen(item) : 0);
+	return peer_send(c, &m, tail, (uint32_t)strlen(tail));
+}
+
+static int fake_reply(struct tpt_raw *c, uint64_t req, const char *item, uint64_t claimed)
+{
+	return fake_batch(c, req, &claimed, item ? 1 : 0, item ? item : "");
 }
 
 static int fake_host_run(void *arg)
@@ -778,12 +783,43 @@ static int fake_host_run(void *arg)
 	return 0;
 }
 
+/* Starts the daemon (a peer of the fake host: insecure, one data connection) and forks the fake
+ * host, which runs @run with @fh; *@ctx a client of the daemon, @a the address of the fake
+ * host's channel "x". Return: the fake host's pid. */
+static pid_t fake_host_start(struct fake_host *fh, tpt_child_fn run, struct tp_context **ctx,
+			     char *a, size_t al)
+{
+	static const char *const args[] = { "--peer-insecure", "--peer-data-conns", "1", NULL };
+	pid_t pid;
+	int port;
+
+	ck_assert_int_eq(tpt_sync_init(&go), 0);
+	ck_assert_int_eq(tpt_daemon_start_peer(&host, args), 0);
+	fh->lfd = loopback_listen(&port);
+	pid = tpt_fork(run, fh);
+	ck_assert_int_gt(pid, 0);
+	ck_assert_int_eq(tpt_ctx_new(&host, 0, "client", ctx), 0);
+	snprintf(a, al, "tpip://127.0.0.1:%d/x", port);
+	return pid;
+}
+
+/* Tells the fake host @pid to finish; it must have passed, and the daemon must be up still. */
+static void fake_host_stop(struct fake_host *fh, pid_t pid, struct tp_context *ctx)
+{
+	ck_assert_int_eq(tpt_sync_post(&go, 2), 0);
+	ck_assert(tpt_wait_ok(pid, 4 * T_MS, "fake host"));
+	ck_assert(tpt_daemon_alive(&host));
+	close(fh->lfd);
+	tp_context_free(ctx);
+	ck_assert_int_eq(tpt_daemon_stop(&host), 0);
+	tpt_sync_done(&go);
+}
+
 /* _i 0: the far daemon speaks peer protocol 2.2; 1: 2.3, and lies; 2: the minor before work
  * queues created from other hosts, asked to create one (which it would open as a worker's
  * instead). */
 START_TEST(test_hostile_host_fails_its_link_only)
 {
-	static const char *const args[] = { "--peer-insecure", "--peer-data-conns", "1", NULL };
 	static const unsigned minors[] = { TPW_PEER_MINOR_CHAN - 1, TPW_PEER_MINOR_CHAN,
 					   TPW_PEER_MINOR_WQ_CREATE - 1 };
 	struct fake_host fh = { .minor = minors[_i] };
@@ -795,16 +831,8 @@ START_TEST(test_hostile_host_fails_its_link_only)
 	char a[128];
 	void *got;
 	size_t len;
-	pid_t pid;
-	int port;
+	pid_t pid = fake_host_start(&fh, fake_host_run, &ctx, a, sizeof(a));
 
-	ck_assert_int_eq(tpt_sync_init(&go), 0);
-	ck_assert_int_eq(tpt_daemon_start_peer(&host, args), 0);
-	fh.lfd = loopback_listen(&port);
-	pid = tpt_fork(fake_host_run, &fh);
-	ck_assert_int_gt(pid, 0);
-	ck_assert_int_eq(tpt_ctx_new(&host, 0, "client", &ctx), 0);
-	snprintf(a, sizeof(a), "tpip://127.0.0.1:%d/x", port);
 	if (_i == 2) {
 		ck_assert_int_eq(tp_wq_open(ctx, a, &wo, &wq), -EOPNOTSUPP);
 		char want[64];
@@ -834,13 +862,7 @@ START_TEST(test_hostile_host_fails_its_link_only)
 		ck_assert_ptr_nonnull(strstr(tp_last_error(), "channel host 127.0.0.1:"));
 		tp_chan_release(ch);
 	}
-	ck_assert_int_eq(tpt_sync_post(&go, 2), 0);
-	ck_assert(tpt_wait_ok(pid, 4 * T_MS, "fake host"));
-	ck_assert(tpt_daemon_alive(&host));
-	close(fh.lfd);
-	tp_context_free(ctx);
-	ck_assert_int_eq(tpt_daemon_stop(&host), 0);
-	tpt_sync_done(&go);
+	fake_host_stop(&fh, pid, ctx);
 }
 END_TEST
 
@@ -857,24 +879,6 @@ static uint64_t fake_read(struct tpt_raw *c, uint32_t *ret_max)
 	}
 	tpw_peer_msg_free(in);
 	return req;
-}
-
-/* Answers @req with the items @lens[0..@n) of @tail (their lengths as claimed). */
-static int fake_batch(struct tpt_raw *c, uint64_t req, uint64_t *lens, size_t n, const char *tail)
-{
-	Tpw__V1__ChanReply r = TPW__V1__CHAN_REPLY__INIT;
-	Tpw__V1__PeerChanReply pr = TPW__V1__PEER_CHAN_REPLY__INIT;
-	Tpw__V1__PeerMsg m = TPW__V1__PEER_MSG__INIT;
-
-	r.req_id = req;
-	r.status = TPW__V1__STATUS__STATUS_OK;
-	r.chan_id = 5;
-	r.n_lengths = n;
-	r.lengths = lens;
-	pr.reply = &r;
-	m.body_case = TPW__V1__PEER_MSG__BODY_CHAN_REPLY;
-	m.chan_reply = &pr;
-	return peer_send(c, &m, tail, (uint32_t)strlen(tail));
 }
 
 /* A hosting daemon of @fh->minor answering batch reads of 3 items: before peer minor 10 it is
@@ -917,7 +921,6 @@ static int fake_batch_host_run(void *arg)
  */
 START_TEST(test_hostile_host_batch_reads)
 {
-	static const char *const args[] = { "--peer-insecure", "--peer-data-conns", "1", NULL };
 	struct fake_host fh = { .minor = _i ? TPW_PEER_MINOR_CHAN_BATCH
 					    : TPW_PEER_MINOR_CHAN_BATCH - 1 };
 	struct tp_chan_item it[3];
@@ -926,16 +929,8 @@ START_TEST(test_hostile_host_batch_reads)
 	struct tp_chan *ch;
 	size_t n = 0;
 	char a[128];
-	pid_t pid;
-	int port;
+	pid_t pid = fake_host_start(&fh, fake_batch_host_run, &ctx, a, sizeof(a));
 
-	ck_assert_int_eq(tpt_sync_init(&go), 0);
-	ck_assert_int_eq(tpt_daemon_start_peer(&host, args), 0);
-	fh.lfd = loopback_listen(&port);
-	pid = tpt_fork(fake_batch_host_run, &fh);
-	ck_assert_int_gt(pid, 0);
-	ck_assert_int_eq(tpt_ctx_new(&host, 0, "client", &ctx), 0);
-	snprintf(a, sizeof(a), "tpip://127.0.0.1:%d/x", port);
 	ck_assert_int_eq(tp_chan_open(ctx, a, NULL, &ch), 0);
 	if (_i == 0) {
 		ck_assert_msg(tp_chan_read_many(ch, it, 3, &n, 5000) == 0, "%s", tp_last_error());
@@ -953,13 +948,7 @@ START_TEST(test_hostile_host_batch_reads)
 		ck_assert_int_eq(tp_chan_read_many(ch, it, 3, &n, 5000), -ECONNRESET);
 	}
 	tp_chan_release(ch);
-	ck_assert_int_eq(tpt_sync_post(&go, 2), 0);
-	ck_assert(tpt_wait_ok(pid, 4 * T_MS, "fake host"));
-	ck_assert(tpt_daemon_alive(&host));
-	close(fh.lfd);
-	tp_context_free(ctx);
-	ck_assert_int_eq(tpt_daemon_stop(&host), 0);
-	tpt_sync_done(&go);
+	fake_host_stop(&fh, pid, ctx);
 }
 END_TEST
 
