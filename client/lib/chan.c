@@ -12,7 +12,9 @@
  * An item the daemon hands out is never dropped here: a read whose caller gave up waiting
  * (tp_context_options.reply_timeout_ms past its timeout) stays filed on its handle (tp_chan.late);
  * its late item is returned by the handle's next tp_chan_read(), or written back to the channel
- * when the handle is released first.
+ * when the handle is released first. A message read that gave up (tp_chan.late_msg, chanmsg.c)
+ * keeps the descriptor of the item the daemon holds for the handle for the next
+ * tp_chan_read_descriptor(); at release the daemon gives that item back itself.
  *
  * A write's private items go through a staging buffer, which the library lends to the channel
  * (ChanOp.lend) while it has fewer than CHAN_LENT_MAX lent: the daemon keeps the items there
@@ -46,6 +48,8 @@ void tpc_chan_req_free(struct chan_req *cr)
 /* Drops @cr, a read whose caller gave up, once it is answered without an item; lock held. */
 static void late_forget_locked(struct chan_req *cr)
 {
+	if (cr->msg_read && cr->ch && cr->req.done)
+		return tpc_chan_msg_late_locked(cr);
 	if (!cr->ch || (cr->req.done && cr->n))
 		return; /* its caller waits for it, or it keeps an item for the next read */
 	tpu_list_remove(&cr->node);
@@ -168,6 +172,13 @@ bool tpc_chan_late_ready_locked(struct tp_chan *ch)
 	       tpu_list_first(&ch->late, struct chan_req, node)->req.done;
 }
 
+/* True when @ch has what @cr's caller returns instead of its own answer: the item of a late
+ * byte read, or the descriptor a late message read brought; lock held. */
+static bool late_ready_for_locked(const struct chan_req *cr, struct tp_chan *ch)
+{
+	return cr->msg_read ? ch->late_desc != NULL : tpc_chan_late_ready_locked(ch);
+}
+
 /* Moves the late reads of @ch that hold their item to @to, oldest first; lock held. */
 static void late_take_done_locked(struct tp_chan *ch, struct tpu_list *to)
 {
@@ -207,9 +218,10 @@ int tpc_chan_send(struct tp_context *ctx, Tpw__V1__ChanOp *op, const struct iove
 
 /*
  * Waits (lock held, dropped while waiting) up to @wait_ms plus the reply timeout for the answer
- * to @cr, or with @late (a read's handle) until the oldest late read of @late holds its item.
- * Leaves @cr filed when it gives up. Return: the daemon's status or -errno when @cr is done;
- * -ETIMEDOUT (the caller gave up) or 1 (a late item is ready) when it is not.
+ * to @cr, or with @late (a read's handle) until the oldest late read of @late holds its item
+ * (for a message read: until a late message read of @late brought a descriptor). Leaves @cr
+ * filed when it gives up. Return: the daemon's status or -errno when @cr is done; -ETIMEDOUT
+ * (the caller gave up) or 1 (a late item is ready) when it is not.
  */
 int tpc_chan_wait_locked(struct tp_context *ctx, struct chan_req *cr, int wait_ms,
 			 struct tp_chan *late)
@@ -222,10 +234,10 @@ int tpc_chan_wait_locked(struct tp_context *ctx, struct chan_req *cr, int wait_m
 	for (;;) {
 		if (cr->req.done)
 			return cr->req.status;
-		if (late && tpc_chan_late_ready_locked(late))
+		if (late && late_ready_for_locked(cr, late))
 			return 1;
 		if (pthread_cond_timedwait(&ctx->cond, &ctx->lock, &ts) == ETIMEDOUT &&
-		    !cr->req.done && !(late && tpc_chan_late_ready_locked(late))) {
+		    !cr->req.done && !(late && late_ready_for_locked(cr, late))) {
 			snprintf(cr->req.msg, sizeof(cr->req.msg), "no answer from the daemon "
 				 "within %d ms (tp_context_options.reply_timeout_ms)",
 				 wait_ms + ctx->reply_ms);
@@ -386,6 +398,7 @@ TP_EXPORT int tp_chan_open(struct tp_context *ctx, const char *name,
 		ch->owner_uid = o->owner_uid;
 	tpu_list_init(&ch->late);
 	tpu_list_init(&ch->descs);
+	tpu_list_init(&ch->late_msg);
 	*ret = ch;
 	return 0;
 }

@@ -413,12 +413,89 @@ static int msg_minor(struct tp_chan *ch, const char *what)
 			 TPW_MINOR_CHAN_MSG);
 }
 
+/* Frees message read @cr and the descriptor it holds. */
+static void msg_req_free(struct chan_req *cr)
+{
+	free(cr->desc);
+	cr->desc = NULL;
+	tpc_chan_req_free(cr);
+}
+
+/*
+ * Every descriptor the daemon answers a handle's message read with describes the one item it
+ * holds for the handle, until a take or a drop of it. A late answer is filed only when the
+ * handle's caller has no descriptor of that item yet: none filed, none handed out and not yet
+ * read or freed (tp_chan_read_msg() and tp_chan_descriptor_free() keep theirs filed until the
+ * daemon answered them, so a late answer sent before a take never outlives it).
+ */
+void tpc_chan_msg_late_locked(struct chan_req *cr)
+{
+	struct tp_chan *ch = cr->ch;
+
+	tpu_list_remove(&cr->node);
+	if (cr->req.status == 0 && cr->desc && !ch->late_desc && tpu_list_empty(&ch->descs)) {
+		ch->late_desc = cr;
+		return;
+	}
+	msg_req_free(cr); /* failed, or the item described already */
+}
+
+/* @cr's descriptor filed on @ch and into *@ret, @cr freed (lock held). Return: 0 or
+ * TP_CHAN_CLOSED. */
+static int desc_hand_out_locked(struct tp_chan *ch, struct chan_req *cr,
+				struct tp_descriptor **ret)
+{
+	struct chan_desc *d = (struct chan_desc *)cr->desc;
+	bool closed = cr->closed;
+
+	cr->desc = NULL;
+	msg_req_free(cr);
+	d->ch = ch;
+	tpu_list_insert_tail(&ch->descs, &d->node);
+	*ret = &d->pub;
+	return closed ? TP_CHAN_CLOSED : 0;
+}
+
+/*
+ * Waits for message read @cr (sent, owned) of @ch and decides the call's result (lock held):
+ * its own answer, or the descriptor a late read brought (the same item: the other is dropped);
+ * a read not answered yet is filed on ch->late_msg. Return: as tp_chan_read_descriptor(),
+ * the reason in @why.
+ */
+static int desc_wait_locked(struct tp_chan *ch, struct chan_req *cr, int timeout_ms,
+			    struct tp_descriptor **ret, char *why, size_t wl)
+{
+	struct chan_req *late;
+	int r = tpc_chan_wait_locked(ch->ctx, cr, timeout_ms, ch);
+
+	if (r == -ETIMEDOUT && timeout_ms == 0 && cr->req.done)
+		r = -EAGAIN;
+	if (r == 0 && !cr->desc)
+		r = -EPROTO;
+	snprintf(why, wl, "%s", r == -EPROTO && !cr->req.status ?
+		 "an answer without a descriptor" : cr->req.msg);
+	if (!cr->req.done) { /* gave up, or a late read's descriptor came: its answer is filed */
+		cr->ch = ch;
+		tpu_list_insert_tail(&ch->late_msg, &cr->node);
+	}
+	late = ch->late_desc;
+	ch->late_desc = NULL;
+	if (cr->req.done && r >= 0) {
+		if (late)
+			msg_req_free(late);
+		return desc_hand_out_locked(ch, cr, ret);
+	}
+	if (cr->req.done)
+		msg_req_free(cr);
+	return late ? desc_hand_out_locked(ch, late, ret) : r;
+}
+
 TP_EXPORT int tp_chan_read_descriptor(struct tp_chan *ch, struct tp_descriptor **ret,
 				      int timeout_ms)
 {
 	Tpw__V1__ChanOp op = TPW__V1__CHAN_OP__INIT;
-	struct chan_req cr = { 0 };
-	struct chan_desc *d;
+	struct chan_req *cr;
+	char why[sizeof(cr->req.msg)];
 	int r;
 
 	if (!ch || !ret)
@@ -426,40 +503,58 @@ TP_EXPORT int tp_chan_read_descriptor(struct tp_chan *ch, struct tp_descriptor *
 	r = msg_minor(ch, "tp_chan_read_descriptor");
 	if (r < 0)
 		return r;
+	pthread_mutex_lock(&ch->ctx->lock);
+	cr = ch->late_desc; /* the descriptor a read that gave up brought goes first */
+	ch->late_desc = NULL;
+	if (cr)
+		r = desc_hand_out_locked(ch, cr, ret);
+	pthread_mutex_unlock(&ch->ctx->lock);
+	if (cr)
+		return r;
+	cr = calloc(1, sizeof(*cr));
+	if (!cr)
+		return tpc_error(-ENOMEM, "out of memory");
+	cr->msg_read = true;
 	op.op = TPW__V1__CHAN_OP_KIND__CHAN_OP_READ;
 	op.chan_id = ch->id;
 	op.timeout_ms = timeout_ms < 0 ? UINT32_MAX : (uint32_t)timeout_ms;
 	op.msg = true;
-	r = tpc_chan_call(ch->ctx, &op, NULL, 0, timeout_ms, &cr);
-	if (r == -ETIMEDOUT && timeout_ms == 0 && cr.req.done)
-		r = -EAGAIN;
-	if (r == 0 && !cr.desc)
-		r = -EPROTO;
+	r = tpc_chan_send(ch->ctx, &op, NULL, 0, cr);
 	if (r < 0) {
-		free(cr.desc);
-		return tpc_error(r, "channel '%s': %s", ch->name, r == -EPROTO && !cr.req.status ?
-				 "an answer without a descriptor" : cr.req.msg);
+		free(cr);
+		return r;
 	}
-	d = (struct chan_desc *)cr.desc;
-	d->ch = ch;
 	pthread_mutex_lock(&ch->ctx->lock);
-	tpu_list_insert_tail(&ch->descs, &d->node);
+	r = desc_wait_locked(ch, cr, timeout_ms, ret, why, sizeof(why));
 	pthread_mutex_unlock(&ch->ctx->lock);
-	*ret = &d->pub;
-	return cr.closed ? TP_CHAN_CLOSED : 0;
+	if (r < 0)
+		return tpc_error(r, "channel '%s': %s", ch->name, why);
+	return r;
 }
 
 void tpc_chan_msg_orphan(struct tp_chan *ch)
 {
+	struct tp_context *ctx = ch->ctx;
 	struct chan_desc *d, *tmp;
+	struct chan_req *cr, *ctmp;
 
-	pthread_mutex_lock(&ch->ctx->lock);
+	pthread_mutex_lock(&ctx->lock);
 	tpu_list_for_each_safe(d, tmp, &ch->descs, node) {
 		tpu_list_remove(&d->node);
 		tpu_list_init(&d->node);
 		d->ch = NULL;
 	}
-	pthread_mutex_unlock(&ch->ctx->lock);
+	/* the daemon gave the held item back to the channel, and canceled the waiting reads */
+	tpu_list_for_each_safe(cr, ctmp, &ch->late_msg, node) {
+		if (tpc_map_get(&ctx->reqs, cr->req.id) == &cr->req)
+			tpc_map_del(&ctx->reqs, cr->req.id);
+		tpu_list_remove(&cr->node);
+		msg_req_free(cr);
+	}
+	if (ch->late_desc)
+		msg_req_free(ch->late_desc);
+	ch->late_desc = NULL;
+	pthread_mutex_unlock(&ctx->lock);
 }
 
 /* Frees @cd, unfiled from its handle. */
@@ -771,11 +866,13 @@ TP_EXPORT int tp_chan_descriptor_free(struct tp_descriptor *d)
 	if (!cd)
 		return d ? tpc_error(-EINVAL, "tp_chan_descriptor_free: not a channel's") : 0;
 	ch = cd->ch;
-	desc_free(cd);
-	if (!ch)
+	if (!ch) {
+		desc_free(cd);
 		return 0; /* its handle was released: the item went back to the channel */
+	}
 	op.msg_drop = true;
 	r = take_call(ch, &op, &cr);
+	desc_free(cd); /* filed until answered: tpc_chan_msg_late_locked() */
 	if (r < 0)
 		return tpc_error(r, "channel '%s': cannot drop the held item: %s", ch->name,
 				 cr.req.msg);

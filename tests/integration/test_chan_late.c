@@ -7,7 +7,10 @@
  * the channel when the handle is released first; a write that the caller gave up on reports
  * -EINPROGRESS, not a failure, and its batch is in the channel once the daemon runs. A read
  * that waits while the given-up read is still waiting in the daemon returns the item that read
- * gets (the oldest waiting reader's) as soon as it comes.
+ * gets (the oldest waiting reader's) as soon as it comes. The same for message reads
+ * (tp_chan_read_descriptor()): a late descriptor is the handle's next one, a release gives its
+ * item (held by the daemon) back, and a read waiting behind the given-up one returns its
+ * descriptor at once; the read it supersedes brings the next item's.
  */
 #include <check.h>
 #include <errno.h>
@@ -25,6 +28,7 @@
 #define T_MS 30000
 #define LATE_REPLY_MS TPT_SCALED_MS(500) /* the giving-up context's reply timeout */
 #define ITEM "late item"
+#define META "late meta"
 
 static void setup(void)
 {
@@ -91,17 +95,42 @@ static int write_item(void)
 	return r;
 }
 
-/* Another process writes ITEM and exits. */
-static void write_from_child(void)
+/* Writes a message (META, one payload ITEM) to channel "late" from a new context. Return: 0
+ * or -errno. */
+static int write_msg(void)
+{
+	struct tp_payload p = { .data = ITEM, .length = sizeof(ITEM) };
+	struct tp_message m = { .metadata = META, .metadata_len = sizeof(META), .payloads = &p,
+				.n_payloads = 1 };
+	struct tp_context *ctx = NULL;
+	struct tp_chan *ch = NULL;
+	int r = tpt_ctx_new(&tpt_fixture_daemon, 0, "writer", &ctx);
+
+	if (r == 0)
+		r = tp_chan_open(ctx, "late", NULL, &ch);
+	if (r == 0)
+		r = tp_chan_write_msgs(ch, &m, 1, 0);
+	tp_chan_release(ch);
+	tp_context_free(ctx);
+	return r;
+}
+
+/* Another process writes ITEM (@msg: as a message) and exits. */
+static void write_from_child_as(bool msg)
 {
 	pid_t pid = fork();
 	int st;
 
 	ck_assert_int_ge(pid, 0);
 	if (pid == 0)
-		_exit(write_item() == 0 ? 0 : 1);
+		_exit((msg ? write_msg() : write_item()) == 0 ? 0 : 1);
 	ck_assert_int_eq(waitpid(pid, &st, 0), pid);
 	ck_assert_msg(WIFEXITED(st) && WEXITSTATUS(st) == 0, "writer failed");
+}
+
+static void write_from_child(void)
+{
+	write_from_child_as(false);
 }
 
 /* `tpipctl channels --json`: readers_waiting of channel "late" (-1 if unknown). */
@@ -169,6 +198,24 @@ static void check_item(int r, void *item, size_t len)
 	ck_assert_uint_eq(len, sizeof(ITEM));
 	ck_assert_mem_eq(item, ITEM, sizeof(ITEM));
 	free(item);
+}
+
+/* Checks that @r (a tp_chan_read_descriptor()'s) gave @d, the message of write_msg(), and
+ * reads it. */
+static void check_msg(struct tp_chan *ch, int r, struct tp_descriptor *d)
+{
+	char buf[sizeof(ITEM)] = { 0 };
+	struct tp_slot slot = { .data = buf };
+	struct tp_allocation a = { .payloads = &slot, .n_payloads = 1 };
+
+	ck_assert_msg(r == 0, "read_descriptor: %d %s", r, tp_last_error());
+	ck_assert_uint_eq(d->metadata_len, sizeof(META));
+	ck_assert_mem_eq(d->metadata, META, sizeof(META));
+	ck_assert_uint_eq(d->n_payloads, 1);
+	ck_assert_uint_eq(d->payloads[0].length, sizeof(ITEM));
+	r = tp_chan_read_msg(ch, d, &a);
+	ck_assert_msg(r == 0, "read_msg: %d %s", r, tp_last_error());
+	ck_assert_mem_eq(buf, ITEM, sizeof(ITEM));
 }
 
 /* A try-once read given up while the daemon is stopped: the item the daemon hands out once it
@@ -288,6 +335,102 @@ START_TEST(test_late_write_in_progress)
 }
 END_TEST
 
+/* A try-once message read given up while the daemon is stopped: the descriptor the daemon
+ * answers once it runs is the next message read's, its item read once. */
+START_TEST(test_late_desc_next_read)
+{
+	struct tp_context *keeper = ctx_new(0), *ctx = ctx_new(LATE_REPLY_MS);
+	struct tp_chan *keep = chan_open(keeper, TP_CHAN_CREATE), *ch = chan_open(ctx, 0);
+	struct tp_descriptor *d = NULL;
+	int r;
+
+	write_from_child_as(true);
+	daemon_stop();
+	r = tp_chan_read_descriptor(ch, &d, 0);
+	daemon_cont();
+	ck_assert_msg(r == -ETIMEDOUT, "read while stopped: %d %s", r, tp_last_error());
+	r = tp_chan_read_descriptor(ch, &d, TPT_SCALED_MS(5000));
+	check_msg(ch, r, d);
+	ck_assert_int_eq(tp_chan_read_descriptor(ch, &d, 0), -EAGAIN);
+	ck_assert_int_eq(tp_chan_read_descriptor(keep, &d, 0), -EAGAIN);
+	ck_assert_int_eq(tp_chan_release(ch), 0);
+	ck_assert_int_eq(tp_chan_release(keep), 0);
+	tp_context_free(ctx);
+	tp_context_free(keeper);
+}
+END_TEST
+
+/* The same given-up message read, then the handle is released without reading: the daemon
+ * gives the item it holds back to the channel, once, and another handle reads it. */
+START_TEST(test_late_desc_release_gives_back)
+{
+	struct tp_context *keeper = ctx_new(0), *ctx = ctx_new(LATE_REPLY_MS);
+	struct tp_chan *keep = chan_open(keeper, TP_CHAN_CREATE), *ch = chan_open(ctx, 0);
+	struct tp_descriptor *d = NULL;
+	int r;
+
+	write_from_child_as(true);
+	daemon_stop();
+	r = tp_chan_read_descriptor(ch, &d, 0);
+	daemon_cont();
+	ck_assert_msg(r == -ETIMEDOUT, "read while stopped: %d %s", r, tp_last_error());
+	r = tp_chan_release(ch);
+	ck_assert_msg(r == 0, "release: %d %s", r, tp_last_error());
+	r = tp_chan_read_descriptor(keep, &d, TPT_SCALED_MS(5000));
+	check_msg(keep, r, d);
+	ck_assert_int_eq(tp_chan_read_descriptor(keep, &d, 0), -EAGAIN);
+	ck_assert_int_eq(tp_chan_release(keep), 0);
+	tp_context_free(ctx);
+	tp_context_free(keeper);
+}
+END_TEST
+
+/* A timed message read given up while the daemon is stopped still waits in the daemon; the
+ * next one waits behind it. The item written then is held for the given-up read, and the next
+ * read returns its descriptor at once (before, it waited for an item of its own while the
+ * handle held this one). That read, still waiting in the daemon, brings the descriptor of the
+ * next item written, which the read after returns; nothing is described twice. */
+START_TEST(test_late_desc_while_next_waits)
+{
+	struct tp_context *keeper = ctx_new(0), *ctx = ctx_new(LATE_REPLY_MS);
+	struct tp_chan *keep = chan_open(keeper, TP_CHAN_CREATE), *ch = chan_open(ctx, 0);
+	struct tp_descriptor *d = NULL;
+	uint64_t t0;
+	pid_t pid;
+	int r, st;
+
+	daemon_stop();
+	r = tp_chan_read_descriptor(ch, &d, TPT_SCALED_MS(5000));
+	daemon_cont();
+	ck_assert_msg(r == -ETIMEDOUT, "read while stopped: %d %s", r, tp_last_error());
+	pid = fork();
+	ck_assert_int_ge(pid, 0);
+	if (pid == 0) { /* writes once both reads of @ch wait in the daemon */
+		uint64_t end = tpt_now_ms() + T_MS;
+
+		while (readers_waiting() != 2)
+			if (tpt_now_ms() > end)
+				_exit(2);
+		_exit(write_msg() == 0 ? 0 : 1);
+	}
+	t0 = tpt_now_ms();
+	r = tp_chan_read_descriptor(ch, &d, T_MS);
+	ck_assert_msg(tpt_now_ms() - t0 < T_MS, "the read waited for its own answer");
+	check_msg(ch, r, d);
+	ck_assert_int_eq(waitpid(pid, &st, 0), pid);
+	ck_assert_msg(WIFEXITED(st) && WEXITSTATUS(st) == 0, "writer child: %d", st);
+	write_from_child_as(true);
+	r = tp_chan_read_descriptor(ch, &d, TPT_SCALED_MS(5000));
+	check_msg(ch, r, d);
+	ck_assert_int_eq(tp_chan_read_descriptor(ch, &d, 0), -EAGAIN);
+	ck_assert_int_eq(tp_chan_release(ch), 0);
+	ck_assert_int_eq(tp_chan_read_descriptor(keep, &d, 0), -EAGAIN);
+	ck_assert_int_eq(tp_chan_release(keep), 0);
+	tp_context_free(ctx);
+	tp_context_free(keeper);
+}
+END_TEST
+
 static Suite *chan_late_suite(void)
 {
 	Suite *s = suite_create("chan_late");
@@ -299,6 +442,9 @@ static Suite *chan_late_suite(void)
 	tcase_add_test(tc, test_late_read_release_gives_back);
 	tcase_add_test(tc, test_late_read_while_next_waits);
 	tcase_add_test(tc, test_late_write_in_progress);
+	tcase_add_test(tc, test_late_desc_next_read);
+	tcase_add_test(tc, test_late_desc_release_gives_back);
+	tcase_add_test(tc, test_late_desc_while_next_waits);
 	suite_add_tcase(s, tc);
 	return s;
 }
