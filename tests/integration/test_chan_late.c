@@ -7,10 +7,9 @@
  * the channel when the handle is released first; a write that the caller gave up on reports
  * -EINPROGRESS, not a failure, and its batch is in the channel once the daemon runs. A read
  * that waits while the given-up read is still waiting in the daemon returns the item that read
- * gets (the oldest waiting reader's) as soon as it comes. The same for message reads
- * (tp_chan_read_descriptor()): a late descriptor is the handle's next one, a release gives its
- * item (held by the daemon) back, and a read waiting behind the given-up one returns its
- * descriptor at once; the read it supersedes brings the next item's.
+ * gets (the oldest waiting reader's) as soon as it comes, and itself brings the next item
+ * for the read after. Each read case runs for byte reads (tp_chan_read()) and message reads
+ * (tp_chan_read_descriptor(), whose item the daemon holds for the handle).
  */
 #include <check.h>
 #include <errno.h>
@@ -128,10 +127,6 @@ static void write_from_child_as(bool msg)
 	ck_assert_msg(WIFEXITED(st) && WEXITSTATUS(st) == 0, "writer failed");
 }
 
-static void write_from_child(void)
-{
-	write_from_child_as(false);
-}
 
 /* `tpipctl channels --json`: readers_waiting of channel "late" (-1 if unknown). */
 static long readers_waiting(void)
@@ -218,25 +213,49 @@ static void check_msg(struct tp_chan *ch, int r, struct tp_descriptor *d)
 	ck_assert_mem_eq(buf, ITEM, sizeof(ITEM));
 }
 
-/* A try-once read given up while the daemon is stopped: the item the daemon hands out once it
- * runs again is the next read's, and is not handed out twice. */
+/* What a read of the loop's kind (@msg: tp_chan_read_descriptor(), else tp_chan_read()) got. */
+struct got {
+	void *item;
+	size_t len;
+	struct tp_descriptor *d;
+};
+
+static int read_as(struct tp_chan *ch, bool msg, int timeout_ms, struct got *g)
+{
+	if (msg)
+		return tp_chan_read_descriptor(ch, &g->d, timeout_ms);
+	return tp_chan_read(ch, &g->item, &g->len, timeout_ms);
+}
+
+/* Checks that @r, @g are ITEM (as a message: write_msg()'s), read whole. */
+static void check_got(struct tp_chan *ch, bool msg, int r, struct got *g)
+{
+	if (msg)
+		check_msg(ch, r, g->d);
+	else
+		check_item(r, g->item, g->len);
+}
+
+/* A try-once read given up while the daemon is stopped (_i 0: a byte read, 1: a message
+ * read): the item the daemon hands out once it runs again (for a message read: holds for the
+ * handle and describes) is the next read's, and is not handed out twice. */
 START_TEST(test_late_read_next_read)
 {
 	struct tp_context *keeper = ctx_new(0), *ctx = ctx_new(LATE_REPLY_MS);
 	struct tp_chan *keep = chan_open(keeper, TP_CHAN_CREATE), *ch = chan_open(ctx, 0);
-	void *item = NULL;
-	size_t len = 0;
+	bool msg = _i;
+	struct got g = { 0 };
 	int r;
 
-	write_from_child();
+	write_from_child_as(msg);
 	daemon_stop();
-	r = tp_chan_read(ch, &item, &len, 0);
+	r = read_as(ch, msg, 0, &g);
 	daemon_cont();
 	ck_assert_msg(r == -ETIMEDOUT, "read while stopped: %d %s", r, tp_last_error());
-	r = tp_chan_read(ch, &item, &len, TPT_SCALED_MS(5000));
-	check_item(r, item, len);
-	ck_assert_int_eq(tp_chan_read(ch, &item, &len, 0), -EAGAIN);
-	ck_assert_int_eq(tp_chan_read(keep, &item, &len, 0), -EAGAIN);
+	r = read_as(ch, msg, TPT_SCALED_MS(5000), &g);
+	check_got(ch, msg, r, &g);
+	ck_assert_int_eq(read_as(ch, msg, 0, &g), -EAGAIN);
+	ck_assert_int_eq(read_as(keep, msg, 0, &g), -EAGAIN);
 	ck_assert_int_eq(tp_chan_release(ch), 0);
 	ck_assert_int_eq(tp_chan_release(keep), 0);
 	tp_context_free(ctx);
@@ -245,25 +264,26 @@ START_TEST(test_late_read_next_read)
 END_TEST
 
 /* The same given-up read, then the handle is released without reading: the item goes back to
- * the channel and another handle reads it. */
+ * the channel, once (a byte read's written back by the library; a message read's, held by the
+ * daemon, given back by the daemon), and another handle reads it. */
 START_TEST(test_late_read_release_gives_back)
 {
 	struct tp_context *keeper = ctx_new(0), *ctx = ctx_new(LATE_REPLY_MS);
 	struct tp_chan *keep = chan_open(keeper, TP_CHAN_CREATE), *ch = chan_open(ctx, 0);
-	void *item = NULL;
-	size_t len = 0;
+	bool msg = _i;
+	struct got g = { 0 };
 	int r;
 
-	write_from_child();
+	write_from_child_as(msg);
 	daemon_stop();
-	r = tp_chan_read(ch, &item, &len, 0);
+	r = read_as(ch, msg, 0, &g);
 	daemon_cont();
 	ck_assert_msg(r == -ETIMEDOUT, "read while stopped: %d %s", r, tp_last_error());
 	r = tp_chan_release(ch);
 	ck_assert_msg(r == 0, "release: %d %s", r, tp_last_error());
-	r = tp_chan_read(keep, &item, &len, TPT_SCALED_MS(5000));
-	check_item(r, item, len);
-	ck_assert_int_eq(tp_chan_read(keep, &item, &len, 0), -EAGAIN);
+	r = read_as(keep, msg, TPT_SCALED_MS(5000), &g);
+	check_got(keep, msg, r, &g);
+	ck_assert_int_eq(read_as(keep, msg, 0, &g), -EAGAIN);
 	ck_assert_int_eq(tp_chan_release(keep), 0);
 	tp_context_free(ctx);
 	tp_context_free(keeper);
@@ -272,19 +292,22 @@ END_TEST
 
 /* A timed read given up while the daemon is stopped still waits in the daemon once it runs;
  * the next read waits behind it. An item written then goes to the given-up read (the oldest
- * reader), and the next read returns it at once rather than waiting for its own. */
+ * reader), and the next read returns it at once rather than waiting for its own (a message
+ * read used to wait for an item of its own while the handle held this one). That read, still
+ * waiting in the daemon, gets the next item written, which the read after returns; nothing
+ * is handed out twice. */
 START_TEST(test_late_read_while_next_waits)
 {
 	struct tp_context *keeper = ctx_new(0), *ctx = ctx_new(LATE_REPLY_MS);
 	struct tp_chan *keep = chan_open(keeper, TP_CHAN_CREATE), *ch = chan_open(ctx, 0);
-	void *item = NULL;
-	size_t len = 0;
+	bool msg = _i;
+	struct got g = { 0 };
 	uint64_t t0;
 	pid_t pid;
 	int r, st;
 
 	daemon_stop();
-	r = tp_chan_read(ch, &item, &len, TPT_SCALED_MS(5000));
+	r = read_as(ch, msg, TPT_SCALED_MS(5000), &g);
 	daemon_cont();
 	ck_assert_msg(r == -ETIMEDOUT, "read while stopped: %d %s", r, tp_last_error());
 	pid = fork();
@@ -295,16 +318,20 @@ START_TEST(test_late_read_while_next_waits)
 		while (readers_waiting() != 2)
 			if (tpt_now_ms() > end)
 				_exit(2);
-		_exit(write_item() == 0 ? 0 : 1);
+		_exit((msg ? write_msg() : write_item()) == 0 ? 0 : 1);
 	}
 	t0 = tpt_now_ms();
-	r = tp_chan_read(ch, &item, &len, T_MS);
-	check_item(r, item, len);
+	r = read_as(ch, msg, T_MS, &g);
 	ck_assert_msg(tpt_now_ms() - t0 < T_MS, "the read waited for its own answer");
+	check_got(ch, msg, r, &g);
 	ck_assert_int_eq(waitpid(pid, &st, 0), pid);
 	ck_assert_msg(WIFEXITED(st) && WEXITSTATUS(st) == 0, "writer child: %d", st);
-	ck_assert_int_eq(tp_chan_release(ch), 0); /* its own read still waits: canceled */
-	ck_assert_int_eq(tp_chan_read(keep, &item, &len, 0), -EAGAIN);
+	write_from_child_as(msg);
+	r = read_as(ch, msg, TPT_SCALED_MS(5000), &g);
+	check_got(ch, msg, r, &g);
+	ck_assert_int_eq(read_as(ch, msg, 0, &g), -EAGAIN);
+	ck_assert_int_eq(tp_chan_release(ch), 0);
+	ck_assert_int_eq(read_as(keep, msg, 0, &g), -EAGAIN);
 	ck_assert_int_eq(tp_chan_release(keep), 0);
 	tp_context_free(ctx);
 	tp_context_free(keeper);
@@ -335,102 +362,6 @@ START_TEST(test_late_write_in_progress)
 }
 END_TEST
 
-/* A try-once message read given up while the daemon is stopped: the descriptor the daemon
- * answers once it runs is the next message read's, its item read once. */
-START_TEST(test_late_desc_next_read)
-{
-	struct tp_context *keeper = ctx_new(0), *ctx = ctx_new(LATE_REPLY_MS);
-	struct tp_chan *keep = chan_open(keeper, TP_CHAN_CREATE), *ch = chan_open(ctx, 0);
-	struct tp_descriptor *d = NULL;
-	int r;
-
-	write_from_child_as(true);
-	daemon_stop();
-	r = tp_chan_read_descriptor(ch, &d, 0);
-	daemon_cont();
-	ck_assert_msg(r == -ETIMEDOUT, "read while stopped: %d %s", r, tp_last_error());
-	r = tp_chan_read_descriptor(ch, &d, TPT_SCALED_MS(5000));
-	check_msg(ch, r, d);
-	ck_assert_int_eq(tp_chan_read_descriptor(ch, &d, 0), -EAGAIN);
-	ck_assert_int_eq(tp_chan_read_descriptor(keep, &d, 0), -EAGAIN);
-	ck_assert_int_eq(tp_chan_release(ch), 0);
-	ck_assert_int_eq(tp_chan_release(keep), 0);
-	tp_context_free(ctx);
-	tp_context_free(keeper);
-}
-END_TEST
-
-/* The same given-up message read, then the handle is released without reading: the daemon
- * gives the item it holds back to the channel, once, and another handle reads it. */
-START_TEST(test_late_desc_release_gives_back)
-{
-	struct tp_context *keeper = ctx_new(0), *ctx = ctx_new(LATE_REPLY_MS);
-	struct tp_chan *keep = chan_open(keeper, TP_CHAN_CREATE), *ch = chan_open(ctx, 0);
-	struct tp_descriptor *d = NULL;
-	int r;
-
-	write_from_child_as(true);
-	daemon_stop();
-	r = tp_chan_read_descriptor(ch, &d, 0);
-	daemon_cont();
-	ck_assert_msg(r == -ETIMEDOUT, "read while stopped: %d %s", r, tp_last_error());
-	r = tp_chan_release(ch);
-	ck_assert_msg(r == 0, "release: %d %s", r, tp_last_error());
-	r = tp_chan_read_descriptor(keep, &d, TPT_SCALED_MS(5000));
-	check_msg(keep, r, d);
-	ck_assert_int_eq(tp_chan_read_descriptor(keep, &d, 0), -EAGAIN);
-	ck_assert_int_eq(tp_chan_release(keep), 0);
-	tp_context_free(ctx);
-	tp_context_free(keeper);
-}
-END_TEST
-
-/* A timed message read given up while the daemon is stopped still waits in the daemon; the
- * next one waits behind it. The item written then is held for the given-up read, and the next
- * read returns its descriptor at once (before, it waited for an item of its own while the
- * handle held this one). That read, still waiting in the daemon, brings the descriptor of the
- * next item written, which the read after returns; nothing is described twice. */
-START_TEST(test_late_desc_while_next_waits)
-{
-	struct tp_context *keeper = ctx_new(0), *ctx = ctx_new(LATE_REPLY_MS);
-	struct tp_chan *keep = chan_open(keeper, TP_CHAN_CREATE), *ch = chan_open(ctx, 0);
-	struct tp_descriptor *d = NULL;
-	uint64_t t0;
-	pid_t pid;
-	int r, st;
-
-	daemon_stop();
-	r = tp_chan_read_descriptor(ch, &d, TPT_SCALED_MS(5000));
-	daemon_cont();
-	ck_assert_msg(r == -ETIMEDOUT, "read while stopped: %d %s", r, tp_last_error());
-	pid = fork();
-	ck_assert_int_ge(pid, 0);
-	if (pid == 0) { /* writes once both reads of @ch wait in the daemon */
-		uint64_t end = tpt_now_ms() + T_MS;
-
-		while (readers_waiting() != 2)
-			if (tpt_now_ms() > end)
-				_exit(2);
-		_exit(write_msg() == 0 ? 0 : 1);
-	}
-	t0 = tpt_now_ms();
-	r = tp_chan_read_descriptor(ch, &d, T_MS);
-	ck_assert_msg(tpt_now_ms() - t0 < T_MS, "the read waited for its own answer");
-	check_msg(ch, r, d);
-	ck_assert_int_eq(waitpid(pid, &st, 0), pid);
-	ck_assert_msg(WIFEXITED(st) && WEXITSTATUS(st) == 0, "writer child: %d", st);
-	write_from_child_as(true);
-	r = tp_chan_read_descriptor(ch, &d, TPT_SCALED_MS(5000));
-	check_msg(ch, r, d);
-	ck_assert_int_eq(tp_chan_read_descriptor(ch, &d, 0), -EAGAIN);
-	ck_assert_int_eq(tp_chan_release(ch), 0);
-	ck_assert_int_eq(tp_chan_read_descriptor(keep, &d, 0), -EAGAIN);
-	ck_assert_int_eq(tp_chan_release(keep), 0);
-	tp_context_free(ctx);
-	tp_context_free(keeper);
-}
-END_TEST
-
 static Suite *chan_late_suite(void)
 {
 	Suite *s = suite_create("chan_late");
@@ -438,13 +369,10 @@ static Suite *chan_late_suite(void)
 
 	tcase_add_checked_fixture(tc, setup, teardown);
 	tcase_set_timeout(tc, 60);
-	tcase_add_test(tc, test_late_read_next_read);
-	tcase_add_test(tc, test_late_read_release_gives_back);
-	tcase_add_test(tc, test_late_read_while_next_waits);
+	tcase_add_loop_test(tc, test_late_read_next_read, 0, 2);
+	tcase_add_loop_test(tc, test_late_read_release_gives_back, 0, 2);
+	tcase_add_loop_test(tc, test_late_read_while_next_waits, 0, 2);
 	tcase_add_test(tc, test_late_write_in_progress);
-	tcase_add_test(tc, test_late_desc_next_read);
-	tcase_add_test(tc, test_late_desc_release_gives_back);
-	tcase_add_test(tc, test_late_desc_while_next_waits);
 	suite_add_tcase(s, tc);
 	return s;
 }
