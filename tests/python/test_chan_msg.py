@@ -8,9 +8,13 @@ stays atomic and contiguous against another writer; readers in several threads t
 message once; close then drain; a reader and a writer in another process; byte items read as
 messages of one payload and message items refusing the byte reads while staying first; each
 error as its exception (non-contiguous tensors, mismatched destinations, released handle,
-closed context, limits); futures and asyncio; no leak over 2000 round trips."""
+closed context, limits); futures and asyncio; no leak over 2000 round trips; and
+examples/python/chan_msgs.py (numpy and torch)."""
 import asyncio
 import gc
+import os
+import subprocess
+import sys
 import threading
 import time
 import tracemalloc
@@ -368,3 +372,13 @@ def test_no_leak_over_2000_round_trips(ctx, request):
     tracemalloc.stop()
     assert grown < 256 * 1024, f"{grown} bytes kept over 2000 round trips"
     assert len(gc.get_objects()) - objs < 200
+
+
+@pytest.mark.parametrize("flag", ["", "--torch"])
+def test_example_sample_pipeline(daemon, flag):
+    if flag:
+        torch_or_skip()
+    ex = os.path.join(os.environ.get("TPY_EXAMPLES", ""), "chan_msgs.py")
+    p = subprocess.run([sys.executable, ex, "120", "3"] + ([flag] if flag else []),
+                       capture_output=True, text=True, timeout=150)
+    assert p.returncode == 0 and ": OK" in p.stdout, p.stdout + p.stderr

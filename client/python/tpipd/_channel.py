@@ -26,8 +26,8 @@ def _item_buffer(obj, contiguous, what):
         return obj
     if _tensor.is_torch(obj):
         if obj.is_cuda:
-            raise _tpipd.NotSupported(95, f"{what}: channel items are CPU memory (a CUDA "
-                                      "tensor travels through a Pipe)")
+            raise _tpipd.NotSupported(95, f"{what}: byte items are CPU memory (a CUDA "
+                                      "tensor travels in write_msg() or a Pipe)")
         if not obj.is_contiguous():
             obj = _tensor._contiguous(obj, contiguous, what)
         return _tensor.wire_buffer(obj)
@@ -38,8 +38,8 @@ def _item_buffer(obj, contiguous, what):
             obj = _tensor._contiguous(obj, contiguous, what)
         return obj
     if _cuda.is_cuda(obj):
-        raise _tpipd.NotSupported(95, f"{what}: channel items are CPU memory (a CUDA "
-                                  "tensor travels through a Pipe)")
+        raise _tpipd.NotSupported(95, f"{what}: byte items are CPU memory (a CUDA "
+                                  "tensor travels in write_msg() or a Pipe)")
     try:
         return memoryview(obj)  # any other buffer-protocol object
     except TypeError:
