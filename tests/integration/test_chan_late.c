@@ -76,28 +76,11 @@ static struct tp_chan *chan_open(struct tp_context *ctx, unsigned flags)
 	return ch;
 }
 
-/* Writes ITEM to channel "late" (kept open by the caller) from a new context. Return: 0 or
- * -errno. */
-static int write_item(void)
+/* Writes ITEM to channel "late" (kept open by the caller) from a new context; @msg: as a
+ * message (META, one payload ITEM). Return: 0 or -errno. */
+static int write_one(bool msg)
 {
 	struct iovec iov = { .iov_base = (void *)ITEM, .iov_len = sizeof(ITEM) };
-	struct tp_context *ctx = NULL;
-	struct tp_chan *ch = NULL;
-	int r = tpt_ctx_new(&tpt_fixture_daemon, 0, "writer", &ctx);
-
-	if (r == 0)
-		r = tp_chan_open(ctx, "late", NULL, &ch);
-	if (r == 0)
-		r = tp_chan_write(ch, &iov, 1, 0);
-	tp_chan_release(ch);
-	tp_context_free(ctx);
-	return r;
-}
-
-/* Writes a message (META, one payload ITEM) to channel "late" from a new context. Return: 0
- * or -errno. */
-static int write_msg(void)
-{
 	struct tp_payload p = { .data = ITEM, .length = sizeof(ITEM) };
 	struct tp_message m = { .metadata = META, .metadata_len = sizeof(META), .payloads = &p,
 				.n_payloads = 1 };
@@ -108,7 +91,7 @@ static int write_msg(void)
 	if (r == 0)
 		r = tp_chan_open(ctx, "late", NULL, &ch);
 	if (r == 0)
-		r = tp_chan_write_msgs(ch, &m, 1, 0);
+		r = msg ? tp_chan_write_msgs(ch, &m, 1, 0) : tp_chan_write(ch, &iov, 1, 0);
 	tp_chan_release(ch);
 	tp_context_free(ctx);
 	return r;
@@ -122,11 +105,10 @@ static void write_from_child_as(bool msg)
 
 	ck_assert_int_ge(pid, 0);
 	if (pid == 0)
-		_exit((msg ? write_msg() : write_item()) == 0 ? 0 : 1);
+		_exit(write_one(msg) == 0 ? 0 : 1);
 	ck_assert_int_eq(waitpid(pid, &st, 0), pid);
 	ck_assert_msg(WIFEXITED(st) && WEXITSTATUS(st) == 0, "writer failed");
 }
-
 
 /* `tpipctl channels --json`: readers_waiting of channel "late" (-1 if unknown). */
 static long readers_waiting(void)
@@ -195,7 +177,7 @@ static void check_item(int r, void *item, size_t len)
 	free(item);
 }
 
-/* Checks that @r (a tp_chan_read_descriptor()'s) gave @d, the message of write_msg(), and
+/* Checks that @r (a tp_chan_read_descriptor()'s) gave @d, the message of write_one(true), and
  * reads it. */
 static void check_msg(struct tp_chan *ch, int r, struct tp_descriptor *d)
 {
@@ -227,7 +209,7 @@ static int read_as(struct tp_chan *ch, bool msg, int timeout_ms, struct got *g)
 	return tp_chan_read(ch, &g->item, &g->len, timeout_ms);
 }
 
-/* Checks that @r, @g are ITEM (as a message: write_msg()'s), read whole. */
+/* Checks that @r, @g are ITEM (as a message: write_one(true)'s), read whole. */
 static void check_got(struct tp_chan *ch, bool msg, int r, struct got *g)
 {
 	if (msg)
@@ -318,7 +300,7 @@ START_TEST(test_late_read_while_next_waits)
 		while (readers_waiting() != 2)
 			if (tpt_now_ms() > end)
 				_exit(2);
-		_exit((msg ? write_msg() : write_item()) == 0 ? 0 : 1);
+		_exit(write_one(msg) == 0 ? 0 : 1);
 	}
 	t0 = tpt_now_ms();
 	r = read_as(ch, msg, T_MS, &g);
