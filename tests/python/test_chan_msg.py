@@ -357,10 +357,10 @@ def test_no_leak_over_2000_round_trips(ctx, request):
     x = np.arange(64, dtype=np.float32)
 
     def rounds(n):
-        for _ in range(n):
-            ch.write_msg(b"meta", [b"payload"], [x])
+        for i in range(n):  # fresh objects each time: a reference kept would keep them
+            ch.write_msg(b"m" * 1024 + b"%d" % i, [bytes(1024)], [x + i])
             m = ch.read_msg(timeout=T)
-            assert m.tensors[0][5] == 5.0
+            assert m.tensors[0][5] == 5.0 + i and len(m.payloads[0]) == 1024
     rounds(200)
     gc.collect()
     tracemalloc.start()
