@@ -1204,8 +1204,11 @@ int tp_chan_read_descriptor(struct tp_chan *ch, struct tp_descriptor **ret, int 
  * errors (the item goes back to the head of the channel); -EOPNOTSUPP (an item above the
  * inline limit with neither a staging buffer nor CMA for its slots outside shared buffers, or
  * on a channel that takes items inline only: the item stays held, and goes back on release);
- * -ETIMEDOUT (no answer within the reply timeout: a large item may still be copied into @alloc
- * later; a small one, answered inline later, is lost).
+ * -ETIMEDOUT (no answer within the reply timeout: @alloc is not written; an item answered
+ * inline later, which the daemon no longer has, is kept on the handle: the next
+ * tp_chan_read_descriptor() describes it and tp_chan_read_msg() copies it from there, or
+ * tp_chan_release() writes it back to the channel; a large item copied by the daemon may still
+ * be copied into shared-buffer slots of @alloc later, and is not kept).
  */
 int tp_chan_read_msg(struct tp_chan *ch, struct tp_descriptor *d,
 		     const struct tp_allocation *alloc);

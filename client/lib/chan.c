@@ -14,7 +14,8 @@
  * its late item is returned by the handle's next tp_chan_read(), or written back to the channel
  * when the handle is released first. A message read that gave up (tp_chan.late_msg, chanmsg.c)
  * keeps the descriptor of the item the daemon holds for the handle for the next
- * tp_chan_read_descriptor(); at release the daemon gives that item back itself.
+ * tp_chan_read_descriptor(); at release the daemon gives that item back itself. A take that
+ * gave up (tp_chan.late_takes) keeps the item itself, which a release writes back.
  *
  * A write's private items go through a staging buffer, which the library lends to the channel
  * (ChanOp.lend) while it has fewer than CHAN_LENT_MAX lent: the daemon keeps the items there
@@ -48,7 +49,7 @@ void tpc_chan_req_free(struct chan_req *cr)
 /* Drops @cr, a read whose caller gave up, once it is answered without an item; lock held. */
 static void late_forget_locked(struct chan_req *cr)
 {
-	if (cr->msg_read && cr->ch && cr->req.done)
+	if ((cr->msg_read || cr->msg_take) && cr->ch && cr->req.done)
 		return tpc_chan_msg_late_locked(cr);
 	if (!cr->ch || (cr->req.done && cr->n))
 		return; /* its caller waits for it, or it keeps an item for the next read */
@@ -176,7 +177,11 @@ bool tpc_chan_late_ready_locked(struct tp_chan *ch)
  * byte read, or the descriptor a late message read brought; lock held. */
 static bool late_ready_for_locked(const struct chan_req *cr, struct tp_chan *ch)
 {
-	return cr->msg_read ? ch->late_desc != NULL : tpc_chan_late_ready_locked(ch);
+	if (cr->msg_read)
+		return ch->late_desc || (!tpu_list_empty(&ch->late_takes) &&
+					 tpu_list_first(&ch->late_takes, struct chan_req,
+							node)->req.done);
+	return tpc_chan_late_ready_locked(ch);
 }
 
 /* Moves the late reads of @ch that hold their item to @to, oldest first; lock held. */
@@ -399,6 +404,7 @@ TP_EXPORT int tp_chan_open(struct tp_context *ctx, const char *name,
 	tpu_list_init(&ch->late);
 	tpu_list_init(&ch->descs);
 	tpu_list_init(&ch->late_msg);
+	tpu_list_init(&ch->late_takes);
 	*ret = ch;
 	return 0;
 }
@@ -471,7 +477,8 @@ static int chan_give_back(struct tp_chan *via, struct tpu_list *kept, const char
  * Releases @ch, which has reads whose caller gave up: their items are written back to the
  * channel through a second handle opened first (the daemon sends every item of @ch before it
  * answers the release), or through @ch itself before the release if that open fails (then an
- * item answering a read still waiting at the release is dropped). Takes @ch.
+ * item answering a read still waiting at the release is dropped). Message items the daemon
+ * no longer has (a take that gave up) go back the same way. Takes @ch.
  * Return: the release's result, else the give-back's.
  */
 static int chan_release_late(struct tp_chan *ch)
@@ -481,7 +488,7 @@ static int chan_release_late(struct tp_chan *ch)
 	struct tp_context *ctx = ch->ctx;
 	struct tp_chan *back = NULL;
 	struct chan_req *cr, *tmp;
-	int r, g = 0;
+	int r, g = 0, g2;
 
 	if (tp_chan_open(ctx, ch->name, &o, &back) < 0) {
 		back = NULL;
@@ -489,6 +496,8 @@ static int chan_release_late(struct tp_chan *ch)
 		late_take_done_locked(ch, &kept);
 		pthread_mutex_unlock(&ctx->lock);
 		g = chan_give_back(ch, &kept, ch->name);
+		g2 = tpc_chan_msg_give_back(ch, ch);
+		g = g ? g : g2;
 	}
 	r = chan_simple(ch, TPW__V1__CHAN_OP_KIND__CHAN_OP_RELEASE, "release");
 	pthread_mutex_lock(&ctx->lock);
@@ -500,12 +509,15 @@ static int chan_release_late(struct tp_chan *ch)
 		tpc_chan_req_free(cr); /* keeps a destination a copy may still reach */
 	}
 	pthread_mutex_unlock(&ctx->lock);
-	tpc_chan_msg_orphan(ch);
 	if (!tpu_list_empty(&kept)) {
-		int g2 = chan_give_back(back, &kept, ch->name);
-
+		g2 = chan_give_back(back, &kept, ch->name);
 		g = g ? g : g2;
 	}
+	if (back) { /* the message items the daemon no longer has */
+		g2 = tpc_chan_msg_give_back(ch, back);
+		g = g ? g : g2;
+	}
+	tpc_chan_msg_orphan(ch);
 	if (back)
 		tp_chan_release(back);
 	tpc_chan_lent_drop(ch);
@@ -520,7 +532,7 @@ TP_EXPORT int tp_chan_release(struct tp_chan *ch)
 
 	if (!ch)
 		return 0;
-	if (chan_late_any(ch))
+	if (chan_late_any(ch) || tpc_chan_msg_kept_any(ch))
 		return chan_release_late(ch);
 	r = chan_simple(ch, TPW__V1__CHAN_OP_KIND__CHAN_OP_RELEASE, "release");
 	tpc_chan_msg_orphan(ch);

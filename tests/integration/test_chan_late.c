@@ -9,7 +9,9 @@
  * that waits while the given-up read is still waiting in the daemon returns the item that read
  * gets (the oldest waiting reader's) as soon as it comes, and itself brings the next item
  * for the read after. Each read case runs for byte reads (tp_chan_read()) and message reads
- * (tp_chan_read_descriptor(), whose item the daemon holds for the handle).
+ * (tp_chan_read_descriptor(), whose item the daemon holds for the handle). A message take
+ * (tp_chan_read_msg()) given up keeps the item it is answered with for the next read, or for
+ * the release to write back.
  */
 #include <check.h>
 #include <errno.h>
@@ -344,6 +346,50 @@ START_TEST(test_late_write_in_progress)
 }
 END_TEST
 
+/* A take (tp_chan_read_msg()) given up while the daemon is stopped: the daemon takes the item
+ * out of the channel once it runs and answers with its bytes; they are kept on the handle,
+ * and (_i 0) the next tp_chan_read_descriptor() describes the item again and reads it, or
+ * (_i 1) the handle's release writes it back to the channel, where another handle reads it,
+ * or (_i 2) the same after that descriptor, not read. Before, the item was lost. */
+START_TEST(test_late_take_kept)
+{
+	struct tp_context *keeper = ctx_new(0), *ctx = ctx_new(LATE_REPLY_MS);
+	struct tp_chan *keep = chan_open(keeper, TP_CHAN_CREATE), *ch = chan_open(ctx, 0);
+	char buf[sizeof(ITEM)] = { 0 };
+	struct tp_slot slot = { .data = buf };
+	struct tp_allocation a = { .payloads = &slot, .n_payloads = 1 };
+	struct tp_descriptor *d = NULL;
+	struct tp_chan *rd = _i ? keep : ch;
+	int r;
+
+	write_from_child_as(true);
+	r = tp_chan_read_descriptor(ch, &d, TPT_SCALED_MS(5000));
+	ck_assert_msg(r == 0, "read_descriptor: %d %s", r, tp_last_error());
+	daemon_stop();
+	r = tp_chan_read_msg(ch, d, &a);
+	daemon_cont();
+	ck_assert_msg(r == -ETIMEDOUT, "take while stopped: %d %s", r, tp_last_error());
+	if (_i == 2) { /* described, not read: the release writes the item back */
+		r = tp_chan_read_descriptor(ch, &d, TPT_SCALED_MS(5000));
+		ck_assert_msg(r == 0 && d->metadata_len == sizeof(META), "kept: %d %s", r,
+			      tp_last_error());
+	}
+	if (_i) {
+		r = tp_chan_release(ch);
+		ck_assert_msg(r == 0, "release: %d %s", r, tp_last_error());
+	}
+	r = tp_chan_read_descriptor(rd, &d, TPT_SCALED_MS(5000));
+	check_msg(rd, r, d);
+	ck_assert_int_eq(tp_chan_read_descriptor(rd, &d, 0), -EAGAIN);
+	if (!_i)
+		ck_assert_int_eq(tp_chan_release(ch), 0);
+	ck_assert_int_eq(tp_chan_read_descriptor(keep, &d, 0), -EAGAIN);
+	ck_assert_int_eq(tp_chan_release(keep), 0);
+	tp_context_free(ctx);
+	tp_context_free(keeper);
+}
+END_TEST
+
 static Suite *chan_late_suite(void)
 {
 	Suite *s = suite_create("chan_late");
@@ -355,6 +401,7 @@ static Suite *chan_late_suite(void)
 	tcase_add_loop_test(tc, test_late_read_release_gives_back, 0, 2);
 	tcase_add_loop_test(tc, test_late_read_while_next_waits, 0, 2);
 	tcase_add_test(tc, test_late_write_in_progress);
+	tcase_add_loop_test(tc, test_late_take_kept, 0, 3);
 	suite_add_tcase(s, tc);
 	return s;
 }
