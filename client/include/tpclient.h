@@ -1180,9 +1180,12 @@ int tp_chan_write_msgs(struct tp_chan *ch, const struct tp_message *msgs, size_t
  * tp_chan_descriptor_free(); meanwhile it is out of the channel (still charged to it) and a
  * channel closed meanwhile is not drained. If the handle is released first, the item goes back
  * to the head of the channel, for the next reader. A handle holds one item at most: another
- * call before then describes the same item again (and a call that gave up waiting for the
- * daemon leaves its item held, described by the next one). Items kept on the handle for byte
- * reads that gave up (tp_chan_read()) are returned by the byte reads, not by this call.
+ * call before then describes the same item again. A call that gave up waiting for the daemon
+ * (-ETIMEDOUT past reply_timeout_ms) loses nothing: the daemon holds the item it hands out
+ * later for the handle, and its descriptor is kept on the handle and returned by the next call
+ * (at once, or as soon as it comes while that call waits); released first, the handle's held
+ * item goes back to the head of the channel. Items kept on the handle for byte reads that gave
+ * up (tp_chan_read()) are returned by the byte reads, not by this call.
  * @ret: returns an owned descriptor, for tp_chan_read_msg() or tp_chan_descriptor_free().
  * Return: 0, TP_CHAN_CLOSED (the channel is closed), -EPIPE, -EAGAIN, -ETIMEDOUT as
  * tp_chan_read(); -EOPNOTSUPP, -EPROTO (a descriptor that does not add up).
@@ -1201,8 +1204,11 @@ int tp_chan_read_descriptor(struct tp_chan *ch, struct tp_descriptor **ret, int 
  * errors (the item goes back to the head of the channel); -EOPNOTSUPP (an item above the
  * inline limit with neither a staging buffer nor CMA for its slots outside shared buffers, or
  * on a channel that takes items inline only: the item stays held, and goes back on release);
- * -ETIMEDOUT (no answer within the reply timeout: a large item may still be copied into @alloc
- * later; a small one, answered inline later, is lost).
+ * -ETIMEDOUT (no answer within the reply timeout: @alloc is not written; an item answered
+ * inline later, which the daemon no longer has, is kept on the handle: the next
+ * tp_chan_read_descriptor() describes it and tp_chan_read_msg() copies it from there, or
+ * tp_chan_release() writes it back to the channel; a large item copied by the daemon may still
+ * be copied into shared-buffer slots of @alloc later, and is not kept).
  */
 int tp_chan_read_msg(struct tp_chan *ch, struct tp_descriptor *d,
 		     const struct tp_allocation *alloc);

@@ -12,7 +12,10 @@
  * An item the daemon hands out is never dropped here: a read whose caller gave up waiting
  * (tp_context_options.reply_timeout_ms past its timeout) stays filed on its handle (tp_chan.late);
  * its late item is returned by the handle's next tp_chan_read(), or written back to the channel
- * when the handle is released first.
+ * when the handle is released first. A message read that gave up (tp_chan.late_msg, chanmsg.c)
+ * keeps the descriptor of the item the daemon holds for the handle for the next
+ * tp_chan_read_descriptor(); at release the daemon gives that item back itself. A take that
+ * gave up (tp_chan.late_takes) keeps the item itself, which a release writes back.
  *
  * A write's private items go through a staging buffer, which the library lends to the channel
  * (ChanOp.lend) while it has fewer than CHAN_LENT_MAX lent: the daemon keeps the items there
@@ -46,6 +49,8 @@ void tpc_chan_req_free(struct chan_req *cr)
 /* Drops @cr, a read whose caller gave up, once it is answered without an item; lock held. */
 static void late_forget_locked(struct chan_req *cr)
 {
+	if ((cr->msg_read || cr->msg_take) && cr->ch && cr->req.done)
+		return tpc_chan_msg_late_locked(cr);
 	if (!cr->ch || (cr->req.done && cr->n))
 		return; /* its caller waits for it, or it keeps an item for the next read */
 	tpu_list_remove(&cr->node);
@@ -168,6 +173,17 @@ bool tpc_chan_late_ready_locked(struct tp_chan *ch)
 	       tpu_list_first(&ch->late, struct chan_req, node)->req.done;
 }
 
+/* True when @ch has what @cr's caller returns instead of its own answer: the item of a late
+ * byte read, or the descriptor a late message read brought; lock held. */
+static bool late_ready_for_locked(const struct chan_req *cr, struct tp_chan *ch)
+{
+	if (cr->msg_read)
+		return ch->late_desc || (!tpu_list_empty(&ch->late_takes) &&
+					 tpu_list_first(&ch->late_takes, struct chan_req,
+							node)->req.done);
+	return tpc_chan_late_ready_locked(ch);
+}
+
 /* Moves the late reads of @ch that hold their item to @to, oldest first; lock held. */
 static void late_take_done_locked(struct tp_chan *ch, struct tpu_list *to)
 {
@@ -207,9 +223,10 @@ int tpc_chan_send(struct tp_context *ctx, Tpw__V1__ChanOp *op, const struct iove
 
 /*
  * Waits (lock held, dropped while waiting) up to @wait_ms plus the reply timeout for the answer
- * to @cr, or with @late (a read's handle) until the oldest late read of @late holds its item.
- * Leaves @cr filed when it gives up. Return: the daemon's status or -errno when @cr is done;
- * -ETIMEDOUT (the caller gave up) or 1 (a late item is ready) when it is not.
+ * to @cr, or with @late (a read's handle) until the oldest late read of @late holds its item
+ * (for a message read: until a late message read of @late brought a descriptor). Leaves @cr
+ * filed when it gives up. Return: the daemon's status or -errno when @cr is done; -ETIMEDOUT
+ * (the caller gave up) or 1 (a late item is ready) when it is not.
  */
 int tpc_chan_wait_locked(struct tp_context *ctx, struct chan_req *cr, int wait_ms,
 			 struct tp_chan *late)
@@ -222,10 +239,10 @@ int tpc_chan_wait_locked(struct tp_context *ctx, struct chan_req *cr, int wait_m
 	for (;;) {
 		if (cr->req.done)
 			return cr->req.status;
-		if (late && tpc_chan_late_ready_locked(late))
+		if (late && late_ready_for_locked(cr, late))
 			return 1;
 		if (pthread_cond_timedwait(&ctx->cond, &ctx->lock, &ts) == ETIMEDOUT &&
-		    !cr->req.done && !(late && tpc_chan_late_ready_locked(late))) {
+		    !cr->req.done && !(late && late_ready_for_locked(cr, late))) {
 			snprintf(cr->req.msg, sizeof(cr->req.msg), "no answer from the daemon "
 				 "within %d ms (tp_context_options.reply_timeout_ms)",
 				 wait_ms + ctx->reply_ms);
@@ -386,6 +403,8 @@ TP_EXPORT int tp_chan_open(struct tp_context *ctx, const char *name,
 		ch->owner_uid = o->owner_uid;
 	tpu_list_init(&ch->late);
 	tpu_list_init(&ch->descs);
+	tpu_list_init(&ch->late_msg);
+	tpu_list_init(&ch->late_takes);
 	*ret = ch;
 	return 0;
 }
@@ -458,7 +477,8 @@ static int chan_give_back(struct tp_chan *via, struct tpu_list *kept, const char
  * Releases @ch, which has reads whose caller gave up: their items are written back to the
  * channel through a second handle opened first (the daemon sends every item of @ch before it
  * answers the release), or through @ch itself before the release if that open fails (then an
- * item answering a read still waiting at the release is dropped). Takes @ch.
+ * item answering a read still waiting at the release is dropped). Message items the daemon
+ * no longer has (a take that gave up) go back the same way. Takes @ch.
  * Return: the release's result, else the give-back's.
  */
 static int chan_release_late(struct tp_chan *ch)
@@ -468,7 +488,7 @@ static int chan_release_late(struct tp_chan *ch)
 	struct tp_context *ctx = ch->ctx;
 	struct tp_chan *back = NULL;
 	struct chan_req *cr, *tmp;
-	int r, g = 0;
+	int r, g = 0, g2;
 
 	if (tp_chan_open(ctx, ch->name, &o, &back) < 0) {
 		back = NULL;
@@ -476,6 +496,8 @@ static int chan_release_late(struct tp_chan *ch)
 		late_take_done_locked(ch, &kept);
 		pthread_mutex_unlock(&ctx->lock);
 		g = chan_give_back(ch, &kept, ch->name);
+		g2 = tpc_chan_msg_give_back(ch, ch);
+		g = g ? g : g2;
 	}
 	r = chan_simple(ch, TPW__V1__CHAN_OP_KIND__CHAN_OP_RELEASE, "release");
 	pthread_mutex_lock(&ctx->lock);
@@ -487,12 +509,15 @@ static int chan_release_late(struct tp_chan *ch)
 		tpc_chan_req_free(cr); /* keeps a destination a copy may still reach */
 	}
 	pthread_mutex_unlock(&ctx->lock);
-	tpc_chan_msg_orphan(ch);
 	if (!tpu_list_empty(&kept)) {
-		int g2 = chan_give_back(back, &kept, ch->name);
-
+		g2 = chan_give_back(back, &kept, ch->name);
 		g = g ? g : g2;
 	}
+	if (back) { /* the message items the daemon no longer has */
+		g2 = tpc_chan_msg_give_back(ch, back);
+		g = g ? g : g2;
+	}
+	tpc_chan_msg_orphan(ch);
 	if (back)
 		tp_chan_release(back);
 	tpc_chan_lent_drop(ch);
@@ -507,7 +532,7 @@ TP_EXPORT int tp_chan_release(struct tp_chan *ch)
 
 	if (!ch)
 		return 0;
-	if (chan_late_any(ch))
+	if (chan_late_any(ch) || tpc_chan_msg_kept_any(ch))
 		return chan_release_late(ch);
 	r = chan_simple(ch, TPW__V1__CHAN_OP_KIND__CHAN_OP_RELEASE, "release");
 	tpc_chan_msg_orphan(ch);

@@ -35,6 +35,15 @@ struct tp_chan {
 	uint64_t lent_bytes;
 	/* Descriptors of message reads not yet read or freed (chanmsg.c); under ctx->lock. */
 	struct tpu_list descs;
+	/* Message reads whose caller gave up (chanmsg.c), waiting for the daemon, oldest first;
+	 * and the descriptor one of them brought, for the handle's next tp_chan_read_descriptor()
+	 * (the daemon holds its item for the handle); under ctx->lock. */
+	struct tpu_list late_msg;
+	struct chan_req *late_desc;
+	/* Takes (tp_chan_read_msg() inline) whose caller gave up, oldest first: waiting for the
+	 * daemon, or done with the item's bytes, which the next tp_chan_read_descriptor()
+	 * describes (the daemon no longer has the item); under ctx->lock. */
+	struct tpu_list late_takes;
 };
 
 struct chan_req {
@@ -68,6 +77,8 @@ struct chan_req {
 	 * inline (@scatter), the CPU slots of @scatter filled from the answer by the handler and
 	 * the CUDA slots' bytes in @host, at their offsets in the item. */
 	bool msg_held, msg_taken;
+	bool msg_read; /* a tp_chan_read_descriptor(): given up, it goes on ch->late_msg */
+	bool msg_take; /* a take given up (on ch->late_takes): the handler keeps its bytes in @host */
 	struct tp_descriptor *desc;
 	const struct tp_allocation *scatter;
 	const struct tp_descriptor *scatter_desc;
@@ -91,8 +102,19 @@ bool tpc_chan_fast(const struct tp_chan *ch);
 int tpc_chan_msg_on_held(struct tp_context *ctx, struct chan_req *cr,
 			 const Tpw__V1__ChanReply *m);
 int tpc_chan_msg_on_taken(struct chan_req *cr, const Tpw__V1__ChanReply *m, const uint8_t *tail);
-/* At release: @ch's descriptors outlive it, their item given back by the daemon. */
+/* At release: @ch's descriptors outlive it, their item given back by the daemon; its message
+ * reads that gave up are dropped (lock not held). */
 void tpc_chan_msg_orphan(struct tp_chan *ch);
+/* A message read or take whose caller gave up, answered: its descriptor (or item) filed on
+ * its handle, or @cr freed (lock held). */
+void tpc_chan_msg_late_locked(struct chan_req *cr);
+/* Whether @ch keeps message items the daemon no longer has (late takes, descriptors of them
+ * not read yet), which a release writes back (lock not held). */
+bool tpc_chan_msg_kept_any(struct tp_chan *ch);
+/* Writes those items of @ch back to the channel through @via (NULL: drops them): a second
+ * handle once the release of @ch was answered, or @ch itself before its release. Return: 0 or
+ * -errno (message set), counting the items dropped. */
+int tpc_chan_msg_give_back(struct tp_chan *ch, struct tp_chan *via);
 
 /* chanwrite.c: the segment of a memory range by reference, whether the daemon refused a staging
  * buffer, and the lent buffers dropped at release. */

@@ -5,8 +5,11 @@
  * gathered otherwise, CUDA tensors copied to host memory first, its descriptor beside it),
  * tp_chan_read_descriptor() (the held item's descriptor), tp_chan_read_msg() (the item into the
  * reader's slots: inline, scattered by the reply handler, or copied by the daemon into shared
- * buffers and staging) and tp_chan_descriptor_free() (the held item dropped). Leaves the requests
- * and their answers to chan.c, segments and staging buffers to chanwrite.c.
+ * buffers and staging) and tp_chan_descriptor_free() (the held item dropped); and what a call
+ * that gave up waiting for the daemon leaves on the handle: a message read's late descriptor
+ * (the daemon holds its item), a take's late item (the daemon no longer has it: read from here,
+ * or written back at release). Leaves the requests and their answers to chan.c, segments and
+ * staging buffers to chanwrite.c.
  */
 #include <errno.h>
 #include <stddef.h>
@@ -28,6 +31,12 @@ struct chan_desc {
 	struct tpu_list node; /* in ch->descs */
 	struct tp_chan *ch;   /* set by tp_chan_read_descriptor(); NULL once it was released */
 	uint64_t len;	    /* the item's bytes: its payloads and tensors back to back */
+	const uint8_t *wire; /* the daemon's descriptor, packed (NULL: a byte item), in the block */
+	size_t wire_len;
+	/* A take that gave up kept this item's bytes (malloc()ed): the daemon no longer has it,
+	 * tp_chan_read_msg() copies from here and a release writes it back (else NULL). */
+	uint8_t *bytes;
+	bool late; /* its take gave up: the descriptor belongs to that take (ch->late_takes) */
 };
 
 static struct chan_desc *desc_of(struct tp_descriptor *d)
@@ -68,15 +77,21 @@ static struct chan_desc *desc_new(const Tpw__V1__Descriptor *m, uint64_t len)
 
 	for (size_t i = 0; m && i < np; i++)
 		bytes += m->payloads[i]->metadata.len;
+	size_t wire = m ? protobuf_c_message_get_packed_size(&m->base) : 0;
+
 	for (size_t i = 0; m && i < nt; i++)
 		bytes += m->tensors[i]->metadata.len;
-	d = malloc(sizeof(*d) + np * sizeof(*pd) + nt * sizeof(*td) + bytes);
+	d = malloc(sizeof(*d) + np * sizeof(*pd) + nt * sizeof(*td) + bytes + wire);
 	if (!d)
 		return NULL;
 	pd = (struct tp_payload_desc *)(d + 1);
 	td = (struct tp_tensor_desc *)(pd + np);
 	cur = (char *)(td + nt);
-	*d = (struct chan_desc){ .magic = CHAN_DESC_MAGIC, .len = len };
+	*d = (struct chan_desc){ .magic = CHAN_DESC_MAGIC, .len = len, .wire_len = wire };
+	if (m) { /* for a release that writes the item back (a take that gave up) */
+		protobuf_c_message_pack(&m->base, (uint8_t *)cur + bytes);
+		d->wire = (const uint8_t *)cur + bytes;
+	}
 	tpu_list_init(&d->node);
 	d->pub = (struct tp_descriptor){ .n_payloads = np, .payloads = pd, .n_tensors = nt,
 					 .tensors = td };
@@ -146,6 +161,16 @@ int tpc_chan_msg_on_taken(struct chan_req *cr, const Tpw__V1__ChanReply *m, cons
 	const struct tp_allocation *a = cr->scatter;
 	size_t off = 0;
 
+	if (cr->msg_take) { /* its caller gave up: the item's bytes kept for the handle */
+		if (m->n_lengths != 1 || m->lengths[0] != ((struct chan_desc *)d)->len)
+			return tpc_error(-EPROTO, "a message item answered with %llu bytes",
+					 (unsigned long long)(m->n_lengths ? m->lengths[0] : 0));
+		cr->host = malloc(m->lengths[0] ? m->lengths[0] : 1);
+		if (!cr->host)
+			return tpc_error(-ENOMEM, "out of memory for a late item");
+		memcpy(cr->host, tail, m->lengths[0]);
+		return 0;
+	}
 	if (!a || m->n_lengths != 1 || m->lengths[0] != ((struct chan_desc *)d)->len)
 		return tpc_error(-EPROTO, "a message item answered with %llu bytes, not %llu",
 				 (unsigned long long)(m->n_lengths ? m->lengths[0] : 0),
@@ -413,12 +438,141 @@ static int msg_minor(struct tp_chan *ch, const char *what)
 			 TPW_MINOR_CHAN_MSG);
 }
 
+/* Frees message read or take @cr, the descriptor it holds and a take's kept bytes. */
+static void msg_req_free(struct chan_req *cr)
+{
+	if (cr->desc)
+		((struct chan_desc *)cr->desc)->magic = 0;
+	free(cr->desc);
+	cr->desc = NULL;
+	free(cr->host);
+	cr->host = NULL;
+	tpc_chan_req_free(cr);
+}
+
+/* Whether @ch's caller holds a descriptor of an item the daemon holds for it (lock held). */
+static bool descs_held_locked(struct tp_chan *ch)
+{
+	struct chan_desc *d;
+
+	tpu_list_for_each(d, &ch->descs, node)
+		if (!d->bytes)
+			return true;
+	return false;
+}
+
+/* The oldest take of @ch that gave up and holds its item, taken off the list (lock held).
+ * Return: owned, or NULL. */
+static struct chan_req *late_take_locked(struct tp_chan *ch)
+{
+	struct chan_req *cr;
+
+	if (tpu_list_empty(&ch->late_takes))
+		return NULL;
+	cr = tpu_list_first(&ch->late_takes, struct chan_req, node);
+	if (!cr->req.done)
+		return NULL;
+	tpu_list_remove(&cr->node);
+	return cr;
+}
+
+/*
+ * Every descriptor the daemon answers a handle's message read with describes the one item it
+ * holds for the handle, until a take or a drop of it. A late answer is filed only when the
+ * handle's caller has no descriptor of that item yet: none filed, none handed out and not yet
+ * read or freed (tp_chan_read_msg() and tp_chan_descriptor_free() keep theirs filed until the
+ * daemon answered them, so a late answer sent before a take never outlives it).
+ */
+void tpc_chan_msg_late_locked(struct chan_req *cr)
+{
+	struct tp_chan *ch = cr->ch;
+
+	if (cr->msg_take) { /* stays filed, in order, with its bytes for the next read */
+		if (cr->req.status == 0 && cr->msg_taken && cr->host)
+			return;
+		tpu_list_remove(&cr->node);
+		return msg_req_free(cr); /* failed: the daemon kept the item (or it was lost) */
+	}
+	tpu_list_remove(&cr->node);
+	if (cr->req.status == 0 && cr->desc && !ch->late_desc && !descs_held_locked(ch)) {
+		ch->late_desc = cr;
+		return;
+	}
+	msg_req_free(cr); /* failed, or the item described already */
+}
+
+/* @cr's descriptor filed on @ch and into *@ret, @cr freed (lock held). Return: 0 or
+ * TP_CHAN_CLOSED. */
+static int desc_hand_out_locked(struct tp_chan *ch, struct chan_req *cr,
+				struct tp_descriptor **ret)
+{
+	struct chan_desc *d = (struct chan_desc *)cr->desc;
+	bool closed = cr->closed;
+
+	cr->desc = NULL;
+	if (cr->msg_take) { /* the item's bytes go with the descriptor */
+		d->bytes = cr->host;
+		d->late = false;
+		cr->host = NULL;
+	}
+	msg_req_free(cr);
+	d->ch = ch;
+	tpu_list_insert_tail(&ch->descs, &d->node);
+	*ret = &d->pub;
+	return closed ? TP_CHAN_CLOSED : 0;
+}
+
+/*
+ * Waits for message read @cr (sent, owned) of @ch and decides the call's result (lock held):
+ * its own answer, or the descriptor a late read brought (the same item: the other is dropped);
+ * a read not answered yet is filed on ch->late_msg. Return: as tp_chan_read_descriptor(),
+ * the reason in @why.
+ */
+static int desc_wait_locked(struct tp_chan *ch, struct chan_req *cr, int timeout_ms,
+			    struct tp_descriptor **ret, char *why, size_t wl)
+{
+	struct chan_req *late, *take;
+	int r = tpc_chan_wait_locked(ch->ctx, cr, timeout_ms, ch);
+
+	if (r == -ETIMEDOUT && timeout_ms == 0 && cr->req.done)
+		r = -EAGAIN;
+	if (r == 0 && !cr->desc)
+		r = -EPROTO;
+	snprintf(why, wl, "%s", r == -EPROTO && !cr->req.status ?
+		 "an answer without a descriptor" : cr->req.msg);
+	if (!cr->req.done) { /* gave up, or a late read's descriptor or item came: filed */
+		cr->ch = ch;
+		tpu_list_insert_tail(&ch->late_msg, &cr->node);
+	}
+	take = late_take_locked(ch);
+	if (take) { /* an item taken before the one the daemon holds now goes first */
+		if (cr->req.done && r >= 0) { /* that one is kept for the next call */
+			cr->ch = ch;
+			tpu_list_insert_tail(&ch->late_msg, &cr->node);
+			tpc_chan_msg_late_locked(cr);
+		} else if (cr->req.done) {
+			msg_req_free(cr);
+		}
+		return desc_hand_out_locked(ch, take, ret);
+	}
+	late = ch->late_desc;
+	ch->late_desc = NULL;
+	if (cr->req.done && r >= 0) {
+		if (late)
+			msg_req_free(late);
+		return desc_hand_out_locked(ch, cr, ret);
+	}
+	if (cr->req.done)
+		msg_req_free(cr);
+	return late ? desc_hand_out_locked(ch, late, ret) : r;
+}
+
 TP_EXPORT int tp_chan_read_descriptor(struct tp_chan *ch, struct tp_descriptor **ret,
 				      int timeout_ms)
 {
 	Tpw__V1__ChanOp op = TPW__V1__CHAN_OP__INIT;
-	struct chan_req cr = { 0 };
-	struct chan_desc *d;
+	struct chan_req *cr;
+	char why[sizeof(cr->req.msg)];
 	int r;
 
 	if (!ch || !ret)
@@ -426,40 +580,158 @@ TP_EXPORT int tp_chan_read_descriptor(struct tp_chan *ch, struct tp_descriptor *
 	r = msg_minor(ch, "tp_chan_read_descriptor");
 	if (r < 0)
 		return r;
+	pthread_mutex_lock(&ch->ctx->lock);
+	cr = late_take_locked(ch); /* an item a take that gave up kept goes first */
+	if (!cr) { /* then the descriptor a read that gave up brought */
+		cr = ch->late_desc;
+		ch->late_desc = NULL;
+	}
+	if (cr)
+		r = desc_hand_out_locked(ch, cr, ret);
+	pthread_mutex_unlock(&ch->ctx->lock);
+	if (cr)
+		return r;
+	cr = calloc(1, sizeof(*cr));
+	if (!cr)
+		return tpc_error(-ENOMEM, "out of memory");
+	cr->msg_read = true;
 	op.op = TPW__V1__CHAN_OP_KIND__CHAN_OP_READ;
 	op.chan_id = ch->id;
 	op.timeout_ms = timeout_ms < 0 ? UINT32_MAX : (uint32_t)timeout_ms;
 	op.msg = true;
-	r = tpc_chan_call(ch->ctx, &op, NULL, 0, timeout_ms, &cr);
-	if (r == -ETIMEDOUT && timeout_ms == 0 && cr.req.done)
-		r = -EAGAIN;
-	if (r == 0 && !cr.desc)
-		r = -EPROTO;
+	r = tpc_chan_send(ch->ctx, &op, NULL, 0, cr);
 	if (r < 0) {
-		free(cr.desc);
-		return tpc_error(r, "channel '%s': %s", ch->name, r == -EPROTO && !cr.req.status ?
-				 "an answer without a descriptor" : cr.req.msg);
+		free(cr);
+		return r;
 	}
-	d = (struct chan_desc *)cr.desc;
-	d->ch = ch;
 	pthread_mutex_lock(&ch->ctx->lock);
-	tpu_list_insert_tail(&ch->descs, &d->node);
+	r = desc_wait_locked(ch, cr, timeout_ms, ret, why, sizeof(why));
 	pthread_mutex_unlock(&ch->ctx->lock);
-	*ret = &d->pub;
-	return cr.closed ? TP_CHAN_CLOSED : 0;
+	if (r < 0)
+		return tpc_error(r, "channel '%s': %s", ch->name, why);
+	return r;
 }
 
 void tpc_chan_msg_orphan(struct tp_chan *ch)
 {
+	struct tp_context *ctx = ch->ctx;
 	struct chan_desc *d, *tmp;
+	struct chan_req *cr, *ctmp;
 
-	pthread_mutex_lock(&ch->ctx->lock);
+	pthread_mutex_lock(&ctx->lock);
 	tpu_list_for_each_safe(d, tmp, &ch->descs, node) {
 		tpu_list_remove(&d->node);
 		tpu_list_init(&d->node);
 		d->ch = NULL;
 	}
+	/* the daemon gave the held item back to the channel, and canceled the waiting reads */
+	tpu_list_for_each_safe(cr, ctmp, &ch->late_msg, node) {
+		if (tpc_map_get(&ctx->reqs, cr->req.id) == &cr->req)
+			tpc_map_del(&ctx->reqs, cr->req.id);
+		tpu_list_remove(&cr->node);
+		msg_req_free(cr);
+	}
+	if (ch->late_desc)
+		msg_req_free(ch->late_desc);
+	ch->late_desc = NULL;
+	/* takes that gave up: given back (tpc_chan_msg_give_back()) or, answered now, lost */
+	tpu_list_for_each_safe(cr, ctmp, &ch->late_takes, node) {
+		if (tpc_map_get(&ctx->reqs, cr->req.id) == &cr->req)
+			tpc_map_del(&ctx->reqs, cr->req.id);
+		tpu_list_remove(&cr->node);
+		msg_req_free(cr);
+	}
+	pthread_mutex_unlock(&ctx->lock);
+}
+
+bool tpc_chan_msg_kept_any(struct tp_chan *ch)
+{
+	struct chan_desc *d;
+	bool any;
+
+	pthread_mutex_lock(&ch->ctx->lock);
+	any = !tpu_list_empty(&ch->late_takes);
+	tpu_list_for_each(d, &ch->descs, node)
+		any |= d->bytes != NULL;
 	pthread_mutex_unlock(&ch->ctx->lock);
+	return any;
+}
+
+/* What a give-back needs of @d, in a block of its own (free()): its length and packed wire
+ * descriptor (the arrays stay empty). Return: owned, or NULL. */
+static struct tp_descriptor *desc_copy_wire(const struct chan_desc *d)
+{
+	struct chan_desc *c = malloc(sizeof(*c) + d->wire_len);
+
+	if (!c)
+		return NULL;
+	*c = (struct chan_desc){ .magic = CHAN_DESC_MAGIC, .len = d->len,
+				 .wire_len = d->wire_len };
+	if (d->wire) {
+		memcpy(c + 1, d->wire, d->wire_len);
+		c->wire = (const uint8_t *)(c + 1);
+	}
+	tpu_list_init(&c->node);
+	return &c->pub;
+}
+
+/* Writes item @bytes (@len) of descriptor @wire (packed; NULL: a byte item) to @via.
+ * Return: 0 or -errno. */
+static int give_back_one(struct tp_chan *via, const uint8_t *wire, size_t wire_len,
+			 uint8_t *bytes, uint64_t len)
+{
+	struct iovec iov = { .iov_base = bytes, .iov_len = len };
+	Tpw__V1__Descriptor *m, *mp[1];
+	int r;
+
+	if (!via)
+		return -ENOENT;
+	if (!wire)
+		return tp_chan_write(via, &iov, 1, via->ctx->reply_ms);
+	m = tpw__v1__descriptor__unpack(NULL, wire_len, wire);
+	if (!m)
+		return -ENOMEM;
+	mp[0] = m;
+	r = tpc_chan_write_items(via, &iov, 1, mp, via->ctx->reply_ms);
+	tpw__v1__descriptor__free_unpacked(m, NULL);
+	return r;
+}
+
+int tpc_chan_msg_give_back(struct tp_chan *ch, struct tp_chan *via)
+{
+	struct tpu_list kept = TPU_LIST_INIT(kept);
+	struct chan_desc *d;
+	struct chan_req *cr, *tmp;
+	unsigned lost = 0;
+	int r = 0, w;
+
+	/* Descriptors handed out first (their takes were older), then the takes, in order; each
+	 * descriptor's bytes move to a take of its own here. The caller of a descriptor of @ch
+	 * must not use it while @ch is released. */
+	pthread_mutex_lock(&ch->ctx->lock);
+	tpu_list_for_each(d, &ch->descs, node) {
+		if (!d->bytes || !(cr = calloc(1, sizeof(*cr))))
+			continue; /* without memory, the descriptor keeps them: dropped */
+		cr->desc = desc_copy_wire(d);
+		cr->host = d->bytes;
+		d->bytes = NULL;
+		tpu_list_insert_tail(&kept, &cr->node);
+	}
+	while ((cr = late_take_locked(ch)))
+		tpu_list_insert_tail(&kept, &cr->node);
+	pthread_mutex_unlock(&ch->ctx->lock);
+	tpu_list_for_each_safe(cr, tmp, &kept, node) {
+		d = (struct chan_desc *)cr->desc;
+		w = d ? give_back_one(via, d->wire, d->wire_len, cr->host, d->len) : -ENOMEM;
+		lost += w < 0;
+		r = r ? r : w;
+		tpu_list_remove(&cr->node);
+		msg_req_free(cr);
+	}
+	if (r < 0)
+		return tpc_error(r, "%u message item(s) whose take gave up could not be given back "
+				 "to channel '%s': %s", lost, ch->name, tp_strerror(r));
+	return 0;
 }
 
 /* Frees @cd, unfiled from its handle. */
@@ -471,6 +743,7 @@ static void desc_free(struct chan_desc *cd)
 		pthread_mutex_unlock(&cd->ch->ctx->lock);
 	}
 	cd->magic = 0;
+	free(cd->bytes);
 	free(cd);
 }
 
@@ -638,33 +911,83 @@ static int take_finish(struct tp_context *ctx, const struct tp_descriptor *d,
 	return r < 0 ? r : st;
 }
 
-/* Sends @op (a take of @ch's held item) with @cr and waits for its answer. Return: its status. */
-static int take_call(struct tp_chan *ch, Tpw__V1__ChanOp *op, struct chan_req *cr)
+/* @op as a take of @ch's held item. */
+static void take_op(struct tp_chan *ch, Tpw__V1__ChanOp *op)
 {
 	op->op = TPW__V1__CHAN_OP_KIND__CHAN_OP_READ;
 	op->chan_id = ch->id;
 	op->msg = true;
 	op->take_held = true;
+}
+
+/* Sends @op (a take of @ch's held item) with @cr and waits for its answer. Return: its status. */
+static int take_call(struct tp_chan *ch, Tpw__V1__ChanOp *op, struct chan_req *cr)
+{
+	take_op(ch, op);
 	return tpc_chan_call(ch->ctx, op, NULL, 0, 0, cr);
 }
 
-/* The take inline: CPU slots written by the reply handler, CUDA ones from its host copy. */
-static int take_inline(struct tp_chan *ch, struct chan_desc *cd, const struct tp_allocation *a)
+/* Files take @cr of @cd's item, whose caller gave up, on @ch: it owns @cd from now on, and
+ * the reply handler keeps the item's bytes (lock held). */
+static void take_file_late_locked(struct tp_chan *ch, struct chan_req *cr, struct chan_desc *cd)
+{
+	free(cr->host); /* the caller's CUDA bytes: its slots are not ours any more */
+	cr->host = NULL;
+	cr->scatter = NULL;
+	cr->msg_take = true;
+	cr->ch = ch;
+	cr->desc = &cd->pub;
+	tpu_list_remove(&cd->node);
+	tpu_list_init(&cd->node);
+	cd->late = true;
+	tpu_list_insert_tail(&ch->late_takes, &cr->node);
+}
+
+/*
+ * The take inline: CPU slots written by the reply handler, CUDA ones from its host copy. A
+ * take that gives up waiting for the daemon is filed on @ch with @cd (*@ret_kept): the item
+ * the daemon answers it with later goes to the handle's next tp_chan_read_descriptor().
+ */
+static int take_inline(struct tp_chan *ch, struct chan_desc *cd, const struct tp_allocation *a,
+		       bool *ret_kept)
 {
 	Tpw__V1__ChanOp op = TPW__V1__CHAN_OP__INIT;
-	struct chan_req cr = { .scatter = a, .scatter_desc = &cd->pub };
+	struct tp_context *ctx = ch->ctx;
+	struct chan_req *cr = calloc(1, sizeof(*cr));
+	char why[sizeof(cr->req.msg)];
 	int r;
 
-	if (cd->len && !(cr.host = malloc(cd->len)))
+	if (!cr || (cd->len && !(cr->host = malloc(cd->len)))) {
+		free(cr);
 		return tpc_error(-ENOMEM, "out of memory");
-	r = take_call(ch, &op, &cr);
-	if (r == 0 && !cr.msg_taken)
+	}
+	cr->scatter = a;
+	cr->scatter_desc = &cd->pub;
+	take_op(ch, &op);
+	r = tpc_chan_send(ctx, &op, NULL, 0, cr);
+	if (r < 0) {
+		free(cr->host);
+		free(cr);
+		return r;
+	}
+	pthread_mutex_lock(&ctx->lock);
+	r = tpc_chan_wait_locked(ctx, cr, 0, NULL);
+	snprintf(why, sizeof(why), "%s", cr->req.msg);
+	*ret_kept = !cr->req.done;
+	if (*ret_kept)
+		take_file_late_locked(ch, cr, cd);
+	pthread_mutex_unlock(&ctx->lock);
+	if (*ret_kept)
+		return tpc_error(r, "channel '%s': %s (an item it answers later is kept for the "
+				 "handle's next tp_chan_read_descriptor())", ch->name, why);
+	if (r == 0 && !cr->msg_taken)
 		r = tpc_error(-EPROTO, "a take answered without the item");
 	if (r == 0)
-		r = take_finish(ch->ctx, &cd->pub, a, NULL, cr.host, true);
+		r = take_finish(ctx, &cd->pub, a, NULL, cr->host, true);
 	else
-		r = tpc_error(r, "channel '%s': %s", ch->name, cr.req.msg);
-	free(cr.host); /* an unanswered take's answer is dropped: nobody writes into it */
+		r = tpc_error(r, "channel '%s': %s", ch->name, why);
+	free(cr->host);
+	free(cr);
 	return r;
 }
 
@@ -701,7 +1024,7 @@ static int take_segs(struct tp_chan *ch, struct chan_desc *cd, const struct tp_a
 /* The take of @cd's item into @a by a plan (@stage: with a staging buffer), or inline when the
  * plan has no destination for some part. Return: as take_segs(). */
 static int take_planned(struct tp_chan *ch, struct chan_desc *cd, const struct tp_allocation *a,
-			bool stage)
+			bool stage, bool *ret_kept)
 {
 	struct take_plan pl = { 0 };
 	int r = plan_make(ch, &cd->pub, a, ch->remote, stage, &pl);
@@ -713,7 +1036,7 @@ static int take_planned(struct tp_chan *ch, struct chan_desc *cd, const struct t
 			      "limit, and neither a staging buffer nor CMA for the slots not in a "
 			      "shared buffer", ch->name, (unsigned long long)cd->len);
 	if (r == 1)
-		r = take_inline(ch, cd, a);
+		r = take_inline(ch, cd, a, ret_kept);
 	else if (r == 0)
 		r = take_segs(ch, cd, a, &pl);
 	if (pl.seg || pl.stage || pl.host)
@@ -725,7 +1048,7 @@ TP_EXPORT int tp_chan_read_msg(struct tp_chan *ch, struct tp_descriptor *d,
 			       const struct tp_allocation *alloc)
 {
 	struct chan_desc *cd = desc_of(d);
-	bool small, shm = false;
+	bool small, shm = false, kept = false;
 	int r;
 
 	if (!ch || !cd || cd->ch != ch)
@@ -733,6 +1056,11 @@ TP_EXPORT int tp_chan_read_msg(struct tp_chan *ch, struct tp_descriptor *d,
 	r = alloc_check(d, alloc);
 	if (r < 0)
 		return r;
+	if (cd->bytes) { /* kept by a take that gave up: the daemon no longer has it */
+		r = take_finish(ch->ctx, d, alloc, NULL, cd->bytes, false);
+		desc_free(cd);
+		return r;
+	}
 	for (size_t i = 0; i < d->n_payloads + d->n_tensors; i++) {
 		const struct tp_slot *s = part_slot(alloc, i);
 		size_t len = part_len(d, i);
@@ -751,12 +1079,14 @@ TP_EXPORT int tp_chan_read_msg(struct tp_chan *ch, struct tp_descriptor *d,
 			      "limit on a channel that takes items inline only", ch->name,
 			      (unsigned long long)cd->len);
 	else
-		r = small ? take_inline(ch, cd, alloc) : take_planned(ch, cd, alloc, true);
+		r = small ? take_inline(ch, cd, alloc, &kept) :
+			    take_planned(ch, cd, alloc, true, &kept);
 	if (r == -EAGAIN)
-		r = take_planned(ch, cd, alloc, false);
+		r = take_planned(ch, cd, alloc, false, &kept);
 	if (r == -EAGAIN)
 		r = tpc_error(-EIO, "channel '%s': the daemon refused a staging buffer", ch->name);
-	desc_free(cd);
+	if (!kept) /* else the take that gave up owns it */
+		desc_free(cd);
 	return r;
 }
 
@@ -771,11 +1101,13 @@ TP_EXPORT int tp_chan_descriptor_free(struct tp_descriptor *d)
 	if (!cd)
 		return d ? tpc_error(-EINVAL, "tp_chan_descriptor_free: not a channel's") : 0;
 	ch = cd->ch;
-	desc_free(cd);
-	if (!ch)
-		return 0; /* its handle was released: the item went back to the channel */
+	if (!ch || cd->bytes) {
+		desc_free(cd);
+		return 0; /* the item went back to the channel at the release, or only we had it */
+	}
 	op.msg_drop = true;
 	r = take_call(ch, &op, &cr);
+	desc_free(cd); /* filed until answered: tpc_chan_msg_late_locked() */
 	if (r < 0)
 		return tpc_error(r, "channel '%s': cannot drop the held item: %s", ch->name,
 				 cr.req.msg);

@@ -9,7 +9,9 @@
  * reader or writer only gives up its place in the daemon's queue for the next slice. Item
  * types (numpy, torch) and the Python-level state are the package's (tpipd/_channel.py);
  * read_block() hands the library's copy of an item to Python as a Block (dlpack.c), which a
- * typed item's array or tensor then lives over.
+ * typed item's array or tensor then lives over. Message items (tp_chan_write_msgs(),
+ * tp_chan_read_descriptor(), tp_chan_read_msg()) reuse the pipe's message parts, read slots
+ * and Descriptor type (pipe.c); their tensors' headers and allocation are the package's.
  */
 #include <errno.h>
 #include <stdlib.h>
@@ -19,6 +21,11 @@
 typedef struct {
 	PyObject_HEAD
 	struct tpy_handle h; /* the library's struct tp_chan (gate.c) */
+	/* Descriptors dropped unread while the handle was being released or after: the library
+	 * frees them (their item went back to the channel) once the release is done; here at
+	 * dealloc, as every Descriptor keeps its Channel. */
+	struct tp_descriptor **later;
+	size_t n_later;
 } tpy_chan;
 
 static PyObject *drained_type;
@@ -76,6 +83,8 @@ PyObject *tpy_chan_open(tpy_context *self, PyObject *args, PyObject *kw)
 		tp_chan_release(ch);
 		return NULL;
 	}
+	ret->later = NULL;
+	ret->n_later = 0;
 	tpy_handle_init(&ret->h, self, ch, chan_lib_release, "Channel");
 	return (PyObject *)ret;
 }
@@ -130,6 +139,50 @@ static PyObject *chan_raise_drained(void)
 	return NULL;
 }
 
+/* The library call of one slice of a write (@arg: what to write). Return: as tp_chan_write(). */
+typedef int (*chan_write_fn)(struct tp_chan *ch, void *arg, int slice_ms);
+
+/* A write of @self by @fn within @timeout_ms, sliced. Return: 0, -errno (exception set) or
+ * -EINTR (a signal handler raised). */
+static int chan_write_sliced(tpy_chan *self, int timeout_ms, chan_write_fn fn, void *arg)
+{
+	int slice, again, r;
+	int64_t until;
+
+	if (chan_enter(self) < 0)
+		return -EINTR;
+	until = timeout_ms < 0 ? -1 : tpy_gate_now_ms() + timeout_ms;
+	do {
+		slice = tpy_gate_slice(until);
+		Py_BEGIN_ALLOW_THREADS
+		r = fn(chan_lib(self), arg, slice);
+		Py_END_ALLOW_THREADS
+		/* A full channel with a zero slice answers -ENOBUFS: the wait's end, as a timeout
+		 * unless the caller asked not to wait (then the daemon's -ENOBUFS stands). */
+		if (r == -ENOBUFS && slice == 0 && timeout_ms != 0)
+			r = -ETIMEDOUT;
+		again = tpy_gate_again(&self->h.gate, r, slice, until);
+	} while (again > 0);
+	tpy_gate_leave(&self->h.gate);
+	if (again < 0)
+		return -EINTR;
+	if (r < 0)
+		chan_raise(self, r, timeout_ms);
+	return r;
+}
+
+struct bytes_write {
+	const struct iovec *iov;
+	size_t n;
+};
+
+static int bytes_write(struct tp_chan *ch, void *arg, int slice_ms)
+{
+	struct bytes_write *w = arg;
+
+	return tp_chan_write(ch, w->iov, w->n, slice_ms);
+}
+
 static PyObject *chan_write(tpy_chan *self, PyObject *args, PyObject *kw)
 {
 	static char *kwlist[] = { "items", "timeout", NULL };
@@ -137,8 +190,7 @@ static PyObject *chan_write(tpy_chan *self, PyObject *args, PyObject *kw)
 	Py_buffer *views = NULL;
 	struct iovec *iov = NULL;
 	Py_ssize_t n = 0, got = 0;
-	int timeout_ms, slice, again, r;
-	int64_t until;
+	int timeout_ms;
 
 	if (!PyArg_ParseTupleAndKeywords(args, kw, "O|O:write", kwlist, &items, &tmo) ||
 	    tpy_pipe_timeout(tmo, &timeout_ms) < 0)
@@ -160,26 +212,8 @@ static PyObject *chan_write(tpy_chan *self, PyObject *args, PyObject *kw)
 		iov[got].iov_base = views[got].buf;
 		iov[got].iov_len = (size_t)views[got].len;
 	}
-	if (chan_enter(self) < 0)
-		goto out;
-	until = timeout_ms < 0 ? -1 : tpy_gate_now_ms() + timeout_ms;
-	do {
-		slice = tpy_gate_slice(until);
-		Py_BEGIN_ALLOW_THREADS
-		r = tp_chan_write(chan_lib(self), iov, (size_t)n, slice);
-		Py_END_ALLOW_THREADS
-		/* A full channel with a zero slice answers -ENOBUFS: the wait's end, as a timeout
-		 * unless the caller asked not to wait (then the daemon's -ENOBUFS stands). */
-		if (r == -ENOBUFS && slice == 0 && timeout_ms != 0)
-			r = -ETIMEDOUT;
-		again = tpy_gate_again(&self->h.gate, r, slice, until);
-	} while (again > 0);
-	tpy_gate_leave(&self->h.gate);
-	if (again < 0)
-		goto out;
-	if (r < 0)
-		chan_raise(self, r, timeout_ms);
-	else
+	if (chan_write_sliced(self, timeout_ms, bytes_write,
+			      &(struct bytes_write){ iov, (size_t)n }) == 0)
 		ret = Py_NewRef(Py_None);
 out:
 	for (Py_ssize_t i = 0; i < got; i++)
@@ -190,9 +224,13 @@ out:
 	return ret;
 }
 
-/* Reads one item into *@ret_item (malloc'd) within @timeout_ms, sliced.
- * Return: 0 or TP_CHAN_CLOSED with the item, -errno, or -EINTR with an exception set. */
-static int chan_read_item(tpy_chan *self, int timeout_ms, void **ret_item, size_t *ret_len)
+/* The library call of one slice of a read (@arg: where its result goes). Return: as
+ * tp_chan_read(). */
+typedef int (*chan_read_fn)(struct tp_chan *ch, void *arg, int slice_ms);
+
+/* A read of @self by @fn within @timeout_ms, sliced. Return: 0 or TP_CHAN_CLOSED with what
+ * @fn returns, or -EINTR with an exception set (Drained once the channel is drained). */
+static int chan_read_sliced(tpy_chan *self, int timeout_ms, chan_read_fn fn, void *arg)
 {
 	int64_t until = timeout_ms < 0 ? -1 : tpy_gate_now_ms() + timeout_ms;
 	int slice, again, r;
@@ -202,7 +240,7 @@ static int chan_read_item(tpy_chan *self, int timeout_ms, void **ret_item, size_
 	do {
 		slice = tpy_gate_slice(until);
 		Py_BEGIN_ALLOW_THREADS
-		r = tp_chan_read(chan_lib(self), ret_item, ret_len, slice);
+		r = fn(chan_lib(self), arg, slice);
 		Py_END_ALLOW_THREADS
 		if (r == -EAGAIN && timeout_ms != 0)
 			r = -ETIMEDOUT; /* the last slice of a longer wait */
@@ -216,6 +254,30 @@ static int chan_read_item(tpy_chan *self, int timeout_ms, void **ret_item, size_
 	else if (r < 0)
 		chan_raise(self, r, timeout_ms);
 	return r < 0 ? -EINTR : r;
+}
+
+struct bytes_read {
+	void *item;
+	size_t len;
+};
+
+static int bytes_read(struct tp_chan *ch, void *arg, int slice_ms)
+{
+	struct bytes_read *rd = arg;
+
+	return tp_chan_read(ch, &rd->item, &rd->len, slice_ms);
+}
+
+/* Reads one item into *@ret_item (malloc'd) within @timeout_ms, sliced.
+ * Return: 0 or TP_CHAN_CLOSED with the item, or -EINTR with an exception set. */
+static int chan_read_item(tpy_chan *self, int timeout_ms, void **ret_item, size_t *ret_len)
+{
+	struct bytes_read rd = { NULL, 0 };
+	int r = chan_read_sliced(self, timeout_ms, bytes_read, &rd);
+
+	*ret_item = rd.item;
+	*ret_len = rd.len;
+	return r;
 }
 
 /* read() (bytes, a copy) or read_block() (a Block owning the library's memory, no copy). */
@@ -298,6 +360,150 @@ static PyObject *chan_read_into(tpy_chan *self, PyObject *args, PyObject *kw)
 	return ret;
 }
 
+/* ---- message items ------------------------------------------------------------------------ */
+
+struct msgs_write {
+	const struct tp_message *msgs;
+	size_t n;
+};
+
+static int msgs_write(struct tp_chan *ch, void *arg, int slice_ms)
+{
+	struct msgs_write *w = arg;
+
+	return tp_chan_write_msgs(ch, w->msgs, w->n, slice_ms);
+}
+
+/* write_msgs(messages, timeout): each message a (metadata, payloads, tensors) triple of the
+ * pipe's write arguments. */
+static PyObject *chan_write_msgs(tpy_chan *self, PyObject *args, PyObject *kw)
+{
+	static char *kwlist[] = { "messages", "timeout", NULL };
+	PyObject *msgs, *seq, *tmo = Py_None, *ret = NULL, *pay, *ten;
+	struct tp_message *tm = NULL;
+	Py_buffer *metas = NULL;
+	void **parts = NULL;
+	Py_ssize_t n, got = 0;
+	int timeout_ms;
+
+	if (!PyArg_ParseTupleAndKeywords(args, kw, "O|O:write_msgs", kwlist, &msgs, &tmo) ||
+	    tpy_pipe_timeout(tmo, &timeout_ms) < 0)
+		return NULL;
+	seq = PySequence_Fast(msgs, "messages must be a sequence of (metadata, payloads, "
+			      "tensors)");
+	if (!seq)
+		return NULL;
+	n = PySequence_Fast_GET_SIZE(seq);
+	tm = PyMem_Calloc((size_t)n + 1, sizeof(*tm));
+	metas = PyMem_Calloc((size_t)n + 1, sizeof(*metas));
+	parts = PyMem_Calloc((size_t)n + 1, sizeof(*parts));
+	if (!tm || !metas || !parts) {
+		PyErr_NoMemory();
+		goto out;
+	}
+	for (; got < n; got++) {
+		if (!PyArg_ParseTuple(PySequence_Fast_GET_ITEM(seq, got), "y*OO:message",
+				      &metas[got], &pay, &ten))
+			goto out;
+		parts[got] = tpy_pipe_message_new(&metas[got], pay, ten, &tm[got]);
+		if (!parts[got]) {
+			got++; /* its metadata is acquired */
+			goto out;
+		}
+	}
+	if (chan_write_sliced(self, timeout_ms, msgs_write,
+			      &(struct msgs_write){ tm, (size_t)n }) == 0)
+		ret = Py_NewRef(Py_None);
+out:
+	for (Py_ssize_t i = 0; i < got; i++) {
+		tpy_pipe_message_free(parts[i]);
+		PyBuffer_Release(&metas[i]);
+	}
+	PyMem_Free(tm);
+	PyMem_Free(metas);
+	PyMem_Free(parts);
+	Py_DECREF(seq);
+	return ret;
+}
+
+/* A Descriptor of @owner dropped unread: its item dropped (tp_chan_descriptor_free()); once
+ * the handle's release began, kept for dealloc (the release gives the item back). */
+static void chan_desc_drop(PyObject *owner, struct tp_descriptor *d)
+{
+	tpy_chan *self = (tpy_chan *)owner;
+	struct tp_descriptor **l;
+	PyObject *type, *val, *tb;
+
+	PyErr_Fetch(&type, &val, &tb); /* a dealloc may run while an exception is set */
+	if (chan_enter(self) == 0) {
+		Py_BEGIN_ALLOW_THREADS
+		tp_chan_descriptor_free(d);
+		Py_END_ALLOW_THREADS
+		tpy_gate_leave(&self->h.gate);
+	} else if ((l = PyMem_Realloc(self->later, (self->n_later + 1) * sizeof(*l)))) {
+		self->later = l;
+		l[self->n_later++] = d;
+	}
+	PyErr_Restore(type, val, tb);
+}
+
+static int desc_read(struct tp_chan *ch, void *arg, int slice_ms)
+{
+	return tp_chan_read_descriptor(ch, arg, slice_ms);
+}
+
+/* read_descriptor(timeout) -> (Descriptor, closed): the oldest item held for this handle. */
+static PyObject *chan_read_descriptor(tpy_chan *self, PyObject *args, PyObject *kw)
+{
+	static char *kwlist[] = { "timeout", NULL };
+	PyObject *tmo = Py_None, *desc;
+	struct tp_descriptor *d = NULL;
+	int timeout_ms, r;
+
+	if (!PyArg_ParseTupleAndKeywords(args, kw, "|O:read_descriptor", kwlist, &tmo) ||
+	    tpy_pipe_timeout(tmo, &timeout_ms) < 0)
+		return NULL;
+	r = chan_read_sliced(self, timeout_ms, desc_read, &d);
+	if (r < 0)
+		return NULL;
+	desc = tpy_descriptor_new((PyObject *)self, d, chan_desc_drop);
+	if (!desc)
+		return NULL;
+	return Py_BuildValue("(NO)", desc, r == TP_CHAN_CLOSED ? Py_True : Py_False);
+}
+
+/* read_msg(descriptor, payloads, tensors): the item into the destinations (as Pipe.read()). */
+static PyObject *chan_read_msg(tpy_chan *self, PyObject *args, PyObject *kw)
+{
+	static char *kwlist[] = { "descriptor", "payloads", "tensors", NULL };
+	PyObject *desc, *pay = NULL, *ten = NULL;
+	struct tp_allocation a;
+	struct tp_descriptor *d;
+	void *parts;
+	int r;
+
+	if (!PyArg_ParseTupleAndKeywords(args, kw, "O|OO:read_msg", kwlist, &desc, &pay, &ten) ||
+	    !(d = tpy_descriptor_of(desc, (PyObject *)self, false)) ||
+	    !(parts = tpy_pipe_slots_new(d, pay, ten, &a)))
+		return NULL;
+	d = tpy_descriptor_of(desc, (PyObject *)self, true);
+	if (chan_enter(self) < 0) {
+		chan_desc_drop((PyObject *)self, d);
+		tpy_pipe_message_free(parts);
+		return NULL;
+	}
+	Py_BEGIN_ALLOW_THREADS
+	r = tp_chan_read_msg(chan_lib(self), d, &a);
+	if (r == -EINVAL)
+		tp_chan_descriptor_free(d); /* not taken: cannot happen, the slots match */
+	Py_END_ALLOW_THREADS
+	tpy_gate_leave(&self->h.gate);
+	tpy_pipe_message_free(parts);
+	if (r < 0)
+		return tpy_module_raise(r, NULL);
+	Py_RETURN_NONE;
+}
+
 static PyObject *chan_close(tpy_chan *self, PyObject *unused)
 {
 	int r;
@@ -326,6 +532,9 @@ static void chan_dealloc(tpy_chan *self)
 {
 	/* No thread is inside a call: each holds a reference while it is. */
 	tpy_handle_done(&self->h);
+	for (size_t i = 0; i < self->n_later; i++)
+		tp_chan_descriptor_free(self->later[i]); /* released: frees only */
+	PyMem_Free(self->later);
 	PyObject_Free(self);
 }
 
@@ -348,6 +557,19 @@ static PyMethodDef chan_methods[] = {
 	{ "read_into", (PyCFunction)(void (*)(void))chan_read_into, METH_VARARGS | METH_KEYWORDS,
 	  "read_into(buffer, timeout=None) -> (nbytes, closed)\n--\n\nread() into a writable "
 	  "C-contiguous buffer (borrowed until it returns)." },
+	{ "write_msgs", (PyCFunction)(void (*)(void))chan_write_msgs, METH_VARARGS | METH_KEYWORDS,
+	  "write_msgs(messages, timeout=None)\n--\n\nAppend messages, each a (metadata, "
+	  "payloads, tensors) triple as Pipe.write() takes them, as one atomic batch of message "
+	  "items. Borrows them until it returns." },
+	{ "read_descriptor", (PyCFunction)(void (*)(void))chan_read_descriptor,
+	  METH_VARARGS | METH_KEYWORDS,
+	  "read_descriptor(timeout=None) -> (Descriptor, closed)\n--\n\nTake the oldest item "
+	  "(held for this handle) and describe it as a message; dropping the Descriptor unread "
+	  "drops the item." },
+	{ "read_msg", (PyCFunction)(void (*)(void))chan_read_msg, METH_VARARGS | METH_KEYWORDS,
+	  "read_msg(descriptor, payloads=(), tensors=())\n--\n\nMove the item of @descriptor "
+	  "(consumed) into writable buffers, one per payload and tensor, borrowed until it "
+	  "returns." },
 	{ "close", (PyCFunction)chan_close, METH_NOARGS,
 	  "close()\n--\n\nClose the channel for every handle in every process." },
 	{ "release", (PyCFunction)chan_release, METH_NOARGS,

@@ -21,11 +21,14 @@ typedef struct {
 	bool in_set;		/* a pipe set (fan.c) owns p: close() forgets it, never closes it */
 } tpy_pipe;
 
+/* A descriptor of a Pipe (linked into its descs: closing the pipe frees it) or of a Channel
+ * (chan.c: @drop frees it, dropping the channel item it describes). */
 typedef struct {
 	PyObject_HEAD
 	struct tpy_child child;
-	tpy_pipe *pipe;
+	PyObject *owner; /* the Pipe or Channel it came from (a reference) */
 	struct tp_descriptor *d;
+	void (*drop)(PyObject *owner, struct tp_descriptor *d); /* NULL: tp_descriptor_free() */
 } tpy_descriptor;
 
 /* ---- waiting ----------------------------------------------------------------------------- */
@@ -157,10 +160,14 @@ int tpy_pipe_timeout(PyObject *o, int *ret)
 
 static void descriptor_drop(tpy_descriptor *d)
 {
+	struct tp_descriptor *desc = d->d;
+
 	tpy_module_unlink(&d->child);
-	if (d->d)
-		tp_descriptor_free(d->d);
 	d->d = NULL;
+	if (desc && d->drop)
+		d->drop(d->owner, desc);
+	else if (desc)
+		tp_descriptor_free(desc);
 }
 
 static void descriptor_on_pipe_close(struct tpy_child *c)
@@ -422,17 +429,49 @@ fail:
 	return NULL;
 }
 
-static PyObject *descriptor_wrap(tpy_pipe *pipe, struct tp_descriptor *d)
+PyObject *tpy_descriptor_new(PyObject *owner, struct tp_descriptor *d,
+			     void (*drop)(PyObject *owner, struct tp_descriptor *d))
 {
 	tpy_descriptor *self = PyObject_New(tpy_descriptor, &tpy_descriptor_type);
 
 	if (!self) {
-		tp_descriptor_free(d);
+		if (drop)
+			drop(owner, d);
+		else
+			tp_descriptor_free(d);
 		return NULL;
 	}
-	self->pipe = (tpy_pipe *)Py_NewRef(pipe);
+	self->owner = Py_NewRef(owner);
 	self->d = d;
+	self->drop = drop;
+	self->child.next = self->child.prev = NULL;
 	self->child.close = descriptor_on_pipe_close;
+	return (PyObject *)self;
+}
+
+struct tp_descriptor *tpy_descriptor_of(PyObject *o, PyObject *owner, bool take)
+{
+	tpy_descriptor *self = (tpy_descriptor *)o;
+	struct tp_descriptor *d;
+
+	if (!PyObject_TypeCheck(o, &tpy_descriptor_type) || !self->d || self->owner != owner) {
+		PyErr_SetString(PyExc_ValueError, "descriptor already read, or not of this object");
+		return NULL;
+	}
+	d = self->d;
+	if (take) {
+		self->d = NULL;
+		tpy_module_unlink(&self->child);
+	}
+	return d;
+}
+
+static PyObject *descriptor_wrap(tpy_pipe *pipe, struct tp_descriptor *d)
+{
+	tpy_descriptor *self = (tpy_descriptor *)tpy_descriptor_new((PyObject *)pipe, d, NULL);
+
+	if (!self)
+		return NULL;
 	self->child.next = pipe->descs.next;
 	self->child.prev = &pipe->descs;
 	pipe->descs.next->prev = &self->child;
@@ -547,56 +586,65 @@ static int parts_slots(struct msg_parts *m, const struct tp_descriptor *d)
 	return 0;
 }
 
+void *tpy_pipe_slots_new(const struct tp_descriptor *d, PyObject *pay, PyObject *ten,
+			 struct tp_allocation *ret)
+{
+	struct msg_parts *m = PyMem_Calloc(1, sizeof(*m));
+
+	if (!m)
+		return PyErr_NoMemory();
+	if (parts_alloc(m, pay, ten, true) < 0 || parts_slots(m, d) < 0) {
+		tpy_pipe_message_free(m);
+		return NULL;
+	}
+	*ret = (struct tp_allocation){ .payloads = m->slots, .n_payloads = (size_t)m->np,
+				       .tensors = m->slots + m->np, .n_tensors = (size_t)m->nt };
+	return m;
+}
+
 static PyObject *pipe_read(tpy_pipe *self, PyObject *args, PyObject *kw)
 {
 	static char *kwlist[] = { "descriptor", "payloads", "tensors", "timeout", NULL };
 	PyObject *pay = NULL, *ten = NULL, *tmo = Py_None;
 	tpy_descriptor *desc;
-	struct msg_parts m = { 0 };
+	void *parts = NULL;
 	struct tp_allocation a;
 	struct tp_descriptor *d;
 	struct tpy_wait w;
 	uint64_t op = 0;
-	int timeout_ms, r;
+	int timeout_ms, r = -1;
 
 	if (!PyArg_ParseTupleAndKeywords(args, kw, "O!|OOO:read", kwlist, &tpy_descriptor_type,
 					 &desc, &pay, &ten, &tmo))
 		return NULL;
 	tpy_pipe_wait_init(&w);
-	if (tpy_pipe_timeout(tmo, &timeout_ms) < 0 || parts_alloc(&m, pay, ten, true) < 0)
-		goto fail;
-	if (!desc->d || desc->pipe != self) {
+	if (tpy_pipe_timeout(tmo, &timeout_ms) < 0)
+		goto out;
+	if (!desc->d || desc->owner != (PyObject *)self) {
 		PyErr_SetString(PyExc_ValueError, "descriptor already read, or of another pipe");
-		goto fail;
+		goto out;
 	}
-	if (parts_slots(&m, desc->d) < 0)
-		goto fail;
+	if (!(parts = tpy_pipe_slots_new(desc->d, pay, ten, &a)))
+		goto out;
 	if (!self->p) {
 		tpy_module_closed("Pipe");
-		goto fail;
+		goto out;
 	}
-	a = (struct tp_allocation){ .payloads = m.slots, .n_payloads = (size_t)m.np,
-				    .tensors = m.slots + m.np, .n_tensors = (size_t)m.nt };
-	d = desc->d;
-	desc->d = NULL;
-	tpy_module_unlink(&desc->child);
+	d = tpy_descriptor_of((PyObject *)desc, (PyObject *)self, true);
 	r = tp_pipe_read_ex(self->p, d, &a, tpy_pipe_on_done, &w, &op);
 	if (r < 0) {
 		tpy_module_raise(r, NULL);
-		goto fail;
+		goto out;
 	}
 	r = tpy_pipe_wait(self->ctx, &w, op, timeout_ms);
 	if (r < 0 && r != -EINTR)
 		tpy_module_raise(r, w.msg);
-	parts_free(&m);
+out:
+	tpy_pipe_message_free(parts);
 	tpy_pipe_wait_done(&w);
 	if (r < 0)
 		return NULL;
 	Py_RETURN_NONE;
-fail:
-	parts_free(&m);
-	tpy_pipe_wait_done(&w);
-	return NULL;
 }
 
 static PyObject *pipe_wait_connected(tpy_pipe *self, PyObject *args)
@@ -696,7 +744,7 @@ PyTypeObject tpy_pipe_type = {
 static void descriptor_dealloc(tpy_descriptor *self)
 {
 	descriptor_drop(self);
-	Py_XDECREF(self->pipe);
+	Py_XDECREF(self->owner);
 	PyObject_Free(self);
 }
 

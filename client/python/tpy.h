@@ -99,6 +99,24 @@ int tpy_pipe_to_set(PyObject *o, tpy_context *ctx, struct tp_pipe_set *s);
 void tpy_pipe_from_set(PyObject *o, bool ended);
 /* A new Descriptor of Pipe @o for @d (takes @d). */
 PyObject *tpy_pipe_descriptor(PyObject *o, struct tp_descriptor *d);
+/*
+ * tpy_descriptor_new() - a new Descriptor of @owner (a reference kept) for @d, which it takes
+ * (also on failure): @drop(owner, d) frees it unread (NULL: tp_descriptor_free()).
+ */
+PyObject *tpy_descriptor_new(PyObject *owner, struct tp_descriptor *d,
+			     void (*drop)(PyObject *owner, struct tp_descriptor *d));
+/* The library descriptor of Descriptor @o of @owner; with @take taken from it (the object is
+ * read). Return: owned with @take, else borrowed; NULL with ValueError set (another owner's,
+ * or read already). */
+struct tp_descriptor *tpy_descriptor_of(PyObject *o, PyObject *owner, bool take);
+/*
+ * tpy_pipe_slots_new() - the allocation for @d from read destinations (@pay, @ten: sequences
+ * of writable buffers or CUDA tuples, one per payload and tensor, each large enough) into
+ * @ret, borrowing them. Return: the parts @ret points into, free with tpy_pipe_message_free()
+ * after the read; NULL with an exception set.
+ */
+void *tpy_pipe_slots_new(const struct tp_descriptor *d, PyObject *pay, PyObject *ten,
+			 struct tp_allocation *ret);
 
 /* listener.c */
 /* Context.listen(): borrows @self, returns a new Listener keeping @self. */

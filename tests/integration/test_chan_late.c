@@ -7,7 +7,11 @@
  * the channel when the handle is released first; a write that the caller gave up on reports
  * -EINPROGRESS, not a failure, and its batch is in the channel once the daemon runs. A read
  * that waits while the given-up read is still waiting in the daemon returns the item that read
- * gets (the oldest waiting reader's) as soon as it comes.
+ * gets (the oldest waiting reader's) as soon as it comes, and itself brings the next item
+ * for the read after. Each read case runs for byte reads (tp_chan_read()) and message reads
+ * (tp_chan_read_descriptor(), whose item the daemon holds for the handle). A message take
+ * (tp_chan_read_msg()) given up keeps the item it is answered with for the next read, or for
+ * the release to write back.
  */
 #include <check.h>
 #include <errno.h>
@@ -25,6 +29,7 @@
 #define T_MS 30000
 #define LATE_REPLY_MS TPT_SCALED_MS(500) /* the giving-up context's reply timeout */
 #define ITEM "late item"
+#define META "late meta"
 
 static void setup(void)
 {
@@ -73,11 +78,14 @@ static struct tp_chan *chan_open(struct tp_context *ctx, unsigned flags)
 	return ch;
 }
 
-/* Writes ITEM to channel "late" (kept open by the caller) from a new context. Return: 0 or
- * -errno. */
-static int write_item(void)
+/* Writes ITEM to channel "late" (kept open by the caller) from a new context; @msg: as a
+ * message (META, one payload ITEM). Return: 0 or -errno. */
+static int write_one(bool msg)
 {
 	struct iovec iov = { .iov_base = (void *)ITEM, .iov_len = sizeof(ITEM) };
+	struct tp_payload p = { .data = ITEM, .length = sizeof(ITEM) };
+	struct tp_message m = { .metadata = META, .metadata_len = sizeof(META), .payloads = &p,
+				.n_payloads = 1 };
 	struct tp_context *ctx = NULL;
 	struct tp_chan *ch = NULL;
 	int r = tpt_ctx_new(&tpt_fixture_daemon, 0, "writer", &ctx);
@@ -85,21 +93,21 @@ static int write_item(void)
 	if (r == 0)
 		r = tp_chan_open(ctx, "late", NULL, &ch);
 	if (r == 0)
-		r = tp_chan_write(ch, &iov, 1, 0);
+		r = msg ? tp_chan_write_msgs(ch, &m, 1, 0) : tp_chan_write(ch, &iov, 1, 0);
 	tp_chan_release(ch);
 	tp_context_free(ctx);
 	return r;
 }
 
-/* Another process writes ITEM and exits. */
-static void write_from_child(void)
+/* Another process writes ITEM (@msg: as a message) and exits. */
+static void write_from_child_as(bool msg)
 {
 	pid_t pid = fork();
 	int st;
 
 	ck_assert_int_ge(pid, 0);
 	if (pid == 0)
-		_exit(write_item() == 0 ? 0 : 1);
+		_exit(write_one(msg) == 0 ? 0 : 1);
 	ck_assert_int_eq(waitpid(pid, &st, 0), pid);
 	ck_assert_msg(WIFEXITED(st) && WEXITSTATUS(st) == 0, "writer failed");
 }
@@ -171,25 +179,67 @@ static void check_item(int r, void *item, size_t len)
 	free(item);
 }
 
-/* A try-once read given up while the daemon is stopped: the item the daemon hands out once it
- * runs again is the next read's, and is not handed out twice. */
+/* Checks that @r (a tp_chan_read_descriptor()'s) gave @d, the message of write_one(true), and
+ * reads it. */
+static void check_msg(struct tp_chan *ch, int r, struct tp_descriptor *d)
+{
+	char buf[sizeof(ITEM)] = { 0 };
+	struct tp_slot slot = { .data = buf };
+	struct tp_allocation a = { .payloads = &slot, .n_payloads = 1 };
+
+	ck_assert_msg(r == 0, "read_descriptor: %d %s", r, tp_last_error());
+	ck_assert_uint_eq(d->metadata_len, sizeof(META));
+	ck_assert_mem_eq(d->metadata, META, sizeof(META));
+	ck_assert_uint_eq(d->n_payloads, 1);
+	ck_assert_uint_eq(d->payloads[0].length, sizeof(ITEM));
+	r = tp_chan_read_msg(ch, d, &a);
+	ck_assert_msg(r == 0, "read_msg: %d %s", r, tp_last_error());
+	ck_assert_mem_eq(buf, ITEM, sizeof(ITEM));
+}
+
+/* What a read of the loop's kind (@msg: tp_chan_read_descriptor(), else tp_chan_read()) got. */
+struct got {
+	void *item;
+	size_t len;
+	struct tp_descriptor *d;
+};
+
+static int read_as(struct tp_chan *ch, bool msg, int timeout_ms, struct got *g)
+{
+	if (msg)
+		return tp_chan_read_descriptor(ch, &g->d, timeout_ms);
+	return tp_chan_read(ch, &g->item, &g->len, timeout_ms);
+}
+
+/* Checks that @r, @g are ITEM (as a message: write_one(true)'s), read whole. */
+static void check_got(struct tp_chan *ch, bool msg, int r, struct got *g)
+{
+	if (msg)
+		check_msg(ch, r, g->d);
+	else
+		check_item(r, g->item, g->len);
+}
+
+/* A try-once read given up while the daemon is stopped (_i 0: a byte read, 1: a message
+ * read): the item the daemon hands out once it runs again (for a message read: holds for the
+ * handle and describes) is the next read's, and is not handed out twice. */
 START_TEST(test_late_read_next_read)
 {
 	struct tp_context *keeper = ctx_new(0), *ctx = ctx_new(LATE_REPLY_MS);
 	struct tp_chan *keep = chan_open(keeper, TP_CHAN_CREATE), *ch = chan_open(ctx, 0);
-	void *item = NULL;
-	size_t len = 0;
+	bool msg = _i;
+	struct got g = { 0 };
 	int r;
 
-	write_from_child();
+	write_from_child_as(msg);
 	daemon_stop();
-	r = tp_chan_read(ch, &item, &len, 0);
+	r = read_as(ch, msg, 0, &g);
 	daemon_cont();
 	ck_assert_msg(r == -ETIMEDOUT, "read while stopped: %d %s", r, tp_last_error());
-	r = tp_chan_read(ch, &item, &len, TPT_SCALED_MS(5000));
-	check_item(r, item, len);
-	ck_assert_int_eq(tp_chan_read(ch, &item, &len, 0), -EAGAIN);
-	ck_assert_int_eq(tp_chan_read(keep, &item, &len, 0), -EAGAIN);
+	r = read_as(ch, msg, TPT_SCALED_MS(5000), &g);
+	check_got(ch, msg, r, &g);
+	ck_assert_int_eq(read_as(ch, msg, 0, &g), -EAGAIN);
+	ck_assert_int_eq(read_as(keep, msg, 0, &g), -EAGAIN);
 	ck_assert_int_eq(tp_chan_release(ch), 0);
 	ck_assert_int_eq(tp_chan_release(keep), 0);
 	tp_context_free(ctx);
@@ -198,25 +248,26 @@ START_TEST(test_late_read_next_read)
 END_TEST
 
 /* The same given-up read, then the handle is released without reading: the item goes back to
- * the channel and another handle reads it. */
+ * the channel, once (a byte read's written back by the library; a message read's, held by the
+ * daemon, given back by the daemon), and another handle reads it. */
 START_TEST(test_late_read_release_gives_back)
 {
 	struct tp_context *keeper = ctx_new(0), *ctx = ctx_new(LATE_REPLY_MS);
 	struct tp_chan *keep = chan_open(keeper, TP_CHAN_CREATE), *ch = chan_open(ctx, 0);
-	void *item = NULL;
-	size_t len = 0;
+	bool msg = _i;
+	struct got g = { 0 };
 	int r;
 
-	write_from_child();
+	write_from_child_as(msg);
 	daemon_stop();
-	r = tp_chan_read(ch, &item, &len, 0);
+	r = read_as(ch, msg, 0, &g);
 	daemon_cont();
 	ck_assert_msg(r == -ETIMEDOUT, "read while stopped: %d %s", r, tp_last_error());
 	r = tp_chan_release(ch);
 	ck_assert_msg(r == 0, "release: %d %s", r, tp_last_error());
-	r = tp_chan_read(keep, &item, &len, TPT_SCALED_MS(5000));
-	check_item(r, item, len);
-	ck_assert_int_eq(tp_chan_read(keep, &item, &len, 0), -EAGAIN);
+	r = read_as(keep, msg, TPT_SCALED_MS(5000), &g);
+	check_got(keep, msg, r, &g);
+	ck_assert_int_eq(read_as(keep, msg, 0, &g), -EAGAIN);
 	ck_assert_int_eq(tp_chan_release(keep), 0);
 	tp_context_free(ctx);
 	tp_context_free(keeper);
@@ -225,19 +276,22 @@ END_TEST
 
 /* A timed read given up while the daemon is stopped still waits in the daemon once it runs;
  * the next read waits behind it. An item written then goes to the given-up read (the oldest
- * reader), and the next read returns it at once rather than waiting for its own. */
+ * reader), and the next read returns it at once rather than waiting for its own (a message
+ * read used to wait for an item of its own while the handle held this one). That read, still
+ * waiting in the daemon, gets the next item written, which the read after returns; nothing
+ * is handed out twice. */
 START_TEST(test_late_read_while_next_waits)
 {
 	struct tp_context *keeper = ctx_new(0), *ctx = ctx_new(LATE_REPLY_MS);
 	struct tp_chan *keep = chan_open(keeper, TP_CHAN_CREATE), *ch = chan_open(ctx, 0);
-	void *item = NULL;
-	size_t len = 0;
+	bool msg = _i;
+	struct got g = { 0 };
 	uint64_t t0;
 	pid_t pid;
 	int r, st;
 
 	daemon_stop();
-	r = tp_chan_read(ch, &item, &len, TPT_SCALED_MS(5000));
+	r = read_as(ch, msg, TPT_SCALED_MS(5000), &g);
 	daemon_cont();
 	ck_assert_msg(r == -ETIMEDOUT, "read while stopped: %d %s", r, tp_last_error());
 	pid = fork();
@@ -248,16 +302,20 @@ START_TEST(test_late_read_while_next_waits)
 		while (readers_waiting() != 2)
 			if (tpt_now_ms() > end)
 				_exit(2);
-		_exit(write_item() == 0 ? 0 : 1);
+		_exit(write_one(msg) == 0 ? 0 : 1);
 	}
 	t0 = tpt_now_ms();
-	r = tp_chan_read(ch, &item, &len, T_MS);
-	check_item(r, item, len);
+	r = read_as(ch, msg, T_MS, &g);
 	ck_assert_msg(tpt_now_ms() - t0 < T_MS, "the read waited for its own answer");
+	check_got(ch, msg, r, &g);
 	ck_assert_int_eq(waitpid(pid, &st, 0), pid);
 	ck_assert_msg(WIFEXITED(st) && WEXITSTATUS(st) == 0, "writer child: %d", st);
-	ck_assert_int_eq(tp_chan_release(ch), 0); /* its own read still waits: canceled */
-	ck_assert_int_eq(tp_chan_read(keep, &item, &len, 0), -EAGAIN);
+	write_from_child_as(msg);
+	r = read_as(ch, msg, TPT_SCALED_MS(5000), &g);
+	check_got(ch, msg, r, &g);
+	ck_assert_int_eq(read_as(ch, msg, 0, &g), -EAGAIN);
+	ck_assert_int_eq(tp_chan_release(ch), 0);
+	ck_assert_int_eq(read_as(keep, msg, 0, &g), -EAGAIN);
 	ck_assert_int_eq(tp_chan_release(keep), 0);
 	tp_context_free(ctx);
 	tp_context_free(keeper);
@@ -288,6 +346,52 @@ START_TEST(test_late_write_in_progress)
 }
 END_TEST
 
+/* A take (tp_chan_read_msg()) given up while the daemon is stopped: the daemon takes the item
+ * out of the channel once it runs and answers with its bytes; they are kept on the handle,
+ * and (_i 0) the next tp_chan_read_descriptor() describes the item again and reads it, or
+ * (_i 1) the handle's release writes it back to the channel, where another handle reads it,
+ * or (_i 2) the same after that descriptor, not read. Before, the item was lost. */
+START_TEST(test_late_take_kept)
+{
+	struct tp_context *keeper = ctx_new(0), *ctx = ctx_new(LATE_REPLY_MS);
+	struct tp_chan *keep = chan_open(keeper, TP_CHAN_CREATE), *ch = chan_open(ctx, 0);
+	char buf[sizeof(ITEM)] = { 0 };
+	struct tp_slot slot = { .data = buf };
+	struct tp_allocation a = { .payloads = &slot, .n_payloads = 1 };
+	struct tp_descriptor *d = NULL;
+	struct tp_chan *rd = _i ? keep : ch;
+	int r;
+
+	write_from_child_as(true);
+	r = tp_chan_read_descriptor(ch, &d, TPT_SCALED_MS(5000));
+	ck_assert_msg(r == 0, "read_descriptor: %d %s", r, tp_last_error());
+	daemon_stop();
+	r = tp_chan_read_msg(ch, d, &a);
+	daemon_cont();
+	ck_assert_msg(r == -ETIMEDOUT, "take while stopped: %d %s", r, tp_last_error());
+	if (_i == 2) { /* described, not read: the release writes the item back */
+		r = tp_chan_read_descriptor(ch, &d, TPT_SCALED_MS(5000));
+		ck_assert_msg(r == 0 && d->metadata_len == sizeof(META), "kept: %d %s", r,
+			      tp_last_error());
+	}
+	if (_i) {
+		r = tp_chan_release(ch);
+		ck_assert_msg(r == 0, "release: %d %s", r, tp_last_error());
+	}
+	if (_i == 2) /* outlives the handle; freeing it now drops nothing */
+		ck_assert_int_eq(tp_chan_descriptor_free(d), 0);
+	r = tp_chan_read_descriptor(rd, &d, TPT_SCALED_MS(5000));
+	check_msg(rd, r, d);
+	ck_assert_int_eq(tp_chan_read_descriptor(rd, &d, 0), -EAGAIN);
+	if (!_i)
+		ck_assert_int_eq(tp_chan_release(ch), 0);
+	ck_assert_int_eq(tp_chan_read_descriptor(keep, &d, 0), -EAGAIN);
+	ck_assert_int_eq(tp_chan_release(keep), 0);
+	tp_context_free(ctx);
+	tp_context_free(keeper);
+}
+END_TEST
+
 static Suite *chan_late_suite(void)
 {
 	Suite *s = suite_create("chan_late");
@@ -295,10 +399,11 @@ static Suite *chan_late_suite(void)
 
 	tcase_add_checked_fixture(tc, setup, teardown);
 	tcase_set_timeout(tc, 60);
-	tcase_add_test(tc, test_late_read_next_read);
-	tcase_add_test(tc, test_late_read_release_gives_back);
-	tcase_add_test(tc, test_late_read_while_next_waits);
+	tcase_add_loop_test(tc, test_late_read_next_read, 0, 2);
+	tcase_add_loop_test(tc, test_late_read_release_gives_back, 0, 2);
+	tcase_add_loop_test(tc, test_late_read_while_next_waits, 0, 2);
 	tcase_add_test(tc, test_late_write_in_progress);
+	tcase_add_loop_test(tc, test_late_take_kept, 0, 3);
 	suite_add_tcase(s, tc);
 	return s;
 }

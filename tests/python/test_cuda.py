@@ -6,7 +6,8 @@ the tests only): arrays exposing __cuda_array_interface__ (with a stream) and DL
 on a CUDA device are written and read back byte-exact by another process, into objects its
 cuda_alloc= makes, into destinations it passes (DLPack and CAI), and into host memory; the
 writer's stream is waited for; 0-d and empty device arrays travel; a non-contiguous device
-array is refused; tpipd.CudaArray wraps raw device memory for consumers; and the daemon's
+array is refused; channel message items carry device arrays the same way (read_msg() into
+cuda_alloc= objects, destinations and host memory); tpipd.CudaArray wraps raw device memory for consumers; and the daemon's
 mapping of an allocation (tpipd --cuda-cache-mappings yes) is released once the Python object
 that was written from, or read into, is garbage, and at once by Context.cuda_release().
 Collectives take the same device arrays (staged by libtpclient on their stream)."""
@@ -164,6 +165,32 @@ def test_channel_refuses_device_arrays(cdaemon, drv):
                 ch.write(a)
             with pytest.raises(tpipd.NotSupported):
                 ch.write_tensor(a)
+
+
+def test_channel_message_items_carry_device_arrays(cdaemon, drv):
+    """write_msg() takes device arrays as Pipe.write() does (the library copies them to host
+    memory after their stream's work); read_msg() fills what cuda_alloc= makes, a device
+    destination given, or host memory without either; the reader sees the writer's device."""
+    with tpipd.Context(cdaemon) as ctx:
+        ch = ctx.channel(f"cuda.msg.{os.getpid()}", create=True)
+        for _ in range(3):
+            src, want = sources(drv)
+            ch.write_msg(b"dev", [b"p"], src, timeout=T)
+        m = ch.read_msg(timeout=T, cuda_alloc=lambda shape, dtype, dev:
+                        cudev.CaiArray(drv, shape, dtype))
+        assert [type(t).__name__ for t in m.tensors] == ["CaiArray", "CaiArray", "ndarray"]
+        assert [t.to_host() if hasattr(t, "to_host") else t.tobytes()
+                for t in m.tensors] == want
+        dst = cudev.DLArray(drv, (3, 5), "int16")
+        m = ch.read_msg([None, dst, None], timeout=T, cuda_alloc=lambda shape, dtype, dev:
+                        cudev.CaiArray(drv, shape, dtype))
+        assert m.tensors[1] is dst and dst.to_host() == want[1]
+        m = ch.read_msg(timeout=T)  # no torch CUDA here: host memory
+        assert [type(t).__name__ for t in m.tensors] == ["ndarray"] * 3
+        assert [t.tobytes() for t in m.tensors] == want
+        bad = cudev.CaiArray(drv, (4, 4), "float32", strides=(4, 16))
+        with pytest.raises(tpipd.InvalidArgument, match="not contiguous"):
+            ch.write_msg(b"", tensors=[bad])
 
 
 # ---- release of the daemon's mappings ---------------------------------------------------------

@@ -2,14 +2,17 @@
 """Named channels hosted by the daemon (docs/channels.md) in Python's idiom over _tpipd.Channel:
 items as bytes-like objects, numpy arrays or CPU torch tensors; reads returning bytes, filling a
 buffer the caller owns, or (typed items) giving back the array or tensor that was written;
-iteration that ends when the channel is drained; the state this handle has seen. Moving bytes
-and waiting (sliced, GIL released, Ctrl-C) is the extension's (chan.c); framing of typed items
-reuses the tensor header of _tensor.py. Not here: pipes (_pipe.py), sets (_set.py)."""
+message items (metadata, payloads, tensors: the pipe's Message, CPU and CUDA tensors) written
+and read as a Pipe writes and reads them; iteration that ends when the channel is drained; the
+state this handle has seen. Moving bytes and waiting (sliced, GIL released, Ctrl-C) is the
+extension's (chan.c); framing of typed items reuses the tensor header of _tensor.py, message
+items the pipe's wire form and allocation (_pipe.py). Not here: pipes (_pipe.py), sets
+(_set.py)."""
 import asyncio
 import concurrent.futures
 import threading
 
-from . import _cuda, _tensor, _tpipd
+from . import _cuda, _pipe, _tensor, _tpipd
 
 CREATE = 0x1
 EXCLUSIVE = 0x2
@@ -23,8 +26,8 @@ def _item_buffer(obj, contiguous, what):
         return obj
     if _tensor.is_torch(obj):
         if obj.is_cuda:
-            raise _tpipd.NotSupported(95, f"{what}: channel items are CPU memory (a CUDA "
-                                      "tensor travels through a Pipe)")
+            raise _tpipd.NotSupported(95, f"{what}: byte items are CPU memory (a CUDA "
+                                      "tensor travels in write_msg() or a Pipe)")
         if not obj.is_contiguous():
             obj = _tensor._contiguous(obj, contiguous, what)
         return _tensor.wire_buffer(obj)
@@ -35,8 +38,8 @@ def _item_buffer(obj, contiguous, what):
             obj = _tensor._contiguous(obj, contiguous, what)
         return obj
     if _cuda.is_cuda(obj):
-        raise _tpipd.NotSupported(95, f"{what}: channel items are CPU memory (a CUDA "
-                                  "tensor travels through a Pipe)")
+        raise _tpipd.NotSupported(95, f"{what}: byte items are CPU memory (a CUDA "
+                                  "tensor travels in write_msg() or a Pipe)")
     try:
         return memoryview(obj)  # any other buffer-protocol object
     except TypeError:
@@ -78,7 +81,8 @@ def _untyped(item):
 
 class Channel:
     """A handle on a named channel hosted by the local tpipd: a FIFO of items (byte strings of
-    at least 1 byte) any process of the host may open by name (docs/channels.md).
+    at least 1 byte, or messages: write_msg(), read_msg()) any process of the host may open by
+    name (docs/channels.md).
 
     Channel(name, *, context=None, create=False, exclusive=False, persistent=False,
     mode="owner", gid=None, capacity=0, capacity_bytes=0, owner_uid=None): open channel
@@ -205,6 +209,63 @@ class Channel:
         self._seen(closed)
         return _untyped(memoryview(block))
 
+    def write_msg(self, metadata=b"", payloads=(), tensors=(), *, timeout=None,
+                  contiguous=False):
+        """Append one message item, as Pipe.write() sends a message: ``metadata`` (bytes-like),
+        ``payloads`` (bytes-like objects) and ``tensors`` (numpy arrays, torch tensors, CUDA
+        tensors and arrays; dtype and shape travel in each tensor's metadata; a
+        non-contiguous one raises InvalidArgument unless contiguous=True). A message may be
+        empty. The library copies a CUDA tensor to host memory after the work queued on its
+        stream (the call waits for it); the reader sees its device. Read it with
+        read_msg(). Waits for room, borrows, and raises as write()."""
+        self.write_msgs(((metadata, payloads, tensors),), timeout=timeout,
+                        contiguous=contiguous)
+
+    def write_msgs(self, messages, *, timeout=None, contiguous=False):
+        """Append ``messages`` (each a Message or a (metadata, payloads, tensors) triple) as
+        one atomic batch of message items. Otherwise as write_msg()."""
+        wires, raw = [], []
+        for m in messages:
+            metadata, payloads, tensors = m
+            wire = _pipe.message_wire(tensors, contiguous)
+            wires.append(wire)
+            raw.append((metadata, list(payloads), [(b, h) for b, h, _ in wire]))
+        try:
+            self._raw.write_msgs(raw, timeout)
+        except _tpipd.PipeClosed:
+            self._state = "closed"
+            raise
+        del wires  # the keep-alives lived until here
+
+    def read_msg(self, tensors=None, payloads=None, *, timeout=None, shared=None,
+                 cuda_alloc=None):
+        """Take the oldest item as a Message(metadata, payloads, tensors), as Pipe.read()
+        receives one: ``tensors``, ``payloads``, ``shared`` and ``cuda_alloc`` as there (None:
+        allocate fresh numpy arrays / torch tensors, CUDA ones for tensors sent from CUDA
+        where torch sees a GPU). A byte item reads as a message of one payload and no
+        metadata. A destination that does not match raises InvalidArgument and the item
+        is dropped, as a pipe drops a message whose descriptor is not read. Timeout,
+        Drained and Closed as read()."""
+        try:
+            desc, closed = self._raw.read_descriptor(timeout)
+        except _tpipd.Drained:
+            self._state = "drained"
+            raise
+        self._seen(closed)
+        try:
+            return _pipe.read_message(desc, tensors, payloads, shared, cuda_alloc,
+                                      lambda d, p, b: self._raw.read_msg(d, p, b))
+        finally:
+            del desc
+
+    def msgs(self):
+        """Like iterating, with read_msg(): Messages until drained."""
+        while True:
+            try:
+                yield self.read_msg()
+            except _tpipd.Drained:
+                return
+
     def __iter__(self):
         """Items (bytes) until the channel is drained: ``for item in chan:``."""
         while True:
@@ -243,6 +304,24 @@ class Channel:
         """read() (read_tensor() when typed) on a handle-owned thread: a Future of the item,
         in call order (Drained once the channel is drained)."""
         return self._submit_to("read", self.read_tensor if typed else self.read, timeout)
+
+    def write_msg_async(self, *args, **kw):
+        """write_msg() on a handle-owned thread (the writes' own, in call order): a Future of
+        None; the message is borrowed until it is done."""
+        return self._submit_to("write", self.write_msg, *args, **kw)
+
+    def read_msg_async(self, *args, **kw):
+        """read_msg() on a handle-owned thread (the reads' own, in call order): a Future of
+        the Message."""
+        return self._submit_to("read", self.read_msg, *args, **kw)
+
+    async def awrite_msg(self, *args, **kw):
+        """write_msg() as an asyncio awaitable."""
+        return await asyncio.wrap_future(self.write_msg_async(*args, **kw))
+
+    async def aread_msg(self, *args, **kw):
+        """read_msg() as an asyncio awaitable."""
+        return await asyncio.wrap_future(self.read_msg_async(*args, **kw))
 
     async def awrite(self, item, *, timeout=None, contiguous=False, typed=False):
         """write() as an asyncio awaitable."""

@@ -15,6 +15,51 @@ Message.__doc__ = """A received message: metadata (bytes), payloads (list of byt
 tensors (list of numpy arrays / torch tensors, the kind the writer sent). The caller owns all."""
 
 
+def message_wire(tensors, contiguous):
+    """The wire form of a message's tensors: (buffer or CUDA range, header, keep-alive) each,
+    for a Pipe's write and a Channel's message items."""
+    return [_tensor.to_wire(t, contiguous, f"tensor {i}") for i, t in enumerate(tensors)]
+
+
+def read_message(desc, tensors, payloads, shared, cuda_alloc, move, context=None):
+    """The Message of ``desc`` (a Pipe's or a Channel's Descriptor): its tensors' headers read,
+    destinations checked or allocated (see Pipe.read()), then ``move(desc, payloads,
+    buffers)`` moves the bytes. ``context``: the raw Context whose daemon may keep CUDA
+    destinations mapped (a pipe's), or None."""
+    tds = desc.tensors
+    pds = desc.payloads
+    if tensors is not None and len(tensors) != len(tds):
+        raise _tpipd.InvalidArgument(22, f"the message has {len(tds)} tensors, "
+                                     f"{len(tensors)} destinations given")
+    if payloads is not None and len(payloads) != len(pds):
+        raise _tpipd.InvalidArgument(22, f"the message has {len(pds)} payloads, "
+                                     f"{len(payloads)} destinations given")
+    alloc = None if shared is None else (
+        lambda shape, name, like: shared.empty(shape, name, like=like))
+    outs, bufs, keep = [], [], []
+    for i, (length, meta, dev_type, dev_index) in enumerate(tds):
+        kind, code, shape = _tensor.unpack_header(meta, length)
+        dst = tensors[i] if tensors is not None else None
+        if dst is None:
+            dst = _tensor.empty_like_header(kind, code, shape, dev_type, dev_index, alloc,
+                                            cuda_alloc)
+        outs.append(dst)
+        buf, cap = _tensor.check_destination(dst, code, shape, f"tensor {i}")
+        bufs.append(buf)
+        keep.append(cap)
+    pays = []
+    for i, (length, _) in enumerate(pds):
+        p = payloads[i] if payloads is not None else None
+        pays.append(bytearray(length) if p is None else p)
+    metadata = desc.metadata
+    for b, dst in zip(bufs, outs):
+        if context is not None and type(b) is tuple:  # the daemon may keep it mapped
+            _cuda.track(context, dst, b[0])
+    move(desc, pays, bufs)
+    del keep  # DLPack capsules of CUDA destinations lived until here
+    return Message(metadata, pays, outs)
+
+
 class Context:
     """One session with the local tpipd daemon.
 
@@ -215,7 +260,7 @@ class Pipe:
         module releases the mapping when the CUDA object is garbage (Context.cuda_release()
         does it at once). Raises PeerDied, PipeClosed, Cancelled, Timeout (the write was
         cancelled), LimitExceeded, InvalidArgument."""
-        wire = [_tensor.to_wire(t, contiguous, f"tensor {i}") for i, t in enumerate(tensors)]
+        wire = message_wire(tensors, contiguous)
         _cuda.track_wire(self._raw.context, wire)
         self._raw.write(metadata, list(payloads), [(b, h) for b, h, _ in wire], timeout)
         del wire  # the keep-alives lived until here
@@ -244,38 +289,8 @@ class Pipe:
             del desc
 
     def _read_desc(self, desc, tensors, payloads, timeout, shared, cuda_alloc=None):
-        tds = desc.tensors
-        pds = desc.payloads
-        if tensors is not None and len(tensors) != len(tds):
-            raise _tpipd.InvalidArgument(22, f"the message has {len(tds)} tensors, "
-                                         f"{len(tensors)} destinations given")
-        if payloads is not None and len(payloads) != len(pds):
-            raise _tpipd.InvalidArgument(22, f"the message has {len(pds)} payloads, "
-                                         f"{len(payloads)} destinations given")
-        alloc = None if shared is None else (
-            lambda shape, name, like: shared.empty(shape, name, like=like))
-        outs, bufs, keep = [], [], []
-        for i, (length, meta, dev_type, dev_index) in enumerate(tds):
-            kind, code, shape = _tensor.unpack_header(meta, length)
-            dst = tensors[i] if tensors is not None else None
-            if dst is None:
-                dst = _tensor.empty_like_header(kind, code, shape, dev_type, dev_index, alloc,
-                                                cuda_alloc)
-            outs.append(dst)
-            buf, cap = _tensor.check_destination(dst, code, shape, f"tensor {i}")
-            bufs.append(buf)
-            keep.append(cap)
-        pays = []
-        for i, (length, _) in enumerate(pds):
-            p = payloads[i] if payloads is not None else None
-            pays.append(bytearray(length) if p is None else p)
-        metadata = desc.metadata
-        for b, dst in zip(bufs, outs):
-            if type(b) is tuple:  # a CUDA destination: the daemon may keep it mapped
-                _cuda.track(self._raw.context, dst, b[0])
-        self._raw.read(desc, pays, bufs, timeout)
-        del keep  # DLPack capsules of CUDA destinations lived until here
-        return Message(metadata, pays, outs)
+        return read_message(desc, tensors, payloads, shared, cuda_alloc,
+                            lambda d, p, b: self._raw.read(d, p, b, timeout), self._raw.context)
 
     def _executor(self, which):
         with self._lock:
