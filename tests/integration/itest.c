@@ -372,6 +372,22 @@ int tpt_chan_msg_read_check(struct tp_context *ctx, struct tp_chan *ch,
 	return read_into_alloc(ctx, s, mem, d, ch, chan_read, chan_drop);
 }
 
+static int wq_read(void *src, struct tp_descriptor *d, const struct tp_allocation *a)
+{
+	return tp_wq_read_msg(src, d, a);
+}
+
+static void wq_drop(struct tp_descriptor *d)
+{
+	tp_wq_descriptor_free(d);
+}
+
+int tpt_wq_msg_read_check(struct tp_context *ctx, struct tp_wq *q, struct tp_descriptor *d,
+			  const struct tpt_msg_spec *s, enum tpt_mem mem)
+{
+	return read_into_alloc(ctx, s, mem, d, q, wq_read, wq_drop);
+}
+
 /* ---- pipe ends ------------------------------------------------------------------------------ */
 
 int tpt_end_listen(struct tpt_end *e, bool accept)
