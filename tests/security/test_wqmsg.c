@@ -195,6 +195,8 @@ static int attacker(void *arg)
 	/* Replies: to an id not taken; a bad descriptor leaves the question taken. */
 	st = send_msg(&r, w, qid + 1, &m, NULL, tail, 4);
 	TPT_REQUIRE(st == TPW__V1__STATUS__STATUS_NOT_FOUND, 1, "reply not taken: %d", st);
+	st = send_msg(&r, q, qid, &m, NULL, tail, 4); /* taken by the other handle */
+	TPT_REQUIRE(st == TPW__V1__STATUS__STATUS_NOT_FOUND, 1, "reply by another handle: %d", st);
 	pd[0].length = 3;
 	st = send_msg(&r, w, qid, &m, NULL, tail, 4);
 	TPT_REQUIRE(st == TPW__V1__STATUS__STATUS_INVALID, 1, "bad reply: %d", st);
