@@ -47,7 +47,6 @@ int tpc_chan_msg_on_taken(struct chan_req *cr, const Tpw__V1__ChanReply *m, cons
 
 /* ---- writing ------------------------------------------------------------------------------- */
 
-
 TP_EXPORT int tp_chan_write_msgs(struct tp_chan *ch, const struct tp_message *msgs, size_t n,
 				 int timeout_ms)
 {
@@ -136,29 +135,14 @@ TP_EXPORT int tp_chan_read_descriptor(struct tp_chan *ch, struct tp_descriptor *
 
 void tpc_chan_msg_orphan(struct tp_chan *ch)
 {
-	struct tpc_msg_desc *d, *tmp;
-
-	pthread_mutex_lock(&ch->ctx->lock);
-	tpu_list_for_each_safe(d, tmp, &ch->descs, node) {
-		tpu_list_remove(&d->node);
-		tpu_list_init(&d->node);
-		d->ch = NULL;
-	}
-	pthread_mutex_unlock(&ch->ctx->lock);
+	tpc_msgitem_desc_orphan(ch->ctx, &ch->descs);
 }
 
 /* Frees @cd, unfiled from its handle. */
 static void desc_free(struct tpc_msg_desc *cd)
 {
-	if (cd->ch) {
-		pthread_mutex_lock(&cd->ch->ctx->lock);
-		tpu_list_remove(&cd->node);
-		pthread_mutex_unlock(&cd->ch->ctx->lock);
-	}
-	cd->magic = 0;
-	free(cd);
+	tpc_msgitem_desc_free(cd->ch ? cd->ch->ctx : NULL, cd);
 }
-
 
 /* Sends @op (a take of @ch's held item) with @cr and waits for its answer. Return: its status. */
 static int take_call(struct tp_chan *ch, Tpw__V1__ChanOp *op, struct chan_req *cr)
@@ -247,7 +231,7 @@ TP_EXPORT int tp_chan_read_msg(struct tp_chan *ch, struct tp_descriptor *d,
 			       const struct tp_allocation *alloc)
 {
 	struct tpc_msg_desc *cd = tpc_msgitem_desc_of(d);
-	bool small, shm = false;
+	bool small;
 	int r;
 
 	if (!ch || !cd || cd->ch != ch)
@@ -255,19 +239,7 @@ TP_EXPORT int tp_chan_read_msg(struct tp_chan *ch, struct tp_descriptor *d,
 	r = tpc_msgitem_alloc_check(d, alloc);
 	if (r < 0)
 		return r;
-	for (size_t i = 0; i < d->n_payloads + d->n_tensors; i++) {
-		const struct tp_slot *s = tpc_msgitem_part_slot(alloc, i);
-		size_t len = tpc_msgitem_part_len(d, i);
-		Tpw__V1__Segment g;
-		Tpw__V1__ShmRef ref;
-
-		shm |= len > TPW_CHAN_SHM_ITEM && !tpc_msgitem_slot_cuda(s) &&
-		       tpc_chan_ref(ch->ctx, s->data, len, false, &g, &ref) == 0;
-	}
-	/* Inline as tp_chan_read_into() would: small items, those of private memory up to 256 KiB,
-	 * and every item of a channel that takes no destination (another host's, inline only). */
-	small = cd->len <= TPW_CHAN_SHM_ITEM || (cd->len <= TPW_CHAN_INLINE_ITEM && !shm) ||
-		!tpc_chan_fast(ch);
+	small = tpc_msgitem_small(ch->ctx, cd, alloc, !tpc_chan_fast(ch));
 	if (small && cd->len > ch->ctx->lim.inline_max)
 		r = tpc_error(-EOPNOTSUPP, "channel '%s': an item of %llu bytes above the inline "
 			      "limit on a channel that takes items inline only", ch->name,

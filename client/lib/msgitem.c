@@ -318,7 +318,8 @@ void tpc_msgitem_plan_free(struct tp_context *ctx, struct tpc_take_plan *pl, boo
 
 /* Appends the range [@p, @p + @len) of staging buffer @b (NULL: @p by CMA) to @pl, merged with
  * the last segment when it continues it. */
-static void plan_add(struct tpc_take_plan *pl, const struct tpc_buf *b, const uint8_t *p, size_t len)
+static void plan_add(struct tpc_take_plan *pl, const struct tpc_buf *b, const uint8_t *p,
+		     size_t len)
 {
 	Tpw__V1__Segment *g = pl->n ? &pl->seg[pl->n - 1] : NULL;
 
@@ -467,4 +468,47 @@ void tpc_msgitem_scatter(const struct tp_descriptor *d, const struct tp_allocati
 			memcpy(s->data, tail + off, len);
 		off += len;
 	}
+}
+
+void tpc_msgitem_desc_free(struct tp_context *ctx, struct tpc_msg_desc *d)
+{
+	if (ctx) {
+		pthread_mutex_lock(&ctx->lock);
+		tpu_list_remove(&d->node);
+		pthread_mutex_unlock(&ctx->lock);
+	}
+	d->magic = 0;
+	free(d);
+}
+
+void tpc_msgitem_desc_orphan(struct tp_context *ctx, struct tpu_list *list)
+{
+	struct tpc_msg_desc *d, *tmp;
+
+	pthread_mutex_lock(&ctx->lock);
+	tpu_list_for_each_safe(d, tmp, list, node) {
+		tpu_list_remove(&d->node);
+		tpu_list_init(&d->node);
+		d->ch = NULL;
+		d->wq = NULL;
+	}
+	pthread_mutex_unlock(&ctx->lock);
+}
+
+bool tpc_msgitem_small(struct tp_context *ctx, const struct tpc_msg_desc *d,
+		       const struct tp_allocation *a, bool inline_only)
+{
+	bool shm = false;
+
+	for (size_t i = 0; i < d->pub.n_payloads + d->pub.n_tensors; i++) {
+		const struct tp_slot *s = tpc_msgitem_part_slot(a, i);
+		size_t len = tpc_msgitem_part_len(&d->pub, i);
+		Tpw__V1__Segment g;
+		Tpw__V1__ShmRef ref;
+
+		shm |= len > TPW_CHAN_SHM_ITEM && !tpc_msgitem_slot_cuda(s) &&
+		       tpc_chan_ref(ctx, s->data, len, false, &g, &ref) == 0;
+	}
+	return d->len <= TPW_CHAN_SHM_ITEM || (d->len <= TPW_CHAN_INLINE_ITEM && !shm) ||
+	       inline_only;
 }

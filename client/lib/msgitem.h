@@ -80,6 +80,12 @@ struct tpc_msg_desc *tpc_msgitem_desc_of(struct tp_descriptor *d);
 /* A descriptor of @m (validated, borrowed) for an item of @len bytes; NULL @m: a byte item, one
  * payload. Return: owned (free()), or NULL. */
 struct tpc_msg_desc *tpc_msgitem_desc_new(const Tpw__V1__Descriptor *m, uint64_t len);
+/* Frees @d, unfiled first from its handle's list under @ctx's lock (NULL: filed in none, its
+ * handle released). Takes @d. */
+void tpc_msgitem_desc_free(struct tp_context *ctx, struct tpc_msg_desc *d);
+/* At a handle's release: the descriptors filed in @list (under @ctx's lock) outlive it, filed
+ * in none and belonging to no handle. */
+void tpc_msgitem_desc_orphan(struct tp_context *ctx, struct tpu_list *list);
 /* Checks the descriptor @m the daemon answered for an item of @len bytes against the limits it
  * announced. Return: 0 or -EPROTO (message set). */
 int tpc_msgitem_desc_check(const struct tp_context *ctx, const Tpw__V1__Descriptor *m,
@@ -108,6 +114,11 @@ int tpc_msgitem_alloc_check(const struct tp_descriptor *d, const struct tp_alloc
  * @host at their offsets (NULL: left in @tail, at the same offsets). */
 void tpc_msgitem_scatter(const struct tp_descriptor *d, const struct tp_allocation *a,
 			 const uint8_t *tail, uint8_t *host);
+/* Is @d's item, read into @a, read inline (the answer's tail), as a byte read would be: small
+ * items, those of private memory up to 256 KiB, and any item with @inline_only (a handle of
+ * another host's object that takes no destination)? */
+bool tpc_msgitem_small(struct tp_context *ctx, const struct tpc_msg_desc *d,
+		       const struct tp_allocation *a, bool inline_only);
 /*
  * tpc_msgitem_plan_make() - plans the read of @d's item into @a: parts whose slot lies in a
  * shared buffer directly (unless @one: one destination, every part staged), the others staged

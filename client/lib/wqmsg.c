@@ -256,27 +256,13 @@ TP_EXPORT int tp_wq_answer_descriptor(struct tp_wq *q, uint64_t *ret_id,
 
 void tpc_wq_msg_orphan(struct tp_wq *q)
 {
-	struct tpc_msg_desc *d, *tmp;
-
-	pthread_mutex_lock(&q->ctx->lock);
-	tpu_list_for_each_safe(d, tmp, &q->descs, node) {
-		tpu_list_remove(&d->node);
-		tpu_list_init(&d->node);
-		d->wq = NULL;
-	}
-	pthread_mutex_unlock(&q->ctx->lock);
+	tpc_msgitem_desc_orphan(q->ctx, &q->descs);
 }
 
 /* Frees @d, unfiled from its handle. */
 static void desc_free(struct tpc_msg_desc *d)
 {
-	if (d->wq) {
-		pthread_mutex_lock(&d->wq->ctx->lock);
-		tpu_list_remove(&d->node);
-		pthread_mutex_unlock(&d->wq->ctx->lock);
-	}
-	d->magic = 0;
-	free(d);
+	tpc_msgitem_desc_free(d->wq ? d->wq->ctx : NULL, d);
 }
 
 /* Sends a read of @d's item (@op: its segments set, or none: inline) and waits for it. */
@@ -354,7 +340,7 @@ TP_EXPORT int tp_wq_read_msg(struct tp_wq *q, struct tp_descriptor *desc,
 			     const struct tp_allocation *alloc)
 {
 	struct tpc_msg_desc *d = tpc_msgitem_desc_of(desc);
-	bool small, shm = false;
+	bool small;
 	int r;
 
 	if (!q || !d || !d->qid || d->wq != q)
@@ -362,19 +348,7 @@ TP_EXPORT int tp_wq_read_msg(struct tp_wq *q, struct tp_descriptor *desc,
 	r = tpc_msgitem_alloc_check(desc, alloc);
 	if (r < 0)
 		return r;
-	for (size_t i = 0; i < desc->n_payloads + desc->n_tensors; i++) {
-		const struct tp_slot *s = tpc_msgitem_part_slot(alloc, i);
-		size_t len = tpc_msgitem_part_len(desc, i);
-		Tpw__V1__Segment g;
-		Tpw__V1__ShmRef ref;
-
-		shm |= len > TPW_CHAN_SHM_ITEM && !tpc_msgitem_slot_cuda(s) &&
-		       tpc_chan_ref(q->ctx, s->data, len, false, &g, &ref) == 0;
-	}
-	/* Inline as a channel's message read: small items, those of private memory up to 256 KiB,
-	 * and every item of a queue on another host (inline only). */
-	small = d->len <= TPW_CHAN_SHM_ITEM || (d->len <= TPW_CHAN_INLINE_ITEM && !shm) ||
-		q->remote;
+	small = tpc_msgitem_small(q->ctx, d, alloc, q->remote);
 	if (small && d->len > q->ctx->lim.inline_max)
 		r = tpc_error(-EOPNOTSUPP, "work queue '%s': an item of %llu bytes above the inline "
 			      "limit on a queue of another host (inline only)", q->name,

@@ -672,7 +672,8 @@ static void op_answer(struct tpd_wqs *ws, struct wq_handle *h, const Tpw__V1__Wq
 	bool earlier = false;
 
 	if (q->owner != h)
-		return tpd_wq_err(h, o->req_id, -EACCES, "only the work queue's owner receives answers");
+		return tpd_wq_err(h, o->req_id, -EACCES, "only the work queue's owner receives "
+				  "answers");
 	if (o->msg_read)
 		return tpd_wq_msg_read(ws, h, o);
 	if (o->msg_drop)
@@ -907,7 +908,8 @@ static void handle_op(struct tpd_wqs *ws, struct wq_handle *h, const Tpw__V1__Wq
 		return op_drain(ws, h, o);
 	case TPW__V1__WQ_OP_KIND__WQ_OP_CLOSE:
 		if (h->q->owner != h)
-			return tpd_wq_err(h, o->req_id, -EACCES, "only the work queue's owner closes it");
+			return tpd_wq_err(h, o->req_id, -EACCES, "only the work queue's owner "
+					  "closes it");
 		h->q->closed = true; /* idempotent */
 		tpd_wq_err(h, o->req_id, 0, NULL);
 		return tpd_wq_serve(h->q);

@@ -316,7 +316,8 @@ void tpd_wq_msg_read(struct tpd_wqs *ws, struct wq_handle *h, const Tpw__V1__WqO
 	char why[240];
 
 	if (held && q->owner != h)
-		return tpd_wq_err(h, o->req_id, -EACCES, "only the work queue's owner reads answers");
+		return tpd_wq_err(h, o->req_id, -EACCES, "only the work queue's owner reads "
+				  "answers");
 	if (!it || !it->b) {
 		snprintf(why, sizeof(why), "this handle holds no %s %llu (take its descriptor "
 			 "first)", held ? "answer to question" : "question",
@@ -342,7 +343,8 @@ void tpd_wq_msg_drop(struct wq_handle *h, const Tpw__V1__WqOp *o)
 	struct wq_item *it;
 
 	if (q->owner != h)
-		return tpd_wq_err(h, o->req_id, -EACCES, "only the work queue's owner drops answers");
+		return tpd_wq_err(h, o->req_id, -EACCES, "only the work queue's owner drops "
+				  "answers");
 	it = held_of(q, o->question_id);
 	if (!it)
 		return tpd_wq_err(h, o->req_id, -ENOENT, "the owner holds no such answer");

@@ -2,16 +2,17 @@
 /*
  * Security suite: work queue questions and answers as messages (issue 25 part wqmsg;
  * docs/queues.md "Questions and answers as messages") against a hostile client speaking the raw
- * protocol on a queue it owns and works for, and on another's queue it works for. Bad message descriptors (lengths that do not add
- * up, more parts than segments-max, metadata above metadata-max, an unknown device) fail that
- * submit or reply only; a payload by reference in a buffer the session never registered, or at
- * an address its process does not map, fails with nothing queued and no room kept; a payload by
- * reference above wq-bytes-max (up to 1 TiB) is refused before the daemon allocates anything; a
- * read of a question the handle did not take, of slots that do not add up to the item, a reply
- * to an id not taken, an answer dropped by a worker or never held are refused. Nothing of this
- * closes the session; the queue then serves a well-formed question byte for byte. A read that
- * names two of take, read and drop at once, or a payload by reference without a descriptor,
- * closes that session only.
+ * protocol on a queue it owns and works for, and on another's queue it works for. Bad message
+ * descriptors (lengths that do not add up, more parts than segments-max, metadata above
+ * metadata-max, an unknown device) fail that submit or reply only; a payload by reference in a
+ * buffer the session never registered, or at an address its process does not map, fails with
+ * nothing queued and no room kept; a payload by reference above wq-bytes-max (up to 1 TiB) is
+ * refused before the daemon allocates anything; a read of a question the handle did not take, of
+ * slots that do not add up to the item, a reply to an id not taken or taken by the other handle,
+ * an answer dropped by a worker or never held are refused. Nothing of this closes the session;
+ * the queue then serves a well-formed question byte for byte. A read that names two of take,
+ * read and drop at once, or a payload by reference without a descriptor, closes that session
+ * only.
  */
 #include <check.h>
 #include <errno.h>
@@ -102,6 +103,19 @@ static int take(struct tpt_raw *r, uint64_t h, uint64_t read, Tpw__V1__Segment *
 	return raw_wq(r, &op, NULL, 0, ret);
 }
 
+/* Sends WqOp @op, which validation refuses: the daemon closes the session. Return: 0 or 1. */
+static int send_closes(struct tpt_raw *r, Tpw__V1__WqOp *op)
+{
+	Tpw__V1__ClientMsg cm = TPW__V1__CLIENT_MSG__INIT;
+
+	cm.body_case = TPW__V1__CLIENT_MSG__BODY_WQ_OP;
+	cm.wq_op = op;
+	TPT_REQUIRE(tpt_raw_send(r, &cm, NULL, 0, NULL, 0, 0) == 0, 1, "send");
+	TPT_REQUIRE(tpt_raw_wait_closed(r, T_MS) == 0, 1, "the session stayed open");
+	tpt_raw_close(r);
+	return 0;
+}
+
 static int attacker(void *arg)
 {
 	static Tpw__V1__PayloadDesc pd[SEGS + 1], *pp[SEGS + 1];
@@ -112,7 +126,6 @@ static int attacker(void *arg)
 	Tpw__V1__Segment g = TPW__V1__SEGMENT__INIT, *gp = &g;
 	Tpw__V1__ShmRef ref = TPW__V1__SHM_REF__INIT;
 	Tpw__V1__WqOp op = TPW__V1__WQ_OP__INIT;
-	Tpw__V1__ClientMsg cm = TPW__V1__CLIENT_MSG__INIT;
 	Tpw__V1__DaemonMsg *dm = NULL;
 	struct tpt_raw r;
 	uint64_t q, w, qid;
@@ -239,19 +252,13 @@ static int attacker(void *arg)
 	op.wq_id = q;
 	g.length = 4;
 	op.segment = &g;
-	cm.body_case = TPW__V1__CLIENT_MSG__BODY_WQ_OP;
-	cm.wq_op = &op;
-	TPT_REQUIRE(tpt_raw_send(&r, &cm, NULL, 0, NULL, 0, 0) == 0, 1, "send");
-	TPT_REQUIRE(tpt_raw_wait_closed(&r, T_MS) == 0, 1, "the session stayed open");
-	tpt_raw_close(&r);
-	return 0;
+	return send_closes(&r, &op);
 }
 
 /* Take, read and drop named at once: the session closes. */
 static int mixer(void *arg)
 {
 	Tpw__V1__WqOp op = TPW__V1__WQ_OP__INIT;
-	Tpw__V1__ClientMsg cm = TPW__V1__CLIENT_MSG__INIT;
 	struct tpt_raw r;
 	uint64_t q;
 
@@ -265,12 +272,7 @@ static int mixer(void *arg)
 	op.msg = true;
 	op.msg_drop = true;
 	op.question_id = 1;
-	cm.body_case = TPW__V1__CLIENT_MSG__BODY_WQ_OP;
-	cm.wq_op = &op;
-	TPT_REQUIRE(tpt_raw_send(&r, &cm, NULL, 0, NULL, 0, 0) == 0, 1, "send");
-	TPT_REQUIRE(tpt_raw_wait_closed(&r, T_MS) == 0, 1, "the session stayed open");
-	tpt_raw_close(&r);
-	return 0;
+	return send_closes(&r, &op);
 }
 
 START_TEST(test_hostile_messages_fail_their_op_only)

@@ -216,15 +216,12 @@ static int cmd_readers(const char *addr, int k, int ms)
 	return rc;
 }
 
-static int cmd_wq_own(const char *name, const char *remote, int n)
+/* Creates queue @name, open to @remote (as parse_remote()), owned by *@ret. Return: 0, or the
+ * exit status of a failure (printed). */
+static int wq_create(const char *name, const char *remote, struct tp_wq **ret)
 {
 	struct tp_wq_options o = { .size = sizeof(o), .owner_uid = -1 };
 	const char *peer;
-	struct tp_wq *q;
-	char buf[64], want[64];
-	void *data;
-	size_t len;
-	uint64_t id;
 	int r;
 
 	if (parse_remote(remote, &o.remote, &peer) < 0)
@@ -233,13 +230,27 @@ static int cmd_wq_own(const char *name, const char *remote, int n)
 	o.access = TP_ACCESS_ANYONE;
 	o.remote_peers = peer ? &peer : NULL;
 	o.n_remote_peers = peer ? 1 : 0;
-	r = tp_wq_open(ctx, name, &o, &q);
+	r = tp_wq_open(ctx, name, &o, ret);
 	if (r < 0)
 		return fail("wq create", r);
-	if (!tp_wq_is_owner(q)) {
+	if (!tp_wq_is_owner(*ret)) {
 		printf("error EPROTO: the creator's handle is not the owner's\n");
 		return 1;
 	}
+	return 0;
+}
+
+static int cmd_wq_own(const char *name, const char *remote, int n)
+{
+	struct tp_wq *q;
+	char buf[64], want[64];
+	void *data;
+	size_t len;
+	uint64_t id;
+	int r = wq_create(name, remote, &q);
+
+	if (r)
+		return r;
 	for (int i = 0; i < n; i++) {
 		snprintf(buf, sizeof(buf), "q%d", i);
 		r = tp_wq_submit(q, buf, strlen(buf), &id);
@@ -353,27 +364,18 @@ static int wq_msg_read(struct tp_wq *q, struct tp_descriptor *d, char *meta, cha
 
 static int cmd_wq_own_msg(const char *name, const char *remote, int n)
 {
-	struct tp_wq_options o = { .size = sizeof(o), .owner_uid = -1 };
 	uint8_t t[WQ_MSG_TENSOR], want[WQ_MSG_TENSOR];
 	char buf[32], meta[32], got[32], wmeta[40];
 	struct tp_descriptor *d;
 	struct tp_payload p;
 	struct tp_tensor tt;
-	const char *peer;
 	struct tp_message m;
 	struct tp_wq *q;
 	uint64_t id;
-	int r;
+	int r = wq_create(name, remote, &q);
 
-	if (parse_remote(remote, &o.remote, &peer) < 0)
-		return 2;
-	o.flags = TP_WQ_CREATE | TP_WQ_EXCL;
-	o.access = TP_ACCESS_ANYONE;
-	o.remote_peers = peer ? &peer : NULL;
-	o.n_remote_peers = peer ? 1 : 0;
-	r = tp_wq_open(ctx, name, &o, &q);
-	if (r < 0)
-		return fail("wq create", r);
+	if (r)
+		return r;
 	for (int i = 0; i < n; i++) {
 		snprintf(buf, sizeof(buf), "q%d", i);
 		pattern(t, sizeof(t), (unsigned)i);
