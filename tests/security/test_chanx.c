@@ -23,7 +23,9 @@
  * the close, the others are dropped, and a later item arrives intact; its protocol violation
  * then fails the client's waiting read with -ECONNRESET naming the host. One of 2.7 is sent no
  * work queue creation (it would open the queue as a worker's): the open fails with
- * -EOPNOTSUPP naming its version, the link stays up.
+ * -EOPNOTSUPP naming its version, the link stays up. One of 2.8 is sent a worker's open and
+ * release but no work queue message op (it would take them for byte ops): the take by
+ * descriptor and the message reply fail with -EOPNOTSUPP naming its version, the link up.
  *
  * And a hostile peer daemon against a work queue on a daemon that lets other hosts create
  * queues (chan-remote-create-uid): it creates none over its insecure link, is never the owner,
