@@ -307,9 +307,9 @@ static int read_planned(struct tp_wq *q, struct tpc_msg_desc *d, const struct tp
 	int r = tpc_msgitem_plan_make(q->ctx, &d->pub, a, false, stage, &pl);
 
 	if (r == 1 && d->len > q->ctx->lim.inline_max)
-		r = tpc_error(-EOPNOTSUPP, "work queue '%s': an item of %llu bytes above the inline "
-			      "limit, and neither a staging buffer nor CMA for the slots not in a "
-			      "shared buffer", q->name, (unsigned long long)d->len);
+		r = tpc_error(-EOPNOTSUPP, "work queue '%s': an item of %llu bytes above the "
+			      "inline limit, and neither a staging buffer nor CMA for the slots not "
+			      "in a shared buffer", q->name, (unsigned long long)d->len);
 	if (r == 1)
 		r = read_inline(q, d, a);
 	if (r != 0) {
@@ -350,15 +350,16 @@ TP_EXPORT int tp_wq_read_msg(struct tp_wq *q, struct tp_descriptor *desc,
 		return r;
 	small = tpc_msgitem_small(q->ctx, d, alloc, q->remote);
 	if (small && d->len > q->ctx->lim.inline_max)
-		r = tpc_error(-EOPNOTSUPP, "work queue '%s': an item of %llu bytes above the inline "
-			      "limit on a queue of another host (inline only)", q->name,
+		r = tpc_error(-EOPNOTSUPP, "work queue '%s': an item of %llu bytes above the "
+			      "inline limit on a queue of another host (inline only)", q->name,
 			      (unsigned long long)d->len);
 	else
 		r = small ? read_inline(q, d, alloc) : read_planned(q, d, alloc, true);
 	if (r == -EAGAIN)
 		r = read_planned(q, d, alloc, false);
 	if (r == -EAGAIN)
-		r = tpc_error(-EIO, "work queue '%s': the daemon refused a staging buffer", q->name);
+		r = tpc_error(-EIO, "work queue '%s': the daemon refused a staging buffer",
+			      q->name);
 	desc_free(d);
 	return r;
 }

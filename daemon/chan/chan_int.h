@@ -217,7 +217,7 @@ int tpd_chan_msg_desc_check(struct tpd_chans *cs, const Tpw__V1__Descriptor *m, 
 			    char *why, size_t wl);
 /* @it's descriptor unpacked (*@ret NULL for a byte item). @ret: owned, free with
  * tpw__v1__descriptor__free_unpacked(). Return: 0 or -ENOMEM. */
-int tpd_chan_item_desc(const struct chan_item *it, Tpw__V1__Descriptor **ret);
+int tpd_chan_msg_item_desc(const struct chan_item *it, Tpw__V1__Descriptor **ret);
 /*
  * tpd_chan_msg_slots() - the destinations of a message read: the @n segments @segs (validated:
  * not empty, at most segments-max) resolved in @s's memory, which must add up to @len exactly.

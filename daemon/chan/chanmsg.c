@@ -47,7 +47,7 @@ int tpd_chan_msg_desc_check(struct tpd_chans *cs, const Tpw__V1__Descriptor *m, 
 	return tpw_chan_msg_check(m, len, tpd_daemon_limits(cs->d), why, wl);
 }
 
-int tpd_chan_item_desc(const struct chan_item *it, Tpw__V1__Descriptor **ret)
+int tpd_chan_msg_item_desc(const struct chan_item *it, Tpw__V1__Descriptor **ret)
 {
 	Tpw__V1__Descriptor *d = NULL;
 
@@ -63,7 +63,7 @@ void tpd_chan_msg_answer_held(const struct chan_handle *h, uint64_t req_id,
 	Tpw__V1__ChanReply r = TPW__V1__CHAN_REPLY__INIT;
 	Tpw__V1__Descriptor *d;
 
-	if (tpd_chan_item_desc(it, &d) < 0)
+	if (tpd_chan_msg_item_desc(it, &d) < 0)
 		return tpd_chan_answer(&h->who, req_id, -ENOMEM, "out of memory", h->id,
 				       h->c->closed, NULL);
 	r.req_id = req_id;

@@ -32,7 +32,7 @@ void tpd_wq_send(struct wq_handle *h, const struct wq_who *who, uint64_t req_id,
 	Tpw__V1__WqReply r = TPW__V1__WQ_REPLY__INIT;
 	Tpw__V1__DaemonMsg m = TPW__V1__DAEMON_MSG__INIT;
 	struct iovec tail;
-	size_t len = a->it && a->it->b ? tpd_wq_body_len(a->it->b) : 0;
+	size_t len = a->it && a->it->b ? tpd_wq_msg_body_len(a->it->b) : 0;
 	bool data = len && !a->held;
 
 	r.req_id = req_id;
@@ -48,7 +48,7 @@ void tpd_wq_send(struct wq_handle *h, const struct wq_who *who, uint64_t req_id,
 	r.answer_status = a->it ? a->it->status : TPW__V1__STATUS__STATUS_OK;
 	if (data) {
 		r.length = len;
-		tail.iov_base = (void *)tpd_wq_body_bytes(a->it->b);
+		tail.iov_base = (void *)tpd_wq_msg_body_bytes(a->it->b);
 		tail.iov_len = len;
 	}
 	r.msg_held = a->held;
@@ -77,7 +77,7 @@ struct wq_item *tpd_wq_item_new(uint64_t id, struct wq_body *b)
 	struct wq_item *it = calloc(1, sizeof(*it));
 
 	if (!it) {
-		tpd_wq_body_unref(b);
+		tpd_wq_msg_body_unref(b);
 		return NULL;
 	}
 	it->id = id;
@@ -88,7 +88,7 @@ struct wq_item *tpd_wq_item_new(uint64_t id, struct wq_body *b)
 
 void tpd_wq_item_free(struct wq_item *it)
 {
-	tpd_wq_body_unref(it->b);
+	tpd_wq_msg_body_unref(it->b);
 	free(it);
 }
 
@@ -158,7 +158,7 @@ static bool refuse_msg(struct wq_handle *h, uint64_t req_id, const struct wq_ite
 {
 	char why[200];
 
-	if (msg || !it->b || !tpd_wq_body_msg(it->b))
+	if (msg || !it->b || !tpd_wq_msg_body_msg(it->b))
 		return false;
 	snprintf(why, sizeof(why), "the oldest %s is a message: take it by its descriptor "
 		 "(client protocol minor %u)", what, TPW_MINOR_WQ_MSG);
@@ -177,12 +177,12 @@ static void deliver_question(struct wq_handle *h, uint64_t req_id, bool msg)
 	struct wq_ans a = { .it = it };
 	char why[240];
 
-	if (!tpd_wq_fits_link(h, it->b ? tpd_wq_body_len(it->b) : 0, "the oldest question", why,
+	if (!tpd_wq_fits_link(h, it->b ? tpd_wq_msg_body_len(it->b) : 0, "the oldest question", why,
 			      sizeof(why)))
 		return tpd_wq_err(h, req_id, -EMSGSIZE, why);
 	if (refuse_msg(h, req_id, it, msg, "question"))
 		return;
-	if (msg && tpd_wq_body_desc(it->b, &a.desc) < 0)
+	if (msg && tpd_wq_msg_body_desc(it->b, &a.desc) < 0)
 		return tpd_wq_err(h, req_id, -ENOMEM, "out of memory");
 	tpu_list_remove(&it->node);
 	q->n_queued--;
@@ -191,7 +191,7 @@ static void deliver_question(struct wq_handle *h, uint64_t req_id, bool msg)
 	q->n_taken++;
 	a.held = msg;
 	tpd_wq_send(h, &h->who, req_id, &a);
-	tpd_wq_desc_free(a.desc);
+	tpd_wq_msg_desc_free(a.desc);
 }
 
 /* Hands the oldest answer to the owner's request @req_id and forgets it, or with @msg holds it
@@ -204,7 +204,7 @@ static void deliver_answer(struct wq_handle *h, uint64_t req_id, bool msg)
 
 	if (refuse_msg(h, req_id, it, msg, "answer"))
 		return;
-	if (msg && it->b && tpd_wq_body_desc(it->b, &a.desc) < 0)
+	if (msg && it->b && tpd_wq_msg_body_desc(it->b, &a.desc) < 0)
 		return tpd_wq_err(h, req_id, -ENOMEM, "out of memory");
 	tpu_list_remove(&it->node);
 	q->n_answers--;
@@ -213,9 +213,9 @@ static void deliver_answer(struct wq_handle *h, uint64_t req_id, bool msg)
 		q->n_held++;
 		a.held = true;
 		tpd_wq_send(h, &h->who, req_id, &a);
-		return tpd_wq_desc_free(a.desc);
+		return tpd_wq_msg_desc_free(a.desc);
 	}
-	q->answer_bytes -= it->b ? tpd_wq_body_charge(it->b) : 0;
+	q->answer_bytes -= it->b ? tpd_wq_msg_body_charge(it->b) : 0;
 	tpd_wq_send(h, &h->who, req_id, &a);
 	tpd_wq_item_free(it);
 }
@@ -569,11 +569,11 @@ static void op_submit(struct tpd_wqs *ws, struct wq_handle *h, const Tpw__V1__Wq
 	    cfg->wq_questions_max)
 		return tpd_wq_err(h, o->req_id, -ENOBUFS, "the work queue holds wq-questions-max "
 				  "questions: receive answers first");
-	r = tpd_wq_body_new(ws, o, tail, len, &b, why, sizeof(why));
+	r = tpd_wq_msg_body_new(ws, o, tail, len, &b, why, sizeof(why));
 	if (r < 0)
 		return tpd_wq_err(h, o->req_id, r, why);
-	if (q->bytes + tpd_wq_body_charge(b) > cfg->wq_bytes_max) {
-		tpd_wq_body_unref(b);
+	if (q->bytes + tpd_wq_msg_body_charge(b) > cfg->wq_bytes_max) {
+		tpd_wq_msg_body_unref(b);
 		return tpd_wq_err(h, o->req_id, -ENOBUFS, "the work queue holds wq-bytes-max "
 				  "question bytes");
 	}
@@ -584,7 +584,7 @@ static void op_submit(struct tpd_wqs *ws, struct wq_handle *h, const Tpw__V1__Wq
 		return tpd_wq_err(h, o->req_id, -ENOMEM, "out of memory");
 	tpu_list_insert_tail(&q->queued, &it->node);
 	q->n_queued++;
-	q->bytes += tpd_wq_body_charge(b);
+	q->bytes += tpd_wq_msg_body_charge(b);
 	a.qid = it->id;
 	tpd_wq_send(h, &h->who, o->req_id, &a);
 	tpd_wq_serve(q);
@@ -595,11 +595,11 @@ void tpd_wq_question_answered(struct wq *q, struct wq_item *it, struct wq_item *
 {
 	tpu_list_remove(&it->node);
 	q->n_taken--;
-	q->bytes -= it->b ? tpd_wq_body_charge(it->b) : 0;
+	q->bytes -= it->b ? tpd_wq_msg_body_charge(it->b) : 0;
 	tpd_wq_item_free(it);
 	tpu_list_insert_tail(&q->answers, &ans->node);
 	q->n_answers++;
-	q->answer_bytes += ans->b ? tpd_wq_body_charge(ans->b) : 0;
+	q->answer_bytes += ans->b ? tpd_wq_msg_body_charge(ans->b) : 0;
 	q->answered++;
 }
 
@@ -625,18 +625,19 @@ static void op_reply(struct tpd_wqs *ws, struct wq_handle *h, const Tpw__V1__WqO
 	if (found->replying)
 		return tpd_wq_err(h, o->req_id, -EBUSY, "a reply to this question is being copied "
 				  "in");
-	r = tpd_wq_body_new(ws, o, tail, len, &b, why, sizeof(why));
+	r = tpd_wq_msg_body_new(ws, o, tail, len, &b, why, sizeof(why));
 	if (r < 0)
 		return tpd_wq_err(h, o->req_id, r, why);
-	if (q->owner && !tpd_wq_fits_link(q->owner, tpd_wq_body_len(b), "an answer", why,
+	if (q->owner && !tpd_wq_fits_link(q->owner, tpd_wq_msg_body_len(b), "an answer", why,
 					  sizeof(why))) {
-		tpd_wq_body_unref(b);
+		tpd_wq_msg_body_unref(b);
 		return tpd_wq_err(h, o->req_id, -EMSGSIZE, why); /* the question stays taken */
 	}
-	if (q->answer_bytes + tpd_wq_body_charge(b) > tpd_daemon_cfg(ws->d)->wq_answer_bytes_max) {
-		tpd_wq_body_unref(b);
-		return tpd_wq_err(h, o->req_id, -ENOBUFS, "the work queue holds wq-answer-bytes-max "
-				  "answer bytes: the question stays taken");
+	if (q->answer_bytes + tpd_wq_msg_body_charge(b) >
+	    tpd_daemon_cfg(ws->d)->wq_answer_bytes_max) {
+		tpd_wq_msg_body_unref(b);
+		return tpd_wq_err(h, o->req_id, -ENOBUFS, "the work queue holds "
+				  "wq-answer-bytes-max answer bytes: the question stays taken");
 	}
 	if (o->segment)
 		return tpd_wq_msg_copy_in(ws, h, o, b, found);
@@ -750,8 +751,8 @@ static void handle_free(struct wq_handle *h, bool answer)
 		it->taker = NULL;
 		it->replying = false; /* a reply being copied in finds it no longer this handle's */
 		if (q->at_most_once) {
-			q->bytes -= it->b ? tpd_wq_body_charge(it->b) : 0;
-			tpd_wq_body_unref(it->b); /* a copy out still running keeps its own */
+			q->bytes -= it->b ? tpd_wq_msg_body_charge(it->b) : 0;
+			tpd_wq_msg_body_unref(it->b); /* a copy out still running keeps its own */
 			it->b = NULL;
 			it->status = TPW__V1__STATUS__STATUS_PEER_DIED;
 			tpu_list_insert_tail(&q->answers, &it->node);

@@ -62,7 +62,8 @@ struct wq {
 	struct tpu_list waits;			/* wq_wait, oldest first */
 	uint32_t n_queued, n_taken, n_answers, n_held, n_handles;
 	/* Copies in running (submits and replies by reference): each holds its room here
-	 * (@n_arriving question slots, @bytes and @answer_bytes); the queue stays while any runs. */
+	 * (@n_arriving question slots, @bytes and @answer_bytes); the queue stays while any
+	 * runs. */
 	uint32_t n_arriving, n_copies;
 	uint64_t bytes, answer_bytes, answered, requeued, next_qid;
 };
@@ -134,14 +135,14 @@ void tpd_wq_question_answered(struct wq *q, struct wq_item *it, struct wq_item *
 /* wqmsg.c: bodies (their bytes, what they cost a queue, whether a message's, the descriptor
  * unpacked), one made from an op's data tail or copied in from its segment (@question: the
  * question a reply answers), and a message read or drop. */
-size_t tpd_wq_body_len(const struct wq_body *b);
-uint64_t tpd_wq_body_charge(const struct wq_body *b);
-bool tpd_wq_body_msg(const struct wq_body *b);
-const uint8_t *tpd_wq_body_bytes(const struct wq_body *b);
-int tpd_wq_body_desc(const struct wq_body *b, Tpw__V1__Descriptor **ret);
-void tpd_wq_desc_free(Tpw__V1__Descriptor *d);
-void tpd_wq_body_unref(struct wq_body *b);
-int tpd_wq_body_new(struct tpd_wqs *ws, const Tpw__V1__WqOp *o, const uint8_t *tail, size_t len,
+size_t tpd_wq_msg_body_len(const struct wq_body *b);
+uint64_t tpd_wq_msg_body_charge(const struct wq_body *b);
+bool tpd_wq_msg_body_msg(const struct wq_body *b);
+const uint8_t *tpd_wq_msg_body_bytes(const struct wq_body *b);
+int tpd_wq_msg_body_desc(const struct wq_body *b, Tpw__V1__Descriptor **ret);
+void tpd_wq_msg_desc_free(Tpw__V1__Descriptor *d);
+void tpd_wq_msg_body_unref(struct wq_body *b);
+int tpd_wq_msg_body_new(struct tpd_wqs *ws, const Tpw__V1__WqOp *o, const uint8_t *tail, size_t len,
 		    struct wq_body **ret, char *why, size_t wl);
 void tpd_wq_msg_copy_in(struct tpd_wqs *ws, struct wq_handle *h, const Tpw__V1__WqOp *o,
 			struct wq_body *b, struct wq_item *question);

@@ -32,38 +32,38 @@ struct wq_copy {
 	bool reply, held;
 };
 
-size_t tpd_wq_body_len(const struct wq_body *b)
+size_t tpd_wq_msg_body_len(const struct wq_body *b)
 {
 	return b->ci->len;
 }
 
-uint64_t tpd_wq_body_charge(const struct wq_body *b)
+uint64_t tpd_wq_msg_body_charge(const struct wq_body *b)
 {
 	return tpd_chan_item_charge(b->ci);
 }
 
-bool tpd_wq_body_msg(const struct wq_body *b)
+bool tpd_wq_msg_body_msg(const struct wq_body *b)
 {
 	return b->ci->desc != NULL;
 }
 
-const uint8_t *tpd_wq_body_bytes(const struct wq_body *b)
+const uint8_t *tpd_wq_msg_body_bytes(const struct wq_body *b)
 {
 	return tpd_chan_item_bytes(b->ci);
 }
 
-int tpd_wq_body_desc(const struct wq_body *b, Tpw__V1__Descriptor **ret)
+int tpd_wq_msg_body_desc(const struct wq_body *b, Tpw__V1__Descriptor **ret)
 {
-	return tpd_chan_item_desc(b->ci, ret);
+	return tpd_chan_msg_item_desc(b->ci, ret);
 }
 
-void tpd_wq_desc_free(Tpw__V1__Descriptor *d)
+void tpd_wq_msg_desc_free(Tpw__V1__Descriptor *d)
 {
 	if (d)
 		tpw__v1__descriptor__free_unpacked(d, NULL);
 }
 
-void tpd_wq_body_unref(struct wq_body *b)
+void tpd_wq_msg_body_unref(struct wq_body *b)
 {
 	if (!b || --b->refs)
 		return;
@@ -71,7 +71,7 @@ void tpd_wq_body_unref(struct wq_body *b)
 	free(b);
 }
 
-int tpd_wq_body_new(struct tpd_wqs *ws, const Tpw__V1__WqOp *o, const uint8_t *tail, size_t len,
+int tpd_wq_msg_body_new(struct tpd_wqs *ws, const Tpw__V1__WqOp *o, const uint8_t *tail, size_t len,
 		    struct wq_body **ret, char *why, size_t wl)
 {
 	const struct tpd_config *cfg = tpd_daemon_cfg(ws->d);
@@ -101,7 +101,7 @@ int tpd_wq_body_new(struct tpd_wqs *ws, const Tpw__V1__WqOp *o, const uint8_t *t
 	if (!o->segment && len)
 		memcpy(b->ci->data, tail, len);
 	if (o->msg_desc && tpd_chan_item_set_desc(b->ci, o->msg_desc) < 0) {
-		tpd_wq_body_unref(b);
+		tpd_wq_msg_body_unref(b);
 		return tpu_why(-ENOMEM, why, wl, "out of memory");
 	}
 	*ret = b;
@@ -135,7 +135,7 @@ static void held_release(struct wq *q, struct wq_item *it)
 {
 	tpu_list_remove(&it->node);
 	q->n_held--;
-	q->answer_bytes -= tpd_wq_body_charge(it->b);
+	q->answer_bytes -= tpd_wq_msg_body_charge(it->b);
 	tpd_wq_item_free(it);
 }
 
@@ -178,7 +178,7 @@ static void copy_in_done(struct wq_copy *cp, struct wq_handle *h, int status, co
 		return tpd_wq_err(h, cp->req_id, -ENOMEM, "out of memory");
 	tpu_list_insert_tail(&q->queued, &it->node);
 	q->n_queued++;
-	q->bytes += tpd_wq_body_charge(it->b);
+	q->bytes += tpd_wq_msg_body_charge(it->b);
 	a.qid = it->id;
 	tpd_wq_send(h, &h->who, cp->req_id, &a);
 	tpd_wq_serve(q);
@@ -194,13 +194,13 @@ static void copy_in_on_done(void *arg, int status, const char *why)
 	if (h)
 		h->copies--;
 	if (!q->gone && cp->reply)
-		q->answer_bytes -= tpd_wq_body_charge(cp->b);
+		q->answer_bytes -= tpd_wq_msg_body_charge(cp->b);
 	if (!q->gone && !cp->reply) {
 		q->n_arriving--;
-		q->bytes -= tpd_wq_body_charge(cp->b);
+		q->bytes -= tpd_wq_msg_body_charge(cp->b);
 	}
 	copy_in_done(cp, h, status, why);
-	tpd_wq_body_unref(cp->b);
+	tpd_wq_msg_body_unref(cp->b);
 	free(cp);
 	tpd_wq_maybe_free(q);
 }
@@ -208,14 +208,14 @@ static void copy_in_on_done(void *arg, int status, const char *why)
 void tpd_wq_msg_copy_in(struct tpd_wqs *ws, struct wq_handle *h, const Tpw__V1__WqOp *o,
 			struct wq_body *b, struct wq_item *question)
 {
-	struct tpb_xfer x = { .len = tpd_wq_body_len(b) };
+	struct tpb_xfer x = { .len = tpd_wq_msg_body_len(b) };
 	struct wq *q = h->q;
 	struct wq_copy *cp;
 	char why[200];
 	int r;
 
 	if (h->copies >= WQ_COPIES_PER_HANDLE) {
-		tpd_wq_body_unref(b);
+		tpd_wq_msg_body_unref(b);
 		return tpd_wq_err(h, o->req_id, -ENOBUFS, "64 copies of this handle are running");
 	}
 	cp = calloc(1, sizeof(*cp));
@@ -235,17 +235,17 @@ void tpd_wq_msg_copy_in(struct tpd_wqs *ws, struct wq_handle *h, const Tpw__V1__
 	}
 	if (r < 0) {
 		free(cp);
-		tpd_wq_body_unref(b);
+		tpd_wq_msg_body_unref(b);
 		return tpd_wq_err(h, o->req_id, r, why);
 	}
 	q->n_copies++;
 	h->copies++;
 	if (question) {
 		question->replying = true;
-		q->answer_bytes += tpd_wq_body_charge(b);
+		q->answer_bytes += tpd_wq_msg_body_charge(b);
 	} else {
 		q->n_arriving++;
-		q->bytes += tpd_wq_body_charge(b);
+		q->bytes += tpd_wq_msg_body_charge(b);
 	}
 }
 
@@ -269,7 +269,7 @@ static void copy_out_on_done(void *arg, int status, const char *why)
 			held_release(h->q, it);
 		tpd_wq_send(h, &h->who, cp->req_id, &a);
 	}
-	tpd_wq_body_unref(cp->b);
+	tpd_wq_msg_body_unref(cp->b);
 	free(cp);
 }
 
@@ -285,7 +285,7 @@ static void read_into(struct tpd_wqs *ws, struct wq_handle *h, const Tpw__V1__Wq
 
 	if (h->copies >= WQ_COPIES_PER_HANDLE)
 		return tpd_wq_err(h, o->req_id, -ENOBUFS, "64 copies of this handle are running");
-	r = tpd_chan_msg_slots(h->who.s, o->segments, o->n_segments, tpd_wq_body_len(it->b), &x,
+	r = tpd_chan_msg_slots(h->who.s, o->segments, o->n_segments, tpd_wq_msg_body_len(it->b), &x,
 			       why, sizeof(why));
 	if (r < 0)
 		return tpd_wq_err(h, o->req_id, r, why);
@@ -326,7 +326,7 @@ void tpd_wq_msg_read(struct tpd_wqs *ws, struct wq_handle *h, const Tpw__V1__WqO
 	}
 	if (o->n_segments)
 		return read_into(ws, h, o, it, held);
-	len = tpd_wq_body_len(it->b);
+	len = tpd_wq_msg_body_len(it->b);
 	if (len > tpd_daemon_limits(ws->d)->inline_max)
 		return tpd_wq_err(h, o->req_id, -EMSGSIZE, "the item is above the inline limit: "
 				  "name where it goes");
