@@ -52,9 +52,14 @@
  *      msg_taken): a client sends them only to a daemon of minor >= 8; a daemon refuses a
  *      message item to a plain read (STATUS_UNSUPPORTED, the item stays first), so a client of
  *      an older minor never misreads one
+ *  10  work queue questions and answers as messages (WqOp.msg_desc, segment, msg, msg_read,
+ *      segments, msg_drop; WqReply.msg_desc, msg_len, msg_held, msg_copied): a client sends them
+ *      only to a daemon of minor >= 10; a daemon refuses a message item to a plain take or
+ *      answer read (STATUS_UNSUPPORTED, the item stays first), so an older client never
+ *      misreads one
  */
 #define TPW_PROTO_MAJOR 1
-#define TPW_PROTO_MINOR 8
+#define TPW_PROTO_MINOR 10
 /* Daemon-to-daemon protocol, versioned apart from the client one. 2: frames inside TLS 1.3, no
  * PeerAuth; a daemon speaking 1 (plaintext PeerHello) is refused with a clear log line. Minor
  * versions of peer protocol 2:
@@ -80,6 +85,13 @@
  *      its answer's owner says the handle is the owner's; a forwarding daemon refuses such an
  *      open (-EOPNOTSUPP) to a daemon of an older minor, which would open the queue as a worker;
  *      PeerHello.frame_max: work queue payloads are kept within the far daemon's frames
+ *   9  work queue questions and answers as messages (WqOp.msg_desc, msg, msg_read, msg_drop;
+ *      WqReply.msg_desc, msg_len, msg_held) in PeerWqOp / PeerWqReply, inline only: a
+ *      forwarding daemon refuses them (-EOPNOTSUPP) for a queue whose host speaks an older
+ *      minor, which would take them for byte ops
+ *  10  batch reads of channels: PeerChanOp READ with max_items, answered with up to that many
+ *      inline items (cut to the hosting daemon's segments-max, within the forwarding daemon's
+ *      frames); a forwarding daemon sends max_items only to a daemon of this minor or later
  */
 #define TPW_PEER_PROTO_MAJOR 2
 #define TPW_PEER_PROTO_MINOR 10
@@ -90,6 +102,7 @@
 #define TPW_PEER_MINOR_CHAN_STREAM 6 /* large channel items across hosts (issue 25, xhost) */
 #define TPW_PEER_MINOR_CHAN_MSG 7 /* channel items as messages (issue 25, msg) */
 #define TPW_PEER_MINOR_WQ_CREATE 8 /* work queues created and owned from other hosts */
+#define TPW_PEER_MINOR_WQ_MSG 9 /* work queue questions and answers as messages (wqmsg) */
 #define TPW_PEER_MINOR_CHAN_BATCH 10 /* batch reads of channels across hosts (max_items) */
 /* The longest PeerConnect.wait_ms a daemon accepts (one hour); a dialler clamps to it. */
 #define TPW_PEER_WAIT_MS_MAX 3600000u
@@ -102,6 +115,7 @@
 #define TPW_MINOR_CUDA_DMABUF 6
 #define TPW_MINOR_CHAN_FAST 7
 #define TPW_MINOR_CHAN_MSG 8 /* channel items as messages (ChanOp.msgs, ChanOp.msg) */
+#define TPW_MINOR_WQ_MSG 10 /* work queue questions and answers as messages (WqOp 650-655) */
 /* Channel items up to TPW_CHAN_INLINE_ITEM ride inline in frames (writes and answers), except
  * that items above TPW_CHAN_SHM_ITEM in (or read into) a shared buffer are copied with memcpy;
  * other items are copied between the clients' memory and the daemon by CMA (protocol minor 7,

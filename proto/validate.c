@@ -473,10 +473,48 @@ static int check_chan_op(const Tpw__V1__ChanOp *c, const struct tpw_hdr *hdr,
 	return 0;
 }
 
+/* A work queue's message fields (issue 25 part wqmsg): a descriptor (checked against the item
+ * by the daemon) and where the payload lies on SUBMIT and REPLY; a message take, read or drop on
+ * TAKE and ANSWER, a read's destinations as a channel message read's. Segments name a client's
+ * own memory: never from a peer. */
+static int check_wq_msg(const Tpw__V1__WqOp *q, const struct tpw_hdr *hdr,
+			const struct tpw_limits *lim, bool data, bool tpip, char *why, size_t wl)
+{
+	bool get = q->op == TPW__V1__WQ_OP_KIND__WQ_OP_TAKE ||
+		   q->op == TPW__V1__WQ_OP_KIND__WQ_OP_ANSWER;
+	const Tpw__V1__Segment *g = q->segment;
+
+	if ((q->msg_desc || g) && !data)
+		return tpu_why(-EBADMSG, why, wl, "a work queue message on an op that sends none");
+	if (g && (!q->msg_desc || !tpip || hdr->data_len || g->length == 0 ||
+		  g->length > CHAN_ITEM_MAX || !chan_ref_ok(g)))
+		return tpu_why(-EBADMSG, why, wl, "a work queue payload by reference that is no "
+			       "message's, or not one of the client's shared buffers or memory");
+	if ((q->msg || q->msg_read || q->n_segments) && !get)
+		return tpu_why(-EBADMSG, why, wl, "a work queue message take on an op that takes "
+			       "none");
+	if (q->msg_drop && q->op != TPW__V1__WQ_OP_KIND__WQ_OP_ANSWER)
+		return tpu_why(-EBADMSG, why, wl, "a work queue message dropped that is no answer");
+	if ((q->msg + q->msg_read + q->msg_drop > 1) || (q->n_segments && !q->msg_read) ||
+	    ((q->msg_read || q->msg_drop) && !q->question_id))
+		return tpu_why(-EBADMSG, why, wl, "a work queue message take, read or drop mixed, "
+			       "or without its question");
+	if (q->n_segments && (!tpip || q->n_segments > lim->segments_max))
+		return tpu_why(-EBADMSG, why, wl, "%zu work queue read destinations (at most %u, "
+			       "local clients only)", q->n_segments, lim->segments_max);
+	for (size_t i = 0; i < q->n_segments; i++) {
+		g = q->segments[i];
+		if (g->length == 0 || g->length > CHAN_ITEM_MAX || !chan_ref_ok(g))
+			return tpu_why(-EBADMSG, why, wl, "a work queue read's destination is "
+				       "neither a shared buffer nor the reader's memory, or empty");
+	}
+	return 0;
+}
+
 /* A work-queue operation (docs/queues.md): a known op, a valid name where one is named, a data
- * tail (the payload, not empty) on SUBMIT and REPLY only. */
-static int check_wq_op(const Tpw__V1__WqOp *q, const struct tpw_hdr *hdr, bool tpip, char *why,
-		       size_t wl)
+ * tail (the payload, not empty unless a message's) on SUBMIT and REPLY only. */
+static int check_wq_op(const Tpw__V1__WqOp *q, const struct tpw_hdr *hdr,
+		       const struct tpw_limits *lim, bool tpip, char *why, size_t wl)
 {
 	bool data = q->op == TPW__V1__WQ_OP_KIND__WQ_OP_SUBMIT ||
 		    q->op == TPW__V1__WQ_OP_KIND__WQ_OP_REPLY;
@@ -490,9 +528,21 @@ static int check_wq_op(const Tpw__V1__WqOp *q, const struct tpw_hdr *hdr, bool t
 		return tpu_why(-EBADMSG, why, wl, "unknown access mode %d", (int)q->access);
 	if (check_remote(q->remote, q->remote_peers, q->n_remote_peers, why, wl) < 0)
 		return -EBADMSG;
-	if (data && hdr->data_len == 0)
+	if (data && hdr->data_len == 0 && !q->msg_desc)
 		return tpu_why(-EBADMSG, why, wl, "a work queue payload of 0 bytes");
-	return 0;
+	return check_wq_msg(q, hdr, lim, data, tpip, why, wl);
+}
+
+/* A work queue answer's message fields: a descriptor only with an item held (no payload, its
+ * length within an item's), bytes copied into a read's segments (to a local client only) with
+ * no payload. */
+static bool wq_reply_msg_ok(const Tpw__V1__WqReply *r, bool local)
+{
+	if (r->msg_held)
+		return !r->length && !r->msg_copied && r->msg_len <= CHAN_ITEM_MAX;
+	if (r->msg_desc || r->msg_len)
+		return false;
+	return !r->msg_copied || (local && !r->length);
 }
 
 /* A channel answer from the daemon: its items add up to the data tail exactly (a batch read:
@@ -632,7 +682,7 @@ int tpw_client_msg_validate(const Tpw__V1__ClientMsg *m, const struct tpw_hdr *h
 	case TPW__V1__CLIENT_MSG__BODY_CHAN_OP:
 		return check_chan_op(m->chan_op, hdr, lim, true, why, wl);
 	case TPW__V1__CLIENT_MSG__BODY_WQ_OP:
-		return check_wq_op(m->wq_op, hdr, true, why, wl);
+		return check_wq_op(m->wq_op, hdr, lim, true, why, wl);
 	case TPW__V1__CLIENT_MSG__BODY_CTL:
 		if (m->ctl->what <= TPW__V1__CTL_WHAT__CTL_UNSPECIFIED ||
 		    m->ctl->what > TPW__V1__CTL_WHAT__CTL_QUEUES)
@@ -811,7 +861,7 @@ int tpw_daemon_msg_validate(const Tpw__V1__DaemonMsg *m, const struct tpw_hdr *h
 				       "data tail");
 		return check_string(m->chan_reply->message, TPW_MESSAGE_MAX, "message", why, wl);
 	case TPW__V1__DAEMON_MSG__BODY_WQ_REPLY:
-		if (m->wq_reply->length != hdr->data_len)
+		if (m->wq_reply->length != hdr->data_len || !wq_reply_msg_ok(m->wq_reply, true))
 			return tpu_why(-EBADMSG, why, wl, "work queue answer's payload does not match "
 				       "its data tail");
 		return check_string(m->wq_reply->message, TPW_MESSAGE_MAX, "message", why, wl);
@@ -975,7 +1025,7 @@ static int check_peer_xobj(const Tpw__V1__PeerMsg *m, const struct tpw_hdr *hdr,
 	case TPW__V1__PEER_MSG__BODY_WQ_OP:
 		if (!m->wq_op->op)
 			return tpu_why(-EBADMSG, why, wl, "peer work queue op without op");
-		r = check_wq_op(m->wq_op->op, hdr, false, why, wl);
+		r = check_wq_op(m->wq_op->op, hdr, lim, false, why, wl);
 		if (r == 0 && m->wq_op->op->n_remote_peers &&
 		    (m->wq_op->op->op != TPW__V1__WQ_OP_KIND__WQ_OP_OPEN || !m->wq_op->op->create))
 			r = tpu_why(-EBADMSG, why, wl, "remote peers on a peer work queue op other "
@@ -998,7 +1048,7 @@ static int check_peer_xobj(const Tpw__V1__PeerMsg *m, const struct tpw_hdr *hdr,
 		return check_string(cr->message, TPW_MESSAGE_MAX, "message", why, wl);
 	case TPW__V1__PEER_MSG__BODY_WQ_REPLY:
 		wr = m->wq_reply->reply;
-		if (!wr || wr->length != hdr->data_len)
+		if (!wr || wr->length != hdr->data_len || !wq_reply_msg_ok(wr, false))
 			return tpu_why(-EBADMSG, why, wl, "peer work queue answer's payload does "
 				       "not match its data tail");
 		return check_string(wr->message, TPW_MESSAGE_MAX, "message", why, wl);

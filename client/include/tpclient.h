@@ -975,7 +975,8 @@ int tp_chan_unlink(struct tp_context *ctx, const char *name, long owner_uid);
  * answered with -ECONNRESET; the owner's end closes the queue and frees it (workers get -EPIPE).
  * No call waits for room: tp_wq_submit() and tp_wq_reply() fail at once with -ENOBUFS when the
  * queue is full, so answers always reach an owner whose submits are refused (no deadlock of two
- * bounded directions). Payloads are 1 byte up to the daemon's inline limit. All calls block and
+ * bounded directions). Byte payloads are 1 byte up to the daemon's inline limit (messages, below,
+ * may be larger). All calls block and
  * are thread safe; a handle is used by one thread at a time.
  */
 struct tp_wq;
@@ -1071,6 +1072,90 @@ int tp_wq_close(struct tp_wq *q);
  * queued again (or answered with an error); the owner's release closes and frees the queue.
  * Return: 0 or -errno (the handle is freed anyway). */
 int tp_wq_release(struct tp_wq *q);
+
+/* ---- work queue questions and answers as messages (docs/queues.md; daemon protocol minor 10) --
+ *
+ * A question or an answer may be a message (struct tp_message: metadata, payloads, CPU and CUDA
+ * tensors), taken in two steps as a channel's message item (tp_chan_read_descriptor()): its
+ * descriptor first, then its bytes into the caller's allocation. It moves as a channel's
+ * message item does: its payloads and tensors back to back, its descriptor beside it, counted
+ * with its bytes toward wq-bytes-max (questions) and wq-answer-bytes-max (answers); up to 16 KiB
+ * inline in the frames; larger ones by reference, with no size limit but those: from a shared
+ * buffer (tp_buffer_alloc()) copied by the daemon, private memory copied by the library into a
+ * staging buffer first (else CMA), and read by the daemon's copy straight into CPU slots in
+ * shared buffers (the others through a staging buffer). Several non-empty parts are gathered
+ * into one buffer first, and CUDA tensors copied to host memory, as for channels. Everything
+ * else is the byte calls': never waiting for room, requeue at a worker's death (the message
+ * intact), at-most-once, drain, close and the owner's end.
+ * Mixing: a byte question or answer taken by descriptor is a message of one payload (no
+ * metadata); a message refuses tp_wq_take() and tp_wq_answer() with -EOPNOTSUPP and stays first
+ * (a daemon decides it, so an older library sees the same). Across hosts (tpip://HOST/NAME)
+ * messages ride inline (at most the inline limit, as byte payloads) and need a hosting daemon of
+ * peer protocol 2.9 (-EOPNOTSUPP naming its version otherwise).
+ */
+
+/*
+ * tp_wq_submit_msg() - owner: queue message @m as a question, as tp_wq_submit() (never waits),
+ * at most the daemon's segments_max payloads and tensors and metadata_max metadata bytes (-E2BIG,
+ * -EMSGSIZE); @m may be empty. Borrows @m: its memory may be reused once the call returns.
+ * @ret_id: returns the question's id.
+ * Return: as tp_wq_submit(); -EMSGSIZE (a frame above the daemon's frame-max, or above the inline
+ * limit across hosts or without a staging buffer nor CMA), -EOPNOTSUPP (an older daemon, CUDA
+ * unavailable), -EINVAL, or the daemon's copy errors (-ENOENT, -ERANGE: a shared buffer range
+ * not the caller's; -EFAULT).
+ */
+int tp_wq_submit_msg(struct tp_wq *q, const struct tp_message *m, uint64_t *ret_id);
+
+/*
+ * tp_wq_take_descriptor() - worker: take the oldest queued question as tp_wq_take() does, and
+ * describe it. The question is this handle's until replied to (tp_wq_reply() or
+ * tp_wq_reply_msg()) or the handle goes; its bytes may be read (tp_wq_read_msg()) until then.
+ * @ret_id: returns the question's id; @ret: returns an owned descriptor, for tp_wq_read_msg()
+ * or tp_wq_descriptor_free().
+ * Return: as tp_wq_take(); -EOPNOTSUPP (an older daemon), -EPROTO (a descriptor that does not
+ * add up).
+ */
+int tp_wq_take_descriptor(struct tp_wq *q, uint64_t *ret_id, struct tp_descriptor **ret,
+			  int timeout_ms);
+
+/*
+ * tp_wq_reply_msg() - worker: answer question @id with message @m, as tp_wq_reply() (never
+ * waits); @m as for tp_wq_submit_msg(). Borrows @m.
+ * Return: as tp_wq_reply() and tp_wq_submit_msg(); -EBUSY (a reply to @id is being copied in).
+ */
+int tp_wq_reply_msg(struct tp_wq *q, uint64_t id, const struct tp_message *m);
+
+/*
+ * tp_wq_answer_descriptor() - owner: receive the oldest answer as tp_wq_answer() does, and
+ * describe it. The daemon holds the answer for the owner (counted as before) until
+ * tp_wq_read_msg() or tp_wq_descriptor_free().
+ * @ret_id: returns the question's id; @ret: returns an owned descriptor (NULL with -ECONNRESET).
+ * Return: as tp_wq_answer() (-ECONNRESET: the worker died in an at-most-once queue, *@ret_id
+ * set); -EOPNOTSUPP, -EPROTO.
+ */
+int tp_wq_answer_descriptor(struct tp_wq *q, uint64_t *ret_id, struct tp_descriptor **ret,
+			    int timeout_ms);
+
+/*
+ * tp_wq_read_msg() - the question or answer @d describes into @alloc (one slot per payload and
+ * tensor, as tp_chan_read_msg()): CPU slots in a shared buffer written by the daemon's copy,
+ * other CPU slots through a staging buffer (else CMA), small items from the daemon's answer;
+ * CUDA slots by the library on the slot's cuda_stream. Blocks until the bytes are in @alloc. A
+ * question stays taken (reply to it); an answer read leaves the queue.
+ * @d: taken, also on failure, except -EINVAL (the caller keeps it).
+ * Return: 0; -EINVAL (@alloc does not match @d, or @d is not @q's); -ENOENT (the question is no
+ * longer this handle's, or the answer was dropped); -EFAULT and other copy errors; -EOPNOTSUPP
+ * (an item above the inline limit with neither a staging buffer nor CMA, or across hosts);
+ * -ETIMEDOUT.
+ */
+int tp_wq_read_msg(struct tp_wq *q, struct tp_descriptor *d, const struct tp_allocation *alloc);
+
+/*
+ * tp_wq_descriptor_free() - free @d unread: an answer's is dropped (it leaves the queue); a
+ * question's stays taken until replied to. Takes @d; accepts NULL.
+ * Return: 0, -EINVAL (not a work queue's descriptor) or -errno.
+ */
+int tp_wq_descriptor_free(struct tp_descriptor *d);
 
 /* ---- daemon fan-out of pipe-set broadcasts (docs/fanout.md) ---------------------------------
  *

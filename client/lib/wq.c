@@ -13,23 +13,7 @@
 #include <sys/uio.h>
 
 #include "internal.h"
-
-struct tp_wq {
-	struct tp_context *ctx;
-	uint64_t id;
-	bool owner;
-	char *name;
-};
-
-struct wq_req {
-	struct tpc_req req; /* first: the reply handler finds the wq_req from it */
-	uint8_t *data;
-	size_t len;
-	uint64_t wq_id, qid;
-	bool owner;
-	int answer_err;
-	bool idle;
-};
+#include "wq_int.h"
 
 static void wq_req_on_reply(struct tp_context *ctx, struct tpc_req *req, const Tpw__V1__Reply *r)
 {
@@ -58,7 +42,14 @@ void tpc_wq_on_reply(struct tp_context *ctx, const Tpw__V1__WqReply *m, const ui
 	if (wr->idle)
 		req->status = -ENOMSG;
 	wr->answer_err = tpw_status_to_errno(m->answer_status);
-	if (req->status == 0 && tail_len) {
+	if (req->status == 0 && (m->msg_held || m->msg_copied || wr->scatter)) {
+		int r = tpc_wq_msg_on_reply(ctx, wr, m, tail, tail_len);
+
+		if (r < 0) {
+			req->status = r;
+			snprintf(req->msg, sizeof(req->msg), "%s", tp_last_error());
+		}
+	} else if (req->status == 0 && tail_len) {
 		wr->data = malloc(tail_len);
 		if (wr->data) {
 			memcpy(wr->data, tail, tail_len);
@@ -72,10 +63,8 @@ void tpc_wq_on_reply(struct tp_context *ctx, const Tpw__V1__WqReply *m, const ui
 	pthread_cond_broadcast(&ctx->cond);
 }
 
-/* Sends @op (its req_id filled here) with @len bytes at @data as the data tail and waits up to
- * @wait_ms plus the reply timeout for the answer in @wr. Return: the daemon's status or -errno. */
-static int wq_call(struct tp_context *ctx, Tpw__V1__WqOp *op, const void *data, size_t len,
-		   int wait_ms, struct wq_req *wr)
+int tpc_wq_call(struct tp_context *ctx, Tpw__V1__WqOp *op, const void *data, size_t len,
+		int wait_ms, struct wq_req *wr)
 {
 	Tpw__V1__ClientMsg m = TPW__V1__CLIENT_MSG__INIT;
 	struct iovec iov = { (void *)data, len };
@@ -155,7 +144,7 @@ TP_EXPORT int tp_wq_open(struct tp_context *ctx, const char *name, const struct 
 		free(q);
 		return tpc_error(-ENOMEM, "out of memory");
 	}
-	r = wq_call(ctx, &op, NULL, 0, 0, &wr);
+	r = tpc_wq_call(ctx, &op, NULL, 0, 0, &wr);
 	if (r < 0) {
 		free(q->name);
 		free(q);
@@ -164,6 +153,8 @@ TP_EXPORT int tp_wq_open(struct tp_context *ctx, const char *name, const struct 
 	q->ctx = ctx;
 	q->id = wr.wq_id;
 	q->owner = wr.owner;
+	q->remote = strncmp(name, "tpip://", 7) == 0;
+	tpu_list_init(&q->descs);
 	*ret = q;
 	return 0;
 }
@@ -185,7 +176,7 @@ static int wq_send_payload(struct tp_wq *q, Tpw__V1__WqOp *op, const void *data,
 		return tpc_error(-EMSGSIZE, "a payload of %zu bytes exceeds the daemon's inline "
 				 "limit %u", len, q->ctx->lim.inline_max);
 	op->wq_id = q->id;
-	r = wq_call(q->ctx, op, data, len, 0, wr);
+	r = tpc_wq_call(q->ctx, op, data, len, 0, wr);
 	free(wr->data);
 	if (r < 0)
 		return tpc_error(r, "work queue '%s': %s", q->name, wr->req.msg);
@@ -228,7 +219,7 @@ static int wq_get(struct tp_wq *q, Tpw__V1__WqOpKind kind, uint64_t *ret_id, voi
 	op.op = kind;
 	op.wq_id = q->id;
 	op.timeout_ms = timeout_ms < 0 ? UINT32_MAX : (uint32_t)timeout_ms;
-	r = wq_call(q->ctx, &op, NULL, 0, timeout_ms, &wr);
+	r = tpc_wq_call(q->ctx, &op, NULL, 0, timeout_ms, &wr);
 	if (r == -ETIMEDOUT && timeout_ms == 0 && wr.req.done)
 		r = -EAGAIN;
 	if (r < 0) {
@@ -267,7 +258,7 @@ static int wq_simple(struct tp_wq *q, Tpw__V1__WqOpKind kind, int timeout_ms, co
 	op.op = kind;
 	op.wq_id = q->id;
 	op.timeout_ms = timeout_ms < 0 ? UINT32_MAX : (uint32_t)timeout_ms;
-	r = wq_call(q->ctx, &op, NULL, 0, timeout_ms, &wr);
+	r = tpc_wq_call(q->ctx, &op, NULL, 0, timeout_ms, &wr);
 	if (r == -ETIMEDOUT && timeout_ms == 0 && wr.req.done)
 		r = -EAGAIN;
 	if (r < 0)
@@ -296,6 +287,7 @@ TP_EXPORT int tp_wq_release(struct tp_wq *q)
 	if (!q)
 		return 0;
 	r = wq_simple(q, TPW__V1__WQ_OP_KIND__WQ_OP_RELEASE, 0, "release");
+	tpc_wq_msg_orphan(q);
 	free(q->name);
 	free(q);
 	return r;

@@ -4,7 +4,7 @@
  * limits per uid, handles, open and unlink, the ops' entry and tpipctl rows), chanitem.c (items,
  * the daemon's spare buffers and the staging buffers writers lend) and chanio.c (writes and
  * reads: waits, delivery to readers, copies in and out). Nothing outside daemon/chan/chan*.c
- * includes it.
+ * includes it but daemon/chan/wqmsg.c, whose questions and answers are channel items.
  */
 #ifndef TPD_CHAN_INT_H
 #define TPD_CHAN_INT_H
@@ -201,6 +201,11 @@ int tpd_chan_item_batch_build(struct tpd_session *s, const Tpw__V1__ChanOp *o, c
 			      struct tpu_list *batch, char *why, size_t wl);
 bool tpd_chan_item_lend_batch(struct chan_handle *h, struct tpu_list *batch, uint64_t bytes);
 void tpd_chan_item_move_desc(struct chan_item *to, struct chan_item *from);
+/* @it's message descriptor, packed from @m (borrowed). Return: 0 or -ENOMEM. */
+int tpd_chan_item_set_desc(struct chan_item *it, const Tpw__V1__Descriptor *m);
+/* The sources of the @n transfers @x out of @it: its bytes back to back, in order, with the
+ * lengths @x has (adding up to @it's). */
+void tpd_chan_item_srcs(const struct chan_item *it, struct tpb_xfer *x, size_t n);
 
 /* chanmsg.c: items as messages (ChanOp.msgs, ChanOp.msg): a write's descriptors checked and
  * their charge, a held item's descriptor answered, and a message read's take (inline, into the
@@ -210,6 +215,22 @@ int tpd_chan_msg_write_check(struct tpd_chans *cs, const Tpw__V1__ChanOp *o,
 void tpd_chan_msg_answer_held(const struct chan_handle *h, uint64_t req_id,
 			      const struct chan_item *it);
 void tpd_chan_msg_take(struct tpd_chans *cs, struct chan_handle *h, const Tpw__V1__ChanOp *o);
+/* A message descriptor @m (borrowed) for an item of @len bytes, checked against the daemon's
+ * limits (segments-max, metadata-max; tpw_chan_msg_check()). Return: 0 or -errno (@why). */
+int tpd_chan_msg_desc_check(struct tpd_chans *cs, const Tpw__V1__Descriptor *m, uint64_t len,
+			    char *why, size_t wl);
+/* @it's descriptor unpacked (*@ret NULL for a byte item). @ret: owned, free with
+ * tpw__v1__descriptor__free_unpacked(). Return: 0 or -ENOMEM. */
+int tpd_chan_msg_item_desc(const struct chan_item *it, Tpw__V1__Descriptor **ret);
+/*
+ * tpd_chan_msg_slots() - the destinations of a message read: the @n segments @segs (validated:
+ * not empty, at most segments-max) resolved in @s's memory, which must add up to @len exactly.
+ * @ret: an owned array of @n transfers (destinations and lengths; sources unset), each with
+ * references, drop with tpd_chan_msg_slots_put(). Return: 0 or -errno (@why).
+ */
+int tpd_chan_msg_slots(struct tpd_session *s, Tpw__V1__Segment *const *segs, size_t n,
+		       uint64_t len, struct tpb_xfer **ret, char *why, size_t wl);
+void tpd_chan_msg_slots_put(struct tpb_xfer *x, size_t n);
 
 /* chanio.c: the end of a wait, serving a channel's waiting readers and writers, and the WRITE
  * and READ ops of a handle. */

@@ -473,19 +473,12 @@ int tpd_chan_io_copy_out(struct chan_handle *h, uint64_t req_id, struct chan_ite
 {
 	struct tpb_xfer *xs = calloc(n ? n : 1, sizeof(*xs));
 	struct chan_copy *cp = xs ? copy_new(h, req_id) : NULL;
-	uint64_t off = 0;
 	int r = -ENOMEM;
 
-	for (size_t i = 0; cp && i < n; i++) {
+	for (size_t i = 0; cp && i < n; i++)
 		xs[i] = x[i];
-		xs[i].src = (struct tpb_mem){ .loc = TPB_LOC_LOCAL,
-					      .addr = (uint64_t)(uintptr_t)it->data + off };
-		if (it->lend) { /* the copy holds the lent buffer too */
-			xs[i].src = it->src;
-			xs[i].src.addr += off;
-		}
-		off += x[i].len;
-	}
+	if (cp)
+		tpd_chan_item_srcs(it, xs, n);
 	if (cp)
 		r = n == 1 && x[0].dst.loc == TPB_LOC_REMOTE ?
 		    tpd_chanx_big_copy_out(h->who.pr, &xs[0], copy_out_on_done, cp) :

@@ -143,6 +143,33 @@ void tpd_chan_item_move_desc(struct chan_item *to, struct chan_item *from)
 	from->desc_len = 0;
 }
 
+int tpd_chan_item_set_desc(struct chan_item *it, const Tpw__V1__Descriptor *m)
+{
+	it->desc_len = protobuf_c_message_get_packed_size(&m->base);
+	it->desc = malloc(it->desc_len ? it->desc_len : 1);
+	if (!it->desc) {
+		it->desc_len = 0;
+		return -ENOMEM;
+	}
+	protobuf_c_message_pack(&m->base, it->desc);
+	return 0;
+}
+
+void tpd_chan_item_srcs(const struct chan_item *it, struct tpb_xfer *x, size_t n)
+{
+	uint64_t off = 0;
+
+	for (size_t i = 0; i < n; i++) {
+		x[i].src = (struct tpb_mem){ .loc = TPB_LOC_LOCAL,
+					     .addr = (uint64_t)(uintptr_t)it->data + off };
+		if (it->lend) { /* the copy holds the lent buffer too */
+			x[i].src = it->src;
+			x[i].src.addr += off;
+		}
+		off += x[i].len;
+	}
+}
+
 /* An item taken out goes back to the head of @c: its read failed or its reader went. */
 void tpd_chan_item_give_back(struct chan *c, struct chan_item *it)
 {
@@ -208,14 +235,8 @@ int tpd_chan_item_batch_build(struct tpd_session *s, const Tpw__V1__ChanOp *o, c
 			off += o->lengths[i];
 			r = it ? 0 : -ENOMEM;
 		}
-		if (r == 0 && o->n_msgs) { /* checked: one per item (chanmsg.c) */
-			it->desc_len = protobuf_c_message_get_packed_size(&o->msgs[i]->base);
-			it->desc = malloc(it->desc_len ? it->desc_len : 1);
-			if (it->desc)
-				protobuf_c_message_pack(&o->msgs[i]->base, it->desc);
-			else
-				r = -ENOMEM;
-		}
+		if (r == 0 && o->n_msgs) /* checked: one per item (chanmsg.c) */
+			r = tpd_chan_item_set_desc(it, o->msgs[i]);
 		if (r < 0) {
 			if (r == -ENOMEM)
 				snprintf(why, wl, "out of memory");

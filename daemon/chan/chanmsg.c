@@ -31,8 +31,7 @@ int tpd_chan_msg_write_check(struct tpd_chans *cs, const Tpw__V1__ChanOp *o,
 		return tpu_why(-EINVAL, why, wl, "%zu message descriptors for %zu items",
 			       o->n_msgs, o->n_lengths);
 	for (size_t i = 0; i < o->n_msgs; i++) {
-		r = tpw_chan_msg_check(o->msgs[i], o->lengths[i], tpd_daemon_limits(cs->d), sub,
-				       sizeof(sub));
+		r = tpd_chan_msg_desc_check(cs, o->msgs[i], o->lengths[i], sub, sizeof(sub));
 		if (r < 0)
 			return tpu_why(r, why, wl, "item %zu: %s", i, sub);
 		/* bounded by the frame: no overflow */
@@ -42,13 +41,29 @@ int tpd_chan_msg_write_check(struct tpd_chans *cs, const Tpw__V1__ChanOp *o,
 	return 0;
 }
 
+int tpd_chan_msg_desc_check(struct tpd_chans *cs, const Tpw__V1__Descriptor *m, uint64_t len,
+			    char *why, size_t wl)
+{
+	return tpw_chan_msg_check(m, len, tpd_daemon_limits(cs->d), why, wl);
+}
+
+int tpd_chan_msg_item_desc(const struct chan_item *it, Tpw__V1__Descriptor **ret)
+{
+	Tpw__V1__Descriptor *d = NULL;
+
+	if (it->desc && !(d = tpw__v1__descriptor__unpack(NULL, it->desc_len, it->desc)))
+		return -ENOMEM;
+	*ret = d;
+	return 0;
+}
+
 void tpd_chan_msg_answer_held(const struct chan_handle *h, uint64_t req_id,
 			      const struct chan_item *it)
 {
 	Tpw__V1__ChanReply r = TPW__V1__CHAN_REPLY__INIT;
-	Tpw__V1__Descriptor *d = NULL;
+	Tpw__V1__Descriptor *d;
 
-	if (it->desc && !(d = tpw__v1__descriptor__unpack(NULL, it->desc_len, it->desc)))
+	if (tpd_chan_msg_item_desc(it, &d) < 0)
 		return tpd_chan_answer(&h->who, req_id, -ENOMEM, "out of memory", h->id,
 				       h->c->closed, NULL);
 	r.req_id = req_id;
@@ -95,6 +110,41 @@ static void take_now(struct chan_handle *h, uint64_t req_id, struct chan_item *i
 	tpd_chan_io_serve(c); /* room for writers; a closed channel may be drained now */
 }
 
+int tpd_chan_msg_slots(struct tpd_session *s, Tpw__V1__Segment *const *segs, size_t n,
+		       uint64_t len, struct tpb_xfer **ret, char *why, size_t wl)
+{
+	struct tpb_xfer *x;
+	uint64_t total = 0;
+	size_t k = 0;
+	int r = 0;
+
+	for (size_t i = 0; i < n; i++)
+		total += segs[i]->length; /* validated: at most 1 TiB each */
+	if (total != len)
+		return tpu_why(-EINVAL, why, wl, "slots of %llu bytes for an item of %llu",
+			       (unsigned long long)total, (unsigned long long)len);
+	x = calloc(n ? n : 1, sizeof(*x));
+	if (!x)
+		return tpu_why(-ENOMEM, why, wl, "out of memory");
+	for (; k < n && r == 0; k++) {
+		r = tpd_chan_copy_resolve(s, segs[k], &x[k].dst, why, wl);
+		x[k].len = segs[k]->length;
+	}
+	if (r < 0) {
+		tpd_chan_msg_slots_put(x, k);
+		return r;
+	}
+	*ret = x;
+	return 0;
+}
+
+void tpd_chan_msg_slots_put(struct tpb_xfer *x, size_t n)
+{
+	for (size_t i = 0; x && i < n; i++)
+		tpd_chan_copy_put(&x[i].dst);
+	free(x);
+}
+
 /* The take of @h's held item @it into the reader's slots, @o's segments back to back (local
  * sessions; validated: each not empty, at most segments_max). Return: 0 (copying: answered
  * once done) or -errno (the reason in @why, the item still held). */
@@ -102,30 +152,14 @@ static int take_into_slots(struct chan_handle *h, const Tpw__V1__ChanOp *o, stru
 			   char *why, size_t wl)
 {
 	struct tpb_xfer *x;
-	uint64_t total = 0;
-	size_t k = 0;
-	int r = 0;
+	int r = tpd_chan_msg_slots(h->who.s, o->segments, o->n_segments, it->len, &x, why, wl);
 
-	for (size_t i = 0; i < o->n_segments; i++)
-		total += o->segments[i]->length; /* validated: at most 1 TiB each */
-	if (total != it->len)
-		return tpu_why(-EINVAL, why, wl, "slots of %llu bytes for a held item of %zu",
-			       (unsigned long long)total, it->len);
-	x = calloc(o->n_segments, sizeof(*x));
-	if (!x)
-		return tpu_why(-ENOMEM, why, wl, "out of memory");
-	for (; k < o->n_segments && r == 0; k++) {
-		r = tpd_chan_copy_resolve(h->who.s, o->segments[k], &x[k].dst, why, wl);
-		x[k].len = o->segments[k]->length;
-	}
-	if (r == 0) {
-		h->held = NULL; /* answered by the copy, or given back to the head on failure */
-		tpd_chan_io_copy_out(h, o->req_id, it, x, o->n_segments, true);
-	}
-	for (size_t i = 0; i < k; i++)
-		tpd_chan_copy_put(&x[i].dst); /* the copy holds its own references */
-	free(x);
-	return r < 0 ? r : 0;
+	if (r < 0)
+		return r;
+	h->held = NULL; /* answered by the copy, or given back to the head on failure */
+	tpd_chan_io_copy_out(h, o->req_id, it, x, o->n_segments, true);
+	tpd_chan_msg_slots_put(x, o->n_segments); /* the copy holds its own references */
+	return 0;
 }
 
 void tpd_chan_msg_take(struct tpd_chans *cs, struct chan_handle *h, const Tpw__V1__ChanOp *o)

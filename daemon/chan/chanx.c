@@ -601,6 +601,19 @@ bool tpd_chanx_wq_op(struct tpd_chanx *x, struct tpd_session *s, const Tpw__V1__
 
 	if (!xh)
 		return false;
+	if ((o->msg_desc || o->msg || o->msg_read || o->msg_drop) && xh->pr &&
+	    tpd_peer_chan_far_minor(xh->pr) < TPW_PEER_MINOR_WQ_MSG) {
+		refuse(X_WQ, s, o->req_id, o->wq_id, -EOPNOTSUPP, "work queue host %s: its daemon "
+		       "speaks peer protocol 2.%u: questions and answers are byte strings (2.%u "
+		       "takes messages)", xh->host, tpd_peer_chan_far_minor(xh->pr),
+		       TPW_PEER_MINOR_WQ_MSG);
+		return true;
+	}
+	if (o->segment || o->n_segments) {
+		refuse(X_WQ, s, o->req_id, o->wq_id, -EOPNOTSUPP, "work queue host %s: payloads "
+		       "by reference do not cross hosts (they ride inline)", xh->host);
+		return true;
+	}
 	if (xh->pr && tail_len > tpd_peer_chan_tail_max(xh->pr)) { /* the link would fail */
 		refuse(X_WQ, s, o->req_id, o->wq_id, -EMSGSIZE, "work queue host %s: a payload of "
 		       "%zu bytes is above the %u that cross to it (its frame-max less 64 KiB: "

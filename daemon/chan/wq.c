@@ -24,93 +24,16 @@
 #include "tpu.h"
 #include "validate.h"
 #include "wq.h"
+#include "wq_int.h"
 
-#define WQ_WAITS_PER_HANDLE 64u
-#define WQ_HANDLES_PER_SESSION 1024u
-#define WQ_NO_DEADLINE UINT32_MAX
-
-/* A question (queued or taken) or an answer (waiting for the owner). */
-struct wq_item {
-	struct tpu_list node;
-	uint64_t id;
-	struct wq_handle *taker; /* taken: the worker's handle */
-	Tpw__V1__Status status;	 /* an answer's: STATUS_PEER_DIED when its worker died */
-	size_t len;
-	uint8_t data[];
-};
-
-enum wq_wait_kind { WAIT_TAKE, WAIT_ANSWER, WAIT_DRAIN };
-
-struct wq {
-	struct tpu_list node; /* in tpd_wqs.wqs while named, then tpd_wqs.gone */
-	char *name;
-	uid_t uid;
-	Tpw__V1__Access access;
-	gid_t gid;
-	Tpw__V1__RemoteAccess remote; /* who on other hosts may open it as a worker */
-	char **remote_peers;	      /* REMOTE_PEERS: the identities allowed */
-	size_t n_remote_peers;
-	char *creator; /* made for a far daemon: its tpd_peer_account(), charged its share */
-	bool at_most_once, closed, gone;
-	struct wq_handle *owner; /* NULL once gone */
-	struct tpd_wqs *ws;	 /* its registry */
-	struct tpu_list queued, taken, answers; /* wq_item, oldest first */
-	struct tpu_list waits;			/* wq_wait, oldest first */
-	uint32_t n_queued, n_taken, n_answers, n_handles;
-	uint64_t bytes, answer_bytes, answered, requeued, next_qid;
-};
-
-/* Whom a handle answers: a local session, or a peer link (a worker's handle another host's
- * daemon opened for its client, whose uid there is @uid: a claim, never a permission). */
-struct wq_who {
-	struct tpd_session *s; /* NULL for a peer link's */
-	struct tpd_peer *pr;
-	uint32_t uid;
-};
-
-struct wq_handle {
-	struct tpu_list node; /* in tpd_wqs.handles */
-	struct wq_who who;
-	uint64_t id;
-	struct wq *q;
-	unsigned waits;
-};
-
-struct wq_wait {
-	struct tpu_list node; /* in wq.waits */
-	struct wq_handle *h;
-	uint64_t req_id;
-	enum wq_wait_kind kind;
-	struct event *ev;
-};
-
-struct tpd_wqs {
-	struct tpd_daemon *d;
-	struct tpu_list wqs;
-	/* Queues whose owner is gone while workers' handles keep them: no longer found by name,
-	 * holding no question nor answer, counted in no uid's wqs-per-uid (owner_gone()). */
-	struct tpu_list gone;
-	struct tpu_list handles;
-	uint64_t next_id;
-	uint64_t answers_dropped; /* answers whose owner went before receiving them */
-};
-
-struct wq_ans {
-	int err;
-	const char *why;
-	bool idle; /* -ENOENT because no question is outstanding */
-	uint64_t qid;
-	Tpw__V1__Status status;
-	const struct wq_item *it;
-};
-
-static void wq_send(struct wq_handle *h, const struct wq_who *who, uint64_t req_id,
+void tpd_wq_send(struct wq_handle *h, const struct wq_who *who, uint64_t req_id,
 		    const struct wq_ans *a)
 {
 	Tpw__V1__WqReply r = TPW__V1__WQ_REPLY__INIT;
 	Tpw__V1__DaemonMsg m = TPW__V1__DAEMON_MSG__INIT;
 	struct iovec tail;
-	bool data = a->it && a->it->len;
+	size_t len = a->it && a->it->b ? tpd_wq_msg_body_len(a->it->b) : 0;
+	bool data = len && !a->held;
 
 	r.req_id = req_id;
 	r.status = tpw_status_from_errno(a->err);
@@ -124,10 +47,14 @@ static void wq_send(struct wq_handle *h, const struct wq_who *who, uint64_t req_
 	r.question_id = a->it ? a->it->id : a->qid;
 	r.answer_status = a->it ? a->it->status : TPW__V1__STATUS__STATUS_OK;
 	if (data) {
-		r.length = a->it->len;
-		tail.iov_base = (void *)a->it->data;
-		tail.iov_len = a->it->len;
+		r.length = len;
+		tail.iov_base = (void *)tpd_wq_msg_body_bytes(a->it->b);
+		tail.iov_len = len;
 	}
+	r.msg_held = a->held;
+	r.msg_desc = a->desc;
+	r.msg_len = a->held ? len : 0;
+	r.msg_copied = a->copied;
 	if (who->pr)
 		return tpd_chanx_wq_reply(who->pr, &r, data ? &tail : NULL);
 	m.body_case = TPW__V1__DAEMON_MSG__BODY_WQ_REPLY;
@@ -136,25 +63,33 @@ static void wq_send(struct wq_handle *h, const struct wq_who *who, uint64_t req_
 }
 
 /* Answers @h's request @req_id with @err (0 or -errno) and the reason @why. */
-static void wq_err(struct wq_handle *h, uint64_t req_id, int err, const char *why)
+void tpd_wq_err(struct wq_handle *h, uint64_t req_id, int err, const char *why)
 {
 	struct wq_ans a = { .err = err, .why = why };
 
-	wq_send(h, &h->who, req_id, &a);
+	tpd_wq_send(h, &h->who, req_id, &a);
 }
 
-static struct wq_item *item_new(uint64_t id, const uint8_t *data, size_t len)
+/* A new item @id with body @b (taken; NULL: none). Return: owned (tpd_wq_item_free()), or NULL
+ * (@b dropped). */
+struct wq_item *tpd_wq_item_new(uint64_t id, struct wq_body *b)
 {
-	struct wq_item *it = calloc(1, sizeof(*it) + len);
+	struct wq_item *it = calloc(1, sizeof(*it));
 
-	if (!it)
+	if (!it) {
+		tpd_wq_msg_body_unref(b);
 		return NULL;
+	}
 	it->id = id;
-	it->len = len;
+	it->b = b;
 	it->status = TPW__V1__STATUS__STATUS_OK;
-	if (len)
-		memcpy(it->data, data, len);
 	return it;
+}
+
+void tpd_wq_item_free(struct wq_item *it)
+{
+	tpd_wq_msg_body_unref(it->b);
+	free(it);
 }
 
 static void items_free(struct tpu_list *l)
@@ -163,7 +98,7 @@ static void items_free(struct tpu_list *l)
 
 	tpu_list_for_each_safe(it, tmp, l, node) {
 		tpu_list_remove(&it->node);
-		free(it);
+		tpd_wq_item_free(it);
 	}
 }
 
@@ -182,6 +117,7 @@ static void wq_free(struct wq *q)
 	items_free(&q->queued);
 	items_free(&q->taken);
 	items_free(&q->answers);
+	items_free(&q->held);
 	for (size_t i = 0; i < q->n_remote_peers; i++)
 		free(q->remote_peers[i]);
 	free(q->remote_peers);
@@ -195,12 +131,12 @@ static void wq_idle(struct wq_handle *h, uint64_t req_id)
 {
 	struct wq_ans a = { .err = -ENOENT, .why = "no question is outstanding", .idle = true };
 
-	wq_send(h, &h->who, req_id, &a);
+	tpd_wq_send(h, &h->who, req_id, &a);
 }
 
 /* Does a payload of @len bytes fit a message to @h (a handle of a peer link: the far daemon's
  * frame-max, tpd_peer_chan_tail_max())? If not, @why says so. */
-static bool fits_link(const struct wq_handle *h, size_t len, const char *what, char *why,
+bool tpd_wq_fits_link(const struct wq_handle *h, size_t len, const char *what, char *why,
 		      size_t wl)
 {
 	uint32_t max;
@@ -216,58 +152,92 @@ static bool fits_link(const struct wq_handle *h, size_t len, const char *what, c
 	return false;
 }
 
-/* Hands the oldest queued question to @h's request @req_id, or, for a handle of another host
- * whose daemon cannot take it in one frame, refuses that request with -EMSGSIZE (the question
- * stays queued, first in line, for a worker that can). */
-static void deliver_question(struct wq_handle *h, uint64_t req_id)
+/* Is @it (first in line) a message that request @req_id of @h, a plain take or answer read,
+ * cannot be given? Then the request is refused and @it stays where it is. */
+static bool refuse_msg(struct wq_handle *h, uint64_t req_id, const struct wq_item *it, bool msg,
+		       const char *what)
+{
+	char why[200];
+
+	if (msg || !it->b || !tpd_wq_msg_body_msg(it->b))
+		return false;
+	snprintf(why, sizeof(why), "the oldest %s is a message: take it by its descriptor "
+		 "(client protocol minor %u)", what, TPW_MINOR_WQ_MSG);
+	tpd_wq_err(h, req_id, -EOPNOTSUPP, why);
+	return true;
+}
+
+/* Hands the oldest queued question to @h's request @req_id (@msg: its descriptor only), or, for
+ * a handle of another host whose daemon cannot take it in one frame, refuses that request with
+ * -EMSGSIZE (the question stays queued, first in line, for a worker that can); a message to a
+ * plain take, -EOPNOTSUPP, likewise. */
+static void deliver_question(struct wq_handle *h, uint64_t req_id, bool msg)
 {
 	struct wq *q = h->q;
 	struct wq_item *it = tpu_list_first(&q->queued, struct wq_item, node);
 	struct wq_ans a = { .it = it };
 	char why[240];
 
-	if (!fits_link(h, it->len, "the oldest question", why, sizeof(why)))
-		return wq_err(h, req_id, -EMSGSIZE, why);
-
+	if (!tpd_wq_fits_link(h, it->b ? tpd_wq_msg_body_len(it->b) : 0, "the oldest question", why,
+			      sizeof(why)))
+		return tpd_wq_err(h, req_id, -EMSGSIZE, why);
+	if (refuse_msg(h, req_id, it, msg, "question"))
+		return;
+	if (msg && tpd_wq_msg_body_desc(it->b, &a.desc) < 0)
+		return tpd_wq_err(h, req_id, -ENOMEM, "out of memory");
 	tpu_list_remove(&it->node);
 	q->n_queued--;
 	it->taker = h;
 	tpu_list_insert_tail(&q->taken, &it->node);
 	q->n_taken++;
-	wq_send(h, &h->who, req_id, &a);
+	a.held = msg;
+	tpd_wq_send(h, &h->who, req_id, &a);
+	tpd_wq_msg_desc_free(a.desc);
 }
 
-/* Hands the oldest answer to the owner's request @req_id and forgets it. */
-static void deliver_answer(struct wq_handle *h, uint64_t req_id)
+/* Hands the oldest answer to the owner's request @req_id and forgets it, or with @msg holds it
+ * for the owner and answers its descriptor (an error answer, without bytes, is forgotten). */
+static void deliver_answer(struct wq_handle *h, uint64_t req_id, bool msg)
 {
 	struct wq *q = h->q;
 	struct wq_item *it = tpu_list_first(&q->answers, struct wq_item, node);
 	struct wq_ans a = { .it = it };
 
+	if (refuse_msg(h, req_id, it, msg, "answer"))
+		return;
+	if (msg && it->b && tpd_wq_msg_body_desc(it->b, &a.desc) < 0)
+		return tpd_wq_err(h, req_id, -ENOMEM, "out of memory");
 	tpu_list_remove(&it->node);
 	q->n_answers--;
-	q->answer_bytes -= it->len;
-	wq_send(h, &h->who, req_id, &a);
-	free(it);
+	if (msg && it->b) {
+		tpu_list_insert_tail(&q->held, &it->node);
+		q->n_held++;
+		a.held = true;
+		tpd_wq_send(h, &h->who, req_id, &a);
+		return tpd_wq_msg_desc_free(a.desc);
+	}
+	q->answer_bytes -= it->b ? tpd_wq_msg_body_charge(it->b) : 0;
+	tpd_wq_send(h, &h->who, req_id, &a);
+	tpd_wq_item_free(it);
 }
 
 /* Serves the waits of @q oldest first: takes while questions are queued (CLOSED once closed
  * and none is), answer reads while answers wait, drains once nothing is queued or taken. */
-static void wq_serve(struct wq *q)
+void tpd_wq_serve(struct wq *q)
 {
 	struct wq_wait *w, *tmp;
 
 	tpu_list_for_each_safe(w, tmp, &q->waits, node) {
 		if (w->kind == WAIT_TAKE && q->n_queued)
-			deliver_question(w->h, w->req_id);
+			deliver_question(w->h, w->req_id, w->msg);
 		else if (w->kind == WAIT_TAKE && (q->closed || q->gone))
-			wq_err(w->h, w->req_id, -EPIPE, "the work queue is closed");
+			tpd_wq_err(w->h, w->req_id, -EPIPE, "the work queue is closed");
 		else if (w->kind == WAIT_ANSWER && q->n_answers)
-			deliver_answer(w->h, w->req_id);
+			deliver_answer(w->h, w->req_id, w->msg);
 		else if (w->kind == WAIT_ANSWER && !q->n_queued && !q->n_taken)
 			wq_idle(w->h, w->req_id);
 		else if (w->kind == WAIT_DRAIN && !q->n_queued && !q->n_taken)
-			wq_err(w->h, w->req_id, 0, NULL);
+			tpd_wq_err(w->h, w->req_id, 0, NULL);
 		else
 			continue;
 		wait_free(w);
@@ -285,25 +255,25 @@ static void wait_on_timeout(evutil_socket_t fd, short what, void *arg)
 
 	(void)fd;
 	(void)what;
-	wq_err(w->h, w->req_id, -ETIMEDOUT, why[w->kind]);
+	tpd_wq_err(w->h, w->req_id, -ETIMEDOUT, why[w->kind]);
 	wait_free(w);
 }
 
 /* Queues a wait of @h for @req_id (kind @kind, deadline @timeout_ms unless WQ_NO_DEADLINE), or
  * answers the request with the reason it cannot wait. */
 static void wait_add(struct tpd_wqs *ws, struct wq_handle *h, uint64_t req_id,
-		     enum wq_wait_kind kind, uint32_t timeout_ms)
+		     enum wq_wait_kind kind, bool msg, uint32_t timeout_ms)
 {
 	struct wq_wait *w;
 	struct timeval tv;
 
 	if (timeout_ms == 0)
-		return wq_err(h, req_id, -ETIMEDOUT, "nothing ready (tried once)");
+		return tpd_wq_err(h, req_id, -ETIMEDOUT, "nothing ready (tried once)");
 	if (h->waits >= WQ_WAITS_PER_HANDLE)
-		return wq_err(h, req_id, -ENOBUFS, "too many requests waiting on this handle");
+		return tpd_wq_err(h, req_id, -ENOBUFS, "too many requests waiting on this handle");
 	w = calloc(1, sizeof(*w));
 	if (!w)
-		return wq_err(h, req_id, -ENOMEM, "out of memory");
+		return tpd_wq_err(h, req_id, -ENOMEM, "out of memory");
 	if (timeout_ms != WQ_NO_DEADLINE) {
 		w->ev = evtimer_new(tpd_daemon_base(ws->d), wait_on_timeout, w);
 		tv.tv_sec = timeout_ms / 1000;
@@ -313,12 +283,13 @@ static void wait_add(struct tpd_wqs *ws, struct wq_handle *h, uint64_t req_id,
 			if (w->ev)
 				event_free(w->ev);
 			free(w);
-			return wq_err(h, req_id, -ENOMEM, "out of memory");
+			return tpd_wq_err(h, req_id, -ENOMEM, "out of memory");
 		}
 	}
 	w->h = h;
 	w->req_id = req_id;
 	w->kind = kind;
+	w->msg = msg;
 	h->waits++;
 	tpu_list_insert_tail(&h->q->waits, &w->node);
 }
@@ -428,6 +399,7 @@ static struct wq *wq_create(struct tpd_wqs *ws, uid_t uid, const Tpw__V1__WqOp *
 	tpu_list_init(&q->queued);
 	tpu_list_init(&q->taken);
 	tpu_list_init(&q->answers);
+	tpu_list_init(&q->held);
 	if (wq_set_remote(q, o) < 0) {
 		wq_free(q);
 		return NULL;
@@ -498,7 +470,7 @@ static void op_create_remote(struct tpd_wqs *ws, const struct wq_who *who, const
 		a = (struct wq_ans){ .err = -ENOBUFS, .why = "this host has created "
 				     "chan-remote-create-per-peer work queues here already" };
 	if (a.err < 0)
-		return wq_send(NULL, who, o->req_id, &a);
+		return tpd_wq_send(NULL, who, o->req_id, &a);
 	tpd_chanx_admit_link(who->pr, id, &co.remote, &co.remote_peers, &co.n_remote_peers, peers);
 	q = wq_create(ws, creator, &co);
 	if (q && !(q->creator = strdup(account))) {
@@ -510,11 +482,11 @@ static void op_create_remote(struct tpd_wqs *ws, const struct wq_who *who, const
 		if (q)
 			wq_free(q);
 		a = (struct wq_ans){ .err = -ENOMEM, .why = "out of memory" };
-		return wq_send(NULL, who, o->req_id, &a);
+		return tpd_wq_send(NULL, who, o->req_id, &a);
 	}
 	tpu_log_info("peer %s: created work queue '%s' of uid %u, owned from there",
 		     tpd_peer_name(who->pr), q->name, (unsigned)q->uid);
-	wq_send(h, who, o->req_id, &a);
+	tpd_wq_send(h, who, o->req_id, &a);
 }
 
 /*
@@ -550,13 +522,13 @@ static void op_open_remote(struct tpd_wqs *ws, const struct wq_who *who, const T
 				     "handles here" };
 	}
 	if (a.err < 0)
-		return wq_send(NULL, who, o->req_id, &a);
+		return tpd_wq_send(NULL, who, o->req_id, &a);
 	h = handle_new(ws, who, q);
 	if (!h) {
 		a = (struct wq_ans){ .err = -ENOMEM, .why = "out of memory" };
-		return wq_send(NULL, who, o->req_id, &a);
+		return tpd_wq_send(NULL, who, o->req_id, &a);
 	}
-	wq_send(h, who, o->req_id, &a);
+	tpd_wq_send(h, who, o->req_id, &a);
 }
 
 static void op_open(struct tpd_wqs *ws, const struct wq_who *who, const Tpw__V1__WqOp *o)
@@ -586,20 +558,20 @@ static void op_open(struct tpd_wqs *ws, const struct wq_who *who, const Tpw__V1_
 	else
 		a.err = 0;
 	if (a.err < 0)
-		return wq_send(NULL, who, o->req_id, &a);
+		return tpd_wq_send(NULL, who, o->req_id, &a);
 	if (!q && !(q = wq_create(ws, tpd_session_uid(s), o))) {
 		a = (struct wq_ans){ .err = -ENOMEM, .why = "out of memory" };
-		return wq_send(NULL, who, o->req_id, &a);
+		return tpd_wq_send(NULL, who, o->req_id, &a);
 	}
 	h = handle_new(ws, who, q);
 	if (!h) {
 		if (!q->n_handles)
 			wq_free(q);
 		a = (struct wq_ans){ .err = -ENOMEM, .why = "out of memory" };
-		return wq_send(NULL, who, o->req_id, &a);
+		return tpd_wq_send(NULL, who, o->req_id, &a);
 	}
 	a = (struct wq_ans){ 0 };
-	wq_send(h, who, o->req_id, &a);
+	tpd_wq_send(h, who, o->req_id, &a);
 }
 
 static void op_submit(struct tpd_wqs *ws, struct wq_handle *h, const Tpw__V1__WqOp *o,
@@ -608,39 +580,50 @@ static void op_submit(struct tpd_wqs *ws, struct wq_handle *h, const Tpw__V1__Wq
 	const struct tpd_config *cfg = tpd_daemon_cfg(ws->d);
 	struct wq *q = h->q;
 	struct wq_ans a = { 0 };
+	struct wq_body *b;
 	struct wq_item *it;
+	char why[240];
+	int r;
 
 	if (q->owner != h)
-		return wq_err(h, o->req_id, -EACCES, "only the work queue's owner submits");
+		return tpd_wq_err(h, o->req_id, -EACCES, "only the work queue's owner submits");
 	if (q->closed)
-		return wq_err(h, o->req_id, -EPIPE, "the work queue is closed");
-	if ((uint64_t)q->n_queued + q->n_taken + q->n_answers >= cfg->wq_questions_max)
-		return wq_err(h, o->req_id, -ENOBUFS, "the work queue holds wq-questions-max "
-			      "questions: receive answers first");
-	if (q->bytes + len > cfg->wq_bytes_max)
-		return wq_err(h, o->req_id, -ENOBUFS, "the work queue holds wq-bytes-max question "
-			      "bytes");
-	it = item_new(++q->next_qid, tail, len);
+		return tpd_wq_err(h, o->req_id, -EPIPE, "the work queue is closed");
+	if ((uint64_t)q->n_queued + q->n_taken + q->n_answers + q->n_held + q->n_arriving >=
+	    cfg->wq_questions_max)
+		return tpd_wq_err(h, o->req_id, -ENOBUFS, "the work queue holds wq-questions-max "
+				  "questions: receive answers first");
+	r = tpd_wq_msg_body_new(ws, o, tail, len, &b, why, sizeof(why));
+	if (r < 0)
+		return tpd_wq_err(h, o->req_id, r, why);
+	if (q->bytes + tpd_wq_msg_body_charge(b) > cfg->wq_bytes_max) {
+		tpd_wq_msg_body_unref(b);
+		return tpd_wq_err(h, o->req_id, -ENOBUFS, "the work queue holds wq-bytes-max "
+				  "question bytes");
+	}
+	if (o->segment) /* by reference: queued once copied in */
+		return tpd_wq_msg_copy_in(ws, h, o, b, NULL);
+	it = tpd_wq_item_new(++q->next_qid, b);
 	if (!it)
-		return wq_err(h, o->req_id, -ENOMEM, "out of memory");
+		return tpd_wq_err(h, o->req_id, -ENOMEM, "out of memory");
 	tpu_list_insert_tail(&q->queued, &it->node);
 	q->n_queued++;
-	q->bytes += len;
+	q->bytes += tpd_wq_msg_body_charge(b);
 	a.qid = it->id;
-	wq_send(h, &h->who, o->req_id, &a);
-	wq_serve(q);
+	tpd_wq_send(h, &h->who, o->req_id, &a);
+	tpd_wq_serve(q);
 }
 
 /* Moves question @it (taken) to the answers as @ans (an answer item of the same id). */
-static void question_answered(struct wq *q, struct wq_item *it, struct wq_item *ans)
+void tpd_wq_question_answered(struct wq *q, struct wq_item *it, struct wq_item *ans)
 {
 	tpu_list_remove(&it->node);
 	q->n_taken--;
-	q->bytes -= it->len;
-	free(it);
+	q->bytes -= it->b ? tpd_wq_msg_body_charge(it->b) : 0;
+	tpd_wq_item_free(it);
 	tpu_list_insert_tail(&q->answers, &ans->node);
 	q->n_answers++;
-	q->answer_bytes += ans->len;
+	q->answer_bytes += ans->b ? tpd_wq_msg_body_charge(ans->b) : 0;
 	q->answered++;
 }
 
@@ -649,29 +632,45 @@ static void op_reply(struct tpd_wqs *ws, struct wq_handle *h, const Tpw__V1__WqO
 {
 	struct wq *q = h->q;
 	struct wq_item *it, *found = NULL, *ans;
+	struct wq_body *b;
 	char why[240];
+	int r;
 
 	if (q->gone)
-		return wq_err(h, o->req_id, -EPIPE, "the work queue's owner is gone");
+		return tpd_wq_err(h, o->req_id, -EPIPE, "the work queue's owner is gone");
 	tpu_list_for_each(it, &q->taken, node)
 		if (it->id == o->question_id && it->taker == h)
 			found = it;
 	if (!found) {
 		snprintf(why, sizeof(why), "this handle did not take question %llu",
 			 (unsigned long long)o->question_id);
-		return wq_err(h, o->req_id, -ENOENT, why);
+		return tpd_wq_err(h, o->req_id, -ENOENT, why);
 	}
-	if (q->owner && !fits_link(q->owner, len, "an answer", why, sizeof(why)))
-		return wq_err(h, o->req_id, -EMSGSIZE, why); /* the question stays taken */
-	if (q->answer_bytes + len > tpd_daemon_cfg(ws->d)->wq_answer_bytes_max)
-		return wq_err(h, o->req_id, -ENOBUFS, "the work queue holds wq-answer-bytes-max "
-			      "answer bytes: the question stays taken");
-	ans = item_new(found->id, tail, len);
+	if (found->replying)
+		return tpd_wq_err(h, o->req_id, -EBUSY, "a reply to this question is being copied "
+				  "in");
+	r = tpd_wq_msg_body_new(ws, o, tail, len, &b, why, sizeof(why));
+	if (r < 0)
+		return tpd_wq_err(h, o->req_id, r, why);
+	if (q->owner && !tpd_wq_fits_link(q->owner, tpd_wq_msg_body_len(b), "an answer", why,
+					  sizeof(why))) {
+		tpd_wq_msg_body_unref(b);
+		return tpd_wq_err(h, o->req_id, -EMSGSIZE, why); /* the question stays taken */
+	}
+	if (q->answer_bytes + tpd_wq_msg_body_charge(b) >
+	    tpd_daemon_cfg(ws->d)->wq_answer_bytes_max) {
+		tpd_wq_msg_body_unref(b);
+		return tpd_wq_err(h, o->req_id, -ENOBUFS, "the work queue holds "
+				  "wq-answer-bytes-max answer bytes: the question stays taken");
+	}
+	if (o->segment)
+		return tpd_wq_msg_copy_in(ws, h, o, b, found);
+	ans = tpd_wq_item_new(found->id, b);
 	if (!ans)
-		return wq_err(h, o->req_id, -ENOMEM, "out of memory");
-	question_answered(q, found, ans);
-	wq_err(h, o->req_id, 0, NULL);
-	wq_serve(q);
+		return tpd_wq_err(h, o->req_id, -ENOMEM, "out of memory");
+	tpd_wq_question_answered(q, found, ans);
+	tpd_wq_err(h, o->req_id, 0, NULL);
+	tpd_wq_serve(q);
 }
 
 static void op_take(struct tpd_wqs *ws, struct wq_handle *h, const Tpw__V1__WqOp *o)
@@ -680,13 +679,15 @@ static void op_take(struct tpd_wqs *ws, struct wq_handle *h, const Tpw__V1__WqOp
 	const struct wq_wait *w;
 	bool earlier = false;
 
+	if (o->msg_read)
+		return tpd_wq_msg_read(ws, h, o);
 	tpu_list_for_each(w, &q->waits, node)
 		earlier |= w->kind == WAIT_TAKE;
 	if (q->n_queued && !earlier)
-		return deliver_question(h, o->req_id);
+		return deliver_question(h, o->req_id, o->msg);
 	if (!q->n_queued && (q->closed || q->gone))
-		return wq_err(h, o->req_id, -EPIPE, "the work queue is closed");
-	wait_add(ws, h, o->req_id, WAIT_TAKE, o->timeout_ms);
+		return tpd_wq_err(h, o->req_id, -EPIPE, "the work queue is closed");
+	wait_add(ws, h, o->req_id, WAIT_TAKE, o->msg, o->timeout_ms);
 }
 
 static void op_answer(struct tpd_wqs *ws, struct wq_handle *h, const Tpw__V1__WqOp *o)
@@ -696,14 +697,19 @@ static void op_answer(struct tpd_wqs *ws, struct wq_handle *h, const Tpw__V1__Wq
 	bool earlier = false;
 
 	if (q->owner != h)
-		return wq_err(h, o->req_id, -EACCES, "only the work queue's owner receives answers");
+		return tpd_wq_err(h, o->req_id, -EACCES, "only the work queue's owner receives "
+				  "answers");
+	if (o->msg_read)
+		return tpd_wq_msg_read(ws, h, o);
+	if (o->msg_drop)
+		return tpd_wq_msg_drop(h, o);
 	tpu_list_for_each(w, &q->waits, node)
 		earlier |= w->kind == WAIT_ANSWER;
 	if (q->n_answers && !earlier)
-		return deliver_answer(h, o->req_id);
+		return deliver_answer(h, o->req_id, o->msg);
 	if (!q->n_answers && !q->n_queued && !q->n_taken)
 		return wq_idle(h, o->req_id);
-	wait_add(ws, h, o->req_id, WAIT_ANSWER, o->timeout_ms);
+	wait_add(ws, h, o->req_id, WAIT_ANSWER, o->msg, o->timeout_ms);
 }
 
 static void op_drain(struct tpd_wqs *ws, struct wq_handle *h, const Tpw__V1__WqOp *o)
@@ -711,10 +717,10 @@ static void op_drain(struct tpd_wqs *ws, struct wq_handle *h, const Tpw__V1__WqO
 	struct wq *q = h->q;
 
 	if (q->owner != h)
-		return wq_err(h, o->req_id, -EACCES, "only the work queue's owner drains it");
+		return tpd_wq_err(h, o->req_id, -EACCES, "only the work queue's owner drains it");
 	if (!q->n_queued && !q->n_taken)
-		return wq_err(h, o->req_id, 0, NULL);
-	wait_add(ws, h, o->req_id, WAIT_DRAIN, o->timeout_ms);
+		return tpd_wq_err(h, o->req_id, 0, NULL);
+	wait_add(ws, h, o->req_id, WAIT_DRAIN, false, o->timeout_ms);
 }
 
 /*
@@ -729,7 +735,7 @@ static void owner_gone(struct wq *q)
 	if (q->n_answers)
 		tpu_log_info("work queue '%s' of uid %u: its owner is gone, %u answers for it "
 			     "dropped", q->name, (unsigned)q->uid, q->n_answers);
-	q->ws->answers_dropped += q->n_answers;
+	q->ws->answers_dropped += q->n_answers + q->n_held;
 	q->owner = NULL;
 	q->gone = q->closed = true;
 	tpu_list_remove(&q->node); /* the name is free again, and the uid's slot */
@@ -737,7 +743,9 @@ static void owner_gone(struct wq *q)
 	items_free(&q->queued);
 	items_free(&q->taken); /* their replies are refused from now on (-EPIPE) */
 	items_free(&q->answers);
-	q->n_queued = q->n_taken = q->n_answers = 0;
+	items_free(&q->held);
+	/* Copies in still running find the queue gone and drop what they carry. */
+	q->n_queued = q->n_taken = q->n_answers = q->n_held = q->n_arriving = 0;
 	q->bytes = q->answer_bytes = 0;
 }
 
@@ -756,7 +764,7 @@ static void handle_free(struct wq_handle *h, bool answer)
 		if (w->h != h)
 			continue;
 		if (answer)
-			wq_err(h, w->req_id, -ECANCELED, "the handle was released");
+			tpd_wq_err(h, w->req_id, -ECANCELED, "the handle was released");
 		wait_free(w);
 	}
 	tpu_list_for_each_safe(it, tmp, &q->taken, node) {
@@ -765,9 +773,11 @@ static void handle_free(struct wq_handle *h, bool answer)
 		tpu_list_remove(&it->node);
 		q->n_taken--;
 		it->taker = NULL;
+		it->replying = false; /* a reply being copied in finds it no longer this handle's */
 		if (q->at_most_once) {
-			q->bytes -= it->len;
-			it->len = 0;
+			q->bytes -= it->b ? tpd_wq_msg_body_charge(it->b) : 0;
+			tpd_wq_msg_body_unref(it->b); /* a copy out still running keeps its own */
+			it->b = NULL;
 			it->status = TPW__V1__STATUS__STATUS_PEER_DIED;
 			tpu_list_insert_tail(&q->answers, &it->node);
 			q->n_answers++;
@@ -784,9 +794,24 @@ static void handle_free(struct wq_handle *h, bool answer)
 	tpu_list_remove(&h->node);
 	q->n_handles--;
 	free(h);
-	wq_serve(q);
-	if (q->n_handles == 0)
+	tpd_wq_serve(q);
+	tpd_wq_maybe_free(q);
+}
+
+void tpd_wq_maybe_free(struct wq *q)
+{
+	if (q->n_handles == 0 && q->n_copies == 0)
 		wq_free(q);
+}
+
+struct wq_handle *tpd_wq_handle_by_id(struct tpd_wqs *ws, uint64_t id)
+{
+	struct wq_handle *h;
+
+	tpu_list_for_each(h, &ws->handles, node)
+		if (h->id == id)
+			return h;
+	return NULL;
 }
 
 static void handle_op(struct tpd_wqs *ws, struct wq_handle *h, const Tpw__V1__WqOp *o,
@@ -819,7 +844,7 @@ static void wq_on_op(struct tpd_session *s, const Tpw__V1__WqOp *o, const uint8_
 	if (!h && tpd_chanx_wq_op(tpd_chan_x(tpd_daemon_chans(d)), s, o, tail, tail_len))
 		return; /* a handle of a queue on another host: forwarded */
 	if (!h)
-		return wq_send(NULL, &who, o->req_id, &a);
+		return tpd_wq_send(NULL, &who, o->req_id, &a);
 	handle_op(ws, h, o, tail, tail_len);
 }
 
@@ -849,14 +874,14 @@ void tpd_wq_peer_op(struct tpd_wqs *ws, struct tpd_peer *pr, const Tpw__V1__Peer
 		return op_open_remote(ws, &who, o);
 	h = handle_find(ws, &who, o->wq_id);
 	if (!h)
-		return wq_send(NULL, &who, o->req_id, &a);
+		return tpd_wq_send(NULL, &who, o->req_id, &a);
 	if ((o->op == TPW__V1__WQ_OP_KIND__WQ_OP_TAKE ||
 	     o->op == TPW__V1__WQ_OP_KIND__WQ_OP_ANSWER ||
 	     o->op == TPW__V1__WQ_OP_KIND__WQ_OP_DRAIN) && o->timeout_ms &&
 	    link_waits(ws, pr) >= max) {
 		snprintf(why, sizeof(why), "%u work queue ops of this peer link wait on %.60s "
 			 "(chan-peer-ops-max)", max, tpd_peers_hostname(ws->d));
-		return wq_err(h, o->req_id, -ENOBUFS, why);
+		return tpd_wq_err(h, o->req_id, -ENOBUFS, why);
 	}
 	handle_op(ws, h, o, tail, tail_len);
 }
@@ -881,7 +906,7 @@ void tpd_wq_counts(const struct tpd_wqs *ws, struct tpd_wq_counts *ret)
 			c.queues++;
 			c.ownerless += !q->owner;
 			c.questions += (uint64_t)q->n_queued + q->n_taken;
-			c.answers += q->n_answers;
+			c.answers += (uint64_t)q->n_answers + q->n_held;
 			c.bytes += q->bytes + q->answer_bytes;
 		}
 	*ret = c;
@@ -908,12 +933,13 @@ static void handle_op(struct tpd_wqs *ws, struct wq_handle *h, const Tpw__V1__Wq
 		return op_drain(ws, h, o);
 	case TPW__V1__WQ_OP_KIND__WQ_OP_CLOSE:
 		if (h->q->owner != h)
-			return wq_err(h, o->req_id, -EACCES, "only the work queue's owner closes it");
+			return tpd_wq_err(h, o->req_id, -EACCES, "only the work queue's owner "
+					  "closes it");
 		h->q->closed = true; /* idempotent */
-		wq_err(h, o->req_id, 0, NULL);
-		return wq_serve(h->q);
+		tpd_wq_err(h, o->req_id, 0, NULL);
+		return tpd_wq_serve(h->q);
 	case TPW__V1__WQ_OP_KIND__WQ_OP_RELEASE:
-		wq_err(h, o->req_id, 0, NULL);
+		tpd_wq_err(h, o->req_id, 0, NULL);
 		return handle_free(h, true);
 	default:
 		return; /* validation refuses other ops */
@@ -996,7 +1022,7 @@ int tpd_wq_ctl(struct tpd_wqs *ws, bool own_only, uid_t viewer, Tpw__V1__CtlQueu
 		x->state = (char *)(q->closed ? "closed" : "open");
 		x->queued = q->n_queued;
 		x->taken = q->n_taken;
-		x->answers = q->n_answers;
+		x->answers = q->n_answers + q->n_held;
 		x->answered = q->answered;
 		x->workers = q->n_handles - (q->owner ? 1 : 0);
 		x->bytes = q->bytes;

@@ -6,7 +6,8 @@
  * reply to the ids they took). This part answers WqOp messages, requeues (or, at-most-once,
  * answers with an error) the questions of a worker whose session ends, closes and frees a queue
  * whose owner goes, and bounds queues per uid and questions, question bytes and answer bytes per
- * queue. Payloads ride in frames' data tails. Channels are in chan.h.
+ * queue. Byte payloads ride in frames' data tails; questions and answers as messages are
+ * channel items (wqmsg.c, wq_int.h). Channels are in chan.h.
  */
 #ifndef TPD_WQ_H
 #define TPD_WQ_H

@@ -142,9 +142,12 @@ static void use_peer(const Tpw__V1__PeerMsg *m, uint32_t tail_len)
 			if (m->rdma->qps[i].len != TPW_RDMA_QP_RECORD_BYTES)
 				abort();
 		break;
+	case TPW__V1__PEER_MSG__BODY_WQ_OP:
+	case TPW__V1__PEER_MSG__BODY_WQ_REPLY:
+		break; /* a work queue payload: its length checked against the tail */
 	default:
 		if (tail_len)
-			abort(); /* only a descriptor carries a tail */
+			abort(); /* only a descriptor or a work queue payload carries a tail */
 		break;
 	}
 }

@@ -340,6 +340,106 @@ static void gen_chan_msg(void)
 	client("client-ok-chan-drop", &m, 0, 0);
 }
 
+/* Work queue questions and answers as messages (WqOp, WqReply 650-655): a SUBMIT of a message
+ * inline, empty and by reference; a TAKE by descriptor, a read into slots and inline, a drop;
+ * the answers of a take and a read; a peer's op inline. Broken: a payload by reference without a
+ * descriptor or with a tail, a read without its question, take and drop mixed, a drop on a
+ * TAKE, a descriptor on an answer that holds nothing, a copied read with a tail, a peer's op by
+ * reference. */
+static void gen_wq_msg(void)
+{
+	Tpw__V1__ClientMsg m = TPW__V1__CLIENT_MSG__INIT;
+	Tpw__V1__DaemonMsg dm = TPW__V1__DAEMON_MSG__INIT;
+	Tpw__V1__PeerMsg pm = TPW__V1__PEER_MSG__INIT;
+	Tpw__V1__PeerWqOp pw = TPW__V1__PEER_WQ_OP__INIT;
+	Tpw__V1__WqOp op = TPW__V1__WQ_OP__INIT;
+	Tpw__V1__WqReply r = TPW__V1__WQ_REPLY__INIT;
+	Tpw__V1__Descriptor d = TPW__V1__DESCRIPTOR__INIT;
+	Tpw__V1__PayloadDesc pd = TPW__V1__PAYLOAD_DESC__INIT, *pdp = &pd;
+	Tpw__V1__ShmRef shm = TPW__V1__SHM_REF__INIT;
+	Tpw__V1__Segment g = TPW__V1__SEGMENT__INIT, *gp[2] = { &g, &g };
+	static uint8_t meta[] = "meta";
+
+	m.body_case = TPW__V1__CLIENT_MSG__BODY_WQ_OP;
+	m.wq_op = &op;
+	op.req_id = 1;
+	op.wq_id = 1;
+	op.op = TPW__V1__WQ_OP_KIND__WQ_OP_SUBMIT;
+	d.metadata = (ProtobufCBinaryData){ 4, meta };
+	d.n_payloads = 1;
+	d.payloads = &pdp;
+	pd.length = 12;
+	op.msg_desc = &d;
+	client("client-ok-wq-submit-msg", &m, 12, 0);
+	d.n_payloads = 0;
+	client("client-ok-wq-submit-msg-empty", &m, 0, 0);
+	d.n_payloads = 1;
+	pd.length = 1u << 24;
+	shm.buf_id = 1;
+	shm.gen = 1;
+	g.length = 1u << 24;
+	g.loc_case = TPW__V1__SEGMENT__LOC_SHM;
+	g.shm = &shm;
+	op.segment = &g;
+	client("client-ok-wq-submit-msg-shm", &m, 0, 0);
+	client("client-bad-wq-submit-segment-and-tail", &m, 4, 0);
+	op.msg_desc = NULL;
+	client("client-bad-wq-submit-segment-without-descriptor", &m, 0, 0);
+	op.segment = NULL;
+	op.op = TPW__V1__WQ_OP_KIND__WQ_OP_TAKE;
+	op.msg = true;
+	client("client-ok-wq-take-msg", &m, 0, 0);
+	op.msg = false;
+	op.msg_read = true;
+	client("client-bad-wq-read-without-question", &m, 0, 0);
+	op.question_id = 3;
+	client("client-ok-wq-read-inline", &m, 0, 0);
+	g.length = 6;
+	op.n_segments = 2;
+	op.segments = gp;
+	client("client-ok-wq-read-slots", &m, 0, 0);
+	op.n_segments = 0;
+	op.msg_read = false;
+	op.msg_drop = true;
+	client("client-bad-wq-drop-on-take", &m, 0, 0);
+	op.op = TPW__V1__WQ_OP_KIND__WQ_OP_ANSWER;
+	client("client-ok-wq-drop", &m, 0, 0);
+	op.msg = true;
+	client("client-bad-wq-take-and-drop", &m, 0, 0);
+	op.msg_drop = false;
+
+	dm.body_case = TPW__V1__DAEMON_MSG__BODY_WQ_REPLY;
+	dm.wq_reply = &r;
+	r.req_id = 1;
+	r.status = TPW__V1__STATUS__STATUS_OK;
+	r.question_id = 3;
+	r.msg_held = true;
+	r.msg_len = 12;
+	r.msg_desc = &d;
+	pd.length = 12;
+	frame("daemon-ok-wq-reply-msg-held", &dm.base, 0, 0);
+	r.msg_held = false;
+	frame("daemon-bad-wq-reply-descriptor-not-held", &dm.base, 0, 0);
+	r.msg_desc = NULL;
+	r.msg_len = 0;
+	r.msg_copied = true;
+	frame("daemon-ok-wq-reply-copied", &dm.base, 0, 0);
+	r.length = 4;
+	frame("daemon-bad-wq-reply-copied-with-tail", &dm.base, 4, 0);
+
+	pm.body_case = TPW__V1__PEER_MSG__BODY_WQ_OP;
+	pm.wq_op = &pw;
+	pw.op = &op;
+	op.msg = false;
+	op.op = TPW__V1__WQ_OP_KIND__WQ_OP_SUBMIT;
+	op.question_id = 0;
+	op.msg_desc = &d;
+	frame("peer-ok-wq-submit-msg", &pm.base, 12, 0);
+	op.segment = &g;
+	g.length = 12;
+	frame("peer-bad-wq-submit-by-reference", &pm.base, 0, 0);
+}
+
 static void gen_daemon(void)
 {
 	Tpw__V1__DaemonMsg m = TPW__V1__DAEMON_MSG__INIT;
@@ -571,6 +671,7 @@ int main(int argc, char **argv)
 	gen_read();
 	gen_cancel();
 	gen_chan_msg();
+	gen_wq_msg();
 	gen_daemon();
 	gen_peer_handshake();
 	gen_peer_pipes();

@@ -5,14 +5,17 @@
  * before the write, one on the legacy default stream; small and above the inline limit) is
  * written by one process and read by another: its descriptor shows the tensors' device and
  * target, and the bytes arrive intact in CUDA slots (on the reader's stream), in CPU slots, and
- * the other way round (CPU tensors read into CUDA slots). Skips (77) without a CUDA driver or
- * device.
+ * the other way round (CPU tensors read into CUDA slots). The same messages as work queue
+ * questions (docs/queues.md, "Questions and answers as messages"): submitted by the owner's
+ * process, taken and read by a worker's the same way, each answered. Skips (77) without a CUDA
+ * driver or device.
  */
 #include <check.h>
 #include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 #include "hwtest.h"
 
 #define BIG ((1u << 20) + 7)
@@ -21,6 +24,33 @@
 #define SEED_B 72
 
 static const char *const chan_name = "hw-chan";
+
+/* Where the messages go: a channel (@q NULL) or a work queue. */
+struct msgs {
+	struct tp_chan *ch;
+	struct tp_wq *q;
+};
+
+static bool use_wq; /* the loop test's _i, set in the parent before the fork */
+
+/* Opens the work queue (@create: as its owner), waiting up to HWT_T_MS for its owner. */
+static struct tp_wq *wq_of(struct tp_context *ctx, bool create)
+{
+	struct tp_wq_options o = { .size = sizeof(o), .flags = create ? TP_WQ_CREATE : 0,
+				   .owner_uid = -1 };
+	struct tp_wq *q = NULL;
+
+	for (int i = 0; i < HWT_T_MS / 10 && tp_wq_open(ctx, chan_name, &o, &q) < 0; i++)
+		usleep(10000);
+	return q;
+}
+
+static int write_msg(const struct msgs *to, const struct tp_message *m)
+{
+	uint64_t id;
+
+	return to->q ? tp_wq_submit_msg(to->q, m, &id) : tp_chan_write_msgs(to->ch, m, 1, HWT_T_MS);
+}
 
 static struct tp_chan *chan_of(struct tp_context *ctx, unsigned flags)
 {
@@ -39,7 +69,7 @@ static int writer(void *arg)
 {
 	struct hwt_cuda c = { 0 };
 	struct tp_context *ctx = NULL;
-	struct tp_chan *ch;
+	struct msgs to = { 0 };
 	CUdeviceptr a = 0, b = 0;
 	CUstream s = NULL;
 	uint8_t *img_a = malloc(BIG), *img_b = malloc(SMALL);
@@ -63,19 +93,34 @@ static int writer(void *arg)
 	TPT_REQUIRE(hwt_dev_set(&c, a, 0, BIG) == 0, 1, "memset");
 	TPT_REQUIRE(hwt_dev_alloc_fill(&c, SMALL, SEED_B, &b) == 0, 1, "fill");
 	TPT_REQUIRE(tpt_ctx_new(&tpt_fixture_daemon, 0, "w", &ctx) == 0, 1, "ctx");
-	TPT_REQUIRE((ch = chan_of(ctx, 0)), 1, "open: %s", tp_last_error());
+	if (use_wq)
+		to.q = wq_of(ctx, true);
+	else
+		to.ch = chan_of(ctx, 0);
+	TPT_REQUIRE(to.ch || to.q, 1, "open: %s", tp_last_error());
 	/* Queued, not waited for: the write must copy after it. */
 	TPT_REQUIRE(hwt_dev_put(&c, a, img_a, BIG, s) == 0, 1, "put");
 	t[0].data = hwt_ptr(a);
 	t[0].cuda_stream = s;
 	t[1].data = hwt_ptr(b);
-	r = tp_chan_write_msgs(ch, &m, 1, HWT_T_MS);
+	r = write_msg(&to, &m);
 	TPT_REQUIRE(r == 0, 1, "write: %d %s", r, tp_last_error());
 	t[0] = (struct tp_tensor){ .device = { TP_DEVICE_CPU, 0 }, .data = img_a, .length = BIG };
 	t[1] = (struct tp_tensor){ .device = { TP_DEVICE_CPU, 0 }, .data = img_b, .length = SMALL };
-	r = tp_chan_write_msgs(ch, &m, 1, HWT_T_MS);
+	r = write_msg(&to, &m);
 	TPT_REQUIRE(r == 0, 1, "write from host: %d %s", r, tp_last_error());
-	tp_chan_release(ch);
+	for (int i = 0; to.q && i < 2; i++) { /* the worker's answers, dropped */
+		struct tp_descriptor *d;
+		uint64_t id;
+
+		r = tp_wq_answer_descriptor(to.q, &id, &d, HWT_T_MS);
+		TPT_REQUIRE(r == 0, 1, "answer: %d %s", r, tp_last_error());
+		tp_wq_descriptor_free(d);
+	}
+	if (to.q)
+		tp_wq_release(to.q);
+	else
+		tp_chan_release(to.ch);
 	tp_context_free(ctx);
 	c.api->cuMemFree(a);
 	c.api->cuMemFree(b);
@@ -89,7 +134,7 @@ static int writer(void *arg)
 /* Reads the message with tensor @cuda_slot (0 or 1) into a CUDA slot on a stream of its own
  * and the other tensor into CPU memory; checks every byte and the descriptor (@from_cuda: the
  * writer's tensors were on the device). Return: 0, or 1 (printed). */
-static int read_one(struct hwt_cuda *c, struct tp_chan *ch, int cuda_slot, bool from_cuda)
+static int read_one(struct hwt_cuda *c, const struct msgs *from, int cuda_slot, bool from_cuda)
 {
 	static const size_t lens[2] = { BIG, SMALL };
 	static const uint64_t seeds[2] = { SEED_A, SEED_B };
@@ -100,11 +145,15 @@ static int read_one(struct hwt_cuda *c, struct tp_chan *ch, int cuda_slot, bool 
 	CUdeviceptr dev = 0;
 	CUstream s = NULL;
 	uint8_t *host = malloc(BIG), *want = malloc(BIG);
+	struct tp_payload ok = { .data = "ok", .length = 2 };
+	struct tp_message answer = { .payloads = &ok, .n_payloads = 1 };
 	char pay[5];
 	int r, other = 1 - cuda_slot;
+	uint64_t id = 0;
 
 	TPT_REQUIRE(host && want, 1, "malloc");
-	r = tp_chan_read_descriptor(ch, &d, HWT_T_MS);
+	r = from->q ? tp_wq_take_descriptor(from->q, &id, &d, HWT_T_MS) :
+		      tp_chan_read_descriptor(from->ch, &d, HWT_T_MS);
 	TPT_REQUIRE(r == 0, 1, "descriptor: %d %s", r, tp_last_error());
 	TPT_REQUIRE(d->n_payloads == 1 && d->n_tensors == 2 && d->metadata_len == 4 &&
 		    memcmp(d->metadata, "cuda", 4) == 0 && d->tensors[0].length == BIG &&
@@ -121,7 +170,7 @@ static int read_one(struct hwt_cuda *c, struct tp_chan *ch, int cuda_slot, bool 
 	ts[cuda_slot] = (struct tp_slot){ .device = { TP_DEVICE_CUDA, 0 }, .data = hwt_ptr(dev),
 					  .cuda_stream = s };
 	ts[other] = (struct tp_slot){ .device = { TP_DEVICE_CPU, 0 }, .data = host };
-	r = tp_chan_read_msg(ch, d, &al);
+	r = from->q ? tp_wq_read_msg(from->q, d, &al) : tp_chan_read_msg(from->ch, d, &al);
 	TPT_REQUIRE(r == 0, 1, "read: %d %s", r, tp_last_error());
 	TPT_REQUIRE(memcmp(pay, "hello", 5) == 0, 1, "payload");
 	tpt_fill(want, lens[other], seeds[other]);
@@ -129,6 +178,8 @@ static int read_one(struct hwt_cuda *c, struct tp_chan *ch, int cuda_slot, bool 
 	tpt_fill(want, lens[cuda_slot], seeds[cuda_slot]);
 	r = hwt_dev_expect(c, dev, want, lens[cuda_slot], "CUDA slot");
 	TPT_REQUIRE(r == 0, 1, "CUDA slot: %d", r);
+	r = from->q ? tp_wq_reply_msg(from->q, id, &answer) : 0;
+	TPT_REQUIRE(r == 0, 1, "reply: %d %s", r, tp_last_error());
 	c->api->cuMemFree(dev);
 	c->api->cuStreamDestroy(s);
 	free(host);
@@ -140,36 +191,46 @@ static int reader(void *arg)
 {
 	struct hwt_cuda c = { 0 };
 	struct tp_context *ctx = NULL;
-	struct tp_chan *ch;
+	struct msgs from = { 0 };
 	int r;
 
 	(void)arg;
 	TPT_REQUIRE(hwt_cuda_open(0, &c) == 0, 1, "cuda");
 	TPT_REQUIRE(tpt_ctx_new(&tpt_fixture_daemon, 0, "r", &ctx) == 0, 1, "ctx");
-	TPT_REQUIRE((ch = chan_of(ctx, 0)), 1, "open: %s", tp_last_error());
-	r = read_one(&c, ch, 0, true); /* the big CUDA tensor into a CUDA slot (staged) */
+	if (use_wq)
+		from.q = wq_of(ctx, false);
+	else
+		from.ch = chan_of(ctx, 0);
+	TPT_REQUIRE(from.ch || from.q, 1, "open: %s", tp_last_error());
+	r = read_one(&c, &from, 0, true); /* the big CUDA tensor into a CUDA slot (staged) */
 	if (r == 0)
-		r = read_one(&c, ch, 1, false); /* a CPU tensor into a CUDA slot */
-	tp_chan_release(ch);
+		r = read_one(&c, &from, 1, false); /* a CPU tensor into a CUDA slot */
+	if (from.q)
+		tp_wq_release(from.q);
+	else
+		tp_chan_release(from.ch);
 	tp_context_free(ctx);
 	hwt_cuda_close(&c);
 	return r;
 }
 
+/* _i 0: channel items; 1: work queue questions. */
 START_TEST(test_cuda_tensors_as_channel_items)
 {
 	struct tp_context *ctx = NULL;
-	struct tp_chan *ch;
+	struct tp_chan *ch = NULL;
 	pid_t w, r;
 
+	use_wq = _i == 1;
 	ck_assert_int_eq(tpt_ctx_new(&tpt_fixture_daemon, 0, "owner", &ctx), 0);
-	ch = chan_of(ctx, TP_CHAN_CREATE);
-	ck_assert_ptr_nonnull(ch);
+	if (!use_wq)
+		ck_assert_ptr_nonnull((ch = chan_of(ctx, TP_CHAN_CREATE)));
 	w = tpt_fork(writer, NULL);
 	r = tpt_fork(reader, NULL);
 	ck_assert(tpt_wait_ok(w, HWT_T_MS, "writer"));
 	ck_assert(tpt_wait_ok(r, HWT_T_MS, "reader"));
-	tp_chan_release(ch);
+	if (ch)
+		tp_chan_release(ch);
 	tp_context_free(ctx);
 	ck_assert_msg(tpt_daemon_alive(&tpt_fixture_daemon), "tpipd died");
 }
@@ -181,7 +242,7 @@ static Suite *cuda_chan_suite(void)
 	TCase *tc = tcase_create("cuda_chan");
 
 	tcase_add_checked_fixture(tc, tpt_fixture_start, tpt_fixture_stop);
-	tcase_add_test(tc, test_cuda_tensors_as_channel_items);
+	tcase_add_loop_test(tc, test_cuda_tensors_as_channel_items, 0, 2);
 	tcase_set_timeout(tc, 120);
 	suite_add_tcase(s, tc);
 	return s;

@@ -2,11 +2,15 @@
 /*
  * Client-side helpers of the integration suites. See itest.h.
  */
+#include <check.h>
 #include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <unistd.h>
+#include <sys/wait.h>
+#include <signal.h>
 #include "itest.h"
 
 /* Owner-only from this host, and open to pipes from every peer daemon (cross-host runs). */
@@ -370,6 +374,63 @@ int tpt_chan_msg_read_check(struct tp_context *ctx, struct tp_chan *ch,
 	if (ret_closed)
 		*ret_closed = r == TP_CHAN_CLOSED;
 	return read_into_alloc(ctx, s, mem, d, ch, chan_read, chan_drop);
+}
+
+static int wq_read(void *src, struct tp_descriptor *d, const struct tp_allocation *a)
+{
+	return tp_wq_read_msg(src, d, a);
+}
+
+static void wq_drop(struct tp_descriptor *d)
+{
+	tp_wq_descriptor_free(d);
+}
+
+int tpt_wq_msg_read_check(struct tp_context *ctx, struct tp_wq *q, struct tp_descriptor *d,
+			  const struct tpt_msg_spec *s, enum tpt_mem mem)
+{
+	return read_into_alloc(ctx, s, mem, d, q, wq_read, wq_drop);
+}
+
+struct wq_taker {
+	const struct tpt_daemon *d;
+	const char *name;
+	tpt_wq_take_fn take;
+	int fd; /* the taken id is written here, then the child waits to be killed */
+};
+
+static int wq_taker(void *arg)
+{
+	struct wq_taker *a = arg;
+	struct tp_context *ctx = NULL;
+	struct tp_wq *q;
+	uint64_t id;
+
+	TPT_REQUIRE(tpt_ctx_new(a->d, 0, "taker", &ctx) == 0, 1, "context");
+	TPT_REQUIRE(tp_wq_open(ctx, a->name, NULL, &q) == 0, 1, "open: %s", tp_last_error());
+	TPT_REQUIRE(a->take(q, &id) == 0, 1, "take: %s", tp_last_error());
+	TPT_REQUIRE(write(a->fd, &id, sizeof(id)) == sizeof(id), 1, "write");
+	for (;;)
+		pause();
+	return 0;
+}
+
+uint64_t tpt_wq_take_and_die(const struct tpt_daemon *d, const char *name, tpt_wq_take_fn take)
+{
+	struct wq_taker a = { .d = d, .name = name, .take = take };
+	int fds[2], status;
+	uint64_t id = 0;
+	pid_t pid;
+
+	ck_assert_int_eq(pipe(fds), 0);
+	a.fd = fds[1];
+	pid = tpt_fork(wq_taker, &a);
+	close(fds[1]);
+	ck_assert_int_eq(read(fds[0], &id, sizeof(id)), sizeof(id));
+	close(fds[0]);
+	ck_assert_int_eq(kill(pid, SIGKILL), 0);
+	ck_assert_int_eq(waitpid(pid, &status, 0), pid);
+	return id;
 }
 
 /* ---- pipe ends ------------------------------------------------------------------------------ */

@@ -72,6 +72,24 @@ int tpt_chan_msg_read_check(struct tp_context *ctx, struct tp_chan *ch,
 			    const struct tpt_msg_spec *s, enum tpt_mem mem, int timeout_ms,
 			    bool *ret_closed);
 
+/*
+ * tpt_wq_msg_read_check() - read the question or answer @d of work queue @q (from
+ * tp_wq_take_descriptor() or tp_wq_answer_descriptor(); taken) into memory of kind @mem with
+ * tp_wq_read_msg() and check it against @s. Return: 0; 1 on a mismatch (printed); -errno.
+ */
+int tpt_wq_msg_read_check(struct tp_context *ctx, struct tp_wq *q, struct tp_descriptor *d,
+			  const struct tpt_msg_spec *s, enum tpt_mem mem);
+
+/* Takes one question of @q; *@ret_id: its id. Return: 0 or -errno. */
+typedef int (*tpt_wq_take_fn)(struct tp_wq *q, uint64_t *ret_id);
+
+/*
+ * tpt_wq_take_and_die() - forks a worker of queue @name on @d that takes one question with
+ * @take and tells its id, then SIGKILLs it and reaps it (check assertions).
+ * Return: the id the worker took.
+ */
+uint64_t tpt_wq_take_and_die(const struct tpt_daemon *d, const char *name, tpt_wq_take_fn take);
+
 /* Opens a context on @d's socket with @flags and @name (NULL: library default). */
 int tpt_ctx_new(const struct tpt_daemon *d, uint32_t flags, const char *name,
 		struct tp_context **ret);

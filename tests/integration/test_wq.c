@@ -166,45 +166,16 @@ END_TEST
 
 /* ---- deaths -------------------------------------------------------------------------------- */
 
-struct taker_arg {
-	const char *name;
-	int fd; /* writes the taken id here, then waits to be killed */
-};
-
-static int taker(void *arg)
+static int take_u32(struct tp_wq *q, uint64_t *ret_id)
 {
-	struct taker_arg *a = arg;
-	struct tp_context *ctx = ctx_new(&tpt_fixture_daemon);
-	struct tp_wq *q;
-	uint64_t id;
 	uint32_t v;
 
-	TPT_REQUIRE(ctx, 1, "context");
-	TPT_REQUIRE(wq_open(ctx, a->name, 0, &q) == 0, 1, "open: %s", tp_last_error());
-	TPT_REQUIRE(get_u32(q, false, &id, &v, T_MS) == 0, 1, "take: %s", tp_last_error());
-	TPT_REQUIRE(write(a->fd, &id, sizeof(id)) == sizeof(id), 1, "write");
-	for (;;)
-		pause();
-	return 0;
+	return get_u32(q, false, ret_id, &v, T_MS);
 }
 
-/* Forks a worker of @name that takes a question, learns its id and SIGKILLs it. Return: id. */
 static uint64_t take_and_die(const char *name)
 {
-	struct taker_arg a = { .name = name };
-	int fds[2], status;
-	uint64_t id = 0;
-	pid_t pid;
-
-	ck_assert_int_eq(pipe(fds), 0);
-	a.fd = fds[1];
-	pid = tpt_fork(taker, &a);
-	close(fds[1]);
-	ck_assert_int_eq(read(fds[0], &id, sizeof(id)), sizeof(id));
-	close(fds[0]);
-	ck_assert_int_eq(kill(pid, SIGKILL), 0);
-	ck_assert_int_eq(waitpid(pid, &status, 0), pid);
-	return id;
+	return tpt_wq_take_and_die(&tpt_fixture_daemon, name, take_u32);
 }
 
 START_TEST(test_killed_worker_requeued_once)

@@ -13,7 +13,8 @@
  * the owner's daemon killed closes the queue for b's worker, both within the peer timeout.
  * Payloads above what the far daemon's frames take (one daemon's inline-max raised above the
  * other's frame-max) are refused with -EMSGSIZE naming the limit, either way, the link staying
- * up (such a frame used to fail the whole link).
+ * up (such a frame used to fail the whole link). Message questions and answers cross too,
+ * inline, both ways byte for byte; one above the inline limit is refused.
  */
 #include <check.h>
 #include <errno.h>
@@ -233,6 +234,66 @@ START_TEST(test_remote_owner_works_the_queue)
 }
 END_TEST
 
+/* Message questions and answers cross hosts (peer minor 9), inline: from an owner on a to a
+ * worker on b and one on a (through b), multi-part, from private memory and shared buffers,
+ * both ways byte for byte; a message above the inline limit is refused at once (-EMSGSIZE),
+ * the queue and the link untouched. */
+START_TEST(test_messages_cross_hosts)
+{
+	static const enum tpt_mem mems[] = { TPT_MEM_PRIVATE, TPT_MEM_SHM };
+	struct tp_context *ca = NULL, *ca2, *cb;
+	struct tp_descriptor *d;
+	struct tp_wq *own, *w[2];
+	struct tpt_msg m;
+	uint64_t id, got;
+
+	start_pair(true);
+	ca = ctx_of(&da);
+	ca2 = ctx_of(&da);
+	cb = ctx_of(&db);
+	own = create_on_b(ca, "msgs", 0);
+	w[0] = worker(cb, "msgs", false);
+	w[1] = worker(ca2, "msgs", true);
+	for (unsigned i = 0; i < 4; i++) {
+		struct tpt_msg_spec qs = { .pipe = 20, .index = i, .n_payloads = 2, .n_tensors = 1,
+					   .meta_len = 5, .seg_meta_len = 2,
+					   .lens = { 1000 * i + 1, 0, i ? 70000 : 3 } };
+		struct tpt_msg_spec as = qs;
+		struct tp_context *wc = i & 1 ? ca2 : cb;
+
+		as.pipe = 21;
+		ck_assert_int_eq(tpt_msg_build(ca, &qs, mems[i / 2], &m), 0);
+		ck_assert_msg(tp_wq_submit_msg(own, &m.m, &id) == 0, "%s", tp_last_error());
+		tpt_msg_free(ca, &m);
+		ck_assert_msg(tp_wq_take_descriptor(w[i & 1], &got, &d, T_MS) == 0, "%s",
+			      tp_last_error());
+		ck_assert_uint_eq(got, id);
+		ck_assert_int_eq(tpt_wq_msg_read_check(wc, w[i & 1], d, &qs, mems[i / 2]), 0);
+		ck_assert_int_eq(tpt_msg_build(wc, &as, mems[i / 2], &m), 0);
+		ck_assert_msg(tp_wq_reply_msg(w[i & 1], id, &m.m) == 0, "%s", tp_last_error());
+		tpt_msg_free(wc, &m);
+		ck_assert_msg(tp_wq_answer_descriptor(own, &got, &d, T_MS) == 0, "%s",
+			      tp_last_error());
+		ck_assert_uint_eq(got, id);
+		ck_assert_int_eq(tpt_wq_msg_read_check(ca, own, d, &as, mems[i / 2]), 0);
+	}
+	struct tpt_msg_spec big = { .pipe = 22, .n_payloads = 1, .lens = { INLINE + 1 } };
+
+	ck_assert_int_eq(tpt_msg_build(ca, &big, TPT_MEM_SHM, &m), 0);
+	ck_assert_int_eq(tp_wq_submit_msg(own, &m.m, &id), -EMSGSIZE);
+	tpt_msg_free(ca, &m);
+	ck_assert_int_eq(tp_wq_drain(own, T_MS), 0);
+	tp_wq_release(w[1]);
+	tp_wq_release(w[0]);
+	tp_wq_release(own);
+	tp_context_free(ca);
+	tp_context_free(ca2);
+	tp_context_free(cb);
+	tpt_daemon_stop(&da);
+	tpt_daemon_stop(&db);
+}
+END_TEST
+
 /* The owner's process on a: creates "kq" on b, submits two questions, then waits to die. */
 static int owner_proc(void *arg)
 {
@@ -422,6 +483,7 @@ static Suite *xown_suite(void)
 	tcase_set_timeout(tc, 120);
 	tcase_add_test(tc, test_remote_create_refused_by_default);
 	tcase_add_test(tc, test_remote_owner_works_the_queue);
+	tcase_add_test(tc, test_messages_cross_hosts);
 	tcase_add_test(tc, test_remote_owner_killed_closes_the_queue);
 	tcase_add_loop_test(tc, test_link_cut_fails_owner_and_workers, 0, 2);
 	tcase_add_loop_test(tc, test_payload_above_the_far_frames_is_refused, 0, 2);

@@ -23,9 +23,12 @@
  * the close, the others are dropped, and a later item arrives intact; its protocol violation
  * then fails the client's waiting read with -ECONNRESET naming the host. One of 2.7 is sent no
  * work queue creation (it would open the queue as a worker's): the open fails with
- * -EOPNOTSUPP naming its version, the link stays up. One of 2.9 is asked for one item per
- * batch read; one of 2.10 for the batch, and its answer of more items than asked is refused to
- * the client with the link up, one whose lengths miss its tail fails the link.
+ * -EOPNOTSUPP naming its version, the link stays up. One of 2.8 is sent a worker's open and
+ * release but no work queue message op (it would take them for byte ops): the take by
+ * descriptor and the message reply fail with -EOPNOTSUPP naming its version, the link up.
+ * One of 2.9 is asked for one item per batch read; one of 2.10 for the batch, and its answer
+ * of more items than asked is refused to the client with the link up, one whose lengths miss
+ * its tail fails the link.
  *
  * And a hostile peer daemon against a work queue on a daemon that lets other hosts create
  * queues (chan-remote-create-uid): it creates none over its insecure link, is never the owner,
@@ -740,6 +743,30 @@ static int fake_reply(struct tpt_raw *c, uint64_t req, const char *item, uint64_
 	return fake_batch(c, req, &claimed, item ? 1 : 0, item ? item : "");
 }
 
+/* Answers the next PeerWqOp, which must be of kind @want, with STATUS_OK and handle 5. */
+static int fake_wq_answer(struct tpt_raw *c, Tpw__V1__WqOpKind want)
+{
+	Tpw__V1__PeerMsg *in = recv_no_ping(c);
+	Tpw__V1__WqReply r = TPW__V1__WQ_REPLY__INIT;
+	Tpw__V1__PeerWqReply pr = TPW__V1__PEER_WQ_REPLY__INIT;
+	Tpw__V1__PeerMsg m = TPW__V1__PEER_MSG__INIT;
+
+	if (!in || in->body_case != TPW__V1__PEER_MSG__BODY_WQ_OP || in->wq_op->op->op != want) {
+		fprintf(stderr, "fake host: expected work queue op %d, got message %d\n",
+			(int)want, in ? (int)in->body_case : -1);
+		tpw_peer_msg_free(in);
+		return -1;
+	}
+	r.req_id = in->wq_op->op->req_id;
+	tpw_peer_msg_free(in);
+	r.status = TPW__V1__STATUS__STATUS_OK;
+	r.wq_id = 5;
+	pr.reply = &r;
+	m.body_case = TPW__V1__PEER_MSG__BODY_WQ_REPLY;
+	m.wq_reply = &pr;
+	return peer_send(c, &m, NULL, 0);
+}
+
 static int fake_host_run(void *arg)
 {
 	const struct fake_host *fh = arg;
@@ -749,7 +776,13 @@ static int fake_host_run(void *arg)
 	uint64_t open, rd, cl;
 
 	TPT_REQUIRE(fake_accept(fh, &c, &data) == 0, 1, "handshake");
-	if (fh->minor < TPW_PEER_MINOR_CHAN || fh->minor == TPW_PEER_MINOR_WQ_CREATE - 1) {
+	if (fh->minor == TPW_PEER_MINOR_WQ_MSG - 1) { /* a worker's open, then its release only */
+		TPT_REQUIRE(fake_wq_answer(&c, TPW__V1__WQ_OP_KIND__WQ_OP_OPEN) == 0, 1, "open");
+		TPT_REQUIRE(fake_wq_answer(&c, TPW__V1__WQ_OP_KIND__WQ_OP_RELEASE) == 0, 1,
+			    "a message op reached a 2.%u daemon", fh->minor);
+	}
+	if (fh->minor < TPW_PEER_MINOR_CHAN || fh->minor == TPW_PEER_MINOR_WQ_CREATE - 1 ||
+	    fh->minor == TPW_PEER_MINOR_WQ_MSG - 1) {
 		/* The client was refused; a ping answered next proves nothing came before it. */
 		TPT_REQUIRE(tpt_sync_wait(&go, T_MS) == 1, 1, "parent");
 		ping.t_ns = 1;
@@ -817,11 +850,12 @@ static void fake_host_stop(struct fake_host *fh, pid_t pid, struct tp_context *c
 
 /* _i 0: the far daemon speaks peer protocol 2.2; 1: 2.3, and lies; 2: the minor before work
  * queues created from other hosts, asked to create one (which it would open as a worker's
- * instead). */
+ * instead); 3: the minor before work queue messages, asked for them by a worker (it would take
+ * them for byte ops). */
 START_TEST(test_hostile_host_fails_its_link_only)
 {
 	static const unsigned minors[] = { TPW_PEER_MINOR_CHAN - 1, TPW_PEER_MINOR_CHAN,
-					   TPW_PEER_MINOR_WQ_CREATE - 1 };
+					   TPW_PEER_MINOR_WQ_CREATE - 1, TPW_PEER_MINOR_WQ_MSG - 1 };
 	struct fake_host fh = { .minor = minors[_i] };
 	struct tp_wq_options wo = { .size = sizeof(wo), .flags = TP_WQ_CREATE, .owner_uid = -1 };
 	struct tp_wq *wq = NULL;
@@ -833,7 +867,23 @@ START_TEST(test_hostile_host_fails_its_link_only)
 	size_t len;
 	pid_t pid = fake_host_start(&fh, fake_host_run, &ctx, a, sizeof(a));
 
-	if (_i == 2) {
+	if (_i == 3) {
+		struct tp_message msg = { 0 };
+		struct tp_descriptor *d = NULL;
+		char want[64];
+		uint64_t id;
+
+		ck_assert_int_eq(tp_wq_open(ctx, a, NULL, &wq), 0);
+		snprintf(want, sizeof(want), "peer protocol 2.%u", TPW_PEER_MINOR_WQ_MSG - 1);
+		ck_assert_int_eq(tp_wq_take_descriptor(wq, &id, &d, 0), -EOPNOTSUPP);
+		ck_assert_msg(strstr(tp_last_error(), want), "%s", tp_last_error());
+		ck_assert_int_eq(tp_wq_reply_msg(wq, 1, &msg), -EOPNOTSUPP);
+		ck_assert_msg(strstr(tp_last_error(), want), "%s", tp_last_error());
+		ck_assert_int_eq(tp_wq_release(wq), 0);
+		ck_assert_msg(tpt_peer_links(&host, &link) == 1 && strcmp(link.state, "up") == 0,
+			      "the link is %s: %s", link.state, link.last_error);
+		ck_assert_int_eq(tpt_sync_post(&go, 1), 0);
+	} else if (_i == 2) {
 		ck_assert_int_eq(tp_wq_open(ctx, a, &wo, &wq), -EOPNOTSUPP);
 		char want[64];
 
@@ -961,7 +1011,7 @@ static Suite *chanx_suite(void)
 	tcase_add_test(tc, test_attacker_cannot_crash_or_touch_remote_handles);
 	tcase_add_test(tc, test_hostile_peer_fails_its_link_only);
 	tcase_add_test(tc, test_hostile_peer_cannot_own_or_stream_into_a_queue);
-	tcase_add_loop_test(tc, test_hostile_host_fails_its_link_only, 0, 3);
+	tcase_add_loop_test(tc, test_hostile_host_fails_its_link_only, 0, 4);
 	tcase_add_loop_test(tc, test_hostile_host_batch_reads, 0, 2);
 	suite_add_tcase(s, tc);
 	return s;

@@ -21,11 +21,16 @@
  *                                  no limit) of uid UID's queue (default: the caller's)
  *   wq-hold ADDR [UID]             a worker: take one question and hold it until killed
  *   wq-open ADDR                   open a queue as a worker and release
+ *   wq-own-msg NAME REMOTE N       as wq-own, questions and answers as messages (metadata
+ *                                  "qI", a payload "qI" and a tensor of 3000 pattern bytes; the
+ *                                  answer: metadata "a:qI" and the question's parts back)
+ *   wq-work-msg ADDR N             as wq-work, taking and answering messages
  * Exit: 0 when every call succeeded (a read that ends with -EPIPE, drained, included), 1 on an
  * error, 2 usage.
  */
 #include <errno.h>
 #include <pthread.h>
+#include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -211,15 +216,12 @@ static int cmd_readers(const char *addr, int k, int ms)
 	return rc;
 }
 
-static int cmd_wq_own(const char *name, const char *remote, int n)
+/* Creates queue @name, open to @remote (as parse_remote()), owned by *@ret. Return: 0, or the
+ * exit status of a failure (printed). */
+static int wq_create(const char *name, const char *remote, struct tp_wq **ret)
 {
 	struct tp_wq_options o = { .size = sizeof(o), .owner_uid = -1 };
 	const char *peer;
-	struct tp_wq *q;
-	char buf[64], want[64];
-	void *data;
-	size_t len;
-	uint64_t id;
 	int r;
 
 	if (parse_remote(remote, &o.remote, &peer) < 0)
@@ -228,13 +230,27 @@ static int cmd_wq_own(const char *name, const char *remote, int n)
 	o.access = TP_ACCESS_ANYONE;
 	o.remote_peers = peer ? &peer : NULL;
 	o.n_remote_peers = peer ? 1 : 0;
-	r = tp_wq_open(ctx, name, &o, &q);
+	r = tp_wq_open(ctx, name, &o, ret);
 	if (r < 0)
 		return fail("wq create", r);
-	if (!tp_wq_is_owner(q)) {
+	if (!tp_wq_is_owner(*ret)) {
 		printf("error EPROTO: the creator's handle is not the owner's\n");
 		return 1;
 	}
+	return 0;
+}
+
+static int cmd_wq_own(const char *name, const char *remote, int n)
+{
+	struct tp_wq *q;
+	char buf[64], want[64];
+	void *data;
+	size_t len;
+	uint64_t id;
+	int r = wq_create(name, remote, &q);
+
+	if (r)
+		return r;
 	for (int i = 0; i < n; i++) {
 		snprintf(buf, sizeof(buf), "q%d", i);
 		r = tp_wq_submit(q, buf, strlen(buf), &id);
@@ -304,6 +320,131 @@ static int cmd_wq_work(const char *addr, int max, long owner_uid, bool hold)
 	return 0;
 }
 
+/* ---- questions and answers as messages ------------------------------------------------------ */
+
+#define WQ_MSG_TENSOR 3000
+
+static void pattern(uint8_t *p, size_t n, unsigned seed)
+{
+	for (size_t i = 0; i < n; i++)
+		p[i] = (uint8_t)(seed * 131u + i * 7u);
+}
+
+/* Message @i: metadata and payload @name, tensor WQ_MSG_TENSOR bytes of pattern @i (@t). */
+static struct tp_message wq_msg(const char *meta, const char *name, uint8_t *t,
+				struct tp_payload *p, struct tp_tensor *tt)
+{
+	*p = (struct tp_payload){ .data = (void *)name, .length = strlen(name) };
+	*tt = (struct tp_tensor){ .device = { TP_DEVICE_CPU, 0 }, .data = t,
+				  .length = WQ_MSG_TENSOR };
+	return (struct tp_message){ .metadata = meta, .metadata_len = strlen(meta),
+				    .payloads = p, .n_payloads = 1, .tensors = tt,
+				    .n_tensors = 1 };
+}
+
+/* Reads message @d of @q: its metadata into @meta, payload into @name, tensor into @t. */
+static int wq_msg_read(struct tp_wq *q, struct tp_descriptor *d, char *meta, char *name,
+		       uint8_t *t)
+{
+	struct tp_slot s[2] = { { .device = { TP_DEVICE_CPU, 0 }, .data = name },
+				{ .device = { TP_DEVICE_CPU, 0 }, .data = t } };
+	struct tp_allocation a = { .payloads = &s[0], .n_payloads = 1, .tensors = &s[1],
+				   .n_tensors = 1 };
+
+	if (d->n_payloads != 1 || d->n_tensors != 1 || d->payloads[0].length > 31 ||
+	    d->tensors[0].length != WQ_MSG_TENSOR || d->metadata_len > 31) {
+		tp_wq_descriptor_free(d);
+		return -EBADMSG;
+	}
+	memcpy(meta, d->metadata, d->metadata_len);
+	meta[d->metadata_len] = 0;
+	name[d->payloads[0].length] = 0;
+	return tp_wq_read_msg(q, d, &a);
+}
+
+static int cmd_wq_own_msg(const char *name, const char *remote, int n)
+{
+	uint8_t t[WQ_MSG_TENSOR], want[WQ_MSG_TENSOR];
+	char buf[32], meta[32], got[32], wmeta[40];
+	struct tp_descriptor *d;
+	struct tp_payload p;
+	struct tp_tensor tt;
+	struct tp_message m;
+	struct tp_wq *q;
+	uint64_t id;
+	int r = wq_create(name, remote, &q);
+
+	if (r)
+		return r;
+	for (int i = 0; i < n; i++) {
+		snprintf(buf, sizeof(buf), "q%d", i);
+		pattern(t, sizeof(t), (unsigned)i);
+		m = wq_msg(buf, buf, t, &p, &tt);
+		r = tp_wq_submit_msg(q, &m, &id);
+		if (r < 0)
+			return fail("submit", r);
+	}
+	printf("submitted %d\n", n);
+	fflush(stdout);
+	for (int i = 0; i < n; i++) {
+		r = tp_wq_answer_descriptor(q, &id, &d, 30000);
+		if (r == 0)
+			r = wq_msg_read(q, d, meta, got, t);
+		if (r < 0)
+			return fail("answer", r);
+		snprintf(wmeta, sizeof(wmeta), "a:q%llu", (unsigned long long)id - 1);
+		snprintf(buf, sizeof(buf), "q%llu", (unsigned long long)id - 1);
+		pattern(want, sizeof(want), (unsigned)id - 1);
+		if (strcmp(meta, wmeta) || strcmp(got, buf) || memcmp(t, want, sizeof(t))) {
+			printf("error EBADMSG: answer %llu is '%s' '%s', not '%s' '%s' (or its "
+			       "tensor differs)\n", (unsigned long long)id, meta, got, wmeta, buf);
+			return 1;
+		}
+	}
+	r = tp_wq_drain(q, 0);
+	printf("answered %d%s\n", n, r == 0 ? " drained" : "");
+	fflush(stdout);
+	while (fgets(buf, sizeof(buf), stdin))
+		;
+	tp_wq_release(q);
+	return 0;
+}
+
+static int cmd_wq_work_msg(const char *addr, int max)
+{
+	uint8_t t[WQ_MSG_TENSOR];
+	char meta[32], name[32], ameta[40];
+	struct tp_descriptor *d;
+	struct tp_payload p;
+	struct tp_tensor tt;
+	struct tp_message m;
+	struct tp_wq *q;
+	uint64_t id;
+	int r, n = 0;
+
+	r = tp_wq_open(ctx, addr, NULL, &q);
+	if (r < 0)
+		return fail("wq open", r);
+	while (max < 0 || n < max) {
+		r = tp_wq_take_descriptor(q, &id, &d, 30000);
+		if (r == -EPIPE)
+			break;
+		if (r == 0)
+			r = wq_msg_read(q, d, meta, name, t);
+		if (r < 0)
+			return fail("take", r);
+		snprintf(ameta, sizeof(ameta), "a:%s", meta);
+		m = wq_msg(ameta, name, t, &p, &tt);
+		r = tp_wq_reply_msg(q, id, &m);
+		if (r < 0)
+			return fail("reply", r);
+		n++;
+	}
+	printf("worked %d%s\n", n, r == -EPIPE ? " closed" : "");
+	tp_wq_release(q);
+	return 0;
+}
+
 static int cmd_wq_open(const char *addr)
 {
 	struct tp_wq *q;
@@ -351,6 +492,10 @@ static int run(int argc, char **argv)
 		return cmd_wq_work(argv[3], 1, argc == 5 ? atol(argv[4]) : -1, true);
 	if (strcmp(c, "wq-open") == 0 && argc == 4)
 		return cmd_wq_open(argv[3]);
+	if (strcmp(c, "wq-own-msg") == 0 && argc == 6)
+		return cmd_wq_own_msg(argv[3], argv[4], atoi(argv[5]));
+	if (strcmp(c, "wq-work-msg") == 0 && argc == 5)
+		return cmd_wq_work_msg(argv[3], atoi(argv[4]));
 	return 2;
 }
 

@@ -174,6 +174,15 @@ queue_is b jobs '.answered == 6 and .requeued == 0 and .workers == 0' >/dev/null
 release own1
 done_pid own1 10
 
+check "messages across hosts: owner on b, a worker on a answers its 3 message questions"
+held own7 b wq-own-msg mjobs any 3
+wait_until 10 "the owner's questions" out_has own7 "^submitted 3$"
+out=$(x a wq-work-msg "$B/mjobs" 3) || fail "message worker on a: $out"
+expect_out "$out" "^worked 3$"
+wait_until 10 "the owner's answers" out_has own7 "^answered 3 drained$"
+release own7
+done_pid own7 10
+
 check "a worker on a SIGKILLed with a question taken: queued again once, answered by another"
 held own2 b wq-own jobs2 any 2
 wait_until 10 "the owner's questions" out_has own2 "^submitted 2$"
