@@ -133,8 +133,12 @@ static void chan_free(struct chan *c)
 	if (!c)
 		return;
 	tpu_list_remove(&c->node);
-	tpu_list_for_each_safe(it, tmp, &c->items, node)
+	tpu_list_for_each_safe(it, tmp, &c->items, node) {
+		/* Unlinked first: an item kept as a spare buffer is moved by unlinking it, which
+		 * would write into the one freed before it. */
+		tpu_list_remove(&it->node);
 		tpd_chan_item_free(c->cs, it);
+	}
 	for (size_t i = 0; i < c->n_remote_peers; i++)
 		free(c->remote_peers[i]);
 	free(c->remote_peers);
