@@ -52,9 +52,12 @@
  *      msg_taken): a client sends them only to a daemon of minor >= 8; a daemon refuses a
  *      message item to a plain read (STATUS_UNSUPPORTED, the item stays first), so a client of
  *      an older minor never misreads one
+ *   9  lent channel items read by mapping (ChanOp.map_ok, mapped, map_done, map_fail;
+ *      ChanReply.map_key, map_off, map_size, map_fd; BufferRegister.chan_map): a daemon hands
+ *      an item that way only to a client of minor >= 9 on control rings that asks for it
  */
 #define TPW_PROTO_MAJOR 1
-#define TPW_PROTO_MINOR 8
+#define TPW_PROTO_MINOR 9
 /* Daemon-to-daemon protocol, versioned apart from the client one. 2: frames inside TLS 1.3, no
  * PeerAuth; a daemon speaking 1 (plaintext PeerHello) is refused with a clear log line. Minor
  * versions of peer protocol 2:
@@ -101,6 +104,7 @@
 #define TPW_MINOR_CUDA_DMABUF 6
 #define TPW_MINOR_CHAN_FAST 7
 #define TPW_MINOR_CHAN_MSG 8 /* channel items as messages (ChanOp.msgs, ChanOp.msg) */
+#define TPW_MINOR_CHAN_MAP 9 /* lent channel items read by mapping (ChanOp.map_ok) */
 /* Channel items up to TPW_CHAN_INLINE_ITEM ride inline in frames (writes and answers), except
  * that items above TPW_CHAN_SHM_ITEM in (or read into) a shared buffer are copied with memcpy;
  * other items are copied between the clients' memory and the daemon by CMA (protocol minor 7,
@@ -109,6 +113,8 @@
 #define TPW_CHAN_SHM_ITEM (16u << 10)
 /* Buffer ids one ChanReply.released carries at most (issue 25 part private). */
 #define TPW_CHAN_RELEASED_MAX 1024u
+/* Buffer keys one ChanOp.mapped lists at most (issue 25 part map). */
+#define TPW_CHAN_MAPPED_MAX 16u
 
 struct tpw_hdr {
 	uint32_t magic;

@@ -241,10 +241,12 @@ static void handle_free(struct chan_handle *h, bool answer)
 	tpu_list_remove(&h->node);
 	c->n_handles--;
 	c->n_remote -= h->who.pr != NULL;
-	if (h->held) { /* never read: back to the head, for the oldest waiting reader */
+	if (h->mapped) /* the reader went before it said it copied the item out */
+		tpd_chan_item_give_back(c, h->mapped);
+	if (h->held) /* never read: back to the head, for the oldest waiting reader */
 		tpd_chan_item_give_back(c, h->held);
+	if (h->held || h->mapped)
 		tpd_chan_io_serve(c);
-	}
 	free(h);
 	tpd_chan_maybe_free(c);
 }
@@ -714,6 +716,7 @@ int tpd_chan_ctl(struct tpd_chans *cs, bool own_only, uid_t viewer, Tpw__V1__Ctl
 		x->capacity_bytes = c->cap_bytes;
 		x->items_written = c->written;
 		x->items_read = c->read;
+		x->items_mapped = c->mapped;
 		x->remote = c->remote;
 		x->remote_handles = c->n_remote;
 		v[k++] = x;
