@@ -144,7 +144,6 @@ static bool map_offer(struct chan_handle *h, const struct chan_read *rd, struct 
 	tpd_session_log(h->who.s, TPU_LOG_DEBUG, "channel '%s': an item of %zu bytes read by "
 			"mapping buffer %llu%s", h->c->name, it->len,
 			(unsigned long long)b->map_key, listed ? "" : " (fd sent)");
-	h->c->mapped++;
 	return true;
 }
 
@@ -158,10 +157,12 @@ static void map_done(struct chan_handle *h, const Tpw__V1__ChanOp *o)
 	if (!it)
 		return;
 	h->mapped = NULL;
-	if (o->map_fail)
+	if (o->map_fail) {
 		tpd_chan_item_give_back(h->c, it);
-	else
+	} else {
+		h->c->mapped++;
 		tpd_chan_item_done(h->c, it);
+	}
 	tpd_chan_io_serve(h->c);
 }
 
