@@ -370,21 +370,28 @@ static struct tpc_buf *pool_best_fit_locked(struct tp_context *ctx, size_t size)
 	return best;
 }
 
+uint64_t tpc_buffer_stage_class(uint64_t size)
+{
+	uint64_t cls = STAGE_MIN;
+
+	while (cls < size && cls <= UINT64_MAX / 2)
+		cls *= 2;
+	return cls < size ? UINT64_MAX : cls;
+}
+
 int tpc_buffer_chan_new(struct tp_context *ctx, size_t size, struct tpc_buf **ret)
 {
 	_cleanup_close_ int fd = -EBADF;
-	size_t cls = STAGE_MIN;
+	uint64_t cls = tpc_buffer_stage_class(size);
 	struct tpc_buf *b;
 	int r;
 
 	if (tpc_context_on_io_thread(ctx))
 		return -EWOULDBLOCK;
-	while (cls < size && cls <= SIZE_MAX / 2)
-		cls *= 2;
-	if (cls < size)
+	if (cls > SIZE_MAX)
 		return -ENOMEM;
 	pthread_mutex_lock(&ctx->send_lock);
-	r = buffer_new_fd(ctx, cls, true, true, &b, &fd);
+	r = buffer_new_fd(ctx, (size_t)cls, true, true, &b, &fd);
 	pthread_mutex_unlock(&ctx->send_lock);
 	if (r < 0)
 		return r;

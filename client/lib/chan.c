@@ -161,8 +161,12 @@ void tpc_chan_on_reply(struct tp_context *ctx, const Tpw__V1__ChanReply *m, cons
 		req->status = tpc_chan_map_on_reply(ctx, cr, m);
 		if (req->status < 0)
 			snprintf(req->msg, sizeof(req->msg), "an item to map that cannot be");
-	} else if (m->map_fd) { /* (validated: only with map_key) */
-		req->status = -EPROTO;
+	} else if (m->map_fd) { /* (validated: only with map_key) an fd with a failure */
+		int fd = tpc_pring_take_fd(ctx);
+
+		if (fd >= 0)
+			close(fd);
+		req->status = req->status ? req->status : -EPROTO;
 	} else if (req->status == 0 && m->n_lengths) {
 		req->status = chan_req_take_items(cr, m, tail);
 		for (size_t i = 0; req->status < 0 && i < cr->n; i++)

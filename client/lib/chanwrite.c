@@ -112,7 +112,8 @@ static void chan_write_stage(struct tp_chan *ch, const struct iovec *items, size
 	 * this channel's items ever touches (chanmap.c); else, or without one (the daemon's
 	 * buffer limits, the io thread), the context's pool, and then it is never lent. */
 	pthread_mutex_lock(&ctx->lock);
-	lend = ch->map && ch->n_lent < CHAN_LENT_MAX && ch->lent_bytes + total <= CHAN_LENT_BYTES;
+	lend = ch->map && ch->n_lent < CHAN_LENT_MAX && ch->lent_bytes <= CHAN_LENT_BYTES &&
+	       tpc_buffer_stage_class(total) <= CHAN_LENT_BYTES - ch->lent_bytes;
 	pthread_mutex_unlock(&ctx->lock);
 	if (lend)
 		w->stage = tpc_chan_own_get(ch, total);

@@ -612,6 +612,9 @@ int tpc_buffer_stage_get(struct tp_context *ctx, size_t size, struct tpc_buf **r
 /* Returns a staging buffer (to the pool if @reuse, never a channel's own buffer: that one is
  * released); no lock held. Takes @b. Accepts NULL. */
 void tpc_buffer_stage_put(struct tp_context *ctx, struct tpc_buf *b, bool reuse);
+/* The bytes of the staging buffer (or channel buffer) made for @size bytes: the next power of
+ * two from 64 KiB; UINT64_MAX if none. */
+uint64_t tpc_buffer_stage_class(uint64_t size);
 /*
  * tpc_buffer_chan_new() - a new buffer of at least @size bytes for one channel handle to stage
  * its items in and lend (issue 25 part map): a fresh memfd (zeros), registered with the daemon

@@ -6,15 +6,17 @@
  * thresholds (16 KiB - 1, 16 KiB, 256 KiB, 1 MiB, 16 MiB + 3) arrive byte-exact, read into the
  * caller's memory and into allocations of the library, and the reader process holds a
  * read-only mapping of a writer's channel buffer ("memfd:tpclient-chan", r--s in
- * /proc/self/maps) afterwards; four reader processes share 64 items, each exactly once and
- * byte-exact; items of a writer process that has exited stay readable that way; a reader that
- * dies after the daemon handed it an item by mapping, before it said it copied it out, loses
- * the item to nobody; a reader handle keeps at most CHAN_MAP_MAX (8) writers' buffers mapped
- * (8 writers: 8 mappings; 9: still 8, every item byte-exact).
+ * /proc/self/maps) afterwards, `tpipctl channels --json` counting the items read so; four
+ * reader processes share 64 items, each exactly once and byte-exact; items of a writer
+ * process that has exited stay readable that way; a reader that dies after the daemon handed
+ * it an item by mapping, before it said it copied it out, loses the item to nobody; a reader
+ * handle keeps at most CHAN_MAP_MAX (8) writers' buffers mapped (8 writers: 8 mappings; 9:
+ * still 8, every item byte-exact).
  */
 #include <check.h>
 #include <errno.h>
 #include <inttypes.h>
+#include <json-c/json.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -66,6 +68,34 @@ static unsigned reader_maps(void)
 	return n;
 }
 
+/* `tpipctl channels --json`: items_mapped of channel @name (-1 if unknown). */
+static long items_mapped(const char *name)
+{
+	const char *bin = getenv("TPIPCTL_BIN");
+	const char *argv[] = { bin, "--socket", tpt_fixture_daemon.socket, "--json", "channels",
+			       NULL };
+	struct tpt_cmd_result res;
+	struct json_object *root, *arr, *v, *n;
+	long out = -1;
+
+	if (!bin || tpt_run(argv, T_MS, &res) < 0)
+		return -1;
+	root = json_tokener_parse(res.out);
+	if (root && json_object_object_get_ex(root, "channels", &arr)) {
+		for (size_t i = 0; i < json_object_array_length(arr); i++) {
+			struct json_object *c = json_object_array_get_idx(arr, i);
+
+			if (json_object_object_get_ex(c, "name", &n) &&
+			    strcmp(json_object_get_string(n), name) == 0 &&
+			    json_object_object_get_ex(c, "items_mapped", &v))
+				out = json_object_get_int64(v);
+		}
+	}
+	json_object_put(root);
+	tpt_cmd_result_free(&res);
+	return out;
+}
+
 static const size_t sizes[] = { 16 * KIB - 1, 16 * KIB, 256 * KIB, MIB, 16 * MIB + 3 };
 
 /* Each size twice: one item read into the caller's memory, one by tp_chan_read(). */
@@ -84,12 +114,12 @@ START_TEST(test_items_read_by_mapping_arrive_byte_exact)
 	o.flags = 0;
 	ck_assert_int_eq(tp_chan_open(cr, "map.exact", &o, &r), 0);
 	for (unsigned s = 0; s < TPU_ARRAY_SIZE(sizes); s++) {
-		for (unsigned k = 0; k < 2; k++) {
+		for (unsigned k = 0; k < 2; k++) { /* one a write: each buffer of its own, lent */
 			tpt_fill(src[k], sizes[s], tpt_seed(1, s, k));
 			iov[k] = (struct iovec){ .iov_base = src[k], .iov_len = sizes[s] };
+			ck_assert_msg(tp_chan_write(w, &iov[k], 1, T_MS) == 0, "%zu: %s", sizes[s],
+				      tp_last_error());
 		}
-		ck_assert_msg(tp_chan_write(w, iov, 2, T_MS) == 0, "%zu: %s", sizes[s],
-			      tp_last_error());
 		memset(src[0], 0xaa, sizes[s]); /* the writer's memory is its own again */
 		ck_assert_int_ge(tp_chan_read_into(r, dst, room, &len, T_MS), 0);
 		ck_assert_uint_eq(len, sizes[s]);
@@ -104,6 +134,9 @@ START_TEST(test_items_read_by_mapping_arrive_byte_exact)
 			ck_assert_msg(reader_maps() >= 1, "item of %zu bytes: no buffer mapped",
 				      sizes[s]);
 	}
+	/* Both items of 1 MiB and of 16 MiB + 3, and the one of 256 KiB read into the caller's
+	 * memory (tp_chan_read() takes one of 256 KiB inline). */
+	ck_assert_int_eq(items_mapped("map.exact"), 5);
 	ck_assert_int_eq(tp_chan_release(r), 0);
 	ck_assert_int_eq(tp_chan_release(w), 0);
 	tp_context_free(cr);
