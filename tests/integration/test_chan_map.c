@@ -11,7 +11,8 @@
  * process that has exited stay readable that way; a reader that dies after the daemon handed
  * it an item by mapping, before it said it copied it out, loses the item to nobody; a reader
  * handle keeps at most CHAN_MAP_MAX (8) writers' buffers mapped (8 writers: 8 mappings; 9:
- * still 8, every item byte-exact).
+ * still 8, every item byte-exact); with --buffers-max 4 a writer lends 4 buffers of its own
+ * (items read by mapping) and a 5th item goes by CMA, copied in (read byte-exact, not mapped).
  */
 #include <check.h>
 #include <errno.h>
@@ -417,6 +418,48 @@ START_TEST(test_a_reader_maps_no_more_than_eight_writers_buffers)
 }
 END_TEST
 
+/* With --buffers-max 4, a writer's handle stages and lends 4 buffers of its own (each 1 MiB
+ * item a write, none read yet): the 4 items are read by mapping; a 5th write finds the limit
+ * (no buffer of its own, no staging buffer) and goes by CMA, copied in by the daemon: read
+ * byte-exact, not by mapping. The daemon keeps one fd per such buffer, within the limit. */
+START_TEST(test_buffers_max_bounds_the_buffers_a_writer_lends)
+{
+	const char *args[] = { "--buffers-max", "4", NULL };
+	struct tp_chan_options o = { .size = sizeof(o), .flags = TP_CHAN_CREATE, .owner_uid = -1 };
+	struct tp_context *cw = NULL, *cr = NULL;
+	uint8_t *src = malloc(MIB), *dst = malloc(MIB);
+	struct iovec iov = { .iov_base = src, .iov_len = MIB };
+	struct tp_chan *w, *r;
+	size_t len, bad = 0;
+
+	ck_assert(src && dst);
+	tpt_fixture_stop();
+	ck_assert_int_eq(tpt_daemon_start(&tpt_fixture_daemon, args), 0);
+	ck_assert_int_eq(tpt_ctx_new(&tpt_fixture_daemon, 0, "map.lim.w", &cw), 0);
+	ck_assert_int_eq(tpt_ctx_new(&tpt_fixture_daemon, 0, "map.lim.r", &cr), 0);
+	ck_assert_int_eq(tp_chan_open(cw, "map.limit", &o, &w), 0);
+	o.flags = 0;
+	ck_assert_int_eq(tp_chan_open(cr, "map.limit", &o, &r), 0);
+	for (unsigned i = 0; i < 5; i++) {
+		tpt_fill(src, MIB, tpt_seed(8, i, 0));
+		ck_assert_msg(tp_chan_write(w, &iov, 1, T_MS) == 0, "%u: %s", i, tp_last_error());
+	}
+	for (unsigned i = 0; i < 5; i++) {
+		ck_assert_int_ge(tp_chan_read_into(r, dst, MIB, &len, T_MS), 0);
+		ck_assert_msg(len == MIB && tpt_verify(dst, MIB, tpt_seed(8, i, 0), &bad),
+			      "item %u: byte %zu", i, bad);
+		/* just at the limit: mapped; just above: copied */
+		ck_assert_int_eq(items_mapped("map.limit"), i < 4 ? (long)i + 1 : 4);
+	}
+	ck_assert_int_eq(tp_chan_release(r), 0);
+	ck_assert_int_eq(tp_chan_release(w), 0);
+	tp_context_free(cr);
+	tp_context_free(cw);
+	free(src);
+	free(dst);
+}
+END_TEST
+
 static Suite *chan_map_suite(void)
 {
 	Suite *s = suite_create("chan_map");
@@ -430,6 +473,7 @@ static Suite *chan_map_suite(void)
 	tcase_add_test(tc, test_reader_dying_before_its_acknowledgement_loses_nothing);
 	tcase_add_test(tc, test_a_reader_maps_eight_writers_buffers);
 	tcase_add_test(tc, test_a_reader_maps_no_more_than_eight_writers_buffers);
+	tcase_add_test(tc, test_buffers_max_bounds_the_buffers_a_writer_lends);
 	suite_add_tcase(s, tc);
 	return s;
 }
