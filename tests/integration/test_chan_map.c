@@ -449,7 +449,7 @@ START_TEST(test_buffers_max_bounds_the_buffers_a_writer_lends)
 		ck_assert_msg(len == MIB && tpt_verify(dst, MIB, tpt_seed(8, i, 0), &bad),
 			      "item %u: byte %zu", i, bad);
 		/* just at the limit: mapped; just above: copied */
-		ck_assert_int_eq(items_mapped("map.limit"), i < 4 ? (long)i + 1 : 4);
+		ck_assert_int_eq(items_mapped("map.limit"), (i < 4 ? (long)i + 1 : 4));
 	}
 	ck_assert_int_eq(tp_chan_release(r), 0);
 	ck_assert_int_eq(tp_chan_release(w), 0);
