@@ -12,7 +12,8 @@
  *  - Bytes of a pipe transfer of the same context (staged through the context's pool, CMA off)
  *    and items of another channel written through the same context never appear in the
  *    buffers a reader of channel C maps, whatever the order: the pipe's first, then C's
- *    items, the other channel's, the pipe's again, C's again.
+ *    items, the other channel's, the pipe's again, C's again; past its items a mapped buffer
+ *    holds zeros (a fresh memfd).
  */
 #include <check.h>
 #include <errno.h>
@@ -310,6 +311,25 @@ static bool maps_hold(const char *s)
 /* Pipe messages staged in buffers of the channel items' size (1 MiB), past their end. */
 #define PIPE_LEN (MIB - 4096)
 
+/* Are the bytes past the item (ITEM) in every 1 MiB buffer a reader of this process mapped
+ * zeros, as a fresh memfd's? (One item a buffer, at its start.) */
+static bool maps_tails_zero(void)
+{
+	struct rmap v[16];
+	unsigned n = reader_maps(v, 16);
+
+	for (unsigned i = 0; i < n; i++) {
+		const uint8_t *p = (const uint8_t *)v[i].start;
+
+		if (v[i].end - v[i].start != MIB)
+			continue;
+		for (size_t k = ITEM; k < MIB; k++)
+			if (p[k])
+				return false;
+	}
+	return true;
+}
+
 /* Four pipe messages of PIPE_LEN bytes of @pipe_secret from @p to @q (private memory, CMA off:
  * through the context's staging pool). */
 static void pipe_secrets(struct tp_pipe *p, struct tp_pipe *q)
@@ -363,6 +383,8 @@ START_TEST(test_no_pipe_or_other_channel_bytes_reach_a_reader)
 		ck_assert_uint_ge(reader_maps((struct rmap[16]){ 0 }, 16), 1);
 		ck_assert_msg(!maps_hold(pipe_secret), "round %u: pipe bytes in a reader's map",
 			      round);
+		ck_assert_msg(maps_tails_zero(), "round %u: a mapped buffer past its item is not "
+			      "zeros", round);
 		fill_secret(src, ITEM, chan_secret);
 		for (unsigned i = 0; i < 3; i++) /* D's items (never read: its reader would map) */
 			ck_assert_int_eq(tp_chan_write(dch, &iov, 1, T_MS), 0);
