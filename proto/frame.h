@@ -52,6 +52,9 @@
  *      msg_taken): a client sends them only to a daemon of minor >= 8; a daemon refuses a
  *      message item to a plain read (STATUS_UNSUPPORTED, the item stays first), so a client of
  *      an older minor never misreads one
+ *   9  lent channel items read by mapping (ChanOp.map_ok, mapped, map_done, map_fail;
+ *      ChanReply.map_key, map_off, map_size, map_fd; BufferRegister.chan_map): a daemon hands
+ *      an item that way only to a client of minor >= 9 on control rings that asks for it
  *  10  work queue questions and answers as messages (WqOp.msg_desc, segment, msg, msg_read,
  *      segments, msg_drop; WqReply.msg_desc, msg_len, msg_held, msg_copied): a client sends them
  *      only to a daemon of minor >= 10; a daemon refuses a message item to a plain take or
@@ -115,6 +118,7 @@
 #define TPW_MINOR_CUDA_DMABUF 6
 #define TPW_MINOR_CHAN_FAST 7
 #define TPW_MINOR_CHAN_MSG 8 /* channel items as messages (ChanOp.msgs, ChanOp.msg) */
+#define TPW_MINOR_CHAN_MAP 9 /* lent channel items read by mapping (ChanOp.map_ok) */
 #define TPW_MINOR_WQ_MSG 10 /* work queue questions and answers as messages (WqOp 650-655) */
 /* Channel items up to TPW_CHAN_INLINE_ITEM ride inline in frames (writes and answers), except
  * that items above TPW_CHAN_SHM_ITEM in (or read into) a shared buffer are copied with memcpy;
@@ -124,6 +128,8 @@
 #define TPW_CHAN_SHM_ITEM (16u << 10)
 /* Buffer ids one ChanReply.released carries at most (issue 25 part private). */
 #define TPW_CHAN_RELEASED_MAX 1024u
+/* Buffer keys one ChanOp.mapped lists at most (issue 25 part map). */
+#define TPW_CHAN_MAPPED_MAX 16u
 
 struct tpw_hdr {
 	uint32_t magic;

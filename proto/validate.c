@@ -358,6 +358,11 @@ static int check_chan_read(const Tpw__V1__ChanOp *c, const struct tpw_limits *li
 		return tpu_why(-EBADMSG, why, wl, "a channel item dropped that is no held message");
 	if (c->take_held && !c->n_segments && !c->xfer_id && !msg_take)
 		return tpu_why(-EBADMSG, why, wl, "a held channel item without a destination");
+	if (c->n_mapped > TPW_CHAN_MAPPED_MAX || (c->n_mapped && !c->map_ok) ||
+	    (c->map_fail && !c->map_done) || (c->map_ok && (c->msg || c->map_done)) ||
+	    (c->map_done && (c->n_segments || c->take_held || c->max_items > 1 || c->msg)))
+		return tpu_why(-EBADMSG, why, wl, "a channel read's mapping fields do not go "
+			       "together (at most %u keys mapped)", TPW_CHAN_MAPPED_MAX);
 	if (c->n_segments && (c->max_items > 1 || (c->msg && !c->take_held)))
 		return tpu_why(-EBADMSG, why, wl, "a batch read into one destination");
 	for (size_t i = 0; i < c->n_segments; i++) {
@@ -428,9 +433,10 @@ static int check_chan_op(const Tpw__V1__ChanOp *c, const struct tpw_hdr *hdr,
 	r = check_remote(c->remote, c->remote_peers, c->n_remote_peers, why, wl);
 	if (r < 0)
 		return r;
-	if ((c->n_segments || (c->take_held && !c->xfer_id && !c->msg) || c->lend) && !tpip)
-		return tpu_why(-EBADMSG, why, wl, "channel item segments or held items over a peer "
-			       "link");
+	if ((c->n_segments || (c->take_held && !c->xfer_id && !c->msg) || c->lend || c->map_ok ||
+	     c->n_mapped || c->map_done) && !tpip)
+		return tpu_why(-EBADMSG, why, wl, "channel item segments, held items or mapped reads "
+			       "over a peer link");
 	if (c->lend && (c->op != TPW__V1__CHAN_OP_KIND__CHAN_OP_WRITE || !c->n_segments))
 		return tpu_why(-EBADMSG, why, wl, "lend on a channel op that is no write by segment");
 	if ((c->n_streamed || c->xfer_id || c->room) && tpip)
@@ -443,7 +449,8 @@ static int check_chan_op(const Tpw__V1__ChanOp *c, const struct tpw_hdr *hdr,
 			       "room without a transfer");
 	if (c->op == TPW__V1__CHAN_OP_KIND__CHAN_OP_READ)
 		return check_chan_read(c, lim, tpip, why, wl);
-	if (c->max_items || c->take_held || c->inline_only || c->msg || c->msg_drop)
+	if (c->max_items || c->take_held || c->inline_only || c->msg || c->msg_drop || c->map_ok ||
+	    c->n_mapped || c->map_done || c->map_fail)
 		return tpu_why(-EBADMSG, why, wl, "read fields on a channel op that is no read");
 	if (c->n_msgs && c->op != TPW__V1__CHAN_OP_KIND__CHAN_OP_WRITE)
 		return tpu_why(-EBADMSG, why, wl, "channel messages on an op that is no write");
@@ -554,6 +561,13 @@ static int check_chan_reply(const Tpw__V1__ChanReply *r, const struct tpw_hdr *h
 	uint64_t total = 0;
 
 	if (r->n_released > TPW_CHAN_RELEASED_MAX || (r->lent && r->n_lengths))
+		return -EBADMSG;
+	if (r->map_key || r->map_fd) /* one item in a buffer to map, inside it */
+		return r->map_key && r->n_lengths == 1 && r->lengths[0] &&
+		       tpu_range_ok(r->map_off, r->lengths[0], r->map_size) && !r->copied &&
+		       !r->held_len && !r->msg_held && !r->msg_taken && !r->msg_desc &&
+		       hdr->data_len == 0 ? 0 : -EBADMSG;
+	if (r->map_off || r->map_size)
 		return -EBADMSG;
 	if (r->msg_held) /* a message read: the item held, its descriptor here */
 		return !r->n_lengths && !r->copied && !r->msg_taken && hdr->data_len == 0 ?
@@ -949,7 +963,8 @@ static int check_chan_batch(const Tpw__V1__ChanReply *cr, const struct tpw_hdr *
 	uint64_t total = 0;
 
 	if (cr->n_lengths > lim->segments_max || cr->remote_refs || cr->msg_desc ||
-	    cr->msg_held || cr->msg_taken || cr->copied || cr->held_len || cr->xfer_id)
+	    cr->msg_held || cr->msg_taken || cr->copied || cr->held_len || cr->xfer_id ||
+	    cr->map_key || cr->map_off || cr->map_size || cr->map_fd)
 		return tpu_why(-EBADMSG, why, wl, "peer channel answer of %zu items that is no "
 			       "batch of inline items", cr->n_lengths);
 	for (size_t i = 0; i < cr->n_lengths; i++) {
@@ -1035,7 +1050,8 @@ static int check_peer_xobj(const Tpw__V1__PeerMsg *m, const struct tpw_hdr *hdr,
 		cr = m->chan_reply->reply;
 		if (cr && cr->n_lengths > 1) /* a batch read's answer (peer minor >= 10) */
 			return check_chan_batch(cr, hdr, lim, why, wl);
-		if (!cr || cr->remote_refs || (cr->msg_desc && !cr->msg_held) ||
+		if (!cr || cr->n_lengths > 1 || cr->remote_refs || (cr->msg_desc && !cr->msg_held) ||
+		    cr->map_key || cr->map_off || cr->map_size || cr->map_fd ||
 		    (cr->msg_held && (cr->n_lengths || cr->copied || cr->msg_taken)) ||
 		    (cr->copied && (cr->n_lengths != 1 || cr->lengths[0] == 0 ||
 				    cr->lengths[0] > CHAN_ITEM_MAX || hdr->data_len)) ||

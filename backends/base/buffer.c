@@ -4,6 +4,8 @@
  */
 #include <errno.h>
 #include <fcntl.h>
+#include <stdio.h>
+#include <unistd.h>
 #include <stdlib.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
@@ -41,6 +43,46 @@ int tpb_buffer_new(int fd, uint64_t id, uint64_t gen, uint64_t size, struct tpb_
 	return 0;
 }
 
+int tpb_buffer_keep_fd(struct tpb_buffer *b, int fd)
+{
+	static atomic_uint_fast64_t next_key;
+	int dup = fcntl(fd, F_DUPFD_CLOEXEC, 3);
+
+	if (dup < 0)
+		return -errno;
+	b->map_fd = dup;
+	b->map_key = atomic_fetch_add(&next_key, 1) + 1;
+	return 0;
+}
+
+bool tpb_buffer_reader_ok(struct tpb_buffer *b)
+{
+	int seals;
+
+	if (!b->map_key)
+		return false;
+	if (b->map_sealed)
+		return true;
+	seals = fcntl(b->map_fd, F_GET_SEALS);
+	b->map_sealed = seals >= 0 && (seals & F_SEAL_SHRINK) &&
+			(seals & (F_SEAL_FUTURE_WRITE | F_SEAL_WRITE));
+	return b->map_sealed;
+}
+
+int tpb_buffer_reader_fd(struct tpb_buffer *b)
+{
+	char path[40];
+	int fd;
+
+	if (!b->map_key)
+		return -ENOENT;
+	if (!tpb_buffer_reader_ok(b))
+		return -EPERM;
+	snprintf(path, sizeof(path), "/proc/self/fd/%d", b->map_fd);
+	fd = open(path, O_RDONLY | O_CLOEXEC);
+	return fd < 0 ? -errno : fd;
+}
+
 struct tpb_buffer *tpb_buffer_ref(struct tpb_buffer *b)
 {
 	atomic_fetch_add(&b->refs, 1);
@@ -51,6 +93,9 @@ void tpb_buffer_unref(struct tpb_buffer *b)
 {
 	if (!b || atomic_fetch_sub(&b->refs, 1) != 1)
 		return;
+	if (b->map_key)
+		close(b->map_fd);
+	b->map_key = 0;
 	if (atomic_load(&b->pin) == TPB_PIN_DONE) {
 		b->unpin(b);
 		return;

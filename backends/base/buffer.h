@@ -26,6 +26,12 @@ struct tpb_buffer {
 	unsigned pin_gen; /* that context's generation then (a reset drops the pinning) */
 	void (*unpin)(struct tpb_buffer *b);
 	bool staging; /* the client's library stages private memory through it (counts only) */
+	/* A channel handle's buffer readers may map (BufferRegister.chan_map): @map_key, unique
+	 * in the daemon and never 0, and the fd kept (@map_fd, closed with the buffer);
+	 * @map_sealed once F_SEAL_FUTURE_WRITE was seen. @map_key 0: none kept. */
+	uint64_t map_key;
+	int map_fd;
+	bool map_sealed;
 };
 
 enum { TPB_PIN_NONE = 0, TPB_PIN_BUSY, TPB_PIN_DONE, TPB_PIN_REFUSED };
@@ -38,6 +44,25 @@ enum { TPB_PIN_NONE = 0, TPB_PIN_BUSY, TPB_PIN_DONE, TPB_PIN_REFUSED };
  * -EINVAL if it is not a regular file or smaller than @size; -errno from mmap.
  */
 int tpb_buffer_new(int fd, uint64_t id, uint64_t gen, uint64_t size, struct tpb_buffer **ret);
+
+/*
+ * tpb_buffer_keep_fd() - keeps a duplicate of @fd (the one @b was mapped from) and gives @b a
+ * map key, so that readers of a channel may be handed it read-only (tpb_buffer_reader_fd()).
+ * Borrows @fd. Return: 0 or -errno.
+ */
+int tpb_buffer_keep_fd(struct tpb_buffer *b, int fd);
+
+/*
+ * tpb_buffer_reader_fd() - a new read-only fd of @b's file for a reader to map: opened again
+ * through /proc/self/fd with O_RDONLY, only once the file is sealed against shrinking and
+ * against writes by anyone but the mappings its owner already has (F_SEAL_FUTURE_WRITE or
+ * F_SEAL_WRITE), so that no holder of that fd can map it writable nor write it.
+ * Return: owned fd, or -EPERM (not sealed so), -ENOENT (no fd kept), -errno.
+ */
+int tpb_buffer_reader_fd(struct tpb_buffer *b);
+
+/* Would tpb_buffer_reader_fd() hand @b out? (The seals checked once, then remembered.) */
+bool tpb_buffer_reader_ok(struct tpb_buffer *b);
 
 struct tpb_buffer *tpb_buffer_ref(struct tpb_buffer *b);
 /* Drops a reference; unmaps and frees at zero (through @b->unpin when pinned). Thread safe.

@@ -1200,7 +1200,10 @@ enum tp_fanout tp_set_last_fanout(const struct tp_pipe_set *s);
  * daemon copies the item straight there with memcpy when @buf lies in a shared buffer of the
  * context (tp_buffer_alloc(); items above 16 KiB: one copy from the daemon), else into a
  * staging buffer the library copies it from (or, without one, by CMA for items above 256 KiB);
- * smaller items come inline and the library copies them.
+ * smaller items come inline and the library copies them. A private item another handle of
+ * this host staged and lent (daemon of protocol minor 9, a context on control rings) is read
+ * by mapping its writer's buffer read-only and copying it straight out: here and in
+ * tp_chan_read() (the process keeps up to 8 such mappings per handle, until its release).
  * @ret_len: the item's length; with -EMSGSIZE, the length of the item that does not fit (it
  * stays first in the channel, for this or another reader).
  * A call that gives up waiting for the daemon (-ETIMEDOUT past reply_timeout_ms) may still have

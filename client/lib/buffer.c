@@ -26,6 +26,8 @@
 #define POOL_BYTES_MAX (1ull << 30)
 #define STAGE_IDLE_MS 2000
 
+/* A new memfd of @size bytes (rounded up to pages) mapped read-write into @b. A channel's
+ * buffer (@b->chan) stays open to one more seal (F_SEAL_FUTURE_WRITE, tpc_buffer_chan_new()). */
 static int buffer_map(size_t size, struct tpc_buf *b, int *ret_fd)
 {
 	size_t page = (size_t)sysconf(_SC_PAGESIZE);
@@ -35,12 +37,12 @@ static int buffer_map(size_t size, struct tpc_buf *b, int *ret_fd)
 	if (size > SIZE_MAX - page)
 		return -ENOMEM;
 	size = (size + page - 1) & ~(page - 1);
-	fd = memfd_create("tpclient", MFD_CLOEXEC | MFD_ALLOW_SEALING);
+	fd = memfd_create(b->chan ? "tpclient-chan" : "tpclient", MFD_CLOEXEC | MFD_ALLOW_SEALING);
 	if (fd < 0)
 		return -errno;
 	if (ftruncate(fd, (off_t)size) < 0)
 		return -errno;
-	if (fcntl(fd, F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL) < 0)
+	if (fcntl(fd, F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW | (b->chan ? 0 : F_SEAL_SEAL)) < 0)
 		return -errno;
 	addr = mmap(NULL, size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
 	if (addr == MAP_FAILED)
@@ -175,7 +177,8 @@ static int buffer_file_locked(struct tp_context *ctx, struct tpc_buf *b)
  * Maps and registers a buffer. The Reply is not awaited: frames are handled in order, so later
  * frames may already name the buffer. send_lock held.
  */
-static int buffer_new(struct tp_context *ctx, size_t size, bool staging, struct tpc_buf **ret)
+static int buffer_new_fd(struct tp_context *ctx, size_t size, bool staging, bool chan,
+			 struct tpc_buf **ret, int *ret_fd)
 {
 	Tpw__V1__BufferRegister br = TPW__V1__BUFFER_REGISTER__INIT;
 	Tpw__V1__ClientMsg m = TPW__V1__CLIENT_MSG__INIT;
@@ -187,6 +190,7 @@ static int buffer_new(struct tp_context *ctx, size_t size, bool staging, struct 
 		return tpc_error(-ENOMEM, "out of memory");
 	tpu_list_init(&b->pool_link);
 	b->staging = staging;
+	b->chan = chan;
 	r = buffer_map(size, b, &fd);
 	if (r < 0) {
 		free(b);
@@ -206,11 +210,19 @@ static int buffer_new(struct tp_context *ctx, size_t size, bool staging, struct 
 	br.gen = b->gen;
 	br.size = b->size;
 	br.staging = staging;
+	br.chan_map = chan;
 	m.body_case = TPW__V1__CLIENT_MSG__BODY_BUFFER_REGISTER;
 	m.buffer_register = &br;
 	tpc_wire_send(ctx, &m, NULL, 0, fd); /* failure: connection loss fails the request */
 	*ret = b;
+	if (ret_fd)
+		*ret_fd = TAKE_FD(fd);
 	return 0;
+}
+
+static int buffer_new(struct tp_context *ctx, size_t size, bool staging, struct tpc_buf **ret)
+{
+	return buffer_new_fd(ctx, size, staging, false, ret, NULL);
 }
 
 /* Unregisters and unmaps @b; send_lock held, lock not held. */
@@ -358,6 +370,51 @@ static struct tpc_buf *pool_best_fit_locked(struct tp_context *ctx, size_t size)
 	return best;
 }
 
+uint64_t tpc_buffer_stage_class(uint64_t size)
+{
+	uint64_t cls = STAGE_MIN;
+
+	while (cls < size && cls <= UINT64_MAX / 2)
+		cls *= 2;
+	return cls < size ? UINT64_MAX : cls;
+}
+
+int tpc_buffer_chan_new(struct tp_context *ctx, size_t size, struct tpc_buf **ret)
+{
+	_cleanup_close_ int fd = -EBADF;
+	uint64_t cls = tpc_buffer_stage_class(size);
+	struct tpc_buf *b;
+	int r;
+
+	if (tpc_context_on_io_thread(ctx))
+		return -EWOULDBLOCK;
+	if (cls > SIZE_MAX)
+		return -ENOMEM;
+	pthread_mutex_lock(&ctx->send_lock);
+	r = buffer_new_fd(ctx, (size_t)cls, true, true, &b, &fd);
+	pthread_mutex_unlock(&ctx->send_lock);
+	if (r < 0)
+		return r;
+	pthread_mutex_lock(&ctx->lock);
+	r = tpc_context_req_wait_locked(ctx, &b->req, ctx->reply_ms);
+	pthread_mutex_unlock(&ctx->lock);
+	/* The daemon mapped it (read-write: it has no write to make into it, but a mapping made
+	 * before the seal is its own); from now on nobody maps it writable. Without the seal (a
+	 * kernel before 5.1) the daemon hands it to no reader. */
+	if (r == 0 && fcntl(fd, F_ADD_SEALS, F_SEAL_FUTURE_WRITE | F_SEAL_SEAL) < 0)
+		tpc_context_log(ctx, LOG_INFO, "channel buffer %llu not sealed against writes (%s): "
+				"readers will not map it", (unsigned long long)b->id,
+				strerror(errno));
+	if (r < 0) {
+		pthread_mutex_lock(&ctx->send_lock);
+		buffer_release(ctx, b);
+		pthread_mutex_unlock(&ctx->send_lock);
+		return r;
+	}
+	*ret = b;
+	return 0;
+}
+
 int tpc_buffer_stage_get(struct tp_context *ctx, size_t size, struct tpc_buf **ret)
 {
 	size_t cls = STAGE_MIN;
@@ -393,7 +450,7 @@ void tpc_buffer_stage_put(struct tp_context *ctx, struct tpc_buf *b, bool reuse)
 		return;
 	pthread_mutex_lock(&ctx->lock);
 	max = pool_bytes_max(ctx);
-	if (reuse && !b->failed && !ctx->stopping && !ctx->dead && b->size <= max) {
+	if (reuse && !b->chan && !b->failed && !ctx->stopping && !ctx->dead && b->size <= max) {
 		/* Make room by dropping the least recently used buffers. */
 		while (ctx->n_pool && (ctx->n_pool >= POOL_MAX || ctx->pool_bytes + b->size > max)) {
 			struct tpc_buf *old =

@@ -20,7 +20,9 @@
  * A write's private items go through a staging buffer, which the library lends to the channel
  * (ChanOp.lend) while it has fewer than CHAN_LENT_MAX lent: the daemon keeps the items there
  * instead of copying them in, and names the buffer in a later write's answer once they have
- * all left the channel (ChanReply.released); only then does it go back to the staging pool.
+ * all left the channel (ChanReply.released); only then does it go back to the staging pool, or,
+ * with a daemon of minor 9, to the handle, which then stages and lends only buffers of its own
+ * and reads lent items by mapping their writer's buffer (chanmap.c).
  *
  * This file keeps the handles (open, close, release, unlink) and the requests with their
  * answers; writes are in chanwrite.c, reads in chanread.c, what they share in chan_int.h.
@@ -32,12 +34,15 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/uio.h>
+#include <unistd.h>
 
 #include "chan_int.h"
 #include "internal.h"
 
 void tpc_chan_req_free(struct chan_req *cr)
 {
+	if (cr->map_has_fd) /* an item by mapping never taken: the daemon gives it back */
+		close(cr->map_fd);
 	for (size_t i = cr->next; i < cr->n; i++)
 		free(cr->items[i].iov_base);
 	if (cr->dst && !cr->into && !cr->n && cr->req.done)
@@ -118,8 +123,15 @@ void tpc_chan_on_reply(struct tp_context *ctx, const Tpw__V1__ChanReply *m, cons
 	struct tpc_req *req = tpc_map_get(&ctx->reqs, m->req_id);
 	struct chan_req *cr;
 
-	if (!req || req->on_reply != chan_req_on_reply)
+	if (!req || req->on_reply != chan_req_on_reply) {
+		if (m->map_fd) { /* the fd sent ahead of it: taken, so that the next fits its frame */
+			int fd = tpc_pring_take_fd(ctx);
+
+			if (fd >= 0)
+				close(fd);
+		}
 		return; /* the call gave up waiting, or not one of ours */
+	}
 	tpc_map_del(&ctx->reqs, m->req_id);
 	cr = (struct chan_req *)req;
 	req->status = tpw_status_to_errno(m->status);
@@ -150,6 +162,16 @@ void tpc_chan_on_reply(struct tp_context *ctx, const Tpw__V1__ChanReply *m, cons
 			req->status = tpc_chan_msg_on_taken(cr, m, tail);
 		if (req->status < 0)
 			snprintf(req->msg, sizeof(req->msg), "%s", tp_last_error());
+	} else if (req->status == 0 && m->map_key) { /* copied out by the caller (chanmap.c) */
+		req->status = tpc_chan_map_on_reply(ctx, cr, m);
+		if (req->status < 0)
+			snprintf(req->msg, sizeof(req->msg), "an item to map that cannot be");
+	} else if (m->map_fd) { /* (validated: only with map_key) an fd with a failure */
+		int fd = tpc_pring_take_fd(ctx);
+
+		if (fd >= 0)
+			close(fd);
+		req->status = req->status ? req->status : -EPROTO;
 	} else if (req->status == 0 && m->n_lengths) {
 		req->status = chan_req_take_items(cr, m, tail);
 		for (size_t i = 0; req->status < 0 && i < cr->n; i++)
@@ -398,6 +420,10 @@ TP_EXPORT int tp_chan_open(struct tp_context *ctx, const char *name,
 	ch->id = cr.chan_id;
 	ch->remote = strncmp(name, "tpip://", 7) == 0;
 	ch->remote_refs = ch->remote && cr.remote_refs;
+	/* Lent items read by mapping: this host's channels, a daemon of minor 9 and control
+	 * rings (the fds come beside them). */
+	ch->map = !ch->remote && ctx->daemon_minor >= TPW_MINOR_CHAN_MAP && ctx->ring;
+	ch->map_read = ch->map;
 	ch->owner_uid = -1;
 	if (o && o->size >= offsetof(struct tp_chan_options, owner_uid) + sizeof(o->owner_uid))
 		ch->owner_uid = o->owner_uid;
@@ -473,6 +499,25 @@ static int chan_give_back(struct tp_chan *via, struct tpu_list *kept, const char
 	return 0;
 }
 
+/* Copies out the items of @ch's late reads handed out by mapping (done, not taken yet), so
+ * that they are given back as the others; one that cannot be went back to the channel. */
+static void late_map_take(struct tp_chan *ch)
+{
+	struct chan_req *cr, *found;
+
+	for (;;) { /* each taken once (map_pending cleared); a done read stays on the list */
+		found = NULL;
+		pthread_mutex_lock(&ch->ctx->lock);
+		tpu_list_for_each(cr, &ch->late, node)
+			if (!found && cr->req.done && cr->map_pending)
+				found = cr;
+		pthread_mutex_unlock(&ch->ctx->lock);
+		if (!found)
+			return;
+		(void)tpc_chan_map_take(ch, found);
+	}
+}
+
 /*
  * Releases @ch, which has reads whose caller gave up: their items are written back to the
  * channel through a second handle opened first (the daemon sends every item of @ch before it
@@ -499,6 +544,7 @@ static int chan_release_late(struct tp_chan *ch)
 		g2 = tpc_chan_msg_give_back(ch, ch);
 		g = g ? g : g2;
 	}
+	late_map_take(ch); /* before the release gives their items back */
 	r = chan_simple(ch, TPW__V1__CHAN_OP_KIND__CHAN_OP_RELEASE, "release");
 	pthread_mutex_lock(&ctx->lock);
 	late_take_done_locked(ch, &kept);
@@ -521,6 +567,7 @@ static int chan_release_late(struct tp_chan *ch)
 	if (back)
 		tp_chan_release(back);
 	tpc_chan_lent_drop(ch);
+	tpc_chan_map_drop(ch);
 	free(ch->name);
 	free(ch);
 	return r < 0 ? r : g;
@@ -537,6 +584,7 @@ TP_EXPORT int tp_chan_release(struct tp_chan *ch)
 	r = chan_simple(ch, TPW__V1__CHAN_OP_KIND__CHAN_OP_RELEASE, "release");
 	tpc_chan_msg_orphan(ch);
 	tpc_chan_lent_drop(ch);
+	tpc_chan_map_drop(ch);
 	free(ch->name);
 	free(ch);
 	return r;

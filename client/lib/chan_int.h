@@ -2,9 +2,10 @@
 /*
  * The inside of the library's channels (tpclient.h, "channels"), shared by their files: chan.c
  * (handles opened, closed and released, the requests and their answers, late reads given back),
- * chanwrite.c (tp_chan_write(): items by reference, staged, and the staging buffers lent) and
+ * chanwrite.c (tp_chan_write(): items by reference, staged, and the staging buffers lent),
  * chanread.c (tp_chan_read(), tp_chan_read_into(), tp_chan_read_many() and the late reads they
- * return). Nothing outside client/lib/chan*.c includes it.
+ * return) and chanmap.c (a handle's own buffers, lent items read by mapping). Nothing outside
+ * client/lib/chan*.c includes it.
  */
 #ifndef TPC_CHAN_INT_H
 #define TPC_CHAN_INT_H
@@ -18,6 +19,23 @@
 
 #define CHAN_LENT_MAX 8u		   /* staging buffers one handle lends at once, at most */
 #define CHAN_LENT_BYTES (64ull << 20) /* and their bytes */
+/* A handle of a channel whose readers map lent items (tp_chan.map) stages and lends only
+ * buffers of its own, kept while not lent (the next batches go into them): at most this many,
+ * and CHAN_LENT_BYTES, besides the lent ones. */
+#define CHAN_OWN_FREE 8u
+/* Writers' buffers one handle keeps mapped to read lent items from (least recently used
+ * unmapped first); each mapped only while the library copies out of it is never unmapped
+ * under that copy. At most TPW_CHAN_MAPPED_MAX. */
+#define CHAN_MAP_MAX 8u
+
+/* A writer's buffer this handle mapped read-only (ChanReply.map_key); under ctx->lock. */
+struct chan_map {
+	uint64_t key;
+	const uint8_t *addr;
+	size_t size;   /* mapped bytes: the file's size (fstat), sealed against shrinking */
+	unsigned refs; /* copies out of it running */
+	uint64_t used; /* tp_chan.map_tick when last used */
+};
 
 struct tp_chan {
 	struct tp_context *ctx;
@@ -44,6 +62,16 @@ struct tp_chan {
 	 * daemon, or done with the item's bytes, which the next tp_chan_read_descriptor()
 	 * describes (the daemon no longer has the item); under ctx->lock. */
 	struct tpu_list late_takes;
+	/* A channel of this host and a daemon of minor >= 9 (issue 25 part map): the handle
+	 * stages and lends only buffers of its own (@own: those not lent now), and its reads take
+	 * lent items by mapping their writer's buffer (@maps). Under ctx->lock. */
+	bool map, map_read; /* @map_read: off once a mapped item could not be read */
+	struct tpc_buf *own[CHAN_OWN_FREE];
+	unsigned n_own;
+	uint64_t own_bytes;
+	struct chan_map maps[CHAN_MAP_MAX];
+	unsigned n_maps;
+	uint64_t map_tick;
 };
 
 struct chan_req {
@@ -83,6 +111,12 @@ struct chan_req {
 	const struct tp_allocation *scatter;
 	const struct tp_descriptor *scatter_desc;
 	uint8_t *host;
+	/* A read that takes lent items by mapping (ChanOp.map_ok), and its answer: the item,
+	 * items[0].iov_len bytes, lies at @map_off in buffer @map_key, whose fd came with it
+	 * (@map_fd, when @map_has_fd); items[0].iov_base stays NULL until tpc_chan_map_take(). */
+	bool map_req, map_pending, map_has_fd;
+	uint64_t map_key, map_off;
+	int map_fd;
 };
 
 /* chan.c: a request's end, whether @ch has a late read done, sending a ChanOp and waiting for
@@ -115,6 +149,31 @@ bool tpc_chan_msg_kept_any(struct tp_chan *ch);
  * handle once the release of @ch was answered, or @ch itself before its release. Return: 0 or
  * -errno (message set), counting the items dropped. */
 int tpc_chan_msg_give_back(struct tp_chan *ch, struct tp_chan *via);
+
+/* chanmap.c. tpc_chan_map_op(): a READ @op of @ch takes lent items by mapping, listing the
+ * keys @ch has mapped in @keys (CHAN_MAP_MAX, the caller's; borrowed by @op until sent); @cr
+ * marked so. No lock held. */
+void tpc_chan_map_op(struct tp_chan *ch, Tpw__V1__ChanOp *op, uint64_t *keys,
+		     struct chan_req *cr);
+/* An answer by mapping @m for @cr (reply handler, rx_lock and lock held): its fd taken from
+ * the context's queue, kept in @cr with the item's place. Return: 0, -EPROTO (@cr asked for
+ * no such answer, or no fd came), -ENOMEM. */
+int tpc_chan_map_on_reply(struct tp_context *ctx, struct chan_req *cr,
+			  const Tpw__V1__ChanReply *m);
+/* The item of @cr's answer by mapping copied out of the writer's buffer (mapped now if need
+ * be, every bound checked against the mapping) into @cr's allocation or a new one, then
+ * acknowledged (map_done, or map_fail: the item goes back). Once per answer; no lock held.
+ * Return: 0, -ESTALE (no fd and no mapping), -EPROTO (out of bounds), -ENOMEM, -errno of
+ * mmap(). */
+int tpc_chan_map_take(struct tp_chan *ch, struct chan_req *cr);
+/* At release: @ch's mappings unmapped and its own buffers not lent released. */
+void tpc_chan_map_drop(struct tp_chan *ch);
+/* A buffer of @ch's own of at least @size bytes and at most twice that: a free one, else a new
+ * one (tpc_buffer_chan_new()). No lock held. Return: owned (tpc_chan_own_put()), or NULL. */
+struct tpc_buf *tpc_chan_own_get(struct tp_chan *ch, uint64_t size);
+/* Takes @b (a buffer of @ch's own, not lent): kept for @ch's next batches if @reuse (the least
+ * recently kept released beyond CHAN_OWN_FREE and CHAN_LENT_BYTES), else released. */
+void tpc_chan_own_put(struct tp_chan *ch, struct tpc_buf *b, bool reuse);
 
 /* chanwrite.c: the segment of a memory range by reference, whether the daemon refused a staging
  * buffer, and the lent buffers dropped at release. */

@@ -173,6 +173,7 @@ static struct chan_req *read_held_call(struct tp_chan *ch, uint64_t len, bool st
 	Tpw__V1__ChanOp op = TPW__V1__CHAN_OP__INIT;
 	Tpw__V1__Segment g = TPW__V1__SEGMENT__INIT;
 	Tpw__V1__ShmRef ref = TPW__V1__SHM_REF__INIT;
+	uint64_t keys[CHAN_MAP_MAX];
 	void *buf = len <= SIZE_MAX ? malloc(len) : NULL;
 	struct chan_req *cr = buf ? read_req_new(buf, len, false) : NULL;
 
@@ -195,6 +196,7 @@ static struct chan_req *read_held_call(struct tp_chan *ch, uint64_t len, bool st
 	op.take_held = true;
 	op.n_segments = 1;
 	op.segments = (Tpw__V1__Segment *[]){ &g };
+	tpc_chan_map_op(ch, &op, keys, cr);
 	cr = chan_read_call(ch, &op, cr, timeout_ms, ret_err);
 	if (cr && cr->req.status == -ENOENT && tpc_chan_stage_refused(ch->ctx, cr->stage))
 		cr->req.status = -EAGAIN; /* the daemon refused the staging buffer: again without */
@@ -208,11 +210,13 @@ static struct chan_req *read_held_call(struct tp_chan *ch, uint64_t len, bool st
  * that takes it). Return: owned chan_req whose items from @next on answer the call (status 0),
  * or NULL with *@ret_err (message set).
  */
-static struct chan_req *chan_read_one(struct tp_chan *ch, size_t max, const struct iovec *into,
-				      bool stage, int timeout_ms, int *ret_err)
+static struct chan_req *chan_read_one_wire(struct tp_chan *ch, size_t max,
+					   const struct iovec *into, bool stage, int timeout_ms,
+					   int *ret_err)
 {
 	Tpw__V1__ChanOp op = TPW__V1__CHAN_OP__INIT;
 	Tpw__V1__Segment g, *gp[1] = { &g };
+	uint64_t keys[CHAN_MAP_MAX];
 	Tpw__V1__ShmRef ref;
 	struct tpc_buf *buf = NULL;
 	bool held_stage = true;
@@ -247,12 +251,13 @@ static struct chan_req *chan_read_one(struct tp_chan *ch, size_t max, const stru
 		return NULL;
 	}
 	cr->stage = buf;
+	tpc_chan_map_op(ch, &op, keys, cr);
 	cr = chan_read_call(ch, &op, cr, timeout_ms, ret_err);
 	if (into && stage && cr && cr->req.status == -ENOENT &&
 	    tpc_chan_stage_refused(ch->ctx, cr->stage)) { /* refused before any item was taken */
 		read_unstage(ch->ctx, cr);
 		tpc_chan_req_free(cr);
-		return chan_read_one(ch, max, into, false, timeout_ms, ret_err);
+		return chan_read_one_wire(ch, max, into, false, timeout_ms, ret_err);
 	}
 	read_unstage(ch->ctx, cr);
 	/* An item held for the handle: take it into a new allocation. Another thread reading the
@@ -274,6 +279,33 @@ static struct chan_req *chan_read_one(struct tp_chan *ch, size_t max, const stru
 		cr = chan_read_call(ch, &op, cr, timeout_ms, ret_err);
 	}
 	return cr;
+}
+
+/*
+ * chan_read_one_wire(), and an item handed out by mapping copied out of its writer's buffer
+ * (tpc_chan_map_take()). One that cannot be went back to the channel and the read is made
+ * again: without mapping, as are this handle's next ones (a mapping refused, an answer that
+ * does not fit what was mapped), or as before (a buffer another thread unmapped meanwhile).
+ * Return: as chan_read_one_wire().
+ */
+static struct chan_req *chan_read_one(struct tp_chan *ch, size_t max, const struct iovec *into,
+				      bool stage, int timeout_ms, int *ret_err)
+{
+	struct chan_req *cr;
+
+	int r;
+
+	for (;;) { /* (a late read's items may be mapped too: each taken once) */
+		cr = chan_read_one_wire(ch, max, into, stage, timeout_ms, ret_err);
+		if (!cr || !cr->map_pending || (r = tpc_chan_map_take(ch, cr)) == 0)
+			return cr;
+		tpc_chan_req_free(cr);
+		if (r == -ESTALE)
+			continue;
+		pthread_mutex_lock(&ch->ctx->lock);
+		ch->map_read = false;
+		pthread_mutex_unlock(&ch->ctx->lock);
+	}
 }
 
 /* The status of @cr's read of @ch as the call returns it; frees @cr on failure. @timeout_ms:

@@ -56,9 +56,12 @@ struct chan_segs {
 	uint64_t staged;       /* bytes of it the items take */
 };
 
-static void chan_segs_free(struct tp_context *ctx, struct chan_segs *w, bool reuse)
+static void chan_segs_free(struct tp_chan *ch, struct chan_segs *w, bool reuse)
 {
-	tpc_buffer_stage_put(ctx, w->stage, reuse);
+	if (w->stage && w->stage->chan) /* the handle's own: back to it, never to the pool */
+		tpc_chan_own_put(ch, w->stage, reuse);
+	else
+		tpc_buffer_stage_put(ch->ctx, w->stage, reuse);
 	free(w->seg);
 	free(w->segp);
 	free(w->ref);
@@ -93,18 +96,29 @@ static bool chan_staged(const struct iovec *it)
  * a memcpy here and one in the daemon cost less than a CMA access each (backends/cma runs every
  * access in a task of its own). Without a staging buffer they stay as they are.
  */
-static void chan_write_stage(struct tp_context *ctx, const struct iovec *items, size_t n,
+static void chan_write_stage(struct tp_chan *ch, const struct iovec *items, size_t n,
 			     struct chan_segs *w)
 {
+	struct tp_context *ctx = ch->ctx;
 	uint64_t total = 0, off = 0;
+	bool lend;
 
 	for (size_t i = 0; i < n; i++)
 		if (w->seg[i].loc_case != TPW__V1__SEGMENT__LOC_SHM && chan_staged(&items[i]))
 			total += CHAN_STAGE_ALIGN(items[i].iov_len);
 	if (!total || total > SIZE_MAX)
 		return;
+	/* A channel whose readers map lent buffers: one of the handle's own, which nothing but
+	 * this channel's items ever touches (chanmap.c); else, or without one (the daemon's
+	 * buffer limits, the io thread), the context's pool, and then it is never lent. */
+	pthread_mutex_lock(&ctx->lock);
+	lend = ch->map && ch->n_lent < CHAN_LENT_MAX && ch->lent_bytes <= CHAN_LENT_BYTES &&
+	       tpc_buffer_stage_class(total) <= CHAN_LENT_BYTES - ch->lent_bytes;
+	pthread_mutex_unlock(&ctx->lock);
+	if (lend)
+		w->stage = tpc_chan_own_get(ch, total);
 	pthread_mutex_lock(&ctx->send_lock);
-	if (tpc_buffer_stage_get(ctx, (size_t)total, &w->stage) < 0)
+	if (!w->stage && tpc_buffer_stage_get(ctx, (size_t)total, &w->stage) < 0)
 		w->stage = NULL;
 	pthread_mutex_unlock(&ctx->send_lock);
 	w->staged = total;
@@ -148,7 +162,7 @@ static int chan_write_segs(struct tp_chan *ch, const struct iovec *items, size_t
 				     &w->seg[i], &w->ref[i]);
 	}
 	if (stage)
-		chan_write_stage(ch->ctx, items, n, w);
+		chan_write_stage(ch, items, n, w);
 	for (size_t i = 0; i < n; i++) {
 		Tpw__V1__Segment *g = &w->seg[i];
 
@@ -181,8 +195,8 @@ static bool chan_may_lend(struct tp_chan *ch, const struct tpc_buf *b, uint64_t 
 {
 	bool ok;
 
-	if (!b || b->size / 2 > staged)
-		return false;
+	if (!b || b->size / 2 > staged || (ch->map && !b->chan))
+		return false; /* (a pool buffer goes to no reader: never lent where they map) */
 	pthread_mutex_lock(&ch->ctx->lock);
 	ok = ch->n_lent < CHAN_LENT_MAX && ch->lent_bytes + b->size <= CHAN_LENT_BYTES;
 	pthread_mutex_unlock(&ch->ctx->lock);
@@ -220,8 +234,12 @@ static void chan_lent_update(struct tp_chan *ch, struct chan_req *cr, struct cha
 	free(cr->released);
 	cr->released = NULL;
 	cr->n_released = 0;
-	for (unsigned k = 0; k < n_back; k++)
-		tpc_buffer_stage_put(ctx, back[k], true);
+	for (unsigned k = 0; k < n_back; k++) {
+		if (back[k]->chan)
+			tpc_chan_own_put(ch, back[k], true); /* this channel's again, nobody else's */
+		else
+			tpc_buffer_stage_put(ctx, back[k], true);
+	}
 	tpc_buffer_stage_put(ctx, drop, false);
 }
 
@@ -311,7 +329,7 @@ int tpc_chan_write_items(struct tp_chan *ch, const struct iovec *items, size_t n
 	if (r == -ENOENT && tpc_chan_stage_refused(ch->ctx, w.stage)) {
 		/* The daemon refused the staging buffer (its quota): nothing was written; again
 		 * without it. */
-		chan_segs_free(ch->ctx, &w, false);
+		chan_segs_free(ch, &w, false);
 		w = (struct chan_segs){ 0 };
 		cr = (struct chan_req){ .write = true };
 		r = chan_write_segs(ch, items, n, false, &op, &w);
@@ -322,7 +340,7 @@ int tpc_chan_write_items(struct tp_chan *ch, const struct iovec *items, size_t n
 			chan_lent_update(ch, &cr, &w);
 	}
 	/* A write given up may still be copied from its staging buffer: never reuse that one. */
-	chan_segs_free(ch->ctx, &w, !(r == -ETIMEDOUT && !cr.req.done));
+	chan_segs_free(ch, &w, !(r == -ETIMEDOUT && !cr.req.done));
 	if (r == -ETIMEDOUT && !cr.req.done)
 		return tpc_error(-EINPROGRESS, "channel '%s': %s: the batch may be written yet",
 				 ch->name, cr.req.msg);

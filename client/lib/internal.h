@@ -234,6 +234,9 @@ struct tpc_buf {
 	uint64_t id;
 	uint64_t gen;
 	bool staging;
+	/* A channel handle's own buffer (tpc_buffer_chan_new()): readers of that one channel may
+	 * map it; never in the staging pool, never used for anything else. */
+	bool chan;
 	bool failed; /* the daemon refused the registration */
 	struct tpc_req req;
 	struct tpu_list pool_link;
@@ -606,8 +609,23 @@ int tpc_buffer_check_range_locked(struct tp_context *ctx, const void *ptr, size_
 /* A registered staging buffer of >= @size bytes; send_lock held, lock not held.
  * @ret: returns owned buffer, give back with tpc_buffer_stage_put(). Return: 0 or -errno. */
 int tpc_buffer_stage_get(struct tp_context *ctx, size_t size, struct tpc_buf **ret);
-/* Returns a staging buffer (to the pool if @reuse); no lock held. Takes @b. Accepts NULL. */
+/* Returns a staging buffer (to the pool if @reuse, never a channel's own buffer: that one is
+ * released); no lock held. Takes @b. Accepts NULL. */
 void tpc_buffer_stage_put(struct tp_context *ctx, struct tpc_buf *b, bool reuse);
+/* The bytes of the staging buffer (or channel buffer) made for @size bytes: the next power of
+ * two from 64 KiB; UINT64_MAX if none. */
+uint64_t tpc_buffer_stage_class(uint64_t size);
+/*
+ * tpc_buffer_chan_new() - a new buffer of at least @size bytes for one channel handle to stage
+ * its items in and lend (issue 25 part map): a fresh memfd (zeros), registered with the daemon
+ * as a staging buffer whose fd it keeps (BufferRegister.chan_map), then, once the daemon has
+ * mapped it, sealed with F_SEAL_FUTURE_WRITE: no fd of it, the read-only ones readers get
+ * included, can map it writable or write it; only this mapping writes it. Never in the staging
+ * pool. Not on the io thread (it waits for the registration). No lock held.
+ * @ret: returns owned buffer, release with tpc_buffer_stage_put(ctx, b, false).
+ * Return: 0 or -errno (-EWOULDBLOCK on the io thread).
+ */
+int tpc_buffer_chan_new(struct tp_context *ctx, size_t size, struct tpc_buf **ret);
 /* Milliseconds until the least recently used free staging buffer has been idle long enough to
  * be released (0: now), or -1 when none is free (poll() timeout of the io thread). Lock held. */
 int tpc_buffer_pool_timeout_locked(struct tp_context *ctx);
@@ -835,6 +853,9 @@ int tpc_slurm_from_env(struct tpc_slurm *ret);
  * cannot take is answered RingDone with the error. Borrows @ctx and @x.
  */
 void tpc_pring_on_xfer(struct tp_context *ctx, const Tpw__V1__RingXfer *x);
+/* The next fd the daemon sent ahead of a frame (RingXfer, ChanReply.map_fd); rx_lock held.
+ * Return: owned fd, or -ENOENT. */
+int tpc_pring_take_fd(struct tp_context *ctx);
 /* Pipe @pipe_id is gone (PipeClosed): its rings' threads give up and free them; lock held. */
 void tpc_pring_pipe_gone_locked(struct tp_context *ctx, uint64_t pipe_id);
 /* Stops every ring thread and waits until they freed their rings; no lock held. Borrows @ctx. */

@@ -318,9 +318,9 @@ static struct tpc_pring *ring_find_locked(struct tp_context *ctx, uint64_t pipe_
 	return NULL;
 }
 
-/* The fd the daemon sent before its RingXfer; rx_lock held (the frame's reader). Return: fd
- * or -errno. */
-static int ring_take_fd(struct tp_context *ctx)
+/* The fd the daemon sent before its RingXfer (or ChanReply with map_fd); rx_lock held (the
+ * frame's reader). Return: fd or -errno. */
+int tpc_pring_take_fd(struct tp_context *ctx)
 {
 	int fd;
 
@@ -428,7 +428,7 @@ static void ring_offer_locked(struct tp_context *ctx, const Tpw__V1__RingXfer *x
 {
 	struct tp_pipe *p = tpc_map_get(&ctx->pipes, x->pipe_id);
 	struct tpc_pring *r = ring_find_locked(ctx, x->pipe_id, false);
-	int fd = ring_take_fd(ctx), err;
+	int fd = tpc_pring_take_fd(ctx), err;
 
 	if (r)
 		ring_stop_locked(r, true);
@@ -480,7 +480,7 @@ void tpc_pring_on_xfer(struct tp_context *ctx, const Tpw__V1__RingXfer *x)
 	}
 	r = ring_find_locked(ctx, x->pipe_id, x->reader);
 	if (x->fd_follows) {
-		fd = ring_take_fd(ctx);
+		fd = tpc_pring_take_fd(ctx);
 		if (r) /* the daemon gave up the old one */
 			ring_stop_locked(r, true);
 		r = NULL;

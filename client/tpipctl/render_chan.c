@@ -53,6 +53,7 @@ static struct json_object *chan_json(const void *item)
 	json_object_object_add(o, "persistent", json_object_new_boolean(c->persistent));
 	ctl_json_u64(o, "items_written", c->items_written);
 	ctl_json_u64(o, "items_read", c->items_read);
+	ctl_json_u64(o, "items_mapped", c->items_mapped);
 	ctl_json_str(o, "remote", chan_remote(c));
 	ctl_json_u64(o, "remote_handles", c->remote_handles);
 	ctl_json_str(o, "created_by", c->created_by);

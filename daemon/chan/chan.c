@@ -166,8 +166,12 @@ static void chan_free(struct chan *c)
 	if (!c)
 		return;
 	tpu_list_remove(&c->node);
-	tpu_list_for_each_safe(it, tmp, &c->items, node)
+	tpu_list_for_each_safe(it, tmp, &c->items, node) {
+		/* Unlinked first: an item kept as a spare buffer is moved by unlinking it, which
+		 * would write into the one freed before it. */
+		tpu_list_remove(&it->node);
 		tpd_chan_item_free(c->cs, it);
+	}
 	for (size_t i = 0; i < c->n_remote_peers; i++)
 		free(c->remote_peers[i]);
 	free(c->remote_peers);
@@ -271,10 +275,12 @@ static void handle_free(struct chan_handle *h, bool answer)
 	tpu_list_remove(&h->node);
 	c->n_handles--;
 	c->n_remote -= h->who.pr != NULL;
-	if (h->held) { /* never read: back to the head, for the oldest waiting reader */
+	if (h->mapped) /* the reader went before it said it copied the item out */
+		tpd_chan_item_give_back(c, h->mapped);
+	if (h->held) /* never read: back to the head, for the oldest waiting reader */
 		tpd_chan_item_give_back(c, h->held);
+	if (h->held || h->mapped)
 		tpd_chan_io_serve(c);
-	}
 	free(h);
 	tpd_chan_maybe_free(c);
 }
@@ -762,6 +768,7 @@ int tpd_chan_ctl(struct tpd_chans *cs, bool own_only, uid_t viewer, Tpw__V1__Ctl
 		x->capacity_bytes = c->cap_bytes;
 		x->items_written = c->written;
 		x->items_read = c->read;
+		x->items_mapped = c->mapped;
 		x->remote = c->remote;
 		x->remote_handles = c->n_remote;
 		x->created_by = c->creator ? c->creator : (char *)"";

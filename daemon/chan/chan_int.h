@@ -16,6 +16,7 @@
 #include <sys/uio.h>
 
 #include "chan.h"
+#include "frame.h"
 #include "tpb.h"
 #include "tpu.h"
 
@@ -74,6 +75,11 @@ struct chan_read {
 	bool dst_set;	    /* the read names where a large item goes: */
 	struct tpb_mem dst; /* with a reference (tpd_chan_copy_put()) */
 	uint64_t room;
+	/* The reader maps a lent item itself (ChanOp.map_ok; a local client of minor >= 9), and
+	 * the keys of the buffers it has mapped (no fd is sent for those). */
+	bool map;
+	uint64_t mapped[TPW_CHAN_MAPPED_MAX];
+	size_t n_mapped;
 };
 
 struct chan {
@@ -96,6 +102,7 @@ struct chan {
 	/* @bytes counts the items in @items, those held for a handle or being copied to a reader
 	 * (@n_outs of them) and the batches being copied in (@res_items items). */
 	uint64_t bytes, written, read;
+	uint64_t mapped; /* items readers took by mapping their writer's buffer (map_offer()) */
 	uint32_t res_items, n_outs;
 	struct tpu_list copies; /* chan_copy running; the channel stays while there are some */
 	struct tpd_chans *cs;
@@ -118,6 +125,8 @@ struct chan_handle {
 	bool write_waits; /* a write waiting (one at most: its batch is held here) */
 	struct chan_item *held; /* an item too large to answer inline, out of @c for this handle's
 				 * next READ with take_held (ChanReply.held_len) */
+	struct chan_item *mapped; /* an item handed out by mapping (ChanReply.map_key), out of
+				   * @c until the reader's READ with map_done */
 	struct tpu_list lends;	/* chan_lend of buffers this handle lent */
 	uint64_t *released;	/* ids of its lent buffers given up, for its next write's answer */
 	uint32_t n_released, cap_released;

@@ -11,6 +11,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 #include <event2/event.h>
 
 #include "chan_int.h"
@@ -98,6 +99,76 @@ static void refuse_msg(struct chan_handle *h, const struct chan_read *rd)
 			h->id, h->c->closed, NULL);
 }
 
+/*
+ * Hands @it (the oldest item of @h's channel, or the item @h holds: @taken) to @h's read @rd by
+ * mapping, when @rd takes it so (ChanOp.map_ok), @it lies in a buffer its writer lent whose fd
+ * the daemon keeps and that is sealed against writes (tpb_buffer_reader_fd()), and @h has no
+ * such item out yet: the answer names the buffer, the item's offset and length; a read-only fd
+ * of the buffer goes ahead of it unless @rd lists the buffer as mapped. The item stays out of
+ * the channel, charged to it, until the reader's READ with map_done (map_done()); the daemon
+ * copies none of its bytes. Return: true if answered so (@it is @h->mapped), false if @it goes
+ * the way of a copy (nothing done).
+ */
+static bool map_offer(struct chan_handle *h, const struct chan_read *rd, struct chan_item *it,
+		      bool taken)
+{
+	Tpw__V1__ChanReply r = TPW__V1__CHAN_REPLY__INIT;
+	struct tpb_buffer *b = it->lend ? it->lend->buf : NULL;
+	uint64_t len = it->len;
+	bool listed = false;
+	int fd;
+
+	if (!rd->map || !b || h->mapped || it->desc || !h->who.s || !tpb_buffer_reader_ok(b))
+		return false;
+	for (size_t i = 0; i < rd->n_mapped; i++)
+		listed |= rd->mapped[i] == b->map_key;
+	if (!listed) {
+		fd = tpb_buffer_reader_fd(b);
+		if (fd < 0 || tpd_session_send_fd(h->who.s, fd) < 0) {
+			if (fd >= 0)
+				close(fd);
+			return false; /* (not a ring session, its socket full): copied */
+		}
+		close(fd);
+	}
+	h->mapped = taken ? it : tpd_chan_item_take(h->c);
+	r.req_id = rd->req_id;
+	r.status = tpw_status_from_errno(0);
+	r.message = (char *)"";
+	r.chan_id = h->id;
+	r.closed = h->c->closed;
+	r.n_lengths = 1;
+	r.lengths = &len;
+	r.map_key = b->map_key;
+	r.map_off = it->src.addr - (uint64_t)(uintptr_t)b->map; /* resolved inside @b */
+	r.map_size = b->size;
+	r.map_fd = !listed;
+	tpd_chan_reply_send(&h->who, &r, NULL, 0);
+	tpd_session_log(h->who.s, TPU_LOG_DEBUG, "channel '%s': an item of %zu bytes read by "
+			"mapping buffer %llu%s", h->c->name, it->len,
+			(unsigned long long)b->map_key, listed ? "" : " (fd sent)");
+	return true;
+}
+
+/* The reader's READ with map_done: the item it took by mapping leaves the channel, or (with
+ * map_fail: it could not copy it out) goes back to the head, for the next reader. Not
+ * answered; without such an item it does nothing. */
+static void map_done(struct chan_handle *h, const Tpw__V1__ChanOp *o)
+{
+	struct chan_item *it = h->mapped;
+
+	if (!it)
+		return;
+	h->mapped = NULL;
+	if (o->map_fail) {
+		tpd_chan_item_give_back(h->c, it);
+	} else {
+		h->c->mapped++;
+		tpd_chan_item_done(h->c, it);
+	}
+	tpd_chan_io_serve(h->c);
+}
+
 /* Hands the oldest item of @c to @h's read @rd (which must be there): inline, into the read's
  * allocation, or held for @h (a large item and a reader that takes held items, or any item
  * for a message read, answered by its descriptor); a read that cannot take it fails and leaves
@@ -124,10 +195,15 @@ static void chan_deliver(struct chan_handle *h, const struct chan_read *rd)
 		return tpd_chan_answer_len(h, rd->req_id, -EMSGSIZE, why, it->len);
 	}
 	if (rd->dst_set && (it->len > TPW_CHAN_INLINE_ITEM ||
-			    (rd->dst.buf && it->len > TPW_CHAN_SHM_ITEM)))
+			    (rd->dst.buf && it->len > TPW_CHAN_SHM_ITEM))) {
+		if (map_offer(h, rd, it, false))
+			return;
 		return copy_out(h, rd->req_id, tpd_chan_item_take(c), &rd->dst);
+	}
 	if (it->len <= TPW_CHAN_INLINE_ITEM && fits)
 		return deliver_inline(h, rd);
+	if (rd->fast && !h->held && map_offer(h, rd, it, false))
+		return; /* (no allocation named: the reader allocates for it) */
 	if (rd->fast) { /* another read of @h (another thread) may have been answered first */
 		if (!h->held)
 			h->held = tpd_chan_item_take(c);
@@ -588,7 +664,8 @@ static void read_held(struct chan_handle *h, const struct chan_read *rd)
 		return tpd_chan_answer_len(h, rd->req_id, -EMSGSIZE, why, it->len);
 	}
 	h->held = NULL;
-	copy_out(h, rd->req_id, it, &rd->dst);
+	if (!map_offer(h, rd, it, true))
+		copy_out(h, rd->req_id, it, &rd->dst);
 }
 
 /* @o's READ as a struct chan_read, its destination resolved in @h's session. Return: 0 or
@@ -611,6 +688,10 @@ static int read_params(struct chan_handle *h, const Tpw__V1__ChanOp *o, struct c
 		rd->dst = (struct tpb_mem){ .loc = TPB_LOC_REMOTE, .addr = o->xfer_id };
 		return 0;
 	}
+	rd->map = o->map_ok && h->who.s &&
+		  tpd_session_client_minor(h->who.s) >= TPW_MINOR_CHAN_MAP;
+	rd->n_mapped = TPU_MIN(o->n_mapped, TPW_CHAN_MAPPED_MAX); /* validated: at most that */
+	memcpy(rd->mapped, o->mapped, rd->n_mapped * sizeof(*rd->mapped));
 	if (!o->n_segments)
 		return 0;
 	rd->room = o->segments[0]->length;
@@ -628,6 +709,8 @@ void tpd_chan_io_read(struct tpd_chans *cs, struct chan_handle *h, const Tpw__V1
 
 	if (o->msg && o->take_held) /* its segments are the reader's slots */
 		return tpd_chan_msg_take(cs, h, o);
+	if (o->map_done)
+		return map_done(h, o);
 	r = read_params(h, o, &rd, why, sizeof(why));
 	if (r < 0)
 		return tpd_chan_answer(&h->who, o->req_id, r, why, h->id, c->closed, NULL);

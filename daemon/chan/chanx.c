@@ -578,6 +578,11 @@ bool tpd_chanx_op(struct tpd_chanx *x, struct tpd_session *s, const Tpw__V1__Cha
 	    tpd_peer_chan_far_minor(xh->pr) < TPW_PEER_MINOR_CHAN_BATCH)
 		c.max_items = 0;
 	c.lend = false;	 /* a lent staging buffer stays with this host: the far daemon copies */
+	/* a mapped read is for a channel of this host (its buffers are this host's): a far daemon
+	 * takes those fields from a peer as malformed, which would fail the whole link */
+	c.map_ok = c.map_done = c.map_fail = false;
+	c.n_mapped = 0;
+	c.mapped = NULL;
 	/* The hosting daemon holds a large item for this handle only for a client that takes it
 	 * (client minor >= 7 and CMA, as here). */
 	c.inline_only = o->inline_only || tpd_session_client_minor(s) < TPW_MINOR_CHAN_FAST;

@@ -280,6 +280,12 @@ static void handle_buffer_register(struct tpd_session *s, const Tpw__V1__BufferR
 			snprintf(why, sizeof(why), "cannot map buffer of %llu bytes: %s",
 				 (unsigned long long)m->size, strerror(-r));
 	}
+	/* A channel handle's buffer: its fd kept for the readers that map it (chan/chanio.c);
+	 * one per registered buffer, within --buffers-max. */
+	if (r == 0 && m->chan_map && (r = tpb_buffer_keep_fd(b, owned)) < 0) {
+		tpb_buffer_unref(b);
+		snprintf(why, sizeof(why), "cannot keep the buffer's fd: %s", strerror(-r));
+	}
 	if (r == 0 && tpu_hmap_put(&s->buffers, m->buf_id, b) < 0) {
 		tpb_buffer_unref(b);
 		r = -ENOMEM;

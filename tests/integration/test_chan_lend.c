@@ -337,6 +337,45 @@ START_TEST(test_two_threads_lend_through_one_handle)
 }
 END_TEST
 
+/* A channel freed with items in it (its last handle released): a lent item, an item copied in
+ * from a shared buffer (kept by the daemon as a spare buffer) and an inline one, in turn; each
+ * is unlinked before the next is freed (the spare one used to be unlinked from a list whose
+ * previous item was already freed). Twenty times, then the daemon still serves, and it exits
+ * cleanly at the end. */
+START_TEST(test_a_channel_freed_with_lent_and_copied_items)
+{
+	struct tp_chan_options o = { .size = sizeof(o), .flags = TP_CHAN_CREATE, .owner_uid = -1 };
+	struct tp_context *ctx = ctx_new();
+	uint8_t *priv = malloc(MIB), *shm = NULL;
+	struct iovec iov[3];
+	struct tp_chan *ch;
+	size_t len;
+
+	ck_assert(ctx && priv);
+	ck_assert_int_eq(tp_buffer_alloc(ctx, MIB, (void **)&shm), 0);
+	memset(priv, 1, MIB);
+	memset(shm, 2, MIB);
+	iov[0] = (struct iovec){ .iov_base = priv, .iov_len = MIB };
+	iov[1] = (struct iovec){ .iov_base = shm, .iov_len = MIB };
+	iov[2] = (struct iovec){ .iov_base = priv, .iov_len = 100 };
+	for (unsigned i = 0; i < 20; i++) {
+		ck_assert_int_eq(tp_chan_open(ctx, "lend.freed", &o, &ch), 0);
+		for (unsigned k = 0; k < 3; k++)
+			ck_assert_msg(tp_chan_write(ch, &iov[k], 1, T_MS) == 0, "%u.%u: %s", i, k,
+				      tp_last_error());
+		ck_assert_int_eq(tp_chan_release(ch), 0);
+	}
+	ck_assert_int_eq(tp_chan_open(ctx, "lend.freed", &o, &ch), 0);
+	ck_assert_int_eq(tp_chan_write(ch, &iov[1], 1, T_MS), 0);
+	ck_assert_int_ge(tp_chan_read_into(ch, priv, MIB, &len, T_MS), 0);
+	ck_assert_uint_eq(len, MIB);
+	ck_assert_int_eq(tp_chan_release(ch), 0);
+	ck_assert_int_eq(tp_buffer_free(ctx, shm), 0);
+	tp_context_free(ctx);
+	free(priv);
+}
+END_TEST
+
 static Suite *chan_lend_suite(void)
 {
 	Suite *s = suite_create("chan_lend");
@@ -348,6 +387,7 @@ static Suite *chan_lend_suite(void)
 	tcase_add_test(tc, test_lent_items_outlive_their_writer);
 	tcase_add_test(tc, test_reader_dying_with_a_lent_item_loses_nothing);
 	tcase_add_test(tc, test_two_threads_lend_through_one_handle);
+	tcase_add_test(tc, test_a_channel_freed_with_lent_and_copied_items);
 	suite_add_tcase(s, tc);
 	return s;
 }

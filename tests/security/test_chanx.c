@@ -4,7 +4,9 @@
  * unprivileged local user (uid 65534) speaking the raw protocol to its own daemon (a) about a
  * channel hosted by the other daemon (b) that admits other hosts. A forwarded op whose ChanOp
  * carries fields the daemon does not know is forwarded without them: the daemon survives and
- * answers (it used to pass on their count without their bytes, and died packing the frame).
+ * answers (it used to pass on their count without their bytes, and died packing the frame); so
+ * is a read asking to map a lent item (that is for channels of this host; the far daemon took
+ * it as malformed and failed the link, the victim's handle with it).
  * The user's handle ids are its own: a victim's handle of the same remote channel, guessed by
  * id, is not found for read, write, close and release; the victim's remote handle, its channel
  * and its item stay as they were.
@@ -121,6 +123,17 @@ static int attacker(void *arg)
 	rd.base.unknown_fields = &uf;
 	st = raw_chan(&r, &rd, NULL, 0, NULL);
 	TPT_REQUIRE(st == TPW__V1__STATUS__STATUS_TIMEOUT, 1, "read with an unknown field: %d", st);
+	/* A read asking to map (a channel of this host's only): forwarded without it, answered;
+	 * a peer daemon takes those fields as malformed, which used to fail the whole link. */
+	uint64_t keys[1] = { 12345 };
+
+	rd.base.n_unknown_fields = 0;
+	rd.base.unknown_fields = NULL;
+	rd.map_ok = true;
+	rd.n_mapped = 1;
+	rd.mapped = keys;
+	st = raw_chan(&r, &rd, NULL, 0, NULL);
+	TPT_REQUIRE(st == TPW__V1__STATUS__STATUS_TIMEOUT, 1, "read asking to map: %d", st);
 	/* The victim's handles (local ids below ours) are not ours. */
 	for (uint64_t g = 0; g < id; g++) {
 		for (size_t k = 0; k < TPU_ARRAY_SIZE(kinds); k++) {

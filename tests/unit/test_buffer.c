@@ -8,6 +8,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <stdint.h>
+#include <stdio.h>
 #include <string.h>
 #include <sys/mman.h>
 #include <unistd.h>
@@ -121,6 +122,55 @@ START_TEST(test_buffer_mapping_outlives_owner_reference)
 }
 END_TEST
 
+/* A channel buffer handed to readers (issue 25 part map): only once sealed against writes
+ * through any fd but the mappings already made (F_SEAL_FUTURE_WRITE), and then as an fd opened
+ * read-only: no shared writable mapping of it, no mprotect() to writable, no write(), not even
+ * through the file opened again read-write; what the owner's mapping writes, a reader sees. */
+START_TEST(test_buffer_reader_fd_is_read_only)
+{
+	int fd = make_memfd(8192, F_SEAL_SHRINK | F_SEAL_GROW), rfd, again;
+	struct tpb_buffer *b = NULL;
+	char path[40];
+	uint8_t *own, *ro;
+
+	own = mmap(NULL, 8192, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+	ck_assert_ptr_ne(own, MAP_FAILED);
+	ck_assert_int_eq(tpb_buffer_new(fd, 1, 1, 8192, &b), 0);
+	ck_assert_int_eq(tpb_buffer_reader_fd(b), -ENOENT); /* no fd kept */
+	ck_assert(!tpb_buffer_reader_ok(b));
+	ck_assert_int_eq(tpb_buffer_keep_fd(b, fd), 0);
+	ck_assert_uint_ne(b->map_key, 0);
+	ck_assert_int_eq(tpb_buffer_reader_fd(b), -EPERM); /* writable through any fd yet */
+	ck_assert(!tpb_buffer_reader_ok(b));
+	ck_assert_int_eq(fcntl(fd, F_ADD_SEALS, F_SEAL_FUTURE_WRITE | F_SEAL_SEAL), 0);
+	rfd = tpb_buffer_reader_fd(b);
+	ck_assert_int_ge(rfd, 0);
+	ck_assert_int_eq(fcntl(rfd, F_GETFL) & O_ACCMODE, O_RDONLY);
+	ck_assert_ptr_eq(mmap(NULL, 8192, PROT_READ | PROT_WRITE, MAP_SHARED, rfd, 0), MAP_FAILED);
+	ro = mmap(NULL, 8192, PROT_READ, MAP_SHARED, rfd, 0);
+	ck_assert_ptr_ne(ro, MAP_FAILED);
+	ck_assert_int_eq(mprotect(ro, 8192, PROT_READ | PROT_WRITE), -1);
+	ck_assert_int_eq(errno, EACCES);
+	ck_assert_int_eq(write(rfd, "x", 1), -1);
+	snprintf(path, sizeof(path), "/proc/self/fd/%d", rfd);
+	again = open(path, O_RDWR | O_CLOEXEC); /* the same inode, read-write */
+	if (again >= 0) {
+		ck_assert_ptr_eq(mmap(NULL, 8192, PROT_READ | PROT_WRITE, MAP_SHARED, again, 0),
+				 MAP_FAILED);
+		ck_assert_int_eq(pwrite(again, "x", 1, 0), -1);
+		ck_assert_int_eq(errno, EPERM);
+		close(again);
+	}
+	memset(own, 0x5a, 8192); /* the owner's mapping still writes */
+	ck_assert_uint_eq(ro[8191], 0x5a);
+	munmap(ro, 8192);
+	munmap(own, 8192);
+	close(rfd);
+	close(fd);
+	tpb_buffer_unref(b);
+}
+END_TEST
+
 static Suite *buffer_suite(void)
 {
 	Suite *s = suite_create("buffer");
@@ -133,6 +183,7 @@ static Suite *buffer_suite(void)
 	tcase_add_test(tc, test_buffer_rejects_non_regular_fd);
 	tcase_add_test(tc, test_buffer_resolve_edges);
 	tcase_add_test(tc, test_buffer_mapping_outlives_owner_reference);
+	tcase_add_test(tc, test_buffer_reader_fd_is_read_only);
 	suite_add_tcase(s, tc);
 	return s;
 }

@@ -1728,6 +1728,105 @@ START_TEST(test_validate_chan_lend)
 }
 END_TEST
 
+/* Lent items read by mapping (issue 25 part map): a READ's mapping fields only on a read, never
+ * from a peer, at most TPW_CHAN_MAPPED_MAX keys (just at and just above), an acknowledgement
+ * alone (no destination, no take); an answer by mapping names one item inside its buffer (just
+ * at its end and a byte past it), no tail, an fd only with a key; none from a peer. */
+START_TEST(test_validate_chan_map)
+{
+	Tpw__V1__ClientMsg m = TPW__V1__CLIENT_MSG__INIT;
+	Tpw__V1__ChanOp o = TPW__V1__CHAN_OP__INIT;
+	Tpw__V1__ShmRef ref = TPW__V1__SHM_REF__INIT;
+	Tpw__V1__Segment g = TPW__V1__SEGMENT__INIT, *gp[1] = { &g };
+	Tpw__V1__PeerChanOp po = TPW__V1__PEER_CHAN_OP__INIT;
+	Tpw__V1__PeerChanReply pr = TPW__V1__PEER_CHAN_REPLY__INIT;
+	Tpw__V1__PeerMsg pm = TPW__V1__PEER_MSG__INIT;
+	Tpw__V1__DaemonMsg dm = TPW__V1__DAEMON_MSG__INIT;
+	Tpw__V1__ChanReply r = TPW__V1__CHAN_REPLY__INIT;
+	uint64_t keys[TPW_CHAN_MAPPED_MAX + 1] = { 0 }, len = 1 << 20;
+
+	m.body_case = TPW__V1__CLIENT_MSG__BODY_CHAN_OP;
+	m.chan_op = &o;
+	o.op = TPW__V1__CHAN_OP_KIND__CHAN_OP_READ;
+	o.map_ok = true;
+	o.mapped = keys;
+	o.n_mapped = TPW_CHAN_MAPPED_MAX; /* just at */
+	ck_assert_int_eq(vc(&m, 0, 0), 0);
+	o.n_mapped = TPW_CHAN_MAPPED_MAX + 1; /* just above */
+	ck_assert_int_eq(vc(&m, 0, 0), -EBADMSG);
+	o.n_mapped = 1;
+	g.length = len;
+	g.loc_case = TPW__V1__SEGMENT__LOC_SHM;
+	g.shm = &ref;
+	o.n_segments = 1; /* with a destination for the copy it may take instead */
+	o.segments = gp;
+	ck_assert_int_eq(vc(&m, 0, 0), 0);
+	pm.body_case = TPW__V1__PEER_MSG__BODY_CHAN_OP;
+	pm.chan_op = &po;
+	po.op = &o;
+	o.n_segments = 0;
+	ck_assert_int_eq(vpt(&pm, 0), -EBADMSG); /* never from a peer */
+	o.map_ok = false;
+	o.n_mapped = 0;
+	ck_assert_int_eq(vpt(&pm, 0), 0);
+	o.map_ok = true;
+	o.n_mapped = 1;
+	o.n_segments = 1;
+	o.map_done = true; /* an acknowledgement is alone */
+	ck_assert_int_eq(vc(&m, 0, 0), -EBADMSG);
+	o.map_ok = false;
+	o.n_mapped = 0;
+	ck_assert_int_eq(vc(&m, 0, 0), -EBADMSG);
+	o.n_segments = 0;
+	o.segments = NULL;
+	ck_assert_int_eq(vc(&m, 0, 0), 0);
+	o.map_fail = true;
+	ck_assert_int_eq(vc(&m, 0, 0), 0);
+	o.map_done = false; /* a failure that acknowledges nothing */
+	ck_assert_int_eq(vc(&m, 0, 0), -EBADMSG);
+	o.map_fail = false;
+	o.n_mapped = 1; /* keys without map_ok */
+	ck_assert_int_eq(vc(&m, 0, 0), -EBADMSG);
+	o.n_mapped = 0;
+	o.map_ok = true;
+	o.op = TPW__V1__CHAN_OP_KIND__CHAN_OP_CLOSE; /* on an op that is no read */
+	ck_assert_int_eq(vc(&m, 0, 0), -EBADMSG);
+
+	dm.body_case = TPW__V1__DAEMON_MSG__BODY_CHAN_REPLY;
+	dm.chan_reply = &r;
+	r.map_key = 3;
+	r.map_size = 4 << 20;
+	r.map_off = (4 << 20) - len; /* just at the end */
+	r.n_lengths = 1;
+	r.lengths = &len;
+	r.map_fd = true;
+	ck_assert_int_eq(vd(&dm, 0, 0), 0);
+	ck_assert_int_eq(vd(&dm, 0, 1), -EBADMSG); /* a tail with it */
+	r.map_off++; /* a byte past it */
+	ck_assert_int_eq(vd(&dm, 0, 0), -EBADMSG);
+	r.map_off = UINT64_MAX; /* wrapping */
+	ck_assert_int_eq(vd(&dm, 0, 0), -EBADMSG);
+	r.map_off = 0;
+	r.map_key = 0; /* an fd without a key */
+	ck_assert_int_eq(vd(&dm, 0, 0), -EBADMSG);
+	r.map_key = 3;
+	r.copied = true;
+	ck_assert_int_eq(vd(&dm, 0, 0), -EBADMSG);
+	r.copied = false;
+	r.n_lengths = 0;
+	ck_assert_int_eq(vd(&dm, 0, 0), -EBADMSG);
+	r.n_lengths = 1;
+	pm.body_case = TPW__V1__PEER_MSG__BODY_CHAN_REPLY;
+	pm.chan_reply = &pr;
+	pr.reply = &r;
+	r.map_fd = false;
+	ck_assert_int_eq(vpt(&pm, 1 << 20), -EBADMSG); /* never from a peer */
+	r.map_key = 0;
+	r.map_size = 0;
+	ck_assert_int_eq(vpt(&pm, 1 << 20), 0);
+}
+END_TEST
+
 /* Work queue ops from a peer: plain names, payloads only on submit and reply, remote peers on a
  * creating open only; answers' payloads match the tail. Remote access options are checked as a listener's. */
 START_TEST(test_validate_peer_wq_msgs)
@@ -1855,6 +1954,7 @@ static Suite *validate_suite(void)
 	tcase_add_test(d, test_validate_chan_msg);
 	tcase_add_test(d, test_validate_chan_reply_batch);
 	tcase_add_test(d, test_validate_chan_lend);
+	tcase_add_test(d, test_validate_chan_map);
 	tcase_add_test(d, test_validate_peer_chan_reply);
 	tcase_add_test(d, test_validate_peer_wq_msgs);
 	suite_add_tcase(s, d);

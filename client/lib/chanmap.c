@@ -1,0 +1,265 @@
+/* SPDX-License-Identifier: BSD-3-Clause */
+/*
+ * Lent channel items read by mapping (issue 25 part map; chan_int.h, docs/channels.md). A
+ * handle of a channel of this host (tp_chan.map) stages and lends only buffers of its own:
+ * fresh memfds, sealed against writes by anyone but this library's own mapping, that serve
+ * that handle and that channel alone and never go to the context's staging pool (which pipes
+ * use), so that a reader that maps one sees bytes of that channel's items only. A read takes
+ * an item lying in such a buffer by mapping the buffer read-only (the fd the daemon hands over
+ * once; CHAN_MAP_MAX mappings kept per handle, the least recently used unmapped first) and
+ * copying the item out itself, then tells the daemon (ChanOp.map_done), which copies none of
+ * its bytes and counts the item read only then. Leaves the requests to chan.c, the staging of
+ * items to chanwrite.c and the reads themselves to chanread.c.
+ */
+#include <errno.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include "chan_int.h"
+#include "internal.h"
+
+void tpc_chan_map_op(struct tp_chan *ch, Tpw__V1__ChanOp *op, uint64_t *keys,
+		     struct chan_req *cr)
+{
+	size_t n = 0;
+
+	pthread_mutex_lock(&ch->ctx->lock);
+	if (!ch->map_read) {
+		pthread_mutex_unlock(&ch->ctx->lock);
+		return;
+	}
+	op->map_ok = true;
+	cr->map_req = true;
+	for (unsigned i = 0; i < ch->n_maps; i++)
+		keys[n++] = ch->maps[i].key;
+	pthread_mutex_unlock(&ch->ctx->lock);
+	op->n_mapped = n;
+	op->mapped = n ? keys : NULL;
+}
+
+int tpc_chan_map_on_reply(struct tp_context *ctx, struct chan_req *cr,
+			  const Tpw__V1__ChanReply *m)
+{
+	/* validated: one item, inside map_size, no tail */
+	int fd = m->map_fd ? tpc_pring_take_fd(ctx) : -EBADF;
+
+	if (!cr->map_req || (m->map_fd && fd < 0)) {
+		if (fd >= 0)
+			close(fd);
+		return -EPROTO; /* (the item stays out until the handle is released) */
+	}
+	cr->items = calloc(1, sizeof(*cr->items));
+	if (!cr->items) {
+		if (fd >= 0)
+			close(fd);
+		return -ENOMEM;
+	}
+	cr->items[0] = (struct iovec){ .iov_base = NULL, .iov_len = m->lengths[0] };
+	cr->n = 1;
+	cr->map_pending = true;
+	cr->map_key = m->map_key;
+	cr->map_off = m->map_off;
+	cr->map_fd = fd;
+	cr->map_has_fd = fd >= 0;
+	return 0;
+}
+
+/* The mapping of @key kept by @ch, with one more reference; lock held. Return: it, or NULL. */
+static struct chan_map *map_find_locked(struct tp_chan *ch, uint64_t key)
+{
+	for (unsigned i = 0; i < ch->n_maps; i++) {
+		if (ch->maps[i].key != key)
+			continue;
+		ch->maps[i].refs++;
+		ch->maps[i].used = ++ch->map_tick;
+		return &ch->maps[i];
+	}
+	return NULL;
+}
+
+/* Maps @fd (borrowed) read-only, the whole file as fstat() says (the daemon hands out only
+ * files sealed against shrinking), and keeps it as @key in @ch, in place of the least recently
+ * used mapping no copy uses when CHAN_MAP_MAX are kept. Return: a copy of the entry with one
+ * reference in *@ret (@ret->key 0: not kept, unmap it after use), or -errno. */
+static int map_new(struct tp_chan *ch, uint64_t key, int fd, struct chan_map *ret)
+{
+	struct chan_map *e, old = { 0 };
+	struct stat st;
+	void *addr;
+	int victim = -1;
+
+	if (fstat(fd, &st) < 0 || st.st_size <= 0 || (uint64_t)st.st_size > SIZE_MAX)
+		return -EPROTO;
+	addr = mmap(NULL, (size_t)st.st_size, PROT_READ, MAP_SHARED, fd, 0);
+	if (addr == MAP_FAILED)
+		return -errno;
+	*ret = (struct chan_map){ .key = 0, .addr = addr, .size = (size_t)st.st_size, .refs = 1 };
+	pthread_mutex_lock(&ch->ctx->lock);
+	e = map_find_locked(ch, key); /* another thread mapped it meanwhile */
+	if (e) {
+		old = *ret;
+		*ret = *e;
+	}
+	for (unsigned i = 0; !e && i < ch->n_maps; i++)
+		if (!ch->maps[i].refs && (victim < 0 || ch->maps[i].used < ch->maps[victim].used))
+			victim = (int)i;
+	if (!e && ch->n_maps == CHAN_MAP_MAX && victim >= 0) {
+		old = ch->maps[victim];
+		ch->maps[victim] = ch->maps[--ch->n_maps];
+	}
+	if (!e && ch->n_maps < CHAN_MAP_MAX) {
+		ret->key = key;
+		ret->used = ++ch->map_tick;
+		ch->maps[ch->n_maps++] = *ret;
+	}
+	pthread_mutex_unlock(&ch->ctx->lock);
+	if (old.addr)
+		munmap((void *)old.addr, old.size);
+	return 0;
+}
+
+/* Drops the reference of @e (a copy of the entry); one not kept is unmapped. */
+static void map_put(struct tp_chan *ch, const struct chan_map *e)
+{
+	if (!e->key)
+		return (void)munmap((void *)e->addr, e->size);
+	pthread_mutex_lock(&ch->ctx->lock);
+	for (unsigned i = 0; i < ch->n_maps; i++)
+		if (ch->maps[i].key == e->key && ch->maps[i].refs)
+			ch->maps[i].refs--;
+	pthread_mutex_unlock(&ch->ctx->lock);
+}
+
+/* Tells the daemon that @ch's item handed out by mapping was copied out (or, @fail, could not
+ * be: it goes back to the head of the channel). Not answered. */
+static void map_ack(struct tp_chan *ch, bool fail)
+{
+	Tpw__V1__ChanOp op = TPW__V1__CHAN_OP__INIT;
+	Tpw__V1__ClientMsg m = TPW__V1__CLIENT_MSG__INIT;
+
+	op.op = TPW__V1__CHAN_OP_KIND__CHAN_OP_READ;
+	op.chan_id = ch->id;
+	op.map_done = true;
+	op.map_fail = fail;
+	m.body_case = TPW__V1__CLIENT_MSG__BODY_CHAN_OP;
+	m.chan_op = &op;
+	pthread_mutex_lock(&ch->ctx->send_lock);
+	tpc_wire_send(ch->ctx, &m, NULL, 0, -EBADF); /* failure: the session ends, the item too */
+	pthread_mutex_unlock(&ch->ctx->send_lock);
+}
+
+int tpc_chan_map_take(struct tp_chan *ch, struct chan_req *cr)
+{
+	size_t len = cr->items[0].iov_len;
+	struct chan_map e = { 0 }, *found;
+	void *to = NULL;
+	int r = 0;
+
+	if (!cr->map_pending)
+		return 0;
+	cr->map_pending = false;
+	pthread_mutex_lock(&ch->ctx->lock);
+	found = map_find_locked(ch, cr->map_key);
+	if (found)
+		e = *found;
+	pthread_mutex_unlock(&ch->ctx->lock);
+	/* No fd for a buffer no longer mapped: another thread's read unmapped it after this
+	 * read listed it (-ESTALE: the item goes back, the read is made again). */
+	if (!found)
+		r = cr->map_has_fd ? map_new(ch, cr->map_key, cr->map_fd, &e) : -ESTALE;
+	if (cr->map_has_fd)
+		close(cr->map_fd); /* mapped, or not needed: one mapping a buffer */
+	cr->map_has_fd = false;
+	/* Everything the daemon said is checked against what this process mapped. */
+	if (r == 0 && !tpu_range_ok(cr->map_off, len, e.size))
+		r = -EPROTO;
+	if (r == 0 && cr->dst && len > cr->dst_len)
+		r = -EPROTO; /* (the daemon checked the read's room) */
+	/* The read's allocation, unless its caller gave up (it may use that memory again): then,
+	 * as without one, an allocation of the item's own. */
+	if (r == 0 && cr->into && cr->ch)
+		cr->into = false;
+	else if (r == 0 && cr->dst)
+		to = cr->dst;
+	if (r == 0 && !to)
+		to = malloc(len ? len : 1);
+	if (r == 0 && !to)
+		r = -ENOMEM;
+	if (r == 0)
+		memcpy(to, e.addr + cr->map_off, len);
+	if (r == 0 || e.addr)
+		map_put(ch, &e);
+	map_ack(ch, r < 0);
+	if (r < 0) {
+		if (to && to != cr->dst)
+			free(to);
+		cr->n = 0;
+		return r;
+	}
+	cr->items[0].iov_base = to;
+	cr->dst = to;
+	return 0;
+}
+
+void tpc_chan_map_drop(struct tp_chan *ch)
+{
+	for (unsigned i = 0; i < ch->n_maps; i++)
+		munmap((void *)ch->maps[i].addr, ch->maps[i].size);
+	ch->n_maps = 0;
+	for (unsigned i = 0; i < ch->n_own; i++)
+		tpc_buffer_stage_put(ch->ctx, ch->own[i], false);
+	ch->n_own = 0;
+	ch->own_bytes = 0;
+}
+
+struct tpc_buf *tpc_chan_own_get(struct tp_chan *ch, uint64_t size)
+{
+	struct tpc_buf *b = NULL;
+	unsigned best = 0;
+
+	pthread_mutex_lock(&ch->ctx->lock);
+	for (unsigned i = 0; i < ch->n_own; i++)
+		if (ch->own[i]->size >= size && (!b || ch->own[i]->size < b->size)) {
+			b = ch->own[i];
+			best = i;
+		}
+	if (b && b->size / 2 > size)
+		b = NULL; /* too large to lend for it (chan_may_lend()): a new one */
+	if (b) {
+		ch->own[best] = ch->own[--ch->n_own];
+		ch->own_bytes -= b->size;
+	}
+	pthread_mutex_unlock(&ch->ctx->lock);
+	if (b || size > SIZE_MAX)
+		return b;
+	return tpc_buffer_chan_new(ch->ctx, (size_t)size, &b) == 0 ? b : NULL;
+}
+
+void tpc_chan_own_put(struct tp_chan *ch, struct tpc_buf *b, bool reuse)
+{
+	struct tpc_buf *evict[CHAN_OWN_FREE];
+	unsigned n_evict = 0;
+
+	if (!b)
+		return;
+	pthread_mutex_lock(&ch->ctx->lock);
+	if (reuse && !b->failed && !ch->ctx->dead && b->size <= CHAN_LENT_BYTES) {
+		while (ch->n_own && (ch->n_own == CHAN_OWN_FREE ||
+				     ch->own_bytes + b->size > CHAN_LENT_BYTES)) {
+			evict[n_evict] = ch->own[0];
+			ch->own_bytes -= ch->own[0]->size;
+			ch->own[0] = ch->own[--ch->n_own];
+			n_evict++;
+		}
+		ch->own[ch->n_own++] = b;
+		ch->own_bytes += b->size;
+		b = NULL;
+	}
+	pthread_mutex_unlock(&ch->ctx->lock);
+	for (unsigned i = 0; i < n_evict; i++)
+		tpc_buffer_stage_put(ch->ctx, evict[i], false);
+	tpc_buffer_stage_put(ch->ctx, b, false);
+}
