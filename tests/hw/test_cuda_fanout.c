@@ -3,7 +3,8 @@
  * hw suite: the daemon's fan-out of a CUDA tensor (tp_set_broadcast(), docs/fanout.md). A
  * server on daemon A broadcasts tensors in device memory (1 MiB + 3, 4 KiB + 1, 8 MiB + 5) to
  * two readers on A and two behind daemon B (the peer fixture: another host on loopback); every
- * reader checks each message byte for byte, in CPU memory or in CUDA memory. The broadcast is
+ * reader checks each message byte for byte, in CPU memory or in CUDA memory (the writer's bytes
+ * still queued on its stream when it broadcasts: each delivery waits for them). The broadcast is
  * the daemon's (tp_set_last_fanout()), the link from A to B carries each tensor once, not once
  * per remote reader (`tpipctl --json peers`, data and RDMA bytes), and B stages each once
  * (`bcast_staged_bytes`). Over B's staging limit each remote target is read on its own, as a
@@ -17,6 +18,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 #include <sys/wait.h>
 #include "hwtest.h"
 #include "ipeer.h"
@@ -127,8 +129,22 @@ static int reader(void *arg)
 	return 0;
 }
 
-/* Broadcasts message @k from device memory; every delivery but the victim's must succeed. */
-static int server_one(const struct hwt_cuda *cu, struct tp_pipe_set *s, unsigned k)
+static void CUDA_CB slow_fn(void *arg)
+{
+	struct timespec ts = { 0, 100 * 1000000L };
+
+	(void)arg;
+	while (nanosleep(&ts, &ts) < 0 && errno == EINTR)
+		;
+}
+
+/*
+ * Broadcasts message @k from device memory whose bytes are still queued on the writer's stream
+ * (behind 100 ms of other work) when the broadcast starts: every delivery must wait for them.
+ * Every delivery but the victim's must succeed.
+ */
+static int server_one(const struct hwt_cuda *cu, struct tp_pipe_set *s, unsigned k,
+		      uint8_t *host)
 {
 	uint8_t md = (uint8_t)k;
 	struct tp_tensor t = { .device = { TP_DEVICE_CUDA, 0 }, .length = sizes[k] };
@@ -136,10 +152,19 @@ static int server_one(const struct hwt_cuda *cu, struct tp_pipe_set *s, unsigned
 				.n_tensors = 1 };
 	int st[READERS], r;
 	CUdeviceptr dev;
+	CUstream stream;
 
-	TPT_REQUIRE(hwt_dev_alloc_fill(cu, sizes[k], SEED + k, &dev) == 0, 1, "fill");
+	HWT_CU(cu, cuMemAlloc(&dev, sizes[k]), 1);
+	TPT_REQUIRE(hwt_dev_set(cu, dev, 0, sizes[k]) == 0, 1, "memset");
+	HWT_CU(cu, cuStreamCreate(&stream, CU_STREAM_NON_BLOCKING), 1);
+	tpt_fill(host, sizes[k], SEED + k);
+	HWT_CU(cu, cuLaunchHostFunc(stream, slow_fn, NULL), 1);
+	TPT_REQUIRE(hwt_dev_put(cu, dev, host, sizes[k], stream) == 0, 1, "fill");
 	t.data = hwt_ptr(dev);
+	t.cuda_stream = stream;
 	r = tp_set_broadcast(s, &m, HWT_T_MS, st, READERS);
+	HWT_CU(cu, cuStreamSynchronize(stream), 1); /* @host is read until here */
+	cu->api->cuStreamDestroy(stream);
 	cu->api->cuMemFree(dev);
 	TPT_REQUIRE(r == READERS - (victim >= 0), 1, "message %u: %d of %d delivered: %s", k, r,
 		    READERS, tp_last_error());
@@ -161,10 +186,11 @@ static int server(void *arg)
 	struct tp_listener *l = NULL;
 	struct tp_pipe_set *s = NULL;
 	struct hwt_cuda cu = { 0 };
+	uint8_t *host = malloc(8 * MIB + 64);
 	int r;
 
 	(void)arg;
-	TPT_REQUIRE(hwt_cuda_open(0, &cu) == 0, 1, "CUDA");
+	TPT_REQUIRE(host && hwt_cuda_open(0, &cu) == 0, 1, "CUDA");
 	r = tpt_ctx_new(&tpt_peer_a, 0, "fan-server", &ctx);
 	if (r == 0)
 		r = tp_listen(ctx, NAME, &lo, &l);
@@ -175,12 +201,13 @@ static int server(void *arg)
 	r = tp_set_wait_pipes(s, l, READERS, HWT_T_MS);
 	TPT_REQUIRE(r == 0, 1, "pipes: %d %s", r, tp_last_error());
 	for (unsigned k = 0; k < N_SIZES; k++)
-		if (server_one(&cu, s, k))
+		if (server_one(&cu, s, k, host))
 			return 1;
 	tp_set_free(s); /* the readers see their pipes end */
 	tp_listener_close(l);
 	tp_context_free(ctx);
 	hwt_cuda_close(&cu);
+	free(host);
 	return 0;
 }
 
