@@ -584,7 +584,8 @@ static int bcast_start(struct tp_pipe_set *s, const struct tp_message *msg, stru
 		r = bcast_daemon(s, msg, b, ones, ops);
 	if (r == -EOPNOTSUPP && s->fanout == TP_FANOUT_DAEMON)
 		return tpc_error(-EOPNOTSUPP, "the daemon cannot fan this broadcast out (an older "
-				 "daemon, bcast-pipes-max, staging, or writes held)");
+				 "daemon, also for CUDA tensors below minor %u, bcast-pipes-max, "
+				 "staging, or writes held)", TPW_MINOR_BCAST_CUDA);
 	*ret_filed = r == 0;
 	if (r == 0)
 		s->last_fanout = TP_FANOUT_DAEMON;

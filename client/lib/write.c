@@ -181,7 +181,8 @@ static bool write_on_cuda(const struct tp_tensor *t)
 
 /*
  * Exports the CUDA tensors (no lock held): each becomes a CudaRef with an event recorded on its
- * stream, held in @events (an op's, or a Broadcast's shared list). An empty CUDA tensor needs no memory and travels like an empty CPU one.
+ * stream, held in @events (an op's, or a Broadcast's shared list). An empty CUDA tensor needs no
+ * memory and travels like an empty CPU one.
  */
 static int write_cuda(struct tp_context *ctx, struct write_plan *pl, const struct tp_message *msg,
 		      struct tpc_cuda_event **events, bool remote)
