@@ -60,9 +60,11 @@
  *      only to a daemon of minor >= 10; a daemon refuses a message item to a plain take or
  *      answer read (STATUS_UNSUPPORTED, the item stays first), so an older client never
  *      misreads one
+ *  11  Broadcast of a message with CUDA tensors (the daemon fans it out, docs/fanout.md): a
+ *      client sends one only to a daemon of minor >= 11 and writes each pipe itself otherwise
  */
 #define TPW_PROTO_MAJOR 1
-#define TPW_PROTO_MINOR 10
+#define TPW_PROTO_MINOR 11
 /* Daemon-to-daemon protocol, versioned apart from the client one. 2: frames inside TLS 1.3, no
  * PeerAuth; a daemon speaking 1 (plaintext PeerHello) is refused with a clear log line. Minor
  * versions of peer protocol 2:
@@ -120,6 +122,7 @@
 #define TPW_MINOR_CHAN_MSG 8 /* channel items as messages (ChanOp.msgs, ChanOp.msg) */
 #define TPW_MINOR_CHAN_MAP 9 /* lent channel items read by mapping (ChanOp.map_ok) */
 #define TPW_MINOR_WQ_MSG 10 /* work queue questions and answers as messages (WqOp 650-655) */
+#define TPW_MINOR_BCAST_CUDA 11 /* Broadcast of CUDA tensors (issue 25, fan-out) */
 /* Channel items up to TPW_CHAN_INLINE_ITEM ride inline in frames (writes and answers), except
  * that items above TPW_CHAN_SHM_ITEM in (or read into) a shared buffer are copied with memcpy;
  * other items are copied between the clients' memory and the daemon by CMA (protocol minor 7,

@@ -843,10 +843,11 @@ int tp_set_last_status(const struct tp_pipe_set *s);
  * in shared buffers (tp_buffer_alloc()) is copied by the daemon from that one source into each
  * reader's allocation; private CPU memory is first copied once into one staging shared buffer
  * (at most TP_SET_STAGE_MAX bytes, and within the daemon's shared-buffer limits) from which all
- * deliveries copy; CUDA tensors are read by each delivery. Where the daemon offers it, one
- * request names every pipe and the daemon fans out, reading private memory once itself (see
- * "daemon fan-out" at the end of this header, tp_set_set_fanout()). A reader that is slow (not
- * done after @timeout_ms: that delivery is cancelled) or gone fails only its own delivery.
+ * deliveries copy; CUDA tensors are exported once and read by each delivery. Where the daemon
+ * offers it, one request names every pipe and the daemon fans out, reading private memory once
+ * itself (see "daemon fan-out" at the end of this header, tp_set_set_fanout()). A reader that
+ * is slow (not done after @timeout_ms: that delivery is cancelled) or gone fails only its own
+ * delivery.
  * Borrows @msg and its memory until the call returns.
  * @ret_status: @n_status entries, written for pipes 0..n_status-1 in tp_set_pipe() order: 0
  * delivered, else that pipe's -errno. May be NULL when @n_status is 0.
@@ -1164,10 +1165,11 @@ int tp_wq_descriptor_free(struct tp_descriptor *d);
  * message out: it reads the writer's memory once (a shared buffer in place; private memory by
  * one read into its own staging, within --bcast-stage-bytes-per-uid) and delivers it on each
  * pipe as an ordinary message, in that pipe's order. Readers see no difference. Otherwise (an
- * older daemon, more pipes than it takes, CUDA tensors, private memory without CMA, or a pipe
- * with writes held back by flow control) the set writes each pipe itself, as before. Across
- * hosts the daemon's fan-out crosses each peer link once and the far daemon fans it out to its
- * readers (both daemons of this version; otherwise each delivery crosses the link).
+ * older daemon, more pipes than it takes, CUDA tensors with a daemon of protocol minor below
+ * 11, private memory without CMA, or a pipe with writes held back by flow control) the set
+ * writes each pipe itself, as before. Across hosts the daemon's fan-out crosses each peer link
+ * once, CUDA tensors included, and the far daemon fans it out to its readers (both daemons of
+ * this version; otherwise each delivery crosses the link).
  */
 enum tp_fanout {
 	TP_FANOUT_AUTO = 0,	/* the daemon's fan-out where it can, else the set's (default) */

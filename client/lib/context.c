@@ -229,6 +229,7 @@ void tpc_op_free(struct tpc_op *op)
 	if (!op)
 		return;
 	tpc_cuda_events_put(op->cuda_events);
+	tpc_cuda_shared_unref(op->cuda_shared);
 	tpc_write_held_free(op->held);
 	free(op->errmsg);
 	free(op);

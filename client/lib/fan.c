@@ -8,7 +8,8 @@
  * result. Where the daemon takes Broadcast (Limits.bcast_pipes_max), one frame names every
  * pipe and the daemon fans out itself, reading the writer's memory once (write.c files each
  * pipe's write: tpc_pipes_broadcast()); otherwise, and for what the daemon's fan-out does not
- * take (CUDA tensors, staging without CMA, pipes with writes held), the set writes each pipe.
+ * take (staging without CMA, pipes with writes held; CUDA tensors with a daemon older than
+ * minor 11), the set writes each pipe.
  */
 #include <errno.h>
 #include <pthread.h>
@@ -583,7 +584,8 @@ static int bcast_start(struct tp_pipe_set *s, const struct tp_message *msg, stru
 		r = bcast_daemon(s, msg, b, ones, ops);
 	if (r == -EOPNOTSUPP && s->fanout == TP_FANOUT_DAEMON)
 		return tpc_error(-EOPNOTSUPP, "the daemon cannot fan this broadcast out (an older "
-				 "daemon, bcast-pipes-max, CUDA tensors, staging, or writes held)");
+				 "daemon, also for CUDA tensors below minor %u, bcast-pipes-max, "
+				 "staging, or writes held)", TPW_MINOR_BCAST_CUDA);
 	*ret_filed = r == 0;
 	if (r == 0)
 		s->last_fanout = TP_FANOUT_DAEMON;

@@ -215,6 +215,10 @@ struct tpc_op {
 	/* Events recorded on the streams of the op's CUDA segments: the daemon waits for them
 	 * before its copy. Back to their pool when the op is freed (after its callback). */
 	struct tpc_cuda_event *cuda_events;
+	/* The same, shared by the deliveries of one Broadcast (one export, one event per
+	 * stream, which the daemon waits for before each delivery's copy): back to their pool
+	 * when the last of those ops is freed. */
+	struct tpc_cuda_shared *cuda_shared;
 	/* With flow control, a write's packed frame (a reference; its data pieces still point
 	 * into the caller's memory), kept while the write is pending so that it can be resent
 	 * when the daemon-wide budget turns it back (WriteDone{resend}); without, kept for a
@@ -717,6 +721,18 @@ int tpc_cuda_fold(struct tp_context *ctx, const struct tpc_cuda_mem *m, void *ac
 
 /* Gives the events of an operation back to their pools. Takes @list. Any lock may be held. */
 void tpc_cuda_events_put(struct tpc_cuda_event *list);
+
+/* Events recorded for one export that several operations name (a Broadcast's deliveries). */
+struct tpc_cuda_shared {
+	unsigned refs; /* atomic */
+	struct tpc_cuda_event *events;
+};
+
+/* Takes a reference on @sh (NULL: nothing). Return: @sh. */
+struct tpc_cuda_shared *tpc_cuda_shared_ref(struct tpc_cuda_shared *sh);
+/* Drops a reference on @sh (NULL: nothing); the last gives its events back and frees it. Any
+ * lock may be held. */
+void tpc_cuda_shared_unref(struct tpc_cuda_shared *sh);
 
 /* Destroys the pooled events (in their CUDA contexts) and the cache; no CUDA call if the
  * context never used CUDA memory. Context teardown, after every operation was freed. Borrows

@@ -181,10 +181,11 @@ static bool write_on_cuda(const struct tp_tensor *t)
 
 /*
  * Exports the CUDA tensors (no lock held): each becomes a CudaRef with an event recorded on its
- * stream, held by @op. An empty CUDA tensor needs no memory and travels like an empty CPU one.
+ * stream, held in @events (an op's, or a Broadcast's shared list). An empty CUDA tensor needs no
+ * memory and travels like an empty CPU one.
  */
 static int write_cuda(struct tp_context *ctx, struct write_plan *pl, const struct tp_message *msg,
-		      struct tpc_op *op, bool remote)
+		      struct tpc_cuda_event **events, bool remote)
 {
 	size_t np = msg->n_payloads, n = 0;
 	int r;
@@ -208,8 +209,7 @@ static int write_cuda(struct tp_context *ctx, struct write_plan *pl, const struc
 			continue;
 		snprintf(m.what, sizeof(m.what), "tensor %zu", i);
 		m.remote = remote;
-		r = tpc_cuda_export(ctx, &m, &pl->cuda[pl->n_cuda++], &pl->seg[np + i],
-				    &op->cuda_events);
+		r = tpc_cuda_export(ctx, &m, &pl->cuda[pl->n_cuda++], &pl->seg[np + i], events);
 	}
 	return r;
 }
@@ -583,7 +583,7 @@ int tpc_pipe_write(struct tp_pipe *p, const struct tp_message *msg, tp_done_fn c
 		op->cb.done = cb;
 		op->arg = arg;
 		write_build(pl, msg, p->id);
-		r = write_cuda(p->ctx, pl, msg, op, TPC_PIPE_REMOTE(p));
+		r = write_cuda(p->ctx, pl, msg, &op->cuda_events, TPC_PIPE_REMOTE(p));
 		if (r == 0)
 			r = write_send(p, pl, msg, total, op, &id);
 	}
@@ -704,28 +704,67 @@ out:
 	return r;
 }
 
+struct tpc_cuda_shared *tpc_cuda_shared_ref(struct tpc_cuda_shared *sh)
+{
+	if (sh)
+		__atomic_add_fetch(&sh->refs, 1, __ATOMIC_RELAXED);
+	return sh;
+}
+
+void tpc_cuda_shared_unref(struct tpc_cuda_shared *sh)
+{
+	if (!sh || __atomic_sub_fetch(&sh->refs, 1, __ATOMIC_ACQ_REL) > 0)
+		return;
+	tpc_cuda_events_put(sh->events);
+	free(sh);
+}
+
+/* Whether @msg has CUDA tensors with bytes (and whether any of @pipes leads to another host). */
+static bool bcast_cuda(struct tp_pipe *const *pipes, unsigned n, const struct tp_message *msg,
+		       bool *ret_remote)
+{
+	bool cuda = false;
+
+	for (size_t i = 0; i < msg->n_tensors && msg->tensors; i++)
+		cuda |= write_on_cuda(&msg->tensors[i]);
+	*ret_remote = false;
+	for (unsigned i = 0; cuda && i < n; i++)
+		*ret_remote |= TPC_PIPE_REMOTE(pipes[i]);
+	return cuda;
+}
+
 int tpc_pipes_broadcast(struct tp_pipe *const *pipes, unsigned n, const struct tp_message *msg,
 			tp_done_fn cb, void *const *args, uint64_t *ret_ops, int *ret_status)
 {
 	struct tp_context *ctx = n ? pipes[0]->ctx : NULL;
 	struct write_plan *pl = NULL;
 	struct tpc_op **ops = NULL;
+	struct tpc_cuda_shared *sh = NULL;
 	uint64_t total = 0;
+	bool remote = false;
 	int r;
 
 	if (!ctx || !msg || !cb)
 		return tpc_error(-EINVAL, "missing pipes, message or callback");
 	if (!ctx->lim.bcast_pipes_max || n > ctx->lim.bcast_pipes_max)
 		return -EOPNOTSUPP;
-	for (size_t i = 0; i < msg->n_tensors && msg->tensors; i++)
-		if (write_on_cuda(&msg->tensors[i]))
-			return -EOPNOTSUPP; /* each delivery exports and reads it */
+	/* CUDA tensors: exported once, each delivery's copy reads them (an older daemon: each
+	 * delivery is a write of its own) */
+	if (bcast_cuda(pipes, n, msg, &remote) && ctx->daemon_minor < TPW_MINOR_BCAST_CUDA)
+		return -EOPNOTSUPP;
 	r = write_check(ctx, msg, &total);
 	if (r < 0)
 		return r;
 	pl = write_plan_new(msg);
 	ops = calloc(n, sizeof(*ops));
 	r = pl && ops ? 0 : tpc_error(-ENOMEM, "out of memory");
+	if (r == 0 && bcast_cuda(pipes, n, msg, &remote)) {
+		sh = calloc(1, sizeof(*sh));
+		if (sh)
+			sh->refs = 1;
+		else
+			r = tpc_error(-ENOMEM, "out of memory");
+	}
 	for (unsigned i = 0; r == 0 && i < n; i++) {
 		ops[i] = tpc_op_new(TPC_OP_WRITE, 0);
 		if (!ops[i])
@@ -733,16 +772,22 @@ int tpc_pipes_broadcast(struct tp_pipe *const *pipes, unsigned n, const struct t
 		else {
 			ops[i]->cb.done = cb;
 			ops[i]->arg = args[i];
+			/* each delivery keeps the events until its copy is done */
+			ops[i]->cuda_shared = tpc_cuda_shared_ref(sh);
 		}
 	}
 	if (r == 0) {
 		write_build(pl, msg, 0);
-		r = bcast_send(pipes, n, pl, msg, total, ops, ret_ops, ret_status);
+		if (sh)
+			r = write_cuda(ctx, pl, msg, &sh->events, remote);
 	}
+	if (r == 0)
+		r = bcast_send(pipes, n, pl, msg, total, ops, ret_ops, ret_status);
 	for (unsigned i = 0; ops && i < n; i++)
 		tpc_op_free(ops[i]); /* those not filed */
 	free(ops);
 	write_plan_free(pl);
+	tpc_cuda_shared_unref(sh);
 	return r;
 }
 

@@ -6,9 +6,12 @@
  * so readers read it as any message. Shared-buffer sources are read in place by every reader's
  * copy; private memory (cma_addr) is read once, by a copy job on the copier, into daemon staging
  * that the local readers' copies then read, each waiting for that one read (and failing with
- * it). Staging is charged to the writer's uid (bcast-stage-bytes-per-uid); above the limit, and
- * for readers on another host, each delivery reads the writer's memory as a Write would. It
- * does not decide what a message is or how it is copied (msg.c, pipe.c).
+ * it). Staging is charged to the writer's uid (bcast-stage-bytes-per-uid); above the limit each
+ * delivery reads the writer's memory as a Write would, and so does each local delivery of a CUDA
+ * source (one device copy per reader). Readers on another host get the message once per link
+ * (PeerBcast), CUDA sources included: the far daemon reads it once into its host staging and
+ * delivers its readers from there. It does not decide what a message is or how it is copied
+ * (msg.c, pipe.c).
  */
 #include <errno.h>
 #include <stdio.h>
@@ -336,9 +339,8 @@ bool tpd_bcast_defer(struct tpd_bcast *bc, struct tpd_msg *m, const struct tpd_p
 	    !p->remote_id || p->connecting ||
 	    tpd_peer_chan_far_minor(p->link) < TPW_PEER_MINOR_BCAST)
 		return false;
-	for (size_t i = 0; i < m->n_src; i++)
-		if (m->src[i].mem.loc == TPB_LOC_CUDA)
-			return false; /* each delivery reads device memory, as a Write's would */
+	/* CUDA sources too: the far daemon stages the bytes in host memory (one that cannot, an
+	 * older one, reads each target on its own: a plain PeerReadReq, served as any) */
 	m->xbcast = true;
 	bc->xmsgs[bc->n_xmsgs++] = m;
 	return true;
@@ -512,13 +514,11 @@ static int peer_stage(struct tpd_peer *pr, struct tpd_bcast *bc, const Tpw__V1__
 	int r;
 
 	for (size_t i = 0; i < bc->n_seg; i++) {
+		/* a CUDA source lands here as host bytes (the writer's daemon reads the device
+		 * memory into its stripe), as for a target read on its own */
 		uint64_t len = i < dd->n_payloads ? dd->payloads[i]->length
 						  : dd->tensors[i - dd->n_payloads]->length;
 
-		if (i >= dd->n_payloads && dd->tensors[i - dd->n_payloads]->device &&
-		    dd->tensors[i - dd->n_payloads]->device->type ==
-			    TPW__V1__DEVICE_TYPE__DEVICE_CUDA)
-			return -EOPNOTSUPP;
 		bc->off[i] = need;
 		if (len > UINT64_MAX / 2 - need)
 			return -EOVERFLOW;
