@@ -21,6 +21,10 @@
 
 #define SYNC_BOUNCE_BYTES (256u << 10) /* process-to-process CMA without an engine */
 
+/* An op of at most this many bytes, all of them in the daemon's own mappings, runs inside
+ * start() even with an engine (sync_inline()). */
+#define SYNC_INLINE_MAX (64u << 10)
+
 enum op_state { OP_IDLE = 0, OP_RUNNING, OP_DONE };
 
 struct sync_ctx {
@@ -151,6 +155,30 @@ static void run_inline(struct sync_ctx *c, struct tpb_op *op)
 	tpb_sync_engine_done(op, r, r == 0 ? bytes : 0, r < 0 ? c->scratch.why : NULL);
 }
 
+/*
+ * Whether @op runs inside start() though the context has an engine: every transfer between
+ * the daemon's own mappings (shared buffers: memcpy), at most SYNC_INLINE_MAX bytes in all. The
+ * copy then costs less than the two hand-offs it spares (to a copy thread, and its completion
+ * back to the loop), which on a loaded host are each a wake-up on another CPU. Never memory of
+ * a process (CMA, which a client can make slow, e.g. with userfaultfd, and which would then
+ * hold the loop) nor of a GPU.
+ */
+static bool sync_inline(const struct tpb_op *op)
+{
+	uint64_t bytes = 0;
+
+	for (size_t i = 0; i < op->n_xfers; i++) {
+		const struct tpb_xfer *x = &op->xfers[i];
+
+		if (x->src.loc != TPB_LOC_LOCAL || x->dst.loc != TPB_LOC_LOCAL)
+			return false;
+		bytes += x->len;
+		if (bytes > SYNC_INLINE_MAX)
+			return false;
+	}
+	return op->n_xfers > 0;
+}
+
 int tpb_sync_start(struct tpb_ep *ep, struct tpb_op *op)
 {
 	struct sync_ep *e = (struct sync_ep *)ep;
@@ -172,7 +200,7 @@ int tpb_sync_start(struct tpb_ep *ep, struct tpb_op *op)
 	op->next_pending = e->pending;
 	e->pending = op;
 	e->n_pending++;
-	if (!c->has_engine) {
+	if (!c->has_engine || sync_inline(op)) {
 		run_inline(c, op);
 		return 0;
 	}

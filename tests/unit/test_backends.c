@@ -607,6 +607,74 @@ START_TEST(test_shm_life_cycle_through_the_op_table)
 }
 END_TEST
 
+/* An engine that holds what it is given (test_small_local_copies_run_inside_start()). */
+struct held_engine {
+	struct tpb_op *ops[4];
+	unsigned n;
+};
+
+static int held_submit(void *arg, int channel, struct tpb_op *op)
+{
+	struct held_engine *e = arg;
+
+	(void)channel;
+	e->ops[e->n++] = op;
+	return 0;
+}
+
+/*
+ * With an engine: an op of at most 64 KiB between the daemon's own mappings (shared buffers) is
+ * copied inside start(), sparing the two hand-offs to a copy thread and back, and still
+ * completes from progress only; one of 64 KiB + 1, or with process memory (CMA, which a client
+ * can make slow), goes to the engine.
+ */
+START_TEST(test_small_local_copies_run_inside_start)
+{
+	enum { BIG = (64 << 10) + 1 };
+	static char src[BIG], dst[BIG], other[16];
+	struct held_engine he = { 0 };
+	struct tpb_engine eng = { .submit = held_submit, .arg = &he };
+	struct tpb_xfer x[2];
+	struct tpb_ctx *ctx;
+	struct tpb_ep *ep;
+	struct done_rec d = { 0 };
+	struct tpb_op op = { .xfers = x, .n_xfers = 2, .done = op_done, .arg = &d };
+
+	memset(src, 'q', sizeof(src));
+	ck_assert_int_eq(tpb_registry_init(&(struct tpb_config){ 0 }), 0);
+	ck_assert_int_eq(tpb_ctx_new(tpb_index("shm"), NULL, &eng, &ctx), 0);
+	ck_assert_int_eq(tpb_ep_open(ctx, NULL, &ep), 0);
+	/* 64 KiB in all, in two transfers: copied before start() returns, delivered later */
+	x[0] = (struct tpb_xfer){ .src = local(src), .dst = local(dst), .len = (64 << 10) - 16 };
+	x[1] = (struct tpb_xfer){ .src = local(src), .dst = local(other), .len = 16 };
+	ck_assert_int_eq(tpb_start(ep, &op), 0);
+	ck_assert_uint_eq(he.n, 0);
+	ck_assert_int_eq(d.calls, 0);
+	ck_assert(dst[(64 << 10) - 17] == 'q' && other[15] == 'q');
+	ck_assert_int_eq(tpb_progress(ctx), 1);
+	ck_assert_int_eq(d.calls, 1);
+	ck_assert_int_eq(d.status, 0);
+	ck_assert_uint_eq(d.bytes, 64 << 10);
+	/* one byte more: the engine's */
+	x[1].len = 17;
+	ck_assert_int_eq(tpb_start(ep, &op), 0);
+	ck_assert_uint_eq(he.n, 1);
+	tpb_sync_engine_done(he.ops[0], 0, (64 << 10) + 1, NULL);
+	ck_assert_int_eq(tpb_progress(ctx), 1);
+	ck_assert_int_eq(d.calls, 2);
+	/* process memory, however small: the engine's */
+	op.n_xfers = 1;
+	x[0] = (struct tpb_xfer){ .src = proc(src), .dst = local(dst), .len = 8 };
+	ck_assert_int_eq(tpb_start(ep, &op), 0);
+	ck_assert_uint_eq(he.n, 2);
+	tpb_sync_engine_done(he.ops[1], 0, 8, NULL);
+	ck_assert_int_eq(tpb_progress(ctx), 1);
+	ck_assert_int_eq(d.calls, 3);
+	tpb_ep_close(ep);
+	tpb_ctx_free(ctx);
+}
+END_TEST
+
 /* cma through the table: this process's memory read and written; an unmapped address fails
  * the op (not the call) with -EFAULT. */
 START_TEST(test_cma_through_the_op_table)
@@ -1055,6 +1123,7 @@ static Suite *backends_suite(void)
 	tcase_add_test(tc, test_start_refuses_an_offer_over_the_channels_bound);
 	tcase_add_test(tc, test_shm_life_cycle_through_the_op_table);
 	tcase_add_test(tc, test_cma_through_the_op_table);
+	tcase_add_test(tc, test_small_local_copies_run_inside_start);
 	tcase_add_test(tc, test_cuda_channels_listed_with_reason);
 	tcase_add_test(tc, test_cuda_map_is_shared_daemon_wide);
 	tcase_add_test(tc, test_cuda_map_keeps_the_first_device_uuid);
