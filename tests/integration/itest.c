@@ -11,6 +11,8 @@
 #include <unistd.h>
 #include <sys/wait.h>
 #include <signal.h>
+#include <json-c/json.h>
+
 #include "itest.h"
 
 /* Owner-only from this host, and open to pipes from every peer daemon (cross-host runs). */
@@ -728,4 +730,62 @@ int tpt_run_suite(Suite *s)
 	failed = srunner_ntests_failed(sr);
 	srunner_free(sr);
 	return failed ? EXIT_FAILURE : EXIT_SUCCESS;
+}
+
+void tpt_chan_items_survive(struct tp_chan *ch, unsigned seed, tpt_child_fn child,
+			    const char *what)
+{
+	const size_t mib = (size_t)1 << 20;
+	uint8_t *src[2], *dst = malloc(mib);
+	struct iovec iov[2];
+	size_t len, bad = 0;
+	pid_t pid;
+
+	ck_assert_ptr_nonnull(dst);
+	for (unsigned k = 0; k < 2; k++) {
+		ck_assert_ptr_nonnull(src[k] = malloc(mib));
+		tpt_fill(src[k], mib, tpt_seed(seed, k, 0));
+		iov[k] = (struct iovec){ .iov_base = src[k], .iov_len = mib };
+	}
+	ck_assert_int_eq(tp_chan_write(ch, iov, 2, 30000), 0);
+	pid = tpt_fork(child, NULL);
+	ck_assert_int_gt(pid, 0);
+	ck_assert(tpt_wait_ok(pid, TPT_SCALED_MS(30000), what));
+	ck_assert_int_eq(tp_chan_close(ch), 0);
+	for (unsigned k = 0; k < 2; k++) {
+		ck_assert_int_ge(tp_chan_read_into(ch, dst, mib, &len, 30000), 0);
+		ck_assert_uint_eq(len, mib);
+		ck_assert_msg(tpt_verify(dst, mib, tpt_seed(seed, k, 0), &bad),
+			      "item %u: byte %zu", k, bad);
+	}
+	ck_assert_int_eq(tp_chan_read_into(ch, dst, mib, &len, 30000), -EPIPE);
+	for (unsigned k = 0; k < 2; k++)
+		free(src[k]);
+	free(dst);
+}
+
+long tpt_ctl_channel_field(const struct tpt_daemon *d, const char *name, const char *field)
+{
+	const char *bin = getenv("TPIPCTL_BIN");
+	const char *argv[] = { bin, "--socket", d->socket, "--json", "channels", NULL };
+	struct tpt_cmd_result res;
+	struct json_object *root, *arr, *v, *n;
+	long out = -1;
+
+	if (!bin || tpt_run(argv, 30000, &res) < 0)
+		return -1;
+	root = json_tokener_parse(res.out);
+	if (root && json_object_object_get_ex(root, "channels", &arr)) {
+		for (size_t i = 0; i < json_object_array_length(arr); i++) {
+			struct json_object *c = json_object_array_get_idx(arr, i);
+
+			if (json_object_object_get_ex(c, "name", &n) &&
+			    strcmp(json_object_get_string(n), name) == 0 &&
+			    json_object_object_get_ex(c, field, &v))
+				out = json_object_get_int64(v);
+		}
+	}
+	json_object_put(root);
+	tpt_cmd_result_free(&res);
+	return out;
 }

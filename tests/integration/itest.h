@@ -214,6 +214,22 @@ const char *const *tpt_peer_args(void);
 void tpt_peer_fixture_start(void);
 void tpt_peer_fixture_stop(void);
 
+/*
+ * tpt_chan_items_survive() - writes two private items of 1 MiB to @ch (tpt_fill() of
+ * tpt_seed(@seed, k, 0)), runs @child in a process of its own (it must exit 0; @what names it),
+ * closes @ch and reads both items back byte-exact, then -EPIPE: what a reader that died held
+ * or was reading comes back to the channel.
+ */
+void tpt_chan_items_survive(struct tp_chan *ch, unsigned seed, tpt_child_fn child,
+			    const char *what);
+
+/*
+ * tpt_ctl_channel_field() - field @field of the row of channel @name in `tpipctl --json
+ * channels` of @d. Return: its value, or -1 when there is no such row or field, or tpipctl
+ * failed ($TPIPCTL_BIN).
+ */
+long tpt_ctl_channel_field(const struct tpt_daemon *d, const char *name, const char *field);
+
 /* Runs @s (CK_FORK) and returns the process exit status for main(). */
 int tpt_run_suite(Suite *s);
 

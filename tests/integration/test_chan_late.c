@@ -115,29 +115,7 @@ static void write_from_child_as(bool msg)
 /* `tpipctl channels --json`: readers_waiting of channel "late" (-1 if unknown). */
 static long readers_waiting(void)
 {
-	const char *bin = getenv("TPIPCTL_BIN");
-	const char *argv[] = { bin, "--socket", tpt_fixture_daemon.socket, "--json", "channels",
-			       NULL };
-	struct tpt_cmd_result res;
-	struct json_object *root, *arr, *v, *n;
-	long out = -1;
-
-	if (!bin || tpt_run(argv, T_MS, &res) < 0)
-		return -1;
-	root = json_tokener_parse(res.out);
-	if (root && json_object_object_get_ex(root, "channels", &arr)) {
-		for (size_t i = 0; i < json_object_array_length(arr); i++) {
-			struct json_object *c = json_object_array_get_idx(arr, i);
-
-			if (json_object_object_get_ex(c, "name", &n) &&
-			    strcmp(json_object_get_string(n), "late") == 0 &&
-			    json_object_object_get_ex(c, "readers_waiting", &v))
-				out = json_object_get_int64(v);
-		}
-	}
-	json_object_put(root);
-	tpt_cmd_result_free(&res);
-	return out;
+	return tpt_ctl_channel_field(&tpt_fixture_daemon, "late", "readers_waiting");
 }
 
 /* The daemon's state letter in /proc/PID/stat. */

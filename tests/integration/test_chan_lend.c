@@ -225,34 +225,10 @@ START_TEST(test_reader_dying_with_a_lent_item_loses_nothing)
 	struct tp_chan_options o = { .size = sizeof(o), .flags = TP_CHAN_CREATE, .owner_uid = -1 };
 	struct tp_context *ctx = ctx_new();
 	struct tp_chan *ch;
-	uint8_t *src[2], *dst = malloc(MIB);
-	struct iovec iov[2];
-	size_t len, bad = 0;
-	pid_t pid;
 
 	ck_assert_ptr_nonnull(ctx);
-	ck_assert_ptr_nonnull(dst);
 	ck_assert_int_eq(tp_chan_open(ctx, "lend.held", &o, &ch), 0);
-	for (unsigned k = 0; k < 2; k++) {
-		ck_assert_ptr_nonnull(src[k] = malloc(MIB));
-		tpt_fill(src[k], MIB, tpt_seed(9, k, 0));
-		iov[k] = (struct iovec){ .iov_base = src[k], .iov_len = MIB };
-	}
-	ck_assert_int_eq(tp_chan_write(ch, iov, 2, T_MS), 0);
-	pid = tpt_fork(holding_reader, NULL);
-	ck_assert_int_gt(pid, 0);
-	ck_assert(tpt_wait_ok(pid, T_MS, "holding reader"));
-	ck_assert_int_eq(tp_chan_close(ch), 0);
-	for (unsigned k = 0; k < 2; k++) {
-		ck_assert_int_ge(tp_chan_read_into(ch, dst, MIB, &len, T_MS), 0);
-		ck_assert_uint_eq(len, MIB);
-		ck_assert_msg(tpt_verify(dst, MIB, tpt_seed(9, k, 0), &bad), "item %u: byte %zu",
-			      k, bad);
-	}
-	ck_assert_int_eq(tp_chan_read_into(ch, dst, MIB, &len, T_MS), -EPIPE);
-	for (unsigned k = 0; k < 2; k++)
-		free(src[k]);
-	free(dst);
+	tpt_chan_items_survive(ch, 9, holding_reader, "holding reader");
 	ck_assert_int_eq(tp_chan_release(ch), 0);
 	tp_context_free(ctx);
 }

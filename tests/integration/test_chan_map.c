@@ -72,29 +72,7 @@ static unsigned reader_maps(void)
 /* `tpipctl channels --json`: items_mapped of channel @name (-1 if unknown). */
 static long items_mapped(const char *name)
 {
-	const char *bin = getenv("TPIPCTL_BIN");
-	const char *argv[] = { bin, "--socket", tpt_fixture_daemon.socket, "--json", "channels",
-			       NULL };
-	struct tpt_cmd_result res;
-	struct json_object *root, *arr, *v, *n;
-	long out = -1;
-
-	if (!bin || tpt_run(argv, T_MS, &res) < 0)
-		return -1;
-	root = json_tokener_parse(res.out);
-	if (root && json_object_object_get_ex(root, "channels", &arr)) {
-		for (size_t i = 0; i < json_object_array_length(arr); i++) {
-			struct json_object *c = json_object_array_get_idx(arr, i);
-
-			if (json_object_object_get_ex(c, "name", &n) &&
-			    strcmp(json_object_get_string(n), name) == 0 &&
-			    json_object_object_get_ex(c, "items_mapped", &v))
-				out = json_object_get_int64(v);
-		}
-	}
-	json_object_put(root);
-	tpt_cmd_result_free(&res);
-	return out;
+	return tpt_ctl_channel_field(&tpt_fixture_daemon, name, "items_mapped");
 }
 
 static const size_t sizes[] = { 16 * KIB - 1, 16 * KIB, 256 * KIB, MIB, 16 * MIB + 3 };
@@ -334,34 +312,11 @@ START_TEST(test_reader_dying_before_its_acknowledgement_loses_nothing)
 {
 	struct tp_chan_options o = { .size = sizeof(o), .flags = TP_CHAN_CREATE, .owner_uid = -1 };
 	struct tp_context *ctx = ctx_new("map.dying");
-	uint8_t *src[2], *dst = malloc(MIB);
 	struct tp_chan *ch;
-	struct iovec iov[2];
-	size_t len, bad = 0;
-	pid_t pid;
 
-	ck_assert(ctx && dst);
+	ck_assert_ptr_nonnull(ctx);
 	ck_assert_int_eq(tp_chan_open(ctx, "map.dying", &o, &ch), 0);
-	for (unsigned k = 0; k < 2; k++) {
-		ck_assert_ptr_nonnull(src[k] = malloc(MIB));
-		tpt_fill(src[k], MIB, tpt_seed(4, k, 0));
-		iov[k] = (struct iovec){ .iov_base = src[k], .iov_len = MIB };
-	}
-	ck_assert_int_eq(tp_chan_write(ch, iov, 2, T_MS), 0);
-	pid = tpt_fork(dying_mapper, NULL);
-	ck_assert_int_gt(pid, 0);
-	ck_assert(tpt_wait_ok(pid, T_MS, "dying mapper"));
-	ck_assert_int_eq(tp_chan_close(ch), 0);
-	for (unsigned k = 0; k < 2; k++) {
-		ck_assert_int_ge(tp_chan_read_into(ch, dst, MIB, &len, T_MS), 0);
-		ck_assert_uint_eq(len, MIB);
-		ck_assert_msg(tpt_verify(dst, MIB, tpt_seed(4, k, 0), &bad), "item %u: byte %zu",
-			      k, bad);
-	}
-	ck_assert_int_eq(tp_chan_read_into(ch, dst, MIB, &len, T_MS), -EPIPE);
-	for (unsigned k = 0; k < 2; k++)
-		free(src[k]);
-	free(dst);
+	tpt_chan_items_survive(ch, 4, dying_mapper, "dying mapper");
 	ck_assert_int_eq(tp_chan_release(ch), 0);
 	tp_context_free(ctx);
 }
