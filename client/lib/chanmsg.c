@@ -47,7 +47,8 @@ int tpc_chan_msg_on_taken(struct chan_req *cr, const Tpw__V1__ChanReply *m, cons
 		cr->host = malloc(m->lengths[0] ? m->lengths[0] : 1);
 		if (!cr->host)
 			return tpc_error(-ENOMEM, "out of memory for a late item");
-		memcpy(cr->host, tail, m->lengths[0]);
+		if (m->lengths[0]) /* (an empty item may come without a tail) */
+			memcpy(cr->host, tail, m->lengths[0]);
 		return 0;
 	}
 	if (!a || m->n_lengths != 1 || m->lengths[0] != ((struct tpc_msg_desc *)d)->len)

@@ -691,7 +691,8 @@ static int read_params(struct chan_handle *h, const Tpw__V1__ChanOp *o, struct c
 	rd->map = o->map_ok && h->who.s &&
 		  tpd_session_client_minor(h->who.s) >= TPW_MINOR_CHAN_MAP;
 	rd->n_mapped = TPU_MIN(o->n_mapped, TPW_CHAN_MAPPED_MAX); /* validated: at most that */
-	memcpy(rd->mapped, o->mapped, rd->n_mapped * sizeof(*rd->mapped));
+	if (rd->n_mapped) /* (never memcpy() from NULL, even 0 bytes) */
+		memcpy(rd->mapped, o->mapped, rd->n_mapped * sizeof(*rd->mapped));
 	if (!o->n_segments)
 		return 0;
 	rd->room = o->segments[0]->length;
