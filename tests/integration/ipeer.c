@@ -180,3 +180,25 @@ bool tpt_peer_cross_works(const struct tpt_daemon *from, const struct tpt_daemon
 	probe_pipe = pipe;
 	return tpt_xfer_run(&x);
 }
+
+bool tpt_ctl_lists(const struct tpt_daemon *d, const char *what, const char *name,
+		   const char *field)
+{
+	char *out = tpt_ctl(d, what, true), want[300], *row, *end;
+	bool ok;
+
+	snprintf(want, sizeof(want), "\"name\": \"%s\"", name);
+	row = strstr(out, want);
+	end = row ? strstr(row, "}") : NULL;
+	ok = row && (!field || (strstr(row, field) && (!end || strstr(row, field) < end)));
+	free(out);
+	return ok;
+}
+
+const char *tpt_peer_at(const struct tpt_daemon *d, const char *name)
+{
+	static char buf[4][256];
+	static unsigned k;
+
+	return tpt_peer_address(d, name, buf[k++ % 4], sizeof(buf[0]));
+}

@@ -38,6 +38,16 @@ char *tpt_ctl_peers(const struct tpt_daemon *d, bool json);
  */
 int tpt_peer_links(const struct tpt_daemon *d, struct tpt_link *ret);
 
+/*
+ * tpt_ctl_lists() - does `tpipctl --json @what` of @d ("channels", "queues") list @name, with
+ * @field (text such as "\"uid\": 4242"; NULL: any) in that row?
+ */
+bool tpt_ctl_lists(const struct tpt_daemon *d, const char *what, const char *name,
+		   const char *field);
+
+/* tpip:// address of @name on @d (tpt_peer_address()), in one of 4 buffers used in turn. */
+const char *tpt_peer_at(const struct tpt_daemon *d, const char *name);
+
 /* Bytes `tpipctl --json stats` of @d counts under channel @name (0 if it is not listed). */
 uint64_t tpt_channel_bytes(const struct tpt_daemon *d, const char *name);
 

@@ -35,24 +35,13 @@ static struct tp_context *ctx_of(const struct tpt_daemon *d)
 
 static const char *at(const char *name)
 {
-	static char buf[4][256];
-	static unsigned k;
-
-	return tpt_peer_address(&db, name, buf[k++ % 4], sizeof(buf[0]));
+	return tpt_peer_at(&db, name);
 }
 
 /* Does b's `tpipctl --json channels` list @name (with @field in its row's text, if given)? */
 static bool b_lists(const char *name, const char *field)
 {
-	char *out = tpt_ctl(&db, "channels", true), want[300], *row;
-	bool ok;
-
-	snprintf(want, sizeof(want), "\"name\": \"%s\"", name);
-	row = strstr(out, want);
-	ok = row && (!field || (strstr(row, field) && (!strstr(row, "}") ||
-						       strstr(row, field) < strstr(row, "}"))));
-	free(out);
-	return ok;
+	return tpt_ctl_lists(&db, "channels", name, field);
 }
 
 /* @d's one peer link must be up. */

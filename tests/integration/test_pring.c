@@ -210,7 +210,7 @@ static int pipes_run(struct ends *e, unsigned npipes, unsigned rounds, unsigned 
 	return 0;
 }
 
-/* ---- byte-exact, many in flight ------------------------------------------------------------ */
+/* ---- byte-exact, many in flight ------------------------------------------------------------- */
 
 static unsigned expect_ring;
 
@@ -295,7 +295,7 @@ START_TEST(test_ring_moves_256m)
 }
 END_TEST
 
-/* ---- limits ------------------------------------------------------------------------------- */
+/* ---- limits --------------------------------------------------------------------------------- */
 
 struct limit_case {
 	bool as_victim;	    /* run the clients as uid VICTIM_UID */
@@ -444,7 +444,7 @@ START_TEST(test_killed_writer_fails_only_its_pipe)
 }
 END_TEST
 
-/* ---- a reader killed in the middle of a ring transfer (i27-eager) ---------------------------- */
+/* ---- a reader killed in the middle of a ring transfer --------------------------------------- */
 
 static struct tpt_sync reading;
 
@@ -608,7 +608,7 @@ START_TEST(test_ring_handed_out_to_fresh_processes)
 }
 END_TEST
 
-/* ---- clients without CMA (i27-default) -------------------------------------------------- */
+/* ---- clients without CMA -------------------------------------------------------------------- */
 
 /*
  * A writer without CMA (TP_CONTEXT_NO_CMA, as where ptrace or YAMA refuses it) stages its first

@@ -77,24 +77,13 @@ static struct tp_context *ctx_of(const struct tpt_daemon *d)
 
 static const char *at(const char *name)
 {
-	static char buf[4][256];
-	static unsigned k;
-
-	return tpt_peer_address(&db, name, buf[k++ % 4], sizeof(buf[0]));
+	return tpt_peer_at(&db, name);
 }
 
 /* Does b's `tpipctl --json queues` list @name (with @field in its row, if given)? */
 static bool b_lists(const char *name, const char *field)
 {
-	char *out = tpt_ctl(&db, "queues", true), want[300], *row, *end;
-	bool ok;
-
-	snprintf(want, sizeof(want), "\"name\": \"%s\"", name);
-	row = strstr(out, want);
-	end = row ? strstr(row, "}") : NULL;
-	ok = row && (!field || (strstr(row, field) && (!end || strstr(row, field) < end)));
-	free(out);
-	return ok;
+	return tpt_ctl_lists(&db, "queues", name, field);
 }
 
 static struct tp_wq *create_on_b(struct tp_context *ca, const char *name, unsigned flags)

@@ -310,12 +310,16 @@ static int victim(void *arg)
 	return 0;
 }
 
-static void run_case(bool victim_reads, size_t len)
+/*
+ * Starts the case's daemon (@args), forks @victim_fn(@varg) and @attacker_fn as the victim's and
+ * the attacker's uids, and waits for both to pass; @second is the case's other sync (with
+ * listening). Skipped with a printed reason when not root (it must act as other uids).
+ */
+static void run_pair(const char *const *args, tpt_child_fn victim_fn, void *varg,
+		     tpt_child_fn attacker_fn, struct tpt_sync *second)
 {
-	const char *args[] = { "--pipe-ring", "yes", NULL };
 	pid_t v, a;
 
-	msg_len = len;
 	if (geteuid() != 0) {
 		printf("pring: not root, cannot act as uids %d and %d: skipped\n", NOBODY, VICTIM);
 		return;
@@ -323,14 +327,23 @@ static void run_case(bool victim_reads, size_t len)
 	ck_assert_int_eq(tpt_daemon_start(&dmn, args), 0);
 	ck_assert_int_eq(tpt_daemon_open_to_all(&dmn), 0);
 	ck_assert_int_eq(tpt_sync_init(&listening), 0);
-	ck_assert_int_eq(tpt_sync_init(&attacked), 0);
-	v = tpt_fork(victim, &victim_reads);
-	a = tpt_fork(victim_reads ? attacker_writer : attacker_reader, NULL);
+	ck_assert_int_eq(tpt_sync_init(second), 0);
+	v = tpt_fork(victim_fn, varg);
+	a = tpt_fork(attacker_fn, NULL);
 	ck_assert(tpt_wait_ok(a, 3 * T_MS, "attacker"));
 	ck_assert(tpt_wait_ok(v, 3 * T_MS, "victim"));
 	tpt_sync_done(&listening);
-	tpt_sync_done(&attacked);
+	tpt_sync_done(second);
 	ck_assert_int_eq(tpt_daemon_stop(&dmn), 0);
+}
+
+static void run_case(bool victim_reads, size_t len)
+{
+	static const char *const args[] = { "--pipe-ring", "yes", NULL };
+
+	msg_len = len;
+	run_pair(args, victim, &victim_reads, victim_reads ? attacker_writer : attacker_reader,
+		 &attacked);
 }
 
 START_TEST(test_writer_corrupting_head_fails_only_its_message)
@@ -339,7 +352,7 @@ START_TEST(test_writer_corrupting_head_fails_only_its_message)
 }
 END_TEST
 
-/* A message small enough for the victim's io thread to copy it out itself (i27-eager): the
+/* A message small enough for the victim's io thread to copy it out itself: the
  * same index check there, the same failure. */
 START_TEST(test_writer_corrupting_head_of_a_small_message_fails_only_it)
 {
@@ -353,7 +366,7 @@ START_TEST(test_reader_corrupting_tail_fails_only_its_message)
 }
 END_TEST
 
-/* ---- ring addresses where the daemon offered no ring (i27-default) -------------------------- */
+/* ---- ring addresses where the daemon offered no ring ---------------------------------------- */
 
 /* A Write of @len bytes at @addr, one payload, its segment a ring_addr (@ring) or a cma_addr. */
 static int raw_write(struct raw_end *a, uint64_t id, void *addr, size_t len, bool ring)
@@ -489,23 +502,8 @@ static int victim_ring_addr(void *arg)
 
 static void run_ring_addr_case(bool victim_reads)
 {
-	pid_t v, a;
-
-	if (geteuid() != 0) {
-		printf("pring: not root, cannot act as uids %d and %d: skipped\n", NOBODY, VICTIM);
-		return;
-	}
-	ck_assert_int_eq(tpt_daemon_start(&dmn, NULL), 0);
-	ck_assert_int_eq(tpt_daemon_open_to_all(&dmn), 0);
-	ck_assert_int_eq(tpt_sync_init(&listening), 0);
-	ck_assert_int_eq(tpt_sync_init(&attacked), 0);
-	v = tpt_fork(victim_ring_addr, &victim_reads);
-	a = tpt_fork(victim_reads ? attacker_ring_addr_writer : attacker_ring_addr_reader, NULL);
-	ck_assert(tpt_wait_ok(a, 3 * T_MS, "attacker"));
-	ck_assert(tpt_wait_ok(v, 3 * T_MS, "victim"));
-	tpt_sync_done(&listening);
-	tpt_sync_done(&attacked);
-	ck_assert_int_eq(tpt_daemon_stop(&dmn), 0);
+	run_pair(NULL, victim_ring_addr, &victim_reads,
+		 victim_reads ? attacker_ring_addr_writer : attacker_ring_addr_reader, &attacked);
 }
 
 START_TEST(test_ring_addr_write_without_offer_is_refused)
@@ -629,27 +627,11 @@ static int victim_two_writes(void *arg)
 
 START_TEST(test_ring_answers_out_of_order_fail_the_ring)
 {
-	pid_t v, a;
-
-	if (geteuid() != 0) {
-		printf("pring: not root, cannot act as uids %d and %d: skipped\n", NOBODY, VICTIM);
-		return;
-	}
-	ck_assert_int_eq(tpt_daemon_start(&dmn, NULL), 0);
-	ck_assert_int_eq(tpt_daemon_open_to_all(&dmn), 0);
-	ck_assert_int_eq(tpt_sync_init(&listening), 0);
-	ck_assert_int_eq(tpt_sync_init(&attacked), 0);
-	v = tpt_fork(victim_two_writes, NULL);
-	a = tpt_fork(attacker_out_of_order, NULL);
-	ck_assert(tpt_wait_ok(a, 3 * T_MS, "attacker"));
-	ck_assert(tpt_wait_ok(v, 3 * T_MS, "victim"));
-	tpt_sync_done(&listening);
-	tpt_sync_done(&attacked);
-	ck_assert_int_eq(tpt_daemon_stop(&dmn), 0);
+	run_pair(NULL, victim_two_writes, NULL, attacker_out_of_order, &attacked);
 }
 END_TEST
 
-/* ---- a writer that stalls and says it is done (i27-eager) ------------------------------------ */
+/* ---- a writer that stalls and says it is done ----------------------------------------------- */
 
 static struct tpt_sync released;
 
@@ -726,24 +708,9 @@ static int victim_stalled_reader(void *arg)
 
 START_TEST(test_stalling_writer_holds_no_io_thread_and_its_ok_completes_nothing)
 {
-	const char *args[] = { "--pipe-ring", "yes", NULL };
-	pid_t v, a;
+	static const char *const args[] = { "--pipe-ring", "yes", NULL };
 
-	if (geteuid() != 0) {
-		printf("pring: not root, cannot act as uids %d and %d: skipped\n", NOBODY, VICTIM);
-		return;
-	}
-	ck_assert_int_eq(tpt_daemon_start(&dmn, args), 0);
-	ck_assert_int_eq(tpt_daemon_open_to_all(&dmn), 0);
-	ck_assert_int_eq(tpt_sync_init(&listening), 0);
-	ck_assert_int_eq(tpt_sync_init(&released), 0);
-	v = tpt_fork(victim_stalled_reader, NULL);
-	a = tpt_fork(attacker_stalling_writer, NULL);
-	ck_assert(tpt_wait_ok(a, 3 * T_MS, "attacker"));
-	ck_assert(tpt_wait_ok(v, 3 * T_MS, "victim"));
-	tpt_sync_done(&listening);
-	tpt_sync_done(&released);
-	ck_assert_int_eq(tpt_daemon_stop(&dmn), 0);
+	run_pair(args, victim_stalled_reader, NULL, attacker_stalling_writer, &released);
 }
 END_TEST
 
