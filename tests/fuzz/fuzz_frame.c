@@ -51,6 +51,62 @@ static void use_descriptor(const Tpw__V1__Descriptor *d, uint32_t tail_len)
 		abort();
 }
 
+/* Channel items carried in a data tail, a write's or an answer's: validation let them through
+ * only if the ones not sent by other means (@streamed, a flag per item, may be NULL) add up to
+ * the tail exactly, each within it. */
+static void use_chan_items(const uint64_t *lengths, size_t n, const protobuf_c_boolean *streamed,
+			   size_t n_streamed, uint32_t tail_len)
+{
+	uint64_t total = 0;
+
+	for (size_t i = 0; i < n; i++) {
+		if (i < n_streamed && streamed[i])
+			continue;
+		if (lengths[i] > tail_len)
+			abort();
+		total += lengths[i];
+	}
+	if (total != tail_len)
+		abort();
+}
+
+/* A channel op: only a write carries a tail, its inline items (each an inline segment where
+ * the write names segments) and nothing else. */
+static void use_chan_op(const Tpw__V1__ChanOp *o, uint32_t tail_len)
+{
+	uint64_t inl = 0;
+
+	if (o->op != TPW__V1__CHAN_OP_KIND__CHAN_OP_WRITE) {
+		if (tail_len)
+			abort();
+		return;
+	}
+	if (!o->n_segments) {
+		use_chan_items(o->lengths, o->n_lengths, o->streamed, o->n_streamed, tail_len);
+		return;
+	}
+	for (size_t i = 0; i < o->n_segments; i++) {
+		const Tpw__V1__Segment *g = o->segments[i];
+
+		if (g->loc_case != TPW__V1__SEGMENT__LOC_INLINE_OFF)
+			continue;
+		if (g->inline_off != inl || g->length > tail_len - inl)
+			abort();
+		inl += g->length;
+	}
+	if (inl != tail_len)
+		abort();
+}
+
+/* An answer with items in its tail, or none: one copied, held, mapped or taken carries none. */
+static void use_chan_reply(const Tpw__V1__ChanReply *r, uint32_t tail_len)
+{
+	if (!r->copied && !r->held_len && !r->msg_held && !r->map_key)
+		use_chan_items(r->lengths, r->n_lengths, NULL, 0, tail_len);
+	else if (tail_len)
+		abort();
+}
+
 /* A channel write's message descriptors (checked by the daemon's handler, not by frame
  * validation): one the check accepts adds up to its item exactly. */
 static void use_chan_msgs(const Tpw__V1__ChanOp *o, const struct tpw_limits *lim)
@@ -88,8 +144,10 @@ static bool check_client(const struct tpw_hdr *h, const uint8_t *msg, const uint
 	ok = tpw_client_msg_validate(m, h, lim, why, sizeof(why)) == 0;
 	if (ok && m->body_case == TPW__V1__CLIENT_MSG__BODY_WRITE)
 		use_write(m->write, tail, h->data_len);
-	if (ok && m->body_case == TPW__V1__CLIENT_MSG__BODY_CHAN_OP)
+	if (ok && m->body_case == TPW__V1__CLIENT_MSG__BODY_CHAN_OP) {
 		use_chan_msgs(m->chan_op, lim);
+		use_chan_op(m->chan_op, h->data_len);
+	}
 	tpw_client_msg_free(m);
 	return ok;
 }
@@ -106,6 +164,8 @@ static bool check_daemon(const struct tpw_hdr *h, const uint8_t *msg,
 	ok = tpw_daemon_msg_validate(m, h, lim, why, sizeof(why)) == 0;
 	if (ok && m->body_case == TPW__V1__DAEMON_MSG__BODY_DESCRIPTOR)
 		use_descriptor(m->descriptor, h->data_len);
+	if (ok && m->body_case == TPW__V1__DAEMON_MSG__BODY_CHAN_REPLY)
+		use_chan_reply(m->chan_reply, h->data_len);
 	tpw_daemon_msg_free(m);
 	return ok;
 }
@@ -142,12 +202,21 @@ static void use_peer(const Tpw__V1__PeerMsg *m, uint32_t tail_len)
 			if (m->rdma->qps[i].len != TPW_RDMA_QP_RECORD_BYTES)
 				abort();
 		break;
-	case TPW__V1__PEER_MSG__BODY_WQ_OP:
+	case TPW__V1__PEER_MSG__BODY_CHAN_OP:
+		use_chan_op(m->chan_op->op, tail_len);
+		break;
+	case TPW__V1__PEER_MSG__BODY_CHAN_REPLY:
+		use_chan_reply(m->chan_reply->reply, tail_len);
+		break;
 	case TPW__V1__PEER_MSG__BODY_WQ_REPLY:
+		if (m->wq_reply->reply->length != tail_len)
+			abort();
+		break;
+	case TPW__V1__PEER_MSG__BODY_WQ_OP:
 		break; /* a work queue payload: its length checked against the tail */
 	default:
 		if (tail_len)
-			abort(); /* only a descriptor or a work queue payload carries a tail */
+			abort(); /* only a descriptor, channel items or a work queue payload */
 		break;
 	}
 }

@@ -340,6 +340,93 @@ static void gen_chan_msg(void)
 	client("client-ok-chan-drop", &m, 0, 0);
 }
 
+/* Channel ops and answers across hosts, which carry their items in the data tail: a peer's
+ * WRITE of inline items (one of them streamed), a batch read's answer and one item's; the same
+ * for a client's WRITE by segments with inline items, and a daemon's batch answer. Broken: items
+ * one byte short of or past the tail, a tail on a READ and on an answer that holds its item. */
+static void gen_chan_tails(void)
+{
+	Tpw__V1__ClientMsg m = TPW__V1__CLIENT_MSG__INIT;
+	Tpw__V1__DaemonMsg dm = TPW__V1__DAEMON_MSG__INIT;
+	Tpw__V1__PeerMsg pm = TPW__V1__PEER_MSG__INIT;
+	Tpw__V1__PeerChanOp pc = TPW__V1__PEER_CHAN_OP__INIT;
+	Tpw__V1__PeerChanReply pr = TPW__V1__PEER_CHAN_REPLY__INIT;
+	Tpw__V1__ChanOp op = TPW__V1__CHAN_OP__INIT;
+	Tpw__V1__ChanReply r = TPW__V1__CHAN_REPLY__INIT;
+	Tpw__V1__ShmRef shm = TPW__V1__SHM_REF__INIT;
+	Tpw__V1__Segment g[2] = { TPW__V1__SEGMENT__INIT, TPW__V1__SEGMENT__INIT };
+	Tpw__V1__Segment *gp[2] = { &g[0], &g[1] };
+	uint64_t lens[3] = { 5, 7, 1u << 20 };
+	protobuf_c_boolean streamed[3] = { 0, 0, 1 };
+
+	pm.body_case = TPW__V1__PEER_MSG__BODY_CHAN_OP;
+	pm.chan_op = &pc;
+	pc.op = &op;
+	pc.uid = 1000;
+	pc.pid = 42;
+	op.req_id = 1;
+	op.chan_id = 1;
+	op.op = TPW__V1__CHAN_OP_KIND__CHAN_OP_WRITE;
+	op.n_lengths = 2;
+	op.lengths = lens;
+	frame("peer-ok-chan-write-inline", &pm.base, 12, 0);
+	frame("peer-bad-chan-write-short-tail", &pm.base, 11, 0);
+	frame("peer-bad-chan-write-long-tail", &pm.base, 13, 0);
+	op.n_lengths = 3;
+	op.n_streamed = 3;
+	op.streamed = streamed;
+	frame("peer-ok-chan-write-streamed", &pm.base, 12, 0);
+	op.n_lengths = 0;
+	op.n_streamed = 0;
+	op.op = TPW__V1__CHAN_OP_KIND__CHAN_OP_READ;
+	op.max_items = 16;
+	frame("peer-ok-chan-read-many", &pm.base, 0, 0);
+	frame("peer-bad-chan-read-with-tail", &pm.base, 4, 0);
+	op.max_items = 0;
+
+	pm.body_case = TPW__V1__PEER_MSG__BODY_CHAN_REPLY;
+	pm.chan_reply = &pr;
+	pr.reply = &r;
+	r.req_id = 1;
+	r.status = TPW__V1__STATUS__STATUS_OK;
+	r.n_lengths = 2;
+	r.lengths = lens;
+	frame("peer-ok-chan-reply-batch", &pm.base, 12, 0);
+	frame("peer-bad-chan-reply-batch-short-tail", &pm.base, 11, 0);
+	r.n_lengths = 1;
+	frame("peer-ok-chan-reply-one", &pm.base, 5, 0);
+	r.n_lengths = 0;
+	r.held_len = 1u << 20;
+	frame("peer-ok-chan-reply-held", &pm.base, 0, 0);
+	frame("peer-bad-chan-reply-held-with-tail", &pm.base, 5, 0);
+	r.held_len = 0;
+
+	dm.body_case = TPW__V1__DAEMON_MSG__BODY_CHAN_REPLY;
+	dm.chan_reply = &r;
+	r.n_lengths = 2;
+	frame("daemon-ok-chan-reply-batch", &dm.base, 12, 0);
+	frame("daemon-bad-chan-reply-batch-long-tail", &dm.base, 13, 0);
+	r.n_lengths = 0;
+
+	m.body_case = TPW__V1__CLIENT_MSG__BODY_CHAN_OP;
+	m.chan_op = &op;
+	op.op = TPW__V1__CHAN_OP_KIND__CHAN_OP_WRITE;
+	op.n_lengths = 2;
+	lens[1] = 1u << 20;
+	g[0].length = 5;
+	g[0].loc_case = TPW__V1__SEGMENT__LOC_INLINE_OFF;
+	g[0].inline_off = 0;
+	shm.buf_id = 1;
+	shm.gen = 1;
+	g[1].length = 1u << 20;
+	g[1].loc_case = TPW__V1__SEGMENT__LOC_SHM;
+	g[1].shm = &shm;
+	op.n_segments = 2;
+	op.segments = gp;
+	client("client-ok-chan-write-inline-and-shm", &m, 5, 0);
+	client("client-bad-chan-write-inline-and-shm-long-tail", &m, 6, 0);
+}
+
 /* Work queue questions and answers as messages (WqOp, WqReply 650-655): a SUBMIT of a message
  * inline, empty and by reference; a TAKE by descriptor, a read into slots and inline, a drop;
  * the answers of a take and a read; a peer's op inline. Broken: a payload by reference without a
@@ -673,6 +760,7 @@ int main(int argc, char **argv)
 	gen_chan_msg();
 	gen_wq_msg();
 	gen_daemon();
+	gen_chan_tails();
 	gen_peer_handshake();
 	gen_peer_pipes();
 	gen_peer_rdma();
