@@ -15,6 +15,7 @@
 #include "chan_int.h"
 #include "chancopy.h"
 #include "core.h"
+#include "peer.h"
 #include "tpu.h"
 #include "validate.h"
 
@@ -179,6 +180,12 @@ void tpd_chan_msg_take(struct tpd_chans *cs, struct chan_handle *h, const Tpw__V
 		if (it->len > inline_max)
 			return tpd_chan_answer_len(h, o->req_id, -EMSGSIZE, "the held item is above "
 						   "the inline limit: name where it goes", it->len);
+		/* a reader on another host takes a message inline: within that daemon's frames,
+		 * whose limit may be below ours (a larger frame would fail the whole link) */
+		if (h->who.pr && it->len > tpd_peer_chan_tail_max(h->who.pr))
+			return tpd_chan_answer_len(h, o->req_id, -EMSGSIZE, "the held item is above "
+						   "what crosses inline to the reader's host (its "
+						   "frame-max less 64 KiB)", it->len);
 		return take_now(h, o->req_id, it, true);
 	}
 	if (o->xfer_id) { /* a peer's: the forwarding daemon's receive (validated: peers only) */

@@ -155,6 +155,41 @@ static uint32_t link_ops(const struct tpd_chanx *x, const struct tpd_peer *pr)
 	return n;
 }
 
+/* The size of the PeerMsg that carries @chan or @wq as its op @op_id from @uid's @pid, without
+ * the header. */
+static size_t xop_msg_len(Tpw__V1__ChanOp *chan, Tpw__V1__WqOp *wq, uint64_t op_id, uint32_t uid,
+			  uint32_t pid)
+{
+	Tpw__V1__PeerChanOp pc = TPW__V1__PEER_CHAN_OP__INIT;
+	Tpw__V1__PeerWqOp pw = TPW__V1__PEER_WQ_OP__INIT;
+	Tpw__V1__PeerMsg m = TPW__V1__PEER_MSG__INIT;
+	uint64_t saved;
+	size_t n;
+
+	if (chan) {
+		saved = chan->req_id;
+		chan->req_id = op_id;
+		pc.op = chan;
+		pc.uid = uid;
+		pc.pid = pid;
+		m.body_case = TPW__V1__PEER_MSG__BODY_CHAN_OP;
+		m.chan_op = &pc;
+		n = tpw_frame_size(&m.base);
+		chan->req_id = saved;
+	} else {
+		saved = wq->req_id;
+		wq->req_id = op_id;
+		pw.op = wq;
+		pw.uid = uid;
+		pw.pid = pid;
+		m.body_case = TPW__V1__PEER_MSG__BODY_WQ_OP;
+		m.wq_op = &pw;
+		n = tpw_frame_size(&m.base);
+		wq->req_id = saved;
+	}
+	return n - TPW_HDR_SIZE;
+}
+
 /* Sends @xo's op @chan or @wq (its req_id and handle id set here) with @tail over its link. */
 static void xop_send(struct tpd_chanx *x, struct xop *xo, Tpw__V1__ChanOp *chan,
 		     Tpw__V1__WqOp *wq, const struct iovec *tail)
@@ -469,6 +504,7 @@ static void xforward(struct tpd_chanx *x, struct xh *xh, int op, uint64_t req_id
 	struct tpd_session *s = xh->s;
 	uint64_t id = xh->id;
 	struct xop *xo;
+	size_t flen;
 	int r;
 
 	if (lg && lg->n && (!xh->pr || link_ops(x, xh->pr) >= max))
@@ -486,6 +522,22 @@ static void xforward(struct tpd_chanx *x, struct xh *xh, int op, uint64_t req_id
 		return refuse(xh->kind, s, req_id, id, -ENOBUFS, "%s host %s: %u ops forwarded over "
 			      "this link wait for answers (chan-peer-ops-max)", noun(xh->kind),
 			      xh->host, max);
+	/* What the client sent fitted this daemon's frames, not necessarily the far daemon's once
+	 * wrapped (a descriptor's metadata beside a payload near the limit): a frame above the far
+	 * daemon's frame-max would fail the whole link there, every user's handles with it. The
+	 * op's id, handle id and the caller at their largest bound the frame xop_send() builds. */
+	if (chan)
+		chan->chan_id = UINT64_MAX;
+	else
+		wq->wq_id = UINT64_MAX;
+	flen = xop_msg_len(chan, wq, UINT64_MAX, UINT32_MAX, UINT32_MAX) +
+	       (tail ? tail->iov_len : 0);
+	if (flen > tpd_peer_chan_frame_max(xh->pr)) {
+		tpd_chanx_big_put(lg);
+		return refuse(xh->kind, s, req_id, id, -EMSGSIZE, "%s host %s: this op makes a "
+			      "frame of %zu bytes, above the %u its daemon accepts (its frame-max)",
+			      noun(xh->kind), xh->host, flen, tpd_peer_chan_frame_max(xh->pr));
+	}
 	xo = calloc(1, sizeof(*xo));
 	if (!xo) {
 		tpd_chanx_big_put(lg);
@@ -714,9 +766,22 @@ static void on_chan_reply(struct tpd_chanx *x, struct tpd_peer *pr, const Tpw__V
 		return; /* a large item's answer: taken, or kept until its bytes are in */
 	if (!xo)
 		return; /* the session ended, or not an op of this link: dropped */
-	a = *r;
-	a.base.n_unknown_fields = 0;
-	a.base.unknown_fields = NULL;
+	/* Only what a far daemon's answer may say goes to the client: a field for this host's
+	 * clients alone (lent staging, released buffers, mappings, copies) from a hostile or
+	 * newer far daemon would make the client's library refuse the frame and end its whole
+	 * context, or hold buffers for nothing. */
+	a = (Tpw__V1__ChanReply)TPW__V1__CHAN_REPLY__INIT;
+	a.status = r->status;
+	a.message = r->message;
+	a.closed = r->closed;
+	a.n_lengths = r->n_lengths;
+	a.lengths = r->lengths;
+	a.held_len = r->held_len;
+	if (xo->op == TPW__V1__CHAN_OP_KIND__CHAN_OP_READ) {
+		a.msg_desc = r->msg_desc;
+		a.msg_held = r->msg_held;
+		a.msg_taken = r->msg_taken;
+	}
 	a.req_id = xo->req_id;
 	a.chan_id = xo->local_id;
 	if (xo->op == TPW__V1__CHAN_OP_KIND__CHAN_OP_OPEN && !r->chan_id &&
@@ -745,8 +810,6 @@ static void on_chan_reply(struct tpd_chanx *x, struct tpd_peer *pr, const Tpw__V
 	}
 	if (xo->op != TPW__V1__CHAN_OP_KIND__CHAN_OP_READ || item)
 		a.held_len = 0;
-	a.copied = false;
-	a.xfer_id = 0;
 	if (tell)
 		tpd_chanx_to_client(xo->s, &a, item ? &iov : NULL);
 	tpd_chanx_xop_free(xo);

@@ -220,14 +220,22 @@ int tpd_peer_send(struct tpd_peer *pr, Tpw__V1__PeerMsg *m, const struct iovec *
 {
 	struct evbuffer *out;
 	struct evbuffer_iovec v;
-	uint32_t data_len = 0;
-	size_t n;
+	uint32_t data_len;
+	size_t n, tail_len = 0;
 
 	if (pr->state == PEER_FAILED || !pr->bev)
 		return -ENOTCONN;
 	for (int i = 0; i < n_tail; i++)
-		data_len += (uint32_t)tail[i].iov_len;
+		tail_len += tail[i].iov_len;
 	n = tpw_frame_size(&m->base);
+	if (n - TPW_HDR_SIZE + tail_len > tpd_peer_chan_frame_max(pr)) {
+		tpd_peer_log(pr, TPU_LOG_ERR, "not sending a frame of %zu bytes (message %d) above "
+			     "the %u the far daemon accepts, which would fail the link there",
+			     n - TPW_HDR_SIZE + tail_len, (int)m->body_case,
+			     tpd_peer_chan_frame_max(pr));
+		return -EMSGSIZE;
+	}
+	data_len = (uint32_t)tail_len;
 	out = peer_outq(pr);
 	if (!out || evbuffer_reserve_space(out, (ev_ssize_t)n, &v, 1) != 1)
 		return -ENOMEM;

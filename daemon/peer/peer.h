@@ -253,6 +253,11 @@ unsigned tpd_peer_chan_far_minor(const struct tpd_peer *pr);
  * an older daemon) less TPD_PEER_FRAME_SLACK. A larger frame would fail the whole link there. */
 uint32_t tpd_peer_chan_tail_max(const struct tpd_peer *pr);
 
+/* The largest frame (message plus data tail, without the header) the far daemon of @pr accepts:
+ * its PeerHello.frame_max, or TPW_DEFAULT_FRAME_MAX for a daemon that states none (older than
+ * peer minor 8) or before its Hello. */
+uint32_t tpd_peer_chan_frame_max(const struct tpd_peer *pr);
+
 /* The far daemon's instance (random per daemon start, from its Hello): the host identity groups
  * use (daemons in two network namespaces of one machine are two hosts). 0 before the Hello. */
 uint64_t tpd_peer_group_far_instance(const struct tpd_peer *pr);
@@ -286,7 +291,10 @@ void tpd_peer_pipe_remove(struct tpd_peer *pr, struct tpd_pipe *p);
 
 /*
  * tpd_peer_send() - queue PeerMsg @m and @n_tail data pieces on the control connection.
- * @m, @tail: borrowed; copied. Sending over a failed link is a no-op.
+ * @m, @tail: borrowed; copied. Sending over a failed link is a no-op. A frame above what the far
+ * daemon accepts (tpd_peer_chan_frame_max()), which would fail the whole link there, is not sent:
+ * -EMSGSIZE, and one log line. Callers that forward what a client sent check the size first and
+ * refuse that client's op (chanx.c).
  * Return: 0 or -errno.
  */
 int tpd_peer_send(struct tpd_peer *pr, Tpw__V1__PeerMsg *m, const struct iovec *tail, int n_tail);

@@ -39,8 +39,14 @@ unsigned tpd_peer_chan_far_minor(const struct tpd_peer *pr)
 
 uint32_t tpd_peer_chan_tail_max(const struct tpd_peer *pr)
 {
-	return pr->far_frame_max > TPD_PEER_FRAME_SLACK ? pr->far_frame_max - TPD_PEER_FRAME_SLACK
-							: 0;
+	uint32_t max = tpd_peer_chan_frame_max(pr);
+
+	return max > TPD_PEER_FRAME_SLACK ? max - TPD_PEER_FRAME_SLACK : 0;
+}
+
+uint32_t tpd_peer_chan_frame_max(const struct tpd_peer *pr)
+{
+	return pr->far_frame_max ? pr->far_frame_max : TPW_DEFAULT_FRAME_MAX;
 }
 
 void tpd_peer_chan_link_up(struct tpd_peer *pr)

@@ -7,6 +7,9 @@
  * answers (it used to pass on their count without their bytes, and died packing the frame); so
  * is a read asking to map a lent item (that is for channels of this host; the far daemon took
  * it as malformed and failed the link, the victim's handle with it).
+ * So is a message item whose frame is exactly this daemon's frame-max, which once wrapped for
+ * the link is a few bytes above the far daemon's: refused to that client with -EMSGSIZE (it used
+ * to fail the whole link at the far daemon).
  * The user's handle ids are its own: a victim's handle of the same remote channel, guessed by
  * id, is not found for read, write, close and release; the victim's remote handle, its channel
  * and its item stay as they were.
@@ -17,6 +20,10 @@
  * daemon never forwarded is dropped; an UNLINK naming an address (a protocol violation: peer
  * minor 6 lets a plain UNLINK cross, chan-remote-create-uid decides) fails its link, which drops
  * its handles and waits, while the channel, its items and a local reader are untouched.
+ *
+ * And a peer daemon whose frames are smaller than this daemon's (256 KiB in its Hello) that takes
+ * a 300 KiB message item inline: refused with -EMSGSIZE, the link up, the item back in the
+ * channel on release (it used to be sent in a frame that failed the link there).
  *
  * And a hostile hosting daemon (a raw answerer the daemon dials): one that speaks peer protocol
  * 2.2 gets no channel message (the open fails with -EOPNOTSUPP naming its version, the link
@@ -29,8 +36,10 @@
  * release but no work queue message op (it would take them for byte ops): the take by
  * descriptor and the message reply fail with -EOPNOTSUPP naming its version, the link up.
  * One of 2.9 is asked for one item per batch read; one of 2.10 for the batch, and its answer
- * of more items than asked is refused to the client with the link up, one whose lengths miss
- * its tail fails the link.
+ * of more items than asked is refused to the client with the link up, an answer with fields
+ * for this host's clients alone (lent staging, 1025 released buffers) reaches the client without
+ * them (its library ended the whole context on them), one whose lengths miss its tail fails
+ * the link.
  *
  * And a hostile peer daemon against a work queue on a daemon that lets other hosts create
  * queues (chan-remote-create-uid): it creates none over its insecure link, is never the owner,
@@ -52,6 +61,8 @@
 #include "tpt_wire.h"
 
 #define T_MS TPT_SCALED_MS(30000)
+/* What a frame to a far daemon holds besides its tail at most (daemon/peer/peer.h) */
+#define TPD_PEER_FRAME_SLACK_BYTES 65536u
 #define NOBODY 65534
 
 static char addr[256];
@@ -88,6 +99,46 @@ static int raw_chan(struct tpt_raw *r, Tpw__V1__ChanOp *op, const void *tail, ui
 		*ret_id = dm->chan_reply->chan_id;
 	tpw__v1__daemon_msg__free_unpacked(dm, NULL);
 	return st;
+}
+
+/* Writes to handle @id one message item of a frame of exactly TPW_DEFAULT_FRAME_MAX bytes (the
+ * daemons' frame-max here): the most metadata a message may have and a payload that fills the
+ * rest. Return: the answer's status, or -errno. */
+static int oversized_write(struct tpt_raw *r, uint64_t id)
+{
+	static uint8_t meta[TPW_DEFAULT_METADATA_MAX];
+	Tpw__V1__ClientMsg m = TPW__V1__CLIENT_MSG__INIT;
+	Tpw__V1__ChanOp op = TPW__V1__CHAN_OP__INIT;
+	Tpw__V1__Descriptor d = TPW__V1__DESCRIPTOR__INIT, *dp = &d;
+	Tpw__V1__PayloadDesc pd = TPW__V1__PAYLOAD_DESC__INIT, *pdp = &pd;
+	uint64_t len = 4u << 20; /* a 4-byte varint, as the final length's */
+	_cleanup_free_ uint8_t *tail = NULL;
+	size_t msg_len;
+
+	memset(meta, 'm', sizeof(meta));
+	op.req_id = 1;
+	op.chan_id = id;
+	op.op = TPW__V1__CHAN_OP_KIND__CHAN_OP_WRITE;
+	op.n_lengths = 1;
+	op.lengths = &len;
+	op.n_msgs = 1;
+	op.msgs = &dp;
+	d.metadata = (ProtobufCBinaryData){ sizeof(meta), meta };
+	d.n_payloads = 1;
+	d.payloads = &pdp;
+	pd.length = len;
+	m.body_case = TPW__V1__CLIENT_MSG__BODY_CHAN_OP;
+	m.chan_op = &op;
+	msg_len = tpw_frame_size(&m.base) - TPW_HDR_SIZE;
+	len = TPW_DEFAULT_FRAME_MAX - msg_len;
+	pd.length = len;
+	if (msg_len != tpw_frame_size(&m.base) - TPW_HDR_SIZE || len > TPW_DEFAULT_FRAME_MAX -
+	    TPD_PEER_FRAME_SLACK_BYTES)
+		return -ERANGE; /* the test's own arithmetic */
+	tail = calloc(1, len);
+	if (!tail)
+		return -ENOMEM;
+	return raw_chan(r, &op, tail, (uint32_t)len, NULL);
 }
 
 static int attacker(void *arg)
@@ -134,6 +185,13 @@ static int attacker(void *arg)
 	rd.mapped = keys;
 	st = raw_chan(&r, &rd, NULL, 0, NULL);
 	TPT_REQUIRE(st == TPW__V1__STATUS__STATUS_TIMEOUT, 1, "read asking to map: %d", st);
+	/* A message item whose frame is exactly this daemon's frame-max, its payload at the most
+	 * that crosses inline and its descriptor's metadata at the limit: once wrapped for the link
+	 * the frame is a few bytes above the far daemon's frame-max, which used to fail the whole
+	 * link (the victim's handle with it). It is refused to this client alone. */
+	st = oversized_write(&r, id);
+	TPT_REQUIRE(st == TPW__V1__STATUS__STATUS_TOO_BIG, 1, "a write just under this daemon's "
+		    "frames but over the far one's once wrapped: %d", st);
 	/* The victim's handles (local ids below ours) are not ours. */
 	for (uint64_t g = 0; g < id; g++) {
 		for (size_t k = 0; k < TPU_ARRAY_SIZE(kinds); k++) {
@@ -253,8 +311,9 @@ static int peer_reply(struct tpt_raw *r, uint64_t *ret_req, uint64_t *ret_id)
 	return st;
 }
 
-/* Dials @host's peer port as a daemon would (insecure: plain frames), up to the link being up. */
-static int peer_dial(struct tpt_raw *c, struct tpt_raw *data)
+/* Dials @host's peer port as a daemon would (insecure: plain frames) that takes frames of at
+ * most @frame_max (0: says nothing), up to the link being up. */
+static int peer_dial_frames(struct tpt_raw *c, struct tpt_raw *data, uint32_t frame_max)
 {
 	Tpw__V1__PeerHello h = TPW__V1__PEER_HELLO__INIT;
 	Tpw__V1__PeerDataHello dh = TPW__V1__PEER_DATA_HELLO__INIT;
@@ -272,6 +331,7 @@ static int peer_dial(struct tpt_raw *c, struct tpt_raw *data)
 	h.boot_id.len = 16;
 	h.instance = 0x5eed;
 	h.data_conns = 1;
+	h.frame_max = frame_max;
 	m.body_case = TPW__V1__PEER_MSG__BODY_HELLO;
 	m.hello = &h;
 	TPT_REQUIRE(tpt_raw_send_peer(c, &m) == 0, -1, "hello");
@@ -299,6 +359,11 @@ static int peer_dial(struct tpt_raw *c, struct tpt_raw *data)
 		    -1, "the link did not come up");
 	tpw_peer_msg_free(in);
 	return 0;
+}
+
+static int peer_dial(struct tpt_raw *c, struct tpt_raw *data)
+{
+	return peer_dial_frames(c, data, 0);
 }
 
 static int hostile_peer(void *arg)
@@ -375,6 +440,97 @@ static int hostile_peer(void *arg)
 	tpt_raw_close(&c);
 	return 0;
 }
+
+/* A peer daemon whose frames are small (its Hello: 256 KiB, so 192 KiB of items inline) takes
+ * a 300 KiB message item inline: refused (-EMSGSIZE) instead of a frame that would fail the link
+ * there; it releases its handle, which gives the item back to the channel. */
+#define SMALL_FRAMES (256u << 10)
+
+static int small_frames_peer(void *arg)
+{
+	Tpw__V1__ChanOp o = TPW__V1__CHAN_OP__INIT;
+	Tpw__V1__PeerMsg *in = NULL;
+	struct tpt_raw c = { .fd = -1 }, data = { .fd = -1 };
+	uint64_t id = 0, req = 0;
+	int st;
+
+	(void)arg;
+	TPT_REQUIRE(peer_dial_frames(&c, &data, SMALL_FRAMES) == 0, 1, "dial");
+	o.op = TPW__V1__CHAN_OP_KIND__CHAN_OP_OPEN;
+	o.name = "hosted";
+	TPT_REQUIRE(peer_chan(&c, &o, 1, NULL, 0) == 0, 1, "open");
+	st = peer_reply(&c, &req, &id);
+	TPT_REQUIRE(st == TPW__V1__STATUS__STATUS_OK && req == 1 && id, 1, "open: %d", st);
+	o = (Tpw__V1__ChanOp)TPW__V1__CHAN_OP__INIT;
+	o.op = TPW__V1__CHAN_OP_KIND__CHAN_OP_READ;
+	o.chan_id = id;
+	o.msg = true;
+	o.timeout_ms = 5000;
+	TPT_REQUIRE(peer_chan(&c, &o, 2, NULL, 0) == 0, 1, "descriptor read");
+	for (;;) {
+		TPT_REQUIRE(tpt_raw_recv_peer(&c, T_MS, &in) == 0, 1, "descriptor answer");
+		if (in->body_case == TPW__V1__PEER_MSG__BODY_CHAN_REPLY)
+			break;
+		tpw_peer_msg_free(in);
+	}
+	TPT_REQUIRE(in->chan_reply->reply->status == TPW__V1__STATUS__STATUS_OK &&
+			    in->chan_reply->reply->msg_held, 1, "descriptor: %d",
+		    (int)in->chan_reply->reply->status);
+	tpw_peer_msg_free(in);
+	o.take_held = true;
+	TPT_REQUIRE(peer_chan(&c, &o, 3, NULL, 0) == 0, 1, "take");
+	st = peer_reply(&c, &req, NULL);
+	TPT_REQUIRE(st == TPW__V1__STATUS__STATUS_TOO_BIG && req == 3, 1,
+		    "a 300 KiB take by a daemon of 256 KiB frames: status %d", st);
+	o = (Tpw__V1__ChanOp)TPW__V1__CHAN_OP__INIT;
+	o.op = TPW__V1__CHAN_OP_KIND__CHAN_OP_RELEASE;
+	o.chan_id = id;
+	TPT_REQUIRE(peer_chan(&c, &o, 4, NULL, 0) == 0, 1, "release");
+	st = peer_reply(&c, &req, NULL);
+	TPT_REQUIRE(st == TPW__V1__STATUS__STATUS_OK && req == 4, 1, "release: %d", st);
+	tpt_raw_close(&data);
+	tpt_raw_close(&c);
+	return 0;
+}
+
+START_TEST(test_small_frames_peer_takes_within_them)
+{
+	static const char *const args[] = { "--peer-insecure", NULL };
+	struct tp_chan_options o = { .size = sizeof(o), .owner_uid = -1 };
+	struct tp_payload pl = { .length = 300u << 10 };
+	struct tp_message msg = { .payloads = &pl, .n_payloads = 1 };
+	struct tp_descriptor *d = NULL;
+	struct tp_context *ctx;
+	struct tp_chan *ch;
+	uint8_t *buf = malloc(pl.length), *got = malloc(pl.length);
+
+	ck_assert(buf && got);
+	for (size_t i = 0; i < pl.length; i++)
+		buf[i] = (uint8_t)(i * 7 + 1);
+	pl.data = buf;
+	ck_assert_int_eq(tpt_daemon_start_peer(&host, args), 0);
+	ck_assert_int_eq(tpt_ctx_new(&host, 0, "host", &ctx), 0);
+	o.flags = TP_CHAN_CREATE;
+	o.remote = TP_REMOTE_ANY_PEER;
+	ck_assert_int_eq(tp_chan_open(ctx, "hosted", &o, &ch), 0);
+	ck_assert_int_eq(tp_chan_write_msgs(ch, &msg, 1, 0), 0);
+	ck_assert(tpt_wait_ok(tpt_fork(small_frames_peer, NULL), 4 * T_MS, "small-frames peer"));
+	ck_assert(tpt_daemon_alive(&host));
+	/* the item is back, whole (the peer's release was answered: the link was up) */
+	ck_assert_msg(tp_chan_read_descriptor(ch, &d, 5000) == 0, "%s", tp_last_error());
+	ck_assert_uint_eq(d->payloads[0].length, pl.length);
+	struct tp_slot slot = { .data = got };
+	struct tp_allocation al = { .payloads = &slot, .n_payloads = 1 };
+
+	ck_assert_msg(tp_chan_read_msg(ch, d, &al) == 0, "%s", tp_last_error());
+	ck_assert_int_eq(memcmp(buf, got, pl.length), 0);
+	tp_chan_release(ch);
+	tp_context_free(ctx);
+	ck_assert_int_eq(tpt_daemon_stop(&host), 0);
+	free(buf);
+	free(got);
+}
+END_TEST
 
 static bool chan_waiting(unsigned n)
 {
@@ -751,6 +907,32 @@ static int fake_batch(struct tpt_raw *c, uint64_t req, uint64_t *lens, size_t n,
 	return peer_send(c, &m, tail, (uint32_t)strlen(tail));
 }
 
+/* Answers @req with the item @tail and fields for this host's clients alone: its staging lent,
+ * and more released buffers than a client's answer may carry. */
+static int fake_reply_lent(struct tpt_raw *c, uint64_t req, const char *tail)
+{
+	static uint64_t released[TPW_CHAN_RELEASED_MAX + 1];
+	Tpw__V1__ChanReply r = TPW__V1__CHAN_REPLY__INIT;
+	Tpw__V1__PeerChanReply pr = TPW__V1__PEER_CHAN_REPLY__INIT;
+	Tpw__V1__PeerMsg m = TPW__V1__PEER_MSG__INIT;
+	uint64_t len = strlen(tail);
+
+	for (size_t i = 0; i < TPU_ARRAY_SIZE(released); i++)
+		released[i] = i + 1;
+	r.req_id = req;
+	r.status = TPW__V1__STATUS__STATUS_OK;
+	r.chan_id = 5;
+	r.n_lengths = 1;
+	r.lengths = &len;
+	r.lent = true;
+	r.n_released = TPU_ARRAY_SIZE(released);
+	r.released = released;
+	pr.reply = &r;
+	m.body_case = TPW__V1__PEER_MSG__BODY_CHAN_REPLY;
+	m.chan_reply = &pr;
+	return peer_send(c, &m, tail, (uint32_t)len);
+}
+
 static int fake_reply(struct tpt_raw *c, uint64_t req, const char *item, uint64_t claimed)
 {
 	return fake_batch(c, req, &claimed, item ? 1 : 0, item ? item : "");
@@ -967,6 +1149,8 @@ static int fake_batch_host_run(void *arg)
 		rd = fake_read(&c, &max);
 		TPT_REQUIRE(rd && fake_batch(&c, rd, two, 2, "abcde") == 0, 1, "two items");
 		rd = fake_read(&c, &max);
+		TPT_REQUIRE(rd && fake_reply_lent(&c, rd, "xyz") == 0, 1, "an item lent");
+		rd = fake_read(&c, &max);
 		TPT_REQUIRE(rd && fake_batch(&c, rd, lie, 2, "abcde") == 0, 1, "a violation");
 	}
 	TPT_REQUIRE(tpt_sync_wait(&go, T_MS) == 2, 1, "parent, done");
@@ -979,8 +1163,10 @@ static int fake_batch_host_run(void *arg)
  * Batch reads against a hostile hosting daemon. _i 0: it speaks peer protocol 2.9, so the read
  * is forwarded for one item (a larger batch would have failed that daemon's check and the link).
  * 1: 2.10: an answer of more items than asked is refused to the client (-EINVAL) with the link
- * up; a batch of 2 arrives intact; lengths that miss the tail fail the link, and the client's
- * read with -ECONNRESET; the daemon stays up.
+ * up; a batch of 2 arrives intact; an item whose answer says it is lent and releases 1025
+ * buffers arrives intact without those fields (the client's library would end its context on
+ * them); lengths that miss the tail fail the link, and the client's read with -ECONNRESET; the
+ * daemon stays up.
  */
 START_TEST(test_hostile_host_batch_reads)
 {
@@ -1008,6 +1194,12 @@ START_TEST(test_hostile_host_batch_reads)
 		ck_assert(memcmp(it[0].data, "ab", 2) == 0 && memcmp(it[1].data, "cde", 3) == 0);
 		free(it[0].data);
 		free(it[1].data);
+		/* An answer saying the item's staging is lent, with 1025 buffers released: fields
+		 * for this host's clients only, not passed on (the library refused the frame and
+		 * ended the whole context). */
+		ck_assert_msg(tp_chan_read_many(ch, it, 3, &n, 5000) == 0, "%s", tp_last_error());
+		ck_assert(n == 1 && it[0].len == 3 && memcmp(it[0].data, "xyz", 3) == 0);
+		free(it[0].data);
 		ck_assert_int_eq(tp_chan_read_many(ch, it, 3, &n, 5000), -ECONNRESET);
 	}
 	tp_chan_release(ch);
@@ -1023,6 +1215,7 @@ static Suite *chanx_suite(void)
 	tcase_set_timeout(tc, 120);
 	tcase_add_test(tc, test_attacker_cannot_crash_or_touch_remote_handles);
 	tcase_add_test(tc, test_hostile_peer_fails_its_link_only);
+	tcase_add_test(tc, test_small_frames_peer_takes_within_them);
 	tcase_add_test(tc, test_hostile_peer_cannot_own_or_stream_into_a_queue);
 	tcase_add_loop_test(tc, test_hostile_host_fails_its_link_only, 0, 4);
 	tcase_add_loop_test(tc, test_hostile_host_batch_reads, 0, 2);
