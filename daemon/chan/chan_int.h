@@ -40,6 +40,7 @@ struct chan_lend {
 	struct chan_handle *h;	/* the lender, told when the last item leaves; NULL once gone */
 	struct chan *c;
 	struct tpb_buffer *buf; /* with a reference */
+	uint32_t uid;		/* the lender's: only its readers of that uid map the buffer */
 	uint32_t items;
 };
 

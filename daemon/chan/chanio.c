@@ -102,8 +102,9 @@ static void refuse_msg(struct chan_handle *h, const struct chan_read *rd)
 /*
  * Hands @it (the oldest item of @h's channel, or the item @h holds: @taken) to @h's read @rd by
  * mapping, when @rd takes it so (ChanOp.map_ok), @it lies in a buffer its writer lent whose fd
- * the daemon keeps and that is sealed against writes (tpb_buffer_reader_fd()), and @h has no
- * such item out yet: the answer names the buffer, the item's offset and length; a read-only fd
+ * the daemon keeps and that is sealed against writes (tpb_buffer_reader_fd()), @h is a reader
+ * of the lender's own uid, and @h has no such item out yet: the answer names the buffer, the
+ * item's offset and length; a read-only fd
  * of the buffer goes ahead of it unless @rd lists the buffer as mapped. The item stays out of
  * the channel, charged to it, until the reader's READ with map_done (map_done()); the daemon
  * copies none of its bytes. Return: true if answered so (@it is @h->mapped), false if @it goes
@@ -119,6 +120,12 @@ static bool map_offer(struct chan_handle *h, const struct chan_read *rd, struct 
 	int fd;
 
 	if (!rd->map || !b || h->mapped || it->desc || !h->who.s || !tpb_buffer_reader_ok(b))
+		return false;
+	/* A reader keeps what it maps, fd and pages, as long as it likes: the buffer's later items
+	 * (the writer stages its next ones there, whoever reads them) and the bytes of earlier
+	 * ones. Only the writer's own uid may see those; another uid's reader gets its item
+	 * copied, as it would from any other host or library. */
+	if (it->lend->uid != (uint32_t)tpd_session_uid(h->who.s))
 		return false;
 	for (size_t i = 0; i < rd->n_mapped; i++)
 		listed |= rd->mapped[i] == b->map_key;

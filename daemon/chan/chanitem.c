@@ -16,6 +16,7 @@
 #include "chancopy.h"
 #include "config.h"
 #include "core.h"
+#include "session.h"
 #include "tpu.h"
 #include "validate.h"
 
@@ -273,13 +274,14 @@ bool tpd_chan_item_lend_batch(struct chan_handle *h, struct tpu_list *batch, uin
 			return false; /* CMA, or items in several buffers: copied in */
 		buf = it->src.buf;
 	}
-	if (!buf || tpd_chan_over_bytes(c, bytes + buf->size))
+	if (!buf || !h->who.s || tpd_chan_over_bytes(c, bytes + buf->size))
 		return false; /* copied in: charged its bytes only */
 	lent = tpd_chan_lent_of(c->cs, c->uid, true);
 	l = lent ? calloc(1, sizeof(*l)) : NULL;
 	if (!l)
 		return false;
-	*l = (struct chan_lend){ .h = h, .c = c, .buf = tpb_buffer_ref(buf) };
+	*l = (struct chan_lend){ .h = h, .c = c, .buf = tpb_buffer_ref(buf),
+				 .uid = (uint32_t)tpd_session_uid(h->who.s) }; /* lends: local */
 	tpu_list_insert_tail(&h->lends, &l->node);
 	tpu_list_for_each(it, batch, node) {
 		if (it->ref) {

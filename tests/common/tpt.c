@@ -7,6 +7,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <ftw.h>
+#include <grp.h>
 #include <poll.h>
 #include <signal.h>
 #include <stdarg.h>
@@ -66,6 +67,13 @@ static bool child_tie_to_parent(pid_t parent)
 	if (prctl(PR_SET_PDEATHSIG, SIGKILL) < 0)
 		return false;
 	return getppid() == parent;
+}
+
+int tpt_become(uid_t uid)
+{
+	if (setgroups(0, NULL) < 0 || setresgid(uid, uid, uid) < 0 || setresuid(uid, uid, uid) < 0)
+		return -errno;
+	return 0;
 }
 
 pid_t tpt_fork(tpt_child_fn fn, void *arg)

@@ -153,6 +153,10 @@ typedef int (*tpt_child_fn)(void *arg);
  */
 pid_t tpt_fork(tpt_child_fn fn, void *arg);
 
+/* tpt_become() - make this process (a child's) uid and gid @uid with no supplementary groups.
+ * Return: 0 or -errno. */
+int tpt_become(uid_t uid);
+
 /*
  * tpt_wait() - wait up to @timeout_ms for child @pid to exit.
  * @ret_status: the raw wait status, or NULL.

@@ -14,6 +14,10 @@
  *    buffers a reader of channel C maps, whatever the order: the pipe's first, then C's
  *    items, the other channel's, the pipe's again, C's again; past its items a mapped buffer
  *    holds zeros (a fresh memfd).
+ *  - Only readers of the writer's own uid map: a reader keeps what it maps (the fd, the pages)
+ *    and would see the buffer's later items, read by others, and what is left of earlier
+ *    ones. A reader of uid 65534 on a channel open to anyone gets the items of uid 0's writer
+ *    byte-exact, copied, with none of its buffers mapped; a reader of uid 0 then maps.
  */
 #include <check.h>
 #include <errno.h>
@@ -411,6 +415,74 @@ START_TEST(test_no_pipe_or_other_channel_bytes_reach_a_reader)
 }
 END_TEST
 
+/* A reader of another uid: it reads the writer's 3 items byte-exact, and maps none of the
+ * writer's buffers. */
+static struct tpt_sync go;
+
+static int other_uid_reader(void *arg)
+{
+	struct tp_chan_options o = { .size = sizeof(o), .owner_uid = 0 }; /* root's names */
+	uint8_t *dst = malloc(ITEM);
+	struct tp_context *ctx = NULL;
+	struct rmap v[4];
+	struct tp_chan *r;
+	size_t len, bad = 0;
+
+	(void)arg;
+	TPT_REQUIRE(dst && tpt_become(65534) == 0, 1, "cannot become nobody");
+	TPT_REQUIRE(tpt_sync_wait(&go, T_MS) == 1, 1, "parent");
+	TPT_REQUIRE(tpt_ctx_new(&d, 0, "other.r", &ctx) == 0, 1, "context");
+	TPT_REQUIRE(tp_chan_open(ctx, "map.uid", &o, &r) == 0, 1, "open: %s", tp_last_error());
+	for (unsigned i = 0; i < 3; i++) {
+		TPT_REQUIRE(tp_chan_read_into(r, dst, ITEM, &len, T_MS) >= 0, 1, "read: %s",
+			    tp_last_error());
+		TPT_REQUIRE(len == ITEM && tpt_verify(dst, ITEM, tpt_seed(7, i, 0), &bad), 1,
+			    "item %u: byte %zu", i, bad);
+	}
+	TPT_REQUIRE(reader_maps(v, 4) == 0, 1, "a reader of uid 65534 mapped a buffer of uid 0");
+	tp_chan_release(r);
+	tp_context_free(ctx);
+	free(dst);
+	return 0;
+}
+
+START_TEST(test_only_the_writers_uid_maps)
+{
+	struct tp_chan_options o = { .size = sizeof(o), .flags = TP_CHAN_CREATE, .owner_uid = -1,
+				     .access = TP_ACCESS_ANYONE };
+	struct tp_context *cw, *cr;
+	struct tp_chan *w, *r;
+	pid_t pid;
+
+	if (geteuid() != 0) {
+		printf("skipped: needs root to run a reader as another uid\n");
+		return;
+	}
+	ck_assert_int_eq(tpt_daemon_open_to_all(&d), 0);
+	ck_assert_int_eq(tpt_sync_init(&go), 0);
+	pid = tpt_fork(other_uid_reader, NULL);
+	ck_assert_int_gt(pid, 0);
+	cw = ctx_new(0, "uid.w");
+	cr = ctx_new(0, "uid.r");
+	ck_assert(cw && cr);
+	ck_assert_int_eq(tp_chan_open(cw, "map.uid", &o, &w), 0);
+	chan_round(w, NULL, 7, 3);
+	ck_assert_int_eq(tpt_sync_post(&go, 1), 0);
+	ck_assert(tpt_wait_ok(pid, 4 * T_MS, "reader of another uid"));
+	ck_assert_int_eq(tpt_ctl_channel_field(&d, "map.uid", "items_mapped"), 0);
+	/* the writer's own uid still maps */
+	o.flags = 0;
+	ck_assert_int_eq(tp_chan_open(cr, "map.uid", &o, &r), 0);
+	chan_round(w, r, 8, 3);
+	ck_assert_int_eq(tpt_ctl_channel_field(&d, "map.uid", "items_mapped"), 3);
+	ck_assert_int_eq(tp_chan_release(r), 0);
+	ck_assert_int_eq(tp_chan_release(w), 0);
+	tp_context_free(cr);
+	tp_context_free(cw);
+	tpt_sync_done(&go);
+}
+END_TEST
+
 static Suite *chanmap_suite(void)
 {
 	Suite *s = suite_create("sec_chanmap");
@@ -422,6 +494,7 @@ static Suite *chanmap_suite(void)
 	tcase_add_test(tc, test_an_unsealed_buffer_is_never_handed_to_a_reader);
 	tcase_add_test(tc, test_a_sealed_buffer_is_handed_to_a_reader);
 	tcase_add_test(tc, test_no_pipe_or_other_channel_bytes_reach_a_reader);
+	tcase_add_test(tc, test_only_the_writers_uid_maps);
 	suite_add_tcase(s, tc);
 	return s;
 }
