@@ -271,9 +271,9 @@ class WorkQueue:
         ``tensors`` and ``payloads`` (per part a destination of the same dtype and shape, or
         of the payload's size, or None: allocated), ``shared`` and ``cuda_alloc`` as
         Channel.read_msg(). A destination that does not match raises InvalidArgument and
-        leaves ``descriptor`` unread (read it again with others); ValueError for a descriptor
-        read already or of another handle; NoListener when the question is no longer this
-        handle's. Blocks until the bytes are in place."""
+        leaves ``descriptor`` unread (read it again with others); Closed for a descriptor read
+        already; ValueError for one of another handle; NoListener when the question is no
+        longer this handle's. Blocks until the bytes are in place."""
         if not isinstance(descriptor, MessageDescriptor):
             raise TypeError(f"a MessageDescriptor is needed, not {type(descriptor).__name__}")
         return self._read(descriptor.question_id, descriptor._raw, tensors, payloads, shared,
