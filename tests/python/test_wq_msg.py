@@ -440,6 +440,23 @@ def test_messages_just_below_and_above_the_queue_byte_limits(small_daemon):
         w.reply_msg(tid, b"", tensors=[np.ones(n, np.uint8)])  # just below: taken still
         aid, a = q.answer_msg(timeout=T)
         assert aid == qid and int(a.tensors[0].sum()) == n
+        # an answer held for the owner counts until read or dropped: dropping it unread (the
+        # descriptor garbage, or a destination that does not match) makes room at once
+        for drop in ("garbage", "mismatch"):
+            qid = q.submit_msg(b"")
+            tid, _ = w.take_msg(timeout=T)
+            w.reply_msg(tid, b"", tensors=[np.ones(n, np.uint8)])
+            if drop == "garbage":
+                aid, d = q.answer_descriptor(timeout=T)
+                del d
+            else:
+                with pytest.raises(tpipd.InvalidArgument):
+                    q.answer_msg([np.empty(1, np.uint8)], timeout=T)
+            gc.collect()
+            qid = q.submit_msg(b"")
+            tid, _ = w.take_msg(timeout=T)
+            w.reply_msg(tid, b"", tensors=[np.ones(n, np.uint8)])  # room again
+            assert q.answer_msg(timeout=T)[0] == qid
 
 
 # ---- futures and asyncio, memory, the example ---------------------------------------------
