@@ -10,9 +10,10 @@ itself.
     block NAME           print "ready", block in take(): print what ended it (a SIGINT:
                          interrupted, and whether the handle still takes a question after it)
     open_as UID NAME     drop to UID (and its gid), open root's queue NAME: print the error
-    take_msg_and_die NAME
-                         take one message question (its descriptor, then its bytes), print its
-                         id and what it held, then die by SIGKILL (nothing replied or closed)
+    take_msg_and_die NAME [desc]
+                         take one message question (its descriptor, then its bytes; with desc
+                         the descriptor only), print its id and what it held, then die by
+                         SIGKILL (nothing replied or closed)
     iterate_msgs NAME    answer every message question until the iteration ends: metadata
                          b"re:" + the question's, its payloads reversed, each tensor + 1 (same
                          kind and dtype), a 0-d int64 tensor of this pid; allocate from the
@@ -82,11 +83,16 @@ def open_as(uid, name):
         return say({"error": type(e).__name__, "errno": e.errno, "msg": str(e)})
 
 
-def take_msg_and_die(name):
+def take_msg_and_die(name, how="read"):
     wq = tpipd.WorkQueue(name)
-    qid, m = wq.take_msg(timeout=30)
-    say({"qid": qid, "meta": m.metadata.decode(), "pays": [len(p) for p in m.payloads],
-         "sums": [float(t.sum()) for t in m.tensors]})
+    if how == "desc":
+        qid, d = wq.take_descriptor(timeout=30)
+        say({"qid": qid, "meta": d.metadata.decode(), "pays": d.payload_sizes,
+             "sums": None})
+    else:
+        qid, m = wq.take_msg(timeout=30)
+        say({"qid": qid, "meta": m.metadata.decode(), "pays": [len(p) for p in m.payloads],
+             "sums": [float(t.sum()) for t in m.tensors]})
     os.kill(os.getpid(), signal.SIGKILL)
 
 
@@ -134,7 +140,7 @@ def main():
     elif what == "block":
         block(args[0])
     elif what == "take_msg_and_die":
-        take_msg_and_die(args[0])
+        take_msg_and_die(*args[:2])
     elif what == "iterate_msgs":
         iterate_msgs(args[0])
     elif what == "open_as":
