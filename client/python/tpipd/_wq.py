@@ -109,9 +109,9 @@ class WorkQueue:
     Who owns what, until when: submit() and reply() (and their _msg forms) copy the item
     before they return (borrowed only during the call); answer(), take(), their _msg forms
     and iteration return new objects the caller owns (typed items: an array or tensor over
-    memory of its own). A question taken by a worker is
-    that handle's until it replies: if the handle goes first (release(), the process dies)
-    the daemon queues it again, once per death (or answers it with PeerDied when at_most_once).
+    memory of its own). A question taken by a worker is that handle's until it replies: if
+    the handle goes first (release(), the process dies) the daemon queues it again, once per
+    death, messages intact (or answers it with PeerDied when at_most_once).
     The owner's handle is the queue: its release() or death closes and frees the queue
     (workers then get PipeClosed). A ``with`` block, release() and Context.close() drop the
     handle; close() (owner) only stops submits.
