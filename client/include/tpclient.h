@@ -1144,8 +1144,10 @@ int tp_wq_answer_descriptor(struct tp_wq *q, uint64_t *ret_id, struct tp_descrip
  * CUDA slots by the library on the slot's cuda_stream. Blocks until the bytes are in @alloc. A
  * question stays taken (reply to it); an answer read leaves the queue.
  * @d: taken, also on failure, except -EINVAL (the caller keeps it).
- * Return: 0; -EINVAL (@alloc does not match @d, or @d is not @q's); -ENOENT (the question is no
- * longer this handle's, or the answer was dropped); -EFAULT and other copy errors; -EOPNOTSUPP
+ * Return: 0; -EINVAL (@alloc does not match @d, or @d is not @q's: checked before anything is
+ * sent, so only then is @d still the caller's); -ENOENT (the question is no longer this
+ * handle's, or the answer was dropped); -EIO (the daemon refused the read, e.g. CMA turned off
+ * for this process since it attached: the message says why); -EFAULT and other copy errors; -EOPNOTSUPP
  * (an item above the inline limit with neither a staging buffer nor CMA, or across hosts);
  * -ETIMEDOUT.
  */
@@ -1290,7 +1292,9 @@ int tp_chan_read_descriptor(struct tp_chan *ch, struct tp_descriptor **ret, int 
  * are written by the library from host memory on the slot's cuda_stream, and the call waits
  * for that stream. Blocks until the bytes are in @alloc.
  * @d: taken, also on failure, except -EINVAL (the caller keeps it).
- * Return: 0; -EINVAL (@alloc does not match @d, or @d is not @ch's); -EFAULT and other copy
+ * Return: 0; -EINVAL (@alloc does not match @d, or @d is not @ch's: checked before anything
+ * is sent, so only then is @d still the caller's); -EIO (the daemon refused the read, e.g. CMA
+ * turned off for this process since it attached: the message says why); -EFAULT and other copy
  * errors (the item goes back to the head of the channel); -EOPNOTSUPP (an item above the
  * inline limit with neither a staging buffer nor CMA for its slots outside shared buffers, or
  * on a channel that takes items inline only: the item stays held, and goes back on release);

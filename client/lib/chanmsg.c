@@ -556,7 +556,7 @@ TP_EXPORT int tp_chan_read_msg(struct tp_chan *ch, struct tp_descriptor *d,
 	if (cd->bytes) { /* kept by a take that gave up: the daemon no longer has it */
 		r = tpc_msgitem_take_finish(ch->ctx, d, alloc, NULL, cd->bytes, false);
 		desc_free(cd);
-		return r;
+		return r == -EINVAL ? -EIO : r;
 	}
 	small = tpc_msgitem_small(ch->ctx, cd, alloc, !tpc_chan_fast(ch));
 	if (small && cd->len > ch->ctx->lim.inline_max)
@@ -570,6 +570,8 @@ TP_EXPORT int tp_chan_read_msg(struct tp_chan *ch, struct tp_descriptor *d,
 		r = take_planned(ch, cd, alloc, false, &kept);
 	if (r == -EAGAIN)
 		r = tpc_error(-EIO, "channel '%s': the daemon refused a staging buffer", ch->name);
+	if (r == -EINVAL) /* the daemon's, or a slot's: @d is taken all the same */
+		r = -EIO;
 	if (!kept) /* else the take that gave up owns it */
 		desc_free(cd);
 	return r;

@@ -360,6 +360,8 @@ TP_EXPORT int tp_wq_read_msg(struct tp_wq *q, struct tp_descriptor *desc,
 	if (r == -EAGAIN)
 		r = tpc_error(-EIO, "work queue '%s': the daemon refused a staging buffer",
 			      q->name);
+	if (r == -EINVAL) /* the daemon's, or a slot's: @d is taken all the same */
+		r = -EIO;
 	desc_free(d);
 	return r;
 }

@@ -8,7 +8,11 @@
  * a slice that ends unanswered has taken nothing. tp_wq_submit() and tp_wq_reply() never wait
  * for room (a full queue refuses at once) and run in one call without the GIL. Items come back
  * as Blocks (dlpack.c) that own the library's copy, so a typed item becomes a tensor without a
- * further copy. Item types and iteration are the package's (tpipd/_wq.py).
+ * further copy. Questions and answers as messages (tp_wq_submit_msg(), tp_wq_reply_msg(),
+ * tp_wq_take_descriptor(), tp_wq_answer_descriptor(), tp_wq_read_msg()) reuse the pipe's message
+ * parts, read slots and Descriptor type (pipe.c), as channels' message items do (chan.c); their
+ * tensors' headers and allocation are the package's. Item types and iteration are the
+ * package's (tpipd/_wq.py).
  */
 #include <errno.h>
 #include <stdlib.h>
@@ -18,6 +22,12 @@ typedef struct {
 	PyObject_HEAD
 	struct tpy_handle h; /* the library's struct tp_wq (gate.c) */
 	bool owner;
+	/* Descriptors dropped unread while the handle was being released or after: the release
+	 * orphans them in the library (a taken question goes back to the queue, a held answer
+	 * goes with the owner's queue); freed here at dealloc, as every Descriptor keeps its
+	 * WorkQueue. */
+	struct tp_descriptor **later;
+	size_t n_later;
 } tpy_wq;
 
 static PyObject *idle_type;
@@ -72,6 +82,8 @@ PyObject *tpy_wq_open(tpy_context *self, PyObject *args, PyObject *kw)
 		return NULL;
 	}
 	ret->owner = tp_wq_is_owner(q);
+	ret->later = NULL;
+	ret->n_later = 0;
 	tpy_handle_init(&ret->h, self, q, wq_lib_release, "WorkQueue");
 	return (PyObject *)ret;
 }
@@ -105,6 +117,24 @@ static PyObject *wq_raise(tpy_wq *self, int r, int timeout_ms, const char *empty
 	return tpy_module_raise(r, NULL);
 }
 
+/* The outcome @r of a SUBMIT or a REPLY (@reply). Return: 0, or -1 with an exception set. */
+static int wq_sent(tpy_wq *self, int r, bool reply)
+{
+	if (r == -ETIMEDOUT) {
+		/* The call itself never waits: no answer within the context's reply timeout, and
+		 * the daemon may still act on it (libtpclient returns -ETIMEDOUT for both). */
+		tpy_module_raise(-EINPROGRESS, reply ? "no answer from the daemon in time: the "
+				 "reply may be delivered yet" : "no answer from the daemon in time: "
+				 "the question may be queued yet (its id is unknown)");
+		return -1;
+	}
+	if (r < 0) {
+		wq_raise(self, r, -1, NULL);
+		return -1;
+	}
+	return 0;
+}
+
 /* SUBMIT (@id NULL) or REPLY to @id: one bytes-like @item, in one call (never waits). */
 static int wq_send(tpy_wq *self, PyObject *item, const uint64_t *id, uint64_t *ret_id)
 {
@@ -125,19 +155,33 @@ static int wq_send(tpy_wq *self, PyObject *item, const uint64_t *id, uint64_t *r
 	Py_END_ALLOW_THREADS
 	tpy_gate_leave(&self->h.gate);
 	PyBuffer_Release(&view);
-	if (r == -ETIMEDOUT) {
-		/* The call itself never waits: no answer within the context's reply timeout, and
-		 * the daemon may still act on it (libtpclient returns -ETIMEDOUT for both). */
-		tpy_module_raise(-EINPROGRESS, id ? "no answer from the daemon in time: the reply "
-				 "may be delivered yet" : "no answer from the daemon in time: the "
-				 "question may be queued yet (its id is unknown)");
+	return wq_sent(self, r, id != NULL);
+}
+
+/* SUBMIT (@id NULL) or REPLY to @id: the message of @meta, @pay and @ten (the pipe's write
+ * arguments, borrowed), in one call (never waits). */
+static int wq_send_msg(tpy_wq *self, const Py_buffer *meta, PyObject *pay, PyObject *ten,
+		       const uint64_t *id, uint64_t *ret_id)
+{
+	struct tp_message m;
+	void *parts = tpy_pipe_message_new(meta, pay, ten, &m);
+	int r;
+
+	if (!parts)
+		return -1;
+	if (wq_enter(self) < 0) {
+		tpy_pipe_message_free(parts);
 		return -1;
 	}
-	if (r < 0) {
-		wq_raise(self, r, -1, NULL);
-		return -1;
-	}
-	return 0;
+	Py_BEGIN_ALLOW_THREADS
+	if (id)
+		r = tp_wq_reply_msg(wq_lib(self), *id, &m);
+	else
+		r = tp_wq_submit_msg(wq_lib(self), &m, ret_id);
+	Py_END_ALLOW_THREADS
+	tpy_gate_leave(&self->h.gate);
+	tpy_pipe_message_free(parts);
+	return wq_sent(self, r, id != NULL);
 }
 
 static PyObject *wq_submit(tpy_wq *self, PyObject *item)
@@ -163,24 +207,104 @@ static PyObject *wq_reply(tpy_wq *self, PyObject *args)
 	Py_RETURN_NONE;
 }
 
-/* TAKE (@take) or ANSWER within @timeout_ms, sliced. Return: (id, Block); NULL with an
- * exception set (an error answer: PeerDied with the question's id as .question_id). */
-static PyObject *wq_get(tpy_wq *self, bool take, int timeout_ms)
+static PyObject *wq_submit_msg(tpy_wq *self, PyObject *args)
+{
+	PyObject *pay, *ten, *ret = NULL;
+	Py_buffer meta;
+	uint64_t id = 0;
+
+	if (!PyArg_ParseTuple(args, "y*OO:submit_msg", &meta, &pay, &ten))
+		return NULL;
+	if (wq_send_msg(self, &meta, pay, ten, NULL, &id) == 0)
+		ret = PyLong_FromUnsignedLongLong(id);
+	PyBuffer_Release(&meta);
+	return ret;
+}
+
+static PyObject *wq_reply_msg(tpy_wq *self, PyObject *args)
+{
+	unsigned long long id;
+	PyObject *pay, *ten, *ret = NULL;
+	Py_buffer meta;
+	uint64_t qid;
+
+	if (!PyArg_ParseTuple(args, "Ky*OO:reply_msg", &id, &meta, &pay, &ten))
+		return NULL;
+	qid = id;
+	if (wq_send_msg(self, &meta, pay, ten, &qid, NULL) == 0)
+		ret = Py_NewRef(Py_None);
+	PyBuffer_Release(&meta);
+	return ret;
+}
+
+/* A Descriptor of @owner dropped unread (tp_wq_descriptor_free(): a held answer leaves the
+ * queue, a question stays taken); once the handle's release began, kept for dealloc. */
+static void wq_desc_drop(PyObject *owner, struct tp_descriptor *d)
+{
+	tpy_wq *self = (tpy_wq *)owner;
+	struct tp_descriptor **l;
+	PyObject *type, *val, *tb;
+
+	PyErr_Fetch(&type, &val, &tb); /* a dealloc may run while an exception is set */
+	if (wq_enter(self) == 0) {
+		Py_BEGIN_ALLOW_THREADS
+		tp_wq_descriptor_free(d);
+		Py_END_ALLOW_THREADS
+		tpy_gate_leave(&self->h.gate);
+	} else if ((l = PyMem_Realloc(self->later, (self->n_later + 1) * sizeof(*l)))) {
+		self->later = l;
+		l[self->n_later++] = d;
+	}
+	PyErr_Restore(type, val, tb);
+}
+
+/* What one TAKE or ANSWER returns: bytes (@p, @len) or, by descriptor, @d. */
+struct wq_got {
+	uint64_t id;
+	void *p;
+	size_t len;
+	struct tp_descriptor *d;
+};
+
+/* One slice of a TAKE (@take) or ANSWER, by descriptor (@msg) or for bytes, into @g. */
+static int wq_get_slice(struct tp_wq *q, bool take, bool msg, struct wq_got *g, int slice)
+{
+	if (msg)
+		return take ? tp_wq_take_descriptor(q, &g->id, &g->d, slice) :
+			      tp_wq_answer_descriptor(q, &g->id, &g->d, slice);
+	return take ? tp_wq_take(q, &g->id, &g->p, &g->len, slice) :
+		      tp_wq_answer(q, &g->id, &g->p, &g->len, slice);
+}
+
+/* Sets .question_id = @id on the exception being raised (an error answer). */
+static void wq_raise_set_id(uint64_t id)
+{
+	PyObject *type, *val, *tb, *n = PyLong_FromUnsignedLongLong(id);
+
+	PyErr_Fetch(&type, &val, &tb);
+	PyErr_NormalizeException(&type, &val, &tb);
+	if (n && val)
+		PyObject_SetAttrString(val, "question_id", n);
+	Py_XDECREF(n);
+	PyErr_Restore(type, val, tb);
+}
+
+/* TAKE (@take) or ANSWER within @timeout_ms, sliced, by descriptor (@msg) or for bytes.
+ * Return: (id, Block) or (id, Descriptor); NULL with an exception set (an error answer:
+ * PeerDied with the question's id as .question_id). */
+static PyObject *wq_get(tpy_wq *self, bool take, bool msg, int timeout_ms)
 {
 	int64_t until = timeout_ms < 0 ? -1 : tpy_gate_now_ms() + timeout_ms;
-	void *p = NULL;
-	size_t len = 0;
-	uint64_t id = 0;
+	struct wq_got g = { 0 };
 	int slice, again, r;
-	PyObject *blk;
+	PyObject *item;
 
 	if (wq_enter(self) < 0)
 		return NULL;
 	do {
 		slice = tpy_gate_slice(until);
 		Py_BEGIN_ALLOW_THREADS
-		r = take ? tp_wq_take(wq_lib(self), &id, &p, &len, slice) :
-			   tp_wq_answer(wq_lib(self), &id, &p, &len, slice);
+		r = wq_get_slice(wq_lib(self), take, msg, &g, slice);
 		Py_END_ALLOW_THREADS
 		if (r == -EAGAIN && timeout_ms != 0)
 			r = -ETIMEDOUT; /* the last slice of a longer wait */
@@ -190,25 +314,20 @@ static PyObject *wq_get(tpy_wq *self, bool take, int timeout_ms)
 	if (again < 0)
 		return NULL;
 	if (r < 0) {
-		free(p);
+		free(g.p);
 		wq_raise(self, r, timeout_ms, take ? "no question is queued" :
 			 "no answer is waiting");
-		if (!take && r == -ECONNRESET) {
-			PyObject *type, *val, *tb, *n = PyLong_FromUnsignedLongLong(id);
-
-			PyErr_Fetch(&type, &val, &tb);
-			PyErr_NormalizeException(&type, &val, &tb);
-			if (n && val)
-				PyObject_SetAttrString(val, "question_id", n);
-			Py_XDECREF(n);
-			PyErr_Restore(type, val, tb);
-		}
+		if (!take && r == -ECONNRESET)
+			wq_raise_set_id(g.id);
 		return NULL;
 	}
-	blk = tpy_dlpack_block(p, len); /* takes p */
-	if (!blk)
+	if (msg) /* takes g.d */
+		item = tpy_descriptor_new((PyObject *)self, g.d, wq_desc_drop);
+	else
+		item = tpy_dlpack_block(g.p, g.len); /* takes g.p */
+	if (!item)
 		return NULL;
-	return Py_BuildValue("(KN)", (unsigned long long)id, blk);
+	return Py_BuildValue("(KN)", (unsigned long long)g.id, item);
 }
 
 static PyObject *wq_take(tpy_wq *self, PyObject *args, PyObject *kw)
@@ -220,7 +339,7 @@ static PyObject *wq_take(tpy_wq *self, PyObject *args, PyObject *kw)
 	if (!PyArg_ParseTupleAndKeywords(args, kw, "|O:take", kwlist, &tmo) ||
 	    tpy_pipe_timeout(tmo, &timeout_ms) < 0)
 		return NULL;
-	return wq_get(self, true, timeout_ms);
+	return wq_get(self, true, false, timeout_ms);
 }
 
 static PyObject *wq_answer(tpy_wq *self, PyObject *args, PyObject *kw)
@@ -232,7 +351,62 @@ static PyObject *wq_answer(tpy_wq *self, PyObject *args, PyObject *kw)
 	if (!PyArg_ParseTupleAndKeywords(args, kw, "|O:answer", kwlist, &tmo) ||
 	    tpy_pipe_timeout(tmo, &timeout_ms) < 0)
 		return NULL;
-	return wq_get(self, false, timeout_ms);
+	return wq_get(self, false, false, timeout_ms);
+}
+
+/* take_descriptor() (@take) or answer_descriptor(): (id, Descriptor). */
+static PyObject *wq_get_descriptor(tpy_wq *self, PyObject *args, PyObject *kw, bool take)
+{
+	static char *kwlist[] = { "timeout", NULL };
+	PyObject *tmo = Py_None;
+	int timeout_ms;
+
+	if (!PyArg_ParseTupleAndKeywords(args, kw, "|O:take_descriptor", kwlist, &tmo) ||
+	    tpy_pipe_timeout(tmo, &timeout_ms) < 0)
+		return NULL;
+	return wq_get(self, take, true, timeout_ms);
+}
+
+static PyObject *wq_take_descriptor(tpy_wq *self, PyObject *args, PyObject *kw)
+{
+	return wq_get_descriptor(self, args, kw, true);
+}
+
+static PyObject *wq_answer_descriptor(tpy_wq *self, PyObject *args, PyObject *kw)
+{
+	return wq_get_descriptor(self, args, kw, false);
+}
+
+/* read_msg(descriptor, payloads, tensors): the question or answer into the destinations. */
+static PyObject *wq_read_msg(tpy_wq *self, PyObject *args, PyObject *kw)
+{
+	static char *kwlist[] = { "descriptor", "payloads", "tensors", NULL };
+	PyObject *desc, *pay = NULL, *ten = NULL;
+	struct tp_allocation a;
+	struct tp_descriptor *d;
+	void *parts;
+	int r;
+
+	if (!PyArg_ParseTupleAndKeywords(args, kw, "O|OO:read_msg", kwlist, &desc, &pay, &ten) ||
+	    !(d = tpy_descriptor_of(desc, (PyObject *)self, false)) ||
+	    !(parts = tpy_pipe_slots_new(d, pay, ten, &a)))
+		return NULL;
+	d = tpy_descriptor_of(desc, (PyObject *)self, true);
+	if (wq_enter(self) < 0) {
+		wq_desc_drop((PyObject *)self, d);
+		tpy_pipe_message_free(parts);
+		return NULL;
+	}
+	Py_BEGIN_ALLOW_THREADS
+	r = tp_wq_read_msg(wq_lib(self), d, &a);
+	if (r == -EINVAL)
+		tp_wq_descriptor_free(d); /* not taken: cannot happen, the slots match */
+	Py_END_ALLOW_THREADS
+	tpy_gate_leave(&self->h.gate);
+	tpy_pipe_message_free(parts);
+	if (r < 0)
+		return tpy_module_raise(r, NULL);
+	Py_RETURN_NONE;
 }
 
 static PyObject *wq_drain(tpy_wq *self, PyObject *args, PyObject *kw)
@@ -291,6 +465,9 @@ static void wq_dealloc(tpy_wq *self)
 {
 	/* No thread is inside a call: each holds a reference while it is. */
 	tpy_handle_done(&self->h);
+	for (size_t i = 0; i < self->n_later; i++)
+		tp_wq_descriptor_free(self->later[i]); /* released: frees only */
+	PyMem_Free(self->later);
 	PyObject_Free(self);
 }
 
@@ -318,6 +495,25 @@ static PyMethodDef wq_methods[] = {
 	{ "reply", (PyCFunction)wq_reply, METH_VARARGS,
 	  "reply(id, item)\n--\n\nWorker: answer question @id, which this handle took (borrows "
 	  "@item until it returns). Never waits." },
+	{ "submit_msg", (PyCFunction)wq_submit_msg, METH_VARARGS,
+	  "submit_msg(metadata, payloads, tensors) -> id\n--\n\nOwner: queue a message question "
+	  "(the pipe's write arguments, borrowed until it returns). Never waits." },
+	{ "answer_descriptor", (PyCFunction)(void (*)(void))wq_answer_descriptor,
+	  METH_VARARGS | METH_KEYWORDS,
+	  "answer_descriptor(timeout=None) -> (id, Descriptor)\n--\n\nOwner: the oldest answer, "
+	  "described (held for this handle until read; dropping the Descriptor unread drops "
+	  "it). Errors as answer()." },
+	{ "take_descriptor", (PyCFunction)(void (*)(void))wq_take_descriptor,
+	  METH_VARARGS | METH_KEYWORDS,
+	  "take_descriptor(timeout=None) -> (id, Descriptor)\n--\n\nWorker: take() the oldest "
+	  "question, described; it stays taken whether it is read or not." },
+	{ "reply_msg", (PyCFunction)wq_reply_msg, METH_VARARGS,
+	  "reply_msg(id, metadata, payloads, tensors)\n--\n\nWorker: answer question @id with a "
+	  "message (borrowed until it returns). Never waits." },
+	{ "read_msg", (PyCFunction)(void (*)(void))wq_read_msg, METH_VARARGS | METH_KEYWORDS,
+	  "read_msg(descriptor, payloads=(), tensors=())\n--\n\nMove the question or answer of "
+	  "@descriptor (consumed) into writable buffers, one per payload and tensor, borrowed "
+	  "until it returns." },
 	{ "drain", (PyCFunction)(void (*)(void))wq_drain, METH_VARARGS | METH_KEYWORDS,
 	  "drain(timeout=None)\n--\n\nOwner: wait until no question is queued or taken." },
 	{ "close", (PyCFunction)wq_close, METH_NOARGS,

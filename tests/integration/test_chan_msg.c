@@ -576,6 +576,58 @@ START_TEST(test_batch_above_frame_limit)
 }
 END_TEST
 
+/* A read the daemon refuses after the library consumed the descriptor is not -EINVAL, which
+ * tells the caller it still holds the descriptor: the reader's staging buffers are refused
+ * (--buffer-bytes-max), so its reads go by CMA, and the reader then makes itself
+ * non-dumpable. The first such read is refused (-EPERM) and turns CMA off for the session;
+ * the next one, still planned with CMA, is refused by the daemon as invalid (-EINVAL there)
+ * after tp_chan_read_msg() freed the descriptor. */
+START_TEST(test_refused_read_does_not_leave_the_descriptor)
+{
+	static const char *const args[] = { "--buffer-bytes-max", "64K", NULL };
+	const size_t len = 1u << 20;
+	uint8_t *src = malloc(len), *dst = malloc(len);
+	struct tp_payload pay = { .data = src, .length = len };
+	struct tp_message m = { .payloads = &pay, .n_payloads = 1 };
+	struct tp_slot slot = { .device = { .type = TP_DEVICE_CPU }, .data = dst };
+	struct tp_allocation a = { .payloads = &slot, .n_payloads = 1 };
+	struct tp_descriptor *d;
+	struct tp_context *ctx;
+	struct tpt_daemon dm;
+	struct tp_chan *ch;
+	int r;
+
+	ck_assert(src && dst);
+	memset(src, 0x3c, len);
+	ck_assert_int_eq(tpt_daemon_start(&dm, args), 0);
+	ctx = ctx_new(&dm, 0);
+	ck_assert_ptr_nonnull(ctx);
+	if (!tp_context_cma_ok(ctx)) {
+		printf("skipped: the daemon offers no CMA here\n");
+		goto out;
+	}
+	ck_assert_int_eq(chan_open(ctx, "refused", TP_CHAN_CREATE, &ch), 0);
+	for (unsigned i = 0; i < 2; i++)
+		ck_assert_msg(tp_chan_write_msgs(ch, &m, 1, T_MS) == 0, "write: %s",
+			      tp_last_error());
+	ck_assert_int_eq(prctl(PR_SET_DUMPABLE, 0, 0, 0, 0), 0); /* the forked case's own */
+	for (unsigned i = 0; i < 2; i++) {
+		ck_assert_int_ge(tp_chan_read_descriptor(ch, &d, T_MS), 0);
+		r = tp_chan_read_msg(ch, d, &a);
+		ck_assert_msg(r < 0, "read %u: CMA into a non-dumpable process went through", i);
+		ck_assert_msg(r != -EINVAL, "read %u: %d (%s) tells the caller to keep the "
+			      "descriptor the library freed", i, r, tp_last_error());
+	}
+	ck_assert_int_eq(prctl(PR_SET_DUMPABLE, 1, 0, 0, 0), 0);
+	tp_chan_release(ch);
+out:
+	tp_context_free(ctx);
+	ck_assert_int_eq(tpt_daemon_stop(&dm), 0);
+	free(src);
+	free(dst);
+}
+END_TEST
+
 static Suite *chan_msg_suite(void)
 {
 	Suite *s = suite_create("chan_msg");
@@ -593,6 +645,7 @@ static Suite *chan_msg_suite(void)
 	tcase_add_test(tc, test_oldest_waiting_reader_first);
 	tcase_add_test(tc, test_capacity_counts_message_bytes);
 	tcase_add_test(tc, test_batch_above_frame_limit);
+	tcase_add_test(tc, test_refused_read_does_not_leave_the_descriptor);
 	suite_add_tcase(s, tc);
 	tcase_add_checked_fixture(lim, small_setup, small_teardown);
 	tcase_set_timeout(lim, 60);

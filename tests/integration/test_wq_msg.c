@@ -18,6 +18,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/prctl.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -317,6 +318,61 @@ START_TEST(test_descriptor_counts_toward_limits)
 }
 END_TEST
 
+/* A read the daemon refuses after the library consumed the descriptor is not -EINVAL, which
+ * tells the caller it still holds the descriptor: here the worker's staging buffers are
+ * refused (--buffer-bytes-max), so its reads go by CMA, and the worker then makes itself
+ * non-dumpable. The first such read is refused (-EPERM) and turns CMA off for the session;
+ * the next one, still planned with CMA, is refused by the daemon as invalid (-EINVAL there)
+ * after tp_wq_read_msg() freed the descriptor. */
+START_TEST(test_refused_read_does_not_leave_the_descriptor)
+{
+	static const char *const args[] = { "--buffer-bytes-max", "64K", NULL };
+	const size_t len = 1u << 20;
+	uint8_t *src = malloc(len), *dst = malloc(len);
+	struct tp_payload pay = { .data = src, .length = len };
+	struct tp_message m = { .payloads = &pay, .n_payloads = 1 };
+	struct tp_descriptor *d;
+	struct tp_context *ctx;
+	struct tpt_daemon dm;
+	struct tp_wq *q, *w;
+	uint64_t id[2], got;
+	struct tp_slot slot = { .device = { .type = TP_DEVICE_CPU }, .data = dst };
+	struct tp_allocation a = { .payloads = &slot, .n_payloads = 1 };
+	int r;
+
+	ck_assert(src && dst);
+	memset(src, 0x3c, len);
+	ck_assert_int_eq(tpt_daemon_start(&dm, args), 0);
+	ctx = ctx_new(&dm);
+	ck_assert_ptr_nonnull(ctx);
+	if (!tp_context_cma_ok(ctx)) {
+		printf("skipped: the daemon offers no CMA here\n");
+		goto out;
+	}
+	ck_assert_int_eq(wq_open(ctx, "refused", TP_WQ_CREATE, &q), 0);
+	ck_assert_int_eq(wq_open(ctx, "refused", 0, &w), 0);
+	for (unsigned i = 0; i < 2; i++)
+		ck_assert_msg(tp_wq_submit_msg(q, &m, &id[i]) == 0, "submit: %s", tp_last_error());
+	ck_assert_int_eq(prctl(PR_SET_DUMPABLE, 0, 0, 0, 0), 0); /* the forked case's own */
+	for (unsigned i = 0; i < 2; i++) {
+		ck_assert_int_eq(tp_wq_take_descriptor(w, &got, &d, T_MS), 0);
+		ck_assert_int_eq(got, id[i]);
+		r = tp_wq_read_msg(w, d, &a);
+		ck_assert_msg(r < 0, "read %u: CMA into a non-dumpable process went through", i);
+		ck_assert_msg(r != -EINVAL, "read %u: %d (%s) tells the caller to keep the "
+			      "descriptor the library freed", i, r, tp_last_error());
+	}
+	ck_assert_int_eq(prctl(PR_SET_DUMPABLE, 1, 0, 0, 0), 0);
+	tp_wq_release(w);
+	tp_wq_release(q);
+out:
+	tp_context_free(ctx);
+	ck_assert_int_eq(tpt_daemon_stop(&dm), 0);
+	free(src);
+	free(dst);
+}
+END_TEST
+
 static Suite *wq_msg_suite(void)
 {
 	Suite *s = suite_create("wq_msg");
@@ -330,6 +386,7 @@ static Suite *wq_msg_suite(void)
 	tcase_add_test(tc, test_killed_worker_message_at_most_once);
 	tcase_add_test(tc, test_bytes_and_messages_mix);
 	tcase_add_test(tc, test_descriptor_counts_toward_limits);
+	tcase_add_test(tc, test_refused_read_does_not_leave_the_descriptor);
 	suite_add_tcase(s, tc);
 	return s;
 }

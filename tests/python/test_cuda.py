@@ -6,8 +6,9 @@ the tests only): arrays exposing __cuda_array_interface__ (with a stream) and DL
 on a CUDA device are written and read back byte-exact by another process, into objects its
 cuda_alloc= makes, into destinations it passes (DLPack and CAI), and into host memory; the
 writer's stream is waited for; 0-d and empty device arrays travel; a non-contiguous device
-array is refused; channel message items carry device arrays the same way (read_msg() into
-cuda_alloc= objects, destinations and host memory); tpipd.CudaArray wraps raw device memory for consumers; and the daemon's
+array is refused; channel message items and work queue message questions and answers carry device arrays
+the same way (read into cuda_alloc= objects, destinations and host memory; a submit waits for
+the array's stream); tpipd.CudaArray wraps raw device memory for consumers; and the daemon's
 mapping of an allocation (tpipd --cuda-cache-mappings yes) is released once the Python object
 that was written from, or read into, is garbage, and at once by Context.cuda_release().
 Collectives take the same device arrays (staged by libtpclient on their stream)."""
@@ -191,6 +192,73 @@ def test_channel_message_items_carry_device_arrays(cdaemon, drv):
         bad = cudev.CaiArray(drv, (4, 4), "float32", strides=(4, 16))
         with pytest.raises(tpipd.InvalidArgument, match="not contiguous"):
             ch.write_msg(b"", tensors=[bad])
+
+
+def test_work_queue_messages_carry_device_arrays(cdaemon, drv):
+    """WorkQueue.submit_msg() and reply_msg() take device arrays as Channel.write_msg() does
+    (copied to host memory after their stream's work); take_msg(), read_msg() and
+    answer_msg() fill what cuda_alloc= makes, a device destination given, or host memory;
+    the descriptor names the writer's device."""
+    alloc = lambda shape, dtype, dev: cudev.CaiArray(drv, shape, dtype)  # noqa: E731
+    with tpipd.Context(cdaemon) as ctx:
+        q = ctx.work_queue(f"cuda.wq.{os.getpid()}", create=True)
+        w = ctx.work_queue(q.name)
+        ids = []
+        for _ in range(3):
+            src, want = sources(drv)
+            ids.append(q.submit_msg(b"dev", [b"p"], src))
+        tid, m = w.take_msg(timeout=T, cuda_alloc=alloc)
+        assert tid == ids[0]
+        assert [type(t).__name__ for t in m.tensors] == ["CaiArray", "CaiArray", "ndarray"]
+        assert [t.to_host() if hasattr(t, "to_host") else t.tobytes()
+                for t in m.tensors] == want
+        w.reply_msg(tid, b"ans", tensors=m.tensors[:2])  # device arrays answer back
+        tid, d = w.take_descriptor(timeout=T)
+        assert [(t.device, t.dtype, t.shape) for t in d.tensors] == [
+            ("cuda:0", "float32", (1000,)), ("cuda:0", "int16", (3, 5)), ("cpu", "float64", (4,))]
+        dst = cudev.DLArray(drv, (3, 5), "int16")
+        m = w.read_msg(d, [None, dst, None], cuda_alloc=alloc)
+        assert m.tensors[1] is dst and dst.to_host() == want[1]
+        w.reply_msg(tid, b"")
+        tid, m = w.take_msg(timeout=T)  # no torch CUDA here: host memory
+        assert [type(t).__name__ for t in m.tensors] == ["ndarray"] * 3
+        assert [t.tobytes() for t in m.tensors] == want
+        w.reply_msg(tid, b"")
+        adst = cudev.CaiArray(drv, (1000,), "float32")
+        aid, a = q.answer_msg([adst, None], timeout=T, cuda_alloc=alloc)
+        assert aid == ids[0] and a.tensors[0] is adst and a.metadata == b"ans"
+        assert [t.to_host() for t in a.tensors] == want[:2]
+        bad = cudev.CaiArray(drv, (4, 4), "float32", strides=(4, 16))
+        with pytest.raises(tpipd.InvalidArgument, match="not contiguous"):
+            q.submit_msg(b"", tensors=[bad])
+
+
+def test_work_queue_submit_waits_for_the_arrays_stream(cdaemon, drv):
+    """submit_msg() copies a device array after the work queued on its CAI stream."""
+    with tpipd.Context(cdaemon) as ctx:
+        q = ctx.work_queue(f"cuda.wqs.{os.getpid()}", create=True)
+        w = ctx.work_queue(q.name)
+        a = cudev.CaiArray(drv, (4096,), "uint8")
+        drv.htod(a.mem.ptr, bytes(4096))
+        s = drv.stream()
+        gate = threading.Event()
+        cb = drv.host_func(s, lambda: gate.wait(T))
+        drv.memset_async(a.mem.ptr, 0x5A, 4096, s)
+        a.stream = s
+        done = []
+        t = threading.Thread(target=lambda: done.append(q.submit_msg(b"", tensors=[a])))
+        t.start()
+        # A submit that ignored the stream would have copied the zeros by now (not
+        # synchronisation: the passing path waits for the gate, whatever this lasts).
+        t.join(0.3)
+        done_early = bool(done)
+        gate.set()
+        t.join(T)
+        drv.sync(s)
+        del cb
+        assert not done_early, "the submit completed while its stream's work was held"
+        tid, m = w.take_msg(timeout=T)
+        assert tid == done[0] and m.tensors[0].tobytes() == b"\x5a" * 4096
 
 
 # ---- release of the daemon's mappings ---------------------------------------------------------

@@ -20,7 +20,7 @@ from ._tpipd import (  # noqa: F401
 from ._pipe import Context, Listener, Pipe, Message  # noqa: F401
 from ._channel import Channel, unlink_channel  # noqa: F401
 from ._set import PipeSet, Fanout  # noqa: F401
-from ._wq import WorkQueue  # noqa: F401
+from ._wq import WorkQueue, MessageDescriptor, TensorInfo  # noqa: F401
 from ._cuda import CudaArray  # noqa: F401
 from ._group import (  # noqa: F401
     Group, Work, ReduceOp, init_group, all_reduce, broadcast, barrier, all_gather,

@@ -227,9 +227,9 @@ class Channel:
         wires, raw = [], []
         for m in messages:
             metadata, payloads, tensors = m
-            wire = _pipe.message_wire(tensors, contiguous)
+            args, wire = _pipe.message_args(metadata, payloads, tensors, contiguous)
             wires.append(wire)
-            raw.append((metadata, list(payloads), [(b, h) for b, h, _ in wire]))
+            raw.append(args)
         try:
             self._raw.write_msgs(raw, timeout)
         except _tpipd.PipeClosed:

@@ -21,6 +21,14 @@ def message_wire(tensors, contiguous):
     return [_tensor.to_wire(t, contiguous, f"tensor {i}") for i, t in enumerate(tensors)]
 
 
+def message_args(metadata, payloads, tensors, contiguous):
+    """(raw, keep): a message to send as the extension's (metadata, payloads, [(buffer or CUDA
+    range, header)]) triple, for a Channel's message items and a WorkQueue's message questions
+    and answers, and what keeps its tensors' memory alive until the call returned."""
+    wire = message_wire(tensors, contiguous)
+    return (metadata, list(payloads), [(b, h) for b, h, _ in wire]), wire
+
+
 def read_message(desc, tensors, payloads, shared, cuda_alloc, move, context=None):
     """The Message of ``desc`` (a Pipe's or a Channel's Descriptor): its tensors' headers read,
     destinations checked or allocated (see Pipe.read()), then ``move(desc, payloads,
