@@ -724,6 +724,10 @@ static void *context_io_main(void *arg)
 		uint64_t seq = __atomic_load_n(&ctx->wake_seq, __ATOMIC_SEQ_CST);
 		/* Wake up to release idle staging buffers. */
 		int tmo = tpc_buffer_pool_timeout_locked(ctx);
+		int tmo_own = tpc_chan_own_timeout_locked(ctx);
+
+		if (tmo_own >= 0 && (tmo < 0 || tmo_own < tmo))
+			tmo = tmo_own;
 
 		pthread_mutex_unlock(&ctx->lock);
 		if (ctx->ring && n == 2) {
@@ -739,8 +743,10 @@ static void *context_io_main(void *arg)
 			}
 			__atomic_store_n(&ctx->io_sleeping, 0, __ATOMIC_SEQ_CST);
 		}
-		if (tmo >= 0)
+		if (tmo >= 0) {
 			tpc_buffer_pool_expire(ctx);
+			tpc_chan_own_expire(ctx);
+		}
 		pthread_mutex_lock(&ctx->lock);
 	}
 	pthread_mutex_unlock(&ctx->lock);
