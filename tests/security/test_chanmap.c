@@ -260,7 +260,8 @@ START_TEST(test_an_unsealed_buffer_is_never_handed_to_a_reader)
 	ck_assert_int_eq(tpt_raw_connect(&w, d.socket), 0);
 	ck_assert_int_eq(tpt_raw_hello(&w, TPW__V1__ROLE__ROLE_CLIENT, T_MS), 0);
 	ck_assert_int_eq(tpt_raw_connect(&rd, d.socket), 0);
-	ck_assert_int_eq(tpt_raw_hello(&rd, TPW__V1__ROLE__ROLE_CLIENT, T_MS), 0);
+	ck_assert_int_eq(tpt_raw_hello_minor(&rd, TPW__V1__ROLE__ROLE_CLIENT, TPW_MINOR_CHAN_MAP,
+					     T_MS), 0); /* keys claimed, no fd taken */
 	wid = raw_open(&w, true);
 	rid = raw_open(&rd, false);
 	ck_assert_msg(!lent_item_mapped(&w, wid, &rd, rid, 1, false),
@@ -278,7 +279,8 @@ START_TEST(test_a_sealed_buffer_is_handed_to_a_reader)
 	ck_assert_int_eq(tpt_raw_connect(&w, d.socket), 0);
 	ck_assert_int_eq(tpt_raw_hello(&w, TPW__V1__ROLE__ROLE_CLIENT, T_MS), 0);
 	ck_assert_int_eq(tpt_raw_connect(&rd, d.socket), 0);
-	ck_assert_int_eq(tpt_raw_hello(&rd, TPW__V1__ROLE__ROLE_CLIENT, T_MS), 0);
+	ck_assert_int_eq(tpt_raw_hello_minor(&rd, TPW__V1__ROLE__ROLE_CLIENT, TPW_MINOR_CHAN_MAP,
+					     T_MS), 0); /* keys claimed, no fd taken */
 	wid = raw_open(&w, true);
 	rid = raw_open(&rd, false);
 	ck_assert(lent_item_mapped(&w, wid, &rd, rid, 1, true));
