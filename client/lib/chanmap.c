@@ -313,7 +313,8 @@ void tpc_chan_own_put(struct tp_chan *ch, struct tpc_buf *b, bool reuse)
 		b->used_ns = tpu_now_ns();
 		ch->own[ch->n_own++] = b;
 		ch->own_bytes += b->size;
-		wake = ch->ctx->chan_own++ == 0; /* the io thread may sleep with no timeout */
+		/* the first: the io thread may wait with no timeout */
+		wake = ch->ctx->chan_own++ == 0 && ch->ctx->io_untimed;
 		b = NULL;
 	}
 	pthread_mutex_unlock(&ch->ctx->lock);

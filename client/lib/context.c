@@ -728,6 +728,7 @@ static void *context_io_main(void *arg)
 
 		if (tmo_own >= 0 && (tmo < 0 || tmo_own < tmo))
 			tmo = tmo_own;
+		ctx->io_untimed = tmo < 0;
 
 		pthread_mutex_unlock(&ctx->lock);
 		if (ctx->ring && n == 2) {

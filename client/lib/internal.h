@@ -338,6 +338,7 @@ struct tp_context {
 	 * idle by the io thread; @chan_own: those free buffers, all handles together. */
 	struct tpu_list chans;
 	size_t chan_own;
+	bool io_untimed; /* the io thread waits with no timeout (it is woken for a first one) */
 
 	/* CUDA (cuda.c): created by the first use of CUDA memory, NULL until then. cuda_lock
 	 * guards it and is a leaf: nothing else is locked while it is held. */
