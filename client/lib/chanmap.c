@@ -349,6 +349,10 @@ void tpc_chan_own_expire(struct tp_context *ctx)
 	size_t n = 0;
 
 	pthread_mutex_lock(&ctx->lock);
+	if (tpc_chan_own_timeout_locked(ctx) != 0) { /* none due: the usual case */
+		pthread_mutex_unlock(&ctx->lock);
+		return;
+	}
 	tpu_list_for_each(ch, &ctx->chans, ctx_node) {
 		for (unsigned i = 0; i < ch->n_own && n < TPU_ARRAY_SIZE(old); i++) {
 			if (ch->own[i]->used_ns + idle > now)

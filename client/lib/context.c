@@ -744,10 +744,10 @@ static void *context_io_main(void *arg)
 			}
 			__atomic_store_n(&ctx->io_sleeping, 0, __ATOMIC_SEQ_CST);
 		}
-		if (tmo >= 0) {
+		if (tmo >= 0)
 			tpc_buffer_pool_expire(ctx);
+		if (tmo_own >= 0)
 			tpc_chan_own_expire(ctx);
-		}
 		pthread_mutex_lock(&ctx->lock);
 	}
 	pthread_mutex_unlock(&ctx->lock);
