@@ -558,6 +558,50 @@ static void map_bound(unsigned n)
 	free(dst);
 }
 
+/* The daemon remembers at most CHAN_SENT_MAX (32) keys of buffers whose fd it sent one reader
+ * handle: 32 writer handles, one item each, read by one reader: 32 held (just at); a 33rd:
+ * still 32 (just above; the oldest forgotten), every item byte-exact; the writers' release
+ * retires all that are remembered and leaves the reader no mapping. */
+START_TEST(test_a_reader_handle_is_remembered_32_buffers)
+{
+	struct tp_chan_options o = { .size = sizeof(o), .flags = TP_CHAN_CREATE, .owner_uid = -1 };
+	struct tp_context *cw = ctx_new("map.sent.w"), *cr = ctx_new("map.sent.r");
+	uint8_t *src = malloc(MIB), *dst = malloc(MIB);
+	struct iovec iov = { .iov_base = src, .iov_len = MIB };
+	struct tp_chan *w[33], *r;
+	size_t len, bad = 0;
+
+	ck_assert(cw && cr && src && dst);
+	ck_assert_int_eq(tp_chan_open(cr, "map.sent", &o, &r), 0);
+	o.flags = 0;
+	for (unsigned i = 0; i < 33; i++) {
+		ck_assert_int_eq(tp_chan_open(cw, "map.sent", &o, &w[i]), 0);
+		tpt_fill(src, MIB, tpt_seed(12, i, 0));
+		ck_assert_msg(tp_chan_write(w[i], &iov, 1, T_MS) == 0, "%u: %s", i,
+			      tp_last_error());
+		ck_assert_int_ge(tp_chan_read_into(r, dst, MIB, &len, T_MS), 0);
+		ck_assert_msg(len == MIB && tpt_verify(dst, MIB, tpt_seed(12, i, 0), &bad),
+			      "item %u: byte %zu", i, bad);
+		if (i == 31) /* just at */
+			ck_assert_int_eq(tpt_ctl_channel_field(&tpt_fixture_daemon, "map.sent",
+							       "maps_held"), 32);
+	}
+	ck_assert_int_eq(items_mapped("map.sent"), 33);
+	ck_assert_int_eq(tpt_ctl_channel_field(&tpt_fixture_daemon, "map.sent", "maps_held"), 32);
+	for (unsigned i = 0; i < 33; i++)
+		ck_assert_int_eq(tp_chan_release(w[i]), 0);
+	ck_assert_uint_eq(maps_wait_at_most(reader_maps, 0, 10000), 0);
+	ck_assert_int_eq(tpt_ctl_channel_field(&tpt_fixture_daemon, "map.sent", "maps_held"), 0);
+	ck_assert_int_eq(tpt_ctl_channel_field(&tpt_fixture_daemon, "map.sent", "maps_retired"),
+			 32);
+	ck_assert_int_eq(tp_chan_release(r), 0);
+	tp_context_free(cw);
+	tp_context_free(cr);
+	free(src);
+	free(dst);
+}
+END_TEST
+
 START_TEST(test_a_reader_maps_eight_writers_buffers)
 {
 	map_bound(MAP_MAX);
@@ -626,6 +670,7 @@ static Suite *chan_map_suite(void)
 	tcase_add_test(tc, test_a_writers_idle_buffers_are_released);
 	tcase_add_test(tc, test_an_older_reader_gets_no_notice);
 	tcase_add_test(tc, test_reader_dying_before_its_acknowledgement_loses_nothing);
+	tcase_add_test(tc, test_a_reader_handle_is_remembered_32_buffers);
 	tcase_add_test(tc, test_a_reader_maps_eight_writers_buffers);
 	tcase_add_test(tc, test_a_reader_maps_no_more_than_eight_writers_buffers);
 	tcase_add_test(tc, test_buffers_max_bounds_the_buffers_a_writer_lends);
