@@ -62,9 +62,11 @@
  *      misreads one
  *  11  Broadcast of a message with CUDA tensors (the daemon fans it out, docs/fanout.md): a
  *      client sends one only to a daemon of minor >= 11 and writes each pipe itself otherwise
+ *  12  mapped channel buffers retired (ChanReply.retired, a notice with req_id 0): a daemon
+ *      sends one only to a client of minor >= 12, which then unmaps those writers' buffers
  */
 #define TPW_PROTO_MAJOR 1
-#define TPW_PROTO_MINOR 11
+#define TPW_PROTO_MINOR 12
 /* Daemon-to-daemon protocol, versioned apart from the client one. 2: frames inside TLS 1.3, no
  * PeerAuth; a daemon speaking 1 (plaintext PeerHello) is refused with a clear log line. Minor
  * versions of peer protocol 2:
@@ -123,6 +125,7 @@
 #define TPW_MINOR_CHAN_MAP 9 /* lent channel items read by mapping (ChanOp.map_ok) */
 #define TPW_MINOR_WQ_MSG 10 /* work queue questions and answers as messages (WqOp 650-655) */
 #define TPW_MINOR_BCAST_CUDA 11 /* Broadcast of CUDA tensors (issue 25, fan-out) */
+#define TPW_MINOR_CHAN_RETIRE 12 /* mapped channel buffers retired (ChanReply.retired) */
 /* Channel items up to TPW_CHAN_INLINE_ITEM ride inline in frames (writes and answers), except
  * that items above TPW_CHAN_SHM_ITEM in (or read into) a shared buffer are copied with memcpy;
  * other items are copied between the clients' memory and the daemon by CMA (protocol minor 7,
@@ -133,6 +136,8 @@
 #define TPW_CHAN_RELEASED_MAX 1024u
 /* Buffer keys one ChanOp.mapped lists at most (issue 25 part map). */
 #define TPW_CHAN_MAPPED_MAX 16u
+/* Buffer keys one ChanReply.retired notice carries at most (client minor 12). */
+#define TPW_CHAN_RETIRED_MAX 64u
 
 struct tpw_hdr {
 	uint32_t magic;

@@ -562,6 +562,11 @@ static int check_chan_reply(const Tpw__V1__ChanReply *r, const struct tpw_hdr *h
 
 	if (r->n_released > TPW_CHAN_RELEASED_MAX || (r->lent && r->n_lengths))
 		return -EBADMSG;
+	if (r->n_retired) /* a notice: keys of mapped buffers gone, nothing else */
+		return r->n_retired <= TPW_CHAN_RETIRED_MAX && !r->req_id && !r->n_lengths &&
+		       !r->n_released && !r->lent && !r->map_key && !r->map_fd && !r->map_off &&
+		       !r->map_size && !r->copied && !r->held_len && !r->msg_held &&
+		       !r->msg_taken && !r->msg_desc && hdr->data_len == 0 ? 0 : -EBADMSG;
 	if (r->map_key || r->map_fd) /* one item in a buffer to map, inside it */
 		return r->map_key && r->n_lengths == 1 && r->lengths[0] &&
 		       tpu_range_ok(r->map_off, r->lengths[0], r->map_size) && !r->copied &&
@@ -964,7 +969,7 @@ static int check_chan_batch(const Tpw__V1__ChanReply *cr, const struct tpw_hdr *
 
 	if (cr->n_lengths > lim->segments_max || cr->remote_refs || cr->msg_desc ||
 	    cr->msg_held || cr->msg_taken || cr->copied || cr->held_len || cr->xfer_id ||
-	    cr->map_key || cr->map_off || cr->map_size || cr->map_fd)
+	    cr->map_key || cr->map_off || cr->map_size || cr->map_fd || cr->n_retired)
 		return tpu_why(-EBADMSG, why, wl, "peer channel answer of %zu items that is no "
 			       "batch of inline items", cr->n_lengths);
 	for (size_t i = 0; i < cr->n_lengths; i++) {
@@ -1051,7 +1056,7 @@ static int check_peer_xobj(const Tpw__V1__PeerMsg *m, const struct tpw_hdr *hdr,
 		if (cr && cr->n_lengths > 1) /* a batch read's answer (peer minor >= 10) */
 			return check_chan_batch(cr, hdr, lim, why, wl);
 		if (!cr || cr->n_lengths > 1 || cr->remote_refs || (cr->msg_desc && !cr->msg_held) ||
-		    cr->map_key || cr->map_off || cr->map_size || cr->map_fd ||
+		    cr->map_key || cr->map_off || cr->map_size || cr->map_fd || cr->n_retired ||
 		    (cr->msg_held && (cr->n_lengths || cr->copied || cr->msg_taken)) ||
 		    (cr->copied && (cr->n_lengths != 1 || cr->lengths[0] == 0 ||
 				    cr->lengths[0] > CHAN_ITEM_MAX || hdr->data_len)) ||

@@ -32,6 +32,12 @@ struct tpb_buffer {
 	uint64_t map_key;
 	int map_fd;
 	bool map_sealed;
+	/* Of such a buffer, on the daemon's loop thread only (daemon/chan/chanitem.c): lends of it
+	 * with items in a channel (@map_lends), whether its session let go of it (@map_dropped),
+	 * whether a reader got its fd since it was last retired (@map_shown), and whether readers
+	 * were told it is gone (@map_retired: a later offer sends the fd again). */
+	uint32_t map_lends;
+	bool map_dropped, map_shown, map_retired;
 };
 
 enum { TPB_PIN_NONE = 0, TPB_PIN_BUSY, TPB_PIN_DONE, TPB_PIN_REFUSED };

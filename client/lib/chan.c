@@ -120,9 +120,12 @@ static void chan_req_on_reply(struct tp_context *ctx, struct tpc_req *req,
 void tpc_chan_on_reply(struct tp_context *ctx, const Tpw__V1__ChanReply *m, const uint8_t *tail,
 		       size_t tail_len)
 {
-	struct tpc_req *req = tpc_map_get(&ctx->reqs, m->req_id);
+	struct tpc_req *req;
 	struct chan_req *cr;
 
+	if (m->n_retired) /* a notice (validated: nothing else, req_id 0) */
+		return tpc_chan_map_on_retired(ctx, m);
+	req = tpc_map_get(&ctx->reqs, m->req_id);
 	if (!req || req->on_reply != chan_req_on_reply) {
 		if (m->map_fd) { /* the fd sent ahead of it: taken, so that the next fits its frame */
 			int fd = tpc_pring_take_fd(ctx);
@@ -431,6 +434,7 @@ TP_EXPORT int tp_chan_open(struct tp_context *ctx, const char *name,
 	tpu_list_init(&ch->descs);
 	tpu_list_init(&ch->late_msg);
 	tpu_list_init(&ch->late_takes);
+	tpc_chan_map_open(ch);
 	*ret = ch;
 	return 0;
 }

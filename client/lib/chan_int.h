@@ -23,6 +23,9 @@
  * buffers of its own, kept while not lent (the next batches go into them): at most this many,
  * and CHAN_LENT_BYTES, besides the lent ones. */
 #define CHAN_OWN_FREE 8u
+/* ... and each released once it has not been used for this long (the io thread), so that a
+ * burst does not keep its buffers for the handle's lifetime. */
+#define CHAN_OWN_IDLE_MS 1000u
 /* Writers' buffers one handle keeps mapped to read lent items from (least recently used
  * unmapped first); each mapped only while the library copies out of it is never unmapped
  * under that copy. At most TPW_CHAN_MAPPED_MAX. */
@@ -35,6 +38,7 @@ struct chan_map {
 	size_t size;   /* mapped bytes: the file's size (fstat), sealed against shrinking */
 	unsigned refs; /* copies out of it running */
 	uint64_t used; /* tp_chan.map_tick when last used */
+	bool retired;  /* the daemon said the buffer is gone: unmapped once @refs is 0 */
 };
 
 struct tp_chan {
@@ -72,6 +76,7 @@ struct tp_chan {
 	struct chan_map maps[CHAN_MAP_MAX];
 	unsigned n_maps;
 	uint64_t map_tick;
+	struct tpu_list ctx_node; /* in tp_context.chans while @map */
 };
 
 struct chan_req {
@@ -166,8 +171,16 @@ int tpc_chan_map_on_reply(struct tp_context *ctx, struct chan_req *cr,
  * Return: 0, -ESTALE (no fd and no mapping), -EPROTO (out of bounds), -ENOMEM, -errno of
  * mmap(). */
 int tpc_chan_map_take(struct tp_chan *ch, struct chan_req *cr);
-/* At release: @ch's mappings unmapped and its own buffers not lent released. */
+/* A new handle @ch that maps lent items joins its context's list (no lock held). */
+void tpc_chan_map_open(struct tp_chan *ch);
+/* At release: @ch leaves that list, its mappings unmapped and its own buffers not lent
+ * released. */
 void tpc_chan_map_drop(struct tp_chan *ch);
+/* The daemon's notice @m (validated: at most TPW_CHAN_RETIRED_MAX keys): the handle it names
+ * unmaps each retired buffer it keeps mapped, at once or once the copies out of it end; keys
+ * it does not keep, and handles that are not its context's, are ignored (reply handler, lock
+ * held). */
+void tpc_chan_map_on_retired(struct tp_context *ctx, const Tpw__V1__ChanReply *m);
 /* A buffer of @ch's own of at least @size bytes and at most twice that: a free one, else a new
  * one (tpc_buffer_chan_new()). No lock held. Return: owned (tpc_chan_own_put()), or NULL. */
 struct tpc_buf *tpc_chan_own_get(struct tp_chan *ch, uint64_t size);

@@ -34,7 +34,8 @@ void tpc_chan_map_op(struct tp_chan *ch, Tpw__V1__ChanOp *op, uint64_t *keys,
 	op->map_ok = true;
 	cr->map_req = true;
 	for (unsigned i = 0; i < ch->n_maps; i++)
-		keys[n++] = ch->maps[i].key;
+		if (!ch->maps[i].retired)
+			keys[n++] = ch->maps[i].key;
 	pthread_mutex_unlock(&ch->ctx->lock);
 	op->n_mapped = n;
 	op->mapped = n ? keys : NULL;
@@ -67,11 +68,12 @@ int tpc_chan_map_on_reply(struct tp_context *ctx, struct chan_req *cr,
 	return 0;
 }
 
-/* The mapping of @key kept by @ch, with one more reference; lock held. Return: it, or NULL. */
+/* The mapping of @key kept by @ch (not retired), with one more reference; lock held. Return:
+ * it, or NULL. */
 static struct chan_map *map_find_locked(struct tp_chan *ch, uint64_t key)
 {
 	for (unsigned i = 0; i < ch->n_maps; i++) {
-		if (ch->maps[i].key != key)
+		if (ch->maps[i].key != key || ch->maps[i].retired)
 			continue;
 		ch->maps[i].refs++;
 		ch->maps[i].used = ++ch->map_tick;
@@ -121,16 +123,52 @@ static int map_new(struct tp_chan *ch, uint64_t key, int fd, struct chan_map *re
 	return 0;
 }
 
-/* Drops the reference of @e (a copy of the entry); one not kept is unmapped. */
+/* Drops the reference of @e (a copy of the entry); one not kept, or retired and used by no
+ * other copy, is unmapped. */
 static void map_put(struct tp_chan *ch, const struct chan_map *e)
 {
+	struct chan_map old = { 0 };
+
 	if (!e->key)
 		return (void)munmap((void *)e->addr, e->size);
 	pthread_mutex_lock(&ch->ctx->lock);
-	for (unsigned i = 0; i < ch->n_maps; i++)
-		if (ch->maps[i].key == e->key && ch->maps[i].refs)
-			ch->maps[i].refs--;
+	for (unsigned i = 0; i < ch->n_maps; i++) {
+		if (ch->maps[i].addr != e->addr || !ch->maps[i].refs)
+			continue;
+		if (--ch->maps[i].refs == 0 && ch->maps[i].retired) {
+			old = ch->maps[i];
+			ch->maps[i] = ch->maps[--ch->n_maps];
+		}
+		break;
+	}
 	pthread_mutex_unlock(&ch->ctx->lock);
+	if (old.addr)
+		munmap((void *)old.addr, old.size);
+}
+
+void tpc_chan_map_on_retired(struct tp_context *ctx, const Tpw__V1__ChanReply *m)
+{
+	struct tp_chan *ch, *found = NULL;
+
+	tpu_list_for_each(ch, &ctx->chans, ctx_node)
+		if (ch->id == m->chan_id)
+			found = ch;
+	if (!found)
+		return; /* released meanwhile, or no handle of ours */
+	ch = found;
+	/* Only exact keys of this handle's mappings: nothing else is ever unmapped. */
+	for (size_t k = 0; k < m->n_retired; k++) {
+		for (unsigned i = 0; i < ch->n_maps; i++) {
+			if (ch->maps[i].key != m->retired[k] || ch->maps[i].retired)
+				continue;
+			ch->maps[i].retired = true;
+			if (ch->maps[i].refs)
+				break; /* the last copy out of it unmaps it (map_put()) */
+			munmap((void *)ch->maps[i].addr, ch->maps[i].size);
+			ch->maps[i] = ch->maps[--ch->n_maps];
+			break;
+		}
+	}
 }
 
 /* Tells the daemon that @ch's item handed out by mapping was copied out (or, @fail, could not
@@ -204,8 +242,23 @@ int tpc_chan_map_take(struct tp_chan *ch, struct chan_req *cr)
 	return 0;
 }
 
+void tpc_chan_map_open(struct tp_chan *ch)
+{
+	if (!ch->map)
+		return;
+	pthread_mutex_lock(&ch->ctx->lock);
+	tpu_list_insert_tail(&ch->ctx->chans, &ch->ctx_node);
+	pthread_mutex_unlock(&ch->ctx->lock);
+}
+
 void tpc_chan_map_drop(struct tp_chan *ch)
 {
+	if (ch->map) { /* no notice nor the io thread reaches it from now on */
+		pthread_mutex_lock(&ch->ctx->lock);
+		tpu_list_remove(&ch->ctx_node);
+		ch->ctx->chan_own -= ch->n_own;
+		pthread_mutex_unlock(&ch->ctx->lock);
+	}
 	for (unsigned i = 0; i < ch->n_maps; i++)
 		munmap((void *)ch->maps[i].addr, ch->maps[i].size);
 	ch->n_maps = 0;
@@ -231,6 +284,7 @@ struct tpc_buf *tpc_chan_own_get(struct tp_chan *ch, uint64_t size)
 	if (b) {
 		ch->own[best] = ch->own[--ch->n_own];
 		ch->own_bytes -= b->size;
+		ch->ctx->chan_own--;
 	}
 	pthread_mutex_unlock(&ch->ctx->lock);
 	if (b || size > SIZE_MAX)
@@ -242,6 +296,7 @@ void tpc_chan_own_put(struct tp_chan *ch, struct tpc_buf *b, bool reuse)
 {
 	struct tpc_buf *evict[CHAN_OWN_FREE];
 	unsigned n_evict = 0;
+	bool wake = false;
 
 	if (!b)
 		return;
@@ -252,14 +307,63 @@ void tpc_chan_own_put(struct tp_chan *ch, struct tpc_buf *b, bool reuse)
 			evict[n_evict] = ch->own[0];
 			ch->own_bytes -= ch->own[0]->size;
 			ch->own[0] = ch->own[--ch->n_own];
+			ch->ctx->chan_own--;
 			n_evict++;
 		}
+		b->used_ns = tpu_now_ns();
 		ch->own[ch->n_own++] = b;
 		ch->own_bytes += b->size;
+		/* the first: the io thread may wait with no timeout */
+		wake = ch->ctx->chan_own++ == 0 && ch->ctx->io_untimed;
 		b = NULL;
 	}
 	pthread_mutex_unlock(&ch->ctx->lock);
+	if (wake)
+		tpc_context_wake(ch->ctx);
 	for (unsigned i = 0; i < n_evict; i++)
 		tpc_buffer_stage_put(ch->ctx, evict[i], false);
 	tpc_buffer_stage_put(ch->ctx, b, false);
+}
+
+int tpc_chan_own_timeout_locked(struct tp_context *ctx)
+{
+	uint64_t now, due = UINT64_MAX;
+	struct tp_chan *ch;
+
+	if (!ctx->chan_own)
+		return -1;
+	tpu_list_for_each(ch, &ctx->chans, ctx_node)
+		for (unsigned i = 0; i < ch->n_own; i++)
+			due = TPU_MIN(due, ch->own[i]->used_ns + (uint64_t)CHAN_OWN_IDLE_MS * 1000000u);
+	now = tpu_now_ns();
+	if (due == UINT64_MAX)
+		return -1;
+	return due <= now ? 0 : (int)((due - now + 999999u) / 1000000u);
+}
+
+void tpc_chan_own_expire(struct tp_context *ctx)
+{
+	uint64_t idle = (uint64_t)CHAN_OWN_IDLE_MS * 1000000u, now = tpu_now_ns();
+	struct tpc_buf *old[2 * CHAN_OWN_FREE];
+	struct tp_chan *ch;
+	size_t n = 0;
+
+	pthread_mutex_lock(&ctx->lock);
+	if (tpc_chan_own_timeout_locked(ctx) != 0) { /* none due: the usual case */
+		pthread_mutex_unlock(&ctx->lock);
+		return;
+	}
+	tpu_list_for_each(ch, &ctx->chans, ctx_node) {
+		for (unsigned i = 0; i < ch->n_own && n < TPU_ARRAY_SIZE(old); i++) {
+			if (ch->own[i]->used_ns + idle > now)
+				continue;
+			old[n++] = ch->own[i];
+			ch->own_bytes -= ch->own[i]->size;
+			ch->own[i--] = ch->own[--ch->n_own];
+			ctx->chan_own--;
+		}
+	}
+	pthread_mutex_unlock(&ctx->lock);
+	for (size_t i = 0; i < n; i++) /* unregistered: the daemon retires them for readers */
+		tpc_buffer_stage_put(ctx, old[i], false);
 }

@@ -724,6 +724,11 @@ static void *context_io_main(void *arg)
 		uint64_t seq = __atomic_load_n(&ctx->wake_seq, __ATOMIC_SEQ_CST);
 		/* Wake up to release idle staging buffers. */
 		int tmo = tpc_buffer_pool_timeout_locked(ctx);
+		int tmo_own = tpc_chan_own_timeout_locked(ctx);
+
+		if (tmo_own >= 0 && (tmo < 0 || tmo_own < tmo))
+			tmo = tmo_own;
+		ctx->io_untimed = tmo < 0;
 
 		pthread_mutex_unlock(&ctx->lock);
 		if (ctx->ring && n == 2) {
@@ -741,6 +746,8 @@ static void *context_io_main(void *arg)
 		}
 		if (tmo >= 0)
 			tpc_buffer_pool_expire(ctx);
+		if (tmo_own >= 0)
+			tpc_chan_own_expire(ctx);
 		pthread_mutex_lock(&ctx->lock);
 	}
 	pthread_mutex_unlock(&ctx->lock);

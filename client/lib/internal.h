@@ -333,6 +333,12 @@ struct tp_context {
 	struct tpu_list stage_pool;
 	size_t n_pool;
 	size_t pool_bytes;	/* bytes of staging buffers in stage_pool */
+	/* Channel handles that map lent items and keep buffers of their own (struct tp_chan,
+	 * chanmap.c): found by id for the daemon's notices, their free buffers released once
+	 * idle by the io thread; @chan_own: those free buffers, all handles together. */
+	struct tpu_list chans;
+	size_t chan_own;
+	bool io_untimed; /* the io thread waits with no timeout (it is woken for a first one) */
 
 	/* CUDA (cuda.c): created by the first use of CUDA memory, NULL until then. cuda_lock
 	 * guards it and is a leaf: nothing else is locked while it is held. */
@@ -751,6 +757,10 @@ void tpc_group_fail_all_locked(struct tp_context *ctx);
  * io thread). Borrows @m and @tail. */
 void tpc_chan_on_reply(struct tp_context *ctx, const Tpw__V1__ChanReply *m, const uint8_t *tail,
 		       size_t tail_len);
+/* The next idle channel buffer to release (as tpc_buffer_pool_timeout_locked(): ms, 0 now, -1
+ * none; lock held) and their release (io thread, no lock held; chanmap.c). */
+int tpc_chan_own_timeout_locked(struct tp_context *ctx);
+void tpc_chan_own_expire(struct tp_context *ctx);
 /* The daemon's answer to a WqOp (wq.c): completes the waiting call with the payload in @tail
  * (lock held, io thread). Borrows @m and @tail. */
 void tpc_wq_on_reply(struct tp_context *ctx, const Tpw__V1__WqReply *m, const uint8_t *tail,

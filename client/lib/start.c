@@ -293,6 +293,7 @@ static struct tp_context *context_alloc(void)
 	tpu_list_init(&ctx->groups);
 	tpu_list_init(&ctx->done);
 	tpu_list_init(&ctx->stage_pool);
+	tpu_list_init(&ctx->chans);
 	tpu_list_init(&ctx->prings);
 	return ctx;
 }

@@ -274,6 +274,7 @@ static void handle_free(struct chan_handle *h, bool answer)
 			cp->h = NULL; /* the copy ends, answering nobody */
 	tpu_list_remove(&h->node);
 	c->n_handles--;
+	c->maps_held -= h->n_sent;
 	c->n_remote -= h->who.pr != NULL;
 	if (h->mapped) /* the reader went before it said it copied the item out */
 		tpd_chan_item_give_back(c, h->mapped);
@@ -669,9 +670,19 @@ static void chan_on_session_end(struct tpd_session *s)
 			handle_free(h, false);
 }
 
+/* @s let go of @b, a buffer readers may have mapped: once no item lies in it, it is gone for
+ * good and the readers sent its fd are told (chanitem.c). */
+static void chan_on_buffer_gone(struct tpd_session *s, struct tpb_buffer *b)
+{
+	b->map_dropped = true;
+	if (!b->map_lends)
+		tpd_chan_item_retire(chans_of(s), b);
+}
+
 static const struct tpd_local_chan_ops chan_local_ops = {
 	.op = chan_on_op,
 	.session_end = chan_on_session_end,
+	.buffer_gone = chan_on_buffer_gone,
 };
 
 void tpd_chan_serve_local(struct tpd_local *l)
@@ -769,6 +780,8 @@ int tpd_chan_ctl(struct tpd_chans *cs, bool own_only, uid_t viewer, Tpw__V1__Ctl
 		x->items_written = c->written;
 		x->items_read = c->read;
 		x->items_mapped = c->mapped;
+		x->maps_retired = c->maps_retired;
+		x->maps_held = c->maps_held;
 		x->remote = c->remote;
 		x->remote_handles = c->n_remote;
 		x->created_by = c->creator ? c->creator : (char *)"";

@@ -31,6 +31,10 @@ struct tpd_session;
  * daemon-wide. */
 #define CHAN_SPARE_MAX 8u
 #define CHAN_SPARE_BYTES (64ull << 20)
+/* Keys of writers' buffers whose fd one reader handle was sent and that are not retired yet,
+ * kept to tell it when they are (ChanReply.retired; client minor 12); beyond this many the
+ * oldest is forgotten (the reader unmaps it as its least recently used, or at release). */
+#define CHAN_SENT_MAX 32u
 
 /* A staging buffer a writer lent to a channel (ChanOp.lend): items of the channel lie in it. The
  * daemon keeps it mapped until the last of them leaves, and charges the channel owner's
@@ -104,6 +108,8 @@ struct chan {
 	 * (@n_outs of them) and the batches being copied in (@res_items items). */
 	uint64_t bytes, written, read;
 	uint64_t mapped; /* items readers took by mapping their writer's buffer (map_offer()) */
+	uint64_t maps_retired; /* notices to its handles that a buffer they got is gone */
+	uint32_t maps_held;    /* keys its handles keep in chan_handle.sent */
 	uint32_t res_items, n_outs;
 	struct tpu_list copies; /* chan_copy running; the channel stays while there are some */
 	struct tpd_chans *cs;
@@ -131,6 +137,10 @@ struct chan_handle {
 	struct tpu_list lends;	/* chan_lend of buffers this handle lent */
 	uint64_t *released;	/* ids of its lent buffers given up, for its next write's answer */
 	uint32_t n_released, cap_released;
+	/* A reader of client minor >= 12: keys of the writers' buffers it was sent an fd of and
+	 * not yet told are gone (map_offer(), tpd_chan_item_retire()), oldest first. */
+	uint64_t sent[CHAN_SENT_MAX];
+	uint32_t n_sent;
 };
 
 struct chan_wait {
@@ -210,6 +220,9 @@ void tpd_chan_item_done(struct chan *c, struct chan_item *it);
 int tpd_chan_item_batch_build(struct tpd_session *s, const Tpw__V1__ChanOp *o, const uint8_t *tail,
 			      struct tpu_list *batch, char *why, size_t wl);
 bool tpd_chan_item_lend_batch(struct chan_handle *h, struct tpu_list *batch, uint64_t bytes);
+/* @b (borrowed; a buffer readers may map) is gone for good: its session let go of it and no
+ * item lies in it. Each reader handle sent its fd is told (ChanReply.retired) and forgets it. */
+void tpd_chan_item_retire(struct tpd_chans *cs, struct tpb_buffer *b);
 void tpd_chan_item_move_desc(struct chan_item *to, struct chan_item *from);
 /* @it's message descriptor, packed from @m (borrowed). Return: 0 or -ENOMEM. */
 int tpd_chan_item_set_desc(struct chan_item *it, const Tpw__V1__Descriptor *m);

@@ -99,6 +99,32 @@ static void refuse_msg(struct chan_handle *h, const struct chan_read *rd)
 			h->id, h->c->closed, NULL);
 }
 
+/* Whether @h (a reader told of retirements) was sent the fd of buffer @key and not told it is
+ * gone. */
+static bool sent_has(const struct chan_handle *h, uint64_t key)
+{
+	for (uint32_t i = 0; i < h->n_sent; i++)
+		if (h->sent[i] == key)
+			return true;
+	return false;
+}
+
+/* @h was sent the fd of @b: remembered, to tell it once @b is gone (CHAN_SENT_MAX at most,
+ * the oldest forgotten first). */
+static void sent_add(struct chan_handle *h, struct tpb_buffer *b)
+{
+	b->map_shown = true;
+	if (sent_has(h, b->map_key))
+		return;
+	if (h->n_sent == CHAN_SENT_MAX) {
+		memmove(&h->sent[0], &h->sent[1], (CHAN_SENT_MAX - 1) * sizeof(h->sent[0]));
+		h->n_sent--;
+		h->c->maps_held--;
+	}
+	h->sent[h->n_sent++] = b->map_key;
+	h->c->maps_held++;
+}
+
 /*
  * Hands @it (the oldest item of @h's channel, or the item @h holds: @taken) to @h's read @rd by
  * mapping, when @rd takes it so (ChanOp.map_ok), @it lies in a buffer its writer lent whose fd
@@ -116,7 +142,7 @@ static bool map_offer(struct chan_handle *h, const struct chan_read *rd, struct 
 	Tpw__V1__ChanReply r = TPW__V1__CHAN_REPLY__INIT;
 	struct tpb_buffer *b = it->lend ? it->lend->buf : NULL;
 	uint64_t len = it->len;
-	bool listed = false;
+	bool listed = false, track;
 	int fd;
 
 	if (!rd->map || !b || h->mapped || it->desc || !h->who.s || !tpb_buffer_reader_ok(b))
@@ -127,8 +153,13 @@ static bool map_offer(struct chan_handle *h, const struct chan_read *rd, struct 
 	 * copied, as it would from any other host or library. */
 	if (it->lend->uid != (uint32_t)tpd_session_uid(h->who.s))
 		return false;
+	track = tpd_session_client_minor(h->who.s) >= TPW_MINOR_CHAN_RETIRE;
 	for (size_t i = 0; i < rd->n_mapped; i++)
 		listed |= rd->mapped[i] == b->map_key;
+	/* A reader told of retirements: a key counts as mapped only while it is one it was
+	 * sent and not told is gone (a READ sent before the notice came may list it still). */
+	if (listed && track && !sent_has(h, b->map_key))
+		listed = false;
 	if (!listed) {
 		fd = tpb_buffer_reader_fd(b);
 		if (fd < 0 || tpd_session_send_fd(h->who.s, fd) < 0) {
@@ -137,6 +168,8 @@ static bool map_offer(struct chan_handle *h, const struct chan_read *rd, struct 
 			return false; /* (not a ring session, its socket full): copied */
 		}
 		close(fd);
+		if (track)
+			sent_add(h, b);
 	}
 	h->mapped = taken ? it : tpd_chan_item_take(h->c);
 	r.req_id = rd->req_id;

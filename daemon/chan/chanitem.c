@@ -55,6 +55,8 @@ static void lend_put(struct chan_lend *l)
 	}
 	if (h && h->n_released < h->cap_released)
 		h->released[h->n_released++] = l->buf->id;
+	if (l->buf->map_key && !--l->buf->map_lends && l->buf->map_dropped)
+		tpd_chan_item_retire(l->c->cs, l->buf); /* its writer let go of it before */
 	tpu_list_remove(&l->node);
 	tpb_buffer_unref(l->buf);
 	free(l);
@@ -290,5 +292,39 @@ bool tpd_chan_item_lend_batch(struct chan_handle *h, struct tpu_list *batch, uin
 		}
 	}
 	*lent += buf->size;
+	if (buf->map_key)
+		buf->map_lends++;
 	return true;
+}
+
+void tpd_chan_item_retire(struct tpd_chans *cs, struct tpb_buffer *b)
+{
+	Tpw__V1__ChanReply r = TPW__V1__CHAN_REPLY__INIT;
+	uint64_t key = b->map_key;
+	struct chan_handle *h;
+	uint32_t i;
+
+	if (!b->map_shown)
+		return; /* no reader was sent its fd since it was last retired */
+	b->map_shown = false;
+	r.status = tpw_status_from_errno(0);
+	r.message = (char *)"";
+	r.n_retired = 1;
+	r.retired = &key;
+	tpu_list_for_each(h, &cs->handles, node) {
+		for (i = 0; i < h->n_sent && h->sent[i] != key; i++)
+			;
+		if (i == h->n_sent)
+			continue;
+		memmove(&h->sent[i], &h->sent[i + 1], (h->n_sent - i - 1) * sizeof(h->sent[0]));
+		h->n_sent--;
+		h->c->maps_held--;
+		h->c->maps_retired++;
+		r.chan_id = h->id; /* (only local sessions of minor >= 12 have keys here) */
+		r.closed = h->c->closed;
+		tpd_chan_reply_send(&h->who, &r, NULL, 0);
+		tpd_session_log(h->who.s, TPU_LOG_DEBUG, "channel '%s': buffer %llu retired, "
+				"handle %llu told", h->c->name, (unsigned long long)key,
+				(unsigned long long)h->id);
+	}
 }

@@ -15,6 +15,7 @@
 #include <stdint.h>
 #include "tpw.pb-c.h"
 
+struct tpb_buffer;
 struct tpd_daemon;
 struct tpd_local;
 struct tpd_pipe_end;
@@ -63,6 +64,10 @@ struct tpd_local_group_ops {
 	void (*leave)(struct tpd_session *s, const Tpw__V1__GroupLeave *l);
 	/* @s ends (it is dead: nothing more can be sent to it). */
 	void (*session_end)(struct tpd_session *s);
+	/* @s let go of its buffer @b (borrowed), which readers of a channel may have mapped
+	 * (@b->map_key set): released, or @s ended (after session_end). Called before @s drops
+	 * its reference. */
+	void (*buffer_gone)(struct tpd_session *s, struct tpb_buffer *b);
 };
 
 /* What a session hands the channel registry (daemon/chan/): its channel ops and its end. */
@@ -72,6 +77,10 @@ struct tpd_local_chan_ops {
 		   size_t tail_len);
 	/* @s ends (it is dead: nothing more can be sent to it). */
 	void (*session_end)(struct tpd_session *s);
+	/* @s let go of its buffer @b (borrowed), which readers of a channel may have mapped
+	 * (@b->map_key set): released, or @s ended (after session_end). Called before @s drops
+	 * its reference. */
+	void (*buffer_gone)(struct tpd_session *s, struct tpb_buffer *b);
 };
 
 /*
@@ -138,6 +147,10 @@ struct tpd_local_wq_ops {
 		   size_t tail_len);
 	/* @s ends (it is dead: nothing more can be sent to it). */
 	void (*session_end)(struct tpd_session *s);
+	/* @s let go of its buffer @b (borrowed), which readers of a channel may have mapped
+	 * (@b->map_key set): released, or @s ended (after session_end). Called before @s drops
+	 * its reference. */
+	void (*buffer_gone)(struct tpd_session *s, struct tpb_buffer *b);
 };
 
 /* tpd_local_set_chan_ops() - register the channel registry's table: @l keeps @ops (static,

@@ -277,12 +277,17 @@ static void detach_pipes(struct tpd_session *s, Tpw__V1__Status why)
 static void release_buffers(struct tpd_session *s)
 {
 	size_t i = 0;
+	const struct tpd_local_chan_ops *chan = tpd_local_chan_ops(tpd_daemon_local(s->d));
 	uint64_t key;
 	void *val;
 
 	while (tpu_hmap_next(&s->buffers, &i, &key, &val)) {
-		tpb_rdma_forget_buffer(tpd_daemon_rdma(s->d), val);
-		tpb_buffer_unref(val);
+		struct tpb_buffer *b = val;
+
+		tpb_rdma_forget_buffer(tpd_daemon_rdma(s->d), b);
+		if (b->map_key && chan)
+			chan->buffer_gone(s, b);
+		tpb_buffer_unref(b);
 	}
 	tpu_hmap_done(&s->buffers);
 	if (s->acct)

@@ -321,6 +321,8 @@ static void handle_buffer_release(struct tpd_session *s, const Tpw__V1__BufferRe
 		s->staging_bytes -= b->size;
 	}
 	tpb_rdma_forget_buffer(tpd_daemon_rdma(s->d), b);
+	if (b->map_key && tpd_local_chan_ops(tpd_daemon_local(s->d)))
+		tpd_local_chan_ops(tpd_daemon_local(s->d))->buffer_gone(s, b);
 	tpb_buffer_unref(b);
 }
 

@@ -195,13 +195,18 @@ int tpt_raw_expect(struct tpt_raw *r, int body_case, int timeout_ms, Tpw__V1__Da
 
 int tpt_raw_hello(struct tpt_raw *r, Tpw__V1__Role role, int timeout_ms)
 {
+	return tpt_raw_hello_minor(r, role, TPW_PROTO_MINOR, timeout_ms);
+}
+
+int tpt_raw_hello_minor(struct tpt_raw *r, Tpw__V1__Role role, uint32_t minor, int timeout_ms)
+{
 	Tpw__V1__ClientMsg m = TPW__V1__CLIENT_MSG__INIT;
 	Tpw__V1__Hello h = TPW__V1__HELLO__INIT;
 	Tpw__V1__DaemonMsg *rep = NULL;
 	int e;
 
 	h.major = TPW_PROTO_MAJOR;
-	h.minor = TPW_PROTO_MINOR;
+	h.minor = minor;
 	h.role = role;
 	h.name = "tpt-raw";
 	m.body_case = TPW__V1__CLIENT_MSG__BODY_HELLO;

@@ -55,6 +55,8 @@ int tpt_raw_expect(struct tpt_raw *r, int body_case, int timeout_ms, Tpw__V1__Da
 
 /* Sends Hello{major 1, @role} and waits for HelloReply. Return: 0, its error, or -errno. */
 int tpt_raw_hello(struct tpt_raw *r, Tpw__V1__Role role, int timeout_ms);
+/* The same, saying protocol minor @minor (an older library's). */
+int tpt_raw_hello_minor(struct tpt_raw *r, Tpw__V1__Role role, uint32_t minor, int timeout_ms);
 
 /*
  * tpt_raw_wait_closed() - read and drop frames until the daemon closes the connection.

@@ -69,6 +69,36 @@ static unsigned reader_maps(void)
 	return n;
 }
 
+/* Read-write shared mappings of channel buffers in this process: a writer's own buffers, lent
+ * or kept free. */
+static unsigned writer_maps(void)
+{
+	FILE *f = fopen("/proc/self/maps", "r");
+	char line[512], perms[8];
+	unsigned n = 0;
+
+	if (!f)
+		return 0;
+	while (fgets(line, sizeof(line), f))
+		if (strstr(line, "memfd:tpclient-chan") &&
+		    sscanf(line, "%*s %7s", perms) == 1 && strcmp(perms, "rw-s") == 0)
+			n++;
+	fclose(f);
+	return n;
+}
+
+/* Waits up to @ms for @count() to be at most @max. Return: its last value. */
+static unsigned maps_wait_at_most(unsigned (*count)(void), unsigned max, int ms)
+{
+	unsigned n = count();
+
+	for (int t = 0; n > max && t < ms * (int)tpt_time_scale(); t += 20) {
+		usleep(20000);
+		n = count();
+	}
+	return n;
+}
+
 /* `tpipctl channels --json`: items_mapped of channel @name (-1 if unknown). */
 static long items_mapped(const char *name)
 {
@@ -253,10 +283,176 @@ START_TEST(test_items_of_a_writer_that_exited_are_read_by_mapping)
 		ck_assert_msg(tpt_verify(dst, len, tpt_seed(3, i, 0), &bad), "item %u: byte %zu",
 			      i, bad);
 	}
-	ck_assert_uint_ge(reader_maps(), 1);
+	ck_assert_int_ge(items_mapped("map.gone"), 1);
+	/* The writer is gone and no item lies in its buffers any more: the daemon retires them
+	 * and this long-lived reader unmaps every one, without another read. */
+	ck_assert_uint_eq(maps_wait_at_most(reader_maps, 0, 10000), 0);
+	ck_assert_int_ge(tpt_ctl_channel_field(&tpt_fixture_daemon, "map.gone", "maps_retired"),
+			 1);
+	ck_assert_int_eq(tpt_ctl_channel_field(&tpt_fixture_daemon, "map.gone", "maps_held"), 0);
 	ck_assert_int_eq(tp_chan_release(ch), 0);
 	tp_context_free(ctx);
 	free(dst);
+}
+END_TEST
+
+/* A writer releases its handle while 4 of its items (1 MiB + 3 each, in its lent buffers) are
+ * still in the channel: the reader reads the first two by mapping; the buffers of the other
+ * two stay mapped and readable, byte-exact, until they are taken; then every mapping of that
+ * writer's buffers is dropped. */
+START_TEST(test_mappings_of_a_released_writer_are_dropped_once_its_items_are_read)
+{
+	struct tp_chan_options o = { .size = sizeof(o), .flags = TP_CHAN_CREATE, .owner_uid = -1 };
+	struct tp_context *cw = ctx_new("map.rel.w"), *cr = ctx_new("map.rel.r");
+	uint8_t *src = malloc(MIB + 3), *dst = malloc(MIB + 3);
+	struct iovec iov = { .iov_base = src, .iov_len = MIB + 3 };
+	struct tp_chan *w, *r;
+	size_t len, bad = 0;
+
+	ck_assert(cw && cr && src && dst);
+	ck_assert_int_eq(tp_chan_open(cr, "map.rel", &o, &r), 0);
+	o.flags = 0;
+	ck_assert_int_eq(tp_chan_open(cw, "map.rel", &o, &w), 0);
+	for (unsigned i = 0; i < 4; i++) {
+		tpt_fill(src, MIB + 3, tpt_seed(9, i, 0));
+		ck_assert_msg(tp_chan_write(w, &iov, 1, T_MS) == 0, "%u: %s", i, tp_last_error());
+	}
+	for (unsigned i = 0; i < 2; i++) {
+		ck_assert_int_ge(tp_chan_read_into(r, dst, MIB + 3, &len, T_MS), 0);
+		ck_assert_msg(len == MIB + 3 && tpt_verify(dst, len, tpt_seed(9, i, 0), &bad),
+			      "item %u: byte %zu", i, bad);
+	}
+	ck_assert_uint_ge(reader_maps(), 1);
+	ck_assert_int_eq(tp_chan_release(w), 0); /* unregisters its buffers */
+	tp_context_free(cw);
+	usleep(200000); /* the notices of buffers without items, if any, come meanwhile */
+	for (unsigned i = 2; i < 4; i++) {
+		ck_assert_int_ge(tp_chan_read_into(r, dst, MIB + 3, &len, T_MS), 0);
+		ck_assert_msg(len == MIB + 3 && tpt_verify(dst, len, tpt_seed(9, i, 0), &bad),
+			      "item %u: byte %zu", i, bad);
+	}
+	ck_assert_int_eq(items_mapped("map.rel"), 4);
+	ck_assert_uint_eq(maps_wait_at_most(reader_maps, 0, 10000), 0);
+	ck_assert_int_eq(tpt_ctl_channel_field(&tpt_fixture_daemon, "map.rel", "maps_held"), 0);
+	ck_assert_int_eq(tp_chan_release(r), 0);
+	tp_context_free(cr);
+	free(src);
+	free(dst);
+}
+END_TEST
+
+/* A burst: a writer handle lends 8 buffers (1 MiB items, one a write), all read; its next
+ * write brings them back to it (kept free for the next batches). Left unused for
+ * CHAN_OWN_IDLE_MS (1 s), they are released: the writer keeps only the buffer still lent,
+ * and the reader, told they are gone, keeps no mapping of the released ones. */
+START_TEST(test_a_writers_idle_buffers_are_released)
+{
+	struct tp_chan_options o = { .size = sizeof(o), .flags = TP_CHAN_CREATE, .owner_uid = -1 };
+	struct tp_context *cw = ctx_new("map.idle.w"), *cr = ctx_new("map.idle.r");
+	uint8_t *src = malloc(MIB), *dst = malloc(MIB);
+	struct iovec iov = { .iov_base = src, .iov_len = MIB };
+	struct tp_chan *w, *r;
+	size_t len, bad = 0;
+
+	ck_assert(cw && cr && src && dst);
+	ck_assert_int_eq(tp_chan_open(cr, "map.idle", &o, &r), 0);
+	o.flags = 0;
+	ck_assert_int_eq(tp_chan_open(cw, "map.idle", &o, &w), 0);
+	for (unsigned i = 0; i < 9; i++) {
+		tpt_fill(src, MIB, tpt_seed(10, i, 0));
+		ck_assert_msg(tp_chan_write(w, &iov, 1, T_MS) == 0, "%u: %s", i, tp_last_error());
+		if (i == 7) {
+			for (unsigned j = 0; j < 8; j++) {
+				ck_assert_int_ge(tp_chan_read_into(r, dst, MIB, &len, T_MS), 0);
+				ck_assert_msg(len == MIB &&
+					      tpt_verify(dst, MIB, tpt_seed(10, j, 0), &bad),
+					      "item %u: byte %zu", j, bad);
+			}
+		}
+	}
+	ck_assert_uint_ge(writer_maps(), 8); /* the burst's, back with the handle, and one lent */
+	ck_assert_uint_ge(reader_maps(), 8);
+	ck_assert_uint_le(maps_wait_at_most(writer_maps, 1, 10000), 1);
+	ck_assert_uint_eq(maps_wait_at_most(reader_maps, 0, 10000), 0);
+	ck_assert_int_ge(tpt_ctl_channel_field(&tpt_fixture_daemon, "map.idle", "maps_retired"),
+			 8);
+	ck_assert_int_ge(tp_chan_read_into(r, dst, MIB, &len, T_MS), 0); /* the lent one */
+	ck_assert_msg(len == MIB && tpt_verify(dst, MIB, tpt_seed(10, 8, 0), &bad), "byte %zu",
+		      bad);
+	ck_assert_int_eq(tp_chan_release(w), 0);
+	ck_assert_int_eq(tp_chan_release(r), 0);
+	tp_context_free(cw);
+	tp_context_free(cr);
+	free(src);
+	free(dst);
+}
+END_TEST
+
+/* An older library (protocol minor 11, a raw reader listing the keys it claims to have mapped)
+ * takes an item by mapping and acknowledges it; its writer then releases everything: the
+ * daemon sends it no notice (it would not know one). */
+START_TEST(test_an_older_reader_gets_no_notice)
+{
+	struct tp_chan_options o = { .size = sizeof(o), .flags = TP_CHAN_CREATE, .owner_uid = -1 };
+	struct tp_context *cw = ctx_new("map.old.w");
+	Tpw__V1__ChanOp op = TPW__V1__CHAN_OP__INIT;
+	Tpw__V1__ClientMsg m = TPW__V1__CLIENT_MSG__INIT;
+	uint8_t *src = malloc(MIB);
+	struct iovec iov = { .iov_base = src, .iov_len = MIB };
+	Tpw__V1__DaemonMsg *dm;
+	struct tp_chan *w;
+	struct tpt_raw raw;
+	uint64_t keys[16], id;
+	int e;
+
+	ck_assert(cw && src);
+	for (unsigned i = 0; i < 16; i++)
+		keys[i] = i + 1; /* every key the fresh daemon can have given */
+	ck_assert_int_eq(tp_chan_open(cw, "map.old", &o, &w), 0);
+	tpt_fill(src, MIB, tpt_seed(11, 0, 0));
+	ck_assert_int_eq(tp_chan_write(w, &iov, 1, T_MS), 0);
+	ck_assert_int_eq(tpt_raw_connect(&raw, tpt_fixture_daemon.socket), 0);
+	ck_assert_int_eq(tpt_raw_hello_minor(&raw, TPW__V1__ROLE__ROLE_CLIENT,
+					     TPW_MINOR_CHAN_RETIRE - 1, T_MS), 0);
+	op.op = TPW__V1__CHAN_OP_KIND__CHAN_OP_OPEN;
+	op.name = "map.old";
+	op.req_id = 1;
+	m.body_case = TPW__V1__CLIENT_MSG__BODY_CHAN_OP;
+	m.chan_op = &op;
+	ck_assert_int_eq(tpt_raw_send(&raw, &m, NULL, 0, NULL, 0, 0), 0);
+	ck_assert_int_eq(tpt_raw_expect(&raw, TPW__V1__DAEMON_MSG__BODY_CHAN_REPLY, T_MS, &dm), 0);
+	op = (Tpw__V1__ChanOp)TPW__V1__CHAN_OP__INIT;
+	op.chan_id = id = dm->chan_reply->chan_id;
+	tpw__v1__daemon_msg__free_unpacked(dm, NULL);
+	op.op = TPW__V1__CHAN_OP_KIND__CHAN_OP_READ;
+	op.req_id = 2;
+	op.timeout_ms = T_MS;
+	op.map_ok = true;
+	op.n_mapped = 16;
+	op.mapped = keys;
+	ck_assert_int_eq(tpt_raw_send(&raw, &m, NULL, 0, NULL, 0, 0), 0);
+	ck_assert_int_eq(tpt_raw_expect(&raw, TPW__V1__DAEMON_MSG__BODY_CHAN_REPLY, T_MS, &dm), 0);
+	ck_assert_msg(dm->chan_reply->map_key && !dm->chan_reply->map_fd,
+		      "not handed out by mapping");
+	tpw__v1__daemon_msg__free_unpacked(dm, NULL);
+	op = (Tpw__V1__ChanOp)TPW__V1__CHAN_OP__INIT;
+	op.op = TPW__V1__CHAN_OP_KIND__CHAN_OP_READ;
+	op.chan_id = id;
+	op.map_done = true;
+	ck_assert_int_eq(tpt_raw_send(&raw, &m, NULL, 0, NULL, 0, 0), 0);
+	usleep(100000);
+	ck_assert_int_eq(items_mapped("map.old"), 1);
+	ck_assert_int_eq(tp_chan_release(w), 0);
+	tp_context_free(cw);
+	e = tpt_raw_recv(&raw, 1000, &dm, NULL, NULL);
+	if (e == 0) {
+		ck_assert_msg(dm->body_case != TPW__V1__DAEMON_MSG__BODY_CHAN_REPLY ||
+			      !dm->chan_reply->n_retired, "a notice to a library of minor 11");
+		tpw_daemon_msg_free(dm);
+	}
+	ck_assert_int_eq(e, -ETIMEDOUT);
+	tpt_raw_close(&raw);
+	free(src);
 }
 END_TEST
 
@@ -277,7 +473,8 @@ static int dying_mapper(void *arg)
 	for (unsigned i = 0; i < 16; i++)
 		keys[i] = i + 1;
 	TPT_REQUIRE(tpt_raw_connect(&r, tpt_fixture_daemon.socket) == 0, 1, "connect");
-	TPT_REQUIRE(tpt_raw_hello(&r, TPW__V1__ROLE__ROLE_CLIENT, T_MS) == 0, 1, "hello");
+	TPT_REQUIRE(tpt_raw_hello_minor(&r, TPW__V1__ROLE__ROLE_CLIENT, TPW_MINOR_CHAN_MAP,
+					T_MS) == 0, 1, "hello");
 	op.op = TPW__V1__CHAN_OP_KIND__CHAN_OP_OPEN;
 	op.name = "map.dying";
 	op.req_id = 1;
@@ -361,6 +558,50 @@ static void map_bound(unsigned n)
 	free(dst);
 }
 
+/* The daemon remembers at most CHAN_SENT_MAX (32) keys of buffers whose fd it sent one reader
+ * handle: 32 writer handles, one item each, read by one reader: 32 held (just at); a 33rd:
+ * still 32 (just above; the oldest forgotten), every item byte-exact; the writers' release
+ * retires all that are remembered and leaves the reader no mapping. */
+START_TEST(test_a_reader_handle_is_remembered_32_buffers)
+{
+	struct tp_chan_options o = { .size = sizeof(o), .flags = TP_CHAN_CREATE, .owner_uid = -1 };
+	struct tp_context *cw = ctx_new("map.sent.w"), *cr = ctx_new("map.sent.r");
+	uint8_t *src = malloc(MIB), *dst = malloc(MIB);
+	struct iovec iov = { .iov_base = src, .iov_len = MIB };
+	struct tp_chan *w[33], *r;
+	size_t len, bad = 0;
+
+	ck_assert(cw && cr && src && dst);
+	ck_assert_int_eq(tp_chan_open(cr, "map.sent", &o, &r), 0);
+	o.flags = 0;
+	for (unsigned i = 0; i < 33; i++) {
+		ck_assert_int_eq(tp_chan_open(cw, "map.sent", &o, &w[i]), 0);
+		tpt_fill(src, MIB, tpt_seed(12, i, 0));
+		ck_assert_msg(tp_chan_write(w[i], &iov, 1, T_MS) == 0, "%u: %s", i,
+			      tp_last_error());
+		ck_assert_int_ge(tp_chan_read_into(r, dst, MIB, &len, T_MS), 0);
+		ck_assert_msg(len == MIB && tpt_verify(dst, MIB, tpt_seed(12, i, 0), &bad),
+			      "item %u: byte %zu", i, bad);
+		if (i == 31) /* just at */
+			ck_assert_int_eq(tpt_ctl_channel_field(&tpt_fixture_daemon, "map.sent",
+							       "maps_held"), 32);
+	}
+	ck_assert_int_eq(items_mapped("map.sent"), 33);
+	ck_assert_int_eq(tpt_ctl_channel_field(&tpt_fixture_daemon, "map.sent", "maps_held"), 32);
+	for (unsigned i = 0; i < 33; i++)
+		ck_assert_int_eq(tp_chan_release(w[i]), 0);
+	ck_assert_uint_eq(maps_wait_at_most(reader_maps, 0, 10000), 0);
+	ck_assert_int_eq(tpt_ctl_channel_field(&tpt_fixture_daemon, "map.sent", "maps_held"), 0);
+	ck_assert_int_eq(tpt_ctl_channel_field(&tpt_fixture_daemon, "map.sent", "maps_retired"),
+			 32);
+	ck_assert_int_eq(tp_chan_release(r), 0);
+	tp_context_free(cw);
+	tp_context_free(cr);
+	free(src);
+	free(dst);
+}
+END_TEST
+
 START_TEST(test_a_reader_maps_eight_writers_buffers)
 {
 	map_bound(MAP_MAX);
@@ -425,7 +666,11 @@ static Suite *chan_map_suite(void)
 	tcase_add_test(tc, test_items_read_by_mapping_arrive_byte_exact);
 	tcase_add_test(tc, test_four_reader_processes_map_and_share_the_items);
 	tcase_add_test(tc, test_items_of_a_writer_that_exited_are_read_by_mapping);
+	tcase_add_test(tc, test_mappings_of_a_released_writer_are_dropped_once_its_items_are_read);
+	tcase_add_test(tc, test_a_writers_idle_buffers_are_released);
+	tcase_add_test(tc, test_an_older_reader_gets_no_notice);
 	tcase_add_test(tc, test_reader_dying_before_its_acknowledgement_loses_nothing);
+	tcase_add_test(tc, test_a_reader_handle_is_remembered_32_buffers);
 	tcase_add_test(tc, test_a_reader_maps_eight_writers_buffers);
 	tcase_add_test(tc, test_a_reader_maps_no_more_than_eight_writers_buffers);
 	tcase_add_test(tc, test_buffers_max_bounds_the_buffers_a_writer_lends);

@@ -18,6 +18,8 @@
  *    and would see the buffer's later items, read by others, and what is left of earlier
  *    ones. A reader of uid 65534 on a channel open to anyone gets the items of uid 0's writer
  *    byte-exact, copied, with none of its buffers mapped; a reader of uid 0 then maps.
+ *  - Another client cannot make a reader drop its mapping (notices of retired buffers, protocol
+ *    minor 12): releasing every buffer id, acknowledging items it never took.
  */
 #include <check.h>
 #include <errno.h>
@@ -264,7 +266,8 @@ START_TEST(test_an_unsealed_buffer_is_never_handed_to_a_reader)
 	ck_assert_int_eq(tpt_raw_connect(&w, d.socket), 0);
 	ck_assert_int_eq(tpt_raw_hello(&w, TPW__V1__ROLE__ROLE_CLIENT, T_MS), 0);
 	ck_assert_int_eq(tpt_raw_connect(&rd, d.socket), 0);
-	ck_assert_int_eq(tpt_raw_hello(&rd, TPW__V1__ROLE__ROLE_CLIENT, T_MS), 0);
+	ck_assert_int_eq(tpt_raw_hello_minor(&rd, TPW__V1__ROLE__ROLE_CLIENT, TPW_MINOR_CHAN_MAP,
+					     T_MS), 0); /* keys claimed, no fd taken */
 	wid = raw_open(&w, true);
 	rid = raw_open(&rd, false);
 	ck_assert_msg(!lent_item_mapped(&w, wid, &rd, rid, 1, false),
@@ -282,7 +285,8 @@ START_TEST(test_a_sealed_buffer_is_handed_to_a_reader)
 	ck_assert_int_eq(tpt_raw_connect(&w, d.socket), 0);
 	ck_assert_int_eq(tpt_raw_hello(&w, TPW__V1__ROLE__ROLE_CLIENT, T_MS), 0);
 	ck_assert_int_eq(tpt_raw_connect(&rd, d.socket), 0);
-	ck_assert_int_eq(tpt_raw_hello(&rd, TPW__V1__ROLE__ROLE_CLIENT, T_MS), 0);
+	ck_assert_int_eq(tpt_raw_hello_minor(&rd, TPW__V1__ROLE__ROLE_CLIENT, TPW_MINOR_CHAN_MAP,
+					     T_MS), 0); /* keys claimed, no fd taken */
 	wid = raw_open(&w, true);
 	rid = raw_open(&rd, false);
 	ck_assert(lent_item_mapped(&w, wid, &rd, rid, 1, true));
@@ -483,6 +487,84 @@ START_TEST(test_only_the_writers_uid_maps)
 }
 END_TEST
 
+/* Another client cannot make a reader drop its mapping of a writer's buffer: notices of
+ * retired buffers come only from the daemon on the reader's own session, and only a writer's
+ * own session letting go of its buffer (and no item left in it) retires it. An attacker of the
+ * same uid releases every buffer id and generation a session can have (ids resolve in its own
+ * session), opens the channel and acknowledges items by mapping it never took: the reader keeps
+ * its mappings, nothing is retired, the item left is read by mapping byte-exact. Then the
+ * writer releases its handle: the reader's mappings go (the path the attacker could not take). */
+START_TEST(test_another_client_cannot_retire_a_readers_mapping)
+{
+	struct tp_chan_options o = { .size = sizeof(o), .flags = TP_CHAN_CREATE, .owner_uid = -1 };
+	struct tp_context *cw = ctx_new(0, "sec.ret.w"), *cr = ctx_new(0, "sec.ret.r");
+	Tpw__V1__ClientMsg m = TPW__V1__CLIENT_MSG__INIT;
+	Tpw__V1__BufferRelease br = TPW__V1__BUFFER_RELEASE__INIT;
+	Tpw__V1__ChanOp op = TPW__V1__CHAN_OP__INIT;
+	uint8_t *dst = malloc(ITEM);
+	struct rmap v[16];
+	struct tp_chan *w, *r;
+	Tpw__V1__DaemonMsg *dm;
+	struct tpt_raw a;
+	unsigned before;
+	size_t len, bad = 0;
+	uint64_t aid;
+
+	ck_assert(cw && cr && dst);
+	ck_assert_int_eq(tp_chan_open(cr, "sec.retire", &o, &r), 0);
+	o.flags = 0;
+	ck_assert_int_eq(tp_chan_open(cw, "sec.retire", &o, &w), 0);
+	chan_round(w, r, 50, 2);
+	chan_round(w, NULL, 51, 1); /* one item left, lent */
+	before = reader_maps(v, 16);
+	ck_assert_uint_ge(before, 1);
+
+	ck_assert_int_eq(tpt_raw_connect(&a, d.socket), 0);
+	ck_assert_int_eq(tpt_raw_hello(&a, TPW__V1__ROLE__ROLE_CLIENT, T_MS), 0);
+	m.body_case = TPW__V1__CLIENT_MSG__BODY_BUFFER_RELEASE;
+	m.buffer_release = &br;
+	for (uint64_t id = 0; id <= 64; id++) {
+		for (uint64_t gen = 0; gen <= 2; gen++) {
+			br.buf_id = id;
+			br.gen = gen;
+			ck_assert_int_eq(tpt_raw_send(&a, &m, NULL, 0, NULL, 0, 0), 0);
+		}
+	}
+	op.op = TPW__V1__CHAN_OP_KIND__CHAN_OP_OPEN;
+	op.name = "sec.retire";
+	dm = raw_chan(&a, &op);
+	ck_assert_ptr_nonnull(dm);
+	ck_assert_int_eq(dm->chan_reply->status, TPW__V1__STATUS__STATUS_OK);
+	aid = dm->chan_reply->chan_id;
+	tpw__v1__daemon_msg__free_unpacked(dm, NULL);
+	op = (Tpw__V1__ChanOp)TPW__V1__CHAN_OP__INIT;
+	op.op = TPW__V1__CHAN_OP_KIND__CHAN_OP_READ;
+	op.chan_id = aid;
+	op.map_done = true; /* for an item it never took: nothing */
+	m.body_case = TPW__V1__CLIENT_MSG__BODY_CHAN_OP;
+	m.chan_op = &op;
+	ck_assert_int_eq(tpt_raw_send(&a, &m, NULL, 0, NULL, 0, 0), 0);
+	usleep(300000);
+	ck_assert_uint_eq(reader_maps(v, 16), before);
+	ck_assert_int_eq(tpt_ctl_channel_field(&d, "sec.retire", "maps_retired"), 0);
+	ck_assert_int_ge(tp_chan_read_into(r, dst, ITEM, &len, T_MS), 0);
+	ck_assert_msg(len == ITEM && tpt_verify(dst, ITEM, tpt_seed(51, 0, 0), &bad), "byte %zu",
+		      bad);
+	ck_assert_int_eq(tpt_ctl_channel_field(&d, "sec.retire", "items_mapped"), 3);
+	tpt_raw_close(&a);
+
+	ck_assert_int_eq(tp_chan_release(w), 0);
+	for (int t = 0; reader_maps(v, 16) && t < 500 * (int)tpt_time_scale(); t++)
+		usleep(20000);
+	ck_assert_uint_eq(reader_maps(v, 16), 0);
+	ck_assert_int_ge(tpt_ctl_channel_field(&d, "sec.retire", "maps_retired"), 1);
+	ck_assert_int_eq(tp_chan_release(r), 0);
+	tp_context_free(cw);
+	tp_context_free(cr);
+	free(dst);
+}
+END_TEST
+
 static Suite *chanmap_suite(void)
 {
 	Suite *s = suite_create("sec_chanmap");
@@ -495,6 +577,7 @@ static Suite *chanmap_suite(void)
 	tcase_add_test(tc, test_a_sealed_buffer_is_handed_to_a_reader);
 	tcase_add_test(tc, test_no_pipe_or_other_channel_bytes_reach_a_reader);
 	tcase_add_test(tc, test_only_the_writers_uid_maps);
+	tcase_add_test(tc, test_another_client_cannot_retire_a_readers_mapping);
 	suite_add_tcase(s, tc);
 	return s;
 }

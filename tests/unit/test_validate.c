@@ -1827,6 +1827,52 @@ START_TEST(test_validate_chan_map)
 }
 END_TEST
 
+/* A notice of retired buffers (ChanReply.retired, client minor 12): keys only, at most
+ * TPW_CHAN_RETIRED_MAX, answering no request, carrying nothing else; never from a peer. */
+START_TEST(test_validate_chan_retired)
+{
+	Tpw__V1__DaemonMsg dm = TPW__V1__DAEMON_MSG__INIT;
+	Tpw__V1__ChanReply r = TPW__V1__CHAN_REPLY__INIT;
+	Tpw__V1__PeerChanReply pr = TPW__V1__PEER_CHAN_REPLY__INIT;
+	Tpw__V1__PeerMsg pm = TPW__V1__PEER_MSG__INIT;
+	uint64_t keys[TPW_CHAN_RETIRED_MAX + 1] = { 0 }, len = 1;
+
+	for (unsigned i = 0; i <= TPW_CHAN_RETIRED_MAX; i++)
+		keys[i] = UINT64_MAX - i; /* values are the library's to match, not bounds */
+	dm.body_case = TPW__V1__DAEMON_MSG__BODY_CHAN_REPLY;
+	dm.chan_reply = &r;
+	r.chan_id = 7;
+	r.retired = keys;
+	r.n_retired = TPW_CHAN_RETIRED_MAX; /* just at */
+	ck_assert_int_eq(vd(&dm, 0, 0), 0);
+	r.n_retired = TPW_CHAN_RETIRED_MAX + 1; /* just above */
+	ck_assert_int_eq(vd(&dm, 0, 0), -EBADMSG);
+	r.n_retired = 1;
+	ck_assert_int_eq(vd(&dm, 0, 1), -EBADMSG); /* a tail with it */
+	r.req_id = 3; /* in an answer */
+	ck_assert_int_eq(vd(&dm, 0, 0), -EBADMSG);
+	r.req_id = 0;
+	r.n_lengths = 1; /* with an item */
+	r.lengths = &len;
+	ck_assert_int_eq(vd(&dm, 0, 0), -EBADMSG);
+	r.n_lengths = 0;
+	r.map_key = 3; /* with an item to map */
+	ck_assert_int_eq(vd(&dm, 0, 0), -EBADMSG);
+	r.map_key = 0;
+	r.n_released = 1; /* with a writer's buffers */
+	r.released = keys;
+	ck_assert_int_eq(vd(&dm, 0, 0), -EBADMSG);
+	r.n_released = 0;
+	ck_assert_int_eq(vd(&dm, 0, 0), 0);
+	pm.body_case = TPW__V1__PEER_MSG__BODY_CHAN_REPLY;
+	pm.chan_reply = &pr;
+	pr.reply = &r;
+	ck_assert_int_eq(vpt(&pm, 0), -EBADMSG); /* never from a peer */
+	r.n_retired = 0;
+	ck_assert_int_eq(vpt(&pm, 0), 0);
+}
+END_TEST
+
 /* Work queue ops from a peer: plain names, payloads only on submit and reply, remote peers on a
  * creating open only; answers' payloads match the tail. Remote access options are checked as a listener's. */
 START_TEST(test_validate_peer_wq_msgs)
@@ -1955,6 +2001,7 @@ static Suite *validate_suite(void)
 	tcase_add_test(d, test_validate_chan_reply_batch);
 	tcase_add_test(d, test_validate_chan_lend);
 	tcase_add_test(d, test_validate_chan_map);
+	tcase_add_test(d, test_validate_chan_retired);
 	tcase_add_test(d, test_validate_peer_chan_reply);
 	tcase_add_test(d, test_validate_peer_wq_msgs);
 	suite_add_tcase(s, d);

@@ -1,0 +1,176 @@
+/* SPDX-License-Identifier: BSD-3-Clause */
+/*
+ * Unit suite: a reader handle's mappings of writers' buffers and the daemon's notices that some
+ * are gone (client/lib/chanmap.c, compiled in; docs/channels.md "Mapped buffers retired"). A
+ * notice unmaps exactly the mappings of the handle it names whose keys it lists: keys the
+ * handle does not keep (0, UINT64_MAX, a key of another handle), a handle that is not the
+ * context's, and a key listed twice unmap nothing else; a mapping a copy still uses stays
+ * mapped (no longer listed as mapped, nor found for a new read) until that copy ends; the
+ * handle's release unmaps the rest. The library's other parts are stand-ins below: chanmap.c
+ * sends nothing in these cases.
+ */
+#include <check.h>
+#include <errno.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/mman.h>
+#include <unistd.h>
+
+#include "chan_int.h"
+#include "internal.h"
+
+#define MAP_BYTES (64u << 10)
+
+/* ---- stand-ins for the rest of libtpclient (never reached in these cases) ---------------- */
+
+int tpc_wire_send(struct tp_context *ctx, Tpw__V1__ClientMsg *m, const struct iovec *data,
+		  size_t n_data, int fd)
+{
+	(void)ctx, (void)m, (void)data, (void)n_data, (void)fd;
+	return 0;
+}
+
+int tpc_pring_take_fd(struct tp_context *ctx)
+{
+	(void)ctx;
+	return -EBADF;
+}
+
+void tpc_buffer_stage_put(struct tp_context *ctx, struct tpc_buf *b, bool reuse)
+{
+	(void)ctx, (void)b, (void)reuse;
+}
+
+int tpc_buffer_chan_new(struct tp_context *ctx, size_t size, struct tpc_buf **ret)
+{
+	(void)ctx, (void)size, (void)ret;
+	return -ENOSYS;
+}
+
+void tpc_context_wake(struct tp_context *ctx)
+{
+	(void)ctx;
+}
+
+/* ---- the cases ----------------------------------------------------------------------------- */
+
+/* Is [@p, @p + MAP_BYTES) mapped in this process? */
+static bool mapped(const void *p)
+{
+	return msync((void *)p, MAP_BYTES, MS_ASYNC) == 0;
+}
+
+/* A read-only shared mapping of a fresh memfd, as the library makes of a writer's buffer. */
+static const uint8_t *map_one(void)
+{
+	int fd = memfd_create("test-chanmap", MFD_CLOEXEC);
+	void *p;
+
+	ck_assert_int_ge(fd, 0);
+	ck_assert_int_eq(ftruncate(fd, MAP_BYTES), 0);
+	p = mmap(NULL, MAP_BYTES, PROT_READ, MAP_SHARED, fd, 0);
+	ck_assert(p != MAP_FAILED);
+	close(fd);
+	return p;
+}
+
+static void notice(struct tp_context *ctx, uint64_t chan_id, uint64_t *keys, size_t n)
+{
+	Tpw__V1__ChanReply m = TPW__V1__CHAN_REPLY__INIT;
+
+	m.chan_id = chan_id;
+	m.retired = keys;
+	m.n_retired = n;
+	pthread_mutex_lock(&ctx->lock);
+	tpc_chan_map_on_retired(ctx, &m);
+	pthread_mutex_unlock(&ctx->lock);
+}
+
+START_TEST(test_a_notice_unmaps_only_the_named_handles_listed_keys)
+{
+	struct tp_context *ctx = calloc(1, sizeof(*ctx));
+	struct tp_chan *a = calloc(1, sizeof(*a)), *b = calloc(1, sizeof(*b));
+	Tpw__V1__ChanOp op = TPW__V1__CHAN_OP__INIT;
+	struct chan_req cr = { 0 };
+	uint64_t keys[CHAN_MAP_MAX];
+	const uint8_t *m10, *m11, *m12, *other, *b10;
+
+	ck_assert(ctx && a && b);
+	pthread_mutex_init(&ctx->lock, NULL);
+	tpu_list_init(&ctx->chans);
+	*a = (struct tp_chan){ .ctx = ctx, .id = 5, .map = true, .map_read = true };
+	*b = (struct tp_chan){ .ctx = ctx, .id = 6, .map = true, .map_read = true };
+	tpc_chan_map_open(a);
+	tpc_chan_map_open(b);
+	m10 = map_one();
+	m11 = map_one();
+	m12 = map_one();
+	other = map_one(); /* memory of the process's own, in no handle */
+	b10 = map_one();
+	a->maps[0] = (struct chan_map){ .key = 10, .addr = m10, .size = MAP_BYTES, .used = 1 };
+	a->maps[1] = (struct chan_map){ .key = 11, .addr = m11, .size = MAP_BYTES, .used = 2 };
+	a->maps[2] = (struct chan_map){ .key = 12, .addr = m12, .size = MAP_BYTES, .used = 3,
+					.refs = 1 }; /* a copy out of it runs */
+	a->n_maps = 3;
+	b->maps[0] = (struct chan_map){ .key = 10, .addr = b10, .size = MAP_BYTES, .used = 1 };
+	b->n_maps = 1;
+
+	/* hostile values: keys nobody keeps, a handle that is not ours */
+	notice(ctx, 5, (uint64_t[]){ 0, UINT64_MAX, 99, 13, (uint64_t)(uintptr_t)other }, 5);
+	notice(ctx, 7, (uint64_t[]){ 10, 11, 12 }, 3);
+	notice(ctx, 0, (uint64_t[]){ 10 }, 1);
+	ck_assert_uint_eq(a->n_maps, 3);
+	ck_assert_uint_eq(b->n_maps, 1);
+	ck_assert(mapped(m10) && mapped(m11) && mapped(m12) && mapped(other) && mapped(b10));
+
+	/* key 10 twice and key 12 (in use) for handle 5: its 10 goes, not handle 6's */
+	notice(ctx, 5, (uint64_t[]){ 10, 10, 12 }, 3);
+	ck_assert(!mapped(m10));
+	ck_assert(mapped(m11) && mapped(m12) && mapped(other) && mapped(b10));
+	ck_assert_uint_eq(a->n_maps, 2);
+	ck_assert_uint_eq(b->n_maps, 1);
+	/* the one in use stays until its copy ends, but is no longer listed as mapped */
+	tpc_chan_map_op(a, &op, keys, &cr);
+	ck_assert(op.map_ok);
+	ck_assert_uint_eq(op.n_mapped, 1);
+	ck_assert_uint_eq(op.mapped[0], 11);
+	/* handle 6 released: a notice for it reaches nothing */
+	tpc_chan_map_drop(b);
+	ck_assert(!mapped(b10));
+	notice(ctx, 6, (uint64_t[]){ 10 }, 1);
+	ck_assert(mapped(m11) && mapped(m12) && mapped(other));
+	/* its release unmaps the rest, the one retired under a copy included */
+	a->maps[1].refs = 0; /* (wherever it is now: the copy ended) */
+	a->maps[0].refs = 0;
+	tpc_chan_map_drop(a);
+	ck_assert(!mapped(m11) && !mapped(m12));
+	ck_assert(mapped(other));
+	ck_assert(tpu_list_empty(&ctx->chans));
+	munmap((void *)other, MAP_BYTES);
+	pthread_mutex_destroy(&ctx->lock);
+	free(a);
+	free(b);
+	free(ctx);
+}
+END_TEST
+
+static Suite *chanmap_suite(void)
+{
+	Suite *s = suite_create("chanmap");
+	TCase *tc = tcase_create("retired");
+
+	tcase_add_test(tc, test_a_notice_unmaps_only_the_named_handles_listed_keys);
+	suite_add_tcase(s, tc);
+	return s;
+}
+
+int main(void)
+{
+	SRunner *sr = srunner_create(chanmap_suite());
+	int failed;
+
+	srunner_run_all(sr, CK_NORMAL);
+	failed = srunner_ntests_failed(sr);
+	srunner_free(sr);
+	return failed ? 1 : 0;
+}
