@@ -264,6 +264,39 @@ static const char *ini_key(const struct opt *o)
 	return o->name;
 }
 
+/* The smallest file of a pipe ring (broker/pring.c: 8 chunks of 64 KiB and a header). */
+#define PRING_FILE_MIN (512ull << 10)
+
+uint64_t tpd_config_fd_reserve(const struct tpd_config *c)
+{
+	return 256 + 3ull * c->sessions_max + 2ull * c->peer_links_max +
+	       2ull * c->peer_data_conns_max + c->peer_pending_max +
+	       c->pipe_ring_bytes_max / PRING_FILE_MIN;
+}
+
+/* The fds RLIMIT_NOFILE leaves for kept fds once tpd_config_fd_reserve() is set aside, and
+ * that limit in @ret_nofile. */
+static uint64_t fd_room(const struct tpd_config *c, uint64_t *ret_nofile)
+{
+	struct rlimit rl;
+	uint64_t nofile = UINT32_MAX, reserve = tpd_config_fd_reserve(c);
+
+	if (getrlimit(RLIMIT_NOFILE, &rl) == 0 && rl.rlim_cur != RLIM_INFINITY)
+		nofile = rl.rlim_cur;
+	*ret_nofile = nofile;
+	return nofile > reserve ? nofile - reserve : 0;
+}
+
+/* The daemon-wide bound in force: kept-fds-max, or what RLIMIT_NOFILE leaves (fd_room()). */
+static void set_kept_fds_cap(struct tpd_config *c)
+{
+	uint64_t nofile, room = fd_room(c, &nofile);
+
+	if (room > 1u << 24)
+		room = 1u << 24;
+	c->kept_fds_cap = c->kept_fds_max ? c->kept_fds_max : (uint32_t)room;
+}
+
 void tpd_config_defaults(struct tpd_config *c)
 {
 	memset(c, 0, sizeof(*c));
@@ -338,6 +371,7 @@ void tpd_config_defaults(struct tpd_config *c)
 	c->peer_data_conns_max = 512;
 	c->peer_connect_waits_max = 4096;
 	snprintf(c->config_path, sizeof(c->config_path), "%s", TPD_CONFIG_DEFAULT_PATH);
+	set_kept_fds_cap(c);
 }
 
 static const struct opt *find_opt(const char *section, const char *name)
@@ -660,28 +694,6 @@ static int check_metrics(const struct tpd_config *c, char *err, size_t el)
 	return -EINVAL;
 }
 
-/* The smallest file of a pipe ring (broker/pring.c: 8 chunks of 64 KiB and a header). */
-#define PRING_FILE_MIN (512ull << 10)
-
-uint64_t tpd_config_fd_reserve(const struct tpd_config *c)
-{
-	return 256 + 3ull * c->sessions_max + 2ull * c->peer_links_max +
-	       2ull * c->peer_data_conns_max + c->peer_pending_max +
-	       c->pipe_ring_bytes_max / PRING_FILE_MIN;
-}
-
-/* The fds RLIMIT_NOFILE leaves for kept fds once tpd_config_fd_reserve() is set aside, and
- * that limit in @ret_nofile. */
-static uint64_t fd_room(const struct tpd_config *c, uint64_t *ret_nofile)
-{
-	struct rlimit rl;
-	uint64_t nofile = UINT32_MAX, reserve = tpd_config_fd_reserve(c);
-
-	if (getrlimit(RLIMIT_NOFILE, &rl) == 0 && rl.rlim_cur != RLIM_INFINITY)
-		nofile = rl.rlim_cur;
-	*ret_nofile = nofile;
-	return nofile > reserve ? nofile - reserve : 0;
-}
 
 /* An explicit kept-fds-max must fit what RLIMIT_NOFILE leaves. */
 static int check_kept_fds(const struct tpd_config *c, char *err, size_t el)
@@ -701,12 +713,7 @@ static int check_kept_fds(const struct tpd_config *c, char *err, size_t el)
 
 static void finish(struct tpd_config *c)
 {
-	uint64_t nofile, room = fd_room(c, &nofile);
-
-	(void)nofile;
-	if (room > 1u << 24)
-		room = 1u << 24;
-	c->kept_fds_cap = c->kept_fds_max ? c->kept_fds_max : (uint32_t)room;
+	set_kept_fds_cap(c);
 	if ((uint64_t)c->wire.inline_max + 65536 > c->wire.frame_max)
 		c->wire.inline_max = c->wire.frame_max > 65536 ? c->wire.frame_max - 65536 : 0;
 }
