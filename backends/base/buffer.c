@@ -43,7 +43,7 @@ int tpb_buffer_new(int fd, uint64_t id, uint64_t gen, uint64_t size, struct tpb_
 	return 0;
 }
 
-int tpb_buffer_keep_fd(struct tpb_buffer *b, int fd)
+int tpb_buffer_keep_fd(struct tpb_buffer *b, int fd, atomic_uint *charge[2])
 {
 	static atomic_uint_fast64_t next_key;
 	int dup = fcntl(fd, F_DUPFD_CLOEXEC, 3);
@@ -51,6 +51,8 @@ int tpb_buffer_keep_fd(struct tpb_buffer *b, int fd)
 	if (dup < 0)
 		return -errno;
 	b->map_fd = dup;
+	b->map_fd_charge[0] = charge[0];
+	b->map_fd_charge[1] = charge[1];
 	b->map_key = atomic_fetch_add(&next_key, 1) + 1;
 	return 0;
 }
@@ -93,8 +95,12 @@ void tpb_buffer_unref(struct tpb_buffer *b)
 {
 	if (!b || atomic_fetch_sub(&b->refs, 1) != 1)
 		return;
-	if (b->map_key)
+	if (b->map_key) {
 		close(b->map_fd);
+		for (int i = 0; i < 2; i++)
+			if (b->map_fd_charge[i])
+				atomic_fetch_sub(b->map_fd_charge[i], 1);
+	}
 	b->map_key = 0;
 	if (atomic_load(&b->pin) == TPB_PIN_DONE) {
 		b->unpin(b);

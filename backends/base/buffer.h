@@ -38,6 +38,10 @@ struct tpb_buffer {
 	 * were told it is gone (@map_retired: a later offer sends the fd again). */
 	uint32_t map_lends;
 	bool map_dropped, map_shown, map_retired;
+	/* Counters @map_fd is charged to (the daemon's per-uid and daemon-wide counts of kept
+	 * fds), each lowered by one when it is closed, by whichever thread drops the last
+	 * reference. NULL: not charged. */
+	atomic_uint *map_fd_charge[2];
 };
 
 enum { TPB_PIN_NONE = 0, TPB_PIN_BUSY, TPB_PIN_DONE, TPB_PIN_REFUSED };
@@ -54,9 +58,11 @@ int tpb_buffer_new(int fd, uint64_t id, uint64_t gen, uint64_t size, struct tpb_
 /*
  * tpb_buffer_keep_fd() - keeps a duplicate of @fd (the one @b was mapped from) and gives @b a
  * map key, so that readers of a channel may be handed it read-only (tpb_buffer_reader_fd()).
+ * @charge: two counters the caller raised for the kept fd (or NULLs); on success @b takes the
+ * charge and lowers them when it closes the fd, on failure the caller keeps it.
  * Borrows @fd. Return: 0 or -errno.
  */
-int tpb_buffer_keep_fd(struct tpb_buffer *b, int fd);
+int tpb_buffer_keep_fd(struct tpb_buffer *b, int fd, atomic_uint *charge[2]);
 
 /*
  * tpb_buffer_reader_fd() - a new read-only fd of @b's file for a reader to map: opened again

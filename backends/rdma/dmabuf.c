@@ -20,10 +20,19 @@
 
 #if HAVE_RDMA
 
+/* Closes @fd (if any) and lowers the counters it was charged to. */
+static void fd_close(int fd, atomic_uint *charge[2])
+{
+	if (fd >= 0)
+		close(fd);
+	for (int i = 0; i < 2; i++)
+		if (charge && charge[i])
+			atomic_fetch_sub(charge[i], 1);
+}
+
 static void dmabuf_free(struct rdma_dmabuf *d)
 {
-	if (d->fd >= 0)
-		close(d->fd);
+	fd_close(d->fd, d->charge);
 	tpb_proc_unref(d->owner);
 	free(d);
 }
@@ -102,7 +111,8 @@ static void dmabuf_trim(struct tpb_rdma *g, const struct tpb_proc *owner, unsign
 }
 
 int tpb_rdma_dmabuf_add(struct tpb_rdma *g, struct tpb_proc *owner, const uint8_t *handle,
-			uint64_t size, int fd, unsigned max, char *why, size_t wl)
+			uint64_t size, int fd, atomic_uint *charge[2], unsigned max, char *why,
+			size_t wl)
 {
 	struct rdma_dmabuf *d, *old;
 	int r = 0;
@@ -119,8 +129,7 @@ int tpb_rdma_dmabuf_add(struct tpb_rdma *g, struct tpb_proc *owner, const uint8_
 	if (r == 0 && !d)
 		r = tpu_why(-ENOMEM, why, wl, "out of memory");
 	if (r < 0) {
-		if (fd >= 0)
-			close(fd);
+		fd_close(fd, charge);
 		if (g)
 			g->cache.dmabufs_refused++;
 		return r;
@@ -133,6 +142,8 @@ int tpb_rdma_dmabuf_add(struct tpb_rdma *g, struct tpb_proc *owner, const uint8_
 	memcpy(d->handle, handle, sizeof(d->handle));
 	d->size = size;
 	d->fd = fd;
+	d->charge[0] = charge ? charge[0] : NULL;
+	d->charge[1] = charge ? charge[1] : NULL;
 	d->refs = 1; /* the registry's */
 	tpu_list_insert_tail(&g->dmabufs, &d->node);
 	g->cache.dmabufs++;
@@ -171,10 +182,14 @@ void tpb_rdma_dmabuf_stop(struct tpb_rdma *g)
 #else /* !HAVE_RDMA */
 
 int tpb_rdma_dmabuf_add(struct tpb_rdma *g, struct tpb_proc *owner, const uint8_t *handle,
-			uint64_t size, int fd, unsigned max, char *why, size_t wl)
+			uint64_t size, int fd, atomic_uint *charge[2], unsigned max, char *why,
+			size_t wl)
 {
 	if (fd >= 0)
 		close(fd);
+	for (int i = 0; i < 2; i++)
+		if (charge && charge[i])
+			atomic_fetch_sub(charge[i], 1);
 	snprintf(why, wl, "tpipd was built without RDMA support");
 	return -EOPNOTSUPP;
 }

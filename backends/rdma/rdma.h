@@ -33,6 +33,7 @@
 #ifndef TPB_RDMA_H
 #define TPB_RDMA_H
 
+#include <stdatomic.h>
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
@@ -182,12 +183,16 @@ void tpb_rdma_cache_stats(const struct tpb_rdma *g, struct tpb_rdma_cache_stats 
  * same handle, or @owner holding @max (the least recently handed over goes first); the fd is
  * closed once that happened and no registration made from it remains (backends/rdma/reg.c
  * registers @owner's segments of that allocation from it, and any other way when that fails).
- * Takes @fd (also on failure); borrows @handle; takes a reference on @owner. Accepts a NULL @g.
+ * @charge: two counters the caller raised for the fd (the daemon's kept fds per uid and in
+ * all), or NULLs; each is lowered by one when the fd is closed, or at once on failure.
+ * Takes @fd and @charge (also on failure); borrows @handle; takes a reference on @owner.
+ * Accepts a NULL @g.
  * Return: 0; -EOPNOTSUPP (no RDMA port or no CUDA here, no @owner), -EINVAL (not a dma-buf,
  * smaller than claimed), -ENOBUFS (@max is 0), -ENOMEM; the reason in @why.
  */
 int tpb_rdma_dmabuf_add(struct tpb_rdma *g, struct tpb_proc *owner, const uint8_t *handle,
-			uint64_t size, int fd, unsigned max, char *why, size_t why_len);
+			uint64_t size, int fd, atomic_uint *charge[2], unsigned max, char *why,
+			size_t why_len);
 /* Drops @owner's dma-buf of @handle (the client released the allocation). Borrows both.
  * Accepts a NULL @g. Return: 1 dropped, 0 there was none. */
 int tpb_rdma_dmabuf_drop(struct tpb_rdma *g, const struct tpb_proc *owner, const uint8_t *handle);

@@ -66,6 +66,7 @@ struct rdma_dmabuf {
 	uint8_t handle[TPB_CUDA_HANDLE_BYTES]; /* its allocation's IPC handle */
 	uint64_t size;		  /* bytes from the allocation's first byte (checked) */
 	int fd;
+	atomic_uint *charge[2]; /* lowered when @fd closes (tpb_rdma_dmabuf_add()), or NULLs */
 	unsigned refs; /* the registry's while listed, one per registration made from it */
 };
 

@@ -143,6 +143,10 @@ struct json_object *ctl_json_status(const Tpw__V1__CtlStatus *s)
 	ctl_json_u64(o, "sessions_max", s->sessions_max);
 	ctl_json_u64(o, "sessions_per_uid", s->sessions_per_uid);
 	ctl_json_u64(o, "sessions_reserved", s->sessions_reserved);
+	ctl_json_u64(o, "kept_fds", s->kept_fds);
+	ctl_json_u64(o, "kept_fds_max", s->kept_fds_max);
+	ctl_json_u64(o, "kept_fds_per_uid", s->kept_fds_per_uid);
+	ctl_json_u64(o, "kept_fds_refused", s->kept_fds_refused);
 	return o;
 }
 
@@ -213,6 +217,9 @@ static int status_text(const Tpw__V1__CtlStatus *s, FILE *out)
 	ctl_table_cellf(&t, "%" PRIu32 " (%" PRIu32 " kept for admins), %" PRIu32 " per uid, %" PRIu64
 			" refused", s->sessions_max, s->sessions_reserved, s->sessions_per_uid,
 			s->sessions_refused);
+	ctl_table_cellf(&t, "kept client fds:");
+	ctl_table_cellf(&t, "%" PRIu64 " of %" PRIu32 " (%" PRIu32 " per uid), %" PRIu64 " refused",
+			s->kept_fds, s->kept_fds_max, s->kept_fds_per_uid, s->kept_fds_refused);
 	ctl_table_cellf(&t, "held for clients:");
 	ctl_table_cellf(&t, "%s in partial frames, %s queued to clients",
 			ctl_fmt_bytes(s->client_input_bytes, b1, sizeof(b1)),

@@ -7,6 +7,7 @@
 #include <stdio.h>
 #include <string.h>
 #include <strings.h>
+#include <sys/resource.h>
 #include <unistd.h>
 #include "addr.h"
 #include "config.h"
@@ -141,6 +142,12 @@ static const struct opt opts[] = {
 	{ "buffer-bytes-per-uid", "limits", K_SIZE64, OFF(buffer_bytes_per_uid), 0, UINT64_MAX,
 	  true, "BYTES", "shared buffer bytes of all clients of one uid; root is exempt (default "
 	  "256G)" },
+	{ "kept-fds-per-uid", "limits", K_U32, OFF(kept_fds_per_uid), 0, 1u << 20, true, "N",
+	  "fds of clients' buffers the daemon keeps for one uid (channel buffers\n"
+	  "                            readers map, CUDA dma-bufs); root is exempt (default 1024)" },
+	{ "kept-fds-max", "limits", K_U32, OFF(kept_fds_max), 0, 1u << 24, true, "N",
+	  "such fds of all clients; must fit RLIMIT_NOFILE after the fds sessions,\n"
+	  "                            peer links and rings need; 0 derives it (default 0)" },
 	{ "bcast-pipes-max", "limits", K_U32, OFF(bcast_pipes_max), 0, TPW_BCAST_TARGETS_MAX, false,
 	  "N", "pipes one daemon broadcast may name; 0: no daemon fan-out, clients\n"
 	  "                            write to each pipe (default 1024)" },
@@ -257,6 +264,39 @@ static const char *ini_key(const struct opt *o)
 	return o->name;
 }
 
+/* The smallest file of a pipe ring (broker/pring.c: 8 chunks of 64 KiB and a header). */
+#define PRING_FILE_MIN (512ull << 10)
+
+uint64_t tpd_config_fd_reserve(const struct tpd_config *c)
+{
+	return 256 + 3ull * c->sessions_max + 2ull * c->peer_links_max +
+	       2ull * c->peer_data_conns_max + c->peer_pending_max +
+	       c->pipe_ring_bytes_max / PRING_FILE_MIN;
+}
+
+/* The fds RLIMIT_NOFILE leaves for kept fds once tpd_config_fd_reserve() is set aside, and
+ * that limit in @ret_nofile. */
+static uint64_t fd_room(const struct tpd_config *c, uint64_t *ret_nofile)
+{
+	struct rlimit rl;
+	uint64_t nofile = UINT32_MAX, reserve = tpd_config_fd_reserve(c);
+
+	if (getrlimit(RLIMIT_NOFILE, &rl) == 0 && rl.rlim_cur != RLIM_INFINITY)
+		nofile = rl.rlim_cur;
+	*ret_nofile = nofile;
+	return nofile > reserve ? nofile - reserve : 0;
+}
+
+/* The daemon-wide bound in force: kept-fds-max, or what RLIMIT_NOFILE leaves (fd_room()). */
+static void set_kept_fds_cap(struct tpd_config *c)
+{
+	uint64_t nofile, room = fd_room(c, &nofile);
+
+	if (room > 1u << 24)
+		room = 1u << 24;
+	c->kept_fds_cap = c->kept_fds_max ? c->kept_fds_max : (uint32_t)room;
+}
+
 void tpd_config_defaults(struct tpd_config *c)
 {
 	memset(c, 0, sizeof(*c));
@@ -279,6 +319,7 @@ void tpd_config_defaults(struct tpd_config *c)
 	c->buffers_max = 1024;
 	c->buffer_bytes_max = 64ull << 30;
 	c->buffer_bytes_per_uid = 256ull << 30;
+	c->kept_fds_per_uid = 1024;
 	c->bcast_pipes_max = 1024;
 	c->bcast_stage_bytes_per_uid = 1ull << 30;
 	c->pipe_ring = true;
@@ -330,6 +371,7 @@ void tpd_config_defaults(struct tpd_config *c)
 	c->peer_data_conns_max = 512;
 	c->peer_connect_waits_max = 4096;
 	snprintf(c->config_path, sizeof(c->config_path), "%s", TPD_CONFIG_DEFAULT_PATH);
+	set_kept_fds_cap(c);
 }
 
 static const struct opt *find_opt(const char *section, const char *name)
@@ -652,8 +694,26 @@ static int check_metrics(const struct tpd_config *c, char *err, size_t el)
 	return -EINVAL;
 }
 
+
+/* An explicit kept-fds-max must fit what RLIMIT_NOFILE leaves. */
+static int check_kept_fds(const struct tpd_config *c, char *err, size_t el)
+{
+	uint64_t nofile, room = fd_room(c, &nofile);
+
+	if (!c->kept_fds_max || c->kept_fds_max <= room)
+		return 0;
+	snprintf(err, el, "kept-fds-max: %u fds do not fit RLIMIT_NOFILE %llu, which leaves %llu "
+		 "once %llu are set aside for sessions, peer links and rings (sessions-max, "
+		 "peer-links-max, peer-data-conns-max, peer-pending-max, pipe-ring-bytes-max); "
+		 "raise the limit (LimitNOFILE=) or lower kept-fds-max, or set it to 0 to derive it",
+		 c->kept_fds_max, (unsigned long long)nofile, (unsigned long long)room,
+		 (unsigned long long)tpd_config_fd_reserve(c));
+	return -EINVAL;
+}
+
 static void finish(struct tpd_config *c)
 {
+	set_kept_fds_cap(c);
 	if ((uint64_t)c->wire.inline_max + 65536 > c->wire.frame_max)
 		c->wire.inline_max = c->wire.frame_max > 65536 ? c->wire.frame_max - 65536 : 0;
 }
@@ -673,6 +733,8 @@ int tpd_config_load(struct tpd_config *c, int argc, char **argv, char *err, size
 	r = scan_flags(c, 1, err, el);
 	if (r == 0)
 		r = check_metrics(c, err, el);
+	if (r == 0)
+		r = check_kept_fds(c, err, el);
 	if (r < 0)
 		return r;
 	finish(c);
@@ -695,6 +757,8 @@ int tpd_config_reload(const struct tpd_config *old, struct tpd_config *ret, char
 		r = scan_flags(&c, 1, err, el);
 	if (r == 0)
 		r = check_metrics(&c, err, el);
+	if (r == 0)
+		r = check_kept_fds(&c, err, el);
 	if (r < 0)
 		return r;
 	finish(&c);

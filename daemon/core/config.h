@@ -57,6 +57,9 @@ struct tpd_config {
 	uint32_t buffers_max;	    /* shared buffers per session */
 	uint64_t buffer_bytes_max;  /* shared buffer bytes per session */
 	uint64_t buffer_bytes_per_uid; /* shared buffer bytes of all sessions of one uid */
+	uint32_t kept_fds_per_uid;  /* clients' fds kept for one uid (not root): quota.h */
+	uint32_t kept_fds_max;	    /* ... for all clients; 0: derived from RLIMIT_NOFILE */
+	uint32_t kept_fds_cap;	    /* in force: kept_fds_max, or the derived value (finish()) */
 	uint32_t bcast_pipes_max;   /* targets of one Broadcast (0: none taken) */
 	uint64_t bcast_stage_bytes_per_uid; /* daemon staging of one uid's broadcasts */
 	uint64_t outq_max;	    /* bytes queued towards one session before it is dropped */
@@ -151,6 +154,15 @@ int tpd_config_diff(const struct tpd_config *old, const struct tpd_config *new,
 		    struct tpd_config *live, char *restart, size_t restart_len);
 
 /* Writes the effective configuration in INI form to @f (for --check-config). */
+/*
+ * tpd_config_fd_reserve() - the fds @c lets the daemon use besides those it keeps for clients:
+ * its own (listeners, event and timer fds, files it opens for a moment), three per session
+ * (the socket, the client's pidfd and /proc directory), links other daemons open and links it
+ * dials, their data connections, connections not yet identified, pipe rings. An explicit
+ * kept-fds-max must fit RLIMIT_NOFILE less this; kept-fds-max 0 derives it so.
+ */
+uint64_t tpd_config_fd_reserve(const struct tpd_config *c);
+
 void tpd_config_dump(const struct tpd_config *c, void *f);
 
 #endif

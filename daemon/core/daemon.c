@@ -612,7 +612,6 @@ void tpd_daemon_free(struct tpd_daemon *d)
 	tpb_ctx_free(tpb_rdma_ctx(d->gdr));
 	d->gdr = NULL;
 	tpd_listener_registry_done(&d->registry);
-	tpd_quota_done(&d->quota);
 	for (size_t i = 0; i < TPU_ARRAY_SIZE(d->ev_signals); i++)
 		if (d->ev_signals[i])
 			event_free(d->ev_signals[i]);
@@ -634,6 +633,8 @@ void tpd_daemon_free(struct tpd_daemon *d)
 	tpd_group_free(d->groups); /* after the sessions: they leave their groups */
 	tpd_chan_free(d->chans);
 	tpd_wq_free(d->wqs);
+	/* after everything that may hold a client's kept fd (buffers in channel items, copies) */
+	tpd_quota_done(&d->quota);
 	if (d->base)
 		event_base_free(d->base);
 	free(d);

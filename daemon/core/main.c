@@ -35,6 +35,16 @@ int main(int argc, char **argv)
 	tpu_log_set_timestamps(!tpd_notify_journal_stderr());
 	tpd_notify_use_journal();
 	signal(SIGPIPE, SIG_IGN);
+	if (!cfg.kept_fds_cap)
+		tpu_log_warn("RLIMIT_NOFILE leaves no fds to keep for clients once %llu are set "
+			     "aside for sessions, peer links and rings: channel items are copied, "
+			     "never mapped, and no CUDA dma-buf is taken (raise LimitNOFILE, or "
+			     "lower sessions-max)",
+			     (unsigned long long)tpd_config_fd_reserve(&cfg));
+	else
+		tpu_log_info("keeps at most %u fds of clients' buffers, %u per uid (%s)",
+			     cfg.kept_fds_cap, cfg.kept_fds_per_uid,
+			     cfg.kept_fds_max ? "kept-fds-max" : "derived from RLIMIT_NOFILE");
 	r = tpd_daemon_new(&cfg, &d);
 	if (r < 0) {
 		tpu_log_err("cannot start: %s", strerror(-r));

@@ -3,6 +3,7 @@
  * Per-uid and daemon-wide accounting of sessions and of the bytes the daemon holds for them,
  * and rate-limited logging. See quota.h.
  */
+#include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include "config.h"
@@ -138,8 +139,9 @@ void tpd_quota_leave(struct tpd_quota *q, struct tpd_uid_acct *a)
 		return;
 	if (a->sessions)
 		a->sessions--;
-	if (a->sessions || a->in_bytes || a->out_bytes || a->buffer_bytes)
-		return;
+	if (a->sessions || a->in_bytes || a->out_bytes || a->buffer_bytes ||
+	    atomic_load(&a->kept_fds))
+		return; /* (an account whose last kept fd closes later waits for its uid or the end) */
 	tpu_hmap_del(&q->uids, (uint64_t)a->uid + 1);
 	free(a);
 }
@@ -188,4 +190,34 @@ void tpd_quota_release_out(struct tpd_quota *q, struct tpd_uid_acct *a, uint64_t
 {
 	a->out_bytes -= bytes;
 	q->out_bytes -= bytes;
+}
+
+int tpd_quota_charge_fd(struct tpd_quota *q, const struct tpd_config *cfg, struct tpd_uid_acct *a,
+			char *why, size_t wl)
+{
+	/* Only the loop thread raises the counters: a check then an add cannot overshoot. */
+	unsigned mine = atomic_load(&a->kept_fds), all = atomic_load(&q->kept_fds);
+
+	if (a->uid != 0 && mine >= cfg->kept_fds_per_uid) {
+		snprintf(why, wl, "uid %u has %u fds kept, the limit per uid (tpipd --kept-fds-per-uid "
+			 "%u)", (unsigned)a->uid, mine, cfg->kept_fds_per_uid);
+		q->kept_fds_refused++;
+		return -EMFILE;
+	}
+	if (all >= cfg->kept_fds_cap) {
+		snprintf(why, wl, "the daemon keeps %u fds for clients, its limit (tpipd "
+			 "--kept-fds-max%s %u)", all, cfg->kept_fds_max ? "" : ", derived:",
+			 cfg->kept_fds_cap);
+		q->kept_fds_refused++;
+		return -ENFILE;
+	}
+	atomic_fetch_add(&a->kept_fds, 1);
+	atomic_fetch_add(&q->kept_fds, 1);
+	return 0;
+}
+
+void tpd_quota_release_fd(struct tpd_quota *q, struct tpd_uid_acct *a)
+{
+	atomic_fetch_sub(&a->kept_fds, 1);
+	atomic_fetch_sub(&q->kept_fds, 1);
 }

@@ -11,6 +11,7 @@
 #ifndef TPD_QUOTA_H
 #define TPD_QUOTA_H
 
+#include <stdatomic.h>
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
@@ -50,6 +51,9 @@ struct tpd_uid_acct {
 	uint64_t in_bytes;  /* input buffer bytes beyond each session's base buffer */
 	uint64_t out_bytes; /* frames queued towards this user's sessions */
 	uint64_t buffer_bytes; /* shared buffers its sessions registered (sessmsg.c) */
+	/* Clients' fds kept for it (tpd_quota_charge_fd()); lowered by whichever thread closes
+	 * one. The account outlives its last session while any is kept. */
+	atomic_uint kept_fds;
 };
 
 struct tpd_quota {
@@ -62,6 +66,9 @@ struct tpd_quota {
 	uint64_t pipe_reserved; /* set aside for pipes resuming after a wait (broker/budget.c) */
 	uint64_t pipe_bytes_peak; /* highest pipe_bytes + pipe_reserved since start */
 	uint64_t budget_waits; /* writes that started a wait for the budget, since start */
+	atomic_uint kept_fds;  /* clients' fds kept, every uid (tpd_quota_charge_fd()) */
+	uint64_t kept_fds_refused; /* kept fds refused by kept-fds-per-uid or -max, since start */
+	struct tpd_ratelog kept_fds_log;
 	struct tpd_ratelog refuse_log;
 	struct tpd_ratelog budget_log[2]; /* [0] per-uid, [1] daemon-wide budget hit */
 };
@@ -104,5 +111,20 @@ int tpd_quota_charge_out(struct tpd_quota *q, const struct tpd_config *cfg,
 /* Releases @bytes charged before to @a and @q's totals. Borrows @q and @a. */
 void tpd_quota_release_in(struct tpd_quota *q, struct tpd_uid_acct *a, uint64_t bytes);
 void tpd_quota_release_out(struct tpd_quota *q, struct tpd_uid_acct *a, uint64_t bytes);
+
+/*
+ * tpd_quota_charge_fd() - may the daemon keep one more fd a client of @a handed over (a
+ * channel buffer's for its readers, a CUDA dma-buf)? Checks kept-fds-per-uid (root is exempt)
+ * and the daemon-wide kept_fds_cap of @cfg, and counts it in @a and @q. Loop thread only; the
+ * fd's holder lowers both counters when it closes the fd (tpd_quota_release_fd(), or through
+ * the counters' addresses from any thread). Borrows @q, @cfg and @a.
+ * Return: 0 (charged), or with the reason in @why (nothing charged) -EMFILE over the per-uid
+ * limit, -ENFILE over the daemon-wide one.
+ */
+int tpd_quota_charge_fd(struct tpd_quota *q, const struct tpd_config *cfg, struct tpd_uid_acct *a,
+			char *why, size_t wl);
+
+/* Releases one fd charged before to @a and @q. Thread safe. Borrows @q and @a. */
+void tpd_quota_release_fd(struct tpd_quota *q, struct tpd_uid_acct *a);
 
 #endif

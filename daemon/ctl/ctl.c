@@ -124,6 +124,15 @@ static void fill_status_limits(struct tpd_daemon *d, const struct ctl_bufs *b,
 	st->sessions_max = cfg->sessions_max;
 	st->sessions_per_uid = cfg->sessions_per_uid;
 	st->sessions_reserved = cfg->sessions_reserved;
+	st->kept_fds_max = cfg->kept_fds_cap;
+	st->kept_fds_per_uid = cfg->kept_fds_per_uid;
+	if (!b->own_only) {
+		st->kept_fds = atomic_load(&q->kept_fds);
+		st->kept_fds_refused = q->kept_fds_refused;
+	} else {
+		struct tpd_uid_acct *a = tpu_hmap_get(&q->uids, (uint64_t)b->viewer + 1);
+		st->kept_fds = a ? atomic_load(&a->kept_fds) : 0;
+	}
 }
 
 /* The staging buffers clients' libraries registered (those of the sessions the caller sees). */

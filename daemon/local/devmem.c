@@ -90,11 +90,19 @@ void tpd_devmem_put(struct tpb_mem *m)
 
 void tpd_devmem_dmabuf(struct tpd_session *s, const Tpw__V1__CudaDmabuf *m, int fd)
 {
+	struct tpd_quota *q = tpd_daemon_quota(s->d);
 	char why[192] = "";
 	int r;
 
-	r = tpb_rdma_dmabuf_add(tpd_daemon_rdma(s->d), s->proc, m->mem_handle.data, m->size, fd,
-				tpd_daemon_cfg(s->d)->cuda_dmabufs_max, why, sizeof(why));
+	/* the fd is kept: charged to the uid's and the daemon's kept fds (quota.h) */
+	r = tpd_quota_charge_fd(q, tpd_daemon_cfg(s->d), s->acct, why, sizeof(why));
+	if (r < 0)
+		close(fd);
+	else
+		r = tpb_rdma_dmabuf_add(tpd_daemon_rdma(s->d), s->proc, m->mem_handle.data,
+					m->size, fd,
+					(atomic_uint *[2]){ &s->acct->kept_fds, &q->kept_fds },
+					tpd_daemon_cfg(s->d)->cuda_dmabufs_max, why, sizeof(why));
 	/* no RDMA here is the host's state, not the client's doing: said at debug level only */
 	if (r < 0)
 		tpd_session_log(s, r == -EOPNOTSUPP ? TPU_LOG_DEBUG : TPU_LOG_INFO,

@@ -263,6 +263,36 @@ static int buffer_check(struct tpd_session *s, const Tpw__V1__BufferRegister *m,
 	return 0;
 }
 
+/*
+ * Keeps @fd of chan_map buffer @b for its readers, charged to the session's uid. Over
+ * kept-fds-per-uid or kept-fds-max the buffer stays a plain one (mapped, its fd closed by the
+ * caller): readers get its items copied by the daemon, and the writer's library, which cannot
+ * tell, goes on working. Logged at most a few times a second, daemon-wide.
+ * Return: 0 (kept or not), or -errno with @why set (the registration fails).
+ */
+static int keep_map_fd(struct tpd_session *s, struct tpb_buffer *b, int fd, char *why, size_t wl)
+{
+	struct tpd_quota *q = tpd_daemon_quota(s->d);
+	unsigned suppressed = 0;
+	char over[160];
+	int r;
+
+	r = tpd_quota_charge_fd(q, tpd_daemon_cfg(s->d), s->acct, over, sizeof(over));
+	if (r < 0) {
+		if (tpd_quota_ratelog_burst_ok(&q->kept_fds_log, 1000, 4, &suppressed))
+			tpd_session_log(s, TPU_LOG_NOTICE, "buffer %llu registered without its fd: %s; "
+					"readers get its items copied (%u such lines held back)",
+					(unsigned long long)b->id, over, suppressed);
+		return 0;
+	}
+	r = tpb_buffer_keep_fd(b, fd, (atomic_uint *[2]){ &s->acct->kept_fds, &q->kept_fds });
+	if (r < 0) {
+		tpd_quota_release_fd(q, s->acct);
+		snprintf(why, wl, "cannot keep the buffer's fd: %s", strerror(-r));
+	}
+	return r;
+}
+
 static void handle_buffer_register(struct tpd_session *s, const Tpw__V1__BufferRegister *m,
 				   int fd)
 {
@@ -280,12 +310,9 @@ static void handle_buffer_register(struct tpd_session *s, const Tpw__V1__BufferR
 			snprintf(why, sizeof(why), "cannot map buffer of %llu bytes: %s",
 				 (unsigned long long)m->size, strerror(-r));
 	}
-	/* A channel handle's buffer: its fd kept for the readers that map it (chan/chanio.c);
-	 * one per registered buffer, within --buffers-max. */
-	if (r == 0 && m->chan_map && (r = tpb_buffer_keep_fd(b, owned)) < 0) {
+	/* A channel handle's buffer: its fd kept for the readers that map it (chan/chanio.c). */
+	if (r == 0 && m->chan_map && (r = keep_map_fd(s, b, owned, why, sizeof(why))) < 0)
 		tpb_buffer_unref(b);
-		snprintf(why, sizeof(why), "cannot keep the buffer's fd: %s", strerror(-r));
-	}
 	if (r == 0 && tpu_hmap_put(&s->buffers, m->buf_id, b) < 0) {
 		tpb_buffer_unref(b);
 		r = -ENOMEM;

@@ -22,13 +22,16 @@
  *    minor 12): releasing every buffer id, acknowledging items it never took.
  */
 #include <check.h>
+#include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <inttypes.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <grp.h>
 #include <sys/mman.h>
+#include <sys/prctl.h>
 #include <unistd.h>
 #include "itest.h"
 #include "tpt_wire.h"
@@ -164,56 +167,83 @@ static Tpw__V1__DaemonMsg *raw_chan(struct tpt_raw *r, Tpw__V1__ChanOp *op)
 	return dm;
 }
 
-static uint64_t raw_open(struct tpt_raw *r, bool create)
+/* Opens (@create: creates) channel @name on @r. Return: its handle id, 0 on failure. */
+static uint64_t raw_open_name(struct tpt_raw *r, const char *name, bool create)
 {
 	Tpw__V1__ChanOp op = TPW__V1__CHAN_OP__INIT;
 	Tpw__V1__DaemonMsg *dm;
 	uint64_t id;
 
 	op.op = TPW__V1__CHAN_OP_KIND__CHAN_OP_OPEN;
-	op.name = "map.raw";
+	op.name = (char *)name;
 	op.create = create;
 	dm = raw_chan(r, &op);
-	ck_assert_ptr_nonnull(dm);
-	ck_assert_int_eq(dm->chan_reply->status, TPW__V1__STATUS__STATUS_OK);
-	id = dm->chan_reply->chan_id;
+	TPT_REQUIRE(dm, 0, "no answer to opening %s", name);
+	id = dm->chan_reply->status == TPW__V1__STATUS__STATUS_OK ? dm->chan_reply->chan_id : 0;
+	TPT_REQUIRE(id, 0, "opening %s: status %d", name, dm->chan_reply->status);
 	tpw__v1__daemon_msg__free_unpacked(dm, NULL);
 	return id;
 }
 
-/* A raw writer registers buffer @buf_id (2 MiB, a channel buffer whose fd the daemon keeps),
- * sealed against shrinking and, if @seal, against writes, and lends one item of 1 MiB in it;
- * a raw reader asking for items by mapping (claiming every key mapped, so that no fd is
- * needed) is answered by mapping (true) or the old way (false). */
-static bool lent_item_mapped(struct tpt_raw *w, uint64_t wid, struct tpt_raw *rd, uint64_t rid,
-			     uint64_t buf_id, bool seal)
+static uint64_t raw_open(struct tpt_raw *r, bool create)
+{
+	uint64_t id = raw_open_name(r, "map.raw", create);
+
+	ck_assert_uint_ne(id, 0);
+	return id;
+}
+
+/* A raw client registers buffer @buf_id of @size bytes as a channel buffer whose fd the daemon
+ * keeps (chan_map), sealed against shrinking and, if @seal, against writes.
+ * Return: the memfd (the caller closes it) once the daemon said OK, or -1. */
+static int raw_register_map(struct tpt_raw *w, uint64_t buf_id, uint64_t size, bool seal)
 {
 	Tpw__V1__ClientMsg m = TPW__V1__CLIENT_MSG__INIT;
 	Tpw__V1__BufferRegister b = TPW__V1__BUFFER_REGISTER__INIT;
+	Tpw__V1__DaemonMsg *dm;
+	int fd = memfd_create("tpclient-chan", MFD_CLOEXEC | MFD_ALLOW_SEALING), st;
+
+	TPT_REQUIRE(fd >= 0 && ftruncate(fd, (off_t)size) == 0, -1, "memfd");
+	TPT_REQUIRE(fcntl(fd, F_ADD_SEALS, F_SEAL_SHRINK) == 0, -1, "seal");
+	b.req_id = 9;
+	b.buf_id = buf_id;
+	b.gen = 1;
+	b.size = size;
+	b.staging = true;
+	b.chan_map = true;
+	m.body_case = TPW__V1__CLIENT_MSG__BODY_BUFFER_REGISTER;
+	m.buffer_register = &b;
+	TPT_REQUIRE(tpt_raw_send(w, &m, NULL, 0, &fd, 1, 1) == 0, -1, "send");
+	TPT_REQUIRE(tpt_raw_expect(w, TPW__V1__DAEMON_MSG__BODY_REPLY, T_MS, &dm) == 0, -1,
+		    "no reply to registering buffer %llu", (unsigned long long)buf_id);
+	st = dm->reply->status;
+	tpw__v1__daemon_msg__free_unpacked(dm, NULL);
+	TPT_REQUIRE(st == TPW__V1__STATUS__STATUS_OK, -1, "buffer %llu: status %d",
+		    (unsigned long long)buf_id, st);
+	if (seal)
+		TPT_REQUIRE(fcntl(fd, F_ADD_SEALS, F_SEAL_FUTURE_WRITE) == 0, -1, "seal");
+	return fd;
+}
+
+/* A raw writer registers buffer @buf_id (2 MiB, a channel buffer whose fd the daemon keeps),
+ * sealed against shrinking and, if @seal, against writes, and lends one item of 1 MiB in it;
+ * a raw reader asking for items by mapping (claiming keys @key0 to @key0 + 15 mapped, so that
+ * no fd is needed: the daemon numbers kept buffers from 1) is answered by mapping (1) or the
+ * old way (0, the item held for it). Return: that, or -1 if something else happened. */
+static int lent_item_keys(struct tpt_raw *w, uint64_t wid, struct tpt_raw *rd, uint64_t rid,
+			  uint64_t buf_id, bool seal, uint64_t key0)
+{
+	Tpw__V1__ClientMsg m = TPW__V1__CLIENT_MSG__INIT;
 	Tpw__V1__ChanOp op = TPW__V1__CHAN_OP__INIT;
 	Tpw__V1__ShmRef ref = TPW__V1__SHM_REF__INIT;
 	Tpw__V1__Segment g = TPW__V1__SEGMENT__INIT, *gp = &g;
 	Tpw__V1__DaemonMsg *dm;
 	uint64_t len = MIB, keys[16];
-	int fd = memfd_create("tpclient-chan", MFD_CLOEXEC | MFD_ALLOW_SEALING);
-	bool mapped;
+	int fd = raw_register_map(w, buf_id, 2 * MIB, seal), mapped;
+	bool ok;
 
-	ck_assert(fd >= 0 && ftruncate(fd, 2 * MIB) == 0);
-	ck_assert_int_eq(fcntl(fd, F_ADD_SEALS, F_SEAL_SHRINK), 0);
-	b.req_id = 9;
-	b.buf_id = buf_id;
-	b.gen = 1;
-	b.size = 2 * MIB;
-	b.staging = true;
-	b.chan_map = true;
-	m.body_case = TPW__V1__CLIENT_MSG__BODY_BUFFER_REGISTER;
-	m.buffer_register = &b;
-	ck_assert_int_eq(tpt_raw_send(w, &m, NULL, 0, &fd, 1, 1), 0);
-	ck_assert_int_eq(tpt_raw_expect(w, TPW__V1__DAEMON_MSG__BODY_REPLY, T_MS, &dm), 0);
-	ck_assert_int_eq(dm->reply->status, TPW__V1__STATUS__STATUS_OK);
-	tpw__v1__daemon_msg__free_unpacked(dm, NULL);
-	if (seal)
-		ck_assert_int_eq(fcntl(fd, F_ADD_SEALS, F_SEAL_FUTURE_WRITE), 0);
+	if (fd < 0)
+		return -1;
 	close(fd);
 	ref.buf_id = buf_id;
 	ref.gen = 1;
@@ -228,12 +258,12 @@ static bool lent_item_mapped(struct tpt_raw *w, uint64_t wid, struct tpt_raw *rd
 	op.segments = &gp;
 	op.lend = true;
 	dm = raw_chan(w, &op);
-	ck_assert_ptr_nonnull(dm);
-	ck_assert_int_eq(dm->chan_reply->status, TPW__V1__STATUS__STATUS_OK);
-	ck_assert(dm->chan_reply->lent);
+	TPT_REQUIRE(dm, -1, "no answer to the write");
+	ok = dm->chan_reply->status == TPW__V1__STATUS__STATUS_OK && dm->chan_reply->lent;
 	tpw__v1__daemon_msg__free_unpacked(dm, NULL);
+	TPT_REQUIRE(ok, -1, "the item was not lent");
 	for (unsigned i = 0; i < 16; i++)
-		keys[i] = i + 1;
+		keys[i] = key0 + i;
 	op = (Tpw__V1__ChanOp)TPW__V1__CHAN_OP__INIT;
 	op.op = TPW__V1__CHAN_OP_KIND__CHAN_OP_READ;
 	op.chan_id = rid;
@@ -241,21 +271,37 @@ static bool lent_item_mapped(struct tpt_raw *w, uint64_t wid, struct tpt_raw *rd
 	op.n_mapped = 16;
 	op.mapped = keys;
 	dm = raw_chan(rd, &op);
-	ck_assert_ptr_nonnull(dm);
-	ck_assert_int_eq(dm->chan_reply->status, TPW__V1__STATUS__STATUS_OK);
+	TPT_REQUIRE(dm, -1, "no answer to the read");
+	ok = dm->chan_reply->status == TPW__V1__STATUS__STATUS_OK;
 	mapped = dm->chan_reply->map_key != 0;
-	ck_assert(mapped || dm->chan_reply->held_len == MIB);
+	ok = ok && (mapped || dm->chan_reply->held_len == MIB);
 	tpw__v1__daemon_msg__free_unpacked(dm, NULL);
+	TPT_REQUIRE(ok, -1, "the read got neither a mapping nor the item held");
+	op = (Tpw__V1__ChanOp)TPW__V1__CHAN_OP__INIT;
+	op.op = TPW__V1__CHAN_OP_KIND__CHAN_OP_READ;
+	op.chan_id = rid;
+	m.body_case = TPW__V1__CLIENT_MSG__BODY_CHAN_OP;
+	m.chan_op = &op;
 	if (mapped) { /* copied out: the item leaves (not answered) */
-		op = (Tpw__V1__ChanOp)TPW__V1__CHAN_OP__INIT;
-		op.op = TPW__V1__CHAN_OP_KIND__CHAN_OP_READ;
-		op.chan_id = rid;
 		op.map_done = true;
-		m.body_case = TPW__V1__CLIENT_MSG__BODY_CHAN_OP;
-		m.chan_op = &op;
-		ck_assert_int_eq(tpt_raw_send(rd, &m, NULL, 0, NULL, 0, 0), 0);
+		TPT_REQUIRE(tpt_raw_send(rd, &m, NULL, 0, NULL, 0, 0) == 0, -1, "map_done");
 	}
 	return mapped;
+}
+
+static int lent_item(struct tpt_raw *w, uint64_t wid, struct tpt_raw *rd, uint64_t rid,
+		     uint64_t buf_id, bool seal)
+{
+	return lent_item_keys(w, wid, rd, rid, buf_id, seal, 1);
+}
+
+static bool lent_item_mapped(struct tpt_raw *w, uint64_t wid, struct tpt_raw *rd, uint64_t rid,
+			     uint64_t buf_id, bool seal)
+{
+	int r = lent_item(w, wid, rd, rid, buf_id, seal);
+
+	ck_assert_int_ge(r, 0);
+	return r == 1;
 }
 
 START_TEST(test_an_unsealed_buffer_is_never_handed_to_a_reader)
@@ -565,6 +611,214 @@ START_TEST(test_another_client_cannot_retire_a_readers_mapping)
 }
 END_TEST
 
+/* ---- fds the daemon keeps for readers: bounded per uid and daemon-wide ---------------------- */
+
+#define NOBODY 65534
+#define VICTIM 4242
+#define KEPT 16	     /* --kept-fds-per-uid */
+#define OVER 300     /* chan_map registrations past it */
+#define SESSIONS 4   /* the attacker's writers, each a session */
+
+/* In a forked child: become @uid (no supplementary groups). Return: 0 or 1. */
+static int become(uid_t uid)
+{
+	TPT_REQUIRE(setgroups(0, NULL) == 0, 1, "setgroups");
+	TPT_REQUIRE(setresgid(uid, uid, uid) == 0, 1, "setresgid");
+	TPT_REQUIRE(setresuid(uid, uid, uid) == 0, 1, "setresuid");
+	prctl(PR_SET_DUMPABLE, 1);
+	return 0;
+}
+
+/* Open fds of the daemon (/proc/PID/fd), or -1. */
+static long daemon_fds(void)
+{
+	char path[64];
+	struct dirent *e;
+	long n = 0;
+	DIR *dir;
+
+	snprintf(path, sizeof(path), "/proc/%d/fd", (int)d.pid);
+	dir = opendir(path);
+	if (!dir)
+		return -1;
+	while ((e = readdir(dir)))
+		n += e->d_name[0] != '.';
+	closedir(dir);
+	return n;
+}
+
+/* Registers @n chan_map buffers of 64 KiB, ids from @first, round robin over @w[SESSIONS].
+ * Return: 0 or 1. */
+static int register_many(struct tpt_raw *w, uint64_t first, unsigned n)
+{
+	for (unsigned i = 0; i < n; i++) {
+		int fd = raw_register_map(&w[i % SESSIONS], first + i, 64u << 10, true);
+		TPT_REQUIRE(fd >= 0, 1, "registration %u", i);
+		close(fd);
+	}
+	return 0;
+}
+
+struct kept_sync {
+	struct tpt_sync done; /* child -> parent: all registered, channels checked */
+	struct tpt_sync go;   /* parent -> child: measured, let go */
+};
+
+/* uid nobody: KEPT - 1 chan_map buffers from several sessions, then one lent item at the limit
+ * (read by mapping) and one above it (held: copied), OVER more registrations that all succeed,
+ * and a channel through libtpclient that still moves its items byte-exact. Holds everything
+ * until the parent has counted the daemon's fds. */
+static int kept_attacker(void *arg)
+{
+	struct tp_chan_options o = { .size = sizeof(o), .flags = TP_CHAN_CREATE, .owner_uid = -1 };
+	struct kept_sync *ks = arg;
+	struct tpt_raw w[SESSIONS], rd;
+	struct tp_context *cw = NULL, *cr = NULL;
+	struct tp_chan *lw = NULL, *lr = NULL;
+	uint64_t wid, rid;
+
+	if (become(NOBODY))
+		return 1;
+	for (int i = 0; i < SESSIONS; i++) {
+		TPT_REQUIRE(tpt_raw_connect(&w[i], d.socket) == 0, 1, "connect");
+		TPT_REQUIRE(tpt_raw_hello(&w[i], TPW__V1__ROLE__ROLE_CLIENT, T_MS) == 0, 1, "hello");
+	}
+	TPT_REQUIRE(tpt_raw_connect(&rd, d.socket) == 0, 1, "connect");
+	TPT_REQUIRE(tpt_raw_hello_minor(&rd, TPW__V1__ROLE__ROLE_CLIENT, TPW_MINOR_CHAN_MAP,
+						T_MS) == 0, 1, "hello"); /* keys claimed, no fd taken */
+	wid = raw_open_name(&w[1], "kept.a", true);
+	rid = raw_open_name(&rd, "kept.a", false);
+	TPT_REQUIRE(wid && rid, 1, "channel");
+	if (register_many(w, 100, KEPT - 1))
+		return 1;
+	TPT_REQUIRE(lent_item(&w[1], wid, &rd, rid, 1, true) == 1, 1,
+		    "the %d-th kept fd of the uid (at kept-fds-per-uid) was not mapped", KEPT);
+	/* (the reader claims the key it would get, KEPT + 1: no fd needed, so only the limit
+	 * can keep it from being mapped) */
+	TPT_REQUIRE(lent_item_keys(&w[1], wid, &rd, rid, 2, true, KEPT + 1) == 0, 1,
+		    "a buffer above kept-fds-per-uid was handed to a reader by mapping");
+	if (register_many(w, 1000, OVER))
+		return 1;
+	/* a well-behaved channel of the same uid: its buffers registered without fds, copied */
+	TPT_REQUIRE(tpt_ctx_new(&d, 0, "kept.w", &cw) == 0, 1, "context");
+	TPT_REQUIRE(tpt_ctx_new(&d, 0, "kept.r", &cr) == 0, 1, "context");
+	TPT_REQUIRE(tp_chan_open(cw, "kept.lib", &o, &lw) == 0, 1, "%s", tp_last_error());
+	o.flags = 0;
+	TPT_REQUIRE(tp_chan_open(cr, "kept.lib", &o, &lr) == 0, 1, "%s", tp_last_error());
+	chan_round(lw, lr, 7, 3);
+	TPT_REQUIRE(tpt_sync_post(&ks->done, 0) == 0, 1, "post");
+	TPT_REQUIRE(tpt_sync_wait(&ks->go, T_MS * 2) == 0, 1, "no word from the parent");
+	tp_chan_release(lr);
+	tp_chan_release(lw);
+	tp_context_free(cr);
+	tp_context_free(cw);
+	tpt_raw_close(&rd);
+	for (int i = 0; i < SESSIONS; i++)
+		tpt_raw_close(&w[i]);
+	return 0;
+}
+
+/* Another uid, while nobody is at its limit: attaches, registers, and its reader maps. */
+static int kept_victim(void *arg)
+{
+	struct tpt_raw w, rd;
+	uint64_t wid, rid;
+
+	(void)arg;
+	if (become(VICTIM))
+		return 1;
+	TPT_REQUIRE(tpt_raw_connect(&w, d.socket) == 0, 1, "connect");
+	TPT_REQUIRE(tpt_raw_hello(&w, TPW__V1__ROLE__ROLE_CLIENT, T_MS) == 0, 1, "hello");
+	TPT_REQUIRE(tpt_raw_connect(&rd, d.socket) == 0, 1, "connect");
+	TPT_REQUIRE(tpt_raw_hello_minor(&rd, TPW__V1__ROLE__ROLE_CLIENT, TPW_MINOR_CHAN_MAP,
+						T_MS) == 0, 1, "hello"); /* keys claimed, no fd taken */
+	wid = raw_open_name(&w, "kept.v", true);
+	rid = raw_open_name(&rd, "kept.v", false);
+	TPT_REQUIRE(wid && rid, 1, "channel");
+	/* keys 1 to KEPT went to nobody's kept buffers, none to those registered above it */
+	TPT_REQUIRE(lent_item_keys(&w, wid, &rd, rid, 1, true, KEPT + 1) == 1, 1,
+		    "another uid's buffer was not mapped while uid %d is at its limit", NOBODY);
+	tpt_raw_close(&rd);
+	tpt_raw_close(&w);
+	return 0;
+}
+
+START_TEST(test_kept_fds_bounded_per_uid)
+{
+	const char *args[] = { "--kept-fds-per-uid", "16", NULL };
+	struct kept_sync ks;
+	long fd0, fd1;
+	pid_t pid;
+	int lines;
+
+	if (geteuid() != 0) {
+		printf("skipped: needs root to run clients as other uids\n");
+		return;
+	}
+	ck_assert_int_eq(tpt_daemon_start(&d, args), 0);
+	ck_assert_int_eq(tpt_daemon_open_to_all(&d), 0);
+	ck_assert_int_eq(tpt_sync_init(&ks.done), 0);
+	ck_assert_int_eq(tpt_sync_init(&ks.go), 0);
+	fd0 = daemon_fds();
+	ck_assert_int_gt(fd0, 0);
+	pid = tpt_fork(kept_attacker, &ks);
+	ck_assert_msg(tpt_sync_wait(&ks.done, T_MS * 4) == 0, "the attacker did not get through");
+	/* its sessions (3 fds each: socket, pidfd, /proc dir) and at most KEPT kept fds, not the
+	 * KEPT + 1 + OVER + the library's buffers it registered */
+	fd1 = daemon_fds();
+	ck_assert_msg(fd1 - fd0 <= KEPT + 3 * (SESSIONS + 3) + 16,
+		      "the daemon went from %ld to %ld fds for one uid's %d buffers", fd0, fd1,
+		      KEPT + 1 + OVER);
+	ck_assert(tpt_wait_ok(tpt_fork(kept_victim, NULL), T_MS, "victim"));
+	/* one line per refusal at most a few a second, not OVER of them */
+	lines = tpt_daemon_log_count(&d, "registered without its fd");
+	ck_assert_int_ge(lines, 1);
+	ck_assert_int_le(lines, 40);
+	ck_assert_int_eq(tpt_sync_post(&ks.go, 0), 0);
+	ck_assert(tpt_wait_ok(pid, T_MS * 2, "attacker"));
+	/* the charges go with the fds: back to where it started */
+	for (unsigned round = 0; daemon_fds() > fd0; round++) {
+		ck_assert_msg(round < 200, "the daemon still holds %ld fds (%ld before)",
+			      daemon_fds(), fd0);
+		tpt_backoff(round);
+	}
+	tpt_sync_done(&ks.go);
+	tpt_sync_done(&ks.done);
+	ck_assert_int_eq(tpt_daemon_stop(&d), 0);
+}
+END_TEST
+
+/* Root is exempt from kept-fds-per-uid (like every per-uid limit), not from kept-fds-max. */
+START_TEST(test_kept_fds_bounded_daemon_wide)
+{
+	const char *args[] = { "--kept-fds-per-uid", "1", "--kept-fds-max", "4", NULL };
+	struct tpt_raw w, rd;
+	uint64_t wid, rid;
+
+	if (geteuid() != 0) {
+		printf("skipped: needs root, which kept-fds-per-uid exempts\n");
+		return;
+	}
+	ck_assert_int_eq(tpt_daemon_start(&d, args), 0);
+	ck_assert_int_eq(tpt_raw_connect(&w, d.socket), 0);
+	ck_assert_int_eq(tpt_raw_hello(&w, TPW__V1__ROLE__ROLE_CLIENT, T_MS), 0);
+	ck_assert_int_eq(tpt_raw_connect(&rd, d.socket), 0);
+	ck_assert_int_eq(tpt_raw_hello_minor(&rd, TPW__V1__ROLE__ROLE_CLIENT, TPW_MINOR_CHAN_MAP,
+					     T_MS), 0); /* keys claimed, no fd taken */
+	wid = raw_open_name(&w, "kept.all", true);
+	rid = raw_open_name(&rd, "kept.all", false);
+	ck_assert(wid && rid);
+	for (uint64_t i = 0; i < 3; i++)
+		close(raw_register_map(&w, 100 + i, 4096, true));
+	ck_assert_int_eq(lent_item(&w, wid, &rd, rid, 1, true), 1); /* the 4th, at the limit */
+	ck_assert_int_eq(lent_item_keys(&w, wid, &rd, rid, 2, true, 5), 0); /* the 5th: copied */
+	ck_assert_int_ge(tpt_daemon_log_count(&d, "--kept-fds-max 4"), 1);
+	tpt_raw_close(&rd);
+	tpt_raw_close(&w);
+	ck_assert_int_eq(tpt_daemon_stop(&d), 0);
+}
+END_TEST
+
 static Suite *chanmap_suite(void)
 {
 	Suite *s = suite_create("sec_chanmap");
@@ -578,6 +832,11 @@ static Suite *chanmap_suite(void)
 	tcase_add_test(tc, test_no_pipe_or_other_channel_bytes_reach_a_reader);
 	tcase_add_test(tc, test_only_the_writers_uid_maps);
 	tcase_add_test(tc, test_another_client_cannot_retire_a_readers_mapping);
+	suite_add_tcase(s, tc);
+	tc = tcase_create("kept");
+	tcase_set_timeout(tc, 100);
+	tcase_add_test(tc, test_kept_fds_bounded_per_uid);
+	tcase_add_test(tc, test_kept_fds_bounded_daemon_wide);
 	suite_add_tcase(s, tc);
 	return s;
 }

@@ -132,6 +132,33 @@ expect_exit2 "--no-such-flag" "unknown or incomplete option" \
 	"$TPIPD_BIN" --config "$conf" --no-such-flag --check-config
 [ ! -e "$sock" ] || fail "a failed start created $sock"
 
+check "kept-fds-max must fit RLIMIT_NOFILE less the reserve: under ulimit -n 8192, 2944 fits (8192 - 5248)," \
+	"2945 does not (exit 2 naming both figures, at start too); a file's value likewise; 0 derives it"
+(ulimit -n 8192 && "$TPIPD_BIN" --config "$conf" --kept-fds-max 2944 --check-config) \
+	>/dev/null 2>"$SVC_TMP/err" || { cat "$SVC_TMP/err"; fail "kept-fds-max 2944 refused"; }
+(ulimit -n 8192 && "$TPIPD_BIN" --config "$conf" --kept-fds-max 0 --check-config) \
+	>/dev/null 2>"$SVC_TMP/err" || { cat "$SVC_TMP/err"; fail "kept-fds-max 0 refused"; }
+expect_exit2 "--kept-fds-max 2945" \
+	"^tpipd: kept-fds-max: 2945 fds do not fit RLIMIT_NOFILE 8192, which leaves 2944 once 5248 are set aside" \
+	bash -c 'ulimit -n 8192 && exec "$0" "$@"' "$TPIPD_BIN" --config "$conf" --kept-fds-max 2945 \
+	--check-config
+expect_exit2 "--kept-fds-max 2945 (start)" "^tpipd: kept-fds-max: 2945 fds do not fit" \
+	bash -c 'ulimit -n 8192 && exec "$0" "$@"' "$TPIPD_BIN" --config "$conf" --kept-fds-max 2945 \
+	--socket "$sock"
+[ ! -e "$sock" ] || fail "a failed start created $sock"
+printf '[limits]\nsessions-max = 4096\nkept-fds-max = 1000\n' >"$conf"
+expect_exit2 "kept-fds-max in the file, sessions-max raised" \
+	"^tpipd: kept-fds-max: 1000 fds do not fit RLIMIT_NOFILE 8192, which leaves 0 once 14464" \
+	bash -c 'ulimit -n 8192 && exec "$0" "$@"' "$TPIPD_BIN" --config "$conf" --check-config
+printf '[limits]\nkept-fds-per-uid = -1\n' >"$conf"
+expect_exit2 "kept-fds-per-uid = -1" "^tpipd: $conf:2: kept-fds-per-uid: '-1' is not a number" \
+	"$TPIPD_BIN" --config "$conf" --check-config
+printf '[limits]\nkept-fds-max = 16777217\n' >"$conf"
+expect_exit2 "kept-fds-max above its range" \
+	"^tpipd: $conf:2: kept-fds-max: '16777217' is not a number in \[0, 16777216\]" \
+	"$TPIPD_BIN" --config "$conf" --check-config
+: >"$conf"
+
 # The example with every '# key = value' line uncommented and the '(restart...)' notes dropped.
 example=$TPIPD_UNITS/tpipd.conf.example
 good=$SVC_TMP/good.conf

@@ -138,7 +138,7 @@ START_TEST(test_buffer_reader_fd_is_read_only)
 	ck_assert_int_eq(tpb_buffer_new(fd, 1, 1, 8192, &b), 0);
 	ck_assert_int_eq(tpb_buffer_reader_fd(b), -ENOENT); /* no fd kept */
 	ck_assert(!tpb_buffer_reader_ok(b));
-	ck_assert_int_eq(tpb_buffer_keep_fd(b, fd), 0);
+	ck_assert_int_eq(tpb_buffer_keep_fd(b, fd, (atomic_uint *[2]){ NULL, NULL }), 0);
 	ck_assert_uint_ne(b->map_key, 0);
 	ck_assert_int_eq(tpb_buffer_reader_fd(b), -EPERM); /* writable through any fd yet */
 	ck_assert(!tpb_buffer_reader_ok(b));
@@ -171,6 +171,26 @@ START_TEST(test_buffer_reader_fd_is_read_only)
 }
 END_TEST
 
+/* A kept fd charged to two counters lowers both when the last reference closes it, not before. */
+START_TEST(test_buffer_kept_fd_charge_released_with_last_reference)
+{
+	int fd = make_memfd(4096, F_SEAL_SHRINK | F_SEAL_GROW);
+	atomic_uint uid_n = 1, all_n = 5;
+	struct tpb_buffer *b = NULL;
+
+	ck_assert_int_eq(tpb_buffer_new(fd, 1, 1, 4096, &b), 0);
+	ck_assert_int_eq(tpb_buffer_keep_fd(b, fd, (atomic_uint *[2]){ &uid_n, &all_n }), 0);
+	close(fd);
+	tpb_buffer_ref(b);
+	tpb_buffer_unref(b);
+	ck_assert_uint_eq(atomic_load(&uid_n), 1);
+	ck_assert_uint_eq(atomic_load(&all_n), 5);
+	tpb_buffer_unref(b);
+	ck_assert_uint_eq(atomic_load(&uid_n), 0);
+	ck_assert_uint_eq(atomic_load(&all_n), 4);
+}
+END_TEST
+
 static Suite *buffer_suite(void)
 {
 	Suite *s = suite_create("buffer");
@@ -182,6 +202,7 @@ static Suite *buffer_suite(void)
 	tcase_add_test(tc, test_buffer_rejects_size_above_file);
 	tcase_add_test(tc, test_buffer_rejects_non_regular_fd);
 	tcase_add_test(tc, test_buffer_resolve_edges);
+	tcase_add_test(tc, test_buffer_kept_fd_charge_released_with_last_reference);
 	tcase_add_test(tc, test_buffer_mapping_outlives_owner_reference);
 	tcase_add_test(tc, test_buffer_reader_fd_is_read_only);
 	suite_add_tcase(s, tc);
