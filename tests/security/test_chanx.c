@@ -28,6 +28,9 @@
  * -EOPNOTSUPP naming its version, the link stays up. One of 2.8 is sent a worker's open and
  * release but no work queue message op (it would take them for byte ops): the take by
  * descriptor and the message reply fail with -EOPNOTSUPP naming its version, the link up.
+ * One of 2.10 is sent no work queue message by reference: a message above the inline limit,
+ * submitted or replied from a shared buffer or private memory, fails with -EMSGSIZE naming its
+ * version, the link up.
  * One of 2.9 is asked for one item per batch read; one of 2.10 for the batch, and its answer
  * of more items than asked is refused to the client with the link up, one whose lengths miss
  * its tail fails the link.
@@ -789,13 +792,14 @@ static int fake_host_run(void *arg)
 	uint64_t open, rd, cl;
 
 	TPT_REQUIRE(fake_accept(fh, &c, &data) == 0, 1, "handshake");
-	if (fh->minor == TPW_PEER_MINOR_WQ_MSG - 1) { /* a worker's open, then its release only */
+	if (fh->minor == TPW_PEER_MINOR_WQ_MSG - 1 ||
+	    fh->minor == TPW_PEER_MINOR_WQ_STREAM - 1) { /* a worker's open, then its release only */
 		TPT_REQUIRE(fake_wq_answer(&c, TPW__V1__WQ_OP_KIND__WQ_OP_OPEN) == 0, 1, "open");
 		TPT_REQUIRE(fake_wq_answer(&c, TPW__V1__WQ_OP_KIND__WQ_OP_RELEASE) == 0, 1,
 			    "a message op reached a 2.%u daemon", fh->minor);
 	}
 	if (fh->minor < TPW_PEER_MINOR_CHAN || fh->minor == TPW_PEER_MINOR_WQ_CREATE - 1 ||
-	    fh->minor == TPW_PEER_MINOR_WQ_MSG - 1) {
+	    fh->minor == TPW_PEER_MINOR_WQ_MSG - 1 || fh->minor == TPW_PEER_MINOR_WQ_STREAM - 1) {
 		/* The client was refused; a ping answered next proves nothing came before it. */
 		TPT_REQUIRE(tpt_sync_wait(&go, T_MS) == 1, 1, "parent");
 		ping.t_ns = 1;
@@ -864,11 +868,13 @@ static void fake_host_stop(struct fake_host *fh, pid_t pid, struct tp_context *c
 /* _i 0: the far daemon speaks peer protocol 2.2; 1: 2.3, and lies; 2: the minor before work
  * queues created from other hosts, asked to create one (which it would open as a worker's
  * instead); 3: the minor before work queue messages, asked for them by a worker (it would take
- * them for byte ops). */
+ * them for byte ops); 4: the minor before work queue messages by reference, sent a message
+ * above the inline limit (it would take the op without its bytes). */
 START_TEST(test_hostile_host_fails_its_link_only)
 {
 	static const unsigned minors[] = { TPW_PEER_MINOR_CHAN - 1, TPW_PEER_MINOR_CHAN,
-					   TPW_PEER_MINOR_WQ_CREATE - 1, TPW_PEER_MINOR_WQ_MSG - 1 };
+					   TPW_PEER_MINOR_WQ_CREATE - 1, TPW_PEER_MINOR_WQ_MSG - 1,
+					   TPW_PEER_MINOR_WQ_STREAM - 1 };
 	struct fake_host fh = { .minor = minors[_i] };
 	struct tp_wq_options wo = { .size = sizeof(wo), .flags = TP_WQ_CREATE, .owner_uid = -1 };
 	struct tp_wq *wq = NULL;
@@ -880,7 +886,29 @@ START_TEST(test_hostile_host_fails_its_link_only)
 	size_t len;
 	pid_t pid = fake_host_start(&fh, fake_host_run, &ctx, a, sizeof(a));
 
-	if (_i == 3) {
+	if (_i == 4) {
+		struct tpt_msg_spec big = { .pipe = 7, .n_payloads = 1, .lens = { (1u << 20) + 1 } };
+		struct tpt_msg m;
+		char want[80];
+		uint64_t id;
+
+		ck_assert_int_eq(tp_wq_open(ctx, a, NULL, &wq), 0);
+		snprintf(want, sizeof(want), "peer protocol 2.%u: messages cross hosts inline",
+			 TPW_PEER_MINOR_WQ_STREAM - 1);
+		for (int k = 0; k < 2; k++) { /* from a shared buffer, then from private memory */
+			ck_assert_int_eq(tpt_msg_build(ctx, &big, k ? TPT_MEM_PRIVATE : TPT_MEM_SHM,
+						       &m), 0);
+			ck_assert_int_eq(tp_wq_submit_msg(wq, &m.m, &id), -EMSGSIZE);
+			ck_assert_msg(strstr(tp_last_error(), want), "%s", tp_last_error());
+			ck_assert_int_eq(tp_wq_reply_msg(wq, 1, &m.m), -EMSGSIZE);
+			ck_assert_msg(strstr(tp_last_error(), want), "%s", tp_last_error());
+			tpt_msg_free(ctx, &m);
+		}
+		ck_assert_int_eq(tp_wq_release(wq), 0);
+		ck_assert_msg(tpt_peer_links(&host, &link) == 1 && strcmp(link.state, "up") == 0,
+			      "the link is %s: %s", link.state, link.last_error);
+		ck_assert_int_eq(tpt_sync_post(&go, 1), 0);
+	} else if (_i == 3) {
 		struct tp_message msg = { 0 };
 		struct tp_descriptor *d = NULL;
 		char want[64];
@@ -1024,7 +1052,7 @@ static Suite *chanx_suite(void)
 	tcase_add_test(tc, test_attacker_cannot_crash_or_touch_remote_handles);
 	tcase_add_test(tc, test_hostile_peer_fails_its_link_only);
 	tcase_add_test(tc, test_hostile_peer_cannot_own_or_stream_into_a_queue);
-	tcase_add_loop_test(tc, test_hostile_host_fails_its_link_only, 0, 4);
+	tcase_add_loop_test(tc, test_hostile_host_fails_its_link_only, 0, 5);
 	tcase_add_loop_test(tc, test_hostile_host_batch_reads, 0, 2);
 	suite_add_tcase(s, tc);
 	return s;
