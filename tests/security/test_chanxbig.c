@@ -185,31 +185,10 @@ static int peer_dial(struct tpt_raw *c, struct tpt_raw *data)
 	return 0;
 }
 
-static void put_le(uint8_t *p, uint64_t v, int n)
-{
-	for (int i = 0; i < n; i++)
-		p[i] = (uint8_t)(v >> (8 * i));
-}
-
-/* One chunk of transfer @xfer_id, segment 0, at @off: @len bytes of 0x5a (stripe_io.c's
- * header: magic, segment, id, offset, length, flags). */
+/* One chunk of transfer @xfer_id at @off: @len bytes of 0x5a. */
 static int send_chunk(struct tpt_raw *data, uint64_t xfer_id, uint64_t off, uint32_t len)
 {
-	uint8_t *b = malloc(32 + len);
-	int e;
-
-	if (!b)
-		return -ENOMEM;
-	put_le(b, 0x31435054u, 4);
-	put_le(b + 4, 0, 4);
-	put_le(b + 8, xfer_id, 8);
-	put_le(b + 16, off, 8);
-	put_le(b + 24, len, 4);
-	put_le(b + 28, 0, 4);
-	memset(b + 32, 0x5a, len);
-	e = tpt_raw_send_bytes(data, b, 32 + len, NULL, 0);
-	free(b);
-	return e;
+	return tpt_raw_send_chunk(data, xfer_id, off, len, 0x5a);
 }
 
 /* A WRITE of one streamed item of @len bytes on handle @id, as op @req. */
