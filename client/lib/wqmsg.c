@@ -2,11 +2,11 @@
 /*
  * Work queue questions and answers as messages (tpclient.h; docs/queues.md, "Questions and
  * answers as messages"): tp_wq_submit_msg() and tp_wq_reply_msg() (a message as one item, as a
- * channel's: inline when small or across hosts to a daemon that streams none, else by
- * reference: from the caller's shared buffer, or staged, or by CMA), tp_wq_take_descriptor() and tp_wq_answer_descriptor() (the
- * item described), tp_wq_read_msg() (its bytes into the caller's slots) and
- * tp_wq_descriptor_free(). What messages share with channel items is msgitem.c's; the requests
- * are wq.c's.
+ * channel's: inline when small, else by reference: from the caller's shared buffer, or staged,
+ * or by CMA; across hosts too, the daemons streaming it), tp_wq_take_descriptor() and
+ * tp_wq_answer_descriptor() (the item described), tp_wq_read_msg() (its bytes into the caller's
+ * slots, one destination across hosts) and tp_wq_descriptor_free(). What messages share with
+ * channel items is msgitem.c's; the requests are wq.c's.
  */
 #include <errno.h>
 #include <stdio.h>

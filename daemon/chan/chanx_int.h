@@ -2,8 +2,8 @@
 /*
  * The inside of tpd_chanx (chanx.h), shared by its files: chanx.c (handles of other hosts'
  * channels and queues, the ops forwarded for them, the link's events), chanxbig.c (their large
- * channel items and queue messages, over the link's data connections) and chanxctl.c (their rows in tpipctl
- * channels and queues). Nothing outside daemon/chan/chanx*.c includes it.
+ * channel items and queue messages, over the link's data connections) and chanxctl.c (their
+ * rows in tpipctl channels and queues). Nothing outside daemon/chan/chanx*.c includes it.
  */
 #ifndef TPD_CHANX_INT_H
 #define TPD_CHANX_INT_H

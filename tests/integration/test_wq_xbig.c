@@ -238,7 +238,8 @@ START_TEST(test_limits_just_at_and_above)
 	static const char *const args[] = { "--chan-peer-bytes-max", "16777219", "--wq-bytes-max",
 					    "33554432", NULL };
 	struct tpt_msg_spec at = { .pipe = 43, .n_payloads = 1, .lens = { BIG } };
-	struct tpt_msg_spec above = { .pipe = 43, .index = 1, .n_payloads = 1, .lens = { BIG + 1 } };
+	struct tpt_msg_spec above = { .pipe = 43, .index = 1, .n_payloads = 1,
+				      .lens = { BIG + 1 } };
 	struct tp_context *ca, *ca2;
 	struct tp_descriptor *d;
 	struct tpt_link link;

@@ -784,8 +784,8 @@ static int fake_host_run(void *arg)
 	uint64_t open, rd, cl;
 
 	TPT_REQUIRE(fake_accept(fh, &c, &data) == 0, 1, "handshake");
-	if (fh->minor == TPW_PEER_MINOR_WQ_MSG - 1 ||
-	    fh->minor == TPW_PEER_MINOR_WQ_STREAM - 1) { /* a worker's open, then its release only */
+	/* a worker's open, then its release only */
+	if (fh->minor == TPW_PEER_MINOR_WQ_MSG - 1 || fh->minor == TPW_PEER_MINOR_WQ_STREAM - 1) {
 		TPT_REQUIRE(fake_wq_answer(&c, TPW__V1__WQ_OP_KIND__WQ_OP_OPEN) == 0, 1, "open");
 		TPT_REQUIRE(fake_wq_answer(&c, TPW__V1__WQ_OP_KIND__WQ_OP_RELEASE) == 0, 1,
 			    "a message op reached a 2.%u daemon", fh->minor);
@@ -879,7 +879,8 @@ START_TEST(test_hostile_host_fails_its_link_only)
 	pid_t pid = fake_host_start(&fh, fake_host_run, &ctx, a, sizeof(a));
 
 	if (_i == 4) {
-		struct tpt_msg_spec big = { .pipe = 7, .n_payloads = 1, .lens = { (1u << 20) + 1 } };
+		struct tpt_msg_spec big = { .pipe = 7, .n_payloads = 1,
+					    .lens = { (1u << 20) + 1 } };
 		struct tpt_msg m;
 		char want[80];
 		uint64_t id;
