@@ -242,10 +242,12 @@ bool tpd_chanx_big_reply(struct tpd_chanx *x, struct xop *xo, struct tpd_peer *p
 			tpd_chanx_xop_free(xo);
 			return true;
 		}
-		if (r->len > xo->room) {
+		/* A queue's read names exactly its item's bytes (the descriptor's length). */
+		if (r->len > xo->room || (xo->kind == X_WQ && r->len != xo->room)) {
 			tpd_chanx_refuse(xo->kind, xo->s, xo->req_id, xo->local_id, -EPROTO,
-					 "%s host %s answered with an item larger than the read's "
-					 "room", what, tpd_peer_name(pr));
+					 "%s host %s answered with an item of %llu bytes for a "
+					 "read's room of %llu", what, tpd_peer_name(pr),
+					 (unsigned long long)r->len, (unsigned long long)xo->room);
 			tpd_chanx_xop_free(xo);
 			return true;
 		}
