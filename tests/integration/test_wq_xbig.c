@@ -304,6 +304,7 @@ START_TEST(test_host_killed_fails_the_read)
 	ck_assert_msg(strstr(tp_last_error(), "work queue host 127.0.0.1:"), "%s", tp_last_error());
 	free(slot.data);
 	tp_wq_release(w);
+	tp_wq_release(own); /* its daemon is gone: the handle is freed all the same */
 	tp_context_free(ca);
 	tp_context_free(cb);
 	tpt_daemon_stop(&da);
