@@ -12,6 +12,12 @@
  *
  *   tpipd --socket S & TPIPD_SOCKET=S bench_wq MODE SIZE ROUNDS
  *
+ * Across hosts (docs/queues.md "Across hosts"): with BENCH_WQ_AT=tpip://HOST:PORT (the peer
+ * listener of the owner's daemon, TPIPD_SOCKET) and BENCH_WQ_WORKER_SOCKET (the socket of another
+ * daemon peered with it), the owner's queue admits any peer and the worker is a client of that
+ * other daemon, opening the queue as BENCH_WQ_AT/NAME: each question crosses the peer link to
+ * the worker, each answer comes back over it.
+ *
  * Built with -DBENCH_WQ_BYTES_ONLY it needs none of the message calls (to measure a build that
  * has none).
  */
@@ -88,9 +94,15 @@ static int worker(void)
 	void *slot = NULL;
 	int r;
 
+	const char *at = getenv("BENCH_WQ_AT"), *sock = getenv("BENCH_WQ_WORKER_SOCKET");
+	char name[512];
+
+	snprintf(name, sizeof(name), "%s%s%s", at ? at : "", at ? "/" : "", NAME);
+	if (at && sock && setenv("TPIPD_SOCKET", sock, 1) < 0)
+		return 1;
 	if (tp_context_new(NULL, &ctx) < 0)
 		return 1;
-	for (int i = 0; i < 5000 && tp_wq_open(ctx, NAME, NULL, &q) < 0; i++)
+	for (int i = 0; i < 5000 && tp_wq_open(ctx, name, NULL, &q) < 0; i++)
 		usleep(1000);
 	if (!q || (msg_mode && tp_buffer_alloc(ctx, size, &slot) < 0))
 		return 1;
@@ -152,6 +164,8 @@ int main(int argc, char **argv)
 		return 2;
 	}
 	msg_mode = strcmp(argv[1], "msg") == 0;
+	if (getenv("BENCH_WQ_AT"))
+		o.remote = TP_REMOTE_ANY_PEER;
 	size = strtoull(argv[2], NULL, 0);
 	rounds = atoi(argv[3]);
 	if (!size || rounds < 1)

@@ -99,9 +99,14 @@
  *  10  batch reads of channels: PeerChanOp READ with max_items, answered with up to that many
  *      inline items (cut to the hosting daemon's segments-max, within the forwarding daemon's
  *      frames); a forwarding daemon sends max_items only to a daemon of this minor or later
+ *  11  work queue messages by reference across hosts: WqOp.stream_len, xfer_id and room,
+ *      WqReply.xfer_id and msg_copied (with msg_len) in PeerWqOp / PeerWqReply, the bytes over
+ *      the link's data connections as large channel items' (PeerMsg.chan_xfer_end); a
+ *      forwarding daemon offers its clients messages by reference (WqReply.remote_refs) only
+ *      for a queue whose host speaks 11 or later, and refuses a larger one otherwise
  */
 #define TPW_PEER_PROTO_MAJOR 2
-#define TPW_PEER_PROTO_MINOR 10
+#define TPW_PEER_PROTO_MINOR 11
 #define TPW_PEER_MINOR_CONNECT_WAIT 1
 #define TPW_PEER_MINOR_QUEUE_LIMITS 2
 #define TPW_PEER_MINOR_CHAN 3
@@ -111,6 +116,7 @@
 #define TPW_PEER_MINOR_WQ_CREATE 8 /* work queues created and owned from other hosts */
 #define TPW_PEER_MINOR_WQ_MSG 9 /* work queue questions and answers as messages (wqmsg) */
 #define TPW_PEER_MINOR_CHAN_BATCH 10 /* batch reads of channels across hosts (max_items) */
+#define TPW_PEER_MINOR_WQ_STREAM 11 /* work queue messages by reference across hosts */
 /* The longest PeerConnect.wait_ms a daemon accepts (one hour); a dialler clamps to it. */
 #define TPW_PEER_WAIT_MS_MAX 3600000u
 #define TPW_MINOR_CLOSE_ACK 1

@@ -493,6 +493,15 @@ static int check_wq_msg(const Tpw__V1__WqOp *q, const struct tpw_hdr *hdr,
 
 	if ((q->msg_desc || g) && !data)
 		return tpu_why(-EBADMSG, why, wl, "a work queue message on an op that sends none");
+	if ((q->stream_len || q->xfer_id || q->room) && tpip)
+		return tpu_why(-EBADMSG, why, wl, "a work queue transfer from a client");
+	if (q->stream_len && (!q->msg_desc || g || hdr->data_len || q->stream_len > CHAN_ITEM_MAX))
+		return tpu_why(-EBADMSG, why, wl, "a work queue message streamed that is no "
+			       "message's, or with bytes inline, or above an item's limit");
+	if ((q->xfer_id || q->room) && (!q->msg_read || !q->xfer_id || !q->room ||
+					q->room > CHAN_ITEM_MAX))
+		return tpu_why(-EBADMSG, why, wl, "a work queue transfer on an op that reads no "
+			       "message, or without its room");
 	if (g && (!q->msg_desc || !tpip || hdr->data_len || g->length == 0 ||
 		  g->length > CHAN_ITEM_MAX || !chan_ref_ok(g)))
 		return tpu_why(-EBADMSG, why, wl, "a work queue payload by reference that is no "
@@ -545,11 +554,18 @@ static int check_wq_op(const Tpw__V1__WqOp *q, const struct tpw_hdr *hdr,
  * no payload. */
 static bool wq_reply_msg_ok(const Tpw__V1__WqReply *r, bool local)
 {
+	if (r->xfer_id) /* a streamed submit or reply admitted (peer minor 11): nothing else */
+		return !local && !r->length && !r->msg_held && !r->msg_copied && !r->msg_desc &&
+		       !r->msg_len && !r->remote_refs && r->status == TPW__V1__STATUS__STATUS_OK;
+	if (r->remote_refs && !local)
+		return false;
 	if (r->msg_held)
 		return !r->length && !r->msg_copied && r->msg_len <= CHAN_ITEM_MAX;
-	if (r->msg_desc || r->msg_len)
+	if (r->msg_desc)
 		return false;
-	return !r->msg_copied || (local && !r->length);
+	if (r->msg_copied && !local) /* sent over the data connections: its bytes */
+		return !r->length && r->msg_len && r->msg_len <= CHAN_ITEM_MAX;
+	return !r->msg_len && (!r->msg_copied || !r->length);
 }
 
 /* A channel answer from the daemon: its items add up to the data tail exactly (a batch read:

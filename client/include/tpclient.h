@@ -1091,8 +1091,12 @@ int tp_wq_release(struct tp_wq *q);
  * Mixing: a byte question or answer taken by descriptor is a message of one payload (no
  * metadata); a message refuses tp_wq_take() and tp_wq_answer() with -EOPNOTSUPP and stays first
  * (a daemon decides it, so an older library sees the same). Across hosts (tpip://HOST/NAME)
- * messages ride inline (at most the inline limit, as byte payloads) and need a hosting daemon of
- * peer protocol 2.9 (-EOPNOTSUPP naming its version otherwise).
+ * messages need a hosting daemon of peer protocol 2.9 (-EOPNOTSUPP naming its version
+ * otherwise); small ones ride inline, larger ones move by reference over the peer link's data
+ * connections, straight from the sender's memory and into the reader's allocation (one
+ * destination: a one-part message's shared-buffer slot, else a staging buffer), where the
+ * hosting daemon speaks peer protocol 2.11 (-EMSGSIZE naming its version above the inline limit
+ * otherwise); a link that fails meanwhile fails the call with -ECONNRESET, leaving nothing.
  */
 
 /*
@@ -1100,8 +1104,9 @@ int tp_wq_release(struct tp_wq *q);
  * at most the daemon's segments_max payloads and tensors and metadata_max metadata bytes (-E2BIG,
  * -EMSGSIZE); @m may be empty. Borrows @m: its memory may be reused once the call returns.
  * @ret_id: returns the question's id.
- * Return: as tp_wq_submit(); -EMSGSIZE (a frame above the daemon's frame-max, or above the inline
- * limit across hosts or without a staging buffer nor CMA), -EOPNOTSUPP (an older daemon, CUDA
+ * Return: as tp_wq_submit(); -EMSGSIZE (a frame above the daemon's frame-max, above the inline
+ * limit without a staging buffer nor CMA or to a hosting daemon older than peer protocol 2.11),
+ * -ENOBUFS also over that host's chan-peer-bytes-max, -EOPNOTSUPP (an older daemon, CUDA
  * unavailable), -EINVAL, or the daemon's copy errors (-ENOENT, -ERANGE: a shared buffer range
  * not the caller's; -EFAULT).
  */
@@ -1147,9 +1152,10 @@ int tp_wq_answer_descriptor(struct tp_wq *q, uint64_t *ret_id, struct tp_descrip
  * Return: 0; -EINVAL (@alloc does not match @d, or @d is not @q's: checked before anything is
  * sent, so only then is @d still the caller's); -ENOENT (the question is no longer this
  * handle's, or the answer was dropped); -EIO (the daemon refused the read, e.g. CMA turned off
- * for this process since it attached: the message says why); -EFAULT and other copy errors; -EOPNOTSUPP
- * (an item above the inline limit with neither a staging buffer nor CMA, or across hosts);
- * -ETIMEDOUT.
+ * for this process since it attached: the message says why); -EFAULT and other copy errors;
+ * -EOPNOTSUPP (an item above the inline limit with neither a staging buffer nor CMA);
+ * -EMSGSIZE (across hosts, such an item from a hosting daemon older than peer protocol 2.11);
+ * -ECONNRESET (the link failed); -ETIMEDOUT.
  */
 int tp_wq_read_msg(struct tp_wq *q, struct tp_descriptor *d, const struct tp_allocation *alloc);
 

@@ -38,6 +38,7 @@ void tpc_wq_on_reply(struct tp_context *ctx, const Tpw__V1__WqReply *m, const ui
 	wr->wq_id = m->wq_id;
 	wr->qid = m->question_id;
 	wr->owner = m->owner;
+	wr->remote_refs = m->remote_refs;
 	wr->idle = m->idle && req->status == -ENOENT;
 	if (wr->idle)
 		req->status = -ENOMSG;
@@ -154,6 +155,7 @@ TP_EXPORT int tp_wq_open(struct tp_context *ctx, const char *name, const struct 
 	q->id = wr.wq_id;
 	q->owner = wr.owner;
 	q->remote = strncmp(name, "tpip://", 7) == 0;
+	q->remote_refs = q->remote && wr.remote_refs;
 	tpu_list_init(&q->descs);
 	*ret = q;
 	return 0;

@@ -19,7 +19,8 @@ struct tp_wq {
 	struct tp_context *ctx;
 	uint64_t id;
 	bool owner;
-	bool remote; /* hosted by another host's daemon: payloads ride inline */
+	bool remote; /* hosted by another host's daemon: payloads ride inline, */
+	bool remote_refs; /* except messages once its daemon streams them (WqReply 661) */
 	char *name;
 	/* Descriptors of message takes and answer reads not yet read or freed (wqmsg.c); under
 	 * ctx->lock. */
@@ -31,7 +32,7 @@ struct wq_req {
 	uint8_t *data;
 	size_t len;
 	uint64_t wq_id, qid;
-	bool owner;
+	bool owner, remote_refs;
 	int answer_err;
 	bool idle;
 	/* Messages (wqmsg.c): a take or answer read's descriptor (owned, made from WqReply.msg_desc

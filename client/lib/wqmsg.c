@@ -2,11 +2,11 @@
 /*
  * Work queue questions and answers as messages (tpclient.h; docs/queues.md, "Questions and
  * answers as messages"): tp_wq_submit_msg() and tp_wq_reply_msg() (a message as one item, as a
- * channel's: inline when small or across hosts, else by reference: from the caller's shared
- * buffer, or staged, or by CMA), tp_wq_take_descriptor() and tp_wq_answer_descriptor() (the
- * item described), tp_wq_read_msg() (its bytes into the caller's slots) and
- * tp_wq_descriptor_free(). What messages share with channel items is msgitem.c's; the requests
- * are wq.c's.
+ * channel's: inline when small, else by reference: from the caller's shared buffer, or staged,
+ * or by CMA; across hosts too, the daemons streaming it), tp_wq_take_descriptor() and
+ * tp_wq_answer_descriptor() (the item described), tp_wq_read_msg() (its bytes into the caller's
+ * slots, one destination across hosts) and tp_wq_descriptor_free(). What messages share with
+ * channel items is msgitem.c's; the requests are wq.c's.
  */
 #include <errno.h>
 #include <stdio.h>
@@ -81,8 +81,7 @@ static int send_inline(struct tp_wq *q, Tpw__V1__WqOp *op, const struct iovec *i
 	if (it->iov_len > q->ctx->lim.inline_max)
 		return tpc_error(-EMSGSIZE, "work queue '%s': a message of %zu bytes above the "
 				 "daemon's inline limit %u%s", q->name, it->iov_len,
-				 q->ctx->lim.inline_max, q->remote ? " (messages cross hosts "
-				 "inline)" : ", with neither a staging buffer nor CMA");
+				 q->ctx->lim.inline_max, ", with neither a staging buffer nor CMA");
 	r = frame_check(q, op, it->iov_len);
 	if (r < 0)
 		return r;
@@ -156,7 +155,10 @@ static int send_msg(struct tp_wq *q, Tpw__V1__WqOp *op, const struct tp_message 
 	}
 	op->wq_id = q ? q->id : 0;
 	op->msg_desc = &b.w[0];
-	if (r == 0 && (q->remote || len <= TPW_CHAN_SHM_ITEM))
+	/* A queue of another host whose daemon takes messages inline only: a larger one goes by
+	 * reference all the same, for this daemon to refuse naming the far one's version. */
+	if (r == 0 && (len <= TPW_CHAN_SHM_ITEM || (q->remote && !q->remote_refs &&
+						    len <= q->ctx->lim.inline_max)))
 		r = send_inline(q, op, &b.items[0], wr);
 	else if (r == 0)
 		r = send_ref(q, op, &b.items[0], true, wr);
@@ -306,6 +308,12 @@ static int read_planned(struct tp_wq *q, struct tpc_msg_desc *d, const struct tp
 	struct wq_req wr = { 0 };
 	int r = tpc_msgitem_plan_make(q->ctx, &d->pub, a, false, stage, &pl);
 
+	if (r == 0 && pl.n > 1 && q->remote) { /* one destination across hosts: all staged */
+		tpc_msgitem_plan_free(q->ctx, &pl, true);
+		pl = (struct tpc_take_plan){ 0 };
+		r = tpc_msgitem_plan_make(q->ctx, &d->pub, a, true, stage, &pl);
+	}
+
 	if (r == 1 && d->len > q->ctx->lim.inline_max)
 		r = tpc_error(-EOPNOTSUPP, "work queue '%s': an item of %llu bytes above the "
 			      "inline limit, and neither a staging buffer nor CMA for the slots not "
@@ -348,13 +356,11 @@ TP_EXPORT int tp_wq_read_msg(struct tp_wq *q, struct tp_descriptor *desc,
 	r = tpc_msgitem_alloc_check(desc, alloc);
 	if (r < 0)
 		return r;
-	small = tpc_msgitem_small(q->ctx, d, alloc, q->remote);
-	if (small && d->len > q->ctx->lim.inline_max)
-		r = tpc_error(-EOPNOTSUPP, "work queue '%s': an item of %llu bytes above the "
-			      "inline limit on a queue of another host (inline only)", q->name,
-			      (unsigned long long)d->len);
-	else
-		r = small ? read_inline(q, d, alloc) : read_planned(q, d, alloc, true);
+	/* As for sending: a larger item of a queue whose host streams none is asked for by
+	 * reference all the same, and refused by this daemon naming that host's version. */
+	small = tpc_msgitem_small(q->ctx, d, alloc, q->remote && !q->remote_refs &&
+						    d->len <= q->ctx->lim.inline_max);
+	r = small ? read_inline(q, d, alloc) : read_planned(q, d, alloc, true);
 	if (r == -EAGAIN)
 		r = read_planned(q, d, alloc, false);
 	if (r == -EAGAIN)

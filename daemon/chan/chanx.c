@@ -73,7 +73,11 @@ static void to_client_wq(struct tpd_session *s, Tpw__V1__WqReply *r, const struc
 	tpd_session_send(s, &m, tail, tail ? 1 : 0);
 }
 
-/* Answers @s's request @req_id on handle @id (0: none) with @err and a reason. */
+void tpd_chanx_to_client_wq(struct tpd_session *s, Tpw__V1__WqReply *r)
+{
+	to_client_wq(s, r, NULL);
+}
+
 /* Answers @s's request @req_id on handle @id (0: none) with @err and the reason @fmt, @ap. */
 static void vrefuse(enum xkind k, struct tpd_session *s, uint64_t req_id, uint64_t id, int err,
 		    const char *fmt, va_list ap) _printf_(6, 0);
@@ -558,7 +562,7 @@ static void xforward(struct tpd_chanx *x, struct xh *xh, int op, uint64_t req_id
 		xo->n_out = lg->n;
 		*lg = (struct xlarge){ 0 };
 	}
-	r = lg && lg->n ? tpd_chanx_big_read_start(x, xo, lg, chan) : 0;
+	r = lg && lg->n ? tpd_chanx_big_read_start(x, xo, lg) : 0;
 	if (r < 0) {
 		tpd_chanx_xop_free(xo);
 		return refuse(xh->kind, s, req_id, id, r, "%s host %s: cannot receive the item "
@@ -569,6 +573,13 @@ static void xforward(struct tpd_chanx *x, struct xh *xh, int op, uint64_t req_id
 		chan->chan_id = xh->far_id;
 	else
 		wq->wq_id = xh->far_id;
+	if (xo->xs && chan) { /* a read's receive: where the hosting daemon sends the item */
+		chan->xfer_id = xo->xs->xfer_id;
+		chan->room = xo->room;
+	} else if (xo->xs) {
+		wq->xfer_id = xo->xs->xfer_id;
+		wq->room = xo->room;
+	}
 	xop_send(x, xo, chan, wq, tail);
 	if (release)
 		xh_free(xh); /* its answer (and those of its waits) still come, to @xo */
@@ -649,12 +660,37 @@ bool tpd_chanx_op(struct tpd_chanx *x, struct tpd_session *s, const Tpw__V1__Cha
 	return true;
 }
 
+/* May @s's op @o of handle @xh go by reference to its host (peer minor >= 11)? If not, it is
+ * refused (the link stays up) and false returned. */
+static bool wq_refs_ok(struct xh *xh, struct tpd_session *s, const Tpw__V1__WqOp *o)
+{
+	if (!o->segment && !o->n_segments)
+		return true;
+	if (xh->pr && tpd_peer_chan_far_minor(xh->pr) < TPW_PEER_MINOR_WQ_STREAM) {
+		refuse(X_WQ, s, o->req_id, o->wq_id, -EMSGSIZE, "work queue host %s: its daemon "
+		       "speaks peer protocol 2.%u: messages cross hosts inline, at most the inline "
+		       "limit (2.%u takes larger ones by reference)", xh->host,
+		       tpd_peer_chan_far_minor(xh->pr), TPW_PEER_MINOR_WQ_STREAM);
+		return false;
+	}
+	if (o->n_segments > 1) {
+		refuse(X_WQ, s, o->req_id, o->wq_id, -EOPNOTSUPP, "work queue host %s: a read into "
+		       "several slots does not cross hosts (one destination)", xh->host);
+		return false;
+	}
+	return true;
+}
+
 bool tpd_chanx_wq_op(struct tpd_chanx *x, struct tpd_session *s, const Tpw__V1__WqOp *o,
 		     const uint8_t *tail, size_t tail_len)
 {
 	struct xh *xh = xh_find(x, X_WQ, s, o->wq_id);
 	struct iovec iov = { (void *)tail, tail_len };
+	struct xlarge lg = { 0 };
+	bool read = o->n_segments != 0;
+	char why[200];
 	Tpw__V1__WqOp q;
+	int r;
 
 	if (!xh)
 		return false;
@@ -666,11 +702,8 @@ bool tpd_chanx_wq_op(struct tpd_chanx *x, struct tpd_session *s, const Tpw__V1__
 		       TPW_PEER_MINOR_WQ_MSG);
 		return true;
 	}
-	if (o->segment || o->n_segments) {
-		refuse(X_WQ, s, o->req_id, o->wq_id, -EOPNOTSUPP, "work queue host %s: payloads "
-		       "by reference do not cross hosts (they ride inline)", xh->host);
+	if (!wq_refs_ok(xh, s, o))
 		return true;
-	}
 	if (xh->pr && tail_len > tpd_peer_chan_tail_max(xh->pr)) { /* the link would fail */
 		refuse(X_WQ, s, o->req_id, o->wq_id, -EMSGSIZE, "work queue host %s: a payload of "
 		       "%zu bytes is above the %u that cross to it (its frame-max less 64 KiB: "
@@ -678,12 +711,26 @@ bool tpd_chanx_wq_op(struct tpd_chanx *x, struct tpd_session *s, const Tpw__V1__
 		       tpd_peer_chan_tail_max(xh->pr));
 		return true;
 	}
+	/* A message by reference (validated: a segment with a descriptor, or one read
+	 * destination): the client's memory resolved here, its bytes over the data connections. */
+	r = (o->segment || read) && xh->pr ?
+	    tpd_chanx_big_segs(s, read ? o->segments : &o->segment, 1, read, &lg, NULL, why,
+			       sizeof(why)) : 0;
+	if (r < 0) {
+		refuse(X_WQ, s, o->req_id, o->wq_id, r, "%s", why);
+		return true;
+	}
 	q = *o;
 	q.base.n_unknown_fields = 0;
 	q.base.unknown_fields = NULL;
 	q.n_remote_peers = 0;
 	q.remote_peers = NULL;
-	xforward(x, xh, o->op, o->req_id, NULL, &q, tail_len ? &iov : NULL, NULL);
+	q.segment = NULL;
+	q.n_segments = 0;
+	q.segments = NULL;
+	q.stream_len = lg.n && !lg.read ? lg.len[0] : 0;
+	xforward(x, xh, o->op, o->req_id, NULL, &q, tail_len ? &iov : NULL, &lg);
+	tpd_chanx_big_put(&lg); /* what xforward() did not take */
 	return true;
 }
 
@@ -761,8 +808,13 @@ static void on_chan_reply(struct tpd_chanx *x, struct tpd_peer *pr, const Tpw__V
 	Tpw__V1__ChanReply a;
 	struct iovec iov = { (void *)tail, tail_len };
 	bool item = false, tell = true;
+	struct xbig_ans ba = { .xfer_id = r->xfer_id, .ok = r->status == TPW__V1__STATUS__STATUS_OK,
+			       .copied = r->copied && xo &&
+					 xo->op == TPW__V1__CHAN_OP_KIND__CHAN_OP_READ,
+			       .len = r->n_lengths ? r->lengths[0] : 0, .closed = r->closed,
+			       .msg = r->msg_taken };
 
-	if (tpd_chanx_big_reply(x, xo, pr, r))
+	if (tpd_chanx_big_reply(x, xo, pr, &ba))
 		return; /* a large item's answer: taken, or kept until its bytes are in */
 	if (!xo)
 		return; /* the session ended, or not an op of this link: dropped */
@@ -822,7 +874,12 @@ static void on_wq_reply(struct tpd_chanx *x, struct tpd_peer *pr, const Tpw__V1_
 	Tpw__V1__WqReply a;
 	struct iovec iov = { (void *)tail, tail_len };
 	bool data, tell = true;
+	struct xbig_ans ba = { .xfer_id = r->xfer_id, .ok = r->status == TPW__V1__STATUS__STATUS_OK,
+			       .copied = r->msg_copied && xo,
+			       .len = r->msg_len, .qid = r->question_id, .closed = r->closed };
 
+	if (tpd_chanx_big_reply(x, xo, pr, &ba))
+		return; /* a message by reference: taken, or kept until its bytes are in */
 	if (!xo)
 		return;
 	a = *r;
@@ -843,6 +900,12 @@ static void on_wq_reply(struct tpd_chanx *x, struct tpd_peer *pr, const Tpw__V1_
 	}
 	if (xo->op == TPW__V1__WQ_OP_KIND__WQ_OP_OPEN)
 		tell = xop_opened(x, xo, a.status == TPW__V1__STATUS__STATUS_OK, r->wq_id);
+	a.remote_refs = xo->op == TPW__V1__WQ_OP_KIND__WQ_OP_OPEN &&
+			a.status == TPW__V1__STATUS__STATUS_OK &&
+			tpd_peer_chan_far_minor(pr) >= TPW_PEER_MINOR_WQ_STREAM;
+	a.xfer_id = 0;
+	a.msg_copied = false;
+	a.msg_len = a.msg_held ? a.msg_len : 0;
 	if (!data)
 		a.length = 0;
 	if (tell)

@@ -102,6 +102,18 @@ void tpd_chanx_wq_reply(struct tpd_peer *pr, Tpw__V1__WqReply *r, const struct i
  */
 int tpd_chanx_big_admit(struct tpd_daemon *d, const struct tpd_peer *pr, const Tpw__V1__ChanOp *o,
 			char *why, size_t wl);
+/* The same for @bytes arriving over @pr (a work queue message's, peer minor >= 11). */
+int tpd_chanx_big_admit_bytes(struct tpd_daemon *d, const struct tpd_peer *pr, uint64_t bytes,
+			      char *why, size_t wl);
+
+/*
+ * tpd_chanx_big_recv() - posts the receive of @n items into the daemon memory @x[i].dst from
+ * the far daemon of @pr, as tpd_chanx_big_copy_in() does, without answering: *@ret_xfer_id is
+ * the id its sender must be told. tpd_chanx_big_copy_in() is this plus the channel's answer.
+ * Ownership and Return: as tpd_chanx_big_copy_in().
+ */
+int tpd_chanx_big_recv(struct tpd_daemon *d, struct tpd_peer *pr, const struct tpb_xfer *x,
+		       size_t n, tpd_chan_copy_done_fn done, void *arg, uint64_t *ret_xfer_id);
 
 int tpd_chanx_big_copy_in(struct tpd_daemon *d, struct tpd_peer *pr, uint64_t req_id,
 			  uint64_t chan_id, const struct tpb_xfer *x, size_t n,

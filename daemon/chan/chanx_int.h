@@ -2,8 +2,8 @@
 /*
  * The inside of tpd_chanx (chanx.h), shared by its files: chanx.c (handles of other hosts'
  * channels and queues, the ops forwarded for them, the link's events), chanxbig.c (their large
- * channel items, over the link's data connections) and chanxctl.c (their rows in tpipctl
- * channels and queues). Nothing outside daemon/chan/chanx*.c includes it.
+ * channel items and queue messages, over the link's data connections) and chanxctl.c (their
+ * rows in tpipctl channels and queues). Nothing outside daemon/chan/chanx*.c includes it.
  */
 #ifndef TPD_CHANX_INT_H
 #define TPD_CHANX_INT_H
@@ -93,6 +93,7 @@ struct xop {
 	bool got, got_closed; /* READ: the answer (an item of @got_len bytes copied) came */
 	bool got_msg;	      /* READ: that answer was a message read's take (msg_taken) */
 	uint64_t got_len;
+	uint64_t got_qid;     /* a queue's message read: the question id answered */
 	bool recvd;	    /* READ: the transfer ended, with: */
 	int recv_err;
 	char recv_why[160];
@@ -118,6 +119,9 @@ struct xlarge {
 /* chanx.c: answers @r (its ids the client's) with @tail to @s. Borrows all. */
 void tpd_chanx_to_client(struct tpd_session *s, Tpw__V1__ChanReply *r, const struct iovec *tail);
 
+/* chanx.c: answers @r (its ids the client's) to @s. Borrows all. */
+void tpd_chanx_to_client_wq(struct tpd_session *s, Tpw__V1__WqReply *r);
+
 /* chanx.c: answers @s's request @req_id on handle @id (0: none) of kind @k with @err and a
  * reason. Borrows all. */
 void tpd_chanx_refuse(enum xkind k, struct tpd_session *s, uint64_t req_id, uint64_t id, int err,
@@ -127,27 +131,38 @@ void tpd_chanx_refuse(enum xkind k, struct tpd_session *s, uint64_t req_id, uint
 void tpd_chanx_xop_free(struct xop *xo);
 
 /*
- * chanxbig.c: tpd_chanx_big_get() resolves the client's memory of @s's op @o with segments
- * (validated) into @lg: a WRITE's items by reference (@ret_streamed, owned, free(): which of its
- * items they are) or a READ's allocation. Return: 0 or -errno with the reason in @why (nothing
- * held then). tpd_chanx_big_put() drops what @lg holds (accepts an empty one).
+ * chanxbig.c: tpd_chanx_big_segs() resolves the @n segments @segs (validated) of @s's op into
+ * @lg: the items by reference of a WRITE, SUBMIT or REPLY (@streamed[i] set for each one
+ * resolved; @streamed may be NULL) or a read's allocation (@read). tpd_chanx_big_get() does it
+ * for channel op @o (@ret_streamed, owned, free(): which of its items they are). Return: 0 or
+ * -errno with the reason in @why (nothing held then). tpd_chanx_big_put() drops what @lg holds
+ * (accepts an empty one).
  */
+int tpd_chanx_big_segs(struct tpd_session *s, Tpw__V1__Segment *const *segs, size_t n, bool read,
+		       struct xlarge *lg, protobuf_c_boolean *streamed, char *why, size_t wl);
 int tpd_chanx_big_get(struct tpd_session *s, const Tpw__V1__ChanOp *o, struct xlarge *lg,
 		      protobuf_c_boolean **ret_streamed, char *why, size_t wl);
 void tpd_chanx_big_put(struct xlarge *lg);
 
-/* chanxbig.c: starts the receive of READ @xo's item into the client's allocation @lg (taken,
- * also on failure) and names it in @chan (xfer_id, room). Return: 0 or -errno. */
-int tpd_chanx_big_read_start(struct tpd_chanx *x, struct xop *xo, struct xlarge *lg,
-			     Tpw__V1__ChanOp *chan);
+/* chanxbig.c: starts the receive of read @xo's item into the client's allocation @lg (taken,
+ * also on failure); its id is @xo->xs->xfer_id and its room @xo->room. Return: 0 or -errno. */
+int tpd_chanx_big_read_start(struct tpd_chanx *x, struct xop *xo, struct xlarge *lg);
+
+/* What of a hosting daemon's answer (ChanReply or WqReply) matters to large items: a transfer
+ * admitted (@xfer_id), or a read's item (@len bytes, question @qid of a queue) copied. */
+struct xbig_ans {
+	uint64_t xfer_id, len, qid;
+	bool ok, copied, closed, msg;
+};
 
 /*
  * chanxbig.c: the hosting daemon of @pr answered @r to op @xo (NULL: none of this side's): the
- * parts of large items (a WRITE admitted: send its items; a READ's item copied: answer once its
- * bytes are in; a READ answered otherwise: its receive ends). Borrows all; may free @xo.
+ * parts of large items (a WRITE, SUBMIT or REPLY admitted: send its items; a read's item
+ * copied: answer once its bytes are in; a read answered otherwise: its receive ends). Borrows
+ * all; may free @xo.
  * Return: true if @r was taken here, false if it is answered as any other.
  */
 bool tpd_chanx_big_reply(struct tpd_chanx *x, struct xop *xo, struct tpd_peer *pr,
-			 const Tpw__V1__ChanReply *r);
+			 const struct xbig_ans *r);
 
 #endif

@@ -53,8 +53,9 @@ void tpd_wq_send(struct wq_handle *h, const struct wq_who *who, uint64_t req_id,
 	}
 	r.msg_held = a->held;
 	r.msg_desc = a->desc;
-	r.msg_len = a->held ? len : 0;
+	r.msg_len = a->held ? len : a->copied ? a->copied_len : 0;
 	r.msg_copied = a->copied;
+	r.xfer_id = a->xfer_id;
 	if (who->pr)
 		return tpd_chanx_wq_reply(who->pr, &r, data ? &tail : NULL);
 	m.body_case = TPW__V1__DAEMON_MSG__BODY_WQ_REPLY;
@@ -135,13 +136,16 @@ static void wq_idle(struct wq_handle *h, uint64_t req_id)
 }
 
 /* Does a payload of @len bytes fit a message to @h (a handle of a peer link: the far daemon's
- * frame-max, tpd_peer_chan_tail_max())? If not, @why says so. */
-bool tpd_wq_fits_link(const struct wq_handle *h, size_t len, const char *what, char *why,
-		      size_t wl)
+ * frame-max, tpd_peer_chan_tail_max())? A message (@msg) read by reference over the link's data
+ * connections (a far daemon of peer minor >= 11) always does. If not, @why says so. */
+bool tpd_wq_fits_link(const struct wq_handle *h, size_t len, bool msg, const char *what,
+		      char *why, size_t wl)
 {
 	uint32_t max;
 
 	if (!h->who.pr)
+		return true;
+	if (msg && tpd_peer_chan_far_minor(h->who.pr) >= TPW_PEER_MINOR_WQ_STREAM)
 		return true;
 	max = tpd_peer_chan_tail_max(h->who.pr);
 	if (len <= max)
@@ -178,8 +182,8 @@ static void deliver_question(struct wq_handle *h, uint64_t req_id, bool msg)
 	struct wq_ans a = { .it = it };
 	char why[240];
 
-	if (!tpd_wq_fits_link(h, it->b ? tpd_wq_msg_body_len(it->b) : 0, "the oldest question", why,
-			      sizeof(why)))
+	if (!tpd_wq_fits_link(h, it->b ? tpd_wq_msg_body_len(it->b) : 0, msg, "the oldest question",
+			      why, sizeof(why)))
 		return tpd_wq_err(h, req_id, -EMSGSIZE, why);
 	if (refuse_msg(h, req_id, it, msg, "question"))
 		return;
@@ -601,7 +605,7 @@ static void op_submit(struct tpd_wqs *ws, struct wq_handle *h, const Tpw__V1__Wq
 		return tpd_wq_err(h, o->req_id, -ENOBUFS, "the work queue holds wq-bytes-max "
 				  "question bytes");
 	}
-	if (o->segment) /* by reference: queued once copied in */
+	if (o->segment || o->stream_len) /* by reference: queued once copied in */
 		return tpd_wq_msg_copy_in(ws, h, o, b, NULL);
 	it = tpd_wq_item_new(++q->next_qid, b);
 	if (!it)
@@ -652,8 +656,8 @@ static void op_reply(struct tpd_wqs *ws, struct wq_handle *h, const Tpw__V1__WqO
 	r = tpd_wq_msg_body_new(ws, o, tail, len, &b, why, sizeof(why));
 	if (r < 0)
 		return tpd_wq_err(h, o->req_id, r, why);
-	if (q->owner && !tpd_wq_fits_link(q->owner, tpd_wq_msg_body_len(b), "an answer", why,
-					  sizeof(why))) {
+	if (q->owner && !tpd_wq_fits_link(q->owner, tpd_wq_msg_body_len(b),
+					  tpd_wq_msg_body_msg(b), "an answer", why, sizeof(why))) {
 		tpd_wq_msg_body_unref(b);
 		return tpd_wq_err(h, o->req_id, -EMSGSIZE, why); /* the question stays taken */
 	}
@@ -663,7 +667,7 @@ static void op_reply(struct tpd_wqs *ws, struct wq_handle *h, const Tpw__V1__WqO
 		return tpd_wq_err(h, o->req_id, -ENOBUFS, "the work queue holds "
 				  "wq-answer-bytes-max answer bytes: the question stays taken");
 	}
-	if (o->segment)
+	if (o->segment || o->stream_len)
 		return tpd_wq_msg_copy_in(ws, h, o, b, found);
 	ans = tpd_wq_item_new(found->id, b);
 	if (!ans)

@@ -116,6 +116,8 @@ struct wq_ans {
 	Tpw__V1__Status status;
 	const struct wq_item *it;
 	bool held, copied;
+	uint64_t copied_len; /* @copied to a peer: the bytes sent over the link */
+	uint64_t xfer_id;    /* to a peer: its streamed payload admitted, to be sent as this */
 	Tpw__V1__Descriptor *desc;
 };
 
@@ -129,8 +131,8 @@ void tpd_wq_maybe_free(struct wq *q);
 struct wq_handle *tpd_wq_handle_by_id(struct tpd_wqs *ws, uint64_t id);
 struct wq_item *tpd_wq_item_new(uint64_t id, struct wq_body *b);
 void tpd_wq_item_free(struct wq_item *it);
-bool tpd_wq_fits_link(const struct wq_handle *h, size_t len, const char *what, char *why,
-		      size_t wl);
+bool tpd_wq_fits_link(const struct wq_handle *h, size_t len, bool msg, const char *what,
+		      char *why, size_t wl);
 void tpd_wq_question_answered(struct wq *q, struct wq_item *it, struct wq_item *ans);
 
 /* wqmsg.c: bodies (their bytes, what they cost a queue, whether a message's, the descriptor

@@ -16,6 +16,7 @@
 
 #include "chan_int.h"
 #include "chancopy.h"
+#include "chanx.h"
 #include "config.h"
 #include "core.h"
 #include "wq_int.h"
@@ -76,7 +77,9 @@ int tpd_wq_msg_body_new(struct tpd_wqs *ws, const Tpw__V1__WqOp *o, const uint8_
 {
 	const struct tpd_config *cfg = tpd_daemon_cfg(ws->d);
 	struct tpd_chans *cs = tpd_daemon_chans(ws->d);
-	uint64_t n = o->segment ? o->segment->length : len; /* validated: at most 1 TiB */
+	uint64_t n = o->segment	     ? o->segment->length /* validated: at most 1 TiB */
+		     : o->stream_len ? o->stream_len
+				     : len;
 	struct wq_body *b;
 	int r;
 
@@ -98,7 +101,7 @@ int tpd_wq_msg_body_new(struct tpd_wqs *ws, const Tpw__V1__WqOp *o, const uint8_
 	}
 	b->refs = 1;
 	b->cs = cs;
-	if (!o->segment && len)
+	if (!o->segment && !o->stream_len && len)
 		memcpy(b->ci->data, tail, len);
 	if (o->msg_desc && tpd_chan_item_set_desc(b->ci, o->msg_desc) < 0) {
 		tpd_wq_msg_body_unref(b);
@@ -205,6 +208,34 @@ static void copy_in_on_done(void *arg, int status, const char *why)
 	tpd_wq_maybe_free(q);
 }
 
+/* Starts the copy @cp of @o's payload into @x->dst: from the client's memory, or, for a
+ * handle of a peer link (@o->stream_len), over the link's data connections once the far daemon
+ * is told where to send it (WqReply.xfer_id). Return: 0 or -errno (@why says why). */
+static int copy_in_start(struct tpd_wqs *ws, struct wq_handle *h, const Tpw__V1__WqOp *o,
+			 struct tpb_xfer *x, struct wq_copy *cp, char *why, size_t wl)
+{
+	struct wq_ans a = { 0 };
+	int r;
+
+	if (!h->who.pr) {
+		r = tpd_chan_copy_resolve(h->who.s, o->segment, &x->src, why, wl);
+		if (r < 0)
+			return r;
+		r = tpd_chan_copy_start(ws->d, x, 1, copy_in_on_done, cp);
+		tpd_chan_copy_put(&x->src); /* the copy holds its own reference */
+		return r < 0 ? tpu_why(r, why, wl, "cannot copy the payload in") : 0;
+	}
+	/* A remote daemon's bytes: what one link has arriving is bounded (chan-peer-bytes-max). */
+	r = tpd_chanx_big_admit_bytes(ws->d, h->who.pr, x->len, why, wl);
+	if (r == 0)
+		r = tpd_chanx_big_recv(ws->d, h->who.pr, x, 1, copy_in_on_done, cp, &a.xfer_id);
+	if (r < 0)
+		return r == -ENOBUFS ? r : tpu_why(r, why, wl, "cannot receive the payload over "
+						   "the link's data connections");
+	tpd_wq_send(h, &h->who, o->req_id, &a);
+	return 0;
+}
+
 void tpd_wq_msg_copy_in(struct tpd_wqs *ws, struct wq_handle *h, const Tpw__V1__WqOp *o,
 			struct wq_body *b, struct wq_item *question)
 {
@@ -219,19 +250,14 @@ void tpd_wq_msg_copy_in(struct tpd_wqs *ws, struct wq_handle *h, const Tpw__V1__
 		return tpd_wq_err(h, o->req_id, -ENOBUFS, "64 copies of this handle are running");
 	}
 	cp = calloc(1, sizeof(*cp));
-	r = cp ? tpd_chan_copy_resolve(h->who.s, o->segment, &x.src, why, sizeof(why)) : -ENOMEM;
+	r = cp ? 0 : tpu_why(-ENOMEM, why, sizeof(why), "out of memory");
 	if (r == 0) {
 		x.dst = (struct tpb_mem){ .loc = TPB_LOC_LOCAL,
 					  .addr = (uint64_t)(uintptr_t)b->ci->data };
 		*cp = (struct wq_copy){ .ws = ws, .q = q, .h_id = h->id, .req_id = o->req_id,
 					.qid = question ? question->id : 0, .b = b,
 					.reply = question != NULL };
-		r = tpd_chan_copy_start(ws->d, &x, 1, copy_in_on_done, cp);
-		tpd_chan_copy_put(&x.src); /* the copy holds its own reference */
-		if (r < 0)
-			snprintf(why, sizeof(why), "cannot copy the payload in");
-	} else if (r == -ENOMEM) {
-		snprintf(why, sizeof(why), "out of memory");
+		r = copy_in_start(ws, h, o, &x, cp, why, sizeof(why));
 	}
 	if (r < 0) {
 		free(cp);
@@ -256,6 +282,9 @@ static void copy_out_on_done(void *arg, int status, const char *why)
 	struct wq_ans a = { .qid = cp->qid, .copied = true };
 	struct wq_item *it;
 	char msg[240];
+
+	if (h && h->who.pr) /* sent over the link: the far daemon checks its bytes */
+		a.copied_len = tpd_wq_msg_body_len(cp->b);
 
 	if (h)
 		h->copies--;
@@ -306,6 +335,42 @@ static void read_into(struct tpd_wqs *ws, struct wq_handle *h, const Tpw__V1__Wq
 	h->copies++;
 }
 
+/* Sends @it's bytes to the receive @o->xfer_id of the far daemon of @h (a peer link's handle,
+ * peer minor >= 11) over the link's data connections and answers once sent (msg_copied, with
+ * the bytes sent). */
+static void read_remote(struct tpd_wqs *ws, struct wq_handle *h, const Tpw__V1__WqOp *o,
+			struct wq_item *it, bool held)
+{
+	struct tpb_xfer x = { .len = tpd_wq_msg_body_len(it->b) };
+	struct wq_copy *cp;
+	char why[200];
+	int r;
+
+	if (h->copies >= WQ_COPIES_PER_HANDLE)
+		return tpd_wq_err(h, o->req_id, -ENOBUFS, "64 copies of this handle are running");
+	if (x.len > o->room) {
+		snprintf(why, sizeof(why), "an item of %zu bytes is above the read's room of %llu",
+			 (size_t)x.len, (unsigned long long)o->room);
+		return tpd_wq_err(h, o->req_id, -EMSGSIZE, why);
+	}
+	cp = calloc(1, sizeof(*cp));
+	if (!cp)
+		return tpd_wq_err(h, o->req_id, -ENOMEM, "out of memory");
+	*cp = (struct wq_copy){ .ws = ws, .h_id = h->id, .req_id = o->req_id, .qid = it->id,
+				.b = it->b, .held = held };
+	x.src = (struct tpb_mem){ .loc = TPB_LOC_LOCAL,
+				  .addr = (uint64_t)(uintptr_t)tpd_wq_msg_body_bytes(it->b) };
+	x.dst = (struct tpb_mem){ .loc = TPB_LOC_REMOTE, .addr = o->xfer_id };
+	r = tpd_chanx_big_copy_out(h->who.pr, &x, copy_out_on_done, cp);
+	if (r < 0) {
+		free(cp);
+		return tpd_wq_err(h, o->req_id, r, "cannot send the item over the link's data "
+				  "connections");
+	}
+	it->b->refs++;
+	h->copies++;
+}
+
 void tpd_wq_msg_read(struct tpd_wqs *ws, struct wq_handle *h, const Tpw__V1__WqOp *o)
 {
 	bool held = o->op == TPW__V1__WQ_OP_KIND__WQ_OP_ANSWER;
@@ -326,11 +391,13 @@ void tpd_wq_msg_read(struct tpd_wqs *ws, struct wq_handle *h, const Tpw__V1__WqO
 	}
 	if (o->n_segments)
 		return read_into(ws, h, o, it, held);
+	if (o->xfer_id && tpd_wq_msg_body_len(it->b))
+		return read_remote(ws, h, o, it, held);
 	len = tpd_wq_msg_body_len(it->b);
 	if (len > tpd_daemon_limits(ws->d)->inline_max)
 		return tpd_wq_err(h, o->req_id, -EMSGSIZE, "the item is above the inline limit: "
 				  "name where it goes");
-	if (!tpd_wq_fits_link(h, len, "the item", why, sizeof(why)))
+	if (!tpd_wq_fits_link(h, len, false, "the item", why, sizeof(why)))
 		return tpd_wq_err(h, o->req_id, -EMSGSIZE, why);
 	tpd_wq_send(h, &h->who, o->req_id, &a);
 	if (held)

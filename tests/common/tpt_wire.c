@@ -516,3 +516,29 @@ int tpt_raw_recv_peer(struct tpt_raw *r, int timeout_ms, Tpw__V1__PeerMsg **ret)
 	free(body);
 	return e;
 }
+
+static void put_le(uint8_t *p, uint64_t v, int n)
+{
+	for (int i = 0; i < n; i++)
+		p[i] = (uint8_t)(v >> (8 * i));
+}
+
+int tpt_raw_send_chunk(struct tpt_raw *data, uint64_t xfer_id, uint64_t off, uint32_t len,
+		       uint8_t fill)
+{
+	uint8_t *b = malloc(32 + (size_t)len);
+	int e;
+
+	if (!b)
+		return -ENOMEM;
+	put_le(b, 0x31435054u, 4);
+	put_le(b + 4, 0, 4);
+	put_le(b + 8, xfer_id, 8);
+	put_le(b + 16, off, 8);
+	put_le(b + 24, len, 4);
+	put_le(b + 28, 0, 4);
+	memset(b + 32, fill, len);
+	e = tpt_raw_send_bytes(data, b, 32 + (size_t)len, NULL, 0);
+	free(b);
+	return e;
+}

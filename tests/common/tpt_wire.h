@@ -141,6 +141,15 @@ int tpt_raw_connect_tcp(struct tpt_raw *r, const char *ip, int port);
 int tpt_raw_send_peer(struct tpt_raw *r, const Tpw__V1__PeerMsg *msg);
 
 /*
+ * tpt_raw_send_chunk() - send one chunk of stripe transfer @xfer_id (segment 0) at @off on a
+ * peer data connection: the stripe's header (backends/mpt/stripe_io.c: magic, segment, id,
+ * offset, length, flags) and @len bytes of @fill.
+ * Return: 0 or -errno.
+ */
+int tpt_raw_send_chunk(struct tpt_raw *data, uint64_t xfer_id, uint64_t off, uint32_t len,
+		       uint8_t fill);
+
+/*
  * tpt_raw_recv_peer() - receive one PeerMsg frame (its data tail is dropped).
  * @ret: returns owned message, free with tpw_peer_msg_free().
  * Return: as tpt_raw_recv().

@@ -504,6 +504,73 @@ static void peer_wq(uint64_t req, Tpw__V1__WqOpKind kind, uint64_t id)
 	peer_rec(0, &m, data ? 4 : 0);
 }
 
+/* The local session creates queue "fuzzwq" (any peer may open it; its handle 1) and submits a
+ * message question of 64 bytes inline. */
+static void local_wq_create_submit(void)
+{
+	Tpw__V1__ClientMsg m = TPW__V1__CLIENT_MSG__INIT;
+	Tpw__V1__WqOp o = TPW__V1__WQ_OP__INIT;
+	Tpw__V1__Descriptor d = TPW__V1__DESCRIPTOR__INIT;
+	Tpw__V1__PayloadDesc pd = TPW__V1__PAYLOAD_DESC__INIT, *pp = &pd;
+
+	o.req_id = 9;
+	o.op = TPW__V1__WQ_OP_KIND__WQ_OP_OPEN;
+	o.name = "fuzzwq";
+	o.create = true;
+	o.remote = TPW__V1__REMOTE_ACCESS__REMOTE_ANY_PEER;
+	m.body_case = TPW__V1__CLIENT_MSG__BODY_WQ_OP;
+	m.wq_op = &o;
+	rec(OP_LOCAL, &m.base, 0);
+	o = (Tpw__V1__WqOp)TPW__V1__WQ_OP__INIT;
+	pd.length = 64;
+	d.n_payloads = 1;
+	d.payloads = &pp;
+	o.req_id = 10;
+	o.op = TPW__V1__WQ_OP_KIND__WQ_OP_SUBMIT;
+	o.wq_id = 1;
+	o.msg_desc = &d;
+	rec(OP_LOCAL, &m.base, 64);
+}
+
+/* Work queue messages by reference (peer minor 11): the far daemon's op @kind on handle @id of
+ * question 1: TAKE by descriptor, a message read into its transfer @xfer_id (room 256), or a
+ * REPLY of 64 bytes whose bytes come over the data connection. */
+static void peer_wq_big(uint64_t req, Tpw__V1__WqOpKind kind, uint64_t id, uint64_t xfer_id,
+			bool read)
+{
+	Tpw__V1__PeerMsg m = TPW__V1__PEER_MSG__INIT;
+	Tpw__V1__PeerWqOp po = TPW__V1__PEER_WQ_OP__INIT;
+	Tpw__V1__WqOp o = TPW__V1__WQ_OP__INIT;
+	Tpw__V1__Descriptor d = TPW__V1__DESCRIPTOR__INIT;
+	Tpw__V1__PayloadDesc pd = TPW__V1__PAYLOAD_DESC__INIT, *pp = &pd;
+
+	o.req_id = req;
+	o.op = kind;
+	o.wq_id = id;
+	o.question_id = 1;
+	if (kind == TPW__V1__WQ_OP_KIND__WQ_OP_OPEN) {
+		o.name = "fuzzwq";
+		o.question_id = 0;
+	} else if (kind == TPW__V1__WQ_OP_KIND__WQ_OP_REPLY) {
+		pd.length = 64;
+		d.n_payloads = 1;
+		d.payloads = &pp;
+		o.msg_desc = &d;
+		o.stream_len = 64;
+	} else if (read) {
+		o.msg_read = true;
+		o.xfer_id = xfer_id;
+		o.room = xfer_id ? 256 : 0;
+	} else {
+		o.msg = true;
+		o.question_id = 0;
+	}
+	po.op = &o;
+	m.body_case = TPW__V1__PEER_MSG__BODY_WQ_OP;
+	m.wq_op = &po;
+	peer_rec(0, &m, 0);
+}
+
 /* Answers the far daemon sends to ops this daemon never forwarded. */
 static void peer_answers(void)
 {
@@ -693,6 +760,25 @@ int main(int argc, char **argv)
 	peer_chan_big(6, TPW__V1__CHAN_OP_KIND__CHAN_OP_READ, 2, 6);
 	peer_chan_big(7, TPW__V1__CHAN_OP_KIND__CHAN_OP_WRITE, 2, 0);
 	save("chan-remote-streamed");
+
+	/* Work queue messages by reference (peer minor 11): the far worker takes the local
+	 * owner's message question by descriptor, reads it into its transfer 5, replies with 64
+	 * bytes over the data connection (the link's first receive, transfer 1) in part, ends
+	 * that transfer, replies again and the link goes with the reply's bytes unsent. */
+	link_up(1);
+	local_wq_create_submit();
+	peer_wq_big(1, TPW__V1__WQ_OP_KIND__WQ_OP_OPEN, 0, 0, false);
+	for (uint64_t id = 2; id <= 3; id++) {
+		peer_wq_big(10 + id, TPW__V1__WQ_OP_KIND__WQ_OP_TAKE, id, 0, false);
+		peer_wq_big(20 + id, TPW__V1__WQ_OP_KIND__WQ_OP_TAKE, id, 5, true);
+		peer_wq_big(30 + id, TPW__V1__WQ_OP_KIND__WQ_OP_REPLY, id, 0, false);
+	}
+	chunk(1, 1, 0, 16, STRIPE_MAGIC);
+	chan_xfer_end(1);
+	for (uint64_t id = 2; id <= 3; id++)
+		peer_wq_big(40 + id, TPW__V1__WQ_OP_KIND__WQ_OP_REPLY, id, 0, false);
+	chunk(1, 2, 0, 64, STRIPE_MAGIC);
+	save("wq-remote-streamed");
 
 	link_up(2);
 	connect_(FUZZ_PEER_LISTENER, false);

@@ -14,7 +14,7 @@
  * Payloads above what the far daemon's frames take (one daemon's inline-max raised above the
  * other's frame-max) are refused with -EMSGSIZE naming the limit, either way, the link staying
  * up (such a frame used to fail the whole link). Message questions and answers cross too,
- * inline, both ways byte for byte; one above the inline limit is refused.
+ * inline, both ways byte for byte; one above the inline limit by reference.
  */
 #include <check.h>
 #include <errno.h>
@@ -225,8 +225,8 @@ END_TEST
 
 /* Message questions and answers cross hosts (peer minor 9), inline: from an owner on a to a
  * worker on b and one on a (through b), multi-part, from private memory and shared buffers,
- * both ways byte for byte; a message above the inline limit is refused at once (-EMSGSIZE),
- * the queue and the link untouched. */
+ * both ways byte for byte; a message above the inline limit goes by reference (peer minor 11)
+ * and a worker on a reads it intact. */
 START_TEST(test_messages_cross_hosts)
 {
 	static const enum tpt_mem mems[] = { TPT_MEM_PRIVATE, TPT_MEM_SHM };
@@ -268,9 +268,15 @@ START_TEST(test_messages_cross_hosts)
 	}
 	struct tpt_msg_spec big = { .pipe = 22, .n_payloads = 1, .lens = { INLINE + 1 } };
 
+	/* Above the inline limit: by reference over the data connections (peer minor 11,
+	 * test_wq_xbig.c); it used to be refused. */
 	ck_assert_int_eq(tpt_msg_build(ca, &big, TPT_MEM_SHM, &m), 0);
-	ck_assert_int_eq(tp_wq_submit_msg(own, &m.m, &id), -EMSGSIZE);
+	ck_assert_msg(tp_wq_submit_msg(own, &m.m, &id) == 0, "%s", tp_last_error());
 	tpt_msg_free(ca, &m);
+	ck_assert_msg(tp_wq_take_descriptor(w[1], &got, &d, T_MS) == 0, "%s", tp_last_error());
+	ck_assert_uint_eq(got, id);
+	ck_assert_int_eq(tpt_wq_msg_read_check(ca2, w[1], d, &big, TPT_MEM_PRIVATE), 0);
+	ck_assert_int_eq(tp_wq_reply(w[1], id, "a", 1), 0);
 	ck_assert_int_eq(tp_wq_drain(own, T_MS), 0);
 	tp_wq_release(w[1]);
 	tp_wq_release(w[0]);

@@ -35,6 +35,9 @@
  * -EOPNOTSUPP naming its version, the link stays up. One of 2.8 is sent a worker's open and
  * release but no work queue message op (it would take them for byte ops): the take by
  * descriptor and the message reply fail with -EOPNOTSUPP naming its version, the link up.
+ * One of 2.10 is sent no work queue message by reference: a message above the inline limit,
+ * submitted or replied from a shared buffer or private memory, fails with -EMSGSIZE naming its
+ * version, the link up.
  * One of 2.9 is asked for one item per batch read; one of 2.10 for the batch, and its answer
  * of more items than asked is refused to the client with the link up, an answer with fields
  * for this host's clients alone (lent staging, 1025 released buffers) reaches the client without
@@ -645,15 +648,7 @@ static int wq_call(struct tpt_raw *c, Tpw__V1__WqOp *op, uint64_t req, const cha
 /* One chunk of transfer @xfer_id (nobody posted it) on the data connection: 64 bytes. */
 static int stray_chunk(struct tpt_raw *data, uint64_t xfer_id)
 {
-	uint8_t b[32 + 64] = { 0 };
-
-	for (int i = 0; i < 4; i++)
-		b[i] = (uint8_t)(0x31435054u >> (8 * i)); /* stripe_io.c's chunk magic */
-	for (int i = 0; i < 8; i++)
-		b[8 + i] = (uint8_t)(xfer_id >> (8 * i));
-	b[24] = 64;
-	memset(b + 32, 0x5a, 64);
-	return tpt_raw_send_bytes(data, b, sizeof(b), NULL, 0);
+	return tpt_raw_send_chunk(data, xfer_id, 0, 64, 0x5a);
 }
 
 static int hostile_wq_peer(void *arg)
@@ -971,13 +966,14 @@ static int fake_host_run(void *arg)
 	uint64_t open, rd, cl;
 
 	TPT_REQUIRE(fake_accept(fh, &c, &data) == 0, 1, "handshake");
-	if (fh->minor == TPW_PEER_MINOR_WQ_MSG - 1) { /* a worker's open, then its release only */
+	/* a worker's open, then its release only */
+	if (fh->minor == TPW_PEER_MINOR_WQ_MSG - 1 || fh->minor == TPW_PEER_MINOR_WQ_STREAM - 1) {
 		TPT_REQUIRE(fake_wq_answer(&c, TPW__V1__WQ_OP_KIND__WQ_OP_OPEN) == 0, 1, "open");
 		TPT_REQUIRE(fake_wq_answer(&c, TPW__V1__WQ_OP_KIND__WQ_OP_RELEASE) == 0, 1,
 			    "a message op reached a 2.%u daemon", fh->minor);
 	}
 	if (fh->minor < TPW_PEER_MINOR_CHAN || fh->minor == TPW_PEER_MINOR_WQ_CREATE - 1 ||
-	    fh->minor == TPW_PEER_MINOR_WQ_MSG - 1) {
+	    fh->minor == TPW_PEER_MINOR_WQ_MSG - 1 || fh->minor == TPW_PEER_MINOR_WQ_STREAM - 1) {
 		/* The client was refused; a ping answered next proves nothing came before it. */
 		TPT_REQUIRE(tpt_sync_wait(&go, T_MS) == 1, 1, "parent");
 		ping.t_ns = 1;
@@ -1046,11 +1042,13 @@ static void fake_host_stop(struct fake_host *fh, pid_t pid, struct tp_context *c
 /* _i 0: the far daemon speaks peer protocol 2.2; 1: 2.3, and lies; 2: the minor before work
  * queues created from other hosts, asked to create one (which it would open as a worker's
  * instead); 3: the minor before work queue messages, asked for them by a worker (it would take
- * them for byte ops). */
+ * them for byte ops); 4: the minor before work queue messages by reference, sent a message
+ * above the inline limit (it would take the op without its bytes). */
 START_TEST(test_hostile_host_fails_its_link_only)
 {
 	static const unsigned minors[] = { TPW_PEER_MINOR_CHAN - 1, TPW_PEER_MINOR_CHAN,
-					   TPW_PEER_MINOR_WQ_CREATE - 1, TPW_PEER_MINOR_WQ_MSG - 1 };
+					   TPW_PEER_MINOR_WQ_CREATE - 1, TPW_PEER_MINOR_WQ_MSG - 1,
+					   TPW_PEER_MINOR_WQ_STREAM - 1 };
 	struct fake_host fh = { .minor = minors[_i] };
 	struct tp_wq_options wo = { .size = sizeof(wo), .flags = TP_WQ_CREATE, .owner_uid = -1 };
 	struct tp_wq *wq = NULL;
@@ -1062,7 +1060,30 @@ START_TEST(test_hostile_host_fails_its_link_only)
 	size_t len;
 	pid_t pid = fake_host_start(&fh, fake_host_run, &ctx, a, sizeof(a));
 
-	if (_i == 3) {
+	if (_i == 4) {
+		struct tpt_msg_spec big = { .pipe = 7, .n_payloads = 1,
+					    .lens = { (1u << 20) + 1 } };
+		struct tpt_msg m;
+		char want[80];
+		uint64_t id;
+
+		ck_assert_int_eq(tp_wq_open(ctx, a, NULL, &wq), 0);
+		snprintf(want, sizeof(want), "peer protocol 2.%u: messages cross hosts inline",
+			 TPW_PEER_MINOR_WQ_STREAM - 1);
+		for (int k = 0; k < 2; k++) { /* from a shared buffer, then from private memory */
+			ck_assert_int_eq(tpt_msg_build(ctx, &big, k ? TPT_MEM_PRIVATE : TPT_MEM_SHM,
+						       &m), 0);
+			ck_assert_int_eq(tp_wq_submit_msg(wq, &m.m, &id), -EMSGSIZE);
+			ck_assert_msg(strstr(tp_last_error(), want), "%s", tp_last_error());
+			ck_assert_int_eq(tp_wq_reply_msg(wq, 1, &m.m), -EMSGSIZE);
+			ck_assert_msg(strstr(tp_last_error(), want), "%s", tp_last_error());
+			tpt_msg_free(ctx, &m);
+		}
+		ck_assert_int_eq(tp_wq_release(wq), 0);
+		ck_assert_msg(tpt_peer_links(&host, &link) == 1 && strcmp(link.state, "up") == 0,
+			      "the link is %s: %s", link.state, link.last_error);
+		ck_assert_int_eq(tpt_sync_post(&go, 1), 0);
+	} else if (_i == 3) {
 		struct tp_message msg = { 0 };
 		struct tp_descriptor *d = NULL;
 		char want[64];
@@ -1207,6 +1228,155 @@ START_TEST(test_hostile_host_batch_reads)
 }
 END_TEST
 
+#define XBIG (2u << 20)
+
+/* The next PeerWqOp (its kind must be @want) into @ret (owned: tpw_peer_msg_free()). Return: its
+ * op, or NULL. */
+static const Tpw__V1__WqOp *fake_wq_op(struct tpt_raw *c, Tpw__V1__WqOpKind want,
+				       Tpw__V1__PeerMsg **ret)
+{
+	Tpw__V1__PeerMsg *in = recv_no_ping(c);
+
+	while (in && in->body_case == TPW__V1__PEER_MSG__BODY_CHAN_XFER_END) { /* its lie's */
+		tpw_peer_msg_free(in);
+		in = recv_no_ping(c);
+	}
+	*ret = in;
+	if (in && in->body_case == TPW__V1__PEER_MSG__BODY_WQ_OP && in->wq_op->op->op == want)
+		return in->wq_op->op;
+	fprintf(stderr, "fake host: expected work queue op %d, got message %d\n", (int)want,
+		in ? (int)in->body_case : -1);
+	return NULL;
+}
+
+/* Answers @req: @r as given (req_id, status and handle set here). */
+static int fake_wq_send(struct tpt_raw *c, uint64_t req, Tpw__V1__WqReply *r)
+{
+	Tpw__V1__PeerWqReply pr = TPW__V1__PEER_WQ_REPLY__INIT;
+	Tpw__V1__PeerMsg m = TPW__V1__PEER_MSG__INIT;
+
+	r->req_id = req;
+	r->status = TPW__V1__STATUS__STATUS_OK;
+	r->answer_status = TPW__V1__STATUS__STATUS_OK;
+	r->wq_id = 5;
+	pr.reply = r;
+	m.body_case = TPW__V1__PEER_MSG__BODY_WQ_REPLY;
+	m.wq_reply = &pr;
+	return peer_send(c, &m, NULL, 0);
+}
+
+/* A take by descriptor: question 8, one payload of XBIG bytes. */
+static int fake_wq_held(struct tpt_raw *c)
+{
+	Tpw__V1__WqReply r = TPW__V1__WQ_REPLY__INIT;
+	Tpw__V1__Descriptor d = TPW__V1__DESCRIPTOR__INIT;
+	Tpw__V1__PayloadDesc pd = TPW__V1__PAYLOAD_DESC__INIT, *pp = &pd;
+	Tpw__V1__PeerMsg *in;
+	const Tpw__V1__WqOp *o = fake_wq_op(c, TPW__V1__WQ_OP_KIND__WQ_OP_TAKE, &in);
+	int e = -1;
+
+	pd.length = XBIG;
+	d.n_payloads = 1;
+	d.payloads = &pp;
+	r.question_id = 8;
+	r.msg_held = true;
+	r.msg_desc = &d;
+	r.msg_len = XBIG;
+	if (o && o->msg)
+		e = fake_wq_send(c, o->req_id, &r);
+	tpw_peer_msg_free(in);
+	return e;
+}
+
+/* A message read (its transfer and room into @ret_xfer, @ret_room). Return: its req_id, or 0. */
+static uint64_t fake_wq_read(struct tpt_raw *c, uint64_t *ret_xfer, uint64_t *ret_room)
+{
+	Tpw__V1__PeerMsg *in;
+	const Tpw__V1__WqOp *o = fake_wq_op(c, TPW__V1__WQ_OP_KIND__WQ_OP_TAKE, &in);
+	uint64_t req = o && o->msg_read && o->xfer_id && o->room == XBIG ? o->req_id : 0;
+
+	if (req) {
+		*ret_xfer = o->xfer_id;
+		*ret_room = o->room;
+	}
+	tpw_peer_msg_free(in);
+	return req;
+}
+
+/* A hosting daemon of peer minor 11 that lies about a message read: an admission for a read
+ * (nothing to send), an item above the read's room, then half the item and its link gone. */
+static int fake_wq_read_host_run(void *arg)
+{
+	const struct fake_host *fh = arg;
+	struct tpt_raw c = { .fd = -1 }, data = { .fd = -1 };
+	Tpw__V1__WqReply r = TPW__V1__WQ_REPLY__INIT;
+	uint64_t req, xfer = 0, room = 0;
+
+	TPT_REQUIRE(fake_accept(fh, &c, &data) == 0, 1, "handshake");
+	TPT_REQUIRE(fake_wq_answer(&c, TPW__V1__WQ_OP_KIND__WQ_OP_OPEN) == 0, 1, "open");
+	for (int k = 0; k < 3; k++) {
+		TPT_REQUIRE(fake_wq_held(&c) == 0, 1, "take %d", k);
+		req = fake_wq_read(&c, &xfer, &room);
+		TPT_REQUIRE(req, 1, "read %d: no transfer of %u bytes of room", k, XBIG);
+		r = (Tpw__V1__WqReply)TPW__V1__WQ_REPLY__INIT;
+		if (k == 0) {
+			r.xfer_id = 77; /* "send me the item": a read sends nothing */
+		} else {
+			r.msg_copied = true;
+			r.question_id = 8;
+			r.msg_len = k == 1 ? room + 1 : room;
+		}
+		if (k == 2)
+			TPT_REQUIRE(tpt_raw_send_chunk(&data, xfer, 0, XBIG / 2, 0x5a) == 0, 1,
+				    "half the item");
+		TPT_REQUIRE(fake_wq_send(&c, req, &r) == 0, 1, "answer %d", k);
+	}
+	TPT_REQUIRE(tpt_sync_wait(&go, T_MS) == 1, 1, "parent");
+	tpt_raw_close(&data); /* the link goes with half the item sent */
+	tpt_raw_close(&c);
+	TPT_REQUIRE(tpt_sync_wait(&go, T_MS) == 2, 1, "parent, done");
+	return 0;
+}
+
+/* Message reads against a hostile hosting daemon of peer minor 11: an answer that asks a read
+ * for bytes, or says it copied more than the read's room, fails that read (-EIO) with the
+ * link up; half the item and a dropped link fail the read with -ECONNRESET naming the host. */
+START_TEST(test_hostile_host_wq_reads)
+{
+	struct fake_host fh = { .minor = TPW_PEER_MINOR_WQ_STREAM };
+	struct tp_slot slot = { .device = { .type = TP_DEVICE_CPU } };
+	struct tp_allocation al = { .payloads = &slot, .n_payloads = 1 };
+	struct tp_descriptor *d;
+	struct tp_context *ctx;
+	struct tpt_link link;
+	struct tp_wq *wq;
+	uint64_t id;
+	char a[128];
+	pid_t pid = fake_host_start(&fh, fake_wq_read_host_run, &ctx, a, sizeof(a));
+
+	slot.data = malloc(XBIG);
+	ck_assert_ptr_nonnull(slot.data);
+	ck_assert_int_eq(tp_wq_open(ctx, a, NULL, &wq), 0);
+	for (int k = 0; k < 2; k++) {
+		ck_assert_msg(tp_wq_take_descriptor(wq, &id, &d, 5000) == 0, "%s",
+			      tp_last_error());
+		ck_assert_int_eq(tp_wq_read_msg(wq, d, &al), -EIO); /* EPROTO on the wire */
+		ck_assert_msg(tpt_peer_links(&host, &link) == 1 && strcmp(link.state, "up") == 0,
+			      "the link is %s: %s", link.state, link.last_error);
+	}
+	ck_assert_msg(strstr(tp_last_error(), "bytes for a read's room of 2097152"), "%s",
+		      tp_last_error());
+	ck_assert_msg(tp_wq_take_descriptor(wq, &id, &d, 5000) == 0, "%s", tp_last_error());
+	ck_assert_int_eq(tpt_sync_post(&go, 1), 0);
+	ck_assert_int_eq(tp_wq_read_msg(wq, d, &al), -ECONNRESET);
+	ck_assert_msg(strstr(tp_last_error(), "work queue host 127.0.0.1:"), "%s",
+		      tp_last_error());
+	tp_wq_release(wq);
+	free(slot.data);
+	fake_host_stop(&fh, pid, ctx);
+}
+END_TEST
+
 static Suite *chanx_suite(void)
 {
 	Suite *s = suite_create("sec_chanx");
@@ -1217,8 +1387,9 @@ static Suite *chanx_suite(void)
 	tcase_add_test(tc, test_hostile_peer_fails_its_link_only);
 	tcase_add_test(tc, test_small_frames_peer_takes_within_them);
 	tcase_add_test(tc, test_hostile_peer_cannot_own_or_stream_into_a_queue);
-	tcase_add_loop_test(tc, test_hostile_host_fails_its_link_only, 0, 4);
+	tcase_add_loop_test(tc, test_hostile_host_fails_its_link_only, 0, 5);
 	tcase_add_loop_test(tc, test_hostile_host_batch_reads, 0, 2);
+	tcase_add_test(tc, test_hostile_host_wq_reads);
 	suite_add_tcase(s, tc);
 	return s;
 }

@@ -14,6 +14,11 @@
  * - admitted again, it sends half the item over the data connection and drops the link: the
  *   write never completes, the channel holds nothing, no bytes reserved, and a local client
  *   writes and reads on as before.
+ * And a hostile worker of a work queue (peer minor 11) that answers a message question with
+ * bytes it says come over the data connection (WqOp.stream_len): above wq-answer-bytes-max
+ * refused before any byte is asked for; its own chan_xfer_end fails the reply with that status,
+ * the question still taken; half an answer and a dropped link leave no answer and the question
+ * queued again exactly once, intact for a local worker.
  * The hosting daemon survives all of it.
  */
 #include <check.h>
@@ -180,31 +185,10 @@ static int peer_dial(struct tpt_raw *c, struct tpt_raw *data)
 	return 0;
 }
 
-static void put_le(uint8_t *p, uint64_t v, int n)
-{
-	for (int i = 0; i < n; i++)
-		p[i] = (uint8_t)(v >> (8 * i));
-}
-
-/* One chunk of transfer @xfer_id, segment 0, at @off: @len bytes of 0x5a (stripe_io.c's
- * header: magic, segment, id, offset, length, flags). */
+/* One chunk of transfer @xfer_id at @off: @len bytes of 0x5a. */
 static int send_chunk(struct tpt_raw *data, uint64_t xfer_id, uint64_t off, uint32_t len)
 {
-	uint8_t *b = malloc(32 + len);
-	int e;
-
-	if (!b)
-		return -ENOMEM;
-	put_le(b, 0x31435054u, 4);
-	put_le(b + 4, 0, 4);
-	put_le(b + 8, xfer_id, 8);
-	put_le(b + 16, off, 8);
-	put_le(b + 24, len, 4);
-	put_le(b + 28, 0, 4);
-	memset(b + 32, 0x5a, len);
-	e = tpt_raw_send_bytes(data, b, 32 + len, NULL, 0);
-	free(b);
-	return e;
+	return tpt_raw_send_chunk(data, xfer_id, off, len, 0x5a);
 }
 
 /* A WRITE of one streamed item of @len bytes on handle @id, as op @req. */
@@ -348,6 +332,200 @@ START_TEST(test_hostile_writer_leaves_no_partial_item)
 }
 END_TEST
 
+/* ---- a work queue's messages (peer minor 11) ------------------------------------------------ */
+
+#define WQA (2u << 20) /* the host's wq-answer-bytes-max */
+
+static int peer_wq(struct tpt_raw *r, Tpw__V1__WqOp *op, uint64_t req_id)
+{
+	Tpw__V1__PeerWqOp po = TPW__V1__PEER_WQ_OP__INIT;
+	Tpw__V1__PeerMsg m = TPW__V1__PEER_MSG__INIT;
+
+	op->req_id = req_id;
+	po.op = op;
+	m.body_case = TPW__V1__PEER_MSG__BODY_WQ_OP;
+	m.wq_op = &po;
+	return peer_send(r, &m);
+}
+
+/* The next PeerWqReply (pings skipped): its status; req_id, wq_id, question_id and xfer_id into
+ * @ret (4 numbers). Return: the status, or -errno. */
+static int peer_wq_reply(struct tpt_raw *r, uint64_t ret[4])
+{
+	Tpw__V1__PeerMsg *m = NULL;
+	int e, st;
+
+	for (;;) {
+		e = tpt_raw_recv_peer(r, T_MS, &m);
+		if (e < 0)
+			return e;
+		if (m->body_case == TPW__V1__PEER_MSG__BODY_WQ_REPLY)
+			break;
+		tpw_peer_msg_free(m);
+	}
+	st = m->wq_reply->reply->status;
+	ret[0] = m->wq_reply->reply->req_id;
+	ret[1] = m->wq_reply->reply->wq_id;
+	ret[2] = m->wq_reply->reply->question_id;
+	ret[3] = m->wq_reply->reply->xfer_id;
+	tpw_peer_msg_free(m);
+	return st;
+}
+
+/* A message REPLY to question @q on handle @id, as op @req: one payload of @len bytes whose
+ * bytes come over the data connection. */
+static int reply_streamed(struct tpt_raw *c, uint64_t id, uint64_t q, uint64_t req, uint64_t len)
+{
+	Tpw__V1__WqOp o = TPW__V1__WQ_OP__INIT;
+	Tpw__V1__Descriptor d = TPW__V1__DESCRIPTOR__INIT;
+	Tpw__V1__PayloadDesc pd = TPW__V1__PAYLOAD_DESC__INIT, *pp = &pd;
+
+	pd.length = len;
+	d.n_payloads = 1;
+	d.payloads = &pp;
+	o.op = TPW__V1__WQ_OP_KIND__WQ_OP_REPLY;
+	o.wq_id = id;
+	o.question_id = q;
+	o.msg_desc = &d;
+	o.stream_len = len;
+	return peer_wq(c, &o, req);
+}
+
+static int hostile_worker(void *arg)
+{
+	Tpw__V1__WqOp o = TPW__V1__WQ_OP__INIT;
+	struct tpt_raw c = { .fd = -1 }, data = { .fd = -1 };
+	uint64_t id, q, a[4];
+	int st;
+
+	(void)arg;
+	TPT_REQUIRE(peer_dial(&c, &data) == 0, 1, "dial");
+	o.op = TPW__V1__WQ_OP_KIND__WQ_OP_OPEN;
+	o.name = "hq";
+	o.owner_set = true;
+	TPT_REQUIRE(peer_wq(&c, &o, 1) == 0, 1, "open");
+	st = peer_wq_reply(&c, a);
+	TPT_REQUIRE(st == TPW__V1__STATUS__STATUS_OK && a[0] == 1 && a[1], 1, "open: %d", st);
+	id = a[1];
+	o = (Tpw__V1__WqOp)TPW__V1__WQ_OP__INIT;
+	o.op = TPW__V1__WQ_OP_KIND__WQ_OP_TAKE;
+	o.wq_id = id;
+	o.msg = true;
+	TPT_REQUIRE(peer_wq(&c, &o, 2) == 0, 1, "take");
+	st = peer_wq_reply(&c, a);
+	TPT_REQUIRE(st == TPW__V1__STATUS__STATUS_OK && a[2], 1, "take: %d", st);
+	q = a[2];
+	/* Above wq-answer-bytes-max: refused at once, no transfer asked for. */
+	TPT_REQUIRE(reply_streamed(&c, id, q, 3, WQA + 1) == 0, 1, "reply");
+	st = peer_wq_reply(&c, a);
+	TPT_REQUIRE(st == TPW__V1__STATUS__STATUS_LIMIT && a[0] == 3 && !a[3], 1,
+		    "a reply above wq-answer-bytes-max: %d, xfer %llu", st,
+		    (unsigned long long)a[3]);
+	/* Admitted, then ended by the sender: the reply fails with its status; still taken. */
+	TPT_REQUIRE(reply_streamed(&c, id, q, 4, ITEM) == 0, 1, "reply");
+	st = peer_wq_reply(&c, a);
+	TPT_REQUIRE(st == TPW__V1__STATUS__STATUS_OK && a[0] == 4 && a[3], 1, "go: %d", st);
+	TPT_REQUIRE(send_chunk(&data, a[3], 0, 4096) == 0, 1, "chunk");
+	TPT_REQUIRE(xfer_end(&c, a[3], TPW__V1__STATUS__STATUS_IO) == 0, 1, "end");
+	st = peer_wq_reply(&c, a);
+	TPT_REQUIRE(st == TPW__V1__STATUS__STATUS_IO && a[0] == 4, 1, "the ended reply: %d", st);
+	/* Admitted again (the question is still this handle's), half sent, then the link goes. */
+	TPT_REQUIRE(reply_streamed(&c, id, q, 5, ITEM) == 0, 1, "reply");
+	st = peer_wq_reply(&c, a);
+	TPT_REQUIRE(st == TPW__V1__STATUS__STATUS_OK && a[0] == 5 && a[3], 1, "go: %d", st);
+	TPT_REQUIRE(send_chunk(&data, a[3], 0, ITEM / 2) == 0, 1, "chunk");
+	TPT_REQUIRE(tpt_sync_post(&go, 1) == 0, 1, "post"); /* the parent checks the queue */
+	TPT_REQUIRE(tpt_sync_wait(&back, T_MS) == 2, 1, "parent");
+	tpt_raw_close(&data);
+	tpt_raw_close(&c);
+	return 0;
+}
+
+/* What `tpipctl --json queues` shows of "hq": @field (a number) or -1. */
+static long wq_field(const char *field)
+{
+	char want[64], *out = tpt_ctl(&host, "queues", true), *p;
+	long v = -1;
+
+	snprintf(want, sizeof(want), "\"%s\": ", field);
+	p = strstr(out, want);
+	if (p)
+		v = strtol(p + strlen(want), NULL, 10);
+	free(out);
+	return v;
+}
+
+/* A hostile worker on another host answers a message question of hq with bytes it says come
+ * over the data connection: above wq-answer-bytes-max it is refused before any byte is asked
+ * for; its own end of the transfer fails the reply with that status, the question still its
+ * own; half an answer and a dropped link leave no answer at all and the question queued again
+ * exactly once, intact for a local worker. */
+START_TEST(test_hostile_worker_leaves_no_partial_answer)
+{
+	static const char *const args[] = { "--peer-insecure", "--peer-timeout", "1000",
+					    "--wq-answer-bytes-max", "2097152", NULL };
+	struct tp_wq_options o = { .size = sizeof(o), .flags = TP_WQ_CREATE, .owner_uid = -1,
+				   .remote = TP_REMOTE_ANY_PEER };
+	struct tp_wq_options wo = { .size = sizeof(wo), .owner_uid = -1 };
+	struct tp_payload pl = { .data = (void *)"question", .length = 8 };
+	struct tp_message m = { .payloads = &pl, .n_payloads = 1 };
+	struct tp_descriptor *d;
+	struct tp_context *ctx;
+	struct tp_wq *own, *w;
+	uint64_t q, got;
+	void *bytes;
+	size_t len;
+	pid_t pid;
+	int i;
+
+	ck_assert_int_eq(tpt_sync_init(&go), 0);
+	ck_assert_int_eq(tpt_sync_init(&back), 0);
+	ck_assert_int_eq(tpt_daemon_start_peer(&host, args), 0);
+	ck_assert_int_eq(tpt_ctx_new(&host, 0, "host", &ctx), 0);
+	ck_assert_int_eq(tp_wq_open(ctx, "hq", &o, &own), 0);
+	ck_assert_int_eq(tp_wq_submit_msg(own, &m, &q), 0);
+	pid = tpt_fork(hostile_worker, NULL);
+	ck_assert_int_gt(pid, 0);
+	ck_assert_int_eq(wait_post(pid), 1);
+	/* Half an answer in, its room reserved: nothing to receive. */
+	ck_assert_int_eq(tp_wq_answer_descriptor(own, &got, &d, 0), -EAGAIN);
+	ck_assert_int_eq(wq_field("answers"), 0);
+	ck_assert_int_gt(wq_field("answer_bytes"), ITEM);
+	ck_assert_int_eq(tpt_sync_post(&back, 2), 0);
+	ck_assert(tpt_wait_ok(pid, 4 * T_MS, "hostile worker"));
+	for (i = 0; i < 200 && wq_field("answer_bytes") != 0; i++)
+		usleep(50000); /* polling what tpipctl shows, not a synchronisation */
+	ck_assert_int_eq(wq_field("answer_bytes"), 0);
+	ck_assert_int_eq(wq_field("answers"), 0);
+	ck_assert_int_eq(wq_field("requeued"), 1);
+	ck_assert_int_eq(wq_field("queued"), 1);
+	ck_assert(tpt_daemon_alive(&host));
+	ck_assert_int_eq(tp_wq_answer_descriptor(own, &got, &d, 0), -EAGAIN);
+	ck_assert_int_eq(tp_wq_open(ctx, "hq", &wo, &w), 0);
+	ck_assert_int_eq(tp_wq_take(w, &got, &bytes, &len, 0), -EOPNOTSUPP); /* a message */
+	ck_assert_int_eq(tp_wq_take_descriptor(w, &got, &d, 1000), 0);
+	ck_assert_uint_eq(got, q);
+	{
+		char buf[8];
+		struct tp_slot slot = { .device = { .type = TP_DEVICE_CPU }, .data = buf };
+		struct tp_allocation a = { .payloads = &slot, .n_payloads = 1 };
+
+		ck_assert_int_eq(tp_wq_read_msg(w, d, &a), 0);
+		ck_assert_int_eq(memcmp(buf, "question", 8), 0);
+	}
+	ck_assert_int_eq(tp_wq_reply(w, q, "ok", 2), 0);
+	ck_assert_int_eq(tp_wq_answer(own, &got, &bytes, &len, 1000), 0);
+	ck_assert(got == q && len == 2 && memcmp(bytes, "ok", 2) == 0);
+	free(bytes);
+	tp_wq_release(w);
+	tp_wq_release(own);
+	tp_context_free(ctx);
+	ck_assert_int_eq(tpt_daemon_stop(&host), 0);
+	tpt_sync_done(&go);
+	tpt_sync_done(&back);
+}
+END_TEST
+
 static Suite *chanxbig_suite(void)
 {
 	Suite *s = suite_create("sec_chanxbig");
@@ -355,6 +533,7 @@ static Suite *chanxbig_suite(void)
 
 	tcase_set_timeout(tc, 120);
 	tcase_add_test(tc, test_hostile_writer_leaves_no_partial_item);
+	tcase_add_test(tc, test_hostile_worker_leaves_no_partial_answer);
 	suite_add_tcase(s, tc);
 	return s;
 }

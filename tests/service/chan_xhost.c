@@ -21,10 +21,11 @@
  *                                  no limit) of uid UID's queue (default: the caller's)
  *   wq-hold ADDR [UID]             a worker: take one question and hold it until killed
  *   wq-open ADDR                   open a queue as a worker and release
- *   wq-own-msg NAME REMOTE N       as wq-own, questions and answers as messages (metadata
- *                                  "qI", a payload "qI" and a tensor of 3000 pattern bytes; the
- *                                  answer: metadata "a:qI" and the question's parts back)
- *   wq-work-msg ADDR N             as wq-work, taking and answering messages
+ *   wq-own-msg NAME REMOTE N [T]   as wq-own, questions and answers as messages (metadata
+ *                                  "qI", a payload "qI" and a tensor of T pattern bytes, 3000
+ *                                  by default; the answer: metadata "a:qI" and the question's
+ *                                  parts back)
+ *   wq-work-msg ADDR N [T]         as wq-work, taking and answering messages (tensors of T)
  * Exit: 0 when every call succeeded (a read that ends with -EPIPE, drained, included), 1 on an
  * error, 2 usage.
  */
@@ -322,7 +323,7 @@ static int cmd_wq_work(const char *addr, int max, long owner_uid, bool hold)
 
 /* ---- questions and answers as messages ------------------------------------------------------ */
 
-#define WQ_MSG_TENSOR 3000
+static size_t wq_tensor = 3000; /* a message's tensor bytes (wq-own-msg, wq-work-msg T) */
 
 static void pattern(uint8_t *p, size_t n, unsigned seed)
 {
@@ -330,13 +331,13 @@ static void pattern(uint8_t *p, size_t n, unsigned seed)
 		p[i] = (uint8_t)(seed * 131u + i * 7u);
 }
 
-/* Message @i: metadata and payload @name, tensor WQ_MSG_TENSOR bytes of pattern @i (@t). */
+/* Message @i: metadata and payload @name, tensor wq_tensor bytes of pattern @i (@t). */
 static struct tp_message wq_msg(const char *meta, const char *name, uint8_t *t,
 				struct tp_payload *p, struct tp_tensor *tt)
 {
 	*p = (struct tp_payload){ .data = (void *)name, .length = strlen(name) };
 	*tt = (struct tp_tensor){ .device = { TP_DEVICE_CPU, 0 }, .data = t,
-				  .length = WQ_MSG_TENSOR };
+				  .length = wq_tensor };
 	return (struct tp_message){ .metadata = meta, .metadata_len = strlen(meta),
 				    .payloads = p, .n_payloads = 1, .tensors = tt,
 				    .n_tensors = 1 };
@@ -352,7 +353,7 @@ static int wq_msg_read(struct tp_wq *q, struct tp_descriptor *d, char *meta, cha
 				   .n_tensors = 1 };
 
 	if (d->n_payloads != 1 || d->n_tensors != 1 || d->payloads[0].length > 31 ||
-	    d->tensors[0].length != WQ_MSG_TENSOR || d->metadata_len > 31) {
+	    d->tensors[0].length != wq_tensor || d->metadata_len > 31) {
 		tp_wq_descriptor_free(d);
 		return -EBADMSG;
 	}
@@ -364,7 +365,7 @@ static int wq_msg_read(struct tp_wq *q, struct tp_descriptor *d, char *meta, cha
 
 static int cmd_wq_own_msg(const char *name, const char *remote, int n)
 {
-	uint8_t t[WQ_MSG_TENSOR], want[WQ_MSG_TENSOR];
+	uint8_t *t = malloc(wq_tensor), *want = malloc(wq_tensor);
 	char buf[32], meta[32], got[32], wmeta[40];
 	struct tp_descriptor *d;
 	struct tp_payload p;
@@ -372,13 +373,13 @@ static int cmd_wq_own_msg(const char *name, const char *remote, int n)
 	struct tp_message m;
 	struct tp_wq *q;
 	uint64_t id;
-	int r = wq_create(name, remote, &q);
+	int r = t && want ? wq_create(name, remote, &q) : 1;
 
 	if (r)
 		return r;
 	for (int i = 0; i < n; i++) {
 		snprintf(buf, sizeof(buf), "q%d", i);
-		pattern(t, sizeof(t), (unsigned)i);
+		pattern(t, wq_tensor, (unsigned)i);
 		m = wq_msg(buf, buf, t, &p, &tt);
 		r = tp_wq_submit_msg(q, &m, &id);
 		if (r < 0)
@@ -394,8 +395,8 @@ static int cmd_wq_own_msg(const char *name, const char *remote, int n)
 			return fail("answer", r);
 		snprintf(wmeta, sizeof(wmeta), "a:q%llu", (unsigned long long)id - 1);
 		snprintf(buf, sizeof(buf), "q%llu", (unsigned long long)id - 1);
-		pattern(want, sizeof(want), (unsigned)id - 1);
-		if (strcmp(meta, wmeta) || strcmp(got, buf) || memcmp(t, want, sizeof(t))) {
+		pattern(want, wq_tensor, (unsigned)id - 1);
+		if (strcmp(meta, wmeta) || strcmp(got, buf) || memcmp(t, want, wq_tensor)) {
 			printf("error EBADMSG: answer %llu is '%s' '%s', not '%s' '%s' (or its "
 			       "tensor differs)\n", (unsigned long long)id, meta, got, wmeta, buf);
 			return 1;
@@ -407,12 +408,14 @@ static int cmd_wq_own_msg(const char *name, const char *remote, int n)
 	while (fgets(buf, sizeof(buf), stdin))
 		;
 	tp_wq_release(q);
+	free(t);
+	free(want);
 	return 0;
 }
 
 static int cmd_wq_work_msg(const char *addr, int max)
 {
-	uint8_t t[WQ_MSG_TENSOR];
+	uint8_t *t = malloc(wq_tensor);
 	char meta[32], name[32], ameta[40];
 	struct tp_descriptor *d;
 	struct tp_payload p;
@@ -422,6 +425,8 @@ static int cmd_wq_work_msg(const char *addr, int max)
 	uint64_t id;
 	int r, n = 0;
 
+	if (!t)
+		return 1;
 	r = tp_wq_open(ctx, addr, NULL, &q);
 	if (r < 0)
 		return fail("wq open", r);
@@ -442,6 +447,7 @@ static int cmd_wq_work_msg(const char *addr, int max)
 	}
 	printf("worked %d%s\n", n, r == -EPIPE ? " closed" : "");
 	tp_wq_release(q);
+	free(t);
 	return 0;
 }
 
@@ -492,10 +498,14 @@ static int run(int argc, char **argv)
 		return cmd_wq_work(argv[3], 1, argc == 5 ? atol(argv[4]) : -1, true);
 	if (strcmp(c, "wq-open") == 0 && argc == 4)
 		return cmd_wq_open(argv[3]);
-	if (strcmp(c, "wq-own-msg") == 0 && argc == 6)
+	if (strcmp(c, "wq-own-msg") == 0 && (argc == 6 || argc == 7)) {
+		wq_tensor = argc == 7 ? strtoull(argv[6], NULL, 0) : wq_tensor;
 		return cmd_wq_own_msg(argv[3], argv[4], atoi(argv[5]));
-	if (strcmp(c, "wq-work-msg") == 0 && argc == 5)
+	}
+	if (strcmp(c, "wq-work-msg") == 0 && (argc == 5 || argc == 6)) {
+		wq_tensor = argc == 6 ? strtoull(argv[5], NULL, 0) : wq_tensor;
 		return cmd_wq_work_msg(argv[3], atoi(argv[4]));
+	}
 	return 2;
 }
 

@@ -183,6 +183,15 @@ wait_until 10 "the owner's answers" out_has own7 "^answered 3 drained$"
 release own7
 done_pid own7 10
 
+check "large messages across hosts: tensors of 16 MiB + 3 by reference both ways (peer minor 11)"
+held own8 b wq-own-msg bigjobs any 2 16777219
+wait_until 10 "the owner's questions" out_has own8 "^submitted 2$"
+out=$(x a wq-work-msg "$B/bigjobs" 2 16777219) || fail "message worker on a: $out"
+expect_out "$out" "^worked 2$"
+wait_until 30 "the owner's answers" out_has own8 "^answered 2 drained$"
+release own8
+done_pid own8 10
+
 check "a worker on a SIGKILLed with a question taken: queued again once, answered by another"
 held own2 b wq-own jobs2 any 2
 wait_until 10 "the owner's questions" out_has own2 "^submitted 2$"

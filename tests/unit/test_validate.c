@@ -1935,6 +1935,83 @@ START_TEST(test_validate_peer_wq_msgs)
 }
 END_TEST
 
+/* Work queue messages by reference across hosts (peer minor 11): a streamed submit or reply is a
+ * message's, with no tail and at most an item's bytes, never from a client; a read's transfer
+ * comes with its room on a message read only; a peer's answer admitting a transfer carries
+ * nothing else, one copied says its bytes, and a client is never sent either. */
+START_TEST(test_validate_peer_wq_stream)
+{
+	Tpw__V1__WqOp o = TPW__V1__WQ_OP__INIT;
+	Tpw__V1__PeerWqOp po = TPW__V1__PEER_WQ_OP__INIT;
+	Tpw__V1__WqReply r = TPW__V1__WQ_REPLY__INIT;
+	Tpw__V1__PeerWqReply pr = TPW__V1__PEER_WQ_REPLY__INIT;
+	Tpw__V1__PeerMsg m = TPW__V1__PEER_MSG__INIT;
+	Tpw__V1__ClientMsg cm = TPW__V1__CLIENT_MSG__INIT;
+	Tpw__V1__DaemonMsg dm = TPW__V1__DAEMON_MSG__INIT;
+	Tpw__V1__Descriptor d = TPW__V1__DESCRIPTOR__INIT;
+
+	m.body_case = TPW__V1__PEER_MSG__BODY_WQ_OP;
+	m.wq_op = &po;
+	po.op = &o;
+	o.op = TPW__V1__WQ_OP_KIND__WQ_OP_REPLY;
+	o.question_id = 3;
+	o.msg_desc = &d;
+	o.stream_len = 16u << 20;
+	ck_assert_int_eq(vpt(&m, 0), 0);
+	ck_assert_int_eq(vpt(&m, 4), -EBADMSG); /* bytes inline too */
+	o.stream_len = (1ull << 40) + 1;
+	ck_assert_int_eq(vpt(&m, 0), -EBADMSG); /* above an item's limit */
+	o.stream_len = 16u << 20;
+	o.msg_desc = NULL;
+	ck_assert_int_eq(vpt(&m, 0), -EBADMSG); /* no message's */
+	o.msg_desc = &d;
+	o.op = TPW__V1__WQ_OP_KIND__WQ_OP_SUBMIT;
+	ck_assert_int_eq(vpt(&m, 0), 0);
+	cm.body_case = TPW__V1__CLIENT_MSG__BODY_WQ_OP;
+	cm.wq_op = &o;
+	ck_assert_int_eq(vc(&cm, 0, 0), -EBADMSG); /* never from a client */
+	o.stream_len = 0;
+	o.msg_desc = NULL;
+	o.op = TPW__V1__WQ_OP_KIND__WQ_OP_TAKE;
+	o.msg_read = true;
+	o.xfer_id = 9;
+	o.room = 100;
+	ck_assert_int_eq(vpt(&m, 0), 0);
+	ck_assert_int_eq(vc(&cm, 0, 0), -EBADMSG);
+	o.room = 0;
+	ck_assert_int_eq(vpt(&m, 0), -EBADMSG); /* a transfer without room */
+	o.room = 100;
+	o.msg_read = false;
+	o.msg = true;
+	ck_assert_int_eq(vpt(&m, 0), -EBADMSG); /* no read */
+	m.body_case = TPW__V1__PEER_MSG__BODY_WQ_REPLY;
+	m.wq_reply = &pr;
+	pr.reply = &r;
+	r.xfer_id = 7;
+	ck_assert_int_eq(vpt(&m, 0), -EBADMSG); /* an admission is a success */
+	r.status = TPW__V1__STATUS__STATUS_OK;
+	ck_assert_int_eq(vpt(&m, 0), 0);
+	ck_assert_int_eq(vpt(&m, 4), -EBADMSG);
+	r.msg_copied = true;
+	ck_assert_int_eq(vpt(&m, 0), -EBADMSG); /* an admission and a copy at once */
+	r.xfer_id = 0;
+	ck_assert_int_eq(vpt(&m, 0), -EBADMSG); /* copied: its bytes say how many */
+	r.msg_len = 1000;
+	ck_assert_int_eq(vpt(&m, 0), 0);
+	r.remote_refs = true;
+	ck_assert_int_eq(vpt(&m, 0), -EBADMSG); /* the forwarding daemon's word, not a peer's */
+	r.remote_refs = false;
+	dm.body_case = TPW__V1__DAEMON_MSG__BODY_WQ_REPLY;
+	dm.wq_reply = &r;
+	ck_assert_int_eq(vd(&dm, 0, 0), -EBADMSG); /* a client gets no length with its copy */
+	r.msg_len = 0;
+	ck_assert_int_eq(vd(&dm, 0, 0), 0);
+	r.xfer_id = 7;
+	r.msg_copied = false;
+	ck_assert_int_eq(vd(&dm, 0, 0), -EBADMSG);
+}
+END_TEST
+
 static Suite *validate_suite(void)
 {
 	Suite *s = suite_create("validate");
@@ -2004,6 +2081,7 @@ static Suite *validate_suite(void)
 	tcase_add_test(d, test_validate_chan_retired);
 	tcase_add_test(d, test_validate_peer_chan_reply);
 	tcase_add_test(d, test_validate_peer_wq_msgs);
+	tcase_add_test(d, test_validate_peer_wq_stream);
 	suite_add_tcase(s, d);
 	return s;
 }
