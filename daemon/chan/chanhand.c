@@ -116,7 +116,13 @@ static void hand_back(struct chan_copy *cp, struct tpu_list *back, size_t n, uin
 {
 	struct chan *c = cp->c;
 	struct chan_copy *b = tpd_chan_io_copy_new(c, cp->h, cp->req_id);
-	int r = b ? tpd_chan_io_copy_in_start(b, back, back_on_done) : -ENOMEM;
+	int r = -ENOMEM;
+
+	if (b) {
+		b->n = n; /* (the copy's size) */
+		b->bytes = bytes;
+		r = tpd_chan_io_copy_in_start(b, back, back_on_done);
+	}
 
 	if (r < 0) {
 		tpd_chan_item_batch_free(c->cs, back);
@@ -127,8 +133,6 @@ static void hand_back(struct chan_copy *cp, struct tpu_list *back, size_t n, uin
 					"reader went into the channel", cp->h->id, c->closed, NULL);
 		return;
 	}
-	b->n = n;
-	b->bytes = bytes;
 	c->res_items += (uint32_t)n;
 	c->n_outs += (uint32_t)n;
 	c->bytes += bytes;
