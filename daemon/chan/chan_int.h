@@ -266,9 +266,9 @@ int tpd_chan_io_copy_out(struct chan_handle *h, uint64_t req_id, struct chan_ite
 			 const struct tpb_xfer *x, size_t n, bool msg);
 /* For chanhand.c: @batch (@n items, @bytes) appended to @c; @h's write @req_id answered done
  * (copied, not lent); a copy of @c for @h (NULL: nobody to answer) and @req_id, owned, freed
- * with tpd_chan_io_copy_free(); and the copy in of the items by reference of @batch (each
- * replaced in @batch, in order, by an item of the daemon), @done called as for
- * tpd_chan_copy_start(). */
+ * with tpd_chan_io_copy_free(); and the copy in of the items by reference of @batch (@cp->n
+ * items, set first; each replaced, in order, by an item of the daemon, and all of them moved to
+ * @cp->batch once started), @done called as for tpd_chan_copy_start(). */
 void tpd_chan_io_append(struct chan *c, struct tpu_list *batch, size_t n, uint64_t bytes);
 void tpd_chan_io_write_answer(struct chan_handle *h, uint64_t req_id);
 struct chan_copy *tpd_chan_io_copy_new(struct chan *c, struct chan_handle *h, uint64_t req_id);
