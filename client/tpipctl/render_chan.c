@@ -56,6 +56,8 @@ static struct json_object *chan_json(const void *item)
 	ctl_json_u64(o, "items_mapped", c->items_mapped);
 	ctl_json_u64(o, "maps_held", c->maps_held);
 	ctl_json_u64(o, "maps_retired", c->maps_retired);
+	ctl_json_u64(o, "items_handed_off", c->items_handed_off);
+	ctl_json_u64(o, "items_handed_back", c->items_handed_back);
 	ctl_json_str(o, "remote", chan_remote(c));
 	ctl_json_u64(o, "remote_handles", c->remote_handles);
 	ctl_json_str(o, "created_by", c->created_by);

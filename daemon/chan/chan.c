@@ -272,6 +272,7 @@ static void handle_free(struct chan_handle *h, bool answer)
 	tpu_list_for_each(cp, &c->copies, node)
 		if (cp->h == h)
 			cp->h = NULL; /* the copy ends, answering nobody */
+	tpd_chan_hand_forget(c, h);
 	tpu_list_remove(&h->node);
 	c->n_handles--;
 	c->maps_held -= h->n_sent;
@@ -782,6 +783,8 @@ int tpd_chan_ctl(struct tpd_chans *cs, bool own_only, uid_t viewer, Tpw__V1__Ctl
 		x->items_mapped = c->mapped;
 		x->maps_retired = c->maps_retired;
 		x->maps_held = c->maps_held;
+		x->items_handed_off = c->handed;
+		x->items_handed_back = c->handed_back;
 		x->remote = c->remote;
 		x->remote_handles = c->n_remote;
 		x->created_by = c->creator ? c->creator : (char *)"";
@@ -822,4 +825,9 @@ void tpd_chan_counts(const struct tpd_chans *cs, uint32_t *ret_chans, uint32_t *
 	*ret_unlinked = u;
 	*ret_items = items;
 	*ret_bytes = bytes;
+}
+
+uint64_t tpd_chan_handed(const struct tpd_chans *cs)
+{
+	return cs->handed;
 }

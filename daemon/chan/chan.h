@@ -73,4 +73,8 @@ struct tpd_chanx *tpd_chan_x(struct tpd_chans *c);
 void tpd_chan_counts(const struct tpd_chans *c, uint32_t *ret_chans, uint32_t *ret_unlinked,
 		     uint64_t *ret_items, uint64_t *ret_bytes);
 
+/* Items handed off from a writer's shared buffer straight to a waiting reader, in every
+ * channel since the daemon started (docs/channels.md, "Items handed off"). Borrows @c. */
+uint64_t tpd_chan_handed(const struct tpd_chans *c);
+
 #endif

@@ -16,6 +16,7 @@
 #include <sys/uio.h>
 
 #include "chan.h"
+#include "chancopy.h"
 #include "frame.h"
 #include "tpb.h"
 #include "tpu.h"
@@ -110,7 +111,12 @@ struct chan {
 	uint64_t mapped; /* items readers took by mapping their writer's buffer (map_offer()) */
 	uint64_t maps_retired; /* notices to its handles that a buffer they got is gone */
 	uint32_t maps_held;    /* keys its handles keep in chan_handle.sent */
-	uint32_t res_items, n_outs;
+	/* Items handed off (chanhand.c): copied from the writer's memory straight into a waiting
+	 * reader's allocation; and those whose reader went during the copy (copied in instead). */
+	uint64_t handed, handed_back;
+	/* @res_items counts the items of batches being copied in or handed off, @handing those
+	 * of hand-offs: no other batch is copied in while they are equal. */
+	uint32_t res_items, n_outs, handing;
 	struct tpu_list copies; /* chan_copy running; the channel stays while there are some */
 	struct tpd_chans *cs;
 };
@@ -169,6 +175,13 @@ struct chan_copy {
 	uint64_t bytes;
 	struct chan_item *item; /* out: the item */
 	bool msg;		/* out: a message read's take (ChanReply.msg_taken) */
+	/* A hand-off (chanhand.c): the first @k items of @batch, the writer's by reference, go to
+	 * the reads @to (a reader NULL once its handle is gone); the others are copied in. */
+	struct chan_hand {
+		struct chan_handle *h;
+		uint64_t req_id;
+	} *to;
+	size_t k;
 };
 
 struct tpd_chans {
@@ -189,6 +202,7 @@ struct tpd_chans {
 		uint64_t bytes;
 	} *lent;
 	size_t n_lent, cap_lent;
+	uint64_t handed; /* items handed off in all channels, ever (a metric) */
 };
 
 /* chan.c: answers (reply_send: @r with @tail, @n_tail pieces; answer: a status, with @it inline
@@ -264,5 +278,29 @@ void tpd_chan_io_write(struct tpd_chans *cs, struct chan_handle *h, const Tpw__V
 void tpd_chan_io_read(struct tpd_chans *cs, struct chan_handle *h, const Tpw__V1__ChanOp *o);
 int tpd_chan_io_copy_out(struct chan_handle *h, uint64_t req_id, struct chan_item *it,
 			 const struct tpb_xfer *x, size_t n, bool msg);
+/* For chanhand.c: @batch (@n items, @bytes) appended to @c; @h's write @req_id answered done
+ * (copied, not lent); a copy of @c for @h (NULL: nobody to answer) and @req_id, owned, freed
+ * with tpd_chan_io_copy_free(); and the copy in of the items by reference of @batch (@cp->n
+ * items, set first; each replaced, in order, by an item of the daemon, and all of them moved to
+ * @cp->batch once started), @done called as for tpd_chan_copy_start(). */
+void tpd_chan_io_append(struct chan *c, struct tpu_list *batch, size_t n, uint64_t bytes);
+void tpd_chan_io_write_answer(struct chan_handle *h, uint64_t req_id);
+struct chan_copy *tpd_chan_io_copy_new(struct chan *c, struct chan_handle *h, uint64_t req_id);
+void tpd_chan_io_copy_free(struct chan_copy *cp);
+int tpd_chan_io_copy_in_start(struct chan_copy *cp, struct tpu_list *batch,
+			      tpd_chan_copy_done_fn done);
+
+/*
+ * chanhand.c: tpd_chan_hand_try() - hands @h's write @req_id of @batch (@n items, @bytes, room
+ * checked, not lent) to the readers waiting on its channel when it can (docs/channels.md,
+ * "Items handed off"): every item by reference in one of the writer's shared buffers, the
+ * channel holding no item and copying no other batch in, and the oldest waiting read naming a
+ * shared buffer with room. Return: true if it took @batch's items (the write is answered
+ * later), false if nothing was done.
+ */
+bool tpd_chan_hand_try(struct chan_handle *h, uint64_t req_id, struct tpu_list *batch, size_t n,
+		       uint64_t bytes);
+/* @h (a reader) is going: hand-offs to it give its item back to the channel instead. */
+void tpd_chan_hand_forget(struct chan *c, const struct chan_handle *h);
 
 #endif

@@ -274,7 +274,7 @@ static bool chan_drained(const struct chan *c)
 }
 
 /* Moves @batch (@n items, @bytes) to the end of @c, contiguous: nothing runs in between. */
-static void chan_append(struct chan *c, struct tpu_list *batch, size_t n, uint64_t bytes)
+void tpd_chan_io_append(struct chan *c, struct tpu_list *batch, size_t n, uint64_t bytes)
 {
 	struct chan_item *it, *tmp;
 
@@ -391,12 +391,13 @@ static struct chan_wait *wait_new(struct tpd_chans *cs, struct chan_handle *h, u
 	return w;
 }
 
-static void chan_copy_free(struct chan_copy *cp)
+void tpd_chan_io_copy_free(struct chan_copy *cp)
 {
 	struct chan *c = cp->c;
 
 	tpu_list_remove(&cp->node);
 	tpd_chan_item_batch_free(c->cs, &cp->batch);
+	free(cp->to);
 	free(cp);
 	tpd_chan_maybe_free(c);
 }
@@ -415,18 +416,20 @@ static void copy_in_on_done(void *arg, int status, const char *why)
 		why = "the channel was closed while the batch was copied";
 	}
 	if (status == 0)
-		chan_append(c, &cp->batch, cp->n, cp->bytes);
+		tpd_chan_io_append(c, &cp->batch, cp->n, cp->bytes);
 	if (cp->h && status == 0)
 		write_answer(cp->h, cp->req_id, false);
 	else if (cp->h)
 		tpd_chan_answer(&cp->h->who, cp->req_id, status, why, cp->h->id, c->closed, NULL);
 	tpd_chan_io_serve(c);
-	chan_copy_free(cp);
+	tpd_chan_io_copy_free(cp);
 }
 
 /* Starts copying the items by reference of @batch into items of the daemon; they take the
- * place of the references in @cp->batch. Return: 0 or -errno (@batch unchanged). */
-static int copy_in_start(struct chan_copy *cp, struct tpu_list *batch)
+ * place of the references in @batch; @done when copied. Return: 0 or -errno (@batch
+ * unchanged). */
+int tpd_chan_io_copy_in_start(struct chan_copy *cp, struct tpu_list *batch,
+			      tpd_chan_copy_done_fn done)
 {
 	struct tpb_xfer *x = calloc(cp->n, sizeof(*x));
 	struct chan_item *it, *tmp, *dup;
@@ -448,9 +451,9 @@ static int copy_in_start(struct chan_copy *cp, struct tpu_list *batch)
 	}
 	if (cp->h && cp->h->who.pr) /* a peer's write: its items come over the link */
 		r = tpd_chanx_big_copy_in(cp->c->cs->d, cp->h->who.pr, cp->req_id, cp->h->id, x,
-					  k, copy_in_on_done, cp);
+					  k, done, cp);
 	else
-		r = tpd_chan_copy_start(cp->c->cs->d, x, k, copy_in_on_done, cp);
+		r = tpd_chan_copy_start(cp->c->cs->d, x, k, done, cp);
 	if (r < 0)
 		goto fail;
 	/* The copy holds its own references: the batch's items by reference give way to theirs,
@@ -474,19 +477,17 @@ fail:
 	return r;
 }
 
-/* A new copy of @h's request @req_id on its channel. Return: owned (chan_copy_free()), or
- * NULL. */
-static struct chan_copy *copy_new(struct chan_handle *h, uint64_t req_id)
+struct chan_copy *tpd_chan_io_copy_new(struct chan *c, struct chan_handle *h, uint64_t req_id)
 {
 	struct chan_copy *cp = calloc(1, sizeof(*cp));
 
 	if (!cp)
 		return NULL;
-	cp->c = h->c;
+	cp->c = c;
 	cp->h = h;
 	cp->req_id = req_id;
 	tpu_list_init(&cp->batch);
-	tpu_list_insert_tail(&h->c->copies, &cp->node);
+	tpu_list_insert_tail(&c->copies, &cp->node);
 	return cp;
 }
 
@@ -511,35 +512,43 @@ static void write_answer(struct chan_handle *h, uint64_t req_id, bool lent)
 		memmove(h->released, h->released + n, h->n_released * sizeof(*h->released));
 }
 
+void tpd_chan_io_write_answer(struct chan_handle *h, uint64_t req_id)
+{
+	write_answer(h, req_id, false);
+}
+
 /* Puts @batch (@n items, @bytes, room checked) into @h's channel and answers @req_id: at once
  * when every item is in the daemon already or stays in the buffer the writer lends (@lend),
- * else once its items by reference are copied in (their room reserved meanwhile). Takes
- * @batch's items. */
+ * else once its items by reference are handed off to waiting readers (chanhand.c) or copied in
+ * (their room reserved meanwhile). Takes @batch's items. */
 static void chan_admit(struct chan_handle *h, uint64_t req_id, struct tpu_list *batch, size_t n,
 		       uint64_t bytes, bool lend)
 {
 	struct chan *c = h->c;
 	struct chan_copy *cp = NULL;
 	struct chan_item *it;
-	bool refs = false, lent = lend && tpd_chan_item_lend_batch(h, batch, bytes);
+	bool refs = false, lent;
 	int r = -ENOMEM;
 
+	if (!lend && tpd_chan_hand_try(h, req_id, batch, n, bytes))
+		return;
+	lent = lend && tpd_chan_item_lend_batch(h, batch, bytes);
 	tpu_list_for_each(it, batch, node)
 		refs |= it->ref && !it->lend;
 	if (!refs) {
-		chan_append(c, batch, n, bytes);
+		tpd_chan_io_append(c, batch, n, bytes);
 		return write_answer(h, req_id, lent);
 	}
-	cp = copy_new(h, req_id);
+	cp = tpd_chan_io_copy_new(h->c, h, req_id);
 	if (cp) {
 		cp->n = n;
 		cp->bytes = bytes;
-		r = copy_in_start(cp, batch);
+		r = tpd_chan_io_copy_in_start(cp, batch, copy_in_on_done);
 	}
 	if (r < 0) {
 		tpd_chan_item_batch_free(c->cs, batch);
 		if (cp)
-			chan_copy_free(cp);
+			tpd_chan_io_copy_free(cp);
 		return tpd_chan_answer(&h->who, req_id, r, r == -ENOMEM ? "out of memory" :
 				       "no channel copies the writer's memory", h->id, false, NULL);
 	}
@@ -574,7 +583,7 @@ static void copy_out_on_done(void *arg, int status, const char *why)
 					NULL);
 	}
 	tpd_chan_io_serve(c);
-	chan_copy_free(cp);
+	tpd_chan_io_copy_free(cp);
 }
 
 /*
@@ -588,7 +597,7 @@ int tpd_chan_io_copy_out(struct chan_handle *h, uint64_t req_id, struct chan_ite
 			 const struct tpb_xfer *x, size_t n, bool msg)
 {
 	struct tpb_xfer *xs = calloc(n ? n : 1, sizeof(*xs));
-	struct chan_copy *cp = xs ? copy_new(h, req_id) : NULL;
+	struct chan_copy *cp = xs ? tpd_chan_io_copy_new(h->c, h, req_id) : NULL;
 	int r = -ENOMEM;
 
 	for (size_t i = 0; cp && i < n; i++)
@@ -606,7 +615,7 @@ int tpd_chan_io_copy_out(struct chan_handle *h, uint64_t req_id, struct chan_ite
 		return 0;
 	}
 	if (cp)
-		chan_copy_free(cp);
+		tpd_chan_io_copy_free(cp);
 	tpd_chan_item_give_back(h->c, it);
 	tpd_chan_answer(&h->who, req_id, r, "cannot copy the item into the read's allocation",
 			h->id, h->c->closed, NULL);

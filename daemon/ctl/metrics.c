@@ -181,6 +181,9 @@ static void put_chans(struct evbuffer *b, struct tpd_daemon *d)
 		   "Items held in channels, named or unlinked.", items);
 	put_metric(b, "tpipd_channel_bytes", "gauge",
 		   "Item bytes held in channels, named or unlinked.", bytes);
+	put_metric(b, "tpipd_channel_items_handed_off_total", "counter",
+		   "Channel items copied from the writer's shared buffer straight into a waiting "
+		   "reader's allocation.", tpd_chan_handed(tpd_daemon_chans(d)));
 	tpd_wq_counts(tpd_daemon_wqs(d), &w);
 	put_metric(b, "tpipd_work_queues", "gauge",
 		   "Work queues alive, with or without their owner (docs/queues.md).", w.queues);
