@@ -159,38 +159,50 @@ static uint32_t link_ops(const struct tpd_chanx *x, const struct tpd_peer *pr)
 	return n;
 }
 
-/* The size of the PeerMsg that carries @chan or @wq as its op @op_id from @uid's @pid, without
- * the header. */
+/* The PeerMsg @m (its wrappers @pc and @pw) that carries @chan or @wq as op @op_id from @uid's
+ * @pid. */
+struct xop_msg {
+	Tpw__V1__PeerChanOp pc;
+	Tpw__V1__PeerWqOp pw;
+	Tpw__V1__PeerMsg m;
+};
+
+static void xop_msg_build(struct xop_msg *xm, Tpw__V1__ChanOp *chan, Tpw__V1__WqOp *wq,
+			  uint64_t op_id, uint32_t uid, uint32_t pid)
+{
+	*xm = (struct xop_msg){ TPW__V1__PEER_CHAN_OP__INIT, TPW__V1__PEER_WQ_OP__INIT,
+				TPW__V1__PEER_MSG__INIT };
+	if (chan) {
+		chan->req_id = op_id;
+		xm->pc.op = chan;
+		xm->pc.uid = uid;
+		xm->pc.pid = pid;
+		xm->m.body_case = TPW__V1__PEER_MSG__BODY_CHAN_OP;
+		xm->m.chan_op = &xm->pc;
+	} else {
+		wq->req_id = op_id;
+		xm->pw.op = wq;
+		xm->pw.uid = uid;
+		xm->pw.pid = pid;
+		xm->m.body_case = TPW__V1__PEER_MSG__BODY_WQ_OP;
+		xm->m.wq_op = &xm->pw;
+	}
+}
+
+/* The size of that PeerMsg without the header (@chan's or @wq's req_id left as it was). */
 static size_t xop_msg_len(Tpw__V1__ChanOp *chan, Tpw__V1__WqOp *wq, uint64_t op_id, uint32_t uid,
 			  uint32_t pid)
 {
-	Tpw__V1__PeerChanOp pc = TPW__V1__PEER_CHAN_OP__INIT;
-	Tpw__V1__PeerWqOp pw = TPW__V1__PEER_WQ_OP__INIT;
-	Tpw__V1__PeerMsg m = TPW__V1__PEER_MSG__INIT;
-	uint64_t saved;
+	uint64_t saved = chan ? chan->req_id : wq->req_id;
+	struct xop_msg xm;
 	size_t n;
 
-	if (chan) {
-		saved = chan->req_id;
-		chan->req_id = op_id;
-		pc.op = chan;
-		pc.uid = uid;
-		pc.pid = pid;
-		m.body_case = TPW__V1__PEER_MSG__BODY_CHAN_OP;
-		m.chan_op = &pc;
-		n = tpw_frame_size(&m.base);
+	xop_msg_build(&xm, chan, wq, op_id, uid, pid);
+	n = tpw_frame_size(&xm.m.base);
+	if (chan)
 		chan->req_id = saved;
-	} else {
-		saved = wq->req_id;
-		wq->req_id = op_id;
-		pw.op = wq;
-		pw.uid = uid;
-		pw.pid = pid;
-		m.body_case = TPW__V1__PEER_MSG__BODY_WQ_OP;
-		m.wq_op = &pw;
-		n = tpw_frame_size(&m.base);
+	else
 		wq->req_id = saved;
-	}
 	return n - TPW_HDR_SIZE;
 }
 
@@ -198,30 +210,14 @@ static size_t xop_msg_len(Tpw__V1__ChanOp *chan, Tpw__V1__WqOp *wq, uint64_t op_
 static void xop_send(struct tpd_chanx *x, struct xop *xo, Tpw__V1__ChanOp *chan,
 		     Tpw__V1__WqOp *wq, const struct iovec *tail)
 {
-	Tpw__V1__PeerChanOp pc = TPW__V1__PEER_CHAN_OP__INIT;
-	Tpw__V1__PeerWqOp pw = TPW__V1__PEER_WQ_OP__INIT;
-	Tpw__V1__PeerMsg m = TPW__V1__PEER_MSG__INIT;
 	uint32_t uid = xo->s ? (uint32_t)tpd_session_uid(xo->s) : xo->uid;
 	uint32_t pid = xo->s ? (uint32_t)tpd_session_pid(xo->s) : xo->pid;
+	struct xop_msg xm;
 
 	(void)x;
 	xo->sent = true;
-	if (chan) {
-		chan->req_id = xo->op_id;
-		pc.op = chan;
-		pc.uid = uid;
-		pc.pid = pid;
-		m.body_case = TPW__V1__PEER_MSG__BODY_CHAN_OP;
-		m.chan_op = &pc;
-	} else {
-		wq->req_id = xo->op_id;
-		pw.op = wq;
-		pw.uid = uid;
-		pw.pid = pid;
-		m.body_case = TPW__V1__PEER_MSG__BODY_WQ_OP;
-		m.wq_op = &pw;
-	}
-	tpd_peer_send(xo->pr, &m, tail, tail ? 1 : 0);
+	xop_msg_build(&xm, chan, wq, xo->op_id, uid, pid);
+	tpd_peer_send(xo->pr, &xm.m, tail, tail ? 1 : 0);
 }
 
 /* Sends the OPEN @xo holds. */
