@@ -54,7 +54,6 @@
 #include <errno.h>
 #include <netinet/in.h>
 #include <sys/socket.h>
-#include <grp.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -70,14 +69,6 @@
 
 static char addr[256];
 static struct tpt_sync go;
-
-static int drop_to_nobody(void)
-{
-	if (setgroups(0, NULL) < 0 || setresgid(NOBODY, NOBODY, NOBODY) < 0 ||
-	    setresuid(NOBODY, NOBODY, NOBODY) < 0)
-		return -errno;
-	return 0;
-}
 
 /* Sends ChanOp @op (req_id 1) and returns the answer's status (its handle in *@ret_id), or
  * -errno. */
@@ -159,7 +150,7 @@ static int attacker(void *arg)
 	int st;
 
 	(void)arg;
-	TPT_REQUIRE(drop_to_nobody() == 0, 1, "cannot drop to nobody");
+	TPT_REQUIRE(tpt_become(NOBODY) == 0, 1, "cannot drop to nobody");
 	TPT_REQUIRE(tpt_raw_connect(&r, tpt_peer_a.socket) == 0, 1, "connect");
 	TPT_REQUIRE(tpt_raw_hello(&r, TPW__V1__ROLE__ROLE_CLIENT, T_MS) == 0, 1, "hello");
 	o.op = TPW__V1__CHAN_OP_KIND__CHAN_OP_OPEN;

@@ -10,7 +10,6 @@
  */
 #include <check.h>
 #include <errno.h>
-#include <grp.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -22,14 +21,6 @@
 #define NOBODY 65534
 
 static struct tpt_daemon d;
-
-static int drop_to_nobody(void)
-{
-	if (setgroups(0, NULL) < 0 || setresgid(NOBODY, NOBODY, NOBODY) < 0 ||
-	    setresuid(NOBODY, NOBODY, NOBODY) < 0)
-		return -errno;
-	return 0;
-}
 
 /* Sends WqOp @op (req_id 1) and returns the answer's status, or -errno; *@ret_id: wq_id. */
 static int raw_wq(struct tpt_raw *r, Tpw__V1__WqOp *op, const void *tail, uint32_t tail_len,
@@ -68,7 +59,7 @@ static int attacker(void *arg)
 	struct tpt_raw r;
 	int st;
 
-	TPT_REQUIRE(drop_to_nobody() == 0, 1, "cannot drop to nobody");
+	TPT_REQUIRE(tpt_become(NOBODY) == 0, 1, "cannot drop to nobody");
 	TPT_REQUIRE(tpt_raw_connect(&r, d.socket) == 0, 1, "connect");
 	TPT_REQUIRE(tpt_raw_hello(&r, TPW__V1__ROLE__ROLE_CLIENT, T_MS) == 0, 1, "hello");
 	for (uint64_t id = 0; id < 64; id++) {
