@@ -311,9 +311,11 @@ void tpc_chan_own_put(struct tp_chan *ch, struct tpc_buf *b, bool reuse)
 			n_evict++;
 		}
 		b->used_ns = tpu_now_ns();
+		ch->ctx->chan_own_put_ns = b->used_ns;
 		ch->own[ch->n_own++] = b;
 		ch->own_bytes += b->size;
-		/* the first: the io thread may wait with no timeout */
+		/* the first: the io thread may wait with no timeout (not within a second of the
+		 * last one: tpc_chan_own_timeout_locked()) */
 		wake = ch->ctx->chan_own++ == 0 && ch->ctx->io_untimed;
 		b = NULL;
 	}
@@ -327,14 +329,26 @@ void tpc_chan_own_put(struct tp_chan *ch, struct tpc_buf *b, bool reuse)
 
 int tpc_chan_own_timeout_locked(struct tp_context *ctx)
 {
-	uint64_t now, due = UINT64_MAX;
+	uint64_t idle = (uint64_t)CHAN_OWN_IDLE_MS * 1000000u, now, due = UINT64_MAX;
 	struct tp_chan *ch;
 
-	if (!ctx->chan_own)
-		return -1;
+	if (!ctx->chan_own) {
+		/* None free now, but one was put back lately: a stream whose buffer goes back and
+		 * forth. Wait until a second after that, not forever, so that the next put back
+		 * need not wake this thread (a cross-CPU wake-up an item). */
+		if (!ctx->chan_own_put_ns)
+			return -1;
+		due = ctx->chan_own_put_ns + idle;
+		now = tpu_now_ns();
+		if (due <= now) {
+			ctx->chan_own_put_ns = 0; /* quiet: the next put back wakes the thread */
+			return -1;
+		}
+		return (int)((due - now + 999999u) / 1000000u);
+	}
 	tpu_list_for_each(ch, &ctx->chans, ctx_node)
 		for (unsigned i = 0; i < ch->n_own; i++)
-			due = TPU_MIN(due, ch->own[i]->used_ns + (uint64_t)CHAN_OWN_IDLE_MS * 1000000u);
+			due = TPU_MIN(due, ch->own[i]->used_ns + idle);
 	now = tpu_now_ns();
 	if (due == UINT64_MAX)
 		return -1;

@@ -338,6 +338,10 @@ struct tp_context {
 	 * idle by the io thread; @chan_own: those free buffers, all handles together. */
 	struct tpu_list chans;
 	size_t chan_own;
+	/* When a free buffer was last put back (0: never): for a second after it the io thread
+	 * waits with a timeout, so that a stream whose one buffer goes back and forth costs no
+	 * wake-up per item (chanmap.c). */
+	uint64_t chan_own_put_ns;
 	bool io_untimed; /* the io thread waits with no timeout (it is woken for a first one) */
 
 	/* CUDA (cuda.c): created by the first use of CUDA memory, NULL until then. cuda_lock
