@@ -6,18 +6,42 @@
 #include <signal.h>
 #include <stdio.h>
 #include <string.h>
+#include <sys/resource.h>
 #include "config.h"
 #include "daemon.h"
 #include "log.h"
 #include "notify.h"
+
+/* Raises the soft RLIMIT_NOFILE to the hard one, as a server that polls (never select()) may:
+ * the soft default of a shell (1024) would leave nothing of the derived kept-fds-max once the
+ * fds for sessions, pidfds and links are set aside (tpd_config_fd_reserve()), and the daemon
+ * would take no client's fd to keep (channel items copied, never mapped; no CUDA dma-buf). A
+ * service's LimitNOFILE sets both. Return: the soft limit before, for the log. */
+static rlim_t raise_nofile(void)
+{
+	struct rlimit rl;
+	rlim_t was;
+
+	if (getrlimit(RLIMIT_NOFILE, &rl) < 0)
+		return 0;
+	was = rl.rlim_cur;
+	if (rl.rlim_cur < rl.rlim_max) {
+		rl.rlim_cur = rl.rlim_max;
+		(void)setrlimit(RLIMIT_NOFILE, &rl); /* the soft one stays as it was */
+	}
+	return was;
+}
 
 int main(int argc, char **argv)
 {
 	struct tpd_daemon *d = NULL;
 	struct tpd_config cfg;
 	char err[512] = "";
+	struct rlimit rl;
+	rlim_t nofile0;
 	int r;
 
+	nofile0 = raise_nofile();
 	tpd_config_defaults(&cfg);
 	r = tpd_config_load(&cfg, argc, argv, err, sizeof(err));
 	if (r > 0)
@@ -35,6 +59,9 @@ int main(int argc, char **argv)
 	tpu_log_set_timestamps(!tpd_notify_journal_stderr());
 	tpd_notify_use_journal();
 	signal(SIGPIPE, SIG_IGN);
+	if (getrlimit(RLIMIT_NOFILE, &rl) == 0 && rl.rlim_cur != nofile0)
+		tpu_log_info("RLIMIT_NOFILE raised from %llu to its hard limit %llu",
+			     (unsigned long long)nofile0, (unsigned long long)rl.rlim_cur);
 	if (!cfg.kept_fds_cap)
 		tpu_log_warn("RLIMIT_NOFILE leaves no fds to keep for clients once %llu are set "
 			     "aside for sessions, peer links and rings: channel items are copied, "

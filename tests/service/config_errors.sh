@@ -150,6 +150,18 @@ printf '[limits]\nsessions-max = 4096\nkept-fds-max = 1000\n' >"$conf"
 expect_exit2 "kept-fds-max in the file, sessions-max raised" \
 	"^tpipd: kept-fds-max: 1000 fds do not fit RLIMIT_NOFILE 8192, which leaves 0 once 14464" \
 	bash -c 'ulimit -n 8192 && exec "$0" "$@"' "$TPIPD_BIN" --config "$conf" --check-config
+check "a soft RLIMIT_NOFILE below the hard one (a shell's 1024) is raised to it at start, so" \
+	"kept fds are derived from the hard limit (1024 alone leaves none once 5248 are set aside)"
+: >"$conf"
+(ulimit -Sn 1024 && ulimit -Hn 8192 &&
+	exec "$TPIPD_BIN" --config "$conf" --socket "$SVC_TMP/nofile.sock") 2>"$SVC_TMP/nofile.log" &
+nofile_pid=$!
+for _ in $(seq 100); do [ -S "$SVC_TMP/nofile.sock" ] && break; sleep 0.05; done
+grep -q "RLIMIT_NOFILE raised from 1024 to its hard limit 8192" "$SVC_TMP/nofile.log" &&
+	grep -q "keeps at most 2944 fds of clients' buffers" "$SVC_TMP/nofile.log" ||
+	{ kill "$nofile_pid"; cat "$SVC_TMP/nofile.log"; fail "the soft limit was not raised"; }
+kill "$nofile_pid"
+wait "$nofile_pid" 2>/dev/null || true
 printf '[limits]\nkept-fds-per-uid = -1\n' >"$conf"
 expect_exit2 "kept-fds-per-uid = -1" "^tpipd: $conf:2: kept-fds-per-uid: '-1' is not a number" \
 	"$TPIPD_BIN" --config "$conf" --check-config
