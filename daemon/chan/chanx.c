@@ -559,6 +559,8 @@ static void xforward(struct tpd_chanx *x, struct xh *xh, int op, uint64_t req_id
 		*lg = (struct xlarge){ 0 };
 	}
 	r = lg && lg->n ? tpd_chanx_big_read_start(x, xo, lg) : 0;
+	if (r == -ENOTCONN || r == -EPIPE)
+		r = -ECONNRESET; /* the link's data connections are gone: the link goes with them */
 	if (r < 0) {
 		tpd_chanx_xop_free(xo);
 		return refuse(xh->kind, s, req_id, id, r, "%s host %s: cannot receive the item "
