@@ -34,7 +34,7 @@
 #define TPU_RING_HDR 4096u	    /* header page; the c2d data follows, then d2c */
 #define TPU_RING_MIN (4u << 10)	    /* smallest data area per direction */
 #define TPU_RING_MAX (64u << 20)    /* largest data area per direction */
-#define TPU_RING_DEFAULT (256u << 10)
+#define TPU_RING_DEFAULT (512u << 10)
 
 /* One direction's shared control block. Producer and consumer fields on separate lines. */
 struct tpu_ring_ctl {

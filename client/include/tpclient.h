@@ -80,10 +80,11 @@ struct tp_context_options {
 				  * missing, /run/tpipd/tpipd.sock (libtpclient(3)) */
 	const char *name;	 /* shown as remote name to peers; NULL: "<comm>:<pid>" */
 	size_t eager_max;	 /* messages with at most this many data bytes travel inline
-				  * with their descriptor; 0: 64 KiB; capped by the daemon */
+				  * with their descriptor; 0: 64 KiB, or an eighth of the
+				  * control ring if that is less; capped by the daemon */
 	uint32_t flags;		 /* enum tp_context_flags */
 	/* Shared-memory control ring between this process and the daemon, bytes per direction
-	 * (a power of two, 4 KiB..64 MiB; 0: $TPIPD_RING_BYTES if set, else 256 KiB; the
+	 * (a power of two, 4 KiB..64 MiB; 0: $TPIPD_RING_BYTES if set, else 512 KiB; the
 	 * variable set to 0 means TP_CONTEXT_NO_RING). Falls back to the socket if the daemon
 	 * refuses it. */
 	uint32_t ring_bytes;

@@ -205,6 +205,10 @@ static int context_ring_setup(struct tp_context *ctx, const struct tp_context_op
 			      (int)dm->body_case);
 	} else if (dm->reply->status == TPW__V1__STATUS__STATUS_OK) {
 		ctx->ring = true; /* every later frame goes through the rings */
+		/* Four eager messages in flight must fit the ring, or the writer waits for
+		 * room with every message (a small ring set by the caller). */
+		if (!o->eager_max)
+			ctx->eager_max = TPU_MIN(ctx->eager_max, (size_t)ctx->ring_size / 8);
 	} else {
 		tpc_context_ring_free(ctx); /* refused (the daemon logs why): stay on the socket */
 	}
