@@ -73,6 +73,50 @@ static void to_client_wq(struct tpd_session *s, Tpw__V1__WqReply *r, const struc
 	tpd_session_send(s, &m, tail, tail ? 1 : 0);
 }
 
+static void refuse(enum xkind k, struct tpd_session *s, uint64_t req_id, uint64_t id, int err,
+		   const char *fmt, ...) _printf_(6, 7);
+
+/*
+ * Whether the client's library takes @m with @tail as a frame (the checks it runs on every
+ * frame, with its own bounds): an answer built from a far daemon's is checked here once more,
+ * so that no combination of fields a hostile or newer far daemon sends can make the library
+ * refuse the frame and end the client's whole context. Return: true, or false with @why.
+ */
+static bool client_takes(const Tpw__V1__DaemonMsg *m, const struct iovec *tail, char *why,
+			 size_t wl)
+{
+	const struct tpw_limits lim = { .frame_max = TPW_FRAME_MAX_HARD,
+					.inline_max = TPW_FRAME_MAX_HARD,
+					.segments_max = UINT32_MAX,
+					.message_bytes_max = UINT64_MAX,
+					.metadata_max = UINT32_MAX };
+	struct tpw_hdr h = { .data_len = tail ? (uint32_t)tail->iov_len : 0 };
+
+	return tpw_daemon_msg_validate(m, &h, &lim, why, wl) == 0;
+}
+
+/* Sends a far daemon's answer @a (a ChanReply or WqReply in @m, built from @pr's) to @s, or,
+ * when @s's library would refuse it, a refusal of that op alone, logged once. */
+static void far_answer(struct tpd_peer *pr, struct tpd_session *s, Tpw__V1__DaemonMsg *m,
+		       const struct iovec *tail)
+{
+	bool chan = m->body_case == TPW__V1__DAEMON_MSG__BODY_CHAN_REPLY;
+	char why[200];
+
+	if (!client_takes(m, tail, why, sizeof(why))) {
+		tpd_session_log(s, TPU_LOG_WARNING, "%s answer of host %s refused, its op fails: "
+				"%s", chan ? "channel" : "work queue", tpd_peer_name(pr), why);
+		if (chan)
+			return refuse(X_CHAN, s, m->chan_reply->req_id, m->chan_reply->chan_id,
+				      -EPROTO, "the channel's host %s sent an answer that is not "
+				      "valid here: %s", tpd_peer_name(pr), why);
+		return refuse(X_WQ, s, m->wq_reply->req_id, m->wq_reply->wq_id, -EPROTO,
+			      "the work queue's host %s sent an answer that is not valid here: %s",
+			      tpd_peer_name(pr), why);
+	}
+	tpd_session_send(s, m, tail, tail ? 1 : 0);
+}
+
 void tpd_chanx_to_client_wq(struct tpd_session *s, Tpw__V1__WqReply *r)
 {
 	to_client_wq(s, r, NULL);
@@ -104,8 +148,6 @@ static void vrefuse(enum xkind k, struct tpd_session *s, uint64_t req_id, uint64
 }
 
 static void refuse(enum xkind k, struct tpd_session *s, uint64_t req_id, uint64_t id, int err,
-		   const char *fmt, ...) _printf_(6, 7);
-static void refuse(enum xkind k, struct tpd_session *s, uint64_t req_id, uint64_t id, int err,
 		   const char *fmt, ...)
 {
 	va_list ap;
@@ -136,8 +178,13 @@ void tpd_chanx_xop_free(struct xop *xo)
 		tpd_chan_copy_put(&xo->out_mem[i]);
 	free(xo->out_mem);
 	free(xo->out_len);
+	/* A receive of a read that ends here is cancelled: nothing can take its bytes any more,
+	 * and it holds the client's buffer until it ends (a far daemon may never send them). A
+	 * send ends on its own. Either frees @xo->xs once its end is delivered. */
+	if (xo->xs && !xo->xs->send)
+		tpd_chan_stream_cancel(xo->xs->cs);
 	if (xo->xs)
-		xo->xs->xo = NULL; /* the transfer ends on its own and frees @xo->xs */
+		xo->xs->xo = NULL;
 	tpu_list_remove(&xo->node);
 	free(xo);
 }
@@ -858,10 +905,17 @@ static void on_chan_reply(struct tpd_chanx *x, struct tpd_peer *pr, const Tpw__V
 		a.n_lengths = 0;
 		a.lengths = NULL;
 	}
-	if (xo->op != TPW__V1__CHAN_OP_KIND__CHAN_OP_READ || item)
+	/* A held item's length goes only with nothing taken (the far daemon's validation lets
+	 * msg_taken and held_len through together: the client's refuses them). */
+	if (xo->op != TPW__V1__CHAN_OP_KIND__CHAN_OP_READ || item || r->msg_taken)
 		a.held_len = 0;
-	if (tell)
-		tpd_chanx_to_client(xo->s, &a, item ? &iov : NULL);
+	if (tell) {
+		Tpw__V1__DaemonMsg m = TPW__V1__DAEMON_MSG__INIT;
+
+		m.body_case = TPW__V1__DAEMON_MSG__BODY_CHAN_REPLY;
+		m.chan_reply = &a;
+		far_answer(pr, xo->s, &m, item ? &iov : NULL);
+	}
 	tpd_chanx_xop_free(xo);
 }
 
@@ -906,8 +960,13 @@ static void on_wq_reply(struct tpd_chanx *x, struct tpd_peer *pr, const Tpw__V1_
 	a.msg_len = a.msg_held ? a.msg_len : 0;
 	if (!data)
 		a.length = 0;
-	if (tell)
-		to_client_wq(xo->s, &a, data ? &iov : NULL);
+	if (tell) {
+		Tpw__V1__DaemonMsg m = TPW__V1__DAEMON_MSG__INIT;
+
+		m.body_case = TPW__V1__DAEMON_MSG__BODY_WQ_REPLY;
+		m.wq_reply = &a;
+		far_answer(pr, xo->s, &m, data ? &iov : NULL);
+	}
 	tpd_chanx_xop_free(xo);
 }
 

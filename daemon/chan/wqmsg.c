@@ -348,10 +348,13 @@ static void read_remote(struct tpd_wqs *ws, struct wq_handle *h, const Tpw__V1__
 
 	if (h->copies >= WQ_COPIES_PER_HANDLE)
 		return tpd_wq_err(h, o->req_id, -ENOBUFS, "64 copies of this handle are running");
-	if (x.len > o->room) {
-		snprintf(why, sizeof(why), "an item of %zu bytes is above the read's room of %llu",
-			 (size_t)x.len, (unsigned long long)o->room);
-		return tpd_wq_err(h, o->req_id, -EMSGSIZE, why);
+	/* The far daemon takes exactly the item's bytes (the descriptor's length) and refuses
+	 * any other count: a read naming more is refused here, before the item leaves. */
+	if (x.len != o->room) {
+		snprintf(why, sizeof(why), "an item of %zu bytes for a read's room of %llu: a read "
+			 "from another host names exactly the message's bytes", (size_t)x.len,
+			 (unsigned long long)o->room);
+		return tpd_wq_err(h, o->req_id, x.len > o->room ? -EMSGSIZE : -EINVAL, why);
 	}
 	cp = calloc(1, sizeof(*cp));
 	if (!cp)

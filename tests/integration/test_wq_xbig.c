@@ -14,6 +14,8 @@
  *   fit, -ENOBUFS naming the limit, the queue and the link going on.
  * - The hosting daemon killed after a worker on a took a large question's descriptor: the read
  *   fails with -ECONNRESET naming the host.
+ * - A read from a naming more room than the question's bytes: refused by b before the item
+ *   leaves, and a keeps no receive, nor mapping, of the worker's buffer once it is gone.
  */
 #include <check.h>
 #include <errno.h>
@@ -311,6 +313,87 @@ START_TEST(test_host_killed_fails_the_read)
 }
 END_TEST
 
+/* The memfd mappings daemon @d holds now (its clients' registered buffers among them). */
+static unsigned memfd_maps(const struct tpt_daemon *d)
+{
+	char p[64], line[512];
+	unsigned n = 0;
+	FILE *f;
+
+	snprintf(p, sizeof(p), "/proc/%d/maps", (int)d->pid);
+	f = fopen(p, "re");
+	ck_assert_ptr_nonnull(f);
+	while (fgets(line, sizeof(line), f))
+		n += strstr(line, "memfd:") != NULL;
+	fclose(f);
+	return n;
+}
+
+/*
+ * A worker on a whose read of a 1 MiB + 3 question names more room than the message has (its
+ * descriptor's length raised by 4 KiB: the library takes the caller's descriptor as it is) is
+ * refused by the hosting daemon before the item leaves (naming both counts), and a
+ * keeps nothing of it: three such workers come and go, and once they are gone a maps no
+ * buffer of theirs. Before, b sent the item, a refused it (-EIO) and left its receive running,
+ * holding the worker's buffer until the link failed.
+ */
+START_TEST(test_read_naming_more_room_is_refused)
+{
+	const unsigned len = (1u << 20) + 3;
+	struct tpt_msg_spec qs = { .pipe = 45, .n_payloads = 1, .lens = { len } };
+	struct tp_wq_options o = { .size = sizeof(o), .flags = TP_WQ_CREATE, .owner_uid = -1,
+				   .remote = TP_REMOTE_ANY_PEER };
+	struct tp_wq_options wo = { .size = sizeof(wo), .owner_uid = 0 };
+	struct tp_context *cb, *ca;
+	struct tp_wq *own, *w;
+	unsigned before, now = 0;
+	uint64_t id, got;
+
+	start_pair(NULL);
+	cb = ctx_of(&db);
+	ck_assert_int_eq(tp_wq_open(cb, "room", &o, &own), 0);
+	submit(cb, own, &qs, TPT_MEM_SHM, &id);
+	before = memfd_maps(&da);
+	for (int k = 0; k < 3; k++) {
+		struct tp_slot slot = { .device = { .type = TP_DEVICE_CPU } };
+		struct tp_allocation a = { .payloads = &slot, .n_payloads = 1 };
+		struct tp_descriptor *d;
+
+		ca = ctx_of(&da);
+		ck_assert_msg(tp_wq_open(ca, tpt_peer_at(&db, "room"), &wo, &w) == 0, "%s",
+			      tp_last_error());
+		ck_assert_msg(tp_wq_take_descriptor(w, &got, &d, T_MS) == 0, "%s", tp_last_error());
+		ck_assert_uint_eq(got, id);
+		((struct tp_payload_desc *)d->payloads)[0].length += 4096;
+		slot.data = malloc(len + 4096);
+		ck_assert_ptr_nonnull(slot.data);
+		ck_assert_int_eq(tp_wq_read_msg(w, d, &a), -EIO); /* -EINVAL, taken all the same */
+		ck_assert_msg(strstr(tp_last_error(), "1048579 bytes for a read's room of 1052675: "
+				     "a read from another host names exactly"), "%s",
+			      tp_last_error());
+		free(slot.data);
+		tp_wq_release(w); /* the question goes back to the queue on b */
+		tp_context_free(ca);
+	}
+	for (int i = 0; i < 100 && (now = memfd_maps(&da)) > before; i++)
+		usleep(50 * 1000);
+	ck_assert_msg(now <= before, "a maps %u buffers of workers that are gone", now - before);
+	/* the question is whole and still there: a worker on b reads it */
+	ck_assert_int_eq(tp_wq_open(cb, "room", &wo, &w), 0);
+	{
+		struct tp_descriptor *d;
+
+		ck_assert_msg(tp_wq_take_descriptor(w, &got, &d, T_MS) == 0, "%s", tp_last_error());
+		ck_assert_uint_eq(got, id);
+		ck_assert_int_eq(tpt_wq_msg_read_check(cb, w, d, &qs, TPT_MEM_SHM), 0);
+	}
+	tp_wq_release(w);
+	tp_wq_release(own);
+	tp_context_free(cb);
+	stop_pair();
+}
+END_TEST
+
 static Suite *xbig_suite(void)
 {
 	Suite *s = suite_create("wq_xbig");
@@ -321,6 +404,7 @@ static Suite *xbig_suite(void)
 	tcase_add_loop_test(tc, test_far_worker_killed_with_large_question, 0, 2);
 	tcase_add_test(tc, test_limits_just_at_and_above);
 	tcase_add_test(tc, test_host_killed_fails_the_read);
+	tcase_add_test(tc, test_read_naming_more_room_is_refused);
 	suite_add_tcase(s, tc);
 	return s;
 }

@@ -1368,6 +1368,177 @@ START_TEST(test_hostile_host_wq_reads)
 }
 END_TEST
 
+/* The next PeerWqOp other than a transfer's end, which must be of kind @want, answered OK. */
+static int fake_wq_answer_skip(struct tpt_raw *c, Tpw__V1__WqOpKind want)
+{
+	Tpw__V1__PeerMsg *in;
+	const Tpw__V1__WqOp *o = fake_wq_op(c, want, &in);
+	Tpw__V1__WqReply r = TPW__V1__WQ_REPLY__INIT;
+	int e = o ? fake_wq_send(c, o->req_id, &r) : -1;
+
+	tpw_peer_msg_free(in);
+	return e;
+}
+
+/* A hosting daemon that lies about two message reads, each of a worker of its own context
+ * (opened, the question taken by descriptor, read, released): an admission for a read, then
+ * an item above the read's room. The link stays up. */
+static int fake_wq_stale_host_run(void *arg)
+{
+	const struct fake_host *fh = arg;
+	struct tpt_raw c = { .fd = -1 }, data = { .fd = -1 };
+	Tpw__V1__WqReply r;
+	uint64_t req, xfer = 0, room = 0;
+
+	TPT_REQUIRE(fake_accept(fh, &c, &data) == 0, 1, "handshake");
+	for (int k = 0; k < 2; k++) {
+		TPT_REQUIRE(fake_wq_answer_skip(&c, TPW__V1__WQ_OP_KIND__WQ_OP_OPEN) == 0, 1,
+			    "open %d", k);
+		TPT_REQUIRE(fake_wq_held(&c) == 0, 1, "take %d", k);
+		req = fake_wq_read(&c, &xfer, &room);
+		TPT_REQUIRE(req, 1, "read %d: no transfer of %u bytes of room", k, XBIG);
+		r = (Tpw__V1__WqReply)TPW__V1__WQ_REPLY__INIT;
+		if (k == 0) {
+			r.xfer_id = 77;
+		} else {
+			r.msg_copied = true;
+			r.question_id = 8;
+			r.msg_len = room + 1;
+		}
+		TPT_REQUIRE(fake_wq_send(&c, req, &r) == 0, 1, "answer %d", k);
+		TPT_REQUIRE(fake_wq_answer_skip(&c, TPW__V1__WQ_OP_KIND__WQ_OP_RELEASE) == 0, 1,
+			    "release %d", k);
+	}
+	TPT_REQUIRE(tpt_sync_wait(&go, T_MS) == 2, 1, "parent, done");
+	tpt_raw_close(&data);
+	tpt_raw_close(&c);
+	return 0;
+}
+
+/* The memfd mappings @d holds now (its clients' registered buffers among them). */
+static unsigned memfd_maps(const struct tpt_daemon *d)
+{
+	char p[64], line[512];
+	unsigned n = 0;
+	FILE *f;
+
+	snprintf(p, sizeof(p), "/proc/%d/maps", (int)d->pid);
+	f = fopen(p, "re");
+	ck_assert_ptr_nonnull(f);
+	while (fgets(line, sizeof(line), f))
+		n += strstr(line, "memfd:") != NULL;
+	fclose(f);
+	return n;
+}
+
+/*
+ * A read whose answer the daemon refuses (a far daemon's lie) ends the receive it had started
+ * for the read's bytes: two workers, each of its own context, read a 2 MiB question against a
+ * lying hosting daemon (-EIO each, the link up) and go; then the daemon maps no buffer of
+ * theirs, though the link is still up. Before, each receive stayed registered until the link
+ * failed, holding the worker's buffer (a mapping of a gone client, beyond its quota).
+ */
+START_TEST(test_hostile_host_refused_read_ends_its_receive)
+{
+	struct fake_host fh = { .minor = TPW_PEER_PROTO_MINOR };
+	struct tp_context *ctx, *w;
+	struct tpt_link link;
+	unsigned before, now = 0;
+	char a[128];
+	pid_t pid = fake_host_start(&fh, fake_wq_stale_host_run, &ctx, a, sizeof(a));
+
+	before = memfd_maps(&host);
+	for (int k = 0; k < 2; k++) {
+		struct tp_slot slot = { .device = { .type = TP_DEVICE_CPU } };
+		struct tp_allocation al = { .payloads = &slot, .n_payloads = 1 };
+		struct tp_descriptor *d;
+		struct tp_wq *wq;
+		uint64_t id;
+
+		ck_assert_int_eq(tpt_ctx_new(&host, 0, "worker", &w), 0);
+		ck_assert_msg(tp_wq_open(w, a, NULL, &wq) == 0, "%s", tp_last_error());
+		ck_assert_msg(tp_wq_take_descriptor(wq, &id, &d, 5000) == 0, "%s",
+			      tp_last_error());
+		slot.data = malloc(XBIG);
+		ck_assert_ptr_nonnull(slot.data);
+		ck_assert_int_eq(tp_wq_read_msg(wq, d, &al), -EIO);
+		free(slot.data);
+		tp_wq_release(wq);
+		tp_context_free(w);
+	}
+	ck_assert_msg(tpt_peer_links(&host, &link) == 1 && strcmp(link.state, "up") == 0,
+		      "the link is %s: %s", link.state, link.last_error);
+	for (int i = 0; i < 100 && (now = memfd_maps(&host)) > before; i++)
+		usleep(50 * 1000);
+	ck_assert_msg(now <= before, "the daemon maps %u buffers of workers that are gone",
+		      now - before);
+	fake_host_stop(&fh, pid, ctx);
+}
+END_TEST
+
+/* A hosting daemon that answers a channel read with a message taken and a held item's length
+ * together (its validation lets both through; a client's refuses them). */
+static int fake_taken_held_host_run(void *arg)
+{
+	const struct fake_host *fh = arg;
+	struct tpt_raw c = { .fd = -1 }, data = { .fd = -1 };
+	Tpw__V1__ChanReply r = TPW__V1__CHAN_REPLY__INIT;
+	Tpw__V1__PeerChanReply pr = TPW__V1__PEER_CHAN_REPLY__INIT;
+	Tpw__V1__PeerMsg m = TPW__V1__PEER_MSG__INIT;
+	uint64_t open, rd;
+	uint32_t max = 0;
+
+	TPT_REQUIRE(fake_accept(fh, &c, &data) == 0, 1, "handshake");
+	open = fake_op(&c, TPW__V1__CHAN_OP_KIND__CHAN_OP_OPEN);
+	TPT_REQUIRE(open && fake_reply(&c, open, NULL, 0) == 0, 1, "open");
+	rd = fake_read(&c, &max);
+	TPT_REQUIRE(rd, 1, "read");
+	r.req_id = rd;
+	r.status = TPW__V1__STATUS__STATUS_OK;
+	r.chan_id = 5;
+	r.msg_taken = true;
+	r.held_len = 5;
+	pr.reply = &r;
+	m.body_case = TPW__V1__PEER_MSG__BODY_CHAN_REPLY;
+	m.chan_reply = &pr;
+	TPT_REQUIRE(peer_send(&c, &m, NULL, 0) == 0, 1, "taken and held");
+	TPT_REQUIRE(tpt_sync_wait(&go, T_MS) == 2, 1, "parent, done");
+	tpt_raw_close(&data);
+	tpt_raw_close(&c);
+	return 0;
+}
+
+/* Whatever fields a far daemon's answer combines, the client's context survives: a read
+ * answered with a message taken and a held length ends (no -ECONNRESET of the context), and a
+ * local channel of the same context works after it. Before, the library refused the frame and
+ * dropped its daemon connection: every pipe, channel and queue of the context failed. */
+START_TEST(test_hostile_host_answer_cannot_end_the_context)
+{
+	struct fake_host fh = { .minor = TPW_PEER_PROTO_MINOR };
+	struct tp_chan_options o = { .size = sizeof(o), .flags = TP_CHAN_CREATE, .owner_uid = -1 };
+	struct tp_context *ctx;
+	struct tp_chan *ch, *loc;
+	struct iovec iov = { (void *)"hi", 2 };
+	char a[128];
+	void *got = NULL;
+	size_t len;
+	int r;
+	pid_t pid = fake_host_start(&fh, fake_taken_held_host_run, &ctx, a, sizeof(a));
+
+	ck_assert_int_eq(tp_chan_open(ctx, a, NULL, &ch), 0);
+	ck_assert_int_eq(tp_chan_open(ctx, "local", &o, &loc), 0);
+	r = tp_chan_read(ch, &got, &len, 5000);
+	ck_assert_msg(r != -ECONNRESET && r != -ENOTCONN, "the context failed: %d %s", r,
+		      tp_last_error());
+	free(got);
+	ck_assert_msg(tp_chan_write(loc, &iov, 1, 1000) == 0, "the context's local channel: %s",
+		      tp_last_error());
+	tp_chan_release(loc);
+	tp_chan_release(ch);
+	fake_host_stop(&fh, pid, ctx);
+}
+END_TEST
+
 static Suite *chanx_suite(void)
 {
 	Suite *s = suite_create("sec_chanx");
@@ -1381,6 +1552,8 @@ static Suite *chanx_suite(void)
 	tcase_add_loop_test(tc, test_hostile_host_fails_its_link_only, 0, 5);
 	tcase_add_loop_test(tc, test_hostile_host_batch_reads, 0, 2);
 	tcase_add_test(tc, test_hostile_host_wq_reads);
+	tcase_add_test(tc, test_hostile_host_refused_read_ends_its_receive);
+	tcase_add_test(tc, test_hostile_host_answer_cannot_end_the_context);
 	suite_add_tcase(s, tc);
 	return s;
 }
