@@ -8,9 +8,10 @@
  * the channel, named or unlinked: a lend that would take the owner past chan-bytes-per-uid is
  * copied instead, charged its bytes only (the limit then just at: a byte more is refused), and
  * the charge goes once the last item has left (its buffer id comes back in a later write's
- * answer to a client of minor 12); a channel unlinked with a lent item keeps it charged. A lend names only the writer's own buffers (a
- * guessed id is not found), only on a write by segment (on a read it closes the session: a
- * protocol violation); the items stay byte-exact after the writer unregistered the buffer.
+ * answer to a client of minor 12); a channel unlinked with a lent item keeps it charged. A
+ * lend names only the writer's own buffers (a guessed id is not found), only on a write by
+ * segment (on a read it closes the session: a protocol violation); the items stay byte-exact
+ * after the writer unregistered the buffer.
  */
 #include <check.h>
 #include <errno.h>
