@@ -64,9 +64,12 @@
  *      client sends one only to a daemon of minor >= 11 and writes each pipe itself otherwise
  *  12  mapped channel buffers retired (ChanReply.retired, a notice with req_id 0): a daemon
  *      sends one only to a client of minor >= 12, which then unmaps those writers' buffers
+ *  13  lent channel buffers given back at once (ChanReply.released in a notice with req_id 0):
+ *      a daemon sends one only to a client of minor >= 13, which then handles those buffers
+ *      as it handles the ones a write's answer gives back
  */
 #define TPW_PROTO_MAJOR 1
-#define TPW_PROTO_MINOR 12
+#define TPW_PROTO_MINOR 13
 /* Daemon-to-daemon protocol, versioned apart from the client one. 2: frames inside TLS 1.3, no
  * PeerAuth; a daemon speaking 1 (plaintext PeerHello) is refused with a clear log line. Minor
  * versions of peer protocol 2:
@@ -132,6 +135,7 @@
 #define TPW_MINOR_WQ_MSG 10 /* work queue questions and answers as messages (WqOp 650-655) */
 #define TPW_MINOR_BCAST_CUDA 11 /* Broadcast of CUDA tensors (issue 25, fan-out) */
 #define TPW_MINOR_CHAN_RETIRE 12 /* mapped channel buffers retired (ChanReply.retired) */
+#define TPW_MINOR_CHAN_RELEASED 13 /* lent buffers given back by notice (ChanReply.released) */
 /* Channel items up to TPW_CHAN_INLINE_ITEM ride inline in frames (writes and answers), except
  * that items above TPW_CHAN_SHM_ITEM in (or read into) a shared buffer are copied with memcpy;
  * other items are copied between the clients' memory and the daemon by CMA (protocol minor 7,

@@ -578,6 +578,11 @@ static int check_chan_reply(const Tpw__V1__ChanReply *r, const struct tpw_hdr *h
 
 	if (r->n_released > TPW_CHAN_RELEASED_MAX || (r->lent && r->n_lengths))
 		return -EBADMSG;
+	if (!r->req_id && r->n_released) /* a notice: buffers given back, nothing else */
+		return !r->n_retired && !r->n_lengths && !r->lent && !r->map_key && !r->map_fd &&
+		       !r->map_off && !r->map_size && !r->copied && !r->held_len &&
+		       !r->msg_held && !r->msg_taken && !r->msg_desc && hdr->data_len == 0 ?
+		       0 : -EBADMSG;
 	if (r->n_retired) /* a notice: keys of mapped buffers gone, nothing else */
 		return r->n_retired <= TPW_CHAN_RETIRED_MAX && !r->req_id && !r->n_lengths &&
 		       !r->n_released && !r->lent && !r->map_key && !r->map_fd && !r->map_off &&

@@ -125,6 +125,8 @@ void tpc_chan_on_reply(struct tp_context *ctx, const Tpw__V1__ChanReply *m, cons
 
 	if (m->n_retired) /* a notice (validated: nothing else, req_id 0) */
 		return tpc_chan_map_on_retired(ctx, m);
+	if (!m->req_id && m->n_released) /* a notice of buffers given back (validated so) */
+		return tpc_chan_on_released(ctx, m);
 	req = tpc_map_get(&ctx->reqs, m->req_id);
 	if (!req || req->on_reply != chan_req_on_reply) {
 		if (m->map_fd) { /* the fd sent ahead of it: taken, so that the next fits its frame */
@@ -145,6 +147,11 @@ void tpc_chan_on_reply(struct tp_context *ctx, const Tpw__V1__ChanReply *m, cons
 	cr->remote_refs = m->remote_refs;
 	cr->held_len = m->held_len;
 	cr->lent = m->lent;
+	if (cr->write && m->lent && cr->lend_buf && cr->wch->n_lent < CHAN_LENT_MAX) {
+		cr->wch->lent[cr->wch->n_lent++] = cr->lend_buf;
+		cr->wch->lent_bytes += cr->lend_buf->size;
+		cr->lend_kept = true;
+	}
 	/* validated: at most TPW_CHAN_RELEASED_MAX */
 	if (cr->write && m->n_released && !cr->released) {
 		cr->released = malloc(m->n_released * sizeof(*cr->released));
@@ -570,8 +577,8 @@ static int chan_release_late(struct tp_chan *ch)
 	tpc_chan_msg_orphan(ch);
 	if (back)
 		tp_chan_release(back);
-	tpc_chan_lent_drop(ch);
 	tpc_chan_map_drop(ch);
+	tpc_chan_lent_drop(ch);
 	free(ch->name);
 	free(ch);
 	return r < 0 ? r : g;
@@ -587,8 +594,8 @@ TP_EXPORT int tp_chan_release(struct tp_chan *ch)
 		return chan_release_late(ch);
 	r = chan_simple(ch, TPW__V1__CHAN_OP_KIND__CHAN_OP_RELEASE, "release");
 	tpc_chan_msg_orphan(ch);
-	tpc_chan_lent_drop(ch);
 	tpc_chan_map_drop(ch);
+	tpc_chan_lent_drop(ch);
 	free(ch->name);
 	free(ch);
 	return r;

@@ -55,6 +55,11 @@ struct tp_chan {
 	struct tpc_buf *lent[CHAN_LENT_MAX];
 	unsigned n_lent;
 	uint64_t lent_bytes;
+	/* Lent buffers a notice gave back (ChanReply.released, daemon minor >= 13), taken out of
+	 * @lent by the reply handler, for the io thread to handle as a write's answer's
+	 * (tpc_chan_back_run()); under ctx->lock. Never more than CHAN_LENT_MAX with @lent. */
+	struct tpc_buf *back[CHAN_LENT_MAX];
+	unsigned n_back;
 	/* Descriptors of message reads not yet read or freed (chanmsg.c); under ctx->lock. */
 	struct tpu_list descs;
 	/* Message reads whose caller gave up (chanmsg.c), waiting for the daemon, oldest first;
@@ -76,7 +81,7 @@ struct tp_chan {
 	struct chan_map maps[CHAN_MAP_MAX];
 	unsigned n_maps;
 	uint64_t map_tick;
-	struct tpu_list ctx_node; /* in tp_context.chans while @map */
+	struct tpu_list ctx_node; /* in tp_context.chans until released */
 };
 
 struct chan_req {
@@ -101,10 +106,14 @@ struct chan_req {
 	 * context goes (the daemon may still copy into it). */
 	struct tpc_buf *stage;
 	/* A write (@write) and its answer: its staging buffer was lent; ids of buffers given back
-	 * (malloc()ed). */
-	bool write, lent;
+	 * (malloc()ed). @lend_buf: the staging buffer the write offers to lend (ChanOp.lend), on
+	 * handle @wch; the reply handler files it in @wch->lent at once (@lend_kept), so that a
+	 * notice that gives it back, which may come right after the answer, finds it there. */
+	bool write, lent, lend_kept;
 	uint64_t *released;
 	size_t n_released;
+	struct tp_chan *wch;
+	struct tpc_buf *lend_buf;
 	/* A message read (chanmsg.c): the answer's held item and its descriptor (owned, made from
 	 * ChanReply.msg_desc by the reply handler), or a take's answer (msg_taken); for a take
 	 * inline (@scatter), the CPU slots of @scatter filled from the answer by the handler and
@@ -171,11 +180,16 @@ int tpc_chan_map_on_reply(struct tp_context *ctx, struct chan_req *cr,
  * Return: 0, -ESTALE (no fd and no mapping), -EPROTO (out of bounds), -ENOMEM, -errno of
  * mmap(). */
 int tpc_chan_map_take(struct tp_chan *ch, struct chan_req *cr);
-/* A new handle @ch that maps lent items joins its context's list (no lock held). */
+/* A new handle @ch joins its context's list (no lock held): notices find it there. */
 void tpc_chan_map_open(struct tp_chan *ch);
-/* At release: @ch leaves that list, its mappings unmapped and its own buffers not lent
- * released. */
+/* At release: @ch leaves that list, its mappings unmapped, its own buffers not lent and those
+ * a notice gave back released (before its lent ones are dropped: no notice reaches it then). */
 void tpc_chan_map_drop(struct tp_chan *ch);
+/* The daemon's notice @m (validated: at most TPW_CHAN_RELEASED_MAX ids, nothing else): the
+ * buffers the handle it names lent and that it gives back leave @lent for @back, for the io
+ * thread; ids the handle did not lend, and handles that are not its context's, are ignored
+ * (reply handler, lock held). */
+void tpc_chan_on_released(struct tp_context *ctx, const Tpw__V1__ChanReply *m);
 /* The daemon's notice @m (validated: at most TPW_CHAN_RETIRED_MAX keys): the handle it names
  * unmaps each retired buffer it keeps mapped, at once or once the copies out of it end; keys
  * it does not keep, and handles that are not its context's, are ignored (reply handler, lock

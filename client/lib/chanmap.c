@@ -244,8 +244,6 @@ int tpc_chan_map_take(struct tp_chan *ch, struct chan_req *cr)
 
 void tpc_chan_map_open(struct tp_chan *ch)
 {
-	if (!ch->map)
-		return;
 	pthread_mutex_lock(&ch->ctx->lock);
 	tpu_list_insert_tail(&ch->ctx->chans, &ch->ctx_node);
 	pthread_mutex_unlock(&ch->ctx->lock);
@@ -253,12 +251,15 @@ void tpc_chan_map_open(struct tp_chan *ch)
 
 void tpc_chan_map_drop(struct tp_chan *ch)
 {
-	if (ch->map) { /* no notice nor the io thread reaches it from now on */
-		pthread_mutex_lock(&ch->ctx->lock);
-		tpu_list_remove(&ch->ctx_node);
-		ch->ctx->chan_own -= ch->n_own;
-		pthread_mutex_unlock(&ch->ctx->lock);
-	}
+	/* no notice nor the io thread reaches it from now on */
+	pthread_mutex_lock(&ch->ctx->lock);
+	tpu_list_remove(&ch->ctx_node);
+	ch->ctx->chan_own -= ch->n_own;
+	ch->ctx->chan_back -= ch->n_back;
+	pthread_mutex_unlock(&ch->ctx->lock);
+	for (unsigned i = 0; i < ch->n_back; i++) /* no item in them: a pool one is reused */
+		tpc_buffer_stage_put(ch->ctx, ch->back[i], !ch->back[i]->chan);
+	ch->n_back = 0;
 	for (unsigned i = 0; i < ch->n_maps; i++)
 		munmap((void *)ch->maps[i].addr, ch->maps[i].size);
 	ch->n_maps = 0;
@@ -292,6 +293,32 @@ struct tpc_buf *tpc_chan_own_get(struct tp_chan *ch, uint64_t size)
 	return tpc_buffer_chan_new(ch->ctx, (size_t)size, &b) == 0 ? b : NULL;
 }
 
+/* Keeps @b (a buffer of @ch's own, not lent) among @ch's free ones if it may, the least
+ * recently kept going to @evict (room for CHAN_OWN_FREE) beyond CHAN_OWN_FREE and
+ * CHAN_LENT_BYTES; lock held. Return: whether it was kept; *@ret_wake: the io thread, which
+ * may wait with no timeout, must be woken for it. */
+static bool own_keep_locked(struct tp_chan *ch, struct tpc_buf *b, struct tpc_buf **evict,
+			    unsigned *n_evict, bool *ret_wake)
+{
+	if (b->failed || ch->ctx->dead || b->size > CHAN_LENT_BYTES)
+		return false;
+	while (ch->n_own && (ch->n_own == CHAN_OWN_FREE ||
+			     ch->own_bytes + b->size > CHAN_LENT_BYTES)) {
+		evict[(*n_evict)++] = ch->own[0];
+		ch->own_bytes -= ch->own[0]->size;
+		ch->own[0] = ch->own[--ch->n_own];
+		ch->ctx->chan_own--;
+	}
+	b->used_ns = tpu_now_ns();
+	ch->ctx->chan_own_put_ns = b->used_ns;
+	ch->own[ch->n_own++] = b;
+	ch->own_bytes += b->size;
+	/* the first: the io thread may wait with no timeout (not within a second of the last
+	 * one: tpc_chan_own_timeout_locked()) */
+	*ret_wake = ch->ctx->chan_own++ == 0 && ch->ctx->io_untimed;
+	return true;
+}
+
 void tpc_chan_own_put(struct tp_chan *ch, struct tpc_buf *b, bool reuse)
 {
 	struct tpc_buf *evict[CHAN_OWN_FREE];
@@ -301,24 +328,8 @@ void tpc_chan_own_put(struct tp_chan *ch, struct tpc_buf *b, bool reuse)
 	if (!b)
 		return;
 	pthread_mutex_lock(&ch->ctx->lock);
-	if (reuse && !b->failed && !ch->ctx->dead && b->size <= CHAN_LENT_BYTES) {
-		while (ch->n_own && (ch->n_own == CHAN_OWN_FREE ||
-				     ch->own_bytes + b->size > CHAN_LENT_BYTES)) {
-			evict[n_evict] = ch->own[0];
-			ch->own_bytes -= ch->own[0]->size;
-			ch->own[0] = ch->own[--ch->n_own];
-			ch->ctx->chan_own--;
-			n_evict++;
-		}
-		b->used_ns = tpu_now_ns();
-		ch->ctx->chan_own_put_ns = b->used_ns;
-		ch->own[ch->n_own++] = b;
-		ch->own_bytes += b->size;
-		/* the first: the io thread may wait with no timeout (not within a second of the
-		 * last one: tpc_chan_own_timeout_locked()) */
-		wake = ch->ctx->chan_own++ == 0 && ch->ctx->io_untimed;
+	if (reuse && own_keep_locked(ch, b, evict, &n_evict, &wake))
 		b = NULL;
-	}
 	pthread_mutex_unlock(&ch->ctx->lock);
 	if (wake)
 		tpc_context_wake(ch->ctx);
@@ -380,4 +391,59 @@ void tpc_chan_own_expire(struct tp_context *ctx)
 	pthread_mutex_unlock(&ctx->lock);
 	for (size_t i = 0; i < n; i++) /* unregistered: the daemon retires them for readers */
 		tpc_buffer_stage_put(ctx, old[i], false);
+}
+
+void tpc_chan_on_released(struct tp_context *ctx, const Tpw__V1__ChanReply *m)
+{
+	struct tp_chan *ch, *found = NULL;
+
+	tpu_list_for_each(ch, &ctx->chans, ctx_node)
+		if (ch->id == m->chan_id)
+			found = ch;
+	if (!found)
+		return; /* released meanwhile, or no handle of ours */
+	ch = found;
+	/* Only buffers this handle lent: nothing else is ever given back. */
+	for (size_t i = 0; i < m->n_released; i++) {
+		for (unsigned k = 0; k < ch->n_lent; k++) {
+			if (ch->lent[k]->id != m->released[i])
+				continue;
+			ch->back[ch->n_back++] = ch->lent[k]; /* (room: it leaves @lent) */
+			ch->lent_bytes -= ch->lent[k]->size;
+			ch->lent[k] = ch->lent[--ch->n_lent];
+			ctx->chan_back++;
+			break;
+		}
+	}
+}
+
+void tpc_chan_back_run(struct tp_context *ctx)
+{
+	struct tpc_buf *put[CHAN_OWN_FREE + 1], *b = NULL;
+	struct tp_chan *ch;
+	unsigned n;
+	bool wake;
+
+	for (;;) { /* one buffer a round: the handle may be released as soon as the lock goes */
+		n = 0;
+		pthread_mutex_lock(&ctx->lock);
+		if (!ctx->chan_back) {
+			pthread_mutex_unlock(&ctx->lock);
+			return;
+		}
+		tpu_list_for_each(ch, &ctx->chans, ctx_node) {
+			if (!ch->n_back)
+				continue;
+			b = ch->back[--ch->n_back];
+			ctx->chan_back--;
+			if (!b->chan || !own_keep_locked(ch, b, put, &n, &wake))
+				put[n++] = b; /* a pool buffer (reused there), or not kept */
+			break;
+		}
+		pthread_mutex_unlock(&ctx->lock);
+		if (!n)
+			continue;
+		for (unsigned i = 0; i < n; i++) /* this channel's again, nobody else's */
+			tpc_buffer_stage_put(ctx, put[i], put[i] == b && !b->chan);
+	}
 }

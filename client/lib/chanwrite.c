@@ -203,8 +203,9 @@ static bool chan_may_lend(struct tp_chan *ch, const struct tpc_buf *b, uint64_t 
 	return ok;
 }
 
-/* After a write's answer @cr: keeps its staging buffer @w->stage if the daemon kept it (lent),
- * and puts the buffers the daemon gave back into the staging pool. */
+/* After a write's answer @cr: its staging buffer @w->stage is the channel's if the daemon kept
+ * it (lent; filed in @ch->lent by the reply handler, room permitting), and the buffers the
+ * daemon gave back go back to @ch or into the staging pool. */
 static void chan_lent_update(struct tp_chan *ch, struct chan_req *cr, struct chan_segs *w)
 {
 	struct tp_context *ctx = ch->ctx;
@@ -212,12 +213,8 @@ static void chan_lent_update(struct tp_chan *ch, struct chan_req *cr, struct cha
 	unsigned n_back = 0;
 
 	pthread_mutex_lock(&ctx->lock);
-	if (cr->lent && w->stage && ch->n_lent < CHAN_LENT_MAX) {
-		ch->lent[ch->n_lent++] = w->stage;
-		ch->lent_bytes += w->stage->size;
-	} else if (cr->lent) { /* another thread's lent buffers took the room: never reused */
-		drop = w->stage;
-	}
+	if (cr->lent && !cr->lend_kept) /* another thread's lent buffers took the room: never */
+		drop = w->stage;	  /* reused */
 	if (cr->lent)
 		w->stage = NULL;
 	for (size_t i = 0; i < cr->n_released; i++) {
@@ -319,6 +316,8 @@ int tpc_chan_write_items(struct tp_chan *ch, const struct iovec *items, size_t n
 	r = refs ? chan_write_segs(ch, items, n, true, &op, &w) : 0;
 	op.lend = r == 0 && refs && chan_may_lend(ch, w.stage, w.staged);
 	cr.write = true;
+	cr.wch = ch;
+	cr.lend_buf = op.lend ? w.stage : NULL;
 	if (r == 0 && msgs)
 		r = chan_frame_check(ch, &op, refs ? w.iov : items, refs ? w.n_iov : n);
 	if (r == 0)
@@ -331,7 +330,7 @@ int tpc_chan_write_items(struct tp_chan *ch, const struct iovec *items, size_t n
 		 * without it. */
 		chan_segs_free(ch, &w, false);
 		w = (struct chan_segs){ 0 };
-		cr = (struct chan_req){ .write = true };
+		cr = (struct chan_req){ .write = true, .wch = ch };
 		r = chan_write_segs(ch, items, n, false, &op, &w);
 		op.lend = false;
 		if (r == 0)

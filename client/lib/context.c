@@ -718,6 +718,11 @@ static void *context_io_main(void *arg)
 		}
 		if (ctx->stop && !op)
 			break;
+		if (ctx->chan_back) { /* lent buffers the daemon's notices gave back */
+			pthread_mutex_unlock(&ctx->lock);
+			tpc_chan_back_run(ctx);
+			pthread_mutex_lock(&ctx->lock);
+		}
 		/* While stopping, keep reading: the shutdown waits for close acknowledgements. */
 		nfds_t n = ctx->dead ? 1 : 2;
 		/* Work queued from now on bumps wake_seq (after taking the lock we hold). */

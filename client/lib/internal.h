@@ -333,11 +333,13 @@ struct tp_context {
 	struct tpu_list stage_pool;
 	size_t n_pool;
 	size_t pool_bytes;	/* bytes of staging buffers in stage_pool */
-	/* Channel handles that map lent items and keep buffers of their own (struct tp_chan,
-	 * chanmap.c): found by id for the daemon's notices, their free buffers released once
-	 * idle by the io thread; @chan_own: those free buffers, all handles together. */
+	/* Channel handles (struct tp_chan, chanmap.c): found by id for the daemon's notices;
+	 * those that map lent items keep buffers of their own, released once idle by the io
+	 * thread; @chan_own: those free buffers, all handles together; @chan_back: lent buffers
+	 * notices gave back, for the io thread (tp_chan.back). */
 	struct tpu_list chans;
 	size_t chan_own;
+	size_t chan_back;
 	/* When a free buffer was last put back (0: never): for a second after it the io thread
 	 * waits with a timeout, so that a stream whose one buffer goes back and forth costs no
 	 * wake-up per item (chanmap.c). */
@@ -765,6 +767,10 @@ void tpc_chan_on_reply(struct tp_context *ctx, const Tpw__V1__ChanReply *m, cons
  * none; lock held) and their release (io thread, no lock held; chanmap.c). */
 int tpc_chan_own_timeout_locked(struct tp_context *ctx);
 void tpc_chan_own_expire(struct tp_context *ctx);
+/* The io thread, lock not held: the lent buffers notices gave back (tp_context.chan_back)
+ * handled as a write's answer's are: kept by their handle for its next batches, or released
+ * (a handle's own), or put back into the staging pool. */
+void tpc_chan_back_run(struct tp_context *ctx);
 /* The daemon's answer to a WqOp (wq.c): completes the waiting call with the payload in @tail
  * (lock held, io thread). Borrows @m and @tail. */
 void tpc_wq_on_reply(struct tp_context *ctx, const Tpw__V1__WqReply *m, const uint8_t *tail,

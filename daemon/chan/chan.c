@@ -13,6 +13,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <event2/event.h>
 
 #include "chan_int.h"
 #include "chanx.h"
@@ -253,6 +254,8 @@ static void handle_free(struct chan_handle *h, bool answer)
 		l->h = NULL;
 	}
 	free(h->released);
+	if (h->noticing) /* nobody left to tell */
+		tpu_list_remove(&h->notice_node);
 	tpu_list_for_each_safe(w, tmp, &c->waiters, node) {
 		if (w->h != h)
 			continue;
@@ -374,6 +377,7 @@ static struct chan_handle *handle_new(struct tpd_chans *cs, const struct chan_wh
 	h->id = ++cs->next_id;
 	h->c = c;
 	tpu_list_init(&h->lends);
+	tpu_list_init(&h->notice_node);
 	c->n_handles++;
 	c->n_remote += who->pr != NULL;
 	tpu_list_insert_tail(&cs->handles, &h->node);
@@ -702,6 +706,7 @@ int tpd_chan_new(struct tpd_daemon *d, struct tpd_chans **ret)
 	tpu_list_init(&cs->unlinked);
 	tpu_list_init(&cs->handles);
 	tpu_list_init(&cs->spare);
+	tpu_list_init(&cs->noticing);
 	if (tpd_chanx_new(d, cs, &cs->x) < 0) {
 		free(cs);
 		return -ENOMEM;
@@ -728,6 +733,8 @@ void tpd_chan_free(struct tpd_chans *cs)
 	tpu_list_for_each_safe(it, itmp, &cs->spare, node)
 		free(it);
 	free(cs->lent);
+	if (cs->notice_ev)
+		event_free(cs->notice_ev);
 	free(cs);
 }
 

@@ -141,8 +141,13 @@ struct chan_handle {
 	struct chan_item *mapped; /* an item handed out by mapping (ChanReply.map_key), out of
 				   * @c until the reader's READ with map_done */
 	struct tpu_list lends;	/* chan_lend of buffers this handle lent */
-	uint64_t *released;	/* ids of its lent buffers given up, for its next write's answer */
+	/* Ids of its lent buffers given up, each once: for its next write's answer, or, to a
+	 * client of minor >= 13, a notice at the end of the loop's turn (@noticing: in
+	 * tpd_chans.noticing meanwhile), whichever goes first. */
+	uint64_t *released;
 	uint32_t n_released, cap_released;
+	bool noticing;
+	struct tpu_list notice_node;
 	/* A reader of client minor >= 12: keys of the writers' buffers it was sent an fd of and
 	 * not yet told are gone (map_offer(), tpd_chan_item_retire()), oldest first. */
 	uint64_t sent[CHAN_SENT_MAX];
@@ -203,6 +208,10 @@ struct tpd_chans {
 	} *lent;
 	size_t n_lent, cap_lent;
 	uint64_t handed; /* items handed off in all channels, ever (a metric) */
+	/* Handles with lent buffers given up to tell of (chan_handle.noticing), and the event
+	 * that tells them all, once a turn of the loop (made at the first). */
+	struct tpu_list noticing;
+	struct event *notice_ev;
 };
 
 /* chan.c: answers (reply_send: @r with @tail, @n_tail pieces; answer: a status, with @it inline

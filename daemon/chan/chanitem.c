@@ -8,6 +8,7 @@
  * chanio.c. Everything runs on the daemon's loop thread.
  */
 #include <errno.h>
+#include <event2/event.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -26,8 +27,69 @@ const uint8_t *tpd_chan_item_bytes(const struct chan_item *it)
 	return it->lend ? (const uint8_t *)(uintptr_t)it->src.addr : it->data;
 }
 
+/* Tells @h now of its lent buffers given up (ids taken from @h->released): notices of at most
+ * TPW_CHAN_RELEASED_MAX ids each, req_id 0. */
+static void released_notice(struct chan_handle *h)
+{
+	Tpw__V1__ChanReply r = TPW__V1__CHAN_REPLY__INIT;
+	uint32_t off = 0;
+
+	r.status = tpw_status_from_errno(0);
+	r.message = (char *)"";
+	r.chan_id = h->id;
+	r.closed = h->c->closed;
+	while (off < h->n_released) {
+		r.n_released = TPU_MIN(h->n_released - off, TPW_CHAN_RELEASED_MAX);
+		r.released = h->released + off;
+		tpd_chan_reply_send(&h->who, &r, NULL, 0);
+		off += (uint32_t)r.n_released;
+	}
+	tpd_session_log(h->who.s, TPU_LOG_DEBUG, "channel '%s': %u lent buffer(s) given back, "
+			"handle %llu told", h->c->name, off, (unsigned long long)h->id);
+	h->n_released = 0;
+}
+
+/* The end of a turn of the loop that gave up lent buffers: each handle waiting for a notice
+ * gets one (those whose next write's answer took the ids meanwhile get none). */
+static void chans_on_notice(evutil_socket_t fd, short what, void *arg)
+{
+	struct tpd_chans *cs = arg;
+	struct chan_handle *h;
+
+	(void)fd;
+	(void)what;
+	while (!tpu_list_empty(&cs->noticing)) {
+		h = tpu_list_first(&cs->noticing, struct chan_handle, notice_node);
+		tpu_list_remove(&h->notice_node);
+		h->noticing = false;
+		if (h->n_released)
+			released_notice(h);
+	}
+}
+
+/* @h has an id more in @h->released: a client that takes notices (minor >= 13) is told at the
+ * end of this turn of the loop, once for all its ids (at most one pending notice a handle);
+ * others wait for their next write's answer. */
+static void released_due(struct chan_handle *h)
+{
+	struct tpd_chans *cs = h->c->cs;
+
+	if (h->noticing || !h->who.s ||
+	    tpd_session_client_minor(h->who.s) < TPW_MINOR_CHAN_RELEASED)
+		return;
+	if (!cs->notice_ev)
+		cs->notice_ev = event_new(tpd_daemon_base(cs->d), -1, 0, chans_on_notice, cs);
+	if (!cs->notice_ev)
+		return; /* out of memory: its next write's answer says it */
+	if (tpu_list_empty(&cs->noticing))
+		event_active(cs->notice_ev, EV_TIMEOUT, 0);
+	tpu_list_insert_tail(&cs->noticing, &h->notice_node);
+	h->noticing = true;
+}
+
 /* One item of lent buffer @l left its channel; the last one gives the buffer back to its lender
- * (the id in its handle's next write answer) and the channel owner the buffer's charge. */
+ * (the id in its handle's next write answer, or a notice before it) and the channel owner the
+ * buffer's charge. */
 static void lend_put(struct chan_lend *l)
 {
 	struct chan_handle *h = l->h;
@@ -53,8 +115,10 @@ static void lend_put(struct chan_lend *l)
 			h->cap_released = h->cap_released * 2 + 8;
 		}
 	}
-	if (h && h->n_released < h->cap_released)
+	if (h && h->n_released < h->cap_released) {
 		h->released[h->n_released++] = l->buf->id;
+		released_due(h);
+	}
 	if (l->buf->map_key && !--l->buf->map_lends && l->buf->map_dropped)
 		tpd_chan_item_retire(l->c->cs, l->buf); /* its writer let go of it before */
 	tpu_list_remove(&l->node);

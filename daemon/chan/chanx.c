@@ -598,6 +598,7 @@ static void xforward(struct tpd_chanx *x, struct xh *xh, int op, uint64_t req_id
 	xo->local_id = id;
 	xo->op = op;
 	xo->max_items = chan ? chan->max_items : 0;
+	xo->msg = wq && wq->msg;
 	tpu_list_insert_tail(&x->xops, &xo->node);
 	if (lg && lg->n && !lg->read) { /* sent once the hosting daemon has room for them */
 		xo->out_mem = lg->mem;
@@ -925,7 +926,7 @@ static void on_wq_reply(struct tpd_chanx *x, struct tpd_peer *pr, const Tpw__V1_
 	struct xop *xo = xop_find(x, X_WQ, pr, r->req_id);
 	Tpw__V1__WqReply a;
 	struct iovec iov = { (void *)tail, tail_len };
-	bool data, tell = true;
+	bool data, take, tell = true;
 	struct xbig_ans ba = { .xfer_id = r->xfer_id, .ok = r->status == TPW__V1__STATUS__STATUS_OK,
 			       .copied = r->msg_copied && xo,
 			       .len = r->msg_len, .qid = r->question_id, .closed = r->closed };
@@ -934,17 +935,34 @@ static void on_wq_reply(struct tpd_chanx *x, struct tpd_peer *pr, const Tpw__V1_
 		return; /* a message by reference: taken, or kept until its bytes are in */
 	if (!xo)
 		return;
-	a = *r;
-	a.base.n_unknown_fields = 0;
-	a.base.unknown_fields = NULL;
+	/* Only what a far daemon's answer to this op may say goes to the client, as for channels
+	 * (on_chan_reply()): a field of another op's answer, or for this host's clients alone,
+	 * from a hostile or newer far daemon would make the client's library take a descriptor
+	 * nobody frees, or report a worker's death for a take. */
+	take = xo->op == TPW__V1__WQ_OP_KIND__WQ_OP_TAKE ||
+	       xo->op == TPW__V1__WQ_OP_KIND__WQ_OP_ANSWER;
+	a = (Tpw__V1__WqReply)TPW__V1__WQ_REPLY__INIT;
+	a.status = r->status;
+	a.message = r->message;
+	a.closed = r->closed;
 	a.req_id = xo->req_id;
 	a.wq_id = xo->local_id;
 	/* A handle of a queue on another host is the owner's only if its OPEN created it there
 	 * (a hosting daemon of minor >= 8; xop_open_or_refuse()); other answers tell nothing. */
 	a.owner = xo->op == TPW__V1__WQ_OP_KIND__WQ_OP_OPEN && xo->create && r->owner;
-	data = tail_len && r->status == TPW__V1__STATUS__STATUS_OK &&
-	       (xo->op == TPW__V1__WQ_OP_KIND__WQ_OP_TAKE ||
-		xo->op == TPW__V1__WQ_OP_KIND__WQ_OP_ANSWER);
+	if (take || xo->op == TPW__V1__WQ_OP_KIND__WQ_OP_SUBMIT)
+		a.question_id = r->question_id;
+	a.answer_status = TPW__V1__STATUS__STATUS_OK; /* (as this daemon's answers say it) */
+	if (xo->op == TPW__V1__WQ_OP_KIND__WQ_OP_ANSWER) { /* a worker's death, none waiting */
+		a.answer_status = r->answer_status;
+		a.idle = r->idle;
+	}
+	if (take && xo->msg && r->msg_held) { /* a descriptor (validated: no length, no tail) */
+		a.msg_held = true;
+		a.msg_desc = r->msg_desc;
+		a.msg_len = r->msg_len;
+	}
+	data = tail_len && r->status == TPW__V1__STATUS__STATUS_OK && take;
 	if (xo->op == TPW__V1__WQ_OP_KIND__WQ_OP_OPEN && !r->wq_id &&
 	    r->status == TPW__V1__STATUS__STATUS_OK) {
 		a.status = TPW__V1__STATUS__STATUS_INVALID;
@@ -955,11 +973,8 @@ static void on_wq_reply(struct tpd_chanx *x, struct tpd_peer *pr, const Tpw__V1_
 	a.remote_refs = xo->op == TPW__V1__WQ_OP_KIND__WQ_OP_OPEN &&
 			a.status == TPW__V1__STATUS__STATUS_OK &&
 			tpd_peer_chan_far_minor(pr) >= TPW_PEER_MINOR_WQ_STREAM;
-	a.xfer_id = 0;
-	a.msg_copied = false;
-	a.msg_len = a.msg_held ? a.msg_len : 0;
-	if (!data)
-		a.length = 0;
+	if (data)
+		a.length = r->length; /* (validated: the tail's) */
 	if (tell) {
 		Tpw__V1__DaemonMsg m = TPW__V1__DAEMON_MSG__INIT;
 

@@ -66,6 +66,7 @@ struct xop {
 	uint64_t local_id;	/* the client's handle id */
 	int op;			/* ChanOpKind or WqOpKind */
 	uint32_t max_items;	/* a READ's items per answer as forwarded (0: one) */
+	bool msg;		/* a queue's TAKE or ANSWER with WqOp.msg: answered by descriptor */
 	struct xh *xh;		/* OPEN: the handle it opens */
 	bool sent;
 	/* OPEN while the link comes up: what to send */

@@ -8,9 +8,10 @@
  * the channel, named or unlinked: a lend that would take the owner past chan-bytes-per-uid is
  * copied instead, charged its bytes only (the limit then just at: a byte more is refused), and
  * the charge goes once the last item has left (its buffer id comes back in a later write's
- * answer); a channel unlinked with a lent item keeps it charged. A lend names only the writer's own buffers (a
- * guessed id is not found), only on a write by segment (on a read it closes the session: a
- * protocol violation); the items stay byte-exact after the writer unregistered the buffer.
+ * answer to a client of minor 12); a channel unlinked with a lent item keeps it charged. A
+ * lend names only the writer's own buffers (a guessed id is not found), only on a write by
+ * segment (on a read it closes the session: a protocol violation); the items stay byte-exact
+ * after the writer unregistered the buffer.
  */
 #include <check.h>
 #include <errno.h>
@@ -199,7 +200,9 @@ static int lender(void *arg)
 	TPT_REQUIRE(setgroups(0, NULL) == 0 && setresgid(NOBODY, NOBODY, NOBODY) == 0 &&
 		    setresuid(NOBODY, NOBODY, NOBODY) == 0, 1, "cannot drop to nobody");
 	TPT_REQUIRE(tpt_raw_connect(&r, d.socket) == 0, 1, "connect");
-	TPT_REQUIRE(tpt_raw_hello(&r, TPW__V1__ROLE__ROLE_CLIENT, T_MS) == 0, 1, "hello");
+	/* minor 12: buffers come back in a write's answer, not in a notice (minor 13) */
+	TPT_REQUIRE(tpt_raw_hello_minor(&r, TPW__V1__ROLE__ROLE_CLIENT,
+					TPW_MINOR_CHAN_RELEASED - 1, T_MS) == 0, 1, "hello");
 	TPT_REQUIRE(raw_buffer(&r, 1, &mem) == 0, 1, "buffer");
 	op.op = TPW__V1__CHAN_OP_KIND__CHAN_OP_OPEN;
 	op.name = "lend";

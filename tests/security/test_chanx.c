@@ -42,7 +42,10 @@
  * of more items than asked is refused to the client with the link up, an answer with fields
  * for this host's clients alone (lent staging, 1025 released buffers) reaches the client without
  * them (its library ended the whole context on them), one whose lengths miss its tail fails
- * the link.
+ * the link. One of 2.11 answers a worker's work queue open, take and reply with fields of
+ * other ops' answers (a descriptor held, a worker's death, nobody waiting, ownership): the
+ * client gets a plain handle, a clean error for that take only (-EPROTO) and a plain reply,
+ * the link and the context up.
  *
  * And a hostile peer daemon against a work queue on a daemon that lets other hosts create
  * queues (chan-remote-create-uid): it creates none over its insecure link, is never the owner,
@@ -1539,6 +1542,112 @@ START_TEST(test_hostile_host_answer_cannot_end_the_context)
 }
 END_TEST
 
+/* Answers @req (status OK, handle 5) with @r's other fields as set, @tail its data. */
+static int fake_wq_send_tail(struct tpt_raw *c, uint64_t req, Tpw__V1__WqReply *r,
+			     const char *tail)
+{
+	Tpw__V1__PeerWqReply pr = TPW__V1__PEER_WQ_REPLY__INIT;
+	Tpw__V1__PeerMsg m = TPW__V1__PEER_MSG__INIT;
+
+	r->req_id = req;
+	r->status = TPW__V1__STATUS__STATUS_OK;
+	r->wq_id = 5;
+	r->length = tail ? strlen(tail) : 0;
+	pr.reply = r;
+	m.body_case = TPW__V1__PEER_MSG__BODY_WQ_REPLY;
+	m.wq_reply = &pr;
+	return peer_send(c, &m, tail, (uint32_t)r->length);
+}
+
+/* Answers the next PeerWqOp, of kind @want (and not by descriptor), with fields of other ops'
+ * answers: a descriptor held (question 8, 3 bytes), a worker's death (answer_status), nobody
+ * waiting (idle) and ownership. */
+static int fake_wq_stray_fields(struct tpt_raw *c, Tpw__V1__WqOpKind want)
+{
+	Tpw__V1__WqReply r = TPW__V1__WQ_REPLY__INIT;
+	Tpw__V1__Descriptor d = TPW__V1__DESCRIPTOR__INIT;
+	Tpw__V1__PayloadDesc pd = TPW__V1__PAYLOAD_DESC__INIT, *pp = &pd;
+	Tpw__V1__PeerMsg *in;
+	const Tpw__V1__WqOp *o = fake_wq_op(c, want, &in);
+	int e = -1;
+
+	pd.length = 3;
+	d.n_payloads = 1;
+	d.payloads = &pp;
+	r.question_id = 8;
+	r.msg_held = true;
+	r.msg_desc = &d;
+	r.msg_len = 3;
+	r.answer_status = TPW__V1__STATUS__STATUS_PEER_DIED;
+	r.idle = true;
+	r.owner = true;
+	if (o && !o->msg)
+		e = fake_wq_send_tail(c, o->req_id, &r, NULL);
+	tpw_peer_msg_free(in);
+	return e;
+}
+
+/* A hosting daemon of peer minor 11 whose answers to a worker's open, take and reply carry
+ * fields of other ops' answers; its second take's answer is a plain question. */
+static int fake_wq_fields_host_run(void *arg)
+{
+	const struct fake_host *fh = arg;
+	struct tpt_raw c = { .fd = -1 }, data = { .fd = -1 };
+	Tpw__V1__WqReply r = TPW__V1__WQ_REPLY__INIT;
+	Tpw__V1__PeerMsg *in;
+	const Tpw__V1__WqOp *o;
+
+	TPT_REQUIRE(fake_accept(fh, &c, &data) == 0, 1, "handshake");
+	TPT_REQUIRE(fake_wq_stray_fields(&c, TPW__V1__WQ_OP_KIND__WQ_OP_OPEN) == 0, 1, "open");
+	TPT_REQUIRE(fake_wq_stray_fields(&c, TPW__V1__WQ_OP_KIND__WQ_OP_TAKE) == 0, 1, "take");
+	o = fake_wq_op(&c, TPW__V1__WQ_OP_KIND__WQ_OP_TAKE, &in);
+	r.question_id = 9;
+	r.answer_status = TPW__V1__STATUS__STATUS_OK;
+	TPT_REQUIRE(o && !o->msg && fake_wq_send_tail(&c, o->req_id, &r, "abc") == 0, 1,
+		    "a plain take");
+	tpw_peer_msg_free(in);
+	TPT_REQUIRE(fake_wq_stray_fields(&c, TPW__V1__WQ_OP_KIND__WQ_OP_REPLY) == 0, 1, "reply");
+	TPT_REQUIRE(fake_wq_answer(&c, TPW__V1__WQ_OP_KIND__WQ_OP_RELEASE) == 0, 1, "release");
+	TPT_REQUIRE(tpt_sync_wait(&go, T_MS) == 2, 1, "parent, done");
+	tpt_raw_close(&data);
+	tpt_raw_close(&c);
+	return 0;
+}
+
+/* A worker's queue ops against a hosting daemon that answers them with fields of other ops'
+ * answers (a descriptor held, a worker's death, nobody waiting, ownership): the open gives a
+ * plain worker's handle; the take gets a clean error for that take only (-EPROTO, an answer
+ * without a question: before, the client took a descriptor nobody freed and reported a
+ * worker's death for a take); the next take gets its question byte-exact, the reply a plain
+ * success; the link and the context stay up. */
+START_TEST(test_hostile_host_wq_answer_fields)
+{
+	struct fake_host fh = { .minor = TPW_PEER_MINOR_WQ_STREAM };
+	struct tp_context *ctx;
+	struct tpt_link link;
+	struct tp_wq *wq;
+	uint64_t id = 0;
+	size_t len = 0;
+	void *got = NULL;
+	char a[128];
+	pid_t pid = fake_host_start(&fh, fake_wq_fields_host_run, &ctx, a, sizeof(a));
+
+	ck_assert_msg(tp_wq_open(ctx, a, NULL, &wq) == 0, "%s", tp_last_error());
+	ck_assert_int_eq(tp_wq_take(wq, &id, &got, &len, 5000), -EPROTO);
+	ck_assert_msg(strstr(tp_last_error(), "an answer without a payload"), "%s",
+		      tp_last_error());
+	ck_assert_ptr_null(got);
+	ck_assert_msg(tp_wq_take(wq, &id, &got, &len, 5000) == 0, "%s", tp_last_error());
+	ck_assert(id == 9 && len == 3 && memcmp(got, "abc", 3) == 0);
+	free(got);
+	ck_assert_msg(tp_wq_reply(wq, 9, "xyz", 3) == 0, "%s", tp_last_error());
+	ck_assert_msg(tpt_peer_links(&host, &link) == 1 && strcmp(link.state, "up") == 0,
+		      "the link is %s: %s", link.state, link.last_error);
+	ck_assert_int_eq(tp_wq_release(wq), 0);
+	fake_host_stop(&fh, pid, ctx);
+}
+END_TEST
+
 static Suite *chanx_suite(void)
 {
 	Suite *s = suite_create("sec_chanx");
@@ -1552,6 +1661,7 @@ static Suite *chanx_suite(void)
 	tcase_add_loop_test(tc, test_hostile_host_fails_its_link_only, 0, 5);
 	tcase_add_loop_test(tc, test_hostile_host_batch_reads, 0, 2);
 	tcase_add_test(tc, test_hostile_host_wq_reads);
+	tcase_add_test(tc, test_hostile_host_wq_answer_fields);
 	tcase_add_test(tc, test_hostile_host_refused_read_ends_its_receive);
 	tcase_add_test(tc, test_hostile_host_answer_cannot_end_the_context);
 	suite_add_tcase(s, tc);

@@ -6,7 +6,9 @@
  * handle does not keep (0, UINT64_MAX, a key of another handle), a handle that is not the
  * context's, and a key listed twice unmap nothing else; a mapping a copy still uses stays
  * mapped (no longer listed as mapped, nor found for a new read) until that copy ends; the
- * handle's release unmaps the rest. The library's other parts are stand-ins below: chanmap.c
+ * handle's release unmaps the rest. A notice of lent buffers given back takes only buffers
+ * the named handle lent, each once, and the io thread keeps a handle's own for it and puts a
+ * pool buffer back into the pool. The library's other parts are stand-ins below: chanmap.c
  * sends nothing in these cases.
  */
 #include <check.h>
@@ -36,9 +38,18 @@ int tpc_pring_take_fd(struct tp_context *ctx)
 	return -EBADF;
 }
 
+/* The buffers put back (tpc_chan_back_run(), tpc_chan_map_drop()), in order, and how. */
+static struct tpc_buf *put[16];
+static bool put_reuse[16];
+static unsigned n_put;
+
 void tpc_buffer_stage_put(struct tp_context *ctx, struct tpc_buf *b, bool reuse)
 {
-	(void)ctx, (void)b, (void)reuse;
+	(void)ctx;
+	if (b && n_put < 16) {
+		put[n_put] = b;
+		put_reuse[n_put++] = reuse;
+	}
 }
 
 int tpc_buffer_chan_new(struct tp_context *ctx, size_t size, struct tpc_buf **ret)
@@ -154,12 +165,96 @@ START_TEST(test_a_notice_unmaps_only_the_named_handles_listed_keys)
 }
 END_TEST
 
+static void released(struct tp_context *ctx, uint64_t chan_id, uint64_t *ids, size_t n)
+{
+	Tpw__V1__ChanReply m = TPW__V1__CHAN_REPLY__INIT;
+
+	m.chan_id = chan_id;
+	m.released = ids;
+	m.n_released = n;
+	pthread_mutex_lock(&ctx->lock);
+	tpc_chan_on_released(ctx, &m);
+	pthread_mutex_unlock(&ctx->lock);
+}
+
+/* A notice of lent buffers given back (client minor 13) takes out of the handle it names only
+ * the buffers that handle lent, each once; the io thread then keeps the handle's own for its
+ * next batches and puts a staging pool buffer back into the pool (reused); the handle's
+ * release releases what it kept and what is still lent stays for tpc_chan_lent_drop(). */
+START_TEST(test_a_released_notice_gives_back_only_the_named_handles_lent_buffers)
+{
+	struct tp_context *ctx = calloc(1, sizeof(*ctx));
+	struct tp_chan *a = calloc(1, sizeof(*a)), *b = calloc(1, sizeof(*b));
+	struct tpc_buf own1 = { .id = 1, .size = 4096, .chan = true };
+	struct tpc_buf own2 = { .id = 2, .size = 4096, .chan = true };
+	struct tpc_buf pool3 = { .id = 3, .size = 4096 };
+	struct tpc_buf other4 = { .id = 4, .size = 4096, .chan = true };
+
+	ck_assert(ctx && a && b);
+	pthread_mutex_init(&ctx->lock, NULL);
+	tpu_list_init(&ctx->chans);
+	*a = (struct tp_chan){ .ctx = ctx, .id = 5, .map = true };
+	*b = (struct tp_chan){ .ctx = ctx, .id = 6 }; /* no mapping: listed all the same */
+	tpc_chan_map_open(a);
+	tpc_chan_map_open(b);
+	a->lent[0] = &own1;
+	a->lent[1] = &own2;
+	a->n_lent = 2;
+	a->lent_bytes = 8192;
+	b->lent[0] = &pool3;
+	b->lent[1] = &other4;
+	b->n_lent = 2;
+	b->lent_bytes = 8192;
+	n_put = 0;
+
+	/* hostile values: ids the handle did not lend (another handle's), no handle of ours */
+	released(ctx, 5, (uint64_t[]){ 0, 3, 4, UINT64_MAX }, 4);
+	released(ctx, 7, (uint64_t[]){ 1, 2, 3, 4 }, 4);
+	released(ctx, 0, (uint64_t[]){ 1 }, 1);
+	ck_assert_uint_eq(a->n_lent, 2);
+	ck_assert_uint_eq(b->n_lent, 2);
+	ck_assert_uint_eq(ctx->chan_back, 0);
+	/* buffer 1 twice for handle 5, buffer 3 for handle 6 */
+	released(ctx, 5, (uint64_t[]){ 1, 1 }, 2);
+	released(ctx, 6, (uint64_t[]){ 3 }, 1);
+	ck_assert_uint_eq(a->n_lent, 1);
+	ck_assert_ptr_eq(a->lent[0], &own2);
+	ck_assert_uint_eq(a->lent_bytes, 4096);
+	ck_assert_uint_eq(a->n_back, 1);
+	ck_assert_uint_eq(b->n_lent, 1);
+	ck_assert_ptr_eq(b->lent[0], &other4);
+	ck_assert_uint_eq(ctx->chan_back, 2);
+	tpc_chan_back_run(ctx);
+	ck_assert_uint_eq(ctx->chan_back, 0);
+	ck_assert_uint_eq(a->n_back + b->n_back, 0);
+	ck_assert_uint_eq(a->n_own, 1); /* kept for the handle's next batches */
+	ck_assert_ptr_eq(a->own[0], &own1);
+	ck_assert_uint_eq(ctx->chan_own, 1);
+	ck_assert_uint_eq(n_put, 1); /* the pool buffer, back into the pool to be reused */
+	ck_assert(put[0] == &pool3 && put_reuse[0]);
+	/* released: the buffer it kept goes, not reused; the one still lent is not touched */
+	tpc_chan_map_drop(a);
+	ck_assert_uint_eq(n_put, 2);
+	ck_assert(put[1] == &own1 && !put_reuse[1]);
+	ck_assert_uint_eq(ctx->chan_own, 0);
+	released(ctx, 5, (uint64_t[]){ 2 }, 1);
+	ck_assert_uint_eq(ctx->chan_back, 0);
+	tpc_chan_map_drop(b);
+	ck_assert(tpu_list_empty(&ctx->chans));
+	pthread_mutex_destroy(&ctx->lock);
+	free(a);
+	free(b);
+	free(ctx);
+}
+END_TEST
+
 static Suite *chanmap_suite(void)
 {
 	Suite *s = suite_create("chanmap");
 	TCase *tc = tcase_create("retired");
 
 	tcase_add_test(tc, test_a_notice_unmaps_only_the_named_handles_listed_keys);
+	tcase_add_test(tc, test_a_released_notice_gives_back_only_the_named_handles_lent_buffers);
 	suite_add_tcase(s, tc);
 	return s;
 }

@@ -1713,6 +1713,7 @@ START_TEST(test_validate_chan_lend)
 
 	dm.body_case = TPW__V1__DAEMON_MSG__BODY_CHAN_REPLY;
 	dm.chan_reply = &r;
+	r.req_id = 5; /* a write's answer */
 	r.released = ids;
 	r.n_released = TPW_CHAN_RELEASED_MAX; /* just at */
 	r.lent = true;
@@ -1870,6 +1871,52 @@ START_TEST(test_validate_chan_retired)
 	ck_assert_int_eq(vpt(&pm, 0), -EBADMSG); /* never from a peer */
 	r.n_retired = 0;
 	ck_assert_int_eq(vpt(&pm, 0), 0);
+}
+END_TEST
+
+/* A notice of lent buffers given back (ChanReply.released with req_id 0, client minor 13):
+ * ids only, at most TPW_CHAN_RELEASED_MAX, carrying nothing else (no item, no tail, no lent,
+ * no mapping, no retired keys). */
+START_TEST(test_validate_chan_released_notice)
+{
+	Tpw__V1__DaemonMsg dm = TPW__V1__DAEMON_MSG__INIT;
+	Tpw__V1__ChanReply r = TPW__V1__CHAN_REPLY__INIT;
+	static uint64_t ids[TPW_CHAN_RELEASED_MAX + 1];
+	uint64_t len = 1;
+
+	for (unsigned i = 0; i <= TPW_CHAN_RELEASED_MAX; i++)
+		ids[i] = UINT64_MAX - i; /* values are the library's to match, not bounds */
+	dm.body_case = TPW__V1__DAEMON_MSG__BODY_CHAN_REPLY;
+	dm.chan_reply = &r;
+	r.chan_id = 7;
+	r.released = ids;
+	r.n_released = TPW_CHAN_RELEASED_MAX; /* just at */
+	ck_assert_int_eq(vd(&dm, 0, 0), 0);
+	r.n_released = TPW_CHAN_RELEASED_MAX + 1; /* just above */
+	ck_assert_int_eq(vd(&dm, 0, 0), -EBADMSG);
+	r.n_released = 1;
+	ck_assert_int_eq(vd(&dm, 0, 1), -EBADMSG); /* a tail with it */
+	r.n_lengths = 1; /* with an item */
+	r.lengths = &len;
+	ck_assert_int_eq(vd(&dm, 0, 1), -EBADMSG);
+	r.n_lengths = 0;
+	r.lent = true; /* lent: a write's answer only */
+	ck_assert_int_eq(vd(&dm, 0, 0), -EBADMSG);
+	r.lent = false;
+	r.map_key = 3; /* with an item to map */
+	ck_assert_int_eq(vd(&dm, 0, 0), -EBADMSG);
+	r.map_key = 0;
+	r.held_len = 9; /* with an item held */
+	ck_assert_int_eq(vd(&dm, 0, 0), -EBADMSG);
+	r.held_len = 0;
+	r.n_retired = 1; /* with retired keys */
+	r.retired = ids;
+	ck_assert_int_eq(vd(&dm, 0, 0), -EBADMSG);
+	r.n_retired = 0;
+	ck_assert_int_eq(vd(&dm, 0, 0), 0);
+	r.req_id = 4; /* the same ids in a write's answer */
+	r.lent = true;
+	ck_assert_int_eq(vd(&dm, 0, 0), 0);
 }
 END_TEST
 
@@ -2079,6 +2126,7 @@ static Suite *validate_suite(void)
 	tcase_add_test(d, test_validate_chan_lend);
 	tcase_add_test(d, test_validate_chan_map);
 	tcase_add_test(d, test_validate_chan_retired);
+	tcase_add_test(d, test_validate_chan_released_notice);
 	tcase_add_test(d, test_validate_peer_chan_reply);
 	tcase_add_test(d, test_validate_peer_wq_msgs);
 	tcase_add_test(d, test_validate_peer_wq_stream);
