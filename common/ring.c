@@ -240,29 +240,75 @@ void tpu_spin_init(struct tpu_spin *s, uint64_t max_ns)
 	s->cur_ns = max_ns;
 }
 
-void tpu_spin_pause(void)
+/* The process's contention state (every spinner of the process shares it): no spinning before
+ * quiet_until (CLOCK_MONOTONIC ns), and the next quiet period's length. */
+static uint64_t quiet_until_ns;
+static uint64_t quiet_ns = TPU_SPIN_QUIET_MIN_NS;
+static bool detect = true;
+
+void tpu_spin_detect_contention(bool on)
 {
+	__atomic_store_n(&detect, on, __ATOMIC_RELAXED);
+	__atomic_store_n(&quiet_until_ns, 0, __ATOMIC_RELAXED);
+	__atomic_store_n(&quiet_ns, TPU_SPIN_QUIET_MIN_NS, __ATOMIC_RELAXED);
+}
+
+bool tpu_spin_quiet(uint64_t now)
+{
+	return now < __atomic_load_n(&quiet_until_ns, __ATOMIC_RELAXED);
+}
+
+void tpu_spin_contended(uint64_t now)
+{
+	uint64_t q = __atomic_load_n(&quiet_ns, __ATOMIC_RELAXED);
+
+	if (!__atomic_load_n(&detect, __ATOMIC_RELAXED) || tpu_spin_quiet(now))
+		return; /* one period at a time, however many spinners saw it */
+	__atomic_store_n(&quiet_until_ns, now + q, __ATOMIC_RELAXED);
+	__atomic_store_n(&quiet_ns, TPU_MIN(2 * q, TPU_SPIN_QUIET_MAX_NS), __ATOMIC_RELAXED);
+}
+
+void tpu_spin_uncontended(void)
+{
+	if (__atomic_load_n(&quiet_ns, __ATOMIC_RELAXED) != TPU_SPIN_QUIET_MIN_NS)
+		__atomic_store_n(&quiet_ns, TPU_SPIN_QUIET_MIN_NS, __ATOMIC_RELAXED);
+}
+
+bool tpu_spin_pause(void)
+{
+	uint64_t t0 = tpu_now_ns();
+
 	/* Hands this CPU to a runnable thread that shares it (on a small machine, often the
 	 * very partner we wait for); busy pauses measured slower here. */
 	sched_yield();
+	return tpu_now_ns() - t0 > TPU_SPIN_YIELD_LONG_NS;
 }
 
 bool tpu_spin_wait(struct tpu_spin *s, bool (*ready)(void *arg), void *arg)
 {
 	uint64_t start, now;
+	bool long_yield;
 
 	if (ready(arg))
 		return true;
 	if (!s->cur_ns)
 		return false;
 	start = tpu_now_ns();
+	if (tpu_spin_quiet(start))
+		return false;
 	do {
-		tpu_spin_pause();
+		long_yield = tpu_spin_pause();
 		if (ready(arg)) {
 			s->cur_ns = s->max_ns;
+			if (!long_yield)
+				tpu_spin_uncontended();
 			return true;
 		}
 		now = tpu_now_ns();
+		if (long_yield && __atomic_load_n(&detect, __ATOMIC_RELAXED)) {
+			tpu_spin_contended(now); /* other threads hold the CPUs: sleep, woken ahead */
+			return false;
+		}
 	} while (now - start < s->cur_ns);
 	return false;
 }

@@ -183,7 +183,34 @@ bool tpu_spin_wait(struct tpu_spin *s, bool (*ready)(void *arg), void *arg);
 /* Tells @s how long a wait that had to sleep took in all (from its start). */
 void tpu_spin_slept(struct tpu_spin *s, uint64_t waited_ns);
 
-/* One polite pause between polls (gives the CPU to another runnable thread). */
-void tpu_spin_pause(void);
+/*
+ * Contention. Yielding helps while the threads that run are our own (the partner we wait for
+ * gets the CPU). When more threads than CPUs want to run (busy neighbours: data loaders, a
+ * build), a yield hands the CPU to one of them for its whole time slice, and every hop of a
+ * message costs milliseconds, while a thread that sleeps is woken ahead of them. So a yield
+ * that kept its thread off the CPU longer than TPU_SPIN_YIELD_LONG_NS, with the wait not
+ * over, makes the whole process stop spinning for a quiet period (TPU_SPIN_QUIET_MIN_NS,
+ * doubled at each new sighting up to TPU_SPIN_QUIET_MAX_NS, back to the minimum once a spin
+ * succeeds with short yields); waits meanwhile sleep at once.
+ */
+#define TPU_SPIN_YIELD_LONG_NS (250 * 1000ull)
+#define TPU_SPIN_QUIET_MIN_NS (10 * 1000 * 1000ull)
+#define TPU_SPIN_QUIET_MAX_NS (640 * 1000 * 1000ull)
+
+/* Turns the detection on (the default) or off, and ends any quiet period (unit tests). */
+void tpu_spin_detect_contention(bool on);
+
+/* True while the process is in a quiet period (@now: tpu_now_ns()): do not spin. */
+bool tpu_spin_quiet(uint64_t now);
+
+/* A long yield was seen at @now with the wait not over: start a quiet period. */
+void tpu_spin_contended(uint64_t now);
+
+/* A spin succeeded with short yields: the next quiet period is the shortest again. */
+void tpu_spin_uncontended(void);
+
+/* One polite pause between polls (gives the CPU to another runnable thread). Return: true if
+ * it kept this thread off the CPU longer than TPU_SPIN_YIELD_LONG_NS. */
+bool tpu_spin_pause(void);
 
 #endif

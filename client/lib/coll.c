@@ -130,10 +130,13 @@ static int barrier_wait(struct tp_group *g, uint32_t gen, int timeout_ms, char *
 			return 0;
 		if ((v & TPU_GRPARENA_FAILED) && !tpc_group_spared(g))
 			return group_failed(g, msg, ml);
-		if (g->spin)
+		if (g->spin) {
 			cpu_relax();
-		else
-			sched_yield();
+		} else if (tpu_spin_quiet(tpu_now_ns()) || tpu_spin_pause()) {
+			/* other threads hold the CPUs (ring.h): sleep, to be woken ahead */
+			tpu_spin_contended(tpu_now_ns());
+			break;
+		}
 	}
 	for (;;) {
 		struct timespec rel = { 0, 0 };

@@ -113,12 +113,20 @@ static uint32_t ring_wait(struct tpc_pring *r, uint32_t *word, uint32_t *wait, u
 			return v;
 		if ((n & 63) == 63 && tpu_now_ns() - t0 > PRING_SPIN_NS)
 			break;
-		if (n >= 256) /* the other side may be waiting for this CPU */
-			sched_yield();
+		if (n < 256) {
 #if defined(__x86_64__) || defined(__i386__)
-		else
 			__builtin_ia32_pause();
 #endif
+			continue;
+		}
+		/* Then yield: the other side may be waiting for this CPU. Unless other threads hold
+		 * the CPUs (a long yield, ring.h): then sleep, to be woken ahead of them. */
+		if (tpu_spin_quiet(tpu_now_ns()))
+			break;
+		if (tpu_spin_pause() && __atomic_load_n(word, __ATOMIC_ACQUIRE) == seen) {
+			tpu_spin_contended(tpu_now_ns());
+			break;
+		}
 	}
 	for (;;) {
 		__atomic_store_n(wait, 1, __ATOMIC_SEQ_CST);

@@ -205,19 +205,21 @@ static void local_on_spin(evutil_socket_t fd, short what, void *arg)
 	if (moved) {
 		l->spin.cur_ns = l->spin.max_ns;
 		l->spin_until_ns = now + l->spin.cur_ns;
+		tpu_spin_uncontended();
 	}
 	/* Sleep when polling is off, when copies are in flight (they need both CPUs more than we
-	 * need a quick answer, and their completions wake us anyway), or after the budget. */
+	 * need a quick answer, and their completions wake us anyway), after the budget, or while
+	 * other threads hold the CPUs (a yield that kept us off for long: ring.h). */
 	if (!tpd_daemon_cfg(l->d)->spin_us || tpd_daemon_bulk_running(l->d) ||
-	    (!moved && now >= l->spin_until_ns)) {
+	    (!moved && (now >= l->spin_until_ns || tpu_spin_quiet(now)))) {
 		if (spin_sleep(l)) {
 			l->spinning = false;
 			l->slept_ns = now;
 			return;
 		}
 		l->spin_until_ns = now + l->spin.cur_ns; /* a ring moved meanwhile */
-	} else if (!moved) {
-		tpu_spin_pause();
+	} else if (!moved && tpu_spin_pause()) {
+		tpu_spin_contended(tpu_now_ns());
 	}
 	spin_rearm(l);
 }

@@ -1145,6 +1145,102 @@ START_TEST(test_ring_spin_max_zero_never_spins)
 }
 END_TEST
 
+static void *hog_main(void *arg)
+{
+	const bool *stop = arg;
+
+	while (!__atomic_load_n(stop, __ATOMIC_RELAXED))
+		;
+	return NULL;
+}
+
+/*
+ * A waiter whose CPU another thread keeps busy (this thread and a busy one on one CPU): its
+ * yield hands the CPU to that thread for a whole time slice, so the wait gives up at once
+ * instead of spinning through its budget, and the process stops spinning for a quiet period:
+ * a wait meanwhile looks once and sleeps. Without the detection it spun its 5 s.
+ */
+START_TEST(test_ring_spin_stops_while_other_threads_hold_the_cpu)
+{
+	const uint64_t max = 5000ull * 1000000;
+	struct ready_after r = { .true_at = 0 }, r2 = { .true_at = 2 };
+	bool stop = false, gave_up, second;
+	pthread_attr_t attr;
+	pthread_t hog;
+	cpu_set_t one;
+	struct tpu_spin s;
+	uint64_t t0, t1;
+	int cpu = sched_getcpu();
+
+	ck_assert_int_ge(cpu, 0);
+	CPU_ZERO(&one);
+	CPU_SET(cpu, &one);
+	ck_assert_int_eq(sched_setaffinity(0, sizeof(one), &one), 0);
+	ck_assert_int_eq(pthread_attr_init(&attr), 0);
+	ck_assert_int_eq(pthread_attr_setaffinity_np(&attr, sizeof(one), &one), 0);
+	tpu_spin_detect_contention(true);
+	ck_assert_int_eq(pthread_create(&hog, &attr, hog_main, &stop), 0);
+	usleep(20 * 1000); /* the busy thread runs */
+	tpu_spin_init(&s, max);
+	t0 = tpu_now_ns();
+	gave_up = !tpu_spin_wait(&s, ready_after, &r);
+	t1 = tpu_now_ns();
+	/* in the quiet period: one look, no spinning, though ready at the second */
+	second = tpu_spin_wait(&s, ready_after, &r2);
+	__atomic_store_n(&stop, true, __ATOMIC_RELAXED);
+	ck_assert_int_eq(pthread_join(hog, NULL), 0);
+	pthread_attr_destroy(&attr);
+	ck_assert(gave_up);
+	ck_assert_msg(t1 - t0 < max / 2, "it spun %llu ms of its 5000",
+		      (unsigned long long)((t1 - t0) / 1000000));
+	ck_assert(!second);
+	ck_assert_uint_eq(r2.calls, 1);
+	tpu_spin_detect_contention(false);
+}
+END_TEST
+
+/* The contention state's bookkeeping: a sighting starts one quiet period (more sightings in it
+ * change nothing), the next one after it lasts twice as long, up to the maximum, and a spin
+ * that succeeded with short yields brings the shortest back. */
+START_TEST(test_ring_spin_quiet_periods_double_and_reset)
+{
+	uint64_t now = 1000ull * 1000000000;
+
+	tpu_spin_detect_contention(true);
+	ck_assert(!tpu_spin_quiet(now));
+	tpu_spin_contended(now);
+	ck_assert(tpu_spin_quiet(now + TPU_SPIN_QUIET_MIN_NS - 1));
+	ck_assert(!tpu_spin_quiet(now + TPU_SPIN_QUIET_MIN_NS));
+	tpu_spin_contended(now + 1); /* inside the period: nothing changes */
+	ck_assert(!tpu_spin_quiet(now + TPU_SPIN_QUIET_MIN_NS));
+	now += TPU_SPIN_QUIET_MIN_NS;
+	tpu_spin_contended(now);
+	ck_assert(tpu_spin_quiet(now + 2 * TPU_SPIN_QUIET_MIN_NS - 1));
+	ck_assert(!tpu_spin_quiet(now + 2 * TPU_SPIN_QUIET_MIN_NS));
+	for (int i = 0; i < 20; i++) {
+		now += TPU_SPIN_QUIET_MAX_NS;
+		tpu_spin_contended(now);
+	}
+	ck_assert(tpu_spin_quiet(now + TPU_SPIN_QUIET_MAX_NS - 1));
+	ck_assert(!tpu_spin_quiet(now + TPU_SPIN_QUIET_MAX_NS));
+	tpu_spin_uncontended();
+	now += TPU_SPIN_QUIET_MAX_NS;
+	tpu_spin_contended(now);
+	ck_assert(!tpu_spin_quiet(now + TPU_SPIN_QUIET_MIN_NS));
+	/* off: sightings start nothing */
+	tpu_spin_detect_contention(false);
+	tpu_spin_contended(now + TPU_SPIN_QUIET_MAX_NS);
+	ck_assert(!tpu_spin_quiet(now + TPU_SPIN_QUIET_MAX_NS));
+}
+END_TEST
+
+/* The spin and thread cases time real waits and count wake-ups: a long yield on a loaded
+ * machine must not cut their spins short (the contention cases turn the detection on). */
+static void spin_setup(void)
+{
+	tpu_spin_detect_contention(false);
+}
+
 static Suite *ring_suite(void)
 {
 	Suite *s = suite_create("ring");
@@ -1185,7 +1281,11 @@ static Suite *ring_suite(void)
 	tcase_add_test(spin, test_ring_spin_restored_by_wait_satisfied_while_spinning);
 	tcase_add_test(spin, test_ring_spin_restored_by_wait_ending_just_after_budget);
 	tcase_add_test(spin, test_ring_spin_gives_up_after_its_budget);
+	tcase_add_checked_fixture(threads, spin_setup, NULL);
+	tcase_add_checked_fixture(spin, spin_setup, NULL);
 	tcase_add_test(spin, test_ring_spin_max_zero_never_spins);
+	tcase_add_test(spin, test_ring_spin_quiet_periods_double_and_reset);
+	tcase_add_test(spin, test_ring_spin_stops_while_other_threads_hold_the_cpu);
 	tcase_set_timeout(spin, 30);
 	suite_add_tcase(s, spin);
 	return s;
