@@ -8,11 +8,12 @@
  * that the local readers' copies then read, each waiting for that one read (and failing with
  * it). A CUDA source with two or more local readers is staged the same way, but only at the
  * first read that wants it in CPU memory (tpd_bcast_cuda_src()): one copy job reads the device
- * into the staging for every reader into CPU memory, while the WriteDones wait for that read
- * (tpd_bcast_holds(): the writer frees its memory once its broadcast is done); a reader into
- * CUDA memory gets its device-to-device copy from the source, as a Write's. Staging is charged
- * to the writer's uid (bcast-stage-bytes-per-uid); above the limit each delivery reads the
- * writer's memory as a Write would. Readers on another host get the message once per link
+ * into the staging for every reader into CPU memory, while the WriteDones and the pipes'
+ * PipeClosed wait for that read (tpd_bcast_holds(), pipe->stage_reads: the writer frees its
+ * memory once its broadcast is done); a reader into CUDA memory gets its device-to-device copy
+ * from the source, as a Write's. Staging is charged to the writer's uid
+ * (bcast-stage-bytes-per-uid); above the limit each delivery reads the writer's memory as a
+ * Write would. Readers on another host get the message once per link
  * (PeerBcast), CUDA sources included: the far daemon reads it once into its host staging and
  * delivers its readers from there. It does not decide what a message is or how it is copied
  * (msg.c, pipe.c).
@@ -60,6 +61,8 @@ struct tpd_bcast {
 	char why[160];
 	struct tpd_msg **msgs; /* deliveries reading @stage (NULL once freed), @n_msgs slots */
 	size_t n_msgs;
+	struct tpd_pipe **pipes; /* while @dev is read: the pipes of @msgs (pipe->stage_reads) */
+	size_t n_pipes;
 	struct tpd_msg **xmsgs; /* writer's side: targets to announce in a PeerBcast */
 	size_t n_xmsgs;
 	bool no_xbcast;	  /* a pipe named twice: every target gets its own PeerDescriptor */
@@ -127,6 +130,7 @@ static void bcast_unref(struct tpd_bcast *bc)
 	free(bc->stage);
 	free(bc->off);
 	free(bc->msgs);
+	free(bc->pipes);
 	free(bc->xmsgs);
 	free(bc);
 }
@@ -195,10 +199,21 @@ static void stage_on_done(struct tpb_copy_job *job)
 	for (size_t i = 0; i < bc->n_msgs; i++)
 		if (bc->msgs[i])
 			tpd_pipe_start_next_copy(bc->msgs[i]->from);
-	/* the WriteDones held while the device was read (tpd_bcast_holds()) */
+	/* the WriteDones held while the device was read (tpd_bcast_holds()), then the pipes'
+	 * PipeClosed and freeing */
 	for (size_t i = 0; bc->dev && i < bc->n_msgs; i++)
 		if (bc->msgs[i])
 			tpd_pipe_write_flush(bc->msgs[i]->from);
+	for (size_t i = 0; i < bc->n_pipes; i++) {
+		struct tpd_pipe *p = bc->pipes[i];
+
+		if (--p->stage_reads > 0)
+			continue;
+		tpd_pipe_end_owed_maybe(&p->end[0]);
+		tpd_pipe_end_owed_maybe(&p->end[1]);
+		tpd_pipe_maybe_free(p);
+	}
+	bc->n_pipes = 0;
 	bcast_unref(bc); /* the job's */
 }
 
@@ -299,6 +314,12 @@ static int stage_start(struct tpd_bcast *bc, struct tpd_daemon *d, const struct 
 	job->arg = bcast_ref(bc);
 	bc->reading = true;
 	bc->job = job;
+	for (size_t k = 0; bc->dev && k < bc->n_msgs; k++) {
+		if (!bc->msgs[k])
+			continue;
+		bc->pipes[bc->n_pipes] = bc->msgs[k]->from->pipe;
+		bc->pipes[bc->n_pipes++]->stage_reads++;
+	}
 	tpb_copier_submit(tpd_daemon_copier(d), job);
 	return 0;
 }
@@ -445,10 +466,12 @@ static struct tpd_bcast *bcast_new(struct tpd_broker *br, size_t n_seg, size_t n
 	bc->n_seg = n_seg;
 	bc->off = calloc(n_seg + 1, sizeof(*bc->off));
 	bc->msgs = calloc(n + 1, sizeof(*bc->msgs));
+	bc->pipes = calloc(n + 1, sizeof(*bc->pipes));
 	bc->xmsgs = calloc(n + 1, sizeof(*bc->xmsgs));
-	if (!bc->off || !bc->msgs || !bc->xmsgs) {
+	if (!bc->off || !bc->msgs || !bc->pipes || !bc->xmsgs) {
 		free(bc->off);
 		free(bc->msgs);
+		free(bc->pipes);
 		free(bc->xmsgs);
 		free(bc);
 		return NULL;

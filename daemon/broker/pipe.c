@@ -242,7 +242,7 @@ static void end_drop_all(struct tpd_pipe_end *e)
 
 void tpd_pipe_maybe_free(struct tpd_pipe *p)
 {
-	if (p->end[0].session || p->end[1].session || p->jobs)
+	if (p->end[0].session || p->end[1].session || p->jobs || p->stage_reads)
 		return;
 	end_drop_all(&p->end[0]);
 	end_drop_all(&p->end[1]);

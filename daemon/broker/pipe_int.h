@@ -88,6 +88,9 @@ struct tpd_pipe {
 	bool ring_used;		    /* a message went through a pipe ring (pring.c) */
 	uint64_t created_ns;
 	unsigned jobs;		    /* copy jobs and peer transfers in flight */
+	/* staging reads of a broadcast's CUDA source that deliveries on this pipe took part in
+	 * (bcast.c): its PipeClosed and its freeing wait for them, as for its own copies */
+	unsigned stage_reads;
 
 	/* Cross-host pipes: one end is remote (end[1] here if we connected, end[0] if the peer
 	 * did). Their messages go through the peer link. */

@@ -17,6 +17,7 @@
  */
 #include <check.h>
 #include <errno.h>
+#include <fcntl.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -41,6 +42,11 @@ static struct tpt_sync ready;
 static int victim = -1; /* reader killed after its first descriptor, -1: none */
 static unsigned n_readers = READERS, n_remote = REMOTE; /* the last n_remote are on B */
 static bool cuda_odd = true; /* odd readers read into CUDA memory, else all into CPU memory */
+/* What becomes of message 0: delivered to all (but a victim); failed for every reader (its
+ * staging read meets a forced device fault); or never read (every reader is killed while the
+ * staging read waits for the writer's stream: the only message then). */
+static enum { FIRST_OK, FIRST_FAILS, FIRST_ONLY_READERS_KILLED } first = FIRST_OK;
+static long slow_ms = 100; /* the work queued on the writer's stream before its bytes */
 
 static bool is_remote(unsigned who)
 {
@@ -71,6 +77,16 @@ static int reader_one(unsigned who, const struct hwt_cuda *cu, struct tp_pipe *p
 		slot.data = hwt_ptr(dev);
 	}
 	r = tp_pipe_read_sync(p, d, &a);
+	if (first == FIRST_FAILS && k == 0) {
+		if (cu)
+			cu->api->cuMemFree(dev);
+		TPT_REQUIRE(r < 0 && strstr(tp_last_error(), "reading the broadcast's source failed"),
+			    1, "reader %u: read %u: %d %s, not the staging read's failure", who, k,
+			    r, tp_last_error());
+		printf("reader %u: message 0 failed with its staging read: %s\n", who,
+		       tp_last_error());
+		return 0;
+	}
 	TPT_REQUIRE(r == 0, 1, "reader %u: read %u: %d %s", who, k, r, tp_last_error());
 	tpt_fill(want, len, SEED + k);
 	if (cu) {
@@ -138,7 +154,7 @@ static int reader(void *arg)
 
 static void CUDA_CB slow_fn(void *arg)
 {
-	struct timespec ts = { 0, 100 * 1000000L };
+	struct timespec ts = { slow_ms / 1000, slow_ms % 1000 * 1000000L };
 
 	(void)arg;
 	while (nanosleep(&ts, &ts) < 0 && errno == EINTR)
@@ -147,8 +163,8 @@ static void CUDA_CB slow_fn(void *arg)
 
 /*
  * Broadcasts message @k from device memory whose bytes are still queued on the writer's stream
- * (behind 100 ms of other work) when the broadcast starts: every delivery must wait for them.
- * Every delivery but the victim's must succeed.
+ * (behind @slow_ms of other work) when the broadcast starts: every delivery must wait for them.
+ * Every delivery but the victim's must succeed (none of message 0 where @first says so).
  */
 static int server_one(const struct hwt_cuda *cu, struct tp_pipe_set *s, unsigned k,
 		      uint8_t *host)
@@ -173,6 +189,12 @@ static int server_one(const struct hwt_cuda *cu, struct tp_pipe_set *s, unsigned
 	HWT_CU(cu, cuStreamSynchronize(stream), 1); /* @host is read until here */
 	cu->api->cuStreamDestroy(stream);
 	cu->api->cuMemFree(dev);
+	if (k == 0 && first != FIRST_OK) {
+		TPT_REQUIRE(r == 0, 1, "message 0: %d of %u delivered", r, n_readers);
+		for (unsigned i = 0; i < n_readers; i++)
+			TPT_REQUIRE(st[i] < 0, 1, "message 0, pipe %u: %d", i, st[i]);
+		return 0;
+	}
 	TPT_REQUIRE(r == (int)n_readers - (victim >= 0), 1, "message %u: %d of %u delivered: %s",
 		    k, r, n_readers, tp_last_error());
 	for (unsigned i = 0, failed = 0; i < n_readers; i++) {
@@ -207,7 +229,7 @@ static int server(void *arg)
 	TPT_REQUIRE(tp_set_new(ctx, n_readers, &s) == 0, 1, "set: %s", tp_last_error());
 	r = tp_set_wait_pipes(s, l, n_readers, HWT_T_MS);
 	TPT_REQUIRE(r == 0, 1, "pipes: %d %s", r, tp_last_error());
-	for (unsigned k = 0; k < N_SIZES; k++)
+	for (unsigned k = 0; k < (first == FIRST_ONLY_READERS_KILLED ? 1 : N_SIZES); k++)
 		if (server_one(&cu, s, k, host))
 			return 1;
 	tp_set_free(s); /* the readers see their pipes end */
@@ -373,11 +395,11 @@ static uint64_t local_dtoh_bytes(struct dtoh *c)
 
 /*
  * Checks what daemon A did for the broadcasts: @reads_of[k] device reads of message k (the
- * stand-in's count), bcast_staged_bytes and bcast_unstaged as expected, and no context reset (a
- * mapping of the writer's memory used after its broadcast was done).
+ * stand-in's count), bcast_staged_bytes and bcast_unstaged as expected, and @resets context
+ * resets (one more: a mapping of the writer's memory used after its broadcast was done).
  */
 static void local_check(struct dtoh *c, const unsigned *reads_of, uint64_t staged,
-			uint64_t unstaged)
+			uint64_t unstaged, int resets_want)
 {
 	static const char *const keys[] = { "bcast_staged_bytes", "bcast_unstaged" };
 	uint64_t want = 0, got = local_dtoh_bytes(c), a[2];
@@ -393,7 +415,8 @@ static void local_check(struct dtoh *c, const unsigned *reads_of, uint64_t stage
 		ck_assert_uint_eq(got, want);
 	ck_assert_uint_eq(a[0], staged);
 	ck_assert_uint_eq(a[1], unstaged);
-	ck_assert_msg(resets == 0, "%d context resets: a mapping outlived its transfer", resets);
+	ck_assert_msg(resets == resets_want, "%d context resets, not %d: a mapping outlived its "
+		      "transfer", resets, resets_want);
 }
 
 /* Three readers on the writer's host, into CPU memory: each tensor is read from the device
@@ -406,7 +429,7 @@ START_TEST(test_cuda_fanout_local_cpu_readers_read_the_device_once)
 
 	local_begin(&c, NULL);
 	run(FAR_NONE);
-	local_check(&c, once, sizes[0] + sizes[1] + sizes[2], 0);
+	local_check(&c, once, sizes[0] + sizes[1] + sizes[2], 0, 0);
 }
 END_TEST
 
@@ -421,7 +444,7 @@ START_TEST(test_cuda_fanout_over_the_staging_limit_each_reader_reads_the_device)
 
 	local_begin(&c, extra);
 	run(FAR_NONE);
-	local_check(&c, reads, sizes[0] + sizes[1], 1);
+	local_check(&c, reads, sizes[0] + sizes[1], 1, 0);
 }
 END_TEST
 
@@ -436,7 +459,92 @@ START_TEST(test_cuda_fanout_local_reader_killed_fails_only_its_delivery)
 	local_begin(&c, NULL);
 	victim = 1;
 	run(FAR_NONE);
-	local_check(&c, once, sizes[0] + sizes[1] + sizes[2], 0);
+	local_check(&c, once, sizes[0] + sizes[1] + sizes[2], 0, 0);
+}
+END_TEST
+
+/*
+ * Message 0's one read of the device fails (a device fault the stand-in forces on A's first copy
+ * from the writer's memory, $FAKECUDA_FAULT_DIR) while the three readers wait for it (the
+ * writer's bytes are behind a second of work on its stream): each of their reads fails with
+ * its reason, and so does each of the writer's deliveries; A resets its context once, and the
+ * next messages are staged and delivered as usual.
+ */
+START_TEST(test_cuda_fanout_failed_staging_read_fails_every_delivery_waiting_on_it)
+{
+	static const unsigned reads[N_SIZES] = { 0, 1, 1 };
+	char dir[32] = "/tmp/tpt-fault-XXXXXX", path[64];
+	const char *lib = getenv("TPIPD_CUDA_LIBRARY");
+	struct dtoh c;
+	int fd;
+
+	if (!lib || !strstr(lib, "fakecuda")) {
+		printf("not run: a device fault is forced in the stand-in driver only\n");
+		return;
+	}
+	ck_assert_ptr_nonnull(mkdtemp(dir));
+	snprintf(path, sizeof(path), "%s/sticky-0", dir);
+	ck_assert_int_ge(fd = open(path, O_WRONLY | O_CREAT | O_CLOEXEC, 0600), 0);
+	close(fd);
+	setenv("FAKECUDA_FAULT_DIR", dir, 1); /* the daemons' */
+	local_begin(&c, NULL);
+	unsetenv("FAKECUDA_FAULT_DIR");
+	first = FIRST_FAILS;
+	slow_ms = 1000;
+	run(FAR_NONE);
+	local_check(&c, reads, sizes[1] + sizes[2], 0, 1);
+	ck_assert_int_ne(access(path, F_OK), 0); /* the fault was met */
+	rmdir(dir);
+}
+END_TEST
+
+/*
+ * Every reader is killed while the staging read of message 0 waits for the writer's stream
+ * (3 s of work before its bytes): the writer's deliveries all fail without waiting for that
+ * work, the staging read is abandoned (the device is not read for message 0) and the writer's
+ * memory, freed once its broadcast is done, is never used after: a second round of the three
+ * messages to three new readers finds A's context sound (no reset) and reads each once.
+ */
+START_TEST(test_cuda_fanout_staging_read_abandoned_when_every_local_reader_died)
+{
+	static const char *const keys[] = { "bcast_stage_held" };
+	static const unsigned once[N_SIZES] = { 1, 1, 1 };
+	pid_t pids[3], server_pid;
+	uint64_t held = 0;
+	struct dtoh c;
+	bool ok;
+
+	local_begin(&c, NULL);
+	first = FIRST_ONLY_READERS_KILLED;
+	slow_ms = 3000;
+	ck_assert_int_eq(tpt_sync_init(&ready), 0);
+	for (unsigned i = 0; i < n_readers; i++)
+		pids[i] = tpt_fork(reader, (void *)(uintptr_t)i);
+	server_pid = tpt_fork(server, NULL);
+	for (int t = 0; t < HWT_T_MS / 10 && held == 0; t++) {
+		struct timespec ts = { 0, 10 * 1000000L };
+
+		tpt_status_u64s(&tpt_peer_a, keys, 1, &held);
+		if (held == 0)
+			nanosleep(&ts, NULL);
+	}
+	ck_assert_msg(held > 0, "A never staged message 0");
+	for (unsigned i = 0; i < n_readers; i++) {
+		int status = 0;
+
+		kill(pids[i], SIGKILL);
+		ck_assert_int_eq(tpt_wait(pids[i], HWT_T_MS, &status), 0);
+		ck_assert(WIFSIGNALED(status) && WTERMSIG(status) == SIGKILL);
+	}
+	ok = tpt_wait_ok(server_pid, 2 * HWT_T_MS, "server");
+	tpt_sync_done(&ready);
+	if (!ok)
+		tpt_daemon_dump_log(&tpt_peer_a);
+	ck_assert(ok);
+	first = FIRST_OK;
+	slow_ms = 100;
+	run(FAR_NONE);
+	local_check(&c, once, sizes[0] + sizes[1] + sizes[2], 0, 0);
 }
 END_TEST
 
@@ -452,6 +560,8 @@ static Suite *cuda_fanout_suite(void)
 	tcase_add_test(tc, test_cuda_fanout_local_cpu_readers_read_the_device_once);
 	tcase_add_test(tc, test_cuda_fanout_over_the_staging_limit_each_reader_reads_the_device);
 	tcase_add_test(tc, test_cuda_fanout_local_reader_killed_fails_only_its_delivery);
+	tcase_add_test(tc, test_cuda_fanout_failed_staging_read_fails_every_delivery_waiting_on_it);
+	tcase_add_test(tc, test_cuda_fanout_staging_read_abandoned_when_every_local_reader_died);
 	tcase_set_timeout(tc, 300);
 	suite_add_tcase(s, tc);
 	return s;
