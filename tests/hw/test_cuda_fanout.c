@@ -30,8 +30,8 @@
 
 #define MIB ((size_t)1 << 20)
 #define NAME "hw-fanout"
-#define READERS 4 /* at most; by default 0, 1 on daemon A, 2, 3 on daemon B, odd ones read into
-		   * CUDA memory */
+/* readers at most; by default 0, 1 on daemon A, 2, 3 on daemon B, odd ones into CUDA memory */
+#define READERS 4
 #define REMOTE 2
 
 static const size_t sizes[] = { MIB + 3, 4096 + 1, 8 * MIB + 5 };
@@ -78,13 +78,14 @@ static int reader_one(unsigned who, const struct hwt_cuda *cu, struct tp_pipe *p
 	}
 	r = tp_pipe_read_sync(p, d, &a);
 	if (first == FIRST_FAILS && k == 0) {
+		const char *e = tp_last_error();
+
 		if (cu)
 			cu->api->cuMemFree(dev);
-		TPT_REQUIRE(r < 0 && strstr(tp_last_error(), "reading the broadcast's source failed"),
-			    1, "reader %u: read %u: %d %s, not the staging read's failure", who, k,
-			    r, tp_last_error());
-		printf("reader %u: message 0 failed with its staging read: %s\n", who,
-		       tp_last_error());
+		TPT_REQUIRE(r < 0 && strstr(e, "reading the broadcast's source failed"), 1,
+			    "reader %u: read %u: %d %s, not the staging read's failure", who, k, r,
+			    e);
+		printf("reader %u: message 0 failed with its staging read: %s\n", who, e);
 		return 0;
 	}
 	TPT_REQUIRE(r == 0, 1, "reader %u: read %u: %d %s", who, k, r, tp_last_error());
@@ -403,7 +404,7 @@ static void local_check(struct dtoh *c, const unsigned *reads_of, uint64_t stage
 {
 	static const char *const keys[] = { "bcast_staged_bytes", "bcast_unstaged" };
 	uint64_t want = 0, got = local_dtoh_bytes(c), a[2];
-	int resets = tpt_daemon_log_count(&tpt_peer_a, "primary context reset after a sticky error");
+	int resets = tpt_daemon_log_count(&tpt_peer_a, "context reset after a sticky error");
 
 	for (unsigned k = 0; k < N_SIZES; k++)
 		want += reads_of[k] * sizes[k];
@@ -466,7 +467,7 @@ END_TEST
 /*
  * Message 0's one read of the device fails (a device fault the stand-in forces on A's first copy
  * from the writer's memory, $FAKECUDA_FAULT_DIR) while the three readers wait for it (the
- * writer's bytes are behind a second of work on its stream): each of their reads fails with
+ * writer's bytes are behind 2 s of work on its stream): each of their reads fails with
  * its reason, and so does each of the writer's deliveries; A resets its context once, and the
  * next messages are staged and delivered as usual.
  */
@@ -490,7 +491,7 @@ START_TEST(test_cuda_fanout_failed_staging_read_fails_every_delivery_waiting_on_
 	local_begin(&c, NULL);
 	unsetenv("FAKECUDA_FAULT_DIR");
 	first = FIRST_FAILS;
-	slow_ms = 1000;
+	slow_ms = 2000;
 	run(FAR_NONE);
 	local_check(&c, reads, sizes[1] + sizes[2], 0, 1);
 	ck_assert_int_ne(access(path, F_OK), 0); /* the fault was met */
