@@ -6,9 +6,14 @@
  * so readers read it as any message. Shared-buffer sources are read in place by every reader's
  * copy; private memory (cma_addr) is read once, by a copy job on the copier, into daemon staging
  * that the local readers' copies then read, each waiting for that one read (and failing with
- * it). Staging is charged to the writer's uid (bcast-stage-bytes-per-uid); above the limit each
- * delivery reads the writer's memory as a Write would, and so does each local delivery of a CUDA
- * source (one device copy per reader). Readers on another host get the message once per link
+ * it). A CUDA source with two or more local readers is staged the same way, but only at the
+ * first read that wants it in CPU memory (tpd_bcast_cuda_src()): one copy job reads the device
+ * into the staging for every reader into CPU memory, while the WriteDones and the pipes'
+ * PipeClosed wait for that read (tpd_bcast_holds(), pipe->stage_reads: the writer frees its
+ * memory once its broadcast is done); a reader into CUDA memory gets its device-to-device copy
+ * from the source, as a Write's. Staging is charged to the writer's uid
+ * (bcast-stage-bytes-per-uid); above the limit each delivery reads the writer's memory as a
+ * Write would. Readers on another host get the message once per link
  * (PeerBcast), CUDA sources included: the far daemon reads it once into its host staging and
  * delivers its readers from there. It does not decide what a message is or how it is copied
  * (msg.c, pipe.c).
@@ -46,10 +51,18 @@ struct tpd_bcast {
 	uint64_t *off;	  /* per segment: its offset in @stage, UINT64_MAX when not staged */
 	size_t n_seg;
 	bool reading;	  /* the staging read runs */
+	struct tpb_copy_job *job; /* ... this one, on this host (NULL once it ended) */
+	bool dev;	  /* it reads the writer's CUDA memory: the WriteDones wait for it */
+	bool abandoned;	  /* every delivery was done before it: tpb_copier_abandon() */
+	bool cuda;	  /* its local deliveries' CUDA sources may be staged at their first read
+			   * into CPU memory (tpd_bcast_cuda_src()) */
+	bool cuda_tried;  /* ... that first read came: staged, or over the limit */
 	int err;	  /* < 0: it failed */
 	char why[160];
 	struct tpd_msg **msgs; /* deliveries reading @stage (NULL once freed), @n_msgs slots */
 	size_t n_msgs;
+	struct tpd_pipe **pipes; /* while @dev is read: the pipes of @msgs (pipe->stage_reads) */
+	size_t n_pipes;
 	struct tpd_msg **xmsgs; /* writer's side: targets to announce in a PeerBcast */
 	size_t n_xmsgs;
 	bool no_xbcast;	  /* a pipe named twice: every target gets its own PeerDescriptor */
@@ -117,15 +130,16 @@ static void bcast_unref(struct tpd_bcast *bc)
 	free(bc->stage);
 	free(bc->off);
 	free(bc->msgs);
+	free(bc->pipes);
 	free(bc->xmsgs);
 	free(bc);
 }
 
 void tpd_bcast_attach(struct tpd_bcast *bc, struct tpd_msg *m, const struct tpd_pipe_end *r)
 {
-	if (!bc || !bc->stage || r->remote || bc->n_seg != m->n_src)
+	if (!bc || (!bc->stage && !bc->cuda) || r->remote || bc->n_seg != m->n_src)
 		return;
-	for (size_t i = 0; i < m->n_src; i++) {
+	for (size_t i = 0; bc->stage && i < m->n_src; i++) {
 		struct tpd_msg_src *src = &m->src[i];
 
 		if (bc->off[i] == UINT64_MAX || src->mem.loc != TPB_LOC_PROCESS)
@@ -134,6 +148,7 @@ void tpd_bcast_attach(struct tpd_bcast *bc, struct tpd_msg *m, const struct tpd_
 		src->mem = (struct tpb_mem){ .loc = TPB_LOC_LOCAL };
 		src->mem.addr = (uint64_t)(uintptr_t)(bc->stage + bc->off[i]);
 	}
+	m->bcast_reads = bc->stage != NULL;
 	m->bcast = bcast_ref(bc);
 	m->bcast_slot = bc->n_msgs;
 	bc->msgs[bc->n_msgs++] = m;
@@ -152,12 +167,12 @@ void tpd_bcast_detach(struct tpd_msg *m)
 
 bool tpd_bcast_waiting(const struct tpd_msg *m)
 {
-	return m->bcast && m->bcast->reading;
+	return m->bcast && m->bcast_reads && m->bcast->reading;
 }
 
 int tpd_bcast_error(const struct tpd_msg *m, const char **why)
 {
-	if (!m->bcast || m->bcast->err == 0)
+	if (!m->bcast || !m->bcast_reads || m->bcast->err == 0)
 		return 0;
 	if (why)
 		*why = m->bcast->why;
@@ -170,6 +185,7 @@ static void stage_on_done(struct tpb_copy_job *job)
 	struct tpd_bcast *bc = job->arg;
 
 	bc->reading = false;
+	bc->job = NULL;
 	if (job->status < 0) {
 		bc->err = job->status == -ESRCH ? -ECONNRESET : job->status;
 		snprintf(bc->why, sizeof(bc->why), "reading the broadcast's source failed: %.100s",
@@ -183,12 +199,57 @@ static void stage_on_done(struct tpb_copy_job *job)
 	for (size_t i = 0; i < bc->n_msgs; i++)
 		if (bc->msgs[i])
 			tpd_pipe_start_next_copy(bc->msgs[i]->from);
+	/* the WriteDones held while the device was read (tpd_bcast_holds()), then the pipes'
+	 * PipeClosed and freeing */
+	for (size_t i = 0; bc->dev && i < bc->n_msgs; i++)
+		if (bc->msgs[i])
+			tpd_pipe_write_flush(bc->msgs[i]->from);
+	for (size_t i = 0; i < bc->n_pipes; i++) {
+		struct tpd_pipe *p = bc->pipes[i];
+
+		if (--p->stage_reads > 0)
+			continue;
+		tpd_pipe_end_owed_maybe(&p->end[0]);
+		tpd_pipe_end_owed_maybe(&p->end[1]);
+		tpd_pipe_maybe_free(p);
+	}
+	bc->n_pipes = 0;
 	bcast_unref(bc); /* the job's */
+}
+
+bool tpd_bcast_holds(struct tpd_msg *m)
+{
+	struct tpd_bcast *bc = m->bcast;
+	bool all_done = true;
+
+	if (!bc || !bc->reading || !bc->dev || !bc->job)
+		return false;
+	for (size_t i = 0; i < bc->n_msgs; i++)
+		all_done &= !bc->msgs[i] || bc->msgs[i]->write_ready;
+	if (all_done && !bc->abandoned) {
+		/* nobody reads the staging any more: stop reading the device (its chunks not
+		 * started fail at once); the WriteDones still wait for the end of the read */
+		bc->abandoned = true;
+		tpb_copier_abandon(tpd_daemon_copier(m->from->pipe->d), bc->job);
+	}
+	return true;
 }
 
 static const Tpw__V1__Segment *bcast_segment(const Tpw__V1__Write *w, size_t i)
 {
 	return i < w->n_payloads ? w->payloads[i]->data : w->tensors[i - w->n_payloads]->data;
+}
+
+/* Whether @w has bytes in CUDA memory. */
+static bool has_cuda(const Tpw__V1__Write *w)
+{
+	for (size_t i = 0; i < w->n_payloads + w->n_tensors; i++) {
+		const Tpw__V1__Segment *seg = bcast_segment(w, i);
+
+		if (seg->loc_case == TPW__V1__SEGMENT__LOC_CUDA && seg->length)
+			return true;
+	}
+	return false;
 }
 
 /* The bytes @w's private segments need in staging (each aligned), 0 without any. */
@@ -209,44 +270,82 @@ static uint64_t stage_need(const Tpw__V1__Write *w, uint64_t *off)
 	return total;
 }
 
-/* Submits the staging read of @bc's private segments of @w from @s's process. */
-static int stage_start(struct tpd_session *s, struct tpd_bcast *bc, const Tpw__V1__Write *w)
+/*
+ * Submits the one read of @bc's staged segments (those with an offset in @bc->off) from @src
+ * (the writer's private memory, or its CUDA memory: the job holds that mapping and event until
+ * it ends) into @bc->stage, on @d's copier.
+ */
+static int stage_start(struct tpd_bcast *bc, struct tpd_daemon *d, const struct tpd_msg_src *src)
 {
 	size_t n = 0;
 	struct tpb_copy_job *job;
 	char reason[256];
-	int channel = tpb_select_why(TPB_LOC_PROCESS, TPB_LOC_LOCAL, reason, sizeof(reason));
 
-	if (channel < 0 || !tpd_session_cma(s))
-		return -EOPNOTSUPP;
 	for (size_t i = 0; i < bc->n_seg; i++)
 		n += bc->off[i] != UINT64_MAX;
-	job = tpb_copier_job_new(n, 2 * n);
+	job = tpb_copier_job_new(n, n); /* room for a mapping and an event per transfer */
 	if (!job)
 		return -ENOMEM;
-	if (tpb_copier_job_hold_proc(job, tpd_session_proc(s)) < 0) {
-		tpb_copier_job_free(job);
-		return -ENOMEM;
-	}
 	for (size_t i = 0; i < bc->n_seg; i++) {
-		const Tpw__V1__Segment *seg = bcast_segment(w, i);
 		struct tpb_xfer *x = &job->xfers[job->n];
+		int channel;
 
 		if (bc->off[i] == UINT64_MAX)
 			continue;
-		x->src = (struct tpb_mem){ .loc = TPB_LOC_PROCESS, .proc = tpd_session_proc(s),
-					   .addr = seg->cma_addr };
+		channel = tpb_select_why(src[i].mem.loc, TPB_LOC_LOCAL, reason, sizeof(reason));
+		if (channel < 0 || tpb_copier_job_hold_proc(job, src[i].mem.proc) < 0) {
+			tpb_copier_job_free(job);
+			return -EOPNOTSUPP;
+		}
+		x->src = src[i].mem;
 		x->dst = (struct tpb_mem){ .loc = TPB_LOC_LOCAL,
 					   .addr = (uint64_t)(uintptr_t)(bc->stage + bc->off[i]) };
-		x->len = seg->length;
+		x->len = src[i].len;
+		if (x->src.loc == TPB_LOC_CUDA) {
+			job->maps[job->n_maps++] = tpb_cuda_map_ref(x->src.cuda);
+			if (x->src.event)
+				job->maps[job->n_maps++] = tpb_cuda_map_ref(x->src.event);
+			bc->dev = true;
+		}
 		job->channels[job->n++] = channel;
-		job->bytes += seg->length;
+		job->bytes += x->len;
 	}
 	job->done = stage_on_done;
 	job->arg = bcast_ref(bc);
 	bc->reading = true;
-	tpb_copier_submit(tpd_daemon_copier(tpd_session_daemon(s)), job);
+	bc->job = job;
+	for (size_t k = 0; bc->dev && k < bc->n_msgs; k++) {
+		if (!bc->msgs[k])
+			continue;
+		bc->pipes[bc->n_pipes] = bc->msgs[k]->from->pipe;
+		bc->pipes[bc->n_pipes++]->stage_reads++;
+	}
+	tpb_copier_submit(tpd_daemon_copier(d), job);
 	return 0;
+}
+
+/*
+ * Charges @need staging bytes to @bc's uid and starts the read of @src into them (stage_start());
+ * else leaves @bc without staging. Return: 0, -EDQUOT over bcast-stage-bytes-per-uid, -errno.
+ */
+static int stage_make(struct tpd_bcast *bc, struct tpd_daemon *d, uint64_t need,
+		      const struct tpd_msg_src *src)
+{
+	int r = uid_charge(bc->broker, bc->key, need, tpd_daemon_cfg(d)->bcast_stage_bytes_per_uid);
+
+	if (r == -EDQUOT)
+		bc->broker->bcast.unstaged++;
+	if (r < 0)
+		return r;
+	bc->stage = aligned_alloc(STAGE_ALIGN, need);
+	bc->stage_len = need;
+	r = bc->stage ? stage_start(bc, d, src) : -ENOMEM;
+	if (r == 0)
+		return 0;
+	uid_release(bc->broker, bc->key, need);
+	free(bc->stage);
+	bc->stage = NULL;
+	return r;
 }
 
 /*
@@ -256,30 +355,83 @@ static int stage_start(struct tpd_session *s, struct tpd_bcast *bc, const Tpw__V
 static void stage_maybe(struct tpd_session *s, struct tpd_bcast *bc, const Tpw__V1__Write *w,
 			bool local_reader)
 {
-	struct tpd_daemon *d = tpd_session_daemon(s);
+	_cleanup_free_ struct tpd_msg_src *src = NULL;
 	uint64_t need = stage_need(w, bc->off);
-	int r;
 
 	if (need == 0 || !local_reader || !tpd_session_cma(s))
 		return;
-	r = uid_charge(bc->broker, bc->key, need, tpd_daemon_cfg(d)->bcast_stage_bytes_per_uid);
-	if (r == -EDQUOT) {
-		bc->broker->bcast.unstaged++;
+	src = calloc(bc->n_seg, sizeof(*src));
+	if (!src)
+		return;
+	for (size_t i = 0; i < bc->n_seg; i++) {
+		const Tpw__V1__Segment *seg = bcast_segment(w, i);
+
+		src[i].mem = (struct tpb_mem){ .loc = TPB_LOC_PROCESS, .proc = tpd_session_proc(s),
+					       .addr = seg->cma_addr };
+		src[i].len = seg->length;
+	}
+	if (stage_make(bc, tpd_session_daemon(s), need, src) == -EDQUOT)
 		tpd_session_log(s, TPU_LOG_DEBUG,
 				"broadcast of %llu private bytes over the staging limit of uid %u "
 				"(tpipd --bcast-stage-bytes-per-uid): each reader reads the writer",
 				(unsigned long long)need, (unsigned)bc->key);
-		return;
+}
+
+/* Whether a local delivery of @bc other than @m has not been read yet (it may still want the
+ * bytes in CPU memory). */
+static bool other_unread(const struct tpd_bcast *bc, const struct tpd_msg *m)
+{
+	for (size_t i = 0; i < bc->n_msgs; i++) {
+		const struct tpd_msg *o = bc->msgs[i];
+
+		if (o && o != m && !o->read_requested && !o->write_ready && !o->canceled)
+			return true;
 	}
-	if (r < 0)
+	return false;
+}
+
+/* The first read of @bc's CUDA source into CPU memory, by delivery @m: stages the CUDA
+ * segments of @m's sources (the same for every delivery) when another delivery may still want
+ * them, within the writer's uid's staging. */
+static void cuda_stage_maybe(struct tpd_bcast *bc, struct tpd_msg *m)
+{
+	uint64_t need = 0;
+
+	if (!other_unread(bc, m))
+		return; /* the last to read: staging would save no read of the device */
+	bc->cuda_tried = true;
+	for (size_t i = 0; i < bc->n_seg; i++) {
+		const struct tpd_msg_src *src = &m->src[i];
+
+		bc->off[i] = UINT64_MAX;
+		if (src->mem.loc != TPB_LOC_CUDA || src->len == 0)
+			continue;
+		bc->off[i] = need;
+		/* no overflow: message-bytes-max bounds the lengths, validated before */
+		need += (src->len + STAGE_ALIGN - 1) & ~(uint64_t)(STAGE_ALIGN - 1);
+	}
+	if (need && stage_make(bc, m->from->pipe->d, need, m->src) == -EDQUOT)
+		tpd_pipe_log(m->from->pipe, NULL, TPU_LOG_DEBUG,
+			     "broadcast of %llu bytes of CUDA memory over the staging limit of uid "
+			     "%u (tpipd --bcast-stage-bytes-per-uid): each reader reads the device",
+			     (unsigned long long)need, (unsigned)bc->key);
+}
+
+void tpd_bcast_cuda_src(struct tpd_msg *m, size_t i, struct tpb_mem *src)
+{
+	struct tpd_bcast *bc = m->bcast;
+
+	if (!bc || !bc->cuda || i >= bc->n_seg)
 		return;
-	bc->stage = aligned_alloc(STAGE_ALIGN, need);
-	bc->stage_len = need;
-	if (bc->stage && stage_start(s, bc, w) == 0)
+	if (!bc->cuda_tried)
+		cuda_stage_maybe(bc, m);
+	/* a staging read that already failed failed those that waited; a later reader reads
+	 * the device itself */
+	if (!bc->stage || bc->off[i] == UINT64_MAX || (bc->err < 0 && !bc->reading))
 		return;
-	uid_release(bc->broker, bc->key, need);
-	free(bc->stage);
-	bc->stage = NULL;
+	*src = (struct tpb_mem){ .loc = TPB_LOC_LOCAL,
+				 .addr = (uint64_t)(uintptr_t)(bc->stage + bc->off[i]) };
+	m->bcast_reads = true;
 }
 
 /* Answers target @t of @s's broadcast that names no pipe of @s (or over the limit, @err). */
@@ -314,10 +466,12 @@ static struct tpd_bcast *bcast_new(struct tpd_broker *br, size_t n_seg, size_t n
 	bc->n_seg = n_seg;
 	bc->off = calloc(n_seg + 1, sizeof(*bc->off));
 	bc->msgs = calloc(n + 1, sizeof(*bc->msgs));
+	bc->pipes = calloc(n + 1, sizeof(*bc->pipes));
 	bc->xmsgs = calloc(n + 1, sizeof(*bc->xmsgs));
-	if (!bc->off || !bc->msgs || !bc->xmsgs) {
+	if (!bc->off || !bc->msgs || !bc->pipes || !bc->xmsgs) {
 		free(bc->off);
 		free(bc->msgs);
+		free(bc->pipes);
 		free(bc->xmsgs);
 		free(bc);
 		return NULL;
@@ -547,6 +701,7 @@ static int peer_stage(struct tpd_peer *pr, struct tpd_bcast *bc, const Tpw__V1__
 				.addr = (uint64_t)(uintptr_t)(bc->stage + bc->off[i]) };
 		m->bcast = bcast_ref(bc);
 		m->bcast_slot = k;
+		m->bcast_reads = true;
 	}
 	r = tpd_xh_build_recv_stage(bc->msgs[0], bc->stage, bc->off);
 	if (r < 0)
@@ -621,7 +776,7 @@ void tpd_bcast_handle(struct tpd_session *s, const Tpw__V1__Broadcast *b, const 
 	const struct tpd_config *cfg = tpd_daemon_cfg(d);
 	const Tpw__V1__Write *w = b->write;
 	struct tpd_bcast *bc;
-	bool local_reader = false;
+	size_t local_readers = 0;
 	char why[160];
 
 	br->bcast.requests++;
@@ -642,10 +797,14 @@ void tpd_bcast_handle(struct tpd_session *s, const Tpw__V1__Broadcast *b, const 
 		struct tpd_pipe_end *e = tpd_session_pipe_find(s, b->targets[i]->pipe_id);
 
 		if (e && !tpd_pipe_end_peer(e)->remote)
-			local_reader = true;
+			local_readers++;
 	}
 	if (bc)
-		stage_maybe(s, bc, w, local_reader);
+		stage_maybe(s, bc, w, local_readers > 0);
+	/* CUDA sources (of a message with no private bytes staged): at the first read into CPU
+	 * memory, if two or more local readers may want them so */
+	if (bc && !bc->stage && local_readers > 1 && has_cuda(w))
+		bc->cuda = true;
 	for (size_t i = 0; i < b->n_targets; i++) {
 		const Tpw__V1__BroadcastTarget *t = b->targets[i];
 		struct tpd_pipe_end *e = tpd_session_pipe_find(s, t->pipe_id);

@@ -357,10 +357,12 @@ int tpd_msg_build_job(struct tpd_msg *m, struct tpd_session *s, const Tpw__V1__R
 			tpb_copier_job_free(job);
 			return r;
 		}
+		if (m->bcast && x->src.loc == TPB_LOC_CUDA && x->dst.loc != TPB_LOC_CUDA)
+			tpd_bcast_cuda_src(m, i, &x->src); /* the broadcast's staging, if any */
 		if (src->buf)
 			job->refs[job->n_refs++] = tpb_buffer_ref(src->buf);
-		job_hold_cuda(job, &src->mem);
-		r = tpb_copier_job_hold_proc(job, src->mem.proc);
+		job_hold_cuda(job, &x->src);
+		r = tpb_copier_job_hold_proc(job, x->src.proc);
 		if (r < 0) {
 			snprintf(why, wl, "a copy job spans more than two client processes");
 			tpb_copier_job_free(job);

@@ -84,12 +84,14 @@ static void send_write_done(struct tpd_pipe_end *e, struct tpd_msg *m)
 	tpd_session_send(e->session, &dm, NULL, 0);
 }
 
-/* Sends WriteDone for the completed prefix of @e's writes, in write order. */
+/* Sends WriteDone for the completed prefix of @e's writes, in write order; a broadcast's
+ * delivery whose staging read still reads the writer's CUDA memory waits for it. */
 static void write_done_flush(struct tpd_pipe_end *e)
 {
 	struct tpd_msg *m;
 
-	while ((m = tpu_list_first(&e->wq, struct tpd_msg, wnode)) && m->write_ready) {
+	while ((m = tpu_list_first(&e->wq, struct tpd_msg, wnode)) && m->write_ready &&
+	       !tpd_bcast_holds(m)) {
 		if (e->session)
 			send_write_done(e, m);
 		tpu_list_remove(&m->wnode);
@@ -104,6 +106,11 @@ static void msg_set_write(struct tpd_msg *m, Tpw__V1__Status st, const char *why
 	m->write_ready = true;
 	m->write_status = st;
 	snprintf(m->write_why, sizeof(m->write_why), "%s", why ? why : "");
+}
+
+void tpd_pipe_write_flush(struct tpd_pipe_end *e)
+{
+	write_done_flush(e);
 }
 
 void tpd_pipe_write_complete(struct tpd_msg *m, Tpw__V1__Status st, const char *why)
@@ -235,7 +242,7 @@ static void end_drop_all(struct tpd_pipe_end *e)
 
 void tpd_pipe_maybe_free(struct tpd_pipe *p)
 {
-	if (p->end[0].session || p->end[1].session || p->jobs)
+	if (p->end[0].session || p->end[1].session || p->jobs || p->stage_reads)
 		return;
 	end_drop_all(&p->end[0]);
 	end_drop_all(&p->end[1]);

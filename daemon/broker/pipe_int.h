@@ -88,6 +88,9 @@ struct tpd_pipe {
 	bool ring_used;		    /* a message went through a pipe ring (pring.c) */
 	uint64_t created_ns;
 	unsigned jobs;		    /* copy jobs and peer transfers in flight */
+	/* staging reads of a broadcast's CUDA source that deliveries on this pipe took part in
+	 * (bcast.c): its PipeClosed and its freeing wait for them, as for its own copies */
+	unsigned stage_reads;
 
 	/* Cross-host pipes: one end is remote (end[1] here if we connected, end[0] if the peer
 	 * did). Their messages go through the peer link. */
@@ -155,10 +158,14 @@ struct tpd_msg {
 	Tpw__V1__Status write_status;
 	char write_why[160];
 	uint64_t cost; /* charged to the daemon-wide pipe budget while on rq (tpd_msg_cost()) */
-	/* A broadcast's delivery that reads the daemon's staging copy (bcast.c): its copy waits
-	 * until the staging read is done, and fails with it. Referenced; NULL otherwise. */
+	/* A broadcast's delivery on this host whose sources the daemon stages, or may stage
+	 * (bcast.c): referenced; NULL otherwise. While the staging read of a CUDA source runs,
+	 * its WriteDone waits (the writer may free its memory once its broadcast is done). */
 	struct tpd_bcast *bcast;
 	size_t bcast_slot;
+	/* ... and its copy reads that staging: it waits until the staging read is done, and
+	 * fails with it */
+	bool bcast_reads;
 	/* Announced to the reader's daemon in a PeerBcast (bcast.c): it may ask for the bytes of
 	 * this message out of the pipe's order (PeerReadReq.bcast). */
 	bool xbcast;
@@ -262,6 +269,9 @@ struct tpd_msg *tpd_pipe_next_unread(struct tpd_pipe_end *w);
  * completed write at the head of its writer's queue. Borrows @m, but may free it: the caller
  * must not touch it afterwards. Borrows @why (copied). */
 void tpd_pipe_write_complete(struct tpd_msg *m, Tpw__V1__Status st, const char *why);
+/* Sends the WriteDone of every completed write at the head of @e's queue (one held back by
+ * tpd_bcast_holds() stops it). May free those messages. Borrows @e. */
+void tpd_pipe_write_flush(struct tpd_pipe_end *e);
 /* Frees @m once it is on neither of its writer's lists and no copy uses it (takes @m then,
  * borrows it otherwise): the caller must not touch it afterwards. */
 void tpd_pipe_msg_maybe_free(struct tpd_msg *m);
@@ -541,14 +551,27 @@ void tpd_xpipe_peer_close(struct tpd_pipe *p, Tpw__V1__Status st, const char *wh
 /*
  * tpd_bcast_handle() - Broadcast @b from @s: write @b->write to each target pipe of @s as its
  * own message (tpd_pipe_write_one()), reading private memory once into daemon staging for the
- * targets whose reader is on this host. Borrows @s, @b and @tail (copied where kept).
+ * targets whose reader is on this host (a CUDA source: at the first read into CPU memory,
+ * tpd_bcast_cuda_src()). Borrows @s, @b and @tail (copied where kept).
  */
 void tpd_bcast_handle(struct tpd_session *s, const Tpw__V1__Broadcast *b, const uint8_t *tail,
 		      uint32_t tail_len);
 /* Re-points @m's private-memory sources at @bc's staging copy and makes @m wait for it, when
- * @bc staged and reader end @r is on this host; else nothing. Borrows @bc (@m takes a reference),
- * @m and @r. */
+ * @bc staged and reader end @r is on this host; joins @m to @bc when @bc may stage its CUDA
+ * sources later (tpd_bcast_cuda_src()); else nothing. Borrows @bc (@m takes a reference), @m and
+ * @r. */
 void tpd_bcast_attach(struct tpd_bcast *bc, struct tpd_msg *m, const struct tpd_pipe_end *r);
+/*
+ * tpd_bcast_cuda_src() - segment @i of broadcast delivery @m, a CUDA source that its reader
+ * wants in CPU memory: where its broadcast stages it (the first such read of a broadcast with
+ * another local delivery still unread starts the one read of the device), point @src at the
+ * staging copy instead and make @m wait for it; else leave @src (the copy reads the device, as
+ * a Write's would). Borrows @m; @src is the transfer's source, rewritten in place.
+ */
+void tpd_bcast_cuda_src(struct tpd_msg *m, size_t i, struct tpb_mem *src);
+/* Whether @m's WriteDone must wait: the staging read of its broadcast reads the writer's CUDA
+ * memory. When every delivery is done, that read is abandoned (it then ends soon). Borrows @m. */
+bool tpd_bcast_holds(struct tpd_msg *m);
 /* @m, being freed, drops its staging reference (NULL: nothing). Borrows @m. */
 void tpd_bcast_detach(struct tpd_msg *m);
 /* Write @m of a Broadcast to remote reader end @r: instead of its PeerDescriptor now, announce it

@@ -76,7 +76,7 @@ void tpd_pipe_end_owed_maybe(struct tpd_pipe_end *e)
 	Tpw__V1__DaemonMsg dm = TPW__V1__DAEMON_MSG__INIT;
 	struct tpd_session *s;
 
-	if (!e->owed || e->copying || tpd_pipe_end_peer(e)->copying)
+	if (!e->owed || e->copying || tpd_pipe_end_peer(e)->copying || e->pipe->stage_reads)
 		return;
 	s = find_session(e->pipe->d, e->owed_session);
 	pc.pipe_id = e->local_id;

@@ -38,6 +38,9 @@
  * those calls slow, as a driver can be: IPC opens and closes, cuEventDestroy of an IPC-opened
  * event, cuMemGetHandleForAddressRange; while one is delayed, $FAKECUDA_FAULT_DIR/pending-CALL
  * exists, so that a test can see it is still pending.
+ * $FAKECUDA_DTOH_LOG names a file to which every device-to-host copy that ran (cuMemcpyDtoH,
+ * cuMemcpyDtoHAsync) appends a line with its byte count, whatever process made it, so that a
+ * test can count how many times device memory was read into host memory.
  * GPUDirect RDMA: the device reports CU_DEVICE_ATTRIBUTE_GPU_DIRECT_RDMA_WRITES_ORDERING from
  * $FAKECUDA_RDMA_ORDERING (default 0: none, writes must be flushed) and supports
  * cuFlushGPUDirectRDMAWrites() (needs a current context; with $FAKECUDA_NO_RDMA_FLUSH the
@@ -349,6 +352,7 @@ struct job {
 	void *arg;
 	struct fevent *ev;
 	unsigned long long seq;
+	bool dtoh;	  /* JOB_COPY from device to host memory: counted (dtoh_note()) */
 	struct fctx *ctx; /* on the legacy stream: the context current when queued */
 	unsigned gen;	  /* @ctx's generation when queued: a reset since drops the work */
 	struct job *next;
@@ -393,16 +397,43 @@ static bool job_dropped(const struct job *j, struct fctx *ctx)
 	return ctx && atomic_load(&ctx->gen) != j->gen;
 }
 
+/*
+ * Counts a device-to-host copy of @n bytes that ran: one line with @n appended to the file
+ * $FAKECUDA_DTOH_LOG names (O_APPEND, one write: the lines of several processes do not mix), so
+ * that a test can tell how often device memory was read into host memory, by any process.
+ */
+static void dtoh_note(size_t n)
+{
+	const char *path = getenv("FAKECUDA_DTOH_LOG");
+	char line[32];
+	int fd, len;
+
+	if (!path || !*path)
+		return;
+	fd = open(path, O_WRONLY | O_APPEND | O_CREAT | O_CLOEXEC, 0600);
+	if (fd < 0)
+		return;
+	len = snprintf(line, sizeof(line), "%zu\n", n);
+	if (write(fd, line, (size_t)len) != len)
+		fprintf(stderr, "fakecuda: %s: device-to-host copy not counted\n", path);
+	close(fd);
+}
+
 static void job_run(struct job *j, struct fctx *ctx)
 {
+	bool ran;
+
 	unsigned long long c;
 
 	switch (j->kind) {
 	case JOB_COPY:
 		pthread_rwlock_rdlock(&run_lock);
-		if (!job_dropped(j, ctx) && !job_faults(j, ctx))
+		ran = !job_dropped(j, ctx) && !job_faults(j, ctx);
+		if (ran)
 			memmove(j->dst, j->src, j->n);
 		pthread_rwlock_unlock(&run_lock);
+		if (ran && j->dtoh)
+			dtoh_note(j->n);
 		break;
 	case JOB_SET:
 		pthread_rwlock_rdlock(&run_lock);
@@ -548,17 +579,18 @@ static CUresult stream_sync(CUstream h)
 	return ctx_sticky(stream_ctx(h)); /* the work may have faulted */
 }
 
-static CUresult copy_on(CUstream h, void *dst, const void *src, size_t n)
+/* Queues a copy on @h; @dtoh: from device to host memory (counted when it runs). */
+static CUresult copy_on(CUstream h, void *dst, const void *src, size_t n, bool dtoh)
 {
-	struct job j = { .kind = JOB_COPY, .dst = dst, .src = src, .n = n };
+	struct job j = { .kind = JOB_COPY, .dst = dst, .src = src, .n = n, .dtoh = dtoh };
 
 	return n ? stream_push(h, &j) : CUDA_SUCCESS;
 }
 
 /* A synchronous copy: on the legacy stream, waited for. */
-static CUresult copy_sync(void *dst, const void *src, size_t n)
+static CUresult copy_sync(void *dst, const void *src, size_t n, bool dtoh)
 {
-	CUresult r = copy_on(NULL, dst, src, n);
+	CUresult r = copy_on(NULL, dst, src, n, dtoh);
 
 	return r == CUDA_SUCCESS ? stream_sync(NULL) : r;
 }
@@ -1325,28 +1357,28 @@ CUresult CUDAAPI cuMemsetD8Async(CUdeviceptr dst, unsigned char v, size_t n, CUs
 
 CUresult CUDAAPI cuMemcpyAsync(CUdeviceptr dst, CUdeviceptr src, size_t n, CUstream s)
 {
-	return copy_on(s, (void *)(uintptr_t)dst, (const void *)(uintptr_t)src, n);
+	return copy_on(s, (void *)(uintptr_t)dst, (const void *)(uintptr_t)src, n, false);
 }
 
 CUresult CUDAAPI cuMemcpyPeerAsync(CUdeviceptr dst, CUcontext dst_ctx, CUdeviceptr src,
 				   CUcontext src_ctx, size_t n, CUstream s)
 {
-	return copy_on(s, (void *)(uintptr_t)dst, (const void *)(uintptr_t)src, n);
+	return copy_on(s, (void *)(uintptr_t)dst, (const void *)(uintptr_t)src, n, false);
 }
 
 CUresult CUDAAPI cuMemcpyHtoDAsync(CUdeviceptr dst, const void *src, size_t n, CUstream s)
 {
-	return copy_on(s, (void *)(uintptr_t)dst, src, n);
+	return copy_on(s, (void *)(uintptr_t)dst, src, n, false);
 }
 
 CUresult CUDAAPI cuMemcpyDtoHAsync(void *dst, CUdeviceptr src, size_t n, CUstream s)
 {
-	return copy_on(s, dst, (const void *)(uintptr_t)src, n);
+	return copy_on(s, dst, (const void *)(uintptr_t)src, n, true);
 }
 
 CUresult CUDAAPI cuMemcpyDtoDAsync(CUdeviceptr dst, CUdeviceptr src, size_t n, CUstream s)
 {
-	return copy_on(s, (void *)(uintptr_t)dst, (const void *)(uintptr_t)src, n);
+	return copy_on(s, (void *)(uintptr_t)dst, (const void *)(uintptr_t)src, n, false);
 }
 
 /* Lands the RDMA writes the stand-in verbs provider of this process holds back (its
@@ -1379,15 +1411,15 @@ CUresult CUDAAPI cuFlushGPUDirectRDMAWrites(CUflushGPUDirectRDMAWritesTarget tar
 CUresult CUDAAPI cuMemcpyDtoH(void *dst, CUdeviceptr src, size_t n)
 {
 	rdma_land(); /* a read through the device: earlier writes land first */
-	return copy_sync(dst, (const void *)(uintptr_t)src, n);
+	return copy_sync(dst, (const void *)(uintptr_t)src, n, true);
 }
 
 CUresult CUDAAPI cuMemcpyHtoD(CUdeviceptr dst, const void *src, size_t n)
 {
-	return copy_sync((void *)(uintptr_t)dst, src, n);
+	return copy_sync((void *)(uintptr_t)dst, src, n, false);
 }
 
 CUresult CUDAAPI cuMemcpyDtoD(CUdeviceptr dst, CUdeviceptr src, size_t n)
 {
-	return copy_sync((void *)(uintptr_t)dst, (const void *)(uintptr_t)src, n);
+	return copy_sync((void *)(uintptr_t)dst, (const void *)(uintptr_t)src, n, false);
 }

@@ -9,23 +9,29 @@
  * per remote reader (`tpipctl --json peers`, data and RDMA bytes), and B stages each once
  * (`bcast_staged_bytes`). Over B's staging limit each remote target is read on its own, as a
  * daemon that cannot stage does, and still arrives intact. A reader killed after its first
- * descriptor fails only its own deliveries. Needs a CUDA device (or the fakecuda stand-in);
- * skips (77) with the reason otherwise.
+ * descriptor fails only its own deliveries. On one host, three readers into CPU memory: A reads
+ * each tensor from the device once into its staging (the stand-in counts device-to-host copies,
+ * $FAKECUDA_DTOH_LOG), once per reader over its staging limit; a local reader killed fails only
+ * its deliveries. Needs a CUDA device (or the fakecuda stand-in); skips (77) with the reason
+ * otherwise.
  */
 #include <check.h>
 #include <errno.h>
+#include <fcntl.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <unistd.h>
 #include <sys/wait.h>
 #include "hwtest.h"
 #include "ipeer.h"
 
 #define MIB ((size_t)1 << 20)
 #define NAME "hw-fanout"
-#define READERS 4 /* 0, 1 on daemon A; 2, 3 on daemon B; odd ones read into CUDA memory */
+/* readers at most; by default 0, 1 on daemon A, 2, 3 on daemon B, odd ones into CUDA memory */
+#define READERS 4
 #define REMOTE 2
 
 static const size_t sizes[] = { MIB + 3, 4096 + 1, 8 * MIB + 5 };
@@ -34,10 +40,17 @@ static const size_t sizes[] = { MIB + 3, 4096 + 1, 8 * MIB + 5 };
 
 static struct tpt_sync ready;
 static int victim = -1; /* reader killed after its first descriptor, -1: none */
+static unsigned n_readers = READERS, n_remote = REMOTE; /* the last n_remote are on B */
+static bool cuda_odd = true; /* odd readers read into CUDA memory, else all into CPU memory */
+/* What becomes of message 0: delivered to all (but a victim); failed for every reader (its
+ * staging read meets a forced device fault); or never read (every reader is killed while the
+ * staging read waits for the writer's stream: the only message then). */
+static enum { FIRST_OK, FIRST_FAILS, FIRST_ONLY_READERS_KILLED } first = FIRST_OK;
+static long slow_ms = 100; /* the work queued on the writer's stream before its bytes */
 
 static bool is_remote(unsigned who)
 {
-	return who >= READERS - REMOTE;
+	return who >= n_readers - n_remote;
 }
 
 /* Reads one message into @who's memory (CPU, or CUDA for odd readers) and checks it. */
@@ -64,6 +77,17 @@ static int reader_one(unsigned who, const struct hwt_cuda *cu, struct tp_pipe *p
 		slot.data = hwt_ptr(dev);
 	}
 	r = tp_pipe_read_sync(p, d, &a);
+	if (first == FIRST_FAILS && k == 0) {
+		const char *e = tp_last_error();
+
+		if (cu)
+			cu->api->cuMemFree(dev);
+		TPT_REQUIRE(r < 0 && strstr(e, "reading the broadcast's source failed"), 1,
+			    "reader %u: read %u: %d %s, not the staging read's failure", who, k, r,
+			    e);
+		printf("reader %u: message 0 failed with its staging read: %s\n", who, e);
+		return 0;
+	}
 	TPT_REQUIRE(r == 0, 1, "reader %u: read %u: %d %s", who, k, r, tp_last_error());
 	tpt_fill(want, len, SEED + k);
 	if (cu) {
@@ -90,7 +114,7 @@ static int reader(void *arg)
 	int r = tpt_sync_wait(&ready, HWT_T_MS), n = 0;
 
 	TPT_REQUIRE(r == 0 && host && want, 1, "server not ready: %d", r);
-	if (who % 2)
+	if (cuda_odd && who % 2)
 		TPT_REQUIRE(hwt_cuda_open(0, &cu) == 0, 1, "CUDA");
 	if (is_remote(who)) {
 		char addr[128];
@@ -131,7 +155,7 @@ static int reader(void *arg)
 
 static void CUDA_CB slow_fn(void *arg)
 {
-	struct timespec ts = { 0, 100 * 1000000L };
+	struct timespec ts = { slow_ms / 1000, slow_ms % 1000 * 1000000L };
 
 	(void)arg;
 	while (nanosleep(&ts, &ts) < 0 && errno == EINTR)
@@ -140,8 +164,8 @@ static void CUDA_CB slow_fn(void *arg)
 
 /*
  * Broadcasts message @k from device memory whose bytes are still queued on the writer's stream
- * (behind 100 ms of other work) when the broadcast starts: every delivery must wait for them.
- * Every delivery but the victim's must succeed.
+ * (behind @slow_ms of other work) when the broadcast starts: every delivery must wait for them.
+ * Every delivery but the victim's must succeed (none of message 0 where @first says so).
  */
 static int server_one(const struct hwt_cuda *cu, struct tp_pipe_set *s, unsigned k,
 		      uint8_t *host)
@@ -162,13 +186,19 @@ static int server_one(const struct hwt_cuda *cu, struct tp_pipe_set *s, unsigned
 	TPT_REQUIRE(hwt_dev_put(cu, dev, host, sizes[k], stream) == 0, 1, "fill");
 	t.data = hwt_ptr(dev);
 	t.cuda_stream = stream;
-	r = tp_set_broadcast(s, &m, HWT_T_MS, st, READERS);
+	r = tp_set_broadcast(s, &m, HWT_T_MS, st, n_readers);
 	HWT_CU(cu, cuStreamSynchronize(stream), 1); /* @host is read until here */
 	cu->api->cuStreamDestroy(stream);
 	cu->api->cuMemFree(dev);
-	TPT_REQUIRE(r == READERS - (victim >= 0), 1, "message %u: %d of %d delivered: %s", k, r,
-		    READERS, tp_last_error());
-	for (unsigned i = 0, failed = 0; i < READERS; i++) {
+	if (k == 0 && first != FIRST_OK) {
+		TPT_REQUIRE(r == 0, 1, "message 0: %d of %u delivered", r, n_readers);
+		for (unsigned i = 0; i < n_readers; i++)
+			TPT_REQUIRE(st[i] < 0, 1, "message 0, pipe %u: %d", i, st[i]);
+		return 0;
+	}
+	TPT_REQUIRE(r == (int)n_readers - (victim >= 0), 1, "message %u: %d of %u delivered: %s",
+		    k, r, n_readers, tp_last_error());
+	for (unsigned i = 0, failed = 0; i < n_readers; i++) {
 		failed += st[i] < 0;
 		TPT_REQUIRE(st[i] <= 0 && failed <= (victim >= 0), 1, "message %u, pipe %u: %d", k,
 			    i, st[i]);
@@ -194,13 +224,13 @@ static int server(void *arg)
 	r = tpt_ctx_new(&tpt_peer_a, 0, "fan-server", &ctx);
 	if (r == 0)
 		r = tp_listen(ctx, NAME, &lo, &l);
-	for (unsigned i = 0; i < READERS; i++)
+	for (unsigned i = 0; i < n_readers; i++)
 		tpt_sync_post(&ready, (int8_t)(r ? -1 : 0));
 	TPT_REQUIRE(r == 0, 1, "listen: %d %s", r, tp_last_error());
-	TPT_REQUIRE(tp_set_new(ctx, READERS, &s) == 0, 1, "set: %s", tp_last_error());
-	r = tp_set_wait_pipes(s, l, READERS, HWT_T_MS);
+	TPT_REQUIRE(tp_set_new(ctx, n_readers, &s) == 0, 1, "set: %s", tp_last_error());
+	r = tp_set_wait_pipes(s, l, n_readers, HWT_T_MS);
 	TPT_REQUIRE(r == 0, 1, "pipes: %d %s", r, tp_last_error());
-	for (unsigned k = 0; k < N_SIZES; k++)
+	for (unsigned k = 0; k < (first == FIRST_ONLY_READERS_KILLED ? 1 : N_SIZES); k++)
 		if (server_one(&cu, s, k, host))
 			return 1;
 	tp_set_free(s); /* the readers see their pipes end */
@@ -221,7 +251,12 @@ static uint64_t link_bytes(void)
 }
 
 /* How B is expected to fan the broadcasts out. */
-enum far { FAR_STAGED, FAR_EACH, FAR_VICTIM /* a reader dies: B's counters not checked */ };
+enum far {
+	FAR_STAGED,
+	FAR_EACH,
+	FAR_VICTIM, /* a reader dies: B's counters not checked */
+	FAR_NONE,   /* no reader on B */
+};
 
 /* Runs the server and the readers on a fresh pair of daemons. */
 static void run(enum far far)
@@ -237,10 +272,10 @@ static void run(enum far far)
 	}
 	ck_assert_int_eq(tpt_sync_init(&ready), 0);
 	before = 0; /* a fresh pair: no link yet */
-	for (unsigned i = 0; i < READERS; i++)
+	for (unsigned i = 0; i < n_readers; i++)
 		pids[i] = tpt_fork(reader, (void *)(uintptr_t)i);
 	ok = tpt_wait_ok(tpt_fork(server, NULL), 2 * HWT_T_MS, "server");
-	for (unsigned i = 0; i < READERS; i++) {
+	for (unsigned i = 0; i < n_readers; i++) {
 		int status = 0;
 
 		if ((int)i != victim) {
@@ -256,6 +291,10 @@ static void run(enum far far)
 		tpt_daemon_dump_log(&tpt_peer_b);
 	}
 	ck_assert(ok);
+	if (far == FAR_NONE) {
+		ck_assert(tpt_daemon_alive(&tpt_peer_a) && tpt_daemon_alive(&tpt_peer_b));
+		return;
+	}
 	sent = link_bytes() - before;
 	tpt_status_u64s(&tpt_peer_b, keys, 2, b);
 	printf("link A->B: %llu bytes for %llu broadcast; B staged %llu, unstaged %llu\n",
@@ -303,6 +342,213 @@ START_TEST(test_cuda_fanout_reader_killed_fails_only_its_delivery)
 }
 END_TEST
 
+/* ---- on one host: three readers into CPU memory ---------------------------------------------- */
+
+/* Device-to-host copies the daemons make, counted by the stand-in ($FAKECUDA_DTOH_LOG). */
+struct dtoh {
+	bool counted; /* the stand-in driver counts them; a real one does not */
+	char dir[32];
+	char path[64];
+};
+
+/*
+ * Restarts the daemons with the stand-in counting their device-to-host copies into a fresh file,
+ * A with @extra_a (NULL-terminated, at most 4, or NULL), and sets up 3 readers on A into CPU
+ * memory.
+ */
+static void local_begin(struct dtoh *c, const char *const *extra_a)
+{
+	const char *lib = getenv("TPIPD_CUDA_LIBRARY");
+	const char *const *t = tpt_peer_args();
+	const char *args[10] = { t[0], t[1], t[2], t[3] };
+
+	for (size_t i = 0; extra_a && extra_a[i] && i < 4; i++)
+		args[4 + i] = extra_a[i];
+	c->counted = lib && strstr(lib, "fakecuda");
+	snprintf(c->dir, sizeof(c->dir), "/tmp/tpt-dtoh-XXXXXX");
+	ck_assert_ptr_nonnull(mkdtemp(c->dir));
+	snprintf(c->path, sizeof(c->path), "%s/dtoh", c->dir);
+	ck_assert_int_eq(tpt_daemon_stop(&tpt_peer_a), 0);
+	ck_assert_int_eq(tpt_daemon_stop(&tpt_peer_b), 0);
+	setenv("FAKECUDA_DTOH_LOG", c->path, 1); /* the daemons', not the clients' */
+	ck_assert_int_eq(tpt_daemon_pair_start(&tpt_peer_a, args, &tpt_peer_b, t), 0);
+	unsetenv("FAKECUDA_DTOH_LOG");
+	n_readers = 3;
+	n_remote = 0;
+	cuda_odd = false;
+}
+
+/* Bytes the daemons copied from device to host memory (the file's lines summed); removes it. */
+static uint64_t local_dtoh_bytes(struct dtoh *c)
+{
+	FILE *f = fopen(c->path, "r");
+	unsigned long long n;
+	uint64_t sum = 0;
+
+	while (f && fscanf(f, "%llu", &n) == 1)
+		sum += n;
+	if (f)
+		fclose(f);
+	unlink(c->path);
+	rmdir(c->dir);
+	return sum;
+}
+
+/*
+ * Checks what daemon A did for the broadcasts: @reads_of[k] device reads of message k (the
+ * stand-in's count), bcast_staged_bytes and bcast_unstaged as expected, and @resets context
+ * resets (one more: a mapping of the writer's memory used after its broadcast was done).
+ */
+static void local_check(struct dtoh *c, const unsigned *reads_of, uint64_t staged,
+			uint64_t unstaged, int resets_want)
+{
+	static const char *const keys[] = { "bcast_staged_bytes", "bcast_unstaged" };
+	uint64_t want = 0, got = local_dtoh_bytes(c), a[2];
+	int resets = tpt_daemon_log_count(&tpt_peer_a, "context reset after a sticky error");
+
+	for (unsigned k = 0; k < N_SIZES; k++)
+		want += reads_of[k] * sizes[k];
+	tpt_status_u64s(&tpt_peer_a, keys, 2, a);
+	printf("A: %llu bytes read from device memory (%s), %llu staged, %llu over the limit\n",
+	       (unsigned long long)got, c->counted ? "counted by the stand-in" : "not counted: "
+	       "a real driver", (unsigned long long)a[0], (unsigned long long)a[1]);
+	if (c->counted)
+		ck_assert_uint_eq(got, want);
+	ck_assert_uint_eq(a[0], staged);
+	ck_assert_uint_eq(a[1], unstaged);
+	ck_assert_msg(resets == resets_want, "%d context resets, not %d: a mapping outlived its "
+		      "transfer", resets, resets_want);
+}
+
+/* Three readers on the writer's host, into CPU memory: each tensor is read from the device
+ * once, into the daemon's staging, and delivered from there, byte-exact (before: once per
+ * reader). */
+START_TEST(test_cuda_fanout_local_cpu_readers_read_the_device_once)
+{
+	static const unsigned once[N_SIZES] = { 1, 1, 1 };
+	struct dtoh c;
+
+	local_begin(&c, NULL);
+	run(FAR_NONE);
+	local_check(&c, once, sizes[0] + sizes[1] + sizes[2], 0, 0);
+}
+END_TEST
+
+/* A's staging limit fits the staging of the first tensor exactly (1 MiB + 64) and of the
+ * second, not of the third (8 MiB + 5): that one is read from the device by each reader, as
+ * before, and still arrives intact. */
+START_TEST(test_cuda_fanout_over_the_staging_limit_each_reader_reads_the_device)
+{
+	static const char *const extra[] = { "--bcast-stage-bytes-per-uid", "1048640", NULL };
+	static const unsigned reads[N_SIZES] = { 1, 1, 3 };
+	struct dtoh c;
+
+	local_begin(&c, extra);
+	run(FAR_NONE);
+	local_check(&c, reads, sizes[0] + sizes[1], 1, 0);
+}
+END_TEST
+
+/* A local reader killed after its first descriptor, while the others read from the staging:
+ * only its deliveries fail, the others' bytes are exact, each tensor is still read from the
+ * device once, and the writer's memory is not used after its broadcast (no context reset). */
+START_TEST(test_cuda_fanout_local_reader_killed_fails_only_its_delivery)
+{
+	static const unsigned once[N_SIZES] = { 1, 1, 1 };
+	struct dtoh c;
+
+	local_begin(&c, NULL);
+	victim = 1;
+	run(FAR_NONE);
+	local_check(&c, once, sizes[0] + sizes[1] + sizes[2], 0, 0);
+}
+END_TEST
+
+/*
+ * Message 0's one read of the device fails (a device fault the stand-in forces on A's first copy
+ * from the writer's memory, $FAKECUDA_FAULT_DIR) while the three readers wait for it (the
+ * writer's bytes are behind 2 s of work on its stream): each of their reads fails with
+ * its reason, and so does each of the writer's deliveries; A resets its context once, and the
+ * next messages are staged and delivered as usual.
+ */
+START_TEST(test_cuda_fanout_failed_staging_read_fails_every_delivery_waiting_on_it)
+{
+	static const unsigned reads[N_SIZES] = { 0, 1, 1 };
+	char dir[32] = "/tmp/tpt-fault-XXXXXX", path[64];
+	const char *lib = getenv("TPIPD_CUDA_LIBRARY");
+	struct dtoh c;
+	int fd;
+
+	if (!lib || !strstr(lib, "fakecuda")) {
+		printf("not run: a device fault is forced in the stand-in driver only\n");
+		return;
+	}
+	ck_assert_ptr_nonnull(mkdtemp(dir));
+	snprintf(path, sizeof(path), "%s/sticky-0", dir);
+	ck_assert_int_ge(fd = open(path, O_WRONLY | O_CREAT | O_CLOEXEC, 0600), 0);
+	close(fd);
+	setenv("FAKECUDA_FAULT_DIR", dir, 1); /* the daemons' */
+	local_begin(&c, NULL);
+	unsetenv("FAKECUDA_FAULT_DIR");
+	first = FIRST_FAILS;
+	slow_ms = 2000;
+	run(FAR_NONE);
+	local_check(&c, reads, sizes[1] + sizes[2], 0, 1);
+	ck_assert_int_ne(access(path, F_OK), 0); /* the fault was met */
+	rmdir(dir);
+}
+END_TEST
+
+/*
+ * Every reader is killed while the staging read of message 0 waits for the writer's stream
+ * (3 s of work before its bytes): the writer's deliveries all fail without waiting for that
+ * work, the staging read is abandoned (the device is not read for message 0) and the writer's
+ * memory, freed once its broadcast is done, is never used after: a second round of the three
+ * messages to three new readers finds A's context sound (no reset) and reads each once.
+ */
+START_TEST(test_cuda_fanout_staging_read_abandoned_when_every_local_reader_died)
+{
+	static const char *const keys[] = { "bcast_stage_held" };
+	static const unsigned once[N_SIZES] = { 1, 1, 1 };
+	pid_t pids[3], server_pid;
+	uint64_t held = 0;
+	struct dtoh c;
+	bool ok;
+
+	local_begin(&c, NULL);
+	first = FIRST_ONLY_READERS_KILLED;
+	slow_ms = 3000;
+	ck_assert_int_eq(tpt_sync_init(&ready), 0);
+	for (unsigned i = 0; i < n_readers; i++)
+		pids[i] = tpt_fork(reader, (void *)(uintptr_t)i);
+	server_pid = tpt_fork(server, NULL);
+	for (int t = 0; t < HWT_T_MS / 10 && held == 0; t++) {
+		struct timespec ts = { 0, 10 * 1000000L };
+
+		tpt_status_u64s(&tpt_peer_a, keys, 1, &held);
+		if (held == 0)
+			nanosleep(&ts, NULL);
+	}
+	ck_assert_msg(held > 0, "A never staged message 0");
+	for (unsigned i = 0; i < n_readers; i++) {
+		int status = 0;
+
+		kill(pids[i], SIGKILL);
+		ck_assert_int_eq(tpt_wait(pids[i], HWT_T_MS, &status), 0);
+		ck_assert(WIFSIGNALED(status) && WTERMSIG(status) == SIGKILL);
+	}
+	ok = tpt_wait_ok(server_pid, 2 * HWT_T_MS, "server");
+	tpt_sync_done(&ready);
+	if (!ok)
+		tpt_daemon_dump_log(&tpt_peer_a);
+	ck_assert(ok);
+	first = FIRST_OK;
+	slow_ms = 100;
+	run(FAR_NONE);
+	local_check(&c, once, sizes[0] + sizes[1] + sizes[2], 0, 0);
+}
+END_TEST
+
 static Suite *cuda_fanout_suite(void)
 {
 	Suite *s = suite_create("cuda_fanout");
@@ -312,6 +558,11 @@ static Suite *cuda_fanout_suite(void)
 	tcase_add_test(tc, test_cuda_fanout_crosses_the_peer_link_once);
 	tcase_add_test(tc, test_cuda_fanout_far_daemon_without_staging_reads_each_target);
 	tcase_add_test(tc, test_cuda_fanout_reader_killed_fails_only_its_delivery);
+	tcase_add_test(tc, test_cuda_fanout_local_cpu_readers_read_the_device_once);
+	tcase_add_test(tc, test_cuda_fanout_over_the_staging_limit_each_reader_reads_the_device);
+	tcase_add_test(tc, test_cuda_fanout_local_reader_killed_fails_only_its_delivery);
+	tcase_add_test(tc, test_cuda_fanout_failed_staging_read_fails_every_delivery_waiting_on_it);
+	tcase_add_test(tc, test_cuda_fanout_staging_read_abandoned_when_every_local_reader_died);
 	tcase_set_timeout(tc, 300);
 	suite_add_tcase(s, tc);
 	return s;
