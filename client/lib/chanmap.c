@@ -146,16 +146,24 @@ static void map_put(struct tp_chan *ch, const struct chan_map *e)
 		munmap((void *)old.addr, old.size);
 }
 
-void tpc_chan_map_on_retired(struct tp_context *ctx, const Tpw__V1__ChanReply *m)
+/* The handle @id of @ctx named by a notice, or NULL (released meanwhile, or not ours); lock
+ * held. */
+static struct tp_chan *chan_of_notice(struct tp_context *ctx, uint64_t id)
 {
 	struct tp_chan *ch, *found = NULL;
 
 	tpu_list_for_each(ch, &ctx->chans, ctx_node)
-		if (ch->id == m->chan_id)
+		if (ch->id == id)
 			found = ch;
-	if (!found)
+	return found;
+}
+
+void tpc_chan_map_on_retired(struct tp_context *ctx, const Tpw__V1__ChanReply *m)
+{
+	struct tp_chan *ch = chan_of_notice(ctx, m->chan_id);
+
+	if (!ch)
 		return; /* released meanwhile, or no handle of ours */
-	ch = found;
 	/* Only exact keys of this handle's mappings: nothing else is ever unmapped. */
 	for (size_t k = 0; k < m->n_retired; k++) {
 		for (unsigned i = 0; i < ch->n_maps; i++) {
@@ -395,14 +403,10 @@ void tpc_chan_own_expire(struct tp_context *ctx)
 
 void tpc_chan_on_released(struct tp_context *ctx, const Tpw__V1__ChanReply *m)
 {
-	struct tp_chan *ch, *found = NULL;
+	struct tp_chan *ch = chan_of_notice(ctx, m->chan_id);
 
-	tpu_list_for_each(ch, &ctx->chans, ctx_node)
-		if (ch->id == m->chan_id)
-			found = ch;
-	if (!found)
+	if (!ch)
 		return; /* released meanwhile, or no handle of ours */
-	ch = found;
 	/* Only buffers this handle lent: nothing else is ever given back. */
 	for (size_t i = 0; i < m->n_released; i++) {
 		for (unsigned k = 0; k < ch->n_lent; k++) {

@@ -701,6 +701,22 @@ int tpt_daemon_log_count(const struct tpt_daemon *d, const char *needle)
 	return n;
 }
 
+int tpt_daemon_memfd_maps(const struct tpt_daemon *d)
+{
+	char p[64], line[512];
+	FILE *f;
+	int n = 0;
+
+	snprintf(p, sizeof(p), "/proc/%d/maps", (int)d->pid);
+	f = fopen(p, "re");
+	if (!f)
+		return -1;
+	while (fgets(line, sizeof(line), f))
+		n += strstr(line, "memfd:") != NULL;
+	fclose(f);
+	return n;
+}
+
 int tpt_daemon_wait_log(const struct tpt_daemon *d, const char *needle, int timeout_ms,
 			char *ret_line, size_t line_len)
 {

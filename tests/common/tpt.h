@@ -94,6 +94,10 @@ bool tpt_daemon_log_has(const struct tpt_daemon *d, const char *needle);
 /* Lines of @d's log that contain @needle, or -1 if the log cannot be read. */
 int tpt_daemon_log_count(const struct tpt_daemon *d, const char *needle);
 
+/* The memfd mappings daemon @d holds now (its clients' registered buffers among them), or -1
+ * if its /proc/PID/maps cannot be read. */
+int tpt_daemon_memfd_maps(const struct tpt_daemon *d);
+
 /* ---- peering (cross-host pipes between two daemons on this machine) ------------------------ */
 
 /*

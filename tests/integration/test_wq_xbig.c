@@ -313,22 +313,6 @@ START_TEST(test_host_killed_fails_the_read)
 }
 END_TEST
 
-/* The memfd mappings daemon @d holds now (its clients' registered buffers among them). */
-static unsigned memfd_maps(const struct tpt_daemon *d)
-{
-	char p[64], line[512];
-	unsigned n = 0;
-	FILE *f;
-
-	snprintf(p, sizeof(p), "/proc/%d/maps", (int)d->pid);
-	f = fopen(p, "re");
-	ck_assert_ptr_nonnull(f);
-	while (fgets(line, sizeof(line), f))
-		n += strstr(line, "memfd:") != NULL;
-	fclose(f);
-	return n;
-}
-
 /*
  * A worker on a whose read of a 1 MiB + 3 question names more room than the message has (its
  * descriptor's length raised by 4 KiB: the library takes the caller's descriptor as it is) is
@@ -346,14 +330,15 @@ START_TEST(test_read_naming_more_room_is_refused)
 	struct tp_wq_options wo = { .size = sizeof(wo), .owner_uid = 0 };
 	struct tp_context *cb, *ca;
 	struct tp_wq *own, *w;
-	unsigned before, now = 0;
+	int before, now = 0;
 	uint64_t id, got;
 
 	start_pair(NULL);
 	cb = ctx_of(&db);
 	ck_assert_int_eq(tp_wq_open(cb, "room", &o, &own), 0);
 	submit(cb, own, &qs, TPT_MEM_SHM, &id);
-	before = memfd_maps(&da);
+	before = tpt_daemon_memfd_maps(&da);
+	ck_assert_int_ge(before, 0);
 	for (int k = 0; k < 3; k++) {
 		struct tp_slot slot = { .device = { .type = TP_DEVICE_CPU } };
 		struct tp_allocation a = { .payloads = &slot, .n_payloads = 1 };
@@ -375,9 +360,9 @@ START_TEST(test_read_naming_more_room_is_refused)
 		tp_wq_release(w); /* the question goes back to the queue on b */
 		tp_context_free(ca);
 	}
-	for (int i = 0; i < 100 && (now = memfd_maps(&da)) > before; i++)
+	for (int i = 0; i < 100 && (now = tpt_daemon_memfd_maps(&da)) > before; i++)
 		usleep(50 * 1000);
-	ck_assert_msg(now <= before, "a maps %u buffers of workers that are gone", now - before);
+	ck_assert_msg(now <= before, "a maps %d buffers of workers that are gone", now - before);
 	/* the question is whole and still there: a worker on b reads it */
 	ck_assert_int_eq(tp_wq_open(cb, "room", &wo, &w), 0);
 	{
