@@ -147,11 +147,8 @@ void tpc_chan_on_reply(struct tp_context *ctx, const Tpw__V1__ChanReply *m, cons
 	cr->remote_refs = m->remote_refs;
 	cr->held_len = m->held_len;
 	cr->lent = m->lent;
-	if (cr->write && m->lent && cr->lend_buf && cr->wch->n_lent < CHAN_LENT_MAX) {
-		cr->wch->lent[cr->wch->n_lent++] = cr->lend_buf;
-		cr->wch->lent_bytes += cr->lend_buf->size;
+	if (cr->write && m->lent && cr->lend_buf && tpc_chan_lend_file(cr->wch, cr->lend_buf))
 		cr->lend_kept = true;
-	}
 	/* validated: at most TPW_CHAN_RELEASED_MAX */
 	if (cr->write && m->n_released && !cr->released) {
 		cr->released = malloc(m->n_released * sizeof(*cr->released));

@@ -189,6 +189,14 @@ void tpc_chan_map_drop(struct tp_chan *ch);
  * buffers the handle it names lent and that it gives back leave @lent for @back, for the io
  * thread; ids the handle did not lend, and handles that are not its context's, are ignored
  * (reply handler, lock held). */
+/* Whether @ch can file one more lent buffer: @lent and @back together stay within
+ * CHAN_LENT_MAX (a notice moves buffers from one to the other before the io thread empties
+ * @back); ctx->lock held. */
+bool tpc_chan_lend_room(const struct tp_chan *ch);
+
+/* Files @b as lent by @ch if tpc_chan_lend_room(). Return: whether it did; ctx->lock held. */
+bool tpc_chan_lend_file(struct tp_chan *ch, struct tpc_buf *b);
+
 void tpc_chan_on_released(struct tp_context *ctx, const Tpw__V1__ChanReply *m);
 /* The daemon's notice @m (validated: at most TPW_CHAN_RETIRED_MAX keys): the handle it names
  * unmaps each retired buffer it keeps mapped, at once or once the copies out of it end; keys

@@ -401,6 +401,20 @@ void tpc_chan_own_expire(struct tp_context *ctx)
 		tpc_buffer_stage_put(ctx, old[i], false);
 }
 
+bool tpc_chan_lend_room(const struct tp_chan *ch)
+{
+	return ch->n_lent + ch->n_back < CHAN_LENT_MAX;
+}
+
+bool tpc_chan_lend_file(struct tp_chan *ch, struct tpc_buf *b)
+{
+	if (!tpc_chan_lend_room(ch))
+		return false;
+	ch->lent[ch->n_lent++] = b;
+	ch->lent_bytes += b->size;
+	return true;
+}
+
 void tpc_chan_on_released(struct tp_context *ctx, const Tpw__V1__ChanReply *m)
 {
 	struct tp_chan *ch = chan_of_notice(ctx, m->chan_id);
@@ -412,7 +426,9 @@ void tpc_chan_on_released(struct tp_context *ctx, const Tpw__V1__ChanReply *m)
 		for (unsigned k = 0; k < ch->n_lent; k++) {
 			if (ch->lent[k]->id != m->released[i])
 				continue;
-			ch->back[ch->n_back++] = ch->lent[k]; /* (room: it leaves @lent) */
+			if (ch->n_back >= CHAN_LENT_MAX)
+				return; /* never: filing keeps @lent and @back within it together */
+			ch->back[ch->n_back++] = ch->lent[k];
 			ch->lent_bytes -= ch->lent[k]->size;
 			ch->lent[k] = ch->lent[--ch->n_lent];
 			ctx->chan_back++;

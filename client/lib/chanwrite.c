@@ -112,7 +112,7 @@ static void chan_write_stage(struct tp_chan *ch, const struct iovec *items, size
 	 * this channel's items ever touches (chanmap.c); else, or without one (the daemon's
 	 * buffer limits, the io thread), the context's pool, and then it is never lent. */
 	pthread_mutex_lock(&ctx->lock);
-	lend = ch->map && ch->n_lent < CHAN_LENT_MAX && ch->lent_bytes <= CHAN_LENT_BYTES &&
+	lend = ch->map && tpc_chan_lend_room(ch) && ch->lent_bytes <= CHAN_LENT_BYTES &&
 	       tpc_buffer_stage_class(total) <= CHAN_LENT_BYTES - ch->lent_bytes;
 	pthread_mutex_unlock(&ctx->lock);
 	if (lend)
@@ -198,7 +198,7 @@ static bool chan_may_lend(struct tp_chan *ch, const struct tpc_buf *b, uint64_t 
 	if (!b || b->size / 2 > staged || (ch->map && !b->chan))
 		return false; /* (a pool buffer goes to no reader: never lent where they map) */
 	pthread_mutex_lock(&ch->ctx->lock);
-	ok = ch->n_lent < CHAN_LENT_MAX && ch->lent_bytes + b->size <= CHAN_LENT_BYTES;
+	ok = tpc_chan_lend_room(ch) && ch->lent_bytes + b->size <= CHAN_LENT_BYTES;
 	pthread_mutex_unlock(&ch->ctx->lock);
 	return ok;
 }

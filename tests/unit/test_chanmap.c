@@ -248,6 +248,69 @@ START_TEST(test_a_released_notice_gives_back_only_the_named_handles_lent_buffers
 }
 END_TEST
 
+/*
+ * A handle's lent buffers and those a notice gave back share CHAN_LENT_MAX slots until the io
+ * thread takes the given-back ones: with 8 given back and not yet taken, no 9th buffer is filed
+ * as lent (the library then releases it instead of lending it again). Before, the answers of
+ * writes sent earlier filed 8 more and a second notice wrote past the 8 slots of @back.
+ */
+START_TEST(test_lent_and_given_back_buffers_share_their_slots)
+{
+	struct tp_context *ctx = calloc(1, sizeof(*ctx));
+	struct tp_chan *a = calloc(1, sizeof(*a));
+	struct tpc_buf bufs[2 * CHAN_LENT_MAX];
+	uint64_t ids[2 * CHAN_LENT_MAX];
+
+	ck_assert(ctx && a);
+	pthread_mutex_init(&ctx->lock, NULL);
+	tpu_list_init(&ctx->chans);
+	*a = (struct tp_chan){ .ctx = ctx, .id = 5, .map = true };
+	tpc_chan_map_open(a);
+	for (unsigned i = 0; i < 2 * CHAN_LENT_MAX; i++) {
+		bufs[i] = (struct tpc_buf){ .id = i + 1, .size = 4096, .chan = true };
+		ids[i] = i + 1;
+	}
+	pthread_mutex_lock(&ctx->lock);
+	for (unsigned i = 0; i < CHAN_LENT_MAX; i++)
+		ck_assert(tpc_chan_lend_file(a, &bufs[i]));
+	ck_assert(!tpc_chan_lend_file(a, &bufs[CHAN_LENT_MAX]));
+	pthread_mutex_unlock(&ctx->lock);
+	released(ctx, 5, ids, CHAN_LENT_MAX);
+	ck_assert_uint_eq(a->n_lent, 0);
+	ck_assert_uint_eq(a->n_back, CHAN_LENT_MAX);
+	/* the io thread has not run: the answers of earlier writes file nothing */
+	pthread_mutex_lock(&ctx->lock);
+	ck_assert(!tpc_chan_lend_room(a));
+	for (unsigned i = CHAN_LENT_MAX; i < 2 * CHAN_LENT_MAX; i++)
+		ck_assert(!tpc_chan_lend_file(a, &bufs[i]));
+	pthread_mutex_unlock(&ctx->lock);
+	released(ctx, 5, ids + CHAN_LENT_MAX, CHAN_LENT_MAX);
+	ck_assert_uint_eq(a->n_back, CHAN_LENT_MAX);
+	/* lent past the rule (as filed before it): a notice still stops at the last slot */
+	pthread_mutex_lock(&ctx->lock);
+	for (unsigned i = 0; i < CHAN_LENT_MAX; i++)
+		a->lent[i] = &bufs[CHAN_LENT_MAX + i];
+	a->n_lent = CHAN_LENT_MAX;
+	a->lent_bytes = CHAN_LENT_MAX * 4096;
+	pthread_mutex_unlock(&ctx->lock);
+	released(ctx, 5, ids + CHAN_LENT_MAX, CHAN_LENT_MAX);
+	ck_assert_uint_eq(a->n_back, CHAN_LENT_MAX);
+	ck_assert_uint_eq(a->n_lent, CHAN_LENT_MAX);
+	/* the io thread takes them back: room again */
+	tpc_chan_back_run(ctx);
+	ck_assert_uint_eq(a->n_back, 0);
+	pthread_mutex_lock(&ctx->lock);
+	a->n_lent = 0; /* (the hand-made ones are not the handle's: nobody frees them) */
+	a->lent_bytes = 0;
+	ck_assert(tpc_chan_lend_room(a));
+	pthread_mutex_unlock(&ctx->lock);
+	tpc_chan_map_drop(a);
+	pthread_mutex_destroy(&ctx->lock);
+	free(a);
+	free(ctx);
+}
+END_TEST
+
 static Suite *chanmap_suite(void)
 {
 	Suite *s = suite_create("chanmap");
@@ -255,6 +318,7 @@ static Suite *chanmap_suite(void)
 
 	tcase_add_test(tc, test_a_notice_unmaps_only_the_named_handles_listed_keys);
 	tcase_add_test(tc, test_a_released_notice_gives_back_only_the_named_handles_lent_buffers);
+	tcase_add_test(tc, test_lent_and_given_back_buffers_share_their_slots);
 	suite_add_tcase(s, tc);
 	return s;
 }
