@@ -65,6 +65,13 @@ int hwt_probe(char *why, size_t why_len)
 	return m.n_devices > 0 ? m.n_devices : 0;
 }
 
+/* Ends without running @s, freed (a runner frees its suites), with exit code @code. */
+static int not_run(Suite *s, int code)
+{
+	srunner_free(srunner_create(s));
+	return code;
+}
+
 int hwt_main(Suite *s, int min_devices)
 {
 	const char *req = getenv("TPT_HW_REQUIRE");
@@ -77,12 +84,12 @@ int hwt_main(Suite *s, int min_devices)
 		 * failure, even where a missing GPU must fail (a one-GPU device check). */
 		printf("SKIP: needs %d CUDA devices, found %d\n", min_devices, n);
 		fflush(stdout);
-		return HWT_EXIT_SKIP;
+		return not_run(s, HWT_EXIT_SKIP);
 	}
 	if (n <= 0) {
 		printf("%s: %s\n", must ? "FAIL" : "SKIP", why);
 		fflush(stdout);
-		return must ? EXIT_FAILURE : HWT_EXIT_SKIP;
+		return not_run(s, must ? EXIT_FAILURE : HWT_EXIT_SKIP);
 	}
 	printf("CUDA: %d device(s)\n", n);
 	fflush(stdout);
