@@ -193,7 +193,7 @@ void tpu_spin_slept(struct tpu_spin *s, uint64_t waited_ns);
  * doubled at each new sighting up to TPU_SPIN_QUIET_MAX_NS, back to the minimum once a spin
  * succeeds with short yields); waits meanwhile sleep at once.
  */
-#define TPU_SPIN_YIELD_LONG_NS (250 * 1000ull)
+#define TPU_SPIN_YIELD_LONG_NS (1000 * 1000ull)
 #define TPU_SPIN_QUIET_MIN_NS (10 * 1000 * 1000ull)
 #define TPU_SPIN_QUIET_MAX_NS (640 * 1000 * 1000ull)
 
