@@ -3,8 +3,10 @@
  * tpipd entry point: configuration (file + flags), logging, the daemon's life cycle and the
  * exit status (0 clean stop, 1 runtime failure, 2 bad configuration).
  */
+#include <malloc.h>
 #include <signal.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 #include <sys/resource.h>
 #include "config.h"
@@ -32,6 +34,23 @@ static rlim_t raise_nofile(void)
 	return was;
 }
 
+/* Keeps freed heap memory for the next frames instead of handing it back to the kernel at once.
+ * Every frame that carries inline bytes (up to 64 KiB of a message, more across hosts) passes
+ * through buffers allocated for it and freed once sent. With glibc's default trim threshold
+ * (128 KiB until a large block is freed) freeing them trimmed the heap, and the next frame's
+ * buffer faulted its pages in again: a seventh of a daemon's time when 60 KiB messages crossed
+ * a peer link. Up to 4 MiB of free heap now stays; blocks from 4 MiB are mapped on their own
+ * and unmapped when freed. A malloc setting in GLIBC_TUNABLES wins. */
+static void tune_malloc(void)
+{
+	const char *t = getenv("GLIBC_TUNABLES");
+
+	if (t && strstr(t, "glibc.malloc."))
+		return;
+	(void)mallopt(M_MMAP_THRESHOLD, 4 << 20);
+	(void)mallopt(M_TRIM_THRESHOLD, 4 << 20);
+}
+
 int main(int argc, char **argv)
 {
 	struct tpd_daemon *d = NULL;
@@ -41,6 +60,7 @@ int main(int argc, char **argv)
 	rlim_t nofile0;
 	int r;
 
+	tune_malloc();
 	nofile0 = raise_nofile();
 	tpd_config_defaults(&cfg);
 	r = tpd_config_load(&cfg, argc, argv, err, sizeof(err));
