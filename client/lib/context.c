@@ -924,6 +924,7 @@ TP_EXPORT void tp_context_free(struct tp_context *ctx)
 	}
 	tpc_pipe_free_all(ctx); /* first: backlog pipes are linked into their listener */
 	tpc_listener_free_all(ctx);
+	tpc_read_desc_keep_free(ctx); /* after the pipes, whose descriptors go there */
 	tpc_buffer_free_all(ctx);
 	tpc_cuda_free(ctx); /* last: every operation and its events are back */
 	tpc_map_done(&ctx->pipes);

@@ -33,6 +33,7 @@
 #define TPC_REPLY_TIMEOUT_MS 10000
 #define TPC_EAGER_DEFAULT (64u << 10)
 #define TPC_INLINE_SMALL 4096u	 /* segments up to this size ride inline in rendezvous writes */
+#define TPC_DESC_KEEP 16u	 /* freed descriptor blocks with inline bytes a context keeps */
 /* tp_last_error(): the daemon's longest message (TPW_MESSAGE_MAX) and context the library adds. */
 #define TPC_ERRMSG_MAX (TPW_MESSAGE_MAX + 256 + 1)
 #define TPC_CONN_LOST "daemon connection lost"
@@ -296,6 +297,9 @@ struct tp_context {
 	uint32_t io_sleeping; /* atomic: the io thread blocks in poll() */
 	uint64_t wake_seq;    /* atomic: bumped by tpc_context_wake() */
 	bool running_op;      /* lock: the io thread runs a completed operation's callback */
+	/* atomic slots: freed descriptor blocks of inline bytes kept for the next (read.c) */
+	struct tpc_desc *desc_keep[TPC_DESC_KEEP];
+	size_t desc_kept; /* atomic: their bytes */
 
 	/* send_lock */
 	uint64_t seq;
@@ -411,6 +415,7 @@ struct tp_pipe {
 struct tpc_desc {
 	struct tp_descriptor pub;
 	struct tp_pipe *pipe;
+	size_t cap; /* bytes of the block, this struct included */
 	uint64_t msg_id;
 	bool eager;
 	bool ring_only; /* the writer's memory goes only through the pipe ring: answer ring_addr */
@@ -587,6 +592,7 @@ int tpc_read_descriptor_start(struct tp_pipe *p, tp_descriptor_fn cb, void *arg,
 			      struct tpc_op **ret_op, uint64_t *ret_id);
 /* Unlinks and frees a descriptor without telling the daemon. Takes @d. Accepts NULL. */
 void tpc_read_desc_free(struct tpc_desc *d);
+void tpc_read_desc_keep_free(struct tp_context *ctx);
 
 /* ---- listener.c ---------------------------------------------------------------------------- */
 

@@ -3,8 +3,8 @@
  * Integration suite: message shapes. Messages with no payloads and no tensors, zero-length
  * payloads and tensors, many payloads and tensors per message (64 + 64, mixed sizes across the
  * eager/rendezvous boundary, mixed memory kinds including interior pointers into one shared
- * buffer), metadata on the message and on every payload and tensor, and tensor target devices
- * all arrive as written. Each case has its own daemon and two client processes.
+ * buffer), metadata on the message and on every payload and tensor, tensor target devices,
+ * and streams of inline messages of rising and falling sizes all arrive as written. Each case has its own daemon and two client processes.
  */
 #include <check.h>
 #include <stdio.h>
@@ -162,6 +162,30 @@ START_TEST(test_messages_sizes_at_eager_and_inline_edges_arrive)
 }
 END_TEST
 
+/* Inline messages whose sizes rise and fall between 16 KiB and the eager limit: the reader's
+ * library reuses the blocks of read messages for later ones (larger blocks for smaller
+ * messages, too small ones given up), and every byte of every message must be its own. */
+static void reuse_spec(unsigned index, struct tpt_msg_spec *s)
+{
+	static const size_t e[] = { 65536, 16384, 40000, 65535, 20000, 16385, 65536, 49152, 17000,
+				    30000, 64000, 16384, 65536 };
+
+	s->pipe = 8;
+	s->index = index;
+	s->n_payloads = index % 3 == 2 ? 2 : 1;
+	s->lens[0] = e[index % 13] / s->n_payloads;
+	s->lens[1] = e[index % 13] - s->lens[0];
+	s->meta_len = index % 5;
+}
+
+START_TEST(test_messages_inline_blocks_reused_keep_each_messages_bytes)
+{
+	static const enum tpt_mem m[] = { TPT_MEM_PRIVATE, TPT_MEM_SHM };
+
+	ck_assert(run(300, reuse_spec, m[_i], TPT_MEM_PRIVATE));
+}
+END_TEST
+
 static Suite *messages_suite(void)
 {
 	Suite *s = suite_create("messages");
@@ -174,6 +198,7 @@ static Suite *messages_suite(void)
 	tcase_add_test(tc, test_messages_metadata_round_trips);
 	tcase_add_test(tc, test_messages_tensor_target_reaches_reader);
 	tcase_add_loop_test(tc, test_messages_sizes_at_eager_and_inline_edges_arrive, 0, 4);
+	tcase_add_loop_test(tc, test_messages_inline_blocks_reused_keep_each_messages_bytes, 0, 2);
 	tcase_set_timeout(tc, 120);
 	suite_add_tcase(s, tc);
 	return s;
