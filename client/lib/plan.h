@@ -150,7 +150,8 @@ struct tpc_plan_run_args {
 	void *buf;		 /* this host's partial result in, the group's result out */
 	size_t count, es;	 /* elements of es bytes */
 	size_t chunk;		 /* bytes per exchange (pipelining); 0: whole segments */
-	void *scratch;		 /* count * es bytes the run receives into */
+	void *scratch;		 /* count * es bytes the run receives what it folds into (what
+				  * a step copies lands straight in @buf) */
 	tpc_plan_fold_fn fold;	 /* inout = inout op in */
 	int dtype;
 	void *user;
@@ -178,9 +179,10 @@ struct tpc_plan_run_args {
  * started at once, across steps too: an exchange starts once nothing in flight would still
  * land where it sends from or receives into (a ring's step t + 1 sends chunk k once step t's
  * chunk k is folded; a recursive-doubling step, which sends what the last one received, waits
- * for all of it). On an error every started exchange is waited for before the return. @a->buf and @a->scratch are
- * aligned to @a->es (the kernels load whole elements). Borrows everything in @a for
- * the call. Return: 0 (@a->buf holds the result, bitwise the same on every leader), -EINVAL
+ * for all of it), and a copy, received in place, once nothing in flight still sends from where
+ * it lands. On an error every started exchange is waited for before the return. @a->buf and
+ * @a->scratch are aligned to @a->es (the kernels load whole elements). Borrows everything in
+ * @a for the call. Return: 0 (@a->buf holds the result, bitwise the same on every leader), -EINVAL
  * (bad arguments), or the transport's -errno.
  */
 int tpc_plan_run(const struct tpc_plan_run_args *a);

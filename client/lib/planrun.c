@@ -29,19 +29,19 @@ static void seg_range(const struct tpc_plan_run_args *a, size_t count, uint32_t 
 	*ret_n = end + n - off;
 }
 
-/* Folds or copies @n received elements at element @off as @how says. */
+/* Folds @n received elements at element @off as @how says (what a step copies was received in
+ * place). */
 static void land(const struct tpc_plan_run_args *a, enum tpc_plan_recv how, size_t off, size_t n)
 {
 	uint8_t *mine = (uint8_t *)a->buf + off * a->es, *in = (uint8_t *)a->scratch + off * a->es;
 
-	if (n == 0)
+	if (n == 0 || how == TPC_PLAN_COPY)
 		return;
 	if (how == TPC_PLAN_FOLD_RIGHT) {
 		a->fold(mine, in, n, a->dtype, a->user);
 		return;
 	}
-	if (how == TPC_PLAN_FOLD_LEFT)
-		a->fold(in, mine, n, a->dtype, a->user);
+	a->fold(in, mine, n, a->dtype, a->user);
 	memcpy(mine, in, n * a->es);
 }
 
@@ -98,7 +98,8 @@ static int land_oldest(const struct tpc_plan_run_args *a, struct run *run)
  * Starts exchange @x once nothing in flight would land where it sends from or receives into
  * (so a ring's step t + 1 sends chunk k as soon as step t's chunk k has landed, with no drain
  * between steps; recursive doubling, whose step sends what the last one received, waits for
- * all of it), and a slot is free.
+ * all of it), nothing in flight still sends from where a copy (received straight into the
+ * leader's segments, not through the scratch) would land, and a slot is free.
  */
 static int start_one(const struct tpc_plan_run_args *a, const struct tpc_plan_step *st,
 		     struct run *run, const struct inflight *x)
@@ -108,7 +109,8 @@ static int start_one(const struct tpc_plan_run_args *a, const struct tpc_plan_st
 	for (unsigned i = 0; r == 0 && i < run->n; i++) {
 		const struct inflight *y = &run->q[(run->head + i) % TPC_PLAN_DEPTH];
 
-		if (!overlap(y->ro, y->rn, x->so, x->sn) && !overlap(y->ro, y->rn, x->ro, x->rn))
+		if (!overlap(y->ro, y->rn, x->so, x->sn) && !overlap(y->ro, y->rn, x->ro, x->rn) &&
+		    (x->how != TPC_PLAN_COPY || !overlap(y->so, y->sn, x->ro, x->rn)))
 			continue;
 		/* land everything up to and including y; the queue moved: look again */
 		for (unsigned k = 0; r == 0 && k <= i; k++)
@@ -121,7 +123,8 @@ static int start_one(const struct tpc_plan_run_args *a, const struct tpc_plan_st
 		return r;
 	r = a->ops->start(a->t, x->sn ? st->send_to : -1, (uint8_t *)a->buf + x->so * a->es,
 			  x->sn * a->es, x->rn ? st->recv_from : -1,
-			  (uint8_t *)a->scratch + x->ro * a->es, x->rn * a->es);
+			  (uint8_t *)(x->how == TPC_PLAN_COPY ? a->buf : a->scratch) + x->ro * a->es,
+			  x->rn * a->es);
 	if (r == 0)
 		run->q[(run->head + run->n++) % TPC_PLAN_DEPTH] = *x;
 	return r;

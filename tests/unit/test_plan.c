@@ -354,7 +354,16 @@ struct pending {
 	int32_t from;
 	void *rbuf;
 	size_t rlen;
+	const void *sbuf; /* a real transport reads it until the exchange is waited for */
+	size_t slen;
 };
+
+static bool bytes_overlap(const void *a, size_t an, const void *b, size_t bn)
+{
+	const char *x = a, *y = b;
+
+	return an && bn && x < y + bn && y < x + an;
+}
 
 struct leader {
 	struct world *w;
@@ -388,11 +397,22 @@ static int q_start(void *t, int32_t to, const void *sbuf, size_t slen, int32_t f
 	}
 	ck_assert(to >= 0 || from >= 0);
 	ck_assert_uint_lt(l->npend, TPC_PLAN_DEPTH); /* the run keeps to the depth */
+	/* An exchange's memory is the transport's until its wait: nothing started later may
+	 * receive into what an earlier one sends or receives, nor send what one receives. */
+	for (unsigned i = 0; i < l->npend; i++) {
+		const struct pending *e = &l->pend[(l->first + i) % TPC_PLAN_DEPTH];
+		size_t sl = to >= 0 ? slen : 0, rl = from >= 0 ? rlen : 0;
+
+		ck_assert(!bytes_overlap(rbuf, rl, e->sbuf, e->slen));
+		ck_assert(!bytes_overlap(rbuf, rl, e->rbuf, e->rlen));
+		ck_assert(!bytes_overlap(sbuf, sl, e->rbuf, e->rlen));
+	}
 	if (l->starts++ >= TPC_PLAN_DEPTH && l->npend < l->min_late)
 		l->min_late = l->npend;
 	pd = &l->pend[(l->first + l->npend++) % TPC_PLAN_DEPTH];
 	l->max_pend = l->npend > l->max_pend ? l->npend : l->max_pend;
-	*pd = (struct pending){ .from = from, .rbuf = rbuf, .rlen = rlen };
+	*pd = (struct pending){ .from = from, .rbuf = rbuf, .rlen = from >= 0 ? rlen : 0,
+				.sbuf = sbuf, .slen = to >= 0 ? slen : 0 };
 	if (to >= 0) {
 		struct msg *m = malloc(sizeof(*m) + slen);
 
