@@ -520,6 +520,26 @@ static void verdict_read(struct tp_group *g, uint64_t seq, struct tpc_xverdict *
 	v->nodata = d0->xnodata;
 }
 
+/* A call of a member alone in its arena (a group of one, or the only member on its host): the
+ * result is its input, moved at most once, with no slot or result bank in between (which took
+ * two more copies of the tensor, and the broadcast of a leader's result to nobody a third). */
+static void solo_call(const struct tpc_coll *c)
+{
+	size_t bytes = c->count * tp_dtype_size(c->dtype);
+
+	switch (c->kind) {
+	case TPC_COLL_ALLREDUCE:
+	case TPC_COLL_ALLGATHER:
+	case TPC_COLL_REDUCE_SCATTER: /* of one part */
+		if (bytes && !c->absent && c->recv != c->send)
+			memcpy(c->recv, c->send, bytes);
+		break;
+	case TPC_COLL_BROADCAST: /* its own root: the bytes are in place */
+	case TPC_COLL_BARRIER:
+		break;
+	}
+}
+
 int tpc_coll_local(struct tp_group *g, const struct tpc_coll *c, struct tpc_xverdict *v,
 		   char *msg, size_t ml)
 {
@@ -528,6 +548,7 @@ int tpc_coll_local(struct tp_group *g, const struct tpc_coll *c, struct tpc_xver
 	size_t per = c->kind == TPC_COLL_BARRIER ? 1 : chunk_elems(g, c);
 	size_t n = c->count < per ? c->count : per, done = 0;
 	bool direct = direct_call(g, c);
+	bool solo = g->size == 1 && !c->seg;
 	int r;
 
 	*d = (struct coll_desc){ .seq = seq, .kind = c->kind, .dtype = c->dtype, .op = c->op,
@@ -540,7 +561,7 @@ int tpc_coll_local(struct tp_group *g, const struct tpc_coll *c, struct tpc_xver
 		d->xfield = v->field;
 		d->xnodata = v->nodata;
 	}
-	if (n)
+	if (n && !solo)
 		chunk_in(g, c, 0, n, g->bank, direct);
 	r = tpc_coll_barrier(g, g->op_timeout_ms, msg, ml);
 	if (r == 0)
@@ -556,6 +577,11 @@ int tpc_coll_local(struct tp_group *g, const struct tpc_coll *c, struct tpc_xver
 		*c->ret_contrib = g->contrib;
 	if (g->contrib == 0) /* every member has finished (uneven steps): nothing to reduce */
 		n = 0;
+	if (r == 0 && solo) {
+		if (n)
+			solo_call(c);
+		return 0;
+	}
 	if (r == 0 && n && direct && all_can(g, seq, COLL_CAP_DIRECT)) {
 		unsigned bank = g->bank;
 
