@@ -44,6 +44,13 @@ struct coll_desc {
 _Static_assert(sizeof(struct coll_desc) <= TPU_GRPARENA_CALL, "a call descriptor fits its slot");
 
 #define BARRIER_YIELDS 16 /* sched_yield()s before a barrier sleeps, members over the CPUs */
+/* A barrier of members that fit the CPUs spins up to g->spin_ns (TPC_BARRIER_SPIN_MAX_NS at
+ * most, BARRIER_SPIN_MIN_NS at least) before it sleeps: a wait that ends while spinning doubles
+ * the budget, one that had to sleep for more than twice the most halves it (the others were
+ * not on their way: another process holds their CPUs, or they compute), so a loaded machine
+ * spins about as little as before (200 pauses). A futex sleep and wake cost tens of
+ * microseconds, more than a whole small all-reduce. No spinning in a quiet period (ring.h). */
+#define BARRIER_SPIN_MIN_NS 2000u
 
 static inline void cpu_relax(void)
 {
@@ -115,29 +122,59 @@ static int64_t now_ms(void)
 	return (int64_t)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
 }
 
+static int barrier_sleep(struct tp_group *g, uint32_t gen, int64_t end, char *msg, size_t ml);
+
 /* Waits until the generation moves past @gen. */
 static int barrier_wait(struct tp_group *g, uint32_t gen, int timeout_ms, char *msg, size_t ml)
 {
 	uint32_t *w = &g->hdr->word;
 	int64_t end = timeout_ms > 0 ? now_ms() + timeout_ms : 0;
 	uint32_t v;
+	int r;
 
 	/* members that fit the CPUs spin; more members than CPUs yield a few times (the one that
 	 * has not arrived may be waiting for this CPU) before they sleep */
-	for (int i = g->spin ? 200 : BARRIER_YIELDS; i > 0; i--) {
+	if (g->spin) {
+		uint64_t t0 = tpu_now_ns();
+
+		for (unsigned i = 1; !tpu_spin_quiet(t0); i++) { /* not on a busy machine (ring.h) */
+			v = __atomic_load_n(w, __ATOMIC_ACQUIRE);
+			if ((v & TPU_GRPARENA_GEN) != gen) {
+				g->spin_ns = TPU_MIN(2 * g->spin_ns, TPC_BARRIER_SPIN_MAX_NS);
+				return 0;
+			}
+			if ((v & TPU_GRPARENA_FAILED) && !tpc_group_spared(g))
+				return group_failed(g, msg, ml);
+			cpu_relax();
+			if (!(i & 63) && tpu_now_ns() - t0 >= g->spin_ns)
+				break;
+		}
+		r = barrier_sleep(g, gen, end, msg, ml);
+		if (r == 0 && tpu_now_ns() - t0 > 2 * TPC_BARRIER_SPIN_MAX_NS)
+			g->spin_ns = TPU_MAX(g->spin_ns / 2, BARRIER_SPIN_MIN_NS);
+		return r;
+	}
+	for (int i = BARRIER_YIELDS; i > 0; i--) {
 		v = __atomic_load_n(w, __ATOMIC_ACQUIRE);
 		if ((v & TPU_GRPARENA_GEN) != gen)
 			return 0;
 		if ((v & TPU_GRPARENA_FAILED) && !tpc_group_spared(g))
 			return group_failed(g, msg, ml);
-		if (g->spin) {
-			cpu_relax();
-		} else if (tpu_spin_quiet(tpu_now_ns()) || tpu_spin_pause()) {
+		if (tpu_spin_quiet(tpu_now_ns()) || tpu_spin_pause()) {
 			/* other threads hold the CPUs (ring.h): sleep, to be woken ahead */
 			tpu_spin_contended(tpu_now_ns());
 			break;
 		}
 	}
+	return barrier_sleep(g, gen, end, msg, ml);
+}
+
+/* The sleeping half of barrier_wait(). */
+static int barrier_sleep(struct tp_group *g, uint32_t gen, int64_t end, char *msg, size_t ml)
+{
+	uint32_t *w = &g->hdr->word;
+	uint32_t v;
+
 	for (;;) {
 		struct timespec rel = { 0, 0 };
 		int64_t left = 0;

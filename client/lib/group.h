@@ -16,6 +16,7 @@
 #include "tpu.h"
 
 #define TPC_GROUP_MSG_MAX 512
+#define TPC_BARRIER_SPIN_MAX_NS 50000u /* the longest a barrier spins (coll.c) */
 
 enum tpc_coll_kind {
 	TPC_COLL_BARRIER = 1,
@@ -79,6 +80,9 @@ struct tp_group {
 	struct tpu_grparena_hdr *hdr;
 	int op_timeout_ms;
 	bool spin; /* members fit the CPUs: spin briefly before sleeping in a barrier */
+	/* the executor's: how long a barrier spins before it sleeps (members that fit the CPUs),
+	 * adapted to how long barriers took (coll.c, barrier_wait()) */
+	uint64_t spin_ns;
 	/* an all-reduce or broadcast result of at least this many bytes is copied out with
 	 * non-temporal stores (the members' inputs and outputs together outgrow the last-level
 	 * cache, so each output line would be read from memory only to be overwritten) */
