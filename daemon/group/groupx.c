@@ -315,6 +315,39 @@ static int xgroup_new(struct xjoin *xj, const Tpw__V1__PeerGroupJoined *a,
 	return 0;
 }
 
+/*
+ * Does the coordinator's answer @a fit join @xj and the group @grp (NULL: none yet) it names?
+ * The size and rank the member asked for; a group already begun here only of the same uid and
+ * name (the coordinator's group id alone must never put a member into another uid's arena),
+ * with the same size, hosts and every rank's host as the answers before (the validator checked
+ * that each answer adds up on its own). Return: 0 or -EPROTO with @why.
+ */
+static int joined_fits(const struct xjoin *xj, const struct tpd_group *grp,
+		       const Tpw__V1__PeerGroupJoined *a, char *why, size_t wl)
+{
+	const struct tpd_groupx *x = grp ? grp->x : NULL;
+
+	if (a->size != xj->size || (xj->rank >= 0 && a->rank != (uint32_t)xj->rank))
+		return tpu_why(-EPROTO, why, wl, "the coordinator answers rank %u of %u members, "
+			       "the join asked for %d of %u", a->rank, a->size, (int)xj->rank,
+			       xj->size);
+	if (!grp)
+		return 0;
+	if (grp->uid != xj->uid || strcmp(grp->name, xj->name) != 0)
+		return tpu_why(-EPROTO, why, wl, "the coordinator names its group %llu, which "
+			       "is another group here", (unsigned long long)a->group_id);
+	if (grp->formed || grp->size != a->local_size || x->size != a->size ||
+	    x->hosts != a->hosts || x->host_index != a->host_index)
+		return tpu_why(-EPROTO, why, wl, "the coordinator's answer does not fit the "
+			       "group's members here");
+	for (size_t i = 0; i < a->n_members; i++)
+		if (x->member_hosts[i] != a->members[i]->host_index)
+			return tpu_why(-EPROTO, why, wl, "the coordinator puts rank %zu on host %u, "
+				       "before on host %u", i, a->members[i]->host_index,
+				       x->member_hosts[i]);
+	return 0;
+}
+
 static void member_on_joined(struct tpd_groups *gs, struct tpd_peer *pr,
 			     const Tpw__V1__PeerGroupJoined *a)
 {
@@ -335,11 +368,9 @@ static void member_on_joined(struct tpd_groups *gs, struct tpd_peer *pr,
 		return;
 	}
 	grp = xgroup_find(gs, pr, a->group_id);
-	if (grp && (grp->formed || grp->size != a->local_size)) {
-		r = tpu_why(-EPROTO, why, sizeof(why), "the coordinator's answer does not fit "
-			    "the group's members here");
+	r = joined_fits(xj, grp, a, why, sizeof(why));
+	if (r < 0)
 		goto refuse;
-	}
 	if (!grp) {
 		r = xgroup_new(xj, a, &grp, why, sizeof(why));
 		if (r < 0)
