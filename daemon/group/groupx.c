@@ -354,6 +354,7 @@ static void member_on_joined(struct tpd_groups *gs, struct tpd_peer *pr,
 	struct tpd_group *grp;
 	struct xjoin *xj, *it;
 	struct member *mb;
+	struct timeval tv;
 	char why[256];
 	int r;
 
@@ -389,9 +390,13 @@ static void member_on_joined(struct tpd_groups *gs, struct tpd_peer *pr,
 	grp->joined++;
 	grp->x->rank[a->local_rank] = a->rank;
 	grp->x->join_id[a->local_rank] = xj->join_id;
+	tv.tv_sec = xj->timeout_ms / 1000;
+	tv.tv_usec = (long)(xj->timeout_ms % 1000) * 1000;
 	xjoin_free(xj);
 	if (grp->joined == grp->size)
 		tpd_group_form(grp);
+	else /* the others' answers are due now: a coordinator that holds them back times out */
+		evtimer_add(mb->ev_timeout, &tv);
 	return;
 refuse:
 	send_gone(gs, pr, xj->join_id, 0, (uint32_t)xj->pid, TPU_GRPARENA_DIED, 0);
@@ -443,7 +448,9 @@ void tpd_groupx_member_gone(struct tpd_group *grp, uint32_t idx, uint32_t why, u
 {
 	struct tpd_groupx *x = grp->x;
 
-	if (x->lost)
+	/* Not formed here yet with this daemon as coordinator: only inside its answer, which
+	 * tells the others itself (and telling it now would free @grp under the caller). */
+	if (x->lost || (x->self && !grp->formed))
 		return;
 	send_gone(grp->gs, x->pr, x->join_id[idx], x->rank[idx], (uint32_t)grp->m[idx].pid, why,
 		  calls);

@@ -24,6 +24,7 @@
 #include <check.h>
 #include <errno.h>
 #include <netinet/in.h>
+#include <poll.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -95,6 +96,8 @@ static void tls_init(void)
 struct fconn {
 	int fd;
 	SSL *ssl;
+	Tpw__V1__PeerMsg *q[16]; /* received while the test waited for something else */
+	unsigned nq;
 };
 
 static int loopback_listen(int *ret_port)
@@ -119,6 +122,7 @@ static void fc_dial(struct fconn *c, int port)
 				 .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
 
 	tls_init();
+	c->nq = 0;
 	c->fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
 	ck_assert_int_ge(c->fd, 0);
 	ck_assert_int_eq(connect(c->fd, (struct sockaddr *)&in, sizeof(in)), 0);
@@ -134,6 +138,7 @@ static void fc_accept(struct fconn *c, int lfd)
 	struct timeval tv = {T_MS / 1000, 0};
 
 	tls_init();
+	c->nq = 0;
 	setsockopt(lfd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof(tv));
 	c->fd = accept4(lfd, NULL, NULL, SOCK_CLOEXEC);
 	ck_assert_int_ge(c->fd, 0);
@@ -145,6 +150,8 @@ static void fc_accept(struct fconn *c, int lfd)
 
 static void fc_close(struct fconn *c)
 {
+	while (c->nq)
+		tpw_peer_msg_free(c->q[--c->nq]);
 	SSL_free(c->ssl);
 	close(c->fd);
 	c->ssl = NULL;
@@ -201,6 +208,11 @@ static int fc_next(struct fconn *c, int ms, Tpw__V1__PeerMsg **ret)
 {
 	Tpw__V1__PeerMsg *m = NULL;
 
+	if (c->nq) {
+		*ret = c->q[0];
+		memmove(c->q, c->q + 1, --c->nq * sizeof(c->q[0]));
+		return 0;
+	}
 	for (;;) {
 		if (fc_recv(c, ms, &m) < 0)
 			return -ECONNRESET;
@@ -220,6 +232,34 @@ static int fc_next(struct fconn *c, int ms, Tpw__V1__PeerMsg **ret)
 		}
 		tpw_peer_msg_free(m);
 	}
+}
+
+/* Pings the daemon over @c, as a live daemon does (any frame keeps the link alive). */
+static void fc_ping(struct fconn *c)
+{
+	Tpw__V1__PeerPing ping = TPW__V1__PEER_PING__INIT;
+	Tpw__V1__PeerMsg pm = TPW__V1__PEER_MSG__INIT;
+
+	ping.t_ns = 1;
+	pm.body_case = TPW__V1__PEER_MSG__BODY_PING;
+	pm.ping = &ping;
+	fc_send(c, &pm);
+}
+
+/* Keeps @c live for up to @ms: pings the daemon and answers its pings, keeping its other
+ * messages for fc_next(). */
+static void fc_pump(struct fconn *c, int ms)
+{
+	struct pollfd p = { .fd = c->fd, .events = POLLIN };
+	Tpw__V1__PeerMsg *m = NULL;
+
+	fc_ping(c);
+	if (!SSL_has_pending(c->ssl) && poll(&p, 1, ms) != 1)
+		return;
+	if (fc_next(c, T_MS, &m) < 0)
+		return;
+	ck_assert_uint_lt(c->nq, 16);
+	c->q[c->nq++] = m;
 }
 
 /* The next message from @c, which must be of @body. Return: owned, tpw_peer_msg_free(). */
@@ -451,9 +491,10 @@ static const char *coord_at(int port)
 	return b;
 }
 
-/* Connects @r and asks to join @name (@rank of @size) through @coord. Return: 0 or -errno. */
-static int client_join(struct tpt_raw *r, const char *name, int rank, uint32_t size,
-		       const char *coord)
+/* Connects @r and asks to join @name (@rank of @size) through @coord, waiting up to
+ * @timeout_ms. Return: 0 or -errno. */
+static int client_join_within(struct tpt_raw *r, const char *name, int rank, uint32_t size,
+			      const char *coord, int timeout_ms)
 {
 	Tpw__V1__GroupJoin j = TPW__V1__GROUP_JOIN__INIT;
 	Tpw__V1__ClientMsg m = TPW__V1__CLIENT_MSG__INIT;
@@ -469,11 +510,17 @@ static int client_join(struct tpt_raw *r, const char *name, int rank, uint32_t s
 	j.rank = rank;
 	j.size = size;
 	j.bootstrap = TPW__V1__GROUP_BOOTSTRAP__GROUP_BOOTSTRAP_COORDINATOR;
-	j.timeout_ms = (uint32_t)T_MS;
+	j.timeout_ms = (uint32_t)timeout_ms;
 	j.coordinator = (char *)coord;
 	m.body_case = TPW__V1__CLIENT_MSG__BODY_GROUP_JOIN;
 	m.group_join = &j;
 	return tpt_raw_send(r, &m, NULL, 0, NULL, 0, 0);
+}
+
+static int client_join(struct tpt_raw *r, const char *name, int rank, uint32_t size,
+		       const char *coord)
+{
+	return client_join_within(r, name, rank, size, coord, T_MS);
 }
 
 /* @r's answer to its join within @ms: 0 with its status, rank and size in @ret (owned,
@@ -481,6 +528,21 @@ static int client_join(struct tpt_raw *r, const char *name, int rank, uint32_t s
 static int client_joined(struct tpt_raw *r, int ms, Tpw__V1__DaemonMsg **ret)
 {
 	return tpt_raw_expect(r, TPW__V1__DAEMON_MSG__BODY_GROUP_JOINED, ms, ret);
+}
+
+/* @r's answer to its join within @ms while the coordinator link @c stays live (its pings
+ * answered). Return: as client_joined(). */
+static int client_joined_live(struct tpt_raw *r, struct fconn *c, int ms,
+			      Tpw__V1__DaemonMsg **ret)
+{
+	uint64_t end = tpt_now_ms() + (uint64_t)ms;
+
+	do {
+		if (client_joined(r, 50, ret) == 0)
+			return 0;
+		fc_pump(c, 50);
+	} while (tpt_now_ms() < end);
+	return -ETIMEDOUT;
 }
 
 /* ---- as the coordinator ---------------------------------------------------------------------- */
@@ -624,6 +686,72 @@ START_TEST(test_coordinator_answer_must_fit_the_join)
 }
 END_TEST
 
+/* The next PeerGroupGone over @l: its join id. */
+static uint64_t next_gone(struct flink *l)
+{
+	Tpw__V1__PeerMsg *in = fc_expect(&l->ctl, TPW__V1__PEER_MSG__BODY_GROUP_GONE);
+	uint64_t id = in->group_gone->join_id;
+
+	tpw_peer_msg_free(in);
+	return id;
+}
+
+/* HOLE (fixed): once the coordinator answered one of this host's members, nothing bounded the
+ * wait for the others' answers: a coordinator that held them back kept that member's join (and
+ * its uid's group and arena bytes) waiting as long as its session lived. Now it times out with
+ * the join's timeout and the coordinator is told; a member whose session ends in that state is
+ * told to the coordinator too (it was not: the coordinator kept the member as live). */
+START_TEST(test_coordinator_holding_back_answers_times_out_the_join)
+{
+	static const uint32_t one_host[2] = { 0, 0 };
+	const int join_ms = TPT_SCALED_MS(1500);
+	struct tpt_raw b1, b2, c1, c2;
+	Tpw__V1__DaemonMsg *in = NULL;
+	struct flink l;
+	uint64_t j1, j2, j3, g1, g2;
+	int lfd, port;
+
+	NEED_ROOT();
+	lfd = loopback_listen(&port);
+	ck_assert_int_eq(client_join_within(&b1, "g3", -1, 2, coord_at(port), join_ms), 0);
+	flink_answer(&l, lfd);
+	j1 = next_join(&l, "g3", NULL);
+	ck_assert_int_eq(client_join_within(&b2, "g3", -1, 2, coord_at(port), join_ms), 0);
+	j2 = next_join(&l, "g3", NULL);
+	send_joined(&l, &(struct answer){ .join_id = j1, .group_id = 3, .rank = 0, .size = 2,
+					  .hosts = 1, .local_size = 2, .host_of = one_host });
+	ck_assert_int_eq(client_joined_live(&b1, &l.ctl, 4 * join_ms, &in), 0);
+	ck_assert_msg(in->group_joined->status == TPW__V1__STATUS__STATUS_TIMEOUT,
+		      "answered %d: %s", in->group_joined->status, in->group_joined->message);
+	ck_assert_ptr_nonnull(strstr(in->group_joined->message, "answered 1 of this host's 2"));
+	tpw_daemon_msg_free(in);
+	/* the coordinator hears of both: the member answered and the join never answered */
+	g1 = next_gone(&l);
+	g2 = next_gone(&l);
+	ck_assert((g1 == j1 && g2 == j2) || (g1 == j2 && g2 == j1));
+	ck_assert_int_eq(client_joined_live(&b2, &l.ctl, T_MS, &in), 0);
+	ck_assert_int_eq(in->group_joined->status, TPW__V1__STATUS__STATUS_TIMEOUT);
+	tpw_daemon_msg_free(in);
+
+	/* a member answered alone whose session ends: the coordinator is told */
+	ck_assert_int_eq(client_join(&c1, "g4", -1, 2, coord_at(port)), 0);
+	j3 = next_join(&l, "g4", NULL);
+	ck_assert_int_eq(client_join(&c2, "g4", -1, 2, coord_at(port)), 0);
+	(void)next_join(&l, "g4", NULL);
+	send_joined(&l, &(struct answer){ .join_id = j3, .group_id = 4, .rank = 0, .size = 2,
+					  .hosts = 1, .local_size = 2, .host_of = one_host });
+	ck_assert_int_eq(client_joined(&c1, QUIET_MS, &in), -ETIMEDOUT);
+	tpt_raw_close(&c1);
+	ck_assert_uint_eq(next_gone(&l), j3);
+	ck_assert(!tpt_ctl_lists(&d, "groups", "g3", NULL));
+	tpt_raw_close(&c2);
+	tpt_raw_close(&b1);
+	tpt_raw_close(&b2);
+	flink_close(&l);
+	close(lfd);
+}
+END_TEST
+
 /* ---- as a member's daemon ------------------------------------------------------------------- */
 
 /* HOLE (fixed): a member over a link that failed is gone with its link cleared, like a member of
@@ -701,6 +829,7 @@ static Suite *groupx_suite(void)
 	tcase_set_timeout(tc, 120);
 	tcase_add_test(tc, test_coordinator_cannot_put_a_member_into_another_uids_group);
 	tcase_add_test(tc, test_coordinator_answer_must_fit_the_join);
+	tcase_add_test(tc, test_coordinator_holding_back_answers_times_out_the_join);
 	tcase_add_test(tc, test_member_daemon_link_failure_keeps_local_departures);
 	suite_add_tcase(s, tc);
 	return s;
