@@ -15,8 +15,8 @@
  * its link failed is not taken for a member of this host whose join has the same id (join ids
  * are each daemon's own count, so they meet by chance too): that member's leave used to be
  * dropped, the group never ended at the coordinator and its name refused every later join
- * with EBUSY. A PeerGroupGone naming a join id of no member of its own, or a group id, fails
- * nothing; a join over group-members-max or group-peer-groups-max, or for a formed group, is
+ * with EBUSY. A PeerGroupGone naming the join id of a member of this host, or a group id,
+ * fails nothing; a join over group-members-max or group-peer-groups-max, or for a formed group, is
  * refused; one with a rank out of range fails its link. Needs root (another uid); skipped
  * otherwise.
  */
@@ -758,12 +758,12 @@ END_TEST
  * this host; a later departure of this host's member whose join id equals the gone member's
  * (join ids are each daemon's own count: both are 1 here) found the gone one first and was
  * dropped, so the group never ended at the coordinator and every later join of its name was
- * refused with EBUSY. SOUND (pinned): a PeerGroupGone naming no member of the link's own, or a
- * group id, fails nothing; joins over group-members-max, for a formed group, or over
+ * refused with EBUSY. SOUND (pinned): a PeerGroupGone naming the join id of another member of
+ * this host, or a group id, fails nothing; joins over group-members-max, for a formed group, or over
  * group-peer-groups-max are refused; a rank out of range fails the link. */
 START_TEST(test_member_daemon_link_failure_keeps_local_departures)
 {
-	struct tpt_raw local, again;
+	struct tpt_raw local, again, other;
 	Tpw__V1__DaemonMsg *in = NULL;
 	Tpw__V1__PeerMsg *pm = NULL;
 	struct flink l;
@@ -779,8 +779,13 @@ START_TEST(test_member_daemon_link_failure_keeps_local_departures)
 	ck_assert_int_eq(in->group_joined->status, TPW__V1__STATUS__STATUS_OK);
 	tpw_daemon_msg_free(in);
 
-	/* pinned: gone for a join id of no member of its own and for group ids; a join of 5
-	 * members (limit 4); one for the formed group; the answers keep the order */
+	/* pinned: gone for the join id of another member of this host (its own members' ids are
+	 * 1 and 12 below) and for group ids; a join of 5 members (limit 4); one for the formed
+	 * group; the answers keep the order */
+	ck_assert_int_eq(client_join(&other, "other", -1, 1, coord_at(d.peer_port)), 0);
+	ck_assert_int_eq(client_joined(&other, T_MS, &in), 0); /* join id 2 here */
+	ck_assert_int_eq(in->group_joined->status, TPW__V1__STATUS__STATUS_OK);
+	tpw_daemon_msg_free(in);
 	send_gone(&l, 2, 0);
 	for (uint64_t g = 1; g < 4; g++)
 		send_gone(&l, 0, g);
@@ -795,6 +800,7 @@ START_TEST(test_member_daemon_link_failure_keeps_local_departures)
 	ck_assert_int_eq(next_joined(&l, 13, msg, sizeof(msg)), TPW__V1__STATUS__STATUS_LIMIT);
 	ck_assert_ptr_nonnull(strstr(msg, "group-peer-groups-max"));
 	ck_assert_int_eq(tpt_daemon_log_count(&d, "the group fails"), 0);
+	tpt_raw_close(&other);
 
 	/* a rank out of range fails the link: the member it forwarded is gone */
 	send_join(&l, 14, "bad", 2, 2);
