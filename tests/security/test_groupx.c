@@ -7,7 +7,9 @@
  * As the coordinator that the daemon's clients name: a group id in its answer that is another
  * uid's group here does not put the member into that group (it used to: a member of uid 65534
  * was made a member of root's group, its arena and all); an answer of another size or rank than
- * the join asked for is refused (it used to hand the client rank 2 of a group of 2); an answer
+ * the join asked for is refused (it used to hand the client rank 2 of a group of 2); answers
+ * held back for this host's other members end the answered member's join at its join timeout,
+ * and the coordinator is told (the join used to wait as long as its session lived); an answer
  * to a join never sent is dropped; a PeerGroupGone for a group this daemon coordinates itself
  * fails nothing.
  *
@@ -16,9 +18,9 @@
  * are each daemon's own count, so they meet by chance too): that member's leave used to be
  * dropped, the group never ended at the coordinator and its name refused every later join
  * with EBUSY. A PeerGroupGone naming the join id of a member of this host, or a group id,
- * fails nothing; a join over group-members-max or group-peer-groups-max, or for a formed group, is
- * refused; one with a rank out of range fails its link. Needs root (another uid); skipped
- * otherwise.
+ * fails nothing; a join over group-members-max or group-peer-groups-max, or for a formed
+ * group, is refused; one with a rank out of range fails its link. Needs root (another uid);
+ * skipped otherwise.
  */
 #include <arpa/inet.h>
 #include <check.h>
