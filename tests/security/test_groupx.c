@@ -761,8 +761,8 @@ END_TEST
  * (join ids are each daemon's own count: both are 1 here) found the gone one first and was
  * dropped, so the group never ended at the coordinator and every later join of its name was
  * refused with EBUSY. SOUND (pinned): a PeerGroupGone naming the join id of another member of
- * this host, or a group id, fails nothing; joins over group-members-max, for a formed group, or over
- * group-peer-groups-max are refused; a rank out of range fails the link. */
+ * this host, or a group id, fails nothing; joins over group-members-max, for a formed group,
+ * or over group-peer-groups-max are refused; a rank out of range fails the link. */
 START_TEST(test_member_daemon_link_failure_keeps_local_departures)
 {
 	struct tpt_raw local, again, other;
