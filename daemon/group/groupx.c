@@ -168,6 +168,33 @@ static bool coord_is_self(struct tpd_groups *gs, const char *host, uint16_t port
 	return *la && strcmp(la, me) == 0;
 }
 
+/*
+ * The groups of @uid here other than the cross-host group @name: its groups joining or formed
+ * on this host, and the names of its joins still waiting for a coordinator's answer, once each
+ * (they hold a group at the coordinator, this daemon's own included). What groups-per-uid
+ * bounds, so that joins through a coordinator cannot pile up without limit.
+ */
+static uint32_t uid_groups(struct tpd_groups *gs, uid_t uid, const char *name)
+{
+	const struct tpd_group *grp;
+	const struct xjoin *xj, *o;
+	uint32_t n = 0;
+
+	tpu_list_for_each(grp, &gs->list, node)
+		n += grp->uid == uid && !(grp->x && strcmp(grp->name, name) == 0);
+	tpu_list_for_each(xj, &gs->xjoins, node) {
+		bool counted = xj->uid != uid || strcmp(xj->name, name) == 0;
+
+		tpu_list_for_each(o, &gs->xjoins, node) {
+			if (o == xj || counted)
+				break;
+			counted = o->uid == uid && strcmp(o->name, xj->name) == 0;
+		}
+		n += !counted;
+	}
+	return n;
+}
+
 void tpd_groupx_join(struct tpd_session *s, const Tpw__V1__GroupJoin *j)
 {
 	struct tpd_groups *gs = tpd_daemon_groups(tpd_session_daemon(s));
@@ -193,6 +220,13 @@ void tpd_groupx_join(struct tpd_session *s, const Tpw__V1__GroupJoin *j)
 	r = tpw_tpip_parse(addr, (uint16_t)cfg->peer_port, host, &port, &name, why, sizeof(why));
 	if (r < 0) {
 		tpd_group_refuse(s, j->req_id, -EINVAL, why);
+		return;
+	}
+	if (uid_groups(gs, tpd_session_uid(s), j->name) >= cfg->groups_per_uid) {
+		snprintf(why, sizeof(why), "group '%s': uid %u has %u groups joining or formed, "
+			 "the limit (groups-per-uid)", j->name, (unsigned)tpd_session_uid(s),
+			 cfg->groups_per_uid);
+		tpd_group_refuse(s, j->req_id, -ENOBUFS, why);
 		return;
 	}
 	xj = calloc(1, sizeof(*xj));

@@ -19,8 +19,11 @@
  * dropped, the group never ended at the coordinator and its name refused every later join
  * with EBUSY. A PeerGroupGone naming the join id of a member of this host, or a group id,
  * fails nothing; a join over group-members-max or group-peer-groups-max, or for a formed
- * group, is refused; one with a rank out of range fails its link. Needs root (another uid);
- * skipped otherwise.
+ * group, is refused; one with a rank out of range fails its link.
+ *
+ * As a local user (nobody): joins through a coordinator count against groups-per-uid while they
+ * wait for its answer (they did not: any number of them could wait, each holding a group at the
+ * coordinator). Needs root (other uids); skipped otherwise.
  */
 #include <arpa/inet.h>
 #include <check.h>
@@ -53,7 +56,7 @@ static void setup(void)
 	char to[16], cto[16];
 	const char *args[] = { "--peer-timeout", to, "--peer-connect-timeout", cto,
 			       "--peer-data-conns", "1", "--group-members-max", "4",
-			       "--group-peer-groups-max", "2", NULL };
+			       "--group-peer-groups-max", "2", "--groups-per-uid", "4", NULL };
 
 	if (geteuid() != 0)
 		return;
@@ -828,6 +831,54 @@ START_TEST(test_member_daemon_link_failure_keeps_local_departures)
 }
 END_TEST
 
+/* ---- as a local user ------------------------------------------------------------------------ */
+
+/* Nobody joins groups-per-uid (4) groups through this daemon's own coordinator, which wait for
+ * members that never come, then one more. Return: 0 if the first 4 wait and the 5th is
+ * refused with groups-per-uid. */
+static int nobody_piles_up_joins(void *arg)
+{
+	struct tpt_raw r[5];
+	Tpw__V1__DaemonMsg *in = NULL;
+	char name[16];
+	int st;
+
+	TPT_REQUIRE(tpt_become(NOBODY) == 0, 1, "become nobody");
+	for (int i = 0; i < 5; i++) {
+		snprintf(name, sizeof(name), "pile%d", i);
+		TPT_REQUIRE(client_join(&r[i], name, -1, 2, coord_at(*(int *)arg)) == 0, 1,
+			    "join %d", i);
+	}
+	TPT_REQUIRE(client_joined(&r[4], T_MS, &in) == 0, 1, "no answer to the 5th join");
+	st = in->group_joined->status;
+	TPT_REQUIRE(st == TPW__V1__STATUS__STATUS_LIMIT &&
+			    strstr(in->group_joined->message, "groups-per-uid"),
+		    1, "the 5th join answered %d: %s", st, in->group_joined->message);
+	tpw_daemon_msg_free(in);
+	TPT_REQUIRE(client_joined(&r[3], QUIET_MS, &in) == -ETIMEDOUT, 1, "the 4th was answered");
+	for (int i = 0; i < 5; i++)
+		tpt_raw_close(&r[i]);
+	return 0;
+}
+
+/* HOLE (fixed): a join through a coordinator was not counted against groups-per-uid while it
+ * waited for the answer (only the group made from the answer was), so one user could leave any
+ * number of joins waiting, each holding a group at the coordinator (this daemon's own
+ * coordinator too: up to group-members-max members each) for a join timeout of its choice. Now
+ * the 4th waits and the 5th is refused. */
+START_TEST(test_local_user_joins_through_a_coordinator_are_bounded)
+{
+	int port = d.peer_port;
+	pid_t pid;
+
+	NEED_ROOT();
+	pid = tpt_fork(nobody_piles_up_joins, &port);
+	ck_assert_int_gt(pid, 0);
+	ck_assert(tpt_wait_ok(pid, T_MS, "nobody's joins"));
+	ck_assert(tpt_daemon_alive(&d));
+}
+END_TEST
+
 static Suite *groupx_suite(void)
 {
 	Suite *s = suite_create("sec_groupx");
@@ -839,6 +890,7 @@ static Suite *groupx_suite(void)
 	tcase_add_test(tc, test_coordinator_answer_must_fit_the_join);
 	tcase_add_test(tc, test_coordinator_holding_back_answers_times_out_the_join);
 	tcase_add_test(tc, test_member_daemon_link_failure_keeps_local_departures);
+	tcase_add_test(tc, test_local_user_joins_through_a_coordinator_are_bounded);
 	suite_add_tcase(s, tc);
 	return s;
 }
