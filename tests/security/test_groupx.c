@@ -630,9 +630,10 @@ END_TEST
 
 /* HOLE (fixed): an answer of another size (or rank) than the join asked for was taken, and
  * a second answer for a group begun here kept only its rank: the daemon handed its client rank 2
- * of a group of 2. Now refused to that client alone. SOUND (pinned): an answer to a join id
- * never sent is dropped; a PeerGroupGone for a group this daemon coordinates itself, or for no
- * group, fails nothing. */
+ * of a group of 2. Now refused to that client alone; an answer that does not add up on its own
+ * fails the link (it was taken too). SOUND (pinned): an answer to a join id never sent is
+ * dropped; a PeerGroupGone for a group this daemon coordinates itself, or for no group, fails
+ * nothing. */
 START_TEST(test_coordinator_answer_must_fit_the_join)
 {
 	static const uint32_t one_host[2] = { 0, 0 }, two_hosts[3] = { 0, 1, 0 };
@@ -682,6 +683,16 @@ START_TEST(test_coordinator_answer_must_fit_the_join)
 	}
 	ck_assert_int_eq(client_joined(&a1, QUIET_MS, &in), -ETIMEDOUT);
 	ck_assert_int_eq(tpt_daemon_log_count(&d, "the group fails"), 0);
+	ck_assert(tpt_ctl_lists(&d, "groups", "selfg", NULL));
+	/* an answer that does not add up (rank 1 is on host 1, not 0) fails the link: the first
+	 * member's join, still waiting for its group here, fails with it */
+	send_joined(&l, &(struct answer){ .join_id = j2 + 200, .group_id = 10, .rank = 1,
+					  .size = 2, .hosts = 2, .host_index = 0, .local_size = 1,
+					  .host_of = (const uint32_t[]){ 0, 1 } });
+	ck_assert_int_eq(client_joined(&a1, T_MS, &in), 0);
+	ck_assert_int_ne(in->group_joined->status, TPW__V1__STATUS__STATUS_OK);
+	ck_assert_ptr_nonnull(strstr(in->group_joined->message, "does not add up"));
+	tpw_daemon_msg_free(in);
 	ck_assert(tpt_ctl_lists(&d, "groups", "selfg", NULL));
 	tpt_raw_close(&a1);
 	tpt_raw_close(&a2);
