@@ -1005,8 +1005,16 @@ static int check_chan_batch(const Tpw__V1__ChanReply *cr, const struct tpw_hdr *
 	return check_string(cr->message, TPW_MESSAGE_MAX, "message", why, wl);
 }
 
+/*
+ * A coordinator's answer: the membership in range and adding up as the coordinator computes it
+ * (groupcoord.c): hosts numbered by their lowest rank (each host's first member brings the
+ * next index, so every host has members), the member's own host where the list puts its rank,
+ * its local size the members of that host, its local rank its place among them.
+ */
 static int check_peer_group_joined(const Tpw__V1__PeerGroupJoined *j, char *why, size_t wl)
 {
+	uint32_t next = 0, here = 0, below = 0;
+
 	if (j->status != TPW__V1__STATUS__STATUS_OK)
 		return check_string(j->message, TPW_MESSAGE_MAX, "message", why, wl);
 	if (j->size < 1 || j->size > TPW_GROUP_SIZE_MAX || j->rank >= j->size ||
@@ -1015,11 +1023,21 @@ static int check_peer_group_joined(const Tpw__V1__PeerGroupJoined *j, char *why,
 	    j->n_members != j->size)
 		return tpu_why(-EBADMSG, why, wl, "group membership out of range");
 	for (size_t i = 0; i < j->n_members; i++) {
-		if (j->members[i]->rank != i || j->members[i]->host_index >= j->hosts)
+		uint32_t h = j->members[i]->host_index;
+
+		if (j->members[i]->rank != i || h >= j->hosts || h > next)
 			return tpu_why(-EBADMSG, why, wl, "member %zu out of range", i);
 		if (check_string(j->members[i]->host, TPW_MESSAGE_MAX, "host", why, wl) < 0)
 			return -EBADMSG;
+		next += h == next;
+		here += h == j->host_index;
+		below += h == j->host_index && i < j->rank;
 	}
+	if (next != j->hosts || j->members[j->rank]->host_index != j->host_index ||
+	    here != j->local_size || below != j->local_rank)
+		return tpu_why(-EBADMSG, why, wl, "group membership does not add up: rank %u on "
+			       "host %u of %u, local rank %u of %u", j->rank, j->host_index,
+			       j->hosts, j->local_rank, j->local_size);
 	if ((j->n_host_addrs && j->n_host_addrs != j->hosts) ||
 	    (j->token.len && j->token.len != TPW_GROUP_TOKEN_BYTES))
 		return tpu_why(-EBADMSG, why, wl, "group host addresses or token out of range");

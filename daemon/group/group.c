@@ -268,9 +268,16 @@ static void member_on_timeout(evutil_socket_t fd, short what, void *arg)
 		if (!grp->m[i].joined)
 			len += (size_t)snprintf(missing + len, sizeof(missing) - len, "%s%u",
 						len ? ", " : "", i);
-	join_refuse(mb->s, mb->req_id, -ETIMEDOUT,
-		    "group '%s': %u of %u members joined before the join timeout (missing ranks %s)",
-		    grp->name, grp->joined, grp->size, missing);
+	if (grp->x) { /* answered by the coordinator, but not this host's other members */
+		join_refuse(mb->s, mb->req_id, -ETIMEDOUT, "group '%s': the coordinator answered "
+			    "%u of this host's %u members before the join timeout (missing local "
+			    "ranks %s)", grp->name, grp->joined, grp->size, missing);
+		tpd_groupx_member_gone(grp, (uint32_t)(mb - grp->m), TPU_GRPARENA_DIED, 0);
+	} else {
+		join_refuse(mb->s, mb->req_id, -ETIMEDOUT, "group '%s': %u of %u members joined "
+			    "before the join timeout (missing ranks %s)", grp->name, grp->joined,
+			    grp->size, missing);
+	}
 	member_clear(mb);
 	if (grp->joined == 0)
 		group_free(grp);
@@ -534,6 +541,8 @@ static void group_on_session_end(struct tpd_session *s)
 			if (formed) {
 				member_gone(mb, TPU_GRPARENA_DIED, 0); /* frees grp after the last */
 			} else {
+				if (grp->x) /* the coordinator answered it: tell it */
+					tpd_groupx_member_gone(grp, i, TPU_GRPARENA_DIED, 0);
 				member_clear(mb);
 				if (last)
 					group_free(grp);

@@ -110,7 +110,8 @@ void tpd_groupx_join(struct tpd_session *s, const Tpw__V1__GroupJoin *j);
 /* @s ended: forget its joins still waiting for the coordinator (telling the coordinator). */
 void tpd_groupx_session_end(struct tpd_groups *gs, struct tpd_session *s);
 
-/* Member @idx of cross-host @grp (its local index) is gone (@why): tell the coordinator. */
+/* Member @idx of cross-host @grp (its local index) is gone (@why), or, before @grp formed here,
+ * gave up or ended after the coordinator's answer: tell the coordinator. */
 void tpd_groupx_member_gone(struct tpd_group *grp, uint32_t idx, uint32_t why, uint64_t calls);
 
 /* The rank in the whole group of local member @idx of cross-host @grp. */

@@ -405,7 +405,9 @@ static void coord_on_gone(struct tpd_groups *gs, struct tpd_peer *pr,
 		for (uint32_t i = 0; i < cg->size; i++) {
 			struct cmember *cm = &cg->m[i];
 
-			if (!cm->joined || cm->pr != pr || cm->join_id != g->join_id)
+			/* A member gone already (over a link that failed: @pr cleared) is skipped:
+			 * its join id, the far daemon's, may equal a live member's here. */
+			if (!cm->joined || cm->gone || cm->pr != pr || cm->join_id != g->join_id)
 				continue;
 			snprintf(text, sizeof(text), "rank %u (pid %u) on %s %s", i, cm->pid,
 				 cm->host, g->why == TPU_GRPARENA_LEFT ? "left" : g->why ==

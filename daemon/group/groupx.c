@@ -168,6 +168,33 @@ static bool coord_is_self(struct tpd_groups *gs, const char *host, uint16_t port
 	return *la && strcmp(la, me) == 0;
 }
 
+/*
+ * The groups of @uid here other than the cross-host group @name: its groups joining or formed
+ * on this host, and the names of its joins still waiting for a coordinator's answer, once each
+ * (they hold a group at the coordinator, this daemon's own included). What groups-per-uid
+ * bounds, so that joins through a coordinator cannot pile up without limit.
+ */
+static uint32_t uid_groups(struct tpd_groups *gs, uid_t uid, const char *name)
+{
+	const struct tpd_group *grp;
+	const struct xjoin *xj, *o;
+	uint32_t n = 0;
+
+	tpu_list_for_each(grp, &gs->list, node)
+		n += grp->uid == uid && !(grp->x && strcmp(grp->name, name) == 0);
+	tpu_list_for_each(xj, &gs->xjoins, node) {
+		bool counted = xj->uid != uid || strcmp(xj->name, name) == 0;
+
+		tpu_list_for_each(o, &gs->xjoins, node) {
+			if (o == xj || counted)
+				break;
+			counted = o->uid == uid && strcmp(o->name, xj->name) == 0;
+		}
+		n += !counted;
+	}
+	return n;
+}
+
 void tpd_groupx_join(struct tpd_session *s, const Tpw__V1__GroupJoin *j)
 {
 	struct tpd_groups *gs = tpd_daemon_groups(tpd_session_daemon(s));
@@ -193,6 +220,13 @@ void tpd_groupx_join(struct tpd_session *s, const Tpw__V1__GroupJoin *j)
 	r = tpw_tpip_parse(addr, (uint16_t)cfg->peer_port, host, &port, &name, why, sizeof(why));
 	if (r < 0) {
 		tpd_group_refuse(s, j->req_id, -EINVAL, why);
+		return;
+	}
+	if (uid_groups(gs, tpd_session_uid(s), j->name) >= cfg->groups_per_uid) {
+		snprintf(why, sizeof(why), "group '%s': uid %u has %u groups joining or formed, "
+			 "the limit (groups-per-uid)", j->name, (unsigned)tpd_session_uid(s),
+			 cfg->groups_per_uid);
+		tpd_group_refuse(s, j->req_id, -ENOBUFS, why);
 		return;
 	}
 	xj = calloc(1, sizeof(*xj));
@@ -315,12 +349,46 @@ static int xgroup_new(struct xjoin *xj, const Tpw__V1__PeerGroupJoined *a,
 	return 0;
 }
 
+/*
+ * Does the coordinator's answer @a fit join @xj and the group @grp (NULL: none yet) it names?
+ * The size and rank the member asked for; a group already begun here only of the same uid and
+ * name (the coordinator's group id alone must never put a member into another uid's arena),
+ * with the same size, hosts and every rank's host as the answers before (the validator checked
+ * that each answer adds up on its own). Return: 0 or -EPROTO with @why.
+ */
+static int joined_fits(const struct xjoin *xj, const struct tpd_group *grp,
+		       const Tpw__V1__PeerGroupJoined *a, char *why, size_t wl)
+{
+	const struct tpd_groupx *x = grp ? grp->x : NULL;
+
+	if (a->size != xj->size || (xj->rank >= 0 && a->rank != (uint32_t)xj->rank))
+		return tpu_why(-EPROTO, why, wl, "the coordinator answers rank %u of %u members, "
+			       "the join asked for %d of %u", a->rank, a->size, (int)xj->rank,
+			       xj->size);
+	if (!grp)
+		return 0;
+	if (grp->uid != xj->uid || strcmp(grp->name, xj->name) != 0)
+		return tpu_why(-EPROTO, why, wl, "the coordinator names its group %llu, which "
+			       "is another group here", (unsigned long long)a->group_id);
+	if (grp->formed || grp->size != a->local_size || x->size != a->size ||
+	    x->hosts != a->hosts || x->host_index != a->host_index)
+		return tpu_why(-EPROTO, why, wl, "the coordinator's answer does not fit the "
+			       "group's members here");
+	for (size_t i = 0; i < a->n_members; i++)
+		if (x->member_hosts[i] != a->members[i]->host_index)
+			return tpu_why(-EPROTO, why, wl, "the coordinator puts rank %zu on host %u, "
+				       "before on host %u", i, a->members[i]->host_index,
+				       x->member_hosts[i]);
+	return 0;
+}
+
 static void member_on_joined(struct tpd_groups *gs, struct tpd_peer *pr,
 			     const Tpw__V1__PeerGroupJoined *a)
 {
 	struct tpd_group *grp;
 	struct xjoin *xj, *it;
 	struct member *mb;
+	struct timeval tv;
 	char why[256];
 	int r;
 
@@ -335,11 +403,9 @@ static void member_on_joined(struct tpd_groups *gs, struct tpd_peer *pr,
 		return;
 	}
 	grp = xgroup_find(gs, pr, a->group_id);
-	if (grp && (grp->formed || grp->size != a->local_size)) {
-		r = tpu_why(-EPROTO, why, sizeof(why), "the coordinator's answer does not fit "
-			    "the group's members here");
+	r = joined_fits(xj, grp, a, why, sizeof(why));
+	if (r < 0)
 		goto refuse;
-	}
 	if (!grp) {
 		r = xgroup_new(xj, a, &grp, why, sizeof(why));
 		if (r < 0)
@@ -358,9 +424,13 @@ static void member_on_joined(struct tpd_groups *gs, struct tpd_peer *pr,
 	grp->joined++;
 	grp->x->rank[a->local_rank] = a->rank;
 	grp->x->join_id[a->local_rank] = xj->join_id;
+	tv.tv_sec = xj->timeout_ms / 1000;
+	tv.tv_usec = (long)(xj->timeout_ms % 1000) * 1000;
 	xjoin_free(xj);
 	if (grp->joined == grp->size)
 		tpd_group_form(grp);
+	else /* the others' answers are due now: a coordinator that holds them back times out */
+		evtimer_add(mb->ev_timeout, &tv);
 	return;
 refuse:
 	send_gone(gs, pr, xj->join_id, 0, (uint32_t)xj->pid, TPU_GRPARENA_DIED, 0);
@@ -412,7 +482,9 @@ void tpd_groupx_member_gone(struct tpd_group *grp, uint32_t idx, uint32_t why, u
 {
 	struct tpd_groupx *x = grp->x;
 
-	if (x->lost)
+	/* Not formed here yet with this daemon as coordinator: only inside its answer, which
+	 * tells the others itself (and telling it now would free @grp under the caller). */
+	if (x->lost || (x->self && !grp->formed))
 		return;
 	send_gone(grp->gs, x->pr, x->join_id[idx], x->rank[idx], (uint32_t)grp->m[idx].pid, why,
 		  calls);

@@ -1215,6 +1215,65 @@ START_TEST(test_validate_group_hosts)
 }
 END_TEST
 
+/* A coordinator's answer adds up as the coordinator computes it: hosts numbered by their lowest
+ * rank, the member's rank on its own host, its local size and rank those of that host (an
+ * answer that did not gave a member a rank of another host, or a local rank taken twice). */
+START_TEST(test_validate_peer_group_joined_adds_up)
+{
+	Tpw__V1__PeerGroupJoined pj = TPW__V1__PEER_GROUP_JOINED__INIT;
+	Tpw__V1__PeerGroupMember mv[4];
+	Tpw__V1__PeerGroupMember *mp[4] = { &mv[0], &mv[1], &mv[2], &mv[3] };
+	Tpw__V1__PeerMsg pm = TPW__V1__PEER_MSG__INIT;
+	static const uint32_t host_of[4] = { 0, 1, 0, 1 };
+
+	for (unsigned i = 0; i < 4; i++) {
+		tpw__v1__peer_group_member__init(&mv[i]);
+		mv[i].rank = i;
+		mv[i].host_index = host_of[i];
+		mv[i].host = "h";
+	}
+	pm.body_case = TPW__V1__PEER_MSG__BODY_GROUP_JOINED;
+	pm.group_joined = &pj;
+	pj.status = TPW__V1__STATUS__STATUS_OK;
+	pj.message = "";
+	pj.size = 4;
+	pj.hosts = 2;
+	pj.n_members = 4;
+	pj.members = mp;
+	pj.rank = 3; /* host 1's second member: local rank 1 of 2 */
+	pj.host_index = 1;
+	pj.local_rank = 1;
+	pj.local_size = 2;
+	ck_assert_int_eq(vp(&pm), 0);
+	pj.local_rank = 0; /* rank 1's place */
+	ck_assert_int_eq(vp(&pm), -EBADMSG);
+	ck_assert_ptr_nonnull(strstr(why, "does not add up"));
+	pj.local_rank = 1;
+	pj.local_size = 3; /* host 1 has 2 members */
+	ck_assert_int_eq(vp(&pm), -EBADMSG);
+	pj.local_size = 2;
+	pj.host_index = 0; /* rank 3 is on host 1 */
+	ck_assert_int_eq(vp(&pm), -EBADMSG);
+	pj.host_index = 1;
+	mv[0].host_index = 1; /* host 1 before host 0 */
+	mv[1].host_index = 0;
+	mv[2].host_index = 1;
+	mv[3].host_index = 0;
+	ck_assert_int_eq(vp(&pm), -EBADMSG);
+	mv[0].host_index = 0;
+	mv[1].host_index = mv[2].host_index = mv[3].host_index = 1;
+	pj.local_rank = 2;
+	pj.local_size = 3;
+	ck_assert_int_eq(vp(&pm), 0);
+	pj.hosts = 3; /* a host without members */
+	ck_assert_int_eq(vp(&pm), -EBADMSG);
+	pj.hosts = 2;
+	pj.status = TPW__V1__STATUS__STATUS_LIMIT; /* a refusal carries no membership */
+	pj.size = 0;
+	ck_assert_int_eq(vp(&pm), 0);
+}
+END_TEST
+
 START_TEST(test_validate_peer_connect_wait_bounded)
 {
 	Tpw__V1__PeerConnect c = TPW__V1__PEER_CONNECT__INIT;
@@ -2117,6 +2176,7 @@ static Suite *validate_suite(void)
 	tcase_add_test(d, test_validate_peer_read_req_offer_bounded);
 	tcase_add_test(d, test_validate_peer_connect_wait_bounded);
 	tcase_add_test(d, test_validate_group_hosts);
+	tcase_add_test(d, test_validate_peer_group_joined_adds_up);
 	tcase_add_test(d, test_validate_peer_chan_op);
 	tcase_add_test(d, test_validate_peer_chan_streamed);
 	tcase_add_test(d, test_validate_chan_segments);
