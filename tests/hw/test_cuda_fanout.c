@@ -12,8 +12,10 @@
  * descriptor fails only its own deliveries. On one host, three readers into CPU memory: A reads
  * each tensor from the device once into its staging (the stand-in counts device-to-host copies,
  * $FAKECUDA_DTOH_LOG), once per reader over its staging limit; a local reader killed fails only
- * its deliveries. Needs a CUDA device (or the fakecuda stand-in); skips (77) with the reason
- * otherwise.
+ * its deliveries. The same with a payload in the writer's private memory beside each tensor
+ * (staged at the broadcast): still one device read per tensor, within one staging limit for
+ * both, and a failed device read fails every reader waiting on it. Needs a CUDA device (or the
+ * fakecuda stand-in); skips (77) with the reason otherwise.
  */
 #include <check.h>
 #include <errno.h>
