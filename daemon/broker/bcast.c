@@ -7,16 +7,16 @@
  * copy; private memory (cma_addr) is read once, by a copy job on the copier, into daemon staging
  * that the local readers' copies then read, each waiting for that one read (and failing with
  * it). A CUDA source with two or more local readers is staged the same way, but only at the
- * first read that wants it in CPU memory (tpd_bcast_cuda_src()): one copy job reads the device
- * into the staging for every reader into CPU memory, while the WriteDones and the pipes'
- * PipeClosed wait for that read (tpd_bcast_holds(), pipe->stage_reads: the writer frees its
- * memory once its broadcast is done); a reader into CUDA memory gets its device-to-device copy
- * from the source, as a Write's. Staging is charged to the writer's uid
+ * first read that wants it in CPU memory (tpd_bcast_cuda_src()), into staging of its own (a
+ * message with both is read once for each, and a delivery waits for the reads it copies from):
+ * one copy job reads the device into it for every reader into CPU memory, while the WriteDones
+ * and the pipes' PipeClosed wait for that read (tpd_bcast_holds(), pipe->stage_reads: the
+ * writer frees its memory once its broadcast is done); a reader into CUDA memory gets its
+ * device-to-device copy from the source, as a Write's. Staging is charged to the writer's uid
  * (bcast-stage-bytes-per-uid); above the limit each delivery reads the writer's memory as a
- * Write would. Readers on another host get the message once per link
- * (PeerBcast), CUDA sources included: the far daemon reads it once into its host staging and
- * delivers its readers from there. It does not decide what a message is or how it is copied
- * (msg.c, pipe.c).
+ * Write would. Readers on another host get the message once per link (PeerBcast), CUDA sources
+ * included: the far daemon reads it once into its host staging and delivers its readers from
+ * there. It does not decide what a message is or how it is copied (msg.c, pipe.c).
  */
 #include <errno.h>
 #include <stdio.h>
@@ -42,27 +42,40 @@ struct bcast_uid {
 
 #define BCAST_LINK_KEY(pr) ((1ull << 63) | (uint64_t)(uintptr_t)(pr))
 
-struct tpd_bcast {
-	unsigned refs;
-	struct tpd_broker *broker;
-	uint64_t key;	  /* whose staging (struct bcast_uid) */
-	uint8_t *stage;	  /* the staging copy of the writer's private segments */
-	uint64_t stage_len;
-	uint64_t *off;	  /* per segment: its offset in @stage, UINT64_MAX when not staged */
-	size_t n_seg;
+/* The staging reads of one broadcast, each a bit of tpd_msg.bcast_reads: its private segments
+ * (at the broadcast; a far daemon's: every segment, received once) and its CUDA segments (at
+ * the first local read into CPU memory). */
+enum { STAGE_PRIV, STAGE_CUDA, STAGE_N };
+
+#define STAGE_BIT(k) ((uint8_t)(1u << (k)))
+
+/* One read of some of a broadcast's segments into daemon staging, and what it became. */
+struct bcast_stage {
+	struct tpd_bcast *bc;
+	uint8_t *buf;	  /* the staging copy, charged to bc->key */
+	uint64_t len;
+	uint64_t *off;	  /* per segment: its offset in @buf, UINT64_MAX when not staged here */
 	bool reading;	  /* the staging read runs */
 	struct tpb_copy_job *job; /* ... this one, on this host (NULL once it ended) */
 	bool dev;	  /* it reads the writer's CUDA memory: the WriteDones wait for it */
 	bool abandoned;	  /* every delivery was done before it: tpb_copier_abandon() */
+	int err;	  /* < 0: it failed */
+	char why[160];
+	struct tpd_pipe **pipes; /* while @dev is read: the pipes of bc->msgs (pipe->stage_reads) */
+	size_t n_pipes;
+};
+
+struct tpd_bcast {
+	unsigned refs;
+	struct tpd_broker *broker;
+	uint64_t key;	  /* whose staging (struct bcast_uid) */
+	size_t n_seg;
+	struct bcast_stage st[STAGE_N];
 	bool cuda;	  /* its local deliveries' CUDA sources may be staged at their first read
 			   * into CPU memory (tpd_bcast_cuda_src()) */
 	bool cuda_tried;  /* ... that first read came: staged, or over the limit */
-	int err;	  /* < 0: it failed */
-	char why[160];
-	struct tpd_msg **msgs; /* deliveries reading @stage (NULL once freed), @n_msgs slots */
+	struct tpd_msg **msgs; /* deliveries that may read the staging (NULL once freed), @n_msgs */
 	size_t n_msgs;
-	struct tpd_pipe **pipes; /* while @dev is read: the pipes of @msgs (pipe->stage_reads) */
-	size_t n_pipes;
 	struct tpd_msg **xmsgs; /* writer's side: targets to announce in a PeerBcast */
 	size_t n_xmsgs;
 	bool no_xbcast;	  /* a pipe named twice: every target gets its own PeerDescriptor */
@@ -125,30 +138,36 @@ static void bcast_unref(struct tpd_bcast *bc)
 {
 	if (!bc || --bc->refs > 0)
 		return;
-	if (bc->stage)
-		uid_release(bc->broker, bc->key, bc->stage_len);
-	free(bc->stage);
-	free(bc->off);
+	for (size_t k = 0; k < STAGE_N; k++) {
+		struct bcast_stage *st = &bc->st[k];
+
+		if (st->buf)
+			uid_release(bc->broker, bc->key, st->len);
+		free(st->buf);
+		free(st->off);
+		free(st->pipes);
+	}
 	free(bc->msgs);
-	free(bc->pipes);
 	free(bc->xmsgs);
 	free(bc);
 }
 
 void tpd_bcast_attach(struct tpd_bcast *bc, struct tpd_msg *m, const struct tpd_pipe_end *r)
 {
-	if (!bc || (!bc->stage && !bc->cuda) || r->remote || bc->n_seg != m->n_src)
+	const struct bcast_stage *st = bc ? &bc->st[STAGE_PRIV] : NULL;
+
+	if (!bc || (!st->buf && !bc->cuda) || r->remote || bc->n_seg != m->n_src)
 		return;
-	for (size_t i = 0; bc->stage && i < m->n_src; i++) {
+	for (size_t i = 0; st->buf && i < m->n_src; i++) {
 		struct tpd_msg_src *src = &m->src[i];
 
-		if (bc->off[i] == UINT64_MAX || src->mem.loc != TPB_LOC_PROCESS)
+		if (st->off[i] == UINT64_MAX || src->mem.loc != TPB_LOC_PROCESS)
 			continue;
 		tpb_proc_unref(src->mem.proc);
 		src->mem = (struct tpb_mem){ .loc = TPB_LOC_LOCAL };
-		src->mem.addr = (uint64_t)(uintptr_t)(bc->stage + bc->off[i]);
+		src->mem.addr = (uint64_t)(uintptr_t)(st->buf + st->off[i]);
 	}
-	m->bcast_reads = bc->stage != NULL;
+	m->bcast_reads = st->buf ? STAGE_BIT(STAGE_PRIV) : 0;
 	m->bcast = bcast_ref(bc);
 	m->bcast_slot = bc->n_msgs;
 	bc->msgs[bc->n_msgs++] = m;
@@ -165,30 +184,56 @@ void tpd_bcast_detach(struct tpd_msg *m)
 	bcast_unref(bc);
 }
 
-bool tpd_bcast_waiting(const struct tpd_msg *m)
-{
-	return m->bcast && m->bcast_reads && m->bcast->reading;
-}
-
 int tpd_bcast_error(const struct tpd_msg *m, const char **why)
 {
-	if (!m->bcast || !m->bcast_reads || m->bcast->err == 0)
-		return 0;
-	if (why)
-		*why = m->bcast->why;
-	return m->bcast->err;
+	for (size_t k = 0; m->bcast && k < STAGE_N; k++) {
+		const struct bcast_stage *st = &m->bcast->st[k];
+
+		if (!(m->bcast_reads & STAGE_BIT(k)) || st->err == 0)
+			continue;
+		if (why)
+			*why = st->why;
+		return st->err;
+	}
+	return 0;
 }
 
-/* The staging read is done: let the deliveries that wait for it go (or fail). */
+bool tpd_bcast_waiting(const struct tpd_msg *m)
+{
+	bool reading = false;
+
+	for (size_t k = 0; m->bcast && k < STAGE_N; k++)
+		reading |= (m->bcast_reads & STAGE_BIT(k)) && m->bcast->st[k].reading;
+	/* a read that failed fails the delivery now, whatever its other reads do */
+	return reading && tpd_bcast_error(m, NULL) == 0;
+}
+
+/* The pipes of the deliveries of @st's read of the device: their PipeClosed and freeing may go. */
+static void stage_pipes_release(struct bcast_stage *st)
+{
+	for (size_t i = 0; i < st->n_pipes; i++) {
+		struct tpd_pipe *p = st->pipes[i];
+
+		if (--p->stage_reads > 0)
+			continue;
+		tpd_pipe_end_owed_maybe(&p->end[0]);
+		tpd_pipe_end_owed_maybe(&p->end[1]);
+		tpd_pipe_maybe_free(p);
+	}
+	st->n_pipes = 0;
+}
+
+/* A staging read is done: let the deliveries that wait for it go (or fail). */
 static void stage_on_done(struct tpb_copy_job *job)
 {
-	struct tpd_bcast *bc = job->arg;
+	struct bcast_stage *st = job->arg;
+	struct tpd_bcast *bc = st->bc;
 
-	bc->reading = false;
-	bc->job = NULL;
+	st->reading = false;
+	st->job = NULL;
 	if (job->status < 0) {
-		bc->err = job->status == -ESRCH ? -ECONNRESET : job->status;
-		snprintf(bc->why, sizeof(bc->why), "reading the broadcast's source failed: %.100s",
+		st->err = job->status == -ESRCH ? -ECONNRESET : job->status;
+		snprintf(st->why, sizeof(st->why), "reading the broadcast's source failed: %.100s",
 			 job->status == -ESRCH ? "its writer died"
 			 : job->why[0]	       ? job->why
 						 : strerror(-job->status));
@@ -201,36 +246,36 @@ static void stage_on_done(struct tpb_copy_job *job)
 			tpd_pipe_start_next_copy(bc->msgs[i]->from);
 	/* the WriteDones held while the device was read (tpd_bcast_holds()), then the pipes'
 	 * PipeClosed and freeing */
-	for (size_t i = 0; bc->dev && i < bc->n_msgs; i++)
+	for (size_t i = 0; st->dev && i < bc->n_msgs; i++)
 		if (bc->msgs[i])
 			tpd_pipe_write_flush(bc->msgs[i]->from);
-	for (size_t i = 0; i < bc->n_pipes; i++) {
-		struct tpd_pipe *p = bc->pipes[i];
-
-		if (--p->stage_reads > 0)
-			continue;
-		tpd_pipe_end_owed_maybe(&p->end[0]);
-		tpd_pipe_end_owed_maybe(&p->end[1]);
-		tpd_pipe_maybe_free(p);
-	}
-	bc->n_pipes = 0;
+	stage_pipes_release(st);
 	bcast_unref(bc); /* the job's */
+}
+
+/* @bc's staging read of the device that runs now, or NULL (the private one never reads it). */
+static struct bcast_stage *stage_dev_reading(struct tpd_bcast *bc)
+{
+	for (size_t k = 0; bc && k < STAGE_N; k++)
+		if (bc->st[k].reading && bc->st[k].dev && bc->st[k].job)
+			return &bc->st[k];
+	return NULL;
 }
 
 bool tpd_bcast_holds(struct tpd_msg *m)
 {
-	struct tpd_bcast *bc = m->bcast;
+	struct bcast_stage *st = stage_dev_reading(m->bcast);
 	bool all_done = true;
 
-	if (!bc || !bc->reading || !bc->dev || !bc->job)
+	if (!st)
 		return false;
-	for (size_t i = 0; i < bc->n_msgs; i++)
-		all_done &= !bc->msgs[i] || bc->msgs[i]->write_ready;
-	if (all_done && !bc->abandoned) {
+	for (size_t i = 0; i < st->bc->n_msgs; i++)
+		all_done &= !st->bc->msgs[i] || st->bc->msgs[i]->write_ready;
+	if (all_done && !st->abandoned) {
 		/* nobody reads the staging any more: stop reading the device (its chunks not
 		 * started fail at once); the WriteDones still wait for the end of the read */
-		bc->abandoned = true;
-		tpb_copier_abandon(tpd_daemon_copier(m->from->pipe->d), bc->job);
+		st->abandoned = true;
+		tpb_copier_abandon(tpd_daemon_copier(m->from->pipe->d), st->job);
 	}
 	return true;
 }
@@ -271,18 +316,19 @@ static uint64_t stage_need(const Tpw__V1__Write *w, uint64_t *off)
 }
 
 /*
- * Submits the one read of @bc's staged segments (those with an offset in @bc->off) from @src
- * (the writer's private memory, or its CUDA memory: the job holds that mapping and event until
- * it ends) into @bc->stage, on @d's copier.
+ * Submits the one read of @st's segments (those with an offset in @st->off) from @src (the
+ * writer's private memory, or its CUDA memory: the job holds that mapping and event until it
+ * ends) into @st->buf, on @d's copier.
  */
-static int stage_start(struct tpd_bcast *bc, struct tpd_daemon *d, const struct tpd_msg_src *src)
+static int stage_start(struct bcast_stage *st, struct tpd_daemon *d, const struct tpd_msg_src *src)
 {
+	struct tpd_bcast *bc = st->bc;
 	size_t n = 0;
 	struct tpb_copy_job *job;
 	char reason[256];
 
 	for (size_t i = 0; i < bc->n_seg; i++)
-		n += bc->off[i] != UINT64_MAX;
+		n += st->off[i] != UINT64_MAX;
 	job = tpb_copier_job_new(n, n); /* room for a mapping and an event per transfer */
 	if (!job)
 		return -ENOMEM;
@@ -290,7 +336,7 @@ static int stage_start(struct tpd_bcast *bc, struct tpd_daemon *d, const struct 
 		struct tpb_xfer *x = &job->xfers[job->n];
 		int channel;
 
-		if (bc->off[i] == UINT64_MAX)
+		if (st->off[i] == UINT64_MAX)
 			continue;
 		channel = tpb_select_why(src[i].mem.loc, TPB_LOC_LOCAL, reason, sizeof(reason));
 		if (channel < 0 || tpb_copier_job_hold_proc(job, src[i].mem.proc) < 0) {
@@ -299,52 +345,55 @@ static int stage_start(struct tpd_bcast *bc, struct tpd_daemon *d, const struct 
 		}
 		x->src = src[i].mem;
 		x->dst = (struct tpb_mem){ .loc = TPB_LOC_LOCAL,
-					   .addr = (uint64_t)(uintptr_t)(bc->stage + bc->off[i]) };
+					   .addr = (uint64_t)(uintptr_t)(st->buf + st->off[i]) };
 		x->len = src[i].len;
 		if (x->src.loc == TPB_LOC_CUDA) {
 			job->maps[job->n_maps++] = tpb_cuda_map_ref(x->src.cuda);
 			if (x->src.event)
 				job->maps[job->n_maps++] = tpb_cuda_map_ref(x->src.event);
-			bc->dev = true;
+			st->dev = true;
 		}
 		job->channels[job->n++] = channel;
 		job->bytes += x->len;
 	}
 	job->done = stage_on_done;
-	job->arg = bcast_ref(bc);
-	bc->reading = true;
-	bc->job = job;
-	for (size_t k = 0; bc->dev && k < bc->n_msgs; k++) {
+	job->arg = st;
+	bcast_ref(bc); /* the job's */
+	st->reading = true;
+	st->job = job;
+	for (size_t k = 0; st->dev && k < bc->n_msgs; k++) {
 		if (!bc->msgs[k])
 			continue;
-		bc->pipes[bc->n_pipes] = bc->msgs[k]->from->pipe;
-		bc->pipes[bc->n_pipes++]->stage_reads++;
+		st->pipes[st->n_pipes] = bc->msgs[k]->from->pipe;
+		st->pipes[st->n_pipes++]->stage_reads++;
 	}
 	tpb_copier_submit(tpd_daemon_copier(d), job);
 	return 0;
 }
 
 /*
- * Charges @need staging bytes to @bc's uid and starts the read of @src into them (stage_start());
- * else leaves @bc without staging. Return: 0, -EDQUOT over bcast-stage-bytes-per-uid, -errno.
+ * Charges @need staging bytes to @st's uid (beside what its broadcast's other staging holds) and
+ * starts the read of @src into them (stage_start()); else leaves @st without staging.
+ * Return: 0, -EDQUOT over bcast-stage-bytes-per-uid, -errno.
  */
-static int stage_make(struct tpd_bcast *bc, struct tpd_daemon *d, uint64_t need,
+static int stage_make(struct bcast_stage *st, struct tpd_daemon *d, uint64_t need,
 		      const struct tpd_msg_src *src)
 {
+	struct tpd_bcast *bc = st->bc;
 	int r = uid_charge(bc->broker, bc->key, need, tpd_daemon_cfg(d)->bcast_stage_bytes_per_uid);
 
 	if (r == -EDQUOT)
 		bc->broker->bcast.unstaged++;
 	if (r < 0)
 		return r;
-	bc->stage = aligned_alloc(STAGE_ALIGN, need);
-	bc->stage_len = need;
-	r = bc->stage ? stage_start(bc, d, src) : -ENOMEM;
+	st->buf = aligned_alloc(STAGE_ALIGN, need);
+	st->len = need;
+	r = st->buf ? stage_start(st, d, src) : -ENOMEM;
 	if (r == 0)
 		return 0;
 	uid_release(bc->broker, bc->key, need);
-	free(bc->stage);
-	bc->stage = NULL;
+	free(st->buf);
+	st->buf = NULL;
 	return r;
 }
 
@@ -356,7 +405,7 @@ static void stage_maybe(struct tpd_session *s, struct tpd_bcast *bc, const Tpw__
 			bool local_reader)
 {
 	_cleanup_free_ struct tpd_msg_src *src = NULL;
-	uint64_t need = stage_need(w, bc->off);
+	uint64_t need = stage_need(w, bc->st[STAGE_PRIV].off);
 
 	if (need == 0 || !local_reader || !tpd_session_cma(s))
 		return;
@@ -370,7 +419,7 @@ static void stage_maybe(struct tpd_session *s, struct tpd_bcast *bc, const Tpw__
 					       .addr = seg->cma_addr };
 		src[i].len = seg->length;
 	}
-	if (stage_make(bc, tpd_session_daemon(s), need, src) == -EDQUOT)
+	if (stage_make(&bc->st[STAGE_PRIV], tpd_session_daemon(s), need, src) == -EDQUOT)
 		tpd_session_log(s, TPU_LOG_DEBUG,
 				"broadcast of %llu private bytes over the staging limit of uid %u "
 				"(tpipd --bcast-stage-bytes-per-uid): each reader reads the writer",
@@ -392,25 +441,28 @@ static bool other_unread(const struct tpd_bcast *bc, const struct tpd_msg *m)
 
 /* The first read of @bc's CUDA source into CPU memory, by delivery @m: stages the CUDA
  * segments of @m's sources (the same for every delivery) when another delivery may still want
- * them, within the writer's uid's staging. */
+ * them, within the writer's uid's staging (its private segments' staging, if any, included). */
 static void cuda_stage_maybe(struct tpd_bcast *bc, struct tpd_msg *m)
 {
+	struct bcast_stage *st = &bc->st[STAGE_CUDA];
 	uint64_t need = 0;
 
 	if (!other_unread(bc, m))
 		return; /* the last to read: staging would save no read of the device */
+	if (bc->st[STAGE_PRIV].err < 0)
+		return; /* its private bytes' read failed: every delivery fails with it */
 	bc->cuda_tried = true;
 	for (size_t i = 0; i < bc->n_seg; i++) {
 		const struct tpd_msg_src *src = &m->src[i];
 
-		bc->off[i] = UINT64_MAX;
+		st->off[i] = UINT64_MAX;
 		if (src->mem.loc != TPB_LOC_CUDA || src->len == 0)
 			continue;
-		bc->off[i] = need;
+		st->off[i] = need;
 		/* no overflow: message-bytes-max bounds the lengths, validated before */
 		need += (src->len + STAGE_ALIGN - 1) & ~(uint64_t)(STAGE_ALIGN - 1);
 	}
-	if (need && stage_make(bc, m->from->pipe->d, need, m->src) == -EDQUOT)
+	if (need && stage_make(st, m->from->pipe->d, need, m->src) == -EDQUOT)
 		tpd_pipe_log(m->from->pipe, NULL, TPU_LOG_DEBUG,
 			     "broadcast of %llu bytes of CUDA memory over the staging limit of uid "
 			     "%u (tpipd --bcast-stage-bytes-per-uid): each reader reads the device",
@@ -420,6 +472,7 @@ static void cuda_stage_maybe(struct tpd_bcast *bc, struct tpd_msg *m)
 void tpd_bcast_cuda_src(struct tpd_msg *m, size_t i, struct tpb_mem *src)
 {
 	struct tpd_bcast *bc = m->bcast;
+	const struct bcast_stage *st;
 
 	if (!bc || !bc->cuda || i >= bc->n_seg)
 		return;
@@ -427,11 +480,12 @@ void tpd_bcast_cuda_src(struct tpd_msg *m, size_t i, struct tpb_mem *src)
 		cuda_stage_maybe(bc, m);
 	/* a staging read that already failed failed those that waited; a later reader reads
 	 * the device itself */
-	if (!bc->stage || bc->off[i] == UINT64_MAX || (bc->err < 0 && !bc->reading))
+	st = &bc->st[STAGE_CUDA];
+	if (!st->buf || st->off[i] == UINT64_MAX || (st->err < 0 && !st->reading))
 		return;
 	*src = (struct tpb_mem){ .loc = TPB_LOC_LOCAL,
-				 .addr = (uint64_t)(uintptr_t)(bc->stage + bc->off[i]) };
-	m->bcast_reads = true;
+				 .addr = (uint64_t)(uintptr_t)(st->buf + st->off[i]) };
+	m->bcast_reads |= STAGE_BIT(STAGE_CUDA);
 }
 
 /* Answers target @t of @s's broadcast that names no pipe of @s (or over the limit, @err). */
@@ -460,25 +514,29 @@ static void target_refuse(struct tpd_session *s, const Tpw__V1__BroadcastTarget 
 static struct tpd_bcast *bcast_new(struct tpd_broker *br, size_t n_seg, size_t n, uint64_t key)
 {
 	struct tpd_bcast *bc = calloc(1, sizeof(*bc));
+	bool ok;
 
 	if (!bc)
 		return NULL;
-	bc->n_seg = n_seg;
-	bc->off = calloc(n_seg + 1, sizeof(*bc->off));
-	bc->msgs = calloc(n + 1, sizeof(*bc->msgs));
-	bc->pipes = calloc(n + 1, sizeof(*bc->pipes));
-	bc->xmsgs = calloc(n + 1, sizeof(*bc->xmsgs));
-	if (!bc->off || !bc->msgs || !bc->pipes || !bc->xmsgs) {
-		free(bc->off);
-		free(bc->msgs);
-		free(bc->pipes);
-		free(bc->xmsgs);
-		free(bc);
-		return NULL;
-	}
 	bc->refs = 1;
 	bc->broker = br;
 	bc->key = key;
+	bc->n_seg = n_seg;
+	bc->msgs = calloc(n + 1, sizeof(*bc->msgs));
+	bc->xmsgs = calloc(n + 1, sizeof(*bc->xmsgs));
+	ok = bc->msgs && bc->xmsgs;
+	for (size_t k = 0; k < STAGE_N; k++) {
+		struct bcast_stage *st = &bc->st[k];
+
+		st->bc = bc;
+		st->off = calloc(n_seg + 1, sizeof(*st->off));
+		st->pipes = calloc(n + 1, sizeof(*st->pipes));
+		ok = ok && st->off && st->pipes;
+	}
+	if (!ok) {
+		bcast_unref(bc);
+		return NULL;
+	}
 	return bc;
 }
 
@@ -664,6 +722,7 @@ static struct tpd_msg *peer_queued(struct tpd_pipe *p, const struct tpu_list *be
 static int peer_stage(struct tpd_peer *pr, struct tpd_bcast *bc, const Tpw__V1__Descriptor *dd)
 {
 	struct tpd_daemon *d = bc->msgs[0]->from->pipe->d;
+	struct bcast_stage *st = &bc->st[STAGE_PRIV];
 	uint64_t need = 0;
 	int r;
 
@@ -673,7 +732,7 @@ static int peer_stage(struct tpd_peer *pr, struct tpd_bcast *bc, const Tpw__V1__
 		uint64_t len = i < dd->n_payloads ? dd->payloads[i]->length
 						  : dd->tensors[i - dd->n_payloads]->length;
 
-		bc->off[i] = need;
+		st->off[i] = need;
 		if (len > UINT64_MAX / 2 - need)
 			return -EOVERFLOW;
 		need += (len + STAGE_ALIGN - 1) & ~(uint64_t)(STAGE_ALIGN - 1);
@@ -686,9 +745,9 @@ static int peer_stage(struct tpd_peer *pr, struct tpd_bcast *bc, const Tpw__V1__
 		bc->broker->bcast.unstaged++;
 	if (r < 0)
 		return r;
-	bc->stage = aligned_alloc(STAGE_ALIGN, need);
-	bc->stage_len = need;
-	if (!bc->stage) {
+	st->buf = aligned_alloc(STAGE_ALIGN, need);
+	st->len = need;
+	if (!st->buf) {
 		uid_release(bc->broker, BCAST_LINK_KEY(pr), need);
 		return -ENOMEM;
 	}
@@ -698,15 +757,15 @@ static int peer_stage(struct tpd_peer *pr, struct tpd_bcast *bc, const Tpw__V1__
 		for (size_t i = 0; i < m->n_src; i++)
 			m->src[i].mem = (struct tpb_mem){
 				.loc = TPB_LOC_LOCAL,
-				.addr = (uint64_t)(uintptr_t)(bc->stage + bc->off[i]) };
+				.addr = (uint64_t)(uintptr_t)(st->buf + st->off[i]) };
 		m->bcast = bcast_ref(bc);
 		m->bcast_slot = k;
-		m->bcast_reads = true;
+		m->bcast_reads = STAGE_BIT(STAGE_PRIV);
 	}
-	r = tpd_xh_build_recv_stage(bc->msgs[0], bc->stage, bc->off);
+	r = tpd_xh_build_recv_stage(bc->msgs[0], st->buf, st->off);
 	if (r < 0)
-		return r; /* the messages keep the staging: their copies fail with bc->err */
-	bc->reading = true;
+		return r; /* the messages keep the staging: their copies fail with st->err */
+	st->reading = true;
 	(void)tpd_xh_start(bc->msgs[0]); /* a failure ends in tpd_bcast_staged() */
 	return 0;
 }
@@ -737,12 +796,12 @@ void tpd_bcast_peer(struct tpd_peer *pr, const Tpw__V1__PeerBcast *b, struct tpd
 	if (!bc)
 		return; /* each message is read on its own */
 	r = bc->n_msgs ? peer_stage(pr, bc, b->descriptor) : -ENODATA;
-	if (r < 0 && !bc->stage)
+	if (r < 0 && !bc->st[STAGE_PRIV].buf) {
 		bc->n_msgs = 0; /* not staged: nothing refers to @bc */
-	else if (r < 0) {
-		bc->err = r;
-		snprintf(bc->why, sizeof(bc->why), "no receive for the broadcast: %s",
-			 strerror(-r));
+	} else if (r < 0) {
+		bc->st[STAGE_PRIV].err = r;
+		snprintf(bc->st[STAGE_PRIV].why, sizeof(bc->st[STAGE_PRIV].why),
+			 "no receive for the broadcast: %s", strerror(-r));
 	}
 	bcast_unref(bc);
 }
@@ -750,17 +809,18 @@ void tpd_bcast_peer(struct tpd_peer *pr, const Tpw__V1__PeerBcast *b, struct tpd
 void tpd_bcast_staged(struct tpd_msg *m, int status, const char *why)
 {
 	struct tpd_bcast *bc = m->bcast;
+	struct bcast_stage *st = bc ? &bc->st[STAGE_PRIV] : NULL;
 
 	if (!bc)
 		return;
 	bcast_ref(bc);
-	bc->reading = false;
+	st->reading = false;
 	if (status < 0) {
-		bc->err = status;
-		snprintf(bc->why, sizeof(bc->why), "receiving the broadcast failed: %.120s",
+		st->err = status;
+		snprintf(st->why, sizeof(st->why), "receiving the broadcast failed: %.120s",
 			 why && *why ? why : strerror(-status));
 	} else {
-		bc->broker->bcast.staged_bytes += bc->stage_len;
+		bc->broker->bcast.staged_bytes += st->len;
 	}
 	for (size_t i = 0; i < bc->n_msgs; i++)
 		if (bc->msgs[i])
@@ -801,9 +861,9 @@ void tpd_bcast_handle(struct tpd_session *s, const Tpw__V1__Broadcast *b, const 
 	}
 	if (bc)
 		stage_maybe(s, bc, w, local_readers > 0);
-	/* CUDA sources (of a message with no private bytes staged): at the first read into CPU
-	 * memory, if two or more local readers may want them so */
-	if (bc && !bc->stage && local_readers > 1 && has_cuda(w))
+	/* CUDA sources (beside private bytes staged or not): at the first read into CPU memory,
+	 * into staging of their own, if two or more local readers may want them so */
+	if (bc && local_readers > 1 && has_cuda(w))
 		bc->cuda = true;
 	for (size_t i = 0; i < b->n_targets; i++) {
 		const Tpw__V1__BroadcastTarget *t = b->targets[i];

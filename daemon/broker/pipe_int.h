@@ -163,9 +163,10 @@ struct tpd_msg {
 	 * its WriteDone waits (the writer may free its memory once its broadcast is done). */
 	struct tpd_bcast *bcast;
 	size_t bcast_slot;
-	/* ... and its copy reads that staging: it waits until the staging read is done, and
-	 * fails with it */
-	bool bcast_reads;
+	/* ... and the staging reads its copy reads from (bcast.c: a bit each, its private
+	 * segments' and its CUDA segments'): it waits until they are done, and fails with the
+	 * first that failed */
+	uint8_t bcast_reads;
 	/* Announced to the reader's daemon in a PeerBcast (bcast.c): it may ask for the bytes of
 	 * this message out of the pipe's order (PeerReadReq.bcast). */
 	bool xbcast;
@@ -558,8 +559,8 @@ void tpd_bcast_handle(struct tpd_session *s, const Tpw__V1__Broadcast *b, const 
 		      uint32_t tail_len);
 /* Re-points @m's private-memory sources at @bc's staging copy and makes @m wait for it, when
  * @bc staged and reader end @r is on this host; joins @m to @bc when @bc may stage its CUDA
- * sources later (tpd_bcast_cuda_src()); else nothing. Borrows @bc (@m takes a reference), @m and
- * @r. */
+ * sources later (tpd_bcast_cuda_src(), beside its private staging or not); else nothing.
+ * Borrows @bc (@m takes a reference), @m and @r. */
 void tpd_bcast_attach(struct tpd_bcast *bc, struct tpd_msg *m, const struct tpd_pipe_end *r);
 /*
  * tpd_bcast_cuda_src() - segment @i of broadcast delivery @m, a CUDA source that its reader
@@ -588,9 +589,11 @@ void tpd_bcast_peer_read(struct tpd_pipe *p, const Tpw__V1__PeerReadReq *rr);
 /* The receive into the staging of a far daemon's broadcast (carried by @m) ended with @status
  * (@why when < 0): its deliveries go on (or fail). Borrows @m and @why. */
 void tpd_bcast_staged(struct tpd_msg *m, int status, const char *why);
-/* Whether @m's copy must still wait for its staging read. Borrows @m. */
+/* Whether @m's copy must still wait for a staging read it copies from (false once one of them
+ * failed: tpd_bcast_error()). Borrows @m. */
 bool tpd_bcast_waiting(const struct tpd_msg *m);
-/* The error of @m's staging read (0: none, or no staging), with its reason in @why. Borrows @m. */
+/* The error of the first failed staging read that @m copies from (0: none, or no staging), with
+ * its reason in @why. Borrows @m. */
 int tpd_bcast_error(const struct tpd_msg *m, const char **why);
 
 /* ---- cancel.c ---- */

@@ -12,8 +12,10 @@
  * descriptor fails only its own deliveries. On one host, three readers into CPU memory: A reads
  * each tensor from the device once into its staging (the stand-in counts device-to-host copies,
  * $FAKECUDA_DTOH_LOG), once per reader over its staging limit; a local reader killed fails only
- * its deliveries. Needs a CUDA device (or the fakecuda stand-in); skips (77) with the reason
- * otherwise.
+ * its deliveries. The same with a payload in the writer's private memory beside each tensor
+ * (staged at the broadcast): still one device read per tensor, within one staging limit for
+ * both, and a failed device read fails every reader waiting on it. Needs a CUDA device (or the
+ * fakecuda stand-in); skips (77) with the reason otherwise.
  */
 #include <check.h>
 #include <errno.h>
@@ -47,24 +49,45 @@ static bool cuda_odd = true; /* odd readers read into CUDA memory, else all into
  * staging read waits for the writer's stream: the only message then). */
 static enum { FIRST_OK, FIRST_FAILS, FIRST_ONLY_READERS_KILLED } first = FIRST_OK;
 static long slow_ms = 100; /* the work queued on the writer's stream before its bytes */
+/* Each message also carries a payload of this many bytes in the writer's private memory, which
+ * the daemon reads by CMA (0: none): a message with both private bytes and a CUDA tensor. */
+static size_t payload_len;
+#define PAYLOAD (MIB + 7)
+#define PSEED 2600
 
 static bool is_remote(unsigned who)
 {
 	return who >= n_readers - n_remote;
 }
 
-/* Reads one message into @who's memory (CPU, or CUDA for odd readers) and checks it. */
+/* Checks the payload of message @k (@payload_len bytes, if any) read into @pl. */
+static int payload_check(unsigned who, unsigned k, const uint8_t *pl, uint8_t *want)
+{
+	if (!payload_len)
+		return 0;
+	tpt_fill(want, payload_len, PSEED + k);
+	TPT_REQUIRE(hwt_same(pl, want, payload_len, "private payload into CPU memory"), 1,
+		    "reader %u: payload of message %u differs", who, k);
+	return 0;
+}
+
+/* Reads one message into @who's memory (CPU, or CUDA for odd readers; its payload, if any,
+ * into @pl) and checks it. */
 static int reader_one(unsigned who, const struct hwt_cuda *cu, struct tp_pipe *p,
-		      struct tp_descriptor *d, uint8_t *host, uint8_t *want)
+		      struct tp_descriptor *d, uint8_t *host, uint8_t *pl, uint8_t *want)
 {
 	CUdeviceptr dev = 0;
 	struct tp_slot slot = { .device = { TP_DEVICE_CPU, 0 }, .data = host };
-	struct tp_allocation a = { .tensors = &slot, .n_tensors = 1 };
+	struct tp_slot pslot = { .device = { TP_DEVICE_CPU, 0 }, .data = pl };
+	struct tp_allocation a = { .tensors = &slot, .n_tensors = 1, .payloads = &pslot,
+				   .n_payloads = payload_len ? 1 : 0 };
 	unsigned k;
 	size_t len;
 	int r;
 
-	TPT_REQUIRE(d->metadata_len == 1 && d->n_tensors == 1 && d->n_payloads == 0, 1, "shape");
+	TPT_REQUIRE(d->metadata_len == 1 && d->n_tensors == 1 &&
+		    d->n_payloads == a.n_payloads, 1, "shape");
+	TPT_REQUIRE(!payload_len || d->payloads[0].length == payload_len, 1, "payload length");
 	k = *(const uint8_t *)d->metadata;
 	len = d->tensors[0].length;
 	TPT_REQUIRE(k < N_SIZES && len == sizes[k], 1, "reader %u: message %u of %zu bytes", who,
@@ -98,8 +121,10 @@ static int reader_one(unsigned who, const struct hwt_cuda *cu, struct tp_pipe *p
 		TPT_REQUIRE(hwt_same(host, want, len, "broadcast into CPU memory"), 1,
 			    "reader %u: message %u differs", who, k);
 	}
-	printf("reader %u (%s, %s): message %u of %zu bytes intact\n", who,
-	       is_remote(who) ? "remote" : "local", cu ? "cuda" : "cpu", k, len);
+	if (payload_check(who, k, pl, want))
+		return 1;
+	printf("reader %u (%s, %s): message %u of %zu bytes intact (and %zu private)\n", who,
+	       is_remote(who) ? "remote" : "local", cu ? "cuda" : "cpu", k, len, payload_len);
 	return 0;
 }
 
@@ -111,9 +136,10 @@ static int reader(void *arg)
 	struct tp_pipe *p = NULL;
 	struct hwt_cuda cu = { 0 };
 	uint8_t *host = malloc(8 * MIB + 64), *want = malloc(8 * MIB + 64);
+	uint8_t *pl = malloc(PAYLOAD + 64);
 	int r = tpt_sync_wait(&ready, HWT_T_MS), n = 0;
 
-	TPT_REQUIRE(r == 0 && host && want, 1, "server not ready: %d", r);
+	TPT_REQUIRE(r == 0 && host && want && pl, 1, "server not ready: %d", r);
 	if (cuda_odd && who % 2)
 		TPT_REQUIRE(hwt_cuda_open(0, &cu) == 0, 1, "CUDA");
 	if (is_remote(who)) {
@@ -141,7 +167,7 @@ static int reader(void *arg)
 		if ((int)who == victim)
 			raise(SIGKILL);
 		TPT_REQUIRE(*(const uint8_t *)d->metadata == n, 1, "reader %u: out of order", who);
-		if (reader_one(who, cu.api ? &cu : NULL, p, d, host, want))
+		if (reader_one(who, cu.api ? &cu : NULL, p, d, host, pl, want))
 			return 1;
 	}
 	TPT_REQUIRE(n == (int)N_SIZES, 1, "reader %u: %d messages", who, n);
@@ -150,6 +176,7 @@ static int reader(void *arg)
 	hwt_cuda_close(&cu);
 	free(host);
 	free(want);
+	free(pl);
 	return 0;
 }
 
@@ -165,15 +192,17 @@ static void CUDA_CB slow_fn(void *arg)
 /*
  * Broadcasts message @k from device memory whose bytes are still queued on the writer's stream
  * (behind @slow_ms of other work) when the broadcast starts: every delivery must wait for them.
- * Every delivery but the victim's must succeed (none of message 0 where @first says so).
+ * With @payload_len, a payload in @pl (private memory) goes with it. Every delivery but the
+ * victim's must succeed (none of message 0 where @first says so).
  */
 static int server_one(const struct hwt_cuda *cu, struct tp_pipe_set *s, unsigned k,
-		      uint8_t *host)
+		      uint8_t *host, uint8_t *pl)
 {
 	uint8_t md = (uint8_t)k;
 	struct tp_tensor t = { .device = { TP_DEVICE_CUDA, 0 }, .length = sizes[k] };
+	struct tp_payload p = { .data = pl, .length = payload_len };
 	struct tp_message m = { .metadata = &md, .metadata_len = 1, .tensors = &t,
-				.n_tensors = 1 };
+				.n_tensors = 1, .payloads = &p, .n_payloads = payload_len ? 1 : 0 };
 	int st[READERS], r;
 	CUdeviceptr dev;
 	CUstream stream;
@@ -186,6 +215,7 @@ static int server_one(const struct hwt_cuda *cu, struct tp_pipe_set *s, unsigned
 	TPT_REQUIRE(hwt_dev_put(cu, dev, host, sizes[k], stream) == 0, 1, "fill");
 	t.data = hwt_ptr(dev);
 	t.cuda_stream = stream;
+	tpt_fill(pl, payload_len, PSEED + k);
 	r = tp_set_broadcast(s, &m, HWT_T_MS, st, n_readers);
 	HWT_CU(cu, cuStreamSynchronize(stream), 1); /* @host is read until here */
 	cu->api->cuStreamDestroy(stream);
@@ -216,11 +246,11 @@ static int server(void *arg)
 	struct tp_listener *l = NULL;
 	struct tp_pipe_set *s = NULL;
 	struct hwt_cuda cu = { 0 };
-	uint8_t *host = malloc(8 * MIB + 64);
+	uint8_t *host = malloc(8 * MIB + 64), *pl = malloc(PAYLOAD); /* private: not a buffer */
 	int r;
 
 	(void)arg;
-	TPT_REQUIRE(host && hwt_cuda_open(0, &cu) == 0, 1, "CUDA");
+	TPT_REQUIRE(host && pl && hwt_cuda_open(0, &cu) == 0, 1, "CUDA");
 	r = tpt_ctx_new(&tpt_peer_a, 0, "fan-server", &ctx);
 	if (r == 0)
 		r = tp_listen(ctx, NAME, &lo, &l);
@@ -231,13 +261,14 @@ static int server(void *arg)
 	r = tp_set_wait_pipes(s, l, n_readers, HWT_T_MS);
 	TPT_REQUIRE(r == 0, 1, "pipes: %d %s", r, tp_last_error());
 	for (unsigned k = 0; k < (first == FIRST_ONLY_READERS_KILLED ? 1 : N_SIZES); k++)
-		if (server_one(&cu, s, k, host))
+		if (server_one(&cu, s, k, host, pl))
 			return 1;
 	tp_set_free(s); /* the readers see their pipes end */
 	tp_listener_close(l);
 	tp_context_free(ctx);
 	hwt_cuda_close(&cu);
 	free(host);
+	free(pl);
 	return 0;
 }
 
@@ -469,13 +500,16 @@ END_TEST
  * from the writer's memory, $FAKECUDA_FAULT_DIR) while the three readers wait for it (the
  * writer's bytes are behind 2 s of work on its stream): each of their reads fails with
  * its reason, and so does each of the writer's deliveries; A resets its context once, and the
- * next messages are staged and delivered as usual.
+ * next messages are staged and delivered as usual (@staged bytes in all), with the staging all
+ * freed at the end. Each message carries @payload bytes of private memory too (0: none).
  */
-START_TEST(test_cuda_fanout_failed_staging_read_fails_every_delivery_waiting_on_it)
+static void failed_staging_read(size_t payload, uint64_t staged)
 {
+	static const char *const keys[] = { "bcast_stage_held" };
 	static const unsigned reads[N_SIZES] = { 0, 1, 1 };
 	char dir[32] = "/tmp/tpt-fault-XXXXXX", path[64];
 	const char *lib = getenv("TPIPD_CUDA_LIBRARY");
+	uint64_t held = 0;
 	struct dtoh c;
 	int fd;
 
@@ -492,10 +526,18 @@ START_TEST(test_cuda_fanout_failed_staging_read_fails_every_delivery_waiting_on_
 	unsetenv("FAKECUDA_FAULT_DIR");
 	first = FIRST_FAILS;
 	slow_ms = 2000;
+	payload_len = payload;
 	run(FAR_NONE);
-	local_check(&c, reads, sizes[1] + sizes[2], 0, 1);
+	local_check(&c, reads, staged, 0, 1);
 	ck_assert_int_ne(access(path, F_OK), 0); /* the fault was met */
 	rmdir(dir);
+	tpt_status_u64s(&tpt_peer_a, keys, 1, &held);
+	ck_assert_uint_eq(held, 0);
+}
+
+START_TEST(test_cuda_fanout_failed_staging_read_fails_every_delivery_waiting_on_it)
+{
+	failed_staging_read(0, sizes[1] + sizes[2]);
 }
 END_TEST
 
@@ -549,6 +591,52 @@ START_TEST(test_cuda_fanout_staging_read_abandoned_when_every_local_reader_died)
 }
 END_TEST
 
+/* ---- a message with private bytes and a CUDA tensor ------------------------------------------ */
+
+/*
+ * Three readers on the writer's host, into CPU memory, of messages with a payload in the writer's
+ * private memory (1 MiB + 7, read by CMA) and a CUDA tensor: A reads the payload once into its
+ * staging at the broadcast and the tensor once from the device at the first read, and every
+ * reader gets both parts byte-exact (before: the payload staged, the tensor read from the device
+ * by each reader).
+ */
+START_TEST(test_cuda_fanout_private_and_cuda_reads_the_device_once)
+{
+	static const unsigned once[N_SIZES] = { 1, 1, 1 };
+	struct dtoh c;
+
+	local_begin(&c, NULL);
+	payload_len = PAYLOAD;
+	run(FAR_NONE);
+	local_check(&c, once, N_SIZES * PAYLOAD + sizes[0] + sizes[1] + sizes[2], 0, 0);
+}
+END_TEST
+
+/* The same with A's staging limit fitting message 0's payload and tensor exactly (1 MiB + 64
+ * each, both held at once) and message 1's: message 2's payload is staged, its tensor (8 MiB + 5)
+ * is over the limit beside it and read from the device by each reader, and still arrives
+ * intact. */
+START_TEST(test_cuda_fanout_private_and_cuda_over_the_limit_reads_per_reader)
+{
+	static const char *const extra[] = { "--bcast-stage-bytes-per-uid", "2097280", NULL };
+	static const unsigned reads[N_SIZES] = { 1, 1, 3 };
+	struct dtoh c;
+
+	local_begin(&c, extra);
+	payload_len = PAYLOAD;
+	run(FAR_NONE);
+	local_check(&c, reads, N_SIZES * PAYLOAD + sizes[0] + sizes[1], 1, 0);
+}
+END_TEST
+
+/* Message 0's device read fails while its private payload is staged: every reader waiting on it
+ * fails with its reason, and the payload's staging is freed with the rest. */
+START_TEST(test_cuda_fanout_private_and_cuda_failed_read_fails_each_waiting_reader)
+{
+	failed_staging_read(PAYLOAD, N_SIZES * PAYLOAD + sizes[1] + sizes[2]);
+}
+END_TEST
+
 static Suite *cuda_fanout_suite(void)
 {
 	Suite *s = suite_create("cuda_fanout");
@@ -563,6 +651,9 @@ static Suite *cuda_fanout_suite(void)
 	tcase_add_test(tc, test_cuda_fanout_local_reader_killed_fails_only_its_delivery);
 	tcase_add_test(tc, test_cuda_fanout_failed_staging_read_fails_every_delivery_waiting_on_it);
 	tcase_add_test(tc, test_cuda_fanout_staging_read_abandoned_when_every_local_reader_died);
+	tcase_add_test(tc, test_cuda_fanout_private_and_cuda_reads_the_device_once);
+	tcase_add_test(tc, test_cuda_fanout_private_and_cuda_over_the_limit_reads_per_reader);
+	tcase_add_test(tc, test_cuda_fanout_private_and_cuda_failed_read_fails_each_waiting_reader);
 	tcase_set_timeout(tc, 300);
 	suite_add_tcase(s, tc);
 	return s;
