@@ -1,7 +1,8 @@
 /* SPDX-License-Identifier: BSD-3-Clause */
 /*
  * stderr logger with syslog priority prefixes. Lines are written with a single write(2) so
- * that lines from worker threads do not interleave.
+ * that lines from worker threads do not interleave, and a message never holds a control
+ * character (log_clean()).
  */
 #include <stdio.h>
 #include <string.h>
@@ -90,6 +91,19 @@ static void stderr_sink(enum tpu_log_level level, const char *msg)
 		return;
 }
 
+/*
+ * A message is one line of text. Names that clients and peers chose reach it through "%s": a
+ * newline there would start a line of the writer's own, with a "<N>" priority of its choosing,
+ * and an escape would drive the terminal of whoever reads the log. C0 controls and DEL print as
+ * '?'; the message's own text never holds them.
+ */
+static void log_clean(char *msg)
+{
+	for (; *msg; msg++)
+		if ((unsigned char)*msg < 0x20 || *msg == 0x7f)
+			*msg = '?';
+}
+
 void tpu_logv_kv(enum tpu_log_level level, const char *const *fields, const char *fmt,
 		 va_list ap)
 {
@@ -101,6 +115,7 @@ void tpu_logv_kv(enum tpu_log_level level, const char *const *fields, const char
 		return;
 	errno = saved; /* for %m */
 	vsnprintf(msg, sizeof(msg), fmt, ap);
+	log_clean(msg);
 	if (log_sink)
 		log_sink(level, fields ? fields : none, msg);
 	else
