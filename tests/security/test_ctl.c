@@ -1,13 +1,18 @@
 /* SPDX-License-Identifier: BSD-3-Clause */
 /*
- * Security suite: what one user can put in front of the people who read the daemon's log. A
- * process of uid 65534 chooses its command name, its context name and a group name, with
- * newlines, a syslog priority prefix and terminal escape sequences in them. The daemon's log
- * keeps one line per message (no line of the client's making, at a priority of its choosing)
- * and no escape byte. Needs root (to run the client as another user); skipped otherwise.
+ * Security suite: what one user can put in front of the people who read the daemon's log and
+ * run tpipctl. A process of uid 65534 chooses its command name, its context name and a group
+ * name, with newlines, a syslog priority prefix, terminal escape sequences, a C1 control (U+009B,
+ * CSI) and bytes that are not UTF-8 in them. The daemon's log keeps one line per message (no
+ * line of the client's making, at a priority of its choosing) and no escape byte; root's
+ * `tpipctl groups` and `tpipctl sessions` tables carry no control character, and their JSON is
+ * UTF-8 that parses and gives the names back (a byte that is not UTF-8 as '?'). Needs root (to
+ * run the clients as another user); skipped otherwise.
  */
 #include <check.h>
 #include <errno.h>
+#include <json-c/json.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -22,9 +27,13 @@
 /* A context name and a group name that each try to start a log line of their own. */
 #define CTX_FORGE "h\n<0>tpipd: forged by a context name"
 #define GROUP_FORGE "g\n<0>tpipd: forged by a group name"
+/* Names for an admin's terminal: OSC title + BEL, clear screen, CSI as C1 (U+009B), not UTF-8. */
+#define GROUP_ESC "g\x1b]2;owned\x07\x1b[2J\xc2\x9b" "31m"
+#define CTX_ESC "n\xc2\x9b" "2J\xff\x1b[31m"
 #define COMM_ESC "c\x1b[2J"
 
 static struct tpt_daemon d;
+static struct tpt_sync ready, done;
 
 static bool is_root(void)
 {
@@ -38,6 +47,8 @@ static void setup(void)
 {
 	static const char *const args[] = { "--log-level", "debug", NULL };
 
+	ck_assert_int_eq(tpt_sync_init(&ready), 0);
+	ck_assert_int_eq(tpt_sync_init(&done), 0);
 	if (geteuid() != 0)
 		return;
 	ck_assert_int_eq(tpt_daemon_start(&d, args), 0);
@@ -46,6 +57,8 @@ static void setup(void)
 
 static void teardown(void)
 {
+	tpt_sync_done(&ready);
+	tpt_sync_done(&done);
 	if (geteuid() == 0)
 		ck_assert_int_eq(tpt_daemon_stop(&d), 0);
 }
@@ -60,6 +73,28 @@ static int ctx_as_nobody(const char *comm, const char *name, struct tp_context *
 	r = tpt_ctx_new(&d, 0, name, ret);
 	TPT_REQUIRE(r == 0, r, "context: %d %s", r, tp_last_error());
 	return 0;
+}
+
+/* Runs tpipctl as root, [--json] @cmd; returns owned stdout, NULL (printed) on failure. */
+static char *ctl(const char *cmd, bool json)
+{
+	const char *bin = getenv("TPIPCTL_BIN");
+	const char *argv[] = { bin, "--socket", d.socket, json ? "--json" : cmd,
+			       json ? cmd : NULL, NULL };
+	struct tpt_cmd_result res;
+	char *out;
+
+	if (!bin || tpt_run(argv, T_MS, &res) < 0)
+		return NULL;
+	if (!WIFEXITED(res.status) || WEXITSTATUS(res.status) != 0) {
+		fprintf(stderr, "tpipctl %s: %s\n", cmd, res.err);
+		tpt_cmd_result_free(&res);
+		return NULL;
+	}
+	out = res.out;
+	res.out = NULL;
+	tpt_cmd_result_free(&res);
+	return out;
 }
 
 /* The first byte of @s a terminal could take for a control, or a byte that is not UTF-8
@@ -127,6 +162,126 @@ START_TEST(test_ctl_client_names_cannot_forge_log_lines)
 }
 END_TEST
 
+/* ---- tpipctl, as root ----------------------------------------------------------------------- */
+
+/* As NOBODY: joins GROUP_ESC of 2 alone and waits in it until killed. */
+static int group_waiter(void *arg)
+{
+	struct tp_group_options o = { .size = sizeof(o), .rank = 0, .nranks = 2,
+				      .join_timeout_ms = 3 * T_MS };
+	struct tp_context *ctx;
+	struct tp_group *g;
+
+	(void)arg;
+	if (ctx_as_nobody("waiter", NULL, &ctx) < 0)
+		return 1;
+	tpt_sync_post(&ready, 0);
+	tp_group_join(ctx, GROUP_ESC, &o, &g); /* until killed */
+	return 1;
+}
+
+/* The "name" of the one object in array @key of JSON @out whose "uid" is NOBODY; owned. */
+static char *json_name_of_nobody(const char *out, const char *key)
+{
+	struct json_object *o = json_tokener_parse(out), *arr, *v;
+	char *name = NULL;
+
+	ck_assert_msg(o, "not JSON: %s", out);
+	ck_assert(json_object_object_get_ex(o, key, &arr));
+	for (size_t i = 0; i < json_object_array_length(arr); i++) {
+		struct json_object *e = json_object_array_get_idx(arr, i);
+
+		if (json_object_object_get_ex(e, "uid", &v) && json_object_get_int64(v) == NOBODY &&
+		    json_object_object_get_ex(e, "name", &v))
+			name = strdup(json_object_get_string(v));
+	}
+	json_object_put(o);
+	return name;
+}
+
+START_TEST(test_ctl_group_name_reaches_root_tpipctl_without_controls)
+{
+	char *out = NULL, *name = NULL;
+	uint64_t end;
+	pid_t w;
+
+	if (!is_root())
+		return;
+	w = tpt_fork(group_waiter, NULL);
+	ck_assert_int_gt(w, 0);
+	ck_assert_int_eq(tpt_sync_wait(&ready, T_MS), 0);
+	end = tpt_now_ms() + (uint64_t)T_MS;
+	for (unsigned i = 0; !name && tpt_now_ms() < end; i++) {
+		free(out);
+		out = ctl("groups", true);
+		ck_assert(out);
+		name = json_name_of_nobody(out, "groups");
+		if (!name)
+			tpt_backoff(i);
+	}
+	ck_assert_msg(name, "no group of uid %d: %s", NOBODY, out);
+	/* JSON escapes what it must: the name comes back exactly (it is UTF-8) */
+	ck_assert_str_eq(name, GROUP_ESC);
+	ck_assert_msg(!strstr(out, "\x1b") && !strstr(out, "\x07"), "raw controls: %s", out);
+	free(name);
+	free(out);
+	out = ctl("groups", false);
+	ck_assert(out);
+	ck_assert_msg(!control_in(out), "tpipctl groups prints a control: %s", out);
+	ck_assert_msg(strstr(out, "'g?]2;owned??[2J?31m'"), "%s", out);
+	free(out);
+	kill(w, SIGKILL);
+	tpt_wait(w, T_MS, NULL);
+}
+END_TEST
+
+/* As NOBODY, command COMM_ESC: a context named CTX_ESC, kept until told. */
+static int session_holder(void *arg)
+{
+	struct tp_context *ctx;
+
+	(void)arg;
+	if (ctx_as_nobody(COMM_ESC, CTX_ESC, &ctx) < 0) {
+		tpt_sync_post(&ready, -1);
+		return 1;
+	}
+	tpt_sync_post(&ready, 0);
+	tpt_sync_wait(&done, T_MS);
+	tp_context_free(ctx);
+	return 0;
+}
+
+START_TEST(test_ctl_session_names_reach_root_tpipctl_without_controls)
+{
+	char *out, *name;
+	pid_t h;
+
+	if (!is_root())
+		return;
+	h = tpt_fork(session_holder, NULL);
+	ck_assert_int_gt(h, 0);
+	ck_assert_int_eq(tpt_sync_wait(&ready, T_MS), 0);
+	out = ctl("sessions", false);
+	ck_assert(out);
+	ck_assert_msg(strstr(out, "c?[2J"), "no command of uid %d: %s", NOBODY, out);
+	ck_assert_msg(!control_in(out), "tpipctl sessions prints a control: %s", out);
+	ck_assert_msg(strstr(out, "n?2J??[31m"), "%s", out);
+	free(out);
+	/* JSON: UTF-8 throughout; the C1 control is kept (escaped or not, it is a character of
+	 * the name), the byte that is not UTF-8 is '?' */
+	out = ctl("sessions", true);
+	ck_assert(out);
+	ck_assert_msg(!strchr(out, '\xff') && !strstr(out, "\x1b"), "%s", out);
+	name = json_name_of_nobody(out, "sessions");
+	ck_assert_msg(name, "no session of uid %d: %s", NOBODY, out);
+	ck_assert_str_eq(name, "n\xc2\x9b" "2J?\x1b[31m");
+	free(name);
+	free(out);
+	tpt_sync_post(&done, 0);
+	ck_assert(tpt_wait_ok(h, T_MS, "uid 65534's client"));
+}
+END_TEST
+
 static Suite *ctl_suite(void)
 {
 	Suite *s = suite_create("ctl");
@@ -135,6 +290,8 @@ static Suite *ctl_suite(void)
 	tcase_set_timeout(tc, 120);
 	tcase_add_checked_fixture(tc, setup, teardown);
 	tcase_add_test(tc, test_ctl_client_names_cannot_forge_log_lines);
+	tcase_add_test(tc, test_ctl_group_name_reaches_root_tpipctl_without_controls);
+	tcase_add_test(tc, test_ctl_session_names_reach_root_tpipctl_without_controls);
 	suite_add_tcase(s, tc);
 	return s;
 }
