@@ -6,11 +6,16 @@
  * CSI) and bytes that are not UTF-8 in them. The daemon's log keeps one line per message (no
  * line of the client's making, at a priority of its choosing) and no escape byte; root's
  * `tpipctl groups` and `tpipctl sessions` tables carry no control character, and their JSON is
- * UTF-8 that parses and gives the names back (a byte that is not UTF-8 as '?'). Needs root (to
- * run the clients as another user); skipped otherwise.
+ * UTF-8 that parses and gives the names back (a byte that is not UTF-8 as '?'). And what a
+ * user may not reach through tpipctl: uid 65534 sees none of uid 4242's session, channel, queue
+ * or their names and uid in any view, table or JSON, and its close-session of the victim's
+ * session and its drain are refused (exit status 3, logged with its kernel uid) and change
+ * nothing, while root sees the victim's objects. Needs root (to run the clients as other
+ * users); skipped otherwise.
  */
 #include <check.h>
 #include <errno.h>
+#include <inttypes.h>
 #include <json-c/json.h>
 #include <signal.h>
 #include <stdio.h>
@@ -282,6 +287,128 @@ START_TEST(test_ctl_session_names_reach_root_tpipctl_without_controls)
 }
 END_TEST
 
+/* ---- another user's objects and the admin requests ----------------------------------------- */
+
+#define VICTIM 4242
+#define SECRET "victim-secret"
+
+/* As VICTIM: a session, a channel anyone may open and a work queue, kept until told. */
+static int victim(void *arg)
+{
+	struct tp_chan_options co = { .size = sizeof(co), .flags = TP_CHAN_CREATE,
+				      .access = TP_ACCESS_ANYONE, .owner_uid = -1 };
+	struct tp_wq_options wo = { .size = sizeof(wo), .flags = TP_WQ_CREATE, .owner_uid = -1 };
+	struct tp_context *ctx = NULL;
+	struct tp_chan *ch = NULL;
+	struct tp_wq *q = NULL;
+	int r = tpt_become(VICTIM);
+
+	if (r == 0)
+		r = tpt_ctx_new(&d, 0, SECRET "-context", &ctx);
+	if (r == 0)
+		r = tp_chan_open(ctx, SECRET "-chan", &co, &ch);
+	if (r == 0)
+		r = tp_wq_open(ctx, SECRET "-queue", &wo, &q);
+	tpt_sync_post(&ready, (int8_t)(r ? -1 : 0));
+	TPT_REQUIRE(r == 0, 1, "set-up: %d %s", r, tp_last_error());
+	tpt_sync_wait(&done, T_MS);
+	tp_wq_release(q);
+	tp_chan_release(ch);
+	tp_context_free(ctx);
+	return 0;
+}
+
+/* Runs tpipctl @a1 [@a2] as NOBODY; *@ret_status: its exit status. Return: 0 or 1 (printed). */
+static int nobody_ctl(const char *a1, const char *a2, int *ret_status)
+{
+	const char *bin = getenv("TPIPCTL_BIN");
+	const char *argv[] = { bin, "--socket", d.socket, a1, a2, NULL };
+	struct tpt_cmd_result res;
+
+	TPT_REQUIRE(bin && tpt_run(argv, T_MS, &res) == 0, 1, "tpipctl %s", a1);
+	*ret_status = WIFEXITED(res.status) ? WEXITSTATUS(res.status) : -1;
+	TPT_REQUIRE(!strstr(res.out, SECRET) && !strstr(res.err, SECRET) &&
+		    !strstr(res.out, "\"uid\": 4242") && !strstr(res.out, "\"uid\":4242"), 1, "tpipctl %s %s as nobody shows the victim: %s",
+		    a1, a2 ? a2 : "", res.out);
+	tpt_cmd_result_free(&res);
+	return 0;
+}
+
+/* As NOBODY: no view shows the victim; close-session of the victim's session and drain are
+ * refused with exit status 3. */
+static int nosy(void *arg)
+{
+	static const char *const cmds[] = { "sessions", "pipes",  "listeners", "channels",
+					    "queues",	"groups", "status",    "stats" };
+	const char *victim_id = arg;
+	int st;
+
+	TPT_REQUIRE(tpt_become(NOBODY) == 0, 1, "become");
+	for (size_t i = 0; i < sizeof(cmds) / sizeof(cmds[0]); i++) {
+		if (nobody_ctl(cmds[i], NULL, &st) || nobody_ctl("--json", cmds[i], &st))
+			return 1;
+		TPT_REQUIRE(st == 0, 1, "tpipctl %s as nobody: exit %d", cmds[i], st);
+	}
+	if (nobody_ctl("close-session", victim_id, &st))
+		return 1;
+	TPT_REQUIRE(st == 3, 1, "close-session as nobody: exit %d", st);
+	if (nobody_ctl("drain", NULL, &st))
+		return 1;
+	TPT_REQUIRE(st == 3, 1, "drain as nobody: exit %d", st);
+	return 0;
+}
+
+/* The id of the session named @name in root's `tpipctl --json sessions`, into @buf. */
+static bool session_id_of(const char *name, char *buf, size_t len)
+{
+	char *out = ctl("sessions", true);
+	struct json_object *o = out ? json_tokener_parse(out) : NULL, *arr, *v;
+	bool found = false;
+
+	for (size_t i = 0; o && json_object_object_get_ex(o, "sessions", &arr) &&
+			   i < json_object_array_length(arr); i++) {
+		struct json_object *e = json_object_array_get_idx(arr, i);
+
+		if (json_object_object_get_ex(e, "name", &v) &&
+		    strcmp(json_object_get_string(v), name) == 0 &&
+		    json_object_object_get_ex(e, "id", &v)) {
+			snprintf(buf, len, "%" PRId64, json_object_get_int64(v));
+			found = true;
+		}
+	}
+	json_object_put(o);
+	free(out);
+	return found;
+}
+
+START_TEST(test_ctl_other_users_see_and_close_nothing_of_a_victim)
+{
+	char id[32], *out;
+	pid_t v;
+
+	if (!is_root())
+		return;
+	v = tpt_fork(victim, NULL);
+	ck_assert_int_gt(v, 0);
+	ck_assert_int_eq(tpt_sync_wait(&ready, T_MS), 0);
+	ck_assert(session_id_of(SECRET "-context", id, sizeof(id)));
+	ck_assert(tpt_wait_ok(tpt_fork(nosy, id), T_MS, "uid 65534's tpipctl"));
+	/* refused, logged with the caller's kernel uid, and nothing happened */
+	ck_assert(tpt_daemon_log_has(&d, "admin request 7 refused for uid 65534"));
+	ck_assert(tpt_daemon_log_has(&d, "admin request 8 refused for uid 65534"));
+	ck_assert(session_id_of(SECRET "-context", id, sizeof(id)));
+	/* root sees them */
+	out = ctl("channels", false);
+	ck_assert_msg(out && strstr(out, SECRET "-chan"), "%s", out);
+	free(out);
+	out = ctl("queues", false);
+	ck_assert_msg(out && strstr(out, SECRET "-queue"), "%s", out);
+	free(out);
+	tpt_sync_post(&done, 0);
+	ck_assert(tpt_wait_ok(v, T_MS, "victim"));
+}
+END_TEST
+
 static Suite *ctl_suite(void)
 {
 	Suite *s = suite_create("ctl");
@@ -292,6 +419,7 @@ static Suite *ctl_suite(void)
 	tcase_add_test(tc, test_ctl_client_names_cannot_forge_log_lines);
 	tcase_add_test(tc, test_ctl_group_name_reaches_root_tpipctl_without_controls);
 	tcase_add_test(tc, test_ctl_session_names_reach_root_tpipctl_without_controls);
+	tcase_add_test(tc, test_ctl_other_users_see_and_close_nothing_of_a_victim);
 	suite_add_tcase(s, tc);
 	return s;
 }
