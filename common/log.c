@@ -2,7 +2,7 @@
 /*
  * stderr logger with syslog priority prefixes. Lines are written with a single write(2) so
  * that lines from worker threads do not interleave, and a message never holds a control
- * character (log_clean()).
+ * character or a byte that is not UTF-8 (tpu_text_clean()).
  */
 #include <stdio.h>
 #include <string.h>
@@ -94,16 +94,10 @@ static void stderr_sink(enum tpu_log_level level, const char *msg)
 /*
  * A message is one line of text. Names that clients and peers chose reach it through "%s": a
  * newline there would start a line of the writer's own, with a "<N>" priority of its choosing,
- * and an escape would drive the terminal of whoever reads the log. C0 controls and DEL print as
- * '?'; the message's own text never holds them.
+ * an escape would drive the terminal of whoever reads the log, and a byte that is not UTF-8 (or
+ * a C1 control) makes journalctl show the whole entry as blob data. Those print as '?'
+ * (tpu_text_clean()); the message's own text never holds them.
  */
-static void log_clean(char *msg)
-{
-	for (; *msg; msg++)
-		if ((unsigned char)*msg < 0x20 || *msg == 0x7f)
-			*msg = '?';
-}
-
 void tpu_logv_kv(enum tpu_log_level level, const char *const *fields, const char *fmt,
 		 va_list ap)
 {
@@ -115,7 +109,7 @@ void tpu_logv_kv(enum tpu_log_level level, const char *const *fields, const char
 		return;
 	errno = saved; /* for %m */
 	vsnprintf(msg, sizeof(msg), fmt, ap);
-	log_clean(msg);
+	tpu_text_clean(msg, TPU_TEXT_CONTROLS);
 	if (log_sink)
 		log_sink(level, fields ? fields : none, msg);
 	else

@@ -125,8 +125,8 @@ int ctl_watch(struct ctl_conn *c, const struct ctl_watch_opts *w, const struct c
 
 struct json_object;
 void ctl_json_u64(struct json_object *o, const char *key, uint64_t v);
-/* Returns owned string object of @s (NULL: ""), ctl_text_clean()ed without controls; NULL on
- * ENOMEM. */
+/* Returns owned string object of @s (NULL: "") through tpu_text_clean() without
+ * TPU_TEXT_CONTROLS (json-c escapes C0; JSON text must be UTF-8); NULL on ENOMEM. */
 struct json_object *ctl_json_new_str(const char *s);
 /* Adds member @key: ctl_json_new_str(@s). */
 void ctl_json_str(struct json_object *o, const char *key, const char *s);
@@ -172,22 +172,13 @@ struct ctl_list {
 /* Renders @l per @v to @out. Return: 0 or -errno. */
 int ctl_render_list(const struct ctl_list *l, const struct ctl_view *v, FILE *out);
 
-/*
- * ctl_text_clean() - make @s, text another process may have chosen (a name), safe to print, in
- * place: every byte that is not part of well-formed UTF-8 becomes '?', and with @controls so
- * does every control character a terminal could act on (C0, DEL, and C1 U+0080..U+009F, which
- * some terminals take as ESC sequences: U+009B is CSI). JSON output cleans without @controls
- * (json-c escapes C0; JSON text must be UTF-8).
- */
-void ctl_text_clean(char *s, bool controls);
-
-/* Prints @fmt to @out with ctl_text_clean(.., true) applied to the whole result: use it for a
- * line holding names, without its newline. Return: 0, -ENOMEM or -EIO. */
+/* Prints @fmt to @out with tpu_text_clean(.., TPU_TEXT_CONTROLS) applied to the whole result:
+ * use it for a line holding names, without its newline. Return: 0, -ENOMEM or -EIO. */
 int ctl_print_clean(FILE *out, const char *fmt, ...) _printf_(2, 3);
 
 /*
  * ctl_table_cellf() - append the next cell, filling rows left to right. The text goes through
- * ctl_text_clean() (controls included), so names sent by other processes cannot drive the
+ * tpu_text_clean() with TPU_TEXT_CONTROLS, so names sent by other processes cannot drive the
  * terminal; an empty cell prints as "-".
  */
 void ctl_table_cellf(struct ctl_table *t, const char *fmt, ...) _printf_(2, 3);

@@ -57,7 +57,7 @@ struct json_object *ctl_json_new_str(const char *s)
 
 	if (!c)
 		return NULL;
-	ctl_text_clean(c, false);
+	tpu_text_clean(c, 0);
 	j = json_object_new_string(c);
 	free(c);
 	return j;

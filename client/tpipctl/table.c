@@ -15,59 +15,6 @@ void ctl_table_init(struct ctl_table *t, const struct ctl_col *cols, size_t ncol
 	*t = (struct ctl_table){ .cols = cols, .ncols = ncols };
 }
 
-/* Length of the well-formed UTF-8 sequence at @s (RFC 3629: no overlong form, surrogate or code
- * point above U+10FFFF), or 0. Reads no byte past a NUL. */
-static size_t utf8_len(const unsigned char *s)
-{
-	unsigned char lo = 0x80, hi = 0xbf;
-	size_t n;
-
-	if (s[0] < 0x80)
-		return 1;
-	if (s[0] >= 0xc2 && s[0] <= 0xdf)
-		n = 2;
-	else if (s[0] >= 0xe0 && s[0] <= 0xef)
-		n = 3;
-	else if (s[0] >= 0xf0 && s[0] <= 0xf4)
-		n = 4;
-	else
-		return 0;
-	if (s[0] == 0xe0)
-		lo = 0xa0;
-	else if (s[0] == 0xed)
-		hi = 0x9f;
-	else if (s[0] == 0xf0)
-		lo = 0x90;
-	else if (s[0] == 0xf4)
-		hi = 0x8f;
-	if (s[1] < lo || s[1] > hi)
-		return 0;
-	for (size_t i = 2; i < n; i++)
-		if (s[i] < 0x80 || s[i] > 0xbf)
-			return 0;
-	return n;
-}
-
-void ctl_text_clean(char *s, bool controls)
-{
-	unsigned char *r = (unsigned char *)s, *w = r;
-
-	while (*r) {
-		size_t n = utf8_len(r);
-		bool c1 = n == 2 && r[0] == 0xc2 && r[1] < 0xa0;
-
-		if (!n || (controls && (*r < 0x20 || *r == 0x7f || c1))) {
-			*w++ = '?';
-			r += n ? n : 1;
-			continue;
-		}
-		memmove(w, r, n);
-		w += n;
-		r += n;
-	}
-	*w = '\0';
-}
-
 int ctl_print_clean(FILE *out, const char *fmt, ...)
 {
 	char *s = NULL;
@@ -79,7 +26,7 @@ int ctl_print_clean(FILE *out, const char *fmt, ...)
 	va_end(ap);
 	if (n < 0)
 		return -ENOMEM;
-	ctl_text_clean(s, true);
+	tpu_text_clean(s, TPU_TEXT_CONTROLS);
 	n = fputs(s, out);
 	free(s);
 	return n < 0 ? -EIO : 0;
@@ -115,7 +62,7 @@ void ctl_table_cellf(struct ctl_table *t, const char *fmt, ...)
 		t->oom = true;
 		return;
 	}
-	ctl_text_clean(s, true);
+	tpu_text_clean(s, TPU_TEXT_CONTROLS);
 	t->cells[t->ncells++] = s;
 }
 

@@ -29,13 +29,15 @@
 #define T_MS TPT_SCALED_MS(20000)
 #define NOBODY 65534
 
-/* A context name and a group name that each try to start a log line of their own. */
+/* A context name and a group name that each try to start a log line of their own (the group
+ * name also with U+0085, NEL, a line break to some readers). */
 #define CTX_FORGE "h\n<0>tpipd: forged by a context name"
-#define GROUP_FORGE "g\n<0>tpipd: forged by a group name"
-/* Names for an admin's terminal: OSC title + BEL, clear screen, CSI as C1 (U+009B), not UTF-8. */
+#define GROUP_FORGE "g\xc2\x85\n<0>tpipd: forged by a group name"
+/* Names for an admin's terminal: OSC title + BEL, clear screen, CSI as C1 (U+009B), not UTF-8,
+ * right-to-left override (U+202E). */
 #define GROUP_ESC "g\x1b]2;owned\x07\x1b[2J\xc2\x9b" "31m"
-#define CTX_ESC "n\xc2\x9b" "2J\xff\x1b[31m"
-#define COMM_ESC "c\x1b[2J"
+#define CTX_ESC "n\xc2\x9b" "2J\xff\x1b[31m\xe2\x80\xae" "x"
+#define COMM_ESC "c\x1b[2J\xff"
 
 static struct tpt_daemon d;
 static struct tpt_sync ready, done;
@@ -103,13 +105,14 @@ static char *ctl(const char *cmd, bool json)
 }
 
 /* The first byte of @s a terminal could take for a control, or a byte that is not UTF-8
- * (checked only for the C1 form U+0080..U+009F and the lone 0xff this file sends); NULL. */
+ * (checked for C0, DEL, C1, U+202E and the lone 0xff this file sends); NULL. */
 static const char *control_in(const char *s)
 {
 	for (const unsigned char *p = (const unsigned char *)s; *p; p++) {
 		if ((*p < 0x20 && *p != '\n') || *p == 0x7f || *p == 0xff)
 			return (const char *)p;
-		if (p[0] == 0xc2 && p[1] >= 0x80 && p[1] < 0xa0)
+		if ((p[0] == 0xc2 && p[1] >= 0x80 && p[1] < 0xa0) ||
+		    (p[0] == 0xe2 && p[1] == 0x80 && p[2] == 0xae))
 			return (const char *)p;
 	}
 	return NULL;
@@ -268,9 +271,9 @@ START_TEST(test_ctl_session_names_reach_root_tpipctl_without_controls)
 	ck_assert_int_eq(tpt_sync_wait(&ready, T_MS), 0);
 	out = ctl("sessions", false);
 	ck_assert(out);
-	ck_assert_msg(strstr(out, "c?[2J"), "no command of uid %d: %s", NOBODY, out);
+	ck_assert_msg(strstr(out, "c?[2J?"), "no command of uid %d: %s", NOBODY, out);
 	ck_assert_msg(!control_in(out), "tpipctl sessions prints a control: %s", out);
-	ck_assert_msg(strstr(out, "n?2J??[31m"), "%s", out);
+	ck_assert_msg(strstr(out, "n?2J??[31m?x"), "%s", out);
 	free(out);
 	/* JSON: UTF-8 throughout; the C1 control is kept (escaped or not, it is a character of
 	 * the name), the byte that is not UTF-8 is '?' */
@@ -279,7 +282,7 @@ START_TEST(test_ctl_session_names_reach_root_tpipctl_without_controls)
 	ck_assert_msg(!strchr(out, '\xff') && !strstr(out, "\x1b"), "%s", out);
 	name = json_name_of_nobody(out, "sessions");
 	ck_assert_msg(name, "no session of uid %d: %s", NOBODY, out);
-	ck_assert_str_eq(name, "n\xc2\x9b" "2J?\x1b[31m");
+	ck_assert_str_eq(name, "n\xc2\x9b" "2J?\x1b[31m\xe2\x80\xae" "x");
 	free(name);
 	free(out);
 	tpt_sync_post(&done, 0);
