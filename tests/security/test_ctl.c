@@ -331,8 +331,8 @@ static int nobody_ctl(const char *a1, const char *a2, int *ret_status)
 	TPT_REQUIRE(bin && tpt_run(argv, T_MS, &res) == 0, 1, "tpipctl %s", a1);
 	*ret_status = WIFEXITED(res.status) ? WEXITSTATUS(res.status) : -1;
 	TPT_REQUIRE(!strstr(res.out, SECRET) && !strstr(res.err, SECRET) &&
-		    !strstr(res.out, "\"uid\": 4242") && !strstr(res.out, "\"uid\":4242"), 1, "tpipctl %s %s as nobody shows the victim: %s",
-		    a1, a2 ? a2 : "", res.out);
+		    !strstr(res.out, "\"uid\": 4242") && !strstr(res.out, "\"uid\":4242"), 1,
+		    "tpipctl %s %s as nobody shows the victim: %s", a1, a2 ? a2 : "", res.out);
 	tpt_cmd_result_free(&res);
 	return 0;
 }
