@@ -1,7 +1,8 @@
 /* SPDX-License-Identifier: BSD-3-Clause */
 /*
  * stderr logger with syslog priority prefixes. Lines are written with a single write(2) so
- * that lines from worker threads do not interleave.
+ * that lines from worker threads do not interleave, and a message never holds a control
+ * character or a byte that is not UTF-8 (tpu_text_clean()).
  */
 #include <stdio.h>
 #include <string.h>
@@ -90,6 +91,13 @@ static void stderr_sink(enum tpu_log_level level, const char *msg)
 		return;
 }
 
+/*
+ * A message is one line of text. Names that clients and peers chose reach it through "%s": a
+ * newline there would start a line of the writer's own, with a "<N>" priority of its choosing,
+ * an escape would drive the terminal of whoever reads the log, and a byte that is not UTF-8 (or
+ * a C1 control) makes journalctl show the whole entry as blob data. Those print as '?'
+ * (tpu_text_clean()); the message's own text never holds them.
+ */
 void tpu_logv_kv(enum tpu_log_level level, const char *const *fields, const char *fmt,
 		 va_list ap)
 {
@@ -101,6 +109,7 @@ void tpu_logv_kv(enum tpu_log_level level, const char *const *fields, const char
 		return;
 	errno = saved; /* for %m */
 	vsnprintf(msg, sizeof(msg), fmt, ap);
+	tpu_text_clean(msg, TPU_TEXT_CONTROLS);
 	if (log_sink)
 		log_sink(level, fields ? fields : none, msg);
 	else

@@ -1,8 +1,11 @@
 /* SPDX-License-Identifier: BSD-3-Clause */
 /*
  * Daemon-side logging: one line per event, written to stderr with a "<N>" syslog priority
- * prefix that the journal understands. The client library never uses this (it reports
- * errors through return codes and an opt-in handler).
+ * prefix that the journal understands. Control characters and bytes that are not UTF-8 in a
+ * formatted message (a client's name with a newline or an escape in it) are written as '?'
+ * (tpu_text_clean()), so a message stays one line of text.
+ * The client library never uses this (it reports errors through return codes and an opt-in
+ * handler).
  */
 #ifndef TPU_LOG_H
 #define TPU_LOG_H

@@ -194,4 +194,16 @@ const char *tpu_strerror(int err, char *buf, size_t len);
 /* Formats the reason for a failure into @why (if @why and @why_len). Return: @err. */
 int tpu_why(int err, char *why, size_t why_len, const char *fmt, ...) _printf_(4, 5);
 
+#define TPU_TEXT_CONTROLS 0x1u /* tpu_text_clean(): also every control a terminal acts on */
+
+/*
+ * tpu_text_clean() - make @s, text that may hold a name another process chose, safe to print,
+ * in place (it never grows): every byte that is not part of well-formed UTF-8 becomes '?'; with
+ * TPU_TEXT_CONTROLS so does each control character a terminal, the journal or a reader acts on:
+ * C0 (newline included), DEL, C1 (U+0080..U+009F: U+009B is CSI to some terminals) and the
+ * characters that reorder or break a line (U+061C, U+200E, U+200F, U+2028..U+202E,
+ * U+2066..U+2069).
+ */
+void tpu_text_clean(char *s, unsigned flags);
+
 #endif

@@ -1,7 +1,7 @@
 /* SPDX-License-Identifier: BSD-3-Clause */
 /*
  * Helpers shared by daemon, client library and tools: time, fd flags, fd counting, the
- * control socket path rules and size parsing.
+ * control socket path rules, size parsing and making text others chose safe to print.
  */
 #include <dirent.h>
 #include <fcntl.h>
@@ -149,4 +149,68 @@ int tpu_why(int err, char *why, size_t why_len, const char *fmt, ...)
 		va_end(ap);
 	}
 	return err;
+}
+
+/* Length of the well-formed UTF-8 sequence at @s (RFC 3629: no overlong form, surrogate or code
+ * point above U+10FFFF), or 0. Reads no byte past a NUL. */
+static size_t utf8_len(const unsigned char *s)
+{
+	unsigned char lo = 0x80, hi = 0xbf;
+	size_t n;
+
+	if (s[0] < 0x80)
+		return 1;
+	if (s[0] >= 0xc2 && s[0] <= 0xdf)
+		n = 2;
+	else if (s[0] >= 0xe0 && s[0] <= 0xef)
+		n = 3;
+	else if (s[0] >= 0xf0 && s[0] <= 0xf4)
+		n = 4;
+	else
+		return 0;
+	if (s[0] == 0xe0)
+		lo = 0xa0;
+	else if (s[0] == 0xed)
+		hi = 0x9f;
+	else if (s[0] == 0xf0)
+		lo = 0x90;
+	else if (s[0] == 0xf4)
+		hi = 0x8f;
+	if (s[1] < lo || s[1] > hi)
+		return 0;
+	for (size_t i = 2; i < n; i++)
+		if (s[i] < 0x80 || s[i] > 0xbf)
+			return 0;
+	return n;
+}
+
+/* The UTF-8 sequence of @n bytes at @r is one of the controls TPU_TEXT_CONTROLS removes. */
+static bool text_is_control(const unsigned char *r, size_t n)
+{
+	if (n == 1)
+		return r[0] < 0x20 || r[0] == 0x7f;
+	if (n == 2)
+		return (r[0] == 0xc2 && r[1] < 0xa0) || (r[0] == 0xd8 && r[1] == 0x9c);
+	if (n == 3 && r[0] == 0xe2 && r[1] == 0x80)
+		return r[2] == 0x8e || r[2] == 0x8f || (r[2] >= 0xa8 && r[2] <= 0xae);
+	return n == 3 && r[0] == 0xe2 && r[1] == 0x81 && r[2] >= 0xa6 && r[2] <= 0xa9;
+}
+
+void tpu_text_clean(char *s, unsigned flags)
+{
+	unsigned char *r = (unsigned char *)s, *w = r;
+
+	while (*r) {
+		size_t n = utf8_len(r);
+
+		if (!n || ((flags & TPU_TEXT_CONTROLS) && text_is_control(r, n))) {
+			*w++ = '?';
+			r += n ? n : 1;
+			continue;
+		}
+		memmove(w, r, n);
+		w += n;
+		r += n;
+	}
+	*w = '\0';
 }

@@ -125,6 +125,10 @@ int ctl_watch(struct ctl_conn *c, const struct ctl_watch_opts *w, const struct c
 
 struct json_object;
 void ctl_json_u64(struct json_object *o, const char *key, uint64_t v);
+/* Returns owned string object of @s (NULL: "") through tpu_text_clean() without
+ * TPU_TEXT_CONTROLS (json-c escapes C0; JSON text must be UTF-8); NULL on ENOMEM. */
+struct json_object *ctl_json_new_str(const char *s);
+/* Adds member @key: ctl_json_new_str(@s). */
 void ctl_json_str(struct json_object *o, const char *key, const char *s);
 void ctl_json_bool(struct json_object *o, const char *key, bool v);
 /* Prints @o pretty and drops the reference (@o may be NULL: -ENOMEM). Return: 0, -ENOMEM. */
@@ -168,10 +172,14 @@ struct ctl_list {
 /* Renders @l per @v to @out. Return: 0 or -errno. */
 int ctl_render_list(const struct ctl_list *l, const struct ctl_view *v, FILE *out);
 
+/* Prints @fmt to @out with tpu_text_clean(.., TPU_TEXT_CONTROLS) applied to the whole result:
+ * use it for a line holding names, without its newline. Return: 0, -ENOMEM or -EIO. */
+int ctl_print_clean(FILE *out, const char *fmt, ...) _printf_(2, 3);
+
 /*
- * ctl_table_cellf() - append the next cell, filling rows left to right. Control characters in
- * the text are replaced by '?', so names sent by other processes cannot drive the terminal; an
- * empty cell prints as "-".
+ * ctl_table_cellf() - append the next cell, filling rows left to right. The text goes through
+ * tpu_text_clean() with TPU_TEXT_CONTROLS, so names sent by other processes cannot drive the
+ * terminal; an empty cell prints as "-".
  */
 void ctl_table_cellf(struct ctl_table *t, const char *fmt, ...) _printf_(2, 3);
 

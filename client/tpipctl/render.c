@@ -6,6 +6,7 @@
  */
 #include <inttypes.h>
 #include <json-c/json.h>
+#include <stdlib.h>
 #include <string.h>
 #include "ctl.h"
 
@@ -49,9 +50,22 @@ void ctl_json_u64(struct json_object *o, const char *key, uint64_t v)
 	json_object_object_add(o, key, json_object_new_uint64(v));
 }
 
+struct json_object *ctl_json_new_str(const char *s)
+{
+	char *c = strdup(str_or_empty(s));
+	struct json_object *j;
+
+	if (!c)
+		return NULL;
+	tpu_text_clean(c, 0);
+	j = json_object_new_string(c);
+	free(c);
+	return j;
+}
+
 void ctl_json_str(struct json_object *o, const char *key, const char *s)
 {
-	json_object_object_add(o, key, json_object_new_string(str_or_empty(s)));
+	json_object_object_add(o, key, ctl_json_new_str(s));
 }
 
 void ctl_json_bool(struct json_object *o, const char *key, bool v)
@@ -416,7 +430,7 @@ static struct json_object *pipe_json(const void *item)
 		struct json_object *why = json_object_new_array();
 
 		for (size_t i = 0; why && i < p->n_channel_reasons; i++)
-			json_object_array_add(why, json_object_new_string(p->channel_reasons[i]));
+			json_object_array_add(why, ctl_json_new_str(p->channel_reasons[i]));
 		json_object_object_add(o, "channel_reasons", why);
 	}
 	json_object_object_add(o, "connector", pipe_end_json(p->connector));
@@ -482,8 +496,10 @@ int ctl_render_pipes(const Tpw__V1__CtlReply *r, const struct ctl_view *v, FILE 
 
 		fprintf(out, "\npipe %" PRIu64 " channels:%s\n", p->id,
 			p->n_channel_reasons ? "" : " none used yet");
-		for (size_t k = 0; k < p->n_channel_reasons; k++)
-			fprintf(out, "  %s\n", p->channel_reasons[k]);
+		for (size_t k = 0; ret >= 0 && k < p->n_channel_reasons; k++) {
+			ret = ctl_print_clean(out, "  %s", p->channel_reasons[k]);
+			fputc('\n', out);
+		}
 	}
 	return ret;
 }
@@ -508,7 +524,7 @@ static struct json_object *listener_json(const void *item)
 	ctl_json_str(o, "remote", remote_name(l->remote));
 	peers = json_object_new_array();
 	for (size_t i = 0; peers && i < l->n_remote_peers; i++)
-		json_object_array_add(peers, json_object_new_string(l->remote_peers[i]));
+		json_object_array_add(peers, ctl_json_new_str(l->remote_peers[i]));
 	json_object_object_add(o, "remote_peers", peers);
 	return o;
 }

@@ -76,11 +76,19 @@ static int group_text(const Tpw__V1__CtlGroup *g, FILE *out)
 	char b[32];
 	int r;
 
-	fprintf(out, "group %" PRIu64 " '%s' uid %" PRIu32 ": %" PRIu32 " of %" PRIu32
-		" members, %s, %" PRIu32 " host(s), arena %s%s%s\n  plan: %s\n",
-		g->id, s_or(g->name), g->uid, g->joined, g->size, s_or(g->state), g->hosts,
-		ctl_fmt_bytes(g->arena_bytes, b, sizeof(b)), g->failure && *g->failure ?
-		", failed: " : "", g->failure && *g->failure ? g->failure : "", s_or(g->plan));
+	/* the name is the group's user's choice, the plan names other hosts: cleaned */
+	r = ctl_print_clean(out, "group %" PRIu64 " '%s' uid %" PRIu32 ": %" PRIu32 " of %" PRIu32
+			    " members, %s, %" PRIu32 " host(s), arena %s%s%s",
+			    g->id, s_or(g->name), g->uid, g->joined, g->size, s_or(g->state),
+			    g->hosts, ctl_fmt_bytes(g->arena_bytes, b, sizeof(b)),
+			    g->failure && *g->failure ? ", failed: " : "",
+			    g->failure && *g->failure ? g->failure : "");
+	fputs("\n", out);
+	if (r == 0)
+		r = ctl_print_clean(out, "  plan: %s", s_or(g->plan));
+	fputs("\n", out);
+	if (r < 0)
+		return r;
 	ctl_table_init(&t, member_cols, TPU_ARRAY_SIZE(member_cols));
 	for (size_t i = 0; i < g->n_members; i++) {
 		const Tpw__V1__CtlGroupMember *m = g->members[i];

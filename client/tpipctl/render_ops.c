@@ -35,7 +35,7 @@ static struct json_object *backend_json(const void *item)
 	ctl_json_bool(o, "viable", b->viable);
 	ctl_json_str(o, "why", b->why);
 	for (size_t i = 0; i < b->n_caps; i++)
-		json_object_array_add(caps, json_object_new_string(str_or_empty(b->caps[i])));
+		json_object_array_add(caps, ctl_json_new_str(b->caps[i]));
 	json_object_object_add(o, "caps", caps);
 	return o;
 }

@@ -15,12 +15,21 @@ void ctl_table_init(struct ctl_table *t, const struct ctl_col *cols, size_t ncol
 	*t = (struct ctl_table){ .cols = cols, .ncols = ncols };
 }
 
-/* Replaces bytes a terminal could interpret (C0 controls, DEL) by '?'. */
-static void cell_sanitize(char *s)
+int ctl_print_clean(FILE *out, const char *fmt, ...)
 {
-	for (; *s; s++)
-		if ((unsigned char)*s < 0x20 || (unsigned char)*s == 0x7f)
-			*s = '?';
+	char *s = NULL;
+	va_list ap;
+	int n;
+
+	va_start(ap, fmt);
+	n = vasprintf(&s, fmt, ap);
+	va_end(ap);
+	if (n < 0)
+		return -ENOMEM;
+	tpu_text_clean(s, TPU_TEXT_CONTROLS);
+	n = fputs(s, out);
+	free(s);
+	return n < 0 ? -EIO : 0;
 }
 
 static bool table_grow(struct ctl_table *t)
@@ -53,7 +62,7 @@ void ctl_table_cellf(struct ctl_table *t, const char *fmt, ...)
 		t->oom = true;
 		return;
 	}
-	cell_sanitize(s);
+	tpu_text_clean(s, TPU_TEXT_CONTROLS);
 	t->cells[t->ncells++] = s;
 }
 

@@ -2,7 +2,8 @@
 /*
  * Unit tests of libtpcommon (common/tpu.h, common/log.h): range and overflow helpers at their
  * edges, size parsing, the control socket path rules (explicit, $TPIPD_SOCKET, root,
- * $XDG_RUNTIME_DIR), fd helpers, the intrusive list macros and the stderr logger. Each test runs
+ * $XDG_RUNTIME_DIR), fd helpers, the intrusive list macros, the stderr logger (one line per
+ * message, whatever a name in it holds) and tpu_text_clean(). Each test runs
  * in its own forked process (CK_FORK), so tests may change the environment, the effective uid
  * and fd 2 freely. The hash map has its own suite (test_hmap.c).
  */
@@ -467,6 +468,55 @@ START_TEST(test_common_log_truncates_long_lines)
 }
 END_TEST
 
+START_TEST(test_common_text_clean_keeps_utf8_and_drops_controls)
+{
+	static const struct {
+		const char *in, *controls, *utf8;
+	} cases[] = {
+		{ "plain name-1.2", "plain name-1.2", "plain name-1.2" },
+		{ "caf\xc3\xa9 \xe6\x97\xa5 \xf0\x9f\x99\x82", "caf\xc3\xa9 \xe6\x97\xa5 \xf0\x9f\x99\x82",
+		  "caf\xc3\xa9 \xe6\x97\xa5 \xf0\x9f\x99\x82" },
+		{ "a\nb\r\tc\x1b[2J\x7f", "a?b??c?[2J?", "a\nb\r\tc\x1b[2J\x7f" },
+		/* C1: CSI and NEL; U+00A0 is no control */
+		{ "\xc2\x9b" "31m\xc2\x85\xc2\xa0", "?31m?\xc2\xa0", "\xc2\x9b" "31m\xc2\x85\xc2\xa0" },
+		/* bidi and line separators; U+2027 and U+202F are neither */
+		{ "\xe2\x80\xae\xe2\x80\x8f\xe2\x80\xa8\xe2\x81\xa6\xd8\x9c\xe2\x80\xa7\xe2\x80\xaf",
+		  "?????\xe2\x80\xa7\xe2\x80\xaf",
+		  "\xe2\x80\xae\xe2\x80\x8f\xe2\x80\xa8\xe2\x81\xa6\xd8\x9c\xe2\x80\xa7\xe2\x80\xaf" },
+		/* not UTF-8: lone bytes, overlong forms of ESC and CSI, a surrogate, past U+10FFFF,
+		 * a sequence cut by the end */
+		{ "\xff\x80\xc0\x9b\xe0\x80\x9b", "??????\x3f", "??????\x3f" },
+		{ "\xed\xa0\x80|\xf4\x90\x80\x80|\xe2\x80", "???|????|??", "???|????|??" },
+	};
+
+	for (size_t i = 0; i < sizeof(cases) / sizeof(cases[0]); i++) {
+		char a[64], b[64];
+
+		snprintf(a, sizeof(a), "%s", cases[i].in);
+		snprintf(b, sizeof(b), "%s", cases[i].in);
+		tpu_text_clean(a, TPU_TEXT_CONTROLS);
+		tpu_text_clean(b, 0);
+		ck_assert_msg(strcmp(a, cases[i].controls) == 0, "case %zu: '%s'", i, a);
+		ck_assert_msg(strcmp(b, cases[i].utf8) == 0, "case %zu: '%s'", i, b);
+	}
+}
+END_TEST
+
+START_TEST(test_common_log_message_stays_one_line)
+{
+	int fd = capture_stderr();
+	char buf[1024];
+	ssize_t n;
+
+	tpu_log_set_level(TPU_LOG_DEBUG);
+	tpu_log_info("group '%s' joined", "g\n<0>forged\x1b[2J\xff");
+	n = read(fd, buf, sizeof(buf) - 1);
+	ck_assert_int_gt(n, 0);
+	buf[n] = '\0';
+	ck_assert_str_eq(buf, "<6>group 'g?<0>forged?[2J?' joined\n");
+}
+END_TEST
+
 START_TEST(test_common_log_level_names)
 {
 	enum tpu_log_level l = TPU_LOG_INFO;
@@ -528,6 +578,8 @@ static Suite *common_suite(void)
 	tcase_add_test(g, test_common_log_timestamps_after_the_priority);
 	tcase_add_test(g, test_common_log_truncates_long_lines);
 	tcase_add_test(g, test_common_log_level_names);
+	tcase_add_test(g, test_common_log_message_stays_one_line);
+	tcase_add_test(g, test_common_text_clean_keeps_utf8_and_drops_controls);
 	suite_add_tcase(s, g);
 	return s;
 }
