@@ -195,6 +195,17 @@ static uint32_t uid_groups(struct tpd_groups *gs, uid_t uid, const char *name)
 	return n;
 }
 
+/* The joins of @uid for the group @name waiting for a coordinator's answer. */
+static uint32_t name_joins(const struct tpd_groups *gs, uid_t uid, const char *name)
+{
+	const struct xjoin *xj;
+	uint32_t n = 0;
+
+	tpu_list_for_each(xj, &gs->xjoins, node)
+		n += xj->uid == uid && strcmp(xj->name, name) == 0;
+	return n;
+}
+
 void tpd_groupx_join(struct tpd_session *s, const Tpw__V1__GroupJoin *j)
 {
 	struct tpd_groups *gs = tpd_daemon_groups(tpd_session_daemon(s));
@@ -220,6 +231,22 @@ void tpd_groupx_join(struct tpd_session *s, const Tpw__V1__GroupJoin *j)
 	r = tpw_tpip_parse(addr, (uint16_t)cfg->peer_port, host, &port, &name, why, sizeof(why));
 	if (r < 0) {
 		tpd_group_refuse(s, j->req_id, -EINVAL, why);
+		return;
+	}
+	/* No more members of one group than its size can be on their way from this host (nor
+	 * more than group-members-max, which the coordinator refuses anyway): a coordinator that
+	 * never answers would otherwise hold any number of joins of one name here. */
+	if (j->size > cfg->group_members_max) {
+		snprintf(why, sizeof(why), "group '%s' of %u members: above the limit of %u "
+			 "(group-members-max)", j->name, j->size, cfg->group_members_max);
+		tpd_group_refuse(s, j->req_id, -ENOBUFS, why);
+		return;
+	}
+	if (name_joins(gs, tpd_session_uid(s), j->name) >= j->size) {
+		snprintf(why, sizeof(why), "group '%s': %u joins of uid %u are waiting for "
+			 "coordinator %s already, the group's size", j->name, j->size,
+			 (unsigned)tpd_session_uid(s), c);
+		tpd_group_refuse(s, j->req_id, -EADDRINUSE, why);
 		return;
 	}
 	if (uid_groups(gs, tpd_session_uid(s), j->name) >= cfg->groups_per_uid) {

@@ -890,6 +890,73 @@ START_TEST(test_local_user_joins_through_a_coordinator_are_bounded)
 }
 END_TEST
 
+/* Nobody sends 6 joins of the group "same" of 4 members over 6 sessions through a coordinator
+ * that never answers. Return: 0 if the 5th and 6th are refused at once, naming the size, and
+ * the 4th still waits. */
+static int nobody_joins_one_name_too_often(void *arg)
+{
+	struct tpt_raw r[6];
+	Tpw__V1__DaemonMsg *in = NULL;
+
+	TPT_REQUIRE(tpt_become(NOBODY) == 0, 1, "become nobody");
+	for (int i = 0; i < 6; i++)
+		TPT_REQUIRE(client_join(&r[i], "same", -1, 4, coord_at(*(int *)arg)) == 0, 1,
+			    "join %d", i);
+	for (int i = 4; i < 6; i++) {
+		TPT_REQUIRE(client_joined(&r[i], T_MS, &in) == 0, 1, "no answer to join %d", i);
+		TPT_REQUIRE(in->group_joined->status != TPW__V1__STATUS__STATUS_OK &&
+				    strstr(in->group_joined->message, "the group's size"),
+			    1, "join %d answered %d: %s", i, in->group_joined->status,
+			    in->group_joined->message);
+		tpw_daemon_msg_free(in);
+	}
+	TPT_REQUIRE(client_joined(&r[3], QUIET_MS, &in) == -ETIMEDOUT, 1, "the 4th was answered");
+	for (int i = 0; i < 6; i++)
+		tpt_raw_close(&r[i]);
+	return 0;
+}
+
+/* HOLE (fixed): joins of one group name were never counted against each other (groups-per-uid
+ * counts a name once), so one user could leave any number of them waiting on a coordinator that
+ * keeps its link up but does not answer, each with its timer and its place in a list every later
+ * join walks. Now no more joins of one name wait here than the group has members; the
+ * coordinator is sent 4. */
+START_TEST(test_local_user_joins_of_one_name_are_bounded_by_its_size)
+{
+	struct flink l;
+	Tpw__V1__PeerMsg *in = NULL;
+	int lfd, port, n = 0;
+	pid_t pid;
+
+	NEED_ROOT();
+	lfd = loopback_listen(&port);
+	pid = tpt_fork(nobody_joins_one_name_too_often, &port);
+	ck_assert_int_gt(pid, 0);
+	flink_answer(&l, lfd);
+	for (uint64_t end = tpt_now_ms() + 4000; tpt_now_ms() < end;) {
+		if (fc_recv(&l.ctl, 200, &in) < 0)
+			continue;
+		n += in->body_case == TPW__V1__PEER_MSG__BODY_GROUP_JOIN;
+		if (in->body_case == TPW__V1__PEER_MSG__BODY_PING && !in->ping->reply) {
+			Tpw__V1__PeerPing pong = TPW__V1__PEER_PING__INIT;
+			Tpw__V1__PeerMsg pm = TPW__V1__PEER_MSG__INIT;
+
+			pong.t_ns = in->ping->t_ns; /* the link stays up: joins just wait */
+			pong.reply = true;
+			pm.body_case = TPW__V1__PEER_MSG__BODY_PING;
+			pm.ping = &pong;
+			fc_send(&l.ctl, &pm);
+		}
+		tpw_peer_msg_free(in);
+	}
+	ck_assert(tpt_wait_ok(pid, T_MS, "nobody's joins"));
+	ck_assert_int_eq(n, 4);
+	ck_assert(tpt_daemon_alive(&d));
+	flink_close(&l);
+	close(lfd);
+}
+END_TEST
+
 static Suite *groupx_suite(void)
 {
 	Suite *s = suite_create("sec_groupx");
@@ -902,6 +969,7 @@ static Suite *groupx_suite(void)
 	tcase_add_test(tc, test_coordinator_holding_back_answers_times_out_the_join);
 	tcase_add_test(tc, test_member_daemon_link_failure_keeps_local_departures);
 	tcase_add_test(tc, test_local_user_joins_through_a_coordinator_are_bounded);
+	tcase_add_test(tc, test_local_user_joins_of_one_name_are_bounded_by_its_size);
 	suite_add_tcase(s, tc);
 	return s;
 }
