@@ -206,4 +206,8 @@ int tpu_why(int err, char *why, size_t why_len, const char *fmt, ...) _printf_(4
  */
 void tpu_text_clean(char *s, unsigned flags);
 
+/* tpu_text_control_at() - the length of the control character TPU_TEXT_CONTROLS removes that
+ * starts at @s (well-formed UTF-8), with its code point in *@ret_cp; 0 when @s starts none. */
+size_t tpu_text_control_at(const char *s, uint32_t *ret_cp);
+
 #endif

@@ -196,6 +196,19 @@ static bool text_is_control(const unsigned char *r, size_t n)
 	return n == 3 && r[0] == 0xe2 && r[1] == 0x81 && r[2] >= 0xa6 && r[2] <= 0xa9;
 }
 
+size_t tpu_text_control_at(const char *s, uint32_t *ret_cp)
+{
+	const unsigned char *r = (const unsigned char *)s;
+	size_t n = *r ? utf8_len(r) : 0;
+
+	if (!n || !text_is_control(r, n))
+		return 0;
+	*ret_cp = n == 1 ? r[0] : n == 2 ? (uint32_t)(r[0] & 0x1f) << 6 | (r[1] & 0x3f)
+					 : (uint32_t)(r[0] & 0x0f) << 12 |
+						   (uint32_t)(r[1] & 0x3f) << 6 | (r[2] & 0x3f);
+	return n;
+}
+
 void tpu_text_clean(char *s, unsigned flags)
 {
 	unsigned char *r = (unsigned char *)s, *w = r;

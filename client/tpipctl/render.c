@@ -80,8 +80,21 @@ int ctl_json_emit(struct json_object *o, FILE *out)
 	const char *s = o ? json_object_to_json_string_ext(o, flags) : NULL;
 	int r = s ? 0 : -ENOMEM;
 
-	if (s)
-		fprintf(out, "%s\n", s);
+	/* json-c escapes C0 in strings (the raw ones left are the layout's line breaks): DEL, C1
+	 * (U+009B is CSI to some terminals) and the characters that reorder a line, which occur
+	 * only inside strings, reach the terminal as \u escapes instead, the names staying exact. */
+	while (s && *s) {
+		uint32_t cp;
+		size_t n = tpu_text_control_at(s, &cp);
+
+		if (n && cp >= 0x20)
+			fprintf(out, "\\u%04x", (unsigned)cp);
+		else
+			fputc(*s, out);
+		s += n ? n : 1;
+	}
+	if (!r)
+		fputc('\n', out);
 	json_object_put(o);
 	return r;
 }

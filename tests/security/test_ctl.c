@@ -275,11 +275,15 @@ START_TEST(test_ctl_session_names_reach_root_tpipctl_without_controls)
 	ck_assert_msg(!control_in(out), "tpipctl sessions prints a control: %s", out);
 	ck_assert_msg(strstr(out, "n?2J??[31m?x"), "%s", out);
 	free(out);
-	/* JSON: UTF-8 throughout; the C1 control is kept (escaped or not, it is a character of
-	 * the name), the byte that is not UTF-8 is '?' */
+	/* JSON: UTF-8 throughout; the C1 control and the bidi override are kept as characters of
+	 * the name but written as \u escapes (json-c escapes C0 only), the byte that is not UTF-8
+	 * is '?' */
 	out = ctl("sessions", true);
 	ck_assert(out);
 	ck_assert_msg(!strchr(out, '\xff') && !strstr(out, "\x1b"), "%s", out);
+	ck_assert_msg(!strstr(out, "\xc2\x9b") && !strstr(out, "\xe2\x80\xae") &&
+		      strstr(out, "\\u009b") && strstr(out, "\\u202e"),
+		      "tpipctl --json prints a C1 control or a bidi override raw: %s", out);
 	name = json_name_of_nobody(out, "sessions");
 	ck_assert_msg(name, "no session of uid %d: %s", NOBODY, out);
 	ck_assert_str_eq(name, "n\xc2\x9b" "2J?\x1b[31m\xe2\x80\xae" "x");
