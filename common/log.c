@@ -85,6 +85,10 @@ static void stderr_sink(enum tpu_log_level level, const char *msg)
 		return;
 	if ((size_t)n >= sizeof(line)) {
 		n = sizeof(line) - 1;
+		/* the newline replaces the first byte cut: that of a whole UTF-8 character, so that
+		 * the line stays UTF-8 */
+		while (n > 1 && ((unsigned char)line[n - 1] & 0xc0) == 0x80)
+			n--;
 		line[n - 1] = '\n';
 	}
 	if (write(STDERR_FILENO, line, (size_t)n) < 0)

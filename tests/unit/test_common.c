@@ -468,6 +468,35 @@ START_TEST(test_common_log_truncates_long_lines)
 }
 END_TEST
 
+/* A line cut at its limit ends before a UTF-8 character that does not fit whole, for every
+ * place of the cut within a 2-, 3- and 4-byte character. */
+START_TEST(test_common_log_truncates_at_a_character)
+{
+	static const char *const ch[] = { "\xc3\xa9", "\xe2\x82\xac", "\xf0\x9f\x99\x82" };
+	int fd = capture_stderr();
+	char big[2048], buf[2048];
+	ssize_t n;
+
+	tpu_log_set_level(TPU_LOG_DEBUG);
+	for (size_t c = 0; c < 3; c++)
+		for (size_t shift = 0; shift < 4; shift++) {
+			size_t k = 1000 + shift, l = strlen(ch[c]), i;
+
+			memset(big, 'x', k);
+			for (i = k; i + l < sizeof(big) - 1; i += l)
+				memcpy(big + i, ch[c], l);
+			big[i] = '\0';
+			tpu_log_err("%s", big);
+			n = read(fd, buf, sizeof(buf) - 1);
+			ck_assert_int_gt(n, 4);
+			ck_assert_int_eq(buf[n - 1], '\n');
+			buf[n - 1] = '\0';
+			/* what is left after the x's is whole characters */
+			ck_assert_uint_eq((strlen(buf) - 3 - k) % l, 0);
+		}
+}
+END_TEST
+
 START_TEST(test_common_text_clean_keeps_utf8_and_drops_controls)
 {
 	static const struct {
@@ -577,6 +606,7 @@ static Suite *common_suite(void)
 	tcase_add_test(g, test_common_log_prefixes_priority_and_filters);
 	tcase_add_test(g, test_common_log_timestamps_after_the_priority);
 	tcase_add_test(g, test_common_log_truncates_long_lines);
+	tcase_add_test(g, test_common_log_truncates_at_a_character);
 	tcase_add_test(g, test_common_log_level_names);
 	tcase_add_test(g, test_common_log_message_stays_one_line);
 	tcase_add_test(g, test_common_text_clean_keeps_utf8_and_drops_controls);
