@@ -3,11 +3,13 @@
  * Test harness: daemon lifecycle, child processes, deadlines, sync pipes, byte patterns and
  * command capture. See tpt.h.
  */
+#include <arpa/inet.h>
 #include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <ftw.h>
 #include <grp.h>
+#include <netinet/in.h>
 #include <poll.h>
 #include <signal.h>
 #include <stdarg.h>
@@ -699,6 +701,26 @@ int tpt_daemon_log_count(const struct tpt_daemon *d, const char *needle)
 			n++;
 	fclose(f);
 	return n;
+}
+
+int tpt_loopback_listen(int *ret_port)
+{
+	struct sockaddr_in in = { .sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK) };
+	socklen_t sl = sizeof(in);
+	int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+
+	if (fd < 0)
+		return -1;
+	if (bind(fd, (struct sockaddr *)&in, sizeof(in)) < 0 || listen(fd, 8) < 0 ||
+	    getsockname(fd, (struct sockaddr *)&in, &sl) < 0) {
+		int e = errno;
+
+		close(fd);
+		errno = e;
+		return -1;
+	}
+	*ret_port = ntohs(in.sin_port);
+	return fd;
 }
 
 int tpt_daemon_memfd_maps(const struct tpt_daemon *d)

@@ -98,6 +98,10 @@ int tpt_daemon_log_count(const struct tpt_daemon *d, const char *needle);
  * if its /proc/PID/maps cannot be read. */
 int tpt_daemon_memfd_maps(const struct tpt_daemon *d);
 
+/* A TCP listener on 127.0.0.1 at a port the kernel picks (*@ret_port), backlog 8, for a test
+ * that plays a peer daemon. Return: its fd, or -1 (errno set). */
+int tpt_loopback_listen(int *ret_port);
+
 /* ---- peering (cross-host pipes between two daemons on this machine) ------------------------ */
 
 /*

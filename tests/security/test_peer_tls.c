@@ -58,15 +58,9 @@ static bool cross_works(const struct tpt_daemon *from, const struct tpt_daemon *
 
 static int loopback_listen(int *ret_port)
 {
-	struct sockaddr_in in = {.sin_family = AF_INET, .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
-	socklen_t sl = sizeof(in);
-	int fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+	int fd = tpt_loopback_listen(ret_port);
 
 	ck_assert_int_ge(fd, 0);
-	ck_assert_int_eq(bind(fd, (struct sockaddr *)&in, sizeof(in)), 0);
-	ck_assert_int_eq(listen(fd, 8), 0);
-	ck_assert_int_eq(getsockname(fd, (struct sockaddr *)&in, &sl), 0);
-	*ret_port = ntohs(in.sin_port);
 	return fd;
 }
 
