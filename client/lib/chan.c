@@ -94,6 +94,15 @@ static int chan_req_take_items(struct chan_req *cr, const Tpw__V1__ChanReply *m,
 		cr->n = 1;
 		return 0;
 	}
+	if (cr->into && !cr->ch && m->n_lengths == 1 && m->lengths[0] <= cr->dst_len) {
+		/* one inline item for a read into its caller's memory, still waited for: straight
+		 * there (a malloc()ed copy freed at once let glibc trim the heap, and the next
+		 * item's copy faulted all its pages in again) */
+		memcpy(cr->dst, tail, m->lengths[0]);
+		cr->items[0] = (struct iovec){ .iov_base = cr->dst, .iov_len = m->lengths[0] };
+		cr->n = 1;
+		return 0;
+	}
 	for (size_t i = 0; i < m->n_lengths; i++) { /* validated: they add up to the tail */
 		void *c = malloc(m->lengths[i] ? m->lengths[i] : 1);
 

@@ -59,6 +59,24 @@ static struct tpc_buf *read_unstage_locked(struct chan_req *cr)
 	return b;
 }
 
+/* An item @cr holds in its caller's memory (a read into it, answered) becomes a copy of its
+ * own, for a read filed on the handle instead of returned. Return: 0 or -ENOMEM. */
+static int read_own_locked(struct chan_req *cr)
+{
+	void *to;
+
+	if (!cr->into || !cr->n || cr->items[0].iov_base != cr->dst)
+		return 0;
+	to = malloc(cr->items[0].iov_len ? cr->items[0].iov_len : 1);
+	if (!to)
+		return -ENOMEM;
+	memcpy(to, cr->dst, cr->items[0].iov_len);
+	cr->items[0].iov_base = to;
+	cr->dst = to;
+	cr->into = false;
+	return 0;
+}
+
 /* read_unstage_locked() for the read a call returns (no lock held). */
 static void read_unstage(struct tp_context *ctx, struct chan_req *cr)
 {
@@ -94,8 +112,11 @@ static struct chan_req *chan_read_call(struct tp_chan *ch, Tpw__V1__ChanOp *op,
 	}
 	pthread_mutex_lock(&ctx->lock);
 	r = tpc_chan_wait_locked(ctx, cr, timeout_ms, ch);
-	if (cr->req.done && tpc_chan_late_ready_locked(ch))
+	if (cr->req.done && tpc_chan_late_ready_locked(ch)) {
 		stage = read_unstage_locked(cr); /* not returned: its items must be its own */
+		if (read_own_locked(cr) < 0)
+			cr->n = 0; /* no memory: the item is lost */
+	}
 	if (!cr->req.done || (cr->n && tpc_chan_late_ready_locked(ch))) {
 		/* Gave up, or an older read's item came: this read's item waits on the handle. */
 		cr->ch = ch;
