@@ -32,49 +32,37 @@ static struct chan_req *late_take_locked(struct tp_chan *ch)
 /* Sends READ @op of @ch for @cr (owned; its destination set) and waits for it. Return: owned
  * chan_req to answer the call with (@cr, or an older late read's with its items), or NULL
  * (-ENOMEM or a send error in *@ret_err). */
+/* Makes the answered item of @cr, now at @from, the read's own (lock held): copied to the
+ * read's allocation or, when that is its caller's (@into), to one of its own (the caller gets
+ * another item there). Without memory the item is lost. */
+static void read_keep_locked(struct chan_req *cr, const void *from)
+{
+	void *to = cr->dst;
+
+	if (cr->into && !(to = malloc(cr->items[0].iov_len ? cr->items[0].iov_len : 1))) {
+		cr->n = 0;
+		return;
+	}
+	memcpy(to, from, cr->items[0].iov_len);
+	cr->items[0].iov_base = to;
+	cr->dst = to;
+	cr->into = false;
+}
+
 /*
- * An answered read's item out of its staging buffer (lock held): copied to the read's
- * allocation, or, for the caller's allocation (@into), to one of its own (the caller gets
- * another item there). Return: the staging buffer, to give back once the lock is dropped, or
- * NULL.
+ * An answered read's item out of its staging buffer (lock held), kept by read_keep_locked().
+ * Return: the staging buffer, to give back once the lock is dropped, or NULL.
  */
 static struct tpc_buf *read_unstage_locked(struct chan_req *cr)
 {
 	struct tpc_buf *b = cr->stage;
-	void *to = cr->dst;
 
 	if (!b || !cr->req.done)
 		return NULL;
 	cr->stage = NULL;
-	if (!cr->n || cr->items[0].iov_base != b->addr)
-		return b;
-	if (cr->into && !(to = malloc(cr->items[0].iov_len ? cr->items[0].iov_len : 1))) {
-		cr->n = 0; /* no memory: the item is lost */
-		return b;
-	}
-	memcpy(to, b->addr, cr->items[0].iov_len);
-	cr->items[0].iov_base = to;
-	cr->dst = to;
-	cr->into = false;
+	if (cr->n && cr->items[0].iov_base == b->addr)
+		read_keep_locked(cr, b->addr);
 	return b;
-}
-
-/* An item @cr holds in its caller's memory (a read into it, answered) becomes a copy of its
- * own, for a read filed on the handle instead of returned. Return: 0 or -ENOMEM. */
-static int read_own_locked(struct chan_req *cr)
-{
-	void *to;
-
-	if (!cr->into || !cr->n || cr->items[0].iov_base != cr->dst)
-		return 0;
-	to = malloc(cr->items[0].iov_len ? cr->items[0].iov_len : 1);
-	if (!to)
-		return -ENOMEM;
-	memcpy(to, cr->dst, cr->items[0].iov_len);
-	cr->items[0].iov_base = to;
-	cr->dst = to;
-	cr->into = false;
-	return 0;
 }
 
 /* read_unstage_locked() for the read a call returns (no lock held). */
@@ -114,8 +102,8 @@ static struct chan_req *chan_read_call(struct tp_chan *ch, Tpw__V1__ChanOp *op,
 	r = tpc_chan_wait_locked(ctx, cr, timeout_ms, ch);
 	if (cr->req.done && tpc_chan_late_ready_locked(ch)) {
 		stage = read_unstage_locked(cr); /* not returned: its items must be its own */
-		if (read_own_locked(cr) < 0)
-			cr->n = 0; /* no memory: the item is lost */
+		if (cr->into && cr->n && cr->items[0].iov_base == cr->dst)
+			read_keep_locked(cr, cr->dst); /* an inline item put in the caller's memory */
 	}
 	if (!cr->req.done || (cr->n && tpc_chan_late_ready_locked(ch))) {
 		/* Gave up, or an older read's item came: this read's item waits on the handle. */
