@@ -838,30 +838,47 @@ END_TEST
 
 /* ---- as a local user ------------------------------------------------------------------------ */
 
-/* Nobody joins groups-per-uid (4) groups through this daemon's own coordinator, which wait for
- * members that never come, then one more. Return: 0 if the first 4 wait and the 5th is
- * refused with groups-per-uid. */
+/* Nobody's @n joins of groups of @size members through the coordinator at @port, each on a
+ * session of its own: all of @name, or, with @numbered, of @name0, @name1, ... */
+struct pile {
+	int port;
+	const char *name;
+	bool numbered;
+	uint32_t size;
+	int n;
+	int waiting;	  /* the joins that must wait: the first this many */
+	int status;	  /* that of the others' answers */
+	const char *why;  /* in their message */
+};
+
+/* Return: 0 if the first @p->waiting joins wait and the others are refused at once. */
 static int nobody_piles_up_joins(void *arg)
 {
-	struct tpt_raw r[5];
+	const struct pile *p = arg;
+	struct tpt_raw r[8];
 	Tpw__V1__DaemonMsg *in = NULL;
-	char name[16];
-	int st;
+	char name[32];
 
 	TPT_REQUIRE(tpt_become(NOBODY) == 0, 1, "become nobody");
-	for (int i = 0; i < 5; i++) {
-		snprintf(name, sizeof(name), "pile%d", i);
-		TPT_REQUIRE(client_join(&r[i], name, -1, 2, coord_at(*(int *)arg)) == 0, 1,
+	for (int i = 0; i < p->n; i++) {
+		if (p->numbered)
+			snprintf(name, sizeof(name), "%s%d", p->name, i);
+		else
+			snprintf(name, sizeof(name), "%s", p->name);
+		TPT_REQUIRE(client_join(&r[i], name, -1, p->size, coord_at(p->port)) == 0, 1,
 			    "join %d", i);
 	}
-	TPT_REQUIRE(client_joined(&r[4], T_MS, &in) == 0, 1, "no answer to the 5th join");
-	st = in->group_joined->status;
-	TPT_REQUIRE(st == TPW__V1__STATUS__STATUS_LIMIT &&
-			    strstr(in->group_joined->message, "groups-per-uid"),
-		    1, "the 5th join answered %d: %s", st, in->group_joined->message);
-	tpw_daemon_msg_free(in);
-	TPT_REQUIRE(client_joined(&r[3], QUIET_MS, &in) == -ETIMEDOUT, 1, "the 4th was answered");
-	for (int i = 0; i < 5; i++)
+	for (int i = p->waiting; i < p->n; i++) {
+		TPT_REQUIRE(client_joined(&r[i], T_MS, &in) == 0, 1, "no answer to join %d", i);
+		TPT_REQUIRE((int)in->group_joined->status == p->status &&
+				    strstr(in->group_joined->message, p->why),
+			    1, "join %d answered %d: %s", i, in->group_joined->status,
+			    in->group_joined->message);
+		tpw_daemon_msg_free(in);
+	}
+	TPT_REQUIRE(client_joined(&r[p->waiting - 1], QUIET_MS, &in) == -ETIMEDOUT, 1,
+		    "join %d was answered", p->waiting - 1);
+	for (int i = 0; i < p->n; i++)
 		tpt_raw_close(&r[i]);
 	return 0;
 }
@@ -873,42 +890,17 @@ static int nobody_piles_up_joins(void *arg)
  * the 4th waits and the 5th is refused. */
 START_TEST(test_local_user_joins_through_a_coordinator_are_bounded)
 {
-	int port = d.peer_port;
+	struct pile p = { .port = d.peer_port, .name = "pile", .numbered = true, .size = 2, .n = 5, .waiting = 4,
+			  .status = TPW__V1__STATUS__STATUS_LIMIT, .why = "groups-per-uid" };
 	pid_t pid;
 
 	NEED_ROOT();
-	pid = tpt_fork(nobody_piles_up_joins, &port);
+	pid = tpt_fork(nobody_piles_up_joins, &p);
 	ck_assert_int_gt(pid, 0);
 	ck_assert(tpt_wait_ok(pid, T_MS, "nobody's joins"));
 	ck_assert(tpt_daemon_alive(&d));
 }
 END_TEST
-
-/* Nobody sends 6 joins of the group "same" of 4 members over 6 sessions through a coordinator
- * that never answers. Return: 0 if the 5th and 6th are refused at once, naming the size, and
- * the 4th still waits. */
-static int nobody_joins_one_name_too_often(void *arg)
-{
-	struct tpt_raw r[6];
-	Tpw__V1__DaemonMsg *in = NULL;
-
-	TPT_REQUIRE(tpt_become(NOBODY) == 0, 1, "become nobody");
-	for (int i = 0; i < 6; i++)
-		TPT_REQUIRE(client_join(&r[i], "same", -1, 4, coord_at(*(int *)arg)) == 0, 1,
-			    "join %d", i);
-	for (int i = 4; i < 6; i++) {
-		TPT_REQUIRE(client_joined(&r[i], T_MS, &in) == 0, 1, "no answer to join %d", i);
-		TPT_REQUIRE(in->group_joined->status != TPW__V1__STATUS__STATUS_OK &&
-				    strstr(in->group_joined->message, "the group's size"),
-			    1, "join %d answered %d: %s", i, in->group_joined->status,
-			    in->group_joined->message);
-		tpw_daemon_msg_free(in);
-	}
-	TPT_REQUIRE(client_joined(&r[3], QUIET_MS, &in) == -ETIMEDOUT, 1, "the 4th was answered");
-	for (int i = 0; i < 6; i++)
-		tpt_raw_close(&r[i]);
-	return 0;
-}
 
 /* HOLE (fixed): joins of one group name were never counted against each other (groups-per-uid
  * counts a name once), so one user could leave any number of them waiting on a coordinator that
@@ -917,30 +909,23 @@ static int nobody_joins_one_name_too_often(void *arg)
  * coordinator is sent 4. */
 START_TEST(test_local_user_joins_of_one_name_are_bounded_by_its_size)
 {
+	/* 6 joins of "same" of 4 members through a coordinator that never answers */
+	struct pile p = { .name = "same", .size = 4, .n = 6, .waiting = 4,
+			  .status = TPW__V1__STATUS__STATUS_EXISTS, .why = "the group's size" };
 	struct flink l;
 	Tpw__V1__PeerMsg *in = NULL;
-	int lfd, port, n = 0;
+	int lfd, n = 0;
 	pid_t pid;
 
 	NEED_ROOT();
-	lfd = loopback_listen(&port);
-	pid = tpt_fork(nobody_joins_one_name_too_often, &port);
+	lfd = loopback_listen(&p.port);
+	pid = tpt_fork(nobody_piles_up_joins, &p);
 	ck_assert_int_gt(pid, 0);
 	flink_answer(&l, lfd);
 	for (uint64_t end = tpt_now_ms() + 4000; tpt_now_ms() < end;) {
-		if (fc_recv(&l.ctl, 200, &in) < 0)
+		if (fc_next(&l.ctl, 200, &in) < 0) /* pings answered: the link stays up */
 			continue;
 		n += in->body_case == TPW__V1__PEER_MSG__BODY_GROUP_JOIN;
-		if (in->body_case == TPW__V1__PEER_MSG__BODY_PING && !in->ping->reply) {
-			Tpw__V1__PeerPing pong = TPW__V1__PEER_PING__INIT;
-			Tpw__V1__PeerMsg pm = TPW__V1__PEER_MSG__INIT;
-
-			pong.t_ns = in->ping->t_ns; /* the link stays up: joins just wait */
-			pong.reply = true;
-			pm.body_case = TPW__V1__PEER_MSG__BODY_PING;
-			pm.ping = &pong;
-			fc_send(&l.ctl, &pm);
-		}
 		tpw_peer_msg_free(in);
 	}
 	ck_assert(tpt_wait_ok(pid, T_MS, "nobody's joins"));
