@@ -9,22 +9,33 @@
 #include <stdlib.h>
 #include <sys/mman.h>
 #include <sys/stat.h>
+#include <sys/vfs.h>
+#include <linux/magic.h>
 #include "buffer.h"
 #include "tpu.h"
 
 int tpb_buffer_new(int fd, uint64_t id, uint64_t gen, uint64_t size, struct tpb_buffer **ret)
 {
 	struct tpb_buffer *b;
+	struct statfs sf;
 	struct stat st;
 	int seals;
 	void *map;
 
+	/* The seal first: a size read before it could be shrunk away behind our back, and the
+	 * daemon's copies would then fault (SIGBUS) on pages the file no longer has. */
+	seals = fcntl(fd, F_GET_SEALS);
+	if (seals < 0 || !(seals & F_SEAL_SHRINK))
+		return fstat(fd, &st) == 0 && !S_ISREG(st.st_mode) ? -EINVAL : -EPERM;
 	if (fstat(fd, &st) < 0)
 		return -errno;
 	if (!S_ISREG(st.st_mode) || (uint64_t)st.st_size < size || size > SIZE_MAX)
 		return -EINVAL;
-	seals = fcntl(fd, F_GET_SEALS);
-	if (seals < 0 || !(seals & F_SEAL_SHRINK))
+	/* hugetlbfs memory (MFD_HUGETLB) faults with SIGBUS where the owner punched a hole and the
+	 * pool has no page left: only shmem memfds, which refill a hole with zeros. */
+	if (fstatfs(fd, &sf) < 0)
+		return -errno;
+	if (sf.f_type == HUGETLBFS_MAGIC)
 		return -EPERM;
 	map = mmap(NULL, size, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
 	if (map == MAP_FAILED)

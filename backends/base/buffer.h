@@ -50,8 +50,9 @@ enum { TPB_PIN_NONE = 0, TPB_PIN_BUSY, TPB_PIN_DONE, TPB_PIN_REFUSED };
  * tpb_buffer_new() - check and map a client's memfd.
  * @fd: borrows @fd (the caller closes it; the mapping does not need it).
  * @ret: returns owned buffer (one reference), drop with tpb_buffer_unref().
- * Return: 0; -EPERM if @fd is not sealed against shrinking (a shrink would fault the daemon);
- * -EINVAL if it is not a regular file or smaller than @size; -errno from mmap.
+ * Return: 0; -EPERM if @fd is not sealed against shrinking (a shrink would fault the daemon) or
+ * is hugetlbfs memory (a punched hole may fault it too); -EINVAL if it is not a regular file or
+ * smaller than @size (checked after the seal); -errno from mmap.
  */
 int tpb_buffer_new(int fd, uint64_t id, uint64_t gen, uint64_t size, struct tpb_buffer **ret);
 
