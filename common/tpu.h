@@ -210,4 +210,32 @@ void tpu_text_clean(char *s, unsigned flags);
  * starts at @s (well-formed UTF-8), with its code point in *@ret_cp; 0 when @s starts none. */
 size_t tpu_text_control_at(const char *s, uint32_t *ret_cp);
 
+/*
+ * A set of disjoint byte ranges [lo, hi), kept sorted and merged where they touch: what a receive
+ * has been sent so far, when senders may deliver pieces in any order and must never deliver one
+ * byte twice. Zero-initialised is empty; free with tpu_ranges_done().
+ */
+struct tpu_range {
+	uint64_t lo, hi;
+};
+
+struct tpu_ranges {
+	struct tpu_range *r;
+	size_t n, cap;
+};
+
+/*
+ * tpu_ranges_add() - add [@lo, @hi) (@lo < @hi) to @rs, which then holds at most @max separate
+ * ranges.
+ * Return: 0; -EEXIST when it overlaps a byte already in @rs; -E2BIG when @rs would hold more than
+ * @max ranges; -EINVAL for an empty range; -ENOMEM. @rs is unchanged on failure.
+ */
+int tpu_ranges_add(struct tpu_ranges *rs, uint64_t lo, uint64_t hi, size_t max);
+
+/* True when @rs is exactly [0, @end): one range, or none for @end 0. */
+bool tpu_ranges_is_prefix(const struct tpu_ranges *rs, uint64_t end);
+
+/* Frees @rs's memory; it is empty after. */
+void tpu_ranges_done(struct tpu_ranges *rs);
+
 #endif

@@ -227,3 +227,66 @@ void tpu_text_clean(char *s, unsigned flags)
 	}
 	*w = '\0';
 }
+
+int tpu_ranges_add(struct tpu_ranges *rs, uint64_t lo, uint64_t hi, size_t max)
+{
+	size_t a = 0, b = rs->n, i;
+	bool left, right;
+
+	if (lo >= hi)
+		return -EINVAL;
+	while (a < b) { /* i: the first range that ends after @lo */
+		size_t m = a + (b - a) / 2;
+
+		if (rs->r[m].hi <= lo)
+			a = m + 1;
+		else
+			b = m;
+	}
+	i = a;
+	if (i < rs->n && rs->r[i].lo < hi)
+		return -EEXIST;
+	left = i > 0 && rs->r[i - 1].hi == lo;
+	right = i < rs->n && rs->r[i].lo == hi;
+	if (left && right) {
+		rs->r[i - 1].hi = rs->r[i].hi;
+		memmove(&rs->r[i], &rs->r[i + 1], (rs->n - i - 1) * sizeof(*rs->r));
+		rs->n--;
+		return 0;
+	}
+	if (left || right) {
+		if (left)
+			rs->r[i - 1].hi = hi;
+		else
+			rs->r[i].lo = lo;
+		return 0;
+	}
+	if (rs->n >= max)
+		return -E2BIG;
+	if (rs->n == rs->cap) {
+		size_t cap = rs->cap ? 2 * rs->cap : 4;
+		struct tpu_range *r = reallocarray(rs->r, cap, sizeof(*r));
+
+		if (!r)
+			return -ENOMEM;
+		rs->r = r;
+		rs->cap = cap;
+	}
+	memmove(&rs->r[i + 1], &rs->r[i], (rs->n - i) * sizeof(*rs->r));
+	rs->r[i] = (struct tpu_range){ lo, hi };
+	rs->n++;
+	return 0;
+}
+
+bool tpu_ranges_is_prefix(const struct tpu_ranges *rs, uint64_t end)
+{
+	if (end == 0)
+		return rs->n == 0;
+	return rs->n == 1 && rs->r[0].lo == 0 && rs->r[0].hi == end;
+}
+
+void tpu_ranges_done(struct tpu_ranges *rs)
+{
+	free(rs->r);
+	*rs = (struct tpu_ranges){ 0 };
+}

@@ -59,6 +59,10 @@ void tpb_stripe_set_status(struct tpb_stripe_xfer *x, int status, const char *fm
 /* Moves @x to the done queue; its callback runs on the loop. */
 static void xfer_complete(struct tpb_stripe *st, struct tpb_stripe_xfer *x)
 {
+	/* No chunk overlaps another (rx_take()): @bytes distinct bytes came, and where they are the
+	 * first @bytes of the transfer the owner may use them as the sender's whole prefix. */
+	x->exact = tpu_ranges_is_prefix(&x->got, x->bytes);
+	tpu_ranges_done(&x->got);
 	x->queued_done = true;
 	x->ns = tpu_now_ns() - x->start_ns;
 	if (x->is_recv && x->total)
@@ -452,6 +456,9 @@ static int xfer_start(struct tpb_stripe_xfer *x, bool recv)
 	x->canceled = x->queued_done = x->broken = false;
 	x->is_recv = recv;
 	x->expect_why[0] = '\0';
+	x->got = (struct tpu_ranges){ 0 };
+	x->exact = false;
+	x->progress = 0;
 	tpu_list_init(&x->work.node);
 	return 0;
 }
@@ -542,6 +549,27 @@ void tpb_stripe_recv_expect(struct tpb_stripe *st, struct tpb_stripe_xfer *x, ui
 		x->expect_status = status < 0 ? status : -EIO;
 		snprintf(x->expect_why, sizeof(x->expect_why), "%s",
 			 why && *why ? why : "the sender stopped early");
+		tpb_stripe_recv_check(st, x);
+	}
+	pthread_mutex_unlock(&st->lock);
+}
+
+uint64_t tpb_stripe_recv_progress(const struct tpb_stripe_xfer *x)
+{
+	return __atomic_load_n(&x->progress, __ATOMIC_RELAXED);
+}
+
+void tpb_stripe_recv_stalled(struct tpb_stripe *st, struct tpb_stripe_xfer *x, const char *why)
+{
+	pthread_mutex_lock(&st->lock);
+	if (!x->queued_done && !x->canceled) {
+		tpb_stripe_set_status(x, -ETIMEDOUT, "%s", why && *why ? why : "the sender stalled");
+		x->canceled = true;
+		for (unsigned i = 0; i < st->n_conns; i++)
+			if (st->conns[i].rx_x == x)
+				tpb_stripe_conn_fail(&st->conns[i], -ETIMEDOUT, "stalled in a chunk of "
+						     "transfer %llu",
+						     (unsigned long long)x->xfer_id);
 		tpb_stripe_recv_check(st, x);
 	}
 	pthread_mutex_unlock(&st->lock);

@@ -17,6 +17,10 @@
  *  16  u64 offset  byte offset inside the segment
  *  24  u32 len     1 .. TPB_STRIPE_CHUNK_MAX (senders cut at their configured chunk size)
  *  28  u32 flags   0
+ * A receive takes each of its bytes once: a chunk that overlaps one already taken (or being
+ * written) for the same transfer is a protocol violation, so a transfer is complete only once
+ * every byte of it (or of the prefix its sender ended at) was written by the peer, never when the
+ * right number of bytes came. Its pieces are kept as ranges, at most TPB_STRIPE_PIECES_MAX apart.
  */
 #ifndef TPB_STRIPE_H
 #define TPB_STRIPE_H
@@ -30,6 +34,10 @@
 #define TPB_STRIPE_HDR 32
 #define TPB_STRIPE_CONNS_MAX 16
 #define TPB_STRIPE_CHUNK_MAX (16u << 20) /* larger chunks are a protocol violation */
+/* Separate ranges one receive may hold while its chunks arrive out of order (each connection
+ * delivers its chunks in order, so a sender leaves about one gap per connection and chunk
+ * queued in its socket): more is a protocol violation. */
+#define TPB_STRIPE_PIECES_MAX 4096u
 #define TPB_STRIPE_SEND_SIZE_MIN 4096u
 
 struct tpb_buffer;
@@ -61,7 +69,10 @@ struct tpb_stripe_xfer {
 	/* Results, valid in @done. */
 	int status;			/* 0, or -errno (-ECANCELED, -ECONNRESET, -EFAULT, ...) */
 	char why[160];			/* reason when @status < 0 */
-	uint64_t bytes;			/* bytes sent (send) or received (receive) */
+	uint64_t bytes;			/* bytes sent (send) or received (receive: each byte once) */
+	bool exact;			/* receive: the bytes received are the first @bytes of the
+					 * transfer (a transfer ended early by its sender, see
+					 * tpb_stripe_recv_expect(), is whole only then) */
 	uint64_t ns;			/* time from start to done */
 
 	/* Private to the stripe (guarded by its lock while the transfer is active). */
@@ -69,9 +80,13 @@ struct tpb_stripe_xfer {
 					 * both: work.node is its place in the done queue */
 	uint64_t total, start_ns, expect;
 	int expect_status, busy;	/* receive: busy: chunks a thread is writing right now */
+	uint64_t progress;		/* receive: payload bytes read for it, chunks being read
+					 * included (atomic) */
 	bool canceled, is_recv, queued_done; /* receive */
 	bool broken;			/* receive: a chunk was cut short by a failed connection */
 	char expect_why[160];
+	struct tpu_ranges got;		/* receive: the bytes taken or being written (offsets in the
+					 * transfer, segments back to back) */
 };
 
 struct tpb_stripe_config {
@@ -156,13 +171,27 @@ void tpb_stripe_send_cancel(struct tpb_stripe *st, struct tpb_stripe_xfer *x);
 int tpb_stripe_recv(struct tpb_stripe *st, struct tpb_stripe_xfer *x);
 
 /* The sender ended @x after @bytes with @status (its PeerXferEnd): complete @x once @bytes have
- * arrived, with @status (and @why). A status of 0 with all bytes is a no-op. */
+ * arrived, with @status (and @why). A status of 0 with all bytes is a no-op. An owner that takes
+ * such a transfer's first @bytes as whole checks @x->exact: the right count of bytes may lie
+ * anywhere in the transfer. */
 void tpb_stripe_recv_expect(struct tpb_stripe *st, struct tpb_stripe_xfer *x, uint64_t bytes,
 			    int status, const char *why);
 
 /* Stops writing into @x's memory: later chunks for it are read and dropped; @done runs with
  * -ECANCELED once no thread writes @x's memory. No-op once @done is queued. */
 void tpb_stripe_recv_cancel(struct tpb_stripe *st, struct tpb_stripe_xfer *x);
+
+/* tpb_stripe_recv_progress() - payload bytes read for receive @x so far, chunks still being read
+ * included (it moves while an honest sender's large chunk arrives slowly). */
+uint64_t tpb_stripe_recv_progress(const struct tpb_stripe_xfer *x);
+
+/*
+ * tpb_stripe_recv_stalled() - the sender of @x stopped sending it: @done runs with -ETIMEDOUT
+ * (@why) once no thread writes @x's memory; later chunks for it are dropped. A connection in the
+ * middle of one of @x's chunks is failed (the peer stalled it there: nothing else would get the
+ * thread out of @x's memory). No-op once @done is queued.
+ */
+void tpb_stripe_recv_stalled(struct tpb_stripe *st, struct tpb_stripe_xfer *x, const char *why);
 
 /* Bytes of chunk payload sent and received over all connections (approximate while running). */
 uint64_t tpb_stripe_bytes_sent(const struct tpb_stripe *st);

@@ -47,6 +47,7 @@ struct conn {
 	bool failed; /* lock */
 	bool idle;   /* lock: its sender waits for work */
 	bool handed; /* lock: @handoff is its next chunk */
+	struct tpb_stripe_xfer *rx_x; /* lock: the receive its receiver writes a chunk of, or NULL */
 	struct claim handoff;
 	pthread_cond_t wake; /* its sender waits here, for a chunk handed to it or to stop */
 };

@@ -362,17 +362,28 @@ struct chunk_hdr {
 	uint64_t id, off;
 };
 
-/* Receives @len bytes into @m + @off, or drops them when @m is NULL. A failed CMA write is
- * stored in @ret_werr and the rest drained. Return: 0 or -errno of the socket. */
+#define RX_STEP (256u << 10) /* a chunk's bytes read into a mapping, at most this many a call */
+
+/* Receives @len bytes into @m + @off, or drops them when @m is NULL, adding to *@prog (when not
+ * NULL) as they come. A failed CMA write is stored in @ret_werr and the rest drained. Return: 0
+ * or -errno of the socket. */
 static int recv_payload(struct conn *c, const struct tpb_mem *m, uint64_t off, uint32_t len,
-			struct tpb_scratch *sc, uint32_t blen, int *ret_werr, char *why,
-			size_t why_len)
+			struct tpb_scratch *sc, uint32_t blen, uint64_t *prog, int *ret_werr,
+			char *why, size_t why_len)
 {
 	void *b;
 	int r;
 
-	if (m && m->loc == TPB_LOC_LOCAL)
-		return recv_all(c, (void *)(uintptr_t)(m->addr + off), len);
+	if (m && m->loc == TPB_LOC_LOCAL) {
+		for (uint32_t done = 0, n; done < len; done += n) {
+			n = TPU_MIN(len - done, RX_STEP);
+			r = recv_all(c, (void *)(uintptr_t)(m->addr + off + done), n);
+			if (r < 0)
+				return r;
+			__atomic_fetch_add(prog, n, __ATOMIC_RELAXED);
+		}
+		return 0;
+	}
 	if (!(b = bounce_get(sc, blen)))
 		return -ENOMEM;
 	for (uint32_t done = 0, n; done < len; done += n) {
@@ -380,6 +391,8 @@ static int recv_payload(struct conn *c, const struct tpb_mem *m, uint64_t off, u
 		r = recv_all(c, b, n);
 		if (r < 0)
 			return r;
+		if (prog)
+			__atomic_fetch_add(prog, n, __ATOMIC_RELAXED);
 		if (m && *ret_werr == 0)
 			*ret_werr = tpb_cuda_basic_stage(m, off + done, b, n, true, sc, why,
 							 why_len);
@@ -387,11 +400,23 @@ static int recv_payload(struct conn *c, const struct tpb_mem *m, uint64_t off, u
 	return 0;
 }
 
+/* Lock held: takes the bytes of chunk @h (inside @x's segments) for @x, once. Return: 0, -EEXIST
+ * (a byte of it was taken before), -E2BIG (too many pieces) or -ENOMEM. */
+static int rx_take(struct tpb_stripe_xfer *x, const struct chunk_hdr *h)
+{
+	uint64_t at = h->off;
+
+	for (uint32_t i = 0; i < h->seg; i++)
+		at += x->segs[i].len; /* no overflow: the segments' total fits (xfer_start()) */
+	return tpu_ranges_add(&x->got, at, at + h->len, TPB_STRIPE_PIECES_MAX);
+}
+
 /* Lock held: checks the header; registers the chunk's receive as busy in @ret (NULL: drop).
  * Return: 0, or -EPROTO after failing the connection. */
 static int rx_lookup(struct conn *c, const struct chunk_hdr *h, struct tpb_stripe_xfer **ret)
 {
 	struct tpb_stripe_xfer *x;
+	int r;
 
 	*ret = NULL;
 	if (h->magic != TPB_STRIPE_MAGIC)
@@ -405,9 +430,17 @@ static int rx_lookup(struct conn *c, const struct chunk_hdr *h, struct tpb_strip
 		tpb_stripe_conn_fail(c, -EPROTO,
 			  "chunk of %u bytes at offset %llu of segment %u is outside transfer %llu",
 			  h->len, (unsigned long long)h->off, h->seg, (unsigned long long)h->id);
+	else if (x && !x->canceled && !x->broken && (r = rx_take(x, h)) < 0)
+		tpb_stripe_conn_fail(c, r == -ENOMEM ? -ENOMEM : -EPROTO,
+			  "chunk of %u bytes at offset %llu of segment %u of transfer %llu: %s",
+			  h->len, (unsigned long long)h->off, h->seg, (unsigned long long)h->id,
+			  r == -EEXIST ? "overlaps bytes already received" :
+			  r == -E2BIG ? "leaves the transfer in more pieces than the limit" :
+			  "no memory");
 	else {
 		if (x && !x->canceled && !x->broken) {
 			x->busy++;
+			c->rx_x = x;
 			*ret = x;
 		}
 		return 0;
@@ -421,6 +454,7 @@ static void rx_account(struct conn *c, struct tpb_stripe_xfer *x, const struct c
 {
 	if (r == 0)
 		__atomic_fetch_add(&c->st->received, h->len, __ATOMIC_RELAXED);
+	c->rx_x = NULL;
 	if (x) {
 		x->busy--;
 		if (r < 0) {
@@ -460,8 +494,8 @@ static int rx_chunk(struct conn *c, const uint8_t *raw, struct tpb_scratch *sc)
 	pthread_mutex_unlock(&st->lock);
 	if (r < 0)
 		return r;
-	r = recv_payload(c, write ? &m : NULL, h.off, h.len, sc, st->chunk, &werr, why,
-			 sizeof(why));
+	r = recv_payload(c, write ? &m : NULL, h.off, h.len, sc, st->chunk,
+			 x ? &x->progress : NULL, &werr, why, sizeof(why));
 	pthread_mutex_lock(&st->lock);
 	rx_account(c, x, &h, r, werr, why);
 	pthread_mutex_unlock(&st->lock);

@@ -30,7 +30,7 @@ struct tpd_chan_stream {
 	tpd_chan_copy_done_fn done;
 	void *arg;
 	struct event *idle; /* tpd_chan_stream_deadline()'s check, or NULL */
-	uint64_t link_bytes; /* the link's bytes received at the last check */
+	uint64_t seen; /* the transfer's bytes received at the last check */
 	uint32_t idle_ms;
 };
 
@@ -53,8 +53,13 @@ static void stream_on_done(struct tpb_stripe_xfer *x)
 	struct tpd_chan_stream *cs = x->arg;
 	int status = x->status;
 
-	if (cs->shortened && status == -ENODATA && x->bytes == cs->bytes)
+	if (cs->shortened && status == -ENODATA && x->bytes == cs->bytes && !x->exact) {
+		status = -EPROTO; /* the right count of bytes, not the item's first ones */
+		snprintf(x->why, sizeof(x->why), "the peer's %llu bytes are not the item's first",
+			 (unsigned long long)x->bytes);
+	} else if (cs->shortened && status == -ENODATA && x->bytes == cs->bytes) {
 		status = 0; /* the item's end, not the room's */
+	}
 	if (status == 0 && x->bytes != cs->bytes) {
 		status = -EIO;
 		snprintf(x->why, sizeof(x->why), "%llu of %llu bytes moved",
@@ -168,18 +173,19 @@ void tpd_chan_stream_shorten(struct tpd_chan_stream *cs, uint64_t bytes)
 static void stream_on_idle(evutil_socket_t fd, short what, void *arg)
 {
 	struct tpd_chan_stream *cs = arg;
-	uint64_t now = tpb_stripe_bytes_received(cs->st);
+	uint64_t now = tpb_stripe_recv_progress(&cs->x);
 	char why[120];
 
 	(void)fd;
 	(void)what;
-	if (now != cs->link_bytes) {
-		cs->link_bytes = now;
+	if (now != cs->seen) {
+		cs->seen = now;
 		return;
 	}
-	snprintf(why, sizeof(why), "no byte came over the link for %u ms", cs->idle_ms);
+	/* This transfer's own bytes: chunks of others (or of none) do not keep it alive. */
+	snprintf(why, sizeof(why), "no byte of the item came for %u ms", cs->idle_ms);
 	event_del(cs->idle);
-	tpb_stripe_recv_expect(cs->st, &cs->x, 0, -ETIMEDOUT, why);
+	tpb_stripe_recv_stalled(cs->st, &cs->x, why);
 }
 
 int tpd_chan_stream_deadline(struct tpd_chan_stream *cs, struct event_base *base, uint32_t idle_ms)
@@ -195,7 +201,7 @@ int tpd_chan_stream_deadline(struct tpd_chan_stream *cs, struct event_base *base
 		return -ENOMEM;
 	}
 	cs->idle_ms = idle_ms;
-	cs->link_bytes = tpb_stripe_bytes_received(cs->st);
+	cs->seen = tpb_stripe_recv_progress(&cs->x);
 	return 0;
 }
 

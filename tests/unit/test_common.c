@@ -566,6 +566,52 @@ START_TEST(test_common_log_level_names)
 }
 END_TEST
 
+/* The ranges a receive holds: merged where they touch, sorted, overlaps refused, a bound on
+ * their count, and the prefix test. */
+START_TEST(test_common_ranges_merge_refuse_overlaps_and_bound)
+{
+	struct tpu_ranges rs = { 0 };
+
+	ck_assert(tpu_ranges_is_prefix(&rs, 0));
+	ck_assert(!tpu_ranges_is_prefix(&rs, 1));
+	ck_assert_int_eq(tpu_ranges_add(&rs, 5, 5, 8), -EINVAL);
+	ck_assert_int_eq(tpu_ranges_add(&rs, 6, 5, 8), -EINVAL);
+	ck_assert_int_eq(tpu_ranges_add(&rs, 100, 200, 8), 0);
+	ck_assert_int_eq(tpu_ranges_add(&rs, 300, 400, 8), 0);
+	ck_assert_uint_eq(rs.n, 2);
+	/* every overlap, by one byte or more, and nothing changes */
+	ck_assert_int_eq(tpu_ranges_add(&rs, 100, 200, 8), -EEXIST);
+	ck_assert_int_eq(tpu_ranges_add(&rs, 199, 201, 8), -EEXIST);
+	ck_assert_int_eq(tpu_ranges_add(&rs, 50, 101, 8), -EEXIST);
+	ck_assert_int_eq(tpu_ranges_add(&rs, 150, 160, 8), -EEXIST);
+	ck_assert_int_eq(tpu_ranges_add(&rs, 0, 1000, 8), -EEXIST);
+	ck_assert_int_eq(tpu_ranges_add(&rs, 250, 301, 8), -EEXIST);
+	ck_assert_uint_eq(rs.n, 2);
+	/* a bound on separate ranges, not on merges */
+	ck_assert_int_eq(tpu_ranges_add(&rs, 500, 510, 2), -E2BIG);
+	ck_assert_int_eq(tpu_ranges_add(&rs, 200, 250, 2), 0); /* touches the first */
+	ck_assert_int_eq(tpu_ranges_add(&rs, 260, 300, 2), 0); /* touches the second */
+	ck_assert_uint_eq(rs.n, 2);
+	ck_assert_int_eq(tpu_ranges_add(&rs, 250, 260, 2), 0); /* joins both */
+	ck_assert_uint_eq(rs.n, 1);
+	ck_assert(!tpu_ranges_is_prefix(&rs, 400));
+	ck_assert_int_eq(tpu_ranges_add(&rs, 0, 100, 1), 0);
+	ck_assert(tpu_ranges_is_prefix(&rs, 400));
+	ck_assert(!tpu_ranges_is_prefix(&rs, 399));
+	/* many, out of order: every other unit, then the gaps */
+	tpu_ranges_done(&rs);
+	ck_assert_uint_eq(rs.n, 0);
+	for (uint64_t k = 0; k < 1000; k++)
+		ck_assert_int_eq(tpu_ranges_add(&rs, (999 - k) * 2, (999 - k) * 2 + 1, 1000), 0);
+	ck_assert_uint_eq(rs.n, 1000);
+	ck_assert_int_eq(tpu_ranges_add(&rs, 3000, 3001, 1000), -E2BIG);
+	for (uint64_t k = 0; k < 999; k++)
+		ck_assert_int_eq(tpu_ranges_add(&rs, k * 2 + 1, k * 2 + 2, 1000), 0);
+	ck_assert(tpu_ranges_is_prefix(&rs, 1999));
+	tpu_ranges_done(&rs);
+}
+END_TEST
+
 static Suite *common_suite(void)
 {
 	Suite *s = suite_create("common");
@@ -610,6 +656,7 @@ static Suite *common_suite(void)
 	tcase_add_test(g, test_common_log_level_names);
 	tcase_add_test(g, test_common_log_message_stays_one_line);
 	tcase_add_test(g, test_common_text_clean_keeps_utf8_and_drops_controls);
+	tcase_add_test(g, test_common_ranges_merge_refuse_overlaps_and_bound);
 	suite_add_tcase(s, g);
 	return s;
 }

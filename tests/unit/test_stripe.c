@@ -63,6 +63,7 @@ struct res {
 	uint64_t bytes;
 	uint64_t ns;
 	bool on_loop;
+	bool exact;
 	char why[160];
 };
 
@@ -109,6 +110,7 @@ static void on_done(struct tpb_stripe_xfer *x)
 	r->status = x->status;
 	r->bytes = x->bytes;
 	r->ns = x->ns;
+	r->exact = x->exact;
 	r->on_loop = pthread_equal(pthread_self(), loop_thread);
 	snprintf(r->why, sizeof(r->why), "%s", x->why);
 }
@@ -1053,6 +1055,179 @@ START_TEST(test_stripe_bad_chunk_fails_only_that_stripe)
 }
 END_TEST
 
+/* Sends a raw chunk of @len bytes of @fill for transfer @id at @off of segment 0. */
+static void raw_chunk(struct fx *f, uint64_t id, uint64_t off, uint32_t len, uint8_t fill)
+{
+	uint8_t hdr[TPB_STRIPE_HDR], body[256];
+
+	ck_assert_uint_le(len, sizeof(body));
+	memset(body, fill, len);
+	put_hdr(hdr, TPB_STRIPE_MAGIC, 0, id, off, len, 0);
+	ck_assert_int_eq(send(f->raw, hdr, sizeof(hdr), MSG_NOSIGNAL), sizeof(hdr));
+	ck_assert_int_eq(send(f->raw, body, len, MSG_NOSIGNAL), (ssize_t)len);
+}
+
+/* Two chunks of one transfer that share a byte: the second must fail the connection, however
+ * they overlap (the bytes counted alone would complete the transfer with a hole in it). */
+static const struct {
+	uint64_t off1;
+	uint32_t len1;
+	uint64_t off2;
+	uint32_t len2;
+} overlaps[] = {
+	{ 0, 100, 0, 100 },   /* the same chunk twice */
+	{ 0, 100, 99, 2 },    /* one byte at the end */
+	{ 100, 100, 50, 51 }, /* one byte at the start */
+	{ 100, 100, 120, 10 }, /* inside */
+	{ 100, 100, 50, 200 }, /* around */
+};
+
+START_TEST(test_stripe_overlapping_chunk_fails_the_stripe)
+{
+	uint8_t dst[300];
+	struct xf r;
+	struct fx f;
+
+	fx_setup(&f, 0, 0);
+	fx_raw(&f, 0);
+	xf_init(&r, 7);
+	xf_seg(&r, TPB_LOC_LOCAL, dst, sizeof(dst));
+	ck_assert_int_eq(tpb_stripe_recv(f.c.st, &r.x), 0);
+	raw_chunk(&f, 7, overlaps[_i].off1, overlaps[_i].len1, 1);
+	raw_chunk(&f, 7, overlaps[_i].off2, overlaps[_i].len2, 2);
+	ck_assert(run_until(&f, &f.c.errors, &r.res.calls, DEADLINE_MS));
+	ck_assert_int_eq(f.c.err, -EPROTO);
+	ck_assert_msg(strstr(f.c.why, "overlaps bytes already received"), "why: %s", f.c.why);
+	ck_assert_int_ne(r.res.status, 0);
+	fx_teardown(&f);
+}
+END_TEST
+
+/* Chunks that only touch are fine, in any order; the transfer is whole. */
+START_TEST(test_stripe_touching_chunks_in_any_order_complete)
+{
+	uint8_t dst[300];
+	struct xf r;
+	struct fx f;
+
+	fx_setup(&f, 0, 0);
+	fx_raw(&f, 0);
+	xf_init(&r, 7);
+	xf_seg(&r, TPB_LOC_LOCAL, dst, 300);
+	ck_assert_int_eq(tpb_stripe_recv(f.c.st, &r.x), 0);
+	raw_chunk(&f, 7, 200, 100, 3);
+	raw_chunk(&f, 7, 0, 100, 1);
+	raw_chunk(&f, 7, 100, 100, 2);
+	ck_assert(run_until(&f, &r.res.calls, NULL, DEADLINE_MS));
+	check_ok(&r.res, 300);
+	ck_assert(r.res.exact);
+	for (int i = 0; i < 300; i++)
+		ck_assert_int_eq(dst[i], 1 + i / 100);
+	ck_assert_int_eq(f.c.errors, 0);
+	fx_teardown(&f);
+}
+END_TEST
+
+/* A sender that ends a transfer early: exact says whether what came is the prefix it ended at
+ * (the right count of bytes elsewhere in the transfer is not). */
+START_TEST(test_stripe_early_end_says_whether_the_prefix_came)
+{
+	uint8_t dst[300];
+	struct xf r;
+	struct fx f;
+
+	fx_setup(&f, 0, 0);
+	fx_raw(&f, 0);
+	xf_init(&r, 7);
+	xf_seg(&r, TPB_LOC_LOCAL, dst, 300);
+	ck_assert_int_eq(tpb_stripe_recv(f.c.st, &r.x), 0);
+	raw_chunk(&f, 7, _i ? 0 : 200, 100, 1);
+	for (uint64_t end = now_ms() + DEADLINE_MS; tpb_stripe_recv_progress(&r.x) < 100 &&
+						      now_ms() < end;)
+		event_base_loop(f.base, EVLOOP_ONCE);
+	tpb_stripe_recv_expect(f.c.st, &r.x, 100, -ENODATA, "ends here");
+	ck_assert(run_until(&f, &r.res.calls, NULL, DEADLINE_MS));
+	ck_assert_int_eq(r.res.status, -ENODATA);
+	ck_assert_uint_eq(r.res.bytes, 100);
+	ck_assert_int_eq(r.res.exact, _i == 1);
+	ck_assert_int_eq(f.c.errors, 0);
+	fx_teardown(&f);
+}
+END_TEST
+
+/* A transfer may lie in TPB_STRIPE_PIECES_MAX separate pieces, not one more: a peer cannot make
+ * the receiver keep a range per byte. */
+START_TEST(test_stripe_pieces_are_bounded)
+{
+	uint32_t n = TPB_STRIPE_PIECES_MAX + (uint32_t)_i;
+	uint8_t *dst = zeroed(2 * (size_t)n), *buf = malloc((size_t)n * (TPB_STRIPE_HDR + 1));
+	size_t at = 0;
+	struct xf r;
+	struct fx f;
+
+	ck_assert_ptr_nonnull(buf);
+	fx_setup(&f, 0, 0);
+	fx_raw(&f, 0);
+	xf_init(&r, 7);
+	xf_seg(&r, TPB_LOC_LOCAL, dst, 2 * (size_t)n);
+	ck_assert_int_eq(tpb_stripe_recv(f.c.st, &r.x), 0);
+	for (uint32_t k = 0; k < n; k++) { /* every other byte */
+		put_hdr(buf + at, TPB_STRIPE_MAGIC, 0, 7, 2 * (uint64_t)k, 1, 0);
+		buf[at + TPB_STRIPE_HDR] = 9;
+		at += TPB_STRIPE_HDR + 1;
+	}
+	for (size_t sent = 0; sent < at;) {
+		ssize_t w = send(f.raw, buf + sent, at - sent, MSG_NOSIGNAL | MSG_DONTWAIT);
+
+		if (w > 0)
+			sent += (size_t)w;
+		else
+			event_base_loop(f.base, EVLOOP_ONCE | EVLOOP_NONBLOCK);
+	}
+	if (_i) {
+		ck_assert(run_until(&f, &f.c.errors, NULL, DEADLINE_MS));
+		ck_assert_msg(strstr(f.c.why, "pieces"), "why: %s", f.c.why);
+	} else {
+		for (uint64_t end = now_ms() + DEADLINE_MS;
+		     tpb_stripe_recv_progress(&r.x) < n && now_ms() < end;)
+			event_base_loop(f.base, EVLOOP_ONCE);
+		ck_assert_uint_eq(tpb_stripe_recv_progress(&r.x), n);
+		ck_assert_int_eq(f.c.errors, 0);
+		ck_assert_int_eq(r.res.calls, 0);
+	}
+	fx_teardown(&f);
+	free(buf);
+	free(dst);
+}
+END_TEST
+
+/* A peer that stops in the middle of a chunk holds the receiver's thread in the transfer's
+ * memory: tpb_stripe_recv_stalled() fails that connection and ends the transfer at once. */
+START_TEST(test_stripe_stalled_in_a_chunk_ends_the_transfer)
+{
+	uint8_t hdr[TPB_STRIPE_HDR], body[10] = { 0 }, dst[100];
+	struct xf r;
+	struct fx f;
+
+	fx_setup(&f, 0, 0);
+	fx_raw(&f, 0);
+	xf_init(&r, 7);
+	xf_seg(&r, TPB_LOC_LOCAL, dst, sizeof(dst));
+	ck_assert_int_eq(tpb_stripe_recv(f.c.st, &r.x), 0);
+	put_hdr(hdr, TPB_STRIPE_MAGIC, 0, 7, 0, 100, 0);
+	ck_assert_int_eq(send(f.raw, hdr, sizeof(hdr), MSG_NOSIGNAL), sizeof(hdr));
+	ck_assert_int_eq(send(f.raw, body, sizeof(body), MSG_NOSIGNAL), sizeof(body));
+	run_for(&f, 100); /* the receiver now waits for the other 90 bytes */
+	ck_assert_int_eq(r.res.calls, 0);
+	tpb_stripe_recv_stalled(f.c.st, &r.x, "no byte for a while");
+	ck_assert(run_until(&f, &r.res.calls, &f.c.errors, DEADLINE_MS));
+	ck_assert_int_eq(r.res.status, -ETIMEDOUT);
+	ck_assert_msg(strstr(r.res.why, "no byte for a while"), "why: %s", r.res.why);
+	ck_assert_msg(strstr(f.c.why, "stalled in a chunk of transfer 7"), "why: %s", f.c.why);
+	fx_teardown(&f);
+}
+END_TEST
+
 START_TEST(test_stripe_chunk_header_is_the_documented_wire_format)
 {
 	uint8_t hdr[TPB_STRIPE_HDR], exp[TPB_STRIPE_HDR], body[5];
@@ -1391,6 +1566,12 @@ static Suite *stripe_suite(void)
 	tcase_add_test(tc, test_stripe_recv_cancel_drops_later_chunks);
 	tcase_add_loop_test(tc, test_stripe_bad_chunk_fails_only_that_stripe, 0,
 			    sizeof(bads) / sizeof(bads[0]));
+	tcase_add_loop_test(tc, test_stripe_overlapping_chunk_fails_the_stripe, 0,
+			    (int)(sizeof(overlaps) / sizeof(overlaps[0])));
+	tcase_add_test(tc, test_stripe_touching_chunks_in_any_order_complete);
+	tcase_add_loop_test(tc, test_stripe_early_end_says_whether_the_prefix_came, 0, 2);
+	tcase_add_loop_test(tc, test_stripe_pieces_are_bounded, 0, 2);
+	tcase_add_test(tc, test_stripe_stalled_in_a_chunk_ends_the_transfer);
 	tcase_add_test(tc, test_stripe_chunk_header_is_the_documented_wire_format);
 	tcase_add_test(tc, test_stripe_small_socket_writes_keep_the_wire_format);
 	tcase_add_test(tc, test_stripe_peer_close_reports_error_once);
