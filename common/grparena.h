@@ -16,7 +16,7 @@
 #include <unistd.h>
 
 #define TPU_GRPARENA_MAGIC 0x52475054u /* "TPGR" */
-#define TPU_GRPARENA_VERSION 1u
+#define TPU_GRPARENA_VERSION 2u /* 2: sleepers (a library of 1 sleeps without counting) */
 #define TPU_GRPARENA_HDR 4096u	       /* the header page */
 #define TPU_GRPARENA_CALL 64u	       /* one call descriptor (a cache line) */
 #define TPU_GRPARENA_FAILED 0x80000000u /* in word: the group failed (fail_* say why) */
@@ -49,7 +49,12 @@ struct tpu_grparena_hdr {
 	/* Cache line 1: the barrier. */
 	uint32_t word;	/* futex: TPU_GRPARENA_FAILED | generation */
 	uint32_t count; /* members arrived at the current barrier */
-	uint8_t pad2[56];
+	/* Members about to sleep on word, or sleeping (counted before they look at word one last
+	 * time): the last to arrive at a barrier wakes them only when there are some, sparing a
+	 * system call a barrier where everyone spins. One that dies asleep leaves it raised: the
+	 * others then wake every time, as version 1 did. */
+	uint32_t sleepers;
+	uint8_t pad2[52];
 	/* Cache line 2: the first failure (written once, before FAILED is set in word). */
 	uint32_t fail_rank;
 	uint32_t fail_pid;

@@ -199,7 +199,13 @@ static int barrier_sleep(struct tp_group *g, uint32_t gen, int64_t end, char *ms
 			rel.tv_sec = 0;
 			rel.tv_nsec = 50 * 1000000L;
 		}
-		futex_wait(w, v, end || spared ? &rel : NULL);
+		/* Counted before the last look at the word, which the last to arrive changes before
+		 * it reads the count (both sequentially consistent): either it sees us and wakes, or
+		 * we see the new generation and do not sleep. */
+		__atomic_fetch_add(&g->hdr->sleepers, 1, __ATOMIC_SEQ_CST);
+		if (__atomic_load_n(w, __ATOMIC_SEQ_CST) == v)
+			futex_wait(w, v, end || spared ? &rel : NULL);
+		__atomic_fetch_sub(&g->hdr->sleepers, 1, __ATOMIC_RELAXED);
 	}
 }
 
@@ -230,10 +236,10 @@ int tpc_coll_barrier(struct tp_group *g, int timeout_ms, char *msg, size_t ml)
 	old = __atomic_load_n(&h->word, __ATOMIC_RELAXED);
 	do
 		nv = (old & TPU_GRPARENA_FAILED) | ((old + 1) & TPU_GRPARENA_GEN);
-	while (!__atomic_compare_exchange_n(&h->word, &old, nv, false, __ATOMIC_ACQ_REL,
+	while (!__atomic_compare_exchange_n(&h->word, &old, nv, false, __ATOMIC_SEQ_CST,
 					    __ATOMIC_RELAXED));
-	if (g->size > 1)
-		tpu_grparena_wake(&h->word);
+	if (g->size > 1 && __atomic_load_n(&h->sleepers, __ATOMIC_SEQ_CST))
+		tpu_grparena_wake(&h->word); /* a futex call costs about a microsecond */
 	return 0;
 }
 

@@ -827,6 +827,30 @@ static int body_barrier(struct gt_member *m)
 	return tp_barrier(m->g) < 0;
 }
 
+/* Barriers where the others have gone to sleep (a member arrives 3 ms late, in turn), then many
+ * back to back on more members than CPUs, where they spin, yield and sleep in every mix: the
+ * last to arrive wakes only the members that counted themselves asleep, and none is missed. */
+static int body_late_barriers(struct gt_member *m)
+{
+	for (unsigned i = 0; i < 60; i++) {
+		if (i % m->n == m->idx)
+			usleep(3000);
+		if (tp_barrier(m->g) < 0)
+			return mfail(m, -EIO, "late barrier");
+	}
+	for (unsigned i = 0; i < 3000; i++)
+		if (tp_barrier(m->g) < 0)
+			return mfail(m, -EIO, "barrier");
+	return 0;
+}
+
+START_TEST(test_barriers_wake_the_sleepers_and_no_one_else)
+{
+	ck_assert(gt_run(&tpt_fixture_daemon, "sleepy", 2, false, body_late_barriers, NULL, sh, T_MS));
+	ck_assert(gt_run(&tpt_fixture_daemon, "sleepy", 4, false, body_late_barriers, NULL, sh, T_MS));
+}
+END_TEST
+
 START_TEST(test_members_exiting_without_leaving_free_the_group)
 {
 	ck_assert(gt_run(&tpt_fixture_daemon, "unleft", 3, false, body_exit_unleft, NULL, sh, T_MS));
@@ -1133,6 +1157,7 @@ static Suite *groups_suite(void)
 	tcase_add_test(tc, test_member_killed_mid_collective_fails_survivors);
 	tcase_add_test(tc, test_member_leaving_fails_the_others_next_call);
 	tcase_add_test(tc, test_members_exiting_without_leaving_free_the_group);
+	tcase_add_test(tc, test_barriers_wake_the_sleepers_and_no_one_else);
 	tcase_add_test(tc, test_join_times_out_naming_missing_ranks);
 	tcase_add_test(tc, test_join_refusals);
 	tcase_add_test(tc, test_limits_below_and_above);
