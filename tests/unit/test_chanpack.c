@@ -6,7 +6,9 @@
  * that do not fit the room the READ named (two of 100 bytes for 150: the second would land at
  * 128), more items than max_items, one inline item larger than the room, or one "copied" item
  * larger than it. Each read fails with -EPROTO and not one byte of the caller's memory changes
- * (the library checks every length before it copies); an answer that fits lands packed.
+ * (the library checks every length before it copies); an answer that fits lands packed. A
+ * daemon whose answer to the open does not say it takes packed reads gets none (it would take
+ * one as malformed): a read of one item into the buffer, as tp_chan_read_into() sends.
  */
 #include <check.h>
 #include <errno.h>
@@ -24,7 +26,7 @@
 #define ROOM 150u
 #define BUF 4096u
 
-enum lie { HONEST, PAST_ROOM, MORE_THAN_MAX, ONE_PAST_ROOM, COPIED_PAST_ROOM };
+enum lie { HONEST, PAST_ROOM, MORE_THAN_MAX, ONE_PAST_ROOM, COPIED_PAST_ROOM, OLD_DAEMON };
 
 struct fake {
 	int lfd;
@@ -92,7 +94,7 @@ static void fake_read(struct fake *f, int fd, const Tpw__V1__ChanOp *o)
 	r.status = TPW__V1__STATUS__STATUS_OK;
 	r.chan_id = 7;
 	r.lengths = lens;
-	r.n_lengths = f->lie == MORE_THAN_MAX ? 3 : 2;
+	r.n_lengths = f->lie == MORE_THAN_MAX ? 3 : f->lie == OLD_DAEMON ? 1 : 2;
 	if (f->lie == ONE_PAST_ROOM || f->lie == COPIED_PAST_ROOM) {
 		lens[0] = ROOM + 1;
 		r.n_lengths = 1;
@@ -138,7 +140,7 @@ static void *fake_run(void *arg)
 			r.req_id = m->chan_op->req_id;
 			r.status = TPW__V1__STATUS__STATUS_OK;
 			r.chan_id = 7;
-			r.pack_reads = true; /* (the answer to the open says so) */
+			r.pack_reads = f->lie != OLD_DAEMON; /* (the answer to the open says so) */
 			dm.body_case = TPW__V1__DAEMON_MSG__BODY_CHAN_REPLY;
 			dm.chan_reply = &r;
 			fake_send(fd, &dm, NULL, 0);
@@ -183,10 +185,18 @@ START_TEST(test_packed_answer_checked_before_any_copy)
 	ck_assert_msg(r == 0, "context: %d %s", r, tp_last_error());
 	ck_assert_msg(tp_chan_open(ctx, "lies", NULL, &ch) == 0, "open: %s", tp_last_error());
 	r = tp_chan_read_many_into(ch, buf, _i == HONEST ? 2 * 128 : ROOM, items, 2, &n, 0);
-	ck_assert(f.pack); /* the READ said packed, its room, and max_items */
+	/* the READ said packed, its room, and max_items; to an older daemon, a read of one item
+	 * into the buffer (tp_chan_read_into()'s) */
+	ck_assert(f.pack == (_i != OLD_DAEMON));
 	ck_assert_uint_eq(f.room, _i == HONEST ? 2 * 128 : ROOM);
-	ck_assert_uint_eq(f.max_items, 2);
-	if (_i == HONEST) {
+	ck_assert_uint_eq(f.max_items, _i == OLD_DAEMON ? 0 : 2);
+	if (_i == OLD_DAEMON) {
+		ck_assert_msg(r == 0, "read: %d %s", r, tp_last_error());
+		ck_assert_uint_eq(n, 1);
+		ck_assert_ptr_eq(items[0].data, buf);
+		ck_assert_uint_eq(items[0].len, 100);
+		memset(want, 0x5c, 100);
+	} else if (_i == HONEST) {
 		ck_assert_msg(r == 0, "read: %d %s", r, tp_last_error());
 		ck_assert_uint_eq(n, 2);
 		ck_assert_ptr_eq(items[0].data, buf);
@@ -214,7 +224,7 @@ static Suite *suite(void)
 
 	tcase_set_timeout(tc, 30);
 	tcase_add_loop_test(tc, test_packed_answer_checked_before_any_copy, HONEST,
-			    COPIED_PAST_ROOM + 1);
+			    OLD_DAEMON + 1);
 	suite_add_tcase(s, tc);
 	return s;
 }
