@@ -6,9 +6,11 @@
  * libzmq3-dev; otherwise its rows say "skipped"). Channel rows run twice: "chan-priv" with the
  * writer's items and the readers' allocations in private memory (items above 16 KiB go through
  * the library's staging buffers, or by CMA without them), "chan-shm" with both in shared buffers
- * (tp_buffer_alloc(): the daemon copies items above 16 KiB with memcpy). Readers take the items that ride inline with
- * tp_chan_read_many() (64 per call at most) and the others with tp_chan_read_into() into one
- * reused allocation; the writer writes batches
+ * (tp_buffer_alloc(): the daemon copies items above 16 KiB with memcpy). Readers take the items
+ * that ride inline with tp_chan_read_many_into() (64 per call at most, packed into one reused
+ * buffer of up to 1 MiB; BENCH_CHAN_MANY_MALLOC=1: tp_chan_read_many(), an allocation per item,
+ * as before) and the others with tp_chan_read_into() into one reused allocation; the writer
+ * writes batches
  * (bench_batch(): up to 64 small items within the daemon's 1 MiB inline limit, 4 MiB of larger
  * ones). With a daemon or library before protocol minor 7 (or
  * BENCH_CHAN_OLD=1) the readers use tp_chan_read() and items above the inline limit are
@@ -17,7 +19,7 @@
  * Usage: TPIPD_SOCKET=... bench_chan [SECONDS_PER_ROW (default 1)]. Numbers, never pass/fail.
  * A short warm-up run through a channel comes first, not reported.
  * BENCH_CHAN_SIZE=N runs the rows of one item size only; BENCH_CHAN_MANY=N (1..64) sets the
- * items per tp_chan_read_many() (1: tp_chan_read_into() for every item). BENCH_CHAN_ROWS=LIST
+ * items per batch read (1: tp_chan_read_into() for every item). BENCH_CHAN_ROWS=LIST
  * runs only the rows named in LIST (any of "priv", "shm", "zmq"; e.g. "priv,zmq" to profile).
  * BENCH_CHAN_WLAT=1 prints instead, per item size, the median time of a write of 4 private items
  * into a channel with room (no reader waiting; each batch read back untimed): the writer's cost.
@@ -45,7 +47,10 @@ static double now_s(void)
 }
 
 static bool old_api; /* BENCH_CHAN_OLD=1: one tp_chan_read() per item, as before minor 7 */
-static size_t read_max = 64; /* BENCH_CHAN_MANY: items per tp_chan_read_many() (1: read_into) */
+static size_t read_max = 64; /* BENCH_CHAN_MANY: items per batch read (1: read_into) */
+/* BENCH_CHAN_MANY_MALLOC=1: batches with tp_chan_read_many() (an allocation per item), not
+ * tp_chan_read_many_into() */
+static bool many_malloc;
 
 /* Does BENCH_CHAN_ROWS (unset: every row) name rows of kind @what? */
 static bool rows_want(const char *what)
@@ -73,8 +78,25 @@ static void mem_free(struct tp_context *ctx, void *p, bool shm)
 		free(p);
 }
 
+/* Whether items of @size are read in batches (they ride inline). */
+static bool read_batched(size_t size, bool shm)
+{
+	return !old_api && size <= (shm ? 16384u : 262144u) && read_max > 1;
+}
+
+/* The reader's buffer for items of @size: one item, or for batches read into one buffer
+ * (tp_chan_read_many_into()) read_max of them packed, within the daemon's 1 MiB inline limit. */
+static size_t read_buf_size(size_t size, bool shm)
+{
+	size_t packed = read_max * ((size + 63) / 64 * 64);
+
+	if (!read_batched(size, shm) || many_malloc)
+		return size;
+	return packed < (1u << 20) ? packed : (size > (1u << 20) ? size : 1u << 20);
+}
+
 /* Reads until the channel is drained. Return: 0, or 1 on a failure. */
-static int chan_read_all(struct tp_chan *ch, size_t size, void *buf, bool shm)
+static int chan_read_all(struct tp_chan *ch, size_t size, void *buf, size_t buf_size, bool shm)
 {
 	struct tp_chan_item it[64];
 	size_t n, len;
@@ -86,7 +108,9 @@ static int chan_read_all(struct tp_chan *ch, size_t size, void *buf, bool shm)
 			r = tp_chan_read(ch, &item, &len, -1);
 			if (r >= 0)
 				free(item);
-		} else if (size <= (shm ? 16384u : 262144u) && read_max > 1) {
+		} else if (read_batched(size, shm) && !many_malloc) {
+			r = tp_chan_read_many_into(ch, buf, buf_size, it, read_max, &n, -1);
+		} else if (read_batched(size, shm)) {
 			r = tp_chan_read_many(ch, it, read_max, &n, -1);
 			for (size_t k = 0; r >= 0 && k < n; k++)
 				free(it[k].data);
@@ -107,8 +131,8 @@ static int chan_reader(const char *name, size_t size, bool shm)
 
 	if (tp_context_new(NULL, &ctx) < 0 || tp_chan_open(ctx, name, NULL, &ch) < 0)
 		return 1;
-	buf = mem_alloc(ctx, size, shm);
-	r = buf ? chan_read_all(ch, size, buf, shm) : 1;
+	buf = mem_alloc(ctx, read_buf_size(size, shm), shm);
+	r = buf ? chan_read_all(ch, size, buf, read_buf_size(size, shm), shm) : 1;
 	if (buf)
 		mem_free(ctx, buf, shm);
 	tp_chan_release(ch);
@@ -304,6 +328,7 @@ int main(int argc, char **argv)
 	signal(SIGPIPE, SIG_IGN);
 	setvbuf(stdout, NULL, _IOLBF, 0);
 	old_api = getenv("BENCH_CHAN_OLD") && atoi(getenv("BENCH_CHAN_OLD"));
+	many_malloc = getenv("BENCH_CHAN_MANY_MALLOC") && atoi(getenv("BENCH_CHAN_MANY_MALLOC"));
 	if (getenv("BENCH_CHAN_MANY"))
 		read_max = (size_t)atoi(getenv("BENCH_CHAN_MANY"));
 	if (read_max < 1 || read_max > 64)

@@ -16,6 +16,7 @@
 #ifndef TPW_FRAME_H
 #define TPW_FRAME_H
 
+#include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
 #include "tpw.pb-c.h"
@@ -142,6 +143,30 @@
  * docs/channels.md: a CMA access costs more than a frame for smaller items, a memcpy less). */
 #define TPW_CHAN_INLINE_ITEM (256u << 10)
 #define TPW_CHAN_SHM_ITEM (16u << 10)
+/* A packed batch read (ChanOp.pack, tp_chan_read_many_into()) puts each item at a multiple of
+ * this in the reader's allocation, the first at 0. */
+#define TPW_CHAN_PACK_ALIGN 64u
+
+/*
+ * tpw_chan_pack_at() - where an item of @len bytes goes in a packed batch read whose items so
+ * far end at @end (0: none yet) in an allocation of @room bytes: the next multiple of
+ * TPW_CHAN_PACK_ALIGN. The daemon and the library both place items with it.
+ * Return: true with *@ret_off, false when the item does not fit (for any input: no overflow).
+ */
+static inline bool tpw_chan_pack_at(uint64_t end, uint64_t len, uint64_t room,
+				    uint64_t *ret_off)
+{
+	uint64_t off;
+
+	if (end > room || end > UINT64_MAX - (TPW_CHAN_PACK_ALIGN - 1))
+		return false;
+	off = (end + (TPW_CHAN_PACK_ALIGN - 1)) & ~(uint64_t)(TPW_CHAN_PACK_ALIGN - 1);
+	if (off > room || len > room - off)
+		return false;
+	*ret_off = off;
+	return true;
+}
+
 /* Buffer ids one ChanReply.released carries at most (issue 25 part private). */
 #define TPW_CHAN_RELEASED_MAX 1024u
 /* Buffer keys one ChanOp.mapped lists at most (issue 25 part map). */

@@ -336,7 +336,8 @@ static int check_chan_segments(const Tpw__V1__ChanOp *c, const struct tpw_hdr *h
 }
 
 /* A READ: no items; at most one destination (a shared buffer's range or the reader's memory,
- * not empty), required by take_held; a batch of at most segments_max items. A message read's
+ * not empty), required by take_held and by pack; a batch of at most segments_max items, into
+ * a destination only packed (pack: no message read, no held item named). A message read's
  * take (msg, take_held) may name up to segments_max destinations, or none (the item inline, or
  * dropped with msg_drop). */
 static int check_chan_read(const Tpw__V1__ChanOp *c, const struct tpw_limits *lim, bool tpip,
@@ -363,7 +364,12 @@ static int check_chan_read(const Tpw__V1__ChanOp *c, const struct tpw_limits *li
 	    (c->map_done && (c->n_segments || c->take_held || c->max_items > 1 || c->msg)))
 		return tpu_why(-EBADMSG, why, wl, "a channel read's mapping fields do not go "
 			       "together (at most %u keys mapped)", TPW_CHAN_MAPPED_MAX);
-	if (c->n_segments && (c->max_items > 1 || (c->msg && !c->take_held)))
+	/* a packed batch (a client's only: checked by the caller): its one destination is the
+	 * room the items are packed into */
+	if (c->pack && (c->n_segments != 1 || c->msg || c->take_held || c->map_done))
+		return tpu_why(-EBADMSG, why, wl, "a packed channel read without one destination, "
+			       "or of a message or held item");
+	if (c->n_segments && ((c->max_items > 1 && !c->pack) || (c->msg && !c->take_held)))
 		return tpu_why(-EBADMSG, why, wl, "a batch read into one destination");
 	for (size_t i = 0; i < c->n_segments; i++) {
 		const Tpw__V1__Segment *g = c->segments[i];
@@ -434,7 +440,7 @@ static int check_chan_op(const Tpw__V1__ChanOp *c, const struct tpw_hdr *hdr,
 	if (r < 0)
 		return r;
 	if ((c->n_segments || (c->take_held && !c->xfer_id && !c->msg) || c->lend || c->map_ok ||
-	     c->n_mapped || c->map_done) && !tpip)
+	     c->n_mapped || c->map_done || c->pack) && !tpip)
 		return tpu_why(-EBADMSG, why, wl, "channel item segments, held items or mapped reads "
 			       "over a peer link");
 	if (c->lend && (c->op != TPW__V1__CHAN_OP_KIND__CHAN_OP_WRITE || !c->n_segments))
@@ -450,7 +456,7 @@ static int check_chan_op(const Tpw__V1__ChanOp *c, const struct tpw_hdr *hdr,
 	if (c->op == TPW__V1__CHAN_OP_KIND__CHAN_OP_READ)
 		return check_chan_read(c, lim, tpip, why, wl);
 	if (c->max_items || c->take_held || c->inline_only || c->msg || c->msg_drop || c->map_ok ||
-	    c->n_mapped || c->map_done || c->map_fail)
+	    c->n_mapped || c->map_done || c->map_fail || c->pack)
 		return tpu_why(-EBADMSG, why, wl, "read fields on a channel op that is no read");
 	if (c->n_msgs && c->op != TPW__V1__CHAN_OP_KIND__CHAN_OP_WRITE)
 		return tpu_why(-EBADMSG, why, wl, "channel messages on an op that is no write");

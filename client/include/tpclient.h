@@ -1202,8 +1202,9 @@ enum tp_fanout tp_set_last_fanout(const struct tp_pipe_set *s);
  * or by CMA straight into it: without CMA such an item larger than the daemon's inline limit
  * fails the read with -EMSGSIZE and stays first in the channel; read it with
  * tp_chan_read_into()). The calls below need a channel of this
- * host's daemon of protocol minor 7 (-EOPNOTSUPP otherwise, or: tp_chan_read_many() takes one
- * item per call from a channel on another host or an older daemon).
+ * host's daemon of protocol minor 7 (-EOPNOTSUPP otherwise, or: tp_chan_read_many() and
+ * tp_chan_read_many_into() take one item per call from a channel on another host or an older
+ * daemon).
  */
 
 /*
@@ -1226,7 +1227,8 @@ enum tp_fanout tp_set_last_fanout(const struct tp_pipe_set *s);
 int tp_chan_read_into(struct tp_chan *ch, void *buf, size_t size, size_t *ret_len,
 		      int timeout_ms);
 
-/* An item of tp_chan_read_many(): owned, free @data with free(). */
+/* An item of tp_chan_read_many() (owned: free @data with free()) or of
+ * tp_chan_read_many_into() (@data borrowed, inside the caller's buffer). */
 struct tp_chan_item {
 	void *data;
 	size_t len;
@@ -1242,6 +1244,36 @@ struct tp_chan_item {
  */
 int tp_chan_read_many(struct tp_chan *ch, struct tp_chan_item *items, size_t max,
 		      size_t *ret_n, int timeout_ms);
+
+/* Items of tp_chan_read_many_into() start at multiples of this in the caller's buffer. */
+#define TP_CHAN_PACK_ALIGN 64
+
+/*
+ * tp_chan_read_many_into() - tp_chan_read_many() into the caller's buffer @buf of @size bytes,
+ * with no allocation per item: the items are copied straight out of the daemon's answer into
+ * @buf, packed back to back in channel order, each starting at a multiple of
+ * TP_CHAN_PACK_ALIGN (64) bytes from @buf (the first at @buf itself), so that an item that
+ * starts aligned in its writer's memory keeps its alignment. The daemon puts in one answer
+ * only the items that fit @buf so (and @max, and its inline limit: items up to 256 KiB);
+ * those that do not stay in the channel, first and in order, for this or another reader. An
+ * item above 256 KiB comes alone, into @buf as tp_chan_read_into() reads it, so one call
+ * reads any item that fits @buf.
+ * @items: @ret_n entries (1..@max) on success, each @data pointing into @buf (borrowed: the
+ * caller frees nothing; valid until @buf is reused). With -EMSGSIZE, items[0].len is the
+ * length of the first item, which does not fit @size: it stays first in the channel.
+ * Needs a daemon that says it takes packed reads (this version's; tpipd answers a channel's
+ * open so): with an older daemon, and for a channel of another host, each call reads one item
+ * into @buf as tp_chan_read_into() does; with a daemon before protocol minor 7 (or another
+ * host's that streams no large item) one item as tp_chan_read() reads it, copied into @buf
+ * (then an item that does not fit stays with the handle, not the channel: -EMSGSIZE, and
+ * the handle's next read returns it). Items that came after a call gave up waiting
+ * (-ETIMEDOUT, as tp_chan_read_into()) are returned first by the handle's next read.
+ * Return: as tp_chan_read_many() (0, TP_CHAN_CLOSED: the channel is closed; -EPIPE: closed
+ * and drained; -EAGAIN: empty with @timeout_ms 0; -EOPNOTSUPP: the oldest item is a message),
+ * -EMSGSIZE, -EINVAL (NULL argument, @size or @max 0).
+ */
+int tp_chan_read_many_into(struct tp_chan *ch, void *buf, size_t size,
+			   struct tp_chan_item *items, size_t max, size_t *ret_n, int timeout_ms);
 
 /* ---- channel items as messages (docs/channels.md; daemon protocol minor 8) -----------------
  *

@@ -62,8 +62,39 @@ static void late_forget_locked(struct chan_req *cr)
 	tpc_chan_req_free(cr);
 }
 
+/* The inline items of answer @m (@tail: back to back) to packed read @cr, whose caller still
+ * waits: straight into its memory, each where tpw_chan_pack_at() puts it, once every one is
+ * checked to fit there (the daemon is not trusted to have packed them so). Lock held.
+ * Return: 0, or -EPROTO (more items than asked for, or they do not fit: none copied). */
+static int chan_req_take_packed(struct chan_req *cr, const Tpw__V1__ChanReply *m,
+				const uint8_t *tail)
+{
+	uint64_t end = 0, off;
+	size_t t = 0;
+
+	if (m->n_lengths > cr->pack_max)
+		return -EPROTO;
+	for (size_t i = 0; i < m->n_lengths; i++) {
+		if (!tpw_chan_pack_at(end, m->lengths[i], cr->dst_len, &off))
+			return -EPROTO;
+		end = off + m->lengths[i];
+	}
+	end = 0;
+	for (size_t i = 0; i < m->n_lengths; i++) {
+		(void)tpw_chan_pack_at(end, m->lengths[i], cr->dst_len, &off); /* checked above */
+		memcpy((uint8_t *)cr->dst + off, tail + t, m->lengths[i]);
+		t += m->lengths[i];
+		end = off + m->lengths[i];
+		cr->items[i] = (struct iovec){ .iov_base = (uint8_t *)cr->dst + off,
+					       .iov_len = m->lengths[i] };
+	}
+	cr->n = m->n_lengths;
+	return 0;
+}
+
 /* The items of answer @m into @cr (@tail: the inline ones back to back; lock held): copies of
- * them, or the one the daemon copied into @cr->dst. Return: 0 or -ENOMEM. */
+ * them, or the one the daemon copied into @cr->dst, or for a read into its caller's memory
+ * still waited for, straight there. Return: 0, -ENOMEM or -EPROTO. */
 static int chan_req_take_items(struct chan_req *cr, const Tpw__V1__ChanReply *m,
 			       const uint8_t *tail)
 {
@@ -94,6 +125,8 @@ static int chan_req_take_items(struct chan_req *cr, const Tpw__V1__ChanReply *m,
 		cr->n = 1;
 		return 0;
 	}
+	if (cr->pack && !cr->ch)
+		return chan_req_take_packed(cr, m, tail);
 	if (cr->into && !cr->ch && m->n_lengths == 1 && m->lengths[0] <= cr->dst_len) {
 		/* one inline item for a read into its caller's memory, still waited for: straight
 		 * there (a malloc()ed copy freed at once let glibc trim the heap, and the next
@@ -155,6 +188,7 @@ void tpc_chan_on_reply(struct tp_context *ctx, const Tpw__V1__ChanReply *m, cons
 	cr->chan_id = m->chan_id;
 	cr->remote_refs = m->remote_refs;
 	cr->held_len = m->held_len;
+	cr->pack_reads = m->pack_reads;
 	cr->lent = m->lent;
 	if (cr->write && m->lent && cr->lend_buf && tpc_chan_lend_file(cr->wch, cr->lend_buf))
 		cr->lend_kept = true;
@@ -197,7 +231,8 @@ void tpc_chan_on_reply(struct tp_context *ctx, const Tpw__V1__ChanReply *m, cons
 			cr->n = 0;
 		if (req->status < 0)
 			snprintf(req->msg, sizeof(req->msg), "%s", req->status == -ENOMEM ?
-				 "out of memory for an item" : "an item copied to nowhere");
+				 "out of memory for an item" : cr->pack ? "items that do not fit "
+				 "the read's allocation packed" : "an item copied to nowhere");
 	}
 	req->done = true;
 	late_forget_locked(cr);
@@ -436,6 +471,9 @@ TP_EXPORT int tp_chan_open(struct tp_context *ctx, const char *name,
 	ch->id = cr.chan_id;
 	ch->remote = strncmp(name, "tpip://", 7) == 0;
 	ch->remote_refs = ch->remote && cr.remote_refs;
+	/* Packed batch reads: this host's daemon says it takes them (one that does not would fail
+	 * the session on a READ naming an allocation and more than one item). */
+	ch->pack = !ch->remote && ctx->daemon_minor >= TPW_MINOR_CHAN_FAST && cr.pack_reads;
 	/* Lent items read by mapping: this host's channels, a daemon of minor 9 and control
 	 * rings (the fds come beside them). */
 	ch->map = !ch->remote && ctx->daemon_minor >= TPW_MINOR_CHAN_MAP && ctx->ring;

@@ -48,6 +48,7 @@ struct tp_chan {
 	long owner_uid;	      /* as opened: a release reopens the channel to give items back */
 	bool remote;	      /* hosted by another host's daemon: items ride inline, unless */
 	bool remote_refs;     /* its daemon streams large items over the link (ChanReply 591) */
+	bool pack;	      /* its daemon takes packed batch reads (ChanReply.pack_reads) */
 	struct tpu_list late; /* chan_req of reads whose caller gave up, oldest first: waiting for
 			       * the daemon, or done with an item; under ctx->lock */
 	/* Staging buffers lent to the channel (ChanReply.lent), not yet given back; under
@@ -88,7 +89,8 @@ struct chan_req {
 	struct tpc_req req;   /* first: the reply handler finds the chan_req from it */
 	struct tpu_list node; /* in ch->late */
 	struct tp_chan *ch;   /* set once the read's caller gave up: heap-allocated, on ch->late */
-	struct iovec *items;  /* the answer's items, each malloc()ed (but see @into), @next first */
+	struct iovec *items;  /* the answer's items, each malloc()ed (but see @into, @pack), @next
+			       * first */
 	size_t n, next;
 	bool closed;
 	uint64_t chan_id;
@@ -101,6 +103,12 @@ struct chan_req {
 	void *dst;
 	size_t dst_len;
 	bool into;
+	/* A packed batch read into the caller's memory @dst (ChanOp.pack: @into is set too) of up
+	 * to @pack_max items: an answer's inline items go straight there, each where
+	 * tpw_chan_pack_at() puts it, once all are checked to fit @dst_len. */
+	bool pack;
+	size_t pack_max;
+	bool pack_reads; /* an OPEN's answer: ChanReply.pack_reads */
 	/* A staging buffer of the context the daemon copies the item into (then copied to @dst by
 	 * read_unstage()), or NULL. One whose read is never answered stays registered until the
 	 * context goes (the daemon may still copy into it). */

@@ -49,6 +49,33 @@ static void read_keep_locked(struct chan_req *cr, const void *from)
 	cr->into = false;
 }
 
+/* Makes the items of @cr's answer that its caller's memory holds the read's own (lock held):
+ * the one inline item put there (read_keep_locked()), or a packed read's items, each copied to
+ * memory of its own; the caller's memory is no longer the read's. Without memory the items
+ * not copied yet are lost. */
+static void read_keep_caller_locked(struct chan_req *cr)
+{
+	if (!cr->into || cr->next >= cr->n || cr->items[cr->next].iov_base != cr->dst)
+		return;
+	if (!cr->pack || cr->n - cr->next == 1)
+		return read_keep_locked(cr, cr->dst);
+	for (size_t i = cr->next; i < cr->n; i++) {
+		size_t len = cr->items[i].iov_len;
+		void *c = malloc(len ? len : 1);
+
+		if (!c) {
+			cr->n = i; /* the others stay in the caller's memory: never freed */
+			break;
+		}
+		memcpy(c, cr->items[i].iov_base, len);
+		cr->items[i].iov_base = c;
+	}
+	cr->dst = NULL; /* (nothing of this library's to free: tpc_chan_req_free()) */
+	cr->dst_len = 0;
+	cr->into = false;
+	cr->pack = false;
+}
+
 /*
  * An answered read's item out of its staging buffer (lock held), kept by read_keep_locked().
  * Return: the staging buffer, to give back once the lock is dropped, or NULL.
@@ -102,8 +129,7 @@ static struct chan_req *chan_read_call(struct tp_chan *ch, Tpw__V1__ChanOp *op,
 	r = tpc_chan_wait_locked(ctx, cr, timeout_ms, ch);
 	if (cr->req.done && tpc_chan_late_ready_locked(ch)) {
 		stage = read_unstage_locked(cr); /* not returned: its items must be its own */
-		if (cr->into && cr->n && cr->items[0].iov_base == cr->dst)
-			read_keep_locked(cr, cr->dst); /* an inline item put in the caller's memory */
+		read_keep_caller_locked(cr); /* inline items put in the caller's memory */
 	}
 	if (!cr->req.done || (cr->n && tpc_chan_late_ready_locked(ch))) {
 		/* Gave up, or an older read's item came: this read's item waits on the handle. */
@@ -214,7 +240,8 @@ static struct chan_req *read_held_call(struct tp_chan *ch, uint64_t len, bool st
 }
 
 /*
- * One read of up to @max items of @ch (@into: the caller's allocation for one item, or NULL):
+ * One read of up to @max items of @ch (@into: the caller's allocation for one item, or for
+ * @max > 1 for items packed into it, ChanOp.pack, where @ch->pack; or NULL):
  * items a late read holds first, else one READ (and, for an item the daemon holds, the READ
  * that takes it). Return: owned chan_req whose items from @next on answer the call (status 0),
  * or NULL with *@ret_err (message set).
@@ -242,6 +269,7 @@ static struct chan_req *chan_read_one_wire(struct tp_chan *ch, size_t max,
 	if (tpc_chan_fast(ch)) {
 		op.max_items = max > 1 ? (uint32_t)TPU_MIN(max, ch->ctx->lim.segments_max) : 0;
 		op.inline_only = !__atomic_load_n(&ch->ctx->cma_ok, __ATOMIC_RELAXED);
+		op.pack = into && op.max_items > 1; /* only where ch->pack (the callers') */
 	}
 	if (into) {
 		if (read_dst(ch->ctx, into->iov_base, into->iov_len, stage, &g, &ref, &buf) < 0) {
@@ -260,6 +288,8 @@ static struct chan_req *chan_read_one_wire(struct tp_chan *ch, size_t max,
 		return NULL;
 	}
 	cr->stage = buf;
+	cr->pack = op.pack;
+	cr->pack_max = op.max_items;
 	tpc_chan_map_op(ch, &op, keys, cr);
 	cr = chan_read_call(ch, &op, cr, timeout_ms, ret_err);
 	if (into && stage && cr && cr->req.status == -ENOENT &&
@@ -436,3 +466,74 @@ TP_EXPORT int tp_chan_read_many(struct tp_chan *ch, struct tp_chan_item *items, 
 	*ret_n = k;
 	return closed ? TP_CHAN_CLOSED : 0;
 }
+
+/*
+ * Puts the items of @cr from @next on into @buf of @size bytes, each where tpw_chan_pack_at()
+ * puts it, as many as fit and @max takes, and lists them in @items: those the answer already
+ * put there stay, the others (a late read's, a read of one item by copy) are copied and freed.
+ * Return: how many (0: the first does not fit).
+ */
+static size_t read_pack_out(struct chan_req *cr, uint8_t *buf, size_t size,
+			    struct tp_chan_item *items, size_t max)
+{
+	uint64_t end = 0, off;
+	size_t k = 0;
+
+	while (k < max && cr->next < cr->n) {
+		struct iovec *it = &cr->items[cr->next];
+
+		if (!tpw_chan_pack_at(end, it->iov_len, size, &off))
+			break;
+		if (it->iov_base != buf + off) {
+			memcpy(buf + off, it->iov_base, it->iov_len);
+			free(it->iov_base);
+		}
+		items[k++] = (struct tp_chan_item){ .data = buf + off, .len = it->iov_len };
+		cr->next++;
+		end = off + it->iov_len;
+	}
+	return k;
+}
+
+TP_EXPORT int tp_chan_read_many_into(struct tp_chan *ch, void *buf, size_t size,
+				     struct tp_chan_item *items, size_t max, size_t *ret_n,
+				     int timeout_ms)
+{
+	struct iovec into = { .iov_base = buf, .iov_len = size };
+	struct chan_req *cr;
+	bool closed;
+	size_t k;
+	int r;
+
+	if (!ch || !buf || !size || !items || !max || !ret_n)
+		return tpc_error(-EINVAL, "tp_chan_read_many_into: NULL argument or no room");
+	/* A daemon that takes packed reads: up to @max items in one answer. Otherwise one item a
+	 * call: into @buf as tp_chan_read_into() reads it (another host's channel, a daemon that
+	 * does not say it takes packed reads), or, where even that is not offered (a daemon before
+	 * minor 7, another host's that streams no large item), as tp_chan_read() reads it, then
+	 * copied (an item that does not fit stays with the handle for its next read). */
+	if (tpc_chan_fast(ch))
+		cr = chan_read_one(ch, ch->pack ? max : 1, &into, true, timeout_ms, &r);
+	else
+		cr = chan_read_one(ch, 1, NULL, true, timeout_ms, &r);
+	if (!cr)
+		return r;
+	if (cr->req.status == -EMSGSIZE && cr->held_len) /* it stays first in the channel */
+		items[0] = (struct tp_chan_item){ .data = NULL, .len = cr->held_len };
+	r = chan_read_status(ch, cr, timeout_ms);
+	if (r < 0)
+		return r;
+	k = read_pack_out(cr, buf, size, items, max);
+	if (!k) {
+		items[0] = (struct tp_chan_item){ .data = NULL, .len = cr->items[cr->next].iov_len };
+		chan_req_keep(ch, cr);
+		return tpc_error(-EMSGSIZE, "channel '%s': an item of %zu bytes kept by this handle "
+				 "does not fit %zu", ch->name, items[0].len, size);
+	}
+	closed = cr->closed;
+	chan_req_keep(ch, cr);
+	*ret_n = k;
+	return closed ? TP_CHAN_CLOSED : 0;
+}
+
+_Static_assert(TP_CHAN_PACK_ALIGN == TPW_CHAN_PACK_ALIGN, "the header's alignment is the wire's");

@@ -480,6 +480,7 @@ static void op_open_remote(struct tpd_chans *cs, const struct chan_who *who,
 
 static void op_open(struct tpd_chans *cs, const struct chan_who *who, const Tpw__V1__ChanOp *o)
 {
+	Tpw__V1__ChanReply r_ok = TPW__V1__CHAN_REPLY__INIT;
 	struct tpd_session *s = who->s;
 	uid_t owner = o->owner_set ? o->owner_uid : tpd_session_uid(s);
 	struct chan *c = chan_find(cs, owner, o->name);
@@ -508,7 +509,13 @@ static void op_open(struct tpd_chans *cs, const struct chan_who *who, const Tpw_
 		tpd_chan_maybe_free(c);
 		return tpd_chan_answer(who, o->req_id, -ENOMEM, "out of memory", 0, false, NULL);
 	}
-	tpd_chan_answer(who, o->req_id, 0, NULL, h->id, c->closed, NULL);
+	r_ok.req_id = o->req_id;
+	r_ok.status = tpw_status_from_errno(0);
+	r_ok.message = (char *)"";
+	r_ok.chan_id = h->id;
+	r_ok.closed = c->closed;
+	r_ok.pack_reads = true; /* ChanOp.pack (chanio.c) */
+	tpd_chan_reply_send(who, &r_ok, NULL, 0);
 }
 
 static void op_unlink(struct tpd_chans *cs, const struct chan_who *who,

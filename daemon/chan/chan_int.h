@@ -78,6 +78,7 @@ struct chan_read {
 	uint32_t max;	    /* items one answer may carry (>= 1) */
 	bool fast;	    /* the reader takes held items (client minor >= 7) */
 	bool msg;	    /* a message read (ChanOp.msg): the item is held, its descriptor sent */
+	bool pack;	    /* ChanOp.pack: inline items packed into @room (tpw_chan_pack_at()) */
 	bool dst_set;	    /* the read names where a large item goes: */
 	struct tpb_mem dst; /* with a reference (tpd_chan_copy_put()) */
 	uint64_t room;

@@ -36,7 +36,8 @@ static bool overlap(uint64_t a, uint64_t alen, uint64_t b, uint64_t blen)
 }
 
 /* Can the waiting read @w take @it straight into its allocation: a local byte read naming a
- * shared buffer with room, which no item of @batch is read from (a session may read and write
+ * shared buffer with room (packed: for an item above the inline size), which no item of @batch
+ * is read from (a session may read and write
  * one buffer: the copy would run over its own source)? */
 static bool reader_ok(const struct chan_wait *w, const struct chan_item *it,
 		      const struct tpu_list *batch)
@@ -45,8 +46,8 @@ static bool reader_ok(const struct chan_wait *w, const struct chan_item *it,
 	const struct chan_item *o;
 
 	if (!w->h->who.s || rd->msg || !rd->dst_set || rd->dst.loc != TPB_LOC_LOCAL ||
-	    !rd->dst.buf || it->len > rd->room)
-		return false;
+	    !rd->dst.buf || it->len > rd->room || (rd->pack && it->len <= TPW_CHAN_INLINE_ITEM))
+		return false; /* (a packed read takes such an item inline, with those after it) */
 	tpu_list_for_each(o, batch, node)
 		if (o->src.buf == rd->dst.buf && overlap(o->src.addr, o->len, rd->dst.addr, it->len))
 			return false;

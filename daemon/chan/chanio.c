@@ -42,7 +42,8 @@ void tpd_chan_io_wait_free(struct chan_wait *w)
 }
 
 /* Answers @rd with the oldest items of @c, inline: the first, and while @rd takes more, the
- * following ones that ride inline too, up to the daemon's inline limit in all. */
+ * following ones that ride inline too, up to the daemon's inline limit in all, and for a packed
+ * read (@rd->pack) while they fit its room packed (the first was checked against it). */
 static void deliver_inline(struct chan_handle *h, const struct chan_read *rd)
 {
 	uint32_t inline_max = tpd_daemon_limits(h->c->cs->d)->inline_max;
@@ -51,7 +52,7 @@ static void deliver_inline(struct chan_handle *h, const struct chan_read *rd)
 				  : inline_max;
 	Tpw__V1__ChanReply r = TPW__V1__CHAN_REPLY__INIT;
 	struct chan *c = h->c;
-	uint64_t one_len, total = 0;
+	uint64_t one_len, total = 0, end = 0, off = 0;
 	struct iovec one_iov, *iov = &one_iov;
 	uint64_t *lens = &one_len;
 	struct chan_item *it;
@@ -67,6 +68,9 @@ static void deliver_inline(struct chan_handle *h, const struct chan_read *rd)
 		if (n && (n == max || it->len > TPW_CHAN_INLINE_ITEM || total + it->len > room ||
 			  it->desc))
 			break; /* (a message item is for a message read: chan_deliver()) */
+		if (rd->pack && !tpw_chan_pack_at(end, it->len, rd->room, &off))
+			break; /* stays first in the channel, for this or another reader */
+		end = rd->pack ? off + it->len : 0;
 		iov[n] = (struct iovec){ .iov_base = (void *)tpd_chan_item_bytes(it),
 					 .iov_len = it->len };
 		lens[n++] = it->len;
@@ -234,6 +238,8 @@ static void chan_deliver(struct chan_handle *h, const struct chan_read *rd)
 			 it->len, (unsigned long long)rd->room);
 		return tpd_chan_answer_len(h, rd->req_id, -EMSGSIZE, why, it->len);
 	}
+	if (rd->pack && it->len <= TPW_CHAN_INLINE_ITEM) /* inline whatever the allocation */
+		return deliver_inline(h, rd);
 	if (rd->dst_set && (it->len > TPW_CHAN_INLINE_ITEM ||
 			    (rd->dst.buf && it->len > TPW_CHAN_SHM_ITEM))) {
 		if (map_offer(h, rd, it, false))
@@ -725,7 +731,7 @@ static int read_params(struct chan_handle *h, const Tpw__V1__ChanOp *o, struct c
 	uint32_t seg_max = tpd_daemon_limits(h->c->cs->d)->segments_max;
 
 	*rd = (struct chan_read){ .req_id = o->req_id, .max = o->max_items ? o->max_items : 1,
-				 .msg = o->msg };
+				 .msg = o->msg, .pack = o->pack && h->who.s };
 	if (h->who.pr && rd->max > seg_max) /* a far daemon's batch (a client's was checked) */
 		rd->max = seg_max ? seg_max : 1;
 	rd->fast = (h->who.s ? tpd_session_client_minor(h->who.s) >= TPW_MINOR_CHAN_FAST

@@ -338,6 +338,19 @@ static void gen_chan_msg(void)
 	client("client-bad-chan-drop-without-take", &m, 0, 0);
 	op.take_held = true;
 	client("client-ok-chan-drop", &m, 0, 0);
+	op.take_held = false; /* a packed batch read into one buffer (ChanOp.pack) */
+	op.msg_drop = false;
+	op.msg = false;
+	op.pack = true;
+	op.max_items = 16;
+	op.n_segments = 1;
+	g[0].length = 8192;
+	client("client-ok-chan-read-packed", &m, 0, 0);
+	op.n_segments = 2;
+	client("client-bad-chan-read-packed-two-rooms", &m, 0, 0);
+	op.n_segments = 1;
+	op.msg = true;
+	client("client-bad-chan-read-packed-msg", &m, 0, 0);
 }
 
 /* Channel ops and answers across hosts, which carry their items in the data tail: a peer's

@@ -8,8 +8,10 @@
  * -EINPROGRESS, not a failure, and its batch is in the channel once the daemon runs. A read
  * that waits while the given-up read is still waiting in the daemon returns the item that read
  * gets (the oldest waiting reader's) as soon as it comes, and itself brings the next item
- * for the read after. Each read case runs for byte reads (tp_chan_read()) and message reads
- * (tp_chan_read_descriptor(), whose item the daemon holds for the handle). A message take
+ * for the read after. Each read case runs for byte reads (tp_chan_read(), and packed batch
+ * reads, tp_chan_read_many_into(), whose late batch the next reads return as their buffers
+ * fit) and message reads (tp_chan_read_descriptor(), whose item the daemon holds for the
+ * handle). A message take
  * (tp_chan_read_msg()) given up keeps the item it is answered with for the next read, or for
  * the release to write back.
  */
@@ -176,7 +178,7 @@ static void check_msg(struct tp_chan *ch, int r, struct tp_descriptor *d)
 }
 
 /* What a read of the loop's kind (@kind 1: tp_chan_read_descriptor(), 2: tp_chan_read_into()
- * a buffer of its own, else tp_chan_read()) got. */
+ * a buffer of its own, 3: tp_chan_read_many_into() one, else tp_chan_read()) got. */
 struct got {
 	void *item;
 	size_t len;
@@ -190,11 +192,23 @@ static int read_as(struct tp_chan *ch, int kind, int timeout_ms, struct got *g)
 
 	if (kind == 1)
 		return tp_chan_read_descriptor(ch, &g->d, timeout_ms);
-	if (kind != 2)
+	if (kind != 2 && kind != 3)
 		return tp_chan_read(ch, &g->item, &g->len, timeout_ms);
 	buf = calloc(1, 64);
 	ck_assert_ptr_nonnull(buf);
-	r = tp_chan_read_into(ch, buf, 64, &g->len, timeout_ms);
+	if (kind == 3) {
+		struct tp_chan_item it[4];
+		size_t n = 0;
+
+		r = tp_chan_read_many_into(ch, buf, 64, it, 4, &n, timeout_ms);
+		if (r >= 0) {
+			ck_assert_uint_eq(n, 1);
+			ck_assert_ptr_eq(it[0].data, buf);
+			g->len = it[0].len;
+		}
+	} else {
+		r = tp_chan_read_into(ch, buf, 64, &g->len, timeout_ms);
+	}
 	if (r < 0 && r != TP_CHAN_CLOSED) {
 		/* an inline item answered after the call gave up goes to a copy of the library's,
 		 * never into this buffer */
@@ -221,19 +235,20 @@ START_TEST(test_late_read_next_read)
 {
 	struct tp_context *keeper = ctx_new(0), *ctx = ctx_new(LATE_REPLY_MS);
 	struct tp_chan *keep = chan_open(keeper, TP_CHAN_CREATE), *ch = chan_open(ctx, 0);
-	bool msg = _i;
+	int kind = _i == 2 ? 3 : _i;
+	bool msg = kind == 1;
 	struct got g = { 0 };
 	int r;
 
 	write_from_child_as(msg);
 	daemon_stop();
-	r = read_as(ch, msg, 0, &g);
+	r = read_as(ch, kind, 0, &g);
 	daemon_cont();
 	ck_assert_msg(r == -ETIMEDOUT, "read while stopped: %d %s", r, tp_last_error());
-	r = read_as(ch, msg, TPT_SCALED_MS(5000), &g);
-	check_got(ch, msg, r, &g);
-	ck_assert_int_eq(read_as(ch, msg, 0, &g), -EAGAIN);
-	ck_assert_int_eq(read_as(keep, msg, 0, &g), -EAGAIN);
+	r = read_as(ch, kind, TPT_SCALED_MS(5000), &g);
+	check_got(ch, kind, r, &g);
+	ck_assert_int_eq(read_as(ch, kind, 0, &g), -EAGAIN);
+	ck_assert_int_eq(read_as(keep, kind, 0, &g), -EAGAIN);
 	ck_assert_int_eq(tp_chan_release(ch), 0);
 	ck_assert_int_eq(tp_chan_release(keep), 0);
 	tp_context_free(ctx);
@@ -248,20 +263,21 @@ START_TEST(test_late_read_release_gives_back)
 {
 	struct tp_context *keeper = ctx_new(0), *ctx = ctx_new(LATE_REPLY_MS);
 	struct tp_chan *keep = chan_open(keeper, TP_CHAN_CREATE), *ch = chan_open(ctx, 0);
-	bool msg = _i;
+	int kind = _i == 2 ? 3 : _i;
+	bool msg = kind == 1;
 	struct got g = { 0 };
 	int r;
 
 	write_from_child_as(msg);
 	daemon_stop();
-	r = read_as(ch, msg, 0, &g);
+	r = read_as(ch, kind, 0, &g);
 	daemon_cont();
 	ck_assert_msg(r == -ETIMEDOUT, "read while stopped: %d %s", r, tp_last_error());
 	r = tp_chan_release(ch);
 	ck_assert_msg(r == 0, "release: %d %s", r, tp_last_error());
-	r = read_as(keep, msg, TPT_SCALED_MS(5000), &g);
-	check_got(keep, msg, r, &g);
-	ck_assert_int_eq(read_as(keep, msg, 0, &g), -EAGAIN);
+	r = read_as(keep, kind, TPT_SCALED_MS(5000), &g);
+	check_got(keep, kind, r, &g);
+	ck_assert_int_eq(read_as(keep, kind, 0, &g), -EAGAIN);
 	ck_assert_int_eq(tp_chan_release(keep), 0);
 	tp_context_free(ctx);
 	tp_context_free(keeper);
@@ -278,7 +294,7 @@ START_TEST(test_late_read_while_next_waits)
 {
 	struct tp_context *keeper = ctx_new(0), *ctx = ctx_new(LATE_REPLY_MS);
 	struct tp_chan *keep = chan_open(keeper, TP_CHAN_CREATE), *ch = chan_open(ctx, 0);
-	int msg = _i; /* 2: reads into a buffer of the caller's */
+	int msg = _i; /* 2, 3: reads into a buffer of the caller's (3: packed) */
 	struct got g = { 0 };
 	uint64_t t0;
 	pid_t pid;
@@ -310,6 +326,50 @@ START_TEST(test_late_read_while_next_waits)
 	ck_assert_int_eq(read_as(ch, msg, 0, &g), -EAGAIN);
 	ck_assert_int_eq(tp_chan_release(ch), 0);
 	ck_assert_int_eq(read_as(keep, msg, 0, &g), -EAGAIN);
+	ck_assert_int_eq(tp_chan_release(keep), 0);
+	tp_context_free(ctx);
+	tp_context_free(keeper);
+}
+END_TEST
+
+/* A packed batch read (tp_chan_read_many_into()) given up while the daemon is stopped gets
+ * three items once it runs: the next packed reads return them, two into a buffer that fits two
+ * packed, then the third, each once, and none is left in the channel. */
+START_TEST(test_late_packed_batch_next_reads)
+{
+	struct tp_context *keeper = ctx_new(0), *ctx = ctx_new(LATE_REPLY_MS);
+	struct tp_chan *keep = chan_open(keeper, TP_CHAN_CREATE), *ch = chan_open(ctx, 0);
+	struct tp_chan_item it[4];
+	uint8_t buf[256];
+	struct got g = { 0 };
+	size_t n = 0;
+	int r;
+
+	for (int k = 0; k < 3; k++)
+		write_from_child_as(false);
+	daemon_stop();
+	r = tp_chan_read_many_into(ch, buf, sizeof(buf), it, 4, &n, 0);
+	daemon_cont();
+	ck_assert_msg(r == -ETIMEDOUT, "read while stopped: %d %s", r, tp_last_error());
+	memset(buf, 0, sizeof(buf));
+	r = tp_chan_read_many_into(ch, buf, 64 + sizeof(ITEM), it, 4, &n, TPT_SCALED_MS(5000));
+	ck_assert_msg(r == 0, "read: %d %s", r, tp_last_error());
+	ck_assert_uint_eq(n, 2);
+	ck_assert_ptr_eq(it[0].data, buf);
+	ck_assert_ptr_eq(it[1].data, buf + 64);
+	ck_assert_uint_eq(it[1].len, sizeof(ITEM));
+	ck_assert_mem_eq(buf, ITEM, sizeof(ITEM));
+	ck_assert_mem_eq(buf + 64, ITEM, sizeof(ITEM));
+	r = tp_chan_read_many_into(ch, buf, sizeof(ITEM) - 1, it, 4, &n, 0); /* kept, too small */
+	ck_assert_int_eq(r, -EMSGSIZE);
+	ck_assert_uint_eq(it[0].len, sizeof(ITEM));
+	r = tp_chan_read_many_into(ch, buf + 1, sizeof(ITEM), it, 4, &n, 0);
+	ck_assert_msg(r == 0, "read: %d %s", r, tp_last_error());
+	ck_assert_uint_eq(n, 1);
+	ck_assert_mem_eq(buf + 1, ITEM, sizeof(ITEM));
+	ck_assert_int_eq(read_as(ch, 3, 0, &g), -EAGAIN);
+	ck_assert_int_eq(read_as(keep, 0, 0, &g), -EAGAIN);
+	ck_assert_int_eq(tp_chan_release(ch), 0);
 	ck_assert_int_eq(tp_chan_release(keep), 0);
 	tp_context_free(ctx);
 	tp_context_free(keeper);
@@ -393,9 +453,10 @@ static Suite *chan_late_suite(void)
 
 	tcase_add_checked_fixture(tc, setup, teardown);
 	tcase_set_timeout(tc, 60);
-	tcase_add_loop_test(tc, test_late_read_next_read, 0, 2);
-	tcase_add_loop_test(tc, test_late_read_release_gives_back, 0, 2);
-	tcase_add_loop_test(tc, test_late_read_while_next_waits, 0, 3);
+	tcase_add_loop_test(tc, test_late_read_next_read, 0, 3);
+	tcase_add_loop_test(tc, test_late_read_release_gives_back, 0, 3);
+	tcase_add_loop_test(tc, test_late_read_while_next_waits, 0, 4);
+	tcase_add_test(tc, test_late_packed_batch_next_reads);
 	tcase_add_test(tc, test_late_write_in_progress);
 	tcase_add_loop_test(tc, test_late_take_kept, 0, 3);
 	suite_add_tcase(s, tc);

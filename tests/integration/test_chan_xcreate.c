@@ -333,6 +333,33 @@ static size_t read_many_check(struct tp_chan *ch, size_t max, uint32_t *next)
 	return n;
 }
 
+/* tp_chan_read_many_into() of @ch into a buffer of @size bytes, checked as read_many_check()
+ * checks; with -EMSGSIZE, the length reported is @next's 4 KiB. Return: items read, or the
+ * error. */
+static int read_many_into_check(struct tp_chan *ch, size_t size, uint32_t *next)
+{
+	struct tp_chan_item it[8];
+	uint8_t *buf = malloc(size);
+	size_t n = 0;
+	int r;
+
+	ck_assert_ptr_nonnull(buf);
+	r = tp_chan_read_many_into(ch, buf, size, it, 8, &n, T_MS);
+	if (r == -EMSGSIZE)
+		ck_assert_uint_eq(it[0].len, 4096);
+	for (size_t k = 0; r >= 0 && k < n; k++) {
+		uint32_t v;
+
+		ck_assert_uint_ge(it[k].len, 4);
+		memcpy(&v, it[k].data, 4);
+		ck_assert_uint_eq(v, *next);
+		ck_assert(tpt_verify((uint8_t *)it[k].data + 4, it[k].len - 4, v, NULL));
+		(*next)++;
+	}
+	free(buf);
+	return r < 0 ? r : (int)n;
+}
+
 /*
  * Batch reads across hosts (peer minor 10): a's tp_chan_read_many() of b's channel takes as many
  * items as one answer of b may carry, in order and byte-exact, where it took one a call before.
@@ -340,6 +367,8 @@ static size_t read_many_check(struct tp_chan *ch, size_t max, uint32_t *next)
  * left; small, small, large, small: the two small ones, the large one alone (over the data
  * connections), the last. 1: a's frames are 128 KiB, so that b keeps each answer within them
  * (64 KiB of data: 15 items of 4 KiB and their headers... 16 of exactly 4 KiB), the link up.
+ * tp_chan_read_many_into() of b's channel reads one item a call (the large one too), in order,
+ * and leaves an item that does not fit its buffer first in the channel.
  */
 START_TEST(test_read_many_across_hosts)
 {
@@ -390,6 +419,17 @@ START_TEST(test_read_many_across_hosts)
 	ck_assert_uint_eq(read_many_check(ha, N, &next), 1);
 	ck_assert_uint_eq(read_many_check(ha, N, &next), 1);
 	ck_assert_uint_eq(next, N + 4);
+	/* packed reads of another host's channel: one item a call, as tp_chan_read_into(); a
+	 * buffer below the first item: -EMSGSIZE, and it stays first */
+	for (uint32_t i = 0; i < 4; i++) {
+		memcpy(i == 2 ? big : items[i], &(uint32_t){ N + 4 + i }, 4);
+		tpt_fill((i == 2 ? big : items[i]) + 4, (i == 2 ? BIG : ITEM) - 4, N + 4 + i);
+	}
+	ck_assert_int_eq(tp_chan_write(hb, iov, 4, 0), 0);
+	ck_assert_int_eq(read_many_into_check(ha, ITEM - 1, &next), -EMSGSIZE);
+	for (uint32_t i = 0; i < 4; i++)
+		ck_assert_int_eq(read_many_into_check(ha, 2 * BIG, &next), 1);
+	ck_assert_uint_eq(next, N + 8);
 	link_up(&da);
 	tp_chan_release(ha);
 	tp_chan_release(hb);

@@ -9,7 +9,9 @@
  * does not own or past its own is refused before any item is taken, a held item it never got
  * is not found; each refusal fails that request only (the session stays, the victim's item
  * stays first, byte-exact); a batch read above segments_max closes the attacker's session
- * only.
+ * only. Packed batch reads (ChanOp.pack) whose room lies (past the attacker's buffer, by CMA
+ * it has not, below the first item) are refused or take only what fits, on an open session,
+ * and the victim reads the rest in order.
  */
 #include <check.h>
 #include <errno.h>
@@ -113,6 +115,127 @@ static int read_seg(struct tpt_raw *r, uint64_t id, Tpw__V1__Segment *g, bool ta
 	op.segments = &g;
 	op.take_held = take_held;
 	return raw_chan(r, &op, NULL);
+}
+
+/* A packed READ (ChanOp.pack) of up to @max items into @g on handle @id: the answer's status,
+ * its items' count, its tail's bytes (checked to be the items' sum), each item's first word
+ * in @ret_idx (up to 16) and held_len. Return: the status, or -errno. */
+static int read_packed(struct tpt_raw *r, uint64_t id, Tpw__V1__Segment *g, uint32_t max,
+		       size_t *ret_n, uint32_t *ret_tail, uint32_t *ret_idx, uint64_t *ret_held)
+{
+	Tpw__V1__ChanOp op = TPW__V1__CHAN_OP__INIT;
+	Tpw__V1__ClientMsg m = TPW__V1__CLIENT_MSG__INIT;
+	Tpw__V1__DaemonMsg *dm = NULL;
+	uint8_t *tail = NULL;
+	uint64_t sum = 0;
+	int st;
+
+	op.req_id = 2;
+	op.op = TPW__V1__CHAN_OP_KIND__CHAN_OP_READ;
+	op.chan_id = id;
+	op.pack = true;
+	op.max_items = max;
+	op.n_segments = 1;
+	op.segments = &g;
+	m.body_case = TPW__V1__CLIENT_MSG__BODY_CHAN_OP;
+	m.chan_op = &op;
+	st = tpt_raw_send(r, &m, NULL, 0, NULL, 0, 0);
+	while (st == 0) {
+		st = tpt_raw_recv(r, T_MS, &dm, &tail, ret_tail);
+		if (st < 0 || dm->body_case == TPW__V1__DAEMON_MSG__BODY_CHAN_REPLY)
+			break;
+		tpw__v1__daemon_msg__free_unpacked(dm, NULL);
+		free(tail);
+		dm = NULL;
+		tail = NULL;
+	}
+	if (st < 0)
+		return st;
+	*ret_n = dm->chan_reply->n_lengths;
+	*ret_held = dm->chan_reply->held_len;
+	for (size_t i = 0, off = 0; i < *ret_n; off += dm->chan_reply->lengths[i++]) {
+		sum += dm->chan_reply->lengths[i];
+		if (i < 16 && sum <= *ret_tail && dm->chan_reply->lengths[i] >= 4)
+			memcpy(&ret_idx[i], tail + off, 4);
+	}
+	st = sum == (dm->chan_reply->copied ? 0 : *ret_tail) ? (int)dm->chan_reply->status : -EPROTO;
+	tpw__v1__daemon_msg__free_unpacked(dm, NULL);
+	free(tail);
+	return st;
+}
+
+/* The packed reads of a raw client of uid 65534 with rooms that lie: larger than its buffer
+ * (shared: refused; by CMA, which its session has not: refused), 1 byte below the first item
+ * (-EMSGSIZE, its length, the item stays), exactly three items packed (three), its whole
+ * buffer and at most 2 (two), a large item into its own buffer (copied, within it). Each
+ * answer comes back on an open session; the victim then reads the rest, in order. */
+static int packed_attacker(void *arg)
+{
+	Tpw__V1__ChanOp op = TPW__V1__CHAN_OP__INIT;
+	Tpw__V1__ShmRef ref = TPW__V1__SHM_REF__INIT;
+	Tpw__V1__Segment g = TPW__V1__SEGMENT__INIT;
+	Tpw__V1__ClientMsg m = TPW__V1__CLIENT_MSG__INIT;
+	Tpw__V1__DaemonMsg *dm;
+	uint32_t idx[16], tail = 0;
+	uint64_t id, held = 0;
+	struct tpt_raw r;
+	size_t n = 0;
+	int st;
+
+	(void)arg;
+	TPT_REQUIRE(drop_to_nobody() == 0, 1, "cannot drop to nobody");
+	TPT_REQUIRE(tpt_raw_connect(&r, d.socket) == 0, 1, "connect");
+	TPT_REQUIRE(tpt_raw_hello(&r, TPW__V1__ROLE__ROLE_CLIENT, T_MS) == 0, 1, "hello");
+	TPT_REQUIRE(raw_buffer(&r) == 0, 1, "buffer");
+	op.req_id = 1;
+	op.op = TPW__V1__CHAN_OP_KIND__CHAN_OP_OPEN;
+	op.name = "open";
+	op.owner_set = true;
+	op.owner_uid = 0;
+	m.body_case = TPW__V1__CLIENT_MSG__BODY_CHAN_OP;
+	m.chan_op = &op;
+	TPT_REQUIRE(tpt_raw_send(&r, &m, NULL, 0, NULL, 0, 0) == 0, 1, "send open");
+	TPT_REQUIRE(tpt_raw_expect(&r, TPW__V1__DAEMON_MSG__BODY_CHAN_REPLY, T_MS, &dm) == 0, 1,
+		    "open answer");
+	id = dm->chan_reply->chan_id;
+	TPT_REQUIRE(dm->chan_reply->status == TPW__V1__STATUS__STATUS_OK &&
+		    dm->chan_reply->pack_reads, 1, "open: %d, packed reads %d",
+		    dm->chan_reply->status, dm->chan_reply->pack_reads);
+	tpw__v1__daemon_msg__free_unpacked(dm, NULL);
+	g.loc_case = TPW__V1__SEGMENT__LOC_SHM;
+	g.shm = &ref;
+	ref.buf_id = 1;
+	ref.gen = 1;
+	g.length = 1ull << 40; /* a room of 1 TiB in a buffer of 1 MiB */
+	st = read_packed(&r, id, &g, 64, &n, &tail, idx, &held);
+	TPT_REQUIRE(st > TPW__V1__STATUS__STATUS_OK && n == 0 && tail == 0, 1, "a room past its buffer: %d, %zu items",
+		    st, n);
+	g.length = BUF - 4096;
+	ref.offset = 4097; /* ends one byte past its buffer */
+	st = read_packed(&r, id, &g, 64, &n, &tail, idx, &held);
+	TPT_REQUIRE(st > TPW__V1__STATUS__STATUS_OK && n == 0, 1, "a room 1 byte past its buffer: %d, %zu items", st, n);
+	ref.offset = 0;
+	g.loc_case = TPW__V1__SEGMENT__LOC_CMA_ADDR; /* no CMA for this session */
+	g.cma_addr = 4096;
+	st = read_packed(&r, id, &g, 64, &n, &tail, idx, &held);
+	TPT_REQUIRE(st > TPW__V1__STATUS__STATUS_OK && n == 0, 1, "a CMA room without CMA: %d, %zu items", st, n);
+	g.loc_case = TPW__V1__SEGMENT__LOC_SHM;
+	g.shm = &ref; /* a oneof: the address overwrote it */
+	g.length = 4095; /* below the first item */
+	st = read_packed(&r, id, &g, 64, &n, &tail, idx, &held);
+	TPT_REQUIRE(st == TPW__V1__STATUS__STATUS_TOO_BIG && n == 0 && held == 4096, 1,
+		    "a room below the first item: %d, %zu items, held_len %llu", st, n,
+		    (unsigned long long)held);
+	g.length = 3 * 4096; /* three packed, exactly */
+	st = read_packed(&r, id, &g, 64, &n, &tail, idx, &held);
+	TPT_REQUIRE(st == TPW__V1__STATUS__STATUS_OK && n == 3 && tail == 3 * 4096 && idx[0] == 0 && idx[2] == 2, 1,
+		    "three packed: %d, %zu items, %u bytes", st, n, tail);
+	g.length = BUF;
+	st = read_packed(&r, id, &g, 2, &n, &tail, idx, &held);
+	TPT_REQUIRE(st == TPW__V1__STATUS__STATUS_OK && n == 2 && tail == 2 * 4096 && idx[0] == 3 && idx[1] == 4, 1,
+		    "two of max_items 2: %d, %zu items", st, n);
+	tpt_raw_close(&r);
+	return 0;
 }
 
 static int attacker(void *arg)
@@ -232,6 +355,56 @@ START_TEST(test_attacker_segments_touch_only_its_own_memory)
 }
 END_TEST
 
+/* A client's packed reads with rooms that lie touch nothing but its own buffer and take only
+ * what fits: the victim reads every other item, in order, byte-exact (packed_attacker()). */
+START_TEST(test_packed_read_lying_room)
+{
+	struct tp_chan_options o = { .size = sizeof(o), .flags = TP_CHAN_CREATE, .owner_uid = -1,
+				     .access = TP_ACCESS_ANYONE };
+	struct tp_chan_item items[16];
+	struct tp_context *ctx;
+	struct tp_chan *ch;
+	struct iovec iov[10];
+	uint8_t (*src)[4096] = calloc(10, 4096), *buf = malloc(BUF);
+	uint32_t i;
+	size_t n;
+
+	if (geteuid() != 0) {
+		printf("skipped: needs root to run a client as another uid\n");
+		free(src);
+		free(buf);
+		return;
+	}
+	ck_assert_ptr_nonnull(src);
+	ck_assert_ptr_nonnull(buf);
+	ck_assert_int_eq(tpt_daemon_start(&d, NULL), 0);
+	ck_assert_int_eq(tpt_daemon_open_to_all(&d), 0);
+	ck_assert_int_eq(tpt_ctx_new(&d, 0, "victim", &ctx), 0);
+	ck_assert_int_eq(tp_chan_open(ctx, "open", &o, &ch), 0);
+	for (i = 0; i < 10; i++) {
+		memset(src[i], 0x40 + (int)i, 4096);
+		memcpy(src[i], &i, sizeof(i));
+		iov[i] = (struct iovec){ .iov_base = src[i], .iov_len = 4096 };
+	}
+	ck_assert_int_eq(tp_chan_write(ch, iov, 10, 0), 0);
+	ck_assert(tpt_wait_ok(tpt_fork(packed_attacker, NULL), 4 * T_MS, "attacker"));
+	ck_assert(tpt_daemon_alive(&d));
+	ck_assert_int_eq(tp_chan_read_many_into(ch, buf, BUF, items, 16, &n, 0), 0);
+	ck_assert_uint_eq(n, 5); /* 5..9: the attacker took 0..4 */
+	for (size_t k = 0; k < n; k++) {
+		ck_assert_uint_eq(items[k].len, 4096);
+		ck_assert_ptr_eq(items[k].data, buf + k * 4096);
+		ck_assert_mem_eq(items[k].data, src[5 + k], 4096);
+	}
+	ck_assert_int_eq(tp_chan_read_many_into(ch, buf, BUF, items, 16, &n, 0), -EAGAIN);
+	tp_chan_release(ch);
+	tp_context_free(ctx);
+	free(src);
+	free(buf);
+	ck_assert_int_eq(tpt_daemon_stop(&d), 0);
+}
+END_TEST
+
 static Suite *chanfast_suite(void)
 {
 	Suite *s = suite_create("sec_chanfast");
@@ -239,6 +412,7 @@ static Suite *chanfast_suite(void)
 
 	tcase_set_timeout(tc, 120);
 	tcase_add_test(tc, test_attacker_segments_touch_only_its_own_memory);
+	tcase_add_test(tc, test_packed_read_lying_room);
 	suite_add_tcase(s, tc);
 	return s;
 }

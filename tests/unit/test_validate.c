@@ -1599,6 +1599,67 @@ START_TEST(test_validate_chan_read_fields)
 }
 END_TEST
 
+/* A packed batch read (ChanOp.pack, tp_chan_read_many_into()): exactly one destination, not
+ * empty and at most the largest item (just at and just above), a batch up to segments_max
+ * into it; not with msg, take_held or map_done; not on another op; never from a peer. */
+START_TEST(test_validate_chan_read_packed)
+{
+	Tpw__V1__ClientMsg m = TPW__V1__CLIENT_MSG__INIT;
+	Tpw__V1__ChanOp o = TPW__V1__CHAN_OP__INIT;
+	Tpw__V1__Segment g = TPW__V1__SEGMENT__INIT, *gp[2] = { &g, &g };
+	Tpw__V1__PeerChanOp po = TPW__V1__PEER_CHAN_OP__INIT;
+	Tpw__V1__PeerMsg pm = TPW__V1__PEER_MSG__INIT;
+
+	m.body_case = TPW__V1__CLIENT_MSG__BODY_CHAN_OP;
+	m.chan_op = &o;
+	o.op = TPW__V1__CHAN_OP_KIND__CHAN_OP_READ;
+	o.pack = true;
+	o.max_items = lim.segments_max;
+	ck_assert_int_eq(vc(&m, 0, 0), -EBADMSG); /* no destination */
+	o.n_segments = 1;
+	o.segments = gp;
+	g.loc_case = TPW__V1__SEGMENT__LOC_CMA_ADDR;
+	g.cma_addr = 4096;
+	ck_assert_int_eq(vc(&m, 0, 0), -EBADMSG); /* an empty one */
+	g.length = 1ull << 40; /* the largest item: just at */
+	ck_assert_int_eq(vc(&m, 0, 0), 0);
+	g.length = (1ull << 40) + 1; /* just above */
+	ck_assert_int_eq(vc(&m, 0, 0), -EBADMSG);
+	g.length = 4096;
+	o.max_items = lim.segments_max + 1;
+	ck_assert_int_eq(vc(&m, 0, 0), -E2BIG);
+	o.max_items = 0; /* one item, packed: allowed */
+	ck_assert_int_eq(vc(&m, 0, 0), 0);
+	o.max_items = 2;
+	o.pack = false; /* the same batch unpacked */
+	ck_assert_int_eq(vc(&m, 0, 0), -EBADMSG);
+	o.pack = true;
+	o.n_segments = 2;
+	ck_assert_int_eq(vc(&m, 0, 0), -EBADMSG);
+	o.n_segments = 1;
+	o.msg = true;
+	ck_assert_int_eq(vc(&m, 0, 0), -EBADMSG);
+	o.msg = false;
+	o.take_held = true;
+	ck_assert_int_eq(vc(&m, 0, 0), -EBADMSG);
+	o.take_held = false;
+	o.map_done = true;
+	ck_assert_int_eq(vc(&m, 0, 0), -EBADMSG);
+	o.map_done = false;
+	o.map_ok = true; /* a large first item may be read by mapping */
+	ck_assert_int_eq(vc(&m, 0, 0), 0);
+	o.map_ok = false;
+	pm.body_case = TPW__V1__PEER_MSG__BODY_CHAN_OP;
+	pm.chan_op = &po;
+	po.op = &o;
+	o.n_segments = 0;
+	ck_assert_int_eq(vpt(&pm, 0), -EBADMSG); /* never from a peer */
+	o.op = TPW__V1__CHAN_OP_KIND__CHAN_OP_CLOSE;
+	o.max_items = 0;
+	ck_assert_int_eq(vc(&m, 0, 0), -EBADMSG); /* nor on another op */
+}
+END_TEST
+
 /* A channel item's message descriptor (client minor 8; the daemon's handler checks it): up to
  * segments_max payloads and tensors and metadata_max metadata bytes in all, just at and just
  * above; lengths adding up to the item exactly, without wrapping; known devices; no pipe
@@ -2181,6 +2242,7 @@ static Suite *validate_suite(void)
 	tcase_add_test(d, test_validate_peer_chan_streamed);
 	tcase_add_test(d, test_validate_chan_segments);
 	tcase_add_test(d, test_validate_chan_read_fields);
+	tcase_add_test(d, test_validate_chan_read_packed);
 	tcase_add_test(d, test_validate_chan_msg);
 	tcase_add_test(d, test_validate_chan_reply_batch);
 	tcase_add_test(d, test_validate_chan_lend);
