@@ -898,7 +898,8 @@ void tpc_pring_on_xfer(struct tp_context *ctx, const Tpw__V1__RingXfer *x);
 /* The next fd the daemon sent ahead of a frame (RingXfer, ChanReply.map_fd); rx_lock held.
  * Return: owned fd, or -ENOENT. */
 int tpc_pring_take_fd(struct tp_context *ctx);
-/* Pipe @pipe_id is gone (PipeClosed): its rings' threads give up and free them; lock held. */
+/* Pipe @pipe_id is gone (PipeClosed, or closed here): its rings' threads give up their copies
+ * at once, by a flag of this process, and free them; lock held. */
 void tpc_pring_pipe_gone_locked(struct tp_context *ctx, uint64_t pipe_id);
 /* Stops every ring thread and waits until they freed their rings; no lock held. Borrows @ctx. */
 void tpc_pring_free_all(struct tp_context *ctx);

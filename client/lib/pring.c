@@ -9,8 +9,10 @@
  * the memfd the daemon sends once (beside the control ring, on the socket), kept until the
  * daemon names another or the pipe closes.
  * Everything the other process writes in the ring header is checked before use: an index out of
- * bounds fails this message (and its pipe's ring), nothing else. Not here: choosing the ring
- * (the daemon's broker), the layout (proto/pring.h).
+ * bounds, or one that moves backwards, fails this message (and its pipe's ring), nothing else;
+ * no value of it keeps the io thread past its budget, and a local close stops a ring's thread
+ * whatever the other process writes. Not here: choosing the ring (the daemon's broker), the
+ * layout (proto/pring.h).
  */
 #include <errno.h>
 #include <sched.h>
@@ -30,10 +32,12 @@
 /* A message of at most PRING_INLINE_MAX bytes for an idle ring is copied by the thread that
  * read its RingXfer (the io thread), not handed to the ring's thread: no wake-up of that thread
  * (tens of microseconds where the other CPU sleeps). That thread spins at most PRING_INLINE_NS
- * for the other side at each chunk, then hands the rest of the message to the ring's thread,
- * so a peer that stalls or lies holds it no longer. */
+ * for the other side at each chunk, and waits at no chunk once PRING_INLINE_BUDGET_NS went by
+ * since it began the message; then it hands the rest of the message to the ring's thread, so a
+ * peer that stalls, lies or keeps moving its index holds it no longer. */
 #define PRING_INLINE_MAX (256u << 10)
 #define PRING_INLINE_NS 20000u
+#define PRING_INLINE_BUDGET_NS 300000u
 
 struct tpc_pring {
 	struct tpu_list link; /* ctx->prings */
@@ -58,6 +62,7 @@ struct pring_job {
 	uint64_t id;
 	uint32_t start;
 	uint64_t next; /* chunks of it moved so far (by the io thread, before a hand-off) */
+	uint32_t seen; /* with @next: the other side's index the io thread saw last */
 	size_t n;
 	uint64_t *addrs;
 	uint64_t *lens;
@@ -176,13 +181,41 @@ static uint64_t job_bytes(const struct pring_job *j)
 }
 
 /*
+ * Waits on the io thread for the other side to move @word from *@seen: at most PRING_INLINE_NS,
+ * and not past @deadline. Return: as ring_spin(); false at once past @deadline.
+ */
+static bool ring_spin_until(struct tpc_pring *r, const uint32_t *word, uint32_t *seen,
+			    uint64_t deadline)
+{
+	uint64_t now = tpu_now_ns();
+
+	if (now >= deadline)
+		return false;
+	return ring_spin(r, word, seen, TPU_MIN(deadline - now, (uint64_t)PRING_INLINE_NS));
+}
+
+/* Checks the other side's index @seen, read after @was (at chunk @k of @nk): it never moves
+ * back (its side only ever adds to it), so a peer cannot make us wait for a value it takes back
+ * and offers again forever. Return: 0 or -EPROTO with the reason in @why. */
+static int ring_check_forward(uint32_t was, uint32_t seen, uint64_t k, uint64_t nk, char *why,
+			      size_t wl)
+{
+	if ((int32_t)(seen - was) >= 0)
+		return 0;
+	return tpu_why(-EPROTO, why, wl, "pipe ring index moved backwards by %d (chunk %llu of "
+		       "%llu): protocol violation by the other end", (int)(int32_t)(was - seen),
+		       (unsigned long long)k, (unsigned long long)nk);
+}
+
+/*
  * Moves job @j through @r from its chunk @j->next on: the writer copies in, the reader out.
  * head and tail are the other process's to write as much as ours: every value read is checked
- * against what this message allows. @spin_ns: not 0 on the io thread, which waits for the
- * other side at most that long a chunk. Return: 0; -EAGAIN when it waited that long (@j->next
- * says where the ring's thread goes on); or -errno with the reason in @why.
+ * against what this message allows, and never moves backwards. @deadline: not 0 on the io
+ * thread, which waits for the other side at most PRING_INLINE_NS a chunk and not past
+ * @deadline. Return: 0; -EAGAIN when it waited that long (@j->next says where the ring's thread
+ * goes on); or -errno with the reason in @why.
  */
-static int ring_run(struct tpc_pring *r, struct pring_job *j, uint64_t spin_ns, char *why,
+static int ring_run(struct tpc_pring *r, struct pring_job *j, uint64_t deadline, char *why,
 		    size_t wl)
 {
 	struct tpw_pring_hdr *h = (void *)r->map;
@@ -192,11 +225,13 @@ static int ring_run(struct tpc_pring *r, struct pring_job *j, uint64_t spin_ns, 
 	uint32_t *theirs = r->reader ? &h->head : &h->tail;
 	uint32_t *their_wait = r->reader ? &h->wr_wait : &h->rd_wait;
 	uint32_t *my_wait = r->reader ? &h->rd_wait : &h->wr_wait;
-	uint32_t seen = __atomic_load_n(theirs, __ATOMIC_ACQUIRE);
+	uint32_t seen = __atomic_load_n(theirs, __ATOMIC_ACQUIRE), was;
 
 	if (nk > UINT32_MAX / 2 || j->next > nk ||
 	    __atomic_load_n(mine, __ATOMIC_ACQUIRE) != j->start + (uint32_t)j->next)
 		return tpu_why(-EPROTO, why, wl, "pipe ring out of step at the start");
+	if (j->next && ring_check_forward(j->seen, seen, j->next, nk, why, wl) < 0)
+		return -EPROTO; /* handed on by the io thread: from where it was */
 	for (uint64_t k = j->next; k < nk; k++) {
 		uint64_t off = k * r->chunk;
 		size_t len = total - off < r->chunk ? (size_t)(total - off) : r->chunk;
@@ -217,14 +252,18 @@ static int ring_run(struct tpc_pring *r, struct pring_job *j, uint64_t spin_ns, 
 					       (unsigned long long)k, (unsigned long long)nk);
 			if (r->reader ? ahead > (int64_t)k : (int64_t)k - ahead < r->nchunks)
 				break;
-			if (spin_ns && !ring_spin(r, theirs, &seen, spin_ns)) {
+			was = seen;
+			if (deadline && !ring_spin_until(r, theirs, &seen, deadline)) {
 				j->next = k;
+				j->seen = seen;
 				return -EAGAIN;
 			}
-			if (!spin_ns)
+			if (!deadline)
 				seen = ring_wait(r, theirs, my_wait, seen);
 			if (ring_gone(r))
 				return tpu_why(-ECONNRESET, why, wl, "pipe ring transfer abandoned");
+			if (ring_check_forward(was, seen, k, nk, why, wl) < 0)
+				return -EPROTO;
 		}
 		seg_copy(j, off, data + (size_t)((j->start + k) % r->nchunks) * r->chunk, len,
 			 !r->reader);
@@ -307,13 +346,19 @@ static void *ring_main(void *arg)
 	return NULL;
 }
 
-/* Stops @r: its thread ends its jobs (@abort: gives them up) and frees it; lock held. */
+/* Stops @r: its thread ends its jobs (@abort: gives them up, at once, whatever the other side
+ * writes in the ring) and frees it; lock held. */
 static void ring_stop_locked(struct tpc_pring *r, bool abort)
 {
+	struct tpw_pring_hdr *h = (void *)r->map;
+
 	r->stop = true;
-	if (abort)
-		__atomic_store_n(&r->abort, true, __ATOMIC_RELEASE);
 	pthread_cond_signal(&r->cond);
+	if (!abort)
+		return;
+	__atomic_store_n(&r->abort, true, __ATOMIC_RELEASE);
+	/* a job asleep on the other side's word looks at the flag now, not at its next check */
+	tpw_pring_wake(r->reader ? &h->head : &h->tail);
 }
 
 static struct tpc_pring *ring_find_locked(struct tp_context *ctx, uint64_t pipe_id, bool reader)
@@ -457,7 +502,7 @@ static void ring_run_inline(struct tpc_pring *r, struct pring_job *j)
 {
 	struct tp_context *ctx = r->ctx;
 	char why[200] = "";
-	int err = ring_run(r, j, PRING_INLINE_NS, why, sizeof(why));
+	int err = ring_run(r, j, tpu_now_ns() + PRING_INLINE_BUDGET_NS, why, sizeof(why));
 
 	if (err != -EAGAIN)
 		job_finish(r, j, err, why);

@@ -1,6 +1,6 @@
 /* SPDX-License-Identifier: BSD-3-Clause */
 /*
- * The pipe ring security suites' attacker and victim helpers (test_pring.c):
+ * The pipe ring security suites' attacker and victim helpers (test_pring.c, test_pringpeer.c):
  * a client speaking the raw protocol on a control ring, with pipe rings, that connects a pipe to
  * the victim's listener and takes the ring fds the daemon sends it; a uid change for a forked
  * child; a friendly pipe of the victim's own uid that must still move a message through a ring.
