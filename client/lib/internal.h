@@ -359,6 +359,7 @@ struct tp_context {
 	 * daemon sent on the socket for RingXfer frames not yet read (rx_lock). */
 	struct tpu_list prings;
 	unsigned n_prings;
+	unsigned pring_max; /* rings it takes at most ($TPIPD_PIPE_RINGS_MAX) */
 	int pring_fds[8];
 	unsigned n_pring_fds;
 };
@@ -903,5 +904,8 @@ int tpc_pring_take_fd(struct tp_context *ctx);
 void tpc_pring_pipe_gone_locked(struct tp_context *ctx, uint64_t pipe_id);
 /* Stops every ring thread and waits until they freed their rings; no lock held. Borrows @ctx. */
 void tpc_pring_free_all(struct tp_context *ctx);
+/* Sets how many rings @ctx takes at most from $TPIPD_PIPE_RINGS_MAX (unset or empty: 64).
+ * Return: 0, or -EINVAL (tp_last_error() says why) for a value that is not 0..4096. */
+int tpc_pring_env(struct tp_context *ctx);
 
 #endif

@@ -38,6 +38,11 @@
 #define PRING_INLINE_MAX (256u << 10)
 #define PRING_INLINE_NS 20000u
 #define PRING_INLINE_BUDGET_NS 300000u
+/* Rings a context holds at most, unless $TPIPD_PIPE_RINGS_MAX says otherwise: each costs a
+ * thread and a mapping of the ring in this process, and another user at the other end of a
+ * pipe makes the daemon hand them out. */
+#define PRING_RINGS_MAX_DEFAULT 64u
+#define PRING_RINGS_MAX_LIMIT 4096u
 
 struct tpc_pring {
 	struct tpu_list link; /* ctx->prings */
@@ -441,6 +446,39 @@ static int ring_new_locked(struct tp_context *ctx, const Tpw__V1__RingXfer *x, i
 	return 0;
 }
 
+int tpc_pring_env(struct tp_context *ctx)
+{
+	const char *e = getenv("TPIPD_PIPE_RINGS_MAX");
+	char *end;
+	unsigned long v;
+
+	ctx->pring_max = PRING_RINGS_MAX_DEFAULT;
+	if (!e || !*e)
+		return 0;
+	errno = 0;
+	v = strtoul(e, &end, 10);
+	if (errno || *end || *e < '0' || *e > '9' || v > PRING_RINGS_MAX_LIMIT)
+		return tpc_error(-EINVAL, "TPIPD_PIPE_RINGS_MAX=%s: not 0..%u", e,
+				 PRING_RINGS_MAX_LIMIT);
+	ctx->pring_max = (unsigned)v;
+	return 0;
+}
+
+/* May @ctx take one more ring? Those stopped are on their way out (their thread gives up its
+ * copy at once). Return: 0, or -ENOBUFS with the reason in @why. Lock held. */
+static int ring_room_locked(struct tp_context *ctx, char *why, size_t wl)
+{
+	struct tpc_pring *r;
+	unsigned n = 0;
+
+	tpu_list_for_each(r, &ctx->prings, link)
+		n += !r->stop;
+	if (n < ctx->pring_max)
+		return 0;
+	return tpu_why(-ENOBUFS, why, wl, "this context holds its limit of %u pipe rings "
+		       "(TPIPD_PIPE_RINGS_MAX)", ctx->pring_max);
+}
+
 /* The pending write (@reader false) or read @id of @p; lock held. */
 static struct tpc_op *ring_op_locked(struct tp_pipe *p, uint64_t id, bool reader)
 {
@@ -482,15 +520,18 @@ static void ring_offer_locked(struct tp_context *ctx, const Tpw__V1__RingXfer *x
 	struct tp_pipe *p = tpc_map_get(&ctx->pipes, x->pipe_id);
 	struct tpc_pring *r = ring_find_locked(ctx, x->pipe_id, false);
 	int fd = tpc_pring_take_fd(ctx), err;
+	char why[160] = "";
 
 	if (r)
 		ring_stop_locked(r, true);
-	err = fd < 0 ? fd : !p ? -ENOENT : ring_new_locked(ctx, x, TAKE_FD(fd), &r);
+	err = fd < 0 ? fd : !p ? -ENOENT : ring_room_locked(ctx, why, sizeof(why));
+	if (err == 0)
+		err = ring_new_locked(ctx, x, TAKE_FD(fd), &r);
 	if (fd >= 0)
 		close(fd);
 	if (err < 0) { /* the writes stay staged */
 		tpc_context_log(ctx, LOG_INFO, "pipe %llu: pipe ring offer not taken: %s",
-				(unsigned long long)x->pipe_id, strerror(-err));
+				(unsigned long long)x->pipe_id, *why ? why : strerror(-err));
 		return;
 	}
 	p->ring_min = x->min_bytes ? x->min_bytes : 1;
@@ -524,6 +565,7 @@ void tpc_pring_on_xfer(struct tp_context *ctx, const Tpw__V1__RingXfer *x)
 	struct tpc_pring *r;
 	struct pring_job *j = NULL;
 	int fd = -EBADF, err;
+	char why[160] = "";
 
 	pthread_mutex_lock(&ctx->lock);
 	if (x->offer) {
@@ -541,6 +583,8 @@ void tpc_pring_on_xfer(struct tp_context *ctx, const Tpw__V1__RingXfer *x)
 	err = ring_job_locked(ctx, x, &j);
 	if (err == 0 && !r && fd < 0)
 		err = -EPROTO; /* no fd, or a ring we do not have */
+	if (err == 0 && !r) /* declined (STATUS_LIMIT): the daemon moves it another way */
+		err = ring_room_locked(ctx, why, sizeof(why));
 	if (err == 0 && !r)
 		err = ring_new_locked(ctx, x, TAKE_FD(fd), &r);
 	else if (fd >= 0)
@@ -562,14 +606,18 @@ void tpc_pring_on_xfer(struct tp_context *ctx, const Tpw__V1__RingXfer *x)
 	if (j)
 		job_end_locked(ctx, j);
 	pthread_mutex_unlock(&ctx->lock);
-	/* This message fails (the daemon learns it from RingDone); the pipe goes on. */
+	/* This message fails, or, declined at our limit of rings (STATUS_LIMIT), moves another
+	 * way: the daemon learns which from RingDone. The pipe goes on. */
+	if (!*why)
+		snprintf(why, sizeof(why), "the library could not take the pipe ring: %s",
+			 strerror(-err));
 	tpc_context_log(ctx, LOG_INFO, "pipe %llu: pipe ring transfer %llu refused: %s",
-			(unsigned long long)x->pipe_id, (unsigned long long)x->id, strerror(-err));
+			(unsigned long long)x->pipe_id, (unsigned long long)x->id, why);
 	d.pipe_id = x->pipe_id;
 	d.id = x->id;
 	d.reader = x->reader;
 	d.status = tpw_status_from_errno(err);
-	d.message = "the library could not take the pipe ring";
+	d.message = why;
 	m.body_case = TPW__V1__CLIENT_MSG__BODY_RING_DONE;
 	m.ring_done = &d;
 	pthread_mutex_lock(&ctx->send_lock);

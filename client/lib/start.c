@@ -365,6 +365,8 @@ TP_EXPORT int tp_context_new(const struct tp_context_options *opts, struct tp_co
 	ctx->name = o.name ? strdup(o.name) : context_default_name();
 	r = ctx->name ? 0 : tpc_error(-ENOMEM, "out of memory");
 	if (r == 0)
+		r = tpc_pring_env(ctx);
+	if (r == 0)
 		r = context_connect(ctx, o.socket_path);
 	if (r == 0)
 		r = context_hello(ctx, &o);

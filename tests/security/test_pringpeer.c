@@ -8,8 +8,10 @@
  * for it forever. The victim's io thread (a 256 KiB message, copied there) and its ring thread
  * (1 MiB) both fail the message as a protocol violation (EIO, "moved backwards") within the
  * deadline, and the victim's other pipe moves a 1 MiB message within 1 s meanwhile. A single
- * step backwards after the victim took two chunks fails the message the same way. Needs root
- * (to take the other uids); prints why it skips otherwise.
+ * step backwards after the victim took two chunks fails the message the same way. And each
+ * ring costs the victim a thread and a mapping: with TPIPD_PIPE_RINGS_MAX=2 it maps rings for
+ * the attacker's first two pipes only, declines the next ones, whose messages still arrive (by
+ * cma). Needs root (to take the other uids); prints why it skips otherwise.
  */
 #include <check.h>
 #include <errno.h>
@@ -376,6 +378,152 @@ START_TEST(test_tail_moving_back_once_fails_the_message)
 }
 END_TEST
 
+/* ---- the library's limit of rings ------------------------------------------------------------ */
+
+#define CAP 2
+#define CAP_STR "2" /* CAP in the environment and the log */
+#define CAP_PIPES (CAP + 2)
+#define CAP_MSGS 2
+
+static unsigned declines; /* the victim's log lines that declined a ring (atomic) */
+
+static void on_log(void *arg, int level, const char *line)
+{
+	(void)arg;
+	(void)level;
+	if (strstr(line, "holds its limit of " CAP_STR " pipe rings"))
+		__atomic_add_fetch(&declines, 1, __ATOMIC_SEQ_CST);
+}
+
+/* Pipe rings this process maps now (the daemon's memfds, by name). */
+static unsigned rings_mapped(void)
+{
+	FILE *f = fopen("/proc/self/maps", "re");
+	char line[512];
+	unsigned n = 0;
+
+	while (f && fgets(line, sizeof(line), f))
+		n += strstr(line, "/memfd:tpipd-pipe-ring") != NULL;
+	if (f)
+		fclose(f);
+	return n;
+}
+
+static struct tpt_msg_spec cap_spec(unsigned pipe, unsigned index)
+{
+	return (struct tpt_msg_spec){ .pipe = pipe, .index = index, .n_tensors = 1,
+				      .lens = { LEN + pipe } };
+}
+
+/* Opens CAP_PIPES pipes to the victim, one after the other, and writes CAP_MSGS messages of
+ * private memory on each (each a ring's, were the victim to take one), each once the one
+ * before was read. */
+static int cap_writer(void *arg)
+{
+	struct tp_context *cw;
+	struct tp_pipe *p[CAP_PIPES];
+
+	(void)arg;
+	TPT_REQUIRE(tpt_pring_become(NOBODY) == 0, 1, "drop to nobody");
+	TPT_REQUIRE(tpt_sync_wait(&listening, T_MS) == 0, 1, "victim listening");
+	TPT_REQUIRE(tpt_ctx_new(&dmn, 0, "writer", &cw) == 0, 1, "context");
+	for (unsigned i = 0; i < CAP_PIPES; i++) {
+		TPT_REQUIRE(tp_connect(cw, NAME, &p[i]) == 0, 1, "connect %u", i);
+		for (unsigned k = 0; k < CAP_MSGS; k++) {
+			struct tpt_msg_spec spec = cap_spec(i, k);
+			struct tpt_msg msg;
+
+			TPT_REQUIRE(tpt_msg_build(cw, &spec, TPT_MEM_PRIVATE, &msg) == 0, 1, "build");
+			TPT_REQUIRE(tp_pipe_write_sync_timeout(p[i], &msg.m, T_MS) == 0, 1,
+				    "write %u of pipe %u: %s", k, i, tp_last_error());
+			tpt_msg_free(cw, &msg);
+		}
+	}
+	TPT_REQUIRE(tpt_sync_wait(&released, 3 * T_MS) == 0, 1, "victim done");
+	for (unsigned i = 0; i < CAP_PIPES; i++)
+		tp_pipe_close(p[i]);
+	tp_context_free(cw);
+	return 0;
+}
+
+/* With TPIPD_PIPE_RINGS_MAX=CAP, accepts the writer's pipes and reads their messages: the
+ * first CAP pipes take a ring each, the next ones are declined once each and move by cma,
+ * byte-exact, and the victim never maps more than CAP rings. */
+static int cap_victim_check(struct tp_context *cv, struct tp_listener *l)
+{
+	struct tp_pipe *p[CAP_PIPES];
+	unsigned i;
+
+	for (i = 0; i < CAP_PIPES; i++) {
+		TPT_REQUIRE(tp_listener_accept_sync(l, T_MS, &p[i]) == 0, 1, "accept %u", i);
+		for (unsigned k = 0; k < CAP_MSGS; k++) {
+			struct tpt_msg_spec spec = cap_spec(i, k);
+			int r = tpt_msg_read_check(cv, p[i], &spec, TPT_MEM_PRIVATE, T_MS);
+
+			TPT_REQUIRE(r == 0, 1, "message %u of pipe %u: %d %s", k, i, r,
+				    r < 0 ? tp_last_error() : "");
+		}
+		tpt_log("victim: %u pipes, %u rings mapped, %u declined", i + 1, rings_mapped(),
+			__atomic_load_n(&declines, __ATOMIC_SEQ_CST));
+		TPT_REQUIRE(rings_mapped() == TPU_MIN(i + 1, CAP), 1, "rings mapped");
+		TPT_REQUIRE(__atomic_load_n(&declines, __ATOMIC_SEQ_CST) == (i < CAP ? 0 : i + 1 - CAP),
+			    1, "rings declined");
+	}
+	while (i)
+		tp_pipe_close(p[--i]);
+	return 0;
+}
+
+static int cap_victim(void *arg)
+{
+	struct tp_listen_options o = { .size = sizeof(o), .access = TP_ACCESS_ANYONE };
+	struct tp_context *cv;
+	struct tp_listener *l;
+	int rc;
+
+	(void)arg;
+	TPT_REQUIRE(tpt_pring_become(VICTIM) == 0, 1, "drop to the victim");
+	setenv("TPIPD_PIPE_RINGS_MAX", "4097", 1);
+	TPT_REQUIRE(tpt_ctx_new(&dmn, 0, "victim", &cv) == -EINVAL, 1, "a limit over 4096");
+	setenv("TPIPD_PIPE_RINGS_MAX", CAP_STR, 1);
+	TPT_REQUIRE(tpt_ctx_new(&dmn, 0, "victim", &cv) == 0, 1, "context");
+	tp_context_set_log(cv, on_log, NULL);
+	TPT_REQUIRE(tp_listen(cv, NAME, &o, &l) == 0, 1, "listen");
+	tpt_sync_post(&listening, 0);
+	rc = cap_victim_check(cv, l);
+	tpt_sync_post(&released, 0);
+	tp_listener_close(l);
+	tp_context_free(cv);
+	return rc;
+}
+
+/* A writer of another uid opens pipes to a victim that takes at most CAP rings: just below the
+ * limit every pipe takes one, just above it the victim declines it and the messages still
+ * arrive (by cma), the pipe's later messages too. */
+START_TEST(test_library_takes_at_most_its_limit_of_rings)
+{
+	static const char *const args[] = { "--pipe-ring", "yes", NULL };
+	pid_t v, a;
+
+	if (geteuid() != 0) {
+		printf("pringpeer: not root, cannot act as uids %d and %d: skipped\n", NOBODY,
+		       VICTIM);
+		return;
+	}
+	ck_assert_int_eq(tpt_daemon_start(&dmn, args), 0);
+	ck_assert_int_eq(tpt_daemon_open_to_all(&dmn), 0);
+	ck_assert_int_eq(tpt_sync_init(&listening), 0);
+	ck_assert_int_eq(tpt_sync_init(&released), 0);
+	v = tpt_fork(cap_victim, NULL);
+	a = tpt_fork(cap_writer, NULL);
+	ck_assert(tpt_wait_ok(v, 3 * T_MS, "victim"));
+	ck_assert(tpt_wait_ok(a, 3 * T_MS, "writer"));
+	tpt_sync_done(&listening);
+	tpt_sync_done(&released);
+	ck_assert_int_eq(tpt_daemon_stop(&dmn), 0);
+}
+END_TEST
+
 static Suite *pringpeer_suite(void)
 {
 	Suite *s = suite_create("sec_pringpeer");
@@ -390,6 +538,10 @@ static Suite *pringpeer_suite(void)
 	tcase_add_test(tc, test_reader_toggling_tail_fails_the_ring_thread_copy);
 	tcase_add_test(tc, test_head_moving_back_once_fails_the_message);
 	tcase_add_test(tc, test_tail_moving_back_once_fails_the_message);
+	suite_add_tcase(s, tc);
+	tc = tcase_create("cap");
+	tcase_set_timeout(tc, 120);
+	tcase_add_test(tc, test_library_takes_at_most_its_limit_of_rings);
 	suite_add_tcase(s, tc);
 	return s;
 }
