@@ -102,8 +102,9 @@ static int context_send_hello(struct tp_context *ctx, const struct tp_context_op
 	h.name = ctx->name;
 	h.cma_probe_addr = no_cma ? 0 : (uint64_t)(uintptr_t)&ctx->probe;
 	h.cma_probe_value = ctx->probe;
-	h.pipe_ring = true; /* used only on control rings, which carry its fd beside them */
-	h.pipe_ring_addr = true; /* no-CMA writes through an offered ring, ring_only reads */
+	/* used only on control rings, which carry its fd beside them; none with a limit of 0 */
+	h.pipe_ring = ctx->pring_max > 0;
+	h.pipe_ring_addr = h.pipe_ring; /* no-CMA writes through an offered ring, ring_only reads */
 	m.body_case = TPW__V1__CLIENT_MSG__BODY_HELLO;
 	m.hello = &h;
 	pthread_mutex_lock(&ctx->send_lock);

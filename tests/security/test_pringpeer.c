@@ -380,18 +380,20 @@ END_TEST
 
 /* ---- the library's limit of rings ------------------------------------------------------------ */
 
-#define CAP 2
-#define CAP_STR "2" /* CAP in the environment and the log */
-#define CAP_PIPES (CAP + 2)
+#define CAP_PIPES 4
 #define CAP_MSGS 2
 
+static unsigned cap;	  /* the victim's TPIPD_PIPE_RINGS_MAX (< CAP_PIPES), set before the forks */
 static unsigned declines; /* the victim's log lines that declined a ring (atomic) */
 
 static void on_log(void *arg, int level, const char *line)
 {
+	char want[64];
+
 	(void)arg;
 	(void)level;
-	if (strstr(line, "holds its limit of " CAP_STR " pipe rings"))
+	snprintf(want, sizeof(want), "holds its limit of %u pipe rings", cap);
+	if (strstr(line, want))
 		__atomic_add_fetch(&declines, 1, __ATOMIC_SEQ_CST);
 }
 
@@ -446,9 +448,10 @@ static int cap_writer(void *arg)
 	return 0;
 }
 
-/* With TPIPD_PIPE_RINGS_MAX=CAP, accepts the writer's pipes and reads their messages: the
- * first CAP pipes take a ring each, the next ones are declined once each and move by cma,
- * byte-exact, and the victim never maps more than CAP rings. */
+/* With TPIPD_PIPE_RINGS_MAX=cap, accepts the writer's pipes and reads their messages: the
+ * first cap pipes take a ring each, the next ones are declined once each and move by cma,
+ * byte-exact, and the victim never maps more than cap rings (with 0 it takes none and
+ * declines none: its Hello offered to take none). */
 static int cap_victim_check(struct tp_context *cv, struct tp_listener *l)
 {
 	struct tp_pipe *p[CAP_PIPES];
@@ -465,9 +468,9 @@ static int cap_victim_check(struct tp_context *cv, struct tp_listener *l)
 		}
 		tpt_log("victim: %u pipes, %u rings mapped, %u declined", i + 1, rings_mapped(),
 			__atomic_load_n(&declines, __ATOMIC_SEQ_CST));
-		TPT_REQUIRE(rings_mapped() == TPU_MIN(i + 1, CAP), 1, "rings mapped");
-		TPT_REQUIRE(__atomic_load_n(&declines, __ATOMIC_SEQ_CST) == (i < CAP ? 0 : i + 1 - CAP),
-			    1, "rings declined");
+		TPT_REQUIRE(rings_mapped() == TPU_MIN(i + 1, cap), 1, "rings mapped");
+		TPT_REQUIRE(__atomic_load_n(&declines, __ATOMIC_SEQ_CST) ==
+				    (i < cap || !cap ? 0 : i + 1 - cap), 1, "rings declined");
 	}
 	while (i)
 		tp_pipe_close(p[--i]);
@@ -479,13 +482,15 @@ static int cap_victim(void *arg)
 	struct tp_listen_options o = { .size = sizeof(o), .access = TP_ACCESS_ANYONE };
 	struct tp_context *cv;
 	struct tp_listener *l;
+	char v[16];
 	int rc;
 
 	(void)arg;
 	TPT_REQUIRE(tpt_pring_become(VICTIM) == 0, 1, "drop to the victim");
 	setenv("TPIPD_PIPE_RINGS_MAX", "4097", 1);
 	TPT_REQUIRE(tpt_ctx_new(&dmn, 0, "victim", &cv) == -EINVAL, 1, "a limit over 4096");
-	setenv("TPIPD_PIPE_RINGS_MAX", CAP_STR, 1);
+	snprintf(v, sizeof(v), "%u", cap);
+	setenv("TPIPD_PIPE_RINGS_MAX", v, 1);
 	TPT_REQUIRE(tpt_ctx_new(&dmn, 0, "victim", &cv) == 0, 1, "context");
 	tp_context_set_log(cv, on_log, NULL);
 	TPT_REQUIRE(tp_listen(cv, NAME, &o, &l) == 0, 1, "listen");
@@ -497,10 +502,8 @@ static int cap_victim(void *arg)
 	return rc;
 }
 
-/* A writer of another uid opens pipes to a victim that takes at most CAP rings: just below the
- * limit every pipe takes one, just above it the victim declines it and the messages still
- * arrive (by cma), the pipe's later messages too. */
-START_TEST(test_library_takes_at_most_its_limit_of_rings)
+/* Runs the writer and the victim with a limit of @limit rings. */
+static void run_cap(unsigned limit)
 {
 	static const char *const args[] = { "--pipe-ring", "yes", NULL };
 	pid_t v, a;
@@ -510,6 +513,7 @@ START_TEST(test_library_takes_at_most_its_limit_of_rings)
 		       VICTIM);
 		return;
 	}
+	cap = limit;
 	ck_assert_int_eq(tpt_daemon_start(&dmn, args), 0);
 	ck_assert_int_eq(tpt_daemon_open_to_all(&dmn), 0);
 	ck_assert_int_eq(tpt_sync_init(&listening), 0);
@@ -521,6 +525,20 @@ START_TEST(test_library_takes_at_most_its_limit_of_rings)
 	tpt_sync_done(&listening);
 	tpt_sync_done(&released);
 	ck_assert_int_eq(tpt_daemon_stop(&dmn), 0);
+}
+
+/* A writer of another uid opens 4 pipes to a victim that takes at most 2 rings: just below the
+ * limit every pipe takes one, just above it the victim declines it and the messages still
+ * arrive (by cma), the pipe's later messages too. */
+START_TEST(test_library_takes_at_most_its_limit_of_rings)
+{
+	run_cap(2);
+}
+END_TEST
+
+START_TEST(test_library_with_a_limit_of_0_takes_no_ring)
+{
+	run_cap(0);
 }
 END_TEST
 
@@ -542,6 +560,7 @@ static Suite *pringpeer_suite(void)
 	tc = tcase_create("cap");
 	tcase_set_timeout(tc, 120);
 	tcase_add_test(tc, test_library_takes_at_most_its_limit_of_rings);
+	tcase_add_test(tc, test_library_with_a_limit_of_0_takes_no_ring);
 	suite_add_tcase(s, tc);
 	return s;
 }
