@@ -300,6 +300,7 @@ static void ring_done_send(struct tp_context *ctx, const struct tpc_pring *r,
 static void job_end_locked(struct tp_context *ctx, struct pring_job *j)
 {
 	if (j->op) {
+		__atomic_store_n(&j->op->pring, NULL, __ATOMIC_RELEASE);
 		j->op->copying = false;
 		if (!j->op->pending) /* completed meanwhile: its callback may run now */
 			tpc_context_wake(ctx);
@@ -311,6 +312,9 @@ static void job_end_locked(struct tp_context *ctx, struct pring_job *j)
  * not held. */
 static void job_finish(struct tpc_pring *r, const struct pring_job *j, int err, const char *why)
 {
+	/* before RingDone: the op's completion, which may follow it at once, finds it ended */
+	if (j->op)
+		__atomic_store_n(&j->op->pring, NULL, __ATOMIC_RELEASE);
 	if (err < 0) /* the other side, or the daemon, learns it through the dead word */
 		tpw_pring_kill((void *)r->map);
 	ring_done_send(r->ctx, r, j, err, why);
@@ -591,6 +595,8 @@ void tpc_pring_on_xfer(struct tp_context *ctx, const Tpw__V1__RingXfer *x)
 		close(fd);
 	if (err == 0 && (r->chunk != x->chunk_bytes || r->nchunks != x->nchunks))
 		err = -EPROTO;
+	if (err == 0)
+		__atomic_store_n(&j->op->pring, r, __ATOMIC_RELEASE);
 	if (err == 0 && !r->busy && tpu_list_empty(&r->jobs) && job_bytes(j) <= PRING_INLINE_MAX) {
 		r->busy = true;
 		pthread_mutex_unlock(&ctx->lock);
@@ -623,6 +629,18 @@ void tpc_pring_on_xfer(struct tp_context *ctx, const Tpw__V1__RingXfer *x)
 	pthread_mutex_lock(&ctx->send_lock);
 	tpc_wire_send(ctx, &m, NULL, 0, -EBADF);
 	pthread_mutex_unlock(&ctx->send_lock);
+}
+
+void tpc_pring_op_done_locked(struct tp_context *ctx, struct tpc_op *op)
+{
+	/* Not NULL: its side of the copy has not ended, so the daemon did not complete it on
+	 * its RingDone but gave the ring up; the ring lives while its job does, and its thread
+	 * ends the job under the lock we hold. */
+	struct tpc_pring *r = __atomic_load_n(&op->pring, __ATOMIC_ACQUIRE);
+
+	(void)ctx;
+	if (r && !r->stop)
+		ring_stop_locked(r, true);
 }
 
 void tpc_pring_pipe_gone_locked(struct tp_context *ctx, uint64_t pipe_id)

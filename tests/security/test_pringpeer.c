@@ -8,7 +8,9 @@
  * for it forever. The victim's io thread (a 256 KiB message, copied there) and its ring thread
  * (1 MiB) both fail the message as a protocol violation (EIO, "moved backwards") within the
  * deadline, and the victim's other pipe moves a 1 MiB message within 1 s meanwhile. A single
- * step backwards after the victim took two chunks fails the message the same way. And each
+ * step backwards after the victim took two chunks fails the message the same way. A writer that
+ * fails its side and keeps the ring's dead word at 0 holds neither the victim's read callback
+ * (the daemon failed the read) nor the callbacks behind it. And each
  * ring costs the victim a thread and a mapping: with TPIPD_PIPE_RINGS_MAX=2 it maps rings for
  * the attacker's first two pipes only, declines the next ones, whose messages still arrive (by
  * cma). Needs root (to take the other uids); prints why it skips otherwise.
@@ -43,6 +45,8 @@ static struct {
 	size_t len;
 	unsigned threads; /* toggling the attacker's index; 0: one step back instead */
 	unsigned msgs;	  /* the victim writes, at once, the last one attacked */
+	/* the writer fails its side (RingDone) and its threads keep the dead word at 0 */
+	bool dead_reset;
 } kase;
 
 static uint8_t attacker_buf[LEN];
@@ -117,13 +121,30 @@ static int step_back(uint32_t *word, const uint32_t *victim, uint32_t pre, uint3
 	return 0;
 }
 
+/* Fails its side of message 1 (as its writer): the daemon fails the ring with it. */
+static int ring_done_failed(struct tpt_pring_raw *a)
+{
+	Tpw__V1__ClientMsg m = TPW__V1__CLIENT_MSG__INIT;
+	Tpw__V1__RingDone done = TPW__V1__RING_DONE__INIT;
+
+	done.pipe_id = 1;
+	done.id = 1;
+	done.status = TPW__V1__STATUS__STATUS_IO;
+	done.message = "given up by the attacker";
+	m.body_case = TPW__V1__CLIENT_MSG__BODY_RING_DONE;
+	m.ring_done = &done;
+	return tpt_pring_raw_send(a, &m);
+}
+
 /*
  * Writes (the victim reads) a kase.len message through the ring, or reads (the victim writes)
  * kase.msgs of them, then, with kase.threads threads, switches its index between two values the
  * bounds allow: as the writer, the message's chunk 0 and chunk 1 values of head; as the reader,
  * tail a whole ring behind the last message and one chunk more (the victim, which filled the
  * ring with the messages before, waits for it at once). With kase.threads 0 it moves its index
- * back once instead, after the victim took two chunks. It keeps at it until the victim is done.
+ * back once instead, after the victim took two chunks. With kase.dead_reset it puts nothing in,
+ * fails its side, and its threads keep the ring's dead word, which the daemon sets, at 0. It
+ * keeps at it until the victim is done.
  */
 static int attacker(void *arg)
 {
@@ -161,6 +182,10 @@ static int attacker(void *arg)
 	t.word = kase.victim_reads ? &h->head : &h->tail;
 	t.a = kase.victim_reads ? start : start - nchunks;
 	t.b = t.a + 1;
+	if (kase.dead_reset) {
+		t.word = &h->dead;
+		t.a = t.b = 0;
+	}
 	/* one step back: as the writer, once the victim took two chunks; as the reader, once the
 	 * victim filled the ring, took two chunks out and filled it again */
 	if (kase.threads == 0)
@@ -169,7 +194,9 @@ static int attacker(void *arg)
 						   start + nchunks + 2);
 	for (; n < kase.threads; n++)
 		TPT_REQUIRE(pthread_create(&th[n], NULL, toggle_main, &t) == 0, 1, "thread");
-	if (kase.threads)
+	if (kase.dead_reset)
+		TPT_REQUIRE(ring_done_failed(&a) == 0, 1, "RingDone");
+	else if (kase.threads)
 		tpt_log("attacker: %s switched by %u threads between %u and %u (start %u)",
 			kase.victim_reads ? "head" : "tail", kase.threads, t.a, t.b, start);
 	if (tpt_sync_wait(&released, 3 * T_MS) < 0)
@@ -262,8 +289,9 @@ static int victim_check(struct tp_context *cv, struct tp_listener *l, struct tp_
 	r = victim_result(&res[last]);
 	tpt_log("victim's %s on the attacked ring: %d (%s)", kase.victim_reads ? "read" : "write",
 		r, res[last].errmsg);
-	TPT_REQUIRE(r == -EIO && strstr(res[last].errmsg, "moved backwards"), 1,
-		    "the attacked message did not fail as a protocol violation");
+	TPT_REQUIRE(r == -EIO && strstr(res[last].errmsg, kase.dead_reset ? "given up by the "
+						 "attacker" : "moved backwards"), 1,
+		    "the attacked message did not fail as it should");
 	return 0;
 }
 
@@ -300,7 +328,8 @@ static int victim(void *arg)
 
 /* Runs the case: a daemon with pipe rings, the victim and the attacker forked as their uids.
  * Skipped with a printed reason when not root (it must act as other uids). */
-static void run_case(bool victim_reads, size_t len, unsigned threads, unsigned msgs)
+static void run_case_dead(bool victim_reads, size_t len, unsigned threads, unsigned msgs,
+			  bool dead_reset)
 {
 	static const char *const args[] = { "--pipe-ring", "yes", NULL };
 	pid_t v, a;
@@ -314,6 +343,7 @@ static void run_case(bool victim_reads, size_t len, unsigned threads, unsigned m
 	kase.len = len;
 	kase.threads = threads;
 	kase.msgs = msgs;
+	kase.dead_reset = dead_reset;
 	ck_assert_int_eq(tpt_daemon_start(&dmn, args), 0);
 	ck_assert_int_eq(tpt_daemon_open_to_all(&dmn), 0);
 	ck_assert_int_eq(tpt_sync_init(&listening), 0);
@@ -325,6 +355,11 @@ static void run_case(bool victim_reads, size_t len, unsigned threads, unsigned m
 	tpt_sync_done(&listening);
 	tpt_sync_done(&released);
 	ck_assert_int_eq(tpt_daemon_stop(&dmn), 0);
+}
+
+static void run_case(bool victim_reads, size_t len, unsigned threads, unsigned msgs)
+{
+	run_case_dead(victim_reads, len, threads, msgs, false);
 }
 
 /* The victim's io thread copies the message out: it used to spin there while head moved. */
@@ -375,6 +410,16 @@ END_TEST
 START_TEST(test_tail_moving_back_once_fails_the_message)
 {
 	run_case(false, LEN, 0, 1);
+}
+END_TEST
+
+/* The victim reads a message whose writer fails it and keeps the dead word at 0 with 2
+ * threads: the daemon's failure of the read ends the victim's ring thread there (it used to wait
+ * for the dead word, its read's callback with it, and every callback of the context behind
+ * that). */
+START_TEST(test_writer_resetting_the_dead_word_holds_no_callback)
+{
+	run_case_dead(true, LEN, 2, 1, true);
 }
 END_TEST
 
@@ -556,6 +601,7 @@ static Suite *pringpeer_suite(void)
 	tcase_add_test(tc, test_reader_toggling_tail_fails_the_ring_thread_copy);
 	tcase_add_test(tc, test_head_moving_back_once_fails_the_message);
 	tcase_add_test(tc, test_tail_moving_back_once_fails_the_message);
+	tcase_add_test(tc, test_writer_resetting_the_dead_word_holds_no_callback);
 	suite_add_tcase(s, tc);
 	tc = tcase_create("cap");
 	tcase_set_timeout(tc, 120);
