@@ -462,38 +462,53 @@ static struct tpt_msg_spec cap_spec(unsigned pipe, unsigned index)
 				      .lens = { LEN + pipe } };
 }
 
-/* Opens CAP_PIPES pipes to the victim, one after the other, and writes CAP_MSGS messages of
- * private memory on each (each a ring's, were the victim to take one), each once the one
- * before was read. */
-static int cap_writer(void *arg)
+/* Moves message @k of pipe @i (of @ctx, @p) of private memory: writes it (@write) or reads and
+ * checks it. Return: 0, or 1 (logged). */
+static int cap_move(struct tp_context *ctx, struct tp_pipe *p, unsigned i, unsigned k, bool write)
 {
-	struct tp_context *cw;
+	struct tpt_msg_spec spec = cap_spec(i, k);
+	struct tpt_msg msg;
+	int r;
+
+	if (!write) {
+		r = tpt_msg_read_check(ctx, p, &spec, TPT_MEM_PRIVATE, T_MS);
+		TPT_REQUIRE(r == 0, 1, "message %u of pipe %u: %d %s", k, i, r,
+			    r < 0 ? tp_last_error() : "");
+		return 0;
+	}
+	TPT_REQUIRE(tpt_msg_build(ctx, &spec, TPT_MEM_PRIVATE, &msg) == 0, 1, "build");
+	r = tp_pipe_write_sync_timeout(p, &msg.m, T_MS);
+	TPT_REQUIRE(r == 0, 1, "write %u of pipe %u: %s", k, i, tp_last_error());
+	tpt_msg_free(ctx, &msg);
+	return 0;
+}
+
+/* Opens CAP_PIPES pipes to the victim, one after the other, and moves CAP_MSGS messages of
+ * private memory on each (each a ring's, were the victim to take one): writes them when the
+ * victim reads, else reads them. */
+static int cap_other(void *arg)
+{
+	struct tp_context *co;
 	struct tp_pipe *p[CAP_PIPES];
 
 	(void)arg;
 	TPT_REQUIRE(tpt_pring_become(NOBODY) == 0, 1, "drop to nobody");
 	TPT_REQUIRE(tpt_sync_wait(&listening, T_MS) == 0, 1, "victim listening");
-	TPT_REQUIRE(tpt_ctx_new(&dmn, 0, "writer", &cw) == 0, 1, "context");
+	TPT_REQUIRE(tpt_ctx_new(&dmn, 0, "other", &co) == 0, 1, "context");
 	for (unsigned i = 0; i < CAP_PIPES; i++) {
-		TPT_REQUIRE(tp_connect(cw, NAME, &p[i]) == 0, 1, "connect %u", i);
-		for (unsigned k = 0; k < CAP_MSGS; k++) {
-			struct tpt_msg_spec spec = cap_spec(i, k);
-			struct tpt_msg msg;
-
-			TPT_REQUIRE(tpt_msg_build(cw, &spec, TPT_MEM_PRIVATE, &msg) == 0, 1, "build");
-			TPT_REQUIRE(tp_pipe_write_sync_timeout(p[i], &msg.m, T_MS) == 0, 1,
-				    "write %u of pipe %u: %s", k, i, tp_last_error());
-			tpt_msg_free(cw, &msg);
-		}
+		TPT_REQUIRE(tp_connect(co, NAME, &p[i]) == 0, 1, "connect %u", i);
+		for (unsigned k = 0; k < CAP_MSGS; k++)
+			TPT_REQUIRE(cap_move(co, p[i], i, k, kase.victim_reads) == 0, 1, "move");
 	}
 	TPT_REQUIRE(tpt_sync_wait(&released, 3 * T_MS) == 0, 1, "victim done");
 	for (unsigned i = 0; i < CAP_PIPES; i++)
 		tp_pipe_close(p[i]);
-	tp_context_free(cw);
+	tp_context_free(co);
 	return 0;
 }
 
-/* With TPIPD_PIPE_RINGS_MAX=cap, accepts the writer's pipes and reads their messages: the
+/* With TPIPD_PIPE_RINGS_MAX=cap, accepts the other's pipes and reads or writes their messages:
+ * the
  * first cap pipes take a ring each, the next ones are declined once each and move by cma,
  * byte-exact, and the victim never maps more than cap rings (with 0 it takes none and
  * declines none: its Hello offered to take none). */
@@ -504,13 +519,8 @@ static int cap_victim_check(struct tp_context *cv, struct tp_listener *l)
 
 	for (i = 0; i < CAP_PIPES; i++) {
 		TPT_REQUIRE(tp_listener_accept_sync(l, T_MS, &p[i]) == 0, 1, "accept %u", i);
-		for (unsigned k = 0; k < CAP_MSGS; k++) {
-			struct tpt_msg_spec spec = cap_spec(i, k);
-			int r = tpt_msg_read_check(cv, p[i], &spec, TPT_MEM_PRIVATE, T_MS);
-
-			TPT_REQUIRE(r == 0, 1, "message %u of pipe %u: %d %s", k, i, r,
-				    r < 0 ? tp_last_error() : "");
-		}
+		for (unsigned k = 0; k < CAP_MSGS; k++)
+			TPT_REQUIRE(cap_move(cv, p[i], i, k, !kase.victim_reads) == 0, 1, "move");
 		tpt_log("victim: %u pipes, %u rings mapped, %u declined", i + 1, rings_mapped(),
 			__atomic_load_n(&declines, __ATOMIC_SEQ_CST));
 		TPT_REQUIRE(rings_mapped() == TPU_MIN(i + 1, cap), 1, "rings mapped");
@@ -547,8 +557,9 @@ static int cap_victim(void *arg)
 	return rc;
 }
 
-/* Runs the writer and the victim with a limit of @limit rings. */
-static void run_cap(unsigned limit)
+/* Runs the other uid and the victim (reading, @victim_reads, or writing) with a limit of
+ * @limit rings. */
+static void run_cap(unsigned limit, bool victim_reads)
 {
 	static const char *const args[] = { "--pipe-ring", "yes", NULL };
 	pid_t v, a;
@@ -559,14 +570,15 @@ static void run_cap(unsigned limit)
 		return;
 	}
 	cap = limit;
+	kase.victim_reads = victim_reads;
 	ck_assert_int_eq(tpt_daemon_start(&dmn, args), 0);
 	ck_assert_int_eq(tpt_daemon_open_to_all(&dmn), 0);
 	ck_assert_int_eq(tpt_sync_init(&listening), 0);
 	ck_assert_int_eq(tpt_sync_init(&released), 0);
 	v = tpt_fork(cap_victim, NULL);
-	a = tpt_fork(cap_writer, NULL);
+	a = tpt_fork(cap_other, NULL);
 	ck_assert(tpt_wait_ok(v, 3 * T_MS, "victim"));
-	ck_assert(tpt_wait_ok(a, 3 * T_MS, "writer"));
+	ck_assert(tpt_wait_ok(a, 3 * T_MS, "other"));
 	tpt_sync_done(&listening);
 	tpt_sync_done(&released);
 	ck_assert_int_eq(tpt_daemon_stop(&dmn), 0);
@@ -577,13 +589,20 @@ static void run_cap(unsigned limit)
  * arrive (by cma), the pipe's later messages too. */
 START_TEST(test_library_takes_at_most_its_limit_of_rings)
 {
-	run_cap(2);
+	run_cap(2, true);
+}
+END_TEST
+
+/* The same with the victim writing: its library declines the writer's side of the ring. */
+START_TEST(test_writing_library_takes_at_most_its_limit_of_rings)
+{
+	run_cap(2, false);
 }
 END_TEST
 
 START_TEST(test_library_with_a_limit_of_0_takes_no_ring)
 {
-	run_cap(0);
+	run_cap(0, true);
 }
 END_TEST
 
@@ -606,6 +625,7 @@ static Suite *pringpeer_suite(void)
 	tc = tcase_create("cap");
 	tcase_set_timeout(tc, 120);
 	tcase_add_test(tc, test_library_takes_at_most_its_limit_of_rings);
+	tcase_add_test(tc, test_writing_library_takes_at_most_its_limit_of_rings);
 	tcase_add_test(tc, test_library_with_a_limit_of_0_takes_no_ring);
 	suite_add_tcase(s, tc);
 	return s;
