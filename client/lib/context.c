@@ -268,6 +268,7 @@ void tpc_op_complete_locked(struct tp_context *ctx, struct tpc_op *op, int statu
 	op->status = status;
 	if (status < 0 && !op->errmsg)
 		op->errmsg = strdup(msg && *msg ? msg : tp_strerror(status));
+	tpc_pring_op_done_locked(ctx, op);
 	tpu_list_insert_tail(&ctx->done, &op->node);
 	if (was_empty && !tpc_context_on_io_thread(ctx))
 		tpc_context_wake(ctx);

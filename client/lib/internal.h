@@ -179,6 +179,8 @@ struct tpc_buf;
 struct tpc_cuda;       /* cuda.c: a context's IPC handle cache and event pools */
 struct tpc_cuda_event; /* cuda.c: an interprocess event recorded for one operation */
 
+struct tpc_pring;
+
 struct tpc_op {
 	struct tpu_list node; /* owner's pending list, then ctx->done */
 	enum tpc_op_kind kind;
@@ -211,6 +213,10 @@ struct tpc_op {
 	 * until the copy ends, so neither @stage nor the caller's memory is reused under it.
 	 * Lock. */
 	bool copying;
+	/* The pipe ring whose thread copies it (pring.c), while its side of that copy has not
+	 * ended (atomic; set with the lock held): a completion meanwhile means the daemon gave
+	 * the ring up, and the thread is stopped rather than left waiting on the other end. */
+	struct tpc_pring *pring;
 	size_t n_copies;
 	struct tpc_copy *copies; /* allocated with the op */
 	/* Events recorded on the streams of the op's CUDA segments: the daemon waits for them
@@ -359,6 +365,7 @@ struct tp_context {
 	 * daemon sent on the socket for RingXfer frames not yet read (rx_lock). */
 	struct tpu_list prings;
 	unsigned n_prings;
+	unsigned pring_max; /* rings it takes at most ($TPIPD_PIPE_RINGS_MAX) */
 	int pring_fds[8];
 	unsigned n_pring_fds;
 };
@@ -898,9 +905,17 @@ void tpc_pring_on_xfer(struct tp_context *ctx, const Tpw__V1__RingXfer *x);
 /* The next fd the daemon sent ahead of a frame (RingXfer, ChanReply.map_fd); rx_lock held.
  * Return: owned fd, or -ENOENT. */
 int tpc_pring_take_fd(struct tp_context *ctx);
-/* Pipe @pipe_id is gone (PipeClosed): its rings' threads give up and free them; lock held. */
+/* Pipe @pipe_id is gone (PipeClosed, or closed here): its rings' threads give up their copies
+ * at once, by a flag of this process, and free them; lock held. */
 void tpc_pring_pipe_gone_locked(struct tp_context *ctx, uint64_t pipe_id);
 /* Stops every ring thread and waits until they freed their rings; no lock held. Borrows @ctx. */
 void tpc_pring_free_all(struct tp_context *ctx);
+/* @op completes (lock held): if a ring's thread still copies it, the daemon gave that ring up
+ * (the other end failed it, or declined it): the thread stops now, by this process's flag,
+ * whatever the other end writes in the ring, and the op's callback no longer waits for it. */
+void tpc_pring_op_done_locked(struct tp_context *ctx, struct tpc_op *op);
+/* Sets how many rings @ctx takes at most from $TPIPD_PIPE_RINGS_MAX (unset or empty: 64).
+ * Return: 0, or -EINVAL (tp_last_error() says why) for a value that is not 0..4096. */
+int tpc_pring_env(struct tp_context *ctx);
 
 #endif

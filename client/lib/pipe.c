@@ -208,6 +208,10 @@ bool tpc_pipe_close_locked(struct tp_pipe *p, bool user)
 	p->user_closed = true;
 	if (p->connect_status == 1)
 		p->connect_status = -ECANCELED;
+	/* Its ring copies stop now, by our own flag: the other end can write every word of the
+	 * ring, the daemon's dead word included, and the daemon's answer to the close may wait
+	 * behind a copy on the thread that reads it. */
+	tpc_pring_pipe_gone_locked(ctx, p->id);
 	pipe_set_err(p, -ECANCELED, msg);
 	pipe_fail_list(ctx, &p->desc_reqs, -ECANCELED, msg);
 	pipe_free_descs(&p->descs);

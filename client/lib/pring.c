@@ -9,8 +9,10 @@
  * the memfd the daemon sends once (beside the control ring, on the socket), kept until the
  * daemon names another or the pipe closes.
  * Everything the other process writes in the ring header is checked before use: an index out of
- * bounds fails this message (and its pipe's ring), nothing else. Not here: choosing the ring
- * (the daemon's broker), the layout (proto/pring.h).
+ * bounds, or one that moves backwards, fails this message (and its pipe's ring), nothing else;
+ * no value of it keeps the io thread past its budget, and a local close stops a ring's thread
+ * whatever the other process writes. Not here: choosing the ring (the daemon's broker), the
+ * layout (proto/pring.h).
  */
 #include <errno.h>
 #include <sched.h>
@@ -30,10 +32,17 @@
 /* A message of at most PRING_INLINE_MAX bytes for an idle ring is copied by the thread that
  * read its RingXfer (the io thread), not handed to the ring's thread: no wake-up of that thread
  * (tens of microseconds where the other CPU sleeps). That thread spins at most PRING_INLINE_NS
- * for the other side at each chunk, then hands the rest of the message to the ring's thread,
- * so a peer that stalls or lies holds it no longer. */
+ * for the other side at each chunk, and waits at no chunk once PRING_INLINE_BUDGET_NS went by
+ * since it began the message; then it hands the rest of the message to the ring's thread, so a
+ * peer that stalls, lies or keeps moving its index holds it no longer. */
 #define PRING_INLINE_MAX (256u << 10)
 #define PRING_INLINE_NS 20000u
+#define PRING_INLINE_BUDGET_NS 300000u
+/* Rings a context holds at most, unless $TPIPD_PIPE_RINGS_MAX says otherwise: each costs a
+ * thread and a mapping of the ring in this process, and another user at the other end of a
+ * pipe makes the daemon hand them out. */
+#define PRING_RINGS_MAX_DEFAULT 64u
+#define PRING_RINGS_MAX_LIMIT 4096u
 
 struct tpc_pring {
 	struct tpu_list link; /* ctx->prings */
@@ -58,6 +67,7 @@ struct pring_job {
 	uint64_t id;
 	uint32_t start;
 	uint64_t next; /* chunks of it moved so far (by the io thread, before a hand-off) */
+	uint32_t seen; /* with @next: the other side's index the io thread saw last */
 	size_t n;
 	uint64_t *addrs;
 	uint64_t *lens;
@@ -176,13 +186,41 @@ static uint64_t job_bytes(const struct pring_job *j)
 }
 
 /*
+ * Waits on the io thread for the other side to move @word from *@seen: at most PRING_INLINE_NS,
+ * and not past @deadline. Return: as ring_spin(); false at once past @deadline.
+ */
+static bool ring_spin_until(struct tpc_pring *r, const uint32_t *word, uint32_t *seen,
+			    uint64_t deadline)
+{
+	uint64_t now = tpu_now_ns();
+
+	if (now >= deadline)
+		return false;
+	return ring_spin(r, word, seen, TPU_MIN(deadline - now, (uint64_t)PRING_INLINE_NS));
+}
+
+/* Checks the other side's index @seen, read after @was (at chunk @k of @nk): it never moves
+ * back (its side only ever adds to it), so a peer cannot make us wait for a value it takes back
+ * and offers again forever. Return: 0 or -EPROTO with the reason in @why. */
+static int ring_check_forward(uint32_t was, uint32_t seen, uint64_t k, uint64_t nk, char *why,
+			      size_t wl)
+{
+	if ((int32_t)(seen - was) >= 0)
+		return 0;
+	return tpu_why(-EPROTO, why, wl, "pipe ring index moved backwards by %d (chunk %llu of "
+		       "%llu): protocol violation by the other end", (int)(int32_t)(was - seen),
+		       (unsigned long long)k, (unsigned long long)nk);
+}
+
+/*
  * Moves job @j through @r from its chunk @j->next on: the writer copies in, the reader out.
  * head and tail are the other process's to write as much as ours: every value read is checked
- * against what this message allows. @spin_ns: not 0 on the io thread, which waits for the
- * other side at most that long a chunk. Return: 0; -EAGAIN when it waited that long (@j->next
- * says where the ring's thread goes on); or -errno with the reason in @why.
+ * against what this message allows, and never moves backwards. @deadline: not 0 on the io
+ * thread, which waits for the other side at most PRING_INLINE_NS a chunk and not past
+ * @deadline. Return: 0; -EAGAIN when it waited that long (@j->next says where the ring's thread
+ * goes on); or -errno with the reason in @why.
  */
-static int ring_run(struct tpc_pring *r, struct pring_job *j, uint64_t spin_ns, char *why,
+static int ring_run(struct tpc_pring *r, struct pring_job *j, uint64_t deadline, char *why,
 		    size_t wl)
 {
 	struct tpw_pring_hdr *h = (void *)r->map;
@@ -192,11 +230,13 @@ static int ring_run(struct tpc_pring *r, struct pring_job *j, uint64_t spin_ns, 
 	uint32_t *theirs = r->reader ? &h->head : &h->tail;
 	uint32_t *their_wait = r->reader ? &h->wr_wait : &h->rd_wait;
 	uint32_t *my_wait = r->reader ? &h->rd_wait : &h->wr_wait;
-	uint32_t seen = __atomic_load_n(theirs, __ATOMIC_ACQUIRE);
+	uint32_t seen = __atomic_load_n(theirs, __ATOMIC_ACQUIRE), was;
 
 	if (nk > UINT32_MAX / 2 || j->next > nk ||
 	    __atomic_load_n(mine, __ATOMIC_ACQUIRE) != j->start + (uint32_t)j->next)
 		return tpu_why(-EPROTO, why, wl, "pipe ring out of step at the start");
+	if (j->next && ring_check_forward(j->seen, seen, j->next, nk, why, wl) < 0)
+		return -EPROTO; /* handed on by the io thread: from where it was */
 	for (uint64_t k = j->next; k < nk; k++) {
 		uint64_t off = k * r->chunk;
 		size_t len = total - off < r->chunk ? (size_t)(total - off) : r->chunk;
@@ -217,14 +257,18 @@ static int ring_run(struct tpc_pring *r, struct pring_job *j, uint64_t spin_ns, 
 					       (unsigned long long)k, (unsigned long long)nk);
 			if (r->reader ? ahead > (int64_t)k : (int64_t)k - ahead < r->nchunks)
 				break;
-			if (spin_ns && !ring_spin(r, theirs, &seen, spin_ns)) {
+			was = seen;
+			if (deadline && !ring_spin_until(r, theirs, &seen, deadline)) {
 				j->next = k;
+				j->seen = seen;
 				return -EAGAIN;
 			}
-			if (!spin_ns)
+			if (!deadline)
 				seen = ring_wait(r, theirs, my_wait, seen);
 			if (ring_gone(r))
 				return tpu_why(-ECONNRESET, why, wl, "pipe ring transfer abandoned");
+			if (ring_check_forward(was, seen, k, nk, why, wl) < 0)
+				return -EPROTO;
 		}
 		seg_copy(j, off, data + (size_t)((j->start + k) % r->nchunks) * r->chunk, len,
 			 !r->reader);
@@ -256,6 +300,7 @@ static void ring_done_send(struct tp_context *ctx, const struct tpc_pring *r,
 static void job_end_locked(struct tp_context *ctx, struct pring_job *j)
 {
 	if (j->op) {
+		__atomic_store_n(&j->op->pring, NULL, __ATOMIC_RELEASE);
 		j->op->copying = false;
 		if (!j->op->pending) /* completed meanwhile: its callback may run now */
 			tpc_context_wake(ctx);
@@ -267,6 +312,9 @@ static void job_end_locked(struct tp_context *ctx, struct pring_job *j)
  * not held. */
 static void job_finish(struct tpc_pring *r, const struct pring_job *j, int err, const char *why)
 {
+	/* before RingDone: the op's completion, which may follow it at once, finds it ended */
+	if (j->op)
+		__atomic_store_n(&j->op->pring, NULL, __ATOMIC_RELEASE);
 	if (err < 0) /* the other side, or the daemon, learns it through the dead word */
 		tpw_pring_kill((void *)r->map);
 	ring_done_send(r->ctx, r, j, err, why);
@@ -307,13 +355,19 @@ static void *ring_main(void *arg)
 	return NULL;
 }
 
-/* Stops @r: its thread ends its jobs (@abort: gives them up) and frees it; lock held. */
+/* Stops @r: its thread ends its jobs (@abort: gives them up, at once, whatever the other side
+ * writes in the ring) and frees it; lock held. */
 static void ring_stop_locked(struct tpc_pring *r, bool abort)
 {
+	struct tpw_pring_hdr *h = (void *)r->map;
+
 	r->stop = true;
-	if (abort)
-		__atomic_store_n(&r->abort, true, __ATOMIC_RELEASE);
 	pthread_cond_signal(&r->cond);
+	if (!abort)
+		return;
+	__atomic_store_n(&r->abort, true, __ATOMIC_RELEASE);
+	/* a job asleep on the other side's word looks at the flag now, not at its next check */
+	tpw_pring_wake(r->reader ? &h->head : &h->tail);
 }
 
 static struct tpc_pring *ring_find_locked(struct tp_context *ctx, uint64_t pipe_id, bool reader)
@@ -396,6 +450,39 @@ static int ring_new_locked(struct tp_context *ctx, const Tpw__V1__RingXfer *x, i
 	return 0;
 }
 
+int tpc_pring_env(struct tp_context *ctx)
+{
+	const char *e = getenv("TPIPD_PIPE_RINGS_MAX");
+	char *end;
+	unsigned long v;
+
+	ctx->pring_max = PRING_RINGS_MAX_DEFAULT;
+	if (!e || !*e)
+		return 0;
+	errno = 0;
+	v = strtoul(e, &end, 10);
+	if (errno || *end || *e < '0' || *e > '9' || v > PRING_RINGS_MAX_LIMIT)
+		return tpc_error(-EINVAL, "TPIPD_PIPE_RINGS_MAX=%s: not 0..%u", e,
+				 PRING_RINGS_MAX_LIMIT);
+	ctx->pring_max = (unsigned)v;
+	return 0;
+}
+
+/* May @ctx take one more ring? Those stopped are on their way out (their thread gives up its
+ * copy at once). Return: 0, or -ENOBUFS with the reason in @why. Lock held. */
+static int ring_room_locked(struct tp_context *ctx, char *why, size_t wl)
+{
+	struct tpc_pring *r;
+	unsigned n = 0;
+
+	tpu_list_for_each(r, &ctx->prings, link)
+		n += !r->stop;
+	if (n < ctx->pring_max)
+		return 0;
+	return tpu_why(-ENOBUFS, why, wl, "this context holds its limit of %u pipe rings "
+		       "(TPIPD_PIPE_RINGS_MAX)", ctx->pring_max);
+}
+
 /* The pending write (@reader false) or read @id of @p; lock held. */
 static struct tpc_op *ring_op_locked(struct tp_pipe *p, uint64_t id, bool reader)
 {
@@ -437,15 +524,18 @@ static void ring_offer_locked(struct tp_context *ctx, const Tpw__V1__RingXfer *x
 	struct tp_pipe *p = tpc_map_get(&ctx->pipes, x->pipe_id);
 	struct tpc_pring *r = ring_find_locked(ctx, x->pipe_id, false);
 	int fd = tpc_pring_take_fd(ctx), err;
+	char why[160] = "";
 
 	if (r)
 		ring_stop_locked(r, true);
-	err = fd < 0 ? fd : !p ? -ENOENT : ring_new_locked(ctx, x, TAKE_FD(fd), &r);
+	err = fd < 0 ? fd : !p ? -ENOENT : ring_room_locked(ctx, why, sizeof(why));
+	if (err == 0)
+		err = ring_new_locked(ctx, x, TAKE_FD(fd), &r);
 	if (fd >= 0)
 		close(fd);
 	if (err < 0) { /* the writes stay staged */
 		tpc_context_log(ctx, LOG_INFO, "pipe %llu: pipe ring offer not taken: %s",
-				(unsigned long long)x->pipe_id, strerror(-err));
+				(unsigned long long)x->pipe_id, *why ? why : strerror(-err));
 		return;
 	}
 	p->ring_min = x->min_bytes ? x->min_bytes : 1;
@@ -457,7 +547,7 @@ static void ring_run_inline(struct tpc_pring *r, struct pring_job *j)
 {
 	struct tp_context *ctx = r->ctx;
 	char why[200] = "";
-	int err = ring_run(r, j, PRING_INLINE_NS, why, sizeof(why));
+	int err = ring_run(r, j, tpu_now_ns() + PRING_INLINE_BUDGET_NS, why, sizeof(why));
 
 	if (err != -EAGAIN)
 		job_finish(r, j, err, why);
@@ -479,6 +569,7 @@ void tpc_pring_on_xfer(struct tp_context *ctx, const Tpw__V1__RingXfer *x)
 	struct tpc_pring *r;
 	struct pring_job *j = NULL;
 	int fd = -EBADF, err;
+	char why[160] = "";
 
 	pthread_mutex_lock(&ctx->lock);
 	if (x->offer) {
@@ -496,12 +587,16 @@ void tpc_pring_on_xfer(struct tp_context *ctx, const Tpw__V1__RingXfer *x)
 	err = ring_job_locked(ctx, x, &j);
 	if (err == 0 && !r && fd < 0)
 		err = -EPROTO; /* no fd, or a ring we do not have */
+	if (err == 0 && !r) /* declined (STATUS_LIMIT): the daemon moves it another way */
+		err = ring_room_locked(ctx, why, sizeof(why));
 	if (err == 0 && !r)
 		err = ring_new_locked(ctx, x, TAKE_FD(fd), &r);
 	else if (fd >= 0)
 		close(fd);
 	if (err == 0 && (r->chunk != x->chunk_bytes || r->nchunks != x->nchunks))
 		err = -EPROTO;
+	if (err == 0)
+		__atomic_store_n(&j->op->pring, r, __ATOMIC_RELEASE);
 	if (err == 0 && !r->busy && tpu_list_empty(&r->jobs) && job_bytes(j) <= PRING_INLINE_MAX) {
 		r->busy = true;
 		pthread_mutex_unlock(&ctx->lock);
@@ -517,19 +612,35 @@ void tpc_pring_on_xfer(struct tp_context *ctx, const Tpw__V1__RingXfer *x)
 	if (j)
 		job_end_locked(ctx, j);
 	pthread_mutex_unlock(&ctx->lock);
-	/* This message fails (the daemon learns it from RingDone); the pipe goes on. */
+	/* This message fails, or, declined at our limit of rings (STATUS_LIMIT), moves another
+	 * way: the daemon learns which from RingDone. The pipe goes on. */
+	if (!*why)
+		snprintf(why, sizeof(why), "the library could not take the pipe ring: %s",
+			 strerror(-err));
 	tpc_context_log(ctx, LOG_INFO, "pipe %llu: pipe ring transfer %llu refused: %s",
-			(unsigned long long)x->pipe_id, (unsigned long long)x->id, strerror(-err));
+			(unsigned long long)x->pipe_id, (unsigned long long)x->id, why);
 	d.pipe_id = x->pipe_id;
 	d.id = x->id;
 	d.reader = x->reader;
 	d.status = tpw_status_from_errno(err);
-	d.message = "the library could not take the pipe ring";
+	d.message = why;
 	m.body_case = TPW__V1__CLIENT_MSG__BODY_RING_DONE;
 	m.ring_done = &d;
 	pthread_mutex_lock(&ctx->send_lock);
 	tpc_wire_send(ctx, &m, NULL, 0, -EBADF);
 	pthread_mutex_unlock(&ctx->send_lock);
+}
+
+void tpc_pring_op_done_locked(struct tp_context *ctx, struct tpc_op *op)
+{
+	/* Not NULL: its side of the copy has not ended, so the daemon did not complete it on
+	 * its RingDone but gave the ring up; the ring lives while its job does, and its thread
+	 * ends the job under the lock we hold. */
+	struct tpc_pring *r = __atomic_load_n(&op->pring, __ATOMIC_ACQUIRE);
+
+	(void)ctx;
+	if (r && !r->stop)
+		ring_stop_locked(r, true);
 }
 
 void tpc_pring_pipe_gone_locked(struct tp_context *ctx, uint64_t pipe_id)

@@ -102,8 +102,9 @@ static int context_send_hello(struct tp_context *ctx, const struct tp_context_op
 	h.name = ctx->name;
 	h.cma_probe_addr = no_cma ? 0 : (uint64_t)(uintptr_t)&ctx->probe;
 	h.cma_probe_value = ctx->probe;
-	h.pipe_ring = true; /* used only on control rings, which carry its fd beside them */
-	h.pipe_ring_addr = true; /* no-CMA writes through an offered ring, ring_only reads */
+	/* used only on control rings, which carry its fd beside them; none with a limit of 0 */
+	h.pipe_ring = ctx->pring_max > 0;
+	h.pipe_ring_addr = h.pipe_ring; /* no-CMA writes through an offered ring, ring_only reads */
 	m.body_case = TPW__V1__CLIENT_MSG__BODY_HELLO;
 	m.hello = &h;
 	pthread_mutex_lock(&ctx->send_lock);
@@ -364,6 +365,8 @@ TP_EXPORT int tp_context_new(const struct tp_context_options *opts, struct tp_co
 			       : (uint64_t)(o.spin_us ? o.spin_us : TPC_SPIN_DEFAULT_US) * 1000;
 	ctx->name = o.name ? strdup(o.name) : context_default_name();
 	r = ctx->name ? 0 : tpc_error(-ENOMEM, "out of memory");
+	if (r == 0)
+		r = tpc_pring_env(ctx);
 	if (r == 0)
 		r = context_connect(ctx, o.socket_path);
 	if (r == 0)

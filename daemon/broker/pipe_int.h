@@ -69,6 +69,9 @@ struct tpd_pipe_end {
 	/* pring.c: its writer (without CMA) was offered @ring for good and may name its memory
 	 * by ring_addr; a retired ring is replaced at once */
 	bool ring_offered;
+	/* pring.c: a library of this pipe direction declined a ring (it holds its limit of
+	 * them): its messages go by cma from then on */
+	bool ring_declined;
 };
 
 struct tpd_pipe {

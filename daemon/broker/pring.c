@@ -159,6 +159,11 @@ bool tpd_pring_choose(const struct tpd_msg *m, const struct tpd_session *rs,
 			return false;
 	if (job->bytes < cfg->pipe_ring_min && !m->ring_only)
 		return false; /* the usual case below the threshold: not worth a note */
+	if (m->from->ring_declined && !m->ring_only) {
+		snprintf(why, wl, "a library of this pipe declined the pipe ring (it holds its "
+			 "limit of rings): cma");
+		return false;
+	}
 	if (!tpd_session_pipe_ring(ws) || !tpd_session_pipe_ring(rs)) {
 		snprintf(why, wl, "the %s's library takes no pipe ring (older, or on the socket "
 			 "without control rings): cma",
@@ -465,6 +470,35 @@ static uint64_t ring_id_of(const struct tpd_msg *m, bool reader)
 	return reader ? m->msg_id : m->write_id;
 }
 
+/*
+ * A library of @w's pipe declined @w's ring (RingDone @rd, STATUS_LIMIT: it holds as many as it
+ * takes). Its messages are not ring-only: they go back to the pipe's queue, not copying (no
+ * client touches the ring once it is dead), and are copied by cma, as is every later message
+ * of @w. The ring is retired.
+ */
+static void ring_declined(struct tpd_pipe_end *w, struct tpd_pring *ring,
+			  const Tpw__V1__RingDone *rd)
+{
+	char why[200];
+
+	snprintf(why, sizeof(why), "the %s's library declined the pipe ring (%.120s): cma",
+		 rd->reader ? "reader" : "writer", rd->message ? rd->message : "");
+	w->ring_declined = true;
+	for (unsigned i = 0; i < ring->qn; i++) {
+		struct tpd_msg *m = ring->q[i];
+
+		m->ring = false;
+		m->copying = false;
+		w->copying--;
+		w->pipe->jobs--;
+	}
+	ring->qn = 0;
+	ring_retire(w);
+	tpd_pipe_channel_note_name(w->pipe, "cpu>cpu", "cma (no ring)", why);
+	tpd_pipe_log(w->pipe, NULL, TPU_LOG_INFO, "%s", why);
+	tpd_pipe_start_next_copy(w);
+}
+
 void tpd_pring_on_done(struct tpd_pipe_end *e, const Tpw__V1__RingDone *rd)
 {
 	struct tpd_pipe_end *w = rd->reader ? tpd_pipe_end_peer(e) : e;
@@ -491,6 +525,10 @@ void tpd_pring_on_done(struct tpd_pipe_end *e, const Tpw__V1__RingDone *rd)
 			return;
 		}
 		i = k; /* a refusal (the library's io thread) comes early: it fails the ring */
+	}
+	if (rd->status == TPW__V1__STATUS__STATUS_LIMIT && !ring->q[0]->ring_only) {
+		ring_declined(w, ring, rd);
+		return;
 	}
 	ring->qdone[i] |= bit;
 	if (rd->status != TPW__V1__STATUS__STATUS_OK) {

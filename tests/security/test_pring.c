@@ -22,22 +22,18 @@
  */
 #include <check.h>
 #include <errno.h>
-#include <grp.h>
-#include <poll.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
-#include <sys/prctl.h>
-#include <sys/socket.h>
 #include <sys/wait.h>
 #include <unistd.h>
 #include "itest.h"
 #include "frame.h"
 #include "pring.h"
-#include "tpt_wire.h"
+#include "pring_raw.h"
 
-#define T_MS TPT_SCALED_MS(20000)
+#define T_MS TPT_PRING_MS
 #define NOBODY 65534
 #define VICTIM 4242
 #define LEN (1u << 20)
@@ -48,107 +44,15 @@
 static struct tpt_daemon dmn;
 static struct tpt_sync listening, attacked;
 static size_t msg_len = LEN; /* of the message of run_case(), set before its forks */
-static uint64_t probe_word = 0x5eed5eed5eedull;
-
-static int become(uid_t id)
-{
-	if (setgroups(0, NULL) < 0 || setresgid(id, id, id) < 0 || setresuid(id, id, id) < 0)
-		return -errno;
-	return prctl(PR_SET_DUMPABLE, 1) < 0 ? -errno : 0; /* CMA to us, as before the change */
-}
 
 /* ---- the attacker: raw protocol, control ring, pipe ring by hand ---------------------------- */
 
-struct raw_end {
-	struct tpt_raw r;
-	struct tpt_raw_ring g;
-};
-
-static int raw_send(struct raw_end *a, Tpw__V1__ClientMsg *m)
-{
-	return tpt_raw_ring_send(&a->r, &a->g, m, NULL, 0, NULL, 0, 0, T_MS);
-}
-
-/* Attaches with pipe rings and a control ring, and connects pipe 1 to the victim. */
-static int raw_attach(struct raw_end *a)
-{
-	Tpw__V1__ClientMsg m = TPW__V1__CLIENT_MSG__INIT;
-	Tpw__V1__Hello h = TPW__V1__HELLO__INIT;
-	Tpw__V1__Connect c = TPW__V1__CONNECT__INIT;
-	Tpw__V1__DaemonMsg *rep = NULL;
-	int e;
-
-	TPT_REQUIRE(tpt_raw_connect(&a->r, dmn.socket) == 0, -1, "connect");
-	h.major = TPW_PROTO_MAJOR;
-	h.minor = TPW_PROTO_MINOR;
-	h.role = TPW__V1__ROLE__ROLE_CLIENT;
-	h.name = "attacker";
-	h.cma_probe_addr = (uint64_t)(uintptr_t)&probe_word;
-	h.cma_probe_value = probe_word;
-	h.pipe_ring = true;
-	m.body_case = TPW__V1__CLIENT_MSG__BODY_HELLO;
-	m.hello = &h;
-	TPT_REQUIRE(tpt_raw_send(&a->r, &m, NULL, 0, NULL, 0, 0) == 0, -1, "hello");
-	TPT_REQUIRE(tpt_raw_recv(&a->r, T_MS, &rep, NULL, NULL) == 0 &&
-			    rep->body_case == TPW__V1__DAEMON_MSG__BODY_HELLO_REPLY &&
-			    rep->hello_reply->cma_ok, -1, "hello reply with CMA");
-	tpw_daemon_msg_free(rep);
-	TPT_REQUIRE(tpt_raw_ring_new(&a->g, 1u << 16) == 0, -1, "ring");
-	e = tpt_raw_ring_setup(&a->r, 1, 1u << 16, a->g.fd, T_MS, &rep);
-	TPT_REQUIRE(e == 0 && rep->reply->status == TPW__V1__STATUS__STATUS_OK, -1, "ring setup");
-	tpw_daemon_msg_free(rep);
-	c.req_id = 2;
-	c.pipe_id = 1;
-	c.address = NAME;
-	m = (Tpw__V1__ClientMsg)TPW__V1__CLIENT_MSG__INIT;
-	m.body_case = TPW__V1__CLIENT_MSG__BODY_CONNECT;
-	m.connect = &c;
-	TPT_REQUIRE(raw_send(a, &m) == 0, -1, "send connect");
-	TPT_REQUIRE(tpt_raw_ring_expect(&a->r, &a->g, TPW__V1__DAEMON_MSG__BODY_REPLY, T_MS,
-					&rep) == 0 &&
-			    rep->reply->status == TPW__V1__STATUS__STATUS_OK, -1, "connected");
-	tpw_daemon_msg_free(rep);
-	return 0;
-}
-
-/* The ring fd the daemon sends on the socket (one byte + SCM_RIGHTS) ahead of RingXfer. */
-static int raw_take_fd(struct raw_end *a)
-{
-	uint64_t end = tpt_now_ms() + (uint64_t)T_MS;
-
-	while (tpt_now_ms() < end) {
-		union {
-			struct cmsghdr h;
-			char b[CMSG_SPACE(sizeof(int))];
-		} cm;
-		uint8_t byte;
-		struct iovec iov = { &byte, 1 };
-		struct msghdr mh = { .msg_iov = &iov, .msg_iovlen = 1, .msg_control = cm.b,
-				     .msg_controllen = sizeof(cm.b) };
-		struct pollfd pf = { .fd = a->r.fd, .events = POLLIN };
-		struct cmsghdr *c;
-
-		if (poll(&pf, 1, 100) <= 0)
-			continue;
-		if (recvmsg(a->r.fd, &mh, MSG_CMSG_CLOEXEC) <= 0)
-			return -ECONNRESET;
-		c = CMSG_FIRSTHDR(&mh);
-		if (c && c->cmsg_type == SCM_RIGHTS) {
-			int fd;
-
-			memcpy(&fd, CMSG_DATA(c), sizeof(fd));
-			return fd;
-		}
-	}
-	return -ETIMEDOUT;
-}
-
 /* Takes the ring of this message and writes an impossible index into the other side's word. */
-static int raw_corrupt(struct raw_end *a, bool reader)
+static int raw_corrupt(struct tpt_pring_raw *a, bool reader)
 {
 	Tpw__V1__DaemonMsg *x = NULL;
 	struct tpw_pring_hdr *h;
-	int fd = raw_take_fd(a);
+	int fd = tpt_pring_raw_take_fd(a);
 
 	TPT_REQUIRE(fd >= 0, 1, "ring fd: %d", fd);
 	TPT_REQUIRE(tpt_raw_ring_expect(&a->r, &a->g, TPW__V1__DAEMON_MSG__BODY_RING_XFER, T_MS,
@@ -171,7 +75,7 @@ static uint8_t attacker_buf[LEN];
 /* (a): writes 1 MiB of its private memory, then corrupts head. */
 static int attacker_writer(void *arg)
 {
-	struct raw_end a;
+	struct tpt_pring_raw a;
 	Tpw__V1__ClientMsg m = TPW__V1__CLIENT_MSG__INIT;
 	Tpw__V1__Write w = TPW__V1__WRITE__INIT;
 	Tpw__V1__Payload pl = TPW__V1__PAYLOAD__INIT, *pls[1] = { &pl };
@@ -179,9 +83,9 @@ static int attacker_writer(void *arg)
 	Tpw__V1__DaemonMsg *d = NULL;
 
 	(void)arg;
-	TPT_REQUIRE(become(NOBODY) == 0, 1, "drop to nobody");
+	TPT_REQUIRE(tpt_pring_become(NOBODY) == 0, 1, "drop to nobody");
 	TPT_REQUIRE(tpt_sync_wait(&listening, T_MS) == 0, 1, "victim listening");
-	TPT_REQUIRE(raw_attach(&a) == 0, 1, "attach");
+	TPT_REQUIRE(tpt_pring_raw_attach(&a, dmn.socket, NAME) == 0, 1, "attach");
 	memset(attacker_buf, 0x66, LEN);
 	seg.length = msg_len;
 	seg.loc_case = TPW__V1__SEGMENT__LOC_CMA_ADDR;
@@ -193,7 +97,7 @@ static int attacker_writer(void *arg)
 	w.payloads = pls;
 	m.body_case = TPW__V1__CLIENT_MSG__BODY_WRITE;
 	m.write = &w;
-	TPT_REQUIRE(raw_send(&a, &m) == 0, 1, "write");
+	TPT_REQUIRE(tpt_pring_raw_send(&a, &m) == 0, 1, "write");
 	TPT_REQUIRE(raw_corrupt(&a, false) == 0, 1, "corrupt");
 	/* Its own write fails too: the daemon has the victim's RingDone error. */
 	TPT_REQUIRE(tpt_raw_ring_expect(&a.r, &a.g, TPW__V1__DAEMON_MSG__BODY_WRITE_DONE, T_MS,
@@ -207,16 +111,16 @@ static int attacker_writer(void *arg)
 /* (b): reads the victim's 1 MiB message into its private memory, then corrupts tail. */
 static int attacker_reader(void *arg)
 {
-	struct raw_end a;
+	struct tpt_pring_raw a;
 	Tpw__V1__ClientMsg m = TPW__V1__CLIENT_MSG__INIT;
 	Tpw__V1__Read rd = TPW__V1__READ__INIT;
 	Tpw__V1__Segment seg = TPW__V1__SEGMENT__INIT, *segs[1] = { &seg };
 	Tpw__V1__DaemonMsg *d = NULL;
 
 	(void)arg;
-	TPT_REQUIRE(become(NOBODY) == 0, 1, "drop to nobody");
+	TPT_REQUIRE(tpt_pring_become(NOBODY) == 0, 1, "drop to nobody");
 	TPT_REQUIRE(tpt_sync_wait(&listening, T_MS) == 0, 1, "victim listening");
-	TPT_REQUIRE(raw_attach(&a) == 0, 1, "attach");
+	TPT_REQUIRE(tpt_pring_raw_attach(&a, dmn.socket, NAME) == 0, 1, "attach");
 	TPT_REQUIRE(tpt_raw_ring_expect(&a.r, &a.g, TPW__V1__DAEMON_MSG__BODY_DESCRIPTOR, T_MS,
 					&d) == 0, 1, "descriptor");
 	seg.length = LEN;
@@ -229,7 +133,7 @@ static int attacker_reader(void *arg)
 	tpw_daemon_msg_free(d);
 	m.body_case = TPW__V1__CLIENT_MSG__BODY_READ;
 	m.read = &rd;
-	TPT_REQUIRE(raw_send(&a, &m) == 0, 1, "read");
+	TPT_REQUIRE(tpt_pring_raw_send(&a, &m) == 0, 1, "read");
 	TPT_REQUIRE(raw_corrupt(&a, true) == 0, 1, "corrupt");
 	TPT_REQUIRE(tpt_raw_ring_expect(&a.r, &a.g, TPW__V1__DAEMON_MSG__BODY_READ_DONE, T_MS,
 					&d) == 0, 1, "ReadDone");
@@ -241,33 +145,6 @@ static int attacker_reader(void *arg)
 
 /* ---- the victim: the library, and a friendly pipe of its own -------------------------------- */
 
-static int friendly_message(struct tp_context *cv, struct tp_listener *l)
-{
-	struct tp_context *cf;
-	struct tp_pipe *pf, *pv;
-	struct tpt_msg msg;
-	struct tpt_msg_spec spec = { .pipe = 3, .n_tensors = 1, .lens = { LEN + 7 } };
-	int r = tpt_ctx_new(&dmn, 0, "friend", &cf);
-
-	TPT_REQUIRE(r == 0, 1, "friend context");
-	TPT_REQUIRE(tp_connect(cf, NAME, &pf) == 0, 1, "friend connect");
-	TPT_REQUIRE(tp_listener_accept_sync(l, T_MS, &pv) == 0, 1, "accept friend");
-	TPT_REQUIRE(tpt_msg_build(cf, &spec, TPT_MEM_PRIVATE, &msg) == 0, 1, "build");
-	struct tpt_done done;
-	struct tpt_done_arg arg = { &done, 0 };
-
-	tpt_done_init(&done);
-	TPT_REQUIRE(tp_pipe_write(pf, &msg.m, tpt_done_cb, &arg) == 0, 1, "friend write");
-	r = tpt_msg_read_check(cv, pv, &spec, TPT_MEM_PRIVATE, T_MS);
-	TPT_REQUIRE(r == 0, 1, "friendly message: %d", r);
-	TPT_REQUIRE(tpt_done_wait(&done, 1, T_MS) == 0 && done.last_status == 0, 1, "write");
-	tpt_msg_free(cf, &msg);
-	tp_pipe_close(pf);
-	tp_pipe_close(pv);
-	tp_context_free(cf);
-	return 0;
-}
-
 static int victim(void *arg)
 {
 	bool victim_reads = *(bool *)arg;
@@ -278,7 +155,7 @@ static int victim(void *arg)
 	uint8_t *buf = malloc(LEN);
 	int r;
 
-	TPT_REQUIRE(buf && become(VICTIM) == 0, 1, "drop to the victim");
+	TPT_REQUIRE(buf && tpt_pring_become(VICTIM) == 0, 1, "drop to the victim");
 	TPT_REQUIRE(tpt_ctx_new(&dmn, 0, "victim", &cv) == 0, 1, "context");
 	TPT_REQUIRE(tp_listen(cv, NAME, &o, &l) == 0, 1, "listen");
 	tpt_sync_post(&listening, 0);
@@ -302,7 +179,7 @@ static int victim(void *arg)
 		r, r < 0 ? tp_last_error() : "");
 	TPT_REQUIRE(r < 0 && r != -ETIMEDOUT, 1, "the corrupt ring did not fail the transfer");
 	TPT_REQUIRE(tpt_sync_wait(&attacked, T_MS) == 0, 1, "attacker done");
-	TPT_REQUIRE(friendly_message(cv, l) == 0, 1, "the other pipe");
+	TPT_REQUIRE(tpt_pring_friendly_message(&dmn, cv, l, NAME, T_MS) == 0, 1, "the other pipe");
 	tp_pipe_close(p);
 	tp_listener_close(l);
 	tp_context_free(cv);
@@ -368,43 +245,19 @@ END_TEST
 
 /* ---- ring addresses where the daemon offered no ring ---------------------------------------- */
 
-/* A Write of @len bytes at @addr, one payload, its segment a ring_addr (@ring) or a cma_addr. */
-static int raw_write(struct raw_end *a, uint64_t id, void *addr, size_t len, bool ring)
-{
-	Tpw__V1__ClientMsg m = TPW__V1__CLIENT_MSG__INIT;
-	Tpw__V1__Write w = TPW__V1__WRITE__INIT;
-	Tpw__V1__Payload pl = TPW__V1__PAYLOAD__INIT, *pls[1] = { &pl };
-	Tpw__V1__Segment seg = TPW__V1__SEGMENT__INIT;
-
-	seg.length = len;
-	seg.loc_case = ring ? TPW__V1__SEGMENT__LOC_RING_ADDR : TPW__V1__SEGMENT__LOC_CMA_ADDR;
-	if (ring)
-		seg.ring_addr = (uint64_t)(uintptr_t)addr;
-	else
-		seg.cma_addr = (uint64_t)(uintptr_t)addr;
-	pl.data = &seg;
-	w.pipe_id = 1;
-	w.write_id = id;
-	w.n_payloads = 1;
-	w.payloads = pls;
-	m.body_case = TPW__V1__CLIENT_MSG__BODY_WRITE;
-	m.write = &w;
-	return raw_send(a, &m);
-}
-
 /* Names its own memory by ring_addr, with no ring offered (it has CMA): the Write is refused,
  * its session and pipe live on, and a CMA write after it arrives. */
 static int attacker_ring_addr_writer(void *arg)
 {
-	struct raw_end a;
+	struct tpt_pring_raw a;
 	Tpw__V1__DaemonMsg *d = NULL;
 
 	(void)arg;
-	TPT_REQUIRE(become(NOBODY) == 0, 1, "drop to nobody");
+	TPT_REQUIRE(tpt_pring_become(NOBODY) == 0, 1, "drop to nobody");
 	TPT_REQUIRE(tpt_sync_wait(&listening, T_MS) == 0, 1, "victim listening");
-	TPT_REQUIRE(raw_attach(&a) == 0, 1, "attach");
+	TPT_REQUIRE(tpt_pring_raw_attach(&a, dmn.socket, NAME) == 0, 1, "attach");
 	memset(attacker_buf, 0x66, LEN);
-	TPT_REQUIRE(raw_write(&a, 1, attacker_buf, LEN, true) == 0, 1, "ring_addr write");
+	TPT_REQUIRE(tpt_pring_raw_write(&a, 1, attacker_buf, LEN, true) == 0, 1, "ring_addr write");
 	TPT_REQUIRE(tpt_raw_ring_expect(&a.r, &a.g, TPW__V1__DAEMON_MSG__BODY_WRITE_DONE, T_MS,
 					&d) == 0, 1, "WriteDone (the session was closed)");
 	TPT_REQUIRE(d->write_done->write_id == 1 &&
@@ -412,7 +265,7 @@ static int attacker_ring_addr_writer(void *arg)
 		    "ring_addr write without an offer: status %d", d->write_done->status);
 	tpw_daemon_msg_free(d);
 	/* under pipe-ring-min: copied by cma, no ring for this raw client to serve */
-	TPT_REQUIRE(raw_write(&a, 2, attacker_buf, SMALL, false) == 0, 1, "cma write");
+	TPT_REQUIRE(tpt_pring_raw_write(&a, 2, attacker_buf, SMALL, false) == 0, 1, "cma write");
 	TPT_REQUIRE(tpt_raw_ring_expect(&a.r, &a.g, TPW__V1__DAEMON_MSG__BODY_WRITE_DONE, T_MS,
 					&d) == 0 && d->write_done->write_id == 2 &&
 			    d->write_done->status == TPW__V1__STATUS__STATUS_OK, 1, "cma write");
@@ -424,16 +277,16 @@ static int attacker_ring_addr_writer(void *arg)
 /* Answers the victim's message (not ring-only) with a ring_addr: the Read is refused. */
 static int attacker_ring_addr_reader(void *arg)
 {
-	struct raw_end a;
+	struct tpt_pring_raw a;
 	Tpw__V1__ClientMsg m = TPW__V1__CLIENT_MSG__INIT;
 	Tpw__V1__Read rd = TPW__V1__READ__INIT;
 	Tpw__V1__Segment seg = TPW__V1__SEGMENT__INIT, *segs[1] = { &seg };
 	Tpw__V1__DaemonMsg *d = NULL;
 
 	(void)arg;
-	TPT_REQUIRE(become(NOBODY) == 0, 1, "drop to nobody");
+	TPT_REQUIRE(tpt_pring_become(NOBODY) == 0, 1, "drop to nobody");
 	TPT_REQUIRE(tpt_sync_wait(&listening, T_MS) == 0, 1, "victim listening");
-	TPT_REQUIRE(raw_attach(&a) == 0, 1, "attach");
+	TPT_REQUIRE(tpt_pring_raw_attach(&a, dmn.socket, NAME) == 0, 1, "attach");
 	TPT_REQUIRE(tpt_raw_ring_expect(&a.r, &a.g, TPW__V1__DAEMON_MSG__BODY_DESCRIPTOR, T_MS,
 					&d) == 0 && !d->descriptor->ring_only, 1, "descriptor");
 	seg.length = LEN;
@@ -446,7 +299,7 @@ static int attacker_ring_addr_reader(void *arg)
 	tpw_daemon_msg_free(d);
 	m.body_case = TPW__V1__CLIENT_MSG__BODY_READ;
 	m.read = &rd;
-	TPT_REQUIRE(raw_send(&a, &m) == 0, 1, "read");
+	TPT_REQUIRE(tpt_pring_raw_send(&a, &m) == 0, 1, "read");
 	TPT_REQUIRE(tpt_raw_ring_expect(&a.r, &a.g, TPW__V1__DAEMON_MSG__BODY_READ_DONE, T_MS,
 					&d) == 0, 1, "ReadDone (the session was closed)");
 	TPT_REQUIRE(d->read_done->status == TPW__V1__STATUS__STATUS_INVALID, 1,
@@ -469,7 +322,7 @@ static int victim_ring_addr(void *arg)
 	uint8_t *buf = calloc(1, LEN);
 	int r;
 
-	TPT_REQUIRE(buf && become(VICTIM) == 0, 1, "drop to the victim");
+	TPT_REQUIRE(buf && tpt_pring_become(VICTIM) == 0, 1, "drop to the victim");
 	TPT_REQUIRE(tpt_ctx_new(&dmn, 0, "victim", &cv) == 0, 1, "context");
 	TPT_REQUIRE(tp_listen(cv, NAME, &o, &l) == 0, 1, "listen");
 	tpt_sync_post(&listening, 0);
@@ -492,7 +345,7 @@ static int victim_ring_addr(void *arg)
 		TPT_REQUIRE(r < 0 && r != -ETIMEDOUT, 1, "write: %d", r);
 	}
 	TPT_REQUIRE(tpt_sync_wait(&attacked, T_MS) == 0, 1, "attacker done");
-	TPT_REQUIRE(friendly_message(cv, l) == 0, 1, "the other pipe");
+	TPT_REQUIRE(tpt_pring_friendly_message(&dmn, cv, l, NAME, T_MS) == 0, 1, "the other pipe");
 	tp_pipe_close(p);
 	tp_listener_close(l);
 	tp_context_free(cv);
@@ -526,7 +379,7 @@ END_TEST
  * messages, instead of the first waiting forever. */
 static int attacker_out_of_order(void *arg)
 {
-	struct raw_end a;
+	struct tpt_pring_raw a;
 	Tpw__V1__ClientMsg m = TPW__V1__CLIENT_MSG__INIT;
 	Tpw__V1__Read rd = TPW__V1__READ__INIT;
 	Tpw__V1__RingDone done = TPW__V1__RING_DONE__INIT;
@@ -536,9 +389,9 @@ static int attacker_out_of_order(void *arg)
 	int fd;
 
 	(void)arg;
-	TPT_REQUIRE(become(NOBODY) == 0, 1, "drop to nobody");
+	TPT_REQUIRE(tpt_pring_become(NOBODY) == 0, 1, "drop to nobody");
 	TPT_REQUIRE(tpt_sync_wait(&listening, T_MS) == 0, 1, "victim listening");
-	TPT_REQUIRE(raw_attach(&a) == 0, 1, "attach");
+	TPT_REQUIRE(tpt_pring_raw_attach(&a, dmn.socket, NAME) == 0, 1, "attach");
 	for (int i = 0; i < 2; i++) {
 		TPT_REQUIRE(tpt_raw_ring_expect(&a.r, &a.g, TPW__V1__DAEMON_MSG__BODY_DESCRIPTOR,
 						T_MS, &d) == 0, 1, "descriptor %d", i);
@@ -555,9 +408,9 @@ static int attacker_out_of_order(void *arg)
 	m.read = &rd;
 	for (int i = 0; i < 2; i++) {
 		rd.msg_id = ids[i];
-		TPT_REQUIRE(raw_send(&a, &m) == 0, 1, "read %d", i);
+		TPT_REQUIRE(tpt_pring_raw_send(&a, &m) == 0, 1, "read %d", i);
 	}
-	fd = raw_take_fd(&a);
+	fd = tpt_pring_raw_take_fd(&a);
 	TPT_REQUIRE(fd >= 0, 1, "ring fd: %d", fd);
 	close(fd);
 	for (int i = 0; i < 2; i++) {
@@ -574,7 +427,7 @@ static int attacker_out_of_order(void *arg)
 	m = (Tpw__V1__ClientMsg)TPW__V1__CLIENT_MSG__INIT;
 	m.body_case = TPW__V1__CLIENT_MSG__BODY_RING_DONE;
 	m.ring_done = &done;
-	TPT_REQUIRE(raw_send(&a, &m) == 0, 1, "RingDone of the second");
+	TPT_REQUIRE(tpt_pring_raw_send(&a, &m) == 0, 1, "RingDone of the second");
 	for (int i = 0; i < 2; i++) {
 		TPT_REQUIRE(tpt_raw_ring_expect(&a.r, &a.g, TPW__V1__DAEMON_MSG__BODY_READ_DONE,
 						T_MS, &d) == 0, 1, "ReadDone %d", i);
@@ -603,7 +456,7 @@ static int victim_two_writes(void *arg)
 	struct tpt_done_arg da[2] = { { &done, 0 }, { &done, 1 } };
 
 	(void)arg;
-	TPT_REQUIRE(buf && become(VICTIM) == 0, 1, "drop to the victim");
+	TPT_REQUIRE(buf && tpt_pring_become(VICTIM) == 0, 1, "drop to the victim");
 	memset(buf, 0x77, 2 * QUARTER);
 	TPT_REQUIRE(tpt_ctx_new(&dmn, 0, "victim", &cv) == 0, 1, "context");
 	TPT_REQUIRE(tp_listen(cv, NAME, &o, &l) == 0, 1, "listen");
@@ -617,7 +470,7 @@ static int victim_two_writes(void *arg)
 		done.status[1]);
 	TPT_REQUIRE(done.status[0] < 0 && done.status[1] < 0, 1, "a write succeeded");
 	TPT_REQUIRE(tpt_sync_wait(&attacked, T_MS) == 0, 1, "attacker done");
-	TPT_REQUIRE(friendly_message(cv, l) == 0, 1, "the other pipe");
+	TPT_REQUIRE(tpt_pring_friendly_message(&dmn, cv, l, NAME, T_MS) == 0, 1, "the other pipe");
 	tp_pipe_close(p);
 	tp_listener_close(l);
 	tp_context_free(cv);
@@ -640,18 +493,18 @@ static struct tpt_sync released;
  * the victim has moved a message on its other pipe, and leaves. */
 static int attacker_stalling_writer(void *arg)
 {
-	struct raw_end a;
+	struct tpt_pring_raw a;
 	Tpw__V1__ClientMsg m = TPW__V1__CLIENT_MSG__INIT;
 	Tpw__V1__RingDone done = TPW__V1__RING_DONE__INIT;
 	Tpw__V1__DaemonMsg *d = NULL;
 	int fd;
 
 	(void)arg;
-	TPT_REQUIRE(become(NOBODY) == 0, 1, "drop to nobody");
+	TPT_REQUIRE(tpt_pring_become(NOBODY) == 0, 1, "drop to nobody");
 	TPT_REQUIRE(tpt_sync_wait(&listening, T_MS) == 0, 1, "victim listening");
-	TPT_REQUIRE(raw_attach(&a) == 0, 1, "attach");
-	TPT_REQUIRE(raw_write(&a, 1, attacker_buf, QUARTER, false) == 0, 1, "write");
-	fd = raw_take_fd(&a);
+	TPT_REQUIRE(tpt_pring_raw_attach(&a, dmn.socket, NAME) == 0, 1, "attach");
+	TPT_REQUIRE(tpt_pring_raw_write(&a, 1, attacker_buf, QUARTER, false) == 0, 1, "write");
+	fd = tpt_pring_raw_take_fd(&a);
 	TPT_REQUIRE(fd >= 0, 1, "ring fd: %d", fd);
 	close(fd);
 	TPT_REQUIRE(tpt_raw_ring_expect(&a.r, &a.g, TPW__V1__DAEMON_MSG__BODY_RING_XFER, T_MS,
@@ -662,7 +515,7 @@ static int attacker_stalling_writer(void *arg)
 	done.status = TPW__V1__STATUS__STATUS_OK;
 	m.body_case = TPW__V1__CLIENT_MSG__BODY_RING_DONE;
 	m.ring_done = &done;
-	TPT_REQUIRE(raw_send(&a, &m) == 0, 1, "RingDone of nothing");
+	TPT_REQUIRE(tpt_pring_raw_send(&a, &m) == 0, 1, "RingDone of nothing");
 	TPT_REQUIRE(tpt_sync_wait(&released, 2 * T_MS) == 0, 1, "victim's other pipe");
 	return 0; /* its session ends with it */
 }
@@ -684,7 +537,7 @@ static int victim_stalled_reader(void *arg)
 	struct tpt_done_arg da = { &done, 0 };
 
 	(void)arg;
-	TPT_REQUIRE(buf && become(VICTIM) == 0, 1, "drop to the victim");
+	TPT_REQUIRE(buf && tpt_pring_become(VICTIM) == 0, 1, "drop to the victim");
 	TPT_REQUIRE(tpt_ctx_new(&dmn, 0, "victim", &cv) == 0, 1, "context");
 	TPT_REQUIRE(tp_listen(cv, NAME, &o, &l) == 0, 1, "listen");
 	tpt_sync_post(&listening, 0);
@@ -692,7 +545,8 @@ static int victim_stalled_reader(void *arg)
 	TPT_REQUIRE(tp_pipe_read_descriptor_sync(p, T_MS, &d) == 0, 1, "descriptor");
 	tpt_done_init(&done);
 	TPT_REQUIRE(tp_pipe_read(p, d, &al, tpt_done_cb, &da) == 0, 1, "read");
-	TPT_REQUIRE(friendly_message(cv, l) == 0, 1, "the other pipe, while the read stalls");
+	TPT_REQUIRE(tpt_pring_friendly_message(&dmn, cv, l, NAME, T_MS) == 0, 1,
+		    "the other pipe, while the read stalls");
 	TPT_REQUIRE(tpt_done_wait(&done, 1, 0) == -ETIMEDOUT, 1,
 		    "the stalled read completed (%d) on the writer's word", done.last_status);
 	tpt_sync_post(&released, 0);
