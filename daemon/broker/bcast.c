@@ -79,6 +79,11 @@ struct tpd_bcast {
 	struct tpd_msg **xmsgs; /* writer's side: targets to announce in a PeerBcast */
 	size_t n_xmsgs;
 	bool no_xbcast;	  /* a pipe named twice: every target gets its own PeerDescriptor */
+	/* A far daemon's broadcast (tpd_bcast_peer()): the message whose receive fills the
+	 * staging, while it runs (NULL once it ended), and whether it was told to stop. */
+	bool peer;
+	struct tpd_msg *carrier;
+	bool stopping;
 };
 
 const struct tpd_bcast_stats *tpd_bcast_stats(const struct tpd_broker *b)
@@ -128,6 +133,8 @@ static void uid_release(struct tpd_broker *b, uint64_t key, uint64_t len)
 	}
 }
 
+static void peer_unwanted(struct tpd_bcast *bc);
+
 static struct tpd_bcast *bcast_ref(struct tpd_bcast *bc)
 {
 	bc->refs++;
@@ -150,6 +157,65 @@ static void bcast_unref(struct tpd_bcast *bc)
 	free(bc->msgs);
 	free(bc->xmsgs);
 	free(bc);
+}
+
+/* ---- the staging of a far daemon's broadcast: held while a delivery needs it -------------- */
+
+/* Whether delivery @m of a far daemon's broadcast still needs the staging: a copy out of it
+ * runs, or its reader is there and has not finished with it. */
+static bool peer_needs(const struct tpd_msg *m)
+{
+	if (!m)
+		return false;
+	if (m->copying && !m->xh) /* the carrier's own receive is not a reader */
+		return true;
+	return !m->write_ready && !tpd_pipe_end_dying(tpd_pipe_end_peer(m->from));
+}
+
+/* Frees the staging of far daemon's broadcast @bc once its receive ended and no delivery needs
+ * it (at once when the receive failed: no delivery reads it then); a delivery that would still
+ * copy out of it fails. */
+static void peer_stage_drop(struct tpd_bcast *bc)
+{
+	struct bcast_stage *st = &bc->st[STAGE_PRIV];
+
+	if (!st->buf || st->reading)
+		return;
+	for (size_t i = 0; st->err == 0 && i < bc->n_msgs; i++)
+		if (peer_needs(bc->msgs[i]))
+			return;
+	if (st->err == 0) {
+		st->err = -ECANCELED;
+		snprintf(st->why, sizeof(st->why), "the broadcast's staging was freed: no reader "
+			 "wanted it any more");
+	}
+	uid_release(bc->broker, bc->key, st->len);
+	free(st->buf);
+	st->buf = NULL;
+}
+
+/* No delivery of far daemon's broadcast @bc may need its staging any more: stops its receive
+ * (it ends in tpd_bcast_staged()), or frees it once that ended. */
+static void peer_unwanted(struct tpd_bcast *bc)
+{
+	struct bcast_stage *st = &bc->st[STAGE_PRIV];
+
+	for (size_t i = 0; i < bc->n_msgs; i++)
+		if (peer_needs(bc->msgs[i]))
+			return;
+	if (st->reading && bc->carrier && bc->carrier->xh && !bc->stopping) {
+		bc->stopping = true;
+		tpd_xh_stage_stop(bc->carrier->xh, -ECANCELED,
+				  "every reader of the broadcast left");
+		return;
+	}
+	peer_stage_drop(bc);
+}
+
+void tpd_bcast_unwanted(struct tpd_msg *m)
+{
+	if (m->bcast && m->bcast->peer)
+		peer_unwanted(m->bcast);
 }
 
 void tpd_bcast_attach(struct tpd_bcast *bc, struct tpd_msg *m, const struct tpd_pipe_end *r)
@@ -181,6 +247,8 @@ void tpd_bcast_detach(struct tpd_msg *m)
 		return;
 	bc->msgs[m->bcast_slot] = NULL;
 	m->bcast = NULL;
+	if (bc->peer && bc->refs > 1)
+		peer_unwanted(bc);
 	bcast_unref(bc);
 }
 
@@ -764,8 +832,9 @@ static int peer_stage(struct tpd_peer *pr, struct tpd_bcast *bc, const Tpw__V1__
 	}
 	r = tpd_xh_build_recv_stage(bc->msgs[0], st->buf, st->off);
 	if (r < 0)
-		return r; /* the messages keep the staging: their copies fail with st->err */
+		return r; /* the messages fail with st->err; the staging goes */
 	st->reading = true;
+	bc->carrier = bc->msgs[0];
 	(void)tpd_xh_start(bc->msgs[0]); /* a failure ends in tpd_bcast_staged() */
 	return 0;
 }
@@ -782,6 +851,8 @@ void tpd_bcast_peer(struct tpd_peer *pr, const Tpw__V1__PeerBcast *b, struct tpd
 		return;
 	}
 	bc = bcast_new(tpd_daemon_broker(pipes[0]->d), n_seg, b->n_targets, BCAST_LINK_KEY(pr));
+	if (bc)
+		bc->peer = true;
 	for (size_t i = 0; i < b->n_targets; i++) {
 		Tpw__V1__Descriptor dd = *b->descriptor;
 		const struct tpu_list *before = tpd_xpipe_remote_end(pipes[i])->rq.prev;
@@ -802,8 +873,26 @@ void tpd_bcast_peer(struct tpd_peer *pr, const Tpw__V1__PeerBcast *b, struct tpd
 		bc->st[STAGE_PRIV].err = r;
 		snprintf(bc->st[STAGE_PRIV].why, sizeof(bc->st[STAGE_PRIV].why),
 			 "no receive for the broadcast: %s", strerror(-r));
+		peer_stage_drop(bc);
 	}
 	bcast_unref(bc);
+}
+
+/* The receive carried by @m ended: @m goes as any message whose reader is done with it or gone
+ * (its own copy out of the staging, if its reader wants one, comes in its turn). May free @m. */
+static void carrier_settle(struct tpd_msg *m)
+{
+	struct tpd_pipe_end *w = m->from, *r = tpd_pipe_end_peer(w);
+	Tpw__V1__Status gone;
+
+	if (!tpu_list_linked(&m->rnode)) { /* consumed while its receive ran */
+		tpd_pipe_msg_maybe_free(m);
+		return;
+	}
+	if (m->copying || !tpd_pipe_end_dying(r))
+		return;
+	gone = tpd_pipe_end_gone_status(r);
+	tpd_pipe_msg_consumed(m, gone, tpd_pipe_why(w->pipe, gone));
 }
 
 void tpd_bcast_staged(struct tpd_msg *m, int status, const char *why)
@@ -811,10 +900,13 @@ void tpd_bcast_staged(struct tpd_msg *m, int status, const char *why)
 	struct tpd_bcast *bc = m->bcast;
 	struct bcast_stage *st = bc ? &bc->st[STAGE_PRIV] : NULL;
 
-	if (!bc)
+	if (!bc) {
+		carrier_settle(m);
 		return;
+	}
 	bcast_ref(bc);
 	st->reading = false;
+	bc->carrier = NULL;
 	if (status < 0) {
 		st->err = status;
 		snprintf(st->why, sizeof(st->why), "receiving the broadcast failed: %.120s",
@@ -822,9 +914,11 @@ void tpd_bcast_staged(struct tpd_msg *m, int status, const char *why)
 	} else {
 		bc->broker->bcast.staged_bytes += st->len;
 	}
+	carrier_settle(m); /* may free @m */
 	for (size_t i = 0; i < bc->n_msgs; i++)
 		if (bc->msgs[i])
 			tpd_pipe_start_next_copy(bc->msgs[i]->from);
+	peer_stage_drop(bc);
 	bcast_unref(bc);
 }
 

@@ -17,6 +17,8 @@
 #include <check.h>
 #include <errno.h>
 #include <grp.h>
+#include <json-c/json.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -336,8 +338,8 @@ static uint64_t peer_connect(struct tpt_raw *c, uint64_t id)
 	return host_id;
 }
 
-/* Sends PeerBcast of one 4 KiB payload (rendezvous) to @n pipes @ids, message ids 1..n. */
-static int peer_bcast(struct tpt_raw *c, const uint64_t *ids, size_t n)
+/* Sends PeerBcast of one @len-byte payload (rendezvous) to @n pipes @ids, message ids 1..n. */
+static int peer_bcast_len(struct tpt_raw *c, const uint64_t *ids, size_t n, uint64_t len)
 {
 	Tpw__V1__PeerMsg m = TPW__V1__PEER_MSG__INIT;
 	Tpw__V1__PeerBcast b = TPW__V1__PEER_BCAST__INIT;
@@ -348,7 +350,7 @@ static int peer_bcast(struct tpt_raw *c, const uint64_t *ids, size_t n)
 	int r = -ENOMEM;
 
 	if (t && tp) {
-		pd.length = 4096;
+		pd.length = len;
 		dd.n_payloads = 1;
 		dd.payloads = &pdp;
 		for (size_t i = 0; i < n; i++) {
@@ -367,6 +369,12 @@ static int peer_bcast(struct tpt_raw *c, const uint64_t *ids, size_t n)
 	free(t);
 	free(tp);
 	return r;
+}
+
+/* Sends PeerBcast of one 4 KiB payload (rendezvous) to @n pipes @ids, message ids 1..n. */
+static int peer_bcast(struct tpt_raw *c, const uint64_t *ids, size_t n)
+{
+	return peer_bcast_len(c, ids, n, 4096);
 }
 
 /* The next PeerConsumed: 0 if it is for pipe @pipe (the hostile side's id) with @status. */
@@ -503,6 +511,335 @@ START_TEST(test_bcast_hostile_peer_fails_its_request_then_its_link_only)
 }
 END_TEST
 
+/* ---- a peer that stalls its broadcast's one transfer ---------------------------------------- */
+
+#define STALL_LEN (16ull << 20)
+#define STALL_SENT (15ull << 20)
+#define STALL_TIMEOUT_MS 1000
+
+static struct tpt_sync stall_staged, stall_gone;
+
+/* `tpipctl --json status` of @host: member @key, or UINT64_MAX. */
+static uint64_t status_u64(const char *key)
+{
+	const char *bin = getenv("TPIPCTL_BIN");
+	const char *argv[] = { bin, "--socket", host.socket, "--json", "status", NULL };
+	struct tpt_cmd_result res;
+	struct json_object *o, *v;
+	uint64_t val = UINT64_MAX;
+
+	if (!bin || tpt_run(argv, T_MS, &res) < 0)
+		return UINT64_MAX;
+	o = json_tokener_parse(res.out);
+	if (o && json_object_object_get_ex(o, key, &v))
+		val = (uint64_t)json_object_get_int64(v);
+	json_object_put(o);
+	tpt_cmd_result_free(&res);
+	return val;
+}
+
+/* Keeps the link alive (a ping every 200 ms, everything received dropped) until @until posts. */
+static void keep_alive(struct tpt_raw *c, struct tpt_sync *until)
+{
+	Tpw__V1__PeerPing ping = TPW__V1__PEER_PING__INIT;
+	Tpw__V1__PeerMsg pm = TPW__V1__PEER_MSG__INIT, *in = NULL;
+
+	pm.body_case = TPW__V1__PEER_MSG__BODY_PING;
+	pm.ping = &ping;
+	for (;;) {
+		if (tpt_sync_wait(until, 0) == 0)
+			return;
+		ping.t_ns++;
+		if (tpt_raw_send_peer(c, &pm) < 0)
+			return;
+		while (tpt_raw_recv_peer(c, 200, &in) == 0)
+			tpw_peer_msg_free(in);
+	}
+}
+
+static struct tpt_sync stall_left;
+
+/* Broadcasts 16 MiB to one pipe of its link, sends 15 MiB of the host's one read, then stops
+ * sending while it keeps the link alive; with @arg, it sends the last 1 MiB once stall_left
+ * posts. */
+static int stalling_bcast_peer(void *arg)
+{
+	struct tpt_raw c = { .fd = -1 }, data = { .fd = -1 };
+	Tpw__V1__PeerMsg *in = NULL;
+	uint64_t a, xfer;
+
+	TPT_REQUIRE(peer_dial(&c, &data) == 0, 1, "dial");
+	a = peer_connect(&c, 1);
+	TPT_REQUIRE(a, 1, "connect refused");
+	TPT_REQUIRE(peer_bcast_len(&c, &a, 1, STALL_LEN) == 0, 1, "send");
+	TPT_REQUIRE(peer_expect(&c, TPW__V1__PEER_MSG__BODY_READ_REQ, &in) == 0, 1, "no read");
+	TPT_REQUIRE(in->read_req->bcast, 1, "not a broadcast read");
+	xfer = in->read_req->xfer_id;
+	tpw_peer_msg_free(in);
+	for (uint64_t off = 0; off < STALL_SENT; off += 1u << 20)
+		TPT_REQUIRE(tpt_raw_send_chunk(&data, xfer, off, 1u << 20, 0x5a) == 0, 1,
+			    "chunk");
+	tpt_sync_post(&stall_staged, 0);
+	if (arg) {
+		keep_alive(&c, &stall_left);
+		TPT_REQUIRE(tpt_raw_send_chunk(&data, xfer, STALL_SENT, 1u << 20, 0x5a) == 0, 1,
+			    "last chunk");
+	}
+	keep_alive(&c, &stall_gone);
+	tpt_raw_close(&data);
+	tpt_raw_close(&c);
+	return 0;
+}
+
+/*
+ * A peer's broadcast is staged in the host daemon's memory (charged to the link, not to the
+ * reader). Once its only reader has closed its pipe, a sender that stalls mid-transfer while its
+ * link stays alive must not keep that staging: like a channel item's receive
+ * (tpd_chan_stream_deadline()), it has to end after --peer-timeout without bytes.
+ */
+START_TEST(test_bcast_stalled_peer_does_not_hold_staging_after_its_readers)
+{
+	static const char *const args[] = { "--peer-insecure", "--peer-timeout", "1000", NULL };
+	struct tp_listen_options lo = { .size = sizeof(lo), .remote = TP_REMOTE_ANY_PEER };
+	struct tp_context *ctx;
+	struct tp_listener *l;
+	struct tp_pipe *pa;
+	struct tp_descriptor *dsc = NULL;
+	uint64_t held = UINT64_MAX;
+	pid_t pid;
+
+	ck_assert_int_eq(tpt_sync_init(&stall_staged), 0);
+	ck_assert_int_eq(tpt_sync_init(&stall_gone), 0);
+	ck_assert_int_eq(tpt_daemon_start_peer(&host, args), 0);
+	ck_assert_int_eq(tpt_ctx_new(&host, 0, "reader", &ctx), 0);
+	ck_assert_int_eq(tp_listen(ctx, "fan", &lo, &l), 0);
+	pid = tpt_fork(stalling_bcast_peer, NULL);
+	ck_assert_int_eq(tp_listener_accept_sync(l, T_MS, &pa), 0);
+	ck_assert_int_eq(tp_pipe_read_descriptor_sync(pa, T_MS, &dsc), 0);
+	ck_assert_int_eq(tpt_sync_wait(&stall_staged, T_MS), 0);
+	ck_assert_uint_eq(status_u64("bcast_stage_held"), STALL_LEN);
+	/* the only reader drops the message and goes */
+	tp_descriptor_free(dsc);
+	tp_pipe_close(pa);
+	tp_listener_close(l);
+	tp_context_free(ctx);
+	for (int i = 0; i < 8 * STALL_TIMEOUT_MS / 250; i++) {
+		usleep(250 * 1000);
+		held = status_u64("bcast_stage_held");
+		if (held == 0)
+			break;
+	}
+	fprintf(stderr, "staging held %llu bytes %d ms after the last reader left, link alive, "
+		"daemon RSS %ld KiB\n", (unsigned long long)held, 8 * STALL_TIMEOUT_MS,
+		tpt_daemon_rss_kb(&host));
+	tpt_sync_post(&stall_gone, 0);
+	ck_assert(tpt_wait_ok(pid, 4 * T_MS, "stalling peer"));
+	ck_assert(tpt_daemon_alive(&host));
+	if (held != 0) { /* what ends it today: the link's end */
+		uint64_t after = UINT64_MAX;
+
+		for (int i = 0; i < 40 && after != 0; i++) {
+			usleep(250 * 1000);
+			after = status_u64("bcast_stage_held");
+		}
+		fprintf(stderr, "staging held %llu bytes once the peer closed its link\n",
+			(unsigned long long)after);
+	}
+	ck_assert_uint_eq(held, 0);
+	ck_assert_int_eq(tpt_daemon_stop(&host), 0);
+	tpt_sync_done(&stall_staged);
+	tpt_sync_done(&stall_gone);
+}
+END_TEST
+
+/* `tpipctl status`'s bcast_stage_held, polled every 250 ms for up to @ms until it is 0. */
+static uint64_t held_after(int ms)
+{
+	uint64_t held = status_u64("bcast_stage_held");
+
+	for (int i = 0; i < ms / 250 && held != 0; i++) {
+		usleep(250 * 1000);
+		held = status_u64("bcast_stage_held");
+	}
+	return held;
+}
+
+/* The peer gets the stall_gone word and ends well; the host daemon lives and stops. */
+static void stall_end(pid_t peer)
+{
+	tpt_sync_post(&stall_gone, 0);
+	ck_assert(tpt_wait_ok(peer, 4 * T_MS, "stalling peer"));
+	ck_assert(tpt_daemon_alive(&host));
+	ck_assert_int_eq(tpt_daemon_stop(&host), 0);
+	tpt_sync_done(&stall_staged);
+	tpt_sync_done(&stall_gone);
+	tpt_sync_done(&stall_left);
+}
+
+static void stall_init(const char *timeout_ms)
+{
+	const char *args[] = { "--peer-insecure", "--peer-timeout", timeout_ms, NULL };
+
+	ck_assert_int_eq(tpt_sync_init(&stall_staged), 0);
+	ck_assert_int_eq(tpt_sync_init(&stall_gone), 0);
+	ck_assert_int_eq(tpt_sync_init(&stall_left), 0);
+	ck_assert_int_eq(tpt_daemon_start_peer(&host, args), 0);
+}
+
+struct read_end {
+	int status; /* 1 until the read's callback ran */
+	uint64_t ms;
+};
+
+static void read_on_done(void *arg, struct tp_pipe *p, int status, const char *errmsg)
+{
+	struct read_end *e = arg;
+
+	(void)p;
+	(void)errmsg;
+	e->ms = tpt_now_ms();
+	__atomic_store_n(&e->status, status, __ATOMIC_RELEASE);
+}
+
+static struct tpt_sync reader_listening, reader_reads;
+
+/* A reader in a process of its own: accepts the peer's pipe, asks for the broadcast's bytes
+ * into its private memory and waits to be killed. */
+static int doomed_reader(void *arg)
+{
+	struct tp_listen_options lo = { .size = sizeof(lo), .remote = TP_REMOTE_ANY_PEER };
+	struct tp_context *ctx;
+	struct tp_listener *l;
+	struct tp_pipe *p;
+	struct tp_descriptor *dsc = NULL;
+	struct tp_slot slot = { .data = malloc(STALL_LEN) };
+	struct tp_allocation al = { .payloads = &slot, .n_payloads = 1 };
+	struct read_end e = { .status = 1 };
+
+	(void)arg;
+	TPT_REQUIRE(slot.data, 1, "memory");
+	TPT_REQUIRE(tpt_ctx_new(&host, 0, "doomed", &ctx) == 0, 1, "context");
+	TPT_REQUIRE(tp_listen(ctx, "fan", &lo, &l) == 0, 1, "listen");
+	tpt_sync_post(&reader_listening, 0);
+	TPT_REQUIRE(tp_listener_accept_sync(l, T_MS, &p) == 0, 1, "accept");
+	TPT_REQUIRE(tp_pipe_read_descriptor_sync(p, T_MS, &dsc) == 0, 1, "descriptor");
+	TPT_REQUIRE(tp_pipe_read(p, dsc, &al, read_on_done, &e) == 0, 1, "read");
+	tpt_sync_post(&reader_reads, 0);
+	for (;;)
+		pause();
+	return 1;
+}
+
+/*
+ * The same stalled broadcast, whose only reader is killed while its read of the message waits
+ * for the staging: the staging goes with the reader, well before any deadline (--peer-timeout
+ * 60000).
+ */
+START_TEST(test_bcast_stalled_peer_does_not_hold_staging_after_its_reader_is_killed)
+{
+	pid_t rd, pid;
+	uint64_t held;
+	int status;
+
+	stall_init("60000");
+	ck_assert_int_eq(tpt_sync_init(&reader_listening), 0);
+	ck_assert_int_eq(tpt_sync_init(&reader_reads), 0);
+	rd = tpt_fork(doomed_reader, NULL);
+	ck_assert_int_eq(tpt_sync_wait(&reader_listening, T_MS), 0);
+	pid = tpt_fork(stalling_bcast_peer, NULL);
+	ck_assert_int_eq(tpt_sync_wait(&reader_reads, T_MS), 0);
+	ck_assert_int_eq(tpt_sync_wait(&stall_staged, T_MS), 0);
+	ck_assert_uint_eq(status_u64("bcast_stage_held"), STALL_LEN);
+	ck_assert_int_eq(kill(rd, SIGKILL), 0);
+	ck_assert_int_eq(tpt_wait(rd, T_MS, &status), 0);
+	held = held_after(4000);
+	fprintf(stderr, "staging held %llu bytes within 4 s after the reader was killed\n",
+		(unsigned long long)held);
+	ck_assert_uint_eq(held, 0);
+	stall_end(pid);
+	tpt_sync_done(&reader_listening);
+	tpt_sync_done(&reader_reads);
+}
+END_TEST
+
+/* The same, but the peer sends the broadcast's last chunk after the only reader dropped the
+ * message and closed its pipe: the staging goes all the same. */
+START_TEST(test_bcast_peer_finishing_after_its_reader_left_does_not_hold_staging)
+{
+	struct tp_listen_options lo = { .size = sizeof(lo), .remote = TP_REMOTE_ANY_PEER };
+	struct tp_context *ctx;
+	struct tp_listener *l;
+	struct tp_pipe *pa;
+	struct tp_descriptor *dsc = NULL;
+	uint64_t held;
+	pid_t pid;
+
+	stall_init("60000");
+	ck_assert_int_eq(tpt_ctx_new(&host, 0, "reader", &ctx), 0);
+	ck_assert_int_eq(tp_listen(ctx, "fan", &lo, &l), 0);
+	pid = tpt_fork(stalling_bcast_peer, &stall_left);
+	ck_assert_int_eq(tp_listener_accept_sync(l, T_MS, &pa), 0);
+	ck_assert_int_eq(tp_pipe_read_descriptor_sync(pa, T_MS, &dsc), 0);
+	ck_assert_int_eq(tpt_sync_wait(&stall_staged, T_MS), 0);
+	tp_descriptor_free(dsc);
+	tp_pipe_close(pa);
+	tp_listener_close(l);
+	tp_context_free(ctx);
+	tpt_sync_post(&stall_left, 0);
+	held = held_after(4000);
+	fprintf(stderr, "staging held %llu bytes within 4 s after the broadcast's last chunk came\n",
+		(unsigned long long)held);
+	ck_assert_uint_eq(held, 0);
+	stall_end(pid);
+}
+END_TEST
+
+/*
+ * A reader that waits for the stalled broadcast's bytes, its pipe open: with --peer-timeout 1000
+ * its read fails within a few seconds (no byte of the transfer for that long), the staging goes
+ * and the link stays.
+ */
+START_TEST(test_bcast_stalled_peer_fails_its_staging_receive_after_peer_timeout)
+{
+	struct tp_listen_options lo = { .size = sizeof(lo), .remote = TP_REMOTE_ANY_PEER };
+	struct tp_context *ctx;
+	struct tp_listener *l;
+	struct tp_pipe *pa;
+	struct tp_descriptor *dsc = NULL;
+	struct tp_slot slot = { .data = malloc(STALL_LEN) };
+	struct tp_allocation al = { .payloads = &slot, .n_payloads = 1 };
+	struct read_end e = { .status = 1 };
+	uint64_t t0, held;
+	pid_t pid;
+
+	ck_assert_ptr_nonnull(slot.data);
+	stall_init("1000");
+	ck_assert_int_eq(tpt_ctx_new(&host, 0, "reader", &ctx), 0);
+	ck_assert_int_eq(tp_listen(ctx, "fan", &lo, &l), 0);
+	pid = tpt_fork(stalling_bcast_peer, NULL);
+	ck_assert_int_eq(tp_listener_accept_sync(l, T_MS, &pa), 0);
+	ck_assert_int_eq(tp_pipe_read_descriptor_sync(pa, T_MS, &dsc), 0);
+	ck_assert_int_eq(tpt_sync_wait(&stall_staged, T_MS), 0);
+	t0 = tpt_now_ms();
+	ck_assert_int_eq(tp_pipe_read(pa, dsc, &al, read_on_done, &e), 0);
+	for (int i = 0; i < 40 && __atomic_load_n(&e.status, __ATOMIC_ACQUIRE) == 1; i++)
+		usleep(250 * 1000);
+	held = status_u64("bcast_stage_held");
+	fprintf(stderr, "read ended with %d after %llu ms, staging held %llu bytes then\n",
+		__atomic_load_n(&e.status, __ATOMIC_ACQUIRE),
+		(unsigned long long)(e.ms ? e.ms - t0 : 0), (unsigned long long)held);
+	ck_assert_int_lt(__atomic_load_n(&e.status, __ATOMIC_ACQUIRE), 0);
+	ck_assert_uint_lt(e.ms - t0, 5000);
+	ck_assert_uint_eq(held, 0);
+	tp_pipe_close(pa);
+	tp_listener_close(l);
+	tp_context_free(ctx);
+	free(slot.data);
+	/* the link stays: the peer, still pinging, ends well */
+	stall_end(pid);
+}
+END_TEST
+
 static Suite *bcast_suite(void)
 {
 	Suite *s = suite_create("sec_bcast");
@@ -511,6 +848,10 @@ static Suite *bcast_suite(void)
 	tcase_set_timeout(tc, 120);
 	tcase_add_test(tc, test_bcast_names_no_pipe_of_another_session_or_uid);
 	tcase_add_test(tc, test_bcast_hostile_peer_fails_its_request_then_its_link_only);
+	tcase_add_test(tc, test_bcast_stalled_peer_does_not_hold_staging_after_its_readers);
+	tcase_add_test(tc, test_bcast_stalled_peer_does_not_hold_staging_after_its_reader_is_killed);
+	tcase_add_test(tc, test_bcast_peer_finishing_after_its_reader_left_does_not_hold_staging);
+	tcase_add_test(tc, test_bcast_stalled_peer_fails_its_staging_receive_after_peer_timeout);
 	suite_add_tcase(s, tc);
 	return s;
 }
