@@ -215,7 +215,7 @@ uint64_t tpd_chan_stream_recv_bytes(const struct tpd_peer *pr)
 	uint64_t b = 0;
 
 	tpu_list_for_each(cs, &streams, node)
-		if (cs->recv && cs->pr == pr)
+		if (cs->recv && tpd_peer_same(cs->pr, pr))
 			b += cs->bytes;
 	return b;
 }

@@ -104,6 +104,27 @@ const char *tpd_peer_identity(const struct tpd_peer *pr)
 	return pr->authenticated && pr->identity[0] ? pr->identity : NULL;
 }
 
+const char *tpd_peer_principal(const struct tpd_peer *pr)
+{
+	return pr->principal;
+}
+
+bool tpd_peer_same(const struct tpd_peer *a, const struct tpd_peer *b)
+{
+	return a && b && (a == b || strcmp(a->principal, b->principal) == 0);
+}
+
+void tpd_peer_principal_set(struct tpd_peer *pr)
+{
+	const char *colon = strrchr(pr->key, ':');
+	int n = colon ? (int)(colon - pr->key) : (int)strlen(pr->key);
+
+	if (pr->cert_verified && pr->identity[0])
+		snprintf(pr->principal, sizeof(pr->principal), "%s", pr->identity);
+	else
+		snprintf(pr->principal, sizeof(pr->principal), "addr:%.*s", n, pr->key);
+}
+
 const char *tpd_peer_account(const struct tpd_peer *pr, char *buf)
 {
 	const char *id = tpd_peer_identity(pr);
@@ -453,6 +474,7 @@ struct tpd_peer *tpd_peer_new(struct tpd_peers *ps, bool outgoing, const char *k
 	pr->outgoing = outgoing;
 	pr->created_ns = pr->last_rx_ns = tpu_now_ns();
 	snprintf(pr->key, sizeof(pr->key), "%s", key);
+	tpd_peer_principal_set(pr);
 	tpu_hmap_init(&pr->pipes);
 	tpu_hmap_init(&pr->xfers);
 	pr->ev_timer = evtimer_new(ps->base, peer_on_timer, pr);

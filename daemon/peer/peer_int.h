@@ -83,6 +83,7 @@ struct tpd_peer {
 	char dial_host[256]; /* dialler: the host as dialled (its certificate must name it) */
 	char host[256];	 /* the peer's host name (its claim, for display) */
 	char identity[200]; /* TLS-verified identity, tpd_peertls_identity() */
+	char principal[TPD_PEER_PRINCIPAL_LEN]; /* tpd_peer_principal() */
 	uint16_t claimed_port; /* answerer: the peer's listener port, as it claims */
 	struct ssl_st *ssl;    /* the control connection's TLS (owned by @bev), NULL insecure */
 	uint8_t link_key[32];  /* exported from @ssl: what data connections prove */
@@ -156,6 +157,10 @@ struct data_dial {
 };
 
 /* ---- peer.c -------------------------------------------------------------------------------- */
+
+/* (Re)computes pr->principal (tpd_peer_principal()) from pr->key and, once TLS is up, the
+ * verified certificate identity. Borrows @pr. */
+void tpd_peer_principal_set(struct tpd_peer *pr);
 
 /* The state of @pr as tpipctl and log lines name it. Borrows @pr. Return: a static string. */
 const char *tpd_peer_state_name(const struct tpd_peer *pr);

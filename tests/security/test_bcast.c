@@ -840,6 +840,93 @@ START_TEST(test_bcast_stalled_peer_fails_its_staging_receive_after_peer_timeout)
 }
 END_TEST
 
+/* ---- a peer with two links: one staging limit ---------------------------------------------- */
+
+#define TWO_LIMIT (1ull << 20)
+
+static struct tpt_sync two_sent;
+
+/* Opens two links from the same address, a pipe to "fan" over each, and broadcasts
+ * bcast-stage-bytes-per-uid's worth to each pipe (never sending a byte); keeps the first link
+ * alive until stall_gone. */
+static int two_link_peer(void *arg)
+{
+	struct tpt_raw c[2] = { { .fd = -1 }, { .fd = -1 } }, data[2] = { { .fd = -1 }, { .fd = -1 } };
+	Tpw__V1__PeerMsg *in = NULL;
+	uint64_t a[2];
+
+	(void)arg;
+	for (int i = 0; i < 2; i++) {
+		TPT_REQUIRE(peer_dial(&c[i], &data[i]) == 0, 1, "dial %d", i);
+		a[i] = peer_connect(&c[i], 1);
+		TPT_REQUIRE(a[i], 1, "connect refused on link %d", i);
+	}
+	TPT_REQUIRE(peer_bcast_len(&c[0], &a[0], 1, TWO_LIMIT) == 0, 1, "send");
+	/* staged: the host asks for the bytes at once */
+	TPT_REQUIRE(peer_expect(&c[0], TPW__V1__PEER_MSG__BODY_READ_REQ, &in) == 0, 1, "no read");
+	TPT_REQUIRE(in->read_req->bcast, 1, "not a broadcast read");
+	tpw_peer_msg_free(in);
+	TPT_REQUIRE(peer_bcast_len(&c[1], &a[1], 1, TWO_LIMIT) == 0, 1, "send");
+	tpt_sync_post(&two_sent, 0);
+	keep_alive(&c[0], &stall_gone);
+	for (int i = 0; i < 2; i++) {
+		tpt_raw_close(&data[i]);
+		tpt_raw_close(&c[i]);
+	}
+	return 0;
+}
+
+/*
+ * The staging of a peer's broadcasts is charged to the peer (here, its address: an insecure
+ * link proves no identity), not to each of its links: with bcast-stage-bytes-per-uid 1 MiB, a
+ * peer that opens two links from one address and broadcasts 1 MiB over each gets the first
+ * staged (just at the limit) and the second not (1 MiB above it): 1 MiB held, not 2.
+ */
+START_TEST(test_bcast_two_links_of_one_peer_share_its_staging_limit)
+{
+	static const char *const args[] = { "--peer-insecure", "--peer-timeout", "60000",
+					    "--bcast-stage-bytes-per-uid", "1M", NULL };
+	struct tp_listen_options lo = { .size = sizeof(lo), .remote = TP_REMOTE_ANY_PEER };
+	struct tp_context *ctx;
+	struct tp_listener *l;
+	struct tp_pipe *p[2];
+	struct tp_descriptor *dsc[2] = { NULL, NULL };
+	uint64_t held, unstaged;
+	pid_t pid;
+
+	ck_assert_int_eq(tpt_sync_init(&two_sent), 0);
+	ck_assert_int_eq(tpt_sync_init(&stall_gone), 0);
+	ck_assert_int_eq(tpt_daemon_start_peer(&host, args), 0);
+	ck_assert_int_eq(tpt_ctx_new(&host, 0, "reader", &ctx), 0);
+	ck_assert_int_eq(tp_listen(ctx, "fan", &lo, &l), 0);
+	pid = tpt_fork(two_link_peer, NULL);
+	for (int i = 0; i < 2; i++)
+		ck_assert_int_eq(tp_listener_accept_sync(l, T_MS, &p[i]), 0);
+	ck_assert_int_eq(tpt_sync_wait(&two_sent, T_MS), 0);
+	for (int i = 0; i < 2; i++)
+		ck_assert_int_eq(tp_pipe_read_descriptor_sync(p[i], T_MS, &dsc[i]), 0);
+	held = status_u64("bcast_stage_held");
+	unstaged = status_u64("bcast_unstaged");
+	fprintf(stderr, "two links of one peer: %llu bytes staged, %llu broadcasts not staged\n",
+		(unsigned long long)held, (unsigned long long)unstaged);
+	ck_assert_uint_eq(held, TWO_LIMIT);
+	ck_assert_uint_eq(unstaged, 1);
+	for (int i = 0; i < 2; i++) {
+		tp_descriptor_free(dsc[i]);
+		tp_pipe_close(p[i]);
+	}
+	tp_listener_close(l);
+	tp_context_free(ctx);
+	tpt_sync_post(&stall_gone, 0);
+	ck_assert(tpt_wait_ok(pid, 4 * T_MS, "two-link peer"));
+	ck_assert(tpt_daemon_alive(&host));
+	ck_assert_uint_eq(held_after(4000), 0);
+	ck_assert_int_eq(tpt_daemon_stop(&host), 0);
+	tpt_sync_done(&two_sent);
+	tpt_sync_done(&stall_gone);
+}
+END_TEST
+
 static Suite *bcast_suite(void)
 {
 	Suite *s = suite_create("sec_bcast");
@@ -852,6 +939,7 @@ static Suite *bcast_suite(void)
 	tcase_add_test(tc, test_bcast_stalled_peer_does_not_hold_staging_after_its_reader_is_killed);
 	tcase_add_test(tc, test_bcast_peer_finishing_after_its_reader_left_does_not_hold_staging);
 	tcase_add_test(tc, test_bcast_stalled_peer_fails_its_staging_receive_after_peer_timeout);
+	tcase_add_test(tc, test_bcast_two_links_of_one_peer_share_its_staging_limit);
 	suite_add_tcase(s, tc);
 	return s;
 }
