@@ -63,6 +63,7 @@ struct tpd_xh {
 	struct event *idle; /* ... its deadline (xh_stage_deadline()), or NULL */
 	uint64_t idle_bytes; /* ... the link's bytes received at its last check */
 	uint32_t idle_ms;
+	bool sending; /* send: counted by tpd_peer_sending() while its op runs on the stripe */
 	int gdr_status;
 	uint64_t gdr_bytes;
 	char gdr_why[160];
@@ -135,6 +136,8 @@ static void xh_finish(struct tpd_msg *m, struct tpd_xh *xh)
 	struct tpd_pipe *p = m->from->pipe;
 	int ch = xh_channel(xh);
 
+	if (xh->sending && xh->link)
+		tpd_peer_sending(xh->link, false);
 	m->xh = NULL;
 	m->copying = false;
 	m->from->copying--;
@@ -350,6 +353,10 @@ static int xh_mpt_start(struct tpd_xh *xh)
 	xh->start_ns = tpu_now_ns();
 	r = tpb_start(ep, &xh->op);
 	xh->mpt_running = r == 0;
+	if (r == 0 && xh->send && !xh->sending) {
+		xh->sending = true; /* the link watches that its chunks go */
+		tpd_peer_sending(xh->link, true);
+	}
 	return r;
 }
 

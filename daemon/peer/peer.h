@@ -101,6 +101,15 @@ const char *tpd_peer_identity(const struct tpd_peer *pr);
  */
 const char *tpd_peer_principal(const struct tpd_peer *pr);
 
+/*
+ * tpd_peer_sending() - a send over @pr's data connections starts (@on true) or ended (false).
+ * While one runs, the link fails once its data connections have sent no chunk for
+ * peer-timeout: a peer daemon that answers pings but stops reading its data connections would
+ * otherwise hold the send, the writer's memory and its WriteDone and PipeClosed for ever (a
+ * chunk being written cannot be taken back). Borrows @pr; each start is ended exactly once.
+ */
+void tpd_peer_sending(struct tpd_peer *pr, bool on);
+
 /* Room for tpd_peer_principal(), its terminating NUL included. */
 #define TPD_PEER_PRINCIPAL_LEN 208
 

@@ -111,6 +111,10 @@ struct tpd_peer {
 	uint64_t next_xfer_id;
 	uint64_t seq_out;
 	uint64_t created_ns, up_ns, last_rx_ns, rtt_us;
+	/* Sends over the data connections running (tpd_peer_sending()), the stripe's bytes sent
+	 * when last seen moving, and since when. */
+	unsigned sends;
+	uint64_t tx_mark, tx_since_ns;
 	uint64_t ctl_in, ctl_out;
 	int fail_err;
 	char last_error[200];

@@ -927,6 +927,151 @@ START_TEST(test_bcast_two_links_of_one_peer_share_its_staging_limit)
 }
 END_TEST
 
+/* ---- a reader's daemon that stops reading its data connection ------------------------------ */
+
+#define UNREAD_LEN (64ull << 20)
+
+static struct tpt_sync unread_asked, unread_done;
+
+/* Opens @arg (1 or 2) pipes to "fan" on one link, asks for the bytes of the first message the
+ * host announces (a PeerDescriptor, or a PeerBcast's first target), then never reads its data
+ * connection while it keeps the link alive with pings. */
+static int unread_data_peer(void *arg)
+{
+	struct tpt_raw c = { .fd = -1 }, data = { .fd = -1 };
+	Tpw__V1__PeerReadReq rr = TPW__V1__PEER_READ_REQ__INIT;
+	Tpw__V1__PeerMsg pm = TPW__V1__PEER_MSG__INIT, *in = NULL;
+	size_t n = (size_t)(uintptr_t)arg;
+	uint64_t a[2] = { 0, 0 };
+
+	TPT_REQUIRE(peer_dial(&c, &data) == 0, 1, "dial");
+	for (size_t i = 0; i < n; i++) {
+		a[i] = peer_connect(&c, i + 1);
+		TPT_REQUIRE(a[i], 1, "connect refused");
+	}
+	for (;;) {
+		TPT_REQUIRE(tpt_raw_recv_peer(&c, T_MS, &in) == 0, 1, "no announcement");
+		if (in->body_case == TPW__V1__PEER_MSG__BODY_DESCRIPTOR) {
+			rr.pipe_id = a[in->descriptor->pipe_id == 2];
+			rr.msg_id = in->descriptor->descriptor->msg_id;
+			break;
+		}
+		if (in->body_case == TPW__V1__PEER_MSG__BODY_BCAST) {
+			rr.pipe_id = a[in->bcast->targets[0]->pipe_id == 2];
+			rr.msg_id = in->bcast->targets[0]->msg_id;
+			rr.bcast = true;
+			break;
+		}
+		tpw_peer_msg_free(in);
+	}
+	tpw_peer_msg_free(in);
+	rr.xfer_id = 1;
+	pm.body_case = TPW__V1__PEER_MSG__BODY_READ_REQ;
+	pm.read_req = &rr;
+	TPT_REQUIRE(tpt_raw_send_peer(&c, &pm) == 0, 1, "read request");
+	tpt_sync_post(&unread_asked, 0);
+	keep_alive(&c, &unread_done);
+	tpt_raw_close(&data);
+	tpt_raw_close(&c);
+	return 0;
+}
+
+static void unread_start(const char *who, struct tp_context **ctx, struct tp_listener **l)
+{
+	static const char *const args[] = { "--peer-insecure", "--peer-timeout", "1000", NULL };
+	struct tp_listen_options lo = { .size = sizeof(lo), .remote = TP_REMOTE_ANY_PEER };
+
+	ck_assert_int_eq(tpt_sync_init(&unread_asked), 0);
+	ck_assert_int_eq(tpt_sync_init(&unread_done), 0);
+	ck_assert_int_eq(tpt_daemon_start_peer(&host, args), 0);
+	ck_assert_int_eq(tpt_ctx_new(&host, 0, who, ctx), 0);
+	ck_assert_int_eq(tp_listen(*ctx, "fan", &lo, l), 0);
+}
+
+static void unread_end(pid_t pid)
+{
+	tpt_sync_post(&unread_done, 0);
+	ck_assert(tpt_wait_ok(pid, 4 * T_MS, "peer that stops reading"));
+	ck_assert(tpt_daemon_alive(&host));
+	ck_assert_int_eq(tpt_daemon_stop(&host), 0);
+	tpt_sync_done(&unread_asked);
+	tpt_sync_done(&unread_done);
+}
+
+/*
+ * A reader's daemon that asks for a 64 MiB message, then answers pings but never reads its data
+ * connection, so the send blocks once the socket buffers are full: with --peer-timeout 1000 the
+ * link fails after a second without a chunk sent, and the writer's write completes (failed)
+ * within a few seconds instead of waiting for ever with its memory.
+ */
+START_TEST(test_peer_that_stops_reading_fails_the_send_after_peer_timeout)
+{
+	struct tp_context *ctx;
+	struct tp_listener *l;
+	struct tp_pipe *pa;
+	struct tp_payload pl = { .data = calloc(1, UNREAD_LEN), .length = UNREAD_LEN };
+	struct tp_message msg = { .payloads = &pl, .n_payloads = 1 };
+	struct read_end e = { .status = 1 };
+	uint64_t t0;
+	pid_t pid;
+
+	ck_assert_ptr_nonnull(pl.data);
+	unread_start("writer", &ctx, &l);
+	pid = tpt_fork(unread_data_peer, (void *)(uintptr_t)1);
+	ck_assert_int_eq(tp_listener_accept_sync(l, T_MS, &pa), 0);
+	t0 = tpt_now_ms();
+	ck_assert_int_eq(tp_pipe_write(pa, &msg, read_on_done, &e), 0);
+	ck_assert_int_eq(tpt_sync_wait(&unread_asked, T_MS), 0);
+	for (int i = 0; i < 40 && __atomic_load_n(&e.status, __ATOMIC_ACQUIRE) == 1; i++)
+		usleep(250 * 1000);
+	fprintf(stderr, "write ended with %d after %llu ms\n",
+		__atomic_load_n(&e.status, __ATOMIC_ACQUIRE),
+		(unsigned long long)(e.ms ? e.ms - t0 : 0));
+	ck_assert_int_lt(__atomic_load_n(&e.status, __ATOMIC_ACQUIRE), 0);
+	ck_assert_uint_lt(e.ms - t0, 8000);
+	tp_pipe_close(pa);
+	tp_listener_close(l);
+	tp_context_free(ctx);
+	free(pl.data);
+	unread_end(pid);
+}
+END_TEST
+
+/* The same for the one send behind a broadcast to two pipes of that link (PeerBcast), which
+ * the writer's closing cannot cancel: tp_set_broadcast() returns, both deliveries failed, within
+ * a few seconds. */
+START_TEST(test_peer_that_stops_reading_fails_the_broadcast_after_peer_timeout)
+{
+	struct tp_context *ctx;
+	struct tp_listener *l;
+	struct tp_pipe_set *set;
+	struct tp_payload pl = { .data = calloc(1, UNREAD_LEN), .length = UNREAD_LEN };
+	struct tp_message msg = { .payloads = &pl, .n_payloads = 1 };
+	int st[2] = { 1, 1 }, r;
+	uint64_t t0;
+	pid_t pid;
+
+	ck_assert_ptr_nonnull(pl.data);
+	unread_start("writer", &ctx, &l);
+	ck_assert_int_eq(tp_set_new(ctx, 2, &set), 0);
+	pid = tpt_fork(unread_data_peer, (void *)(uintptr_t)2);
+	ck_assert_int_eq(tp_set_wait_pipes(set, l, 2, T_MS), 0);
+	t0 = tpt_now_ms();
+	r = tp_set_broadcast(set, &msg, -1, st, 2);
+	fprintf(stderr, "broadcast returned %d (%d, %d) after %llu ms\n", r, st[0], st[1],
+		(unsigned long long)(tpt_now_ms() - t0));
+	ck_assert_int_eq(r, 0);
+	ck_assert_int_lt(st[0], 0);
+	ck_assert_int_lt(st[1], 0);
+	ck_assert_uint_lt(tpt_now_ms() - t0, 8000);
+	tp_set_free(set);
+	tp_listener_close(l);
+	tp_context_free(ctx);
+	free(pl.data);
+	unread_end(pid);
+}
+END_TEST
+
 static Suite *bcast_suite(void)
 {
 	Suite *s = suite_create("sec_bcast");
@@ -940,6 +1085,8 @@ static Suite *bcast_suite(void)
 	tcase_add_test(tc, test_bcast_peer_finishing_after_its_reader_left_does_not_hold_staging);
 	tcase_add_test(tc, test_bcast_stalled_peer_fails_its_staging_receive_after_peer_timeout);
 	tcase_add_test(tc, test_bcast_two_links_of_one_peer_share_its_staging_limit);
+	tcase_add_test(tc, test_peer_that_stops_reading_fails_the_send_after_peer_timeout);
+	tcase_add_test(tc, test_peer_that_stops_reading_fails_the_broadcast_after_peer_timeout);
 	suite_add_tcase(s, tc);
 	return s;
 }
