@@ -652,12 +652,20 @@ START_TEST(test_bcast_stalled_peer_does_not_hold_staging_after_its_readers)
 }
 END_TEST
 
-/* `tpipctl status`'s bcast_stage_held, polled every 250 ms for up to @ms until it is 0. */
+/* @ms as a flag's value, scaled by tpt_time_scale() (a daemon under valgrind is slower). */
+static const char *scaled_arg(char *buf, size_t len, int ms)
+{
+	snprintf(buf, len, "%d", TPT_SCALED_MS(ms));
+	return buf;
+}
+
+/* `tpipctl status`'s bcast_stage_held, polled every 250 ms for up to @ms (scaled) until it is
+ * 0. */
 static uint64_t held_after(int ms)
 {
 	uint64_t held = status_u64("bcast_stage_held");
 
-	for (int i = 0; i < ms / 250 && held != 0; i++) {
+	for (int i = 0; i < TPT_SCALED_MS(ms) / 250 && held != 0; i++) {
 		usleep(250 * 1000);
 		held = status_u64("bcast_stage_held");
 	}
@@ -676,9 +684,12 @@ static void stall_end(pid_t peer)
 	tpt_sync_done(&stall_left);
 }
 
-static void stall_init(const char *timeout_ms)
+/* Starts the host with --peer-timeout @timeout_ms (scaled). */
+static void stall_init(int timeout_ms)
 {
-	const char *args[] = { "--peer-insecure", "--peer-timeout", timeout_ms, NULL };
+	char ms[16];
+	const char *args[] = { "--peer-insecure", "--peer-timeout",
+			       scaled_arg(ms, sizeof(ms), timeout_ms), NULL };
 
 	ck_assert_int_eq(tpt_sync_init(&stall_staged), 0);
 	ck_assert_int_eq(tpt_sync_init(&stall_gone), 0);
@@ -741,7 +752,7 @@ START_TEST(test_bcast_stalled_peer_does_not_hold_staging_after_its_reader_is_kil
 	uint64_t held;
 	int status;
 
-	stall_init("60000");
+	stall_init(60000);
 	ck_assert_int_eq(tpt_sync_init(&reader_listening), 0);
 	ck_assert_int_eq(tpt_sync_init(&reader_reads), 0);
 	rd = tpt_fork(doomed_reader, NULL);
@@ -774,7 +785,7 @@ START_TEST(test_bcast_peer_finishing_after_its_reader_left_does_not_hold_staging
 	uint64_t held;
 	pid_t pid;
 
-	stall_init("60000");
+	stall_init(60000);
 	ck_assert_int_eq(tpt_ctx_new(&host, 0, "reader", &ctx), 0);
 	ck_assert_int_eq(tp_listen(ctx, "fan", &lo, &l), 0);
 	pid = tpt_fork(stalling_bcast_peer, &stall_left);
@@ -813,7 +824,7 @@ START_TEST(test_bcast_stalled_peer_fails_its_staging_receive_after_peer_timeout)
 	pid_t pid;
 
 	ck_assert_ptr_nonnull(slot.data);
-	stall_init("1000");
+	stall_init(1000);
 	ck_assert_int_eq(tpt_ctx_new(&host, 0, "reader", &ctx), 0);
 	ck_assert_int_eq(tp_listen(ctx, "fan", &lo, &l), 0);
 	pid = tpt_fork(stalling_bcast_peer, NULL);
@@ -822,14 +833,15 @@ START_TEST(test_bcast_stalled_peer_fails_its_staging_receive_after_peer_timeout)
 	ck_assert_int_eq(tpt_sync_wait(&stall_staged, T_MS), 0);
 	t0 = tpt_now_ms();
 	ck_assert_int_eq(tp_pipe_read(pa, dsc, &al, read_on_done, &e), 0);
-	for (int i = 0; i < 40 && __atomic_load_n(&e.status, __ATOMIC_ACQUIRE) == 1; i++)
+	for (int i = 0; i < TPT_SCALED_MS(10000) / 250 &&
+			__atomic_load_n(&e.status, __ATOMIC_ACQUIRE) == 1; i++)
 		usleep(250 * 1000);
 	held = status_u64("bcast_stage_held");
 	fprintf(stderr, "read ended with %d after %llu ms, staging held %llu bytes then\n",
 		__atomic_load_n(&e.status, __ATOMIC_ACQUIRE),
 		(unsigned long long)(e.ms ? e.ms - t0 : 0), (unsigned long long)held);
 	ck_assert_int_lt(__atomic_load_n(&e.status, __ATOMIC_ACQUIRE), 0);
-	ck_assert_uint_lt(e.ms - t0, 5000);
+	ck_assert_uint_lt(e.ms - t0, TPT_SCALED_MS(5000));
 	ck_assert_uint_eq(held, 0);
 	tp_pipe_close(pa);
 	tp_listener_close(l);
@@ -884,8 +896,9 @@ static int two_link_peer(void *arg)
  */
 START_TEST(test_bcast_two_links_of_one_peer_share_its_staging_limit)
 {
-	static const char *const args[] = { "--peer-insecure", "--peer-timeout", "60000",
-					    "--bcast-stage-bytes-per-uid", "1M", NULL };
+	char ms[16];
+	const char *args[] = { "--peer-insecure", "--peer-timeout", scaled_arg(ms, sizeof(ms), 60000),
+			       "--bcast-stage-bytes-per-uid", "1M", NULL };
 	struct tp_listen_options lo = { .size = sizeof(lo), .remote = TP_REMOTE_ANY_PEER };
 	struct tp_context *ctx;
 	struct tp_listener *l;
@@ -978,7 +991,9 @@ static int unread_data_peer(void *arg)
 
 static void unread_start(const char *who, struct tp_context **ctx, struct tp_listener **l)
 {
-	static const char *const args[] = { "--peer-insecure", "--peer-timeout", "1000", NULL };
+	char ms[16];
+	const char *args[] = { "--peer-insecure", "--peer-timeout", scaled_arg(ms, sizeof(ms), 1000),
+			       NULL };
 	struct tp_listen_options lo = { .size = sizeof(lo), .remote = TP_REMOTE_ANY_PEER };
 
 	ck_assert_int_eq(tpt_sync_init(&unread_asked), 0);
@@ -1022,13 +1037,14 @@ START_TEST(test_peer_that_stops_reading_fails_the_send_after_peer_timeout)
 	t0 = tpt_now_ms();
 	ck_assert_int_eq(tp_pipe_write(pa, &msg, read_on_done, &e), 0);
 	ck_assert_int_eq(tpt_sync_wait(&unread_asked, T_MS), 0);
-	for (int i = 0; i < 40 && __atomic_load_n(&e.status, __ATOMIC_ACQUIRE) == 1; i++)
+	for (int i = 0; i < TPT_SCALED_MS(10000) / 250 &&
+			__atomic_load_n(&e.status, __ATOMIC_ACQUIRE) == 1; i++)
 		usleep(250 * 1000);
 	fprintf(stderr, "write ended with %d after %llu ms\n",
 		__atomic_load_n(&e.status, __ATOMIC_ACQUIRE),
 		(unsigned long long)(e.ms ? e.ms - t0 : 0));
 	ck_assert_int_lt(__atomic_load_n(&e.status, __ATOMIC_ACQUIRE), 0);
-	ck_assert_uint_lt(e.ms - t0, 8000);
+	ck_assert_uint_lt(e.ms - t0, TPT_SCALED_MS(8000));
 	tp_pipe_close(pa);
 	tp_listener_close(l);
 	tp_context_free(ctx);
@@ -1063,7 +1079,7 @@ START_TEST(test_peer_that_stops_reading_fails_the_broadcast_after_peer_timeout)
 	ck_assert_int_eq(r, 0);
 	ck_assert_int_lt(st[0], 0);
 	ck_assert_int_lt(st[1], 0);
-	ck_assert_uint_lt(tpt_now_ms() - t0, 8000);
+	ck_assert_uint_lt(tpt_now_ms() - t0, TPT_SCALED_MS(8000));
 	tp_set_free(set);
 	tp_listener_close(l);
 	tp_context_free(ctx);
