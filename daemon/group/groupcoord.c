@@ -306,7 +306,7 @@ static void coord_on_join(struct tpd_groups *gs, struct tpd_peer *pr,
 
 		if (pr && n >= cfg->group_peer_groups_max) {
 			coord_refuse(gs, pr, j->join_id, -ENOBUFS, "group '%s': the coordinator has "
-				     "%u groups with members over the links of the peer %s, the limit "
+				     "%u groups with members from the peer %s, the limit "
 				     "(group-peer-groups-max)", j->name, n,
 				     tpd_peer_group_host(pr));
 			return;

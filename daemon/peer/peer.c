@@ -710,9 +710,9 @@ static void peer_on_timer(evutil_socket_t fd, short what, void *arg)
 		return;
 	}
 	if (peer_send_stuck(pr, now, cfg->peer_timeout_ms)) {
-		tpd_peer_fail(pr, -ETIMEDOUT, "peer daemon took no chunk of the %u sends waiting on "
-			      "its data connections for %llu ms (timeout %u ms)", pr->sends,
-			      (unsigned long long)((now - pr->tx_since_ns) / 1000000ull),
+		tpd_peer_fail(pr, -ETIMEDOUT, "peer daemon took no chunk of the %u sends "
+			      "waiting on its data connections for %llu ms (timeout %u ms)",
+			      pr->sends, (unsigned long long)((now - pr->tx_since_ns) / 1000000ull),
 			      cfg->peer_timeout_ms);
 		return;
 	}

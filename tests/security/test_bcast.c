@@ -798,8 +798,8 @@ START_TEST(test_bcast_peer_finishing_after_its_reader_left_does_not_hold_staging
 	tp_context_free(ctx);
 	tpt_sync_post(&stall_left, 0);
 	held = held_after(4000);
-	fprintf(stderr, "staging held %llu bytes within 4 s after the broadcast's last chunk came\n",
-		(unsigned long long)held);
+	fprintf(stderr, "staging held %llu bytes within 4 s after the broadcast's last chunk "
+		"came\n", (unsigned long long)held);
 	ck_assert_uint_eq(held, 0);
 	stall_end(pid);
 }
@@ -863,7 +863,8 @@ static struct tpt_sync two_sent;
  * alive until stall_gone. */
 static int two_link_peer(void *arg)
 {
-	struct tpt_raw c[2] = { { .fd = -1 }, { .fd = -1 } }, data[2] = { { .fd = -1 }, { .fd = -1 } };
+	struct tpt_raw c[2] = { { .fd = -1 }, { .fd = -1 } };
+	struct tpt_raw data[2] = { { .fd = -1 }, { .fd = -1 } };
 	Tpw__V1__PeerMsg *in = NULL;
 	uint64_t a[2];
 
@@ -897,8 +898,9 @@ static int two_link_peer(void *arg)
 START_TEST(test_bcast_two_links_of_one_peer_share_its_staging_limit)
 {
 	char ms[16];
-	const char *args[] = { "--peer-insecure", "--peer-timeout", scaled_arg(ms, sizeof(ms), 60000),
-			       "--bcast-stage-bytes-per-uid", "1M", NULL };
+	const char *args[] = { "--peer-insecure", "--peer-timeout",
+			       scaled_arg(ms, sizeof(ms), 60000), "--bcast-stage-bytes-per-uid",
+			       "1M", NULL };
 	struct tp_listen_options lo = { .size = sizeof(lo), .remote = TP_REMOTE_ANY_PEER };
 	struct tp_context *ctx;
 	struct tp_listener *l;
@@ -992,8 +994,8 @@ static int unread_data_peer(void *arg)
 static void unread_start(const char *who, struct tp_context **ctx, struct tp_listener **l)
 {
 	char ms[16];
-	const char *args[] = { "--peer-insecure", "--peer-timeout", scaled_arg(ms, sizeof(ms), 1000),
-			       NULL };
+	const char *args[] = { "--peer-insecure", "--peer-timeout",
+			       scaled_arg(ms, sizeof(ms), 1000), NULL };
 	struct tp_listen_options lo = { .size = sizeof(lo), .remote = TP_REMOTE_ANY_PEER };
 
 	ck_assert_int_eq(tpt_sync_init(&unread_asked), 0);
@@ -1097,7 +1099,8 @@ static Suite *bcast_suite(void)
 	tcase_add_test(tc, test_bcast_names_no_pipe_of_another_session_or_uid);
 	tcase_add_test(tc, test_bcast_hostile_peer_fails_its_request_then_its_link_only);
 	tcase_add_test(tc, test_bcast_stalled_peer_does_not_hold_staging_after_its_readers);
-	tcase_add_test(tc, test_bcast_stalled_peer_does_not_hold_staging_after_its_reader_is_killed);
+	tcase_add_test(tc,
+		       test_bcast_stalled_peer_does_not_hold_staging_after_its_reader_is_killed);
 	tcase_add_test(tc, test_bcast_peer_finishing_after_its_reader_left_does_not_hold_staging);
 	tcase_add_test(tc, test_bcast_stalled_peer_fails_its_staging_receive_after_peer_timeout);
 	tcase_add_test(tc, test_bcast_two_links_of_one_peer_share_its_staging_limit);

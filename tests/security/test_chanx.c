@@ -16,10 +16,11 @@
  *
  * And a hostile peer daemon (a raw dialler over an insecure link, as --peer-insecure allows):
  * its reads wait up to chan-peer-ops-max (3) and one more is refused with STATUS_LIMIT while a
- * try-once read is still answered, over its two links from one address together too; a guessed handle id is not found; an answer to an op the
- * daemon never forwarded is dropped; an UNLINK naming an address (a protocol violation: peer
- * minor 6 lets a plain UNLINK cross, chan-remote-create-uid decides) fails its link, which drops
- * its handles and waits, while the channel, its items and a local reader are untouched.
+ * try-once read is still answered, over its two links from one address together too; a
+ * guessed handle id is not found; an answer to an op the daemon never forwarded is dropped; an
+ * UNLINK naming an address (a protocol violation: peer minor 6 lets a plain UNLINK cross,
+ * chan-remote-create-uid decides) fails its link, which drops its handles and waits, while the
+ * channel, its items and a local reader are untouched.
  *
  * And a peer daemon whose frames are smaller than this daemon's (256 KiB in its Hello) that takes
  * a 300 KiB message item inline: refused with -EMSGSIZE, the link up, the item back in the
@@ -599,7 +600,8 @@ static int peer_read_waits(struct tpt_raw *c, uint64_t id, uint64_t req)
  * more over the second (OPS_MAX in all), and the next over the second is refused. */
 static int two_link_peer(void *arg)
 {
-	struct tpt_raw c[2] = { { .fd = -1 }, { .fd = -1 } }, data[2] = { { .fd = -1 }, { .fd = -1 } };
+	struct tpt_raw c[2] = { { .fd = -1 }, { .fd = -1 } };
+	struct tpt_raw data[2] = { { .fd = -1 }, { .fd = -1 } };
 	Tpw__V1__ChanOp once = TPW__V1__CHAN_OP__INIT;
 	uint64_t id[2], req = 0;
 	int st;
