@@ -15,8 +15,10 @@
  * device-to-device copy from the source, as a Write's. Staging is charged to the writer's uid
  * (bcast-stage-bytes-per-uid); above the limit each delivery reads the writer's memory as a
  * Write would. Readers on another host get the message once per link (PeerBcast), CUDA sources
- * included: the far daemon reads it once into its host staging and delivers its readers from
- * there. It does not decide what a message is or how it is copied (msg.c, pipe.c).
+ * included: the far daemon reads it once into its host staging, charged to the peer that sent
+ * it (tpd_peer_principal(): all its links together), and delivers its readers from there; that
+ * staging goes as soon as no reader wants it. It does not decide what a message is or how it
+ * is copied (msg.c, pipe.c).
  */
 #include <errno.h>
 #include <stdio.h>
@@ -32,15 +34,14 @@
 
 #define STAGE_ALIGN 64u
 
-/* One principal's staging bytes held now: a local uid, or a peer link (BCAST_LINK_KEY) for the
- * fan-out of its daemon's broadcasts. */
+/* One principal's staging bytes held now: a local uid, or a peer (tpd_peer_principal(), never
+ * a link: every link of one peer shares its limit) for the fan-out of its broadcasts. */
 struct bcast_uid {
 	struct tpu_list node;
-	uint64_t key;
+	uint64_t key;	/* the uid; 0 for a peer */
 	uint64_t bytes;
+	char peer[TPD_PEER_PRINCIPAL_LEN]; /* the peer, "" for a uid */
 };
-
-#define BCAST_LINK_KEY(pr) ((1ull << 63) | (uint64_t)(uintptr_t)(pr))
 
 /* The staging reads of one broadcast, each a bit of tpd_msg.bcast_reads: its private segments
  * (at the broadcast; a far daemon's: every segment, received once) and its CUDA segments (at
@@ -52,7 +53,7 @@ enum { STAGE_PRIV, STAGE_CUDA, STAGE_N };
 /* One read of some of a broadcast's segments into daemon staging, and what it became. */
 struct bcast_stage {
 	struct tpd_bcast *bc;
-	uint8_t *buf;	  /* the staging copy, charged to bc->key */
+	uint8_t *buf;	  /* the staging copy, charged to bc->key or bc->peer_key */
 	uint64_t len;
 	uint64_t *off;	  /* per segment: its offset in @buf, UINT64_MAX when not staged here */
 	bool reading;	  /* the staging read runs */
@@ -68,7 +69,7 @@ struct bcast_stage {
 struct tpd_bcast {
 	unsigned refs;
 	struct tpd_broker *broker;
-	uint64_t key;	  /* whose staging (struct bcast_uid) */
+	uint64_t key;	  /* whose staging (struct bcast_uid): the writer's uid */
 	size_t n_seg;
 	struct bcast_stage st[STAGE_N];
 	bool cuda;	  /* its local deliveries' CUDA sources may be staged at their first read
@@ -79,6 +80,12 @@ struct tpd_bcast {
 	struct tpd_msg **xmsgs; /* writer's side: targets to announce in a PeerBcast */
 	size_t n_xmsgs;
 	bool no_xbcast;	  /* a pipe named twice: every target gets its own PeerDescriptor */
+	/* A far daemon's broadcast (tpd_bcast_peer()): the message whose receive fills the
+	 * staging, while it runs (NULL once it ended), and whether it was told to stop. */
+	bool peer;
+	char *peer_key;	  /* ... charged to its peer (tpd_peer_principal()), not to a uid */
+	struct tpd_msg *carrier;
+	bool stopping;
 };
 
 const struct tpd_bcast_stats *tpd_bcast_stats(const struct tpd_broker *b)
@@ -86,18 +93,23 @@ const struct tpd_bcast_stats *tpd_bcast_stats(const struct tpd_broker *b)
 	return &b->bcast;
 }
 
-static struct bcast_uid *uid_find(struct tpd_broker *b, uint64_t key)
+/* The account of uid @key, or of peer @peer when not NULL; NULL if it holds nothing. */
+static struct bcast_uid *uid_find(struct tpd_broker *b, uint64_t key, const char *peer)
 {
 	struct bcast_uid *u;
 
-	tpu_list_for_each(u, &b->bcast_uids, node) if (u->key == key) return u;
+	tpu_list_for_each(u, &b->bcast_uids, node) {
+		if (peer ? strcmp(u->peer, peer) == 0 : !u->peer[0] && u->key == key)
+			return u;
+	}
 	return NULL;
 }
 
-/* Charges @len staging bytes to @key within @limit. Return: 0, -EDQUOT or -ENOMEM. */
-static int uid_charge(struct tpd_broker *b, uint64_t key, uint64_t len, uint64_t limit)
+/* Charges @len staging bytes to @bc's principal within @limit. Return: 0, -EDQUOT or -ENOMEM. */
+static int uid_charge(const struct tpd_bcast *bc, uint64_t len, uint64_t limit)
 {
-	struct bcast_uid *u = uid_find(b, key);
+	struct tpd_broker *b = bc->broker;
+	struct bcast_uid *u = uid_find(b, bc->key, bc->peer_key);
 	uint64_t held = u ? u->bytes : 0;
 
 	if (len > limit || held > limit - len)
@@ -106,7 +118,9 @@ static int uid_charge(struct tpd_broker *b, uint64_t key, uint64_t len, uint64_t
 		u = calloc(1, sizeof(*u));
 		if (!u)
 			return -ENOMEM;
-		u->key = key;
+		u->key = bc->key;
+		if (bc->peer_key)
+			snprintf(u->peer, sizeof(u->peer), "%s", bc->peer_key);
 		tpu_list_insert_tail(&b->bcast_uids, &u->node);
 	}
 	u->bytes += len;
@@ -114,9 +128,10 @@ static int uid_charge(struct tpd_broker *b, uint64_t key, uint64_t len, uint64_t
 	return 0;
 }
 
-static void uid_release(struct tpd_broker *b, uint64_t key, uint64_t len)
+static void uid_release(const struct tpd_bcast *bc, uint64_t len)
 {
-	struct bcast_uid *u = uid_find(b, key);
+	struct tpd_broker *b = bc->broker;
+	struct bcast_uid *u = uid_find(b, bc->key, bc->peer_key);
 
 	if (!u)
 		return;
@@ -127,6 +142,8 @@ static void uid_release(struct tpd_broker *b, uint64_t key, uint64_t len)
 		free(u);
 	}
 }
+
+static void peer_unwanted(struct tpd_bcast *bc);
 
 static struct tpd_bcast *bcast_ref(struct tpd_bcast *bc)
 {
@@ -142,14 +159,74 @@ static void bcast_unref(struct tpd_bcast *bc)
 		struct bcast_stage *st = &bc->st[k];
 
 		if (st->buf)
-			uid_release(bc->broker, bc->key, st->len);
+			uid_release(bc, st->len);
 		free(st->buf);
 		free(st->off);
 		free(st->pipes);
 	}
 	free(bc->msgs);
 	free(bc->xmsgs);
+	free(bc->peer_key);
 	free(bc);
+}
+
+/* ---- the staging of a far daemon's broadcast: held while a delivery needs it -------------- */
+
+/* Whether delivery @m of a far daemon's broadcast still needs the staging: a copy out of it
+ * runs, or its reader is there and has not finished with it. */
+static bool peer_needs(const struct tpd_msg *m)
+{
+	if (!m)
+		return false;
+	if (m->copying && !m->xh) /* the carrier's own receive is not a reader */
+		return true;
+	return !m->write_ready && !tpd_pipe_end_dying(tpd_pipe_end_peer(m->from));
+}
+
+/* Frees the staging of far daemon's broadcast @bc once its receive ended and no delivery needs
+ * it (at once when the receive failed: no delivery reads it then); a delivery that would still
+ * copy out of it fails. */
+static void peer_stage_drop(struct tpd_bcast *bc)
+{
+	struct bcast_stage *st = &bc->st[STAGE_PRIV];
+
+	if (!st->buf || st->reading)
+		return;
+	for (size_t i = 0; st->err == 0 && i < bc->n_msgs; i++)
+		if (peer_needs(bc->msgs[i]))
+			return;
+	if (st->err == 0) {
+		st->err = -ECANCELED;
+		snprintf(st->why, sizeof(st->why), "the broadcast's staging was freed: no reader "
+			 "wanted it any more");
+	}
+	uid_release(bc, st->len);
+	free(st->buf);
+	st->buf = NULL;
+}
+
+/* No delivery of far daemon's broadcast @bc may need its staging any more: stops its receive
+ * (it ends in tpd_bcast_staged()), or frees it once that ended. */
+static void peer_unwanted(struct tpd_bcast *bc)
+{
+	struct bcast_stage *st = &bc->st[STAGE_PRIV];
+
+	for (size_t i = 0; i < bc->n_msgs; i++)
+		if (peer_needs(bc->msgs[i]))
+			return;
+	if (st->reading && bc->carrier && bc->carrier->xh && !bc->stopping) {
+		bc->stopping = true;
+		tpd_xh_stage_stop(bc->carrier->xh, -ECANCELED,
+				  "every reader of the broadcast left");
+		return;
+	}
+	peer_stage_drop(bc);
+}
+
+void tpd_bcast_unwanted(struct tpd_msg *m)
+{
+	if (m->bcast && m->bcast->peer)
+		peer_unwanted(m->bcast);
 }
 
 void tpd_bcast_attach(struct tpd_bcast *bc, struct tpd_msg *m, const struct tpd_pipe_end *r)
@@ -181,6 +258,8 @@ void tpd_bcast_detach(struct tpd_msg *m)
 		return;
 	bc->msgs[m->bcast_slot] = NULL;
 	m->bcast = NULL;
+	if (bc->peer && bc->refs > 1)
+		peer_unwanted(bc);
 	bcast_unref(bc);
 }
 
@@ -380,7 +459,7 @@ static int stage_make(struct bcast_stage *st, struct tpd_daemon *d, uint64_t nee
 		      const struct tpd_msg_src *src)
 {
 	struct tpd_bcast *bc = st->bc;
-	int r = uid_charge(bc->broker, bc->key, need, tpd_daemon_cfg(d)->bcast_stage_bytes_per_uid);
+	int r = uid_charge(bc, need, tpd_daemon_cfg(d)->bcast_stage_bytes_per_uid);
 
 	if (r == -EDQUOT)
 		bc->broker->bcast.unstaged++;
@@ -391,7 +470,7 @@ static int stage_make(struct bcast_stage *st, struct tpd_daemon *d, uint64_t nee
 	r = st->buf ? stage_start(st, d, src) : -ENOMEM;
 	if (r == 0)
 		return 0;
-	uid_release(bc->broker, bc->key, need);
+	uid_release(bc, need);
 	free(st->buf);
 	st->buf = NULL;
 	return r;
@@ -719,7 +798,7 @@ static struct tpd_msg *peer_queued(struct tpd_pipe *p, const struct tpu_list *be
 
 /* Stages the far daemon's broadcast @bc (its messages in bc->msgs) with one receive carried by
  * the first. Return: 0, or -errno (no staging: each message is read on its own). */
-static int peer_stage(struct tpd_peer *pr, struct tpd_bcast *bc, const Tpw__V1__Descriptor *dd)
+static int peer_stage(struct tpd_bcast *bc, const Tpw__V1__Descriptor *dd)
 {
 	struct tpd_daemon *d = bc->msgs[0]->from->pipe->d;
 	struct bcast_stage *st = &bc->st[STAGE_PRIV];
@@ -739,8 +818,7 @@ static int peer_stage(struct tpd_peer *pr, struct tpd_bcast *bc, const Tpw__V1__
 	}
 	if (need == 0)
 		return -ENODATA;
-	r = uid_charge(bc->broker, BCAST_LINK_KEY(pr), need,
-		       tpd_daemon_cfg(d)->bcast_stage_bytes_per_uid);
+	r = uid_charge(bc, need, tpd_daemon_cfg(d)->bcast_stage_bytes_per_uid);
 	if (r == -EDQUOT)
 		bc->broker->bcast.unstaged++;
 	if (r < 0)
@@ -748,7 +826,7 @@ static int peer_stage(struct tpd_peer *pr, struct tpd_bcast *bc, const Tpw__V1__
 	st->buf = aligned_alloc(STAGE_ALIGN, need);
 	st->len = need;
 	if (!st->buf) {
-		uid_release(bc->broker, BCAST_LINK_KEY(pr), need);
+		uid_release(bc, need);
 		return -ENOMEM;
 	}
 	for (size_t k = 0; k < bc->n_msgs; k++) {
@@ -764,8 +842,9 @@ static int peer_stage(struct tpd_peer *pr, struct tpd_bcast *bc, const Tpw__V1__
 	}
 	r = tpd_xh_build_recv_stage(bc->msgs[0], st->buf, st->off);
 	if (r < 0)
-		return r; /* the messages keep the staging: their copies fail with st->err */
+		return r; /* the messages fail with st->err; the staging goes */
 	st->reading = true;
+	bc->carrier = bc->msgs[0];
 	(void)tpd_xh_start(bc->msgs[0]); /* a failure ends in tpd_bcast_staged() */
 	return 0;
 }
@@ -781,7 +860,15 @@ void tpd_bcast_peer(struct tpd_peer *pr, const Tpw__V1__PeerBcast *b, struct tpd
 		peer_refuse(pr, b, pipes, bad);
 		return;
 	}
-	bc = bcast_new(tpd_daemon_broker(pipes[0]->d), n_seg, b->n_targets, BCAST_LINK_KEY(pr));
+	bc = bcast_new(tpd_daemon_broker(pipes[0]->d), n_seg, b->n_targets, 0);
+	if (bc) {
+		bc->peer = true;
+		bc->peer_key = strdup(tpd_peer_principal(pr));
+		if (!bc->peer_key) {
+			bcast_unref(bc);
+			bc = NULL;
+		}
+	}
 	for (size_t i = 0; i < b->n_targets; i++) {
 		Tpw__V1__Descriptor dd = *b->descriptor;
 		const struct tpu_list *before = tpd_xpipe_remote_end(pipes[i])->rq.prev;
@@ -795,15 +882,33 @@ void tpd_bcast_peer(struct tpd_peer *pr, const Tpw__V1__PeerBcast *b, struct tpd
 	}
 	if (!bc)
 		return; /* each message is read on its own */
-	r = bc->n_msgs ? peer_stage(pr, bc, b->descriptor) : -ENODATA;
+	r = bc->n_msgs ? peer_stage(bc, b->descriptor) : -ENODATA;
 	if (r < 0 && !bc->st[STAGE_PRIV].buf) {
 		bc->n_msgs = 0; /* not staged: nothing refers to @bc */
 	} else if (r < 0) {
 		bc->st[STAGE_PRIV].err = r;
 		snprintf(bc->st[STAGE_PRIV].why, sizeof(bc->st[STAGE_PRIV].why),
 			 "no receive for the broadcast: %s", strerror(-r));
+		peer_stage_drop(bc);
 	}
 	bcast_unref(bc);
+}
+
+/* The receive carried by @m ended: @m goes as any message whose reader is done with it or gone
+ * (its own copy out of the staging, if its reader wants one, comes in its turn). May free @m. */
+static void carrier_settle(struct tpd_msg *m)
+{
+	struct tpd_pipe_end *w = m->from, *r = tpd_pipe_end_peer(w);
+	Tpw__V1__Status gone;
+
+	if (!tpu_list_linked(&m->rnode)) { /* consumed while its receive ran */
+		tpd_pipe_msg_maybe_free(m);
+		return;
+	}
+	if (m->copying || !tpd_pipe_end_dying(r))
+		return;
+	gone = tpd_pipe_end_gone_status(r);
+	tpd_pipe_msg_consumed(m, gone, tpd_pipe_why(w->pipe, gone));
 }
 
 void tpd_bcast_staged(struct tpd_msg *m, int status, const char *why)
@@ -811,10 +916,13 @@ void tpd_bcast_staged(struct tpd_msg *m, int status, const char *why)
 	struct tpd_bcast *bc = m->bcast;
 	struct bcast_stage *st = bc ? &bc->st[STAGE_PRIV] : NULL;
 
-	if (!bc)
+	if (!bc) {
+		carrier_settle(m);
 		return;
+	}
 	bcast_ref(bc);
 	st->reading = false;
+	bc->carrier = NULL;
 	if (status < 0) {
 		st->err = status;
 		snprintf(st->why, sizeof(st->why), "receiving the broadcast failed: %.120s",
@@ -822,9 +930,11 @@ void tpd_bcast_staged(struct tpd_msg *m, int status, const char *why)
 	} else {
 		bc->broker->bcast.staged_bytes += st->len;
 	}
+	carrier_settle(m); /* may free @m */
 	for (size_t i = 0; i < bc->n_msgs; i++)
 		if (bc->msgs[i])
 			tpd_pipe_start_next_copy(bc->msgs[i]->from);
+	peer_stage_drop(bc);
 	bcast_unref(bc);
 }
 

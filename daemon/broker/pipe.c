@@ -134,6 +134,7 @@ void tpd_pipe_msg_consumed(struct tpd_msg *m, Tpw__V1__Status st, const char *wh
 		b->bytes_moved += m->bytes;
 	}
 	msg_set_write(m, st, why);
+	tpd_bcast_unwanted(m); /* a far daemon's broadcast: its staging may go */
 	if (w->remote)
 		tpd_xpipe_consumed(m, st, why);
 	if (tpu_list_linked(&m->rnode)) {

@@ -431,6 +431,10 @@ int tpd_xh_build_send(struct tpd_msg *m, const Tpw__V1__PeerReadReq *rr);
 /* The remote reader finished with @m (status @st) while its send still runs: stop the send;
  * the write completes with @st once it stopped. Borrows @xh and @why (copied). */
 void tpd_xh_stop_early(struct tpd_xh *xh, Tpw__V1__Status st, const char *why);
+/* Ends running staging receive @xh (tpd_xh_build_recv_stage()) with @status (< 0) and @why:
+ * it completes in tpd_bcast_staged() once no thread writes the staging. No-op for another
+ * transfer, or one not running. Borrows @xh and @why (copied). */
+void tpd_xh_stage_stop(struct tpd_xh *xh, int status, const char *why);
 /* Drops @m's send or receive that has not started (NULL or started: nothing): a send tells
  * the reader's daemon it ended with @st and @why. Borrows @m and @why. */
 void tpd_xh_abandon(struct tpd_msg *m, Tpw__V1__Status st, const char *why);
@@ -592,6 +596,10 @@ void tpd_bcast_peer_read(struct tpd_pipe *p, const Tpw__V1__PeerReadReq *rr);
 /* The receive into the staging of a far daemon's broadcast (carried by @m) ended with @status
  * (@why when < 0): its deliveries go on (or fail). Borrows @m and @why. */
 void tpd_bcast_staged(struct tpd_msg *m, int status, const char *why);
+/* A delivery of a far daemon's broadcast (@m, one of its messages, or its receive's carrier)
+ * may no longer want the staging: once none does, the receive into it stops, or, once that
+ * ended, the staging is freed. May free nothing; borrows @m. */
+void tpd_bcast_unwanted(struct tpd_msg *m);
 /* Whether @m's copy must still wait for a staging read it copies from (false once one of them
  * failed: tpd_bcast_error()). Borrows @m. */
 bool tpd_bcast_waiting(const struct tpd_msg *m);

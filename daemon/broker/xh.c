@@ -14,6 +14,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <event2/event.h>
 #include "copier.h"
 #include "core.h"
 #include "log.h"
@@ -59,6 +60,10 @@ struct tpd_xh {
 	bool mpt_running;
 	bool rop_running;
 	bool to_stage; /* receive into the staging of a far daemon's broadcast (bcast.c) */
+	struct event *idle; /* ... its deadline (xh_stage_deadline()), or NULL */
+	uint64_t idle_bytes; /* ... the link's bytes received at its last check */
+	uint32_t idle_ms;
+	bool sending; /* send: counted by tpd_peer_sending() while its op runs on the stripe */
 	int gdr_status;
 	uint64_t gdr_bytes;
 	char gdr_why[160];
@@ -69,6 +74,8 @@ void tpd_xh_free(struct tpd_xh *xh)
 {
 	if (!xh)
 		return;
+	if (xh->idle)
+		event_free(xh->idle);
 	tpb_copier_job_free(xh->holder);
 	tpb_release(&xh->prep);
 	tpd_peer_rdma_offer_done(&xh->offer);
@@ -92,9 +99,15 @@ void tpd_xh_cancel(struct tpd_xh *xh)
 	if (!xh->started || !xh->link)
 		return;
 	/* A broadcast's one transfer over the link (PeerBcast) serves the other pipes' readers
-	 * too: an end of its own pipe leaving does not stop it; it ends on its own, or with the
-	 * link (the writer's close is acknowledged only once it no longer reads its memory). */
-	if (xh->to_stage || (xh->send && xh->m->xcarrier))
+	 * too: an end of its own pipe leaving does not stop it by itself. The receive into the
+	 * staging ends once no delivery needs it (tpd_bcast_unwanted()), after peer-timeout
+	 * without bytes, or with the link; the send ends on its own, or with the link (the
+	 * writer's close is acknowledged only once it no longer reads its memory). */
+	if (xh->to_stage) {
+		tpd_bcast_unwanted(xh->m);
+		return;
+	}
+	if (xh->send && xh->m->xcarrier)
 		return;
 	if (xh->send && xh->gdr) {
 		ep = tpd_peer_ep(xh->link, xh->ch);
@@ -123,6 +136,8 @@ static void xh_finish(struct tpd_msg *m, struct tpd_xh *xh)
 	struct tpd_pipe *p = m->from->pipe;
 	int ch = xh_channel(xh);
 
+	if (xh->sending && xh->link)
+		tpd_peer_sending(xh->link, false);
 	m->xh = NULL;
 	m->copying = false;
 	m->from->copying--;
@@ -338,6 +353,10 @@ static int xh_mpt_start(struct tpd_xh *xh)
 	xh->start_ns = tpu_now_ns();
 	r = tpb_start(ep, &xh->op);
 	xh->mpt_running = r == 0;
+	if (r == 0 && xh->send && !xh->sending) {
+		xh->sending = true; /* the link watches that its chunks go */
+		tpd_peer_sending(xh->link, true);
+	}
 	return r;
 }
 
@@ -592,6 +611,64 @@ static bool xh_offer_recv(struct tpd_xh *xh)
 	return ep && xh_select_offered(xh, &ep) && ep && xh_prepare(xh, ep) == 0;
 }
 
+void tpd_xh_stage_stop(struct tpd_xh *xh, int status, const char *why)
+{
+	struct tpb_ep *ep;
+
+	if (!xh->to_stage || !xh->started || !xh->mpt_running || !xh->link)
+		return;
+	ep = tpd_peer_ep(xh->link, xh_mpt());
+	if (ep) /* ends at once, or once the chunk a thread writes now is in */
+		(void)tpb_recv_expect(ep, &xh->op, 0, status, why);
+}
+
+/* The staging receive's deadline came round: it fails with -ETIMEDOUT when its link received
+ * no byte of data since the last check. */
+static void xh_on_idle(evutil_socket_t fd, short what, void *arg)
+{
+	struct tpd_xh *xh = arg;
+	struct tpb_stripe *st = tpd_peer_stripe(xh->link);
+	uint64_t now = st ? tpb_stripe_bytes_received(st) : xh->idle_bytes;
+	char why[120];
+
+	(void)fd;
+	(void)what;
+	if (now != xh->idle_bytes) {
+		xh->idle_bytes = now;
+		return;
+	}
+	event_del(xh->idle);
+	snprintf(why, sizeof(why), "no byte of the broadcast came for %u ms (tpipd --peer-timeout)",
+		 xh->idle_ms);
+	tpd_pipe_log(xh->m->from->pipe, NULL, TPU_LOG_INFO, "message %llu: %s",
+		     (unsigned long long)xh->m->msg_id, why);
+	tpd_xh_stage_stop(xh, -ETIMEDOUT, why);
+}
+
+/*
+ * A staging receive serves no reader of its own that could cancel it: a sender that stalls
+ * while its link stays alive must not hold the staging for ever. Checked every peer-timeout,
+ * as a channel item's streamed receive (tpd_chan_stream_deadline()). The stripe counts bytes
+ * per link, not per transfer: data of the link's other transfers keeps it going too. Without
+ * memory for the timer the receive runs without a deadline (the readers leaving still end it).
+ */
+static void xh_stage_deadline(struct tpd_xh *xh, struct tpd_daemon *d)
+{
+	uint32_t ms = tpd_daemon_cfg(d)->peer_timeout_ms;
+	struct timeval tv = { .tv_sec = ms / 1000, .tv_usec = (suseconds_t)(ms % 1000) * 1000 };
+	struct tpb_stripe *st = tpd_peer_stripe(xh->link);
+
+	if (!ms || !st)
+		return;
+	xh->idle = event_new(tpd_daemon_base(d), -1, EV_PERSIST, xh_on_idle, xh);
+	if (xh->idle && event_add(xh->idle, &tv) < 0) {
+		event_free(xh->idle);
+		xh->idle = NULL;
+	}
+	xh->idle_ms = ms;
+	xh->idle_bytes = tpb_stripe_bytes_received(st);
+}
+
 /* Starts @m's send or receive. Return: 0, or -errno when it failed at once and has completed. */
 int tpd_xh_start(struct tpd_msg *m)
 {
@@ -629,6 +706,8 @@ int tpd_xh_start(struct tpd_msg *m)
 	if (r == 0) {
 		xh->started = true;
 		tpd_daemon_broker(p->d)->xh_running++;
+		if (xh->to_stage)
+			xh_stage_deadline(xh, p->d);
 		return 0;
 	}
 	/* Not started: the link is gone or going (its pipes learn why next). */

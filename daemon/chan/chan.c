@@ -591,14 +591,15 @@ static void chan_on_op(struct tpd_session *s, const Tpw__V1__ChanOp *o, const ui
 	handle_op(cs, h, o, tail, tail_len);
 }
 
-/* Waits (reads and writes waiting for an item or room) the handles of link @pr hold here. */
-static uint32_t link_waits(const struct tpd_chans *cs, const struct tpd_peer *pr)
+/* Waits (reads and writes waiting for an item or room) the handles of @pr's peer hold here,
+ * over any of its links (tpd_peer_same()). */
+static uint32_t peer_waits(const struct tpd_chans *cs, const struct tpd_peer *pr)
 {
 	const struct chan_handle *h;
 	uint32_t n = 0;
 
 	tpu_list_for_each(h, &cs->handles, node)
-		if (h->who.pr == pr)
+		if (tpd_peer_same(h->who.pr, pr))
 			n += h->waits + h->write_waits;
 	return n;
 }
@@ -622,8 +623,8 @@ void tpd_chan_peer_op(struct tpd_chans *cs, struct tpd_peer *pr, const Tpw__V1__
 				       o->chan_id, false, NULL);
 	if ((o->op == TPW__V1__CHAN_OP_KIND__CHAN_OP_READ ||
 	     o->op == TPW__V1__CHAN_OP_KIND__CHAN_OP_WRITE) && o->timeout_ms &&
-	    link_waits(cs, pr) >= max) {
-		snprintf(why, sizeof(why), "%u channel ops of this peer link wait on %.60s "
+	    peer_waits(cs, pr) >= max) {
+		snprintf(why, sizeof(why), "%u channel ops of this peer wait on %.60s "
 			 "(chan-peer-ops-max)", max, tpd_peers_hostname(cs->d));
 		return tpd_chan_answer(&who, o->req_id, -ENOBUFS, why, h->id, h->c->closed, NULL);
 	}

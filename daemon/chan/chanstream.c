@@ -27,6 +27,7 @@ struct tpd_chan_stream {
 	size_t n;
 	uint64_t bytes;
 	bool recv, shortened;
+	bool sending; /* counted by tpd_peer_sending() */
 	tpd_chan_copy_done_fn done;
 	void *arg;
 	struct event *idle; /* tpd_chan_stream_deadline()'s check, or NULL */
@@ -43,6 +44,8 @@ static void stream_free(struct tpd_chan_stream *cs)
 		tpd_chan_copy_put(&cs->segs[i].mem);
 	if (cs->idle)
 		event_free(cs->idle);
+	if (cs->sending)
+		tpd_peer_sending(cs->pr, false);
 	tpu_list_remove(&cs->node);
 	free(cs->segs);
 	free(cs);
@@ -120,6 +123,8 @@ int tpd_chan_stream_send(struct tpd_peer *pr, uint64_t xfer_id, const struct tpb
 		stream_free(cs);
 		return r;
 	}
+	cs->sending = true; /* the link watches that its chunks go */
+	tpd_peer_sending(pr, true);
 	tpu_list_insert_tail(&streams, &cs->node);
 	if (ret)
 		*ret = cs;
@@ -221,7 +226,7 @@ uint64_t tpd_chan_stream_recv_bytes(const struct tpd_peer *pr)
 	uint64_t b = 0;
 
 	tpu_list_for_each(cs, &streams, node)
-		if (cs->recv && cs->pr == pr)
+		if (cs->recv && tpd_peer_same(cs->pr, pr))
 			b += cs->bytes;
 	return b;
 }

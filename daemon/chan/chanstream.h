@@ -66,7 +66,8 @@ int tpd_chan_stream_deadline(struct tpd_chan_stream *cs, struct event_base *base
 void tpd_chan_stream_end(struct tpd_peer *pr, uint64_t xfer_id, uint64_t bytes, int status,
 			 const char *why);
 
-/* Bytes of the receives running over @pr's data connections. */
+/* Bytes of the receives running over the data connections of @pr's peer: every link of it
+ * (tpd_peer_same()), not @pr's alone. */
 uint64_t tpd_chan_stream_recv_bytes(const struct tpd_peer *pr);
 
 #endif

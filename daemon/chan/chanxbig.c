@@ -282,7 +282,7 @@ int tpd_chanx_big_admit_bytes(struct tpd_daemon *d, const struct tpd_peer *pr, u
 	now = tpd_chan_stream_recv_bytes(pr);
 	if (now <= max && bytes <= max - now)
 		return 0;
-	snprintf(why, wl, "%llu item bytes of this peer link would be arriving on %.60s, above "
+	snprintf(why, wl, "%llu item bytes of this peer would be arriving on %.60s, above "
 		 "chan-peer-bytes-max %llu", (unsigned long long)(now + bytes),
 		 tpd_peers_hostname(d), (unsigned long long)max);
 	return -ENOBUFS;

@@ -852,14 +852,15 @@ static void wq_on_op(struct tpd_session *s, const Tpw__V1__WqOp *o, const uint8_
 	handle_op(ws, h, o, tail, tail_len);
 }
 
-/* Waits (takes, answer reads, drains) the handles of link @pr hold here. */
-static uint32_t link_waits(const struct tpd_wqs *ws, const struct tpd_peer *pr)
+/* Waits (takes, answer reads, drains) the handles of @pr's peer hold here, over any of its
+ * links (tpd_peer_same()). */
+static uint32_t peer_waits(const struct tpd_wqs *ws, const struct tpd_peer *pr)
 {
 	const struct wq_handle *h;
 	uint32_t n = 0;
 
 	tpu_list_for_each(h, &ws->handles, node)
-		if (h->who.pr == pr)
+		if (tpd_peer_same(h->who.pr, pr))
 			n += h->waits;
 	return n;
 }
@@ -882,8 +883,8 @@ void tpd_wq_peer_op(struct tpd_wqs *ws, struct tpd_peer *pr, const Tpw__V1__Peer
 	if ((o->op == TPW__V1__WQ_OP_KIND__WQ_OP_TAKE ||
 	     o->op == TPW__V1__WQ_OP_KIND__WQ_OP_ANSWER ||
 	     o->op == TPW__V1__WQ_OP_KIND__WQ_OP_DRAIN) && o->timeout_ms &&
-	    link_waits(ws, pr) >= max) {
-		snprintf(why, sizeof(why), "%u work queue ops of this peer link wait on %.60s "
+	    peer_waits(ws, pr) >= max) {
+		snprintf(why, sizeof(why), "%u work queue ops of this peer wait on %.60s "
 			 "(chan-peer-ops-max)", max, tpd_peers_hostname(ws->d));
 		return tpd_wq_err(h, o->req_id, -ENOBUFS, why);
 	}

@@ -153,15 +153,16 @@ static struct cgroup *cgroup_find(struct tpd_groups *gs, uid_t uid, const char *
 	return NULL;
 }
 
-/* Groups this daemon coordinates that have a member (joined, not gone) over @pr. */
-static uint32_t link_groups(struct tpd_groups *gs, const struct tpd_peer *pr)
+/* Groups this daemon coordinates that have a member (joined, not gone) over a link of @pr's
+ * peer (tpd_peer_same()). */
+static uint32_t peer_groups(struct tpd_groups *gs, const struct tpd_peer *pr)
 {
 	struct cgroup *cg;
 	uint32_t n = 0;
 
 	tpu_list_for_each(cg, &gs->cgroups, node)
 		for (uint32_t i = 0; i < cg->size; i++)
-			if (cg->m[i].joined && !cg->m[i].gone && cg->m[i].pr == pr) {
+			if (cg->m[i].joined && !cg->m[i].gone && tpd_peer_same(cg->m[i].pr, pr)) {
 				n++;
 				break;
 			}
@@ -300,12 +301,12 @@ static void coord_on_join(struct tpd_groups *gs, struct tpd_peer *pr,
 	}
 	cg = cgroup_find(gs, j->uid, j->name);
 	if (!cg) {
-		uint32_t n = pr ? link_groups(gs, pr) : 0;
+		uint32_t n = pr ? peer_groups(gs, pr) : 0;
 		int r;
 
 		if (pr && n >= cfg->group_peer_groups_max) {
 			coord_refuse(gs, pr, j->join_id, -ENOBUFS, "group '%s': the coordinator has "
-				     "%u groups with members over the link from %s, the limit "
+				     "%u groups with members from the peer %s, the limit "
 				     "(group-peer-groups-max)", j->name, n,
 				     tpd_peer_group_host(pr));
 			return;

@@ -104,6 +104,55 @@ const char *tpd_peer_identity(const struct tpd_peer *pr)
 	return pr->authenticated && pr->identity[0] ? pr->identity : NULL;
 }
 
+const char *tpd_peer_principal(const struct tpd_peer *pr)
+{
+	return pr->principal;
+}
+
+bool tpd_peer_same(const struct tpd_peer *a, const struct tpd_peer *b)
+{
+	return a && b && (a == b || strcmp(a->principal, b->principal) == 0);
+}
+
+void tpd_peer_sending(struct tpd_peer *pr, bool on)
+{
+	if (!on) {
+		pr->sends -= pr->sends > 0;
+		return;
+	}
+	if (pr->sends++ == 0) {
+		pr->tx_mark = pr->stripe ? tpb_stripe_bytes_sent(pr->stripe) : 0;
+		pr->tx_since_ns = tpu_now_ns();
+	}
+}
+
+/* Whether @pr's sends have been stuck for longer than @timeout_ms (logged by the caller). */
+static bool peer_send_stuck(struct tpd_peer *pr, uint64_t now, uint32_t timeout_ms)
+{
+	uint64_t sent;
+
+	if (!pr->sends || !pr->stripe)
+		return false;
+	sent = tpb_stripe_bytes_sent(pr->stripe);
+	if (sent != pr->tx_mark) {
+		pr->tx_mark = sent;
+		pr->tx_since_ns = now;
+		return false;
+	}
+	return now - pr->tx_since_ns > (uint64_t)timeout_ms * 1000000ull;
+}
+
+void tpd_peer_principal_set(struct tpd_peer *pr)
+{
+	const char *colon = strrchr(pr->key, ':');
+	int n = colon ? (int)(colon - pr->key) : (int)strlen(pr->key);
+
+	if (pr->cert_verified && pr->identity[0])
+		snprintf(pr->principal, sizeof(pr->principal), "%s", pr->identity);
+	else
+		snprintf(pr->principal, sizeof(pr->principal), "addr:%.*s", n, pr->key);
+}
+
 const char *tpd_peer_account(const struct tpd_peer *pr, char *buf)
 {
 	const char *id = tpd_peer_identity(pr);
@@ -453,6 +502,7 @@ struct tpd_peer *tpd_peer_new(struct tpd_peers *ps, bool outgoing, const char *k
 	pr->outgoing = outgoing;
 	pr->created_ns = pr->last_rx_ns = tpu_now_ns();
 	snprintf(pr->key, sizeof(pr->key), "%s", key);
+	tpd_peer_principal_set(pr);
 	tpu_hmap_init(&pr->pipes);
 	tpu_hmap_init(&pr->xfers);
 	pr->ev_timer = evtimer_new(ps->base, peer_on_timer, pr);
@@ -656,6 +706,13 @@ static void peer_on_timer(evutil_socket_t fd, short what, void *arg)
 	if (now - pr->last_rx_ns > (uint64_t)cfg->peer_timeout_ms * 1000000ull) {
 		tpd_peer_fail(pr, -ECONNRESET, "peer daemon silent for %llu ms (timeout %u ms)",
 			      (unsigned long long)((now - pr->last_rx_ns) / 1000000ull),
+			      cfg->peer_timeout_ms);
+		return;
+	}
+	if (peer_send_stuck(pr, now, cfg->peer_timeout_ms)) {
+		tpd_peer_fail(pr, -ETIMEDOUT, "peer daemon took no chunk of the %u sends "
+			      "waiting on its data connections for %llu ms (timeout %u ms)",
+			      pr->sends, (unsigned long long)((now - pr->tx_since_ns) / 1000000ull),
 			      cfg->peer_timeout_ms);
 		return;
 	}

@@ -88,6 +88,34 @@ const char *tpd_peer_name(const struct tpd_peer *pr);
  */
 const char *tpd_peer_identity(const struct tpd_peer *pr);
 
+/*
+ * tpd_peer_principal() - the far daemon of @pr, for the limits that are per peer
+ * (chan-peer-ops-max, chan-peer-bytes-max, group-peer-groups-max, the staging of its
+ * broadcasts): its verified certificate identity where a certificate of peer-ca proved it
+ * ("cert:CN=...", distinct per peer), else the address its link came from or was dialled at,
+ * without the port ("addr:10.0.0.7": every holder of the pre-shared key proves the same
+ * identity, and an insecure link none). Every link of one peer has the same one, so opening
+ * more links (peer-links-per-source allows several per address) multiplies no limit; it is a
+ * name, never a pointer, so a later, unrelated link never takes over what an earlier one was
+ * charged. Return: borrowed string valid as long as @pr (set once its TLS handshake is done).
+ */
+const char *tpd_peer_principal(const struct tpd_peer *pr);
+
+/*
+ * tpd_peer_sending() - a send over @pr's data connections starts (@on true) or ended (false).
+ * While one runs, the link fails once its data connections have sent no chunk for
+ * peer-timeout: a peer daemon that answers pings but stops reading its data connections would
+ * otherwise hold the send, the writer's memory and its WriteDone and PipeClosed for ever (a
+ * chunk being written cannot be taken back). Borrows @pr; each start is ended exactly once.
+ */
+void tpd_peer_sending(struct tpd_peer *pr, bool on);
+
+/* Room for tpd_peer_principal(), its terminating NUL included. */
+#define TPD_PEER_PRINCIPAL_LEN 208
+
+/* Whether links @a and @b are of the same peer (tpd_peer_principal()); NULL is no peer's. */
+bool tpd_peer_same(const struct tpd_peer *a, const struct tpd_peer *b);
+
 /* Room for tpd_peer_account(): an identity, '@' and a host name. */
 #define TPD_PEER_ACCOUNT_LEN 460
 

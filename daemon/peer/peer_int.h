@@ -83,6 +83,7 @@ struct tpd_peer {
 	char dial_host[256]; /* dialler: the host as dialled (its certificate must name it) */
 	char host[256];	 /* the peer's host name (its claim, for display) */
 	char identity[200]; /* TLS-verified identity, tpd_peertls_identity() */
+	char principal[TPD_PEER_PRINCIPAL_LEN]; /* tpd_peer_principal() */
 	uint16_t claimed_port; /* answerer: the peer's listener port, as it claims */
 	struct ssl_st *ssl;    /* the control connection's TLS (owned by @bev), NULL insecure */
 	uint8_t link_key[32];  /* exported from @ssl: what data connections prove */
@@ -110,6 +111,10 @@ struct tpd_peer {
 	uint64_t next_xfer_id;
 	uint64_t seq_out;
 	uint64_t created_ns, up_ns, last_rx_ns, rtt_us;
+	/* Sends over the data connections running (tpd_peer_sending()), the stripe's bytes sent
+	 * when last seen moving, and since when. */
+	unsigned sends;
+	uint64_t tx_mark, tx_since_ns;
 	uint64_t ctl_in, ctl_out;
 	int fail_err;
 	char last_error[200];
@@ -156,6 +161,10 @@ struct data_dial {
 };
 
 /* ---- peer.c -------------------------------------------------------------------------------- */
+
+/* (Re)computes pr->principal (tpd_peer_principal()) from pr->key and, once TLS is up, the
+ * verified certificate identity. Borrows @pr. */
+void tpd_peer_principal_set(struct tpd_peer *pr);
 
 /* The state of @pr as tpipctl and log lines name it. Borrows @pr. Return: a static string. */
 const char *tpd_peer_state_name(const struct tpd_peer *pr);

@@ -244,6 +244,7 @@ void tpd_peerhs_tls_up(struct tpd_peer *pr, SSL *ssl)
 	pr->ssl = ssl;
 	pr->authenticated = true;
 	tpd_peertls_identity(ssl, pr->identity, sizeof(pr->identity), &pr->cert_verified);
+	tpd_peer_principal_set(pr);
 	tpd_peer_log(pr, TPU_LOG_DEBUG, "TLS 1.3 (%s) with %s", SSL_get_cipher_name(ssl),
 		     pr->identity);
 }

@@ -17,6 +17,8 @@
 #include <check.h>
 #include <errno.h>
 #include <grp.h>
+#include <json-c/json.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -336,8 +338,8 @@ static uint64_t peer_connect(struct tpt_raw *c, uint64_t id)
 	return host_id;
 }
 
-/* Sends PeerBcast of one 4 KiB payload (rendezvous) to @n pipes @ids, message ids 1..n. */
-static int peer_bcast(struct tpt_raw *c, const uint64_t *ids, size_t n)
+/* Sends PeerBcast of one @len-byte payload (rendezvous) to @n pipes @ids, message ids 1..n. */
+static int peer_bcast_len(struct tpt_raw *c, const uint64_t *ids, size_t n, uint64_t len)
 {
 	Tpw__V1__PeerMsg m = TPW__V1__PEER_MSG__INIT;
 	Tpw__V1__PeerBcast b = TPW__V1__PEER_BCAST__INIT;
@@ -348,7 +350,7 @@ static int peer_bcast(struct tpt_raw *c, const uint64_t *ids, size_t n)
 	int r = -ENOMEM;
 
 	if (t && tp) {
-		pd.length = 4096;
+		pd.length = len;
 		dd.n_payloads = 1;
 		dd.payloads = &pdp;
 		for (size_t i = 0; i < n; i++) {
@@ -367,6 +369,12 @@ static int peer_bcast(struct tpt_raw *c, const uint64_t *ids, size_t n)
 	free(t);
 	free(tp);
 	return r;
+}
+
+/* Sends PeerBcast of one 4 KiB payload (rendezvous) to @n pipes @ids, message ids 1..n. */
+static int peer_bcast(struct tpt_raw *c, const uint64_t *ids, size_t n)
+{
+	return peer_bcast_len(c, ids, n, 4096);
 }
 
 /* The next PeerConsumed: 0 if it is for pipe @pipe (the hostile side's id) with @status. */
@@ -503,6 +511,585 @@ START_TEST(test_bcast_hostile_peer_fails_its_request_then_its_link_only)
 }
 END_TEST
 
+/* ---- a peer that stalls its broadcast's one transfer ---------------------------------------- */
+
+#define STALL_LEN (16ull << 20)
+#define STALL_SENT (15ull << 20)
+#define STALL_TIMEOUT_MS 1000
+
+static struct tpt_sync stall_staged, stall_gone;
+
+/* `tpipctl --json status` of @host: member @key, or UINT64_MAX. */
+static uint64_t status_u64(const char *key)
+{
+	const char *bin = getenv("TPIPCTL_BIN");
+	const char *argv[] = { bin, "--socket", host.socket, "--json", "status", NULL };
+	struct tpt_cmd_result res;
+	struct json_object *o, *v;
+	uint64_t val = UINT64_MAX;
+
+	if (!bin || tpt_run(argv, T_MS, &res) < 0)
+		return UINT64_MAX;
+	o = json_tokener_parse(res.out);
+	if (o && json_object_object_get_ex(o, key, &v))
+		val = (uint64_t)json_object_get_int64(v);
+	json_object_put(o);
+	tpt_cmd_result_free(&res);
+	return val;
+}
+
+/* Keeps the link alive (a ping every 200 ms, everything received dropped) until @until posts. */
+static void keep_alive(struct tpt_raw *c, struct tpt_sync *until)
+{
+	Tpw__V1__PeerPing ping = TPW__V1__PEER_PING__INIT;
+	Tpw__V1__PeerMsg pm = TPW__V1__PEER_MSG__INIT, *in = NULL;
+
+	pm.body_case = TPW__V1__PEER_MSG__BODY_PING;
+	pm.ping = &ping;
+	for (;;) {
+		if (tpt_sync_wait(until, 0) == 0)
+			return;
+		ping.t_ns++;
+		if (tpt_raw_send_peer(c, &pm) < 0)
+			return;
+		while (tpt_raw_recv_peer(c, 200, &in) == 0)
+			tpw_peer_msg_free(in);
+	}
+}
+
+static struct tpt_sync stall_left;
+
+/* Broadcasts 16 MiB to one pipe of its link, sends 15 MiB of the host's one read, then stops
+ * sending while it keeps the link alive; with @arg, it sends the last 1 MiB once stall_left
+ * posts. */
+static int stalling_bcast_peer(void *arg)
+{
+	struct tpt_raw c = { .fd = -1 }, data = { .fd = -1 };
+	Tpw__V1__PeerMsg *in = NULL;
+	uint64_t a, xfer;
+
+	TPT_REQUIRE(peer_dial(&c, &data) == 0, 1, "dial");
+	a = peer_connect(&c, 1);
+	TPT_REQUIRE(a, 1, "connect refused");
+	TPT_REQUIRE(peer_bcast_len(&c, &a, 1, STALL_LEN) == 0, 1, "send");
+	TPT_REQUIRE(peer_expect(&c, TPW__V1__PEER_MSG__BODY_READ_REQ, &in) == 0, 1, "no read");
+	TPT_REQUIRE(in->read_req->bcast, 1, "not a broadcast read");
+	xfer = in->read_req->xfer_id;
+	tpw_peer_msg_free(in);
+	for (uint64_t off = 0; off < STALL_SENT; off += 1u << 20)
+		TPT_REQUIRE(tpt_raw_send_chunk(&data, xfer, off, 1u << 20, 0x5a) == 0, 1,
+			    "chunk");
+	tpt_sync_post(&stall_staged, 0);
+	if (arg) {
+		keep_alive(&c, &stall_left);
+		TPT_REQUIRE(tpt_raw_send_chunk(&data, xfer, STALL_SENT, 1u << 20, 0x5a) == 0, 1,
+			    "last chunk");
+	}
+	keep_alive(&c, &stall_gone);
+	tpt_raw_close(&data);
+	tpt_raw_close(&c);
+	return 0;
+}
+
+/*
+ * A peer's broadcast is staged in the host daemon's memory (charged to the link, not to the
+ * reader). Once its only reader has closed its pipe, a sender that stalls mid-transfer while its
+ * link stays alive must not keep that staging: like a channel item's receive
+ * (tpd_chan_stream_deadline()), it has to end after --peer-timeout without bytes.
+ */
+START_TEST(test_bcast_stalled_peer_does_not_hold_staging_after_its_readers)
+{
+	static const char *const args[] = { "--peer-insecure", "--peer-timeout", "1000", NULL };
+	struct tp_listen_options lo = { .size = sizeof(lo), .remote = TP_REMOTE_ANY_PEER };
+	struct tp_context *ctx;
+	struct tp_listener *l;
+	struct tp_pipe *pa;
+	struct tp_descriptor *dsc = NULL;
+	uint64_t held = UINT64_MAX;
+	pid_t pid;
+
+	ck_assert_int_eq(tpt_sync_init(&stall_staged), 0);
+	ck_assert_int_eq(tpt_sync_init(&stall_gone), 0);
+	ck_assert_int_eq(tpt_daemon_start_peer(&host, args), 0);
+	ck_assert_int_eq(tpt_ctx_new(&host, 0, "reader", &ctx), 0);
+	ck_assert_int_eq(tp_listen(ctx, "fan", &lo, &l), 0);
+	pid = tpt_fork(stalling_bcast_peer, NULL);
+	ck_assert_int_eq(tp_listener_accept_sync(l, T_MS, &pa), 0);
+	ck_assert_int_eq(tp_pipe_read_descriptor_sync(pa, T_MS, &dsc), 0);
+	ck_assert_int_eq(tpt_sync_wait(&stall_staged, T_MS), 0);
+	ck_assert_uint_eq(status_u64("bcast_stage_held"), STALL_LEN);
+	/* the only reader drops the message and goes */
+	tp_descriptor_free(dsc);
+	tp_pipe_close(pa);
+	tp_listener_close(l);
+	tp_context_free(ctx);
+	for (int i = 0; i < 8 * STALL_TIMEOUT_MS / 250; i++) {
+		usleep(250 * 1000);
+		held = status_u64("bcast_stage_held");
+		if (held == 0)
+			break;
+	}
+	fprintf(stderr, "staging held %llu bytes %d ms after the last reader left, link alive, "
+		"daemon RSS %ld KiB\n", (unsigned long long)held, 8 * STALL_TIMEOUT_MS,
+		tpt_daemon_rss_kb(&host));
+	tpt_sync_post(&stall_gone, 0);
+	ck_assert(tpt_wait_ok(pid, 4 * T_MS, "stalling peer"));
+	ck_assert(tpt_daemon_alive(&host));
+	if (held != 0) { /* what ends it today: the link's end */
+		uint64_t after = UINT64_MAX;
+
+		for (int i = 0; i < 40 && after != 0; i++) {
+			usleep(250 * 1000);
+			after = status_u64("bcast_stage_held");
+		}
+		fprintf(stderr, "staging held %llu bytes once the peer closed its link\n",
+			(unsigned long long)after);
+	}
+	ck_assert_uint_eq(held, 0);
+	ck_assert_int_eq(tpt_daemon_stop(&host), 0);
+	tpt_sync_done(&stall_staged);
+	tpt_sync_done(&stall_gone);
+}
+END_TEST
+
+/* @ms as a flag's value, scaled by tpt_time_scale() (a daemon under valgrind is slower). */
+static const char *scaled_arg(char *buf, size_t len, int ms)
+{
+	snprintf(buf, len, "%d", TPT_SCALED_MS(ms));
+	return buf;
+}
+
+/* `tpipctl status`'s bcast_stage_held, polled every 250 ms for up to @ms (scaled) until it is
+ * 0. */
+static uint64_t held_after(int ms)
+{
+	uint64_t held = status_u64("bcast_stage_held");
+
+	for (int i = 0; i < TPT_SCALED_MS(ms) / 250 && held != 0; i++) {
+		usleep(250 * 1000);
+		held = status_u64("bcast_stage_held");
+	}
+	return held;
+}
+
+/* The peer gets the stall_gone word and ends well; the host daemon lives and stops. */
+static void stall_end(pid_t peer)
+{
+	tpt_sync_post(&stall_gone, 0);
+	ck_assert(tpt_wait_ok(peer, 4 * T_MS, "stalling peer"));
+	ck_assert(tpt_daemon_alive(&host));
+	ck_assert_int_eq(tpt_daemon_stop(&host), 0);
+	tpt_sync_done(&stall_staged);
+	tpt_sync_done(&stall_gone);
+	tpt_sync_done(&stall_left);
+}
+
+/* Starts the host with --peer-timeout @timeout_ms (scaled). */
+static void stall_init(int timeout_ms)
+{
+	char ms[16];
+	const char *args[] = { "--peer-insecure", "--peer-timeout",
+			       scaled_arg(ms, sizeof(ms), timeout_ms), NULL };
+
+	ck_assert_int_eq(tpt_sync_init(&stall_staged), 0);
+	ck_assert_int_eq(tpt_sync_init(&stall_gone), 0);
+	ck_assert_int_eq(tpt_sync_init(&stall_left), 0);
+	ck_assert_int_eq(tpt_daemon_start_peer(&host, args), 0);
+}
+
+struct read_end {
+	int status; /* 1 until the read's callback ran */
+	uint64_t ms;
+};
+
+static void read_on_done(void *arg, struct tp_pipe *p, int status, const char *errmsg)
+{
+	struct read_end *e = arg;
+
+	(void)p;
+	(void)errmsg;
+	e->ms = tpt_now_ms();
+	__atomic_store_n(&e->status, status, __ATOMIC_RELEASE);
+}
+
+static struct tpt_sync reader_listening, reader_reads;
+
+/* A reader in a process of its own: accepts the peer's pipe, asks for the broadcast's bytes
+ * into its private memory and waits to be killed. */
+static int doomed_reader(void *arg)
+{
+	struct tp_listen_options lo = { .size = sizeof(lo), .remote = TP_REMOTE_ANY_PEER };
+	struct tp_context *ctx;
+	struct tp_listener *l;
+	struct tp_pipe *p;
+	struct tp_descriptor *dsc = NULL;
+	struct tp_slot slot = { .data = malloc(STALL_LEN) };
+	struct tp_allocation al = { .payloads = &slot, .n_payloads = 1 };
+	struct read_end e = { .status = 1 };
+
+	(void)arg;
+	TPT_REQUIRE(slot.data, 1, "memory");
+	TPT_REQUIRE(tpt_ctx_new(&host, 0, "doomed", &ctx) == 0, 1, "context");
+	TPT_REQUIRE(tp_listen(ctx, "fan", &lo, &l) == 0, 1, "listen");
+	tpt_sync_post(&reader_listening, 0);
+	TPT_REQUIRE(tp_listener_accept_sync(l, T_MS, &p) == 0, 1, "accept");
+	TPT_REQUIRE(tp_pipe_read_descriptor_sync(p, T_MS, &dsc) == 0, 1, "descriptor");
+	TPT_REQUIRE(tp_pipe_read(p, dsc, &al, read_on_done, &e) == 0, 1, "read");
+	tpt_sync_post(&reader_reads, 0);
+	for (;;)
+		pause();
+	return 1;
+}
+
+/*
+ * The same stalled broadcast, whose only reader is killed while its read of the message waits
+ * for the staging: the staging goes with the reader, well before any deadline (--peer-timeout
+ * 60000).
+ */
+START_TEST(test_bcast_stalled_peer_does_not_hold_staging_after_its_reader_is_killed)
+{
+	pid_t rd, pid;
+	uint64_t held;
+	int status;
+
+	stall_init(60000);
+	ck_assert_int_eq(tpt_sync_init(&reader_listening), 0);
+	ck_assert_int_eq(tpt_sync_init(&reader_reads), 0);
+	rd = tpt_fork(doomed_reader, NULL);
+	ck_assert_int_eq(tpt_sync_wait(&reader_listening, T_MS), 0);
+	pid = tpt_fork(stalling_bcast_peer, NULL);
+	ck_assert_int_eq(tpt_sync_wait(&reader_reads, T_MS), 0);
+	ck_assert_int_eq(tpt_sync_wait(&stall_staged, T_MS), 0);
+	ck_assert_uint_eq(status_u64("bcast_stage_held"), STALL_LEN);
+	ck_assert_int_eq(kill(rd, SIGKILL), 0);
+	ck_assert_int_eq(tpt_wait(rd, T_MS, &status), 0);
+	held = held_after(4000);
+	fprintf(stderr, "staging held %llu bytes within 4 s after the reader was killed\n",
+		(unsigned long long)held);
+	ck_assert_uint_eq(held, 0);
+	stall_end(pid);
+	tpt_sync_done(&reader_listening);
+	tpt_sync_done(&reader_reads);
+}
+END_TEST
+
+/* The same, but the peer sends the broadcast's last chunk after the only reader dropped the
+ * message and closed its pipe: the staging goes all the same. */
+START_TEST(test_bcast_peer_finishing_after_its_reader_left_does_not_hold_staging)
+{
+	struct tp_listen_options lo = { .size = sizeof(lo), .remote = TP_REMOTE_ANY_PEER };
+	struct tp_context *ctx;
+	struct tp_listener *l;
+	struct tp_pipe *pa;
+	struct tp_descriptor *dsc = NULL;
+	uint64_t held;
+	pid_t pid;
+
+	stall_init(60000);
+	ck_assert_int_eq(tpt_ctx_new(&host, 0, "reader", &ctx), 0);
+	ck_assert_int_eq(tp_listen(ctx, "fan", &lo, &l), 0);
+	pid = tpt_fork(stalling_bcast_peer, &stall_left);
+	ck_assert_int_eq(tp_listener_accept_sync(l, T_MS, &pa), 0);
+	ck_assert_int_eq(tp_pipe_read_descriptor_sync(pa, T_MS, &dsc), 0);
+	ck_assert_int_eq(tpt_sync_wait(&stall_staged, T_MS), 0);
+	tp_descriptor_free(dsc);
+	tp_pipe_close(pa);
+	tp_listener_close(l);
+	tp_context_free(ctx);
+	tpt_sync_post(&stall_left, 0);
+	held = held_after(4000);
+	fprintf(stderr, "staging held %llu bytes within 4 s after the broadcast's last chunk "
+		"came\n", (unsigned long long)held);
+	ck_assert_uint_eq(held, 0);
+	stall_end(pid);
+}
+END_TEST
+
+/*
+ * A reader that waits for the stalled broadcast's bytes, its pipe open: with --peer-timeout 1000
+ * its read fails within a few seconds (no byte of the transfer for that long), the staging goes
+ * and the link stays.
+ */
+START_TEST(test_bcast_stalled_peer_fails_its_staging_receive_after_peer_timeout)
+{
+	struct tp_listen_options lo = { .size = sizeof(lo), .remote = TP_REMOTE_ANY_PEER };
+	struct tp_context *ctx;
+	struct tp_listener *l;
+	struct tp_pipe *pa;
+	struct tp_descriptor *dsc = NULL;
+	struct tp_slot slot = { .data = malloc(STALL_LEN) };
+	struct tp_allocation al = { .payloads = &slot, .n_payloads = 1 };
+	struct read_end e = { .status = 1 };
+	uint64_t t0, held;
+	pid_t pid;
+
+	ck_assert_ptr_nonnull(slot.data);
+	stall_init(1000);
+	ck_assert_int_eq(tpt_ctx_new(&host, 0, "reader", &ctx), 0);
+	ck_assert_int_eq(tp_listen(ctx, "fan", &lo, &l), 0);
+	pid = tpt_fork(stalling_bcast_peer, NULL);
+	ck_assert_int_eq(tp_listener_accept_sync(l, T_MS, &pa), 0);
+	ck_assert_int_eq(tp_pipe_read_descriptor_sync(pa, T_MS, &dsc), 0);
+	ck_assert_int_eq(tpt_sync_wait(&stall_staged, T_MS), 0);
+	t0 = tpt_now_ms();
+	ck_assert_int_eq(tp_pipe_read(pa, dsc, &al, read_on_done, &e), 0);
+	for (int i = 0; i < TPT_SCALED_MS(10000) / 250 &&
+			__atomic_load_n(&e.status, __ATOMIC_ACQUIRE) == 1; i++)
+		usleep(250 * 1000);
+	held = status_u64("bcast_stage_held");
+	fprintf(stderr, "read ended with %d after %llu ms, staging held %llu bytes then\n",
+		__atomic_load_n(&e.status, __ATOMIC_ACQUIRE),
+		(unsigned long long)(e.ms ? e.ms - t0 : 0), (unsigned long long)held);
+	ck_assert_int_lt(__atomic_load_n(&e.status, __ATOMIC_ACQUIRE), 0);
+	ck_assert_uint_lt(e.ms - t0, TPT_SCALED_MS(5000));
+	ck_assert_uint_eq(held, 0);
+	tp_pipe_close(pa);
+	tp_listener_close(l);
+	tp_context_free(ctx);
+	free(slot.data);
+	/* the link stays: the peer, still pinging, ends well */
+	stall_end(pid);
+}
+END_TEST
+
+/* ---- a peer with two links: one staging limit ---------------------------------------------- */
+
+#define TWO_LIMIT (1ull << 20)
+
+static struct tpt_sync two_sent;
+
+/* Opens two links from the same address, a pipe to "fan" over each, and broadcasts
+ * bcast-stage-bytes-per-uid's worth to each pipe (never sending a byte); keeps the first link
+ * alive until stall_gone. */
+static int two_link_peer(void *arg)
+{
+	struct tpt_raw c[2] = { { .fd = -1 }, { .fd = -1 } };
+	struct tpt_raw data[2] = { { .fd = -1 }, { .fd = -1 } };
+	Tpw__V1__PeerMsg *in = NULL;
+	uint64_t a[2];
+
+	(void)arg;
+	for (int i = 0; i < 2; i++) {
+		TPT_REQUIRE(peer_dial(&c[i], &data[i]) == 0, 1, "dial %d", i);
+		a[i] = peer_connect(&c[i], 1);
+		TPT_REQUIRE(a[i], 1, "connect refused on link %d", i);
+	}
+	TPT_REQUIRE(peer_bcast_len(&c[0], &a[0], 1, TWO_LIMIT) == 0, 1, "send");
+	/* staged: the host asks for the bytes at once */
+	TPT_REQUIRE(peer_expect(&c[0], TPW__V1__PEER_MSG__BODY_READ_REQ, &in) == 0, 1, "no read");
+	TPT_REQUIRE(in->read_req->bcast, 1, "not a broadcast read");
+	tpw_peer_msg_free(in);
+	TPT_REQUIRE(peer_bcast_len(&c[1], &a[1], 1, TWO_LIMIT) == 0, 1, "send");
+	tpt_sync_post(&two_sent, 0);
+	keep_alive(&c[0], &stall_gone);
+	for (int i = 0; i < 2; i++) {
+		tpt_raw_close(&data[i]);
+		tpt_raw_close(&c[i]);
+	}
+	return 0;
+}
+
+/*
+ * The staging of a peer's broadcasts is charged to the peer (here, its address: an insecure
+ * link proves no identity), not to each of its links: with bcast-stage-bytes-per-uid 1 MiB, a
+ * peer that opens two links from one address and broadcasts 1 MiB over each gets the first
+ * staged (just at the limit) and the second not (1 MiB above it): 1 MiB held, not 2.
+ */
+START_TEST(test_bcast_two_links_of_one_peer_share_its_staging_limit)
+{
+	char ms[16];
+	const char *args[] = { "--peer-insecure", "--peer-timeout",
+			       scaled_arg(ms, sizeof(ms), 60000), "--bcast-stage-bytes-per-uid",
+			       "1M", NULL };
+	struct tp_listen_options lo = { .size = sizeof(lo), .remote = TP_REMOTE_ANY_PEER };
+	struct tp_context *ctx;
+	struct tp_listener *l;
+	struct tp_pipe *p[2];
+	struct tp_descriptor *dsc[2] = { NULL, NULL };
+	uint64_t held, unstaged;
+	pid_t pid;
+
+	ck_assert_int_eq(tpt_sync_init(&two_sent), 0);
+	ck_assert_int_eq(tpt_sync_init(&stall_gone), 0);
+	ck_assert_int_eq(tpt_daemon_start_peer(&host, args), 0);
+	ck_assert_int_eq(tpt_ctx_new(&host, 0, "reader", &ctx), 0);
+	ck_assert_int_eq(tp_listen(ctx, "fan", &lo, &l), 0);
+	pid = tpt_fork(two_link_peer, NULL);
+	for (int i = 0; i < 2; i++)
+		ck_assert_int_eq(tp_listener_accept_sync(l, T_MS, &p[i]), 0);
+	ck_assert_int_eq(tpt_sync_wait(&two_sent, T_MS), 0);
+	for (int i = 0; i < 2; i++)
+		ck_assert_int_eq(tp_pipe_read_descriptor_sync(p[i], T_MS, &dsc[i]), 0);
+	held = status_u64("bcast_stage_held");
+	unstaged = status_u64("bcast_unstaged");
+	fprintf(stderr, "two links of one peer: %llu bytes staged, %llu broadcasts not staged\n",
+		(unsigned long long)held, (unsigned long long)unstaged);
+	ck_assert_uint_eq(held, TWO_LIMIT);
+	ck_assert_uint_eq(unstaged, 1);
+	for (int i = 0; i < 2; i++) {
+		tp_descriptor_free(dsc[i]);
+		tp_pipe_close(p[i]);
+	}
+	tp_listener_close(l);
+	tp_context_free(ctx);
+	tpt_sync_post(&stall_gone, 0);
+	ck_assert(tpt_wait_ok(pid, 4 * T_MS, "two-link peer"));
+	ck_assert(tpt_daemon_alive(&host));
+	ck_assert_uint_eq(held_after(4000), 0);
+	ck_assert_int_eq(tpt_daemon_stop(&host), 0);
+	tpt_sync_done(&two_sent);
+	tpt_sync_done(&stall_gone);
+}
+END_TEST
+
+/* ---- a reader's daemon that stops reading its data connection ------------------------------ */
+
+#define UNREAD_LEN (64ull << 20)
+
+static struct tpt_sync unread_asked, unread_done;
+
+/* Opens @arg (1 or 2) pipes to "fan" on one link, asks for the bytes of the first message the
+ * host announces (a PeerDescriptor, or a PeerBcast's first target), then never reads its data
+ * connection while it keeps the link alive with pings. */
+static int unread_data_peer(void *arg)
+{
+	struct tpt_raw c = { .fd = -1 }, data = { .fd = -1 };
+	Tpw__V1__PeerReadReq rr = TPW__V1__PEER_READ_REQ__INIT;
+	Tpw__V1__PeerMsg pm = TPW__V1__PEER_MSG__INIT, *in = NULL;
+	size_t n = (size_t)(uintptr_t)arg;
+	uint64_t a[2] = { 0, 0 };
+
+	TPT_REQUIRE(peer_dial(&c, &data) == 0, 1, "dial");
+	for (size_t i = 0; i < n; i++) {
+		a[i] = peer_connect(&c, i + 1);
+		TPT_REQUIRE(a[i], 1, "connect refused");
+	}
+	for (;;) {
+		TPT_REQUIRE(tpt_raw_recv_peer(&c, T_MS, &in) == 0, 1, "no announcement");
+		if (in->body_case == TPW__V1__PEER_MSG__BODY_DESCRIPTOR) {
+			rr.pipe_id = a[in->descriptor->pipe_id == 2];
+			rr.msg_id = in->descriptor->descriptor->msg_id;
+			break;
+		}
+		if (in->body_case == TPW__V1__PEER_MSG__BODY_BCAST) {
+			rr.pipe_id = a[in->bcast->targets[0]->pipe_id == 2];
+			rr.msg_id = in->bcast->targets[0]->msg_id;
+			rr.bcast = true;
+			break;
+		}
+		tpw_peer_msg_free(in);
+	}
+	tpw_peer_msg_free(in);
+	rr.xfer_id = 1;
+	pm.body_case = TPW__V1__PEER_MSG__BODY_READ_REQ;
+	pm.read_req = &rr;
+	TPT_REQUIRE(tpt_raw_send_peer(&c, &pm) == 0, 1, "read request");
+	tpt_sync_post(&unread_asked, 0);
+	keep_alive(&c, &unread_done);
+	tpt_raw_close(&data);
+	tpt_raw_close(&c);
+	return 0;
+}
+
+static void unread_start(const char *who, struct tp_context **ctx, struct tp_listener **l)
+{
+	char ms[16];
+	const char *args[] = { "--peer-insecure", "--peer-timeout",
+			       scaled_arg(ms, sizeof(ms), 1000), NULL };
+	struct tp_listen_options lo = { .size = sizeof(lo), .remote = TP_REMOTE_ANY_PEER };
+
+	ck_assert_int_eq(tpt_sync_init(&unread_asked), 0);
+	ck_assert_int_eq(tpt_sync_init(&unread_done), 0);
+	ck_assert_int_eq(tpt_daemon_start_peer(&host, args), 0);
+	ck_assert_int_eq(tpt_ctx_new(&host, 0, who, ctx), 0);
+	ck_assert_int_eq(tp_listen(*ctx, "fan", &lo, l), 0);
+}
+
+static void unread_end(pid_t pid)
+{
+	tpt_sync_post(&unread_done, 0);
+	ck_assert(tpt_wait_ok(pid, 4 * T_MS, "peer that stops reading"));
+	ck_assert(tpt_daemon_alive(&host));
+	ck_assert_int_eq(tpt_daemon_stop(&host), 0);
+	tpt_sync_done(&unread_asked);
+	tpt_sync_done(&unread_done);
+}
+
+/*
+ * A reader's daemon that asks for a 64 MiB message, then answers pings but never reads its data
+ * connection, so the send blocks once the socket buffers are full: with --peer-timeout 1000 the
+ * link fails after a second without a chunk sent, and the writer's write completes (failed)
+ * within a few seconds instead of waiting for ever with its memory.
+ */
+START_TEST(test_peer_that_stops_reading_fails_the_send_after_peer_timeout)
+{
+	struct tp_context *ctx;
+	struct tp_listener *l;
+	struct tp_pipe *pa;
+	struct tp_payload pl = { .data = calloc(1, UNREAD_LEN), .length = UNREAD_LEN };
+	struct tp_message msg = { .payloads = &pl, .n_payloads = 1 };
+	struct read_end e = { .status = 1 };
+	uint64_t t0;
+	pid_t pid;
+
+	ck_assert_ptr_nonnull(pl.data);
+	unread_start("writer", &ctx, &l);
+	pid = tpt_fork(unread_data_peer, (void *)(uintptr_t)1);
+	ck_assert_int_eq(tp_listener_accept_sync(l, T_MS, &pa), 0);
+	t0 = tpt_now_ms();
+	ck_assert_int_eq(tp_pipe_write(pa, &msg, read_on_done, &e), 0);
+	ck_assert_int_eq(tpt_sync_wait(&unread_asked, T_MS), 0);
+	for (int i = 0; i < TPT_SCALED_MS(10000) / 250 &&
+			__atomic_load_n(&e.status, __ATOMIC_ACQUIRE) == 1; i++)
+		usleep(250 * 1000);
+	fprintf(stderr, "write ended with %d after %llu ms\n",
+		__atomic_load_n(&e.status, __ATOMIC_ACQUIRE),
+		(unsigned long long)(e.ms ? e.ms - t0 : 0));
+	ck_assert_int_lt(__atomic_load_n(&e.status, __ATOMIC_ACQUIRE), 0);
+	ck_assert_uint_lt(e.ms - t0, TPT_SCALED_MS(8000));
+	tp_pipe_close(pa);
+	tp_listener_close(l);
+	tp_context_free(ctx);
+	free(pl.data);
+	unread_end(pid);
+}
+END_TEST
+
+/* The same for the one send behind a broadcast to two pipes of that link (PeerBcast), which
+ * the writer's closing cannot cancel: tp_set_broadcast() returns, both deliveries failed, within
+ * a few seconds. */
+START_TEST(test_peer_that_stops_reading_fails_the_broadcast_after_peer_timeout)
+{
+	struct tp_context *ctx;
+	struct tp_listener *l;
+	struct tp_pipe_set *set;
+	struct tp_payload pl = { .data = calloc(1, UNREAD_LEN), .length = UNREAD_LEN };
+	struct tp_message msg = { .payloads = &pl, .n_payloads = 1 };
+	int st[2] = { 1, 1 }, r;
+	uint64_t t0;
+	pid_t pid;
+
+	ck_assert_ptr_nonnull(pl.data);
+	unread_start("writer", &ctx, &l);
+	ck_assert_int_eq(tp_set_new(ctx, 2, &set), 0);
+	pid = tpt_fork(unread_data_peer, (void *)(uintptr_t)2);
+	ck_assert_int_eq(tp_set_wait_pipes(set, l, 2, T_MS), 0);
+	t0 = tpt_now_ms();
+	r = tp_set_broadcast(set, &msg, -1, st, 2);
+	fprintf(stderr, "broadcast returned %d (%d, %d) after %llu ms\n", r, st[0], st[1],
+		(unsigned long long)(tpt_now_ms() - t0));
+	ck_assert_int_eq(r, 0);
+	ck_assert_int_lt(st[0], 0);
+	ck_assert_int_lt(st[1], 0);
+	ck_assert_uint_lt(tpt_now_ms() - t0, TPT_SCALED_MS(8000));
+	tp_set_free(set);
+	tp_listener_close(l);
+	tp_context_free(ctx);
+	free(pl.data);
+	unread_end(pid);
+}
+END_TEST
+
 static Suite *bcast_suite(void)
 {
 	Suite *s = suite_create("sec_bcast");
@@ -511,6 +1098,14 @@ static Suite *bcast_suite(void)
 	tcase_set_timeout(tc, 120);
 	tcase_add_test(tc, test_bcast_names_no_pipe_of_another_session_or_uid);
 	tcase_add_test(tc, test_bcast_hostile_peer_fails_its_request_then_its_link_only);
+	tcase_add_test(tc, test_bcast_stalled_peer_does_not_hold_staging_after_its_readers);
+	tcase_add_test(tc,
+		       test_bcast_stalled_peer_does_not_hold_staging_after_its_reader_is_killed);
+	tcase_add_test(tc, test_bcast_peer_finishing_after_its_reader_left_does_not_hold_staging);
+	tcase_add_test(tc, test_bcast_stalled_peer_fails_its_staging_receive_after_peer_timeout);
+	tcase_add_test(tc, test_bcast_two_links_of_one_peer_share_its_staging_limit);
+	tcase_add_test(tc, test_peer_that_stops_reading_fails_the_send_after_peer_timeout);
+	tcase_add_test(tc, test_peer_that_stops_reading_fails_the_broadcast_after_peer_timeout);
 	suite_add_tcase(s, tc);
 	return s;
 }

@@ -16,10 +16,11 @@
  *
  * And a hostile peer daemon (a raw dialler over an insecure link, as --peer-insecure allows):
  * its reads wait up to chan-peer-ops-max (3) and one more is refused with STATUS_LIMIT while a
- * try-once read is still answered; a guessed handle id is not found; an answer to an op the
- * daemon never forwarded is dropped; an UNLINK naming an address (a protocol violation: peer
- * minor 6 lets a plain UNLINK cross, chan-remote-create-uid decides) fails its link, which drops
- * its handles and waits, while the channel, its items and a local reader are untouched.
+ * try-once read is still answered, over its two links from one address together too; a
+ * guessed handle id is not found; an answer to an op the daemon never forwarded is dropped; an
+ * UNLINK naming an address (a protocol violation: peer minor 6 lets a plain UNLINK cross,
+ * chan-remote-create-uid decides) fails its link, which drops its handles and waits, while the
+ * channel, its items and a local reader are untouched.
  *
  * And a peer daemon whose frames are smaller than this daemon's (256 KiB in its Hello) that takes
  * a 300 KiB message item inline: refused with -EMSGSIZE, the link up, the item back in the
@@ -577,6 +578,96 @@ START_TEST(test_hostile_peer_fails_its_link_only)
 	ck_assert_int_eq(tp_chan_read(ch, &got, &len, 1000), 0);
 	ck_assert_uint_eq(len, 4);
 	free(got);
+	tp_chan_release(ch);
+	tp_context_free(ctx);
+	ck_assert_int_eq(tpt_daemon_stop(&host), 0);
+	tpt_sync_done(&go);
+}
+END_TEST
+
+/* Sends a read of handle @id on @c that waits (for ever), as request @req. */
+static int peer_read_waits(struct tpt_raw *c, uint64_t id, uint64_t req)
+{
+	Tpw__V1__ChanOp rd = TPW__V1__CHAN_OP__INIT;
+
+	rd.op = TPW__V1__CHAN_OP_KIND__CHAN_OP_READ;
+	rd.chan_id = id;
+	rd.timeout_ms = UINT32_MAX;
+	return peer_chan(c, &rd, req, NULL, 0);
+}
+
+/* Opens "hosted" over two links from one address: OPS_MAX - 1 reads wait over the first, one
+ * more over the second (OPS_MAX in all), and the next over the second is refused. */
+static int two_link_peer(void *arg)
+{
+	struct tpt_raw c[2] = { { .fd = -1 }, { .fd = -1 } };
+	struct tpt_raw data[2] = { { .fd = -1 }, { .fd = -1 } };
+	Tpw__V1__ChanOp once = TPW__V1__CHAN_OP__INIT;
+	uint64_t id[2], req = 0;
+	int st;
+
+	(void)arg;
+	for (int i = 0; i < 2; i++) {
+		Tpw__V1__ChanOp o = TPW__V1__CHAN_OP__INIT;
+
+		TPT_REQUIRE(peer_dial(&c[i], &data[i]) == 0, 1, "dial %d", i);
+		o.op = TPW__V1__CHAN_OP_KIND__CHAN_OP_OPEN;
+		o.name = "hosted";
+		TPT_REQUIRE(peer_chan(&c[i], &o, 1, NULL, 0) == 0, 1, "open");
+		st = peer_reply(&c[i], &req, &id[i]);
+		TPT_REQUIRE(st == TPW__V1__STATUS__STATUS_OK && req == 1 && id[i], 1, "open: %d",
+			    st);
+	}
+	for (uint64_t i = 0; i < OPS_MAX - 1; i++)
+		TPT_REQUIRE(peer_read_waits(&c[0], id[0], 10 + i) == 0, 1, "read");
+	/* a try-once read answered over the first link: its waiting reads are in */
+	once.op = TPW__V1__CHAN_OP_KIND__CHAN_OP_READ;
+	once.chan_id = id[0];
+	TPT_REQUIRE(peer_chan(&c[0], &once, 20, NULL, 0) == 0, 1, "try-once read");
+	st = peer_reply(&c[0], &req, NULL);
+	TPT_REQUIRE(st == TPW__V1__STATUS__STATUS_TIMEOUT && req == 20, 1, "try-once read: %d", st);
+	TPT_REQUIRE(peer_read_waits(&c[1], id[1], 10) == 0, 1, "read");
+	TPT_REQUIRE(peer_read_waits(&c[1], id[1], 11) == 0, 1, "read");
+	st = peer_reply(&c[1], &req, NULL);
+	TPT_REQUIRE(st == TPW__V1__STATUS__STATUS_LIMIT && req == 11, 1,
+		    "the peer's read above chan-peer-ops-max over its second link: status %d for "
+		    "req %llu", st, (unsigned long long)req);
+	TPT_REQUIRE(tpt_sync_wait(&go, T_MS) == 1, 1, "parent");
+	for (int i = 0; i < 2; i++) {
+		tpt_raw_close(&data[i]);
+		tpt_raw_close(&c[i]);
+	}
+	return 0;
+}
+
+/*
+ * chan-peer-ops-max counts per peer, not per link: a peer that opens a second link from the
+ * same address gets no more waiting reads (3 wait over its two links, the 4th is refused; each
+ * link alone would have taken 3).
+ */
+START_TEST(test_two_links_of_one_peer_share_its_ops_limit)
+{
+	static const char *const args[] = { "--peer-insecure", "--chan-peer-ops-max", "3", NULL };
+	struct tp_chan_options o = { .size = sizeof(o), .owner_uid = -1 };
+	struct tp_context *ctx;
+	struct tp_chan *ch;
+	pid_t pid;
+	int i;
+
+	ck_assert_int_eq(tpt_sync_init(&go), 0);
+	ck_assert_int_eq(tpt_daemon_start_peer(&host, args), 0);
+	ck_assert_int_eq(tpt_ctx_new(&host, 0, "host", &ctx), 0);
+	o.flags = TP_CHAN_CREATE;
+	o.remote = TP_REMOTE_ANY_PEER;
+	ck_assert_int_eq(tp_chan_open(ctx, "hosted", &o, &ch), 0);
+	pid = tpt_fork(two_link_peer, NULL);
+	ck_assert_int_gt(pid, 0);
+	for (i = 0; i < 200 && !chan_waiting(OPS_MAX); i++)
+		usleep(50000); /* polling what tpipctl shows, not a synchronisation */
+	ck_assert_msg(chan_waiting(OPS_MAX), "the peer's reads do not wait");
+	ck_assert_int_eq(tpt_sync_post(&go, 1), 0);
+	ck_assert(tpt_wait_ok(pid, 4 * T_MS, "two-link peer"));
+	ck_assert(tpt_daemon_alive(&host));
 	tp_chan_release(ch);
 	tp_context_free(ctx);
 	ck_assert_int_eq(tpt_daemon_stop(&host), 0);
@@ -1641,6 +1732,7 @@ static Suite *chanx_suite(void)
 	tcase_set_timeout(tc, 120);
 	tcase_add_test(tc, test_attacker_cannot_crash_or_touch_remote_handles);
 	tcase_add_test(tc, test_hostile_peer_fails_its_link_only);
+	tcase_add_test(tc, test_two_links_of_one_peer_share_its_ops_limit);
 	tcase_add_test(tc, test_small_frames_peer_takes_within_them);
 	tcase_add_test(tc, test_hostile_peer_cannot_own_or_stream_into_a_queue);
 	tcase_add_loop_test(tc, test_hostile_host_fails_its_link_only, 0, 5);

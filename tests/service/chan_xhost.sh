@@ -248,7 +248,7 @@ expect_out "$out" "^error ETIMEDOUT: read: " # the ${OPS_MAX}th waited
 bg l2 b readers "$A/lim" 1 -1
 wait_until 10 "$OPS_MAX reads from b to wait on a" chan_is a lim ".readers_waiting == $OPS_MAX"
 out=$(x b read "$A/lim" 1 300) && fail "read an item: $out"
-expect_out "$out" "^error ENOBUFS: read: .*$OPS_MAX channel ops of this peer link wait on .*chan-peer-ops-max"
+expect_out "$out" "^error ENOBUFS: read: .*$OPS_MAX channel ops of this peer wait on .*chan-peer-ops-max"
 say "$out"
 out=$(x a read lim 1 300) && fail "read an item: $out"
 expect_out "$out" "^error ETIMEDOUT: read: " # a local reader of a is not refused
