@@ -106,6 +106,20 @@ int tpb_recv_expect(struct tpb_ep *ep, struct tpb_op *op, uint64_t bytes, int st
 	return o->recv_expect ? o->recv_expect(ep, op, bytes, status, why) : -EOPNOTSUPP;
 }
 
+int tpb_recv_progress(struct tpb_ep *ep, struct tpb_op *op, uint64_t *ret_bytes)
+{
+	const struct tpb_channel_ops *o = ep->ctx->ops;
+
+	return o->recv_progress ? o->recv_progress(ep, op, ret_bytes) : -EOPNOTSUPP;
+}
+
+int tpb_recv_stalled(struct tpb_ep *ep, struct tpb_op *op, const char *why)
+{
+	const struct tpb_channel_ops *o = ep->ctx->ops;
+
+	return o->recv_stalled ? o->recv_stalled(ep, op, why) : -EOPNOTSUPP;
+}
+
 int tpb_cancel(struct tpb_ep *ep, struct tpb_op *op)
 {
 	const struct tpb_channel_ops *o = ep->ctx->ops;

@@ -247,6 +247,8 @@ struct tpb_channel_ops {
 	void (*release)(struct tpb_op *op);
 	int (*recv_expect)(struct tpb_ep *ep, struct tpb_op *op, uint64_t bytes, int status,
 			   const char *why);
+	int (*recv_progress)(struct tpb_ep *ep, struct tpb_op *op, uint64_t *ret_bytes);
+	int (*recv_stalled)(struct tpb_ep *ep, struct tpb_op *op, const char *why);
 	int (*start)(struct tpb_ep *ep, struct tpb_op *op);
 	int (*cancel)(struct tpb_ep *ep, struct tpb_op *op);
 	int (*forget)(struct tpb_ctx *ctx, const struct tpb_mem *m, uint64_t len);
@@ -364,6 +366,23 @@ int tpb_ep_msg(struct tpb_ep *ep, const void *msg);
  */
 int tpb_recv_expect(struct tpb_ep *ep, struct tpb_op *op, uint64_t bytes, int status,
 		    const char *why);
+
+/*
+ * tpb_recv_progress() - the bytes receive @op (started on @ep, between hosts) took so far, chunks
+ * still arriving included: what tells a sender that stalls from a slow one. Borrows @ep, @op.
+ * Return: 0 (*@ret_bytes set), -EOPNOTSUPP (no such op), -ENOENT (@op is not a receive pending
+ * on @ep).
+ */
+int tpb_recv_progress(struct tpb_ep *ep, struct tpb_op *op, uint64_t *ret_bytes);
+
+/*
+ * tpb_recv_stalled() - the sender of receive @op stopped sending it: @op ends with -ETIMEDOUT
+ * (@why) once the channel touches its memory no more, and a connection held in the middle of
+ * one of its chunks is failed (nothing else would free the thread writing there). Borrows @ep,
+ * @op and @why for the call.
+ * Return: 0, -EOPNOTSUPP (no such op), -ENOENT (@op is not a receive pending on @ep).
+ */
+int tpb_recv_stalled(struct tpb_ep *ep, struct tpb_op *op, const char *why);
 
 /*
  * tpb_cancel() - ask @op, started on @ep, to stop. Its @done runs with -ECANCELED once the

@@ -113,4 +113,6 @@ const struct tpb_channel_ops tpb_cuda_basic_ops = {
 	.start = tpb_mpt_start,
 	.cancel = tpb_mpt_cancel,
 	.recv_expect = tpb_mpt_recv_expect,
+	.recv_progress = tpb_mpt_recv_progress,
+	.recv_stalled = tpb_mpt_recv_stalled,
 };

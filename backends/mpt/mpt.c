@@ -332,6 +332,38 @@ int tpb_mpt_recv_expect(struct tpb_ep *ep, struct tpb_op *op, uint64_t bytes, in
 	return 0;
 }
 
+/* The pending receive @op of @ep (mpt or cuda_basic, which runs on mpt's stripe), or NULL. */
+static struct mpt_op *recv_find(struct tpb_ep *ep, struct tpb_op *op)
+{
+	struct mpt_op *mo;
+
+	if (ep->ctx->ops != &tpb_mpt_ops && ep->ctx->ops != &tpb_cuda_basic_ops)
+		return NULL;
+	mo = op_find((struct mpt_ep *)ep, op);
+	return mo && mo->recv ? mo : NULL;
+}
+
+int tpb_mpt_recv_progress(struct tpb_ep *ep, struct tpb_op *op, uint64_t *ret_bytes)
+{
+	struct mpt_op *mo = recv_find(ep, op);
+
+	if (!mo)
+		return -ENOENT;
+	*ret_bytes = tpb_stripe_recv_progress(&mo->x);
+	return 0;
+}
+
+int tpb_mpt_recv_stalled(struct tpb_ep *ep, struct tpb_op *op, const char *why)
+{
+	struct mpt_op *mo = recv_find(ep, op);
+
+	if (!mo)
+		return -ENOENT;
+	if (!mo->ended)
+		tpb_stripe_recv_stalled(mo->ep->st, &mo->x, why);
+	return 0;
+}
+
 static int mpt_event_fd(struct tpb_ctx *ctx)
 {
 	return tpb_cq_event_fd(&ctx_of(ctx)->cq);
@@ -376,6 +408,8 @@ const struct tpb_channel_ops tpb_mpt_ops = {
 	.start = tpb_mpt_start,
 	.cancel = tpb_mpt_cancel,
 	.recv_expect = tpb_mpt_recv_expect,
+	.recv_progress = tpb_mpt_recv_progress,
+	.recv_stalled = tpb_mpt_recv_stalled,
 	.event_fd = mpt_event_fd,
 	.progress = mpt_progress,
 };

@@ -23,6 +23,12 @@
 int tpb_mpt_recv_expect(struct tpb_ep *ep, struct tpb_op *op, uint64_t bytes, int status,
 			const char *why);
 
+/* tpb_mpt_recv_progress(), tpb_mpt_recv_stalled(): tpb_recv_progress() and tpb_recv_stalled()
+ * for mpt and cuda_basic endpoints (a receive's own bytes; its stall fails it, and a connection
+ * held in one of its chunks). Return: as those. */
+int tpb_mpt_recv_progress(struct tpb_ep *ep, struct tpb_op *op, uint64_t *ret_bytes);
+int tpb_mpt_recv_stalled(struct tpb_ep *ep, struct tpb_op *op, const char *why);
+
 /*
  * The endpoint entries of the table (tpb_mpt_ops; cuda_basic's row names them too): callers use
  * the tpb_*() wrappers, whose contracts these follow. ep_open needs @peer->stripe (-EOPNOTSUPP

@@ -61,7 +61,7 @@ struct tpd_xh {
 	bool rop_running;
 	bool to_stage; /* receive into the staging of a far daemon's broadcast (bcast.c) */
 	struct event *idle; /* ... its deadline (xh_stage_deadline()), or NULL */
-	uint64_t idle_bytes; /* ... the link's bytes received at its last check */
+	uint64_t idle_bytes; /* ... the receive's own bytes at its last check */
 	uint32_t idle_ms;
 	bool sending; /* send: counted by tpd_peer_sending() while its op runs on the stripe */
 	int gdr_status;
@@ -622,13 +622,27 @@ void tpd_xh_stage_stop(struct tpd_xh *xh, int status, const char *why)
 		(void)tpb_recv_expect(ep, &xh->op, 0, status, why);
 }
 
-/* The staging receive's deadline came round: it fails with -ETIMEDOUT when its link received
- * no byte of data since the last check. */
+/* The bytes the staging receive took so far (its own, chunks arriving included), or @dflt when
+ * it is not running. */
+static uint64_t xh_stage_progress(struct tpd_xh *xh, uint64_t dflt)
+{
+	struct tpb_ep *ep;
+	uint64_t b;
+
+	if (!xh->to_stage || !xh->started || !xh->mpt_running || !xh->link)
+		return dflt;
+	ep = tpd_peer_ep(xh->link, xh_mpt());
+	return ep && tpb_recv_progress(ep, &xh->op, &b) == 0 ? b : dflt;
+}
+
+/* The staging receive's deadline came round: it fails with -ETIMEDOUT when no byte of it came
+ * since the last check (another transfer's bytes, or chunks of none, do not count), and a data
+ * connection the peer left in the middle of one of its chunks fails with it. */
 static void xh_on_idle(evutil_socket_t fd, short what, void *arg)
 {
 	struct tpd_xh *xh = arg;
-	struct tpb_stripe *st = tpd_peer_stripe(xh->link);
-	uint64_t now = st ? tpb_stripe_bytes_received(st) : xh->idle_bytes;
+	uint64_t now = xh_stage_progress(xh, xh->idle_bytes);
+	struct tpb_ep *ep;
 	char why[120];
 
 	(void)fd;
@@ -642,15 +656,18 @@ static void xh_on_idle(evutil_socket_t fd, short what, void *arg)
 		 xh->idle_ms);
 	tpd_pipe_log(xh->m->from->pipe, NULL, TPU_LOG_INFO, "message %llu: %s",
 		     (unsigned long long)xh->m->msg_id, why);
-	tpd_xh_stage_stop(xh, -ETIMEDOUT, why);
+	ep = xh->to_stage && xh->started && xh->mpt_running && xh->link ?
+		     tpd_peer_ep(xh->link, xh_mpt()) : NULL;
+	if (!ep || tpb_recv_stalled(ep, &xh->op, why) < 0)
+		tpd_xh_stage_stop(xh, -ETIMEDOUT, why);
 }
 
 /*
  * A staging receive serves no reader of its own that could cancel it: a sender that stalls
  * while its link stays alive must not hold the staging for ever. Checked every peer-timeout,
- * as a channel item's streamed receive (tpd_chan_stream_deadline()). The stripe counts bytes
- * per link, not per transfer: data of the link's other transfers keeps it going too. Without
- * memory for the timer the receive runs without a deadline (the readers leaving still end it).
+ * as a channel item's streamed receive (tpd_chan_stream_deadline()), by the receive's own bytes.
+ * Without memory for the timer the receive runs without a deadline (the readers leaving still
+ * end it).
  */
 static void xh_stage_deadline(struct tpd_xh *xh, struct tpd_daemon *d)
 {
@@ -666,7 +683,7 @@ static void xh_stage_deadline(struct tpd_xh *xh, struct tpd_daemon *d)
 		xh->idle = NULL;
 	}
 	xh->idle_ms = ms;
-	xh->idle_bytes = tpb_stripe_bytes_received(st);
+	xh->idle_bytes = xh_stage_progress(xh, 0);
 }
 
 /* Starts @m's send or receive. Return: 0, or -errno when it failed at once and has completed. */
