@@ -104,6 +104,7 @@ static int context_send_hello(struct tp_context *ctx, const struct tp_context_op
 	h.cma_probe_value = ctx->probe;
 	h.pipe_ring = true; /* used only on control rings, which carry its fd beside them */
 	h.pipe_ring_addr = true; /* no-CMA writes through an offered ring, ring_only reads */
+	h.group_arena_fd = true; /* takes, checks and maps a group's sealed arena memfd */
 	m.body_case = TPW__V1__CLIENT_MSG__BODY_HELLO;
 	m.hello = &h;
 	pthread_mutex_lock(&ctx->send_lock);

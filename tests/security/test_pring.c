@@ -111,44 +111,12 @@ static int raw_attach(struct raw_end *a)
 	return 0;
 }
 
-/* The ring fd the daemon sends on the socket (one byte + SCM_RIGHTS) ahead of RingXfer. */
-static int raw_take_fd(struct raw_end *a)
-{
-	uint64_t end = tpt_now_ms() + (uint64_t)T_MS;
-
-	while (tpt_now_ms() < end) {
-		union {
-			struct cmsghdr h;
-			char b[CMSG_SPACE(sizeof(int))];
-		} cm;
-		uint8_t byte;
-		struct iovec iov = { &byte, 1 };
-		struct msghdr mh = { .msg_iov = &iov, .msg_iovlen = 1, .msg_control = cm.b,
-				     .msg_controllen = sizeof(cm.b) };
-		struct pollfd pf = { .fd = a->r.fd, .events = POLLIN };
-		struct cmsghdr *c;
-
-		if (poll(&pf, 1, 100) <= 0)
-			continue;
-		if (recvmsg(a->r.fd, &mh, MSG_CMSG_CLOEXEC) <= 0)
-			return -ECONNRESET;
-		c = CMSG_FIRSTHDR(&mh);
-		if (c && c->cmsg_type == SCM_RIGHTS) {
-			int fd;
-
-			memcpy(&fd, CMSG_DATA(c), sizeof(fd));
-			return fd;
-		}
-	}
-	return -ETIMEDOUT;
-}
-
 /* Takes the ring of this message and writes an impossible index into the other side's word. */
 static int raw_corrupt(struct raw_end *a, bool reader)
 {
 	Tpw__V1__DaemonMsg *x = NULL;
 	struct tpw_pring_hdr *h;
-	int fd = raw_take_fd(a);
+	int fd = tpt_raw_take_fd(&a->r, T_MS);
 
 	TPT_REQUIRE(fd >= 0, 1, "ring fd: %d", fd);
 	TPT_REQUIRE(tpt_raw_ring_expect(&a->r, &a->g, TPW__V1__DAEMON_MSG__BODY_RING_XFER, T_MS,
@@ -557,7 +525,7 @@ static int attacker_out_of_order(void *arg)
 		rd.msg_id = ids[i];
 		TPT_REQUIRE(raw_send(&a, &m) == 0, 1, "read %d", i);
 	}
-	fd = raw_take_fd(&a);
+	fd = tpt_raw_take_fd(&a.r, T_MS);
 	TPT_REQUIRE(fd >= 0, 1, "ring fd: %d", fd);
 	close(fd);
 	for (int i = 0; i < 2; i++) {
@@ -651,7 +619,7 @@ static int attacker_stalling_writer(void *arg)
 	TPT_REQUIRE(tpt_sync_wait(&listening, T_MS) == 0, 1, "victim listening");
 	TPT_REQUIRE(raw_attach(&a) == 0, 1, "attach");
 	TPT_REQUIRE(raw_write(&a, 1, attacker_buf, QUARTER, false) == 0, 1, "write");
-	fd = raw_take_fd(&a);
+	fd = tpt_raw_take_fd(&a.r, T_MS);
 	TPT_REQUIRE(fd >= 0, 1, "ring fd: %d", fd);
 	close(fd);
 	TPT_REQUIRE(tpt_raw_ring_expect(&a.r, &a.g, TPW__V1__DAEMON_MSG__BODY_RING_XFER, T_MS,
