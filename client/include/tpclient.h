@@ -637,7 +637,9 @@ size_t tp_dtype_size(enum tp_dtype dtype);
  * disagree with those the group was formed with, e.g. another size), -EADDRINUSE (the rank is
  * taken), -EBUSY (a group of that name is formed and not yet left by every member), -ENOBUFS
  * (a daemon limit: groups-per-uid, group-members-max, group-bytes-per-uid), -EOPNOTSUPP (a
- * bootstrap not available), -ENAMETOOLONG (@name over 128 bytes).
+ * bootstrap not available), -ENAMETOOLONG (@name over 128 bytes), -EPROTO (the daemon's arena
+ * is not a memfd sealed against shrinking and growing of the announced size, or an older
+ * tpipd names it by a path, which this library never opens).
  * Borrows @ctx (it must outlive the group), @name and @opts. @ret: returns an owned group, free
  * with tp_group_leave().
  */

@@ -581,9 +581,7 @@ bool tpc_context_help(struct tp_context *ctx, const void *arg)
 	return op != NULL;
 }
 
-/* Keeps the fds of @mh for the RingXfer frames that announce them (closed past
- * TPC_PRING_FDS_MAX: the daemon sends one per frame). */
-static void context_keep_fds(struct tp_context *ctx, struct msghdr *mh)
+void tpc_context_keep_fds(struct tp_context *ctx, struct msghdr *mh)
 {
 	for (struct cmsghdr *c = CMSG_FIRSTHDR(mh); c; c = CMSG_NXTHDR(mh, c)) {
 		size_t n = (c->cmsg_len - CMSG_LEN(0)) / sizeof(int);
@@ -615,7 +613,7 @@ int tpc_context_drain_bells(struct tp_context *ctx)
 		ssize_t k = recvmsg(ctx->fd, &mh, MSG_DONTWAIT | MSG_CMSG_CLOEXEC);
 
 		if (k > 0) {
-			context_keep_fds(ctx, &mh);
+			tpc_context_keep_fds(ctx, &mh);
 			continue;
 		}
 		if (k < 0 && errno == EINTR)

@@ -1,7 +1,8 @@
 /* SPDX-License-Identifier: BSD-3-Clause */
 /*
  * Groups in libtpclient (tpclient.h, "groups and collectives"): joining through the daemon
- * (GroupJoin, its GroupJoined answer, opening and checking the arena, the start barrier),
+ * (GroupJoin, its GroupJoined answer, checking and mapping the arena memfd sent with it, the
+ * start barrier),
  * the queries, abort and leave, and the order of collectives: a blocking call runs on the
  * caller's thread when nothing is queued, otherwise behind the queued asynchronous calls that
  * the group's own thread runs one at a time. What one collective does is coll.c's.
@@ -20,14 +21,16 @@
 #include "reduce.h"
 
 #define GROUP_JOIN_MS_DEFAULT 30000
-#define GROUP_ARENA_PREFIX "/dev/shm/tpipd-group-"
+/* Slot bytes a daemon may announce (its group-chunk is at most 64 MiB): keeps the arena's size
+ * arithmetic far from overflow. */
+#define GROUP_CHUNK_MAX (1ull << 30)
 
 struct join_req {
 	struct tpc_req req;
 	uint64_t group_id;
 	uint32_t rank, size, local_rank, local_size, host_index, hosts;
 	uint64_t arena_bytes, chunk;
-	char path[128];
+	int fd; /* the arena's memfd, owned; -EBADF until the answer brought it */
 	/* across hosts (hosts > 1): owned copies of the answer's lists, join_req_free() */
 	uint32_t *member_hosts;
 	size_t n_member_hosts;
@@ -39,6 +42,7 @@ struct join_req {
 
 static void join_req_free(struct join_req *j)
 {
+	j->fd = tpu_close(j->fd);
 	free(j->member_hosts);
 	for (size_t i = 0; i < j->naddrs; i++)
 		free(j->addrs[i]);
@@ -78,13 +82,30 @@ static void join_on_reply(struct tp_context *ctx, struct tpc_req *req, const Tpw
 	tpc_context_req_done(ctx, req, r);
 }
 
+/* Records in @req why the daemon's successful answer @m cannot be used: it has no arena fd
+ * (@fd < 0). */
+static void joined_no_fd(struct tpc_req *req, const Tpw__V1__GroupJoined *m, int fd)
+{
+	req->status = -EPROTO;
+	if (!m->arena_fd)
+		snprintf(req->msg, sizeof(req->msg), "the daemon names the arena by a path (an "
+			 "older tpipd); this libtpclient maps only an arena handed over as a sealed "
+			 "memfd: upgrade tpipd");
+	else
+		snprintf(req->msg, sizeof(req->msg), "the daemon announced the arena's memfd but "
+			 "none came with its answer (%s)", tp_strerror(fd));
+}
+
 void tpc_group_on_joined(struct tp_context *ctx, const Tpw__V1__GroupJoined *m)
 {
 	struct tpc_req *req = tpc_map_del(&ctx->reqs, m->req_id);
+	bool ok = m->status == TPW__V1__STATUS__STATUS_OK;
+	/* Taken whatever becomes of it: the next frame's fd must not be mistaken for it. */
+	_cleanup_close_ int fd = ok && m->arena_fd ? tpc_pring_take_fd(ctx) : -EBADF;
 	struct join_req *j;
 
 	if (!req || req->on_reply != join_on_reply)
-		return;
+		return; /* a join given up: the fd is closed */
 	j = tpu_container_of(req, struct join_req, req);
 	req->status = tpw_status_to_errno(m->status);
 	snprintf(req->msg, sizeof(req->msg), "%s",
@@ -99,8 +120,11 @@ void tpc_group_on_joined(struct tp_context *ctx, const Tpw__V1__GroupJoined *m)
 		j->hosts = m->hosts;
 		j->arena_bytes = m->arena_bytes;
 		j->chunk = m->chunk_bytes;
-		snprintf(j->path, sizeof(j->path), "%s", m->arena_path ? m->arena_path : "");
-		if (m->hosts > 1 && join_copy_hosts(j, m) < 0) {
+		if (fd < 0)
+			joined_no_fd(req, m, fd);
+		else
+			j->fd = TAKE_FD(fd);
+		if (req->status == 0 && m->hosts > 1 && join_copy_hosts(j, m) < 0) {
 			req->status = -ENOMEM;
 			snprintf(req->msg, sizeof(req->msg), "out of memory");
 		}
@@ -143,29 +167,31 @@ static int join_ask(struct tp_context *ctx, const char *name, const struct tp_gr
 	return 0;
 }
 
-/* Opens the arena the daemon named, checks it is this uid's own private file of the announced
- * size and layout, and maps it. */
-static int arena_open(struct tp_group *g, const char *path)
+/* Checks that @fd (taken), the arena the daemon sent, is a memfd of the announced size, sealed
+ * against shrinking and growing (so that no member can make the others' mappings fault), and
+ * maps it. */
+static int arena_map(struct tp_group *g, int fd)
 {
-	_cleanup_close_ int fd = -EBADF;
+	_cleanup_close_ int afd = fd;
 	struct tpu_grparena_hdr *h;
 	struct stat st;
+	int seals;
 	void *p;
 
-	if (strncmp(path, GROUP_ARENA_PREFIX, strlen(GROUP_ARENA_PREFIX)) != 0 || strchr(path +
-	    strlen(GROUP_ARENA_PREFIX), '/'))
-		return tpc_error(-EPROTO, "group '%s': unexpected arena path '%s'", g->name, path);
-	fd = open(path, O_RDWR | O_NOFOLLOW | O_CLOEXEC);
-	if (fd < 0)
-		return tpc_error(-errno, "group '%s': cannot open its arena %s: %s", g->name, path,
-				 strerror(errno));
-	if (fstat(fd, &st) < 0 || !S_ISREG(st.st_mode) || st.st_uid != geteuid() ||
-	    (st.st_mode & 077) || (uint64_t)st.st_size != g->arena_bytes ||
-	    g->arena_bytes != tpu_grparena_bytes(g->size, g->chunk))
-		return tpc_error(-EPROTO, "group '%s': arena %s is not a private file of %llu bytes "
-				 "of this user", g->name, path,
-				 (unsigned long long)g->arena_bytes);
-	p = mmap(NULL, g->arena_bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+	if (g->chunk == 0 || g->chunk > GROUP_CHUNK_MAX ||
+	    g->arena_bytes != tpu_grparena_bytes(g->size, g->chunk) || g->arena_bytes > SIZE_MAX)
+		return tpc_error(-EPROTO, "group '%s': an arena of %llu bytes with %llu-byte slots "
+				 "for %u members does not add up", g->name,
+				 (unsigned long long)g->arena_bytes, (unsigned long long)g->chunk,
+				 g->size);
+	if (fstat(afd, &st) < 0 || !S_ISREG(st.st_mode) || (uint64_t)st.st_size != g->arena_bytes)
+		return tpc_error(-EPROTO, "group '%s': the arena fd is not a file of %llu bytes",
+				 g->name, (unsigned long long)g->arena_bytes);
+	seals = fcntl(afd, F_GET_SEALS);
+	if (seals < 0 || (seals & (F_SEAL_SHRINK | F_SEAL_GROW)) != (F_SEAL_SHRINK | F_SEAL_GROW))
+		return tpc_error(-EPROTO, "group '%s': the arena is not a memfd sealed against "
+				 "shrinking and growing (seals %#x)", g->name, (unsigned)seals);
+	p = mmap(NULL, g->arena_bytes, PROT_READ | PROT_WRITE, MAP_SHARED, afd, 0);
 	if (p == MAP_FAILED)
 		return tpc_error(-errno, "group '%s': cannot map its arena: %s", g->name,
 				 strerror(errno));
@@ -174,7 +200,7 @@ static int arena_open(struct tp_group *g, const char *path)
 	    h->version != TPU_GRPARENA_VERSION || h->size != g->size ||
 	    h->chunk_bytes != g->chunk) {
 		munmap(p, g->arena_bytes);
-		return tpc_error(-EPROTO, "group '%s': arena %s has another layout", g->name, path);
+		return tpc_error(-EPROTO, "group '%s': the arena has another layout", g->name);
 	}
 	g->base = p;
 	g->hdr = h;
@@ -336,6 +362,7 @@ TP_EXPORT int tp_group_join(struct tp_context *ctx, const char *name,
 		return r;
 	join_ms = opts->join_timeout_ms > 0 ? opts->join_timeout_ms : GROUP_JOIN_MS_DEFAULT;
 	memset(&j, 0, sizeof(j));
+	j.fd = -EBADF;
 	r = join_ask(ctx, name, opts, join_ms, &j);
 	if (r < 0) {
 		join_req_free(&j);
@@ -379,7 +406,7 @@ TP_EXPORT int tp_group_join(struct tp_context *ctx, const char *name,
 	pthread_cond_init(&g->cond, NULL);
 	tpu_list_init(&g->queue);
 	tpu_list_init(&g->ctx_node);
-	r = arena_open(g, j.path);
+	r = arena_map(g, TAKE_FD(j.fd));
 	if (r == 0 && j.hosts > 1) {
 		r = tpc_collx_new(g, j.member_hosts, j.n_member_hosts, j.addrs, j.naddrs, j.token,
 				  j.tlen, &g->x);

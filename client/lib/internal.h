@@ -19,6 +19,7 @@
 
 #include <pthread.h>
 #include <stdarg.h>
+#include <sys/socket.h>
 #include <sys/uio.h>
 #include "tpclient.h"
 #include "frame.h"
@@ -362,7 +363,8 @@ struct tp_context {
 	struct tpc_cuda *cuda;
 
 	/* Pipe rings (pring.c, issue 27): the rings mapped, one thread each (lock); the fds the
-	 * daemon sent on the socket for RingXfer frames not yet read (rx_lock). */
+	 * daemon sent on the socket for frames not yet read (RingXfer, ChanReply, GroupJoined;
+	 * rx_lock). */
 	struct tpu_list prings;
 	unsigned n_prings;
 	unsigned pring_max; /* rings it takes at most ($TPIPD_PIPE_RINGS_MAX) */
@@ -451,6 +453,10 @@ struct tp_listener {
 /* Reads the doorbell bytes on a ring context's socket, keeping the fds that come with them for
  * RingXfer (ctx->pring_fds); rx_lock held. Return: 0, or -ECONNRESET at its end. */
 int tpc_context_drain_bells(struct tp_context *ctx);
+
+/* Keeps the fds that came with @mh (SCM_RIGHTS) in ctx->pring_fds for the frames that announce
+ * them (closed past TPC_PRING_FDS_MAX); rx_lock held. */
+void tpc_context_keep_fds(struct tp_context *ctx, struct msghdr *mh);
 
 /* True when called on @ctx's library thread (inside a callback or a frame handler). Borrows
  * @ctx. */
@@ -902,7 +908,8 @@ int tpc_slurm_from_env(struct tpc_slurm *ret);
  * cannot take is answered RingDone with the error. Borrows @ctx and @x.
  */
 void tpc_pring_on_xfer(struct tp_context *ctx, const Tpw__V1__RingXfer *x);
-/* The next fd the daemon sent ahead of a frame (RingXfer, ChanReply.map_fd); rx_lock held.
+/* The next fd the daemon sent ahead of a frame (RingXfer, ChanReply.map_fd,
+ * GroupJoined.arena_fd); rx_lock held.
  * Return: owned fd, or -ENOENT. */
 int tpc_pring_take_fd(struct tp_context *ctx);
 /* Pipe @pipe_id is gone (PipeClosed, or closed here): its rings' threads give up their copies

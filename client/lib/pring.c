@@ -380,13 +380,14 @@ static struct tpc_pring *ring_find_locked(struct tp_context *ctx, uint64_t pipe_
 	return NULL;
 }
 
-/* The fd the daemon sent before its RingXfer (or ChanReply with map_fd); rx_lock held (the
- * frame's reader). Return: fd or -errno. */
+/* The fd the daemon sent before its RingXfer (or ChanReply with map_fd, GroupJoined with
+ * arena_fd; without a control ring, with the frame's first byte); rx_lock held (the frame's
+ * reader). Return: fd or -errno. */
 int tpc_pring_take_fd(struct tp_context *ctx)
 {
 	int fd;
 
-	if (ctx->n_pring_fds == 0) { /* sent before the frame: on the socket by now */
+	if (ctx->n_pring_fds == 0 && ctx->ring) { /* sent before the frame: on the socket now */
 		tpc_context_drain_bells(ctx);
 		/* The doorbells taken may announce frames behind this one, which the io thread
 		 * now sleeps through: make it look at the ring again. */

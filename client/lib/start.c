@@ -105,6 +105,7 @@ static int context_send_hello(struct tp_context *ctx, const struct tp_context_op
 	/* used only on control rings, which carry its fd beside them; none with a limit of 0 */
 	h.pipe_ring = ctx->pring_max > 0;
 	h.pipe_ring_addr = h.pipe_ring; /* no-CMA writes through an offered ring, ring_only reads */
+	h.group_arena_fd = true; /* takes, checks and maps a group's sealed arena memfd */
 	m.body_case = TPW__V1__CLIENT_MSG__BODY_HELLO;
 	m.hello = &h;
 	pthread_mutex_lock(&ctx->send_lock);

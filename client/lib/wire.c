@@ -256,6 +256,32 @@ int tpc_wire_send_session_end(struct tp_context *ctx)
 	return tpc_wire_send(ctx, &m, NULL, 0, -EBADF);
 }
 
+/* tpc_wire_fill() on the socket: an fd the daemon sends comes with the first byte of the frame
+ * that announces it (GroupJoined.arena_fd) and waits in ctx->pring_fds for it. */
+static int wire_fill_socket(struct tp_context *ctx)
+{
+	union {
+		struct cmsghdr h;
+		char b[CMSG_SPACE(TPC_PRING_FDS_MAX * sizeof(int))];
+	} cm;
+	struct iovec iov = { ctx->rbuf + ctx->rlen, ctx->rcap - ctx->rlen };
+	struct msghdr mh = { .msg_iov = &iov, .msg_iovlen = 1 };
+	ssize_t k;
+
+	do {
+		mh.msg_control = cm.b;
+		mh.msg_controllen = sizeof(cm.b);
+		k = recvmsg(ctx->fd, &mh, MSG_DONTWAIT | MSG_CMSG_CLOEXEC);
+	} while (k < 0 && errno == EINTR);
+	if (k < 0)
+		return errno == EWOULDBLOCK ? -EAGAIN : -errno;
+	tpc_context_keep_fds(ctx, &mh);
+	if (k == 0)
+		return -ECONNRESET;
+	ctx->rlen += (size_t)k;
+	return (int)k;
+}
+
 int tpc_wire_fill(struct tp_context *ctx)
 {
 	ssize_t k;
@@ -286,15 +312,7 @@ int tpc_wire_fill(struct tp_context *ctx)
 			tpc_wire_doorbell(ctx); /* the daemon holds output until there is room */
 		return (int)k;
 	}
-	do
-		k = recv(ctx->fd, ctx->rbuf + ctx->rlen, ctx->rcap - ctx->rlen, MSG_DONTWAIT);
-	while (k < 0 && errno == EINTR);
-	if (k < 0)
-		return errno == EWOULDBLOCK ? -EAGAIN : -errno;
-	if (k == 0)
-		return -ECONNRESET;
-	ctx->rlen += (size_t)k;
-	return (int)k;
+	return wire_fill_socket(ctx);
 }
 
 int tpc_wire_peek(struct tp_context *ctx, struct tpw_hdr *ret)

@@ -1,9 +1,10 @@
 /* SPDX-License-Identifier: BSD-3-Clause */
 /*
  * The group registry (group.h): GroupJoin, GroupReady and GroupLeave from sessions, the join
- * deadlines, forming a group (its arena file) and failing it when a member's session ends. It
- * does not run collectives (the client library does, over the arena) and does not bootstrap
- * across hosts yet (COORDINATOR and SLURM joins are refused with STATUS_UNSUPPORTED).
+ * deadlines, forming a group (its arena: a sealed memfd handed to each member beside its
+ * GroupJoined, so that no member can shrink what the daemon maps) and failing it when a
+ * member's session ends. It does not run collectives (the client library does, over the
+ * arena); joins through a coordinator are groupx.c's.
  */
 #include <errno.h>
 #include <fcntl.h>
@@ -11,7 +12,6 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
-#include <sys/random.h>
 #include <unistd.h>
 
 #include <event2/event.h>
@@ -25,7 +25,6 @@
 #include "tpu.h"
 #include "validate.h"
 
-#define GROUP_DIR "/dev/shm"
 #define GROUP_JOIN_MS_DEFAULT 30000u
 
 int tpd_group_new(struct tpd_daemon *d, struct tpd_groups **ret)
@@ -88,8 +87,7 @@ static void group_free(struct tpd_group *grp)
 	for (uint32_t i = 0; i < grp->size; i++)
 		if (grp->m[i].ev_timeout)
 			event_free(grp->m[i].ev_timeout);
-	if (grp->linked)
-		unlink(grp->path);
+	tpu_close(grp->fd);
 	if (grp->arena)
 		munmap(grp->arena, grp->bytes);
 	tpd_groupx_free(grp->x);
@@ -129,8 +127,10 @@ void tpd_group_counts(const struct tpd_groups *g, uint32_t *ret_groups, uint32_t
 
 /* ---- answers ------------------------------------------------------------------------------- */
 
-static void joined_send(struct tpd_session *s, uint64_t req_id, int err, const char *why,
-			const struct tpd_group *grp, uint32_t rank)
+/* Answers @s's join @req_id: @err and @why, or (@err >= 0) rank @rank of @grp with the arena's
+ * fd ahead of the answer. Return: 0 or -errno (the answer or its fd could not be sent). */
+static int joined_send(struct tpd_session *s, uint64_t req_id, int err, const char *why,
+		       const struct tpd_group *grp, uint32_t rank)
 {
 	Tpw__V1__GroupJoined j = TPW__V1__GROUP_JOINED__INIT;
 	Tpw__V1__DaemonMsg m = TPW__V1__DAEMON_MSG__INIT;
@@ -148,13 +148,15 @@ static void joined_send(struct tpd_session *s, uint64_t req_id, int err, const c
 		j.hosts = 1;
 		if (grp->x)
 			tpd_groupx_joined_fill(grp, rank, &j);
-		j.arena_path = (char *)grp->path;
 		j.arena_bytes = grp->bytes;
 		j.chunk_bytes = grp->chunk;
+		j.arena_fd = true;
 	}
 	m.body_case = TPW__V1__DAEMON_MSG__BODY_GROUP_JOINED;
 	m.group_joined = &j;
-	tpd_session_send(s, &m, NULL, 0);
+	if (j.arena_fd)
+		return tpd_session_send_with_fd(s, &m, grp->fd);
+	return tpd_session_send(s, &m, NULL, 0);
 }
 
 static void join_refuse(struct tpd_session *s, uint64_t req_id, int err, const char *fmt, ...)
@@ -174,45 +176,60 @@ void tpd_group_refuse(struct tpd_session *s, uint64_t req_id, int err, const cha
 {
 	tpd_session_log(s, TPU_LOG_INFO, "group join refused: %s", why);
 	tpd_daemon_groups(tpd_session_daemon(s))->refused++;
-	joined_send(s, req_id, err, why, NULL, 0);
+	(void)joined_send(s, req_id, err, why, NULL, 0);
 }
 
 /* ---- forming ------------------------------------------------------------------------------- */
 
-/* Creates @grp's arena file, owned by the group's uid, mode 0600, and maps it. */
+static bool member_gone(struct member *mb, uint32_t why, uint64_t calls);
+
+/* Creates @grp's arena: a memfd of exactly grp->bytes, sealed so that nobody can shrink or grow
+ * it (or seal it further), mapped by the daemon for the failure word and the counters, its fd
+ * kept in grp->fd until every member was sent it. */
 static int arena_create(struct tpd_group *grp, char *why, size_t wl)
 {
 	_cleanup_close_ int fd = -EBADF;
-	uint8_t rnd[16];
-	char hex[33];
 	void *p;
 
-	if (getrandom(rnd, sizeof(rnd), 0) != sizeof(rnd))
-		return tpu_why(-EIO, why, wl, "no random bytes for the arena name");
-	for (size_t i = 0; i < sizeof(rnd); i++)
-		snprintf(hex + 2 * i, 3, "%02x", rnd[i]);
-	snprintf(grp->path, sizeof(grp->path), GROUP_DIR "/tpipd-group-%s", hex);
-	if (geteuid() != 0 && geteuid() != grp->uid)
-		return tpu_why(-EPERM, why, wl, "the daemon (uid %u) cannot give uid %u an arena",
-			       (unsigned)geteuid(), (unsigned)grp->uid);
-	fd = open(grp->path, O_RDWR | O_CREAT | O_EXCL | O_NOFOLLOW | O_CLOEXEC, 0600);
+	fd = memfd_create("tpipd-group", MFD_CLOEXEC | MFD_ALLOW_SEALING);
 	if (fd < 0)
-		return tpu_why(-errno, why, wl, "cannot create %s: %s", grp->path, strerror(errno));
-	grp->linked = true;
-	if ((geteuid() == 0 && fchown(fd, grp->uid, grp->gid) < 0) ||
-	    ftruncate(fd, (off_t)grp->bytes) < 0)
-		return tpu_why(-errno, why, wl, "cannot size or hand over %s: %s", grp->path,
+		return tpu_why(-errno, why, wl, "cannot create the arena memfd: %s",
 			       strerror(errno));
+	if (ftruncate(fd, (off_t)grp->bytes) < 0 ||
+	    fcntl(fd, F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW | F_SEAL_SEAL) < 0)
+		return tpu_why(-errno, why, wl, "cannot size or seal the arena of %llu bytes: %s",
+			       (unsigned long long)grp->bytes, strerror(errno));
 	p = mmap(NULL, grp->bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
 	if (p == MAP_FAILED)
-		return tpu_why(-errno, why, wl, "cannot map %s: %s", grp->path, strerror(errno));
+		return tpu_why(-errno, why, wl, "cannot map the arena: %s", strerror(errno));
 	grp->arena = p;
 	grp->arena->size = grp->size;
 	grp->arena->chunk_bytes = grp->chunk;
 	grp->arena->arena_bytes = grp->bytes;
 	grp->arena->version = TPU_GRPARENA_VERSION;
 	__atomic_store_n(&grp->arena->magic, TPU_GRPARENA_MAGIC, __ATOMIC_RELEASE);
+	grp->fd = TAKE_FD(fd);
 	return 0;
+}
+
+/* Answers every member of @grp, just formed (@r, @why: whether its arena was made), and closes
+ * the arena's fd: the members and the daemon's mapping hold the memfd from then on. A member
+ * whose answer or fd cannot be sent (its socket full) is marked unsent. */
+static void form_answer(struct tpd_group *grp, int r, const char *why)
+{
+	for (uint32_t i = 0; i < grp->size; i++) {
+		struct member *mb = &grp->m[i];
+		int e;
+
+		event_del(mb->ev_timeout);
+		e = joined_send(mb->s, mb->req_id, r, r < 0 ? why : "", grp, i);
+		mb->unsent = r == 0 && e < 0;
+		if (mb->unsent)
+			tpd_session_log(mb->s, TPU_LOG_INFO, "group %llu '%s': cannot hand "
+					"over its arena: %s", (unsigned long long)grp->id,
+					grp->name, strerror(-e));
+	}
+	grp->fd = tpu_close(grp->fd);
 }
 
 void tpd_group_form(struct tpd_group *grp)
@@ -222,12 +239,7 @@ void tpd_group_form(struct tpd_group *grp)
 
 	grp->formed = true;
 	grp->live = grp->size;
-	for (uint32_t i = 0; i < grp->size; i++) {
-		struct member *mb = &grp->m[i];
-
-		event_del(mb->ev_timeout);
-		joined_send(mb->s, mb->req_id, r, r < 0 ? why : "", grp, i);
-	}
+	form_answer(grp, r, why);
 	if (r < 0) {
 		tpu_log(TPU_LOG_WARNING, "group %llu '%s' (uid %u): %s",
 			(unsigned long long)grp->id, grp->name, (unsigned)grp->uid, why);
@@ -242,6 +254,10 @@ void tpd_group_form(struct tpd_group *grp)
 	grp->gs->formed++;
 	tpu_log(TPU_LOG_INFO, "group %llu '%s' (uid %u): %u members joined",
 		(unsigned long long)grp->id, grp->name, (unsigned)grp->uid, grp->size);
+	/* A member that was not handed the arena is gone: the others' collectives fail. */
+	for (uint32_t i = 0, n = grp->size; i < n; i++)
+		if (grp->m[i].unsent && member_gone(&grp->m[i], TPU_GRPARENA_DIED, 0))
+			return; /* that was the last: grp is freed */
 }
 
 /* ---- joining ------------------------------------------------------------------------------- */
@@ -337,6 +353,7 @@ int tpd_group_make(struct tpd_groups *gs, uid_t uid, gid_t gid, const char *name
 		return tpu_why(-ENOMEM, why, wl, "out of memory");
 	}
 	tpu_list_init(&grp->node);
+	grp->fd = -EBADF;
 	grp->gs = gs;
 	grp->id = ++gs->next_id;
 	grp->uid = uid;
@@ -391,6 +408,12 @@ static void group_on_join(struct tpd_session *s, const Tpw__V1__GroupJoin *j)
 	char why[256];
 	int r;
 
+	if (!s->group_arena_fd) {
+		join_refuse(s, j->req_id, -EOPNOTSUPP, "group '%s': this daemon hands group arenas "
+			    "over as sealed memfds; libtpclient is too old (it would open a file by "
+			    "its path): upgrade it", j->name);
+		return;
+	}
 	if (j->bootstrap == TPW__V1__GROUP_BOOTSTRAP__GROUP_BOOTSTRAP_COORDINATOR) {
 		tpd_groupx_join(s, j);
 		return;
@@ -438,14 +461,15 @@ static const char *why_word(uint32_t why)
 									      : "left";
 }
 
-static void member_gone(struct member *mb, uint32_t why, uint64_t calls)
+/* Return: true if that freed the group (the last member went). */
+static bool member_gone(struct member *mb, uint32_t why, uint64_t calls)
 {
 	struct tpd_group *grp = mb->grp;
 	uint32_t idx = (uint32_t)(mb - grp->m);
 	uint32_t rank = grp->x ? tpd_groupx_rank(grp, idx) : idx; /* in the whole group */
 
 	if (mb->gone)
-		return;
+		return false;
 	mb->gone = true;
 	mb->gone_why = why;
 	mb->s = NULL;
@@ -465,8 +489,10 @@ static void member_gone(struct member *mb, uint32_t why, uint64_t calls)
 			why_word(why), grp->live);
 	if (grp->x)
 		tpd_groupx_member_gone(grp, idx, why, calls);
-	if (grp->live == 0)
-		group_free(grp);
+	if (grp->live > 0)
+		return false;
+	group_free(grp);
+	return true;
 }
 
 void tpd_group_drop(struct tpd_group *grp)
@@ -508,10 +534,7 @@ static void group_on_ready(struct tpd_session *s, const Tpw__V1__GroupReady *rd)
 	if (!mb || mb->ready)
 		return;
 	mb->ready = true;
-	if (++mb->grp->ready == mb->grp->size && mb->grp->linked) {
-		unlink(mb->grp->path); /* every member holds it mapped: the name can go */
-		mb->grp->linked = false;
-	}
+	mb->grp->ready++;
 }
 
 static void group_on_leave(struct tpd_session *s, const Tpw__V1__GroupLeave *lv)

@@ -29,7 +29,7 @@ struct tpd_local;
  */
 int tpd_group_new(struct tpd_daemon *d, struct tpd_groups **ret);
 
-/* Frees every group (unlinking arena files not yet unlinked) and @g. Accepts NULL. Call after
+/* Frees every group (unmapping its arena) and @g. Accepts NULL. Call after
  * the sessions are gone (tpd_local_free()). */
 void tpd_group_free(struct tpd_groups *g);
 

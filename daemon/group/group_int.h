@@ -27,6 +27,7 @@ struct member {
 	bool joined;
 	bool ready;
 	bool gone; /* formed, then left or died */
+	bool unsent; /* its GroupJoined or the arena's fd could not be sent */
 	uint32_t gone_why; /* TPU_GRPARENA_DIED or _LEFT */
 	struct event *ev_timeout;
 };
@@ -43,8 +44,7 @@ struct tpd_group {
 	uint32_t ready;
 	uint32_t live; /* formed: members not gone */
 	bool formed;
-	bool linked; /* the arena file still has its name */
-	char path[80];
+	int fd; /* the arena's sealed memfd, owned while the members are answered; else -EBADF */
 	struct tpu_grparena_hdr *arena;
 	uint64_t bytes; /* arena bytes (reserved from the first join) */
 	uint64_t chunk;

@@ -18,6 +18,7 @@
  * the client just before the frame that announces them is written to the ring) and the end of
  * the session. The spin loop polls busy rings between events (local.c).
  */
+#include <fcntl.h>
 #include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -37,10 +38,17 @@
 
 struct outbuf {
 	struct tpu_list node;
+	int fd; /* a socket session's fd for the frame's first byte (SCM_RIGHTS), owned */
 	size_t len;
 	size_t off;
 	uint8_t data[];
 };
+
+static void outbuf_free(struct outbuf *o)
+{
+	tpu_close(o->fd);
+	free(o);
+}
 
 static void conn_on_read(evutil_socket_t fd, short what, void *arg);
 static void conn_on_write(evutil_socket_t fd, short what, void *arg);
@@ -162,11 +170,36 @@ static int ring_flush_out(struct tpd_conn *c)
 		if (o->off < o->len)
 			continue;
 		tpu_list_remove(&o->node);
-		free(o);
+		outbuf_free(o);
 	}
 	if (put && tpu_ring_consumer_asleep(&c->ring_tx))
 		ring_doorbell(c);
 	return 0;
+}
+
+/* Sends what is left of @o on @c's socket, its fd (if any) with the first byte. */
+static ssize_t send_outbuf(struct tpd_conn *c, struct outbuf *o)
+{
+	union {
+		struct cmsghdr h;
+		char b[CMSG_SPACE(sizeof(int))];
+	} cm = { 0 };
+	struct iovec iov = { .iov_base = o->data + o->off, .iov_len = o->len - o->off };
+	struct msghdr mh = { .msg_iov = &iov, .msg_iovlen = 1 };
+	ssize_t n;
+
+	if (o->fd < 0 || o->off)
+		return send(c->fd, iov.iov_base, iov.iov_len, MSG_DONTWAIT | MSG_NOSIGNAL);
+	mh.msg_control = cm.b;
+	mh.msg_controllen = sizeof(cm.b);
+	cm.h.cmsg_level = SOL_SOCKET;
+	cm.h.cmsg_type = SCM_RIGHTS;
+	cm.h.cmsg_len = CMSG_LEN(sizeof(int));
+	memcpy(CMSG_DATA(&cm.h), &o->fd, sizeof(int));
+	n = sendmsg(c->fd, &mh, MSG_DONTWAIT | MSG_NOSIGNAL);
+	if (n > 0)
+		o->fd = tpu_close(o->fd); /* the client's now (in flight) */
+	return n;
 }
 
 /* Writes queued output. Return: 0 (all or some sent), -errno on a dead connection. */
@@ -176,8 +209,8 @@ static int flush_out(struct tpd_conn *c)
 		return ring_flush_out(c);
 	while (!tpu_list_empty(&c->outq)) {
 		struct outbuf *o = tpu_list_first(&c->outq, struct outbuf, node);
-		ssize_t n = send(c->fd, o->data + o->off, o->len - o->off,
-				 MSG_DONTWAIT | MSG_NOSIGNAL);
+		ssize_t n = send_outbuf(c, o);
+
 		if (n < 0) {
 			if (errno == EAGAIN || errno == EINTR)
 				return 0;
@@ -190,7 +223,7 @@ static int flush_out(struct tpd_conn *c)
 		if (o->off < o->len)
 			return 0;
 		tpu_list_remove(&o->node);
-		free(o);
+		outbuf_free(o);
 	}
 	return 0;
 }
@@ -260,9 +293,12 @@ static bool ring_send_direct(struct tpd_conn *c, Tpw__V1__DaemonMsg *m,
 	return true;
 }
 
-int tpd_conn_send(struct tpd_conn *c, Tpw__V1__DaemonMsg *m, const struct iovec *tail,
-		  int n_tail)
+/* tpd_conn_send() with @fd (taken, also on failure; -EBADF: none) for the frame's first byte
+ * on a socket session. */
+static int conn_queue(struct tpd_conn *c, Tpw__V1__DaemonMsg *m, const struct iovec *tail,
+		      int n_tail, int fd)
 {
+	_cleanup_close_ int fd_owned = fd;
 	size_t tail_len = 0, len, off;
 	struct outbuf *o;
 	bool was_empty;
@@ -282,7 +318,7 @@ int tpd_conn_send(struct tpd_conn *c, Tpw__V1__DaemonMsg *m, const struct iovec 
 			  (unsigned long long)tpd_daemon_cfg(c->d)->outq_max);
 		return -ENOBUFS;
 	}
-	if (c->ring && ring_send_direct(c, m, tail, n_tail, len, tail_len))
+	if (c->ring && fd_owned < 0 && ring_send_direct(c, m, tail, n_tail, len, tail_len))
 		return c->stopped ? -EPROTO : 0;
 	r = tpd_quota_charge_out(tpd_daemon_quota(c->d), tpd_daemon_cfg(c->d), c->acct, len, why,
 				 sizeof(why));
@@ -308,6 +344,7 @@ int tpd_conn_send(struct tpd_conn *c, Tpw__V1__DaemonMsg *m, const struct iovec 
 			memcpy(o->data + off, tail[i].iov_base, tail[i].iov_len);
 		off += tail[i].iov_len;
 	}
+	o->fd = TAKE_FD(fd_owned);
 	o->len = len;
 	o->off = 0;
 	was_empty = tpu_list_empty(&c->outq);
@@ -322,6 +359,29 @@ int tpd_conn_send(struct tpd_conn *c, Tpw__V1__DaemonMsg *m, const struct iovec 
 	}
 	update_write_interest(c);
 	return 0;
+}
+
+int tpd_conn_send(struct tpd_conn *c, Tpw__V1__DaemonMsg *m, const struct iovec *tail,
+		  int n_tail)
+{
+	return conn_queue(c, m, tail, n_tail, -EBADF);
+}
+
+int tpd_conn_send_with_fd(struct tpd_conn *c, Tpw__V1__DaemonMsg *m, int fd)
+{
+	int dup;
+	int r;
+
+	if (c->stopped)
+		return -EPIPE;
+	if (c->ring) {
+		r = tpd_conn_send_fd(c, fd);
+		return r < 0 ? r : tpd_conn_send(c, m, NULL, 0);
+	}
+	dup = fcntl(fd, F_DUPFD_CLOEXEC, 3);
+	if (dup < 0)
+		return -errno;
+	return conn_queue(c, m, NULL, 0, dup);
 }
 
 /* ---- input --------------------------------------------------------------------------------- */
@@ -705,7 +765,7 @@ void tpd_conn_done(struct tpd_conn *c)
 	while (!tpu_list_empty(&c->outq)) {
 		struct outbuf *o = tpu_list_first(&c->outq, struct outbuf, node);
 		tpu_list_remove(&o->node);
-		free(o);
+		outbuf_free(o);
 	}
 	if (c->acct) {
 		tpd_quota_release_out(tpd_daemon_quota(c->d), c->acct, c->outq_bytes);

@@ -156,6 +156,15 @@ bool tpd_conn_is_ring(const struct tpd_conn *c);
  */
 int tpd_conn_send_fd(struct tpd_conn *c, int fd);
 
+/*
+ * tpd_conn_send_with_fd() - tpd_conn_send() of @m (no data tail) with @fd handed to the client
+ * by SCM_RIGHTS ahead of it: on a ring session as tpd_conn_send_fd() does, on the socket with
+ * the frame's first byte (a duplicate waits in the output queue until then, and is closed with
+ * the queue if the session ends first). Borrows @fd.
+ * Return: 0 or -errno (as tpd_conn_send_fd() and tpd_conn_send()).
+ */
+int tpd_conn_send_with_fd(struct tpd_conn *c, Tpw__V1__DaemonMsg *m, int fd);
+
 /* Data bytes per direction of @c's control rings, 0 on the socket. */
 uint32_t tpd_conn_ring_bytes(const struct tpd_conn *c);
 

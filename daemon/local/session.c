@@ -531,6 +531,11 @@ int tpd_session_send(struct tpd_session *s, Tpw__V1__DaemonMsg *m, const struct 
 	return s ? tpd_conn_send(&s->conn, m, tail, n_tail) : -EPIPE;
 }
 
+int tpd_session_send_with_fd(struct tpd_session *s, Tpw__V1__DaemonMsg *m, int fd)
+{
+	return s ? tpd_conn_send_with_fd(&s->conn, m, fd) : -EPIPE;
+}
+
 void tpd_session_reply(struct tpd_session *s, uint64_t req_id, int err, const char *why, uint64_t id,
 		       const char *remote_name)
 {

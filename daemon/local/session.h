@@ -49,6 +49,7 @@ struct tpd_session {
 	uint32_t client_minor; /* Hello.minor: what the client understands */
 	bool pipe_ring;	       /* Hello.pipe_ring (issue 27) */
 	bool pipe_ring_addr;   /* Hello.pipe_ring_addr (issue 27, clients without CMA) */
+	bool group_arena_fd;   /* Hello.group_arena_fd: takes group arenas as sealed memfds */
 	bool ended_clean;      /* the client said SessionEnd: its disconnect is a clean close */
 	struct event *ev_close;
 	struct tpd_uid_acct *acct; /* the uid's quota account (quota.c), NULL until admitted */
@@ -156,6 +157,10 @@ bool tpd_session_pipe_ring_addr(const struct tpd_session *s);
 
 /* tpd_conn_send_fd() on @s's connection. Borrows @s and @fd. Return: as that. */
 int tpd_session_send_fd(struct tpd_session *s, int fd);
+
+/* tpd_conn_send_with_fd() on @s's connection: @m with @fd ahead of it, on a ring session or on
+ * the socket. Borrows @s, @m and @fd. Return: as that. */
+int tpd_session_send_with_fd(struct tpd_session *s, Tpw__V1__DaemonMsg *m, int fd);
 
 /*
  * tpd_session_proc() - the client process pinned at attach.

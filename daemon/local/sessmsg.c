@@ -148,6 +148,7 @@ static void handle_hello(struct tpd_session *s, const Tpw__V1__Hello *h)
 	s->role = h->role;
 	s->client_minor = h->minor;
 	s->pipe_ring = h->pipe_ring;
+	s->group_arena_fd = h->group_arena_fd;
 	s->pipe_ring_addr = h->pipe_ring_addr;
 	if (h->name && *h->name)
 		snprintf(name, sizeof(name), "%s", h->name);

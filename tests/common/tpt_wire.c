@@ -198,7 +198,9 @@ int tpt_raw_hello(struct tpt_raw *r, Tpw__V1__Role role, int timeout_ms)
 	return tpt_raw_hello_minor(r, role, TPW_PROTO_MINOR, timeout_ms);
 }
 
-int tpt_raw_hello_minor(struct tpt_raw *r, Tpw__V1__Role role, uint32_t minor, int timeout_ms)
+/* Sends Hello{@role, @minor, @group_arena_fd} and waits for HelloReply. */
+static int raw_hello(struct tpt_raw *r, Tpw__V1__Role role, uint32_t minor, bool group_arena_fd,
+		     int timeout_ms)
 {
 	Tpw__V1__ClientMsg m = TPW__V1__CLIENT_MSG__INIT;
 	Tpw__V1__Hello h = TPW__V1__HELLO__INIT;
@@ -209,6 +211,7 @@ int tpt_raw_hello_minor(struct tpt_raw *r, Tpw__V1__Role role, uint32_t minor, i
 	h.minor = minor;
 	h.role = role;
 	h.name = "tpt-raw";
+	h.group_arena_fd = group_arena_fd;
 	m.body_case = TPW__V1__CLIENT_MSG__BODY_HELLO;
 	m.hello = &h;
 	e = tpt_raw_send(r, &m, NULL, 0, NULL, 0, 0);
@@ -223,6 +226,47 @@ int tpt_raw_hello_minor(struct tpt_raw *r, Tpw__V1__Role role, uint32_t minor, i
 		e = tpw_status_to_errno(rep->hello_reply->status);
 	tpw_daemon_msg_free(rep);
 	return e;
+}
+
+int tpt_raw_hello_minor(struct tpt_raw *r, Tpw__V1__Role role, uint32_t minor, int timeout_ms)
+{
+	return raw_hello(r, role, minor, false, timeout_ms);
+}
+
+int tpt_raw_hello_group(struct tpt_raw *r, int timeout_ms)
+{
+	return raw_hello(r, TPW__V1__ROLE__ROLE_CLIENT, TPW_PROTO_MINOR, true, timeout_ms);
+}
+
+int tpt_raw_take_fd(struct tpt_raw *r, int timeout_ms)
+{
+	uint64_t end = tpt_now_ms() + (uint64_t)timeout_ms;
+
+	while (tpt_now_ms() < end) {
+		union {
+			struct cmsghdr h;
+			char b[CMSG_SPACE(sizeof(int))];
+		} cm;
+		uint8_t byte;
+		struct iovec iov = { &byte, 1 };
+		struct msghdr mh = { .msg_iov = &iov, .msg_iovlen = 1, .msg_control = cm.b,
+				     .msg_controllen = sizeof(cm.b) };
+		struct pollfd pf = { .fd = r->fd, .events = POLLIN };
+		struct cmsghdr *c;
+
+		if (poll(&pf, 1, 100) <= 0)
+			continue;
+		if (recvmsg(r->fd, &mh, MSG_CMSG_CLOEXEC) <= 0)
+			return -ECONNRESET;
+		c = CMSG_FIRSTHDR(&mh);
+		if (c && c->cmsg_level == SOL_SOCKET && c->cmsg_type == SCM_RIGHTS) {
+			int fd;
+
+			memcpy(&fd, CMSG_DATA(c), sizeof(fd));
+			return fd;
+		}
+	}
+	return -ETIMEDOUT;
 }
 
 int tpt_raw_wait_closed(struct tpt_raw *r, int timeout_ms)

@@ -57,6 +57,15 @@ int tpt_raw_expect(struct tpt_raw *r, int body_case, int timeout_ms, Tpw__V1__Da
 int tpt_raw_hello(struct tpt_raw *r, Tpw__V1__Role role, int timeout_ms);
 /* The same, saying protocol minor @minor (an older library's). */
 int tpt_raw_hello_minor(struct tpt_raw *r, Tpw__V1__Role role, uint32_t minor, int timeout_ms);
+/* A client Hello that says group_arena_fd (today's library: it may join groups). */
+int tpt_raw_hello_group(struct tpt_raw *r, int timeout_ms);
+
+/*
+ * tpt_raw_take_fd() - on a connection with a control ring, read the socket's doorbell bytes
+ * until one carries an fd (what the daemon sends ahead of RingXfer or GroupJoined).
+ * Return: the owned fd, -ETIMEDOUT, or -ECONNRESET.
+ */
+int tpt_raw_take_fd(struct tpt_raw *r, int timeout_ms);
 
 /*
  * tpt_raw_wait_closed() - read and drop frames until the daemon closes the connection.

@@ -17,14 +17,21 @@
 #include <errno.h>
 #include <json-c/json.h>
 #include <math.h>
+#include <fcntl.h>
+#include <pthread.h>
 #include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
+#include <sys/socket.h>
+#include <sys/un.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include "frame.h"
 #include "grouptest.h"
+#include "grparena.h"
 #include "../common/tpt_half.h"
 
 #define T_MS 60000
@@ -859,6 +866,208 @@ START_TEST(test_members_exiting_without_leaving_free_the_group)
 }
 END_TEST
 
+/* A member on the socket (TP_CONTEXT_NO_RING) or on a control ring: the arena's memfd comes
+ * with its GroupJoined either way. Members 0 and 2 on the socket, 1 on a ring. */
+static int socket_member(void *arg)
+{
+	unsigned idx = (unsigned)(uintptr_t)arg;
+	struct tp_group_options o = { .size = sizeof(o), .rank = (int)idx, .nranks = 3 };
+	double in[1000], out[1000];
+	struct tp_context *ctx;
+	struct tp_group *g;
+	int r, bad = 0;
+
+	TPT_REQUIRE(tpt_ctx_new(&tpt_fixture_daemon, idx == 1 ? 0 : TP_CONTEXT_NO_RING, NULL,
+				&ctx) == 0, 2, "context: %s", tp_last_error());
+	r = tp_group_join(ctx, "socket", &o, &g);
+	TPT_REQUIRE(r == 0, 3, "member %u: join: %s", idx, tp_last_error());
+	for (size_t i = 0; i < 1000; i++)
+		in[i] = (double)(idx * 1000 + i);
+	r = tp_allreduce(g, in, out, 1000, TP_DTYPE_F64, TP_OP_SUM);
+	TPT_REQUIRE(r == 0, 4, "member %u: all-reduce: %s", idx, tp_last_error());
+	for (size_t i = 0; i < 1000; i++)
+		bad |= out[i] != (double)(3000 + 3 * i);
+	tp_group_leave(g);
+	tp_context_free(ctx);
+	return bad;
+}
+
+START_TEST(test_members_on_the_socket_get_the_arena_too)
+{
+	pid_t p[3];
+
+	for (unsigned i = 0; i < 3; i++)
+		p[i] = tpt_fork(socket_member, (void *)(uintptr_t)i);
+	for (unsigned i = 0; i < 3; i++)
+		ck_assert(tpt_wait_ok(p[i], T_MS, "member"));
+}
+END_TEST
+
+/* ---- a daemon that hands over an arena the library must not map ---------------------------- */
+
+/* What the stand-in daemon answers a GroupJoin with: an older daemon's path, a memfd that is
+ * not sealed, a sealed one of another size than announced. */
+enum fake_arena { FAKE_PATH, FAKE_UNSEALED, FAKE_SIZE };
+
+struct fake_daemon {
+	char path[108];
+	int lfd, fd;
+	enum fake_arena kind;
+};
+
+static int fake_recv(int fd, Tpw__V1__ClientMsg **ret)
+{
+	uint8_t hb[TPW_HDR_SIZE], *body;
+	struct tpw_hdr h;
+	int r;
+
+	if (recv(fd, hb, sizeof(hb), MSG_WAITALL) != (ssize_t)sizeof(hb) ||
+	    tpw_hdr_parse(hb, TPW_FRAME_MAX_HARD, &h) < 0)
+		return -EIO;
+	body = malloc((size_t)h.msg_len + h.data_len + 1);
+	if (!body)
+		return -ENOMEM;
+	r = recv(fd, body, (size_t)h.msg_len + h.data_len, MSG_WAITALL) ==
+			    (ssize_t)(h.msg_len + h.data_len)
+		    ? tpw_client_msg_unpack(body, h.msg_len, ret)
+		    : -EIO;
+	free(body);
+	return r < 0 ? r : 0;
+}
+
+/* Sends @m on @fd, with @afd (>= 0) attached to its first byte. */
+static void fake_send(int fd, Tpw__V1__DaemonMsg *m, int afd)
+{
+	static uint64_t seq;
+	union {
+		struct cmsghdr h;
+		char b[CMSG_SPACE(sizeof(int))];
+	} cm = { 0 };
+	uint8_t buf[4096];
+	struct iovec iov = { buf, tpw_frame_pack(&m->base, 0, 0, ++seq, buf) };
+	struct msghdr mh = { .msg_iov = &iov, .msg_iovlen = 1 };
+
+	if (afd >= 0) {
+		mh.msg_control = cm.b;
+		mh.msg_controllen = sizeof(cm.b);
+		cm.h.cmsg_level = SOL_SOCKET;
+		cm.h.cmsg_type = SCM_RIGHTS;
+		cm.h.cmsg_len = CMSG_LEN(sizeof(int));
+		memcpy(CMSG_DATA(&cm.h), &afd, sizeof(int));
+	}
+	ck_assert_int_eq(sendmsg(fd, &mh, MSG_NOSIGNAL), (ssize_t)iov.iov_len);
+}
+
+/* The arena fd of @kind for an arena of @bytes, or -1 (FAKE_PATH). */
+static int fake_arena_fd(enum fake_arena kind, uint64_t bytes)
+{
+	int fd;
+
+	if (kind == FAKE_PATH)
+		return -1;
+	fd = memfd_create("fake-arena", MFD_CLOEXEC | MFD_ALLOW_SEALING);
+	ck_assert_int_ge(fd, 0);
+	ck_assert_int_eq(ftruncate(fd, (off_t)(kind == FAKE_SIZE ? bytes + 4096 : bytes)), 0);
+	if (kind == FAKE_SIZE)
+		ck_assert_int_eq(fcntl(fd, F_ADD_SEALS, F_SEAL_SHRINK | F_SEAL_GROW), 0);
+	return fd;
+}
+
+/* Serves one client: answers its Hello, and its GroupJoin as @f->kind says; then reads until
+ * the client goes. */
+static void *fake_serve(void *arg)
+{
+	struct fake_daemon *f = arg;
+	Tpw__V1__DaemonMsg out = TPW__V1__DAEMON_MSG__INIT;
+	Tpw__V1__HelloReply hr = TPW__V1__HELLO_REPLY__INIT;
+	Tpw__V1__Limits lim = TPW__V1__LIMITS__INIT;
+	Tpw__V1__GroupJoined j = TPW__V1__GROUP_JOINED__INIT;
+	Tpw__V1__ClientMsg *m;
+
+	f->fd = accept4(f->lfd, NULL, NULL, SOCK_CLOEXEC);
+	while (f->fd >= 0 && fake_recv(f->fd, &m) == 0) {
+		if (m->body_case == TPW__V1__CLIENT_MSG__BODY_HELLO) {
+			hr.major = TPW_PROTO_MAJOR;
+			hr.minor = TPW_PROTO_MINOR;
+			hr.status = TPW__V1__STATUS__STATUS_OK;
+			hr.session_id = 1;
+			hr.limits = &lim;
+			out.body_case = TPW__V1__DAEMON_MSG__BODY_HELLO_REPLY;
+			out.hello_reply = &hr;
+			fake_send(f->fd, &out, -1);
+		} else if (m->body_case == TPW__V1__CLIENT_MSG__BODY_GROUP_JOIN) {
+			int afd;
+
+			j.req_id = m->group_join->req_id;
+			j.status = TPW__V1__STATUS__STATUS_OK;
+			j.group_id = 1;
+			j.size = j.local_size = j.hosts = 1;
+			j.chunk_bytes = 65536;
+			j.arena_bytes = tpu_grparena_bytes(1, j.chunk_bytes);
+			j.arena_path = f->kind == FAKE_PATH ? "/dev/shm/tpipd-group-0123" : "";
+			afd = fake_arena_fd(f->kind, j.arena_bytes);
+			j.arena_fd = afd >= 0;
+			out.body_case = TPW__V1__DAEMON_MSG__BODY_GROUP_JOINED;
+			out.group_joined = &j;
+			fake_send(f->fd, &out, afd);
+			if (afd >= 0)
+				close(afd);
+		}
+		tpw_client_msg_free(m);
+	}
+	return NULL;
+}
+
+/* tp_group_join() through a stand-in daemon answering as @kind says. Return: its result, with
+ * tp_last_error() in @msg. */
+static int fake_join(enum fake_arena kind, char *msg, size_t ml)
+{
+	struct fake_daemon f = { .kind = kind, .fd = -1 };
+	struct sockaddr_un sa = { .sun_family = AF_UNIX };
+	struct tp_context_options o = { .size = sizeof(o), .flags = TP_CONTEXT_NO_RING };
+	struct tp_group_options go = { .size = sizeof(go), .rank = 0, .nranks = 1,
+				       .join_timeout_ms = 5000 };
+	struct tp_context *ctx;
+	struct tp_group *g = NULL;
+	pthread_t th;
+	int r;
+
+	snprintf(f.path, sizeof(f.path), "/tmp/tpt-fakegrp-%d.sock", (int)getpid());
+	unlink(f.path);
+	memcpy(sa.sun_path, f.path, strlen(f.path) + 1);
+	f.lfd = socket(AF_UNIX, SOCK_STREAM | SOCK_CLOEXEC, 0);
+	ck_assert_int_ge(f.lfd, 0);
+	ck_assert_int_eq(bind(f.lfd, (struct sockaddr *)&sa, sizeof(sa)), 0);
+	ck_assert_int_eq(listen(f.lfd, 1), 0);
+	ck_assert_int_eq(pthread_create(&th, NULL, fake_serve, &f), 0);
+	o.socket_path = f.path;
+	ck_assert_int_eq(tp_context_new(&o, &ctx), 0);
+	r = tp_group_join(ctx, "fake", &go, &g);
+	snprintf(msg, ml, "%s", tp_last_error());
+	ck_assert_ptr_null(g);
+	tp_context_free(ctx);
+	pthread_join(th, NULL);
+	close(f.fd);
+	close(f.lfd);
+	unlink(f.path);
+	return r;
+}
+
+/* The library maps only a sealed memfd of the size the answer announces: an older daemon's path
+ * is never opened, an unsealed memfd or one of another size is refused, each named. */
+START_TEST(test_library_refuses_an_arena_it_cannot_trust)
+{
+	char msg[512];
+
+	ck_assert_int_eq(fake_join(FAKE_PATH, msg, sizeof(msg)), -EPROTO);
+	ck_assert_msg(strstr(msg, "older tpipd") && strstr(msg, "upgrade tpipd"), "%s", msg);
+	ck_assert_int_eq(fake_join(FAKE_UNSEALED, msg, sizeof(msg)), -EPROTO);
+	ck_assert_msg(strstr(msg, "not a memfd sealed against shrinking"), "%s", msg);
+	ck_assert_int_eq(fake_join(FAKE_SIZE, msg, sizeof(msg)), -EPROTO);
+	ck_assert_msg(strstr(msg, "not a file of"), "%s", msg);
+}
+END_TEST
+
 START_TEST(test_join_times_out_naming_missing_ranks)
 {
 	struct tp_group_options o = { .size = sizeof(o), .rank = 1, .nranks = 3,
@@ -1158,6 +1367,8 @@ static Suite *groups_suite(void)
 	tcase_add_test(tc, test_member_leaving_fails_the_others_next_call);
 	tcase_add_test(tc, test_members_exiting_without_leaving_free_the_group);
 	tcase_add_test(tc, test_barriers_wake_the_sleepers_and_no_one_else);
+	tcase_add_test(tc, test_members_on_the_socket_get_the_arena_too);
+	tcase_add_test(tc, test_library_refuses_an_arena_it_cannot_trust);
 	tcase_add_test(tc, test_join_times_out_naming_missing_ranks);
 	tcase_add_test(tc, test_join_refusals);
 	tcase_add_test(tc, test_limits_below_and_above);

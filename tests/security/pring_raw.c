@@ -72,33 +72,7 @@ int tpt_pring_raw_attach(struct tpt_pring_raw *a, const char *socket, const char
 
 int tpt_pring_raw_take_fd(struct tpt_pring_raw *a)
 {
-	uint64_t end = tpt_now_ms() + (uint64_t)T_MS;
-
-	while (tpt_now_ms() < end) {
-		union {
-			struct cmsghdr h;
-			char b[CMSG_SPACE(sizeof(int))];
-		} cm;
-		uint8_t byte;
-		struct iovec iov = { &byte, 1 };
-		struct msghdr mh = { .msg_iov = &iov, .msg_iovlen = 1, .msg_control = cm.b,
-				     .msg_controllen = sizeof(cm.b) };
-		struct pollfd pf = { .fd = a->r.fd, .events = POLLIN };
-		struct cmsghdr *c;
-
-		if (poll(&pf, 1, 100) <= 0)
-			continue;
-		if (recvmsg(a->r.fd, &mh, MSG_CMSG_CLOEXEC) <= 0)
-			return -ECONNRESET;
-		c = CMSG_FIRSTHDR(&mh);
-		if (c && c->cmsg_type == SCM_RIGHTS) {
-			int fd;
-
-			memcpy(&fd, CMSG_DATA(c), sizeof(fd));
-			return fd;
-		}
-	}
-	return -ETIMEDOUT;
+	return tpt_raw_take_fd(&a->r, T_MS);
 }
 
 int tpt_pring_raw_write(struct tpt_pring_raw *a, uint64_t id, void *addr, size_t len, bool ring)

@@ -3,25 +3,32 @@
  * Security suite: collective groups are per user. A process of another uid (nobody) that joins
  * a victim's group name, with the rank the victim group still waits for, does not complete the
  * victim's group: it waits alone in a group of its own and times out, while the victim's group
- * forms with the victim's own second member and computes undisturbed. The arena file the daemon
- * makes for a group is its uid's, mode 0600 (nobody cannot open it), and `tpipctl groups` shows
- * nobody none of the victim's groups (root sees them). Needs root
- * (to become other users); skipped otherwise.
+ * forms with the victim's own second member and computes undisturbed. A group's arena is a
+ * sealed memfd with no name in /dev/shm, out of reach of nobody even through the victim's
+ * /proc entries, and `tpipctl groups` shows nobody none of the victim's groups (root sees them).
+ * A member that gets hold of its own arena cannot shrink, grow or seal it, and garbage written
+ * there does not bring the daemon down; a library too old to take arenas as memfds is refused
+ * a join. Needs root (to become other users); skipped otherwise.
  */
 #include <check.h>
 #include <dirent.h>
 #include <errno.h>
 #include <fcntl.h>
 #include <grp.h>
+#include <poll.h>
+#include <limits.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/inotify.h>
 #include <sys/mman.h>
 #include <sys/prctl.h>
 #include <sys/stat.h>
 #include <sys/wait.h>
+#include <time.h>
 #include <unistd.h>
 #include "itest.h"
+#include "tpt_wire.h"
 
 #define VICTIM 4242
 #define ATTACKER 65534
@@ -39,14 +46,33 @@ struct shared {
 	int ctl_seen;	/* groups `tpipctl groups` showed the attacker; -1: it failed */
 	int ctl_seen_root;
 	int arena_uid, arena_mode;
+	pid_t victim_pid;
+	time_t since; /* files older than the test (stale, of another daemon) are not the victim's */
+	int map_files; /* the attacker's look into the victim's /proc/PID/map_files: -errno */
 };
 
 static struct shared *sh;
+
+/* What the attacker could do to its own group's arena: -errno of each try, 1 when it had
+ * nothing to try it on. */
+struct shrink_tries {
+	int got_fd;	  /* the fd handed over with GroupJoined: 0, or -errno */
+	int shrink, grow; /* ftruncate() to 0 and to twice the size, on any fd it held */
+	int seal;	  /* F_ADD_SEALS(F_SEAL_WRITE): sealing the others out of writing */
+	int reopen;	  /* open("/proc/self/fd/N", O_RDWR): a description of its own */
+	int shm_files;	  /* tpipd-group-* files seen in /dev/shm */
+	int bad_file;	  /* the first file-level change that worked (path or fd): -1 none */
+};
+
+static struct shrink_tries *tries;
 
 static void setup(void)
 {
 	sh = mmap(NULL, sizeof(*sh), PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
 	ck_assert(sh != MAP_FAILED);
+	tries = mmap(NULL, sizeof(*tries), PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1,
+		     0);
+	ck_assert(tries != MAP_FAILED);
 	ck_assert_int_eq(tpt_sync_init(&victim_waits), 0);
 	ck_assert_int_eq(tpt_sync_init(&attacker_done), 0);
 	ck_assert_int_eq(tpt_sync_init(&arena_seen), 0);
@@ -62,6 +88,7 @@ static void teardown(void)
 	tpt_sync_done(&attacker_done);
 	tpt_sync_done(&arena_seen);
 	munmap(sh, sizeof(*sh));
+	munmap(tries, sizeof(*tries));
 	if (geteuid() == 0)
 		ck_assert_int_eq(tpt_daemon_stop(&d), 0);
 }
@@ -126,30 +153,47 @@ static int attacker(void *arg)
 	return 0;
 }
 
-/* As nobody: try every group arena file in /dev/shm (the victim's is there until both its
- * members mapped it). */
+/* As nobody: try every group arena file in /dev/shm (there should be none: an older daemon
+ * left the victim's there until both its members mapped it), then the victim's mappings
+ * through /proc (the only way left to a memfd nobody was handed). */
 static int attacker_open_arenas(void *arg)
 {
 	DIR *dir;
 	struct dirent *e;
+	char p[300];
 
 	(void)arg;
 	sh->arena_open = 1; /* none found */
 	if (become(ATTACKER) < 0)
 		return 1;
+	snprintf(p, sizeof(p), "/proc/%d/map_files", (int)sh->victim_pid);
+	dir = opendir(p);
+	sh->map_files = dir ? 0 : -errno;
+	while (dir && (e = readdir(dir))) {
+		char f[600];
+		int fd;
+
+		snprintf(f, sizeof(f), "%s/%s", p, e->d_name);
+		fd = e->d_name[0] == '.' ? -1 : open(f, O_RDWR | O_CLOEXEC);
+		if (fd >= 0) {
+			sh->map_files = 1; /* opened one of the victim's mappings */
+			close(fd);
+		}
+	}
+	if (dir)
+		closedir(dir);
 	dir = opendir("/dev/shm");
 	while (dir && (e = readdir(dir))) {
-		char p[300];
 		struct stat st;
 		int fd;
 
 		if (strncmp(e->d_name, "tpipd-group-", 12))
 			continue;
 		snprintf(p, sizeof(p), "/dev/shm/%s", e->d_name);
-		if (stat(p, &st) == 0) {
-			sh->arena_uid = (int)st.st_uid;
-			sh->arena_mode = (int)(st.st_mode & 0777);
-		}
+		if (stat(p, &st) < 0 || st.st_uid != VICTIM || st.st_ctime < sh->since)
+			continue;
+		sh->arena_uid = (int)st.st_uid;
+		sh->arena_mode = (int)(st.st_mode & 0777);
 		fd = open(p, O_RDWR | O_CLOEXEC);
 		sh->arena_open = fd < 0 ? -errno : 0;
 		if (fd >= 0)
@@ -187,9 +231,8 @@ START_TEST(test_other_uid_cannot_join_a_victims_group)
 }
 END_TEST
 
-/* The arena of a group: owned by its uid, mode 0600; nobody cannot open it. The daemon unlinks
- * its name once every member said GroupReady, which may or may not have happened when the
- * attacker looks: either it finds no file, or it finds the victim's private one. */
+/* The arena of a group is a memfd: no file in /dev/shm for nobody to find, and the victim's
+ * mappings in /proc are closed to it. */
 static int victim_alone(void *arg)
 {
 	struct tp_group_options o = { .size = sizeof(o), .rank = 0, .nranks = 1 };
@@ -246,23 +289,325 @@ START_TEST(test_arena_is_private_to_its_uid)
 
 	if (geteuid() != 0)
 		return;
+	sh->since = time(NULL) - 1;
 	v = tpt_fork(victim_alone, NULL);
 	ck_assert_int_eq(tpt_sync_wait(&victim_waits, T_MS), 0);
+	sh->victim_pid = v;
 	a = tpt_fork(attacker_open_arenas, NULL);
 	ck_assert(tpt_wait_ok(a, T_MS, "attacker"));
-	ck_assert_msg(sh->arena_open == 1 || sh->arena_open == -EACCES, "open: %d",
-		      sh->arena_open);
+	ck_assert_msg(sh->arena_open == 1, "a group arena in /dev/shm: open %d, uid %d, mode %o",
+		      sh->arena_open, sh->arena_uid, sh->arena_mode);
+	ck_assert_int_eq(sh->map_files, -EACCES);
 	/* tpipctl groups: root sees the victim's group, nobody sees none */
 	a = tpt_fork(attacker_ctl, NULL);
 	ck_assert(tpt_wait_ok(a, T_MS, "attacker tpipctl"));
 	ck_assert_int_eq(sh->ctl_seen, 0);
 	ck_assert_int_eq(count_groups_as(0), 1);
-	if (sh->arena_open == -EACCES) {
-		ck_assert_int_eq(sh->arena_uid, VICTIM);
-		ck_assert_int_eq(sh->arena_mode, 0600);
-	}
 	tpt_sync_post(&arena_seen, 0);
 	ck_assert(tpt_wait_ok(v, T_MS, "victim"));
+}
+END_TEST
+
+/* ---- a member that shrinks its group's arena ------------------------------------------------ */
+
+/* Tries to grow, shrink (to 0, last: what makes a mapping fault) and write-seal @fd; records
+ * the first success. */
+static void shrink_try(int fd, uint64_t bytes)
+{
+	int r;
+
+	r = ftruncate(fd, (off_t)(2 * bytes)) < 0 ? -errno : 0;
+	if (tries->grow != 0)
+		tries->grow = r;
+	r = ftruncate(fd, 0) < 0 ? -errno : 0;
+	if (tries->shrink != 0)
+		tries->shrink = r;
+	r = fcntl(fd, F_ADD_SEALS, F_SEAL_WRITE) < 0 ? -errno : 0;
+	if (tries->seal != 0)
+		tries->seal = r;
+	if ((tries->shrink == 0 || tries->grow == 0 || tries->seal == 0) && tries->bad_file < 0)
+		tries->bad_file = fd;
+}
+
+/* Every tpipd-group-* file of the attacker's created in /dev/shm since @in started watching
+ * (its own group's arena, with an older daemon): opened and tried. */
+static void shrink_shm_files(int in, uint64_t bytes)
+{
+	char buf[4096] __attribute__((aligned(__alignof__(struct inotify_event))));
+	ssize_t n;
+
+	while ((n = read(in, buf, sizeof(buf))) > 0) {
+		for (char *p = buf; p < buf + n;) {
+			struct inotify_event *ev = (struct inotify_event *)p;
+			char path[PATH_MAX];
+			struct stat st;
+			int fd;
+
+			p += sizeof(*ev) + ev->len;
+			if (!ev->len || strncmp(ev->name, "tpipd-group-", 12) != 0)
+				continue;
+			snprintf(path, sizeof(path), "/dev/shm/%s", ev->name);
+			fd = open(path, O_RDWR | O_CLOEXEC);
+			if (fd >= 0 && (fstat(fd, &st) < 0 || st.st_uid != ATTACKER))
+				fd = tpu_close(fd); /* not its group's (another daemon's) */
+			if (fd < 0)
+				continue;
+			tries->shm_files++;
+			shrink_try(fd, bytes);
+		}
+	}
+}
+
+/* Joins a group of one as nobody, speaking the protocol itself (so nothing checks what it gets
+ * and it never says GroupReady), watching /dev/shm meanwhile. It tries to shrink, grow and seal
+ * whatever it gets hold of: the arena fd handed over, the same memfd reopened through /proc, any
+ * arena file in /dev/shm (an older daemon's, named in GroupJoined.arena_path too), writes 0xff
+ * over the whole arena, and exits without leaving: the daemon, which maps the arena, must
+ * neither fault on shrunk pages nor trust what it reads there. */
+static int attacker_shrinks_arena(void *arg)
+{
+	Tpw__V1__GroupJoin j = TPW__V1__GROUP_JOIN__INIT;
+	Tpw__V1__ClientMsg m = TPW__V1__CLIENT_MSG__INIT;
+	Tpw__V1__DaemonMsg *rep = NULL;
+	struct tpt_raw r = { .fd = -1 };
+	struct tpt_raw_ring g;
+	uint64_t bytes;
+	char path[64];
+	void *map;
+	int in, fd;
+
+	(void)arg;
+	TPT_REQUIRE(become(ATTACKER) == 0, 2, "become nobody");
+	in = inotify_init1(IN_CLOEXEC | IN_NONBLOCK);
+	TPT_REQUIRE(in >= 0 && inotify_add_watch(in, "/dev/shm", IN_CREATE) >= 0, 2,
+		    "inotify: %s", strerror(errno));
+	TPT_REQUIRE(tpt_raw_connect(&r, d.socket) == 0 && tpt_raw_hello_group(&r, T_MS) == 0, 2,
+		    "attach");
+	TPT_REQUIRE(tpt_raw_ring_new(&g, 1u << 16) == 0 &&
+			    tpt_raw_ring_setup(&r, 1, 1u << 16, g.fd, T_MS, &rep) == 0 &&
+			    rep->reply->status == TPW__V1__STATUS__STATUS_OK, 2, "ring setup");
+	tpw_daemon_msg_free(rep);
+	j.req_id = 2;
+	j.name = "shrink";
+	j.rank = 0;
+	j.size = 1;
+	m.body_case = TPW__V1__CLIENT_MSG__BODY_GROUP_JOIN;
+	m.group_join = &j;
+	TPT_REQUIRE(tpt_raw_ring_send(&r, &g, &m, NULL, 0, NULL, 0, 0, T_MS) == 0, 2, "join");
+	/* The fd rides on a doorbell byte ahead of GroupJoined (an older daemon sends none). */
+	fd = tpt_raw_take_fd(&r, 2000);
+	tries->got_fd = fd < 0 ? fd : 0;
+	TPT_REQUIRE(tpt_raw_ring_expect(&r, &g, TPW__V1__DAEMON_MSG__BODY_GROUP_JOINED, T_MS,
+					&rep) == 0 &&
+			    rep->group_joined->status == TPW__V1__STATUS__STATUS_OK, 2, "joined");
+	bytes = rep->group_joined->arena_bytes;
+	tpt_log("attacker: joined, arena of %llu bytes, fd %d, path '%s'",
+		(unsigned long long)bytes, fd, rep->group_joined->arena_path);
+	if (fd >= 0) {
+		int fd2;
+
+		shrink_try(fd, bytes);
+		snprintf(path, sizeof(path), "/proc/self/fd/%d", fd);
+		fd2 = open(path, O_RDWR | O_CLOEXEC);
+		tries->reopen = fd2 < 0 ? -errno : 0;
+		if (fd2 >= 0)
+			shrink_try(fd2, bytes);
+		map = mmap(NULL, bytes, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+		TPT_REQUIRE(map != MAP_FAILED, 2, "map the arena");
+		memset(map, 0xff, bytes); /* counters, sizes and words: all garbage */
+	}
+	if (rep->group_joined->arena_path && *rep->group_joined->arena_path) {
+		int f = open(rep->group_joined->arena_path, O_RDWR | O_CLOEXEC);
+
+		if (f >= 0)
+			shrink_try(f, bytes);
+	}
+	shrink_shm_files(in, bytes);
+	_exit(0); /* its session ends, the group with it */
+}
+
+START_TEST(test_member_shrinking_its_arena_leaves_the_daemon_up)
+{
+	uint64_t end;
+	pid_t a;
+	int n;
+
+	if (geteuid() != 0)
+		return;
+	*tries = (struct shrink_tries){ .got_fd = 1, .shrink = 1, .grow = 1, .seal = 1,
+					.reopen = 1, .bad_file = -1 };
+	a = tpt_fork(attacker_shrinks_arena, NULL);
+	ck_assert(tpt_wait_ok(a, 3 * T_MS, "attacker"));
+	/* the daemon sees the session end and frees the group (tpipctl: no group left) */
+	end = tpt_now_ms() + T_MS;
+	while ((n = count_groups_as(0)) > 0 && tpt_now_ms() < end)
+		usleep(20000);
+	if (!tpt_daemon_alive(&d)) {
+		siginfo_t si = { 0 };
+
+		waitid(P_PID, d.pid, &si, WEXITED | WNOHANG | WNOWAIT);
+		ck_abort_msg("tpipd died after a member shrank its group's arena (code %d, "
+			     "status/signal %d)", si.si_code, si.si_status);
+	}
+	ck_assert_int_eq(n, 0);
+	/* it was handed a memfd that none of its fds could shrink, grow or seal */
+	ck_assert_int_eq(tries->got_fd, 0);
+	ck_assert_int_eq(tries->reopen, 0);
+	ck_assert_int_eq(tries->shrink, -EPERM);
+	ck_assert_int_eq(tries->grow, -EPERM);
+	ck_assert_int_eq(tries->seal, -EPERM);
+	ck_assert_int_eq(tries->bad_file, -1);
+	ck_assert_int_eq(tries->shm_files, 0); /* and no arena has a name */
+}
+END_TEST
+
+/* The daemon's fds: how many, and how many of them are group arenas (memfd:tpipd-group). */
+static int daemon_fds(int *ret_arenas)
+{
+	char dir[64], link[400], target[256];
+	struct dirent *e;
+	int n = 0;
+	DIR *dp;
+
+	*ret_arenas = 0;
+	snprintf(dir, sizeof(dir), "/proc/%d/fd", (int)d.pid);
+	dp = opendir(dir);
+	if (!dp)
+		return -errno;
+	while ((e = readdir(dp))) {
+		ssize_t k;
+
+		if (e->d_name[0] == '.')
+			continue;
+		n++;
+		snprintf(link, sizeof(link), "%s/%s", dir, e->d_name);
+		k = readlink(link, target, sizeof(target) - 1);
+		target[k > 0 ? k : 0] = '\0';
+		*ret_arenas += strstr(target, "memfd:tpipd-group") != NULL;
+	}
+	closedir(dp);
+	return n;
+}
+
+/* Rank 1 of "dying", speaking the protocol on the socket: joins, waits until its GroupJoined
+ * (and with it the arena fd) is in its socket, tells the parent, and at the parent's word exits
+ * with both unread. */
+static int dying_member(void *arg)
+{
+	Tpw__V1__GroupJoin j = TPW__V1__GROUP_JOIN__INIT;
+	Tpw__V1__ClientMsg m = TPW__V1__CLIENT_MSG__INIT;
+	struct tpt_raw r = { .fd = -1 };
+	struct pollfd pf;
+
+	(void)arg;
+	TPT_REQUIRE(become(VICTIM) == 0, 2, "become");
+	TPT_REQUIRE(tpt_raw_connect(&r, d.socket) == 0 && tpt_raw_hello_group(&r, T_MS) == 0, 2,
+		    "attach");
+	j.req_id = 1;
+	j.name = "dying";
+	j.rank = 1;
+	j.size = 2;
+	j.timeout_ms = T_MS;
+	m.body_case = TPW__V1__CLIENT_MSG__BODY_GROUP_JOIN;
+	m.group_join = &j;
+	TPT_REQUIRE(tpt_raw_send(&r, &m, NULL, 0, NULL, 0, 0) == 0, 2, "join");
+	tpt_sync_post(&victim_waits, 0); /* the partner may join */
+	pf = (struct pollfd){ .fd = r.fd, .events = POLLIN };
+	TPT_REQUIRE(poll(&pf, 1, T_MS) == 1, 2, "no GroupJoined");
+	tpt_sync_post(&attacker_done, 0);
+	tpt_sync_wait(&arena_seen, T_MS);
+	_exit(0);
+}
+
+/* Rank 0 of "dying" (a library member): joins; its start barrier waits for rank 1. */
+static int dying_partner(void *arg)
+{
+	struct tp_group_options o = { .size = sizeof(o), .rank = 0, .nranks = 2,
+				      .join_timeout_ms = T_MS };
+	struct tp_context *ctx;
+	struct tp_group *g = NULL;
+	int r;
+
+	(void)arg;
+	TPT_REQUIRE(become(VICTIM) == 0 && tpt_ctx_new(&d, 0, NULL, &ctx) == 0, 2, "context");
+	r = tp_group_join(ctx, "dying", &o, &g);
+	snprintf(sh->attacker_msg, sizeof(sh->attacker_msg), "%s", tp_last_error());
+	sh->attacker_join = r;
+	if (g)
+		tp_group_leave(g);
+	tp_context_free(ctx);
+	return 0;
+}
+
+/* A member whose session ends with its GroupJoined and arena fd unread (on the socket: the fd
+ * waits in its receive queue) leaves nothing behind in the daemon: no arena fd, even while the
+ * group lives (the daemon closes its own once every member was sent one), no group, as many
+ * fds as before; its partner's join fails naming it. */
+START_TEST(test_member_dying_before_taking_its_arena_leaks_nothing)
+{
+	int before, now, arenas;
+	uint64_t end;
+	pid_t a, b;
+
+	if (geteuid() != 0)
+		return;
+	before = daemon_fds(&arenas);
+	ck_assert_int_gt(before, 0);
+	a = tpt_fork(dying_member, NULL);
+	ck_assert_int_eq(tpt_sync_wait(&victim_waits, T_MS), 0);
+	b = tpt_fork(dying_partner, NULL);
+	ck_assert_int_eq(tpt_sync_wait(&attacker_done, T_MS), 0);
+	/* Formed, every member sent its fd (rank 1, the raw one, is answered last), rank 1 has
+	 * not read its own: the daemon holds none (it closes its own right after that send). */
+	end = tpt_now_ms() + T_MS;
+	while (daemon_fds(&arenas) > 0 && arenas > 0 && tpt_now_ms() < end)
+		usleep(1000);
+	ck_assert_int_eq(arenas, 0);
+	ck_assert_int_eq(count_groups_as(0), 1);
+	tpt_sync_post(&arena_seen, 0);
+	ck_assert(tpt_wait_ok(a, T_MS, "dying member"));
+	ck_assert(tpt_wait_ok(b, T_MS, "partner"));
+	ck_assert_int_lt(sh->attacker_join, 0);
+	ck_assert_msg(strstr(sh->attacker_msg, "rank 1"), "%s", sh->attacker_msg);
+	end = tpt_now_ms() + T_MS;
+	while (((now = daemon_fds(&arenas)) != before || count_groups_as(0) != 0) &&
+	       tpt_now_ms() < end)
+		usleep(20000);
+	ck_assert_int_eq(now, before);
+	ck_assert_int_eq(arenas, 0);
+	ck_assert_int_eq(count_groups_as(0), 0);
+}
+END_TEST
+
+/* A library that does not say it takes arenas as memfds (Hello.group_arena_fd) is refused a
+ * join, with the cause named, instead of being given an arena it would look for by path. */
+START_TEST(test_old_library_is_refused_a_group_join)
+{
+	Tpw__V1__GroupJoin j = TPW__V1__GROUP_JOIN__INIT;
+	Tpw__V1__ClientMsg m = TPW__V1__CLIENT_MSG__INIT;
+	Tpw__V1__DaemonMsg *rep = NULL;
+	struct tpt_raw r = { .fd = -1 };
+
+	if (geteuid() != 0)
+		return;
+	ck_assert_int_eq(tpt_raw_connect(&r, d.socket), 0);
+	ck_assert_int_eq(tpt_raw_hello(&r, TPW__V1__ROLE__ROLE_CLIENT, T_MS), 0);
+	j.req_id = 1;
+	j.name = "old";
+	j.rank = 0;
+	j.size = 1;
+	m.body_case = TPW__V1__CLIENT_MSG__BODY_GROUP_JOIN;
+	m.group_join = &j;
+	ck_assert_int_eq(tpt_raw_send(&r, &m, NULL, 0, NULL, 0, 0), 0);
+	ck_assert_int_eq(tpt_raw_expect(&r, TPW__V1__DAEMON_MSG__BODY_GROUP_JOINED, T_MS, &rep),
+			 0);
+	ck_assert_int_eq(rep->group_joined->status, TPW__V1__STATUS__STATUS_UNSUPPORTED);
+	ck_assert_msg(strstr(rep->group_joined->message, "sealed memfds; libtpclient is too old"),
+		      "%s", rep->group_joined->message);
+	ck_assert(!rep->group_joined->arena_fd && !*rep->group_joined->arena_path);
+	tpw_daemon_msg_free(rep);
+	tpt_raw_close(&r);
+	ck_assert_int_eq(count_groups_as(0), 0);
 }
 END_TEST
 
@@ -275,6 +620,9 @@ static Suite *groups_suite(void)
 	tcase_set_timeout(tc, 120);
 	tcase_add_test(tc, test_other_uid_cannot_join_a_victims_group);
 	tcase_add_test(tc, test_arena_is_private_to_its_uid);
+	tcase_add_test(tc, test_member_shrinking_its_arena_leaves_the_daemon_up);
+	tcase_add_test(tc, test_old_library_is_refused_a_group_join);
+	tcase_add_test(tc, test_member_dying_before_taking_its_arena_leaks_nothing);
 	suite_add_tcase(s, tc);
 	return s;
 }

@@ -501,7 +501,7 @@ static int client_join_within(struct tpt_raw *r, const char *name, int rank, uin
 
 	e = tpt_raw_connect(r, d.socket);
 	if (e == 0)
-		e = tpt_raw_hello(r, TPW__V1__ROLE__ROLE_CLIENT, T_MS);
+		e = tpt_raw_hello_group(r, T_MS);
 	if (e < 0)
 		return e;
 	j.req_id = 1;
