@@ -58,6 +58,11 @@ int tpw_pring_xfer_check(const Tpw__V1__RingXfer *x, const struct tpw_limits *li
 			 size_t wl);
 
 /* Bytes of a ring's memfd of @nchunks chunks of @chunk_bytes (both within bounds). */
+/* The geometry of the rings this daemon makes (the libraries take each RingXfer's own, checked):
+ * 8 chunks of 128 KiB, docs/benchmarks.md "The pipe ring's geometry". */
+#define TPW_PRING_CHUNK (128u << 10)
+#define TPW_PRING_NCHUNKS 8u
+
 static inline size_t tpw_pring_file_bytes(uint32_t chunk_bytes, uint32_t nchunks)
 {
 	return TPW_PRING_HDR_BYTES + (size_t)chunk_bytes * nchunks;

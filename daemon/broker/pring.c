@@ -27,8 +27,12 @@
 #include "pring.h"
 #include "session.h"
 
-#define PRING_CHUNK (64u << 10)
-#define PRING_NCHUNKS 8u
+/* 8 chunks of 128 KiB: with 64 KiB chunks (a ring of 516 KiB) private 1 and 16 MiB messages
+ * moved 15-30 % slower and cost more CPU a message (more hand-offs between the two clients'
+ * threads, a ring emptied or filled by any hiccup of the other side); with 16 chunks of 128 KiB
+ * 128 KiB messages slowed (2 MiB cycling through the caches). docs/benchmarks.md. */
+#define PRING_CHUNK TPW_PRING_CHUNK
+#define PRING_NCHUNKS TPW_PRING_NCHUNKS
 /* Messages of one pipe direction on its ring at once: the next one's RingXfer goes once the
  * writer has put the one before all in (its RingDone), while the reader still takes it out, so
  * the writer's thread goes on without waiting for the reader and the daemon's round trip. A

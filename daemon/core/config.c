@@ -264,8 +264,8 @@ static const char *ini_key(const struct opt *o)
 	return o->name;
 }
 
-/* The smallest file of a pipe ring (broker/pring.c: 8 chunks of 64 KiB and a header). */
-#define PRING_FILE_MIN (512ull << 10)
+/* The smallest file of a pipe ring (broker/pring.c: 8 chunks of 128 KiB and a header). */
+#define PRING_FILE_MIN (1024ull << 10)
 
 uint64_t tpd_config_fd_reserve(const struct tpd_config *c)
 {
@@ -324,8 +324,8 @@ void tpd_config_defaults(struct tpd_config *c)
 	c->bcast_stage_bytes_per_uid = 1ull << 30;
 	c->pipe_ring = true;
 	c->pipe_ring_min = 64u << 10; /* every rendezvous message (eager ends at 64 KiB) */
-	c->pipe_ring_bytes_max = 256ull << 20;
-	c->pipe_ring_bytes_per_uid = 64ull << 20;
+	c->pipe_ring_bytes_max = 512ull << 20;  /* 511 rings of 1 MiB + 4 KiB */
+	c->pipe_ring_bytes_per_uid = 128ull << 20; /* 127 */
 	c->outq_max = 256ull << 20;
 	c->listeners_max = 256;
 	c->cuda_holds_max = TPD_DEVMEM_HOLDS;

@@ -478,7 +478,7 @@ START_TEST(test_errors_ring_choice_is_logged_and_shown)
 {
 	static const char *const args[] = { "--log-level", "debug", NULL };
 	static const char reason[] = "cpu>cpu: ring: both ends private memory, 1048576 bytes >= "
-				     "pipe-ring-min: the clients copy through a 8 x 64 KiB ring";
+				     "pipe-ring-min: the clients copy through a 8 x 128 KiB ring";
 	char *out;
 	pid_t pid;
 

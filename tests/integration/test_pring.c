@@ -31,7 +31,7 @@
 
 #define T_MS TPT_SCALED_MS(60000)
 #define LISTENER "pring"
-#define RING_BYTES 528384u /* 4096 + 8 x 64 KiB: one ring, as the daemon makes them */
+#define RING_BYTES 1052672u /* 4096 + 8 x 128 KiB: one ring, as the daemon makes them */
 #define VICTIM_UID 4242
 #define NPIPES 3
 #define INFLIGHT 4
