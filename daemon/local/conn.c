@@ -44,8 +44,10 @@ struct outbuf {
 	uint8_t data[];
 };
 
-static void outbuf_free(struct outbuf *o)
+static void outbuf_free(struct tpd_conn *c, struct outbuf *o)
 {
+	if (o->fd >= 0)
+		c->outq_fds--;
 	tpu_close(o->fd);
 	free(o);
 }
@@ -170,7 +172,7 @@ static int ring_flush_out(struct tpd_conn *c)
 		if (o->off < o->len)
 			continue;
 		tpu_list_remove(&o->node);
-		outbuf_free(o);
+		outbuf_free(c, o);
 	}
 	if (put && tpu_ring_consumer_asleep(&c->ring_tx))
 		ring_doorbell(c);
@@ -197,8 +199,10 @@ static ssize_t send_outbuf(struct tpd_conn *c, struct outbuf *o)
 	cm.h.cmsg_len = CMSG_LEN(sizeof(int));
 	memcpy(CMSG_DATA(&cm.h), &o->fd, sizeof(int));
 	n = sendmsg(c->fd, &mh, MSG_DONTWAIT | MSG_NOSIGNAL);
-	if (n > 0)
+	if (n > 0) {
 		o->fd = tpu_close(o->fd); /* the client's now (in flight) */
+		c->outq_fds--;
+	}
 	return n;
 }
 
@@ -223,7 +227,7 @@ static int flush_out(struct tpd_conn *c)
 		if (o->off < o->len)
 			return 0;
 		tpu_list_remove(&o->node);
-		outbuf_free(o);
+		outbuf_free(c, o);
 	}
 	return 0;
 }
@@ -318,6 +322,13 @@ static int conn_queue(struct tpd_conn *c, Tpw__V1__DaemonMsg *m, const struct io
 			  (unsigned long long)tpd_daemon_cfg(c->d)->outq_max);
 		return -ENOBUFS;
 	}
+	if (fd_owned >= 0 && c->outq_fds >= TPD_CONN_OUT_FDS_MAX) {
+		/* each one a slot of the daemon's fd table until the client reads its frame */
+		conn_fail(c, TPU_LOG_WARNING, TPW__V1__STATUS__STATUS_PEER_DIED,
+			  "client does not read: %u fds queued for it (limit %u)", c->outq_fds,
+			  TPD_CONN_OUT_FDS_MAX);
+		return -ENOBUFS;
+	}
 	if (c->ring && fd_owned < 0 && ring_send_direct(c, m, tail, n_tail, len, tail_len))
 		return c->stopped ? -EPROTO : 0;
 	r = tpd_quota_charge_out(tpd_daemon_quota(c->d), tpd_daemon_cfg(c->d), c->acct, len, why,
@@ -345,6 +356,7 @@ static int conn_queue(struct tpd_conn *c, Tpw__V1__DaemonMsg *m, const struct io
 		off += tail[i].iov_len;
 	}
 	o->fd = TAKE_FD(fd_owned);
+	c->outq_fds += o->fd >= 0;
 	o->len = len;
 	o->off = 0;
 	was_empty = tpu_list_empty(&c->outq);
@@ -765,7 +777,7 @@ void tpd_conn_done(struct tpd_conn *c)
 	while (!tpu_list_empty(&c->outq)) {
 		struct outbuf *o = tpu_list_first(&c->outq, struct outbuf, node);
 		tpu_list_remove(&o->node);
-		outbuf_free(o);
+		outbuf_free(c, o);
 	}
 	if (c->acct) {
 		tpd_quota_release_out(tpd_daemon_quota(c->d), c->acct, c->outq_bytes);

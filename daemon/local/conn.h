@@ -20,6 +20,7 @@
 #include "tpw.pb-c.h"
 
 #define TPD_CONN_FDS_MAX 16 /* fds received ahead of the frames that announce them */
+#define TPD_CONN_OUT_FDS_MAX 8 /* fds queued for a socket session that has not read them */
 #define TPD_SEND_TAIL_MAX 8 /* data pieces a frame sent by tpd_session_send() may carry inline */
 
 struct event;
@@ -75,6 +76,7 @@ struct tpd_conn {
 	unsigned n_fdq;
 	struct tpu_list outq;
 	uint64_t outq_bytes;
+	unsigned outq_fds; /* of the queued frames' fds, those not sent yet */
 	uint64_t seq_out;
 	uint64_t bytes_in, bytes_out;
 	/* Shared-memory control rings (RingSetup): once `ring` is set, frames travel in

@@ -579,6 +579,81 @@ START_TEST(test_member_dying_before_taking_its_arena_leaks_nothing)
 }
 END_TEST
 
+/* Joins a group of one named @name as @req and leaves it at once (@gid: the id its GroupJoined
+ * will have, never read), on the socket. Return: 0 or -errno. */
+static int join_leave(struct tpt_raw *r, uint64_t req, uint64_t gid)
+{
+	Tpw__V1__GroupJoin j = TPW__V1__GROUP_JOIN__INIT;
+	Tpw__V1__GroupLeave lv = TPW__V1__GROUP_LEAVE__INIT;
+	Tpw__V1__ClientMsg m = TPW__V1__CLIENT_MSG__INIT;
+	int e;
+
+	j.req_id = req;
+	j.name = "flood";
+	j.rank = 0;
+	j.size = 1;
+	j.timeout_ms = T_MS;
+	m.body_case = TPW__V1__CLIENT_MSG__BODY_GROUP_JOIN;
+	m.group_join = &j;
+	e = tpt_raw_send(r, &m, NULL, 0, NULL, 0, 0);
+	if (e < 0 || !gid)
+		return e;
+	lv.group_id = gid;
+	m = (Tpw__V1__ClientMsg)TPW__V1__CLIENT_MSG__INIT;
+	m.body_case = TPW__V1__CLIENT_MSG__BODY_GROUP_LEAVE;
+	m.group_leave = &lv;
+	return tpt_raw_send(r, &m, NULL, 0, NULL, 0, 0);
+}
+
+/*
+ * A client on the plain socket (no control ring, so each arena fd waits in the daemon's output
+ * queue until the frame's first byte goes) that joins and leaves groups of one and never reads:
+ * every GroupJoined holds a dup of an arena memfd in the daemon. Its session fails once 8 wait
+ * (TPD_CONN_OUT_FDS_MAX); the daemon's fd table never holds more than that for it (it grew by
+ * one a round before, up to RLIMIT_NOFILE: every user's accepts and memfds failed).
+ */
+START_TEST(test_unread_arena_fds_are_bounded_per_session)
+{
+	Tpw__V1__DaemonMsg *rep = NULL;
+	struct tpt_raw r = { .fd = -1 };
+	int before, arenas, most = 0, now;
+	uint64_t gid;
+	pid_t pid;
+
+	if (geteuid() != 0)
+		return;
+	before = daemon_fds(&arenas);
+	pid = fork();
+	ck_assert_int_ge(pid, 0);
+	if (pid == 0) {
+		int rc = 0;
+
+		if (become(ATTACKER) < 0 || tpt_raw_connect(&r, d.socket) < 0 ||
+		    tpt_raw_hello_group(&r, T_MS) < 0 || join_leave(&r, 1, 0) < 0 ||
+		    tpt_raw_expect(&r, TPW__V1__DAEMON_MSG__BODY_GROUP_JOINED, T_MS, &rep) < 0)
+			_exit(2);
+		gid = rep->group_joined->group_id; /* the next ones follow it */
+		tpw_daemon_msg_free(rep);
+		for (uint64_t k = 0; k < 2000 && rc == 0; k++)
+			rc = join_leave(&r, k + 2, k ? gid + k : gid);
+		tpt_sync_post(&attacker_done, 0);
+		tpt_sync_wait(&arena_seen, T_MS);
+		_exit(0);
+	}
+	ck_assert_int_eq(tpt_sync_wait(&attacker_done, T_MS), 0);
+	for (int i = 0; i < 50; i++) {
+		now = daemon_fds(&arenas);
+		most = now > most ? now : most;
+		usleep(10000);
+	}
+	tpt_log("daemon fds: %d before, at most %d while the client did not read", before, most);
+	tpt_sync_post(&arena_seen, 0);
+	ck_assert(tpt_wait_ok(pid, T_MS, "flooding client"));
+	ck_assert(tpt_daemon_alive(&d));
+	ck_assert_int_le(most, before + 16);
+}
+END_TEST
+
 /* A library that does not say it takes arenas as memfds (Hello.group_arena_fd) is refused a
  * join, with the cause named, instead of being given an arena it would look for by path. */
 START_TEST(test_old_library_is_refused_a_group_join)
@@ -623,6 +698,7 @@ static Suite *groups_suite(void)
 	tcase_add_test(tc, test_member_shrinking_its_arena_leaves_the_daemon_up);
 	tcase_add_test(tc, test_old_library_is_refused_a_group_join);
 	tcase_add_test(tc, test_member_dying_before_taking_its_arena_leaks_nothing);
+	tcase_add_test(tc, test_unread_arena_fds_are_bounded_per_session);
 	suite_add_tcase(s, tc);
 	return s;
 }
