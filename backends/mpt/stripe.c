@@ -554,6 +554,11 @@ void tpb_stripe_recv_expect(struct tpb_stripe *st, struct tpb_stripe_xfer *x, ui
 	pthread_mutex_unlock(&st->lock);
 }
 
+bool tpb_stripe_local_busy(const struct tpb_stripe *st)
+{
+	return __atomic_load_n(&st->local, __ATOMIC_RELAXED) != 0;
+}
+
 uint64_t tpb_stripe_recv_progress(const struct tpb_stripe_xfer *x)
 {
 	return __atomic_load_n(&x->progress, __ATOMIC_RELAXED);
@@ -565,8 +570,11 @@ void tpb_stripe_recv_stalled(struct tpb_stripe *st, struct tpb_stripe_xfer *x, c
 	if (!x->queued_done && !x->canceled) {
 		tpb_stripe_set_status(x, -ETIMEDOUT, "%s", why && *why ? why : "the sender stalled");
 		x->canceled = true;
+		/* A receiver in the middle of a copy into a process's memory is not stalled by the
+		 * peer: it lets go once that copy ends, and the transfer with it. */
 		for (unsigned i = 0; i < st->n_conns; i++)
-			if (st->conns[i].rx_x == x)
+			if (st->conns[i].rx_x == x &&
+			    !__atomic_load_n(&st->conns[i].rx_local, __ATOMIC_RELAXED))
 				tpb_stripe_conn_fail(&st->conns[i], -ETIMEDOUT, "stalled in a chunk of "
 						     "transfer %llu",
 						     (unsigned long long)x->xfer_id);

@@ -188,10 +188,16 @@ uint64_t tpb_stripe_recv_progress(const struct tpb_stripe_xfer *x);
 /*
  * tpb_stripe_recv_stalled() - the sender of @x stopped sending it: @done runs with -ETIMEDOUT
  * (@why) once no thread writes @x's memory; later chunks for it are dropped. A connection in the
- * middle of one of @x's chunks is failed (the peer stalled it there: nothing else would get the
- * thread out of @x's memory). No-op once @done is queued.
+ * middle of one of @x's chunks, waiting for the peer's bytes, is failed (the peer stalled it
+ * there: nothing else would get the thread out of @x's memory); one copying into a process's
+ * memory is left to finish. No-op once @done is queued.
  */
 void tpb_stripe_recv_stalled(struct tpb_stripe *st, struct tpb_stripe_xfer *x, const char *why);
+
+/* tpb_stripe_local_busy() - whether a connection's thread is in a copy from or into a process's
+ * memory right now (CMA, CUDA staging): a stall there is local (a file mapping behind a slow
+ * server, say), not the peer's. */
+bool tpb_stripe_local_busy(const struct tpb_stripe *st);
 
 /* Bytes of chunk payload sent and received over all connections (approximate while running). */
 uint64_t tpb_stripe_bytes_sent(const struct tpb_stripe *st);

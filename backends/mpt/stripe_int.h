@@ -48,6 +48,7 @@ struct conn {
 	bool idle;   /* lock: its sender waits for work */
 	bool handed; /* lock: @handoff is its next chunk */
 	struct tpb_stripe_xfer *rx_x; /* lock: the receive its receiver writes a chunk of, or NULL */
+	bool rx_local; /* atomic: its receiver is in a copy into process memory (CMA, CUDA) */
 	struct claim handoff;
 	pthread_cond_t wake; /* its sender waits here, for a chunk handed to it or to stop */
 };
@@ -72,6 +73,7 @@ struct tpb_stripe {
 	int err;
 	char why[200];
 	uint64_t sent, received; /* atomic */
+	unsigned local; /* atomic: threads in a copy from or into process memory right now */
 };
 
 /* ---- stripe.c, for the connection threads (lock held for all of them) ---- */

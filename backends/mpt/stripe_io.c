@@ -274,8 +274,10 @@ static int send_chunk(struct conn *c, struct claim *k, struct tpb_scratch *sc)
 			return 0;
 		}
 		k->src_why[0] = '\0';
+		__atomic_fetch_add(&c->st->local, 1, __ATOMIC_RELAXED);
 		k->src_err = tpb_cuda_basic_stage(&k->mem, k->off, p, k->len, false, sc, k->src_why,
 						  sizeof(k->src_why));
+		__atomic_fetch_sub(&c->st->local, 1, __ATOMIC_RELAXED);
 		if (k->src_err < 0)
 			return 0;
 	}
@@ -393,9 +395,16 @@ static int recv_payload(struct conn *c, const struct tpb_mem *m, uint64_t off, u
 			return r;
 		if (prog)
 			__atomic_fetch_add(prog, n, __ATOMIC_RELAXED);
-		if (m && *ret_werr == 0)
+		if (m && *ret_werr == 0) {
+			/* A process's memory may take as long as it likes (a file mapping behind a
+			 * slow server): not the peer's stall. */
+			__atomic_store_n(&c->rx_local, true, __ATOMIC_RELAXED);
+			__atomic_fetch_add(&c->st->local, 1, __ATOMIC_RELAXED);
 			*ret_werr = tpb_cuda_basic_stage(m, off + done, b, n, true, sc, why,
 							 why_len);
+			__atomic_fetch_sub(&c->st->local, 1, __ATOMIC_RELAXED);
+			__atomic_store_n(&c->rx_local, false, __ATOMIC_RELAXED);
+		}
 	}
 	return 0;
 }

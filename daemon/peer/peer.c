@@ -134,7 +134,8 @@ static bool peer_send_stuck(struct tpd_peer *pr, uint64_t now, uint32_t timeout_
 	if (!pr->sends || !pr->stripe)
 		return false;
 	sent = tpb_stripe_bytes_sent(pr->stripe);
-	if (sent != pr->tx_mark) {
+	if (sent != pr->tx_mark || tpb_stripe_local_busy(pr->stripe)) {
+		/* moved, or a sender is still reading a process's memory: not the peer's doing */
 		pr->tx_mark = sent;
 		pr->tx_since_ns = now;
 		return false;
