@@ -7,9 +7,11 @@
  * writer's items and the readers' allocations in private memory (items above 16 KiB go through
  * the library's staging buffers, or by CMA without them), "chan-shm" with both in shared buffers
  * (tp_buffer_alloc(): the daemon copies items above 16 KiB with memcpy). Readers take the items
- * that ride inline with tp_chan_read_many_into() (64 per call at most, packed into one reused
- * buffer of up to 1 MiB; BENCH_CHAN_MANY_MALLOC=1: tp_chan_read_many(), an allocation per item,
- * as before) and the others with tp_chan_read_into() into one reused allocation; the writer
+ * that ride inline (up to 256 KiB, from shared buffers too) with tp_chan_read_many_into() (64 per
+ * call at most, packed into one reused buffer of up to 1 MiB; BENCH_CHAN_MANY_MALLOC=1:
+ * tp_chan_read_many(), an allocation per item, as before; BENCH_CHAN_SHM_BATCH=16384: shared-
+ * buffer items above 16 KiB one tp_chan_read_into() each, as before) and the others with
+ * tp_chan_read_into() into one reused allocation; the writer
  * writes batches
  * (bench_batch(): up to 64 small items within the daemon's 1 MiB inline limit, 4 MiB of larger
  * ones). With a daemon or library before protocol minor 7 (or
@@ -47,6 +49,8 @@ static double now_s(void)
 }
 
 static bool old_api; /* BENCH_CHAN_OLD=1: one tp_chan_read() per item, as before minor 7 */
+static size_t shm_batch_max = 262144; /* BENCH_CHAN_SHM_BATCH: largest shared-buffer item read
+					* in batches (16384: one tp_chan_read_into() each above) */
 static size_t read_max = 64; /* BENCH_CHAN_MANY: items per batch read (1: read_into) */
 /* BENCH_CHAN_MANY_MALLOC=1: batches with tp_chan_read_many() (an allocation per item), not
  * tp_chan_read_many_into() */
@@ -81,7 +85,7 @@ static void mem_free(struct tp_context *ctx, void *p, bool shm)
 /* Whether items of @size are read in batches (they ride inline). */
 static bool read_batched(size_t size, bool shm)
 {
-	return !old_api && size <= (shm ? 16384u : 262144u) && read_max > 1;
+	return !old_api && size <= (shm ? shm_batch_max : 262144u) && read_max > 1;
 }
 
 /* The reader's buffer for items of @size: one item, or for batches read into one buffer
@@ -329,6 +333,8 @@ int main(int argc, char **argv)
 	setvbuf(stdout, NULL, _IOLBF, 0);
 	old_api = getenv("BENCH_CHAN_OLD") && atoi(getenv("BENCH_CHAN_OLD"));
 	many_malloc = getenv("BENCH_CHAN_MANY_MALLOC") && atoi(getenv("BENCH_CHAN_MANY_MALLOC"));
+	if (getenv("BENCH_CHAN_SHM_BATCH"))
+		shm_batch_max = (size_t)atol(getenv("BENCH_CHAN_SHM_BATCH"));
 	if (getenv("BENCH_CHAN_MANY"))
 		read_max = (size_t)atoi(getenv("BENCH_CHAN_MANY"));
 	if (read_max < 1 || read_max > 64)
