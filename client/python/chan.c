@@ -360,6 +360,68 @@ static PyObject *chan_read_into(tpy_chan *self, PyObject *args, PyObject *kw)
 	return ret;
 }
 
+#define CHAN_MANY_MAX 1024 /* items of one read_many_into() at most */
+
+struct many_read {
+	void *buf;
+	size_t size, max, n;
+	struct tp_chan_item items[];
+};
+
+static int many_read(struct tp_chan *ch, void *arg, int slice_ms)
+{
+	struct many_read *rd = arg;
+
+	return tp_chan_read_many_into(ch, rd->buf, rd->size, rd->items, rd->max, &rd->n, slice_ms);
+}
+
+/* read_many_into(buffer, max, timeout) -> ([(offset, nbytes), ...], closed): up to @max items
+ * packed into @buffer by tp_chan_read_many_into() (docs/channels.md). */
+static PyObject *chan_read_many_into(tpy_chan *self, PyObject *args, PyObject *kw)
+{
+	static char *kwlist[] = { "buffer", "max", "timeout", NULL };
+	PyObject *dst, *tmo = Py_None, *list = NULL, *ret = NULL;
+	Py_ssize_t max = 64;
+	struct many_read *rd;
+	Py_buffer view;
+	int timeout_ms, r;
+
+	if (!PyArg_ParseTupleAndKeywords(args, kw, "O|nO:read_many_into", kwlist, &dst, &max,
+					 &tmo) ||
+	    tpy_pipe_timeout(tmo, &timeout_ms) < 0)
+		return NULL;
+	if (max < 1 || max > CHAN_MANY_MAX)
+		return PyErr_Format(PyExc_ValueError, "max must be 1 to %d", CHAN_MANY_MAX);
+	if (tpy_buffer_get(dst, &view, true, "destination") < 0)
+		return NULL;
+	rd = PyMem_Calloc(1, sizeof(*rd) + (size_t)max * sizeof(rd->items[0]));
+	if (!rd) {
+		PyBuffer_Release(&view);
+		return PyErr_NoMemory();
+	}
+	rd->buf = view.buf;
+	rd->size = (size_t)view.len;
+	rd->max = (size_t)max;
+	r = chan_read_sliced(self, timeout_ms, many_read, rd);
+	if (r >= 0 && (list = PyList_New((Py_ssize_t)rd->n))) {
+		for (size_t k = 0; k < rd->n; k++) {
+			Py_ssize_t off = (uint8_t *)rd->items[k].data - (uint8_t *)view.buf;
+			PyObject *t = Py_BuildValue("(nn)", off, (Py_ssize_t)rd->items[k].len);
+
+			if (!t) {
+				Py_CLEAR(list);
+				break;
+			}
+			PyList_SET_ITEM(list, (Py_ssize_t)k, t);
+		}
+		if (list)
+			ret = Py_BuildValue("(NO)", list, r == TP_CHAN_CLOSED ? Py_True : Py_False);
+	}
+	PyMem_Free(rd);
+	PyBuffer_Release(&view);
+	return ret;
+}
+
 /* ---- message items ------------------------------------------------------------------------ */
 
 struct msgs_write {
@@ -557,6 +619,13 @@ static PyMethodDef chan_methods[] = {
 	{ "read_into", (PyCFunction)(void (*)(void))chan_read_into, METH_VARARGS | METH_KEYWORDS,
 	  "read_into(buffer, timeout=None) -> (nbytes, closed)\n--\n\nread() into a writable "
 	  "C-contiguous buffer (borrowed until it returns)." },
+	{ "read_many_into", (PyCFunction)(void (*)(void))chan_read_many_into,
+	  METH_VARARGS | METH_KEYWORDS,
+	  "read_many_into(buffer, max=64, timeout=None) -> ([(offset, nbytes), ...], closed)\n--\n"
+	  "\nTake up to @max items (the oldest, waiting as read() does, and those behind it that "
+	  "ride inline and fit) packed into one writable C-contiguous buffer, each at the next "
+	  "multiple of 64 bytes (borrowed until it returns). An oldest item larger than the "
+	  "buffer raises LimitExceeded and stays first in the channel." },
 	{ "write_msgs", (PyCFunction)(void (*)(void))chan_write_msgs, METH_VARARGS | METH_KEYWORDS,
 	  "write_msgs(messages, timeout=None)\n--\n\nAppend messages, each a (metadata, "
 	  "payloads, tensors) triple as Pipe.write() takes them, as one atomic batch of message "

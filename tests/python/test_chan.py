@@ -193,6 +193,33 @@ def test_zero_d_empty_and_non_contiguous_items(ctx, request):
         assert torch.equal(ch.read_tensor(timeout=5), t)
 
 
+def test_read_many_into_packs_items_and_leaves_what_does_not_fit(ctx, request):
+    ch = ctx.channel(uniq(request), create=True)
+    items = [bytes([i]) * n for i, n in enumerate([1, 63, 64, 65, 1000, 7], start=1)]
+    ch.write_many(items)
+    buf = np.zeros(64 + 64 + 64 + 128, np.uint8)  # the first four items, packed
+    got = ch.read_many_into(buf, max=16, timeout=5)
+    assert got == [(0, 1), (64, 63), (128, 64), (192, 65)]
+    for (off, n), item in zip(got, items):
+        assert buf[off:off + n].tobytes() == item
+    with pytest.raises(tpipd.LimitExceeded):
+        ch.read_many_into(bytearray(999), timeout=5)  # the 1000-byte item stays first
+    out = bytearray(4096)
+    got = ch.read_many_into(out, max=1, timeout=5)  # max: one item
+    assert got == [(0, 1000)] and bytes(out[:1000]) == items[4]
+    got = ch.read_many_into(out, timeout=5)
+    assert got == [(0, 7)] and bytes(out[:7]) == items[5]
+    with pytest.raises(tpipd.Timeout):
+        ch.read_many_into(out, timeout=0)
+    with pytest.raises(ValueError, match="max must be"):
+        ch.read_many_into(out, max=0)
+    ch.write(b"last")
+    ch.close()
+    assert ch.read_many_into(out, timeout=5) == [(0, 4)]
+    with pytest.raises(tpipd.Drained):
+        ch.read_many_into(out, timeout=5)
+
+
 def test_errors_raise_the_documented_exceptions(ctx, request):
     name = uniq(request)
     with pytest.raises(tpipd.NoListener) as e:

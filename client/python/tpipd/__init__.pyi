@@ -8,8 +8,8 @@
 # daemon may keep mapped until the object is garbage or Context.cuda_release() is called.
 import builtins
 import concurrent.futures
-from typing import (Any, AsyncIterator, Callable, Dict, Iterator, NamedTuple, Optional, Sequence,
-                    Tuple, Union)
+from typing import (Any, AsyncIterator, Callable, Dict, Iterator, List, NamedTuple, Optional,
+                    Sequence, Tuple, Union)
 
 Tensor = Any  # numpy.ndarray or torch.Tensor (or a CUDA array object, for pipes)
 # cuda_alloc(shape, dtype name, device index) -> a CUDA array object to read into
@@ -190,6 +190,8 @@ class Channel:
                       contiguous: bool = ...) -> None: ...
     def read(self, timeout: Optional[float] = ...) -> bytes: ...
     def read_into(self, buffer: Any, timeout: Optional[float] = ...) -> int: ...
+    def read_many_into(self, buffer: Any, max: int = ...,
+                       timeout: Optional[float] = ...) -> List[Tuple[int, int]]: ...
     def read_tensor(self, timeout: Optional[float] = ...) -> Tensor: ...
     def write_msg(self, metadata: BytesLike = ..., payloads: Sequence[BytesLike] = ...,
                   tensors: Sequence[Tensor] = ..., *, timeout: Optional[float] = ...,

@@ -196,6 +196,24 @@ class Channel:
         self._seen(closed)
         return n
 
+    def read_many_into(self, buffer, max=64, timeout=None):
+        """Take up to ``max`` items (1 to 1024) in one request, packed into ``buffer`` (a
+        writable C-contiguous bytearray, memoryview, numpy array or CPU torch tensor, borrowed
+        until it returns): the oldest item, waiting as read() does, and those behind it that
+        ride inline (at most 256 KiB each) and fit, each at the next multiple of 64 bytes from
+        the buffer's start. Return a list of ``(offset, nbytes)``, one per item, in channel
+        order. An oldest item larger than ``buffer`` raises LimitExceeded and stays first in
+        the channel; items that do not fit after the first stay there too, in order.
+        Otherwise as read()."""
+        dst = _item_buffer(buffer, False, "destination")
+        try:
+            items, closed = self._raw.read_many_into(dst, max, timeout)
+        except _tpipd.Drained:
+            self._state = "drained"
+            raise
+        self._seen(closed)
+        return items
+
     def read_tensor(self, timeout=None):
         """Take the oldest item, written by write_tensor(), as the numpy array or torch tensor
         (same dtype and shape; a new object the caller owns). ProtocolError when the item is
