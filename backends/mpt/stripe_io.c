@@ -382,7 +382,8 @@ static int recv_payload(struct conn *c, const struct tpb_mem *m, uint64_t off, u
 			r = recv_all(c, (void *)(uintptr_t)(m->addr + off + done), n);
 			if (r < 0)
 				return r;
-			__atomic_fetch_add(prog, n, __ATOMIC_RELAXED);
+			if (prog)
+				__atomic_fetch_add(prog, n, __ATOMIC_RELAXED);
 		}
 		return 0;
 	}

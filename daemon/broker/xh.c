@@ -611,13 +611,18 @@ static bool xh_offer_recv(struct tpd_xh *xh)
 	return ep && xh_select_offered(xh, &ep) && ep && xh_prepare(xh, ep) == 0;
 }
 
+/* The endpoint @xh's staging receive runs on, or NULL when it does not run. */
+static struct tpb_ep *xh_stage_ep(struct tpd_xh *xh)
+{
+	if (!xh->to_stage || !xh->started || !xh->mpt_running || !xh->link)
+		return NULL;
+	return tpd_peer_ep(xh->link, xh_mpt());
+}
+
 void tpd_xh_stage_stop(struct tpd_xh *xh, int status, const char *why)
 {
-	struct tpb_ep *ep;
+	struct tpb_ep *ep = xh_stage_ep(xh);
 
-	if (!xh->to_stage || !xh->started || !xh->mpt_running || !xh->link)
-		return;
-	ep = tpd_peer_ep(xh->link, xh_mpt());
 	if (ep) /* ends at once, or once the chunk a thread writes now is in */
 		(void)tpb_recv_expect(ep, &xh->op, 0, status, why);
 }
@@ -626,12 +631,9 @@ void tpd_xh_stage_stop(struct tpd_xh *xh, int status, const char *why)
  * it is not running. */
 static uint64_t xh_stage_progress(struct tpd_xh *xh, uint64_t dflt)
 {
-	struct tpb_ep *ep;
+	struct tpb_ep *ep = xh_stage_ep(xh);
 	uint64_t b;
 
-	if (!xh->to_stage || !xh->started || !xh->mpt_running || !xh->link)
-		return dflt;
-	ep = tpd_peer_ep(xh->link, xh_mpt());
 	return ep && tpb_recv_progress(ep, &xh->op, &b) == 0 ? b : dflt;
 }
 
@@ -656,8 +658,7 @@ static void xh_on_idle(evutil_socket_t fd, short what, void *arg)
 		 xh->idle_ms);
 	tpd_pipe_log(xh->m->from->pipe, NULL, TPU_LOG_INFO, "message %llu: %s",
 		     (unsigned long long)xh->m->msg_id, why);
-	ep = xh->to_stage && xh->started && xh->mpt_running && xh->link ?
-		     tpd_peer_ep(xh->link, xh_mpt()) : NULL;
+	ep = xh_stage_ep(xh);
 	if (!ep || tpb_recv_stalled(ep, &xh->op, why) < 0)
 		tpd_xh_stage_stop(xh, -ETIMEDOUT, why);
 }

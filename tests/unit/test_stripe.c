@@ -1010,6 +1010,17 @@ static void put_hdr(uint8_t *h, uint32_t magic, uint32_t seg, uint64_t id, uint6
 			h[at[i] + k] = (uint8_t)(v[i] >> (8 * k));
 }
 
+/* A fixture whose connection 0 the test writes raw chunks into, and receive 7 registered on it
+ * into @dst of @len bytes. */
+static void raw_recv(struct fx *f, struct xf *r, void *dst, size_t len)
+{
+	fx_setup(f, 0, 0);
+	fx_raw(f, 0);
+	xf_init(r, 7);
+	xf_seg(r, TPB_LOC_LOCAL, dst, len);
+	ck_assert_int_eq(tpb_stripe_recv(f->c.st, &r->x), 0);
+}
+
 struct bad {
 	uint32_t magic, seg, len, flags;
 	uint64_t off;
@@ -1088,11 +1099,7 @@ START_TEST(test_stripe_overlapping_chunk_fails_the_stripe)
 	struct xf r;
 	struct fx f;
 
-	fx_setup(&f, 0, 0);
-	fx_raw(&f, 0);
-	xf_init(&r, 7);
-	xf_seg(&r, TPB_LOC_LOCAL, dst, sizeof(dst));
-	ck_assert_int_eq(tpb_stripe_recv(f.c.st, &r.x), 0);
+	raw_recv(&f, &r, dst, sizeof(dst));
 	raw_chunk(&f, 7, overlaps[_i].off1, overlaps[_i].len1, 1);
 	raw_chunk(&f, 7, overlaps[_i].off2, overlaps[_i].len2, 2);
 	ck_assert(run_until(&f, &f.c.errors, &r.res.calls, DEADLINE_MS));
@@ -1110,11 +1117,7 @@ START_TEST(test_stripe_touching_chunks_in_any_order_complete)
 	struct xf r;
 	struct fx f;
 
-	fx_setup(&f, 0, 0);
-	fx_raw(&f, 0);
-	xf_init(&r, 7);
-	xf_seg(&r, TPB_LOC_LOCAL, dst, 300);
-	ck_assert_int_eq(tpb_stripe_recv(f.c.st, &r.x), 0);
+	raw_recv(&f, &r, dst, 300);
 	raw_chunk(&f, 7, 200, 100, 3);
 	raw_chunk(&f, 7, 0, 100, 1);
 	raw_chunk(&f, 7, 100, 100, 2);
@@ -1136,11 +1139,7 @@ START_TEST(test_stripe_early_end_says_whether_the_prefix_came)
 	struct xf r;
 	struct fx f;
 
-	fx_setup(&f, 0, 0);
-	fx_raw(&f, 0);
-	xf_init(&r, 7);
-	xf_seg(&r, TPB_LOC_LOCAL, dst, 300);
-	ck_assert_int_eq(tpb_stripe_recv(f.c.st, &r.x), 0);
+	raw_recv(&f, &r, dst, 300);
 	raw_chunk(&f, 7, _i ? 0 : 200, 100, 1);
 	for (uint64_t end = now_ms() + DEADLINE_MS; tpb_stripe_recv_progress(&r.x) < 100 &&
 						      now_ms() < end;)
@@ -1166,11 +1165,7 @@ START_TEST(test_stripe_pieces_are_bounded)
 	struct fx f;
 
 	ck_assert_ptr_nonnull(buf);
-	fx_setup(&f, 0, 0);
-	fx_raw(&f, 0);
-	xf_init(&r, 7);
-	xf_seg(&r, TPB_LOC_LOCAL, dst, 2 * (size_t)n);
-	ck_assert_int_eq(tpb_stripe_recv(f.c.st, &r.x), 0);
+	raw_recv(&f, &r, dst, 2 * (size_t)n);
 	for (uint32_t k = 0; k < n; k++) { /* every other byte */
 		put_hdr(buf + at, TPB_STRIPE_MAGIC, 0, 7, 2 * (uint64_t)k, 1, 0);
 		buf[at + TPB_STRIPE_HDR] = 9;
@@ -1209,11 +1204,7 @@ START_TEST(test_stripe_stalled_in_a_chunk_ends_the_transfer)
 	struct xf r;
 	struct fx f;
 
-	fx_setup(&f, 0, 0);
-	fx_raw(&f, 0);
-	xf_init(&r, 7);
-	xf_seg(&r, TPB_LOC_LOCAL, dst, sizeof(dst));
-	ck_assert_int_eq(tpb_stripe_recv(f.c.st, &r.x), 0);
+	raw_recv(&f, &r, dst, sizeof(dst));
 	put_hdr(hdr, TPB_STRIPE_MAGIC, 0, 7, 0, 100, 0);
 	ck_assert_int_eq(send(f.raw, hdr, sizeof(hdr), MSG_NOSIGNAL), sizeof(hdr));
 	ck_assert_int_eq(send(f.raw, body, sizeof(body), MSG_NOSIGNAL), sizeof(body));
