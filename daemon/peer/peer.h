@@ -322,7 +322,8 @@ void tpd_peer_pipe_remove(struct tpd_peer *pr, struct tpd_pipe *p);
  * @m, @tail: borrowed; copied. Sending over a failed link is a no-op. A frame above what the far
  * daemon accepts (tpd_peer_chan_frame_max()), which would fail the whole link there, is not sent:
  * -EMSGSIZE, and one log line. Callers that forward what a client sent check the size first and
- * refuse that client's op (chanx.c).
+ * refuse that client's op (chanx.c). A frame that would take the bytes waiting for the control
+ * connection above peer-queue-bytes (a peer that does not read) fails the link: -ENOBUFS.
  * Return: 0 or -errno.
  */
 int tpd_peer_send(struct tpd_peer *pr, Tpw__V1__PeerMsg *m, const struct iovec *tail, int n_tail);

@@ -1,0 +1,206 @@
+/* SPDX-License-Identifier: BSD-3-Clause */
+/*
+ * Security suite: a peer link's control connection against a hostile peer daemon (a raw
+ * dialler over an insecure link, as --peer-insecure allows; a key holder speaks the same frames
+ * inside TLS). It sends requests whose answers it never reads: pings, each answered by a pong.
+ * The answers waiting for its control connection are bounded by --peer-queue-bytes: a peer that
+ * leaves fewer waiting keeps its link and gets them all once it reads, one that leaves more
+ * fails its link (the daemon used to queue every answer, as much memory as the peer cared to
+ * ask for), and the daemon serves its local clients on.
+ */
+#include <check.h>
+#include <errno.h>
+#include <poll.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <unistd.h>
+#include "ipeer.h"
+#include "itest.h"
+#include "tpt_wire.h"
+
+#define T_MS TPT_SCALED_MS(20000)
+#define QUEUE_MAX (1u << 20) /* --peer-queue-bytes of the test's daemon */
+
+static struct tpt_daemon host;
+
+static void setup(void)
+{
+	char to[16];
+	const char *args[] = { "--peer-insecure", "--peer-timeout", to, "--peer-queue-bytes",
+			       "1M", NULL };
+
+	/* long enough that no keepalive ends a link the test keeps from reading */
+	snprintf(to, sizeof(to), "%d", TPT_SCALED_MS(60000));
+	ck_assert_int_eq(tpt_daemon_start_peer(&host, args), 0);
+}
+
+static void teardown(void)
+{
+	ck_assert_int_eq(tpt_daemon_stop(&host), 0);
+}
+
+/* Dials @host's peer port as a daemon would (one data connection) up to the link being up. */
+static void peer_dial(struct tpt_raw *c, struct tpt_raw *data)
+{
+	Tpw__V1__PeerHello h = TPW__V1__PEER_HELLO__INIT;
+	Tpw__V1__PeerDataHello dh = TPW__V1__PEER_DATA_HELLO__INIT;
+	Tpw__V1__PeerMsg m = TPW__V1__PEER_MSG__INIT, *in = NULL;
+	uint8_t boot[16];
+	uint64_t link_id;
+
+	for (unsigned i = 0; i < 16; i++)
+		boot[i] = (uint8_t)(0xb0 + i); /* another "host" */
+	ck_assert_int_eq(tpt_raw_connect_tcp(c, "127.0.0.1", host.peer_port), 0);
+	h.major = TPW_PEER_PROTO_MAJOR;
+	h.minor = TPW_PEER_PROTO_MINOR;
+	h.host = "hostile";
+	h.boot_id.data = boot;
+	h.boot_id.len = 16;
+	h.instance = 0x5eed;
+	h.data_conns = 1;
+	m.body_case = TPW__V1__PEER_MSG__BODY_HELLO;
+	m.hello = &h;
+	ck_assert_int_eq(tpt_raw_send_peer(c, &m), 0);
+	ck_assert(tpt_raw_recv_peer(c, T_MS, &in) == 0 &&
+		  in->body_case == TPW__V1__PEER_MSG__BODY_HELLO);
+	tpw_peer_msg_free(in);
+	ck_assert(tpt_raw_recv_peer(c, T_MS, &in) == 0 &&
+		  in->body_case == TPW__V1__PEER_MSG__BODY_READY);
+	link_id = in->ready->link_id;
+	tpw_peer_msg_free(in);
+	ck_assert_int_eq(tpt_raw_connect_tcp(data, "127.0.0.1", host.peer_port), 0);
+	dh.link_id = link_id;
+	m.body_case = TPW__V1__PEER_MSG__BODY_DATA_HELLO;
+	m.data_hello = &dh;
+	ck_assert_int_eq(tpt_raw_send_peer(data, &m), 0);
+	ck_assert(tpt_raw_recv_peer(data, T_MS, &in) == 0 &&
+		  in->body_case == TPW__V1__PEER_MSG__BODY_DATA_HELLO);
+	tpw_peer_msg_free(in);
+	ck_assert(tpt_raw_recv_peer(c, T_MS, &in) == 0 &&
+		  in->body_case == TPW__V1__PEER_MSG__BODY_READY && in->ready->data_up);
+	tpw_peer_msg_free(in);
+	/* a small window: what the daemon sends piles up on its side, not in this socket */
+	setsockopt(c->fd, SOL_SOCKET, SO_RCVBUF, &(int){ 4096 }, sizeof(int));
+	setsockopt(c->fd, SOL_SOCKET, SO_SNDTIMEO, &(struct timeval){ T_MS / 1000, 0 },
+		   sizeof(struct timeval));
+}
+
+/* One ping frame (not a reply: the daemon answers it) into @buf. Return: its size. */
+static size_t ping_frame(uint8_t *buf, size_t len, uint64_t seq)
+{
+	Tpw__V1__PeerPing p = TPW__V1__PEER_PING__INIT;
+	Tpw__V1__PeerMsg m = TPW__V1__PEER_MSG__INIT;
+
+	p.t_ns = 1;
+	m.body_case = TPW__V1__PEER_MSG__BODY_PING;
+	m.ping = &p;
+	ck_assert_uint_le(tpw_frame_size(&m.base), len);
+	return tpw_frame_pack(&m.base, 0, 0, seq, buf);
+}
+
+/*
+ * Sends pings whose pongs add up to @bytes, reading nothing, in writes of 64 KiB.
+ * Return: the pings sent, or -errno of the first write the daemon refused.
+ */
+static long send_pings(struct tpt_raw *c, uint64_t bytes)
+{
+	static uint8_t buf[64u << 10];
+	uint8_t one[64];
+	size_t n = ping_frame(one, sizeof(one), 1), per = sizeof(buf) / n;
+	long sent = 0;
+
+	for (size_t i = 0; i < per; i++)
+		memcpy(buf + i * n, one, n);
+	while ((uint64_t)sent * n < bytes) {
+		size_t off = 0;
+
+		while (off < per * n) {
+			ssize_t k = send(c->fd, buf + off, per * n - off, MSG_NOSIGNAL);
+
+			if (k < 0 && errno == EINTR)
+				continue;
+			if (k <= 0)
+				return k < 0 ? -errno : -ECONNRESET;
+			off += (size_t)k;
+		}
+		sent += (long)per;
+	}
+	return sent;
+}
+
+/* Reads frames from @c until @want pongs came or nothing comes for a while.
+ * Return: the pongs read. */
+static long read_pongs(struct tpt_raw *c, long want)
+{
+	Tpw__V1__PeerMsg *in = NULL;
+	long got = 0;
+
+	setsockopt(c->fd, SOL_SOCKET, SO_RCVBUF, &(int){ 1 << 20 }, sizeof(int));
+	while (got < want && tpt_raw_recv_peer(c, T_MS, &in) == 0) {
+		got += in->body_case == TPW__V1__PEER_MSG__BODY_PING && in->ping->reply;
+		tpw_peer_msg_free(in);
+	}
+	return got;
+}
+
+START_TEST(test_peer_that_reads_no_answers_below_the_queue_limit_keeps_its_link)
+{
+	struct tpt_raw c = { .fd = -1 }, data = { .fd = -1 };
+	struct tpt_link l;
+	long sent;
+
+	peer_dial(&c, &data);
+	/* half the limit, all of it waiting in the daemon in the worst case */
+	sent = send_pings(&c, QUEUE_MAX / 2);
+	ck_assert_int_gt(sent, 0);
+	ck_assert_int_eq(tpt_peer_links(&host, &l), 1);
+	ck_assert_str_eq(l.state, "up");
+	ck_assert_int_eq(read_pongs(&c, sent), sent);
+	ck_assert_int_eq(tpt_peer_links(&host, &l), 1);
+	ck_assert_str_eq(l.state, "up");
+	ck_assert(!tpt_daemon_log_has(&host, "does not read its control connection"));
+	tpt_raw_close(&data);
+	tpt_raw_close(&c);
+}
+END_TEST
+
+START_TEST(test_peer_that_reads_no_answers_above_the_queue_limit_fails_its_link)
+{
+	struct tpt_raw c = { .fd = -1 }, data = { .fd = -1 };
+	struct tp_context *ctx;
+	long sent;
+
+	peer_dial(&c, &data);
+	/* 64 times the limit: far more than the limit and both sockets' buffers hold */
+	sent = send_pings(&c, 64ull * QUEUE_MAX);
+	ck_assert_msg(sent < 0, "the daemon took %ld pings and queued every answer", sent);
+	ck_assert(tpt_peer_links_gone(&host, T_MS));
+	ck_assert(tpt_daemon_log_has(&host, "does not read its control connection"));
+	ck_assert(tpt_daemon_log_has(&host, "--peer-queue-bytes"));
+	ck_assert(tpt_daemon_alive(&host));
+	ck_assert_int_eq(tpt_ctx_new(&host, 0, "after", &ctx), 0);
+	tp_context_free(ctx);
+	tpt_raw_close(&data);
+	tpt_raw_close(&c);
+}
+END_TEST
+
+static Suite *peerlink_suite(void)
+{
+	Suite *s = suite_create("sec_peerlink");
+	TCase *q = tcase_create("control queue");
+
+	tcase_set_timeout(q, 120);
+	tcase_add_checked_fixture(q, setup, teardown);
+	tcase_add_test(q, test_peer_that_reads_no_answers_below_the_queue_limit_keeps_its_link);
+	tcase_add_test(q, test_peer_that_reads_no_answers_above_the_queue_limit_fails_its_link);
+	suite_add_tcase(s, q);
+	return s;
+}
+
+int main(void)
+{
+	return tpt_run_suite(peerlink_suite());
+}
