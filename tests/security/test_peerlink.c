@@ -7,6 +7,8 @@
  * leaves fewer waiting keeps its link and gets them all once it reads, one that leaves more
  * fails its link (the daemon used to queue every answer, as much memory as the peer cared to
  * ask for), and the daemon serves its local clients on.
+ * A peer whose Hello states frames below 4096 bytes is refused before its link exists (it was
+ * sent no frame at all, and each of its pings made the daemon log an error).
  */
 #include <check.h>
 #include <errno.h>
@@ -41,8 +43,9 @@ static void teardown(void)
 	ck_assert_int_eq(tpt_daemon_stop(&host), 0);
 }
 
-/* Dials @host's peer port as a daemon would (one data connection) up to the link being up. */
-static void peer_dial(struct tpt_raw *c, struct tpt_raw *data)
+/* Dials @host's peer port as a daemon would (one data connection) whose Hello states
+ * @frame_max, up to the link being up. Return: 0, or -1 if the daemon answered no Hello. */
+static int peer_dial_frames(struct tpt_raw *c, struct tpt_raw *data, uint32_t frame_max)
 {
 	Tpw__V1__PeerHello h = TPW__V1__PEER_HELLO__INIT;
 	Tpw__V1__PeerDataHello dh = TPW__V1__PEER_DATA_HELLO__INIT;
@@ -60,11 +63,13 @@ static void peer_dial(struct tpt_raw *c, struct tpt_raw *data)
 	h.boot_id.len = 16;
 	h.instance = 0x5eed;
 	h.data_conns = 1;
+	h.frame_max = frame_max;
 	m.body_case = TPW__V1__PEER_MSG__BODY_HELLO;
 	m.hello = &h;
 	ck_assert_int_eq(tpt_raw_send_peer(c, &m), 0);
-	ck_assert(tpt_raw_recv_peer(c, T_MS, &in) == 0 &&
-		  in->body_case == TPW__V1__PEER_MSG__BODY_HELLO);
+	if (tpt_raw_recv_peer(c, T_MS, &in) < 0)
+		return -1;
+	ck_assert_int_eq(in->body_case, TPW__V1__PEER_MSG__BODY_HELLO);
 	tpw_peer_msg_free(in);
 	ck_assert(tpt_raw_recv_peer(c, T_MS, &in) == 0 &&
 		  in->body_case == TPW__V1__PEER_MSG__BODY_READY);
@@ -85,6 +90,12 @@ static void peer_dial(struct tpt_raw *c, struct tpt_raw *data)
 	setsockopt(c->fd, SOL_SOCKET, SO_RCVBUF, &(int){ 4096 }, sizeof(int));
 	setsockopt(c->fd, SOL_SOCKET, SO_SNDTIMEO, &(struct timeval){ T_MS / 1000, 0 },
 		   sizeof(struct timeval));
+	return 0;
+}
+
+static void peer_dial(struct tpt_raw *c, struct tpt_raw *data)
+{
+	ck_assert_int_eq(peer_dial_frames(c, data, 0), 0);
 }
 
 /* One ping frame (not a reply: the daemon answers it) into @buf. Return: its size. */
@@ -187,6 +198,34 @@ START_TEST(test_peer_that_reads_no_answers_above_the_queue_limit_fails_its_link)
 }
 END_TEST
 
+/*
+ * A peer whose Hello states frames below 4096 bytes (TPW_FRAME_MAX_MIN, the smallest frame-max
+ * a daemon runs with) is refused before its link exists; one of 4096 gets its link and its
+ * pongs. The daemon used to take any size: one of 1 byte was sent no frame at all, and each
+ * ping it sent made the daemon log an error ("not sending a frame ... above the 1 the far
+ * daemon accepts"), as many lines as it cared to send pings.
+ */
+START_TEST(test_peer_stating_tiny_frames_is_refused)
+{
+	struct tpt_raw c = { .fd = -1 }, data = { .fd = -1 };
+	long sent;
+
+	ck_assert_int_eq(peer_dial_frames(&c, &data, TPW_FRAME_MAX_MIN - 1), -1);
+	ck_assert(tpt_daemon_log_has(&host, "frame max of 4095 bytes (at least 4096)"));
+	ck_assert_int_eq(tpt_peer_links(&host, &(struct tpt_link){ 0 }), 0);
+	tpt_raw_close(&c);
+	tpt_raw_close(&data);
+	c.fd = data.fd = -1;
+	ck_assert_int_eq(peer_dial_frames(&c, &data, TPW_FRAME_MAX_MIN), 0);
+	sent = send_pings(&c, 1); /* one write of them */
+	ck_assert_int_gt(sent, 0);
+	ck_assert_int_eq(read_pongs(&c, sent), sent);
+	ck_assert(!tpt_daemon_log_has(&host, "not sending a frame"));
+	tpt_raw_close(&data);
+	tpt_raw_close(&c);
+}
+END_TEST
+
 static Suite *peerlink_suite(void)
 {
 	Suite *s = suite_create("sec_peerlink");
@@ -196,6 +235,7 @@ static Suite *peerlink_suite(void)
 	tcase_add_checked_fixture(q, setup, teardown);
 	tcase_add_test(q, test_peer_that_reads_no_answers_below_the_queue_limit_keeps_its_link);
 	tcase_add_test(q, test_peer_that_reads_no_answers_above_the_queue_limit_fails_its_link);
+	tcase_add_test(q, test_peer_stating_tiny_frames_is_refused);
 	suite_add_tcase(s, q);
 	return s;
 }
