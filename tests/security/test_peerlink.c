@@ -8,7 +8,8 @@
  * fails its link (the daemon used to queue every answer, as much memory as the peer cared to
  * ask for), and the daemon serves its local clients on.
  * A peer whose Hello states frames below 4096 bytes is refused before its link exists (it was
- * sent no frame at all, and each of its pings made the daemon log an error).
+ * sent no frame at all, and each of its pings made the daemon log an error). The refusals of its
+ * group joins are logged in bursts (each was logged).
  */
 #include <check.h>
 #include <errno.h>
@@ -226,16 +227,61 @@ START_TEST(test_peer_stating_tiny_frames_is_refused)
 }
 END_TEST
 
+/*
+ * A peer daemon's group joins that the coordinator refuses (here: its link is not
+ * authenticated) are each answered, and logged in bursts: at most 20 lines for 200 joins. Each
+ * used to be logged, a line for every join the peer cared to send.
+ */
+#define JOINS 200
+
+START_TEST(test_peer_group_join_refusals_are_logged_in_bursts)
+{
+	struct tpt_raw c = { .fd = -1 }, data = { .fd = -1 };
+	Tpw__V1__PeerGroupJoin j = TPW__V1__PEER_GROUP_JOIN__INIT;
+	Tpw__V1__PeerMsg m = TPW__V1__PEER_MSG__INIT, *in = NULL;
+	unsigned answered = 0;
+	int lines;
+
+	peer_dial(&c, &data);
+	j.name = "flood";
+	j.rank = -1;
+	j.size = 2;
+	j.uid = 4242;
+	j.pid = 1;
+	m.body_case = TPW__V1__PEER_MSG__BODY_GROUP_JOIN;
+	m.group_join = &j;
+	for (unsigned i = 0; i < JOINS; i++) {
+		j.join_id = i + 1;
+		ck_assert_int_eq(tpt_raw_send_peer(&c, &m), 0);
+	}
+	setsockopt(c.fd, SOL_SOCKET, SO_RCVBUF, &(int){ 1 << 20 }, sizeof(int));
+	while (answered < JOINS && tpt_raw_recv_peer(&c, T_MS, &in) == 0) {
+		if (in->body_case == TPW__V1__PEER_MSG__BODY_GROUP_JOINED) {
+			ck_assert_int_eq(in->group_joined->status,
+					 TPW__V1__STATUS__STATUS_PERMISSION);
+			answered++;
+		}
+		tpw_peer_msg_free(in);
+	}
+	ck_assert_uint_eq(answered, JOINS);
+	lines = tpt_daemon_log_count(&host, "group join from");
+	ck_assert_msg(lines >= 1 && lines <= 20, "%d log lines for %u refused joins", lines, JOINS);
+	tpt_raw_close(&data);
+	tpt_raw_close(&c);
+}
+END_TEST
+
 static Suite *peerlink_suite(void)
 {
 	Suite *s = suite_create("sec_peerlink");
-	TCase *q = tcase_create("control queue");
+	TCase *q = tcase_create("control connection");
 
 	tcase_set_timeout(q, 120);
 	tcase_add_checked_fixture(q, setup, teardown);
 	tcase_add_test(q, test_peer_that_reads_no_answers_below_the_queue_limit_keeps_its_link);
 	tcase_add_test(q, test_peer_that_reads_no_answers_above_the_queue_limit_fails_its_link);
 	tcase_add_test(q, test_peer_stating_tiny_frames_is_refused);
+	tcase_add_test(q, test_peer_group_join_refusals_are_logged_in_bursts);
 	suite_add_tcase(s, q);
 	return s;
 }
