@@ -9,7 +9,8 @@
  * ask for), and the daemon serves its local clients on.
  * A peer whose Hello states frames below 4096 bytes is refused before its link exists (it was
  * sent no frame at all, and each of its pings made the daemon log an error). The refusals of its
- * group joins are logged in bursts (each was logged).
+ * group joins are logged in bursts (each was logged), and so are its reads of messages never
+ * announced on its pipe (each was logged).
  */
 #include <check.h>
 #include <errno.h>
@@ -271,6 +272,73 @@ START_TEST(test_peer_group_join_refusals_are_logged_in_bursts)
 }
 END_TEST
 
+/*
+ * A peer daemon with a pipe to a listener here asks for messages that were never announced, in
+ * the pipe's order and as broadcast reads: each is answered (PeerXferEnd INVALID) and the
+ * warnings come at most once a second each. Each used to be logged, a line for every read the
+ * peer cared to send.
+ */
+#define READS 200
+
+START_TEST(test_peer_reads_of_unknown_messages_are_logged_at_a_bounded_rate)
+{
+	struct tpt_raw c = { .fd = -1 }, data = { .fd = -1 };
+	struct tp_listen_options lo = { .size = sizeof(lo), .remote = TP_REMOTE_ANY_PEER };
+	Tpw__V1__PeerConnect pc = TPW__V1__PEER_CONNECT__INIT;
+	Tpw__V1__PeerReadReq rr = TPW__V1__PEER_READ_REQ__INIT;
+	Tpw__V1__PeerMsg m = TPW__V1__PEER_MSG__INIT, *in = NULL;
+	struct tp_listener *l;
+	struct tp_context *ctx;
+	unsigned ended = 0;
+	uint64_t pipe_id = 0;
+	int lines;
+
+	ck_assert_int_eq(tpt_ctx_new(&host, 0, "reader", &ctx), 0);
+	ck_assert_int_eq(tp_listen(ctx, "lst", &lo, &l), 0);
+	peer_dial(&c, &data);
+	pc.pipe_id = 7;
+	pc.name = "lst";
+	m.body_case = TPW__V1__PEER_MSG__BODY_CONNECT;
+	m.connect = &pc;
+	ck_assert_int_eq(tpt_raw_send_peer(&c, &m), 0);
+	while (!pipe_id && tpt_raw_recv_peer(&c, T_MS, &in) == 0) {
+		if (in->body_case == TPW__V1__PEER_MSG__BODY_CONNECT_REPLY) {
+			ck_assert_int_eq(in->connect_reply->status, TPW__V1__STATUS__STATUS_OK);
+			pipe_id = in->connect_reply->peer_pipe_id;
+		}
+		tpw_peer_msg_free(in);
+	}
+	ck_assert_uint_ne(pipe_id, 0);
+	m.body_case = TPW__V1__PEER_MSG__BODY_READ_REQ;
+	m.read_req = &rr;
+	rr.pipe_id = pipe_id;
+	for (unsigned i = 0; i < 2 * READS; i++) {
+		rr.msg_id = 1000 + i;
+		rr.xfer_id = i + 1;
+		rr.bcast = i >= READS;
+		ck_assert_int_eq(tpt_raw_send_peer(&c, &m), 0);
+	}
+	setsockopt(c.fd, SOL_SOCKET, SO_RCVBUF, &(int){ 1 << 20 }, sizeof(int));
+	while (ended < 2 * READS && tpt_raw_recv_peer(&c, T_MS, &in) == 0) {
+		if (in->body_case == TPW__V1__PEER_MSG__BODY_XFER_END) {
+			ck_assert_int_eq(in->xfer_end->status, TPW__V1__STATUS__STATUS_INVALID);
+			ended++;
+		}
+		tpw_peer_msg_free(in);
+	}
+	ck_assert_uint_eq(ended, 2 * READS);
+	/* a line a second of each kind; the test takes a few seconds at most */
+	lines = tpt_daemon_log_count(&host, "peer asked for message");
+	ck_assert_msg(lines >= 1 && lines <= 10, "%d lines for %u reads", lines, READS);
+	lines = tpt_daemon_log_count(&host, "peer asked for broadcast message");
+	ck_assert_msg(lines >= 1 && lines <= 10, "%d lines for %u broadcast reads", lines, READS);
+	tpt_raw_close(&data);
+	tpt_raw_close(&c);
+	tp_listener_close(l);
+	tp_context_free(ctx);
+}
+END_TEST
+
 static Suite *peerlink_suite(void)
 {
 	Suite *s = suite_create("sec_peerlink");
@@ -282,6 +350,7 @@ static Suite *peerlink_suite(void)
 	tcase_add_test(q, test_peer_that_reads_no_answers_above_the_queue_limit_fails_its_link);
 	tcase_add_test(q, test_peer_stating_tiny_frames_is_refused);
 	tcase_add_test(q, test_peer_group_join_refusals_are_logged_in_bursts);
+	tcase_add_test(q, test_peer_reads_of_unknown_messages_are_logged_at_a_bounded_rate);
 	suite_add_tcase(s, q);
 	return s;
 }
