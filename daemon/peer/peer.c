@@ -160,7 +160,10 @@ const char *tpd_peer_account(const struct tpd_peer *pr, char *buf)
 
 	if (!id)
 		return NULL;
-	snprintf(buf, TPD_PEER_ACCOUNT_LEN, "%s@%s", id, pr->host[0] ? pr->host : "?");
+	if (pr->cert_verified) /* the certificate proves the host: a stated name adds nothing */
+		snprintf(buf, TPD_PEER_ACCOUNT_LEN, "%s", id);
+	else
+		snprintf(buf, TPD_PEER_ACCOUNT_LEN, "%s@%s", id, pr->host[0] ? pr->host : "?");
 	return buf;
 }
 

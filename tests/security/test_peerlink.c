@@ -11,6 +11,8 @@
  * sent no frame at all, and each of its pings made the daemon log an error). The refusals of its
  * group joins are logged in bursts (each was logged), and so are its reads of messages never
  * announced on its pipe (each was logged).
+ * A peer daemon proven by a certificate is charged for the channels it creates under that
+ * certificate, whatever host name its hello states (each name got it another share).
  */
 #include <check.h>
 #include <errno.h>
@@ -339,6 +341,127 @@ START_TEST(test_peer_reads_of_unknown_messages_are_logged_at_a_bounded_rate)
 }
 END_TEST
 
+/* ---- a peer proven by a certificate is charged under it --------------------------------- */
+
+static char cert_dir[64];
+
+/* Makes @dir/ca.{crt,key} and @dir/NAME.{crt,key} for each of @names (SAN IP:127.0.0.1) with
+ * the openssl command. Return: 0, or -1 (printed) where openssl is missing or fails. */
+static int make_certs(const char *dir, const char *const *names, size_t n)
+{
+	char cmd[1024];
+
+	snprintf(cmd, sizeof(cmd), "cd %s && openssl req -x509 -newkey ec -pkeyopt "
+		 "ec_paramgen_curve:P-256 -nodes -keyout ca.key -out ca.crt -subj /CN=ca -days 2 "
+		 ">/dev/null 2>&1", dir);
+	if (system(cmd) != 0) {
+		fprintf(stderr, "skipped: the openssl command cannot make a CA\n");
+		return -1;
+	}
+	for (size_t i = 0; i < n; i++) {
+		snprintf(cmd, sizeof(cmd), "cd %s && openssl req -newkey ec -pkeyopt "
+			 "ec_paramgen_curve:P-256 -nodes -keyout %s.key -out %s.csr -subj /CN=%s "
+			 ">/dev/null 2>&1 && printf 'subjectAltName=IP:127.0.0.1\\n' >%s.ext && "
+			 "openssl x509 -req -in %s.csr -CA ca.crt -CAkey ca.key -CAcreateserial "
+			 "-out %s.crt -days 2 -extfile %s.ext >/dev/null 2>&1 && chmod 600 %s.key",
+			 dir, names[i], names[i], names[i], names[i], names[i], names[i], names[i],
+			 names[i]);
+		if (system(cmd) != 0) {
+			fprintf(stderr, "skipped: the openssl command cannot make a certificate\n");
+			return -1;
+		}
+	}
+	return 0;
+}
+
+/* Starts @d with certificate @name of cert_dir and @extra (NULL-terminated, at most 6). */
+static void start_cert(struct tpt_daemon *d, const char *name, const char *const *extra)
+{
+	static char crt[2][128], key[2][128], ca[128];
+	static unsigned k;
+	const char *args[16] = { "--peer-cert", crt[k % 2], "--peer-cert-key", key[k % 2],
+				 "--peer-ca", ca };
+	size_t n = 6;
+
+	snprintf(crt[k % 2], sizeof(crt[0]), "%s/%s.crt", cert_dir, name);
+	snprintf(key[k % 2], sizeof(key[0]), "%s/%s.key", cert_dir, name);
+	snprintf(ca, sizeof(ca), "%s/ca.crt", cert_dir);
+	k++;
+	for (size_t i = 0; extra && extra[i]; i++)
+		args[n++] = extra[i];
+	args[n] = NULL;
+	ck_assert_int_eq(tpt_daemon_start_peer(d, args), 0);
+}
+
+/* A persistent channel @name created on @on by a client of @from. Return: tp_chan_open()'s. */
+static int xcreate(const struct tpt_daemon *from, const struct tpt_daemon *on, const char *name)
+{
+	struct tp_chan_options o = { .size = sizeof(o), .flags = TP_CHAN_CREATE |
+				     TP_CHAN_PERSISTENT, .owner_uid = -1 };
+	struct tp_context *ctx;
+	struct tp_chan *ch = NULL;
+	int r;
+
+	ck_assert_int_eq(tpt_ctx_new(from, 0, "xcreate", &ctx), 0);
+	r = tp_chan_open(ctx, tpt_peer_at(on, name), &o, &ch);
+	if (r < 0)
+		ck_assert_msg(strstr(tp_last_error(), "chan-remote-create-per-peer"), "%s",
+			      tp_last_error());
+	if (ch)
+		tp_chan_release(ch);
+	tp_context_free(ctx);
+	return r;
+}
+
+/*
+ * Daemon a, proven by certificate "a", creates channels on b (--chan-remote-create-per-peer 2):
+ * its second is taken, its third refused; restarted stating another host name in its hello
+ * (--peer-host-name), its third is still refused, and b charges them all to "cert:CN=a,...".
+ * The account used to be "IDENTITY@HOST" whatever proved the identity: each name a certificate
+ * holder stated got it another share of chan-remote-create-uid's channels.
+ */
+START_TEST(test_cert_peer_stating_another_name_keeps_its_share)
+{
+	static const char *const names[] = { "a", "b" };
+	static const char *const bargs[] = { "--chan-remote-create-uid", "4242",
+					     "--chan-remote-create-per-peer", "2", NULL };
+	static const char *const a1[] = { "--peer-host-name", "ha", NULL };
+	static const char *const a2[] = { "--peer-host-name", "hz", NULL };
+	struct tpt_daemon a, b;
+
+	if (make_certs(cert_dir, names, 2) < 0)
+		return;
+	start_cert(&b, "b", bargs);
+	start_cert(&a, "a", a1);
+	ck_assert_int_eq(xcreate(&a, &b, "one"), 0);
+	ck_assert_int_eq(xcreate(&a, &b, "two"), 0);
+	ck_assert_int_eq(xcreate(&a, &b, "three"), -ENOBUFS);
+	ck_assert_int_eq(tpt_daemon_stop(&a), 0);
+	start_cert(&a, "a", a2);
+	ck_assert_int_eq(xcreate(&a, &b, "three"), -ENOBUFS);
+	ck_assert(tpt_ctl_lists(&b, "channels", "one",
+				"\"created_by\": \"cert:CN=a,IP:127.0.0.1\""));
+	ck_assert(!tpt_ctl_lists(&b, "channels", "three", NULL));
+	ck_assert_int_eq(tpt_daemon_stop(&a), 0);
+	ck_assert_int_eq(tpt_daemon_stop(&b), 0);
+}
+END_TEST
+
+/* The certificates' directory, made and removed outside the tests (also when one fails). */
+static void cert_dir_make(void)
+{
+	snprintf(cert_dir, sizeof(cert_dir), "/tmp/tpt-peercert.XXXXXX");
+	ck_assert_ptr_nonnull(mkdtemp(cert_dir));
+}
+
+static void cert_dir_remove(void)
+{
+	char cmd[128];
+
+	snprintf(cmd, sizeof(cmd), "rm -rf %s", cert_dir);
+	ck_assert_int_eq(system(cmd), 0);
+}
+
 static Suite *peerlink_suite(void)
 {
 	Suite *s = suite_create("sec_peerlink");
@@ -352,6 +475,12 @@ static Suite *peerlink_suite(void)
 	tcase_add_test(q, test_peer_group_join_refusals_are_logged_in_bursts);
 	tcase_add_test(q, test_peer_reads_of_unknown_messages_are_logged_at_a_bounded_rate);
 	suite_add_tcase(s, q);
+	TCase *id = tcase_create("identity");
+
+	tcase_set_timeout(id, 120);
+	tcase_add_unchecked_fixture(id, cert_dir_make, cert_dir_remove);
+	tcase_add_test(id, test_cert_peer_stating_another_name_keeps_its_share);
+	suite_add_tcase(s, id);
 	return s;
 }
 
