@@ -949,6 +949,11 @@ static int check_peer_hello(const Tpw__V1__PeerHello *h, char *why, size_t wl)
 			return r;
 	if (h->data_conns > 16)
 		return tpu_why(-EBADMSG, why, wl, "%u data connections", h->data_conns);
+	/* Below it the daemon could send the peer no frame, not even a pong, and would log each
+	 * one it holds back. */
+	if (h->frame_max && h->frame_max < TPW_FRAME_MAX_MIN)
+		return tpu_why(-EBADMSG, why, wl, "frame max of %u bytes (at least %u)",
+			       h->frame_max, TPW_FRAME_MAX_MIN);
 	if (h->nonce.len && (r = check_bytes(&h->nonce, 32, "nonce", why, wl)) < 0)
 		return r;
 	if (h->mac.len && (r = check_bytes(&h->mac, 32, "mac", why, wl)) < 0)

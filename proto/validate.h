@@ -26,6 +26,8 @@ struct tpw_limits {
 
 /* Defaults used by the daemon and, for daemon -> client frames, by the client. */
 #define TPW_DEFAULT_FRAME_MAX (4u << 20)
+/* The smallest frame-max a daemon runs with, and a peer's Hello may state. */
+#define TPW_FRAME_MAX_MIN 4096u
 #define TPW_DEFAULT_INLINE_MAX (1u << 20)
 #define TPW_DEFAULT_SEGMENTS_MAX 1024u
 #define TPW_DEFAULT_MESSAGE_BYTES_MAX (16ull << 30)

@@ -700,8 +700,10 @@ static bool targets_repeat(const Tpw__V1__Broadcast *b)
 
 void tpd_bcast_peer_read(struct tpd_pipe *p, const Tpw__V1__PeerReadReq *rr)
 {
+	static struct tpd_ratelog log; /* the peer asks at will: at most a line a second */
 	struct tpd_pipe_end *w = tpd_xpipe_local_end(p);
 	struct tpd_msg *m;
+	unsigned suppressed;
 
 	tpu_list_for_each(m, &w->rq, rnode) {
 		if (m->msg_id != rr->msg_id)
@@ -722,8 +724,10 @@ void tpd_bcast_peer_read(struct tpd_pipe *p, const Tpw__V1__PeerReadReq *rr)
 		(void)tpd_xh_start(m); /* a failure completed it */
 		return;
 	}
-	tpd_pipe_log(p, NULL, TPU_LOG_WARNING, "peer asked for broadcast message %llu, not one "
-		     "announced and waiting", (unsigned long long)rr->msg_id);
+	if (tpd_quota_ratelog_ok(&log, 1000, &suppressed))
+		tpd_pipe_log(p, NULL, TPU_LOG_WARNING, "peer asked for broadcast message %llu, not "
+			     "one announced and waiting (%u more since the last such line)",
+			     (unsigned long long)rr->msg_id, suppressed);
 	tpd_xh_tell_end(p, rr->xfer_id, TPW__V1__STATUS__STATUS_INVALID, "no such message", 0,
 			false);
 }

@@ -178,8 +178,10 @@ void tpd_xpipe_peer_descriptor(struct tpd_pipe *p, const Tpw__V1__Descriptor *dd
 
 void tpd_xpipe_peer_read_req(struct tpd_pipe *p, const Tpw__V1__PeerReadReq *rr)
 {
+	static struct tpd_ratelog log; /* the peer asks at will: at most a line a second */
 	struct tpd_pipe_end *w = tpd_xpipe_local_end(p);
 	struct tpd_msg *m;
+	unsigned suppressed;
 
 	if (!w->session) {
 		tpd_xh_tell_end(p, rr->xfer_id, TPW__V1__STATUS__STATUS_CLOSED,
@@ -192,9 +194,11 @@ void tpd_xpipe_peer_read_req(struct tpd_pipe *p, const Tpw__V1__PeerReadReq *rr)
 	}
 	m = tpd_pipe_next_unread(w);
 	if (!m || m->msg_id != rr->msg_id || m->eager) {
-		tpd_pipe_log(p, NULL, TPU_LOG_WARNING, "peer asked for message %llu, next is %llu",
-			     (unsigned long long)rr->msg_id,
-			     m ? (unsigned long long)m->msg_id : 0ull);
+		if (tpd_quota_ratelog_ok(&log, 1000, &suppressed))
+			tpd_pipe_log(p, NULL, TPU_LOG_WARNING, "peer asked for message %llu, next "
+				     "is %llu (%u more since the last such line)",
+				     (unsigned long long)rr->msg_id,
+				     m ? (unsigned long long)m->msg_id : 0ull, suppressed);
 		tpd_xh_tell_end(p, rr->xfer_id, TPW__V1__STATUS__STATUS_INVALID, "no such message",
 				0, false);
 		return;

@@ -116,8 +116,8 @@ static const struct opt opts[] = {
 	  true, "BYTES", "bytes queued towards the clients of one uid (default 1G)" },
 	{ "client-queue-bytes-max", "limits", K_SIZE64, OFF(outq_total), MiB, UINT64_MAX, true,
 	  "BYTES", "bytes queued towards all clients together (default 4G)" },
-	{ "frame-max", "limits", K_SIZE32, OFF(wire.frame_max), 4096, TPW_FRAME_MAX_HARD, true,
-	  "BYTES", "largest frame accepted (default 4M, at most 64M)" },
+	{ "frame-max", "limits", K_SIZE32, OFF(wire.frame_max), TPW_FRAME_MAX_MIN,
+	  TPW_FRAME_MAX_HARD, true, "BYTES", "largest frame accepted (default 4M, at most 64M)" },
 	{ "inline-max", "limits", K_SIZE32, OFF(wire.inline_max), 0, TPW_FRAME_MAX_HARD, true,
 	  "BYTES", "largest inline data per write (default 1M)" },
 	{ "segments-max", "limits", K_U32, OFF(wire.segments_max), 0, 1u << 20, true, "N",
@@ -252,6 +252,9 @@ static const struct opt opts[] = {
 	  "N", "of those, from one address (default 8)" },
 	{ "peer-connect-waits-max", "peer", K_U32, OFF(peer_connect_waits_max), 1, 1u << 24, true,
 	  "N", "peers' connects waiting for a listener, all links together (default 4096)" },
+	{ "peer-queue-bytes", "peer", K_SIZE64, OFF(peer_outq_max), MiB, UINT64_MAX, true, "BYTES",
+	  "control bytes queued towards a peer daemon that does not read\n"
+	  "                            before its link fails (default 256M)" },
 	{ "peer-data-conns-max", "peer", K_U32, OFF(peer_data_conns_max), 1, 1u << 20, true, "N",
 	  "data connections of all links together, two threads each (default 512)" },
 };
@@ -369,6 +372,7 @@ void tpd_config_defaults(struct tpd_config *c)
 	c->peer_links_max = 128;
 	c->peer_links_per_source = 8;
 	c->peer_data_conns_max = 512;
+	c->peer_outq_max = 256ull << 20;
 	c->peer_connect_waits_max = 4096;
 	snprintf(c->config_path, sizeof(c->config_path), "%s", TPD_CONFIG_DEFAULT_PATH);
 	set_kept_fds_cap(c);

@@ -102,21 +102,27 @@ static void coord_answer(struct tpd_groups *gs, const struct cmember *cm, int er
 	to_member(gs, cm->pr, &m);
 }
 
-/* A refusal of a join that never got a slot. */
+/* A refusal of a join that never got a slot. A peer daemon sends joins as fast as its link
+ * carries them: the refusals of its joins are logged in bursts (at most 20 in 10 s). */
 static void coord_refuse(struct tpd_groups *gs, struct tpd_peer *pr, uint64_t join_id, int err,
 			 const char *fmt, ...) _printf_(5, 6);
 static void coord_refuse(struct tpd_groups *gs, struct tpd_peer *pr, uint64_t join_id, int err,
 			 const char *fmt, ...)
 {
+	static struct tpd_ratelog peer_refusals;
 	struct cmember cm = { .pr = pr, .join_id = join_id };
 	char why[256];
+	unsigned held;
 	va_list ap;
 
 	va_start(ap, fmt);
 	vsnprintf(why, sizeof(why), fmt, ap);
 	va_end(ap);
-	tpu_log(TPU_LOG_INFO, "group join from %s refused: %s",
-		pr ? tpd_peer_name(pr) : "this host", why);
+	if (!pr)
+		tpu_log(TPU_LOG_INFO, "group join from this host refused: %s", why);
+	else if (tpd_quota_ratelog_burst_ok(&peer_refusals, 10000, 20, &held))
+		tpu_log(TPU_LOG_INFO, "group join from %s refused: %s (%u refusals not logged "
+			"before this one)", tpd_peer_name(pr), why, held);
 	gs->refused++;
 	coord_answer(gs, &cm, err, why, NULL);
 }

@@ -160,7 +160,10 @@ const char *tpd_peer_account(const struct tpd_peer *pr, char *buf)
 
 	if (!id)
 		return NULL;
-	snprintf(buf, TPD_PEER_ACCOUNT_LEN, "%s@%s", id, pr->host[0] ? pr->host : "?");
+	if (pr->cert_verified) /* the certificate proves the host: a stated name adds nothing */
+		snprintf(buf, TPD_PEER_ACCOUNT_LEN, "%s", id);
+	else
+		snprintf(buf, TPD_PEER_ACCOUNT_LEN, "%s@%s", id, pr->host[0] ? pr->host : "?");
 	return buf;
 }
 
@@ -266,6 +269,27 @@ static struct evbuffer *peer_outq(struct tpd_peer *pr)
 	return pr->pend;
 }
 
+/*
+ * Would @len more bytes take what waits for @pr's control connection above peer-queue-bytes?
+ * Then the link fails: a peer daemon that sends requests (a ping, a channel op) and reads none of
+ * the answers would otherwise make this daemon hold them all. One frame always goes when nothing
+ * waits. Return: true if the link failed.
+ */
+static bool peer_outq_full(struct tpd_peer *pr, size_t len)
+{
+	uint64_t max = pr->peers->cfg->peer_outq_max;
+	uint64_t queued = evbuffer_get_length(bufferevent_get_output(pr->bev));
+
+	if (pr->pend)
+		queued += evbuffer_get_length(pr->pend);
+	if (!queued || queued + len <= max)
+		return false;
+	tpd_peer_fail(pr, -ENOBUFS, "peer daemon does not read its control connection: %llu bytes "
+		      "queued (limit %llu, tpipd --peer-queue-bytes)", (unsigned long long)queued,
+		      (unsigned long long)max);
+	return true;
+}
+
 int tpd_peer_send(struct tpd_peer *pr, Tpw__V1__PeerMsg *m, const struct iovec *tail, int n_tail)
 {
 	struct evbuffer *out;
@@ -286,6 +310,8 @@ int tpd_peer_send(struct tpd_peer *pr, Tpw__V1__PeerMsg *m, const struct iovec *
 		return -EMSGSIZE;
 	}
 	data_len = (uint32_t)tail_len;
+	if (peer_outq_full(pr, n + tail_len))
+		return -ENOBUFS;
 	out = peer_outq(pr);
 	if (!out || evbuffer_reserve_space(out, (ev_ssize_t)n, &v, 1) != 1)
 		return -ENOMEM;

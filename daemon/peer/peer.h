@@ -121,11 +121,13 @@ bool tpd_peer_same(const struct tpd_peer *a, const struct tpd_peer *b);
 
 /*
  * tpd_peer_account() - whom this daemon charges for the channels and queues the far daemon of
- * @pr creates here (chan-remote-create-per-peer, chan-remote-bytes-per-peer): "IDENTITY@HOST",
- * its tpd_peer_identity() and the host name its PeerHello states. The identity is proven, the
- * host name only claimed: a far daemon that holds the key and states another name escapes its
- * own share, never the owner uid's limits, which bound every far daemon together. It stays the
- * same across the far daemon's reconnects and restarts, so what it created before still counts.
+ * @pr creates here (chan-remote-create-per-peer, chan-remote-bytes-per-peer): its verified
+ * certificate identity alone where a certificate proved it; else (the pre-shared key, the same
+ * identity for every holder) "IDENTITY@HOST", its tpd_peer_identity() and the host name its
+ * PeerHello states. That host name is only claimed: a far daemon that holds the key and states
+ * another name escapes its own share, never the owner uid's limits, which bound every far daemon
+ * together; one proven by a certificate does not. It stays the same across the far daemon's
+ * reconnects and restarts, so what it created before still counts.
  * @buf: TPD_PEER_ACCOUNT_LEN bytes. Return: @buf, or NULL for an unauthenticated link.
  */
 const char *tpd_peer_account(const struct tpd_peer *pr, char *buf);
@@ -322,7 +324,8 @@ void tpd_peer_pipe_remove(struct tpd_peer *pr, struct tpd_pipe *p);
  * @m, @tail: borrowed; copied. Sending over a failed link is a no-op. A frame above what the far
  * daemon accepts (tpd_peer_chan_frame_max()), which would fail the whole link there, is not sent:
  * -EMSGSIZE, and one log line. Callers that forward what a client sent check the size first and
- * refuse that client's op (chanx.c).
+ * refuse that client's op (chanx.c). A frame that would take the bytes waiting for the control
+ * connection above peer-queue-bytes (a peer that does not read) fails the link: -ENOBUFS.
  * Return: 0 or -errno.
  */
 int tpd_peer_send(struct tpd_peer *pr, Tpw__V1__PeerMsg *m, const struct iovec *tail, int n_tail);

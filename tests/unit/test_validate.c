@@ -1274,6 +1274,26 @@ START_TEST(test_validate_peer_group_joined_adds_up)
 }
 END_TEST
 
+/* A Hello's frame_max: unsaid (0) or at least TPW_FRAME_MAX_MIN. */
+START_TEST(test_validate_peer_hello_frame_max_bounded)
+{
+	Tpw__V1__PeerHello h = TPW__V1__PEER_HELLO__INIT;
+	Tpw__V1__PeerMsg m = TPW__V1__PEER_MSG__INIT;
+
+	m.body_case = TPW__V1__PEER_MSG__BODY_HELLO;
+	m.hello = &h;
+	h.host = "h";
+	ck_assert_int_eq(vp(&m), 0);
+	h.frame_max = TPW_FRAME_MAX_MIN;
+	ck_assert_int_eq(vp(&m), 0);
+	h.frame_max = TPW_FRAME_MAX_MIN - 1;
+	ck_assert_int_eq(vp(&m), -EBADMSG);
+	ck_assert_ptr_nonnull(strstr(why, "frame max of 4095 bytes"));
+	h.frame_max = 1;
+	ck_assert_int_eq(vp(&m), -EBADMSG);
+}
+END_TEST
+
 START_TEST(test_validate_peer_connect_wait_bounded)
 {
 	Tpw__V1__PeerConnect c = TPW__V1__PEER_CONNECT__INIT;
@@ -2236,6 +2256,7 @@ static Suite *validate_suite(void)
 	tcase_add_test(d, test_validate_peer_rdma_rails);
 	tcase_add_test(d, test_validate_peer_read_req_offer_bounded);
 	tcase_add_test(d, test_validate_peer_connect_wait_bounded);
+	tcase_add_test(d, test_validate_peer_hello_frame_max_bounded);
 	tcase_add_test(d, test_validate_group_hosts);
 	tcase_add_test(d, test_validate_peer_group_joined_adds_up);
 	tcase_add_test(d, test_validate_peer_chan_op);

@@ -1,0 +1,490 @@
+/* SPDX-License-Identifier: BSD-3-Clause */
+/*
+ * Security suite: a peer link's control connection against a hostile peer daemon (a raw
+ * dialler over an insecure link, as --peer-insecure allows; a key holder speaks the same frames
+ * inside TLS). It sends requests whose answers it never reads: pings, each answered by a pong.
+ * The answers waiting for its control connection are bounded by --peer-queue-bytes: a peer that
+ * leaves fewer waiting keeps its link and gets them all once it reads, one that leaves more
+ * fails its link (the daemon used to queue every answer, as much memory as the peer cared to
+ * ask for), and the daemon serves its local clients on.
+ * A peer whose Hello states frames below 4096 bytes is refused before its link exists (it was
+ * sent no frame at all, and each of its pings made the daemon log an error). The refusals of its
+ * group joins are logged in bursts (each was logged), and so are its reads of messages never
+ * announced on its pipe (each was logged).
+ * A peer daemon proven by a certificate is charged for the channels it creates under that
+ * certificate, whatever host name its hello states (each name got it another share).
+ */
+#include <check.h>
+#include <errno.h>
+#include <poll.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/socket.h>
+#include <unistd.h>
+#include "ipeer.h"
+#include "itest.h"
+#include "tpt_wire.h"
+
+#define T_MS TPT_SCALED_MS(20000)
+#define QUEUE_MAX (1u << 20) /* --peer-queue-bytes of the test's daemon */
+
+static struct tpt_daemon host;
+
+static void setup(void)
+{
+	char to[16];
+	const char *args[] = { "--peer-insecure", "--peer-timeout", to, "--peer-queue-bytes",
+			       "1M", NULL };
+
+	/* long enough that no keepalive ends a link the test keeps from reading */
+	snprintf(to, sizeof(to), "%d", TPT_SCALED_MS(60000));
+	ck_assert_int_eq(tpt_daemon_start_peer(&host, args), 0);
+}
+
+static void teardown(void)
+{
+	ck_assert_int_eq(tpt_daemon_stop(&host), 0);
+}
+
+/* Dials @host's peer port as a daemon would (one data connection) whose Hello states
+ * @frame_max, up to the link being up. Return: 0, or -1 if the daemon answered no Hello. */
+static int peer_dial_frames(struct tpt_raw *c, struct tpt_raw *data, uint32_t frame_max)
+{
+	Tpw__V1__PeerHello h = TPW__V1__PEER_HELLO__INIT;
+	Tpw__V1__PeerDataHello dh = TPW__V1__PEER_DATA_HELLO__INIT;
+	Tpw__V1__PeerMsg m = TPW__V1__PEER_MSG__INIT, *in = NULL;
+	uint8_t boot[16];
+	uint64_t link_id;
+
+	for (unsigned i = 0; i < 16; i++)
+		boot[i] = (uint8_t)(0xb0 + i); /* another "host" */
+	ck_assert_int_eq(tpt_raw_connect_tcp(c, "127.0.0.1", host.peer_port), 0);
+	h.major = TPW_PEER_PROTO_MAJOR;
+	h.minor = TPW_PEER_PROTO_MINOR;
+	h.host = "hostile";
+	h.boot_id.data = boot;
+	h.boot_id.len = 16;
+	h.instance = 0x5eed;
+	h.data_conns = 1;
+	h.frame_max = frame_max;
+	m.body_case = TPW__V1__PEER_MSG__BODY_HELLO;
+	m.hello = &h;
+	ck_assert_int_eq(tpt_raw_send_peer(c, &m), 0);
+	if (tpt_raw_recv_peer(c, T_MS, &in) < 0)
+		return -1;
+	ck_assert_int_eq(in->body_case, TPW__V1__PEER_MSG__BODY_HELLO);
+	tpw_peer_msg_free(in);
+	ck_assert(tpt_raw_recv_peer(c, T_MS, &in) == 0 &&
+		  in->body_case == TPW__V1__PEER_MSG__BODY_READY);
+	link_id = in->ready->link_id;
+	tpw_peer_msg_free(in);
+	ck_assert_int_eq(tpt_raw_connect_tcp(data, "127.0.0.1", host.peer_port), 0);
+	dh.link_id = link_id;
+	m.body_case = TPW__V1__PEER_MSG__BODY_DATA_HELLO;
+	m.data_hello = &dh;
+	ck_assert_int_eq(tpt_raw_send_peer(data, &m), 0);
+	ck_assert(tpt_raw_recv_peer(data, T_MS, &in) == 0 &&
+		  in->body_case == TPW__V1__PEER_MSG__BODY_DATA_HELLO);
+	tpw_peer_msg_free(in);
+	ck_assert(tpt_raw_recv_peer(c, T_MS, &in) == 0 &&
+		  in->body_case == TPW__V1__PEER_MSG__BODY_READY && in->ready->data_up);
+	tpw_peer_msg_free(in);
+	/* a small window: what the daemon sends piles up on its side, not in this socket */
+	setsockopt(c->fd, SOL_SOCKET, SO_RCVBUF, &(int){ 4096 }, sizeof(int));
+	setsockopt(c->fd, SOL_SOCKET, SO_SNDTIMEO, &(struct timeval){ T_MS / 1000, 0 },
+		   sizeof(struct timeval));
+	return 0;
+}
+
+static void peer_dial(struct tpt_raw *c, struct tpt_raw *data)
+{
+	ck_assert_int_eq(peer_dial_frames(c, data, 0), 0);
+}
+
+/* One ping frame (not a reply: the daemon answers it) into @buf. Return: its size. */
+static size_t ping_frame(uint8_t *buf, size_t len, uint64_t seq)
+{
+	Tpw__V1__PeerPing p = TPW__V1__PEER_PING__INIT;
+	Tpw__V1__PeerMsg m = TPW__V1__PEER_MSG__INIT;
+
+	p.t_ns = 1;
+	m.body_case = TPW__V1__PEER_MSG__BODY_PING;
+	m.ping = &p;
+	ck_assert_uint_le(tpw_frame_size(&m.base), len);
+	return tpw_frame_pack(&m.base, 0, 0, seq, buf);
+}
+
+/*
+ * Sends pings whose pongs add up to @bytes, reading nothing, in writes of 64 KiB.
+ * Return: the pings sent, or -errno of the first write the daemon refused.
+ */
+static long send_pings(struct tpt_raw *c, uint64_t bytes)
+{
+	static uint8_t buf[64u << 10];
+	uint8_t one[64];
+	size_t n = ping_frame(one, sizeof(one), 1), per = sizeof(buf) / n;
+	long sent = 0;
+
+	for (size_t i = 0; i < per; i++)
+		memcpy(buf + i * n, one, n);
+	while ((uint64_t)sent * n < bytes) {
+		size_t off = 0;
+
+		while (off < per * n) {
+			ssize_t k = send(c->fd, buf + off, per * n - off, MSG_NOSIGNAL);
+
+			if (k < 0 && errno == EINTR)
+				continue;
+			if (k <= 0)
+				return k < 0 ? -errno : -ECONNRESET;
+			off += (size_t)k;
+		}
+		sent += (long)per;
+	}
+	return sent;
+}
+
+/* Reads frames from @c until @want pongs came or nothing comes for a while.
+ * Return: the pongs read. */
+static long read_pongs(struct tpt_raw *c, long want)
+{
+	Tpw__V1__PeerMsg *in = NULL;
+	long got = 0;
+
+	setsockopt(c->fd, SOL_SOCKET, SO_RCVBUF, &(int){ 1 << 20 }, sizeof(int));
+	while (got < want && tpt_raw_recv_peer(c, T_MS, &in) == 0) {
+		got += in->body_case == TPW__V1__PEER_MSG__BODY_PING && in->ping->reply;
+		tpw_peer_msg_free(in);
+	}
+	return got;
+}
+
+START_TEST(test_peer_that_reads_no_answers_below_the_queue_limit_keeps_its_link)
+{
+	struct tpt_raw c = { .fd = -1 }, data = { .fd = -1 };
+	struct tpt_link l;
+	long sent;
+
+	peer_dial(&c, &data);
+	/* half the limit, all of it waiting in the daemon in the worst case */
+	sent = send_pings(&c, QUEUE_MAX / 2);
+	ck_assert_int_gt(sent, 0);
+	ck_assert_int_eq(tpt_peer_links(&host, &l), 1);
+	ck_assert_str_eq(l.state, "up");
+	ck_assert_int_eq(read_pongs(&c, sent), sent);
+	ck_assert_int_eq(tpt_peer_links(&host, &l), 1);
+	ck_assert_str_eq(l.state, "up");
+	ck_assert(!tpt_daemon_log_has(&host, "does not read its control connection"));
+	tpt_raw_close(&data);
+	tpt_raw_close(&c);
+}
+END_TEST
+
+START_TEST(test_peer_that_reads_no_answers_above_the_queue_limit_fails_its_link)
+{
+	struct tpt_raw c = { .fd = -1 }, data = { .fd = -1 };
+	struct tp_context *ctx;
+	long sent;
+
+	peer_dial(&c, &data);
+	/* 64 times the limit: far more than the limit and both sockets' buffers hold */
+	sent = send_pings(&c, 64ull * QUEUE_MAX);
+	ck_assert_msg(sent < 0, "the daemon took %ld pings and queued every answer", sent);
+	ck_assert(tpt_peer_links_gone(&host, T_MS));
+	ck_assert(tpt_daemon_log_has(&host, "does not read its control connection"));
+	ck_assert(tpt_daemon_log_has(&host, "--peer-queue-bytes"));
+	ck_assert(tpt_daemon_alive(&host));
+	ck_assert_int_eq(tpt_ctx_new(&host, 0, "after", &ctx), 0);
+	tp_context_free(ctx);
+	tpt_raw_close(&data);
+	tpt_raw_close(&c);
+}
+END_TEST
+
+/*
+ * A peer whose Hello states frames below 4096 bytes (TPW_FRAME_MAX_MIN, the smallest frame-max
+ * a daemon runs with) is refused before its link exists; one of 4096 gets its link and its
+ * pongs. The daemon used to take any size: one of 1 byte was sent no frame at all, and each
+ * ping it sent made the daemon log an error ("not sending a frame ... above the 1 the far
+ * daemon accepts"), as many lines as it cared to send pings.
+ */
+START_TEST(test_peer_stating_tiny_frames_is_refused)
+{
+	struct tpt_raw c = { .fd = -1 }, data = { .fd = -1 };
+	long sent;
+
+	ck_assert_int_eq(peer_dial_frames(&c, &data, TPW_FRAME_MAX_MIN - 1), -1);
+	ck_assert(tpt_daemon_log_has(&host, "frame max of 4095 bytes (at least 4096)"));
+	ck_assert_int_eq(tpt_peer_links(&host, &(struct tpt_link){ 0 }), 0);
+	tpt_raw_close(&c);
+	tpt_raw_close(&data);
+	c.fd = data.fd = -1;
+	ck_assert_int_eq(peer_dial_frames(&c, &data, TPW_FRAME_MAX_MIN), 0);
+	sent = send_pings(&c, 1); /* one write of them */
+	ck_assert_int_gt(sent, 0);
+	ck_assert_int_eq(read_pongs(&c, sent), sent);
+	ck_assert(!tpt_daemon_log_has(&host, "not sending a frame"));
+	tpt_raw_close(&data);
+	tpt_raw_close(&c);
+}
+END_TEST
+
+/*
+ * A peer daemon's group joins that the coordinator refuses (here: its link is not
+ * authenticated) are each answered, and logged in bursts: at most 20 lines for 200 joins. Each
+ * used to be logged, a line for every join the peer cared to send.
+ */
+#define JOINS 200
+
+START_TEST(test_peer_group_join_refusals_are_logged_in_bursts)
+{
+	struct tpt_raw c = { .fd = -1 }, data = { .fd = -1 };
+	Tpw__V1__PeerGroupJoin j = TPW__V1__PEER_GROUP_JOIN__INIT;
+	Tpw__V1__PeerMsg m = TPW__V1__PEER_MSG__INIT, *in = NULL;
+	unsigned answered = 0;
+	int lines;
+
+	peer_dial(&c, &data);
+	j.name = "flood";
+	j.rank = -1;
+	j.size = 2;
+	j.uid = 4242;
+	j.pid = 1;
+	m.body_case = TPW__V1__PEER_MSG__BODY_GROUP_JOIN;
+	m.group_join = &j;
+	for (unsigned i = 0; i < JOINS; i++) {
+		j.join_id = i + 1;
+		ck_assert_int_eq(tpt_raw_send_peer(&c, &m), 0);
+	}
+	setsockopt(c.fd, SOL_SOCKET, SO_RCVBUF, &(int){ 1 << 20 }, sizeof(int));
+	while (answered < JOINS && tpt_raw_recv_peer(&c, T_MS, &in) == 0) {
+		if (in->body_case == TPW__V1__PEER_MSG__BODY_GROUP_JOINED) {
+			ck_assert_int_eq(in->group_joined->status,
+					 TPW__V1__STATUS__STATUS_PERMISSION);
+			answered++;
+		}
+		tpw_peer_msg_free(in);
+	}
+	ck_assert_uint_eq(answered, JOINS);
+	lines = tpt_daemon_log_count(&host, "group join from");
+	ck_assert_msg(lines >= 1 && lines <= 20, "%d log lines for %u refused joins", lines, JOINS);
+	tpt_raw_close(&data);
+	tpt_raw_close(&c);
+}
+END_TEST
+
+/*
+ * A peer daemon with a pipe to a listener here asks for messages that were never announced, in
+ * the pipe's order and as broadcast reads: each is answered (PeerXferEnd INVALID) and the
+ * warnings come at most once a second each. Each used to be logged, a line for every read the
+ * peer cared to send.
+ */
+#define READS 200
+
+START_TEST(test_peer_reads_of_unknown_messages_are_logged_at_a_bounded_rate)
+{
+	struct tpt_raw c = { .fd = -1 }, data = { .fd = -1 };
+	struct tp_listen_options lo = { .size = sizeof(lo), .remote = TP_REMOTE_ANY_PEER };
+	Tpw__V1__PeerConnect pc = TPW__V1__PEER_CONNECT__INIT;
+	Tpw__V1__PeerReadReq rr = TPW__V1__PEER_READ_REQ__INIT;
+	Tpw__V1__PeerMsg m = TPW__V1__PEER_MSG__INIT, *in = NULL;
+	struct tp_listener *l;
+	struct tp_context *ctx;
+	unsigned ended = 0;
+	uint64_t pipe_id = 0;
+	int lines;
+
+	ck_assert_int_eq(tpt_ctx_new(&host, 0, "reader", &ctx), 0);
+	ck_assert_int_eq(tp_listen(ctx, "lst", &lo, &l), 0);
+	peer_dial(&c, &data);
+	pc.pipe_id = 7;
+	pc.name = "lst";
+	m.body_case = TPW__V1__PEER_MSG__BODY_CONNECT;
+	m.connect = &pc;
+	ck_assert_int_eq(tpt_raw_send_peer(&c, &m), 0);
+	while (!pipe_id && tpt_raw_recv_peer(&c, T_MS, &in) == 0) {
+		if (in->body_case == TPW__V1__PEER_MSG__BODY_CONNECT_REPLY) {
+			ck_assert_int_eq(in->connect_reply->status, TPW__V1__STATUS__STATUS_OK);
+			pipe_id = in->connect_reply->peer_pipe_id;
+		}
+		tpw_peer_msg_free(in);
+	}
+	ck_assert_uint_ne(pipe_id, 0);
+	m.body_case = TPW__V1__PEER_MSG__BODY_READ_REQ;
+	m.read_req = &rr;
+	rr.pipe_id = pipe_id;
+	for (unsigned i = 0; i < 2 * READS; i++) {
+		rr.msg_id = 1000 + i;
+		rr.xfer_id = i + 1;
+		rr.bcast = i >= READS;
+		ck_assert_int_eq(tpt_raw_send_peer(&c, &m), 0);
+	}
+	setsockopt(c.fd, SOL_SOCKET, SO_RCVBUF, &(int){ 1 << 20 }, sizeof(int));
+	while (ended < 2 * READS && tpt_raw_recv_peer(&c, T_MS, &in) == 0) {
+		if (in->body_case == TPW__V1__PEER_MSG__BODY_XFER_END) {
+			ck_assert_int_eq(in->xfer_end->status, TPW__V1__STATUS__STATUS_INVALID);
+			ended++;
+		}
+		tpw_peer_msg_free(in);
+	}
+	ck_assert_uint_eq(ended, 2 * READS);
+	/* a line a second of each kind; the test takes a few seconds at most */
+	lines = tpt_daemon_log_count(&host, "peer asked for message");
+	ck_assert_msg(lines >= 1 && lines <= 10, "%d lines for %u reads", lines, READS);
+	lines = tpt_daemon_log_count(&host, "peer asked for broadcast message");
+	ck_assert_msg(lines >= 1 && lines <= 10, "%d lines for %u broadcast reads", lines, READS);
+	tpt_raw_close(&data);
+	tpt_raw_close(&c);
+	tp_listener_close(l);
+	tp_context_free(ctx);
+}
+END_TEST
+
+/* ---- a peer proven by a certificate is charged under it --------------------------------- */
+
+static char cert_dir[64];
+
+/* Makes @dir/ca.{crt,key} and @dir/NAME.{crt,key} for each of @names (SAN IP:127.0.0.1) with
+ * the openssl command. Return: 0, or -1 (printed) where openssl is missing or fails. */
+static int make_certs(const char *dir, const char *const *names, size_t n)
+{
+	char cmd[1024];
+
+	snprintf(cmd, sizeof(cmd), "cd %s && openssl req -x509 -newkey ec -pkeyopt "
+		 "ec_paramgen_curve:P-256 -nodes -keyout ca.key -out ca.crt -subj /CN=ca -days 2 "
+		 ">/dev/null 2>&1", dir);
+	if (system(cmd) != 0) {
+		fprintf(stderr, "skipped: the openssl command cannot make a CA\n");
+		return -1;
+	}
+	for (size_t i = 0; i < n; i++) {
+		snprintf(cmd, sizeof(cmd), "cd %s && openssl req -newkey ec -pkeyopt "
+			 "ec_paramgen_curve:P-256 -nodes -keyout %s.key -out %s.csr -subj /CN=%s "
+			 ">/dev/null 2>&1 && printf 'subjectAltName=IP:127.0.0.1\\n' >%s.ext && "
+			 "openssl x509 -req -in %s.csr -CA ca.crt -CAkey ca.key -CAcreateserial "
+			 "-out %s.crt -days 2 -extfile %s.ext >/dev/null 2>&1 && chmod 600 %s.key",
+			 dir, names[i], names[i], names[i], names[i], names[i], names[i], names[i],
+			 names[i]);
+		if (system(cmd) != 0) {
+			fprintf(stderr, "skipped: the openssl command cannot make a certificate\n");
+			return -1;
+		}
+	}
+	return 0;
+}
+
+/* Starts @d with certificate @name of cert_dir and @extra (NULL-terminated, at most 6). */
+static void start_cert(struct tpt_daemon *d, const char *name, const char *const *extra)
+{
+	static char crt[2][128], key[2][128], ca[128];
+	static unsigned k;
+	const char *args[16] = { "--peer-cert", crt[k % 2], "--peer-cert-key", key[k % 2],
+				 "--peer-ca", ca };
+	size_t n = 6;
+
+	snprintf(crt[k % 2], sizeof(crt[0]), "%s/%s.crt", cert_dir, name);
+	snprintf(key[k % 2], sizeof(key[0]), "%s/%s.key", cert_dir, name);
+	snprintf(ca, sizeof(ca), "%s/ca.crt", cert_dir);
+	k++;
+	for (size_t i = 0; extra && extra[i]; i++)
+		args[n++] = extra[i];
+	args[n] = NULL;
+	ck_assert_int_eq(tpt_daemon_start_peer(d, args), 0);
+}
+
+/* A persistent channel @name created on @on by a client of @from. Return: tp_chan_open()'s. */
+static int xcreate(const struct tpt_daemon *from, const struct tpt_daemon *on, const char *name)
+{
+	struct tp_chan_options o = { .size = sizeof(o), .flags = TP_CHAN_CREATE |
+				     TP_CHAN_PERSISTENT, .owner_uid = -1 };
+	struct tp_context *ctx;
+	struct tp_chan *ch = NULL;
+	int r;
+
+	ck_assert_int_eq(tpt_ctx_new(from, 0, "xcreate", &ctx), 0);
+	r = tp_chan_open(ctx, tpt_peer_at(on, name), &o, &ch);
+	if (r < 0)
+		ck_assert_msg(strstr(tp_last_error(), "chan-remote-create-per-peer"), "%s",
+			      tp_last_error());
+	if (ch)
+		tp_chan_release(ch);
+	tp_context_free(ctx);
+	return r;
+}
+
+/*
+ * Daemon a, proven by certificate "a", creates channels on b (--chan-remote-create-per-peer 2):
+ * its second is taken, its third refused; restarted stating another host name in its hello
+ * (--peer-host-name), its third is still refused, and b charges them all to "cert:CN=a,...".
+ * The account used to be "IDENTITY@HOST" whatever proved the identity: each name a certificate
+ * holder stated got it another share of chan-remote-create-uid's channels.
+ */
+START_TEST(test_cert_peer_stating_another_name_keeps_its_share)
+{
+	static const char *const names[] = { "a", "b" };
+	static const char *const bargs[] = { "--chan-remote-create-uid", "4242",
+					     "--chan-remote-create-per-peer", "2", NULL };
+	static const char *const a1[] = { "--peer-host-name", "ha", NULL };
+	static const char *const a2[] = { "--peer-host-name", "hz", NULL };
+	struct tpt_daemon a, b;
+
+	if (make_certs(cert_dir, names, 2) < 0)
+		return;
+	start_cert(&b, "b", bargs);
+	start_cert(&a, "a", a1);
+	ck_assert_int_eq(xcreate(&a, &b, "one"), 0);
+	ck_assert_int_eq(xcreate(&a, &b, "two"), 0);
+	ck_assert_int_eq(xcreate(&a, &b, "three"), -ENOBUFS);
+	ck_assert_int_eq(tpt_daemon_stop(&a), 0);
+	start_cert(&a, "a", a2);
+	ck_assert_int_eq(xcreate(&a, &b, "three"), -ENOBUFS);
+	ck_assert(tpt_ctl_lists(&b, "channels", "one",
+				"\"created_by\": \"cert:CN=a,IP:127.0.0.1\""));
+	ck_assert(!tpt_ctl_lists(&b, "channels", "three", NULL));
+	ck_assert_int_eq(tpt_daemon_stop(&a), 0);
+	ck_assert_int_eq(tpt_daemon_stop(&b), 0);
+}
+END_TEST
+
+/* The certificates' directory, made and removed outside the tests (also when one fails). */
+static void cert_dir_make(void)
+{
+	snprintf(cert_dir, sizeof(cert_dir), "/tmp/tpt-peercert.XXXXXX");
+	ck_assert_ptr_nonnull(mkdtemp(cert_dir));
+}
+
+static void cert_dir_remove(void)
+{
+	char cmd[128];
+
+	snprintf(cmd, sizeof(cmd), "rm -rf %s", cert_dir);
+	ck_assert_int_eq(system(cmd), 0);
+}
+
+static Suite *peerlink_suite(void)
+{
+	Suite *s = suite_create("sec_peerlink");
+	TCase *q = tcase_create("control connection");
+
+	tcase_set_timeout(q, 120);
+	tcase_add_checked_fixture(q, setup, teardown);
+	tcase_add_test(q, test_peer_that_reads_no_answers_below_the_queue_limit_keeps_its_link);
+	tcase_add_test(q, test_peer_that_reads_no_answers_above_the_queue_limit_fails_its_link);
+	tcase_add_test(q, test_peer_stating_tiny_frames_is_refused);
+	tcase_add_test(q, test_peer_group_join_refusals_are_logged_in_bursts);
+	tcase_add_test(q, test_peer_reads_of_unknown_messages_are_logged_at_a_bounded_rate);
+	suite_add_tcase(s, q);
+	TCase *id = tcase_create("identity");
+
+	tcase_set_timeout(id, 120);
+	tcase_add_unchecked_fixture(id, cert_dir_make, cert_dir_remove);
+	tcase_add_test(id, test_cert_peer_stating_another_name_keeps_its_share);
+	suite_add_tcase(s, id);
+	return s;
+}
+
+int main(void)
+{
+	return tpt_run_suite(peerlink_suite());
+}
