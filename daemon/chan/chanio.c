@@ -29,6 +29,7 @@ void tpd_chan_io_wait_free(struct chan_wait *w)
 	tpu_list_remove(&w->node);
 	if (w->write) {
 		tpd_chan_item_batch_free(w->cs, &w->batch);
+		w->h->c->wait_bytes -= w->held;
 		w->h->c->n_writers--;
 		w->h->write_waits = false;
 	} else {
@@ -312,11 +313,14 @@ static void serve_writers(struct tpd_chans *cs, struct chan *c)
 					w->h->id, true, NULL);
 		} else if (!chan_fits(c, w->n, w->bytes)) {
 			break;
-		} else if ((over = tpd_chan_over_bytes(c, w->bytes))) {
-			tpd_chan_answer(&w->h->who, w->req_id, -ENOBUFS, over, w->h->id, false,
-					NULL);
 		} else {
-			chan_admit(w->h, w->req_id, &w->batch, w->n, w->bytes, w->lend);
+			c->wait_bytes -= w->held; /* its own: not counted twice */
+			w->held = 0;
+			if ((over = tpd_chan_over_bytes(c, w->bytes)))
+				tpd_chan_answer(&w->h->who, w->req_id, -ENOBUFS, over, w->h->id,
+						false, NULL);
+			else
+				chan_admit(w->h, w->req_id, &w->batch, w->n, w->bytes, w->lend);
 		}
 		tpd_chan_io_wait_free(w);
 	}
@@ -646,7 +650,7 @@ void tpd_chan_io_write(struct tpd_chans *cs, struct chan_handle *h, const Tpw__V
 {
 	struct tpu_list batch = TPU_LIST_INIT(batch);
 	struct chan *c = h->c;
-	uint64_t bytes = tail_len;
+	uint64_t bytes = tail_len, held;
 	struct chan_wait *w;
 	const char *over;
 	char why[200];
@@ -655,6 +659,7 @@ void tpd_chan_io_write(struct tpd_chans *cs, struct chan_handle *h, const Tpw__V
 
 	if (r < 0) /* a bad message descriptor fails this write only */
 		return tpd_chan_answer(&h->who, o->req_id, r, why, h->id, c->closed, NULL);
+	held = bytes; /* inline bytes and descriptors: what a waiting write holds here */
 	for (size_t i = 0; o->n_segments && i < o->n_lengths; i++)
 		bytes += o->segments[i]->loc_case == TPW__V1__SEGMENT__LOC_INLINE_OFF ?
 			 0 : o->lengths[i]; /* validated: no overflow */
@@ -692,6 +697,10 @@ void tpd_chan_io_write(struct tpd_chans *cs, struct chan_handle *h, const Tpw__V
 	tpu_list_remove(&batch);
 	w->n = o->n_lengths;
 	w->bytes = bytes;
+	/* held <= bytes, which the owner's chan-bytes-per-uid took above: waiting writes hold
+	 * no more than it, however many handles wait (1024 a session) */
+	w->held = held;
+	c->wait_bytes += held;
 	h->write_waits = true;
 	c->n_writers++;
 	tpu_list_insert_tail(&c->writers, &w->node);

@@ -13,6 +13,10 @@
  * (It used to stay charged to the owner's uid while the other uid's worker held it, so that one
  * user held another's quota.)
  *
+ * Writes waiting for room in a full channel count their inline bytes in the owner's
+ * chan-bytes-per-uid: the waits that fit it wait, the next is refused at once (-ENOBUFS), and
+ * an admitted one is not counted twice (they held daemon memory no limit bounded).
+ *
  * /metrics counts what those objects hold: the unlinked channel and its bytes in
  * tpipd_channel_bytes (with tpipd_channels_unlinked), the ownerless queue in
  * tpipd_work_queues_ownerless (the page used to count named channels only, and no queue).
@@ -22,6 +26,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <netinet/in.h>
+#include <pthread.h>
 #include <sys/socket.h>
 #include <grp.h>
 #include <json-c/json.h>
@@ -345,6 +350,128 @@ START_TEST(test_ownerless_queue_takes_no_uids_slot)
 }
 END_TEST
 
+/* Writes waiting for room hold their inline bytes in the daemon: those count in the owner's
+ * chan-bytes-per-uid as admitted items do. The attacker's channel is full (BATCH 1-byte
+ * fillers, capacity BATCH items); its uid's budget takes the fillers and WAITERS waiting
+ * writes of BATCH inline items of WAIT_ITEM bytes each, exactly; of WRITERS such writes from as
+ * many handles, WAITERS wait and the others are refused at once (-ENOBUFS). Once the fillers
+ * are read, the oldest waiting write goes in (its own bytes are not counted twice) and the two
+ * others time out. Before, every write waited, uncounted: 1024 handles a session times
+ * sessions-per-uid, each holding an inline batch of up to inline-max, were memory of the daemon
+ * no limit bounded. */
+#define WAIT_ITEM (16u << 10) /* the largest private item the library sends inline */
+#define BATCH 16u
+#define WAITERS 3u
+#define WRITERS 8u
+#define WAIT_BUDGET (BATCH + WAITERS * BATCH * WAIT_ITEM)
+#define WAIT_MS 3000
+
+struct wait_writer {
+	struct tp_chan *ch;
+	pthread_t thread;
+	int r;
+};
+
+static uint8_t wait_item[BATCH * WAIT_ITEM];
+static unsigned wait_refused;
+
+static void *wait_writer_main(void *arg)
+{
+	struct wait_writer *w = arg;
+	struct iovec iov[BATCH];
+
+	for (unsigned i = 0; i < BATCH; i++)
+		iov[i] = (struct iovec){ .iov_base = wait_item + i * WAIT_ITEM,
+					 .iov_len = WAIT_ITEM };
+	w->r = tp_chan_write(w->ch, iov, BATCH, WAIT_MS);
+	if (w->r == -ENOBUFS)
+		__atomic_fetch_add(&wait_refused, 1, __ATOMIC_SEQ_CST);
+	return NULL;
+}
+
+static int wait_attacker(void *arg)
+{
+	struct tp_chan_options o = { .size = sizeof(o), .flags = TP_CHAN_CREATE,
+				     .capacity_items = BATCH, .owner_uid = -1 };
+	struct wait_writer w[WRITERS];
+	unsigned ok = 0, timedout = 0, refused = 0;
+	struct tp_context *ctx;
+	struct tp_chan *reader;
+	struct tp_chan_item got[BATCH];
+	struct iovec iov[BATCH];
+	uint8_t one = 1;
+	size_t n;
+	uint64_t end;
+	int r;
+
+	(void)arg;
+	TPT_REQUIRE(drop_to_nobody() == 0, 1, "cannot drop to nobody");
+	TPT_REQUIRE(tpt_ctx_new(&d, 0, "waits", &ctx) == 0, 1, "context: %s", tp_last_error());
+	TPT_REQUIRE(tp_chan_open(ctx, "full", &o, &reader) == 0, 1, "open: %s", tp_last_error());
+	for (unsigned i = 0; i < BATCH; i++)
+		iov[i] = (struct iovec){ .iov_base = &one, .iov_len = 1 };
+	TPT_REQUIRE(tp_chan_write(reader, iov, BATCH, 0) == 0, 1, "fillers: %s", tp_last_error());
+	o.flags = 0;
+	for (unsigned i = 0; i < WRITERS; i++) {
+		TPT_REQUIRE(tp_chan_open(ctx, "full", &o, &w[i].ch) == 0, 1, "handle %u: %s", i,
+			    tp_last_error());
+		TPT_REQUIRE(pthread_create(&w[i].thread, NULL, wait_writer_main, &w[i]) == 0, 1,
+			    "thread");
+	}
+	/* the refusals come at once; the writes that wait are waiting once they have come */
+	end = tpt_now_ms() + WAIT_MS / 2;
+	while (__atomic_load_n(&wait_refused, __ATOMIC_SEQ_CST) < WRITERS - WAITERS &&
+	       tpt_now_ms() < end)
+		usleep(1000);
+	r = tp_chan_read_many(reader, got, BATCH, &n, 0);
+	TPT_REQUIRE(r == 0 && n == BATCH && got[0].len == 1, 1, "read the fillers: %d %s", r,
+		    tp_last_error());
+	for (unsigned i = 0; i < n; i++)
+		free(got[i].data);
+	for (unsigned i = 0; i < WRITERS; i++) {
+		pthread_join(w[i].thread, NULL);
+		ok += w[i].r == 0;
+		timedout += w[i].r == -ETIMEDOUT;
+		refused += w[i].r == -ENOBUFS;
+		tp_chan_release(w[i].ch);
+	}
+	tpt_log("waiting writes: %u in, %u timed out, %u refused", ok, timedout, refused);
+	TPT_REQUIRE(refused == WRITERS - WAITERS, 1, "%u of %u waiting writes refused, expected "
+		    "%u (at most %u fit chan-bytes-per-uid)", refused, WRITERS, WRITERS - WAITERS,
+		    WAITERS);
+	TPT_REQUIRE(ok == 1 && timedout == WAITERS - 1, 1, "after the read: %u in, %u timed "
+		    "out", ok, timedout);
+	r = tp_chan_read_many(reader, got, BATCH, &n, 0);
+	TPT_REQUIRE(r == 0 && n == BATCH && got[0].len == WAIT_ITEM, 1, "read the batch: %d %s",
+		    r, tp_last_error());
+	for (unsigned i = 0; i < n; i++)
+		free(got[i].data);
+	tp_chan_release(reader);
+	tp_context_free(ctx);
+	return 0;
+}
+
+START_TEST(test_waiting_writes_count_toward_the_owners_bytes)
+{
+	char budget[32];
+	const char *const args[] = { "--chan-bytes-per-uid", budget, NULL };
+	pid_t pid;
+
+	if (geteuid() != 0) {
+		printf("skipped: needs root to run a client as another uid\n");
+		return;
+	}
+	snprintf(budget, sizeof(budget), "%u", WAIT_BUDGET);
+	ck_assert_int_eq(tpt_daemon_start(&d, args), 0);
+	ck_assert_int_eq(tpt_daemon_open_to_all(&d), 0);
+	pid = tpt_fork(wait_attacker, NULL);
+	ck_assert_int_gt(pid, 0);
+	ck_assert(tpt_wait_ok(pid, 4 * T_MS, "attacker"));
+	ck_assert(tpt_daemon_alive(&d));
+	ck_assert_int_eq(tpt_daemon_stop(&d), 0);
+}
+END_TEST
+
 static Suite *chanquota_suite(void)
 {
 	Suite *s = suite_create("sec_chanquota");
@@ -353,6 +480,7 @@ static Suite *chanquota_suite(void)
 	tcase_set_timeout(tc, 120);
 	tcase_add_test(tc, test_unlinked_channel_alive_counts_toward_its_uids_limits);
 	tcase_add_test(tc, test_ownerless_queue_takes_no_uids_slot);
+	tcase_add_test(tc, test_waiting_writes_count_toward_the_owners_bytes);
 	suite_add_tcase(s, tc);
 	return s;
 }
