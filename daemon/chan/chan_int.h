@@ -170,6 +170,7 @@ struct chan_wait {
 	size_t n;
 	uint64_t bytes;
 	uint64_t held;	     /* a write's: what of @bytes the daemon holds, in chan.wait_bytes */
+	struct tpd_uid_acct *acct; /* a local client's: its uid's account, charged the wait */
 	struct chan_read rd; /* a read's */
 };
 

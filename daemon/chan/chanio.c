@@ -39,6 +39,8 @@ void tpd_chan_io_wait_free(struct chan_wait *w)
 	}
 	if (w->ev)
 		event_free(w->ev);
+	if (w->acct)
+		tpd_quota_release_wait(w->acct);
 	free(w);
 }
 
@@ -370,16 +372,26 @@ static void wait_on_timeout(evutil_socket_t fd, short what, void *arg)
 	tpd_chan_io_wait_free(w);
 }
 
-/* A wait of @h for @req_id, with a timer unless @timeout_ms is CHAN_NO_DEADLINE. Return: owned
- * (tpd_chan_io_wait_free()), or NULL without memory. */
-static struct chan_wait *wait_new(struct tpd_chans *cs, struct chan_handle *h, uint64_t req_id,
-				  uint32_t timeout_ms)
+/* A wait of @h for @req_id, with a timer unless @timeout_ms is CHAN_NO_DEADLINE, charged to
+ * the uid of @h's session (waits-per-uid). Return: 0 with *@ret owned
+ * (tpd_chan_io_wait_free()), or -ENOBUFS (over the limit) or -ENOMEM, with @why set. */
+static int wait_new(struct tpd_chans *cs, struct chan_handle *h, uint64_t req_id,
+		    uint32_t timeout_ms, struct chan_wait **ret, char *why, size_t wl)
 {
-	struct chan_wait *w = calloc(1, sizeof(*w));
+	struct tpd_uid_acct *acct = h->who.s ? h->who.s->acct : NULL;
+	struct chan_wait *w;
 	struct timeval tv;
+	int r;
 
-	if (!w)
-		return NULL;
+	if (acct && (r = tpd_quota_charge_wait(tpd_daemon_cfg(cs->d), acct, why, wl)) < 0)
+		return r;
+	w = calloc(1, sizeof(*w));
+	if (!w) {
+		if (acct)
+			tpd_quota_release_wait(acct);
+		return tpu_why(-ENOMEM, why, wl, "out of memory");
+	}
+	w->acct = acct;
 	tpu_list_init(&w->node);
 	tpu_list_init(&w->batch);
 	if (timeout_ms != CHAN_NO_DEADLINE) {
@@ -391,14 +403,17 @@ static struct chan_wait *wait_new(struct tpd_chans *cs, struct chan_handle *h, u
 		if (!w->ev || evtimer_add(w->ev, &tv) < 0) {
 			if (w->ev)
 				event_free(w->ev);
+			if (acct)
+				tpd_quota_release_wait(acct);
 			free(w);
-			return NULL;
+			return tpu_why(-ENOMEM, why, wl, "out of memory");
 		}
 	}
 	w->h = h;
 	w->req_id = req_id;
 	w->cs = cs;
-	return w;
+	*ret = w;
+	return 0;
 }
 
 void tpd_chan_io_copy_free(struct chan_copy *cp)
@@ -685,11 +700,10 @@ void tpd_chan_io_write(struct tpd_chans *cs, struct chan_handle *h, const Tpw__V
 		chan_admit(h, o->req_id, &batch, o->n_lengths, bytes, o->lend);
 		return tpd_chan_io_serve(c);
 	}
-	w = wait_new(cs, h, o->req_id, o->timeout_ms);
-	if (!w) {
+	r = wait_new(cs, h, o->req_id, o->timeout_ms, &w, why, sizeof(why));
+	if (r < 0) {
 		tpd_chan_item_batch_free(cs, &batch);
-		return tpd_chan_answer(&h->who, o->req_id, -ENOMEM, "out of memory", h->id, false,
-				       NULL);
+		return tpd_chan_answer(&h->who, o->req_id, r, why, h->id, false, NULL);
 	}
 	w->write = true;
 	w->lend = o->lend;
@@ -797,8 +811,8 @@ void tpd_chan_io_read(struct tpd_chans *cs, struct chan_handle *h, const Tpw__V1
 	else if (h->waits >= CHAN_WAITS_PER_HANDLE)
 		tpd_chan_answer(&h->who, o->req_id, -ENOBUFS, "too many reads waiting on this "
 				"handle", h->id, false, NULL);
-	else if (!(w = wait_new(cs, h, o->req_id, o->timeout_ms)))
-		tpd_chan_answer(&h->who, o->req_id, -ENOMEM, "out of memory", h->id, false, NULL);
+	else if ((r = wait_new(cs, h, o->req_id, o->timeout_ms, &w, why, sizeof(why))) < 0)
+		tpd_chan_answer(&h->who, o->req_id, r, why, h->id, false, NULL);
 	if (!w)
 		return tpd_chan_copy_put(&rd.dst);
 	w->rd = rd; /* the wait keeps the destination's reference */
