@@ -919,8 +919,9 @@ int tp_chan_open(struct tp_context *ctx, const char *name, const struct tp_chan_
  * to @timeout_ms (0: do not wait; -1: no deadline), behind writes already waiting. Borrows
  * @items.
  * Return: 0; -EPIPE (the channel is closed, also while waiting), -ENOBUFS (full and
- * @timeout_ms 0, or the owner's chan-bytes-per-uid is spent: nothing written), -ETIMEDOUT
- * (the daemon answered: still full at the deadline, nothing written), -EINPROGRESS (the
+ * @timeout_ms 0, or the owner's chan-bytes-per-uid is spent, which the inline items of writes
+ * waiting for room count in too, or it would wait over waits-per-uid: nothing written), -ETIMEDOUT (the daemon answered: still full at the
+ * deadline, nothing written), -EINPROGRESS (the
  * daemon did not answer within @timeout_ms plus tp_context_options.reply_timeout_ms and the
  * call gave up: the batch may be written, now or later, so a retry may write it twice),
  * -EMSGSIZE (the batch is larger than the channel's capacity, or than the daemon's inline
@@ -947,7 +948,8 @@ int tp_chan_write(struct tp_chan *ch, const struct iovec *items, size_t n, int t
  * such an item comes), or written back to the channel by tp_chan_release().
  * Return: 0 (an item), TP_CHAN_CLOSED (an item; the channel is closed), -EPIPE (closed and
  * drained: no item will come), -EAGAIN (@timeout_ms 0 and empty), -ETIMEDOUT, -ECANCELED (the
- * handle was released meanwhile).
+ * handle was released meanwhile), -ENOBUFS (it would wait, and the caller's uid has the
+ * daemon's waits-per-uid calls on channels and work queues waiting already, or this handle 64).
  */
 int tp_chan_read(struct tp_chan *ch, void **ret_item, size_t *ret_len, int timeout_ms);
 
@@ -1040,7 +1042,7 @@ int tp_wq_submit(struct tp_wq *q, const void *data, size_t len, uint64_t *ret_id
  * with free(); NULL and 0 for an error answer).
  * Return: 0 (an answer), -ECONNRESET (the question's worker died, the queue is at-most-once:
  * *@ret_id is set), -ENOMSG (no question outstanding), -EAGAIN (@timeout_ms 0, none ready),
- * -ETIMEDOUT or -errno.
+ * -ETIMEDOUT, -ENOBUFS (it would wait, over waits-per-uid, as tp_chan_read()) or -errno.
  */
 int tp_wq_answer(struct tp_wq *q, uint64_t *ret_id, void **ret_data, size_t *ret_len,
 		 int timeout_ms);
@@ -1051,7 +1053,7 @@ int tp_wq_answer(struct tp_wq *q, uint64_t *ret_id, void **ret_data, size_t *ret
  * @ret_id, @ret_data, @ret_len: as tp_wq_answer().
  * Return: 0, -EPIPE (closed and no question queued, or the owner is gone), -EAGAIN, -ETIMEDOUT,
  * -EMSGSIZE (a queue of another host whose oldest question this daemon's frames cannot take;
- * it stays queued) or -errno.
+ * it stays queued), -ENOBUFS (it would wait, over waits-per-uid, as tp_chan_read()) or -errno.
  */
 int tp_wq_take(struct tp_wq *q, uint64_t *ret_id, void **ret_data, size_t *ret_len,
 	       int timeout_ms);

@@ -103,8 +103,9 @@ uint64_t *tpd_chan_lent_of(struct tpd_chans *cs, uid_t uid, bool add)
 	return &cs->lent[cs->n_lent++].bytes;
 }
 
-/* Bytes the channels created by @uid hold, named or unlinked and still alive, and the buffers
- * lent to any of them (whole); their number in *@ret_count. */
+/* Bytes the channels created by @uid hold, named or unlinked and still alive (their items and
+ * the writes waiting for room), and the buffers lent to any of them (whole); their number in
+ * *@ret_count. */
 uint64_t tpd_chan_uid_bytes(const struct tpd_chans *cs, uid_t uid, uint32_t *ret_count)
 {
 	const uint64_t *lent = tpd_chan_lent_of((struct tpd_chans *)cs, uid, false);
@@ -114,12 +115,12 @@ uint64_t tpd_chan_uid_bytes(const struct tpd_chans *cs, uid_t uid, uint32_t *ret
 
 	tpu_list_for_each(c, &cs->chans, node)
 		if (c->uid == uid) {
-			b += c->bytes;
+			b += c->bytes + c->wait_bytes;
 			n++;
 		}
 	tpu_list_for_each(c, &cs->unlinked, node)
 		if (c->uid == uid) {
-			b += c->bytes;
+			b += c->bytes + c->wait_bytes;
 			n++;
 		}
 	if (ret_count)
@@ -138,7 +139,7 @@ uint64_t tpd_chan_creator_bytes(const struct tpd_chans *cs, const char *creator,
 	for (size_t i = 0; i < TPU_ARRAY_SIZE(lists); i++)
 		tpu_list_for_each(c, lists[i], node)
 			if (c->creator && strcmp(c->creator, creator) == 0) {
-				b += c->bytes;
+				b += c->bytes + c->wait_bytes;
 				n++;
 			}
 	if (ret_count)

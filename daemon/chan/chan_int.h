@@ -109,6 +109,9 @@ struct chan {
 	/* @bytes counts the items in @items, those held for a handle or being copied to a reader
 	 * (@n_outs of them) and the batches being copied in (@res_items items). */
 	uint64_t bytes, written, read;
+	/* Inline bytes (and descriptors) of the writes in @writers, which the daemon holds while
+	 * they wait: counted with @bytes in the owner's chan-bytes-per-uid (chan_wait.held). */
+	uint64_t wait_bytes;
 	uint64_t mapped; /* items readers took by mapping their writer's buffer (map_offer()) */
 	uint64_t maps_retired; /* notices to its handles that a buffer they got is gone */
 	uint32_t maps_held;    /* keys its handles keep in chan_handle.sent */
@@ -166,6 +169,8 @@ struct chan_wait {
 	struct tpu_list batch; /* chan_item */
 	size_t n;
 	uint64_t bytes;
+	uint64_t held;	     /* a write's: what of @bytes the daemon holds, in chan.wait_bytes */
+	struct tpd_uid_acct *acct; /* a local client's: its uid's account, charged the wait */
 	struct chan_read rd; /* a read's */
 };
 

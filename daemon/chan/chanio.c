@@ -29,6 +29,7 @@ void tpd_chan_io_wait_free(struct chan_wait *w)
 	tpu_list_remove(&w->node);
 	if (w->write) {
 		tpd_chan_item_batch_free(w->cs, &w->batch);
+		w->h->c->wait_bytes -= w->held;
 		w->h->c->n_writers--;
 		w->h->write_waits = false;
 	} else {
@@ -38,6 +39,8 @@ void tpd_chan_io_wait_free(struct chan_wait *w)
 	}
 	if (w->ev)
 		event_free(w->ev);
+	if (w->acct)
+		tpd_quota_release_wait(w->acct);
 	free(w);
 }
 
@@ -312,11 +315,14 @@ static void serve_writers(struct tpd_chans *cs, struct chan *c)
 					w->h->id, true, NULL);
 		} else if (!chan_fits(c, w->n, w->bytes)) {
 			break;
-		} else if ((over = tpd_chan_over_bytes(c, w->bytes))) {
-			tpd_chan_answer(&w->h->who, w->req_id, -ENOBUFS, over, w->h->id, false,
-					NULL);
 		} else {
-			chan_admit(w->h, w->req_id, &w->batch, w->n, w->bytes, w->lend);
+			c->wait_bytes -= w->held; /* its own: not counted twice */
+			w->held = 0;
+			if ((over = tpd_chan_over_bytes(c, w->bytes)))
+				tpd_chan_answer(&w->h->who, w->req_id, -ENOBUFS, over, w->h->id,
+						false, NULL);
+			else
+				chan_admit(w->h, w->req_id, &w->batch, w->n, w->bytes, w->lend);
 		}
 		tpd_chan_io_wait_free(w);
 	}
@@ -366,16 +372,26 @@ static void wait_on_timeout(evutil_socket_t fd, short what, void *arg)
 	tpd_chan_io_wait_free(w);
 }
 
-/* A wait of @h for @req_id, with a timer unless @timeout_ms is CHAN_NO_DEADLINE. Return: owned
- * (tpd_chan_io_wait_free()), or NULL without memory. */
-static struct chan_wait *wait_new(struct tpd_chans *cs, struct chan_handle *h, uint64_t req_id,
-				  uint32_t timeout_ms)
+/* A wait of @h for @req_id, with a timer unless @timeout_ms is CHAN_NO_DEADLINE, charged to
+ * the uid of @h's session (waits-per-uid). Return: 0 with *@ret owned
+ * (tpd_chan_io_wait_free()), or -ENOBUFS (over the limit) or -ENOMEM, with @why set. */
+static int wait_new(struct tpd_chans *cs, struct chan_handle *h, uint64_t req_id,
+		    uint32_t timeout_ms, struct chan_wait **ret, char *why, size_t wl)
 {
-	struct chan_wait *w = calloc(1, sizeof(*w));
+	struct tpd_uid_acct *acct = h->who.s ? h->who.s->acct : NULL;
+	struct chan_wait *w;
 	struct timeval tv;
+	int r;
 
-	if (!w)
-		return NULL;
+	if (acct && (r = tpd_quota_charge_wait(tpd_daemon_cfg(cs->d), acct, why, wl)) < 0)
+		return r;
+	w = calloc(1, sizeof(*w));
+	if (!w) {
+		if (acct)
+			tpd_quota_release_wait(acct);
+		return tpu_why(-ENOMEM, why, wl, "out of memory");
+	}
+	w->acct = acct;
 	tpu_list_init(&w->node);
 	tpu_list_init(&w->batch);
 	if (timeout_ms != CHAN_NO_DEADLINE) {
@@ -387,14 +403,17 @@ static struct chan_wait *wait_new(struct tpd_chans *cs, struct chan_handle *h, u
 		if (!w->ev || evtimer_add(w->ev, &tv) < 0) {
 			if (w->ev)
 				event_free(w->ev);
+			if (acct)
+				tpd_quota_release_wait(acct);
 			free(w);
-			return NULL;
+			return tpu_why(-ENOMEM, why, wl, "out of memory");
 		}
 	}
 	w->h = h;
 	w->req_id = req_id;
 	w->cs = cs;
-	return w;
+	*ret = w;
+	return 0;
 }
 
 void tpd_chan_io_copy_free(struct chan_copy *cp)
@@ -646,7 +665,7 @@ void tpd_chan_io_write(struct tpd_chans *cs, struct chan_handle *h, const Tpw__V
 {
 	struct tpu_list batch = TPU_LIST_INIT(batch);
 	struct chan *c = h->c;
-	uint64_t bytes = tail_len;
+	uint64_t bytes = tail_len, held;
 	struct chan_wait *w;
 	const char *over;
 	char why[200];
@@ -655,6 +674,7 @@ void tpd_chan_io_write(struct tpd_chans *cs, struct chan_handle *h, const Tpw__V
 
 	if (r < 0) /* a bad message descriptor fails this write only */
 		return tpd_chan_answer(&h->who, o->req_id, r, why, h->id, c->closed, NULL);
+	held = bytes; /* inline bytes and descriptors: what a waiting write holds here */
 	for (size_t i = 0; o->n_segments && i < o->n_lengths; i++)
 		bytes += o->segments[i]->loc_case == TPW__V1__SEGMENT__LOC_INLINE_OFF ?
 			 0 : o->lengths[i]; /* validated: no overflow */
@@ -680,11 +700,10 @@ void tpd_chan_io_write(struct tpd_chans *cs, struct chan_handle *h, const Tpw__V
 		chan_admit(h, o->req_id, &batch, o->n_lengths, bytes, o->lend);
 		return tpd_chan_io_serve(c);
 	}
-	w = wait_new(cs, h, o->req_id, o->timeout_ms);
-	if (!w) {
+	r = wait_new(cs, h, o->req_id, o->timeout_ms, &w, why, sizeof(why));
+	if (r < 0) {
 		tpd_chan_item_batch_free(cs, &batch);
-		return tpd_chan_answer(&h->who, o->req_id, -ENOMEM, "out of memory", h->id, false,
-				       NULL);
+		return tpd_chan_answer(&h->who, o->req_id, r, why, h->id, false, NULL);
 	}
 	w->write = true;
 	w->lend = o->lend;
@@ -692,6 +711,10 @@ void tpd_chan_io_write(struct tpd_chans *cs, struct chan_handle *h, const Tpw__V
 	tpu_list_remove(&batch);
 	w->n = o->n_lengths;
 	w->bytes = bytes;
+	/* held <= bytes, which the owner's chan-bytes-per-uid took above: waiting writes hold
+	 * no more than it, however many handles wait (1024 a session) */
+	w->held = held;
+	c->wait_bytes += held;
 	h->write_waits = true;
 	c->n_writers++;
 	tpu_list_insert_tail(&c->writers, &w->node);
@@ -788,8 +811,8 @@ void tpd_chan_io_read(struct tpd_chans *cs, struct chan_handle *h, const Tpw__V1
 	else if (h->waits >= CHAN_WAITS_PER_HANDLE)
 		tpd_chan_answer(&h->who, o->req_id, -ENOBUFS, "too many reads waiting on this "
 				"handle", h->id, false, NULL);
-	else if (!(w = wait_new(cs, h, o->req_id, o->timeout_ms)))
-		tpd_chan_answer(&h->who, o->req_id, -ENOMEM, "out of memory", h->id, false, NULL);
+	else if ((r = wait_new(cs, h, o->req_id, o->timeout_ms, &w, why, sizeof(why))) < 0)
+		tpd_chan_answer(&h->who, o->req_id, r, why, h->id, false, NULL);
 	if (!w)
 		return tpd_chan_copy_put(&rd.dst);
 	w->rd = rd; /* the wait keeps the destination's reference */

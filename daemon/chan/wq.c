@@ -109,6 +109,8 @@ static void wait_free(struct wq_wait *w)
 	w->h->waits--;
 	if (w->ev)
 		event_free(w->ev);
+	if (w->acct)
+		tpd_quota_release_wait(w->acct);
 	free(w);
 }
 
@@ -263,21 +265,30 @@ static void wait_on_timeout(evutil_socket_t fd, short what, void *arg)
 	wait_free(w);
 }
 
-/* Queues a wait of @h for @req_id (kind @kind, deadline @timeout_ms unless WQ_NO_DEADLINE), or
- * answers the request with the reason it cannot wait. */
+/* Queues a wait of @h for @req_id (kind @kind, deadline @timeout_ms unless WQ_NO_DEADLINE),
+ * charged to the uid of @h's session (waits-per-uid), or answers the request with the reason it
+ * cannot wait. */
 static void wait_add(struct tpd_wqs *ws, struct wq_handle *h, uint64_t req_id,
 		     enum wq_wait_kind kind, bool msg, uint32_t timeout_ms)
 {
+	struct tpd_uid_acct *acct = h->who.s ? h->who.s->acct : NULL;
 	struct wq_wait *w;
 	struct timeval tv;
+	char why[160];
 
 	if (timeout_ms == 0)
 		return tpd_wq_err(h, req_id, -ETIMEDOUT, "nothing ready (tried once)");
 	if (h->waits >= WQ_WAITS_PER_HANDLE)
 		return tpd_wq_err(h, req_id, -ENOBUFS, "too many requests waiting on this handle");
+	if (acct && tpd_quota_charge_wait(tpd_daemon_cfg(ws->d), acct, why, sizeof(why)) < 0)
+		return tpd_wq_err(h, req_id, -ENOBUFS, why);
 	w = calloc(1, sizeof(*w));
-	if (!w)
+	if (!w) {
+		if (acct)
+			tpd_quota_release_wait(acct);
 		return tpd_wq_err(h, req_id, -ENOMEM, "out of memory");
+	}
+	w->acct = acct;
 	if (timeout_ms != WQ_NO_DEADLINE) {
 		w->ev = evtimer_new(tpd_daemon_base(ws->d), wait_on_timeout, w);
 		tv.tv_sec = timeout_ms / 1000;
@@ -286,6 +297,8 @@ static void wait_add(struct tpd_wqs *ws, struct wq_handle *h, uint64_t req_id,
 		if (!w->ev || evtimer_add(w->ev, &tv) < 0) {
 			if (w->ev)
 				event_free(w->ev);
+			if (acct)
+				tpd_quota_release_wait(acct);
 			free(w);
 			return tpd_wq_err(h, req_id, -ENOMEM, "out of memory");
 		}

@@ -93,6 +93,7 @@ struct wq_wait {
 	enum wq_wait_kind kind;
 	bool msg; /* a take or answer read by descriptor (WqOp.msg) */
 	struct event *ev;
+	struct tpd_uid_acct *acct; /* a local client's: its uid's account, charged the wait */
 };
 
 struct tpd_wqs {

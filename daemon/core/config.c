@@ -145,6 +145,10 @@ static const struct opt opts[] = {
 	{ "kept-fds-per-uid", "limits", K_U32, OFF(kept_fds_per_uid), 0, 1u << 20, true, "N",
 	  "fds of clients' buffers the daemon keeps for one uid (channel buffers\n"
 	  "                            readers map, CUDA dma-bufs); root is exempt (default 1024)" },
+	{ "waits-per-uid", "limits", K_U32, OFF(waits_per_uid), 1, 1u << 24, true, "N",
+	  "channel and work queue calls the clients of one uid may have waiting in the\n"
+	  "                            daemon (reads, writes for room, takes, answer reads, drains);\n"
+	  "                            root is exempt (default 4096)" },
 	{ "kept-fds-max", "limits", K_U32, OFF(kept_fds_max), 0, 1u << 24, true, "N",
 	  "such fds of all clients; must fit RLIMIT_NOFILE after the fds sessions,\n"
 	  "                            peer links and rings need; 0 derives it (default 0)" },
@@ -323,6 +327,7 @@ void tpd_config_defaults(struct tpd_config *c)
 	c->buffer_bytes_max = 64ull << 30;
 	c->buffer_bytes_per_uid = 256ull << 30;
 	c->kept_fds_per_uid = 1024;
+	c->waits_per_uid = 4096;
 	c->bcast_pipes_max = 1024;
 	c->bcast_stage_bytes_per_uid = 1ull << 30;
 	c->pipe_ring = true;

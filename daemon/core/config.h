@@ -58,6 +58,7 @@ struct tpd_config {
 	uint64_t buffer_bytes_max;  /* shared buffer bytes per session */
 	uint64_t buffer_bytes_per_uid; /* shared buffer bytes of all sessions of one uid */
 	uint32_t kept_fds_per_uid;  /* clients' fds kept for one uid (not root): quota.h */
+	uint32_t waits_per_uid;	    /* channel and queue calls one uid (not root) has waiting */
 	uint32_t kept_fds_max;	    /* ... for all clients; 0: derived from RLIMIT_NOFILE */
 	uint32_t kept_fds_cap;	    /* in force: kept_fds_max, or the derived value (finish()) */
 	uint32_t bcast_pipes_max;   /* targets of one Broadcast (0: none taken) */

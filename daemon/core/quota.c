@@ -139,7 +139,7 @@ void tpd_quota_leave(struct tpd_quota *q, struct tpd_uid_acct *a)
 		return;
 	if (a->sessions)
 		a->sessions--;
-	if (a->sessions || a->in_bytes || a->out_bytes || a->buffer_bytes ||
+	if (a->sessions || a->in_bytes || a->out_bytes || a->buffer_bytes || a->waits ||
 	    atomic_load(&a->kept_fds))
 		return; /* (an account whose last kept fd closes later waits for its uid or the end) */
 	tpu_hmap_del(&q->uids, (uint64_t)a->uid + 1);
@@ -220,4 +220,21 @@ void tpd_quota_release_fd(struct tpd_quota *q, struct tpd_uid_acct *a)
 {
 	atomic_fetch_sub(&a->kept_fds, 1);
 	atomic_fetch_sub(&q->kept_fds, 1);
+}
+
+int tpd_quota_charge_wait(const struct tpd_config *cfg, struct tpd_uid_acct *a, char *why,
+			  size_t wl)
+{
+	if (a->uid != 0 && a->waits >= cfg->waits_per_uid) {
+		snprintf(why, wl, "uid %u has %u channel and work queue calls waiting, the limit "
+			 "per uid (tpipd --waits-per-uid)", (unsigned)a->uid, a->waits);
+		return -ENOBUFS;
+	}
+	a->waits++;
+	return 0;
+}
+
+void tpd_quota_release_wait(struct tpd_uid_acct *a)
+{
+	a->waits--;
 }

@@ -54,6 +54,8 @@ struct tpd_uid_acct {
 	/* Clients' fds kept for it (tpd_quota_charge_fd()); lowered by whichever thread closes
 	 * one. The account outlives its last session while any is kept. */
 	atomic_uint kept_fds;
+	/* Channel and work queue calls of its sessions waiting in the daemon (tpd_quota_charge_wait()) */
+	uint32_t waits;
 };
 
 struct tpd_quota {
@@ -126,5 +128,18 @@ int tpd_quota_charge_fd(struct tpd_quota *q, const struct tpd_config *cfg, struc
 
 /* Releases one fd charged before to @a and @q. Thread safe. Borrows @q and @a. */
 void tpd_quota_release_fd(struct tpd_quota *q, struct tpd_uid_acct *a);
+
+/*
+ * tpd_quota_charge_wait() - may one more call of @a's uid wait in the daemon (a channel read or
+ * write waiting for an item or room, a work queue take, answer read or drain)? Checks
+ * waits-per-uid (root is exempt); each wait holds a little memory and a timer, and a uid's
+ * sessions could otherwise hold 64 a handle, 1024 handles a session. Loop thread only.
+ * Borrows @a. Return: 0 (charged: tpd_quota_release_wait() when the wait ends) or -ENOBUFS
+ * with @why set.
+ */
+int tpd_quota_charge_wait(const struct tpd_config *cfg, struct tpd_uid_acct *a, char *why,
+			  size_t wl);
+/* tpd_quota_release_wait() - a wait charged by tpd_quota_charge_wait() ended. Borrows @a. */
+void tpd_quota_release_wait(struct tpd_uid_acct *a);
 
 #endif

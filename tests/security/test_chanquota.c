@@ -13,6 +13,13 @@
  * (It used to stay charged to the owner's uid while the other uid's worker held it, so that one
  * user held another's quota.)
  *
+ * Writes waiting for room in a full channel count their inline bytes in the owner's
+ * chan-bytes-per-uid: the waits that fit it wait, the next is refused at once (-ENOBUFS), and
+ * an admitted one is not counted twice (they held daemon memory no limit bounded).
+ *
+ * Calls waiting in the daemon count per uid (waits-per-uid): at the limit they wait, one more
+ * call is refused at once, another uid's still waits.
+ *
  * /metrics counts what those objects hold: the unlinked channel and its bytes in
  * tpipd_channel_bytes (with tpipd_channels_unlinked), the ownerless queue in
  * tpipd_work_queues_ownerless (the page used to count named channels only, and no queue).
@@ -22,6 +29,7 @@
 #include <errno.h>
 #include <fcntl.h>
 #include <netinet/in.h>
+#include <pthread.h>
 #include <sys/socket.h>
 #include <grp.h>
 #include <json-c/json.h>
@@ -345,6 +353,269 @@ START_TEST(test_ownerless_queue_takes_no_uids_slot)
 }
 END_TEST
 
+/* Writes waiting for room hold their inline bytes in the daemon: those count in the owner's
+ * chan-bytes-per-uid as admitted items do. The attacker's channel is full (BATCH 1-byte
+ * fillers, capacity BATCH items); its uid's budget takes the fillers and WAITERS waiting
+ * writes of BATCH inline items of WAIT_ITEM bytes each, exactly; of WRITERS such writes from as
+ * many handles, WAITERS wait and the others are refused at once (-ENOBUFS). Once the fillers
+ * are read, the oldest waiting write goes in (its own bytes are not counted twice) and the two
+ * others time out. Before, every write waited, uncounted: 1024 handles a session times
+ * sessions-per-uid, each holding an inline batch of up to inline-max, were memory of the daemon
+ * no limit bounded. */
+#define WAIT_ITEM (16u << 10) /* the largest private item the library sends inline */
+#define BATCH 16u
+#define WAITERS 3u
+#define WRITERS 8u
+#define WAIT_BUDGET (BATCH + WAITERS * BATCH * WAIT_ITEM)
+#define WAIT_MS 3000
+
+struct wait_writer {
+	struct tp_chan *ch;
+	pthread_t thread;
+	int r;
+};
+
+static uint8_t wait_item[BATCH * WAIT_ITEM];
+static unsigned wait_refused;
+
+static void *wait_writer_main(void *arg)
+{
+	struct wait_writer *w = arg;
+	struct iovec iov[BATCH];
+
+	for (unsigned i = 0; i < BATCH; i++)
+		iov[i] = (struct iovec){ .iov_base = wait_item + i * WAIT_ITEM,
+					 .iov_len = WAIT_ITEM };
+	w->r = tp_chan_write(w->ch, iov, BATCH, WAIT_MS);
+	if (w->r == -ENOBUFS)
+		__atomic_fetch_add(&wait_refused, 1, __ATOMIC_SEQ_CST);
+	return NULL;
+}
+
+static int wait_attacker(void *arg)
+{
+	struct tp_chan_options o = { .size = sizeof(o), .flags = TP_CHAN_CREATE,
+				     .capacity_items = BATCH, .owner_uid = -1 };
+	struct wait_writer w[WRITERS];
+	unsigned ok = 0, timedout = 0, refused = 0;
+	struct tp_context *ctx;
+	struct tp_chan *reader;
+	struct tp_chan_item got[BATCH];
+	struct iovec iov[BATCH];
+	uint8_t one = 1;
+	size_t n;
+	uint64_t end;
+	int r;
+
+	(void)arg;
+	TPT_REQUIRE(drop_to_nobody() == 0, 1, "cannot drop to nobody");
+	TPT_REQUIRE(tpt_ctx_new(&d, 0, "waits", &ctx) == 0, 1, "context: %s", tp_last_error());
+	TPT_REQUIRE(tp_chan_open(ctx, "full", &o, &reader) == 0, 1, "open: %s", tp_last_error());
+	for (unsigned i = 0; i < BATCH; i++)
+		iov[i] = (struct iovec){ .iov_base = &one, .iov_len = 1 };
+	TPT_REQUIRE(tp_chan_write(reader, iov, BATCH, 0) == 0, 1, "fillers: %s", tp_last_error());
+	o.flags = 0;
+	for (unsigned i = 0; i < WRITERS; i++) {
+		TPT_REQUIRE(tp_chan_open(ctx, "full", &o, &w[i].ch) == 0, 1, "handle %u: %s", i,
+			    tp_last_error());
+		TPT_REQUIRE(pthread_create(&w[i].thread, NULL, wait_writer_main, &w[i]) == 0, 1,
+			    "thread");
+	}
+	/* the refusals come at once; the writes that wait are waiting once they have come */
+	end = tpt_now_ms() + WAIT_MS / 2;
+	while (__atomic_load_n(&wait_refused, __ATOMIC_SEQ_CST) < WRITERS - WAITERS &&
+	       tpt_now_ms() < end)
+		usleep(1000);
+	r = tp_chan_read_many(reader, got, BATCH, &n, 0);
+	TPT_REQUIRE(r == 0 && n == BATCH && got[0].len == 1, 1, "read the fillers: %d %s", r,
+		    tp_last_error());
+	for (unsigned i = 0; i < n; i++)
+		free(got[i].data);
+	for (unsigned i = 0; i < WRITERS; i++) {
+		pthread_join(w[i].thread, NULL);
+		ok += w[i].r == 0;
+		timedout += w[i].r == -ETIMEDOUT;
+		refused += w[i].r == -ENOBUFS;
+		tp_chan_release(w[i].ch);
+	}
+	tpt_log("waiting writes: %u in, %u timed out, %u refused", ok, timedout, refused);
+	TPT_REQUIRE(refused == WRITERS - WAITERS, 1, "%u of %u waiting writes refused, expected "
+		    "%u (at most %u fit chan-bytes-per-uid)", refused, WRITERS, WRITERS - WAITERS,
+		    WAITERS);
+	TPT_REQUIRE(ok == 1 && timedout == WAITERS - 1, 1, "after the read: %u in, %u timed "
+		    "out", ok, timedout);
+	r = tp_chan_read_many(reader, got, BATCH, &n, 0);
+	TPT_REQUIRE(r == 0 && n == BATCH && got[0].len == WAIT_ITEM, 1, "read the batch: %d %s",
+		    r, tp_last_error());
+	for (unsigned i = 0; i < n; i++)
+		free(got[i].data);
+	tp_chan_release(reader);
+	tp_context_free(ctx);
+	return 0;
+}
+
+START_TEST(test_waiting_writes_count_toward_the_owners_bytes)
+{
+	char budget[32];
+	const char *const args[] = { "--chan-bytes-per-uid", budget, NULL };
+	pid_t pid;
+
+	if (geteuid() != 0) {
+		printf("skipped: needs root to run a client as another uid\n");
+		return;
+	}
+	snprintf(budget, sizeof(budget), "%u", WAIT_BUDGET);
+	ck_assert_int_eq(tpt_daemon_start(&d, args), 0);
+	ck_assert_int_eq(tpt_daemon_open_to_all(&d), 0);
+	pid = tpt_fork(wait_attacker, NULL);
+	ck_assert_int_gt(pid, 0);
+	ck_assert(tpt_wait_ok(pid, 4 * T_MS, "attacker"));
+	ck_assert(tpt_daemon_alive(&d));
+	ck_assert_int_eq(tpt_daemon_stop(&d), 0);
+}
+END_TEST
+
+/* Calls waiting in the daemon (channel reads and writes, work queue takes, answer reads and
+ * drains) are counted per uid, waits-per-uid (root exempt): the attacker's two sessions hold
+ * WAITS channel reads, exactly the limit; one more, a work queue take or a channel read, is
+ * refused at once (-ENOBUFS), while a read of another uid still waits; once the reads time out
+ * the uid may wait again. Before, each handle could hold 64 waits, a session 1024 handles and a
+ * uid 128 sessions: 8.4 million waits of about 500 bytes of the daemon's memory (and a timer
+ * each) for one unprivileged user. */
+#define WAITS 8u
+#define WAIT_SHORT_MS 200
+
+static struct tpt_sync waits_ready, waits_go;
+
+struct waiter {
+	struct tp_chan *ch;
+	pthread_t thread;
+	int r;
+};
+
+static void *waiter_main(void *arg)
+{
+	struct waiter *w = arg;
+	size_t len;
+	void *item;
+
+	w->r = tp_chan_read(w->ch, &item, &len, WAIT_MS);
+	if (w->r >= 0)
+		free(item);
+	return NULL;
+}
+
+static int waits_attacker(void *arg)
+{
+	struct tp_chan_options co = { .size = sizeof(co), .flags = TP_CHAN_CREATE, .owner_uid = -1 };
+	struct tp_wq_options qo = { .size = sizeof(qo), .flags = TP_WQ_CREATE, .owner_uid = -1 };
+	struct tp_context *ctx[2];
+	struct tp_chan *ch[2];
+	struct waiter w[WAITS];
+	struct tp_wq *q;
+	uint64_t t0, id;
+	size_t len;
+	void *data;
+	int r;
+
+	(void)arg;
+	TPT_REQUIRE(drop_to_nobody() == 0, 1, "cannot drop to nobody");
+	for (unsigned i = 0; i < 2; i++) {
+		TPT_REQUIRE(tpt_ctx_new(&d, 0, "waits", &ctx[i]) == 0, 1, "context: %s",
+			    tp_last_error());
+		TPT_REQUIRE(tp_chan_open(ctx[i], "idle", &co, &ch[i]) == 0, 1, "open: %s",
+			    tp_last_error());
+	}
+	TPT_REQUIRE(tp_wq_open(ctx[1], "idleq", &qo, &q) == 0, 1, "queue: %s", tp_last_error());
+	for (unsigned i = 0; i < WAITS; i++) { /* half in each session: the limit is the uid's */
+		w[i].ch = ch[i % 2];
+		TPT_REQUIRE(pthread_create(&w[i].thread, NULL, waiter_main, &w[i]) == 0, 1,
+			    "thread");
+	}
+	TPT_REQUIRE(tpt_sync_post(&waits_ready, 1) == 0, 1, "post");
+	TPT_REQUIRE(tpt_sync_wait(&waits_go, T_MS) == 1, 1, "the parent did not see the waits");
+	t0 = tpt_now_ms();
+	r = tp_wq_take(q, &id, &data, &len, WAIT_MS);
+	TPT_REQUIRE(r == -ENOBUFS && tpt_now_ms() - t0 < WAIT_MS / 2, 1, "a take above "
+		    "waits-per-uid: %d after %llu ms (%s)", r,
+		    (unsigned long long)(tpt_now_ms() - t0), tp_last_error());
+	r = tp_chan_read(ch[0], &data, &len, WAIT_MS);
+	TPT_REQUIRE(r == -ENOBUFS, 1, "a read above waits-per-uid: %d %s", r, tp_last_error());
+	TPT_REQUIRE(tpt_sync_post(&waits_ready, 2) == 0, 1, "post");
+	for (unsigned i = 0; i < WAITS; i++) {
+		pthread_join(w[i].thread, NULL);
+		TPT_REQUIRE(w[i].r == -ETIMEDOUT, 1, "waiting read %u: %d", i, w[i].r);
+	}
+	/* their waits are over: this uid waits again */
+	r = tp_wq_take(q, &id, &data, &len, WAIT_SHORT_MS);
+	TPT_REQUIRE(r == -ETIMEDOUT, 1, "a take after the waits ended: %d %s", r,
+		    tp_last_error());
+	tp_wq_release(q);
+	for (unsigned i = 0; i < 2; i++) {
+		tp_chan_release(ch[i]);
+		tp_context_free(ctx[i]);
+	}
+	return 0;
+}
+
+/* Another uid, while the attacker holds its limit: its read waits (and times out). */
+static int waits_other(void *arg)
+{
+	struct tp_chan_options o = { .size = sizeof(o), .flags = TP_CHAN_CREATE, .owner_uid = -1 };
+	struct tp_context *ctx;
+	struct tp_chan *ch;
+	size_t len;
+	void *data;
+	int r;
+
+	(void)arg;
+	TPT_REQUIRE(drop_to(WORKER) == 0, 1, "cannot drop to uid %u", WORKER);
+	TPT_REQUIRE(tpt_ctx_new(&d, 0, "other", &ctx) == 0, 1, "context: %s", tp_last_error());
+	TPT_REQUIRE(tp_chan_open(ctx, "other", &o, &ch) == 0, 1, "open: %s", tp_last_error());
+	r = tp_chan_read(ch, &data, &len, WAIT_SHORT_MS);
+	TPT_REQUIRE(r == -ETIMEDOUT, 1, "another uid's read: %d %s", r, tp_last_error());
+	tp_chan_release(ch);
+	tp_context_free(ctx);
+	return 0;
+}
+
+START_TEST(test_waiting_calls_are_bounded_per_uid)
+{
+	char limit[16];
+	const char *const args[] = { "--waits-per-uid", limit, NULL };
+	uint64_t end;
+	pid_t pid, other;
+	int rows;
+
+	if (geteuid() != 0) {
+		printf("skipped: needs root to run a client as another uid\n");
+		return;
+	}
+	snprintf(limit, sizeof(limit), "%u", WAITS);
+	ck_assert_int_eq(tpt_sync_init(&waits_ready), 0);
+	ck_assert_int_eq(tpt_sync_init(&waits_go), 0);
+	ck_assert_int_eq(tpt_daemon_start(&d, args), 0);
+	ck_assert_int_eq(tpt_daemon_open_to_all(&d), 0);
+	pid = tpt_fork(waits_attacker, NULL);
+	ck_assert_int_gt(pid, 0);
+	ck_assert_int_eq(tpt_sync_wait(&waits_ready, T_MS), 1);
+	end = tpt_now_ms() + T_MS;
+	while (ctl_field("idle", "readers_waiting", &rows) != WAITS && tpt_now_ms() < end)
+		usleep(20000);
+	ck_assert_int_eq(ctl_field("idle", "readers_waiting", &rows), WAITS);
+	ck_assert_int_eq(tpt_sync_post(&waits_go, 1), 0);
+	ck_assert_int_eq(tpt_sync_wait(&waits_ready, T_MS), 2);
+	other = tpt_fork(waits_other, NULL);
+	ck_assert_int_gt(other, 0);
+	ck_assert(tpt_wait_ok(other, T_MS, "other uid"));
+	ck_assert(tpt_wait_ok(pid, 4 * T_MS, "attacker"));
+	ck_assert(tpt_daemon_alive(&d));
+	ck_assert_int_eq(tpt_daemon_stop(&d), 0);
+	tpt_sync_done(&waits_ready);
+	tpt_sync_done(&waits_go);
+}
+END_TEST
+
 static Suite *chanquota_suite(void)
 {
 	Suite *s = suite_create("sec_chanquota");
@@ -353,6 +624,8 @@ static Suite *chanquota_suite(void)
 	tcase_set_timeout(tc, 120);
 	tcase_add_test(tc, test_unlinked_channel_alive_counts_toward_its_uids_limits);
 	tcase_add_test(tc, test_ownerless_queue_takes_no_uids_slot);
+	tcase_add_test(tc, test_waiting_writes_count_toward_the_owners_bytes);
+	tcase_add_test(tc, test_waiting_calls_are_bounded_per_uid);
 	suite_add_tcase(s, tc);
 	return s;
 }

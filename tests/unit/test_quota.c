@@ -2,10 +2,14 @@
 /*
  * Unit tests of the daemon's rate-limited logging (daemon/core/quota.c): one line per interval,
  * and a burst per window, each just at and just above its bound, with the count of the lines held
- * back handed to the next line allowed.
+ * back handed to the next line allowed; and the per-uid count of waiting calls (waits-per-uid)
+ * at and above its bound, given back, root exempt.
  */
 #include <check.h>
+#include <errno.h>
+#include <string.h>
 #include <time.h>
+#include "config.h"
 #include "quota.h"
 
 static void sleep_ms(unsigned ms)
@@ -51,6 +55,24 @@ START_TEST(test_ratelog_burst_at_and_above_its_bound)
 }
 END_TEST
 
+START_TEST(test_waits_at_and_above_waits_per_uid)
+{
+	struct tpd_config cfg = { .waits_per_uid = 3 };
+	struct tpd_uid_acct a = { .uid = 65534 }, root = { .uid = 0 };
+	char why[160];
+
+	for (int i = 0; i < 3; i++)
+		ck_assert_int_eq(tpd_quota_charge_wait(&cfg, &a, why, sizeof(why)), 0);
+	ck_assert_int_eq(tpd_quota_charge_wait(&cfg, &a, why, sizeof(why)), -ENOBUFS);
+	ck_assert_ptr_nonnull(strstr(why, "waits-per-uid"));
+	ck_assert_uint_eq(a.waits, 3);
+	tpd_quota_release_wait(&a);
+	ck_assert_int_eq(tpd_quota_charge_wait(&cfg, &a, why, sizeof(why)), 0);
+	for (int i = 0; i < 10; i++) /* root is exempt */
+		ck_assert_int_eq(tpd_quota_charge_wait(&cfg, &root, why, sizeof(why)), 0);
+}
+END_TEST
+
 int main(void)
 {
 	Suite *s = suite_create("quota");
@@ -60,6 +82,7 @@ int main(void)
 
 	tcase_add_test(tc, test_ratelog_one_line_per_interval);
 	tcase_add_test(tc, test_ratelog_burst_at_and_above_its_bound);
+	tcase_add_test(tc, test_waits_at_and_above_waits_per_uid);
 	suite_add_tcase(s, tc);
 	sr = srunner_create(s);
 	srunner_run_all(sr, CK_NORMAL);
