@@ -366,6 +366,8 @@ static int check_chan_read(const Tpw__V1__ChanOp *c, const struct tpw_limits *li
 			       "together (at most %u keys mapped)", TPW_CHAN_MAPPED_MAX);
 	/* a packed batch (a client's only: checked by the caller): its one destination is the
 	 * room the items are packed into */
+	if (c->pack_copied && !c->pack)
+		return tpu_why(-EBADMSG, why, wl, "pack_copied on a channel read that is not packed");
 	if (c->pack && (c->n_segments != 1 || c->msg || c->take_held || c->map_done))
 		return tpu_why(-EBADMSG, why, wl, "a packed channel read without one destination, "
 			       "or of a message or held item");
@@ -440,7 +442,7 @@ static int check_chan_op(const Tpw__V1__ChanOp *c, const struct tpw_hdr *hdr,
 	if (r < 0)
 		return r;
 	if ((c->n_segments || (c->take_held && !c->xfer_id && !c->msg) || c->lend || c->map_ok ||
-	     c->n_mapped || c->map_done || c->pack) && !tpip)
+	     c->n_mapped || c->map_done || c->pack || c->pack_copied) && !tpip)
 		return tpu_why(-EBADMSG, why, wl, "channel item segments, held items or mapped reads "
 			       "over a peer link");
 	if (c->lend && (c->op != TPW__V1__CHAN_OP_KIND__CHAN_OP_WRITE || !c->n_segments))
@@ -456,7 +458,7 @@ static int check_chan_op(const Tpw__V1__ChanOp *c, const struct tpw_hdr *hdr,
 	if (c->op == TPW__V1__CHAN_OP_KIND__CHAN_OP_READ)
 		return check_chan_read(c, lim, tpip, why, wl);
 	if (c->max_items || c->take_held || c->inline_only || c->msg || c->msg_drop || c->map_ok ||
-	    c->n_mapped || c->map_done || c->map_fail || c->pack)
+	    c->n_mapped || c->map_done || c->map_fail || c->pack || c->pack_copied)
 		return tpu_why(-EBADMSG, why, wl, "read fields on a channel op that is no read");
 	if (c->n_msgs && c->op != TPW__V1__CHAN_OP_KIND__CHAN_OP_WRITE)
 		return tpu_why(-EBADMSG, why, wl, "channel messages on an op that is no write");
@@ -608,9 +610,17 @@ static int check_chan_reply(const Tpw__V1__ChanReply *r, const struct tpw_hdr *h
 		return -EBADMSG;
 	if (r->msg_taken && (r->n_lengths > 1 || r->held_len))
 		return -EBADMSG;
-	if (r->copied || r->held_len)
-		return r->n_lengths == (r->copied ? 1u : 0u) && !(r->copied && r->held_len) &&
-		       hdr->data_len == 0 ? 0 : -EBADMSG;
+	if (r->held_len)
+		return !r->n_lengths && !r->copied && hdr->data_len == 0 ? 0 : -EBADMSG;
+	if (r->copied) { /* one item, or a packed read's (ChanOp.pack_copied), none empty */
+		if (!r->n_lengths || r->n_lengths > TPU_MAX(lim->segments_max, 1u) ||
+		    (r->n_lengths > 1 && r->msg_taken) || hdr->data_len)
+			return -EBADMSG;
+		for (size_t i = 0; r->n_lengths > 1 && i < r->n_lengths; i++)
+			if (!r->lengths[i])
+				return -EBADMSG;
+		return 0;
+	}
 	if (r->n_lengths > TPU_MAX(lim->segments_max, 1u))
 		return -EBADMSG;
 	for (size_t i = 0; i < r->n_lengths; i++) {

@@ -108,6 +108,9 @@ struct chan_req {
 	 * tpw_chan_pack_at() puts it, once all are checked to fit @dst_len. */
 	bool pack;
 	size_t pack_max;
+	/* ChanOp.pack_copied: @dst is the caller's shared buffer, and a `copied` answer may name
+	 * several items the daemon put there, each where tpw_chan_pack_at() puts it. */
+	bool pack_copied;
 	bool pack_reads; /* an OPEN's answer: ChanReply.pack_reads */
 	/* A staging buffer of the context the daemon copies the item into (then copied to @dst by
 	 * read_unstage()), or NULL. One whose read is never answered stays registered until the

@@ -79,6 +79,7 @@ struct chan_read {
 	bool fast;	    /* the reader takes held items (client minor >= 7) */
 	bool msg;	    /* a message read (ChanOp.msg): the item is held, its descriptor sent */
 	bool pack;	    /* ChanOp.pack: inline items packed into @room (tpw_chan_pack_at()) */
+	bool pack_copied;   /* ChanOp.pack_copied: and large items copied to their packed places */
 	bool dst_set;	    /* the read names where a large item goes: */
 	struct tpb_mem dst; /* with a reference (tpd_chan_copy_put()) */
 	uint64_t room;
@@ -180,6 +181,10 @@ struct chan_copy {
 	size_t n;
 	uint64_t bytes;
 	struct chan_item *item; /* out: the item */
+	/* out, a packed read's (ChanOp.pack_copied): @outs[0..n_outs) (@item is @outs[0]), in
+	 * channel order, each copied to its packed place */
+	struct chan_item **outs;
+	size_t n_outs;
 	bool msg;		/* out: a message read's take (ChanReply.msg_taken) */
 	/* A hand-off (chanhand.c): the first @k items of @batch, the writer's by reference, go to
 	 * the reads @to (a reader NULL once its handle is gone); the others are copied in. */

@@ -1649,11 +1649,24 @@ START_TEST(test_validate_chan_read_packed)
 	o.map_ok = true; /* a large first item may be read by mapping */
 	ck_assert_int_eq(vc(&m, 0, 0), 0);
 	o.map_ok = false;
+	o.pack_copied = true; /* large items copied to their packed places */
+	ck_assert_int_eq(vc(&m, 0, 0), 0);
+	o.pack = false; /* not without pack */
+	o.max_items = 0;
+	ck_assert_int_eq(vc(&m, 0, 0), -EBADMSG);
+	o.pack = true;
+	o.max_items = 2;
 	pm.body_case = TPW__V1__PEER_MSG__BODY_CHAN_OP;
 	pm.chan_op = &po;
 	po.op = &o;
 	o.n_segments = 0;
 	ck_assert_int_eq(vpt(&pm, 0), -EBADMSG); /* never from a peer */
+	o.pack = false;
+	o.max_items = 0;
+	ck_assert_int_eq(vpt(&pm, 0), -EBADMSG); /* pack_copied alone neither */
+	o.pack_copied = false;
+	o.pack = true;
+	o.max_items = 2;
 	o.op = TPW__V1__CHAN_OP_KIND__CHAN_OP_CLOSE;
 	o.max_items = 0;
 	ck_assert_int_eq(vc(&m, 0, 0), -EBADMSG); /* nor on another op */
@@ -1751,8 +1764,9 @@ START_TEST(test_validate_chan_msg)
 END_TEST
 
 /* A channel answer from the daemon: a batch's items add up to the tail, none empty, at most
- * segments_max; an item copied into the read's allocation has no tail; a held item has no
- * length and no tail. */
+ * segments_max; an item copied into the read's allocation has no tail, and so have a packed
+ * read's items copied (up to segments_max, none empty); a held item has no length and no
+ * tail. */
 START_TEST(test_validate_chan_reply_batch)
 {
 	Tpw__V1__DaemonMsg m = TPW__V1__DAEMON_MSG__INIT;
@@ -1776,7 +1790,25 @@ START_TEST(test_validate_chan_reply_batch)
 	r.copied = true;
 	ck_assert_int_eq(vd(&m, 0, 0), 0);
 	ck_assert_int_eq(vd(&m, 0, 3), -EBADMSG); /* a tail with it */
+	lens[1] = 4;
+	r.n_lengths = 2; /* a packed read's items copied (ChanOp.pack_copied) */
+	ck_assert_int_eq(vd(&m, 0, 0), 0);
+	ck_assert_int_eq(vd(&m, 0, 7), -EBADMSG); /* a tail with them */
+	r.n_lengths = lim.segments_max; /* just at */
+	ck_assert_int_eq(vd(&m, 0, 0), 0);
+	r.n_lengths = lim.segments_max + 1; /* just above */
+	ck_assert_int_eq(vd(&m, 0, 0), -EBADMSG);
+	lens[1] = 0; /* an empty one */
 	r.n_lengths = 2;
+	ck_assert_int_eq(vd(&m, 0, 0), -EBADMSG);
+	lens[1] = 4;
+	r.msg_taken = true; /* a message's take is one item */
+	ck_assert_int_eq(vd(&m, 0, 0), -EBADMSG);
+	r.msg_taken = false;
+	r.n_lengths = 0; /* copied, but nothing */
+	ck_assert_int_eq(vd(&m, 0, 0), -EBADMSG);
+	r.held_len = 1; /* and held */
+	r.n_lengths = 1;
 	ck_assert_int_eq(vd(&m, 0, 0), -EBADMSG);
 	r.copied = false;
 	r.n_lengths = 0;
