@@ -48,6 +48,7 @@ void tpc_chan_req_free(struct chan_req *cr)
 	if (cr->dst && !cr->into && !cr->n && cr->req.done)
 		free(cr->dst); /* answered without an item: nobody copies into it any more */
 	free(cr->items);
+	free(cr->map_offs);
 	free(cr);
 }
 

@@ -142,6 +142,10 @@ struct chan_req {
 	bool map_req, map_pending, map_has_fd;
 	uint64_t map_key, map_off;
 	int map_fd;
+	/* ChanOp.pack_mapped: the answer may name several items in @map_key, at @map_offs (owned,
+	 * one an item; NULL for one item), each copied out to its packed place in @dst. */
+	bool pack_mapped;
+	uint64_t *map_offs;
 };
 
 /* chan.c: a request's end, whether @ch has a late read done, sending a ChanOp and waiting for

@@ -80,6 +80,7 @@ struct chan_read {
 	bool msg;	    /* a message read (ChanOp.msg): the item is held, its descriptor sent */
 	bool pack;	    /* ChanOp.pack: inline items packed into @room (tpw_chan_pack_at()) */
 	bool pack_copied;   /* ChanOp.pack_copied: and large items copied to their packed places */
+	bool pack_mapped;   /* ChanOp.pack_mapped: and several large items handed out by mapping */
 	bool dst_set;	    /* the read names where a large item goes: */
 	struct tpb_mem dst; /* with a reference (tpd_chan_copy_put()) */
 	uint64_t room;
@@ -142,6 +143,9 @@ struct chan_handle {
 				 * next READ with take_held (ChanReply.held_len) */
 	struct chan_item *mapped; /* an item handed out by mapping (ChanReply.map_key), out of
 				   * @c until the reader's READ with map_done */
+	/* the items after @mapped handed out with it (ChanOp.pack_mapped), in channel order */
+	struct chan_item **map_rest;
+	size_t n_map_rest;
 	struct tpu_list lends;	/* chan_lend of buffers this handle lent */
 	/* Ids of its lent buffers given up, each once: for its next write's answer, or, to a
 	 * client of minor >= 13, a notice at the end of the loop's turn (@noticing: in
@@ -291,6 +295,9 @@ void tpd_chan_io_serve(struct chan *c);
 void tpd_chan_io_write(struct tpd_chans *cs, struct chan_handle *h, const Tpw__V1__ChanOp *o,
 		       const uint8_t *tail, size_t tail_len);
 void tpd_chan_io_read(struct tpd_chans *cs, struct chan_handle *h, const Tpw__V1__ChanOp *o);
+/* The items @h took by mapping and did not say it copied out go back to the head of its channel,
+ * in order. Return: whether there were any. */
+bool tpd_chan_io_mapped_back(struct chan_handle *h);
 int tpd_chan_io_copy_out(struct chan_handle *h, uint64_t req_id, struct chan_item *it,
 			 const struct tpb_xfer *x, size_t n, bool msg);
 /* For chanhand.c: @batch (@n items, @bytes) appended to @c; @h's write @req_id answered done

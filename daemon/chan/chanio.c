@@ -131,6 +131,53 @@ static void sent_add(struct chan_handle *h, struct tpb_buffer *b)
 }
 
 /*
+ * A packed read (@rd, ChanOp.pack_mapped) that took @h->mapped by mapping buffer @b also takes
+ * the items after it that lie in @b (the same writer's) while each is above
+ * TPW_CHAN_INLINE_ITEM (not a message) and fits @rd's room packed, at most @rd->max in all:
+ * out of the channel into @h->map_rest, their lengths and offsets in @b into @r (owned: the
+ * caller frees them). Without memory, none (the first goes alone).
+ */
+static void map_more(struct chan_handle *h, const struct chan_read *rd, struct tpb_buffer *b,
+		     Tpw__V1__ChanReply *r)
+{
+	struct chan_item *it;
+	uint64_t end = h->mapped->len, off;
+	size_t n = 1;
+
+	tpu_list_for_each(it, &h->c->items, node) {
+		if (n == rd->max || it->len <= TPW_CHAN_INLINE_ITEM || it->desc || !it->lend ||
+		    it->lend->buf != b || !tpw_chan_pack_at(end, it->len, rd->room, &off))
+			break;
+		end = off + it->len;
+		n++;
+	}
+	if (n == 1)
+		return;
+	r->lengths = calloc(n, sizeof(*r->lengths));
+	r->map_offs = calloc(n, sizeof(*r->map_offs));
+	h->map_rest = calloc(n - 1, sizeof(*h->map_rest));
+	if (!r->lengths || !r->map_offs || !h->map_rest) {
+		free(r->lengths);
+		free(r->map_offs);
+		free(h->map_rest);
+		r->lengths = NULL;
+		r->map_offs = NULL;
+		h->map_rest = NULL;
+		return;
+	}
+	for (size_t i = 0; i < n; i++) {
+		it = i ? tpd_chan_item_take(h->c) : h->mapped;
+		if (i)
+			h->map_rest[i - 1] = it;
+		r->lengths[i] = it->len;
+		r->map_offs[i] = it->src.addr - (uint64_t)(uintptr_t)b->map; /* inside @b */
+	}
+	h->n_map_rest = n - 1;
+	r->n_lengths = n;
+	r->n_map_offs = n;
+}
+
+/*
  * Hands @it (the oldest item of @h's channel, or the item @h holds: @taken) to @h's read @rd by
  * mapping, when @rd takes it so (ChanOp.map_ok), @it lies in a buffer its writer lent whose fd
  * the daemon keeps and that is sealed against writes (tpb_buffer_reader_fd()), @h is a reader
@@ -177,39 +224,63 @@ static bool map_offer(struct chan_handle *h, const struct chan_read *rd, struct 
 			sent_add(h, b);
 	}
 	h->mapped = taken ? it : tpd_chan_item_take(h->c);
+	if (!taken && rd->pack_mapped && rd->max > 1)
+		map_more(h, rd, b, &r);
 	r.req_id = rd->req_id;
 	r.status = tpw_status_from_errno(0);
 	r.message = (char *)"";
 	r.chan_id = h->id;
 	r.closed = h->c->closed;
-	r.n_lengths = 1;
-	r.lengths = &len;
+	if (!r.n_lengths) {
+		r.n_lengths = 1;
+		r.lengths = &len;
+	}
 	r.map_key = b->map_key;
 	r.map_off = it->src.addr - (uint64_t)(uintptr_t)b->map; /* resolved inside @b */
 	r.map_size = b->size;
 	r.map_fd = !listed;
 	tpd_chan_reply_send(&h->who, &r, NULL, 0);
-	tpd_session_log(h->who.s, TPU_LOG_DEBUG, "channel '%s': an item of %zu bytes read by "
-			"mapping buffer %llu%s", h->c->name, it->len,
+	tpd_session_log(h->who.s, TPU_LOG_DEBUG, "channel '%s': %zu item(s), the first of %zu "
+			"bytes, read by mapping buffer %llu%s", h->c->name, r.n_lengths, it->len,
 			(unsigned long long)b->map_key, listed ? "" : " (fd sent)");
+	if (r.lengths != &len)
+		free(r.lengths);
+	free(r.map_offs);
 	return true;
 }
 
-/* The reader's READ with map_done: the item it took by mapping leaves the channel, or (with
- * map_fail: it could not copy it out) goes back to the head, for the next reader. Not
- * answered; without such an item it does nothing. */
+bool tpd_chan_io_mapped_back(struct chan_handle *h)
+{
+	if (!h->mapped)
+		return false;
+	for (size_t i = h->n_map_rest; i-- > 0;) /* the last first: the first ends up first */
+		tpd_chan_item_give_back(h->c, h->map_rest[i]);
+	tpd_chan_item_give_back(h->c, h->mapped);
+	free(h->map_rest);
+	h->map_rest = NULL;
+	h->n_map_rest = 0;
+	h->mapped = NULL;
+	return true;
+}
+
+/* The reader's READ with map_done: the items it took by mapping leave the channel, or (with
+ * map_fail: it could not copy them out) go back to the head, in order, for the next reader.
+ * Not answered; without such items it does nothing. */
 static void map_done(struct chan_handle *h, const Tpw__V1__ChanOp *o)
 {
-	struct chan_item *it = h->mapped;
-
-	if (!it)
+	if (!h->mapped)
 		return;
-	h->mapped = NULL;
 	if (o->map_fail) {
-		tpd_chan_item_give_back(h->c, it);
+		tpd_chan_io_mapped_back(h);
 	} else {
-		h->c->mapped++;
-		tpd_chan_item_done(h->c, it);
+		h->c->mapped += 1 + h->n_map_rest;
+		tpd_chan_item_done(h->c, h->mapped);
+		for (size_t i = 0; i < h->n_map_rest; i++)
+			tpd_chan_item_done(h->c, h->map_rest[i]);
+		free(h->map_rest);
+		h->map_rest = NULL;
+		h->n_map_rest = 0;
+		h->mapped = NULL;
 	}
 	tpd_chan_io_serve(h->c);
 }
@@ -796,7 +867,8 @@ static int read_params(struct chan_handle *h, const Tpw__V1__ChanOp *o, struct c
 
 	*rd = (struct chan_read){ .req_id = o->req_id, .max = o->max_items ? o->max_items : 1,
 				 .msg = o->msg, .pack = o->pack && h->who.s,
-				 .pack_copied = o->pack_copied && o->pack && h->who.s };
+				 .pack_copied = o->pack_copied && o->pack && h->who.s,
+				 .pack_mapped = o->pack_mapped && o->pack && h->who.s };
 	if (h->who.pr && rd->max > seg_max) /* a far daemon's batch (a client's was checked) */
 		rd->max = seg_max ? seg_max : 1;
 	rd->fast = (h->who.s ? tpd_session_client_minor(h->who.s) >= TPW_MINOR_CHAN_FAST

@@ -1667,6 +1667,20 @@ START_TEST(test_validate_chan_read_packed)
 	o.pack_copied = false;
 	o.pack = true;
 	o.max_items = 2;
+	o.n_segments = 1;
+	o.pack_mapped = true; /* several items by mapping: only with map_ok */
+	ck_assert_int_eq(vc(&m, 0, 0), -EBADMSG);
+	o.map_ok = true;
+	ck_assert_int_eq(vc(&m, 0, 0), 0);
+	o.pack = false; /* not without pack */
+	o.max_items = 0;
+	ck_assert_int_eq(vc(&m, 0, 0), -EBADMSG);
+	o.n_segments = 0;
+	ck_assert_int_eq(vpt(&pm, 0), -EBADMSG); /* never from a peer */
+	o.pack_mapped = false;
+	o.map_ok = false;
+	o.pack = true;
+	o.max_items = 2;
 	o.op = TPW__V1__CHAN_OP_KIND__CHAN_OP_CLOSE;
 	o.max_items = 0;
 	ck_assert_int_eq(vc(&m, 0, 0), -EBADMSG); /* nor on another op */
@@ -1969,6 +1983,45 @@ START_TEST(test_validate_chan_map)
 	r.n_lengths = 0;
 	ck_assert_int_eq(vd(&dm, 0, 0), -EBADMSG);
 	r.n_lengths = 1;
+	/* several items of one buffer (ChanOp.pack_mapped): one offset each, the first map_off */
+	{
+		uint64_t lens2[5] = { len, len, len, len, len }, offs[5] = { 0, len, 2 * len,
+									  3 * len, 4 * len };
+
+		r.lengths = lens2;
+		r.map_offs = offs;
+		r.n_lengths = 2;
+		r.n_map_offs = 2;
+		ck_assert_int_eq(vd(&dm, 0, 0), 0);
+		r.n_map_offs = 1; /* an offset missing */
+		ck_assert_int_eq(vd(&dm, 0, 0), -EBADMSG);
+		r.n_map_offs = 2;
+		offs[0] = len; /* the first not at map_off */
+		ck_assert_int_eq(vd(&dm, 0, 0), -EBADMSG);
+		offs[0] = 0;
+		offs[1] = (4 << 20) - len + 1; /* the second a byte past the buffer */
+		ck_assert_int_eq(vd(&dm, 0, 0), -EBADMSG);
+		offs[1] = len;
+		lens2[1] = 0; /* an empty one */
+		ck_assert_int_eq(vd(&dm, 0, 0), -EBADMSG);
+		lens2[1] = len;
+		r.n_lengths = lim.segments_max; /* just at */
+		r.n_map_offs = lim.segments_max;
+		ck_assert_int_eq(vd(&dm, 0, 0), 0);
+		r.n_lengths = lim.segments_max + 1; /* just above */
+		r.n_map_offs = lim.segments_max + 1;
+		ck_assert_int_eq(vd(&dm, 0, 0), -EBADMSG);
+		r.n_lengths = 1; /* one item with offsets */
+		ck_assert_int_eq(vd(&dm, 0, 0), -EBADMSG);
+		r.map_key = 0; /* offsets without a key */
+		r.map_fd = false;
+		ck_assert_int_eq(vd(&dm, 0, 0), -EBADMSG);
+		r.map_key = 3;
+		r.map_fd = true;
+		r.n_map_offs = 0;
+		r.map_offs = NULL;
+		r.lengths = &len;
+	}
 	pm.body_case = TPW__V1__PEER_MSG__BODY_CHAN_REPLY;
 	pm.chan_reply = &pr;
 	pr.reply = &r;
