@@ -130,6 +130,14 @@ static void sent_add(struct chan_handle *h, struct tpb_buffer *b)
 	h->c->maps_held++;
 }
 
+/* Whether a packed read being served may take several large items of @c: only while no other
+ * read waits (the one being served may itself be the one waiting read), so that readers who
+ * wait each get one and copy in parallel, and one reader alone gets whole batches. */
+static bool packed_alone(const struct chan *c)
+{
+	return c->n_waiters <= 1;
+}
+
 /*
  * A packed read (@rd, ChanOp.pack_mapped) that took @h->mapped by mapping buffer @b also takes
  * the items after it that lie in @b (the same writer's) while each is above
@@ -224,7 +232,7 @@ static bool map_offer(struct chan_handle *h, const struct chan_read *rd, struct 
 			sent_add(h, b);
 	}
 	h->mapped = taken ? it : tpd_chan_item_take(h->c);
-	if (!taken && rd->pack_mapped && rd->max > 1)
+	if (!taken && rd->pack_mapped && rd->max > 1 && packed_alone(h->c))
 		map_more(h, rd, b, &r);
 	r.req_id = rd->req_id;
 	r.status = tpw_status_from_errno(0);
@@ -316,7 +324,7 @@ static void chan_deliver(struct chan_handle *h, const struct chan_read *rd)
 			    (rd->dst.buf && it->len > TPW_CHAN_SHM_ITEM))) {
 		if (map_offer(h, rd, it, false))
 			return;
-		if (rd->pack_copied && rd->dst.buf && rd->max > 1)
+		if (rd->pack_copied && rd->dst.buf && rd->max > 1 && packed_alone(c))
 			return copy_out_packed(h, rd);
 		return copy_out(h, rd->req_id, tpd_chan_item_take(c), &rd->dst);
 	}
