@@ -23,6 +23,7 @@
 #include <fcntl.h>
 #include <inttypes.h>
 #include <json-c/json.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -667,6 +668,95 @@ START_TEST(test_packed_read_maps_a_batch_at_once)
 }
 END_TEST
 
+struct packed_waiter {
+	struct tp_chan *ch;
+	uint8_t *dst;
+	size_t room, max, n;
+	int r;
+};
+
+/* A read of @arg's handle that waits: packed (max > 1) or one tp_chan_read_into(). */
+static void *packed_waiter_run(void *arg)
+{
+	struct packed_waiter *pw = arg;
+	struct tp_chan_item items[8];
+
+	if (pw->max > 1) {
+		pw->r = tp_chan_read_many_into(pw->ch, pw->dst, pw->room, items, pw->max, &pw->n,
+					       10000);
+	} else {
+		pw->r = tp_chan_read_into(pw->ch, pw->dst, pw->room, &pw->n, 10000);
+		pw->n = pw->r >= 0 ? 1 : 0;
+	}
+	return NULL;
+}
+
+/* Waits until @name has @n reads waiting (tpipctl's readers_waiting). */
+static void readers_waiting_at(const char *name, long n)
+{
+	long w = -1;
+
+	for (int t = 0; t < 10000 * (int)tpt_time_scale() && w != n; t += 10) {
+		w = tpt_ctl_channel_field(&tpt_fixture_daemon, name, "readers_waiting");
+		if (w != n)
+			usleep(10000);
+	}
+	ck_assert_int_eq(w, n);
+}
+
+/* A packed read waiting first and a plain one behind it: when a batch of four comes (one lent
+ * buffer), the packed read takes one item only, the plain one the next (each waiting read gets
+ * one while another waits); then a packed read with nobody else waiting takes the other two. */
+START_TEST(test_packed_read_takes_one_while_another_read_waits)
+{
+	struct tp_chan_options o = { .size = sizeof(o), .flags = TP_CHAN_CREATE, .owner_uid = -1 };
+	struct tp_context *cw = ctx_new("map.aw"), *c1 = ctx_new("map.a1"), *c2 = ctx_new("map.a2");
+	uint8_t *src = malloc(4 * MIB), *d1 = malloc(MIB), *d2 = malloc(4 * MIB);
+	struct packed_waiter p2 = { .dst = d2, .room = 4 * MIB, .max = 8 };
+	struct packed_waiter p1 = { .dst = d1, .room = MIB, .max = 1 };
+	struct tp_chan_item items[8];
+	struct tp_chan *w;
+	struct iovec iov[4];
+	pthread_t t1, t2;
+	size_t bad = 0, n = 0;
+
+	ck_assert(cw && c1 && c2 && src && d1 && d2);
+	ck_assert_int_eq(tp_chan_open(cw, "map.alone", &o, &w), 0);
+	o.flags = 0;
+	ck_assert_int_eq(tp_chan_open(c1, "map.alone", &o, &p1.ch), 0);
+	ck_assert_int_eq(tp_chan_open(c2, "map.alone", &o, &p2.ch), 0);
+	ck_assert_int_eq(pthread_create(&t2, NULL, packed_waiter_run, &p2), 0);
+	readers_waiting_at("map.alone", 1);
+	ck_assert_int_eq(pthread_create(&t1, NULL, packed_waiter_run, &p1), 0);
+	readers_waiting_at("map.alone", 2);
+	for (unsigned k = 0; k < 4; k++) {
+		tpt_fill(src + k * MIB, MIB, tpt_seed(8, 0, k));
+		iov[k] = (struct iovec){ .iov_base = src + k * MIB, .iov_len = MIB };
+	}
+	ck_assert_int_eq(tp_chan_write(w, iov, 4, T_MS), 0);
+	ck_assert_int_eq(pthread_join(t2, NULL), 0);
+	ck_assert_int_eq(pthread_join(t1, NULL), 0);
+	ck_assert_msg(p2.r >= 0 && p1.r >= 0, "reads: %d %d", p2.r, p1.r);
+	ck_assert_uint_eq(p2.n, 1);
+	ck_assert(tpt_verify(d2, MIB, tpt_seed(8, 0, 0), &bad));
+	ck_assert_uint_eq(p1.n, 1);
+	ck_assert(tpt_verify(d1, MIB, tpt_seed(8, 0, 1), &bad));
+	ck_assert_int_ge(tp_chan_read_many_into(p2.ch, d2, 4 * MIB, items, 8, &n, T_MS), 0);
+	ck_assert_uint_eq(n, 2);
+	for (unsigned k = 0; k < 2; k++)
+		ck_assert(tpt_verify(items[k].data, MIB, tpt_seed(8, 0, 2 + k), &bad));
+	ck_assert_int_eq(tp_chan_release(p1.ch), 0);
+	ck_assert_int_eq(tp_chan_release(p2.ch), 0);
+	ck_assert_int_eq(tp_chan_release(w), 0);
+	tp_context_free(c1);
+	tp_context_free(c2);
+	tp_context_free(cw);
+	free(src);
+	free(d1);
+	free(d2);
+}
+END_TEST
+
 /* @n writer handles (each stages in buffers of its own) write one item each, read in turn by
  * one reader handle: it maps min(@n, 8) buffers, every item byte-exact. */
 static void map_bound(unsigned n)
@@ -1092,6 +1182,7 @@ static Suite *chan_map_suite(void)
 	tcase_add_test(tc, test_reader_dying_before_its_acknowledgement_loses_nothing);
 	tcase_add_test(tc, test_packed_reader_dying_before_its_acknowledgement_loses_nothing);
 	tcase_add_test(tc, test_packed_read_maps_a_batch_at_once);
+	tcase_add_test(tc, test_packed_read_takes_one_while_another_read_waits);
 	tcase_add_test(tc, test_a_reader_handle_is_remembered_32_buffers);
 	tcase_add_test(tc, test_a_reader_maps_eight_writers_buffers);
 	tcase_add_test(tc, test_a_reader_maps_no_more_than_eight_writers_buffers);
