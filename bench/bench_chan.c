@@ -10,8 +10,11 @@
  * that ride inline (up to 256 KiB, from shared buffers too) with tp_chan_read_many_into() (64 per
  * call at most, packed into one reused buffer of up to 1 MiB; BENCH_CHAN_MANY_MALLOC=1:
  * tp_chan_read_many(), an allocation per item, as before; BENCH_CHAN_SHM_BATCH=16384: shared-
- * buffer items above 16 KiB one tp_chan_read_into() each, as before) and the others with
- * tp_chan_read_into() into one reused allocation; the writer
+ * buffer items above 16 KiB one tp_chan_read_into() each, as before), and larger items too,
+ * into a packed buffer of BENCH_CHAN_PACK bytes (default 4 MiB, or one item): the daemon
+ * copies several shared-buffer items there in one answer, and hands out several private ones
+ * of one writer's buffer by mapping (BENCH_CHAN_SHM_BATCH=262144, BENCH_CHAN_PRIV_BATCH=262144:
+ * one tp_chan_read_into() each into one reused allocation, as before); the writer
  * writes batches
  * (bench_batch(): up to 64 small items within the daemon's 1 MiB inline limit, 4 MiB of larger
  * ones). With a daemon or library before protocol minor 7 (or
@@ -49,8 +52,14 @@ static double now_s(void)
 }
 
 static bool old_api; /* BENCH_CHAN_OLD=1: one tp_chan_read() per item, as before minor 7 */
-static size_t shm_batch_max = 262144; /* BENCH_CHAN_SHM_BATCH: largest shared-buffer item read
-					* in batches (16384: one tp_chan_read_into() each above) */
+static size_t shm_batch_max = SIZE_MAX; /* BENCH_CHAN_SHM_BATCH: largest shared-buffer item
+					  * read in batches (16384: one tp_chan_read_into() each
+					  * above) */
+static size_t priv_batch_max = SIZE_MAX; /* BENCH_CHAN_PRIV_BATCH: the same for private items
+					   * (262144: one tp_chan_read_into() each above) */
+static size_t large_pack = 4u << 20; /* BENCH_CHAN_PACK: the packed buffer of a reader of items
+				      * above 256 KiB (several in one answer: copied there by the
+				      * daemon, or read by mapping) */
 static size_t read_max = 64; /* BENCH_CHAN_MANY: items per batch read (1: read_into) */
 /* BENCH_CHAN_MANY_MALLOC=1: batches with tp_chan_read_many() (an allocation per item), not
  * tp_chan_read_many_into() */
@@ -85,7 +94,7 @@ static void mem_free(struct tp_context *ctx, void *p, bool shm)
 /* Whether items of @size are read in batches (they ride inline). */
 static bool read_batched(size_t size, bool shm)
 {
-	return !old_api && size <= (shm ? shm_batch_max : 262144u) && read_max > 1;
+	return !old_api && size <= (shm ? shm_batch_max : priv_batch_max) && read_max > 1;
 }
 
 /* The reader's buffer for items of @size: one item, or for batches read into one buffer
@@ -96,6 +105,8 @@ static size_t read_buf_size(size_t size, bool shm)
 
 	if (!read_batched(size, shm) || many_malloc)
 		return size;
+	if (size > 262144)
+		return packed < large_pack ? packed : (size > large_pack ? size : large_pack);
 	return packed < (1u << 20) ? packed : (size > (1u << 20) ? size : 1u << 20);
 }
 
@@ -335,6 +346,10 @@ int main(int argc, char **argv)
 	many_malloc = getenv("BENCH_CHAN_MANY_MALLOC") && atoi(getenv("BENCH_CHAN_MANY_MALLOC"));
 	if (getenv("BENCH_CHAN_SHM_BATCH"))
 		shm_batch_max = (size_t)atol(getenv("BENCH_CHAN_SHM_BATCH"));
+	if (getenv("BENCH_CHAN_PRIV_BATCH"))
+		priv_batch_max = (size_t)atol(getenv("BENCH_CHAN_PRIV_BATCH"));
+	if (getenv("BENCH_CHAN_PACK"))
+		large_pack = (size_t)atol(getenv("BENCH_CHAN_PACK"));
 	if (getenv("BENCH_CHAN_MANY"))
 		read_max = (size_t)atoi(getenv("BENCH_CHAN_MANY"));
 	if (read_max < 1 || read_max > 64)

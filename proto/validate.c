@@ -366,6 +366,11 @@ static int check_chan_read(const Tpw__V1__ChanOp *c, const struct tpw_limits *li
 			       "together (at most %u keys mapped)", TPW_CHAN_MAPPED_MAX);
 	/* a packed batch (a client's only: checked by the caller): its one destination is the
 	 * room the items are packed into */
+	if ((c->pack_copied || c->pack_mapped) && !c->pack)
+		return tpu_why(-EBADMSG, why, wl, "pack_copied or pack_mapped on a channel read "
+			       "that is not packed");
+	if (c->pack_mapped && !c->map_ok)
+		return tpu_why(-EBADMSG, why, wl, "pack_mapped on a channel read that maps nothing");
 	if (c->pack && (c->n_segments != 1 || c->msg || c->take_held || c->map_done))
 		return tpu_why(-EBADMSG, why, wl, "a packed channel read without one destination, "
 			       "or of a message or held item");
@@ -440,7 +445,7 @@ static int check_chan_op(const Tpw__V1__ChanOp *c, const struct tpw_hdr *hdr,
 	if (r < 0)
 		return r;
 	if ((c->n_segments || (c->take_held && !c->xfer_id && !c->msg) || c->lend || c->map_ok ||
-	     c->n_mapped || c->map_done || c->pack) && !tpip)
+	     c->n_mapped || c->map_done || c->pack || c->pack_copied || c->pack_mapped) && !tpip)
 		return tpu_why(-EBADMSG, why, wl, "channel item segments, held items or mapped reads "
 			       "over a peer link");
 	if (c->lend && (c->op != TPW__V1__CHAN_OP_KIND__CHAN_OP_WRITE || !c->n_segments))
@@ -456,7 +461,8 @@ static int check_chan_op(const Tpw__V1__ChanOp *c, const struct tpw_hdr *hdr,
 	if (c->op == TPW__V1__CHAN_OP_KIND__CHAN_OP_READ)
 		return check_chan_read(c, lim, tpip, why, wl);
 	if (c->max_items || c->take_held || c->inline_only || c->msg || c->msg_drop || c->map_ok ||
-	    c->n_mapped || c->map_done || c->map_fail || c->pack)
+	    c->n_mapped || c->map_done || c->map_fail || c->pack || c->pack_copied ||
+	    c->pack_mapped)
 		return tpu_why(-EBADMSG, why, wl, "read fields on a channel op that is no read");
 	if (c->n_msgs && c->op != TPW__V1__CHAN_OP_KIND__CHAN_OP_WRITE)
 		return tpu_why(-EBADMSG, why, wl, "channel messages on an op that is no write");
@@ -574,6 +580,19 @@ static bool wq_reply_msg_ok(const Tpw__V1__WqReply *r, bool local)
 	return !r->msg_len && (!r->msg_copied || !r->length);
 }
 
+/* Items handed out by mapping (@r->map_key set): none empty, each inside the buffer's
+ * map_size, the first at map_off. */
+static bool map_items_ok(const Tpw__V1__ChanReply *r)
+{
+	if (r->n_map_offs && r->map_offs[0] != r->map_off)
+		return false;
+	for (size_t i = 0; i < r->n_lengths; i++)
+		if (!r->lengths[i] || !tpu_range_ok(r->n_map_offs ? r->map_offs[i] : r->map_off,
+						    r->lengths[i], r->map_size))
+			return false;
+	return true;
+}
+
 /* A channel answer from the daemon: its items add up to the data tail exactly (a batch read:
  * up to segments_max items, none empty), or one item copied into the read's destination (no
  * tail), or an item held (no length, no tail). */
@@ -585,20 +604,26 @@ static int check_chan_reply(const Tpw__V1__ChanReply *r, const struct tpw_hdr *h
 	if (r->n_released > TPW_CHAN_RELEASED_MAX || (r->lent && r->n_lengths))
 		return -EBADMSG;
 	if (!r->req_id && r->n_released) /* a notice: buffers given back, nothing else */
-		return !r->n_retired && !r->n_lengths && !r->lent && !r->map_key && !r->map_fd &&
+		return !r->n_retired && !r->n_lengths && !r->lent && !r->map_key &&
+		       !r->n_map_offs && !r->map_fd &&
 		       !r->map_off && !r->map_size && !r->copied && !r->held_len &&
 		       !r->msg_held && !r->msg_taken && !r->msg_desc && hdr->data_len == 0 ?
 		       0 : -EBADMSG;
 	if (r->n_retired) /* a notice: keys of mapped buffers gone, nothing else */
 		return r->n_retired <= TPW_CHAN_RETIRED_MAX && !r->req_id && !r->n_lengths &&
-		       !r->n_released && !r->lent && !r->map_key && !r->map_fd && !r->map_off &&
+		       !r->n_released && !r->lent && !r->map_key && !r->n_map_offs &&
+		       !r->map_fd && !r->map_off &&
 		       !r->map_size && !r->copied && !r->held_len && !r->msg_held &&
 		       !r->msg_taken && !r->msg_desc && hdr->data_len == 0 ? 0 : -EBADMSG;
-	if (r->map_key || r->map_fd) /* one item in a buffer to map, inside it */
-		return r->map_key && r->n_lengths == 1 && r->lengths[0] &&
-		       tpu_range_ok(r->map_off, r->lengths[0], r->map_size) && !r->copied &&
+	if (r->map_key || r->map_fd) /* items in a buffer to map, inside it */
+		return r->map_key && r->n_lengths >= 1 &&
+		       r->n_lengths <= TPU_MAX(lim->segments_max, 1u) &&
+		       r->n_map_offs == (r->n_lengths > 1 ? r->n_lengths : 0) &&
+		       map_items_ok(r) && !r->copied &&
 		       !r->held_len && !r->msg_held && !r->msg_taken && !r->msg_desc &&
 		       hdr->data_len == 0 ? 0 : -EBADMSG;
+	if (r->n_map_offs)
+		return -EBADMSG;
 	if (r->map_off || r->map_size)
 		return -EBADMSG;
 	if (r->msg_held) /* a message read: the item held, its descriptor here */
@@ -608,9 +633,17 @@ static int check_chan_reply(const Tpw__V1__ChanReply *r, const struct tpw_hdr *h
 		return -EBADMSG;
 	if (r->msg_taken && (r->n_lengths > 1 || r->held_len))
 		return -EBADMSG;
-	if (r->copied || r->held_len)
-		return r->n_lengths == (r->copied ? 1u : 0u) && !(r->copied && r->held_len) &&
-		       hdr->data_len == 0 ? 0 : -EBADMSG;
+	if (r->held_len)
+		return !r->n_lengths && !r->copied && hdr->data_len == 0 ? 0 : -EBADMSG;
+	if (r->copied) { /* one item, or a packed read's (ChanOp.pack_copied), none empty */
+		if (!r->n_lengths || r->n_lengths > TPU_MAX(lim->segments_max, 1u) ||
+		    (r->n_lengths > 1 && r->msg_taken) || hdr->data_len)
+			return -EBADMSG;
+		for (size_t i = 0; r->n_lengths > 1 && i < r->n_lengths; i++)
+			if (!r->lengths[i])
+				return -EBADMSG;
+		return 0;
+	}
 	if (r->n_lengths > TPU_MAX(lim->segments_max, 1u))
 		return -EBADMSG;
 	for (size_t i = 0; i < r->n_lengths; i++) {
@@ -1001,7 +1034,8 @@ static int check_chan_batch(const Tpw__V1__ChanReply *cr, const struct tpw_hdr *
 
 	if (cr->n_lengths > lim->segments_max || cr->remote_refs || cr->msg_desc ||
 	    cr->msg_held || cr->msg_taken || cr->copied || cr->held_len || cr->xfer_id ||
-	    cr->map_key || cr->map_off || cr->map_size || cr->map_fd || cr->n_retired)
+	    cr->map_key || cr->map_off || cr->map_size || cr->map_fd || cr->n_map_offs ||
+	    cr->n_retired)
 		return tpu_why(-EBADMSG, why, wl, "peer channel answer of %zu items that is no "
 			       "batch of inline items", cr->n_lengths);
 	for (size_t i = 0; i < cr->n_lengths; i++) {
@@ -1106,8 +1140,8 @@ static int check_peer_xobj(const Tpw__V1__PeerMsg *m, const struct tpw_hdr *hdr,
 		if (cr && cr->n_lengths > 1) /* a batch read's answer (peer minor >= 10) */
 			return check_chan_batch(cr, hdr, lim, why, wl);
 		if (!cr || cr->n_lengths > 1 || cr->remote_refs || (cr->msg_desc && !cr->msg_held) ||
-		    cr->map_key || cr->map_off || cr->map_size || cr->map_fd || cr->n_retired ||
-		    (cr->msg_held && (cr->n_lengths || cr->copied || cr->msg_taken)) ||
+		    cr->map_key || cr->map_off || cr->map_size || cr->map_fd || cr->n_map_offs ||
+		    cr->n_retired || (cr->msg_held && (cr->n_lengths || cr->copied || cr->msg_taken)) ||
 		    (cr->copied && (cr->n_lengths != 1 || cr->lengths[0] == 0 ||
 				    cr->lengths[0] > CHAN_ITEM_MAX || hdr->data_len)) ||
 		    (cr->held_len && (cr->n_lengths || cr->copied || hdr->data_len ||

@@ -1260,8 +1260,13 @@ int tp_chan_read_many(struct tp_chan *ch, struct tp_chan_item *items, size_t max
  * starts aligned in its writer's memory keeps its alignment. The daemon puts in one answer
  * only the items that fit @buf so (and @max, and its inline limit: items up to 256 KiB);
  * those that do not stay in the channel, first and in order, for this or another reader. An
- * item above 256 KiB comes alone, into @buf as tp_chan_read_into() reads it, so one call
- * reads any item that fits @buf.
+ * item above 256 KiB comes into @buf as tp_chan_read_into() reads it, so one call reads any
+ * item that fits @buf: alone, or, when @buf lies in one of the context's shared buffers
+ * (tp_buffer_alloc()) and the daemon copies the items, with the items above 256 KiB that
+ * follow it while they fit @buf packed, all copied by the daemon straight to their places;
+ * or, when it is read by mapping its writer's buffer (a private item of this host's writer
+ * of the same uid), with the items above 256 KiB after it in that buffer that fit, each
+ * copied by the library out of the one mapping.
  * @items: @ret_n entries (1..@max) on success, each @data pointing into @buf (borrowed: the
  * caller frees nothing; valid until @buf is reused). With -EMSGSIZE, items[0].len is the
  * length of the first item, which does not fit @size: it stays first in the channel.

@@ -48,6 +48,7 @@ void tpc_chan_req_free(struct chan_req *cr)
 	if (cr->dst && !cr->into && !cr->n && cr->req.done)
 		free(cr->dst); /* answered without an item: nobody copies into it any more */
 	free(cr->items);
+	free(cr->map_offs);
 	free(cr);
 }
 
@@ -92,6 +93,45 @@ static int chan_req_take_packed(struct chan_req *cr, const Tpw__V1__ChanReply *m
 	return 0;
 }
 
+/* The items the daemon copied into packed read @cr's shared buffer (answer @m, several): each
+ * checked to lie where tpw_chan_pack_at() puts it within the buffer, and no more than asked
+ * for (the daemon is not trusted to have packed them so). A caller that gave up gets copies of
+ * its own, as for one item copied (it may use the buffer again). Lock held. Return: 0, -ENOMEM
+ * or -EPROTO. */
+static int chan_req_take_copied(struct chan_req *cr, const Tpw__V1__ChanReply *m)
+{
+	uint64_t end = 0, off;
+
+	if (!cr->pack_copied || !cr->dst || cr->stage || m->n_lengths > cr->pack_max)
+		return -EPROTO;
+	for (size_t i = 0; i < m->n_lengths; i++) {
+		if (!tpw_chan_pack_at(end, m->lengths[i], cr->dst_len, &off))
+			return -EPROTO; /* (@cr->n stays 0: nothing of the caller's is freed) */
+		end = off + m->lengths[i];
+		cr->items[i] = (struct iovec){ .iov_base = (uint8_t *)cr->dst + off,
+					       .iov_len = m->lengths[i] };
+	}
+	cr->n = m->n_lengths;
+	if (!cr->ch)
+		return 0;
+	for (size_t i = 0; i < cr->n; i++) { /* its caller gave up: copies of its own */
+		void *c = malloc(cr->items[i].iov_len);
+
+		if (!c) {
+			for (size_t k = 0; k < i; k++)
+				free(cr->items[k].iov_base);
+			cr->n = 0;
+			return -ENOMEM;
+		}
+		memcpy(c, cr->items[i].iov_base, cr->items[i].iov_len);
+		cr->items[i].iov_base = c;
+	}
+	cr->into = false;
+	cr->pack = false;
+	cr->dst = NULL;
+	return 0;
+}
+
 /* The items of answer @m into @cr (@tail: the inline ones back to back; lock held): copies of
  * them, or the one the daemon copied into @cr->dst, or for a read into its caller's memory
  * still waited for, straight there. Return: 0, -ENOMEM or -EPROTO. */
@@ -103,6 +143,8 @@ static int chan_req_take_items(struct chan_req *cr, const Tpw__V1__ChanReply *m,
 	cr->items = calloc(m->n_lengths, sizeof(*cr->items));
 	if (!cr->items)
 		return -ENOMEM;
+	if (m->copied && m->n_lengths > 1) /* validated: none empty, no tail */
+		return chan_req_take_copied(cr, m);
 	if (m->copied) { /* validated: one item, no tail */
 		void *c = cr->stage ? cr->stage->addr : cr->dst;
 

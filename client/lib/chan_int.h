@@ -108,6 +108,9 @@ struct chan_req {
 	 * tpw_chan_pack_at() puts it, once all are checked to fit @dst_len. */
 	bool pack;
 	size_t pack_max;
+	/* ChanOp.pack_copied: @dst is the caller's shared buffer, and a `copied` answer may name
+	 * several items the daemon put there, each where tpw_chan_pack_at() puts it. */
+	bool pack_copied;
 	bool pack_reads; /* an OPEN's answer: ChanReply.pack_reads */
 	/* A staging buffer of the context the daemon copies the item into (then copied to @dst by
 	 * read_unstage()), or NULL. One whose read is never answered stays registered until the
@@ -139,6 +142,10 @@ struct chan_req {
 	bool map_req, map_pending, map_has_fd;
 	uint64_t map_key, map_off;
 	int map_fd;
+	/* ChanOp.pack_mapped: the answer may name several items in @map_key, at @map_offs (owned,
+	 * one an item; NULL for one item), each copied out to its packed place in @dst. */
+	bool pack_mapped;
+	uint64_t *map_offs;
 };
 
 /* chan.c: a request's end, whether @ch has a late read done, sending a ChanOp and waiting for

@@ -47,19 +47,25 @@ int tpc_chan_map_on_reply(struct tp_context *ctx, struct chan_req *cr,
 	/* validated: one item, inside map_size, no tail */
 	int fd = m->map_fd ? tpc_pring_take_fd(ctx) : -EBADF;
 
-	if (!cr->map_req || (m->map_fd && fd < 0)) {
+	/* several items only for a packed read that said it takes them, no more than it asked */
+	if (!cr->map_req || (m->map_fd && fd < 0) ||
+	    (m->n_lengths > 1 && (!cr->pack_mapped || m->n_lengths > cr->pack_max))) {
 		if (fd >= 0)
 			close(fd);
-		return -EPROTO; /* (the item stays out until the handle is released) */
+		return -EPROTO; /* (the items stay out until the handle is released) */
 	}
-	cr->items = calloc(1, sizeof(*cr->items));
-	if (!cr->items) {
+	cr->items = calloc(m->n_lengths, sizeof(*cr->items));
+	if (cr->items && m->n_lengths > 1 &&
+	    (cr->map_offs = malloc(m->n_lengths * sizeof(*cr->map_offs))))
+		memcpy(cr->map_offs, m->map_offs, m->n_lengths * sizeof(*cr->map_offs));
+	if (!cr->items || (m->n_lengths > 1 && !cr->map_offs)) {
 		if (fd >= 0)
 			close(fd);
 		return -ENOMEM;
 	}
-	cr->items[0] = (struct iovec){ .iov_base = NULL, .iov_len = m->lengths[0] };
-	cr->n = 1;
+	for (size_t i = 0; i < m->n_lengths; i++) /* validated: one offset each when several */
+		cr->items[i] = (struct iovec){ .iov_base = NULL, .iov_len = m->lengths[i] };
+	cr->n = m->n_lengths;
 	cr->map_pending = true;
 	cr->map_key = m->map_key;
 	cr->map_off = m->map_off;
@@ -197,6 +203,51 @@ static void map_ack(struct tp_chan *ch, bool fail)
 	pthread_mutex_unlock(&ch->ctx->send_lock);
 }
 
+/*
+ * The several items of @cr's answer (ChanOp.pack_mapped) out of mapping @e: each to its packed
+ * place in the caller's buffer @cr->dst (checked within @cr->dst_len), or, when its caller gave
+ * up or there is none, to an allocation of its own. Return: 0, or -EPROTO or -ENOMEM (nothing
+ * of the caller's kept in @cr->items).
+ */
+static int map_take_packed(struct chan_req *cr, const struct chan_map *e)
+{
+	bool own = !(cr->pack && cr->into && !cr->ch && cr->dst);
+	uint64_t end = 0, off = 0;
+	size_t i;
+	int r = 0;
+
+	for (i = 0; r == 0 && i < cr->n; i++) {
+		size_t len = cr->items[i].iov_len;
+		void *to = NULL;
+
+		if (own && !(to = malloc(len)))
+			r = -ENOMEM;
+		else if (!own && !tpw_chan_pack_at(end, len, cr->dst_len, &off))
+			r = -EPROTO; /* (the daemon checked the read's room) */
+		if (r < 0)
+			break;
+		if (!own)
+			to = (uint8_t *)cr->dst + off;
+		end = off + len;
+		memcpy(to, e->addr + cr->map_offs[i], len);
+		cr->items[i].iov_base = to;
+	}
+	if (r < 0) {
+		for (size_t k = 0; k < i; k++) {
+			if (own)
+				free(cr->items[k].iov_base);
+			cr->items[k].iov_base = NULL;
+		}
+		return r;
+	}
+	if (own) { /* the caller's buffer is no longer the read's */
+		cr->into = false;
+		cr->pack = false;
+		cr->dst = NULL;
+	}
+	return 0;
+}
+
 int tpc_chan_map_take(struct tp_chan *ch, struct chan_req *cr)
 {
 	size_t len = cr->items[0].iov_len;
@@ -220,8 +271,18 @@ int tpc_chan_map_take(struct tp_chan *ch, struct chan_req *cr)
 		close(cr->map_fd); /* mapped, or not needed: one mapping a buffer */
 	cr->map_has_fd = false;
 	/* Everything the daemon said is checked against what this process mapped. */
-	if (r == 0 && !tpu_range_ok(cr->map_off, len, e.size))
-		r = -EPROTO;
+	for (size_t i = 0; r == 0 && i < cr->n; i++)
+		if (!tpu_range_ok(cr->map_offs ? cr->map_offs[i] : cr->map_off,
+				  cr->items[i].iov_len, e.size))
+			r = -EPROTO;
+	if (r == 0 && cr->n > 1) {
+		r = map_take_packed(cr, &e);
+		map_put(ch, &e);
+		map_ack(ch, r < 0);
+		if (r < 0)
+			cr->n = 0;
+		return r;
+	}
 	if (r == 0 && cr->dst && len > cr->dst_len)
 		r = -EPROTO; /* (the daemon checked the read's room) */
 	/* The read's allocation, unless its caller gave up (it may use that memory again): then,

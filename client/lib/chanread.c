@@ -280,6 +280,8 @@ static struct chan_req *chan_read_one_wire(struct tp_chan *ch, size_t max,
 		}
 		op.n_segments = 1;
 		op.segments = gp;
+		/* the caller's own shared buffer: the daemon may copy several large items there */
+		op.pack_copied = op.pack && !buf && g.loc_case == TPW__V1__SEGMENT__LOC_SHM;
 	}
 	cr = into ? read_req_new(into->iov_base, into->iov_len, true) : read_req_new(NULL, 0, 0);
 	if (!cr) {
@@ -289,8 +291,11 @@ static struct chan_req *chan_read_one_wire(struct tp_chan *ch, size_t max,
 	}
 	cr->stage = buf;
 	cr->pack = op.pack;
+	cr->pack_copied = op.pack_copied;
 	cr->pack_max = op.max_items;
 	tpc_chan_map_op(ch, &op, keys, cr);
+	op.pack_mapped = op.pack && op.map_ok; /* several items of one writer's buffer */
+	cr->pack_mapped = op.pack_mapped;
 	cr = chan_read_call(ch, &op, cr, timeout_ms, ret_err);
 	if (into && stage && cr && cr->req.status == -ENOENT &&
 	    tpc_chan_stage_refused(ch->ctx, cr->stage)) { /* refused before any item was taken */

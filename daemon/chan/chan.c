@@ -281,11 +281,12 @@ static void handle_free(struct chan_handle *h, bool answer)
 	c->n_handles--;
 	c->maps_held -= h->n_sent;
 	c->n_remote -= h->who.pr != NULL;
-	if (h->mapped) /* the reader went before it said it copied the item out */
-		tpd_chan_item_give_back(c, h->mapped);
+	/* the reader went before it said it copied the items out */
+	bool back = tpd_chan_io_mapped_back(h);
+
 	if (h->held) /* never read: back to the head, for the oldest waiting reader */
 		tpd_chan_item_give_back(c, h->held);
-	if (h->held || h->mapped)
+	if (h->held || back)
 		tpd_chan_io_serve(c);
 	free(h);
 	tpd_chan_maybe_free(c);

@@ -79,6 +79,8 @@ struct chan_read {
 	bool fast;	    /* the reader takes held items (client minor >= 7) */
 	bool msg;	    /* a message read (ChanOp.msg): the item is held, its descriptor sent */
 	bool pack;	    /* ChanOp.pack: inline items packed into @room (tpw_chan_pack_at()) */
+	bool pack_copied;   /* ChanOp.pack_copied: and large items copied to their packed places */
+	bool pack_mapped;   /* ChanOp.pack_mapped: and several large items handed out by mapping */
 	bool dst_set;	    /* the read names where a large item goes: */
 	struct tpb_mem dst; /* with a reference (tpd_chan_copy_put()) */
 	uint64_t room;
@@ -144,6 +146,9 @@ struct chan_handle {
 				 * next READ with take_held (ChanReply.held_len) */
 	struct chan_item *mapped; /* an item handed out by mapping (ChanReply.map_key), out of
 				   * @c until the reader's READ with map_done */
+	/* the items after @mapped handed out with it (ChanOp.pack_mapped), in channel order */
+	struct chan_item **map_rest;
+	size_t n_map_rest;
 	struct tpu_list lends;	/* chan_lend of buffers this handle lent */
 	/* Ids of its lent buffers given up, each once: for its next write's answer, or, to a
 	 * client of minor >= 13, a notice at the end of the loop's turn (@noticing: in
@@ -185,6 +190,10 @@ struct chan_copy {
 	size_t n;
 	uint64_t bytes;
 	struct chan_item *item; /* out: the item */
+	/* out, a packed read's (ChanOp.pack_copied): @outs[0..n_outs) (@item is @outs[0]), in
+	 * channel order, each copied to its packed place */
+	struct chan_item **outs;
+	size_t n_outs;
 	bool msg;		/* out: a message read's take (ChanReply.msg_taken) */
 	/* A hand-off (chanhand.c): the first @k items of @batch, the writer's by reference, go to
 	 * the reads @to (a reader NULL once its handle is gone); the others are copied in. */
@@ -291,6 +300,9 @@ void tpd_chan_io_serve(struct chan *c);
 void tpd_chan_io_write(struct tpd_chans *cs, struct chan_handle *h, const Tpw__V1__ChanOp *o,
 		       const uint8_t *tail, size_t tail_len);
 void tpd_chan_io_read(struct tpd_chans *cs, struct chan_handle *h, const Tpw__V1__ChanOp *o);
+/* The items @h took by mapping and did not say it copied out go back to the head of its channel,
+ * in order. Return: whether there were any. */
+bool tpd_chan_io_mapped_back(struct chan_handle *h);
 int tpd_chan_io_copy_out(struct chan_handle *h, uint64_t req_id, struct chan_item *it,
 			 const struct tpb_xfer *x, size_t n, bool msg);
 /* For chanhand.c: @batch (@n items, @bytes) appended to @c; @h's write @req_id answered done

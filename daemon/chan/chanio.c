@@ -96,6 +96,7 @@ static void deliver_inline(struct chan_handle *h, const struct chan_read *rd)
 
 static void copy_out(struct chan_handle *h, uint64_t req_id, struct chan_item *it,
 		     const struct tpb_mem *dst);
+static void copy_out_packed(struct chan_handle *h, const struct chan_read *rd);
 
 /* Refuses a byte read (@rd) a message item: it stays where it is (first in the channel, or
  * held), and a client of an older minor is never handed one as bytes. */
@@ -130,6 +131,61 @@ static void sent_add(struct chan_handle *h, struct tpb_buffer *b)
 	}
 	h->sent[h->n_sent++] = b->map_key;
 	h->c->maps_held++;
+}
+
+/* Whether a packed read being served may take several large items of @c: only while no other
+ * read waits (the one being served may itself be the one waiting read), so that readers who
+ * wait each get one and copy in parallel, and one reader alone gets whole batches. */
+static bool packed_alone(const struct chan *c)
+{
+	return c->n_waiters <= 1;
+}
+
+/*
+ * A packed read (@rd, ChanOp.pack_mapped) that took @h->mapped by mapping buffer @b also takes
+ * the items after it that lie in @b (the same writer's) while each is above
+ * TPW_CHAN_INLINE_ITEM (not a message) and fits @rd's room packed, at most @rd->max in all:
+ * out of the channel into @h->map_rest, their lengths and offsets in @b into @r (owned: the
+ * caller frees them). Without memory, none (the first goes alone).
+ */
+static void map_more(struct chan_handle *h, const struct chan_read *rd, struct tpb_buffer *b,
+		     Tpw__V1__ChanReply *r)
+{
+	struct chan_item *it;
+	uint64_t end = h->mapped->len, off;
+	size_t n = 1;
+
+	tpu_list_for_each(it, &h->c->items, node) {
+		if (n == rd->max || it->len <= TPW_CHAN_INLINE_ITEM || it->desc || !it->lend ||
+		    it->lend->buf != b || !tpw_chan_pack_at(end, it->len, rd->room, &off))
+			break;
+		end = off + it->len;
+		n++;
+	}
+	if (n == 1)
+		return;
+	r->lengths = calloc(n, sizeof(*r->lengths));
+	r->map_offs = calloc(n, sizeof(*r->map_offs));
+	h->map_rest = calloc(n - 1, sizeof(*h->map_rest));
+	if (!r->lengths || !r->map_offs || !h->map_rest) {
+		free(r->lengths);
+		free(r->map_offs);
+		free(h->map_rest);
+		r->lengths = NULL;
+		r->map_offs = NULL;
+		h->map_rest = NULL;
+		return;
+	}
+	for (size_t i = 0; i < n; i++) {
+		it = i ? tpd_chan_item_take(h->c) : h->mapped;
+		if (i)
+			h->map_rest[i - 1] = it;
+		r->lengths[i] = it->len;
+		r->map_offs[i] = it->src.addr - (uint64_t)(uintptr_t)b->map; /* inside @b */
+	}
+	h->n_map_rest = n - 1;
+	r->n_lengths = n;
+	r->n_map_offs = n;
 }
 
 /*
@@ -179,39 +235,63 @@ static bool map_offer(struct chan_handle *h, const struct chan_read *rd, struct 
 			sent_add(h, b);
 	}
 	h->mapped = taken ? it : tpd_chan_item_take(h->c);
+	if (!taken && rd->pack_mapped && rd->max > 1 && packed_alone(h->c))
+		map_more(h, rd, b, &r);
 	r.req_id = rd->req_id;
 	r.status = tpw_status_from_errno(0);
 	r.message = (char *)"";
 	r.chan_id = h->id;
 	r.closed = h->c->closed;
-	r.n_lengths = 1;
-	r.lengths = &len;
+	if (!r.n_lengths) {
+		r.n_lengths = 1;
+		r.lengths = &len;
+	}
 	r.map_key = b->map_key;
 	r.map_off = it->src.addr - (uint64_t)(uintptr_t)b->map; /* resolved inside @b */
 	r.map_size = b->size;
 	r.map_fd = !listed;
 	tpd_chan_reply_send(&h->who, &r, NULL, 0);
-	tpd_session_log(h->who.s, TPU_LOG_DEBUG, "channel '%s': an item of %zu bytes read by "
-			"mapping buffer %llu%s", h->c->name, it->len,
+	tpd_session_log(h->who.s, TPU_LOG_DEBUG, "channel '%s': %zu item(s), the first of %zu "
+			"bytes, read by mapping buffer %llu%s", h->c->name, r.n_lengths, it->len,
 			(unsigned long long)b->map_key, listed ? "" : " (fd sent)");
+	if (r.lengths != &len)
+		free(r.lengths);
+	free(r.map_offs);
 	return true;
 }
 
-/* The reader's READ with map_done: the item it took by mapping leaves the channel, or (with
- * map_fail: it could not copy it out) goes back to the head, for the next reader. Not
- * answered; without such an item it does nothing. */
+bool tpd_chan_io_mapped_back(struct chan_handle *h)
+{
+	if (!h->mapped)
+		return false;
+	for (size_t i = h->n_map_rest; i-- > 0;) /* the last first: the first ends up first */
+		tpd_chan_item_give_back(h->c, h->map_rest[i]);
+	tpd_chan_item_give_back(h->c, h->mapped);
+	free(h->map_rest);
+	h->map_rest = NULL;
+	h->n_map_rest = 0;
+	h->mapped = NULL;
+	return true;
+}
+
+/* The reader's READ with map_done: the items it took by mapping leave the channel, or (with
+ * map_fail: it could not copy them out) go back to the head, in order, for the next reader.
+ * Not answered; without such items it does nothing. */
 static void map_done(struct chan_handle *h, const Tpw__V1__ChanOp *o)
 {
-	struct chan_item *it = h->mapped;
-
-	if (!it)
+	if (!h->mapped)
 		return;
-	h->mapped = NULL;
 	if (o->map_fail) {
-		tpd_chan_item_give_back(h->c, it);
+		tpd_chan_io_mapped_back(h);
 	} else {
-		h->c->mapped++;
-		tpd_chan_item_done(h->c, it);
+		h->c->mapped += 1 + h->n_map_rest;
+		tpd_chan_item_done(h->c, h->mapped);
+		for (size_t i = 0; i < h->n_map_rest; i++)
+			tpd_chan_item_done(h->c, h->map_rest[i]);
+		free(h->map_rest);
+		h->map_rest = NULL;
+		h->n_map_rest = 0;
+		h->mapped = NULL;
 	}
 	tpd_chan_io_serve(h->c);
 }
@@ -247,6 +327,8 @@ static void chan_deliver(struct chan_handle *h, const struct chan_read *rd)
 			    (rd->dst.buf && it->len > TPW_CHAN_SHM_ITEM))) {
 		if (map_offer(h, rd, it, false))
 			return;
+		if (rd->pack_copied && rd->dst.buf && rd->max > 1 && packed_alone(c))
+			return copy_out_packed(h, rd);
 		return copy_out(h, rd->req_id, tpd_chan_item_take(c), &rd->dst);
 	}
 	if (it->len <= TPW_CHAN_INLINE_ITEM && fits)
@@ -422,6 +504,7 @@ void tpd_chan_io_copy_free(struct chan_copy *cp)
 
 	tpu_list_remove(&cp->node);
 	tpd_chan_item_batch_free(c->cs, &cp->batch);
+	free(cp->outs);
 	free(cp->to);
 	free(cp);
 	tpd_chan_maybe_free(c);
@@ -588,21 +671,33 @@ static void copy_out_on_done(void *arg, int status, const char *why)
 	struct chan_copy *cp = arg;
 	struct chan *c = cp->c;
 	Tpw__V1__ChanReply r = TPW__V1__CHAN_REPLY__INIT;
-	uint64_t len = cp->item->len;
+	struct chan_item **outs = cp->outs ? cp->outs : &cp->item;
+	size_t n = cp->outs ? cp->n_outs : 1;
+	uint64_t one_len = cp->item->len, *lens = &one_len;
 
+	if (status == 0 && cp->h && n > 1 && !(lens = calloc(n, sizeof(*lens)))) {
+		status = -ENOMEM; /* (every item back, in order) */
+		why = "out of memory";
+	}
 	if (status == 0 && cp->h) {
-		tpd_chan_item_done(c, cp->item);
+		for (size_t i = 0; i < n; i++) {
+			lens[i] = outs[i]->len;
+			tpd_chan_item_done(c, outs[i]);
+		}
 		r.req_id = cp->req_id;
 		r.status = tpw_status_from_errno(0);
 		r.chan_id = cp->h->id;
 		r.closed = c->closed;
-		r.n_lengths = 1;
-		r.lengths = &len;
+		r.n_lengths = n;
+		r.lengths = lens;
 		r.copied = true;
 		r.msg_taken = cp->msg;
 		tpd_chan_reply_send(&cp->h->who, &r, NULL, 0);
+		if (lens != &one_len)
+			free(lens);
 	} else {
-		tpd_chan_item_give_back(c, cp->item);
+		for (size_t i = n; i-- > 0;) /* the last first: the first ends up at the head */
+			tpd_chan_item_give_back(c, outs[i]);
 		if (cp->h)
 			tpd_chan_answer(&cp->h->who, cp->req_id, status, why, cp->h->id, c->closed,
 					NULL);
@@ -655,6 +750,54 @@ static void copy_out(struct chan_handle *h, uint64_t req_id, struct chan_item *i
 	struct tpb_xfer x = { .dst = *dst, .len = it->len };
 
 	(void)tpd_chan_io_copy_out(h, req_id, it, &x, 1, false);
+}
+
+/*
+ * A packed read (@rd, ChanOp.pack_copied) into the reader's shared buffer whose oldest item is
+ * copied: that item and those following it while each is above TPW_CHAN_INLINE_ITEM (not a
+ * message) and fits @rd's room packed, at most @rd->max, taken out of the channel and copied
+ * in one job straight to their packed places (tpw_chan_pack_at()); answered once all are
+ * there, with one length each. On failure every one goes back to the head, in order.
+ */
+static void copy_out_packed(struct chan_handle *h, const struct chan_read *rd)
+{
+	struct chan *c = h->c;
+	struct chan_item *it, **outs = calloc(rd->max, sizeof(*outs));
+	struct tpb_xfer *xs = calloc(rd->max, sizeof(*xs));
+	struct chan_copy *cp = outs && xs ? tpd_chan_io_copy_new(c, h, rd->req_id) : NULL;
+	uint64_t end = 0, off;
+	size_t n = 0;
+	int r;
+
+	if (!cp) {
+		free(outs);
+		free(xs);
+		return copy_out(h, rd->req_id, tpd_chan_item_take(c), &rd->dst);
+	}
+	tpu_list_for_each(it, &c->items, node) {
+		if (n == rd->max || (n && (it->len <= TPW_CHAN_INLINE_ITEM || it->desc)) ||
+		    !tpw_chan_pack_at(end, it->len, rd->room, &off))
+			break; /* (the first fits the room: chan_deliver()) */
+		xs[n] = (struct tpb_xfer){ .dst = rd->dst, .len = it->len };
+		xs[n].dst.addr += off;
+		tpd_chan_item_srcs(it, &xs[n], 1);
+		n++;
+		end = off + it->len;
+	}
+	for (size_t i = 0; i < n; i++)
+		outs[i] = tpd_chan_item_take(c);
+	cp->item = outs[0];
+	cp->outs = outs;
+	cp->n_outs = n;
+	r = tpd_chan_copy_start(c->cs->d, xs, n, copy_out_on_done, cp);
+	free(xs);
+	if (r == 0)
+		return;
+	for (size_t i = n; i-- > 0;)
+		tpd_chan_item_give_back(c, outs[i]);
+	tpd_chan_io_copy_free(cp);
+	tpd_chan_answer(&h->who, rd->req_id, r, "cannot copy the items into the read's allocation",
+			h->id, c->closed, NULL);
 }
 
 /* Appends @o's batch (validated: lengths add up to the inline items in @tail) or refuses all
@@ -754,7 +897,9 @@ static int read_params(struct chan_handle *h, const Tpw__V1__ChanOp *o, struct c
 	uint32_t seg_max = tpd_daemon_limits(h->c->cs->d)->segments_max;
 
 	*rd = (struct chan_read){ .req_id = o->req_id, .max = o->max_items ? o->max_items : 1,
-				 .msg = o->msg, .pack = o->pack && h->who.s };
+				 .msg = o->msg, .pack = o->pack && h->who.s,
+				 .pack_copied = o->pack_copied && o->pack && h->who.s,
+				 .pack_mapped = o->pack_mapped && o->pack && h->who.s };
 	if (h->who.pr && rd->max > seg_max) /* a far daemon's batch (a client's was checked) */
 		rd->max = seg_max ? seg_max : 1;
 	rd->fast = (h->who.s ? tpd_session_client_minor(h->who.s) >= TPW_MINOR_CHAN_FAST

@@ -23,6 +23,7 @@
 #include <fcntl.h>
 #include <inttypes.h>
 #include <json-c/json.h>
+#include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -463,6 +464,9 @@ START_TEST(test_an_older_reader_gets_no_notice)
 }
 END_TEST
 
+static Tpw__V1__DaemonMsg *raw_call(struct tpt_raw *r, Tpw__V1__ChanOp *op, uint64_t req,
+				    const void *tail, uint32_t tail_len);
+
 /* A raw reader (protocol minor 9): a READ that takes a lent item by mapping and claims to have
  * mapped every buffer key the fresh daemon can have given (so that it is answered without an
  * fd, which a client off control rings could not take); it gets the item's place and exits
@@ -512,6 +516,77 @@ static int dying_mapper(void *arg)
 	_exit(0); /* dies before its READ with map_done */
 }
 
+/* As dying_mapper(), a packed read (ChanOp.pack, pack_mapped) into a shared buffer of 4 MiB it
+ * registers: it gets both items of the writer's batch (one lent buffer) in one answer, at
+ * their offsets in that buffer, and dies before its READ with map_done. */
+static int dying_packed_mapper(void *arg)
+{
+	Tpw__V1__ChanOp op = TPW__V1__CHAN_OP__INIT;
+	Tpw__V1__ClientMsg m = TPW__V1__CLIENT_MSG__INIT;
+	Tpw__V1__BufferRegister b = TPW__V1__BUFFER_REGISTER__INIT;
+	Tpw__V1__ShmRef ref = TPW__V1__SHM_REF__INIT;
+	Tpw__V1__Segment g = TPW__V1__SEGMENT__INIT, *gp = &g;
+	const Tpw__V1__ChanReply *cr;
+	Tpw__V1__DaemonMsg *dm;
+	int fd = memfd_create("packed", MFD_CLOEXEC | MFD_ALLOW_SEALING), st;
+	uint64_t keys[16];
+	struct tpt_raw r;
+	bool two;
+
+	(void)arg;
+	for (unsigned i = 0; i < 16; i++)
+		keys[i] = i + 1;
+	TPT_REQUIRE(fd >= 0 && ftruncate(fd, 4 * MIB) == 0 &&
+		    fcntl(fd, F_ADD_SEALS, F_SEAL_SHRINK) == 0, 1, "memfd");
+	TPT_REQUIRE(tpt_raw_connect(&r, tpt_fixture_daemon.socket) == 0, 1, "connect");
+	TPT_REQUIRE(tpt_raw_hello_minor(&r, TPW__V1__ROLE__ROLE_CLIENT, TPW_MINOR_CHAN_MAP,
+					T_MS) == 0, 1, "hello");
+	b.req_id = 9;
+	b.buf_id = 1;
+	b.gen = 1;
+	b.size = 4 * MIB;
+	m.body_case = TPW__V1__CLIENT_MSG__BODY_BUFFER_REGISTER;
+	m.buffer_register = &b;
+	st = tpt_raw_send(&r, &m, NULL, 0, &fd, 1, 1);
+	close(fd);
+	TPT_REQUIRE(st == 0, 1, "send BufferRegister");
+	TPT_REQUIRE(tpt_raw_expect(&r, TPW__V1__DAEMON_MSG__BODY_REPLY, T_MS, &dm) == 0 &&
+		    dm->reply->status == TPW__V1__STATUS__STATUS_OK, 1, "register");
+	tpw_daemon_msg_free(dm);
+	op.op = TPW__V1__CHAN_OP_KIND__CHAN_OP_OPEN;
+	op.name = "map.dyingp";
+	dm = raw_call(&r, &op, 1, NULL, 0);
+	TPT_REQUIRE(dm && dm->chan_reply->status == TPW__V1__STATUS__STATUS_OK, 1, "open");
+	op = (Tpw__V1__ChanOp)TPW__V1__CHAN_OP__INIT;
+	op.op = TPW__V1__CHAN_OP_KIND__CHAN_OP_READ;
+	op.chan_id = dm->chan_reply->chan_id;
+	tpw_daemon_msg_free(dm);
+	op.timeout_ms = T_MS;
+	op.map_ok = true;
+	op.n_mapped = 16;
+	op.mapped = keys;
+	op.pack = true;
+	op.pack_mapped = true;
+	op.max_items = 4;
+	ref.buf_id = 1;
+	ref.gen = 1;
+	g.length = 4 * MIB;
+	g.loc_case = TPW__V1__SEGMENT__LOC_SHM;
+	g.shm = &ref;
+	op.n_segments = 1;
+	op.segments = &gp;
+	dm = raw_call(&r, &op, 2, NULL, 0);
+	TPT_REQUIRE(dm, 1, "no answer to the read");
+	cr = dm->chan_reply;
+	two = cr->status == TPW__V1__STATUS__STATUS_OK && cr->map_key && cr->n_lengths == 2 &&
+	      cr->lengths[0] == MIB && cr->lengths[1] == MIB && cr->n_map_offs == 2 &&
+	      cr->map_offs[1] == cr->map_offs[0] + MIB;
+	TPT_REQUIRE(two, 1, "not both handed out by mapping: status %d, key %" PRIu64 ", %zu items",
+		    cr->status, cr->map_key, cr->n_lengths);
+	tpw_daemon_msg_free(dm);
+	_exit(0); /* dies before its READ with map_done */
+}
+
 START_TEST(test_reader_dying_before_its_acknowledgement_loses_nothing)
 {
 	struct tp_chan_options o = { .size = sizeof(o), .flags = TP_CHAN_CREATE, .owner_uid = -1 };
@@ -523,6 +598,162 @@ START_TEST(test_reader_dying_before_its_acknowledgement_loses_nothing)
 	tpt_chan_items_survive(ch, 4, dying_mapper, "dying mapper");
 	ck_assert_int_eq(tp_chan_release(ch), 0);
 	tp_context_free(ctx);
+}
+END_TEST
+
+/* Both items of a batch handed out by mapping in one answer to a packed read whose reader dies
+ * before it says it copied them out go back to the channel, in order, byte-exact. */
+START_TEST(test_packed_reader_dying_before_its_acknowledgement_loses_nothing)
+{
+	struct tp_chan_options o = { .size = sizeof(o), .flags = TP_CHAN_CREATE, .owner_uid = -1 };
+	struct tp_context *ctx = ctx_new("map.dyingp");
+	struct tp_chan *ch;
+
+	ck_assert_ptr_nonnull(ctx);
+	ck_assert_int_eq(tp_chan_open(ctx, "map.dyingp", &o, &ch), 0);
+	tpt_chan_items_survive(ch, 5, dying_packed_mapper, "dying packed mapper");
+	ck_assert_int_eq(tp_chan_release(ch), 0);
+	tp_context_free(ctx);
+}
+END_TEST
+
+/* Four items of 1 MiB written in one batch (one lent buffer) come in one packed read into
+ * private memory, by mapping (items_mapped 4), each at its packed place and byte-exact; into a
+ * buffer that fits three, three, and the fourth in the next read; @max 2 takes two. */
+START_TEST(test_packed_read_maps_a_batch_at_once)
+{
+	struct tp_chan_options o = { .size = sizeof(o), .flags = TP_CHAN_CREATE, .owner_uid = -1 };
+	struct tp_context *cw = ctx_new("map.pw"), *cr = ctx_new("map.pr");
+	uint8_t *src = malloc(4 * MIB), *dst = malloc(4 * MIB);
+	struct tp_chan_item items[8];
+	struct tp_chan *w, *r;
+	struct iovec iov[4];
+	size_t n = 0, bad = 0;
+	unsigned seen = 0;
+	static const size_t room[3] = { 4 * MIB, 3 * MIB, 4 * MIB };
+	static const size_t max[3] = { 8, 8, 2 };
+
+	ck_assert(cw && cr && src && dst);
+	ck_assert_int_eq(tp_chan_open(cw, "map.packed", &o, &w), 0);
+	o.flags = 0;
+	ck_assert_int_eq(tp_chan_open(cr, "map.packed", &o, &r), 0);
+	for (unsigned round = 0; round < 3; round++) {
+		for (unsigned k = 0; k < 4; k++) {
+			tpt_fill(src + k * MIB, MIB, tpt_seed(7, round, k));
+			iov[k] = (struct iovec){ .iov_base = src + k * MIB, .iov_len = MIB };
+		}
+		ck_assert_int_eq(tp_chan_write(w, iov, 4, T_MS), 0);
+		for (unsigned k = 0; k < 4; k += (unsigned)n) {
+			ck_assert_int_ge(tp_chan_read_many_into(r, dst, room[round], items,
+								max[round], &n, T_MS), 0);
+			ck_assert_uint_eq(n, TPU_MIN(TPU_MIN(4 - k, room[round] / MIB), max[round]));
+			for (size_t i = 0; i < n; i++) {
+				ck_assert_ptr_eq(items[i].data, dst + i * MIB);
+				ck_assert_uint_eq(items[i].len, MIB);
+				ck_assert_msg(tpt_verify(items[i].data, MIB,
+							 tpt_seed(7, round, k + (unsigned)i), &bad),
+					      "round %u item %zu: byte %zu", round, k + i, bad);
+			}
+			seen += (unsigned)n;
+		}
+	}
+	ck_assert_uint_eq(seen, 12);
+	ck_assert_int_eq(items_mapped("map.packed"), 12);
+	ck_assert_int_eq(tp_chan_release(r), 0);
+	ck_assert_int_eq(tp_chan_release(w), 0);
+	tp_context_free(cr);
+	tp_context_free(cw);
+	free(src);
+	free(dst);
+}
+END_TEST
+
+struct packed_waiter {
+	struct tp_chan *ch;
+	uint8_t *dst;
+	size_t room, max, n;
+	int r;
+};
+
+/* A read of @arg's handle that waits: packed (max > 1) or one tp_chan_read_into(). */
+static void *packed_waiter_run(void *arg)
+{
+	struct packed_waiter *pw = arg;
+	struct tp_chan_item items[8];
+
+	if (pw->max > 1) {
+		pw->r = tp_chan_read_many_into(pw->ch, pw->dst, pw->room, items, pw->max, &pw->n,
+					       10000);
+	} else {
+		pw->r = tp_chan_read_into(pw->ch, pw->dst, pw->room, &pw->n, 10000);
+		pw->n = pw->r >= 0 ? 1 : 0;
+	}
+	return NULL;
+}
+
+/* Waits until @name has @n reads waiting (tpipctl's readers_waiting). */
+static void readers_waiting_at(const char *name, long n)
+{
+	long w = -1;
+
+	for (int t = 0; t < 10000 * (int)tpt_time_scale() && w != n; t += 10) {
+		w = tpt_ctl_channel_field(&tpt_fixture_daemon, name, "readers_waiting");
+		if (w != n)
+			usleep(10000);
+	}
+	ck_assert_int_eq(w, n);
+}
+
+/* A packed read waiting first and a plain one behind it: when a batch of four comes (one lent
+ * buffer), the packed read takes one item only, the plain one the next (each waiting read gets
+ * one while another waits); then a packed read with nobody else waiting takes the other two. */
+START_TEST(test_packed_read_takes_one_while_another_read_waits)
+{
+	struct tp_chan_options o = { .size = sizeof(o), .flags = TP_CHAN_CREATE, .owner_uid = -1 };
+	struct tp_context *cw = ctx_new("map.aw"), *c1 = ctx_new("map.a1"), *c2 = ctx_new("map.a2");
+	uint8_t *src = malloc(4 * MIB), *d1 = malloc(MIB), *d2 = malloc(4 * MIB);
+	struct packed_waiter p2 = { .dst = d2, .room = 4 * MIB, .max = 8 };
+	struct packed_waiter p1 = { .dst = d1, .room = MIB, .max = 1 };
+	struct tp_chan_item items[8];
+	struct tp_chan *w;
+	struct iovec iov[4];
+	pthread_t t1, t2;
+	size_t bad = 0, n = 0;
+
+	ck_assert(cw && c1 && c2 && src && d1 && d2);
+	ck_assert_int_eq(tp_chan_open(cw, "map.alone", &o, &w), 0);
+	o.flags = 0;
+	ck_assert_int_eq(tp_chan_open(c1, "map.alone", &o, &p1.ch), 0);
+	ck_assert_int_eq(tp_chan_open(c2, "map.alone", &o, &p2.ch), 0);
+	ck_assert_int_eq(pthread_create(&t2, NULL, packed_waiter_run, &p2), 0);
+	readers_waiting_at("map.alone", 1);
+	ck_assert_int_eq(pthread_create(&t1, NULL, packed_waiter_run, &p1), 0);
+	readers_waiting_at("map.alone", 2);
+	for (unsigned k = 0; k < 4; k++) {
+		tpt_fill(src + k * MIB, MIB, tpt_seed(8, 0, k));
+		iov[k] = (struct iovec){ .iov_base = src + k * MIB, .iov_len = MIB };
+	}
+	ck_assert_int_eq(tp_chan_write(w, iov, 4, T_MS), 0);
+	ck_assert_int_eq(pthread_join(t2, NULL), 0);
+	ck_assert_int_eq(pthread_join(t1, NULL), 0);
+	ck_assert_msg(p2.r >= 0 && p1.r >= 0, "reads: %d %d", p2.r, p1.r);
+	ck_assert_uint_eq(p2.n, 1);
+	ck_assert(tpt_verify(d2, MIB, tpt_seed(8, 0, 0), &bad));
+	ck_assert_uint_eq(p1.n, 1);
+	ck_assert(tpt_verify(d1, MIB, tpt_seed(8, 0, 1), &bad));
+	ck_assert_int_ge(tp_chan_read_many_into(p2.ch, d2, 4 * MIB, items, 8, &n, T_MS), 0);
+	ck_assert_uint_eq(n, 2);
+	for (unsigned k = 0; k < 2; k++)
+		ck_assert(tpt_verify(items[k].data, MIB, tpt_seed(8, 0, 2 + k), &bad));
+	ck_assert_int_eq(tp_chan_release(p1.ch), 0);
+	ck_assert_int_eq(tp_chan_release(p2.ch), 0);
+	ck_assert_int_eq(tp_chan_release(w), 0);
+	tp_context_free(c1);
+	tp_context_free(c2);
+	tp_context_free(cw);
+	free(src);
+	free(d1);
+	free(d2);
 }
 END_TEST
 
@@ -949,6 +1180,9 @@ static Suite *chan_map_suite(void)
 	tcase_add_test(tc, test_a_writers_idle_buffers_are_released);
 	tcase_add_test(tc, test_an_older_reader_gets_no_notice);
 	tcase_add_test(tc, test_reader_dying_before_its_acknowledgement_loses_nothing);
+	tcase_add_test(tc, test_packed_reader_dying_before_its_acknowledgement_loses_nothing);
+	tcase_add_test(tc, test_packed_read_maps_a_batch_at_once);
+	tcase_add_test(tc, test_packed_read_takes_one_while_another_read_waits);
 	tcase_add_test(tc, test_a_reader_handle_is_remembered_32_buffers);
 	tcase_add_test(tc, test_a_reader_maps_eight_writers_buffers);
 	tcase_add_test(tc, test_a_reader_maps_no_more_than_eight_writers_buffers);

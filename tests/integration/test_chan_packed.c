@@ -95,6 +95,29 @@ static void write_items(struct tp_chan *ch, uint32_t first, const size_t *lens, 
 		free(iov[k].iov_base);
 }
 
+/* As write_items(), from one shared buffer of @ctx (items by reference, copied in by the daemon,
+ * never lent nor read by mapping). */
+static void write_items_shm(struct tp_context *ctx, struct tp_chan *ch, uint32_t first,
+			    const size_t *lens, size_t n)
+{
+	struct iovec iov[64] = { { 0 } };
+	size_t total = 0;
+	uint8_t *b = NULL;
+
+	ck_assert_uint_le(n, 64);
+	for (size_t k = 0; k < n; k++)
+		total += lens[k];
+	ck_assert_int_eq(tp_buffer_alloc(ctx, total, (void **)&b), 0);
+	total = 0;
+	for (size_t k = 0; k < n; k++) {
+		iov[k] = (struct iovec){ .iov_base = b + total, .iov_len = lens[k] };
+		item_fill(iov[k].iov_base, first + (uint32_t)k, lens[k]);
+		total += lens[k];
+	}
+	ck_assert_msg(tp_chan_write(ch, iov, n, T_MS) == 0, "write: %s", tp_last_error());
+	tp_buffer_free(ctx, b);
+}
+
 /* The offset of the item after one at @off of @len bytes: the next multiple of 64. */
 static size_t next_off(size_t off, size_t len)
 {
@@ -397,6 +420,64 @@ START_TEST(test_four_readers_each_item_once)
 }
 END_TEST
 
+/* Large items into a shared buffer come several in one answer, copied by the daemon straight
+ * to their packed places (ChanOp.pack_copied): 3 of 256 KiB + 1, 300 KiB and 1 MiB in a buffer
+ * that fits them; a buffer that fits 2 takes 2 and the third stays first for another handle;
+ * @max 2 takes 2; an item that rides inline after large ones stays for the next read, which
+ * takes it inline with those after it; private memory (through a staging buffer) gets one a
+ * read. The items are written from a shared buffer (copied in, never read by mapping). */
+START_TEST(test_large_items_copied_packed)
+{
+	static const size_t lens[] = { BIG + 1, 300 * KIB, 1024 * KIB, 5000, 7 };
+	size_t all = next_off(next_off(next_off(0, lens[0]), lens[1]), lens[2]);
+	struct tp_context *ctx = ctx_new(), *other = ctx_new();
+	struct tp_chan *ch = chan_open(ctx, "packed.copied"), *ch2 = chan_open(other,
+									       "packed.copied");
+	struct tp_chan_item items[8];
+	size_t n = 0, len;
+	uint8_t *buf = NULL, *priv = NULL;
+	void *item;
+
+	ck_assert_int_eq(tp_buffer_alloc(ctx, all, (void **)&buf), 0);
+	write_items_shm(ctx, ch, 0, lens, 5);
+	ck_assert_int_eq(tp_chan_read_many_into(ch, buf, all, items, 8, &n, T_MS), 0);
+	ck_assert_uint_eq(n, 3);
+	check_packed(buf, items, n, 0, lens);
+	ck_assert_int_eq(tp_chan_read_many_into(ch, buf, all, items, 8, &n, T_MS), 0);
+	ck_assert_uint_eq(n, 2); /* the small ones, inline, together */
+	check_packed(buf, items, n, 3, lens + 3);
+	write_items_shm(ctx, ch, 10, lens, 3);
+	memset(buf, 0, all);
+	ck_assert_int_eq(tp_chan_read_many_into(ch, buf, all - 1, items, 8, &n, T_MS), 0);
+	ck_assert_uint_eq(n, 2);
+	check_packed(buf, items, n, 10, lens);
+	ck_assert_int_eq(tp_chan_read(ch2, &item, &len, T_MS), 0); /* the third stayed first */
+	ck_assert_uint_eq(len, lens[2]);
+	ck_assert(item_is(item, 12, len));
+	free(item);
+	write_items_shm(ctx, ch, 20, lens, 3);
+	ck_assert_int_eq(tp_chan_read_many_into(ch, buf, all, items, 2, &n, T_MS), 0);
+	ck_assert_uint_eq(n, 2);
+	check_packed(buf, items, n, 20, lens);
+	ck_assert_int_eq(tp_chan_read_many_into(ch, buf, all, items, 8, &n, T_MS), 0);
+	ck_assert_uint_eq(n, 1);
+	check_packed(buf, items, n, 22, lens + 2);
+	ck_assert_int_eq(posix_memalign((void **)&priv, 64, all), 0);
+	write_items_shm(ctx, ch, 30, lens, 3);
+	for (uint32_t i = 0; i < 3; i++) { /* private memory: one a call (staged), in order */
+		ck_assert_int_eq(tp_chan_read_many_into(ch, priv, all, items, 8, &n, T_MS), 0);
+		ck_assert_uint_eq(n, 1);
+		check_packed(priv, items, n, 30 + i, lens + i);
+	}
+	free(priv);
+	tp_buffer_free(ctx, buf);
+	tp_chan_release(ch);
+	tp_chan_release(ch2);
+	tp_context_free(ctx);
+	tp_context_free(other);
+}
+END_TEST
+
 static Suite *suite(void)
 {
 	Suite *s = suite_create("chan_packed");
@@ -410,6 +491,7 @@ static Suite *suite(void)
 	tcase_add_test(tc, test_closed_empty_and_message);
 	tcase_add_test(tc, test_interleaved_with_read_many_and_into);
 	tcase_add_test(tc, test_four_readers_each_item_once);
+	tcase_add_test(tc, test_large_items_copied_packed);
 	suite_add_tcase(s, tc);
 	return s;
 }

@@ -1669,11 +1669,38 @@ START_TEST(test_validate_chan_read_packed)
 	o.map_ok = true; /* a large first item may be read by mapping */
 	ck_assert_int_eq(vc(&m, 0, 0), 0);
 	o.map_ok = false;
+	o.pack_copied = true; /* large items copied to their packed places */
+	ck_assert_int_eq(vc(&m, 0, 0), 0);
+	o.pack = false; /* not without pack */
+	o.max_items = 0;
+	ck_assert_int_eq(vc(&m, 0, 0), -EBADMSG);
+	o.pack = true;
+	o.max_items = 2;
 	pm.body_case = TPW__V1__PEER_MSG__BODY_CHAN_OP;
 	pm.chan_op = &po;
 	po.op = &o;
 	o.n_segments = 0;
 	ck_assert_int_eq(vpt(&pm, 0), -EBADMSG); /* never from a peer */
+	o.pack = false;
+	o.max_items = 0;
+	ck_assert_int_eq(vpt(&pm, 0), -EBADMSG); /* pack_copied alone neither */
+	o.pack_copied = false;
+	o.pack = true;
+	o.max_items = 2;
+	o.n_segments = 1;
+	o.pack_mapped = true; /* several items by mapping: only with map_ok */
+	ck_assert_int_eq(vc(&m, 0, 0), -EBADMSG);
+	o.map_ok = true;
+	ck_assert_int_eq(vc(&m, 0, 0), 0);
+	o.pack = false; /* not without pack */
+	o.max_items = 0;
+	ck_assert_int_eq(vc(&m, 0, 0), -EBADMSG);
+	o.n_segments = 0;
+	ck_assert_int_eq(vpt(&pm, 0), -EBADMSG); /* never from a peer */
+	o.pack_mapped = false;
+	o.map_ok = false;
+	o.pack = true;
+	o.max_items = 2;
 	o.op = TPW__V1__CHAN_OP_KIND__CHAN_OP_CLOSE;
 	o.max_items = 0;
 	ck_assert_int_eq(vc(&m, 0, 0), -EBADMSG); /* nor on another op */
@@ -1771,8 +1798,9 @@ START_TEST(test_validate_chan_msg)
 END_TEST
 
 /* A channel answer from the daemon: a batch's items add up to the tail, none empty, at most
- * segments_max; an item copied into the read's allocation has no tail; a held item has no
- * length and no tail. */
+ * segments_max; an item copied into the read's allocation has no tail, and so have a packed
+ * read's items copied (up to segments_max, none empty); a held item has no length and no
+ * tail. */
 START_TEST(test_validate_chan_reply_batch)
 {
 	Tpw__V1__DaemonMsg m = TPW__V1__DAEMON_MSG__INIT;
@@ -1796,7 +1824,25 @@ START_TEST(test_validate_chan_reply_batch)
 	r.copied = true;
 	ck_assert_int_eq(vd(&m, 0, 0), 0);
 	ck_assert_int_eq(vd(&m, 0, 3), -EBADMSG); /* a tail with it */
+	lens[1] = 4;
+	r.n_lengths = 2; /* a packed read's items copied (ChanOp.pack_copied) */
+	ck_assert_int_eq(vd(&m, 0, 0), 0);
+	ck_assert_int_eq(vd(&m, 0, 7), -EBADMSG); /* a tail with them */
+	r.n_lengths = lim.segments_max; /* just at */
+	ck_assert_int_eq(vd(&m, 0, 0), 0);
+	r.n_lengths = lim.segments_max + 1; /* just above */
+	ck_assert_int_eq(vd(&m, 0, 0), -EBADMSG);
+	lens[1] = 0; /* an empty one */
 	r.n_lengths = 2;
+	ck_assert_int_eq(vd(&m, 0, 0), -EBADMSG);
+	lens[1] = 4;
+	r.msg_taken = true; /* a message's take is one item */
+	ck_assert_int_eq(vd(&m, 0, 0), -EBADMSG);
+	r.msg_taken = false;
+	r.n_lengths = 0; /* copied, but nothing */
+	ck_assert_int_eq(vd(&m, 0, 0), -EBADMSG);
+	r.held_len = 1; /* and held */
+	r.n_lengths = 1;
 	ck_assert_int_eq(vd(&m, 0, 0), -EBADMSG);
 	r.copied = false;
 	r.n_lengths = 0;
@@ -1957,6 +2003,45 @@ START_TEST(test_validate_chan_map)
 	r.n_lengths = 0;
 	ck_assert_int_eq(vd(&dm, 0, 0), -EBADMSG);
 	r.n_lengths = 1;
+	/* several items of one buffer (ChanOp.pack_mapped): one offset each, the first map_off */
+	{
+		uint64_t lens2[5] = { len, len, len, len, len }, offs[5] = { 0, len, 2 * len,
+									  3 * len, 4 * len };
+
+		r.lengths = lens2;
+		r.map_offs = offs;
+		r.n_lengths = 2;
+		r.n_map_offs = 2;
+		ck_assert_int_eq(vd(&dm, 0, 0), 0);
+		r.n_map_offs = 1; /* an offset missing */
+		ck_assert_int_eq(vd(&dm, 0, 0), -EBADMSG);
+		r.n_map_offs = 2;
+		offs[0] = len; /* the first not at map_off */
+		ck_assert_int_eq(vd(&dm, 0, 0), -EBADMSG);
+		offs[0] = 0;
+		offs[1] = (4 << 20) - len + 1; /* the second a byte past the buffer */
+		ck_assert_int_eq(vd(&dm, 0, 0), -EBADMSG);
+		offs[1] = len;
+		lens2[1] = 0; /* an empty one */
+		ck_assert_int_eq(vd(&dm, 0, 0), -EBADMSG);
+		lens2[1] = len;
+		r.n_lengths = lim.segments_max; /* just at */
+		r.n_map_offs = lim.segments_max;
+		ck_assert_int_eq(vd(&dm, 0, 0), 0);
+		r.n_lengths = lim.segments_max + 1; /* just above */
+		r.n_map_offs = lim.segments_max + 1;
+		ck_assert_int_eq(vd(&dm, 0, 0), -EBADMSG);
+		r.n_lengths = 1; /* one item with offsets */
+		ck_assert_int_eq(vd(&dm, 0, 0), -EBADMSG);
+		r.map_key = 0; /* offsets without a key */
+		r.map_fd = false;
+		ck_assert_int_eq(vd(&dm, 0, 0), -EBADMSG);
+		r.map_key = 3;
+		r.map_fd = true;
+		r.n_map_offs = 0;
+		r.map_offs = NULL;
+		r.lengths = &len;
+	}
 	pm.body_case = TPW__V1__PEER_MSG__BODY_CHAN_REPLY;
 	pm.chan_reply = &pr;
 	pr.reply = &r;
