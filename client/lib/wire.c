@@ -288,6 +288,27 @@ static int wire_fill_socket(struct tp_context *ctx)
 	return (int)k;
 }
 
+/*
+ * How many bytes of the ring to copy next: up to the end of the frame that the receive buffer
+ * begins, so that the next one starts with nothing buffered (tpc_wire_ring_take() may take it)
+ * and no partial frame is moved to the front. @avail > 0: bytes readable. Return: > 0.
+ */
+static size_t wire_ring_want(struct tp_context *ctx, size_t avail)
+{
+	uint8_t hb[TPW_HDR_SIZE];
+	size_t buffered = ctx->rlen - ctx->rpos, have = TPU_MIN(buffered, sizeof(hb)), total;
+	struct tpw_hdr h;
+
+	if (have + avail < sizeof(hb))
+		return avail;
+	memcpy(hb, ctx->rbuf + ctx->rpos, have);
+	tpu_ring_look(&ctx->ring_rx, 0, hb + have, sizeof(hb) - have);
+	if (tpw_hdr_parse(hb, TPW_FRAME_MAX_HARD, &h) < 0)
+		return avail; /* tpc_wire_peek() fails it */
+	total = TPW_HDR_SIZE + (size_t)h.msg_len + h.data_len;
+	return total > buffered ? total - buffered : avail;
+}
+
 int tpc_wire_fill(struct tp_context *ctx)
 {
 	ssize_t k;
@@ -310,7 +331,10 @@ int tpc_wire_fill(struct tp_context *ctx)
 			return r;
 	}
 	if (ctx->ring) {
-		k = tpu_ring_get(&ctx->ring_rx, ctx->rbuf + ctx->rlen, ctx->rcap - ctx->rlen);
+		k = tpu_ring_avail(&ctx->ring_rx);
+		if (k > 0)
+			k = tpu_ring_get(&ctx->ring_rx, ctx->rbuf + ctx->rlen,
+					 TPU_MIN(ctx->rcap - ctx->rlen, wire_ring_want(ctx, (size_t)k)));
 		if (k <= 0)
 			return k == 0 ? -EAGAIN : (int)k;
 		ctx->rlen += (size_t)k;

@@ -38,6 +38,8 @@
  * piece in the client's ring, goes on from there (to the reader's ring, or the daemon's copy of
  * a rendezvous message's inline parts) without a copy into the input buffer first. */
 #define CONN_TAIL_IN_RING_MIN (2u << 10)
+/* Frames (or pieces of one larger than the input buffer's room) one poll of a ring takes. */
+#define RING_FRAMES_PER_POLL 64
 #define ROUNDS_PER_WAKEUP 16
 
 struct outbuf {
@@ -657,14 +659,36 @@ static int ring_take_in_place(struct tpd_conn *c)
 	return 1;
 }
 
-/* Copies what the client->daemon ring holds into the input buffer and handles its frames.
- * Return: true if bytes came. */
+/*
+ * How many bytes of the ring to copy next: up to the end of the frame that the input buffer
+ * begins (it holds at most the start of one: parse_frames() handled the whole ones before it),
+ * so that the next frame starts with an empty buffer (ring_take_in_place() may take it) and no
+ * partial frame is moved to the front. @avail > 0: bytes readable. Return: > 0.
+ */
+static size_t ring_want(struct tpd_conn *c, size_t avail)
+{
+	uint8_t hb[TPW_HDR_SIZE];
+	struct tpw_hdr h;
+	size_t have = TPU_MIN(c->in_len, sizeof(hb)), total;
+
+	if (have + avail < sizeof(hb))
+		return avail;
+	memcpy(hb, c->in, have);
+	tpu_ring_look(&c->ring_rx, 0, hb + have, sizeof(hb) - have);
+	if (tpw_hdr_parse(hb, c->ops->frame_max(c->owner), &h) < 0)
+		return avail; /* parse_frames() fails it */
+	total = TPW_HDR_SIZE + (size_t)h.msg_len + h.data_len;
+	return total > c->in_len ? total - c->in_len : avail;
+}
+
+/* Copies what the client->daemon ring holds into the input buffer and handles its frames, one
+ * at a time. Return: true if bytes came. */
 static bool ring_pull(struct tpd_conn *c)
 {
 	bool got = false;
 
-	for (int i = 0; i < ROUNDS_PER_WAKEUP && !c->stopped; i++) {
-		ssize_t n;
+	for (int i = 0; i < RING_FRAMES_PER_POLL && !c->stopped; i++) {
+		ssize_t n, avail;
 		int r = ring_take_in_place(c);
 
 		if (r < 0)
@@ -679,7 +703,11 @@ static bool ring_pull(struct tpd_conn *c)
 				  "out of memory");
 			break;
 		}
-		n = tpu_ring_get(&c->ring_rx, c->in + c->in_len, c->in_cap - c->in_len);
+		avail = tpu_ring_avail(&c->ring_rx);
+		n = avail;
+		if (avail > 0)
+			n = tpu_ring_get(&c->ring_rx, c->in + c->in_len,
+					 TPU_MIN(c->in_cap - c->in_len, ring_want(c, (size_t)avail)));
 		if (n < 0)
 			conn_fail(c, TPU_LOG_WARNING, TPW__V1__STATUS__STATUS_PEER_DIED,
 				  "control ring corrupted by the client (impossible write "
