@@ -508,22 +508,26 @@ static int context_dispatch(struct tp_context *ctx, const struct tpw_hdr *h, con
 #define CONTEXT_RING_FRAMES 64
 static int context_read_ring(struct tp_context *ctx, char *why, size_t why_len)
 {
-	for (int i = 0; i < CONTEXT_RING_FRAMES; i++) {
+	int i, r = 0;
+
+	for (i = 0; i < CONTEXT_RING_FRAMES; i++) {
 		const uint8_t *tail, *body;
 		struct tpw_hdr h;
-		int r = tpc_wire_ring_take(ctx, &h, &tail);
 
+		r = tpc_wire_ring_take(ctx, &h, &tail);
 		if (r < 0)
 			snprintf(why, why_len, "bad frame header (%s)", tp_strerror(r));
 		if (r <= 0)
-			return r;
+			break;
 		body = ctx->rbuf + TPW_HDR_SIZE;
 		r = context_dispatch(ctx, &h, body, tail ? tail : body + h.msg_len, why, why_len);
 		tpc_wire_ring_done(ctx, &h, tail);
 		if (r < 0)
-			return r;
+			break;
 	}
-	return 0;
+	if (i > 0)
+		tpc_wire_ring_room(ctx); /* once for the frames taken, not once a frame */
+	return r < 0 ? r : 0;
 }
 
 /* Reads what the socket has and dispatches every whole frame. Return: 0 or -errno (+ @why). */

@@ -541,8 +541,10 @@ int tpc_wire_fill(struct tp_context *ctx);
  */
 int tpc_wire_ring_take(struct tp_context *ctx, struct tpw_hdr *ret, const uint8_t **ret_tail);
 /* Ends the frame of tpc_wire_ring_take(): releases a tail left in the ring (@tail, its pointer
- * then invalid), empties the receive buffer, wakes a daemon waiting for room. Borrows @h. */
+ * then invalid) and empties the receive buffer. Borrows @h. */
 void tpc_wire_ring_done(struct tp_context *ctx, const struct tpw_hdr *h, const uint8_t *tail);
+/* After frames were taken with tpc_wire_ring_take(): wakes a daemon that waits for room. */
+void tpc_wire_ring_room(struct tp_context *ctx);
 /* Return: 1 and the header (into the caller's @ret) if a whole frame is buffered, 0 if not yet,
  * -errno if malformed. Borrows @ctx. */
 int tpc_wire_peek(struct tp_context *ctx, struct tpw_hdr *ret);

@@ -387,6 +387,10 @@ void tpc_wire_ring_done(struct tp_context *ctx, const struct tpw_hdr *h, const u
 	if (tail)
 		tpu_ring_release(&ctx->ring_rx, h->data_len);
 	ctx->rpos = ctx->rlen = 0;
+}
+
+void tpc_wire_ring_room(struct tp_context *ctx)
+{
 	if (tpu_ring_producer_waiting(&ctx->ring_rx))
 		tpc_wire_doorbell(ctx); /* the daemon holds output until there is room */
 }

@@ -648,7 +648,6 @@ static int ring_take_in_place(struct tpd_conn *c)
 	if (r != (int)head) /* not reached: we are the only consumer and saw them readable */
 		return 0;
 	c->bytes_in += head + h.data_len;
-	tpu_ring_producer_waiting(&c->ring_rx);
 	if (claim_fds(c, &h, &fd) < 0 ||
 	    c->ops->on_frame(c->owner, &h, c->in + TPW_HDR_SIZE, tail, true, fd) < 0)
 		return -1;
