@@ -203,6 +203,29 @@ ssize_t tpu_ring_get(struct tpu_ring *r, void *buf, size_t len)
 	return (ssize_t)len;
 }
 
+void tpu_ring_look(const struct tpu_ring *r, size_t off, void *buf, size_t len)
+{
+	size_t at = (size_t)((r->pos + off) & (r->size - 1));
+	size_t first = TPU_MIN(len, (size_t)r->size - at);
+
+	memcpy(buf, r->data + at, first);
+	if (len > first)
+		memcpy((uint8_t *)buf + first, r->data, len - first);
+}
+
+const uint8_t *tpu_ring_span(const struct tpu_ring *r, size_t off, size_t len)
+{
+	size_t at = (size_t)((r->pos + off) & (r->size - 1));
+
+	return len <= (size_t)r->size - at ? r->data + at : NULL;
+}
+
+void tpu_ring_release(struct tpu_ring *r, size_t len)
+{
+	__atomic_store_n(&r->pos, r->pos + len, __ATOMIC_RELAXED); /* tpu_ring_peek() reads it */
+	STORE_REL(&r->ctl->tail, r->pos);
+}
+
 bool tpu_ring_producer_waiting(struct tpu_ring *r)
 {
 	FENCE();

@@ -144,6 +144,24 @@ ssize_t tpu_ring_avail(const struct tpu_ring *r);
 ssize_t tpu_ring_get(struct tpu_ring *r, void *buf, size_t len);
 
 /*
+ * tpu_ring_look() - copy @len readable bytes starting @off bytes past the consumer's position
+ * to @buf, without releasing them. The caller checked (tpu_ring_avail()) that @off + @len bytes
+ * are readable.
+ */
+void tpu_ring_look(const struct tpu_ring *r, size_t off, void *buf, size_t len);
+
+/*
+ * tpu_ring_span() - where @len readable bytes starting @off bytes past the consumer's position
+ * lie in the mapping, if in one piece. The caller checked that they are readable.
+ * Return: borrowed pointer into the mapping, valid until tpu_ring_release() of those bytes, or
+ * NULL if they wrap around the end of the data area.
+ */
+const uint8_t *tpu_ring_span(const struct tpu_ring *r, size_t off, size_t len);
+
+/* Releases @len readable bytes (the caller checked they are readable) without copying them. */
+void tpu_ring_release(struct tpu_ring *r, size_t len);
+
+/*
  * After a get: true if the producer waits for space (the flag is cleared and space_seq bumped;
  * a futex waiter is woken here, a producer that sleeps elsewhere must be woken by the caller).
  */

@@ -466,10 +466,11 @@ static int context_handle_locked(struct tp_context *ctx, const Tpw__V1__DaemonMs
 	}
 }
 
-static int context_dispatch(struct tp_context *ctx, const struct tpw_hdr *h, char *why,
-			    size_t why_len)
+/* Handles the frame @h whose message is at @body and data tail at @tail (borrowed, valid for
+ * the call only). */
+static int context_dispatch(struct tp_context *ctx, const struct tpw_hdr *h, const uint8_t *body,
+			    const uint8_t *tail, char *why, size_t why_len)
 {
-	const uint8_t *body = ctx->rbuf + ctx->rpos + TPW_HDR_SIZE;
 	Tpw__V1__DaemonMsg *m;
 	uint64_t reject = 0;
 	bool pump = false;
@@ -479,7 +480,7 @@ static int context_dispatch(struct tp_context *ctx, const struct tpw_hdr *h, cha
 	if (r < 0)
 		return r;
 	pthread_mutex_lock(&ctx->lock);
-	r = context_handle_locked(ctx, m, body + h->msg_len, h->data_len, &reject, &pump);
+	r = context_handle_locked(ctx, m, tail, h->data_len, &reject, &pump);
 	pthread_mutex_unlock(&ctx->lock);
 	if (r < 0)
 		snprintf(why, why_len, "unexpected message type %d", (int)m->body_case);
@@ -499,12 +500,45 @@ static int context_dispatch(struct tp_context *ctx, const struct tpw_hdr *h, cha
 	return r;
 }
 
+/*
+ * Handles up to CONTEXT_RING_FRAMES whole frames straight from the control ring, each copied
+ * out on its own (a large data tail not at all: tpc_wire_ring_take()). Return: 0 or -errno
+ * (+ @why).
+ */
+#define CONTEXT_RING_FRAMES 64
+static int context_read_ring(struct tp_context *ctx, char *why, size_t why_len)
+{
+	int i, r = 0;
+
+	for (i = 0; i < CONTEXT_RING_FRAMES; i++) {
+		const uint8_t *tail, *body;
+		struct tpw_hdr h;
+
+		r = tpc_wire_ring_take(ctx, &h, &tail);
+		if (r < 0)
+			snprintf(why, why_len, "bad frame header (%s)", tp_strerror(r));
+		if (r <= 0)
+			break;
+		body = ctx->rbuf + TPW_HDR_SIZE;
+		r = context_dispatch(ctx, &h, body, tail ? tail : body + h.msg_len, why, why_len);
+		tpc_wire_ring_done(ctx, &h, tail);
+		if (r < 0)
+			break;
+	}
+	if (i > 0)
+		tpc_wire_ring_room(ctx); /* once for the frames taken, not once a frame */
+	return r < 0 ? r : 0;
+}
+
 /* Reads what the socket has and dispatches every whole frame. Return: 0 or -errno (+ @why). */
 static int context_read(struct tp_context *ctx, char *why, size_t why_len)
 {
 	struct tpw_hdr h;
 	int r;
 
+	r = context_read_ring(ctx, why, why_len);
+	if (r < 0)
+		return r;
 	r = tpc_wire_fill(ctx);
 	if (r == -EAGAIN)
 		return 0;
@@ -513,7 +547,9 @@ static int context_read(struct tp_context *ctx, char *why, size_t why_len)
 		return r;
 	}
 	while ((r = tpc_wire_peek(ctx, &h)) > 0) {
-		r = context_dispatch(ctx, &h, why, why_len);
+		const uint8_t *body = ctx->rbuf + ctx->rpos + TPW_HDR_SIZE;
+
+		r = context_dispatch(ctx, &h, body, body + h.msg_len, why, why_len);
 		if (r < 0)
 			return r;
 		tpc_wire_consume(ctx, &h);

@@ -530,6 +530,21 @@ int tpc_wire_send(struct tp_context *ctx, Tpw__V1__ClientMsg *m, const struct io
 /* Reads once into the receive buffer (io thread). Borrows @ctx.
  * Return: bytes, -EAGAIN, -ECONNRESET at EOF, -errno. */
 int tpc_wire_fill(struct tp_context *ctx);
+/*
+ * tpc_wire_ring_take() - with a control ring and nothing buffered, takes the next frame out of
+ * the ring if it is whole there: its header and message into the receive buffer (the message
+ * at ctx->rbuf + TPW_HDR_SIZE), and its data tail too unless it is large and in one piece in
+ * the ring; then @ret_tail points at the tail in the ring (else NULL: it follows the message).
+ * Hand the frame back with tpc_wire_ring_done() before the next read. Borrows @ctx.
+ * Return: 1 (@ret, @ret_tail filled), 0 (no whole frame there, or bytes buffered: use
+ * tpc_wire_fill()), -errno if malformed.
+ */
+int tpc_wire_ring_take(struct tp_context *ctx, struct tpw_hdr *ret, const uint8_t **ret_tail);
+/* Ends the frame of tpc_wire_ring_take(): releases a tail left in the ring (@tail, its pointer
+ * then invalid) and empties the receive buffer. Borrows @h. */
+void tpc_wire_ring_done(struct tp_context *ctx, const struct tpw_hdr *h, const uint8_t *tail);
+/* After frames were taken with tpc_wire_ring_take(): wakes a daemon that waits for room. */
+void tpc_wire_ring_room(struct tp_context *ctx);
 /* Return: 1 and the header (into the caller's @ret) if a whole frame is buffered, 0 if not yet,
  * -errno if malformed. Borrows @ctx. */
 int tpc_wire_peek(struct tp_context *ctx, struct tpw_hdr *ret);

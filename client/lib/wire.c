@@ -14,7 +14,9 @@
  * With a control ring the frame bytes go into the shared client->daemon ring instead (in
  * pieces when the frame is larger than the free space, waiting on the ring's futex for room),
  * an fd goes ahead of its frame on the socket with one byte, and the daemon is woken by a
- * doorbell byte only when it sleeps. Received frames are copied out of the daemon->client ring.
+ * doorbell byte only when it sleeps. Received frames are copied out of the daemon->client ring,
+ * one whole frame at a time while nothing is buffered; the data tail of a large one is left in
+ * the ring (which only the daemon writes) until the frame was handled.
  */
 #include <limits.h>
 #include <poll.h>
@@ -25,6 +27,10 @@
 
 #define RBUF_MIN (256u << 10)
 #define RBUF_KEEP_MAX (8u << 20)
+/* A daemon frame with a data tail of at least this many bytes (an eager descriptor's bytes),
+ * whole and in one piece in the ring, is handled with its tail where it lies in the ring: one
+ * copy fewer of those bytes (into the receive buffer) before they reach the descriptor. */
+#define WIRE_TAIL_IN_RING_MIN (2u << 10)
 
 static int wire_reserve(void **buf, size_t *cap, size_t need, size_t elem)
 {
@@ -282,6 +288,27 @@ static int wire_fill_socket(struct tp_context *ctx)
 	return (int)k;
 }
 
+/*
+ * How many bytes of the ring to copy next: up to the end of the frame that the receive buffer
+ * begins, so that the next one starts with nothing buffered (tpc_wire_ring_take() may take it)
+ * and no partial frame is moved to the front. @avail > 0: bytes readable. Return: > 0.
+ */
+static size_t wire_ring_want(struct tp_context *ctx, size_t avail)
+{
+	uint8_t hb[TPW_HDR_SIZE];
+	size_t buffered = ctx->rlen - ctx->rpos, have = TPU_MIN(buffered, sizeof(hb)), total;
+	struct tpw_hdr h;
+
+	if (have + avail < sizeof(hb))
+		return avail;
+	memcpy(hb, ctx->rbuf + ctx->rpos, have);
+	tpu_ring_look(&ctx->ring_rx, 0, hb + have, sizeof(hb) - have);
+	if (tpw_hdr_parse(hb, TPW_FRAME_MAX_HARD, &h) < 0)
+		return avail; /* tpc_wire_peek() fails it */
+	total = TPW_HDR_SIZE + (size_t)h.msg_len + h.data_len;
+	return total > buffered ? total - buffered : avail;
+}
+
 int tpc_wire_fill(struct tp_context *ctx)
 {
 	ssize_t k;
@@ -304,7 +331,10 @@ int tpc_wire_fill(struct tp_context *ctx)
 			return r;
 	}
 	if (ctx->ring) {
-		k = tpu_ring_get(&ctx->ring_rx, ctx->rbuf + ctx->rlen, ctx->rcap - ctx->rlen);
+		k = tpu_ring_avail(&ctx->ring_rx);
+		if (k > 0)
+			k = tpu_ring_get(&ctx->ring_rx, ctx->rbuf + ctx->rlen,
+					 TPU_MIN(ctx->rcap - ctx->rlen, wire_ring_want(ctx, (size_t)k)));
 		if (k <= 0)
 			return k == 0 ? -EAGAIN : (int)k;
 		ctx->rlen += (size_t)k;
@@ -313,6 +343,56 @@ int tpc_wire_fill(struct tp_context *ctx)
 		return (int)k;
 	}
 	return wire_fill_socket(ctx);
+}
+
+int tpc_wire_ring_take(struct tp_context *ctx, struct tpw_hdr *ret, const uint8_t **ret_tail)
+{
+	uint8_t hb[TPW_HDR_SIZE];
+	const uint8_t *tail = NULL;
+	struct tpw_hdr h;
+	size_t head, total, n;
+	ssize_t avail;
+	int r;
+
+	if (!ctx->ring || ctx->rlen != ctx->rpos)
+		return 0;
+	avail = tpu_ring_avail(&ctx->ring_rx);
+	if (avail < (ssize_t)TPW_HDR_SIZE)
+		return avail < 0 ? (int)avail : 0;
+	tpu_ring_look(&ctx->ring_rx, 0, hb, sizeof(hb));
+	r = tpw_hdr_parse(hb, TPW_FRAME_MAX_HARD, &h);
+	if (r < 0)
+		return r;
+	head = TPW_HDR_SIZE + (size_t)h.msg_len;
+	total = head + h.data_len;
+	if ((size_t)avail < total)
+		return 0; /* not whole yet (or larger than the ring): tpc_wire_fill() takes it */
+	if (h.data_len >= WIRE_TAIL_IN_RING_MIN)
+		tail = tpu_ring_span(&ctx->ring_rx, head, h.data_len);
+	n = tail ? head : total;
+	r = wire_reserve((void **)&ctx->rbuf, &ctx->rcap, TPU_MAX(n, (size_t)RBUF_MIN), 1);
+	if (r < 0)
+		return r;
+	if (tpu_ring_get(&ctx->ring_rx, ctx->rbuf, n) != (ssize_t)n)
+		return -EPROTO; /* not reached: we are the only consumer and saw them readable */
+	ctx->rpos = 0;
+	ctx->rlen = n;
+	*ret = h;
+	*ret_tail = tail;
+	return 1;
+}
+
+void tpc_wire_ring_done(struct tp_context *ctx, const struct tpw_hdr *h, const uint8_t *tail)
+{
+	if (tail)
+		tpu_ring_release(&ctx->ring_rx, h->data_len);
+	ctx->rpos = ctx->rlen = 0;
+}
+
+void tpc_wire_ring_room(struct tp_context *ctx)
+{
+	if (tpu_ring_producer_waiting(&ctx->ring_rx))
+		tpc_wire_doorbell(ctx); /* the daemon holds output until there is room */
 }
 
 int tpc_wire_peek(struct tp_context *ctx, struct tpw_hdr *ret)

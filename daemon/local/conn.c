@@ -34,6 +34,12 @@
 #include "quota.h"
 
 #define IN_MIN_FREE (64u << 10)
+/* A Write's data tail of at least this many bytes (an eager message's payload), whole and in one
+ * piece in the client's ring, goes on from there (to the reader's ring, or the daemon's copy of
+ * a rendezvous message's inline parts) without a copy into the input buffer first. */
+#define CONN_TAIL_IN_RING_MIN (2u << 10)
+/* Frames (or pieces of one larger than the input buffer's room) one poll of a ring takes. */
+#define RING_FRAMES_PER_POLL 64
 #define ROUNDS_PER_WAKEUP 16
 
 struct outbuf {
@@ -496,7 +502,8 @@ static void parse_frames(struct tpd_conn *c)
 		}
 		c->bytes_in += need;
 		if (claim_fds(c, &h, &fd) < 0 ||
-		    c->ops->on_frame(c->owner, &h, c->in + off + TPW_HDR_SIZE, fd) < 0)
+		    c->ops->on_frame(c->owner, &h, c->in + off + TPW_HDR_SIZE,
+				     c->in + off + TPW_HDR_SIZE + h.msg_len, false, fd) < 0)
 			return;
 		off += need;
 		if (c->ring && !was_ring) {
@@ -612,21 +619,94 @@ static void ring_take_side(struct tpd_conn *c)
 	}
 }
 
-/* Copies what the client->daemon ring holds into the input buffer and handles its frames.
- * Return: true if bytes came. */
+/*
+ * With nothing buffered, handles the next frame of the client->daemon ring if it is whole there
+ * and its data tail is large and in one piece: header and message are copied out (and checked)
+ * as usual, the tail is handed on where it lies (on_frame's @tail_shared) and released after.
+ * Return: 1 if it handled one, 0 if not (the caller copies out as usual), -1 once @c failed.
+ */
+static int ring_take_in_place(struct tpd_conn *c)
+{
+	uint8_t hb[TPW_HDR_SIZE];
+	const uint8_t *tail;
+	struct tpw_hdr h;
+	size_t head;
+	ssize_t avail;
+	int fd, r;
+
+	if (c->in_len || (avail = tpu_ring_avail(&c->ring_rx)) < (ssize_t)TPW_HDR_SIZE)
+		return 0; /* a corrupt position is found (and failed) by the copy out */
+	tpu_ring_look(&c->ring_rx, 0, hb, sizeof(hb));
+	if (tpw_hdr_parse(hb, c->ops->frame_max(c->owner), &h) < 0)
+		return 0; /* the copy out fails it */
+	head = TPW_HDR_SIZE + (size_t)h.msg_len;
+	if (h.data_len < CONN_TAIL_IN_RING_MIN || head > c->in_cap ||
+	    (size_t)avail < head + h.data_len ||
+	    !(tail = tpu_ring_span(&c->ring_rx, head, h.data_len)))
+		return 0;
+	r = (int)tpu_ring_get(&c->ring_rx, c->in, head); /* header and message: our copy */
+	if (r != (int)head) /* not reached: we are the only consumer and saw them readable */
+		return 0;
+	c->bytes_in += head + h.data_len;
+	if (claim_fds(c, &h, &fd) < 0 ||
+	    c->ops->on_frame(c->owner, &h, c->in + TPW_HDR_SIZE, tail, true, fd) < 0)
+		return -1;
+	if (c->stopped)
+		return -1;
+	tpu_ring_release(&c->ring_rx, h.data_len);
+	tpu_ring_producer_waiting(&c->ring_rx); /* wakes a client blocked on a full ring */
+	return 1;
+}
+
+/*
+ * How many bytes of the ring to copy next: up to the end of the frame that the input buffer
+ * begins (it holds at most the start of one: parse_frames() handled the whole ones before it),
+ * so that the next frame starts with an empty buffer (ring_take_in_place() may take it) and no
+ * partial frame is moved to the front. @avail > 0: bytes readable. Return: > 0.
+ */
+static size_t ring_want(struct tpd_conn *c, size_t avail)
+{
+	uint8_t hb[TPW_HDR_SIZE];
+	struct tpw_hdr h;
+	size_t have = TPU_MIN(c->in_len, sizeof(hb)), total;
+
+	if (have + avail < sizeof(hb))
+		return avail;
+	memcpy(hb, c->in, have);
+	tpu_ring_look(&c->ring_rx, 0, hb + have, sizeof(hb) - have);
+	if (tpw_hdr_parse(hb, c->ops->frame_max(c->owner), &h) < 0)
+		return avail; /* parse_frames() fails it */
+	total = TPW_HDR_SIZE + (size_t)h.msg_len + h.data_len;
+	return total > c->in_len ? total - c->in_len : avail;
+}
+
+/* Copies what the client->daemon ring holds into the input buffer and handles its frames, one
+ * at a time. Return: true if bytes came. */
 static bool ring_pull(struct tpd_conn *c)
 {
 	bool got = false;
 
-	for (int i = 0; i < ROUNDS_PER_WAKEUP && !c->stopped; i++) {
-		ssize_t n;
+	for (int i = 0; i < RING_FRAMES_PER_POLL && !c->stopped; i++) {
+		ssize_t n, avail;
+		int r = ring_take_in_place(c);
+
+		if (r < 0)
+			return true;
+		if (r > 0) {
+			got = true;
+			continue;
+		}
 
 		if (in_reserve(c) < 0) {
 			conn_fail(c, TPU_LOG_ERR, TPW__V1__STATUS__STATUS_IO,
 				  "out of memory");
 			break;
 		}
-		n = tpu_ring_get(&c->ring_rx, c->in + c->in_len, c->in_cap - c->in_len);
+		avail = tpu_ring_avail(&c->ring_rx);
+		n = avail;
+		if (avail > 0)
+			n = tpu_ring_get(&c->ring_rx, c->in + c->in_len,
+					 TPU_MIN(c->in_cap - c->in_len, ring_want(c, (size_t)avail)));
 		if (n < 0)
 			conn_fail(c, TPU_LOG_WARNING, TPW__V1__STATUS__STATUS_PEER_DIED,
 				  "control ring corrupted by the client (impossible write "

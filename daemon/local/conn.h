@@ -34,11 +34,15 @@ struct tpw_hdr;
  */
 struct tpd_conn_ops {
 	/*
-	 * A complete frame: header @h, then @body (@h->msg_len message bytes and @h->data_len
-	 * data bytes), both borrowed for the call; takes @fd (the fd the frame announced, or
-	 * -EBADF), also on failure. Return: 0, or < 0 once the owner failed (on_fail).
+	 * A complete frame: header @h, @body (@h->msg_len message bytes, a private copy) and
+	 * @tail (@h->data_len data bytes), all borrowed for the call; takes @fd (the fd the frame
+	 * announced, or -EBADF), also on failure. @tail_shared: the tail still lies in the
+	 * client's ring, where the client may change it at any time (read it only as bytes to
+	 * copy, never to decide anything); otherwise it follows @body in private memory.
+	 * Return: 0, or < 0 once the owner failed (on_fail).
 	 */
-	int (*on_frame)(void *owner, const struct tpw_hdr *h, const uint8_t *body, int fd);
+	int (*on_frame)(void *owner, const struct tpw_hdr *h, const uint8_t *body,
+			const uint8_t *tail, bool tail_shared, int fd);
 	/*
 	 * The connection failed, or its client broke the protocol: the owner logs @msg (borrowed)
 	 * at @level, fails with @status and calls tpd_conn_stop(). May come again afterwards: the

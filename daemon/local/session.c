@@ -170,9 +170,10 @@ static void session_on_hello_timeout(evutil_socket_t fd, short what, void *arg)
 }
 /* ---- what the connection asks of its session (struct tpd_conn_ops) ------------------------- */
 
-static int session_on_frame(void *owner, const struct tpw_hdr *h, const uint8_t *body, int fd)
+static int session_on_frame(void *owner, const struct tpw_hdr *h, const uint8_t *body,
+			    const uint8_t *tail, bool tail_shared, int fd)
 {
-	return tpd_sessmsg_handle(owner, h, body, fd);
+	return tpd_sessmsg_handle(owner, h, body, tail, tail_shared, fd);
 }
 
 static void session_on_conn_fail(void *owner, int level, Tpw__V1__Status status, const char *msg)

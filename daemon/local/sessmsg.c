@@ -681,11 +681,12 @@ static bool state_allows(struct tpd_session *s, const struct sessmsg_cmd *cmd)
 }
 
 int tpd_sessmsg_handle(struct tpd_session *s, const struct tpw_hdr *h, const uint8_t *body,
-		       int frame_fd)
+		       const uint8_t *tail, bool tail_shared, int frame_fd)
 {
 	Tpw__V1__ClientMsg *m = NULL;
 	_cleanup_close_ int fd = frame_fd;
-	struct sessmsg_in in = { .h = h, .tail = body + h->msg_len, .fd = &fd };
+	_cleanup_free_ uint8_t *own = NULL;
+	struct sessmsg_in in = { .h = h, .tail = tail, .fd = &fd };
 	const struct sessmsg_cmd *cmd;
 	char why[256];
 	int r;
@@ -710,6 +711,17 @@ int tpd_sessmsg_handle(struct tpd_session *s, const struct tpw_hdr *h, const uin
 	}
 	if (!cmd || !(cmd->flags & SESSMSG_RING))
 		s->ring_allowed = false;
+	if (tail_shared && m->body_case != TPW__V1__CLIENT_MSG__BODY_WRITE) {
+		/* only a Write's bytes are passed on as they are; anything else reads its own copy */
+		own = malloc(h->data_len);
+		if (!own) {
+			tpd_session_fail(s, TPU_LOG_ERR, TPW__V1__STATUS__STATUS_IO, "out of memory");
+			tpw_client_msg_free(m);
+			return -ENOMEM;
+		}
+		memcpy(own, tail, h->data_len);
+		in.tail = own;
+	}
 	if (!cmd || !cmd->fn(s, m, &in))
 		tpw_client_msg_free(m);
 	return 0;

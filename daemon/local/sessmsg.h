@@ -27,13 +27,16 @@ void tpd_sessmsg_set_ctl(tpd_sessmsg_ctl_fn *fn);
  * tpd_sessmsg_handle() - handle one complete frame of @s: unpack and validate its message,
  * check it against @s's state, and dispatch it.
  * @h: the frame's parsed header (borrowed).
- * @body: borrowed, for the call only: the message (@h->msg_len bytes) followed by its data
- * tail (@h->data_len bytes).
+ * @body: borrowed, for the call only: the message (@h->msg_len bytes, a private copy).
+ * @tail: borrowed, for the call only: the data tail (@h->data_len bytes).
+ * @tail_shared: @tail lies in the client's control ring, which the client may change at any
+ * time: only a Write's handler takes it there (it copies those bytes, never interprets them);
+ * any other message gets a private copy first.
  * @frame_fd: the fd the frame announced (conn.c took it from the fd queue), or -EBADF; takes
  * @frame_fd (also on failure): a handler keeps it or it is closed.
  * Return: 0, or < 0 after failing @s (tpd_session_fail()).
  */
 int tpd_sessmsg_handle(struct tpd_session *s, const struct tpw_hdr *h, const uint8_t *body,
-		       int frame_fd);
+		       const uint8_t *tail, bool tail_shared, int frame_fd);
 
 #endif

@@ -446,11 +446,53 @@ static void big_spec(unsigned i, struct tpt_msg_spec *s)
 
 static const struct ring_cl small_ring = { .ring_bytes = RING_MIN };
 
+/*
+ * The other load of the same pair: eager messages of 2 to 4 KiB through rings of 32 KiB (an
+ * eager_max of 4 KiB), so that their frames begin at every position of both rings: whole data
+ * tails in one piece are handled where they lie in the ring (by the daemon and by the reader's
+ * library), the others are copied out first, and every byte must arrive either way.
+ */
+#define TAIL_N 240
+static bool big_tails;
+static const struct ring_cl tail_ring = { .ring_bytes = 32u << 10 };
+
+static void tail_spec(unsigned i, struct tpt_msg_spec *s)
+{
+	memset(s, 0, sizeof(*s));
+	s->pipe = 71;
+	s->index = i;
+	s->n_payloads = 1;
+	s->lens[0] = 2048 + (i * 397u) % 2049;
+	s->meta_len = i % 7;
+}
+
+static unsigned big_n(void)
+{
+	return big_tails ? TAIL_N : BIG_N;
+}
+
+static void big_or_tail_spec(unsigned i, struct tpt_msg_spec *s)
+{
+	if (big_tails)
+		tail_spec(i, s);
+	else
+		big_spec(i, s);
+}
+
+static enum tpt_mem big_mem(unsigned i, bool writer)
+{
+	if (big_tails)
+		return writer || i % 2 ? TPT_MEM_PRIVATE : TPT_MEM_SHM;
+	if (writer)
+		return i % 2 ? TPT_MEM_SHM : TPT_MEM_PRIVATE;
+	return i % 4 < 2 ? TPT_MEM_PRIVATE : TPT_MEM_SHM;
+}
+
 static int big_reader(void *arg)
 {
 	struct tpt_end e = { 0 };
 	struct tpt_msg_spec s;
-	int r = ring_ctx_open(&small_ring, "big-r", &e.ctx);
+	int r = ring_ctx_open(big_tails ? &tail_ring : &small_ring, "big-r", &e.ctx);
 
 	if (r == 0)
 		r = tp_listen(e.ctx, "big", NULL, &e.l);
@@ -460,10 +502,9 @@ static int big_reader(void *arg)
 		    tp_context_transport(e.ctx));
 	r = tp_listener_accept_sync(e.l, T_MS, &e.p);
 	TPT_REQUIRE(r == 0, 1, "accept: %d", r);
-	for (unsigned i = 0; i < BIG_N; i++) {
-		big_spec(i, &s);
-		r = tpt_msg_read_check(e.ctx, e.p, &s, i % 4 < 2 ? TPT_MEM_PRIVATE : TPT_MEM_SHM,
-				       T_MS);
+	for (unsigned i = 0; i < big_n(); i++) {
+		big_or_tail_spec(i, &s);
+		r = tpt_msg_read_check(e.ctx, e.p, &s, big_mem(i, false), T_MS);
 		TPT_REQUIRE(r == 0, 1, "message %u: %d", i, r);
 	}
 	tpt_sync_wait(&ring_done, T_MS);
@@ -474,36 +515,38 @@ static int big_reader(void *arg)
 static int big_writer(void *arg)
 {
 	static struct tpt_done dn;
-	static struct tpt_done_arg da[BIG_N];
-	struct tpt_msg *m = calloc(BIG_N, sizeof(*m));
+	static struct tpt_done_arg da[TAIL_N > BIG_N ? TAIL_N : BIG_N];
+	unsigned n = big_n();
+	struct tpt_msg *m = calloc(n, sizeof(*m));
 	struct tp_context *ctx;
 	struct tp_pipe *p;
 	struct tpt_msg_spec s;
 	int r;
 
 	TPT_REQUIRE(m && tpt_sync_wait(&ring_ready, T_MS) == 0, 1, "reader not ready");
-	TPT_REQUIRE(ring_ctx_open(&small_ring, "big-w", &ctx) == 0, 1, "context");
+	TPT_REQUIRE(ring_ctx_open(big_tails ? &tail_ring : &small_ring, "big-w", &ctx) == 0, 1,
+		    "context");
 	TPT_REQUIRE(transport_code(ctx) == CODE_RING, 1, "writer: %s", tp_context_transport(ctx));
 	r = tp_connect(ctx, "big", &p);
 	TPT_REQUIRE(r == 0 && tp_pipe_wait_connected(p, T_MS) == 0, 1, "connect");
 	tpt_done_init(&dn);
-	for (unsigned i = 0; i < BIG_N; i++) {
-		big_spec(i, &s);
-		r = tpt_msg_build(ctx, &s, i % 2 ? TPT_MEM_SHM : TPT_MEM_PRIVATE, &m[i]);
+	for (unsigned i = 0; i < n; i++) {
+		big_or_tail_spec(i, &s);
+		r = tpt_msg_build(ctx, &s, big_mem(i, true), &m[i]);
 		TPT_REQUIRE(r == 0, 1, "build %u: %d", i, r);
 	}
-	for (unsigned i = 0; i < BIG_N; i++) { /* all in flight at once */
+	for (unsigned i = 0; i < n; i++) { /* all in flight at once */
 		da[i] = (struct tpt_done_arg){ &dn, i };
 		r = tp_pipe_write(p, &m[i].m, tpt_done_cb, &da[i]);
 		TPT_REQUIRE(r == 0, 1, "write %u: %d %s", i, r, tp_last_error());
 	}
-	TPT_REQUIRE(tpt_done_wait(&dn, BIG_N, 2 * T_MS) == 0, 1, "%u of %u writes completed",
-		    dn.count, BIG_N);
-	for (unsigned i = 0; i < BIG_N; i++)
+	TPT_REQUIRE(tpt_done_wait(&dn, n, 2 * T_MS) == 0, 1, "%u of %u writes completed",
+		    dn.count, n);
+	for (unsigned i = 0; i < n; i++)
 		TPT_REQUIRE(dn.status[i] == 0, 1, "write %u: %d", i, dn.status[i]);
 	TPT_REQUIRE(dn.order_errors == 0, 1, "%u writes completed out of order", dn.order_errors);
 	tpt_sync_post(&ring_done, 0);
-	for (unsigned i = 0; i < BIG_N; i++)
+	for (unsigned i = 0; i < n; i++)
 		tpt_msg_free(ctx, &m[i]);
 	free(m);
 	tp_pipe_close(p);
@@ -513,6 +556,17 @@ static int big_writer(void *arg)
 
 START_TEST(test_ring_smallest_ring_carries_frames_larger_than_itself)
 {
+	big_tails = false;
+	ring_up(NULL);
+	ck_assert(tpt_run_pair(big_reader, big_writer, NULL, 3 * T_MS));
+	ring_check_nothing_left();
+	ring_down();
+}
+END_TEST
+
+START_TEST(test_ring_eager_tails_at_every_ring_position_arrive_intact)
+{
+	big_tails = true;
 	ring_up(NULL);
 	ck_assert(tpt_run_pair(big_reader, big_writer, NULL, 3 * T_MS));
 	ring_check_nothing_left();
@@ -957,6 +1011,7 @@ static Suite *ring_suite(void)
 	suite_add_tcase(s, tr);
 
 	tcase_add_test(data, test_ring_smallest_ring_carries_frames_larger_than_itself);
+	tcase_add_test(data, test_ring_eager_tails_at_every_ring_position_arrive_intact);
 	tcase_add_loop_test(data, test_ring_eight_writer_threads_share_one_context, 0, 2);
 	tcase_add_loop_test(data, test_ring_wakeups_survive_spin_settings_and_idle_gaps, 0, 4);
 	tcase_set_timeout(data, 240);

@@ -368,6 +368,51 @@ START_TEST(test_ring_put_iov_with_skip)
 }
 END_TEST
 
+START_TEST(test_ring_look_span_release_in_place_across_the_wrap)
+{
+	uint8_t *src = malloc(SMALL), buf[64];
+	const uint8_t *at;
+	uint64_t pos = 0;
+	struct pair p;
+
+	pair_new(&p, SMALL);
+	pat_fill(src, SMALL, 0);
+	/* move both positions to 100 bytes before the end of the data area */
+	for (size_t left = SMALL - 100; left;) {
+		size_t n = TPU_MIN(left, (size_t)SMALL / 2);
+
+		ck_assert_int_eq(put1(&p.c_tx, src, n), (ssize_t)n);
+		ck_assert_int_eq(tpu_ring_get(&p.d_rx, src, n), (ssize_t)n);
+		left -= n;
+		pos += n;
+	}
+	pat_fill(src, SMALL, pos);
+	ck_assert_int_eq(put1(&p.c_tx, src, 300), 300);
+	/* a look copies across the wrap and releases nothing */
+	tpu_ring_look(&p.d_rx, 60, buf, sizeof(buf));
+	ck_assert_uint_eq(pat_check(buf, sizeof(buf), pos + 60), sizeof(buf));
+	ck_assert_int_eq(tpu_ring_avail(&p.d_rx), 300);
+	ck_assert_int_eq(tpu_ring_space(&p.c_tx), SMALL - 300);
+	/* a span is where the bytes lie, and none for bytes that wrap */
+	at = tpu_ring_span(&p.d_rx, 10, 90);
+	ck_assert_ptr_nonnull(at);
+	ck_assert_uint_eq(pat_check(at, 90, pos + 10), 90);
+	ck_assert_ptr_null(tpu_ring_span(&p.d_rx, 10, 91));
+	at = tpu_ring_span(&p.d_rx, 100, 200);
+	ck_assert_ptr_nonnull(at);
+	ck_assert_uint_eq(pat_check(at, 200, pos + 100), 200);
+	/* a release gives the room back and moves the consumer on without copying */
+	tpu_ring_release(&p.d_rx, 120);
+	ck_assert_int_eq(tpu_ring_avail(&p.d_rx), 180);
+	ck_assert_int_eq(tpu_ring_space(&p.c_tx), SMALL - 180);
+	ck_assert_uint_eq(shm_of(&p)->c2d.tail, pos + 120);
+	ck_assert_int_eq(tpu_ring_get(&p.d_rx, buf, 16), 16);
+	ck_assert_uint_eq(pat_check(buf, 16, pos + 120), 16);
+	pair_free(&p);
+	free(src);
+}
+END_TEST
+
 START_TEST(test_ring_put_is_partial_when_space_is_short)
 {
 	uint8_t *src = malloc(2 * SMALL), *dst = malloc(2 * SMALL);
@@ -1273,6 +1318,7 @@ static Suite *ring_suite(void)
 	tcase_add_test(basic, test_ring_wraps_byte_for_byte);
 	tcase_add_test(basic, test_ring_put_iov_with_skip);
 	tcase_add_test(basic, test_ring_put_is_partial_when_space_is_short);
+	tcase_add_test(basic, test_ring_look_span_release_in_place_across_the_wrap);
 	tcase_add_test(basic, test_ring_peek_hints_readable_bytes);
 	tcase_add_test(basic, test_ring_consumer_rejects_head_behind_its_position);
 	tcase_add_test(basic, test_ring_consumer_rejects_head_more_than_size_ahead);
