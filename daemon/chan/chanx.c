@@ -206,6 +206,31 @@ static uint32_t link_ops(const struct tpd_chanx *x, const struct tpd_peer *pr)
 	return n;
 }
 
+/* The ops of @pr that uid @uid of this host may have unanswered: chan-peer-ops-per-uid (0: a
+ * quarter of chan-peer-ops-max, at least 1), never above chan-peer-ops-max; root has no share. */
+static uint32_t uid_share(const struct tpd_config *cfg, uid_t uid)
+{
+	uint32_t share = cfg->chan_peer_ops_per_uid;
+
+	if (uid == 0)
+		return cfg->chan_peer_ops_max;
+	if (!share)
+		share = cfg->chan_peer_ops_max / 4 ? cfg->chan_peer_ops_max / 4 : 1;
+	return share < cfg->chan_peer_ops_max ? share : cfg->chan_peer_ops_max;
+}
+
+/* Whether uid @uid holds its share of the ops forwarded over @pr and not answered (counted from
+ * the xops themselves, so every way an op ends gives its place back). */
+static bool uid_ops_full(const struct tpd_chanx *x, const struct tpd_peer *pr, uid_t uid)
+{
+	uint32_t share = uid_share(tpd_daemon_cfg(x->d), uid), n = 0;
+	const struct xop *xo;
+
+	tpu_list_for_each(xo, &x->xops, node)
+		n += xo->pr == pr && xo->by_uid == uid;
+	return n >= share;
+}
+
 /* The PeerMsg @m (its wrappers @pc and @pw) that carries @chan or @wq as op @op_id from @uid's
  * @pid. */
 struct xop_msg {
@@ -424,6 +449,11 @@ static void xopen(struct tpd_chanx *x, enum xkind k, struct tpd_session *s,
 	if (r == 0 && link_ops(x, xh->pr) >= cfg->chan_peer_ops_max)
 		r = tpu_why(-ENOBUFS, why, sizeof(why), "%u ops forwarded over this link wait "
 			    "for answers (chan-peer-ops-max)", cfg->chan_peer_ops_max);
+	else if (r == 0 && uid_ops_full(x, xh->pr, tpd_session_uid(s)))
+		r = tpu_why(-ENOBUFS, why, sizeof(why), "uid %u has %u ops forwarded over this "
+			    "link waiting for answers (chan-peer-ops-per-uid)",
+			    (unsigned)tpd_session_uid(s),
+			    uid_share(cfg, tpd_session_uid(s)));
 	if (r < 0) {
 		free(xh);
 		free(xo);
@@ -431,6 +461,7 @@ static void xopen(struct tpd_chanx *x, enum xkind k, struct tpd_session *s,
 	}
 	xh->kind = xo->kind = k;
 	xh->s = xo->s = s;
+	xo->by_uid = tpd_session_uid(s);
 	xh->id = k == X_CHAN ? tpd_chan_new_id(x->cs) : tpd_wq_new_id(tpd_daemon_wqs(x->d));
 	xo->pr = xh->pr;
 	xo->op_id = ++x->next_op;
@@ -539,7 +570,8 @@ static struct xh *xh_find(struct tpd_chanx *x, enum xkind k, const struct tpd_se
  * Forwards op @op (kind @k, @chan or @wq, the client's @req_id) of handle @xh with @tail and
  * the large items @lg (taken; NULL: none), or answers it: a failed link's handle answers
  * -ECONNRESET naming the host (its RELEASE: 0 and the handle goes); a link with
- * chan-peer-ops-max ops unanswered refuses it.
+ * chan-peer-ops-max ops unanswered, or the caller's uid with its chan-peer-ops-per-uid share of
+ * them, refuses it.
  */
 static void xforward(struct tpd_chanx *x, struct xh *xh, int op, uint64_t req_id,
 		     Tpw__V1__ChanOp *chan, Tpw__V1__WqOp *wq, const struct iovec *tail,
@@ -549,12 +581,13 @@ static void xforward(struct tpd_chanx *x, struct xh *xh, int op, uint64_t req_id
 	bool release = op == (xh->kind == X_CHAN ? TPW__V1__CHAN_OP_KIND__CHAN_OP_RELEASE
 						 : TPW__V1__WQ_OP_KIND__WQ_OP_RELEASE);
 	struct tpd_session *s = xh->s;
+	bool uid_full = xh->pr && uid_ops_full(x, xh->pr, tpd_session_uid(s));
 	uint64_t id = xh->id;
 	struct xop *xo;
 	size_t flen;
 	int r;
 
-	if (lg && lg->n && (!xh->pr || link_ops(x, xh->pr) >= max))
+	if (lg && lg->n && (!xh->pr || link_ops(x, xh->pr) >= max || uid_full))
 		tpd_chanx_big_put(lg);
 	if (!xh->pr && release) {
 		enum xkind k = xh->kind;
@@ -569,6 +602,11 @@ static void xforward(struct tpd_chanx *x, struct xh *xh, int op, uint64_t req_id
 		return refuse(xh->kind, s, req_id, id, -ENOBUFS, "%s host %s: %u ops forwarded over "
 			      "this link wait for answers (chan-peer-ops-max)", noun(xh->kind),
 			      xh->host, max);
+	if (uid_full)
+		return refuse(xh->kind, s, req_id, id, -ENOBUFS, "%s host %s: uid %u has %u ops "
+			      "forwarded over this link waiting for answers (chan-peer-ops-per-uid)",
+			      noun(xh->kind), xh->host, (unsigned)tpd_session_uid(s),
+			      uid_share(tpd_daemon_cfg(x->d), tpd_session_uid(s)));
 	/* What the client sent fitted this daemon's frames, not necessarily the far daemon's once
 	 * wrapped (a descriptor's metadata beside a payload near the limit): a frame above the far
 	 * daemon's frame-max would fail the whole link there, every user's handles with it. The
@@ -594,6 +632,7 @@ static void xforward(struct tpd_chanx *x, struct xh *xh, int op, uint64_t req_id
 	xo->pr = xh->pr;
 	xo->op_id = ++x->next_op;
 	xo->s = s;
+	xo->by_uid = tpd_session_uid(s);
 	xo->req_id = req_id;
 	xo->local_id = id;
 	xo->op = op;

@@ -62,6 +62,7 @@ struct xop {
 	struct tpd_peer *pr;
 	uint64_t op_id;		/* the PeerChanOp's / PeerWqOp's req_id */
 	struct tpd_session *s;	/* NULL: the session ended (an OPEN's handle goes when answered) */
+	uid_t by_uid;		/* the kernel's uid of the session that made it (its peer-ops share) */
 	uint64_t req_id;	/* the client's */
 	uint64_t local_id;	/* the client's handle id */
 	int op;			/* ChanOpKind or WqOpKind */

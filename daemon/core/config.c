@@ -89,6 +89,9 @@ static const struct opt opts[] = {
 	{ "chan-peer-ops-max", "limits", K_U32, OFF(chan_peer_ops_max), 1, 1u << 20, true, "N",
 	  "channel and queue ops over one peer link waiting: forwarded and not answered yet,\n"
 	  "                            or hosted and waiting for items or room (default 1024)" },
+	{ "chan-peer-ops-per-uid", "limits", K_U32, OFF(chan_peer_ops_per_uid), 0, 1u << 20, true,
+	  "N", "of the ops forwarded over one peer link, those one local uid may have waiting\n"
+	  "                            (root: no share; 0: a quarter of chan-peer-ops-max; default 0)" },
 	{ "chan-peer-bytes-max", "limits", K_SIZE64, OFF(chan_peer_bytes_max), 1, UINT64_MAX,
 	  true, "BYTES", "channel item bytes arriving over one peer link at once, a write's\n"
 	  "                            included (large items across hosts; default 1G)" },

@@ -86,6 +86,7 @@ struct tpd_config {
 	uint64_t wq_bytes_max;	     /* question bytes one queue holds */
 	uint64_t wq_answer_bytes_max; /* answer bytes one queue holds for its owner */
 	uint32_t chan_peer_ops_max; /* channel/queue ops of one peer link waiting, each side */
+	uint32_t chan_peer_ops_per_uid; /* of those forwarded, one local uid's (0: a quarter) */
 	uint32_t chan_remote_create_uid; /* owner of channels created from other hosts; 0: none */
 	uint32_t chan_remote_create_per_peer; /* channels, and queues, one far daemon created here */
 	uint64_t chan_remote_bytes_per_peer;  /* item bytes in the channels one far daemon created */

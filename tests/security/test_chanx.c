@@ -1724,6 +1724,142 @@ START_TEST(test_hostile_host_wq_answer_fields)
 }
 END_TEST
 
+/* ---- one local uid's share of a link's forwarded ops ---------------------------------------- */
+
+#define UID_SHARE 3
+#define VICTIM 4242
+static struct tpt_sync parked;
+static char addr2[256];
+
+/* As nobody, parks UID_SHARE reads that wait for a minute on the empty remote channel at addr
+ * (the last one fits), sees one more refused at once with STATUS_LIMIT, and holds the parked
+ * ones until the parent says so. */
+static int share_parker(void *arg)
+{
+	Tpw__V1__ClientMsg m = TPW__V1__CLIENT_MSG__INIT;
+	Tpw__V1__ChanOp o = TPW__V1__CHAN_OP__INIT;
+	Tpw__V1__DaemonMsg *dm;
+	uint64_t id = 0, req;
+	struct tpt_raw r;
+	int st;
+
+	(void)arg;
+	TPT_REQUIRE(tpt_become(NOBODY) == 0, 1, "cannot drop to nobody");
+	TPT_REQUIRE(tpt_raw_connect(&r, tpt_peer_a.socket) == 0, 1, "connect");
+	TPT_REQUIRE(tpt_raw_hello(&r, TPW__V1__ROLE__ROLE_CLIENT, T_MS) == 0, 1, "hello");
+	o.op = TPW__V1__CHAN_OP_KIND__CHAN_OP_OPEN;
+	o.name = addr;
+	o.owner_set = true;
+	o.owner_uid = 0;
+	st = raw_chan(&r, &o, NULL, 0, &id);
+	TPT_REQUIRE(st == TPW__V1__STATUS__STATUS_OK && id, 1, "open %s: %d", addr, st);
+	for (req = 10; req <= 10 + UID_SHARE; req++) {
+		Tpw__V1__ChanOp rd = TPW__V1__CHAN_OP__INIT;
+
+		rd.op = TPW__V1__CHAN_OP_KIND__CHAN_OP_READ;
+		rd.chan_id = id;
+		rd.req_id = req;
+		rd.timeout_ms = 60000;
+		m.body_case = TPW__V1__CLIENT_MSG__BODY_CHAN_OP;
+		m.chan_op = &rd;
+		TPT_REQUIRE(tpt_raw_send(&r, &m, NULL, 0, NULL, 0, 0) == 0, 1, "send read %llu",
+			    (unsigned long long)req);
+	}
+	/* The first answer is the refusal of the read above the share: those below it wait. */
+	TPT_REQUIRE(tpt_raw_expect(&r, TPW__V1__DAEMON_MSG__BODY_CHAN_REPLY, T_MS, &dm) == 0, 1,
+		    "no answer to the read above chan-peer-ops-per-uid");
+	st = dm->chan_reply->status;
+	req = dm->chan_reply->req_id;
+	tpw__v1__daemon_msg__free_unpacked(dm, NULL);
+	TPT_REQUIRE(st == TPW__V1__STATUS__STATUS_LIMIT && req == 10 + UID_SHARE, 1,
+		    "the read above chan-peer-ops-per-uid: status %d for req %llu", st,
+		    (unsigned long long)req);
+	TPT_REQUIRE(tpt_sync_post(&parked, 1) == 0, 1, "post");
+	TPT_REQUIRE(tpt_sync_wait(&go, 4 * T_MS) == 1, 1, "parent");
+	tpt_raw_close(&r);
+	return 0;
+}
+
+/* As VICTIM, writes an item to the remote channel at addr2 and reads it back over the link
+ * nobody fills. */
+static int share_victim(void *arg)
+{
+	const char item[] = "mine";
+	struct tp_chan_options o = { .size = sizeof(o), .owner_uid = 0 };
+	struct iovec iov = { .iov_base = (void *)item, .iov_len = 4 };
+	struct tp_context *ctx;
+	struct tp_chan *ch;
+	void *got = NULL;
+	size_t len = 0;
+	int r;
+
+	(void)arg;
+	TPT_REQUIRE(tpt_become(VICTIM) == 0, 1, "cannot become %d", VICTIM);
+	TPT_REQUIRE(tpt_ctx_new(&tpt_peer_a, 0, "victim", &ctx) == 0, 1, "context");
+	r = tp_chan_open(ctx, addr2, &o, &ch);
+	TPT_REQUIRE(r == 0, 1, "open over the link: %d", r);
+	r = tp_chan_write(ch, &iov, 1, 0);
+	TPT_REQUIRE(r == 0, 1, "write over the link: %d", r);
+	r = tp_chan_read(ch, &got, &len, 5000);
+	TPT_REQUIRE(r == 0 && len == 4 && !memcmp(got, item, 4), 1, "read over the link: %d", r);
+	free(got);
+	tp_chan_release(ch);
+	tp_context_free(ctx);
+	return 0;
+}
+
+/* chan-peer-ops-per-uid: nobody's reads parked on a remote channel stop at its share of the
+ * link (the last below fits and waits, one above is refused at once) while uid 4242 still
+ * writes and reads over the same link. */
+START_TEST(test_one_uid_cannot_take_a_links_ops)
+{
+	const char *const *pa = tpt_peer_args();
+	const char *args[64];
+	struct tp_chan_options o = { .size = sizeof(o), .owner_uid = -1 };
+	struct tp_context *cb;
+	struct tp_chan *hb, *hf;
+	size_t n = 0;
+	pid_t pid;
+
+	if (geteuid() != 0) {
+		printf("skipped: needs root to run clients as other uids\n");
+		return;
+	}
+	while (pa[n] && n < 60) {
+		args[n] = pa[n];
+		n++;
+	}
+	args[n++] = "--chan-peer-ops-per-uid";
+	args[n++] = "3"; /* UID_SHARE */
+	args[n] = NULL;
+	ck_assert_int_eq(tpt_sync_init(&go), 0);
+	ck_assert_int_eq(tpt_sync_init(&parked), 0);
+	ck_assert_int_eq(tpt_daemon_pair_start(&tpt_peer_a, args, &tpt_peer_b, pa), 0);
+	ck_assert_int_eq(tpt_daemon_open_to_all(&tpt_peer_a), 0);
+	ck_assert_int_eq(tpt_ctx_new(&tpt_peer_b, 0, "host", &cb), 0);
+	o.flags = TP_CHAN_CREATE;
+	o.access = TP_ACCESS_ANYONE;
+	o.remote = TP_REMOTE_ANY_PEER;
+	ck_assert_int_eq(tp_chan_open(cb, "parking", &o, &hb), 0);
+	tpt_peer_address(&tpt_peer_b, "parking", addr, sizeof(addr));
+	ck_assert_int_eq(tp_chan_open(cb, "free", &o, &hf), 0);
+	tpt_peer_address(&tpt_peer_b, "free", addr2, sizeof(addr2));
+	pid = tpt_fork(share_parker, NULL);
+	ck_assert_int_gt(pid, 0);
+	ck_assert_msg(tpt_sync_wait(&parked, 4 * T_MS) == 1, "nobody's reads were not parked");
+	ck_assert(tpt_wait_ok(tpt_fork(share_victim, NULL), 4 * T_MS, "uid 4242 over the link"));
+	ck_assert_int_eq(tpt_sync_post(&go, 1), 0);
+	ck_assert(tpt_wait_ok(pid, 4 * T_MS, "nobody"));
+	ck_assert(tpt_daemon_alive(&tpt_peer_a));
+	tp_chan_release(hf);
+	tp_chan_release(hb);
+	tp_context_free(cb);
+	tpt_peer_fixture_stop();
+	tpt_sync_done(&parked);
+	tpt_sync_done(&go);
+}
+END_TEST
+
 static Suite *chanx_suite(void)
 {
 	Suite *s = suite_create("sec_chanx");
@@ -1731,6 +1867,7 @@ static Suite *chanx_suite(void)
 
 	tcase_set_timeout(tc, 120);
 	tcase_add_test(tc, test_attacker_cannot_crash_or_touch_remote_handles);
+	tcase_add_test(tc, test_one_uid_cannot_take_a_links_ops);
 	tcase_add_test(tc, test_hostile_peer_fails_its_link_only);
 	tcase_add_test(tc, test_two_links_of_one_peer_share_its_ops_limit);
 	tcase_add_test(tc, test_small_frames_peer_takes_within_them);
