@@ -994,6 +994,8 @@ static int tb_writer(void *arg)
 	TPT_REQUIRE(tpt_sync_wait(&go, LONG_MS) == 0, 1, "no go");
 	r = tp_cancel(e.ctx, ids[TB_CANCEL]);
 	TPT_REQUIRE(r == 0, 1, "tp_cancel: %d %s", r, tp_last_error());
+	/* only now may the reader make room: else the write may be taken before the cancel */
+	TPT_REQUIRE(tpt_sync_post(&filled, 0) == 0, 1, "post");
 	TPT_REQUIRE(tpt_done_wait(&dd, TB_N, LONG_MS) == 0, 1, "%u completions", dd.count);
 	for (unsigned i = 0; i < TB_N; i++)
 		TPT_REQUIRE(dd.status[i] == (i == TB_CANCEL ? -ECANCELED : 0), 1,
@@ -1028,6 +1030,7 @@ START_TEST(test_flow_cancel_of_a_write_turned_back_by_the_budget)
 	}
 	ck_assert_uint_gt(waits, 0);
 	ck_assert_int_eq(tpt_sync_post(&go, 0), 0);
+	ck_assert_int_eq(tpt_sync_wait(&filled, LONG_MS), 0); /* the writer has cancelled */
 	ck_assert_int_eq(tpt_sync_post(&done, 0), 0);
 	ck_assert(tpt_wait_ok(wr, LONG_MS, "writer"));
 	ck_assert(tpt_wait_ok(rd, LONG_MS, "reader"));
