@@ -587,17 +587,23 @@ static int dying_packed_mapper(void *arg)
 	_exit(0); /* dies before its READ with map_done */
 }
 
-START_TEST(test_reader_dying_before_its_acknowledgement_loses_nothing)
+/* tpt_chan_items_survive() (@seed, @child, @what) over a channel of its own named @name. */
+static void items_survive(const char *name, unsigned seed, tpt_child_fn child, const char *what)
 {
 	struct tp_chan_options o = { .size = sizeof(o), .flags = TP_CHAN_CREATE, .owner_uid = -1 };
-	struct tp_context *ctx = ctx_new("map.dying");
+	struct tp_context *ctx = ctx_new(name);
 	struct tp_chan *ch;
 
 	ck_assert_ptr_nonnull(ctx);
-	ck_assert_int_eq(tp_chan_open(ctx, "map.dying", &o, &ch), 0);
-	tpt_chan_items_survive(ch, 4, dying_mapper, "dying mapper");
+	ck_assert_int_eq(tp_chan_open(ctx, name, &o, &ch), 0);
+	tpt_chan_items_survive(ch, seed, child, what);
 	ck_assert_int_eq(tp_chan_release(ch), 0);
 	tp_context_free(ctx);
+}
+
+START_TEST(test_reader_dying_before_its_acknowledgement_loses_nothing)
+{
+	items_survive("map.dying", 4, dying_mapper, "dying mapper");
 }
 END_TEST
 
@@ -605,15 +611,7 @@ END_TEST
  * before it says it copied them out go back to the channel, in order, byte-exact. */
 START_TEST(test_packed_reader_dying_before_its_acknowledgement_loses_nothing)
 {
-	struct tp_chan_options o = { .size = sizeof(o), .flags = TP_CHAN_CREATE, .owner_uid = -1 };
-	struct tp_context *ctx = ctx_new("map.dyingp");
-	struct tp_chan *ch;
-
-	ck_assert_ptr_nonnull(ctx);
-	ck_assert_int_eq(tp_chan_open(ctx, "map.dyingp", &o, &ch), 0);
-	tpt_chan_items_survive(ch, 5, dying_packed_mapper, "dying packed mapper");
-	ck_assert_int_eq(tp_chan_release(ch), 0);
-	tp_context_free(ctx);
+	items_survive("map.dyingp", 5, dying_packed_mapper, "dying packed mapper");
 }
 END_TEST
 
