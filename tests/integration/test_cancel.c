@@ -323,8 +323,12 @@ START_TEST(test_cancel_read_waiting_and_copying)
 	uint64_t wid1, wid2, rid1, rid2;
 	int r;
 
-	if (held_copy_too_slow("test_cancel_read_waiting_and_copying"))
+	if (held_copy_too_slow("test_cancel_read_waiting_and_copying")) {
+		free(b2);
+		free(dst1);
+		free(dst2);
 		return;
+	}
 
 	ends_open(&e, "cr");
 	held_new(&h, BIG);
@@ -412,8 +416,12 @@ START_TEST(test_sync_timeouts_cancel_and_return_when_free)
 	struct timed_read tr;
 	pthread_t th;
 
-	if (held_copy_too_slow("test_sync_timeouts_cancel_and_return_when_free"))
+	if (held_copy_too_slow("test_sync_timeouts_cancel_and_return_when_free")) {
+		free(b2);
+		free(dst1);
+		free(dst2);
 		return;
+	}
 
 	ends_open(&e, "st");
 	held_new(&h, BIG);

@@ -379,8 +379,12 @@ static int die_writer(void *arg)
 
 		item_fill(p, i, DIE_ITEM);
 		if (tp_chan_write(xa, &it, 1, T_MS) < 0)
-			return 0;
+			break;
 	}
+	tp_chan_release(xa);
+	tp_context_free(ca);
+	free(p);
+	return 0;
 }
 
 /* Polls @d's first link until it received more than @bytes. */

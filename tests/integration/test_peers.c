@@ -349,6 +349,7 @@ static int pipelined_writer(void *arg)
 	tpt_sync_wait(&release, T_MS); /* the reader is through */
 	for (unsigned i = 0; i < N_PIPELINED; i++)
 		tpt_msg_free(e.ctx, &msgs[i]);
+	free(msgs);
 	tpt_end_close(&e);
 	return 0;
 }

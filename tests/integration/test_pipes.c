@@ -100,6 +100,7 @@ static int pipelined_writer(void *arg)
 	tpt_sync_wait(&to_b, T_MS); /* the reader is through */
 	for (unsigned i = 0; i < N_PIPELINED; i++)
 		tpt_msg_free(ctx, &msgs[i]);
+	free(msgs);
 	tp_pipe_close(p);
 	tp_context_free(ctx);
 	return 0;
