@@ -369,6 +369,8 @@ static int chan_read_status(struct tp_chan *ch, struct chan_req *cr, int timeout
 		tpc_chan_req_free(cr);
 		return r < 0 ? r : -EPROTO; /* negative, so that no caller uses @cr (gcc -O3) */
 	}
+	for (size_t i = cr->next; i < cr->n; i++) /* some by the daemon's CMA */
+		tpc_mem_written(cr->items[i].iov_base, cr->items[i].iov_len);
 	return r;
 }
 

@@ -306,9 +306,14 @@ static void context_run_op(struct tp_context *ctx, struct tpc_op *op)
 		op->cb.done(op->arg, op->pipe, op->status, msg);
 		break;
 	case TPC_OP_READ:
-		for (size_t i = 0; op->status == 0 && i < op->n_copies; i++)
-			memcpy(op->copies[i].dst, (char *)op->stage->addr + op->copies[i].off,
-			       op->copies[i].len);
+		for (size_t i = 0; op->status == 0 && i < op->n_copies; i++) {
+			struct tpc_copy *c = &op->copies[i];
+
+			if (c->off == TPC_COPY_CMA)
+				tpc_mem_written(c->dst, c->len);
+			else
+				memcpy(c->dst, (char *)op->stage->addr + c->off, c->len);
+		}
 		tpc_buffer_stage_put(ctx, TAKE_PTR(op->stage), op->status == 0);
 		op->cb.done(op->arg, op->pipe, op->status, msg);
 		break;

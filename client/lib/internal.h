@@ -26,6 +26,10 @@
 #include "validate.h"
 #include "ring.h"
 #include "tpu.h"
+#include "tpconfig.h"
+#if HAVE_VALGRIND
+#include <valgrind/memcheck.h>
+#endif
 
 #define TP_EXPORT __attribute__((visibility("default")))
 
@@ -170,9 +174,30 @@ enum tpc_op_kind {
 
 struct tpc_copy { /* a staged read segment: stage + off -> dst after ReadDone */
 	void *dst;
-	size_t off;
+	size_t off; /* TPC_COPY_CMA: the daemon writes @dst itself, nothing to copy */
 	size_t len;
 };
+
+#define TPC_COPY_CMA SIZE_MAX
+
+/*
+ * tpc_mem_written() - [@p, @p + @len), host memory of this process, now holds the bytes the
+ * daemon was asked to put there. The daemon writes a reader's private memory from its own
+ * process (CMA), which a memory checker in this process (valgrind's memcheck) cannot see: the
+ * program would be told it uses uninitialised bytes it received. This tells memcheck they are
+ * defined; outside valgrind it costs a few instructions, and nothing where the build had no
+ * valgrind header. Call it only for bytes a successful read or take has written.
+ */
+static inline void tpc_mem_written(const void *p, size_t len)
+{
+#if HAVE_VALGRIND
+	if (len)
+		(void)VALGRIND_MAKE_MEM_DEFINED(p, len);
+#else
+	(void)p;
+	(void)len;
+#endif
+}
 
 struct tpc_desc;
 struct tpc_held_write; /* write.c */

@@ -428,6 +428,7 @@ int tpc_msgitem_take_finish(struct tp_context *ctx, const struct tp_descriptor *
 		if (!len || (direct && direct[i]))
 			continue;
 		staged += len;
+		tpc_mem_written(from, len); /* by the daemon's CMA where there was no staging buffer */
 		if (tpc_msgitem_slot_cuda(s)) {
 			struct tpc_cuda_mem m = { s->data, len, s->device.index, s->cuda_stream, "",
 						  false };

@@ -546,6 +546,7 @@ static void read_place_locked(struct tp_context *ctx, struct read_plan *pl,
 		} else if (ctx->cma_ok) {
 			s->loc_case = TPW__V1__SEGMENT__LOC_CMA_ADDR;
 			s->cma_addr = (uint64_t)(uintptr_t)data;
+			op->copies[op->n_copies++] = (struct tpc_copy){ data, TPC_COPY_CMA, len };
 		} else {
 			off = (pl->stage_len + STAGE_ALIGN - 1) & ~(size_t)(STAGE_ALIGN - 1);
 			pl->shm[i].offset = off;
