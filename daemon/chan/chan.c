@@ -490,12 +490,14 @@ static void op_open(struct tpd_chans *cs, const struct chan_who *who, const Tpw_
 	struct chan_handle *h;
 	int r;
 
+	/* A channel whose access mode refuses the caller is, to it, no channel at all (the same
+	 * status and text, TP_CHAN_EXCL included), so that another uid's private names cannot be
+	 * probed; it cannot create one of that uid anyway. */
+	if (c && !chan_permits(c, s))
+		c = NULL;
 	if (c && o->create && o->exclusive)
 		return tpd_chan_answer(who, o->req_id, -EADDRINUSE, "the channel exists", 0, false,
 				       NULL);
-	if (c && !chan_permits(c, s))
-		return tpd_chan_answer(who, o->req_id, -EACCES, "the channel's access mode refuses "
-				       "this uid", 0, false, NULL);
 	if (!c && (!o->create || owner != tpd_session_uid(s)))
 		return tpd_chan_answer(who, o->req_id, -ENOENT, "no such channel", 0, false, NULL);
 	if (who_handles(cs, who) >= CHAN_HANDLES_PER_SESSION)
@@ -527,7 +529,7 @@ static void op_unlink(struct tpd_chans *cs, const struct chan_who *who,
 	uid_t owner = o->owner_set ? o->owner_uid : tpd_session_uid(s);
 	struct chan *c = chan_find(cs, owner, o->name);
 
-	if (!c)
+	if (!c || !chan_permits(c, s)) /* (as op_open(): not probed by unlinking) */
 		return tpd_chan_answer(who, o->req_id, -ENOENT, "no such channel", 0, false, NULL);
 	if (tpd_session_uid(s) != 0 && tpd_session_uid(s) != c->uid)
 		return tpd_chan_answer(who, o->req_id, -EACCES,

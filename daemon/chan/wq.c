@@ -559,11 +559,12 @@ static void op_open(struct tpd_wqs *ws, const struct wq_who *who, const Tpw__V1_
 
 	a.err = -ENOENT;
 	a.why = "no such work queue";
+	/* A queue whose access mode refuses the caller is, to it, no queue at all (the same
+	 * status and text, TP_WQ_EXCL included): another uid's private names cannot be probed. */
+	if (q && !wq_permits(q, s))
+		q = NULL;
 	if (q && o->create && o->exclusive)
 		a = (struct wq_ans){ .err = -EADDRINUSE, .why = "the work queue exists" };
-	else if (q && !wq_permits(q, s))
-		a = (struct wq_ans){ .err = -EACCES, .why = "the work queue's access mode refuses "
-				     "this uid" };
 	else if (!q && (!o->create || owner != tpd_session_uid(s)))
 		;
 	else if (who_handles(ws, who) >= WQ_HANDLES_PER_SESSION)

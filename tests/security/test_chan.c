@@ -5,7 +5,8 @@
  * session's handles are refused (not found) for read, write, close and release, and the victim's
  * channel keeps its item and stays open; a channel op whose item lengths do not match its data
  * tail closes the attacker's session only; the attacker cannot open a private channel, create
- * names in the victim's uid, or spend the victim's chans-per-uid.
+ * names in the victim's uid, or spend the victim's chans-per-uid, and cannot tell a private
+ * channel from a missing one by opening (exclusively creating, unlinking) it.
  */
 #include <check.h>
 #include <errno.h>
@@ -30,8 +31,10 @@ static int drop_to_nobody(void)
 	return 0;
 }
 
-/* Sends ChanOp @op (req_id 1) and returns the answer's status, or -errno. */
-static int raw_chan(struct tpt_raw *r, Tpw__V1__ChanOp *op, const void *tail, uint32_t tail_len)
+/* Sends ChanOp @op (req_id 1) and returns the answer's status, or -errno; its text into
+ * @text (@tl bytes) unless NULL. */
+static int raw_chan_text(struct tpt_raw *r, Tpw__V1__ChanOp *op, const void *tail,
+			 uint32_t tail_len, char *text, size_t tl)
 {
 	Tpw__V1__ClientMsg m = TPW__V1__CLIENT_MSG__INIT;
 	Tpw__V1__DaemonMsg *dm;
@@ -47,8 +50,44 @@ static int raw_chan(struct tpt_raw *r, Tpw__V1__ChanOp *op, const void *tail, ui
 	if (ret < 0)
 		return ret;
 	st = dm->chan_reply->status;
+	if (text)
+		snprintf(text, tl, "%s", dm->chan_reply->message ? dm->chan_reply->message : "");
 	tpw__v1__daemon_msg__free_unpacked(dm, NULL);
 	return st;
+}
+
+static int raw_chan(struct tpt_raw *r, Tpw__V1__ChanOp *op, const void *tail, uint32_t tail_len)
+{
+	return raw_chan_text(r, op, tail, tail_len, NULL, 0);
+}
+
+/*
+ * Opens (or with @create, creates exclusively; with @unlink, unlinks) root's channel "secret",
+ * whose access mode refuses uid 65534, and root's "missing", which does not exist: the answers
+ * must be the same, -ENOENT with the same text, so that the name cannot be probed. Return: 0 or
+ * 1 (said why).
+ */
+static int probe_same(struct tpt_raw *r, bool create, bool unlink)
+{
+	char text[2][256];
+	int st[2];
+
+	for (int i = 0; i < 2; i++) {
+		Tpw__V1__ChanOp o = TPW__V1__CHAN_OP__INIT;
+
+		o.op = unlink ? TPW__V1__CHAN_OP_KIND__CHAN_OP_UNLINK
+			      : TPW__V1__CHAN_OP_KIND__CHAN_OP_OPEN;
+		o.name = i ? "missing" : "secret";
+		o.owner_set = true;
+		o.owner_uid = 0;
+		o.create = o.exclusive = create;
+		st[i] = raw_chan_text(r, &o, NULL, 0, text[i], sizeof(text[i]));
+	}
+	TPT_REQUIRE(st[0] == TPW__V1__STATUS__STATUS_NOT_FOUND && st[0] == st[1] &&
+		    strcmp(text[0], text[1]) == 0, 1, "%s%s of a private channel: %d '%s', of a "
+		    "missing one: %d '%s'", unlink ? "unlink" : "open", create ? " (exclusive create)"
+		    : "", st[0], text[0], st[1], text[1]);
+	return 0;
 }
 
 static int attacker(void *arg)
@@ -85,20 +124,19 @@ static int attacker(void *arg)
 		TPT_REQUIRE(st == TPW__V1__STATUS__STATUS_NOT_FOUND, 1, "write on id %llu: %d",
 			    (unsigned long long)id, st);
 	}
-	/* Open the private channel by name, create in root's names, unlink root's channel. */
+	/* Open the private channel by name, create it exclusively, unlink it: answered as a
+	 * missing one. Create in root's names. */
 	Tpw__V1__ChanOp o = TPW__V1__CHAN_OP__INIT;
 
+	if (probe_same(&r, false, false) || probe_same(&r, true, false) ||
+	    probe_same(&r, false, true))
+		return 1;
 	o.op = TPW__V1__CHAN_OP_KIND__CHAN_OP_OPEN;
-	o.name = "secret";
 	o.owner_set = true;
 	o.owner_uid = 0;
-	TPT_REQUIRE(raw_chan(&r, &o, NULL, 0) == TPW__V1__STATUS__STATUS_PERMISSION, 1, "open");
 	o.name = "fresh";
 	o.create = true;
 	TPT_REQUIRE(raw_chan(&r, &o, NULL, 0) == TPW__V1__STATUS__STATUS_NOT_FOUND, 1, "squat");
-	o.op = TPW__V1__CHAN_OP_KIND__CHAN_OP_UNLINK;
-	o.name = "secret";
-	TPT_REQUIRE(raw_chan(&r, &o, NULL, 0) == TPW__V1__STATUS__STATUS_PERMISSION, 1, "unlink");
 	/* Spend its own chans-per-uid (2), not root's. */
 	o.op = TPW__V1__CHAN_OP_KIND__CHAN_OP_OPEN;
 	o.owner_set = false;
