@@ -18,6 +18,7 @@
 #include "chan.h"
 #include "chancopy.h"
 #include "frame.h"
+#include "handix.h"
 #include "tpb.h"
 #include "tpu.h"
 
@@ -211,6 +212,7 @@ struct tpd_chans {
 	 * name, still charged to their owner's chans-per-uid and chan-bytes-per-uid. */
 	struct tpu_list unlinked;
 	struct tpu_list handles;
+	struct tpd_handix ix; /* the handles by id, and how many each session or link holds */
 	uint64_t next_id;
 	struct tpd_chanx *x; /* channels and queues of other hosts (chanx.c) */
 	struct tpu_list spare; /* chan_item buffers to reuse, oldest first (CHAN_SPARE_*) */

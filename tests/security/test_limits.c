@@ -507,21 +507,7 @@ END_TEST
 /* CPU time the daemon used, in clock ticks. */
 static long daemon_cpu_ticks(void)
 {
-	char path[64], buf[1024], *p;
-	unsigned long ut = 0, st = 0;
-	FILE *f;
-
-	snprintf(path, sizeof(path), "/proc/%d/stat", (int)dm.pid);
-	f = fopen(path, "re");
-	if (!f)
-		return -1;
-	p = fgets(buf, sizeof(buf), f) ? strrchr(buf, ')') : NULL;
-	fclose(f);
-	/* after "pid (comm)": state ppid pgrp session tty tpgid flags minflt cminflt majflt
-	 * cmajflt utime stime */
-	if (!p || sscanf(p + 2, "%*c %*d %*d %*d %*d %*d %*u %*u %*u %*u %*u %lu %lu", &ut, &st) != 2)
-		return -1;
-	return (long)(ut + st);
+	return tpt_cpu_ticks(dm.pid);
 }
 
 /* A loopback TCP port free a moment ago. */
