@@ -81,8 +81,8 @@ void tpd_chan_answer_len(const struct chan_handle *h, uint64_t req_id, int err,
 	tpd_chan_reply_send(&h->who, &r, NULL, 0);
 }
 
-/* The bytes of buffers lent to channels of @uid: its entry in @cs (@add: made if missing), or
- * NULL. */
+/* The bytes of buffers @uid's writers lend to channels (any uid's): its entry in @cs (@add: made
+ * if missing), or NULL. */
 uint64_t *tpd_chan_lent_of(struct tpd_chans *cs, uid_t uid, bool add)
 {
 	struct chan_lent_uid *v;
@@ -104,8 +104,8 @@ uint64_t *tpd_chan_lent_of(struct tpd_chans *cs, uid_t uid, bool add)
 }
 
 /* Bytes the channels created by @uid hold, named or unlinked and still alive (their items and
- * the writes waiting for room), and the buffers lent to any of them (whole); their number in
- * *@ret_count. */
+ * the writes waiting for room), and the buffers @uid's writers lend to any channel (whole);
+ * the number of those channels in *@ret_count. */
 uint64_t tpd_chan_uid_bytes(const struct tpd_chans *cs, uid_t uid, uint32_t *ret_count)
 {
 	const uint64_t *lent = tpd_chan_lent_of((struct tpd_chans *)cs, uid, false);

@@ -39,14 +39,15 @@ struct tpd_session;
 #define CHAN_SENT_MAX 32u
 
 /* A staging buffer a writer lent to a channel (ChanOp.lend): items of the channel lie in it. The
- * daemon keeps it mapped until the last of them leaves, and charges the channel owner's
- * chan-bytes-per-uid the whole buffer meanwhile, besides the items (tpd_chans.lent). */
+ * daemon keeps it mapped until the last of them leaves, and charges the lender's uid's
+ * chan-bytes-per-uid the whole buffer meanwhile (tpd_chans.lent), the items to the channel's
+ * owner as any. */
 struct chan_lend {
 	struct tpu_list node;	/* in chan_handle.lends; unlinked once the handle is gone */
 	struct chan_handle *h;	/* the lender, told when the last item leaves; NULL once gone */
 	struct chan *c;
 	struct tpb_buffer *buf; /* with a reference */
-	uint32_t uid;		/* the lender's: only its readers of that uid map the buffer */
+	uint32_t uid; /* the lender's: charged the buffer; only its readers of that uid map it */
 	uint32_t items;
 };
 
@@ -218,7 +219,7 @@ struct tpd_chans {
 	struct tpu_list spare; /* chan_item buffers to reuse, oldest first (CHAN_SPARE_*) */
 	unsigned n_spare;
 	uint64_t spare_bytes;
-	/* Bytes of lent buffers per channel owner, whether the channel is named or not. */
+	/* Bytes of lent buffers per lender's uid, whether the channel is named or not. */
 	struct chan_lent_uid {
 		uid_t uid;
 		uint64_t bytes;
