@@ -49,7 +49,8 @@ long tpt_cpu_ticks(pid_t pid)
 	fclose(f);
 	/* after "pid (comm)": state ppid pgrp session tty tpgid flags minflt cminflt majflt
 	 * cmajflt utime stime */
-	if (!p || sscanf(p + 2, "%*c %*d %*d %*d %*d %*d %*u %*u %*u %*u %*u %lu %lu", &ut, &st) != 2)
+	if (!p ||
+	    sscanf(p + 2, "%*c %*d %*d %*d %*d %*d %*u %*u %*u %*u %*u %lu %lu", &ut, &st) != 2)
 		return -1;
 	return (long)(ut + st);
 }

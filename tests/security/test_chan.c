@@ -85,8 +85,8 @@ static int probe_same(struct tpt_raw *r, bool create, bool unlink)
 	}
 	TPT_REQUIRE(st[0] == TPW__V1__STATUS__STATUS_NOT_FOUND && st[0] == st[1] &&
 		    strcmp(text[0], text[1]) == 0, 1, "%s%s of a private channel: %d '%s', of a "
-		    "missing one: %d '%s'", unlink ? "unlink" : "open", create ? " (exclusive create)"
-		    : "", st[0], text[0], st[1], text[1]);
+		    "missing one: %d '%s'", unlink ? "unlink" : "open",
+		    create ? " (exclusive create)" : "", st[0], text[0], st[1], text[1]);
 	return 0;
 }
 
@@ -249,7 +249,8 @@ static int hog(void *arg)
 	o.create = true;
 	for (int i = 0; i < HOG_SESSIONS; i++) {
 		TPT_REQUIRE(tpt_raw_connect(&r[i], d.socket) == 0, 1, "connect %d", i);
-		TPT_REQUIRE(tpt_raw_hello(&r[i], TPW__V1__ROLE__ROLE_CLIENT, T_MS) == 0, 1, "hello");
+		TPT_REQUIRE(tpt_raw_hello(&r[i], TPW__V1__ROLE__ROLE_CLIENT, T_MS) == 0, 1,
+			    "hello %d", i);
 		for (unsigned k = 0; k < HOG_HANDLES; k += PIPELINE)
 			if (raw_chan_burst(&r[i], &o, PIPELINE, TPW__V1__STATUS__STATUS_OK, NULL))
 				return 1;

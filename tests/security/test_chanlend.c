@@ -1,18 +1,18 @@
 /* SPDX-License-Identifier: BSD-3-Clause */
 /*
- * Security suite: items lent, not copied (issue 25 part private; docs/channels.md "Private
- * items: staging buffers lent"), against a client speaking the raw protocol as an unprivileged
- * user (uid 65534) with chan-bytes-per-uid of 1 MiB + 256 KiB. A lent buffer keeps the daemon's
- * mapping of the writer's memory alive after the writer unregisters it or dies, so the daemon
- * charges the lender's uid the whole buffer (besides its items, the channel owner's) while any
- * of its items is in the channel, named or unlinked: a lend that would take the owner past chan-bytes-per-uid is
- * copied instead, charged its bytes only (the limit then just at: a byte more is refused), and
- * the charge goes once the last item has left (its buffer id comes back in a later write's
- * answer to a client of minor 12); a channel unlinked with a lent item keeps it charged. A
- * lend names only the writer's own buffers (a guessed id is not found), only on a write by
- * segment (on a read it closes the session: a protocol violation); the items stay byte-exact
- * after the writer unregistered the buffer. A buffer uid 65534 lends to uid 4242's channel is
- * uid 65534's charge, not the owner's: each has its limit but for that less what it holds.
+ * Security suite: items lent, not copied (issue 25 part private; docs/channels.md "Private items:
+ * staging buffers lent"), against a client speaking the raw protocol as an unprivileged user (uid
+ * 65534) with chan-bytes-per-uid of 1 MiB + 256 KiB. A lent buffer keeps the daemon's mapping of
+ * the writer's memory alive after the writer unregisters it or dies, so the daemon charges the
+ * lender's uid the whole buffer (besides its items, the channel owner's) while any of its items is
+ * in the channel, named or unlinked: a lend that would take the owner past chan-bytes-per-uid is
+ * copied instead, charged its bytes only (the limit then just at: a byte more is refused), and the
+ * charge goes once the last item has left (its buffer id comes back in a later write's answer to a
+ * client of minor 12); a channel unlinked with a lent item keeps it charged. A lend names only the
+ * writer's own buffers (a guessed id is not found), only on a write by segment (on a read it
+ * closes the session: a protocol violation); the items stay byte-exact after the writer
+ * unregistered the buffer. A buffer uid 65534 lends to uid 4242's channel is uid 65534's charge,
+ * not the owner's: each has its limit but for that less what it holds.
  */
 #include <check.h>
 #include <errno.h>

@@ -231,15 +231,16 @@ static int raw_wq_burst(struct tpt_raw *r, Tpw__V1__WqOp *op, unsigned n, int *r
 		Tpw__V1__DaemonMsg *dm;
 		int st;
 
-		TPT_REQUIRE(tpt_raw_expect(r, TPW__V1__DAEMON_MSG__BODY_WQ_REPLY, T_MS, &dm) == 0, 1,
-			    "answer %u of %u", i, n);
+		TPT_REQUIRE(tpt_raw_expect(r, TPW__V1__DAEMON_MSG__BODY_WQ_REPLY, T_MS, &dm) == 0,
+			    1, "answer %u of %u", i, n);
 		st = dm->wq_reply->status;
 		if (!i && ret_id)
 			*ret_id = dm->wq_reply->wq_id;
 		tpw__v1__daemon_msg__free_unpacked(dm, NULL);
 		if (!i)
 			*ret_status = st;
-		TPT_REQUIRE(st == *ret_status, 1, "answer %u: status %d, not %d", i, st, *ret_status);
+		TPT_REQUIRE(st == *ret_status, 1, "answer %u: status %d, not %d", i, st,
+			    *ret_status);
 	}
 	return 0;
 }
@@ -259,7 +260,8 @@ static int hog(void *arg)
 	o.create = true;
 	for (int i = 0; i < HOG_SESSIONS; i++) {
 		TPT_REQUIRE(tpt_raw_connect(&r[i], d.socket) == 0, 1, "connect %d", i);
-		TPT_REQUIRE(tpt_raw_hello(&r[i], TPW__V1__ROLE__ROLE_CLIENT, T_MS) == 0, 1, "hello");
+		TPT_REQUIRE(tpt_raw_hello(&r[i], TPW__V1__ROLE__ROLE_CLIENT, T_MS) == 0, 1,
+			    "hello %d", i);
 		for (unsigned k = 0; k < HOG_HANDLES; k += PIPELINE) {
 			if (raw_wq_burst(&r[i], &o, PIPELINE, &st, NULL))
 				return 1;
