@@ -905,8 +905,9 @@ struct tp_chan_options {
  * --peer-timeout), every call on the handle fails with -ECONNRESET naming HOST.
  * @o: NULL for defaults (open an existing channel of the caller's uid).
  * @ret: returns an owned handle, free with tp_chan_release().
- * Return: 0; -ENOENT (no such channel), -EADDRINUSE (TP_CHAN_EXCL and it exists), -EACCES
- * (its access mode refuses this uid), -ENOBUFS (chans-per-uid, or a capacity above the daemon's
+ * Return: 0; -ENOENT (no such channel, or one whose access mode refuses this uid: to it the two
+ * are the same, so that another uid's private names cannot be probed), -EADDRINUSE
+ * (TP_CHAN_EXCL and it exists), -ENOBUFS (chans-per-uid, or a capacity above the daemon's
  * limits, or chan-peer-ops-max), -EINVAL (bad name or options), -ECONNRESET,
  * -ECONNREFUSED or -ETIMEDOUT (the far daemon cannot be reached) or the connection's error.
  */
@@ -968,7 +969,8 @@ int tp_chan_release(struct tp_chan *ch);
 
 /* tp_chan_unlink() - remove the name of persistent channel @name of uid @owner_uid (-1: the
  * caller's own; only its owner or root may). Open handles keep the channel until released.
- * Return: 0, -ENOENT, -EACCES or -errno. */
+ * Return: 0, -ENOENT (also a channel whose access mode refuses the caller), -EACCES (one it may
+ * open but does not own) or -errno. */
 int tp_chan_unlink(struct tp_context *ctx, const char *name, long owner_uid);
 
 /* ---- work queues (docs/queues.md) -----------------------------------------------------------
@@ -1016,8 +1018,8 @@ struct tp_wq_options {
  * link closes it as a local owner's.
  * @o: NULL for defaults (open an existing queue of the caller's uid).
  * @ret: returns an owned handle, free with tp_wq_release().
- * Return: 0, -ENOENT, -EADDRINUSE, -EACCES (its mode refuses the caller), -ENOBUFS
- * (wqs-per-uid), -EINVAL or -errno.
+ * Return: 0, -ENOENT (no such queue, or one whose access mode refuses the caller: the same to
+ * it), -EADDRINUSE, -ENOBUFS (wqs-per-uid), -EINVAL or -errno.
  */
 int tp_wq_open(struct tp_context *ctx, const char *name, const struct tp_wq_options *o,
 	       struct tp_wq **ret);

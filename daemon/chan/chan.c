@@ -81,8 +81,8 @@ void tpd_chan_answer_len(const struct chan_handle *h, uint64_t req_id, int err,
 	tpd_chan_reply_send(&h->who, &r, NULL, 0);
 }
 
-/* The bytes of buffers lent to channels of @uid: its entry in @cs (@add: made if missing), or
- * NULL. */
+/* The bytes of buffers @uid's writers lend to channels (any uid's): its entry in @cs (@add: made
+ * if missing), or NULL. */
 uint64_t *tpd_chan_lent_of(struct tpd_chans *cs, uid_t uid, bool add)
 {
 	struct chan_lent_uid *v;
@@ -104,8 +104,8 @@ uint64_t *tpd_chan_lent_of(struct tpd_chans *cs, uid_t uid, bool add)
 }
 
 /* Bytes the channels created by @uid hold, named or unlinked and still alive (their items and
- * the writes waiting for room), and the buffers lent to any of them (whole); their number in
- * *@ret_count. */
+ * the writes waiting for room), and the buffers @uid's writers lend to any channel (whole);
+ * the number of those channels in *@ret_count. */
 uint64_t tpd_chan_uid_bytes(const struct tpd_chans *cs, uid_t uid, uint32_t *ret_count)
 {
 	const uint64_t *lent = tpd_chan_lent_of((struct tpd_chans *)cs, uid, false);
@@ -231,15 +231,18 @@ static bool who_same(const struct chan_who *a, const struct chan_who *b)
 	return a->s == b->s && a->pr == b->pr;
 }
 
+/* The session or peer link a handle of @who belongs to (tpd_handix). */
+static const void *who_key(const struct chan_who *who)
+{
+	return who->s ? (const void *)who->s : (const void *)who->pr;
+}
+
 static struct chan_handle *handle_find(struct tpd_chans *cs, const struct chan_who *who,
 				       uint64_t id)
 {
-	struct chan_handle *h;
+	struct chan_handle *h = tpd_handix_get(&cs->ix, id);
 
-	tpu_list_for_each(h, &cs->handles, node)
-		if (who_same(&h->who, who) && h->id == id)
-			return h;
-	return NULL;
+	return h && who_same(&h->who, who) ? h : NULL;
 }
 
 static void handle_free(struct chan_handle *h, bool answer)
@@ -277,6 +280,7 @@ static void handle_free(struct chan_handle *h, bool answer)
 		if (cp->h == h)
 			cp->h = NULL; /* the copy ends, answering nobody */
 	tpd_chan_hand_forget(c, h);
+	tpd_handix_del(&c->cs->ix, h->id, who_key(&h->who));
 	tpu_list_remove(&h->node);
 	c->n_handles--;
 	c->maps_held -= h->n_sent;
@@ -359,12 +363,7 @@ static int chan_create(struct tpd_chans *cs, uid_t uid, const Tpw__V1__ChanOp *o
 
 static unsigned who_handles(const struct tpd_chans *cs, const struct chan_who *who)
 {
-	const struct chan_handle *h;
-	unsigned n = 0;
-
-	tpu_list_for_each(h, &cs->handles, node)
-		n += who_same(&h->who, who);
-	return n;
+	return tpd_handix_count(&cs->ix, who_key(who));
 }
 
 /* A new handle of @who on @c. Return: owned by @cs (handle_free()), or NULL without memory. */
@@ -377,6 +376,10 @@ static struct chan_handle *handle_new(struct tpd_chans *cs, const struct chan_wh
 		return NULL;
 	h->who = *who;
 	h->id = ++cs->next_id;
+	if (tpd_handix_add(&cs->ix, h->id, who_key(who), h) < 0) {
+		free(h);
+		return NULL;
+	}
 	h->c = c;
 	tpu_list_init(&h->lends);
 	tpu_list_init(&h->notice_node);
@@ -490,12 +493,14 @@ static void op_open(struct tpd_chans *cs, const struct chan_who *who, const Tpw_
 	struct chan_handle *h;
 	int r;
 
+	/* A channel whose access mode refuses the caller is, to it, no channel at all (the same
+	 * status and text, TP_CHAN_EXCL included), so that another uid's private names cannot be
+	 * probed; it cannot create one of that uid anyway. */
+	if (c && !chan_permits(c, s))
+		c = NULL;
 	if (c && o->create && o->exclusive)
 		return tpd_chan_answer(who, o->req_id, -EADDRINUSE, "the channel exists", 0, false,
 				       NULL);
-	if (c && !chan_permits(c, s))
-		return tpd_chan_answer(who, o->req_id, -EACCES, "the channel's access mode refuses "
-				       "this uid", 0, false, NULL);
 	if (!c && (!o->create || owner != tpd_session_uid(s)))
 		return tpd_chan_answer(who, o->req_id, -ENOENT, "no such channel", 0, false, NULL);
 	if (who_handles(cs, who) >= CHAN_HANDLES_PER_SESSION)
@@ -527,7 +532,7 @@ static void op_unlink(struct tpd_chans *cs, const struct chan_who *who,
 	uid_t owner = o->owner_set ? o->owner_uid : tpd_session_uid(s);
 	struct chan *c = chan_find(cs, owner, o->name);
 
-	if (!c)
+	if (!c || !chan_permits(c, s)) /* (as op_open(): not probed by unlinking) */
 		return tpd_chan_answer(who, o->req_id, -ENOENT, "no such channel", 0, false, NULL);
 	if (tpd_session_uid(s) != 0 && tpd_session_uid(s) != c->uid)
 		return tpd_chan_answer(who, o->req_id, -EACCES,
@@ -715,6 +720,7 @@ int tpd_chan_new(struct tpd_daemon *d, struct tpd_chans **ret)
 	tpu_list_init(&cs->chans);
 	tpu_list_init(&cs->unlinked);
 	tpu_list_init(&cs->handles);
+	tpd_handix_init(&cs->ix);
 	tpu_list_init(&cs->spare);
 	tpu_list_init(&cs->noticing);
 	if (tpd_chanx_new(d, cs, &cs->x) < 0) {
@@ -743,6 +749,7 @@ void tpd_chan_free(struct tpd_chans *cs)
 	tpu_list_for_each_safe(it, itmp, &cs->spare, node)
 		free(it);
 	free(cs->lent);
+	tpd_handix_done(&cs->ix);
 	if (cs->notice_ev)
 		event_free(cs->notice_ev);
 	free(cs);

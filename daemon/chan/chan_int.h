@@ -18,6 +18,7 @@
 #include "chan.h"
 #include "chancopy.h"
 #include "frame.h"
+#include "handix.h"
 #include "tpb.h"
 #include "tpu.h"
 
@@ -38,14 +39,15 @@ struct tpd_session;
 #define CHAN_SENT_MAX 32u
 
 /* A staging buffer a writer lent to a channel (ChanOp.lend): items of the channel lie in it. The
- * daemon keeps it mapped until the last of them leaves, and charges the channel owner's
- * chan-bytes-per-uid the whole buffer meanwhile, besides the items (tpd_chans.lent). */
+ * daemon keeps it mapped until the last of them leaves, and charges the lender's uid's
+ * chan-bytes-per-uid the whole buffer meanwhile (tpd_chans.lent), the items to the channel's
+ * owner as any. */
 struct chan_lend {
 	struct tpu_list node;	/* in chan_handle.lends; unlinked once the handle is gone */
 	struct chan_handle *h;	/* the lender, told when the last item leaves; NULL once gone */
 	struct chan *c;
 	struct tpb_buffer *buf; /* with a reference */
-	uint32_t uid;		/* the lender's: only its readers of that uid map the buffer */
+	uint32_t uid; /* the lender's: charged the buffer; only its readers of that uid map it */
 	uint32_t items;
 };
 
@@ -211,12 +213,13 @@ struct tpd_chans {
 	 * name, still charged to their owner's chans-per-uid and chan-bytes-per-uid. */
 	struct tpu_list unlinked;
 	struct tpu_list handles;
+	struct tpd_handix ix; /* the handles by id, and how many each session or link holds */
 	uint64_t next_id;
 	struct tpd_chanx *x; /* channels and queues of other hosts (chanx.c) */
 	struct tpu_list spare; /* chan_item buffers to reuse, oldest first (CHAN_SPARE_*) */
 	unsigned n_spare;
 	uint64_t spare_bytes;
-	/* Bytes of lent buffers per channel owner, whether the channel is named or not. */
+	/* Bytes of lent buffers per lender's uid, whether the channel is named or not. */
 	struct chan_lent_uid {
 		uid_t uid;
 		uint64_t bytes;

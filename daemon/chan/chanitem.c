@@ -88,7 +88,7 @@ static void released_due(struct chan_handle *h)
 }
 
 /* One item of lent buffer @l left its channel; the last one gives the buffer back to its lender
- * (the id in its handle's next write answer, or a notice before it) and the channel owner the
+ * (the id in its handle's next write answer, or a notice before it) and the lender's uid the
  * buffer's charge. */
 static void lend_put(struct chan_lend *l)
 {
@@ -99,10 +99,10 @@ static void lend_put(struct chan_lend *l)
 
 	if (--l->items)
 		return;
-	lent = tpd_chan_lent_of(l->c->cs, l->c->uid, false);
+	lent = tpd_chan_lent_of(l->c->cs, l->uid, false);
 	if (lent) /* there since tpd_chan_item_lend_batch() */
 		*lent -= l->buf->size;
-	if (lent && !*lent) { /* the owner lends nothing more: its entry goes */
+	if (lent && !*lent) { /* the uid lends nothing more: its entry goes */
 		struct tpd_chans *cs = l->c->cs;
 		struct chan_lent_uid *e = tpu_container_of(lent, struct chan_lent_uid, bytes);
 
@@ -320,10 +320,28 @@ int tpd_chan_item_batch_build(struct tpd_session *s, const Tpw__V1__ChanOp *o, c
 	return 0;
 }
 
+/* Whether lending buffer @buf of uid @lender to @c, with a batch of @bytes, would pass a limit:
+ * the batch is charged to @c's owner as any write's, the whole buffer to @lender's
+ * chan-bytes-per-uid (the owner's own lends: both to the owner). */
+static bool lend_over(const struct chan *c, uid_t lender, const struct tpb_buffer *buf,
+		      uint64_t bytes)
+{
+	const struct tpd_config *cfg = tpd_daemon_cfg(c->cs->d);
+
+	if (lender == c->uid)
+		return tpd_chan_over_bytes(c, bytes + buf->size);
+	return tpd_chan_over_bytes(c, bytes) ||
+	       tpd_chan_uid_bytes(c->cs, lender, NULL) + buf->size > cfg->chan_bytes_per_uid;
+}
+
 /* Keeps the items by reference of @batch (@bytes in all, room checked) where they lie, when all
  * lie in one shared buffer of the writer (ChanOp.lend: a staging buffer it lends) and the
- * owner's chan-bytes-per-uid takes the whole buffer besides the batch: the daemon never keeps
- * more of anyone's memory mapped than it charges, whether the channel stays named or not.
+ * lender's chan-bytes-per-uid takes the whole buffer besides the batch (charged to the channel
+ * owner): the daemon never keeps more of anyone's memory mapped than it charges that one, whether
+ * the channel stays named or not. The buffer is the lender's charge, not the owner's: a writer of
+ * another uid lending a large buffer with a small item took the owner's whole chan-bytes-per-uid
+ * past the channel's capacity, as long as the item stayed unread (for good once the owner had
+ * unlinked the channel and let go of it).
  * Return: true if they stay there. */
 bool tpd_chan_item_lend_batch(struct chan_handle *h, struct tpu_list *batch, uint64_t bytes)
 {
@@ -340,9 +358,9 @@ bool tpd_chan_item_lend_batch(struct chan_handle *h, struct tpu_list *batch, uin
 			return false; /* CMA, or items in several buffers: copied in */
 		buf = it->src.buf;
 	}
-	if (!buf || !h->who.s || tpd_chan_over_bytes(c, bytes + buf->size))
+	if (!buf || !h->who.s || lend_over(c, tpd_session_uid(h->who.s), buf, bytes))
 		return false; /* copied in: charged its bytes only */
-	lent = tpd_chan_lent_of(c->cs, c->uid, true);
+	lent = tpd_chan_lent_of(c->cs, tpd_session_uid(h->who.s), true);
 	l = lent ? calloc(1, sizeof(*l)) : NULL;
 	if (!l)
 		return false;

@@ -374,14 +374,15 @@ static bool who_same(const struct wq_who *a, const struct wq_who *b)
 	return a->s == b->s && a->pr == b->pr;
 }
 
+/* The session or peer link a handle of @who belongs to (tpd_handix). */
+static const void *who_key(const struct wq_who *who)
+{
+	return who->s ? (const void *)who->s : (const void *)who->pr;
+}
+
 static unsigned who_handles(const struct tpd_wqs *ws, const struct wq_who *who)
 {
-	const struct wq_handle *h;
-	unsigned n = 0;
-
-	tpu_list_for_each(h, &ws->handles, node)
-		n += who_same(&h->who, who);
-	return n;
+	return tpd_handix_count(&ws->ix, who_key(who));
 }
 
 /* @o's remote access into @q (validated). Return: 0 or -ENOMEM. */
@@ -440,6 +441,10 @@ static struct wq_handle *handle_new(struct tpd_wqs *ws, const struct wq_who *who
 		return NULL;
 	h->who = *who;
 	h->id = ++ws->next_id;
+	if (tpd_handix_add(&ws->ix, h->id, who_key(who), h) < 0) {
+		free(h);
+		return NULL;
+	}
 	h->q = q;
 	if (!q->owner && !q->n_handles)
 		q->owner = h; /* the creator's handle */
@@ -559,11 +564,12 @@ static void op_open(struct tpd_wqs *ws, const struct wq_who *who, const Tpw__V1_
 
 	a.err = -ENOENT;
 	a.why = "no such work queue";
+	/* A queue whose access mode refuses the caller is, to it, no queue at all (the same
+	 * status and text, TP_WQ_EXCL included): another uid's private names cannot be probed. */
+	if (q && !wq_permits(q, s))
+		q = NULL;
 	if (q && o->create && o->exclusive)
 		a = (struct wq_ans){ .err = -EADDRINUSE, .why = "the work queue exists" };
-	else if (q && !wq_permits(q, s))
-		a = (struct wq_ans){ .err = -EACCES, .why = "the work queue's access mode refuses "
-				     "this uid" };
 	else if (!q && (!o->create || owner != tpd_session_uid(s)))
 		;
 	else if (who_handles(ws, who) >= WQ_HANDLES_PER_SESSION)
@@ -808,6 +814,7 @@ static void handle_free(struct wq_handle *h, bool answer)
 	tpu_list_splice_head(&q->queued, &back); /* first in line again, in their order */
 	if (q->owner == h)
 		owner_gone(q);
+	tpd_handix_del(&q->ws->ix, h->id, who_key(&h->who));
 	tpu_list_remove(&h->node);
 	q->n_handles--;
 	free(h);
@@ -823,12 +830,7 @@ void tpd_wq_maybe_free(struct wq *q)
 
 struct wq_handle *tpd_wq_handle_by_id(struct tpd_wqs *ws, uint64_t id)
 {
-	struct wq_handle *h;
-
-	tpu_list_for_each(h, &ws->handles, node)
-		if (h->id == id)
-			return h;
-	return NULL;
+	return tpd_handix_get(&ws->ix, id);
 }
 
 static void handle_op(struct tpd_wqs *ws, struct wq_handle *h, const Tpw__V1__WqOp *o,
@@ -836,12 +838,9 @@ static void handle_op(struct tpd_wqs *ws, struct wq_handle *h, const Tpw__V1__Wq
 
 static struct wq_handle *handle_find(struct tpd_wqs *ws, const struct wq_who *who, uint64_t id)
 {
-	struct wq_handle *x;
+	struct wq_handle *x = tpd_handix_get(&ws->ix, id);
 
-	tpu_list_for_each(x, &ws->handles, node)
-		if (who_same(&x->who, who) && x->id == id)
-			return x;
-	return NULL;
+	return x && who_same(&x->who, who) ? x : NULL;
 }
 
 static void wq_on_op(struct tpd_session *s, const Tpw__V1__WqOp *o, const uint8_t *tail,
@@ -994,6 +993,7 @@ int tpd_wq_new(struct tpd_daemon *d, struct tpd_wqs **ret)
 	tpu_list_init(&ws->wqs);
 	tpu_list_init(&ws->gone);
 	tpu_list_init(&ws->handles);
+	tpd_handix_init(&ws->ix);
 	*ret = ws;
 	return 0;
 }
@@ -1006,6 +1006,7 @@ void tpd_wq_free(struct tpd_wqs *ws)
 		return;
 	tpu_list_for_each_safe(h, tmp, &ws->handles, node)
 		handle_free(h, false); /* the last handle of a queue frees it */
+	tpd_handix_done(&ws->ix);
 	free(ws);
 }
 

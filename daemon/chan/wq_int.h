@@ -13,6 +13,7 @@
 #include <stdint.h>
 #include <sys/types.h>
 
+#include "handix.h"
 #include "tpu.h"
 #include "wq.h"
 
@@ -103,6 +104,7 @@ struct tpd_wqs {
 	 * holding no question nor answer, counted in no uid's wqs-per-uid (owner_gone()). */
 	struct tpu_list gone;
 	struct tpu_list handles;
+	struct tpd_handix ix; /* the handles by id, and how many each session or link holds */
 	uint64_t next_id;
 	uint64_t answers_dropped; /* answers whose owner went before receiving them */
 };

@@ -77,7 +77,8 @@ static const struct opt opts[] = {
 	{ "chan-bytes-max", "limits", K_SIZE64, OFF(chan_bytes_max), 1, UINT64_MAX, true, "BYTES",
 	  "item bytes one channel holds; its capacity may be lower (default 64M)" },
 	{ "chan-bytes-per-uid", "limits", K_SIZE64, OFF(chan_bytes_per_uid), 1, UINT64_MAX, true,
-	  "BYTES", "item bytes held in the channels one uid created (default 256M)" },
+	  "BYTES", "item bytes held in the channels one uid created, and buffers its\n"
+	  "                            writers lend to channels (default 256M)" },
 	{ "wqs-per-uid", "limits", K_U32, OFF(wqs_per_uid), 1, 1u << 16, true, "N",
 	  "work queues one uid may create (default 64)" },
 	{ "wq-questions-max", "limits", K_U32, OFF(wq_questions_max), 1, 1u << 24, true, "N",

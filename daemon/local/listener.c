@@ -1,17 +1,26 @@
 /* SPDX-License-Identifier: BSD-3-Clause */
 /*
- * Listener registry and access policy. A linked list is enough: connects are rare compared with
- * messages, and a daemon holds at most a few thousand names.
+ * Listener registry and access policy. Listeners are found by id and by name in hash maps: one
+ * user may hold 256 a session in each of its sessions, and a walk of all of them for every
+ * connect, listen and listener close made one user's names slow every other user's calls.
  */
 #include <errno.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/random.h>
+#include <time.h>
+#include <unistd.h>
 #include "listener.h"
 #include "validate.h"
 
 void tpd_listener_registry_init(struct tpd_registry *r)
 {
 	tpu_list_init(&r->listeners);
+	tpu_hmap_init(&r->ids);
+	tpu_hmap_init(&r->names);
+	/* a key, so that no one chooses names that share a hash (a long chain) without it */
+	if (getrandom(&r->seed, sizeof(r->seed), GRND_NONBLOCK) != (ssize_t)sizeof(r->seed))
+		r->seed = (uint64_t)time(NULL) ^ ((uint64_t)getpid() << 32);
 	r->next_id = 1;
 	r->count = 0;
 }
@@ -22,26 +31,65 @@ void tpd_listener_registry_done(struct tpd_registry *r)
 
 	tpu_list_for_each_safe(l, tmp, &r->listeners, node)
 		tpd_listener_registry_remove(r, l);
+	tpu_hmap_done(&r->ids);
+	tpu_hmap_done(&r->names);
+}
+
+/* @name's key in r->names: FNV-1a over the registry's seed and the name, never 0. */
+static uint64_t name_key(const struct tpd_registry *r, const char *name)
+{
+	uint64_t h = 0xcbf29ce484222325ull;
+
+	for (unsigned i = 0; i < 8; i++)
+		h = (h ^ ((r->seed >> (8 * i)) & 0xff)) * 0x100000001b3ull;
+	for (const unsigned char *c = (const unsigned char *)name; *c; c++)
+		h = (h ^ *c) * 0x100000001b3ull;
+	h ^= h >> 29; /* the low bits (the map's slots) depend on every byte */
+	return h ? h : 1;
 }
 
 struct tpd_listener *tpd_listener_registry_find(const struct tpd_registry *r, const char *name)
 {
-	struct tpd_listener *l;
+	struct tpd_listener *l = tpu_hmap_get(&r->names, name_key(r, name));
 
-	tpu_list_for_each(l, &r->listeners, node)
-		if (strcmp(l->name, name) == 0)
-			return l;
-	return NULL;
+	while (l && strcmp(l->name, name) != 0)
+		l = l->hash_next;
+	return l;
 }
 
 struct tpd_listener *tpd_listener_registry_find_id(const struct tpd_registry *r, uint64_t id)
 {
-	struct tpd_listener *l;
+	return tpu_hmap_get(&r->ids, id);
+}
 
-	tpu_list_for_each(l, &r->listeners, node)
-		if (l->id == id)
-			return l;
-	return NULL;
+/* Makes @l (not in r->names yet) the first of its hash's names. Return: 0 or -ENOMEM. */
+static int names_add(struct tpd_registry *r, struct tpd_listener *l)
+{
+	uint64_t k = name_key(r, l->name);
+
+	l->hash_next = tpu_hmap_get(&r->names, k);
+	if (!l->hash_next)
+		return tpu_hmap_put(&r->names, k, l);
+	tpu_hmap_del(&r->names, k);
+	return tpu_hmap_put(&r->names, k, l); /* as many entries as before: cannot fail */
+}
+
+/* Takes @l (added by names_add()) out of r->names. */
+static void names_del(struct tpd_registry *r, struct tpd_listener *l)
+{
+	uint64_t k = name_key(r, l->name);
+	struct tpd_listener *p = tpu_hmap_get(&r->names, k);
+
+	if (p != l) {
+		while (p && p->hash_next != l)
+			p = p->hash_next;
+		if (p)
+			p->hash_next = l->hash_next;
+		return;
+	}
+	tpu_hmap_del(&r->names, k);
+	if (l->hash_next)
+		(void)tpu_hmap_put(&r->names, k, l->hash_next); /* one fewer than before */
 }
 
 bool tpd_listener_name_uid(const char *name, uid_t *ret)
@@ -89,6 +137,17 @@ int tpd_listener_registry_add(struct tpd_registry *r, const char *name, void *ow
 								  : access;
 	l->gid = gid;
 	l->remote = TPW__V1__REMOTE_ACCESS__REMOTE_NONE;
+	if (tpu_hmap_put(&r->ids, l->id, l) < 0) {
+		free(l->name);
+		free(l);
+		return -ENOMEM;
+	}
+	if (names_add(r, l) < 0) {
+		tpu_hmap_del(&r->ids, l->id);
+		free(l->name);
+		free(l);
+		return -ENOMEM;
+	}
 	tpu_list_init(&l->session_node);
 	tpu_list_insert_tail(&r->listeners, &l->node);
 	r->count++;
@@ -100,6 +159,8 @@ void tpd_listener_registry_remove(struct tpd_registry *r, struct tpd_listener *l
 {
 	if (!l)
 		return;
+	tpu_hmap_del(&r->ids, l->id);
+	names_del(r, l);
 	tpu_list_remove(&l->node);
 	tpu_list_remove(&l->session_node);
 	r->count--;

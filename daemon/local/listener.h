@@ -12,11 +12,13 @@
 #include <stdbool.h>
 #include <stdint.h>
 #include <sys/types.h>
+#include "hmap.h"
 #include "tpu.h"
 #include "tpw.pb-c.h"
 
 struct tpd_listener {
 	struct tpu_list node;	     /* in the registry */
+	struct tpd_listener *hash_next; /* the next of the registry's names of the same hash */
 	struct tpu_list session_node; /* in the owning session's list */
 	uint64_t id;
 	char *name;
@@ -32,6 +34,11 @@ struct tpd_listener {
 
 struct tpd_registry {
 	struct tpu_list listeners;
+	/* By id, and by a keyed hash of the name (the first of those names; hash_next the rest):
+	 * every connect, listen and listener close looked its name or id up in the list of all
+	 * listeners, 256 a session of every user. */
+	struct tpu_hmap ids, names;
+	uint64_t seed;
 	uint64_t next_id;
 	unsigned count;
 };

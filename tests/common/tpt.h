@@ -225,6 +225,10 @@ void tpt_cmd_result_free(struct tpt_cmd_result *r);
 /* Milliseconds on the monotonic clock. */
 uint64_t tpt_now_ms(void);
 
+/* CPU time process @pid used so far (user and system, all its threads), in clock ticks
+ * (sysconf(_SC_CLK_TCK) a second), or -1. */
+long tpt_cpu_ticks(pid_t pid);
+
 /* Short poll backoff for condition loops: sleeps 1 ms, doubling per @round up to 20 ms. */
 void tpt_backoff(unsigned round);
 

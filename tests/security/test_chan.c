@@ -5,7 +5,8 @@
  * session's handles are refused (not found) for read, write, close and release, and the victim's
  * channel keeps its item and stays open; a channel op whose item lengths do not match its data
  * tail closes the attacker's session only; the attacker cannot open a private channel, create
- * names in the victim's uid, or spend the victim's chans-per-uid.
+ * names in the victim's uid, or spend the victim's chans-per-uid, and cannot tell a private
+ * channel from a missing one by opening (exclusively creating, unlinking) it.
  */
 #include <check.h>
 #include <errno.h>
@@ -30,8 +31,10 @@ static int drop_to_nobody(void)
 	return 0;
 }
 
-/* Sends ChanOp @op (req_id 1) and returns the answer's status, or -errno. */
-static int raw_chan(struct tpt_raw *r, Tpw__V1__ChanOp *op, const void *tail, uint32_t tail_len)
+/* Sends ChanOp @op (req_id 1) and returns the answer's status, or -errno; its text into
+ * @text (@tl bytes) unless NULL. */
+static int raw_chan_text(struct tpt_raw *r, Tpw__V1__ChanOp *op, const void *tail,
+			 uint32_t tail_len, char *text, size_t tl)
 {
 	Tpw__V1__ClientMsg m = TPW__V1__CLIENT_MSG__INIT;
 	Tpw__V1__DaemonMsg *dm;
@@ -47,8 +50,44 @@ static int raw_chan(struct tpt_raw *r, Tpw__V1__ChanOp *op, const void *tail, ui
 	if (ret < 0)
 		return ret;
 	st = dm->chan_reply->status;
+	if (text)
+		snprintf(text, tl, "%s", dm->chan_reply->message ? dm->chan_reply->message : "");
 	tpw__v1__daemon_msg__free_unpacked(dm, NULL);
 	return st;
+}
+
+static int raw_chan(struct tpt_raw *r, Tpw__V1__ChanOp *op, const void *tail, uint32_t tail_len)
+{
+	return raw_chan_text(r, op, tail, tail_len, NULL, 0);
+}
+
+/*
+ * Opens (or with @create, creates exclusively; with @unlink, unlinks) root's channel "secret",
+ * whose access mode refuses uid 65534, and root's "missing", which does not exist: the answers
+ * must be the same, -ENOENT with the same text, so that the name cannot be probed. Return: 0 or
+ * 1 (said why).
+ */
+static int probe_same(struct tpt_raw *r, bool create, bool unlink)
+{
+	char text[2][256];
+	int st[2];
+
+	for (int i = 0; i < 2; i++) {
+		Tpw__V1__ChanOp o = TPW__V1__CHAN_OP__INIT;
+
+		o.op = unlink ? TPW__V1__CHAN_OP_KIND__CHAN_OP_UNLINK
+			      : TPW__V1__CHAN_OP_KIND__CHAN_OP_OPEN;
+		o.name = i ? "missing" : "secret";
+		o.owner_set = true;
+		o.owner_uid = 0;
+		o.create = o.exclusive = create;
+		st[i] = raw_chan_text(r, &o, NULL, 0, text[i], sizeof(text[i]));
+	}
+	TPT_REQUIRE(st[0] == TPW__V1__STATUS__STATUS_NOT_FOUND && st[0] == st[1] &&
+		    strcmp(text[0], text[1]) == 0, 1, "%s%s of a private channel: %d '%s', of a "
+		    "missing one: %d '%s'", unlink ? "unlink" : "open",
+		    create ? " (exclusive create)" : "", st[0], text[0], st[1], text[1]);
+	return 0;
 }
 
 static int attacker(void *arg)
@@ -85,20 +124,19 @@ static int attacker(void *arg)
 		TPT_REQUIRE(st == TPW__V1__STATUS__STATUS_NOT_FOUND, 1, "write on id %llu: %d",
 			    (unsigned long long)id, st);
 	}
-	/* Open the private channel by name, create in root's names, unlink root's channel. */
+	/* Open the private channel by name, create it exclusively, unlink it: answered as a
+	 * missing one. Create in root's names. */
 	Tpw__V1__ChanOp o = TPW__V1__CHAN_OP__INIT;
 
+	if (probe_same(&r, false, false) || probe_same(&r, true, false) ||
+	    probe_same(&r, false, true))
+		return 1;
 	o.op = TPW__V1__CHAN_OP_KIND__CHAN_OP_OPEN;
-	o.name = "secret";
 	o.owner_set = true;
 	o.owner_uid = 0;
-	TPT_REQUIRE(raw_chan(&r, &o, NULL, 0) == TPW__V1__STATUS__STATUS_PERMISSION, 1, "open");
 	o.name = "fresh";
 	o.create = true;
 	TPT_REQUIRE(raw_chan(&r, &o, NULL, 0) == TPW__V1__STATUS__STATUS_NOT_FOUND, 1, "squat");
-	o.op = TPW__V1__CHAN_OP_KIND__CHAN_OP_UNLINK;
-	o.name = "secret";
-	TPT_REQUIRE(raw_chan(&r, &o, NULL, 0) == TPW__V1__STATUS__STATUS_PERMISSION, 1, "unlink");
 	/* Spend its own chans-per-uid (2), not root's. */
 	o.op = TPW__V1__CHAN_OP_KIND__CHAN_OP_OPEN;
 	o.owner_set = false;
@@ -160,6 +198,137 @@ START_TEST(test_attacker_cannot_touch_another_uids_channel)
 }
 END_TEST
 
+/* ---- one user's handles and everyone else's calls ------------------------------------------ */
+
+#define HOG_SESSIONS 64	 /* of uid 65534, well within sessions-per-uid (128) */
+#define HOG_HANDLES 1024 /* each: the most one session may hold */
+#define PROBE_OPS 20000	 /* reads of an empty channel, timed by the daemon's CPU */
+#define PIPELINE 256	 /* ops in flight on one connection */
+
+static struct tpt_sync hog_ready, hog_done;
+
+/* Sends @n ChanOp @op (req_id 1..@n) before reading their answers, which must all be @status;
+ * each answer's chan_id into @ret_ids[i] unless NULL. Return: 0, or 1 (said why). */
+static int raw_chan_burst(struct tpt_raw *r, Tpw__V1__ChanOp *op, unsigned n, int status,
+			  uint64_t *ret_ids)
+{
+	Tpw__V1__ClientMsg m = TPW__V1__CLIENT_MSG__INIT;
+
+	m.body_case = TPW__V1__CLIENT_MSG__BODY_CHAN_OP;
+	m.chan_op = op;
+	for (unsigned i = 0; i < n; i++) {
+		op->req_id = i + 1;
+		TPT_REQUIRE(tpt_raw_send(r, &m, NULL, 0, NULL, 0, 0) == 0, 1, "send %u", i);
+	}
+	for (unsigned i = 0; i < n; i++) {
+		Tpw__V1__DaemonMsg *dm;
+		int st;
+
+		TPT_REQUIRE(tpt_raw_expect(r, TPW__V1__DAEMON_MSG__BODY_CHAN_REPLY, T_MS, &dm) == 0,
+			    1, "answer %u of %u", i, n);
+		st = dm->chan_reply->status;
+		if (ret_ids)
+			ret_ids[i] = dm->chan_reply->chan_id;
+		tpw__v1__daemon_msg__free_unpacked(dm, NULL);
+		TPT_REQUIRE(st == status, 1, "answer %u: status %d, not %d", i, st, status);
+	}
+	return 0;
+}
+
+/* uid 65534: HOG_SESSIONS sessions holding HOG_HANDLES handles of its own channel each, kept
+ * until the parent is done; one more open of a session is refused (its limit). */
+static int hog(void *arg)
+{
+	static struct tpt_raw r[HOG_SESSIONS];
+	Tpw__V1__ChanOp o = TPW__V1__CHAN_OP__INIT;
+
+	(void)arg;
+	TPT_REQUIRE(drop_to_nobody() == 0, 1, "cannot drop to nobody");
+	o.op = TPW__V1__CHAN_OP_KIND__CHAN_OP_OPEN;
+	o.name = "hog";
+	o.create = true;
+	for (int i = 0; i < HOG_SESSIONS; i++) {
+		TPT_REQUIRE(tpt_raw_connect(&r[i], d.socket) == 0, 1, "connect %d", i);
+		TPT_REQUIRE(tpt_raw_hello(&r[i], TPW__V1__ROLE__ROLE_CLIENT, T_MS) == 0, 1,
+			    "hello %d", i);
+		for (unsigned k = 0; k < HOG_HANDLES; k += PIPELINE)
+			if (raw_chan_burst(&r[i], &o, PIPELINE, TPW__V1__STATUS__STATUS_OK, NULL))
+				return 1;
+	}
+	TPT_REQUIRE(raw_chan(&r[0], &o, NULL, 0) == TPW__V1__STATUS__STATUS_LIMIT, 1,
+		    "handle %u of a session", HOG_HANDLES + 1);
+	tpt_sync_post(&hog_ready, 0);
+	TPT_REQUIRE(tpt_sync_wait(&hog_done, 20 * T_MS) == 0, 1, "no word from the parent");
+	for (int i = 0; i < HOG_SESSIONS; i++)
+		tpt_raw_close(&r[i]);
+	return 0;
+}
+
+/* The daemon's CPU ticks for PROBE_OPS reads (timeout 0) of channel "mine" (empty) through a
+ * handle @r opens for them, the newest of the daemon's. */
+static long probe_ticks(struct tpt_raw *r)
+{
+	Tpw__V1__ChanOp o = TPW__V1__CHAN_OP__INIT;
+	long t0, t1;
+	uint64_t id;
+
+	o.op = TPW__V1__CHAN_OP_KIND__CHAN_OP_OPEN;
+	o.name = "mine";
+	o.create = true;
+	ck_assert_int_eq(raw_chan_burst(r, &o, 1, TPW__V1__STATUS__STATUS_OK, &id), 0);
+	o = (Tpw__V1__ChanOp)TPW__V1__CHAN_OP__INIT;
+	t0 = tpt_cpu_ticks(d.pid);
+	o.op = TPW__V1__CHAN_OP_KIND__CHAN_OP_READ;
+	o.chan_id = id;
+	for (unsigned k = 0; k < PROBE_OPS; k += PIPELINE)
+		ck_assert_int_eq(raw_chan_burst(r, &o, PIPELINE, TPW__V1__STATUS__STATUS_TIMEOUT,
+						NULL), 0);
+	t1 = tpt_cpu_ticks(d.pid);
+	ck_assert(t0 >= 0 && t1 >= t0);
+	return t1 - t0;
+}
+
+/*
+ * A user's handles cost other users' calls nothing: with uid 65534 holding 65536 channel
+ * handles (64 sessions of 1024), root's reads of its own channel take the daemon about the CPU
+ * they took before. The daemon used to find a call's handle, and count an open's, by walking
+ * every handle of every session: each call of every user cost as much as all the handles held,
+ * and one user with many made the loop that serves everyone crawl (here about 20 times the
+ * CPU; an open of the hog's took 65536 steps). Ticks (1/100 s) of the daemon's CPU time, not
+ * the wall clock: other work on the machine does not count.
+ */
+START_TEST(test_another_users_handles_do_not_slow_channel_calls)
+{
+	long hz = sysconf(_SC_CLK_TCK), before, after;
+	struct tpt_raw r;
+	pid_t pid;
+
+	if (geteuid() != 0) {
+		printf("skipped: needs root to run a client as another uid\n");
+		return;
+	}
+	ck_assert_int_eq(tpt_sync_init(&hog_ready), 0);
+	ck_assert_int_eq(tpt_sync_init(&hog_done), 0);
+	ck_assert_int_eq(tpt_daemon_start(&d, NULL), 0);
+	ck_assert_int_eq(tpt_daemon_open_to_all(&d), 0);
+	ck_assert_int_eq(tpt_raw_connect(&r, d.socket), 0);
+	ck_assert_int_eq(tpt_raw_hello(&r, TPW__V1__ROLE__ROLE_CLIENT, T_MS), 0);
+	before = probe_ticks(&r);
+	pid = tpt_fork(hog, NULL);
+	ck_assert_int_eq(tpt_sync_wait(&hog_ready, 20 * T_MS), 0);
+	after = probe_ticks(&r);
+	printf("daemon CPU for %u reads: %ld ticks alone, %ld beside %u handles of another uid "
+	       "(%ld a second)\n", PROBE_OPS, before, after, HOG_SESSIONS * HOG_HANDLES, hz);
+	tpt_sync_post(&hog_done, 0);
+	ck_assert(tpt_wait_ok(pid, 4 * T_MS, "hog"));
+	/* 2x and a quarter second of slack: ticks are coarse, the machine's caches shared */
+	ck_assert_msg(after <= 2 * before + hz / 4, "reads took %ld ticks of the daemon's CPU "
+		      "beside another uid's handles, %ld alone", after, before);
+	tpt_raw_close(&r);
+	ck_assert_int_eq(tpt_daemon_stop(&d), 0);
+}
+END_TEST
+
 static Suite *chan_suite(void)
 {
 	Suite *s = suite_create("sec_chan");
@@ -167,6 +336,7 @@ static Suite *chan_suite(void)
 
 	tcase_set_timeout(tc, 120);
 	tcase_add_test(tc, test_attacker_cannot_touch_another_uids_channel);
+	tcase_add_test(tc, test_another_users_handles_do_not_slow_channel_calls);
 	suite_add_tcase(s, tc);
 	return s;
 }

@@ -1,17 +1,18 @@
 /* SPDX-License-Identifier: BSD-3-Clause */
 /*
- * Security suite: items lent, not copied (issue 25 part private; docs/channels.md "Private
- * items: staging buffers lent"), against a client speaking the raw protocol as an unprivileged
- * user (uid 65534) with chan-bytes-per-uid of 1 MiB + 256 KiB. A lent buffer keeps the daemon's
- * mapping of the writer's memory alive after the writer unregisters it or dies, so the daemon
- * charges the channel owner the whole buffer (besides its items) while any of its items is in
- * the channel, named or unlinked: a lend that would take the owner past chan-bytes-per-uid is
- * copied instead, charged its bytes only (the limit then just at: a byte more is refused), and
- * the charge goes once the last item has left (its buffer id comes back in a later write's
- * answer to a client of minor 12); a channel unlinked with a lent item keeps it charged. A
- * lend names only the writer's own buffers (a guessed id is not found), only on a write by
- * segment (on a read it closes the session: a protocol violation); the items stay byte-exact
- * after the writer unregistered the buffer.
+ * Security suite: items lent, not copied (issue 25 part private; docs/channels.md "Private items:
+ * staging buffers lent"), against a client speaking the raw protocol as an unprivileged user (uid
+ * 65534) with chan-bytes-per-uid of 1 MiB + 256 KiB. A lent buffer keeps the daemon's mapping of
+ * the writer's memory alive after the writer unregisters it or dies, so the daemon charges the
+ * lender's uid the whole buffer (besides its items, the channel owner's) while any of its items is
+ * in the channel, named or unlinked: a lend that would take the owner past chan-bytes-per-uid is
+ * copied instead, charged its bytes only (the limit then just at: a byte more is refused), and the
+ * charge goes once the last item has left (its buffer id comes back in a later write's answer to a
+ * client of minor 12); a channel unlinked with a lent item keeps it charged. A lend names only the
+ * writer's own buffers (a guessed id is not found), only on a write by segment (on a read it
+ * closes the session: a protocol violation); the items stay byte-exact after the writer
+ * unregistered the buffer. A buffer uid 65534 lends to uid 4242's channel is uid 65534's charge,
+ * not the owner's: each has its limit but for that less what it holds.
  */
 #include <check.h>
 #include <errno.h>
@@ -148,13 +149,13 @@ static int lend_write(struct tpt_raw *r, uint64_t id, uint64_t buf_id, uint64_t 
 	return raw_chan(r, &op, a, NULL);
 }
 
-/* A WRITE of one inline byte, timeout 0. */
-static int byte_write(struct tpt_raw *r, uint64_t id, struct answer *a)
+/* A WRITE of one inline item of @len bytes (at most 1 MiB), timeout 0. */
+static int inline_write(struct tpt_raw *r, uint64_t id, uint64_t len, struct answer *a)
 {
+	static uint8_t bytes[1u << 20];
 	Tpw__V1__ClientMsg m = TPW__V1__CLIENT_MSG__INIT;
 	Tpw__V1__ChanOp op = TPW__V1__CHAN_OP__INIT;
 	Tpw__V1__DaemonMsg *dm;
-	uint64_t len = 1;
 	int ret;
 
 	op.op = TPW__V1__CHAN_OP_KIND__CHAN_OP_WRITE;
@@ -164,7 +165,7 @@ static int byte_write(struct tpt_raw *r, uint64_t id, struct answer *a)
 	op.req_id = 1;
 	m.body_case = TPW__V1__CLIENT_MSG__BODY_CHAN_OP;
 	m.chan_op = &op;
-	ret = tpt_raw_send(r, &m, "x", 1, NULL, 0, 0);
+	ret = tpt_raw_send(r, &m, bytes, (uint32_t)len, NULL, 0, 0);
 	if (ret < 0)
 		return ret;
 	ret = tpt_raw_expect(r, TPW__V1__DAEMON_MSG__BODY_CHAN_REPLY, T_MS, &dm);
@@ -173,6 +174,12 @@ static int byte_write(struct tpt_raw *r, uint64_t id, struct answer *a)
 	*a = (struct answer){ .status = dm->chan_reply->status, .lent = dm->chan_reply->lent };
 	tpw__v1__daemon_msg__free_unpacked(dm, NULL);
 	return 0;
+}
+
+/* A WRITE of one inline byte, timeout 0. */
+static int byte_write(struct tpt_raw *r, uint64_t id, struct answer *a)
+{
+	return inline_write(r, id, 1, a);
 }
 
 /* A READ of one item, inline (ITEM is below the inline item limit), timeout 0. */
@@ -280,6 +287,123 @@ START_TEST(test_lent_buffers_are_charged_whole_and_own_only)
 }
 END_TEST
 
+/* ---- a writer of another uid lends to the owner's channel ---------------------------------- */
+
+#define VICTIM 4242
+#define LIMIT 1310720u /* chan-bytes-per-uid: BUF + 2 ITEM */
+#define LIMIT_STATUS TPW__V1__STATUS__STATUS_LIMIT
+
+static struct tpt_sync v_ready, a_done, v_done;
+
+/* Opens (creates) channel @name of @owner (or the caller's, -1) with @access. Return: 0 or 1. */
+static int open_chan(struct tpt_raw *r, const char *name, long owner, Tpw__V1__Access access,
+		     uint64_t *ret_id)
+{
+	Tpw__V1__ChanOp op = TPW__V1__CHAN_OP__INIT;
+	struct answer a;
+
+	op.op = TPW__V1__CHAN_OP_KIND__CHAN_OP_OPEN;
+	op.name = (char *)name;
+	op.create = owner < 0;
+	op.owner_set = owner >= 0;
+	op.owner_uid = owner >= 0 ? (uint32_t)owner : 0;
+	op.access = access;
+	TPT_REQUIRE(raw_chan(r, &op, &a, ret_id) == 0 && a.status == OK, 1, "open '%s': %d",
+		    name, a.status);
+	return 0;
+}
+
+/* uid 4242: a channel anyone may write, then (once uid 65534 lent it a 1 MiB buffer holding an
+ * item of 128 KiB) its own bytes up to its limit less that item: the buffer is not its charge. */
+static int victim(void *arg)
+{
+	struct tpt_raw r;
+	struct answer a, b, c;
+	uint64_t jobs, mine;
+
+	(void)arg;
+	TPT_REQUIRE(tpt_become(VICTIM) == 0, 1, "cannot become %d", VICTIM);
+	TPT_REQUIRE(tpt_raw_connect(&r, d.socket) == 0, 1, "connect");
+	TPT_REQUIRE(tpt_raw_hello(&r, TPW__V1__ROLE__ROLE_CLIENT, T_MS) == 0, 1, "hello");
+	if (open_chan(&r, "jobs", -1, TPW__V1__ACCESS__ACCESS_ANYONE, &jobs) ||
+	    open_chan(&r, "mine", -1, TPW__V1__ACCESS__ACCESS_OWNER, &mine))
+		return 1;
+	tpt_sync_post(&v_ready, 0);
+	TPT_REQUIRE(tpt_sync_wait(&a_done, 4 * T_MS) == 0, 1, "no word from the lender");
+	/* charged: the lender's item (ITEM) and these two, LIMIT in all */
+	TPT_REQUIRE(inline_write(&r, mine, 512u << 10, &a) == 0 &&
+		    inline_write(&r, mine, LIMIT - ITEM - (512u << 10), &b) == 0 &&
+		    byte_write(&r, mine, &c) == 0, 1, "writes");
+	tpt_sync_post(&v_done, 0); /* the lender's item may go */
+	TPT_REQUIRE(a.status == OK, 1, "512 KiB with another uid's 1 MiB buffer lent to its "
+		    "channel: %d", a.status);
+	TPT_REQUIRE(b.status == OK, 1, "up to the limit: %d", b.status);
+	TPT_REQUIRE(c.status == LIMIT_STATUS, 1, "a byte above the limit: %d", c.status);
+	tpt_raw_close(&r);
+	return 0;
+}
+
+/* uid 65534: lends a buffer of BUF with one ITEM to uid 4242's channel; the buffer is charged
+ * to it: its own channel takes LIMIT - BUF bytes more, not a byte above. */
+static int foreign_lender(void *arg)
+{
+	struct tpt_raw r;
+	struct answer a;
+	uint64_t jobs, own;
+	uint8_t *mem;
+
+	(void)arg;
+	TPT_REQUIRE(tpt_become(NOBODY) == 0, 1, "cannot drop to nobody");
+	TPT_REQUIRE(tpt_sync_wait(&v_ready, 4 * T_MS) == 0, 1, "no word from the victim");
+	TPT_REQUIRE(tpt_raw_connect(&r, d.socket) == 0, 1, "connect");
+	TPT_REQUIRE(tpt_raw_hello(&r, TPW__V1__ROLE__ROLE_CLIENT, T_MS) == 0, 1, "hello");
+	TPT_REQUIRE(raw_buffer(&r, 1, &mem) == 0, 1, "buffer");
+	if (open_chan(&r, "jobs", VICTIM, TPW__V1__ACCESS__ACCESS_UNSPECIFIED, &jobs) ||
+	    open_chan(&r, "own", -1, TPW__V1__ACCESS__ACCESS_OWNER, &own))
+		return 1;
+	TPT_REQUIRE(lend_write(&r, jobs, 1, 0, &a) == 0, 1, "lend");
+	tpt_sync_post(&a_done, 0);
+	TPT_REQUIRE(a.status == OK && a.lent, 1, "lend to uid %d's channel: status %d lent %d",
+		    VICTIM, a.status, a.lent);
+	TPT_REQUIRE(inline_write(&r, own, LIMIT - BUF, &a) == 0 && a.status == OK, 1,
+		    "its own bytes up to its limit less the buffer: %d", a.status);
+	TPT_REQUIRE(byte_write(&r, own, &a) == 0 && a.status == LIMIT_STATUS, 1,
+		    "a byte above its limit with its buffer lent: %d", a.status);
+	TPT_REQUIRE(tpt_sync_wait(&v_done, 4 * T_MS) == 0, 1, "no word from the victim");
+	tpt_raw_close(&r);
+	return 0;
+}
+
+/*
+ * A buffer uid 65534 lends to a channel of uid 4242 (one it may write) is charged to uid 65534,
+ * not to the channel's owner: it was the owner's, so a writer of another uid lending a large
+ * buffer with one small item took the owner's whole chan-bytes-per-uid, far past the channel's
+ * capacity, for as long as the item stayed unread (and for good once the owner had unlinked the
+ * channel and let go of it: nobody of its uid could read it any more).
+ */
+START_TEST(test_another_uids_lent_buffer_is_the_lenders_charge)
+{
+	static const char *const args[] = { "--chan-bytes-per-uid", "1310720", NULL };
+	pid_t v, l;
+
+	if (geteuid() != 0) {
+		printf("skipped: needs root to run clients as other uids\n");
+		return;
+	}
+	ck_assert_int_eq(tpt_sync_init(&v_ready), 0);
+	ck_assert_int_eq(tpt_sync_init(&a_done), 0);
+	ck_assert_int_eq(tpt_sync_init(&v_done), 0);
+	ck_assert_int_eq(tpt_daemon_start(&d, args), 0);
+	ck_assert_int_eq(tpt_daemon_open_to_all(&d), 0);
+	v = tpt_fork(victim, NULL);
+	l = tpt_fork(foreign_lender, NULL);
+	ck_assert(tpt_wait_ok(v, 4 * T_MS, "victim"));
+	ck_assert(tpt_wait_ok(l, 4 * T_MS, "lender"));
+	ck_assert(tpt_daemon_alive(&d));
+	ck_assert_int_eq(tpt_daemon_stop(&d), 0);
+}
+END_TEST
+
 static Suite *chanlend_suite(void)
 {
 	Suite *s = suite_create("sec_chanlend");
@@ -287,6 +411,7 @@ static Suite *chanlend_suite(void)
 
 	tcase_set_timeout(tc, 120);
 	tcase_add_test(tc, test_lent_buffers_are_charged_whole_and_own_only);
+	tcase_add_test(tc, test_another_uids_lent_buffer_is_the_lenders_charge);
 	suite_add_tcase(s, tc);
 	return s;
 }

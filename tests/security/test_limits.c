@@ -507,21 +507,7 @@ END_TEST
 /* CPU time the daemon used, in clock ticks. */
 static long daemon_cpu_ticks(void)
 {
-	char path[64], buf[1024], *p;
-	unsigned long ut = 0, st = 0;
-	FILE *f;
-
-	snprintf(path, sizeof(path), "/proc/%d/stat", (int)dm.pid);
-	f = fopen(path, "re");
-	if (!f)
-		return -1;
-	p = fgets(buf, sizeof(buf), f) ? strrchr(buf, ')') : NULL;
-	fclose(f);
-	/* after "pid (comm)": state ppid pgrp session tty tpgid flags minflt cminflt majflt
-	 * cmajflt utime stime */
-	if (!p || sscanf(p + 2, "%*c %*d %*d %*d %*d %*d %*u %*u %*u %*u %*u %lu %lu", &ut, &st) != 2)
-		return -1;
-	return (long)(ut + st);
+	return tpt_cpu_ticks(dm.pid);
 }
 
 /* A loopback TCP port free a moment ago. */
@@ -1131,6 +1117,124 @@ START_TEST(test_limits_data_connections_of_dialled_links_capped)
 }
 END_TEST
 
+/* ---- one user's listeners and everyone else's listener calls ------------------------------- */
+
+#define LHOG_SESSIONS 100 /* of uid 65534, within sessions-per-uid (128) */
+#define LHOG_NAMES 256	  /* each: listeners-max */
+#define LPROBE_OPS 20000  /* closes of a listener id nobody holds */
+#define LPIPELINE 256
+
+static struct tpt_sync lhog_ready, lhog_done;
+
+/* Sends Listen of "PREFIX-K" for K in [@first, @first + @n) before reading the answers, which
+ * must all be @status. Return: 0 or 1. */
+static int listen_burst(struct tpt_raw *r, const char *prefix, unsigned first, unsigned n,
+			int status)
+{
+	Tpw__V1__ClientMsg m = TPW__V1__CLIENT_MSG__INIT;
+	Tpw__V1__Listen l = TPW__V1__LISTEN__INIT;
+	char name[64];
+
+	m.body_case = TPW__V1__CLIENT_MSG__BODY_LISTEN;
+	m.listen = &l;
+	l.name = name;
+	for (unsigned i = 0; i < n; i++) {
+		snprintf(name, sizeof(name), "%s-%u", prefix, first + i);
+		l.req_id = i + 1;
+		TPT_REQUIRE(tpt_raw_send(r, &m, NULL, 0, NULL, 0, 0) == 0, 1, "send %u", i);
+	}
+	for (unsigned i = 0; i < n; i++) {
+		Tpw__V1__DaemonMsg *d;
+		int st;
+
+		TPT_REQUIRE(tpt_raw_expect(r, TPW__V1__DAEMON_MSG__BODY_REPLY, T_MS, &d) == 0, 1,
+			    "answer %u of %u", i, n);
+		st = d->reply->status;
+		tpw__v1__daemon_msg__free_unpacked(d, NULL);
+		TPT_REQUIRE(st == status, 1, "listen %u: status %d, not %d", i, st, status);
+	}
+	return 0;
+}
+
+/* uid 65534: LHOG_SESSIONS sessions of LHOG_NAMES listeners each, kept until the parent is done. */
+static int listener_hog(void *arg)
+{
+	static struct tpt_raw r[LHOG_SESSIONS];
+	char prefix[32];
+
+	(void)arg;
+	if (become(NOBODY) || open_sessions(r, LHOG_SESSIONS, TPW__V1__ROLE__ROLE_CLIENT))
+		return 1;
+	for (unsigned i = 0; i < LHOG_SESSIONS; i++) {
+		snprintf(prefix, sizeof(prefix), "hog%u", i);
+		if (listen_burst(&r[i], prefix, 0, LHOG_NAMES, TPW__V1__STATUS__STATUS_OK))
+			return 1;
+	}
+	tpt_sync_post(&lhog_ready, 0);
+	TPT_REQUIRE(tpt_sync_wait(&lhog_done, 10 * T_MS) == 0, 1, "no word from the parent");
+	close_sessions(r, LHOG_SESSIONS);
+	return 0;
+}
+
+/* The daemon's CPU ticks for LPROBE_OPS closes on @r of listener ids nobody holds (no answer:
+ * a Listen of the taken name "mine-0" after them, answered, says they were all handled). */
+static long listener_probe_ticks(struct tpt_raw *r)
+{
+	Tpw__V1__ClientMsg m = TPW__V1__CLIENT_MSG__INIT;
+	Tpw__V1__ListenerClose c = TPW__V1__LISTENER_CLOSE__INIT;
+	long t0 = tpt_cpu_ticks(dm.pid), t1;
+
+	m.body_case = TPW__V1__CLIENT_MSG__BODY_LISTENER_CLOSE;
+	m.listener_close = &c;
+	for (unsigned i = 0; i < LPROBE_OPS; i++) {
+		c.listener_id = (1ull << 40) + i; /* never handed out */
+		ck_assert_int_eq(tpt_raw_send(r, &m, NULL, 0, NULL, 0, 0), 0);
+		if (i % LPIPELINE == LPIPELINE - 1) /* keep the daemon's input drained */
+			ck_assert_int_eq(listen_burst(r, "mine", 0, 1,
+						      TPW__V1__STATUS__STATUS_EXISTS), 0);
+	}
+	ck_assert_int_eq(listen_burst(r, "mine", 0, 1, TPW__V1__STATUS__STATUS_EXISTS), 0);
+	t1 = tpt_cpu_ticks(dm.pid);
+	ck_assert(t0 >= 0 && t1 >= t0);
+	return t1 - t0;
+}
+
+/*
+ * A user's listeners cost other users' listener calls nothing: beside uid 65534's 25600
+ * listeners (100 sessions of 256), root's closes of listener ids it does not hold take the
+ * daemon about the CPU they took before. Every connect, listen and listener close walked the
+ * list of all listeners (by name or id). Ticks of the daemon's CPU time, not the wall clock.
+ */
+START_TEST(test_limits_another_users_listeners_do_not_slow_listener_calls)
+{
+	long hz = sysconf(_SC_CLK_TCK), before, after;
+	struct tpt_raw r;
+	pid_t pid;
+
+	if (skip_unless_root())
+		return;
+	ck_assert_int_eq(tpt_sync_init(&lhog_ready), 0);
+	ck_assert_int_eq(tpt_sync_init(&lhog_done), 0);
+	start(NULL);
+	ck_assert_int_eq(open_sessions(&r, 1, TPW__V1__ROLE__ROLE_CLIENT), 0);
+	ck_assert_int_eq(listen_burst(&r, "mine", 0, 1, TPW__V1__STATUS__STATUS_OK), 0);
+	before = listener_probe_ticks(&r);
+	pid = tpt_fork(listener_hog, NULL);
+	ck_assert_int_eq(tpt_sync_wait(&lhog_ready, 10 * T_MS), 0);
+	after = listener_probe_ticks(&r);
+	printf("daemon CPU for %u listener closes: %ld ticks alone, %ld beside %u listeners of "
+	       "another uid (%ld a second)\n", LPROBE_OPS, before, after,
+	       LHOG_SESSIONS * LHOG_NAMES, hz);
+	tpt_sync_post(&lhog_done, 0);
+	ck_assert(tpt_wait_ok(pid, 4 * T_MS, "listener hog"));
+	/* 2x and a quarter second of slack: ticks are coarse, the machine's caches shared */
+	ck_assert_msg(after <= 2 * before + hz / 4, "closes took %ld ticks of the daemon's CPU "
+		      "beside another uid's listeners, %ld alone", after, before);
+	tpt_raw_close(&r);
+	stop();
+}
+END_TEST
+
 static Suite *limits_suite(void)
 {
 	Suite *s = suite_create("sec_limits");
@@ -1166,6 +1270,10 @@ static Suite *limits_suite(void)
 	tc = tcase_create("fds");
 	tcase_add_test(tc, test_limits_fd_exhaustion_pauses_accepts_with_few_log_lines_and_recovers);
 	tcase_set_timeout(tc, 90);
+	suite_add_tcase(s, tc);
+	tc = tcase_create("cpu");
+	tcase_add_test(tc, test_limits_another_users_listeners_do_not_slow_listener_calls);
+	tcase_set_timeout(tc, 120);
 	suite_add_tcase(s, tc);
 	return s;
 }

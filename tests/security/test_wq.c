@@ -4,7 +4,8 @@
  * speaking the raw protocol. Handle ids are the session's own: guessed ids of another session's
  * handles are refused (not found) for submit, answer, take, reply, drain, close and release, and
  * the victim's queue keeps its questions (taken and queued) and stays open; the attacker cannot
- * open a private queue, create names in the victim's uid, or spend the victim's wqs-per-uid; a
+ * open a private queue or tell it from a missing one (open, exclusive create: the same -ENOENT),
+ * create names in the victim's uid, or spend the victim's wqs-per-uid; a
  * reply on its own worker handle to the victim's worker's question is refused; a payload-less
  * submit closes the attacker's session only.
  */
@@ -22,9 +23,10 @@
 
 static struct tpt_daemon d;
 
-/* Sends WqOp @op (req_id 1) and returns the answer's status, or -errno; *@ret_id: wq_id. */
-static int raw_wq(struct tpt_raw *r, Tpw__V1__WqOp *op, const void *tail, uint32_t tail_len,
-		  uint64_t *ret_id)
+/* Sends WqOp @op (req_id 1) and returns the answer's status, or -errno; *@ret_id: wq_id; its
+ * text into @text (@tl bytes) unless NULL. */
+static int raw_wq_text(struct tpt_raw *r, Tpw__V1__WqOp *op, const void *tail,
+		       uint32_t tail_len, uint64_t *ret_id, char *text, size_t tl)
 {
 	Tpw__V1__ClientMsg m = TPW__V1__CLIENT_MSG__INIT;
 	Tpw__V1__DaemonMsg *dm;
@@ -42,8 +44,43 @@ static int raw_wq(struct tpt_raw *r, Tpw__V1__WqOp *op, const void *tail, uint32
 	st = dm->wq_reply->status;
 	if (ret_id)
 		*ret_id = dm->wq_reply->wq_id;
+	if (text)
+		snprintf(text, tl, "%s", dm->wq_reply->message ? dm->wq_reply->message : "");
 	tpw__v1__daemon_msg__free_unpacked(dm, NULL);
 	return st;
+}
+
+static int raw_wq(struct tpt_raw *r, Tpw__V1__WqOp *op, const void *tail, uint32_t tail_len,
+		  uint64_t *ret_id)
+{
+	return raw_wq_text(r, op, tail, tail_len, ret_id, NULL, 0);
+}
+
+/*
+ * Opens (or with @create, creates exclusively) root's queue "secret", whose access mode refuses
+ * uid 65534, and root's "missing", which does not exist: the answers must be the same, -ENOENT
+ * with the same text, so that the name cannot be probed. Return: 0 or 1 (said why).
+ */
+static int probe_same(struct tpt_raw *r, bool create)
+{
+	char text[2][256];
+	int st[2];
+
+	for (int i = 0; i < 2; i++) {
+		Tpw__V1__WqOp o = TPW__V1__WQ_OP__INIT;
+
+		o.op = TPW__V1__WQ_OP_KIND__WQ_OP_OPEN;
+		o.name = i ? "missing" : "secret";
+		o.owner_set = true;
+		o.owner_uid = 0;
+		o.create = o.exclusive = create;
+		st[i] = raw_wq_text(r, &o, NULL, 0, NULL, text[i], sizeof(text[i]));
+	}
+	TPT_REQUIRE(st[0] == TPW__V1__STATUS__STATUS_NOT_FOUND && st[0] == st[1] &&
+		    strcmp(text[0], text[1]) == 0, 1, "open%s of a private queue: %d '%s', of a "
+		    "missing one: %d '%s'", create ? " (exclusive create)" : "", st[0], text[0],
+		    st[1], text[1]);
+	return 0;
 }
 
 static int attacker(void *arg)
@@ -76,11 +113,11 @@ static int attacker(void *arg)
 				    (int)kinds[k], (unsigned long long)id, st);
 		}
 	}
+	if (probe_same(&r, false) || probe_same(&r, true)) /* as a missing queue */
+		return 1;
 	o.op = TPW__V1__WQ_OP_KIND__WQ_OP_OPEN;
-	o.name = "secret";
 	o.owner_set = true;
 	o.owner_uid = 0;
-	TPT_REQUIRE(raw_wq(&r, &o, NULL, 0, NULL) == TPW__V1__STATUS__STATUS_PERMISSION, 1, "open");
 	o.name = "fresh";
 	o.create = true;
 	TPT_REQUIRE(raw_wq(&r, &o, NULL, 0, NULL) == TPW__V1__STATUS__STATUS_NOT_FOUND, 1, "squat");
@@ -167,6 +204,150 @@ START_TEST(test_attacker_cannot_touch_another_uids_queue)
 }
 END_TEST
 
+/* ---- one user's handles and everyone else's calls ------------------------------------------ */
+
+#define HOG_SESSIONS 64	 /* of uid 65534, well within sessions-per-uid (128) */
+#define HOG_HANDLES 1024 /* each: the most one session may hold */
+#define PROBE_OPS 20000	 /* takes from an empty queue, timed by the daemon's CPU */
+#define PIPELINE 256	 /* ops in flight on one connection */
+
+static struct tpt_sync hog_ready, hog_done;
+
+/* Sends @n WqOp @op (req_id 1..@n) before reading their answers, which must all have the first
+ * one's status (*@ret_status: it); the first answer's wq_id into @ret_id unless NULL. Return: 0,
+ * or 1 (said why). */
+static int raw_wq_burst(struct tpt_raw *r, Tpw__V1__WqOp *op, unsigned n, int *ret_status,
+			uint64_t *ret_id)
+{
+	Tpw__V1__ClientMsg m = TPW__V1__CLIENT_MSG__INIT;
+
+	m.body_case = TPW__V1__CLIENT_MSG__BODY_WQ_OP;
+	m.wq_op = op;
+	for (unsigned i = 0; i < n; i++) {
+		op->req_id = i + 1;
+		TPT_REQUIRE(tpt_raw_send(r, &m, NULL, 0, NULL, 0, 0) == 0, 1, "send %u", i);
+	}
+	for (unsigned i = 0; i < n; i++) {
+		Tpw__V1__DaemonMsg *dm;
+		int st;
+
+		TPT_REQUIRE(tpt_raw_expect(r, TPW__V1__DAEMON_MSG__BODY_WQ_REPLY, T_MS, &dm) == 0,
+			    1, "answer %u of %u", i, n);
+		st = dm->wq_reply->status;
+		if (!i && ret_id)
+			*ret_id = dm->wq_reply->wq_id;
+		tpw__v1__daemon_msg__free_unpacked(dm, NULL);
+		if (!i)
+			*ret_status = st;
+		TPT_REQUIRE(st == *ret_status, 1, "answer %u: status %d, not %d", i, st,
+			    *ret_status);
+	}
+	return 0;
+}
+
+/* uid 65534: HOG_SESSIONS sessions holding HOG_HANDLES handles of its own queue each, kept until
+ * the parent is done; one more open of a session is refused (its limit). */
+static int hog(void *arg)
+{
+	static struct tpt_raw r[HOG_SESSIONS];
+	Tpw__V1__WqOp o = TPW__V1__WQ_OP__INIT;
+	int st;
+
+	(void)arg;
+	TPT_REQUIRE(tpt_become(NOBODY) == 0, 1, "cannot drop to nobody");
+	o.op = TPW__V1__WQ_OP_KIND__WQ_OP_OPEN;
+	o.name = "hog";
+	o.create = true;
+	for (int i = 0; i < HOG_SESSIONS; i++) {
+		TPT_REQUIRE(tpt_raw_connect(&r[i], d.socket) == 0, 1, "connect %d", i);
+		TPT_REQUIRE(tpt_raw_hello(&r[i], TPW__V1__ROLE__ROLE_CLIENT, T_MS) == 0, 1,
+			    "hello %d", i);
+		for (unsigned k = 0; k < HOG_HANDLES; k += PIPELINE) {
+			if (raw_wq_burst(&r[i], &o, PIPELINE, &st, NULL))
+				return 1;
+			TPT_REQUIRE(st == TPW__V1__STATUS__STATUS_OK, 1, "open: %d", st);
+		}
+	}
+	TPT_REQUIRE(raw_wq(&r[0], &o, NULL, 0, NULL) == TPW__V1__STATUS__STATUS_LIMIT, 1,
+		    "handle %u of a session", HOG_HANDLES + 1);
+	tpt_sync_post(&hog_ready, 0);
+	TPT_REQUIRE(tpt_sync_wait(&hog_done, 20 * T_MS) == 0, 1, "no word from the parent");
+	for (int i = 0; i < HOG_SESSIONS; i++)
+		tpt_raw_close(&r[i]);
+	return 0;
+}
+
+/* The daemon's CPU ticks for PROBE_OPS takes (timeout 0) from queue "mine" (empty) through a
+ * worker handle @r opens for them, the newest of the daemon's. */
+static long probe_ticks(struct tpt_raw *r)
+{
+	Tpw__V1__WqOp o = TPW__V1__WQ_OP__INIT;
+	uint64_t id = 0;
+	long t0, t1;
+	int st;
+
+	o.op = TPW__V1__WQ_OP_KIND__WQ_OP_OPEN;
+	o.name = "mine";
+	ck_assert_int_eq(raw_wq_burst(r, &o, 1, &st, &id), 0);
+	ck_assert_int_eq(st, TPW__V1__STATUS__STATUS_OK);
+	o = (Tpw__V1__WqOp)TPW__V1__WQ_OP__INIT;
+	t0 = tpt_cpu_ticks(d.pid);
+	o.op = TPW__V1__WQ_OP_KIND__WQ_OP_TAKE;
+	o.wq_id = id;
+	for (unsigned k = 0; k < PROBE_OPS; k += PIPELINE) {
+		ck_assert_int_eq(raw_wq_burst(r, &o, PIPELINE, &st, NULL), 0);
+		ck_assert_int_ne(st, TPW__V1__STATUS__STATUS_NOT_FOUND); /* the handle's own */
+	}
+	t1 = tpt_cpu_ticks(d.pid);
+	ck_assert(t0 >= 0 && t1 >= t0);
+	return t1 - t0;
+}
+
+/*
+ * A user's handles cost other users' work queue calls nothing: with uid 65534 holding 65536
+ * queue handles (64 sessions of 1024), root's takes from its own empty queue take the daemon
+ * about the CPU they took before. As for channels (sec_chan), the daemon walked every handle of
+ * every session to find a call's and to count an open's. Ticks of the daemon's CPU time.
+ */
+START_TEST(test_another_users_handles_do_not_slow_queue_calls)
+{
+	long hz = sysconf(_SC_CLK_TCK), before, after;
+	Tpw__V1__WqOp o = TPW__V1__WQ_OP__INIT;
+	struct tpt_raw r;
+	pid_t pid;
+	int st;
+
+	if (geteuid() != 0) {
+		printf("skipped: needs root to run a client as another uid\n");
+		return;
+	}
+	ck_assert_int_eq(tpt_sync_init(&hog_ready), 0);
+	ck_assert_int_eq(tpt_sync_init(&hog_done), 0);
+	ck_assert_int_eq(tpt_daemon_start(&d, NULL), 0);
+	ck_assert_int_eq(tpt_daemon_open_to_all(&d), 0);
+	ck_assert_int_eq(tpt_raw_connect(&r, d.socket), 0);
+	ck_assert_int_eq(tpt_raw_hello(&r, TPW__V1__ROLE__ROLE_CLIENT, T_MS), 0);
+	o.op = TPW__V1__WQ_OP_KIND__WQ_OP_OPEN; /* the owner's handle */
+	o.name = "mine";
+	o.create = true;
+	ck_assert_int_eq(raw_wq_burst(&r, &o, 1, &st, NULL), 0);
+	ck_assert_int_eq(st, TPW__V1__STATUS__STATUS_OK);
+	before = probe_ticks(&r);
+	pid = tpt_fork(hog, NULL);
+	ck_assert_int_eq(tpt_sync_wait(&hog_ready, 20 * T_MS), 0);
+	after = probe_ticks(&r);
+	printf("daemon CPU for %u takes: %ld ticks alone, %ld beside %u handles of another uid "
+	       "(%ld a second)\n", PROBE_OPS, before, after, HOG_SESSIONS * HOG_HANDLES, hz);
+	tpt_sync_post(&hog_done, 0);
+	ck_assert(tpt_wait_ok(pid, 4 * T_MS, "hog"));
+	/* 2x and a quarter second of slack: ticks are coarse, the machine's caches shared */
+	ck_assert_msg(after <= 2 * before + hz / 4, "takes took %ld ticks of the daemon's CPU "
+		      "beside another uid's handles, %ld alone", after, before);
+	tpt_raw_close(&r);
+	ck_assert_int_eq(tpt_daemon_stop(&d), 0);
+}
+END_TEST
+
 static Suite *wq_suite(void)
 {
 	Suite *s = suite_create("sec_wq");
@@ -174,6 +355,7 @@ static Suite *wq_suite(void)
 
 	tcase_set_timeout(tc, 120);
 	tcase_add_test(tc, test_attacker_cannot_touch_another_uids_queue);
+	tcase_add_test(tc, test_another_users_handles_do_not_slow_queue_calls);
 	suite_add_tcase(s, tc);
 	return s;
 }

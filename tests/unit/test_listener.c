@@ -5,6 +5,7 @@
  */
 #include <check.h>
 #include <errno.h>
+#include <stdio.h>
 #include <string.h>
 #include "listener.h"
 
@@ -56,6 +57,43 @@ START_TEST(test_registry_name_free_after_remove)
 	ck_assert_ptr_null(tpd_listener_registry_find(&reg, "x"));
 	ck_assert_int_eq(tpd_listener_registry_add(&reg, "x", &owner_b, 1, 0, 0, &l), 0);
 	ck_assert_ptr_eq(l->owner, &owner_b);
+}
+END_TEST
+
+/* 3000 names and ids found, half removed in an order of their own, the rest still found and
+ * the removed ones free again (the maps by name and by id against the list of all). */
+START_TEST(test_registry_finds_many_names_and_ids_after_removals)
+{
+	static struct tpd_listener *ls[3000];
+	char name[32];
+
+	for (unsigned i = 0; i < 3000; i++) {
+		snprintf(name, sizeof(name), "n%u", i);
+		ck_assert_int_eq(tpd_listener_registry_add(&reg, name, &owner_a, 1, 0, 0, &ls[i]),
+				 0);
+	}
+	for (unsigned i = 0; i < 3000; i += 2) {
+		unsigned k = (i * 7919u) % 3000u; /* a permutation of the even ones (7919 is odd) */
+
+		k -= k % 2;
+		if (!ls[k])
+			continue;
+		tpd_listener_registry_remove(&reg, ls[k]);
+		ls[k] = NULL;
+	}
+	for (unsigned i = 0; i < 3000; i++) {
+		snprintf(name, sizeof(name), "n%u", i);
+		if (ls[i]) {
+			ck_assert_ptr_eq(tpd_listener_registry_find(&reg, name), ls[i]);
+			ck_assert_ptr_eq(tpd_listener_registry_find_id(&reg, ls[i]->id), ls[i]);
+		} else {
+			ck_assert_ptr_null(tpd_listener_registry_find(&reg, name));
+			ck_assert_int_eq(tpd_listener_registry_add(&reg, name, &owner_b, 1, 0, 0,
+								   &ls[i]), 0);
+			ck_assert_ptr_eq(tpd_listener_registry_find(&reg, name), ls[i]);
+		}
+	}
+	ck_assert_uint_eq(reg.count, 3000);
 }
 END_TEST
 
@@ -211,6 +249,7 @@ static Suite *listener_suite(void)
 	tcase_add_test(tc, test_registry_add_and_find);
 	tcase_add_test(tc, test_registry_rejects_taken_name);
 	tcase_add_test(tc, test_registry_name_free_after_remove);
+	tcase_add_test(tc, test_registry_finds_many_names_and_ids_after_removals);
 	tcase_add_test(tc, test_registry_rejects_bad_names);
 	tcase_add_test(tc, test_registry_ids_are_unique);
 	tcase_add_test(tc, test_access_owner_only_by_default);
