@@ -321,7 +321,7 @@ static void chan_deliver(struct chan_handle *h, const struct chan_read *rd)
 			 it->len, (unsigned long long)rd->room);
 		return tpd_chan_answer_len(h, rd->req_id, -EMSGSIZE, why, it->len);
 	}
-	if (rd->pack && it->len <= TPW_CHAN_INLINE_ITEM) /* inline whatever the allocation */
+	if (rd->pack && it->len <= TPW_CHAN_INLINE_ITEM && fits) /* inline whatever the allocation */
 		return deliver_inline(h, rd);
 	if (rd->dst_set && (it->len > TPW_CHAN_INLINE_ITEM ||
 			    (rd->dst.buf && it->len > TPW_CHAN_SHM_ITEM))) {
@@ -897,7 +897,10 @@ static int read_params(struct chan_handle *h, const Tpw__V1__ChanOp *o, struct c
 	uint32_t seg_max = tpd_daemon_limits(h->c->cs->d)->segments_max;
 
 	*rd = (struct chan_read){ .req_id = o->req_id, .max = o->max_items ? o->max_items : 1,
-				 .msg = o->msg, .pack = o->pack && h->who.s,
+				 .msg = o->msg,
+				 /* a client's packed read, or a far reader's (into its daemon's
+				  * receive: inline items packed within its room, chanx.c) */
+				 .pack = (o->pack && h->who.s) || (o->pack_peer && h->who.pr),
 				 .pack_copied = o->pack_copied && o->pack && h->who.s,
 				 .pack_mapped = o->pack_mapped && o->pack && h->who.s };
 	if (h->who.pr && rd->max > seg_max) /* a far daemon's batch (a client's was checked) */

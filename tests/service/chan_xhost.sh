@@ -136,6 +136,34 @@ chan_is b work '.state == "drained"' >/dev/null || fail "b's channel is not drai
 out=$(x a write "$B/work" late) && fail "wrote into a closed channel: $out"
 expect_out "$out" "^error EPIPE: write: "
 
+check "packed reads across hosts: several items an answer, in order, within the reader's buffer"
+expect_out "$(x b create pk any)" "^created$"
+want=""
+items=()
+for i in $(seq 0 11); do
+	items+=("$(printf 'p%02d%047d' "$i" 0)") # 50 bytes: 4 fit 256 packed (64-byte steps)
+	[ $((i % 4)) = 0 ] && want+="call 4"$'\n'
+	want+="item ${items[$i]}"$'\n'
+done
+expect_out "$(x b write pk "${items[@]}")" "^wrote 12$"
+out=$(x a read-packed "$B/pk" 12 256 2000) || fail "packed read from a: $out"
+[ "$out" = "${want%$'\n'}" ] || fail "packed read from a: $out"
+check "packed reads across hosts: a large item streamed alone between small ones"
+expect_out "$(x b write pk s0 s1 s2)" "^wrote 3$"
+expect_out "$(x b write-big pk 300000 7)" "^wrote 1$"
+expect_out "$(x b write pk s3 s4)" "^wrote 2$"
+out=$(x a read-packed "$B/pk" 6 400000 2000) || fail "packed read from a: $out"
+[ "$out" = $'call 3\nitem s0\nitem s1\nitem s2\ncall 1\nitem big 300000 7\ncall 2\nitem s3\nitem s4' ] ||
+	fail "packed read from a: $out"
+check "packed reads across hosts: closed with the last items, then drained"
+expect_out "$(x b write pk c0 c1 c2)" "^wrote 3$"
+expect_out "$(x b close pk)" "^closed$"
+out=$(x a read-packed "$B/pk" 5 4096 2000) || fail "packed read from a: $out"
+[ "$out" = $'call 3\nclosed c0\nclosed c1\nclosed c2\ndrained' ] || fail "packed read from a: $out"
+chan_is b pk '.items_written == 21 and .items_read == 21 and .state == "drained"' >/dev/null ||
+	fail "tpipctl channels on b after the packed reads"
+expect_out "$(x b unlink pk)" "^$"
+
 check "a reader on a blocked on b's channel is woken by a close on b"
 expect_out "$(x b create cw any)" "^created$"
 bg r3 a readers "$B/cw" 1 -1
