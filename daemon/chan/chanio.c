@@ -53,6 +53,11 @@ static void deliver_inline(struct chan_handle *h, const struct chan_read *rd)
 	/* a reader on another host: the batch within that daemon's frames too */
 	uint64_t room = h->who.pr ? TPU_MIN(inline_max, tpd_peer_chan_tail_max(h->who.pr))
 				  : inline_max;
+
+	/* a far reader's packed batch: 256 KiB in all (answers of 1 MiB crossed the link at about
+	 * half the bytes a second of 256 KiB ones in bench_chanx: docs/benchmarks.md) */
+	if (h->who.pr && rd->pack)
+		room = TPU_MIN(room, TPW_CHAN_INLINE_ITEM);
 	Tpw__V1__ChanReply r = TPW__V1__CHAN_REPLY__INIT;
 	struct chan *c = h->c;
 	uint64_t one_len, total = 0, end = 0, off = 0;
