@@ -353,8 +353,11 @@ static int check_chan_read(const Tpw__V1__ChanOp *c, const struct tpw_limits *li
 	if (tpip && c->max_items > lim->segments_max)
 		return tpu_why(-E2BIG, why, wl, "a channel read of %u items (at most %u)",
 			       c->max_items, lim->segments_max);
-	if (c->xfer_id && c->max_items > 1)
+	if (c->xfer_id && c->max_items > 1 && !c->pack_peer)
 		return tpu_why(-EBADMSG, why, wl, "a batch read into one transfer");
+	if (c->pack_peer && (!c->xfer_id || c->msg || c->take_held))
+		return tpu_why(-EBADMSG, why, wl, "a peer's packed channel read without a transfer, "
+			       "or of a message or held item");
 	if (c->msg_drop && (!msg_take || c->n_segments || c->xfer_id))
 		return tpu_why(-EBADMSG, why, wl, "a channel item dropped that is no held message");
 	if (c->take_held && !c->n_segments && !c->xfer_id && !msg_take)
@@ -450,7 +453,7 @@ static int check_chan_op(const Tpw__V1__ChanOp *c, const struct tpw_hdr *hdr,
 			       "over a peer link");
 	if (c->lend && (c->op != TPW__V1__CHAN_OP_KIND__CHAN_OP_WRITE || !c->n_segments))
 		return tpu_why(-EBADMSG, why, wl, "lend on a channel op that is no write by segment");
-	if ((c->n_streamed || c->xfer_id || c->room) && tpip)
+	if ((c->n_streamed || c->xfer_id || c->room || c->pack_peer) && tpip)
 		return tpu_why(-EBADMSG, why, wl, "streamed channel items from a client");
 	if (c->op != TPW__V1__CHAN_OP_KIND__CHAN_OP_READ && (c->xfer_id || c->room))
 		return tpu_why(-EBADMSG, why, wl, "a channel transfer on an op that is no read");
@@ -462,7 +465,7 @@ static int check_chan_op(const Tpw__V1__ChanOp *c, const struct tpw_hdr *hdr,
 		return check_chan_read(c, lim, tpip, why, wl);
 	if (c->max_items || c->take_held || c->inline_only || c->msg || c->msg_drop || c->map_ok ||
 	    c->n_mapped || c->map_done || c->map_fail || c->pack || c->pack_copied ||
-	    c->pack_mapped)
+	    c->pack_mapped || c->pack_peer)
 		return tpu_why(-EBADMSG, why, wl, "read fields on a channel op that is no read");
 	if (c->n_msgs && c->op != TPW__V1__CHAN_OP_KIND__CHAN_OP_WRITE)
 		return tpu_why(-EBADMSG, why, wl, "channel messages on an op that is no write");

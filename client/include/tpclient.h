@@ -1209,8 +1209,9 @@ enum tp_fanout tp_set_last_fanout(const struct tp_pipe_set *s);
  * fails the read with -EMSGSIZE and stays first in the channel; read it with
  * tp_chan_read_into()). The calls below need a channel of this
  * host's daemon of protocol minor 7 (-EOPNOTSUPP otherwise, or: tp_chan_read_many() and
- * tp_chan_read_many_into() take one item per call from a channel on another host or an older
- * daemon).
+ * tp_chan_read_many_into() take one item per call from an older daemon, and from a channel on
+ * another host unless both daemons take packed reads across hosts: then several that ride
+ * inline a call, docs/channels.md).
  */
 
 /*

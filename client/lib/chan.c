@@ -514,8 +514,11 @@ TP_EXPORT int tp_chan_open(struct tp_context *ctx, const char *name,
 	ch->remote = strncmp(name, "tpip://", 7) == 0;
 	ch->remote_refs = ch->remote && cr.remote_refs;
 	/* Packed batch reads: this host's daemon says it takes them (one that does not would fail
-	 * the session on a READ naming an allocation and more than one item). */
-	ch->pack = !ch->remote && ctx->daemon_minor >= TPW_MINOR_CHAN_FAST && cr.pack_reads;
+	 * the session on a READ naming an allocation and more than one item); for another host's
+	 * channel, this host's daemon says so when it forwards them packed (the far daemon takes
+	 * a peer's packed reads and streams large items). */
+	ch->pack = (!ch->remote || ch->remote_refs) && ctx->daemon_minor >= TPW_MINOR_CHAN_FAST &&
+		   cr.pack_reads;
 	/* Lent items read by mapping: this host's channels, a daemon of minor 9 and control
 	 * rings (the fds come beside them). */
 	ch->map = !ch->remote && ctx->daemon_minor >= TPW_MINOR_CHAN_MAP && ctx->ring;

@@ -436,6 +436,21 @@ static int chan_create_remote(struct tpd_chans *cs, const struct chan_who *who,
  * that does not admit the link is, to the far daemon, no channel at all (the same status and
  * text), so that names cannot be probed from other hosts.
  */
+/* Answers a peer's OPEN (@req_id) with handle @h: this daemon takes its packed reads. */
+static void open_answer_remote(const struct chan_who *who, uint64_t req_id,
+			       const struct chan_handle *h)
+{
+	Tpw__V1__ChanReply r = TPW__V1__CHAN_REPLY__INIT;
+
+	r.req_id = req_id;
+	r.status = tpw_status_from_errno(0);
+	r.message = (char *)"";
+	r.chan_id = h->id;
+	r.closed = h->c->closed;
+	r.pack_peer = true; /* ChanOp.pack_peer (chanio.c, read_params()) */
+	tpd_chan_reply_send(who, &r, NULL, 0);
+}
+
 static void op_open_remote(struct tpd_chans *cs, const struct chan_who *who,
 			   const Tpw__V1__ChanOp *o)
 {
@@ -462,7 +477,7 @@ static void op_open_remote(struct tpd_chans *cs, const struct chan_who *who,
 		}
 		tpu_log_info("peer %s: created channel '%s' of uid %u", tpd_peer_name(who->pr),
 			     c->name, (unsigned)c->uid);
-		return tpd_chan_answer(who, o->req_id, 0, NULL, h->id, c->closed, NULL);
+		return open_answer_remote(who, o->req_id, h);
 	}
 	if (!c || !chan_permits_remote(c, who->pr)) {
 		snprintf(why, sizeof(why), "no channel '%.64s' of uid %u on %.60s accepts handles "
@@ -480,7 +495,7 @@ static void op_open_remote(struct tpd_chans *cs, const struct chan_who *who,
 	h = handle_new(cs, who, c);
 	if (!h)
 		return tpd_chan_answer(who, o->req_id, -ENOMEM, "out of memory", 0, false, NULL);
-	tpd_chan_answer(who, o->req_id, 0, NULL, h->id, c->closed, NULL);
+	open_answer_remote(who, o->req_id, h);
 }
 
 static void op_open(struct tpd_chans *cs, const struct chan_who *who, const Tpw__V1__ChanOp *o)

@@ -53,6 +53,11 @@ static void deliver_inline(struct chan_handle *h, const struct chan_read *rd)
 	/* a reader on another host: the batch within that daemon's frames too */
 	uint64_t room = h->who.pr ? TPU_MIN(inline_max, tpd_peer_chan_tail_max(h->who.pr))
 				  : inline_max;
+
+	/* a far reader's packed batch: 256 KiB in all (answers of 1 MiB crossed the link at about
+	 * half the bytes a second of 256 KiB ones in bench_chanx: docs/benchmarks.md) */
+	if (h->who.pr && rd->pack)
+		room = TPU_MIN(room, TPW_CHAN_INLINE_ITEM);
 	Tpw__V1__ChanReply r = TPW__V1__CHAN_REPLY__INIT;
 	struct chan *c = h->c;
 	uint64_t one_len, total = 0, end = 0, off = 0;
@@ -321,7 +326,7 @@ static void chan_deliver(struct chan_handle *h, const struct chan_read *rd)
 			 it->len, (unsigned long long)rd->room);
 		return tpd_chan_answer_len(h, rd->req_id, -EMSGSIZE, why, it->len);
 	}
-	if (rd->pack && it->len <= TPW_CHAN_INLINE_ITEM) /* inline whatever the allocation */
+	if (rd->pack && it->len <= TPW_CHAN_INLINE_ITEM && fits) /* inline whatever the allocation */
 		return deliver_inline(h, rd);
 	if (rd->dst_set && (it->len > TPW_CHAN_INLINE_ITEM ||
 			    (rd->dst.buf && it->len > TPW_CHAN_SHM_ITEM))) {
@@ -897,7 +902,10 @@ static int read_params(struct chan_handle *h, const Tpw__V1__ChanOp *o, struct c
 	uint32_t seg_max = tpd_daemon_limits(h->c->cs->d)->segments_max;
 
 	*rd = (struct chan_read){ .req_id = o->req_id, .max = o->max_items ? o->max_items : 1,
-				 .msg = o->msg, .pack = o->pack && h->who.s,
+				 .msg = o->msg,
+				 /* a client's packed read, or a far reader's (into its daemon's
+				  * receive: inline items packed within its room, chanx.c) */
+				 .pack = (o->pack && h->who.s) || (o->pack_peer && h->who.pr),
 				 .pack_copied = o->pack_copied && o->pack && h->who.s,
 				 .pack_mapped = o->pack_mapped && o->pack && h->who.s };
 	if (h->who.pr && rd->max > seg_max) /* a far daemon's batch (a client's was checked) */

@@ -637,6 +637,7 @@ static void xforward(struct tpd_chanx *x, struct xh *xh, int op, uint64_t req_id
 	xo->local_id = id;
 	xo->op = op;
 	xo->max_items = chan ? chan->max_items : 0;
+	xo->pack = chan && chan->pack_peer;
 	xo->msg = wq && wq->msg;
 	tpu_list_insert_tail(&x->xops, &xo->node);
 	if (lg && lg->n && !lg->read) { /* sent once the hosting daemon has room for them */
@@ -661,6 +662,11 @@ static void xforward(struct tpd_chanx *x, struct xh *xh, int op, uint64_t req_id
 	if (xo->xs && chan) { /* a read's receive: where the hosting daemon sends the item */
 		chan->xfer_id = xo->xs->xfer_id;
 		chan->room = xo->room;
+	} else if (chan && chan->pack_peer) { /* (never: a packed read names its allocation) */
+		chan->pack_peer = false;
+		chan->max_items = 0;
+		xo->pack = false;
+		xo->max_items = 0;
 	} else if (xo->xs) {
 		wq->xfer_id = xo->xs->xfer_id;
 		wq->room = xo->room;
@@ -720,11 +726,20 @@ bool tpd_chanx_op(struct tpd_chanx *x, struct tpd_session *s, const Tpw__V1__Cha
 	c.n_remote_peers = 0; /* creation only, never forwarded */
 	c.remote_peers = NULL;
 	/* A plain read takes a batch across hosts from a daemon that bounds it by this link's
-	 * frames (peer minor >= 10); an older one answers one item at a time. */
+	 * frames (peer minor >= 10); an older one answers one item at a time. A packed read
+	 * (one allocation) too, from a daemon that said it takes a peer's packed reads: its
+	 * items packed within the allocation, into which this daemon receives (ChanOp.pack_peer).
+	 * The client's pack fields are for a daemon of its own host: a far daemon takes them
+	 * from a peer as malformed, which would fail the whole link. */
+	c.pack_peer = o->op == TPW__V1__CHAN_OP_KIND__CHAN_OP_READ && o->pack &&
+		      o->n_segments == 1 && !o->msg && !o->take_held && xh->pr && xh->far_pack;
+	c.pack = c.pack_copied = c.pack_mapped = false;
 	if (o->op != TPW__V1__CHAN_OP_KIND__CHAN_OP_READ || o->msg || o->take_held ||
-	    o->n_segments || !xh->pr ||
+	    (o->n_segments && !c.pack_peer) || !xh->pr ||
 	    tpd_peer_chan_far_minor(xh->pr) < TPW_PEER_MINOR_CHAN_BATCH)
 		c.max_items = 0;
+	if (c.max_items <= 1)
+		c.pack_peer = false;
 	c.lend = false;	 /* a lent staging buffer stays with this host: the far daemon copies */
 	/* a mapped read is for a channel of this host (its buffers are this host's): a far daemon
 	 * takes those fields from a peer as malformed, which would fail the whole link */
@@ -879,11 +894,21 @@ static bool xop_opened(struct tpd_chanx *x, struct xop *xo, bool ok, uint64_t fa
 }
 
 /* Is @r (not one item) the answer of @xo's batch read: more than one item, at most those asked
- * for? (That they are inline byte items adding up to the data tail the frame's check made
+ * for, and for a packed read packed within its allocation? (That they are inline byte items adding up to the data tail the frame's check made
  * sure: proto/validate.c, check_chan_batch().) */
 static bool batch_ok(const struct xop *xo, const Tpw__V1__ChanReply *r)
 {
-	return r->n_lengths > 1 && r->n_lengths <= xo->max_items;
+	uint64_t end = 0, off;
+
+	if (r->n_lengths <= 1 || r->n_lengths > xo->max_items)
+		return false;
+	/* a packed read's: each item where tpw_chan_pack_at() puts it within the allocation */
+	for (size_t i = 0; xo->pack && i < r->n_lengths; i++) {
+		if (!tpw_chan_pack_at(end, r->lengths[i], xo->room, &off))
+			return false;
+		end = off + r->lengths[i];
+	}
+	return true;
 }
 
 static void on_chan_reply(struct tpd_chanx *x, struct tpd_peer *pr, const Tpw__V1__ChanReply *r,
@@ -926,6 +951,12 @@ static void on_chan_reply(struct tpd_chanx *x, struct tpd_peer *pr, const Tpw__V
 		a.status = TPW__V1__STATUS__STATUS_INVALID;
 		a.message = (char *)"the channel's host answered an open without a handle";
 	}
+	if (xo->op == TPW__V1__CHAN_OP_KIND__CHAN_OP_OPEN && xo->s && xo->xh)
+		xo->xh->far_pack = r->pack_peer &&
+				   tpd_peer_chan_far_minor(pr) >= TPW_PEER_MINOR_CHAN_STREAM;
+	if (xo->op == TPW__V1__CHAN_OP_KIND__CHAN_OP_OPEN &&
+	    a.status == TPW__V1__STATUS__STATUS_OK)
+		a.pack_reads = xo->s && xo->xh && xo->xh->far_pack; /* ChanOp.pack forwarded */
 	if (xo->op == TPW__V1__CHAN_OP_KIND__CHAN_OP_OPEN)
 		tell = xop_opened(x, xo, a.status == TPW__V1__STATUS__STATUS_OK, r->chan_id);
 	else if (xo->op == TPW__V1__CHAN_OP_KIND__CHAN_OP_READ)

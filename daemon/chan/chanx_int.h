@@ -32,6 +32,7 @@ struct xh {
 	struct tpd_session *s;
 	uint64_t id;	     /* the id the client knows (chan.c's or wq.c's id space) */
 	uint64_t far_id;     /* the hosting daemon's handle id; 0 until the OPEN is answered */
+	bool far_pack;	     /* its OPEN answer said ChanReply.pack_peer */
 	struct tpd_peer *pr; /* NULL once the link failed */
 	char host[XH_HOST_MAX]; /* "HOST:PORT" as the address named it */
 	char name[TPW_NAME_MAX + 1]; /* the object's name on that host */
@@ -67,6 +68,7 @@ struct xop {
 	uint64_t local_id;	/* the client's handle id */
 	int op;			/* ChanOpKind or WqOpKind */
 	uint32_t max_items;	/* a READ's items per answer as forwarded (0: one) */
+	bool pack;		/* a READ forwarded with ChanOp.pack_peer (packed within @room) */
 	bool msg;		/* a queue's TAKE or ANSWER with WqOp.msg: answered by descriptor */
 	struct xh *xh;		/* OPEN: the handle it opens */
 	bool sent;

@@ -11,7 +11,8 @@
  * stays first, byte-exact); a batch read above segments_max closes the attacker's session
  * only. Packed batch reads (ChanOp.pack) whose room lies (past the attacker's buffer, by CMA
  * it has not, below the first item) are refused or take only what fits, on an open session,
- * and the victim reads the rest in order.
+ * and the victim reads the rest in order. A packed read of another host's channel leaves the
+ * peer link up and takes its items packed.
  */
 #include <check.h>
 #include <errno.h>
@@ -405,6 +406,84 @@ START_TEST(test_packed_read_lying_room)
 }
 END_TEST
 
+/* A raw client of daemon a: a packed READ (ChanOp.pack) into its own buffer on its handle of
+ * @arg, a channel of daemon b holding items 0, 1, 2 of 4096 bytes: all three in one answer, in
+ * order. Return: 0 or 1 (logged). */
+static int xpack_client(void *arg)
+{
+	Tpw__V1__ChanOp op = TPW__V1__CHAN_OP__INIT;
+	Tpw__V1__ShmRef ref = TPW__V1__SHM_REF__INIT;
+	Tpw__V1__Segment g = TPW__V1__SEGMENT__INIT;
+	uint32_t idx[16] = { 0 }, tail = 0;
+	uint64_t id = 0, held = 0;
+	struct tpt_raw r;
+	size_t n = 0;
+	int st;
+
+	TPT_REQUIRE(tpt_raw_connect(&r, tpt_peer_a.socket) == 0, 1, "connect");
+	TPT_REQUIRE(tpt_raw_hello(&r, TPW__V1__ROLE__ROLE_CLIENT, T_MS) == 0, 1, "hello");
+	TPT_REQUIRE(raw_buffer(&r) == 0, 1, "buffer");
+	op.op = TPW__V1__CHAN_OP_KIND__CHAN_OP_OPEN;
+	op.name = arg;
+	st = raw_chan(&r, &op, &id);
+	TPT_REQUIRE(st == TPW__V1__STATUS__STATUS_OK, 1, "open %s: %d", (char *)arg, st);
+	ref.buf_id = 1;
+	ref.gen = 1;
+	g.loc_case = TPW__V1__SEGMENT__LOC_SHM;
+	g.shm = &ref;
+	g.length = 65536;
+	st = read_packed(&r, id, &g, 8, &n, &tail, idx, &held);
+	TPT_REQUIRE(st == TPW__V1__STATUS__STATUS_OK && n == 3 && tail == 3 * 4096, 1,
+		    "packed read across hosts: status %d, %zu items, %u bytes", st, n, tail);
+	for (uint32_t i = 0; i < 3; i++)
+		TPT_REQUIRE(idx[i] == i, 1, "item %u is %u", i, idx[i]);
+	tpt_raw_close(&r);
+	return 0;
+}
+
+/* A client's packed read of another host's channel: its daemon forwards it as a peer's packed
+ * read, never the client's own pack fields, which the hosting daemon would take from a peer as
+ * malformed and fail the whole link (every user's handles over it); the items come, three in
+ * one answer, and the link carries the next read. */
+START_TEST(test_packed_read_across_hosts_keeps_the_link)
+{
+	struct tp_chan_options o = { .size = sizeof(o), .flags = TP_CHAN_CREATE, .owner_uid = -1,
+				     .access = TP_ACCESS_ANYONE, .remote = TP_REMOTE_ANY_PEER };
+	struct tp_context *cb, *ca;
+	struct tp_chan *ch, *xch;
+	uint8_t src[4][4096];
+	struct iovec iov[4];
+	char addr[300];
+	size_t len;
+	void *item;
+
+	tpt_peer_fixture_start();
+	ck_assert_int_eq(tpt_ctx_new(&tpt_peer_b, 0, "host", &cb), 0);
+	ck_assert_int_eq(tp_chan_open(cb, "xp", &o, &ch), 0);
+	for (uint32_t i = 0; i < 4; i++) {
+		memset(src[i], 0x30 + (int)i, 4096);
+		memcpy(src[i], &i, sizeof(i));
+		iov[i] = (struct iovec){ .iov_base = src[i], .iov_len = 4096 };
+	}
+	ck_assert_int_eq(tp_chan_write(ch, iov, 3, 0), 0);
+	tpt_peer_address(&tpt_peer_b, "xp", addr, sizeof(addr));
+	ck_assert(tpt_wait_ok(tpt_fork(xpack_client, addr), 4 * T_MS, "client of a"));
+	ck_assert_int_eq(tp_chan_write(ch, &iov[3], 1, 0), 0);
+	ck_assert_int_eq(tpt_ctx_new(&tpt_peer_a, 0, "reader", &ca), 0);
+	ck_assert_int_eq(tp_chan_open(ca, addr, NULL, &xch), 0);
+	ck_assert_int_eq(tp_chan_read(xch, &item, &len, T_MS), 0);
+	ck_assert_uint_eq(len, 4096);
+	ck_assert_mem_eq(item, src[3], 4096);
+	free(item);
+	ck_assert(!tpt_daemon_log_has(&tpt_peer_b, "malformed"));
+	tp_chan_release(xch);
+	tp_context_free(ca);
+	tp_chan_release(ch);
+	tp_context_free(cb);
+	tpt_peer_fixture_stop();
+}
+END_TEST
+
 static Suite *chanfast_suite(void)
 {
 	Suite *s = suite_create("sec_chanfast");
@@ -413,6 +492,7 @@ static Suite *chanfast_suite(void)
 	tcase_set_timeout(tc, 120);
 	tcase_add_test(tc, test_attacker_segments_touch_only_its_own_memory);
 	tcase_add_test(tc, test_packed_read_lying_room);
+	tcase_add_test(tc, test_packed_read_across_hosts_keeps_the_link);
 	suite_add_tcase(s, tc);
 	return s;
 }

@@ -26,6 +26,12 @@
  *                                  by default; the answer: metadata "a:qI" and the question's
  *                                  parts back)
  *   wq-work-msg ADDR N [T]         as wq-work, taking and answering messages (tensors of T)
+ *   write-big ADDR LEN SEED        one item of LEN pattern bytes (seed SEED)
+ *   read-packed ADDR N ROOM MS     tp_chan_read_many_into() into ROOM bytes of private memory
+ *                                  until N items (or -EPIPE: "drained"): "call K" per call
+ *                                  (K items), then each item ("item TEXT", "closed TEXT", an
+ *                                  item above 64 bytes as "big LEN SEED" where it is one
+ *                                  write-big's pattern, else "bad LEN")
  * Exit: 0 when every call succeeded (a read that ends with -EPIPE, drained, included), 1 on an
  * error, 2 usage.
  */
@@ -331,6 +337,82 @@ static void pattern(uint8_t *p, size_t n, unsigned seed)
 		p[i] = (uint8_t)(seed * 131u + i * 7u);
 }
 
+static int cmd_write_big(const char *addr, size_t len, unsigned seed)
+{
+	uint8_t *p = malloc(len);
+	struct iovec iov = { p, len };
+	struct tp_chan *ch;
+	int r;
+
+	if (!p || open_chan(addr, &ch)) {
+		free(p);
+		return 1;
+	}
+	pattern(p, len, seed);
+	r = tp_chan_write(ch, &iov, 1, 5000);
+	free(p);
+	tp_chan_release(ch);
+	if (r < 0)
+		return fail("write", r);
+	printf("wrote 1\n");
+	return 0;
+}
+
+/* One item of a packed read: text, or the seed of the write-big pattern it holds. */
+static void say_packed(const struct tp_chan_item *it, bool closed)
+{
+	uint8_t *want;
+	char line[64];
+
+	if (it->len <= 64)
+		return say(closed ? "closed" : "item", it->data, it->len);
+	want = malloc(it->len);
+	snprintf(line, sizeof(line), "bad %zu", it->len);
+	for (unsigned seed = 0; want && seed < 256; seed++) {
+		pattern(want, it->len, seed);
+		if (memcmp(want, it->data, it->len) == 0) {
+			snprintf(line, sizeof(line), "big %zu %u", it->len, seed);
+			break;
+		}
+	}
+	free(want);
+	say(closed ? "closed" : "item", line, strlen(line));
+}
+
+static int cmd_read_packed(const char *addr, int n, size_t room, int ms)
+{
+	struct tp_chan_item items[64];
+	void *buf = malloc(room);
+	struct tp_chan *ch;
+	char line[32];
+	size_t k;
+	int r = 0;
+
+	if (!buf || open_chan(addr, &ch)) {
+		free(buf);
+		return 1;
+	}
+	for (int got = 0; got < n; got += (int)k) {
+		r = tp_chan_read_many_into(ch, buf, room, items, 64, &k, ms);
+		if (r == -EPIPE) {
+			printf("drained\n");
+			r = 0;
+			break;
+		}
+		if (r < 0) {
+			fail("read", r);
+			break;
+		}
+		snprintf(line, sizeof(line), "%zu", k);
+		say("call", line, strlen(line));
+		for (size_t i = 0; i < k; i++)
+			say_packed(&items[i], r == TP_CHAN_CLOSED);
+	}
+	tp_chan_release(ch);
+	free(buf);
+	return r < 0;
+}
+
 /* Message @i: metadata and payload @name, tensor wq_tensor bytes of pattern @i (@t). */
 static struct tp_message wq_msg(const char *meta, const char *name, uint8_t *t,
 				struct tp_payload *p, struct tp_tensor *tt)
@@ -502,6 +584,11 @@ static int run(int argc, char **argv)
 		wq_tensor = argc == 7 ? strtoull(argv[6], NULL, 0) : wq_tensor;
 		return cmd_wq_own_msg(argv[3], argv[4], atoi(argv[5]));
 	}
+	if (strcmp(c, "write-big") == 0 && argc == 6)
+		return cmd_write_big(argv[3], strtoull(argv[4], NULL, 0), (unsigned)atoi(argv[5]));
+	if (strcmp(c, "read-packed") == 0 && argc == 7)
+		return cmd_read_packed(argv[3], atoi(argv[4]), strtoull(argv[5], NULL, 0),
+				       atoi(argv[6]));
 	if (strcmp(c, "wq-work-msg") == 0 && (argc == 5 || argc == 6)) {
 		wq_tensor = argc == 6 ? strtoull(argv[5], NULL, 0) : wq_tensor;
 		return cmd_wq_work_msg(argv[3], atoi(argv[4]));

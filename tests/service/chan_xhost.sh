@@ -12,7 +12,9 @@
 # chan-peer-ops-max (4 on a) just below and above, on the hosting side (a channel on a, readers
 # on b) and on the forwarding side (a channel on b, readers on a), with a local reader not
 # refused; over an unauthenticated link any-peer admits and peers does not, as for listeners;
-# the link cut fails blocked remote reads with -ECONNRESET naming the host within the
+# packed reads of b's channel from a (several items an answer within the reader's buffer, in
+# order; a large item alone; closed, then drained); the link cut fails blocked remote reads (a
+# packed one too, having taken nothing) with -ECONNRESET naming the host within the
 # peer timeout while a's local channel still works, b queues the question a worker on a
 # held again and closes the queue owned from a (its waiting worker sees it closed). Skips (77)
 # where network namespaces or veth
@@ -135,6 +137,34 @@ expect_out "$out" $'^closed i2\nclosed i3\nerror EPIPE: read: .*closed and drain
 chan_is b work '.state == "drained"' >/dev/null || fail "b's channel is not drained"
 out=$(x a write "$B/work" late) && fail "wrote into a closed channel: $out"
 expect_out "$out" "^error EPIPE: write: "
+
+check "packed reads across hosts: several items an answer, in order, within the reader's buffer"
+expect_out "$(x b create pk any)" "^created$"
+want=""
+items=()
+for i in $(seq 0 11); do
+	items+=("$(printf 'p%02d%047d' "$i" 0)") # 50 bytes: 4 fit 256 packed (64-byte steps)
+	[ $((i % 4)) = 0 ] && want+="call 4"$'\n'
+	want+="item ${items[$i]}"$'\n'
+done
+expect_out "$(x b write pk "${items[@]}")" "^wrote 12$"
+out=$(x a read-packed "$B/pk" 12 256 2000) || fail "packed read from a: $out"
+[ "$out" = "${want%$'\n'}" ] || fail "packed read from a: $out"
+check "packed reads across hosts: a large item streamed alone between small ones"
+expect_out "$(x b write pk s0 s1 s2)" "^wrote 3$"
+expect_out "$(x b write-big pk 300000 7)" "^wrote 1$"
+expect_out "$(x b write pk s3 s4)" "^wrote 2$"
+out=$(x a read-packed "$B/pk" 6 400000 2000) || fail "packed read from a: $out"
+[ "$out" = $'call 3\nitem s0\nitem s1\nitem s2\ncall 1\nitem big 300000 7\ncall 2\nitem s3\nitem s4' ] ||
+	fail "packed read from a: $out"
+check "packed reads across hosts: closed with the last items, then drained"
+expect_out "$(x b write pk c0 c1 c2)" "^wrote 3$"
+expect_out "$(x b close pk)" "^closed$"
+out=$(x a read-packed "$B/pk" 5 4096 2000) || fail "packed read from a: $out"
+[ "$out" = $'call 3\nclosed c0\nclosed c1\nclosed c2\ndrained' ] || fail "packed read from a: $out"
+chan_is b pk '.items_written == 21 and .items_read == 21 and .state == "drained"' >/dev/null ||
+	fail "tpipctl channels on b after the packed reads"
+expect_out "$(x b unlink pk)" "^$"
 
 check "a reader on a blocked on b's channel is woken by a close on b"
 expect_out "$(x b create cw any)" "^created$"
@@ -285,12 +315,13 @@ check "the link cut: blocked reads on b's channel fail with -ECONNRESET naming b
 expect_out "$(x b create cut any)" "^created$"
 expect_out "$(x a create local any)" "^created$"
 bg c1 a readers "$B/cut" 2 -1
+bg c3 a read-packed "$B/cut" 4 4096 -1
 bg c2 a readers local 1 -1
 held own4 b wq-own cutq any 1
 wait_until 10 "the owner's question" out_has own4 "^submitted 1$"
 bg w2 a wq-hold "$B/cutq"
 wait_until 10 "the worker on a to take the question" out_has w2 "^took 1$"
-wait_until 10 "2 reads from a to wait on b" chan_is b cut '.readers_waiting == 2'
+wait_until 10 "3 reads from a to wait on b" chan_is b cut '.readers_waiting == 3'
 wait_until 10 "a local read to wait on a" chan_is a local '.readers_waiting == 1'
 held own6 a wq-own "$B/cutown" any 1
 wait_until 10 "the remote owner's question" out_has own6 "^submitted 1$"
@@ -308,6 +339,9 @@ cat "$SVC_TMP/c1.out"
 	fail "c1: $(cat "$SVC_TMP/c1.out")"
 [ "$(out_count c1 "^error ECONNRESET: again: .*channel host ${net}2:7420")" = 2 ] ||
 	fail "c1 (second call): $(cat "$SVC_TMP/c1.out")"
+done_pid c3 5 # a packed read fails the same way, having taken nothing
+[ "$(cat "$SVC_TMP/c3.out")" = "$(grep -m1 "^error ECONNRESET: read: .*channel host ${net}2:7420: peer link failed" "$SVC_TMP/c3.out")" ] ||
+	fail "c3: $(cat "$SVC_TMP/c3.out")"
 chan_is a local '.readers_waiting == 1' >/dev/null || fail "a's local reader is gone"
 wait_until 10 "b to queue the cut worker's question again" queue_is b cutq \
 	'.requeued == 1 and .queued == 1 and .taken == 0 and .workers == 0'
@@ -321,4 +355,6 @@ done_pid own6 10
 expect_out "$(x a write local still)" "^wrote 1$"
 done_pid c2 10
 [ "$(cat "$SVC_TMP/c2.out")" = "item still" ] || fail "c2: $(cat "$SVC_TMP/c2.out")"
+expect_out "$(x b write cut z1 z2)" "^wrote 2$" # nothing of a's reads is left waiting on b
+[ "$(x b read cut 2 1000)" = $'item z1\nitem z2' ] || fail "b's channel after the cut"
 say "ok"

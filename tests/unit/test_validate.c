@@ -1609,8 +1609,16 @@ START_TEST(test_validate_chan_read_fields)
 	o.xfer_id = 9;
 	o.room = 4096;
 	ck_assert_int_eq(vpt(&pm, 0), -EBADMSG); /* a batch into one transfer */
+	o.pack_peer = true; /* ... packed within it: a peer's packed read */
+	ck_assert_int_eq(vpt(&pm, 0), 0);
+	o.msg = true;
+	ck_assert_int_eq(vpt(&pm, 0), -EBADMSG);
+	o.msg = false;
 	o.xfer_id = 0;
 	o.room = 0;
+	ck_assert_int_eq(vpt(&pm, 0), -EBADMSG); /* packed without a transfer */
+	ck_assert_int_eq(vc(&m, 0, 0), -EBADMSG); /* never from a client */
+	o.pack_peer = false;
 	o.max_items = 0;
 	o.inline_only = true;
 	ck_assert_int_eq(vc(&m, 0, 0), 0);
