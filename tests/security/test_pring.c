@@ -4,8 +4,9 @@
  * with the other end of its pipe is that end's to write too. An attacker (uid 65534) speaking
  * the raw protocol opens a pipe to a victim (uid 4242, the library), takes the ring the daemon
  * hands it for a 1 MiB private->private message and writes an impossible index into the header:
- * (a) as the writer, a head far ahead of what the ring holds; (b) as the reader, a tail ahead of
- * what the victim wrote. The victim's side of that message fails with an error within the
+ * (a) as the writer, a head far ahead of what the ring holds; (b) as the reader of a 2 MiB
+ * message (longer than the ring), a tail ahead of what the victim wrote, as soon as it has the
+ * ring and again once the victim's writer has filled it and waits. The victim's side of that message fails with an error within the
  * deadline (no hang, no crash, nothing read out of bounds), the attacker's own side fails too,
  * and the victim's other pipe (from a friendly context of its own uid) still moves a 1 MiB
  * message through a ring, byte-exact; the daemon stays up and stops cleanly. (c) The attacker
@@ -37,6 +38,11 @@
 #define NOBODY 65534
 #define VICTIM 4242
 #define LEN (1u << 20)
+/* Longer than the ring (8 chunks of 128 KiB): its writer waits for the reader's tail once the
+ * ring is full, and so reads a corrupt tail whenever it was written. A message the ring holds
+ * whole is written without a look at the tail after the first: a tail corrupted after that
+ * first look is seen by nobody but its reader (which only hurts itself, holding the write). */
+#define LONG (2u * LEN)
 #define QUARTER (256u << 10) /* 4 chunks: two messages fill the ring */
 #define SMALL 60000u /* under pipe-ring-min (64K), by rendezvous from private memory */
 #define NAME "pring-victim"
@@ -44,6 +50,9 @@
 static struct tpt_daemon dmn;
 static struct tpt_sync listening, attacked;
 static size_t msg_len = LEN; /* of the message of run_case(), set before its forks */
+/* The attacker corrupts the index only once the writer has filled the ring (head: start +
+ * nchunks), not as soon as it has the ring (set before the forks) */
+static bool corrupt_when_full;
 
 /* ---- the attacker: raw protocol, control ring, pipe ring by hand ---------------------------- */
 
@@ -60,6 +69,15 @@ static int raw_corrupt(struct tpt_pring_raw *a, bool reader)
 	TPT_REQUIRE(x->ring_xfer->fd_follows && x->ring_xfer->reader == reader, 1, "RingXfer");
 	h = mmap(NULL, TPW_PRING_HDR_BYTES, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
 	TPT_REQUIRE(h != MAP_FAILED, 1, "map the ring");
+	if (reader && corrupt_when_full) {
+		uint64_t end = tpt_now_ms() + T_MS;
+
+		while (__atomic_load_n(&h->head, __ATOMIC_ACQUIRE) - x->ring_xfer->start <
+			       x->ring_xfer->nchunks && tpt_now_ms() < end)
+			usleep(1000);
+		TPT_REQUIRE(__atomic_load_n(&h->head, __ATOMIC_ACQUIRE) - x->ring_xfer->start >=
+				    x->ring_xfer->nchunks, 1, "the writer never filled the ring");
+	}
 	if (reader)
 		__atomic_store_n(&h->tail, x->ring_xfer->start + 5000u, __ATOMIC_SEQ_CST);
 	else
@@ -70,7 +88,7 @@ static int raw_corrupt(struct tpt_pring_raw *a, bool reader)
 	return 0;
 }
 
-static uint8_t attacker_buf[LEN];
+static uint8_t attacker_buf[LONG];
 
 /* (a): writes 1 MiB of its private memory, then corrupts head. */
 static int attacker_writer(void *arg)
@@ -123,7 +141,7 @@ static int attacker_reader(void *arg)
 	TPT_REQUIRE(tpt_pring_raw_attach(&a, dmn.socket, NAME) == 0, 1, "attach");
 	TPT_REQUIRE(tpt_raw_ring_expect(&a.r, &a.g, TPW__V1__DAEMON_MSG__BODY_DESCRIPTOR, T_MS,
 					&d) == 0, 1, "descriptor");
-	seg.length = LEN;
+	seg.length = msg_len;
 	seg.loc_case = TPW__V1__SEGMENT__LOC_CMA_ADDR;
 	seg.cma_addr = (uint64_t)(uintptr_t)attacker_buf;
 	rd.pipe_id = 1;
@@ -152,7 +170,7 @@ static int victim(void *arg)
 	struct tp_context *cv;
 	struct tp_listener *l;
 	struct tp_pipe *p;
-	uint8_t *buf = malloc(LEN);
+	uint8_t *buf = malloc(LONG);
 	int r;
 
 	TPT_REQUIRE(buf && tpt_pring_become(VICTIM) == 0, 1, "drop to the victim");
@@ -171,7 +189,7 @@ static int victim(void *arg)
 		struct tp_payload pl = { .data = buf, .length = LEN };
 		struct tp_message m = { .payloads = &pl, .n_payloads = 1 };
 
-		memset(buf, 0x77, LEN);
+		memset(buf, 0x77, LONG);
 		pl.length = msg_len;
 		r = tp_pipe_write_sync_timeout(p, &m, T_MS);
 	}
@@ -214,18 +232,19 @@ static void run_pair(const char *const *args, tpt_child_fn victim_fn, void *varg
 	ck_assert_int_eq(tpt_daemon_stop(&dmn), 0);
 }
 
-static void run_case(bool victim_reads, size_t len)
+static void run_case(bool victim_reads, size_t len, bool when_full)
 {
 	static const char *const args[] = { "--pipe-ring", "yes", NULL };
 
 	msg_len = len;
+	corrupt_when_full = when_full;
 	run_pair(args, victim, &victim_reads, victim_reads ? attacker_writer : attacker_reader,
 		 &attacked);
 }
 
 START_TEST(test_writer_corrupting_head_fails_only_its_message)
 {
-	run_case(true, LEN);
+	run_case(true, LEN, false);
 }
 END_TEST
 
@@ -233,13 +252,22 @@ END_TEST
  * same index check there, the same failure. */
 START_TEST(test_writer_corrupting_head_of_a_small_message_fails_only_it)
 {
-	run_case(true, QUARTER);
+	run_case(true, QUARTER, false);
 }
 END_TEST
 
 START_TEST(test_reader_corrupting_tail_fails_only_its_message)
 {
-	run_case(false, LEN);
+	run_case(false, LONG, false);
+}
+END_TEST
+
+/* The same tail written once the victim's writer has filled the ring and waits for the reader
+ * (what a slow daemon, e.g. under valgrind, made of the case above when its message fitted the
+ * ring: the writer had put it all in before the attacker wrote, and never looked again). */
+START_TEST(test_reader_corrupting_tail_of_a_full_ring_fails_only_its_message)
+{
+	run_case(false, LONG, true);
 }
 END_TEST
 
@@ -577,6 +605,7 @@ static Suite *pring_suite(void)
 	tcase_add_test(tc, test_writer_corrupting_head_fails_only_its_message);
 	tcase_add_test(tc, test_writer_corrupting_head_of_a_small_message_fails_only_it);
 	tcase_add_test(tc, test_reader_corrupting_tail_fails_only_its_message);
+	tcase_add_test(tc, test_reader_corrupting_tail_of_a_full_ring_fails_only_its_message);
 	tcase_add_test(tc, test_ring_addr_write_without_offer_is_refused);
 	tcase_add_test(tc, test_ring_addr_read_of_a_cma_message_is_refused);
 	tcase_add_test(tc, test_ring_answers_out_of_order_fail_the_ring);
