@@ -4,7 +4,8 @@
  * side is groupx.c). PeerGroupJoins (and this daemon's own members' joins) are collected per
  * (name, uid as the forwarding daemon attests it), over authenticated peer links only; when
  * all members joined they are grouped by the instance of the daemon they joined through (never
- * by address or rank arithmetic), hosts numbered by their lowest rank, and every member's
+ * by address or rank arithmetic; a join over a link that states this daemon's instance or that
+ * of another peer's member is refused), hosts numbered by their lowest rank, and every member's
  * daemon is answered with the whole membership. A member gone (PeerGroupGone) or a peer link
  * that fails is told to every other member's daemon. Bounded by group-members-max (members of
  * a group) and group-peer-groups-max (groups with members over one link).
@@ -286,6 +287,29 @@ out:
 	free(ap);
 }
 
+/*
+ * Whether a member joining over @pr (a link) states the host of another daemon: the instance
+ * its daemon's Hello stated is this daemon's own, or that of a member of @cg (NULL: none yet)
+ * that joined through this daemon or over a link of another peer (tpd_peer_same()). Members
+ * are grouped into hosts by that instance, which is only claimed.
+ */
+static bool cmember_poses(const struct tpd_groups *gs, const struct cgroup *cg,
+			  const struct tpd_peer *pr)
+{
+	uint64_t instance = tpd_peer_group_far_instance(pr);
+
+	if (instance == tpd_peer_group_instance(gs->d))
+		return true;
+	for (uint32_t i = 0; cg && i < cg->size; i++) {
+		const struct cmember *cm = &cg->m[i];
+
+		if (cm->joined && !cm->gone && cm->instance == instance &&
+		    (!cm->pr || !tpd_peer_same(cm->pr, pr)))
+			return true;
+	}
+	return false;
+}
+
 static void coord_on_join(struct tpd_groups *gs, struct tpd_peer *pr,
 			  const Tpw__V1__PeerGroupJoin *j)
 {
@@ -306,6 +330,12 @@ static void coord_on_join(struct tpd_groups *gs, struct tpd_peer *pr,
 		return;
 	}
 	cg = cgroup_find(gs, j->uid, j->name);
+	if (pr && cmember_poses(gs, cg, pr)) {
+		coord_refuse(gs, pr, j->join_id, -EACCES, "group '%s': the peer %s states the "
+			     "instance of another host's daemon (this one's or another peer's)",
+			     j->name, tpd_peer_group_host(pr));
+		return;
+	}
 	if (!cg) {
 		uint32_t n = pr ? peer_groups(gs, pr) : 0;
 		int r;

@@ -535,6 +535,84 @@ int tpt_raw_connect_tcp(struct tpt_raw *r, const char *ip, int port)
 	return 0;
 }
 
+/* Receives the next peer message on @r and checks it has body @body_case. Return: it or NULL. */
+static Tpw__V1__PeerMsg *peer_dial_expect(struct tpt_raw *r, int timeout_ms, int body_case)
+{
+	Tpw__V1__PeerMsg *in = NULL;
+
+	if (tpt_raw_recv_peer(r, timeout_ms, &in) < 0)
+		return NULL;
+	if ((int)in->body_case != body_case) {
+		tpw_peer_msg_free(in);
+		return NULL;
+	}
+	return in;
+}
+
+/* The data connection's half of tpt_raw_peer_dial(), for link @link_id. */
+static int peer_dial_data(const struct tpt_raw_peer_hello *h, struct tpt_raw *c,
+			  struct tpt_raw *data, uint64_t link_id)
+{
+	Tpw__V1__PeerDataHello dh = TPW__V1__PEER_DATA_HELLO__INIT;
+	Tpw__V1__PeerMsg m = TPW__V1__PEER_MSG__INIT, *in;
+	bool up;
+	int r;
+
+	r = tpt_raw_connect_tcp(data, "127.0.0.1", h->port);
+	if (r < 0)
+		return r;
+	dh.link_id = link_id;
+	m.body_case = TPW__V1__PEER_MSG__BODY_DATA_HELLO;
+	m.data_hello = &dh;
+	TPT_REQUIRE(tpt_raw_send_peer(data, &m) == 0, -EPROTO, "data hello");
+	in = peer_dial_expect(data, h->timeout_ms, TPW__V1__PEER_MSG__BODY_DATA_HELLO);
+	TPT_REQUIRE(in, -EPROTO, "no data hello back");
+	tpw_peer_msg_free(in);
+	in = peer_dial_expect(c, h->timeout_ms, TPW__V1__PEER_MSG__BODY_READY);
+	up = in && in->ready->data_up;
+	tpw_peer_msg_free(in);
+	TPT_REQUIRE(up, -EPROTO, "the link did not come up");
+	return 0;
+}
+
+int tpt_raw_peer_dial(const struct tpt_raw_peer_hello *h, struct tpt_raw *c,
+		      struct tpt_raw *data)
+{
+	Tpw__V1__PeerHello ph = TPW__V1__PEER_HELLO__INIT;
+	Tpw__V1__PeerMsg m = TPW__V1__PEER_MSG__INIT, *in;
+	uint8_t boot[16];
+	uint64_t link_id;
+	bool ok;
+	int r;
+
+	for (unsigned i = 0; i < sizeof(boot); i++)
+		boot[i] = (uint8_t)(h->boot_base + i);
+	r = tpt_raw_connect_tcp(c, "127.0.0.1", h->port);
+	if (r < 0)
+		return r;
+	ph.major = TPW_PEER_PROTO_MAJOR;
+	ph.minor = TPW_PEER_PROTO_MINOR;
+	ph.host = (char *)(h->host ? h->host : "hostile");
+	ph.boot_id.data = boot;
+	ph.boot_id.len = sizeof(boot);
+	ph.instance = h->instance;
+	ph.data_conns = 1;
+	ph.frame_max = h->frame_max;
+	m.body_case = TPW__V1__PEER_MSG__BODY_HELLO;
+	m.hello = &ph;
+	TPT_REQUIRE(tpt_raw_send_peer(c, &m) == 0, -EPROTO, "hello");
+	in = peer_dial_expect(c, h->timeout_ms, TPW__V1__PEER_MSG__BODY_HELLO);
+	ok = in && (!in->hello->status || in->hello->status == TPW__V1__STATUS__STATUS_OK);
+	tpw_peer_msg_free(in);
+	if (!ok)
+		return -ECONNREFUSED;
+	in = peer_dial_expect(c, h->timeout_ms, TPW__V1__PEER_MSG__BODY_READY);
+	TPT_REQUIRE(in, -EPROTO, "no ready");
+	link_id = in->ready->link_id;
+	tpw_peer_msg_free(in);
+	return peer_dial_data(h, c, data, link_id);
+}
+
 int tpt_raw_send_peer(struct tpt_raw *r, const Tpw__V1__PeerMsg *msg)
 {
 	size_t n = tpw_frame_size(&msg->base);

@@ -149,6 +149,26 @@ int tpt_raw_connect_tcp(struct tpt_raw *r, const char *ip, int port);
 /* Packs @msg into a frame (next sequence number, no data tail) and sends it. Return: 0/-errno. */
 int tpt_raw_send_peer(struct tpt_raw *r, const Tpw__V1__PeerMsg *msg);
 
+/* What tpt_raw_peer_dial() states, as another daemon's Hello would. */
+struct tpt_raw_peer_hello {
+	int port;	    /* the daemon's peer port (on 127.0.0.1) */
+	const char *host;   /* host name stated; NULL: "hostile" */
+	uint8_t boot_base;  /* boot id: the 16 bytes boot_base, boot_base + 1, ... */
+	uint64_t instance;  /* daemon instance stated */
+	uint32_t frame_max; /* largest frame it takes; 0: says nothing */
+	int timeout_ms;	    /* for each answer awaited */
+};
+
+/*
+ * tpt_raw_peer_dial() - dial a daemon's peer port as another daemon would over an insecure link
+ * (plain frames): control connection @c, Hello stating @h, then one data connection @data bound
+ * to the link id the daemon's Ready named, up to the Ready that says the link is up.
+ * Return: 0; -ECONNREFUSED if the daemon answered the Hello with none or with an error status
+ * (@c stays open); -EPROTO if another step failed (logged with tpt_log()); -errno from a dial.
+ */
+int tpt_raw_peer_dial(const struct tpt_raw_peer_hello *h, struct tpt_raw *c,
+		      struct tpt_raw *data);
+
 /*
  * tpt_raw_send_chunk() - send one chunk of stripe transfer @xfer_id (segment 0) at @off on a
  * peer data connection: the stripe's header (backends/mpt/stripe_io.c: magic, segment, id,

@@ -313,50 +313,11 @@ static int peer_reply(struct tpt_raw *r, uint64_t *ret_req, uint64_t *ret_id)
  * most @frame_max (0: says nothing), up to the link being up. */
 static int peer_dial_frames(struct tpt_raw *c, struct tpt_raw *data, uint32_t frame_max)
 {
-	Tpw__V1__PeerHello h = TPW__V1__PEER_HELLO__INIT;
-	Tpw__V1__PeerDataHello dh = TPW__V1__PEER_DATA_HELLO__INIT;
-	Tpw__V1__PeerMsg m = TPW__V1__PEER_MSG__INIT, *in = NULL;
-	uint8_t boot[16];
-	uint64_t link_id;
+	const struct tpt_raw_peer_hello h = { .port = host.peer_port, .boot_base = 0xa0,
+					      .instance = 0x5eed, .frame_max = frame_max,
+					      .timeout_ms = T_MS };
 
-	for (unsigned i = 0; i < 16; i++)
-		boot[i] = (uint8_t)(0xa0 + i); /* another "host" */
-	TPT_REQUIRE(tpt_raw_connect_tcp(c, "127.0.0.1", host.peer_port) == 0, -1, "dial");
-	h.major = TPW_PEER_PROTO_MAJOR;
-	h.minor = TPW_PEER_PROTO_MINOR;
-	h.host = "hostile";
-	h.boot_id.data = boot;
-	h.boot_id.len = 16;
-	h.instance = 0x5eed;
-	h.data_conns = 1;
-	h.frame_max = frame_max;
-	m.body_case = TPW__V1__PEER_MSG__BODY_HELLO;
-	m.hello = &h;
-	TPT_REQUIRE(tpt_raw_send_peer(c, &m) == 0, -1, "hello");
-	TPT_REQUIRE(tpt_raw_recv_peer(c, T_MS, &in) == 0 &&
-			    in->body_case == TPW__V1__PEER_MSG__BODY_HELLO &&
-			    (!in->hello->status || in->hello->status == TPW__V1__STATUS__STATUS_OK),
-		    -1, "no hello back");
-	tpw_peer_msg_free(in);
-	TPT_REQUIRE(tpt_raw_recv_peer(c, T_MS, &in) == 0 &&
-			    in->body_case == TPW__V1__PEER_MSG__BODY_READY, -1, "no ready");
-	link_id = in->ready->link_id;
-	tpw_peer_msg_free(in);
-	TPT_REQUIRE(tpt_raw_connect_tcp(data, "127.0.0.1", host.peer_port) == 0, -1, "data dial");
-	dh.link_id = link_id;
-	dh.index = 0;
-	m.body_case = TPW__V1__PEER_MSG__BODY_DATA_HELLO;
-	m.data_hello = &dh;
-	TPT_REQUIRE(tpt_raw_send_peer(data, &m) == 0, -1, "data hello");
-	TPT_REQUIRE(tpt_raw_recv_peer(data, T_MS, &in) == 0 &&
-			    in->body_case == TPW__V1__PEER_MSG__BODY_DATA_HELLO, -1,
-		    "no data hello back");
-	tpw_peer_msg_free(in);
-	TPT_REQUIRE(tpt_raw_recv_peer(c, T_MS, &in) == 0 &&
-			    in->body_case == TPW__V1__PEER_MSG__BODY_READY && in->ready->data_up,
-		    -1, "the link did not come up");
-	tpw_peer_msg_free(in);
-	return 0;
+	return tpt_raw_peer_dial(&h, c, data);
 }
 
 static int peer_dial(struct tpt_raw *c, struct tpt_raw *data)

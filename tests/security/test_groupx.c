@@ -19,7 +19,9 @@
  * dropped, the group never ended at the coordinator and its name refused every later join
  * with EBUSY. A PeerGroupGone naming the join id of a member of this host, or a group id,
  * fails nothing; a join over group-members-max or group-peer-groups-max, or for a formed
- * group, is refused; one with a rank out of range fails its link.
+ * group, is refused; one with a rank out of range fails its link. A join over a link whose Hello
+ * states the coordinator's own instance is refused (its member was planned on the coordinator's
+ * host, among its members).
  *
  * As a local user (nobody): joins through a coordinator count against groups-per-uid while they
  * wait for its answer (they did not: any number of them could wait, each holding a group at the
@@ -292,23 +294,25 @@ static void hello_fill(Tpw__V1__PeerHello *h, uint8_t boot[16], uint64_t instanc
 	h->force_cross_host = true;
 }
 
-/* A member's daemon: dials the daemon's peer port up to the link being up. */
-static void flink_dial(struct flink *l)
+/* A member's daemon whose Hello states @instance: dials the daemon's peer port up to the link
+ * being up. Return: the instance the daemon's Hello states. */
+static uint64_t flink_dial_as(struct flink *l, uint64_t instance)
 {
 	Tpw__V1__PeerHello h = TPW__V1__PEER_HELLO__INIT;
 	Tpw__V1__PeerDataHello dh = TPW__V1__PEER_DATA_HELLO__INIT;
 	Tpw__V1__PeerMsg m = TPW__V1__PEER_MSG__INIT, *in;
 	uint8_t boot[16], lk[TPD_PEERTLS_BIND_LEN], mac[TPD_PEERTLS_BIND_LEN];
-	uint64_t link_id;
+	uint64_t link_id, far;
 
 	fc_dial(&l->ctl, d.peer_port);
-	hello_fill(&h, boot, 0x6a11e1);
+	hello_fill(&h, boot, instance);
 	h.data_conns = 1;
 	m.body_case = TPW__V1__PEER_MSG__BODY_HELLO;
 	m.hello = &h;
 	fc_send(&l->ctl, &m);
 	in = fc_expect(&l->ctl, TPW__V1__PEER_MSG__BODY_HELLO);
 	ck_assert(!in->hello->status || in->hello->status == TPW__V1__STATUS__STATUS_OK);
+	far = in->hello->instance;
 	tpw_peer_msg_free(in);
 	in = fc_expect(&l->ctl, TPW__V1__PEER_MSG__BODY_READY);
 	link_id = in->ready->link_id;
@@ -327,6 +331,13 @@ static void flink_dial(struct flink *l)
 	in = fc_expect(&l->ctl, TPW__V1__PEER_MSG__BODY_READY);
 	ck_assert(in->ready->data_up);
 	tpw_peer_msg_free(in);
+	return far;
+}
+
+/* A member's daemon of another host: dials up to the link being up. */
+static void flink_dial(struct flink *l)
+{
+	(void)flink_dial_as(l, 0x6a11e1);
 }
 
 /* A coordinator: answers the daemon's dial to @lfd up to the link being up. */
@@ -836,6 +847,41 @@ START_TEST(test_member_daemon_link_failure_keeps_local_departures)
 }
 END_TEST
 
+/*
+ * A member's daemon whose Hello states the coordinator's own instance (learnt from the
+ * coordinator's Hello) joins rank 1 of a group whose rank 0 is a member of the coordinator's
+ * host: refused at once with STATUS_PERMISSION, and the local member's join still waits. The
+ * coordinator grouped members by the instance their daemon states, so the far member was
+ * planned on this host (one host, local size 2): any key holder could pose as another host's
+ * daemon and take its members' place (the lowest rank's address becomes the host's).
+ */
+START_TEST(test_member_daemon_stating_the_coordinators_instance_is_refused)
+{
+	struct tpt_raw local;
+	Tpw__V1__DaemonMsg *in = NULL;
+	Tpw__V1__PeerMsg *pm;
+	struct flink probe, l;
+	uint64_t own;
+
+	NEED_ROOT();
+	own = flink_dial_as(&probe, 0x6a11e1);
+	flink_close(&probe);
+	(void)flink_dial_as(&l, own);
+	ck_assert_int_eq(client_join(&local, "posed", 0, 2, coord_at(d.peer_port)), 0);
+	send_join(&l, 1, "posed", 1, 2);
+	pm = fc_expect(&l.ctl, TPW__V1__PEER_MSG__BODY_GROUP_JOINED);
+	ck_assert_msg(pm->group_joined->status == TPW__V1__STATUS__STATUS_PERMISSION,
+		      "joined: status %d, %u local members, %u hosts", pm->group_joined->status,
+		      pm->group_joined->local_size, pm->group_joined->hosts);
+	ck_assert_ptr_nonnull(strstr(pm->group_joined->message, "instance"));
+	tpw_peer_msg_free(pm);
+	ck_assert_int_eq(client_joined(&local, QUIET_MS, &in), -ETIMEDOUT);
+	tpt_raw_close(&local);
+	flink_close(&l);
+	ck_assert(tpt_daemon_alive(&d));
+}
+END_TEST
+
 /* ---- as a local user ------------------------------------------------------------------------ */
 
 /* Nobody's @n joins of groups of @size members through the coordinator at @port, each on a
@@ -947,6 +993,7 @@ static Suite *groupx_suite(void)
 	tcase_add_test(tc, test_coordinator_answer_must_fit_the_join);
 	tcase_add_test(tc, test_coordinator_holding_back_answers_times_out_the_join);
 	tcase_add_test(tc, test_member_daemon_link_failure_keeps_local_departures);
+	tcase_add_test(tc, test_member_daemon_stating_the_coordinators_instance_is_refused);
 	tcase_add_test(tc, test_local_user_joins_through_a_coordinator_are_bounded);
 	tcase_add_test(tc, test_local_user_joins_of_one_name_are_bounded_by_its_size);
 	suite_add_tcase(s, tc);

@@ -48,48 +48,16 @@ static void teardown(void)
 }
 
 /* Dials @host's peer port as a daemon would (one data connection) whose Hello states
- * @frame_max, up to the link being up. Return: 0, or -1 if the daemon answered no Hello. */
+ * @frame_max, up to the link being up. Return: as tpt_raw_peer_dial(). */
 static int peer_dial_frames(struct tpt_raw *c, struct tpt_raw *data, uint32_t frame_max)
 {
-	Tpw__V1__PeerHello h = TPW__V1__PEER_HELLO__INIT;
-	Tpw__V1__PeerDataHello dh = TPW__V1__PEER_DATA_HELLO__INIT;
-	Tpw__V1__PeerMsg m = TPW__V1__PEER_MSG__INIT, *in = NULL;
-	uint8_t boot[16];
-	uint64_t link_id;
+	const struct tpt_raw_peer_hello h = { .port = host.peer_port, .boot_base = 0xb0,
+					      .instance = 0x5eed, .frame_max = frame_max,
+					      .timeout_ms = T_MS };
+	int r = tpt_raw_peer_dial(&h, c, data);
 
-	for (unsigned i = 0; i < 16; i++)
-		boot[i] = (uint8_t)(0xb0 + i); /* another "host" */
-	ck_assert_int_eq(tpt_raw_connect_tcp(c, "127.0.0.1", host.peer_port), 0);
-	h.major = TPW_PEER_PROTO_MAJOR;
-	h.minor = TPW_PEER_PROTO_MINOR;
-	h.host = "hostile";
-	h.boot_id.data = boot;
-	h.boot_id.len = 16;
-	h.instance = 0x5eed;
-	h.data_conns = 1;
-	h.frame_max = frame_max;
-	m.body_case = TPW__V1__PEER_MSG__BODY_HELLO;
-	m.hello = &h;
-	ck_assert_int_eq(tpt_raw_send_peer(c, &m), 0);
-	if (tpt_raw_recv_peer(c, T_MS, &in) < 0)
-		return -1;
-	ck_assert_int_eq(in->body_case, TPW__V1__PEER_MSG__BODY_HELLO);
-	tpw_peer_msg_free(in);
-	ck_assert(tpt_raw_recv_peer(c, T_MS, &in) == 0 &&
-		  in->body_case == TPW__V1__PEER_MSG__BODY_READY);
-	link_id = in->ready->link_id;
-	tpw_peer_msg_free(in);
-	ck_assert_int_eq(tpt_raw_connect_tcp(data, "127.0.0.1", host.peer_port), 0);
-	dh.link_id = link_id;
-	m.body_case = TPW__V1__PEER_MSG__BODY_DATA_HELLO;
-	m.data_hello = &dh;
-	ck_assert_int_eq(tpt_raw_send_peer(data, &m), 0);
-	ck_assert(tpt_raw_recv_peer(data, T_MS, &in) == 0 &&
-		  in->body_case == TPW__V1__PEER_MSG__BODY_DATA_HELLO);
-	tpw_peer_msg_free(in);
-	ck_assert(tpt_raw_recv_peer(c, T_MS, &in) == 0 &&
-		  in->body_case == TPW__V1__PEER_MSG__BODY_READY && in->ready->data_up);
-	tpw_peer_msg_free(in);
+	if (r < 0)
+		return r;
 	/* a small window: what the daemon sends piles up on its side, not in this socket */
 	setsockopt(c->fd, SOL_SOCKET, SO_RCVBUF, &(int){ 4096 }, sizeof(int));
 	setsockopt(c->fd, SOL_SOCKET, SO_SNDTIMEO, &(struct timeval){ T_MS / 1000, 0 },
@@ -214,7 +182,7 @@ START_TEST(test_peer_stating_tiny_frames_is_refused)
 	struct tpt_raw c = { .fd = -1 }, data = { .fd = -1 };
 	long sent;
 
-	ck_assert_int_eq(peer_dial_frames(&c, &data, TPW_FRAME_MAX_MIN - 1), -1);
+	ck_assert_int_eq(peer_dial_frames(&c, &data, TPW_FRAME_MAX_MIN - 1), -ECONNREFUSED);
 	ck_assert(tpt_daemon_log_has(&host, "frame max of 4095 bytes (at least 4096)"));
 	ck_assert_int_eq(tpt_peer_links(&host, &(struct tpt_link){ 0 }), 0);
 	tpt_raw_close(&c);
