@@ -136,21 +136,35 @@ static int barrier_wait(struct tp_group *g, uint32_t gen, int timeout_ms, char *
 	 * has not arrived may be waiting for this CPU) before they sleep */
 	if (g->spin) {
 		uint64_t t0 = tpu_now_ns();
+		bool woke = g->woke, boost = woke && g->wake_spin_ns > g->spin_ns;
+		uint64_t budget = boost ? g->wake_spin_ns : g->spin_ns, waited;
+
+		g->woke = false;
 
 		for (unsigned i = 1; !tpu_spin_quiet(t0); i++) { /* not on a busy machine (ring.h) */
 			v = __atomic_load_n(w, __ATOMIC_ACQUIRE);
 			if ((v & TPU_GRPARENA_GEN) != gen) {
 				g->spin_ns = TPU_MIN(2 * g->spin_ns, TPC_BARRIER_SPIN_MAX_NS);
+				if (boost)
+					g->wake_spin_ns = TPU_MIN(2 * g->wake_spin_ns,
+								  TPC_BARRIER_WAKE_SPIN_NS);
 				return 0;
 			}
 			if ((v & TPU_GRPARENA_FAILED) && !tpc_group_spared(g))
 				return group_failed(g, msg, ml);
 			cpu_relax();
-			if (!(i & 63) && tpu_now_ns() - t0 >= g->spin_ns)
+			if (!(i & 63) && tpu_now_ns() - t0 >= budget)
 				break;
 		}
 		r = barrier_sleep(g, gen, end, msg, ml);
-		if (r == 0 && tpu_now_ns() - t0 > 2 * TPC_BARRIER_SPIN_MAX_NS)
+		waited = tpu_now_ns() - t0;
+		/* after a wake-up this member handed out: long enough to cover it next time, or,
+		 * where the others came later than any spin should wait, a quarter */
+		if (r == 0 && woke)
+			g->wake_spin_ns = waited <= TPC_BARRIER_WAKE_SPIN_NS
+						  ? TPU_MIN(2 * waited, TPC_BARRIER_WAKE_SPIN_NS)
+						  : g->wake_spin_ns / 4;
+		if (r == 0 && waited > 2 * TPC_BARRIER_SPIN_MAX_NS)
 			g->spin_ns = TPU_MAX(g->spin_ns / 2, BARRIER_SPIN_MIN_NS);
 		return r;
 	}
@@ -238,8 +252,10 @@ int tpc_coll_barrier(struct tp_group *g, int timeout_ms, char *msg, size_t ml)
 		nv = (old & TPU_GRPARENA_FAILED) | ((old + 1) & TPU_GRPARENA_GEN);
 	while (!__atomic_compare_exchange_n(&h->word, &old, nv, false, __ATOMIC_SEQ_CST,
 					    __ATOMIC_RELAXED));
-	if (g->size > 1 && __atomic_load_n(&h->sleepers, __ATOMIC_SEQ_CST))
+	if (g->size > 1 && __atomic_load_n(&h->sleepers, __ATOMIC_SEQ_CST)) {
 		tpu_grparena_wake(&h->word); /* a futex call costs about a microsecond */
+		g->woke = g->small;
+	}
 	return 0;
 }
 
@@ -606,7 +622,9 @@ int tpc_coll_local(struct tp_group *g, const struct tpc_coll *c, struct tpc_xver
 	}
 	if (n && !solo)
 		chunk_in(g, c, 0, n, g->bank, direct);
+	g->small = direct || c->kind == TPC_COLL_BARRIER;
 	r = tpc_coll_barrier(g, g->op_timeout_ms, msg, ml);
+	g->small = false;
 	if (r == 0)
 		r = desc_check(g, seq, msg, ml);
 	if (r == 0 && v) {

@@ -400,6 +400,7 @@ TP_EXPORT int tp_group_join(struct tp_context *ctx, const char *name,
 	ncpu = sysconf(_SC_NPROCESSORS_ONLN);
 	g->spin = ncpu > 0 && (long)g->size <= ncpu;
 	g->spin_ns = TPC_BARRIER_SPIN_MAX_NS;
+	g->wake_spin_ns = TPC_BARRIER_WAKE_SPIN_NS;
 	llc = llc_bytes();
 	g->stream_min = (llc > 0 ? (size_t)llc : (size_t)32 << 20) / (2 * g->size);
 	pthread_mutex_init(&g->lock, NULL);

@@ -17,6 +17,7 @@
 
 #define TPC_GROUP_MSG_MAX 512
 #define TPC_BARRIER_SPIN_MAX_NS 50000u /* the longest a barrier spins (coll.c) */
+#define TPC_BARRIER_WAKE_SPIN_NS 1000000u /* ... the wait after one that woke a sleeper */
 
 enum tpc_coll_kind {
 	TPC_COLL_BARRIER = 1,
@@ -83,6 +84,17 @@ struct tp_group {
 	/* the executor's: how long a barrier spins before it sleeps (members that fit the CPUs),
 	 * adapted to how long barriers took (coll.c, barrier_wait()) */
 	uint64_t spin_ns;
+	/* this member, the last to arrive at the one barrier of a small call (a barrier, a direct
+	 * all-reduce: @small), woke a member that slept there (@woke): that member comes late to
+	 * the next one, a futex wake-up late, so this one's next wait spins up to @wake_spin_ns
+	 * rather than sleep before it comes and have to wake it in turn, over and over (two
+	 * members each waking the other, each call a wake-up long). @wake_spin_ns adapts: doubled
+	 * (up to TPC_BARRIER_WAKE_SPIN_NS) when such a wait ends while spinning; when it sleeps,
+	 * twice what it waited where that was within TPC_BARRIER_WAKE_SPIN_NS, else a quarter, so
+	 * that members whose calls come unevenly (one computes longer) soon stop spinning for
+	 * them (no boost once it is within @spin_ns) (coll.c) */
+	bool small, woke;
+	uint64_t wake_spin_ns;
 	/* an all-reduce or broadcast result of at least this many bytes is copied out with
 	 * non-temporal stores (the members' inputs and outputs together outgrow the last-level
 	 * cache, so each output line would be read from memory only to be overwritten) */
