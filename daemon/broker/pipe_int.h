@@ -13,6 +13,7 @@
 #include <sys/uio.h>
 #include <event2/event.h>
 #include "copier.h"
+#include "core.h"
 #include "pipe.h"
 #include "tpb.h"
 #include "tpu.h"
@@ -465,7 +466,7 @@ static inline struct tpd_pipe_end *tpd_xpipe_local_end(struct tpd_pipe *p)
 static inline void tpd_xpipe_timer_add_fresh(struct event *ev, const struct timeval *tv)
 {
 	event_base_update_cache_time(event_get_base(ev));
-	evtimer_add(ev, tv);
+	tpd_timer_add(ev, tv);
 }
 
 /* Sends @pm (with @n data iovecs) on @p's peer link, if it has one. Borrows @p, @pm and @iov

@@ -679,7 +679,7 @@ static void xh_stage_deadline(struct tpd_xh *xh, struct tpd_daemon *d)
 	if (!ms || !st)
 		return;
 	xh->idle = event_new(tpd_daemon_base(d), -1, EV_PERSIST, xh_on_idle, xh);
-	if (xh->idle && event_add(xh->idle, &tv) < 0) {
+	if (xh->idle && tpd_timer_add(xh->idle, &tv) < 0) {
 		event_free(xh->idle);
 		xh->idle = NULL;
 	}

@@ -487,7 +487,7 @@ static int wait_new(struct tpd_chans *cs, struct chan_handle *h, uint64_t req_id
 		tv.tv_usec = (suseconds_t)(timeout_ms % 1000) * 1000;
 		/* The deadline runs from now, not from the loop pass's cached start. */
 		event_base_update_cache_time(tpd_daemon_base(cs->d));
-		if (!w->ev || evtimer_add(w->ev, &tv) < 0) {
+		if (!w->ev || tpd_timer_add(w->ev, &tv) < 0) {
 			if (w->ev)
 				event_free(w->ev);
 			if (acct)

@@ -14,6 +14,7 @@
 #include <event2/event.h>
 
 #include "chanstream.h"
+#include "core.h"
 #include "peer.h"
 #include "stripe.h"
 #include "tpu.h"
@@ -199,7 +200,7 @@ int tpd_chan_stream_deadline(struct tpd_chan_stream *cs, struct event_base *base
 			      .tv_usec = (suseconds_t)(idle_ms % 1000) * 1000 };
 
 	cs->idle = event_new(base, -1, EV_PERSIST, stream_on_idle, cs);
-	if (!cs->idle || event_add(cs->idle, &tv) < 0) {
+	if (!cs->idle || tpd_timer_add(cs->idle, &tv) < 0) {
 		if (cs->idle)
 			event_free(cs->idle);
 		cs->idle = NULL;

@@ -294,7 +294,7 @@ static void wait_add(struct tpd_wqs *ws, struct wq_handle *h, uint64_t req_id,
 		tv.tv_sec = timeout_ms / 1000;
 		tv.tv_usec = (suseconds_t)(timeout_ms % 1000) * 1000;
 		event_base_update_cache_time(tpd_daemon_base(ws->d));
-		if (!w->ev || evtimer_add(w->ev, &tv) < 0) {
+		if (!w->ev || tpd_timer_add(w->ev, &tv) < 0) {
 			if (w->ev)
 				event_free(w->ev);
 			if (acct)

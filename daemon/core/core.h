@@ -8,6 +8,7 @@
 #ifndef TPD_CORE_H
 #define TPD_CORE_H
 
+#include <time.h>
 #include <event2/event.h>
 #include "config.h"
 #include "copier.h"
@@ -211,6 +212,32 @@ static inline struct tpd_chans *tpd_daemon_chans(const struct tpd_daemon *d)
 static inline struct tpd_wqs *tpd_daemon_wqs(const struct tpd_daemon *d)
 {
 	return d->wqs;
+}
+
+/*
+ * Arms @ev (a timer, or an fd event's timeout) to fire @tv from now and never earlier. The loop
+ * reads CLOCK_MONOTONIC_COARSE, which lags by up to a clock tick: libevent's precise clock would
+ * cost a timerfd_settime() on every loop pass (several a message), so a non-zero @tv is padded by
+ * one tick instead and may end up to a tick late. A zero @tv runs @ev on the next pass. Borrows
+ * @ev and @tv. Return: event_add()'s (0 or -1).
+ */
+static inline int tpd_timer_add(struct event *ev, const struct timeval *tv)
+{
+	static long tick_us = -1; /* per file; the loop's thread only */
+	struct timeval padded = *tv;
+
+	if (!tv->tv_sec && !tv->tv_usec)
+		return event_add(ev, tv);
+	if (tick_us < 0) {
+		struct timespec res;
+
+		tick_us = clock_getres(CLOCK_MONOTONIC_COARSE, &res) < 0 ? 10000
+			  : (long)(res.tv_sec * 1000000 + (res.tv_nsec + 999) / 1000);
+	}
+	padded.tv_usec += tick_us;
+	padded.tv_sec += padded.tv_usec / 1000000;
+	padded.tv_usec %= 1000000;
+	return event_add(ev, &padded);
 }
 
 #endif

@@ -211,7 +211,7 @@ static void daemon_on_accept(evutil_socket_t lfd, short what, void *arg)
 				tpu_log_warn("accept failed: %m; pausing accepts for 1 s (%u more "
 					     "pauses since the last such line)", suppressed);
 			event_del(d->ev_accept);
-			evtimer_add(d->ev_accept_resume, &one);
+			tpd_timer_add(d->ev_accept_resume, &one);
 			return;
 		}
 		/* Limits (sessions-max, per uid, reserved slots) are checked against the
@@ -239,7 +239,7 @@ static void daemon_on_drain(evutil_socket_t fd, short what, void *arg)
 		finish_stop(d);
 		return;
 	}
-	evtimer_add(d->ev_drain, &tv);
+	tpd_timer_add(d->ev_drain, &tv);
 }
 
 static void daemon_stop(struct tpd_daemon *d, const char *why)
@@ -314,7 +314,7 @@ static int setup_tick(struct tpd_daemon *d)
 	tv.tv_sec = (time_t)(period / 1000000);
 	tv.tv_usec = (suseconds_t)(period % 1000000);
 	d->ev_tick = event_new(d->base, -1, EV_PERSIST, daemon_on_tick, d);
-	if (!d->ev_tick || event_add(d->ev_tick, &tv) < 0)
+	if (!d->ev_tick || tpd_timer_add(d->ev_tick, &tv) < 0)
 		return -ENOMEM;
 	return 0;
 }
@@ -485,7 +485,6 @@ static const struct tpd_daemon_ops daemon_ops = {
 int tpd_daemon_new(const struct tpd_config *cfg, struct tpd_daemon **ret)
 {
 	struct tpd_daemon *d = calloc(1, sizeof(*d));
-	struct event_config *ecfg;
 	int r;
 
 	if (!d)
@@ -501,17 +500,12 @@ int tpd_daemon_new(const struct tpd_config *cfg, struct tpd_daemon **ret)
 	if (r < 0)
 		goto fail;
 	r = -ENOMEM;
-	/* a precise clock: libevent otherwise reads CLOCK_MONOTONIC_COARSE (a tick of up to 4 ms),
-	 * and a timer (a channel write's or read's timeout, the peer timeout) fired up to a tick
-	 * early */
-	ecfg = event_config_new();
-	if (!ecfg || event_config_set_flag(ecfg, EVENT_BASE_FLAG_PRECISE_TIMER) < 0 ||
-	    !(d->base = event_base_new_with_config(ecfg))) {
-		if (ecfg)
-			event_config_free(ecfg);
+	/* libevent's coarse clock (a tick of up to 4 ms stale): its precise one re-arms a timerfd on
+	 * every loop pass. Timers go through tpd_timer_add(), which pads them by a tick so that none
+	 * fires early (a channel write's 100 ms timeout must not end after 97 ms). */
+	d->base = event_base_new();
+	if (!d->base)
 		goto fail;
-	}
-	event_config_free(ecfg);
 	r = tpd_local_new(d, &d->local);
 	if (r < 0)
 		goto fail;

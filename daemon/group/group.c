@@ -446,7 +446,7 @@ static void group_on_join(struct tpd_session *s, const Tpw__V1__GroupJoin *j)
 	mb->pid = tpd_session_pid(s);
 	mb->joined = true;
 	grp->joined++;
-	evtimer_add(mb->ev_timeout, &tv);
+	tpd_timer_add(mb->ev_timeout, &tv);
 	if (grp->joined == grp->size)
 		tpd_group_form(grp);
 }

@@ -201,7 +201,7 @@ static int cgroup_new(struct tpd_groups *gs, const Tpw__V1__PeerGroupJoin *j,
 	cg->id = ++gs->next_cgroup_id;
 	cg->uid = j->uid;
 	cg->size = j->size;
-	evtimer_add(cg->ev_timeout, &tv);
+	tpd_timer_add(cg->ev_timeout, &tv);
 	tpu_list_insert_tail(&gs->cgroups, &cg->node);
 	*ret = cg;
 	return 0;

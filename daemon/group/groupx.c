@@ -277,7 +277,7 @@ void tpd_groupx_join(struct tpd_session *s, const Tpw__V1__GroupJoin *j)
 	xj->pid = tpd_session_pid(s);
 	snprintf(xj->coord, sizeof(xj->coord), strchr(host, ':') ? "[%s]:%u" : "%s:%u", host,
 		 (unsigned)port);
-	evtimer_add(xj->ev_timeout, &tv);
+	tpd_timer_add(xj->ev_timeout, &tv);
 	if (coord_is_self(gs, host, port)) {
 		xjoin_send(xj);
 		return;
@@ -457,7 +457,7 @@ static void member_on_joined(struct tpd_groups *gs, struct tpd_peer *pr,
 	if (grp->joined == grp->size)
 		tpd_group_form(grp);
 	else /* the others' answers are due now: a coordinator that holds them back times out */
-		evtimer_add(mb->ev_timeout, &tv);
+		tpd_timer_add(mb->ev_timeout, &tv);
 	return;
 refuse:
 	send_gone(gs, pr, xj->join_id, 0, (uint32_t)xj->pid, TPU_GRPARENA_DIED, 0);

@@ -247,7 +247,7 @@ int tpd_session_new(struct tpd_daemon *d, int fd, struct tpd_session **ret)
 	if (!s->ev_close || !s->ev_hello)
 		goto fail;
 	event_base_update_cache_time(base); /* the hello deadline runs from now */
-	if (evtimer_add(s->ev_hello, &hello_tv) < 0)
+	if (tpd_timer_add(s->ev_hello, &hello_tv) < 0)
 		goto fail;
 	tpd_session_log(s, TPU_LOG_INFO, "attached, uid %u", (unsigned)s->uid);
 	*ret = s;

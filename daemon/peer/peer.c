@@ -556,7 +556,7 @@ void tpd_peer_timer_arm_ms(struct event *ev, uint32_t ms)
 	struct timeval tv = { ms / 1000, (ms % 1000) * 1000 };
 
 	event_base_update_cache_time(event_get_base(ev)); /* from now, not the pass's start */
-	evtimer_add(ev, &tv);
+	tpd_timer_add(ev, &tv);
 }
 
 /* ---- control connection -------------------------------------------------------------------- */

@@ -314,7 +314,7 @@ static int data_dial_wait(struct data_dial *dd, bool write)
 		event_free(dd->ev);
 	dd->ev = event_new(dd->peers->base, dd->fd, write ? EV_WRITE : EV_READ, data_dial_on_event,
 			   dd);
-	if (!dd->ev || event_add(dd->ev, &tv) < 0)
+	if (!dd->ev || tpd_timer_add(dd->ev, &tv) < 0)
 		return -ENOMEM;
 	return 0;
 }

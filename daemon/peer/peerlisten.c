@@ -382,7 +382,7 @@ static int conn_wait(struct peer_conn *c, bool write)
 	if (c->ev)
 		event_free(c->ev);
 	c->ev = event_new(c->peers->base, c->fd, write ? EV_WRITE : EV_READ, conn_on_event, c);
-	if (!c->ev || event_add(c->ev, &tv) < 0)
+	if (!c->ev || tpd_timer_add(c->ev, &tv) < 0)
 		return -ENOMEM;
 	return 0;
 }
@@ -545,7 +545,7 @@ static void accept_pause(struct tpd_peers *ps, int err)
 	if (!ps->ev_accept_resume)
 		return; /* cannot pause: keep accepting */
 	event_del(ps->ev_accept);
-	evtimer_add(ps->ev_accept_resume, &one);
+	tpd_timer_add(ps->ev_accept_resume, &one);
 }
 
 static void peer_on_accept(evutil_socket_t lfd, short what, void *arg)
