@@ -11,6 +11,7 @@
 #include <unistd.h>
 #include "addr.h"
 #include "config.h"
+#include "quota.h"
 #include "ring.h"
 #include "tpb.h"
 #include "tpconfig.h"
@@ -280,7 +281,7 @@ static const char *ini_key(const struct opt *o)
 
 uint64_t tpd_config_fd_reserve(const struct tpd_config *c)
 {
-	return 256 + 3ull * c->sessions_max + 2ull * c->peer_links_max +
+	return 256 + TPD_QUOTA_FDS_IN_FLIGHT + 3ull * c->sessions_max + 2ull * c->peer_links_max +
 	       2ull * c->peer_data_conns_max + c->peer_pending_max +
 	       c->pipe_ring_bytes_max / PRING_FILE_MIN;
 }

@@ -161,7 +161,10 @@ int tpd_config_diff(const struct tpd_config *old, const struct tpd_config *new,
  * tpd_config_fd_reserve() - the fds @c lets the daemon use besides those it keeps for clients:
  * its own (listeners, event and timer fds, files it opens for a moment), three per session
  * (the socket, the client's pidfd and /proc directory), links other daemons open and links it
- * dials, their data connections, connections not yet identified, pipe rings. An explicit
+ * dials, their data connections, connections not yet identified, pipe rings, and the
+ * clients' fds in flight that may go beyond kept_fds_cap (TPD_QUOTA_FDS_IN_FLIGHT). The fds a
+ * session holds for its client besides those three (fds received ahead of their frames, fds
+ * queued towards it) are charged as kept fds (tpd_quota_charge_parked_fd()). An explicit
  * kept-fds-max must fit RLIMIT_NOFILE less this; kept-fds-max 0 derives it so.
  */
 uint64_t tpd_config_fd_reserve(const struct tpd_config *c);

@@ -216,6 +216,34 @@ int tpd_quota_charge_fd(struct tpd_quota *q, const struct tpd_config *cfg, struc
 	return 0;
 }
 
+int tpd_quota_charge_parked_fd(struct tpd_quota *q, const struct tpd_config *cfg,
+			       struct tpd_uid_acct *a, char *why, size_t wl)
+{
+	unsigned mine = atomic_load(&a->kept_fds), all = atomic_load(&q->kept_fds);
+	int r = 0;
+
+	if (a->uid != 0 && mine >= cfg->kept_fds_per_uid + TPD_QUOTA_FDS_IN_FLIGHT) {
+		snprintf(why, wl, "uid %u holds %u fds in the daemon, its limit (tpipd "
+			 "--kept-fds-per-uid %u, and %u in flight)", (unsigned)a->uid, mine,
+			 cfg->kept_fds_per_uid, TPD_QUOTA_FDS_IN_FLIGHT);
+		r = -EMFILE;
+	} else if (all >= cfg->kept_fds_cap + TPD_QUOTA_FDS_IN_FLIGHT) {
+		snprintf(why, wl, "the daemon holds %u fds for clients, its limit (tpipd "
+			 "--kept-fds-max%s %u, and %u in flight)", all,
+			 cfg->kept_fds_max ? "" : ", derived:", cfg->kept_fds_cap,
+			 TPD_QUOTA_FDS_IN_FLIGHT);
+		r = -ENFILE;
+	}
+	if (r < 0) {
+		q->kept_fds_refused++;
+		q->parked_fds_refused++;
+		return r;
+	}
+	atomic_fetch_add(&a->kept_fds, 1);
+	atomic_fetch_add(&q->kept_fds, 1);
+	return 0;
+}
+
 void tpd_quota_release_fd(struct tpd_quota *q, struct tpd_uid_acct *a)
 {
 	atomic_fetch_sub(&a->kept_fds, 1);

@@ -70,7 +70,9 @@ struct tpd_quota {
 	uint64_t budget_waits; /* writes that started a wait for the budget, since start */
 	atomic_uint kept_fds;  /* clients' fds kept, every uid (tpd_quota_charge_fd()) */
 	uint64_t kept_fds_refused; /* kept fds refused by kept-fds-per-uid or -max, since start */
+	uint64_t parked_fds_refused; /* of those, parked fds (tpd_quota_charge_parked_fd()) */
 	struct tpd_ratelog kept_fds_log;
+	struct tpd_ratelog parked_fds_log; /* sessions failed for their parked fds */
 	struct tpd_ratelog refuse_log;
 	struct tpd_ratelog budget_log[2]; /* [0] per-uid, [1] daemon-wide budget hit */
 };
@@ -128,6 +130,29 @@ int tpd_quota_charge_fd(struct tpd_quota *q, const struct tpd_config *cfg, struc
 
 /* Releases one fd charged before to @a and @q. Thread safe. Borrows @q and @a. */
 void tpd_quota_release_fd(struct tpd_quota *q, struct tpd_uid_acct *a);
+
+/*
+ * Room for fds in flight above the kept-fds limits: a uid at kept-fds-per-uid may still hand
+ * over (or be handed) one session's worth of fds (16 received ahead of their frames, 8 queued
+ * towards it), and all of them together may hold this many beyond kept_fds_cap, which
+ * tpd_config_fd_reserve() sets aside.
+ */
+#define TPD_QUOTA_FDS_IN_FLIGHT 24
+
+/*
+ * tpd_quota_charge_parked_fd() - may the daemon hold one more fd for a session of @a outside
+ * its handlers: an fd a client sent ahead of the frame that announces it (still in the
+ * session's fd queue when a read of it ends), or a duplicate queued towards a client that does
+ * not read its socket? Charged like a kept fd, to the same counters, but checked against
+ * kept-fds-per-uid (root is exempt) and kept_fds_cap plus TPD_QUOTA_FDS_IN_FLIGHT, so that a
+ * uid at its limit still passes the fds a frame carries. The holder releases it with
+ * tpd_quota_release_fd() once the fd is closed or claimed by its frame (a handler that then
+ * keeps it charges it again with tpd_quota_charge_fd()). Loop thread only. Borrows @q, @cfg
+ * and @a.
+ * Return: as tpd_quota_charge_fd().
+ */
+int tpd_quota_charge_parked_fd(struct tpd_quota *q, const struct tpd_config *cfg,
+			       struct tpd_uid_acct *a, char *why, size_t wl);
 
 /*
  * tpd_quota_charge_wait() - may one more call of @a's uid wait in the daemon (a channel read or

@@ -50,10 +50,20 @@ struct outbuf {
 	uint8_t data[];
 };
 
+/* The fds @c holds for its client are now @n_left of a kind of which @charged were charged as
+ * parked fds: gives back the charges of those gone (closed, sent, or claimed by their frame). */
+static void fds_uncharge(struct tpd_conn *c, unsigned *charged, unsigned n_left)
+{
+	for (; *charged > n_left; (*charged)--)
+		tpd_quota_release_fd(tpd_daemon_quota(c->d), c->acct);
+}
+
 static void outbuf_free(struct tpd_conn *c, struct outbuf *o)
 {
-	if (o->fd >= 0)
+	if (o->fd >= 0) {
 		c->outq_fds--;
+		fds_uncharge(c, &c->outq_fds_charged, c->outq_fds);
+	}
 	tpu_close(o->fd);
 	free(o);
 }
@@ -76,6 +86,48 @@ static void _printf_(4, 5) conn_fail(struct tpd_conn *c, int level, Tpw__V1__Sta
 	vsnprintf(msg, sizeof(msg), fmt, ap);
 	va_end(ap);
 	c->ops->on_fail(c->owner, level, status, msg);
+}
+
+/* ---- fds held for the client --------------------------------------------------------------- */
+
+/*
+ * Charges to the uid the fds @c holds for its client beyond its handlers once a read or a send
+ * is over: those received ahead of the frames that announce them, and duplicates queued towards
+ * a client that has not read them. Each is a slot of the daemon's fd table outside
+ * tpd_config_fd_reserve(), so they count as kept fds (tpd_quota_charge_parked_fd()); a frame
+ * that arrives with its fds gives them to its handler in the same read, uncharged. Over the
+ * uid's or the daemon's limit fails @c, logged at most once a second (anyone can provoke it).
+ * Return: 0, or -EMFILE / -ENFILE once @c failed.
+ */
+static int fds_charge(struct tpd_conn *c)
+{
+	struct tpd_quota *q = tpd_daemon_quota(c->d);
+	unsigned suppressed = 0;
+	char why[200];
+	int r;
+
+	if (c->stopped || !c->acct)
+		return 0; /* a failed connection's fds go with it, in tpd_conn_done() */
+	while (c->fdq_charged < c->n_fdq || c->outq_fds_charged < c->outq_fds) {
+		r = tpd_quota_charge_parked_fd(q, tpd_daemon_cfg(c->d), c->acct, why, sizeof(why));
+		if (r < 0)
+			goto refuse;
+		if (c->fdq_charged < c->n_fdq)
+			c->fdq_charged++;
+		else
+			c->outq_fds_charged++;
+	}
+	return 0;
+refuse:
+	if (!tpd_quota_ratelog_ok(&q->parked_fds_log, 1000, &suppressed)) {
+		conn_fail(c, TPU_LOG_DEBUG, TPW__V1__STATUS__STATUS_LIMIT,
+			  "%u fds held for the client: %s", c->n_fdq + c->outq_fds, why);
+		return r;
+	}
+	conn_fail(c, TPU_LOG_WARNING, TPW__V1__STATUS__STATUS_LIMIT,
+		  "%u fds held for the client: %s (%u similar closes since the last such line)",
+		  c->n_fdq + c->outq_fds, why, suppressed);
+	return r;
 }
 
 /* ---- buffering ----------------------------------------------------------------------------- */
@@ -208,6 +260,7 @@ static ssize_t send_outbuf(struct tpd_conn *c, struct outbuf *o)
 	if (n > 0) {
 		o->fd = tpu_close(o->fd); /* the client's now (in flight) */
 		c->outq_fds--;
+		fds_uncharge(c, &c->outq_fds_charged, c->outq_fds);
 	}
 	return n;
 }
@@ -369,14 +422,14 @@ static int conn_queue(struct tpd_conn *c, Tpw__V1__DaemonMsg *m, const struct io
 	tpu_list_insert_tail(&c->outq, &o->node);
 	c->outq_bytes += len;
 	if (!was_empty)
-		return 0;
+		return o->fd >= 0 ? fds_charge(c) : 0;
 	r = flush_out(c);
 	if (r < 0) {
 		fail_output(c, r);
 		return r;
 	}
 	update_write_interest(c);
-	return 0;
+	return c->outq_fds ? fds_charge(c) : 0; /* an fd the client did not take yet */
 }
 
 int tpd_conn_send(struct tpd_conn *c, Tpw__V1__DaemonMsg *m, const struct iovec *tail,
@@ -461,6 +514,8 @@ static int claim_fds(struct tpd_conn *c, const struct tpw_hdr *h, int *ret_fd)
 			tpu_close(c->fdq[i]);
 		memmove(c->fdq, c->fdq + h->nfds, (c->n_fdq - h->nfds) * sizeof(int));
 		c->n_fdq -= h->nfds;
+		/* the claimed fd is the handler's now: one that keeps it charges it again */
+		fds_uncharge(c, &c->fdq_charged, c->n_fdq);
 	}
 	return 0;
 }
@@ -730,6 +785,7 @@ bool tpd_conn_ring_poll(struct tpd_conn *c)
 	if (!c->ring || c->stopped)
 		return false;
 	moved = ring_pull(c);
+	(void)fds_charge(c); /* fds sent ahead of frames not in the ring yet */
 	if (tpu_list_empty(&c->outq) || c->stopped)
 		return moved;
 	queued = c->outq_bytes;
@@ -800,7 +856,7 @@ static void conn_on_read(evutil_socket_t fd, short what, void *arg)
 		ssize_t n = recv_some(c);
 
 		if (n == -EAGAIN || n == -EINTR)
-			return;
+			break;
 		if (n <= 0) {
 			fail_read(c, n);
 			return;
@@ -811,6 +867,7 @@ static void conn_on_read(evutil_socket_t fd, short what, void *arg)
 			return;
 		}
 	}
+	(void)fds_charge(c); /* the fds of a frame that has not arrived whole */
 }
 
 /* ---- life cycle ---------------------------------------------------------------------------- */
@@ -866,6 +923,7 @@ void tpd_conn_done(struct tpd_conn *c)
 	for (unsigned i = 0; i < c->n_fdq; i++)
 		tpu_close(c->fdq[i]);
 	c->n_fdq = 0;
+	fds_uncharge(c, &c->fdq_charged, 0);
 	if (c->ring_map)
 		munmap(c->ring_map, tpu_ring_map_size(c->ring_size));
 	c->ring_map = NULL;

@@ -19,7 +19,9 @@
 #include "tpu.h"
 #include "tpw.pb-c.h"
 
-#define TPD_CONN_FDS_MAX 16 /* fds received ahead of the frames that announce them */
+/* fds received ahead of the frames that announce them. Those still queued when a read of the
+ * session ends are charged to its uid as kept fds (tpd_quota_charge_parked_fd()), as are: */
+#define TPD_CONN_FDS_MAX 16
 #define TPD_CONN_OUT_FDS_MAX 8 /* fds queued for a socket session that has not read them */
 #define TPD_SEND_TAIL_MAX 8 /* data pieces a frame sent by tpd_session_send() may carry inline */
 
@@ -78,9 +80,11 @@ struct tpd_conn {
 	size_t in_charged; /* input buffer bytes charged to the uid's quota */
 	int fdq[TPD_CONN_FDS_MAX];
 	unsigned n_fdq;
+	unsigned fdq_charged; /* of those, charged to the uid as parked fds (quota.h) */
 	struct tpu_list outq;
 	uint64_t outq_bytes;
 	unsigned outq_fds; /* of the queued frames' fds, those not sent yet */
+	unsigned outq_fds_charged; /* of those, charged to the uid as parked fds */
 	uint64_t seq_out;
 	uint64_t bytes_in, bytes_out;
 	/* Shared-memory control rings (RingSetup): once `ring` is set, frames travel in
@@ -117,8 +121,8 @@ void tpd_conn_stop(struct tpd_conn *c);
 
 /*
  * tpd_conn_done() - free @c: queued output (its quota released), the input buffer
- * (likewise), fds received and not claimed, the ring mapping, the events, and close the
- * socket. Accepts a connection only set up, or half started; @c itself stays the caller's.
+ * (likewise), fds received and not claimed (likewise), the ring mapping, the events, and close
+ * the socket. Accepts a connection only set up, or half started; @c itself stays the caller's.
  */
 void tpd_conn_done(struct tpd_conn *c);
 
@@ -165,8 +169,9 @@ int tpd_conn_send_fd(struct tpd_conn *c, int fd);
 /*
  * tpd_conn_send_with_fd() - tpd_conn_send() of @m (no data tail) with @fd handed to the client
  * by SCM_RIGHTS ahead of it: on a ring session as tpd_conn_send_fd() does, on the socket with
- * the frame's first byte (a duplicate waits in the output queue until then, and is closed with
- * the queue if the session ends first). Borrows @fd.
+ * the frame's first byte (a duplicate waits in the output queue until then, charged to the
+ * uid as a parked fd, and is closed with the queue if the session ends first; over the uid's
+ * or the daemon's fd limit that fails the owner). Borrows @fd.
  * Return: 0 or -errno (as tpd_conn_send_fd() and tpd_conn_send()).
  */
 int tpd_conn_send_with_fd(struct tpd_conn *c, Tpw__V1__DaemonMsg *m, int fd);

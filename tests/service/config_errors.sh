@@ -132,33 +132,33 @@ expect_exit2 "--no-such-flag" "unknown or incomplete option" \
 	"$TPIPD_BIN" --config "$conf" --no-such-flag --check-config
 [ ! -e "$sock" ] || fail "a failed start created $sock"
 
-check "kept-fds-max must fit RLIMIT_NOFILE less the reserve: under ulimit -n 8192, 2944 fits (8192 - 5248)," \
-	"2945 does not (exit 2 naming both figures, at start too); a file's value likewise; 0 derives it"
-(ulimit -n 8192 && "$TPIPD_BIN" --config "$conf" --kept-fds-max 2944 --check-config) \
-	>/dev/null 2>"$SVC_TMP/err" || { cat "$SVC_TMP/err"; fail "kept-fds-max 2944 refused"; }
+check "kept-fds-max must fit RLIMIT_NOFILE less the reserve: under ulimit -n 8192, 2920 fits (8192 - 5272)," \
+	"2921 does not (exit 2 naming both figures, at start too); a file's value likewise; 0 derives it"
+(ulimit -n 8192 && "$TPIPD_BIN" --config "$conf" --kept-fds-max 2920 --check-config) \
+	>/dev/null 2>"$SVC_TMP/err" || { cat "$SVC_TMP/err"; fail "kept-fds-max 2920 refused"; }
 (ulimit -n 8192 && "$TPIPD_BIN" --config "$conf" --kept-fds-max 0 --check-config) \
 	>/dev/null 2>"$SVC_TMP/err" || { cat "$SVC_TMP/err"; fail "kept-fds-max 0 refused"; }
-expect_exit2 "--kept-fds-max 2945" \
-	"^tpipd: kept-fds-max: 2945 fds do not fit RLIMIT_NOFILE 8192, which leaves 2944 once 5248 are set aside" \
-	bash -c 'ulimit -n 8192 && exec "$0" "$@"' "$TPIPD_BIN" --config "$conf" --kept-fds-max 2945 \
+expect_exit2 "--kept-fds-max 2921" \
+	"^tpipd: kept-fds-max: 2921 fds do not fit RLIMIT_NOFILE 8192, which leaves 2920 once 5272 are set aside" \
+	bash -c 'ulimit -n 8192 && exec "$0" "$@"' "$TPIPD_BIN" --config "$conf" --kept-fds-max 2921 \
 	--check-config
-expect_exit2 "--kept-fds-max 2945 (start)" "^tpipd: kept-fds-max: 2945 fds do not fit" \
-	bash -c 'ulimit -n 8192 && exec "$0" "$@"' "$TPIPD_BIN" --config "$conf" --kept-fds-max 2945 \
+expect_exit2 "--kept-fds-max 2921 (start)" "^tpipd: kept-fds-max: 2921 fds do not fit" \
+	bash -c 'ulimit -n 8192 && exec "$0" "$@"' "$TPIPD_BIN" --config "$conf" --kept-fds-max 2921 \
 	--socket "$sock"
 [ ! -e "$sock" ] || fail "a failed start created $sock"
 printf '[limits]\nsessions-max = 4096\nkept-fds-max = 1000\n' >"$conf"
 expect_exit2 "kept-fds-max in the file, sessions-max raised" \
-	"^tpipd: kept-fds-max: 1000 fds do not fit RLIMIT_NOFILE 8192, which leaves 0 once 14464" \
+	"^tpipd: kept-fds-max: 1000 fds do not fit RLIMIT_NOFILE 8192, which leaves 0 once 14488" \
 	bash -c 'ulimit -n 8192 && exec "$0" "$@"' "$TPIPD_BIN" --config "$conf" --check-config
 check "a soft RLIMIT_NOFILE below the hard one (a shell's 1024) is raised to it at start, so" \
-	"kept fds are derived from the hard limit (1024 alone leaves none once 5248 are set aside)"
+	"kept fds are derived from the hard limit (1024 alone leaves none once 5272 are set aside)"
 : >"$conf"
 (ulimit -Sn 1024 && ulimit -Hn 8192 &&
 	exec "$TPIPD_BIN" --config "$conf" --socket "$SVC_TMP/nofile.sock") 2>"$SVC_TMP/nofile.log" &
 nofile_pid=$!
 for _ in $(seq 100); do [ -S "$SVC_TMP/nofile.sock" ] && break; sleep 0.05; done
 grep -q "RLIMIT_NOFILE raised from 1024 to its hard limit 8192" "$SVC_TMP/nofile.log" &&
-	grep -q "keeps at most 2944 fds of clients' buffers" "$SVC_TMP/nofile.log" ||
+	grep -q "keeps at most 2920 fds of clients' buffers" "$SVC_TMP/nofile.log" ||
 	{ kill "$nofile_pid"; cat "$SVC_TMP/nofile.log"; fail "the soft limit was not raised"; }
 kill "$nofile_pid"
 wait "$nofile_pid" 2>/dev/null || true

@@ -2,8 +2,9 @@
 /*
  * Unit tests of the daemon's rate-limited logging (daemon/core/quota.c): one line per interval,
  * and a burst per window, each just at and just above its bound, with the count of the lines held
- * back handed to the next line allowed; and the per-uid count of waiting calls (waits-per-uid)
- * at and above its bound, given back, root exempt.
+ * back handed to the next line allowed; the per-uid count of waiting calls (waits-per-uid)
+ * at and above its bound, given back, root exempt; and fds parked ahead of their frames,
+ * charged as kept fds up to kept-fds-per-uid and kept_fds_cap plus TPD_QUOTA_FDS_IN_FLIGHT.
  */
 #include <check.h>
 #include <errno.h>
@@ -73,6 +74,54 @@ START_TEST(test_waits_at_and_above_waits_per_uid)
 }
 END_TEST
 
+START_TEST(test_parked_fds_at_and_above_kept_fds_per_uid_plus_in_flight)
+{
+	struct tpd_config cfg = { .kept_fds_per_uid = 4, .kept_fds_cap = 1000 };
+	struct tpd_uid_acct a = { .uid = 65534 }, b = { .uid = 4242 };
+	unsigned limit = 4 + TPD_QUOTA_FDS_IN_FLIGHT;
+	struct tpd_quota q;
+	char why[200];
+
+	tpd_quota_init(&q);
+	for (unsigned i = 0; i < 4; i++) /* kept fds up to their own limit */
+		ck_assert_int_eq(tpd_quota_charge_fd(&q, &cfg, &a, why, sizeof(why)), 0);
+	ck_assert_int_eq(tpd_quota_charge_fd(&q, &cfg, &a, why, sizeof(why)), -EMFILE);
+	for (unsigned i = 4; i < limit; i++) /* parked fds: the same count, 24 more */
+		ck_assert_int_eq(tpd_quota_charge_parked_fd(&q, &cfg, &a, why, sizeof(why)), 0);
+	ck_assert_int_eq(tpd_quota_charge_parked_fd(&q, &cfg, &a, why, sizeof(why)), -EMFILE);
+	ck_assert_ptr_nonnull(strstr(why, "kept-fds-per-uid 4, and 24 in flight"));
+	ck_assert_uint_eq(atomic_load(&a.kept_fds), limit);
+	ck_assert_uint_eq(q.parked_fds_refused, 1);
+	ck_assert_int_eq(tpd_quota_charge_parked_fd(&q, &cfg, &b, why, sizeof(why)), 0);
+	tpd_quota_release_fd(&q, &a);
+	ck_assert_int_eq(tpd_quota_charge_parked_fd(&q, &cfg, &a, why, sizeof(why)), 0);
+	ck_assert_uint_eq(atomic_load(&q.kept_fds), limit + 1);
+	tpd_quota_done(&q);
+}
+END_TEST
+
+START_TEST(test_parked_fds_at_and_above_kept_fds_cap_plus_in_flight)
+{
+	struct tpd_config cfg = { .kept_fds_per_uid = 1000, .kept_fds_cap = 2, .kept_fds_max = 2 };
+	struct tpd_uid_acct a = { .uid = 65534 }, root = { .uid = 0 };
+	unsigned limit = 2 + TPD_QUOTA_FDS_IN_FLIGHT;
+	struct tpd_quota q;
+	char why[200];
+
+	tpd_quota_init(&q);
+	for (unsigned i = 0; i < limit - 1; i++)
+		ck_assert_int_eq(tpd_quota_charge_parked_fd(&q, &cfg, &a, why, sizeof(why)), 0);
+	ck_assert_int_eq(tpd_quota_charge_fd(&q, &cfg, &root, why, sizeof(why)), -ENFILE);
+	ck_assert_int_eq(tpd_quota_charge_parked_fd(&q, &cfg, &root, why, sizeof(why)), 0);
+	/* root, exempt per uid, stops at the daemon-wide bound like anyone */
+	ck_assert_int_eq(tpd_quota_charge_parked_fd(&q, &cfg, &root, why, sizeof(why)), -ENFILE);
+	ck_assert_int_eq(tpd_quota_charge_parked_fd(&q, &cfg, &a, why, sizeof(why)), -ENFILE);
+	ck_assert_ptr_nonnull(strstr(why, "kept-fds-max 2, and 24 in flight"));
+	ck_assert_uint_eq(atomic_load(&q.kept_fds), limit);
+	tpd_quota_done(&q);
+}
+END_TEST
+
 int main(void)
 {
 	Suite *s = suite_create("quota");
@@ -83,6 +132,8 @@ int main(void)
 	tcase_add_test(tc, test_ratelog_one_line_per_interval);
 	tcase_add_test(tc, test_ratelog_burst_at_and_above_its_bound);
 	tcase_add_test(tc, test_waits_at_and_above_waits_per_uid);
+	tcase_add_test(tc, test_parked_fds_at_and_above_kept_fds_per_uid_plus_in_flight);
+	tcase_add_test(tc, test_parked_fds_at_and_above_kept_fds_cap_plus_in_flight);
 	suite_add_tcase(s, tc);
 	sr = srunner_create(s);
 	srunner_run_all(sr, CK_NORMAL);
