@@ -379,6 +379,29 @@ uint64_t tpc_buffer_stage_class(uint64_t size)
 	return cls < size ? UINT64_MAX : cls;
 }
 
+/*
+ * Faults in the first @len bytes of new buffer @b (its pages allocated and zeroed by one call,
+ * MADV_POPULATE_WRITE, Linux 5.14) instead of a page fault every 4 KiB under the first copy
+ * into it: a fresh 16 MiB buffer costs its first copy several times a reused one's, most of it
+ * allocating and zeroing pages, a fifth of it the faults themselves. Only the bytes the caller
+ * is about to write, not the rest of the size class. Best effort: an older kernel faults them
+ * in as before.
+ */
+static void buffer_prefault(struct tpc_buf *b, size_t len)
+{
+#ifdef MADV_POPULATE_WRITE
+	size_t page = (size_t)sysconf(_SC_PAGESIZE);
+
+	len = TPU_MIN(len, b->size); /* (a multiple of pages) */
+	len = TPU_MIN((len + page - 1) & ~(page - 1), b->size);
+	if (len)
+		(void)madvise(b->addr, len, MADV_POPULATE_WRITE);
+#else
+	(void)b;
+	(void)len;
+#endif
+}
+
 int tpc_buffer_chan_new(struct tp_context *ctx, size_t size, struct tpc_buf **ret)
 {
 	_cleanup_close_ int fd = -EBADF;
@@ -395,6 +418,7 @@ int tpc_buffer_chan_new(struct tp_context *ctx, size_t size, struct tpc_buf **re
 	pthread_mutex_unlock(&ctx->send_lock);
 	if (r < 0)
 		return r;
+	buffer_prefault(b, size); /* while the daemon registers it */
 	pthread_mutex_lock(&ctx->lock);
 	r = tpc_context_req_wait_locked(ctx, &b->req, ctx->reply_ms);
 	pthread_mutex_unlock(&ctx->lock);
