@@ -654,7 +654,14 @@ int tpc_context_drain_bells(struct tp_context *ctx)
 		ssize_t k = recvmsg(ctx->fd, &mh, MSG_DONTWAIT | MSG_CMSG_CLOEXEC);
 
 		if (k > 0) {
+			bool fds = mh.msg_controllen != 0;
+
 			tpc_context_keep_fds(ctx, &mh);
+			/* A stream socket's read stops short only where the queue ran dry or after
+			 * a message's fds: a short one without fds emptied it, no read to hear
+			 * EAGAIN. Later bytes or the end make the socket readable again. */
+			if ((size_t)k < sizeof(bells) && !fds)
+				return 0;
 			continue;
 		}
 		if (k < 0 && errno == EINTR)

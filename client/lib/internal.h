@@ -475,8 +475,9 @@ struct tp_listener {
 
 /* ---- context.c ----------------------------------------------------------------------------- */
 
-/* Reads the doorbell bytes on a ring context's socket, keeping the fds that come with them for
- * RingXfer (ctx->pring_fds); rx_lock held. Return: 0, or -ECONNRESET at its end. */
+/* Reads the doorbell bytes on a ring context's socket until it is empty, keeping the fds that
+ * come with them for RingXfer (ctx->pring_fds); rx_lock held. Return: 0, or -ECONNRESET at its
+ * end. */
 int tpc_context_drain_bells(struct tp_context *ctx);
 
 /* Keeps the fds that came with @mh (SCM_RIGHTS) in ctx->pring_fds for the frames that announce

@@ -158,6 +158,62 @@ static void fill_desc(Tpw__V1__Descriptor *dd, const Tpw__V1__Write *w, Tpw__V1_
 	dd->tensors = tdp;
 }
 
+/* A message of up to DESC_INLINE payloads and as many tensors (every ordinary one) has its
+ * descriptor's parts built on the stack: no allocation per descriptor on the message path. */
+#define DESC_INLINE 8
+
+/* The parts of one Descriptor: on the stack (@in_*), or allocated for a larger message. */
+struct desc_parts {
+	Tpw__V1__PayloadDesc *pd;
+	Tpw__V1__PayloadDesc **pdp;
+	Tpw__V1__TensorDesc *td;
+	Tpw__V1__TensorDesc **tdp;
+	struct iovec *iov;
+	bool heap;
+	Tpw__V1__PayloadDesc in_pd[DESC_INLINE];
+	Tpw__V1__PayloadDesc *in_pdp[DESC_INLINE];
+	Tpw__V1__TensorDesc in_td[DESC_INLINE];
+	Tpw__V1__TensorDesc *in_tdp[DESC_INLINE];
+	struct iovec in_iov[2 * DESC_INLINE];
+};
+
+static void desc_parts_done(struct desc_parts *p)
+{
+	if (!p->heap)
+		return;
+	free(p->pd);
+	free(p->pdp);
+	free(p->td);
+	free(p->tdp);
+	free(p->iov);
+}
+
+/* Points @p's parts at room for @w's payloads and tensors. Return: 0 or -ENOMEM. */
+static int desc_parts_init(struct desc_parts *p, const Tpw__V1__Write *w)
+{
+	size_t n = w->n_payloads + w->n_tensors;
+
+	p->heap = w->n_payloads > DESC_INLINE || w->n_tensors > DESC_INLINE;
+	if (!p->heap) {
+		p->pd = p->in_pd;
+		p->pdp = p->in_pdp;
+		p->td = p->in_td;
+		p->tdp = p->in_tdp;
+		p->iov = p->in_iov;
+		return 0;
+	}
+	p->pd = calloc(w->n_payloads + 1, sizeof(*p->pd));
+	p->pdp = calloc(w->n_payloads + 1, sizeof(*p->pdp));
+	p->td = calloc(w->n_tensors + 1, sizeof(*p->td));
+	p->tdp = calloc(w->n_tensors + 1, sizeof(*p->tdp));
+	p->iov = calloc(n + 1, sizeof(*p->iov));
+	if (!p->pd || !p->pdp || !p->td || !p->tdp || !p->iov) {
+		desc_parts_done(p);
+		return -ENOMEM;
+	}
+	return 0;
+}
+
 /* Sends the descriptor of @m (written as @w) to the reader @r, with the bytes if eager: to its
  * session, or through the peer link when @r is on another host. */
 int tpd_msg_send_descriptor(struct tpd_pipe_end *r, struct tpd_msg *m, const Tpw__V1__Write *w)
@@ -167,23 +223,20 @@ int tpd_msg_send_descriptor(struct tpd_pipe_end *r, struct tpd_msg *m, const Tpw
 	Tpw__V1__PeerDescriptor pd_ = TPW__V1__PEER_DESCRIPTOR__INIT;
 	Tpw__V1__PeerMsg pm = TPW__V1__PEER_MSG__INIT;
 	size_t n = w->n_payloads + w->n_tensors;
-	Tpw__V1__PayloadDesc *pd = calloc(w->n_payloads + 1, sizeof(*pd));
-	Tpw__V1__PayloadDesc **pdp = calloc(w->n_payloads + 1, sizeof(*pdp));
-	Tpw__V1__TensorDesc *td = calloc(w->n_tensors + 1, sizeof(*td));
-	Tpw__V1__TensorDesc **tdp = calloc(w->n_tensors + 1, sizeof(*tdp));
-	struct iovec *iov = calloc(n + 1, sizeof(*iov));
-	int r_ = -ENOMEM;
+	struct desc_parts p;
+	int r_;
 
-	if (!pd || !pdp || !td || !tdp || !iov)
-		goto out;
-	fill_desc(&dd, w, pd, pdp, td, tdp);
+	r_ = desc_parts_init(&p, w);
+	if (r_ < 0)
+		return r_;
+	fill_desc(&dd, w, p.pd, p.pdp, p.td, p.tdp);
 	dd.pipe_id = r->local_id;
 	dd.msg_id = m->msg_id;
 	dd.eager = m->eager;
 	dd.ring_only = m->ring_only;
 	for (size_t i = 0; m->eager && i < n; i++) {
-		iov[i].iov_base = (void *)(uintptr_t)m->src[i].mem.addr;
-		iov[i].iov_len = m->src[i].len;
+		p.iov[i].iov_base = (void *)(uintptr_t)m->src[i].mem.addr;
+		p.iov[i].iov_len = m->src[i].len;
 	}
 	if (r->remote) {
 		dd.pipe_id = 0; /* the peer daemon names the pipe in PeerDescriptor */
@@ -191,19 +244,14 @@ int tpd_msg_send_descriptor(struct tpd_pipe_end *r, struct tpd_msg *m, const Tpw
 		pd_.descriptor = &dd;
 		pm.body_case = TPW__V1__PEER_MSG__BODY_DESCRIPTOR;
 		pm.descriptor = &pd_;
-		r_ = r->pipe->link ? tpd_peer_send(r->pipe->link, &pm, iov, m->eager ? (int)n : 0)
+		r_ = r->pipe->link ? tpd_peer_send(r->pipe->link, &pm, p.iov, m->eager ? (int)n : 0)
 				   : -ECONNRESET;
-		goto out;
+	} else {
+		dm.body_case = TPW__V1__DAEMON_MSG__BODY_DESCRIPTOR;
+		dm.descriptor = &dd;
+		r_ = tpd_session_send(r->session, &dm, p.iov, m->eager ? (int)n : 0);
 	}
-	dm.body_case = TPW__V1__DAEMON_MSG__BODY_DESCRIPTOR;
-	dm.descriptor = &dd;
-	r_ = tpd_session_send(r->session, &dm, iov, m->eager ? (int)n : 0);
-out:
-	free(pd);
-	free(pdp);
-	free(td);
-	free(tdp);
-	free(iov);
+	desc_parts_done(&p);
 	return r_;
 }
 
