@@ -6,14 +6,14 @@
  * the writer's memory alive after the writer unregisters it or dies, so the daemon charges the
  * lender's uid the whole buffer (besides its items, which their writer pays for) while any of
  * its items is in the channel, named or unlinked: a lend that would take the lender past
- * chan-bytes-per-uid is copied instead, charged its bytes only (the limit then just at: a byte more is refused), and the
- * charge goes once the last item has left (its buffer id comes back in a later write's answer to a
- * client of minor 12); a channel unlinked with a lent item keeps it charged. A lend names only the
- * writer's own buffers (a guessed id is not found), only on a write by segment (on a read it
- * closes the session: a protocol violation); the items stay byte-exact after the writer
- * unregistered the buffer. A buffer uid 65534 lends to uid 4242's channel, and the item in it,
- * are uid 65534's charge, not the owner's: the owner keeps its whole limit, the lender its limit
- * less the buffer and the item.
+ * chan-bytes-per-uid is copied instead, charged its bytes only (the limit then just at: a byte
+ * more is refused), and the charge goes once the last item has left (its buffer id comes back
+ * in a later write's answer to a client of minor 12); a channel unlinked with a lent item keeps
+ * it charged. A lend names only the writer's own buffers (a guessed id is not found), only on a
+ * write by segment (on a read it closes the session: a protocol violation); the items stay
+ * byte-exact after the writer unregistered the buffer. A buffer uid 65534 lends to uid 4242's
+ * channel, and the item in it, are uid 65534's charge, not the owner's: the owner keeps its
+ * whole limit, the lender its limit less the buffer and the item.
  */
 #include <check.h>
 #include <errno.h>
@@ -377,10 +377,11 @@ static int foreign_lender(void *arg)
 
 /*
  * A buffer uid 65534 lends to a channel of uid 4242 (one it may write), and the item in it, are
- * charged to uid 65534, not to the channel's owner: the buffer was the owner's, so a writer of another uid lending a large
- * buffer with one small item took the owner's whole chan-bytes-per-uid, far past the channel's
- * capacity, for as long as the item stayed unread (and for good once the owner had unlinked the
- * channel and let go of it: nobody of its uid could read it any more).
+ * charged to uid 65534, not to the channel's owner: the buffer was the owner's, so a writer of
+ * another uid lending a large buffer with one small item took the owner's whole
+ * chan-bytes-per-uid, far past the channel's capacity, for as long as the item stayed unread
+ * (and for good once the owner had unlinked the channel and let go of it: nobody of its uid
+ * could read it any more).
  */
 START_TEST(test_another_uids_lent_buffer_is_the_lenders_charge)
 {
