@@ -920,8 +920,8 @@ int tp_chan_open(struct tp_context *ctx, const char *name, const struct tp_chan_
  * to @timeout_ms (0: do not wait; -1: no deadline), behind writes already waiting. Borrows
  * @items.
  * Return: 0; -EPIPE (the channel is closed, also while waiting), -ENOBUFS (full and
- * @timeout_ms 0, or the owner's chan-bytes-per-uid is spent, which the inline items of writes
- * waiting for room count in too, or it would wait over waits-per-uid: nothing written), -ETIMEDOUT (the daemon answered: still full at the
+ * @timeout_ms 0, or the caller's uid's chan-bytes-per-uid is spent: the items its writes hold
+ * in any channel, whoever owns it, and the inline items of its writes waiting for room, or it would wait over waits-per-uid: nothing written), -ETIMEDOUT (the daemon answered: still full at the
  * deadline, nothing written), -EINPROGRESS (the
  * daemon did not answer within @timeout_ms plus tp_context_options.reply_timeout_ms and the
  * call gave up: the batch may be written, now or later, so a retry may write it twice),

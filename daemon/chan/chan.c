@@ -9,6 +9,7 @@
  * chanio.c; items that do not ride inline are copied by chancopy.c. Not responsible for
  * sessions or frames (local/). Everything runs on the daemon's loop thread.
  */
+#include <assert.h>
 #include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -103,61 +104,135 @@ uint64_t *tpd_chan_lent_of(struct tpd_chans *cs, uid_t uid, bool add)
 	return &cs->lent[cs->n_lent++].bytes;
 }
 
-/* Bytes the channels created by @uid hold, named or unlinked and still alive (their items and
- * the writes waiting for room), and the buffers @uid's writers lend to any channel (whole);
- * the number of those channels in *@ret_count. */
+/* Bytes @uid pays for (the items its writes put in any channel, named or unlinked and still
+ * alive, the writes it has waiting for room, and the buffers its writers lend, whole); the
+ * number of channels @uid owns in *@ret_count. */
 uint64_t tpd_chan_uid_bytes(const struct tpd_chans *cs, uid_t uid, uint32_t *ret_count)
 {
 	const uint64_t *lent = tpd_chan_lent_of((struct tpd_chans *)cs, uid, false);
+	const struct tpu_list *lists[] = { &cs->chans, &cs->unlinked };
+	const struct chan_payer *p;
 	const struct chan *c;
 	uint64_t b = lent ? *lent : 0;
 	uint32_t n = 0;
 
-	tpu_list_for_each(c, &cs->chans, node)
-		if (c->uid == uid) {
-			b += c->bytes + c->wait_bytes;
-			n++;
-		}
-	tpu_list_for_each(c, &cs->unlinked, node)
-		if (c->uid == uid) {
-			b += c->bytes + c->wait_bytes;
-			n++;
-		}
+	tpu_list_for_each(p, &cs->payers, node)
+		if (!p->remote && p->uid == uid)
+			b += p->bytes;
+	for (size_t i = 0; ret_count && i < TPU_ARRAY_SIZE(lists); i++)
+		tpu_list_for_each(c, lists[i], node)
+			n += c->uid == uid;
 	if (ret_count)
 		*ret_count = n;
 	return b;
 }
 
-uint64_t tpd_chan_creator_bytes(const struct tpd_chans *cs, const char *creator,
-				uint32_t *ret_count)
+/* The channels the far daemon of account @creator created here, named or unlinked and kept. */
+uint32_t tpd_chan_creator_count(const struct tpd_chans *cs, const char *creator)
 {
 	const struct tpu_list *lists[] = { &cs->chans, &cs->unlinked };
 	const struct chan *c;
-	uint64_t b = 0;
 	uint32_t n = 0;
 
 	for (size_t i = 0; i < TPU_ARRAY_SIZE(lists); i++)
 		tpu_list_for_each(c, lists[i], node)
-			if (c->creator && strcmp(c->creator, creator) == 0) {
-				b += c->bytes + c->wait_bytes;
-				n++;
-			}
-	if (ret_count)
-		*ret_count = n;
-	return b;
+			n += c->creator && strcmp(c->creator, creator) == 0;
+	return n;
 }
 
-/* Why @bytes more items cannot be charged for @c (its owner's chan-bytes-per-uid, or the
- * chan-remote-bytes-per-peer of the far daemon that created it), or NULL when they can. */
-const char *tpd_chan_over_bytes(const struct chan *c, uint64_t bytes)
+/* The key of @who's payer: a local session's uid, or a peer link's account (in @acct,
+ * TPD_PEER_ACCOUNT_LEN bytes; "" for a link without authentication). Return: whether remote. */
+static bool payer_key(const struct chan_who *who, uid_t *uid, const char **account, char *acct)
+{
+	if (who->s) {
+		*uid = tpd_session_uid(who->s);
+		*account = NULL;
+		return false;
+	}
+	*uid = 0;
+	*account = tpd_peer_account(who->pr, acct);
+	if (!*account)
+		*account = "";
+	return true;
+}
+
+static struct chan_payer *payer_find(const struct tpd_chans *cs, const struct chan_who *who)
+{
+	char acct[TPD_PEER_ACCOUNT_LEN];
+	const char *account;
+	struct chan_payer *p;
+	uid_t uid;
+	bool remote = payer_key(who, &uid, &account, acct);
+
+	tpu_list_for_each(p, &cs->payers, node)
+		if (p->remote == remote &&
+		    (remote ? strcmp(p->account, account) == 0 : p->uid == uid))
+			return p;
+	return NULL;
+}
+
+struct chan_payer *tpd_chan_payer_get(struct tpd_chans *cs, const struct chan_who *who)
+{
+	char acct[TPD_PEER_ACCOUNT_LEN];
+	struct chan_payer *p = payer_find(cs, who);
+	const char *account;
+
+	if (p) {
+		p->refs++;
+		return p;
+	}
+	p = calloc(1, sizeof(*p));
+	if (!p)
+		return NULL;
+	p->remote = payer_key(who, &p->uid, &account, acct);
+	if (p->remote && !(p->account = strdup(account))) {
+		free(p);
+		return NULL;
+	}
+	p->refs = 1;
+	p->cs = cs;
+	tpu_list_insert_tail(&cs->payers, &p->node);
+	return p;
+}
+
+void tpd_chan_payer_ref(struct chan_payer *p)
+{
+	p->refs++;
+}
+
+/* Drops a reference to @p (may be NULL); the last one frees it (it pays for nothing then). */
+void tpd_chan_payer_unref(struct chan_payer *p)
+{
+	if (!p || --p->refs)
+		return;
+	assert(p->bytes == 0);
+	tpu_list_remove(&p->node);
+	free(p->account);
+	free(p);
+}
+
+void tpd_chan_payer_charge(struct chan_payer *p, int64_t delta)
+{
+	assert(delta >= 0 || p->bytes >= (uint64_t)-delta);
+	p->bytes += (uint64_t)delta;
+	if (p->remote)
+		p->cs->remote_bytes += (uint64_t)delta;
+}
+
+const char *tpd_chan_over_bytes(const struct chan *c, const struct chan_who *who,
+				uint64_t bytes)
 {
 	const struct tpd_config *cfg = tpd_daemon_cfg(c->cs->d);
+	const struct chan_payer *p;
 
-	if (tpd_chan_uid_bytes(c->cs, c->uid, NULL) + bytes > cfg->chan_bytes_per_uid)
-		return "the channel owner's chan-bytes-per-uid is spent";
-	if (c->creator && tpd_chan_creator_bytes(c->cs, c->creator, NULL) + bytes >
-			  cfg->chan_remote_bytes_per_peer)
-		return "the chan-remote-bytes-per-peer of the host that created the channel is spent";
+	if (who->s)
+		return tpd_chan_uid_bytes(c->cs, tpd_session_uid(who->s), NULL) + bytes >
+		       cfg->chan_bytes_per_uid ? "the writer's chan-bytes-per-uid is spent" : NULL;
+	p = payer_find(c->cs, who);
+	if ((p ? p->bytes : 0) + bytes > cfg->chan_remote_bytes_per_peer)
+		return "this host's chan-remote-bytes-per-peer is spent";
+	if (c->cs->remote_bytes + bytes > cfg->chan_bytes_per_uid)
+		return "the chan-bytes-per-uid that far hosts' writes share is spent";
 	return NULL;
 }
 
@@ -172,6 +247,7 @@ static void chan_free(struct chan *c)
 		/* Unlinked first: an item kept as a spare buffer is moved by unlinking it, which
 		 * would write into the one freed before it. */
 		tpu_list_remove(&it->node);
+		assert(it->payer); /* admitted: its writer's charge goes now */
 		tpd_chan_item_free(c->cs, it);
 	}
 	for (size_t i = 0; i < c->n_remote_peers; i++)
@@ -414,7 +490,7 @@ static int chan_create_remote(struct tpd_chans *cs, const struct chan_who *who,
 		*why = "the link is not authenticated";
 		return -EACCES;
 	}
-	tpd_chan_creator_bytes(cs, creator, &n);
+	n = tpd_chan_creator_count(cs, creator);
 	if (n >= tpd_daemon_cfg(cs->d)->chan_remote_create_per_peer) {
 		*why = "this host has created chan-remote-create-per-peer channels here already";
 		return -ENOBUFS;
@@ -738,6 +814,7 @@ int tpd_chan_new(struct tpd_daemon *d, struct tpd_chans **ret)
 	tpd_handix_init(&cs->ix);
 	tpu_list_init(&cs->spare);
 	tpu_list_init(&cs->noticing);
+	tpu_list_init(&cs->payers);
 	if (tpd_chanx_new(d, cs, &cs->x) < 0) {
 		free(cs);
 		return -ENOMEM;

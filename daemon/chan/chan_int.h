@@ -38,10 +38,31 @@ struct tpd_session;
  * oldest is forgotten (the reader unmaps it as its least recently used, or at release). */
 #define CHAN_SENT_MAX 32u
 
+/*
+ * Who pays for the items of channels: the principal whose write put them there, not the channel's
+ * owner (whose capacity still bounds the channel). A local writer pays with its uid
+ * (chan-bytes-per-uid, with the buffers it lends: tpd_chan_uid_bytes()); a far daemon writing
+ * over a peer link with its account (tpd_peer_account(); chan-remote-bytes-per-peer), never as a
+ * local uid, neither the uid its client claims nor the channel's owner, and all far daemons
+ * together within one chan-bytes-per-uid of their own (tpd_chans.remote_bytes), so that one
+ * holding the pre-shared key cannot escape by stating new host names. Kept while an item or a
+ * waiting write names it; the charge goes when the item is freed (read, dropped, the channel
+ * freed), wherever it is then.
+ */
+struct chan_payer {
+	struct tpu_list node; /* in tpd_chans.payers */
+	bool remote;
+	uid_t uid;     /* a local writer's */
+	char *account; /* a far daemon's ("" for links without authentication) */
+	uint64_t bytes; /* its items' charges and the bytes its waiting writes hold */
+	uint32_t refs;	/* items and waiting writes naming it */
+	struct tpd_chans *cs;
+};
+
 /* A staging buffer a writer lent to a channel (ChanOp.lend): items of the channel lie in it. The
  * daemon keeps it mapped until the last of them leaves, and charges the lender's uid's
- * chan-bytes-per-uid the whole buffer meanwhile (tpd_chans.lent), the items to the channel's
- * owner as any. */
+ * chan-bytes-per-uid the whole buffer meanwhile (tpd_chans.lent), besides the items in it, which
+ * the lender pays for as their writer. */
 struct chan_lend {
 	struct tpu_list node;	/* in chan_handle.lends; unlinked once the handle is gone */
 	struct chan_handle *h;	/* the lender, told when the last item leaves; NULL once gone */
@@ -64,6 +85,10 @@ struct chan_item {
 	 * to the channel with its bytes; NULL for a byte item. */
 	uint8_t *desc;
 	size_t desc_len;
+	/* Who pays for it, with a reference, and what: its charge when admitted
+	 * (tpd_chan_item_pay()); NULL for an item no channel holds yet, or a queue's. */
+	struct chan_payer *payer;
+	uint64_t paid;
 	uint8_t data[];
 };
 
@@ -102,7 +127,7 @@ struct chan {
 	Tpw__V1__RemoteAccess remote; /* who on other hosts may open it (NONE, ANY_PEER, PEERS) */
 	char **remote_peers;	      /* REMOTE_PEERS: the identities allowed */
 	size_t n_remote_peers;
-	char *creator; /* made for a far daemon: its tpd_peer_account(), charged its share */
+	char *creator; /* made for a far daemon: its tpd_peer_account(), counted in its share */
 	bool persistent, closed, named;
 	uint32_t cap_items;
 	uint64_t cap_bytes;
@@ -113,9 +138,6 @@ struct chan {
 	/* @bytes counts the items in @items, those held for a handle or being copied to a reader
 	 * (@n_outs of them) and the batches being copied in (@res_items items). */
 	uint64_t bytes, written, read;
-	/* Inline bytes (and descriptors) of the writes in @writers, which the daemon holds while
-	 * they wait: counted with @bytes in the owner's chan-bytes-per-uid (chan_wait.held). */
-	uint64_t wait_bytes;
 	uint64_t mapped; /* items readers took by mapping their writer's buffer (map_offer()) */
 	uint64_t maps_retired; /* notices to its handles that a buffer they got is gone */
 	uint32_t maps_held;    /* keys its handles keep in chan_handle.sent */
@@ -176,7 +198,10 @@ struct chan_wait {
 	struct tpu_list batch; /* chan_item */
 	size_t n;
 	uint64_t bytes;
-	uint64_t held;	     /* a write's: what of @bytes the daemon holds, in chan.wait_bytes */
+	/* A write's: what of @bytes the daemon holds while it waits, paid by @payer (with a
+	 * reference) */
+	uint64_t held;
+	struct chan_payer *payer;
 	struct tpd_uid_acct *acct; /* a local client's: its uid's account, charged the wait */
 	struct chan_read rd; /* a read's */
 };
@@ -225,6 +250,8 @@ struct tpd_chans {
 		uint64_t bytes;
 	} *lent;
 	size_t n_lent, cap_lent;
+	struct tpu_list payers; /* chan_payer */
+	uint64_t remote_bytes;	/* what the remote ones pay, together */
 	uint64_t handed; /* items handed off in all channels, ever (a metric) */
 	/* Handles with lent buffers given up to tell of (chan_handle.noticing), and the event
 	 * that tells them all, once a turn of the loop (made at the first). */
@@ -234,7 +261,10 @@ struct tpd_chans {
 
 /* chan.c: answers (reply_send: @r with @tail, @n_tail pieces; answer: a status, with @it inline
  * if not NULL; answer_len: the length of an item a read did not get), the bytes lent to channels
- * of a uid and those its channels hold, and the freeing of a channel nothing keeps. */
+ * by a uid and those its writes hold, the channels a far daemon created, the payers (payer_get:
+ * the payer of @who's writes, made if missing, with a reference, or NULL; payer_charge: @p's
+ * bytes moved by @delta, a charge or, negative, its release), and the freeing of a channel
+ * nothing keeps. */
 void tpd_chan_reply_send(const struct chan_who *who, Tpw__V1__ChanReply *r,
 			 const struct iovec *tail, size_t n_tail);
 void tpd_chan_answer(const struct chan_who *who, uint64_t req_id, int err, const char *why,
@@ -243,9 +273,15 @@ void tpd_chan_answer_len(const struct chan_handle *h, uint64_t req_id, int err,
 			 const char *why, uint64_t len);
 uint64_t *tpd_chan_lent_of(struct tpd_chans *cs, uid_t uid, bool add);
 uint64_t tpd_chan_uid_bytes(const struct tpd_chans *cs, uid_t uid, uint32_t *ret_count);
-uint64_t tpd_chan_creator_bytes(const struct tpd_chans *cs, const char *creator,
-				uint32_t *ret_count);
-const char *tpd_chan_over_bytes(const struct chan *c, uint64_t bytes);
+uint32_t tpd_chan_creator_count(const struct tpd_chans *cs, const char *creator);
+/* Why @bytes more cannot be charged to the payer of @who's writes (in @c: its channel, for the
+ * message), or NULL when they can. */
+const char *tpd_chan_over_bytes(const struct chan *c, const struct chan_who *who,
+				uint64_t bytes);
+struct chan_payer *tpd_chan_payer_get(struct tpd_chans *cs, const struct chan_who *who);
+void tpd_chan_payer_ref(struct chan_payer *p);
+void tpd_chan_payer_unref(struct chan_payer *p);
+void tpd_chan_payer_charge(struct chan_payer *p, int64_t delta);
 void tpd_chan_maybe_free(struct chan *c);
 
 /* chanitem.c: where an item's bytes lie, freeing items and batches (or keeping their buffers),
@@ -260,11 +296,15 @@ void tpd_chan_item_give_back(struct chan *c, struct chan_item *it);
 void tpd_chan_item_done(struct chan *c, struct chan_item *it);
 int tpd_chan_item_batch_build(struct tpd_session *s, const Tpw__V1__ChanOp *o, const uint8_t *tail,
 			      struct tpu_list *batch, char *why, size_t wl);
-bool tpd_chan_item_lend_batch(struct chan_handle *h, struct tpu_list *batch, uint64_t bytes);
+bool tpd_chan_item_lend_batch(struct chan_handle *h, struct tpu_list *batch);
 /* @b (borrowed; a buffer readers may map) is gone for good: its session let go of it and no
  * item lies in it. Each reader handle sent its fd is told (ChanReply.retired) and forgets it. */
 void tpd_chan_item_retire(struct tpd_chans *cs, struct tpb_buffer *b);
+/* @from's message descriptor and payer (its charge) move to @to, copied in in its place. */
 void tpd_chan_item_move_desc(struct chan_item *to, struct chan_item *from);
+/* Each item of @batch is charged to @p (borrowed; each item takes a reference): its bytes and
+ * descriptor, released when the item is freed. */
+void tpd_chan_item_pay(struct chan_payer *p, struct tpu_list *batch);
 /* @it's message descriptor, packed from @m (borrowed). Return: 0 or -ENOMEM. */
 int tpd_chan_item_set_desc(struct chan_item *it, const Tpw__V1__Descriptor *m);
 /* The sources of the @n transfers @x out of @it: its bytes back to back, in order, with the

@@ -244,6 +244,7 @@ static int hand_start(struct chan_copy *cp, struct tpu_list *batch, size_t n)
 		dup = tpu_list_first(&dups, struct chan_item, node);
 		tpu_list_remove(&dup->node);
 		tpu_list_insert_tail(&cp->batch, &dup->node);
+		tpd_chan_item_move_desc(dup, it); /* and its payer */
 		tpd_chan_item_free(NULL, it);
 	}
 	free(x);

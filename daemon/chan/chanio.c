@@ -29,7 +29,9 @@ void tpd_chan_io_wait_free(struct chan_wait *w)
 	tpu_list_remove(&w->node);
 	if (w->write) {
 		tpd_chan_item_batch_free(w->cs, &w->batch);
-		w->h->c->wait_bytes -= w->held;
+		if (w->payer)
+			tpd_chan_payer_charge(w->payer, -(int64_t)w->held);
+		tpd_chan_payer_unref(w->payer);
 		w->h->c->n_writers--;
 		w->h->write_waits = false;
 	} else {
@@ -403,9 +405,9 @@ static void serve_writers(struct tpd_chans *cs, struct chan *c)
 		} else if (!chan_fits(c, w->n, w->bytes)) {
 			break;
 		} else {
-			c->wait_bytes -= w->held; /* its own: not counted twice */
+			tpd_chan_payer_charge(w->payer, -(int64_t)w->held); /* not twice */
 			w->held = 0;
-			if ((over = tpd_chan_over_bytes(c, w->bytes)))
+			if ((over = tpd_chan_over_bytes(c, &w->h->who, w->bytes)))
 				tpd_chan_answer(&w->h->who, w->req_id, -ENOBUFS, over, w->h->id,
 						false, NULL);
 			else
@@ -638,14 +640,22 @@ static void chan_admit(struct chan_handle *h, uint64_t req_id, struct tpu_list *
 		       uint64_t bytes, bool lend)
 {
 	struct chan *c = h->c;
+	struct chan_payer *p = tpd_chan_payer_get(c->cs, &h->who);
 	struct chan_copy *cp = NULL;
 	struct chan_item *it;
 	bool refs = false, lent;
 	int r = -ENOMEM;
 
+	if (!p) {
+		tpd_chan_item_batch_free(c->cs, batch);
+		return tpd_chan_answer(&h->who, req_id, -ENOMEM, "out of memory", h->id, false,
+				       NULL);
+	}
+	tpd_chan_item_pay(p, batch); /* the writer pays, wherever its items go from here */
+	tpd_chan_payer_unref(p);
 	if (!lend && tpd_chan_hand_try(h, req_id, batch, n, bytes))
 		return;
-	lent = lend && tpd_chan_item_lend_batch(h, batch, bytes);
+	lent = lend && tpd_chan_item_lend_batch(h, batch);
 	tpu_list_for_each(it, batch, node)
 		refs |= it->ref && !it->lend;
 	if (!refs) {
@@ -834,7 +844,7 @@ void tpd_chan_io_write(struct tpd_chans *cs, struct chan_handle *h, const Tpw__V
 	if (o->n_lengths > c->cap_items || bytes > c->cap_bytes)
 		return tpd_chan_answer(&h->who, o->req_id, -EMSGSIZE, "the batch exceeds the "
 				       "channel's capacity", h->id, false, NULL);
-	if ((over = tpd_chan_over_bytes(c, bytes)))
+	if ((over = tpd_chan_over_bytes(c, &h->who, bytes)))
 		return tpd_chan_answer(&h->who, o->req_id, -ENOBUFS, over, h->id, false, NULL);
 	fits = tpu_list_empty(&c->writers) && chan_fits(c, o->n_lengths, bytes);
 	if (!fits && (o->timeout_ms == 0 || h->write_waits))
@@ -849,6 +859,10 @@ void tpd_chan_io_write(struct tpd_chans *cs, struct chan_handle *h, const Tpw__V
 		return tpd_chan_io_serve(c);
 	}
 	r = wait_new(cs, h, o->req_id, o->timeout_ms, &w, why, sizeof(why));
+	if (r == 0 && !(w->payer = tpd_chan_payer_get(cs, &h->who))) {
+		tpd_chan_io_wait_free(w);
+		r = tpu_why(-ENOMEM, why, sizeof(why), "out of memory");
+	}
 	if (r < 0) {
 		tpd_chan_item_batch_free(cs, &batch);
 		return tpd_chan_answer(&h->who, o->req_id, r, why, h->id, false, NULL);
@@ -859,10 +873,10 @@ void tpd_chan_io_write(struct tpd_chans *cs, struct chan_handle *h, const Tpw__V
 	tpu_list_remove(&batch);
 	w->n = o->n_lengths;
 	w->bytes = bytes;
-	/* held <= bytes, which the owner's chan-bytes-per-uid took above: waiting writes hold
+	/* held <= bytes, which the writer's chan-bytes-per-uid took above: waiting writes hold
 	 * no more than it, however many handles wait (1024 a session) */
 	w->held = held;
-	c->wait_bytes += held;
+	tpd_chan_payer_charge(w->payer, (int64_t)held);
 	h->write_waits = true;
 	c->n_writers++;
 	tpu_list_insert_tail(&c->writers, &w->node);

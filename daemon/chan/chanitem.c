@@ -3,10 +3,12 @@
  * The items of the daemon's channels (chan_int.h): where an item's bytes lie, items and batches
  * made and freed, the spare buffers of items copied in kept for the next ones, the oldest item
  * taken out of a channel and given back, a write's batch built from its op, and the staging
- * buffers writers lend (ChanOp.lend) with their charge to the channel owner. Leaves channels,
+ * buffers writers lend (ChanOp.lend) with their charge to the lender, and the charge of items
+ * to the uid or far daemon whose write put them there (their payer). Leaves channels,
  * handles and the limits per uid to chan.c, and when items move (writes, reads, copies) to
  * chanio.c. Everything runs on the daemon's loop thread.
  */
+#include <assert.h>
 #include <errno.h>
 #include <event2/event.h>
 #include <stdio.h>
@@ -135,6 +137,12 @@ void tpd_chan_item_free(struct tpd_chans *cs, struct chan_item *it)
 		lend_put(it->lend);
 	if (it && it->ref)
 		tpd_chan_copy_put(&it->src);
+	if (it && it->payer) { /* read, dropped, or its channel freed: its payer's again */
+		tpd_chan_payer_charge(it->payer, -(int64_t)it->paid);
+		tpd_chan_payer_unref(it->payer);
+		it->payer = NULL;
+		it->paid = 0;
+	}
 	if (it) {
 		free(it->desc);
 		it->desc = NULL;
@@ -208,6 +216,23 @@ void tpd_chan_item_move_desc(struct chan_item *to, struct chan_item *from)
 	to->desc_len = from->desc_len;
 	from->desc = NULL;
 	from->desc_len = 0;
+	to->payer = from->payer;
+	to->paid = from->paid;
+	from->payer = NULL;
+	from->paid = 0;
+}
+
+void tpd_chan_item_pay(struct chan_payer *p, struct tpu_list *batch)
+{
+	struct chan_item *it;
+
+	tpu_list_for_each(it, batch, node) {
+		assert(!it->payer);
+		it->payer = p;
+		it->paid = tpd_chan_item_charge(it);
+		tpd_chan_payer_ref(p);
+		tpd_chan_payer_charge(p, (int64_t)it->paid);
+	}
 }
 
 int tpd_chan_item_set_desc(struct chan_item *it, const Tpw__V1__Descriptor *m)
@@ -248,6 +273,7 @@ void tpd_chan_item_give_back(struct chan *c, struct chan_item *it)
 /* An item taken out was delivered: it leaves @c. */
 void tpd_chan_item_done(struct chan *c, struct chan_item *it)
 {
+	assert(it->payer && it->paid == tpd_chan_item_charge(it)); /* admitted, paid */
 	c->n_outs--;
 	c->bytes -= tpd_chan_item_charge(it);
 	c->read++;
@@ -320,30 +346,25 @@ int tpd_chan_item_batch_build(struct tpd_session *s, const Tpw__V1__ChanOp *o, c
 	return 0;
 }
 
-/* Whether lending buffer @buf of uid @lender to @c, with a batch of @bytes, would pass a limit:
- * the batch is charged to @c's owner as any write's, the whole buffer to @lender's
- * chan-bytes-per-uid (the owner's own lends: both to the owner). */
-static bool lend_over(const struct chan *c, uid_t lender, const struct tpb_buffer *buf,
-		      uint64_t bytes)
+/* Whether lending buffer @buf of uid @lender to @c would pass @lender's chan-bytes-per-uid,
+ * which pays for the batch already (its writer's) and would pay for the whole buffer too. */
+static bool lend_over(const struct chan *c, uid_t lender, const struct tpb_buffer *buf)
 {
 	const struct tpd_config *cfg = tpd_daemon_cfg(c->cs->d);
 
-	if (lender == c->uid)
-		return tpd_chan_over_bytes(c, bytes + buf->size);
-	return tpd_chan_over_bytes(c, bytes) ||
-	       tpd_chan_uid_bytes(c->cs, lender, NULL) + buf->size > cfg->chan_bytes_per_uid;
+	return tpd_chan_uid_bytes(c->cs, lender, NULL) + buf->size > cfg->chan_bytes_per_uid;
 }
 
-/* Keeps the items by reference of @batch (@bytes in all, room checked) where they lie, when all
- * lie in one shared buffer of the writer (ChanOp.lend: a staging buffer it lends) and the
- * lender's chan-bytes-per-uid takes the whole buffer besides the batch (charged to the channel
- * owner): the daemon never keeps more of anyone's memory mapped than it charges that one, whether
- * the channel stays named or not. The buffer is the lender's charge, not the owner's: a writer of
- * another uid lending a large buffer with a small item took the owner's whole chan-bytes-per-uid
- * past the channel's capacity, as long as the item stayed unread (for good once the owner had
- * unlinked the channel and let go of it).
+/* Keeps the items by reference of @batch (room checked, paid by its writer) where
+ * they lie, when all lie in one shared buffer of the writer (ChanOp.lend: a staging buffer it
+ * lends) and the lender's chan-bytes-per-uid takes the whole buffer besides the batch: the daemon
+ * never keeps more of anyone's memory mapped than it charges that one, whether the channel stays
+ * named or not. The buffer is the lender's charge, not the owner's: a writer of another uid
+ * lending a large buffer with a small item took the owner's whole chan-bytes-per-uid past the
+ * channel's capacity, as long as the item stayed unread (for good once the owner had unlinked
+ * the channel and let go of it).
  * Return: true if they stay there. */
-bool tpd_chan_item_lend_batch(struct chan_handle *h, struct tpu_list *batch, uint64_t bytes)
+bool tpd_chan_item_lend_batch(struct chan_handle *h, struct tpu_list *batch)
 {
 	struct chan *c = h->c;
 	struct tpb_buffer *buf = NULL;
@@ -358,7 +379,7 @@ bool tpd_chan_item_lend_batch(struct chan_handle *h, struct tpu_list *batch, uin
 			return false; /* CMA, or items in several buffers: copied in */
 		buf = it->src.buf;
 	}
-	if (!buf || !h->who.s || lend_over(c, tpd_session_uid(h->who.s), buf, bytes))
+	if (!buf || !h->who.s || lend_over(c, tpd_session_uid(h->who.s), buf))
 		return false; /* copied in: charged its bytes only */
 	lent = tpd_chan_lent_of(c->cs, tpd_session_uid(h->who.s), true);
 	l = lent ? calloc(1, sizeof(*l)) : NULL;

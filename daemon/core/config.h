@@ -80,7 +80,7 @@ struct tpd_config {
 	uint32_t chans_per_uid;	    /* named channels one uid may create (chan/) */
 	uint32_t chan_items_max;    /* items one channel holds */
 	uint64_t chan_bytes_max;    /* item bytes one channel holds */
-	uint64_t chan_bytes_per_uid; /* item bytes held in all channels one uid created */
+	uint64_t chan_bytes_per_uid; /* item bytes one uid's writes hold, any channel */
 	uint32_t wqs_per_uid;	     /* work queues one uid may create (chan/wq.c) */
 	uint32_t wq_questions_max;   /* questions one queue holds until answered and received */
 	uint64_t wq_bytes_max;	     /* question bytes one queue holds */
@@ -89,7 +89,7 @@ struct tpd_config {
 	uint32_t chan_peer_ops_per_uid; /* of those forwarded, one local uid's (0: a quarter) */
 	uint32_t chan_remote_create_uid; /* owner of channels created from other hosts; 0: none */
 	uint32_t chan_remote_create_per_peer; /* channels, and queues, one far daemon created here */
-	uint64_t chan_remote_bytes_per_peer;  /* item bytes in the channels one far daemon created */
+	uint64_t chan_remote_bytes_per_peer;  /* item bytes one far daemon's writes hold */
 	uint64_t chan_peer_bytes_max; /* item bytes arriving over one peer link at once */
 	uint32_t drain_ms;	    /* graceful stop: wait this long for copies */
 	uint32_t ring_max;	    /* largest control ring per direction a client may map; 0: off */

@@ -121,12 +121,13 @@ bool tpd_peer_same(const struct tpd_peer *a, const struct tpd_peer *b);
 
 /*
  * tpd_peer_account() - whom this daemon charges for the channels and queues the far daemon of
- * @pr creates here (chan-remote-create-per-peer, chan-remote-bytes-per-peer): its verified
+ * @pr creates here (chan-remote-create-per-peer) and the channel items its writes hold here
+ * (chan-remote-bytes-per-peer): its verified
  * certificate identity alone where a certificate proved it; else (the pre-shared key, the same
  * identity for every holder) "IDENTITY@HOST", its tpd_peer_identity() and the host name its
  * PeerHello states. That host name is only claimed: a far daemon that holds the key and states
- * another name escapes its own share, never the owner uid's limits, which bound every far daemon
- * together; one proven by a certificate does not. It stays the same across the far daemon's
+ * another name escapes its own share, never the owner uid's chans-per-uid nor the bytes all far
+ * daemons' writes may hold together, which bound every far daemon together; one proven by a certificate does not. It stays the same across the far daemon's
  * reconnects and restarts, so what it created before still counts.
  * @buf: TPD_PEER_ACCOUNT_LEN bytes. Return: @buf, or NULL for an unauthenticated link.
  */

@@ -232,19 +232,22 @@ static int xcreate_wq(struct tp_context *ctx, const char *name, struct tp_wq **r
 
 /*
  * One far daemon's share of what chan-remote-create-uid's uid may hold on b
- * (--chan-remote-create-per-peer 2, --chan-remote-bytes-per-peer 64K; the uid's own limits far
+ * (--chan-remote-create-per-peer 2, --chan-remote-bytes-per-peer 64K; the uid's chans-per-uid far
  * above). a (stating host name "ha") creates two channels and two queues, and its third of each
- * is refused (-ENOBUFS, naming the limit) while c ("hc") still creates its own; items in a's
- * channels fit up to 64 KiB together, one byte more is refused naming the limit while c's
- * channel takes the same write; b's `tpipctl channels` and `queues` say whom each is charged
- * to. A channel a unlinks and releases gives its slot back; a's restart keeps its account.
- * Before, one far daemon could take every channel, queue and byte of that uid.
+ * is refused (-ENOBUFS, naming the limit) while c ("hc") still creates its own; a's writes fit
+ * up to 64 KiB together, one byte more is refused naming the limit while c's channel takes the
+ * same write; the writes of all far daemons together stop at one chan-bytes-per-uid (96K here)
+ * of their own, charged to no local uid: c's second 32 KiB is refused naming it; b's `tpipctl
+ * channels` and `queues` say whom each is charged to. A channel a unlinks and releases gives
+ * its slot back; a's restart keeps its account. Before, one far daemon could take every
+ * channel, queue and byte of that uid.
  */
 START_TEST(test_each_far_daemon_gets_its_share)
 {
 	static const char *const bargs[] = { "--chan-remote-create-uid", "4242",
 					     "--chan-remote-create-per-peer", "2",
-					     "--chan-remote-bytes-per-peer", "64K", NULL };
+					     "--chan-remote-bytes-per-peer", "64K",
+					     "--chan-bytes-per-uid", "96K", NULL };
 	static const char *const aargs[] = { "--peer-host-name", "ha", NULL };
 	static const char *const cargs[] = { "--peer-host-name", "hc", NULL };
 	static uint8_t item[32768];
@@ -283,13 +286,15 @@ START_TEST(test_each_far_daemon_gets_its_share)
 	ck_assert_int_eq(tp_chan_write(a1, &one, 1, 0), -ENOBUFS);
 	ck_assert_msg(strstr(tp_last_error(), "chan-remote-bytes-per-peer"), "%s",
 		      tp_last_error());
-	ck_assert_int_eq(tp_chan_write(c1, &half, 1, 0), 0);
-	ck_assert_int_eq(tp_chan_write(c1, &half, 1, 0), 0);
+	ck_assert_int_eq(tp_chan_write(c1, &half, 1, 0), 0); /* 96 KiB of far writes: just at */
+	ck_assert_int_eq(tp_chan_write(c1, &half, 1, 0), -ENOBUFS);
+	ck_assert_msg(strstr(tp_last_error(), "far hosts' writes share"), "%s", tp_last_error());
 	/* a slot comes back once a's channel is gone (unlinked, its handle released) */
 	ck_assert_int_eq(tp_chan_unlink(ca, at("a2"), -1), 0);
 	ck_assert_int_eq(tp_chan_release(a2), 0);
 	ck_assert_msg(xcreate(ca, "a3", &a3) == 0, "%s", tp_last_error());
 	ck_assert_int_eq(tp_chan_write(a3, &half, 1, 0), 0); /* a2's bytes went with it */
+	ck_assert_int_eq(tp_chan_write(a3, &one, 1, 0), -ENOBUFS); /* at both limits again */
 	/* a's daemon restarts: its persistent channels still count against it */
 	tp_chan_release(a1);
 	tp_chan_release(a3);

@@ -4,15 +4,16 @@
  * staging buffers lent"), against a client speaking the raw protocol as an unprivileged user (uid
  * 65534) with chan-bytes-per-uid of 1 MiB + 256 KiB. A lent buffer keeps the daemon's mapping of
  * the writer's memory alive after the writer unregisters it or dies, so the daemon charges the
- * lender's uid the whole buffer (besides its items, the channel owner's) while any of its items is
- * in the channel, named or unlinked: a lend that would take the owner past chan-bytes-per-uid is
- * copied instead, charged its bytes only (the limit then just at: a byte more is refused), and the
- * charge goes once the last item has left (its buffer id comes back in a later write's answer to a
- * client of minor 12); a channel unlinked with a lent item keeps it charged. A lend names only the
- * writer's own buffers (a guessed id is not found), only on a write by segment (on a read it
- * closes the session: a protocol violation); the items stay byte-exact after the writer
- * unregistered the buffer. A buffer uid 65534 lends to uid 4242's channel is uid 65534's charge,
- * not the owner's: each has its limit but for that less what it holds.
+ * lender's uid the whole buffer (besides its items, which their writer pays for) while any of
+ * its items is in the channel, named or unlinked: a lend that would take the lender past
+ * chan-bytes-per-uid is copied instead, charged its bytes only (the limit then just at: a byte
+ * more is refused), and the charge goes once the last item has left (its buffer id comes back
+ * in a later write's answer to a client of minor 12); a channel unlinked with a lent item keeps
+ * it charged. A lend names only the writer's own buffers (a guessed id is not found), only on a
+ * write by segment (on a read it closes the session: a protocol violation); the items stay
+ * byte-exact after the writer unregistered the buffer. A buffer uid 65534 lends to uid 4242's
+ * channel, and the item in it, are uid 65534's charge, not the owner's: the owner keeps its
+ * whole limit, the lender its limit less the buffer and the item.
  */
 #include <check.h>
 #include <errno.h>
@@ -314,7 +315,7 @@ static int open_chan(struct tpt_raw *r, const char *name, long owner, Tpw__V1__A
 }
 
 /* uid 4242: a channel anyone may write, then (once uid 65534 lent it a 1 MiB buffer holding an
- * item of 128 KiB) its own bytes up to its limit less that item: the buffer is not its charge. */
+ * item of 128 KiB) its own bytes up to its whole limit: neither is its charge. */
 static int victim(void *arg)
 {
 	struct tpt_raw r;
@@ -330,9 +331,9 @@ static int victim(void *arg)
 		return 1;
 	tpt_sync_post(&v_ready, 0);
 	TPT_REQUIRE(tpt_sync_wait(&a_done, 4 * T_MS) == 0, 1, "no word from the lender");
-	/* charged: the lender's item (ITEM) and these two, LIMIT in all */
+	/* charged: these two, LIMIT in all (the lender's item is the lender's) */
 	TPT_REQUIRE(inline_write(&r, mine, 512u << 10, &a) == 0 &&
-		    inline_write(&r, mine, LIMIT - ITEM - (512u << 10), &b) == 0 &&
+		    inline_write(&r, mine, LIMIT - (512u << 10), &b) == 0 &&
 		    byte_write(&r, mine, &c) == 0, 1, "writes");
 	tpt_sync_post(&v_done, 0); /* the lender's item may go */
 	TPT_REQUIRE(a.status == OK, 1, "512 KiB with another uid's 1 MiB buffer lent to its "
@@ -343,8 +344,8 @@ static int victim(void *arg)
 	return 0;
 }
 
-/* uid 65534: lends a buffer of BUF with one ITEM to uid 4242's channel; the buffer is charged
- * to it: its own channel takes LIMIT - BUF bytes more, not a byte above. */
+/* uid 65534: lends a buffer of BUF with one ITEM to uid 4242's channel; the buffer and the item
+ * are charged to it: its own channel takes LIMIT - BUF - ITEM bytes more, not a byte above. */
 static int foreign_lender(void *arg)
 {
 	struct tpt_raw r;
@@ -365,8 +366,8 @@ static int foreign_lender(void *arg)
 	tpt_sync_post(&a_done, 0);
 	TPT_REQUIRE(a.status == OK && a.lent, 1, "lend to uid %d's channel: status %d lent %d",
 		    VICTIM, a.status, a.lent);
-	TPT_REQUIRE(inline_write(&r, own, LIMIT - BUF, &a) == 0 && a.status == OK, 1,
-		    "its own bytes up to its limit less the buffer: %d", a.status);
+	TPT_REQUIRE(inline_write(&r, own, LIMIT - BUF - ITEM, &a) == 0 && a.status == OK, 1,
+		    "its own bytes up to its limit less the buffer and item: %d", a.status);
 	TPT_REQUIRE(byte_write(&r, own, &a) == 0 && a.status == LIMIT_STATUS, 1,
 		    "a byte above its limit with its buffer lent: %d", a.status);
 	TPT_REQUIRE(tpt_sync_wait(&v_done, 4 * T_MS) == 0, 1, "no word from the victim");
@@ -375,11 +376,12 @@ static int foreign_lender(void *arg)
 }
 
 /*
- * A buffer uid 65534 lends to a channel of uid 4242 (one it may write) is charged to uid 65534,
- * not to the channel's owner: it was the owner's, so a writer of another uid lending a large
- * buffer with one small item took the owner's whole chan-bytes-per-uid, far past the channel's
- * capacity, for as long as the item stayed unread (and for good once the owner had unlinked the
- * channel and let go of it: nobody of its uid could read it any more).
+ * A buffer uid 65534 lends to a channel of uid 4242 (one it may write), and the item in it, are
+ * charged to uid 65534, not to the channel's owner: the buffer was the owner's, so a writer of
+ * another uid lending a large buffer with one small item took the owner's whole
+ * chan-bytes-per-uid, far past the channel's capacity, for as long as the item stayed unread
+ * (and for good once the owner had unlinked the channel and let go of it: nobody of its uid
+ * could read it any more).
  */
 START_TEST(test_another_uids_lent_buffer_is_the_lenders_charge)
 {

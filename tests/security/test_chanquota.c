@@ -13,8 +13,8 @@
  * (It used to stay charged to the owner's uid while the other uid's worker held it, so that one
  * user held another's quota.)
  *
- * Writes waiting for room in a full channel count their inline bytes in the owner's
- * chan-bytes-per-uid: the waits that fit it wait, the next is refused at once (-ENOBUFS), and
+ * Writes waiting for room in a full channel count their inline bytes in their writer's (here
+ * the owner's) chan-bytes-per-uid: the waits that fit it wait, the next is refused at once (-ENOBUFS), and
  * an admitted one is not counted twice (they held daemon memory no limit bounded).
  *
  * Calls waiting in the daemon count per uid (waits-per-uid): at the limit they wait, one more
