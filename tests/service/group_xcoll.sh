@@ -86,9 +86,55 @@ PIPE_OFF="1 2"
 battery six 0:a 1:b 2:a 3:b 4:a 5:b
 PIPE_OFF=
 
+# segrun NAME RANK:HOST...: the members run group_coll.c's seg battery (broadcasts from every
+# root, all-gathers and reduce-scatters big enough to be pipelined, odd counts); each must pass
+# and every rank print the same float hash, left in SEG_HASH.
+segrun() {
+	local name=$1 n=$(($# - 1)) id ok=0 h
+	shift
+	for spec in "$@"; do
+		member "$name-${spec%%:*}" "${spec#*:}" "$name" "${spec%%:*}" "$n" seg
+	done
+	for spec in "$@"; do
+		id="$name-${spec%%:*}"
+		v="PID_${id//-/_}"
+		wait_exit "${!v}" 200
+		if ! grep -q "^ok seg" "$SVC_TMP/$id.out"; then
+			cat "$SVC_TMP/$id.out" >&2
+			ok=1
+		fi
+	done
+	[ "$ok" = 0 ] || fail "the pipelined collectives failed (above)"
+	h=$(cat "$SVC_TMP/$name"-*.out | grep "^hash seg-float" | sort -u)
+	[ "$(printf '%s\n' "$h" | wc -l)" = 1 ] || { printf '%s\n' "$h" >&2; fail "ranks disagree on bits"; }
+	SEG_HASH=$h
+	say "$name: $h"
+}
+
+check "pipelined broadcast (every root), all-gather and reduce-scatter, 2 hosts x 2 ranks: against references; the same bits forced on and forced off"
+segrun segon 0:a 1:b 2:b 3:a
+on=$SEG_HASH
+PIPE_OFF="0 1 2 3"
+segrun segoff 0:a 1:b 2:b 3:a
+PIPE_OFF=
+[ "$on" = "$SEG_HASH" ] || fail "pipelined and unpipelined results differ: $on, $SEG_HASH"
+
+check "the same, 2 hosts x 3 ranks: all pipelined; rank 2 not (a's members take them whole); rank 1 not (b's leader: the leaders exchange them whole)"
+segrun segsix 0:a 1:b 2:a 3:b 4:a 5:b
+on=$SEG_HASH
+for off in 2 1; do
+	PIPE_OFF=$off
+	segrun "segsix$off" 0:a 1:b 2:a 3:b 4:a 5:b
+	PIPE_OFF=
+	[ "$on" = "$SEG_HASH" ] || fail "rank $off unpipelined: results differ: $on, $SEG_HASH"
+done
+
 check "3 hosts (a: 0, 4; a2: 1; b: 2, 3): every collective (recursive doubling folds a host in)"
 start_ns_daemon a2 "$nsa" "${net}1:7421"
 battery three 0:a 1:a2 2:b 3:b 4:a
+
+check "3 hosts, pipelined broadcast, all-gather and reduce-scatter: rings of 3 blocks of 2, 1 and 2 ranks"
+segrun segthree 0:a 1:a2 2:b 3:b 4:a
 
 check "3 hosts, the ring for every size (TP_GROUP_ALGO=ring)"
 MENV=(TP_GROUP_ALGO=ring)
@@ -167,6 +213,22 @@ MENV=()
 wait_until 20 "a's leader counters" leader_moved a killbig
 kill -KILL "$PID_killbig_1"
 expect_failed killbig "0 2 3" "ECONNRESET: .*rank 1"
+
+check "rank 1 (b's leader) SIGKILLed mid 16 MiB broadcast from rank 0 (pipelined): every survivor fails naming rank 1"
+MENV=(GROUP_COLL_LOOP_N=4194304 GROUP_COLL_LOOP_OP=broadcast)
+run4 killbc loop
+MENV=()
+wait_until 20 "a's leader counters" leader_moved a killbc
+kill -KILL "$PID_killbc_1"
+expect_failed killbc "0 2 3" "ECONNRESET: .*rank 1"
+
+check "rank 0 (a's leader) SIGKILLed mid all-gather of 4 x 4 MiB (pipelined): every survivor fails naming rank 0"
+MENV=(GROUP_COLL_LOOP_N=1048576 GROUP_COLL_LOOP_OP=allgather)
+run4 killag loop
+MENV=()
+wait_until 20 "b's leader counters" leader_moved b killag
+kill -KILL "$PID_killag_0"
+expect_failed killag "1 2 3" "ECONNRESET: .*rank 0"
 
 check "rank 3 (on a) leaves after 3 calls: the others' next call fails on both hosts, naming it"
 run4 leave leave
