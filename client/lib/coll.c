@@ -309,7 +309,8 @@ static int desc_check(struct tp_group *g, uint64_t seq, char *msg, size_t ml)
 {
 	struct coll_desc d0 = *desc_of(g, seq, 0);
 
-	g->xseg = all_can(g, seq, COLL_CAP_XSEG); /* what the next call across hosts may do */
+	if (g->x) /* what the next call across hosts may do */
+		g->xseg = all_can(g, seq, COLL_CAP_XSEG);
 	for (uint32_t r = 1; r < g->size; r++) {
 		struct coll_desc dr = *desc_of(g, seq, r);
 		char a[160], b[160];
