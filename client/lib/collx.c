@@ -929,9 +929,14 @@ static int run_allreduce_all(struct tpc_collx *x, const struct tpc_coll *c, void
 	return r;
 }
 
-/* Broadcast among the leaders from host @root_host: a chain in host order from it, chunked, so
- * each leader forwards chunk k - 1 while chunk k arrives. Pipelined (@s, run_segx()): the root
- * sends a chunk once part A has it there, and the others tell part C which chunks are in. */
+/* Broadcast among the leaders from host @root_host: a chain in host order from it, chunked.
+ * The root keeps TPC_PLAN_DEPTH chunks on the wire; every other leader keeps as many receives
+ * (lag: TPC_PLAN_DEPTH, or the chunks there are) and passes chunk k - lag on with the receive
+ * of chunk k (it has landed: the exchanges end in order), so a chunk is never waited for alone
+ * (one in flight took a rendezvous round trip per chunk). Each pipe carries the same chunks in
+ * the same order as with one in flight, so leaders of either kind exchange alike.
+ * Pipelined (@s, run_segx()): the root sends a chunk once part A has it there, and the others
+ * tell part C which chunks are in. */
 static int run_chain(struct tpc_collx *x, uint8_t *buf, size_t bytes, uint32_t root_host,
 		     struct xseg *s)
 {
@@ -939,14 +944,15 @@ static int run_chain(struct tpc_collx *x, uint8_t *buf, size_t bytes, uint32_t r
 	int32_t prev = pos ? (int32_t)((x->host + x->nhosts - 1) % x->nhosts) : -1;
 	int32_t next = pos + 1 < x->nhosts ? (int32_t)((x->host + 1) % x->nhosts) : -1;
 	size_t ck = x->chunk, nch = (bytes + ck - 1) / ck, count = 0, es = 1;
+	size_t lag = prev < 0 ? 0 : TPU_MIN((size_t)TPC_PLAN_DEPTH, nch); /* chunks in flight */
 	size_t *bdone = s ? seg_bword(s, &count, &es) : NULL;
 	int r = 0, e;
 
 	x->kind = XK_DATA;
-	for (size_t k = 0; r == 0 && k < nch + (prev >= 0); k++) {
-		/* the root sends chunk k; the others receive chunk k and pass on chunk k - 1 */
-		size_t sk = prev < 0 ? k : k - 1, so = sk * ck, ro = k * ck;
-		bool send = next >= 0 && (prev < 0 || k >= 1), recv = prev >= 0 && k < nch;
+	for (size_t k = 0; r == 0 && k < nch + lag; k++) {
+		/* the root sends chunk k; the others receive chunk k and pass on chunk k - lag */
+		size_t so = (k - lag) * ck, ro = k * ck;
+		bool send = next >= 0 && k >= lag, recv = prev >= 0 && k < nch;
 		size_t sl = send ? (bytes - so < ck ? bytes - so : ck) : 0;
 		size_t rl = recv ? (bytes - ro < ck ? bytes - ro : ck) : 0;
 
@@ -956,9 +962,11 @@ static int run_chain(struct tpc_collx *x, uint8_t *buf, size_t bytes, uint32_t r
 			r = -ECANCELED; /* part A failed */
 			break;
 		}
-		r = xport_drain(x, prev < 0 ? TPC_PLAN_DEPTH - 1 : 0); /* chunk k - 1 is in */
-		if (r == 0 && s && prev >= 0)
-			seg_set(s, bdone, TPU_MIN(k * ck, bytes) / es, false);
+		/* the oldest ends (a non-root's: the one that received chunk k - lag, since every
+		 * k from 0 to nch + lag - 1 starts one) */
+		r = xport_drain(x, prev < 0 ? TPC_PLAN_DEPTH - 1 : lag - 1);
+		if (r == 0 && s && prev >= 0 && k + 1 >= lag)
+			seg_set(s, bdone, TPU_MIN((k + 1 - lag) * ck, bytes) / es, false);
 		if (r == 0)
 			r = xport_start(x, sl ? next : -1, buf + so, sl, rl ? prev : -1, buf + ro, rl);
 	}
