@@ -11,11 +11,14 @@
  * tpipd (--socket or the library's rules); with --xhost SOCKA,SOCKB,tpip://HOST[:PORT] the
  * first half of the ranks use the daemon at SOCKA and the second half the one at SOCKB (two
  * hosts, e.g. daemons in two network namespaces: a Unix socket path reaches across them),
- * joined through that coordinator. With --reduce-scatter it times tp_reduce_scatter() instead,
- * S being each rank's input (its output S/N) and B = (N-1)/N x S / T. Figures only; nothing
- * here passes or fails.
+ * joined through that coordinator. --op times another collective instead (the line starts
+ * with its name): reduce-scatter (also --reduce-scatter), S being each rank's input (its
+ * output S/N) and B = (N-1)/N x S / T; allgather, S being each rank's output (its input S/N),
+ * B = (N-1)/N x S / T; broadcast from rank 0, B = S / T (as nccl-tests count them). Figures
+ * only; nothing here passes or fails.
  *   bench_allreduce [--socket PATH] [--ranks 2,4] [--sizes 4K,64K,1M,16M,64M] [--iters K]
- *                   [--secs S] [--xhost SOCKA,SOCKB,COORD] [--reduce-scatter]
+ *                   [--secs S] [--xhost SOCKA,SOCKB,COORD]
+ *                   [--op allreduce|broadcast|allgather|reduce-scatter]
  * (-n, -s, -t: --ranks, --sizes, --secs, as bench/run_allreduce.sh calls it.)
  */
 #include <errno.h>
@@ -47,8 +50,11 @@ struct opts {
 	double secs;	/* scales the iterations by size (1: about 256 MiB of input per rank) */
 	char *xsock[2]; /* --xhost: the two hosts' daemons */
 	const char *coord;
-	bool rs; /* --reduce-scatter */
+	enum { OP_ALLREDUCE, OP_BROADCAST, OP_ALLGATHER, OP_RS } op; /* --op */
 };
+
+static const char *const op_name[] = { "allreduce", "broadcast", "allgather",
+				       "reduce_scatter" };
 
 static unsigned iters_for(const struct opts *o, size_t size)
 {
@@ -67,6 +73,26 @@ static double cpu_now_us(void)
 	getrusage(RUSAGE_SELF, &ru);
 	return (double)(ru.ru_utime.tv_sec + ru.ru_stime.tv_sec) * 1e6 +
 	       (double)(ru.ru_utime.tv_usec + ru.ru_stime.tv_usec);
+}
+
+/* Whether the last element of rank @rank's result (@res, @count elements; @part: each rank's
+ * share) is right: inputs are (i % 100) + rank. */
+static bool bench_check(const struct opts *o, unsigned n, unsigned rank, const float *res,
+			size_t count, size_t part)
+{
+	float last = res[count - 1];
+
+	switch (o->op) {
+	case OP_BROADCAST: /* rank 0's */
+		return last == (float)((count - 1) % 100);
+	case OP_ALLGATHER: /* rank n - 1's last */
+		return part == 0 || last == (float)((part - 1) % 100) + (float)(n - 1);
+	case OP_RS:
+		return last == (float)n * (float)((rank * part + count - 1) % 100) +
+				       (float)(n * (n - 1) / 2);
+	default:
+		return last == (float)n * (float)((count - 1) % 100) + (float)(n * (n - 1) / 2);
+	}
 }
 
 static int rank_main(const struct opts *o, unsigned n, unsigned rank, struct shared *sh)
@@ -94,7 +120,7 @@ static int rank_main(const struct opts *o, unsigned n, unsigned rank, struct sha
 	}
 	for (size_t s = 0; s < o->n_sizes && r == 0; s++) {
 		size_t count = o->sizes[s] / 4;
-		size_t part = count / n; /* --reduce-scatter: the output of each rank */
+		size_t part = count / n; /* reduce-scatter's output, all-gather's input */
 		float *in = malloc(count * 4 + 4), *out = malloc(count * 4 + 4);
 		unsigned it = iters_for(o, o->sizes[s]);
 		double cpu0 = 0;
@@ -109,19 +135,24 @@ static int rank_main(const struct opts *o, unsigned n, unsigned rank, struct sha
 				cpu0 = cpu_now_us();
 			r = tp_barrier(g);
 			t0 = bench_now_ns();
-			if (r == 0 && o->rs)
+			if (r == 0 && o->op == OP_RS)
 				r = tp_reduce_scatter(g, in, out, part, TP_DTYPE_F32, TP_OP_SUM);
+			else if (r == 0 && o->op == OP_ALLGATHER)
+				r = tp_allgather(g, in, out, part, TP_DTYPE_F32);
+			else if (r == 0 && o->op == OP_BROADCAST)
+				r = tp_broadcast(g, rank ? out : in, count, TP_DTYPE_F32, 0);
 			else if (r == 0)
 				r = tp_allreduce(g, in, out, count, TP_DTYPE_F32, TP_OP_SUM);
 			if (k >= 2)
 				sh->t_us[rank][k - 2] = (double)(bench_now_ns() - t0) / 1e3;
 		}
 		sh->cpu_us[rank] = (cpu_now_us() - cpu0) / it;
-		if (o->rs)
+		if (o->op == OP_RS)
 			count = part; /* its last element is element rank x part + part - 1 */
-		if (r == 0 && count && out[count - 1] != (float)n * (float)(((o->rs ? rank * part : 0) +
-									 count - 1) % 100) +
-							     (float)(n * (n - 1) / 2)) {
+		if (o->op == OP_ALLGATHER)
+			count = part * n;
+		if (r == 0 && count &&
+		    !bench_check(o, n, rank, o->op == OP_BROADCAST && !rank ? in : out, count, part)) {
 			snprintf(sh->why, sizeof(sh->why), "wrong result at size %zu", o->sizes[s]);
 			r = -EIO;
 		}
@@ -143,9 +174,10 @@ static int rank_main(const struct opts *o, unsigned n, unsigned rank, struct sha
 				cpu = sh->cpu_us[q] > cpu ? sh->cpu_us[q] : cpu;
 			bench_stats_compute(slow, it, &st);
 			printf("%s impl=tpipd n=%u size=%zu median_us=%.1f busbw_GBps=%.3f "
-			       "iters=%u cpu_us=%.1f\n", o->rs ? "reduce_scatter" : "allreduce", n,
-			       o->sizes[s], st.median, (o->rs ? 1.0 : 2.0) * (n - 1) / n *
-			       (double)o->sizes[s] / (st.median * 1e3), it, cpu);
+			       "iters=%u cpu_us=%.1f\n", op_name[o->op], n, o->sizes[s], st.median,
+			       (o->op == OP_ALLREDUCE ? 2.0 * (n - 1) / n : o->op == OP_BROADCAST ?
+				1.0 : (double)(n - 1) / n) * (double)o->sizes[s] / (st.median * 1e3),
+			       it, cpu);
 			fflush(stdout);
 		}
 		if (r == 0)
@@ -222,7 +254,18 @@ int main(int argc, char **argv)
 			 parse_list(argv[++i], true, &o) == 0)
 			;
 		else if (!strcmp(a, "--reduce-scatter"))
-			o.rs = true;
+			o.op = OP_RS;
+		else if (!strcmp(a, "--op") && v) {
+			const char *op = argv[++i];
+			int k = 0;
+
+			while (k < 4 && strcmp(op, op_name[k]) &&
+			       (k != OP_RS || strcmp(op, "reduce-scatter")))
+				k++;
+			if (k == 4)
+				goto usage;
+			o.op = k;
+		}
 		else if (!strcmp(a, "--iters") && v)
 			o.iters = (unsigned)atoi(argv[++i]);
 		else if ((!strcmp(a, "--secs") || !strcmp(a, "-t")) && v)
@@ -242,7 +285,8 @@ int main(int argc, char **argv)
 usage:
 			fprintf(stderr, "usage: %s [--socket PATH] [--ranks 2,4] "
 				"[--sizes 4K,64K,1M,16M,64M] [--iters K] [--secs S] "
-				"[--xhost SOCKA,SOCKB,tpip://HOST[:PORT]] [--reduce-scatter]\n",
+				"[--xhost SOCKA,SOCKB,tpip://HOST[:PORT]] "
+				"[--op allreduce|broadcast|allgather|reduce-scatter]\n",
 				argv[0]);
 			return 2;
 		}

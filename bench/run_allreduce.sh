@@ -28,6 +28,9 @@
 #   ALLREDUCE_MMAP="..."   default and/or off (default both)
 #   ALLREDUCE_XHOST=1      also 2 namespaced hosts x 2 ranks (root and iproute2)
 #   ALLREDUCE_XHOST_ONLY=1 only those
+#   ALLREDUCE_OP=OP        ours times OP instead of all-reduce: broadcast, allgather or
+#                          reduce-scatter (bench_allreduce --op; its lines start with OP's
+#                          name, and the peers, which time all-reduces only, are left out)
 #   ALLREDUCE_TPIPD_ARGS=".." extra flags for ours' two daemons across hosts (e.g.
 #                          "--peer-data-encryption no": tensor bytes unencrypted, as gloo's and
 #                          MPI's are; the default encrypts them with TLS)
@@ -41,6 +44,9 @@ ns_list=${ALLREDUCE_N:-2 4 8}
 sizes=${ALLREDUCE_SIZES:-4K,64K,1M,16M,64M}
 secs=${ALLREDUCE_SECS:-1}
 impls=${ALLREDUCE_IMPLS:-tpipd gloo mpi-shm mpi-tcp}
+op=${ALLREDUCE_OP:-allreduce}
+op_args=()
+[[ $op == allreduce ]] || { impls=tpipd; op_args=(--op "$op"); }
 mmaps=${ALLREDUCE_MMAP:-default off}
 limit=${BENCH_TIMEOUT:-300}
 python=/usr/bin/python3
@@ -82,7 +88,7 @@ results=$tmp/results
 emit() {
 	local line
 	while IFS= read -r line; do
-		[[ $line == allreduce\ impl=* ]] || continue
+		[[ $line == allreduce\ impl=* || $line == "${op//-/_}"\ impl=* ]] || continue
 		printf '%s hosts=%s mmap=%s\n' "$line" "$1" "$2" | tee -a "$results"
 	done
 }
@@ -156,7 +162,7 @@ run_ours() { # N MMAP
 	fi
 	start_ours_daemon || { echo "tpipd" >>"$tmp/failed"; return 0; }
 	TPIPD_SOCKET=$ours_sock run_or_note "bench_allreduce n=$1" "$2" "${cmd[@]}" -n "$1" \
-		-s "$sizes" -t "$secs" | emit 1 "$2"
+		-s "$sizes" -t "$secs" "${op_args[@]}" | emit 1 "$2"
 }
 
 have_gloo=0
@@ -279,7 +285,7 @@ xhost_ours_daemons() {
 xhost_ours() { # MMAP
 	[[ -x $ours_bin ]] || return 0
 	xhost_ours_daemons || { echo "tpipd 2x2" >>"$tmp/failed"; return 0; }
-	run_or_note "tpipd 2x2" "$1" "$ours_bin" -n 4 -s "$sizes" -t "$secs" \
+	run_or_note "tpipd 2x2" "$1" "$ours_bin" -n 4 -s "$sizes" -t "$secs" "${op_args[@]}" \
 		--xhost "$tmp/xa.sock,$tmp/xb.sock,tpip://10.78.0.1:7420" | emit 2 "$1"
 }
 

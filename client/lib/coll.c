@@ -40,6 +40,8 @@ struct coll_desc {
 
 #define COLL_CAP_DIRECT 1u /* the one-barrier small all-reduce (direct_call()) */
 #define COLL_CAP_SEG 2u	   /* asks for an all-reduce's first segment alone (tpc_coll.seg) */
+#define COLL_CAP_XSEG 4u   /* takes a broadcast, all-gather or reduce-scatter across hosts in
+			    * segments (tp_group.xseg_ask: in every call; collx.c) */
 
 _Static_assert(sizeof(struct coll_desc) <= TPU_GRPARENA_CALL, "a call descriptor fits its slot");
 
@@ -299,12 +301,16 @@ static bool desc_same(const struct coll_desc *a, const struct coll_desc *b)
 	       a->count == b->count && a->root == b->root && a->valid == b->valid;
 }
 
+static bool all_can(struct tp_group *g, uint64_t seq, uint32_t cap);
+
 /* After the first barrier of call @seq: every member compares every descriptor with rank 0's,
  * so that all of them find the same mismatch. */
 static int desc_check(struct tp_group *g, uint64_t seq, char *msg, size_t ml)
 {
 	struct coll_desc d0 = *desc_of(g, seq, 0);
 
+	if (g->x) /* what the next call across hosts may do */
+		g->xseg = all_can(g, seq, COLL_CAP_XSEG);
 	for (uint32_t r = 1; r < g->size; r++) {
 		struct coll_desc dr = *desc_of(g, seq, r);
 		char a[160], b[160];
@@ -336,6 +342,45 @@ static void fold(const struct tpc_coll *c, void *acc, const void *in, size_t n)
 		tpc_reduce(acc, in, n, c->dtype, (enum tp_reduce_op)c->op);
 }
 
+static void copy_out(struct tp_group *g, const struct tpc_coll *c, uint8_t *dst, const uint8_t *src,
+		     size_t n);
+
+static bool has_view(const struct tpc_coll *c)
+{
+	return c->vsend.blk || c->vrecv.blk || c->vrecv.map || c->vrecv.stride;
+}
+
+/* Copies the call's elements [@lo, @lo + @n) between @base seen through @v and the contiguous
+ * @lin: into the view (@out, with copy_out()) or out of it. Skipped blocks are left alone. */
+static void view_copy(struct tp_group *g, const struct tpc_coll *c, const struct tpc_view *v,
+		      uint8_t *base, uint8_t *lin, size_t lo, size_t n, bool out)
+{
+	size_t es = tp_dtype_size(c->dtype);
+
+	if (!v->blk) {
+		if (out)
+			copy_out(g, c, base + lo * es, lin, n * es);
+		else
+			memcpy(lin, base + lo * es, n * es);
+		return;
+	}
+	for (size_t e = lo; e < lo + n;) {
+		size_t j = e / v->blk, i = e % v->blk;
+		size_t len = TPU_MIN(v->blk - i, lo + n - e);
+		uint32_t m = v->map ? v->map[j] : (uint32_t)j;
+
+		if (m != TPC_VIEW_SKIP) {
+			uint8_t *p = base + ((size_t)m * v->stride + i) * es;
+
+			if (out)
+				copy_out(g, c, p, lin + (e - lo) * es, len * es);
+			else
+				memcpy(lin + (e - lo) * es, p, len * es);
+		}
+		e += len;
+	}
+}
+
 /* Reduces this member's slice (@off, @n elements) of the chunk at @done in rank order into
  * @dst: the other members' parts from their slots, its own straight from its input (only it
  * reads that part, so chunk_in() does not copy it into the slot). */
@@ -349,6 +394,8 @@ static void reduce_range(struct tp_group *g, const struct tpc_coll *c, unsigned 
 
 	if (n == 0)
 		return;
+	if (c->vsend.blk) /* its input in blocks: the whole chunk went into its slot */
+		mine = slot_of(g, bank, g->rank) + off * es;
 	while (g->absent[first]) /* some member contributes (coll_run() checked) */
 		first++;
 	memcpy(dst, first == g->rank ? mine : slot_of(g, bank, first) + off * es, n * es);
@@ -369,7 +416,7 @@ static bool direct_call(const struct tp_group *g, const struct tpc_coll *c)
 {
 	size_t es = tp_dtype_size(c->dtype);
 
-	return c->kind == TPC_COLL_ALLREDUCE && c->count &&
+	return c->kind == TPC_COLL_ALLREDUCE && c->count && !has_view(c) &&
 	       c->count <= TPU_GRPARENA_DIRECT_MAX / es / g->size && c->count * es <= g->chunk;
 }
 
@@ -425,6 +472,11 @@ static void chunk_in(struct tp_group *g, const struct tpc_coll *c, size_t done, 
 	case TPC_COLL_ALLREDUCE: /* all but this member's own slice (reduce_range()) */
 		if (c->absent)
 			break;
+		if (c->vsend.blk) { /* in blocks: all of it, its own slice too */
+			view_copy(g, c, &c->vsend, (uint8_t *)c->send, slot_of(g, bank, g->rank),
+				  done, n, false);
+			break;
+		}
 		if (direct) { /* all of it: every member reads every slot (or, with a member
 			       * whose library cannot, the sliced path reads what it needs) */
 			memcpy(slot_of(g, bank, g->rank), c->send, n * es);
@@ -440,7 +492,7 @@ static void chunk_in(struct tp_group *g, const struct tpc_coll *c, size_t done, 
 		break;
 	case TPC_COLL_BROADCAST:
 		if ((uint32_t)c->root == g->rank)
-			memcpy(result_of(g, bank), (const uint8_t *)c->recv + done * es, n * es);
+			view_copy(g, c, &c->vrecv, c->recv, result_of(g, bank), done, n, false);
 		break;
 	case TPC_COLL_REDUCE_SCATTER:
 		for (uint32_t r = 0; r < g->size; r++)
@@ -481,12 +533,16 @@ static void chunk_out(struct tp_group *g, const struct tpc_coll *c, size_t done,
 		break;
 	case TPC_COLL_BROADCAST:
 		if ((uint32_t)c->root != g->rank)
-			copy_out(g, c, (uint8_t *)c->recv + done * es, result_of(g, bank), n * es);
+			view_copy(g, c, &c->vrecv, c->recv, result_of(g, bank), done, n, true);
 		break;
-	case TPC_COLL_ALLGATHER:
-		for (uint32_t q = 0; q < g->size; q++)
-			memcpy((uint8_t *)c->recv + (q * c->count + done) * es, slot_of(g, bank, q),
-			       n * es);
+	case TPC_COLL_ALLGATHER: /* member q's block at q x count, or where the view says */
+		for (uint32_t q = 0; q < g->size && (!c->leader_only || g->rank == 0); q++) {
+			size_t at = c->vrecv.map ? c->vrecv.map[q] : q;
+
+			memcpy((uint8_t *)c->recv + (at * (c->vrecv.stride ? c->vrecv.stride :
+							  c->count) + done) * es,
+			       slot_of(g, bank, q), n * es);
+		}
 		break;
 	case TPC_COLL_REDUCE_SCATTER: {
 		uint8_t *dst = (uint8_t *)c->recv + done * es;
@@ -526,7 +582,7 @@ static int allreduce_chunks(struct tp_group *g, const struct tpc_coll *c, size_t
 			chunk_in(g, c, done + n, next, g->bank, false);
 		r = tpc_coll_barrier(g, g->op_timeout_ms, msg, ml);
 		if (r == 0 && (!c->leader_only || g->rank == 0))
-			copy_out(g, c, (uint8_t *)c->recv + done * es, result_of(g, bank), n * es);
+			view_copy(g, c, &c->vrecv, c->recv, result_of(g, bank), done, n, true);
 		done += n;
 		n = next;
 	}
@@ -607,13 +663,14 @@ int tpc_coll_local(struct tp_group *g, const struct tpc_coll *c, struct tpc_xver
 	size_t per = c->kind == TPC_COLL_BARRIER ? 1 : chunk_elems(g, c);
 	size_t n = c->count < per ? c->count : per, done = 0;
 	bool direct = direct_call(g, c);
-	bool solo = g->size == 1 && !c->seg;
+	bool solo = g->size == 1 && !c->seg && (!has_view(c) || c->kind == TPC_COLL_BROADCAST);
 	int r;
 
 	*d = (struct coll_desc){ .seq = seq, .kind = c->kind, .dtype = c->dtype, .op = c->op,
-				 .root = (uint32_t)c->root, .count = c->count,
+				 .root = (uint32_t)c->root, .count = c->dcount ? c->dcount : c->count,
 				 .pid = (uint32_t)g->pid, .valid = 1, .absent = c->absent,
-				 .caps = COLL_CAP_DIRECT | (c->seg ? COLL_CAP_SEG : 0) };
+				 .caps = COLL_CAP_DIRECT | (c->seg ? COLL_CAP_SEG : 0) |
+					 (g->xseg_ask ? COLL_CAP_XSEG : 0) };
 	if (v && g->rank == 0) {
 		d->xerr = v->err;
 		d->xcontrib = v->contrib;

@@ -68,6 +68,8 @@ struct xhdr {
 };
 
 #define XCAP_SEG 1u /* takes a pipelined all-reduce's data in segments (run_pipelined()) */
+#define XCAP_SEGX 2u /* takes a pipelined all-gather's or reduce-scatter's in segments
+		      * (run_segx(); a broadcast's chain is the same either way) */
 
 /* One started exchange: a send and/or a receive, ended by tpc_plan_xport_ops.wait. */
 struct xex {
@@ -205,6 +207,7 @@ int tpc_collx_new(struct tp_group *g, const uint32_t *member_hosts, size_t n,
 		x->pipeline = pipe[0] == '1';
 	else
 		x->pipeline = ncpu > 0 && (unsigned long)ncpu >= (unsigned long)g->local_size + 2;
+	g->xseg_ask = x->pipeline;
 	pthread_mutex_init(&x->lock, NULL);
 	pthread_cond_init(&x->cond, NULL);
 	if (naddrs == g->hosts && tlen == sizeof(x->token)) {
@@ -879,6 +882,9 @@ static uint8_t *work_get(struct tpc_collx *x, size_t bytes)
 struct xseg;
 static int seg_ready(void *t, size_t end, bool wait);
 static void seg_done(void *t, size_t end);
+static bool seg_wait_a(struct xseg *s, size_t need);
+static void seg_set(struct xseg *s, size_t *word, size_t v, bool ended);
+static size_t *seg_bword(struct xseg *s, size_t *ret_count, size_t *ret_es);
 
 /* All-reduce among the leaders of @count elements at @buf (the hosts' partial results) by
  * @algo, with @count elements of scratch at @scratch; in segments of @seg elements, as part A
@@ -923,31 +929,50 @@ static int run_allreduce_all(struct tpc_collx *x, const struct tpc_coll *c, void
 	return r;
 }
 
-/* Broadcast among the leaders from host @root_host: a chain in host order from it, chunked, so
- * each leader forwards chunk k - 1 while chunk k arrives. */
-static int run_chain(struct tpc_collx *x, uint8_t *buf, size_t bytes, uint32_t root_host)
+/* Broadcast among the leaders from host @root_host: a chain in host order from it, chunked.
+ * The root keeps TPC_PLAN_DEPTH chunks on the wire; every other leader keeps as many receives
+ * (lag: TPC_PLAN_DEPTH, or the chunks there are) and passes chunk k - lag on with the receive
+ * of chunk k (it has landed: the exchanges end in order), so a chunk is never waited for alone
+ * (one in flight took a rendezvous round trip per chunk). Each pipe carries the same chunks in
+ * the same order as with one in flight, so leaders of either kind exchange alike.
+ * Pipelined (@s, run_segx()): the root sends a chunk once part A has it there, and the others
+ * tell part C which chunks are in. */
+static int run_chain(struct tpc_collx *x, uint8_t *buf, size_t bytes, uint32_t root_host,
+		     struct xseg *s)
 {
 	uint32_t pos = (x->host + x->nhosts - root_host) % x->nhosts;
 	int32_t prev = pos ? (int32_t)((x->host + x->nhosts - 1) % x->nhosts) : -1;
 	int32_t next = pos + 1 < x->nhosts ? (int32_t)((x->host + 1) % x->nhosts) : -1;
-	size_t ck = x->chunk, nch = (bytes + ck - 1) / ck;
+	size_t ck = x->chunk, nch = (bytes + ck - 1) / ck, count = 0, es = 1;
+	size_t lag = prev < 0 ? 0 : TPU_MIN((size_t)TPC_PLAN_DEPTH, nch); /* chunks in flight */
+	size_t *bdone = s ? seg_bword(s, &count, &es) : NULL;
 	int r = 0, e;
 
 	x->kind = XK_DATA;
-	for (size_t k = 0; r == 0 && k < nch + (prev >= 0); k++) {
-		/* the root sends chunk k; the others receive chunk k and pass on chunk k - 1 */
-		size_t sk = prev < 0 ? k : k - 1, so = sk * ck, ro = k * ck;
-		bool send = next >= 0 && (prev < 0 || k >= 1), recv = prev >= 0 && k < nch;
+	for (size_t k = 0; r == 0 && k < nch + lag; k++) {
+		/* the root sends chunk k; the others receive chunk k and pass on chunk k - lag */
+		size_t so = (k - lag) * ck, ro = k * ck;
+		bool send = next >= 0 && k >= lag, recv = prev >= 0 && k < nch;
 		size_t sl = send ? (bytes - so < ck ? bytes - so : ck) : 0;
 		size_t rl = recv ? (bytes - ro < ck ? bytes - ro : ck) : 0;
 
 		if (!sl && !rl)
 			continue;
-		r = xport_drain(x, prev < 0 ? TPC_PLAN_DEPTH - 1 : 0); /* chunk k - 1 is in */
+		if (s && prev < 0 && !seg_wait_a(s, (so + sl) / es)) {
+			r = -ECANCELED; /* part A failed */
+			break;
+		}
+		/* the oldest ends (a non-root's: the one that received chunk k - lag, since every
+		 * k from 0 to nch + lag - 1 starts one) */
+		r = xport_drain(x, prev < 0 ? TPC_PLAN_DEPTH - 1 : lag - 1);
+		if (r == 0 && s && prev >= 0 && k + 1 >= lag)
+			seg_set(s, bdone, TPU_MIN((k + 1 - lag) * ck, bytes) / es, false);
 		if (r == 0)
 			r = xport_start(x, sl ? next : -1, buf + so, sl, rl ? prev : -1, buf + ro, rl);
 	}
 	e = xport_drain(x, 0);
+	if (s && r == 0 && e == 0)
+		seg_set(s, bdone, count, true);
 	return r ? r : e;
 }
 
@@ -1096,7 +1121,7 @@ static int leader_part(struct tpc_collx *x, const struct tpc_coll *c, bool local
 			return 0; /* every member has finished: nothing moves */
 		return run_allreduce_all(x, c, buf, count);
 	case TPC_COLL_BROADCAST:
-		return run_chain(x, buf, count * es, p->host_of[c->root]);
+		return run_chain(x, buf, count * es, p->host_of[c->root], NULL);
 	case TPC_COLL_ALLGATHER:
 		/* the hosts' blocks in host order, then each member's block at its rank */
 		gb = malloc(x->g->world_size * count * es + 1);
@@ -1167,6 +1192,8 @@ struct xseg {
 	uint32_t contrib;
 	pthread_mutex_t lock;
 	pthread_cond_t cond;
+	size_t es;	  /* run_segx(): element bytes */
+	size_t chunk;	  /* run_segx(): the leaders' bytes per exchange */
 	size_t a_done;	/* elements of @buf part A has reduced (@lock) */
 	size_t b_done;	/* elements the leaders have reduced over every host (@lock) */
 	bool ended;	/* part B is over: b_done, or @rb or the verdict says why (@lock) */
@@ -1400,6 +1427,400 @@ static int run_pipelined(struct tpc_collx *x, const struct tpc_coll *c, char *ms
 	return r;
 }
 
+/* ---- a large broadcast, all-gather or reduce-scatter, pipelined ------------------------------ */
+
+static size_t *seg_bword(struct xseg *s, size_t *ret_count, size_t *ret_es)
+{
+	*ret_count = s->count;
+	*ret_es = s->es;
+	return &s->b_done;
+}
+
+/* One side of a ring step over a segment's pieces: host @b's members' pieces, each at its rank's
+ * place in @buf (tpc_plan_piece()), or one after another from @buf (@packed). */
+struct xside {
+	uint8_t *buf;
+	uint32_t b;
+	bool packed;
+};
+
+/* One step of a ring over segment [@off, @off + @n) of every rank's elements. */
+struct xstep {
+	size_t off, n;
+	int32_t to, from;
+	struct xside snd, rcv;
+};
+
+static size_t side_at(const struct tpc_collx *x, const struct xseg *s, const struct xstep *st,
+		      const struct xside *sd, uint32_t i)
+{
+	return sd->packed ? (size_t)i * st->n * s->es
+			  : tpc_plan_piece(x->plan, sd->b, i, s->count, st->off, s->es);
+}
+
+/* Sends host @st->snd.b's pieces to @st->to and receives host @st->rcv.b's from @st->from, each
+ * piece in x->chunk exchanges, TPC_PLAN_DEPTH at once. Both ends cut the same pieces (the same
+ * block of the same segment), so the messages' lengths match. */
+static int xport_pieces(struct tpc_collx *x, const struct xseg *s, const struct xstep *st)
+{
+	size_t pl = st->n * s->es, sa = 0, ra = 0;
+	uint32_t ns = tpc_plan_local_size(x->plan, st->snd.b), si = 0;
+	uint32_t nr = tpc_plan_local_size(x->plan, st->rcv.b), ri = 0;
+	int r = 0, e;
+
+	x->kind = XK_DATA;
+	while (r == 0 && pl && (si < ns || ri < nr)) {
+		size_t sl = si < ns ? TPU_MIN(x->chunk, pl - sa) : 0;
+		size_t rl = ri < nr ? TPU_MIN(x->chunk, pl - ra) : 0;
+
+		r = xport_drain(x, TPC_PLAN_DEPTH - 1);
+		if (r == 0)
+			r = xport_start(x, sl ? st->to : -1,
+					st->snd.buf + (sl ? side_at(x, s, st, &st->snd, si) + sa : 0),
+					sl, rl ? st->from : -1,
+					st->rcv.buf + (rl ? side_at(x, s, st, &st->rcv, ri) + ra : 0),
+					rl);
+		sa += sl;
+		if (sl && sa == pl)
+			si++, sa = 0;
+		ra += rl;
+		if (rl && ra == pl)
+			ri++, ra = 0;
+	}
+	e = xport_drain(x, 0);
+	return r ? r : e;
+}
+
+/*
+ * The leaders' ring over segment [@off, @off + @n) of each rank's elements: an all-gather's
+ * (run_gather() on the segment: each step passes on the block received last, straight into
+ * its ranks' places) or a reduce-scatter's (run_rs() on the segment: each step passes on the
+ * partial result of the block folded last, received packed and folded into its ranks'
+ * places, the received value on the right as there, so the bits are the same).
+ */
+static int ring_seg(struct tpc_collx *x, struct xseg *s, size_t off, size_t n)
+{
+	const struct tpc_coll *c = s->c;
+	uint32_t nh = x->nhosts, h = x->host;
+	struct xstep st = { .off = off, .n = n, .to = (int32_t)((h + 1) % nh),
+			    .from = (int32_t)((h + nh - 1) % nh) };
+	bool rs = c->kind == TPC_COLL_REDUCE_SCATTER;
+	int r = 0;
+
+	for (uint32_t t = 0; r == 0 && t + 1 < nh; t++) {
+		uint32_t sb = rs ? (h + 2 * nh - t - 1) % nh : (h + nh - t) % nh;
+		uint32_t rb = (h + 2 * nh - t - 1 - rs) % nh;
+
+		st.snd = (struct xside){ .buf = s->buf, .b = sb };
+		st.rcv = (struct xside){ .buf = rs ? x->rs_in : s->buf, .b = rb, .packed = rs };
+		r = xport_pieces(x, s, &st);
+		for (uint32_t i = 0; rs && r == 0 && i < tpc_plan_local_size(x->plan, rb); i++)
+			coll_fold(s->buf + side_at(x, s, &st, &(struct xside){ .b = rb }, i),
+				  x->rs_in + (size_t)i * n * s->es, n, (int)c->dtype, (void *)c);
+	}
+	return r;
+}
+
+/* The leaders' exchange of the whole tensor once part A is done, as tpc_collx_run() runs it
+ * (a leader that does not take it in segments), from and into the ranks' places. */
+static int whole_seg(struct tpc_collx *x, struct xseg *s)
+{
+	const struct tpc_plan *p = x->plan;
+	size_t cc = s->count, es = s->es, blk = cc * es;
+	uint32_t first = p->host_first[x->host], nl = x->g->local_size;
+	uint8_t *gb;
+	int r;
+
+	if (!seg_wait_a(s, cc))
+		return -ECANCELED;
+	if (s->c->kind == TPC_COLL_REDUCE_SCATTER) {
+		rs_to_host_order(p, s->buf, x->rs_host, cc, es);
+		r = run_rs(x, s->c, x->rs_host, x->rs_in, cc, es);
+		for (uint32_t q = 0; r == 0 && x->rs_host != s->buf && q < nl; q++)
+			memcpy(s->buf + (size_t)p->by_host[first + q] * blk,
+			       x->rs_host + (size_t)(first + q) * blk, blk);
+		return r;
+	}
+	gb = malloc((size_t)p->nranks * blk + 1);
+	if (!gb)
+		return -ENOMEM;
+	for (uint32_t q = 0; q < nl; q++)
+		memcpy(gb + (size_t)(first + q) * blk, s->buf + (size_t)p->by_host[first + q] * blk,
+		       blk);
+	r = run_gather(x, gb, cc, es);
+	for (uint32_t i = 0; r == 0 && i < p->nranks; i++)
+		memcpy(s->buf + (size_t)p->by_host[i] * blk, gb + (size_t)i * blk, blk);
+	free(gb);
+	return r;
+}
+
+/*
+ * Part B of a pipelined broadcast, all-gather or reduce-scatter, on the leader: once part A
+ * has the first segment (a broadcast's hosts other than the root's have no part A), the check,
+ * which also finds out whether every leader takes an all-gather's or reduce-scatter's data in
+ * segments (XCAP_SEGX); then the chain of a broadcast chunk by chunk as part A hands them over,
+ * or the ring of each segment in turn, or (a leader that cannot) the whole once part A is done.
+ */
+static void *segx_leader(void *arg)
+{
+	struct xseg *s = arg;
+	struct tpc_collx *x = s->x;
+	const struct tpc_coll *c = s->c;
+	bool rs = c->kind == TPC_COLL_REDUCE_SCATTER, done;
+	struct timespec t0, t1;
+	size_t n;
+	int r = 0;
+
+	clock_gettime(CLOCK_MONOTONIC, &t0);
+	if (!seg_wait_a(s, TPU_MIN(s->seg, s->count)))
+		goto out;
+	x->end_ms = x->g->op_timeout_ms > 0 ? mono_ms() + x->g->op_timeout_ms : 0;
+	x->chunk = s->chunk;
+	x->caps = XCAP_SEGX;
+	r = run_check(x, c, false, x->g->local_size, s->buf,
+		      rs ? s->count * x->g->world_size : s->count, &done, &s->v, s->lmsg,
+		      sizeof(s->lmsg));
+	if (r < 0 || s->v.err < 0)
+		goto out;
+	if (c->kind == TPC_COLL_BROADCAST) {
+		r = run_chain(x, s->buf, s->count * s->es, x->plan->host_of[c->root], s);
+		goto out;
+	}
+	if (!(x->caps & XCAP_SEGX)) {
+		r = whole_seg(x, s);
+		if (r == 0)
+			seg_set(s, &s->b_done, s->count, true);
+		goto out;
+	}
+	for (size_t off = 0; r == 0 && off < s->count; off += n) {
+		n = TPU_MIN(s->seg, s->count - off);
+		r = seg_wait_a(s, off + n) ? ring_seg(x, s, off, n) : -ECANCELED;
+		if (r == 0)
+			seg_set(s, &s->b_done, off + n, off + n == s->count);
+	}
+out:
+	clock_gettime(CLOCK_MONOTONIC, &t1);
+	s->ns = (uint64_t)((t1.tv_sec - t0.tv_sec) * 1000000000ll + (t1.tv_nsec - t0.tv_nsec));
+	pthread_mutex_lock(&s->lock);
+	s->rb = r;
+	s->ended = true;
+	pthread_cond_broadcast(&s->cond);
+	pthread_mutex_unlock(&s->lock);
+	return NULL;
+}
+
+/* The bytes that decide whether a call across hosts is pipelined: a broadcast's tensor, an
+ * all-gather's output, a reduce-scatter's input (0: a call that never is). */
+static size_t segx_bytes(const struct tp_group *g, const struct tpc_coll *c)
+{
+	size_t es = tp_dtype_size(c->dtype);
+
+	switch (c->kind) {
+	case TPC_COLL_BROADCAST:
+		return c->count * es;
+	case TPC_COLL_ALLGATHER:
+	case TPC_COLL_REDUCE_SCATTER:
+		return c->count > SIZE_MAX / es / g->world_size ? 0 : c->count * es * g->world_size;
+	default:
+		return 0;
+	}
+}
+
+/*
+ * Part A's call for the segment [@off, @off + @n) of each rank's elements (@n = the count: the
+ * whole call, as tpc_collx_run() makes it), on @a (the caller's call, copied): a broadcast's
+ * (the root's host only) moves the segment; an all-gather's its members' segments to the
+ * leader, each at its rank's place in the leader's output; a reduce-scatter's reduces the
+ * segment of every rank's part (an all-reduce of blocks) into the leader's at the same places.
+ * The first call carries the whole call's count for the members' check.
+ */
+static void seg_a(const struct xseg *s, const uint32_t *own, struct tpc_coll *a, size_t off,
+		  size_t n)
+{
+	const struct tpc_coll *c = s->c;
+	struct tpc_collx *x = s->x;
+	size_t es = s->es, w = x->g->world_size;
+	bool whole = n == s->count;
+
+	a->dcount = off || whole ? 0 : c->kind == TPC_COLL_REDUCE_SCATTER ? w * c->count : c->count;
+	a->count = n;
+	switch (c->kind) {
+	case TPC_COLL_BROADCAST:
+		a->recv = (uint8_t *)c->recv + off * es;
+		break;
+	case TPC_COLL_ALLGATHER:
+		a->send = (const uint8_t *)c->send + off * es;
+		a->recv = x->leader ? s->buf + off * es : NULL;
+		a->vrecv = (struct tpc_view){ .stride = x->leader ? s->count : 0,
+					      .map = x->leader ? own : NULL };
+		break;
+	case TPC_COLL_REDUCE_SCATTER:
+		a->count = n * w;
+		a->recv = x->leader ? s->buf + off * es : NULL;
+		if (!whole) {
+			a->send = (const uint8_t *)c->send + off * es;
+			a->vsend = (struct tpc_view){ .blk = n, .stride = s->count };
+			a->vrecv = a->vsend;
+		}
+		break;
+	default:
+		break;
+	}
+}
+
+/*
+ * Part C's call for the segment [@off, @off + @n) (the whole: as tpc_collx_run() makes it) on
+ * @b: a broadcast's segment from the leader; an all-gather's every rank's segment, from and
+ * into the ranks' places; a reduce-scatter's segments of this host's ranks, from their places
+ * in the leader's result, each member taking its own (@skip: its map). The first carries the
+ * whole call's count.
+ */
+static void seg_c(const struct xseg *s, const uint32_t *own, const uint32_t *skip,
+		  struct tpc_coll *b, size_t off, size_t n)
+{
+	const struct tpc_coll *c = s->c;
+	struct tpc_collx *x = s->x;
+	size_t es = s->es, w = x->g->world_size, l = x->g->local_size;
+	bool whole = n == s->count;
+
+	b->dtype = c->dtype;
+	b->root = 0;
+	b->count = n;
+	b->recv = (uint8_t *)c->recv + off * es;
+	b->dcount = off || whole ? 0 : c->count;
+	b->total = segx_bytes(x->g, c);
+	if (c->kind == TPC_COLL_ALLGATHER) {
+		b->count = n * w;
+		b->dcount = off || whole ? 0 : c->count * w;
+		if (!whole)
+			b->vrecv = (struct tpc_view){ .blk = n, .stride = s->count };
+	} else if (c->kind == TPC_COLL_REDUCE_SCATTER) {
+		b->count = n * l;
+		b->dcount = off || whole ? 0 : c->count * l;
+		b->vrecv = (struct tpc_view){ .blk = n, .stride = x->leader ? s->count : 0,
+					      .map = x->leader ? own : skip };
+		if (x->leader)
+			b->recv = s->buf + off * es;
+	}
+}
+
+/*
+ * A broadcast, all-gather or reduce-scatter of at least TPC_PLAN_SEG_MIN bytes across hosts,
+ * pipelined (docs/collectives.md) as run_pipelined() runs an all-reduce: part A segment by
+ * segment (each an arena call, the first carrying the whole call's count), the leader's part B
+ * on a thread of its own behind it, part C segment by segment behind part B. Every member of
+ * this host said in the call before whether it takes the call in segments (tp_group.xseg):
+ * where one did not, parts A and C run whole, as tpc_collx_run() runs them, and the leaders
+ * agree in the check whether their exchange runs in segments. Segments are tpc_plan_xseg()
+ * elements of each rank's count; each is in every rank's place at once: the leader keeps the
+ * all-gather's result in its output and the reduce-scatter's in rank order, so that a segment
+ * of every rank is a piece of each block the leaders exchange.
+ */
+static int run_segx(struct tpc_collx *x, const struct tpc_coll *c, char *msg, size_t ml)
+{
+	struct tp_group *g = x->g;
+	const struct tpc_plan *p = x->plan;
+	size_t es = tp_dtype_size(c->dtype), count = c->count;
+	bool bc = c->kind == TPC_COLL_BROADCAST, rs = c->kind == TPC_COLL_REDUCE_SCATTER;
+	bool mine = !bc || p->host_of[c->root] == x->host, segs = g->xseg, thread = false;
+	const uint32_t *own = p->by_host + p->host_first[x->host];
+	struct xseg s = { .x = x, .c = c, .count = count, .es = es, .buf = c->recv,
+			  .seg = tpc_plan_xseg(es, bc ? 1 : g->world_size), .chunk = XCHUNK };
+	struct tpc_coll a = *c, b = { .kind = TPC_COLL_BROADCAST, .dtype = TP_DTYPE_U8 };
+	uint8_t *tmp = NULL;
+	uint32_t *skip = NULL;
+	pthread_t th;
+	size_t off, n;
+	int r = 0, rb, bx = 0;
+
+	if (c->kind == TPC_COLL_ALLGATHER && count * es <= XSMALL)
+		s.chunk = XSMALL; /* as leader_part() cuts it */
+	if (rs && x->leader &&
+	    !(s.buf = rs_buffers(x, count, segx_bytes(g, c), es, &tmp)))
+		return tpu_why(-ENOMEM, msg, ml, "out of memory");
+	if (rs && !x->leader && !(skip = malloc(g->local_size * sizeof(*skip))))
+		return tpu_why(-ENOMEM, msg, ml, "out of memory");
+	for (uint32_t q = 0; skip && q < g->local_size; q++)
+		skip[q] = q == g->local_rank ? 0 : TPC_VIEW_SKIP;
+	a.ret_contrib = NULL;
+	a.leader_only = !bc;
+	a.total = segx_bytes(g, c);
+	if (bc)
+		a.root = (int)p->local_rank[c->root];
+	if (rs)
+		a.kind = TPC_COLL_ALLREDUCE;
+	pthread_mutex_init(&s.lock, NULL);
+	pthread_cond_init(&s.cond, NULL);
+	s.a_done = mine ? 0 : count;
+	/* A: this host's part, segment by segment; B starts behind the first */
+	for (off = 0; mine && off < count; off += n) {
+		n = segs ? TPU_MIN(s.seg, count - off) : count;
+		seg_a(&s, own, &a, off, n);
+		r = tpc_coll_local(g, &a, NULL, msg, ml);
+		if (r < 0)
+			break;
+		seg_set(&s, &s.a_done, off + n, false);
+		if (off == 0 && x->leader)
+			thread = pthread_create(&th, NULL, segx_leader, &s) == 0;
+	}
+	if (r == -EPROTO && off == 0 && x->leader) {
+		/* as tpc_collx_run(): the members' -EPROTO goes to the other hosts' leaders */
+		char lmsg[TPC_GROUP_MSG_MAX];
+
+		rb = leader_part(x, c, true, g->local_size, s.buf, rs ? count * g->world_size :
+				 count, &s.v, lmsg, sizeof(lmsg));
+		if (rb < 0)
+			r = xfail(x, rb, msg, ml);
+		goto out;
+	}
+	if (r < 0) { /* the group failed: part B gives up too */
+		pthread_mutex_lock(&s.lock);
+		s.stop = true;
+		pthread_cond_broadcast(&s.cond);
+		pthread_mutex_unlock(&s.lock);
+	} else if (x->leader && !mine) {
+		thread = pthread_create(&th, NULL, segx_leader, &s) == 0;
+	}
+	if (r == 0 && x->leader && !thread)
+		segx_leader(&s); /* out of threads: part B after part A */
+	/* C: each segment to the members once part B has it, the first with the verdict */
+	for (off = 0; r == 0 && (off < count || off == 0); off += n) {
+		n = segs && !(bc && mine) ? TPU_MIN(s.seg, count - off) : count;
+		if (x->leader) {
+			rb = seg_wait_b(&s, off + n);
+			if (rb < 0 || (rb > 0 && !s.v.err)) {
+				bx = rb < 0 ? rb : -EPROTO; /* the leaders' exchange failed */
+				break;
+			}
+		}
+		if (bc && mine) /* the root's host has it: the verdict alone */
+			b = (struct tpc_coll){ .kind = TPC_COLL_BROADCAST, .dtype = TP_DTYPE_U8 };
+		else
+			seg_c(&s, own, skip, &b, off, n);
+		r = tpc_coll_local(g, &b, &s.v, msg, ml);
+		if (r < 0 && r == s.v.err)
+			snprintf(msg, ml, "%s", s.lmsg);
+		if (r < 0 && r == s.v.err && !x->leader)
+			verdict_msg(g, &s.v, msg, ml);
+		if (r == 0 && rs && x->leader) /* the leader's own part */
+			memcpy((uint8_t *)c->recv + off * es,
+			       s.buf + ((size_t)g->world_rank * count + off) * es, n * es);
+		if (count == 0)
+			break;
+	}
+out:
+	if (thread)
+		pthread_join(th, NULL);
+	x->ns += s.ns;
+	if (x->leader && r == 0 && bx < 0)
+		r = xfail(x, bx, msg, ml);
+	pthread_cond_destroy(&s.cond);
+	pthread_mutex_destroy(&s.lock);
+	free(tmp);
+	free(skip);
+	return r;
+}
+
 int tpc_collx_run(struct tp_group *g, const struct tpc_coll *c, char *msg, size_t ml)
 {
 	struct tpc_collx *x = g->x;
@@ -1420,6 +1841,8 @@ int tpc_collx_run(struct tp_group *g, const struct tpc_coll *c, char *msg, size_
 	g->xcall = ++x->xseq;
 	if (c->kind == TPC_COLL_ALLREDUCE && c->count * es >= TPC_PLAN_SEG_MIN && x->pipeline)
 		return run_pipelined(x, c, msg, ml);
+	if (x->pipeline && segx_bytes(g, c) >= TPC_PLAN_SEG_MIN)
+		return run_segx(x, c, msg, ml);
 	a.ret_contrib = NULL;
 	a.leader_only = true; /* all-reduce: the others get the whole group's result in part C */
 	/* A: this host's part */

@@ -29,6 +29,21 @@ enum tpc_coll_kind {
 
 #define TPC_OP_USER 0xffu /* the call's reduction is a tp_reduce_fn */
 
+/*
+ * A call's buffer seen in blocks (collx.c's segments of a broadcast, all-gather or
+ * reduce-scatter across hosts): the call's elements are blocks of @blk elements, block j at
+ * element @map[j] x @stride of the buffer (@map NULL: j x @stride; an entry TPC_VIEW_SKIP: a
+ * block this member neither reads nor writes). @blk 0: the buffer is contiguous. An
+ * all-gather's receive view places member q's block (of the call's count) at @map[q] x
+ * @stride and ignores @blk.
+ */
+struct tpc_view {
+	size_t blk, stride;
+	const uint32_t *map;
+};
+
+#define TPC_VIEW_SKIP UINT32_MAX
+
 /* One collective call, as the caller made it (buffers borrowed until it ends). */
 struct tpc_coll {
 	enum tpc_coll_kind kind;
@@ -51,6 +66,12 @@ struct tpc_coll {
 	bool *ret_seg;
 	size_t total; /* bytes of the whole user call, which decide non-temporal copies (0: this
 		       * call's count x dtype size) */
+	/* a segment of a call across hosts (collx.c, run_segx()): the count its call descriptor
+	 * carries when not @count (the first segment says the whole call's, so that the members'
+	 * check is the whole call's); the views of @send (all-reduce) and @recv (all-reduce,
+	 * all-gather, broadcast: the root reads it, the others write it) */
+	size_t dcount;
+	struct tpc_view vsend, vrecv;
 	/* the group's collective options when the call was made (tp_group_set_coll_options()):
 	 * CUDA buffers are staged through host memory (group.c) */
 	bool cuda;
@@ -123,6 +144,10 @@ struct tp_group {
 	uint8_t *stage;
 	size_t stage_len;
 	uint64_t xcall;	     /* the executor's: the number of the last call across hosts */
+	/* across hosts: this member takes a broadcast, all-gather or reduce-scatter in segments
+	 * (it says so in every call descriptor: COLL_CAP_XSEG), and every member of this host
+	 * said so in the last call (the executor's; the same on every member of the host) */
+	bool xseg_ask, xseg;
 };
 
 /* tpc_group_world_rank() - the rank in the whole group of this host's member @local. */

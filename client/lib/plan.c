@@ -275,6 +275,19 @@ void tpc_plan_segment(size_t count, size_t es, uint32_t nseg, uint32_t seg, size
 	*ret_n = hi - lo;
 }
 
+size_t tpc_plan_xseg(size_t es, uint32_t nblocks)
+{
+	size_t per = es && nblocks ? TPC_PLAN_SEG / es / nblocks : 0;
+
+	return per ? per : 1;
+}
+
+size_t tpc_plan_piece(const struct tpc_plan *p, uint32_t h, uint32_t i, size_t count, size_t off,
+		      size_t es)
+{
+	return ((size_t)p->by_host[p->host_first[h] + i] * count + off) * es;
+}
+
 /* snprintf() at offset @o of @buf (@len bytes), counting on past the end as snprintf does. */
 #define PUT_AT(o, ...) ((o) += (size_t)snprintf(buf + ((o) < len ? (o) : len), \
 						(o) < len ? len - (o) : 0, __VA_ARGS__))
@@ -312,7 +325,7 @@ int tpc_plan_describe(const struct tpc_plan *p, enum tpc_plan_algo force, char *
 		    "there (%u steps)", TPC_PLAN_RING_MIN, tpc_plan_nsteps(n, TPC_PLAN_RD),
 		    tpc_plan_nsteps(n, TPC_PLAN_RING));
 	if (n > 1)
-		PUT("; all-reduces from %u bytes pipelined in %u-byte segments where the members "
+		PUT("; collectives from %u bytes pipelined in %u-byte segments where the members "
 		    "ask", TPC_PLAN_SEG_MIN, TPC_PLAN_SEG);
 	return o > INT32_MAX ? INT32_MAX : (int)o;
 }

@@ -17,8 +17,9 @@
 
 #define TPC_PLAN_RANKS_MAX 65536u	     /* members of one plan */
 #define TPC_PLAN_RING_MIN (256u * 1024u)     /* bytes from which AUTO picks the ring */
-/* An all-reduce of at least TPC_PLAN_SEG_MIN bytes runs pipelined in segments of TPC_PLAN_SEG
- * bytes (collx.c): a host's part of one segment overlaps the leaders' exchange of another. */
+/* An all-reduce (broadcast: its tensor; all-gather: its output; reduce-scatter: its input) of
+ * at least TPC_PLAN_SEG_MIN bytes runs pipelined in segments of TPC_PLAN_SEG bytes (collx.c): a
+ * host's part of one segment overlaps the leaders' exchange of another. */
 #define TPC_PLAN_SEG_MIN (8u << 20)
 #define TPC_PLAN_SEG (4u << 20)
 #define TPC_PLAN_ALIGN 64u		     /* segments start on this many bytes */
@@ -112,9 +113,26 @@ void tpc_plan_segment(size_t count, size_t es, uint32_t nseg, uint32_t seg, size
 		      size_t *ret_n);
 
 /*
+ * tpc_plan_xseg() - elements per rank of one segment of a broadcast (@nblocks 1), all-gather
+ * or reduce-scatter (@nblocks: the group's size) pipelined across hosts: TPC_PLAN_SEG bytes
+ * over the @nblocks blocks of @es-byte elements that a segment spans, at least 1. Segment k
+ * is elements [k x it, (k + 1) x it) of each rank's count (the last one shorter), the same on
+ * every host. Return: the elements.
+ */
+size_t tpc_plan_xseg(size_t es, uint32_t nblocks);
+
+/*
+ * tpc_plan_piece() - the byte offset of member @i (< its local size) of host @h's piece of a
+ * segment starting at element @off of a tensor of @count elements of @es bytes per rank, in
+ * rank order: (rank x @count + @off) x @es. Borrows @p. Return: the offset.
+ */
+size_t tpc_plan_piece(const struct tpc_plan *p, uint32_t h, uint32_t i, size_t count, size_t off,
+		      size_t es);
+
+/*
  * tpc_plan_describe() - one line for tpipctl and logs: hosts, members per host, leaders, and
  * the algorithm by size ("3 hosts (members 4,4,2; leaders 0,1,5); across hosts:
- * recursive-doubling below 262144 bytes (3 steps), ring from there (4 steps); all-reduces from
+ * recursive-doubling below 262144 bytes (3 steps), ring from there (4 steps); collectives from
  * 8388608 bytes pipelined in 4194304-byte segments where the members ask"), or what @force
  * fixes. Lists of more than 8 hosts end in ",...". Borrows @p and @buf.
  * Return: the length snprintf() reports (>= @len: truncated).

@@ -551,7 +551,7 @@ void tpd_groupx_describe(const struct tpd_group *grp, char *buf, size_t len, uin
 		 x->host_index, grp->size, x->coord,
 		 x->lost ? ", link lost" : x->self ? ", this daemon" : "",
 		 x->has_token ? "the hosts' leaders over pipes, recursive doubling below 256 KiB, "
-				"a ring from there, all-reduces from 8 MiB pipelined in 4 MiB "
+				"a ring from there, collectives from 8 MiB pipelined in 4 MiB "
 				"segments where the members ask (TP_GROUP_PIPELINE)" :
 				"no host addresses from the coordinator "
 				"(an older tpipd): collectives refused");

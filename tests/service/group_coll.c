@@ -15,8 +15,16 @@
  *            contribute, then none), three asynchronous calls
  *            at once, and a mismatched call (rank 1 passes another count: -EPROTO on every
  *            rank, then the group goes on). Prints "ok battery" or "FAIL ..." lines.
- *   loop     all-reduces 4 MiB (GROUP_COLL_LOOP_N floats if set) until a call fails, then
- *            prints "failed: ERRNO: MESSAGE".
+ *   seg      broadcasts (from every root), all-gathers and reduce-scatters large enough to be
+ *            pipelined across hosts (TP_GROUP_PIPELINE decides), of counts whose last segment
+ *            is one element and of a prime count, against references computed here; then a
+ *            float reduce-scatter of pseudo-random values whose parts it all-gathers and
+ *            prints as a hash (the script checks every rank, pipelined or not, has the same
+ *            bits); then mismatched all-gathers (-EPROTO on every rank). Prints "ok seg" or
+ *            "FAIL ..." lines.
+ *   loop     all-reduces 4 MiB (GROUP_COLL_LOOP_N floats if set; GROUP_COLL_LOOP_OP
+ *            broadcast or allgather: those instead, from rank 0, of that many floats each)
+ *            until a call fails, then prints "failed: ERRNO: MESSAGE".
  *   leave    all-reduces 4 MiB three times, leaves, prints "left".
  *   abort    all-reduces 4 MiB three times, aborts the group, prints "aborted".
  *   rs       one reduce-scatter of 1 MiB parts (i32) checked against the reference, prints
@@ -26,6 +34,7 @@
  * Usage: group_coll SOCKET NAME RANK SIZE COORD MS MODE. Exit 0 ok, 1 failure, 2 usage.
  */
 #include <errno.h>
+#include <stdbool.h>
 #include <inttypes.h>
 #include <math.h>
 #include <stdio.h>
@@ -329,6 +338,125 @@ static void uneven_large(struct tp_group *g)
 	free(out);
 }
 
+/* Elements per rank of a segment of a pipelined all-gather or reduce-scatter (tpc_plan_xseg():
+ * 4 MiB over the ranks' blocks), or of a broadcast (@blocks 1), of i32. */
+static size_t seg_of(int blocks)
+{
+	size_t n = ((size_t)4 << 20) / 4 / (size_t)blocks;
+
+	return n ? n : 1;
+}
+
+static void seg_broadcast(struct tp_group *g, size_t n)
+{
+	int32_t *v = malloc(n * 4);
+
+	for (int root = 0; root < size; root++) {
+		for (size_t i = 0; i < n; i++)
+			v[i] = rank == root ? (int32_t)(i * 31 + (size_t)root) : -1;
+		if (tp_broadcast(g, v, n, TP_DTYPE_I32, root) < 0)
+			FAIL("seg broadcast root %d n %zu: %s", root, n, tp_last_error());
+		for (size_t i = 0; i < n; i++)
+			if (v[i] != (int32_t)(i * 31 + (size_t)root)) {
+				FAIL("seg broadcast root %d n %zu: element %zu is %d", root, n, i,
+				     v[i]);
+				break;
+			}
+	}
+	free(v);
+}
+
+static void seg_gather_scatter(struct tp_group *g, size_t n)
+{
+	size_t all = n * (size_t)size;
+	int32_t *v = malloc(n * 4), *out = malloc(all * 4), *rs = malloc(all * 4);
+
+	for (size_t i = 0; i < n; i++)
+		v[i] = (int32_t)(i + 1000000 * (size_t)rank);
+	memset(out, 0xff, all * 4);
+	if (tp_allgather(g, v, out, n, TP_DTYPE_I32) < 0)
+		FAIL("seg allgather n %zu: %s", n, tp_last_error());
+	for (size_t i = 0; i < all; i++)
+		if (out[i] != (int32_t)(i % n + 1000000 * (i / n))) {
+			FAIL("seg allgather n %zu: element %zu is %d", n, i, out[i]);
+			break;
+		}
+	for (size_t i = 0; i < all; i++)
+		rs[i] = (int32_t)(i + (size_t)rank);
+	memset(v, 0xff, n * 4);
+	if (tp_reduce_scatter(g, rs, v, n, TP_DTYPE_I32, TP_OP_SUM) < 0)
+		FAIL("seg reduce_scatter n %zu: %s", n, tp_last_error());
+	for (size_t i = 0; i < n; i++) {
+		size_t at = (size_t)rank * n + i;
+
+		if (v[i] != (int32_t)(at * (size_t)size) + size * (size - 1) / 2) {
+			FAIL("seg reduce_scatter n %zu: element %zu is %d", n, i, v[i]);
+			break;
+		}
+	}
+	free(v);
+	free(out);
+	free(rs);
+}
+
+/* A float sum reduce-scatter (the bits depend on the order of the folds), its parts then
+ * all-gathered: every rank prints the hash of the whole. */
+static void seg_float_hash(struct tp_group *g, size_t n)
+{
+	size_t all = n * (size_t)size;
+	float *in = malloc(all * 4), *part = malloc(n * 4), *out = malloc(all * 4);
+	uint64_t seed = 0x9e3779b97f4a7c15ull * (uint64_t)(rank + 7);
+
+	for (size_t i = 0; i < all; i++) {
+		seed = seed * 6364136223846793005ull + 1442695040888963407ull;
+		in[i] = (float)((double)(seed >> 11) / 9007199254740992.0 - 0.5) * 1e3f;
+	}
+	if (tp_reduce_scatter(g, in, part, n, TP_DTYPE_F32, TP_OP_SUM) < 0 ||
+	    tp_allgather(g, part, out, n, TP_DTYPE_F32) < 0)
+		FAIL("seg float reduce_scatter n %zu: %s", n, tp_last_error());
+	else
+		printf("hash seg-float %016" PRIx64 "\n", fnv(out, all * 4));
+	free(in);
+	free(part);
+	free(out);
+}
+
+/* Mismatched pipelined all-gathers: rank 1 alone passes another count (its host's members
+ * disagree), then ranks 1 and 2 (the whole of host b in the script's layouts of 4 and of 6
+ * ranks: 1 and 2 on different hosts there, so its members disagree too) do: -EPROTO on every
+ * rank, before any data moves, and the group goes on. */
+static void seg_mismatch(struct tp_group *g, size_t n)
+{
+	float *v = calloc(n + 1, 4), *out = calloc((n + 1) * (size_t)size, 4);
+
+	for (int k = 0; k < 2; k++) {
+		bool other = rank == 1 || (k == 1 && rank == 2);
+		int r = tp_allgather(g, v, out, other ? n + 1 : n, TP_DTYPE_F32);
+
+		if (r != -EPROTO)
+			FAIL("seg mismatch %d: %d (%s), not -EPROTO", k, r,
+			     r < 0 ? tp_last_error() : "ok");
+		else
+			printf("seg mismatch: %s\n", tp_last_error());
+	}
+	if (tp_barrier(g) < 0)
+		FAIL("barrier after the seg mismatch: %s", tp_last_error());
+	free(v);
+	free(out);
+}
+
+static void seg_battery(struct tp_group *g)
+{
+	size_t s1 = seg_of(1), sw = seg_of(size);
+
+	seg_broadcast(g, 2 * s1 + 1); /* 8 MiB + 4 bytes: the last segment one element */
+	seg_broadcast(g, 2621447);    /* prime */
+	seg_gather_scatter(g, 2 * sw + 1);
+	seg_gather_scatter(g, 786433); /* prime */
+	seg_float_hash(g, 3 * sw + 7);
+	seg_mismatch(g, 2 * sw + 1);
+}
+
 static void async_and_mismatch(struct tp_group *g)
 {
 	struct tp_coll_req *q[3];
@@ -395,13 +523,16 @@ int main(int argc, char **argv)
 	       tp_group_hosts(g));
 	fflush(stdout);
 	if (!strcmp(argv[7], "loop") || !strcmp(argv[7], "leave") || !strcmp(argv[7], "abort")) {
-		const char *ln = getenv("GROUP_COLL_LOOP_N");
+		const char *ln = getenv("GROUP_COLL_LOOP_N"), *op = getenv("GROUP_COLL_LOOP_OP");
 		size_t n = ln ? strtoul(ln, NULL, 10) : 1u << 20;
-		float *f = calloc(n, sizeof(*f));
+		bool ag = op && !strcmp(op, "allgather"), bc = op && !strcmp(op, "broadcast");
+		float *f = calloc(n * (ag ? (size_t)size + 1 : 1), sizeof(*f));
 		int k = strcmp(argv[7], "loop") ? 3 : -1;
 
 		do
-			r = tp_allreduce(g, f, f, n, TP_DTYPE_F32, TP_OP_SUM);
+			r = bc ? tp_broadcast(g, f, n, TP_DTYPE_F32, 0)
+			   : ag ? tp_allgather(g, f + (size_t)size * n, f, n, TP_DTYPE_F32)
+				: tp_allreduce(g, f, f, n, TP_DTYPE_F32, TP_OP_SUM);
 		while (r == 0 && --k != 0);
 		if (r < 0)
 			printf("failed: %s: %s\n", strerrorname_np(-r), tp_last_error());
@@ -435,6 +566,12 @@ int main(int argc, char **argv)
 		}
 		free(in);
 		free(out);
+	} else if (!strcmp(argv[7], "seg")) {
+		if (tp_barrier(g) < 0) /* the members learn what each takes in segments */
+			FAIL("barrier: %s", tp_last_error());
+		seg_battery(g);
+		if (!fails)
+			printf("ok seg\n");
 	} else {
 		if (tp_barrier(g) < 0)
 			FAIL("barrier: %s", tp_last_error());

@@ -9,7 +9,10 @@
 # 4 MiB all-reduces, and a host's leader in the middle of 16 MiB ones (pipelined: every member
 # asks for it, TP_GROUP_PIPELINE=1, except where a check says otherwise), fails every
 # survivor on every host, naming its rank, within the peer timeout; a member that leaves or aborts fails the others' next call on every host, naming it;
-# cutting the link between the hosts fails every rank within the peer timeout. Skips (77) where
+# cutting the link between the hosts fails every rank within the peer timeout. Pipelined
+# broadcasts, all-gathers and reduce-scatters (group_coll.c's seg battery) forced on and off
+# must give the same bits; a leader killed in the middle of pipelined broadcasts and of
+# all-gathers, and the link cut in the middle of all-gathers, fail every survivor. Skips (77) where
 # network namespaces or veth pairs cannot be made.
 . "$(dirname -- "$0")/lib.sh" || exit 1
 need_env TPIPD_BIN TPIPCTL_BIN GROUP_COLL_BIN
@@ -86,9 +89,55 @@ PIPE_OFF="1 2"
 battery six 0:a 1:b 2:a 3:b 4:a 5:b
 PIPE_OFF=
 
+# segrun NAME RANK:HOST...: the members run group_coll.c's seg battery (broadcasts from every
+# root, all-gathers and reduce-scatters big enough to be pipelined, odd counts); each must pass
+# and every rank print the same float hash, left in SEG_HASH.
+segrun() {
+	local name=$1 n=$(($# - 1)) id ok=0 h
+	shift
+	for spec in "$@"; do
+		member "$name-${spec%%:*}" "${spec#*:}" "$name" "${spec%%:*}" "$n" seg
+	done
+	for spec in "$@"; do
+		id="$name-${spec%%:*}"
+		v="PID_${id//-/_}"
+		wait_exit "${!v}" 200
+		if ! grep -q "^ok seg" "$SVC_TMP/$id.out"; then
+			cat "$SVC_TMP/$id.out" >&2
+			ok=1
+		fi
+	done
+	[ "$ok" = 0 ] || fail "the pipelined collectives failed (above)"
+	h=$(cat "$SVC_TMP/$name"-*.out | grep "^hash seg-float" | sort -u)
+	[ "$(printf '%s\n' "$h" | wc -l)" = 1 ] || { printf '%s\n' "$h" >&2; fail "ranks disagree on bits"; }
+	SEG_HASH=$h
+	say "$name: $h"
+}
+
+check "pipelined broadcast (every root), all-gather and reduce-scatter, 2 hosts x 2 ranks: against references; the same bits forced on and forced off"
+segrun segon 0:a 1:b 2:b 3:a
+on=$SEG_HASH
+PIPE_OFF="0 1 2 3"
+segrun segoff 0:a 1:b 2:b 3:a
+PIPE_OFF=
+[ "$on" = "$SEG_HASH" ] || fail "pipelined and unpipelined results differ: $on, $SEG_HASH"
+
+check "the same, 2 hosts x 3 ranks: all pipelined; rank 2 not (a's members take them whole); rank 1 not (b's leader: the leaders exchange them whole)"
+segrun segsix 0:a 1:b 2:a 3:b 4:a 5:b
+on=$SEG_HASH
+for off in 2 1; do
+	PIPE_OFF=$off
+	segrun "segsix$off" 0:a 1:b 2:a 3:b 4:a 5:b
+	PIPE_OFF=
+	[ "$on" = "$SEG_HASH" ] || fail "rank $off unpipelined: results differ: $on, $SEG_HASH"
+done
+
 check "3 hosts (a: 0, 4; a2: 1; b: 2, 3): every collective (recursive doubling folds a host in)"
 start_ns_daemon a2 "$nsa" "${net}1:7421"
 battery three 0:a 1:a2 2:b 3:b 4:a
+
+check "3 hosts, pipelined broadcast, all-gather and reduce-scatter: rings of 3 blocks of 2, 1 and 2 ranks"
+segrun segthree 0:a 1:a2 2:b 3:b 4:a
 
 check "3 hosts, the ring for every size (TP_GROUP_ALGO=ring)"
 MENV=(TP_GROUP_ALGO=ring)
@@ -168,6 +217,22 @@ wait_until 20 "a's leader counters" leader_moved a killbig
 kill -KILL "$PID_killbig_1"
 expect_failed killbig "0 2 3" "ECONNRESET: .*rank 1"
 
+check "rank 1 (b's leader) SIGKILLed mid 16 MiB broadcast from rank 0 (pipelined): every survivor fails naming rank 1"
+MENV=(GROUP_COLL_LOOP_N=4194304 GROUP_COLL_LOOP_OP=broadcast)
+run4 killbc loop
+MENV=()
+wait_until 20 "a's leader counters" leader_moved a killbc
+kill -KILL "$PID_killbc_1"
+expect_failed killbc "0 2 3" "ECONNRESET: .*rank 1"
+
+check "rank 0 (a's leader) SIGKILLed mid all-gather of 4 x 4 MiB (pipelined): every survivor fails naming rank 0"
+MENV=(GROUP_COLL_LOOP_N=1048576 GROUP_COLL_LOOP_OP=allgather)
+run4 killag loop
+MENV=()
+wait_until 20 "b's leader counters" leader_moved b killag
+kill -KILL "$PID_killag_0"
+expect_failed killag "1 2 3" "ECONNRESET: .*rank 0"
+
 check "rank 3 (on a) leaves after 3 calls: the others' next call fails on both hosts, naming it"
 run4 leave leave
 expect_failed leave "0 1 2" "EPIPE: .*rank 3 .*left"
@@ -176,8 +241,13 @@ check "rank 3 (on a) aborts after 3 calls: every other rank on both hosts fails,
 run4 abort abort
 expect_failed abort "0 1 2" "EPIPE: .*rank 3 .*abort"
 
-check "the link between the hosts cut mid all-reduce: every rank fails within the peer timeout"
+check "the link between the hosts cut mid all-reduce, and mid pipelined all-gather of another group: every rank of both fails within the peer timeout"
 run4 cut loop
+MENV=(GROUP_COLL_LOOP_N=1048576 GROUP_COLL_LOOP_OP=allgather)
+run4 cutag loop
+MENV=()
+wait_until 20 "the all-gathers' leader counters" leader_moved a cutag
 ip -n "$nsa" link set "$vea" down || fail "$vea down"
 expect_failed cut "0 1 2 3" "ECONNRESET: "
+expect_failed cutag "0 1 2 3" "ECONNRESET: "
 say "ok"

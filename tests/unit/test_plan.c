@@ -153,15 +153,15 @@ START_TEST(test_plan_describe_shows_hosts_leaders_and_algorithm_by_size)
 	tpc_plan_describe(p, TPC_PLAN_AUTO, buf, sizeof(buf));
 	ck_assert_str_eq(buf, "3 hosts (members 4,4,2; leaders 0,1,4); across hosts: "
 			      "recursive-doubling below 262144 bytes (3 steps), ring from there "
-			      "(4 steps); all-reduces from 8388608 bytes pipelined in 4194304-byte "
+			      "(4 steps); collectives from 8388608 bytes pipelined in 4194304-byte "
 			      "segments where the members ask");
 	tpc_plan_describe(p, TPC_PLAN_RING, buf, sizeof(buf));
 	ck_assert_str_eq(buf, "3 hosts (members 4,4,2; leaders 0,1,4); across hosts: ring at "
-			      "every size (4 steps); all-reduces from 8388608 bytes pipelined in "
+			      "every size (4 steps); collectives from 8388608 bytes pipelined in "
 			      "4194304-byte segments where the members ask");
 	ck_assert_int_eq(tpc_plan_describe(p, TPC_PLAN_RD, small, sizeof(small)),
 			 (int)strlen("3 hosts (members 4,4,2; leaders 0,1,4); across hosts: "
-				     "recursive-doubling at every size (3 steps); all-reduces "
+				     "recursive-doubling at every size (3 steps); collectives "
 				     "from 8388608 bytes pipelined in 4194304-byte segments where "
 				     "the members ask"));
 	ck_assert_str_eq(small, "3 hosts (member");
@@ -845,6 +845,61 @@ START_TEST(test_plan_run_transport_failure_ends_every_leader)
 }
 END_TEST
 
+/* A pipelined broadcast, all-gather or reduce-scatter (collx.c run_segx()): segments of each
+ * rank's count, and every host's pieces of every segment, tile the tensor exactly once. */
+START_TEST(test_plan_pipelined_pieces_tile_the_tensor)
+{
+	static const size_t counts[] = { 1, 2, 174763, 262144, 262145, 524287, 1048583 };
+	static const uint32_t nranks[] = { 1, 2, 4, 5, 6, 64 };
+	uint64_t ids[64];
+	struct tpc_plan *p;
+
+	/* TPC_PLAN_SEG over the blocks a segment spans, at least one element */
+	ck_assert_uint_eq(tpc_plan_xseg(4, 1), TPC_PLAN_SEG / 4);
+	ck_assert_uint_eq(tpc_plan_xseg(4, 4), TPC_PLAN_SEG / 16);
+	ck_assert_uint_eq(tpc_plan_xseg(4, 6), 174762); /* not a multiple of anything */
+	ck_assert_uint_eq(tpc_plan_xseg(8, 65536), 8);
+	ck_assert_uint_eq(tpc_plan_xseg(8, 1u << 30), 1);
+	ck_assert_uint_eq(tpc_plan_xseg(0, 4), 1);
+	for (size_t w = 0; w < sizeof(nranks) / sizeof(nranks[0]); w++) {
+		uint32_t n = nranks[w], hosts = n < 3 ? n : 3;
+
+		for (uint32_t r = 0; r < n; r++)
+			ids[r] = host_id_of(r, hosts); /* interleaved */
+		ck_assert_int_eq(tpc_plan_build(ids, n, &p), 0);
+		for (size_t k = 0; k < sizeof(counts) / sizeof(counts[0]); k++) {
+			size_t cnt = counts[k], es = k & 1 ? 2 : 4, seg = tpc_plan_xseg(es, n);
+			size_t len = (size_t)n * cnt * es, segs = 0;
+			uint8_t *hit;
+
+			if (len > (24u << 20))
+				continue;
+			hit = calloc(len, 1);
+			for (size_t off = 0; off < cnt; segs++) {
+				size_t m = cnt - off < seg ? cnt - off : seg;
+
+				for (uint32_t h = 0; h < p->nhosts; h++)
+					for (uint32_t i = 0; i < tpc_plan_local_size(p, h); i++) {
+						size_t at = tpc_plan_piece(p, h, i, cnt, off, es);
+
+						ck_assert_uint_le(at + m * es, len);
+						for (size_t b = 0; b < m * es; b++)
+							if (hit[at + b]++)
+								ck_abort_msg("byte %zu twice", at + b);
+					}
+				off += m;
+			}
+			for (size_t b = 0; b < len; b++)
+				if (hit[b] != 1)
+					ck_abort_msg("byte %zu of %zu covered %u times", b, len, hit[b]);
+			ck_assert_uint_eq(segs, (cnt + seg - 1) / seg);
+			free(hit);
+		}
+		tpc_plan_free(p);
+	}
+}
+END_TEST
+
 START_TEST(test_plan_run_refuses_bad_arguments)
 {
 	enum tp_reduce_op op = TP_OP_SUM;
@@ -890,6 +945,7 @@ int main(void)
 	tcase_add_test(tc, test_plan_run_in_segments);
 	tcase_add_test(tc, test_plan_run_transport_failure_ends_every_leader);
 	tcase_add_test(tc, test_plan_run_refuses_bad_arguments);
+	tcase_add_test(tc, test_plan_pipelined_pieces_tile_the_tensor);
 	tcase_set_timeout(tc, 60);
 	suite_add_tcase(s, tc);
 	sr = srunner_create(s);
