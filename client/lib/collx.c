@@ -1248,6 +1248,22 @@ static void seg_done(void *t, size_t end)
 	seg_set(s, &s->b_done, end, end == s->count);
 }
 
+/* A leader thread's end: its time since @t0 and its result @r in @s, told to whoever waits.
+ * Return: NULL, the thread's. */
+static void *seg_leader_end(struct xseg *s, const struct timespec *t0, int r)
+{
+	struct timespec t1;
+
+	clock_gettime(CLOCK_MONOTONIC, &t1);
+	s->ns = (uint64_t)((t1.tv_sec - t0->tv_sec) * 1000000000ll + (t1.tv_nsec - t0->tv_nsec));
+	pthread_mutex_lock(&s->lock);
+	s->rb = r;
+	s->ended = true;
+	pthread_cond_broadcast(&s->cond);
+	pthread_mutex_unlock(&s->lock);
+	return NULL;
+}
+
 /*
  * Part B of a pipelined all-reduce, on the leader: once part A has the first segment (and so
  * this host's contributions), the check, which also finds out whether every leader takes the
@@ -1262,7 +1278,7 @@ static void *seg_leader(void *arg)
 	const struct tpc_coll *c = s->c;
 	size_t es = tp_dtype_size(c->dtype), first = s->seg < s->count ? s->seg : s->count;
 	enum tpc_plan_algo algo = tpc_plan_choose(x->nhosts, s->count * es, x->force);
-	struct timespec t0, t1;
+	struct timespec t0;
 	bool done = false;
 	int r = 0;
 
@@ -1288,14 +1304,7 @@ static void *seg_leader(void *arg)
 			  x->caps & XCAP_SEG ? s->seg : s->count);
 	x->seg = NULL;
 out:
-	clock_gettime(CLOCK_MONOTONIC, &t1);
-	s->ns = (uint64_t)((t1.tv_sec - t0.tv_sec) * 1000000000ll + (t1.tv_nsec - t0.tv_nsec));
-	pthread_mutex_lock(&s->lock);
-	s->rb = r;
-	s->ended = true;
-	pthread_cond_broadcast(&s->cond);
-	pthread_mutex_unlock(&s->lock);
-	return NULL;
+	return seg_leader_end(s, &t0, r);
 }
 
 /* The leader before handing out elements up to @need: waits for part B to have them, or to
@@ -1567,7 +1576,7 @@ static void *segx_leader(void *arg)
 	struct tpc_collx *x = s->x;
 	const struct tpc_coll *c = s->c;
 	bool rs = c->kind == TPC_COLL_REDUCE_SCATTER, done;
-	struct timespec t0, t1;
+	struct timespec t0;
 	size_t n;
 	int r = 0;
 
@@ -1599,14 +1608,7 @@ static void *segx_leader(void *arg)
 			seg_set(s, &s->b_done, off + n, off + n == s->count);
 	}
 out:
-	clock_gettime(CLOCK_MONOTONIC, &t1);
-	s->ns = (uint64_t)((t1.tv_sec - t0.tv_sec) * 1000000000ll + (t1.tv_nsec - t0.tv_nsec));
-	pthread_mutex_lock(&s->lock);
-	s->rb = r;
-	s->ended = true;
-	pthread_cond_broadcast(&s->cond);
-	pthread_mutex_unlock(&s->lock);
-	return NULL;
+	return seg_leader_end(s, &t0, r);
 }
 
 /* The bytes that decide whether a call across hosts is pipelined: a broadcast's tensor, an

@@ -124,12 +124,16 @@ static int connect_as(uid_t uid, struct tpt_raw *r)
 }
 
 /* Starts the daemon (chan-bytes-per-uid LIMIT), runs @owner and @writer as children, waits for
- * both and stops the daemon. */
+ * both and stops the daemon; skips, saying so, where not root. */
 static void run_pair(tpt_child_fn owner, tpt_child_fn writer)
 {
 	static const char *const args[] = { "--chan-bytes-per-uid", "1M", NULL };
 	pid_t o, w;
 
+	if (geteuid() != 0) {
+		printf("skipped: needs root to run clients as other uids\n");
+		return;
+	}
 	ck_assert_int_eq(tpt_sync_init(&o_ready), 0);
 	ck_assert_int_eq(tpt_sync_init(&w_done), 0);
 	ck_assert_int_eq(tpt_sync_init(&o_done), 0);
@@ -210,10 +214,6 @@ static int fill_writer(void *arg)
 
 START_TEST(test_another_uids_items_are_the_writers_charge)
 {
-	if (geteuid() != 0) {
-		printf("skipped: needs root to run clients as other uids\n");
-		return;
-	}
 	run_pair(fill_owner, fill_writer);
 }
 END_TEST
@@ -284,10 +284,6 @@ static int unlink_writer(void *arg)
 
 START_TEST(test_unlinked_channel_with_unread_items_leaves_the_owner_whole)
 {
-	if (geteuid() != 0) {
-		printf("skipped: needs root to run clients as other uids\n");
-		return;
-	}
 	run_pair(unlink_owner, unlink_writer);
 }
 END_TEST
@@ -347,10 +343,6 @@ static int cap_writer(void *arg)
 
 START_TEST(test_two_uids_share_one_channels_capacity)
 {
-	if (geteuid() != 0) {
-		printf("skipped: needs root to run clients as other uids\n");
-		return;
-	}
 	run_pair(cap_owner, cap_writer);
 }
 END_TEST
