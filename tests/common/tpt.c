@@ -98,6 +98,17 @@ int tpt_become(uid_t uid)
 	return 0;
 }
 
+int tpt_become_user(uid_t uid)
+{
+	int r = tpt_become(uid);
+
+	if (r == 0 && prctl(PR_SET_DUMPABLE, 1, 0, 0, 0) < 0)
+		r = -errno;
+	if (r < 0)
+		fprintf(stderr, "tpt_become_user(%u): %s\n", (unsigned)uid, strerror(-r));
+	return r;
+}
+
 pid_t tpt_fork(tpt_child_fn fn, void *arg)
 {
 	pid_t parent = getpid(), pid;

@@ -166,6 +166,13 @@ pid_t tpt_fork(tpt_child_fn fn, void *arg);
 int tpt_become(uid_t uid);
 
 /*
+ * tpt_become_user() - tpt_become(@uid), then dumpable again (PR_SET_DUMPABLE) like any process
+ * that user starts: the change of uid cleared it, and a non-dumpable client is no CMA target.
+ * Prints the reason on failure. Return: 0 or -errno.
+ */
+int tpt_become_user(uid_t uid);
+
+/*
  * tpt_wait() - wait up to @timeout_ms for child @pid to exit.
  * @ret_status: the raw wait status, or NULL.
  * Return: 0; -ETIMEDOUT (the child is then SIGKILLed and reaped); -errno.

@@ -32,12 +32,6 @@
 
 static struct tpt_daemon dmn;
 
-static int become(uid_t id)
-{
-	if (setgroups(0, NULL) < 0 || setresgid(id, id, id) < 0 || setresuid(id, id, id) < 0)
-		return -errno;
-	return prctl(PR_SET_DUMPABLE, 1) < 0 ? -errno : 0;
-}
 
 static void spin_ns(uint64_t ns)
 {
@@ -165,7 +159,7 @@ static int racer(void *arg)
 	unsigned early = 0, late = 0;
 
 	(void)arg;
-	TPT_REQUIRE(become(NOBODY) == 0, 1, "drop to nobody");
+	TPT_REQUIRE(tpt_become_user(NOBODY) == 0, 1, "drop to nobody");
 	TPT_REQUIRE(tpt_raw_connect(&r, dmn.socket) == 0, 1, "connect");
 	TPT_REQUIRE(tpt_raw_hello(&r, TPW__V1__ROLE__ROLE_CLIENT, T_MS) == 0, 1, "hello");
 	end = tpt_now_ms() + RACE_MS;

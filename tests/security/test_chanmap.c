@@ -624,16 +624,6 @@ END_TEST
 #define OVER 300     /* chan_map registrations past it */
 #define SESSIONS 4   /* the attacker's writers, each a session */
 
-/* In a forked child: become @uid (no supplementary groups). Return: 0 or 1. */
-static int become(uid_t uid)
-{
-	TPT_REQUIRE(setgroups(0, NULL) == 0, 1, "setgroups");
-	TPT_REQUIRE(setresgid(uid, uid, uid) == 0, 1, "setresgid");
-	TPT_REQUIRE(setresuid(uid, uid, uid) == 0, 1, "setresuid");
-	prctl(PR_SET_DUMPABLE, 1);
-	return 0;
-}
-
 /* Open fds of the daemon (/proc/PID/fd), or -1. */
 static long daemon_fds(void)
 {
@@ -682,7 +672,7 @@ static int kept_attacker(void *arg)
 	struct tp_chan *lw = NULL, *lr = NULL;
 	uint64_t wid, rid;
 
-	if (become(NOBODY))
+	if (tpt_become_user(NOBODY))
 		return 1;
 	for (int i = 0; i < SESSIONS; i++) {
 		TPT_REQUIRE(tpt_raw_connect(&w[i], d.socket) == 0, 1, "connect");
@@ -730,7 +720,7 @@ static int kept_victim(void *arg)
 	uint64_t wid, rid;
 
 	(void)arg;
-	if (become(VICTIM))
+	if (tpt_become_user(VICTIM))
 		return 1;
 	TPT_REQUIRE(tpt_raw_connect(&w, d.socket) == 0, 1, "connect");
 	TPT_REQUIRE(tpt_raw_hello(&w, TPW__V1__ROLE__ROLE_CLIENT, T_MS) == 0, 1, "hello");

@@ -84,14 +84,6 @@ static void teardown(void)
 	tpt_fixture_stop();
 }
 
-/* Becomes @uid (group @uid, no supplementary groups), dumpable like a process started so. */
-static int become(uid_t uid)
-{
-	if (setgroups(0, NULL) < 0 || setresgid(uid, uid, uid) < 0 || setresuid(uid, uid, uid) < 0)
-		return -errno;
-	return prctl(PR_SET_DUMPABLE, 1, 0, 0, 0) < 0 ? -errno : 0;
-}
-
 /* Waits up to @ms for @fd to be readable, then reads exactly @len bytes. Return: 0 or -errno. */
 static int read_full(int fd, void *buf, size_t len, int ms)
 {
@@ -396,7 +388,7 @@ static int attach_nobody(struct tpt_raw *r)
 {
 	int e;
 
-	TPT_REQUIRE(become(NOBODY) == 0, 1, "cannot become uid %d", NOBODY);
+	TPT_REQUIRE(tpt_become_user(NOBODY) == 0, 1, "cannot become uid %d", NOBODY);
 	for (int i = 0; i < 2; i++) {
 		TPT_REQUIRE(tpt_raw_connect(&r[i], tpt_fixture_daemon.socket) == 0, 1, "connect");
 		e = hello_cma(&r[i]);
@@ -444,7 +436,7 @@ static int victim_main(struct recycle *x)
 	close(x->done[1]);
 	for (size_t i = 0; i < LEN; i++)
 		victim_buf[i] = pattern(i);
-	if (become(VICTIM) != 0)
+	if (tpt_become_user(VICTIM) != 0)
 		return 5;
 	prctl(PR_SET_PDEATHSIG, SIGKILL, 0, 0, 0);
 	if (write(x->ready[1], &c, 1) != 1)
@@ -687,7 +679,7 @@ static int pair_reader(void *arg)
 
 	struct tp_listen_options o = { .size = sizeof(o), .access = TP_ACCESS_ANYONE };
 
-	TPT_REQUIRE(become(x->reader_uid) == 0, 1, "cannot become %u", (unsigned)x->reader_uid);
+	TPT_REQUIRE(tpt_become_user(x->reader_uid) == 0, 1, "cannot become %u", (unsigned)x->reader_uid);
 	r = tpt_ctx_new(e.d, 0, e.ctx_name, &e.ctx);
 	if (r == 0)
 		r = tp_listen(e.ctx, e.where, &o, &e.l);
@@ -714,7 +706,7 @@ static int pair_writer(void *arg)
 	struct tpt_msg_spec s;
 	int r;
 
-	TPT_REQUIRE(become(x->writer_uid) == 0, 1, "cannot become %u", (unsigned)x->writer_uid);
+	TPT_REQUIRE(tpt_become_user(x->writer_uid) == 0, 1, "cannot become %u", (unsigned)x->writer_uid);
 	if (tpt_end_connect(&e) != 0)
 		return 1;
 	TPT_REQUIRE(tp_context_cma_ok(e.ctx), 1, "writer uid %u has no CMA",
@@ -878,7 +870,7 @@ static int drop_writer(void *arg)
 	if (tpt_end_connect(&e) != 0)
 		return 1;
 	TPT_REQUIRE(tp_context_cma_ok(e.ctx), 1, "writer has no CMA to lose");
-	TPT_REQUIRE(become(NOBODY) == 0, 1, "cannot become %d", NOBODY);
+	TPT_REQUIRE(tpt_become_user(NOBODY) == 0, 1, "cannot become %d", NOBODY);
 	for (unsigned i = 0; i < 3; i++) {
 		spec_drop(i, &s);
 		TPT_REQUIRE(tpt_msg_build(e.ctx, &s, TPT_MEM_PRIVATE, &msgs[i]) == 0, 1, "build");
@@ -929,7 +921,7 @@ static int signal_prober(int stop_fd)
 			tids[n++] = atoi(e->d_name);
 	if (dir)
 		closedir(dir);
-	TPT_REQUIRE(n > 0 && become(NOBODY) == 0, 1, "no daemon threads, or cannot drop");
+	TPT_REQUIRE(n > 0 && tpt_become_user(NOBODY) == 0, 1, "no daemon threads, or cannot drop");
 	while (poll(&p, 1, 0) == 0) {
 		for (int i = 0; i < n; i++, tries++)
 			permitted += syscall(SYS_tgkill, (int)tpt_fixture_daemon.pid, tids[i], 0) == 0;

@@ -45,16 +45,6 @@ static bool skip_unless_root(void)
 	return true;
 }
 
-/* In a forked child: become @uid (no supplementary groups). Return: 0 or 1. */
-static int become(uid_t uid)
-{
-	TPT_REQUIRE(setgroups(0, NULL) == 0, 1, "setgroups");
-	TPT_REQUIRE(setresgid(uid, uid, uid) == 0, 1, "setresgid");
-	TPT_REQUIRE(setresuid(uid, uid, uid) == 0, 1, "setresuid");
-	prctl(PR_SET_DUMPABLE, 1);
-	return 0;
-}
-
 /* `tpipctl --json status` field @key (as root: daemon-wide), or -1. */
 static long status_field(const char *key)
 {
@@ -169,7 +159,7 @@ static int attacker(void *arg)
 	struct tpt_raw raw[SOCKETS + 2];
 	struct tpt_raw_ring g;
 
-	if (become(NOBODY) || park_ring(&raw[0], &g, RING_FDS))
+	if (tpt_become_user(NOBODY) || park_ring(&raw[0], &g, RING_FDS))
 		return 1;
 	for (unsigned i = 1; i <= SOCKETS; i++)
 		if (park_partial(&raw[i], 4))
@@ -202,7 +192,7 @@ static int victim(void *unused)
 	bool ok;
 
 	(void)unused;
-	if (become(VICTIM))
+	if (tpt_become_user(VICTIM))
 		return 1;
 	TPT_REQUIRE(tpt_raw_connect(&raw, dm.socket) == 0, 1, "connect");
 	TPT_REQUIRE(tpt_raw_hello(&raw, TPW__V1__ROLE__ROLE_CLIENT, T_MS) == 0, 1, "hello");

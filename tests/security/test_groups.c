@@ -93,21 +93,13 @@ static void teardown(void)
 		ck_assert_int_eq(tpt_daemon_stop(&d), 0);
 }
 
-static int become(uid_t uid)
-{
-	TPT_REQUIRE(setgroups(0, NULL) == 0, -errno, "setgroups");
-	TPT_REQUIRE(setresgid(uid, uid, uid) == 0, -errno, "setresgid");
-	TPT_REQUIRE(setresuid(uid, uid, uid) == 0, -errno, "setresuid");
-	prctl(PR_SET_DUMPABLE, 1);
-	return 0;
-}
 
 static int join_as(uid_t uid, int rank, int timeout_ms, struct tp_context **ctx,
 		   struct tp_group **g)
 {
 	struct tp_group_options o = { .size = sizeof(o), .rank = rank, .nranks = 2,
 				      .join_timeout_ms = timeout_ms };
-	int r = become(uid);
+	int r = tpt_become_user(uid);
 
 	if (r == 0)
 		r = tpt_ctx_new(&d, 0, NULL, ctx);
@@ -164,7 +156,7 @@ static int attacker_open_arenas(void *arg)
 
 	(void)arg;
 	sh->arena_open = 1; /* none found */
-	if (become(ATTACKER) < 0)
+	if (tpt_become_user(ATTACKER) < 0)
 		return 1;
 	snprintf(p, sizeof(p), "/proc/%d/map_files", (int)sh->victim_pid);
 	dir = opendir(p);
@@ -241,7 +233,7 @@ static int victim_alone(void *arg)
 	int r;
 
 	(void)arg;
-	if (become(VICTIM) < 0 || tpt_ctx_new(&d, 0, NULL, &ctx) < 0)
+	if (tpt_become_user(VICTIM) < 0 || tpt_ctx_new(&d, 0, NULL, &ctx) < 0)
 		return 1;
 	r = tp_group_join(ctx, "solo", &o, &g);
 	if (r < 0)
@@ -261,7 +253,7 @@ static int count_groups_as(uid_t uid)
 	struct tpt_cmd_result res;
 	int n = 0;
 
-	if (!bin || (uid && become(uid) < 0) || tpt_run(argv, T_MS, &res) < 0)
+	if (!bin || (uid && tpt_become_user(uid) < 0) || tpt_run(argv, T_MS, &res) < 0)
 		return -1;
 	if (!WIFEXITED(res.status) || WEXITSTATUS(res.status) != 0 || !res.out ||
 	    (n == 0 && !strstr(res.out, "group ") && !strstr(res.out, "no groups"))) {
@@ -377,7 +369,7 @@ static int attacker_shrinks_arena(void *arg)
 	int in, fd;
 
 	(void)arg;
-	TPT_REQUIRE(become(ATTACKER) == 0, 2, "become nobody");
+	TPT_REQUIRE(tpt_become_user(ATTACKER) == 0, 2, "become nobody");
 	in = inotify_init1(IN_CLOEXEC | IN_NONBLOCK);
 	TPT_REQUIRE(in >= 0 && inotify_add_watch(in, "/dev/shm", IN_CREATE) >= 0, 2,
 		    "inotify: %s", strerror(errno));
@@ -500,7 +492,7 @@ static int dying_member(void *arg)
 	struct pollfd pf;
 
 	(void)arg;
-	TPT_REQUIRE(become(VICTIM) == 0, 2, "become");
+	TPT_REQUIRE(tpt_become_user(VICTIM) == 0, 2, "become");
 	TPT_REQUIRE(tpt_raw_connect(&r, d.socket) == 0 && tpt_raw_hello_group(&r, T_MS) == 0, 2,
 		    "attach");
 	j.req_id = 1;
@@ -529,7 +521,7 @@ static int dying_partner(void *arg)
 	int r;
 
 	(void)arg;
-	TPT_REQUIRE(become(VICTIM) == 0 && tpt_ctx_new(&d, 0, NULL, &ctx) == 0, 2, "context");
+	TPT_REQUIRE(tpt_become_user(VICTIM) == 0 && tpt_ctx_new(&d, 0, NULL, &ctx) == 0, 2, "context");
 	r = tp_group_join(ctx, "dying", &o, &g);
 	snprintf(sh->attacker_msg, sizeof(sh->attacker_msg), "%s", tp_last_error());
 	sh->attacker_join = r;
@@ -628,7 +620,7 @@ START_TEST(test_unread_arena_fds_are_bounded_per_session)
 	if (pid == 0) {
 		int rc = 0;
 
-		if (become(ATTACKER) < 0 || tpt_raw_connect(&r, d.socket) < 0 ||
+		if (tpt_become_user(ATTACKER) < 0 || tpt_raw_connect(&r, d.socket) < 0 ||
 		    tpt_raw_hello_group(&r, T_MS) < 0 || join_leave(&r, 1, 0) < 0 ||
 		    tpt_raw_expect(&r, TPW__V1__DAEMON_MSG__BODY_GROUP_JOINED, T_MS, &rep) < 0)
 			_exit(2);

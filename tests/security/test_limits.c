@@ -50,16 +50,6 @@ static bool skip_unless_root(void)
 	return true;
 }
 
-/* In a forked child: become @uid (no supplementary groups). Return: 0 or 1. */
-static int become(uid_t uid)
-{
-	TPT_REQUIRE(setgroups(0, NULL) == 0, 1, "setgroups");
-	TPT_REQUIRE(setresgid(uid, uid, uid) == 0, 1, "setresgid");
-	TPT_REQUIRE(setresuid(uid, uid, uid) == 0, 1, "setresuid");
-	prctl(PR_SET_DUMPABLE, 1);
-	return 0;
-}
-
 /* Lines of the daemon's log holding @needle. */
 static unsigned log_count(const char *needle)
 {
@@ -132,7 +122,7 @@ static int per_uid_attacker(void *arg)
 {
 	struct tpt_raw raw[PER_UID];
 
-	if (become(NOBODY) || open_sessions(raw, PER_UID, TPW__V1__ROLE__ROLE_CLIENT))
+	if (tpt_become_user(NOBODY) || open_sessions(raw, PER_UID, TPW__V1__ROLE__ROLE_CLIENT))
 		return 1;
 	for (int i = 0; i < 20; i++)
 		if (expect_refused("per uid"))
@@ -171,7 +161,7 @@ static int per_uid_victim(void *arg)
 {
 	struct tpt_raw raw[PER_UID];
 
-	if (become(VICTIM) || open_sessions(raw, PER_UID, TPW__V1__ROLE__ROLE_CLIENT))
+	if (tpt_become_user(VICTIM) || open_sessions(raw, PER_UID, TPW__V1__ROLE__ROLE_CLIENT))
 		return 1;
 	close_sessions(raw, PER_UID);
 	return 0;
@@ -206,7 +196,7 @@ static int reserved_attacker(void *arg)
 {
 	struct tpt_raw raw[SLOTS - RESERVED];
 
-	if (become(NOBODY) || open_sessions(raw, SLOTS - RESERVED, TPW__V1__ROLE__ROLE_CLIENT))
+	if (tpt_become_user(NOBODY) || open_sessions(raw, SLOTS - RESERVED, TPW__V1__ROLE__ROLE_CLIENT))
 		return 1;
 	if (expect_refused("kept for root and the admin group"))
 		return 1;
@@ -360,7 +350,7 @@ static int partial_attacker(void *arg)
 {
 	struct tpt_raw a, b;
 
-	if (become(NOBODY) || park_partial(&a, PARTIAL) || settle() || park_partial(&b, PARTIAL))
+	if (tpt_become_user(NOBODY) || park_partial(&a, PARTIAL) || settle() || park_partial(&b, PARTIAL))
 		return 1;
 	TPT_REQUIRE(tpt_raw_wait_closed(&b, T_MS) == 0, 1, "second partial frame kept");
 	TPT_REQUIRE(tpt_raw_wait_closed(&a, 300) == -ETIMEDOUT, 1, "first partial frame dropped");
@@ -376,7 +366,7 @@ static int partial_victim(void *arg)
 {
 	struct tpt_raw a, b;
 
-	if (become(VICTIM) || park_partial(&a, PARTIAL) || settle() ||
+	if (tpt_become_user(VICTIM) || park_partial(&a, PARTIAL) || settle() ||
 	    park_partial(&b, 400u << 10))
 		return 1;
 	TPT_REQUIRE(tpt_raw_wait_closed(&b, T_MS) == 0, 1, "frame over the daemon budget kept");
@@ -877,7 +867,7 @@ static int buffers_attacker(void *arg)
 	void *a = NULL, *b = NULL, *x = NULL;
 	int r;
 
-	if (become(NOBODY))
+	if (tpt_become_user(NOBODY))
 		return 1;
 	TPT_REQUIRE(tpt_ctx_new(&dm, 0, "buf1", &c1) == 0, 1, "context");
 	TPT_REQUIRE(tpt_ctx_new(&dm, 0, "buf2", &c2) == 0, 1, "context");
@@ -906,7 +896,7 @@ static int buffers_victim(void *arg)
 	void *a = NULL;
 	int r;
 
-	if (become(VICTIM))
+	if (tpt_become_user(VICTIM))
 		return 1;
 	TPT_REQUIRE(tpt_ctx_new(&dm, 0, "victim", &c) == 0, 1, "context");
 	r = tp_buffer_alloc(c, BUF, &a);
@@ -1163,7 +1153,7 @@ static int listener_hog(void *arg)
 	char prefix[32];
 
 	(void)arg;
-	if (become(NOBODY) || open_sessions(r, LHOG_SESSIONS, TPW__V1__ROLE__ROLE_CLIENT))
+	if (tpt_become_user(NOBODY) || open_sessions(r, LHOG_SESSIONS, TPW__V1__ROLE__ROLE_CLIENT))
 		return 1;
 	for (unsigned i = 0; i < LHOG_SESSIONS; i++) {
 		snprintf(prefix, sizeof(prefix), "hog%u", i);

@@ -91,20 +91,10 @@ static void teardown(void)
 
 /* ---- helpers (children) --------------------------------------------------------------------- */
 
-/* Becomes @uid (gid @uid, no supplementary groups), as a process of that user would be. */
-static int become(uid_t uid)
-{
-	TPT_REQUIRE(setgroups(0, NULL) == 0, -errno, "setgroups");
-	TPT_REQUIRE(setresgid(uid, uid, uid) == 0, -errno, "setresgid");
-	TPT_REQUIRE(setresuid(uid, uid, uid) == 0, -errno, "setresuid");
-	prctl(PR_SET_DUMPABLE, 1);
-	return 0;
-}
-
 /* A context on @d as @uid (0: stay root) named @name. */
 static int ctx_as(const struct tpt_daemon *d, uid_t uid, const char *name, struct tp_context **ret)
 {
-	int r = uid ? become(uid) : 0;
+	int r = uid ? tpt_become_user(uid) : 0;
 
 	if (r == 0)
 		r = tpt_ctx_new(d, 0, name, ret);
@@ -620,7 +610,7 @@ static int nosy(void *arg)
 	static const char *const cmds[] = { "sessions", "listeners", "pipes", "status", "stats" };
 	const char *bin = getenv("TPIPCTL_BIN");
 	struct tpt_cmd_result res;
-	int r = become(NOBODY);
+	int r = tpt_become_user(NOBODY);
 
 	if (r)
 		return 1;
