@@ -174,6 +174,7 @@ struct json_object *ctl_json_status(const Tpw__V1__CtlStatus *s)
 	ctl_json_u64(o, "kept_fds_max", s->kept_fds_max);
 	ctl_json_u64(o, "kept_fds_per_uid", s->kept_fds_per_uid);
 	ctl_json_u64(o, "kept_fds_refused", s->kept_fds_refused);
+	ctl_json_u64(o, "parked_fds_refused", s->parked_fds_refused);
 	return o;
 }
 
@@ -245,8 +246,9 @@ static int status_text(const Tpw__V1__CtlStatus *s, FILE *out)
 			" refused", s->sessions_max, s->sessions_reserved, s->sessions_per_uid,
 			s->sessions_refused);
 	ctl_table_cellf(&t, "kept client fds:");
-	ctl_table_cellf(&t, "%" PRIu64 " of %" PRIu32 " (%" PRIu32 " per uid), %" PRIu64 " refused",
-			s->kept_fds, s->kept_fds_max, s->kept_fds_per_uid, s->kept_fds_refused);
+	ctl_table_cellf(&t, "%" PRIu64 " of %" PRIu32 " (%" PRIu32 " per uid), %" PRIu64
+			" refused (%" PRIu64 " parked)", s->kept_fds, s->kept_fds_max,
+			s->kept_fds_per_uid, s->kept_fds_refused, s->parked_fds_refused);
 	ctl_table_cellf(&t, "held for clients:");
 	ctl_table_cellf(&t, "%s in partial frames, %s queued to clients",
 			ctl_fmt_bytes(s->client_input_bytes, b1, sizeof(b1)),

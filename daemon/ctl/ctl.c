@@ -129,6 +129,7 @@ static void fill_status_limits(struct tpd_daemon *d, const struct ctl_bufs *b,
 	if (!b->own_only) {
 		st->kept_fds = atomic_load(&q->kept_fds);
 		st->kept_fds_refused = q->kept_fds_refused;
+		st->parked_fds_refused = q->parked_fds_refused;
 	} else {
 		struct tpd_uid_acct *a = tpu_hmap_get(&q->uids, (uint64_t)b->viewer + 1);
 		st->kept_fds = a ? atomic_load(&a->kept_fds) : 0;

@@ -245,6 +245,7 @@ static void run_attack(const char *const *args, const char *needle)
 	ck_assert_int_eq(tpt_daemon_log_count(&dm, needle), 1);
 	ck_assert(kept_reaches(LIMIT));
 	ck_assert_int_ge(status_field("kept_fds_refused"), 1);
+	ck_assert_int_ge(status_field("parked_fds_refused"), 1);
 	/* the daemon holds no more than that, and another user still gets in */
 	ck_assert_int_le(tpt_daemon_fd_count(&dm), fds0 + LIMIT + 3 * (SOCKETS + 1) + 8);
 	ck_assert(tpt_wait_ok(tpt_fork(victim, NULL), T_MS * 2, "victim"));
