@@ -381,13 +381,29 @@ static void view_copy(struct tp_group *g, const struct tpc_coll *c, const struct
 	}
 }
 
+/* Member @r's part of a chunk from element @off on: this member's own from @mine, the others'
+ * from their slots. */
+static const uint8_t *part_of(struct tp_group *g, const struct tpc_coll *c, unsigned bank,
+			      const uint8_t *mine, size_t off, uint32_t r)
+{
+	return r == g->rank ? mine : slot_of(g, bank, r) + off * tp_dtype_size(c->dtype);
+}
+
+/* Bytes of the result a built-in reduction folds at a time (reduce_range()): small enough that
+ * the block is still in the level-1 cache when it is copied out. */
+#define FOLD_BLOCK (16u << 10)
+
 /* Reduces this member's slice (@off, @n elements) of the chunk at @done in rank order into
  * @dst: the other members' parts from their slots, its own straight from its input (only it
- * reads that part, so chunk_in() does not copy it into the slot). */
+ * reads that part, so chunk_in() does not copy it into the slot). With @out, each block also
+ * goes to this member's output as soon as it is folded, while it is in the cache, so the copy
+ * out after the barrier only takes the others' slices (one pass over the slice saved, and the
+ * slice's output written from the level-1 cache instead of the result bank). A user reduction
+ * folds the slice in one call, as before. */
 static void reduce_range(struct tp_group *g, const struct tpc_coll *c, unsigned bank,
-			 size_t done, size_t off, size_t n, uint8_t *dst)
+			 size_t done, size_t off, size_t n, uint8_t *dst, bool out)
 {
-	size_t es = tp_dtype_size(c->dtype);
+	size_t es = tp_dtype_size(c->dtype), blk = n;
 	const uint8_t *mine = c->send ? (const uint8_t *)c->send + (done + off) * es : NULL;
 
 	uint32_t first = 0;
@@ -398,10 +414,29 @@ static void reduce_range(struct tp_group *g, const struct tpc_coll *c, unsigned 
 		mine = slot_of(g, bank, g->rank) + off * es;
 	while (g->absent[first]) /* some member contributes (coll_run() checked) */
 		first++;
-	memcpy(dst, first == g->rank ? mine : slot_of(g, bank, first) + off * es, n * es);
-	for (uint32_t r = first + 1; r < g->size; r++)
-		if (!g->absent[r])
-			fold(c, dst, r == g->rank ? mine : slot_of(g, bank, r) + off * es, n);
+	if (c->op != TPC_OP_USER && FOLD_BLOCK / es < n)
+		blk = FOLD_BLOCK / es;
+	for (size_t b = 0; b < n; b += blk) {
+		size_t m = TPU_MIN(blk, n - b);
+		uint8_t *acc = dst + b * es;
+		uint32_t r = first + 1;
+
+		while (r < g->size && g->absent[r])
+			r++;
+		if (c->op != TPC_OP_USER && r < g->size) { /* the first two in one pass */
+			tpc_reduce3(acc, part_of(g, c, bank, mine, off, first) + b * es,
+				    part_of(g, c, bank, mine, off, r) + b * es, m, c->dtype,
+				    (enum tp_reduce_op)c->op);
+			r++;
+		} else {
+			memcpy(acc, part_of(g, c, bank, mine, off, first) + b * es, m * es);
+		}
+		for (; r < g->size; r++)
+			if (!g->absent[r])
+				fold(c, acc, part_of(g, c, bank, mine, off, r) + b * es, m);
+		if (out) /* after its input was read: in place, the output is the input */
+			copy_out(g, c, (uint8_t *)c->recv + (done + off + b) * es, acc, m * es);
+	}
 }
 
 /*
@@ -569,6 +604,10 @@ static int allreduce_chunks(struct tp_group *g, const struct tpc_coll *c, size_t
 			    char *msg, size_t ml)
 {
 	size_t es = tp_dtype_size(c->dtype), done = 0, off, k, next;
+	bool out = !c->leader_only || g->rank == 0;
+	/* an output seen through a view may overlap the input elsewhere: all of it after the
+	 * barrier, as the input of the next chunk is in by then */
+	bool early = out && !has_view(c);
 	int r = 0;
 
 	while (r == 0 && n) {
@@ -576,13 +615,18 @@ static int allreduce_chunks(struct tp_group *g, const struct tpc_coll *c, size_t
 
 		g->bank ^= 1;
 		my_slice(g, n, es, &off, &k);
-		reduce_range(g, c, bank, done, off, k, result_of(g, bank) + off * es);
+		reduce_range(g, c, bank, done, off, k, result_of(g, bank) + off * es, early);
 		next = c->count - done - n < per ? c->count - done - n : per;
 		if (next)
 			chunk_in(g, c, done + n, next, g->bank, false);
 		r = tpc_coll_barrier(g, g->op_timeout_ms, msg, ml);
-		if (r == 0 && (!c->leader_only || g->rank == 0))
+		if (r == 0 && early) { /* its own slice is out already */
+			copy_out(g, c, (uint8_t *)c->recv + done * es, result_of(g, bank), off * es);
+			copy_out(g, c, (uint8_t *)c->recv + (done + off + k) * es,
+				 result_of(g, bank) + (off + k) * es, (n - off - k) * es);
+		} else if (r == 0 && out) {
 			view_copy(g, c, &c->vrecv, c->recv, result_of(g, bank), done, n, true);
+		}
 		done += n;
 		n = next;
 	}

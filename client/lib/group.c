@@ -302,6 +302,15 @@ static int slurm_options(const char *name, const struct tp_group_options *in,
 
 /* Bytes of this CPU's last-level cache as the kernel reports it (sysfs: cpuid inside a virtual
  * machine may describe the host's), else glibc's figure; 0 when neither knows. */
+/*
+ * The most last-level cache a group's members count on when they choose non-temporal stores
+ * for a result (tp_group.stream_min). A 2-CPU virtual machine on a 105 MiB cache (as sysfs
+ * says) read a 16 MiB buffer back at 19 GB/s and a 32 MiB one at 10 GB/s, memory's rate: the
+ * rest of the cache is the other guests'. With the whole 105 MiB, 2 members copied a 16 MiB
+ * result out with plain stores, each output line read from memory first.
+ */
+#define STREAM_LLC_MAX ((size_t)32 << 20)
+
 static long llc_bytes(void)
 {
 	FILE *f = fopen("/sys/devices/system/cpu/cpu0/cache/index3/size", "re");
@@ -401,8 +410,11 @@ TP_EXPORT int tp_group_join(struct tp_context *ctx, const char *name,
 	g->spin = ncpu > 0 && (long)g->size <= ncpu;
 	g->spin_ns = TPC_BARRIER_SPIN_MAX_NS;
 	g->wake_spin_ns = TPC_BARRIER_WAKE_SPIN_NS;
+	/* the cache the members can count on: what sysfs says, at most STREAM_LLC_MAX (a virtual
+	 * machine reports its host's whole cache, shared with the other guests) */
 	llc = llc_bytes();
-	g->stream_min = (llc > 0 ? (size_t)llc : (size_t)32 << 20) / (2 * g->size);
+	g->stream_min = TPU_MIN(llc > 0 ? (size_t)llc : STREAM_LLC_MAX, STREAM_LLC_MAX) /
+			(2 * g->size);
 	pthread_mutex_init(&g->lock, NULL);
 	pthread_cond_init(&g->cond, NULL);
 	tpu_list_init(&g->queue);

@@ -226,3 +226,76 @@ void tpc_reduce(void *acc, const void *in, size_t n, enum tp_dtype dt, enum tp_r
 		break;
 	}
 }
+
+/* The same with a separate destination: @dst[i] = F(@a[i], @b[i]). */
+#define LOOP3(T, F)                                                                                \
+	do {                                                                                       \
+		T *restrict x = dst;                                                               \
+		const T *restrict p = a, *restrict q = b;                                          \
+		for (size_t i = 0; i < n; i++)                                                     \
+			x[i] = F(p[i], q[i]);                                                      \
+	} while (0)
+
+#define ULOOP3(T, U, F)                                                                            \
+	do {                                                                                       \
+		T *restrict x = dst;                                                               \
+		const T *restrict p = a, *restrict q = b;                                          \
+		for (size_t i = 0; i < n; i++)                                                     \
+			x[i] = (T)F((U)p[i], (U)q[i]);                                             \
+	} while (0)
+
+#define HLOOP3(TO, FROM, F)                                                                        \
+	do {                                                                                       \
+		uint16_t *restrict x = dst;                                                        \
+		const uint16_t *restrict p = a, *restrict q = b;                                   \
+		for (size_t i = 0; i < n; i++)                                                     \
+			x[i] = FROM(F(TO(p[i]), TO(q[i])));                                        \
+	} while (0)
+
+#define INT_OPS3(T, U)                                                                             \
+	switch (op) {                                                                              \
+	case TP_OP_SUM:                                                                            \
+		ULOOP3(T, U, R_SUM);                                                               \
+		break;                                                                             \
+	case TP_OP_PROD:                                                                           \
+		ULOOP3(T, U, R_PROD);                                                              \
+		break;                                                                             \
+	case TP_OP_MIN:                                                                            \
+		LOOP3(T, R_MIN);                                                                   \
+		break;                                                                             \
+	case TP_OP_MAX:                                                                            \
+		LOOP3(T, R_MAX);                                                                   \
+		break;                                                                             \
+	}
+
+void tpc_reduce3(void *dst, const void *a, const void *b, size_t n, enum tp_dtype dt,
+		 enum tp_reduce_op op)
+{
+	switch (dt) {
+	case TP_DTYPE_F32:
+		FLOAT_OPS(LOOP3, float);
+		break;
+	case TP_DTYPE_F64:
+		FLOAT_OPS(LOOP3, double);
+		break;
+	case TP_DTYPE_F16:
+		FLOAT_OPS(HLOOP3, tpc_f16_to_float, tpc_float_to_f16);
+		break;
+	case TP_DTYPE_BF16:
+		FLOAT_OPS(HLOOP3, tpc_bf16_to_float, tpc_float_to_bf16);
+		break;
+	case TP_DTYPE_I8:
+		INT_OPS3(int8_t, uint32_t);
+		break;
+	case TP_DTYPE_U8:
+		INT_OPS3(uint8_t, uint32_t);
+		break;
+	case TP_DTYPE_I32:
+		INT_OPS3(int32_t, uint32_t);
+		break;
+	case TP_DTYPE_I64:
+		INT_OPS3(int64_t, uint64_t);
+		break;
+	}
+}
+

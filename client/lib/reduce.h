@@ -27,6 +27,13 @@ static inline int tpc_reduce_op_valid(int op)
 void tpc_reduce(void *acc, const void *in, size_t n, enum tp_dtype dt, enum tp_reduce_op op);
 
 /*
+ * tpc_reduce3() - @dst[i] = @op(@a[i], @b[i]) for @n elements of @dt: tpc_reduce() of @b into a
+ * copy of @a, bit for bit, in one pass. Borrows all three (@dst may not overlap @a or @b).
+ */
+void tpc_reduce3(void *dst, const void *a, const void *b, size_t n, enum tp_dtype dt,
+		 enum tp_reduce_op op);
+
+/*
  * tpc_copy_stream() - copies @n bytes from @src to @dst with non-temporal stores where the CPU
  * has them (x86-64), so that a large result written once goes to memory without first reading
  * every destination line into the cache; plain memcpy elsewhere. For destinations that will

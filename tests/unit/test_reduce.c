@@ -257,6 +257,50 @@ START_TEST(test_every_kernel_matches_the_scalar_reference)
 }
 END_TEST
 
+/* tpc_reduce3(dst, a, b) leaves the bits tpc_reduce(b into a copy of a) leaves, NaNs and
+ * random bit patterns included, for every dtype and op, and no byte of @dst around them. */
+START_TEST(test_reduce3_is_reduce_into_a_copy)
+{
+	static const enum tp_dtype dts[] = { TP_DTYPE_F16, TP_DTYPE_BF16, TP_DTYPE_F32,
+					     TP_DTYPE_F64, TP_DTYPE_I8, TP_DTYPE_U8, TP_DTYPE_I32,
+					     TP_DTYPE_I64 };
+	static const size_t lens[] = { 0, 1, 3, 15, 16, 17, 1000, 4099 };
+
+	for (size_t d = 0; d < sizeof(dts) / sizeof(dts[0]); d++) {
+		size_t es = tp_dtype_size(dts[d]);
+
+		for (int op = TP_OP_SUM; op <= TP_OP_MAX; op++) {
+			for (size_t l = 0; l < sizeof(lens) / sizeof(lens[0]); l++) {
+				for (int raw = 0; raw < 2; raw++) {
+					size_t n = lens[l], len = (n + 2) * es;
+					uint8_t *a = malloc(len), *b = malloc(len);
+					uint8_t *dst = malloc(len), *ref = malloc(len);
+
+					if (raw) { /* any bits: NaNs, infinities, subnormals */
+						fill(a, len, 3);
+						fill(b, len, 4);
+					} else {
+						fill_typed(dts[d], a + es, n, 1);
+						fill_typed(dts[d], b + es, n, 2);
+					}
+					memset(dst, 0xa5, len);
+					memset(ref, 0xa5, len);
+					memcpy(ref + es, a + es, n * es);
+					tpc_reduce(ref + es, b + es, n, dts[d], op);
+					tpc_reduce3(dst + es, a + es, b + es, n, dts[d], op);
+					ck_assert_msg(memcmp(dst, ref, len) == 0,
+						      "dtype %d op %d n %zu raw %d", dts[d], op, n, raw);
+					free(a);
+					free(b);
+					free(dst);
+					free(ref);
+				}
+			}
+		}
+	}
+}
+END_TEST
+
 START_TEST(test_integers_wrap_and_nan_wins_min_max)
 {
 	int8_t a8[2] = { 127, -128 }, b8[2] = { 1, -1 };
@@ -317,6 +361,7 @@ static Suite *reduce_suite(void)
 	tcase_add_test(tc, test_float_to_f16_rounds_like_the_compiler);
 	tcase_add_test(tc, test_bf16_rounds_to_nearest_even);
 	tcase_add_test(tc, test_every_kernel_matches_the_scalar_reference);
+	tcase_add_test(tc, test_reduce3_is_reduce_into_a_copy);
 	tcase_add_test(tc, test_integers_wrap_and_nan_wins_min_max);
 	tcase_add_test(tc, test_copy_stream_exact_at_every_alignment);
 	suite_add_tcase(s, tc);
