@@ -104,6 +104,32 @@ uint64_t *tpd_chan_lent_of(struct tpd_chans *cs, uid_t uid, bool add)
 	return &cs->lent[cs->n_lent++].bytes;
 }
 
+/* The key of a payer in tpd_chans.payers: a local @uid + 1 (never 0, bit 63 clear), or for a
+ * far daemon's @account FNV-1a of it with bit 63 set. */
+static uint64_t payer_hkey(bool remote, uid_t uid, const char *account)
+{
+	uint64_t h = 0xcbf29ce484222325ull;
+
+	if (!remote)
+		return (uint64_t)uid + 1;
+	for (const unsigned char *c = (const unsigned char *)account; *c; c++)
+		h = (h ^ *c) * 0x100000001b3ull;
+	return h | (1ull << 63);
+}
+
+/* The payer of local @uid (!@remote) or of far @account. Return: borrowed, or NULL. */
+static struct chan_payer *payer_lookup(const struct tpd_chans *cs, bool remote, uid_t uid,
+				       const char *account)
+{
+	struct chan_payer *p = tpu_hmap_get(&cs->payers, payer_hkey(remote, uid, account));
+
+	for (; p; p = p->next)
+		if (p->remote == remote &&
+		    (remote ? strcmp(p->account, account) == 0 : p->uid == uid))
+			return p;
+	return NULL;
+}
+
 /* Bytes @uid pays for (the items its writes put in any channel, named or unlinked and still
  * alive, the writes it has waiting for room, and the buffers its writers lend, whole); the
  * number of channels @uid owns in *@ret_count. */
@@ -116,9 +142,8 @@ uint64_t tpd_chan_uid_bytes(const struct tpd_chans *cs, uid_t uid, uint32_t *ret
 	uint64_t b = lent ? *lent : 0;
 	uint32_t n = 0;
 
-	tpu_list_for_each(p, &cs->payers, node)
-		if (!p->remote && p->uid == uid)
-			b += p->bytes;
+	p = payer_lookup(cs, false, uid, NULL);
+	b += p ? p->bytes : 0;
 	for (size_t i = 0; ret_count && i < TPU_ARRAY_SIZE(lists); i++)
 		tpu_list_for_each(c, lists[i], node)
 			n += c->uid == uid;
@@ -160,21 +185,16 @@ static struct chan_payer *payer_find(const struct tpd_chans *cs, const struct ch
 {
 	char acct[TPD_PEER_ACCOUNT_LEN];
 	const char *account;
-	struct chan_payer *p;
 	uid_t uid;
 	bool remote = payer_key(who, &uid, &account, acct);
 
-	tpu_list_for_each(p, &cs->payers, node)
-		if (p->remote == remote &&
-		    (remote ? strcmp(p->account, account) == 0 : p->uid == uid))
-			return p;
-	return NULL;
+	return payer_lookup(cs, remote, uid, account);
 }
 
 struct chan_payer *tpd_chan_payer_get(struct tpd_chans *cs, const struct chan_who *who)
 {
 	char acct[TPD_PEER_ACCOUNT_LEN];
-	struct chan_payer *p = payer_find(cs, who);
+	struct chan_payer *p = payer_find(cs, who), *head;
 	const char *account;
 
 	if (p) {
@@ -191,7 +211,16 @@ struct chan_payer *tpd_chan_payer_get(struct tpd_chans *cs, const struct chan_wh
 	}
 	p->refs = 1;
 	p->cs = cs;
-	tpu_list_insert_tail(&cs->payers, &p->node);
+	p->key = payer_hkey(p->remote, p->uid, p->account);
+	head = tpu_hmap_get(&cs->payers, p->key);
+	if (head) { /* another account of the same hash: chained behind it */
+		p->next = head->next;
+		head->next = p;
+	} else if (tpu_hmap_put(&cs->payers, p->key, p) < 0) {
+		free(p->account);
+		free(p);
+		return NULL;
+	}
 	return p;
 }
 
@@ -203,10 +232,25 @@ void tpd_chan_payer_ref(struct chan_payer *p)
 /* Drops a reference to @p (may be NULL); the last one frees it (it pays for nothing then). */
 void tpd_chan_payer_unref(struct chan_payer *p)
 {
+	struct chan_payer *head;
+	int r;
+
 	if (!p || --p->refs)
 		return;
 	assert(p->bytes == 0);
-	tpu_list_remove(&p->node);
+	head = tpu_hmap_get(&p->cs->payers, p->key);
+	if (head == p) {
+		tpu_hmap_del(&p->cs->payers, p->key);
+		/* (no growth: the map held one more key a moment ago) */
+		r = p->next ? tpu_hmap_put(&p->cs->payers, p->key, p->next) : 0;
+		assert(r == 0);
+		(void)r;
+	} else {
+		while (head && head->next != p)
+			head = head->next;
+		assert(head);
+		head->next = p->next;
+	}
 	free(p->account);
 	free(p);
 }
@@ -814,7 +858,7 @@ int tpd_chan_new(struct tpd_daemon *d, struct tpd_chans **ret)
 	tpd_handix_init(&cs->ix);
 	tpu_list_init(&cs->spare);
 	tpu_list_init(&cs->noticing);
-	tpu_list_init(&cs->payers);
+	tpu_hmap_init(&cs->payers);
 	if (tpd_chanx_new(d, cs, &cs->x) < 0) {
 		free(cs);
 		return -ENOMEM;
@@ -842,6 +886,7 @@ void tpd_chan_free(struct tpd_chans *cs)
 		free(it);
 	free(cs->lent);
 	tpd_handix_done(&cs->ix);
+	tpu_hmap_done(&cs->payers); /* (empty: every payer went with its last item) */
 	if (cs->notice_ev)
 		event_free(cs->notice_ev);
 	free(cs);

@@ -19,6 +19,7 @@
 #include "chancopy.h"
 #include "frame.h"
 #include "handix.h"
+#include "hmap.h"
 #include "tpb.h"
 #include "tpu.h"
 
@@ -50,7 +51,8 @@ struct tpd_session;
  * freed), wherever it is then.
  */
 struct chan_payer {
-	struct tpu_list node; /* in tpd_chans.payers */
+	uint64_t key;		 /* in tpd_chans.payers (payer_hkey()) */
+	struct chan_payer *next; /* another far account whose key is the same: a chain */
 	bool remote;
 	uid_t uid;     /* a local writer's */
 	char *account; /* a far daemon's ("" for links without authentication) */
@@ -250,7 +252,10 @@ struct tpd_chans {
 		uint64_t bytes;
 	} *lent;
 	size_t n_lent, cap_lent;
-	struct tpu_list payers; /* chan_payer */
+	/* chan_payer by key: a local writer's uid + 1, or a hash of a far daemon's account with
+	 * bit 63 set (accounts whose hashes are equal chain from the one in the map). Looked up
+	 * on every admitted write, so not a list to walk. */
+	struct tpu_hmap payers;
 	uint64_t remote_bytes;	/* what the remote ones pay, together */
 	uint64_t handed; /* items handed off in all channels, ever (a metric) */
 	/* Handles with lent buffers given up to tell of (chan_handle.noticing), and the event

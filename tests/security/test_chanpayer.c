@@ -11,7 +11,9 @@
  * - the owner unlinks its channel and lets go of it while the writer keeps its handle and never
  *   reads: the owner's limit is whole again at once, the writer's items stay the writer's
  *   charge until its handle goes, then its limit is whole again too;
- * - two uids together put no more in one channel than its capacity, each within its own limit.
+ * - two uids together put no more in one channel than its capacity, each within its own limit;
+ * - 40 uids each put their whole limit in one channel, and not a byte more: each finds its own
+ *   charge among the others' (payers in the daemon's hash map).
  *
  * (All three charged the owner: a writer of another uid could spend the owner's limit and so
  * fail the owner's writes everywhere, for good once the owner had unlinked the channel.)
@@ -21,6 +23,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/wait.h>
 #include <unistd.h>
 #include "itest.h"
 #include "tpt_wire.h"
@@ -347,6 +350,77 @@ START_TEST(test_two_uids_share_one_channels_capacity)
 }
 END_TEST
 
+/* ---- many writers' uids, each its own payer -------------------------------------------- */
+
+#define MANY 40 /* writers' uids, each paying its whole LIMIT into one channel */
+
+/* uid 4242: a channel anyone may write (capacity: the daemon's 64 MiB), kept open until the
+ * writers are done. */
+static int many_owner(void *arg)
+{
+	struct tpt_raw r;
+	uint64_t jobs;
+
+	(void)arg;
+	if (connect_as(OWNER, &r) ||
+	    open_chan(&r, "many", -1, TPW__V1__ACCESS__ACCESS_ANYONE, 0, &jobs))
+		return 1;
+	tpt_sync_post(&o_ready, 0);
+	TPT_REQUIRE(tpt_sync_wait(&w_done, 8 * T_MS) == 0, 1, "no word from the writers");
+	tpt_raw_close(&r);
+	return 0;
+}
+
+/* One writer of uid @uid: its whole limit into the owner's channel (just at), a byte more
+ * refused naming its own limit; its items stay there, its charge with them. Return: 0 or 1. */
+static int many_one(uid_t uid)
+{
+	struct tpt_raw r;
+	uint64_t jobs;
+	char why[200] = "";
+	int a, b, c, e;
+
+	if (connect_as(uid, &r) ||
+	    open_chan(&r, "many", OWNER, TPW__V1__ACCESS__ACCESS_UNSPECIFIED, 0, &jobs))
+		return 1;
+	a = put(&r, jobs, HALF, NULL, 0);
+	b = put(&r, jobs, HALF - 1, NULL, 0);
+	c = put(&r, jobs, 1, NULL, 0);
+	e = put(&r, jobs, 1, why, sizeof(why));
+	TPT_REQUIRE(a == OK && b == OK && c == OK, 1, "uid %u up to its limit beside %u other "
+		    "payers: %d %d %d", (unsigned)uid, MANY, a, b, c);
+	TPT_REQUIRE(e == OVER && strstr(why, "writer's chan-bytes-per-uid"), 1,
+		    "uid %u a byte above its limit: %d '%s'", (unsigned)uid, e, why);
+	tpt_raw_close(&r);
+	return 0;
+}
+
+/* MANY uids, one after the other, each in a process of its own, then uid 65534 again: every
+ * one finds its own charge among the others' (the daemon keeps them in a hash map). */
+static int many_writers(void *arg)
+{
+	int bad = 0, st;
+
+	(void)arg;
+	TPT_REQUIRE(tpt_sync_wait(&o_ready, 4 * T_MS) == 0, 1, "no word from the owner");
+	for (uid_t i = 0; i < MANY; i++) {
+		pid_t pid = fork();
+
+		if (pid == 0)
+			_exit(many_one(20000 + i));
+		TPT_REQUIRE(pid > 0 && waitpid(pid, &st, 0) == pid, 1, "fork");
+		bad |= !WIFEXITED(st) || WEXITSTATUS(st);
+	}
+	tpt_sync_post(&w_done, 0);
+	return bad;
+}
+
+START_TEST(test_many_uids_each_pay_their_own)
+{
+	run_pair(many_owner, many_writers);
+}
+END_TEST
+
 static Suite *chanpayer_suite(void)
 {
 	Suite *s = suite_create("sec_chanpayer");
@@ -356,6 +430,7 @@ static Suite *chanpayer_suite(void)
 	tcase_add_test(tc, test_another_uids_items_are_the_writers_charge);
 	tcase_add_test(tc, test_unlinked_channel_with_unread_items_leaves_the_owner_whole);
 	tcase_add_test(tc, test_two_uids_share_one_channels_capacity);
+	tcase_add_test(tc, test_many_uids_each_pay_their_own);
 	suite_add_tcase(s, tc);
 	return s;
 }
