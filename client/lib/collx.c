@@ -162,7 +162,6 @@ int tpc_collx_new(struct tp_group *g, const uint32_t *member_hosts, size_t n,
 	struct tpc_collx *x;
 	uint64_t *ids;
 	const char *algo = getenv("TP_GROUP_ALGO"), *pipe = getenv("TP_GROUP_PIPELINE");
-	long ncpu = sysconf(_SC_NPROCESSORS_ONLN);
 	int r;
 
 	if (n != g->world_size || !member_hosts)
@@ -199,14 +198,14 @@ int tpc_collx_new(struct tp_group *g, const uint32_t *member_hosts, size_t n,
 	x->leader = g->local_rank == 0;
 	if (!algo || tpc_plan_algo_parse(algo, &x->force) < 0)
 		x->force = TPC_PLAN_AUTO;
-	/* Pipelining overlaps the parts of a call only where they do not compete for the same
-	 * CPUs: by default where the host has one for each member, the leader's exchange and its
-	 * daemon; TP_GROUP_PIPELINE=1 or 0 decides. The members and the leaders agree on it call
-	 * by call (capability bits), so hosts and members may decide differently. */
-	if (pipe && (!strcmp(pipe, "0") || !strcmp(pipe, "1")))
-		x->pipeline = pipe[0] == '1';
-	else
-		x->pipeline = ncpu > 0 && (unsigned long)ncpu >= (unsigned long)g->local_size + 2;
+	/* Large calls are pipelined by default, even where the parts compete for the same CPUs:
+	 * the pipelined paths also copy less (an all-gather's leader keeps each segment at its
+	 * ranks' places instead of staging the whole in host order, a reduce-scatter's members
+	 * keep only their own piece), and on 2 CPUs shared by 2 hosts x 2 ranks they were
+	 * faster at every size from 8 MiB (docs/benchmarks.md). TP_GROUP_PIPELINE=1 or 0
+	 * decides. The members and the leaders agree on it call by call (capability bits), so
+	 * hosts and members may decide differently. */
+	x->pipeline = !(pipe && !strcmp(pipe, "0"));
 	g->xseg_ask = x->pipeline;
 	pthread_mutex_init(&x->lock, NULL);
 	pthread_cond_init(&x->cond, NULL);
