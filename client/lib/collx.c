@@ -1122,7 +1122,11 @@ static int leader_part(struct tpc_collx *x, const struct tpc_coll *c, bool local
 	case TPC_COLL_BROADCAST:
 		return run_chain(x, buf, count * es, p->host_of[c->root], NULL);
 	case TPC_COLL_ALLGATHER:
-		/* the hosts' blocks in host order, then each member's block at its rank */
+		/* ranks in host order: part A left this host's block in place (tpc_collx_run()),
+		 * and the ring fills in the others' where they stay */
+		if (ranks_in_host_order(p))
+			return run_gather(x, buf, count, es);
+		/* else the hosts' blocks in host order, then each member's block at its rank */
 		gb = malloc(x->g->world_size * count * es + 1);
 		if (!gb)
 			return -ENOMEM;
@@ -1859,6 +1863,10 @@ int tpc_collx_run(struct tp_group *g, const struct tpc_coll *c, char *msg, size_
 		break;
 	case TPC_COLL_ALLGATHER:
 		count = c->count * g->world_size;
+		/* ranks in host order: the leader gathers this host's block where it belongs in
+		 * the output, so that the leaders' ring works in the output itself (leader_part()) */
+		if (c->count && ranks_in_host_order(p))
+			a.recv = (uint8_t *)c->recv + (size_t)p->host_first[x->host] * c->count * es;
 		break;
 	default:
 		break;
