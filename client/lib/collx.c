@@ -162,7 +162,6 @@ int tpc_collx_new(struct tp_group *g, const uint32_t *member_hosts, size_t n,
 	struct tpc_collx *x;
 	uint64_t *ids;
 	const char *algo = getenv("TP_GROUP_ALGO"), *pipe = getenv("TP_GROUP_PIPELINE");
-	long ncpu = sysconf(_SC_NPROCESSORS_ONLN);
 	int r;
 
 	if (n != g->world_size || !member_hosts)
@@ -199,14 +198,14 @@ int tpc_collx_new(struct tp_group *g, const uint32_t *member_hosts, size_t n,
 	x->leader = g->local_rank == 0;
 	if (!algo || tpc_plan_algo_parse(algo, &x->force) < 0)
 		x->force = TPC_PLAN_AUTO;
-	/* Pipelining overlaps the parts of a call only where they do not compete for the same
-	 * CPUs: by default where the host has one for each member, the leader's exchange and its
-	 * daemon; TP_GROUP_PIPELINE=1 or 0 decides. The members and the leaders agree on it call
-	 * by call (capability bits), so hosts and members may decide differently. */
-	if (pipe && (!strcmp(pipe, "0") || !strcmp(pipe, "1")))
-		x->pipeline = pipe[0] == '1';
-	else
-		x->pipeline = ncpu > 0 && (unsigned long)ncpu >= (unsigned long)g->local_size + 2;
+	/* Large calls are pipelined by default, even where the parts compete for the same CPUs:
+	 * the pipelined paths also copy less (an all-gather's leader keeps each segment at its
+	 * ranks' places instead of staging the whole in host order, a reduce-scatter's members
+	 * keep only their own piece), and on 2 CPUs shared by 2 hosts x 2 ranks they were
+	 * faster at every size from 8 MiB (docs/benchmarks.md). TP_GROUP_PIPELINE=1 or 0
+	 * decides. The members and the leaders agree on it call by call (capability bits), so
+	 * hosts and members may decide differently. */
+	x->pipeline = !(pipe && !strcmp(pipe, "0"));
 	g->xseg_ask = x->pipeline;
 	pthread_mutex_init(&x->lock, NULL);
 	pthread_cond_init(&x->cond, NULL);
@@ -1123,7 +1122,11 @@ static int leader_part(struct tpc_collx *x, const struct tpc_coll *c, bool local
 	case TPC_COLL_BROADCAST:
 		return run_chain(x, buf, count * es, p->host_of[c->root], NULL);
 	case TPC_COLL_ALLGATHER:
-		/* the hosts' blocks in host order, then each member's block at its rank */
+		/* ranks in host order: part A left this host's block in place (tpc_collx_run()),
+		 * and the ring fills in the others' where they stay */
+		if (ranks_in_host_order(p))
+			return run_gather(x, buf, count, es);
+		/* else the hosts' blocks in host order, then each member's block at its rank */
 		gb = malloc(x->g->world_size * count * es + 1);
 		if (!gb)
 			return -ENOMEM;
@@ -1860,6 +1863,10 @@ int tpc_collx_run(struct tp_group *g, const struct tpc_coll *c, char *msg, size_
 		break;
 	case TPC_COLL_ALLGATHER:
 		count = c->count * g->world_size;
+		/* ranks in host order: the leader gathers this host's block where it belongs in
+		 * the output, so that the leaders' ring works in the output itself (leader_part()) */
+		if (c->count && ranks_in_host_order(p))
+			a.recv = (uint8_t *)c->recv + (size_t)p->host_first[x->host] * c->count * es;
 		break;
 	default:
 		break;

@@ -4,8 +4,8 @@
 # veth pair (three daemons, so three hosts, in the second part: two of them in one namespace
 # are two hosts, as two machines would be). Every member runs the battery of group_coll.c
 # (every collective, dtype and op against references computed there, uneven steps, async
-# calls, a mismatched call that fails on every rank) with ranks interleaved across hosts, and
-# every rank must hold the same bits of a float sum; then a member SIGKILLed in the middle of
+# calls, a mismatched call that fails on every rank) with ranks interleaved across hosts and
+# in host order (pipelined and not), and every rank must hold the same bits of a float sum; then a member SIGKILLed in the middle of
 # 4 MiB all-reduces, and a host's leader in the middle of 16 MiB ones (pipelined: every member
 # asks for it, TP_GROUP_PIPELINE=1, except where a check says otherwise), fails every
 # survivor on every host, naming its rank, within the peer timeout; a member that leaves or aborts fails the others' next call on every host, naming it;
@@ -83,6 +83,12 @@ MENV=()
 
 check "2 hosts x 2 ranks (0, 3 on a; 1, 2 on b): every collective, bit-identical on every rank"
 battery two 0:a 1:b 2:b 3:a
+
+check "2 hosts x 2 ranks in host order (0, 1 on a; 2, 3 on b): every collective (an all-gather's leaders work in its output, no staging), bit-identical on every rank, pipelined and not"
+battery order 0:a 1:a 2:b 3:b
+PIPE_OFF="0 1 2 3"
+battery orderoff 0:a 1:a 2:b 3:b
+PIPE_OFF=
 
 check "2 hosts x 3 ranks (0, 2, 4 on a; 1, 3, 5 on b): every collective; rank 2 does not pipeline (a's members then take large all-reduces whole), nor does rank 1 (b's leader: every leader then exchanges them whole)"
 PIPE_OFF="1 2"
