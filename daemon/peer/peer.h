@@ -302,6 +302,10 @@ const char *tpd_peer_group_host(const struct tpd_peer *pr);
 /* True if the link's far daemon proved an identity (TLS with the key or a certificate). */
 bool tpd_peer_group_authenticated(const struct tpd_peer *pr);
 
+/* Whether the far daemon of @pr speaks peer minor TPW_PEER_MINOR_GROUP_REMOTE or later: it
+ * carries and enforces a group's remote access (PeerGroupJoin.remote). Borrows @pr. */
+bool tpd_peer_group_remote_ok(const struct tpd_peer *pr);
+
 /*
  * tpd_peer_group_far_addr() - the address at which the far daemon's peer listener can be dialled
  * from here, "HOST:PORT" ("[IPV6]:PORT"): the address dialled for a link this daemon opened; the
