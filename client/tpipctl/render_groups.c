@@ -114,20 +114,55 @@ static const char *remote_text(const Tpw__V1__CtlGroup *g, char *b, size_t len)
 	return b;
 }
 
+/* One member's row. A member of another host, or one listed by the coordinator's side, has no
+ * session here and no counters in an arena of this host: "-". */
+static void member_row(struct ctl_table *t, const Tpw__V1__CtlGroup *g,
+		       const Tpw__V1__CtlGroupMember *m)
+{
+	bool none = m->remote || g->coordinated;
+	char mb[32];
+
+	ctl_table_cellf(t, "%" PRIu32, m->rank);
+	ctl_table_cellf(t, "%" PRIu32, m->pid);
+	if (none) {
+		ctl_table_cellf(t, "-");
+		ctl_table_cellf(t, "%s", s_or(m->state));
+		for (int i = 0; i < 7; i++)
+			ctl_table_cellf(t, "-");
+	} else {
+		ctl_table_cellf(t, "%" PRIu64, m->session_id);
+		ctl_table_cellf(t, "%s", s_or(m->state));
+		ctl_table_cellf(t, "%" PRIu64, m->calls);
+		ctl_table_cellf(t, "%s", ctl_fmt_bytes(m->bytes, mb, sizeof(mb)));
+		ctl_table_cellf(t, "%.3f", (double)m->busy_us / 1e6);
+		ctl_table_cellf(t, "%.3f", (double)m->wait_us / 1e6);
+		ctl_table_cellf(t, "%s", ctl_fmt_bytes(m->xbytes_out, mb, sizeof(mb)));
+		ctl_table_cellf(t, "%s", ctl_fmt_bytes(m->xbytes_in, mb, sizeof(mb)));
+		ctl_table_cellf(t, "%.3f", (double)m->xbusy_us / 1e6);
+	}
+	if (m->remote) /* names from other hosts: cleaned by the table */
+		ctl_table_cellf(t, "peer %s on %s, uid %" PRIu32 " claimed", s_or(m->peer),
+				s_or(m->host), m->claimed_uid);
+	else
+		ctl_table_cellf(t, "local");
+}
+
 static int group_text(const Tpw__V1__CtlGroup *g, FILE *out)
 {
 	struct ctl_table t;
-	char b[32];
+	char b[32], where[96];
 	int r;
 
+	if (g->coordinated)
+		snprintf(where, sizeof(where), "coordinated here");
+	else
+		snprintf(where, sizeof(where), "%" PRIu32 " host(s), arena %s", g->hosts,
+			 ctl_fmt_bytes(g->arena_bytes, b, sizeof(b)));
 	/* the name is the group's user's choice, the plan names other hosts: cleaned */
-	r = ctl_print_clean(out, "group %" PRIu64 " '%s' %suid %" PRIu32 "%s: %" PRIu32 " of %"
-			    PRIu32 " members, %s, %" PRIu32 " host(s), arena %s%s%s",
-			    g->id, s_or(g->name), g->coordinated ? "coordinated here, " : "",
-			    g->uid, g->uid_claimed ? " (claimed by peer daemons)" : "", g->joined,
-			    g->size, s_or(g->state),
-			    g->hosts, ctl_fmt_bytes(g->arena_bytes, b, sizeof(b)),
-			    g->failure && *g->failure ? ", failed: " : "",
+	r = ctl_print_clean(out, "group %" PRIu64 " '%s' uid %" PRIu32 "%s: %" PRIu32 " of %"
+			    PRIu32 " members, %s, %s%s%s", g->id, s_or(g->name), g->uid,
+			    g->uid_claimed ? " (claimed by peer daemons)" : "", g->joined, g->size,
+			    s_or(g->state), where, g->failure && *g->failure ? ", failed: " : "",
 			    g->failure && *g->failure ? g->failure : "");
 	fputs("\n", out);
 	if (r == 0)
@@ -142,30 +177,8 @@ static int group_text(const Tpw__V1__CtlGroup *g, FILE *out)
 	if (r < 0)
 		return r;
 	ctl_table_init(&t, member_cols, TPU_ARRAY_SIZE(member_cols));
-	for (size_t i = 0; i < g->n_members; i++) {
-		const Tpw__V1__CtlGroupMember *m = g->members[i];
-		char mb[32];
-
-		ctl_table_cellf(&t, "%" PRIu32, m->rank);
-		ctl_table_cellf(&t, "%" PRIu32, m->pid);
-		if (m->remote)
-			ctl_table_cellf(&t, "-");
-		else
-			ctl_table_cellf(&t, "%" PRIu64, m->session_id);
-		ctl_table_cellf(&t, "%s", s_or(m->state));
-		ctl_table_cellf(&t, "%" PRIu64, m->calls);
-		ctl_table_cellf(&t, "%s", ctl_fmt_bytes(m->bytes, mb, sizeof(mb)));
-		ctl_table_cellf(&t, "%.3f", (double)m->busy_us / 1e6);
-		ctl_table_cellf(&t, "%.3f", (double)m->wait_us / 1e6);
-		ctl_table_cellf(&t, "%s", ctl_fmt_bytes(m->xbytes_out, mb, sizeof(mb)));
-		ctl_table_cellf(&t, "%s", ctl_fmt_bytes(m->xbytes_in, mb, sizeof(mb)));
-		ctl_table_cellf(&t, "%.3f", (double)m->xbusy_us / 1e6);
-		if (m->remote) /* names from other hosts: cleaned by the table */
-			ctl_table_cellf(&t, "peer %s on %s, uid %" PRIu32 " claimed", s_or(m->peer),
-					s_or(m->host), m->claimed_uid);
-		else
-			ctl_table_cellf(&t, "local");
-	}
+	for (size_t i = 0; i < g->n_members; i++)
+		member_row(&t, g, g->members[i]);
 	r = ctl_table_print(&t, out);
 	ctl_table_done(&t);
 	return r;

@@ -182,8 +182,9 @@ size_t tpd_group_coord_count(const struct tpd_groups *gs);
  * tpd_group_coord_ctl() - tpipctl's view of every group this daemon coordinates into @v (room
  * for tpd_group_coord_count() entries): coordinated set, each member that joined, those of
  * other hosts as remote principals (their link's identity, their daemon's host, the uid it
- * claims; uid_claimed then says the group's uid is only a claim). For admins only. Strings are
- * borrowed from the groups; free each entry as tpd_group_ctl_free() does.
+ * claims; uid_claimed where no member is of this host: its uid is then only a claim). For
+ * admins only. Strings are borrowed from the groups; free each entry as tpd_group_ctl_free()
+ * does.
  * Return: 0 with @n entries, or -ENOMEM (none left in @v).
  */
 int tpd_group_coord_ctl(struct tpd_groups *gs, Tpw__V1__CtlGroup **v, size_t *n);

@@ -557,6 +557,7 @@ static int ctl_cgroup(const struct cgroup *cg, Tpw__V1__CtlGroup **ret)
 {
 	Tpw__V1__CtlGroup *c = calloc(1, sizeof(*c));
 	char plan[400], rt[256];
+	bool local = false;
 
 	if (!c)
 		return -ENOMEM;
@@ -594,9 +595,10 @@ static int ctl_cgroup(const struct cgroup *cg, Tpw__V1__CtlGroup **ret)
 		m->peer = (char *)cm->peer;
 		m->host = (char *)cm->host;
 		m->claimed_uid = m->remote ? (uint32_t)cg->uid : 0;
-		c->uid_claimed |= m->remote;
+		local |= !m->remote;
 		c->members[c->n_members++] = m;
 	}
+	c->uid_claimed = !local; /* no member of this host: only peer daemons claim the uid */
 	snprintf(plan, sizeof(plan), "this daemon coordinates the group: %u of %u members "
 		 "joined, remote access %s", cg->joined, cg->size,
 		 tpd_groupx_remote_text(&cg->remote, rt, sizeof(rt)));
