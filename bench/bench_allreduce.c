@@ -11,7 +11,7 @@
  * tpipd (--socket or the library's rules); with --xhost SOCKA,SOCKB,tpip://HOST[:PORT] the
  * first half of the ranks use the daemon at SOCKA and the second half the one at SOCKB (two
  * hosts, e.g. daemons in two network namespaces: a Unix socket path reaches across them),
- * joined through that coordinator. --op times another collective instead (the line starts
+ * joined through that coordinator, the group's remote access any peer. --op times another collective instead (the line starts
  * with its name): reduce-scatter (also --reduce-scatter), S being each rank's input (its
  * output S/N) and B = (N-1)/N x S / T; allgather, S being each rank's output (its input S/N),
  * B = (N-1)/N x S / T; broadcast from rank 0, B = S / T (as nccl-tests count them). Figures
@@ -107,6 +107,9 @@ static int rank_main(const struct opts *o, unsigned n, unsigned rank, struct sha
 	if (o->coord) {
 		go.bootstrap = TP_GROUP_BOOTSTRAP_COORDINATOR;
 		go.coordinator = o->coord;
+		/* the two daemons prove the pre-shared key: let the other's members in (a
+		 * TP_GROUP_REMOTE in the environment would only apply to the default) */
+		go.remote = TP_REMOTE_ANY_PEER;
 	}
 	if (bench_context_open(o->coord ? o->xsock[rank >= n / 2] : o->socket, 0, &ctx) < 0)
 		return 1;

@@ -8,10 +8,14 @@
  * (rank "auto" lets the daemon assign ranks), or let it start the N processes itself:
  *     tp-allreduce --spawn 4
  * Across hosts, every process names the same coordinator, the peer address of one daemon
- * (usually the first host's), and the daemons need a peer key or certificates:
- *     tp-allreduce 0 4 --coordinator tpip://gn01   (and ranks 1..3, on any hosts)
- * Under Slurm, rank and size come from srun (or "auto 0": the AUTO bootstrap picks Slurm):
- *     srun -n 4 tp-allreduce --slurm
+ * (usually the first host's), the daemons need a peer key or certificates, and every process
+ * says which peer daemons may take part (the group's remote access, none by default; here by
+ * TP_GROUP_REMOTE: "any-peer", or the daemons' identities separated by ';'):
+ *     TP_GROUP_REMOTE="cert:gn01;cert:gn02" tp-allreduce 0 4 --coordinator tpip://gn01
+ *     (and ranks 1..3, on gn01 and gn02)
+ * Under Slurm, rank and size come from srun (or "auto 0": the AUTO bootstrap picks Slurm); a
+ * step over several nodes needs TP_GROUP_REMOTE too:
+ *     srun -n 4 --export=ALL,TP_GROUP_REMOTE=any-peer tp-allreduce --slurm
  * The daemon socket follows the library's rules ($TPIPD_SOCKET, ...).
  */
 #include <stdbool.h>

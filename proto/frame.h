@@ -68,9 +68,14 @@
  *  13  lent channel buffers given back at once (ChanReply.released in a notice with req_id 0):
  *      a daemon sends one only to a client of minor >= 13, which then handles those buffers
  *      as it handles the ones a write's answer gives back
+ *  14  a group's remote access (GroupJoin.remote, remote_peers): a client asks for a group
+ *      that takes members or a coordinator on other hosts only of a daemon of minor >= 14
+ *      (an older one would join such a group without checking the peers); a daemon takes a
+ *      GroupJoin without them as remote access NONE
  */
 #define TPW_PROTO_MAJOR 1
-#define TPW_PROTO_MINOR 13
+#define TPW_PROTO_MINOR 14
+#define TPW_MINOR_GROUP_REMOTE 14
 /* Daemon-to-daemon protocol, versioned apart from the client one. 2: frames inside TLS 1.3, no
  * PeerAuth; a daemon speaking 1 (plaintext PeerHello) is refused with a clear log line. Minor
  * versions of peer protocol 2:
@@ -108,9 +113,13 @@
  *      the link's data connections as large channel items' (PeerMsg.chan_xfer_end); a
  *      forwarding daemon offers its clients messages by reference (WqReply.remote_refs) only
  *      for a queue whose host speaks 11 or later, and refuses a larger one otherwise
+ *  12  a group's remote access in PeerGroupJoin (remote, remote_peers) and the identity of
+ *      each member's link in PeerGroupMember.peer: a member's daemon sends no join to a
+ *      coordinator of an older minor (which would admit members of any peer); a coordinator
+ *      takes a join without them as remote access NONE and refuses it
  */
 #define TPW_PEER_PROTO_MAJOR 2
-#define TPW_PEER_PROTO_MINOR 11
+#define TPW_PEER_PROTO_MINOR 12
 #define TPW_PEER_MINOR_CONNECT_WAIT 1
 #define TPW_PEER_MINOR_QUEUE_LIMITS 2
 #define TPW_PEER_MINOR_CHAN 3
@@ -121,6 +130,7 @@
 #define TPW_PEER_MINOR_WQ_MSG 9 /* work queue questions and answers as messages (wqmsg) */
 #define TPW_PEER_MINOR_CHAN_BATCH 10 /* batch reads of channels across hosts (max_items) */
 #define TPW_PEER_MINOR_WQ_STREAM 11 /* work queue messages by reference across hosts */
+#define TPW_PEER_MINOR_GROUP_REMOTE 12 /* a group's remote access in PeerGroupJoin */
 /* The longest PeerConnect.wait_ms a daemon accepts (one hour); a dialler clamps to it. */
 #define TPW_PEER_WAIT_MS_MAX 3600000u
 #define TPW_MINOR_CLOSE_ACK 1

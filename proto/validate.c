@@ -274,6 +274,8 @@ static int check_group_join(const Tpw__V1__GroupJoin *j, char *why, size_t wl)
 		return tpu_why(-EBADMSG, why, wl, "rank %d of a group of %u", (int)j->rank, j->size);
 	if ((unsigned)j->bootstrap > TPW__V1__GROUP_BOOTSTRAP__GROUP_BOOTSTRAP_SLURM)
 		return tpu_why(-EBADMSG, why, wl, "unknown group bootstrap %d", (int)j->bootstrap);
+	if (check_remote(j->remote, j->remote_peers, j->n_remote_peers, why, wl) < 0)
+		return -EBADMSG;
 	return check_string(j->coordinator, TPW_NAME_MAX, "coordinator", why, wl);
 }
 
@@ -1024,7 +1026,7 @@ static int check_peer_group_join(const Tpw__V1__PeerGroupJoin *j, char *why, siz
 	if (j->size < 1 || j->size > TPW_GROUP_SIZE_MAX || j->rank < -1 ||
 	    (j->rank >= 0 && (uint32_t)j->rank >= j->size))
 		return tpu_why(-EBADMSG, why, wl, "rank %d of %u members", (int)j->rank, j->size);
-	return 0;
+	return check_remote(j->remote, j->remote_peers, j->n_remote_peers, why, wl);
 }
 
 /* A peer's answer to a batch read: at most segments_max byte items, inline, none empty, their
@@ -1075,7 +1077,8 @@ static int check_peer_group_joined(const Tpw__V1__PeerGroupJoined *j, char *why,
 
 		if (j->members[i]->rank != i || h >= j->hosts || h > next)
 			return tpu_why(-EBADMSG, why, wl, "member %zu out of range", i);
-		if (check_string(j->members[i]->host, TPW_MESSAGE_MAX, "host", why, wl) < 0)
+		if (check_string(j->members[i]->host, TPW_MESSAGE_MAX, "host", why, wl) < 0 ||
+		    check_string(j->members[i]->peer, TPW_NAME_MAX, "peer", why, wl) < 0)
 			return -EBADMSG;
 		next += h == next;
 		here += h == j->host_index;

@@ -598,6 +598,26 @@ struct tp_group_options {
 	int join_timeout_ms;	 /* all members must join within this; <= 0: 30000 */
 	int op_timeout_ms;	 /* a collective waits at most this for the others; <= 0: no limit */
 	const char *coordinator; /* COORDINATOR: "tpip://HOST[:PORT]"; else NULL */
+	/* Added with a group's remote access (a caller built before, with a smaller @size, gets
+	 * these defaults): which peer daemons may take part in a group across hosts, as for a
+	 * listener. A process on another host is never one of this host's users: the daemons
+	 * decide on the authenticated identity of each peer link, and the uid another host's
+	 * daemon claims for its member is only a claim. The coordinator admits a member from
+	 * another host only over a link that this setting allows, and this member's daemon sends
+	 * its join to (and takes the answer from) a coordinator on another host only over such a
+	 * link; the hosts' leaders' pipes take only such links too. Every member must state the
+	 * same setting (the peers as a set); another one fails its join with -EINVAL.
+	 *   TP_REMOTE_NONE (default): this host's members only; a coordinator on another host
+	 *     is refused with -EACCES. With the default the environment decides: TP_GROUP_REMOTE
+	 *     set to "any-peer", or to peer identities separated by ';' ("psk;cert:gn02"),
+	 *     stands for TP_REMOTE_ANY_PEER or TP_REMOTE_PEERS ("none": the default).
+	 *   TP_REMOTE_ANY_PEER: any peer daemon that authenticated (the pre-shared key or a
+	 *     certificate of the cluster CA; an unauthenticated link never).
+	 *   TP_REMOTE_PEERS: only daemons authenticated as one of @remote_peers (entries as
+	 *     for tp_listen_options). */
+	enum tp_remote_access remote;
+	const char *const *remote_peers; /* TP_REMOTE_PEERS: 1..32 peer identities (borrowed) */
+	size_t n_remote_peers;
 };
 
 enum tp_dtype {
@@ -634,12 +654,15 @@ size_t tp_dtype_size(enum tp_dtype dtype);
  * tp_group_join() - join group @name of the caller's uid through @ctx's daemon.
  * Returns once every member joined and a start barrier passed, or fails: -ETIMEDOUT (not every
  * member joined within the join timeout; the message lists the missing ranks), -EINVAL (@opts
- * disagree with those the group was formed with, e.g. another size), -EADDRINUSE (the rank is
- * taken), -EBUSY (a group of that name is formed and not yet left by every member), -ENOBUFS
- * (a daemon limit: groups-per-uid, group-members-max, group-bytes-per-uid), -EOPNOTSUPP (a
- * bootstrap not available), -ENAMETOOLONG (@name over 128 bytes), -EPROTO (the daemon's arena
- * is not a memfd sealed against shrinking and growing of the announced size, or an older
- * tpipd names it by a path, which this library never opens).
+ * disagree with those the group was formed with, e.g. another size or remote access),
+ * -EADDRINUSE (the rank is taken), -EBUSY (a group of that name is formed and not yet left by
+ * every member), -ENOBUFS (a daemon limit: groups-per-uid, group-members-max,
+ * group-bytes-per-uid), -EACCES (the group's remote access does not allow the coordinator's
+ * daemon, or the coordinator's setting does not allow this member's daemon, or either runs a
+ * tpipd that does not check it), -EOPNOTSUPP (a bootstrap not available; a remote access
+ * other than none with a local daemon too old to enforce it), -ENAMETOOLONG (@name over 128
+ * bytes), -EPROTO (the daemon's arena is not a memfd sealed against shrinking and growing of
+ * the announced size, or an older tpipd names it by a path, which this library never opens).
  * Borrows @ctx (it must outlive the group), @name and @opts. @ret: returns an owned group, free
  * with tp_group_leave().
  */

@@ -3,7 +3,8 @@
  * Collectives of a group that spans several hosts (group.h, docs/collectives.md). Each host's
  * members work through their arena as on one host (coll.c); its leader (local rank 0) talks to
  * the other hosts' leaders over ordinary pipes that the daemons carry (the peer links), opened
- * once at join: the lower host index listens on a name only the group's uid may register, the
+ * once at join: the lower host index listens on a name only the group's uid may register, for
+ * pipes from the peer daemons the group's remote access allows, the
  * higher dials it, and both ends prove the group's token, a random value that only the
  * coordinator and the members' daemons know. A call runs in three parts:
  *
@@ -335,7 +336,10 @@ static int hello_read(struct tpc_collx *x, struct tp_pipe *p, const bool *is, in
 int tpc_collx_connect(struct tp_group *g, int timeout_ms, char *msg, size_t ml)
 {
 	struct tpc_collx *x = g->x;
-	struct tp_listen_options lo = { .size = sizeof(lo), .remote = TP_REMOTE_ANY_PEER };
+	/* only the peer daemons the group allows (tp_group_options.remote) */
+	struct tp_listen_options lo = { .size = sizeof(lo), .remote = g->remote,
+					.remote_peers = (const char *const *)g->remote_peers,
+					.n_remote_peers = g->n_remote_peers };
 	struct hello_wait w = { .lock = &x->lock, .cond = &x->cond };
 	struct tp_listener *l = NULL;
 	char hex[2 * TPW_GROUP_TOKEN_BYTES + 1], name[96], addr[TPW_GROUP_ADDR_MAX + 128];

@@ -9,6 +9,7 @@
  */
 #include <errno.h>
 #include <fcntl.h>
+#include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -154,6 +155,11 @@ static int join_ask(struct tp_context *ctx, const char *name, const struct tp_gr
 	gj.bootstrap = (Tpw__V1__GroupBootstrap)o->bootstrap;
 	gj.timeout_ms = (uint32_t)join_ms;
 	gj.coordinator = (char *)(o->coordinator ? o->coordinator : "");
+	gj.remote = o->remote == TP_REMOTE_ANY_PEER ? TPW__V1__REMOTE_ACCESS__REMOTE_ANY_PEER :
+		    o->remote == TP_REMOTE_PEERS ? TPW__V1__REMOTE_ACCESS__REMOTE_PEERS :
+						   TPW__V1__REMOTE_ACCESS__REMOTE_NONE;
+	gj.n_remote_peers = o->remote == TP_REMOTE_PEERS ? o->n_remote_peers : 0;
+	gj.remote_peers = (char **)o->remote_peers;
 	m.body_case = TPW__V1__CLIENT_MSG__BODY_GROUP_JOIN;
 	m.group_join = &gj;
 	pthread_mutex_lock(&ctx->send_lock);
@@ -232,6 +238,9 @@ static void group_send_id(struct tp_group *g, bool leave, bool abort)
 static void group_free(struct tp_group *g)
 {
 	tpc_collx_free(g->x);
+	for (size_t i = 0; i < g->n_remote_peers; i++)
+		free(g->remote_peers[i]);
+	free(g->remote_peers);
 	free(g->stage);
 	if (g->base)
 		munmap(g->base, g->arena_bytes);
@@ -255,6 +264,97 @@ static int join_check(struct tp_context *ctx, const char *name, const struct tp_
 				 "the size)", o->rank, o->nranks, TPW_GROUP_SIZE_MAX);
 	if ((unsigned)o->bootstrap > TP_GROUP_BOOTSTRAP_SLURM)
 		return tpc_error(-EINVAL, "unknown bootstrap %d", (int)o->bootstrap);
+	if ((unsigned)o->remote > TP_REMOTE_PEERS)
+		return tpc_error(-EINVAL, "unknown remote access %d", (int)o->remote);
+	if ((o->remote == TP_REMOTE_PEERS) != (o->n_remote_peers > 0) ||
+	    o->n_remote_peers > TPW_REMOTE_PEERS_MAX || (o->n_remote_peers && !o->remote_peers))
+		return tpc_error(-EINVAL, "TP_REMOTE_PEERS takes 1..%u peer identities, and only "
+				 "it takes any", TPW_REMOTE_PEERS_MAX);
+	for (size_t i = 0; i < o->n_remote_peers; i++) {
+		const char *n = o->remote_peers[i];
+
+		if (!n || !*n || strnlen(n, TPW_NAME_MAX + 1) > TPW_NAME_MAX)
+			return tpc_error(-EINVAL, "remote peer %zu: 1..%d bytes", i, TPW_NAME_MAX);
+	}
+	/* an older daemon would join the group without checking the peers */
+	if (o->remote != TP_REMOTE_NONE && o->bootstrap == TP_GROUP_BOOTSTRAP_COORDINATOR &&
+	    ctx->daemon_minor < TPW_MINOR_GROUP_REMOTE)
+		return tpc_error(-EOPNOTSUPP, "group '%s': the daemon (protocol minor %u) does not "
+				 "enforce a group's remote access (minor %u does)", name,
+				 ctx->daemon_minor, TPW_MINOR_GROUP_REMOTE);
+	return 0;
+}
+
+/* The caller's options (an older caller's shorter struct gets the defaults of what it lacks)
+ * and, where they leave the remote access at its default, TP_GROUP_REMOTE's. */
+struct join_opts {
+	struct tp_group_options o;
+	const char *peers[TPW_REMOTE_PEERS_MAX];
+	char env[TPW_REMOTE_PEERS_MAX * (TPW_NAME_MAX + 1)];
+};
+
+/* TP_GROUP_REMOTE: "none", "any-peer", or peer identities separated by ';'. */
+static int remote_from_env(struct join_opts *jo)
+{
+	const char *v = getenv("TP_GROUP_REMOTE");
+	char *save = NULL, *t;
+	size_t n = 0;
+
+	if (!v || !*v || strcmp(v, "none") == 0)
+		return 0;
+	if (strcmp(v, "any-peer") == 0) {
+		jo->o.remote = TP_REMOTE_ANY_PEER;
+		return 0;
+	}
+	if (strlen(v) >= sizeof(jo->env))
+		return tpc_error(-EINVAL, "TP_GROUP_REMOTE is over %zu bytes", sizeof(jo->env) - 1);
+	memcpy(jo->env, v, strlen(v) + 1);
+	for (t = strtok_r(jo->env, ";", &save); t; t = strtok_r(NULL, ";", &save)) {
+		char *e;
+
+		while (*t == ' ')
+			t++;
+		for (e = t + strlen(t); e > t && e[-1] == ' ';)
+			*--e = '\0';
+		if (!*t)
+			continue;
+		if (n == TPW_REMOTE_PEERS_MAX)
+			return tpc_error(-EINVAL, "TP_GROUP_REMOTE names more than %u peers",
+					 TPW_REMOTE_PEERS_MAX);
+		jo->peers[n++] = t;
+	}
+	if (!n)
+		return tpc_error(-EINVAL, "TP_GROUP_REMOTE is 'none', 'any-peer' or peer "
+				 "identities separated by ';'");
+	jo->o.remote = TP_REMOTE_PEERS;
+	jo->o.remote_peers = jo->peers;
+	jo->o.n_remote_peers = n;
+	return 0;
+}
+
+static int opts_take(const struct tp_group_options *in, struct join_opts *jo)
+{
+	if (!in || in->size < offsetof(struct tp_group_options, remote))
+		return tpc_error(-EINVAL, "missing options, or tp_group_options.size not set");
+	memset(&jo->o, 0, sizeof(jo->o));
+	memcpy(&jo->o, in, TPU_MIN(in->size, sizeof(jo->o)));
+	jo->o.size = sizeof(jo->o);
+	if (jo->o.remote == TP_REMOTE_NONE && !jo->o.n_remote_peers)
+		return remote_from_env(jo);
+	return 0;
+}
+
+/* Keeps @o's remote access in @g (collx.c's listener takes it). Return: 0 or -ENOMEM. */
+static int group_keep_remote(struct tp_group *g, const struct tp_group_options *o)
+{
+	g->remote = o->remote;
+	if (!o->n_remote_peers)
+		return 0;
+	if (!(g->remote_peers = calloc(o->n_remote_peers, sizeof(*g->remote_peers))))
+		return -ENOMEM;
+	for (; g->n_remote_peers < o->n_remote_peers; g->n_remote_peers++)
+		if (!(g->remote_peers[g->n_remote_peers] = strdup(o->remote_peers[g->n_remote_peers])))
+			return -ENOMEM;
 	return 0;
 }
 
@@ -353,11 +453,18 @@ TP_EXPORT int tp_group_join(struct tp_context *ctx, const char *name,
 	char msg[TPC_GROUP_MSG_MAX], sname[TPW_GROUP_NAME_MAX + 1];
 	char scoord[TPC_SLURM_NAME_MAX + 8];
 	struct tp_group_options so;
+	struct join_opts jo;
 	struct join_req j;
 	struct tp_group *g;
 	int join_ms, r;
 	long ncpu, llc;
 
+	if (opts && name && ctx && ret) {
+		r = opts_take(opts, &jo);
+		if (r < 0)
+			return r;
+		opts = &jo.o;
+	}
 	if (opts && opts->size >= sizeof(*opts) &&
 	    (opts->bootstrap == TP_GROUP_BOOTSTRAP_SLURM || auto_is_slurm(opts))) {
 		r = slurm_options(name, opts, &so, sname, scoord, sizeof(scoord));
@@ -419,7 +526,8 @@ TP_EXPORT int tp_group_join(struct tp_context *ctx, const char *name,
 	pthread_cond_init(&g->cond, NULL);
 	tpu_list_init(&g->queue);
 	tpu_list_init(&g->ctx_node);
-	r = arena_map(g, TAKE_FD(j.fd));
+	r = group_keep_remote(g, opts) < 0 ? tpc_error(-ENOMEM, "out of memory") :
+					       arena_map(g, TAKE_FD(j.fd));
 	if (r == 0 && j.hosts > 1) {
 		r = tpc_collx_new(g, j.member_hosts, j.n_member_hosts, j.addrs, j.naddrs, j.token,
 				  j.tlen, &g->x);

@@ -137,6 +137,11 @@ struct tp_group {
 	pthread_t thread;
 	int lost_err; /* a request freed unwaited failed */
 	struct tpc_collx *x; /* hosts > 1 (set at join, fixed afterwards) */
+	/* the group's remote access (tp_group_options.remote): also whom the hosts' leaders'
+	 * listener takes pipes from (collx.c) */
+	enum tp_remote_access remote;
+	char **remote_peers;
+	size_t n_remote_peers;
 	/* the caller's (tp_group_set_coll_options()): where later calls' buffers live */
 	struct tp_device cdev;
 	void *cstream;

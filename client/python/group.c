@@ -91,28 +91,92 @@ static void group_on_context_close(struct tpy_child *c)
 	group_close_now(TPY_CONTAINER(c, tpy_group, child));
 }
 
+#define GROUP_REMOTE_PEERS_MAX 32 /* as libtpclient's */
+
+/*
+ * A group's remote access from Python: None (libtpclient's default, TP_GROUP_REMOTE decides),
+ * "none", "any-peer", or a sequence of 1..32 peer identities. @peers receives pointers into
+ * @ret_seq's items (owned: Py_XDECREF() once the join is done). Return: 0 or -1 (raised).
+ */
+static int group_remote(PyObject *remote, struct tp_group_options *o, const char **peers,
+			PyObject **ret_seq)
+{
+	PyObject *seq;
+	Py_ssize_t n;
+
+	*ret_seq = NULL;
+	if (remote == Py_None)
+		return 0;
+	if (PyUnicode_Check(remote)) {
+		const char *v = PyUnicode_AsUTF8(remote);
+
+		if (!v)
+			return -1;
+		if (strcmp(v, "none") == 0)
+			return 0;
+		if (strcmp(v, "any-peer") == 0) {
+			o->remote = TP_REMOTE_ANY_PEER;
+			return 0;
+		}
+		PyErr_SetString(PyExc_ValueError, "remote must be None, 'none', 'any-peer' or a "
+				"list of peer identities");
+		return -1;
+	}
+	seq = PySequence_Fast(remote, "remote must be None, 'none', 'any-peer' or a list of peer "
+			      "identities");
+	if (!seq)
+		return -1;
+	n = PySequence_Fast_GET_SIZE(seq);
+	if (n < 1 || n > GROUP_REMOTE_PEERS_MAX) {
+		Py_DECREF(seq);
+		PyErr_Format(PyExc_ValueError, "remote names 1..%d peer identities",
+			     GROUP_REMOTE_PEERS_MAX);
+		return -1;
+	}
+	for (Py_ssize_t i = 0; i < n; i++) {
+		PyObject *it = PySequence_Fast_GET_ITEM(seq, i);
+
+		peers[i] = PyUnicode_Check(it) ? PyUnicode_AsUTF8(it) : NULL;
+		if (!peers[i]) {
+			Py_DECREF(seq);
+			if (!PyErr_Occurred())
+				PyErr_SetString(PyExc_TypeError, "a peer identity is a str");
+			return -1;
+		}
+	}
+	o->remote = TP_REMOTE_PEERS;
+	o->remote_peers = peers;
+	o->n_remote_peers = (size_t)n;
+	*ret_seq = seq;
+	return 0;
+}
+
 PyObject *tpy_group_join(tpy_context *self, PyObject *args, PyObject *kw)
 {
 	static char *kwlist[] = { "name", "nranks", "rank", "bootstrap", "join_timeout_ms",
-				  "op_timeout_ms", "coordinator", NULL };
+				  "op_timeout_ms", "coordinator", "remote", NULL };
 	struct tp_group_options o = { .size = sizeof(o), .rank = -1 };
-	const char *name, *coord = NULL;
+	const char *name, *coord = NULL, *peers[GROUP_REMOTE_PEERS_MAX];
+	PyObject *remote = Py_None, *seq = NULL;
 	int boot = 0;
 	struct tp_group *g = NULL;
 	tpy_group *ret;
 	int r;
 
-	if (!PyArg_ParseTupleAndKeywords(args, kw, "sI|iiiiz:join_group", kwlist, &name,
+	if (!PyArg_ParseTupleAndKeywords(args, kw, "sI|iiiizO:join_group", kwlist, &name,
 					 &o.nranks, &o.rank, &boot, &o.join_timeout_ms,
-					 &o.op_timeout_ms, &coord))
+					 &o.op_timeout_ms, &coord, &remote))
 		return NULL;
 	if (!self->ctx || self->closed)
 		return tpy_module_closed("Context");
+	if (group_remote(remote, &o, peers, &seq) < 0)
+		return NULL;
 	o.bootstrap = (enum tp_group_bootstrap)boot;
 	o.coordinator = coord;
 	Py_BEGIN_ALLOW_THREADS
 	r = tp_group_join(self->ctx, name, &o, &g);
 	Py_END_ALLOW_THREADS
+	Py_XDECREF(seq);
 	if (r < 0)
 		return tpy_module_raise(r, NULL);
 	ret = PyObject_New(tpy_group, &tpy_group_type);

@@ -323,7 +323,8 @@ static PyMethodDef context_methods[] = {
 	{ "join_group", (PyCFunction)(void (*)(void))context_join_group,
 	  METH_VARARGS | METH_KEYWORDS,
 	  "join_group(name, nranks, rank=-1, bootstrap=0, join_timeout_ms=0, op_timeout_ms=0, "
-	  "coordinator=None) -> Group\n--\n\nJoin a group (blocks until every member joined)." },
+	  "coordinator=None, remote=None) -> Group\n--\n\nJoin a group (blocks until every member "
+	  "joined); remote: None, 'none', 'any-peer' or a list of peer identities." },
 	{ "open_channel", (PyCFunction)(void (*)(void))context_open_channel,
 	  METH_VARARGS | METH_KEYWORDS,
 	  "open_channel(name, flags=0, access=0, gid=-1, capacity_items=0, capacity_bytes=0, "

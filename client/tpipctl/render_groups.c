@@ -4,7 +4,10 @@
  * first failure) followed by its members' table (rank, pid, session, state, collectives, bytes,
  * seconds busy and waiting, and for a host's leader the bytes to and from the other hosts'
  * leaders and the seconds that took: torch-ipc's netStats per member), or with --json one array
- * "groups" of objects with a "members" array. Other requests' renderers are render.c's.
+ * "groups" of objects with a "members" array. Members on other hosts are remote principals:
+ * the identity their daemon authenticated with, its host, and the uid it claims, shown as a
+ * claim and never as a uid of this host (nor is a coordinated group's uid where only peers
+ * claim it). Other requests' renderers are render.c's.
  */
 #include <inttypes.h>
 #include <json-c/json.h>
@@ -17,6 +20,15 @@ static const char *s_or(const char *s)
 	return s && *s ? s : "-";
 }
 
+static const char *remote_name(Tpw__V1__RemoteAccess a)
+{
+	switch (a) {
+	case TPW__V1__REMOTE_ACCESS__REMOTE_ANY_PEER: return "any-peer";
+	case TPW__V1__REMOTE_ACCESS__REMOTE_PEERS: return "peers";
+	default: return "none";
+	}
+}
+
 static struct json_object *member_json(const Tpw__V1__CtlGroupMember *m)
 {
 	struct json_object *o = json_object_new_object();
@@ -25,7 +37,15 @@ static struct json_object *member_json(const Tpw__V1__CtlGroupMember *m)
 		return NULL;
 	ctl_json_u64(o, "rank", m->rank);
 	ctl_json_u64(o, "pid", m->pid);
-	ctl_json_u64(o, "session", m->session_id);
+	ctl_json_bool(o, "remote", m->remote);
+	if (m->remote) { /* a remote principal: no session, no uid of this host */
+		json_object_object_add(o, "session", NULL);
+		ctl_json_str(o, "peer", m->peer);
+		ctl_json_str(o, "host", m->host);
+		ctl_json_u64(o, "claimed_uid", m->claimed_uid);
+	} else {
+		ctl_json_u64(o, "session", m->session_id);
+	}
 	ctl_json_str(o, "state", m->state);
 	ctl_json_u64(o, "calls", m->calls);
 	ctl_json_u64(o, "bytes", m->bytes);
@@ -48,7 +68,21 @@ static struct json_object *group_json(const Tpw__V1__CtlGroup *g)
 	}
 	ctl_json_u64(o, "id", g->id);
 	ctl_json_str(o, "name", g->name);
-	ctl_json_u64(o, "uid", g->uid);
+	if (g->uid_claimed) { /* only what peer daemons claim: never a user of this host */
+		json_object_object_add(o, "uid", NULL);
+		ctl_json_u64(o, "claimed_uid", g->uid);
+	} else {
+		ctl_json_u64(o, "uid", g->uid);
+	}
+	ctl_json_bool(o, "coordinated", g->coordinated);
+	ctl_json_str(o, "remote", remote_name(g->remote));
+	{
+		struct json_object *peers = json_object_new_array();
+
+		for (size_t i = 0; peers && i < g->n_remote_peers; i++)
+			json_object_array_add(peers, ctl_json_new_str(g->remote_peers[i]));
+		json_object_object_add(o, "remote_peers", peers);
+	}
 	ctl_json_u64(o, "size", g->size);
 	ctl_json_u64(o, "joined", g->joined);
 	ctl_json_str(o, "state", g->state);
@@ -67,45 +101,84 @@ static struct json_object *group_json(const Tpw__V1__CtlGroup *g)
 static const struct ctl_col member_cols[] = {
 	{ "RANK", true },  { "PID", true },   { "SESSION", true }, { "STATE", false },
 	{ "CALLS", true }, { "BYTES", true }, { "BUSY_S", true },  { "WAIT_S", true },
-	{ "X_OUT", true }, { "X_IN", true },  { "X_S", true },
+	{ "X_OUT", true }, { "X_IN", true },  { "X_S", true },	   { "PRINCIPAL", false },
 };
+
+/* "remote access: peers psk, cert:gn02" into @b. */
+static const char *remote_text(const Tpw__V1__CtlGroup *g, char *b, size_t len)
+{
+	size_t k = (size_t)snprintf(b, len, "%s", remote_name(g->remote));
+
+	for (size_t i = 0; i < g->n_remote_peers && k < len; i++)
+		k += (size_t)snprintf(b + k, len - k, "%s%s", i ? ", " : " ", g->remote_peers[i]);
+	return b;
+}
+
+/* One member's row. A member of another host, or one listed by the coordinator's side, has no
+ * session here and no counters in an arena of this host: "-". */
+static void member_row(struct ctl_table *t, const Tpw__V1__CtlGroup *g,
+		       const Tpw__V1__CtlGroupMember *m)
+{
+	bool none = m->remote || g->coordinated;
+	char mb[32];
+
+	ctl_table_cellf(t, "%" PRIu32, m->rank);
+	ctl_table_cellf(t, "%" PRIu32, m->pid);
+	if (none) {
+		ctl_table_cellf(t, "-");
+		ctl_table_cellf(t, "%s", s_or(m->state));
+		for (int i = 0; i < 7; i++)
+			ctl_table_cellf(t, "-");
+	} else {
+		ctl_table_cellf(t, "%" PRIu64, m->session_id);
+		ctl_table_cellf(t, "%s", s_or(m->state));
+		ctl_table_cellf(t, "%" PRIu64, m->calls);
+		ctl_table_cellf(t, "%s", ctl_fmt_bytes(m->bytes, mb, sizeof(mb)));
+		ctl_table_cellf(t, "%.3f", (double)m->busy_us / 1e6);
+		ctl_table_cellf(t, "%.3f", (double)m->wait_us / 1e6);
+		ctl_table_cellf(t, "%s", ctl_fmt_bytes(m->xbytes_out, mb, sizeof(mb)));
+		ctl_table_cellf(t, "%s", ctl_fmt_bytes(m->xbytes_in, mb, sizeof(mb)));
+		ctl_table_cellf(t, "%.3f", (double)m->xbusy_us / 1e6);
+	}
+	if (m->remote) /* names from other hosts: cleaned by the table */
+		ctl_table_cellf(t, "peer %s on %s, uid %" PRIu32 " claimed", s_or(m->peer),
+				s_or(m->host), m->claimed_uid);
+	else
+		ctl_table_cellf(t, "local");
+}
 
 static int group_text(const Tpw__V1__CtlGroup *g, FILE *out)
 {
 	struct ctl_table t;
-	char b[32];
+	char b[32], where[96];
 	int r;
 
+	if (g->coordinated)
+		snprintf(where, sizeof(where), "coordinated here");
+	else
+		snprintf(where, sizeof(where), "%" PRIu32 " host(s), arena %s", g->hosts,
+			 ctl_fmt_bytes(g->arena_bytes, b, sizeof(b)));
 	/* the name is the group's user's choice, the plan names other hosts: cleaned */
-	r = ctl_print_clean(out, "group %" PRIu64 " '%s' uid %" PRIu32 ": %" PRIu32 " of %" PRIu32
-			    " members, %s, %" PRIu32 " host(s), arena %s%s%s",
-			    g->id, s_or(g->name), g->uid, g->joined, g->size, s_or(g->state),
-			    g->hosts, ctl_fmt_bytes(g->arena_bytes, b, sizeof(b)),
-			    g->failure && *g->failure ? ", failed: " : "",
+	r = ctl_print_clean(out, "group %" PRIu64 " '%s' uid %" PRIu32 "%s: %" PRIu32 " of %"
+			    PRIu32 " members, %s, %s%s%s", g->id, s_or(g->name), g->uid,
+			    g->uid_claimed ? " (claimed by peer daemons)" : "", g->joined, g->size,
+			    s_or(g->state), where, g->failure && *g->failure ? ", failed: " : "",
 			    g->failure && *g->failure ? g->failure : "");
 	fputs("\n", out);
 	if (r == 0)
 		r = ctl_print_clean(out, "  plan: %s", s_or(g->plan));
 	fputs("\n", out);
+	if (r == 0 && (g->coordinated || g->hosts > 1)) {
+		char rb[2048];
+
+		r = ctl_print_clean(out, "  remote access: %s", remote_text(g, rb, sizeof(rb)));
+		fputs("\n", out);
+	}
 	if (r < 0)
 		return r;
 	ctl_table_init(&t, member_cols, TPU_ARRAY_SIZE(member_cols));
-	for (size_t i = 0; i < g->n_members; i++) {
-		const Tpw__V1__CtlGroupMember *m = g->members[i];
-		char mb[32];
-
-		ctl_table_cellf(&t, "%" PRIu32, m->rank);
-		ctl_table_cellf(&t, "%" PRIu32, m->pid);
-		ctl_table_cellf(&t, "%" PRIu64, m->session_id);
-		ctl_table_cellf(&t, "%s", s_or(m->state));
-		ctl_table_cellf(&t, "%" PRIu64, m->calls);
-		ctl_table_cellf(&t, "%s", ctl_fmt_bytes(m->bytes, mb, sizeof(mb)));
-		ctl_table_cellf(&t, "%.3f", (double)m->busy_us / 1e6);
-		ctl_table_cellf(&t, "%.3f", (double)m->wait_us / 1e6);
-		ctl_table_cellf(&t, "%s", ctl_fmt_bytes(m->xbytes_out, mb, sizeof(mb)));
-		ctl_table_cellf(&t, "%s", ctl_fmt_bytes(m->xbytes_in, mb, sizeof(mb)));
-		ctl_table_cellf(&t, "%.3f", (double)m->xbusy_us / 1e6);
-	}
+	for (size_t i = 0; i < g->n_members; i++)
+		member_row(&t, g, g->members[i]);
 	r = ctl_table_print(&t, out);
 	ctl_table_done(&t);
 	return r;

@@ -45,8 +45,9 @@ struct tpd_session;
  * (chan-bytes-per-uid, with the buffers it lends: tpd_chan_uid_bytes()); a far daemon writing
  * over a peer link with its account (tpd_peer_account(); chan-remote-bytes-per-peer), never as a
  * local uid, neither the uid its client claims nor the channel's owner, and all far daemons
- * together within one chan-bytes-per-uid of their own (tpd_chans.remote_bytes), so that one
- * holding the pre-shared key cannot escape by stating new host names. Kept while an item or a
+ * together within one chan-bytes-per-uid of their own (tpd_chans.remote_bytes); a holder of the
+ * pre-shared key is charged by the address it connects from, not by the host name it states.
+ * Kept while an item or a
  * waiting write names it; the charge goes when the item is freed (read, dropped, the channel
  * freed), wherever it is then.
  */

@@ -692,6 +692,10 @@ static int ctl_group(const struct tpd_group *grp, Tpw__V1__CtlGroup **ret)
 		}
 		c->n_members++;
 	}
+	if (grp->x && tpd_groupx_ctl(grp, c) < 0) {
+		ctl_group_free(c);
+		return -ENOMEM;
+	}
 	*ret = c;
 	return 0;
 }
@@ -705,6 +709,7 @@ int tpd_group_ctl(struct tpd_groups *g, bool own_only, uid_t viewer, Tpw__V1__Ct
 
 	tpu_list_for_each(grp, &g->list, node)
 		cap++;
+	cap += own_only ? 0 : tpd_group_coord_count(g); /* their uid may be only a claim */
 	v = calloc(cap + 1, sizeof(*v));
 	if (!v)
 		return -ENOMEM;
@@ -716,6 +721,15 @@ int tpd_group_ctl(struct tpd_groups *g, bool own_only, uid_t viewer, Tpw__V1__Ct
 			return -ENOMEM;
 		}
 		k++;
+	}
+	if (!own_only) {
+		size_t nc = 0;
+
+		if (tpd_group_coord_ctl(g, v + k, &nc) < 0) {
+			tpd_group_ctl_free(v, k);
+			return -ENOMEM;
+		}
+		k += nc;
 	}
 	*ret = v;
 	*n = k;

@@ -19,6 +19,13 @@ struct tpd_session;
 struct tpd_groupx;
 struct tpd_peer;
 
+/* Which peer daemons may take part in a cross-host group (GroupJoin.remote, remote_peers). */
+struct tpd_groupx_remote {
+	Tpw__V1__RemoteAccess mode; /* UNSPECIFIED is kept as NONE */
+	size_t n;		    /* PEERS: 1..TPW_REMOTE_PEERS_MAX identities */
+	char **peers;
+};
+
 struct member {
 	struct tpd_group *grp;
 	struct tpd_session *s; /* NULL: free slot, or gone after forming */
@@ -100,6 +107,25 @@ void tpd_group_refuse(struct tpd_session *s, uint64_t req_id, int err, const cha
 
 /* ---- groupx.c ----------------------------------------------------------------------------- */
 
+/*
+ * tpd_groupx_remote_set() - @r (the caller's, zeroed or done) becomes a copy of @mode and
+ * @peers (@n of them; validated), UNSPECIFIED kept as NONE. Borrows @peers.
+ * Return: 0 or -ENOMEM (@r then holds nothing).
+ */
+int tpd_groupx_remote_set(struct tpd_groupx_remote *r, Tpw__V1__RemoteAccess mode,
+			  char *const *peers, size_t n);
+/* Frees what @r holds and zeroes it; accepts a zeroed one. */
+void tpd_groupx_remote_done(struct tpd_groupx_remote *r);
+/* Whether @a and @b state the same setting (the peers as sets). Borrows both. */
+bool tpd_groupx_remote_same(const struct tpd_groupx_remote *a,
+			    const struct tpd_groupx_remote *b);
+/* Whether @r lets the far daemon of link @pr take part: NONE none; ANY_PEER any that
+ * authenticated; PEERS one whose authenticated identity an entry names
+ * (tpd_peer_identity_matches()). An unauthenticated link never. Borrows both. */
+bool tpd_groupx_remote_allows(const struct tpd_groupx_remote *r, const struct tpd_peer *pr);
+/* @r as text for messages and tpipctl: "none", "any peer" or "peers psk, cert:gn02". */
+char *tpd_groupx_remote_text(const struct tpd_groupx_remote *r, char *buf, size_t len);
+
 /* Sets up and tears down groupx.c's part of @gs (its lists; the peer group ops). */
 void tpd_groupx_init(struct tpd_groups *gs);
 void tpd_groupx_done(struct tpd_groups *gs);
@@ -123,6 +149,15 @@ void tpd_groupx_joined_fill(const struct tpd_group *grp, uint32_t idx, Tpw__V1__
 /* The plan line and hosts of cross-host @grp for tpipctl. Writes at most @len bytes. */
 void tpd_groupx_describe(const struct tpd_group *grp, char *buf, size_t len, uint32_t *ret_hosts);
 
+/*
+ * tpd_groupx_ctl() - adds to @c (tpipctl's view of cross-host @grp, its local members in
+ * place) the group's remote access and its members on other hosts as remote principals: the
+ * identity of their daemon, its host and the uid it claims, never a local uid. @c's new
+ * strings are borrowed from @grp (valid while it is); @c->members is reallocated.
+ * Return: 0 or -ENOMEM (@c stays consistent for ctl_group_free()).
+ */
+int tpd_groupx_ctl(const struct tpd_group *grp, Tpw__V1__CtlGroup *c);
+
 /* Frees @grp's cross-host part (accepts NULL). */
 void tpd_groupx_free(struct tpd_groupx *x);
 
@@ -139,6 +174,20 @@ void tpd_group_coord_msg(struct tpd_groups *gs, struct tpd_peer *pr, const Tpw__
 /* The link @pr failed (@why): its members leave the groups this daemon coordinates, and the
  * other members' daemons are told. Borrows all; @pr is not used again. */
 void tpd_group_coord_link_failed(struct tpd_groups *gs, struct tpd_peer *pr, const char *why);
+
+/* The groups this daemon coordinates (joining or formed). */
+size_t tpd_group_coord_count(const struct tpd_groups *gs);
+
+/*
+ * tpd_group_coord_ctl() - tpipctl's view of every group this daemon coordinates into @v (room
+ * for tpd_group_coord_count() entries): coordinated set, each member that joined, those of
+ * other hosts as remote principals (their link's identity, their daemon's host, the uid it
+ * claims; uid_claimed where no member is of this host: its uid is then only a claim). For
+ * admins only. Strings are borrowed from the groups; free each entry as tpd_group_ctl_free()
+ * does.
+ * Return: 0 with @n entries, or -ENOMEM (none left in @v).
+ */
+int tpd_group_coord_ctl(struct tpd_groups *gs, Tpw__V1__CtlGroup **v, size_t *n);
 
 /* Frees every group this daemon coordinates (daemon shutdown). */
 void tpd_group_coord_done(struct tpd_groups *gs);

@@ -2,7 +2,10 @@
 /*
  * The coordinator's side of cross-host group joins (issue 24; docs/collectives.md; the member's
  * side is groupx.c). PeerGroupJoins (and this daemon's own members' joins) are collected per
- * (name, uid as the forwarding daemon attests it), over authenticated peer links only; when
+ * (name, uid as the forwarding daemon claims it), over authenticated peer links only, each
+ * admitted only if the group's remote access (stated alike by every member: the first one's
+ * is the group's, another one is refused like another size) allows the identity its link
+ * authenticated with (a remote daemon is its own kind of principal; its uid is a claim); when
  * all members joined they are grouped by the instance of the daemon they joined through (never
  * by address or rank arithmetic; a join over a link that states this daemon's instance or that
  * of another peer's member is refused), hosts numbered by their lowest rank, and every member's
@@ -33,6 +36,7 @@ struct cmember {
 	uint64_t instance; /* the host identity: the instance of the daemon it joined through */
 	uint32_t pid;
 	char host[64];
+	char peer[TPD_PEER_PRINCIPAL_LEN]; /* the identity its link authenticated with; "": here */
 };
 
 struct cgroup {
@@ -45,6 +49,7 @@ struct cgroup {
 	uint8_t token[TPW_GROUP_TOKEN_BYTES]; /* what the hosts' leaders prove to each other */
 	bool formed;
 	bool answering; /* cgroup_form() is answering: a member gone waits until it is done */
+	struct tpd_groupx_remote remote; /* its first member's statement, every member's */
 	struct event *ev_timeout;
 	struct cmember m[];
 };
@@ -83,6 +88,7 @@ static void cgroup_free(struct cgroup *cg)
 	if (cg->ev_timeout)
 		event_free(cg->ev_timeout);
 	tpu_list_remove(&cg->node);
+	tpd_groupx_remote_done(&cg->remote);
 	free(cg->name);
 	free(cg);
 }
@@ -184,9 +190,12 @@ static int cgroup_new(struct tpd_groups *gs, const Tpw__V1__PeerGroupJoin *j,
 	struct cgroup *cg = calloc(1, sizeof(*cg) + j->size * sizeof(cg->m[0]));
 
 	if (!cg || !(cg->name = strdup(j->name)) ||
+	    tpd_groupx_remote_set(&cg->remote, j->remote, j->remote_peers, j->n_remote_peers) < 0 ||
 	    !(cg->ev_timeout = evtimer_new(tpd_daemon_base(gs->d), cgroup_on_timeout, cg))) {
-		if (cg)
+		if (cg) {
+			tpd_groupx_remote_done(&cg->remote);
 			free(cg->name);
+		}
 		free(cg);
 		return -ENOMEM;
 	}
@@ -194,6 +203,7 @@ static int cgroup_new(struct tpd_groups *gs, const Tpw__V1__PeerGroupJoin *j,
 	cg->gs = gs;
 	if (getrandom(cg->token, sizeof(cg->token), 0) != (ssize_t)sizeof(cg->token)) {
 		event_free(cg->ev_timeout);
+		tpd_groupx_remote_done(&cg->remote);
 		free(cg->name);
 		free(cg);
 		return -EIO;
@@ -241,6 +251,7 @@ static void cgroup_form(struct cgroup *cg)
 		mv[r].host_index = host[r];
 		mv[r].pid = cg->m[r].pid;
 		mv[r].host = cg->m[r].host;
+		mv[r].peer = cg->m[r].peer;
 		mp[r] = &mv[r];
 	}
 	cg->formed = true;
@@ -310,6 +321,45 @@ static bool cmember_poses(const struct tpd_groups *gs, const struct cgroup *cg,
 	return false;
 }
 
+/*
+ * Whether join @j over @pr (NULL: this host) may take part in @cg (NULL: none yet): a member
+ * from another host only over a link whose authenticated identity the remote access it states
+ * allows (its uid is only that daemon's claim), and every member only with the remote access
+ * of the group's first one. Refuses it otherwise. Return: true if it may.
+ */
+static bool coord_admits(struct tpd_groups *gs, struct tpd_peer *pr, const struct cgroup *cg,
+			 const Tpw__V1__PeerGroupJoin *j)
+{
+	struct tpd_groupx_remote st;
+	char a[256], b[256];
+	bool same;
+
+	if (tpd_groupx_remote_set(&st, j->remote, j->remote_peers, j->n_remote_peers) < 0) {
+		coord_refuse(gs, pr, j->join_id, -ENOMEM, "out of memory");
+		return false;
+	}
+	if (pr && !tpd_groupx_remote_allows(&st, pr)) {
+		coord_refuse(gs, pr, j->join_id, -EACCES, "group '%s': the peer %s (%s) may not "
+			     "take part: the group's remote access is %s%s", j->name,
+			     tpd_peer_group_host(pr),
+			     tpd_peer_identity(pr) ? tpd_peer_identity(pr) : "not authenticated",
+			     tpd_groupx_remote_text(&st, a, sizeof(a)),
+			     st.mode == TPW__V1__REMOTE_ACCESS__REMOTE_NONE &&
+					     !tpd_peer_group_remote_ok(pr) ?
+				     " (the member's daemon runs an older tpipd)" : "");
+		tpd_groupx_remote_done(&st);
+		return false;
+	}
+	same = !cg || tpd_groupx_remote_same(&st, &cg->remote);
+	if (!same)
+		coord_refuse(gs, pr, j->join_id, -EINVAL, "group '%s' takes remote members from %s, "
+			     "this join says %s", j->name,
+			     tpd_groupx_remote_text(&cg->remote, a, sizeof(a)),
+			     tpd_groupx_remote_text(&st, b, sizeof(b)));
+	tpd_groupx_remote_done(&st);
+	return same;
+}
+
 static void coord_on_join(struct tpd_groups *gs, struct tpd_peer *pr,
 			  const Tpw__V1__PeerGroupJoin *j)
 {
@@ -330,6 +380,8 @@ static void coord_on_join(struct tpd_groups *gs, struct tpd_peer *pr,
 		return;
 	}
 	cg = cgroup_find(gs, j->uid, j->name);
+	if (!coord_admits(gs, pr, cg, j))
+		return;
 	if (pr && cmember_poses(gs, cg, pr)) {
 		coord_refuse(gs, pr, j->join_id, -EACCES, "group '%s': the peer %s states the "
 			     "instance of another host's daemon (this one's or another peer's)",
@@ -381,6 +433,7 @@ static void coord_on_join(struct tpd_groups *gs, struct tpd_peer *pr,
 	cm->pid = j->pid;
 	snprintf(cm->host, sizeof(cm->host), "%s",
 		 pr ? tpd_peer_group_host(pr) : tpd_peers_hostname(gs->d));
+	snprintf(cm->peer, sizeof(cm->peer), "%s", pr ? tpd_peer_identity(pr) : "");
 	if (++cg->joined == cg->size)
 		cgroup_form(cg);
 }
@@ -479,6 +532,99 @@ void tpd_group_coord_link_failed(struct tpd_groups *gs, struct tpd_peer *pr, con
 			if (cmember_gone(cg, i, TPU_GRPARENA_HOST, 0, text))
 				break;
 		}
+}
+
+size_t tpd_group_coord_count(const struct tpd_groups *gs)
+{
+	const struct cgroup *cg;
+	size_t n = 0;
+
+	tpu_list_for_each(cg, &gs->cgroups, node)
+		n++;
+	return n;
+}
+
+static void ctl_cgroup_free(Tpw__V1__CtlGroup *c)
+{
+	for (size_t i = 0; i < c->n_members; i++)
+		free(c->members[i]);
+	free(c->members);
+	free(c->plan);
+	free(c);
+}
+
+static int ctl_cgroup(const struct cgroup *cg, Tpw__V1__CtlGroup **ret)
+{
+	Tpw__V1__CtlGroup *c = calloc(1, sizeof(*c));
+	char plan[400], rt[256];
+	bool local = false;
+
+	if (!c)
+		return -ENOMEM;
+	tpw__v1__ctl_group__init(c);
+	if (!(c->members = calloc(cg->size, sizeof(*c->members)))) {
+		free(c);
+		return -ENOMEM;
+	}
+	c->coordinated = true;
+	c->id = cg->id;
+	c->name = cg->name;
+	c->uid = (uint32_t)cg->uid;
+	c->size = cg->size;
+	c->joined = cg->joined;
+	c->state = (char *)(cg->formed ? "formed" : "joining");
+	c->hosts = 0;
+	c->remote = cg->remote.mode;
+	c->n_remote_peers = cg->remote.n;
+	c->remote_peers = cg->remote.peers;
+	for (uint32_t r = 0; r < cg->size; r++) {
+		const struct cmember *cm = &cg->m[r];
+		Tpw__V1__CtlGroupMember *m;
+
+		if (!cm->joined)
+			continue;
+		if (!(m = calloc(1, sizeof(*m)))) {
+			ctl_cgroup_free(c);
+			return -ENOMEM;
+		}
+		tpw__v1__ctl_group_member__init(m);
+		m->rank = r;
+		m->pid = cm->pid;
+		m->state = (char *)(cm->gone ? "gone" : cg->formed ? "joined" : "joining");
+		m->remote = cm->pr != NULL || cm->peer[0];
+		m->peer = (char *)cm->peer;
+		m->host = (char *)cm->host;
+		m->claimed_uid = m->remote ? (uint32_t)cg->uid : 0;
+		local |= !m->remote;
+		c->members[c->n_members++] = m;
+	}
+	c->uid_claimed = !local; /* no member of this host: only peer daemons claim the uid */
+	snprintf(plan, sizeof(plan), "this daemon coordinates the group: %u of %u members "
+		 "joined, remote access %s", cg->joined, cg->size,
+		 tpd_groupx_remote_text(&cg->remote, rt, sizeof(rt)));
+	if (!(c->plan = strdup(plan))) {
+		ctl_cgroup_free(c);
+		return -ENOMEM;
+	}
+	*ret = c;
+	return 0;
+}
+
+int tpd_group_coord_ctl(struct tpd_groups *gs, Tpw__V1__CtlGroup **v, size_t *n)
+{
+	const struct cgroup *cg;
+	size_t k = 0;
+
+	tpu_list_for_each(cg, &gs->cgroups, node) {
+		if (ctl_cgroup(cg, &v[k]) < 0) {
+			while (k)
+				ctl_cgroup_free(v[--k]);
+			return -ENOMEM;
+		}
+		k++;
+	}
+	*n = k;
+	return 0;
 }
 
 void tpd_group_coord_done(struct tpd_groups *gs)

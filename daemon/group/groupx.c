@@ -10,11 +10,13 @@
  * with its own arena (group.c), formed once every local member has its answer. A member gone
  * here is told to the coordinator; one gone elsewhere, or a lost link, fails the arena.
  *
- * Trust: joins are accepted only over links whose far daemon authenticated (TLS with the
- * pre-shared key or a certificate of the cluster CA); the uid in a PeerGroupJoin is that
- * daemon's attestation of its client's SO_PEERCRED uid. So a user can join only groups of
- * their own uid, provided uids mean the same user on every host of the cluster (as Slurm and
- * NFS assume), and anyone holding the peer key is trusted as a daemon is.
+ * Trust: a remote daemon is its own kind of principal, as for listeners. Every member states
+ * the group's remote access (GroupJoin.remote: none, any authenticated peer, or named peer
+ * identities); this side sends a join to a coordinator on another host only over a link whose
+ * authenticated identity that setting allows, of a daemon that enforces the setting itself
+ * (peer minor TPW_PEER_MINOR_GROUP_REMOTE), and takes answers only over that link. The uid in
+ * a PeerGroupJoin is the forwarding daemon's claim of its client's SO_PEERCRED uid: groups are
+ * keyed by it, but what admits a member from another host is its link's identity.
  */
 #include <errno.h>
 #include <stdio.h>
@@ -50,7 +52,15 @@ struct xjoin {
 	struct tpd_peer *pr; /* NULL: this daemon coordinates */
 	char coord[COORD_MAX];
 	bool sent;
+	struct tpd_groupx_remote remote;
 	struct event *ev_timeout;
+};
+
+/* Member side: what the coordinator says of a member of the group (tpipctl). */
+struct xmember {
+	uint32_t pid;
+	char *host; /* the host name its daemon states */
+	char *peer; /* its daemon's identity: as this daemon verified it, else the coordinator's */
 };
 
 /* Member side: what a host's part of a cross-host group adds to its struct tpd_group. */
@@ -69,7 +79,88 @@ struct tpd_groupx {
 	char **host_addrs;	/* [hosts]: "HOST:PORT" of each host's daemon, "" for this one */
 	uint8_t token[TPW_GROUP_TOKEN_BYTES];
 	bool has_token;
+	struct tpd_groupx_remote remote; /* the group's remote access, as its members stated it */
+	struct xmember *members;	/* [size], each rank's as the coordinator says */
 };
+
+/* ---- a group's remote access ---------------------------------------------------------------- */
+
+int tpd_groupx_remote_set(struct tpd_groupx_remote *r, Tpw__V1__RemoteAccess mode,
+			  char *const *peers, size_t n)
+{
+	r->mode = mode == TPW__V1__REMOTE_ACCESS__REMOTE_UNSPECIFIED ?
+			  TPW__V1__REMOTE_ACCESS__REMOTE_NONE : mode;
+	r->n = 0;
+	r->peers = NULL;
+	if (!n)
+		return 0;
+	if (!(r->peers = calloc(n, sizeof(*r->peers))))
+		return -ENOMEM;
+	for (; r->n < n; r->n++)
+		if (!(r->peers[r->n] = strdup(peers[r->n]))) {
+			tpd_groupx_remote_done(r);
+			return -ENOMEM;
+		}
+	return 0;
+}
+
+void tpd_groupx_remote_done(struct tpd_groupx_remote *r)
+{
+	for (size_t i = 0; i < r->n; i++)
+		free(r->peers[i]);
+	free(r->peers);
+	memset(r, 0, sizeof(*r));
+}
+
+/* Whether every identity of @a is one of @b's. */
+static bool remote_subset(const struct tpd_groupx_remote *a, const struct tpd_groupx_remote *b)
+{
+	for (size_t i = 0; i < a->n; i++) {
+		bool in = false;
+
+		for (size_t k = 0; k < b->n && !in; k++)
+			in = strcmp(a->peers[i], b->peers[k]) == 0;
+		if (!in)
+			return false;
+	}
+	return true;
+}
+
+bool tpd_groupx_remote_same(const struct tpd_groupx_remote *a,
+			    const struct tpd_groupx_remote *b)
+{
+	return a->mode == b->mode && remote_subset(a, b) && remote_subset(b, a);
+}
+
+bool tpd_groupx_remote_allows(const struct tpd_groupx_remote *r, const struct tpd_peer *pr)
+{
+	if (!tpd_peer_identity(pr))
+		return false; /* unauthenticated (--peer-insecure): never */
+	if (r->mode == TPW__V1__REMOTE_ACCESS__REMOTE_ANY_PEER)
+		return true;
+	for (size_t i = 0; r->mode == TPW__V1__REMOTE_ACCESS__REMOTE_PEERS && i < r->n; i++)
+		if (tpd_peer_identity_matches(r->peers[i], pr))
+			return true;
+	return false;
+}
+
+char *tpd_groupx_remote_text(const struct tpd_groupx_remote *r, char *buf, size_t len)
+{
+	size_t k;
+
+	if (r->mode == TPW__V1__REMOTE_ACCESS__REMOTE_ANY_PEER) {
+		snprintf(buf, len, "any peer");
+		return buf;
+	}
+	if (r->mode != TPW__V1__REMOTE_ACCESS__REMOTE_PEERS || !r->n) {
+		snprintf(buf, len, "none");
+		return buf;
+	}
+	k = (size_t)snprintf(buf, len, "peers ");
+	for (size_t i = 0; i < r->n && k < len; i++)
+		k += (size_t)snprintf(buf + k, len - k, "%s%s", i ? ", " : "", r->peers[i]);
+	return buf;
+}
 
 /* ---- sending to the coordinator ------------------------------------------------------------ */
 
@@ -106,6 +197,7 @@ static void xjoin_free(struct xjoin *xj)
 	if (xj->ev_timeout)
 		event_free(xj->ev_timeout);
 	tpu_list_remove(&xj->node);
+	tpd_groupx_remote_done(&xj->remote);
 	free(xj);
 }
 
@@ -122,11 +214,41 @@ static void xjoin_refuse(struct xjoin *xj, int err, const char *fmt, ...)
 	xjoin_free(xj);
 }
 
+/*
+ * Whether @xj may go to its coordinator on another host (over the link @xj->pr, up): the
+ * link's authenticated identity must be one the group's remote access allows, and the far
+ * daemon must enforce that setting for the other members (peer minor). Refuses (and frees)
+ * @xj otherwise. Return: true if it may be sent.
+ */
+static bool xjoin_coord_allowed(struct xjoin *xj)
+{
+	const char *id = tpd_peer_identity(xj->pr);
+	char rt[256];
+
+	if (!tpd_groupx_remote_allows(&xj->remote, xj->pr)) {
+		xjoin_refuse(xj, -EACCES, "group '%s': coordinator %s (%s) is on another host and "
+			     "the group's remote access (%s) does not allow it: state which peer "
+			     "daemons may take part (tp_group_options.remote, TP_GROUP_REMOTE)",
+			     xj->name, xj->coord, id ? id : "not authenticated",
+			     tpd_groupx_remote_text(&xj->remote, rt, sizeof(rt)));
+		return false;
+	}
+	if (!tpd_peer_group_remote_ok(xj->pr)) {
+		xjoin_refuse(xj, -EACCES, "group '%s': coordinator %s runs an older tpipd, which "
+			     "does not check which peer daemons may take part in a group", xj->name,
+			     xj->coord);
+		return false;
+	}
+	return true;
+}
+
 static void xjoin_send(struct xjoin *xj)
 {
 	Tpw__V1__PeerGroupJoin j = TPW__V1__PEER_GROUP_JOIN__INIT;
 	Tpw__V1__PeerMsg m = TPW__V1__PEER_MSG__INIT;
 
+	if (xj->pr && !xjoin_coord_allowed(xj))
+		return;
 	j.join_id = xj->join_id;
 	j.name = xj->name;
 	j.rank = xj->rank;
@@ -134,6 +256,9 @@ static void xjoin_send(struct xjoin *xj)
 	j.uid = (uint32_t)xj->uid;
 	j.pid = (uint32_t)xj->pid;
 	j.timeout_ms = xj->timeout_ms;
+	j.remote = xj->remote.mode;
+	j.n_remote_peers = xj->remote.n;
+	j.remote_peers = xj->remote.peers;
 	m.body_case = TPW__V1__PEER_MSG__BODY_GROUP_JOIN;
 	m.group_join = &j;
 	xj->sent = true;
@@ -257,7 +382,11 @@ void tpd_groupx_join(struct tpd_session *s, const Tpw__V1__GroupJoin *j)
 		return;
 	}
 	xj = calloc(1, sizeof(*xj));
-	if (!xj || !(xj->ev_timeout = evtimer_new(tpd_daemon_base(gs->d), xjoin_on_timeout, xj))) {
+	if (!xj || tpd_groupx_remote_set(&xj->remote, j->remote, j->remote_peers,
+					 j->n_remote_peers) < 0 ||
+	    !(xj->ev_timeout = evtimer_new(tpd_daemon_base(gs->d), xjoin_on_timeout, xj))) {
+		if (xj)
+			tpd_groupx_remote_done(&xj->remote);
 		free(xj);
 		tpd_group_refuse(s, j->req_id, -ENOMEM, "out of memory");
 		return;
@@ -336,6 +465,32 @@ static int hosts_copy(struct tpd_groupx *x, const struct xjoin *xj,
 	return 0;
 }
 
+/*
+ * Keeps what the coordinator says of each member for tpipctl: pid, host and the identity of
+ * its daemon: "" from the coordinator names its own members, whose daemon is the coordinator
+ * (this daemon verified its link's identity itself); members of this host have none.
+ */
+static int members_copy(struct tpd_groupx *x, const struct xjoin *xj,
+			const Tpw__V1__PeerGroupJoined *a)
+{
+	const char *cid = xj->pr ? tpd_peer_identity(xj->pr) : NULL;
+
+	if (!(x->members = calloc(a->n_members, sizeof(*x->members))))
+		return -ENOMEM;
+	for (size_t i = 0; i < a->n_members; i++) {
+		const Tpw__V1__PeerGroupMember *pm = a->members[i];
+		const char *peer = pm->peer && *pm->peer ? pm->peer : cid ? cid : "";
+
+		x->members[i].pid = pm->pid;
+		if (pm->host_index == a->host_index)
+			peer = "";
+		if (!(x->members[i].host = strdup(pm->host ? pm->host : "")) ||
+		    !(x->members[i].peer = strdup(peer)))
+			return -ENOMEM;
+	}
+	return 0;
+}
+
 static int xgroup_new(struct xjoin *xj, const Tpw__V1__PeerGroupJoined *a,
 		      struct tpd_group **ret, char *why, size_t wl)
 {
@@ -346,7 +501,9 @@ static int xgroup_new(struct xjoin *xj, const Tpw__V1__PeerGroupJoined *a,
 
 	if (!x || !(x->rank = calloc(a->local_size, sizeof(*x->rank))) ||
 	    !(x->join_id = calloc(a->local_size, sizeof(*x->join_id))) ||
-	    hosts_copy(x, xj, a) < 0) {
+	    hosts_copy(x, xj, a) < 0 || members_copy(x, xj, a) < 0 ||
+	    tpd_groupx_remote_set(&x->remote, xj->remote.mode, xj->remote.peers,
+				  xj->remote.n) < 0) {
 		tpd_groupx_free(x);
 		return tpu_why(-ENOMEM, why, wl, "out of memory");
 	}
@@ -397,6 +554,9 @@ static int joined_fits(const struct xjoin *xj, const struct tpd_group *grp,
 	if (grp->uid != xj->uid || strcmp(grp->name, xj->name) != 0)
 		return tpu_why(-EPROTO, why, wl, "the coordinator names its group %llu, which "
 			       "is another group here", (unsigned long long)a->group_id);
+	if (!tpd_groupx_remote_same(&x->remote, &xj->remote))
+		return tpu_why(-EINVAL, why, wl, "the group's members here state another remote "
+			       "access");
 	if (grp->formed || grp->size != a->local_size || x->size != a->size ||
 	    x->hosts != a->hosts || x->host_index != a->host_index)
 		return tpu_why(-EPROTO, why, wl, "the coordinator's answer does not fit the "
@@ -425,6 +585,8 @@ static void member_on_joined(struct tpd_groups *gs, struct tpd_peer *pr,
 			xj = it;
 	if (!xj)
 		return; /* its session ended: the coordinator was told */
+	if (pr && !tpd_groupx_remote_allows(&xj->remote, pr))
+		return; /* never sent over such a link (xjoin_coord_allowed()) */
 	if (a->status != TPW__V1__STATUS__STATUS_OK) {
 		xjoin_refuse(xj, tpw_status_to_errno(a->status), "%s", a->message);
 		return;
@@ -558,6 +720,52 @@ void tpd_groupx_describe(const struct tpd_group *grp, char *buf, size_t len, uin
 	*ret_hosts = x->hosts;
 }
 
+/* One remote member of @grp for tpipctl: rank @rank, on another host. */
+static int ctl_remote_member(const struct tpd_group *grp, uint32_t rank,
+			     Tpw__V1__CtlGroupMember **ret)
+{
+	const struct xmember *xm = &grp->x->members[rank];
+	Tpw__V1__CtlGroupMember *c = calloc(1, sizeof(*c));
+
+	if (!c)
+		return -ENOMEM;
+	tpw__v1__ctl_group_member__init(c);
+	c->rank = rank;
+	c->pid = xm->pid;
+	c->state = (char *)(grp->formed ? "joined" : "joining");
+	c->remote = true;
+	c->peer = xm->peer;
+	c->host = xm->host;
+	c->claimed_uid = (uint32_t)grp->uid; /* the coordinator keyed it with this uid */
+	*ret = c;
+	return 0;
+}
+
+int tpd_groupx_ctl(const struct tpd_group *grp, Tpw__V1__CtlGroup *c)
+{
+	const struct tpd_groupx *x = grp->x;
+	Tpw__V1__CtlGroupMember **v;
+	size_t n = c->n_members;
+
+	c->remote = x->remote.mode;
+	c->n_remote_peers = x->remote.n;
+	c->remote_peers = x->remote.peers;
+	if (!x->members || x->size <= grp->size)
+		return 0;
+	v = realloc(c->members, (n + x->size - grp->size) * sizeof(*v));
+	if (!v)
+		return -ENOMEM;
+	c->members = v;
+	for (uint32_t r = 0; r < x->size; r++) {
+		if (x->member_hosts[r] == x->host_index)
+			continue;
+		if (ctl_remote_member(grp, r, &c->members[c->n_members]) < 0)
+			return -ENOMEM;
+		c->n_members++;
+	}
+	return 0;
+}
+
 void tpd_groupx_free(struct tpd_groupx *x)
 {
 	if (!x)
@@ -565,6 +773,12 @@ void tpd_groupx_free(struct tpd_groupx *x)
 	free(x->rank);
 	free(x->join_id);
 	free(x->member_hosts);
+	for (uint32_t i = 0; x->members && i < x->size; i++) {
+		free(x->members[i].host);
+		free(x->members[i].peer);
+	}
+	free(x->members);
+	tpd_groupx_remote_done(&x->remote);
 	for (uint32_t h = 0; x->host_addrs && h < x->hosts; h++)
 		free(x->host_addrs[h]);
 	free(x->host_addrs);

@@ -162,8 +162,8 @@ const char *tpd_peer_account(const struct tpd_peer *pr, char *buf)
 		return NULL;
 	if (pr->cert_verified) /* the certificate proves the host: a stated name adds nothing */
 		snprintf(buf, TPD_PEER_ACCOUNT_LEN, "%s", id);
-	else
-		snprintf(buf, TPD_PEER_ACCOUNT_LEN, "%s@%s", id, pr->host[0] ? pr->host : "?");
+	else /* where it connects from, not the name it states (that is its choice) */
+		snprintf(buf, TPD_PEER_ACCOUNT_LEN, "%s@%s", id, pr->src[0] ? pr->src : "?");
 	return buf;
 }
 

@@ -116,7 +116,7 @@ void tpd_peer_sending(struct tpd_peer *pr, bool on);
 /* Whether links @a and @b are of the same peer (tpd_peer_principal()); NULL is no peer's. */
 bool tpd_peer_same(const struct tpd_peer *a, const struct tpd_peer *b);
 
-/* Room for tpd_peer_account(): an identity, '@' and a host name. */
+/* Room for tpd_peer_account(): an identity, '@' and an address. */
 #define TPD_PEER_ACCOUNT_LEN 460
 
 /*
@@ -124,11 +124,12 @@ bool tpd_peer_same(const struct tpd_peer *a, const struct tpd_peer *b);
  * @pr creates here (chan-remote-create-per-peer) and the channel items its writes hold here
  * (chan-remote-bytes-per-peer): its verified
  * certificate identity alone where a certificate proved it; else (the pre-shared key, the same
- * identity for every holder) "IDENTITY@HOST", its tpd_peer_identity() and the host name its
- * PeerHello states. That host name is only claimed: a far daemon that holds the key and states
- * another name escapes its own share, never the owner uid's chans-per-uid nor the bytes all far
- * daemons' writes may hold together, which bound every far daemon together; one proven by a certificate does not. It stays the same across the far daemon's
- * reconnects and restarts, so what it created before still counts.
+ * identity for every holder) "IDENTITY@ADDRESS", its tpd_peer_identity() and the far address
+ * of its link's control connection as the kernel reports it (getpeername(), without the port;
+ * IPv4-mapped addresses as IPv4): never the host name its PeerHello states, which a key holder chooses freely (each
+ * name it stated used to get it another share). Daemons behind one address (NAT) share one
+ * account. It stays the same across the far daemon's reconnects and restarts from that
+ * address, so what it created before still counts.
  * @buf: TPD_PEER_ACCOUNT_LEN bytes. Return: @buf, or NULL for an unauthenticated link.
  */
 const char *tpd_peer_account(const struct tpd_peer *pr, char *buf);
@@ -301,6 +302,10 @@ const char *tpd_peer_group_host(const struct tpd_peer *pr);
 
 /* True if the link's far daemon proved an identity (TLS with the key or a certificate). */
 bool tpd_peer_group_authenticated(const struct tpd_peer *pr);
+
+/* Whether the far daemon of @pr speaks peer minor TPW_PEER_MINOR_GROUP_REMOTE or later: it
+ * carries and enforces a group's remote access (PeerGroupJoin.remote). Borrows @pr. */
+bool tpd_peer_group_remote_ok(const struct tpd_peer *pr);
 
 /*
  * tpd_peer_group_far_addr() - the address at which the far daemon's peer listener can be dialled

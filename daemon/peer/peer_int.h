@@ -84,6 +84,10 @@ struct tpd_peer {
 	char host[256];	 /* the peer's host name (its claim, for display) */
 	char identity[200]; /* TLS-verified identity, tpd_peertls_identity() */
 	char principal[TPD_PEER_PRINCIPAL_LEN]; /* tpd_peer_principal() */
+	/* The far end's address as the kernel reports it for the control connection, without
+	 * the port (set at the TLS handshake; "" before): what tpd_peer_account() charges a
+	 * pre-shared key holder under, since the host name its hello states is its choice. */
+	char src[64];
 	uint16_t claimed_port; /* answerer: the peer's listener port, as it claims */
 	struct ssl_st *ssl;    /* the control connection's TLS (owned by @bev), NULL insecure */
 	uint8_t link_key[32];  /* exported from @ssl: what data connections prove */

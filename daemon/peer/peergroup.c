@@ -41,6 +41,11 @@ bool tpd_peer_group_authenticated(const struct tpd_peer *pr)
 	return pr->authenticated;
 }
 
+bool tpd_peer_group_remote_ok(const struct tpd_peer *pr)
+{
+	return pr->peer_minor >= TPW_PEER_MINOR_GROUP_REMOTE;
+}
+
 char *tpd_peer_group_far_addr(const struct tpd_peer *pr, char *buf, size_t len)
 {
 	const char *colon = strrchr(pr->key, ':');

@@ -241,8 +241,14 @@ void tpd_peerhs_answer_on_hello(struct tpd_peer *pr, const Tpw__V1__PeerHello *h
 
 void tpd_peerhs_tls_up(struct tpd_peer *pr, SSL *ssl)
 {
+	struct sockaddr_storage ss;
+	socklen_t sl = sizeof(ss);
+	int fd = SSL_get_fd(ssl);
+
 	pr->ssl = ssl;
 	pr->authenticated = true;
+	if (fd >= 0 && getpeername(fd, (struct sockaddr *)&ss, &sl) == 0)
+		tpd_peer_sockaddr_text((struct sockaddr *)&ss, pr->src, sizeof(pr->src), false);
 	tpd_peertls_identity(ssl, pr->identity, sizeof(pr->identity), &pr->cert_verified);
 	tpd_peer_principal_set(pr);
 	tpd_peer_log(pr, TPU_LOG_DEBUG, "TLS 1.3 (%s) with %s", SSL_get_cipher_name(ssl),

@@ -20,6 +20,7 @@
 #include <fcntl.h>
 #include <pthread.h>
 #include <signal.h>
+#include <stddef.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -1113,6 +1114,53 @@ START_TEST(test_join_refusals)
 }
 END_TEST
 
+/* A group's remote access in tp_group_options: a caller built before it (a shorter struct)
+ * joins with the default; 32 peer identities pass, 33 do not; peers only with
+ * TP_REMOTE_PEERS; TP_GROUP_REMOTE applies to the default only and must parse. */
+START_TEST(test_join_remote_access_options)
+{
+	const char *peers[33];
+	struct tp_group_options o = { .size = offsetof(struct tp_group_options, remote),
+				      .rank = 0, .nranks = 1, .join_timeout_ms = 5000 };
+	struct tp_context *ctx;
+	struct tp_group *g = NULL;
+
+	for (size_t i = 0; i < 33; i++)
+		peers[i] = "psk";
+	ck_assert_int_eq(tpt_ctx_new(&tpt_fixture_daemon, 0, NULL, &ctx), 0);
+	ck_assert_int_eq(tp_group_join(ctx, "old-struct", &o, &g), 0); /* before remote */
+	ck_assert_int_eq(tp_group_leave(g), 0);
+	o.size = sizeof(o);
+	o.remote = TP_REMOTE_PEERS;
+	o.remote_peers = peers;
+	o.n_remote_peers = 32;
+	ck_assert_int_eq(tp_group_join(ctx, "peers32", &o, &g), 0);
+	ck_assert_int_eq(tp_group_leave(g), 0);
+	o.n_remote_peers = 33;
+	ck_assert_int_eq(tp_group_join(ctx, "peers33", &o, &g), -EINVAL);
+	o.n_remote_peers = 0;
+	ck_assert_int_eq(tp_group_join(ctx, "peers0", &o, &g), -EINVAL);
+	o.remote = TP_REMOTE_ANY_PEER;
+	o.n_remote_peers = 1;
+	ck_assert_int_eq(tp_group_join(ctx, "anypeers", &o, &g), -EINVAL);
+	o.remote = (enum tp_remote_access)3;
+	o.n_remote_peers = 0;
+	ck_assert_int_eq(tp_group_join(ctx, "unknown", &o, &g), -EINVAL);
+	o.remote = TP_REMOTE_NONE;
+	setenv("TP_GROUP_REMOTE", ";; ;", 1); /* no identity */
+	ck_assert_int_eq(tp_group_join(ctx, "env", &o, &g), -EINVAL);
+	setenv("TP_GROUP_REMOTE", "psk; cert:gn02", 1);
+	ck_assert_int_eq(tp_group_join(ctx, "env", &o, &g), 0);
+	ck_assert_int_eq(tp_group_leave(g), 0);
+	o.remote = TP_REMOTE_ANY_PEER; /* the caller's choice: the environment is not read */
+	setenv("TP_GROUP_REMOTE", ";; ;", 1);
+	ck_assert_int_eq(tp_group_join(ctx, "env2", &o, &g), 0);
+	ck_assert_int_eq(tp_group_leave(g), 0);
+	unsetenv("TP_GROUP_REMOTE");
+	tp_context_free(ctx);
+}
+END_TEST
+
 /* ---- limits -------------------------------------------------------------------------------- */
 
 static int join1(struct tp_context *ctx, const char *name, unsigned n, struct tp_group **ret)
@@ -1371,6 +1419,7 @@ static Suite *groups_suite(void)
 	tcase_add_test(tc, test_library_refuses_an_arena_it_cannot_trust);
 	tcase_add_test(tc, test_join_times_out_naming_missing_ranks);
 	tcase_add_test(tc, test_join_refusals);
+	tcase_add_test(tc, test_join_remote_access_options);
 	tcase_add_test(tc, test_limits_below_and_above);
 	tcase_add_test(tc, test_tpipctl_groups_shows_members_plan_and_counters);
 	tcase_add_test(tc, test_daemon_dying_fails_collectives_instead_of_hanging);

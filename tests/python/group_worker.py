@@ -17,7 +17,8 @@ def main():
         g = tpipd.init_group(name, bootstrap=scenario[6:], join_timeout=30, op_timeout=30)
     elif scenario == "xhost":  # through the coordinator daemon the test names
         g = tpipd.init_group(name, n, rank, bootstrap="coordinator", join_timeout=30,
-                             op_timeout=30, coordinator=os.environ["TPY_COORD"])
+                             op_timeout=30, coordinator=os.environ["TPY_COORD"],
+                             remote=["psk"])  # the daemons prove the pre-shared key
     else:
         g = tpipd.init_group(name, n, rank, join_timeout=30, op_timeout=30)
     r = g.rank

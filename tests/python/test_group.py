@@ -72,6 +72,23 @@ def test_other_bootstraps_pass_through(daemon, boot):
                                 tpipd.AccessDenied, tpipd.NoListener)), e.value
 
 
+@pytest.mark.parametrize("remote,exc", [("bogus", ValueError), ([], ValueError),
+                                        (["psk"] * 33, ValueError), (5, TypeError),
+                                        ([b"psk"], TypeError)])
+def test_remote_access_is_checked_before_the_join(daemon, remote, exc):
+    """remote=: "none", "any-peer" or 1..32 peer identities (str), else refused at once."""
+    with pytest.raises(exc):
+        tpipd.init_group("g.remote.bad", 1, 0, bootstrap="local", remote=remote)
+
+
+def test_remote_access_any_peer_or_peers_joins_a_local_group(daemon):
+    """A group on one host takes a remote access as well (its members' setting)."""
+    for remote in ("any-peer", ["psk", "cert:gn02"], "none"):
+        g = tpipd.init_group(f"g.remote.{os.getpid()}", 1, 0, bootstrap="local",
+                             remote=remote)
+        g.leave()
+
+
 @pytest.mark.parametrize("boot", ["slurm", "auto"])
 def test_slurm_bootstrap_takes_rank_and_size_from_slurms_variables(daemon, boot):
     """A one-node step of 3 tasks, as srun describes it: init_group(name) without world_size

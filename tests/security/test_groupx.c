@@ -30,6 +30,7 @@
 #include <arpa/inet.h>
 #include <check.h>
 #include <errno.h>
+#include <json-c/json.h>
 #include <netinet/in.h>
 #include <poll.h>
 #include <stdio.h>
@@ -281,12 +282,16 @@ struct flink {
 	struct fconn ctl, data;
 };
 
+/* The peer protocol minor the hostile daemon's Hello states (an older tpipd's: below
+ * TPW_PEER_MINOR_GROUP_REMOTE). */
+static uint32_t hostile_minor = TPW_PEER_PROTO_MINOR;
+
 static void hello_fill(Tpw__V1__PeerHello *h, uint8_t boot[16], uint64_t instance)
 {
 	for (unsigned i = 0; i < 16; i++)
 		boot[i] = (uint8_t)(0xc0 + i); /* another host */
 	h->major = TPW_PEER_PROTO_MAJOR;
-	h->minor = TPW_PEER_PROTO_MINOR;
+	h->minor = hostile_minor;
 	h->host = "hostile";
 	h->boot_id.data = boot;
 	h->boot_id.len = 16;
@@ -444,8 +449,20 @@ static void send_joined(struct flink *l, const struct answer *a)
 	fc_send(&l->ctl, &m);
 }
 
-static void send_join(struct flink *l, uint64_t join_id, const char *name, int rank,
-		      uint32_t size)
+/* A group's remote access as a join states it. */
+struct remote {
+	Tpw__V1__RemoteAccess mode;
+	const char *peers[2];
+	size_t n;
+};
+#define ANY_PEER (&(const struct remote){ .mode = TPW__V1__REMOTE_ACCESS__REMOTE_ANY_PEER })
+#define NO_REMOTE (&(const struct remote){ .mode = TPW__V1__REMOTE_ACCESS__REMOTE_UNSPECIFIED })
+#define PEERS(p) (&(const struct remote){ .mode = TPW__V1__REMOTE_ACCESS__REMOTE_PEERS,         \
+					  .peers = { p }, .n = 1 })
+
+/* A join of @name (@rank of @size) over @l, stating @rm. */
+static void send_join_as(struct flink *l, uint64_t join_id, const char *name, int rank,
+			 uint32_t size, const struct remote *rm)
 {
 	Tpw__V1__PeerGroupJoin j = TPW__V1__PEER_GROUP_JOIN__INIT;
 	Tpw__V1__PeerMsg m = TPW__V1__PEER_MSG__INIT;
@@ -457,9 +474,19 @@ static void send_join(struct flink *l, uint64_t join_id, const char *name, int r
 	j.uid = 0;
 	j.pid = 4711;
 	j.timeout_ms = (uint32_t)T_MS;
+	j.remote = rm->mode;
+	j.remote_peers = (char **)rm->peers;
+	j.n_remote_peers = rm->n;
 	m.body_case = TPW__V1__PEER_MSG__BODY_GROUP_JOIN;
 	m.group_join = &j;
 	fc_send(&l->ctl, &m);
+}
+
+/* A join that states any peer, as the hostile daemon's joins in the older cases do. */
+static void send_join(struct flink *l, uint64_t join_id, const char *name, int rank,
+		      uint32_t size)
+{
+	send_join_as(l, join_id, name, rank, size, ANY_PEER);
 }
 
 static void send_gone(struct flink *l, uint64_t join_id, uint64_t group_id)
@@ -502,9 +529,9 @@ static const char *coord_at(int port)
 }
 
 /* Connects @r and asks to join @name (@rank of @size) through @coord, waiting up to
- * @timeout_ms. Return: 0 or -errno. */
-static int client_join_within(struct tpt_raw *r, const char *name, int rank, uint32_t size,
-			      const char *coord, int timeout_ms)
+ * @timeout_ms, stating remote access @rm. Return: 0 or -errno. */
+static int client_join_as(struct tpt_raw *r, const char *name, int rank, uint32_t size,
+			  const char *coord, int timeout_ms, const struct remote *rm)
 {
 	Tpw__V1__GroupJoin j = TPW__V1__GROUP_JOIN__INIT;
 	Tpw__V1__ClientMsg m = TPW__V1__CLIENT_MSG__INIT;
@@ -522,9 +549,19 @@ static int client_join_within(struct tpt_raw *r, const char *name, int rank, uin
 	j.bootstrap = TPW__V1__GROUP_BOOTSTRAP__GROUP_BOOTSTRAP_COORDINATOR;
 	j.timeout_ms = (uint32_t)timeout_ms;
 	j.coordinator = (char *)coord;
+	j.remote = rm->mode;
+	j.remote_peers = (char **)rm->peers;
+	j.n_remote_peers = rm->n;
 	m.body_case = TPW__V1__CLIENT_MSG__BODY_GROUP_JOIN;
 	m.group_join = &j;
 	return tpt_raw_send(r, &m, NULL, 0, NULL, 0, 0);
+}
+
+/* As client_join_as(), stating any peer (what the older cases' members allow). */
+static int client_join_within(struct tpt_raw *r, const char *name, int rank, uint32_t size,
+			      const char *coord, int timeout_ms)
+{
+	return client_join_as(r, name, rank, size, coord, timeout_ms, ANY_PEER);
 }
 
 static int client_join(struct tpt_raw *r, const char *name, int rank, uint32_t size,
@@ -882,6 +919,191 @@ START_TEST(test_member_daemon_stating_the_coordinators_instance_is_refused)
 }
 END_TEST
 
+/* ---- a group's remote access -------------------------------------------------------------- */
+
+/* Does `tpipctl --json groups` show rank @rank of group @name (the coordinator's entry with
+ * @coordinated, else this host's part) as a remote principal: identity @peer, uid @uid only
+ * claimed, no session and no uid of this host? */
+static bool ctl_shows_remote(const char *name, bool coordinated, uint32_t rank, const char *peer,
+			     uint32_t uid)
+{
+	char *out = tpt_ctl(&d, "groups", true);
+	struct json_object *root = json_tokener_parse(out), *groups, *v, *ms;
+	bool ok = false;
+
+	free(out);
+	ck_assert_ptr_nonnull(root);
+	ck_assert(json_object_object_get_ex(root, "groups", &groups));
+	for (size_t i = 0; i < json_object_array_length(groups); i++) {
+		struct json_object *g = json_object_array_get_idx(groups, i);
+
+		if (!json_object_object_get_ex(g, "name", &v) ||
+		    strcmp(json_object_get_string(v), name) != 0 ||
+		    !json_object_object_get_ex(g, "coordinated", &v) ||
+		    json_object_get_boolean(v) != coordinated ||
+		    !json_object_object_get_ex(g, "members", &ms))
+			continue;
+		for (size_t k = 0; k < json_object_array_length(ms); k++) {
+			struct json_object *m = json_object_array_get_idx(ms, k);
+
+			if (!json_object_object_get_ex(m, "rank", &v) ||
+			    (uint32_t)json_object_get_int64(v) != rank)
+				continue;
+			ok = json_object_object_get_ex(m, "remote", &v) &&
+			     json_object_get_boolean(v) &&
+			     json_object_object_get_ex(m, "peer", &v) &&
+			     strcmp(json_object_get_string(v), peer) == 0 &&
+			     json_object_object_get_ex(m, "claimed_uid", &v) &&
+			     (uint32_t)json_object_get_int64(v) == uid &&
+			     json_object_object_get_ex(m, "session", &v) && !v &&
+			     !json_object_object_get_ex(m, "uid", NULL);
+		}
+	}
+	json_object_put(root);
+	return ok;
+}
+
+/* Waits until `tpipctl groups` lists @name (the coordinator has the local member's join),
+ * for up to a quarter of T_MS (a daemon that does not list the groups it coordinates goes on
+ * after that, so that the case fails where it checks the refusal). Return: true if listed. */
+static bool wait_listed(const char *name)
+{
+	uint64_t deadline = tpt_now_ms() + (uint64_t)T_MS / 4;
+
+	for (unsigned i = 0; !tpt_ctl_lists(&d, "groups", name, NULL); i++) {
+		if (tpt_now_ms() >= deadline)
+			return false;
+		tpt_backoff(i);
+	}
+	return true;
+}
+
+/*
+ * HOLE (fixed): the coordinator took joins from any authenticated peer link and keyed them by
+ * the uid that link's daemon claims, so any holder of the peer key could join any uid's group
+ * (and read its tensors): nothing said which peer daemons a group takes. Now the members state
+ * the group's remote access and a member from another host is admitted only over a link whose
+ * authenticated identity it allows. The hostile daemon proves the key (psk:tpipd): a group that
+ * allows only cert:gn02 refuses it (STATUS_PERMISSION; it used to form with it), as does one
+ * that allows no peer (what a daemon of an older peer minor states); a join that states another
+ * access than the group's is refused (STATUS_INVALID); the local member still waits. SOUND: a
+ * group that allows "psk" takes it, and tpipctl shows it as a remote principal on both sides.
+ */
+START_TEST(test_coordinator_admits_only_the_peers_the_group_allows)
+{
+	struct tpt_raw local, local2;
+	Tpw__V1__DaemonMsg *in = NULL;
+	struct flink l;
+	char msg[256];
+	bool listed;
+
+	NEED_ROOT();
+	ck_assert_int_eq(client_join_as(&local, "certonly", 0, 2, coord_at(d.peer_port), T_MS,
+					PEERS("cert:gn02")), 0);
+	listed = wait_listed("certonly");
+	flink_dial(&l);
+	send_join_as(&l, 1, "certonly", 1, 2, PEERS("cert:gn02"));
+	ck_assert_int_eq(next_joined(&l, 1, msg, sizeof(msg)), TPW__V1__STATUS__STATUS_PERMISSION);
+	ck_assert_msg(strstr(msg, "may not take part"), "%s", msg);
+	send_join_as(&l, 2, "certonly", 1, 2, ANY_PEER);
+	ck_assert_int_eq(next_joined(&l, 2, msg, sizeof(msg)), TPW__V1__STATUS__STATUS_INVALID);
+	ck_assert_msg(strstr(msg, "takes remote members from peers cert:gn02"), "%s", msg);
+	send_join_as(&l, 3, "oldpeer", 0, 2, NO_REMOTE);
+	ck_assert_int_eq(next_joined(&l, 3, msg, sizeof(msg)), TPW__V1__STATUS__STATUS_PERMISSION);
+	ck_assert_msg(strstr(msg, "remote access is none"), "%s", msg);
+	ck_assert_int_eq(client_joined(&local, QUIET_MS, &in), -ETIMEDOUT);
+	ck_assert_msg(listed, "the group the coordinator has a join of is not listed");
+
+	/* allowed: "psk" names every link that proved the key */
+	ck_assert_int_eq(client_join_as(&local2, "pskok", 0, 2, coord_at(d.peer_port), T_MS,
+					PEERS("psk")), 0);
+	ck_assert(wait_listed("pskok"));
+	send_join_as(&l, 4, "pskok", 1, 2, PEERS("psk"));
+	ck_assert_int_eq(next_joined(&l, 4, msg, sizeof(msg)), TPW__V1__STATUS__STATUS_OK);
+	ck_assert_int_eq(client_joined(&local2, T_MS, &in), 0);
+	ck_assert_msg(in->group_joined->status == TPW__V1__STATUS__STATUS_OK, "%s",
+		      in->group_joined->message);
+	tpw_daemon_msg_free(in);
+	ck_assert(ctl_shows_remote("pskok", true, 1, "psk:tpipd", 0));
+	ck_assert(ctl_shows_remote("pskok", false, 1, "psk:tpipd", 0));
+	tpt_raw_close(&local);
+	tpt_raw_close(&local2);
+	flink_close(&l);
+	ck_assert(tpt_daemon_alive(&d));
+}
+END_TEST
+
+/*
+ * HOLE (fixed): a member's daemon sent its client's join (name, uid, pid) to whatever daemon
+ * answered at the coordinator's address and put the client into the group that daemon's answer
+ * described, whoever it had authenticated as. Now the join goes only over a link whose identity
+ * the group's remote access allows, to a daemon that enforces that access itself (peer minor):
+ * to the hostile coordinator (psk:tpipd) a group allowing only cert:coord.example, or no peer
+ * (the default), is refused with STATUS_PERMISSION and nothing is sent (it used to send both
+ * joins); so is one allowing any peer to a coordinator of an older minor. SOUND: a group that
+ * allows "psk" joins through it, and tpipctl shows the coordinator's member as a remote
+ * principal of the coordinator link's identity.
+ */
+START_TEST(test_member_daemon_joins_only_through_a_coordinator_the_group_allows)
+{
+	static const uint32_t two_hosts[2] = { 0, 1 };
+	struct tpt_raw a, b, c, ok;
+	Tpw__V1__DaemonMsg *in = NULL;
+	struct flink l, old;
+	int lfd, port, lfd2, port2;
+	uint64_t j;
+
+	NEED_ROOT();
+	lfd = loopback_listen(&port);
+	ck_assert_int_eq(client_join_as(&a, "gcert", -1, 2, coord_at(port), T_MS,
+					PEERS("cert:coord.example")), 0);
+	flink_answer(&l, lfd);
+	ck_assert_int_eq(client_joined_live(&a, &l.ctl, T_MS, &in), 0);
+	ck_assert_int_eq(in->group_joined->status, TPW__V1__STATUS__STATUS_PERMISSION);
+	ck_assert_msg(strstr(in->group_joined->message, "does not allow it"), "%s",
+		      in->group_joined->message);
+	tpw_daemon_msg_free(in);
+	ck_assert_int_eq(client_join_as(&b, "gnone", -1, 2, coord_at(port), T_MS, NO_REMOTE), 0);
+	ck_assert_int_eq(client_joined_live(&b, &l.ctl, T_MS, &in), 0);
+	ck_assert_int_eq(in->group_joined->status, TPW__V1__STATUS__STATUS_PERMISSION);
+	ck_assert_msg(strstr(in->group_joined->message, "remote access (none)"), "%s",
+		      in->group_joined->message);
+	tpw_daemon_msg_free(in);
+
+	/* allowed: the first join the coordinator sees is this one */
+	ck_assert_int_eq(client_join_as(&ok, "gpsk", 1, 2, coord_at(port), T_MS, PEERS("psk")), 0);
+	j = next_join(&l, "gpsk", NULL);
+	send_joined(&l, &(struct answer){ .join_id = j, .group_id = 7, .rank = 1, .size = 2,
+					  .hosts = 2, .host_index = 1, .local_size = 1,
+					  .host_of = two_hosts });
+	ck_assert_int_eq(client_joined_live(&ok, &l.ctl, T_MS, &in), 0);
+	ck_assert_msg(in->group_joined->status == TPW__V1__STATUS__STATUS_OK, "%s",
+		      in->group_joined->message);
+	tpw_daemon_msg_free(in);
+	ck_assert(ctl_shows_remote("gpsk", false, 0, "psk:tpipd", 0));
+
+	/* a coordinator of an older peer minor */
+	hostile_minor = TPW_PEER_MINOR_GROUP_REMOTE - 1;
+	lfd2 = loopback_listen(&port2);
+	ck_assert_int_eq(client_join_as(&c, "gold", -1, 2, coord_at(port2), T_MS, ANY_PEER), 0);
+	flink_answer(&old, lfd2);
+	ck_assert_int_eq(client_joined_live(&c, &old.ctl, T_MS, &in), 0);
+	ck_assert_int_eq(in->group_joined->status, TPW__V1__STATUS__STATUS_PERMISSION);
+	ck_assert_msg(strstr(in->group_joined->message, "older tpipd"), "%s",
+		      in->group_joined->message);
+	tpw_daemon_msg_free(in);
+	tpt_raw_close(&a);
+	tpt_raw_close(&b);
+	tpt_raw_close(&c);
+	tpt_raw_close(&ok);
+	flink_close(&old);
+	flink_close(&l);
+	close(lfd2);
+	close(lfd);
+	ck_assert(tpt_daemon_alive(&d));
+}
+END_TEST
+
 /* ---- as a local user ------------------------------------------------------------------------ */
 
 /* Nobody's @n joins of groups of @size members through the coordinator at @port, each on a
@@ -994,6 +1216,8 @@ static Suite *groupx_suite(void)
 	tcase_add_test(tc, test_coordinator_holding_back_answers_times_out_the_join);
 	tcase_add_test(tc, test_member_daemon_link_failure_keeps_local_departures);
 	tcase_add_test(tc, test_member_daemon_stating_the_coordinators_instance_is_refused);
+	tcase_add_test(tc, test_coordinator_admits_only_the_peers_the_group_allows);
+	tcase_add_test(tc, test_member_daemon_joins_only_through_a_coordinator_the_group_allows);
 	tcase_add_test(tc, test_local_user_joins_through_a_coordinator_are_bounded);
 	tcase_add_test(tc, test_local_user_joins_of_one_name_are_bounded_by_its_size);
 	suite_add_tcase(s, tc);

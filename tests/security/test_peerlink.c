@@ -12,7 +12,8 @@
  * group joins are logged in bursts (each was logged), and so are its reads of messages never
  * announced on its pipe (each was logged).
  * A peer daemon proven by a certificate is charged for the channels it creates under that
- * certificate, whatever host name its hello states (each name got it another share).
+ * certificate, and one that holds the pre-shared key under the address its link comes from,
+ * whatever host name its hello states (each name got it another share).
  */
 #include <check.h>
 #include <errno.h>
@@ -415,6 +416,38 @@ START_TEST(test_cert_peer_stating_another_name_keeps_its_share)
 }
 END_TEST
 
+/*
+ * The same with the pre-shared key, which proves one identity for every holder: daemon a,
+ * stating host name "ha", creates channels on b (--chan-remote-create-per-peer 2): its second
+ * is taken, its third refused; restarted stating "hz", its third is still refused, and b
+ * charges them all to "psk:tpipd@127.0.0.1", the address its link comes from. The account used
+ * to be "psk:tpipd@HOST" with the name the hello states, which a key holder chooses: each name
+ * got it another share of chan-remote-create-uid's channels.
+ */
+START_TEST(test_psk_peer_stating_another_name_keeps_its_share)
+{
+	static const char *const bargs[] = { "--chan-remote-create-uid", "4242",
+					     "--chan-remote-create-per-peer", "2", NULL };
+	static const char *const a1[] = { "--peer-host-name", "ha", NULL };
+	static const char *const a2[] = { "--peer-host-name", "hz", NULL };
+	struct tpt_daemon a, b;
+
+	ck_assert_int_eq(tpt_daemon_start_peer(&b, bargs), 0);
+	ck_assert_int_eq(tpt_daemon_start_peer(&a, a1), 0);
+	ck_assert_int_eq(xcreate(&a, &b, "one"), 0);
+	ck_assert_int_eq(xcreate(&a, &b, "two"), 0); /* just below the limit: taken */
+	ck_assert_int_eq(xcreate(&a, &b, "three"), -ENOBUFS); /* just above */
+	ck_assert_int_eq(tpt_daemon_stop(&a), 0);
+	ck_assert_int_eq(tpt_daemon_start_peer(&a, a2), 0);
+	ck_assert_int_eq(xcreate(&a, &b, "three"), -ENOBUFS);
+	ck_assert(tpt_ctl_lists(&b, "channels", "one",
+				"\"created_by\": \"psk:tpipd@127.0.0.1\""));
+	ck_assert(!tpt_ctl_lists(&b, "channels", "three", NULL));
+	ck_assert_int_eq(tpt_daemon_stop(&a), 0);
+	ck_assert_int_eq(tpt_daemon_stop(&b), 0);
+}
+END_TEST
+
 /* The certificates' directory, made and removed outside the tests (also when one fails). */
 static void cert_dir_make(void)
 {
@@ -448,6 +481,7 @@ static Suite *peerlink_suite(void)
 	tcase_set_timeout(id, 120);
 	tcase_add_unchecked_fixture(id, cert_dir_make, cert_dir_remove);
 	tcase_add_test(id, test_cert_peer_stating_another_name_keeps_its_share);
+	tcase_add_test(id, test_psk_peer_stating_another_name_keeps_its_share);
 	suite_add_tcase(s, id);
 	return s;
 }

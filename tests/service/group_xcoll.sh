@@ -28,6 +28,7 @@ vea=tpca$$
 veb=tpcb$$
 net=10.203.$(($$ % 250)).
 COORD="tpip://${net}1:7420"
+export TP_GROUP_REMOTE=any-peer # the members take part across hosts (docs/collectives.md)
 
 svc_two_hosts "$nsa" "$nsb" "$vea" "$veb" "$net"
 

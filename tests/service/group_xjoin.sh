@@ -9,8 +9,12 @@
 # the coordinator's bounds (group-members-max, group-peer-groups-max) hold just below and
 # above; a join over an unauthenticated link is refused; a daemon reached at its own address
 # through a dial coordinates itself; the Slurm bootstrap joins from Slurm's variables; cutting
-# the link between the hosts fails the group on both, naming the link. Skips (77) where network
-# namespaces or veth pairs cannot be made.
+# the link between the hosts fails the group on both, naming the link. The group's remote access
+# (TP_GROUP_REMOTE, any-peer for the members here unless a check says otherwise): without it a
+# coordinator on another host is refused at once, as is one whose identity it does not name;
+# members stating another one than the group's are refused; a group allowing "psk" joins, and
+# tpipctl shows its members on the other host as remote principals (identity, claimed uid).
+# Skips (77) where network namespaces or veth pairs cannot be made.
 . "$(dirname -- "$0")/lib.sh" || exit 1
 need_env TPIPD_BIN TPIPCTL_BIN GROUP_JOIN_BIN
 need_tool ip
@@ -26,6 +30,7 @@ veb=tpgb$$
 net=10.202.$(($$ % 250)).
 COORD="tpip://${net}1:7420"
 MENV=()
+export TP_GROUP_REMOTE=any-peer # the members take part across hosts (a check says otherwise)
 
 svc_two_hosts "$nsa" "$nsb" "$vea" "$veb" "$net"
 
@@ -86,8 +91,16 @@ for h in a b; do
 		.size == 2 and (.plan | contains("4 members on 2 hosts")))] | length == 1' \
 		>/dev/null || { groups_json "$h" >&2; fail "tpipctl groups on $h"; }
 done
-groups_json b | jq -e '[.groups[] | select(.name == "four") | .members[].rank] == [1, 2]' \
+groups_json b | jq -e '[.groups[] | select(.name == "four") | .members[] |
+	select(.remote | not) | .rank] == [1, 2]' \
 	>/dev/null || { groups_json b >&2; fail "b's members are not ranks 1 and 2"; }
+groups_json b | jq -e '[.groups[] | select(.name == "four") | .members[] | select(.remote) |
+	select(.session == null and .uid == null and (.peer | startswith("psk:")) and
+	.claimed_uid == 0) | .rank] == [0, 3]' \
+	>/dev/null || { groups_json b >&2; fail "b does not show ranks 0 and 3 as remote principals"; }
+groups_json a | jq -e '[.groups[] | select(.name == "four" and .coordinated) | .members[] |
+	select(.remote) | .rank] == [1, 2]' \
+	>/dev/null || { groups_json a >&2; fail "the coordinator does not show ranks 1, 2 as remote"; }
 
 check "rank 2 (on b) SIGKILLed: the group fails on both hosts naming rank 2"
 kill -KILL "$PID_r2"
@@ -113,6 +126,36 @@ grep -q "ETIMEDOUT" <<<"$out" && grep -q "coordinator ${net}9:7420 not reachable
 	fail "unexpected: $out"
 say "$out"
 [ $((SECONDS - start)) -le 8 ] || fail "the join took $((SECONDS - start)) s"
+
+check "the default remote access (none): a coordinator on another host is refused at once"
+out=$(TP_GROUP_REMOTE= timeout 30 "$GROUP_JOIN_BIN" "$SVC_TMP/b.sock" nor 0 2 "$COORD" 20000) &&
+	fail "joined through a coordinator on another host with remote access none"
+grep -q "EACCES" <<<"$out" && grep -q "remote access (none) does not allow it" <<<"$out" ||
+	fail "unexpected: $out"
+say "$out"
+
+check "TP_GROUP_REMOTE=cert:gn99: a coordinator proving the key is not that peer, refused"
+out=$(TP_GROUP_REMOTE="cert:gn99" timeout 30 "$GROUP_JOIN_BIN" "$SVC_TMP/b.sock" gn 0 2 "$COORD" \
+	20000) && fail "joined through a coordinator the group does not name"
+grep -q "EACCES" <<<"$out" && grep -q "peers cert:gn99" <<<"$out" || fail "unexpected: $out"
+
+check "TP_GROUP_REMOTE=psk on both hosts joins; a member stating any-peer is refused (EINVAL)"
+MENV=(TP_GROUP_REMOTE="psk")
+member p0 a pskg 0 2
+member p1 b pskg 1 2
+MENV=()
+expect_joined p0 "rank=0 size=2 local_rank=0 local_size=1 host=0 hosts=2"
+expect_joined p1 "rank=1 size=2 local_rank=0 local_size=1 host=1 hosts=2"
+out=$(timeout 30 "$GROUP_JOIN_BIN" "$SVC_TMP/b.sock" pskg 1 2 "$COORD" 5000) &&
+	fail "joined a group stating another remote access"
+grep -q "EINVAL\|EBUSY" <<<"$out" || fail "unexpected: $out"
+member q0 a pskq 0 2 4000 # never completes: it times out
+out=$(TP_GROUP_REMOTE="psk" timeout 30 "$GROUP_JOIN_BIN" "$SVC_TMP/b.sock" pskq 1 2 "$COORD" \
+	5000) && fail "joined a group stating another remote access"
+grep -q "EINVAL" <<<"$out" && grep -q "takes remote members from any peer" <<<"$out" ||
+	fail "unexpected: $out"
+for id in p0 p1 q0; do release "$id"; done
+for id in p0 p1 q0; do v="PID_$id"; wait_exit "${!v}" 10; done
 
 check "group-members-max 4 at the coordinator: 5 members refused (4 joined above)"
 out=$(timeout 30 "$GROUP_JOIN_BIN" "$SVC_TMP/b.sock" five 0 5 "$COORD" 5000) &&
@@ -162,7 +205,7 @@ start_ns_daemon ia "$nsa" "*:7421" --peer-insecure
 start_ns_daemon ib "$nsb" "${net}2:7421" --peer-insecure
 out=$(timeout 30 "$GROUP_JOIN_BIN" "$SVC_TMP/ib.sock" open 0 2 "tpip://${net}1:7421" 5000) &&
 	fail "joined over an unauthenticated link"
-grep -q "EACCES" <<<"$out" && grep -q "authenticated peer links" <<<"$out" ||
+grep -q "EACCES" <<<"$out" && grep -q "not authenticated" <<<"$out" ||
 	fail "unexpected: $out"
 say "$out"
 

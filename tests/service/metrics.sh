@@ -118,12 +118,12 @@ for m in tpipd_peer_bytes_sent_total tpipd_peer_bytes_received_total; do
 done
 if [ -n "${TP_ALLREDUCE_BIN:-}" ]; then
 	check "a group across the two daemons: collectives, their bytes and the leaders' bytes between hosts"
-	TPIPD_SOCKET=$sock timeout 60 "$TP_ALLREDUCE_BIN" 0 2 xmetrics --coordinator "tpip://$b_addr" \
-		>"$SVC_TMP/ar0.out" 2>&1 &
+	TPIPD_SOCKET=$sock TP_GROUP_REMOTE=any-peer timeout 60 "$TP_ALLREDUCE_BIN" 0 2 xmetrics \
+		--coordinator "tpip://$b_addr" >"$SVC_TMP/ar0.out" 2>&1 &
 	apid=$!
 	svc_track "$apid"
-	TPIPD_SOCKET=$SVC_TMP/b.sock timeout 60 "$TP_ALLREDUCE_BIN" 1 2 xmetrics \
-		--coordinator "tpip://$b_addr" >"$SVC_TMP/ar1.out" 2>&1 ||
+	TPIPD_SOCKET=$SVC_TMP/b.sock TP_GROUP_REMOTE=any-peer timeout 60 "$TP_ALLREDUCE_BIN" 1 2 \
+		xmetrics --coordinator "tpip://$b_addr" >"$SVC_TMP/ar1.out" 2>&1 ||
 		{ cat "$SVC_TMP/ar0.out" "$SVC_TMP/ar1.out"; fail "tp-allreduce across the daemons failed"; }
 	wait "$apid" || { cat "$SVC_TMP/ar0.out"; fail "tp-allreduce rank 0 failed"; }
 	page=$(curl -fsS --max-time 5 "$url/metrics") || fail "GET /metrics failed"

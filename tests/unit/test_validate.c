@@ -1218,6 +1218,56 @@ END_TEST
 /* A coordinator's answer adds up as the coordinator computes it: hosts numbered by their lowest
  * rank, the member's rank on its own host, its local size and rank those of that host (an
  * answer that did not gave a member a rank of another host, or a local rank taken twice). */
+/* A group's remote access, in a client's GroupJoin and a peer's PeerGroupJoin, as a
+ * listener's: a known mode, 1..TPW_REMOTE_PEERS_MAX identities with PEERS and only with it. */
+START_TEST(test_validate_group_remote_access_and_peer_count)
+{
+	Tpw__V1__ClientMsg m = TPW__V1__CLIENT_MSG__INIT;
+	Tpw__V1__GroupJoin j = TPW__V1__GROUP_JOIN__INIT;
+	Tpw__V1__PeerMsg pm = TPW__V1__PEER_MSG__INIT;
+	Tpw__V1__PeerGroupJoin pj = TPW__V1__PEER_GROUP_JOIN__INIT;
+	char *peers[TPW_REMOTE_PEERS_MAX + 1];
+
+	for (size_t i = 0; i <= TPW_REMOTE_PEERS_MAX; i++)
+		peers[i] = "cert:gn02";
+	j.name = pj.name = "g";
+	j.size = pj.size = 2;
+	j.rank = pj.rank = -1;
+	j.bootstrap = TPW__V1__GROUP_BOOTSTRAP__GROUP_BOOTSTRAP_COORDINATOR;
+	j.coordinator = "tpip://gn01";
+	m.body_case = TPW__V1__CLIENT_MSG__BODY_GROUP_JOIN;
+	m.group_join = &j;
+	pm.body_case = TPW__V1__PEER_MSG__BODY_GROUP_JOIN;
+	pm.group_join = &pj;
+	for (int a = 0; a <= TPW__V1__REMOTE_ACCESS__REMOTE_ANY_PEER; a++) {
+		j.remote = pj.remote = a;
+		ck_assert_int_eq(vc(&m, 0, 0), 0);
+		ck_assert_int_eq(vp(&pm), 0);
+	}
+	j.remote = pj.remote = enum_max(&tpw__v1__remote_access__descriptor) + 1;
+	ck_assert_int_eq(vc(&m, 0, 0), -EBADMSG);
+	ck_assert_int_eq(vp(&pm), -EBADMSG);
+	j.remote = pj.remote = TPW__V1__REMOTE_ACCESS__REMOTE_PEERS;
+	ck_assert_int_eq(vc(&m, 0, 0), -EBADMSG); /* PEERS without a peer */
+	ck_assert_int_eq(vp(&pm), -EBADMSG);
+	j.remote_peers = pj.remote_peers = peers;
+	j.n_remote_peers = pj.n_remote_peers = TPW_REMOTE_PEERS_MAX;
+	ck_assert_int_eq(vc(&m, 0, 0), 0);
+	ck_assert_int_eq(vp(&pm), 0);
+	j.n_remote_peers = pj.n_remote_peers = TPW_REMOTE_PEERS_MAX + 1;
+	ck_assert_int_eq(vc(&m, 0, 0), -EBADMSG);
+	ck_assert_int_eq(vp(&pm), -EBADMSG);
+	j.n_remote_peers = pj.n_remote_peers = 1;
+	j.remote = pj.remote = TPW__V1__REMOTE_ACCESS__REMOTE_ANY_PEER;
+	ck_assert_int_eq(vc(&m, 0, 0), -EBADMSG); /* peers only with PEERS */
+	ck_assert_int_eq(vp(&pm), -EBADMSG);
+	j.remote = pj.remote = TPW__V1__REMOTE_ACCESS__REMOTE_PEERS;
+	peers[0] = "";
+	ck_assert_int_eq(vc(&m, 0, 0), -EBADMSG);
+	ck_assert_int_eq(vp(&pm), -EBADMSG);
+}
+END_TEST
+
 START_TEST(test_validate_peer_group_joined_adds_up)
 {
 	Tpw__V1__PeerGroupJoined pj = TPW__V1__PEER_GROUP_JOINED__INIT;
@@ -2352,6 +2402,7 @@ static Suite *validate_suite(void)
 	tcase_add_test(d, test_validate_peer_hello_frame_max_bounded);
 	tcase_add_test(d, test_validate_group_hosts);
 	tcase_add_test(d, test_validate_peer_group_joined_adds_up);
+	tcase_add_test(d, test_validate_group_remote_access_and_peer_count);
 	tcase_add_test(d, test_validate_peer_chan_op);
 	tcase_add_test(d, test_validate_peer_chan_streamed);
 	tcase_add_test(d, test_validate_chan_segments);

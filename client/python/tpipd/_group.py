@@ -240,7 +240,7 @@ _default = None
 
 
 def init_group(name=None, world_size=None, rank=None, *, context=None, bootstrap="auto",
-               join_timeout=None, op_timeout=None, coordinator=None):
+               join_timeout=None, op_timeout=None, coordinator=None, remote=None):
     """Join group ``name`` and make it the default of the module-level collectives.
 
     Missing arguments come from the environment: TPIPD_GROUP (default "default"), WORLD_SIZE
@@ -251,6 +251,12 @@ def init_group(name=None, world_size=None, rank=None, *, context=None, bootstrap
     variables, world_size then optional; the group NAME@slurm:JOB.STEP, joined locally for a
     one-node step, else through the daemon of the step's first node); "auto": "slurm" in a
     Slurm task whose size and rank are the step's (or not given), else "local".
+    remote: which peer daemons may take part in a group across hosts (libtpclient's
+    tp_group_options.remote): None or "none" (libtpclient's default, this host's members
+    only, unless TP_GROUP_REMOTE in the environment says otherwise), "any-peer" (any
+    authenticated peer daemon), or a list of peer identities ("psk", "cert:HOST", or an
+    identity as `tpipctl peers` shows it).
+    Every member must state the same; a coordinator on another host needs one that allows it.
     Blocks until every member joined (Timeout after join_timeout seconds, 30 by default).
     context: a Context to use (kept open); None opens one that leave() closes."""
     global _default
@@ -274,7 +280,7 @@ def init_group(name=None, world_size=None, rank=None, *, context=None, bootstrap
     try:
         raw = ctx._raw.join_group(name, int(world_size), int(rank), _BOOTSTRAP[bootstrap],
                                   int((join_timeout or 0) * 1000), int((op_timeout or 0) * 1000),
-                                  coordinator)
+                                  coordinator, remote)
     except BaseException:
         if own:
             ctx.close()
