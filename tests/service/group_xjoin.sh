@@ -150,6 +150,9 @@ out=$(timeout 30 "$GROUP_JOIN_BIN" "$SVC_TMP/b.sock" pskg 1 2 "$COORD" 5000) &&
 	fail "joined a group stating another remote access"
 grep -q "EINVAL\|EBUSY" <<<"$out" || fail "unexpected: $out"
 member q0 a pskq 0 2 4000 # never completes: it times out
+wait_until 10 "q0's join at the coordinator, stating the group's remote access first" sh -c \
+	"'$TPIPCTL_BIN' --socket '$SVC_TMP/a.sock' --json groups |
+	jq -e '.groups[]? | select(.name == \"pskq\")' >/dev/null"
 out=$(TP_GROUP_REMOTE="psk" timeout 30 "$GROUP_JOIN_BIN" "$SVC_TMP/b.sock" pskq 1 2 "$COORD" \
 	5000) && fail "joined a group stating another remote access"
 grep -q "EINVAL" <<<"$out" && grep -q "takes remote members from any peer" <<<"$out" ||
