@@ -7,7 +7,9 @@
  * marks the group failed in the arena (naming the member) when one ends, and bounds groups per
  * uid, members per group and arena bytes per uid. The collectives themselves run in the client
  * library over the arena (client/lib/coll.c); this part never reduces or copies tensor bytes.
- * Bootstrap across hosts (coordinator, Slurm) is refused here until it is built.
+ * Joins across hosts (coordinator, Slurm) go through a coordinator daemon over peer links
+ * (groupx.c, the member's side; groupcoord.c, the coordinator's), admitted only from the peer
+ * identities the group's remote access names; each host's members still form a group here.
  */
 #ifndef TPD_GROUP_H
 #define TPD_GROUP_H
