@@ -140,7 +140,9 @@ void tpc_wire_doorbell(struct tp_context *ctx);
 /*
  * tpc_spin_until() - spin (bounded, adaptive per thread) until *@flag is non-zero, helping the
  * io thread (tpc_context_help() with @arg, the waiting operation's callback argument; NULL: do
- * not help) meanwhile. Borrows @ctx and @flag for the call; @arg is only compared.
+ * not help) meanwhile. A helping thread of a ring context is the one that polls the ring while
+ * it spins: the io thread sleeps meanwhile, and is woken only for callbacks it must run.
+ * Borrows @ctx and @flag for the call; @arg is only compared.
  * Return: true if it became non-zero while spinning; false: the caller should sleep.
  */
 bool tpc_spin_until(struct tp_context *ctx, const bool *flag, const void *arg);
@@ -327,6 +329,10 @@ struct tp_context {
 	struct tpu_ring ring_tx, ring_rx;
 	uint64_t spin_ns;     /* 0: never spin */
 	uint32_t io_sleeping; /* atomic: the io thread blocks in poll() */
+	/* atomic: threads in blocking calls that poll ring_rx (tpc_spin_until()); while there
+	 * are any the io thread sleeps without the ring's sleeping flag, and the last one to
+	 * stop sets it for the io thread (context.c) */
+	uint32_t ring_pollers;
 	uint64_t wake_seq;    /* atomic: bumped by tpc_context_wake() */
 	bool running_op;      /* lock: the io thread runs a completed operation's callback */
 	/* atomic slots: freed descriptor blocks of inline bytes kept for the next (read.c) */

@@ -7,7 +7,8 @@
  * ring options or environment values are refused. The smallest ring (4 KiB) carries frames far
  * larger than itself, shared-buffer fds and 8 writer threads on one context, every byte checked
  * and in order; no-spin clients, a never-spinning daemon and idle gaps longer than any spin
- * window lose no wake-up; a writer killed while blocked on a full ring leaves the daemon whole.
+ * window lose no wake-up, nor does a callback due while a blocking call polls the ring in the io
+ * thread's place; a writer killed while blocked on a full ring leaves the daemon whole.
  * Regression cases: a busy ring (kept moving by a raw client) does not starve socket clients,
  * and a shared buffer right after tp_context_new() keeps its connection. Raw ring clients that
  * break the protocol are in test_ring_raw.c. Timing is only ever checked against generous upper
@@ -782,6 +783,130 @@ START_TEST(test_ring_wakeups_survive_spin_settings_and_idle_gaps)
 }
 END_TEST
 
+/* ---- one poller of the ring: a blocked caller, the io thread asleep ------------------------ */
+
+/*
+ * While a thread blocks in a _sync call and polls the ring, the io thread sleeps (context.c,
+ * ring_poll_start()). The poller blocks on pipe 2 with an asynchronous descriptor request
+ * pending on pipe 1; the sender writes on pipe 1 and writes on pipe 2 only once the poller's
+ * callback for pipe 1 ran: a sleeping io thread never woken for that callback would leave the
+ * blocked call waiting until its deadline. Then a message after an idle gap longer than any
+ * spin: the last poller to stop must have left the doorbell set for the io thread.
+ */
+static struct tp_descriptor *poll_desc;
+
+static void poll_on_desc(void *arg, struct tp_pipe *p, int status, const char *errmsg,
+			 struct tp_descriptor *d)
+{
+	poll_desc = d;
+	tpt_sync_post(&ring_st_b, (int8_t)(status == 0 ? 1 : -1));
+}
+
+static int poll_small_write(struct tp_pipe *p, uint64_t v)
+{
+	struct tp_message m = { .metadata = &v, .metadata_len = sizeof(v) };
+
+	return tp_pipe_write_sync(p, &m);
+}
+
+static int poll_read(struct tp_pipe *p, uint64_t want)
+{
+	struct tp_allocation none = { 0 };
+	struct tp_descriptor *d;
+	uint64_t got = 0;
+	int r = tp_pipe_read_descriptor_sync(p, SLOW_MS, &d);
+
+	if (r < 0)
+		return r;
+	if (d->metadata_len == sizeof(got))
+		memcpy(&got, d->metadata, sizeof(got));
+	r = tp_pipe_read_sync(p, d, &none);
+	return r < 0 ? r : got == want ? 0 : -EBADMSG;
+}
+
+static int poll_receiver(void *arg)
+{
+	const struct ring_cl *c = arg;
+	struct tp_allocation none = { 0 };
+	struct tp_context *ctx;
+	struct tp_listener *l;
+	struct tp_pipe *p1, *p2;
+	uint64_t t0;
+	int r = ring_ctx_open(c, "poll-receiver", &ctx);
+
+	if (r == 0)
+		r = tp_listen(ctx, "poll", NULL, &l);
+	tpt_sync_post(&ring_ready, (int8_t)(r ? -1 : 0));
+	TPT_REQUIRE(r == 0, 1, "listen: %d", r);
+	TPT_REQUIRE(transport_code(ctx) == CODE_RING, 1, "not on a ring");
+	r = tp_listener_accept_sync(l, T_MS, &p1);
+	TPT_REQUIRE(r == 0, 1, "accept 1: %d", r);
+	r = tp_listener_accept_sync(l, T_MS, &p2);
+	TPT_REQUIRE(r == 0, 1, "accept 2: %d", r);
+	TPT_REQUIRE(tp_pipe_read_descriptor(p1, poll_on_desc, NULL) == 0, 1, "arm");
+	tpt_sync_post(&ring_gate, 0);
+	r = poll_read(p2, 2);
+	TPT_REQUIRE(r == 0, 1, "pipe 2 while pipe 1's callback was due: %d", r);
+	TPT_REQUIRE(poll_desc && tp_pipe_read_sync(p1, poll_desc, &none) == 0, 1, "pipe 1");
+	t0 = tpt_now_ms();
+	r = poll_read(p1, 3);
+	TPT_REQUIRE(r == 0, 1, "after the gap: %d", r);
+	tpt_log("the read across a %d ms idle gap took %llu ms", GAP_MS,
+		(unsigned long long)(tpt_now_ms() - t0));
+	tpt_sync_post(&ring_done, 0);
+	tp_pipe_close(p1);
+	tp_pipe_close(p2);
+	tp_listener_close(l);
+	tp_context_free(ctx);
+	return 0;
+}
+
+static int poll_sender(void *arg)
+{
+	struct tp_context *ctx;
+	struct tp_pipe *p1, *p2;
+	int r;
+
+	TPT_REQUIRE(tpt_sync_wait(&ring_ready, T_MS) == 0, 1, "receiver not ready");
+	TPT_REQUIRE(ring_ctx_open(&(struct ring_cl){ 0 }, "poll-sender", &ctx) == 0, 1, "ctx");
+	r = tp_connect(ctx, "poll", &p1);
+	if (r == 0)
+		r = tp_pipe_wait_connected(p1, T_MS);
+	if (r == 0)
+		r = tp_connect(ctx, "poll", &p2);
+	if (r == 0)
+		r = tp_pipe_wait_connected(p2, T_MS);
+	TPT_REQUIRE(r == 0, 1, "connect: %d %s", r, tp_last_error());
+	TPT_REQUIRE(tpt_sync_wait(&ring_gate, T_MS) == 0, 1, "gate");
+	TPT_REQUIRE(poll_small_write(p1, 1) == 0, 1, "write 1");
+	r = tpt_sync_wait(&ring_st_b, SLOW_MS);
+	TPT_REQUIRE(r == 1, 1, "the receiver's callback for pipe 1 did not run: %d", r);
+	TPT_REQUIRE(poll_small_write(p2, 2) == 0, 1, "write 2");
+	usleep(GAP_MS * 1000); /* the idle gap under test, not a synchronisation */
+	TPT_REQUIRE(poll_small_write(p1, 3) == 0, 1, "write 3");
+	tpt_sync_wait(&ring_done, T_MS);
+	tp_pipe_close(p1);
+	tp_pipe_close(p2);
+	tp_context_free(ctx);
+	return 0;
+}
+
+START_TEST(test_ring_callbacks_run_while_a_blocked_call_polls)
+{
+	/* 0: the default spin; 1: a 100 ms spin, so the blocked call still polls when pipe 1's
+	 * message comes */
+	static const struct ring_cl cl[] = { { 0 }, { .spin_us = 100000 } };
+	pid_t rcv, snd;
+
+	ring_up(NULL);
+	rcv = tpt_fork(poll_receiver, (void *)&cl[_i]);
+	snd = tpt_fork(poll_sender, NULL);
+	ck_assert(tpt_wait_ok(snd, 2 * T_MS, "sender"));
+	ck_assert(tpt_wait_ok(rcv, 2 * T_MS, "receiver"));
+	ring_down();
+}
+END_TEST
+
 /* ---- a writer killed while blocked on a full ring ------------------------------------------- */
 
 /* A client SIGKILLed while blocked writing a 1 MiB frame into a 4 KiB ring. */
@@ -1014,6 +1139,7 @@ static Suite *ring_suite(void)
 	tcase_add_test(data, test_ring_eager_tails_at_every_ring_position_arrive_intact);
 	tcase_add_loop_test(data, test_ring_eight_writer_threads_share_one_context, 0, 2);
 	tcase_add_loop_test(data, test_ring_wakeups_survive_spin_settings_and_idle_gaps, 0, 4);
+	tcase_add_loop_test(data, test_ring_callbacks_run_while_a_blocked_call_polls, 0, 2);
 	tcase_set_timeout(data, 240);
 	suite_add_tcase(s, data);
 
