@@ -554,6 +554,7 @@ START_TEST(test_refused_staging_falls_back)
 	struct tpt_msg_spec s = spec(0, 3, 2, lens_multi);
 	struct tp_context *ctx;
 	struct tp_chan *ch;
+	pid_t reader;
 
 	if (geteuid() != 0) {
 		printf("skipped: needs root to run a reader as another uid\n");
@@ -561,10 +562,20 @@ START_TEST(test_refused_staging_falls_back)
 	}
 	ck_assert_int_eq(tpt_daemon_start(&quota_daemon, args), 0);
 	ck_assert_int_eq(tpt_daemon_open_to_all(&quota_daemon), 0);
+	/* The reader is forked while the test holds no context (make_persistent()): it waits in
+	 * its read for the items written next. */
+	o.flags = TP_CHAN_CREATE | TP_CHAN_PERSISTENT;
+	ck_assert_int_eq(tpt_ctx_new(&quota_daemon, 0, "mk", &ctx), 0);
+	ck_assert_int_eq(tp_chan_open(ctx, "quota", &o, &ch), 0);
+	tp_chan_release(ch);
+	tp_context_free(ctx);
+	reader = tpt_fork(quota_reader, &s);
+	o.flags = 0;
 	ck_assert_int_eq(tpt_ctx_new(&quota_daemon, 0, "w", &ctx), 0);
 	ck_assert_int_eq(tp_chan_open(ctx, "quota", &o, &ch), 0);
 	write_spec(ctx, ch, &s, TPT_MEM_PRIVATE);
-	ck_assert(tpt_wait_ok(tpt_fork(quota_reader, &s), T_MS, "reader"));
+	ck_assert(tpt_wait_ok(reader, T_MS, "reader"));
+	ck_assert_int_eq(tp_chan_unlink(ctx, "quota", -1), 0);
 	tp_chan_release(ch);
 	tp_context_free(ctx);
 	ck_assert_int_eq(tpt_daemon_stop(&quota_daemon), 0);
