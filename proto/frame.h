@@ -72,10 +72,14 @@
  *      that takes members or a coordinator on other hosts only of a daemon of minor >= 14
  *      (an older one would join such a group without checking the peers); a daemon takes a
  *      GroupJoin without them as remote access NONE
+ *  15  Connect.expect_remote, expect_peers (the far daemon's identity a tpip:// connect needs):
+ *      a client sends them only to a daemon of minor >= 15 (an older one would ignore them
+ *      and connect to whatever daemon answers the address) and refuses the connect otherwise
  */
 #define TPW_PROTO_MAJOR 1
-#define TPW_PROTO_MINOR 14
+#define TPW_PROTO_MINOR 15
 #define TPW_MINOR_GROUP_REMOTE 14
+#define TPW_MINOR_CONNECT_PEER 15
 /* Daemon-to-daemon protocol, versioned apart from the client one. 2: frames inside TLS 1.3, no
  * PeerAuth; a daemon speaking 1 (plaintext PeerHello) is refused with a clear log line. Minor
  * versions of peer protocol 2:

@@ -722,6 +722,11 @@ int tpw_client_msg_validate(const Tpw__V1__ClientMsg *m, const struct tpw_hdr *h
 			return tpu_why(-EBADMSG, why, wl, "pipe id out of the client's range");
 		if (!m->connect->address || !*m->connect->address)
 			return tpu_why(-EBADMSG, why, wl, "empty address");
+		if (m->connect->expect_remote == TPW__V1__REMOTE_ACCESS__REMOTE_NONE)
+			return tpu_why(-EBADMSG, why, wl, "connect expecting remote access NONE");
+		if (check_remote(m->connect->expect_remote, m->connect->expect_peers,
+				 m->connect->n_expect_peers, why, wl) < 0)
+			return -EBADMSG;
 		return check_string(m->connect->address, ADDRESS_MAX, "address", why, wl);
 	case TPW__V1__CLIENT_MSG__BODY_BUFFER_REGISTER:
 		if (m->buffer_register->size == 0)

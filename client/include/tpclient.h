@@ -292,6 +292,8 @@ int tp_connect(struct tp_context *ctx, const char *address, struct tp_pipe **ret
 
 enum tp_connect_flags {
 	TP_CONNECT_EXPECT_UID = 1u << 0, /* refuse unless the listener's owner is @expect_uid */
+	TP_CONNECT_EXPECT_PEER = 1u << 1, /* tpip://: refuse unless the far daemon is one
+					     @expect_remote allows */
 };
 
 struct tp_connect_options {
@@ -299,6 +301,11 @@ struct tp_connect_options {
 	unsigned flags;	  /* TP_CONNECT_* */
 	uid_t expect_uid; /* with TP_CONNECT_EXPECT_UID */
 	unsigned wait_ms; /* a name not registered yet: wait this long for it (0: -ENOENT) */
+	/* Added with TP_CONNECT_EXPECT_PEER (a caller built before, with a smaller @size, sets
+	 * neither): which far daemons the pipe may reach, named as a listener's remote peers. */
+	enum tp_remote_access expect_remote; /* TP_REMOTE_ANY_PEER or TP_REMOTE_PEERS */
+	const char *const *expect_peers;     /* TP_REMOTE_PEERS: 1..32 peer identities (borrowed) */
+	size_t n_expect_peers;
 };
 
 /*
@@ -323,9 +330,19 @@ struct tp_connect_options {
  * the pipe cancels the wait there, a link lost meanwhile fails the connect as any link loss
  * does, and an address that is this daemon's own waits as a local name. A daemon older than
  * this field, or a far daemon older than peer protocol 2.1, fails at once with -ENOENT.
+ * With TP_CONNECT_EXPECT_PEER (tpip:// addresses only) this host's daemon refuses the connect
+ * with -EACCES, naming the identity it found, unless the peer link the pipe goes over
+ * authenticated as a daemon @expect_remote allows: TP_REMOTE_ANY_PEER any authenticated one,
+ * TP_REMOTE_PEERS one that an entry of @expect_peers names (entries as for a listener's
+ * @remote_peers); an unauthenticated (--peer-insecure) link never. It decides before anything
+ * of the connect reaches the far daemon, so writes issued on the pipe right away never do.
+ * The address alone does not say which daemon answers it: this does. Needs a daemon of
+ * protocol minor 15 (-EOPNOTSUPP otherwise, before anything is sent); an address that is this
+ * daemon's own connects locally as usual.
  * @opts: borrowed; NULL is tp_connect().
  * @ret: returns owned pipe, close with tp_pipe_close().
- * Return: as tp_connect(); -EINVAL for unknown flags or a @size of 0.
+ * Return: as tp_connect(); -EINVAL for unknown flags, a @size of 0, or with
+ * TP_CONNECT_EXPECT_PEER a local name, another @expect_remote, or @expect_peers out of bounds.
  */
 int tp_connect_ex(struct tp_context *ctx, const char *address,
 		  const struct tp_connect_options *opts, struct tp_pipe **ret);

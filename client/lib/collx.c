@@ -370,9 +370,16 @@ int tpc_collx_connect(struct tp_group *g, int timeout_ms, char *msg, size_t ml)
 	}
 	/* Dial every partner below (without waiting: theirs dial us meanwhile), hello first. */
 	for (uint32_t h = 0; h < x->host; h++) {
-		struct tp_connect_options co = { .size = sizeof(co),
-						 .flags = TP_CONNECT_EXPECT_UID,
-						 .expect_uid = geteuid() };
+		/* the far leader's daemon must be one the group allows, as the far listener
+		 * checks this host's: the address alone does not say who answers it */
+		struct tp_connect_options co = {
+			.size = sizeof(co),
+			.flags = TP_CONNECT_EXPECT_UID | TP_CONNECT_EXPECT_PEER,
+			.expect_uid = geteuid(),
+			.expect_remote = g->remote,
+			.expect_peers = (const char *const *)g->remote_peers,
+			.n_expect_peers = g->n_remote_peers,
+		};
 		struct xhdr hh = { .magic = XMAGIC, .kind = XK_HELLO, .xseq = x->host };
 		struct tp_message m = { .metadata = &hh, .metadata_len = sizeof(hh) };
 		int64_t left = end - mono_ms();

@@ -351,6 +351,39 @@ TP_EXPORT int tp_connect(struct tp_context *ctx, const char *address, struct tp_
 	return tp_connect_ex(ctx, address, NULL, ret);
 }
 
+/* TP_CONNECT_EXPECT_PEER of @o into @c, or why not: only over tpip://, with a daemon that
+ * enforces it (an older one would ignore the fields and connect to whoever answers). */
+static int connect_expect_peer(struct tp_context *ctx, const char *address,
+			       const struct tp_connect_options *o, Tpw__V1__Connect *c)
+{
+	if (!address || strncmp(address, "tpip://", 7) != 0)
+		return tpc_error(-EINVAL, "TP_CONNECT_EXPECT_PEER needs a tpip:// address");
+	if (o->expect_remote != TP_REMOTE_ANY_PEER && o->expect_remote != TP_REMOTE_PEERS)
+		return tpc_error(-EINVAL, "TP_CONNECT_EXPECT_PEER takes TP_REMOTE_ANY_PEER or "
+				 "TP_REMOTE_PEERS, not %d", (int)o->expect_remote);
+	if ((o->expect_remote == TP_REMOTE_PEERS) !=
+		    (o->n_expect_peers > 0 && o->expect_peers != NULL) ||
+	    o->n_expect_peers > TPW_REMOTE_PEERS_MAX)
+		return tpc_error(-EINVAL, "TP_REMOTE_PEERS takes 1..%u peer identities, and only "
+				 "it takes any", TPW_REMOTE_PEERS_MAX);
+	for (size_t i = 0; i < o->n_expect_peers; i++) {
+		const char *n = o->expect_peers[i];
+
+		if (!n || !*n || strnlen(n, TPW_NAME_MAX + 1) > TPW_NAME_MAX)
+			return tpc_error(-EINVAL, "expected peer %zu: 1..%d bytes", i, TPW_NAME_MAX);
+	}
+	if (ctx->daemon_minor < TPW_MINOR_CONNECT_PEER)
+		return tpc_error(-EOPNOTSUPP, "the daemon (protocol minor %u) cannot check which "
+				 "peer daemon a pipe reaches (minor %u can): not connecting to %s",
+				 ctx->daemon_minor, TPW_MINOR_CONNECT_PEER, address);
+	c->expect_remote = o->expect_remote == TP_REMOTE_ANY_PEER
+				   ? TPW__V1__REMOTE_ACCESS__REMOTE_ANY_PEER
+				   : TPW__V1__REMOTE_ACCESS__REMOTE_PEERS;
+	c->n_expect_peers = o->n_expect_peers;
+	c->expect_peers = (char **)o->expect_peers;
+	return 0;
+}
+
 TP_EXPORT int tp_connect_ex(struct tp_context *ctx, const char *address,
 			    const struct tp_connect_options *opts, struct tp_pipe **ret)
 {
@@ -366,8 +399,16 @@ TP_EXPORT int tp_connect_ex(struct tp_context *ctx, const char *address,
 		if (opts->size == 0)
 			return tpc_error(-EINVAL, "tp_connect_options.size is not set");
 		memcpy(&o, opts, TPU_MIN(opts->size, sizeof(o)));
-		if (o.flags & ~(unsigned)TP_CONNECT_EXPECT_UID)
+		if (o.flags & ~(unsigned)(TP_CONNECT_EXPECT_UID | TP_CONNECT_EXPECT_PEER))
 			return tpc_error(-EINVAL, "unknown connect flags 0x%x", o.flags);
+		if (opts->size < sizeof(o) && (o.flags & TP_CONNECT_EXPECT_PEER))
+			return tpc_error(-EINVAL, "TP_CONNECT_EXPECT_PEER needs the whole "
+					 "tp_connect_options");
+	}
+	if (o.flags & TP_CONNECT_EXPECT_PEER) {
+		r = connect_expect_peer(ctx, address, &o, &c);
+		if (r < 0)
+			return r;
 	}
 	c.expect_uid_set = o.flags & TP_CONNECT_EXPECT_UID;
 	c.expect_uid = (uint32_t)o.expect_uid;

@@ -113,6 +113,11 @@ struct tpd_pipe {
 	uint64_t held_bytes;
 	bool expect_uid_set;	    /* connector: refuse unless the listener's owner is this */
 	uint32_t expect_uid;
+	/* connector over a link: refuse unless the link authenticated as an identity these allow
+	 * (Connect.expect_remote: UNSPECIFIED no check, ANY_PEER, PEERS one of expect_peers) */
+	Tpw__V1__RemoteAccess expect_remote;
+	char **expect_peers;
+	size_t n_expect_peers;
 	uint32_t remote_uid;	    /* remote end's uid as its daemon claims */
 	bool waiting;		    /* connecting to a local name not registered yet */
 	uint32_t wait_ms;	    /* ... for at most this long */

@@ -121,6 +121,11 @@ void tpd_pipe_connect(struct tpd_daemon *d, struct tpd_session *s, const Tpw__V1
 		tpd_xconnect_remote(d, s, c);
 		return;
 	}
+	if (c->expect_remote != TPW__V1__REMOTE_ACCESS__REMOTE_UNSPECIFIED) {
+		tpd_pipe_connect_fail(s, c, -EINVAL, "an expected peer identity needs a tpip:// "
+				      "address");
+		return;
+	}
 	r = tpd_pipe_connect_check(d, s, c, &l, why, sizeof(why));
 	if (r == -ENOENT && c->wait_ms) {
 		tpd_xconnect_wait_local(d, s, c);

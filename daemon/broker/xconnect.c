@@ -190,6 +190,38 @@ static void xpipe_on_connect_timeout(evutil_socket_t fd, short what, void *arg)
 	xconnect_fail(p, -ETIMEDOUT, why);
 }
 
+/* Connect.expect_peers (validated: 0..TPW_REMOTE_PEERS_MAX names) into @p. */
+static int expect_peers_copy(struct tpd_pipe *p, const Tpw__V1__Connect *c)
+{
+	if (!c->n_expect_peers)
+		return 0;
+	p->expect_peers = calloc(c->n_expect_peers, sizeof(*p->expect_peers));
+	if (!p->expect_peers)
+		return -ENOMEM;
+	for (size_t i = 0; i < c->n_expect_peers; i++) {
+		if (!(p->expect_peers[i] = strdup(c->expect_peers[i])))
+			return -ENOMEM; /* the ones copied are freed with the pipe */
+		p->n_expect_peers = i + 1;
+	}
+	return 0;
+}
+
+/* Whether the far daemon of @p's link is one the connecting client expects (Connect.
+ * expect_remote): decided on the link's authenticated identity, before anything is sent. */
+static bool expect_peer_ok(const struct tpd_pipe *p)
+{
+	if (p->expect_remote == TPW__V1__REMOTE_ACCESS__REMOTE_UNSPECIFIED)
+		return true;
+	if (!tpd_peer_identity(p->link))
+		return false; /* unauthenticated (--peer-insecure): never */
+	if (p->expect_remote == TPW__V1__REMOTE_ACCESS__REMOTE_ANY_PEER)
+		return true;
+	for (size_t i = 0; i < p->n_expect_peers; i++)
+		if (tpd_peer_identity_matches(p->expect_peers[i], p->link))
+			return true;
+	return false;
+}
+
 void tpd_xconnect_remote(struct tpd_daemon *d, struct tpd_session *s, const Tpw__V1__Connect *c)
 {
 	const struct tpd_config *cfg = tpd_daemon_cfg(d);
@@ -241,8 +273,10 @@ void tpd_xconnect_remote(struct tpd_daemon *d, struct tpd_session *s, const Tpw_
 	p->expect_uid_set = c->expect_uid_set;
 	p->expect_uid = c->expect_uid;
 	p->wait_ms = TPU_MIN(c->wait_ms, TPW_PEER_WAIT_MS_MAX); /* the far daemon's bound */
+	p->expect_remote = c->expect_remote;
 	tpd_broker_pipe_add(tpd_daemon_broker(d), p);
-	if (tpd_session_pipe_add(s, c->pipe_id, &p->end[0]) < 0 || tpd_peer_pipe_add(pr, p) < 0) {
+	if (expect_peers_copy(p, c) < 0 || tpd_session_pipe_add(s, c->pipe_id, &p->end[0]) < 0 ||
+	    tpd_peer_pipe_add(pr, p) < 0) {
 		tpd_session_pipe_remove(s, c->pipe_id);
 		p->end[0].session = NULL;
 		p->connecting = false;
@@ -273,6 +307,16 @@ void tpd_xconnect_link_up(struct tpd_pipe *p)
 
 	if (!p->connecting || p->connect_sent || !s)
 		return;
+	if (!expect_peer_ok(p)) {
+		const char *id = tpd_peer_identity(p->link);
+		char why[400];
+
+		snprintf(why, sizeof(why), "peer daemon %.150s authenticated as %.150s, not as the "
+			 "connect expects", p->peer_addr, id ? id : "nobody (insecure link)");
+		tpd_pipe_log(p, s, TPU_LOG_WARNING, "connect to '%s' refused: %s", p->listener, why);
+		xconnect_fail(p, -EACCES, why);
+		return;
+	}
 	pc.pipe_id = p->id;
 	pc.name = p->listener;
 	pc.remote_name = (char *)tpd_session_name(s);

@@ -1204,6 +1204,53 @@ START_TEST(test_local_user_joins_of_one_name_are_bounded_by_its_size)
 }
 END_TEST
 
+/*
+ * A leader dialling another host's leader (tp_connect_ex() with TP_CONNECT_EXPECT_PEER, as
+ * collx.c does with the group's remote access) reaches only a daemon that access allows: the
+ * hostile daemon (psk:tpipd) answering the address of a leader whose group allows only
+ * cert:leader.example gets no PeerConnect, and the connect fails with -EACCES naming the
+ * identity found (it used to be sent the connect and then the group's data). SOUND: with "psk"
+ * allowed the PeerConnect arrives, and it is the first the hostile daemon sees.
+ */
+START_TEST(test_leader_connects_only_to_a_peer_the_group_allows)
+{
+	const char *cert[] = { "cert:leader.example" }, *psk[] = { "psk" };
+	struct tp_connect_options o = { .size = sizeof(o), .flags = TP_CONNECT_EXPECT_PEER,
+					.expect_remote = TP_REMOTE_PEERS, .expect_peers = cert,
+					.n_expect_peers = 1 };
+	struct tp_context *ctx = NULL;
+	struct tp_pipe *p = NULL, *q = NULL;
+	Tpw__V1__PeerMsg *in;
+	char addr[96];
+	struct flink l;
+	int lfd, port, r;
+
+	lfd = loopback_listen(&port);
+	ck_assert_int_eq(tpt_ctx_new(&d, 0, "leader", &ctx), 0);
+	snprintf(addr, sizeof(addr), "tpip://127.0.0.1:%d/tpgx.leader", port);
+	ck_assert_int_eq(tp_connect_ex(ctx, addr, &o, &p), 0);
+	flink_answer(&l, lfd);
+	r = tp_pipe_wait_connected(p, T_MS);
+	ck_assert_msg(r == -EACCES, "connect to a peer the group does not allow: %d %s", r,
+		      tp_last_error());
+	ck_assert_msg(strstr(tp_last_error(), "authenticated as psk"), "%s", tp_last_error());
+
+	/* sound: the same link, an identity the group allows; the first PeerConnect the far
+	 * daemon sees is this one (of another name) */
+	o.expect_peers = psk;
+	snprintf(addr, sizeof(addr), "tpip://127.0.0.1:%d/tpgx.allowed", port);
+	ck_assert_int_eq(tp_connect_ex(ctx, addr, &o, &q), 0);
+	in = fc_expect(&l.ctl, TPW__V1__PEER_MSG__BODY_CONNECT);
+	ck_assert_str_eq(in->connect->name, "tpgx.allowed");
+	tpw_peer_msg_free(in);
+	tp_pipe_close(q);
+	tp_pipe_close(p);
+	tp_context_free(ctx);
+	flink_close(&l);
+	close(lfd);
+}
+END_TEST
+
 static Suite *groupx_suite(void)
 {
 	Suite *s = suite_create("sec_groupx");
@@ -1218,6 +1265,7 @@ static Suite *groupx_suite(void)
 	tcase_add_test(tc, test_member_daemon_stating_the_coordinators_instance_is_refused);
 	tcase_add_test(tc, test_coordinator_admits_only_the_peers_the_group_allows);
 	tcase_add_test(tc, test_member_daemon_joins_only_through_a_coordinator_the_group_allows);
+	tcase_add_test(tc, test_leader_connects_only_to_a_peer_the_group_allows);
 	tcase_add_test(tc, test_local_user_joins_through_a_coordinator_are_bounded);
 	tcase_add_test(tc, test_local_user_joins_of_one_name_are_bounded_by_its_size);
 	suite_add_tcase(s, tc);
