@@ -663,6 +663,41 @@ START_TEST(test_validate_connect_pipe_id_range)
 }
 END_TEST
 
+/* A connect's expected peer identities (TP_CONNECT_EXPECT_PEER): as a listener's remote peers,
+ * at most TPW_REMOTE_PEERS_MAX (just at and one above), only with REMOTE_PEERS, never NONE. */
+START_TEST(test_validate_connect_expected_peers)
+{
+	Tpw__V1__ClientMsg m = TPW__V1__CLIENT_MSG__INIT;
+	Tpw__V1__Connect c = TPW__V1__CONNECT__INIT;
+	char *peers[TPW_REMOTE_PEERS_MAX + 1];
+
+	for (size_t i = 0; i <= TPW_REMOTE_PEERS_MAX; i++)
+		peers[i] = "cert:gn01";
+	m.body_case = TPW__V1__CLIENT_MSG__BODY_CONNECT;
+	m.connect = &c;
+	c.address = "tpip://gn01/trainer0";
+	c.pipe_id = 3;
+	ck_assert_int_eq(vc(&m, 0, 0), 0); /* unspecified: no expectation */
+	c.expect_remote = TPW__V1__REMOTE_ACCESS__REMOTE_ANY_PEER;
+	ck_assert_int_eq(vc(&m, 0, 0), 0);
+	c.expect_remote = TPW__V1__REMOTE_ACCESS__REMOTE_NONE;
+	ck_assert_int_eq(vc(&m, 0, 0), -EBADMSG);
+	c.expect_remote = TPW__V1__REMOTE_ACCESS__REMOTE_PEERS;
+	ck_assert_int_eq(vc(&m, 0, 0), -EBADMSG); /* PEERS without a peer */
+	c.expect_peers = peers;
+	c.n_expect_peers = TPW_REMOTE_PEERS_MAX;
+	ck_assert_int_eq(vc(&m, 0, 0), 0);
+	c.n_expect_peers = TPW_REMOTE_PEERS_MAX + 1;
+	ck_assert_int_eq(vc(&m, 0, 0), -EBADMSG);
+	c.n_expect_peers = 1;
+	c.expect_remote = TPW__V1__REMOTE_ACCESS__REMOTE_ANY_PEER;
+	ck_assert_int_eq(vc(&m, 0, 0), -EBADMSG); /* peers only with PEERS */
+	c.expect_remote = TPW__V1__REMOTE_ACCESS__REMOTE_PEERS;
+	peers[0] = "";
+	ck_assert_int_eq(vc(&m, 0, 0), -EBADMSG);
+}
+END_TEST
+
 START_TEST(test_validate_connect_address_length)
 {
 	Tpw__V1__ClientMsg m = TPW__V1__CLIENT_MSG__INIT;
@@ -2384,6 +2419,7 @@ static Suite *validate_suite(void)
 	tcase_add_test(o, test_validate_listen_name_and_access);
 	tcase_add_test(o, test_validate_listen_remote_access_and_peer_count);
 	tcase_add_test(o, test_validate_connect_pipe_id_range);
+	tcase_add_test(o, test_validate_connect_expected_peers);
 	tcase_add_test(o, test_validate_connect_address_length);
 	tcase_add_test(o, test_validate_ctl_what_range);
 	tcase_add_test(o, test_validate_cancel_kind_and_ids);
