@@ -155,11 +155,9 @@ static int join_ask(struct tp_context *ctx, const char *name, const struct tp_gr
 	gj.bootstrap = (Tpw__V1__GroupBootstrap)o->bootstrap;
 	gj.timeout_ms = (uint32_t)join_ms;
 	gj.coordinator = (char *)(o->coordinator ? o->coordinator : "");
-	gj.remote = o->remote == TP_REMOTE_ANY_PEER ? TPW__V1__REMOTE_ACCESS__REMOTE_ANY_PEER :
-		    o->remote == TP_REMOTE_PEERS ? TPW__V1__REMOTE_ACCESS__REMOTE_PEERS :
-						   TPW__V1__REMOTE_ACCESS__REMOTE_NONE;
-	gj.n_remote_peers = o->remote == TP_REMOTE_PEERS ? o->n_remote_peers : 0;
-	gj.remote_peers = (char **)o->remote_peers;
+	/* checked by join_check() */
+	(void)tpc_remote_wire(o->remote, o->remote_peers, o->n_remote_peers, &gj.remote,
+			      &gj.remote_peers, &gj.n_remote_peers);
 	m.body_case = TPW__V1__CLIENT_MSG__BODY_GROUP_JOIN;
 	m.group_join = &gj;
 	pthread_mutex_lock(&ctx->send_lock);
@@ -253,6 +251,11 @@ static void group_free(struct tp_group *g)
 static int join_check(struct tp_context *ctx, const char *name, const struct tp_group_options *o,
 		      struct tp_group **ret)
 {
+	Tpw__V1__RemoteAccess wire;
+	char **peers;
+	size_t n;
+	int r;
+
 	if (!ctx || !name || !o || !ret || o->size < sizeof(*o))
 		return tpc_error(-EINVAL, "missing context, name, options or result pointer");
 	if (!*name || strlen(name) > TPW_GROUP_NAME_MAX)
@@ -264,18 +267,12 @@ static int join_check(struct tp_context *ctx, const char *name, const struct tp_
 				 "the size)", o->rank, o->nranks, TPW_GROUP_SIZE_MAX);
 	if ((unsigned)o->bootstrap > TP_GROUP_BOOTSTRAP_SLURM)
 		return tpc_error(-EINVAL, "unknown bootstrap %d", (int)o->bootstrap);
-	if ((unsigned)o->remote > TP_REMOTE_PEERS)
-		return tpc_error(-EINVAL, "unknown remote access %d", (int)o->remote);
-	if ((o->remote == TP_REMOTE_PEERS) != (o->n_remote_peers > 0) ||
-	    o->n_remote_peers > TPW_REMOTE_PEERS_MAX || (o->n_remote_peers && !o->remote_peers))
+	if (o->remote != TP_REMOTE_PEERS && o->n_remote_peers)
 		return tpc_error(-EINVAL, "TP_REMOTE_PEERS takes 1..%u peer identities, and only "
 				 "it takes any", TPW_REMOTE_PEERS_MAX);
-	for (size_t i = 0; i < o->n_remote_peers; i++) {
-		const char *n = o->remote_peers[i];
-
-		if (!n || !*n || strnlen(n, TPW_NAME_MAX + 1) > TPW_NAME_MAX)
-			return tpc_error(-EINVAL, "remote peer %zu: 1..%d bytes", i, TPW_NAME_MAX);
-	}
+	r = tpc_remote_wire(o->remote, o->remote_peers, o->n_remote_peers, &wire, &peers, &n);
+	if (r < 0)
+		return r;
 	/* an older daemon would join the group without checking the peers */
 	if (o->remote != TP_REMOTE_NONE && o->bootstrap == TP_GROUP_BOOTSTRAP_COORDINATOR &&
 	    ctx->daemon_minor < TPW_MINOR_GROUP_REMOTE)

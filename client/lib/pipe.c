@@ -356,31 +356,24 @@ TP_EXPORT int tp_connect(struct tp_context *ctx, const char *address, struct tp_
 static int connect_expect_peer(struct tp_context *ctx, const char *address,
 			       const struct tp_connect_options *o, Tpw__V1__Connect *c)
 {
+	int r;
+
 	if (!address || strncmp(address, "tpip://", 7) != 0)
 		return tpc_error(-EINVAL, "TP_CONNECT_EXPECT_PEER needs a tpip:// address");
 	if (o->expect_remote != TP_REMOTE_ANY_PEER && o->expect_remote != TP_REMOTE_PEERS)
 		return tpc_error(-EINVAL, "TP_CONNECT_EXPECT_PEER takes TP_REMOTE_ANY_PEER or "
 				 "TP_REMOTE_PEERS, not %d", (int)o->expect_remote);
-	if ((o->expect_remote == TP_REMOTE_PEERS) !=
-		    (o->n_expect_peers > 0 && o->expect_peers != NULL) ||
-	    o->n_expect_peers > TPW_REMOTE_PEERS_MAX)
+	if (o->expect_remote != TP_REMOTE_PEERS && o->n_expect_peers)
 		return tpc_error(-EINVAL, "TP_REMOTE_PEERS takes 1..%u peer identities, and only "
 				 "it takes any", TPW_REMOTE_PEERS_MAX);
-	for (size_t i = 0; i < o->n_expect_peers; i++) {
-		const char *n = o->expect_peers[i];
-
-		if (!n || !*n || strnlen(n, TPW_NAME_MAX + 1) > TPW_NAME_MAX)
-			return tpc_error(-EINVAL, "expected peer %zu: 1..%d bytes", i, TPW_NAME_MAX);
-	}
+	r = tpc_remote_wire(o->expect_remote, o->expect_peers, o->n_expect_peers,
+			    &c->expect_remote, &c->expect_peers, &c->n_expect_peers);
+	if (r < 0)
+		return r;
 	if (ctx->daemon_minor < TPW_MINOR_CONNECT_PEER)
 		return tpc_error(-EOPNOTSUPP, "the daemon (protocol minor %u) cannot check which "
 				 "peer daemon a pipe reaches (minor %u can): not connecting to %s",
 				 ctx->daemon_minor, TPW_MINOR_CONNECT_PEER, address);
-	c->expect_remote = o->expect_remote == TP_REMOTE_ANY_PEER
-				   ? TPW__V1__REMOTE_ACCESS__REMOTE_ANY_PEER
-				   : TPW__V1__REMOTE_ACCESS__REMOTE_PEERS;
-	c->n_expect_peers = o->n_expect_peers;
-	c->expect_peers = (char **)o->expect_peers;
 	return 0;
 }
 
