@@ -623,7 +623,9 @@ struct tp_group_options {
 	 * another host only over a link that this setting allows, and this member's daemon sends
 	 * its join to (and takes the answer from) a coordinator on another host only over such a
 	 * link; the hosts' leaders' pipes take only such links too. Every member must state the
-	 * same setting (the peers as a set); another one fails its join with -EINVAL.
+	 * same setting (the peers as a set); another one fails its join with -EINVAL where the
+	 * group has a member that setting admits (else that join waits apart and times out):
+	 * joins stating another setting, by daemons this one does not allow, never disturb it.
 	 *   TP_REMOTE_NONE (default): this host's members only; a coordinator on another host
 	 *     is refused with -EACCES. With the default the environment decides: TP_GROUP_REMOTE
 	 *     set to "any-peer", or to peer identities separated by ';' ("psk;cert:gn02"),

@@ -91,64 +91,61 @@ static void group_on_context_close(struct tpy_child *c)
 	group_close_now(TPY_CONTAINER(c, tpy_group, child));
 }
 
-#define GROUP_REMOTE_PEERS_MAX 32 /* as libtpclient's */
-
-/*
- * A group's remote access from Python: None (libtpclient's default, TP_GROUP_REMOTE decides),
- * "none", "any-peer", or a sequence of 1..32 peer identities. @peers receives pointers into
- * @ret_seq's items (owned: Py_XDECREF() once the join is done). Return: 0 or -1 (raised).
- */
-static int group_remote(PyObject *remote, struct tp_group_options *o, const char **peers,
-			PyObject **ret_seq)
+int tpy_remote_parse(PyObject *v, const char *arg, bool none_ok, struct tpy_remote *ret)
 {
-	PyObject *seq;
+	const char *what = none_ok ? "None, 'none', 'any-peer' or a list of peer identities" :
+				     "None, 'any-peer' or a list of peer identities";
 	Py_ssize_t n;
 
-	*ret_seq = NULL;
-	if (remote == Py_None)
+	ret->mode = TP_REMOTE_NONE;
+	ret->n = 0;
+	ret->seq = NULL;
+	if (v == Py_None)
 		return 0;
-	if (PyUnicode_Check(remote)) {
-		const char *v = PyUnicode_AsUTF8(remote);
+	if (PyUnicode_Check(v)) {
+		const char *s = PyUnicode_AsUTF8(v);
 
-		if (!v)
+		if (!s)
 			return -1;
-		if (strcmp(v, "none") == 0)
+		if (none_ok && strcmp(s, "none") == 0)
 			return 0;
-		if (strcmp(v, "any-peer") == 0) {
-			o->remote = TP_REMOTE_ANY_PEER;
+		if (strcmp(s, "any-peer") == 0) {
+			ret->mode = TP_REMOTE_ANY_PEER;
 			return 0;
 		}
-		PyErr_SetString(PyExc_ValueError, "remote must be None, 'none', 'any-peer' or a "
-				"list of peer identities");
+		PyErr_Format(PyExc_ValueError, "%s must be %s", arg, what);
 		return -1;
 	}
-	seq = PySequence_Fast(remote, "remote must be None, 'none', 'any-peer' or a list of peer "
-			      "identities");
-	if (!seq)
+	ret->seq = PySequence_Fast(v, "a remote access is a str or a list of peer identities");
+	if (!ret->seq)
 		return -1;
-	n = PySequence_Fast_GET_SIZE(seq);
-	if (n < 1 || n > GROUP_REMOTE_PEERS_MAX) {
-		Py_DECREF(seq);
-		PyErr_Format(PyExc_ValueError, "remote names 1..%d peer identities",
-			     GROUP_REMOTE_PEERS_MAX);
+	n = PySequence_Fast_GET_SIZE(ret->seq);
+	if (n < 1 || n > TPY_REMOTE_PEERS_MAX) {
+		tpy_remote_done(ret);
+		PyErr_Format(PyExc_ValueError, "%s names 1..%d peer identities", arg,
+			     TPY_REMOTE_PEERS_MAX);
 		return -1;
 	}
 	for (Py_ssize_t i = 0; i < n; i++) {
-		PyObject *it = PySequence_Fast_GET_ITEM(seq, i);
+		PyObject *it = PySequence_Fast_GET_ITEM(ret->seq, i);
 
-		peers[i] = PyUnicode_Check(it) ? PyUnicode_AsUTF8(it) : NULL;
-		if (!peers[i]) {
-			Py_DECREF(seq);
+		ret->peers[i] = PyUnicode_Check(it) ? PyUnicode_AsUTF8(it) : NULL;
+		if (!ret->peers[i]) {
+			tpy_remote_done(ret);
 			if (!PyErr_Occurred())
 				PyErr_SetString(PyExc_TypeError, "a peer identity is a str");
 			return -1;
 		}
 	}
-	o->remote = TP_REMOTE_PEERS;
-	o->remote_peers = peers;
-	o->n_remote_peers = (size_t)n;
-	*ret_seq = seq;
+	ret->mode = TP_REMOTE_PEERS;
+	ret->n = (size_t)n;
 	return 0;
+}
+
+void tpy_remote_done(struct tpy_remote *r)
+{
+	Py_CLEAR(r->seq);
+	r->n = 0;
 }
 
 PyObject *tpy_group_join(tpy_context *self, PyObject *args, PyObject *kw)
@@ -156,8 +153,9 @@ PyObject *tpy_group_join(tpy_context *self, PyObject *args, PyObject *kw)
 	static char *kwlist[] = { "name", "nranks", "rank", "bootstrap", "join_timeout_ms",
 				  "op_timeout_ms", "coordinator", "remote", NULL };
 	struct tp_group_options o = { .size = sizeof(o), .rank = -1 };
-	const char *name, *coord = NULL, *peers[GROUP_REMOTE_PEERS_MAX];
-	PyObject *remote = Py_None, *seq = NULL;
+	const char *name, *coord = NULL;
+	PyObject *remote = Py_None;
+	struct tpy_remote rm;
 	int boot = 0;
 	struct tp_group *g = NULL;
 	tpy_group *ret;
@@ -169,14 +167,17 @@ PyObject *tpy_group_join(tpy_context *self, PyObject *args, PyObject *kw)
 		return NULL;
 	if (!self->ctx || self->closed)
 		return tpy_module_closed("Context");
-	if (group_remote(remote, &o, peers, &seq) < 0)
+	if (tpy_remote_parse(remote, "remote", true, &rm) < 0)
 		return NULL;
+	o.remote = rm.mode;
+	o.remote_peers = rm.n ? rm.peers : NULL;
+	o.n_remote_peers = rm.n;
 	o.bootstrap = (enum tp_group_bootstrap)boot;
 	o.coordinator = coord;
 	Py_BEGIN_ALLOW_THREADS
 	r = tp_group_join(self->ctx, name, &o, &g);
 	Py_END_ALLOW_THREADS
-	Py_XDECREF(seq);
+	tpy_remote_done(&rm);
 	if (r < 0)
 		return tpy_module_raise(r, NULL);
 	ret = PyObject_New(tpy_group, &tpy_group_type);

@@ -311,8 +311,10 @@ static PyMethodDef context_methods[] = {
 	{ "listen", (PyCFunction)(void (*)(void))context_listen, METH_VARARGS | METH_KEYWORDS,
 	  "listen(name, access=0, gid=-1) -> Listener\n--\n\nRegister listener @name." },
 	{ "connect", (PyCFunction)(void (*)(void))context_connect, METH_VARARGS | METH_KEYWORDS,
-	  "connect(address, wait_ms=0, expect_uid=-1) -> Pipe\n--\n\nOpen a pipe; with wait_ms "
-	  "the daemon waits that long for the listener to appear." },
+	  "connect(address, wait_ms=0, expect_uid=-1, expect_peer=None) -> Pipe\n--\n\nOpen a "
+	  "pipe; with wait_ms the daemon waits that long for the listener to appear; with "
+	  "expect_peer ('any-peer' or a list of peer identities; tpip:// only) only over a peer "
+	  "link authenticated as a daemon it allows (TP_CONNECT_EXPECT_PEER)." },
 	{ "cuda_release", (PyCFunction)context_cuda_release, METH_O,
 	  "cuda_release(ptr)\n--\n\nTell the daemon to drop its mapping of the CUDA allocation "
 	  "containing device pointer @ptr (tp_cuda_release()); the memory must still be "

@@ -215,24 +215,36 @@ PyObject *tpy_pipe_wrap(tpy_context *ctx, struct tp_pipe *p)
 
 PyObject *tpy_pipe_connect(tpy_context *self, PyObject *args, PyObject *kw)
 {
-	static char *kwlist[] = { "address", "wait_ms", "expect_uid", NULL };
+	static char *kwlist[] = { "address", "wait_ms", "expect_uid", "expect_peer", NULL };
 	struct tp_connect_options o = { .size = sizeof(o) };
+	PyObject *expect_peer = Py_None;
 	const char *addr;
 	unsigned int wait_ms = 0;
 	long long uid = -1;
+	struct tpy_remote rm;
 	struct tp_pipe *p;
 	int r;
 
-	if (!PyArg_ParseTupleAndKeywords(args, kw, "s|IL:connect", kwlist, &addr, &wait_ms, &uid))
+	if (!PyArg_ParseTupleAndKeywords(args, kw, "s|ILO:connect", kwlist, &addr, &wait_ms, &uid,
+					 &expect_peer))
 		return NULL;
 	if (!self->ctx || self->closed)
 		return tpy_module_closed("Context");
+	if (tpy_remote_parse(expect_peer, "expect_peer", false, &rm) < 0)
+		return NULL;
 	o.wait_ms = wait_ms;
 	if (uid >= 0) {
 		o.flags |= TP_CONNECT_EXPECT_UID;
 		o.expect_uid = (uid_t)uid;
 	}
+	if (rm.mode != TP_REMOTE_NONE) {
+		o.flags |= TP_CONNECT_EXPECT_PEER;
+		o.expect_remote = rm.mode;
+		o.expect_peers = rm.n ? rm.peers : NULL;
+		o.n_expect_peers = rm.n;
+	}
 	r = tp_connect_ex(self->ctx, addr, &o, &p);
+	tpy_remote_done(&rm);
 	if (r < 0)
 		return tpy_module_raise(r, NULL);
 	return tpy_pipe_wrap(self, p);

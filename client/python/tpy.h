@@ -144,6 +144,25 @@ void tpy_buffer_released(tpy_context *self);
 int tpy_buffer_add_types(PyObject *m);
 
 /* group.c */
+#define TPY_REMOTE_PEERS_MAX 32 /* as libtpclient's */
+
+/* A remote access from Python (a group's remote=, a connect's expect_peer=). */
+struct tpy_remote {
+	enum tp_remote_access mode;
+	const char *peers[TPY_REMOTE_PEERS_MAX]; /* TP_REMOTE_PEERS: into @seq's items */
+	size_t n;
+	PyObject *seq; /* owned, or NULL */
+};
+
+/*
+ * tpy_remote_parse() - @v, the argument named @arg, as a remote access: None (TP_REMOTE_NONE),
+ * "none" (with @none_ok), "any-peer", or a sequence of 1..32 str peer identities
+ * (TP_REMOTE_PEERS). Borrows @v and @arg. Return: 0 with @ret (release with tpy_remote_done()),
+ * or -1 with a ValueError or TypeError raised (nothing to release).
+ */
+int tpy_remote_parse(PyObject *v, const char *arg, bool none_ok, struct tpy_remote *ret);
+void tpy_remote_done(struct tpy_remote *r);
+
 /* Context.join_group(): a new Group keeping @self. */
 PyObject *tpy_group_join(tpy_context *self, PyObject *args, PyObject *kw);
 int tpy_group_add_types(PyObject *m);

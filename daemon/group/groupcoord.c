@@ -2,10 +2,13 @@
 /*
  * The coordinator's side of cross-host group joins (issue 24; docs/collectives.md; the member's
  * side is groupx.c). PeerGroupJoins (and this daemon's own members' joins) are collected per
- * (name, uid as the forwarding daemon claims it), over authenticated peer links only, each
- * admitted only if the group's remote access (stated alike by every member: the first one's
- * is the group's, another one is refused like another size) allows the identity its link
- * authenticated with (a remote daemon is its own kind of principal; its uid is a claim); when
+ * (name, uid as the forwarding daemon claims it, remote access the join states), over
+ * authenticated peer links only, each admitted only if the remote access it states allows the
+ * identity its link authenticated with (a remote daemon is its own kind of principal; its uid
+ * is a claim). Joins stating another access are another group, so that no party a join's
+ * setting does not allow shapes the group it meets; a mismatch is refused like another size
+ * only where the other group has a member the join's setting admits (of this host, or over a
+ * link it allows), so that honest misconfiguration still fails at once. When
  * all members joined they are grouped by the instance of the daemon they joined through (never
  * by address or rank arithmetic; a join over a link that states this daemon's instance or that
  * of another peer's member is refused), hosts numbered by their lowest rank, and every member's
@@ -134,10 +137,13 @@ static void coord_refuse(struct tpd_groups *gs, struct tpd_peer *pr, uint64_t jo
 	coord_answer(gs, &cm, err, why, NULL);
 }
 
+static struct cgroup *cgroup_conflict(struct tpd_groups *gs, uid_t uid, const char *name,
+				      const struct tpd_groupx_remote *st);
+
 static void cgroup_on_timeout(evutil_socket_t fd, short what, void *arg)
 {
 	struct cgroup *cg = arg;
-	char missing[128] = "", why[256];
+	char missing[128] = "", why[320];
 	size_t len = 0;
 
 	(void)fd;
@@ -146,8 +152,13 @@ static void cgroup_on_timeout(evutil_socket_t fd, short what, void *arg)
 		if (!cg->m[i].joined)
 			len += (size_t)snprintf(missing + len, sizeof(missing) - len, "%s%u",
 						len ? ", " : "", i);
+	/* joins of the name that state another remote access wait apart: named only where the
+	 * group's own setting admits one of their members (as a mismatch at a join is) */
 	snprintf(why, sizeof(why), "group '%s': %u of %u members joined the coordinator before "
-		 "the join timeout (missing ranks %s)", cg->name, cg->joined, cg->size, missing);
+		 "the join timeout (missing ranks %s)%s", cg->name, cg->joined, cg->size, missing,
+		 cgroup_conflict(cg->gs, cg->uid, cg->name, &cg->remote) ?
+			 "; members of the name stating another remote access joined apart: "
+			 "every member must state the same" : "");
 	tpu_log(TPU_LOG_INFO, "%s", why);
 	cg->gs->refused += cg->joined;
 	for (uint32_t i = 0; i < cg->size; i++)
@@ -156,12 +167,47 @@ static void cgroup_on_timeout(evutil_socket_t fd, short what, void *arg)
 	cgroup_free(cg);
 }
 
-static struct cgroup *cgroup_find(struct tpd_groups *gs, uid_t uid, const char *name)
+/* The group of (@name, @uid) whose members state the remote access @st, or NULL. */
+static struct cgroup *cgroup_find(struct tpd_groups *gs, uid_t uid, const char *name,
+				  const struct tpd_groupx_remote *st)
 {
 	struct cgroup *cg;
 
 	tpu_list_for_each(cg, &gs->cgroups, node)
-		if (cg->uid == uid && strcmp(cg->name, name) == 0)
+		if (cg->uid == uid && strcmp(cg->name, name) == 0 &&
+		    tpd_groupx_remote_same(&cg->remote, st))
+			return cg;
+	return NULL;
+}
+
+/*
+ * Whether the remote access @st admits a member of @cg (joined, not gone): one of this host
+ * (its uid is the kernel's), or one over a link whose identity @st allows. Only such a member
+ * may tell a join stating @st anything: another party is no one that join trusts.
+ */
+static bool cgroup_trusted_by(const struct cgroup *cg, const struct tpd_groupx_remote *st)
+{
+	for (uint32_t i = 0; i < cg->size; i++) {
+		const struct cmember *cm = &cg->m[i];
+
+		if (!cm->joined || cm->gone)
+			continue;
+		if (cm->pr ? tpd_groupx_remote_allows(st, cm->pr) : !cm->peer[0])
+			return true;
+	}
+	return false;
+}
+
+/* A group of (@name, @uid) whose members state another remote access than @st and that has a
+ * member @st admits (cgroup_trusted_by()), or NULL. */
+static struct cgroup *cgroup_conflict(struct tpd_groups *gs, uid_t uid, const char *name,
+				      const struct tpd_groupx_remote *st)
+{
+	struct cgroup *cg;
+
+	tpu_list_for_each(cg, &gs->cgroups, node)
+		if (cg->uid == uid && strcmp(cg->name, name) == 0 &&
+		    !tpd_groupx_remote_same(&cg->remote, st) && cgroup_trusted_by(cg, st))
 			return cg;
 	return NULL;
 }
@@ -322,17 +368,22 @@ static bool cmember_poses(const struct tpd_groups *gs, const struct cgroup *cg,
 }
 
 /*
- * Whether join @j over @pr (NULL: this host) may take part in @cg (NULL: none yet): a member
- * from another host only over a link whose authenticated identity the remote access it states
- * allows (its uid is only that daemon's claim), and every member only with the remote access
- * of the group's first one. Refuses it otherwise. Return: true if it may.
+ * Whether join @j over @pr (NULL: this host) may take part in a group: a member from another
+ * host only over a link whose authenticated identity the remote access it states allows (its
+ * uid is only that daemon's claim). Joins stating other remote accesses are other groups, each
+ * keyed by (name, uid, remote access), so that a party a join's setting does not allow never
+ * shapes the group it meets (size, ranks, timeout, setting): a daemon the members do not trust
+ * cannot squat their group by joining first. A join is refused for a mismatch only where a
+ * group of the name with another setting has a member the join's own setting admits (honest
+ * misconfiguration fails at once). Refuses it otherwise. Return: true if it may, with @ret_cg
+ * its group (NULL: none yet).
  */
-static bool coord_admits(struct tpd_groups *gs, struct tpd_peer *pr, const struct cgroup *cg,
-			 const Tpw__V1__PeerGroupJoin *j)
+static bool coord_admits(struct tpd_groups *gs, struct tpd_peer *pr,
+			 const Tpw__V1__PeerGroupJoin *j, struct cgroup **ret_cg)
 {
 	struct tpd_groupx_remote st;
+	const struct cgroup *other;
 	char a[256], b[256];
-	bool same;
 
 	if (tpd_groupx_remote_set(&st, j->remote, j->remote_peers, j->n_remote_peers) < 0) {
 		coord_refuse(gs, pr, j->join_id, -ENOMEM, "out of memory");
@@ -350,14 +401,16 @@ static bool coord_admits(struct tpd_groups *gs, struct tpd_peer *pr, const struc
 		tpd_groupx_remote_done(&st);
 		return false;
 	}
-	same = !cg || tpd_groupx_remote_same(&st, &cg->remote);
-	if (!same)
+	other = cgroup_conflict(gs, j->uid, j->name, &st);
+	if (other)
 		coord_refuse(gs, pr, j->join_id, -EINVAL, "group '%s' takes remote members from %s, "
 			     "this join says %s", j->name,
-			     tpd_groupx_remote_text(&cg->remote, a, sizeof(a)),
+			     tpd_groupx_remote_text(&other->remote, a, sizeof(a)),
 			     tpd_groupx_remote_text(&st, b, sizeof(b)));
+	else
+		*ret_cg = cgroup_find(gs, j->uid, j->name, &st);
 	tpd_groupx_remote_done(&st);
-	return same;
+	return !other;
 }
 
 static void coord_on_join(struct tpd_groups *gs, struct tpd_peer *pr,
@@ -379,8 +432,7 @@ static void coord_on_join(struct tpd_groups *gs, struct tpd_peer *pr,
 			     cfg->group_members_max);
 		return;
 	}
-	cg = cgroup_find(gs, j->uid, j->name);
-	if (!coord_admits(gs, pr, cg, j))
+	if (!coord_admits(gs, pr, j, &cg))
 		return;
 	if (pr && cmember_poses(gs, cg, pr)) {
 		coord_refuse(gs, pr, j->join_id, -EACCES, "group '%s': the peer %s states the "

@@ -47,6 +47,48 @@ static void client(const char *name, Tpw__V1__ClientMsg *m, uint32_t tail_len, u
 	frame(name, &m->base, tail_len, nfds);
 }
 
+/* Connects with TP_CONNECT_EXPECT_PEER (Connect.expect_remote, expect_peers: fields 840 and
+ * 841): the forms a client sends, and what validation refuses (NONE stated, peers without
+ * REMOTE_PEERS or none with it, an empty identity, 33 identities). */
+static void gen_connect_expect_peer(Tpw__V1__ClientMsg *m, Tpw__V1__Connect *c)
+{
+	static char *peers[TPW_REMOTE_PEERS_MAX + 1];
+	static char *two[] = { "cert:gn02", "psk" }, *empty[] = { "" };
+
+	for (unsigned i = 0; i <= TPW_REMOTE_PEERS_MAX; i++)
+		peers[i] = "psk";
+	c->pipe_id = 2;
+	c->address = "tpip://gn02:7420/trainer0";
+	c->expect_remote = TPW__V1__REMOTE_ACCESS__REMOTE_PEERS;
+	c->expect_peers = two;
+	c->n_expect_peers = 2;
+	client("client-ok-connect-expect-peers", m, 0, 0);
+	c->expect_peers = peers;
+	c->n_expect_peers = TPW_REMOTE_PEERS_MAX;
+	client("client-ok-connect-expect-32-peers", m, 0, 0);
+	c->n_expect_peers = TPW_REMOTE_PEERS_MAX + 1;
+	client("client-bad-connect-expect-33-peers", m, 0, 0);
+	c->expect_peers = empty;
+	c->n_expect_peers = 1;
+	client("client-bad-connect-expect-empty-peer", m, 0, 0);
+	c->n_expect_peers = 0;
+	client("client-bad-connect-expect-peers-none-named", m, 0, 0);
+	c->expect_remote = TPW__V1__REMOTE_ACCESS__REMOTE_ANY_PEER;
+	client("client-ok-connect-expect-any-peer", m, 0, 0);
+	c->expect_peers = two;
+	c->n_expect_peers = 2;
+	client("client-bad-connect-expect-any-peer-with-peers", m, 0, 0);
+	c->n_expect_peers = 0;
+	c->expect_remote = TPW__V1__REMOTE_ACCESS__REMOTE_NONE;
+	client("client-bad-connect-expect-none", m, 0, 0);
+	c->expect_remote = (Tpw__V1__RemoteAccess)7;
+	client("client-bad-connect-expect-unknown", m, 0, 0);
+	c->expect_remote = TPW__V1__REMOTE_ACCESS__REMOTE_UNSPECIFIED;
+	c->expect_peers = NULL;
+	c->pipe_id = 1;
+	c->address = "trainer0";
+}
+
 static void gen_session(void)
 {
 	Tpw__V1__ClientMsg m = TPW__V1__CLIENT_MSG__INIT;
@@ -94,6 +136,7 @@ static void gen_session(void)
 	client("client-ok-connect", &m, 0, 0);
 	c.pipe_id = 1ull << 63;
 	client("client-bad-connect-pipe-id", &m, 0, 0);
+	gen_connect_expect_peer(&m, &c);
 
 	ctl.req_id = 9;
 	ctl.what = TPW__V1__CTL_WHAT__CTL_PIPES;

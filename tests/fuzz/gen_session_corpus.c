@@ -104,6 +104,26 @@ static void connect_(uint8_t c, const char *address)
 	rec(c, &m, 0, 0);
 }
 
+/* A connect of pipe @pipe_id with TP_CONNECT_EXPECT_PEER (Connect fields 840, 841): any
+ * authenticated peer, or the peers @peers (NULL-terminated). */
+static void connect_expect(uint8_t c, uint64_t pipe_id, const char *address, char **peers)
+{
+	Tpw__V1__ClientMsg m = TPW__V1__CLIENT_MSG__INIT;
+	Tpw__V1__Connect k = TPW__V1__CONNECT__INIT;
+
+	k.req_id = 3;
+	k.pipe_id = pipe_id;
+	k.address = (char *)address;
+	k.expect_remote = peers ? TPW__V1__REMOTE_ACCESS__REMOTE_PEERS :
+				  TPW__V1__REMOTE_ACCESS__REMOTE_ANY_PEER;
+	while (peers && peers[k.n_expect_peers])
+		k.n_expect_peers++;
+	k.expect_peers = peers;
+	m.body_case = TPW__V1__CLIENT_MSG__BODY_CONNECT;
+	m.connect = &k;
+	rec(c, &m, 0, 0);
+}
+
 static void buffer(uint8_t c, uint64_t id, uint64_t size)
 {
 	Tpw__V1__ClientMsg m = TPW__V1__CLIENT_MSG__INIT;
@@ -263,5 +283,13 @@ int main(int argc, char **argv)
 	connect_(1, "missing");
 	connect_(1, "g");
 	save("listen-before-hello-and-taken");
+
+	/* the far daemon's identity expected: to a tpip:// address (port 1: nothing listens), and
+	 * to a local name, which the daemon refuses */
+	hello(1, TPW__V1__ROLE__ROLE_CLIENT);
+	connect_expect(1, 1, "tpip://127.0.0.1:1/f", (char *[]){ "psk", "cert:gn02", NULL });
+	connect_expect(1, 2, "f", NULL);
+	connect_expect(1, 3, "tpip://127.0.0.1:1/g", NULL);
+	save("connect-expect-peer");
 	return 0;
 }

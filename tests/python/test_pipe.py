@@ -3,7 +3,8 @@
 non-contiguous input is refused unless made contiguous on request; 0-d and empty tensors;
 destinations passed by the reader; shared-buffer arrays; futures and asyncio; the GIL is
 released while a read blocks; the tensor header refuses hostile input; without numpy and torch
-the module still moves bytes."""
+the module still moves bytes; a connect's expect_peer (TP_CONNECT_EXPECT_PEER) between two
+daemons on loopback peer ports refuses a far daemon it does not name."""
 import asyncio
 import os
 import struct
@@ -309,3 +310,59 @@ def test_cuda_release_follows_a_torch_views_base():
     assert _cuda.owner(x[2:5]) is x and _cuda.owner(x[2:5][1:]) is x and _cuda.owner(x) is x
     a = np.zeros(3)
     assert _cuda.owner(a) is a
+
+
+def free_port():
+    import socket
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def peered(tmp_path_factory):
+    """(local socket, far peer port): two daemons on loopback peer ports sharing a pre-shared
+    key, so each link authenticates as psk:tpipd; the far one has no listener."""
+    import base64
+    from conftest import start_daemon
+    key = str(tmp_path_factory.mktemp("key") / "peer.key")
+    fd = os.open(key, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    os.write(fd, base64.b64encode(os.urandom(32)) + b"\n")
+    os.close(fd)
+    ports = [free_port(), free_port()]
+    gens = [start_daemon("--peer-listen", f"127.0.0.1:{p}", "--peer-key-file", key,
+                         "--peer-force-cross-host") for p in ports]
+    socks = [next(g) for g in gens]
+    yield socks[0], ports[1]
+    for g in gens:
+        next(g, None)
+
+
+def test_connect_expect_peer_refuses_a_daemon_it_does_not_name(peered):
+    """expect_peer (TP_CONNECT_EXPECT_PEER): the far daemon authenticated as psk:tpipd is not
+    cert:far.example, so the connect is refused with AccessDenied naming what was found; with
+    "psk" or "any-peer" the check passes and the connect reaches the far daemon, which has no
+    such listener (NoListener)."""
+    sock, port = peered
+    with tpipd.Context(sock) as ctx:
+        addr = f"tpip://127.0.0.1:{port}/nobody.here"
+        with pytest.raises(tpipd.AccessDenied, match="psk"):
+            ctx.connect(addr, expect_peer=["cert:far.example"])
+        for allowed in (["psk"], ["cert:far.example", "psk"], "any-peer"):
+            with pytest.raises(tpipd.NoListener):
+                ctx.connect(addr, expect_peer=allowed)
+        with pytest.raises(tpipd.NoListener):
+            ctx.connect(addr)
+
+
+def test_connect_expect_peer_arguments(daemon):
+    """expect_peer takes None, "any-peer" or 1..32 identities (as str), and only a tpip://
+    address: anything else is refused before the daemon sees it."""
+    with tpipd.Context(daemon) as ctx:
+        for bad in ("none", "psk", [], ["p%d" % i for i in range(33)]):
+            with pytest.raises(ValueError):
+                ctx.connect("tpip://127.0.0.1:1/x", expect_peer=bad)
+        with pytest.raises(TypeError):
+            ctx.connect("tpip://127.0.0.1:1/x", expect_peer=[1])
+        with pytest.raises(tpipd.InvalidArgument, match="tpip://"):
+            ctx.connect("local.name", expect_peer="any-peer")

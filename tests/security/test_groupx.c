@@ -21,7 +21,10 @@
  * fails nothing; a join over group-members-max or group-peer-groups-max, or for a formed
  * group, is refused; one with a rank out of range fails its link. A join over a link whose Hello
  * states the coordinator's own instance is refused (its member was planned on the coordinator's
- * host, among its members).
+ * host, among its members). A first join stating a remote access that allows the hostile
+ * daemon, another size and the members' rank 0, for a group whose members do not allow it, is
+ * kept apart: the members still form their group and all-reduce (they were all refused with
+ * EINVAL).
  *
  * As a local user (nobody): joins through a coordinator count against groups-per-uid while they
  * wait for its answer (they did not: any number of them could wait, each holding a group at the
@@ -460,6 +463,9 @@ struct remote {
 #define PEERS(p) (&(const struct remote){ .mode = TPW__V1__REMOTE_ACCESS__REMOTE_PEERS,         \
 					  .peers = { p }, .n = 1 })
 
+/* The join timeout the hostile daemon's joins state (0: T_MS). */
+static uint32_t hostile_join_ms;
+
 /* A join of @name (@rank of @size) over @l, stating @rm. */
 static void send_join_as(struct flink *l, uint64_t join_id, const char *name, int rank,
 			 uint32_t size, const struct remote *rm)
@@ -473,7 +479,7 @@ static void send_join_as(struct flink *l, uint64_t join_id, const char *name, in
 	j.size = size;
 	j.uid = 0;
 	j.pid = 4711;
-	j.timeout_ms = (uint32_t)T_MS;
+	j.timeout_ms = hostile_join_ms ? hostile_join_ms : (uint32_t)T_MS;
 	j.remote = rm->mode;
 	j.remote_peers = (char **)rm->peers;
 	j.n_remote_peers = rm->n;
@@ -1033,6 +1039,137 @@ START_TEST(test_coordinator_admits_only_the_peers_the_group_allows)
 }
 END_TEST
 
+/* The squatted group's members tell the test they joined, and wait for it to go on. */
+static struct tpt_sync squat_joined, squat_go;
+
+/* A member of this host of group "squat" (rank @arg of 2), through this daemon as coordinator,
+ * whose remote access names only cert:gn02 (not the hostile daemon's psk:tpipd): joins,
+ * all-reduces once the test says so, and leaves. Return: 0 if all of it worked. */
+static int squatted_member(void *arg)
+{
+	const char *peers[] = { "cert:gn02" };
+	int rank = (int)(intptr_t)arg, r;
+	struct tp_group_options o = { .size = sizeof(o), .rank = rank, .nranks = 2,
+				      .bootstrap = TP_GROUP_BOOTSTRAP_COORDINATOR,
+				      .join_timeout_ms = T_MS, .coordinator = coord_at(d.peer_port),
+				      .remote = TP_REMOTE_PEERS, .remote_peers = peers,
+				      .n_remote_peers = 1 };
+	float in[4] = { 1.0f + (float)rank, 2, 3, 4 }, out[4] = { 0 };
+	struct tp_context *ctx = NULL;
+	struct tp_group *g = NULL;
+
+	TPT_REQUIRE(tpt_ctx_new(&d, 0, NULL, &ctx) == 0, 1, "context: %s", tp_last_error());
+	r = tp_group_join(ctx, "squat", &o, &g);
+	tpt_sync_post(&squat_joined, r < 0 ? 1 : 0);
+	TPT_REQUIRE(r == 0, 1, "rank %d: join: %d %s", rank, r, tp_last_error());
+	TPT_REQUIRE(tp_group_rank(g) == rank && tp_group_size(g) == 2, 1, "rank %d of %d",
+		    tp_group_rank(g), tp_group_size(g));
+	TPT_REQUIRE(tpt_sync_wait(&squat_go, T_MS) == 0, 1, "the test did not go on");
+	r = tp_allreduce(g, in, out, 4, TP_DTYPE_F32, TP_OP_SUM);
+	TPT_REQUIRE(r == 0 && out[0] == 3.0f && out[3] == 8.0f, 1, "all-reduce: %d %s (%g)", r,
+		    tp_last_error(), (double)out[0]);
+	tp_group_leave(g);
+	tp_context_free(ctx);
+	return 0;
+}
+
+/* Waits up to T_MS for @n posts of @s while the hostile link @l stays live. Return: true if
+ * they came, each 0 (a member that joined). */
+static bool squat_wait(struct tpt_sync *s, int n, struct flink *l)
+{
+	uint64_t end = tpt_now_ms() + (uint64_t)T_MS;
+
+	while (n > 0 && tpt_now_ms() < end) {
+		int v = tpt_sync_wait(s, 50);
+
+		if (v > 0)
+			return false;
+		if (v == 0)
+			n--;
+		else
+			fc_pump(&l->ctl, 20);
+	}
+	return n == 0;
+}
+
+/*
+ * HOLE (fixed): the coordinator kept one group per (name, uid) and the first join fixed its
+ * remote access, size and ranks, so a key holder that the group does not allow could still send
+ * the first join of another user's group, stating a remote access that allows itself (any
+ * peer), another size and the rank 0 the members ask for: every member of the group was then
+ * refused (-EINVAL: "takes remote members from any peer"). A denial of service on a group by a
+ * daemon its members never trusted. Now a join meets only the joins that state its own remote
+ * access, and a mismatch is reported only where the other setting's group has a member this
+ * join's setting admits: the hostile join (any peer, rank 0 of 3) waits apart, and the group's
+ * two members of this host (allowing only cert:gn02) form it and all-reduce. Nor can the hostile
+ * daemon end the group with PeerGroupGones of the members' join ids. SOUND (pinned): a member of
+ * this host stating any peer is still refused at once with -EINVAL naming the group's setting
+ * (its setting admits the members of this host in the other group), and so is the hostile
+ * daemon's second join, whose setting admits them too.
+ */
+START_TEST(test_coordinator_keeps_a_disallowed_first_join_apart)
+{
+	struct tpt_raw honest;
+	Tpw__V1__DaemonMsg *in = NULL;
+	struct flink l;
+	pid_t p0, p1;
+	char msg[256];
+
+	NEED_ROOT();
+	ck_assert_int_eq(tpt_sync_init(&squat_joined), 0);
+	ck_assert_int_eq(tpt_sync_init(&squat_go), 0);
+	flink_dial(&l);
+	send_join_as(&l, 7, "squat", 0, 3, ANY_PEER); /* first, squatting rank 0 */
+	ck_assert(wait_listed("squat"));
+	p0 = tpt_fork(squatted_member, (void *)(intptr_t)0);
+	p1 = tpt_fork(squatted_member, (void *)(intptr_t)1);
+	ck_assert_int_gt(p0, 0);
+	ck_assert_int_gt(p1, 0);
+	if (!squat_wait(&squat_joined, 2, &l)) {
+		(void)tpt_wait_ok(p0, T_MS, "rank 0 of the squatted group"); /* says why */
+		(void)tpt_wait_ok(p1, T_MS, "rank 1 of the squatted group");
+		ck_abort_msg("the group's members did not both join");
+	}
+
+	/* the group formed: the hostile daemon's gones of this host's join ids (1 and 2) */
+	for (uint64_t id = 1; id < 4; id++)
+		send_gone(&l, id, 0);
+	/* sound: another remote access that admits the group's members is refused at once */
+	ck_assert_int_eq(client_join_as(&honest, "squat", 1, 3, coord_at(d.peer_port), T_MS,
+					ANY_PEER), 0);
+	ck_assert_int_eq(client_joined(&honest, T_MS, &in), 0);
+	ck_assert_int_eq(in->group_joined->status, TPW__V1__STATUS__STATUS_INVALID);
+	ck_assert_msg(strstr(in->group_joined->message, "takes remote members from peers "
+			     "cert:gn02, this join says any peer"), "%s",
+		      in->group_joined->message);
+	tpw_daemon_msg_free(in);
+	tpt_raw_close(&honest);
+	send_join_as(&l, 8, "squat", 1, 3, ANY_PEER);
+	ck_assert_int_eq(next_joined(&l, 8, msg, sizeof(msg)), TPW__V1__STATUS__STATUS_INVALID);
+	ck_assert_int_eq(tpt_daemon_log_count(&d, "the group fails"), 0);
+	ck_assert_int_eq(tpt_sync_post(&squat_go, 0), 0);
+	ck_assert_int_eq(tpt_sync_post(&squat_go, 0), 0);
+	ck_assert(tpt_wait_ok(p0, T_MS, "rank 0 of the squatted group"));
+	ck_assert(tpt_wait_ok(p1, T_MS, "rank 1 of the squatted group"));
+
+	/* the hostile join apart times out alone; its group's setting (any peer) admits the
+	 * member of this host waiting apart, so its answer says why */
+	hostile_join_ms = (uint32_t)TPT_SCALED_MS(1000);
+	send_join_as(&l, 9, "late", 0, 2, ANY_PEER);
+	ck_assert(wait_listed("late"));
+	ck_assert_int_eq(client_join_as(&honest, "late", 0, 2, coord_at(d.peer_port), T_MS,
+					PEERS("cert:gn02")), 0);
+	ck_assert_int_eq(next_joined(&l, 9, msg, sizeof(msg)), TPW__V1__STATUS__STATUS_TIMEOUT);
+	ck_assert_msg(strstr(msg, "stating another remote access joined apart"), "%s", msg);
+	ck_assert_int_eq(client_joined(&honest, QUIET_MS, &in), -ETIMEDOUT);
+	tpt_raw_close(&honest);
+	flink_close(&l);
+	tpt_sync_done(&squat_joined);
+	tpt_sync_done(&squat_go);
+	ck_assert(tpt_daemon_alive(&d));
+}
+END_TEST
+
 /*
  * HOLE (fixed): a member's daemon sent its client's join (name, uid, pid) to whatever daemon
  * answered at the coordinator's address and put the client into the group that daemon's answer
@@ -1264,6 +1401,7 @@ static Suite *groupx_suite(void)
 	tcase_add_test(tc, test_member_daemon_link_failure_keeps_local_departures);
 	tcase_add_test(tc, test_member_daemon_stating_the_coordinators_instance_is_refused);
 	tcase_add_test(tc, test_coordinator_admits_only_the_peers_the_group_allows);
+	tcase_add_test(tc, test_coordinator_keeps_a_disallowed_first_join_apart);
 	tcase_add_test(tc, test_member_daemon_joins_only_through_a_coordinator_the_group_allows);
 	tcase_add_test(tc, test_leader_connects_only_to_a_peer_the_group_allows);
 	tcase_add_test(tc, test_local_user_joins_through_a_coordinator_are_bounded);

@@ -105,14 +105,20 @@ class Context:
             raise ValueError(f"access must be one of {sorted(codes)}")
         return Listener(self._raw.listen(name, codes[access], -1 if gid is None else gid))
 
-    def connect(self, address, *, timeout=None, expect_uid=None):
+    def connect(self, address, *, timeout=None, expect_uid=None, expect_peer=None):
         """Open a pipe to ``address`` (a listener NAME or tpip://HOST[:PORT]/NAME).
 
         With ``timeout`` (seconds) the daemon waits that long for a listener that is not
         registered yet, and connect() returns once the pipe is connected (Timeout, NoListener,
-        AccessDenied otherwise). Without it, a missing listener raises NoListener."""
+        AccessDenied otherwise). Without it, a missing listener raises NoListener.
+        ``expect_uid``: refuse (AccessDenied) unless the listener's owner is that uid.
+        ``expect_peer`` (tpip:// only; libtpclient's TP_CONNECT_EXPECT_PEER): "any-peer" or a
+        list of peer identities ("psk", "cert:HOST", ...): this host's daemon refuses the
+        connect (AccessDenied, naming the identity it found) unless the peer link it goes over
+        authenticated as a daemon that allows, before anything of it reaches that daemon."""
         wait_ms = 0 if timeout is None else max(1, int(timeout * 1000))
-        raw = self._raw.connect(address, wait_ms, -1 if expect_uid is None else expect_uid)
+        raw = self._raw.connect(address, wait_ms, -1 if expect_uid is None else expect_uid,
+                                expect_peer)
         try:
             raw.wait_connected(10.0 if timeout is None else timeout + 10.0)
         except BaseException:
