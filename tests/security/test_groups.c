@@ -481,6 +481,24 @@ static int daemon_fds(int *ret_arenas)
 	return n;
 }
 
+/* The daemon's fd count once it holds still: the same in three reads 50 ms apart (a session
+ * of an earlier case may still be closing at load), or the last read after T_MS. */
+static int daemon_fds_settled(int *ret_arenas)
+{
+	uint64_t end = tpt_now_ms() + T_MS;
+	int n = daemon_fds(ret_arenas), same = 0;
+
+	while (same < 2 && tpt_now_ms() < end) {
+		int m;
+
+		usleep(50000);
+		m = daemon_fds(ret_arenas);
+		same = m == n ? same + 1 : 0;
+		n = m;
+	}
+	return n;
+}
+
 /* Rank 1 of "dying", speaking the protocol on the socket: joins, waits until its GroupJoined
  * (and with it the arena fd) is in its socket, tells the parent, and at the parent's word exits
  * with both unread. */
@@ -543,7 +561,7 @@ START_TEST(test_member_dying_before_taking_its_arena_leaks_nothing)
 
 	if (geteuid() != 0)
 		return;
-	before = daemon_fds(&arenas);
+	before = daemon_fds_settled(&arenas);
 	ck_assert_int_gt(before, 0);
 	a = tpt_fork(dying_member, NULL);
 	ck_assert_int_eq(tpt_sync_wait(&victim_waits, T_MS), 0);
@@ -562,10 +580,10 @@ START_TEST(test_member_dying_before_taking_its_arena_leaks_nothing)
 	ck_assert_int_lt(sh->attacker_join, 0);
 	ck_assert_msg(strstr(sh->attacker_msg, "rank 1"), "%s", sh->attacker_msg);
 	end = tpt_now_ms() + T_MS;
-	while (((now = daemon_fds(&arenas)) != before || count_groups_as(0) != 0) &&
+	while (((now = daemon_fds(&arenas)) > before || count_groups_as(0) != 0) &&
 	       tpt_now_ms() < end)
 		usleep(20000);
-	ck_assert_int_eq(now, before);
+	ck_assert_int_le(now, before);
 	ck_assert_int_eq(arenas, 0);
 	ck_assert_int_eq(count_groups_as(0), 0);
 }
