@@ -48,8 +48,8 @@ struct coll_desc {
  * member's library can (COLL_CAP_STEP; the first chunk goes in before the members know, so it
  * fills the slot as before). A step's slots, results and slices, about 2.5 times this a member,
  * stay in the core's level-2 cache between a member writing them and another reading them;
- * whole 1 MiB slots did not (16 MiB of 2 members: 15 to 20 % less CPU a call for 4 times the
- * barriers, which spin). */
+ * whole 1 MiB slots did not (16 and 64 MiB of 2 and 4 members: 10 to 20 % less CPU a call for
+ * 4 times the barriers; docs/benchmarks.md). */
 #define ALLREDUCE_STEP (256u << 10)
 
 _Static_assert(sizeof(struct coll_desc) <= TPU_GRPARENA_CALL, "a call descriptor fits its slot");
