@@ -42,6 +42,15 @@ struct coll_desc {
 #define COLL_CAP_SEG 2u	   /* asks for an all-reduce's first segment alone (tpc_coll.seg) */
 #define COLL_CAP_XSEG 4u   /* takes a broadcast, all-gather or reduce-scatter across hosts in
 			    * segments (tp_group.xseg_ask: in every call; collx.c) */
+#define COLL_CAP_STEP 8u   /* an all-reduce's chunks after its first of ALLREDUCE_STEP bytes */
+
+/* Bytes of a slot that one barrier of an all-reduce covers after its first chunk, when every
+ * member's library can (COLL_CAP_STEP; the first chunk goes in before the members know, so it
+ * fills the slot as before). A step's slots, results and slices, about 2.5 times this a member,
+ * stay in the core's level-2 cache between a member writing them and another reading them;
+ * whole 1 MiB slots did not (16 and 64 MiB of 2 and 4 members: 10 to 20 % less CPU a call for
+ * 4 times the barriers; docs/benchmarks.md). */
+#define ALLREDUCE_STEP (256u << 10)
 
 _Static_assert(sizeof(struct coll_desc) <= TPU_GRPARENA_CALL, "a call descriptor fits its slot");
 
@@ -706,6 +715,7 @@ int tpc_coll_local(struct tp_group *g, const struct tpc_coll *c, struct tpc_xver
 	struct coll_desc *d = desc_of(g, seq, g->rank);
 	size_t per = c->kind == TPC_COLL_BARRIER ? 1 : chunk_elems(g, c);
 	size_t n = c->count < per ? c->count : per, done = 0;
+	size_t step = c->kind == TPC_COLL_BARRIER ? 1 : ALLREDUCE_STEP / tp_dtype_size(c->dtype);
 	bool direct = direct_call(g, c);
 	bool solo = g->size == 1 && !c->seg && (!has_view(c) || c->kind == TPC_COLL_BROADCAST);
 	int r;
@@ -713,7 +723,8 @@ int tpc_coll_local(struct tp_group *g, const struct tpc_coll *c, struct tpc_xver
 	*d = (struct coll_desc){ .seq = seq, .kind = c->kind, .dtype = c->dtype, .op = c->op,
 				 .root = (uint32_t)c->root, .count = c->dcount ? c->dcount : c->count,
 				 .pid = (uint32_t)g->pid, .valid = 1, .absent = c->absent,
-				 .caps = COLL_CAP_DIRECT | (c->seg ? COLL_CAP_SEG : 0) |
+				 .caps = COLL_CAP_DIRECT | COLL_CAP_STEP |
+					 (c->seg ? COLL_CAP_SEG : 0) |
 					 (g->xseg_ask ? COLL_CAP_XSEG : 0) };
 	if (v && g->rank == 0) {
 		d->xerr = v->err;
@@ -752,6 +763,8 @@ int tpc_coll_local(struct tp_group *g, const struct tpc_coll *c, struct tpc_xver
 			reduce_all(g, c, bank, n, c->recv);
 		return 0;
 	}
+	if (r == 0 && c->kind == TPC_COLL_ALLREDUCE && per > step && all_can(g, seq, COLL_CAP_STEP))
+		per = step; /* the chunks after the first */
 	if (r == 0 && c->kind == TPC_COLL_ALLREDUCE && c->seg && c->seg < c->count) {
 		/* the first segment alone when every member takes the call in segments (each
 		 * checked the whole count above); the first chunk is in its slot already */

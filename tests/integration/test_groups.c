@@ -435,11 +435,12 @@ static int user_once(struct gt_member *m, size_t count)
 	return bad;
 }
 
-/* Over a chunk, and on both sides of the one-barrier path's size (TPC_COLL_DIRECT_MAX over all
- * slots: 2048 i64 elements for 4 members) */
+/* Over a chunk (and over several 256 KiB steps after a 1 MiB first chunk), and on both sides of
+ * the one-barrier path's size (TPC_COLL_DIRECT_MAX over all slots: 2048 i64 elements for 4
+ * members) */
 static int body_user(struct gt_member *m)
 {
-	static const size_t uc[] = { 100003, 1, 1000, 2047, 2048, 2049, 4099 };
+	static const size_t uc[] = { 100003, 300007, 1, 1000, 2047, 2048, 2049, 4099 };
 	int bad = 0;
 
 	for (size_t i = 0; i < GT_ARRAY_SIZE(uc); i++)
