@@ -335,6 +335,9 @@ struct tp_context {
 	uint32_t ring_pollers;
 	uint64_t wake_seq;    /* atomic: bumped by tpc_context_wake() */
 	bool running_op;      /* lock: the io thread runs a completed operation's callback */
+	/* lock: an asynchronous eager read completed in its caller's thread since the io thread
+	 * last looked, leaving it the callback: the io thread may linger (context.c) */
+	bool io_handed;
 	/* atomic slots: freed descriptor blocks of inline bytes kept for the next (read.c) */
 	struct tpc_desc *desc_keep[TPC_DESC_KEEP];
 	size_t desc_kept; /* atomic: their bytes */

@@ -596,6 +596,7 @@ static void read_eager(struct tp_pipe *p, struct tpc_desc *d, const struct tp_al
 		tpu_list_insert_tail(&p->reads, &op->node);
 		/* Completes now, or after the rendezvous reads before it. */
 		tpc_op_ready_locked(ctx, &p->reads, op, status, op->errmsg);
+		ctx->io_handed = true; /* its callback is the io thread's: it may linger */
 	}
 	pthread_mutex_unlock(&ctx->lock);
 	if (at)
