@@ -116,7 +116,7 @@ struct tpc_buf *tpc_buffer_lookup_locked(struct tp_context *ctx, const void *ptr
 }
 
 int tpc_buffer_check_range_locked(struct tp_context *ctx, const void *ptr, size_t len,
-				  const char *what)
+				  const char *what, size_t idx)
 {
 	size_t i = buffer_upper(ctx, (uintptr_t)ptr);
 	const struct tpc_buf *b;
@@ -128,8 +128,8 @@ int tpc_buffer_check_range_locked(struct tp_context *ctx, const void *ptr, size_
 	off = (uintptr_t)ptr - (uintptr_t)b->addr;
 	if (b->staging || off >= b->size || tpu_range_ok(off, len, b->size))
 		return 0;
-	return tpc_error(-ERANGE, "%s: %zu bytes at offset %zu run past the end of shared buffer "
-			 "%llu (%zu bytes)", what, len, (size_t)off, (unsigned long long)b->id,
+	return tpc_error(-ERANGE, "%s %zu: %zu bytes at offset %zu run past the end of shared "
+			 "buffer %llu (%zu bytes)", what, idx, len, (size_t)off, (unsigned long long)b->id,
 			 (size_t)b->size);
 }
 

@@ -735,23 +735,77 @@ static bool io_ready(void *arg)
 	       __atomic_load_n(&p->ctx->ring_pollers, __ATOMIC_RELAXED) != 0;
 }
 
+static bool linger_ready(void *arg)
+{
+	struct io_poll *p = arg;
+
+	return __atomic_load_n(&p->ctx->wake_seq, __ATOMIC_ACQUIRE) != p->wake_seq ||
+	       __atomic_load_n(&p->ctx->ring_pollers, __ATOMIC_RELAXED) == 0;
+}
+
+/*
+ * While a blocked caller polls the ring, the io thread runs only the callbacks that caller (or
+ * another application thread) hands it, each through tpc_context_wake(): one eventfd write, one
+ * wake-up of a sleeping thread and its poll() and read() a callback. A reader that gets its
+ * descriptors in a blocking call and reads them asynchronously (an eager read completes inside
+ * tp_pipe_read(), its callback is the io thread's) paid that for every message. So after such
+ * work, the io thread lingers: it watches wake_seq for a while before it sleeps, and a waker
+ * that finds io_sleeping clear only bumps wake_seq. It lingers only after such reads
+ * (io_handed, set by read_eager()), which come at the pace of the reader's loop, not after
+ * completions the polling caller found in the ring, which come at the daemon's: in a ping-pong
+ * a round trip apart, and an io thread spinning through the round trip would take CPU from
+ * the threads that make it (measured: a longer round trip on a busy machine). And only while that work keeps coming: for at most twice the time it last waited
+ * for work, and not at all when that was longer than half the context's spin budget (never
+ * when idle: the waits that end in a time-out or after a longer sleep are long). A linger that
+ * comes to nothing costs at most that half budget, once at the end of a stream of messages.
+ *
+ * No lost wake-up: the linger is a spin before the ordinary sleep, with io_sleeping clear as
+ * in any spin. A waker that bumps wake_seq while it lingers is seen by linger_ready(); one that
+ * comes after it is seen by the check after io_sleeping is set (both sequentially consistent),
+ * or, if it saw the flag set, its eventfd write ends the poll(). @seq was read under the
+ * context lock after the done queue was emptied, and work is queued under that lock before
+ * wake_seq moves, so nothing queued before @seq is missed. If the last poller stops meanwhile,
+ * the linger ends and the io thread goes on as if none had polled (it spins on the ring, then
+ * sets the ring's sleeping flag itself).
+ */
+static void context_ring_linger(struct tp_context *ctx, struct io_poll *p, bool handed,
+				uint64_t last_wait_ns)
+{
+	uint64_t budget = 2 * last_wait_ns, start;
+
+	if (!handed || budget > ctx->spin_ns || linger_ready(p))
+		return;
+	start = tpu_now_ns();
+	if (tpu_spin_quiet(start))
+		return;
+	/* A long yield (a busy machine) ends the linger, but says nothing to the other waits of
+	 * the process (tpu_spin_contended()): a linger is optional, theirs are not. */
+	while (!tpu_spin_pause() && !linger_ready(p) && tpu_now_ns() - start < budget)
+		;
+}
+
 /*
  * One wait of a ring context's io thread (lock not held): frames waiting in the ring are read
- * at once; else, while a blocked caller polls the ring (ring_poll_start()), it blocks in poll()
- * on the eventfd and the socket (fds, the end of the connection) with the ring's sleeping flag
- * left to that caller; else it spins, then sets the sleeping flags and blocks in poll() the same
- * way (doorbells too).
+ * at once; else, while a blocked caller polls the ring (ring_poll_start()), it lingers after
+ * recent work @handed to it (context_ring_linger()), then blocks in poll() on the eventfd and the socket (fds,
+ * the end of the connection) with the ring's sleeping flag left to that caller; else it spins,
+ * then sets the sleeping flags and blocks in poll() the same way (doorbells too). *@wait_ns: in,
+ * how long the last wait lasted; out, how long this one did.
  */
 static void context_ring_wait(struct tp_context *ctx, struct tpu_spin *spin, struct pollfd *pfd,
-			      uint64_t seq, int timeout_ms)
+			      uint64_t seq, bool handed, int timeout_ms, uint64_t *wait_ns)
 {
 	struct io_poll p = { ctx, seq };
 	uint64_t t0 = tpu_now_ns(), v;
 	bool raced, lost = false, polled;
+	int n = 0;
 
+	context_ring_linger(ctx, &p, handed, *wait_ns);
+	*wait_ns = UINT64_MAX / 4; /* a time-out or the end: long */
 	if (tpu_spin_wait(spin, io_ready, &p) &&
 	    (tpu_ring_peek(&ctx->ring_rx) != 0 ||
 	     __atomic_load_n(&ctx->wake_seq, __ATOMIC_ACQUIRE) != seq)) {
+		*wait_ns = tpu_now_ns() - t0;
 		if (tpu_ring_peek(&ctx->ring_rx) != 0)
 			context_on_readable(ctx);
 		return;
@@ -760,11 +814,13 @@ static void context_ring_wait(struct tp_context *ctx, struct tpu_spin *spin, str
 	polled = __atomic_load_n(&ctx->ring_pollers, __ATOMIC_SEQ_CST) != 0;
 	raced = (!polled && tpu_ring_sleep_prepare(&ctx->ring_rx)) ||
 		__atomic_load_n(&ctx->wake_seq, __ATOMIC_SEQ_CST) != p.wake_seq;
-	if (!raced && poll(pfd, 2, timeout_ms) > 0 && pfd[0].revents &&
+	if (!raced && (n = poll(pfd, 2, timeout_ms)) > 0 && pfd[0].revents &&
 	    read(ctx->efd, &v, sizeof(v)) < 0)
 		v = 0;
 	__atomic_store_n(&ctx->io_sleeping, 0, __ATOMIC_SEQ_CST);
 	tpu_ring_sleep_cancel(&ctx->ring_rx);
+	if (raced || n > 0)
+		*wait_ns = tpu_now_ns() - t0;
 	if (!raced && !polled)
 		tpu_spin_slept(spin, tpu_now_ns() - t0);
 	if (!raced && pfd[1].revents) {
@@ -799,9 +855,9 @@ static void *context_io_main(void *arg)
 		{ .fd = ctx->efd, .events = POLLIN },
 		{ .fd = ctx->fd, .events = POLLIN },
 	};
+	uint64_t v, wait_ns = UINT64_MAX / 4;
 	struct tpu_spin spin;
 	struct tpc_op *op;
-	uint64_t v;
 
 	io_thread_ctx = ctx;
 	tpu_spin_init(&spin, ctx->spin_ns);
@@ -831,6 +887,7 @@ static void *context_io_main(void *arg)
 		nfds_t n = ctx->dead ? 1 : 2;
 		/* Work queued from now on bumps wake_seq (after taking the lock we hold). */
 		uint64_t seq = __atomic_load_n(&ctx->wake_seq, __ATOMIC_SEQ_CST);
+		bool handed = ctx->io_handed;
 		/* Wake up to release idle staging buffers. */
 		int tmo = tpc_buffer_pool_timeout_locked(ctx);
 		int tmo_own = tpc_chan_own_timeout_locked(ctx);
@@ -838,10 +895,11 @@ static void *context_io_main(void *arg)
 		if (tmo_own >= 0 && (tmo < 0 || tmo_own < tmo))
 			tmo = tmo_own;
 		ctx->io_untimed = tmo < 0;
+		ctx->io_handed = false;
 
 		pthread_mutex_unlock(&ctx->lock);
 		if (ctx->ring && n == 2) {
-			context_ring_wait(ctx, &spin, pfd, seq, tmo);
+			context_ring_wait(ctx, &spin, pfd, seq, handed, tmo, &wait_ns);
 		} else {
 			__atomic_store_n(&ctx->io_sleeping, 1, __ATOMIC_SEQ_CST);
 			if (__atomic_load_n(&ctx->wake_seq, __ATOMIC_SEQ_CST) == seq &&

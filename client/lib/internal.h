@@ -335,6 +335,9 @@ struct tp_context {
 	uint32_t ring_pollers;
 	uint64_t wake_seq;    /* atomic: bumped by tpc_context_wake() */
 	bool running_op;      /* lock: the io thread runs a completed operation's callback */
+	/* lock: an asynchronous eager read completed in its caller's thread since the io thread
+	 * last looked, leaving it the callback: the io thread may linger (context.c) */
+	bool io_handed;
 	/* atomic slots: freed descriptor blocks of inline bytes kept for the next (read.c) */
 	struct tpc_desc *desc_keep[TPC_DESC_KEEP];
 	size_t desc_kept; /* atomic: their bytes */
@@ -683,11 +686,12 @@ struct tpc_buf *tpc_buffer_lookup_locked(struct tp_context *ctx, const void *ptr
  * tpc_buffer_check_range_locked() - refuses a range that starts inside a registered buffer and
  * runs past its end (it would otherwise go by CMA and fail later with -EFAULT). Lock held.
  * Borrows @what; @ptr is only compared.
- * @what: the segment, for the error text ("payload 2").
+ * @what, @idx: the segment, for the error text ("payload", 2: "payload 2"), formatted only
+ * on failure (this runs for every segment of every message).
  * Return: 0 (inside one buffer, or in none), or -ERANGE (tp_last_error() says why).
  */
 int tpc_buffer_check_range_locked(struct tp_context *ctx, const void *ptr, size_t len,
-				  const char *what);
+				  const char *what, size_t idx);
 /* A registered staging buffer of >= @size bytes; send_lock held, lock not held.
  * @ret: returns owned buffer, give back with tpc_buffer_stage_put(). Return: 0 or -errno. */
 int tpc_buffer_stage_get(struct tp_context *ctx, size_t size, struct tpc_buf **ret);

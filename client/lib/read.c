@@ -410,14 +410,12 @@ static int read_check_ranges(struct tp_context *ctx, const struct tpc_desc *d,
 	pthread_mutex_lock(&ctx->lock);
 	for (size_t i = 0; r == 0 && i < a->n_payloads + a->n_tensors; i++) {
 		const struct tp_slot *s = read_slot(a, i);
-		char what[32];
 
 		if (s->device.type != TP_DEVICE_CPU)
 			continue;
-		snprintf(what, sizeof(what), "%s slot %zu",
-			 i < a->n_payloads ? "payload" : "tensor",
-			 i < a->n_payloads ? i : i - a->n_payloads);
-		r = tpc_buffer_check_range_locked(ctx, s->data, read_len(d, i), what);
+		r = tpc_buffer_check_range_locked(ctx, s->data, read_len(d, i),
+						  i < a->n_payloads ? "payload slot" : "tensor slot",
+						  i < a->n_payloads ? i : i - a->n_payloads);
 	}
 	pthread_mutex_unlock(&ctx->lock);
 	return r;
@@ -598,6 +596,7 @@ static void read_eager(struct tp_pipe *p, struct tpc_desc *d, const struct tp_al
 		tpu_list_insert_tail(&p->reads, &op->node);
 		/* Completes now, or after the rendezvous reads before it. */
 		tpc_op_ready_locked(ctx, &p->reads, op, status, op->errmsg);
+		ctx->io_handed = true; /* its callback is the io thread's: it may linger */
 	}
 	pthread_mutex_unlock(&ctx->lock);
 	if (at)

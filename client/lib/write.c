@@ -288,14 +288,12 @@ static int write_check_ranges_locked(struct tp_context *ctx, const struct write_
 	for (size_t i = 0; i < msg->n_payloads + msg->n_tensors; i++) {
 		size_t len, np = msg->n_payloads;
 		const void *data = write_seg(msg, i, &len);
-		char what[32];
 		int r;
 
 		if (pl->seg[i].loc_case == TPW__V1__SEGMENT__LOC_CUDA)
 			continue;
-		snprintf(what, sizeof(what), "%s %zu", i < np ? "payload" : "tensor",
-			 i < np ? i : i - np);
-		r = tpc_buffer_check_range_locked(ctx, data, len, what);
+		r = tpc_buffer_check_range_locked(ctx, data, len, i < np ? "payload" : "tensor",
+						  i < np ? i : i - np);
 		if (r < 0)
 			return r;
 	}

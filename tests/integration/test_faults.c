@@ -755,6 +755,8 @@ static int range_writer(void *arg)
 	t.length = RANGE_BUF / 2 + 1; /* one byte past the end (a rendezvous-sized message) */
 	r = tp_pipe_write_sync(p, &m);
 	TPT_REQUIRE(r == -ERANGE, 1, "write one byte past the buffer: %d (%s)", r, tp_last_error());
+	TPT_REQUIRE(strstr(tp_last_error(), "tensor 0: "), 1, "the error names no segment: %s",
+		    tp_last_error());
 	t.data = buf + RANGE_BUF - 100;
 	t.length = 101; /* one byte past the end (small enough to go inline) */
 	r = tp_pipe_write_sync(p, &m);
@@ -795,6 +797,8 @@ static int range_reader(void *arg)
 	slot.data = buf + RANGE_BUF / 2 + 1; /* one byte short of room */
 	r = tp_pipe_read_sync(p, d, &a);
 	TPT_REQUIRE(r == -ERANGE, 1, "read one byte past the buffer: %d (%s)", r, tp_last_error());
+	TPT_REQUIRE(strstr(tp_last_error(), "tensor slot 0: "), 1, "the error names no slot: %s",
+		    tp_last_error());
 	tpt_sync_post(&to_a, 0);
 	tp_pipe_close(p);
 	tp_listener_close(l);

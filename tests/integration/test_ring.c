@@ -8,7 +8,8 @@
  * larger than itself, shared-buffer fds and 8 writer threads on one context, every byte checked
  * and in order; no-spin clients, a never-spinning daemon and idle gaps longer than any spin
  * window lose no wake-up, nor does a callback due while a blocking call polls the ring in the io
- * thread's place; a writer killed while blocked on a full ring leaves the daemon whole.
+ * thread's place, nor one of a stream of asynchronous reads between blocking calls (the io
+ * thread lingering, sleeping or never spinning); a writer killed while blocked on a full ring leaves the daemon whole.
  * Regression cases: a busy ring (kept moving by a raw client) does not starve socket clients,
  * and a shared buffer right after tp_context_new() keeps its connection. Raw ring clients that
  * break the protocol are in test_ring_raw.c. Timing is only ever checked against generous upper
@@ -23,6 +24,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/wait.h>
+#include <time.h>
 #include <unistd.h>
 #include "ring_common.h"
 
@@ -907,6 +909,133 @@ START_TEST(test_ring_callbacks_run_while_a_blocked_call_polls)
 }
 END_TEST
 
+/* ---- a stream of asynchronous reads between blocking calls ----------------------------------- */
+
+/*
+ * A reader that gets each descriptor in a blocking call and reads it asynchronously: every
+ * eager read completes inside tp_pipe_read() and leaves its callback to the io thread, which
+ * after such work lingers instead of sleeping while the blocked call polls (context.c,
+ * context_ring_linger()). Every callback must run, in order, whether the io thread lingers,
+ * sleeps or never spins: during the stream, across idle gaps longer than any linger, and when
+ * the reader stops calling the library and only waits for its callbacks (every tenth message:
+ * the last poller stops while the io thread may be lingering).
+ */
+#define STREAM_N 400
+
+static pthread_mutex_t stream_mu = PTHREAD_MUTEX_INITIALIZER;
+static pthread_cond_t stream_cv = PTHREAD_COND_INITIALIZER;
+static unsigned stream_done;
+static bool stream_bad;
+
+static void stream_on_read(void *arg, struct tp_pipe *p, int status, const char *errmsg)
+{
+	pthread_mutex_lock(&stream_mu);
+	if (status != 0 || (uintptr_t)arg != stream_done)
+		stream_bad = true;
+	stream_done++;
+	pthread_cond_broadcast(&stream_cv);
+	pthread_mutex_unlock(&stream_mu);
+}
+
+/* Waits without calling the library until @n callbacks ran. Return: 0, -ETIMEDOUT, -EBADMSG. */
+static int stream_wait(unsigned n)
+{
+	struct timespec ts;
+	int r = 0;
+
+	clock_gettime(CLOCK_REALTIME, &ts);
+	ts.tv_sec += T_MS / 1000;
+	pthread_mutex_lock(&stream_mu);
+	while (stream_done < n && !stream_bad && r == 0)
+		r = pthread_cond_timedwait(&stream_cv, &stream_mu, &ts);
+	r = stream_bad ? -EBADMSG : stream_done >= n ? 0 : -ETIMEDOUT;
+	pthread_mutex_unlock(&stream_mu);
+	return r;
+}
+
+static int stream_receiver(void *arg)
+{
+	const struct ring_cl *c = arg;
+	struct tp_allocation none = { 0 };
+	struct tp_context *ctx;
+	struct tp_listener *l;
+	struct tp_pipe *p;
+	int r = ring_ctx_open(c, "stream-receiver", &ctx);
+
+	if (r == 0)
+		r = tp_listen(ctx, "stream", NULL, &l);
+	tpt_sync_post(&ring_ready, (int8_t)(r ? -1 : 0));
+	TPT_REQUIRE(r == 0, 1, "listen: %d", r);
+	TPT_REQUIRE(transport_code(ctx) == CODE_RING, 1, "not on a ring");
+	r = tp_listener_accept_sync(l, T_MS, &p);
+	TPT_REQUIRE(r == 0, 1, "accept: %d", r);
+	for (unsigned i = 0; i < STREAM_N; i++) {
+		struct tp_descriptor *d;
+		uint64_t got = UINT64_MAX;
+
+		r = tp_pipe_read_descriptor_sync(p, SLOW_MS, &d);
+		TPT_REQUIRE(r == 0, 1, "descriptor %u: %d (%u callbacks ran)", i, r, stream_done);
+		if (d->metadata_len == sizeof(got))
+			memcpy(&got, d->metadata, sizeof(got));
+		TPT_REQUIRE(got == i, 1, "message %u carried %llu", i, (unsigned long long)got);
+		r = tp_pipe_read(p, d, &none, stream_on_read, (void *)(uintptr_t)i);
+		TPT_REQUIRE(r == 0, 1, "read %u: %d", i, r);
+		if (i % 10 == 9) {
+			r = stream_wait(i + 1);
+			TPT_REQUIRE(r == 0, 1, "callback %u: %d (%u ran)", i, r, stream_done);
+		}
+	}
+	r = stream_wait(STREAM_N);
+	TPT_REQUIRE(r == 0, 1, "callbacks: %d (%u ran)", r, stream_done);
+	tpt_sync_post(&ring_done, 0);
+	tp_pipe_close(p);
+	tp_listener_close(l);
+	tp_context_free(ctx);
+	return 0;
+}
+
+static int stream_sender(void *arg)
+{
+	struct tp_context *ctx;
+	struct tp_pipe *p;
+	int r;
+
+	TPT_REQUIRE(tpt_sync_wait(&ring_ready, T_MS) == 0, 1, "receiver not ready");
+	TPT_REQUIRE(ring_ctx_open(&(struct ring_cl){ 0 }, "stream-sender", &ctx) == 0, 1, "ctx");
+	r = tp_connect(ctx, "stream", &p);
+	if (r == 0)
+		r = tp_pipe_wait_connected(p, T_MS);
+	TPT_REQUIRE(r == 0, 1, "connect: %d %s", r, tp_last_error());
+	for (unsigned i = 0; i < STREAM_N; i++) {
+		if (i == 105 || i == 301)
+			usleep(GAP_MS * 1000); /* idle gaps under test, not a synchronisation */
+		r = poll_small_write(p, i);
+		TPT_REQUIRE(r == 0, 1, "write %u: %d", i, r);
+	}
+	tpt_sync_wait(&ring_done, T_MS);
+	tp_pipe_close(p);
+	tp_context_free(ctx);
+	return 0;
+}
+
+START_TEST(test_ring_async_reads_between_blocking_calls_lose_no_callback)
+{
+	/* 0: the default spin; 1: a 100 ms spin (the io thread lingers through the stream);
+	 * 2: a client that never spins (nor lingers) */
+	static const struct ring_cl cl[] = { { 0 }, { .spin_us = 100000 },
+					     { .flags = TP_CONTEXT_NO_SPIN } };
+	pid_t rcv, snd;
+
+	ring_up(NULL);
+	rcv = tpt_fork(stream_receiver, (void *)&cl[_i]);
+	snd = tpt_fork(stream_sender, NULL);
+	ck_assert(tpt_wait_ok(snd, 2 * T_MS, "sender"));
+	ck_assert(tpt_wait_ok(rcv, 2 * T_MS, "receiver"));
+	ring_check_nothing_left();
+	ring_down();
+}
+END_TEST
+
 /* ---- a writer killed while blocked on a full ring ------------------------------------------- */
 
 /* A client SIGKILLed while blocked writing a 1 MiB frame into a 4 KiB ring. */
@@ -1140,6 +1269,8 @@ static Suite *ring_suite(void)
 	tcase_add_loop_test(data, test_ring_eight_writer_threads_share_one_context, 0, 2);
 	tcase_add_loop_test(data, test_ring_wakeups_survive_spin_settings_and_idle_gaps, 0, 4);
 	tcase_add_loop_test(data, test_ring_callbacks_run_while_a_blocked_call_polls, 0, 2);
+	tcase_add_loop_test(data, test_ring_async_reads_between_blocking_calls_lose_no_callback, 0,
+			    3);
 	tcase_set_timeout(data, 240);
 	suite_add_tcase(s, data);
 
