@@ -92,23 +92,15 @@ int tpd_groupx_remote_set(struct tpd_groupx_remote *r, Tpw__V1__RemoteAccess mod
 			  TPW__V1__REMOTE_ACCESS__REMOTE_NONE : mode;
 	r->n = 0;
 	r->peers = NULL;
-	if (!n)
-		return 0;
-	if (!(r->peers = calloc(n, sizeof(*r->peers))))
+	if (tpu_strv_dup(peers, n, TPW_REMOTE_PEERS_MAX, TPW_NAME_MAX, &r->peers) < 0)
 		return -ENOMEM;
-	for (; r->n < n; r->n++)
-		if (!(r->peers[r->n] = strdup(peers[r->n]))) {
-			tpd_groupx_remote_done(r);
-			return -ENOMEM;
-		}
+	r->n = n;
 	return 0;
 }
 
 void tpd_groupx_remote_done(struct tpd_groupx_remote *r)
 {
-	for (size_t i = 0; i < r->n; i++)
-		free(r->peers[i]);
-	free(r->peers);
+	tpu_strv_free(r->peers, r->n);
 	memset(r, 0, sizeof(*r));
 }
 
