@@ -26,6 +26,10 @@
  * BENCH_CHAN_SIZE=N runs the rows of one item size only; BENCH_CHAN_MANY=N (1..64) sets the
  * items per batch read (1: tp_chan_read_into() for every item). BENCH_CHAN_ROWS=LIST
  * runs only the rows named in LIST (any of "priv", "shm", "zmq"; e.g. "priv,zmq" to profile).
+ * ZeroMQ rows: readers forked before the writer's context exists (a context does not survive
+ * fork()), timed once all are connected, queues bounded to 64 MiB of items a pipe (HWM); a row
+ * whose step (a connect, an item taken, the readers' end) takes over 10 s gives up, printing
+ * "failed" and a line with the reason, instead of waiting for ever.
  * BENCH_CHAN_WLAT=1 prints instead, per item size, the median time of a write of 4 private items
  * into a channel with room (no reader waiting; each batch read back untimed): the writer's cost.
  */
@@ -218,61 +222,188 @@ static double run_chan(size_t size, unsigned n, unsigned readers, bool shm)
 }
 
 #ifdef HAVE_ZMQ
-static int zmq_reader(const char *addr)
-{
-	void *zc = zmq_ctx_new(), *s = zmq_socket(zc, ZMQ_PULL);
-	zmq_msg_t m;
-	int r;
+/* How long a ZeroMQ row waits for any one step (a reader's connect, an item taken, the end of
+ * the readers) before it gives up with a reason: a row is numbers, never a hang. */
+#define ZMQ_STEP_MS 10000
+/* Messages each PUSH pipe and PULL queue may hold: at most 64 MiB of items (at least 4), not
+ * ZeroMQ's default 1000 messages, which for 16 MiB items let the writer queue many GiB ahead of
+ * slow readers until the machine swapped. */
+#define ZMQ_QUEUE_BYTES (64u << 20)
 
-	if (zmq_connect(s, addr) < 0)
+static char zmq_why[160]; /* why the last ZeroMQ row gave up */
+
+static int zmq_hwm(size_t size)
+{
+	size_t n = ZMQ_QUEUE_BYTES / size;
+
+	return n < 4 ? 4 : n > 1000 ? 1000 : (int)n;
+}
+
+/* A reader process (forked before the writer made its ZeroMQ context: a context does not
+ * survive fork()): takes messages until an empty one. Exit status: 0 done; 1 no socket or
+ * connect; 2 no message for ZMQ_STEP_MS. */
+static int zmq_reader(const char *addr, size_t size)
+{
+	void *zc = zmq_ctx_new(), *s = zc ? zmq_socket(zc, ZMQ_PULL) : NULL;
+	int hwm = zmq_hwm(size), tmo = ZMQ_STEP_MS, ivl = 10, linger = 0, r = -1;
+	zmq_msg_t m;
+
+	if (!s || zmq_setsockopt(s, ZMQ_RCVHWM, &hwm, sizeof(hwm)) < 0 ||
+	    zmq_setsockopt(s, ZMQ_RCVTIMEO, &tmo, sizeof(tmo)) < 0 ||
+	    zmq_setsockopt(s, ZMQ_RECONNECT_IVL, &ivl, sizeof(ivl)) < 0 ||
+	    zmq_setsockopt(s, ZMQ_LINGER, &linger, sizeof(linger)) < 0 || zmq_connect(s, addr) < 0)
 		return 1;
 	for (;;) {
 		zmq_msg_init(&m);
 		r = zmq_msg_recv(&m, s, 0);
 		zmq_msg_close(&m);
+		if (r < 0 && errno == EINTR)
+			continue;
 		if (r <= 0)
 			break;
 	}
 	zmq_close(s);
 	zmq_ctx_term(zc);
-	return r == 0 ? 0 : 1;
+	return r == 0 ? 0 : 2;
 }
 
+/* Waits until @n readers are connected to the socket @mon monitors (ZMQ_EVENT_ACCEPTED; two
+ * frames an event: the event number and value, then the endpoint). Return: 0 or -1. */
+static int zmq_wait_connected(void *mon, unsigned n)
+{
+	unsigned got = 0;
+
+	while (got < n) {
+		zmq_msg_t m;
+		uint16_t ev = 0;
+		int r, more;
+
+		zmq_msg_init(&m);
+		r = zmq_msg_recv(&m, mon, 0); /* ZMQ_RCVTIMEO: ZMQ_STEP_MS */
+		if (r < 0) {
+			zmq_msg_close(&m);
+			if (errno == EINTR)
+				continue;
+			return -1;
+		}
+		more = zmq_msg_more(&m);
+		if (r >= (int)sizeof(ev))
+			memcpy(&ev, zmq_msg_data(&m), sizeof(ev));
+		zmq_msg_close(&m);
+		if (more) {
+			zmq_msg_init(&m);
+			zmq_msg_recv(&m, mon, 0);
+			zmq_msg_close(&m);
+		}
+		got += ev == ZMQ_EVENT_ACCEPTED;
+	}
+	return 0;
+}
+
+/* Ends the readers: an empty message each (whichever reader takes one ends), until all have
+ * exited or ZMQ_STEP_MS passed; then the ones left are killed. Return: 0, or -1 (@zmq_why). */
+static int zmq_end_readers(void *s, pid_t *pids, unsigned readers)
+{
+	double end = now_s() + ZMQ_STEP_MS / 1e3;
+	unsigned done = 0, bad = 0;
+	int st;
+
+	while (done < readers && now_s() < end) {
+		if (zmq_send(s, "", 0, ZMQ_DONTWAIT) < 0)
+			usleep(1000); /* every queue full (HWM): the readers are behind */
+		for (unsigned i = 0; i < readers; i++) {
+			if (pids[i] <= 0 || waitpid(pids[i], &st, WNOHANG) != pids[i])
+				continue;
+			if (!WIFEXITED(st) || WEXITSTATUS(st))
+				bad = WIFEXITED(st) ? (unsigned)WEXITSTATUS(st) : 128u + (unsigned)WTERMSIG(st);
+			pids[i] = 0;
+			done++;
+		}
+	}
+	for (unsigned i = 0; i < readers; i++) {
+		if (pids[i] <= 0)
+			continue;
+		kill(pids[i], SIGKILL);
+		waitpid(pids[i], NULL, 0);
+		pids[i] = 0;
+	}
+	if (done < readers)
+		snprintf(zmq_why, sizeof(zmq_why), "%u of %u readers still running after %u ms of "
+			 "end messages (killed)", readers - done, readers, ZMQ_STEP_MS);
+	else if (bad)
+		snprintf(zmq_why, sizeof(zmq_why), "a reader exited with status %u%s", bad,
+			 bad == 2 ? " (no message for its step limit)" :
+			 bad == 1 ? " (no connect)" : "");
+	return done < readers || bad ? -1 : 0;
+}
+
+/* @n items of @size from one PUSH socket to @readers PULL processes over ipc://. Return: the
+ * seconds from the first item to the last reader's end, or -1 (the reason in @zmq_why). */
 static double run_zmq(size_t size, unsigned n, unsigned readers)
 {
-	char addr[64];
-	void *zc = zmq_ctx_new(), *s = zmq_socket(zc, ZMQ_PUSH);
-	unsigned done = 0;
-	pid_t pids[4];
+	int hwm = zmq_hwm(size), tmo = ZMQ_STEP_MS, linger = 0;
+	void *zc = NULL, *s = NULL, *mon = NULL;
+	pid_t pids[4] = { 0 };
+	char addr[64], maddr[64];
 	char *buf = malloc(size);
-	double t0, t;
-	int st, linger = 0;
+	double t0, t = -1;
 
+	zmq_why[0] = '\0';
 	snprintf(addr, sizeof(addr), "ipc:///tmp/bench_chan_zmq.%d", (int)getpid());
-	memset(buf, 0x5a, size);
-	if (zmq_bind(s, addr) < 0)
+	snprintf(maddr, sizeof(maddr), "inproc://bench_chan_zmq_mon");
+	if (!buf) {
+		snprintf(zmq_why, sizeof(zmq_why), "out of memory");
 		return -1;
-	for (unsigned i = 0; i < readers; i++) {
+	}
+	memset(buf, 0x5a, size);
+	for (unsigned i = 0; i < readers; i++) { /* before this process has a context */
 		pids[i] = fork();
 		if (pids[i] == 0)
-			_exit(zmq_reader(addr));
+			_exit(zmq_reader(addr, size));
+	}
+	zc = zmq_ctx_new();
+	s = zc ? zmq_socket(zc, ZMQ_PUSH) : NULL;
+	if (!s || zmq_setsockopt(s, ZMQ_SNDHWM, &hwm, sizeof(hwm)) < 0 ||
+	    zmq_setsockopt(s, ZMQ_SNDTIMEO, &tmo, sizeof(tmo)) < 0 ||
+	    zmq_setsockopt(s, ZMQ_LINGER, &linger, sizeof(linger)) < 0 ||
+	    zmq_socket_monitor(s, maddr, ZMQ_EVENT_ACCEPTED) < 0 ||
+	    !(mon = zmq_socket(zc, ZMQ_PAIR)) ||
+	    zmq_setsockopt(mon, ZMQ_RCVTIMEO, &tmo, sizeof(tmo)) < 0 ||
+	    zmq_setsockopt(mon, ZMQ_LINGER, &linger, sizeof(linger)) < 0 ||
+	    zmq_connect(mon, maddr) < 0 || zmq_bind(s, addr) < 0) {
+		snprintf(zmq_why, sizeof(zmq_why), "socket set-up: %s", zmq_strerror(errno));
+		goto out;
+	}
+	if (zmq_wait_connected(mon, readers) < 0) {
+		snprintf(zmq_why, sizeof(zmq_why), "not every reader connected within %u ms",
+			 ZMQ_STEP_MS);
+		goto out;
 	}
 	t0 = now_s();
-	for (unsigned i = 0; i < n; i++)
-		if (zmq_send(s, buf, size, 0) < 0)
-			return -1;
-	while (done < readers) { /* empty messages end the readers, whichever gets them */
-		zmq_send(s, "", 0, ZMQ_DONTWAIT);
-		for (unsigned i = 0; i < readers; i++)
-			if (pids[i] > 0 && waitpid(pids[i], &st, WNOHANG) == pids[i]) {
-				pids[i] = 0;
-				done++;
-			}
+	for (unsigned i = 0; i < n; i++) {
+		if (zmq_send(s, buf, size, 0) < 0) {
+			snprintf(zmq_why, sizeof(zmq_why), "item %u of %u: %s%s", i, n,
+				 zmq_strerror(errno), errno == EAGAIN ? " (no reader took one within the "
+				 "step limit)" : "");
+			goto out;
+		}
 	}
-	t = now_s() - t0;
-	zmq_setsockopt(s, ZMQ_LINGER, &linger, sizeof(linger));
-	zmq_close(s);
-	zmq_ctx_term(zc);
+	if (zmq_end_readers(s, pids, readers) == 0)
+		t = now_s() - t0;
+out:
+	for (unsigned i = 0; i < readers; i++) { /* (none left after zmq_end_readers()) */
+		if (pids[i] <= 0)
+			continue;
+		kill(pids[i], SIGKILL);
+		waitpid(pids[i], NULL, 0);
+	}
+	if (mon)
+		zmq_close(mon);
+	if (s)
+		zmq_close(s);
+	if (zc)
+		zmq_ctx_term(zc);
+	unlink(addr + strlen("ipc://")); /* ZeroMQ leaves the socket file behind */
 	free(buf);
 	return t;
 }
@@ -391,7 +522,11 @@ int main(int argc, char **argv)
 			if (!rows_want("zmq"))
 				continue;
 #ifdef HAVE_ZMQ
-			row("zmq", sizes[i], nreaders[k], n, run_zmq(sizes[i], n, nreaders[k]));
+			double tz = run_zmq(sizes[i], n, nreaders[k]);
+
+			row("zmq", sizes[i], nreaders[k], n, tz);
+			if (tz < 0)
+				printf("  zmq row gave up: %s\n", zmq_why);
 #else
 			printf("%-9s %9zu %7u %10s %10s\n", "zmq", sizes[i], nreaders[k], "skipped",
 			       "(no libzmq)");

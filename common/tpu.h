@@ -194,6 +194,19 @@ const char *tpu_strerror(int err, char *buf, size_t len);
 /* Formats the reason for a failure into @why (if @why and @why_len). Return: @err. */
 int tpu_why(int err, char *why, size_t why_len, const char *fmt, ...) _printf_(4, 5);
 
+/*
+ * tpu_strv_dup() - a copy of the @n strings @src (each of at most @max_len bytes, without its
+ * NUL), for lists a peer or client sent (names, identities): at most @max_n of them.
+ * @ret: an owned array of @n strings (NULL when @n is 0), free with tpu_strv_free(@ret, @n);
+ * written only on success.
+ * Return: 0; -E2BIG when @n exceeds @max_n; -ENAMETOOLONG when a string exceeds @max_len;
+ * -EINVAL when one is NULL; -ENOMEM. On failure nothing is left allocated.
+ */
+int tpu_strv_dup(char *const *src, size_t n, size_t max_n, size_t max_len, char ***ret);
+
+/* Frees the @n strings of @v and @v itself (NULL entries and a NULL @v are fine). */
+void tpu_strv_free(char **v, size_t n);
+
 #define TPU_TEXT_CONTROLS 0x1u /* tpu_text_clean(): also every control a terminal acts on */
 
 /*

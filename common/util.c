@@ -228,6 +228,42 @@ void tpu_text_clean(char *s, unsigned flags)
 	*w = '\0';
 }
 
+int tpu_strv_dup(char *const *src, size_t n, size_t max_n, size_t max_len, char ***ret)
+{
+	char **v;
+
+	if (n > max_n)
+		return -E2BIG;
+	for (size_t i = 0; i < n; i++) {
+		if (!src[i])
+			return -EINVAL;
+		if (strnlen(src[i], max_len + 1) > max_len)
+			return -ENAMETOOLONG;
+	}
+	if (n == 0) {
+		*ret = NULL;
+		return 0;
+	}
+	v = calloc(n, sizeof(*v));
+	if (!v)
+		return -ENOMEM;
+	for (size_t i = 0; i < n; i++) {
+		if (!(v[i] = strdup(src[i]))) {
+			tpu_strv_free(v, i);
+			return -ENOMEM;
+		}
+	}
+	*ret = v;
+	return 0;
+}
+
+void tpu_strv_free(char **v, size_t n)
+{
+	for (size_t i = 0; v && i < n; i++)
+		free(v[i]);
+	free(v);
+}
+
 int tpu_ranges_add(struct tpu_ranges *rs, uint64_t lo, uint64_t hi, size_t max)
 {
 	size_t a = 0, b = rs->n, i;

@@ -5,7 +5,8 @@
  * seconds busy and waiting, and for a host's leader the bytes to and from the other hosts'
  * leaders and the seconds that took: torch-ipc's netStats per member), or with --json one array
  * "groups" of objects with a "members" array. Members on other hosts are remote principals:
- * the identity their daemon authenticated with, its host, and the uid it claims, shown as a
+ * the identity their daemon authenticated with, its host (name, number in the group, address:
+ * hosts may state the same name), and the uid it claims, shown as a
  * claim and never as a uid of this host (nor is a coordinated group's uid where only peers
  * claim it). Other requests' renderers are render.c's.
  */
@@ -42,6 +43,8 @@ static struct json_object *member_json(const Tpw__V1__CtlGroupMember *m)
 		json_object_object_add(o, "session", NULL);
 		ctl_json_str(o, "peer", m->peer);
 		ctl_json_str(o, "host", m->host);
+		ctl_json_u64(o, "host_index", m->host_index);
+		ctl_json_str(o, "host_addr", m->host_addr);
 		ctl_json_u64(o, "claimed_uid", m->claimed_uid);
 	} else {
 		ctl_json_u64(o, "session", m->session_id);
@@ -140,9 +143,15 @@ static void member_row(struct ctl_table *t, const Tpw__V1__CtlGroup *g,
 		ctl_table_cellf(t, "%s", ctl_fmt_bytes(m->xbytes_in, mb, sizeof(mb)));
 		ctl_table_cellf(t, "%.3f", (double)m->xbusy_us / 1e6);
 	}
-	if (m->remote) /* names from other hosts: cleaned by the table */
-		ctl_table_cellf(t, "peer %s on %s, uid %" PRIu32 " claimed", s_or(m->peer),
-				s_or(m->host), m->claimed_uid);
+	/* names from other hosts: cleaned by the table; two hosts may state one name and one
+	 * identity (a pre-shared key): their number in the group and address tell them apart */
+	if (m->remote && m->host_addr && *m->host_addr)
+		ctl_table_cellf(t, "peer %s on %s (host %" PRIu32 " at %s), uid %" PRIu32 " claimed",
+				s_or(m->peer), s_or(m->host), m->host_index, m->host_addr,
+				m->claimed_uid);
+	else if (m->remote)
+		ctl_table_cellf(t, "peer %s on %s (host %" PRIu32 "), uid %" PRIu32 " claimed",
+				s_or(m->peer), s_or(m->host), m->host_index, m->claimed_uid);
 	else
 		ctl_table_cellf(t, "local");
 }

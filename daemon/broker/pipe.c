@@ -259,9 +259,7 @@ void tpd_pipe_maybe_free(struct tpd_pipe *p)
 	for (unsigned i = 0; i < p->n_channel_notes; i++)
 		free(p->channel_notes[i]);
 	free(p->channel_notes);
-	for (size_t i = 0; i < p->n_expect_peers; i++)
-		free(p->expect_peers[i]);
-	free(p->expect_peers);
+	tpu_strv_free(p->expect_peers, p->n_expect_peers);
 	free(p->listener);
 	free(p);
 }

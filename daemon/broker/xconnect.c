@@ -190,19 +190,16 @@ static void xpipe_on_connect_timeout(evutil_socket_t fd, short what, void *arg)
 	xconnect_fail(p, -ETIMEDOUT, why);
 }
 
-/* Connect.expect_peers (validated: 0..TPW_REMOTE_PEERS_MAX names) into @p. */
+/* Connect.expect_peers (validated: 0..TPW_REMOTE_PEERS_MAX names) into @p. Return: 0 or
+ * -ENOMEM (@p unchanged then). */
 static int expect_peers_copy(struct tpd_pipe *p, const Tpw__V1__Connect *c)
 {
-	if (!c->n_expect_peers)
-		return 0;
-	p->expect_peers = calloc(c->n_expect_peers, sizeof(*p->expect_peers));
-	if (!p->expect_peers)
-		return -ENOMEM;
-	for (size_t i = 0; i < c->n_expect_peers; i++) {
-		if (!(p->expect_peers[i] = strdup(c->expect_peers[i])))
-			return -ENOMEM; /* the ones copied are freed with the pipe */
-		p->n_expect_peers = i + 1;
-	}
+	int r = tpu_strv_dup(c->expect_peers, c->n_expect_peers, TPW_REMOTE_PEERS_MAX,
+			     TPW_NAME_MAX, &p->expect_peers);
+
+	if (r < 0)
+		return r;
+	p->n_expect_peers = c->n_expect_peers;
 	return 0;
 }
 

@@ -294,9 +294,7 @@ static void chan_free(struct chan *c)
 		assert(it->payer); /* admitted: its writer's charge goes now */
 		tpd_chan_item_free(c->cs, it);
 	}
-	for (size_t i = 0; i < c->n_remote_peers; i++)
-		free(c->remote_peers[i]);
-	free(c->remote_peers);
+	tpu_strv_free(c->remote_peers, c->n_remote_peers);
 	free(c->creator);
 	free(c->name);
 	free(c);
@@ -416,21 +414,17 @@ static void handle_free(struct chan_handle *h, bool answer)
 	tpd_chan_maybe_free(c);
 }
 
-/* @o's remote access into @c (validated: peers only with REMOTE_PEERS). Return: 0 or -ENOMEM. */
+/* @o's remote access into @c (validated: peers only with REMOTE_PEERS). Return: 0 or -ENOMEM
+ * (@c unchanged then). */
 static int chan_set_remote(struct chan *c, const Tpw__V1__ChanOp *o)
 {
+	int r = tpu_strv_dup(o->remote_peers, o->n_remote_peers, TPW_REMOTE_PEERS_MAX,
+			     TPW_NAME_MAX, &c->remote_peers);
+
+	if (r < 0)
+		return r;
+	c->n_remote_peers = o->n_remote_peers;
 	c->remote = o->remote ? o->remote : TPW__V1__REMOTE_ACCESS__REMOTE_NONE;
-	if (!o->n_remote_peers)
-		return 0;
-	c->remote_peers = calloc(o->n_remote_peers, sizeof(*c->remote_peers));
-	if (!c->remote_peers)
-		return -ENOMEM;
-	for (size_t i = 0; i < o->n_remote_peers; i++) {
-		c->remote_peers[i] = strdup(o->remote_peers[i]);
-		if (!c->remote_peers[i])
-			return -ENOMEM;
-		c->n_remote_peers++;
-	}
 	return 0;
 }
 

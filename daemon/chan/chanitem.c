@@ -192,8 +192,13 @@ void tpd_chan_item_batch_free(struct tpd_chans *cs, struct tpu_list *batch)
 {
 	struct chan_item *it, *tmp;
 
-	tpu_list_for_each_safe(it, tmp, batch, node)
+	tpu_list_for_each_safe(it, tmp, batch, node) {
+		/* Unlinked first: an item kept as a spare buffer is moved by unlinking it, which
+		 * would write into one freed before it (a hand-off's batch: the writer's items by
+		 * reference, freed, then the daemon's, kept). */
+		tpu_list_remove(&it->node);
 		tpd_chan_item_free(cs, it);
+	}
 	tpu_list_init(batch);
 }
 

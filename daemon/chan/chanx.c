@@ -171,9 +171,7 @@ void tpd_chanx_refuse(enum xkind k, struct tpd_session *s, uint64_t req_id, uint
 
 void tpd_chanx_xop_free(struct xop *xo)
 {
-	for (size_t i = 0; i < xo->n_remote_peers; i++)
-		free(xo->remote_peers[i]);
-	free(xo->remote_peers);
+	tpu_strv_free(xo->remote_peers, xo->n_remote_peers);
 	for (size_t i = 0; i < xo->n_out; i++)
 		tpd_chan_copy_put(&xo->out_mem[i]);
 	free(xo->out_mem);
@@ -392,17 +390,9 @@ static int xop_keep_create(struct xop *xo, const struct xopen *o)
 		xo->gid = o->wq->gid;
 		xo->remote = o->wq->remote;
 	}
-	if (!n)
-		return 0;
-	xo->remote_peers = calloc(n, sizeof(*xo->remote_peers));
-	if (!xo->remote_peers)
+	if (tpu_strv_dup(peers, n, TPW_REMOTE_PEERS_MAX, TPW_NAME_MAX, &xo->remote_peers) < 0)
 		return -ENOMEM;
-	for (size_t i = 0; i < n; i++) {
-		xo->remote_peers[i] = strdup(peers[i]);
-		if (!xo->remote_peers[i])
-			return -ENOMEM;
-		xo->n_remote_peers++;
-	}
+	xo->n_remote_peers = n;
 	return 0;
 }
 

@@ -121,9 +121,7 @@ static void wq_free(struct wq *q)
 	items_free(&q->taken);
 	items_free(&q->answers);
 	items_free(&q->held);
-	for (size_t i = 0; i < q->n_remote_peers; i++)
-		free(q->remote_peers[i]);
-	free(q->remote_peers);
+	tpu_strv_free(q->remote_peers, q->n_remote_peers);
 	free(q->creator);
 	free(q->name);
 	free(q);
@@ -385,21 +383,16 @@ static unsigned who_handles(const struct tpd_wqs *ws, const struct wq_who *who)
 	return tpd_handix_count(&ws->ix, who_key(who));
 }
 
-/* @o's remote access into @q (validated). Return: 0 or -ENOMEM. */
+/* @o's remote access into @q (validated). Return: 0 or -ENOMEM (@q unchanged then). */
 static int wq_set_remote(struct wq *q, const Tpw__V1__WqOp *o)
 {
+	int r = tpu_strv_dup(o->remote_peers, o->n_remote_peers, TPW_REMOTE_PEERS_MAX,
+			     TPW_NAME_MAX, &q->remote_peers);
+
+	if (r < 0)
+		return r;
+	q->n_remote_peers = o->n_remote_peers;
 	q->remote = o->remote ? o->remote : TPW__V1__REMOTE_ACCESS__REMOTE_NONE;
-	if (!o->n_remote_peers)
-		return 0;
-	q->remote_peers = calloc(o->n_remote_peers, sizeof(*q->remote_peers));
-	if (!q->remote_peers)
-		return -ENOMEM;
-	for (size_t i = 0; i < o->n_remote_peers; i++) {
-		q->remote_peers[i] = strdup(o->remote_peers[i]);
-		if (!q->remote_peers[i])
-			return -ENOMEM;
-		q->n_remote_peers++;
-	}
 	return 0;
 }
 

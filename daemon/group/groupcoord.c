@@ -605,6 +605,34 @@ static void ctl_cgroup_free(Tpw__V1__CtlGroup *c)
 	free(c);
 }
 
+/* Whether joined member @q of @cg is the first joined member of its host. */
+static bool host_first_joined(const struct cgroup *cg, uint32_t q)
+{
+	for (uint32_t p = 0; p < q; p++)
+		if (cg->m[p].joined && cg->m[p].instance == cg->m[q].instance)
+			return false;
+	return true;
+}
+
+/* Which host of @cg joined member @r is on (numbered by lowest joined rank, as the plan numbers
+ * them once formed) and, for another host's, where its daemon is reached from here, into @m
+ * (whose host_addr has TPW_GROUP_ADDR_MAX + 1 bytes). */
+static void ctl_member_host(const struct cgroup *cg, uint32_t r, Tpw__V1__CtlGroupMember *m)
+{
+	uint32_t h = 0;
+
+	for (uint32_t q = 0; q < r; q++) {
+		if (!cg->m[q].joined || !host_first_joined(cg, q))
+			continue;
+		if (cg->m[q].instance == cg->m[r].instance)
+			break;
+		h++;
+	}
+	m->host_index = h;
+	if (cg->m[r].pr)
+		tpd_peer_group_far_addr(cg->m[r].pr, m->host_addr, TPW_GROUP_ADDR_MAX + 1);
+}
+
 static int ctl_cgroup(const struct cgroup *cg, Tpw__V1__CtlGroup **ret)
 {
 	Tpw__V1__CtlGroup *c = calloc(1, sizeof(*c));
@@ -635,11 +663,14 @@ static int ctl_cgroup(const struct cgroup *cg, Tpw__V1__CtlGroup **ret)
 
 		if (!cm->joined)
 			continue;
-		if (!(m = calloc(1, sizeof(*m)))) {
+		/* the member, with room for its host's address behind it */
+		if (!(m = calloc(1, sizeof(*m) + TPW_GROUP_ADDR_MAX + 1))) {
 			ctl_cgroup_free(c);
 			return -ENOMEM;
 		}
 		tpw__v1__ctl_group_member__init(m);
+		m->host_addr = (char *)(m + 1);
+		ctl_member_host(cg, r, m);
 		m->rank = r;
 		m->pid = cm->pid;
 		m->state = (char *)(cm->gone ? "gone" : cg->formed ? "joined" : "joining");

@@ -71,7 +71,7 @@ struct tpd_groupx {
 	uint64_t cid; /* the coordinator's group id */
 	char coord[COORD_MAX];
 	uint32_t size, hosts, host_index;
-	char hosts_text[200];
+	char hosts_text[512];
 	uint32_t *rank;	   /* per local member: its rank in the group */
 	uint64_t *join_id; /* per local member: its join's id here */
 	/* what the members need to move data across hosts (GroupJoined): */
@@ -92,23 +92,15 @@ int tpd_groupx_remote_set(struct tpd_groupx_remote *r, Tpw__V1__RemoteAccess mod
 			  TPW__V1__REMOTE_ACCESS__REMOTE_NONE : mode;
 	r->n = 0;
 	r->peers = NULL;
-	if (!n)
-		return 0;
-	if (!(r->peers = calloc(n, sizeof(*r->peers))))
+	if (tpu_strv_dup(peers, n, TPW_REMOTE_PEERS_MAX, TPW_NAME_MAX, &r->peers) < 0)
 		return -ENOMEM;
-	for (; r->n < n; r->n++)
-		if (!(r->peers[r->n] = strdup(peers[r->n]))) {
-			tpd_groupx_remote_done(r);
-			return -ENOMEM;
-		}
+	r->n = n;
 	return 0;
 }
 
 void tpd_groupx_remote_done(struct tpd_groupx_remote *r)
 {
-	for (size_t i = 0; i < r->n; i++)
-		free(r->peers[i]);
-	free(r->peers);
+	tpu_strv_free(r->peers, r->n);
 	memset(r, 0, sizeof(*r));
 }
 
@@ -491,12 +483,52 @@ static int members_copy(struct tpd_groupx *x, const struct xjoin *xj,
 	return 0;
 }
 
+/* The first member of host @h in @a (validated: every host has one). */
+static const Tpw__V1__PeerGroupMember *host_first(const Tpw__V1__PeerGroupJoined *a, uint32_t h)
+{
+	for (size_t i = 0; i < a->n_members; i++)
+		if (a->members[i]->host_index == h)
+			return a->members[i];
+	return a->members[0];
+}
+
+/*
+ * The hosts of @a for the plan line: "gn01 (2), gn02 (2)", each host's name and its members.
+ * Hosts whose daemons state the same name (two containers, namespaces or VMs named alike) are
+ * told apart by where their daemon is reached: "vm [10.0.0.1:7420] (1), vm [here] (1)", or by
+ * their number in the group where the coordinator gave no addresses ("vm [host 1] (1)").
+ */
+static void hosts_text(struct tpd_groupx *x, const Tpw__V1__PeerGroupJoined *a)
+{
+	size_t len = 0, cap = sizeof(x->hosts_text);
+
+	x->hosts_text[0] = '\0';
+	for (uint32_t h = 0; h < a->hosts && len + 120 < cap; h++) {
+		const char *name = host_first(a, h)->host, *addr = NULL;
+		char tag[96] = "";
+		uint32_t n = 0;
+		bool same = false;
+
+		for (size_t i = 0; i < a->n_members; i++)
+			n += a->members[i]->host_index == h;
+		for (uint32_t k = 0; k < a->hosts && !same; k++)
+			same = k != h && strcmp(host_first(a, k)->host, name) == 0;
+		if (same && x->host_addrs)
+			addr = h == a->host_index ? "here" : x->host_addrs[h];
+		if (same && addr && *addr)
+			snprintf(tag, sizeof(tag), " [%.80s]", addr);
+		else if (same)
+			snprintf(tag, sizeof(tag), " [host %u%s]", h, h == a->host_index ? ", here" : "");
+		len += (size_t)snprintf(x->hosts_text + len, cap - len, "%s%.40s%s (%u)",
+					h ? ", " : "", name, tag, n);
+	}
+}
+
 static int xgroup_new(struct xjoin *xj, const Tpw__V1__PeerGroupJoined *a,
 		      struct tpd_group **ret, char *why, size_t wl)
 {
 	struct tpd_groupx *x = calloc(1, sizeof(*x));
 	struct tpd_group *grp;
-	size_t len = 0;
 	int r;
 
 	if (!x || !(x->rank = calloc(a->local_size, sizeof(*x->rank))) ||
@@ -519,15 +551,7 @@ static int xgroup_new(struct xjoin *xj, const Tpw__V1__PeerGroupJoined *a,
 	x->size = a->size;
 	x->hosts = a->hosts;
 	x->host_index = a->host_index;
-	for (uint32_t h = 0; h < a->hosts && len + 40 < sizeof(x->hosts_text); h++) {
-		uint32_t n = 0, first = 0;
-
-		for (size_t i = 0; i < a->n_members; i++)
-			if (a->members[i]->host_index == h && !n++)
-				first = (uint32_t)i;
-		len += (size_t)snprintf(x->hosts_text + len, sizeof(x->hosts_text) - len,
-					"%s%.40s (%u)", h ? ", " : "", a->members[first]->host, n);
-	}
+	hosts_text(x, a);
 	grp->x = x;
 	*ret = grp;
 	return 0;
@@ -736,6 +760,8 @@ static int ctl_remote_member(const struct tpd_group *grp, uint32_t rank,
 	c->remote = true;
 	c->peer = xm->peer;
 	c->host = xm->host;
+	c->host_index = grp->x->member_hosts[rank];
+	c->host_addr = grp->x->host_addrs ? grp->x->host_addrs[c->host_index] : (char *)"";
 	c->claimed_uid = (uint32_t)grp->uid; /* the coordinator keyed it with this uid */
 	*ret = c;
 	return 0;

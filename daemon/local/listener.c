@@ -164,9 +164,7 @@ void tpd_listener_registry_remove(struct tpd_registry *r, struct tpd_listener *l
 	tpu_list_remove(&l->node);
 	tpu_list_remove(&l->session_node);
 	r->count--;
-	for (size_t i = 0; i < l->n_remote_peers; i++)
-		free(l->remote_peers[i]);
-	free(l->remote_peers);
+	tpu_strv_free(l->remote_peers, l->n_remote_peers);
 	free(l->name);
 	free(l);
 }
@@ -176,19 +174,9 @@ int tpd_listener_set_remote(struct tpd_listener *l, Tpw__V1__RemoteAccess remote
 {
 	char **v = NULL;
 
-	if (remote == TPW__V1__REMOTE_ACCESS__REMOTE_PEERS) {
-		v = calloc(n ? n : 1, sizeof(*v));
-		if (!v)
-			return -ENOMEM;
-		for (size_t i = 0; i < n; i++) {
-			if (!(v[i] = strdup(peers[i]))) {
-				while (i--)
-					free(v[i]);
-				free(v);
-				return -ENOMEM;
-			}
-		}
-	}
+	if (remote == TPW__V1__REMOTE_ACCESS__REMOTE_PEERS &&
+	    tpu_strv_dup(peers, n, TPW_REMOTE_PEERS_MAX, TPW_NAME_MAX, &v) < 0)
+		return -ENOMEM;
 	l->remote = remote == TPW__V1__REMOTE_ACCESS__REMOTE_UNSPECIFIED
 			    ? TPW__V1__REMOTE_ACCESS__REMOTE_NONE
 			    : remote;

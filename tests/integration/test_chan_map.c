@@ -24,10 +24,12 @@
 #include <inttypes.h>
 #include <json-c/json.h>
 #include <pthread.h>
+#include <signal.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
+#include <sys/wait.h>
 #include <unistd.h>
 
 #include "itest.h"
@@ -794,27 +796,66 @@ static void map_bound(unsigned n)
 	free(dst);
 }
 
+/* The 33 writers of test_a_reader_handle_is_remembered_32_buffers(), in a process of their own:
+ * one item each from private memory (each handle stages it in a lent buffer of its own), then
+ * told, then stopped by the test until it lets them release their handles. */
+struct sent_writers {
+	struct tpt_sync written;
+};
+
+static int sent_writers_run(void *arg)
+{
+	struct tp_chan_options o = { .size = sizeof(o), .flags = TP_CHAN_CREATE, .owner_uid = -1 };
+	struct sent_writers *sw = arg;
+	struct tp_context *cw = ctx_new("map.sent.w");
+	uint8_t *src = malloc(MIB);
+	struct iovec iov = { .iov_base = src, .iov_len = MIB };
+	struct tp_chan *w[33];
+
+	TPT_REQUIRE(cw && src, 1, "context");
+	for (unsigned i = 0; i < 33; i++) {
+		TPT_REQUIRE(tp_chan_open(cw, "map.sent", &o, &w[i]) == 0, 1, "open %u", i);
+		tpt_fill(src, MIB, tpt_seed(12, i, 0));
+		TPT_REQUIRE(tp_chan_write(w[i], &iov, 1, T_MS) == 0, 1, "%u: %s", i,
+			    tp_last_error());
+	}
+	tpt_sync_post(&sw->written, 1);
+	raise(SIGSTOP); /* until the test has read and checked (SIGCONT) */
+	for (unsigned i = 0; i < 33; i++)
+		TPT_REQUIRE(tp_chan_release(w[i]) == 0, 1, "release %u", i);
+	tp_context_free(cw);
+	free(src);
+	return 0;
+}
+
 /* The daemon remembers at most CHAN_SENT_MAX (32) keys of buffers whose fd it sent one reader
  * handle: 32 writer handles, one item each, read by one reader: 32 held (just at); a 33rd:
  * still 32 (just above; the oldest forgotten), every item byte-exact; the writers' release
- * retires all that are remembered and leaves the reader no mapping. */
+ * retires all that are remembered and leaves the reader no mapping. The writers' process is
+ * stopped while the items are read and counted: a writer's library releases a buffer of its own
+ * that has been idle for 1 s (CHAN_OWN_IDLE_MS), which the daemon then retires, and on a loaded
+ * machine the reads took longer than that after the first buffer came back (maps_held 31). */
 START_TEST(test_a_reader_handle_is_remembered_32_buffers)
 {
 	struct tp_chan_options o = { .size = sizeof(o), .flags = TP_CHAN_CREATE, .owner_uid = -1 };
-	struct tp_context *cw = ctx_new("map.sent.w"), *cr = ctx_new("map.sent.r");
-	uint8_t *src = malloc(MIB), *dst = malloc(MIB);
-	struct iovec iov = { .iov_base = src, .iov_len = MIB };
-	struct tp_chan *w[33], *r;
+	struct sent_writers sw;
+	struct tp_context *cr;
+	uint8_t *dst = malloc(MIB);
+	struct tp_chan *r;
 	size_t len, bad = 0;
+	pid_t pid;
+	int st;
 
-	ck_assert(cw && cr && src && dst);
+	ck_assert_int_eq(tpt_sync_init(&sw.written), 0);
+	pid = tpt_fork(sent_writers_run, &sw); /* before this process has a context */
+	ck_assert_int_gt(pid, 0);
+	ck_assert_int_eq(tpt_sync_wait(&sw.written, 4 * T_MS), 1);
+	ck_assert_int_eq(waitpid(pid, &st, WUNTRACED), pid);
+	ck_assert(WIFSTOPPED(st));
+	cr = ctx_new("map.sent.r");
+	ck_assert(cr && dst);
 	ck_assert_int_eq(tp_chan_open(cr, "map.sent", &o, &r), 0);
-	o.flags = 0;
 	for (unsigned i = 0; i < 33; i++) {
-		ck_assert_int_eq(tp_chan_open(cw, "map.sent", &o, &w[i]), 0);
-		tpt_fill(src, MIB, tpt_seed(12, i, 0));
-		ck_assert_msg(tp_chan_write(w[i], &iov, 1, T_MS) == 0, "%u: %s", i,
-			      tp_last_error());
 		ck_assert_int_ge(tp_chan_read_into(r, dst, MIB, &len, T_MS), 0);
 		ck_assert_msg(len == MIB && tpt_verify(dst, MIB, tpt_seed(12, i, 0), &bad),
 			      "item %u: byte %zu", i, bad);
@@ -824,17 +865,16 @@ START_TEST(test_a_reader_handle_is_remembered_32_buffers)
 	}
 	ck_assert_int_eq(items_mapped("map.sent"), 33);
 	ck_assert_int_eq(tpt_ctl_channel_field(&tpt_fixture_daemon, "map.sent", "maps_held"), 32);
-	for (unsigned i = 0; i < 33; i++)
-		ck_assert_int_eq(tp_chan_release(w[i]), 0);
+	ck_assert_int_eq(kill(pid, SIGCONT), 0);
+	ck_assert(tpt_wait_ok(pid, T_MS, "writers"));
 	ck_assert_uint_eq(maps_wait_at_most(reader_maps, 0, 10000), 0);
 	ck_assert_int_eq(tpt_ctl_channel_field(&tpt_fixture_daemon, "map.sent", "maps_held"), 0);
 	ck_assert_int_eq(tpt_ctl_channel_field(&tpt_fixture_daemon, "map.sent", "maps_retired"),
 			 32);
 	ck_assert_int_eq(tp_chan_release(r), 0);
-	tp_context_free(cw);
 	tp_context_free(cr);
-	free(src);
 	free(dst);
+	tpt_sync_done(&sw.written);
 }
 END_TEST
 

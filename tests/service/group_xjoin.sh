@@ -14,6 +14,8 @@
 # coordinator on another host is refused at once, as is one whose identity it does not name;
 # members stating another one than the group's are refused; a group allowing "psk" joins, and
 # tpipctl shows its members on the other host as remote principals (identity, claimed uid).
+# The two daemons state one host name and one identity: tpipctl tells their hosts apart by
+# number and address (plan line, member rows, --json host_index and host_addr).
 # Skips (77) where network namespaces or veth pairs cannot be made.
 . "$(dirname -- "$0")/lib.sh" || exit 1
 need_env TPIPD_BIN TPIPCTL_BIN GROUP_JOIN_BIN
@@ -101,6 +103,27 @@ groups_json b | jq -e '[.groups[] | select(.name == "four") | .members[] | selec
 groups_json a | jq -e '[.groups[] | select(.name == "four" and .coordinated) | .members[] |
 	select(.remote) | .rank] == [1, 2]' \
 	>/dev/null || { groups_json a >&2; fail "the coordinator does not show ranks 1, 2 as remote"; }
+
+check "two hosts stating one host name and one identity (psk) are told apart"
+# Both daemons run on this machine in namespaces of their own: they state the same host name.
+# The plan line names each host with where its daemon is reached ("here" for its own), the
+# member rows give the host's number in the group and its address, in the text and in --json.
+groups_json b | jq -e --arg a "${net}1:7420" '[.groups[] | select(.name == "four") |
+	(.plan | contains("[" + $a + "] (2)") and contains("[here] (2)")),
+	([.members[] | select(.remote) | [.host_index, .host_addr]] == [[0, $a], [0, $a]])] ==
+	[true, true]' >/dev/null || { groups_json b >&2; fail "b does not tell the two hosts apart"; }
+groups_json a | jq -e --arg b "${net}2:7420" '[.groups[] |
+	select(.name == "four" and (.coordinated | not)) |
+	(.plan | contains("[here] (2)") and contains("[" + $b + "] (2)")),
+	([.members[] | select(.remote) | [.host_index, .host_addr]] == [[1, $b], [1, $b]])] ==
+	[true, true]' >/dev/null || { groups_json a >&2; fail "a does not tell the two hosts apart"; }
+groups_json a | jq -e --arg b "${net}2:7420" '[.groups[] | select(.name == "four" and
+	.coordinated) | .members[] | select(.remote) | [.host_index, .host_addr]] ==
+	[[1, $b], [1, $b]]' >/dev/null ||
+	{ groups_json a >&2; fail "the coordinator does not tell the two hosts apart"; }
+out=$(ctl --socket "$SVC_TMP/b.sock" groups)
+grep -q "(host 0 at ${net}1:7420), uid 0 claimed" <<<"$out" || { say "$out"; fail "b's table"; }
+say "$(grep "plan:" <<<"$out" | head -1)"
 
 check "rank 2 (on b) SIGKILLed: the group fails on both hosts naming rank 2"
 kill -KILL "$PID_r2"

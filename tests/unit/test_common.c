@@ -10,6 +10,7 @@
 #include <check.h>
 #include <errno.h>
 #include <fcntl.h>
+#include <malloc.h>
 #include <regex.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -566,6 +567,77 @@ START_TEST(test_common_log_level_names)
 }
 END_TEST
 
+/* strdup() as tpu_strv_dup() sees it: fails at its @strdup_fail_at'th call from now (1 the next;
+ * 0 never), so that every partial failure can be reached. */
+static unsigned strdup_fail_at;
+
+char *strdup(const char *s)
+{
+	size_t n = strlen(s) + 1;
+	char *p;
+
+	if (strdup_fail_at && --strdup_fail_at == 0)
+		return NULL;
+	p = malloc(n);
+	return p ? memcpy(p, s, n) : NULL;
+}
+
+/* Bytes the process has allocated (glibc's count, blocks in its per-thread cache included;
+ * constant where a sanitizer's allocator replaces it, whose leak checker then tells instead). */
+static size_t heap_in_use(void)
+{
+	return mallinfo2().uordblks;
+}
+
+/* A list of strings copied: each string its own copy, in order; none for an empty list; the
+ * count and each length just at their bounds taken and just above refused, as is a NULL
+ * string; a copy failing at any string frees what it had copied and leaves *ret alone. */
+START_TEST(test_common_strv_dup_bounds_and_frees_on_failure)
+{
+	char long_name[9] = "abcdefgh";
+	char *src[4] = { "psk", "cert:gn02", long_name, "x" }, **v = NULL, **keep = (char **)&v;
+	size_t before;
+
+	ck_assert_int_eq(tpu_strv_dup(src, 4, 4, 9, &v), 0); /* just at both bounds */
+	for (size_t i = 0; i < 4; i++) {
+		ck_assert_str_eq(v[i], src[i]);
+		ck_assert_ptr_ne(v[i], src[i]);
+	}
+	tpu_strv_free(v, 4);
+	ck_assert_int_eq(tpu_strv_dup(src, 0, 4, 9, &v), 0);
+	ck_assert_ptr_null(v);
+	tpu_strv_free(NULL, 0);
+
+	v = keep;
+	ck_assert_int_eq(tpu_strv_dup(src, 4, 3, 9, &v), -E2BIG); /* one above the count */
+	ck_assert_int_eq(tpu_strv_dup(src, 4, 4, 7, &v), -ENAMETOOLONG); /* 8 > 7 bytes */
+	src[3] = NULL;
+	ck_assert_int_eq(tpu_strv_dup(src, 4, 4, 9, &v), -EINVAL);
+	src[3] = "x";
+	ck_assert_ptr_eq(v, keep);
+
+	for (unsigned at = 1; at <= 4; at++) {
+		/* 16 times, measured on the last: freed blocks go to malloc's per-thread cache
+		 * (still counted in use, and calloc() takes none from it) until it holds 7 of a
+		 * size; a leak grows the count on every call, a clean failure then not */
+		int r[16];
+		size_t after;
+
+		for (int k = 0; k < 16; k++) {
+			before = heap_in_use();
+			strdup_fail_at = at;
+			r[k] = tpu_strv_dup(src, 4, 4, 9, &v);
+			strdup_fail_at = 0;
+		}
+		after = heap_in_use();
+		for (int k = 0; k < 16; k++)
+			ck_assert_int_eq(r[k], -ENOMEM);
+		ck_assert_ptr_eq(v, keep);
+		ck_assert_uint_eq(after, before);
+	}
+}
+END_TEST
+
 /* The ranges a receive holds: merged where they touch, sorted, overlaps refused, a bound on
  * their count, and the prefix test. */
 START_TEST(test_common_ranges_merge_refuse_overlaps_and_bound)
@@ -657,6 +729,7 @@ static Suite *common_suite(void)
 	tcase_add_test(g, test_common_log_message_stays_one_line);
 	tcase_add_test(g, test_common_text_clean_keeps_utf8_and_drops_controls);
 	tcase_add_test(g, test_common_ranges_merge_refuse_overlaps_and_bound);
+	tcase_add_test(g, test_common_strv_dup_bounds_and_frees_on_failure);
 	suite_add_tcase(s, g);
 	return s;
 }
