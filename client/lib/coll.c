@@ -637,7 +637,7 @@ static int allreduce_chunks(struct tp_group *g, const struct tpc_coll *c, size_t
 	 * else reads its slice of the result bank, so it folds the slice straight into its output,
 	 * sparing the copy from the bank (not in place: the kernels' output may not be their
 	 * input) */
-	bool direct = early && c->leader_only && c->send != c->recv;
+	bool into_out = early && c->leader_only && c->send != c->recv;
 	int r = 0;
 
 	while (r == 0 && n) {
@@ -657,7 +657,7 @@ static int allreduce_chunks(struct tp_group *g, const struct tpc_coll *c, size_t
 			continue;
 		}
 		my_slice(g, n, es, &off, &k);
-		if (direct)
+		if (into_out)
 			reduce_range(g, c, bank, done, off, k,
 				     (uint8_t *)c->recv + (done + off) * es, false);
 		else
