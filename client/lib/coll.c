@@ -43,6 +43,7 @@ struct coll_desc {
 #define COLL_CAP_XSEG 4u   /* takes a broadcast, all-gather or reduce-scatter across hosts in
 			    * segments (tp_group.xseg_ask: in every call; collx.c) */
 #define COLL_CAP_STEP 8u   /* an all-reduce's chunks after its first of ALLREDUCE_STEP bytes */
+#define COLL_CAP_LFOLD 16u /* this call may run as a leader's fold (lfold_ask()) */
 
 /* Bytes of a slot that one barrier of an all-reduce covers after its first chunk, when every
  * member's library can (COLL_CAP_STEP; the first chunk goes in before the members know, so it
@@ -503,6 +504,25 @@ static void my_slice(struct tp_group *g, size_t n, size_t es, size_t *ret_off, s
 	*ret_n = hi - lo;
 }
 
+/*
+ * Whether this member offers to run all-reduce @c as a leader's fold: across hosts (only local
+ * rank 0 takes the host's result, @c->leader_only) on a host of two members, the leader folds
+ * every chunk whole, its own input with the other member's slot, straight into its output, and
+ * the other member only copies its input into its slot. Against the sliced path that spares
+ * the leader its input's copy into the slot and the copy of the other's slice out of the result
+ * bank, and the other member its fold (one copy of the tensor less on the host, two fewer on
+ * the leader's path); the elements are folded in the same order, so the bits are the same.
+ * Every member of the call must offer (COLL_CAP_LFOLD, tpc_coll_local()): a member whose
+ * library does not, a view, or a leader whose output is its input (the kernels' output may not
+ * be their input) keeps the sliced path. The other member copies its whole input into its slot
+ * whenever it offers (its own slice too, which only this path reads).
+ */
+static bool lfold_ask(const struct tp_group *g, const struct tpc_coll *c)
+{
+	return c->kind == TPC_COLL_ALLREDUCE && c->leader_only && g->size == 2 && !has_view(c) &&
+	       (g->rank != 0 || c->send != c->recv);
+}
+
 /* One chunk's data goes in before the first barrier of a call (with the descriptor), so each
  * path below starts after its first chunk's input is in place: @first is that chunk. */
 static void chunk_in(struct tp_group *g, const struct tpc_coll *c, size_t done, size_t n,
@@ -524,6 +544,11 @@ static void chunk_in(struct tp_group *g, const struct tpc_coll *c, size_t done, 
 		if (direct) { /* all of it: every member reads every slot (or, with a member
 			       * whose library cannot, the sliced path reads what it needs) */
 			memcpy(slot_of(g, bank, g->rank), c->send, n * es);
+			break;
+		}
+		if (g->rank != 0 && lfold_ask(g, c)) { /* all of it: the leader may fold it */
+			memcpy(slot_of(g, bank, g->rank), (const uint8_t *)c->send + done * es,
+			       n * es);
 			break;
 		}
 		my_slice(g, n, es, &off, &k);
@@ -610,21 +635,43 @@ static void chunk_out(struct tp_group *g, const struct tpc_coll *c, size_t done,
  * what a slower one still reads.
  */
 static int allreduce_chunks(struct tp_group *g, const struct tpc_coll *c, size_t per, size_t n,
-			    char *msg, size_t ml)
+			    bool lfold, char *msg, size_t ml)
 {
 	size_t es = tp_dtype_size(c->dtype), done = 0, off, k, next;
 	bool out = !c->leader_only || g->rank == 0;
 	/* an output seen through a view may overlap the input elsewhere: all of it after the
 	 * barrier, as the input of the next chunk is in by then */
 	bool early = out && !has_view(c);
+	/* a host's leader whose members do not take the result (across hosts, part A): nobody
+	 * else reads its slice of the result bank, so it folds the slice straight into its output,
+	 * sparing the copy from the bank (not in place: the kernels' output may not be their
+	 * input) */
+	bool into_out = early && c->leader_only && c->send != c->recv;
 	int r = 0;
 
 	while (r == 0 && n) {
 		unsigned bank = g->bank;
 
 		g->bank ^= 1;
+		if (lfold) { /* lfold_ask(): the leader folds the whole chunk, nobody copies out */
+			if (g->rank == 0)
+				reduce_range(g, c, bank, done, 0, n,
+					     (uint8_t *)c->recv + done * es, false);
+			next = c->count - done - n < per ? c->count - done - n : per;
+			if (next && g->rank != 0)
+				chunk_in(g, c, done + n, next, g->bank, false);
+			r = tpc_coll_barrier(g, g->op_timeout_ms, msg, ml);
+			done += n;
+			n = next;
+			continue;
+		}
 		my_slice(g, n, es, &off, &k);
-		reduce_range(g, c, bank, done, off, k, result_of(g, bank) + off * es, early);
+		if (into_out)
+			reduce_range(g, c, bank, done, off, k,
+				     (uint8_t *)c->recv + (done + off) * es, false);
+		else
+			reduce_range(g, c, bank, done, off, k, result_of(g, bank) + off * es,
+				     early);
 		next = c->count - done - n < per ? c->count - done - n : per;
 		if (next)
 			chunk_in(g, c, done + n, next, g->bank, false);
@@ -718,6 +765,7 @@ int tpc_coll_local(struct tp_group *g, const struct tpc_coll *c, struct tpc_xver
 	size_t step = c->kind == TPC_COLL_BARRIER ? 1 : ALLREDUCE_STEP / tp_dtype_size(c->dtype);
 	bool direct = direct_call(g, c);
 	bool solo = g->size == 1 && !c->seg && (!has_view(c) || c->kind == TPC_COLL_BROADCAST);
+	bool lfold;
 	int r;
 
 	*d = (struct coll_desc){ .seq = seq, .kind = c->kind, .dtype = c->dtype, .op = c->op,
@@ -725,7 +773,8 @@ int tpc_coll_local(struct tp_group *g, const struct tpc_coll *c, struct tpc_xver
 				 .pid = (uint32_t)g->pid, .valid = 1, .absent = c->absent,
 				 .caps = COLL_CAP_DIRECT | COLL_CAP_STEP |
 					 (c->seg ? COLL_CAP_SEG : 0) |
-					 (g->xseg_ask ? COLL_CAP_XSEG : 0) };
+					 (g->xseg_ask ? COLL_CAP_XSEG : 0) |
+					 (lfold_ask(g, c) ? COLL_CAP_LFOLD : 0) };
 	if (v && g->rank == 0) {
 		d->xerr = v->err;
 		d->xcontrib = v->contrib;
@@ -755,6 +804,7 @@ int tpc_coll_local(struct tp_group *g, const struct tpc_coll *c, struct tpc_xver
 			solo_call(c);
 		return 0;
 	}
+	lfold = r == 0 && lfold_ask(g, c) && all_can(g, seq, COLL_CAP_LFOLD);
 	if (r == 0 && n && direct && all_can(g, seq, COLL_CAP_DIRECT)) {
 		unsigned bank = g->bank;
 
@@ -775,10 +825,10 @@ int tpc_coll_local(struct tp_group *g, const struct tpc_coll *c, struct tpc_xver
 			s.count = c->seg;
 			n = n < s.count ? n : s.count;
 		}
-		return allreduce_chunks(g, &s, per, n, msg, ml);
+		return allreduce_chunks(g, &s, per, n, lfold, msg, ml);
 	}
 	if (r == 0 && c->kind == TPC_COLL_ALLREDUCE)
-		return allreduce_chunks(g, c, per, n, msg, ml);
+		return allreduce_chunks(g, c, per, n, lfold, msg, ml);
 	while (r == 0 && n) {
 		unsigned bank = g->bank;
 

@@ -867,6 +867,15 @@ static void coll_fold(void *inout, const void *in, size_t n, int dtype, void *us
 		tpc_reduce(inout, in, n, (enum tp_dtype)dtype, (enum tp_reduce_op)c->op);
 }
 
+/* tpc_plan_run_args.fold_left of a built-in reduction: @inout = @in op @inout in one pass (a
+ * user's function has only fold(), run_allreduce() leaves this out). */
+static void coll_fold_left(void *inout, const void *in, size_t n, int dtype, void *user)
+{
+	const struct tpc_coll *c = user;
+
+	tpc_reduce_left(inout, in, n, (enum tp_dtype)dtype, (enum tp_reduce_op)c->op);
+}
+
 /*
  * The leader's shared buffer of at least 2 x @bytes (the result, then the scratch), grown in
  * MiB; NULL (the caller uses private memory) when the daemon refuses one (its buffer limits).
@@ -906,6 +915,7 @@ static int run_allreduce(struct tpc_collx *x, const struct tpc_coll *c, void *bu
 	struct tpc_plan_run_args a = { .nhosts = x->nhosts, .host = x->host, .algo = algo,
 				       .buf = buf, .scratch = scratch, .count = count, .es = es,
 				       .chunk = x->chunk, .fold = coll_fold,
+				       .fold_left = c->op == TPC_OP_USER ? NULL : coll_fold_left,
 				       .dtype = (int)c->dtype, .user = (void *)c,
 				       .ops = &xport_ops, .t = x, .seg = seg,
 				       .ready = s ? seg_ready : NULL,

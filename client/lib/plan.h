@@ -171,6 +171,9 @@ struct tpc_plan_run_args {
 	void *scratch;		 /* count * es bytes the run receives what it folds into (what
 				  * a step copies lands straight in @buf) */
 	tpc_plan_fold_fn fold;	 /* inout = inout op in */
+	/* inout = in op inout, or NULL: a step that folds the received value first folds into
+	 * @scratch and copies the result back (one more pass over what it folds) */
+	tpc_plan_fold_fn fold_left;
 	int dtype;
 	void *user;
 	const struct tpc_plan_xport_ops *ops;

@@ -41,6 +41,10 @@ static void land(const struct tpc_plan_run_args *a, enum tpc_plan_recv how, size
 		a->fold(mine, in, n, a->dtype, a->user);
 		return;
 	}
+	if (a->fold_left) {
+		a->fold_left(mine, in, n, a->dtype, a->user);
+		return;
+	}
 	a->fold(in, mine, n, a->dtype, a->user);
 	memcpy(mine, in, n * a->es);
 }

@@ -299,3 +299,73 @@ void tpc_reduce3(void *dst, const void *a, const void *b, size_t n, enum tp_dtyp
 	}
 }
 
+/* The same with the operands swapped: @acc[i] = F(@in[i], @acc[i]). */
+#define LOOPL(T, F)                                                                                \
+	do {                                                                                       \
+		T *restrict x = acc;                                                               \
+		const T *restrict y = in;                                                          \
+		for (size_t i = 0; i < n; i++)                                                     \
+			x[i] = F(y[i], x[i]);                                                      \
+	} while (0)
+
+#define ULOOPL(T, U, F)                                                                            \
+	do {                                                                                       \
+		T *restrict x = acc;                                                               \
+		const T *restrict y = in;                                                          \
+		for (size_t i = 0; i < n; i++)                                                     \
+			x[i] = (T)F((U)y[i], (U)x[i]);                                             \
+	} while (0)
+
+#define HLOOPL(TO, FROM, F)                                                                        \
+	do {                                                                                       \
+		uint16_t *restrict x = acc;                                                        \
+		const uint16_t *restrict y = in;                                                   \
+		for (size_t i = 0; i < n; i++)                                                     \
+			x[i] = FROM(F(TO(y[i]), TO(x[i])));                                        \
+	} while (0)
+
+#define INT_OPSL(T, U)                                                                             \
+	switch (op) {                                                                              \
+	case TP_OP_SUM:                                                                            \
+		ULOOPL(T, U, R_SUM);                                                               \
+		break;                                                                             \
+	case TP_OP_PROD:                                                                           \
+		ULOOPL(T, U, R_PROD);                                                              \
+		break;                                                                             \
+	case TP_OP_MIN:                                                                            \
+		LOOPL(T, R_MIN);                                                                   \
+		break;                                                                             \
+	case TP_OP_MAX:                                                                            \
+		LOOPL(T, R_MAX);                                                                   \
+		break;                                                                             \
+	}
+
+void tpc_reduce_left(void *acc, const void *in, size_t n, enum tp_dtype dt, enum tp_reduce_op op)
+{
+	switch (dt) {
+	case TP_DTYPE_F32:
+		FLOAT_OPS(LOOPL, float);
+		break;
+	case TP_DTYPE_F64:
+		FLOAT_OPS(LOOPL, double);
+		break;
+	case TP_DTYPE_F16:
+		FLOAT_OPS(HLOOPL, tpc_f16_to_float, tpc_float_to_f16);
+		break;
+	case TP_DTYPE_BF16:
+		FLOAT_OPS(HLOOPL, tpc_bf16_to_float, tpc_float_to_bf16);
+		break;
+	case TP_DTYPE_I8:
+		INT_OPSL(int8_t, uint32_t);
+		break;
+	case TP_DTYPE_U8:
+		INT_OPSL(uint8_t, uint32_t);
+		break;
+	case TP_DTYPE_I32:
+		INT_OPSL(int32_t, uint32_t);
+		break;
+	case TP_DTYPE_I64:
+		INT_OPSL(int64_t, uint64_t);
+		break;
+	}
+}

@@ -34,6 +34,14 @@ void tpc_reduce3(void *dst, const void *a, const void *b, size_t n, enum tp_dtyp
 		 enum tp_reduce_op op);
 
 /*
+ * tpc_reduce_left() - @acc[i] = @op(@in[i], @acc[i]) for @n elements of @dt: the received value
+ * first, as tpc_reduce() into a copy of @in leaves it, bit for bit, without that copy (a
+ * leader's fold of another host's partial result ahead of its own, client/lib/planrun.c).
+ * Borrows @acc and @in (may not overlap).
+ */
+void tpc_reduce_left(void *acc, const void *in, size_t n, enum tp_dtype dt, enum tp_reduce_op op);
+
+/*
  * tpc_copy_stream() - copies @n bytes from @src to @dst with non-temporal stores where the CPU
  * has them (x86-64), so that a large result written once goes to memory without first reading
  * every destination line into the cache; plain memcpy elsewhere. For destinations that will

@@ -346,6 +346,7 @@ struct world {
 	int fail_host;	    /* this leader's transport fails ... */
 	unsigned fail_after; /* ... after this many exchanges (-1: never) */
 	unsigned max_pend;   /* the most exchanges a leader had started at once */
+	bool left;	     /* the leaders fold the received value first in one pass (fold_left) */
 	unsigned min_late;   /* the fewest in flight when a leader started one, past its first
 			      * TPC_PLAN_DEPTH (a drain between steps shows as 0) */
 };
@@ -466,6 +467,11 @@ static void q_fold(void *inout, const void *in, size_t count, int dtype, void *u
 	tpc_reduce(inout, in, count, (enum tp_dtype)dtype, *(enum tp_reduce_op *)user);
 }
 
+static void q_fold_left(void *inout, const void *in, size_t count, int dtype, void *user)
+{
+	tpc_reduce_left(inout, in, count, (enum tp_dtype)dtype, *(enum tp_reduce_op *)user);
+}
+
 static void *leader_main(void *arg)
 {
 	struct leader *l = arg;
@@ -522,7 +528,8 @@ static void run_all(struct world *w, enum tpc_plan_algo algo, uint8_t *bufs, siz
 		l[i].a = (struct tpc_plan_run_args){
 			.nhosts = w->n, .host = i, .algo = algo, .buf = bufs + i * count * es,
 			.count = count, .es = es, .chunk = chunk,
-			.scratch = scratch + i * stride, .fold = q_fold, .dtype = dt,
+			.scratch = scratch + i * stride, .fold = q_fold,
+			.fold_left = w->left ? q_fold_left : NULL, .dtype = dt,
 			.user = op, .ops = &q_ops, .t = &l[i],
 		};
 		ck_assert_int_eq(pthread_create(&th[i], NULL, leader_main, &l[i]), 0);
@@ -603,6 +610,43 @@ END_TEST
  * members in local rank order (the arena's part), the 25 leaders run the schedule, every member
  * copies its leader's result. Every rank ends with the same bits and the exact (wrapping) sum.
  */
+/* A run whose leaders fold the received value first in one pass (fold_left) leaves the bits of
+ * one that folds into the scratch and copies back, every leader, in float (where the order of
+ * the operands shows in NaNs' payloads) and in every schedule. */
+START_TEST(test_plan_run_fold_left_leaves_the_same_bits)
+{
+	static const size_t counts[] = { 1, 17, 1021 };
+	static const size_t chunks[] = { 0, 64, 1000 };
+
+	for (uint32_t n = 2; n <= RUN_SWEEP; n++)
+		for (int algo = TPC_PLAN_RING; algo <= TPC_PLAN_RD; algo++)
+			for (size_t c = 0; c < 3; c++)
+				for (size_t k = 0; k < 3; k++) {
+					size_t cnt = counts[c], len = n * cnt * 4;
+					enum tp_reduce_op op = (enum tp_reduce_op)(TP_OP_SUM + k);
+					uint8_t *a = malloc(len), *b = malloc(len);
+					int ra[RUN_HOSTS], rb[RUN_HOSTS];
+					struct world w;
+
+					ck_assert(a && b);
+					for (size_t i = 0; i < len; i++) /* any bits, NaNs too */
+						a[i] = (uint8_t)((i * 2654435761u) >> 13 ^ n ^ c);
+					memcpy(b, a, len);
+					world_init(&w, n);
+					run_all(&w, algo, a, cnt, 4, TP_DTYPE_F32, &op, chunks[k], ra);
+					ck_assert_uint_eq(world_done(&w), 0);
+					world_init(&w, n);
+					w.left = true;
+					run_all(&w, algo, b, cnt, 4, TP_DTYPE_F32, &op, chunks[k], rb);
+					ck_assert_uint_eq(world_done(&w), 0);
+					for (uint32_t h = 0; h < n; h++)
+						ck_assert(ra[h] == 0 && rb[h] == 0);
+					ck_assert_mem_eq(a, b, len);
+					free(a), free(b);
+				}
+}
+END_TEST
+
 START_TEST(test_plan_200_ranks_all_reduce_composes)
 {
 	enum { RANKS = 200, HOSTS = 25, CNT = 3001 };
@@ -940,6 +984,7 @@ int main(void)
 	tcase_add_test(tc, test_plan_steps_refuse_bad_arguments);
 	tcase_add_test(tc, test_plan_segments_cover_the_tensor_aligned);
 	tcase_add_test(tc, test_plan_run_results_identical_and_right);
+	tcase_add_test(tc, test_plan_run_fold_left_leaves_the_same_bits);
 	tcase_add_test(tc, test_plan_200_ranks_all_reduce_composes);
 	tcase_add_test(tc, test_plan_ring_keeps_exchanges_in_flight_across_steps);
 	tcase_add_test(tc, test_plan_run_in_segments);

@@ -301,6 +301,48 @@ START_TEST(test_reduce3_is_reduce_into_a_copy)
 }
 END_TEST
 
+/* tpc_reduce_left(acc, in) leaves the bits tpc_reduce(acc into a copy of in) leaves, NaNs and
+ * random bit patterns included, for every dtype and op, and no byte of @acc around them. */
+START_TEST(test_reduce_left_is_reduce_into_a_copy_of_in)
+{
+	static const enum tp_dtype dts[] = { TP_DTYPE_F16, TP_DTYPE_BF16, TP_DTYPE_F32,
+					     TP_DTYPE_F64, TP_DTYPE_I8, TP_DTYPE_U8, TP_DTYPE_I32,
+					     TP_DTYPE_I64 };
+	static const size_t lens[] = { 0, 1, 3, 15, 16, 17, 1000, 4099 };
+
+	for (size_t d = 0; d < sizeof(dts) / sizeof(dts[0]); d++) {
+		size_t es = tp_dtype_size(dts[d]);
+
+		for (int op = TP_OP_SUM; op <= TP_OP_MAX; op++) {
+			for (size_t l = 0; l < sizeof(lens) / sizeof(lens[0]); l++) {
+				for (int raw = 0; raw < 2; raw++) {
+					size_t n = lens[l], len = (n + 2) * es;
+					uint8_t *acc = malloc(len), *in = malloc(len);
+					uint8_t *ref = malloc(len);
+
+					if (raw) { /* any bits: NaNs, infinities, subnormals */
+						fill(acc, len, 5);
+						fill(in, len, 6);
+					} else {
+						fill_typed(dts[d], acc + es, n, 3);
+						fill_typed(dts[d], in + es, n, 4);
+					}
+					memcpy(ref, acc, len);
+					memcpy(ref + es, in + es, n * es);
+					tpc_reduce(ref + es, acc + es, n, dts[d], op);
+					tpc_reduce_left(acc + es, in + es, n, dts[d], op);
+					ck_assert_msg(memcmp(acc, ref, len) == 0,
+						      "dtype %d op %d n %zu raw %d", dts[d], op, n, raw);
+					free(acc);
+					free(in);
+					free(ref);
+				}
+			}
+		}
+	}
+}
+END_TEST
+
 START_TEST(test_integers_wrap_and_nan_wins_min_max)
 {
 	int8_t a8[2] = { 127, -128 }, b8[2] = { 1, -1 };
@@ -362,6 +404,7 @@ static Suite *reduce_suite(void)
 	tcase_add_test(tc, test_bf16_rounds_to_nearest_even);
 	tcase_add_test(tc, test_every_kernel_matches_the_scalar_reference);
 	tcase_add_test(tc, test_reduce3_is_reduce_into_a_copy);
+	tcase_add_test(tc, test_reduce_left_is_reduce_into_a_copy_of_in);
 	tcase_add_test(tc, test_integers_wrap_and_nan_wins_min_max);
 	tcase_add_test(tc, test_copy_stream_exact_at_every_alignment);
 	suite_add_tcase(s, tc);
