@@ -700,7 +700,6 @@ static bool targets_repeat(const Tpw__V1__Broadcast *b)
 
 void tpd_bcast_peer_read(struct tpd_pipe *p, const Tpw__V1__PeerReadReq *rr)
 {
-	static struct tpd_ratelog log; /* the peer asks at will: at most a line a second */
 	struct tpd_pipe_end *w = tpd_xpipe_local_end(p);
 	struct tpd_msg *m;
 	unsigned suppressed;
@@ -724,9 +723,9 @@ void tpd_bcast_peer_read(struct tpd_pipe *p, const Tpw__V1__PeerReadReq *rr)
 		(void)tpd_xh_start(m); /* a failure completed it */
 		return;
 	}
-	if (tpd_quota_ratelog_ok(&log, 1000, &suppressed))
+	if (tpd_peer_log_ok(p->link, &suppressed)) /* the peer asks at will */
 		tpd_pipe_log(p, NULL, TPU_LOG_WARNING, "peer asked for broadcast message %llu, not "
-			     "one announced and waiting (%u more since the last such line)",
+			     "one announced and waiting (%u lines about this peer not logged before this one)",
 			     (unsigned long long)rr->msg_id, suppressed);
 	tpd_xh_tell_end(p, rr->xfer_id, TPW__V1__STATUS__STATUS_INVALID, "no such message", 0,
 			false);
@@ -738,12 +737,11 @@ void tpd_bcast_peer_read(struct tpd_pipe *p, const Tpw__V1__PeerReadReq *rr)
 static void peer_refuse(struct tpd_peer *pr, const Tpw__V1__PeerBcast *b, struct tpd_pipe **pipes,
 			const char *why)
 {
-	static struct tpd_ratelog log;
 	unsigned suppressed;
 
-	if (tpd_quota_ratelog_ok(&log, 1000, &suppressed))
-		tpu_log(TPU_LOG_WARNING, "peer %s: broadcast to %zu pipes refused: %s (%u more "
-			"since the last such line)", tpd_peer_name(pr), b->n_targets, why,
+	if (tpd_peer_log_ok(pr, &suppressed))
+		tpu_log(TPU_LOG_WARNING, "peer %s: broadcast to %zu pipes refused: %s (%u lines "
+			"about this peer not logged before this one)", tpd_peer_name(pr), b->n_targets, why,
 			suppressed);
 	for (size_t i = 0; i < b->n_targets; i++) {
 		Tpw__V1__PeerConsumed c = TPW__V1__PEER_CONSUMED__INIT;

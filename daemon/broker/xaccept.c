@@ -253,13 +253,13 @@ void tpd_xaccept_connect(struct tpd_daemon *d, struct tpd_peer *pr,
 	pm.connect_reply = &rep;
 	tpd_peer_send(pr, &pm, NULL, 0);
 	if (!p) {
-		/* A peer can send connects as fast as its link carries them: a burst is logged. */
-		static struct tpd_ratelog refusals;
+		/* A peer can send connects as fast as its link carries them: logged within its
+		 * link's budget. */
 		unsigned held;
 
-		if (tpd_quota_ratelog_burst_ok(&refusals, 10000, 20, &held))
-			tpu_log_info("peer %s: connect to '%s' refused: %s (%u refusals not logged "
-				     "before this one)", tpd_peer_name(pr), c->name,
+		if (tpd_peer_log_ok(pr, &held))
+			tpu_log_info("peer %s: connect to '%s' refused: %s (%u lines about this "
+				     "peer not logged before this one)", tpd_peer_name(pr), c->name,
 				     logwhy[0] ? logwhy : why, held);
 		return;
 	}

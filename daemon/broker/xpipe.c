@@ -77,13 +77,13 @@ void tpd_xpipe_listener_added(struct tpd_daemon *d, const char *name)
  * STATUS_LIMIT) and never queued here, whatever that daemon let its client write. Once an
  * eager message was refused (its write completed on the writer's host, so the pipe fails there),
  * every later message of @w is refused too, whatever room frees meanwhile: the reader must never
- * read message N+1 where N was dropped. Logged at most once a second: the peer sends at will.
+ * read message N+1 where N was dropped. Logged within the link's budget (tpd_peer_log_ok()):
+ * the peer sends at will.
  * Return: true if refused.
  */
 static bool remote_queue_full(struct tpd_pipe *p, struct tpd_pipe_end *w, uint64_t msg_id,
 			      bool eager, uint32_t tail_len, size_t n_seg)
 {
-	static struct tpd_ratelog log;
 	const struct tpd_config *cfg = tpd_daemon_cfg(p->d);
 	struct tpd_quota *q = tpd_daemon_quota(p->d);
 	struct tpd_msg m = { .from = w, .msg_id = msg_id };
@@ -112,9 +112,9 @@ static bool remote_queue_full(struct tpd_pipe *p, struct tpd_pipe_end *w, uint64
 		return false;
 	q->remote_refused++;
 	w->dropped |= eager;
-	if (tpd_quota_ratelog_ok(&log, 1000, &suppressed))
-		tpd_pipe_log(p, NULL, TPU_LOG_WARNING, "remote message %llu refused: %s (%u more "
-			     "refused since the last such line)", (unsigned long long)msg_id, why,
+	if (tpd_peer_log_ok(p->link, &suppressed))
+		tpd_pipe_log(p, NULL, TPU_LOG_WARNING, "remote message %llu refused: %s (%u lines "
+			     "about this peer not logged before this one)", (unsigned long long)msg_id, why,
 			     suppressed);
 	tpd_xpipe_consumed(&m, TPW__V1__STATUS__STATUS_LIMIT, why);
 	return true;
@@ -178,7 +178,6 @@ void tpd_xpipe_peer_descriptor(struct tpd_pipe *p, const Tpw__V1__Descriptor *dd
 
 void tpd_xpipe_peer_read_req(struct tpd_pipe *p, const Tpw__V1__PeerReadReq *rr)
 {
-	static struct tpd_ratelog log; /* the peer asks at will: at most a line a second */
 	struct tpd_pipe_end *w = tpd_xpipe_local_end(p);
 	struct tpd_msg *m;
 	unsigned suppressed;
@@ -194,9 +193,9 @@ void tpd_xpipe_peer_read_req(struct tpd_pipe *p, const Tpw__V1__PeerReadReq *rr)
 	}
 	m = tpd_pipe_next_unread(w);
 	if (!m || m->msg_id != rr->msg_id || m->eager) {
-		if (tpd_quota_ratelog_ok(&log, 1000, &suppressed))
+		if (tpd_peer_log_ok(p->link, &suppressed)) /* the peer asks at will */
 			tpd_pipe_log(p, NULL, TPU_LOG_WARNING, "peer asked for message %llu, next "
-				     "is %llu (%u more since the last such line)",
+				     "is %llu (%u lines about this peer not logged before this one)",
 				     (unsigned long long)rr->msg_id,
 				     m ? (unsigned long long)m->msg_id : 0ull, suppressed);
 		tpd_xh_tell_end(p, rr->xfer_id, TPW__V1__STATUS__STATUS_INVALID, "no such message",
@@ -220,21 +219,20 @@ void tpd_xpipe_peer_read_req(struct tpd_pipe *p, const Tpw__V1__PeerReadReq *rr)
  * The reader's daemon dropped eager message @m (its daemon-wide budget, or limits it lowered
  * since the pipe was set up) although its write completed here when it was sent: the writer
  * cannot learn it from that write any more, so the pipe fails, both ways, with the reason. The
- * reader still reads what was queued before. Logged at most once a second.
+ * reader still reads what was queued before. Logged within the link's budget (tpd_peer_log_ok()).
  */
 static void eager_dropped(struct tpd_pipe *p, const struct tpd_msg *m,
 			  const Tpw__V1__PeerConsumed *c)
 {
 	const char *reason = c->message && *c->message ? c->message : tpw_status_name(c->status);
-	static struct tpd_ratelog log;
 	unsigned suppressed;
 	char why[200];
 
 	snprintf(why, sizeof(why), "the reader's daemon dropped message %llu, written already: "
 		 "%.140s", (unsigned long long)m->msg_id, reason);
-	if (tpd_quota_ratelog_ok(&log, 1000, &suppressed))
-		tpd_pipe_log(p, NULL, TPU_LOG_WARNING, "%s; failing the pipe (%u more since the "
-			     "last such line)", why, suppressed);
+	if (tpd_peer_log_ok(p->link, &suppressed))
+		tpd_pipe_log(p, NULL, TPU_LOG_WARNING, "%s; failing the pipe (%u lines about this "
+			     "peer not logged before this one)", why, suppressed);
 	if (p->link && p->remote_id)
 		tpd_xpipe_tell_close(p->link, p->remote_id, c->status, why);
 	tpd_xpipe_peer_close(p, c->status, why);

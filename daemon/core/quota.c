@@ -42,6 +42,32 @@ bool tpd_quota_ratelog_burst_ok(struct tpd_ratelog *rl, uint64_t window_ms, unsi
 	return true;
 }
 
+bool tpd_quota_ratelog_shared_ok(struct tpd_ratelog *own, unsigned own_burst,
+				 struct tpd_ratelog *all, unsigned all_burst, uint64_t window_ms,
+				 unsigned *ret_suppressed)
+{
+	uint64_t now = tpu_now_ns();
+
+	if (now >= own->next_ns) {
+		own->next_ns = now + window_ms * 1000000ull;
+		own->logged = 0;
+	}
+	if (now >= all->next_ns) {
+		all->next_ns = now + window_ms * 1000000ull;
+		all->logged = 0;
+	}
+	if (own->logged >= own_burst || all->logged >= all_burst) {
+		own->suppressed++;
+		all->suppressed++;
+		return false;
+	}
+	own->logged++;
+	all->logged++;
+	*ret_suppressed = own->suppressed;
+	own->suppressed = 0;
+	return true;
+}
+
 void tpd_quota_init(struct tpd_quota *q)
 {
 	*q = (struct tpd_quota){ 0 };

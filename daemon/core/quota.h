@@ -35,6 +35,19 @@ struct tpd_ratelog {
 bool tpd_quota_ratelog_ok(struct tpd_ratelog *rl, uint64_t interval_ms, unsigned *ret_suppressed);
 
 /*
+ * tpd_quota_ratelog_shared_ok() - may a line of one source be logged now, where every source has
+ * its own budget @own (at most @own_burst lines in each @window_ms) and all of them together
+ * share @all (at most @all_burst lines in each window)? A source over its own budget spends
+ * none of the shared one, so one source's flood cannot hide another source's lines, and many
+ * sources together still cannot flood the log.
+ * @ret_suppressed: the source's lines refused since its last allowed one (written when true).
+ * Return: true to log.
+ */
+bool tpd_quota_ratelog_shared_ok(struct tpd_ratelog *own, unsigned own_burst,
+				 struct tpd_ratelog *all, unsigned all_burst, uint64_t window_ms,
+				 unsigned *ret_suppressed);
+
+/*
  * tpd_quota_ratelog_burst_ok() - may a line be logged now? At most @burst per window of @window_ms,
  * so that a few events in a row are all seen while a flood is not. The first line of a new
  * window learns how many were held back in the windows before.

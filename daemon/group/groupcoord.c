@@ -113,13 +113,13 @@ static void coord_answer(struct tpd_groups *gs, const struct cmember *cm, int er
 }
 
 /* A refusal of a join that never got a slot. A peer daemon sends joins as fast as its link
- * carries them: the refusals of its joins are logged in bursts (at most 20 in 10 s). */
+ * carries them: the refusals of its joins are logged within its link's budget
+ * (tpd_peer_log_ok()), so that they hide no other peer's. */
 static void coord_refuse(struct tpd_groups *gs, struct tpd_peer *pr, uint64_t join_id, int err,
 			 const char *fmt, ...) _printf_(5, 6);
 static void coord_refuse(struct tpd_groups *gs, struct tpd_peer *pr, uint64_t join_id, int err,
 			 const char *fmt, ...)
 {
-	static struct tpd_ratelog peer_refusals;
 	struct cmember cm = { .pr = pr, .join_id = join_id };
 	char why[256];
 	unsigned held;
@@ -130,9 +130,9 @@ static void coord_refuse(struct tpd_groups *gs, struct tpd_peer *pr, uint64_t jo
 	va_end(ap);
 	if (!pr)
 		tpu_log(TPU_LOG_INFO, "group join from this host refused: %s", why);
-	else if (tpd_quota_ratelog_burst_ok(&peer_refusals, 10000, 20, &held))
-		tpu_log(TPU_LOG_INFO, "group join from %s refused: %s (%u refusals not logged "
-			"before this one)", tpd_peer_name(pr), why, held);
+	else if (tpd_peer_log_ok(pr, &held))
+		tpu_log(TPU_LOG_INFO, "group join from %s refused: %s (%u lines about this peer "
+			"not logged before this one)", tpd_peer_name(pr), why, held);
 	gs->refused++;
 	coord_answer(gs, &cm, err, why, NULL);
 }

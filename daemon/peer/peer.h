@@ -79,6 +79,30 @@ bool tpd_peer_is_failed(const struct tpd_peer *pr);
 /* "HOST:PORT" of the link, for messages. */
 const char *tpd_peer_name(const struct tpd_peer *pr);
 
+/* Room for tpd_peer_principal(), its terminating NUL included. */
+#define TPD_PEER_PRINCIPAL_LEN 208
+
+/* What tpd_peer_log_ok() allows: lines of a peer in each window, lines of all peers together,
+ * and how many peers' budgets it keeps. */
+#define TPD_PEER_LOG_WINDOW_MS 10000
+#define TPD_PEER_LOG_BURST 20
+#define TPD_PEER_LOG_ALL_BURST 100
+#define TPD_PEER_LOG_PEERS 64
+
+/*
+ * tpd_peer_log_ok() - may a line about what the far daemon of @pr sent (a refusal, a request
+ * for nothing) be logged now? A peer sends such things as fast as its links carry them, so
+ * each peer (tpd_peer_principal(): every link of one peer shares it) has its own budget
+ * (TPD_PEER_LOG_BURST lines in each TPD_PEER_LOG_WINDOW_MS) and all peers together a larger
+ * one (TPD_PEER_LOG_ALL_BURST): one peer's flood neither fills the log nor hides another
+ * peer's lines. Budgets are kept for the TPD_PEER_LOG_PEERS peers logged most recently; the
+ * shared one still bounds the log where more peers flood. @pr may be NULL (a source of its
+ * own).
+ * @ret_suppressed: @pr's lines refused since its last logged one (written when true).
+ * Return: true to log.
+ */
+bool tpd_peer_log_ok(struct tpd_peer *pr, unsigned *ret_suppressed);
+
 /*
  * tpd_peer_identity() - who the far daemon of @pr proved to be in the TLS handshake, as shown by
  * tpipctl: "psk:tpipd" (it holds the pre-shared key) or "cert:CN=...,DNS:..." (a certificate of
@@ -109,9 +133,6 @@ const char *tpd_peer_principal(const struct tpd_peer *pr);
  * chunk being written cannot be taken back). Borrows @pr; each start is ended exactly once.
  */
 void tpd_peer_sending(struct tpd_peer *pr, bool on);
-
-/* Room for tpd_peer_principal(), its terminating NUL included. */
-#define TPD_PEER_PRINCIPAL_LEN 208
 
 /* Whether links @a and @b are of the same peer (tpd_peer_principal()); NULL is no peer's. */
 bool tpd_peer_same(const struct tpd_peer *a, const struct tpd_peer *b);

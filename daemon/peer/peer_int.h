@@ -56,6 +56,12 @@ struct tpd_peers {
 	struct event *ev_accept;
 	struct event *ev_accept_resume; /* accepts paused (EMFILE); freed by tpd_peers_free() */
 	struct tpd_ratelog accept_log;
+	struct tpd_ratelog log_all; /* tpd_peer_log_ok(): all peers together */
+	struct {		    /* ... and each peer's, the least recently used taken over */
+		char principal[TPD_PEER_PRINCIPAL_LEN];
+		struct tpd_ratelog rl;
+		uint64_t used_ns;
+	} log_peer[TPD_PEER_LOG_PEERS];
 	char listen_addr[80]; /* bound address, "" when off */
 	uint16_t port_bound;
 	char hostname[256];

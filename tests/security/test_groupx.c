@@ -24,7 +24,8 @@
  * host, among its members). A first join stating a remote access that allows the hostile
  * daemon, another size and the members' rank 0, for a group whose members do not allow it, is
  * kept apart: the members still form their group and all-reduce (they were all refused with
- * EINVAL).
+ * EINVAL). Its refusals are logged within its link's budget: a flood of them does not hide
+ * another peer's from the log (after 20 in 10 s, none was logged).
  *
  * As a local user (nobody): joins through a coordinator count against groups-per-uid while they
  * wait for its answer (they did not: any number of them could wait, each holding a group at the
@@ -46,6 +47,7 @@
 #include "grparena.h"
 #include "ipeer.h"
 #include "itest.h"
+#include "peer.h"
 #include "peerauth.h"
 #include "peertls.h"
 #include "tpt_wire.h"
@@ -119,6 +121,10 @@ static int loopback_listen(int *ret_port)
 	return fd;
 }
 
+/* The source address fc_dial() binds (network order), 0: the kernel's choice (127.0.0.1). A
+ * key holder is known by its address: another one is another peer. */
+static in_addr_t fc_src;
+
 /* A TLS connection to the daemon's peer port, as a dialling daemon opens it. */
 static void fc_dial(struct fconn *c, int port)
 {
@@ -130,6 +136,11 @@ static void fc_dial(struct fconn *c, int port)
 	c->nq = 0;
 	c->fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
 	ck_assert_int_ge(c->fd, 0);
+	if (fc_src) {
+		struct sockaddr_in src = {.sin_family = AF_INET, .sin_addr.s_addr = fc_src};
+
+		ck_assert_int_eq(bind(c->fd, (struct sockaddr *)&src, sizeof(src)), 0);
+	}
 	ck_assert_int_eq(connect(c->fd, (struct sockaddr *)&in, sizeof(in)), 0);
 	c->ssl = tpd_peertls_ssl_new(tls, false, "127.0.0.1");
 	ck_assert_ptr_nonnull(c->ssl);
@@ -925,6 +936,48 @@ START_TEST(test_member_daemon_stating_the_coordinators_instance_is_refused)
 }
 END_TEST
 
+/*
+ * A key holder floods the coordinator with joins it refuses, over two links (as fast as they
+ * carry them); another key holder's one refused join afterwards (from another address: another
+ * peer) is still logged, and the flood's lines stay within one peer's budget, its two links
+ * together. The budget used to be one for all peers: after 20 refusals of the flood in 10 s no
+ * other peer's refusal was logged (they were still sent).
+ */
+START_TEST(test_one_peers_refusals_do_not_hide_anothers_from_the_log)
+{
+	struct flink flood[2], other;
+	char msg[256], name[32];
+	const unsigned n = TPD_PEER_LOG_BURST;
+
+	NEED_ROOT();
+	flink_dial_as(&flood[0], 0x6a11e1);
+	flink_dial_as(&flood[1], 0x6a11e1);
+	fc_src = htonl(INADDR_LOOPBACK + 1);
+	flink_dial_as(&other, 0x6a11e2);
+	fc_src = 0;
+	for (unsigned l = 0; l < 2; l++) {
+		for (unsigned i = 0; i < n; i++) {
+			snprintf(name, sizeof(name), "flooded%u", l * n + i);
+			send_join_as(&flood[l], 100 + i, name, 0, 2, NO_REMOTE);
+		}
+		for (unsigned i = 0; i < n; i++)
+			ck_assert_int_eq(next_joined(&flood[l], 100 + i, msg, sizeof(msg)),
+					 TPW__V1__STATUS__STATUS_PERMISSION);
+	}
+	send_join_as(&other, 1, "otherpeer", 0, 2, NO_REMOTE);
+	ck_assert_int_eq(next_joined(&other, 1, msg, sizeof(msg)),
+			 TPW__V1__STATUS__STATUS_PERMISSION);
+	ck_assert_msg(tpt_daemon_wait_log(&d, "group 'otherpeer'", T_MS, NULL, 0) == 0,
+		      "the other peer's refusal was not logged after the flood");
+	ck_assert_int_le(tpt_daemon_log_count(&d, "group 'flooded"), TPD_PEER_LOG_BURST);
+	ck_assert_int_ge(tpt_daemon_log_count(&d, "group 'flooded"), 1);
+	flink_close(&flood[0]);
+	flink_close(&flood[1]);
+	flink_close(&other);
+	ck_assert(tpt_daemon_alive(&d));
+}
+END_TEST
+
 /* ---- a group's remote access -------------------------------------------------------------- */
 
 /* Does `tpipctl --json groups` show rank @rank of group @name (the coordinator's entry with
@@ -1401,6 +1454,7 @@ static Suite *groupx_suite(void)
 	tcase_add_test(tc, test_member_daemon_link_failure_keeps_local_departures);
 	tcase_add_test(tc, test_member_daemon_stating_the_coordinators_instance_is_refused);
 	tcase_add_test(tc, test_coordinator_admits_only_the_peers_the_group_allows);
+	tcase_add_test(tc, test_one_peers_refusals_do_not_hide_anothers_from_the_log);
 	tcase_add_test(tc, test_coordinator_keeps_a_disallowed_first_join_apart);
 	tcase_add_test(tc, test_member_daemon_joins_only_through_a_coordinator_the_group_allows);
 	tcase_add_test(tc, test_leader_connects_only_to_a_peer_the_group_allows);

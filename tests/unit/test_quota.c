@@ -56,6 +56,33 @@ START_TEST(test_ratelog_burst_at_and_above_its_bound)
 }
 END_TEST
 
+/* Each source's own bound and the shared one, at and above each: a source over its own bound
+ * spends nothing of the shared one, so the others still get their lines. */
+START_TEST(test_ratelog_shared_at_and_above_own_and_all)
+{
+	struct tpd_ratelog a = { 0 }, b = { 0 }, c = { 0 }, all = { 0 };
+	unsigned held = 99;
+
+	for (int i = 0; i < 3; i++)
+		ck_assert_msg(tpd_quota_ratelog_shared_ok(&a, 3, &all, 5, 50, &held),
+			      "line %d of a's 3 refused", i);
+	for (int i = 0; i < 10; i++) /* a's flood, over its own bound */
+		ck_assert(!tpd_quota_ratelog_shared_ok(&a, 3, &all, 5, 50, &held));
+	ck_assert(tpd_quota_ratelog_shared_ok(&b, 3, &all, 5, 50, &held)); /* 4th of all */
+	ck_assert_uint_eq(held, 0);
+	ck_assert(tpd_quota_ratelog_shared_ok(&b, 3, &all, 5, 50, &held)); /* 5th of all */
+	ck_assert(!tpd_quota_ratelog_shared_ok(&b, 3, &all, 5, 50, &held)); /* 6th: over all */
+	ck_assert(!tpd_quota_ratelog_shared_ok(&c, 3, &all, 5, 50, &held));
+	sleep_ms(60); /* the window itself, not a synchronisation */
+	ck_assert(tpd_quota_ratelog_shared_ok(&a, 3, &all, 5, 50, &held));
+	ck_assert_uint_eq(held, 10);
+	ck_assert(tpd_quota_ratelog_shared_ok(&b, 3, &all, 5, 50, &held));
+	ck_assert_uint_eq(held, 1);
+	ck_assert(tpd_quota_ratelog_shared_ok(&c, 3, &all, 5, 50, &held));
+	ck_assert_uint_eq(held, 1);
+}
+END_TEST
+
 START_TEST(test_waits_at_and_above_waits_per_uid)
 {
 	struct tpd_config cfg = { .waits_per_uid = 3 };
@@ -131,6 +158,7 @@ int main(void)
 
 	tcase_add_test(tc, test_ratelog_one_line_per_interval);
 	tcase_add_test(tc, test_ratelog_burst_at_and_above_its_bound);
+	tcase_add_test(tc, test_ratelog_shared_at_and_above_own_and_all);
 	tcase_add_test(tc, test_waits_at_and_above_waits_per_uid);
 	tcase_add_test(tc, test_parked_fds_at_and_above_kept_fds_per_uid_plus_in_flight);
 	tcase_add_test(tc, test_parked_fds_at_and_above_kept_fds_cap_plus_in_flight);
