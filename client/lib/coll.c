@@ -45,6 +45,35 @@ struct coll_desc {
 #define COLL_CAP_STEP 8u   /* an all-reduce's chunks after its first of ALLREDUCE_STEP bytes */
 #define COLL_CAP_LFOLD 16u /* this call may run as a leader's fold (lfold_ask()) */
 
+int tpc_coll_features_off(const char *v, uint32_t *ret_off)
+{
+	static const struct {
+		const char *name;
+		uint32_t cap;
+	} names[] = { { "direct", COLL_CAP_DIRECT }, { "seg", COLL_CAP_SEG },
+		      { "xseg", COLL_CAP_XSEG },     { "step", COLL_CAP_STEP },
+		      { "lfold", COLL_CAP_LFOLD },   { "all", ~0u } };
+	uint32_t off = 0;
+
+	*ret_off = 0;
+	while (v && *v) {
+		size_t len = strcspn(v, ","), i;
+
+		for (i = 0; i < sizeof(names) / sizeof(names[0]); i++)
+			if (len == strlen(names[i].name) && !strncmp(v, names[i].name, len))
+				break;
+		if (len && i == sizeof(names) / sizeof(names[0]))
+			return tpc_error(-EINVAL, "TP_GROUP_FEATURES_OFF: unknown feature '%.*s' "
+					 "(known: direct, seg, xseg, step, lfold, all)",
+					 (int)TPU_MIN(len, 40), v);
+		if (len)
+			off |= names[i].cap;
+		v += len + (v[len] == ',');
+	}
+	*ret_off = off;
+	return 0;
+}
+
 /* Bytes of a slot that one barrier of an all-reduce covers after its first chunk, when every
  * member's library can (COLL_CAP_STEP; the first chunk goes in before the members know, so it
  * fills the slot as before). A step's slots, results and slices, about 2.5 times this a member,
@@ -520,7 +549,7 @@ static void my_slice(struct tp_group *g, size_t n, size_t es, size_t *ret_off, s
 static bool lfold_ask(const struct tp_group *g, const struct tpc_coll *c)
 {
 	return c->kind == TPC_COLL_ALLREDUCE && c->leader_only && g->size == 2 && !has_view(c) &&
-	       (g->rank != 0 || c->send != c->recv);
+	       (g->rank != 0 || c->send != c->recv) && !(g->caps_off & COLL_CAP_LFOLD);
 }
 
 /* One chunk's data goes in before the first barrier of a call (with the descriptor), so each
@@ -763,7 +792,7 @@ int tpc_coll_local(struct tp_group *g, const struct tpc_coll *c, struct tpc_xver
 	size_t per = c->kind == TPC_COLL_BARRIER ? 1 : chunk_elems(g, c);
 	size_t n = c->count < per ? c->count : per, done = 0;
 	size_t step = c->kind == TPC_COLL_BARRIER ? 1 : ALLREDUCE_STEP / tp_dtype_size(c->dtype);
-	bool direct = direct_call(g, c);
+	bool direct = direct_call(g, c) && !(g->caps_off & COLL_CAP_DIRECT);
 	bool solo = g->size == 1 && !c->seg && (!has_view(c) || c->kind == TPC_COLL_BROADCAST);
 	bool lfold;
 	int r;
@@ -775,6 +804,7 @@ int tpc_coll_local(struct tp_group *g, const struct tpc_coll *c, struct tpc_xver
 					 (c->seg ? COLL_CAP_SEG : 0) |
 					 (g->xseg_ask ? COLL_CAP_XSEG : 0) |
 					 (lfold_ask(g, c) ? COLL_CAP_LFOLD : 0) };
+	d->caps &= ~g->caps_off; /* TP_GROUP_FEATURES_OFF: as a library without them */
 	if (v && g->rank == 0) {
 		d->xerr = v->err;
 		d->xcontrib = v->contrib;

@@ -453,9 +453,13 @@ TP_EXPORT int tp_group_join(struct tp_context *ctx, const char *name,
 	struct join_opts jo;
 	struct join_req j;
 	struct tp_group *g;
+	uint32_t caps_off;
 	int join_ms, r;
 	long ncpu, llc;
 
+	r = tpc_coll_features_off(getenv("TP_GROUP_FEATURES_OFF"), &caps_off);
+	if (r < 0)
+		return r;
 	if (opts && name && ctx && ret) {
 		r = opts_take(opts, &jo);
 		if (r < 0)
@@ -508,6 +512,7 @@ TP_EXPORT int tp_group_join(struct tp_context *ctx, const char *name,
 	g->hosts = j.hosts;
 	g->arena_bytes = j.arena_bytes;
 	g->chunk = j.chunk;
+	g->caps_off = caps_off;
 	g->op_timeout_ms = opts->op_timeout_ms;
 	g->pid = getpid();
 	ncpu = sysconf(_SC_NPROCESSORS_ONLN);

@@ -153,7 +153,20 @@ struct tp_group {
 	 * (it says so in every call descriptor: COLL_CAP_XSEG), and every member of this host
 	 * said so in the last call (the executor's; the same on every member of the host) */
 	bool xseg_ask, xseg;
+	/* capabilities this member's library does not offer in its call descriptors
+	 * (TP_GROUP_FEATURES_OFF, tpc_coll_features_off()): the group does without them */
+	uint32_t caps_off;
 };
+
+/*
+ * tpc_coll_features_off() - parses @v, TP_GROUP_FEATURES_OFF: names of the collectives'
+ * algorithm features this member's library is not to offer, separated by ',' (direct, seg,
+ * step, lfold, xseg; "all"; empty or NULL: none). The members of a group agree call by call
+ * on what every one of them offers, so a member that offers less keeps the group on the paths
+ * without it: an override to work around one path and to test members of other versions.
+ * Return: 0 and the capability bits in *@ret_off; -EINVAL naming an unknown word (tpc_error()).
+ */
+int tpc_coll_features_off(const char *v, uint32_t *ret_off);
 
 /* tpc_group_world_rank() - the rank in the whole group of this host's member @local. */
 uint32_t tpc_group_world_rank(const struct tp_group *g, uint32_t local);

@@ -4,6 +4,7 @@
  */
 #include <errno.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
 #include <unistd.h>
@@ -41,6 +42,8 @@ int gt_member_main(void *arg)
 				      .join_timeout_ms = m->join_ms, .op_timeout_ms = m->op_ms };
 	int r;
 
+	if (m->sh->features_off[m->idx][0])
+		setenv("TP_GROUP_FEATURES_OFF", m->sh->features_off[m->idx], 1);
 	r = tpt_ctx_new(m->d, 0, NULL, &m->ctx);
 	if (r < 0) {
 		fprintf(stderr, "member %u: context: %s\n", m->idx, tp_strerror(r));

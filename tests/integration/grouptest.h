@@ -20,6 +20,8 @@ struct gt_shared {
 	char msg[GT_MAX][256];	  /* per rank: tp_last_error() of the last failure */
 	int rank_of[GT_MAX];	  /* per child: the rank the daemon gave */
 	int pid[GT_MAX];
+	/* per child: TP_GROUP_FEATURES_OFF for its join ("": unset), as a library without them */
+	char features_off[GT_MAX][32];
 };
 
 struct gt_member;

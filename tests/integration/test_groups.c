@@ -390,6 +390,77 @@ START_TEST(test_allreduce_f32_f64_sum_one_to_eight_ranks_bitwise_equal)
 }
 END_TEST
 
+/* ---- members whose libraries offer different features ------------------------------------- */
+
+/* Around the paths' bounds for 2 to 4 members: the direct path (64 KiB over all slots), the
+ * 256 KiB step after the first chunk, the 1 MiB chunk, several chunks. */
+static int body_mixed(struct gt_member *m)
+{
+	static const size_t c4[] = { 1, 31, 4099, 8192, 16385, 65537, 262147, 600001 };
+	unsigned slot = 0;
+	int bad = 0;
+
+	for (size_t c = 0; c < GT_ARRAY_SIZE(c4); c++) {
+		bad |= check_allreduce(m, TP_DTYPE_F32, TP_OP_SUM, c4[c], slot++, false);
+		bad |= check_allreduce(m, TP_DTYPE_F64, TP_OP_SUM, c4[c], slot++, true);
+		bad |= check_allreduce(m, TP_DTYPE_BF16, TP_OP_MAX, c4[c], slot++, false);
+	}
+	return bad;
+}
+
+/*
+ * Members of one group whose libraries offer different algorithm features (as libraries of
+ * other versions do; TP_GROUP_FEATURES_OFF makes a member offer less): every call takes the
+ * paths every member offers, and every rank gets the reference's bits. Each member copies its
+ * first chunk in before it learns what the others offer, so a member taking a path the others
+ * do not would read slots they never filled.
+ */
+START_TEST(test_members_offering_different_features_agree)
+{
+	static const struct {
+		unsigned n;
+		const char *off[4];
+	} mix[] = {
+		{ 2, { "all", "" } },
+		{ 2, { "", "direct" } },
+		{ 2, { "step", "" } },
+		{ 3, { "", "direct,step", "" } },
+		{ 4, { "", "", "", "all" } },
+		{ 4, { "direct", "", "step", "" } },
+	};
+
+	for (size_t k = 0; k < GT_ARRAY_SIZE(mix); k++) {
+		memset(sh, 0, sizeof(*sh));
+		for (unsigned i = 0; i < mix[k].n; i++)
+			snprintf(sh->features_off[i], sizeof(sh->features_off[i]), "%s",
+				 mix[k].off[i]);
+		ck_assert_msg(gt_run(&tpt_fixture_daemon, "mixed", mix[k].n, false, body_mixed,
+				     NULL, sh, T_MS * 2),
+			      "mix %zu (%u members)", k, mix[k].n);
+		assert_same_hashes(mix[k].n);
+	}
+}
+END_TEST
+
+/* A word TP_GROUP_FEATURES_OFF does not know fails the join with -EINVAL naming it. */
+START_TEST(test_features_off_unknown_word_fails_the_join)
+{
+	struct tp_group_options o = { .size = sizeof(o), .rank = 0, .nranks = 1 };
+	struct tp_context *ctx;
+	struct tp_group *g;
+
+	ck_assert_int_eq(tpt_ctx_new(&tpt_fixture_daemon, 0, NULL, &ctx), 0);
+	setenv("TP_GROUP_FEATURES_OFF", "step,warp", 1);
+	ck_assert_int_eq(tp_group_join(ctx, "feat", &o, &g), -EINVAL);
+	ck_assert_msg(strstr(tp_last_error(), "'warp'"), "%s", tp_last_error());
+	setenv("TP_GROUP_FEATURES_OFF", "step,,lfold,", 1); /* empty words are nothing */
+	ck_assert_int_eq(tp_group_join(ctx, "feat", &o, &g), 0);
+	tp_group_leave(g);
+	unsetenv("TP_GROUP_FEATURES_OFF");
+	tp_context_free(ctx);
+}
+END_TEST
+
 /* ---- user reduction ------------------------------------------------------------------------ */
 
 /* a = 2a + b (not commutative: the order shows) */
@@ -1407,6 +1478,8 @@ static Suite *groups_suite(void)
 	tcase_add_test(tc, test_join_one_to_eight_ranks_given_and_assigned);
 	tcase_add_test(tc, test_allreduce_every_dtype_and_op_matches_reference);
 	tcase_add_test(tc, test_allreduce_f32_f64_sum_one_to_eight_ranks_bitwise_equal);
+	tcase_add_test(tc, test_members_offering_different_features_agree);
+	tcase_add_test(tc, test_features_off_unknown_word_fails_the_join);
 	tcase_add_test(tc, test_allreduce_user_function_in_rank_order);
 	tcase_add_test(tc, test_broadcast_allgather_reduce_scatter);
 	tcase_add_test(tc, test_uneven_steps_count_contributors);

@@ -11,7 +11,8 @@
 # survivor on every host, naming its rank, within the peer timeout; a member that leaves or aborts fails the others' next call on every host, naming it;
 # cutting the link between the hosts fails every rank within the peer timeout. Pipelined
 # broadcasts, all-gathers and reduce-scatters (group_coll.c's seg battery) forced on and off
-# must give the same bits; a leader killed in the middle of pipelined broadcasts and of
+# must give the same bits, as must members whose libraries offer different algorithm features
+# (TP_GROUP_FEATURES_OFF, as libraries of other versions); a leader killed in the middle of pipelined broadcasts and of
 # all-gathers, and the link cut in the middle of all-gathers, fail every survivor. Skips (77) where
 # network namespaces or veth pairs cannot be made.
 . "$(dirname -- "$0")/lib.sh" || exit 1
@@ -69,12 +70,17 @@ battery() { # NAME RANK:HOST...
 }
 # member ID HOST NAME RANK SIZE MODE: runs in the background, output in $SVC_TMP/ID.out. Large
 # all-reduces are pipelined (TP_GROUP_PIPELINE=1: this machine may have too few CPUs for the
-# default to pipeline), except in the ranks listed in PIPE_OFF (TP_GROUP_PIPELINE=0).
+# default to pipeline), except in the ranks listed in PIPE_OFF (TP_GROUP_PIPELINE=0). FEAT_OFF
+# lists RANK:FEATURES: that rank's library offers none of FEATURES (TP_GROUP_FEATURES_OFF), as a
+# library of another version.
 member() {
-	local id=$1 host=$2 v pe=(TP_GROUP_PIPELINE=1)
+	local id=$1 host=$2 v f pe=(TP_GROUP_PIPELINE=1) fe=()
 	shift 2
 	case " ${PIPE_OFF:-} " in *" $2 "*) pe=(TP_GROUP_PIPELINE=0) ;; esac
-	env "${pe[@]}" "${MENV[@]}" "$GROUP_COLL_BIN" "$SVC_TMP/$host.sock" "$1" "$2" "$3" \
+	for f in ${FEAT_OFF:-}; do
+		[ "${f%%:*}" = "$2" ] && fe=(TP_GROUP_FEATURES_OFF="${f#*:}")
+	done
+	env "${pe[@]}" "${fe[@]}" "${MENV[@]}" "$GROUP_COLL_BIN" "$SVC_TMP/$host.sock" "$1" "$2" "$3" \
 		"$COORD" 20000 "$4" >"$SVC_TMP/$id.out" 2>&1 &
 	v="PID_${id//-/_}"
 	printf -v "$v" '%s' "$!"
@@ -90,6 +96,11 @@ battery order 0:a 1:a 2:b 3:b
 PIPE_OFF="0 1 2 3"
 battery orderoff 0:a 1:a 2:b 3:b
 PIPE_OFF=
+
+check "2 hosts x 2 ranks in host order, members offering different features: rank 1 (a's other member) not the leader's fold, rank 2 (b's leader) nothing, rank 3 not the step; every collective, bit-identical on every rank"
+FEAT_OFF="1:lfold 2:all 3:step"
+battery featmix 0:a 1:a 2:b 3:b
+FEAT_OFF=
 
 check "2 hosts x 3 ranks (0, 2, 4 on a; 1, 3, 5 on b): every collective; rank 2 does not pipeline (a's members then take large all-reduces whole), nor does rank 1 (b's leader: every leader then exchanges them whole)"
 PIPE_OFF="1 2"
@@ -128,6 +139,10 @@ PIPE_OFF="0 1 2 3"
 segrun segoff 0:a 1:b 2:b 3:a
 PIPE_OFF=
 [ "$on" = "$SEG_HASH" ] || fail "pipelined and unpipelined results differ: $on, $SEG_HASH"
+FEAT_OFF="3:seg,xseg 1:direct"
+segrun segfeat 0:a 1:b 2:b 3:a
+FEAT_OFF=
+[ "$on" = "$SEG_HASH" ] || fail "ranks 3 and 1 offering less: results differ: $on, $SEG_HASH"
 
 check "the same, 2 hosts x 3 ranks: all pipelined; rank 2 not (a's members take them whole); rank 1 not (b's leader: the leaders exchange them whole)"
 segrun segsix 0:a 1:b 2:a 3:b 4:a 5:b
