@@ -47,6 +47,31 @@ bool tpd_quota_ratelog_shared_ok(struct tpd_ratelog *own, unsigned own_burst,
 				 struct tpd_ratelog *all, unsigned all_burst, uint64_t window_ms,
 				 unsigned *ret_suppressed);
 
+/* How many uids' budgets a struct tpd_ratelog_uids keeps (the least recently used taken over). */
+#define TPD_RATELOG_UIDS 64
+
+/* Budgets of log lines of one kind: each uid's, and all uids' together. Zeroed is empty. */
+struct tpd_ratelog_uids {
+	struct tpd_ratelog all;
+	struct {
+		uid_t uid;
+		bool used;
+		uint64_t used_ns;
+		struct tpd_ratelog rl;
+	} e[TPD_RATELOG_UIDS];
+};
+
+/*
+ * tpd_quota_ratelog_uid_ok() - tpd_quota_ratelog_shared_ok() with @uid's budget in @t (at most
+ * @uid_burst lines in each @window_ms) and all uids' (@all_burst): what one user provokes at
+ * will neither fills the log nor hides another user's lines. Budgets are kept for the
+ * TPD_RATELOG_UIDS uids logged most recently; where more log at once, @all_burst still bounds
+ * the log. @ret_suppressed: @uid's lines refused since its last one (written when true).
+ * Return: true to log.
+ */
+bool tpd_quota_ratelog_uid_ok(struct tpd_ratelog_uids *t, uid_t uid, unsigned uid_burst,
+			      unsigned all_burst, uint64_t window_ms, unsigned *ret_suppressed);
+
 /*
  * tpd_quota_ratelog_burst_ok() - may a line be logged now? At most @burst per window of @window_ms,
  * so that a few events in a row are all seen while a flood is not. The first line of a new
@@ -84,10 +109,12 @@ struct tpd_quota {
 	atomic_uint kept_fds;  /* clients' fds kept, every uid (tpd_quota_charge_fd()) */
 	uint64_t kept_fds_refused; /* kept fds refused by kept-fds-per-uid or -max, since start */
 	uint64_t parked_fds_refused; /* of those, parked fds (tpd_quota_charge_parked_fd()) */
-	struct tpd_ratelog kept_fds_log;
-	struct tpd_ratelog parked_fds_log; /* sessions failed for their parked fds */
-	struct tpd_ratelog refuse_log;
-	struct tpd_ratelog budget_log[2]; /* [0] per-uid, [1] daemon-wide budget hit */
+	/* Lines a client can provoke at will, each uid within a budget of its own
+	 * (tpd_quota_ratelog_uid_ok()): */
+	struct tpd_ratelog_uids kept_fds_log;
+	struct tpd_ratelog_uids parked_fds_log; /* sessions failed for their parked fds */
+	struct tpd_ratelog_uids refuse_log;
+	struct tpd_ratelog_uids budget_log[2]; /* [0] per-uid, [1] daemon-wide budget hit */
 };
 
 void tpd_quota_init(struct tpd_quota *q);

@@ -119,13 +119,14 @@ static int fds_charge(struct tpd_conn *c)
 	}
 	return 0;
 refuse:
-	if (!tpd_quota_ratelog_ok(&q->parked_fds_log, 1000, &suppressed)) {
+	if (!tpd_quota_ratelog_uid_ok(&q->parked_fds_log, c->acct->uid, 1, 8, 1000, &suppressed)) {
 		conn_fail(c, TPU_LOG_DEBUG, TPW__V1__STATUS__STATUS_LIMIT,
 			  "%u fds held for the client: %s", c->n_fdq + c->outq_fds, why);
 		return r;
 	}
 	conn_fail(c, TPU_LOG_WARNING, TPW__V1__STATUS__STATUS_LIMIT,
-		  "%u fds held for the client: %s (%u similar closes since the last such line)",
+		  "%u fds held for the client: %s (%u similar closes of this uid since its last "
+		  "such line)",
 		  c->n_fdq + c->outq_fds, why, suppressed);
 	return r;
 }
@@ -166,30 +167,37 @@ static int in_resize(struct tpd_conn *c, size_t cap, char *why, size_t wl)
 }
 
 /* The log of a budget hit with @r (-EDQUOT per uid, -ENOBUFS daemon-wide), or NULL. */
-static struct tpd_ratelog *budget_log(struct tpd_conn *c, int r)
+static struct tpd_ratelog_uids *budget_log(struct tpd_conn *c, int r)
 {
 	if (r != -EDQUOT && r != -ENOBUFS)
 		return NULL;
 	return &tpd_daemon_quota(c->d)->budget_log[r == -ENOBUFS];
 }
 
+/* May a budget hit of @c be logged: a line a second for each uid and kind, 8 for all uids. */
+static bool budget_log_ok(struct tpd_conn *c, struct tpd_ratelog_uids *rl, unsigned *suppressed)
+{
+	return tpd_quota_ratelog_uid_ok(rl, c->acct ? c->acct->uid : (uid_t)-1, 1, 8, 1000,
+					suppressed);
+}
+
 /* Fails @c whose input buffer could not grow (@r from in_resize()); budget hits are logged at
- * most once a second per kind: a client can provoke them at will. */
+ * most once a second per kind and uid: a client can provoke them at will. */
 static void in_resize_failed(struct tpd_conn *c, int r, const char *why)
 {
-	struct tpd_ratelog *rl = budget_log(c, r);
+	struct tpd_ratelog_uids *rl = budget_log(c, r);
 	unsigned suppressed = 0;
 
 	if (!rl) {
 		conn_fail(c, TPU_LOG_ERR, TPW__V1__STATUS__STATUS_IO, "%s", why);
 		return;
 	}
-	if (!tpd_quota_ratelog_ok(rl, 1000, &suppressed)) {
+	if (!budget_log_ok(c, rl, &suppressed)) {
 		conn_fail(c, TPU_LOG_DEBUG, TPW__V1__STATUS__STATUS_LIMIT, "%s", why);
 		return;
 	}
 	conn_fail(c, TPU_LOG_WARNING, TPW__V1__STATUS__STATUS_LIMIT,
-		  "%s (%u similar closes since the last such line)", why, suppressed);
+		  "%s (%u similar closes of this uid since its last such line)", why, suppressed);
 }
 
 /* ---- output -------------------------------------------------------------------------------- */
@@ -394,12 +402,13 @@ static int conn_queue(struct tpd_conn *c, Tpw__V1__DaemonMsg *m, const struct io
 				 sizeof(why));
 	if (r < 0) {
 		unsigned suppressed = 0;
-		bool loud = tpd_quota_ratelog_ok(budget_log(c, r), 1000, &suppressed);
+		struct tpd_ratelog_uids *rl = budget_log(c, r);
+		bool loud = rl && budget_log_ok(c, rl, &suppressed);
 
 		conn_fail(c, loud ? TPU_LOG_WARNING : TPU_LOG_DEBUG,
 			  TPW__V1__STATUS__STATUS_PEER_DIED,
-			  "client does not read: %s (%u similar closes since the last such "
-			  "line)", why, suppressed);
+			  "client does not read: %s (%u similar closes of this uid since its "
+			  "last such line)", why, suppressed);
 		return r;
 	}
 	o = malloc(sizeof(*o) + len);

@@ -154,9 +154,12 @@ static int session_admit(struct tpd_session *s)
 	if (r == 0)
 		return 0;
 	send_refusal(s, why);
-	if (tpd_quota_ratelog_ok(&tpd_daemon_quota(d)->refuse_log, 1000, &suppressed))
-		tpd_session_log(s, TPU_LOG_WARNING, "refused, uid %u: %s (%u more refused since "
-				"the last such line)", (unsigned)s->uid, why, suppressed);
+	/* a line a second for each uid, 8 for all (a user refused at will hides no other's) */
+	if (tpd_quota_ratelog_uid_ok(&tpd_daemon_quota(d)->refuse_log, s->uid, 1, 8, 1000,
+				     &suppressed))
+		tpd_session_log(s, TPU_LOG_WARNING, "refused, uid %u: %s (%u more of this uid "
+				"refused since its last such line)", (unsigned)s->uid, why,
+				suppressed);
 	return r;
 }
 

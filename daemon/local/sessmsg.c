@@ -280,7 +280,7 @@ static int keep_map_fd(struct tpd_session *s, struct tpb_buffer *b, int fd, char
 
 	r = tpd_quota_charge_fd(q, tpd_daemon_cfg(s->d), s->acct, over, sizeof(over));
 	if (r < 0) {
-		if (tpd_quota_ratelog_burst_ok(&q->kept_fds_log, 1000, 4, &suppressed))
+		if (tpd_quota_ratelog_uid_ok(&q->kept_fds_log, s->uid, 4, 16, 1000, &suppressed))
 			tpd_session_log(s, TPU_LOG_NOTICE, "buffer %llu registered without its fd: %s; "
 					"readers get its items copied (%u such lines held back)",
 					(unsigned long long)b->id, over, suppressed);

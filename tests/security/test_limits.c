@@ -187,6 +187,66 @@ START_TEST(test_limits_sessions_per_uid_at_limit_pass_above_refused_and_logged_o
 }
 END_TEST
 
+/* As nobody: holds its PER_UID sessions and is refused as fast as it can for 2 s (says when it
+ * starts on @arg's sync). */
+static int refusal_flooder(void *arg)
+{
+	struct tpt_raw raw[PER_UID];
+	uint64_t end;
+
+	if (tpt_become_user(NOBODY) || open_sessions(raw, PER_UID, TPW__V1__ROLE__ROLE_CLIENT))
+		return 1;
+	tpt_sync_post((struct tpt_sync *)arg, 1);
+	for (end = tpt_now_ms() + 2000; tpt_now_ms() < end;)
+		if (expect_refused("per uid"))
+			return 1;
+	close_sessions(raw, PER_UID);
+	return 0;
+}
+
+/* As the victim, once the flood runs: its own PER_UID sessions, then one refused. */
+static int refused_victim(void *arg)
+{
+	struct tpt_raw raw[PER_UID];
+
+	if (tpt_become_user(VICTIM) || open_sessions(raw, PER_UID, TPW__V1__ROLE__ROLE_CLIENT))
+		return 1;
+	if (expect_refused("per uid reached for uid 4242"))
+		return 1;
+	close_sessions(raw, PER_UID);
+	return 0;
+}
+
+/*
+ * Nobody, over its session limit, is refused as fast as it can connect; the victim's one
+ * refusal meanwhile is still logged, and nobody's take a line a second. One line a second for
+ * all uids together used to go to the flood: the victim's refusal was never logged.
+ */
+START_TEST(test_limits_one_users_refusals_do_not_hide_anothers_from_the_log)
+{
+	const char *args[] = { "--sessions-per-uid", "4", NULL };
+	struct tpt_sync go;
+	pid_t flood;
+
+	if (skip_unless_root())
+		return;
+	start(args);
+	ck_assert_int_eq(tpt_sync_init(&go), 0);
+	flood = tpt_fork(refusal_flooder, &go);
+	ck_assert_int_eq(tpt_sync_wait(&go, T_MS), 1);
+	usleep(300 * 1000); /* the flood's first line is out: it would take the shared one */
+	ck_assert(tpt_wait_ok(tpt_fork(refused_victim, NULL), T_MS, "victim"));
+	ck_assert(tpt_wait_ok(flood, T_MS * 2, "flood"));
+	ck_assert_msg(log_count("per uid reached for uid 4242") == 1,
+		      "the victim's refusal was logged %u times",
+		      log_count("per uid reached for uid 4242"));
+	ck_assert_uint_ge(log_count("per uid reached for uid 65534"), 1);
+	ck_assert_uint_le(log_count("per uid reached for uid 65534"), 4);
+	tpt_sync_done(&go);
+	stop();
+}
+END_TEST
+
 /* ---- slots reserved for root and admins ------------------------------------------------------ */
 
 #define SLOTS 8
@@ -1231,6 +1291,7 @@ static Suite *limits_suite(void)
 	TCase *tc = tcase_create("sessions");
 
 	tcase_add_test(tc, test_limits_sessions_per_uid_at_limit_pass_above_refused_and_logged_once);
+	tcase_add_test(tc, test_limits_one_users_refusals_do_not_hide_anothers_from_the_log);
 	tcase_add_test(tc, test_limits_reserved_slots_keep_root_in_when_a_user_fills_the_table);
 	tcase_add_test(tc, test_limits_session_without_hello_closed_at_deadline);
 	tcase_add_test(tc, test_limits_frame_before_hello_at_limit_passes_above_closes);
