@@ -6,6 +6,7 @@
 #include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <string.h>
 #include "config.h"
 #include "quota.h"
 
@@ -87,6 +88,30 @@ bool tpd_quota_ratelog_uid_ok(struct tpd_ratelog_uids *t, uid_t uid, unsigned ui
 	}
 	t->e[i].used_ns = tpu_now_ns();
 	return tpd_quota_ratelog_shared_ok(&t->e[i].rl, uid_burst, &t->all, all_burst, window_ms,
+					   ret_suppressed);
+}
+
+bool tpd_quota_ratelog_key_ok(struct tpd_ratelog_keys *t, const char *key, size_t key_len,
+			      unsigned key_burst, unsigned all_burst, uint64_t window_ms,
+			      unsigned *ret_suppressed)
+{
+	char k[TPD_RATELOG_KEY_LEN];
+	unsigned i, lru = 0;
+
+	snprintf(k, sizeof(k), "-%.*s", (int)TPU_MIN(key_len, sizeof(k) - 2), key);
+	for (i = 0; i < TPD_RATELOG_KEYS; i++) {
+		if (strcmp(t->e[i].key, k) == 0)
+			break;
+		if (!t->e[i].key[0] || (t->e[lru].key[0] && t->e[i].used_ns < t->e[lru].used_ns))
+			lru = i;
+	}
+	if (i == TPD_RATELOG_KEYS) {
+		i = lru;
+		memcpy(t->e[i].key, k, sizeof(k));
+		t->e[i].rl = (struct tpd_ratelog){ 0 };
+	}
+	t->e[i].used_ns = tpu_now_ns();
+	return tpd_quota_ratelog_shared_ok(&t->e[i].rl, key_burst, &t->all, all_burst, window_ms,
 					   ret_suppressed);
 }
 

@@ -47,6 +47,27 @@ bool tpd_quota_ratelog_shared_ok(struct tpd_ratelog *own, unsigned own_burst,
 				 struct tpd_ratelog *all, unsigned all_burst, uint64_t window_ms,
 				 unsigned *ret_suppressed);
 
+/* Budgets of log lines of one kind by a short name (a source address): each name's, and all
+ * names' together. Zeroed is empty. */
+#define TPD_RATELOG_KEYS 64
+#define TPD_RATELOG_KEY_LEN 64
+struct tpd_ratelog_keys {
+	struct tpd_ratelog all;
+	struct {
+		char key[TPD_RATELOG_KEY_LEN]; /* "" unused */
+		uint64_t used_ns;
+		struct tpd_ratelog rl;
+	} e[TPD_RATELOG_KEYS];
+};
+
+/*
+ * tpd_quota_ratelog_key_ok() - tpd_quota_ratelog_uid_ok() by name: the first @key_len bytes of
+ * @key (at most TPD_RATELOG_KEY_LEN - 1 count; an empty name is one name of its own).
+ */
+bool tpd_quota_ratelog_key_ok(struct tpd_ratelog_keys *t, const char *key, size_t key_len,
+			      unsigned key_burst, unsigned all_burst, uint64_t window_ms,
+			      unsigned *ret_suppressed);
+
 /* How many uids' budgets a struct tpd_ratelog_uids keeps (the least recently used taken over). */
 #define TPD_RATELOG_UIDS 64
 

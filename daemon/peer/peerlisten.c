@@ -173,21 +173,25 @@ bool tpd_peerlisten_admit_dial(struct tpd_peers *ps, char *why, size_t wl)
 
 /*
  * Refusals of connections that failed authentication are warnings, but anyone who reaches the
- * port can cause them: at most REFUSALS_LOGGED per REFUSAL_WINDOW_MS are logged, and the number
- * left out is logged with the first refusal of a later window.
+ * port can cause them: at most REFUSALS_LOGGED per REFUSAL_WINDOW_MS are logged for each source
+ * address, and REFUSALS_LOGGED_ALL for all (so that one source's flood hides no other's), and
+ * the number left out is logged with that source's first refusal of a later window.
  */
 #define REFUSALS_LOGGED 20
+#define REFUSALS_LOGGED_ALL 100
 #define REFUSAL_WINDOW_MS 10000
 
-static bool refusal_log_ok(void)
+static bool refusal_log_ok(struct peer_conn *c)
 {
-	static struct tpd_ratelog refusals;
+	size_t n = host_len(c->addr);
 	unsigned dropped;
 
-	if (!tpd_quota_ratelog_burst_ok(&refusals, REFUSAL_WINDOW_MS, REFUSALS_LOGGED, &dropped))
+	if (!tpd_quota_ratelog_key_ok(&c->peers->refusal_log, c->addr, n, REFUSALS_LOGGED,
+				      REFUSALS_LOGGED_ALL, REFUSAL_WINDOW_MS, &dropped))
 		return false;
 	if (dropped)
-		tpu_log_warn("%u more refused peer connections were not logged", dropped);
+		tpu_log_warn("%u more refused peer connections from %.*s were not logged", dropped,
+			     (int)n, c->addr);
 	return true;
 }
 
@@ -430,7 +434,7 @@ static int conn_sniff(struct peer_conn *c)
 		return -ECONNRESET;
 	}
 	if (c->ssl && b != 0x16) {
-		if (refusal_log_ok())
+		if (refusal_log_ok(c))
 			tpu_log_warn("peer connection from %s refused: it speaks the plaintext peer "
 				     "protocol (a tpipd older than peer protocol %u, or one started "
 				     "with --peer-insecure); this daemon accepts only "
@@ -441,7 +445,7 @@ static int conn_sniff(struct peer_conn *c)
 		return -EPROTO;
 	}
 	if (!c->ssl && b == 0x16) {
-		if (refusal_log_ok())
+		if (refusal_log_ok(c))
 			tpu_log_warn("peer connection from %s refused: it starts TLS, but this daemon "
 				     "runs with --peer-insecure (no authentication); configure the same "
 				     "peer authentication on both",
@@ -478,7 +482,7 @@ static void conn_on_event(evutil_socket_t fd, short what, void *arg)
 		ERR_clear_error();
 		r = tpd_peertls_step(c->ssl, SSL_do_handshake(c->ssl), &ww, why, sizeof(why));
 		if (r < 0) {
-			if (refusal_log_ok())
+			if (refusal_log_ok(c))
 				tpu_log_warn("peer connection from %s: TLS handshake failed: %s",
 					     c->addr, why);
 			tpd_peerlisten_conn_free(c);

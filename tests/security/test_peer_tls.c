@@ -439,7 +439,25 @@ static void plaintext_knock(void)
 	tpt_raw_close(&r);
 }
 
-/* Refusals anyone can cause are logged at most 20 per 10 s: 20 are, the 21st is not. */
+/* The same from source address 127.0.0.2: another source to the daemon. */
+static void plaintext_knock_from_2(void)
+{
+	struct sockaddr_in src = { .sin_family = AF_INET, .sin_addr.s_addr = htonl(0x7f000002) };
+	struct sockaddr_in dst = { .sin_family = AF_INET, .sin_port = htons((uint16_t)da.peer_port),
+				   .sin_addr.s_addr = htonl(INADDR_LOOPBACK) };
+	struct tpt_raw r = { .fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0) };
+
+	ck_assert_int_ge(r.fd, 0);
+	ck_assert_int_eq(bind(r.fd, (struct sockaddr *)&src, sizeof(src)), 0);
+	ck_assert_int_eq(connect(r.fd, (struct sockaddr *)&dst, sizeof(dst)), 0);
+	ck_assert_int_eq(tpt_raw_send_bytes(&r, "TPW1junk", 8, NULL, 0), 0);
+	ck_assert_int_eq(tpt_raw_wait_closed(&r, LOG_MS), 0);
+	tpt_raw_close(&r);
+}
+
+/* Refusals anyone can cause are logged at most 20 per 10 s for each source address: 20 are,
+ * the 21st is not; another source's refusal still is (one budget for all sources used to go to
+ * the first one's flood). */
 START_TEST(test_refusal_logs_are_bounded)
 {
 	for (int i = 0; i < 20; i++)
@@ -447,6 +465,9 @@ START_TEST(test_refusal_logs_are_bounded)
 	ck_assert_int_eq(tpt_daemon_log_count(&da, "plaintext peer protocol"), 20);
 	plaintext_knock();
 	ck_assert_int_eq(tpt_daemon_log_count(&da, "plaintext peer protocol"), 20);
+	plaintext_knock_from_2();
+	ck_assert_int_eq(tpt_daemon_log_count(&da, "plaintext peer protocol"), 21);
+	ck_assert_int_eq(tpt_daemon_log_count(&da, "from 127.0.0.2:"), 1);
 	ck_assert(tpt_daemon_alive(&da));
 }
 END_TEST

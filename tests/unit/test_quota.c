@@ -83,6 +83,26 @@ START_TEST(test_ratelog_shared_at_and_above_own_and_all)
 }
 END_TEST
 
+/* Budgets by name: the host part of an address is the name, an empty name is one name too,
+ * and a name over the table's room is cut, not refused. */
+START_TEST(test_ratelog_keys_at_and_above_own_and_all)
+{
+	static struct tpd_ratelog_keys t;
+	char longer[200];
+	unsigned held = 99;
+
+	for (int i = 0; i < 2; i++)
+		ck_assert(tpd_quota_ratelog_key_ok(&t, "10.0.0.1:7420", 8, 2, 5, 1000, &held));
+	ck_assert(!tpd_quota_ratelog_key_ok(&t, "10.0.0.1:9999", 8, 2, 5, 1000, &held));
+	ck_assert(tpd_quota_ratelog_key_ok(&t, "10.0.0.2:7420", 8, 2, 5, 1000, &held));
+	ck_assert_uint_eq(held, 0);
+	ck_assert(tpd_quota_ratelog_key_ok(&t, "", 0, 2, 5, 1000, &held));
+	memset(longer, 'a', sizeof(longer));
+	ck_assert(tpd_quota_ratelog_key_ok(&t, longer, sizeof(longer), 2, 5, 1000, &held));
+	ck_assert(!tpd_quota_ratelog_key_ok(&t, "10.0.0.3:1", 8, 2, 5, 1000, &held)); /* 6th */
+}
+END_TEST
+
 START_TEST(test_waits_at_and_above_waits_per_uid)
 {
 	struct tpd_config cfg = { .waits_per_uid = 3 };
@@ -159,6 +179,7 @@ int main(void)
 	tcase_add_test(tc, test_ratelog_one_line_per_interval);
 	tcase_add_test(tc, test_ratelog_burst_at_and_above_its_bound);
 	tcase_add_test(tc, test_ratelog_shared_at_and_above_own_and_all);
+	tcase_add_test(tc, test_ratelog_keys_at_and_above_own_and_all);
 	tcase_add_test(tc, test_waits_at_and_above_waits_per_uid);
 	tcase_add_test(tc, test_parked_fds_at_and_above_kept_fds_per_uid_plus_in_flight);
 	tcase_add_test(tc, test_parked_fds_at_and_above_kept_fds_cap_plus_in_flight);
