@@ -725,8 +725,8 @@ void tpd_bcast_peer_read(struct tpd_pipe *p, const Tpw__V1__PeerReadReq *rr)
 	}
 	if (tpd_peer_log_ok(p->link, &suppressed)) /* the peer asks at will */
 		tpd_pipe_log(p, NULL, TPU_LOG_WARNING, "peer asked for broadcast message %llu, not "
-			     "one announced and waiting (%u lines about this peer not logged before this one)",
-			     (unsigned long long)rr->msg_id, suppressed);
+			     "one announced and waiting (%u lines about this peer not logged "
+			     "before this one)", (unsigned long long)rr->msg_id, suppressed);
 	tpd_xh_tell_end(p, rr->xfer_id, TPW__V1__STATUS__STATUS_INVALID, "no such message", 0,
 			false);
 }
@@ -741,8 +741,8 @@ static void peer_refuse(struct tpd_peer *pr, const Tpw__V1__PeerBcast *b, struct
 
 	if (tpd_peer_log_ok(pr, &suppressed))
 		tpu_log(TPU_LOG_WARNING, "peer %s: broadcast to %zu pipes refused: %s (%u lines "
-			"about this peer not logged before this one)", tpd_peer_name(pr), b->n_targets, why,
-			suppressed);
+			"about this peer not logged before this one)", tpd_peer_name(pr),
+			b->n_targets, why, suppressed);
 	for (size_t i = 0; i < b->n_targets; i++) {
 		Tpw__V1__PeerConsumed c = TPW__V1__PEER_CONSUMED__INIT;
 		Tpw__V1__PeerMsg pm = TPW__V1__PEER_MSG__INIT;

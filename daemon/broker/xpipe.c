@@ -114,8 +114,8 @@ static bool remote_queue_full(struct tpd_pipe *p, struct tpd_pipe_end *w, uint64
 	w->dropped |= eager;
 	if (tpd_peer_log_ok(p->link, &suppressed))
 		tpd_pipe_log(p, NULL, TPU_LOG_WARNING, "remote message %llu refused: %s (%u lines "
-			     "about this peer not logged before this one)", (unsigned long long)msg_id, why,
-			     suppressed);
+			     "about this peer not logged before this one)",
+			     (unsigned long long)msg_id, why, suppressed);
 	tpd_xpipe_consumed(&m, TPW__V1__STATUS__STATUS_LIMIT, why);
 	return true;
 }
@@ -195,7 +195,8 @@ void tpd_xpipe_peer_read_req(struct tpd_pipe *p, const Tpw__V1__PeerReadReq *rr)
 	if (!m || m->msg_id != rr->msg_id || m->eager) {
 		if (tpd_peer_log_ok(p->link, &suppressed)) /* the peer asks at will */
 			tpd_pipe_log(p, NULL, TPU_LOG_WARNING, "peer asked for message %llu, next "
-				     "is %llu (%u lines about this peer not logged before this one)",
+				     "is %llu (%u lines about this peer not logged before this "
+				     "one)",
 				     (unsigned long long)rr->msg_id,
 				     m ? (unsigned long long)m->msg_id : 0ull, suppressed);
 		tpd_xh_tell_end(p, rr->xfer_id, TPW__V1__STATUS__STATUS_INVALID, "no such message",

@@ -57,6 +57,7 @@ struct tpd_peers {
 	struct event *ev_accept_resume; /* accepts paused (EMFILE); freed by tpd_peers_free() */
 	struct tpd_ratelog accept_log;
 	struct tpd_ratelog_keys refusal_log; /* refused connections, by source (peerlisten.c) */
+	struct tpd_ratelog_keys limit_log[3]; /* connections over a limit, by source, by kind */
 	struct tpd_ratelog log_all; /* tpd_peer_log_ok(): all peers together */
 	struct {		    /* ... and each peer's, the least recently used taken over */
 		char principal[TPD_PEER_PRINCIPAL_LEN];

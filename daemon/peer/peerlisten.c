@@ -49,23 +49,25 @@ static bool same_host(const char *a, const char *b)
 	return n == host_len(b) && memcmp(a, b, n) == 0;
 }
 
-/* At most one line a second for each limit: whoever reaches the port can hit them at will. */
-static void limit_log(struct tpd_peers *ps, int which, const char *fmt, ...) _printf_(3, 4);
+/* At most one line a second for each limit and source address (@addr, NULL for this daemon's
+ * own dials), eight for all sources: whoever reaches the port can hit them at will, and one
+ * source's flood must not hide another's. */
+static void limit_log(struct tpd_peers *ps, int which, const char *addr, const char *fmt, ...)
+	_printf_(4, 5);
 
-static void limit_log(struct tpd_peers *ps, int which, const char *fmt, ...)
+static void limit_log(struct tpd_peers *ps, int which, const char *addr, const char *fmt, ...)
 {
-	static struct tpd_ratelog logs[3];
 	unsigned suppressed;
 	char msg[300];
 	va_list ap;
 
-	(void)ps;
-	if (!tpd_quota_ratelog_ok(&logs[which], 1000, &suppressed))
+	if (!tpd_quota_ratelog_key_ok(&ps->limit_log[which], addr ? addr : "",
+				      addr ? host_len(addr) : 0, 1, 8, 1000, &suppressed))
 		return;
 	va_start(ap, fmt);
 	vsnprintf(msg, sizeof(msg), fmt, ap);
 	va_end(ap);
-	tpu_log_warn("%s (%u more refused since the last such line)", msg, suppressed);
+	tpu_log_warn("%s (%u more from there refused since its last such line)", msg, suppressed);
 }
 
 /*
@@ -83,12 +85,13 @@ static bool admit_pending(struct tpd_peers *ps, const char *addr)
 		same += same_host(c->addr, addr);
 	}
 	if (all >= cfg->peer_pending_max) {
-		limit_log(ps, 0, "peer connection from %s refused: %u connections wait for their "
-			  "first frame (limit %u)", addr, all, cfg->peer_pending_max);
+		limit_log(ps, 0, addr,
+			  "peer connection from %s refused: %u connections wait for their first "
+			  "frame (limit %u)", addr, all, cfg->peer_pending_max);
 		return false;
 	}
 	if (same >= cfg->peer_pending_per_source) {
-		limit_log(ps, 0,
+		limit_log(ps, 0, addr,
 			  "peer connection from %s refused: %u connections from that address "
 			  "wait for their first frame (limit %u)", addr, same,
 			  cfg->peer_pending_per_source);
@@ -110,13 +113,14 @@ bool tpd_peerlisten_admit_link(struct tpd_peers *ps, const char *addr)
 		same += same_host(pr->key, addr);
 	}
 	if (all >= cfg->peer_links_max) {
-		limit_log(ps, 1,
+		limit_log(ps, 1, addr,
 			  "peer link from %s refused: %u links from other daemons (limit %u)",
 			  addr, all, cfg->peer_links_max);
 		return false;
 	}
 	if (same >= cfg->peer_links_per_source) {
-		limit_log(ps, 1, "peer link from %s refused: %u links from that address (limit %u)",
+		limit_log(ps, 1, addr,
+			  "peer link from %s refused: %u links from that address (limit %u)",
 			  addr, same, cfg->peer_links_per_source);
 		return false;
 	}
@@ -134,7 +138,8 @@ bool tpd_peerlisten_admit_data(struct tpd_peers *ps, const char *addr)
 			all += tpb_stripe_conns(pr->stripe);
 	if (all < cfg->peer_data_conns_max)
 		return true;
-	limit_log(ps, 2, "peer data connection from %s refused: %u data connections (limit %u)",
+	limit_log(ps, 2, addr,
+		  "peer data connection from %s refused: %u data connections (limit %u)",
 		  addr, all, cfg->peer_data_conns_max);
 	return false;
 }
@@ -157,13 +162,13 @@ bool tpd_peerlisten_admit_dial(struct tpd_peers *ps, char *why, size_t wl)
 	if (links >= cfg->peer_links_max) {
 		snprintf(why, wl, "this daemon has %u links to other daemons (limit %u)", links,
 			 cfg->peer_links_max);
-		limit_log(ps, 1, "new peer link refused: %s", why);
+		limit_log(ps, 1, NULL, "new peer link refused: %s", why);
 		return false;
 	}
 	if (conns + cfg->peer_data_conns > cfg->peer_data_conns_max) {
 		snprintf(why, wl, "this daemon's links have %u data connections, %u more would "
 			 "exceed %u", conns, cfg->peer_data_conns, cfg->peer_data_conns_max);
-		limit_log(ps, 2, "new peer link refused: %s", why);
+		limit_log(ps, 2, NULL, "new peer link refused: %s", why);
 		return false;
 	}
 	return true;

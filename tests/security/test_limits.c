@@ -1009,10 +1009,24 @@ static long daemon_threads(const struct tpt_daemon *d)
 
 static bool link_works(struct tpt_daemon *from);
 
+/* A TCP connection to @port from 127.0.0.2 (another source address to the daemon). */
+static void connect_from_2(struct tpt_raw *r, int port)
+{
+	struct sockaddr_in src = { .sin_family = AF_INET, .sin_addr.s_addr = htonl(0x7f000002) };
+	struct sockaddr_in dst = { .sin_family = AF_INET, .sin_port = htons((uint16_t)port),
+				   .sin_addr.s_addr = htonl(INADDR_LOOPBACK) };
+
+	r->seq = 0;
+	r->fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
+	ck_assert_int_ge(r->fd, 0);
+	ck_assert_int_eq(bind(r->fd, (struct sockaddr *)&src, sizeof(src)), 0);
+	ck_assert_int_eq(connect(r->fd, (struct sockaddr *)&dst, sizeof(dst)), 0);
+}
+
 START_TEST(test_limits_idle_peer_connections_capped_per_source)
 {
 	const char *args[] = { "--peer-pending-per-source", "8", "--peer-pending-max", "16", NULL };
-	struct tpt_raw idle[8], extra;
+	struct tpt_raw idle[8], idle2[8], extra;
 	long threads;
 	int fds, e;
 
@@ -1034,14 +1048,24 @@ START_TEST(test_limits_idle_peer_connections_capped_per_source)
 		tpt_raw_close(&extra);
 		ck_assert_msg(e == 0, "connection %d over the limit kept open", 9 + i);
 	}
-	ck_assert_int_eq(tpt_daemon_fd_count(&dm), fds + 8);
+	/* another source's refusal right after the flood is logged (the flood used to take the
+	 * line of the second for every source): 8 wait, the 9th meets peer-pending-max */
+	for (int i = 0; i < 8; i++)
+		connect_from_2(&idle2[i], dm.peer_port);
+	connect_from_2(&extra, dm.peer_port);
+	ck_assert_int_eq(tpt_raw_wait_closed(&extra, T_MS), 0);
+	tpt_raw_close(&extra);
+	ck_assert_uint_eq(log_count("peer connection from 127.0.0.2:"), 1);
+	ck_assert_int_eq(tpt_daemon_fd_count(&dm), fds + 16);
 	ck_assert_int_eq(daemon_threads(&dm), threads);
 	for (int i = 0; i < 8; i++)
 		ck_assert_int_eq(tpt_raw_wait_closed(&idle[i], 0), -ETIMEDOUT);
-	ck_assert_uint_le(log_count("wait for their first frame"), 2);
+	ck_assert_uint_le(log_count("peer connection from 127.0.0.1:"), 2);
 	/* once the flood is gone, a daemon from the same address links */
-	for (int i = 0; i < 8; i++)
+	for (int i = 0; i < 8; i++) {
 		tpt_raw_close(&idle[i]);
+		tpt_raw_close(&idle2[i]);
+	}
 	ck_assert_int_eq(tpt_daemon_wait_fds(&dm, fds, T_MS), fds);
 	ck_assert_int_eq(tpt_daemon_start_peer(&wa, NULL), 0);
 	ck_assert(link_works(&wa));
