@@ -69,28 +69,6 @@ bool tpd_quota_ratelog_shared_ok(struct tpd_ratelog *own, unsigned own_burst,
 	return true;
 }
 
-bool tpd_quota_ratelog_uid_ok(struct tpd_ratelog_uids *t, uid_t uid, unsigned uid_burst,
-			      unsigned all_burst, uint64_t window_ms, unsigned *ret_suppressed)
-{
-	unsigned i, lru = 0;
-
-	for (i = 0; i < TPD_RATELOG_UIDS; i++) {
-		if (t->e[i].used && t->e[i].uid == uid)
-			break;
-		if (!t->e[i].used || (t->e[lru].used && t->e[i].used_ns < t->e[lru].used_ns))
-			lru = i;
-	}
-	if (i == TPD_RATELOG_UIDS) {
-		i = lru;
-		t->e[i].uid = uid;
-		t->e[i].used = true;
-		t->e[i].rl = (struct tpd_ratelog){ 0 };
-	}
-	t->e[i].used_ns = tpu_now_ns();
-	return tpd_quota_ratelog_shared_ok(&t->e[i].rl, uid_burst, &t->all, all_burst, window_ms,
-					   ret_suppressed);
-}
-
 bool tpd_quota_ratelog_key_ok(struct tpd_ratelog_keys *t, const char *key, size_t key_len,
 			      unsigned key_burst, unsigned all_burst, uint64_t window_ms,
 			      unsigned *ret_suppressed)
@@ -113,6 +91,16 @@ bool tpd_quota_ratelog_key_ok(struct tpd_ratelog_keys *t, const char *key, size_
 	t->e[i].used_ns = tpu_now_ns();
 	return tpd_quota_ratelog_shared_ok(&t->e[i].rl, key_burst, &t->all, all_burst, window_ms,
 					   ret_suppressed);
+}
+
+bool tpd_quota_ratelog_uid_ok(struct tpd_ratelog_keys *t, uid_t uid, unsigned uid_burst,
+			      unsigned all_burst, uint64_t window_ms, unsigned *ret_suppressed)
+{
+	char k[16];
+	int n = snprintf(k, sizeof(k), "%u", (unsigned)uid);
+
+	return tpd_quota_ratelog_key_ok(t, k, (size_t)n, uid_burst, all_burst, window_ms,
+					ret_suppressed);
 }
 
 void tpd_quota_init(struct tpd_quota *q)

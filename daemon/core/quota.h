@@ -47,10 +47,11 @@ bool tpd_quota_ratelog_shared_ok(struct tpd_ratelog *own, unsigned own_burst,
 				 struct tpd_ratelog *all, unsigned all_burst, uint64_t window_ms,
 				 unsigned *ret_suppressed);
 
-/* Budgets of log lines of one kind by a short name (a source address): each name's, and all
- * names' together. Zeroed is empty. */
+/* Budgets of log lines of one kind by name (a uid, a source address, a peer's principal): each
+ * name's, and all names' together, for the TPD_RATELOG_KEYS names logged most recently (the
+ * least recently used taken over). Zeroed is empty. */
 #define TPD_RATELOG_KEYS 64
-#define TPD_RATELOG_KEY_LEN 64
+#define TPD_RATELOG_KEY_LEN 224
 struct tpd_ratelog_keys {
 	struct tpd_ratelog all;
 	struct {
@@ -61,36 +62,19 @@ struct tpd_ratelog_keys {
 };
 
 /*
- * tpd_quota_ratelog_key_ok() - tpd_quota_ratelog_uid_ok() by name: the first @key_len bytes of
- * @key (at most TPD_RATELOG_KEY_LEN - 1 count; an empty name is one name of its own).
+ * tpd_quota_ratelog_key_ok() - tpd_quota_ratelog_shared_ok() with the budget of the name in the
+ * first @key_len bytes of @key (at most TPD_RATELOG_KEY_LEN - 2 count; an empty name is one name
+ * of its own) in @t, at most @key_burst lines in each @window_ms, and all names' (@all_burst):
+ * what one source provokes at will neither fills the log nor hides another source's lines.
+ * @ret_suppressed: that name's lines refused since its last one (written when true).
+ * Return: true to log.
  */
 bool tpd_quota_ratelog_key_ok(struct tpd_ratelog_keys *t, const char *key, size_t key_len,
 			      unsigned key_burst, unsigned all_burst, uint64_t window_ms,
 			      unsigned *ret_suppressed);
 
-/* How many uids' budgets a struct tpd_ratelog_uids keeps (the least recently used taken over). */
-#define TPD_RATELOG_UIDS 64
-
-/* Budgets of log lines of one kind: each uid's, and all uids' together. Zeroed is empty. */
-struct tpd_ratelog_uids {
-	struct tpd_ratelog all;
-	struct {
-		uid_t uid;
-		bool used;
-		uint64_t used_ns;
-		struct tpd_ratelog rl;
-	} e[TPD_RATELOG_UIDS];
-};
-
-/*
- * tpd_quota_ratelog_uid_ok() - tpd_quota_ratelog_shared_ok() with @uid's budget in @t (at most
- * @uid_burst lines in each @window_ms) and all uids' (@all_burst): what one user provokes at
- * will neither fills the log nor hides another user's lines. Budgets are kept for the
- * TPD_RATELOG_UIDS uids logged most recently; where more log at once, @all_burst still bounds
- * the log. @ret_suppressed: @uid's lines refused since its last one (written when true).
- * Return: true to log.
- */
-bool tpd_quota_ratelog_uid_ok(struct tpd_ratelog_uids *t, uid_t uid, unsigned uid_burst,
+/* tpd_quota_ratelog_key_ok() with @uid as the name. */
+bool tpd_quota_ratelog_uid_ok(struct tpd_ratelog_keys *t, uid_t uid, unsigned uid_burst,
 			      unsigned all_burst, uint64_t window_ms, unsigned *ret_suppressed);
 
 /*
@@ -132,10 +116,10 @@ struct tpd_quota {
 	uint64_t parked_fds_refused; /* of those, parked fds (tpd_quota_charge_parked_fd()) */
 	/* Lines a client can provoke at will, each uid within a budget of its own
 	 * (tpd_quota_ratelog_uid_ok()): */
-	struct tpd_ratelog_uids kept_fds_log;
-	struct tpd_ratelog_uids parked_fds_log; /* sessions failed for their parked fds */
-	struct tpd_ratelog_uids refuse_log;
-	struct tpd_ratelog_uids budget_log[2]; /* [0] per-uid, [1] daemon-wide budget hit */
+	struct tpd_ratelog_keys kept_fds_log;
+	struct tpd_ratelog_keys parked_fds_log; /* sessions failed for their parked fds */
+	struct tpd_ratelog_keys refuse_log;
+	struct tpd_ratelog_keys budget_log[2]; /* [0] per-uid, [1] daemon-wide budget hit */
 };
 
 void tpd_quota_init(struct tpd_quota *q);

@@ -167,7 +167,7 @@ static int in_resize(struct tpd_conn *c, size_t cap, char *why, size_t wl)
 }
 
 /* The log of a budget hit with @r (-EDQUOT per uid, -ENOBUFS daemon-wide), or NULL. */
-static struct tpd_ratelog_uids *budget_log(struct tpd_conn *c, int r)
+static struct tpd_ratelog_keys *budget_log(struct tpd_conn *c, int r)
 {
 	if (r != -EDQUOT && r != -ENOBUFS)
 		return NULL;
@@ -175,7 +175,7 @@ static struct tpd_ratelog_uids *budget_log(struct tpd_conn *c, int r)
 }
 
 /* May a budget hit of @c be logged: a line a second for each uid and kind, 8 for all uids. */
-static bool budget_log_ok(struct tpd_conn *c, struct tpd_ratelog_uids *rl, unsigned *suppressed)
+static bool budget_log_ok(struct tpd_conn *c, struct tpd_ratelog_keys *rl, unsigned *suppressed)
 {
 	return tpd_quota_ratelog_uid_ok(rl, c->acct ? c->acct->uid : (uid_t)-1, 1, 8, 1000,
 					suppressed);
@@ -185,7 +185,7 @@ static bool budget_log_ok(struct tpd_conn *c, struct tpd_ratelog_uids *rl, unsig
  * most once a second per kind and uid: a client can provoke them at will. */
 static void in_resize_failed(struct tpd_conn *c, int r, const char *why)
 {
-	struct tpd_ratelog_uids *rl = budget_log(c, r);
+	struct tpd_ratelog_keys *rl = budget_log(c, r);
 	unsigned suppressed = 0;
 
 	if (!rl) {
@@ -402,7 +402,7 @@ static int conn_queue(struct tpd_conn *c, Tpw__V1__DaemonMsg *m, const struct io
 				 sizeof(why));
 	if (r < 0) {
 		unsigned suppressed = 0;
-		struct tpd_ratelog_uids *rl = budget_log(c, r);
+		struct tpd_ratelog_keys *rl = budget_log(c, r);
 		bool loud = rl && budget_log_ok(c, rl, &suppressed);
 
 		conn_fail(c, loud ? TPU_LOG_WARNING : TPU_LOG_DEBUG,

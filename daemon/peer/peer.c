@@ -102,31 +102,16 @@ const char *tpd_peer_name(const struct tpd_peer *pr)
 bool tpd_peer_log_ok(struct tpd_peer *pr, unsigned *ret_suppressed)
 {
 	static struct tpd_ratelog no_link, no_links; /* @pr NULL: no peer to charge */
-	struct tpd_peers *ps;
-	unsigned i, lru = 0;
 
+	_Static_assert(TPD_PEER_PRINCIPAL_LEN < TPD_RATELOG_KEY_LEN - 1, "a principal is a name");
 	if (!pr)
 		return tpd_quota_ratelog_shared_ok(&no_link, TPD_PEER_LOG_BURST, &no_links,
 						   TPD_PEER_LOG_ALL_BURST, TPD_PEER_LOG_WINDOW_MS,
 						   ret_suppressed);
-	ps = pr->peers;
-	for (i = 0; i < TPD_PEER_LOG_PEERS; i++) {
-		if (strcmp(ps->log_peer[i].principal, pr->principal) == 0 &&
-		    ps->log_peer[i].used_ns)
-			break;
-		if (ps->log_peer[i].used_ns < ps->log_peer[lru].used_ns)
-			lru = i;
-	}
-	if (i == TPD_PEER_LOG_PEERS) {
-		i = lru;
-		snprintf(ps->log_peer[i].principal, sizeof(ps->log_peer[i].principal), "%s",
-			 pr->principal);
-		ps->log_peer[i].rl = (struct tpd_ratelog){ 0 };
-	}
-	ps->log_peer[i].used_ns = tpu_now_ns();
-	return tpd_quota_ratelog_shared_ok(&ps->log_peer[i].rl, TPD_PEER_LOG_BURST, &ps->log_all,
-					   TPD_PEER_LOG_ALL_BURST, TPD_PEER_LOG_WINDOW_MS,
-					   ret_suppressed);
+	return tpd_quota_ratelog_key_ok(&pr->peers->peer_log, pr->principal,
+					strlen(pr->principal), TPD_PEER_LOG_BURST,
+					TPD_PEER_LOG_ALL_BURST, TPD_PEER_LOG_WINDOW_MS,
+					ret_suppressed);
 }
 
 const char *tpd_peer_identity(const struct tpd_peer *pr)

@@ -82,12 +82,10 @@ const char *tpd_peer_name(const struct tpd_peer *pr);
 /* Room for tpd_peer_principal(), its terminating NUL included. */
 #define TPD_PEER_PRINCIPAL_LEN 208
 
-/* What tpd_peer_log_ok() allows: lines of a peer in each window, lines of all peers together,
- * and how many peers' budgets it keeps. */
+/* What tpd_peer_log_ok() allows: lines of a peer in each window, lines of all peers together. */
 #define TPD_PEER_LOG_WINDOW_MS 10000
 #define TPD_PEER_LOG_BURST 20
 #define TPD_PEER_LOG_ALL_BURST 100
-#define TPD_PEER_LOG_PEERS 64
 
 /*
  * tpd_peer_log_ok() - may a line about what the far daemon of @pr sent (a refusal, a request
@@ -95,7 +93,7 @@ const char *tpd_peer_name(const struct tpd_peer *pr);
  * each peer (tpd_peer_principal(): every link of one peer shares it) has its own budget
  * (TPD_PEER_LOG_BURST lines in each TPD_PEER_LOG_WINDOW_MS) and all peers together a larger
  * one (TPD_PEER_LOG_ALL_BURST): one peer's flood neither fills the log nor hides another
- * peer's lines. Budgets are kept for the TPD_PEER_LOG_PEERS peers logged most recently; the
+ * peer's lines. Budgets are kept for the TPD_RATELOG_KEYS peers logged most recently; the
  * shared one still bounds the log where more peers flood. @pr may be NULL (a source of its
  * own).
  * @ret_suppressed: @pr's lines refused since its last logged one (written when true).

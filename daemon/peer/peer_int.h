@@ -58,12 +58,7 @@ struct tpd_peers {
 	struct tpd_ratelog accept_log;
 	struct tpd_ratelog_keys refusal_log; /* refused connections, by source (peerlisten.c) */
 	struct tpd_ratelog_keys limit_log[3]; /* connections over a limit, by source, by kind */
-	struct tpd_ratelog log_all; /* tpd_peer_log_ok(): all peers together */
-	struct {		    /* ... and each peer's, the least recently used taken over */
-		char principal[TPD_PEER_PRINCIPAL_LEN];
-		struct tpd_ratelog rl;
-		uint64_t used_ns;
-	} log_peer[TPD_PEER_LOG_PEERS];
+	struct tpd_ratelog_keys peer_log; /* tpd_peer_log_ok(): by principal */
 	char listen_addr[80]; /* bound address, "" when off */
 	uint16_t port_bound;
 	char hostname[256];

@@ -515,18 +515,26 @@ int tpt_raw_ring_expect(struct tpt_raw *r, struct tpt_raw_ring *g, int body_case
 
 int tpt_raw_connect_tcp(struct tpt_raw *r, const char *ip, int port)
 {
+	return tpt_raw_connect_tcp_from(r, NULL, ip, port);
+}
+
+int tpt_raw_connect_tcp_from(struct tpt_raw *r, const char *src, const char *ip, int port)
+{
 	struct sockaddr_in sin = { .sin_family = AF_INET, .sin_port = htons((uint16_t)port) };
+	struct sockaddr_in from = { .sin_family = AF_INET };
 	int e;
 
 	r->seq = 0;
-	if (inet_pton(AF_INET, ip, &sin.sin_addr) != 1) {
+	if (inet_pton(AF_INET, ip, &sin.sin_addr) != 1 ||
+	    (src && inet_pton(AF_INET, src, &from.sin_addr) != 1)) {
 		r->fd = -1;
 		return -EINVAL;
 	}
 	r->fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
 	if (r->fd < 0)
 		return -errno;
-	if (connect(r->fd, (struct sockaddr *)&sin, sizeof(sin)) < 0) {
+	if ((src && bind(r->fd, (struct sockaddr *)&from, sizeof(from)) < 0) ||
+	    connect(r->fd, (struct sockaddr *)&sin, sizeof(sin)) < 0) {
 		e = -errno;
 		close(r->fd);
 		r->fd = -1;

@@ -145,6 +145,9 @@ int tpt_raw_ring_expect(struct tpt_raw *r, struct tpt_raw_ring *g, int body_case
 
 /* Connects to @ip (IPv4 literal) port @port over TCP. Return: 0 or -errno (@r->fd is then -1). */
 int tpt_raw_connect_tcp(struct tpt_raw *r, const char *ip, int port);
+/* The same from source address @src (an IPv4 literal, e.g. 127.0.0.2: another source to the
+ * daemon), or the kernel's choice if NULL. */
+int tpt_raw_connect_tcp_from(struct tpt_raw *r, const char *src, const char *ip, int port);
 
 /* Packs @msg into a frame (next sequence number, no data tail) and sends it. Return: 0/-errno. */
 int tpt_raw_send_peer(struct tpt_raw *r, const Tpw__V1__PeerMsg *msg);

@@ -121,27 +121,19 @@ static int loopback_listen(int *ret_port)
 	return fd;
 }
 
-/* The source address fc_dial() binds (network order), 0: the kernel's choice (127.0.0.1). A
- * key holder is known by its address: another one is another peer. */
-static in_addr_t fc_src;
+/* The source address fc_dial() binds, NULL: the kernel's choice (127.0.0.1). A key holder is
+ * known by its address: another one is another peer. */
+static const char *fc_src;
 
 /* A TLS connection to the daemon's peer port, as a dialling daemon opens it. */
 static void fc_dial(struct fconn *c, int port)
 {
-	struct sockaddr_in in = {.sin_family = AF_INET,
-				 .sin_port = htons((uint16_t)port),
-				 .sin_addr.s_addr = htonl(INADDR_LOOPBACK)};
+	struct tpt_raw r;
 
 	tls_init();
 	c->nq = 0;
-	c->fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-	ck_assert_int_ge(c->fd, 0);
-	if (fc_src) {
-		struct sockaddr_in src = {.sin_family = AF_INET, .sin_addr.s_addr = fc_src};
-
-		ck_assert_int_eq(bind(c->fd, (struct sockaddr *)&src, sizeof(src)), 0);
-	}
-	ck_assert_int_eq(connect(c->fd, (struct sockaddr *)&in, sizeof(in)), 0);
+	ck_assert_int_eq(tpt_raw_connect_tcp_from(&r, fc_src, "127.0.0.1", port), 0);
+	c->fd = r.fd;
 	c->ssl = tpd_peertls_ssl_new(tls, false, "127.0.0.1");
 	ck_assert_ptr_nonnull(c->ssl);
 	SSL_set_fd(c->ssl, c->fd);
@@ -952,9 +944,9 @@ START_TEST(test_one_peers_refusals_do_not_hide_anothers_from_the_log)
 	NEED_ROOT();
 	flink_dial_as(&flood[0], 0x6a11e1);
 	flink_dial_as(&flood[1], 0x6a11e1);
-	fc_src = htonl(INADDR_LOOPBACK + 1);
+	fc_src = "127.0.0.2";
 	flink_dial_as(&other, 0x6a11e2);
-	fc_src = 0;
+	fc_src = NULL;
 	for (unsigned l = 0; l < 2; l++) {
 		for (unsigned i = 0; i < n; i++) {
 			snprintf(name, sizeof(name), "flooded%u", l * n + i);

@@ -1009,20 +1009,6 @@ static long daemon_threads(const struct tpt_daemon *d)
 
 static bool link_works(struct tpt_daemon *from);
 
-/* A TCP connection to @port from 127.0.0.2 (another source address to the daemon). */
-static void connect_from_2(struct tpt_raw *r, int port)
-{
-	struct sockaddr_in src = { .sin_family = AF_INET, .sin_addr.s_addr = htonl(0x7f000002) };
-	struct sockaddr_in dst = { .sin_family = AF_INET, .sin_port = htons((uint16_t)port),
-				   .sin_addr.s_addr = htonl(INADDR_LOOPBACK) };
-
-	r->seq = 0;
-	r->fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
-	ck_assert_int_ge(r->fd, 0);
-	ck_assert_int_eq(bind(r->fd, (struct sockaddr *)&src, sizeof(src)), 0);
-	ck_assert_int_eq(connect(r->fd, (struct sockaddr *)&dst, sizeof(dst)), 0);
-}
-
 START_TEST(test_limits_idle_peer_connections_capped_per_source)
 {
 	const char *args[] = { "--peer-pending-per-source", "8", "--peer-pending-max", "16", NULL };
@@ -1051,8 +1037,10 @@ START_TEST(test_limits_idle_peer_connections_capped_per_source)
 	/* another source's refusal right after the flood is logged (the flood used to take the
 	 * line of the second for every source): 8 wait, the 9th meets peer-pending-max */
 	for (int i = 0; i < 8; i++)
-		connect_from_2(&idle2[i], dm.peer_port);
-	connect_from_2(&extra, dm.peer_port);
+		ck_assert_int_eq(tpt_raw_connect_tcp_from(&idle2[i], "127.0.0.2", "127.0.0.1",
+							  dm.peer_port), 0);
+	ck_assert_int_eq(tpt_raw_connect_tcp_from(&extra, "127.0.0.2", "127.0.0.1", dm.peer_port),
+			 0);
 	ck_assert_int_eq(tpt_raw_wait_closed(&extra, T_MS), 0);
 	tpt_raw_close(&extra);
 	ck_assert_uint_eq(log_count("peer connection from 127.0.0.2:"), 1);

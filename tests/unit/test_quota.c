@@ -88,7 +88,7 @@ END_TEST
 START_TEST(test_ratelog_keys_at_and_above_own_and_all)
 {
 	static struct tpd_ratelog_keys t;
-	char longer[200];
+	char longer[TPD_RATELOG_KEY_LEN + 40];
 	unsigned held = 99;
 
 	for (int i = 0; i < 2; i++)
