@@ -24,7 +24,9 @@
  * with wait_ms: kept until one does (then answered as any PeerConnect), wait_ms passes
  * (STATUS_TIMEOUT naming the listener), the far daemon cancels it or the link goes away. At most
  * pipes-max per link: the far daemon holds its clients to that limit each, and a hostile one
- * cannot make this daemon hold more.
+ * cannot make this daemon hold more; at most peer-connect-waits-per-peer of one peer (all its
+ * links: tpd_peer_same()), so that one peer cannot take every place of peer-connect-waits-max
+ * and have every other peer's waiting connects refused.
  */
 struct xwait {
 	struct tpu_list node; /* in the broker's xwaits */
@@ -62,6 +64,17 @@ static void xwait_on_timeout(evutil_socket_t fd, short what, void *arg)
 	xwait_free(w);
 }
 
+/* The waiting connects one peer may have here: peer-connect-waits-per-peer (0: a quarter of
+ * peer-connect-waits-max, at least 1), never above peer-connect-waits-max. */
+static uint32_t peer_share(const struct tpd_config *cfg)
+{
+	uint32_t share = cfg->peer_connect_waits_per_peer;
+
+	if (!share)
+		share = cfg->peer_connect_waits_max / 4 ? cfg->peer_connect_waits_max / 4 : 1;
+	return share < cfg->peer_connect_waits_max ? share : cfg->peer_connect_waits_max;
+}
+
 /* Keeps connect @c of @pr waiting. Return: 0, or -errno with @why filled (answered by then). */
 static int xwait_add(struct tpd_daemon *d, struct tpd_peer *pr, const Tpw__V1__PeerConnect *c,
 		     char *why, size_t wl)
@@ -69,11 +82,12 @@ static int xwait_add(struct tpd_daemon *d, struct tpd_peer *pr, const Tpw__V1__P
 	struct timeval tv = { c->wait_ms / 1000, (c->wait_ms % 1000) * 1000 };
 	const struct tpd_config *cfg = tpd_daemon_cfg(d);
 	struct tpd_broker *b = tpd_daemon_broker(d);
-	unsigned n = 0, n_all = 0;
+	unsigned n = 0, n_peer = 0, n_all = 0;
 	struct xwait *w;
 
 	tpu_list_for_each(w, &b->xwaits, node) {
 		n_all++;
+		n_peer += tpd_peer_same(w->link, pr);
 		if (w->link != pr)
 			continue;
 		if (w->c.pipe_id == c->pipe_id)
@@ -90,6 +104,12 @@ static int xwait_add(struct tpd_daemon *d, struct tpd_peer *pr, const Tpw__V1__P
 		return tpu_why(-ENOBUFS, why, wl, "%u connects from other hosts already wait for a "
 			       "listener here (limit %u, tpipd --peer-connect-waits-max)", n_all,
 			       cfg->peer_connect_waits_max);
+	/* One peer alone could take every place of that bound (pipes-max, its default, on one
+	 * link), and every other peer's waiting connect was refused while it held them. */
+	if (n_peer >= peer_share(cfg))
+		return tpu_why(-ENOBUFS, why, wl, "%u connects from this peer already wait for a "
+			       "listener here (limit %u, tpipd --peer-connect-waits-per-peer)",
+			       n_peer, peer_share(cfg));
 	w = calloc(1, sizeof(*w));
 	if (!w)
 		return tpu_why(-ENOMEM, why, wl, "out of memory");

@@ -261,6 +261,9 @@ static const struct opt opts[] = {
 	  "N", "of those, from one address (default 8)" },
 	{ "peer-connect-waits-max", "peer", K_U32, OFF(peer_connect_waits_max), 1, 1u << 24, true,
 	  "N", "peers' connects waiting for a listener, all links together (default 4096)" },
+	{ "peer-connect-waits-per-peer", "peer", K_U32, OFF(peer_connect_waits_per_peer), 0,
+	  1u << 24, true, "N", "of those, one peer's, all its links together\n"
+	  "                            (0: a quarter of peer-connect-waits-max; default 0)" },
 	{ "peer-queue-bytes", "peer", K_SIZE64, OFF(peer_outq_max), MiB, UINT64_MAX, true, "BYTES",
 	  "control bytes queued towards a peer daemon that does not read\n"
 	  "                            before its link fails (default 256M)" },

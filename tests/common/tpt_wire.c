@@ -566,7 +566,7 @@ static int peer_dial_data(const struct tpt_raw_peer_hello *h, struct tpt_raw *c,
 	bool up;
 	int r;
 
-	r = tpt_raw_connect_tcp(data, "127.0.0.1", h->port);
+	r = tpt_raw_connect_tcp_from(data, h->src, "127.0.0.1", h->port);
 	if (r < 0)
 		return r;
 	dh.link_id = link_id;
@@ -595,7 +595,7 @@ int tpt_raw_peer_dial(const struct tpt_raw_peer_hello *h, struct tpt_raw *c,
 
 	for (unsigned i = 0; i < sizeof(boot); i++)
 		boot[i] = (uint8_t)(h->boot_base + i);
-	r = tpt_raw_connect_tcp(c, "127.0.0.1", h->port);
+	r = tpt_raw_connect_tcp_from(c, h->src, "127.0.0.1", h->port);
 	if (r < 0)
 		return r;
 	ph.major = TPW_PEER_PROTO_MAJOR;

@@ -160,6 +160,7 @@ struct tpt_raw_peer_hello {
 	uint64_t instance;  /* daemon instance stated */
 	uint32_t frame_max; /* largest frame it takes; 0: says nothing */
 	int timeout_ms;	    /* for each answer awaited */
+	const char *src;    /* source address of its connections; NULL: the kernel's choice */
 };
 
 /*

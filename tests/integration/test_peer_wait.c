@@ -408,6 +408,8 @@ static void waits_setup(void)
 	args[n++] = "16";
 	args[n++] = "--peer-connect-waits-max";
 	args[n++] = "2";
+	args[n++] = "--peer-connect-waits-per-peer"; /* all of them for the one peer, A */
+	args[n++] = "2";
 	args[n] = NULL;
 	ck_assert_int_eq(tpt_daemon_pair_start(&tpt_peer_a, tpt_peer_args(), &tpt_peer_b, args),
 			 0);

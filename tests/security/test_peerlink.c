@@ -11,6 +11,8 @@
  * sent no frame at all, and each of its pings made the daemon log an error). The refusals of its
  * group joins are logged in bursts (each was logged), and so are its reads of messages never
  * announced on its pipe (each was logged).
+ * One peer's connects waiting for a listener keep only its share of the daemon's places, so
+ * another peer's still wait (one peer used to be able to take them all).
  * A peer daemon proven by a certificate is charged for the channels it creates under that
  * certificate, and one that holds the pre-shared key under the address its link comes from,
  * whatever host name its hello states (each name got it another share).
@@ -313,6 +315,133 @@ START_TEST(test_peer_reads_of_unknown_messages_are_logged_at_a_bounded_rate)
 }
 END_TEST
 
+/* ---- waiting connects: one peer's share ---------------------------------------------------- */
+
+#define WAITS_MAX 8 /* --peer-connect-waits-max of the daemon: a quarter, 2, for each peer */
+#define WAITS_SHARE (WAITS_MAX / 4)
+#define WAITS_SENT 5 /* over each of the flooding peer's two links */
+
+static void waits_setup(void)
+{
+	char to[16], max[16];
+	const char *args[] = { "--peer-insecure", "--peer-timeout", to, "--log-level", "debug",
+			       "--peer-connect-waits-max", max, NULL };
+
+	snprintf(to, sizeof(to), "%d", TPT_SCALED_MS(60000));
+	snprintf(max, sizeof(max), "%u", WAITS_MAX);
+	ck_assert_int_eq(tpt_daemon_start_peer(&host, args), 0);
+}
+
+/* A raw peer from @src (stating @instance) with a link up to the daemon. */
+static void peer_dial_from(struct tpt_raw *c, struct tpt_raw *data, const char *src,
+			   uint64_t instance)
+{
+	const struct tpt_raw_peer_hello h = { .port = host.peer_port,
+					      .boot_base = (uint8_t)instance,
+					      .instance = instance, .timeout_ms = T_MS, .src = src };
+
+	ck_assert_int_eq(tpt_raw_peer_dial(&h, c, data), 0);
+}
+
+/* Sends a PeerConnect of pipe @pipe_id to listener @name (none is registered) over @c, waiting
+ * up to @wait_ms for it. */
+static void send_waiting_connect(struct tpt_raw *c, uint64_t pipe_id, const char *name,
+				 uint32_t wait_ms)
+{
+	Tpw__V1__PeerConnect pc = TPW__V1__PEER_CONNECT__INIT;
+	Tpw__V1__PeerMsg m = TPW__V1__PEER_MSG__INIT;
+
+	pc.pipe_id = pipe_id;
+	pc.name = (char *)name;
+	pc.wait_ms = wait_ms;
+	m.body_case = TPW__V1__PEER_MSG__BODY_CONNECT;
+	m.connect = &pc;
+	ck_assert_int_eq(tpt_raw_send_peer(c, &m), 0);
+}
+
+/* The next PeerConnectReply on @c (other messages skipped): its status, its text in @why.
+ * Return: the status, or -1 if none came within T_MS. */
+static int next_connect_reply(struct tpt_raw *c, char *why, size_t wl)
+{
+	Tpw__V1__PeerMsg *in = NULL;
+	int st = -1;
+
+	while (st < 0 && tpt_raw_recv_peer(c, T_MS, &in) == 0) {
+		if (in->body_case == TPW__V1__PEER_MSG__BODY_CONNECT_REPLY) {
+			st = (int)in->connect_reply->status;
+			snprintf(why, wl, "%s", in->connect_reply->message ?
+				 in->connect_reply->message : "");
+		}
+		tpw_peer_msg_free(in);
+	}
+	return st;
+}
+
+/*
+ * One peer (two links from 127.0.0.1) sends 10 connects that wait for a listener nobody
+ * registers: its share of --peer-connect-waits-max (8 here: a quarter, 2) waits, every one above
+ * it is refused at once (STATUS_LIMIT naming --peer-connect-waits-per-peer). Another peer (from
+ * 127.0.0.2) still has its connect kept until its own wait_ms passes (STATUS_TIMEOUT). One peer
+ * used to keep every place of the daemon-wide bound (its links each kept up to --pipes-max,
+ * 4096, the bound's default), and every other peer's waiting connect was refused at once while
+ * it held them: a peer group's leaders, which dial before the far listener exists, could not
+ * meet.
+ */
+START_TEST(test_one_peers_waiting_connects_leave_room_for_anothers)
+{
+	struct tpt_raw a[2] = { { .fd = -1 }, { .fd = -1 } }, ad[2] = { { .fd = -1 }, { .fd = -1 } };
+	struct tpt_raw b = { .fd = -1 }, bd = { .fd = -1 };
+	uint64_t end = tpt_now_ms() + T_MS;
+	unsigned refused = 0;
+	char why[512];
+	int st;
+
+	peer_dial_from(&a[0], &ad[0], NULL, 0xa1);
+	peer_dial_from(&a[1], &ad[1], NULL, 0xa2);
+	peer_dial_from(&b, &bd, "127.0.0.2", 0xb1);
+	for (unsigned l = 0; l < 2; l++)
+		for (unsigned i = 0; i < WAITS_SENT; i++)
+			send_waiting_connect(&a[l], 100 + i, "never", (uint32_t)T_MS);
+	/* every connect of the flood decided (kept or refused) before the other peer's comes */
+	while (tpt_daemon_log_count(&host, "connect to 'never' waits up to") +
+	       tpt_daemon_log_count(&host, "connect to 'never' refused") < 2 * WAITS_SENT &&
+	       tpt_now_ms() < end)
+		usleep(10000); /* polling the log, as tpt_daemon_wait_log() does */
+	send_waiting_connect(&b, 1, "other", 500);
+	st = next_connect_reply(&b, why, sizeof(why));
+	ck_assert_msg(st == TPW__V1__STATUS__STATUS_TIMEOUT, "the other peer's waiting connect: "
+		      "status %d: %s", st, why);
+	/* the flood: its share waits (no answer), each connect above it was refused at once */
+	ck_assert_int_eq(tpt_daemon_log_count(&host, "connect to 'never' waits up to"),
+			 WAITS_SHARE);
+	for (unsigned l = 0; l < 2; l++) {
+		Tpw__V1__PeerMsg *in = NULL;
+
+		while (tpt_raw_recv_peer(&a[l], TPT_SCALED_MS(1000), &in) == 0) {
+			if (in->body_case == TPW__V1__PEER_MSG__BODY_CONNECT_REPLY) {
+				ck_assert_int_eq(in->connect_reply->status,
+						 TPW__V1__STATUS__STATUS_LIMIT);
+				ck_assert_msg(in->connect_reply->message &&
+					      strstr(in->connect_reply->message,
+						     "--peer-connect-waits-per-peer"), "%s",
+					      in->connect_reply->message);
+				refused++;
+			}
+			tpw_peer_msg_free(in);
+			in = NULL;
+		}
+	}
+	ck_assert_uint_eq(refused, 2 * WAITS_SENT - WAITS_SHARE);
+	for (unsigned l = 0; l < 2; l++) {
+		tpt_raw_close(&ad[l]);
+		tpt_raw_close(&a[l]);
+	}
+	tpt_raw_close(&bd);
+	tpt_raw_close(&b);
+	ck_assert(tpt_daemon_alive(&host));
+}
+END_TEST
+
 /* ---- a peer proven by a certificate is charged under it --------------------------------- */
 
 static char cert_dir[64];
@@ -479,6 +608,12 @@ static Suite *peerlink_suite(void)
 	tcase_add_test(q, test_peer_group_join_refusals_are_logged_in_bursts);
 	tcase_add_test(q, test_peer_reads_of_unknown_messages_are_logged_at_a_bounded_rate);
 	suite_add_tcase(s, q);
+	TCase *w = tcase_create("connect waits");
+
+	tcase_set_timeout(w, 120);
+	tcase_add_checked_fixture(w, waits_setup, teardown);
+	tcase_add_test(w, test_one_peers_waiting_connects_leave_room_for_anothers);
+	suite_add_tcase(s, w);
 	TCase *id = tcase_create("identity");
 
 	tcase_set_timeout(id, 120);
