@@ -728,16 +728,11 @@ static void chan_on_op(struct tpd_session *s, const Tpw__V1__ChanOp *o, const ui
 }
 
 /* Waits (reads and writes waiting for an item or room) the handles of @pr's peer hold here,
- * over any of its links (tpd_peer_same()). */
+ * over any of its links (tpd_peer_same()): counted per link as they start and end, so that a
+ * peer's call costs nothing of the handles every user holds (each walked them all). */
 static uint32_t peer_waits(const struct tpd_chans *cs, const struct tpd_peer *pr)
 {
-	const struct chan_handle *h;
-	uint32_t n = 0;
-
-	tpu_list_for_each(h, &cs->handles, node)
-		if (tpd_peer_same(h->who.pr, pr))
-			n += h->waits + h->write_waits;
-	return n;
+	return tpd_handix_peer_waits(&cs->ix, pr, tpd_peer_same);
 }
 
 void tpd_chan_peer_op(struct tpd_chans *cs, struct tpd_peer *pr, const Tpw__V1__PeerChanOp *po,

@@ -206,6 +206,7 @@ struct chan_wait {
 	uint64_t held;
 	struct chan_payer *payer;
 	struct tpd_uid_acct *acct; /* a local client's: its uid's account, charged the wait */
+	const struct tpd_peer *link; /* a peer's: its link, the wait counted there (cs->ix) */
 	struct chan_read rd; /* a read's */
 };
 

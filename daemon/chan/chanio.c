@@ -24,6 +24,18 @@
 #include "tpu.h"
 #include "validate.h"
 
+/* Frees @w, made by wait_new() and never queued (nothing counted it but wait_new()). */
+static void wait_discard(struct chan_wait *w)
+{
+	if (w->ev)
+		event_free(w->ev);
+	if (w->acct)
+		tpd_quota_release_wait(w->acct);
+	if (w->link)
+		tpd_handix_wait_del(&w->cs->ix, w->link);
+	free(w);
+}
+
 void tpd_chan_io_wait_free(struct chan_wait *w)
 {
 	tpu_list_remove(&w->node);
@@ -39,11 +51,7 @@ void tpd_chan_io_wait_free(struct chan_wait *w)
 		w->h->c->n_waiters--;
 		w->h->waits--;
 	}
-	if (w->ev)
-		event_free(w->ev);
-	if (w->acct)
-		tpd_quota_release_wait(w->acct);
-	free(w);
+	wait_discard(w);
 }
 
 /* Answers @rd with the oldest items of @c, inline: the first, and while @rd takes more, the
@@ -462,8 +470,9 @@ static void wait_on_timeout(evutil_socket_t fd, short what, void *arg)
 }
 
 /* A wait of @h for @req_id, with a timer unless @timeout_ms is CHAN_NO_DEADLINE, charged to
- * the uid of @h's session (waits-per-uid). Return: 0 with *@ret owned
- * (tpd_chan_io_wait_free()), or -ENOBUFS (over the limit) or -ENOMEM, with @why set. */
+ * the uid of @h's session (waits-per-uid), or counted for its peer link (chan-peer-ops-max,
+ * tpd_handix_peer_waits()). Return: 0 with *@ret owned (tpd_chan_io_wait_free() once queued,
+ * wait_discard() before), or -ENOBUFS (over the limit) or -ENOMEM, with @why set. */
 static int wait_new(struct tpd_chans *cs, struct chan_handle *h, uint64_t req_id,
 		    uint32_t timeout_ms, struct chan_wait **ret, char *why, size_t wl)
 {
@@ -501,6 +510,11 @@ static int wait_new(struct tpd_chans *cs, struct chan_handle *h, uint64_t req_id
 	w->h = h;
 	w->req_id = req_id;
 	w->cs = cs;
+	if (h->who.pr && tpd_handix_wait_add(&cs->ix, h->who.pr) < 0) {
+		wait_discard(w);
+		return tpu_why(-ENOMEM, why, wl, "out of memory");
+	}
+	w->link = h->who.pr;
 	*ret = w;
 	return 0;
 }
@@ -860,7 +874,7 @@ void tpd_chan_io_write(struct tpd_chans *cs, struct chan_handle *h, const Tpw__V
 	}
 	r = wait_new(cs, h, o->req_id, o->timeout_ms, &w, why, sizeof(why));
 	if (r == 0 && !(w->payer = tpd_chan_payer_get(cs, &h->who))) {
-		tpd_chan_io_wait_free(w);
+		wait_discard(w); /* (not queued: nothing of it counted yet) */
 		r = tpu_why(-ENOMEM, why, sizeof(why), "out of memory");
 	}
 	if (r < 0) {

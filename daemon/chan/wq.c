@@ -111,6 +111,8 @@ static void wait_free(struct wq_wait *w)
 		event_free(w->ev);
 	if (w->acct)
 		tpd_quota_release_wait(w->acct);
+	if (w->link)
+		tpd_handix_wait_del(&w->h->q->ws->ix, w->link);
 	free(w);
 }
 
@@ -264,7 +266,8 @@ static void wait_on_timeout(evutil_socket_t fd, short what, void *arg)
 }
 
 /* Queues a wait of @h for @req_id (kind @kind, deadline @timeout_ms unless WQ_NO_DEADLINE),
- * charged to the uid of @h's session (waits-per-uid), or answers the request with the reason it
+ * charged to the uid of @h's session (waits-per-uid) or counted for its peer link
+ * (chan-peer-ops-max, tpd_handix_peer_waits()), or answers the request with the reason it
  * cannot wait. */
 static void wait_add(struct tpd_wqs *ws, struct wq_handle *h, uint64_t req_id,
 		     enum wq_wait_kind kind, bool msg, uint32_t timeout_ms)
@@ -281,12 +284,14 @@ static void wait_add(struct tpd_wqs *ws, struct wq_handle *h, uint64_t req_id,
 	if (acct && tpd_quota_charge_wait(tpd_daemon_cfg(ws->d), acct, why, sizeof(why)) < 0)
 		return tpd_wq_err(h, req_id, -ENOBUFS, why);
 	w = calloc(1, sizeof(*w));
-	if (!w) {
+	if (!w || (h->who.pr && tpd_handix_wait_add(&ws->ix, h->who.pr) < 0)) {
+		free(w);
 		if (acct)
 			tpd_quota_release_wait(acct);
 		return tpd_wq_err(h, req_id, -ENOMEM, "out of memory");
 	}
 	w->acct = acct;
+	w->link = h->who.pr;
 	if (timeout_ms != WQ_NO_DEADLINE) {
 		w->ev = evtimer_new(tpd_daemon_base(ws->d), wait_on_timeout, w);
 		tv.tv_sec = timeout_ms / 1000;
@@ -297,6 +302,8 @@ static void wait_add(struct tpd_wqs *ws, struct wq_handle *h, uint64_t req_id,
 				event_free(w->ev);
 			if (acct)
 				tpd_quota_release_wait(acct);
+			if (w->link)
+				tpd_handix_wait_del(&ws->ix, w->link);
 			free(w);
 			return tpd_wq_err(h, req_id, -ENOMEM, "out of memory");
 		}
@@ -858,16 +865,11 @@ static void wq_on_op(struct tpd_session *s, const Tpw__V1__WqOp *o, const uint8_
 }
 
 /* Waits (takes, answer reads, drains) the handles of @pr's peer hold here, over any of its
- * links (tpd_peer_same()). */
+ * links (tpd_peer_same()): counted per link as they start and end (each call walked every
+ * handle of every user). */
 static uint32_t peer_waits(const struct tpd_wqs *ws, const struct tpd_peer *pr)
 {
-	const struct wq_handle *h;
-	uint32_t n = 0;
-
-	tpu_list_for_each(h, &ws->handles, node)
-		if (tpd_peer_same(h->who.pr, pr))
-			n += h->waits;
-	return n;
+	return tpd_handix_peer_waits(&ws->ix, pr, tpd_peer_same);
 }
 
 void tpd_wq_peer_op(struct tpd_wqs *ws, struct tpd_peer *pr, const Tpw__V1__PeerWqOp *po,

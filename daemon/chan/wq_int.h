@@ -95,6 +95,7 @@ struct wq_wait {
 	bool msg; /* a take or answer read by descriptor (WqOp.msg) */
 	struct event *ev;
 	struct tpd_uid_acct *acct; /* a local client's: its uid's account, charged the wait */
+	const struct tpd_peer *link; /* a peer's: its link, the wait counted there (ws->ix) */
 };
 
 struct tpd_wqs {

@@ -348,6 +348,126 @@ START_TEST(test_another_users_handles_do_not_slow_queue_calls)
 }
 END_TEST
 
+/* ---- one user's handles and a peer daemon's calls ------------------------------------------ */
+
+#define PEER_PIPELINE 64 /* takes waiting at once on the peer's handle (the most one may have) */
+#define PEER_PROBE_OPS 5120 /* a peer's takes, timed by the daemon's CPU */
+
+/* Sends @n PeerWqOp @op (req_id 1..@n) over the raw peer link @c before reading their answers
+ * (pings skipped), which must all be @status; the last one's wq_id into @ret_id unless NULL.
+ * Return: 0, or 1 (said why). */
+static int peer_wq_burst(struct tpt_raw *c, Tpw__V1__WqOp *op, unsigned n, int status,
+			 uint64_t *ret_id)
+{
+	Tpw__V1__PeerWqOp po = TPW__V1__PEER_WQ_OP__INIT;
+	Tpw__V1__PeerMsg m = TPW__V1__PEER_MSG__INIT, *in = NULL;
+	unsigned got = 0;
+
+	po.op = op;
+	po.uid = 0; /* its claim: uid 0's queue names */
+	m.body_case = TPW__V1__PEER_MSG__BODY_WQ_OP;
+	m.wq_op = &po;
+	for (unsigned i = 0; i < n; i++) {
+		op->req_id = i + 1;
+		TPT_REQUIRE(tpt_raw_send_peer(c, &m) == 0, 1, "send %u", i);
+	}
+	while (got < n) {
+		int st;
+
+		TPT_REQUIRE(tpt_raw_recv_peer(c, T_MS, &in) == 0, 1, "answer %u of %u", got, n);
+		if (in->body_case != TPW__V1__PEER_MSG__BODY_WQ_REPLY) {
+			tpw_peer_msg_free(in);
+			continue;
+		}
+		st = in->wq_reply->reply->status;
+		if (ret_id)
+			*ret_id = in->wq_reply->reply->wq_id;
+		tpw_peer_msg_free(in);
+		TPT_REQUIRE(st == status, 1, "answer %u: status %d, not %d", got, st, status);
+		got++;
+	}
+	return 0;
+}
+
+/* The daemon's CPU ticks for PEER_PROBE_OPS takes from root's queue "pub" (empty, admitting any
+ * peer) that wait a millisecond each, by the raw peer @c through a worker handle it opens. */
+static long peer_probe_ticks(struct tpt_raw *c)
+{
+	Tpw__V1__WqOp o = TPW__V1__WQ_OP__INIT;
+	uint64_t id = 0;
+	long t0, t1;
+
+	o.op = TPW__V1__WQ_OP_KIND__WQ_OP_OPEN;
+	o.name = "pub";
+	ck_assert_int_eq(peer_wq_burst(c, &o, 1, TPW__V1__STATUS__STATUS_OK, &id), 0);
+	o = (Tpw__V1__WqOp)TPW__V1__WQ_OP__INIT;
+	o.op = TPW__V1__WQ_OP_KIND__WQ_OP_TAKE;
+	o.wq_id = id;
+	o.timeout_ms = 1; /* a wait, which the peer's chan-peer-ops-max counts */
+	t0 = tpt_cpu_ticks(d.pid);
+	for (unsigned k = 0; k < PEER_PROBE_OPS; k += PEER_PIPELINE)
+		ck_assert_int_eq(peer_wq_burst(c, &o, PEER_PIPELINE,
+					       TPW__V1__STATUS__STATUS_TIMEOUT, NULL), 0);
+	t1 = tpt_cpu_ticks(d.pid);
+	ck_assert(t0 >= 0 && t1 >= t0);
+	return t1 - t0;
+}
+
+/*
+ * A user's handles cost a peer daemon's queue calls nothing either: with uid 65534 holding
+ * 65536 queue handles, a raw peer's takes from root's queue that admits any peer (each waits,
+ * counted against the peer's chan-peer-ops-max) take the daemon about the CPU they took before.
+ * As for channels (sec_chan), the daemon counted a peer's waiting calls by walking every queue
+ * handle of every user for each. Ticks of the daemon's CPU time.
+ */
+START_TEST(test_another_users_handles_do_not_slow_a_peers_queue_calls)
+{
+	const char *args[] = { "--peer-insecure", NULL };
+	struct tpt_raw_peer_hello h = { .boot_base = 0x70, .instance = 0x7eed,
+					.timeout_ms = T_MS };
+	struct tpt_raw r, c = { .fd = -1 }, data = { .fd = -1 };
+	Tpw__V1__WqOp o = TPW__V1__WQ_OP__INIT;
+	long hz = sysconf(_SC_CLK_TCK), before, after;
+	pid_t pid;
+	int st;
+
+	if (geteuid() != 0) {
+		printf("skipped: needs root to run a client as another uid\n");
+		return;
+	}
+	ck_assert_int_eq(tpt_sync_init(&hog_ready), 0);
+	ck_assert_int_eq(tpt_sync_init(&hog_done), 0);
+	ck_assert_int_eq(tpt_daemon_start_peer(&d, args), 0);
+	ck_assert_int_eq(tpt_daemon_open_to_all(&d), 0);
+	ck_assert_int_eq(tpt_raw_connect(&r, d.socket), 0);
+	ck_assert_int_eq(tpt_raw_hello(&r, TPW__V1__ROLE__ROLE_CLIENT, T_MS), 0);
+	o.op = TPW__V1__WQ_OP_KIND__WQ_OP_OPEN; /* the owner's handle */
+	o.name = "pub";
+	o.create = true;
+	o.remote = TPW__V1__REMOTE_ACCESS__REMOTE_ANY_PEER;
+	ck_assert_int_eq(raw_wq_burst(&r, &o, 1, &st, NULL), 0);
+	ck_assert_int_eq(st, TPW__V1__STATUS__STATUS_OK);
+	h.port = d.peer_port;
+	ck_assert_int_eq(tpt_raw_peer_dial(&h, &c, &data), 0);
+	before = peer_probe_ticks(&c);
+	pid = tpt_fork(hog, NULL);
+	ck_assert_int_eq(tpt_sync_wait(&hog_ready, 20 * T_MS), 0);
+	after = peer_probe_ticks(&c);
+	printf("daemon CPU for %u takes of a peer: %ld ticks alone, %ld beside %u handles of "
+	       "another uid (%ld a second)\n", PEER_PROBE_OPS, before, after,
+	       HOG_SESSIONS * HOG_HANDLES, hz);
+	tpt_sync_post(&hog_done, 0);
+	ck_assert(tpt_wait_ok(pid, 4 * T_MS, "hog"));
+	/* 2x and a quarter second of slack: ticks are coarse, the machine's caches shared */
+	ck_assert_msg(after <= 2 * before + hz / 4, "a peer's takes took %ld ticks of the "
+		      "daemon's CPU beside another uid's handles, %ld alone", after, before);
+	tpt_raw_close(&data);
+	tpt_raw_close(&c);
+	tpt_raw_close(&r);
+	ck_assert_int_eq(tpt_daemon_stop(&d), 0);
+}
+END_TEST
+
 static Suite *wq_suite(void)
 {
 	Suite *s = suite_create("sec_wq");
@@ -356,6 +476,7 @@ static Suite *wq_suite(void)
 	tcase_set_timeout(tc, 120);
 	tcase_add_test(tc, test_attacker_cannot_touch_another_uids_queue);
 	tcase_add_test(tc, test_another_users_handles_do_not_slow_queue_calls);
+	tcase_add_test(tc, test_another_users_handles_do_not_slow_a_peers_queue_calls);
 	suite_add_tcase(s, tc);
 	return s;
 }
