@@ -573,6 +573,7 @@ static void op_open_remote(struct tpd_chans *cs, const struct chan_who *who,
 	struct chan *c = chan_find(cs, owner, o->name);
 	const char *cwhy = NULL;
 	struct chan_handle *h;
+	unsigned held;
 	char why[320];
 	int r;
 
@@ -589,8 +590,10 @@ static void op_open_remote(struct tpd_chans *cs, const struct chan_who *who,
 			return tpd_chan_answer(who, o->req_id, -ENOMEM, "out of memory", 0, false,
 					       NULL);
 		}
-		tpu_log_info("peer %s: created channel '%s' of uid %u", tpd_peer_name(who->pr),
-			     c->name, (unsigned)c->uid);
+		if (tpd_peer_log_ok(who->pr, &held)) /* the peer creates and unlinks at will */
+			tpu_log_info("peer %s: created channel '%s' of uid %u (%u lines about this "
+				     "peer not logged before this one)", tpd_peer_name(who->pr),
+				     c->name, (unsigned)c->uid, held);
 		return open_answer_remote(who, o->req_id, h);
 	}
 	if (!c || !chan_permits_remote(c, who->pr)) {
@@ -683,6 +686,7 @@ static void op_unlink_remote(struct tpd_chans *cs, const struct chan_who *who,
 	uid_t creator = remote_creator(cs, who->pr);
 	uid_t owner = o->owner_set ? o->owner_uid : creator;
 	struct chan *c = creator ? chan_find(cs, owner, o->name) : NULL;
+	unsigned held;
 	char why[320];
 
 	if (!c || c->uid != creator || !chan_permits_remote(c, who->pr)) {
@@ -694,8 +698,10 @@ static void op_unlink_remote(struct tpd_chans *cs, const struct chan_who *who,
 	c->named = false;
 	tpu_list_remove(&c->node); /* charged to its uid, as a local unlink leaves it */
 	tpu_list_insert_tail(&cs->unlinked, &c->node);
-	tpu_log_info("peer %s: unlinked channel '%s' of uid %u", tpd_peer_name(who->pr), c->name,
-		     (unsigned)c->uid);
+	if (tpd_peer_log_ok(who->pr, &held))
+		tpu_log_info("peer %s: unlinked channel '%s' of uid %u (%u lines about this peer "
+			     "not logged before this one)", tpd_peer_name(who->pr), c->name,
+			     (unsigned)c->uid, held);
 	tpd_chan_answer(who, o->req_id, 0, NULL, 0, c->closed, NULL);
 	tpd_chan_maybe_free(c);
 }

@@ -478,6 +478,7 @@ static void op_create_remote(struct tpd_wqs *ws, const struct wq_who *who, const
 	Tpw__V1__WqOp co = *o;
 	struct wq_ans a = { 0 };
 	struct wq_handle *h;
+	unsigned held;
 	struct wq *q;
 
 	if (who_handles(ws, who) >= WQ_HANDLES_PER_SESSION)
@@ -506,8 +507,10 @@ static void op_create_remote(struct tpd_wqs *ws, const struct wq_who *who, const
 		a = (struct wq_ans){ .err = -ENOMEM, .why = "out of memory" };
 		return tpd_wq_send(NULL, who, o->req_id, &a);
 	}
-	tpu_log_info("peer %s: created work queue '%s' of uid %u, owned from there",
-		     tpd_peer_name(who->pr), q->name, (unsigned)q->uid);
+	if (tpd_peer_log_ok(who->pr, &held)) /* the peer creates and releases at will */
+		tpu_log_info("peer %s: created work queue '%s' of uid %u, owned from there (%u "
+			     "lines about this peer not logged before this one)",
+			     tpd_peer_name(who->pr), q->name, (unsigned)q->uid, held);
 	tpd_wq_send(h, who, o->req_id, &a);
 }
 

@@ -495,6 +495,53 @@ START_TEST(test_read_many_across_hosts)
 }
 END_TEST
 
+/*
+ * What a far daemon creates and unlinks at will is logged within its budget (tpd_peer_log_ok():
+ * 20 lines in each 10 s of one peer): a creates and unlinks a persistent channel 150 times and
+ * creates a work queue (gone with its handle) 60 times; every call succeeds, and b's log holds
+ * at most 20 lines of them for each 10 s the loop took. b used to log a line for each, 360 here:
+ * a peer allowed to create could fill b's log at the rate of its link and hide every other
+ * line.
+ */
+START_TEST(test_creates_and_unlinks_of_a_peer_are_logged_within_its_budget)
+{
+	static const char *const bargs[] = { "--chan-remote-create-uid", "4242", NULL };
+	enum { N_CHANS = 150, N_WQS = 60, BURST = 20, WINDOW_MS = 10000 };
+	struct tp_context *ca;
+	struct tp_chan *ch;
+	struct tp_wq *q;
+	uint64_t t0, took;
+	int lines;
+
+	ck_assert_int_eq(tpt_daemon_pair_start(&da, NULL, &db, bargs), 0);
+	ca = ctx_of(&da);
+	t0 = tpt_now_ms();
+	for (unsigned i = 0; i < N_CHANS; i++) {
+		ck_assert_msg(xcreate(ca, "flood", &ch) == 0, "create %u: %s", i, tp_last_error());
+		tp_chan_release(ch);
+		ck_assert_msg(tp_chan_unlink(ca, at("flood"), -1) == 0, "unlink %u: %s", i,
+			      tp_last_error());
+	}
+	for (unsigned i = 0; i < N_WQS; i++) {
+		ck_assert_msg(xcreate_wq(ca, "qflood", &q) == 0, "queue %u: %s", i, tp_last_error());
+		tp_wq_release(q);
+	}
+	took = tpt_now_ms() - t0;
+	lines = tpt_daemon_log_count(&db, "created channel 'flood'") +
+		tpt_daemon_log_count(&db, "unlinked channel 'flood'") +
+		tpt_daemon_log_count(&db, "created work queue 'qflood'");
+	printf("%u creates and unlinks of a peer in %llu ms: %d lines in b's log\n",
+	       2 * N_CHANS + N_WQS, (unsigned long long)took, lines);
+	ck_assert_int_gt(lines, 0);
+	ck_assert_msg(lines <= BURST * (int)(1 + took / WINDOW_MS + 1), "%d lines of one peer's "
+		      "creates and unlinks in %llu ms", lines, (unsigned long long)took);
+	ck_assert(tpt_daemon_log_has(&db, "lines about this peer not logged before this one"));
+	tp_context_free(ca);
+	tpt_daemon_stop(&da);
+	tpt_daemon_stop(&db);
+}
+END_TEST
+
 static Suite *xcreate_suite(void)
 {
 	Suite *s = suite_create("chan_xcreate");
@@ -504,6 +551,7 @@ static Suite *xcreate_suite(void)
 	tcase_add_test(tc, test_create_and_unlink_refused_by_default);
 	tcase_add_test(tc, test_create_and_unlink_as_the_configured_uid);
 	tcase_add_test(tc, test_each_far_daemon_gets_its_share);
+	tcase_add_test(tc, test_creates_and_unlinks_of_a_peer_are_logged_within_its_budget);
 	tcase_add_loop_test(tc, test_items_inline_within_the_far_frames, 0, 2);
 	tcase_add_loop_test(tc, test_read_many_across_hosts, 0, 2);
 	suite_add_tcase(s, tc);
