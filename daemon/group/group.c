@@ -172,9 +172,19 @@ static void join_refuse(struct tpd_session *s, uint64_t req_id, int err, const c
 	tpd_group_refuse(s, req_id, err, why);
 }
 
+bool tpd_group_log_ok(struct tpd_groups *gs, uid_t uid, unsigned *ret_suppressed)
+{
+	return tpd_quota_ratelog_uid_ok(&gs->log, uid, TPD_GROUP_LOG_BURST, TPD_GROUP_LOG_ALL_BURST,
+					TPD_GROUP_LOG_WINDOW_MS, ret_suppressed);
+}
+
 void tpd_group_refuse(struct tpd_session *s, uint64_t req_id, int err, const char *why)
 {
-	tpd_session_log(s, TPU_LOG_INFO, "group join refused: %s", why);
+	unsigned held;
+
+	if (tpd_group_log_ok(tpd_daemon_groups(tpd_session_daemon(s)), tpd_session_uid(s), &held))
+		tpd_session_log(s, TPU_LOG_INFO, "group join refused: %s (%u lines about groups "
+				"of this uid not logged before this one)", why, held);
 	tpd_daemon_groups(tpd_session_daemon(s))->refused++;
 	(void)joined_send(s, req_id, err, why, NULL, 0);
 }
@@ -234,6 +244,7 @@ static void form_answer(struct tpd_group *grp, int r, const char *why)
 
 void tpd_group_form(struct tpd_group *grp)
 {
+	unsigned held;
 	char why[256] = "";
 	int r = arena_create(grp, why, sizeof(why));
 
@@ -252,8 +263,10 @@ void tpd_group_form(struct tpd_group *grp)
 		return;
 	}
 	grp->gs->formed++;
-	tpu_log(TPU_LOG_INFO, "group %llu '%s' (uid %u): %u members joined",
-		(unsigned long long)grp->id, grp->name, (unsigned)grp->uid, grp->size);
+	if (tpd_group_log_ok(grp->gs, grp->uid, &held))
+		tpu_log(TPU_LOG_INFO, "group %llu '%s' (uid %u): %u members joined (%u lines about "
+			"groups of this uid not logged before this one)", (unsigned long long)grp->id,
+			grp->name, (unsigned)grp->uid, grp->size, held);
 	/* A member that was not handed the arena is gone: the others' collectives fail. */
 	for (uint32_t i = 0, n = grp->size; i < n; i++)
 		if (grp->m[i].unsent && member_gone(&grp->m[i], TPU_GRPARENA_DIED, 0))
@@ -467,6 +480,7 @@ static bool member_gone(struct member *mb, uint32_t why, uint64_t calls)
 	struct tpd_group *grp = mb->grp;
 	uint32_t idx = (uint32_t)(mb - grp->m);
 	uint32_t rank = grp->x ? tpd_groupx_rank(grp, idx) : idx; /* in the whole group */
+	unsigned held;
 
 	if (mb->gone)
 		return false;
@@ -481,12 +495,12 @@ static bool member_gone(struct member *mb, uint32_t why, uint64_t calls)
 	    (why == TPU_GRPARENA_LEFT && calls && grp->x
 		     ? tpu_grparena_leave_after(grp->arena, rank, (uint32_t)mb->pid, calls)
 		     : tpu_grparena_fail(grp->arena, rank, (uint32_t)mb->pid, why)) &&
-	    ++grp->gs->failed)
+	    ++grp->gs->failed && tpd_group_log_ok(grp->gs, grp->uid, &held))
 		tpu_log(why == TPU_GRPARENA_DIED ? TPU_LOG_WARNING : TPU_LOG_INFO,
 			"group %llu '%s' (uid %u): rank %u (pid %d) %s; the group fails for the "
-			"%u other members", (unsigned long long)grp->id, grp->name,
-			(unsigned)grp->uid, rank, (int)mb->pid,
-			why_word(why), grp->live);
+			"%u other members (%u lines about groups of this uid not logged before this "
+			"one)", (unsigned long long)grp->id, grp->name, (unsigned)grp->uid, rank,
+			(int)mb->pid, why_word(why), grp->live, held);
 	if (grp->x)
 		tpd_groupx_member_gone(grp, idx, why, calls);
 	if (grp->live > 0)
@@ -503,16 +517,19 @@ void tpd_group_drop(struct tpd_group *grp)
 void tpd_group_fail(struct tpd_group *grp, uint32_t rank, uint32_t pid, uint32_t why,
 		    uint64_t calls, const char *text)
 {
+	unsigned held;
+
 	if (!grp->failure[0])
 		snprintf(grp->failure, sizeof(grp->failure), "%s", text);
 	if (grp->arena &&
 	    (why == TPU_GRPARENA_LEFT && calls ? tpu_grparena_leave_after(grp->arena, rank, pid,
 									  calls)
 					       : tpu_grparena_fail(grp->arena, rank, pid, why)) &&
-	    ++grp->gs->failed)
+	    ++grp->gs->failed && tpd_group_log_ok(grp->gs, grp->uid, &held))
 		tpu_log(TPU_LOG_WARNING, "group %llu '%s' (uid %u): %s; the group fails for its "
-			"%u members here", (unsigned long long)grp->id, grp->name,
-			(unsigned)grp->uid, text, grp->live);
+			"%u members here (%u lines about groups of this uid not logged before this "
+			"one)", (unsigned long long)grp->id, grp->name, (unsigned)grp->uid, text,
+			grp->live, held);
 }
 
 static struct member *member_of(struct tpd_groups *gs, struct tpd_session *s, uint64_t id)

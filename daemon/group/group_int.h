@@ -12,6 +12,7 @@
 #include <sys/types.h>
 
 #include "group.h"
+#include "quota.h"
 #include "tpu.h"
 #include "tpw.pb-c.h"
 
@@ -72,7 +73,27 @@ struct tpd_groups {
 	struct tpu_list cgroups;
 	uint64_t next_join_id;
 	uint64_t next_cgroup_id;
+	/* Lines a local user's joins provoke at will (refusals, groups formed, failed, timed
+	 * out), each uid within a budget of its own: tpd_group_log_ok() */
+	struct tpd_ratelog_keys log;
 };
+
+/* What tpd_group_log_ok() allows: lines of one uid in each window, of all uids together. */
+#define TPD_GROUP_LOG_WINDOW_MS 10000
+#define TPD_GROUP_LOG_BURST 20
+#define TPD_GROUP_LOG_ALL_BURST 100
+
+/*
+ * tpd_group_log_ok() - may a line about a group of local user @uid (a join refused, a group
+ * formed, failed or timed out) be logged now? A user joins and leaves groups as fast as it
+ * likes, each a line or two: each uid has its own budget (TPD_GROUP_LOG_BURST lines in each
+ * TPD_GROUP_LOG_WINDOW_MS), all uids together a larger one, so that one user's loop neither
+ * fills the log nor hides another user's lines. Lines about what a peer daemon's members did
+ * take tpd_peer_log_ok() instead.
+ * @ret_suppressed: @uid's lines refused since its last logged one (written when true).
+ * Return: true to log.
+ */
+bool tpd_group_log_ok(struct tpd_groups *gs, uid_t uid, unsigned *ret_suppressed);
 
 /* ---- group.c ------------------------------------------------------------------------------ */
 

@@ -112,13 +112,14 @@ static void coord_answer(struct tpd_groups *gs, const struct cmember *cm, int er
 	to_member(gs, cm->pr, &m);
 }
 
-/* A refusal of a join that never got a slot. A peer daemon sends joins as fast as its link
- * carries them: the refusals of its joins are logged within its link's budget
- * (tpd_peer_log_ok()), so that they hide no other peer's. */
-static void coord_refuse(struct tpd_groups *gs, struct tpd_peer *pr, uint64_t join_id, int err,
-			 const char *fmt, ...) _printf_(5, 6);
-static void coord_refuse(struct tpd_groups *gs, struct tpd_peer *pr, uint64_t join_id, int err,
-			 const char *fmt, ...)
+/* A refusal of a join (of uid @uid, as its member's daemon states it) that never got a slot. A
+ * peer daemon sends joins as fast as its link carries them: the refusals of its joins are
+ * logged within its link's budget (tpd_peer_log_ok()), so that they hide no other peer's;
+ * this host's within their uid's (tpd_group_log_ok()). */
+static void coord_refuse(struct tpd_groups *gs, struct tpd_peer *pr, uid_t uid, uint64_t join_id,
+			 int err, const char *fmt, ...) _printf_(6, 7);
+static void coord_refuse(struct tpd_groups *gs, struct tpd_peer *pr, uid_t uid, uint64_t join_id,
+			 int err, const char *fmt, ...)
 {
 	struct cmember cm = { .pr = pr, .join_id = join_id };
 	char why[256];
@@ -128,9 +129,11 @@ static void coord_refuse(struct tpd_groups *gs, struct tpd_peer *pr, uint64_t jo
 	va_start(ap, fmt);
 	vsnprintf(why, sizeof(why), fmt, ap);
 	va_end(ap);
-	if (!pr)
-		tpu_log(TPU_LOG_INFO, "group join from this host refused: %s", why);
-	else if (tpd_peer_log_ok(pr, &held))
+	if (!pr) {
+		if (tpd_group_log_ok(gs, uid, &held))
+			tpu_log(TPU_LOG_INFO, "group join from this host refused: %s (%u lines about "
+				"groups of this uid not logged before this one)", why, held);
+	} else if (tpd_peer_log_ok(pr, &held))
 		tpu_log(TPU_LOG_INFO, "group join from %s refused: %s (%u lines about this peer "
 			"not logged before this one)", tpd_peer_name(pr), why, held);
 	gs->refused++;
@@ -140,11 +143,29 @@ static void coord_refuse(struct tpd_groups *gs, struct tpd_peer *pr, uint64_t jo
 static struct cgroup *cgroup_conflict(struct tpd_groups *gs, uid_t uid, const char *name,
 				      const struct tpd_groupx_remote *st);
 
+/* May a line about @cg be logged now? Within the budget of its first member in rank order that
+ * joined: its peer's (tpd_peer_log_ok(); a peer whose link is gone: the budget of no peer in
+ * particular) or, one of this host, its uid's (tpd_group_log_ok()). */
+static bool cgroup_log_ok(struct cgroup *cg, unsigned *ret_suppressed)
+{
+	for (uint32_t i = 0; i < cg->size; i++) {
+		const struct cmember *cm = &cg->m[i];
+
+		if (!cm->joined)
+			continue;
+		if (cm->pr || cm->peer[0])
+			return tpd_peer_log_ok(cm->pr, ret_suppressed);
+		break;
+	}
+	return tpd_group_log_ok(cg->gs, cg->uid, ret_suppressed);
+}
+
 static void cgroup_on_timeout(evutil_socket_t fd, short what, void *arg)
 {
 	struct cgroup *cg = arg;
 	char missing[128] = "", why[320];
 	size_t len = 0;
+	unsigned held;
 
 	(void)fd;
 	(void)what;
@@ -159,7 +180,9 @@ static void cgroup_on_timeout(evutil_socket_t fd, short what, void *arg)
 		 cgroup_conflict(cg->gs, cg->uid, cg->name, &cg->remote) ?
 			 "; members of the name stating another remote access joined apart: "
 			 "every member must state the same" : "");
-	tpu_log(TPU_LOG_INFO, "%s", why);
+	if (cgroup_log_ok(cg, &held))
+		tpu_log(TPU_LOG_INFO, "%s (%u lines about this group's first member's side not "
+			"logged before this one)", why, held);
 	cg->gs->refused += cg->joined;
 	for (uint32_t i = 0; i < cg->size; i++)
 		if (cg->m[i].joined)
@@ -272,6 +295,7 @@ static void cgroup_form(struct cgroup *cg)
 	uint32_t *host = calloc(cg->size, sizeof(*host)), hosts = 0;
 	char (*addr)[TPW_GROUP_ADDR_MAX + 1] = calloc(cg->size, sizeof(*addr));
 	char **ap = calloc(cg->size, sizeof(*ap));
+	unsigned held;
 
 	event_del(cg->ev_timeout);
 	if (!mv || !mp || !host || !addr || !ap) {
@@ -313,8 +337,11 @@ static void cgroup_form(struct cgroup *cg)
 	t.token.data = cg->token;
 	t.token.len = sizeof(cg->token);
 	cg->gs->formed++;
-	tpu_log(TPU_LOG_INFO, "group %llu '%s' (uid %u): coordinated, %u members on %u hosts",
-		(unsigned long long)cg->id, cg->name, (unsigned)cg->uid, cg->size, hosts);
+	if (cgroup_log_ok(cg, &held))
+		tpu_log(TPU_LOG_INFO, "group %llu '%s' (uid %u): coordinated, %u members on %u "
+			"hosts (%u lines about its first member's side not logged before this one)",
+			(unsigned long long)cg->id, cg->name, (unsigned)cg->uid, cg->size, hosts,
+			held);
 	for (uint32_t r = 0; r < cg->size; r++) {
 		uint32_t lr = 0, ls = 0;
 
@@ -386,11 +413,11 @@ static bool coord_admits(struct tpd_groups *gs, struct tpd_peer *pr,
 	char a[256], b[256];
 
 	if (tpd_groupx_remote_set(&st, j->remote, j->remote_peers, j->n_remote_peers) < 0) {
-		coord_refuse(gs, pr, j->join_id, -ENOMEM, "out of memory");
+		coord_refuse(gs, pr, j->uid, j->join_id, -ENOMEM, "out of memory");
 		return false;
 	}
 	if (pr && !tpd_groupx_remote_allows(&st, pr)) {
-		coord_refuse(gs, pr, j->join_id, -EACCES, "group '%s': the peer %s (%s) may not "
+		coord_refuse(gs, pr, j->uid, j->join_id, -EACCES, "group '%s': the peer %s (%s) may not "
 			     "take part: the group's remote access is %s%s", j->name,
 			     tpd_peer_group_host(pr),
 			     tpd_peer_identity(pr) ? tpd_peer_identity(pr) : "not authenticated",
@@ -403,7 +430,7 @@ static bool coord_admits(struct tpd_groups *gs, struct tpd_peer *pr,
 	}
 	other = cgroup_conflict(gs, j->uid, j->name, &st);
 	if (other)
-		coord_refuse(gs, pr, j->join_id, -EINVAL, "group '%s' takes remote members from %s, "
+		coord_refuse(gs, pr, j->uid, j->join_id, -EINVAL, "group '%s' takes remote members from %s, "
 			     "this join says %s", j->name,
 			     tpd_groupx_remote_text(&other->remote, a, sizeof(a)),
 			     tpd_groupx_remote_text(&st, b, sizeof(b)));
@@ -422,12 +449,12 @@ static void coord_on_join(struct tpd_groups *gs, struct tpd_peer *pr,
 	int32_t rank = j->rank;
 
 	if (pr && !tpd_peer_group_authenticated(pr)) {
-		coord_refuse(gs, pr, j->join_id, -EACCES, "group '%s': the coordinator takes joins "
+		coord_refuse(gs, pr, j->uid, j->join_id, -EACCES, "group '%s': the coordinator takes joins "
 			     "only over authenticated peer links (a key or certificate)", j->name);
 		return;
 	}
 	if (j->size > cfg->group_members_max) {
-		coord_refuse(gs, pr, j->join_id, -ENOBUFS, "group '%s': %u members is over the "
+		coord_refuse(gs, pr, j->uid, j->join_id, -ENOBUFS, "group '%s': %u members is over the "
 			     "coordinator's limit of %u (group-members-max)", j->name, j->size,
 			     cfg->group_members_max);
 		return;
@@ -435,7 +462,7 @@ static void coord_on_join(struct tpd_groups *gs, struct tpd_peer *pr,
 	if (!coord_admits(gs, pr, j, &cg))
 		return;
 	if (pr && cmember_poses(gs, cg, pr)) {
-		coord_refuse(gs, pr, j->join_id, -EACCES, "group '%s': the peer %s states the "
+		coord_refuse(gs, pr, j->uid, j->join_id, -EACCES, "group '%s': the peer %s states the "
 			     "instance of another host's daemon (this one's or another peer's)",
 			     j->name, tpd_peer_group_host(pr));
 		return;
@@ -445,7 +472,7 @@ static void coord_on_join(struct tpd_groups *gs, struct tpd_peer *pr,
 		int r;
 
 		if (pr && n >= cfg->group_peer_groups_max) {
-			coord_refuse(gs, pr, j->join_id, -ENOBUFS, "group '%s': the coordinator has "
+			coord_refuse(gs, pr, j->uid, j->join_id, -ENOBUFS, "group '%s': the coordinator has "
 				     "%u groups with members from the peer %s, the limit "
 				     "(group-peer-groups-max)", j->name, n,
 				     tpd_peer_group_host(pr));
@@ -453,23 +480,23 @@ static void coord_on_join(struct tpd_groups *gs, struct tpd_peer *pr,
 		}
 		r = cgroup_new(gs, j, &cg);
 		if (r < 0) {
-			coord_refuse(gs, pr, j->join_id, r, r == -EIO ? "no random bytes for the "
+			coord_refuse(gs, pr, j->uid, j->join_id, r, r == -EIO ? "no random bytes for the "
 				     "group's token" : "out of memory");
 			return;
 		}
 	}
 	if (cg->formed) {
-		coord_refuse(gs, pr, j->join_id, -EBUSY, "group '%s' is formed (or still ending) "
+		coord_refuse(gs, pr, j->uid, j->join_id, -EBUSY, "group '%s' is formed (or still ending) "
 			     "at the coordinator: leave it on every member first", j->name);
 		return;
 	}
 	if (j->size != cg->size) {
-		coord_refuse(gs, pr, j->join_id, -EINVAL, "group '%s' has %u members, this join "
+		coord_refuse(gs, pr, j->uid, j->join_id, -EINVAL, "group '%s' has %u members, this join "
 			     "says %u", j->name, cg->size, j->size);
 		return;
 	}
 	if (rank >= 0 && cg->m[rank].joined) {
-		coord_refuse(gs, pr, j->join_id, -EADDRINUSE, "group '%s': rank %d already joined "
+		coord_refuse(gs, pr, j->uid, j->join_id, -EADDRINUSE, "group '%s': rank %d already joined "
 			     "(pid %u on %s)", j->name, (int)rank, cg->m[rank].pid,
 			     cg->m[rank].host);
 		return;

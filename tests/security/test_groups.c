@@ -696,6 +696,86 @@ START_TEST(test_old_library_is_refused_a_group_join)
 }
 END_TEST
 
+/* ---- one user's group loop and another user's lines ----------------------------------------- */
+
+#define LOOP_FORMS 150 /* groups of one the attacker forms and leaves */
+#define LOOP_LATE 100  /* joins of a group of two that time out after 1 ms */
+#define GROUP_LOG_BURST 20 /* TPD_GROUP_LOG_BURST (daemon/group/group_int.h), in 10 s */
+
+/* Forms and leaves LOOP_FORMS groups of one, then makes LOOP_LATE joins that time out: each a
+ * line or two in the daemon's log on a daemon without a budget. */
+static int attacker_loop(void *arg)
+{
+	struct tp_group_options one = { .size = sizeof(one), .rank = 0, .nranks = 1 };
+	struct tp_group_options late = { .size = sizeof(late), .rank = 0, .nranks = 2,
+					 .join_timeout_ms = 1 };
+	struct tp_context *ctx;
+	struct tp_group *g;
+
+	(void)arg;
+	if (tpt_become_user(ATTACKER) < 0 || tpt_ctx_new(&d, 0, NULL, &ctx) < 0)
+		return 1;
+	for (unsigned i = 0; i < LOOP_FORMS; i++) {
+		TPT_REQUIRE(tp_group_join(ctx, "loop", &one, &g) == 0, 1, "form %u: %s", i,
+			    tp_last_error());
+		tp_group_leave(g);
+	}
+	for (unsigned i = 0; i < LOOP_LATE; i++)
+		TPT_REQUIRE(tp_group_join(ctx, "late", &late, &g) == -ETIMEDOUT, 1,
+			    "late join %u: %s", i, tp_last_error());
+	tp_context_free(ctx);
+	return 0;
+}
+
+/* Forms one group of one, "mine". */
+static int victim_once(void *arg)
+{
+	struct tp_group_options one = { .size = sizeof(one), .rank = 0, .nranks = 1 };
+	struct tp_context *ctx;
+	struct tp_group *g;
+
+	(void)arg;
+	if (tpt_become_user(VICTIM) < 0 || tpt_ctx_new(&d, 0, NULL, &ctx) < 0)
+		return 1;
+	TPT_REQUIRE(tp_group_join(ctx, "mine", &one, &g) == 0, 1, "join: %s", tp_last_error());
+	tp_group_leave(g);
+	tp_context_free(ctx);
+	return 0;
+}
+
+/*
+ * What one user's joins provoke (groups formed and left, joins timed out or refused) is logged
+ * within that uid's budget (20 lines in 10 s, 100 for all uids), and another user's group is
+ * still logged: uid 65534 forms and leaves 150 groups of one and makes 100 joins that time
+ * out, then uid 4242 forms one group. Each was a line in the log, 250 of the attacker's here,
+ * as fast as it could join: one user could fill the log and hide every other user's lines.
+ */
+START_TEST(test_one_users_group_loop_does_not_hide_anothers_lines)
+{
+	uint64_t t0, took;
+	int lines;
+	pid_t a, v;
+
+	if (geteuid() != 0)
+		return; /* needs root to become other users */
+	t0 = tpt_now_ms();
+	a = tpt_fork(attacker_loop, NULL);
+	ck_assert(tpt_wait_ok(a, 4 * T_MS, "attacker"));
+	took = tpt_now_ms() - t0;
+	v = tpt_fork(victim_once, NULL);
+	ck_assert(tpt_wait_ok(v, T_MS, "victim"));
+	lines = tpt_daemon_log_count(&d, "'loop'") + tpt_daemon_log_count(&d, "'late'");
+	printf("%u groups and %u late joins of one user in %llu ms: %d lines in the log\n",
+	       LOOP_FORMS, LOOP_LATE, (unsigned long long)took, lines);
+	ck_assert_int_gt(lines, 0);
+	ck_assert_msg(lines <= GROUP_LOG_BURST * (int)(1 + took / 10000 + 1), "%d lines of one "
+		      "user's group loop in %llu ms", lines, (unsigned long long)took);
+	ck_assert_msg(tpt_daemon_log_has(&d, "'mine' (uid 4242)"),
+		      "the other user's group is not in the log");
+	ck_assert(tpt_daemon_log_has(&d, "lines about groups of this uid not logged"));
+}
+END_TEST
+
 static Suite *groups_suite(void)
 {
 	Suite *s = suite_create("sec_groups");
@@ -709,6 +789,7 @@ static Suite *groups_suite(void)
 	tcase_add_test(tc, test_old_library_is_refused_a_group_join);
 	tcase_add_test(tc, test_member_dying_before_taking_its_arena_leaks_nothing);
 	tcase_add_test(tc, test_unread_arena_fds_are_bounded_per_session);
+	tcase_add_test(tc, test_one_users_group_loop_does_not_hide_anothers_lines);
 	suite_add_tcase(s, tc);
 	return s;
 }
