@@ -120,7 +120,18 @@ struct tpd_quota {
 	struct tpd_ratelog_keys parked_fds_log; /* sessions failed for their parked fds */
 	struct tpd_ratelog_keys refuse_log;
 	struct tpd_ratelog_keys budget_log[2]; /* [0] per-uid, [1] daemon-wide budget hit */
+	/* Every line about a session (tpd_session_log()), each uid within a budget of its own
+	 * (TPD_SESSION_LOG_*): the lines a client provokes at will that no narrower budget
+	 * covers (connects to missing names, listens, refused writes and reads, attaches). */
+	struct tpd_ratelog_keys session_log;
 };
+
+/* What tpd_session_log() allows: lines about one uid's sessions in each window, about every
+ * uid's; lines of level err and above are always logged. Far above what a busy job logs
+ * (a line or two for each pipe it opens), far below what a loop of refused calls makes. */
+#define TPD_SESSION_LOG_WINDOW_MS 10000
+#define TPD_SESSION_LOG_BURST 2000
+#define TPD_SESSION_LOG_ALL_BURST 8000
 
 void tpd_quota_init(struct tpd_quota *q);
 /* Frees every account. */

@@ -6,6 +6,8 @@
  * middle of a handler. Reading and writing frames, on the socket or the control rings, is
  * conn.c's; what frames mean is sessmsg.c's.
  */
+#include <pthread.h>
+#include <stdbool.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -97,22 +99,40 @@ static int read_creds(struct tpd_session *s)
 	return 0;
 }
 
+/* Guards the quota's session_log: lines about sessions are written on the daemon's loop, and
+ * a few from other threads. */
+static pthread_mutex_t session_log_lock = PTHREAD_MUTEX_INITIALIZER;
+
 void tpd_session_log(const struct tpd_session *s, int level, const char *fmt, ...)
 {
-	char sid[48], pid[48], uid[48], msg[900];
+	char sid[48], pid[48], uid[48], msg[900], held_note[96] = "";
 	const char *fields[] = { sid, pid, uid, NULL };
+	unsigned held = 0;
 	va_list ap;
+	bool ok;
 
 	if (level > (int)tpu_log_get_level())
 		return;
+	if (level > TPU_LOG_ERR) { /* what the client provokes, within its uid's budget */
+		pthread_mutex_lock(&session_log_lock);
+		ok = tpd_quota_ratelog_uid_ok(&tpd_daemon_quota(s->d)->session_log, s->uid,
+					      TPD_SESSION_LOG_BURST, TPD_SESSION_LOG_ALL_BURST,
+					      TPD_SESSION_LOG_WINDOW_MS, &held);
+		pthread_mutex_unlock(&session_log_lock);
+		if (!ok)
+			return;
+		if (held)
+			snprintf(held_note, sizeof(held_note), " (%u lines about sessions of uid %u "
+				 "not logged before this one)", held, (unsigned)s->uid);
+	}
 	snprintf(sid, sizeof(sid), "TPIPD_SESSION=%llu", (unsigned long long)s->id);
 	snprintf(pid, sizeof(pid), "TPIPD_CLIENT_PID=%d", (int)s->pid);
 	snprintf(uid, sizeof(uid), "TPIPD_CLIENT_UID=%u", (unsigned)s->uid);
 	va_start(ap, fmt);
 	vsnprintf(msg, sizeof(msg), fmt, ap);
 	va_end(ap);
-	tpu_log_kv((enum tpu_log_level)level, fields, "session %llu (pid %d, %s): %s",
-		   (unsigned long long)s->id, (int)s->pid, s->comm, msg);
+	tpu_log_kv((enum tpu_log_level)level, fields, "session %llu (pid %d, %s): %s%s",
+		   (unsigned long long)s->id, (int)s->pid, s->comm, msg, held_note);
 }
 
 /* ---- admission ----------------------------------------------------------------------------- */

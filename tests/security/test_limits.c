@@ -1297,6 +1297,80 @@ START_TEST(test_limits_another_users_listeners_do_not_slow_listener_calls)
 }
 END_TEST
 
+/* ---- one user's failed connects and another user's lines ------------------------------------- */
+
+#define CONNECT_FLOOD 5000     /* connects of nobody to a name nobody listens on */
+#define SESSION_LOG_BURST 2000 /* TPD_SESSION_LOG_BURST (daemon/core/quota.h), in 10 s */
+
+/* Nobody connects CONNECT_FLOOD times to a name nobody listens on, as fast as it can. */
+static int connect_flood(void *arg)
+{
+	struct tp_context *ctx;
+	struct tp_pipe *p;
+
+	(void)arg;
+	TPT_REQUIRE(tpt_become_user(NOBODY) == 0 && tpt_ctx_new(&dm, 0, "flood", &ctx) == 0, 1,
+		    "context");
+	for (unsigned i = 0; i < CONNECT_FLOOD; i++) {
+		TPT_REQUIRE(tp_connect(ctx, "nothing-here", &p) == 0, 1, "connect %u", i);
+		TPT_REQUIRE(tp_pipe_wait_connected(p, T_MS) == -ENOENT, 1, "connect %u", i);
+		tp_pipe_close(p);
+	}
+	tp_context_free(ctx);
+	return 0;
+}
+
+/* The victim's one connect to a name nobody listens on. */
+static int connect_once(void *arg)
+{
+	struct tp_context *ctx;
+	struct tp_pipe *p;
+
+	(void)arg;
+	TPT_REQUIRE(tpt_become_user(VICTIM) == 0 && tpt_ctx_new(&dm, 0, "once", &ctx) == 0, 1,
+		    "context");
+	TPT_REQUIRE(tp_connect(ctx, "victims-own-name", &p) == 0, 1, "connect");
+	TPT_REQUIRE(tp_pipe_wait_connected(p, T_MS) == -ENOENT, 1, "connect succeeded");
+	tp_pipe_close(p);
+	tp_context_free(ctx);
+	return 0;
+}
+
+/*
+ * Every line about a session has a budget per uid (2000 in 10 s; 8000 for all uids), above
+ * which its lines are dropped and counted in its next one: nobody's 5000 connects to a name
+ * nobody listens on, each a line "connect to 'nothing-here' failed", leave at most 2000 in
+ * the log, and the victim's failed connect after them is still logged. Each was logged, a line
+ * for every call a client cared to make: one user could fill the log at the rate of its calls
+ * and hide every other user's lines.
+ */
+START_TEST(test_limits_one_users_session_lines_are_bounded)
+{
+	uint64_t t0, took;
+	int lines;
+	pid_t pid;
+
+	if (skip_unless_root())
+		return;
+	start(NULL);
+	t0 = tpt_now_ms();
+	pid = tpt_fork(connect_flood, NULL);
+	ck_assert(tpt_wait_ok(pid, 4 * T_MS, "flood"));
+	took = tpt_now_ms() - t0;
+	pid = tpt_fork(connect_once, NULL);
+	ck_assert(tpt_wait_ok(pid, T_MS, "victim"));
+	lines = tpt_daemon_log_count(&dm, "connect to 'nothing-here' failed");
+	printf("%u failed connects of one user in %llu ms: %d lines in the log\n", CONNECT_FLOOD,
+	       (unsigned long long)took, lines);
+	ck_assert_int_gt(lines, 0);
+	ck_assert_msg(lines <= SESSION_LOG_BURST * (int)(1 + took / 10000 + 1), "%d lines of one "
+		      "user's failed connects in %llu ms", lines, (unsigned long long)took);
+	ck_assert_msg(tpt_daemon_log_has(&dm, "connect to 'victims-own-name' failed"),
+		      "the other user's failed connect is not in the log");
+	stop();
+}
+END_TEST
+
 static Suite *limits_suite(void)
 {
 	Suite *s = suite_create("sec_limits");
@@ -1304,6 +1378,7 @@ static Suite *limits_suite(void)
 
 	tcase_add_test(tc, test_limits_sessions_per_uid_at_limit_pass_above_refused_and_logged_once);
 	tcase_add_test(tc, test_limits_one_users_refusals_do_not_hide_anothers_from_the_log);
+	tcase_add_test(tc, test_limits_one_users_session_lines_are_bounded);
 	tcase_add_test(tc, test_limits_reserved_slots_keep_root_in_when_a_user_fills_the_table);
 	tcase_add_test(tc, test_limits_session_without_hello_closed_at_deadline);
 	tcase_add_test(tc, test_limits_frame_before_hello_at_limit_passes_above_closes);
