@@ -248,6 +248,36 @@ int tpt_sync_wait(struct tpt_sync *s, int timeout_ms)
 	return v;
 }
 
+int tpt_cpu_beside(pid_t pid, long (*probe)(void *), void *arg, tpt_child_fn hog,
+		   struct tpt_sync *ready, struct tpt_sync *done, int ready_ms, const char *what,
+		   long *ret_alone, long *ret_beside)
+{
+	pid_t h;
+	bool ok;
+
+	if (tpt_sync_init(ready) < 0 || tpt_sync_init(done) < 0) {
+		fprintf(stderr, "[%d] %s: no syncs\n", (int)getpid(), what);
+		return -1;
+	}
+	*ret_alone = probe(arg);
+	h = tpt_fork(hog, NULL);
+	if (h < 0 || tpt_sync_wait(ready, ready_ms) != 0) {
+		fprintf(stderr, "[%d] %s: the load never got ready\n", (int)getpid(), what);
+		return -1;
+	}
+	*ret_beside = probe(arg);
+	printf("daemon CPU for %s: %ld ticks alone, %ld beside the load (%ld a second)\n", what,
+	       *ret_alone, *ret_beside, sysconf(_SC_CLK_TCK));
+	tpt_sync_post(done, 0);
+	ok = tpt_wait_ok(h, 4 * ready_ms, "load");
+	return ok && *ret_alone >= 0 && *ret_beside >= 0 ? 0 : -1;
+}
+
+bool tpt_cpu_beside_ok(long alone, long beside)
+{
+	return beside <= 2 * alone + sysconf(_SC_CLK_TCK) / 4;
+}
+
 /* ---- byte patterns ----------------------------------------------------------------------- */
 
 static inline uint64_t mix64(uint64_t x)

@@ -196,6 +196,21 @@ int tpt_sync_post(struct tpt_sync *s, int8_t value);
 /* Waits for one event. Return: its value (>= -128), -ETIMEDOUT, -EPIPE if every poster is gone. */
 int tpt_sync_wait(struct tpt_sync *s, int timeout_ms);
 
+/*
+ * tpt_cpu_beside() - does another user's load slow what @probe(@arg) costs daemon @pid? The
+ * ticks of @pid's CPU time @probe takes alone, then again while child @hog (forked: it posts
+ * @ready once it holds its load, up to @ready_ms, then waits for @done) holds its load; prints
+ * both under @what, and lets @hog go. Ticks, not the wall clock: other work on the machine does
+ * not count. Return: 0 with *@ret_alone and *@ret_beside, or -1 (said why).
+ */
+int tpt_cpu_beside(pid_t pid, long (*probe)(void *), void *arg, tpt_child_fn hog,
+		   struct tpt_sync *ready, struct tpt_sync *done, int ready_ms, const char *what,
+		   long *ret_alone, long *ret_beside);
+
+/* Whether @beside is within what @alone allows: twice and a quarter second of ticks of slack
+ * (ticks are coarse, the machine's caches shared). */
+bool tpt_cpu_beside_ok(long alone, long beside);
+
 /* ---- byte patterns ------------------------------------------------------------------------- */
 
 /* Seed for segment @seg of message @msg on pipe @pipe: distinct across all three. */

@@ -1240,8 +1240,9 @@ static int listener_hog(void *arg)
 
 /* The daemon's CPU ticks for LPROBE_OPS closes on @r of listener ids nobody holds (no answer:
  * a Listen of the taken name "mine-0" after them, answered, says they were all handled). */
-static long listener_probe_ticks(struct tpt_raw *r)
+static long listener_probe_ticks(void *arg)
 {
+	struct tpt_raw *r = arg;
 	Tpw__V1__ClientMsg m = TPW__V1__CLIENT_MSG__INIT;
 	Tpw__V1__ListenerClose c = TPW__V1__LISTENER_CLOSE__INIT;
 	long t0 = tpt_cpu_ticks(dm.pid), t1;
@@ -1269,29 +1270,19 @@ static long listener_probe_ticks(struct tpt_raw *r)
  */
 START_TEST(test_limits_another_users_listeners_do_not_slow_listener_calls)
 {
-	long hz = sysconf(_SC_CLK_TCK), before, after;
+	long before, after;
 	struct tpt_raw r;
-	pid_t pid;
 
 	if (skip_unless_root())
 		return;
-	ck_assert_int_eq(tpt_sync_init(&lhog_ready), 0);
-	ck_assert_int_eq(tpt_sync_init(&lhog_done), 0);
 	start(NULL);
 	ck_assert_int_eq(open_sessions(&r, 1, TPW__V1__ROLE__ROLE_CLIENT), 0);
 	ck_assert_int_eq(listen_burst(&r, "mine", 0, 1, TPW__V1__STATUS__STATUS_OK), 0);
-	before = listener_probe_ticks(&r);
-	pid = tpt_fork(listener_hog, NULL);
-	ck_assert_int_eq(tpt_sync_wait(&lhog_ready, 10 * T_MS), 0);
-	after = listener_probe_ticks(&r);
-	printf("daemon CPU for %u listener closes: %ld ticks alone, %ld beside %u listeners of "
-	       "another uid (%ld a second)\n", LPROBE_OPS, before, after,
-	       LHOG_SESSIONS * LHOG_NAMES, hz);
-	tpt_sync_post(&lhog_done, 0);
-	ck_assert(tpt_wait_ok(pid, 4 * T_MS, "listener hog"));
-	/* 2x and a quarter second of slack: ticks are coarse, the machine's caches shared */
-	ck_assert_msg(after <= 2 * before + hz / 4, "closes took %ld ticks of the daemon's CPU "
-		      "beside another uid's listeners, %ld alone", after, before);
+	ck_assert_int_eq(tpt_cpu_beside(dm.pid, listener_probe_ticks, &r, listener_hog,
+					&lhog_ready, &lhog_done, 10 * T_MS, "listener closes beside "
+					"25600 listeners of another uid", &before, &after), 0);
+	ck_assert_msg(tpt_cpu_beside_ok(before, after), "closes took %ld ticks of the daemon's "
+		      "CPU beside another uid's listeners, %ld alone", after, before);
 	tpt_raw_close(&r);
 	stop();
 }

@@ -279,8 +279,9 @@ static int hog(void *arg)
 
 /* The daemon's CPU ticks for PROBE_OPS takes (timeout 0) from queue "mine" (empty) through a
  * worker handle @r opens for them, the newest of the daemon's. */
-static long probe_ticks(struct tpt_raw *r)
+static long probe_ticks(void *arg)
 {
+	struct tpt_raw *r = arg;
 	Tpw__V1__WqOp o = TPW__V1__WQ_OP__INIT;
 	uint64_t id = 0;
 	long t0, t1;
@@ -311,18 +312,15 @@ static long probe_ticks(struct tpt_raw *r)
  */
 START_TEST(test_another_users_handles_do_not_slow_queue_calls)
 {
-	long hz = sysconf(_SC_CLK_TCK), before, after;
 	Tpw__V1__WqOp o = TPW__V1__WQ_OP__INIT;
+	long before, after;
 	struct tpt_raw r;
-	pid_t pid;
 	int st;
 
 	if (geteuid() != 0) {
 		printf("skipped: needs root to run a client as another uid\n");
 		return;
 	}
-	ck_assert_int_eq(tpt_sync_init(&hog_ready), 0);
-	ck_assert_int_eq(tpt_sync_init(&hog_done), 0);
 	ck_assert_int_eq(tpt_daemon_start(&d, NULL), 0);
 	ck_assert_int_eq(tpt_daemon_open_to_all(&d), 0);
 	ck_assert_int_eq(tpt_raw_connect(&r, d.socket), 0);
@@ -332,17 +330,11 @@ START_TEST(test_another_users_handles_do_not_slow_queue_calls)
 	o.create = true;
 	ck_assert_int_eq(raw_wq_burst(&r, &o, 1, &st, NULL), 0);
 	ck_assert_int_eq(st, TPW__V1__STATUS__STATUS_OK);
-	before = probe_ticks(&r);
-	pid = tpt_fork(hog, NULL);
-	ck_assert_int_eq(tpt_sync_wait(&hog_ready, 20 * T_MS), 0);
-	after = probe_ticks(&r);
-	printf("daemon CPU for %u takes: %ld ticks alone, %ld beside %u handles of another uid "
-	       "(%ld a second)\n", PROBE_OPS, before, after, HOG_SESSIONS * HOG_HANDLES, hz);
-	tpt_sync_post(&hog_done, 0);
-	ck_assert(tpt_wait_ok(pid, 4 * T_MS, "hog"));
-	/* 2x and a quarter second of slack: ticks are coarse, the machine's caches shared */
-	ck_assert_msg(after <= 2 * before + hz / 4, "takes took %ld ticks of the daemon's CPU "
-		      "beside another uid's handles, %ld alone", after, before);
+	ck_assert_int_eq(tpt_cpu_beside(d.pid, probe_ticks, &r, hog, &hog_ready, &hog_done,
+					20 * T_MS, "root's takes beside 65536 handles of another uid",
+					&before, &after), 0);
+	ck_assert_msg(tpt_cpu_beside_ok(before, after), "takes took %ld ticks of the daemon's "
+		      "CPU beside another uid's handles, %ld alone", after, before);
 	tpt_raw_close(&r);
 	ck_assert_int_eq(tpt_daemon_stop(&d), 0);
 }
@@ -391,8 +383,9 @@ static int peer_wq_burst(struct tpt_raw *c, Tpw__V1__WqOp *op, unsigned n, int s
 
 /* The daemon's CPU ticks for PEER_PROBE_OPS takes from root's queue "pub" (empty, admitting any
  * peer) that wait a millisecond each, by the raw peer @c through a worker handle it opens. */
-static long peer_probe_ticks(struct tpt_raw *c)
+static long peer_probe_ticks(void *arg)
 {
+	struct tpt_raw *c = arg;
 	Tpw__V1__WqOp o = TPW__V1__WQ_OP__INIT;
 	uint64_t id = 0;
 	long t0, t1;
@@ -427,16 +420,13 @@ START_TEST(test_another_users_handles_do_not_slow_a_peers_queue_calls)
 					.timeout_ms = T_MS };
 	struct tpt_raw r, c = { .fd = -1 }, data = { .fd = -1 };
 	Tpw__V1__WqOp o = TPW__V1__WQ_OP__INIT;
-	long hz = sysconf(_SC_CLK_TCK), before, after;
-	pid_t pid;
+	long before, after;
 	int st;
 
 	if (geteuid() != 0) {
 		printf("skipped: needs root to run a client as another uid\n");
 		return;
 	}
-	ck_assert_int_eq(tpt_sync_init(&hog_ready), 0);
-	ck_assert_int_eq(tpt_sync_init(&hog_done), 0);
 	ck_assert_int_eq(tpt_daemon_start_peer(&d, args), 0);
 	ck_assert_int_eq(tpt_daemon_open_to_all(&d), 0);
 	ck_assert_int_eq(tpt_raw_connect(&r, d.socket), 0);
@@ -449,17 +439,10 @@ START_TEST(test_another_users_handles_do_not_slow_a_peers_queue_calls)
 	ck_assert_int_eq(st, TPW__V1__STATUS__STATUS_OK);
 	h.port = d.peer_port;
 	ck_assert_int_eq(tpt_raw_peer_dial(&h, &c, &data), 0);
-	before = peer_probe_ticks(&c);
-	pid = tpt_fork(hog, NULL);
-	ck_assert_int_eq(tpt_sync_wait(&hog_ready, 20 * T_MS), 0);
-	after = peer_probe_ticks(&c);
-	printf("daemon CPU for %u takes of a peer: %ld ticks alone, %ld beside %u handles of "
-	       "another uid (%ld a second)\n", PEER_PROBE_OPS, before, after,
-	       HOG_SESSIONS * HOG_HANDLES, hz);
-	tpt_sync_post(&hog_done, 0);
-	ck_assert(tpt_wait_ok(pid, 4 * T_MS, "hog"));
-	/* 2x and a quarter second of slack: ticks are coarse, the machine's caches shared */
-	ck_assert_msg(after <= 2 * before + hz / 4, "a peer's takes took %ld ticks of the "
+	ck_assert_int_eq(tpt_cpu_beside(d.pid, peer_probe_ticks, &c, hog, &hog_ready, &hog_done,
+					20 * T_MS, "a peer's takes beside 65536 handles of "
+					"another uid", &before, &after), 0);
+	ck_assert_msg(tpt_cpu_beside_ok(before, after), "a peer's takes took %ld ticks of the "
 		      "daemon's CPU beside another uid's handles, %ld alone", after, before);
 	tpt_raw_close(&data);
 	tpt_raw_close(&c);
