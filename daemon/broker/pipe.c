@@ -16,7 +16,9 @@
 #include "copier.h"
 #include "core.h"
 #include "log.h"
+#include "peer.h"
 #include "pipe_int.h"
+#include "quota.h"
 #include "session.h"
 #include "validate.h"
 
@@ -34,15 +36,48 @@ const char *tpd_pipe_gone_text(Tpw__V1__Status s)
 	}
 }
 
+/* The name a line about @p alone (no session's) is budgeted under (tpd_session_log_ok()): its
+ * ends, each a uid, "peer:" and the far daemon's principal, or "-" once gone, the lower first,
+ * so that a client making its own pipes' messages fail at will spends its own budget and no
+ * other user's, wherever the line is written from. */
+static void pipe_log_key(const struct tpd_pipe *p, char *key, size_t kl)
+{
+	char side[2][TPD_PEER_PRINCIPAL_LEN + 8];
+
+	for (int i = 0; i < 2; i++) {
+		const struct tpd_pipe_end *e = &p->end[i];
+		struct tpd_session *s = e->session;
+
+		if (e->remote)
+			snprintf(side[i], sizeof(side[i]), "peer:%s",
+				 p->link ? tpd_peer_principal(p->link) : "-");
+		else if (s)
+			snprintf(side[i], sizeof(side[i]), "%u", (unsigned)tpd_session_uid(s));
+		else
+			snprintf(side[i], sizeof(side[i]), "-");
+	}
+	/* (a long principal is cut: the key's room is shared by both ends) */
+	if (strcmp(side[0], side[1]) > 0)
+		snprintf(key, kl, "pipe:%.100s/%.100s", side[1], side[0]);
+	else
+		snprintf(key, kl, "pipe:%.100s/%.100s", side[0], side[1]);
+}
+
 void tpd_pipe_log(const struct tpd_pipe *p, const struct tpd_session *s, int level, const char *fmt,
 		  ...)
 {
-	char pid[48], msg[800];
+	char pid[48], msg[800], key[TPD_RATELOG_KEY_LEN];
 	const char *fields[] = {pid, NULL};
+	unsigned held = 0;
 	va_list ap;
 
 	if (level > (int)tpu_log_get_level())
 		return;
+	if (!s && level > TPU_LOG_ERR) {
+		pipe_log_key(p, key, sizeof(key));
+		if (!tpd_session_log_ok(p->d, key, &held))
+			return;
+	}
 	va_start(ap, fmt);
 	vsnprintf(msg, sizeof(msg), fmt, ap);
 	va_end(ap);
@@ -51,8 +86,13 @@ void tpd_pipe_log(const struct tpd_pipe *p, const struct tpd_session *s, int lev
 		return;
 	}
 	snprintf(pid, sizeof(pid), "TPIPD_PIPE=%llu", (unsigned long long)p->id);
-	tpu_log_kv((enum tpu_log_level)level, fields, "pipe %llu: %s", (unsigned long long)p->id,
-		   msg);
+	if (held)
+		tpu_log_kv((enum tpu_log_level)level, fields, "pipe %llu: %s (%u lines about pipes "
+			   "of %s not logged before this one)", (unsigned long long)p->id, msg,
+			   held, key + 5);
+	else
+		tpu_log_kv((enum tpu_log_level)level, fields, "pipe %llu: %s",
+			   (unsigned long long)p->id, msg);
 }
 
 /* Why the other end went away, for the survivor: the peer link's reason if there is one. */

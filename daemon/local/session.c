@@ -103,23 +103,30 @@ static int read_creds(struct tpd_session *s)
  * a few from other threads. */
 static pthread_mutex_t session_log_lock = PTHREAD_MUTEX_INITIALIZER;
 
+bool tpd_session_log_ok(struct tpd_daemon *d, const char *key, unsigned *ret_held)
+{
+	bool ok;
+
+	pthread_mutex_lock(&session_log_lock);
+	ok = tpd_quota_ratelog_key_ok(&tpd_daemon_quota(d)->session_log, key, strlen(key),
+				      TPD_SESSION_LOG_BURST, TPD_SESSION_LOG_ALL_BURST,
+				      TPD_SESSION_LOG_WINDOW_MS, ret_held);
+	pthread_mutex_unlock(&session_log_lock);
+	return ok;
+}
+
 void tpd_session_log(const struct tpd_session *s, int level, const char *fmt, ...)
 {
 	char sid[48], pid[48], uid[48], msg[900], held_note[96] = "";
 	const char *fields[] = { sid, pid, uid, NULL };
 	unsigned held = 0;
 	va_list ap;
-	bool ok;
 
 	if (level > (int)tpu_log_get_level())
 		return;
 	if (level > TPU_LOG_ERR) { /* what the client provokes, within its uid's budget */
-		pthread_mutex_lock(&session_log_lock);
-		ok = tpd_quota_ratelog_uid_ok(&tpd_daemon_quota(s->d)->session_log, s->uid,
-					      TPD_SESSION_LOG_BURST, TPD_SESSION_LOG_ALL_BURST,
-					      TPD_SESSION_LOG_WINDOW_MS, &held);
-		pthread_mutex_unlock(&session_log_lock);
-		if (!ok)
+		snprintf(uid, sizeof(uid), "%u", (unsigned)s->uid);
+		if (!tpd_session_log_ok(s->d, uid, &held))
 			return;
 		if (held)
 			snprintf(held_note, sizeof(held_note), " (%u lines about sessions of uid %u "

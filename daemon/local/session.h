@@ -100,7 +100,18 @@ void tpd_session_fail(struct tpd_session *s, int level, Tpw__V1__Status status, 
 void tpd_session_end(struct tpd_session *s, int level, Tpw__V1__Status status, const char *msg);
 
 /* Logs "session N (pid P, comm): ..." with TPIPD_SESSION, TPIPD_CLIENT_PID and
- * TPIPD_CLIENT_UID fields. */
+ * TPIPD_CLIENT_UID fields. Below err, within the budget of the session's uid
+ * (tpd_session_log_ok()). */
+/*
+ * tpd_session_log_ok() - may a line a client provokes at will, under the name @key (a uid for
+ * tpd_session_log(); the uids or peer of a pipe's ends for a line about the pipe alone), be
+ * logged now? TPD_SESSION_LOG_BURST lines of one name in each TPD_SESSION_LOG_WINDOW_MS,
+ * TPD_SESSION_LOG_ALL_BURST of all names together. Safe from any thread.
+ * @ret_held: lines of that name held back since its last logged one (written when true).
+ * Return: true to log.
+ */
+bool tpd_session_log_ok(struct tpd_daemon *d, const char *key, unsigned *ret_held);
+
 void tpd_session_log(const struct tpd_session *s, int level, const char *fmt, ...)
 	_printf_(3, 4);
 

@@ -16,6 +16,7 @@
 #include <json-c/json.h>
 #include <arpa/inet.h>
 #include <netinet/in.h>
+#include <sys/mman.h>
 #include <sys/prctl.h>
 #include <sys/resource.h>
 #include <sys/wait.h>
@@ -1291,7 +1292,9 @@ END_TEST
 /* ---- one user's failed connects and another user's lines ------------------------------------- */
 
 #define CONNECT_FLOOD 5000     /* connects of nobody to a name nobody listens on */
-#define SESSION_LOG_BURST 2000 /* TPD_SESSION_LOG_BURST (daemon/core/quota.h), in 10 s */
+#define SESSION_LOG_BURST 2000 /* TPD_SESSION_LOG_BURST (daemon/core/quota.h), in 10 s: a
+					* window starts at a name's first line, so a run of T ms
+					* spans 1 + T / 10000 of them */
 
 /* Nobody connects CONNECT_FLOOD times to a name nobody listens on, as fast as it can. */
 static int connect_flood(void *arg)
@@ -1354,8 +1357,85 @@ START_TEST(test_limits_one_users_session_lines_are_bounded)
 	printf("%u failed connects of one user in %llu ms: %d lines in the log\n", CONNECT_FLOOD,
 	       (unsigned long long)took, lines);
 	ck_assert_int_gt(lines, 0);
-	ck_assert_msg(lines <= SESSION_LOG_BURST * (int)(1 + took / 10000 + 1), "%d lines of one "
+	ck_assert_msg(lines <= SESSION_LOG_BURST * (int)(1 + took / 10000), "%d lines of one "
 		      "user's failed connects in %llu ms", lines, (unsigned long long)took);
+	ck_assert_msg(tpt_daemon_log_has(&dm, "connect to 'victims-own-name' failed"),
+		      "the other user's failed connect is not in the log");
+	stop();
+}
+END_TEST
+
+/* ---- one user's failing messages and another user's lines ------------------------------------ */
+
+#define BAD_MSGS 3000 /* messages of nobody's whose copy fails */
+#define BAD_LEN (256u << 10)
+
+/* Nobody pipes to itself and writes BAD_MSGS messages from memory it unmapped: the daemon's
+ * copy of each fails (no pipe ring: --pipe-ring no), a line about the pipe alone each. */
+static int bad_copies(void *arg)
+{
+	struct tp_listen_options lo = { .size = sizeof(lo) };
+	struct tp_context *ctx;
+	struct tp_listener *l;
+	struct tp_pipe *w, *r;
+	uint8_t *gone, *buf = malloc(BAD_LEN);
+	struct tpt_done done;
+	struct tpt_done_arg da = { &done, 0 };
+
+	(void)arg;
+	TPT_REQUIRE(buf && tpt_become_user(NOBODY) == 0 &&
+			    tpt_ctx_new(&dm, 0, "bad", &ctx) == 0, 1, "context");
+	gone = mmap(NULL, BAD_LEN, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+	TPT_REQUIRE(gone != MAP_FAILED && munmap(gone, BAD_LEN) == 0, 1, "unmapped memory");
+	TPT_REQUIRE(tp_listen(ctx, "self", &lo, &l) == 0 && tp_connect(ctx, "self", &w) == 0 &&
+			    tp_listener_accept_sync(l, T_MS, &r) == 0, 1, "pipe to itself");
+	for (unsigned i = 0; i < BAD_MSGS; i++) {
+		struct tp_payload pl = { .data = gone, .length = BAD_LEN };
+		struct tp_message m = { .payloads = &pl, .n_payloads = 1 };
+		struct tp_slot sl = { .data = buf };
+		struct tp_allocation al = { .payloads = &sl, .n_payloads = 1 };
+		struct tp_descriptor *d;
+
+		tpt_done_init(&done);
+		TPT_REQUIRE(tp_pipe_write(w, &m, tpt_done_cb, &da) == 0, 1, "write %u", i);
+		TPT_REQUIRE(tp_pipe_read_descriptor_sync(r, T_MS, &d) == 0, 1, "descriptor %u", i);
+		TPT_REQUIRE(tp_pipe_read_sync_timeout(r, d, &al, T_MS) < 0, 1, "read %u", i);
+		TPT_REQUIRE(tpt_done_wait(&done, 1, T_MS) == 0 && done.last_status < 0, 1,
+			    "write %u: %d", i, done.last_status);
+	}
+	tp_context_free(ctx);
+	free(buf);
+	return 0;
+}
+
+/*
+ * Lines about a pipe alone (no session's: a message whose copy failed) are within the budget
+ * of its ends' uids, as a session's lines are within its uid's: nobody's 3000 messages from
+ * memory it unmapped, on a pipe to itself, leave at most 2000 such lines, and the victim's
+ * failed connect after them is logged. Each was logged, a line for every message.
+ */
+START_TEST(test_limits_one_users_pipe_lines_are_bounded)
+{
+	static const char *const args[] = { "--pipe-ring", "no", NULL };
+	uint64_t t0, took;
+	int lines;
+	pid_t pid;
+
+	if (skip_unless_root())
+		return;
+	start(args);
+	t0 = tpt_now_ms();
+	pid = tpt_fork(bad_copies, NULL);
+	ck_assert(tpt_wait_ok(pid, 6 * T_MS, "bad copies"));
+	took = tpt_now_ms() - t0;
+	pid = tpt_fork(connect_once, NULL);
+	ck_assert(tpt_wait_ok(pid, T_MS, "victim"));
+	lines = tpt_daemon_log_count(&dm, "Bad address");
+	printf("%u failed copies of one user in %llu ms: %d lines in the log\n", BAD_MSGS,
+	       (unsigned long long)took, lines);
+	ck_assert_int_gt(lines, 0);
+	ck_assert_msg(lines <= SESSION_LOG_BURST * (int)(1 + took / 10000), "%d lines of one "
+		      "user's failed copies in %llu ms", lines, (unsigned long long)took);
 	ck_assert_msg(tpt_daemon_log_has(&dm, "connect to 'victims-own-name' failed"),
 		      "the other user's failed connect is not in the log");
 	stop();
@@ -1370,6 +1450,7 @@ static Suite *limits_suite(void)
 	tcase_add_test(tc, test_limits_sessions_per_uid_at_limit_pass_above_refused_and_logged_once);
 	tcase_add_test(tc, test_limits_one_users_refusals_do_not_hide_anothers_from_the_log);
 	tcase_add_test(tc, test_limits_one_users_session_lines_are_bounded);
+	tcase_add_test(tc, test_limits_one_users_pipe_lines_are_bounded);
 	tcase_add_test(tc, test_limits_reserved_slots_keep_root_in_when_a_user_fills_the_table);
 	tcase_add_test(tc, test_limits_session_without_hello_closed_at_deadline);
 	tcase_add_test(tc, test_limits_frame_before_hello_at_limit_passes_above_closes);
