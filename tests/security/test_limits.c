@@ -1331,6 +1331,37 @@ static int connect_once(void *arg)
 }
 
 /*
+ * Runs @flood (nobody's calls, each a line the daemon writes; started on a daemon with @args)
+ * and then the victim's failed connect, and checks the log: the lines with @needle (@what, in
+ * the messages) are at most one SESSION_LOG_BURST for each window the flood spans, and the
+ * victim's line is there.
+ */
+static void flood_then_victim(const char *const *args, tpt_child_fn flood, const char *needle,
+			      const char *what)
+{
+	uint64_t t0 = 0, took;
+	int lines;
+	pid_t pid;
+
+	start(args);
+	t0 = tpt_now_ms();
+	pid = tpt_fork(flood, NULL);
+	ck_assert(tpt_wait_ok(pid, 6 * T_MS, "flood"));
+	took = tpt_now_ms() - t0;
+	pid = tpt_fork(connect_once, NULL);
+	ck_assert(tpt_wait_ok(pid, T_MS, "victim"));
+	lines = tpt_daemon_log_count(&dm, needle);
+	printf("%s of one user in %llu ms: %d lines in the log\n", what,
+	       (unsigned long long)took, lines);
+	ck_assert_int_gt(lines, 0);
+	ck_assert_msg(lines <= SESSION_LOG_BURST * (int)(1 + took / 10000), "%d lines of one "
+		      "user's %s in %llu ms", lines, what, (unsigned long long)took);
+	ck_assert_msg(tpt_daemon_log_has(&dm, "connect to 'victims-own-name' failed"),
+		      "the other user's failed connect is not in the log");
+	stop();
+}
+
+/*
  * Every line about a session has a budget per uid (2000 in 10 s; 8000 for all uids), above
  * which its lines are dropped and counted in its next one: nobody's 5000 connects to a name
  * nobody listens on, each a line "connect to 'nothing-here' failed", leave at most 2000 in
@@ -1340,28 +1371,10 @@ static int connect_once(void *arg)
  */
 START_TEST(test_limits_one_users_session_lines_are_bounded)
 {
-	uint64_t t0, took;
-	int lines;
-	pid_t pid;
-
 	if (skip_unless_root())
 		return;
-	start(NULL);
-	t0 = tpt_now_ms();
-	pid = tpt_fork(connect_flood, NULL);
-	ck_assert(tpt_wait_ok(pid, 4 * T_MS, "flood"));
-	took = tpt_now_ms() - t0;
-	pid = tpt_fork(connect_once, NULL);
-	ck_assert(tpt_wait_ok(pid, T_MS, "victim"));
-	lines = tpt_daemon_log_count(&dm, "connect to 'nothing-here' failed");
-	printf("%u failed connects of one user in %llu ms: %d lines in the log\n", CONNECT_FLOOD,
-	       (unsigned long long)took, lines);
-	ck_assert_int_gt(lines, 0);
-	ck_assert_msg(lines <= SESSION_LOG_BURST * (int)(1 + took / 10000), "%d lines of one "
-		      "user's failed connects in %llu ms", lines, (unsigned long long)took);
-	ck_assert_msg(tpt_daemon_log_has(&dm, "connect to 'victims-own-name' failed"),
-		      "the other user's failed connect is not in the log");
-	stop();
+	flood_then_victim(NULL, connect_flood, "connect to 'nothing-here' failed",
+			  "5000 failed connects");
 }
 END_TEST
 
@@ -1417,28 +1430,10 @@ static int bad_copies(void *arg)
 START_TEST(test_limits_one_users_pipe_lines_are_bounded)
 {
 	static const char *const args[] = { "--pipe-ring", "no", NULL };
-	uint64_t t0, took;
-	int lines;
-	pid_t pid;
 
 	if (skip_unless_root())
 		return;
-	start(args);
-	t0 = tpt_now_ms();
-	pid = tpt_fork(bad_copies, NULL);
-	ck_assert(tpt_wait_ok(pid, 6 * T_MS, "bad copies"));
-	took = tpt_now_ms() - t0;
-	pid = tpt_fork(connect_once, NULL);
-	ck_assert(tpt_wait_ok(pid, T_MS, "victim"));
-	lines = tpt_daemon_log_count(&dm, "Bad address");
-	printf("%u failed copies of one user in %llu ms: %d lines in the log\n", BAD_MSGS,
-	       (unsigned long long)took, lines);
-	ck_assert_int_gt(lines, 0);
-	ck_assert_msg(lines <= SESSION_LOG_BURST * (int)(1 + took / 10000), "%d lines of one "
-		      "user's failed copies in %llu ms", lines, (unsigned long long)took);
-	ck_assert_msg(tpt_daemon_log_has(&dm, "connect to 'victims-own-name' failed"),
-		      "the other user's failed connect is not in the log");
-	stop();
+	flood_then_victim(args, bad_copies, "Bad address", "3000 failed copies");
 }
 END_TEST
 
