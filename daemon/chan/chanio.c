@@ -490,6 +490,7 @@ static int wait_new(struct tpd_chans *cs, struct chan_handle *h, uint64_t req_id
 		return tpu_why(-ENOMEM, why, wl, "out of memory");
 	}
 	w->acct = acct;
+	w->cs = cs;
 	tpu_list_init(&w->node);
 	tpu_list_init(&w->batch);
 	if (timeout_ms != CHAN_NO_DEADLINE) {
@@ -499,17 +500,12 @@ static int wait_new(struct tpd_chans *cs, struct chan_handle *h, uint64_t req_id
 		/* The deadline runs from now, not from the loop pass's cached start. */
 		event_base_update_cache_time(tpd_daemon_base(cs->d));
 		if (!w->ev || tpd_timer_add(w->ev, &tv) < 0) {
-			if (w->ev)
-				event_free(w->ev);
-			if (acct)
-				tpd_quota_release_wait(acct);
-			free(w);
+			wait_discard(w);
 			return tpu_why(-ENOMEM, why, wl, "out of memory");
 		}
 	}
 	w->h = h;
 	w->req_id = req_id;
-	w->cs = cs;
 	if (h->who.pr && tpd_handix_wait_add(&cs->ix, h->who.pr) < 0) {
 		wait_discard(w);
 		return tpu_why(-ENOMEM, why, wl, "out of memory");

@@ -103,17 +103,24 @@ static void items_free(struct tpu_list *l)
 	}
 }
 
-static void wait_free(struct wq_wait *w)
+/* Frees @w of @ws as wait_add() left it, queued or not: its timer, its uid's charge and its
+ * count for its peer link. */
+static void wait_discard(struct tpd_wqs *ws, struct wq_wait *w)
 {
-	tpu_list_remove(&w->node);
-	w->h->waits--;
 	if (w->ev)
 		event_free(w->ev);
 	if (w->acct)
 		tpd_quota_release_wait(w->acct);
 	if (w->link)
-		tpd_handix_wait_del(&w->h->q->ws->ix, w->link);
+		tpd_handix_wait_del(&ws->ix, w->link);
 	free(w);
+}
+
+static void wait_free(struct wq_wait *w)
+{
+	tpu_list_remove(&w->node);
+	w->h->waits--;
+	wait_discard(w->h->q->ws, w);
 }
 
 static void wq_free(struct wq *q)
@@ -284,13 +291,16 @@ static void wait_add(struct tpd_wqs *ws, struct wq_handle *h, uint64_t req_id,
 	if (acct && tpd_quota_charge_wait(tpd_daemon_cfg(ws->d), acct, why, sizeof(why)) < 0)
 		return tpd_wq_err(h, req_id, -ENOBUFS, why);
 	w = calloc(1, sizeof(*w));
-	if (!w || (h->who.pr && tpd_handix_wait_add(&ws->ix, h->who.pr) < 0)) {
-		free(w);
+	if (!w) {
 		if (acct)
 			tpd_quota_release_wait(acct);
 		return tpd_wq_err(h, req_id, -ENOMEM, "out of memory");
 	}
 	w->acct = acct;
+	if (h->who.pr && tpd_handix_wait_add(&ws->ix, h->who.pr) < 0) {
+		wait_discard(ws, w);
+		return tpd_wq_err(h, req_id, -ENOMEM, "out of memory");
+	}
 	w->link = h->who.pr;
 	if (timeout_ms != WQ_NO_DEADLINE) {
 		w->ev = evtimer_new(tpd_daemon_base(ws->d), wait_on_timeout, w);
@@ -298,13 +308,7 @@ static void wait_add(struct tpd_wqs *ws, struct wq_handle *h, uint64_t req_id,
 		tv.tv_usec = (suseconds_t)(timeout_ms % 1000) * 1000;
 		event_base_update_cache_time(tpd_daemon_base(ws->d));
 		if (!w->ev || tpd_timer_add(w->ev, &tv) < 0) {
-			if (w->ev)
-				event_free(w->ev);
-			if (acct)
-				tpd_quota_release_wait(acct);
-			if (w->link)
-				tpd_handix_wait_del(&ws->ix, w->link);
-			free(w);
+			wait_discard(ws, w);
 			return tpd_wq_err(h, req_id, -ENOMEM, "out of memory");
 		}
 	}
