@@ -22,7 +22,7 @@ struct tpd_peer;
 struct tpd_handix {
 	struct tpu_hmap ids;	/* handle id -> handle */
 	struct tpu_hmap owners; /* session or peer link (its address) -> handles it holds */
-	struct tpu_hmap waits;	/* peer link (its address) -> calls its handles have waiting */
+	struct tpu_hmap waits;	/* peer link (its address) -> its handles' waiting calls */
 };
 
 static inline void tpd_handix_init(struct tpd_handix *x)

@@ -119,7 +119,7 @@ struct tpd_config {
 	uint32_t peer_links_per_source; /* of those, from one address */
 	uint32_t peer_data_conns_max; /* data connections of every link together (2 threads each) */
 	uint32_t peer_connect_waits_max; /* peers' connects waiting for a listener, all links */
-	uint32_t peer_connect_waits_per_peer; /* of those, one peer's, all its links (0: a quarter) */
+	uint32_t peer_connect_waits_per_peer; /* of those, one peer's (0: a quarter) */
 	uint64_t peer_outq_max; /* control bytes queued towards a peer daemon that does not read */
 
 	/* Where the configuration came from, for reloads. */

@@ -264,9 +264,11 @@ void tpd_group_form(struct tpd_group *grp)
 	}
 	grp->gs->formed++;
 	if (tpd_group_log_ok(grp->gs, grp->uid, &held))
-		tpu_log(TPU_LOG_INFO, "group %llu '%s' (uid %u): %u members joined (%u lines about "
-			"groups of this uid not logged before this one)", (unsigned long long)grp->id,
-			grp->name, (unsigned)grp->uid, grp->size, held);
+		tpu_log(TPU_LOG_INFO,
+			"group %llu '%s' (uid %u): %u members joined (%u lines about "
+			"groups of this uid not logged before this one)",
+			(unsigned long long)grp->id, grp->name, (unsigned)grp->uid, grp->size,
+			held);
 	/* A member that was not handed the arena is gone: the others' collectives fail. */
 	for (uint32_t i = 0, n = grp->size; i < n; i++)
 		if (grp->m[i].unsent && member_gone(&grp->m[i], TPU_GRPARENA_DIED, 0))
@@ -496,11 +498,13 @@ static bool member_gone(struct member *mb, uint32_t why, uint64_t calls)
 		     ? tpu_grparena_leave_after(grp->arena, rank, (uint32_t)mb->pid, calls)
 		     : tpu_grparena_fail(grp->arena, rank, (uint32_t)mb->pid, why)) &&
 	    ++grp->gs->failed && tpd_group_log_ok(grp->gs, grp->uid, &held))
-		tpu_log(why == TPU_GRPARENA_DIED ? TPU_LOG_WARNING : TPU_LOG_INFO,
-			"group %llu '%s' (uid %u): rank %u (pid %d) %s; the group fails for the "
-			"%u other members (%u lines about groups of this uid not logged before this "
-			"one)", (unsigned long long)grp->id, grp->name, (unsigned)grp->uid, rank,
-			(int)mb->pid, why_word(why), grp->live, held);
+		tpu_log(
+		    why == TPU_GRPARENA_DIED ? TPU_LOG_WARNING : TPU_LOG_INFO,
+		    "group %llu '%s' (uid %u): rank %u (pid %d) %s; the group fails for the "
+		    "%u other members (%u lines about groups of this uid not logged before this "
+		    "one)",
+		    (unsigned long long)grp->id, grp->name, (unsigned)grp->uid, rank, (int)mb->pid,
+		    why_word(why), grp->live, held);
 	if (grp->x)
 		tpd_groupx_member_gone(grp, idx, why, calls);
 	if (grp->live > 0)

@@ -131,8 +131,10 @@ static void coord_refuse(struct tpd_groups *gs, struct tpd_peer *pr, uid_t uid, 
 	va_end(ap);
 	if (!pr) {
 		if (tpd_group_log_ok(gs, uid, &held))
-			tpu_log(TPU_LOG_INFO, "group join from this host refused: %s (%u lines about "
-				"groups of this uid not logged before this one)", why, held);
+			tpu_log(TPU_LOG_INFO,
+				"group join from this host refused: %s (%u lines about "
+				"groups of this uid not logged before this one)",
+				why, held);
 	} else if (tpd_peer_log_ok(pr, &held))
 		tpu_log(TPU_LOG_INFO, "group join from %s refused: %s (%u lines about this peer "
 			"not logged before this one)", tpd_peer_name(pr), why, held);
@@ -417,22 +419,25 @@ static bool coord_admits(struct tpd_groups *gs, struct tpd_peer *pr,
 		return false;
 	}
 	if (pr && !tpd_groupx_remote_allows(&st, pr)) {
-		coord_refuse(gs, pr, j->uid, j->join_id, -EACCES, "group '%s': the peer %s (%s) may not "
-			     "take part: the group's remote access is %s%s", j->name,
-			     tpd_peer_group_host(pr),
+		coord_refuse(gs, pr, j->uid, j->join_id, -EACCES,
+			     "group '%s': the peer %s (%s) may not "
+			     "take part: the group's remote access is %s%s",
+			     j->name, tpd_peer_group_host(pr),
 			     tpd_peer_identity(pr) ? tpd_peer_identity(pr) : "not authenticated",
 			     tpd_groupx_remote_text(&st, a, sizeof(a)),
 			     st.mode == TPW__V1__REMOTE_ACCESS__REMOTE_NONE &&
-					     !tpd_peer_group_remote_ok(pr) ?
-				     " (the member's daemon runs an older tpipd)" : "");
+				     !tpd_peer_group_remote_ok(pr)
+				 ? " (the member's daemon runs an older tpipd)"
+				 : "");
 		tpd_groupx_remote_done(&st);
 		return false;
 	}
 	other = cgroup_conflict(gs, j->uid, j->name, &st);
 	if (other)
-		coord_refuse(gs, pr, j->uid, j->join_id, -EINVAL, "group '%s' takes remote members from %s, "
-			     "this join says %s", j->name,
-			     tpd_groupx_remote_text(&other->remote, a, sizeof(a)),
+		coord_refuse(gs, pr, j->uid, j->join_id, -EINVAL,
+			     "group '%s' takes remote members from %s, "
+			     "this join says %s",
+			     j->name, tpd_groupx_remote_text(&other->remote, a, sizeof(a)),
 			     tpd_groupx_remote_text(&st, b, sizeof(b)));
 	else
 		*ret_cg = cgroup_find(gs, j->uid, j->name, &st);
@@ -449,20 +454,24 @@ static void coord_on_join(struct tpd_groups *gs, struct tpd_peer *pr,
 	int32_t rank = j->rank;
 
 	if (pr && !tpd_peer_group_authenticated(pr)) {
-		coord_refuse(gs, pr, j->uid, j->join_id, -EACCES, "group '%s': the coordinator takes joins "
-			     "only over authenticated peer links (a key or certificate)", j->name);
+		coord_refuse(gs, pr, j->uid, j->join_id, -EACCES,
+			     "group '%s': the coordinator takes joins "
+			     "only over authenticated peer links (a key or certificate)",
+			     j->name);
 		return;
 	}
 	if (j->size > cfg->group_members_max) {
-		coord_refuse(gs, pr, j->uid, j->join_id, -ENOBUFS, "group '%s': %u members is over the "
-			     "coordinator's limit of %u (group-members-max)", j->name, j->size,
-			     cfg->group_members_max);
+		coord_refuse(gs, pr, j->uid, j->join_id, -ENOBUFS,
+			     "group '%s': %u members is over the "
+			     "coordinator's limit of %u (group-members-max)",
+			     j->name, j->size, cfg->group_members_max);
 		return;
 	}
 	if (!coord_admits(gs, pr, j, &cg))
 		return;
 	if (pr && cmember_poses(gs, cg, pr)) {
-		coord_refuse(gs, pr, j->uid, j->join_id, -EACCES, "group '%s': the peer %s states the "
+		coord_refuse(gs, pr, j->uid, j->join_id, -EACCES,
+			     "group '%s': the peer %s states the "
 			     "instance of another host's daemon (this one's or another peer's)",
 			     j->name, tpd_peer_group_host(pr));
 		return;
@@ -472,33 +481,41 @@ static void coord_on_join(struct tpd_groups *gs, struct tpd_peer *pr,
 		int r;
 
 		if (pr && n >= cfg->group_peer_groups_max) {
-			coord_refuse(gs, pr, j->uid, j->join_id, -ENOBUFS, "group '%s': the coordinator has "
+			coord_refuse(gs, pr, j->uid, j->join_id, -ENOBUFS,
+				     "group '%s': the coordinator has "
 				     "%u groups with members from the peer %s, the limit "
-				     "(group-peer-groups-max)", j->name, n,
-				     tpd_peer_group_host(pr));
+				     "(group-peer-groups-max)",
+				     j->name, n, tpd_peer_group_host(pr));
 			return;
 		}
 		r = cgroup_new(gs, j, &cg);
 		if (r < 0) {
-			coord_refuse(gs, pr, j->uid, j->join_id, r, r == -EIO ? "no random bytes for the "
-				     "group's token" : "out of memory");
+			coord_refuse(gs, pr, j->uid, j->join_id, r,
+				     r == -EIO ? "no random bytes for the "
+						 "group's token"
+					       : "out of memory");
 			return;
 		}
 	}
 	if (cg->formed) {
-		coord_refuse(gs, pr, j->uid, j->join_id, -EBUSY, "group '%s' is formed (or still ending) "
-			     "at the coordinator: leave it on every member first", j->name);
+		coord_refuse(gs, pr, j->uid, j->join_id, -EBUSY,
+			     "group '%s' is formed (or still ending) "
+			     "at the coordinator: leave it on every member first",
+			     j->name);
 		return;
 	}
 	if (j->size != cg->size) {
-		coord_refuse(gs, pr, j->uid, j->join_id, -EINVAL, "group '%s' has %u members, this join "
-			     "says %u", j->name, cg->size, j->size);
+		coord_refuse(gs, pr, j->uid, j->join_id, -EINVAL,
+			     "group '%s' has %u members, this join "
+			     "says %u",
+			     j->name, cg->size, j->size);
 		return;
 	}
 	if (rank >= 0 && cg->m[rank].joined) {
-		coord_refuse(gs, pr, j->uid, j->join_id, -EADDRINUSE, "group '%s': rank %d already joined "
-			     "(pid %u on %s)", j->name, (int)rank, cg->m[rank].pid,
-			     cg->m[rank].host);
+		coord_refuse(gs, pr, j->uid, j->join_id, -EADDRINUSE,
+			     "group '%s': rank %d already joined "
+			     "(pid %u on %s)",
+			     j->name, (int)rank, cg->m[rank].pid, cg->m[rank].host);
 		return;
 	}
 	for (uint32_t i = 0; rank < 0 && i < cg->size; i++)

@@ -129,8 +129,10 @@ void tpd_session_log(const struct tpd_session *s, int level, const char *fmt, ..
 		if (!tpd_session_log_ok(s->d, uid, &held))
 			return;
 		if (held)
-			snprintf(held_note, sizeof(held_note), " (%u lines about sessions of uid %u "
-				 "not logged before this one)", held, (unsigned)s->uid);
+			snprintf(held_note, sizeof(held_note),
+				 " (%u lines about sessions of uid %u "
+				 "not logged before this one)",
+				 held, (unsigned)s->uid);
 	}
 	snprintf(sid, sizeof(sid), "TPIPD_SESSION=%llu", (unsigned long long)s->id);
 	snprintf(pid, sizeof(pid), "TPIPD_CLIENT_PID=%d", (int)s->pid);

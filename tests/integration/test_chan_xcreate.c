@@ -523,7 +523,8 @@ START_TEST(test_creates_and_unlinks_of_a_peer_are_logged_within_its_budget)
 			      tp_last_error());
 	}
 	for (unsigned i = 0; i < N_WQS; i++) {
-		ck_assert_msg(xcreate_wq(ca, "qflood", &q) == 0, "queue %u: %s", i, tp_last_error());
+		ck_assert_msg(xcreate_wq(ca, "qflood", &q) == 0, "queue %u: %s", i,
+			      tp_last_error());
 		tp_wq_release(q);
 	}
 	took = tpt_now_ms() - t0;

@@ -311,9 +311,10 @@ START_TEST(test_another_users_handles_do_not_slow_channel_calls)
 	ck_assert_int_eq(tpt_daemon_open_to_all(&d), 0);
 	ck_assert_int_eq(tpt_raw_connect(&r, d.socket), 0);
 	ck_assert_int_eq(tpt_raw_hello(&r, TPW__V1__ROLE__ROLE_CLIENT, T_MS), 0);
-	ck_assert_int_eq(tpt_cpu_beside(d.pid, probe_ticks, &r, hog, &hog_ready, &hog_done,
-					20 * T_MS, "root's reads beside 65536 handles of another uid",
-					&before, &after), 0);
+	ck_assert_int_eq(
+	    tpt_cpu_beside(d.pid, probe_ticks, &r, hog, &hog_ready, &hog_done, 20 * T_MS,
+			   "root's reads beside 65536 handles of another uid", &before, &after),
+	    0);
 	ck_assert_msg(tpt_cpu_beside_ok(before, after), "reads took %ld ticks of the daemon's "
 		      "CPU beside another uid's handles, %ld alone", after, before);
 	tpt_raw_close(&r);

@@ -1279,9 +1279,12 @@ START_TEST(test_limits_another_users_listeners_do_not_slow_listener_calls)
 	start(NULL);
 	ck_assert_int_eq(open_sessions(&r, 1, TPW__V1__ROLE__ROLE_CLIENT), 0);
 	ck_assert_int_eq(listen_burst(&r, "mine", 0, 1, TPW__V1__STATUS__STATUS_OK), 0);
-	ck_assert_int_eq(tpt_cpu_beside(dm.pid, listener_probe_ticks, &r, listener_hog,
-					&lhog_ready, &lhog_done, 10 * T_MS, "listener closes beside "
-					"25600 listeners of another uid", &before, &after), 0);
+	ck_assert_int_eq(tpt_cpu_beside(dm.pid, listener_probe_ticks, &r, listener_hog, &lhog_ready,
+					&lhog_done, 10 * T_MS,
+					"listener closes beside "
+					"25600 listeners of another uid",
+					&before, &after),
+			 0);
 	ck_assert_msg(tpt_cpu_beside_ok(before, after), "closes took %ld ticks of the daemon's "
 		      "CPU beside another uid's listeners, %ld alone", after, before);
 	tpt_raw_close(&r);

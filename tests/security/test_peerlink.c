@@ -337,8 +337,8 @@ static void peer_dial_from(struct tpt_raw *c, struct tpt_raw *data, const char *
 			   uint64_t instance)
 {
 	const struct tpt_raw_peer_hello h = { .port = host.peer_port,
-					      .boot_base = (uint8_t)instance,
-					      .instance = instance, .timeout_ms = T_MS, .src = src };
+					      .boot_base = (uint8_t)instance, .instance = instance,
+					      .timeout_ms = T_MS, .src = src };
 
 	ck_assert_int_eq(tpt_raw_peer_dial(&h, c, data), 0);
 }
@@ -389,7 +389,8 @@ static int next_connect_reply(struct tpt_raw *c, char *why, size_t wl)
  */
 START_TEST(test_one_peers_waiting_connects_leave_room_for_anothers)
 {
-	struct tpt_raw a[2] = { { .fd = -1 }, { .fd = -1 } }, ad[2] = { { .fd = -1 }, { .fd = -1 } };
+	struct tpt_raw a[2] = { { .fd = -1 }, { .fd = -1 } };
+	struct tpt_raw ad[2] = { { .fd = -1 }, { .fd = -1 } };
 	struct tpt_raw b = { .fd = -1 }, bd = { .fd = -1 };
 	uint64_t end = tpt_now_ms() + T_MS;
 	unsigned refused = 0;

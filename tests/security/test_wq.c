@@ -330,9 +330,10 @@ START_TEST(test_another_users_handles_do_not_slow_queue_calls)
 	o.create = true;
 	ck_assert_int_eq(raw_wq_burst(&r, &o, 1, &st, NULL), 0);
 	ck_assert_int_eq(st, TPW__V1__STATUS__STATUS_OK);
-	ck_assert_int_eq(tpt_cpu_beside(d.pid, probe_ticks, &r, hog, &hog_ready, &hog_done,
-					20 * T_MS, "root's takes beside 65536 handles of another uid",
-					&before, &after), 0);
+	ck_assert_int_eq(
+	    tpt_cpu_beside(d.pid, probe_ticks, &r, hog, &hog_ready, &hog_done, 20 * T_MS,
+			   "root's takes beside 65536 handles of another uid", &before, &after),
+	    0);
 	ck_assert_msg(tpt_cpu_beside_ok(before, after), "takes took %ld ticks of the daemon's "
 		      "CPU beside another uid's handles, %ld alone", after, before);
 	tpt_raw_close(&r);
