@@ -20,6 +20,7 @@
 
 #include "chan_int.h"
 #include "internal.h"
+#include "reduce.h"
 
 void tpc_chan_map_op(struct tp_chan *ch, Tpw__V1__ChanOp *op, uint64_t *keys,
 		     struct chan_req *cr)
@@ -256,7 +257,7 @@ static int map_take_packed(struct chan_req *cr, const struct chan_map *e)
 		if (!own)
 			to = (uint8_t *)cr->dst + off;
 		end = off + len;
-		memcpy(to, e->addr + cr->map_offs[i], len);
+		tpc_copy_far(to, e->addr + cr->map_offs[i], len);
 		cr->items[i].iov_base = to;
 	}
 	if (r < 0) {
@@ -325,7 +326,7 @@ int tpc_chan_map_take(struct tp_chan *ch, struct chan_req *cr)
 	if (r == 0 && !to)
 		r = -ENOMEM;
 	if (r == 0)
-		memcpy(to, e.addr + cr->map_off, len);
+		tpc_copy_far(to, e.addr + cr->map_off, len);
 	if (r == 0 || e.addr)
 		map_put(ch, &e);
 	map_ack(ch, r < 0);

@@ -15,6 +15,7 @@
 
 #include "chan_int.h"
 #include "internal.h"
+#include "reduce.h"
 
 /* @g: [@p, @p + @len) by reference: a range of one of the context's shared buffers, else (with
  * @cma) the caller's memory by CMA. Return: 0, or -EOPNOTSUPP (neither). */
@@ -127,7 +128,8 @@ static void chan_write_stage(struct tp_chan *ch, const struct iovec *items, size
 
 		if (g->loc_case == TPW__V1__SEGMENT__LOC_SHM || !chan_staged(&items[i]))
 			continue;
-		memcpy((uint8_t *)w->stage->addr + off, items[i].iov_base, items[i].iov_len);
+		/* its readers copy it out on their cores, later (tpc_copy_far()) */
+		tpc_copy_far((uint8_t *)w->stage->addr + off, items[i].iov_base, items[i].iov_len);
 		tpw__v1__segment__init(g);
 		tpw__v1__shm_ref__init(&w->ref[i]);
 		g->length = items[i].iov_len;

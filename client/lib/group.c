@@ -397,34 +397,6 @@ static int slurm_options(const char *name, const struct tp_group_options *in,
 	return 0;
 }
 
-/* Bytes of this CPU's last-level cache as the kernel reports it (sysfs: cpuid inside a virtual
- * machine may describe the host's), else glibc's figure; 0 when neither knows. */
-/*
- * The most last-level cache a group's members count on when they choose non-temporal stores
- * for a result (tp_group.stream_min). A 2-CPU virtual machine on a 105 MiB cache (as sysfs
- * says) read a 16 MiB buffer back at 19 GB/s and a 32 MiB one at 10 GB/s, memory's rate: the
- * rest of the cache is the other guests'. With the whole 105 MiB, 2 members copied a 16 MiB
- * result out with plain stores, each output line read from memory first.
- */
-#define STREAM_LLC_MAX ((size_t)32 << 20)
-
-static long llc_bytes(void)
-{
-	FILE *f = fopen("/sys/devices/system/cpu/cpu0/cache/index3/size", "re");
-	char unit = 0;
-	long v = 0;
-
-	if (f) {
-		int n = fscanf(f, "%ld%c", &v, &unit);
-
-		fclose(f);
-		if (n >= 1 && v > 0)
-			return unit == 'K' ? v << 10 : unit == 'M' ? v << 20 : v;
-	}
-	v = sysconf(_SC_LEVEL3_CACHE_SIZE);
-	return v > 0 ? v : 0;
-}
-
 /*
  * Does AUTO mean Slurm for @in? In a Slurm task (SLURM_JOB_ID and SLURM_PROCID set) when the
  * caller's size is 0 or the step's task count and its rank -1 or SLURM_PROCID: the group of the
@@ -455,7 +427,7 @@ TP_EXPORT int tp_group_join(struct tp_context *ctx, const char *name,
 	struct tp_group *g;
 	uint32_t caps_off;
 	int join_ms, r;
-	long ncpu, llc;
+	long ncpu;
 
 	r = tpc_coll_features_off(getenv("TP_GROUP_FEATURES_OFF"), &caps_off);
 	if (r < 0)
@@ -519,11 +491,10 @@ TP_EXPORT int tp_group_join(struct tp_context *ctx, const char *name,
 	g->spin = ncpu > 0 && (long)g->size <= ncpu;
 	g->spin_ns = TPC_BARRIER_SPIN_MAX_NS;
 	g->wake_spin_ns = TPC_BARRIER_WAKE_SPIN_NS;
-	/* the cache the members can count on: what sysfs says, at most STREAM_LLC_MAX (a virtual
-	 * machine reports its host's whole cache, shared with the other guests) */
-	llc = llc_bytes();
-	g->stream_min = TPU_MIN(llc > 0 ? (size_t)llc : STREAM_LLC_MAX, STREAM_LLC_MAX) /
-			(2 * g->size);
+	/* the cache the members can count on (tpc_cache_bytes(): with the whole 105 MiB a 2-CPU
+	 * guest reported, 2 members copied a 16 MiB result out with plain stores, each output line
+	 * read from memory first) */
+	g->stream_min = tpc_cache_bytes() / (2 * g->size);
 	pthread_mutex_init(&g->lock, NULL);
 	pthread_cond_init(&g->cond, NULL);
 	tpu_list_init(&g->queue);

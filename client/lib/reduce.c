@@ -1,11 +1,13 @@
 /* SPDX-License-Identifier: BSD-3-Clause */
 /*
  * Reduction kernels (reduce.h): one plain loop per (type, operation), written so that the
- * compiler vectorises them (no aliasing between @acc and @in, no branches but min/max), and
- * the binary16/bfloat16 conversions. Integers wrap on overflow (computed unsigned). Which ranks
- * fold in which order is coll.c's.
+ * compiler vectorises them (no aliasing between @acc and @in, no branches but min/max), the
+ * binary16/bfloat16 conversions, and the copies that go around the cache. Integers wrap on
+ * overflow (computed unsigned). Which ranks fold in which order is coll.c's.
  */
+#include <stdio.h>
 #include <string.h>
+#include <unistd.h>
 #if defined(__x86_64__)
 #include <emmintrin.h>
 #endif
@@ -41,6 +43,45 @@ void tpc_copy_stream(void *dst, const void *src, size_t n)
 #else
 	memcpy(dst, src, n);
 #endif
+}
+
+static long cache_sysfs(void)
+{
+	FILE *f = fopen("/sys/devices/system/cpu/cpu0/cache/index3/size", "re");
+	char unit = 0;
+	long v = 0;
+
+	if (f) {
+		int n = fscanf(f, "%ld%c", &v, &unit);
+
+		fclose(f);
+		if (n >= 1 && v > 0)
+			return unit == 'K' ? v << 10 : unit == 'M' ? v << 20 : v;
+	}
+	v = sysconf(_SC_LEVEL3_CACHE_SIZE);
+	return v > 0 ? v : 0;
+}
+
+size_t tpc_cache_bytes(void)
+{
+	static size_t cached; /* 0: not looked up yet; every thread finds the same value */
+	size_t v = __atomic_load_n(&cached, __ATOMIC_RELAXED);
+	long llc;
+
+	if (v)
+		return v;
+	llc = cache_sysfs();
+	v = llc > 0 && (size_t)llc < TPC_CACHE_MAX ? (size_t)llc : TPC_CACHE_MAX;
+	__atomic_store_n(&cached, v, __ATOMIC_RELAXED);
+	return v;
+}
+
+void tpc_copy_far(void *dst, const void *src, size_t n)
+{
+	if (n >= tpc_cache_bytes() / 4)
+		tpc_copy_stream(dst, src, n);
+	else
+		memcpy(dst, src, n);
 }
 
 size_t tp_dtype_size(enum tp_dtype dtype) __attribute__((visibility("default")));

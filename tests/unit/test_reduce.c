@@ -393,6 +393,29 @@ START_TEST(test_copy_stream_exact_at_every_alignment)
 }
 END_TEST
 
+/* The cache a copy counts on is what sysfs says, at most TPC_CACHE_MAX, the same every call;
+ * tpc_copy_far() copies exactly on either side of its threshold (a quarter of it). */
+START_TEST(test_copy_far_exact_around_its_threshold)
+{
+	size_t c = tpc_cache_bytes(), t = c / 4, big = t + 4099;
+	uint8_t *src = malloc(big), *dst = malloc(big + 64);
+
+	ck_assert(c > 0 && c <= TPC_CACHE_MAX);
+	ck_assert_uint_eq(tpc_cache_bytes(), c);
+	ck_assert(src && dst);
+	for (size_t i = 0; i < big; i++)
+		src[i] = (uint8_t)(i * 37 + 11);
+	for (size_t len = t - 1; len <= big; len += 2050) {
+		memset(dst, 0xEE, big + 64);
+		tpc_copy_far(dst + 3, src, len);
+		ck_assert_msg(memcmp(dst + 3, src, len) == 0 && dst[2] == 0xEE &&
+			      dst[3 + len] == 0xEE, "len %zu (threshold %zu)", len, t);
+	}
+	free(src);
+	free(dst);
+}
+END_TEST
+
 static Suite *reduce_suite(void)
 {
 	Suite *s = suite_create("reduce");
@@ -407,6 +430,7 @@ static Suite *reduce_suite(void)
 	tcase_add_test(tc, test_reduce_left_is_reduce_into_a_copy_of_in);
 	tcase_add_test(tc, test_integers_wrap_and_nan_wins_min_max);
 	tcase_add_test(tc, test_copy_stream_exact_at_every_alignment);
+	tcase_add_test(tc, test_copy_far_exact_around_its_threshold);
 	suite_add_tcase(s, tc);
 	return s;
 }
