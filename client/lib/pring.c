@@ -26,6 +26,7 @@
 #include <unistd.h>
 #include "internal.h"
 #include "pring.h"
+#include "reduce.h"
 
 #define PRING_SPIN_NS 50000u /* spin this long for the other side before sleeping */
 #define PRING_SLEEP_MS 100   /* futex waits, between checks that the pipe still lives */
@@ -71,6 +72,9 @@ struct pring_job {
 	size_t n;
 	uint64_t *addrs;
 	uint64_t *lens;
+	/* a reader's message of a quarter of the cache or more: copied out with non-temporal
+	 * stores (tpc_copy_far()'s threshold), its destination outgrowing the cache anyway */
+	bool far;
 };
 
 /* Copies @len bytes between the message's segments at byte @off and @buf (@in: into the
@@ -88,7 +92,9 @@ static void seg_copy(const struct pring_job *j, uint64_t off, uint8_t *buf, size
 		size_t k = j->lens[i] - off < len ? (size_t)(j->lens[i] - off) : len;
 
 		if (in)
-			memcpy(buf, mem, k);
+			memcpy(buf, mem, k); /* into the ring: the reader's core reads it next */
+		else if (j->far)
+			tpc_copy_stream(mem, buf, k);
 		else
 			memcpy(mem, buf, k);
 		buf += k;
@@ -509,6 +515,10 @@ static int ring_job_locked(struct tp_context *ctx, const Tpw__V1__RingXfer *x,
 	j->n = x->n_lens;
 	memcpy(j->addrs, x->addrs, x->n_lens * sizeof(uint64_t));
 	memcpy(j->lens, x->lens, x->n_lens * sizeof(uint64_t));
+	for (size_t i = 0, total = 0; x->reader && i < x->n_lens && !j->far; i++) {
+		total += x->lens[i] < SIZE_MAX - total ? (size_t)x->lens[i] : SIZE_MAX - total;
+		j->far = total >= tpc_cache_bytes() / 4;
+	}
 	j->id = x->id;
 	j->start = x->start;
 	j->op = p ? ring_op_locked(p, x->id, x->reader) : NULL;
