@@ -844,15 +844,25 @@ void tpc_write_on_done(struct tp_context *ctx, const Tpw__V1__WriteDone *m)
 	if (!p)
 		return;
 	tpu_list_for_each(op, &p->writes, node) {
-		if (op->id == m->write_id) {
-			if (m->resend && ctx->flow)
-				write_turned_back_locked(ctx, p, op);
-			else if (op->sent)
-				tpc_op_ready_locked(ctx, &p->writes, op,
-						    tpw_status_to_errno(m->status), m->message);
-			/* else never sent: the daemon cannot know it */
-			return;
+		int err = tpw_status_to_errno(m->status);
+
+		if (op->id != m->write_id)
+			continue;
+		if (m->resend && ctx->flow) {
+			write_turned_back_locked(ctx, p, op);
+		} else if (op->sent) {
+			tpc_op_ready_locked(ctx, &p->writes, op, err, m->message);
+			/* The other end is gone: the daemon says so by the PipeClosed right behind
+			 * this answer, but a caller woken by this one may ask for a descriptor
+			 * before the io thread reads it. The pipe fails now, as that frame would
+			 * make it (eager messages already here stay readable). */
+			if (err == -ECONNRESET && p->state == TPC_PIPE_OPEN)
+				tpc_pipe_fail_locked(p, err, m->message && *m->message
+								     ? m->message
+								     : "the other end is gone");
 		}
+		/* else never sent: the daemon cannot know it */
+		return;
 	}
 }
 
