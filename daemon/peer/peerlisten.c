@@ -177,10 +177,12 @@ bool tpd_peerlisten_admit_dial(struct tpd_peers *ps, char *why, size_t wl)
 /* ---- accepting ----------------------------------------------------------------------------- */
 
 /*
- * Refusals of connections that failed authentication are warnings, but anyone who reaches the
- * port can cause them: at most REFUSALS_LOGGED per REFUSAL_WINDOW_MS are logged for each source
- * address, and REFUSALS_LOGGED_ALL for all (so that one source's flood hides no other's), and
- * the number left out is logged with that source's first refusal of a later window.
+ * Refusals of connections that failed authentication are warnings, and connections closed or
+ * timed out before their hello, or whose first frame is bad, are noted, but anyone who reaches
+ * the port can cause them: at most REFUSALS_LOGGED per REFUSAL_WINDOW_MS are logged for each
+ * source address, and REFUSALS_LOGGED_ALL for all (so that one source's flood hides no
+ * other's), and the number left out is logged with that source's first refusal of a later
+ * window.
  */
 #define REFUSALS_LOGGED 20
 #define REFUSALS_LOGGED_ALL 100
@@ -261,8 +263,9 @@ static void accept_data(struct peer_conn *c, const Tpw__V1__PeerDataHello *h)
 		if (!pr->outgoing && pr->state == PEER_DATA && pr->link_id == h->link_id)
 			break;
 	if (&pr->node == &ps->links) {
-		tpu_log_info("peer connection from %s: data connection for unknown link %llu",
-			     c->addr, (unsigned long long)h->link_id);
+		if (refusal_log_ok(c))
+			tpu_log_info("peer connection from %s: data connection for unknown link %llu",
+				     c->addr, (unsigned long long)h->link_id);
 		tpd_peerlisten_conn_free(c);
 		return;
 	}
@@ -367,8 +370,9 @@ static void conn_first_frame(struct peer_conn *c, const struct tpw_hdr *h)
 	else if (r == 0 && m->body_case == TPW__V1__PEER_MSG__BODY_DATA_HELLO)
 		accept_data(c, m->data_hello);
 	else {
-		tpu_log_info("peer connection from %s: %s, closing", c->addr,
-			     r < 0 ? why : "first frame is neither hello nor data hello");
+		if (refusal_log_ok(c))
+			tpu_log_info("peer connection from %s: %s, closing", c->addr,
+				     r < 0 ? why : "first frame is neither hello nor data hello");
 		tpd_peerlisten_conn_free(c);
 	}
 	tpw_peer_msg_free(m);
@@ -434,7 +438,8 @@ static int conn_sniff(struct peer_conn *c)
 	if (n < 0 && (errno == EAGAIN || errno == EINTR))
 		return 0;
 	if (n <= 0) {
-		tpu_log_info("peer connection from %s closed before its hello", c->addr);
+		if (refusal_log_ok(c))
+			tpu_log_info("peer connection from %s closed before its hello", c->addr);
 		tpd_peerlisten_conn_free(c);
 		return -ECONNRESET;
 	}
@@ -470,8 +475,9 @@ static void conn_on_event(evutil_socket_t fd, short what, void *arg)
 	int r;
 
 	if (what & EV_TIMEOUT) {
-		tpu_log_info("peer connection from %s: no %s in time, closing", c->addr,
-			     c->ssl && !c->tls_done ? "TLS handshake" : "hello");
+		if (refusal_log_ok(c))
+			tpu_log_info("peer connection from %s: no %s in time, closing", c->addr,
+				     c->ssl && !c->tls_done ? "TLS handshake" : "hello");
 		tpd_peerlisten_conn_free(c);
 		return;
 	}
@@ -501,8 +507,9 @@ static void conn_on_event(evutil_socket_t fd, short what, void *arg)
 		r = tpd_peerhs_data_io(c->fd, c->ssl, false, c->buf, &c->len, c->want, &ww, why,
 				       sizeof(why));
 		if (r < 0) {
-			tpu_log_info("peer connection from %s closed before its hello (%s)",
-				     c->addr, why);
+			if (refusal_log_ok(c))
+				tpu_log_info("peer connection from %s closed before its hello (%s)",
+					     c->addr, why);
 			tpd_peerlisten_conn_free(c);
 			return;
 		}
@@ -510,8 +517,9 @@ static void conn_on_event(evutil_socket_t fd, short what, void *arg)
 			goto wait;
 		r = tpw_hdr_parse(c->buf, FIRST_FRAME_MAX, &h);
 		if (r < 0 || h.data_len) {
-			tpu_log_info("peer connection from %s: bad first frame (%s), closing",
-				     c->addr, r < 0 ? strerror(-r) : "data tail");
+			if (refusal_log_ok(c))
+				tpu_log_info("peer connection from %s: bad first frame (%s), closing",
+					     c->addr, r < 0 ? strerror(-r) : "data tail");
 			tpd_peerlisten_conn_free(c);
 			return;
 		}

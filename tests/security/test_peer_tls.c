@@ -467,6 +467,38 @@ START_TEST(test_refusal_logs_are_bounded)
 }
 END_TEST
 
+/* Connects to A's peer port from @src (127.0.0.1 or .2) and closes at once, sending nothing. */
+static void silent_knock(const char *src)
+{
+	struct tpt_raw r;
+
+	ck_assert_int_eq(tpt_raw_connect_tcp_from(&r, src, "127.0.0.1", da.peer_port), 0);
+	tpt_raw_close(&r);
+}
+
+/*
+ * Connections closed before their hello are noted within the same budget per source address as
+ * refusals: of 60 from 127.0.0.1 at most 20 lines, and one from 127.0.0.2 after them is still
+ * logged. On the old daemon each was a line of its own (60), for anyone who reaches the port.
+ */
+START_TEST(test_connections_closed_before_their_hello_are_logged_within_the_budget)
+{
+	const char *what = "closed before its hello";
+	int before = tpt_daemon_log_count(&da, what), after;
+
+	for (int i = 0; i < 60; i++)
+		silent_knock("127.0.0.1");
+	silent_knock("127.0.0.2");
+	ck_assert_int_eq(tpt_daemon_wait_log(&da, "from 127.0.0.2:", LOG_MS, NULL, 0), 0);
+	usleep(300 * 1000); /* any of the 60 not handled yet */
+	after = tpt_daemon_log_count(&da, what);
+	ck_assert_msg(after - before >= 1 && after - before <= 21,
+		      "%d lines of 61 connections closed before their hello", after - before);
+	ck_assert_int_eq(tpt_daemon_log_count(&da, "from 127.0.0.2:"), 1);
+	ck_assert(tpt_daemon_alive(&da));
+}
+END_TEST
+
 /* ---- 3. a wrong key ---------------------------------------------------------------------- */
 
 static char other_key[128];
@@ -689,6 +721,7 @@ static Suite *peer_tls_suite(void)
 	tcase_add_test(tc, test_relay_of_a_daemon_handshake_gives_the_attacker_nothing);
 	tcase_add_test(tc, test_plaintext_hello_is_refused_and_logged_once);
 	tcase_add_test(tc, test_refusal_logs_are_bounded);
+	tcase_add_test(tc, test_connections_closed_before_their_hello_are_logged_within_the_budget);
 	tcase_add_test(tc, test_wrong_key_fails_the_handshake_on_both_ends);
 	tcase_add_test(tc, test_data_connection_needs_its_links_session);
 	tcase_add_test(tc, test_claimed_port_does_not_capture_dials);
