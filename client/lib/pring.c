@@ -507,6 +507,7 @@ static int ring_job_locked(struct tp_context *ctx, const Tpw__V1__RingXfer *x,
 {
 	struct tp_pipe *p = tpc_map_get(&ctx->pipes, x->pipe_id);
 	struct pring_job *j = calloc(1, sizeof(*j) + 2 * x->n_lens * sizeof(uint64_t));
+	size_t total = 0; /* the reader's message bytes (0 for a writer: never streamed) */
 
 	if (!j)
 		return -ENOMEM;
@@ -515,10 +516,9 @@ static int ring_job_locked(struct tp_context *ctx, const Tpw__V1__RingXfer *x,
 	j->n = x->n_lens;
 	memcpy(j->addrs, x->addrs, x->n_lens * sizeof(uint64_t));
 	memcpy(j->lens, x->lens, x->n_lens * sizeof(uint64_t));
-	for (size_t i = 0, total = 0; x->reader && i < x->n_lens && !j->far; i++) {
+	for (size_t i = 0; x->reader && i < x->n_lens; i++)
 		total += x->lens[i] < SIZE_MAX - total ? (size_t)x->lens[i] : SIZE_MAX - total;
-		j->far = total >= tpc_cache_bytes() / 4;
-	}
+	j->far = total >= tpc_cache_bytes() / 4;
 	j->id = x->id;
 	j->start = x->start;
 	j->op = p ? ring_op_locked(p, x->id, x->reader) : NULL;

@@ -839,13 +839,12 @@ static void write_turned_back_locked(struct tp_context *ctx, struct tp_pipe *p, 
 void tpc_write_on_done(struct tp_context *ctx, const Tpw__V1__WriteDone *m)
 {
 	struct tp_pipe *p = tpc_map_get(&ctx->pipes, m->pipe_id);
+	int err = tpw_status_to_errno(m->status);
 	struct tpc_op *op;
 
 	if (!p)
 		return;
 	tpu_list_for_each(op, &p->writes, node) {
-		int err = tpw_status_to_errno(m->status);
-
 		if (op->id != m->write_id)
 			continue;
 		if (m->resend && ctx->flow) {
