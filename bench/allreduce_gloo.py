@@ -1,7 +1,8 @@
 #!/usr/bin/python3
 # SPDX-License-Identifier: BSD-3-Clause
 #
-# Baseline for bench_allreduce: torch.distributed's all_reduce (float32, sum) with the gloo
+# Baseline for bench_allreduce: torch.distributed's all_reduce (float32, sum; --dtype f16 or bf16
+# for binary16 or bfloat16, the line then ending in dtype=f16 or dtype=bf16) with the gloo
 # backend (Debian's python3-torch; run it with /usr/bin/python3). N processes (forked here, after
 # torch is imported, or started one per rank by the caller with --rank) meet through a file://
 # or tcp:// rendezvous on this host. Each iteration starts after a barrier; every rank times its
@@ -11,6 +12,7 @@
 # with busbw = 2(N-1)/N x size / median. The result is checked once per size. Numbers only.
 #
 # Usage: allreduce_gloo.py -n N [-s SIZES] [-i ITERS] [-t SECONDS] [--init file|tcp]
+#                          [--dtype f32|f16|bf16]
 #        allreduce_gloo.py -n N --rank R --init-url tcp://HOST:PORT ...  (one rank, e.g. per host)
 import argparse
 import multiprocessing as mp
@@ -24,6 +26,7 @@ import torch
 import torch.distributed as dist
 
 ITERS_MIN = 5
+DTYPES = {'f32': (torch.float32, 4), 'f16': (torch.float16, 2), 'bf16': (torch.bfloat16, 2)}
 
 
 def parse_size(s):
@@ -45,9 +48,11 @@ def run(rank, args, url):
     torch.set_num_threads(1)
     dist.init_process_group('gloo', init_method=url, rank=rank, world_size=args.n)
     n = args.n
+    dtype, es = DTYPES[args.dtype]
+    tag = '' if args.dtype == 'f32' else f' dtype={args.dtype}'
     for size in args.sizes:
-        count = size // 4
-        t = torch.full((count,), float(rank + 1), dtype=torch.float32)
+        count = size // es
+        t = torch.full((count,), float(rank + 1), dtype=dtype)
         dist.all_reduce(t, op=dist.ReduceOp.SUM)  # warm-up, and the check
         want = n * (n + 1) / 2
         if not bool((t == want).all()):
@@ -63,10 +68,25 @@ def run(rank, args, url):
             med = times.median().item() if iters % 2 else times.sort().values[
                 iters // 2 - 1:iters // 2 + 1].mean().item()
             print(f'allreduce impl={args.label} n={n} size={size} median_us={med * 1e6:.1f} '
-                  f'busbw_GBps={2 * (n - 1) / n * size / med / 1e9:.3f} iters={iters}',
+                  f'busbw_GBps={2 * (n - 1) / n * size / med / 1e9:.3f} iters={iters}{tag}',
                   flush=True)
     dist.barrier()
     dist.destroy_process_group()
+
+
+def gloo_sums(dtype):
+    """Whether this torch's gloo sums @dtype (1.13's has no bfloat16: "Invalid scalar type"),
+    asked of a group of one in this process, before any rank starts; a failed collective
+    would leave the real group unusable."""
+    with tempfile.TemporaryDirectory() as d:
+        dist.init_process_group('gloo', init_method=f'file://{d}/probe', rank=0, world_size=1)
+        try:
+            dist.all_reduce(torch.ones(1, dtype=dtype), op=dist.ReduceOp.SUM)
+            return None
+        except RuntimeError as e:
+            return str(e)
+        finally:
+            dist.destroy_process_group()
 
 
 def free_port():
@@ -85,8 +105,13 @@ def main():
     p.add_argument('--init', choices=['file', 'tcp'], default='tcp')
     p.add_argument('--init-url')
     p.add_argument('--rank', type=int)
+    p.add_argument('--dtype', choices=sorted(DTYPES), default='f32')
     args = p.parse_args()
     args.sizes = [parse_size(s) for s in args.s.split(',')]
+    why = gloo_sums(DTYPES[args.dtype][0])
+    if why:
+        print(f'allreduce_gloo: {args.dtype} skipped: {why}', file=sys.stderr)
+        return 0
     if args.rank is not None:
         run(args.rank, args, args.init_url)
         return 0

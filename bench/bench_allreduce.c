@@ -14,11 +14,13 @@
  * joined through that coordinator, the group's remote access any peer. --op times another collective instead (the line starts
  * with its name): reduce-scatter (also --reduce-scatter), S being each rank's input (its
  * output S/N) and B = (N-1)/N x S / T; allgather, S being each rank's output (its input S/N),
- * B = (N-1)/N x S / T; broadcast from rank 0, B = S / T (as nccl-tests count them). Figures
- * only; nothing here passes or fails.
+ * B = (N-1)/N x S / T; broadcast from rank 0, B = S / T (as nccl-tests count them). --dtype
+ * f16 or bf16 moves and sums binary16 or bfloat16 elements instead of float32 (the line then
+ * ends in dtype=f16 or dtype=bf16; S is still bytes). Figures only; nothing here passes or
+ * fails.
  *   bench_allreduce [--socket PATH] [--ranks 2,4] [--sizes 4K,64K,1M,16M,64M] [--iters K]
  *                   [--secs S] [--xhost SOCKA,SOCKB,COORD]
- *                   [--op allreduce|broadcast|allgather|reduce-scatter]
+ *                   [--op allreduce|broadcast|allgather|reduce-scatter] [--dtype f32|f16|bf16]
  * (-n, -s, -t: --ranks, --sizes, --secs, as bench/run_allreduce.sh calls it.)
  */
 #include <errno.h>
@@ -51,6 +53,7 @@ struct opts {
 	char *xsock[2]; /* --xhost: the two hosts' daemons */
 	const char *coord;
 	enum { OP_ALLREDUCE, OP_BROADCAST, OP_ALLGATHER, OP_RS } op; /* --op */
+	enum tp_dtype dtype; /* --dtype: TP_DTYPE_F32 (default), _F16 or _BF16 */
 };
 
 static const char *const op_name[] = { "allreduce", "broadcast", "allgather",
@@ -75,23 +78,79 @@ static double cpu_now_us(void)
 	       (double)(ru.ru_utime.tv_usec + ru.ru_stime.tv_usec);
 }
 
+/* Element values: small integers, exact in every --dtype (and so are their sums: binary16
+ * holds integers to 2048 exactly, bfloat16 to 256, so the half types cycle over 4 and stay
+ * exact up to 16 ranks). */
+static unsigned val_mod(const struct opts *o)
+{
+	return o->dtype == TP_DTYPE_F32 ? 100 : 4;
+}
+
+static size_t elem_size(const struct opts *o)
+{
+	return o->dtype == TP_DTYPE_F32 ? 4 : 2;
+}
+
+/* the integer @v (below 2048) as element @i of @p */
+static void put_int(const struct opts *o, void *p, size_t i, unsigned v)
+{
+	float f = (float)v;
+	uint32_t u;
+	uint16_t h = 0;
+
+	memcpy(&u, &f, 4);
+	if (o->dtype == TP_DTYPE_F32) {
+		memcpy((char *)p + i * 4, &f, 4);
+		return;
+	}
+	if (o->dtype == TP_DTYPE_BF16)
+		h = (uint16_t)(u >> 16); /* exact: at most 8 significant bits */
+	else if (v) /* binary16: exponent rebiased, 10 of float's 23 mantissa bits */
+		h = (uint16_t)((((u >> 23) & 0xff) - 112) << 10 | ((u >> 13) & 0x3ff));
+	memcpy((char *)p + i * 2, &h, 2);
+}
+
+/* element @i of @p as a float (integers only, as put_int() writes them) */
+static float get_num(const struct opts *o, const void *p, size_t i)
+{
+	uint16_t h;
+	uint32_t u;
+	float f;
+
+	if (o->dtype == TP_DTYPE_F32) {
+		memcpy(&f, (const char *)p + i * 4, 4);
+		return f;
+	}
+	memcpy(&h, (const char *)p + i * 2, 2);
+	if (o->dtype == TP_DTYPE_BF16)
+		u = (uint32_t)h << 16;
+	else if (h & 0x7fff)
+		u = (uint32_t)(h & 0x8000) << 16 | ((((uint32_t)h >> 10) & 0x1f) + 112) << 23 |
+		    (uint32_t)(h & 0x3ff) << 13;
+	else
+		u = (uint32_t)(h & 0x8000) << 16;
+	memcpy(&f, &u, 4);
+	return f;
+}
+
 /* Whether the last element of rank @rank's result (@res, @count elements; @part: each rank's
- * share) is right: inputs are (i % 100) + rank. */
-static bool bench_check(const struct opts *o, unsigned n, unsigned rank, const float *res,
+ * share) is right: inputs are (i % val_mod()) + rank. */
+static bool bench_check(const struct opts *o, unsigned n, unsigned rank, const void *res,
 			size_t count, size_t part)
 {
-	float last = res[count - 1];
+	float last = get_num(o, res, count - 1);
+	unsigned m = val_mod(o);
 
 	switch (o->op) {
 	case OP_BROADCAST: /* rank 0's */
-		return last == (float)((count - 1) % 100);
+		return last == (float)((count - 1) % m);
 	case OP_ALLGATHER: /* rank n - 1's last */
-		return part == 0 || last == (float)((part - 1) % 100) + (float)(n - 1);
+		return part == 0 || last == (float)((part - 1) % m) + (float)(n - 1);
 	case OP_RS:
-		return last == (float)n * (float)((rank * part + count - 1) % 100) +
+		return last == (float)n * (float)((rank * part + count - 1) % m) +
 				       (float)(n * (n - 1) / 2);
 	default:
-		return last == (float)n * (float)((count - 1) % 100) + (float)(n * (n - 1) / 2);
+		return last == (float)n * (float)((count - 1) % m) + (float)(n * (n - 1) / 2);
 	}
 }
 
@@ -122,15 +181,15 @@ static int rank_main(const struct opts *o, unsigned n, unsigned rank, struct sha
 		return 1;
 	}
 	for (size_t s = 0; s < o->n_sizes && r == 0; s++) {
-		size_t count = o->sizes[s] / 4;
+		size_t es = elem_size(o), count = o->sizes[s] / es;
 		size_t part = count / n; /* reduce-scatter's output, all-gather's input */
-		float *in = malloc(count * 4 + 4), *out = malloc(count * 4 + 4);
+		void *in = malloc(count * es + 4), *out = malloc(count * es + 4);
 		unsigned it = iters_for(o, o->sizes[s]);
 		double cpu0 = 0;
 
 		for (size_t i = 0; i < count; i++)
-			in[i] = (float)(i % 100) + (float)rank;
-		memset(out, 0, count * 4); /* touch the pages before timing */
+			put_int(o, in, i, (unsigned)(i % val_mod(o)) + rank);
+		memset(out, 0, count * es); /* touch the pages before timing */
 		for (unsigned k = 0; k < it + 2 && r == 0; k++) {
 			uint64_t t0;
 
@@ -139,13 +198,13 @@ static int rank_main(const struct opts *o, unsigned n, unsigned rank, struct sha
 			r = tp_barrier(g);
 			t0 = bench_now_ns();
 			if (r == 0 && o->op == OP_RS)
-				r = tp_reduce_scatter(g, in, out, part, TP_DTYPE_F32, TP_OP_SUM);
+				r = tp_reduce_scatter(g, in, out, part, o->dtype, TP_OP_SUM);
 			else if (r == 0 && o->op == OP_ALLGATHER)
-				r = tp_allgather(g, in, out, part, TP_DTYPE_F32);
+				r = tp_allgather(g, in, out, part, o->dtype);
 			else if (r == 0 && o->op == OP_BROADCAST)
-				r = tp_broadcast(g, rank ? out : in, count, TP_DTYPE_F32, 0);
+				r = tp_broadcast(g, rank ? out : in, count, o->dtype, 0);
 			else if (r == 0)
-				r = tp_allreduce(g, in, out, count, TP_DTYPE_F32, TP_OP_SUM);
+				r = tp_allreduce(g, in, out, count, o->dtype, TP_OP_SUM);
 			if (k >= 2)
 				sh->t_us[rank][k - 2] = (double)(bench_now_ns() - t0) / 1e3;
 		}
@@ -177,10 +236,11 @@ static int rank_main(const struct opts *o, unsigned n, unsigned rank, struct sha
 				cpu = sh->cpu_us[q] > cpu ? sh->cpu_us[q] : cpu;
 			bench_stats_compute(slow, it, &st);
 			printf("%s impl=tpipd n=%u size=%zu median_us=%.1f busbw_GBps=%.3f "
-			       "iters=%u cpu_us=%.1f\n", op_name[o->op], n, o->sizes[s], st.median,
+			       "iters=%u cpu_us=%.1f%s\n", op_name[o->op], n, o->sizes[s], st.median,
 			       (o->op == OP_ALLREDUCE ? 2.0 * (n - 1) / n : o->op == OP_BROADCAST ?
 				1.0 : (double)(n - 1) / n) * (double)o->sizes[s] / (st.median * 1e3),
-			       it, cpu);
+			       it, cpu, o->dtype == TP_DTYPE_F16 ? " dtype=f16" :
+			       o->dtype == TP_DTYPE_BF16 ? " dtype=bf16" : "");
 			fflush(stdout);
 		}
 		if (r == 0)
@@ -269,7 +329,18 @@ int main(int argc, char **argv)
 				goto usage;
 			o.op = k;
 		}
-		else if (!strcmp(a, "--iters") && v)
+		else if (!strcmp(a, "--dtype") && v) {
+			const char *t = argv[++i];
+
+			if (!strcmp(t, "f32"))
+				o.dtype = TP_DTYPE_F32;
+			else if (!strcmp(t, "f16"))
+				o.dtype = TP_DTYPE_F16;
+			else if (!strcmp(t, "bf16"))
+				o.dtype = TP_DTYPE_BF16;
+			else
+				goto usage;
+		} else if (!strcmp(a, "--iters") && v)
 			o.iters = (unsigned)atoi(argv[++i]);
 		else if ((!strcmp(a, "--secs") || !strcmp(a, "-t")) && v)
 			o.secs = atof(argv[++i]);
@@ -289,11 +360,14 @@ usage:
 			fprintf(stderr, "usage: %s [--socket PATH] [--ranks 2,4] "
 				"[--sizes 4K,64K,1M,16M,64M] [--iters K] [--secs S] "
 				"[--xhost SOCKA,SOCKB,tpip://HOST[:PORT]] "
-				"[--op allreduce|broadcast|allgather|reduce-scatter]\n",
+				"[--op allreduce|broadcast|allgather|reduce-scatter] "
+				"[--dtype f32|f16|bf16]\n",
 				argv[0]);
 			return 2;
 		}
 	}
+	if (!o.dtype)
+		o.dtype = TP_DTYPE_F32;
 	if (!o.n_ranks)
 		parse_list("2,4", false, &o);
 	if (!o.n_sizes)

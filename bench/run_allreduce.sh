@@ -28,6 +28,9 @@
 #   ALLREDUCE_MMAP="..."   default and/or off (default both)
 #   ALLREDUCE_XHOST=1      also 2 namespaced hosts x 2 ranks (root and iproute2)
 #   ALLREDUCE_XHOST_ONLY=1 only those
+#   ALLREDUCE_DTYPE=T      f32 (default), f16 or bf16: the elements ours and gloo sum (the lines
+#                          end in dtype=T; MPI, which has no 16-bit float type, is left out,
+#                          and gloo says so where its torch cannot sum T)
 #   ALLREDUCE_OP=OP        ours times OP instead of all-reduce: broadcast, allgather or
 #                          reduce-scatter (bench_allreduce --op; its lines start with OP's
 #                          name, and the peers, which time all-reduces only, are left out)
@@ -47,6 +50,12 @@ impls=${ALLREDUCE_IMPLS:-tpipd gloo mpi-shm mpi-tcp}
 op=${ALLREDUCE_OP:-allreduce}
 op_args=()
 [[ $op == allreduce ]] || { impls=tpipd; op_args=(--op "$op"); }
+dtype=${ALLREDUCE_DTYPE:-f32}
+case $dtype in
+f32 | f16 | bf16) ;;
+*) echo "run_allreduce.sh: ALLREDUCE_DTYPE=$dtype: not f32, f16 or bf16" >&2; exit 2 ;;
+esac
+[[ $dtype == f32 ]] || op_args+=(--dtype "$dtype") # (an older bench_allreduce as ALLREDUCE_OURS has no --dtype)
 mmaps=${ALLREDUCE_MMAP:-default off}
 limit=${BENCH_TIMEOUT:-300}
 python=/usr/bin/python3
@@ -175,7 +184,9 @@ if have gloo; then
 fi
 have_mpi=0
 if have mpi-shm || have mpi-tcp; then
-	if [[ -x $build/bench/allreduce_mpi ]] && command -v mpirun >/dev/null; then
+	if [[ $dtype != f32 ]]; then
+		echo "run_allreduce.sh: MPI skipped: MPI has no $dtype type (ALLREDUCE_DTYPE)" >&2
+	elif [[ -x $build/bench/allreduce_mpi ]] && command -v mpirun >/dev/null; then
 		have_mpi=1
 	else
 		echo "run_allreduce.sh: MPI skipped: allreduce_mpi not built or no mpirun (libopenmpi-dev, openmpi-bin)" >&2
@@ -189,7 +200,7 @@ one_host() {
 		for m in $mmaps; do
 			have tpipd && run_ours "$n" "$m"
 			[[ $have_gloo == 1 ]] && run_or_note "gloo n=$n" "$m" "$python" \
-				"$root/bench/allreduce_gloo.py" -n "$n" -s "$sizes" -t "$secs" | emit 1 "$m"
+				"$root/bench/allreduce_gloo.py" -n "$n" -s "$sizes" -t "$secs" --dtype "$dtype" | emit 1 "$m"
 			if [[ $have_mpi == 1 ]]; then
 				have mpi-shm && mpi_run "$n" self,vader mpi-shm "$m" | emit 1 "$m"
 				have mpi-tcp && mpi_run "$n" self,tcp mpi-tcp "$m" \
@@ -228,12 +239,12 @@ xhost_gloo() { # MMAP
 		if ((r < 2)); then ns=$ns_a dev=ar$$a; else ns=$ns_b dev=ar$$b; fi
 		GLOO_SOCKET_IFNAME=$dev "${ENV_MMAP[@]}" timeout -k 5 "$limit" ip netns exec "$ns" \
 			"$python" "$root/bench/allreduce_gloo.py" -n 4 --rank "$r" --init-url "$url" \
-			-s "$sizes" -t "$secs" >/dev/null &
+			-s "$sizes" -t "$secs" --dtype "$dtype" >/dev/null &
 		rpids+=($!)
 	done
 	GLOO_SOCKET_IFNAME=ar$$a run_or_note "gloo 2x2" "$m" ip netns exec "$ns_a" \
 		"$python" "$root/bench/allreduce_gloo.py" -n 4 --rank 0 --init-url "$url" \
-		-s "$sizes" -t "$secs" | emit 2 "$m"
+		-s "$sizes" -t "$secs" --dtype "$dtype" | emit 2 "$m"
 	for r in "${rpids[@]}"; do wait "$r" || echo "gloo 2x2 rank" >>"$tmp/failed"; done
 }
 

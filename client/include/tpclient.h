@@ -650,10 +650,13 @@ enum tp_dtype {
 	TP_DTYPE_I64 = 8,
 };
 
+/* Floats: a NaN operand of min or max, and any NaN a sum or product makes, gives the quiet NaN
+ * of positive sign (f32 0x7fc00000, f64 0x7ff8000000000000, f16 0x7e00, bf16 0x7fc0), whatever
+ * NaNs went in, on every CPU and build: NaN payloads are not carried through. */
 enum tp_reduce_op {
 	TP_OP_SUM = 1,
 	TP_OP_PROD = 2,
-	TP_OP_MIN = 3, /* floats: a NaN operand gives NaN */
+	TP_OP_MIN = 3,
 	TP_OP_MAX = 4,
 };
 

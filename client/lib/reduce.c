@@ -1,14 +1,16 @@
 /* SPDX-License-Identifier: BSD-3-Clause */
 /*
- * Reduction kernels (reduce.h): one plain loop per (type, operation), written so that the
- * compiler vectorises them (no aliasing between @acc and @in, no branches but min/max), the
- * binary16/bfloat16 conversions, and the copies that go around the cache. Integers wrap on
- * overflow (computed unsigned). Which ranks fold in which order is coll.c's.
+ * Reduction kernels (reduce.h): the binary16/bfloat16 conversions, the copies that go around
+ * the cache, and the choice, once per process, of the kernels' build (reduce_kern.h) for the
+ * CPU: the baseline's (below) or AVX2 with F16C (reduce_avx2.c). Which ranks fold in which
+ * order is coll.c's.
  */
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 #include <unistd.h>
 #if defined(__x86_64__)
+#include <cpuid.h>
 #include <emmintrin.h>
 #endif
 
@@ -172,241 +174,64 @@ uint16_t tpc_float_to_bf16(float f)
 	return (uint16_t)(u >> 16);
 }
 
-#define R_SUM(a, b) ((a) + (b))
-#define R_PROD(a, b) ((a) * (b))
-#define R_MIN(a, b) ((b) < (a) ? (b) : (a))
-#define R_MAX(a, b) ((b) > (a) ? (b) : (a))
-/* floats: NaN in either operand gives NaN */
-#define R_FMIN(a, b) ((a) != (a) ? (a) : (b) != (b) ? (b) : R_MIN(a, b))
-#define R_FMAX(a, b) ((a) != (a) ? (a) : (b) != (b) ? (b) : R_MAX(a, b))
+#define KSUF _generic
+#include "reduce_kern.h"
 
-#define LOOP(T, F)                                                                                 \
+int tpc_reduce_avx2_usable(void)
+{
+#if TPC_HAVE_AVX2
+	unsigned int a, b, c, d;
+
+	/* AVX2 as the compiler's runtime sees it (which checks that the kernel saves the
+	 * registers), F16C from CPUID leaf 1 */
+	if (!__builtin_cpu_supports("avx2") || !__get_cpuid(1, &a, &b, &c, &d))
+		return 0;
+	return (c & bit_F16C) != 0;
+#else
+	return 0;
+#endif
+}
+
+enum tpc_reduce_isa tpc_reduce_isa(void)
+{
+	static int chosen; /* 0: not yet; every thread chooses the same */
+	int v = __atomic_load_n(&chosen, __ATOMIC_RELAXED);
+	const char *e;
+
+	if (v)
+		return (enum tpc_reduce_isa)v;
+	e = getenv("TP_REDUCE_ISA");
+	v = TPC_ISA_GENERIC;
+	if ((!e || strcmp(e, "generic") != 0) && tpc_reduce_avx2_usable())
+		v = TPC_ISA_AVX2;
+	__atomic_store_n(&chosen, v, __ATOMIC_RELAXED);
+	return (enum tpc_reduce_isa)v;
+}
+
+#if TPC_HAVE_AVX2
+#define PICK(f, ...)                                                                               \
 	do {                                                                                       \
-		T *restrict x = acc;                                                               \
-		const T *restrict y = in;                                                          \
-		for (size_t i = 0; i < n; i++)                                                     \
-			x[i] = F(x[i], y[i]);                                                      \
+		if (tpc_reduce_isa() == TPC_ISA_AVX2)                                              \
+			f##_avx2(__VA_ARGS__);                                                     \
+		else                                                                               \
+			f##_generic(__VA_ARGS__);                                                  \
 	} while (0)
-
-/* Signed integers through their unsigned type: wrap, no undefined overflow. */
-#define ULOOP(T, U, F)                                                                             \
-	do {                                                                                       \
-		T *restrict x = acc;                                                               \
-		const T *restrict y = in;                                                          \
-		for (size_t i = 0; i < n; i++)                                                     \
-			x[i] = (T)F((U)x[i], (U)y[i]);                                             \
-	} while (0)
-
-#define HLOOP(TO, FROM, F)                                                                         \
-	do {                                                                                       \
-		uint16_t *restrict x = acc;                                                        \
-		const uint16_t *restrict y = in;                                                   \
-		for (size_t i = 0; i < n; i++)                                                     \
-			x[i] = FROM(F(TO(x[i]), TO(y[i])));                                        \
-	} while (0)
-
-#define FLOAT_OPS(LOOPM, ...)                                                                      \
-	switch (op) {                                                                              \
-	case TP_OP_SUM:                                                                            \
-		LOOPM(__VA_ARGS__, R_SUM);                                                         \
-		break;                                                                             \
-	case TP_OP_PROD:                                                                           \
-		LOOPM(__VA_ARGS__, R_PROD);                                                        \
-		break;                                                                             \
-	case TP_OP_MIN:                                                                            \
-		LOOPM(__VA_ARGS__, R_FMIN);                                                        \
-		break;                                                                             \
-	case TP_OP_MAX:                                                                            \
-		LOOPM(__VA_ARGS__, R_FMAX);                                                        \
-		break;                                                                             \
-	}
-
-/* sum and prod wrap through U; min and max compare as T */
-#define INT_OPS(T, U)                                                                              \
-	switch (op) {                                                                              \
-	case TP_OP_SUM:                                                                            \
-		ULOOP(T, U, R_SUM);                                                                \
-		break;                                                                             \
-	case TP_OP_PROD:                                                                           \
-		ULOOP(T, U, R_PROD);                                                               \
-		break;                                                                             \
-	case TP_OP_MIN:                                                                            \
-		LOOP(T, R_MIN);                                                                    \
-		break;                                                                             \
-	case TP_OP_MAX:                                                                            \
-		LOOP(T, R_MAX);                                                                    \
-		break;                                                                             \
-	}
+#else
+#define PICK(f, ...) f##_generic(__VA_ARGS__)
+#endif
 
 void tpc_reduce(void *acc, const void *in, size_t n, enum tp_dtype dt, enum tp_reduce_op op)
 {
-	switch (dt) {
-	case TP_DTYPE_F32:
-		FLOAT_OPS(LOOP, float);
-		break;
-	case TP_DTYPE_F64:
-		FLOAT_OPS(LOOP, double);
-		break;
-	case TP_DTYPE_F16:
-		FLOAT_OPS(HLOOP, tpc_f16_to_float, tpc_float_to_f16);
-		break;
-	case TP_DTYPE_BF16:
-		FLOAT_OPS(HLOOP, tpc_bf16_to_float, tpc_float_to_bf16);
-		break;
-	case TP_DTYPE_I8:
-		INT_OPS(int8_t, uint32_t);
-		break;
-	case TP_DTYPE_U8:
-		INT_OPS(uint8_t, uint32_t);
-		break;
-	case TP_DTYPE_I32:
-		INT_OPS(int32_t, uint32_t);
-		break;
-	case TP_DTYPE_I64:
-		INT_OPS(int64_t, uint64_t);
-		break;
-	}
+	PICK(tpc_reduce, acc, in, n, dt, op);
 }
-
-/* The same with a separate destination: @dst[i] = F(@a[i], @b[i]). */
-#define LOOP3(T, F)                                                                                \
-	do {                                                                                       \
-		T *restrict x = dst;                                                               \
-		const T *restrict p = a, *restrict q = b;                                          \
-		for (size_t i = 0; i < n; i++)                                                     \
-			x[i] = F(p[i], q[i]);                                                      \
-	} while (0)
-
-#define ULOOP3(T, U, F)                                                                            \
-	do {                                                                                       \
-		T *restrict x = dst;                                                               \
-		const T *restrict p = a, *restrict q = b;                                          \
-		for (size_t i = 0; i < n; i++)                                                     \
-			x[i] = (T)F((U)p[i], (U)q[i]);                                             \
-	} while (0)
-
-#define HLOOP3(TO, FROM, F)                                                                        \
-	do {                                                                                       \
-		uint16_t *restrict x = dst;                                                        \
-		const uint16_t *restrict p = a, *restrict q = b;                                   \
-		for (size_t i = 0; i < n; i++)                                                     \
-			x[i] = FROM(F(TO(p[i]), TO(q[i])));                                        \
-	} while (0)
-
-#define INT_OPS3(T, U)                                                                             \
-	switch (op) {                                                                              \
-	case TP_OP_SUM:                                                                            \
-		ULOOP3(T, U, R_SUM);                                                               \
-		break;                                                                             \
-	case TP_OP_PROD:                                                                           \
-		ULOOP3(T, U, R_PROD);                                                              \
-		break;                                                                             \
-	case TP_OP_MIN:                                                                            \
-		LOOP3(T, R_MIN);                                                                   \
-		break;                                                                             \
-	case TP_OP_MAX:                                                                            \
-		LOOP3(T, R_MAX);                                                                   \
-		break;                                                                             \
-	}
 
 void tpc_reduce3(void *dst, const void *a, const void *b, size_t n, enum tp_dtype dt,
 		 enum tp_reduce_op op)
 {
-	switch (dt) {
-	case TP_DTYPE_F32:
-		FLOAT_OPS(LOOP3, float);
-		break;
-	case TP_DTYPE_F64:
-		FLOAT_OPS(LOOP3, double);
-		break;
-	case TP_DTYPE_F16:
-		FLOAT_OPS(HLOOP3, tpc_f16_to_float, tpc_float_to_f16);
-		break;
-	case TP_DTYPE_BF16:
-		FLOAT_OPS(HLOOP3, tpc_bf16_to_float, tpc_float_to_bf16);
-		break;
-	case TP_DTYPE_I8:
-		INT_OPS3(int8_t, uint32_t);
-		break;
-	case TP_DTYPE_U8:
-		INT_OPS3(uint8_t, uint32_t);
-		break;
-	case TP_DTYPE_I32:
-		INT_OPS3(int32_t, uint32_t);
-		break;
-	case TP_DTYPE_I64:
-		INT_OPS3(int64_t, uint64_t);
-		break;
-	}
+	PICK(tpc_reduce3, dst, a, b, n, dt, op);
 }
-
-/* The same with the operands swapped: @acc[i] = F(@in[i], @acc[i]). */
-#define LOOPL(T, F)                                                                                \
-	do {                                                                                       \
-		T *restrict x = acc;                                                               \
-		const T *restrict y = in;                                                          \
-		for (size_t i = 0; i < n; i++)                                                     \
-			x[i] = F(y[i], x[i]);                                                      \
-	} while (0)
-
-#define ULOOPL(T, U, F)                                                                            \
-	do {                                                                                       \
-		T *restrict x = acc;                                                               \
-		const T *restrict y = in;                                                          \
-		for (size_t i = 0; i < n; i++)                                                     \
-			x[i] = (T)F((U)y[i], (U)x[i]);                                             \
-	} while (0)
-
-#define HLOOPL(TO, FROM, F)                                                                        \
-	do {                                                                                       \
-		uint16_t *restrict x = acc;                                                        \
-		const uint16_t *restrict y = in;                                                   \
-		for (size_t i = 0; i < n; i++)                                                     \
-			x[i] = FROM(F(TO(y[i]), TO(x[i])));                                        \
-	} while (0)
-
-#define INT_OPSL(T, U)                                                                             \
-	switch (op) {                                                                              \
-	case TP_OP_SUM:                                                                            \
-		ULOOPL(T, U, R_SUM);                                                               \
-		break;                                                                             \
-	case TP_OP_PROD:                                                                           \
-		ULOOPL(T, U, R_PROD);                                                              \
-		break;                                                                             \
-	case TP_OP_MIN:                                                                            \
-		LOOPL(T, R_MIN);                                                                   \
-		break;                                                                             \
-	case TP_OP_MAX:                                                                            \
-		LOOPL(T, R_MAX);                                                                   \
-		break;                                                                             \
-	}
 
 void tpc_reduce_left(void *acc, const void *in, size_t n, enum tp_dtype dt, enum tp_reduce_op op)
 {
-	switch (dt) {
-	case TP_DTYPE_F32:
-		FLOAT_OPS(LOOPL, float);
-		break;
-	case TP_DTYPE_F64:
-		FLOAT_OPS(LOOPL, double);
-		break;
-	case TP_DTYPE_F16:
-		FLOAT_OPS(HLOOPL, tpc_f16_to_float, tpc_float_to_f16);
-		break;
-	case TP_DTYPE_BF16:
-		FLOAT_OPS(HLOOPL, tpc_bf16_to_float, tpc_float_to_bf16);
-		break;
-	case TP_DTYPE_I8:
-		INT_OPSL(int8_t, uint32_t);
-		break;
-	case TP_DTYPE_U8:
-		INT_OPSL(uint8_t, uint32_t);
-		break;
-	case TP_DTYPE_I32:
-		INT_OPSL(int32_t, uint32_t);
-		break;
-	case TP_DTYPE_I64:
-		INT_OPSL(int64_t, uint64_t);
-		break;
-	}
+	PICK(tpc_reduce_left, acc, in, n, dt, op);
 }

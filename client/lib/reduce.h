@@ -70,6 +70,32 @@ size_t tpc_cache_bytes(void);
  */
 void tpc_copy_far(void *dst, const void *src, size_t n);
 
+/*
+ * The kernels' builds (reduce_kern.h): TPC_ISA_GENERIC, the architecture's baseline, and
+ * TPC_ISA_AVX2 (x86-64 with AVX2 and F16C, where the library was built with it). Both leave
+ * the same bits for the same inputs, so members on different CPUs agree. tpc_reduce_isa() is
+ * the one the three calls above take in this process, chosen at the first call: the best the
+ * CPU runs, or the baseline where TP_REDUCE_ISA=generic is in the environment.
+ */
+enum tpc_reduce_isa {
+	TPC_ISA_GENERIC = 1,
+	TPC_ISA_AVX2 = 2,
+};
+enum tpc_reduce_isa tpc_reduce_isa(void);
+/* Does this CPU run the AVX2 build, and was the library built with it? */
+int tpc_reduce_avx2_usable(void);
+/* Each build's three kernels, for the unit suite: the _avx2 ones exist where TPC_HAVE_AVX2 is
+ * set and may run only where tpc_reduce_avx2_usable(). */
+#define TPC_REDUCE_DECLARE(S)                                                                      \
+	void tpc_reduce##S(void *acc, const void *in, size_t n, enum tp_dtype dt,                  \
+			   enum tp_reduce_op op);                                                  \
+	void tpc_reduce3##S(void *dst, const void *a, const void *b, size_t n, enum tp_dtype dt,   \
+			    enum tp_reduce_op op);                                                 \
+	void tpc_reduce_left##S(void *acc, const void *in, size_t n, enum tp_dtype dt,             \
+				enum tp_reduce_op op)
+TPC_REDUCE_DECLARE(_generic);
+TPC_REDUCE_DECLARE(_avx2);
+
 /* binary16 <-> float (exact widening; narrowing rounds to nearest even, NaN stays NaN). */
 float tpc_f16_to_float(uint16_t h);
 uint16_t tpc_float_to_f16(float f);

@@ -4,11 +4,14 @@
  * conversions agree with a reference by arithmetic (and with the compiler's _Float16 where it
  * has one) for every half value and for float inputs around every rounding boundary; bfloat16 rounds to nearest even and keeps NaN a NaN; every
  * (dtype, op) kernel agrees element by element with a scalar reference, at lengths that are not
- * multiples of a vector and at unaligned offsets; integer sums and products wrap.
+ * multiples of a vector and at unaligned offsets; integer sums and products wrap; the AVX2
+ * build of the kernels leaves the baseline's bits, NaNs against NaNs included; every NaN
+ * result is the canonical quiet NaN, whichever build runs.
  */
 #include <check.h>
 #include <math.h>
 #include <stdint.h>
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -343,6 +346,156 @@ START_TEST(test_reduce_left_is_reduce_into_a_copy_of_in)
 }
 END_TEST
 
+/* The AVX2 build of the kernels (reduce_avx2.c) leaves the same bits as the baseline's for
+ * every dtype, op and entry point, on random bit patterns (NaNs of both signs, infinities,
+ * subnormals), at every length up to 40 and two long ones, from an odd element on, with the
+ * destination apart from and equal to an operand; and for binary16 and bfloat16 every one of
+ * the 65536 values against eight others each. Where the CPU lacks AVX2 or F16C (or the build
+ * has no AVX2 kernels) it says so and checks nothing more. */
+static void isa_case(enum tp_dtype dt, int op, const uint8_t *a, const uint8_t *b, size_t n)
+{
+	size_t es = tp_dtype_size(dt), len = n * es;
+	uint8_t *g = malloc(len + 1), *v = malloc(len + 1);
+
+	/* dst = a op b */
+	memset(g, 0x5a, len + 1);
+	memset(v, 0x5a, len + 1);
+	tpc_reduce3_generic(g, a, b, n, dt, op);
+	tpc_reduce3_avx2(v, a, b, n, dt, op);
+	ck_assert_msg(memcmp(g, v, len + 1) == 0, "reduce3 dtype %d op %d n %zu", dt, op, n);
+	/* acc op= in */
+	memcpy(g, a, len);
+	memcpy(v, a, len);
+	tpc_reduce_generic(g, b, n, dt, op);
+	tpc_reduce_avx2(v, b, n, dt, op);
+	ck_assert_msg(memcmp(g, v, len + 1) == 0, "reduce dtype %d op %d n %zu", dt, op, n);
+	/* acc = in op acc */
+	memcpy(g, a, len);
+	memcpy(v, a, len);
+	tpc_reduce_left_generic(g, b, n, dt, op);
+	tpc_reduce_left_avx2(v, b, n, dt, op);
+	ck_assert_msg(memcmp(g, v, len + 1) == 0, "reduce_left dtype %d op %d n %zu", dt, op, n);
+	free(g);
+	free(v);
+}
+
+/* Sets the exponent of most floating elements of @p to all ones: NaNs of assorted payloads and
+ * signs (an infinity where the payload is 0); integers as they are. */
+static void nan_fill(enum tp_dtype dt, uint8_t *p, size_t n, unsigned seed)
+{
+	for (size_t i = 0; i < n; i++) {
+		if ((i * 7 + seed) % 5 == 0)
+			continue;
+		if (dt == TP_DTYPE_F16)
+			p[i * 2 + 1] |= 0x7c;
+		else if (dt == TP_DTYPE_BF16)
+			p[i * 2 + 1] |= 0x7f, p[i * 2] |= 0x80;
+		else if (dt == TP_DTYPE_F32)
+			p[i * 4 + 3] |= 0x7f, p[i * 4 + 2] |= 0x80;
+		else if (dt == TP_DTYPE_F64)
+			p[i * 8 + 7] |= 0x7f, p[i * 8 + 6] |= 0xf0;
+	}
+}
+
+START_TEST(test_avx2_kernels_leave_the_baselines_bits)
+{
+	static const enum tp_dtype dts[] = {TP_DTYPE_F16, TP_DTYPE_BF16, TP_DTYPE_F32,
+					    TP_DTYPE_F64, TP_DTYPE_I8,	 TP_DTYPE_U8,
+					    TP_DTYPE_I32, TP_DTYPE_I64};
+
+	if (!tpc_reduce_avx2_usable()) {
+		printf(
+		    "reduce: no AVX2 kernels on this CPU or in this build: the baseline's only\n");
+		return;
+	}
+	for (size_t d = 0; d < sizeof(dts) / sizeof(dts[0]); d++) {
+		size_t es = tp_dtype_size(dts[d]);
+
+		for (int op = TP_OP_SUM; op <= TP_OP_MAX; op++) {
+			for (size_t n = 0; n <= 4099; n = n < 40 ? n + 1 : n < 1000 ? 1000 : 4099) {
+				size_t len = (n + 1) * es;
+				uint8_t *a = malloc(len), *b = malloc(len);
+
+				for (unsigned seed = 0; seed < 4; seed++) {
+					fill(a, len, 7 + seed);
+					fill(b, len, 11 + seed * 5);
+					if (seed == 2) /* typed values: sums and products round */
+						fill_typed(dts[d], b + es, n, 3);
+					if (seed == 3) { /* NaNs against NaNs, most of them */
+						nan_fill(dts[d], a + es, n, 1);
+						nan_fill(dts[d], b + es, n, 2);
+					}
+					isa_case(dts[d], op, a + es, b + es, n);
+				}
+				free(a);
+				free(b);
+				if (n == 4099)
+					break;
+			}
+		}
+	}
+	for (int bf = 0; bf < 2; bf++) {
+		enum tp_dtype dt = bf ? TP_DTYPE_BF16 : TP_DTYPE_F16;
+		uint16_t *a = malloc(65536 * 2), *b = malloc(65536 * 2);
+
+		for (uint32_t i = 0; i < 65536; i++)
+			a[i] = (uint16_t)i;
+		for (unsigned k = 0; k < 8; k++) {
+			for (uint32_t i = 0; i < 65536; i++)
+				b[i] = (uint16_t)(i * 40503u + k * 9973u + (k << 15));
+			for (int op = TP_OP_SUM; op <= TP_OP_MAX; op++)
+				isa_case(dt, op, (const uint8_t *)a, (const uint8_t *)b, 65536);
+		}
+		free(a);
+		free(b);
+	}
+}
+END_TEST
+
+/* Every NaN result is the quiet NaN of positive sign, whatever NaNs (signalling, negative, with
+ * payloads) went in, whichever build runs and however its compiler ordered the operands: a
+ * NaN first operand, a NaN second one, two NaNs, and infinity minus infinity (whose NaN the
+ * hardware makes negative). */
+static void nan_rules(const char *isa, void (*r3)(void *, const void *, const void *, size_t,
+						  enum tp_dtype, enum tp_reduce_op))
+{
+	uint32_t fa[4] = {0x7f800001u, 0x3f800000u, 0xffc00009u, 0x7f800000u};
+	uint32_t fb[4] = {0x3f800000u, 0xff900002u, 0x7f800003u, 0xff800000u}, fx[4];
+	uint64_t da[2] = {0xfff0000000000005ull, 0x3ff0000000000000ull};
+	uint64_t db[2] = {0x7ff8000000000006ull, 0xfff0000000000007ull}, dx[2];
+	uint16_t ha[4] = {0x7c01, 0x3c00, 0xfe09, 0x7c00}, hb[4] = {0x3c00, 0xfd02, 0x7c03, 0xfc00};
+	uint16_t ba[4] = {0x7f81, 0x3f80, 0xffc9, 0x7f80}, bb[4] = {0x3f80, 0xff92, 0x7f83, 0xff80};
+	uint16_t hx[4], bx[4];
+
+	for (int op = TP_OP_SUM; op <= TP_OP_MAX; op++) {
+		size_t n = op == TP_OP_SUM ? 4 : 3; /* inf - inf: a NaN for a sum only */
+
+		r3(fx, fa, fb, n, TP_DTYPE_F32, op);
+		r3(dx, da, db, 2, TP_DTYPE_F64, op);
+		r3(hx, ha, hb, n, TP_DTYPE_F16, op);
+		r3(bx, ba, bb, n, TP_DTYPE_BF16, op);
+		for (size_t i = 0; i < n; i++) {
+			ck_assert_msg(fx[i] == 0x7fc00000u, "%s f32 op %d [%zu]: %08x", isa, op, i,
+				      fx[i]);
+			ck_assert_msg(hx[i] == 0x7e00, "%s f16 op %d [%zu]: %04x", isa, op, i,
+				      hx[i]);
+			ck_assert_msg(bx[i] == 0x7fc0, "%s bf16 op %d [%zu]: %04x", isa, op, i,
+				      bx[i]);
+		}
+		for (size_t i = 0; i < 2; i++)
+			ck_assert_msg(dx[i] == 0x7ff8000000000000ull, "%s f64 op %d [%zu]", isa, op,
+				      i);
+	}
+}
+
+START_TEST(test_nan_results_do_not_depend_on_the_build)
+{
+	nan_rules("generic", tpc_reduce3_generic);
+	if (tpc_reduce_avx2_usable())
+		nan_rules("avx2", tpc_reduce3_avx2);
+}
+END_TEST
+
 START_TEST(test_integers_wrap_and_nan_wins_min_max)
 {
 	int8_t a8[2] = { 127, -128 }, b8[2] = { 1, -1 };
@@ -428,6 +581,8 @@ static Suite *reduce_suite(void)
 	tcase_add_test(tc, test_every_kernel_matches_the_scalar_reference);
 	tcase_add_test(tc, test_reduce3_is_reduce_into_a_copy);
 	tcase_add_test(tc, test_reduce_left_is_reduce_into_a_copy_of_in);
+	tcase_add_test(tc, test_avx2_kernels_leave_the_baselines_bits);
+	tcase_add_test(tc, test_nan_results_do_not_depend_on_the_build);
 	tcase_add_test(tc, test_integers_wrap_and_nan_wins_min_max);
 	tcase_add_test(tc, test_copy_stream_exact_at_every_alignment);
 	tcase_add_test(tc, test_copy_far_exact_around_its_threshold);
