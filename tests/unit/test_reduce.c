@@ -320,7 +320,7 @@ START_TEST(test_reduce_left_is_reduce_into_a_copy_of_in)
 			for (size_t l = 0; l < sizeof(lens) / sizeof(lens[0]); l++) {
 				for (int raw = 0; raw < 2; raw++) {
 					size_t n = lens[l], len = (n + 2) * es;
-					uint8_t *acc = malloc(len), *in = malloc(len);
+					uint8_t *acc = calloc(1, len), *in = calloc(1, len);
 					uint8_t *ref = malloc(len);
 
 					if (raw) { /* any bits: NaNs, infinities, subnormals */
