@@ -355,6 +355,22 @@ static int group_keep_remote(struct tp_group *g, const struct tp_group_options *
 	return 0;
 }
 
+/* TP_REDUCE_ISA in the environment (reduce.h): a value the kernels' choice does not know, or
+ * "avx2" where this CPU or library has no such build, fails the join naming it. */
+static int reduce_isa_check(const char *v)
+{
+	enum tpc_reduce_isa isa;
+	int r = tpc_reduce_isa_env(v, &isa);
+
+	if (r == -EINVAL)
+		return tpc_error(r, "TP_REDUCE_ISA: unknown value '%.40s' (known: auto, generic, "
+				 "avx2)", v);
+	if (r < 0)
+		return tpc_error(r, "TP_REDUCE_ISA=avx2: this CPU lacks AVX2 or F16C, or this library "
+				 "was built without AVX2 kernels");
+	return 0;
+}
+
 /*
  * The Slurm bootstrap as a join through a coordinator: rank and size from Slurm's variables
  * (a rank or size the caller gives must agree), the group named "NAME@slurm:JOB.STEP" (keyed
@@ -430,6 +446,9 @@ TP_EXPORT int tp_group_join(struct tp_context *ctx, const char *name,
 	long ncpu;
 
 	r = tpc_coll_features_off(getenv("TP_GROUP_FEATURES_OFF"), &caps_off);
+	if (r < 0)
+		return r;
+	r = reduce_isa_check(getenv("TP_REDUCE_ISA"));
 	if (r < 0)
 		return r;
 	if (opts && name && ctx && ret) {

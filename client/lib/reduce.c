@@ -5,6 +5,7 @@
  * CPU: the baseline's (below) or AVX2 with F16C (reduce_avx2.c). Which ranks fold in which
  * order is coll.c's.
  */
+#include <errno.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -192,20 +193,32 @@ int tpc_reduce_avx2_usable(void)
 #endif
 }
 
+int tpc_reduce_isa_env(const char *v, enum tpc_reduce_isa *ret)
+{
+	*ret = tpc_reduce_avx2_usable() ? TPC_ISA_AVX2 : TPC_ISA_GENERIC;
+	if (!v || !*v || !strcmp(v, "auto"))
+		return 0;
+	if (!strcmp(v, "generic")) {
+		*ret = TPC_ISA_GENERIC;
+		return 0;
+	}
+	if (!strcmp(v, "avx2"))
+		return *ret == TPC_ISA_AVX2 ? 0 : -ENOTSUP;
+	return -EINVAL;
+}
+
 enum tpc_reduce_isa tpc_reduce_isa(void)
 {
 	static int chosen; /* 0: not yet; every thread chooses the same */
 	int v = __atomic_load_n(&chosen, __ATOMIC_RELAXED);
-	const char *e;
+	enum tpc_reduce_isa isa;
 
 	if (v)
 		return (enum tpc_reduce_isa)v;
-	e = getenv("TP_REDUCE_ISA");
-	v = TPC_ISA_GENERIC;
-	if ((!e || strcmp(e, "generic") != 0) && tpc_reduce_avx2_usable())
-		v = TPC_ISA_AVX2;
-	__atomic_store_n(&chosen, v, __ATOMIC_RELAXED);
-	return (enum tpc_reduce_isa)v;
+	/* a bad value gives the best there is (a join refused it already) */
+	tpc_reduce_isa_env(getenv("TP_REDUCE_ISA"), &isa);
+	__atomic_store_n(&chosen, (int)isa, __ATOMIC_RELAXED);
+	return isa;
 }
 
 #if TPC_HAVE_AVX2

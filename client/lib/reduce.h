@@ -74,14 +74,21 @@ void tpc_copy_far(void *dst, const void *src, size_t n);
  * The kernels' builds (reduce_kern.h): TPC_ISA_GENERIC, the architecture's baseline, and
  * TPC_ISA_AVX2 (x86-64 with AVX2 and F16C, where the library was built with it). Both leave
  * the same bits for the same inputs, so members on different CPUs agree. tpc_reduce_isa() is
- * the one the three calls above take in this process, chosen at the first call: the best the
- * CPU runs, or the baseline where TP_REDUCE_ISA=generic is in the environment.
+ * the one the three calls above take in this process, chosen at the first call from
+ * TP_REDUCE_ISA in the environment (tpc_reduce_isa_env()).
  */
 enum tpc_reduce_isa {
 	TPC_ISA_GENERIC = 1,
 	TPC_ISA_AVX2 = 2,
 };
 enum tpc_reduce_isa tpc_reduce_isa(void);
+/*
+ * tpc_reduce_isa_env() - the build a TP_REDUCE_ISA value @v asks for: unset, empty or "auto"
+ * the best this CPU runs, "generic" the baseline, "avx2" the AVX2 build (-ENOTSUP where this
+ * CPU or library has none; *@ret is then the best there is); -EINVAL for any other value (and
+ * *@ret the best). tp_group_join() refuses what this refuses, naming the value.
+ */
+int tpc_reduce_isa_env(const char *v, enum tpc_reduce_isa *ret);
 /* Does this CPU run the AVX2 build, and was the library built with it? */
 int tpc_reduce_avx2_usable(void);
 /* Each build's three kernels, for the unit suite: the _avx2 ones exist where TPC_HAVE_AVX2 is

@@ -44,6 +44,8 @@ int gt_member_main(void *arg)
 
 	if (m->sh->features_off[m->idx][0])
 		setenv("TP_GROUP_FEATURES_OFF", m->sh->features_off[m->idx], 1);
+	if (m->sh->reduce_isa[m->idx][0])
+		setenv("TP_REDUCE_ISA", m->sh->reduce_isa[m->idx], 1);
 	r = tpt_ctx_new(m->d, 0, NULL, &m->ctx);
 	if (r < 0) {
 		fprintf(stderr, "member %u: context: %s\n", m->idx, tp_strerror(r));

@@ -22,6 +22,8 @@ struct gt_shared {
 	int pid[GT_MAX];
 	/* per child: TP_GROUP_FEATURES_OFF for its join ("": unset), as a library without them */
 	char features_off[GT_MAX][32];
+	/* per child: TP_REDUCE_ISA for its process ("": unset), the build of its kernels */
+	char reduce_isa[GT_MAX][16];
 };
 
 struct gt_member;

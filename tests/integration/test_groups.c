@@ -461,6 +461,74 @@ START_TEST(test_features_off_unknown_word_fails_the_join)
 }
 END_TEST
 
+/*
+ * Members whose kernels are different builds (TP_REDUCE_ISA=generic beside the AVX2 build, as
+ * on hosts of different CPUs) fold their slices each with its own and get the reference's bits,
+ * every dtype and op, on 2 to 4 members. Where the CPU lacks AVX2 or F16C every member runs the
+ * baseline and this says so.
+ */
+START_TEST(test_members_on_different_kernel_builds_agree)
+{
+	static const struct {
+		unsigned n;
+		const char *isa[4];
+	} mix[] = {
+		{ 2, { "generic", "" } },
+		{ 3, { "", "generic", "avx2" } },
+		{ 4, { "generic", "", "generic", "" } },
+	};
+	struct tp_group_options o = { .size = sizeof(o), .rank = 0, .nranks = 1 };
+	struct tp_context *ctx;
+	struct tp_group *g;
+	int avx2;
+
+	/* does this library and CPU have the AVX2 build? a join asking for it says */
+	ck_assert_int_eq(tpt_ctx_new(&tpt_fixture_daemon, 0, NULL, &ctx), 0);
+	setenv("TP_REDUCE_ISA", "avx2", 1);
+	avx2 = tp_group_join(ctx, "isa-probe", &o, &g) == 0;
+	unsetenv("TP_REDUCE_ISA");
+	if (avx2)
+		tp_group_leave(g);
+	else
+		printf("groups: no AVX2 kernels here (%s): every member runs the baseline's\n",
+		       tp_last_error());
+	tp_context_free(ctx);
+	for (size_t k = 0; k < GT_ARRAY_SIZE(mix); k++) {
+		memset(sh, 0, sizeof(*sh));
+		for (unsigned i = 0; i < mix[k].n; i++)
+			snprintf(sh->reduce_isa[i], sizeof(sh->reduce_isa[i]), "%s",
+				 avx2 ? mix[k].isa[i] : "generic");
+		ck_assert_msg(gt_run(&tpt_fixture_daemon, "isa", mix[k].n, false,
+				     body_every_dtype_op, NULL, sh, T_MS * 2),
+			      "mix %zu (%u members)", k, mix[k].n);
+		assert_same_hashes(mix[k].n);
+	}
+}
+END_TEST
+
+/* A TP_REDUCE_ISA the library does not know fails the join with -EINVAL naming it; "generic"
+ * and "auto" join. */
+START_TEST(test_reduce_isa_unknown_value_fails_the_join)
+{
+	struct tp_group_options o = { .size = sizeof(o), .rank = 0, .nranks = 1 };
+	struct tp_context *ctx;
+	struct tp_group *g;
+
+	ck_assert_int_eq(tpt_ctx_new(&tpt_fixture_daemon, 0, NULL, &ctx), 0);
+	setenv("TP_REDUCE_ISA", "sse9", 1);
+	ck_assert_int_eq(tp_group_join(ctx, "isa", &o, &g), -EINVAL);
+	ck_assert_msg(strstr(tp_last_error(), "'sse9'"), "%s", tp_last_error());
+	setenv("TP_REDUCE_ISA", "generic", 1);
+	ck_assert_int_eq(tp_group_join(ctx, "isa", &o, &g), 0);
+	tp_group_leave(g);
+	setenv("TP_REDUCE_ISA", "auto", 1);
+	ck_assert_int_eq(tp_group_join(ctx, "isa", &o, &g), 0);
+	tp_group_leave(g);
+	unsetenv("TP_REDUCE_ISA");
+	tp_context_free(ctx);
+}
+END_TEST
+
 /* ---- user reduction ------------------------------------------------------------------------ */
 
 /* a = 2a + b (not commutative: the order shows) */
@@ -1480,6 +1548,8 @@ static Suite *groups_suite(void)
 	tcase_add_test(tc, test_allreduce_f32_f64_sum_one_to_eight_ranks_bitwise_equal);
 	tcase_add_test(tc, test_members_offering_different_features_agree);
 	tcase_add_test(tc, test_features_off_unknown_word_fails_the_join);
+	tcase_add_test(tc, test_members_on_different_kernel_builds_agree);
+	tcase_add_test(tc, test_reduce_isa_unknown_value_fails_the_join);
 	tcase_add_test(tc, test_allreduce_user_function_in_rank_order);
 	tcase_add_test(tc, test_broadcast_allgather_reduce_scatter);
 	tcase_add_test(tc, test_uneven_steps_count_contributors);

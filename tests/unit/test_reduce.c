@@ -9,6 +9,7 @@
  * result is the canonical quiet NaN, whichever build runs.
  */
 #include <check.h>
+#include <errno.h>
 #include <math.h>
 #include <stdint.h>
 #include <stdio.h>
@@ -496,6 +497,28 @@ START_TEST(test_nan_results_do_not_depend_on_the_build)
 }
 END_TEST
 
+/* TP_REDUCE_ISA's values: unset, empty and "auto" the best; "generic" the baseline; "avx2" only
+ * where it runs; anything else -EINVAL, the best chosen all the same. */
+START_TEST(test_reduce_isa_values)
+{
+	enum tpc_reduce_isa best = tpc_reduce_avx2_usable() ? TPC_ISA_AVX2 : TPC_ISA_GENERIC, isa;
+
+	ck_assert_int_eq(tpc_reduce_isa_env(NULL, &isa), 0);
+	ck_assert_int_eq(isa, best);
+	ck_assert_int_eq(tpc_reduce_isa_env("", &isa), 0);
+	ck_assert_int_eq(isa, best);
+	ck_assert_int_eq(tpc_reduce_isa_env("auto", &isa), 0);
+	ck_assert_int_eq(isa, best);
+	ck_assert_int_eq(tpc_reduce_isa_env("generic", &isa), 0);
+	ck_assert_int_eq(isa, TPC_ISA_GENERIC);
+	ck_assert_int_eq(tpc_reduce_isa_env("avx2", &isa), best == TPC_ISA_AVX2 ? 0 : -ENOTSUP);
+	ck_assert_int_eq(isa, best);
+	ck_assert_int_eq(tpc_reduce_isa_env("AVX2", &isa), -EINVAL);
+	ck_assert_int_eq(tpc_reduce_isa_env("generic ", &isa), -EINVAL);
+	ck_assert_int_eq(isa, best);
+}
+END_TEST
+
 START_TEST(test_integers_wrap_and_nan_wins_min_max)
 {
 	int8_t a8[2] = { 127, -128 }, b8[2] = { 1, -1 };
@@ -583,6 +606,7 @@ static Suite *reduce_suite(void)
 	tcase_add_test(tc, test_reduce_left_is_reduce_into_a_copy_of_in);
 	tcase_add_test(tc, test_avx2_kernels_leave_the_baselines_bits);
 	tcase_add_test(tc, test_nan_results_do_not_depend_on_the_build);
+	tcase_add_test(tc, test_reduce_isa_values);
 	tcase_add_test(tc, test_integers_wrap_and_nan_wins_min_max);
 	tcase_add_test(tc, test_copy_stream_exact_at_every_alignment);
 	tcase_add_test(tc, test_copy_far_exact_around_its_threshold);
