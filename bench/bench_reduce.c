@@ -100,9 +100,11 @@ int main(int argc, char **argv)
 		const char *name;
 		reduce3_fn fn;
 		int ok;
-	} isas[] = {{"generic", tpc_reduce3_generic, 1},
-		    {"avx2", tpc_reduce3_avx2, tpc_reduce_avx2_usable()}};
+	} isas[] = {{"generic", tpc_reduce_kernels(TPC_ISA_GENERIC)->reduce3, 1},
+		    {"avx2", NULL, tpc_reduce_avx2_usable()}};
 
+	if (isas[1].ok) /* the AVX2 build exists where it is usable */
+		isas[1].fn = tpc_reduce_kernels(TPC_ISA_AVX2)->reduce3;
 	for (int i = 1; i < argc; i++) {
 		const char *v = i + 1 < argc ? argv[i + 1] : NULL;
 

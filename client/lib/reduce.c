@@ -221,30 +221,34 @@ enum tpc_reduce_isa tpc_reduce_isa(void)
 	return isa;
 }
 
+static const struct tpc_reduce_kernels kernels_generic = {tpc_reduce_generic, tpc_reduce3_generic,
+							  tpc_reduce_left_generic};
 #if TPC_HAVE_AVX2
-#define PICK(f, ...)                                                                               \
-	do {                                                                                       \
-		if (tpc_reduce_isa() == TPC_ISA_AVX2)                                              \
-			f##_avx2(__VA_ARGS__);                                                     \
-		else                                                                               \
-			f##_generic(__VA_ARGS__);                                                  \
-	} while (0)
-#else
-#define PICK(f, ...) f##_generic(__VA_ARGS__)
+static const struct tpc_reduce_kernels kernels_avx2 = {tpc_reduce_avx2, tpc_reduce3_avx2,
+						       tpc_reduce_left_avx2};
 #endif
+
+const struct tpc_reduce_kernels *tpc_reduce_kernels(enum tpc_reduce_isa isa)
+{
+#if TPC_HAVE_AVX2
+	if (isa == TPC_ISA_AVX2)
+		return &kernels_avx2;
+#endif
+	return isa == TPC_ISA_GENERIC ? &kernels_generic : NULL;
+}
 
 void tpc_reduce(void *acc, const void *in, size_t n, enum tp_dtype dt, enum tp_reduce_op op)
 {
-	PICK(tpc_reduce, acc, in, n, dt, op);
+	tpc_reduce_kernels(tpc_reduce_isa())->reduce(acc, in, n, dt, op);
 }
 
 void tpc_reduce3(void *dst, const void *a, const void *b, size_t n, enum tp_dtype dt,
 		 enum tp_reduce_op op)
 {
-	PICK(tpc_reduce3, dst, a, b, n, dt, op);
+	tpc_reduce_kernels(tpc_reduce_isa())->reduce3(dst, a, b, n, dt, op);
 }
 
 void tpc_reduce_left(void *acc, const void *in, size_t n, enum tp_dtype dt, enum tp_reduce_op op)
 {
-	PICK(tpc_reduce_left, acc, in, n, dt, op);
+	tpc_reduce_kernels(tpc_reduce_isa())->reduce_left(acc, in, n, dt, op);
 }

@@ -91,8 +91,8 @@ enum tpc_reduce_isa tpc_reduce_isa(void);
 int tpc_reduce_isa_env(const char *v, enum tpc_reduce_isa *ret);
 /* Does this CPU run the AVX2 build, and was the library built with it? */
 int tpc_reduce_avx2_usable(void);
-/* Each build's three kernels, for the unit suite: the _avx2 ones exist where TPC_HAVE_AVX2 is
- * set and may run only where tpc_reduce_avx2_usable(). */
+/* Each build's three kernels (reduce_kern.h defines them; the _avx2 ones only where the library
+ * is built with them, TPC_HAVE_AVX2). */
 #define TPC_REDUCE_DECLARE(S)                                                                      \
 	void tpc_reduce##S(void *acc, const void *in, size_t n, enum tp_dtype dt,                  \
 			   enum tp_reduce_op op);                                                  \
@@ -102,6 +102,21 @@ int tpc_reduce_avx2_usable(void);
 				enum tp_reduce_op op)
 TPC_REDUCE_DECLARE(_generic);
 TPC_REDUCE_DECLARE(_avx2);
+
+struct tpc_reduce_kernels {
+	void (*reduce)(void *acc, const void *in, size_t n, enum tp_dtype dt, enum tp_reduce_op op);
+	void (*reduce3)(void *dst, const void *a, const void *b, size_t n, enum tp_dtype dt,
+			enum tp_reduce_op op);
+	void (*reduce_left)(void *acc, const void *in, size_t n, enum tp_dtype dt,
+			    enum tp_reduce_op op);
+};
+/*
+ * tpc_reduce_kernels() - the three kernels of build @isa, or NULL where this library has no
+ * such build; they may run only where tpc_reduce_isa_env() would choose them (for AVX2:
+ * tpc_reduce_avx2_usable()). The three calls above take tpc_reduce_kernels(tpc_reduce_isa());
+ * the unit suite and bench_reduce compare the builds through it.
+ */
+const struct tpc_reduce_kernels *tpc_reduce_kernels(enum tpc_reduce_isa isa);
 
 /* binary16 <-> float (exact widening; narrowing rounds to nearest even, NaN stays NaN). */
 float tpc_f16_to_float(uint16_t h);

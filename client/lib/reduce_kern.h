@@ -4,7 +4,7 @@
  * includes this file with KSUF _generic (the architecture's baseline), reduce_avx2.c with KSUF
  * _avx2 (built with -mavx2 -mf16c, where it defines KHALF, its own binary16 and bfloat16 loops).
  * One plain loop per (type, operation), written so that the compiler vectorises them (no
- * aliasing between the destination and the sources, no branches but min/max); integers wrap on
+ * aliasing between the destination and the sources, no branches: selects); integers wrap on
  * overflow (computed unsigned). Every variant leaves the same bits (tests/unit/test_reduce.c).
  */
 #ifndef KSUF
@@ -13,9 +13,7 @@
 
 #define KCAT2(a, b) a##b
 #define KCAT(a, b) KCAT2(a, b)
-#define KNAME(f) KCAT(f, KSUF)
-
-/* declared in reduce.h (TPC_REDUCE_DECLARE) */
+#define KNAME(f) KCAT(f, KSUF) /* declared in reduce.h (TPC_REDUCE_DECLARE) */
 
 #define R_SUM(a, b) ((a) + (b))
 #define R_PROD(a, b) ((a) * (b))

@@ -355,26 +355,28 @@ END_TEST
  * has no AVX2 kernels) it says so and checks nothing more. */
 static void isa_case(enum tp_dtype dt, int op, const uint8_t *a, const uint8_t *b, size_t n)
 {
+	const struct tpc_reduce_kernels *kg = tpc_reduce_kernels(TPC_ISA_GENERIC);
+	const struct tpc_reduce_kernels *kv = tpc_reduce_kernels(TPC_ISA_AVX2);
 	size_t es = tp_dtype_size(dt), len = n * es;
 	uint8_t *g = malloc(len + 1), *v = malloc(len + 1);
 
 	/* dst = a op b */
 	memset(g, 0x5a, len + 1);
 	memset(v, 0x5a, len + 1);
-	tpc_reduce3_generic(g, a, b, n, dt, op);
-	tpc_reduce3_avx2(v, a, b, n, dt, op);
+	kg->reduce3(g, a, b, n, dt, op);
+	kv->reduce3(v, a, b, n, dt, op);
 	ck_assert_msg(memcmp(g, v, len + 1) == 0, "reduce3 dtype %d op %d n %zu", dt, op, n);
 	/* acc op= in */
 	memcpy(g, a, len);
 	memcpy(v, a, len);
-	tpc_reduce_generic(g, b, n, dt, op);
-	tpc_reduce_avx2(v, b, n, dt, op);
+	kg->reduce(g, b, n, dt, op);
+	kv->reduce(v, b, n, dt, op);
 	ck_assert_msg(memcmp(g, v, len + 1) == 0, "reduce dtype %d op %d n %zu", dt, op, n);
 	/* acc = in op acc */
 	memcpy(g, a, len);
 	memcpy(v, a, len);
-	tpc_reduce_left_generic(g, b, n, dt, op);
-	tpc_reduce_left_avx2(v, b, n, dt, op);
+	kg->reduce_left(g, b, n, dt, op);
+	kv->reduce_left(v, b, n, dt, op);
 	ck_assert_msg(memcmp(g, v, len + 1) == 0, "reduce_left dtype %d op %d n %zu", dt, op, n);
 	free(g);
 	free(v);
@@ -491,9 +493,9 @@ static void nan_rules(const char *isa, void (*r3)(void *, const void *, const vo
 
 START_TEST(test_nan_results_do_not_depend_on_the_build)
 {
-	nan_rules("generic", tpc_reduce3_generic);
+	nan_rules("generic", tpc_reduce_kernels(TPC_ISA_GENERIC)->reduce3);
 	if (tpc_reduce_avx2_usable())
-		nan_rules("avx2", tpc_reduce3_avx2);
+		nan_rules("avx2", tpc_reduce_kernels(TPC_ISA_AVX2)->reduce3);
 }
 END_TEST
 
