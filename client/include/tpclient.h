@@ -978,6 +978,9 @@ int tp_chan_open(struct tp_context *ctx, const char *name, const struct tp_chan_
  * caller's memory, for items above 256 KiB, when no staging buffer can be had), before it
  * answers; any size up to the channel's capacity. Without either, such an item rides inline
  * (the inline limit applies).
+ * A handle whose staging buffers are all lent to its channel (its readers behind by 64 MiB or
+ * 8 batches) waits, within @timeout_ms and never over 64 ms, for one to come back rather than
+ * have the daemon copy the batch in (docs/channels.md, "A writer ahead of its readers").
  * When the call returns (any result but -EINPROGRESS) the daemon no longer reads the items.
  */
 int tp_chan_write(struct tp_chan *ch, const struct iovec *items, size_t n, int timeout_ms);

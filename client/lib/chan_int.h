@@ -23,6 +23,12 @@
  * buffers of its own, kept while not lent (the next batches go into them): at most this many,
  * and CHAN_LENT_BYTES, besides the lent ones. */
 #define CHAN_OWN_FREE 8u
+/* A write whose handle has lent all it may waits for one of those buffers back rather than have
+ * the daemon copy its batch in (chanwrite.c, chan_lend_wait_locked()): about what that copy
+ * takes, 1 ms a MiB, from 4 to 64 ms. */
+#define CHAN_LEND_WAIT_NS_PER_MIB 1000000u
+#define CHAN_LEND_WAIT_MIN_MS 4u
+#define CHAN_LEND_WAIT_MAX_MS 64u
 /* ... and each released once it has not been used for this long (the io thread), so that a
  * burst does not keep its buffers for the handle's lifetime. */
 #define CHAN_OWN_IDLE_MS 1000u
@@ -61,6 +67,9 @@ struct tp_chan {
 	 * (tpc_chan_back_run()); under ctx->lock. Never more than CHAN_LENT_MAX with @lent. */
 	struct tpc_buf *back[CHAN_LENT_MAX];
 	unsigned n_back;
+	/* A write's wait for a lent buffer back ended with none: no write waits again until one
+	 * comes back (chanwrite.c); under ctx->lock. */
+	bool lend_stalled;
 	/* Descriptors of message reads not yet read or freed (chanmsg.c); under ctx->lock. */
 	struct tpu_list descs;
 	/* Message reads whose caller gave up (chanmsg.c), waiting for the daemon, oldest first;

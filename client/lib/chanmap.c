@@ -386,6 +386,15 @@ struct tpc_buf *tpc_chan_own_get(struct tp_chan *ch, uint64_t size)
 		ch->own_bytes -= b->size;
 		ch->ctx->chan_own--;
 	}
+	/* else one a notice gave back that the io thread has not filed yet (a write that waited
+	 * for it, chanwrite.c): taken here rather than a new one made beside it */
+	for (unsigned i = 0; !b && i < ch->n_back; i++) {
+		if (!ch->back[i]->chan || ch->back[i]->size < size || ch->back[i]->size / 2 > size)
+			continue;
+		b = ch->back[i];
+		ch->back[i] = ch->back[--ch->n_back];
+		ch->ctx->chan_back--;
+	}
 	pthread_mutex_unlock(&ch->ctx->lock);
 	if (b || size > SIZE_MAX)
 		return b;
@@ -523,9 +532,12 @@ void tpc_chan_on_released(struct tp_context *ctx, const Tpw__V1__ChanReply *m)
 			ch->lent_bytes -= ch->lent[k]->size;
 			ch->lent[k] = ch->lent[--ch->n_lent];
 			ctx->chan_back++;
+			ch->lend_stalled = false;
 			break;
 		}
 	}
+	if (!ch->lend_stalled && ctx->chan_lend_waiters)
+		pthread_cond_broadcast(&ctx->cond); /* a write waits for one (chanwrite.c) */
 }
 
 void tpc_chan_back_run(struct tp_context *ctx)

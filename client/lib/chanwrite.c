@@ -55,6 +55,8 @@ struct chan_segs {
 	size_t n_iov;
 	struct tpc_buf *stage; /* the staging buffer of items copied by the library, or NULL */
 	uint64_t staged;       /* bytes of it the items take */
+	int timeout_ms;	       /* the write's: the most it may wait for a lent buffer back */
+	uint64_t waited_ns;    /* what it waited */
 };
 
 static void chan_segs_free(struct tp_chan *ch, struct chan_segs *w, bool reuse)
@@ -91,6 +93,53 @@ static bool chan_staged(const struct iovec *it)
 /* Staged items start at multiples of 64 bytes. */
 #define CHAN_STAGE_ALIGN(x) (((uint64_t)(x) + 63) & ~(uint64_t)63)
 
+/* May @ch stage @total bytes in a buffer of its own and lend it: a free one, one given back,
+ * or room for a new one (CHAN_LENT_MAX, CHAN_LENT_BYTES)? ctx->lock held. */
+static bool chan_lend_room_for(const struct tp_chan *ch, uint64_t total)
+{
+	return ch->map && tpc_chan_lend_room(ch) && ch->lent_bytes <= CHAN_LENT_BYTES &&
+	       tpc_buffer_stage_class(total) <= CHAN_LENT_BYTES - ch->lent_bytes;
+}
+
+/*
+ * Whether @ch may lend a buffer for @total staged bytes (chan_lend_room_for()), after waiting
+ * for one of its lent buffers to come back where it has lent all it may: otherwise the batch
+ * goes through the context's pool, which the daemon copies in (a third copy of every byte, the
+ * write waiting for it), so a writer ahead of its readers by CHAN_LENT_BYTES would pay that for
+ * a share of its items (a 16 MiB item in 12, in a row of bench_chan) and keep the daemon busy
+ * besides. The wait lasts about what that copy would take (CHAN_LEND_WAIT_NS_PER_MIB, within
+ * CHAN_LEND_WAIT_MIN_MS and CHAN_LEND_WAIT_MAX_MS), never longer than @w->timeout_ms (0: no
+ * wait), never on the io thread (it takes the notices that give buffers back), and not again
+ * once a wait of the handle ended with nothing back until something comes back (@ch->
+ * lend_stalled: a channel nobody reads costs one wait, not one a write). ctx->lock held (the
+ * wait drops it).
+ */
+static bool chan_lend_wait_locked(struct tp_chan *ch, uint64_t total, struct chan_segs *w)
+{
+	struct tp_context *ctx = ch->ctx;
+	uint64_t ms = (total >> 20) * CHAN_LEND_WAIT_NS_PER_MIB / 1000000u, t0;
+	struct timespec ts;
+	bool lend = chan_lend_room_for(ch, total);
+
+	if (lend || !ch->map || !ch->n_lent || ch->lend_stalled || w->timeout_ms == 0 ||
+	    ctx->dead || tpc_context_on_io_thread(ctx))
+		return lend;
+	ms = TPU_MIN(TPU_MAX(ms, CHAN_LEND_WAIT_MIN_MS), CHAN_LEND_WAIT_MAX_MS);
+	if (w->timeout_ms > 0)
+		ms = TPU_MIN(ms, (uint64_t)w->timeout_ms);
+	t0 = tpu_now_ns();
+	tpc_deadline(&ts, (int)ms);
+	ctx->chan_lend_waiters++;
+	while (!(lend = chan_lend_room_for(ch, total)) && !ctx->dead &&
+	       pthread_cond_timedwait(&ctx->cond, &ctx->lock, &ts) != ETIMEDOUT)
+		;
+	ctx->chan_lend_waiters--;
+	lend = chan_lend_room_for(ch, total);
+	ch->lend_stalled = !lend;
+	w->waited_ns = tpu_now_ns() - t0;
+	return lend;
+}
+
 /*
  * Copies the items of @items above TPW_CHAN_SHM_ITEM that are not in a shared buffer (their
  * segments still inline, @w->seg) into one staging buffer of the context and names them there:
@@ -113,8 +162,7 @@ static void chan_write_stage(struct tp_chan *ch, const struct iovec *items, size
 	 * this channel's items ever touches (chanmap.c); else, or without one (the daemon's
 	 * buffer limits, the io thread), the context's pool, and then it is never lent. */
 	pthread_mutex_lock(&ctx->lock);
-	lend = ch->map && tpc_chan_lend_room(ch) && ch->lent_bytes <= CHAN_LENT_BYTES &&
-	       tpc_buffer_stage_class(total) <= CHAN_LENT_BYTES - ch->lent_bytes;
+	lend = chan_lend_wait_locked(ch, total, w);
 	pthread_mutex_unlock(&ctx->lock);
 	if (lend)
 		w->stage = tpc_chan_own_get(ch, total);
@@ -219,6 +267,8 @@ static void chan_lent_update(struct tp_chan *ch, struct chan_req *cr, struct cha
 		drop = w->stage;	  /* reused */
 	if (cr->lent)
 		w->stage = NULL;
+	if (cr->n_released)
+		ch->lend_stalled = false;
 	for (size_t i = 0; i < cr->n_released; i++) {
 		for (unsigned k = 0; k < ch->n_lent; k++) {
 			if (ch->lent[k]->id != cr->released[i])
@@ -315,7 +365,14 @@ int tpc_chan_write_items(struct tp_chan *ch, const struct iovec *items, size_t n
 	op.timeout_ms = timeout_ms < 0 ? UINT32_MAX : (uint32_t)timeout_ms;
 	op.n_msgs = msgs ? n : 0;
 	op.msgs = msgs;
+	w.timeout_ms = timeout_ms;
 	r = refs ? chan_write_segs(ch, items, n, true, &op, &w) : 0;
+	if (timeout_ms > 0 && w.waited_ns) { /* the wait for a lent buffer back is the write's */
+		uint64_t left = w.waited_ns / 1000000u;
+
+		timeout_ms = left >= (uint64_t)timeout_ms ? 1 : timeout_ms - (int)left;
+		op.timeout_ms = (uint32_t)timeout_ms;
+	}
 	op.lend = r == 0 && refs && chan_may_lend(ch, w.stage, w.staged);
 	cr.write = true;
 	cr.wch = ch;

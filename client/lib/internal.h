@@ -385,6 +385,9 @@ struct tp_context {
 	struct tpu_list chans;
 	size_t chan_own;
 	size_t chan_back;
+	/* Writes waiting on @cond for a lent buffer back (chanwrite.c): a notice that gives one
+	 * back wakes them. */
+	unsigned chan_lend_waiters;
 	/* When a free buffer was last put back (0: never): for a second after it the io thread
 	 * waits with a timeout, so that a stream whose one buffer goes back and forth costs no
 	 * wake-up per item (chanmap.c). */

@@ -16,7 +16,9 @@
  * A writer that stops writing gets its lent buffers back as soon as their items are read (a
  * notice, protocol minor 13): it holds none a bounded time later, the reader no mapping of
  * them, and the owner's chan-bytes-per-uid is free again; a raw writer of minor 13 gets one
- * notice for three buffers given up at once, one of minor 12 none.
+ * notice for three buffers given up at once, one of minor 12 none. A writer ahead of its
+ * reader by all it may lend waits for a lent buffer back instead of having its next item
+ * copied in.
  */
 #include <check.h>
 #include <errno.h>
@@ -757,6 +759,82 @@ START_TEST(test_packed_read_takes_one_while_another_read_waits)
 }
 END_TEST
 
+/* One try of test_a_writer_ahead_of_its_reader_waits_for_a_lent_buffer on channel @name: a
+ * reader waits, the writer writes two items of WAIT_ITEM (each a buffer of its own of 64 MiB,
+ * CHAN_LENT_BYTES: the first lent fills the handle's room), both read back byte-exact.
+ * Return: items_mapped afterwards (2: the second waited for the first's buffer, 1: it did
+ * not and went through the pool, copied in). */
+#define WAIT_ITEM (48u * MIB)
+static long lend_wait_try(struct tp_context *cw, struct tp_context *cr, const char *name,
+			  unsigned k, uint8_t *src[2], uint8_t *dst[2])
+{
+	struct tp_chan_options o = { .size = sizeof(o), .flags = TP_CHAN_CREATE, .owner_uid = -1 };
+	struct packed_waiter pw = { .dst = dst[0], .room = WAIT_ITEM, .max = 1 };
+	struct tp_chan *w;
+	size_t len, bad = 0;
+	pthread_t t;
+
+	ck_assert_int_eq(tp_chan_open(cw, name, &o, &w), 0);
+	o.flags = 0;
+	ck_assert_int_eq(tp_chan_open(cr, name, &o, &pw.ch), 0);
+	ck_assert_int_eq(pthread_create(&t, NULL, packed_waiter_run, &pw), 0);
+	readers_waiting_at(name, 1);
+	for (unsigned i = 0; i < 2; i++) {
+		struct iovec iov = { .iov_base = src[i], .iov_len = WAIT_ITEM };
+
+		tpt_fill(src[i], WAIT_ITEM, tpt_seed(13, k, i));
+		ck_assert_msg(tp_chan_write(w, &iov, 1, T_MS) == 0, "%u: %s", i, tp_last_error());
+	}
+	ck_assert_int_eq(pthread_join(t, NULL), 0);
+	ck_assert_msg(pw.r >= 0 && pw.n == 1, "read: %d", pw.r);
+	ck_assert(tpt_verify(dst[0], WAIT_ITEM, tpt_seed(13, k, 0), &bad));
+	ck_assert_int_ge(tp_chan_read_into(pw.ch, dst[1], WAIT_ITEM, &len, T_MS), 0);
+	ck_assert_msg(len == WAIT_ITEM && tpt_verify(dst[1], WAIT_ITEM, tpt_seed(13, k, 1), &bad),
+		      "item 1: byte %zu", bad);
+	long mapped = items_mapped(name);
+
+	ck_assert_int_eq(tp_chan_release(pw.ch), 0);
+	ck_assert_int_eq(tp_chan_release(w), 0);
+	return mapped;
+}
+
+/* A writer ahead of its reader by all a handle may lend (CHAN_LENT_BYTES) waits, within its
+ * timeout, for a lent buffer to come back instead of having the daemon copy its next item in
+ * (chanwrite.c, chan_lend_wait_locked()): a reader waits, the writer writes two items of 48 MiB
+ * (a buffer of 64 MiB each, so the first fills the room) while the reader copies the first
+ * out; the second is lent too, and both are read by mapping. Before, the second went through
+ * the context's pool and the daemon copied it in (items_mapped 1, in every try). The wait is
+ * bounded in time (48 ms for 48 MiB), so a try on a machine too busy to copy 48 MiB out in that
+ * may miss it: up to 5 tries, each on a channel of its own. */
+START_TEST(test_a_writer_ahead_of_its_reader_waits_for_a_lent_buffer)
+{
+	struct tp_context *cw = ctx_new("map.wait.w"), *cr = ctx_new("map.wait.r");
+	uint8_t *src[2] = { malloc(WAIT_ITEM), malloc(WAIT_ITEM) };
+	uint8_t *dst[2] = { malloc(WAIT_ITEM), malloc(WAIT_ITEM) };
+	long mapped = 0;
+	unsigned k;
+
+	ck_assert(cw && cr && src[0] && src[1] && dst[0] && dst[1]);
+	for (k = 0; k < 5 && mapped != 2; k++) {
+		char name[32];
+
+		snprintf(name, sizeof(name), "map.wait.%u", k);
+		mapped = lend_wait_try(cw, cr, name, k, src, dst);
+		ck_assert_msg(mapped == 1 || mapped == 2, "try %u: items_mapped %ld", k, mapped);
+		if (mapped != 2)
+			printf("test_a_writer_ahead_of_its_reader_waits_for_a_lent_buffer: try %u: "
+			       "the second item was copied in\n", k);
+	}
+	ck_assert_msg(mapped == 2, "in %u tries the second item never waited for a lent buffer", k);
+	tp_context_free(cr);
+	tp_context_free(cw);
+	for (unsigned i = 0; i < 2; i++) {
+		free(src[i]);
+		free(dst[i]);
+	}
+}
+END_TEST
+
 /* @n writer handles (each stages in buffers of its own) write one item each, read in turn by
  * one reader handle: it maps min(@n, 8) buffers, every item byte-exact. */
 static void map_bound(unsigned n)
@@ -1221,6 +1299,7 @@ static Suite *chan_map_suite(void)
 	tcase_add_test(tc, test_packed_reader_dying_before_its_acknowledgement_loses_nothing);
 	tcase_add_test(tc, test_packed_read_maps_a_batch_at_once);
 	tcase_add_test(tc, test_packed_read_takes_one_while_another_read_waits);
+	tcase_add_test(tc, test_a_writer_ahead_of_its_reader_waits_for_a_lent_buffer);
 	tcase_add_test(tc, test_a_reader_handle_is_remembered_32_buffers);
 	tcase_add_test(tc, test_a_reader_maps_eight_writers_buffers);
 	tcase_add_test(tc, test_a_reader_maps_no_more_than_eight_writers_buffers);
