@@ -12,6 +12,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <sys/uio.h>
+#include <syslog.h>
 
 #include "chan_int.h"
 #include "internal.h"
@@ -57,6 +58,7 @@ struct chan_segs {
 	uint64_t staged;       /* bytes of it the items take */
 	int timeout_ms;	       /* the write's: the most it may wait for a lent buffer back */
 	uint64_t waited_ns;    /* what it waited */
+	bool stalled;	       /* and nothing came back */
 };
 
 static void chan_segs_free(struct tp_chan *ch, struct chan_segs *w, bool reuse)
@@ -135,7 +137,7 @@ static bool chan_lend_wait_locked(struct tp_chan *ch, uint64_t total, struct cha
 		;
 	ctx->chan_lend_waiters--;
 	lend = chan_lend_room_for(ch, total);
-	ch->lend_stalled = !lend;
+	ch->lend_stalled = w->stalled = !lend;
 	w->waited_ns = tpu_now_ns() - t0;
 	return lend;
 }
@@ -164,6 +166,11 @@ static void chan_write_stage(struct tp_chan *ch, const struct iovec *items, size
 	pthread_mutex_lock(&ctx->lock);
 	lend = chan_lend_wait_locked(ch, total, w);
 	pthread_mutex_unlock(&ctx->lock);
+	if (w->stalled)
+		tpc_context_log(ctx, LOG_DEBUG,
+				"channel '%s': no lent buffer came back within %llu ms: its writes "
+				"go through the daemon's copy until one does", ch->name,
+				(unsigned long long)(w->waited_ns / 1000000u));
 	if (lend)
 		w->stage = tpc_chan_own_get(ch, total);
 	pthread_mutex_lock(&ctx->send_lock);
