@@ -274,8 +274,11 @@ static void chan_lent_update(struct tp_chan *ch, struct chan_req *cr, struct cha
 		drop = w->stage;	  /* reused */
 	if (cr->lent)
 		w->stage = NULL;
-	if (cr->n_released)
+	if (cr->n_released) {
 		ch->lend_stalled = false;
+		if (ctx->chan_lend_waiters) /* another thread's write may wait for one */
+			pthread_cond_broadcast(&ctx->cond);
+	}
 	for (size_t i = 0; i < cr->n_released; i++) {
 		for (unsigned k = 0; k < ch->n_lent; k++) {
 			if (ch->lent[k]->id != cr->released[i])
