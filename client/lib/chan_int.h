@@ -26,7 +26,7 @@
 /* A write whose handle has lent all it may waits for one of those buffers back rather than have
  * the daemon copy its batch in (chanwrite.c, chan_lend_wait_locked()): about what that copy
  * takes, 1 ms a MiB, from 4 to 64 ms. */
-#define CHAN_LEND_WAIT_NS_PER_MIB 1000000u
+#define CHAN_LEND_WAIT_MS_PER_MIB 1u
 #define CHAN_LEND_WAIT_MIN_MS 4u
 #define CHAN_LEND_WAIT_MAX_MS 64u
 /* ... and each released once it has not been used for this long (the io thread), so that a

@@ -109,7 +109,7 @@ static bool chan_lend_room_for(const struct tp_chan *ch, uint64_t total)
  * goes through the context's pool, which the daemon copies in (a third copy of every byte, the
  * write waiting for it), so a writer ahead of its readers by CHAN_LENT_BYTES would pay that for
  * a share of its items (a 16 MiB item in 12, in a row of bench_chan) and keep the daemon busy
- * besides. The wait lasts about what that copy would take (CHAN_LEND_WAIT_NS_PER_MIB, within
+ * besides. The wait lasts about what that copy would take (CHAN_LEND_WAIT_MS_PER_MIB, within
  * CHAN_LEND_WAIT_MIN_MS and CHAN_LEND_WAIT_MAX_MS), never longer than @w->timeout_ms (0: no
  * wait), never on the io thread (it takes the notices that give buffers back), and not again
  * once a wait of the handle ended with nothing back until something comes back (@ch->
@@ -119,7 +119,7 @@ static bool chan_lend_room_for(const struct tp_chan *ch, uint64_t total)
 static bool chan_lend_wait_locked(struct tp_chan *ch, uint64_t total, struct chan_segs *w)
 {
 	struct tp_context *ctx = ch->ctx;
-	uint64_t ms = (total >> 20) * CHAN_LEND_WAIT_NS_PER_MIB / 1000000u, t0;
+	uint64_t ms = (total >> 20) * CHAN_LEND_WAIT_MS_PER_MIB, t0;
 	struct timespec ts;
 	bool lend = chan_lend_room_for(ch, total);
 
