@@ -518,7 +518,8 @@ int tpt_raw_connect_tcp(struct tpt_raw *r, const char *ip, int port)
 	return tpt_raw_connect_tcp_from(r, NULL, ip, port);
 }
 
-int tpt_raw_connect_tcp_from(struct tpt_raw *r, const char *src, const char *ip, int port)
+/* tpt_raw_connect_tcp_from() with SO_RCVBUF @rcvbuf (0: the kernel's) set before connect(). */
+static int connect_tcp(struct tpt_raw *r, const char *src, const char *ip, int port, int rcvbuf)
 {
 	struct sockaddr_in sin = { .sin_family = AF_INET, .sin_port = htons((uint16_t)port) };
 	struct sockaddr_in from = { .sin_family = AF_INET };
@@ -533,7 +534,8 @@ int tpt_raw_connect_tcp_from(struct tpt_raw *r, const char *src, const char *ip,
 	r->fd = socket(AF_INET, SOCK_STREAM | SOCK_CLOEXEC, 0);
 	if (r->fd < 0)
 		return -errno;
-	if ((src && bind(r->fd, (struct sockaddr *)&from, sizeof(from)) < 0) ||
+	if ((rcvbuf && setsockopt(r->fd, SOL_SOCKET, SO_RCVBUF, &rcvbuf, sizeof(rcvbuf)) < 0) ||
+	    (src && bind(r->fd, (struct sockaddr *)&from, sizeof(from)) < 0) ||
 	    connect(r->fd, (struct sockaddr *)&sin, sizeof(sin)) < 0) {
 		e = -errno;
 		close(r->fd);
@@ -541,6 +543,11 @@ int tpt_raw_connect_tcp_from(struct tpt_raw *r, const char *src, const char *ip,
 		return e;
 	}
 	return 0;
+}
+
+int tpt_raw_connect_tcp_from(struct tpt_raw *r, const char *src, const char *ip, int port)
+{
+	return connect_tcp(r, src, ip, port, 0);
 }
 
 /* Receives the next peer message on @r and checks it has body @body_case. Return: it or NULL. */
@@ -595,7 +602,7 @@ int tpt_raw_peer_dial(const struct tpt_raw_peer_hello *h, struct tpt_raw *c,
 
 	for (unsigned i = 0; i < sizeof(boot); i++)
 		boot[i] = (uint8_t)(h->boot_base + i);
-	r = tpt_raw_connect_tcp_from(c, h->src, "127.0.0.1", h->port);
+	r = connect_tcp(c, h->src, "127.0.0.1", h->port, h->rcvbuf);
 	if (r < 0)
 		return r;
 	ph.major = TPW_PEER_PROTO_MAJOR;

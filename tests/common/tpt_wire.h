@@ -161,6 +161,9 @@ struct tpt_raw_peer_hello {
 	uint32_t frame_max; /* largest frame it takes; 0: says nothing */
 	int timeout_ms;	    /* for each answer awaited */
 	const char *src;    /* source address of its connections; NULL: the kernel's choice */
+	int rcvbuf;	    /* SO_RCVBUF of its control connection, set before it connects (the
+			     * window is small from the first segment: shrunk on a connection
+			     * already up, the kernel drops what the window let in); 0: the kernel's */
 };
 
 /*
