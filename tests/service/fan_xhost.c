@@ -112,7 +112,7 @@ static int reader(const char *sock, const char *addr, bool die)
 	fflush(stdout);
 	for (;;) {
 		struct tp_descriptor *d = NULL;
-		struct tp_slot slot;
+		struct tp_slot slot = { .device = { TP_DEVICE_CPU, 0 } };
 		struct tp_allocation a = { .payloads = &slot, .n_payloads = 1 };
 		unsigned round;
 		size_t len;
