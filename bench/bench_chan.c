@@ -23,7 +23,8 @@
  *
  * Usage: TPIPD_SOCKET=... bench_chan [SECONDS_PER_ROW (default 1)]. Numbers, never pass/fail.
  * A short warm-up run through a channel comes first, not reported.
- * BENCH_CHAN_SIZE=N runs the rows of one item size only; BENCH_CHAN_MANY=N (1..64) sets the
+ * BENCH_CHAN_SIZE=N runs the rows of one item size only, BENCH_CHAN_READERS=N (1 or 4) those of one
+ * number of readers; BENCH_CHAN_MANY=N (1..64) sets the
  * items per batch read (1: tp_chan_read_into() for every item). BENCH_CHAN_ROWS=LIST
  * runs only the rows named in LIST (any of "priv", "shm", "zmq"; e.g. "priv,zmq" to profile).
  * ZeroMQ rows: readers forked before the writer's context exists (a context does not survive
@@ -507,6 +508,9 @@ int main(int argc, char **argv)
 
 		n = n < 64 ? 64 : (n + 63) / 64 * 64; /* a multiple of every batch */
 		for (size_t k = 0; k < 2; k++) {
+			if (getenv("BENCH_CHAN_READERS") &&
+			    (unsigned)atoi(getenv("BENCH_CHAN_READERS")) != nreaders[k])
+				continue;
 			for (int shm = 0; shm < 2; shm++) {
 				const char *what = shm ? "chan-shm" : "chan-priv";
 

@@ -23,6 +23,11 @@
  * buffers of its own, kept while not lent (the next batches go into them): at most this many,
  * and CHAN_LENT_BYTES, besides the lent ones. */
 #define CHAN_OWN_FREE 8u
+/* A private item of this size or more that a writer lends while its readers are behind by a
+ * quarter of the cache (what it has lent, this batch included) is copied in with non-temporal
+ * stores (tpc_copy_stream()), as items from a quarter of the cache always are: its readers
+ * will read it from memory. Smaller items are often read while still cached. */
+#define CHAN_STREAM_ITEM_MIN (1u << 20)
 /* A write whose handle has lent all it may waits for one of those buffers back rather than have
  * the daemon copy its batch in (chanwrite.c, chan_lend_wait_locked()): about what that copy
  * takes, 1 ms a MiB, from 4 to 64 ms. */

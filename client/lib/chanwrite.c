@@ -152,8 +152,8 @@ static void chan_write_stage(struct tp_chan *ch, const struct iovec *items, size
 			     struct chan_segs *w)
 {
 	struct tp_context *ctx = ch->ctx;
-	uint64_t total = 0, off = 0;
-	bool lend;
+	uint64_t total = 0, off = 0, ahead;
+	bool lend, far;
 
 	for (size_t i = 0; i < n; i++)
 		if (w->seg[i].loc_case != TPW__V1__SEGMENT__LOC_SHM && chan_staged(&items[i]))
@@ -165,7 +165,11 @@ static void chan_write_stage(struct tp_chan *ch, const struct iovec *items, size
 	 * buffer limits, the io thread), the context's pool, and then it is never lent. */
 	pthread_mutex_lock(&ctx->lock);
 	lend = chan_lend_wait_locked(ch, total, w);
+	ahead = ch->lent_bytes;
 	pthread_mutex_unlock(&ctx->lock);
+	/* Readers behind by a quarter of the cache or more find this batch in memory, not in a
+	 * cache, whatever the copy does: its stores need not read every line first. */
+	far = lend && ahead + total >= tpc_cache_bytes() / 4;
 	if (w->stalled)
 		tpc_context_log(ctx, LOG_DEBUG,
 				"channel '%s': no lent buffer came back within %llu ms: its writes "
@@ -183,8 +187,14 @@ static void chan_write_stage(struct tp_chan *ch, const struct iovec *items, size
 
 		if (g->loc_case == TPW__V1__SEGMENT__LOC_SHM || !chan_staged(&items[i]))
 			continue;
-		/* its readers copy it out on their cores, later (tpc_copy_far()) */
-		tpc_copy_far((uint8_t *)w->stage->addr + off, items[i].iov_base, items[i].iov_len);
+		/* its readers copy it out on their cores, later (tpc_copy_far()); from memory
+		 * when they are far behind (@far) */
+		if (far && items[i].iov_len >= CHAN_STREAM_ITEM_MIN)
+			tpc_copy_stream((uint8_t *)w->stage->addr + off, items[i].iov_base,
+					items[i].iov_len);
+		else
+			tpc_copy_far((uint8_t *)w->stage->addr + off, items[i].iov_base,
+				     items[i].iov_len);
 		tpw__v1__segment__init(g);
 		tpw__v1__shm_ref__init(&w->ref[i]);
 		g->length = items[i].iov_len;

@@ -167,6 +167,53 @@ START_TEST(test_items_read_by_mapping_arrive_byte_exact)
 }
 END_TEST
 
+/*
+ * A writer whose readers are far behind (what it has lent reaches a quarter of the cache) copies
+ * its items of 1 MiB and more in with non-temporal stores: items of odd lengths from odd
+ * addresses, several batches nobody reads yet, all read back byte-exact and in order.
+ */
+START_TEST(test_items_of_a_writer_far_ahead_arrive_byte_exact)
+{
+	static const size_t tail[] = { 0, 1, 3, 63, 64, 4095, 4097, 65537 };
+	struct tp_chan_options o = { .size = sizeof(o), .flags = TP_CHAN_CREATE, .owner_uid = -1 };
+	struct tp_context *cw = ctx_new("ahead.w"), *cr = ctx_new("ahead.r");
+	size_t room = 2 * MIB, len, bad = 0;
+	uint8_t *src = malloc(2 * room + 64), *dst = malloc(room);
+	struct tp_chan *w, *r;
+	struct iovec iov[2];
+
+	ck_assert(cw && cr && src && dst);
+	ck_assert_int_eq(tp_chan_open(cw, "map.ahead", &o, &w), 0);
+	o.flags = 0;
+	ck_assert_int_eq(tp_chan_open(cr, "map.ahead", &o, &r), 0);
+	for (unsigned b = 0; b < TPU_ARRAY_SIZE(tail) / 2; b++) { /* 4 batches of 2 items */
+		for (unsigned k = 0; k < 2; k++) {
+			uint8_t *at = src + k * (room + 32) + 1 + b; /* odd addresses */
+			size_t n = MIB + tail[2 * b + k];
+
+			tpt_fill(at, n, tpt_seed(7, b, k));
+			iov[k] = (struct iovec){ .iov_base = at, .iov_len = n };
+		}
+		ck_assert_msg(tp_chan_write(w, iov, 2, T_MS) == 0, "batch %u: %s", b,
+			      tp_last_error());
+	}
+	memset(src, 0xaa, 2 * room + 64); /* the writer's memory is its own again */
+	for (unsigned i = 0; i < TPU_ARRAY_SIZE(tail); i++) {
+		ck_assert_int_ge(tp_chan_read_into(r, dst, room, &len, T_MS), 0);
+		ck_assert_uint_eq(len, MIB + tail[i]);
+		ck_assert_msg(tpt_verify(dst, len, tpt_seed(7, i / 2, i % 2), &bad),
+			      "item %u (%zu bytes): byte %zu", i, len, bad);
+	}
+	ck_assert_int_eq(items_mapped("map.ahead"), (long)TPU_ARRAY_SIZE(tail));
+	ck_assert_int_eq(tp_chan_release(r), 0);
+	ck_assert_int_eq(tp_chan_release(w), 0);
+	tp_context_free(cr);
+	tp_context_free(cw);
+	free(src);
+	free(dst);
+}
+END_TEST
+
 #define N_SHARED 64
 
 struct shared_seen {
@@ -1348,6 +1395,7 @@ static Suite *chan_map_suite(void)
 	tcase_add_checked_fixture(tc, setup, teardown);
 	tcase_set_timeout(tc, 120);
 	tcase_add_test(tc, test_items_read_by_mapping_arrive_byte_exact);
+	tcase_add_test(tc, test_items_of_a_writer_far_ahead_arrive_byte_exact);
 	tcase_add_test(tc, test_four_reader_processes_map_and_share_the_items);
 	tcase_add_test(tc, test_items_of_a_writer_that_exited_are_read_by_mapping);
 	tcase_add_test(tc, test_mappings_of_a_released_writer_are_dropped_once_its_items_are_read);
