@@ -118,6 +118,16 @@ static long items_mapped(const char *name)
 static const size_t sizes[] = { 16 * KIB - 1, 16 * KIB, 256 * KIB, MIB, 16 * MIB + 3 };
 
 /* Each size twice: one item read into the caller's memory, one by tp_chan_read(). */
+/* Releases reader @r and writer @w (each must succeed), then their contexts. */
+static void pair_free(struct tp_chan *r, struct tp_chan *w, struct tp_context *cr,
+		      struct tp_context *cw)
+{
+	ck_assert_int_eq(tp_chan_release(r), 0);
+	ck_assert_int_eq(tp_chan_release(w), 0);
+	tp_context_free(cr);
+	tp_context_free(cw);
+}
+
 START_TEST(test_items_read_by_mapping_arrive_byte_exact)
 {
 	struct tp_chan_options o = { .size = sizeof(o), .flags = TP_CHAN_CREATE, .owner_uid = -1 };
@@ -205,10 +215,7 @@ START_TEST(test_items_of_a_writer_far_ahead_arrive_byte_exact)
 			      "item %u (%zu bytes): byte %zu", i, len, bad);
 	}
 	ck_assert_int_eq(items_mapped("map.ahead"), (long)TPU_ARRAY_SIZE(tail));
-	ck_assert_int_eq(tp_chan_release(r), 0);
-	ck_assert_int_eq(tp_chan_release(w), 0);
-	tp_context_free(cr);
-	tp_context_free(cw);
+	pair_free(r, w, cr, cw);
 	free(src);
 	free(dst);
 }
@@ -708,10 +715,7 @@ START_TEST(test_packed_read_maps_a_batch_at_once)
 	}
 	ck_assert_uint_eq(seen, 12);
 	ck_assert_int_eq(items_mapped("map.packed"), 12);
-	ck_assert_int_eq(tp_chan_release(r), 0);
-	ck_assert_int_eq(tp_chan_release(w), 0);
-	tp_context_free(cr);
-	tp_context_free(cw);
+	pair_free(r, w, cr, cw);
 	free(src);
 	free(dst);
 }
@@ -931,10 +935,7 @@ START_TEST(test_a_writer_nobody_reads_waits_for_a_lent_buffer_once)
 			      "item %u: byte %zu", i, bad);
 	}
 	ck_assert_int_eq(items_mapped("map.stall"), 4);
-	ck_assert_int_eq(tp_chan_release(r), 0);
-	ck_assert_int_eq(tp_chan_release(w), 0);
-	tp_context_free(cr);
-	tp_context_free(cw);
+	pair_free(r, w, cr, cw);
 	free(src);
 	free(dst);
 }
@@ -1106,10 +1107,7 @@ START_TEST(test_buffers_max_bounds_the_buffers_a_writer_lends)
 		/* just at the limit: mapped; just above: copied */
 		ck_assert_int_eq(items_mapped("map.limit"), (i < 4 ? (long)i + 1 : 4));
 	}
-	ck_assert_int_eq(tp_chan_release(r), 0);
-	ck_assert_int_eq(tp_chan_release(w), 0);
-	tp_context_free(cr);
-	tp_context_free(cw);
+	pair_free(r, w, cr, cw);
 	free(src);
 	free(dst);
 }
@@ -1165,10 +1163,7 @@ START_TEST(test_an_idle_writers_lent_buffers_are_given_back)
 	ck_assert_int_eq(tp_chan_write(w, big, 8, 0), -ENOBUFS); /* just above */
 	big[7].iov_len--;
 	ck_assert_msg(tp_chan_write(w, big, 8, 0) == 0, "2 MiB: %s", tp_last_error());
-	ck_assert_int_eq(tp_chan_release(r), 0);
-	ck_assert_int_eq(tp_chan_release(w), 0);
-	tp_context_free(cr);
-	tp_context_free(cw);
+	pair_free(r, w, cr, cw);
 	free(src);
 	free(dst);
 }
