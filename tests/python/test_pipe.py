@@ -312,11 +312,18 @@ def test_cuda_release_follows_a_torch_views_base():
     assert _cuda.owner(a) is a
 
 
-def free_port():
+def free_ports(n):
+    """n distinct loopback ports, free a moment ago (all bound at once: one port closed before
+    the next bind could come back as the next)."""
     import socket
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    socks = [socket.socket() for _ in range(n)]
+    try:
+        for s in socks:
+            s.bind(("127.0.0.1", 0))
+        return [s.getsockname()[1] for s in socks]
+    finally:
+        for s in socks:
+            s.close()
 
 
 @pytest.fixture(scope="module")
@@ -329,7 +336,7 @@ def peered(tmp_path_factory):
     fd = os.open(key, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
     os.write(fd, base64.b64encode(os.urandom(32)) + b"\n")
     os.close(fd)
-    ports = [free_port(), free_port()]
+    ports = free_ports(2)
     gens = [start_daemon("--peer-listen", f"127.0.0.1:{p}", "--peer-key-file", key,
                          "--peer-force-cross-host") for p in ports]
     socks = [next(g) for g in gens]
