@@ -177,6 +177,7 @@ static void chan_write_stage(struct tp_chan *ch, const struct iovec *items, size
 				(unsigned long long)(w->waited_ns / 1000000u));
 	if (lend)
 		w->stage = tpc_chan_own_get(ch, total);
+	far = far && w->stage; /* not into the pool, whose buffers the daemon copies at once */
 	pthread_mutex_lock(&ctx->send_lock);
 	if (!w->stage && tpc_buffer_stage_get(ctx, (size_t)total, &w->stage) < 0)
 		w->stage = NULL;

@@ -55,9 +55,9 @@ static void teardown(void)
 static int peer_dial_frames(struct tpt_raw *c, struct tpt_raw *data, uint32_t frame_max)
 {
 	/* A small window from the first segment: what the daemon sends piles up on its side, not
-	 * in this socket. (Shrunk once the connection is up, the buffer made the kernel drop
-	 * segments the window had let in; the retransmissions then stalled both directions,
-	 * pings included, for longer than the test waits.) */
+	 * in this socket. (Shrunk once the connection was up, the buffer made the kernel drop
+	 * segments the window had let in and retransmit them; once, under CI's load, the daemon
+	 * then received no ping for its 60 s keepalive and failed the link on silence.) */
 	const struct tpt_raw_peer_hello h = { .port = host.peer_port, .boot_base = 0xb0,
 					      .instance = 0x5eed, .frame_max = frame_max,
 					      .timeout_ms = T_MS, .rcvbuf = 4096 };
