@@ -145,6 +145,15 @@ static inline void tpu_list_splice_head(struct tpu_list *to, struct tpu_list *fr
 /* Monotonic clock in nanoseconds. */
 uint64_t tpu_now_ns(void);
 
+/*
+ * tpu_copy_stream() - copies @n bytes from @src to @dst with non-temporal stores where the CPU
+ * has them (x86-64), prefetching the source 2 KiB ahead, then a store fence: for a destination
+ * that no cache will hold by the time it is read (a copy of a quarter of the cache or more,
+ * another core reading it later), whose lines plain stores would first read from memory.
+ * Ranges must not overlap. Below 256 bytes, memcpy().
+ */
+void tpu_copy_stream(void *dst, const void *src, size_t n);
+
 /* Sets O_NONBLOCK on @fd. Return: 0 or -errno. */
 int tpu_fd_nonblock(int fd);
 

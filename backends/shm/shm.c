@@ -1,11 +1,13 @@
 /* SPDX-License-Identifier: BSD-3-Clause */
 /*
- * shm channel: memcpy between two ranges the daemon has mapped (clients' shared buffers, inline
+ * shm channel: a copy between two ranges the daemon has mapped (clients' shared buffers, inline
  * data the daemon holds). Bounds were checked by the daemon before the transfer was built; this
  * file only copies.
  */
 #include <string.h>
 #include "../tpb.h"
+#include "../base/work.h"
+#include "tpu.h"
 
 static int shm_probe(const struct tpb_config *cfg, char *why, size_t why_len)
 {
@@ -14,8 +16,17 @@ static int shm_probe(const struct tpb_config *cfg, char *why, size_t why_len)
 
 static int shm_copy(const struct tpb_xfer *x, struct tpb_scratch *s)
 {
-	if (x->len)
-		memcpy((void *)(uintptr_t)x->dst.addr, (const void *)(uintptr_t)x->src.addr, x->len);
+	void *dst = (void *)(uintptr_t)x->dst.addr;
+	const void *src = (const void *)(uintptr_t)x->src.addr;
+
+	/* A whole chunk is part of a copy of 1 MiB or more (the copy threads cut copies into
+	 * chunks): non-temporal stores, which do not first read every destination line from
+	 * memory (16 and 64 MiB pipes: 1.7x to 2x; docs/benchmarks.md, "Large shared-memory
+	 * copies of the daemon stream"). Below, plain memcpy(): the reader may find it cached. */
+	if (x->len >= TPB_WORK_CHUNK)
+		tpu_copy_stream(dst, src, x->len);
+	else if (x->len)
+		memcpy(dst, src, x->len);
 	return 0;
 }
 
