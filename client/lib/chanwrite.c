@@ -167,9 +167,6 @@ static void chan_write_stage(struct tp_chan *ch, const struct iovec *items, size
 	lend = chan_lend_wait_locked(ch, total, w);
 	ahead = ch->lent_bytes;
 	pthread_mutex_unlock(&ctx->lock);
-	/* Readers behind by a quarter of the cache or more find this batch in memory, not in a
-	 * cache, whatever the copy does: its stores need not read every line first. */
-	far = lend && ahead + total >= tpc_cache_bytes() / 4;
 	if (w->stalled)
 		tpc_context_log(ctx, LOG_DEBUG,
 				"channel '%s': no lent buffer came back within %llu ms: its writes "
@@ -177,7 +174,10 @@ static void chan_write_stage(struct tp_chan *ch, const struct iovec *items, size
 				(unsigned long long)(w->waited_ns / 1000000u));
 	if (lend)
 		w->stage = tpc_chan_own_get(ch, total);
-	far = far && w->stage; /* not into the pool, whose buffers the daemon copies at once */
+	/* Readers behind by a quarter of the cache or more find a lent batch in memory, not in a
+	 * cache, whatever the copy does: its stores need not read every line first. Not the
+	 * pool's buffers (below), which the daemon copies at once. */
+	far = w->stage && ahead + total >= tpc_cache_bytes() / 4;
 	pthread_mutex_lock(&ctx->send_lock);
 	if (!w->stage && tpc_buffer_stage_get(ctx, (size_t)total, &w->stage) < 0)
 		w->stage = NULL;

@@ -12,7 +12,6 @@
 #include <unistd.h>
 #if defined(__x86_64__)
 #include <cpuid.h>
-#include <emmintrin.h>
 #endif
 
 #include "reduce.h"
